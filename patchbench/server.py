@@ -1,0 +1,358 @@
+"""Lifecycle of one sglang server: launch, readiness, cache flush, stop (cases L1-L3).
+
+- Launch: ``python -m sglang.launch_server --model-path M --host H --port P <args>`` in its own
+  process group (``start_new_session``), stdout and stderr to ``server.log``. Refused when
+  anything already answers on the port (never benchmark a stale server).
+- Ready: ``GET /health`` answers 200 AND one tiny generation (``POST /generate``, 1 token)
+  succeeds; ``/v1/models`` answering early proves nothing (sglang 0.5.23 answers it while /health
+  still says 503). If the process exits while we wait, fail at once with the log's tail.
+- Flush: ``POST /flush_cache``; sglang answers 400 while requests are in flight, so retry with a
+  pause, log every answer, and fail after the retry budget.
+- Stop: SIGTERM to the process group, a grace period, SIGKILL to the group and to every
+  descendant seen (psutil), then wait until the port refuses connections. A survivor is an error.
+
+Endpoints as in FACTS.md section 4 (sglang 0.5.1.post3 .. 0.5.23).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+
+class ServerError(RuntimeError):
+    """Base class of server lifecycle failures; ``log_tail`` holds the end of server.log."""
+
+    def __init__(self, message: str, log_tail: str = ""):
+        super().__init__(message + (f"\n--- server.log (tail) ---\n{log_tail}" if log_tail else ""))
+        self.log_tail = log_tail
+
+
+class PortInUse(ServerError):
+    """Something already answers on the port before launch."""
+
+
+class ServerDied(ServerError):
+    """The server process exited (before ready, or during a suite)."""
+
+
+class ReadyTimeout(ServerError):
+    """Not ready within the configured timeout."""
+
+
+class FlushFailed(ServerError):
+    """/flush_cache refused for the whole retry budget."""
+
+
+class StopFailed(ServerError):
+    """Processes of the server survived SIGKILL, or the port stayed open."""
+
+
+def port_answers(host: str, port: int, timeout_s: float = 0.5) -> bool:
+    """True when a TCP connection to (host, port) is accepted (something listens there)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port the OS reports free now (for tests and dry runs)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def tail(path: str | os.PathLike, n_lines: int = 40) -> str:
+    """Last ``n_lines`` lines of a text file ('' when it does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            data = f.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(data.splitlines()[-n_lines:])
+
+
+@dataclass
+class LaunchSpec:
+    """Everything needed to launch one server.
+
+    python: interpreter of the environment; env: the complete environment of the server process
+    (PYTHONPATH with the overlay first); times in seconds.
+    """
+
+    python: str
+    model_path: str
+    host: str
+    port: int
+    args: list[str]
+    env: dict[str, str]
+    log_path: Path
+    ready_timeout_s: float = 600.0
+    stop_grace_s: float = 20.0
+    port_close_timeout_s: float = 30.0
+    flush_retries: int = 5
+    flush_pause_s: float = 1.0
+    health_path: str = "/health"
+
+    def command(self) -> list[str]:
+        return [self.python, "-m", "sglang.launch_server", "--model-path", self.model_path,
+                "--host", self.host, "--port", str(self.port), *self.args]
+
+
+@dataclass
+class SglangServer:
+    """One server process group. Use :meth:`start`, :meth:`wait_ready`, :meth:`flush_cache`,
+    :meth:`stop`; or as a context manager (start + wait_ready, stop on exit).
+
+    ``events`` records what happened, with times relative to start (seconds), for cell.json.
+    """
+
+    spec: LaunchSpec
+    proc: subprocess.Popen | None = None
+    events: list[dict] = field(default_factory=list)
+    _t0: float = 0.0
+    _seen: dict[int, psutil.Process] = field(default_factory=dict)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.spec.host}:{self.spec.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid if self.proc else -1
+
+    def _event(self, what: str, **kw) -> None:
+        self.events.append({"t_s": round(time.monotonic() - self._t0, 3), "event": what, **kw})
+
+    def log_tail(self, n: int = 40) -> str:
+        return tail(self.spec.log_path, n)
+
+    def alive(self) -> bool:
+        """True while the launched process has not exited."""
+        return self.proc is not None and self.proc.poll() is None
+
+    # ------------------------------------------------------------------ launch
+    def start(self) -> None:
+        """Launch the server. Raises PortInUse when the port already answers."""
+        s = self.spec
+        if port_answers(s.host, s.port):
+            raise PortInUse(f"something already answers on {s.host}:{s.port}; stop it (or choose "
+                            f"another server.port) - a stale server must never be benchmarked")
+        s.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._t0 = time.monotonic()
+        log = open(s.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(s.command(), env=s.env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            log.close()
+        self._event("launched", pid=self.proc.pid, command=s.command())
+
+    def _remember_descendants(self) -> None:
+        if not self.alive():
+            return
+        try:
+            root = psutil.Process(self.proc.pid)
+            for p in [root, *root.children(recursive=True)]:
+                self._seen.setdefault(p.pid, p)
+        except psutil.NoSuchProcess:
+            pass
+
+    def _http(self, method: str, path: str, body: dict | None = None, timeout_s: float = 10.0):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.base_url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as r:
+                return r.status, r.read().decode("utf-8", "replace")
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode("utf-8", "replace")
+
+    def wait_ready(self) -> float:
+        """Block until /health is 200 and a 1-token generation succeeds; returns seconds waited.
+
+        Raises ServerDied at once when the process exits, ReadyTimeout after
+        ``ready_timeout_s`` (the server is then left running; call :meth:`stop`).
+        """
+        s = self.spec
+        deadline = self._t0 + s.ready_timeout_s
+        healthy = False
+        last = ""
+        while True:
+            self._remember_descendants()
+            if not self.alive():
+                code = self.proc.returncode if self.proc else None
+                self._event("died_before_ready", returncode=code)
+                raise ServerDied(f"sglang server exited with code {code} before it was ready",
+                                 self.log_tail())
+            if time.monotonic() > deadline:
+                self._event("ready_timeout", last=last)
+                raise ReadyTimeout(f"server not ready after {s.ready_timeout_s:.0f} s "
+                                   f"(server.ready_timeout_s); last answer: {last}", self.log_tail())
+            try:
+                if not healthy:
+                    code, text = self._http("GET", s.health_path, timeout_s=5)
+                    last = f"{s.health_path} {code}"
+                    if code == 200:
+                        healthy = True
+                        self._event("health_200")
+                if healthy:
+                    code, text = self._http("POST", "/generate", {
+                        "text": "Hello", "sampling_params": {"max_new_tokens": 1, "temperature": 0}},
+                        timeout_s=60)
+                    last = f"/generate {code} {text[:200]}"
+                    if code == 200:
+                        waited = time.monotonic() - self._t0
+                        self._event("ready", waited_s=round(waited, 3))
+                        self._remember_descendants()
+                        return waited
+            except (urllib.error.URLError, ConnectionError, TimeoutError, socket.timeout) as e:
+                last = f"{type(e).__name__}: {e}"
+            time.sleep(0.5)
+
+    # ------------------------------------------------------------------ flush
+    def flush_cache(self) -> None:
+        """POST /flush_cache until 200, at most ``flush_retries`` tries, ``flush_pause_s`` apart.
+
+        Every answer is recorded in ``events``. Raises FlushFailed when the budget is spent (the
+        phase fails; it never silently goes on) and ServerDied when the process is gone.
+        """
+        s = self.spec
+        last = ""
+        for attempt in range(1, s.flush_retries + 1):
+            if not self.alive():
+                raise ServerDied("server exited before /flush_cache", self.log_tail())
+            try:
+                code, text = self._http("POST", "/flush_cache", timeout_s=30)
+                last = f"{code} {text.strip()[:200]}"
+            except (urllib.error.URLError, ConnectionError, TimeoutError, socket.timeout) as e:
+                code, last = None, f"{type(e).__name__}: {e}"
+            self._event("flush_cache", attempt=attempt, answer=last)
+            if code == 200:
+                return
+            if attempt < s.flush_retries:
+                time.sleep(s.flush_pause_s)
+        raise FlushFailed(f"/flush_cache refused {s.flush_retries} times (server.flush_retries); "
+                          f"last answer: {last}")
+
+    # ------------------------------------------------------------------ stop
+    def stop(self) -> float:
+        """Stop the whole process group and wait until the port is closed; returns seconds taken.
+
+        SIGTERM to the group, ``stop_grace_s`` grace, then SIGKILL to the group and to every
+        descendant ever seen. Raises StopFailed when a process survives or the port stays open.
+        Safe to call twice.
+        """
+        if self.proc is None:
+            return 0.0
+        t = time.monotonic()
+        self._remember_descendants()
+        pgid = self.proc.pid  # start_new_session: the leader's pid is the group id
+        self._signal_group(pgid, signal.SIGTERM)
+        self._event("sigterm")
+        try:
+            self.proc.wait(timeout=self.spec.stop_grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        survivors = self._survivors(pgid, wait_s=min(5.0, self.spec.stop_grace_s))
+        if survivors or self.alive():
+            self._event("sigkill", pids=[p.pid for p in survivors])
+            self._signal_group(pgid, signal.SIGKILL)
+            for p in survivors:
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        survivors = self._survivors(pgid, wait_s=5.0)
+        deadline = time.monotonic() + self.spec.port_close_timeout_s
+        while port_answers(self.spec.host, self.spec.port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        port_open = port_answers(self.spec.host, self.spec.port)
+        took = time.monotonic() - t
+        self._event("stopped", took_s=round(took, 3), survivors=[p.pid for p in survivors],
+                    port_open=port_open)
+        if survivors:
+            raise StopFailed(f"processes of the server survived SIGKILL: "
+                             f"{[(p.pid, _name(p)) for p in survivors]}")
+        if port_open:
+            raise StopFailed(f"port {self.spec.port} still answers {self.spec.port_close_timeout_s:.0f} s "
+                             f"after the server was stopped")
+        return took
+
+    @staticmethod
+    def _signal_group(pgid: int, sig: int) -> None:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _survivors(self, pgid: int, wait_s: float) -> list[psutil.Process]:
+        """Live (non-zombie) processes of the group or among the descendants ever seen."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            live = {}
+            for pid, p in self._seen.items():
+                if _is_live(p):
+                    live[pid] = p
+            for p in psutil.process_iter(["pid"]):
+                try:
+                    if os.getpgid(p.pid) == pgid and _is_live(p):
+                        live[p.pid] = p
+                except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+                    continue
+            if not live or time.monotonic() >= deadline:
+                return list(live.values())
+            time.sleep(0.2)
+
+    def __enter__(self) -> "SglangServer":
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _is_live(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _name(p: psutil.Process) -> str:
+    try:
+        return p.name()
+    except psutil.NoSuchProcess:
+        return "?"
+
+
+def scan_log(path: str | os.PathLike, marker: str) -> list[str]:
+    """Lines of ``path`` that contain ``marker`` (e.g. a stand-in that was called)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return [line.rstrip("\n") for line in f if marker in line]
+    except FileNotFoundError:
+        return []

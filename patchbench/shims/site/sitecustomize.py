@@ -1,0 +1,79 @@
+"""Loaded by every Python process of the sglang server (it is first on PYTHONPATH).
+
+Switched by environment variables the harness sets (nothing happens without them):
+- PATCHBENCH_CPU_STAND_INS=1: torch compatibility for the CPU engine and handles for the
+  ``torch.ops.sgl_kernel.*_cpu`` ops that sglang takes at import time (0.5.23), each raising
+  with the PATCHBENCH-STAND-IN-CALLED marker when called.
+- PATCHBENCH_MROPE_PROBE_DIR: count (and cross-check) the mrope position computations.
+- PATCHBENCH_CHAIN_SITECUSTOMIZE: not used; another sitecustomize further down the path is
+  still imported (below), so this file never hides one.
+"""
+import os
+import sys
+import types
+
+_MARKER = "PATCHBENCH-STAND-IN-CALLED"
+
+if os.environ.get("PATCHBENCH_CPU_STAND_INS") == "1":
+    import torch
+
+    # torch >= 2.9 dropped this; sglang 0.5.1.post3's utils.cpu_has_amx_support() calls it.
+    if not hasattr(torch._C._cpu, "_is_amx_tile_supported"):
+        torch._C._cpu._is_amx_tile_supported = lambda: False
+    # A CPU build of torch with PyPI's (CUDA-built) torchvision: its C ops cannot load and
+    # torchvision/_meta_registrations.py raises at import; sglang uses only pure-python transforms.
+    if "+cpu" in torch.__version__:
+        sys.modules.setdefault("torchvision._meta_registrations",
+                               types.ModuleType("torchvision._meta_registrations"))
+
+    import torch._ops
+
+    # op handles grabbed at import time by sglang 0.5.23 CPU-engine modules (not AMX-gated);
+    # anything else stays missing so hasattr() probes keep answering False.
+    _IMPORT_TIME_OPS = {
+        "fused_sigmoid_mul_cpu", "fused_qk_gemma_rmsnorm_cpu",
+        "fused_qk_gemma_rmsnorm_with_gate_cpu", "fused_qkvzba_split_reshape_cat_contiguous_cpu",
+        "fused_moe_router_cpu", "rmsnorm_cpu", "fused_dual_residual_rmsnorm_cpu",
+        "fused_gdn_gating_cpu", "fused_sigmoid_gating_delta_rule_update_cpu",
+    } | (set(os.environ.get("PATCHBENCH_SGL_KERNEL_OPS", "").split(",")) - {""})
+
+    class _StandInOps(torch._ops._OpNamespace):
+        def __getattr__(self, op_name):
+            if op_name.startswith("__"):
+                raise AttributeError(op_name)
+            try:
+                return super().__getattr__(op_name)
+            except (AttributeError, RuntimeError):
+                pass
+            if op_name not in _IMPORT_TIME_OPS:
+                raise AttributeError(f"sgl_kernel CPU stand-in has no op {op_name}")
+
+            def stand_in(*args, _name=op_name, **kwargs):
+                msg = f"{_MARKER}: torch.ops.sgl_kernel.{_name} (CPU stand-in; not implemented)"
+                print(msg, file=sys.stderr, flush=True)
+                raise NotImplementedError(msg)
+            object.__setattr__(self, op_name, stand_in)
+            return stand_in
+
+    torch.ops.__dict__["sgl_kernel"] = _StandInOps("sgl_kernel")
+
+if os.environ.get("PATCHBENCH_MROPE_PROBE_DIR"):
+    import patchbench_mrope_instr  # noqa: F401  (sits beside this file)
+
+
+def _chain():
+    """Import the next sitecustomize on sys.path, if any, as Python would have without us."""
+    import importlib.util
+    here = os.path.dirname(os.path.abspath(__file__))
+    for entry in sys.path:
+        if not entry or os.path.abspath(entry) == here:
+            continue
+        cand = os.path.join(entry, "sitecustomize.py")
+        if os.path.isfile(cand):
+            spec = importlib.util.spec_from_file_location("_patchbench_next_sitecustomize", cand)
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            return
+
+
+_chain()

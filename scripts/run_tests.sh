@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The test command of `make test`: unit tests first (fast, fail early), then the end-to-end
+# tests against real sglang servers on the CPU. Prints the time each part took.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+t0=$(date +%s)
+$PY -m pytest -q -m "not e2e" --durations=10 -p no:cacheprovider "$@"
+rc1=$?
+t1=$(date +%s)
+echo "== unit tests: $((t1 - t0)) s (exit $rc1)"
+$PY -m pytest -q -m "e2e" --durations=0 -p no:cacheprovider "$@"
+rc2=$?
+t2=$(date +%s)
+echo "== end-to-end tests: $((t2 - t1)) s (exit $rc2)"
+# pytest exit 5 = no test selected (e.g. a -k filter that only matches one group)
+[ $rc1 -eq 5 ] && rc1=0
+[ $rc2 -eq 5 ] && rc2=0
+[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ]

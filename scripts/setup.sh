@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Create (or refresh) the virtual environment for one sglang pin, idempotently.
+#   usage: scripts/setup.sh PIN VENV [cpu|gpu|auto]
+# cpu: the release without its CUDA-only dependencies (requirements/cpu-PIN.txt) plus the
+#      import-time stand-ins that patchbench/shims carries; gpu: the release's full install
+#      (sglang[srt]==0.5.1.post3, sglang==0.5.23 and later). auto: gpu when nvidia-smi sees a GPU.
+# A stamp file in the venv records what was installed; a second call with the same inputs
+# does nothing.
+set -euo pipefail
+PIN=${1:?usage: setup.sh PIN VENV [cpu|gpu|auto]}
+VENV=${2:?usage: setup.sh PIN VENV [cpu|gpu|auto]}
+PROFILE=${3:-auto}
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-python3}
+if [ "$PROFILE" = auto ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then PROFILE=gpu; else PROFILE=cpu; fi
+fi
+case "$PROFILE" in cpu|gpu) ;; *) echo "setup.sh: profile must be cpu, gpu or auto, not '$PROFILE'" >&2; exit 2;; esac
+REQ="$HERE/requirements/cpu-$PIN.txt"
+if [ "$PROFILE" = cpu ] && [ ! -f "$REQ" ]; then
+  echo "setup.sh: no CPU profile for sglang $PIN (expected $REQ); supported:" \
+       "$(ls "$HERE"/requirements/cpu-*.txt | sed 's/.*cpu-//; s/\.txt$//' | tr '\n' ' ')" >&2
+  exit 2
+fi
+stamp_inputs() {
+  echo "pin=$PIN profile=$PROFILE python=$($PY -c 'import sys;print(sys.version.split()[0])')"
+  cat "$HERE/requirements/harness.txt" "$HERE/pyproject.toml"
+  [ "$PROFILE" = cpu ] && cat "$REQ"
+  true
+}
+want=$(stamp_inputs | sha256sum | cut -d' ' -f1)
+if [ -f "$VENV/.patchbench-setup" ] && [ "$(cat "$VENV/.patchbench-setup")" = "$want" ]; then
+  echo "setup: $VENV already holds sglang $PIN ($PROFILE profile); nothing to do"
+  exit 0
+fi
+t0=$(date +%s)
+echo "setup: creating $VENV for sglang $PIN ($PROFILE profile)"
+[ -x "$VENV/bin/python" ] || $PY -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off)
+if [ "$PROFILE" = gpu ]; then
+  case "$PIN" in 0.5.1*|0.5.0*|0.4.*) SPEC="sglang[srt]==$PIN";; *) SPEC="sglang==$PIN";; esac
+  "${PIP[@]}" "$SPEC" -r "$HERE/requirements/harness.txt"
+else
+  TORCH=$(grep -E '^(torch|torchvision)==' "$REQ" | tr '\n' ' ')
+  # torch first: the CPU profile's own pin decides it, not a later resolver pass
+  "${PIP[@]}" $TORCH
+  "${PIP[@]}" --no-deps "sglang==$PIN"
+  "${PIP[@]}" -r "$REQ" -r "$HERE/requirements/harness.txt"
+fi
+"${PIP[@]}" --no-deps -e "$HERE"
+got=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("sglang"))')
+if [ "$got" != "$PIN" ]; then echo "setup: expected sglang $PIN in $VENV, found $got" >&2; exit 3; fi
+echo "$want" > "$VENV/.patchbench-setup"
+echo "setup: sglang $got in $VENV ($PROFILE profile) in $(( $(date +%s) - t0 )) s, $(du -sh "$VENV" | cut -f1)"

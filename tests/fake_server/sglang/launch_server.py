@@ -1,0 +1,85 @@
+"""Fake sglang server. Understands --host/--port (other args ignored). Faults (env):
+
+FAKE_HEALTH_503_S    /health answers 503 for this many seconds after start (/v1/models: 200 at once)
+FAKE_EXIT_AFTER_S    the process exits with code 3 after this many seconds (prints to the log first)
+FAKE_FLUSH_400       /flush_cache answers 400 this many times before 200 ("-1": always 400)
+FAKE_DIE_AFTER_GENERATE  exit after this many /generate calls (0 = never)
+FAKE_GRANDCHILD=1    spawn a child that spawns a grandchild, both sleeping (must not survive stop)
+FAKE_IGNORE_SIGTERM=1  ignore SIGTERM (stop must escalate to SIGKILL)
+"""
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--host", default="127.0.0.1")
+ap.add_argument("--port", type=int, default=30000)
+args, _ = ap.parse_known_args()
+T0 = time.monotonic()
+HEALTH_503 = float(os.environ.get("FAKE_HEALTH_503_S", "0"))
+FLUSH_400 = int(os.environ.get("FAKE_FLUSH_400", "0"))
+DIE_AFTER = int(os.environ.get("FAKE_DIE_AFTER_GENERATE", "0"))
+state = {"flush": 0, "generate": 0}
+print(f"fake sglang server on {args.host}:{args.port}", flush=True)
+
+if os.environ.get("FAKE_IGNORE_SIGTERM") == "1":
+    signal.signal(signal.SIGTERM, lambda *a: print("fake: ignoring SIGTERM", flush=True))
+if os.environ.get("FAKE_GRANDCHILD") == "1":
+    code = ("import subprocess,sys,time;"
+            "subprocess.Popen([sys.executable,'-c','import time; time.sleep(600)']);time.sleep(600)")
+    subprocess.Popen([sys.executable, "-c", code])
+if os.environ.get("FAKE_EXIT_AFTER_S"):
+    def _die():
+        time.sleep(float(os.environ["FAKE_EXIT_AFTER_S"]))
+        print("fake: fatal error, exiting", flush=True)
+        os._exit(3)
+    threading.Thread(target=_die, daemon=True).start()
+
+
+class H(BaseHTTPRequestHandler):
+    def log_message(self, fmt, *a):
+        print("fake: " + fmt % a, flush=True)
+
+    def _send(self, code, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.path == "/health":
+            ok = time.monotonic() - T0 >= HEALTH_503
+            self._send(200 if ok else 503, {})
+        elif self.path == "/v1/models":
+            self._send(200, {"data": [{"id": "fake"}]})
+        else:
+            self._send(404, {})
+
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(n)
+        if self.path == "/flush_cache":
+            state["flush"] += 1
+            if FLUSH_400 < 0 or state["flush"] <= FLUSH_400:
+                self._send(400, {"message": "pending requests"})
+            else:
+                self._send(200, {"message": "Cache flushed."})
+        elif self.path == "/generate":
+            state["generate"] += 1
+            if DIE_AFTER and state["generate"] > DIE_AFTER:
+                print("fake: dying mid-run", flush=True)
+                os._exit(5)
+            self._send(200, {"text": "x", "meta_info": {"prompt_tokens": 1, "completion_tokens": 1}})
+        else:
+            self._send(404, {})
+
+
+ThreadingHTTPServer((args.host, args.port), H).serve_forever()

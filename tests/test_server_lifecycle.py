@@ -1,0 +1,140 @@
+"""Server lifecycle (cases L1-L3) against the fake server in tests/fake_server.
+
+The fake implements the faults a real sglang cannot be made to show on demand; the real server's
+lifecycle is covered by the end-to-end tests (tests/test_e2e_bench.py).
+"""
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from patchbench.server import (
+    FlushFailed,
+    LaunchSpec,
+    PortInUse,
+    ReadyTimeout,
+    ServerDied,
+    SglangServer,
+    free_port,
+    port_answers,
+)
+
+FAKE = Path(__file__).parent / "fake_server"
+
+
+def _spec(tmp_path, port=None, ready_timeout_s=20.0, stop_grace_s=3.0, **env):
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(FAKE)
+    e.update({k: str(v) for k, v in env.items()})
+    return LaunchSpec(python=sys.executable, model_path="fake", host="127.0.0.1",
+                      port=port or free_port(), args=[], env=e, log_path=tmp_path / "server.log",
+                      ready_timeout_s=ready_timeout_s, stop_grace_s=stop_grace_s,
+                      port_close_timeout_s=10, flush_retries=4, flush_pause_s=0.1)
+
+
+def _group_alive(pgid):
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            pass
+    return out
+
+
+def test_l1_waits_for_health_200_not_models(tmp_path):
+    """/v1/models answers at once while /health says 503 for 2 s: ready only after /health 200."""
+    srv = SglangServer(_spec(tmp_path, FAKE_HEALTH_503_S=2))
+    srv.start()
+    try:
+        waited = srv.wait_ready()
+        assert waited >= 2.0
+        kinds = [e["event"] for e in srv.events]
+        assert kinds.index("health_200") < kinds.index("ready")
+    finally:
+        srv.stop()
+
+
+def test_l1_process_exit_fails_at_once_with_log_tail(tmp_path):
+    """The process exits 1 s in, /health would be 503 for 60 s: fail in ~1 s, not at the timeout."""
+    srv = SglangServer(_spec(tmp_path, ready_timeout_s=60, FAKE_HEALTH_503_S=60, FAKE_EXIT_AFTER_S=1))
+    srv.start()
+    t = time.monotonic()
+    with pytest.raises(ServerDied) as ei:
+        srv.wait_ready()
+    assert time.monotonic() - t < 10
+    assert "fatal error, exiting" in str(ei.value)  # the log tail is in the message
+    assert "code 3" in str(ei.value)
+    srv.stop()
+
+
+def test_ready_timeout(tmp_path):
+    srv = SglangServer(_spec(tmp_path, ready_timeout_s=1.5, FAKE_HEALTH_503_S=60))
+    srv.start()
+    try:
+        with pytest.raises(ReadyTimeout, match="/health 503"):
+            srv.wait_ready()
+    finally:
+        srv.stop()
+    assert not port_answers("127.0.0.1", srv.spec.port)
+
+
+def test_l2_refuses_when_port_answers(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        srv = SglangServer(_spec(tmp_path, port=port))
+        with pytest.raises(PortInUse, match=f"127.0.0.1:{port}"):
+            srv.start()
+        assert srv.proc is None  # nothing was launched
+
+
+def test_l2_stop_kills_grandchildren_and_closes_port(tmp_path):
+    srv = SglangServer(_spec(tmp_path, FAKE_GRANDCHILD=1))
+    srv.start()
+    srv.wait_ready()
+    time.sleep(1.0)  # let the child start its grandchild
+    root = psutil.Process(srv.pid)
+    tree = [root.pid] + [c.pid for c in root.children(recursive=True)]
+    assert len(tree) == 3  # server, child, grandchild
+    srv.stop()
+    assert _group_alive(srv.pid) == []
+    for pid in tree:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert not port_answers("127.0.0.1", srv.spec.port)
+
+
+def test_l2_sigterm_ignored_escalates_to_sigkill(tmp_path):
+    srv = SglangServer(_spec(tmp_path, stop_grace_s=1.0, FAKE_IGNORE_SIGTERM=1))
+    srv.start()
+    srv.wait_ready()
+    srv.stop()
+    kinds = [e["event"] for e in srv.events]
+    assert "sigkill" in kinds
+    assert not srv.alive()
+    assert not port_answers("127.0.0.1", srv.spec.port)
+
+
+def test_l3_flush_retries_then_succeeds(tmp_path):
+    srv = SglangServer(_spec(tmp_path, FAKE_FLUSH_400=2))
+    with srv:
+        srv.flush_cache()
+        answers = [e["answer"] for e in srv.events if e["event"] == "flush_cache"]
+    assert len(answers) == 3
+    assert answers[0].startswith("400") and "pending requests" in answers[0]
+    assert answers[1].startswith("400")
+    assert answers[2].startswith("200")
+
+
+def test_l3_flush_refused_for_whole_budget_fails(tmp_path):
+    srv = SglangServer(_spec(tmp_path, FAKE_FLUSH_400=-1))
+    with srv:
+        with pytest.raises(FlushFailed, match="refused 4 times"):
+            srv.flush_cache()
+        assert len([e for e in srv.events if e["event"] == "flush_cache"]) == 4
