@@ -1,0 +1,247 @@
+"""The per-variant overlay: a patched copy of the installed ``sglang`` package (DESIGN.md step 3).
+
+sglang spawns its scheduler and workers, so a monkeypatch in the launching process never reaches
+them; a patched copy of the package placed first on ``PYTHONPATH`` does. :func:`build_overlay`
+makes that copy once per (sglang version, installed package, patches and their diff hashes) and
+caches it::
+
+    <cache_root>/<version>-<key16>/sglang/...       the patched package (no __pycache__ copied)
+    <cache_root>/<version>-<key16>/overlay.json     what it holds (Overlay.to_json)
+
+It is built in a temporary folder next to it and renamed into place, so a crash never leaves half
+an overlay. The installed package is only read. A variant without patches gets an Overlay that
+points at the installed package itself (``root`` None: nothing to add to PYTHONPATH).
+
+:func:`verify_in_env` checks, in the environment the server will get, that
+``sglang.srt.model_executor.forward_batch_info`` resolves to the overlay's file with the expected
+sha256, without importing sglang (its import pulls torch, triton, ...).
+
+Errors: :class:`OverlayError` (and the :class:`patchbench.patchset.PatchError` family from
+applying a patch), naming the variant's patches, the paths and expected vs found hashes.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from patchbench.patchset import (DEFAULT_CACHE_DIR, FORWARD_BATCH_INFO, apply_to_tree, patch_sha256,
+                                 sha256_file)
+from patchbench.records import read_json, write_json
+
+#: format of overlay.json; bump when the Overlay fields change (old cached overlays are rebuilt)
+OVERLAY_SCHEMA = 1
+
+
+class OverlayError(RuntimeError):
+    """An overlay that cannot be built or does not resolve as expected in the server environment."""
+
+
+@dataclass
+class Overlay:
+    """A variant's sglang package.
+
+    version: sglang release; root: folder to put first on PYTHONPATH (holds ``sglang/``), None for
+    the stock package; sglang_dir: the ``sglang`` package folder the server will import;
+    patches: patch names in the order applied; patch_hashes: {patch name: sha256 of its diff};
+    files: {path relative to site-packages: sha256} of every file the patches changed (empty for
+    stock); fbi_sha256: sha256 of ``sglang/srt/model_executor/forward_batch_info.py`` expected in
+    the server; key: cache key (None for stock); reused: True when taken from the cache.
+    """
+
+    version: str
+    root: Path | None
+    sglang_dir: Path
+    patches: list[str] = field(default_factory=list)
+    patch_hashes: dict[str, str] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+    fbi_sha256: str = ""
+    key: str | None = None
+    reused: bool = False
+
+    @property
+    def fbi_path(self) -> Path:
+        """The forward_batch_info.py file the server should import."""
+        return self.sglang_dir.parent / FORWARD_BATCH_INFO
+
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """A copy of ``base`` (default os.environ) with ``root`` first on PYTHONPATH (unchanged
+        for stock)."""
+        env = dict(os.environ if base is None else base)
+        if self.root is not None:
+            rest = env.get("PYTHONPATH", "")
+            env["PYTHONPATH"] = str(self.root) + (os.pathsep + rest if rest else "")
+        return env
+
+    def to_json(self) -> dict:
+        """JSON-ready dict (paths as strings) for the run manifest and overlay.json."""
+        d = asdict(self)
+        d["root"] = str(self.root) if self.root else None
+        d["sglang_dir"] = str(self.sglang_dir)
+        d["schema"] = OVERLAY_SCHEMA
+        d.pop("reused")
+        return d
+
+
+def _installed_fingerprint(stock_site_dir: Path, version: str) -> str:
+    """sha256 of the installed distribution's RECORD (names + hashes of all its files), checking
+    that the distribution in ``stock_site_dir`` is sglang ``version``."""
+    dists = [d for d in importlib.metadata.distributions(path=[str(stock_site_dir)])
+             if (d.metadata["Name"] or "").lower() == "sglang"]
+    if not dists:
+        # a bare package folder (e.g. a test copy) without dist-info: identify it by its version file
+        vf = stock_site_dir / "sglang" / "version.py"
+        return sha256_file(vf) if vf.is_file() else ""
+    found = dists[0].version
+    if found != version:
+        raise OverlayError(f"{stock_site_dir} holds sglang {found}, not {version}; build overlays "
+                           f"in the environment whose sglang is the config's pin")
+    record = dists[0].read_text("RECORD") or ""
+    return hashlib.sha256(record.encode()).hexdigest()
+
+
+def _ignore_pycache(_dir: str, names: list[str]) -> list[str]:
+    return [n for n in names if n == "__pycache__" or n.endswith((".pyc", ".pyo"))]
+
+
+def build_overlay(version: str, patches: list[str], *, stock_site_dir: Path, cache_root: Path,
+                  patch_cache_dir: Path | None = None) -> Overlay:
+    """The overlay of sglang ``version`` with ``patches`` applied in order.
+
+    stock_site_dir: the folder holding the installed ``sglang/`` (site-packages); cache_root:
+    where overlays live (e.g. ``.cache/overlays``); patch_cache_dir: wheels and derived diffs
+    (default ``.cache``). An empty ``patches`` returns the stock package (no copy). A cached overlay
+    is reused when its key matches and its patched files still have their recorded hashes;
+    otherwise it is rebuilt. Raises :class:`OverlayError` (no sglang there, other version) or the
+    :class:`~patchbench.patchset.PatchError` family (a patch that does not apply: nothing is left
+    behind).
+    """
+    stock_site_dir = Path(stock_site_dir).resolve()
+    stock = stock_site_dir / "sglang"
+    if not (stock / "__init__.py").is_file():
+        raise OverlayError(f"no sglang package at {stock} (expected the site-packages folder of the "
+                           f"environment holding sglang {version})")
+    fingerprint = _installed_fingerprint(stock_site_dir, version)
+    if not patches:
+        fbi = stock_site_dir / FORWARD_BATCH_INFO
+        return Overlay(version=version, root=None, sglang_dir=stock,
+                       fbi_sha256=sha256_file(fbi) if fbi.is_file() else "")
+    if len(set(patches)) != len(patches):
+        raise OverlayError(f"patch list {patches} names a patch twice")
+    pcache = Path(patch_cache_dir or DEFAULT_CACHE_DIR)
+    hashes = {p: patch_sha256(p, version, pcache) for p in patches}
+    key = hashlib.sha256(json.dumps({"schema": OVERLAY_SCHEMA, "version": version,
+                                     "installed": fingerprint,
+                                     "patches": [[p, hashes[p]] for p in patches]}).encode()).hexdigest()
+    cache_root = Path(cache_root).resolve()
+    dest = cache_root / f"{version}-{key[:16]}"
+    cached = _load_cached(dest, key)
+    if cached is not None:
+        return cached
+    cache_root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".build-{version}-{key[:16]}-", dir=cache_root))
+    try:
+        shutil.copytree(stock, tmp / "sglang", ignore=_ignore_pycache)
+        files: dict[str, str] = {}
+        for p in patches:
+            files.update(apply_to_tree(tmp, p, version, cache_dir=pcache, stacked=set(files)))
+        ov = Overlay(version=version, root=dest, sglang_dir=dest / "sglang", patches=list(patches),
+                     patch_hashes=hashes, files=files,
+                     fbi_sha256=sha256_file(tmp / FORWARD_BATCH_INFO), key=key)
+        write_json(tmp / "overlay.json", ov.to_json())
+        if dest.exists():  # a stale or broken one (failed _load_cached): replace it
+            shutil.rmtree(dest)
+        try:
+            os.rename(tmp, dest)
+        except OSError:
+            # another process finished the same overlay first
+            if _load_cached(dest, key) is None:
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+            return _load_cached(dest, key)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ov
+
+
+def _load_cached(dest: Path, key: str) -> Overlay | None:
+    meta = dest / "overlay.json"
+    if not meta.is_file():
+        return None
+    try:
+        d = read_json(meta)
+    except (OSError, ValueError):
+        return None
+    if d.get("schema") != OVERLAY_SCHEMA or d.get("key") != key:
+        return None
+    for rel, sha in d["files"].items():
+        f = dest / rel
+        if not f.is_file() or sha256_file(f) != sha:
+            return None
+    return Overlay(version=d["version"], root=dest, sglang_dir=dest / "sglang", patches=d["patches"],
+                   patch_hashes=d["patch_hashes"], files=d["files"], fbi_sha256=d["fbi_sha256"],
+                   key=key, reused=True)
+
+
+_PROBE = r"""
+import hashlib, importlib.machinery, importlib.util, json, os, sys
+out = {"executable": sys.executable, "sys_path_head": sys.path[:4]}
+spec = importlib.util.find_spec("sglang")   # top level: found, not executed
+if spec is None or not spec.submodule_search_locations:
+    out["error"] = "sglang not importable"
+else:
+    pkg = list(spec.submodule_search_locations)[0]
+    out["sglang_dir"] = pkg
+    # resolve the submodule as the import system would, without executing sglang's __init__
+    loc = os.path.join(pkg, "srt", "model_executor")
+    sub = importlib.machinery.PathFinder.find_spec("forward_batch_info", [loc])
+    if sub is None or not sub.origin:
+        out["error"] = "forward_batch_info not found under " + loc
+    else:
+        out["forward_batch_info"] = sub.origin
+        out["sha256"] = hashlib.sha256(open(sub.origin, "rb").read()).hexdigest()
+print("PATCHBENCH-PROBE " + json.dumps(out))
+"""
+
+
+def verify_in_env(overlay: Overlay, python: str, env: dict[str, str], *, timeout_s: float = 60) -> dict:
+    """Check in a subprocess ``python -c`` with ``env`` (the server's environment, same
+    PYTHONPATH) that ``sglang.srt.model_executor.forward_batch_info`` resolves inside
+    ``overlay.sglang_dir`` with sha256 ``overlay.fbi_sha256``. sglang is located with
+    ``importlib.util.find_spec``, not imported.
+
+    Returns {"executable", "sys_path_head", "sglang_dir", "forward_batch_info", "sha256"}.
+    Raises :class:`OverlayError` naming the expected and found path and hash (or the subprocess's
+    error output).
+    """
+    try:
+        r = subprocess.run([python, "-c", _PROBE], env=env, capture_output=True, text=True,
+                           timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise OverlayError(f"could not run {python} to check the overlay: {e}") from None
+    line = next((l for l in r.stdout.splitlines() if l.startswith("PATCHBENCH-PROBE ")), None)
+    if r.returncode != 0 or line is None:
+        raise OverlayError(f"{python} failed while locating sglang (exit {r.returncode}):\n"
+                           f"{(r.stderr or r.stdout)[-2000:]}")
+    got = json.loads(line.split(" ", 1)[1])
+    what = f"variant with patches {overlay.patches}" if overlay.patches else "stock variant"
+    if "error" in got:
+        raise OverlayError(f"{what}: {got['error']} (PYTHONPATH={env.get('PYTHONPATH', '')!r})")
+    expected_dir = overlay.sglang_dir.resolve()
+    found = Path(got["forward_batch_info"]).resolve()
+    if expected_dir not in found.parents:
+        raise OverlayError(
+            f"{what}: sglang.srt.model_executor.forward_batch_info resolves to {found}, expected "
+            f"{overlay.fbi_path} (inside {expected_dir}); PYTHONPATH={env.get('PYTHONPATH', '')!r}, "
+            f"sys.path starts {got['sys_path_head']}")
+    if got["sha256"] != overlay.fbi_sha256:
+        raise OverlayError(f"{what}: {found} has sha256 {got['sha256']}, expected "
+                           f"{overlay.fbi_sha256}; the overlay was changed after it was built")
+    return got
