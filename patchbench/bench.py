@@ -234,9 +234,14 @@ def run_cell(cfg: Config, cell: Cell, venv: VariantEnv, run_dir: Path, *, port: 
             if called:
                 res.status = "failed"
                 res.errors.append(f"a CPU stand-in was called, results invalid: {called[0]}")
-            if res.status != "failed" and not server.alive():
+            if res.status == "failed":  # a failed request may be the server dying: give it a moment
+                deadline = time.monotonic() + 2.0
+                while server.alive() and time.monotonic() < deadline:
+                    time.sleep(0.1)
+            if not server.alive():
                 res.status = "failed"
-                res.errors.append("the server died during the suite:\n" + server.log_tail())
+                res.errors.append(f"the server died during the suite (exit code "
+                                  f"{server.proc.returncode}):\n" + server.log_tail())
         dt = time.monotonic() - t
         res.meta.setdefault("duration_s", round(dt, 3))
         write_json(out / "summary.json", res.to_json(suite))
@@ -303,6 +308,11 @@ def run_cell(cfg: Config, cell: Cell, venv: VariantEnv, run_dir: Path, *, port: 
         rec["ended_at"] = utc_stamp()
         write_json(cdir / "cell.json", rec)
     return rec
+
+
+def _first_line(text: str | None, limit: int = 300) -> str | None:
+    lines = (text or "").strip().splitlines()
+    return lines[0][:limit] if lines else None
 
 
 def _merge_mrope_counts(d: Path) -> dict:
@@ -434,7 +444,7 @@ def run_bench(config_path: str | os.PathLike, *, resume: str | os.PathLike | Non
             failed += rec["status"] == "failed"
             records.append({"variant": cell.variant, "repeat": cell.repeat, "status": rec["status"],
                             "dir": str(cdir.relative_to(run_dir)), "timings_s": rec["timings_s"],
-                            "error": (rec.get("error") or "").splitlines()[0][:300] or None})
+                            "error": _first_line(rec.get("error"))})
             write_json(run_dir / "manifest.json", manifest)
     except KeyboardInterrupt:
         manifest["ended_at"] = utc_stamp()

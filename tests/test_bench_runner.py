@@ -1,0 +1,172 @@
+"""The runner (patchbench.bench) against the fake server and a fake suite: cell lifecycle, a
+server dying mid-run, resume, Ctrl-C, config and environment errors. The real-server run is in
+tests/test_e2e_bench.py."""
+import importlib.metadata
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from patchbench import bench, suite
+from patchbench.config import ConfigError, load_config
+from patchbench.records import read_json
+from patchbench.server import port_answers
+
+FAKE = Path(__file__).parent / "fake_server"
+SGLANG = importlib.metadata.version("sglang")
+
+
+@pytest.fixture
+def fake_env(monkeypatch, tmp_path):
+    """Register the fake suite and make every launch run the fake server (first on PYTHONPATH)."""
+    monkeypatch.setitem(suite.SUITES, "fake", "tests.fake_suite")
+    real = bench._launch_spec
+    faults = {}
+
+    def launch_spec(cfg, venv, cdir, port):
+        spec = real(cfg, venv, cdir, port)
+        spec.env["PYTHONPATH"] = str(FAKE) + os.pathsep + spec.env["PYTHONPATH"]
+        spec.env.update(faults.get(f"{venv.name}/{cdir.name}", {}))
+        return spec
+
+    monkeypatch.setattr(bench, "_launch_spec", launch_spec)
+    return faults
+
+
+def write_config(tmp_path, body: str) -> Path:
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    p = tmp_path / "cfg.yaml"
+    p.write_text(textwrap.dedent(body).replace("@MODEL@", str(model)).replace("@SGLANG@", SGLANG))
+    return p
+
+
+BASIC = """\
+    name: runner-test
+    sglang: "@SGLANG@"
+    model: {path: "@MODEL@"}
+    server: {port: 31990, ready_timeout_s: 30, stop_grace_s: 3, flush_retries: 2, flush_pause_s: 0.1}
+    variants:
+      baseline: []
+      control: [null-comment]
+    schedule: {repeats: 2}
+    suites:
+      fake: {n: 2}
+"""
+
+
+def test_run_writes_cells_manifest_and_resume_does_nothing(fake_env, tmp_path):
+    cfg = write_config(tmp_path, BASIC)
+    run_dir = bench.run_bench(cfg, results_root=tmp_path / "results")
+    man = read_json(run_dir / "manifest.json")
+    assert [(c["variant"], c["repeat"]) for c in man["cells"]] == [
+        ("baseline", 0), ("control", 0), ("control", 1), ("baseline", 1)]  # ABBA
+    assert all(c["status"] == "ok" for c in man["cells"])
+    assert man["sglang_version"] == SGLANG
+    assert man["patches"]["control"][0]["name"] == "null-comment"
+    assert len(man["patches"]["control"][0]["sha256"]) == 64
+    assert man["overlays"]["baseline"]["root"] is None
+    for v in ("baseline", "control"):
+        for r in (0, 1):
+            cell = read_json(run_dir / v / f"rep{r}" / "cell.json")
+            assert cell["status"] == "ok"
+            assert read_json(run_dir / v / f"rep{r}" / "fake" / "summary.json")["metrics"] == {"requests_count": 2.0}
+            assert "fake sglang server" in (run_dir / v / f"rep{r}" / "server.log").read_text()
+    assert not port_answers("127.0.0.1", 31990)
+    # second invocation with --resume: nothing left to do, no server is launched
+    before = {p: p.stat().st_mtime_ns for p in run_dir.glob("*/rep*/cell.json")}
+    bench.run_bench(cfg, resume=run_dir)
+    after = {p: p.stat().st_mtime_ns for p in run_dir.glob("*/rep*/cell.json")}
+    assert before == after
+    assert all(c.get("skipped") for c in read_json(run_dir / "manifest.json")["cells"])
+
+
+def test_server_dying_mid_run_fails_that_cell_only_and_resume_reruns_it(fake_env, tmp_path):
+    fake_env["control/rep0"] = {"FAKE_DIE_AFTER_GENERATE": "1"}
+    cfg = write_config(tmp_path, BASIC)
+    with pytest.raises(bench.RunFailed) as ei:
+        bench.run_bench(cfg, results_root=tmp_path / "results")
+    run_dir = ei.value.run_dir
+    cells = {(c["variant"], c["repeat"]): c for c in read_json(run_dir / "manifest.json")["cells"]}
+    assert cells[("control", 0)]["status"] == "failed"
+    assert [cells[k]["status"] for k in (("baseline", 0), ("control", 1), ("baseline", 1))] == ["ok"] * 3
+    failed = read_json(run_dir / "control" / "rep0" / "fake" / "summary.json")
+    assert failed["status"] == "failed"
+    assert "dying mid-run" in "\n".join(failed["errors"])  # the server log's tail
+    # the cells after the failure were measured and kept
+    assert read_json(run_dir / "baseline" / "rep1" / "fake" / "summary.json")["status"] == "ok"
+    fake_env.clear()
+    bench.run_bench(cfg, resume=run_dir)
+    man = read_json(run_dir / "manifest.json")
+    rerun = [c for c in man["cells"] if not c.get("skipped")]
+    assert [(c["variant"], c["repeat"], c["status"]) for c in rerun] == [("control", 0, "ok")]
+
+
+def test_ctrl_c_stops_server_and_keeps_finished_cells(fake_env, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_SUITE_INTERRUPT", "control/1")
+    cfg = write_config(tmp_path, BASIC)
+    with pytest.raises(KeyboardInterrupt):
+        bench.run_bench(cfg, results_root=tmp_path / "results")
+    run_dir = next((tmp_path / "results").iterdir())
+    assert not port_answers("127.0.0.1", 31990)
+    man = read_json(run_dir / "manifest.json")
+    assert man["interrupted"] is True
+    assert [c["status"] for c in man["cells"]] == ["ok", "ok"]
+    assert read_json(run_dir / "control" / "rep1" / "cell.json")["status"] == "interrupted"
+    assert read_json(run_dir / "baseline" / "rep0" / "fake" / "summary.json")["status"] == "ok"
+
+
+def test_patch_that_does_not_apply_stops_before_any_server(fake_env, tmp_path, monkeypatch):
+    from patchbench import overlay
+    from patchbench.patchset import PatchError
+
+    def boom(*a, **k):
+        raise PatchError("patch 'null-comment': sglang/srt/model_executor/forward_batch_info.py: hunk @@ -1,3 +1,4 @@ failed")
+    monkeypatch.setattr(overlay, "build_overlay", boom)
+    cfg = write_config(tmp_path, BASIC)
+    with pytest.raises(bench.PatchProblem, match="variant 'baseline'.*null-comment.*forward_batch_info.py.*hunk"):
+        bench.run_bench(cfg, results_root=tmp_path / "results")
+    assert not (tmp_path / "results").exists()
+
+
+def test_wrong_sglang_pin_is_environment_error(fake_env, tmp_path):
+    cfg = write_config(tmp_path, BASIC.replace("@SGLANG@", "0.4.0"))
+    with pytest.raises(bench.EnvironmentNotReady, match=f"pins sglang 0.4.0.*has {SGLANG}.*make setup SGLANG=0.4.0"):
+        bench.run_bench(cfg, results_root=tmp_path / "results")
+    assert bench.cli([str(cfg)]) == 3
+
+
+def test_dry_run_prints_plan_and_launches_nothing(fake_env, tmp_path, capsys):
+    cfg = write_config(tmp_path, BASIC)
+    assert bench.cli([str(cfg), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "baseline#0 control#0 control#1 baseline#1" in out
+    assert "control                  patches: null-comment" in out
+    assert "sglang.launch_server" in out
+    assert not port_answers("127.0.0.1", 31990)
+
+
+@pytest.mark.parametrize("body, expected", [
+    (BASIC.replace("    schedule: {repeats: 2}\n", "    schedule: {repeats: 2, order: zigzag}\n"),
+     r"cfg.yaml:\d+: key 'schedule.order': Input should be 'interleaved' or 'sequential'"),
+    (BASIC.replace("    schedule: {repeats: 2}\n", "    schedule: {repeats: two}\n"),
+     r"cfg.yaml:\d+: key 'schedule.repeats': Input should be a valid integer"),
+    (BASIC.replace("    schedule: {repeats: 2}\n", "    schedul: {repeats: 2}\n"),
+     r"cfg.yaml:\d+: unknown key 'schedul'; allowed keys: name, sglang, model, server, variants"),
+    (BASIC.replace("control: [null-comment]", "control: [no-such-patch]"),
+     r"cfg.yaml:\d+: variants.control\[0\]: patch 'no-such-patch' not found .*available: .*null-comment"),
+    (BASIC.replace("fake: {n: 2}", "fake: {n: 2, m: 1}"),
+     r"unknown key 'suites.fake.m'.*\n.*suite 'fake' accepts: n"),
+    (BASIC.replace("fake: {n: 2}", "nosuch: {}"),
+     r"cfg.yaml:\d+: unknown suite 'nosuch' under suites; allowed: .*mmmu"),
+    (BASIC.replace("    model: {path: \"@MODEL@\"}\n", ""), r"missing required key 'model'"),
+])
+def test_config_errors_name_file_key_line_and_allowed(fake_env, tmp_path, body, expected):
+    cfg = write_config(tmp_path, body)
+    with pytest.raises(ConfigError) as ei:
+        load_config(cfg)
+    import re
+    assert re.search(expected, str(ei.value)), str(ei.value)
+    assert bench.cli([str(cfg)]) == 2
