@@ -55,6 +55,24 @@ _CORPUS = [
     "system user assistant 0123456789 , . ! ? : ; ' \" ( ) [ ] { } - _ + = / \\ \n",
 ]
 
+#: BPE vocabulary size. Large on purpose: sglang.bench_serving's random and random-image datasets
+#: sample prompt tokens from ``tokenizer.get_vocab()``, special tokens included, and a prompt that
+#: contains ``<|image_pad|>`` or ``<|video_pad|>`` makes the Qwen2.5-VL processor fail (a real
+#: 151k vocabulary makes that rare; a 600-token one made 98% of 24-prompt runs hit it).
+VOCAB_SIZE = 16000
+
+
+def _corpus(seed: int) -> list[str]:
+    """The fixed sentences plus seeded pseudo-words, enough for VOCAB_SIZE BPE merges."""
+    import random
+
+    rng = random.Random(seed)
+    letters = "abcdefghijklmnopqrstuvwxyz0123456789"
+    words = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 9))) for _ in range(120000)]
+    lines = [" ".join(words[i:i + 20]) for i in range(0, len(words), 20)]
+    return _CORPUS + lines
+
+
 #: files that make a model folder complete
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 #: the image processor's config: transformers 4.x writes the first, 5.x the second
@@ -105,10 +123,10 @@ def build_tiny_qwen25vl(out: str | os.PathLike, *, seed: int = 0, force: bool = 
         tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=600, min_frequency=1, show_progress=False,
+        trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, min_frequency=1, show_progress=False,
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                       special_tokens=[])
-        tok.train_from_iterator(_CORPUS, trainer=trainer)
+        tok.train_from_iterator(_corpus(seed), trainer=trainer)
         tok.add_special_tokens(SPECIAL_TOKENS)
         ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
         vocab_size = tok.get_vocab_size()
