@@ -1,0 +1,235 @@
+"""Count (and cross-check) sglang's mrope position computations in every server process.
+
+Imported by this folder's sitecustomize.py when ``PATCHBENCH_MROPE_PROBE_DIR`` is set. Installs an
+import hook; when ``sglang.srt.model_executor.forward_batch_info`` is executed (in the scheduler
+process, which sglang starts with ``spawn``), ``ForwardBatch._compute_mrope_positions`` (the entry
+point on every release; 0.5.18+ split its body into ``_compute_mrope_positions_decode`` /
+``_extend``, which it calls) is wrapped to count per call:
+
+- ``calls``, ``decode_calls``, ``extend_calls``, ``other_calls``;
+- ``decode_multi_image_calls``: decode calls with batch size >= 2 that include at least one image
+  request with a non-zero ``mrope_position_delta`` (what the patch must get right);
+  ``decode_image_requests_nonzero``: such requests summed over decode calls; ``max_decode_batch``;
+- with ``PATCHBENCH_MROPE_CROSSCHECK_REF=<a stock forward_batch_info.py>``: the reference file's
+  ForwardBatch mrope methods (extracted with :mod:`ast`, compiled against the live module's
+  globals) also run on every batch, on a shallow copy of the ForwardBatch, and
+  ``crosscheck_<mode>_equal`` / ``crosscheck_<mode>_mismatch`` count whether their
+  ``mrope_positions`` equal the live method's (same dtype, shape and values; two identical
+  errors count as equal). The cross-check reads results on the host: it synchronises, so it is
+  for correctness runs, not for timing runs.
+
+After every call the counts go atomically (temp file + rename) to
+``$PATCHBENCH_MROPE_PROBE_DIR/counts.<pid>.json``:
+``{"pid", "module_file", "module_sha256", "crosscheck_ref", "crosscheck_ref_sha256",
+"counts": {...}, "mismatch_samples": [up to 5], "updated_unix_s"}``.
+
+Self-contained (standard library + torch, which sglang imports anyway): the server's processes
+need not be able to import ``patchbench``.
+"""
+from __future__ import annotations
+
+import ast
+import copy
+import hashlib
+import importlib.abc
+import json
+import os
+import sys
+import tempfile
+import time
+import types
+
+TARGET = "sglang.srt.model_executor.forward_batch_info"
+ENTRY = "_compute_mrope_positions"
+_MAX_SAMPLES = 5
+
+
+def load_reference_methods(path: str, module_globals: dict) -> dict:
+    """The ``ForwardBatch`` methods whose name contains ``mrope`` in the file at ``path``,
+    compiled against a copy of ``module_globals`` (so their references resolve to the live
+    module's names). Raises RuntimeError when the file has no ForwardBatch._compute_mrope_positions."""
+    source = open(path, encoding="utf-8").read()
+    tree = ast.parse(source, filename=path)
+    nodes = []
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "ForwardBatch":
+            nodes = [n for n in node.body if isinstance(n, ast.FunctionDef) and "mrope" in n.name]
+    if not any(n.name == ENTRY for n in nodes):
+        raise RuntimeError(f"{path}: no ForwardBatch.{ENTRY}")
+    future = ast.ImportFrom(module="__future__", names=[ast.alias(name="annotations")], level=0)
+    module = ast.fix_missing_locations(ast.Module(body=[future, *nodes], type_ignores=[]))
+    namespace = dict(module_globals)
+    exec(compile(module, path, "exec"), namespace)
+    return {n.name: namespace[n.name] for n in nodes}
+
+
+class MropeCounter:
+    """The counts of one process and their file; see the module docstring."""
+
+    def __init__(self, probe_dir: str, module_file: str, ref_path: str | None):
+        self.path = os.path.join(probe_dir, f"counts.{os.getpid()}.json")
+        self.probe_dir = probe_dir
+        self.counts: dict[str, int] = {}
+        self.samples: list[dict] = []
+        self.head = {"pid": os.getpid(), "module_file": module_file,
+                     "module_sha256": _sha256(module_file), "crosscheck_ref": ref_path,
+                     "crosscheck_ref_sha256": _sha256(ref_path) if ref_path else None}
+
+    def add(self, key: str, n: int = 1) -> None:
+        self.counts[key] = self.counts.get(key, 0) + n
+
+    def write(self) -> None:
+        os.makedirs(self.probe_dir, exist_ok=True)
+        data = dict(self.head, counts=self.counts, mismatch_samples=self.samples,
+                    updated_unix_s=time.time())
+        fd, tmp = tempfile.mkstemp(dir=self.probe_dir, prefix=".counts.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, self.path)
+
+
+def _sha256(path: str | None) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except (OSError, TypeError):
+        return None
+
+
+def _mode(fb) -> str:
+    mode = fb.forward_mode
+    if mode.is_decode():
+        return "decode"
+    return "extend" if mode.is_extend() else "other"
+
+
+def _nonzero_image_requests(batch) -> int:
+    n = 0
+    for mm in getattr(batch, "multimodal_inputs", None) or []:
+        delta = getattr(mm, "mrope_position_delta", None) if mm is not None else None
+        if delta is not None and bool((delta != 0).any()):  # a CPU tensor: no device read
+            n += 1
+    return n
+
+
+def _outcome(fn):
+    try:
+        fn()
+        return None
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def wrap_forward_batch(module, probe_dir: str, ref_path: str | None = None) -> MropeCounter:
+    """Wrap ``module.ForwardBatch._compute_mrope_positions`` (once) to count and cross-check."""
+    cls = module.ForwardBatch
+    if getattr(cls, "_patchbench_mrope_counter", None) is not None:
+        return cls._patchbench_mrope_counter
+    live = cls.__dict__[ENTRY]
+    ref = load_reference_methods(ref_path, vars(module)) if ref_path else None
+    counter = MropeCounter(probe_dir, getattr(module, "__file__", "?"), ref_path)
+
+    def _compute_mrope_positions(self, model_runner, batch, *args, **kwargs):
+        mode = _mode(self)
+        counter.add("calls")
+        counter.add(f"{mode}_calls")
+        if mode == "decode":
+            bs = int(self.seq_lens.shape[0])
+            images = _nonzero_image_requests(batch)
+            counter.counts["max_decode_batch"] = max(counter.counts.get("max_decode_batch", 0), bs)
+            counter.add("decode_image_requests_nonzero", images)
+            if bs >= 2 and images:
+                counter.add("decode_multi_image_calls")
+        try:
+            result = live(self, model_runner, batch, *args, **kwargs)
+        except Exception as exc:
+            counter.add(f"{mode}_live_errors")
+            if ref is not None:
+                _crosscheck(counter, ref, self, model_runner, batch, mode, None,
+                            f"{type(exc).__name__}: {exc}")
+            counter.write()
+            raise
+        if ref is not None:
+            _crosscheck(counter, ref, self, model_runner, batch, mode, self.mrope_positions, None)
+        counter.write()
+        return result
+
+    _compute_mrope_positions.__wrapped__ = live
+    setattr(cls, ENTRY, _compute_mrope_positions)
+    cls._patchbench_mrope_counter = counter
+    counter.write()
+    return counter
+
+
+def _crosscheck(counter, ref, fb, model_runner, batch, mode, mine, my_error) -> None:
+    other = copy.copy(fb)
+    other.mrope_positions = None
+    for name, fn in ref.items():  # instance attributes shadow the live class's methods
+        setattr(other, name, types.MethodType(fn, other))
+    their_error = _outcome(lambda: other._compute_mrope_positions(model_runner, batch))
+    theirs = other.mrope_positions
+    if my_error is not None or their_error is not None:
+        equal = my_error == their_error
+    else:
+        import torch
+
+        equal = (mine.dtype == theirs.dtype and tuple(mine.shape) == tuple(theirs.shape)
+                 and bool(torch.equal(mine, theirs.to(mine.device))))
+    counter.add(f"crosscheck_{mode}_{'equal' if equal else 'mismatch'}")
+    if not equal and len(counter.samples) < _MAX_SAMPLES:
+        def show(t, err):
+            return err if err else {"dtype": str(t.dtype), "shape": list(t.shape),
+                                    "head": t[:, :8].tolist()}
+        counter.samples.append({"mode": mode, "batch_size": int(fb.seq_lens.shape[0]),
+                                "live": show(mine, my_error), "reference": show(theirs, their_error)})
+
+
+class _WrappingLoader(importlib.abc.Loader):
+    def __init__(self, inner, on_exec):
+        self._inner, self._on_exec = inner, on_exec
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module):
+        self._inner.exec_module(module)
+        self._on_exec(module)
+
+    def __getattr__(self, name):  # get_source, get_filename, ... of the real loader
+        return getattr(self._inner, name)
+
+
+class ImportHook(importlib.abc.MetaPathFinder):
+    """Finds ``TARGET`` with the other finders and runs ``on_exec(module)`` after it executes."""
+
+    def __init__(self, on_exec, target: str = TARGET):
+        self.on_exec, self.target = on_exec, target
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.target:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _WrappingLoader(spec.loader, self.on_exec)
+                return spec
+        return None
+
+
+def activate(probe_dir: str, ref_path: str | None) -> None:
+    """Wrap now if the module is already imported, else when it is."""
+    def on_exec(module):
+        wrap_forward_batch(module, probe_dir, ref_path)
+
+    if TARGET in sys.modules:
+        on_exec(sys.modules[TARGET])
+    else:
+        sys.meta_path.insert(0, ImportHook(on_exec))
+
+
+if os.environ.get("PATCHBENCH_MROPE_PROBE_DIR"):
+    activate(os.environ["PATCHBENCH_MROPE_PROBE_DIR"],
+             os.environ.get("PATCHBENCH_MROPE_CROSSCHECK_REF") or None)

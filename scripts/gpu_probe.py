@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""The GPU check of the mrope-sync-free patch, runnable without sglang (see scripts/gpu_check.sh).
+
+    gpu_probe.py prepare DIR
+        (here, in .venv) write DIR/<release>/<variant>/forward_batch_info.py for 0.5.1.post3 and
+        0.5.23, variants stock and patched (plus "upstream" = 0.5.2rc2's file, PR #9460, for
+        0.5.1.post3), and DIR/sources.json with their sha256; about 0.5 MB.
+    gpu_probe.py run --sources DIR [--device cuda|cpu] [--batch-sizes 1,8,32,128] [--json FILE]
+        for every file: extract the ForwardBatch mrope methods (patchbench.mrope) and run them on
+        decode batches; print one table (release, variant, batch size, D2H reads/call, blocking
+        H2D copies/call, sync warnings/call, host-blocked ms, positions = stock). ``--device cpu``
+        runs the CPU probes (seq_lens on the meta device) instead of the CUDA measurements.
+
+Exit status: 0 when every patched row has equal positions and no read / blocking copy / sync
+warning, 1 otherwise, 2 on bad usage or missing files.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+FILE = "forward_batch_info.py"
+
+
+def prepare(out: Path) -> int:
+    """Write the source files and sources.json into ``out`` (replacing what was there)."""
+    from patchbench.mrope import release_sources, stock_source
+
+    files = {}
+    for release in ("0.5.1.post3", "0.5.23"):
+        sources = dict(release_sources(release))
+        if release == "0.5.1.post3":
+            sources["upstream"] = stock_source("0.5.2rc2")
+        for variant, path in sources.items():
+            dest = out / release / variant / FILE
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, dest)
+            files[f"{release}/{variant}"] = hashlib.sha256(dest.read_bytes()).hexdigest()
+    (out / "sources.json").write_text(json.dumps({"files": files}, indent=1))
+    print(f"prepared {len(files)} files in {out}")
+    return 0
+
+
+def run(sources: Path, device: str, batch_sizes: list[int], json_out: Path | None,
+        iterations: int, image_share: float) -> int:
+    import torch
+
+    from patchbench.mrope import (MropeMethods, calibrate_sleep_cycles, format_table,
+                                  measure_row)
+
+    index = sources / "sources.json"
+    if not index.is_file():
+        print(f"gpu_probe: no {index}; run `gpu_probe.py prepare {sources}` first", file=sys.stderr)
+        return 2
+    if device == "cuda" and not torch.cuda.is_available():
+        print("gpu_probe: --device cuda but torch sees no GPU", file=sys.stderr)
+        return 2
+    files = json.loads(index.read_text())["files"]
+    t0 = time.time()
+    cycles = calibrate_sleep_cycles(50.0) if device == "cuda" else None
+    rows, bad = [], []
+    for key, sha in files.items():
+        release, variant = key.split("/")
+        path = sources / release / variant / FILE
+        if hashlib.sha256(path.read_bytes()).hexdigest() != sha:
+            print(f"gpu_probe: {path} does not match sources.json", file=sys.stderr)
+            return 2
+        methods = MropeMethods(path, key)
+        stock = MropeMethods(sources / release / "stock" / FILE, f"{release}/stock")
+        for bs in batch_sizes:
+            row = measure_row(methods, stock, bs, device=device, image_share=image_share,
+                              seed=bs, iterations=iterations, sleep_cycles=cycles)
+            row.update(release=release, variant=variant)
+            rows.append(row)
+            if variant == "patched" and (
+                    not row.get("positions_equal_stock") or row.get("error")
+                    or row.get("d2h_reads_per_call") or row.get("blocking_h2d_copies_per_call")
+                    or row.get("sync_warnings_per_call") or row.get("strict_error")
+                    or (device == "cuda" and not row.get("h2d_copies_pinned", True))):
+                bad.append(f"{key} batch {bs}: {row}")
+    header = (f"mrope decode positions, {device}"
+              + (f" ({torch.cuda.get_device_name()})" if device == "cuda" else " (CPU probes: "
+                 "seq_lens on meta)") + f", torch {torch.__version__}, image share {image_share}")
+    print(header)
+    print(format_table(rows, lead=[("release", "release"), ("variant", "variant")]))
+    print(f"{len(rows)} rows in {time.time() - t0:.1f} s")
+    print("verdict: patched rows sync-free and equal to stock" if not bad
+          else "verdict: FAILED\n" + "\n".join(bad))
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps({"header": header, "rows": rows, "failed": bad}, indent=1,
+                                       default=str))
+    return 1 if bad else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prepare")
+    p.add_argument("out", type=Path)
+    r = sub.add_parser("run")
+    r.add_argument("--sources", type=Path, default=REPO / ".cache" / "gpu_check")
+    r.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    r.add_argument("--batch-sizes", default="1,8,32,128")
+    r.add_argument("--iterations", type=int, default=5)
+    r.add_argument("--image-share", type=float, default=0.5)
+    r.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if args.cmd == "prepare":
+        return prepare(args.out)
+    sizes = [int(x) for x in args.batch_sizes.split(",") if x]
+    json_out = args.json or (Path(os.environ["OUT"]) / "gpu_probe.json"
+                             if os.environ.get("OUT") else None)
+    return run(args.sources, args.device, sizes, json_out, args.iterations, args.image_share)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

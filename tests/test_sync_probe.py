@@ -1,0 +1,229 @@
+"""suites/sync_probe and scripts/gpu_probe.py, on the CPU (their CUDA half needs a lent GPU).
+
+The suite is run on folders laid out like an sglang package (``<dir>/srt/model_executor/
+forward_batch_info.py``) holding the stock and patched files of each release; the GPU script's
+``--device cpu`` mode runs the same probes on the prepared files.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from patchbench.mrope import release_sources
+from patchbench.suite import SuiteContext, load_suite
+
+REPO = Path(__file__).resolve().parents[1]
+RELEASES = ["0.5.1.post3", "0.5.23"]
+
+
+def _pkg(tmp: Path, name: str, src: Path) -> Path:
+    """A folder standing for an ``sglang`` package holding only ``src`` as forward_batch_info.py."""
+    dest = tmp / name / "sglang" / "srt" / "model_executor" / "forward_batch_info.py"
+    dest.parent.mkdir(parents=True)
+    shutil.copyfile(src, dest)
+    return tmp / name / "sglang"
+
+
+def _ctx(tmp: Path, variant_dir: Path, stock_dir: Path, variant: str, device: str = "cpu"):
+    out = tmp / f"out-{variant}"
+    out.mkdir()
+    return SuiteContext(server=None, out_dir=out, run_dir=tmp, cache_dir=tmp, variant=variant,
+                        repeat=0, baseline="stock", sglang_version="x", python=sys.executable,
+                        stock_env={}, variant_sglang_dir=variant_dir, stock_sglang_dir=stock_dir,
+                        device=device, log=lambda s: None)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_suite_cpu_probes(tmp_path, release):
+    suite = load_suite("sync_probe")
+    assert suite.NEEDS_SERVER is False
+    assert {m.better for m in suite.METRICS.values()} == {"lower"}
+    src = release_sources(release)
+    stock_dir = _pkg(tmp_path, "stock", src["stock"])
+    patched_dir = _pkg(tmp_path, "patched", src["patched"])
+    params = suite.Params(batch_sizes=[1, 8, 32])
+    results = {}
+    for variant, d in (("stock", stock_dir), ("patched", patched_dir)):
+        results[variant] = suite.run(_ctx(tmp_path, d, stock_dir, variant), params)
+    stock, patched = results["stock"].metrics, results["patched"].metrics
+    if release == "0.5.1.post3":
+        # two int(seq_lens[i]) reads and one blocking copy per request: 2 * (1 + 8 + 32)
+        assert stock["sync_d2h_reads_count"] == 82.0
+        assert stock["sync_blocking_h2d_copies_count"] == 41.0
+    else:
+        # one torch.tensor(deltas, device=...) per call, no read
+        assert stock["sync_d2h_reads_count"] == 0.0
+        assert stock["sync_blocking_h2d_copies_count"] == 3.0
+    assert patched == {"sync_d2h_reads_count": 0.0, "sync_blocking_h2d_copies_count": 0.0,
+                       "positions_mismatch_count": 0.0}
+    r = results["patched"]
+    assert r.status == "ok" and r.meta["mode"] == "cpu-probes" and "CPU probes" in r.meta["note"]
+    probe = json.loads((tmp_path / "out-patched" / "probe.json").read_text())
+    assert [row["batch_size"] for row in probe["rows"]] == [1, 8, 32]
+    assert all(row["images"] >= 1 for row in probe["rows"])
+    block = suite.report_block(tmp_path / "out-stock")
+    assert "cpu-probes" in block and "D2H reads/call" in block
+    lines = [ln.split() for ln in block.splitlines()]
+    batch_rows = [ln for ln in lines if ln and ln[0] in ("1", "8", "32")]
+    assert [ln[2] for ln in batch_rows] == (["2", "16", "64"] if release == "0.5.1.post3"
+                                            else ["0", "0", "0"])
+
+
+def test_suite_cuda_requested_without_gpu_says_so(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    suite = load_suite("sync_probe")
+    src = release_sources("0.5.23")
+    stock_dir = _pkg(tmp_path, "stock", src["stock"])
+    res = suite.run(_ctx(tmp_path, stock_dir, stock_dir, "stock", device="cuda"),
+                    suite.Params(batch_sizes=[4]))
+    assert res.meta["mode"] == "cpu-probes"
+    assert any("no GPU visible" in w for w in res.warnings)
+    assert "host_blocked_ms" not in res.metrics
+
+
+def test_suite_missing_file_is_a_suite_error(tmp_path):
+    from patchbench.suite import SuiteError
+
+    suite = load_suite("sync_probe")
+    with pytest.raises(SuiteError, match="no .*forward_batch_info.py"):
+        suite.run(_ctx(tmp_path, tmp_path / "nope", tmp_path / "nope", "v"), suite.Params())
+
+
+def test_params_forbid_unknown_keys():
+    suite = load_suite("sync_probe")
+    with pytest.raises(Exception, match="batch_size"):
+        suite.Params(batch_size=[1])
+
+
+def _gpu_probe():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_probe", REPO / "scripts" / "gpu_probe.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_check") / "src"
+    assert _gpu_probe().main(["prepare", str(out)]) == 0
+    return out
+
+
+def test_gpu_probe_cpu_mode(prepared, tmp_path, capsys):
+    files = json.loads((prepared / "sources.json").read_text())["files"]
+    assert sorted(files) == ["0.5.1.post3/patched", "0.5.1.post3/stock", "0.5.1.post3/upstream",
+                             "0.5.23/patched", "0.5.23/stock"]
+    size = sum(p.stat().st_size for p in prepared.rglob("*") if p.is_file())
+    assert size < 1 << 20  # far under the device tool's 64 MiB carry limit
+    rc = _gpu_probe().main(["run", "--sources", str(prepared), "--device", "cpu",
+                            "--batch-sizes", "1,8", "--json", str(tmp_path / "rows.json")])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "verdict: patched rows sync-free and equal to stock" in out
+    rows = {(r["release"], r["variant"], r["batch_size"]): r
+            for r in json.loads((tmp_path / "rows.json").read_text())["rows"]}
+    assert rows["0.5.1.post3", "stock", 8]["d2h_reads_per_call"] == 16
+    assert rows["0.5.23", "stock", 8]["blocking_h2d_copies_per_call"] == 1
+    # upstream (PR #9460): the text-only request in the mixed batch of 8 reads seq_lens
+    assert rows["0.5.1.post3", "upstream", 8]["strict_error"].endswith("meta tensors")
+    for release in RELEASES:
+        for bs in (1, 8):
+            r = rows[release, "patched", bs]
+            assert (r["d2h_reads_per_call"], r["blocking_h2d_copies_per_call"], r["strict_error"],
+                    r["positions_equal_stock"]) == (0, 0, None, True)
+
+
+def test_gpu_probe_fails_on_a_syncing_patched_file(prepared, tmp_path, capsys):
+    # pretend the stock file is the patched one: the verdict must fail
+    src = tmp_path / "src"
+    shutil.copytree(prepared, src)
+    shutil.copyfile(src / "0.5.23" / "stock" / "forward_batch_info.py",
+                    src / "0.5.23" / "patched" / "forward_batch_info.py")
+    index = json.loads((src / "sources.json").read_text())
+    index["files"]["0.5.23/patched"] = index["files"]["0.5.23/stock"]
+    (src / "sources.json").write_text(json.dumps(index))
+    rc = _gpu_probe().main(["run", "--sources", str(src), "--device", "cpu",
+                            "--batch-sizes", "4"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "verdict: FAILED" in out
+    assert "0.5.23/patched batch 4" in out
+
+
+def test_gpu_check_sh_cpu_end_to_end(prepared, tmp_path):
+    # the shell entry point itself, on the prepared files (one subprocess: torch import is slow)
+    env = dict(__import__("os").environ, PYTHON=sys.executable)
+    work = tmp_path / "repo"
+    (work / "scripts").mkdir(parents=True)
+    for name in ("gpu_check.sh", "gpu_probe.py"):
+        shutil.copy(REPO / "scripts" / name, work / "scripts" / name)
+    shutil.copytree(REPO / "patchbench", work / "patchbench")
+    shutil.copytree(prepared, work / ".cache" / "gpu_check")
+    proc = subprocess.run(["bash", str(work / "scripts" / "gpu_check.sh"), "--device", "cpu",
+                           "--batch-sizes", "2"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "verdict: patched rows sync-free" in proc.stdout
+
+
+def test_gpu_check_sh_documents_the_command():
+    text = (REPO / "scripts" / "gpu_check.sh").read_text()
+    assert 'run(command="bash scripts/gpu_check.sh", carry=[".cache/gpu_check"]' in text
+
+
+class _FakeCuda:
+    """Simulated CUDA timing for the measurement arithmetic: ``_sleep`` keeps a fake stream busy
+    for 50 ms of real time; a syncing call waits until then."""
+
+    def __init__(self):
+        import time
+        self.time, self.busy_until, self.mode = time, 0.0, 0
+
+    def install(self, monkeypatch):
+        import torch
+        fake = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.t = None
+
+            def record(self):
+                self.t = fake.time.perf_counter()
+
+            def elapsed_time(self, other):  # kernel duration in ms, as CUDA events would see it
+                return 50.0
+
+        monkeypatch.setattr(torch.cuda, "Event", Event)
+        monkeypatch.setattr(torch.cuda, "synchronize", self.sync)
+        monkeypatch.setattr(torch.cuda, "_sleep",
+                            lambda cycles: setattr(self, "busy_until", self.time.perf_counter() + 0.05))
+        monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: self.mode)
+        monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda m: setattr(self, "mode", m))
+
+    def sync(self):
+        import warnings
+        if self.mode == "warn":
+            warnings.warn("called a synchronizing CUDA operation")
+        while self.time.perf_counter() < self.busy_until:
+            self.time.sleep(0.001)
+
+
+def test_cuda_measurement_arithmetic_on_a_simulated_gpu(monkeypatch):
+    from patchbench.mrope import cuda_host_blocked_ms, cuda_sync_warnings
+
+    fake = _FakeCuda()
+    fake.install(monkeypatch)
+    waits = cuda_host_blocked_ms(fake.sync, sleep_cycles=1, repeats=3)
+    assert 35.0 <= waits["host_blocked_ms"] <= 80.0 and waits["kernel_ms"] == 50.0
+    free = cuda_host_blocked_ms(lambda: None, sleep_cycles=1, repeats=3)
+    assert free["host_blocked_ms"] < 5.0
+    assert cuda_sync_warnings(lambda: (fake.sync(), fake.sync())) == [
+        "called a synchronizing CUDA operation"] * 2
+    assert cuda_sync_warnings(lambda: None) == [] and fake.mode == 0
