@@ -1,0 +1,150 @@
+"""``runner.py score-mmmu RESPONSES --answer-key FILE [--parser strict|official] [--seed N]``.
+
+Re-scores saved responses without a server. RESPONSES is one of:
+
+- a folder in the official MMMU example-output layout: ``<Subject>/output.json``, each a list of
+  ``{"id", "question_type", "answer", "all_choices", "index2ans", "response"}`` (as
+  tests/data/mmmu-official/llava1.5_13b); open questions carry no ``all_choices``;
+- a ``records.jsonl`` written by this suite (``response``, ``question_type``, ``index2ans``);
+- a single ``output.json`` list as above.
+
+``--answer-key``: the official ``answer_dict_val.json`` (``{id: {"question_type",
+"ground_truth"}}``); its gold and question type win over those in RESPONSES. Questions of the key
+missing from RESPONSES count as asked and failed (no response), so the denominator is the key.
+``--parser official`` uses the official random fallback seeded with ``--seed`` (default 42);
+``--fallback unparsed`` counts those as unparsed instead. Prints the PR-style block and the
+counts; ``--out DIR`` also writes records.jsonl, answer_sglang.json, val_sglang.json,
+scores.json and summary.json there.
+
+Exit codes: 0 done, 2 bad usage or unreadable input (the message names the file and key).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+from patchbench import EXIT_OK, EXIT_USAGE
+from patchbench.records import read_json, read_jsonl, write_json
+from suites.mmmu import scoring
+from suites.mmmu.data import subject_of
+from suites.mmmu.params import Params
+
+
+class InputError(ValueError):
+    """Responses or answer key that cannot be read; the message names the file and key."""
+
+
+def load_responses(path: str | Path) -> dict[str, dict[str, Any]]:
+    """``{id: {"response", "question_type", "index2ans", "gold"?}}`` from any RESPONSES form."""
+    path = Path(path)
+    items: list[dict] = []
+    if path.is_dir():
+        files = sorted(path.glob("*/output.json"))
+        if not files:
+            raise InputError(f"{path}: no <Subject>/output.json files (official example layout)")
+        for f in files:
+            data = read_json(f)
+            if not isinstance(data, list):
+                raise InputError(f"{f}: expected a list of responses, got {type(data).__name__}")
+            items.extend((f, x) for x in data)  # type: ignore[arg-type]
+    elif path.suffix == ".jsonl":
+        items = [(path, x) for x in read_jsonl(path)]  # type: ignore[misc]
+    elif path.exists():
+        data = read_json(path)
+        if not isinstance(data, list):
+            raise InputError(f"{path}: expected a list of responses or a records.jsonl")
+        items = [(path, x) for x in data]  # type: ignore[misc]
+    else:
+        raise InputError(f"{path}: no such file or folder")
+    out: dict[str, dict[str, Any]] = {}
+    for f, x in items:  # type: ignore[misc]
+        if "id" not in x or "response" not in x:
+            raise InputError(f"{f}: an entry lacks 'id' or 'response' (keys {sorted(x)})")
+        index2ans = x.get("index2ans") or {}
+        out[x["id"]] = {"response": x["response"], "question_type": x.get("question_type"),
+                        "index2ans": index2ans, "all_choices": x.get("all_choices")
+                        or list(index2ans), "gold": x.get("answer", x.get("gold"))}
+    return out
+
+
+def load_answer_key(path: str | Path) -> dict[str, dict[str, Any]]:
+    """The official answer key ``{id: {"question_type", "ground_truth"}}``."""
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected {{id: {{question_type, ground_truth}}}}")
+    for qid, v in data.items():
+        if not isinstance(v, dict) or "ground_truth" not in v or "question_type" not in v:
+            raise InputError(f"{path}: key {qid!r} lacks question_type / ground_truth")
+    return data
+
+
+def score_saved(responses: dict[str, dict[str, Any]], key: dict[str, dict[str, Any]], *,
+                parser: str, seed: int | None, fallback: str = "random") -> list[dict[str, Any]]:
+    """Records (as the suite writes them) for every question of ``key``, in key order."""
+    rng = random.Random(seed) if parser == "official" and fallback == "random" else None
+    records = []
+    for qid, k in key.items():
+        r = responses.get(qid)
+        qtype = k["question_type"]
+        index2ans = (r or {}).get("index2ans") or {}
+        all_choices = (r or {}).get("all_choices") or list(index2ans)
+        s = scoring.score_response(None if r is None else r["response"], question_type=qtype,
+                                   gold=k["ground_truth"], all_choices=all_choices,
+                                   index2ans=index2ans, parser=parser, rng=rng,
+                                   failed=r is None or r["response"] is None)
+        records.append({"id": qid, "subject": subject_of(qid), "question_type": qtype,
+                        "prompt_sha256": None, "response": None if r is None else r["response"],
+                        "parsed": s.parsed, "verdict": s.verdict, "latency_s": None,
+                        "prompt_tokens": None, "completion_tokens": None,
+                        "error": "no response in the file" if r is None else None,
+                        "gold": k["ground_truth"], "index2ans": index2ans,
+                        "fallback": s.fallback, "parser": parser,
+                        "parser_seed": seed if parser == "official" else None})
+    return records
+
+
+def cli(argv: list[str]) -> int:
+    """Entry point of ``runner.py score-mmmu`` (see module docstring)."""
+    ap = argparse.ArgumentParser(prog="runner.py score-mmmu",
+                                 description="Re-score saved MMMU responses.")
+    ap.add_argument("responses", help="<Subject>/output.json folder, records.jsonl or output.json")
+    ap.add_argument("--answer-key", required=True, help="answer_dict_val.json")
+    ap.add_argument("--parser", choices=["strict", "official"], default="strict")
+    ap.add_argument("--seed", type=int, default=42,
+                    help="seed of the official parser's random fallback (default 42)")
+    ap.add_argument("--fallback", choices=["random", "unparsed"], default="random",
+                    help="official parser: pick a seeded random letter, or count as unparsed")
+    ap.add_argument("--out", help="folder for records.jsonl, val_sglang.json, ...")
+    try:
+        a = ap.parse_args(argv)
+    except SystemExit as e:
+        return EXIT_OK if e.code == 0 else EXIT_USAGE
+    try:
+        responses = load_responses(a.responses)
+        key = load_answer_key(a.answer_key)
+        records = score_saved(responses, key, parser=a.parser, seed=a.seed, fallback=a.fallback)
+    except (InputError, FileNotFoundError, json.JSONDecodeError, ValueError) as e:
+        print(f"score-mmmu: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    from suites.mmmu.bench import summarize, write_outputs
+    params = Params(parser=a.parser, seed=a.seed, official_fallback=a.fallback)
+    result, sc = summarize(records, params, extra_meta={"responses": str(a.responses),
+                                                        "answer_key": str(a.answer_key)})
+    extra = [k for k in responses if k not in key]
+    print(scoring.format_block(scoring.val_dict(sc)))
+    o = sc.overall
+    fb = (f", fallbacks {o.fallbacks} (seed {a.seed}, {a.fallback})"
+          if a.parser == "official" else "")
+    print(f"parser {a.parser}: correct {o.correct} / asked {o.asked} = {o.acc:.4f}; answered "
+          f"{o.answered}, failed {o.failed}, unparsed {o.unparsed}{fb}")
+    if extra:
+        print(f"warning: {len(extra)} responses have ids missing from the answer key "
+              f"(ignored), e.g. {extra[0]}", file=sys.stderr)
+    if a.out:
+        write_outputs(Path(a.out), records, sc)
+        write_json(Path(a.out) / "summary.json", result.to_json("mmmu"))
+    return EXIT_OK

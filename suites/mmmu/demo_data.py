@@ -1,0 +1,260 @@
+"""Generated demo questions in the MMMU schema, with rendered images and known answers.
+
+No hub access is needed: ``generate(out_dir)`` draws simple pictures with Pillow (coloured shapes,
+dots to count, printed words and numbers) and writes them as a local dataset in the hub's parquet
+layout, ``<out_dir>/<Subject>/validation-00000-of-00001.parquet``, which the suite loads through
+the same ``dataset_path`` code path as a real local copy of MMMU/MMMU (:mod:`suites.mmmu.data`).
+
+Fields are those of HF ``MMMU/MMMU``: ``id`` (``validation_<Subject>_<n>``), ``question``,
+``options`` (a string holding a Python list literal; ``"[]"`` for open questions), ``explanation``,
+``image_1`` .. ``image_7`` (images or None), ``img_type`` (a list literal string), ``answer``,
+``topic_difficulty``, ``question_type`` (``multiple-choice`` / ``open``), ``subfield``.
+
+Kinds of question (one subject each, across all six domains):
+
+- Art (colour, multiple-choice): the colour of one filled shape;
+- Basic_Medical_Science (shape, multiple-choice): which shape is drawn;
+- Math (count): how many dots, multiple-choice and open alternately;
+- Computer_Science (read, open): the word printed in the picture;
+- Accounting (add, open): the sum of two printed amounts;
+- History (compare two images, multiple-choice): which of ``<image 1>`` / ``<image 2>`` has
+  more dots;
+- Music (options that are images): four or five images, the question names ``<image 1>`` and
+  the options are only placeholders (``"<image 3>"``), as in the real five-image Music question.
+
+Deterministic for a given ``(n, seed)``. CLI: ``python -m suites.mmmu.demo_data OUT_DIR [--n N]
+[--seed S]``.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+from PIL import Image, ImageDraw, ImageFont
+
+from suites.mmmu.data import quiet_datasets
+
+SPLIT = "validation"
+COLOURS = {"red": (220, 30, 30), "blue": (30, 60, 220), "green": (30, 160, 60),
+           "yellow": (235, 200, 20), "purple": (130, 40, 170), "orange": (240, 130, 20)}
+SHAPES = ["circle", "square", "triangle", "diamond"]
+WORDS = ["apple", "river", "stone", "cloud", "piano", "tiger", "lemon", "rocket", "garden",
+         "candle", "mirror", "planet"]
+SIZE = 224
+
+SUBJECT_KINDS: list[tuple[str, str]] = [
+    ("Art", "colour"), ("Basic_Medical_Science", "shape"), ("Math", "count"),
+    ("Computer_Science", "read"), ("Accounting", "add"), ("History", "compare"),
+    ("Music", "pick_image"),
+]
+
+
+def _font(size: int) -> ImageFont.ImageFont:
+    try:
+        return ImageFont.load_default(size=size)
+    except TypeError:  # Pillow < 10.1 has no scalable default font
+        return ImageFont.load_default()
+
+
+def _canvas() -> tuple[Image.Image, ImageDraw.ImageDraw]:
+    img = Image.new("RGB", (SIZE, SIZE), (255, 255, 255))
+    return img, ImageDraw.Draw(img)
+
+
+def _shape(draw: ImageDraw.ImageDraw, shape: str, box: tuple[int, int, int, int],
+           fill: tuple[int, int, int]) -> None:
+    x0, y0, x1, y1 = box
+    if shape == "circle":
+        draw.ellipse(box, fill=fill)
+    elif shape == "square":
+        draw.rectangle(box, fill=fill)
+    elif shape == "triangle":
+        draw.polygon([((x0 + x1) // 2, y0), (x1, y1), (x0, y1)], fill=fill)
+    elif shape == "diamond":
+        cx, cy = (x0 + x1) // 2, (y0 + y1) // 2
+        draw.polygon([(cx, y0), (x1, cy), (cx, y1), (x0, cy)], fill=fill)
+    else:
+        raise ValueError(f"unknown shape {shape!r}; known: {SHAPES}")
+
+
+def shape_image(shape: str, colour: str) -> Image.Image:
+    """One filled ``shape`` of ``colour`` in the middle of a white 224x224 RGB image."""
+    img, d = _canvas()
+    _shape(d, shape, (40, 40, SIZE - 40, SIZE - 40), COLOURS[colour])
+    return img
+
+
+def dots_image(n: int, rng: random.Random, mode: str = "RGB") -> Image.Image:
+    """``n`` black dots (radius 10) on a 4x4 grid, at distinct random cells. ``mode`` "L" or "RGBA"
+    gives a grayscale / transparent image (the suite must convert those to RGB)."""
+    cells = rng.sample(range(16), n)
+    img, d = _canvas()
+    for c in cells:
+        cx, cy = 28 + (c % 4) * 56, 28 + (c // 4) * 56
+        d.ellipse((cx - 10, cy - 10, cx + 10, cy + 10), fill=(0, 0, 0))
+    if mode == "RGBA":
+        rgba = img.convert("RGBA")
+        rgba.putalpha(255)
+        return rgba
+    return img.convert(mode)
+
+
+def text_image(text: str) -> Image.Image:
+    """``text`` printed in black, large, on a white 224x224 image."""
+    img, d = _canvas()
+    d.text((SIZE // 2, SIZE // 2), text, fill=(0, 0, 0), font=_font(36), anchor="mm")
+    return img
+
+
+def _mc(options: list[str], answer_index: int) -> tuple[str, str]:
+    return repr(options), chr(ord("A") + answer_index)
+
+
+def _make(kind: str, k: int, rng: random.Random) -> dict[str, Any]:
+    """One question of ``kind``: question, options, answer, images, question_type."""
+    images: list[Image.Image] = []
+    if kind == "colour":
+        colours = rng.sample(sorted(COLOURS), 4)
+        right = rng.randrange(4)
+        images.append(shape_image(rng.choice(SHAPES), colours[right]))
+        opts, ans = _mc(colours, right)
+        return dict(question="What colour is the shape in <image 1>?", options=opts, answer=ans,
+                    question_type="multiple-choice", images=images, subfield="Colour")
+    if kind == "shape":
+        right = rng.randrange(4)
+        images.append(shape_image(SHAPES[right], rng.choice(sorted(COLOURS))))
+        opts, ans = _mc(list(SHAPES), right)
+        return dict(question="<image 1> Which shape is drawn in the picture?", options=opts,
+                    answer=ans, question_type="multiple-choice", images=images,
+                    subfield="Morphology")
+    if kind == "count":
+        n = rng.randint(1, 9)
+        mode = ["RGB", "L", "RGBA"][k % 3]
+        images.append(dots_image(n, rng, mode))
+        if k % 2:
+            return dict(question="How many black dots are there in <image 1>?", options="[]",
+                        answer=str(n), question_type="open", images=images, subfield="Counting")
+        choices = sorted({n, *rng.sample([x for x in range(1, 10) if x != n], 3)})
+        opts, ans = _mc([str(c) for c in choices], choices.index(n))
+        return dict(question="How many black dots are there in <image 1>?", options=opts,
+                    answer=ans, question_type="multiple-choice", images=images,
+                    subfield="Counting")
+    if kind == "read":
+        word = rng.choice(WORDS)
+        images.append(text_image(word))
+        return dict(question="Which word is printed in <image 1>?", options="[]", answer=word,
+                    question_type="open", images=images, subfield="Optical character recognition")
+    if kind == "add":
+        a, b = rng.randint(100, 4000), rng.randint(100, 4000)
+        images.append(text_image(f"${a}"))
+        images.append(text_image(f"${b}"))
+        return dict(question=("An invoice lists the amounts in <image 1> and <image 2>. What is "
+                              "the total in dollars?"),
+                    options="[]", answer=str(a + b), question_type="open", images=images,
+                    subfield="Financial accounting")
+    if kind == "compare":
+        a, b = rng.sample(range(1, 10), 2)
+        images.append(dots_image(a, rng))
+        images.append(dots_image(b, rng))
+        opts, ans = _mc(["<image 1>", "<image 2>"], 0 if a > b else 1)
+        return dict(question="Which image has more black dots? <image 1> <image 2>",
+                    options=opts, answer=ans, question_type="multiple-choice", images=images,
+                    subfield="Cartography")
+    if kind == "pick_image":
+        n_opts = 4
+        colours = rng.sample(sorted(COLOURS), n_opts)
+        target = rng.randrange(n_opts)
+        # image 1: the reference word; images 2..5: the candidate shapes in shuffled order
+        images.append(text_image(colours[target]))
+        order = list(range(n_opts))
+        rng.shuffle(order)  # option i shows image order[i] + 2
+        for colour_index in sorted(range(n_opts), key=lambda i: order[i]):
+            images.append(shape_image("square", colours[colour_index]))
+        opts, ans = _mc([f"<image {order[i] + 2}>" for i in range(n_opts)], target)
+        return dict(question="<image 1> Which option shows a square of the colour named in the "
+                             "first image?",
+                    options=opts, answer=ans, question_type="multiple-choice", images=images,
+                    subfield="Music notation")
+    raise ValueError(f"unknown demo kind {kind!r}")
+
+
+def generate_rows(n: int = 63, seed: int = 0) -> dict[str, list[dict[str, Any]]]:
+    """``n`` questions as rows of the MMMU schema, ``{subject: [row, ...]}``, round-robin over the
+    seven subjects. Images are PIL images. Raises ValueError when ``n < 1``."""
+    if n < 1:
+        raise ValueError(f"n={n}: at least one question")
+    rng = random.Random(seed)
+    rows: dict[str, list[dict[str, Any]]] = {s: [] for s, _ in SUBJECT_KINDS}
+    for i in range(n):
+        subject, kind = SUBJECT_KINDS[i % len(SUBJECT_KINDS)]
+        k = len(rows[subject]) + 1
+        q = _make(kind, k, rng)
+        imgs = q.pop("images")
+        row: dict[str, Any] = {"id": f"{SPLIT}_{subject}_{k}", "question": q["question"],
+                               "options": q["options"], "explanation": ""}
+        for j in range(1, 8):
+            row[f"image_{j}"] = imgs[j - 1] if j <= len(imgs) else None
+        row.update({"img_type": repr(["Diagrams"]), "answer": q["answer"],
+                    "topic_difficulty": ["Easy", "Medium", "Hard"][k % 3],
+                    "question_type": q["question_type"], "subfield": q["subfield"]})
+        rows[subject].append(row)
+    return {s: r for s, r in rows.items() if r}
+
+
+def features():
+    """The ``datasets.Features`` of an MMMU subject (images as ``datasets.Image``)."""
+    import datasets
+    f = {k: datasets.Value("string") for k in
+         ("id", "question", "options", "explanation")}
+    for j in range(1, 8):
+        f[f"image_{j}"] = datasets.Image()
+    for k in ("img_type", "answer", "topic_difficulty", "question_type", "subfield"):
+        f[k] = datasets.Value("string")
+    return datasets.Features(f)
+
+
+def generate(out_dir: str | Path, n: int = 63, seed: int = 0) -> dict[str, int]:
+    """Write ``n`` demo questions under ``out_dir`` in the hub's parquet layout.
+
+    Returns ``{subject: question count}``. Existing files of the same subjects are replaced
+    (each written to a temporary name, then renamed). Raises ValueError when ``n < 1``.
+    """
+    out = Path(out_dir)
+    counts: dict[str, int] = {}
+    with quiet_datasets():
+        _write(out, generate_rows(n, seed), counts)
+    return counts
+
+
+def _write(out: Path, by_subject: dict[str, list[dict[str, Any]]], counts: dict[str, int]) -> None:
+    import os
+
+    import datasets
+    for subject, rows in by_subject.items():
+        cols = {k: [r[k] for r in rows] for k in rows[0]}
+        ds = datasets.Dataset.from_dict(cols, features=features())
+        target = out / subject / f"{SPLIT}-00000-of-00001.parquet"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp")
+        ds.to_parquet(str(tmp))
+        os.replace(tmp, target)
+        counts[subject] = len(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m suites.mmmu.demo_data", description=__doc__.split(
+        "\n")[0])
+    ap.add_argument("out_dir")
+    ap.add_argument("--n", type=int, default=63)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    counts = generate(a.out_dir, a.n, a.seed)
+    print(f"wrote {sum(counts.values())} questions to {a.out_dir}: {counts}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Parameters of the MMMU suite (the ``suites: mmmu:`` block of a config). All are recorded in
+``summary.json`` meta."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from suites.mmmu.data import SUBJECTS
+from suites.mmmu.prompts import DEFAULT_MC_TEMPLATE, DEFAULT_OPEN_TEMPLATE, DEFAULT_OPTION_FORMAT
+
+
+class Params(BaseModel):
+    """MMMU suite parameters.
+
+    dataset: HF dataset id (``MMMU/MMMU``); dataset_path: a local copy (parquet files in the hub
+    layout, a ``save_to_disk`` folder, or an HF cache folder; relative paths resolve against the
+    repository root); split: ``validation`` (900 questions with answers) by default; subjects:
+    all 30 by default; limit: at most this many questions, round-robin over subjects (None: all).
+    protocol: ``patchbench`` (every image at its placeholder) or ``sglang-2025`` (the PR's script:
+    image_1 only, its prefix/suffix split; the parser then defaults to ``official``).
+    parser: ``strict`` | ``official``; default ``strict`` for patchbench, ``official`` for
+    sglang-2025. seed: seed of the official parser's random fallback (``random.Random(seed)``, one
+    draw per fallback in question order); official_fallback: ``random`` (as the official scorer) or
+    ``unparsed`` (count a fallback as not answered, hence wrong).
+    temperature / max_tokens: sampling (the script: 0 and 30); concurrency: requests in flight (16);
+    request_timeout_s: per attempt; retries: extra attempts when no byte of an answer arrived.
+    mc_template / open_template / option_format: the prompt text (``{question}``, ``{options}``;
+    ``{letter}``, ``{text}``). extra_body: merged into every request body (e.g. ``{"top_k": 1}``).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    dataset: str = "MMMU/MMMU"
+    dataset_path: str | None = None
+    split: str = "validation"
+    subjects: list[str] = Field(default_factory=lambda: list(SUBJECTS))
+    limit: int | None = Field(None, ge=1)
+    protocol: Literal["patchbench", "sglang-2025"] = "patchbench"
+    parser: Literal["strict", "official"] | None = None
+    seed: int = 42
+    official_fallback: Literal["random", "unparsed"] = "random"
+    temperature: float = Field(0.0, ge=0)
+    max_tokens: int = Field(30, ge=1)
+    concurrency: int = Field(16, ge=1, le=1024)
+    request_timeout_s: float = Field(300.0, gt=0)
+    retries: int = Field(2, ge=0, le=10)
+    mc_template: str = DEFAULT_MC_TEMPLATE
+    open_template: str = DEFAULT_OPEN_TEMPLATE
+    option_format: str = DEFAULT_OPTION_FORMAT
+    extra_body: dict = Field(default_factory=dict)
+
+    @field_validator("subjects")
+    @classmethod
+    def _subjects(cls, v: list[str]) -> list[str]:
+        bad = [s for s in v if s not in SUBJECTS]
+        if bad:
+            raise ValueError(f"unknown subjects {bad}; allowed: {', '.join(SUBJECTS)}")
+        if not v:
+            raise ValueError("at least one subject")
+        if len(set(v)) != len(v):
+            raise ValueError("a subject is listed twice")
+        return v
+
+    @field_validator("mc_template")
+    @classmethod
+    def _mc(cls, v: str) -> str:
+        if "{question}" not in v or "{options}" not in v:
+            raise ValueError("mc_template needs {question} and {options}")
+        return v
+
+    @field_validator("open_template")
+    @classmethod
+    def _open(cls, v: str) -> str:
+        if "{question}" not in v:
+            raise ValueError("open_template needs {question}")
+        return v
+
+    @model_validator(mode="after")
+    def _default_parser(self) -> "Params":
+        if self.parser is None:
+            self.parser = "official" if self.protocol == "sglang-2025" else "strict"
+        return self
+
+    @property
+    def sampling(self) -> dict:
+        """The sampling settings two paired cells must share."""
+        return {"temperature": self.temperature, "max_tokens": self.max_tokens,
+                **self.extra_body}

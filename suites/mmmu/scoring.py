@@ -1,0 +1,201 @@
+"""Scoring MMMU answers: verdict per question, counts and accuracies per subject / domain / overall.
+
+Verdicts (records.jsonl ``verdict``): ``correct`` | ``wrong`` | ``unparsed`` | ``failed``.
+``failed``: the request failed (no response). ``unparsed``: a response the parser could not place
+(strict parser; official parser with its random pick disabled; an empty open answer).
+
+Denominators (cases.md M5): accuracy = correct / asked, where asked counts every question sent,
+failed and unparsed included (a failed request can never raise the score). ``answered_acc`` =
+correct / answered (answered = asked - failed) is reported separately and labelled. Subject,
+domain and overall accuracies are all pooled over questions (domain = its subjects' questions
+together), never means of means. Intervals: Wilson 95 % (statsmodels ``proportion_confint``,
+``method="wilson"``).
+
+File shapes of sglang's ``benchmark/mmmu`` script (``eval_result`` / ``process_result``):
+``val_sglang.json`` ``{"Overall-<domain>": {"num", "acc"}, <subject>: {"num", "acc"}, ...,
+"Overall": {"num", "acc"}}`` with acc rounded to 3 decimals, domains in the script's order, each
+followed by its subjects; ``answer_sglang.json`` ``{id: {"pred_ans", "original_response",
+"ground_truth", "question_type", "judge": "Correct"|"Wrong"}}``.
+"""
+from __future__ import annotations
+
+import pprint
+import random
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from statsmodels.stats.proportion import proportion_confint
+
+from suites.mmmu import parsers as P
+from suites.mmmu.data import DOMAINS, subject_of
+
+PARSERS = ("strict", "official")
+VERDICTS = ("correct", "wrong", "unparsed", "failed")
+
+
+@dataclass
+class Scored:
+    """The parse of one response: ``parsed`` (a letter, a list of open-answer values, or None),
+    ``verdict`` (see module docstring), ``fallback`` (True when the official parser found nothing
+    and picked at random, or would have)."""
+
+    parsed: Any
+    verdict: str
+    fallback: bool = False
+
+
+def score_response(response: str | None, *, question_type: str, gold: Any,
+                   all_choices: Sequence[str], index2ans: Mapping[str, str], parser: str,
+                   rng: random.Random | None, failed: bool = False) -> Scored:
+    """Verdict of one response.
+
+    question_type: "multiple-choice", "open" or "short-answer" (open questions always use the
+    official open normalisation, whatever ``parser`` says). parser: "strict" | "official".
+    rng: the official parser's random fallback (one draw per fallback); None counts a fallback
+    as unparsed. Raises ValueError for an unknown parser or question type.
+    """
+    if parser not in PARSERS:
+        raise ValueError(f"parser {parser!r}: expected one of {', '.join(PARSERS)}")
+    if failed or response is None:
+        return Scored(None, "failed")
+    if P.is_open(question_type):
+        if not response.strip():
+            return Scored(None, "unparsed")
+        preds = P.parse_open(response)
+        return Scored(preds, "correct" if P.eval_open(gold, preds) else "wrong")
+    if parser == "strict":
+        letter = P.parse_strict(response, all_choices, index2ans)
+        fallback = False
+    else:
+        letter, fallback = P.parse_official_mc(response, all_choices, index2ans, rng)
+    if letter is None:
+        return Scored(None, "unparsed", fallback)
+    return Scored(letter, "correct" if P.eval_mc(gold, letter) else "wrong", fallback)
+
+
+def wilson(k: int, n: int) -> tuple[float | None, float | None]:
+    """Wilson 95 % interval of k successes in n (statsmodels); (None, None) when n == 0."""
+    if n == 0:
+        return None, None
+    lo, hi = proportion_confint(k, n, alpha=0.05, method="wilson")
+    return float(lo), float(hi)
+
+
+@dataclass
+class Tally:
+    """Counts of one group of questions; accuracies derived (None when the group is empty)."""
+
+    asked: int = 0
+    failed: int = 0
+    unparsed: int = 0
+    correct: int = 0
+    fallbacks: int = 0
+
+    @property
+    def answered(self) -> int:
+        return self.asked - self.failed
+
+    @property
+    def acc(self) -> float | None:
+        return self.correct / self.asked if self.asked else None
+
+    @property
+    def answered_acc(self) -> float | None:
+        return self.correct / self.answered if self.answered else None
+
+    def add(self, verdict: str, fallback: bool = False) -> None:
+        if verdict not in VERDICTS:
+            raise ValueError(f"verdict {verdict!r}: expected one of {VERDICTS}")
+        self.asked += 1
+        self.failed += verdict == "failed"
+        self.unparsed += verdict == "unparsed"
+        self.correct += verdict == "correct"
+        self.fallbacks += bool(fallback)
+
+    def as_dict(self) -> dict[str, Any]:
+        lo, hi = wilson(self.correct, self.asked)
+        return {"asked": self.asked, "answered": self.answered, "failed": self.failed,
+                "unparsed": self.unparsed, "correct": self.correct, "fallbacks": self.fallbacks,
+                "acc": self.acc, "acc_ci95": [lo, hi], "answered_acc": self.answered_acc}
+
+
+@dataclass
+class Scores:
+    """Tallies per subject (domain order), per domain and overall."""
+
+    subjects: dict[str, Tally] = field(default_factory=dict)
+    domains: dict[str, Tally] = field(default_factory=dict)
+    overall: Tally = field(default_factory=Tally)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"overall": self.overall.as_dict(),
+                "domains": {k: v.as_dict() for k, v in self.domains.items()},
+                "subjects": {k: v.as_dict() for k, v in self.subjects.items()}}
+
+
+def tally(records: Iterable[Mapping[str, Any]]) -> Scores:
+    """Pool records (each with ``id`` or ``subject``, ``verdict``, optional ``fallback``)."""
+    subj: dict[str, Tally] = {}
+    for r in records:
+        s = r.get("subject") or subject_of(r["id"])
+        subj.setdefault(s, Tally()).add(r["verdict"], r.get("fallback", False))
+    out = Scores()
+    for domain, subs in DOMAINS.items():
+        present = [s for s in subs if s in subj]
+        if not present:
+            continue
+        d = Tally()
+        for s in present:
+            t = subj[s]
+            out.subjects[s] = t
+            for name in ("asked", "failed", "unparsed", "correct", "fallbacks"):
+                setattr(d, name, getattr(d, name) + getattr(t, name))
+                setattr(out.overall, name, getattr(out.overall, name) + getattr(t, name))
+        out.domains[domain] = d
+    return out
+
+
+def val_dict(scores: Scores) -> dict[str, dict[str, Any]]:
+    """``val_sglang.json``: per domain then its subjects, then "Overall"; num = asked, acc over
+    asked rounded to 3 decimals (the script rounds the same way)."""
+    out: dict[str, dict[str, Any]] = {}
+    for domain, subs in DOMAINS.items():
+        if domain not in scores.domains:
+            continue
+        d = scores.domains[domain]
+        out[f"Overall-{domain}"] = {"num": d.asked, "acc": round(d.acc, 3)}
+        for s in subs:
+            if s in scores.subjects:
+                t = scores.subjects[s]
+                out[s] = {"num": t.asked, "acc": round(t.acc, 3)}
+    out["Overall"] = {"num": scores.overall.asked,
+                      "acc": round(scores.overall.acc, 3) if scores.overall.asked else 0.0}
+    return out
+
+
+def answer_dict(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``answer_sglang.json``: pred_ans = the parsed letter (multiple-choice) or the raw response
+    (open, as the script stored it); failed requests kept with pred_ans None and judge "Wrong"."""
+    out = {}
+    for r in records:
+        open_q = P.is_open(r["question_type"])
+        out[r["id"]] = {"pred_ans": r["response"] if open_q else r["parsed"],
+                        "original_response": r["response"], "ground_truth": r["gold"],
+                        "question_type": r["question_type"],
+                        "judge": "Correct" if r["verdict"] == "correct" else "Wrong"}
+    return out
+
+
+def format_block(val: Mapping[str, Any], *, benchmark_time_s: float | None = None) -> str:
+    """The PR-style "Accuracy Tests" text of one run, as sglang's script printed it: the
+    per-subject dictionary pretty-printed (``pprint``: keys sorted, one per line) and
+    ``Overall accuracy: 0.452``."""
+    lines = []
+    if benchmark_time_s is not None:
+        lines.append(f"Benchmark time: {benchmark_time_s}")
+    lines.append("answers saved to: ./answer_sglang.json")
+    lines.append("Evaluating...")
+    lines.append(pprint.pformat({k: {"acc": v["acc"], "num": v["num"]} for k, v in val.items()}))
+    lines.append("eval out saved to ./val_sglang.json")
+    lines.append(f"Overall accuracy: {val['Overall']['acc']}")
+    return "\n".join(lines)
