@@ -731,11 +731,15 @@ def measure_row(methods: MropeMethods, stock: MropeMethods | None, batch_size: i
                                                           run_outcome(stock, case))
         strict = probe_decode(methods, case)
         counted = probe_decode(methods, case, placeholder_reads=True)
-        # a read that cannot be answered with a placeholder (e.g. inside torch.full) ends the
-        # counting run: then the counts are lower bounds and ``error`` says what stopped it
-        row.update(strict_error=strict.error, d2h_reads_per_call=len(counted.reads),
+        # a read that cannot be answered with a placeholder (e.g. the 0-d fill value inside
+        # torch.full) ends the counting run: that read is counted too, the counts are lower
+        # bounds (``counts_lower_bound``) and ``stopped_by`` says what stopped it
+        stopped = counted.error
+        row.update(strict_error=strict.error,
+                   d2h_reads_per_call=len(counted.reads) + (1 if stopped else 0),
                    blocking_h2d_copies_per_call=len(counted.blocking_copies),
-                   h2d_copies_per_call=len(counted.copies), error=counted.error)
+                   h2d_copies_per_call=len(counted.copies), counts_lower_bound=bool(stopped),
+                   stopped_by=stopped)
         return row
     gpu_case = case.on(device)
     mine = run_outcome(methods, gpu_case)
@@ -766,7 +770,7 @@ TABLE_COLUMNS = [("batch_size", "batch", "{}"), ("images", "images", "{}"),
                  ("sync_warnings_per_call", "sync warnings/call", "{:.1f}"),
                  ("host_blocked_ms", "host-blocked ms", "{:.2f}"),
                  ("positions_equal_stock", "= stock", "{}"),
-                 ("error", "stopped by", "{:.60}")]
+                 ("stopped_by", "stopped by", "{:.60}"), ("error", "error", "{:.60}")]
 
 
 def format_table(rows: list[dict], lead: Sequence[tuple[str, str]] = ()) -> str:

@@ -227,3 +227,24 @@ def test_cuda_measurement_arithmetic_on_a_simulated_gpu(monkeypatch):
     assert cuda_sync_warnings(lambda: (fake.sync(), fake.sync())) == [
         "called a synchronizing CUDA operation"] * 2
     assert cuda_sync_warnings(lambda: None) == [] and fake.mode == 0
+
+
+def test_suite_upstream_pr9460_read_is_counted_not_an_error(tmp_path):
+    """The upstream change (0.5.2rc2) reads a 0-d device tensor inside torch.full for a text-only
+    request of a mixed decode batch: the CPU probe cannot answer that read with a placeholder, so
+    the counting stops there. That is a caught sync (counted, counts flagged as lower bounds), not
+    a failure of the suite (which would make the cell incomplete and hide the evidence)."""
+    from patchbench.mrope import stock_source
+    suite = load_suite("sync_probe")
+    stock_dir = _pkg(tmp_path, "stock", release_sources("0.5.1.post3")["stock"])
+    upstream_dir = _pkg(tmp_path, "upstream", stock_source("0.5.2rc2"))
+    res = suite.run(_ctx(tmp_path, upstream_dir, stock_dir, "upstream"),
+                    suite.Params(batch_sizes=[8, 32], image_share=0.5))
+    assert res.status == "ok" and res.errors == []
+    rows = json.loads((tmp_path / "out-upstream" / "probe.json").read_text())["rows"]
+    mixed = [r for r in rows if 0 < r["images"] < r["batch_size"]]
+    assert mixed, "the seeded batches must mix text-only and image requests"
+    assert all(r["d2h_reads_per_call"] >= 1 and r["counts_lower_bound"] for r in mixed)
+    assert res.metrics["sync_d2h_reads_count"] >= len(mixed)
+    assert res.metrics["positions_mismatch_count"] == 0.0
+    assert any("lower bounds" in w for w in res.warnings)

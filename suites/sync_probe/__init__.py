@@ -102,6 +102,8 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
                                 iterations=params.iterations, sleep_ms=params.sleep_ms,
                                 sleep_cycles=sleep_cycles))
     errors = [f"batch {r['batch_size']}: {r['error']}" for r in rows if r.get("error")]
+    warnings += [f"batch {r['batch_size']}: counts are lower bounds, the probe was stopped by a "
+                 f"read it could not answer ({r['stopped_by']})" for r in rows if r.get("stopped_by")]
 
     metrics: dict[str, float] = {
         "sync_d2h_reads_count": float(sum(r.get("d2h_reads_per_call", 0) for r in rows)),
