@@ -122,9 +122,13 @@ def stand_in_dirs(cfg: Config) -> list[Path]:
 
 
 def stock_client_env(cfg: Config) -> dict[str, str]:
-    """Environment for running the STOCK sglang as a client (bench_serving): stand-ins, no overlay."""
+    """Environment for running the STOCK sglang as a client (bench_serving): stand-ins, no overlay,
+    and the tokenizer vocabulary in id order so that bench_serving's seeded random prompts are the
+    same in every cell (a fast tokenizer's get_vocab() order differs per process)."""
     env = base_env(cfg)
     env["PYTHONPATH"] = _pythonpath(SITE_DIR, *stand_in_dirs(cfg), inherit=os.environ.get("PYTHONPATH"))
+    # seeded random prompts must be the same in every cell (see shims/site/sitecustomize.py)
+    env["PATCHBENCH_STABLE_VOCAB_ORDER"] = "1"
     return env
 
 

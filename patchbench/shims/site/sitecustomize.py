@@ -57,6 +57,30 @@ if os.environ.get("PATCHBENCH_CPU_STAND_INS") == "1":
 
     torch.ops.__dict__["sgl_kernel"] = _StandInOps("sgl_kernel")
 
+if os.environ.get("PATCHBENCH_STABLE_VOCAB_ORDER") == "1":
+    # sglang.bench_serving's random / random-image / image datasets draw prompt tokens with
+    # random.choices(list(tokenizer.get_vocab().values())). A fast tokenizer's get_vocab() comes
+    # from a Rust HashMap whose order differs from process to process, so --seed alone does not
+    # give the same prompts in two runs (seen here: 0 of 24 prompts equal between two cells).
+    # Returning the vocabulary in id order makes the seeded draw the same in every process; it
+    # changes which random tokens a prompt holds, not how anything is measured.
+    try:
+        import transformers as _tf
+
+        def _stable(get_vocab):
+            def get_vocab_in_id_order(self):
+                return dict(sorted(get_vocab(self).items(), key=lambda kv: kv[1]))
+            get_vocab_in_id_order._patchbench_stable = True
+            return get_vocab_in_id_order
+
+        for _name in ("PreTrainedTokenizerFast", "PreTrainedTokenizer", "TokenizersBackend"):
+            _cls = getattr(_tf, _name, None)
+            _fn = getattr(_cls, "get_vocab", None) if _cls is not None else None
+            if _fn is not None and not getattr(_fn, "_patchbench_stable", False):
+                _cls.get_vocab = _stable(_fn)
+    except ImportError:
+        pass
+
 if os.environ.get("PATCHBENCH_MROPE_PROBE_DIR"):
     import patchbench_mrope_instr  # noqa: F401  (sits beside this file)
 
