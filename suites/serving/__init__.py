@@ -1,0 +1,302 @@
+"""Serving suite: sglang's own ``python -m sglang.bench_serving`` against the cell's server.
+
+``run(ctx, params)`` calls the STOCK package's bench_serving of the pinned release (same client for
+every variant) with ``--output-file <out>/result.jsonl --output-details``, keeps its stdout/stderr,
+parses its summary (both releases' key sets), writes the per-request records (``requests.json``,
+docs/CONTRACTS.md), checks the run's validity and returns the flat metrics. See
+:class:`suites.serving.params.Params` for the parameters and offline use, ``report_block`` for the
+PR-style text block.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from patchbench.records import write_json
+from patchbench.suite import MetricInfo, SuiteContext, SuiteError, SuiteResult
+
+from .block import render_block, report_block, tool_block
+from .command import ToolMismatch, build_command, effective_seed, tool_info, wants_chat_template
+from .params import IMAGE_DATASETS, Params
+from .parse import ResultError, read_result_line, request_records, summary_metrics
+from .recompute import compare_with_summary, recompute_from_details
+from .validity import images_check, request_checks
+
+__all__ = ["Params", "run", "METRICS", "report_block", "render_block", "tool_block"]
+
+_H, _L, _N = "higher", "lower", "none"
+
+
+def _metrics() -> dict[str, MetricInfo]:
+    m = {
+        "request_throughput_req_s": MetricInfo(_H, "req/s", "Request throughput (req/s):"),
+        "input_throughput_tok_s": MetricInfo(_H, "tok/s", "Input token throughput (tok/s):"),
+        "output_throughput_tok_s": MetricInfo(_H, "tok/s", "Output token throughput (tok/s):"),
+        "total_throughput_tok_s": MetricInfo(_H, "tok/s", "Total token throughput (tok/s):"),
+        "peak_output_throughput_tok_s": MetricInfo(_H, "tok/s",
+                                                   "Peak output token throughput (tok/s):"),
+    }
+    labels = {"e2e_latency": "E2E Latency", "ttft": "TTFT", "tpot": "TPOT", "itl": "ITL"}
+    for q, lab in labels.items():
+        for stat, word in (("mean", "Mean"), ("median", "Median"), ("p90", "P90"), ("p95", "P95"),
+                           ("p99", "P99")):
+            m[f"{q}_{stat}_ms"] = MetricInfo(_L, "ms", f"{word} {lab} (ms):")
+        m[f"{q}_std_ms"] = MetricInfo(_N, "ms")  # spread, descriptive only
+    m["itl_max_ms"] = MetricInfo(_L, "ms", "Max ITL (ms):")
+    m["concurrency"] = MetricInfo(_N, "req", "Concurrency:")
+    m["duration_s"] = MetricInfo(_N, "s", "Benchmark duration (s):")
+    m["accept_length"] = MetricInfo(_N, "tok", "Accept length:")
+    m["retokenized_output_share"] = MetricInfo(_N, "share")
+    for name, label in (
+            ("requested_count", ""), ("completed_count", ""), ("failed_count", ""),
+            ("no_token_count", ""), ("tool_completed_count", "Successful requests:"),
+            ("total_input_tokens_count", "Total input tokens:"),
+            ("total_input_text_tokens_count", "Total input text tokens:"),
+            ("total_input_vision_tokens_count", "Total input vision tokens:"),
+            ("total_output_tokens_count", "Total generated tokens:"),
+            ("total_output_tokens_retokenized_count", "Total generated tokens (retokenized):"),
+            ("peak_concurrent_requests_count", "Peak concurrent requests:"),
+            ("images_server_prompt_tokens_count", ""), ("images_text_prompt_tokens_count", "")):
+        m[name] = MetricInfo(_N, "count", label)
+    return m
+
+
+#: every metric the suite can report (better: higher / lower / none); labels are bench_serving's
+#: printed labels where it prints one. Counts, spreads and concurrency are descriptive ("none").
+METRICS: dict[str, MetricInfo] = _metrics()
+
+#: seconds between checks of the bench_serving process and the server while it runs
+POLL_S = 0.5
+#: lines of the server log / the tool's stderr quoted in an error
+TAIL_LINES = 40
+
+
+def _tail(path: Path | None, n: int = TAIL_LINES) -> str:
+    if path is None:
+        return "(no log)"
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError as e:
+        return f"(cannot read {path}: {e})"
+    return "\n".join(lines[-n:])
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def run_tool(cmd: list[str], *, env: dict[str, str], out_dir: Path, timeout_s: float,
+             server_alive, server_log: Path | None) -> tuple[int, float]:
+    """Run bench_serving (own process group), stdout/stderr into out_dir/stdout.txt, stderr.txt.
+
+    Polls every POLL_S: if the server dies, the tool is stopped at once and SuiteError carries the
+    server log's tail; past timeout_s likewise. Returns (exit code, wall seconds).
+    """
+    t0 = time.monotonic()
+    with open(out_dir / "stdout.txt", "wb") as so, open(out_dir / "stderr.txt", "wb") as se:
+        proc = subprocess.Popen(cmd, env=env, stdout=so, stderr=se, stdin=subprocess.DEVNULL,
+                                cwd=out_dir, start_new_session=True)
+        try:
+            while True:
+                try:
+                    rc = proc.wait(timeout=POLL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if not server_alive():
+                    _kill_group(proc)
+                    raise SuiteError("the sglang server died during bench_serving; server log "
+                                     f"tail:\n{_tail(server_log)}")
+                if time.monotonic() - t0 > timeout_s:
+                    _kill_group(proc)
+                    raise SuiteError(f"bench_serving ran past timeout_s={timeout_s:.0f}; server "
+                                     f"log tail:\n{_tail(server_log)}")
+        except BaseException:
+            if proc.poll() is None:
+                _kill_group(proc)
+            raise
+    return rc, time.monotonic() - t0
+
+
+def _image_probe(ctx: SuiteContext, params: Params, tokenizer: str, chat: bool) -> dict[str, Any]:
+    script = Path(__file__).with_name("image_probe.py")
+    cmd = [ctx.python, str(script), ctx.server.base_url, tokenizer, params.dataset_name,
+           str(params.random_input_len), str(params.image_count), params.image_resolution,
+           "1" if chat else "0"]
+    try:
+        cp = subprocess.run(cmd, env=ctx.stock_env, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return {"error": "image probe timed out"}
+    lines = [ln for ln in cp.stdout.splitlines() if ln.startswith("{")]
+    if cp.returncode != 0 or not lines:
+        return {"error": f"image probe failed (exit {cp.returncode}): {cp.stderr[-1500:]}"}
+    return json.loads(lines[-1])
+
+
+def run(ctx: SuiteContext, params: Params) -> SuiteResult:
+    """Run bench_serving once against ``ctx.server`` and return the summary (see module docstring).
+
+    Raises SuiteError when the release lacks the dataset/flag, the server dies, bench_serving
+    fails or times out, or its output cannot be read. A run that finished but has failed or
+    token-less requests, dropped images, or no valid measurement returns status "incomplete"
+    with the reasons in ``errors``.
+    """
+    if ctx.server is None:
+        raise SuiteError("the serving suite needs a running server")
+    out = Path(ctx.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    srv = ctx.server
+    try:
+        info = tool_info(Path(ctx.stock_sglang_dir))
+    except (OSError, SyntaxError) as e:
+        raise SuiteError(f"cannot read the release's bench_serving arguments: {e}") from None
+    tokenizer = params.tokenizer or srv.tokenizer_path or srv.model_path
+    result_file = out / "result.jsonl"
+    if result_file.exists():
+        result_file.unlink()  # the tool appends; a re-run of the cell starts clean
+    try:
+        cmd = build_command(params, python=ctx.python, info=info,
+                            sglang_version=ctx.sglang_version, host=srv.host, port=srv.port,
+                            model=srv.model_path, tokenizer=tokenizer, output_file=result_file)
+    except ToolMismatch as e:
+        raise SuiteError(str(e)) from None
+    write_json(out / "command.json", {"argv": cmd})
+    ctx.log(f"serving: bench_serving {params.dataset_name} x{params.num_prompts} "
+            f"(concurrency {params.max_concurrency})")
+
+    rc, wall_s = run_tool(cmd, env=dict(ctx.stock_env), out_dir=out, timeout_s=params.timeout_s,
+                          server_alive=srv.alive, server_log=srv.log_path)
+    if not srv.alive():
+        raise SuiteError("the sglang server died during bench_serving; server log tail:\n"
+                         + _tail(srv.log_path))
+    if rc != 0:
+        raise SuiteError(f"bench_serving exited with {rc}; its stderr tail:\n"
+                         f"{_tail(out / 'stderr.txt', 25)}\nserver log tail:\n{_tail(srv.log_path)}")
+    try:
+        row = read_result_line(result_file)
+    except ResultError as e:
+        raise SuiteError(f"{e}; bench_serving stderr tail:\n{_tail(out / 'stderr.txt', 25)}") from None
+
+    metrics = summary_metrics(row)
+    recs = request_records(row)
+    write_json(out / "requests.json", recs)
+    statuses = recs["status"]
+    sent = len(statuses)
+    ok = statuses.count("ok")
+    metrics.update({
+        "requested_count": float(sent),
+        "completed_count": float(ok),
+        "failed_count": float(statuses.count("failed")),
+        "no_token_count": float(statuses.count("no_token")),
+    })
+    if metrics.get("total_output_tokens_count"):
+        metrics["retokenized_output_share"] = (metrics["total_output_tokens_retokenized_count"]
+                                               / metrics["total_output_tokens_count"])
+    errors, warnings = request_checks(statuses, recs["error"], num_prompts=params.num_prompts,
+                                      tool_completed=int(metrics.get("tool_completed_count", 0)))
+    if metrics.get("total_output_tokens_count", 0) > 0 and metrics.get("ttft_mean_ms", 0) == 0:
+        errors.append("invalid: output tokens > 0 but every TTFT is 0 (no streamed token timed)")
+
+    # our recomputation vs the tool's summary (judged only on runs without flagged requests)
+    ours = recompute_from_details(row, as_tool=True)
+    disagree = compare_with_summary(metrics, ours, rel_tol=params.recompute_rel_tol,
+                                    abs_tol_ms=params.recompute_abs_tol_ms)
+    if disagree and ok == sent:
+        warnings.append("recomputation from the per-request details disagrees with "
+                        "bench_serving's summary: " + "; ".join(disagree))
+
+    meta: dict[str, Any] = {
+        "backend": params.backend,
+        "request_rate": "{}".format(row.get("request_rate", params.request_rate)),
+        "max_concurrency": row.get("max_concurrency"),
+        "dataset_name": row.get("dataset_name"),
+        "seed": effective_seed(params, info),
+        "apply_chat_template": wants_chat_template(params, ctx.sglang_version),
+        "tokenizer": tokenizer,
+        "tool_source": str(info.source),
+        "argv": cmd,
+        "wall_s": wall_s,
+        "startup_overhead_s": wall_s - metrics.get("duration_s", 0.0),
+        "retokenized_change_share": params.retokenized_change_share,
+        "recompute_disagreements": disagree,
+    }
+
+    if params.dataset_name in IMAGE_DATASETS and ok:
+        errs, img = _check_images(ctx, params, row, recs, info, tokenizer)
+        errors += errs
+        meta.update(img)
+        for k in ("images_server_prompt_tokens_count", "images_text_prompt_tokens_count"):
+            if img.get(k) is not None:
+                metrics[k] = float(img[k])
+
+    status = "incomplete" if errors else "ok"
+    return SuiteResult(status=status, metrics=metrics, errors=errors, warnings=warnings, meta=meta)
+
+
+def _check_images(ctx: SuiteContext, params: Params, row: dict, recs: dict, info,
+                  tokenizer: str) -> tuple[list[str], dict[str, Any]]:
+    """Images reached the model? Where the server's prompt token count comes from:
+
+    - releases whose bench_serving records the server's ``meta_info.prompt_tokens`` per request in
+      ``input_lens`` (0.5.23: ``_record_server_prompt_len``): every successful request, against the
+      tool's text-only count ``total_input_text_tokens`` of the same requests. No extra request.
+    - older releases (0.5.1.post3, which records only the client's text count): one probe request
+      after the benchmark, built by the release's own dataset code with the run's chat-template
+      setting (suites/serving/image_probe.py), compared with the tool's text count of that prompt.
+      The probe's result is cached in the run's cache_dir per (variant, settings): it costs one
+      import of bench_serving (~20 s on the 2-core CPU demo machine), so it runs once per variant.
+    """
+    src_text = info.source.read_text(encoding="utf-8")
+    succ = [i for i, s in enumerate(recs["status"]) if s != "failed"]
+    per_req_images = 1 if params.dataset_name == "mmmu" else params.image_count
+    if "_record_server_prompt_len" in src_text and "total_input_text_tokens" in row:
+        server = float(sum(recs["input_len"][i] for i in succ))
+        return images_check(server_prompt_tokens=server,
+                            text_prompt_tokens=float(row["total_input_text_tokens"]),
+                            images_sent=len(succ) * per_req_images,
+                            min_extra_tokens_per_image=params.images_min_extra_tokens_per_image,
+                            min_ratio=params.images_min_prompt_token_ratio,
+                            source="server prompt_tokens of every request, recorded by bench_serving")
+    chat = wants_chat_template(params, ctx.sglang_version)
+    key = hashlib.sha256(json.dumps([ctx.variant, params.dataset_name, params.random_input_len,
+                                     params.image_count, params.image_resolution, chat,
+                                     tokenizer]).encode()).hexdigest()[:16]
+    cache = Path(ctx.cache_dir) / "serving" / f"image-probe-{key}.json"
+    if cache.is_file():  # once per (run, variant, settings): the probe costs a tool import
+        probe = dict(json.loads(cache.read_text()), cached=True)
+    else:
+        probe = _image_probe(ctx, params, tokenizer, chat)
+        if "error" not in probe:
+            write_json(cache, probe)
+    if "error" in probe:
+        return [f"images check could not run: {probe['error']}"], {"image_probe": probe}
+    errs, img = images_check(server_prompt_tokens=float(probe["server_prompt_tokens"]),
+                             text_prompt_tokens=float(probe["text_tokens"]),
+                             images_sent=int(probe["images"]),
+                             min_extra_tokens_per_image=params.images_min_extra_tokens_per_image,
+                             min_ratio=params.images_min_prompt_token_ratio,
+                             source="one probe request after the run, built by the release's "
+                                    "own dataset code")
+    img["image_probe"] = probe
+    return errs, img

@@ -1,0 +1,99 @@
+"""The PR's "Serving Benchmark Result" block, rendered from a cell's summary.json.
+
+Labels, order and formats are those sglang.bench_serving 0.5.1.post3 prints (the release the PR
+used; see ``benchmark()`` there): a centred title in 50 ``=``, each line ``"{:<40} {:<10}"`` (text and
+integers) or ``"{:<40} {:<10.2f}"`` (floats), so values are left-aligned and padded to 10 characters,
+section rules centred in 50 ``-``, and a closing line of 50 ``=``. 0.5.23 prints more lines (P90/P95,
+TPOT, peak throughput); the PR's layout is kept for every release so Before/After blocks line up,
+and the release's own printout stays in the cell's ``stdout.txt`` (:func:`tool_block`).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from patchbench.records import read_json
+
+TITLE = "{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="=")
+
+
+def _rule(title: str) -> str:
+    return "{s:{c}^{n}}".format(s=title, n=50, c="-")
+
+
+def _txt(label: str, value: Any) -> str:
+    return "{:<40} {:<10}".format(label, value)
+
+
+def _f2(label: str, value: float) -> str:
+    return "{:<40} {:<10.2f}".format(label, value)
+
+
+def _int(v: float | None) -> Any:
+    return int(round(v)) if v is not None else "n/a"
+
+
+def render_block(metrics: dict[str, float], meta: dict[str, Any]) -> str:
+    """The block for one cell. metrics: summary.json "metrics" (names of suites.serving.parse);
+    meta: needs "backend", "request_rate" (the tool's printout of it, e.g. "inf") and
+    "max_concurrency" (int or None). Token counts and "Successful requests" are the tool's own
+    numbers (its completed count, which includes token-less responses; the report's validity
+    errors say when they differ from ours)."""
+    g = metrics.get
+    mc = meta.get("max_concurrency")
+    lines = [
+        TITLE,
+        _txt("Backend:", meta.get("backend", "sglang")),
+        _txt("Traffic request rate:", meta.get("request_rate", "inf")),
+        _txt("Max request concurrency:", mc if mc else "not set"),
+        _txt("Successful requests:", _int(g("tool_completed_count"))),
+        _f2("Benchmark duration (s):", g("duration_s", float("nan"))),
+        _txt("Total input tokens:", _int(g("total_input_tokens_count"))),
+        _txt("Total generated tokens:", _int(g("total_output_tokens_count"))),
+        _txt("Total generated tokens (retokenized):", _int(g("total_output_tokens_retokenized_count"))),
+        _f2("Request throughput (req/s):", g("request_throughput_req_s", float("nan"))),
+        _f2("Input token throughput (tok/s):", g("input_throughput_tok_s", float("nan"))),
+        _f2("Output token throughput (tok/s):", g("output_throughput_tok_s", float("nan"))),
+        _f2("Total token throughput (tok/s):", g("total_throughput_tok_s", float("nan"))),
+        _f2("Concurrency:", g("concurrency", float("nan"))),
+    ]
+    if g("accept_length"):
+        lines.append(_f2("Accept length:", g("accept_length")))
+    nan = float("nan")
+    lines += [
+        _rule("End-to-End Latency"),
+        _f2("Mean E2E Latency (ms):", g("e2e_latency_mean_ms", nan)),
+        _f2("Median E2E Latency (ms):", g("e2e_latency_median_ms", nan)),
+        _rule("Time to First Token"),
+        _f2("Mean TTFT (ms):", g("ttft_mean_ms", nan)),
+        _f2("Median TTFT (ms):", g("ttft_median_ms", nan)),
+        _f2("P99 TTFT (ms):", g("ttft_p99_ms", nan)),
+        _rule("Inter-Token Latency"),
+        _f2("Mean ITL (ms):", g("itl_mean_ms", nan)),
+        _f2("Median ITL (ms):", g("itl_median_ms", nan)),
+        _f2("P95 ITL (ms):", g("itl_p95_ms", nan)),
+        _f2("P99 ITL (ms):", g("itl_p99_ms", nan)),
+        _f2("Max ITL (ms):", g("itl_max_ms", nan)),
+        "=" * 50,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def report_block(summary_dir: Path) -> str:
+    """The PR-style block of the cell whose serving summary.json lies in ``summary_dir``.
+
+    Raises FileNotFoundError naming the file when there is none.
+    """
+    summary = read_json(Path(summary_dir) / "summary.json")
+    return render_block(summary.get("metrics", {}), summary.get("meta", {}))
+
+
+def tool_block(stdout_text: str) -> str | None:
+    """The block exactly as the release's bench_serving printed it (from its stdout), or None."""
+    lines = stdout_text.splitlines()
+    for i, ln in enumerate(lines):
+        if ln.rstrip() == TITLE:
+            for j in range(i + 1, len(lines)):
+                if lines[j].rstrip() == "=" * 50:
+                    return "\n".join(lines[i:j + 1]) + "\n"
+    return None

@@ -1,0 +1,164 @@
+"""Reading bench_serving's ``--output-file`` line (with ``--output-details``) for both releases.
+
+One JSON line per call, appended (``Infinity`` for an infinite rate; Python's json reads it). The
+summary keys are the release's ``result`` dict; the details (``--output-details``) are per request,
+in the order the requests were sent: ``input_lens``, ``output_lens`` (0 for a failed request),
+``ttfts`` and ``itls`` (seconds), ``generated_texts``, ``errors`` ("" for a success).
+
+Key sets (read in the released code):
+
+- 0.5.1.post3 writes duration, completed, total_input_tokens, total_output_tokens,
+  total_output_tokens_retokenized, request/input/output_throughput, {mean,median,std,p99} of
+  e2e_latency/ttft/tpot, {mean,median,std,p95,p99}_itl_ms, concurrency, accept_length. No
+  total_throughput (it prints it), no max_itl_ms (prints it).
+- 0.5.23 adds total_throughput, p90/p95 of every latency, total_input_text_tokens /
+  total_input_vision_tokens (its client-side count), max_output_tokens_per_s,
+  max_concurrent_requests, server_info. Still no max_itl_ms. Its ``input_lens`` detail is the
+  SERVER's ``meta_info.prompt_tokens`` per request when the server reports it
+  (``_record_server_prompt_len``), while 0.5.1.post3's is the client's text-token count.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: the release's latency key prefix -> our metric prefix
+_LATENCIES = {"e2e_latency": "e2e_latency", "ttft": "ttft", "tpot": "tpot", "itl": "itl"}
+_STATS = ("mean", "median", "std", "p90", "p95", "p99")
+
+#: the release's scalar key -> (our metric name). Throughputs are per second of benchmark duration.
+_SCALARS = {
+    "duration": "duration_s",
+    "completed": "tool_completed_count",
+    "total_input_tokens": "total_input_tokens_count",
+    "total_input_text_tokens": "total_input_text_tokens_count",
+    "total_input_vision_tokens": "total_input_vision_tokens_count",
+    "total_output_tokens": "total_output_tokens_count",
+    "total_output_tokens_retokenized": "total_output_tokens_retokenized_count",
+    "request_throughput": "request_throughput_req_s",
+    "input_throughput": "input_throughput_tok_s",
+    "output_throughput": "output_throughput_tok_s",
+    "total_throughput": "total_throughput_tok_s",
+    "concurrency": "concurrency",
+    "max_output_tokens_per_s": "peak_output_throughput_tok_s",
+    "max_concurrent_requests": "peak_concurrent_requests_count",
+    "accept_length": "accept_length",
+}
+
+DETAIL_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors")
+
+
+class ResultError(ValueError):
+    """The output file is missing, empty, or lacks the keys a run must have."""
+
+
+def read_result_line(path: Path) -> dict[str, Any]:
+    """The last JSON line of bench_serving's ``--output-file`` (the tool appends one per call).
+
+    Raises ResultError naming the file when it is missing, empty or not JSON.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ResultError(f"{path}: bench_serving wrote no output file")
+    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    if not lines:
+        raise ResultError(f"{path}: output file is empty")
+    try:
+        row = json.loads(lines[-1])
+    except json.JSONDecodeError as e:
+        raise ResultError(f"{path}: last line is not JSON ({e.msg})") from None
+    for key in ("duration", "completed", "total_output_tokens", "mean_ttft_ms"):
+        if key not in row:
+            raise ResultError(f"{path}: key '{key}' missing from bench_serving's result")
+    missing = [k for k in DETAIL_KEYS if k not in row]
+    if missing:
+        raise ResultError(f"{path}: no per-request details ({', '.join(missing)} missing); "
+                          "was --output-details passed?")
+    return row
+
+
+def _num(v: Any) -> float | None:
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f
+
+
+def summary_metrics(row: dict[str, Any]) -> dict[str, float]:
+    """bench_serving's own summary as flat metrics with units in the names.
+
+    Every value is the tool's number, as sglang.bench_serving computes it (0.5.1.post3 or 0.5.23,
+    whichever wrote ``row``), except two that one release does not write and we derive the way the
+    tool computes them for its printout: ``total_throughput_tok_s`` = (total input + total output
+    tokens) / duration (missing in 0.5.1.post3), and ``itl_max_ms`` = max of the per-token ITL values
+    of successful requests in ms (printed by both releases, written by neither). Keys absent from
+    the release's output are absent here (no zeros invented).
+    """
+    m: dict[str, float] = {}
+    for key, name in _SCALARS.items():
+        v = _num(row.get(key))
+        if v is not None and math.isfinite(v):
+            m[name] = v
+    for q, ours in _LATENCIES.items():
+        for s in _STATS:
+            v = _num(row.get(f"{s}_{q}_ms"))
+            if v is not None:
+                m[f"{ours}_{s}_ms"] = v
+    if "total_throughput_tok_s" not in m and m.get("duration_s"):
+        m["total_throughput_tok_s"] = (m["total_input_tokens_count"]
+                                       + m["total_output_tokens_count"]) / m["duration_s"]
+    itls = [x for out, itl in zip(row["output_lens"], row["itls"]) if out for x in itl]
+    m["itl_max_ms"] = float(np.max(itls)) * 1000 if itls else 0.0
+    return m
+
+
+def request_records(row: dict[str, Any]) -> dict[str, list]:
+    """Per-request arrays for ``<suite>/requests.json`` (docs/CONTRACTS.md), request i = prompt i.
+
+    ttft_ms: time to the first streamed chunk with text (ms); itl_ms: the per-token inter-token
+    latencies (ms, one per output token after the first chunk's tokens, as bench_serving records
+    them); e2e_ms: ttft + sum(itl) = time of the last token (ms): the details hold no per-request
+    E2E, and this differs from the tool's E2E by the time between the last token and the stream's
+    end; input_len: the tool's ``input_lens`` (0.5.1.post3: client text tokens, 0.5.23: the
+    server's prompt tokens); output_len: tokens (0 for a failure; the REQUESTED length for a
+    response that streamed no token, as the tool records it); status: "ok", "failed" (error or
+    non-200), or "no_token" (a 200 response that streamed no token: the tool counts it as a
+    success; we count it as failed). ttft_ms / e2e_ms are None for failed and no_token requests.
+    """
+    recs: dict[str, list] = {k: [] for k in ("ttft_ms", "itl_ms", "e2e_ms", "input_len",
+                                             "output_len", "generated_text", "error", "status")}
+    for inp, out, ttft, itl, text, err in zip(*(row[k] for k in DETAIL_KEYS)):
+        status = request_status(out, ttft, itl, err)
+        ok = status == "ok"
+        itl_ms = [x * 1000 for x in itl]
+        recs["ttft_ms"].append(ttft * 1000 if ok else None)
+        recs["itl_ms"].append(itl_ms)
+        recs["e2e_ms"].append(ttft * 1000 + sum(itl_ms) if ok else None)
+        recs["input_len"].append(inp)
+        recs["output_len"].append(out)
+        recs["generated_text"].append(text)
+        recs["error"].append(err or "")
+        recs["status"].append(status)
+    return recs
+
+
+def request_status(output_len: int, ttft_s: float, itl_s: list[float], error: str) -> str:
+    """"failed", "no_token" or "ok" for one request of the details (see :func:`request_records`).
+
+    bench_serving marks a failure with a non-empty error and output length 0 (0.5.1.post3 stores
+    ``response.reason``, which can be empty, so output length 0 alone also means failed). A success
+    whose stream carried no text has TTFT 0.0 (never set) and no ITL values while its output length
+    is the requested one: tokens > 0 with TTFT 0 is not a valid measurement.
+    """
+    if error or not output_len:
+        return "failed"
+    if ttft_s <= 0.0:
+        return "no_token"
+    return "ok"
