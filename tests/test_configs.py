@@ -1,0 +1,65 @@
+"""Every config in configs/ validates (suite parameters, compare and nightly sections, patches
+exist), and its dry run prints a plan; plus the schedule and doctor."""
+from pathlib import Path
+
+import pytest
+
+from patchbench import bench, doctor
+from patchbench.config import load_config
+from patchbench.schedule import plan_cells
+
+CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
+
+
+def test_there_are_configs():
+    names = {p.name for p in CONFIGS}
+    assert {"demo-cpu.yaml", "demo-cpu-0.5.23.yaml", "pr9460-h200.yaml", "aa-h200.yaml",
+            "aa-cpu.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_config_validates_and_dry_runs(path, capsys):
+    cfg = load_config(path)
+    assert cfg.baseline in cfg.variants
+    assert set(cfg.suite_params) == set(cfg.suites)
+    assert bench.cli([str(path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"name       {cfg.name}" in out and "nothing is launched" in out
+
+
+def test_demo_compares_stock_upstream_and_ours():
+    cfg = load_config(CONFIGS[0].parent / "demo-cpu.yaml")
+    assert cfg.variants == {"baseline": [], "pr9460-upstream": ["pr9460-upstream"],
+                            "mrope-sync-free": ["mrope-sync-free"]}
+    assert cfg.sglang == "0.5.1.post3"
+
+
+@pytest.mark.parametrize("variants, repeats, order, expected", [
+    (["A", "B"], 2, "interleaved", ["A0", "B0", "B1", "A1"]),
+    (["A", "B"], 3, "interleaved", ["A0", "B0", "B1", "A1", "A2", "B2"]),
+    (["A", "B", "C"], 2, "interleaved", ["A0", "B0", "C0", "C1", "B1", "A1"]),
+    (["A", "B"], 2, "sequential", ["A0", "A1", "B0", "B1"]),
+])
+def test_schedule(variants, repeats, order, expected):
+    cells = plan_cells(variants, repeats, order)
+    assert [f"{c.variant}{c.repeat}" for c in cells] == expected
+    assert [c.index for c in cells] == list(range(len(expected)))
+
+
+def test_schedule_rejects_bad_input():
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        plan_cells(["A"], 0)
+    with pytest.raises(ValueError, match="unknown order 'zigzag'"):
+        plan_cells(["A"], 1, "zigzag")
+
+
+def test_doctor_prints_environment_and_missing(capsys):
+    rc = doctor.cli([str(CONFIGS[0].parent / "pr9460-h200.yaml")])
+    out = capsys.readouterr().out
+    assert "sglang" in out and "supported pins   0.5.1.post3, 0.5.23" in out
+    from patchbench.envinfo import gpu_info
+    if gpu_info() is None:  # the CI machines
+        assert "MISSING NVIDIA GPU" in out and "run on a GPU machine" in out
+        assert rc == 3
+    else:
+        assert "OK      NVIDIA GPU" in out
