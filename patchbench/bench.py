@@ -456,12 +456,13 @@ def run_bench(config_path: str | os.PathLike, *, resume: str | os.PathLike | Non
         write_json(run_dir / "manifest.json", manifest)
         log(f"interrupted; finished cells are kept in {run_dir} (resume with --resume {run_dir})")
         raise
+    manifest["ended_at"] = utc_stamp()  # the measurements end here; the report reads it
+    write_json(run_dir / "manifest.json", manifest)
     t_report = time.monotonic()
     report_error = _compare_and_report(run_dir, log=log)
     timings["report"] = round(time.monotonic() - t_report, 3)
     timings["total"] = round(time.monotonic() - t_run, 3)
     timings["harness_overhead_share"] = _overhead_share(records, timings)
-    manifest["ended_at"] = utc_stamp()
     if report_error:
         manifest["report_error"] = report_error
     write_json(run_dir / "manifest.json", manifest)

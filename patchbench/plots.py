@@ -61,6 +61,26 @@ def _rows(cmp: dict, pred) -> dict[str, list[dict]]:
     return out
 
 
+def _limit_to_data(ax, values: list[float], *, log: bool = False) -> None:
+    """Fit the y axis to the measured values (repeats and medians), not to the whiskers: with
+    few repeats an interval can span orders of magnitude and would flatten every point onto the
+    axis. Whiskers cut by the limits get a note in the corner saying so."""
+    vals = [v for v in values if v is not None and (v > 0 if log else True)]
+    if not vals:
+        return
+    lo, hi = min(vals), max(vals)
+    if log:
+        new = (lo / 2.0, hi * 2.0)
+    else:
+        pad = max((hi - lo) * 0.5, abs(hi) * 0.15, 1e-9)
+        new = (max(0.0, lo - pad) if lo >= 0 else lo - pad, hi + pad)
+    old = ax.get_ylim()
+    if old[0] < new[0] - 1e-12 or old[1] > new[1] + 1e-12:
+        ax.text(0.99, 0.01, "some intervals extend beyond the axis", transform=ax.transAxes,
+                ha="right", va="bottom", fontsize=7, color="C3")
+    ax.set_ylim(*new)
+
+
 def _whiskers(ax, x: float, r: dict, color, label: str | None) -> None:
     """Variant median with the change interval applied to the baseline median as whiskers."""
     b = r.get("baseline_median")
@@ -106,6 +126,8 @@ def plot_throughput(cmp: dict) -> Figure | None:
             if r.get("variant_median") is not None:
                 ax.plot([i], [r["variant_median"]], "s", color="C0", ms=8)
             _whiskers(ax, i + 0.15, r, "C3", "95% CI of change" if i == 1 else None)
+        _limit_to_data(ax, brep + [b.get("baseline_median")] + [
+            v for r in rs for v in (r.get("variant_repeats") or []) + [r.get("variant_median")]])
         ax.set_xticks(list(xs), variants, rotation=15)
         ax.set_xlabel("variant")
         ax.set_ylabel(_label(m, rs[0].get("unit", "")))
@@ -161,6 +183,9 @@ def plot_latency(cmp: dict) -> Figure | None:
         ax.errorbar(xs, ys, yerr=[lo_e, hi_e] if v != base else None, fmt="o", ms=7, capsize=5,
                     color=f"C{j}", label=v)
     ax.set_yscale("log")
+    _limit_to_data(ax, [v for m in names for r in rows[m]
+                        for v in (r.get("baseline_repeats") or []) + (r.get("variant_repeats") or [])
+                        + [r.get("baseline_median"), r.get("variant_median")]], log=True)
     plain = FuncFormatter(lambda y, _: f"{y:g}")
     ax.yaxis.set_major_formatter(plain)
     ax.yaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
