@@ -431,6 +431,10 @@ def run_bench(config_path: str | os.PathLike, *, resume: str | os.PathLike | Non
     records: list[dict] = []
     timings: dict[str, Any] = {"setup": round(time.monotonic() - t_run, 3)}
     manifest = _manifest(cfg, run_dir, env, variants, records, started, timings)
+    if resume:  # keep the first invocation's timings; this one's go to "resumes"
+        manifest["timings_s"] = old.get("timings_s", {})
+        manifest["resumes"] = old.get("resumes", []) + [{"started_at": utc_stamp(),
+                                                          "timings_s": timings}]
     write_json(run_dir / "manifest.json", manifest)
     log(f"run folder {run_dir}")
     failed = 0
@@ -476,8 +480,8 @@ def run_bench(config_path: str | os.PathLike, *, resume: str | os.PathLike | Non
 def _overhead_share(records: list[dict], timings: dict) -> float | None:
     """Share of wall time outside server start-up and the suites themselves (goal < 5%)."""
     total = timings.get("total")
-    if not total:
-        return None
+    if not total or all(r.get("skipped") for r in records):
+        return None  # nothing ran (a resume of a finished run)
     inside = 0.0
     for r in records:
         if r.get("skipped"):

@@ -157,4 +157,4 @@ def test_resume_does_nothing(demo_0513):
 def test_harness_overhead_recorded(demo_0513):
     t = read_json(demo_0513 / "manifest.json")["timings_s"]
     print("timings", t)
-    assert 0 <= t["harness_overhead_share"] < 1
+    assert 0 <= t["harness_overhead_share"] < 0.5  # goal < 5% on a quiet machine; CI shares its cores
