@@ -1,0 +1,545 @@
+"""The nightly history: every metric of every night, in one SQLite file (stdlib ``sqlite3``).
+
+The file lives outside the checkout (CI runners clean their workspace); where exactly is decided
+by :func:`patchbench.nightly.history_path`. One night = one run folder. Schema version 1
+(``meta.schema_version``; documented in docs/nightly.md)::
+
+    meta(key TEXT PRIMARY KEY, value TEXT)            schema_version, created_utc
+    nights(run_id TEXT PRIMARY KEY,                   the run folder's name / compare.json run_id
+           night_utc TEXT,                            ISO-8601 UTC start of the run
+           config_name TEXT, git_sha TEXT, sglang_version TEXT, baseline TEXT,
+           status TEXT,                               "ok" | "partial" (some cells failed)
+           run_dir TEXT, recorded_utc TEXT)
+    metric_values(run_id, variant, suite, metric,     one row per metric of a variant in a night
+                  unit TEXT, better TEXT,             "higher" | "lower" | "none" | NULL
+                  median REAL, n_repeats INTEGER)     median over the repeats that finished
+    repeat_values(run_id, variant, suite, metric, repeat INTEGER, value REAL)
+    comparisons(run_id, variant, baseline, suite, metric,     compare.json's same-run effects
+                change_pct REAL, ci_low_pct REAL, ci_high_pct REAL, ci_method TEXT, verdict TEXT)
+
+Each night is appended in ONE transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``): a crash leaves the
+file as it was before the night. Recording a run_id that is already there changes nothing.
+
+Errors are :class:`HistoryError` subclasses whose message names the file: :class:`HistoryLocked`
+(another process holds a lock past the timeout), :class:`HistoryCorrupt` (not an SQLite database, or
+the integrity check fails; the file is never modified or replaced), :class:`HistorySchemaError`
+(written by a newer patchbench, or tables missing).
+
+A night is read from a run folder (:func:`night_from_run`) so a night that could not be recorded
+(locked or corrupt history) can be appended later from its folder alone.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import statistics
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+from patchbench.records import read_json
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS nights (
+    run_id TEXT PRIMARY KEY, night_utc TEXT NOT NULL, config_name TEXT NOT NULL,
+    git_sha TEXT, sglang_version TEXT, baseline TEXT NOT NULL, status TEXT NOT NULL,
+    run_dir TEXT, recorded_utc TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS nights_by_config ON nights (config_name, night_utc);
+CREATE TABLE IF NOT EXISTS metric_values (
+    run_id TEXT NOT NULL REFERENCES nights(run_id), variant TEXT NOT NULL, suite TEXT NOT NULL,
+    metric TEXT NOT NULL, unit TEXT, better TEXT, median REAL, n_repeats INTEGER NOT NULL,
+    PRIMARY KEY (run_id, variant, suite, metric));
+CREATE TABLE IF NOT EXISTS repeat_values (
+    run_id TEXT NOT NULL REFERENCES nights(run_id), variant TEXT NOT NULL, suite TEXT NOT NULL,
+    metric TEXT NOT NULL, repeat INTEGER NOT NULL, value REAL,
+    PRIMARY KEY (run_id, variant, suite, metric, repeat));
+CREATE TABLE IF NOT EXISTS comparisons (
+    run_id TEXT NOT NULL REFERENCES nights(run_id), variant TEXT NOT NULL, baseline TEXT NOT NULL,
+    suite TEXT NOT NULL, metric TEXT NOT NULL, change_pct REAL, ci_low_pct REAL,
+    ci_high_pct REAL, ci_method TEXT, verdict TEXT,
+    PRIMARY KEY (run_id, variant, suite, metric));
+"""
+_TABLES = ("meta", "nights", "metric_values", "repeat_values", "comparisons")
+
+Key = tuple[str, str, str]
+"""(variant, suite, metric)"""
+
+
+class HistoryError(RuntimeError):
+    """The history file cannot be used; ``path`` names it. Nothing in it was changed."""
+
+    def __init__(self, path: Path, message: str):
+        super().__init__(f"{path}: {message}")
+        self.path = path
+
+
+class HistoryLocked(HistoryError):
+    """Another process holds a lock on the history file for longer than the timeout."""
+
+
+class HistoryCorrupt(HistoryError):
+    """The file is not an SQLite database or fails its integrity check (it is left untouched)."""
+
+
+class HistorySchemaError(HistoryError):
+    """The file's schema version is not one this patchbench reads, or its tables are missing."""
+
+
+@dataclass
+class Comparison:
+    """One same-run effect from compare.json: the variant vs the baseline of the same run.
+
+    change_pct / ci_low_pct / ci_high_pct: percent, (variant - baseline) / baseline * 100;
+    the interval is None when compare.json has none (e.g. one repeat).
+    """
+
+    baseline: str
+    change_pct: float | None
+    ci_low_pct: float | None
+    ci_high_pct: float | None
+    ci_method: str | None = None
+    verdict: str | None = None
+
+
+@dataclass
+class Night:
+    """One night's numbers, as recorded (or as read from a run folder before recording).
+
+    values: (variant, suite, metric) -> the values of the repeats that finished (metric units as
+    in the name, e.g. ``output_throughput_tok_s`` in tok/s), in repeat order.
+    units / better: (suite, metric) -> display unit and improving direction, where known.
+    comparisons: (variant, suite, metric) -> :class:`Comparison` (variants other than the baseline).
+    aa_variants: variants that are A/A copies of the baseline (noise measurement).
+    status: "ok", or "partial" when some cells failed (failed cells contribute no values).
+    """
+
+    run_id: str
+    night_utc: str
+    config_name: str
+    baseline: str
+    git_sha: str | None = None
+    sglang_version: str | None = None
+    status: str = "ok"
+    run_dir: str | None = None
+    values: dict[Key, list[float]] = field(default_factory=dict)
+    units: dict[tuple[str, str], str] = field(default_factory=dict)
+    better: dict[tuple[str, str], str] = field(default_factory=dict)
+    comparisons: dict[Key, Comparison] = field(default_factory=dict)
+    aa_variants: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def median(self, key: Key) -> float | None:
+        """Median over the repeats of (variant, suite, metric), or None when there is none."""
+        vals = [v for v in self.values.get(key, []) if v is not None]
+        return statistics.median(vals) if vals else None
+
+    @property
+    def variants(self) -> list[str]:
+        """Variants with values, the baseline first."""
+        seen = sorted({k[0] for k in self.values} | {k[0] for k in self.comparisons})
+        return [self.baseline] + [v for v in seen if v != self.baseline] if self.baseline in seen \
+            else seen
+
+
+# ---------------------------------------------------------------------------------------------
+# reading a run folder
+
+
+def _first(d: dict, *paths: str) -> Any:
+    """The first non-empty value among dotted key paths of a nested dict."""
+    for p in paths:
+        cur: Any = d
+        for part in p.split("."):
+            cur = cur.get(part) if isinstance(cur, dict) else None
+        if cur not in (None, ""):
+            return cur
+    return None
+
+
+_RUN_STAMP = re.compile(r"^(\d{8}T\d{6}Z|\d{4}-\d{2}-\d{2}T\d{2}[:-]?\d{2}[:-]?\d{2}Z?)")
+
+
+def _utc_iso(value: Any) -> str | None:
+    """An ISO-8601 UTC string from a timestamp (ISO string or epoch seconds), or None."""
+    if value is None:
+        return None
+    try:
+        if isinstance(value, (int, float)):
+            dt = datetime.fromtimestamp(float(value), tz=timezone.utc)
+        else:
+            s = str(value).strip().replace("Z", "+00:00")
+            if re.fullmatch(r"\d{8}T\d{6}\+00:00", s):
+                dt = datetime.strptime(s[:15], "%Y%m%dT%H%M%S").replace(tzinfo=timezone.utc)
+            else:
+                dt = datetime.fromisoformat(s)
+            if dt.tzinfo is None:
+                dt = dt.replace(tzinfo=timezone.utc)
+        return dt.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
+def _night_utc_from_name(name: str) -> str | None:
+    m = _RUN_STAMP.match(name)
+    if not m:
+        return None
+    s = m.group(1)
+    if re.fullmatch(r"\d{8}T\d{6}Z", s):
+        return _utc_iso(s)
+    s = re.sub(r"T(\d{2})-(\d{2})-(\d{2})", r"T\1:\2:\3", s)
+    return _utc_iso(s)
+
+
+def night_from_run(run_dir: str | os.PathLike, compare: dict | None = None) -> Night:
+    """Read one night from a run folder (docs/CONTRACTS.md, "Run folder").
+
+    Values come from every ``<variant>/rep<k>/<suite>/summary.json`` with status "ok" whose cell
+    (``cell.json``, when present) is not failed; effects from ``compare.json`` (or ``compare`` when
+    given). The night's time, config name, git SHA and sglang version come from ``manifest.json``
+    (several key spellings are accepted), else from the folder name ``<UTC stamp>-<config>``.
+
+    Raises FileNotFoundError when ``run_dir`` is not a folder. Cells that failed or suites that did
+    not finish are listed in ``Night.problems`` and make ``status`` "partial".
+    """
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise FileNotFoundError(f"{run}: no such run folder")
+    manifest: dict = {}
+    if (run / "manifest.json").is_file():
+        manifest = read_json(run / "manifest.json") or {}
+    if compare is None and (run / "compare.json").is_file():
+        compare = read_json(run / "compare.json")
+    compare = compare or {}
+    cfg = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+    name = run.name
+    config_name = (_first(manifest, "config_name", "name") or cfg.get("name")
+                   or re.sub(r"^\S*?\d{6}Z?-", "", name) or name)
+    night_utc = (_utc_iso(_first(manifest, "started_utc", "start_utc", "started_at", "start_time",
+                                 "started", "times.start", "timings.start_utc"))
+                 or _night_utc_from_name(name)
+                 or _utc_iso(os.path.getmtime(run)))
+    baseline = compare.get("baseline") or cfg.get("baseline") or manifest.get("baseline")
+    night = Night(
+        run_id=str(compare.get("run_id") or manifest.get("run_id") or name),
+        night_utc=night_utc,
+        config_name=str(config_name),
+        baseline=str(baseline) if baseline else "",
+        git_sha=_first(manifest, "git_sha", "git.sha", "git.commit", "repo.git_sha", "harness.git_sha"),
+        sglang_version=_first(manifest, "sglang_version", "sglang.version", "versions.sglang",
+                              "environment.sglang") or cfg.get("sglang"),
+        run_dir=str(run.resolve()),
+        aa_variants=list(compare.get("aa_variants") or []),
+    )
+    for summary_path in sorted(run.glob("*/rep*/*/summary.json"),
+                               key=lambda p: (p.parts[-4], _rep_index(p.parts[-3]), p.parts[-2])):
+        variant, rep, suite = summary_path.parts[-4], _rep_index(summary_path.parts[-3]), summary_path.parts[-2]
+        if rep is None:
+            continue
+        cell_json = summary_path.parent.parent / "cell.json"
+        if cell_json.is_file():
+            cell = read_json(cell_json) or {}
+            if cell.get("status") == "failed":
+                night.problems.append(f"{variant}/rep{rep}: cell failed: {cell.get('error') or '?'}")
+                continue
+        summary = read_json(summary_path) or {}
+        if summary.get("status", "ok") != "ok":
+            night.problems.append(f"{variant}/rep{rep}/{suite}: {summary.get('status')}: "
+                                  f"{'; '.join(summary.get('errors') or []) or 'no reason given'}")
+            continue
+        for metric, value in (summary.get("metrics") or {}).items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            night.values.setdefault((variant, suite, metric), []).append(float(value))
+    for cell_json in sorted(run.glob("*/rep*/cell.json")):
+        cell = read_json(cell_json) or {}
+        if cell.get("status") == "failed" and not any(p.startswith(f"{cell_json.parts[-3]}/"
+                                                              f"{cell_json.parts[-2]}:")
+                                                      for p in night.problems):
+            night.problems.append(f"{cell_json.parts[-3]}/{cell_json.parts[-2]}: cell failed: "
+                                  f"{cell.get('error') or '?'}")
+    for m in compare.get("metrics") or []:
+        suite, metric, variant = m.get("suite"), m.get("metric"), m.get("variant")
+        if not (suite and metric and variant):
+            continue
+        if m.get("unit"):
+            night.units[(suite, metric)] = m["unit"]
+        if m.get("better"):
+            night.better[(suite, metric)] = m["better"]
+        night.comparisons[(variant, suite, metric)] = Comparison(
+            baseline=str(compare.get("baseline") or night.baseline),
+            change_pct=m.get("change_pct"), ci_low_pct=m.get("ci_low_pct"),
+            ci_high_pct=m.get("ci_high_pct"), ci_method=m.get("ci_method"), verdict=m.get("verdict"))
+        # a run folder without summaries (or a compare.json alone) still carries the repeats
+        for who, reps in ((night.baseline, m.get("baseline_repeats")), (variant, m.get("variant_repeats"))):
+            if who and reps and (who, suite, metric) not in night.values:
+                night.values[(who, suite, metric)] = [float(x) for x in reps if x is not None]
+    if not night.baseline and night.values:
+        night.baseline = sorted({k[0] for k in night.values})[0]
+    if night.problems:
+        night.status = "partial"
+    return night
+
+
+def _rep_index(name: str) -> int | None:
+    m = re.fullmatch(r"rep(\d+)", name)
+    return int(m.group(1)) if m else None
+
+
+# ---------------------------------------------------------------------------------------------
+# the database
+
+
+def _now_utc() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class History:
+    """The history file, opened (and created with the current schema when it does not exist).
+
+    ``History(path, timeout_s=10)``; use as a context manager or call :meth:`close`.
+    Raises :class:`HistoryLocked`, :class:`HistoryCorrupt` or :class:`HistorySchemaError` (each
+    naming the path) when the file cannot be used; the file is never deleted or rewritten then.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, timeout_s: float = 10.0):
+        self.path = Path(path).expanduser()
+        self.timeout_s = timeout_s
+        if self.path.is_dir():
+            raise HistoryError(self.path, "is a folder; the history must be a file path "
+                                          "(e.g. ~/.cache/patchbench/history.sqlite)")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise HistoryError(self.path, f"cannot create its folder: {e}") from None
+        try:
+            self._db = sqlite3.connect(str(self.path), timeout=timeout_s, isolation_level=None)
+        except sqlite3.Error as e:
+            raise self._wrap(e, "open") from None
+        try:
+            self._db.execute("PRAGMA foreign_keys = ON")
+            self._db.execute("PRAGMA synchronous = FULL")
+            self._init_schema()
+        except HistoryError:
+            self._db.close()
+            raise
+        except sqlite3.Error as e:
+            self._db.close()
+            raise self._wrap(e, "open") from None
+
+    # -- errors --------------------------------------------------------------------------------
+
+    def _wrap(self, e: sqlite3.Error, doing: str) -> HistoryError:
+        msg = str(e)
+        if "locked" in msg or "busy" in msg:
+            return HistoryLocked(self.path, f"locked by another process for more than "
+                                            f"{self.timeout_s:g} s while trying to {doing} ({msg}); "
+                                            f"retry later, or find the process holding it "
+                                            f"(fuser {self.path})")
+        if isinstance(e, sqlite3.DatabaseError) and ("not a database" in msg or "malformed" in msg
+                                                     or "corrupt" in msg or "disk image" in msg):
+            return HistoryCorrupt(self.path, f"is not a readable SQLite database ({msg}); it was "
+                                             f"left untouched: restore it from a backup, or move it "
+                                             f"aside to start a new history")
+        return HistoryError(self.path, f"cannot {doing}: {msg}")
+
+    # -- schema --------------------------------------------------------------------------------
+
+    def _init_schema(self) -> None:
+        tables = {r[0] for r in self._db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not tables:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for stmt in _SCHEMA.split(";"):
+                    if stmt.strip():
+                        self._db.execute(stmt)
+                self._db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                                     [("schema_version", str(SCHEMA_VERSION)),
+                                      ("created_utc", _now_utc())])
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+            return
+        if "meta" not in tables:
+            raise HistorySchemaError(self.path, f"has tables {sorted(tables)} but no 'meta' table: "
+                                                f"not a patchbench history")
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        version = int(row[0]) if row and str(row[0]).isdigit() else None
+        if version != SCHEMA_VERSION:
+            raise HistorySchemaError(
+                self.path, f"schema version {row[0] if row else 'missing'}; this patchbench reads "
+                           f"version {SCHEMA_VERSION} (written by a "
+                           f"{'newer' if version and version > SCHEMA_VERSION else 'different'} "
+                           f"patchbench?)")
+        missing = [t for t in _TABLES if t not in tables]
+        if missing:
+            raise HistorySchemaError(self.path, f"tables missing: {', '.join(missing)}")
+        check = self._db.execute("PRAGMA quick_check").fetchone()
+        if not check or check[0] != "ok":
+            raise HistoryCorrupt(self.path, f"integrity check failed ({check[0] if check else '?'}); "
+                                            f"it was left untouched: restore it from a backup")
+
+    @property
+    def schema_version(self) -> int:
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        return int(row[0])
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def has_run(self, run_id: str) -> bool:
+        """True when this run_id is already recorded."""
+        try:
+            return self._db.execute("SELECT 1 FROM nights WHERE run_id = ?", (run_id,)).fetchone() \
+                is not None
+        except sqlite3.Error as e:
+            raise self._wrap(e, "read") from None
+
+    def record(self, night: Night) -> bool:
+        """Append one night in one transaction.
+
+        Returns True when it was appended, False when its run_id was already there (nothing
+        changed). Raises :class:`HistoryLocked` (the transaction could not start or commit within
+        the timeout) or another :class:`HistoryError`; either way the file holds none of the night.
+        """
+        rows_values = []
+        rows_repeats = []
+        for (variant, suite, metric), vals in sorted(night.values.items()):
+            med = night.median((variant, suite, metric))
+            rows_values.append((night.run_id, variant, suite, metric,
+                                night.units.get((suite, metric)), night.better.get((suite, metric)),
+                                med, len(vals)))
+            rows_repeats += [(night.run_id, variant, suite, metric, i, v) for i, v in enumerate(vals)]
+        rows_cmp = [(night.run_id, variant, c.baseline, suite, metric, c.change_pct, c.ci_low_pct,
+                     c.ci_high_pct, c.ci_method, c.verdict)
+                    for (variant, suite, metric), c in sorted(night.comparisons.items())]
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as e:
+            raise self._wrap(e, "start the night's transaction") from None
+        try:
+            if self._db.execute("SELECT 1 FROM nights WHERE run_id = ?", (night.run_id,)).fetchone():
+                self._db.execute("ROLLBACK")
+                return False
+            self._db.execute(
+                "INSERT INTO nights (run_id, night_utc, config_name, git_sha, sglang_version, "
+                "baseline, status, run_dir, recorded_utc) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (night.run_id, night.night_utc, night.config_name, night.git_sha,
+                 night.sglang_version, night.baseline, night.status, night.run_dir, _now_utc()))
+            self._db.executemany("INSERT INTO metric_values VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                                 rows_values)
+            self._db.executemany("INSERT INTO repeat_values VALUES (?, ?, ?, ?, ?, ?)", rows_repeats)
+            self._db.executemany("INSERT INTO comparisons VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                 rows_cmp)
+            self._db.execute("COMMIT")
+        except BaseException as e:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            if isinstance(e, sqlite3.Error):
+                raise self._wrap(e, "append the night") from None
+            raise
+        return True
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def nights(self, config_name: str, *, before_utc: str | None = None,
+               exclude_run_id: str | None = None, limit: int | None = None) -> list[Night]:
+        """Recorded nights of one config, oldest first.
+
+        before_utc: only nights strictly earlier (ISO-8601 UTC, as stored); exclude_run_id: leave
+        one run out (tonight's); limit: only the latest ``limit`` of those.
+        """
+        try:
+            return list(self._nights(config_name, before_utc, exclude_run_id, limit))
+        except sqlite3.Error as e:
+            raise self._wrap(e, "read") from None
+
+    def _nights(self, config_name: str, before_utc: str | None, exclude_run_id: str | None,
+                limit: int | None) -> Iterator[Night]:
+        q = "SELECT run_id, night_utc, config_name, baseline, git_sha, sglang_version, status, " \
+            "run_dir FROM nights WHERE config_name = ?"
+        args: list[Any] = [config_name]
+        if before_utc is not None:
+            q += " AND night_utc < ?"
+            args.append(before_utc)
+        if exclude_run_id is not None:
+            q += " AND run_id != ?"
+            args.append(exclude_run_id)
+        q += " ORDER BY night_utc DESC, run_id DESC"
+        if limit is not None:
+            q += " LIMIT ?"
+            args.append(int(limit))
+        rows = self._db.execute(q, args).fetchall()
+        for row in reversed(rows):
+            n = Night(*row)
+            for variant, suite, metric, unit, better in self._db.execute(
+                    "SELECT variant, suite, metric, unit, better FROM metric_values WHERE run_id = ?",
+                    (n.run_id,)):
+                n.values[(variant, suite, metric)] = []
+                if unit:
+                    n.units[(suite, metric)] = unit
+                if better:
+                    n.better[(suite, metric)] = better
+            for variant, suite, metric, _rep, value in self._db.execute(
+                    "SELECT variant, suite, metric, repeat, value FROM repeat_values "
+                    "WHERE run_id = ? ORDER BY variant, suite, metric, repeat", (n.run_id,)):
+                n.values.setdefault((variant, suite, metric), []).append(value)
+            for variant, baseline, suite, metric, chg, lo, hi, method, verdict in self._db.execute(
+                    "SELECT variant, baseline, suite, metric, change_pct, ci_low_pct, ci_high_pct, "
+                    "ci_method, verdict FROM comparisons WHERE run_id = ?", (n.run_id,)):
+                n.comparisons[(variant, suite, metric)] = Comparison(baseline, chg, lo, hi, method,
+                                                                     verdict)
+            yield n
+
+    def count_nights(self, config_name: str | None = None) -> int:
+        """Number of recorded nights (of one config, or all)."""
+        try:
+            if config_name is None:
+                return self._db.execute("SELECT COUNT(*) FROM nights").fetchone()[0]
+            return self._db.execute("SELECT COUNT(*) FROM nights WHERE config_name = ?",
+                                    (config_name,)).fetchone()[0]
+        except sqlite3.Error as e:
+            raise self._wrap(e, "read") from None
+
+    def backup(self, dest: str | os.PathLike) -> Path:
+        """Copy the database consistently (sqlite3 online backup API) to ``dest``; returns it."""
+        dest = Path(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with sqlite3.connect(str(dest)) as out:
+                self._db.backup(out)
+            out.close()
+        except sqlite3.Error as e:
+            raise self._wrap(e, f"back up to {dest}") from None
+        return dest
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> "History":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def dump_json(night: Night) -> dict:
+    """A JSON-ready view of a night (for nightly.json): values keyed ``variant/suite/metric``."""
+    return {
+        "run_id": night.run_id, "night_utc": night.night_utc, "config_name": night.config_name,
+        "git_sha": night.git_sha, "sglang_version": night.sglang_version,
+        "baseline": night.baseline, "status": night.status, "problems": night.problems,
+        "values": {f"{v}/{s}/{m}": {"repeats": vals, "median": night.median((v, s, m)),
+                                    "unit": night.units.get((s, m))}
+                   for (v, s, m), vals in sorted(night.values.items())},
+    }
+
+
+__all__ = ["SCHEMA_VERSION", "History", "HistoryError", "HistoryLocked", "HistoryCorrupt",
+           "HistorySchemaError", "Night", "Comparison", "night_from_run", "dump_json"]
