@@ -241,6 +241,23 @@ def _model_at(loc: tuple) -> list[str]:
     return [k for k, f in model.model_fields.items() if not f.exclude]
 
 
+def read_yaml_mapping(path: Path, error: type[Exception], keys: str) -> tuple[str, dict]:
+    """Text and parsed top-level mapping of a YAML file (configs, patch manifests).
+
+    Raises ``error`` naming the file when it is not valid YAML or its top level is not a mapping
+    (``keys`` lists what the top level should hold).
+    """
+    text = path.read_text(encoding="utf-8")
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise error(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise error(f"{path}: the top level must be a mapping with keys {keys} "
+                    f"(got {type(raw).__name__})")
+    return text, raw
+
+
 def load_config(path: str | os.PathLike, *, check_files: bool = True) -> Config:
     """Load and validate a YAML config.
 
@@ -254,14 +271,7 @@ def load_config(path: str | os.PathLike, *, check_files: bool = True) -> Config:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file")
-    text = path.read_text(encoding="utf-8")
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping with keys name, sglang, model, "
-                          f"variants, suites, ... (got {type(raw).__name__})")
+    text, raw = read_yaml_mapping(path, ConfigError, "name, sglang, model, variants, suites, ...")
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as e:

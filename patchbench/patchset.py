@@ -52,7 +52,6 @@ import zipfile
 from pathlib import Path
 from typing import Collection
 
-import yaml
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
@@ -244,14 +243,8 @@ def load_manifest(name: str, *, patches_dir: Path | None = None) -> PatchManifes
     if not path.is_file():
         have = available_patches(d)
         raise ManifestError(f"patch '{name}' not found: no {path}; available: {', '.join(have) or 'none'}")
-    text = path.read_text(encoding="utf-8")
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ManifestError(f"{path}: not valid YAML: {e}") from None
-    if not isinstance(raw, dict):
-        raise ManifestError(f"{path}: the top level must be a mapping with keys name, description, "
-                            f"upstream, derive, releases (got {type(raw).__name__})")
+    text, raw = _config.read_yaml_mapping(path, ManifestError,
+                                          "name, description, upstream, derive, releases")
     try:
         m = PatchManifest.model_validate(raw)
     except ValidationError as e:

@@ -3,7 +3,6 @@ server dying mid-run, resume, Ctrl-C, config and environment errors. The real-se
 tests/test_e2e_bench.py."""
 import importlib.metadata
 import os
-import sys
 import textwrap
 from pathlib import Path
 

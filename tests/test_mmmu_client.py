@@ -189,7 +189,7 @@ def test_run_end_to_end_on_stub(stub_factory, demo_dir, tmp_path):
     cache_file = tmp_path / "cache" / "mmmu" / f"prepared-{prepare_key(params)}.jsonl"
     assert cache_file.exists()
     mtime = cache_file.stat().st_mtime_ns
-    res_b = run(ctx_for(url, tmp_path / "b" / "mmmu", tmp_path / "cache"), params)
+    run(ctx_for(url, tmp_path / "b" / "mmmu", tmp_path / "cache"), params)
     assert cache_file.stat().st_mtime_ns == mtime
     recs_b = read_jsonl(tmp_path / "b" / "mmmu" / "records.jsonl")
     p = pair(recs, recs_b)

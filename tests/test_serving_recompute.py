@@ -2,11 +2,8 @@
 agreement with bench_serving's own summary on real recorded runs of both releases."""
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from suites.serving.parse import read_result_line, summary_metrics
