@@ -90,13 +90,16 @@ def check_environment(cfg: Config) -> dict:
 def ensure_model(cfg: Config) -> Path:
     """The model folder; builds the tiny model when ``model.tiny`` and it is missing."""
     d = cfg.model_dir
-    if cfg.model.tiny:
+    if not cfg.model.tiny and cfg.model_ref == cfg.model.path:
+        return d  # a hub id: sglang finds it in the HF cache (offline) or on the hub
         from patchbench.tinymodel import build_tiny_qwen25vl, is_built
         if not is_built(d):
             _log(f"building the tiny Qwen2.5-VL into {d}")
             build_tiny_qwen25vl(d)
-    elif not d.exists() and not (cfg.model.path.count("/") == 1 and not cfg.model.path.startswith(".")):
-        raise EnvironmentNotReady(f"{cfg.source}: model.path {d} does not exist")
+    elif not d.exists():
+        raise EnvironmentNotReady(f"{cfg.source}: model.path {d} does not exist (give a local "
+                                  "folder, a hub id such as Qwen/Qwen2.5-VL-3B-Instruct, or "
+                                  "tiny: true)")
     return d
 
 
@@ -271,7 +274,7 @@ def run_cell(cfg: Config, cell: Cell, venv: VariantEnv, run_dir: Path, *, port: 
             rec["timings_s"]["server_start"] = round(server.wait_ready(), 3)
             log(f"{cell.variant}/rep{cell.repeat}: server ready in {rec['timings_s']['server_start']:.1f} s")
             info = ServerInfo(base_url=server.base_url, host=spec.host, port=spec.port,
-                              model_path=spec.model_path, tokenizer_path=str(cfg.tokenizer_dir),
+                              model_path=spec.model_path, tokenizer_path=cfg.tokenizer_ref,
                               log_path=spec.log_path, pid=server.pid,
                               flush_cache=server.flush_cache, alive=server.alive)
             for i, s in enumerate(with_server):
@@ -340,7 +343,7 @@ def _is_cpu(cfg: Config) -> bool:
 
 def _launch_spec(cfg: Config, venv: VariantEnv, cdir: Path, port: int) -> LaunchSpec:
     s = cfg.server
-    return LaunchSpec(python=sys.executable, model_path=str(cfg.model_dir), host=s.host, port=port,
+    return LaunchSpec(python=sys.executable, model_path=cfg.model_ref, host=s.host, port=port,
                       args=list(s.args), env=dict(venv.server_env), log_path=cdir / "server.log",
                       ready_timeout_s=s.ready_timeout_s, stop_grace_s=s.stop_grace_s,
                       port_close_timeout_s=s.port_close_timeout_s, flush_retries=s.flush_retries,
@@ -352,7 +355,7 @@ def describe_plan(cfg: Config) -> str:
     """The resolved plan as text (``--dry-run``): variants, cells in order, suites, commands."""
     cells = plan_cells(list(cfg.variants), cfg.schedule.repeats, cfg.schedule.order)
     lines = [f"config     {cfg.source}", f"name       {cfg.name}", f"sglang     {cfg.sglang}",
-             f"model      {cfg.model_dir}" + ("  (tiny, built when missing)" if cfg.model.tiny else ""),
+             f"model      {cfg.model_ref}" + ("  (tiny, built when missing)" if cfg.model.tiny else ""),
              f"baseline   {cfg.baseline}", "variants:"]
     for v, p in cfg.variants.items():
         lines.append(f"  {v:<24} patches: {', '.join(p) or '(stock)'}")
@@ -361,7 +364,7 @@ def describe_plan(cfg: Config) -> str:
     lines.append("suites (in this order, cache flushed between them):")
     for name, params in cfg.suite_params.items():
         lines.append(f"  {name}: {params.model_dump(mode='json')}")
-    cmd = ["python", "-m", "sglang.launch_server", "--model-path", str(cfg.model_dir),
+    cmd = ["python", "-m", "sglang.launch_server", "--model-path", cfg.model_ref,
            "--host", cfg.server.host, "--port", str(cfg.server.port), *cfg.server.args]
     lines.append("server     " + " ".join(cmd))
     env = dict(cfg.server.env)
@@ -383,7 +386,7 @@ def _manifest(cfg: Config, run_dir: Path, env: dict, variants: dict[str, Variant
         "config_path": str(cfg.source),
         "config": cfg.model_dump(mode="json"),
         "sglang_version": cfg.sglang,
-        "model": str(cfg.model_dir),
+        "model": cfg.model_ref,
         "patches": {v: [{"name": p, "sha256": ve.overlay.patch_hashes.get(p)} for p in ve.patches]
                     for v, ve in variants.items()},
         "overlays": {v: ve.overlay.to_json() for v, ve in variants.items()},

@@ -53,6 +53,12 @@ PATCHES_DIR = REPO_ROOT / "patches"
 VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
+def is_hub_id(p: str) -> bool:
+    """True for a model-hub id such as ``Qwen/Qwen2.5-VL-3B-Instruct`` (``org/name``, not a path
+    that starts with ``.``, ``/``, ``~`` or ``$``)."""
+    return bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", p))
+
+
 class ConfigError(ValueError):
     """A config that cannot be used; the message names file, key, line and what is allowed."""
 
@@ -174,6 +180,24 @@ class Config(_Strict):
     def tokenizer_dir(self) -> Path:
         return self.resolve_path(self.model.tokenizer or self.model.path)
 
+    def _ref(self, p: str) -> str:
+        """A local folder as an absolute path; a hub id (``org/name``, no such local folder)
+        unchanged, for sglang and transformers to find in the HF cache or on the hub."""
+        local = self.resolve_path(p)
+        if local.exists() or not is_hub_id(p):
+            return str(local)
+        return p
+
+    @property
+    def model_ref(self) -> str:
+        """What ``--model-path`` gets: a local folder (absolute) or a hub id."""
+        return self._ref(self.model.path)
+
+    @property
+    def tokenizer_ref(self) -> str:
+        """The tokenizer's folder or hub id (defaults to the model's)."""
+        return self._ref(self.model.tokenizer or self.model.path)
+
     def patches_of(self, variant: str) -> list[str]:
         return self.variants[variant]
 
@@ -229,8 +253,20 @@ def _model_at(loc: tuple) -> list[str]:
     for key in loc:
         if isinstance(key, int):
             continue
-        if model is Config and key in ("suites",):
-            return sorted(SUITES)
+        if model is Config and key == "suites":
+            rest = [k for k in loc[1:] if not isinstance(k, int)]
+            if not rest:
+                return sorted(SUITES)
+            if rest[0] not in SUITES:
+                return []
+            model = suite_params_model(rest[0])
+            for k in rest[1:]:
+                f = model.model_fields.get(k)
+                ann = f.annotation if f else None
+                if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+                    return []
+                model = ann
+            return [k for k in model.model_fields]
         fields = getattr(model, "model_fields", None)
         if not fields or key not in fields:
             return []
@@ -311,8 +347,6 @@ def load_config(path: str | os.PathLike, *, check_files: bool = True) -> Config:
                     problems.append(f"{path}:{where or ''}: variants.{variant}[{i}]: patch '{p}' not "
                                     f"found (expected {d}/manifest.yaml); available: "
                                     f"{', '.join(have) or 'none'}")
-        if not cfg.model.tiny and not cfg.model_dir.exists() and "/" not in cfg.model.path.strip("/"):
-            pass  # a bare hub id; checked by doctor / the server itself
     if problems:
         raise ConfigError("\n".join(problems))
     return cfg

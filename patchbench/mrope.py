@@ -1,7 +1,7 @@
 """Run sglang's mrope position methods outside sglang, and probe them for host syncs.
 
 sglang's ``ForwardBatch`` computes ``mrope_positions`` (int64, shape ``[3, num_tokens]``) for models
-with multimodal rotary embedding (FACTS.md section 1). Importing the real module needs the whole
+with multimodal rotary embedding (docs/FACTS.md section 1). Importing the real module needs the whole
 sglang package (Triton kernels, runtime context), which a lent GPU machine does not have, so this
 module takes the *source* of a ``forward_batch_info.py`` (stock or patched, any release), extracts
 the ``ForwardBatch`` methods whose name contains ``mrope`` with :mod:`ast`, and executes them

@@ -11,7 +11,7 @@
 - Stop: SIGTERM to the process group, a grace period, SIGKILL to the group and to every
   descendant seen (psutil), then wait until the port refuses connections. A survivor is an error.
 
-Endpoints as in FACTS.md section 4 (sglang 0.5.1.post3 .. 0.5.23).
+Endpoints as in docs/FACTS.md section 4 (sglang 0.5.1.post3 .. 0.5.23).
 """
 from __future__ import annotations
 

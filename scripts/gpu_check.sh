@@ -21,6 +21,10 @@ if [ "${1:-}" = prepare ]; then
   exec "${PYTHON:-$HERE/.venv/bin/python}" "$HERE/scripts/gpu_probe.py" prepare "$SOURCES"
 fi
 PY=${PYTHON:-python3}
+# here (not on the lent machine) the CPU check needs the project environment's torch
+if [ -z "${PYTHON:-}" ] && [ "${1:-}" = --device ] && [ -x "$HERE/.venv/bin/python" ]; then
+  PY="$HERE/.venv/bin/python"
+fi
 if [ ! -f "$SOURCES/sources.json" ]; then
   echo "gpu_check: $SOURCES/sources.json missing: run 'scripts/gpu_check.sh prepare' here and carry .cache/gpu_check" >&2
   exit 2

@@ -111,7 +111,7 @@ def make_run(root: str | Path, *, variants: dict[str, list[str]] | None = None,
 
 def make_requests(ttft_ms: list[float], itl_ms: list[list[float]], texts: list[str] | None = None,
                   errors: list[str] | None = None) -> dict:
-    """A serving requests.json dict; e2e = ttft + sum(itl) (FACTS.md section 2), output_len =
+    """A serving requests.json dict; e2e = ttft + sum(itl) (docs/FACTS.md section 2), output_len =
     1 + len(itl) tokens, input_len 10."""
     n = len(ttft_ms)
     return {"ttft_ms": list(ttft_ms), "itl_ms": [list(x) for x in itl_ms],

@@ -1,6 +1,6 @@
 """An independent statement of what sglang's mrope methods return, for the tests to check against.
 
-Written from the semantics in FACTS.md section 1 and the releases' code as read (not from their
+Written from the semantics in docs/FACTS.md section 1 and the releases' code as read (not from their
 code): plain Python over the case's numbers, no tensor arithmetic shared with the methods.
 Returns ("ok", list of 3 equal-length rows) or ("error", "<Type>: <message>").
 """

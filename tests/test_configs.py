@@ -63,3 +63,17 @@ def test_doctor_prints_environment_and_missing(capsys):
         assert rc == 3
     else:
         assert "OK      NVIDIA GPU" in out
+
+
+def test_hub_model_id_is_passed_through_and_local_folders_resolve(tmp_path):
+    """`Qwen/Qwen2.5-VL-3B-Instruct` (no such local folder) reaches --model-path unchanged; a
+    relative local folder resolves against the repo root; ./-paths are never hub ids."""
+    from patchbench.config import REPO_ROOT, is_hub_id
+    cfg = load_config(CONFIGS[0].parent / "pr9460-h200.yaml")
+    assert cfg.model_ref == "Qwen/Qwen2.5-VL-3B-Instruct"
+    assert cfg.tokenizer_ref == "Qwen/Qwen2.5-VL-3B-Instruct"
+    demo = load_config(CONFIGS[0].parent / "demo-cpu.yaml")
+    assert demo.model_ref == str(REPO_ROOT / ".cache/models/tiny-qwen25vl-tf4")
+    assert is_hub_id("Qwen/Qwen2.5-VL-3B-Instruct") and is_hub_id("org/name")
+    assert not is_hub_id("./org/name") and not is_hub_id("/abs/path") and not is_hub_id("a/b/c")
+    assert not is_hub_id("~/models/x") and not is_hub_id("model")

@@ -109,7 +109,7 @@ def test_patched_multi_value_0513_one_copy(methods):
 
 
 def test_upstream_pr9460_read_remains_for_text_requests():
-    # FACTS.md section 1's inferred caveat, shown: 0.5.2rc2 (the upstream change) is read-free
+    # docs/FACTS.md section 1's inferred caveat, shown: 0.5.2rc2 (the upstream change) is read-free
     # only when every request has an image; torch.full(fill_value=<0-d device tensor>) reads
     upstream = MropeMethods(stock_source("0.5.2rc2"), "0.5.2rc2")
     all_images = probe_decode(upstream, decode_case(3, 8, image_share=1.0))

@@ -233,7 +233,7 @@ def test_derived_upstream_diff_turns_0_5_1_post3_into_0_5_2rc2(tmp_path):
     rc1, rc2 = wheel_file("0.5.2rc1"), wheel_file("0.5.2rc2")
     root = tmp_path / "tree"
     src = patchset.pristine_files("0.5.1.post3", [FORWARD_BATCH_INFO], root)
-    assert (root / FORWARD_BATCH_INFO).read_bytes() == rc1  # FACTS.md 1: byte-identical
+    assert (root / FORWARD_BATCH_INFO).read_bytes() == rc1  # docs/FACTS.md 1: byte-identical
     got = apply_to_tree(root, "pr9460-upstream", "0.5.1.post3")
     assert (root / FORWARD_BATCH_INFO).read_bytes() == rc2
     assert got == {FORWARD_BATCH_INFO: sha(rc2)}

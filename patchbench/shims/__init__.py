@@ -6,7 +6,7 @@
   ``torch.ops.sgl_kernel`` handles for the CPU engine), ``PATCHBENCH_MROPE_PROBE_DIR`` (mrope
   call counting / cross-checking).
 - ``cpu/<name>/``: stand-in packages for what PyPI lacks on a machine without an NVIDIA GPU
-  (FACTS.md section 5): ``sgl_kernel`` (the CPU build of sgl-kernel is not on PyPI) and ``vllm``
+  (docs/FACTS.md section 5): ``sgl_kernel`` (the CPU build of sgl-kernel is not on PyPI) and ``vllm``
   (sglang 0.5.1.x imports vllm layers on a CPU without AMX). A config names the ones it needs in
   ``server.cpu_stand_ins``. Every stand-in function raises when called and prints
   :data:`CALLED_MARKER` first, so the harness fails the cell when the server log shows it.

@@ -135,7 +135,10 @@ def cli(argv: list[str]) -> int:
     result, sc = summarize(records, params, extra_meta={"responses": str(a.responses),
                                                         "answer_key": str(a.answer_key)})
     extra = [k for k in responses if k not in key]
-    print(scoring.format_block(scoring.val_dict(sc)))
+    # the PR script's block, without its two "saved to ./..." lines (nothing is written there;
+    # --out writes the files, and says where)
+    block = scoring.format_block(scoring.val_dict(sc)).splitlines()
+    print("\n".join(line for line in block if "saved to" not in line))
     o = sc.overall
     fb = (f", fallbacks {o.fallbacks} (seed {a.seed}, {a.fallback})"
           if a.parser == "official" else "")
@@ -147,4 +150,6 @@ def cli(argv: list[str]) -> int:
     if a.out:
         write_outputs(Path(a.out), records, sc)
         write_json(Path(a.out) / "summary.json", result.to_json("mmmu"))
+        print(f"wrote records.jsonl, answer_sglang.json, val_sglang.json, summary.json to {a.out}",
+              file=sys.stderr)
     return EXIT_OK

@@ -22,7 +22,7 @@ _IMAGE_ALIASES = ("image", "random-image")
 #: (0.5.1.post3 flag, 0.5.23 flag) for the image dataset's options
 _IMAGE_COUNT_FLAGS = ("--random-image-num-images", "--image-count")
 _IMAGE_RES_FLAGS = ("--random-image-resolution", "--image-resolution")
-#: releases from which image prompts always get the chat template (FACTS.md section 2)
+#: releases from which image prompts always get the chat template (docs/FACTS.md section 2)
 _ALWAYS_TEMPLATED_FROM = Version("0.5.6")
 
 

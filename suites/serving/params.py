@@ -46,7 +46,7 @@ class Params(BaseModel):
     - tokenizer: ``--tokenizer``; None: the server's tokenizer path (its model path).
     - apply_chat_template: ``--apply-chat-template``. None (auto): passed for image datasets on
       releases before 0.5.6, whose ``mmmu``/``random-image`` prompts otherwise carry no image
-      placeholder, so the server may drop the image (FACTS.md section 2; 0.5.6+ always templates
+      placeholder, so the server may drop the image (docs/FACTS.md section 2; 0.5.6+ always templates
       image prompts). Set False to reproduce the PR's command exactly; the images check then tells
       whether the images reached the model.
     - disable_ignore_eos: ``--disable-ignore-eos`` (off: every request generates ``output_len``).
