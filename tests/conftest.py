@@ -67,3 +67,15 @@ def cpu_server(tiny_model_dir, tmp_path_factory) -> ServerInfo:
                          log_path=log, pid=srv.pid, flush_cache=srv.flush_cache, alive=srv.alive)
     finally:
         srv.stop()
+
+
+@pytest.fixture(scope="session")
+def mrope_methods():
+    """{(release, "stock"|"patched"): MropeMethods} for 0.5.1.post3 and 0.5.23: the real mrope
+    methods extracted from each forward_batch_info.py (patchbench.mrope), built once."""
+    from patchbench.mrope import MropeMethods, release_sources
+    out = {}
+    for release in ("0.5.1.post3", "0.5.23"):
+        for variant, path in release_sources(release).items():
+            out[release, variant] = MropeMethods(path, f"{release}/{variant}")
+    return out

@@ -14,18 +14,14 @@ import pytest
 
 from mrope_oracle import expected
 from patchbench.mrope import (MropeCase, MropeMethods, StandInMultimodalInputs, decode_case,
-                              extend_case, release_sources, run_outcome)
+                              extend_case, run_outcome)
 
 RELEASES = ["0.5.1.post3", "0.5.23"]
 
 
 @pytest.fixture(scope="module")
-def methods() -> dict[tuple[str, str], MropeMethods]:
-    out = {}
-    for release in RELEASES:
-        for variant, path in release_sources(release).items():
-            out[release, variant] = MropeMethods(path, f"{release}/{variant}")
-    return out
+def methods(mrope_methods) -> dict[tuple[str, str], MropeMethods]:
+    return mrope_methods
 
 
 def _check_same(methods, release: str, case: MropeCase) -> str:

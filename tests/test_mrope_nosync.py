@@ -17,19 +17,15 @@ import pytest
 import torch
 
 from patchbench.mrope import (MropeMethods, ProbeRecord, StandInMultimodalInputs, MropeCase,
-                              decode_case, probe_decode, release_sources, stock_source)
+                              decode_case, probe_decode, stock_source)
 
 RELEASES = ["0.5.1.post3", "0.5.23"]
 META_READ = "RuntimeError: Tensor.item() cannot be called on meta tensors"
 
 
 @pytest.fixture(scope="module")
-def methods() -> dict[tuple[str, str], MropeMethods]:
-    out = {}
-    for release in RELEASES:
-        for variant, path in release_sources(release).items():
-            out[release, variant] = MropeMethods(path, f"{release}/{variant}")
-    return out
+def methods(mrope_methods) -> dict[tuple[str, str], MropeMethods]:
+    return mrope_methods
 
 
 def _mixed(bs: int, seed: int = 5) -> MropeCase:
