@@ -85,6 +85,17 @@ def log_ratios(baseline: Sequence[float], variant: Sequence[float]) -> np.ndarra
     return np.log(v) - np.log(b)
 
 
+def _paired_log_ratios(baseline: Sequence[float], variant: Sequence[float],
+                       what: str) -> tuple[np.ndarray, int, float]:
+    """``(d, n, mean(d))`` with ``d_k = ln(v_k / b_k)`` (:func:`log_ratios`); ValueError naming
+    ``what`` when fewer than 2 repeats pair up."""
+    d = log_ratios(baseline, variant)
+    n = d.size
+    if n < 2:
+        raise ValueError(f"{what} needs at least 2 paired repeats, got {n}")
+    return d, n, float(np.mean(d))
+
+
 def t_interval_log_ratio(baseline: Sequence[float], variant: Sequence[float],
                          confidence: float = 0.95) -> Interval:
     """Student-t interval of the geometric-mean ratio of paired repeats.
@@ -99,11 +110,7 @@ def t_interval_log_ratio(baseline: Sequence[float], variant: Sequence[float],
     to log ratios). Computed with ``scipy.stats.ttest_1samp(d).confidence_interval``.
     Needs n >= 2 (ValueError otherwise). When all d_k are equal (s = 0) the interval is the point.
     """
-    d = log_ratios(baseline, variant)
-    n = d.size
-    if n < 2:
-        raise ValueError(f"a t-interval needs at least 2 paired repeats, got {n}")
-    dbar = float(np.mean(d))
+    d, n, dbar = _paired_log_ratios(baseline, variant, "a t-interval")
     if np.ptp(d) == 0:
         lo = hi = dbar
     else:
@@ -183,11 +190,7 @@ def bootstrap_log_ratio(baseline: Sequence[float], variant: Sequence[float], con
     ``mean(d)``, mapped back with ``exp(x) - 1``. ``scipy.stats.bootstrap`` does the work; a
     degenerate BCa (all d equal) falls back to the percentile interval.
     """
-    d = log_ratios(baseline, variant)
-    n = d.size
-    if n < 2:
-        raise ValueError(f"a bootstrap needs at least 2 paired repeats, got {n}")
-    dbar = float(np.mean(d))
+    d, n, dbar = _paired_log_ratios(baseline, variant, "a bootstrap")
     if np.ptp(d) == 0:
         lo = hi = dbar
         used = method
