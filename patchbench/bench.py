@@ -88,14 +88,22 @@ def check_environment(cfg: Config) -> dict:
 
 
 def ensure_model(cfg: Config) -> Path:
-    """The model folder; builds the tiny model when ``model.tiny`` and it is missing."""
+    """The model folder for ``cfg``.
+
+    ``model.tiny``: the folder is built (patchbench.tinymodel) when it is missing or incomplete.
+    A hub id (``cfg.model_ref`` equals ``model.path``) is returned as is: sglang finds it in the HF
+    cache (offline) or on the hub. Any other path must exist.
+
+    Raises EnvironmentNotReady for a local path that does not exist.
+    """
     d = cfg.model_dir
-    if not cfg.model.tiny and cfg.model_ref == cfg.model.path:
-        return d  # a hub id: sglang finds it in the HF cache (offline) or on the hub
+    if cfg.model.tiny:
         from patchbench.tinymodel import build_tiny_qwen25vl, is_built
         if not is_built(d):
             _log(f"building the tiny Qwen2.5-VL into {d}")
             build_tiny_qwen25vl(d)
+    elif cfg.model_ref == cfg.model.path:
+        return d  # a hub id
     elif not d.exists():
         raise EnvironmentNotReady(f"{cfg.source}: model.path {d} does not exist (give a local "
                                   "folder, a hub id such as Qwen/Qwen2.5-VL-3B-Instruct, or "

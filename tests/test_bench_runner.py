@@ -169,3 +169,28 @@ def test_config_errors_name_file_key_line_and_allowed(fake_env, tmp_path, body, 
     import re
     assert re.search(expected, str(ei.value)), str(ei.value)
     assert bench.cli([str(cfg)]) == 2
+
+
+def _model_cfg(tmp_path, model_yaml: str):
+    p = tmp_path / "m.yaml"
+    p.write_text(BASIC.replace('model: {path: "@MODEL@"}', model_yaml).replace("@SGLANG@", SGLANG))
+    return load_config(p)
+
+
+def test_tiny_model_missing_is_built_where_the_config_says(fake_env, tmp_path, monkeypatch):
+    """A clean clone has no .cache/models: `tiny: true` must build it (CI failed on this once)."""
+    import patchbench.tinymodel as tm
+    built = []
+    monkeypatch.setattr(tm, "build_tiny_qwen25vl", lambda d: built.append(Path(d)) or Path(d))
+    cfg = _model_cfg(tmp_path, f"model: {{path: {tmp_path / 'models' / 'tiny'}, tiny: true}}")
+    assert bench.ensure_model(cfg) == tmp_path / "models" / "tiny"
+    assert built == [tmp_path / "models" / "tiny"]
+
+
+def test_hub_id_is_passed_through_and_missing_local_path_is_an_error(fake_env, tmp_path):
+    cfg = _model_cfg(tmp_path, "model: {path: Qwen/Qwen2.5-VL-3B-Instruct}")
+    bench.ensure_model(cfg)  # no error: sglang finds a hub id in the HF cache
+    assert cfg.model_ref == "Qwen/Qwen2.5-VL-3B-Instruct"
+    cfg = _model_cfg(tmp_path, "model: {path: ./no-such-model}")
+    with pytest.raises(bench.EnvironmentNotReady, match=r"model.path .*no-such-model does not exist"):
+        bench.ensure_model(cfg)
