@@ -53,9 +53,8 @@ class Params(BaseModel):
     - disable_tqdm: ``--disable-tqdm`` (progress bar only; does not change any number).
     - extra_args: appended verbatim to the command line.
     - timeout_s: wall-clock limit of one bench_serving call in seconds.
-    - retokenized_change_share: the comparison warns when ``total_output_tokens_retokenized_count``
-      differs between a variant and the baseline by more than this share (e.g. 0.02 = 2 %); under
-      ``ignore_eos`` it is far below the server count by design, so only the change is a signal.
+    (How far ``total_output_tokens_retokenized_count`` may move between variants is a comparison
+    setting, ``compare.retokenized_change_share``; see patchbench.compare.CompareSettings.)
     - images_min_extra_tokens_per_image: for image datasets, the server's prompt tokens must exceed
       the text-only token count by at least this many tokens per image sent (Qwen2.5-VL's smallest
       image, 56x56 pixels, is 4 tokens); below that: error "images dropped".
@@ -94,7 +93,6 @@ class Params(BaseModel):
     disable_tqdm: bool = True
     extra_args: list[str] = Field(default_factory=list)
     timeout_s: float = Field(3600.0, gt=0)
-    retokenized_change_share: float = Field(0.02, ge=0.0)
     images_min_extra_tokens_per_image: int = Field(4, ge=1)
     images_min_prompt_token_ratio: float | None = Field(None, gt=1.0)
     recompute_rel_tol: float = Field(0.05, ge=0.0)
