@@ -358,17 +358,49 @@ def _launch_spec(cfg: Config, venv: VariantEnv, cdir: Path, port: int) -> Launch
                       flush_pause_s=s.flush_pause_s)
 
 
+def resume_manifest(cfg: Config, run_dir: Path) -> dict:
+    """The manifest of ``run_dir`` for ``--resume``, checked against ``cfg``.
+
+    Raises ConfigError when ``run_dir`` holds no readable manifest.json or when the manifest's
+    config differs from ``cfg`` (a resumed run must measure the same thing).
+    """
+    mf = Path(run_dir) / "manifest.json"
+    if not mf.is_file():
+        raise ConfigError(f"--resume {run_dir}: no manifest.json there; give a run folder that "
+                          "`runner.py bench` wrote (results/<UTC stamp>-<config name>)")
+    try:
+        old = read_json(mf)
+    except ValueError as e:
+        raise ConfigError(f"--resume {run_dir}: manifest.json is not valid JSON ({e})") from None
+    if old.get("config") != cfg.model_dump(mode="json"):
+        raise ConfigError(f"--resume {run_dir}: its manifest's config differs from {cfg.source}; "
+                          "resume with the same config")
+    return old
+
+
 # ---------------------------------------------------------------------------------- the run
-def describe_plan(cfg: Config) -> str:
-    """The resolved plan as text (``--dry-run``): variants, cells in order, suites, commands."""
+def describe_plan(cfg: Config, resume: Path | None = None) -> str:
+    """The resolved plan as text (``--dry-run``): variants, cells in order, suites, commands.
+
+    With ``resume`` (a run folder, checked by :func:`resume_manifest`), cells already done there
+    are marked ``(done)`` and only the rest count as launches.
+    """
     cells = plan_cells(list(cfg.variants), cfg.schedule.repeats, cfg.schedule.order)
+    done = set()
+    if resume is not None:
+        resume_manifest(cfg, resume)
+        done = {(c.variant, c.repeat) for c in cells if _cell_done(resume, c, list(cfg.suites))}
     lines = [f"config     {cfg.source}", f"name       {cfg.name}", f"sglang     {cfg.sglang}",
              f"model      {cfg.model_ref}" + ("  (tiny, built when missing)" if cfg.model.tiny else ""),
              f"baseline   {cfg.baseline}", "variants:"]
     for v, p in cfg.variants.items():
         lines.append(f"  {v:<24} patches: {', '.join(p) or '(stock)'}")
     lines.append(f"schedule   {cfg.schedule.repeats} repeat(s), {cfg.schedule.order}: "
-                 + " ".join(f"{c.variant}#{c.repeat}" for c in cells))
+                 + " ".join(f"{c.variant}#{c.repeat}" + (" (done)" if (c.variant, c.repeat) in done
+                                                          else "") for c in cells))
+    if resume is not None:
+        lines.append(f"resume     {resume}: {len(done)} of {len(cells)} cells done, "
+                     f"{len(cells) - len(done)} to run")
     lines.append("suites (in this order, cache flushed between them):")
     for name, params in cfg.suite_params.items():
         lines.append(f"  {name}: {params.model_dump(mode='json')}")
@@ -382,7 +414,7 @@ def describe_plan(cfg: Config) -> str:
     else:
         env["PYTHONPATH"] = "<overlay>:" + str(SITE_DIR)
     lines.append("server env " + " ".join(f"{k}={v}" for k, v in env.items()))
-    lines.append(f"{len(cells)} server launches; nothing is launched in a dry run")
+    lines.append(f"{len(cells) - len(done)} server launches; nothing is launched in a dry run")
     return "\n".join(lines)
 
 
@@ -421,16 +453,13 @@ def run_bench(config_path: str | os.PathLike, *, resume: str | os.PathLike | Non
     """
     t_run = time.monotonic()
     cfg = load_config(config_path)
+    old = resume_manifest(cfg, Path(resume)) if resume else None  # before anything slow
     env = check_environment(cfg)
     ensure_model(cfg)
     variants = prepare_variants(cfg, log=log)
     port = port or cfg.server.port
     if resume:
         run_dir = Path(resume)
-        old = read_json(run_dir / "manifest.json")
-        if old.get("config") != cfg.model_dump(mode="json"):
-            raise ConfigError(f"--resume {run_dir}: its manifest's config differs from {config_path}; "
-                              "resume with the same config")
         started = old.get("started_at") or utc_stamp()
     else:
         root = Path(results_root) if results_root else RESULTS_DIR
@@ -534,7 +563,7 @@ def cli(argv: list[str]) -> int:
     try:
         if args.dry_run:
             cfg = load_config(args.config)
-            print(describe_plan(cfg))
+            print(describe_plan(cfg, Path(args.resume) if args.resume else None))
             have = envinfo.installed_version("sglang")
             if have != cfg.sglang:
                 print(f"note: this environment has sglang {have}; a real run needs {cfg.sglang}")

@@ -80,6 +80,21 @@ def test_run_writes_cells_manifest_and_resume_does_nothing(fake_env, tmp_path):
     after = {p: p.stat().st_mtime_ns for p in run_dir.glob("*/rep*/cell.json")}
     assert before == after
     assert all(c.get("skipped") for c in read_json(run_dir / "manifest.json")["cells"])
+    # a dry run of a resume names what is done and what would run: remove one cell's summary
+    (run_dir / "control" / "rep1" / "fake" / "summary.json").unlink()
+    plan = bench.describe_plan(load_config(cfg), run_dir)
+    assert "baseline#0 (done) control#0 (done) control#1 baseline#1 (done)" in plan
+    assert "3 of 4 cells done, 1 to run" in plan
+    assert "1 server launches" in plan
+
+
+def test_resume_of_a_folder_without_manifest_is_a_usage_error(fake_env, tmp_path, capsys):
+    cfg = write_config(tmp_path, BASIC)
+    (tmp_path / "empty").mkdir()
+    for extra in ([], ["--dry-run"]):
+        assert bench.cli([str(cfg), "--resume", str(tmp_path / "empty"), *extra]) == 2
+        assert "no manifest.json there" in capsys.readouterr().err
+    assert not port_answers("127.0.0.1", 31990)
 
 
 def test_server_dying_mid_run_fails_that_cell_only_and_resume_reruns_it(fake_env, tmp_path):
