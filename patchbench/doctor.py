@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from patchbench import EXIT_ENV, EXIT_OK, EXIT_USAGE, envinfo
-from patchbench.config import REPO_ROOT, ConfigError, load_config
+from patchbench.config import REPO_ROOT, ConfigError, is_hub_id, load_config
 
 
 def supported_pins() -> list[str]:
@@ -31,9 +31,16 @@ def checks_for(cfg, info: dict) -> list[tuple[str, bool, str]]:
         out.append((f"tiny model at {cfg.model_dir}", is_built(cfg.model_dir),
                     f"built on first run, or: runner.py make-tiny-model {cfg.model_dir}"))
     else:
-        ok = cfg.model_dir.exists() or bool(info.get("hub_reachable"))
-        out.append((f"model {cfg.model.path} (local folder, or hub reachable)", ok,
-                    "download the weights to a local folder and set model.path"))
+        if cfg.model_dir.exists():
+            where, ok = "local folder", True
+        elif is_hub_id(cfg.model.path) and envinfo.hf_cached(cfg.model.path):
+            where, ok = "in the HF hub cache", True
+        else:
+            where = "hub reachable" if info.get("hub_reachable") else "not local, not cached, hub unreachable"
+            ok = bool(info.get("hub_reachable")) and is_hub_id(cfg.model.path)
+        out.append((f"model {cfg.model.path} ({where})", ok,
+                    "download the weights to a local folder and set model.path, or fill the HF "
+                    "cache (huggingface-cli download ID) and set HF_HUB_OFFLINE=1"))
     needs_gpu = not any(a in ("cpu", "--device=cpu") for a in cfg.server.args)
     if needs_gpu:
         out.append(("NVIDIA GPU (the config does not run on --device cpu)", bool(info.get("gpu")),
@@ -43,8 +50,11 @@ def checks_for(cfg, info: dict) -> list[tuple[str, bool, str]]:
     for name, p in cfg.suite_params.items():
         ds = getattr(p, "dataset_name", None) or getattr(p, "dataset", None)
         if ds and "mmmu" in str(ds).lower() and not getattr(p, "dataset_path", None):
-            out.append((f"suite {name}: dataset {ds} needs the hub or a local copy",
-                        bool(info.get("hub_reachable")),
+            cached = envinfo.hf_cached("MMMU/MMMU", "dataset")
+            how = ("in the HF hub cache" if cached else "hub reachable" if info.get("hub_reachable")
+                   else "not cached, hub unreachable")
+            out.append((f"suite {name}: dataset {ds} ({how})",
+                        cached or bool(info.get("hub_reachable")),
                         "fill the HF cache and set HF_DATASETS_OFFLINE=1, or set dataset_path"))
     return out
 

@@ -71,8 +71,13 @@ def gpu_info() -> dict | None:
 
 def torch_info() -> dict:
     """torch version and the CUDA it was built with (imports torch, about a second)."""
+    import warnings
+
     try:
-        import torch
+        with warnings.catch_warnings():  # torch.cuda imports the deprecated pynvml shim; not ours
+            warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
+            import torch
+            import torch.cuda  # noqa: F401
     except ImportError:
         return {"torch": None, "cuda_build": None, "cuda_available": False}
     return {"torch": torch.__version__, "cuda_build": torch.version.cuda,
@@ -84,6 +89,24 @@ def hub_reachable(timeout_s: float = 3.0) -> bool:
     try:
         with socket.create_connection(("huggingface.co", 443), timeout=timeout_s):
             return True
+    except OSError:
+        return False
+
+
+def hf_cached(repo_id: str, repo_type: str = "model") -> bool:
+    """True when the Hugging Face hub cache holds a snapshot of ``repo_id``.
+
+    Looks for ``<HF_HUB_CACHE>/<repo_type>s--<org>--<name>/snapshots/*`` (the hub cache layout of
+    huggingface_hub, which transformers, sglang and datasets read offline). ``repo_type`` is
+    "model" or "dataset". Does not check that every file is there.
+    """
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        return False
+    snap = Path(constants.HF_HUB_CACHE) / f"{repo_type}s--{repo_id.replace('/', '--')}" / "snapshots"
+    try:
+        return any(snap.iterdir())
     except OSError:
         return False
 

@@ -77,3 +77,21 @@ def test_hub_model_id_is_passed_through_and_local_folders_resolve(tmp_path):
     assert is_hub_id("Qwen/Qwen2.5-VL-3B-Instruct") and is_hub_id("org/name")
     assert not is_hub_id("./org/name") and not is_hub_id("/abs/path") and not is_hub_id("a/b/c")
     assert not is_hub_id("~/models/x") and not is_hub_id("model")
+
+
+def test_doctor_finds_model_and_mmmu_in_a_filled_hf_cache_offline(tmp_path, monkeypatch):
+    """Offline, with the weights and MMMU in the hub cache (the GPU runner's usual state), the
+    model and dataset checks pass; with an empty cache they fail and say how to fix it."""
+    import huggingface_hub.constants as hc
+    cfg = load_config(CONFIGS[0].parent / "pr9460-h200.yaml")
+    monkeypatch.setattr(hc, "HF_HUB_CACHE", str(tmp_path))
+    offline = {"hub_reachable": False, "sglang": cfg.sglang}
+    rows = {what.split(" (")[0]: (ok, what) for what, ok, _ in doctor.checks_for(cfg, offline)}
+    assert rows["model Qwen/Qwen2.5-VL-3B-Instruct"][0] is False
+    assert rows["suite mmmu: dataset MMMU/MMMU"][0] is False
+    (tmp_path / "models--Qwen--Qwen2.5-VL-3B-Instruct" / "snapshots" / "abc123").mkdir(parents=True)
+    (tmp_path / "datasets--MMMU--MMMU" / "snapshots" / "def456").mkdir(parents=True)
+    rows = {what.split(" (")[0]: (ok, what) for what, ok, _ in doctor.checks_for(cfg, offline)}
+    assert rows["model Qwen/Qwen2.5-VL-3B-Instruct"] == (True, "model Qwen/Qwen2.5-VL-3B-Instruct (in the HF hub cache)")
+    assert rows["suite mmmu: dataset MMMU/MMMU"][0] is True
+    assert rows["suite serving: dataset mmmu"][0] is True
