@@ -180,13 +180,22 @@ def test_dataset_the_release_lacks(tmp_path, fake_pkg):
 
 
 class _Generate(http.server.BaseHTTPRequestHandler):
-    """POST /generate -> meta_info.prompt_tokens = text length + EXTRA per image."""
+    """POST /generate -> meta_info.prompt_tokens = text length + EXTRA per image; the first
+    REFUSE calls get sglang's 400 for a prompt holding a video token."""
     extra_per_image = 0
     calls = 0
+    refuse = 0
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).calls += 1
+        if self.calls <= self.refuse:
+            data = b'{"error": "No data iterator found for token: <|video_pad|>"}'
+            self.send_response(400)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         n = len(body["text"]) + self.extra_per_image * len(body.get("image_data") or [])
         data = json.dumps({"text": "x", "meta_info": {"prompt_tokens": n}}).encode()
         self.send_response(200)
@@ -335,3 +344,34 @@ def test_every_reported_metric_is_declared(tmp_path, fake_pkg):
         assert info.better in ("higher", "lower", "none")
         assert name.endswith(("_ms", "_s", "_tok_s", "_req_s", "_count", "_share")) or name in (
             "concurrency", "accept_length")
+
+
+@pytest.mark.parametrize("refuse, ok", [(2, True), (99, False)])
+def test_image_probe_tries_the_next_seed_when_the_server_refuses_a_random_prompt(
+        tmp_path, fake_pkg, refuse, ok):
+    """A random prompt can decode to a special token sglang refuses with 400 (CI hit
+    <|video_pad|> once): the probe moves to the next seed, records the refusal, and gives up after
+    ATTEMPTS with the server's reason in the error, never a traceback tail."""
+    from suites.serving.image_probe import ATTEMPTS
+    handler = type("H", (_Generate,), {"extra_per_image": 64, "calls": 0, "refuse": refuse})
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        ctx = make_ctx(tmp_path, fake_pkg, f"copy:{DATA / 'v0513_random_image.jsonl'}")
+        ctx.server.base_url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        res = run(ctx, Params(dataset_name="image", num_prompts=20, random_input_len=32,
+                              image_count=2, seed=7))
+    finally:
+        httpd.shutdown()
+    probe = res.meta["image_probe"]
+    if ok:
+        assert res.status == "ok", res.errors
+        assert probe["seed"] == 9 and [r["seed"] for r in probe["refused"]] == [7, 8]
+        assert "video_pad" in probe["refused"][0]["reason"]
+        assert handler.calls == 3
+    else:
+        assert res.status == "incomplete" and handler.calls == ATTEMPTS
+        assert any(e.startswith(f"images check could not run: image probe failed (exit 1): the "
+                                f"server refused all {ATTEMPTS} probe prompts (400)")
+                   for e in res.errors), res.errors
+        assert "video_pad" in res.errors[0]

@@ -138,18 +138,23 @@ def run_tool(cmd: list[str], *, env: dict[str, str], out_dir: Path, timeout_s: f
     return rc, time.monotonic() - t0
 
 
-def _image_probe(ctx: SuiteContext, params: Params, tokenizer: str, chat: bool) -> dict[str, Any]:
+def _image_probe(ctx: SuiteContext, params: Params, tokenizer: str, chat: bool,
+                 seed: int) -> dict[str, Any]:
+    """Run image_probe.py against the cell's server; its JSON line, or {"error": ...} naming
+    the probe's last stderr line (its reason) first."""
     script = Path(__file__).with_name("image_probe.py")
     cmd = [ctx.python, str(script), ctx.server.base_url, tokenizer, params.dataset_name,
            str(params.random_input_len), str(params.image_count), params.image_resolution,
-           "1" if chat else "0"]
+           "1" if chat else "0", str(seed)]
     try:
         cp = subprocess.run(cmd, env=ctx.stock_env, capture_output=True, text=True, timeout=600)
     except subprocess.TimeoutExpired:
         return {"error": "image probe timed out"}
     lines = [ln for ln in cp.stdout.splitlines() if ln.startswith("{")]
     if cp.returncode != 0 or not lines:
-        return {"error": f"image probe failed (exit {cp.returncode}): {cp.stderr[-1500:]}"}
+        last = next((ln for ln in reversed(cp.stderr.splitlines()) if ln.strip()), "")
+        return {"error": f"image probe failed (exit {cp.returncode}): {last[:500]}",
+                "stderr_tail": cp.stderr[-1500:]}
     return json.loads(lines[-1])
 
 
@@ -276,14 +281,16 @@ def _check_images(ctx: SuiteContext, params: Params, row: dict, recs: dict, info
                             min_ratio=params.images_min_prompt_token_ratio,
                             source="server prompt_tokens of every request, recorded by bench_serving")
     chat = wants_chat_template(params, ctx.sglang_version)
+    seed = effective_seed(params, info)
+    seed = 1 if seed is None else seed  # bench_serving's own default
     key = hashlib.sha256(json.dumps([ctx.variant, params.dataset_name, params.random_input_len,
                                      params.image_count, params.image_resolution, chat,
-                                     tokenizer]).encode()).hexdigest()[:16]
+                                     tokenizer, seed]).encode()).hexdigest()[:16]
     cache = Path(ctx.cache_dir) / "serving" / f"image-probe-{key}.json"
     if cache.is_file():  # once per (run, variant, settings): the probe costs a tool import
         probe = dict(json.loads(cache.read_text()), cached=True)
     else:
-        probe = _image_probe(ctx, params, tokenizer, chat)
+        probe = _image_probe(ctx, params, tokenizer, chat, seed)
         if "error" not in probe:
             write_json(cache, probe)
     if "error" in probe:

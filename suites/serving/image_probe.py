@@ -9,21 +9,31 @@ same chat-template setting as the run), sends it to ``POST /generate`` with its 
 (``prompt_len``, which excludes image tokens), the server's ``meta_info.prompt_tokens`` and the
 number of images. Only stdlib and what bench_serving itself imports are used.
 
-usage: python image_probe.py URL TOKENIZER DATASET INPUT_LEN IMAGES RESOLUTION CHAT_TEMPLATE(0|1)
+A random prompt can hold a special token the server refuses (sglang answers 400, e.g. "No data
+iterator found for token: <|video_pad|>" when a random id decodes to a video token); the probe
+then tries the next seed, up to ATTEMPTS times, and records the refusals. The sampling is seeded
+(``random`` and ``numpy``, as bench_serving seeds them) so the probe's prompt is reproducible.
+
+usage: python image_probe.py URL TOKENIZER DATASET INPUT_LEN IMAGES RESOLUTION CHAT_TEMPLATE(0|1) SEED
 """
 from __future__ import annotations
 
 import json
+import random
 import sys
+import urllib.error
 import urllib.request
 
+ATTEMPTS = 5
 
-def main(argv: list[str]) -> int:
-    url, tok, dataset, input_len, images, resolution, chat = argv
-    import sglang.bench_serving as bs  # the release's own dataset builders
 
-    tokenizer = bs.get_tokenizer(tok)
-    chat_template = chat == "1"
+def _sample(bs, tokenizer, dataset, input_len, images, resolution, chat_template, seed):
+    random.seed(seed)
+    try:
+        import numpy as np
+        np.random.seed(seed)
+    except ImportError:
+        pass
     if dataset == "mmmu":
         rows = bs.sample_mmmu_requests(num_requests=1, tokenizer=tokenizer, fixed_output_len=1,
                                        apply_chat_template=chat_template)
@@ -32,17 +42,39 @@ def main(argv: list[str]) -> int:
             num_requests=1, num_images=int(images), input_len=int(input_len), output_len=1,
             range_ratio=1.0, tokenizer=tokenizer, apply_chat_template=chat_template,
             image_resolution=resolution)
-    row = rows[0]
-    payload = {"text": row.prompt, "image_data": row.image_data,
-               "sampling_params": {"temperature": 0.0, "max_new_tokens": 1}}
-    req = urllib.request.Request(url.rstrip("/") + "/generate", data=json.dumps(payload).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        out = json.loads(r.read())
-    print(json.dumps({"text_tokens": row.prompt_len,
-                      "server_prompt_tokens": out["meta_info"]["prompt_tokens"],
-                      "images": len(row.image_data or [])}))
-    return 0
+    return rows[0]
+
+
+def main(argv: list[str]) -> int:
+    url, tok, dataset, input_len, images, resolution, chat, seed = argv
+    import sglang.bench_serving as bs  # the release's own dataset builders
+
+    tokenizer = bs.get_tokenizer(tok)
+    refused = []
+    for attempt in range(ATTEMPTS):
+        row = _sample(bs, tokenizer, dataset, input_len, images, resolution, chat == "1",
+                      int(seed) + attempt)
+        payload = {"text": row.prompt, "image_data": row.image_data,
+                   "sampling_params": {"temperature": 0.0, "max_new_tokens": 1}}
+        req = urllib.request.Request(url.rstrip("/") + "/generate",
+                                     data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                out = json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            if e.code != 400:
+                raise
+            refused.append({"seed": int(seed) + attempt,
+                            "reason": e.read().decode("utf-8", "replace")[:300]})
+            continue
+        print(json.dumps({"text_tokens": row.prompt_len,
+                          "server_prompt_tokens": out["meta_info"]["prompt_tokens"],
+                          "images": len(row.image_data or []), "seed": int(seed) + attempt,
+                          "refused": refused}))
+        return 0
+    print(f"the server refused all {ATTEMPTS} probe prompts (400): {refused}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":
