@@ -507,14 +507,35 @@ def run_bench(config_path: str | os.PathLike, *, resume: str | os.PathLike | Non
     timings["report"] = round(time.monotonic() - t_report, 3)
     timings["total"] = round(time.monotonic() - t_run, 3)
     timings["harness_overhead_share"] = _overhead_share(records, timings)
+    timings["overhead_breakdown_s"] = _overhead_breakdown(records, timings)
     if report_error:
         manifest["report_error"] = report_error
     write_json(run_dir / "manifest.json", manifest)
+    b = timings["overhead_breakdown_s"]
     log(f"done in {timings['total']:.0f} s; harness overhead "
-        f"{100 * (timings['harness_overhead_share'] or 0):.1f}% of wall time; {run_dir}")
+        f"{100 * (timings['harness_overhead_share'] or 0):.1f}% of wall time (server stops "
+        f"{b['server_stop']:.1f} s, setup {b['setup']:.1f} s, report {b['report']:.1f} s, "
+        f"other {b['other']:.1f} s); {run_dir}")
     if failed:
         raise RunFailed(f"{failed} of {len(cells)} cells failed; see {run_dir}/*/rep*/cell.json", run_dir)
     return run_dir
+
+
+def _overhead_breakdown(records: list[dict], timings: dict) -> dict[str, float]:
+    """Where the harness overhead went, in seconds: ``setup`` (config, environment, overlays),
+    ``server_stop`` (SIGTERM until the port closes; sglang's SIGTERM watchdog polls every 5 s,
+    tokenizer_manager.sigterm_watchdog, 0.5.1.post3), ``flush`` (/flush_cache between suites),
+    ``report`` (compare.json, report.md, plots) and ``other`` (the rest of the wall time outside
+    server start-up and the suites). Skipped (resumed) cells count nothing."""
+    ran = [r.get("timings_s", {}) for r in records if not r.get("skipped")]
+    stop = sum(t.get("server_stop", 0.0) for t in ran)
+    flush = sum(v for t in ran for k, v in t.items() if k.startswith("flush:"))
+    inside = sum(t.get("server_start", 0.0) + sum(v for k, v in t.items() if k.startswith("suite:"))
+                 for t in ran)
+    setup, report = timings.get("setup", 0.0), timings.get("report", 0.0)
+    other = timings.get("total", 0.0) - inside - stop - flush - setup - report
+    return {"setup": round(setup, 3), "server_stop": round(stop, 3), "flush": round(flush, 3),
+            "report": round(report, 3), "other": round(max(0.0, other), 3)}
 
 
 def _overhead_share(records: list[dict], timings: dict) -> float | None:

@@ -209,3 +209,18 @@ def test_hub_id_is_passed_through_and_missing_local_path_is_an_error(fake_env, t
     cfg = _model_cfg(tmp_path, "model: {path: ./no-such-model}")
     with pytest.raises(bench.EnvironmentNotReady, match=r"model.path .*no-such-model does not exist"):
         bench.ensure_model(cfg)
+
+
+def test_overhead_share_and_breakdown_by_hand():
+    """Two cells ran, one was skipped on resume: 100 s total, 80 s inside start-up and suites."""
+    records = [
+        {"timings_s": {"server_start": 20.0, "suite:mmmu": 10.0, "flush:serving": 0.5,
+                       "suite:serving": 10.0, "server_stop": 4.0}},
+        {"timings_s": {"server_start": 20.0, "suite:mmmu": 10.0, "suite:serving": 10.0,
+                       "server_stop": 1.5}},
+        {"timings_s": {"server_start": 99.0, "server_stop": 99.0}, "skipped": True},
+    ]
+    timings = {"setup": 2.0, "report": 1.0, "total": 100.0}
+    assert bench._overhead_share(records, timings) == 0.2
+    assert bench._overhead_breakdown(records, timings) == {
+        "setup": 2.0, "server_stop": 5.5, "flush": 0.5, "report": 1.0, "other": 11.0}

@@ -164,3 +164,5 @@ def test_harness_overhead_recorded(demo_0513):
     t = read_json(demo_0513 / "manifest.json")["timings_s"]
     print("timings", t)
     assert 0 <= t["harness_overhead_share"] < 0.5  # goal < 5% on a quiet machine; CI shares its cores
+    b = t["overhead_breakdown_s"]
+    assert sum(b.values()) == pytest.approx(t["harness_overhead_share"] * t["total"], abs=0.05)
