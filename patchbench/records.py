@@ -45,6 +45,15 @@ def _clean_floats(obj: Any) -> Any:
     return obj
 
 
+def _read_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()  # read once at import: os.umask can only be read by setting it
+
+
 def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (temp file in the same folder + fsync + rename).
 
@@ -54,6 +63,7 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; results are for others to read
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

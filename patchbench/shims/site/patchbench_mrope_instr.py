@@ -83,6 +83,7 @@ class MropeCounter:
         data = dict(self.head, counts=self.counts, mismatch_samples=self.samples,
                     updated_unix_s=time.time())
         fd, tmp = tempfile.mkstemp(dir=self.probe_dir, prefix=".counts.", suffix=".tmp")
+        os.fchmod(fd, 0o644)  # a result file like the others, not mkstemp's 0600
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1, sort_keys=True)
         os.replace(tmp, self.path)
