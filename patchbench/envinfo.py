@@ -111,8 +111,40 @@ def hf_cached(repo_id: str, repo_type: str = "model") -> bool:
         return False
 
 
+def torch_build_info() -> dict:
+    """torch version and CUDA build without importing torch (which takes seconds): read from
+    torch/version.py, the file torch's build writes (``__version__``, ``cuda``).
+
+    Returns {"torch": str|None, "cuda_build": str|None}; both None when torch is not installed.
+    """
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return {"torch": None, "cuda_build": None}
+    out = {"torch": installed_version("torch"), "cuda_build": None}
+    try:
+        tree = ast.parse((Path(list(spec.submodule_search_locations)[0]) / "version.py").read_text())
+    except (OSError, SyntaxError):
+        return out
+    for node in tree.body:
+        target = (node.targets[0] if isinstance(node, ast.Assign) else
+                  node.target if isinstance(node, ast.AnnAssign) else None)
+        if isinstance(target, ast.Name) and isinstance(node.value, ast.Constant):
+            if target.id == "__version__":
+                out["torch"] = node.value.value
+            elif target.id == "cuda":
+                out["cuda_build"] = node.value.value
+    return out
+
+
 def collect(*, with_torch: bool = True, with_hub: bool = False) -> dict:
-    """Everything worth recording about this machine and environment (a JSON-able dict)."""
+    """Everything worth recording about this machine and environment (a JSON-able dict).
+
+    ``with_torch`` imports torch to ask whether CUDA is available (seconds); without it the torch
+    version and CUDA build still come from torch/version.py. ``with_hub`` tries huggingface.co.
+    """
     du = shutil.disk_usage(REPO_ROOT)
     info = {
         "python": sys.version.split()[0],
@@ -135,6 +167,8 @@ def collect(*, with_torch: bool = True, with_hub: bool = False) -> dict:
         pass
     if with_torch:
         info.update(torch_info())
+    else:
+        info.update(torch_build_info())
     if with_hub:
         info["hub_reachable"] = hub_reachable()
     return info

@@ -14,3 +14,4 @@ def test_atomic_writes_get_the_umask_mode_not_mkstemps_0600(tmp_path, monkeypatc
     assert stat.S_IMODE(os.stat(p).st_mode) == 0o600
     assert records.read_json(tmp_path / "a" / "x.json") == {"v": 1}
     assert not [f for f in tmp_path.rglob(".*.tmp")]  # no temp file left behind
+
