@@ -240,40 +240,45 @@ def plot_ecdf(view: "RunView", field: str = "ttft_ms", suite: str = "serving") -
 
 def plot_mmmu_subjects(cmp: dict, variant: str | None = None) -> Figure | None:
     """Per-subject MMMU accuracy difference (variant - baseline, percentage points) with the
-    number of right->wrong and wrong->right flips per subject. ``variant``: default the first
-    non-A/A variant with MMMU pairs. None without MMMU pairs."""
+    number of wrong->right and right->wrong flips per subject: one panel per variant that is not
+    A/A (side by side, subjects shared), or only ``variant`` when given. None without MMMU
+    pairs."""
     pairs = cmp.get("mmmu_pairs") or {}
-    if not pairs:
+    if variant is not None:
+        variants = [variant]
+    else:
+        variants = [v for v in pairs if v not in cmp.get("aa_variants", [])] or list(pairs)
+    variants = [v for v in variants if ((pairs.get(v) or {}).get("subjects"))]
+    if not variants:
         return None
-    if variant is None:
-        cands = [v for v in pairs if v not in cmp.get("aa_variants", [])] or list(pairs)
-        variant = cands[0]
-    p = pairs.get(variant)
-    subj = (p or {}).get("subjects") or {}
-    if not subj:
-        return None
-    names = list(subj)
-    diffs = [100 * (subj[s]["acc_b"] - subj[s]["acc_a"]) for s in names]
-    fig, (ax,) = _fig(max(3.0, 0.28 * len(names) + 1.5))
-    colors = ["C2" if d > 0 else ("C3" if d < 0 else "0.6") for d in diffs]
-    ax.barh(range(len(names)), diffs, color=colors, label=f"{variant} - {cmp.get('baseline')}")
-    for i, s in enumerate(names):
-        w2r, r2w = subj[s]["wrong_to_right"], subj[s]["right_to_wrong"]
-        if w2r or r2w:
-            ax.annotate(f"+{w2r}/-{r2w}", (diffs[i], i), xytext=(4 if diffs[i] >= 0 else -4, 0),
-                        textcoords="offset points", va="center",
-                        ha="left" if diffs[i] >= 0 else "right", fontsize=7)
-    ax.axvline(0, color="k", lw=0.8)
-    ax.set_yticks(range(len(names)), names, fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("accuracy change (percentage points)")
-    ax.set_ylabel("MMMU subject")
-    ax.plot([], [], " ", label="+a/-b: wrong->right / right->wrong flips")
-    ax.margins(x=0.15)
-    ax.legend(fontsize=8, loc="best")
-    ax.set_title(f"flips {p.get('flips')}, McNemar p = {_fmt_p(p.get('mcnemar_p'))}", fontsize=9)
-    ax.grid(alpha=0.3, axis="x")
-    _suptitle(fig, f"MMMU accuracy per subject: {variant} vs {cmp.get('baseline')}",
+    names = list(dict.fromkeys(s for v in variants for s in pairs[v]["subjects"]))
+    fig, axes = _fig(max(3.0, 0.28 * len(names) + 1.5), ncols=len(variants))
+    for k, (v, ax) in enumerate(zip(variants, axes)):
+        p = pairs[v]
+        subj = p["subjects"]
+        diffs = [100 * (subj[s]["acc_b"] - subj[s]["acc_a"]) if s in subj else 0.0 for s in names]
+        colors = ["C2" if d > 0 else ("C3" if d < 0 else "0.6") for d in diffs]
+        ax.barh(range(len(names)), diffs, color=colors, label=f"{v} - {cmp.get('baseline')}")
+        for i, s in enumerate(names):
+            w2r, r2w = (subj.get(s) or {}).get("wrong_to_right", 0), (subj.get(s) or {}).get("right_to_wrong", 0)
+            if w2r or r2w:
+                ax.annotate(f"+{w2r}/-{r2w}", (diffs[i], i), xytext=(4 if diffs[i] >= 0 else -4, 0),
+                            textcoords="offset points", va="center",
+                            ha="left" if diffs[i] >= 0 else "right", fontsize=7)
+        lim = max(5.0, 1.3 * max(abs(d) for d in diffs))  # all zero: a readable +-5 pp axis
+        ax.set_xlim(-lim, lim)
+        ax.axvline(0, color="k", lw=0.8)
+        ax.set_yticks(range(len(names)), names if k == 0 else [""] * len(names), fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("accuracy change (percentage points)")
+        if k == 0:
+            ax.set_ylabel("MMMU subject")
+        ax.plot([], [], " ", label="+a/-b: wrong->right / right->wrong flips")
+        ax.legend(fontsize=7, loc="best")
+        ax.set_title(f"{v}: flips {p.get('flips')}, McNemar p = {_fmt_p(p.get('mcnemar_p'))}",
+                     fontsize=9)
+        ax.grid(alpha=0.3, axis="x")
+    _suptitle(fig, f"MMMU accuracy per subject: {', '.join(variants)} vs {cmp.get('baseline')}",
               cmp.get("run_id", ""))
     fig.tight_layout()
     return fig

@@ -152,6 +152,15 @@ def test_plot_objects(tmp_path):
     widths = {t.get_text(): p.get_width() for t, p in zip(fig.axes[0].get_yticklabels(),
                                                            fig.axes[0].patches)}
     assert widths == pytest.approx({"Art": -100.0, "History": 0.0, "Math": 50.0})
+    # one panel per variant that is not A/A: a second variant gets its own (a fresh-user trial
+    # found only the first variant plotted)
+    two = {**cmp, "mmmu_pairs": {**cmp["mmmu_pairs"], "other": {
+        "subjects": {"Math": {"acc_a": 0.5, "acc_b": 0.0, "wrong_to_right": 0, "right_to_wrong": 1}},
+        "flips": 1, "mcnemar_p": 1.0}}}
+    f2 = plots.plot_mmmu_subjects(two)
+    assert [ax.get_title().split(":")[0] for ax in f2.axes] == ["patched", "other"]
+    w2 = {t.get_text(): p.get_width() for t, p in zip(f2.axes[0].get_yticklabels(), f2.axes[1].patches)}
+    assert w2 == pytest.approx({"Art": 0.0, "History": 0.0, "Math": -50.0})
     # timeline: one series per variant, values = the repeats
     tl = checks[5][0].axes[0]
     ys = {ln.get_label(): list(ln.get_ydata()) for ln in tl.get_lines()}
