@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """patchbench command line: a thin dispatcher over the patchbench package.
 
-    runner.py bench CONFIG [--dry-run] [--resume RUN_DIR]   run a config, write results/<run>/
+    runner.py bench CONFIG [--dry-run] [--resume RUN_DIR] [--results DIR] [--port N]
+                                                             run a config, write results/<run>/
     runner.py report RUN_DIR                                re-render compare.json, report.md, plots
     runner.py compare RUN_A RUN_B [--variant NAME]          baseline of A vs a variant of B
     runner.py nightly CONFIG                                 run + history + regression gates
@@ -15,6 +16,10 @@ ready, 4 a run failed.
 """
 import importlib
 import sys
+import warnings
+
+# torch.cuda imports the deprecated pynvml shim that sglang's dependencies install: not ours to fix
+warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
 
 COMMANDS = {
     "bench": ("patchbench.bench", "cli"),

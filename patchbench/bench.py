@@ -365,6 +365,9 @@ def resume_manifest(cfg: Config, run_dir: Path) -> dict:
     config differs from ``cfg`` (a resumed run must measure the same thing).
     """
     mf = Path(run_dir) / "manifest.json"
+    if not Path(run_dir).is_dir():
+        raise ConfigError(f"--resume {run_dir}: no such folder; give a run folder that "
+                          "`runner.py bench` wrote (results/<UTC stamp>-<config name>)")
     if not mf.is_file():
         raise ConfigError(f"--resume {run_dir}: no manifest.json there; give a run folder that "
                           "`runner.py bench` wrote (results/<UTC stamp>-<config name>)")
@@ -372,10 +375,24 @@ def resume_manifest(cfg: Config, run_dir: Path) -> dict:
         old = read_json(mf)
     except ValueError as e:
         raise ConfigError(f"--resume {run_dir}: manifest.json is not valid JSON ({e})") from None
-    if old.get("config") != cfg.model_dump(mode="json"):
-        raise ConfigError(f"--resume {run_dir}: its manifest's config differs from {cfg.source}; "
-                          "resume with the same config")
+    now = cfg.model_dump(mode="json")
+    if old.get("config") != now:
+        diffs = _config_diffs(old.get("config") or {}, now)
+        shown = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, a, b in diffs[:5])
+        raise ConfigError(f"--resume {run_dir}: its manifest's config differs from {cfg.source} "
+                          f"({shown}{'; ...' if len(diffs) > 5 else ''}); a resumed run must "
+                          "measure the same thing: resume with that config, or start a new run")
     return old
+
+
+def _config_diffs(a: Any, b: Any, key: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted key, value in a, value in b) for every leaf where two config dicts differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in list(a) + [k for k in b if k not in a]:
+            out += _config_diffs(a.get(k), b.get(k), f"{key}.{k}" if key else str(k))
+        return out
+    return [] if a == b else [(key, a, b)]
 
 
 # ---------------------------------------------------------------------------------- the run

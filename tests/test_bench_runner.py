@@ -86,6 +86,11 @@ def test_run_writes_cells_manifest_and_resume_does_nothing(fake_env, tmp_path):
     assert "baseline#0 (done) control#0 (done) control#1 baseline#1 (done)" in plan
     assert "3 of 4 cells done, 1 to run" in plan
     assert "1 server launches" in plan
+    # a changed config is refused, naming what changed
+    cfg3 = tmp_path / "three.yaml"
+    cfg3.write_text(cfg.read_text().replace("repeats: 2", "repeats: 3"))
+    with pytest.raises(ConfigError, match=r"schedule.repeats: 2 there, 3 now"):
+        bench.describe_plan(load_config(cfg3), run_dir)
 
 
 def test_resume_of_a_folder_without_manifest_is_a_usage_error(fake_env, tmp_path, capsys):
@@ -94,6 +99,8 @@ def test_resume_of_a_folder_without_manifest_is_a_usage_error(fake_env, tmp_path
     for extra in ([], ["--dry-run"]):
         assert bench.cli([str(cfg), "--resume", str(tmp_path / "empty"), *extra]) == 2
         assert "no manifest.json there" in capsys.readouterr().err
+        assert bench.cli([str(cfg), "--resume", str(tmp_path / "nope"), *extra]) == 2
+        assert "nope: no such folder" in capsys.readouterr().err
     assert not port_answers("127.0.0.1", 31990)
 
 
