@@ -326,7 +326,8 @@ def load_config(path: str | os.PathLike, *, check_files: bool = True) -> Config:
         except ValidationError as e:
             msg = _format_errors(path, text, e, ("suites", name))
             allowed = ", ".join(model.model_fields)
-            problems.append(f"{msg}\n  (suite '{name}' accepts: {allowed})")
+            problems.append(msg if "allowed keys:" in msg  # an unknown key lists them already
+                            else f"{msg}\n  (suite '{name}' accepts: {allowed})")
     for section, modname, clsname in (("compare", "patchbench.compare", "CompareSettings"),
                                       ("nightly", "patchbench.nightly", "NightlySettings")):
         model = _optional_model(modname, clsname)
