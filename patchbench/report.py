@@ -89,7 +89,10 @@ def _header(view: RunView, cmp: dict) -> list[str]:
              "| | |", "|---|---|",
              f"| run | `{view.run_id}` |",
              f"| config | `{cfg.get('name', '?')}` |",
-             f"| model | `{model}` |",
+             f"| model | `{model}`"
+             + (" (tiny random weights, built here: MMMU accuracy near 0 and unparsed answers are "
+                "expected; this run shows the pipeline, speed and output identity, not quality)"
+                if (cfg.get("model") or {}).get("tiny") else "") + " |",
              f"| sglang | `{man.get('sglang_version') or cfg.get('sglang', '?')}` |"]
     patches = man.get("patches") or {}
     for v in view.variants:

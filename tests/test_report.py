@@ -70,6 +70,7 @@ def test_report_sections_and_numbers(tmp_path):
     # header: sglang release, patch hash, GPU, driver, this repo's commit
     assert "`0.5.1.post3`" in md and "abababababab" in md and "NVIDIA H200, driver 570.1" in md
     assert "`deadbeefdead`" in md and "`mrope-sync-free`" in md
+    assert "(tiny random weights, built here: MMMU accuracy near 0" in md  # the run's model is tiny
     rows = _table_rows(md, "patched")
     assert set(rows) == {r["metric"] for r in cmp["metrics"]}
     for r in cmp["metrics"]:
