@@ -358,6 +358,9 @@ def _launch_spec(cfg: Config, venv: VariantEnv, cdir: Path, port: int) -> Launch
                       flush_pause_s=s.flush_pause_s)
 
 
+_RUN_FOLDER_HINT = "give a run folder that `runner.py bench` wrote (results/<UTC stamp>-<config name>)"
+
+
 def resume_manifest(cfg: Config, run_dir: Path) -> dict:
     """The manifest of ``run_dir`` for ``--resume``, checked against ``cfg``.
 
@@ -366,11 +369,9 @@ def resume_manifest(cfg: Config, run_dir: Path) -> dict:
     """
     mf = Path(run_dir) / "manifest.json"
     if not Path(run_dir).is_dir():
-        raise ConfigError(f"--resume {run_dir}: no such folder; give a run folder that "
-                          "`runner.py bench` wrote (results/<UTC stamp>-<config name>)")
+        raise ConfigError(f"--resume {run_dir}: no such folder; {_RUN_FOLDER_HINT}")
     if not mf.is_file():
-        raise ConfigError(f"--resume {run_dir}: no manifest.json there; give a run folder that "
-                          "`runner.py bench` wrote (results/<UTC stamp>-<config name>)")
+        raise ConfigError(f"--resume {run_dir}: no manifest.json there; {_RUN_FOLDER_HINT}")
     try:
         old = read_json(mf)
     except ValueError as e:
@@ -538,19 +539,28 @@ def run_bench(config_path: str | os.PathLike, *, resume: str | os.PathLike | Non
     return run_dir
 
 
+def _ran_timings(records: list[dict]) -> list[dict]:
+    """``timings_s`` of the cells this invocation ran (skipped, resumed cells left out)."""
+    return [r.get("timings_s", {}) for r in records if not r.get("skipped")]
+
+
+def _inside_s(ran: list[dict]) -> float:
+    """Seconds spent in server start-up and the suites themselves, over ``ran``."""
+    return sum(t.get("server_start", 0.0) + sum(v for k, v in t.items() if k.startswith("suite:"))
+               for t in ran)
+
+
 def _overhead_breakdown(records: list[dict], timings: dict) -> dict[str, float]:
     """Where the harness overhead went, in seconds: ``setup`` (config, environment, overlays),
     ``server_stop`` (SIGTERM until the port closes; sglang's SIGTERM watchdog polls every 5 s,
     tokenizer_manager.sigterm_watchdog, 0.5.1.post3), ``flush`` (/flush_cache between suites),
     ``report`` (compare.json, report.md, plots) and ``other`` (the rest of the wall time outside
     server start-up and the suites). Skipped (resumed) cells count nothing."""
-    ran = [r.get("timings_s", {}) for r in records if not r.get("skipped")]
+    ran = _ran_timings(records)
     stop = sum(t.get("server_stop", 0.0) for t in ran)
     flush = sum(v for t in ran for k, v in t.items() if k.startswith("flush:"))
-    inside = sum(t.get("server_start", 0.0) + sum(v for k, v in t.items() if k.startswith("suite:"))
-                 for t in ran)
     setup, report = timings.get("setup", 0.0), timings.get("report", 0.0)
-    other = timings.get("total", 0.0) - inside - stop - flush - setup - report
+    other = timings.get("total", 0.0) - _inside_s(ran) - stop - flush - setup - report
     return {"setup": round(setup, 3), "server_stop": round(stop, 3), "flush": round(flush, 3),
             "report": round(report, 3), "other": round(max(0.0, other), 3)}
 
@@ -558,15 +568,10 @@ def _overhead_breakdown(records: list[dict], timings: dict) -> dict[str, float]:
 def _overhead_share(records: list[dict], timings: dict) -> float | None:
     """Share of wall time outside server start-up and the suites themselves (goal < 5%)."""
     total = timings.get("total")
-    if not total or all(r.get("skipped") for r in records):
+    ran = _ran_timings(records)
+    if not total or not ran:
         return None  # nothing ran (a resume of a finished run)
-    inside = 0.0
-    for r in records:
-        if r.get("skipped"):
-            continue
-        t = r.get("timings_s", {})
-        inside += t.get("server_start", 0.0) + sum(v for k, v in t.items() if k.startswith("suite:"))
-    return round(max(0.0, total - inside) / total, 4)
+    return round(max(0.0, total - _inside_s(ran)) / total, 4)
 
 
 def _compare_and_report(run_dir: Path, *, log=_log) -> str | None:
