@@ -71,13 +71,8 @@ def gpu_info() -> dict | None:
 
 def torch_info() -> dict:
     """torch version and the CUDA it was built with (imports torch, about a second)."""
-    import warnings
-
     try:
-        with warnings.catch_warnings():  # torch.cuda imports the deprecated pynvml shim; not ours
-            warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
-            import torch
-            import torch.cuda  # noqa: F401
+        import torch
     except ImportError:
         return {"torch": None, "cuda_build": None, "cuda_available": False}
     return {"torch": torch.__version__, "cuda_build": torch.version.cuda,
