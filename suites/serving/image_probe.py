@@ -28,12 +28,10 @@ ATTEMPTS = 5
 
 
 def _sample(bs, tokenizer, dataset, input_len, images, resolution, chat_template, seed):
+    import numpy as np  # bench_serving itself needs it
+
     random.seed(seed)
-    try:
-        import numpy as np
-        np.random.seed(seed)
-    except ImportError:
-        pass
+    np.random.seed(seed)
     if dataset == "mmmu":
         rows = bs.sample_mmmu_requests(num_requests=1, tokenizer=tokenizer, fixed_output_len=1,
                                        apply_chat_template=chat_template)
@@ -51,9 +49,8 @@ def main(argv: list[str]) -> int:
 
     tokenizer = bs.get_tokenizer(tok)
     refused = []
-    for attempt in range(ATTEMPTS):
-        row = _sample(bs, tokenizer, dataset, input_len, images, resolution, chat == "1",
-                      int(seed) + attempt)
+    for s in range(int(seed), int(seed) + ATTEMPTS):
+        row = _sample(bs, tokenizer, dataset, input_len, images, resolution, chat == "1", s)
         payload = {"text": row.prompt, "image_data": row.image_data,
                    "sampling_params": {"temperature": 0.0, "max_new_tokens": 1}}
         req = urllib.request.Request(url.rstrip("/") + "/generate",
@@ -65,12 +62,12 @@ def main(argv: list[str]) -> int:
         except urllib.error.HTTPError as e:
             if e.code != 400:
                 raise
-            refused.append({"seed": int(seed) + attempt,
+            refused.append({"seed": s,
                             "reason": e.read().decode("utf-8", "replace")[:300]})
             continue
         print(json.dumps({"text_tokens": row.prompt_len,
                           "server_prompt_tokens": out["meta_info"]["prompt_tokens"],
-                          "images": len(row.image_data or []), "seed": int(seed) + attempt,
+                          "images": len(row.image_data or []), "seed": s,
                           "refused": refused}))
         return 0
     print(f"the server refused all {ATTEMPTS} probe prompts (400): {refused}", file=sys.stderr)
