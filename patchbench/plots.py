@@ -260,7 +260,8 @@ def plot_mmmu_subjects(cmp: dict, variant: str | None = None) -> Figure | None:
         colors = ["C2" if d > 0 else ("C3" if d < 0 else "0.6") for d in diffs]
         ax.barh(range(len(names)), diffs, color=colors, label=f"{v} - {cmp.get('baseline')}")
         for i, s in enumerate(names):
-            w2r, r2w = (subj.get(s) or {}).get("wrong_to_right", 0), (subj.get(s) or {}).get("right_to_wrong", 0)
+            st = subj.get(s) or {}
+            w2r, r2w = st.get("wrong_to_right", 0), st.get("right_to_wrong", 0)
             if w2r or r2w:
                 ax.annotate(f"+{w2r}/-{r2w}", (diffs[i], i), xytext=(4 if diffs[i] >= 0 else -4, 0),
                             textcoords="offset points", va="center",
