@@ -1,37 +1,31 @@
-"""The contract between the orchestrator and a suite (DESIGN.md, "Interfaces").
+"""The suite contract: what a suite declares and which hooks the core calls (docs/design.md).
 
-A suite is a package ``suites/<name>/`` whose ``__init__.py`` exposes:
+A suite is a subclass of :class:`Suite` registered with :func:`register`. The core (bench,
+compare, report, plots, doctor, nightly) never names a suite: it asks the registry
+(:func:`get_suite`) and calls the hooks below. Built-in suites live in ``suites/<name>/``
+(installed as ``patchbench.suites.<name>``); others are found through the ``patchbench.suites``
+entry-point group or the ``PATCHBENCH_SUITE_MODULES`` environment variable (comma-separated
+importable modules, each calling :func:`register` on import).
 
-- ``Params``: a pydantic model (``extra="forbid"``) of the suite's parameters in the YAML config,
-  with the defaults the suite documents;
-- ``run(ctx: SuiteContext, params: Params) -> SuiteResult``: runs against a ready server (or, for a
-  suite that needs none, against the variant's sglang package), writes its per-item records into
-  ``ctx.out_dir`` and returns the summary. It raises :class:`SuiteError` for a failure it
-  understands (the cell is marked failed with that message); anything else is a bug and is also
-  recorded as a failure with its traceback;
-- ``METRICS``: ``{metric_name: MetricInfo}``, the metrics the suite reports, with the direction in
-  which a change is an improvement, used by the comparison and the nightly gates;
-- optionally ``NEEDS_SERVER = False`` when the suite does not talk to a server (sync_probe).
-
-Every metric name carries its unit (``_ms``, ``_s``, ``_tok_s``, ``_req_s``, ``_acc``, ``_count``,
-``_share``).
+Required: ``name``, ``Params`` (pydantic, ``extra="forbid"``), ``metrics`` ``{name: MetricInfo}``
+(every name carries its unit: ``_ms``, ``_s``, ``_tok_s``, ``_req_s``, ``_acc``, ``_count``,
+``_share``, ``_us``), ``run(ctx, params) -> SuiteResult``.
+Class flags: ``needs_server`` (False: runs against the variant's sglang package, no server);
+``timed`` (False: the suite perturbs timing, e.g. a profiler, and runs only in the untimed
+correctness cells, never in cells whose timings feed a verdict).
+Optional hooks (defaults do nothing): ``instrumentation`` (environment and PYTHONPATH entries the
+server needs for this suite; always run in untimed correctness cells), ``pair`` (paired analysis
+of one baseline cell and one variant cell), ``report_section`` and ``plots`` (render from the typed
+comparison only), ``report_block`` (PR-style text block of one cell), ``doctor_checks``.
 """
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
-from typing import Any, Callable, Literal
+from typing import Any, Callable, ClassVar, Literal
 
 from pydantic import BaseModel
-
-#: suite name in the config -> importable module
-SUITES: dict[str, str] = {
-    "mmmu": "suites.mmmu",
-    "serving": "suites.serving",
-    "sync_probe": "suites.sync_probe",
-}
 
 
 class SuiteError(RuntimeError):
@@ -44,13 +38,44 @@ class MetricInfo:
 
     better: "higher" (throughput, accuracy), "lower" (latencies), or "none" (descriptive only,
     never gets an improved/regressed verdict, e.g. a token count).
-    unit: display unit ("ms", "s", "tok/s", "req/s", "acc", "count", "share").
+    unit: display unit ("ms", "s", "tok/s", "req/s", "acc", "count", "share", "us").
     label: the label sglang.bench_serving (or the MMMU script) prints, when there is one.
+    primary: a primary metric (verdicts Holm-adjusted across a variant's primaries, shown in the
+    headline); every other metric is secondary (exploratory, raw intervals, folded table).
+    kind: how a change is judged. "run": run-level value, paired repeats, t-interval on log ratios;
+    "accuracy": a proportion over items paired across cells (the suite's ``pair`` hook gives the
+    interval of the paired difference); "deterministic": the same in every run (e.g. host syncs per
+    call), compared exactly, no interval; "descriptive": shown, never judged.
+    margin: practical-equivalence margin; for kind "run" in percent of the baseline (5.0 = +-5 %),
+    for kind "accuracy" in points of accuracy (2.0 = +-2 points), None: no equivalence verdict.
+    Configs may override it per metric (``compare.margins``).
     """
 
     better: Literal["higher", "lower", "none"]
     unit: str
     label: str = ""
+    primary: bool = False
+    kind: Literal["run", "accuracy", "deterministic", "descriptive"] = "run"
+    margin: float | None = None
+
+
+@dataclass
+class Instrumentation:
+    """What a suite's ``instrumentation`` hook asks of the server of a correctness cell.
+
+    env: variables added to the server's environment; pythonpath: folders put on the server's
+    PYTHONPATH after the overlay (e.g. a ``sitecustomize`` import hook); out_dir: the folder the
+    instrumentation writes into (created by the core); perturbs_timing: True for anything that may
+    change timing (such cells are never timed cells). ``collect(out_dir) -> dict`` (optional) is
+    called once after the server stopped and its result is recorded in ``cell.json`` under
+    ``instrumentation[<suite>]``.
+    """
+
+    env: dict[str, str] = field(default_factory=dict)
+    pythonpath: list[Path] = field(default_factory=list)
+    out_dir: Path | None = None
+    perturbs_timing: bool = True
+    collect: Callable[[Path], dict] | None = None
 
 
 @dataclass
@@ -132,16 +157,121 @@ class SuiteResult:
                 "errors": self.errors, "warnings": self.warnings, "meta": self.meta}
 
 
-def load_suite(name: str) -> ModuleType:
-    """Import the suite package registered under ``name``.
+class Suite:
+    """Base class of every suite (see the module docstring for the contract).
+
+    Subclasses set the class attributes and override :meth:`run`; hooks are optional. One instance
+    is made per process by :func:`get_suite`; suites keep no state between calls.
+    """
+
+    name: ClassVar[str] = ""
+    Params: ClassVar[type[BaseModel]]
+    metrics: ClassVar[dict[str, MetricInfo]] = {}
+    needs_server: ClassVar[bool] = True
+    timed: ClassVar[bool] = True
+
+    def run(self, ctx: SuiteContext, params: BaseModel) -> SuiteResult:
+        """Run against ``ctx.server`` (or the variant's package), write records into
+        ``ctx.out_dir``, return the summary; raise :class:`SuiteError` for an understood failure."""
+        raise NotImplementedError
+
+    def instrumentation(self, ctx: SuiteContext, params: BaseModel) -> Instrumentation | None:
+        """In-server instrumentation for this suite's correctness cell (None: none)."""
+        return None
+
+    def pair(self, baseline_dir: Path, variant_dir: Path, params: BaseModel) -> dict | None:
+        """Paired analysis of one baseline cell and one variant cell of this suite (their suite
+        folders). Returns a JSON-able dict, or None when the suite has none. Raise
+        :class:`PairingRefused` when the two cells must not be paired (the reason is shown
+        instead of numbers)."""
+        return None
+
+    def report_section(self, comparison: Any) -> list[str]:
+        """Markdown lines for report.md, rendered only from the typed comparison."""
+        return []
+
+    def plots(self, comparison: Any, out_dir: Path) -> list[Path]:
+        """PNG files written into ``out_dir`` from the typed comparison; returns their paths."""
+        return []
+
+    def report_block(self, suite_dir: Path) -> str | None:
+        """The PR-style text block of one cell (None: the suite has none)."""
+        return None
+
+    def doctor_checks(self, cfg: Any, params: BaseModel) -> list[tuple[str, bool, str]]:
+        """(what, ok, detail) lines for ``patchbench doctor CONFIG``."""
+        return []
+
+
+class PairingRefused(RuntimeError):
+    """Two cells must not be paired (different prompts, parser, seed, question list ...)."""
+
+
+#: built-in suites: name -> module that registers it
+BUILTIN_SUITES: dict[str, str] = {
+    "mmmu": "patchbench.suites.mmmu",
+    "serving": "patchbench.suites.serving",
+    "sync_probe": "patchbench.suites.sync_probe",
+    "profile": "patchbench.suites.profile",
+}
+
+_REGISTRY: dict[str, type[Suite]] = {}
+_INSTANCES: dict[str, Suite] = {}
+
+
+def register(cls: type[Suite]) -> type[Suite]:
+    """Class decorator: register a :class:`Suite` subclass under ``cls.name``.
+
+    Raises ValueError for an empty name, a name without the form ``[a-z][a-z0-9_]*``, or a name
+    already registered by another class.
+    """
+    import re
+    if not cls.name or not re.fullmatch(r"[a-z][a-z0-9_]*", cls.name):
+        raise ValueError(f"suite class {cls.__qualname__}: name must match [a-z][a-z0-9_]*, "
+                         f"got {cls.name!r}")
+    prev = _REGISTRY.get(cls.name)
+    if prev is not None and prev.__qualname__ != cls.__qualname__:
+        raise ValueError(f"suite '{cls.name}' is already registered by {prev.__qualname__}")
+    _REGISTRY[cls.name] = cls
+    _INSTANCES.pop(cls.name, None)
+    return cls
+
+
+def _load_plugins() -> None:
+    import os
+    for mod in filter(None, (m.strip() for m in os.environ.get("PATCHBENCH_SUITE_MODULES", "").split(","))):
+        importlib.import_module(mod)
+    try:
+        from importlib.metadata import entry_points
+        for ep in entry_points(group="patchbench.suites"):
+            ep.load()
+    except Exception:  # noqa: BLE001 - a broken third-party entry point must not hide built-ins
+        pass
+
+
+def suite_names() -> list[str]:
+    """Every suite name known: built-ins plus registered plugins, sorted."""
+    _load_plugins()
+    return sorted(set(BUILTIN_SUITES) | set(_REGISTRY))
+
+
+def get_suite(name: str) -> Suite:
+    """The registered suite ``name`` (imported on first use).
 
     Raises KeyError naming the allowed suites when ``name`` is unknown.
     """
-    if name not in SUITES:
-        raise KeyError(f"unknown suite '{name}'; allowed: {', '.join(sorted(SUITES))}")
-    return importlib.import_module(SUITES[name])
+    if name in _INSTANCES:
+        return _INSTANCES[name]
+    if name not in _REGISTRY and name in BUILTIN_SUITES:
+        importlib.import_module(BUILTIN_SUITES[name])
+    if name not in _REGISTRY:
+        _load_plugins()
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown suite '{name}'; allowed: {', '.join(suite_names())}")
+    _INSTANCES[name] = _REGISTRY[name]()
+    return _INSTANCES[name]
 
 
 def suite_params_model(name: str) -> type[BaseModel]:
-    """The suite's ``Params`` pydantic model (see module docstring)."""
-    return load_suite(name).Params
+    """The suite's ``Params`` pydantic model."""
+    return get_suite(name).Params
