@@ -27,7 +27,7 @@ COMMANDS = {
     "compare": ("patchbench.report", "cli_compare"),
     "nightly": ("patchbench.nightly", "cli"),
     "check-patch": ("patchbench.patchset", "cli"),
-    "score-mmmu": ("suites.mmmu", "cli"),
+    "score-mmmu": ("patchbench.suites.mmmu", "cli"),
     "make-tiny-model": ("patchbench.tinymodel", "cli"),
     "doctor": ("patchbench.doctor", "cli"),
 }

@@ -575,7 +575,7 @@ def mmmu_pairs(view: RunView, variant: str, suite: str = "mmmu") -> dict | None:
                     if isinstance(theirs.get("changed"), list):
                         theirs["changed"] = theirs["changed"][:20]
                     out["pair"] = theirs
-                    out["source"] = "suites.mmmu.pair"
+                    out["source"] = "patchbench.suites.mmmu.pair"
                     for key, names in _PAIR_KEYS.items():
                         for nm in names:
                             if isinstance(theirs.get(nm), (int, float)) and not isinstance(theirs.get(nm), bool):
@@ -583,7 +583,7 @@ def mmmu_pairs(view: RunView, variant: str, suite: str = "mmmu") -> dict | None:
                                 break
                     out["flips"] = out["right_to_wrong"] + out["wrong_to_right"]
             except Exception as e:
-                out["pair_error"] = f"suites.mmmu.pair failed: {type(e).__name__}: {e}"
+                out["pair_error"] = f"patchbench.suites.mmmu.pair failed: {type(e).__name__}: {e}"
         return out
     return None
 

@@ -7,7 +7,7 @@
    by the request count: the overhead the client adds, goal median < 1 ms), the request latency
    median / p99 as the client sees it, and requests per second. Repeated ``--rounds`` times; the
    median round is reported with the spread.
-2. Time to prepare 900 questions: synthetic MMMU-schema questions (suites.mmmu.demo_data, 224x224
+2. Time to prepare 900 questions: synthetic MMMU-schema questions (patchbench.suites.mmmu.demo_data, 224x224
    PNGs, 1-5 images each) written as parquet, then ``bench.prepare`` cold (load with ``datasets``,
    encode every image as a PNG data URL, hash, write the run cache) and warm (read the cache), and
    building the 900 request bodies.
@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from suites.mmmu import client  # noqa: E402
+from patchbench.suites.mmmu import client  # noqa: E402
 
 ANSWER = (b'{"choices":[{"message":{"role":"assistant","content":"Answer: B"},'
           b'"finish_reason":"stop"}],"usage":{"prompt_tokens":300,"completion_tokens":3}}')
@@ -85,10 +85,10 @@ def client_overhead(n: int, rounds: int, concurrency: int, body_kib: int) -> dic
 
 
 def prepare_900(n: int) -> dict:
-    from suites.mmmu import Params
-    from suites.mmmu.bench import prepare
-    from suites.mmmu.data import SUBJECTS
-    from suites.mmmu.demo_data import generate
+    from patchbench.suites.mmmu import Params
+    from patchbench.suites.mmmu.bench import prepare
+    from patchbench.suites.mmmu.data import SUBJECTS
+    from patchbench.suites.mmmu.demo_data import generate
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
         generate(Path(tmp) / "data", n=n, seed=0)

@@ -264,7 +264,7 @@ def test_real_bench_serving_records(tmp_path):
     """The serving suite's own parser on a recorded bench_serving output (tests/data/serving):
     metric names, requests.json shape and the within-cell path fit together."""
     from pathlib import Path
-    parse = pytest.importorskip("suites.serving.parse")
+    parse = pytest.importorskip("patchbench.suites.serving.parse")
     src = Path(__file__).parent / "data" / "serving" / "v0513_random_image.jsonl"
     if not src.is_file():
         pytest.skip("no recorded bench_serving output")

@@ -16,10 +16,10 @@ from aiohttp import web
 
 from patchbench.records import read_json, read_jsonl
 from patchbench.suite import ServerInfo, SuiteContext, SuiteError
-from suites.mmmu import Params, pair, report_block, run
-from suites.mmmu import client
-from suites.mmmu.bench import prepare, prepare_key
-from suites.mmmu.demo_data import generate
+from patchbench.suites.mmmu import Params, pair, report_block, run
+from patchbench.suites.mmmu import client
+from patchbench.suites.mmmu.bench import prepare, prepare_key
+from patchbench.suites.mmmu.demo_data import generate
 
 
 class Stub:

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
-from suites.mmmu import Params
-from suites.mmmu.data import DatasetUnavailable, SUBJECT_DOMAIN, load_questions
-from suites.mmmu.demo_data import COLOURS, generate, generate_rows
+from patchbench.suites.mmmu import Params
+from patchbench.suites.mmmu.data import DatasetUnavailable, SUBJECT_DOMAIN, load_questions
+from patchbench.suites.mmmu.demo_data import COLOURS, generate, generate_rows
 
 FIELDS = ["id", "question", "options", "explanation", *[f"image_{i}" for i in range(1, 8)],
           "img_type", "answer", "topic_difficulty", "question_type", "subfield"]

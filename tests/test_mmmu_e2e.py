@@ -12,8 +12,8 @@ import pytest
 
 from patchbench.records import read_json, read_jsonl
 from patchbench.suite import SuiteContext
-from suites.mmmu import Params, pair, report_block, run
-from suites.mmmu.demo_data import generate
+from patchbench.suites.mmmu import Params, pair, report_block, run
+from patchbench.suites.mmmu.demo_data import generate
 
 pytestmark = pytest.mark.e2e
 

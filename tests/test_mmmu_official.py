@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from suites.mmmu import parsers as P
-from suites.mmmu.cli import cli, load_answer_key, load_responses, score_saved
+from patchbench.suites.mmmu import parsers as P
+from patchbench.suites.mmmu.cli import cli, load_answer_key, load_responses, score_saved
 
 DATA = Path(__file__).parent / "data" / "mmmu-official"
 KEY = DATA / "answer_dict_val.json"

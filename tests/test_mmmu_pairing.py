@@ -6,7 +6,7 @@ import pytest
 from scipy.stats import binomtest
 from statsmodels.stats.contingency_tables import mcnemar
 
-from suites.mmmu import PairingError, pair
+from patchbench.suites.mmmu import PairingError, pair
 
 BASE = {"question_type": "multiple-choice", "prompt_sha256": "h", "parser": "strict",
         "parser_seed": None, "sampling": {"temperature": 0.0, "max_tokens": 30},

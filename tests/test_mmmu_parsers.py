@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from suites.mmmu import parsers as P
-from suites.mmmu.scoring import score_response
+from patchbench.suites.mmmu import parsers as P
+from patchbench.suites.mmmu.scoring import score_response
 
 OPTS = {"A": "red", "B": "blue", "C": "green", "D": "yellow"}
 CH = list(OPTS)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from suites.mmmu.data import Question, parse_options
-from suites.mmmu.prompts import (PromptError, build_messages, png_data_url, prompt_sha256,
+from patchbench.suites.mmmu.data import Question, parse_options
+from patchbench.suites.mmmu.prompts import (PromptError, build_messages, png_data_url, prompt_sha256,
                                  prompt_text)
 
 SAMPLES = Path(__file__).parent / "data" / "mmmu-samples"

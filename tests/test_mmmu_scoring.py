@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from suites.mmmu import report_block
-from suites.mmmu.bench import summarize, write_outputs
-from suites.mmmu.data import DOMAINS, SUBJECTS, domain_of, subject_of
-from suites.mmmu.params import Params
-from suites.mmmu.scoring import Tally, answer_dict, format_block, tally, val_dict, wilson
+from patchbench.suites.mmmu import report_block
+from patchbench.suites.mmmu.bench import summarize, write_outputs
+from patchbench.suites.mmmu.data import DOMAINS, SUBJECTS, domain_of, subject_of
+from patchbench.suites.mmmu.params import Params
+from patchbench.suites.mmmu.scoring import Tally, answer_dict, format_block, tally, val_dict, wilson
 
 
 def recs(subject: str, verdicts: dict[str, int]) -> list[dict]:

@@ -103,7 +103,7 @@ def test_report_sections_and_numbers(tmp_path):
 
 
 def test_report_pr_blocks_when_suites_have_them(tmp_path):
-    import suites.serving as serving
+    import patchbench.suites.serving as serving
     run = _full_run(tmp_path, cell_status={})
     md = render_run(run, plots=False).read_text()
     if callable(getattr(serving, "report_block", None)):
@@ -190,12 +190,12 @@ def test_cli_compare_two_runs(tmp_path, capsys):
     assert cli_compare([str(a), str(c)]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "sglang version: A='0.5.1.post3', B='0.5.23'" in err
-    assert "suites.serving.num_prompts" in err
+    assert "patchbench.suites.serving.num_prompts" in err
     assert cli_compare([str(a), str(b), "--variant", "nope"]) == EXIT_USAGE
 
 
 def test_report_sync_probe_and_failed_block(tmp_path, monkeypatch):
-    import suites.sync_probe as sp
+    import patchbench.suites.sync_probe as sp
     # the real block imports torch (slow on a shared CPU); what is tested here is the report
     monkeypatch.setattr(sp, "report_block", lambda d: f"PROBE TABLE {d.parent.parent.name}",
                         raising=False)
@@ -210,7 +210,7 @@ def test_report_sync_probe_and_failed_block(tmp_path, monkeypatch):
     sec = md.split("## Sync probe")[1].split("\n## ")[0]
     assert "`sync_d2h_reads_count`" in sec
     assert "| baseline | 2.00 |" in sec and "| patched | 0 |" in sec
-    import suites.mmmu as mmmu
+    import patchbench.suites.mmmu as mmmu
     if callable(getattr(mmmu, "report_block", None)):
         # no val_sglang.json in the synthetic cells: the block is left out and a note says why
         assert "mmmu report_block of baseline/rep0 failed" in md

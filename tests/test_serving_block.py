@@ -1,12 +1,12 @@
-"""The PR-style "Serving Benchmark Result" block (suites.serving.block)."""
+"""The PR-style "Serving Benchmark Result" block (patchbench.suites.serving.block)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from patchbench.records import write_json
-from suites.serving import report_block
-from suites.serving.block import render_block, tool_block
-from suites.serving.parse import read_result_line, summary_metrics
+from patchbench.suites.serving import report_block
+from patchbench.suites.serving.block import render_block, tool_block
+from patchbench.suites.serving.parse import read_result_line, summary_metrics
 
 DATA = Path(__file__).parent / "data" / "serving"
 

@@ -1,4 +1,4 @@
-"""bench_serving's command line per release (suites.serving.command), read from the installed
+"""bench_serving's command line per release (patchbench.suites.serving.command), read from the installed
 packages' source (both environments are in the checkout: .venv and .venv-0.5.23)."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from suites.serving import Params
-from suites.serving.command import (ToolMismatch, build_command, effective_seed,
+from patchbench.suites.serving import Params
+from patchbench.suites.serving.command import (ToolMismatch, build_command, effective_seed,
                                     release_dataset_name, tool_info, wants_chat_template)
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""Parsing bench_serving's result line (suites.serving.parse) on real recordings of both releases.
+"""Parsing bench_serving's result line (patchbench.suites.serving.parse) on real recordings of both releases.
 
 The recordings in tests/data/serving/ are real bench_serving runs against a real CPU sglang server
 (tiny random Qwen2.5-VL; see tests/data/serving/README.md). Each test checks our parse against an
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from suites.serving.parse import (ResultError, read_result_line, request_records, request_status,
+from patchbench.suites.serving.parse import (ResultError, read_result_line, request_records, request_status,
                                   summary_metrics)
 
 DATA = Path(__file__).parent / "data" / "serving"

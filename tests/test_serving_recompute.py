@@ -1,4 +1,4 @@
-"""Our per-request and summary recomputation (suites.serving.recompute): cases.md S1-S3 and the
+"""Our per-request and summary recomputation (patchbench.suites.serving.recompute): cases.md S1-S3 and the
 agreement with bench_serving's own summary on real recorded runs of both releases."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from suites.serving.parse import read_result_line, summary_metrics
-from suites.serving.recompute import (APPROX, EXACT, Chunk, compare_with_summary,
+from patchbench.suites.serving.parse import read_result_line, summary_metrics
+from patchbench.suites.serving.recompute import (APPROX, EXACT, Chunk, compare_with_summary,
                                       recompute_from_details, request_from_chunks)
 
 DATA = Path(__file__).parent / "data" / "serving"

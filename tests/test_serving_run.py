@@ -1,4 +1,4 @@
-"""suites.serving.run(): the subprocess, failures, validity, records; a fake bench_serving (a real
+"""patchbench.suites.serving.run(): the subprocess, failures, validity, records; a fake bench_serving (a real
 subprocess replaying a recorded result) and a fake server handle, plus the real thing (e2e)."""
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pytest
 
 from patchbench.records import read_json
 from patchbench.suite import ServerInfo, SuiteContext, SuiteError
-from suites.serving import Params, report_block, run
-from suites.serving.validity import images_check, request_checks, retokenized_change
+from patchbench.suites.serving import Params, report_block, run
+from patchbench.suites.serving.validity import images_check, request_checks, retokenized_change
 
 DATA = Path(__file__).parent / "data" / "serving"
 
@@ -332,8 +332,8 @@ def test_real_bench_serving_against_cpu_server(cpu_server, tmp_path):
 
 
 def test_every_reported_metric_is_declared(tmp_path, fake_pkg):
-    from suites.serving import METRICS
-    from suites.serving.parse import summary_metrics
+    from patchbench.suites.serving import METRICS
+    from patchbench.suites.serving.parse import summary_metrics
     for rec in sorted(DATA.glob("v*.jsonl")):
         names = set(summary_metrics(json.loads(rec.read_text())))
         assert names <= set(METRICS), names - set(METRICS)
@@ -352,7 +352,7 @@ def test_image_probe_tries_the_next_seed_when_the_server_refuses_a_random_prompt
     """A random prompt can decode to a special token sglang refuses with 400 (CI hit
     <|video_pad|> once): the probe moves to the next seed, records the refusal, and gives up after
     ATTEMPTS with the server's reason in the error, never a traceback tail."""
-    from suites.serving.image_probe import ATTEMPTS
+    from patchbench.suites.serving.image_probe import ATTEMPTS
     handler = type("H", (_Generate,), {"extra_per_image": 64, "calls": 0, "refuse": refuse})
     httpd = http.server.HTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()

@@ -19,12 +19,12 @@ from pathlib import Path
 
 from patchbench.records import read_json
 from patchbench.suite import MetricInfo
-from suites.mmmu.bench import domain_metric, run
-from suites.mmmu.cli import cli
-from suites.mmmu.data import DOMAINS
-from suites.mmmu.pairing import PairingError, pair
-from suites.mmmu.params import Params
-from suites.mmmu.scoring import format_block
+from patchbench.suites.mmmu.bench import domain_metric, run
+from patchbench.suites.mmmu.cli import cli
+from patchbench.suites.mmmu.data import DOMAINS
+from patchbench.suites.mmmu.pairing import PairingError, pair
+from patchbench.suites.mmmu.params import Params
+from patchbench.suites.mmmu.scoring import format_block
 
 METRICS: dict[str, MetricInfo] = {
     "mmmu_overall_acc": MetricInfo("higher", "acc", "Overall accuracy"),

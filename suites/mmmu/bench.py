@@ -24,10 +24,10 @@ from typing import Any
 
 from patchbench.records import read_jsonl, write_json, write_jsonl
 from patchbench.suite import SuiteContext, SuiteError, SuiteResult
-from suites.mmmu import client, scoring
-from suites.mmmu.data import DOMAINS, load_questions
-from suites.mmmu.params import Params
-from suites.mmmu.prompts import PromptError, build_messages
+from patchbench.suites.mmmu import client, scoring
+from patchbench.suites.mmmu.data import DOMAINS, load_questions
+from patchbench.suites.mmmu.params import Params
+from patchbench.suites.mmmu.prompts import PromptError, build_messages
 
 PREPARED_VERSION = 1
 
@@ -44,21 +44,21 @@ def resolve_dataset_path(p: str | None) -> Path | None:
     return q if q.is_absolute() else _repo_root() / q
 
 
-#: ``dataset`` value that selects the generated demo questions (suites.mmmu.demo_data)
+#: ``dataset`` value that selects the generated demo questions (patchbench.suites.mmmu.demo_data)
 DEMO_DATASET = "patchbench/mmmu-demo"
 DEMO_DEFAULT_PATH = ".cache/data/mmmu-demo"
 
 
 def dataset_folder(params: Params) -> Path | None:
     """The local folder to load from. For ``dataset: patchbench/mmmu-demo`` the generated demo
-    questions (MMMU schema, :mod:`suites.mmmu.demo_data`) at ``dataset_path`` (default
+    questions (MMMU schema, :mod:`patchbench.suites.mmmu.demo_data`) at ``dataset_path`` (default
     ``.cache/data/mmmu-demo``), generated there first when missing."""
     dp = resolve_dataset_path(params.dataset_path)
     if params.dataset != DEMO_DATASET:
         return dp
     dp = dp or resolve_dataset_path(DEMO_DEFAULT_PATH)
     if not any(dp.glob(f"*/{params.split}-*.parquet")):
-        from suites.mmmu.demo_data import generate
+        from patchbench.suites.mmmu.demo_data import generate
         generate(dp)
     return dp
 

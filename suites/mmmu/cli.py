@@ -29,9 +29,9 @@ from typing import Any
 
 from patchbench import EXIT_OK, EXIT_USAGE
 from patchbench.records import read_json, read_jsonl, write_json
-from suites.mmmu import scoring
-from suites.mmmu.data import subject_of
-from suites.mmmu.params import Params
+from patchbench.suites.mmmu import scoring
+from patchbench.suites.mmmu.data import subject_of
+from patchbench.suites.mmmu.params import Params
 
 
 class InputError(ValueError):
@@ -130,7 +130,7 @@ def cli(argv: list[str]) -> int:
     except (InputError, FileNotFoundError, json.JSONDecodeError, ValueError) as e:
         print(f"score-mmmu: {e}", file=sys.stderr)
         return EXIT_USAGE
-    from suites.mmmu.bench import summarize, write_outputs
+    from patchbench.suites.mmmu.bench import summarize, write_outputs
     params = Params(parser=a.parser, seed=a.seed, official_fallback=a.fallback)
     result, sc = summarize(records, params, extra_meta={"responses": str(a.responses),
                                                         "answer_key": str(a.answer_key)})

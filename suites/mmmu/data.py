@@ -14,7 +14,7 @@ Where questions come from (``load_questions``):
   (the hub, or its local cache when ``HF_DATASETS_OFFLINE=1``);
 - ``dataset_path`` a folder holding parquet files in the hub's layout
   ``<Subject>/<split>-*.parquet`` (a ``huggingface-cli download`` of MMMU/MMMU, or the demo
-  questions of :mod:`suites.mmmu.demo_data`);
+  questions of :mod:`patchbench.suites.mmmu.demo_data`);
 - ``dataset_path`` a folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``
   (one dataset holding all subjects, or a DatasetDict keyed by split or by subject);
 - otherwise ``dataset_path`` is used as the ``cache_dir`` of ``load_dataset`` (a filled HF cache).
@@ -173,7 +173,7 @@ def _hint(dataset: str) -> str:
             f"of parquet files in the hub layout (<Subject>/<split>-*.parquet, e.g. from "
             f"`huggingface-cli download {dataset} --repo-type dataset --local-dir DIR` on a "
             f"machine with network), a `datasets` save_to_disk folder, or a filled HF cache "
-            f"folder; or run `python -m suites.mmmu.demo_data DIR` for generated demo questions")
+            f"folder; or run `python -m patchbench.suites.mmmu.demo_data DIR` for generated demo questions")
 
 
 def _load_subject_parquet(root: Path, subject: str, split: str):

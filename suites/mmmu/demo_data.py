@@ -3,7 +3,7 @@
 No hub access is needed: ``generate(out_dir)`` draws simple pictures with Pillow (coloured shapes,
 dots to count, printed words and numbers) and writes them as a local dataset in the hub's parquet
 layout, ``<out_dir>/<Subject>/validation-00000-of-00001.parquet``, which the suite loads through
-the same ``dataset_path`` code path as a real local copy of MMMU/MMMU (:mod:`suites.mmmu.data`).
+the same ``dataset_path`` code path as a real local copy of MMMU/MMMU (:mod:`patchbench.suites.mmmu.data`).
 
 Fields are those of HF ``MMMU/MMMU``: ``id`` (``validation_<Subject>_<n>``), ``question``,
 ``options`` (a string holding a Python list literal; ``"[]"`` for open questions), ``explanation``,
@@ -22,7 +22,7 @@ Kinds of question (one subject each, across all six domains):
 - Music (options that are images): four or five images, the question names ``<image 1>`` and
   the options are only placeholders (``"<image 3>"``), as in the real five-image Music question.
 
-Deterministic for a given ``(n, seed)``. CLI: ``python -m suites.mmmu.demo_data OUT_DIR [--n N]
+Deterministic for a given ``(n, seed)``. CLI: ``python -m patchbench.suites.mmmu.demo_data OUT_DIR [--n N]
 [--seed S]``.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any
 
 from PIL import Image, ImageDraw, ImageFont
 
-from suites.mmmu.data import quiet_datasets
+from patchbench.suites.mmmu.data import quiet_datasets
 
 SPLIT = "validation"
 COLOURS = {"red": (220, 30, 30), "blue": (30, 60, 220), "green": (30, 160, 60),
@@ -245,7 +245,7 @@ def _write(out: Path, by_subject: dict[str, list[dict[str, Any]]], counts: dict[
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m suites.mmmu.demo_data", description=__doc__.split(
+    ap = argparse.ArgumentParser(prog="python -m patchbench.suites.mmmu.demo_data", description=__doc__.split(
         "\n")[0])
     ap.add_argument("out_dir")
     ap.add_argument("--n", type=int, default=63)

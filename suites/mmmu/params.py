@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from suites.mmmu.data import SUBJECTS
-from suites.mmmu.prompts import DEFAULT_MC_TEMPLATE, DEFAULT_OPEN_TEMPLATE, DEFAULT_OPTION_FORMAT
+from patchbench.suites.mmmu.data import SUBJECTS
+from patchbench.suites.mmmu.prompts import DEFAULT_MC_TEMPLATE, DEFAULT_OPEN_TEMPLATE, DEFAULT_OPTION_FORMAT
 
 
 class Params(BaseModel):

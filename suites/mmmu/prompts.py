@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from PIL import Image
 
-from suites.mmmu.data import IMAGE_TAG, Question
+from patchbench.suites.mmmu.data import IMAGE_TAG, Question
 
 DEFAULT_MC_TEMPLATE = ("{question}\n\n{options}\n\nAnswer with the option's letter from the given "
                        "choices directly.")

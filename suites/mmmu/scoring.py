@@ -26,8 +26,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from statsmodels.stats.proportion import proportion_confint
 
-from suites.mmmu import parsers as P
-from suites.mmmu.data import DOMAINS, subject_of
+from patchbench.suites.mmmu import parsers as P
+from patchbench.suites.mmmu.data import DOMAINS, subject_of
 
 PARSERS = ("strict", "official")
 VERDICTS = ("correct", "wrong", "unparsed", "failed")

@@ -7,7 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 #: dataset names a config may use (the user's vocabulary). "image" and "random-image" are the same
 #: synthetic image dataset, spelt "random-image" by sglang 0.5.1.post3 and "image" by 0.5.23; we pass
-#: whichever the pinned release knows (see :mod:`suites.serving.command`).
+#: whichever the pinned release knows (see :mod:`patchbench.suites.serving.command`).
 DatasetName = Literal["mmmu", "image", "random-image", "random", "random-ids"]
 
 #: datasets whose requests carry images (the "images reached the model" check applies)
@@ -61,7 +61,7 @@ class Params(BaseModel):
     - images_min_prompt_token_ratio: optional second bound: server prompt tokens / text-only tokens
       must reach this ratio (None: not checked; useful for mmmu, where images dominate the prompt).
     - recompute_rel_tol / recompute_abs_tol_ms: tolerance for our recomputation of the summary from
-      the per-request details (see :mod:`suites.serving.recompute`).
+      the per-request details (see :mod:`patchbench.suites.serving.recompute`).
 
     Offline use: ``mmmu`` loads ``MMMU/MMMU`` with ``datasets.load_dataset`` and the tokenizer (and,
     in 0.5.23, the processor) with ``from_pretrained``. On a machine without the hub, fill the HF

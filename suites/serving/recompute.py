@@ -120,7 +120,7 @@ def recompute_from_details(row: dict[str, Any], *, as_tool: bool = True) -> dict
     non-speculative path): every request the tool counted as a success is in, including responses
     that streamed no token (TTFT 0). as_tool=False is our clean view: only requests with a streamed
     token count ("completed_count"), which is the number the report uses. Durations come from the
-    tool's ``duration`` (not derivable from the details). Names as in :mod:`suites.serving.parse`.
+    tool's ``duration`` (not derivable from the details). Names as in :mod:`patchbench.suites.serving.parse`.
     """
     dur = float(row["duration"])
     ttfts: list[float] = []

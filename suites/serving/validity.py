@@ -25,7 +25,7 @@ def request_checks(statuses: list[str], errors: list[str], *, num_prompts: int,
                    tool_completed: int) -> tuple[list[str], list[str]]:
     """Errors and warnings about failed / token-less requests.
 
-    statuses: per request "ok" | "failed" | "no_token" (suites.serving.parse.request_status);
+    statuses: per request "ok" | "failed" | "no_token" (patchbench.suites.serving.parse.request_status);
     num_prompts: requests asked for; tool_completed: the tool's "completed" count.
     """
     errs: list[str] = []

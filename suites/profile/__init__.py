@@ -1,0 +1,1 @@
+"""Profile suite (being built): host syncs per decode step and GPU idle gaps from the live server."""
