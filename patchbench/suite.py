@@ -179,15 +179,21 @@ class Suite:
         """In-server instrumentation for this suite's correctness cell (None: none)."""
         return None
 
-    def pair(self, baseline_dir: Path, variant_dir: Path, params: BaseModel) -> dict | None:
-        """Paired analysis of one baseline cell and one variant cell of this suite (their suite
-        folders). Returns a JSON-able dict, or None when the suite has none. Raise
-        :class:`PairingRefused` when the two cells must not be paired (the reason is shown
-        instead of numbers)."""
+    def pair(self, baseline_dirs: list[Path], variant_dirs: list[Path],
+             params: BaseModel) -> dict | None:
+        """Paired analysis of the baseline's and one variant's cells of this suite.
+
+        ``baseline_dirs[k]`` and ``variant_dirs[k]`` are this suite's folders in repeat k of each
+        (only repeats where both cells are ok; order = repeat index). Returns a JSON-able dict that
+        the comparison stores under ``pairs[<suite>][<variant>]`` and that this suite's own
+        ``report_section`` / ``plots`` read back; None when the suite has no paired analysis.
+        Raise :class:`PairingRefused` when the cells must not be paired (the reason is shown in
+        the report instead of numbers)."""
         return None
 
     def report_section(self, comparison: Any) -> list[str]:
-        """Markdown lines for report.md, rendered only from the typed comparison."""
+        """Markdown lines for report.md, rendered only from the typed comparison (its
+        ``pairs[self.name]``: {variant: what :meth:`pair` returned} and its metric rows)."""
         return []
 
     def plots(self, comparison: Any, out_dir: Path) -> list[Path]:
