@@ -1,13 +1,17 @@
 """patchbench: A/B benchmarking and accuracy-regression suite for sglang patches.
 
-Exit codes of every ``runner.py`` command (README, "Exit codes"):
-0 done, 1 regression found (nightly), 2 bad usage or config, 3 environment not ready,
-4 a run failed.
+One command line, ``patchbench CMD`` (patchbench/cli.py; also ``python -m patchbench`` and
+``runner.py``). Exit codes: :data:`patchbench.errors.EXIT_CODES` (the ``EXIT_*`` names below are
+re-exported from :mod:`patchbench.errors` for existing imports).
 """
-EXIT_OK = 0
-EXIT_REGRESSION = 1
-EXIT_USAGE = 2
-EXIT_ENV = 3
-EXIT_RUN_FAILED = 4
+from patchbench.errors import (
+    EXIT_ENV,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_REGRESSION,
+    EXIT_RUN_FAILED,
+    EXIT_USAGE,
+)
 
-__all__ = ["EXIT_OK", "EXIT_REGRESSION", "EXIT_USAGE", "EXIT_ENV", "EXIT_RUN_FAILED"]
+__all__ = ["EXIT_OK", "EXIT_REGRESSION", "EXIT_USAGE", "EXIT_ENV", "EXIT_RUN_FAILED",
+           "EXIT_INTERRUPTED"]

@@ -1,71 +1,140 @@
-"""``runner.py doctor [CONFIG]``: print the environment and what is missing for a config.
+"""``patchbench doctor [CONFIG]``: print the environment and what is missing for a config.
 
 Prints GPU, driver, CUDA build, torch, sglang, the pins this repo supports, whether the model hub
 answers, free disk; with a CONFIG also each requirement of that config with OK / MISSING and the
-command that fixes it. Exit 0 when nothing is missing, 3 otherwise.
+command that fixes it: the sglang pin, the model, a GPU, the port, and each suite's own checks
+(:meth:`patchbench.suite.Suite.doctor_checks`; the core names no suite). Exit 0 when nothing is
+missing, 3 otherwise; an invalid CONFIG raises :class:`patchbench.config.ConfigError` (exit 2).
 """
 from __future__ import annotations
 
-import argparse
+import contextvars
 import sys
+from typing import Any, TextIO
 
-from patchbench import EXIT_ENV, EXIT_OK, EXIT_USAGE, envinfo
-from patchbench.config import REPO_ROOT, ConfigError, is_hub_id, load_config
+from patchbench import envinfo
+from patchbench.errors import EXIT_ENV, EXIT_OK
+
+#: the environment facts (:func:`patchbench.envinfo.collect`) of the doctor run in progress, so a
+#: suite's ``doctor_checks`` can ask (e.g. whether the hub answers) without probing again
+_INFO: contextvars.ContextVar[dict | None] = contextvars.ContextVar("doctor_info", default=None)
+
+Check = tuple[str, bool, str]  # (what, ok, how to fix)
 
 
 def supported_pins() -> list[str]:
     """sglang releases with a CPU profile in requirements/ (GPU installs take any release)."""
-    return sorted(p.stem.removeprefix("cpu-") for p in (REPO_ROOT / "requirements").glob("cpu-*.txt"))
+    from patchbench.config import REPO_ROOT
+
+    return sorted(p.stem.removeprefix("cpu-")
+                  for p in (REPO_ROOT / "requirements").glob("cpu-*.txt"))
 
 
-def checks_for(cfg, info: dict) -> list[tuple[str, bool, str]]:
-    """(what, ok, how to fix) for each requirement of ``cfg`` in this environment."""
-    from patchbench.server import port_answers
+def hub_reachable() -> bool:
+    """Whether the Hugging Face hub answers, as this doctor run found it (probed when unknown)."""
+    info = _INFO.get()
+    if info is not None and "hub_reachable" in info:
+        return bool(info["hub_reachable"])
+    return envinfo.hub_reachable()
 
-    out = []
-    have = info.get("sglang")
-    fix = "make setup" if cfg.sglang == "0.5.1.post3" else f"make setup SGLANG={cfg.sglang}"
-    out.append((f"sglang {cfg.sglang} installed (have {have})", have == cfg.sglang, fix))
-    if cfg.model.tiny:
-        from patchbench.tinymodel import is_built
-        out.append((f"tiny model at {cfg.model_dir}", is_built(cfg.model_dir),
-                    f"built on first run, or: runner.py make-tiny-model {cfg.model_dir}"))
-    else:
-        if cfg.model_dir.exists():
-            where, ok = "local folder", True
-        elif is_hub_id(cfg.model.path) and envinfo.hf_cached(cfg.model.path):
-            where, ok = "in the HF hub cache", True
-        else:
-            where = "hub reachable" if info.get("hub_reachable") else "not local, not cached, hub unreachable"
-            ok = bool(info.get("hub_reachable")) and is_hub_id(cfg.model.path)
-        out.append((f"model {cfg.model.path} ({where})", ok,
-                    "download the weights to a local folder and set model.path, or fill the HF "
-                    "cache (huggingface-cli download ID) and set HF_HUB_OFFLINE=1"))
-    needs_gpu = not any(a in ("cpu", "--device=cpu") for a in cfg.server.args)
-    if needs_gpu:
-        out.append(("NVIDIA GPU (the config does not run on --device cpu)", bool(info.get("gpu")),
-                    "run on a GPU machine, or use a CPU config (configs/demo-cpu.yaml)"))
-    out.append((f"port {cfg.server.port} free", not port_answers(cfg.server.host, cfg.server.port),
-                "stop whatever listens there or change server.port"))
-    for name, p in cfg.suite_params.items():
-        ds = getattr(p, "dataset_name", None) or getattr(p, "dataset", None)
-        if ds and "mmmu" in str(ds).lower() and not getattr(p, "dataset_path", None):
-            cached = envinfo.hf_cached("MMMU/MMMU", "dataset")
-            how = ("in the HF hub cache" if cached else "hub reachable" if info.get("hub_reachable")
-                   else "not cached, hub unreachable")
-            out.append((f"suite {name}: dataset {ds} ({how})",
-                        cached or bool(info.get("hub_reachable")),
-                        "fill the HF cache and set HF_DATASETS_OFFLINE=1, or set dataset_path"))
+
+def hf_dataset_check(what: str, repo_id: str, local_path: str | None = None) -> Check:
+    """A check row for a Hugging Face dataset a suite reads: ok when ``local_path`` is set (the
+    suite reads that instead), the hub cache holds ``repo_id``, or the hub answers.
+
+    ``what`` names the requirement, e.g. "suite mmmu: dataset MMMU/MMMU"; the row's text adds
+    where the data was found. For use in a suite's ``doctor_checks``.
+    """
+    if local_path:
+        return f"{what} (local: {local_path})", True, ""
+    cached = envinfo.hf_cached(repo_id, "dataset")
+    reachable = hub_reachable()
+    where = ("in the HF hub cache" if cached else "hub reachable" if reachable
+             else "not cached, hub unreachable")
+    return (f"{what} ({where})", cached or reachable,
+            "fill the HF cache and set HF_DATASETS_OFFLINE=1, or set dataset_path")
+
+
+def _suite_checks(cfg: Any) -> list[Check]:
+    """Each suite's own ``doctor_checks`` (a suite that does not load is a MISSING row)."""
+    from patchbench.suite import get_suite
+
+    out: list[Check] = []
+    for name, params in cfg.suite_params.items():
+        try:
+            suite = get_suite(name)
+        except (KeyError, ImportError) as e:
+            out.append((f"suite {name} loads", False, str(e).strip("'\"")))
+            continue
+        out.extend(suite.doctor_checks(cfg, params))
     return out
 
 
-def cli(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="runner.py doctor", description=__doc__.splitlines()[0])
-    ap.add_argument("config", nargs="?")
-    args = ap.parse_args(argv)
-    info = envinfo.collect(with_torch=True, with_hub=True)
+def _stale_server_checks() -> list[Check]:
+    """sglang servers left by a killed patchbench run, with the command that stops them."""
+    from patchbench import server
+
+    find = getattr(server, "find_stale_servers", None)
+    if find is None:
+        return []
+    stale = list(find())
+    if not stale:
+        return [("no sglang server left over by an earlier patchbench run", True, "")]
+    rows = []
+    for s in stale:
+        pid = getattr(s, "pid", None) if not isinstance(s, dict) else s.get("pid")
+        run = getattr(s, "run_dir", None) if not isinstance(s, dict) else s.get("run_dir")
+        rows.append((f"sglang server pid {pid} left over by run {run or '?'}", False,
+                     f"kill -TERM -{pid}   (or: patchbench bench --kill-stale CONFIG)"))
+    return rows
+
+
+def checks_for(cfg: Any, info: dict) -> list[Check]:
+    """(what, ok, how to fix) for each requirement of ``cfg`` (a loaded Config) in this
+    environment; ``info`` is :func:`patchbench.envinfo.collect`'s dict (keys used: sglang,
+    hub_reachable, gpu)."""
+    from patchbench.config import is_hub_id
+    from patchbench.server import port_answers
+
+    token = _INFO.set(info)
+    try:
+        out: list[Check] = []
+        have = info.get("sglang")
+        fix = "make setup" if cfg.sglang == "0.5.1.post3" else f"make setup SGLANG={cfg.sglang}"
+        out.append((f"sglang {cfg.sglang} installed (have {have})", have == cfg.sglang, fix))
+        if cfg.model.tiny:
+            from patchbench.tinymodel import is_built
+            out.append((f"tiny model at {cfg.model_dir}", is_built(cfg.model_dir),
+                        f"built on first run, or: patchbench make-tiny-model {cfg.model_dir}"))
+        else:
+            if cfg.model_dir.exists():
+                where, ok = "local folder", True
+            elif is_hub_id(cfg.model.path) and envinfo.hf_cached(cfg.model.path):
+                where, ok = "in the HF hub cache", True
+            else:
+                reach = bool(info.get("hub_reachable"))
+                where = "hub reachable" if reach else "not local, not cached, hub unreachable"
+                ok = reach and is_hub_id(cfg.model.path)
+            out.append((f"model {cfg.model.path} ({where})", ok,
+                        "download the weights to a local folder and set model.path, or fill the "
+                        "HF cache (huggingface-cli download ID) and set HF_HUB_OFFLINE=1"))
+        if not any(a in ("cpu", "--device=cpu") for a in cfg.server.args):
+            out.append(("NVIDIA GPU (the config does not run on --device cpu)",
+                        bool(info.get("gpu")),
+                        "run on a GPU machine, or use a CPU config (configs/demo-cpu.yaml)"))
+        out.append((f"port {cfg.server.port} free",
+                    not port_answers(cfg.server.host, cfg.server.port),
+                    "stop whatever listens there or change server.port"))
+        out.extend(_suite_checks(cfg))
+        return out
+    finally:
+        _INFO.reset(token)
+
+
+def environment_rows(info: dict) -> list[tuple[str, str]]:
+    """(label, value) lines describing this environment, from :func:`envinfo.collect`'s dict."""
     gpu = info.get("gpu")
-    rows = [
+    return [
         ("python", f"{info['python']} ({info['executable']})"),
         ("GPU", ", ".join(g["name"] for g in gpu["gpus"]) if gpu else "none (CPU only)"),
         ("driver", gpu["driver"] if gpu else "-"),
@@ -79,18 +148,33 @@ def cli(argv: list[str]) -> int:
         ("free disk", f"{info['disk_free_gib']} GiB"),
         ("repo commit", info.get("git_sha") or "-"),
     ]
-    for k, v in rows:
-        print(f"{k:<16} {v}")
-    if not args.config:
-        return EXIT_OK
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as e:
-        print(f"config error:\n{e}", file=sys.stderr)
-        return EXIT_USAGE
-    print(f"\nfor {args.config}:")
-    missing = 0
-    for what, ok, fix in checks_for(cfg, info):
-        print(f"  {'OK     ' if ok else 'MISSING'} {what}" + ("" if ok else f"  -> {fix}"))
-        missing += not ok
-    return EXIT_OK if not missing else EXIT_ENV
+
+
+def run_doctor(config: str | None = None, out: TextIO | None = None) -> int:
+    """Print the environment, leftover servers and (with ``config``) each requirement of that
+    config. Returns 0 when nothing is missing, 3 (EXIT_ENV) otherwise. Raises ConfigError
+    (exit 2) for an invalid config."""
+    out = out or sys.stdout
+    info = envinfo.collect(with_torch=True, with_hub=True)
+    for k, v in environment_rows(info):
+        print(f"{k:<16} {v}", file=out)
+    rows = _stale_server_checks()
+    if config:
+        from patchbench.config import load_config
+
+        cfg = load_config(config)
+        rows = checks_for(cfg, info) + rows
+        print(f"\nfor {config}:", file=out)
+    elif rows:
+        print("", file=out)
+    for what, ok, fix in rows:
+        print(f"  {'OK     ' if ok else 'MISSING'} {what}" + ("" if ok else f"  -> {fix}"),
+              file=out)
+    return EXIT_OK if all(ok for _, ok, _ in rows) else EXIT_ENV
+
+
+def cli(argv: list[str]) -> int:
+    """``patchbench doctor [CONFIG]`` through the one command line (kept for existing callers)."""
+    from patchbench.cli import main
+
+    return main(["doctor", *argv])

@@ -1,0 +1,326 @@
+"""The one command line: ``patchbench CMD ...`` (also ``python -m patchbench`` and ``runner.py``).
+
+Every subcommand is one row of :data:`COMMANDS` (name, one-line help, its options, the function
+that runs it); ``patchbench --help`` is generated from that table and from the exit-code table
+:data:`patchbench.errors.EXIT_CODES`. Every command ends the same way (:func:`main`):
+
+- it returns an exit code, or raises; an error deriving from :class:`patchbench.errors.PatchbenchError`
+  (or one of the module errors in :data:`LEGACY_EXIT_CODES`) becomes its documented exit code and
+  a message on stderr that starts with ``patchbench CMD: <kind> (exit N):``;
+- Ctrl-C (KeyboardInterrupt) exits 130 in every command; :class:`patchbench.errors.Interrupted`
+  exits 130, or 143 for SIGTERM;
+- anything else is a bug: exit 70 with the traceback.
+
+Modules are imported only when their command runs, so ``--help`` works in any environment.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import traceback
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from patchbench import errors
+from patchbench.errors import EXIT_BUG, EXIT_CODES, EXIT_ENV, EXIT_OK, EXIT_USAGE
+
+PROG = "patchbench"
+
+
+# ------------------------------------------------------------------------------ exception table
+#: Exceptions of modules that do not derive from patchbench.errors yet, by "module.QualName"
+#: (matched along the exception's MRO, so the modules are not imported here). Remove a row once
+#: its class subclasses the matching patchbench.errors class.
+LEGACY_EXIT_CODES: dict[str, int] = {
+    "patchbench.config.ConfigError": EXIT_USAGE,
+    "patchbench.bench.PatchProblem": EXIT_USAGE,
+    "patchbench.bench.EnvironmentNotReady": EXIT_ENV,
+    "patchbench.bench.RunFailed": errors.EXIT_RUN_FAILED,
+    "patchbench.patchset.FetchError": EXIT_ENV,  # before PatchError: FetchError derives from it
+    "patchbench.patchset.PatchError": EXIT_USAGE,
+    "patchbench.history.HistoryError": EXIT_ENV,
+    "patchbench.server.ServerError": errors.EXIT_RUN_FAILED,
+    "patchbench.overlay.OverlayError": EXIT_USAGE,
+}
+
+
+def _legacy_code(exc: BaseException) -> int | None:
+    for cls in type(exc).__mro__:
+        code = LEGACY_EXIT_CODES.get(f"{cls.__module__}.{cls.__qualname__}")
+        if code is not None:
+            return code
+    return None
+
+
+def exit_code_of(exc: BaseException) -> int:
+    """The documented exit code of ``exc``: :func:`patchbench.errors.exit_code_of`, extended by
+    :data:`LEGACY_EXIT_CODES` (KeyboardInterrupt -> 130, SystemExit -> its code, unknown -> 70)."""
+    if isinstance(exc, SystemExit):
+        return exc.code if isinstance(exc.code, int) else (EXIT_OK if exc.code is None else EXIT_USAGE)
+    if isinstance(exc, errors.PatchbenchError):
+        return errors.exit_code_of(exc)
+    legacy = _legacy_code(exc)
+    return legacy if legacy is not None else errors.exit_code_of(exc)
+
+
+def _kind(exc: BaseException, code: int) -> str:
+    """A short word for the message: "config error", "patch error", "environment not ready"..."""
+    names = [c.__name__ for c in type(exc).__mro__]
+    if code == EXIT_USAGE:
+        if "ConfigError" in names:
+            return "config error"
+        if "PatchError" in names or "PatchProblem" in names or "OverlayError" in names:
+            return "patch error"
+        return "usage error"
+    return {errors.EXIT_REGRESSION: "regression found", EXIT_ENV: "environment not ready",
+            errors.EXIT_RUN_FAILED: "run failed", errors.EXIT_UNDERPOWERED: "underpowered",
+            errors.EXIT_INTERRUPTED: "interrupted",
+            errors.EXIT_TERMINATED: "terminated"}.get(code, "error")
+
+
+def _report(cmd: str, exc: BaseException, code: int) -> None:
+    """Print the error line (and, for a multi-line message, its detail lines) on stderr."""
+    text = str(exc).strip()
+    head = f"{PROG} {cmd}: {_kind(exc, code)} (exit {code})"
+    print(f"{head}: {text}" if text else head, file=sys.stderr)
+
+
+# ----------------------------------------------------------------------------------- commands
+def _delegate(module: str, function: str) -> Callable[[argparse.Namespace, list[str]], int]:
+    """A command that hands its raw arguments to ``module.function(argv) -> int`` (the module's
+    own ``cli``), after this parser validated them."""
+    def run(_args: argparse.Namespace, raw: list[str]) -> int:
+        return int(getattr(importlib.import_module(module), function)(raw) or 0)
+    run.__doc__ = f"Delegates to {module}.{function}(argv)."
+    return run
+
+
+def _args_bench(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="the experiment config (YAML)")
+    p.add_argument("--dry-run", action="store_true", help="print the resolved plan, launch nothing")
+    p.add_argument("--resume", metavar="RUN_DIR", help="run only the cells missing in RUN_DIR")
+    p.add_argument("--results", metavar="DIR",
+                   help="parent folder of the run folder (default results/)")
+    p.add_argument("--port", type=int, help="override server.port")
+
+
+def _run_bench(a: argparse.Namespace, _raw: list[str]) -> int:
+    from patchbench import bench, envinfo
+    from patchbench.config import load_config
+
+    if a.dry_run:
+        cfg = load_config(a.config)
+        print(bench.describe_plan(cfg, Path(a.resume) if a.resume else None))
+        have = envinfo.installed_version("sglang")
+        if have != cfg.sglang:
+            print(f"note: this environment has sglang {have}; a real run needs {cfg.sglang}")
+        return EXIT_OK
+    bench.run_bench(a.config, resume=a.resume, results_root=a.results, port=a.port)
+    return EXIT_OK
+
+
+def _args_report(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", type=Path, help="a run folder (holds manifest.json)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+
+
+def _args_compare(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_a", type=Path, help="run folder whose baseline is compared")
+    p.add_argument("run_b", type=Path, help="run folder whose variant is compared")
+    p.add_argument("--variant", help="variant of RUN_B (default: its first non-baseline variant)")
+    p.add_argument("--out", type=Path, help="output folder (default RUN_B/compare-vs-...)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+
+
+def _args_nightly(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", help="the experiment config (YAML)")
+    p.add_argument("--history", help="SQLite history file (default: $PATCHBENCH_HISTORY, else the "
+                                     "config's nightly.history_path)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--from-run", metavar="RUN_DIR", help="gate a finished run folder; run nothing")
+    g.add_argument("--record-only", metavar="RUN_DIR",
+                   help="only append a finished run folder to the history")
+
+
+def _args_check_patch(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sglang", metavar="VERSION",
+                   help="only this release (default: all in each manifest)")
+    p.add_argument("--patch", metavar="NAME", help="only this patch (a folder in patches/)")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help="wheels and derived diffs (default: .cache/patches)")
+    p.add_argument("--json", action="store_true", help="also print the results as JSON")
+
+
+#: severity order when several (patch, release) checks fail: the last listed wins
+_CHECK_ORDER = [EXIT_OK, EXIT_ENV, EXIT_USAGE]
+
+
+def _run_check_patch(a: argparse.Namespace, _raw: list[str]) -> int:
+    """Apply each patch (or ``--patch``) to a pristine copy of each release in its manifest (or
+    ``--sglang``); one line per (patch, release). Exit 0 all OK; 2 a diff that does not apply,
+    does not compile, an invalid manifest or an unknown patch/release; 3 a wheel could not be
+    fetched. A patch without the ``--sglang`` release is SKIP unless it was named."""
+    import json
+
+    from patchbench import patchset
+
+    cache = a.cache_dir or patchset.DEFAULT_CACHE_DIR
+    names = [a.patch] if a.patch else patchset.available_patches()
+    if not names:
+        raise errors.UsageError("no patches found under patches/")
+    worst, failed, results = EXIT_OK, 0, []
+    for name in names:
+        try:
+            m = patchset.load_manifest(name)
+        except patchset.PatchError as e:
+            print(f"{name:<20} {'-':<12} FAIL  {e}")
+            worst, failed = max(worst, exit_code_of(e), key=_CHECK_ORDER.index), failed + 1
+            continue
+        for ver in [a.sglang] if a.sglang else list(m.releases):
+            if ver not in m.releases and not a.patch:
+                print(f"{name:<20} {ver:<12} SKIP  no diff for this release (supports "
+                      f"{', '.join(m.releases)})")
+                continue
+            try:
+                res = patchset.check_patch(name, ver, cache_dir=cache)
+            except patchset.PatchError as e:
+                print(f"{name:<20} {ver:<12} FAIL  {e}")
+                worst, failed = max(worst, exit_code_of(e), key=_CHECK_ORDER.index), failed + 1
+                continue
+            files = "  ".join(f"{Path(p).name} {h['before'][:8]}..->{h['after'][:8]}.."
+                              for p, h in res["files"].items())
+            print(f"{name:<20} {ver:<12} OK    {files}  (diff {res['patch_sha256'][:8]}.., "
+                  f"{res['source'].split()[0]}, compiles)")
+            results.append(res)
+    if a.json:
+        print(json.dumps(results, indent=1))
+    if worst != EXIT_OK:
+        print(f"{PROG} check-patch: {failed} check(s) failed (exit {worst}); see the FAIL lines "
+              "above", file=sys.stderr)
+    return worst
+
+
+def _args_score_mmmu(p: argparse.ArgumentParser) -> None:
+    p.add_argument("responses", help="<Subject>/output.json folder, records.jsonl or output.json")
+    p.add_argument("--answer-key", required=True, help="answer_dict_val.json")
+    p.add_argument("--parser", choices=["strict", "official"], default="strict")
+    p.add_argument("--seed", type=int, default=42,
+                   help="seed of the official parser's random fallback (default 42)")
+    p.add_argument("--fallback", choices=["random", "unparsed"], default="random",
+                   help="official parser: pick a seeded random letter, or count as unparsed")
+    p.add_argument("--out", help="folder for records.jsonl, val_sglang.json, ...")
+
+
+def _args_tiny(p: argparse.ArgumentParser) -> None:
+    p.add_argument("out", nargs="?", help="folder (default: .cache/models/tiny-qwen25vl-tf<N>)")
+    p.add_argument("--force", action="store_true", help="rebuild even when complete")
+
+
+def _run_tiny(a: argparse.Namespace, _raw: list[str]) -> int:
+    from patchbench.tinymodel import build_tiny_qwen25vl, default_model_dir
+
+    out = Path(a.out) if a.out else default_model_dir()
+    build_tiny_qwen25vl(out, force=a.force)
+    print(out)
+    return EXIT_OK
+
+
+def _args_doctor(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", help="also check what this config needs")
+
+
+def _run_doctor(a: argparse.Namespace, _raw: list[str]) -> int:
+    from patchbench import doctor
+
+    return doctor.run_doctor(a.config)
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: ``name``, one-line ``help``, ``add_args(parser)`` declaring its options and
+    ``run(args, raw_argv) -> exit code`` (raw_argv: the arguments after the command name)."""
+
+    name: str
+    help: str
+    add_args: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace, list[str]], int]
+
+
+#: every subcommand, in the order ``--help`` lists them
+COMMANDS: list[Command] = [
+    Command("bench", "run every variant of CONFIG through its suites; write results/<run>/",
+            _args_bench, _run_bench),
+    Command("report", "re-render a run folder's compare.json, report.md and plots",
+            _args_report, _delegate("patchbench.report", "cli_report")),
+    Command("compare", "compare the baseline of RUN_A with a variant of RUN_B (two runs)",
+            _args_compare, _delegate("patchbench.report", "cli_compare")),
+    Command("nightly", "run a config, append it to the history and apply the regression gates",
+            _args_nightly, _delegate("patchbench.nightly", "cli")),
+    Command("check-patch", "apply every patch to a pristine copy of each release it supports",
+            _args_check_patch, _run_check_patch),
+    Command("score-mmmu", "re-score saved MMMU responses against an answer key",
+            _args_score_mmmu, _delegate("patchbench.suites.mmmu", "cli")),
+    Command("make-tiny-model", "build the tiny random Qwen2.5-VL the CPU configs use",
+            _args_tiny, _run_tiny),
+    Command("doctor", "what this environment is, and what it lacks for CONFIG",
+            _args_doctor, _run_doctor),
+]
+
+
+def exit_code_table() -> str:
+    """The exit codes as help text, one line per code (from patchbench.errors.EXIT_CODES)."""
+    return "exit codes:\n" + "\n".join(f"  {code:>3}  {text}" for code, text in EXIT_CODES.items()) \
+        + f"\n  {EXIT_BUG:>3}  internal error (a bug: the traceback is printed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of every command, generated from :data:`COMMANDS`."""
+    ap = argparse.ArgumentParser(
+        prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="A/B benchmarking and accuracy-regression suite for sglang patches.",
+        epilog=exit_code_table() + f"\n\n`{PROG} CMD --help` shows the options of one command.")
+    sub = ap.add_subparsers(dest="command", metavar="CMD", title="commands")
+    for c in COMMANDS:
+        p = sub.add_parser(c.name, help=c.help, description=c.help, epilog=exit_code_table(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        c.add_args(p)
+        p.set_defaults(_command=c)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns its exit code (see :func:`exit_code_table`), never raises."""
+    # torch.cuda imports the deprecated pynvml shim that sglang's dependencies install
+    warnings.filterwarnings("ignore", message="The pynvml package is deprecated",
+                            category=FutureWarning)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error (argparse printed it: 2)
+        return exit_code_of(e)
+    cmd: Command | None = getattr(args, "_command", None)
+    if cmd is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    raw = argv[argv.index(cmd.name) + 1:]
+    try:
+        return int(cmd.run(args, raw) or 0)
+    except SystemExit as e:  # a delegated module's own argparse or sys.exit
+        return exit_code_of(e)
+    except BaseException as e:  # noqa: BLE001 - every way out gets its documented code
+        code = exit_code_of(e)
+        if code == EXIT_BUG:
+            traceback.print_exc()
+            print(f"{PROG} {cmd.name}: internal error (exit {code}): {type(e).__name__}: {e} "
+                  "(a bug in patchbench: please report the traceback above)", file=sys.stderr)
+        else:
+            _report(cmd.name, e, code)
+        return code
+
+
+__all__ = ["COMMANDS", "Command", "LEGACY_EXIT_CODES", "build_parser", "exit_code_of",
+           "exit_code_table", "main"]
