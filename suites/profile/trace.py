@@ -1,0 +1,366 @@
+"""Decode-step analysis of a torch-profiler Chrome trace (pure: no server, no torch).
+
+Input: a Chrome trace as torch's ``export_chrome_trace`` writes it (``.json`` or ``.json.gz``;
+``{"traceEvents": [...]}`` or a bare list). Only complete events (``ph == "X"``) are used; ``ts`` and
+``dur`` are in microseconds. Categories that matter: ``user_annotation`` (record_function ranges),
+``cpu_op`` (aten ops), ``cuda_runtime`` (``cudaLaunchKernel``, ``cudaMemcpyAsync``,
+``cudaStreamSynchronize``...; ``args.correlation``), ``kernel`` / ``gpu_memcpy`` / ``gpu_memset``
+(GPU work; ``args.stream``, ``args.correlation``).
+
+Decode steps are the ``patchbench::decode_step bs=N`` ranges that this suite's in-server hook
+(``site/patchbench_profile_instr.py``) records around ``TpModelWorker.forward_batch_generation``
+for decode batches; without them (a trace recorded without the hook) sglang 0.5.23's own
+``step[DECODE bs=N ...]`` annotations are used (they start after ``ForwardBatch.init_new``, so they
+miss the mrope work). Syncs inside ``patchbench::mrope`` ranges (around
+``ForwardBatch._compute_mrope_positions``) are also counted separately.
+
+What counts as a host sync (per step, on the step's thread, inside its range):
+
+- events named ``aten::item``, ``aten::_local_scalar_dense``, ``cudaStreamSynchronize``,
+  ``cudaDeviceSynchronize``, ``cudaEventSynchronize``, ``cudaMemcpy``;
+- a ``cudaMemcpyAsync`` whose GPU copy (same correlation id) is ``Memcpy DtoH (Device ->
+  Pageable)`` (kind ``memcpy_dtoh_pageable``);
+- a ``cudaMemcpyAsync`` whose GPU copy is ``Memcpy HtoD (Pageable -> Device)`` directly followed by
+  a ``cudaStreamSynchronize`` (kind ``h2d_blocking``).
+
+``by_kind`` counts every such event (an ``aten::item`` and the ``aten::_local_scalar_dense`` it
+calls are two events); ``syncs`` counts sync points: outermost events only (an event inside another
+sync event is not counted again), and a synchronize directly following a copy of the list above
+(no other candidate in between) joins that copy's point. On a CPU trace the same host reads appear
+as ``aten::item`` / ``aten::_local_scalar_dense`` (they cost nothing there, but are syncs on a GPU).
+
+Per step also: host time (``host_ms``: the range's duration; ``interval_ms``: start to the next
+decode step's start), and on a GPU trace the GPU span of the step's work (GPU events whose
+correlation id is a runtime call made inside the step), the GPU idle time between the end of the
+step's GPU work and the start of the next step's (``gpu_idle_gap_us``: time in that window when no
+GPU event of any stream runs), and the launch lead (``launch_lead_us``: end of this step's GPU work
+minus the start of the next step's first launch call; positive: the host launched the next step
+before the GPU finished this one, i.e. it runs ahead; negative: the GPU waited for the host).
+"""
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from statistics import median
+from typing import Any, Iterable
+
+STEP_PREFIX = "patchbench::decode_step"
+MROPE_PREFIX = "patchbench::mrope"
+_BS_RE = re.compile(r"\bbs=(\d+)")
+_SGL_STEP_RE = re.compile(r"^step\[DECODE bs=(\d+)")
+
+#: host events that are a sync by name -> kind
+SYNC_NAMES = {
+    "aten::item": "aten::item",
+    "aten::_local_scalar_dense": "aten::_local_scalar_dense",
+    "cudaStreamSynchronize": "cudaStreamSynchronize",
+    "cudaDeviceSynchronize": "cudaDeviceSynchronize",
+    "cudaEventSynchronize": "cudaEventSynchronize",
+    "cudaMemcpy": "cudaMemcpy",
+}
+DTOH_PAGEABLE = "Memcpy DtoH (Device -> Pageable)"
+HTOD_PAGEABLE = "Memcpy HtoD (Pageable -> Device)"
+GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+_SYNC_CALLS = {"cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize"}
+_COPY_KINDS = {"memcpy_dtoh_pageable", "h2d_blocking", "cudaMemcpy"}
+
+
+class TraceError(ValueError):
+    """The file is not a Chrome trace this module can read (message names the file and why)."""
+
+
+@dataclass
+class Step:
+    """One decode step (times in microseconds unless the name says otherwise).
+
+    index: 0-based order in the trace; batch_size: from the range name (None when absent);
+    ts_us / host_us: the host range; syncs: sync points in the step; by_kind: sync events per
+    kind; mrope_syncs / mrope_by_kind: the same inside ``patchbench::mrope`` ranges;
+    mrope_ranges: how many mrope ranges the step holds; gpu_start_us / gpu_end_us: the step's GPU
+    work (None on a CPU trace); first_launch_us: the step's first runtime call that has GPU work;
+    gpu_idle_gap_us / launch_lead_us: towards the NEXT step (None for the last step or without GPU
+    work); interval_us: start to the next step's start (None for the last).
+    """
+
+    index: int
+    batch_size: int | None
+    ts_us: float
+    host_us: float
+    pid: Any
+    tid: Any
+    syncs: int = 0
+    by_kind: dict[str, int] = field(default_factory=dict)
+    mrope_syncs: int = 0
+    mrope_by_kind: dict[str, int] = field(default_factory=dict)
+    mrope_ranges: int = 0
+    sync_ts_us: list[float] = field(default_factory=list)
+    gpu_start_us: float | None = None
+    gpu_end_us: float | None = None
+    first_launch_us: float | None = None
+    gpu_idle_gap_us: float | None = None
+    launch_lead_us: float | None = None
+    interval_us: float | None = None
+
+    def record(self) -> dict:
+        """The JSON record written to steps.jsonl (times in the units their names carry)."""
+        d = asdict(self)
+        d["host_ms"] = self.host_us / 1000.0
+        d["interval_ms"] = None if self.interval_us is None else self.interval_us / 1000.0
+        return d
+
+
+@dataclass
+class Analysis:
+    """All decode steps of one trace plus where the steps came from.
+
+    source: "patchbench" (this suite's ranges), "sglang" (0.5.23's step annotations) or "none".
+    """
+
+    steps: list[Step]
+    source: str
+    has_gpu: bool
+    events: int
+
+    def summary(self) -> dict[str, float]:
+        """Summary metrics over the decode steps (empty dict without steps): medians of
+        syncs, mrope syncs, host time (``host_step_ms_median``: step interval, start to next start,
+        falling back to the range duration for a one-step trace) and, on a GPU trace, the idle gap
+        and launch lead; also the step count and the per-batch-size sync counts."""
+        if not self.steps:
+            return {}
+        out: dict[str, float] = {
+            "decode_steps_count": float(len(self.steps)),
+            "syncs_per_decode_step": float(median(s.syncs for s in self.steps)),
+            "mrope_syncs_per_decode_step": float(median(s.mrope_syncs for s in self.steps)),
+            "host_step_range_ms_median": median(s.host_us for s in self.steps) / 1000.0,
+        }
+        intervals = [s.interval_us for s in self.steps if s.interval_us is not None]
+        out["host_step_ms_median"] = (median(intervals) if intervals
+                                      else median(s.host_us for s in self.steps)) / 1000.0
+        gaps = [s.gpu_idle_gap_us for s in self.steps if s.gpu_idle_gap_us is not None]
+        leads = [s.launch_lead_us for s in self.steps if s.launch_lead_us is not None]
+        if gaps:
+            out["gpu_idle_gap_us_median"] = float(median(gaps))
+        if leads:
+            out["launch_lead_us_median"] = float(median(leads))
+        return out
+
+    def by_batch_size(self) -> dict[int, dict[str, Any]]:
+        """{batch size: {"steps", "syncs" (sorted distinct values), "mrope_syncs" (same)}}."""
+        out: dict[int, dict[str, Any]] = {}
+        for s in self.steps:
+            if s.batch_size is None:
+                continue
+            row = out.setdefault(s.batch_size, {"steps": 0, "syncs": set(), "mrope_syncs": set()})
+            row["steps"] += 1
+            row["syncs"].add(s.syncs)
+            row["mrope_syncs"].add(s.mrope_syncs)
+        return {bs: {"steps": r["steps"], "syncs": sorted(r["syncs"]),
+                     "mrope_syncs": sorted(r["mrope_syncs"])} for bs, r in sorted(out.items())}
+
+
+def load_events(path: str | Path) -> list[dict]:
+    """The complete (``ph == "X"``) events of a Chrome trace file, ``.json`` or ``.json.gz``.
+
+    Raises :class:`TraceError` naming the file when it cannot be read or parsed, or when it holds
+    no list of trace events.
+    """
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        data = json.loads(raw)
+    except (OSError, EOFError, ValueError, gzip.BadGzipFile) as e:
+        raise TraceError(f"{p}: not a readable Chrome trace ({type(e).__name__}: {e})") from None
+    events = data.get("traceEvents") if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        raise TraceError(f"{p}: no 'traceEvents' list (a Chrome trace from torch.profiler is "
+                         "{\"traceEvents\": [...]})")
+    return complete_events(events)
+
+
+def complete_events(events: Iterable[dict]) -> list[dict]:
+    """The ``ph == "X"`` events with numeric ``ts`` and ``dur`` (others dropped)."""
+    out = []
+    for e in events:
+        if isinstance(e, dict) and e.get("ph") == "X":
+            ts, dur = e.get("ts"), e.get("dur", 0)
+            if isinstance(ts, (int, float)) and isinstance(dur, (int, float)):
+                out.append(e)
+    return out
+
+
+def _batch_size(name: str) -> int | None:
+    m = _BS_RE.search(name)
+    return int(m.group(1)) if m else None
+
+
+def _thread_index(events: list[dict]) -> dict[tuple, tuple[list[float], list[dict]]]:
+    """Host events per (pid, tid), sorted by start: ({key: (starts, events)})."""
+    per: dict[tuple, list[dict]] = {}
+    for e in events:
+        if e.get("cat") in GPU_CATS:
+            continue
+        per.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    out = {}
+    for k, evs in per.items():
+        evs.sort(key=lambda e: (e["ts"], -e.get("dur", 0)))
+        out[k] = ([e["ts"] for e in evs], evs)
+    return out
+
+
+def _inside(index, key, ts: float, end: float) -> list[dict]:
+    starts, evs = index.get(key, ([], []))
+    lo = bisect.bisect_left(starts, ts)
+    hi = bisect.bisect_right(starts, end)
+    return [e for e in evs[lo:hi] if e["ts"] + e.get("dur", 0) <= end + 1e-6]
+
+
+def _corr(e: dict):
+    args = e.get("args") or {}
+    return args.get("correlation", args.get("correlation id"))
+
+
+def _sync_candidates(host: list[dict], gpu_by_corr: dict) -> list[tuple[dict, str]]:
+    """(event, kind) for every sync event among ``host`` (sorted by start)."""
+    out = []
+    for i, e in enumerate(host):
+        name = e.get("name", "")
+        if name in SYNC_NAMES:
+            out.append((e, SYNC_NAMES[name]))
+        elif name == "cudaMemcpyAsync":
+            gnames = {g.get("name") for g in gpu_by_corr.get(_corr(e), [])}
+            if DTOH_PAGEABLE in gnames:
+                out.append((e, "memcpy_dtoh_pageable"))
+            elif HTOD_PAGEABLE in gnames:
+                nxt = next((h for h in host[i + 1:] if h.get("cat") == "cuda_runtime"), None)
+                if nxt is not None and nxt.get("name") == "cudaStreamSynchronize":
+                    out.append((e, "h2d_blocking"))
+    return out
+
+
+def _count(cands: list[tuple[dict, str]]) -> tuple[int, dict[str, int], list[float]]:
+    """(sync points, events per kind, start of each point); see the module docstring."""
+    by_kind: dict[str, int] = {}
+    for _, k in cands:
+        by_kind[k] = by_kind.get(k, 0) + 1
+    points: list[float] = []
+    outer_end = -float("inf")
+    prev_kind = None
+    for e, kind in cands:
+        end = e["ts"] + e.get("dur", 0)
+        if e["ts"] < outer_end - 1e-6:
+            continue  # nested in the previous point
+        if kind in _SYNC_CALLS and prev_kind in _COPY_KINDS:
+            prev_kind = kind  # the copy's own synchronize: same point
+            outer_end = max(outer_end, end)
+            continue
+        points.append(float(e["ts"]))
+        outer_end = end
+        prev_kind = kind
+    return len(points), by_kind, points
+
+
+def _step_ranges(events: list[dict]) -> tuple[list[tuple[dict, int | None]], str]:
+    ours = [e for e in events if str(e.get("name", "")).startswith(STEP_PREFIX)]
+    if ours:
+        return [(e, _batch_size(e["name"])) for e in ours], "patchbench"
+    sgl = []
+    for e in events:
+        m = _SGL_STEP_RE.match(str(e.get("name", "")))
+        if m and e.get("cat") != "gpu_user_annotation":
+            sgl.append((e, int(m.group(1))))
+    return sgl, ("sglang" if sgl else "none")
+
+
+def _busy_in(intervals: list[tuple[float, float]], starts: list[float], a: float, b: float) -> float:
+    """Time in [a, b] covered by the union of ``intervals`` (sorted by start, merged)."""
+    if b <= a:
+        return 0.0
+    i = max(bisect.bisect_right(starts, a) - 1, 0)
+    busy = 0.0
+    for s, e in intervals[i:]:
+        if s >= b:
+            break
+        busy += max(0.0, min(e, b) - max(s, a))
+    return busy
+
+
+def _merged(gpu: list[dict]) -> list[tuple[float, float]]:
+    iv = sorted((g["ts"], g["ts"] + g.get("dur", 0)) for g in gpu)
+    out: list[list[float]] = []
+    for s, e in iv:
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def analyze(events: list[dict]) -> Analysis:
+    """Segment decode steps and measure them (see the module docstring). ``events``: complete
+    events as :func:`load_events` returns them. Never raises on odd events (they are skipped);
+    an :class:`Analysis` without steps means the trace held no decode step."""
+    events = complete_events(events)
+    ranges, source = _step_ranges(events)
+    index = _thread_index(events)
+    gpu = [e for e in events if e.get("cat") in GPU_CATS]
+    gpu_by_corr: dict = {}
+    for g in gpu:
+        gpu_by_corr.setdefault(_corr(g), []).append(g)
+    merged = _merged(gpu)
+    merged_starts = [s for s, _ in merged]
+    ranges.sort(key=lambda r: r[0]["ts"])
+    steps: list[Step] = []
+    for i, (r, bs) in enumerate(ranges):
+        key = (r.get("pid"), r.get("tid"))
+        ts, end = float(r["ts"]), float(r["ts"] + r.get("dur", 0))
+        host = [e for e in _inside(index, key, ts, end) if e is not r]
+        step = Step(index=i, batch_size=bs, ts_us=ts, host_us=float(r.get("dur", 0)),
+                    pid=r.get("pid"), tid=r.get("tid"))
+        cands = _sync_candidates(host, gpu_by_corr)
+        step.syncs, step.by_kind, step.sync_ts_us = _count(cands)
+        mropes = [e for e in host if str(e.get("name", "")).startswith(MROPE_PREFIX)]
+        step.mrope_ranges = len(mropes)
+        in_mrope = [(e, k) for e, k in cands
+                    if any(m["ts"] <= e["ts"] and e["ts"] + e.get("dur", 0) <= m["ts"] + m["dur"]
+                           for m in mropes)]
+        step.mrope_syncs, step.mrope_by_kind, _ = _count(in_mrope)
+        launches = [e for e in host if e.get("cat") == "cuda_runtime" and _corr(e) in gpu_by_corr]
+        work = [g for e in launches for g in gpu_by_corr[_corr(e)]]
+        if work:
+            step.gpu_start_us = float(min(g["ts"] for g in work))
+            step.gpu_end_us = float(max(g["ts"] + g.get("dur", 0) for g in work))
+            step.first_launch_us = float(min(e["ts"] for e in launches))
+        steps.append(step)
+    for a, b in zip(steps, steps[1:]):
+        a.interval_us = b.ts_us - a.ts_us
+        if a.gpu_end_us is not None and b.gpu_start_us is not None:
+            window = b.gpu_start_us - a.gpu_end_us
+            a.gpu_idle_gap_us = (window - _busy_in(merged, merged_starts, a.gpu_end_us,
+                                                   b.gpu_start_us)) if window > 0 else 0.0
+            a.launch_lead_us = a.gpu_end_us - b.first_launch_us
+    return Analysis(steps=steps, source=source, has_gpu=bool(gpu), events=len(events))
+
+
+def analyze_file(path: str | Path) -> Analysis:
+    """:func:`analyze` of :func:`load_events` (raises :class:`TraceError` for an unreadable file)."""
+    return analyze(load_events(path))
+
+
+def trim(events: list[dict], first_step: int, n_steps: int) -> list[dict]:
+    """The events overlapping decode steps ``first_step .. first_step + n_steps - 1`` (host events
+    of any thread and GPU events in that time window), for committing a small fixture."""
+    ranges, _ = _step_ranges(complete_events(events))
+    ranges.sort(key=lambda r: r[0]["ts"])
+    sel = ranges[first_step:first_step + n_steps]
+    if not sel:
+        return []
+    a = sel[0][0]["ts"]
+    b = max(r["ts"] + r.get("dur", 0) for r, _ in sel)
+    return [e for e in complete_events(events) if e["ts"] < b and e["ts"] + e.get("dur", 0) > a]
