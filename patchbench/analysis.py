@@ -1,0 +1,391 @@
+"""Build the typed :class:`~patchbench.comparison.Comparison` of one run folder.
+
+Reads the run folder only through :mod:`patchbench.runfolder`; asks each suite (through
+:func:`patchbench.suite.get_suite`) for its metric declarations (:class:`MetricInfo`: direction,
+kind, primary, margin) and its ``pair`` hook; applies the rules of :mod:`patchbench.verdicts`.
+Names no suite.
+
+What a suite's ``pair`` hook may return besides its own keys (docs/CONTRACTS.md, "Pair hook"):
+
+- ``"accuracy": {metric: {"ids": [...], "baseline": [c_i], "variant": [c_i]}}``: per-question
+  correctness in [0, 1] averaged over the paired repeats, for each metric of kind "accuracy";
+- ``"descriptive": {metric: {"change_pct", "low_pct", "high_pct", "method"}}``: request-level
+  intervals inside one cell (shown as descriptive, never a verdict);
+- ``"request_pairing": {"ok": bool, "reason": str}``: whether requests pair by index (same prompt
+  at each index); descriptive intervals are dropped when it is not ok.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from patchbench import runfolder, verdicts
+from patchbench.comparison import CompareSettings, Comparison, Health, Row, write_comparison
+from patchbench.runfolder import CellRecord, RunManifest, SuiteSummary
+from patchbench.suite import MetricInfo, PairingRefused
+
+_UNITS = (("_tok_s", "tok/s"), ("_req_s", "req/s"), ("_ms", "ms"), ("_us", "us"), ("_s", "s"),
+          ("_acc", "acc"), ("_count", "count"), ("_share", "share"), ("_pct", "%"))
+
+
+def guess_metric_info(name: str) -> MetricInfo:
+    """Direction and unit from a metric's name, for metrics a suite does not declare (always
+    secondary): ``*_tok_s``, ``*_req_s``, ``*_acc`` higher is better; ``*_ms``, ``*_us``, ``*_s``
+    lower; anything else (counts, shares) has no direction."""
+    unit = next((u for suf, u in _UNITS if name.endswith(suf)), "")
+    better = "higher" if unit in ("tok/s", "req/s", "acc") else ("lower" if unit in ("ms", "us", "s") else "none")
+    return MetricInfo(better=better, unit=unit)
+
+
+@dataclass
+class RunData:
+    """A run folder as the analysis reads it: manifest, cells, summaries (all typed)."""
+
+    run_dir: Path
+    manifest: RunManifest
+    baseline: str
+    variants: list[str]                      # baseline first
+    aa_variants: list[str]
+    repeats: int
+    suites: list[str]
+    cells: dict[tuple[str, int], CellRecord | None]
+    summaries: dict[tuple[str, int, str], SuiteSummary | None]
+    notes: list[str] = field(default_factory=list)
+
+    def cell_status(self, v: str, k: int) -> str:
+        c = self.cells.get((v, k))
+        return "missing" if c is None else c.status
+
+    def suite_status(self, v: str, k: int, suite: str) -> str:
+        cs = self.cell_status(v, k)
+        if cs != "ok":
+            return cs
+        s = self.summaries.get((v, k, suite))
+        return "missing" if s is None else s.status
+
+    def timed(self, v: str, k: int) -> bool:
+        c = self.cells.get((v, k))
+        return c is None or (c.cell_kind == "timed" and not c.instrumented)
+
+    def value(self, v: str, k: int, suite: str, metric: str) -> float | None:
+        if self.suite_status(v, k, suite) != "ok":
+            return None
+        x = self.summaries[(v, k, suite)].metrics.get(metric)
+        return None if x is None or not math.isfinite(x) else float(x)
+
+    def suite_dir(self, v: str, k: int, suite: str) -> Path:
+        return self.run_dir / v / f"rep{k}" / suite
+
+
+def read_run(run_dir: str | os.PathLike) -> RunData:
+    """Read a run folder. Raises RunFolderError / SchemaTooNew (exit 2) for the manifest; a
+    missing cell is status "missing", an unreadable one "unreadable" (the report still renders)."""
+    run_dir = Path(run_dir)
+    man = runfolder.read_manifest(run_dir)
+    vcfg = man.variants
+    variants = list(vcfg) or sorted({c.get("variant") for c in man.cells if c.get("variant")})
+    if not variants:
+        raise runfolder.RunFolderError(f"{run_dir / 'manifest.json'}: no variants in config.variants or cells")
+    baseline = man.baseline if man.baseline in variants else variants[0]
+    variants = [baseline] + [v for v in variants if v != baseline]
+    repeats = man.repeats
+    for v in variants:
+        for d in (run_dir / v).glob("rep*"):
+            m = re.fullmatch(r"rep(\d+)", d.name)
+            if m and d.is_dir():
+                repeats = max(repeats, int(m.group(1)) + 1)
+    suites = man.suites or sorted({p.parent.name for v in variants
+                                   for p in (run_dir / v).glob("rep*/*/summary.json")})
+    base = sorted(vcfg.get(baseline) or [])
+    aa = [v for v in variants[1:] if v in vcfg and sorted(vcfg[v] or []) == base]
+    cells, sums, notes = {}, {}, []
+    for v in variants:
+        for k in range(repeats):
+            cdir = run_dir / v / f"rep{k}"
+            c = runfolder.read_cell(cdir, variant=v, repeat=k)
+            cells[(v, k)] = c
+            if c is not None:
+                notes += c.notes
+            for s in suites:
+                sm = runfolder.read_summary(cdir / s, suite=s)
+                sums[(v, k, s)] = sm
+                if sm is not None:
+                    notes += sm.notes
+    return RunData(run_dir, man, baseline, variants, aa, repeats, suites, cells, sums, notes)
+
+
+def settings_of(man: RunManifest, notes: list[str] | None = None) -> CompareSettings:
+    """The run's ``compare:`` settings (defaults where absent). Keys this version no longer knows
+    (e.g. an old folder's ``noise_floor_from``) are dropped with a note."""
+    raw = dict(man.config.get("compare") or {})
+    known = set(CompareSettings.model_fields)
+    dropped = sorted(k for k in raw if k not in known)
+    if dropped and notes is not None:
+        notes.append(f"compare settings {', '.join(dropped)} are no longer used and were ignored")
+    try:
+        return CompareSettings.model_validate({k: v for k, v in raw.items() if k in known})
+    except ValidationError as e:
+        if notes is not None:
+            notes.append(f"compare settings of the manifest are invalid ({e.errors()[0]['msg']}); defaults used")
+        return CompareSettings()
+
+
+def _suite_decl(name: str, notes: list[str]) -> tuple[Any | None, dict[str, MetricInfo]]:
+    """(suite object or None, its metric declarations). Falls back to a module's ``METRICS``
+    while a suite has not become a registered class."""
+    from patchbench import suite as suite_mod
+    try:
+        obj = suite_mod.get_suite(name)
+        return obj, dict(getattr(obj, "metrics", {}) or {})
+    except KeyError:
+        pass
+    except Exception as e:  # noqa: BLE001 - a suite that fails to import must not hide the others
+        notes.append(f"suite '{name}' could not be loaded ({type(e).__name__}: {e}); "
+                     "directions guessed from metric names")
+        return None, {}
+    try:
+        mod = suite_mod.load_suite(name)
+        return None, dict(getattr(mod, "METRICS", None) or {})
+    except Exception:  # noqa: BLE001
+        notes.append(f"suite '{name}' is not a known suite; directions guessed from metric names")
+        return None, {}
+
+
+def _params(obj: Any, raw: dict) -> Any:
+    model = getattr(obj, "Params", None)
+    if model is None:
+        return raw
+    try:
+        return model.model_validate(raw or {})
+    except Exception:  # noqa: BLE001 - an old folder's params: the hook gets the raw dict
+        return raw
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _pairs_for(data: RunData, obj: Any, suite: str, variant: str, cmp: Comparison) -> None:
+    if obj is None or not hasattr(obj, "pair"):
+        return
+    ks = [k for k in range(data.repeats) if data.suite_status(data.baseline, k, suite) == "ok"
+          and data.suite_status(variant, k, suite) == "ok"]
+    if not ks:
+        return
+    params = _params(obj, (data.manifest.config.get("suites") or {}).get(suite) or {})
+    try:
+        res = obj.pair([data.suite_dir(data.baseline, k, suite) for k in ks],
+                       [data.suite_dir(variant, k, suite) for k in ks], params)
+    except PairingRefused as e:
+        cmp.refusals.setdefault(suite, {})[variant] = str(e)
+        return
+    except Exception as e:  # noqa: BLE001 - a broken hook is shown as a refusal, never hidden
+        cmp.refusals.setdefault(suite, {})[variant] = f"the suite's pair hook failed: {type(e).__name__}: {e}"
+        return
+    if res is not None:
+        if hasattr(res, "model_dump"):
+            res = res.model_dump(mode="json")
+        cmp.pairs.setdefault(suite, {})[variant] = res
+
+
+def _row(data: RunData, s: CompareSettings, cmp: Comparison, suite: str, metric: str,
+         info: MetricInfo, declared: bool, variant: str) -> tuple[Row, verdicts.Test | None]:
+    row = Row(suite=suite, metric=metric, variant=variant, label=info.label, unit=info.unit,
+              better=info.better, kind=info.kind, primary=bool(info.primary and declared),
+              aa=variant in data.aa_variants)
+    if not declared:
+        row.notes.append("not declared by the suite: direction guessed from the name; secondary")
+    bad, pairs = [], []
+    for k in range(data.repeats):
+        vb = data.value(data.baseline, k, suite, metric)
+        vv = data.value(variant, k, suite, metric)
+        row.baseline_repeats.append(vb)
+        row.variant_repeats.append(vv)
+        for v, x in ((data.baseline, vb), (variant, vv)):
+            if x is None:
+                st = data.suite_status(v, k, suite)
+                bad.append(f"{v}/rep{k}: {'no value' if st == 'ok' else st}")
+        if vb is not None and vv is not None:
+            if info.kind == "run" and not (data.timed(data.baseline, k) and data.timed(variant, k)):
+                row.notes.append(f"rep{k}: an instrumented cell; its timings feed no verdict")
+                continue
+            pairs.append((vb, vv))
+    row.baseline_value = _median([x for x in row.baseline_repeats if x is not None])
+    row.variant_value = _median([x for x in row.variant_repeats if x is not None])
+    row.n_pairs = len(pairs)
+    b, v = [p[0] for p in pairs], [p[1] for p in pairs]
+    margin = s.margin_for(suite, metric, info.margin)
+    test: verdicts.Test | None = None
+    if info.kind == "accuracy":
+        acc = ((cmp.pairs.get(suite) or {}).get(variant) or {}).get("accuracy", {}).get(metric)
+        row.change_unit = "pt"
+        if acc and acc.get("baseline") is not None:
+            test = verdicts.accuracy_test(acc["baseline"], acc["variant"])
+            row.n_pairs = len(acc["baseline"])
+            row.baseline_value = sum(acc["baseline"]) / len(acc["baseline"]) if acc["baseline"] else None
+            row.variant_value = sum(acc["variant"]) / len(acc["variant"]) if acc["variant"] else None
+        elif suite in cmp.refusals and variant in cmp.refusals[suite]:
+            row.notes.append(f"pairing refused: {cmp.refusals[suite][variant]}")
+        else:
+            row.notes.append("the suite's pair hook gave no per-question correctness: no interval")
+    elif info.kind == "deterministic":
+        row.change_unit = info.unit or ""
+        test = verdicts.deterministic_test(b, v)
+    elif info.kind == "run":
+        if b and (min(b) <= 0 or min(v) <= 0):
+            row.change_unit = info.unit or ""
+            row.notes.append("values <= 0: no log ratio; compared as differences, descriptive")
+        else:
+            test = verdicts.run_test(b, v, s.min_repeats)
+    if test is not None:
+        row.method = test.method
+        if test.reason:
+            row.notes.append(test.reason)
+    row.margin = margin
+    desc = (((cmp.pairs.get(suite) or {}).get(variant) or {}).get("descriptive") or {}).get(metric)
+    rp = ((cmp.pairs.get(suite) or {}).get(variant) or {}).get("request_pairing")
+    if desc is not None and s.within_cell_intervals:
+        if rp is not None and not rp.get("ok", False):
+            row.notes.append(f"requests do not pair by index ({rp.get('reason')}): no request-level interval")
+        else:
+            row.descriptive = dict(desc, label="descriptive only: requests within one cell, "
+                                                "not run-to-run; never a verdict")
+    if bad and info.kind != "accuracy":
+        row.notes.append("incomplete cells: " + "; ".join(bad))
+        row.verdict = "incomplete"
+    return row, test
+
+
+def _scale(test: verdicts.Test, x: float) -> float:
+    return 100.0 * x if test.scale == "ratio" or test.method.startswith("Newcombe") else x
+
+
+def build_comparison(run_dir: str | os.PathLike, settings: CompareSettings | None = None) -> Comparison:
+    """The typed comparison of ``run_dir`` (writes nothing).
+
+    settings: None -> the run's own ``compare:`` section. Raises RunFolderError / SchemaTooNew
+    for an unusable manifest (exit 2)."""
+    data = read_run(run_dir)
+    notes = list(data.notes)
+    s = settings or settings_of(data.manifest, notes)
+    cmp = Comparison(run_id=data.manifest.run_id or Path(run_dir).name, baseline=data.baseline,
+                     variants=data.variants[1:], aa_variants=data.aa_variants, repeats=data.repeats,
+                     suites=data.suites, settings=s)
+    alpha = 1 - s.confidence
+    tested: list[tuple[Row, verdicts.Test | None]] = []
+    for suite in data.suites:
+        obj, declared = _suite_decl(suite, notes)
+        seen: list[str] = []
+        for (v, k, x), sm in data.summaries.items():
+            if x == suite and sm is not None:
+                seen += [m for m in sm.metrics if m not in seen]
+        metrics = [(m, i, True) for m, i in declared.items() if m in seen or i.kind == "accuracy"]
+        metrics += [(m, guess_metric_info(m), False) for m in seen if m not in declared]
+        for v in data.variants[1:]:
+            _pairs_for(data, obj, suite, v, cmp)
+        for m, info, dec in metrics:
+            if info.kind == "accuracy" and m not in seen and not any(
+                    m in ((cmp.pairs.get(suite) or {}).get(v) or {}).get("accuracy", {})
+                    for v in data.variants[1:]):
+                continue
+            for v in data.variants[1:]:
+                row, test = _row(data, s, cmp, suite, m, info, dec, v)
+                tested.append((row, test))
+    # Holm across each variant's testable primaries
+    for v in data.variants[1:]:
+        fam = [(r, t) for r, t in tested if r.variant == v and r.primary and r.verdict != "incomplete"
+               and t is not None and t.p is not None and r.kind != "deterministic"]
+        _, used = verdicts.holm_alphas([t.p for _, t in fam], alpha)
+        for (r, _), a in zip(fam, used):
+            r.confidence = 1 - a
+    for row, test in tested:
+        if row.confidence is None:
+            row.confidence = s.confidence
+        a = 1 - row.confidence
+        if test is not None:
+            row.p_value = test.p
+            if test.estimate is not None:
+                row.change = _scale(test, test.estimate)
+        if test is None or test.p is None or row.kind == "descriptive" or row.better == "none":
+            if row.verdict != "incomplete":
+                row.verdict = "inconclusive"
+            if test is not None and test.interval is not None and test.p is not None:
+                lo, hi = test.interval(a)
+                row.low, row.high = _scale(test, lo), _scale(test, hi)
+            cmp.rows.append(row)
+            continue
+        equiv = None
+        if row.margin is not None:
+            if row.kind == "run":
+                b = [x for x, y in zip(row.baseline_repeats, row.variant_repeats) if x is not None and y is not None]
+                w = [y for x, y in zip(row.baseline_repeats, row.variant_repeats) if x is not None and y is not None]
+                equiv = verdicts.tost_log_ratio(b, w, row.margin, a)[1] if len(b) >= 2 else False
+            elif row.kind == "accuracy":
+                equiv = verdicts.tost_from_interval(test, row.margin, a)
+            else:
+                equiv = test.estimate == 0
+        v_, iv, within = verdicts.verdict(test, better=row.better, alpha=a,
+                                          margin=row.margin if row.kind != "deterministic" else None,
+                                          equivalent=equiv)
+        if row.kind == "deterministic":
+            row.method = "exact (deterministic)"
+            row.confidence = None
+            within = False
+        if iv is not None and row.kind != "deterministic":
+            row.low, row.high = _scale(test, iv[0]), _scale(test, iv[1])
+        row.within_margin = within and v_ in ("improved", "regressed")
+        if row.verdict != "incomplete":
+            row.verdict = v_
+        cmp.rows.append(row)
+    # A/A health check
+    bad = [r for r in cmp.rows if r.aa and r.primary and r.verdict in ("improved", "regressed")]
+    cmp.health = Health(ok=not bad, aa_variants=data.aa_variants)
+    if bad:
+        what = ", ".join(f"{r.variant} {r.metric} {r.verdict}" for r in bad)
+        cmp.health.notes.append(f"A/A check failed ({what}): the machine was too noisy for this "
+                                "run; every verdict is downgraded to inconclusive")
+        for r in cmp.rows:
+            if r.verdict in ("improved", "regressed", "equivalent"):
+                r.verdict_before_health, r.verdict = r.verdict, "inconclusive"
+                r.notes.append(f"was {r.verdict_before_health} before the A/A check failed")
+    # cells, warnings, schedule
+    vorder = {v: i for i, v in enumerate(data.variants)}
+    for (v, k), c in sorted(data.cells.items(), key=lambda x: (vorder[x[0][0]], x[0][1])):
+        cmp.cells.append({"variant": v, "repeat": k, "status": data.cell_status(v, k),
+                          "error": c.error if c else None,
+                          "suites": {x: data.suite_status(v, k, x) for x in data.suites},
+                          "cell_kind": c.cell_kind if c else None,
+                          "instrumented": c.instrumented if c else False})
+        for x in data.suites:
+            sm = data.summaries.get((v, k, x))
+            lines = (list(sm.warnings) + list(sm.errors)) if sm else []
+            if c is not None and c.status == "ok" and sm is None:
+                lines.append("no summary.json")
+            if data.cell_status(v, k) != "ok":
+                lines.append(f"cell {data.cell_status(v, k)}" + (f" ({c.error})" if c and c.error else ""))
+            for line in lines:
+                cmp.cell_warnings.setdefault(x, {}).setdefault(v, []).append(f"rep{k}: {line}")
+    for pos, c in enumerate(data.manifest.cells):
+        key = (c.get("variant"), int(c.get("repeat", 0) or 0))
+        cmp.schedule.append({"variant": key[0], "repeat": key[1], "position": pos,
+                             "status": data.cell_status(*key) if key in data.cells else c.get("status")})
+    used = {r.method.split(" (")[0] for r in cmp.rows if r.method}
+    for name, src in verdicts.METHOD_SOURCES.items():
+        if any(u.startswith(name) or name in u for u in used) or name in ("Holm", "TOST"):
+            cmp.methods[name] = src
+    cmp.notes = notes
+    return cmp
+
+
+def compare_run(run_dir: str | os.PathLike, settings: CompareSettings | None = None) -> Comparison:
+    """Build the comparison of ``run_dir`` and write ``RUN/compare.json``; returns it."""
+    cmp = build_comparison(run_dir, settings)
+    write_comparison(run_dir, cmp)
+    return cmp

@@ -1,0 +1,180 @@
+"""The typed comparison of one run (``RUN/compare.json``) and the ``compare:`` config section.
+
+Built by :mod:`patchbench.analysis`; :mod:`patchbench.report`, :mod:`patchbench.plots`, the
+console summary and the nightly gates render or judge only from it. Units: every change, interval
+and margin of a row is in the row's ``change_unit``: "%" (relative change of a run-level metric,
++5.0 = 5 % higher), "pt" (accuracy points, +1.0 = one point of accuracy) or the metric's own unit
+(deterministic metrics: exact difference).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from patchbench import records
+from patchbench.runfolder import SchemaTooNew, RunFolderError
+
+COMPARISON_SCHEMA = 2
+
+
+class CompareSettings(BaseModel):
+    """The ``compare:`` section of a config (all keys optional).
+
+    confidence: family confidence of each variant's primary metrics (Holm-adjusted across them)
+    and raw confidence of every secondary interval (0.95).
+    min_repeats: paired repeats a run-level verdict needs (3); fewer give ``inconclusive``.
+    margins: practical-equivalence margin per metric, overriding the suite's declaration
+    (``{"output_throughput_tok_s": 3.0}`` or ``{"serving.output_throughput_tok_s": 3.0}``;
+    percent for run-level metrics, points for accuracy).
+    bootstrap_resamples / bootstrap_method / seed: settings of the descriptive within-cell
+    (request-level) intervals that suites' pair hooks may compute; the seed makes them
+    reproducible.
+    within_cell_intervals: let suites show request-level intervals inside one cell (labelled
+    descriptive, never a verdict) (True).
+    identity_share_tolerance / retokenized_change_share: read by suites' output-identity checks.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    confidence: float = Field(0.95, gt=0.5, lt=1.0)
+    min_repeats: int = Field(3, ge=2)
+    margins: dict[str, float] = Field(default_factory=dict)
+    bootstrap_resamples: int = Field(2000, ge=100, le=200_000)
+    bootstrap_method: Literal["BCa", "percentile", "basic"] = "BCa"
+    seed: int = 0
+    within_cell_intervals: bool = True
+    identity_share_tolerance: float = Field(0.02, ge=0.0, le=1.0)
+    retokenized_change_share: float = Field(0.01, ge=0.0, le=1.0)
+
+    def margin_for(self, suite: str, metric: str, default: float | None) -> float | None:
+        """The margin of ``suite.metric``: ``margins["suite.metric"]``, else ``margins[metric]``,
+        else the suite's declared ``default``."""
+        for key in (f"{suite}.{metric}", metric):
+            if key in self.margins:
+                return float(self.margins[key])
+        return default
+
+
+class Row(BaseModel):
+    """One (suite, metric, variant) comparison.
+
+    baseline_repeats / variant_repeats: the metric per repeat (None where the cell is not ok);
+    baseline_value / variant_value: medians over repeats (accuracy: means over questions);
+    change / low / high: the change and its interval at ``confidence`` (the level the verdict
+    used: Holm-adjusted for primaries) in ``change_unit``; p_value: two-sided p of "no change";
+    margin: practical-equivalence margin in ``change_unit`` (None: no equivalence verdict);
+    within_margin: the interval lies inside +-margin (a significant change may still be within);
+    descriptive: request-level interval inside one cell from the suite's pair hook
+    ({"change_pct", "low_pct", "high_pct", "method"}), never a verdict.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    suite: str
+    metric: str
+    variant: str
+    label: str = ""
+    unit: str = ""
+    better: Literal["higher", "lower", "none"] = "none"
+    kind: Literal["run", "accuracy", "deterministic", "descriptive"] = "run"
+    primary: bool = False
+    aa: bool = False
+    baseline_repeats: list[float | None] = Field(default_factory=list)
+    variant_repeats: list[float | None] = Field(default_factory=list)
+    baseline_value: float | None = None
+    variant_value: float | None = None
+    n_pairs: int = 0
+    change: float | None = None
+    low: float | None = None
+    high: float | None = None
+    change_unit: str = "%"
+    confidence: float | None = None
+    p_value: float | None = None
+    method: str | None = None
+    margin: float | None = None
+    within_margin: bool = False
+    verdict: Literal["improved", "regressed", "equivalent", "inconclusive", "incomplete"] = "inconclusive"
+    verdict_before_health: str | None = None
+    descriptive: dict[str, Any] | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+class Health(BaseModel):
+    """A/A health check: ``ok`` False when an A/A variant came out improved/regressed on a
+    primary; then every verdict was downgraded to inconclusive (``notes`` say which)."""
+
+    ok: bool = True
+    aa_variants: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
+class Comparison(BaseModel):
+    """``RUN/compare.json``: every variant of one run against its baseline.
+
+    rows: see :class:`Row`; pairs: {suite: {variant: what the suite's pair hook returned}};
+    refusals: {suite: {variant: reason}} where a suite refused to pair (the report shows the
+    reason instead of numbers); cells: [{"variant", "repeat", "status", "error", "suites",
+    "cell_kind", "instrumented"}]; cell_warnings: {suite: {variant: ["rep<k>: line"]}};
+    methods: the methods used with their sources.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    schema_version: int = COMPARISON_SCHEMA
+    run_id: str = ""
+    baseline: str = ""
+    variants: list[str] = Field(default_factory=list)
+    aa_variants: list[str] = Field(default_factory=list)
+    repeats: int = 0
+    suites: list[str] = Field(default_factory=list)
+    settings: CompareSettings = Field(default_factory=CompareSettings)
+    rows: list[Row] = Field(default_factory=list)
+    pairs: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    refusals: dict[str, dict[str, str]] = Field(default_factory=dict)
+    health: Health = Field(default_factory=Health)
+    cells: list[dict[str, Any]] = Field(default_factory=list)
+    schedule: list[dict[str, Any]] = Field(default_factory=list)
+    cell_warnings: dict[str, dict[str, list[str]]] = Field(default_factory=dict)
+    methods: dict[str, str] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+
+    def rows_for(self, variant: str | None = None, *, primary: bool | None = None,
+                 suite: str | None = None) -> list[Row]:
+        """Rows filtered by variant, primary flag and suite (None: any)."""
+        return [r for r in self.rows if (variant is None or r.variant == variant)
+                and (primary is None or r.primary == primary) and (suite is None or r.suite == suite)]
+
+    def row(self, suite: str, metric: str, variant: str) -> Row | None:
+        """The row of (suite, metric, variant), or None."""
+        return next((r for r in self.rows if (r.suite, r.metric, r.variant) == (suite, metric, variant)), None)
+
+
+def write_comparison(run_dir: str | os.PathLike, cmp: Comparison) -> Path:
+    """Write ``RUN/compare.json`` atomically; returns its path."""
+    return records.write_json(Path(run_dir) / "compare.json", cmp.model_dump(mode="json"))
+
+
+def read_comparison(path: str | os.PathLike) -> Comparison:
+    """Read ``compare.json`` (``path``: the run folder or the file).
+
+    Raises SchemaTooNew for a newer schema, RunFolderError for a missing / unreadable file or a
+    compare.json of schema 1 (written before the typed comparison; re-run ``patchbench report``
+    to rebuild it from the run folder)."""
+    p = Path(path)
+    p = p / "compare.json" if p.is_dir() else p
+    try:
+        raw = records.read_json(p)
+    except (OSError, ValueError) as e:
+        raise RunFolderError(f"{p}: {e}") from None
+    if not isinstance(raw, dict):
+        raise RunFolderError(f"{p}: expected a JSON object")
+    v = int(raw.get("schema_version", raw.get("schema", 1)) or 1)
+    if v > COMPARISON_SCHEMA:
+        raise SchemaTooNew(p, v, COMPARISON_SCHEMA)
+    if v < COMPARISON_SCHEMA:
+        raise RunFolderError(f"{p}: schema version {v} (before the typed comparison); rebuild it "
+                             "from the run folder with `patchbench report RUN_DIR`")
+    return Comparison.model_validate(raw)
