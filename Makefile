@@ -6,7 +6,13 @@ PROFILE ?= auto
 CONFIG  ?= configs/pr9460-h200.yaml
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-all demo bench test nightly lint check-patch doctor gpu-check clean-cache
+# every supported pin (a CPU profile in requirements/ per pin)
+PINS    := $(patsubst requirements/cpu-%.txt,%,$(wildcard requirements/cpu-*.txt))
+# the unit tests that need neither sglang nor the network (the pull-request workflow)
+LIGHT_MARKERS := not e2e and not needs_sglang and not network
+
+.PHONY: setup setup-all setup-light demo bench test test-light nightly lint check-patch doctor \
+        gpu-check check-gpu-profile clean-cache
 
 setup:
 	scripts/setup.sh $(SGLANG) $(VENV) $(PROFILE)
@@ -18,25 +24,44 @@ setup-all:
 
 # the whole A/B pipeline on the CPU: stock vs upstream PR #9460 vs ours, sglang 0.5.1.post3
 demo: setup
-	$(PY) runner.py bench configs/demo-cpu.yaml
+	$(PY) -m patchbench bench configs/demo-cpu.yaml
 
 bench: setup
-	$(PY) runner.py bench $(CONFIG)
+	$(PY) -m patchbench bench $(CONFIG)
 
 nightly: setup
-	$(PY) runner.py nightly $(if $(NIGHTLY_CONFIG),$(NIGHTLY_CONFIG),configs/nightly-h200.yaml)
+	$(PY) -m patchbench nightly $(if $(NIGHTLY_CONFIG),$(NIGHTLY_CONFIG),configs/nightly-h200.yaml)
 
 check-patch: setup
-	$(PY) runner.py check-patch
+	$(PY) -m patchbench check-patch
 
 doctor: setup
-	$(PY) runner.py doctor $(DOCTOR_CONFIG)
+	$(PY) -m patchbench doctor $(DOCTOR_CONFIG)
 
 test: setup-all
 	scripts/run_tests.sh $(PYTEST_ARGS)
 
-lint: setup
-	$(PY) -m compileall -q patchbench suites runner.py scripts tests
+# ruff over the whole tree: lint, then the format check (any venv with ruff: make lint PY=...)
+lint:
+	@$(PY) -m ruff --version >/dev/null 2>&1 || $(MAKE) setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+# a light venv without sglang (harness only): what the pull-request workflow installs
+setup-light:
+	[ -x .venv-light/bin/python ] || python3 -m venv .venv-light
+	.venv-light/bin/python -m pip install --disable-pip-version-check --progress-bar off \
+	    -r requirements/harness.txt
+	.venv-light/bin/python -m pip install --disable-pip-version-check --no-deps -e .
+
+# the unit tests that need no sglang and no network (make test-light PY=.venv-light/bin/python)
+test-light:
+	$(PY) -m pytest -q -p no:cacheprovider -m "$(LIGHT_MARKERS)" $(PYTEST_ARGS)
+
+# resolve, without installing, what `make setup PROFILE=gpu` installs for every pin (asks the
+# package index, so it is not part of make test)
+check-gpu-profile:
+	@for pin in $(PINS); do SETUP_DRY_RUN=1 scripts/setup.sh $$pin - gpu || exit $$?; done
 
 gpu-check:
 	bash scripts/gpu_check.sh

@@ -3,6 +3,7 @@
 
 Kept at the top level so a clone runs without installing: ``python runner.py --help``.
 """
+
 import sys
 
 from patchbench.cli import main

@@ -1,4 +1,5 @@
 """``python -m patchbench CMD ...``: the same command line as the ``patchbench`` script."""
+
 import sys
 
 from patchbench.cli import main

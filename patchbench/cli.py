@@ -13,6 +13,7 @@ that runs it); ``patchbench --help`` is generated from that table and from the e
 
 Modules are imported only when their command runs, so ``--help`` works in any environment.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,7 +60,9 @@ def exit_code_of(exc: BaseException) -> int:
     """The documented exit code of ``exc``: :func:`patchbench.errors.exit_code_of`, extended by
     :data:`LEGACY_EXIT_CODES` (KeyboardInterrupt -> 130, SystemExit -> its code, unknown -> 70)."""
     if isinstance(exc, SystemExit):
-        return exc.code if isinstance(exc.code, int) else (EXIT_OK if exc.code is None else EXIT_USAGE)
+        return (
+            exc.code if isinstance(exc.code, int) else (EXIT_OK if exc.code is None else EXIT_USAGE)
+        )
     if isinstance(exc, errors.PatchbenchError):
         return errors.exit_code_of(exc)
     legacy = _legacy_code(exc)
@@ -75,10 +78,14 @@ def _kind(exc: BaseException, code: int) -> str:
         if "PatchError" in names or "PatchProblem" in names or "OverlayError" in names:
             return "patch error"
         return "usage error"
-    return {errors.EXIT_REGRESSION: "regression found", EXIT_ENV: "environment not ready",
-            errors.EXIT_RUN_FAILED: "run failed", errors.EXIT_UNDERPOWERED: "underpowered",
-            errors.EXIT_INTERRUPTED: "interrupted",
-            errors.EXIT_TERMINATED: "terminated"}.get(code, "error")
+    return {
+        errors.EXIT_REGRESSION: "regression found",
+        EXIT_ENV: "environment not ready",
+        errors.EXIT_RUN_FAILED: "run failed",
+        errors.EXIT_UNDERPOWERED: "underpowered",
+        errors.EXIT_INTERRUPTED: "interrupted",
+        errors.EXIT_TERMINATED: "terminated",
+    }.get(code, "error")
 
 
 def _report(cmd: str, exc: BaseException, code: int) -> None:
@@ -92,8 +99,10 @@ def _report(cmd: str, exc: BaseException, code: int) -> None:
 def _delegate(module: str, function: str) -> Callable[[argparse.Namespace, list[str]], int]:
     """A command that hands its raw arguments to ``module.function(argv) -> int`` (the module's
     own ``cli``), after this parser validated them."""
+
     def run(_args: argparse.Namespace, raw: list[str]) -> int:
         return int(getattr(importlib.import_module(module), function)(raw) or 0)
+
     run.__doc__ = f"Delegates to {module}.{function}(argv)."
     return run
 
@@ -102,8 +111,9 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="the experiment config (YAML)")
     p.add_argument("--dry-run", action="store_true", help="print the resolved plan, launch nothing")
     p.add_argument("--resume", metavar="RUN_DIR", help="run only the cells missing in RUN_DIR")
-    p.add_argument("--results", metavar="DIR",
-                   help="parent folder of the run folder (default results/)")
+    p.add_argument(
+        "--results", metavar="DIR", help="parent folder of the run folder (default results/)"
+    )
     p.add_argument("--port", type=int, help="override server.port")
 
 
@@ -137,20 +147,29 @@ def _args_compare(p: argparse.ArgumentParser) -> None:
 
 def _args_nightly(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", help="the experiment config (YAML)")
-    p.add_argument("--history", help="SQLite history file (default: $PATCHBENCH_HISTORY, else the "
-                                     "config's nightly.history_path)")
+    p.add_argument(
+        "--history",
+        help="SQLite history file (default: $PATCHBENCH_HISTORY, else the "
+        "config's nightly.history_path)",
+    )
     g = p.add_mutually_exclusive_group()
     g.add_argument("--from-run", metavar="RUN_DIR", help="gate a finished run folder; run nothing")
-    g.add_argument("--record-only", metavar="RUN_DIR",
-                   help="only append a finished run folder to the history")
+    g.add_argument(
+        "--record-only", metavar="RUN_DIR", help="only append a finished run folder to the history"
+    )
 
 
 def _args_check_patch(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sglang", metavar="VERSION",
-                   help="only this release (default: all in each manifest)")
+    p.add_argument(
+        "--sglang", metavar="VERSION", help="only this release (default: all in each manifest)"
+    )
     p.add_argument("--patch", metavar="NAME", help="only this patch (a folder in patches/)")
-    p.add_argument("--cache-dir", type=Path, default=None,
-                   help="wheels and derived diffs (default: .cache/patches)")
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="wheels and derived diffs (default: .cache/patches)",
+    )
     p.add_argument("--json", action="store_true", help="also print the results as JSON")
 
 
@@ -181,8 +200,10 @@ def _run_check_patch(a: argparse.Namespace, _raw: list[str]) -> int:
             continue
         for ver in [a.sglang] if a.sglang else list(m.releases):
             if ver not in m.releases and not a.patch:
-                print(f"{name:<20} {ver:<12} SKIP  no diff for this release (supports "
-                      f"{', '.join(m.releases)})")
+                print(
+                    f"{name:<20} {ver:<12} SKIP  no diff for this release (supports "
+                    f"{', '.join(m.releases)})"
+                )
                 continue
             try:
                 res = patchset.check_patch(name, ver, cache_dir=cache)
@@ -190,16 +211,23 @@ def _run_check_patch(a: argparse.Namespace, _raw: list[str]) -> int:
                 print(f"{name:<20} {ver:<12} FAIL  {e}")
                 worst, failed = max(worst, exit_code_of(e), key=_CHECK_ORDER.index), failed + 1
                 continue
-            files = "  ".join(f"{Path(p).name} {h['before'][:8]}..->{h['after'][:8]}.."
-                              for p, h in res["files"].items())
-            print(f"{name:<20} {ver:<12} OK    {files}  (diff {res['patch_sha256'][:8]}.., "
-                  f"{res['source'].split()[0]}, compiles)")
+            files = "  ".join(
+                f"{Path(p).name} {h['before'][:8]}..->{h['after'][:8]}.."
+                for p, h in res["files"].items()
+            )
+            print(
+                f"{name:<20} {ver:<12} OK    {files}  (diff {res['patch_sha256'][:8]}.., "
+                f"{res['source'].split()[0]}, compiles)"
+            )
             results.append(res)
     if a.json:
         print(json.dumps(results, indent=1))
     if worst != EXIT_OK:
-        print(f"{PROG} check-patch: {failed} check(s) failed (exit {worst}); see the FAIL lines "
-              "above", file=sys.stderr)
+        print(
+            f"{PROG} check-patch: {failed} check(s) failed (exit {worst}); see the FAIL lines "
+            "above",
+            file=sys.stderr,
+        )
     return worst
 
 
@@ -207,10 +235,18 @@ def _args_score_mmmu(p: argparse.ArgumentParser) -> None:
     p.add_argument("responses", help="<Subject>/output.json folder, records.jsonl or output.json")
     p.add_argument("--answer-key", required=True, help="answer_dict_val.json")
     p.add_argument("--parser", choices=["strict", "official"], default="strict")
-    p.add_argument("--seed", type=int, default=42,
-                   help="seed of the official parser's random fallback (default 42)")
-    p.add_argument("--fallback", choices=["random", "unparsed"], default="random",
-                   help="official parser: pick a seeded random letter, or count as unparsed")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=42,
+        help="seed of the official parser's random fallback (default 42)",
+    )
+    p.add_argument(
+        "--fallback",
+        choices=["random", "unparsed"],
+        default="random",
+        help="official parser: pick a seeded random letter, or count as unparsed",
+    )
     p.add_argument("--out", help="folder for records.jsonl, val_sglang.json, ...")
 
 
@@ -251,41 +287,83 @@ class Command:
 
 #: every subcommand, in the order ``--help`` lists them
 COMMANDS: list[Command] = [
-    Command("bench", "run every variant of CONFIG through its suites; write results/<run>/",
-            _args_bench, _run_bench),
-    Command("report", "re-render a run folder's compare.json, report.md and plots",
-            _args_report, _delegate("patchbench.report", "cli_report")),
-    Command("compare", "compare the baseline of RUN_A with a variant of RUN_B (two runs)",
-            _args_compare, _delegate("patchbench.report", "cli_compare")),
-    Command("nightly", "run a config, append it to the history and apply the regression gates",
-            _args_nightly, _delegate("patchbench.nightly", "cli")),
-    Command("check-patch", "apply every patch to a pristine copy of each release it supports",
-            _args_check_patch, _run_check_patch),
-    Command("score-mmmu", "re-score saved MMMU responses against an answer key",
-            _args_score_mmmu, _delegate("patchbench.suites.mmmu", "cli")),
-    Command("make-tiny-model", "build the tiny random Qwen2.5-VL the CPU configs use",
-            _args_tiny, _run_tiny),
-    Command("doctor", "what this environment is, and what it lacks for CONFIG",
-            _args_doctor, _run_doctor),
+    Command(
+        "bench",
+        "run every variant of CONFIG through its suites; write results/<run>/",
+        _args_bench,
+        _run_bench,
+    ),
+    Command(
+        "report",
+        "re-render a run folder's compare.json, report.md and plots",
+        _args_report,
+        _delegate("patchbench.report", "cli_report"),
+    ),
+    Command(
+        "compare",
+        "compare the baseline of RUN_A with a variant of RUN_B (two runs)",
+        _args_compare,
+        _delegate("patchbench.report", "cli_compare"),
+    ),
+    Command(
+        "nightly",
+        "run a config, append it to the history and apply the regression gates",
+        _args_nightly,
+        _delegate("patchbench.nightly", "cli"),
+    ),
+    Command(
+        "check-patch",
+        "apply every patch to a pristine copy of each release it supports",
+        _args_check_patch,
+        _run_check_patch,
+    ),
+    Command(
+        "score-mmmu",
+        "re-score saved MMMU responses against an answer key",
+        _args_score_mmmu,
+        _delegate("patchbench.suites.mmmu", "cli"),
+    ),
+    Command(
+        "make-tiny-model",
+        "build the tiny random Qwen2.5-VL the CPU configs use",
+        _args_tiny,
+        _run_tiny,
+    ),
+    Command(
+        "doctor",
+        "what this environment is, and what it lacks for CONFIG",
+        _args_doctor,
+        _run_doctor,
+    ),
 ]
 
 
 def exit_code_table() -> str:
     """The exit codes as help text, one line per code (from patchbench.errors.EXIT_CODES)."""
-    return "exit codes:\n" + "\n".join(f"  {code:>3}  {text}" for code, text in EXIT_CODES.items()) \
+    return (
+        "exit codes:\n"
+        + "\n".join(f"  {code:>3}  {text}" for code, text in EXIT_CODES.items())
         + f"\n  {EXIT_BUG:>3}  internal error (a bug: the traceback is printed)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of every command, generated from :data:`COMMANDS`."""
     ap = argparse.ArgumentParser(
-        prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=PROG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="A/B benchmarking and accuracy-regression suite for sglang patches.",
-        epilog=exit_code_table() + f"\n\n`{PROG} CMD --help` shows the options of one command.")
+        epilog=exit_code_table() + f"\n\n`{PROG} CMD --help` shows the options of one command.",
+    )
     sub = ap.add_subparsers(dest="command", metavar="CMD", title="commands")
     for c in COMMANDS:
-        p = sub.add_parser(c.name, help=c.help, description=c.help, epilog=exit_code_table(),
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(
+            c.name,
+            help=c.help,
+            description=c.help,
+            epilog=exit_code_table(),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         c.add_args(p)
         p.set_defaults(_command=c)
     return ap
@@ -294,8 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns its exit code (see :func:`exit_code_table`), never raises."""
     # torch.cuda imports the deprecated pynvml shim that sglang's dependencies install
-    warnings.filterwarnings("ignore", message="The pynvml package is deprecated",
-                            category=FutureWarning)
+    warnings.filterwarnings(
+        "ignore", message="The pynvml package is deprecated", category=FutureWarning
+    )
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
@@ -306,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cmd is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    raw = argv[argv.index(cmd.name) + 1:]
+    raw = argv[argv.index(cmd.name) + 1 :]
     try:
         return int(cmd.run(args, raw) or 0)
     except SystemExit as e:  # a delegated module's own argparse or sys.exit
@@ -315,12 +394,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = exit_code_of(e)
         if code == EXIT_BUG:
             traceback.print_exc()
-            print(f"{PROG} {cmd.name}: internal error (exit {code}): {type(e).__name__}: {e} "
-                  "(a bug in patchbench: please report the traceback above)", file=sys.stderr)
+            print(
+                f"{PROG} {cmd.name}: internal error (exit {code}): {type(e).__name__}: {e} "
+                "(a bug in patchbench: please report the traceback above)",
+                file=sys.stderr,
+            )
         else:
             _report(cmd.name, e, code)
         return code
 
 
-__all__ = ["COMMANDS", "Command", "LEGACY_EXIT_CODES", "build_parser", "exit_code_of",
-           "exit_code_table", "main"]
+__all__ = [
+    "COMMANDS",
+    "Command",
+    "LEGACY_EXIT_CODES",
+    "build_parser",
+    "exit_code_of",
+    "exit_code_table",
+    "main",
+]

@@ -6,6 +6,7 @@ command that fixes it: the sglang pin, the model, a GPU, the port, and each suit
 (:meth:`patchbench.suite.Suite.doctor_checks`; the core names no suite). Exit 0 when nothing is
 missing, 3 otherwise; an invalid CONFIG raises :class:`patchbench.config.ConfigError` (exit 2).
 """
+
 from __future__ import annotations
 
 import contextvars
@@ -26,8 +27,9 @@ def supported_pins() -> list[str]:
     """sglang releases with a CPU profile in requirements/ (GPU installs take any release)."""
     from patchbench.config import REPO_ROOT
 
-    return sorted(p.stem.removeprefix("cpu-")
-                  for p in (REPO_ROOT / "requirements").glob("cpu-*.txt"))
+    return sorted(
+        p.stem.removeprefix("cpu-") for p in (REPO_ROOT / "requirements").glob("cpu-*.txt")
+    )
 
 
 def hub_reachable() -> bool:
@@ -49,10 +51,18 @@ def hf_dataset_check(what: str, repo_id: str, local_path: str | None = None) -> 
         return f"{what} (local: {local_path})", True, ""
     cached = envinfo.hf_cached(repo_id, "dataset")
     reachable = hub_reachable()
-    where = ("in the HF hub cache" if cached else "hub reachable" if reachable
-             else "not cached, hub unreachable")
-    return (f"{what} ({where})", cached or reachable,
-            "fill the HF cache and set HF_DATASETS_OFFLINE=1, or set dataset_path")
+    where = (
+        "in the HF hub cache"
+        if cached
+        else "hub reachable"
+        if reachable
+        else "not cached, hub unreachable"
+    )
+    return (
+        f"{what} ({where})",
+        cached or reachable,
+        "fill the HF cache and set HF_DATASETS_OFFLINE=1, or set dataset_path",
+    )
 
 
 def _suite_checks(cfg: Any) -> list[Check]:
@@ -84,8 +94,13 @@ def _stale_server_checks() -> list[Check]:
     for s in stale:
         pid = getattr(s, "pid", None) if not isinstance(s, dict) else s.get("pid")
         run = getattr(s, "run_dir", None) if not isinstance(s, dict) else s.get("run_dir")
-        rows.append((f"sglang server pid {pid} left over by run {run or '?'}", False,
-                     f"kill -TERM -{pid}   (or: patchbench bench --kill-stale CONFIG)"))
+        rows.append(
+            (
+                f"sglang server pid {pid} left over by run {run or '?'}",
+                False,
+                f"kill -TERM -{pid}   (or: patchbench bench --kill-stale CONFIG)",
+            )
+        )
     return rows
 
 
@@ -104,8 +119,14 @@ def checks_for(cfg: Any, info: dict) -> list[Check]:
         out.append((f"sglang {cfg.sglang} installed (have {have})", have == cfg.sglang, fix))
         if cfg.model.tiny:
             from patchbench.tinymodel import is_built
-            out.append((f"tiny model at {cfg.model_dir}", is_built(cfg.model_dir),
-                        f"built on first run, or: patchbench make-tiny-model {cfg.model_dir}"))
+
+            out.append(
+                (
+                    f"tiny model at {cfg.model_dir}",
+                    is_built(cfg.model_dir),
+                    f"built on first run, or: patchbench make-tiny-model {cfg.model_dir}",
+                )
+            )
         else:
             if cfg.model_dir.exists():
                 where, ok = "local folder", True
@@ -115,16 +136,29 @@ def checks_for(cfg: Any, info: dict) -> list[Check]:
                 reach = bool(info.get("hub_reachable"))
                 where = "hub reachable" if reach else "not local, not cached, hub unreachable"
                 ok = reach and is_hub_id(cfg.model.path)
-            out.append((f"model {cfg.model.path} ({where})", ok,
-                        "download the weights to a local folder and set model.path, or fill the "
-                        "HF cache (huggingface-cli download ID) and set HF_HUB_OFFLINE=1"))
+            out.append(
+                (
+                    f"model {cfg.model.path} ({where})",
+                    ok,
+                    "download the weights to a local folder and set model.path, or fill the "
+                    "HF cache (huggingface-cli download ID) and set HF_HUB_OFFLINE=1",
+                )
+            )
         if not any(a in ("cpu", "--device=cpu") for a in cfg.server.args):
-            out.append(("NVIDIA GPU (the config does not run on --device cpu)",
-                        bool(info.get("gpu")),
-                        "run on a GPU machine, or use a CPU config (configs/demo-cpu.yaml)"))
-        out.append((f"port {cfg.server.port} free",
-                    not port_answers(cfg.server.host, cfg.server.port),
-                    "stop whatever listens there or change server.port"))
+            out.append(
+                (
+                    "NVIDIA GPU (the config does not run on --device cpu)",
+                    bool(info.get("gpu")),
+                    "run on a GPU machine, or use a CPU config (configs/demo-cpu.yaml)",
+                )
+            )
+        out.append(
+            (
+                f"port {cfg.server.port} free",
+                not port_answers(cfg.server.host, cfg.server.port),
+                "stop whatever listens there or change server.port",
+            )
+        )
         out.extend(_suite_checks(cfg))
         return out
     finally:
@@ -138,8 +172,11 @@ def environment_rows(info: dict) -> list[tuple[str, str]]:
         ("python", f"{info['python']} ({info['executable']})"),
         ("GPU", ", ".join(g["name"] for g in gpu["gpus"]) if gpu else "none (CPU only)"),
         ("driver", gpu["driver"] if gpu else "-"),
-        ("torch", f"{info.get('torch')} (CUDA build {info.get('cuda_build')}, "
-                  f"CUDA available: {info.get('cuda_available')})"),
+        (
+            "torch",
+            f"{info.get('torch')} (CUDA build {info.get('cuda_build')}, "
+            f"CUDA available: {info.get('cuda_available')})",
+        ),
         ("sglang", info.get("sglang") or "not installed"),
         ("transformers", info.get("transformers") or "-"),
         ("supported pins", ", ".join(supported_pins())),
@@ -168,8 +205,9 @@ def run_doctor(config: str | None = None, out: TextIO | None = None) -> int:
     elif rows:
         print("", file=out)
     for what, ok, fix in rows:
-        print(f"  {'OK     ' if ok else 'MISSING'} {what}" + ("" if ok else f"  -> {fix}"),
-              file=out)
+        print(
+            f"  {'OK     ' if ok else 'MISSING'} {what}" + ("" if ok else f"  -> {fix}"), file=out
+        )
     return EXIT_OK if all(ok for _, ok, _ in rows) else EXIT_ENV
 
 

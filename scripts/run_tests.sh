@@ -5,6 +5,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+# the tests that need sglang must run here: a missing sglang fails the run (tests/conftest.py)
+export PATCHBENCH_REQUIRE_SGLANG=1
 t0=$(date +%s)
 $PY -m pytest -q -m "not e2e" --durations=10 -p no:cacheprovider "$@"
 rc1=$?

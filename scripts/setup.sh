@@ -6,6 +6,9 @@
 #      (sglang[srt]==0.5.1.post3, sglang==0.5.23 and later). auto: gpu when nvidia-smi sees a GPU.
 # A stamp file in the venv records what was installed; a second call with the same inputs
 # does nothing.
+# SETUP_DRY_RUN=1 (make check-gpu-profile): ask pip to resolve exactly what the gpu profile would
+# install (pip install --dry-run --ignore-installed --report), install nothing, print a summary;
+# VENV is then unused. Exit 0 when it resolves, 1 otherwise.
 set -euo pipefail
 PIN=${1:?usage: setup.sh PIN VENV [cpu|gpu|auto]}
 VENV=${2:?usage: setup.sh PIN VENV [cpu|gpu|auto]}
@@ -28,6 +31,31 @@ stamp_inputs() {
   [ "$PROFILE" = cpu ] && cat "$REQ"
   true
 }
+gpu_spec() {
+  case "$PIN" in 0.5.1*|0.5.0*|0.4.*) echo "sglang[srt]==$PIN";; *) echo "sglang==$PIN";; esac
+}
+if [ "${SETUP_DRY_RUN:-0}" = 1 ]; then
+  [ "$PROFILE" = gpu ] || { echo "setup.sh: SETUP_DRY_RUN=1 resolves the gpu profile only" >&2; exit 2; }
+  report=$(mktemp --suffix=.json)
+  t0=$(date +%s)
+  echo "check-gpu-profile: resolving $(gpu_spec) -r requirements/harness.txt with $($PY --version)"
+  if ! $PY -m pip install --dry-run --ignore-installed --disable-pip-version-check --quiet \
+        --progress-bar off --report "$report" "$(gpu_spec)" -r "$HERE/requirements/harness.txt"; then
+    echo "check-gpu-profile: sglang $PIN (gpu profile) does NOT resolve (pip output above)" >&2
+    rm -f "$report"; exit 1
+  fi
+  $PY - "$report" "$PIN" "$(( $(date +%s) - t0 ))" <<'PYEOF'
+import json, sys
+rep = json.load(open(sys.argv[1]))
+got = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in rep["install"]}
+keys = ["sglang", "torch", "flashinfer-python", "sgl-kernel", "transformers", "triton", "xgrammar"]
+shown = ", ".join(f"{k} {got[k]}" for k in keys if k in got)
+print(f"check-gpu-profile: sglang {sys.argv[2]} (gpu profile) resolves: {len(got)} packages "
+      f"({shown}) in {sys.argv[3]} s")
+PYEOF
+  rm -f "$report"
+  exit 0
+fi
 want=$(stamp_inputs | sha256sum | cut -d' ' -f1)
 if [ -f "$VENV/.patchbench-setup" ] && [ "$(cat "$VENV/.patchbench-setup")" = "$want" ]; then
   echo "setup: $VENV already holds sglang $PIN ($PROFILE profile); nothing to do"
@@ -38,8 +66,7 @@ echo "setup: creating $VENV for sglang $PIN ($PROFILE profile)"
 [ -x "$VENV/bin/python" ] || $PY -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off)
 if [ "$PROFILE" = gpu ]; then
-  case "$PIN" in 0.5.1*|0.5.0*|0.4.*) SPEC="sglang[srt]==$PIN";; *) SPEC="sglang==$PIN";; esac
-  "${PIP[@]}" "$SPEC" -r "$HERE/requirements/harness.txt"
+  "${PIP[@]}" "$(gpu_spec)" -r "$HERE/requirements/harness.txt"
 else
   TORCH=$(grep -E '^(torch|torchvision)==' "$REQ" | tr '\n' ' ')
   # torch first: the CPU profile's own pin decides it, not a later resolver pass

@@ -1,5 +1,6 @@
 """Shared fixtures. The end-to-end fixtures start ONE real sglang server per session (CPU engine,
 tiny random Qwen2.5-VL) and share it across tests, so `make test` stays within its time budget."""
+
 from __future__ import annotations
 
 import os
@@ -16,16 +17,101 @@ from patchbench.server import LaunchSpec, SglangServer, free_port  # noqa: E402
 from patchbench.shims import SITE_DIR, stand_in_path  # noqa: E402
 from patchbench.suite import ServerInfo  # noqa: E402
 
+# ------------------------------------------------------------------ tests that need sglang
+#: test modules that need the sglang environment (sglang, torch, transformers) already at import
+#: or in every test; where sglang is not installed (the pull-request workflow's light venv) they
+#: are not collected, and the header says so
+NEEDS_SGLANG_MODULES = {
+    "test_bench_runner.py",
+    "test_e2e_bench.py",
+    "test_mmmu_e2e.py",
+    "test_mrope_equivalence.py",
+    "test_mrope_instr.py",
+    "test_mrope_nosync.py",
+    "test_overlay.py",
+    "test_patchset.py",
+    "test_sync_probe.py",
+}
+#: fixtures that need the sglang environment: a test using one is marked needs_sglang
+NEEDS_SGLANG_FIXTURES = {"cpu_server", "tiny_model_dir", "mrope_methods"}
+#: test modules that need the network unless its cache is filled (a release's wheel from PyPI)
+NEEDS_NETWORK_MODULES = {"test_mrope_equivalence.py", "test_patchset.py", "test_sync_probe.py"}
+#: set by `make test` (scripts/run_tests.sh): a missing sglang is an error there, never a skip
+REQUIRE_SGLANG_ENV = "PATCHBENCH_REQUIRE_SGLANG"
+
+
+def have_sglang() -> bool:
+    """Whether this interpreter can import sglang (without importing it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("sglang") is not None
+
+
+collect_ignore = [] if have_sglang() else sorted(NEEDS_SGLANG_MODULES)
+
+
+def pytest_configure(config):
+    if os.environ.get(REQUIRE_SGLANG_ENV) == "1" and not have_sglang():
+        raise pytest.UsageError(
+            f"{REQUIRE_SGLANG_ENV}=1 but sglang is not importable by {sys.executable}: "
+            "`make test` runs the tests that need sglang; run `make setup` first"
+        )
+
+
+def pytest_report_header(config):
+    if have_sglang():
+        return f"sglang {sglang_version()}: the needs_sglang tests run"
+    return (
+        "sglang is not installed: needs_sglang tests are skipped and these modules are not "
+        f"collected: {', '.join(collect_ignore)}"
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark needs_sglang (by module, fixture or e2e) and network (by module); without sglang,
+    skip the needs_sglang tests with a reason."""
+    skip = pytest.mark.skip(reason="needs sglang, which is not installed here")
+    present = have_sglang()
+    for item in items:
+        name = item.path.name
+        if name in NEEDS_NETWORK_MODULES:
+            item.add_marker(pytest.mark.network)
+        if (
+            name in NEEDS_SGLANG_MODULES
+            or NEEDS_SGLANG_FIXTURES & set(getattr(item, "fixturenames", ()))
+            or item.get_closest_marker("e2e")
+        ):
+            item.add_marker(pytest.mark.needs_sglang)
+            if not present:
+                item.add_marker(skip)
+
+
 #: the server flags the CPU configs use (configs/demo-cpu.yaml documents each)
-CPU_SERVER_ARGS = ["--device", "cpu", "--attention-backend", "torch_native",
-                   "--max-total-tokens", "8192", "--mem-fraction-static", "0.05",
-                   "--disable-fast-image-processor", "--grammar-backend", "none"]
-CPU_SERVER_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "TORCHDYNAMO_DISABLE": "1", "HF_HUB_OFFLINE": "1",
-                  "TRANSFORMERS_OFFLINE": "1", "PATCHBENCH_CPU_STAND_INS": "1"}
+CPU_SERVER_ARGS = [
+    "--device",
+    "cpu",
+    "--attention-backend",
+    "torch_native",
+    "--max-total-tokens",
+    "8192",
+    "--mem-fraction-static",
+    "0.05",
+    "--disable-fast-image-processor",
+    "--grammar-backend",
+    "none",
+]
+CPU_SERVER_ENV = {
+    "SGLANG_USE_CPU_ENGINE": "1",
+    "TORCHDYNAMO_DISABLE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "PATCHBENCH_CPU_STAND_INS": "1",
+}
 
 
 def sglang_version() -> str | None:
     import importlib.metadata
+
     try:
         return importlib.metadata.version("sglang")
     except importlib.metadata.PackageNotFoundError:
@@ -46,6 +132,7 @@ def cpu_server_env(extra_pythonpath: list[str] | None = None) -> dict[str, str]:
 def tiny_model_dir() -> Path:
     """The tiny Qwen2.5-VL for this environment's transformers, built once (a few seconds)."""
     from patchbench.tinymodel import build_tiny_qwen25vl, default_model_dir
+
     return build_tiny_qwen25vl(default_model_dir())
 
 
@@ -55,16 +142,32 @@ def cpu_server(tiny_model_dir, tmp_path_factory) -> ServerInfo:
     if sglang_version() is None:
         pytest.skip("sglang is not installed in this environment")
     log = tmp_path_factory.mktemp("cpu_server") / "server.log"
-    spec = LaunchSpec(python=sys.executable, model_path=str(tiny_model_dir), host="127.0.0.1",
-                      port=free_port(), args=list(CPU_SERVER_ARGS), env=cpu_server_env(),
-                      log_path=log, ready_timeout_s=300, stop_grace_s=15)
+    spec = LaunchSpec(
+        python=sys.executable,
+        model_path=str(tiny_model_dir),
+        host="127.0.0.1",
+        port=free_port(),
+        args=list(CPU_SERVER_ARGS),
+        env=cpu_server_env(),
+        log_path=log,
+        ready_timeout_s=300,
+        stop_grace_s=15,
+    )
     srv = SglangServer(spec)
     srv.start()
     try:
         srv.wait_ready()
-        yield ServerInfo(base_url=srv.base_url, host=spec.host, port=spec.port,
-                         model_path=str(tiny_model_dir), tokenizer_path=str(tiny_model_dir),
-                         log_path=log, pid=srv.pid, flush_cache=srv.flush_cache, alive=srv.alive)
+        yield ServerInfo(
+            base_url=srv.base_url,
+            host=spec.host,
+            port=spec.port,
+            model_path=str(tiny_model_dir),
+            tokenizer_path=str(tiny_model_dir),
+            log_path=log,
+            pid=srv.pid,
+            flush_cache=srv.flush_cache,
+            alive=srv.alive,
+        )
     finally:
         srv.stop()
 
@@ -74,6 +177,7 @@ def mrope_methods():
     """{(release, "stock"|"patched"): MropeMethods} for 0.5.1.post3 and 0.5.23: the real mrope
     methods extracted from each forward_batch_info.py (patchbench.mrope), built once."""
     from patchbench.mrope import MropeMethods, release_sources
+
     out = {}
     for release in ("0.5.1.post3", "0.5.23"):
         for variant, path in release_sources(release).items():
