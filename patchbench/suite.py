@@ -210,7 +210,42 @@ class Suite:
 
 
 class PairingRefused(RuntimeError):
-    """Two cells must not be paired (different prompts, parser, seed, question list ...)."""
+    """Two cells must not be paired (different prompts, parser, seed, question list ...).
+
+    The comparison stores ``{"refused": str(exc)}`` in place of the pair dict, and the suite's
+    ``report_section`` shows that reason instead of numbers (see :func:`refusal`)."""
+
+
+def comparison_get(comparison: Any, key: str, default: Any = None) -> Any:
+    """``comparison.<key>`` of a typed comparison (a pydantic model or any object), or
+    ``comparison[key]`` of its JSON form (a dict, e.g. compare.json read back); ``default`` when
+    absent or None. Hooks use it so they render the same from either form."""
+    if isinstance(comparison, dict):
+        val = comparison.get(key)
+    else:
+        val = getattr(comparison, key, None)
+    if hasattr(val, "model_dump"):
+        val = val.model_dump()
+    return default if val is None else val
+
+
+def suite_pairs(comparison: Any, suite: str) -> dict[str, dict]:
+    """``{variant: pair dict}`` that the comparison holds for ``suite`` (what :meth:`Suite.pair`
+    returned per variant, or ``{"refused": reason}``); {} when there is none. Entries that are
+    pydantic models are dumped to dicts."""
+    pairs = comparison_get(comparison, "pairs", {}) or {}
+    mine = pairs.get(suite) if isinstance(pairs, dict) else getattr(pairs, suite, None)
+    if hasattr(mine, "model_dump"):
+        mine = mine.model_dump()
+    out: dict[str, dict] = {}
+    for v, d in (mine or {}).items():
+        out[v] = d.model_dump() if hasattr(d, "model_dump") else d
+    return {v: d for v, d in out.items() if isinstance(d, dict)}
+
+
+def refusal(pair: dict | None) -> str | None:
+    """The refusal reason stored for a pair (see :class:`PairingRefused`), else None."""
+    return pair.get("refused") if isinstance(pair, dict) and pair.get("refused") else None
 
 
 #: built-in suites: name -> module that registers it

@@ -6,13 +6,17 @@
         0.5.23, variants stock and patched (plus "upstream" = 0.5.2rc2's file, PR #9460, for
         0.5.1.post3), and DIR/sources.json with their sha256; about 0.5 MB.
     gpu_probe.py run --sources DIR [--device cuda|cpu] [--batch-sizes 1,8,32,128] [--json FILE]
-        for every file: extract the ForwardBatch mrope methods (patchbench.mrope) and run them on
+        for every file: extract the ForwardBatch mrope methods (suites/sync_probe/mrope.py) and run them on
         decode batches; print one table (release, variant, batch size, D2H reads/call, blocking
         H2D copies/call, sync warnings/call, host-blocked ms, positions = stock). ``--device cpu``
         runs the CPU probes (seq_lens on the meta device) instead of the CUDA measurements.
 
 Exit status: 0 when every patched row has equal positions and no read / blocking copy / sync
 warning, 1 otherwise, 2 on bad usage or missing files.
+
+``run`` needs only python3 and torch: it loads suites/sync_probe/mrope.py and table.py by file
+path (no ``patchbench`` package, no pydantic, no sglang); ``prepare`` runs in the project's
+environment.
 """
 from __future__ import annotations
 
@@ -26,13 +30,24 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+SUITE_DIR = REPO / "suites" / "sync_probe"
 FILE = "forward_batch_info.py"
+
+
+def load_by_path(name: str, path: Path):
+    """Import one standalone file as module ``name`` without importing its package (the package's
+    __init__ needs pydantic and patchbench, which the lent GPU machine does not have)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def prepare(out: Path) -> int:
     """Write the source files and sources.json into ``out`` (replacing what was there)."""
-    from patchbench.mrope import release_sources, stock_source
+    from patchbench.suites.sync_probe.mrope import release_sources, stock_source
 
     files = {}
     for release in ("0.5.1.post3", "0.5.23"):
@@ -53,8 +68,11 @@ def run(sources: Path, device: str, batch_sizes: list[int], json_out: Path | Non
         iterations: int, image_share: float) -> int:
     import torch
 
-    from patchbench.mrope import (MropeMethods, calibrate_sleep_cycles, format_table,
-                                  measure_row)
+    mrope = load_by_path("_gpu_probe_mrope", SUITE_DIR / "mrope.py")
+    format_table = load_by_path("_gpu_probe_table", SUITE_DIR / "table.py").format_table
+    MropeMethods, calibrate_sleep_cycles, measure_row = (mrope.MropeMethods,
+                                                         mrope.calibrate_sleep_cycles,
+                                                         mrope.measure_row)
 
     index = sources / "sources.json"
     if not index.is_file():

@@ -6,7 +6,7 @@ Returns ("ok", list of 3 equal-length rows) or ("error", "<Type>: <message>").
 """
 from __future__ import annotations
 
-from patchbench.mrope import MropeCase
+from patchbench.suites.sync_probe.mrope import MropeCase
 
 
 def _flat(t) -> list[int]:

@@ -1,7 +1,7 @@
 """The patched mrope methods give exactly stock sglang's positions (or stock's error), per release.
 
 The real method bodies of the stock and the patched ``forward_batch_info.py`` run (extracted with
-``ast``; patchbench.mrope), on randomised decode and extend batches, and both are also checked
+``ast``; patchbench.suites.sync_probe.mrope), on randomised decode and extend batches, and both are also checked
 against tests/mrope_oracle.py, an independent plain-Python statement of the semantics. Case P1
 (shared/cases.md) has hand-computed numbers. Stock files: the installed package when its version
 matches, else the release's wheel (pip download, cached in .cache/), so both releases run here
@@ -13,7 +13,7 @@ import torch
 import pytest
 
 from mrope_oracle import expected
-from patchbench.mrope import (MropeCase, MropeMethods, StandInMultimodalInputs, decode_case,
+from patchbench.suites.sync_probe.mrope import (MropeCase, MropeMethods, StandInMultimodalInputs, decode_case,
                               extend_case, run_outcome)
 
 RELEASES = ["0.5.1.post3", "0.5.23"]

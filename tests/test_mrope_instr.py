@@ -1,7 +1,7 @@
-"""patchbench/shims/site/patchbench_mrope_instr.py on stand-in ForwardBatch classes.
+"""suites/sync_probe/instr/patchbench_mrope_instr.py on stand-in ForwardBatch classes.
 
 The module's wrapper runs around the real mrope method bodies (patched or stock file, compiled
-with patchbench.mrope's stand-ins); the import-hook test runs a child Python with the shims folder
+with the sync_probe suite's stand-ins); the import-hook test runs a child Python with the instr folder
 first on PYTHONPATH, as the server's processes get it, on a fake ``sglang`` package.
 """
 from __future__ import annotations
@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from patchbench.mrope import (MropeCase, MropeMethods, StandInMultimodalInputs, StandInMode,
+from patchbench.suites.sync_probe.mrope import (MropeCase, MropeMethods, StandInMultimodalInputs, StandInMode,
                               release_sources)
 
-SHIMS = Path(__file__).resolve().parents[1] / "patchbench" / "shims" / "site"
-sys.path.insert(0, str(SHIMS))
+INSTR = Path(__file__).resolve().parents[1] / "suites" / "sync_probe" / "instr"
+sys.path.insert(0, str(INSTR))
 import patchbench_mrope_instr as instr  # noqa: E402
 
 
@@ -128,7 +128,7 @@ def test_import_hook_through_sitecustomize(tmp_path):
         "fb.seq_lens = types.SimpleNamespace(shape=(2,))\n"
         "fb._compute_mrope_positions(None, types.SimpleNamespace(multimodal_inputs=[None, None]))\n"
         "print(fb.mrope_positions, m.ForwardBatch._compute_mrope_positions.__wrapped__.__name__)\n")
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{SHIMS}:{tmp_path / 'pkg'}",
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{INSTR}:{tmp_path / 'pkg'}",
            "PATCHBENCH_MROPE_PROBE_DIR": str(probe)}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

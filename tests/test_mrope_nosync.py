@@ -1,6 +1,6 @@
 """No host sync in the patched decode path, shown on the CPU (issue 3 item 4).
 
-Two observations, both from patchbench.mrope, on the real method bodies:
+Two observations, both from patchbench.suites.sync_probe.mrope, on the real method bodies:
 - device-to-host reads: the decode path runs with ``seq_lens`` on the ``meta`` device (shape, no
   data); reading a value raises there (strict), or, in counting mode, is answered with a
   placeholder and counted;
@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from patchbench.mrope import (MropeMethods, ProbeRecord, StandInMultimodalInputs, MropeCase,
+from patchbench.suites.sync_probe.mrope import (MropeMethods, ProbeRecord, StandInMultimodalInputs, MropeCase,
                               decode_case, probe_decode, stock_source)
 
 RELEASES = ["0.5.1.post3", "0.5.23"]
@@ -44,7 +44,7 @@ def test_probe_sees_a_read_and_a_blocking_copy():
         torch.tensor([1, 2], device="meta")
         torch.ones(2).to("meta", non_blocking=True)
         int(s[0])
-    from patchbench.mrope import probe_call
+    from patchbench.suites.sync_probe.mrope import probe_call
     rec = probe_call(fn)
     assert rec.reads == ["Tensor.__int__ of meta"] and rec.error == META_READ
     assert [(c.api, c.blocking, c.pinned) for c in rec.copies] == [

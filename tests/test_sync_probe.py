@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from patchbench.mrope import release_sources
-from patchbench.suite import SuiteContext, load_suite
+from patchbench.suites.sync_probe.mrope import release_sources
+from patchbench.suite import SuiteContext, get_suite
 
 REPO = Path(__file__).resolve().parents[1]
 RELEASES = ["0.5.1.post3", "0.5.23"]
@@ -40,9 +40,11 @@ def _ctx(tmp: Path, variant_dir: Path, stock_dir: Path, variant: str, device: st
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_suite_cpu_probes(tmp_path, release):
-    suite = load_suite("sync_probe")
-    assert suite.NEEDS_SERVER is False
-    assert {m.better for m in suite.METRICS.values()} == {"lower"}
+    suite = get_suite("sync_probe")
+    assert suite.needs_server is False
+    assert {m.better for m in suite.metrics.values()} == {"lower"}
+    assert [n for n, m in suite.metrics.items() if m.primary] == ["host_syncs_per_call_count"]
+    assert suite.metrics["host_syncs_per_call_count"].kind == "deterministic"
     src = release_sources(release)
     stock_dir = _pkg(tmp_path, "stock", src["stock"])
     patched_dir = _pkg(tmp_path, "patched", src["patched"])
@@ -60,7 +62,9 @@ def test_suite_cpu_probes(tmp_path, release):
         assert stock["sync_d2h_reads_count"] == 0.0
         assert stock["sync_blocking_h2d_copies_count"] == 3.0
     assert patched == {"sync_d2h_reads_count": 0.0, "sync_blocking_h2d_copies_count": 0.0,
-                       "positions_mismatch_count": 0.0}
+                       "positions_mismatch_count": 0.0, "host_syncs_per_call_count": 0.0}
+    # host syncs per call = reads + blocking copies (0.5.1.post3: 82 + 41; 0.5.23: 0 + 3)
+    assert stock["host_syncs_per_call_count"] == (123.0 if release == "0.5.1.post3" else 3.0)
     r = results["patched"]
     assert r.status == "ok" and r.meta["mode"] == "cpu-probes" and "CPU probes" in r.meta["note"]
     probe = json.loads((tmp_path / "out-patched" / "probe.json").read_text())
@@ -78,7 +82,7 @@ def test_suite_cuda_requested_without_gpu_says_so(tmp_path, monkeypatch):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    suite = load_suite("sync_probe")
+    suite = get_suite("sync_probe")
     src = release_sources("0.5.23")
     stock_dir = _pkg(tmp_path, "stock", src["stock"])
     res = suite.run(_ctx(tmp_path, stock_dir, stock_dir, "stock", device="cuda"),
@@ -91,13 +95,13 @@ def test_suite_cuda_requested_without_gpu_says_so(tmp_path, monkeypatch):
 def test_suite_missing_file_is_a_suite_error(tmp_path):
     from patchbench.suite import SuiteError
 
-    suite = load_suite("sync_probe")
+    suite = get_suite("sync_probe")
     with pytest.raises(SuiteError, match="no .*forward_batch_info.py"):
         suite.run(_ctx(tmp_path, tmp_path / "nope", tmp_path / "nope", "v"), suite.Params())
 
 
 def test_params_forbid_unknown_keys():
-    suite = load_suite("sync_probe")
+    suite = get_suite("sync_probe")
     with pytest.raises(Exception, match="batch_size"):
         suite.Params(batch_size=[1])
 
@@ -158,19 +162,60 @@ def test_gpu_probe_fails_on_a_syncing_patched_file(prepared, tmp_path, capsys):
     assert "0.5.23/patched batch 4" in out
 
 
-def test_gpu_check_sh_cpu_end_to_end(prepared, tmp_path):
-    # the shell entry point itself, on the prepared files (one subprocess: torch import is slow)
-    env = dict(__import__("os").environ, PYTHON=sys.executable)
+def _blocker(root: Path, names: list[str]) -> Path:
+    """A folder for PYTHONPATH whose sitecustomize.py puts an import blocker first on
+    sys.meta_path: importing any of ``names`` (or a submodule) writes ``<root>/imported-<name>``
+    and raises ImportError, so even a caught ImportError leaves its trace. It also beats the
+    editable install's finder, which a shadowing package on PYTHONPATH would not."""
+    block = root / "block"
+    block.mkdir()
+    (block / "sitecustomize.py").write_text(
+        "import sys\n"
+        f"NAMES, ROOT = {names!r}, {str(root)!r}\n"
+        "class Blocker:\n"
+        "    def find_spec(self, fullname, path=None, target=None):\n"
+        "        top = fullname.split('.')[0]\n"
+        "        if top in NAMES:\n"
+        "            open(ROOT + '/imported-' + top, 'w').close()\n"
+        "            raise ImportError(top + ' is blocked: the GPU check must run without it')\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Blocker())\n")
+    return block
+
+
+BLOCKED = ["pydantic", "pydantic_core", "sglang", "patchbench", "yaml"]
+
+
+def test_blocker_shadows_the_installed_packages(tmp_path):
+    # the guard of the next test: the blocker really hides what is installed here
+    block = _blocker(tmp_path, BLOCKED)
+    env = dict(__import__("os").environ, PYTHONPATH=str(block))
+    for name in BLOCKED:
+        proc = subprocess.run([sys.executable, "-c", f"import {name}"], env=env,
+                              capture_output=True, text=True)
+        assert proc.returncode != 0 and f"{name} is blocked" in proc.stderr
+        assert (tmp_path / f"imported-{name}").exists()
+
+
+def test_gpu_check_sh_cpu_end_to_end_with_only_torch(prepared, tmp_path):
+    """The shell entry point on a copy holding only scripts/ and suites/sync_probe/{mrope,table}.py
+    (no patchbench package), with pydantic, sglang, patchbench and PyYAML blocked: the lent GPU
+    machine has python3 and torch only. One subprocess: the torch import is slow."""
     work = tmp_path / "repo"
     (work / "scripts").mkdir(parents=True)
     for name in ("gpu_check.sh", "gpu_probe.py"):
         shutil.copy(REPO / "scripts" / name, work / "scripts" / name)
-    shutil.copytree(REPO / "patchbench", work / "patchbench")
+    (work / "suites" / "sync_probe").mkdir(parents=True)
+    for name in ("mrope.py", "table.py"):
+        shutil.copy(REPO / "suites" / "sync_probe" / name, work / "suites" / "sync_probe" / name)
     shutil.copytree(prepared, work / ".cache" / "gpu_check")
+    block = _blocker(tmp_path, BLOCKED)
+    env = dict(__import__("os").environ, PYTHON=sys.executable, PYTHONPATH=str(block))
     proc = subprocess.run(["bash", str(work / "scripts" / "gpu_check.sh"), "--device", "cpu",
                            "--batch-sizes", "2"], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "verdict: patched rows sync-free" in proc.stdout
+    assert sorted(p.name for p in tmp_path.glob("imported-*")) == []
 
 
 def test_gpu_check_sh_documents_the_command():
@@ -216,7 +261,7 @@ class _FakeCuda:
 
 
 def test_cuda_measurement_arithmetic_on_a_simulated_gpu(monkeypatch):
-    from patchbench.mrope import cuda_host_blocked_ms, cuda_sync_warnings
+    from patchbench.suites.sync_probe.mrope import cuda_host_blocked_ms, cuda_sync_warnings
 
     fake = _FakeCuda()
     fake.install(monkeypatch)
@@ -234,8 +279,8 @@ def test_suite_upstream_pr9460_read_is_counted_not_an_error(tmp_path):
     request of a mixed decode batch: the CPU probe cannot answer that read with a placeholder, so
     the counting stops there. That is a caught sync (counted, counts flagged as lower bounds), not
     a failure of the suite (which would make the cell incomplete and hide the evidence)."""
-    from patchbench.mrope import stock_source
-    suite = load_suite("sync_probe")
+    from patchbench.suites.sync_probe.mrope import stock_source
+    suite = get_suite("sync_probe")
     stock_dir = _pkg(tmp_path, "stock", release_sources("0.5.1.post3")["stock"])
     upstream_dir = _pkg(tmp_path, "upstream", stock_source("0.5.2rc2"))
     res = suite.run(_ctx(tmp_path, upstream_dir, stock_dir, "upstream"),

@@ -3,7 +3,7 @@
 No server: ``run(ctx, params)`` reads the variant's ``forward_batch_info.py``
 (``ctx.variant_sglang_dir / "srt/model_executor/forward_batch_info.py"``) and the stock one
 (``ctx.stock_sglang_dir``), extracts the ``ForwardBatch`` mrope methods with :mod:`ast` and runs
-them with stand-ins (patchbench.mrope), per batch size:
+them with stand-ins (:mod:`patchbench.suites.sync_probe.mrope`), per batch size:
 
 - on CUDA (``ctx.device == "cuda"`` and a GPU visible): sync warnings per call under
   ``torch.cuda.set_sync_debug_mode("warn")``, and the host's time in the call while a ~``sleep_ms``
@@ -15,6 +15,12 @@ them with stand-ins (patchbench.mrope), per batch size:
 
 Every row also checks that the variant's positions equal stock's on the same batch. Writes
 ``probe.json`` (docs/CONTRACTS.md) into ``ctx.out_dir``.
+
+In-server cross-check (``server_crosscheck: true``): the :meth:`SyncProbeSuite.instrumentation`
+hook puts ``instr/`` (a sitecustomize.py import hook and ``patchbench_mrope_instr.py``) on the
+server's PYTHONPATH in the untimed correctness cells; every server process then counts its mrope
+computations per forward mode and checks each against the stock method, writing
+``counts.<pid>.json`` files that :func:`merge_counts` merges into ``cell.json``.
 """
 from __future__ import annotations
 
@@ -24,17 +30,29 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from patchbench.suite import MetricInfo, SuiteContext, SuiteError, SuiteResult
+from patchbench.records import read_json
+from patchbench.suite import (Instrumentation, MetricInfo, Suite, SuiteContext, SuiteError,
+                              SuiteResult, comparison_get, refusal, register, suite_pairs)
+from patchbench.suites.sync_probe.table import format_table, markdown_table
 
 REL = "srt/model_executor/forward_batch_info.py"
+#: the folder the in-server cross-check puts on the server's PYTHONPATH
+INSTR_DIR = Path(__file__).resolve().parent / "instr"
+#: the instrumentation's folder inside this suite's folder of a correctness cell
+INSTR_OUT = "mrope_instr"
 
-#: per-call sums over the configured batch sizes (counts), mean over batch sizes (ms)
+_D = "deterministic"
+#: per-call sums over the configured batch sizes (counts), mean over batch sizes (ms). Counts are
+#: the same in every run of the same code (kind "deterministic": compared exactly, no interval).
 METRICS: dict[str, MetricInfo] = {
-    "sync_d2h_reads_count": MetricInfo("lower", "count", "device-to-host reads per call, summed over batch sizes"),
-    "sync_blocking_h2d_copies_count": MetricInfo("lower", "count", "blocking host-to-device copies per call, summed over batch sizes"),
-    "sync_warnings_count": MetricInfo("lower", "count", "CUDA sync warnings per call, summed over batch sizes (GPU only)"),
-    "host_blocked_ms": MetricInfo("lower", "ms", "host blocked in the call behind an in-flight kernel, mean over batch sizes (GPU only)"),
-    "positions_mismatch_count": MetricInfo("lower", "count", "batch sizes whose positions differ from stock"),
+    "host_syncs_per_call_count": MetricInfo(
+        "lower", "count", "host syncs per call (device-to-host reads + blocking host-to-device "
+        "copies), summed over batch sizes", primary=True, kind=_D),
+    "sync_d2h_reads_count": MetricInfo("lower", "count", "device-to-host reads per call, summed over batch sizes", kind=_D),
+    "sync_blocking_h2d_copies_count": MetricInfo("lower", "count", "blocking host-to-device copies per call, summed over batch sizes", kind=_D),
+    "sync_warnings_count": MetricInfo("lower", "count", "CUDA sync warnings per call, summed over batch sizes (GPU only)", kind=_D),
+    "host_blocked_ms": MetricInfo("lower", "ms", "host blocked in the call behind an in-flight kernel, mean over batch sizes (GPU only)", kind="run"),
+    "positions_mismatch_count": MetricInfo("lower", "count", "batch sizes whose positions differ from stock", kind=_D),
 }
 NEEDS_SERVER = False
 
@@ -45,7 +63,10 @@ class Params(BaseModel):
     batch_sizes: decode batch sizes to probe. image_share: share of image requests in each batch
     (at least one image request is always present). iterations: calls per measurement on CUDA
     (medians / means over them). sleep_ms: duration of the in-flight GPU kernel. seed: batch seed.
-    force_cpu: run the CPU probes even on a GPU machine.
+    force_cpu: run the CPU probes even on a GPU machine. server_crosscheck: in the untimed
+    correctness cells, count the server's own mrope computations per forward mode and check each
+    against the stock method (the instrumentation hook; it reads results on the host, so never in
+    timed cells).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -55,6 +76,9 @@ class Params(BaseModel):
     sleep_ms: float = Field(50.0, gt=0.0)
     seed: int = 0
     force_cpu: bool = False
+    server_crosscheck: bool = False
+
+
 
 
 def run(ctx: SuiteContext, params: Params) -> SuiteResult:
@@ -62,7 +86,8 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
     missing or its mrope methods cannot be run with patchbench's stand-ins."""
     import torch
 
-    from patchbench.mrope import MropeMethods, MropeSourceError, measure_row, sha256_file
+    from patchbench.suites.sync_probe.mrope import (MropeMethods, MropeSourceError, measure_row,
+                                                    sha256_file)
     from patchbench.records import write_json
 
     variant_file = Path(ctx.variant_sglang_dir) / REL
@@ -94,7 +119,7 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
     rows = []
     sleep_cycles = None
     if cuda:
-        from patchbench.mrope import calibrate_sleep_cycles
+        from patchbench.suites.sync_probe.mrope import calibrate_sleep_cycles
         sleep_cycles = calibrate_sleep_cycles(params.sleep_ms)
     for bs in params.batch_sizes:
         rows.append(measure_row(methods, stock, bs, device="cuda" if cuda else "cpu",
@@ -111,6 +136,8 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
             sum(r.get("blocking_h2d_copies_per_call", 0) for r in rows)),
         "positions_mismatch_count": float(sum(not r.get("positions_equal_stock") for r in rows)),
     }
+    metrics["host_syncs_per_call_count"] = (metrics["sync_d2h_reads_count"]
+                                            + metrics["sync_blocking_h2d_copies_count"])
     if cuda:
         metrics["sync_warnings_count"] = float(sum(r["sync_warnings_per_call"] for r in rows
                                                    if "sync_warnings_per_call" in r))
@@ -135,9 +162,6 @@ def report_block(summary_dir: Path) -> str:
     """The cell's probe table (from ``probe.json`` in ``summary_dir``, the suite's folder):
     one line per batch size with reads, blocking copies and, on a GPU, sync warnings and
     host-blocked ms per call."""
-    from patchbench.mrope import format_table
-    from patchbench.records import read_json
-
     path = Path(summary_dir) / "probe.json"
     if not path.is_file():
         return f"sync_probe: no probe.json in {summary_dir}"
@@ -145,3 +169,207 @@ def report_block(summary_dir: Path) -> str:
     head = (f"sync_probe ({probe['mode']}; variant {probe['variant']}, "
             f"forward_batch_info.py {probe['variant_sha256'][:12]})")
     return f"{head}\n{format_table(probe['rows'])}\n{probe['note']}"
+
+
+# --------------------------------------------------------------------------- in-server counts
+
+#: counts that are a maximum over calls (merged with max); every other count is a number of
+#: events (merged with a sum over processes that saw different batches)
+MAX_COUNTS = frozenset({"max_decode_batch"})
+
+
+def merge_counts(out_dir: Path) -> dict[str, Any]:
+    """Merge the ``counts.<pid>.json`` files of one server (one per process that imported
+    sglang's forward_batch_info) into one record for ``cell.json``.
+
+    Returns ``{"processes", "replicated", "counts", "per_process": [{"pid", "counts"}],
+    "module_sha256": [...], "crosscheck_ref_sha256": [...], "mismatch_samples": [up to 5],
+    "unreadable": [file names]}``. ``counts``: keys in :data:`MAX_COUNTS` take the maximum; the
+    other counts are summed, except when every process reports the same call counts
+    (``replicated``: tensor-parallel ranks run the same batches, so a sum would count each batch
+    once per rank): then they are the first process's counts. No files: ``processes`` 0 and empty
+    counts (the server never computed mrope positions, or the hook did not load).
+    """
+    per: list[dict[str, Any]] = []
+    unreadable: list[str] = []
+    samples: list[dict] = []
+    mods: list[str] = []
+    refs: list[str] = []
+    for f in sorted(Path(out_dir).glob("counts.*.json")):
+        try:
+            data = read_json(f)
+            counts = {k: v for k, v in (data.get("counts") or {}).items()
+                      if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        except (OSError, ValueError, AttributeError) as e:
+            unreadable.append(f"{f.name}: {e}")
+            continue
+        per.append({"pid": data.get("pid"), "counts": counts})
+        samples += list(data.get("mismatch_samples") or [])
+        for key, into in (("module_sha256", mods), ("crosscheck_ref_sha256", refs)):
+            if data.get(key) and data[key] not in into:
+                into.append(data[key])
+    calls = [{k: v for k, v in p["counts"].items() if k.endswith("calls")} for p in per]
+    replicated = len(per) > 1 and all(c == calls[0] for c in calls)
+    merged: dict[str, float] = {}
+    if replicated:
+        merged = dict(per[0]["counts"])
+    else:
+        for p in per:
+            for k, v in p["counts"].items():
+                merged[k] = max(merged.get(k, v), v) if k in MAX_COUNTS else merged.get(k, 0) + v
+    return {"processes": len(per), "replicated": replicated, "counts": merged,
+            "per_process": per, "module_sha256": mods, "crosscheck_ref_sha256": refs,
+            "mismatch_samples": samples[:5], "unreadable": unreadable}
+
+
+# --------------------------------------------------------------------------- pairing
+
+def _read_probe(suite_dir: Path) -> dict[str, Any] | None:
+    """The compact view of one cell's probe (None without a readable probe.json)."""
+    try:
+        probe = read_json(Path(suite_dir) / "probe.json")
+    except (OSError, ValueError):
+        return None
+    return {"mode": probe.get("mode"), "note": probe.get("note"),
+            "variant_sha256": probe.get("variant_sha256"), "rows": probe.get("rows") or []}
+
+
+def _summary_metrics(suite_dir: Path) -> dict[str, float]:
+    try:
+        return dict(read_json(Path(suite_dir) / "summary.json").get("metrics") or {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def _crosscheck_of(suite_dirs: list[Path]) -> dict[str, Any] | None:
+    """The merged in-server counts recorded for this variant: ``cell.json``'s
+    ``instrumentation.sync_probe`` of the given cells first, then of any other cell folder of the
+    same variant (the untimed correctness cell need not be one of the paired repeats)."""
+    seen: list[Path] = []
+    for d in suite_dirs:
+        cell = Path(d).parent
+        seen.append(cell)
+        seen += sorted(p for p in cell.parent.iterdir() if p.is_dir() and p != cell)
+    for cell in dict.fromkeys(seen):
+        try:
+            rec = read_json(cell / "cell.json")
+        except (OSError, ValueError):
+            continue
+        got = ((rec.get("instrumentation") or {}).get("sync_probe")
+               if isinstance(rec, dict) else None)
+        if got:
+            return dict(got, cell=cell.name)
+    return None
+
+
+def pair_cells(baseline_dirs: list[Path], variant_dirs: list[Path]) -> dict[str, Any] | None:
+    """The sync-probe tables of the baseline and one variant (see :meth:`SyncProbeSuite.pair`)."""
+    def side(dirs: list[Path]) -> dict[str, Any] | None:
+        for k, d in enumerate(dirs):
+            probe = _read_probe(d)
+            if probe is not None:
+                return dict(probe, repeat_index=k)
+        return None
+
+    b, v = side(baseline_dirs), side(variant_dirs)
+    if b is None and v is None:
+        return None
+    metrics: dict[str, dict[str, Any]] = {}
+    for name in METRICS:
+        bv = [_summary_metrics(d).get(name) for d in baseline_dirs]
+        vv = [_summary_metrics(d).get(name) for d in variant_dirs]
+        if all(x is None for x in bv + vv):
+            continue
+        metrics[name] = {"baseline": bv, "variant": vv,
+                         "same_in_every_repeat": len(set(bv)) <= 1 and len(set(vv)) <= 1}
+    return {"baseline": b, "variant": v, "metrics": metrics,
+            "server_crosscheck": {"baseline": _crosscheck_of(baseline_dirs),
+                                  "variant": _crosscheck_of(variant_dirs)}}
+
+
+def _crosscheck_lines(name: str, got: dict[str, Any] | None) -> str:
+    if not got:
+        return f"| {name} | not run | | | | | |"
+    c = got.get("counts") or {}
+    eq = sum(v for k, v in c.items() if k.startswith("crosscheck_") and k.endswith("_equal"))
+    bad = sum(v for k, v in c.items() if k.startswith("crosscheck_") and k.endswith("_mismatch"))
+    return (f"| {name} | {got.get('processes', 0)} | {c.get('decode_calls', 0):g} | "
+            f"{c.get('decode_multi_image_calls', 0):g} | {c.get('max_decode_batch', 0):g} | "
+            f"{eq:g} | {bad:g}{' ⚠' if bad else ''} |")
+
+
+def report_section(comparison: Any) -> list[str]:
+    """Markdown: the probe table of the baseline and of each variant, and the in-server
+    cross-check counts, from the comparison's ``pairs["sync_probe"]`` alone."""
+    pairs = suite_pairs(comparison, "sync_probe")
+    if not pairs:
+        return []
+    base = comparison_get(comparison, "baseline", "baseline")
+    lines = ["## Sync probe", ""]
+    first = next((p for p in pairs.values() if not refusal(p) and p.get("baseline")), None)
+    shown: list[tuple[str, dict | None]] = [(base, first.get("baseline") if first else None)]
+    for v, p in pairs.items():
+        if refusal(p):
+            lines += [f"**{v}**: not compared: {refusal(p)}", ""]
+            continue
+        shown.append((v, p.get("variant")))
+    for name, probe in shown:
+        if probe is None:
+            lines += [f"**{name}**: no probe.json", ""]
+            continue
+        lines += [f"**{name}** ({probe.get('mode')}; forward_batch_info.py "
+                  f"`{(probe.get('variant_sha256') or '?')[:12]}`; per call)", "",
+                  *markdown_table(probe.get("rows") or []), "", str(probe.get("note") or ""), ""]
+    checks = [(base, first["server_crosscheck"].get("baseline") if first else None)]
+    checks += [(v, (p.get("server_crosscheck") or {}).get("variant"))
+               for v, p in pairs.items() if not refusal(p)]
+    if any(c for _, c in checks):
+        lines += ["In-server cross-check (untimed correctness cell: the server's own mrope "
+                  "computations, each checked against the stock method on the same batch):", "",
+                  "| variant | processes | decode calls | multi-image decode calls | max decode "
+                  "batch | equal to stock | mismatches |", "|---|---|---|---|---|---|---|"]
+        lines += [_crosscheck_lines(n, c) for n, c in checks] + [""]
+    return lines
+
+
+# --------------------------------------------------------------------------- the suite
+
+@register
+class SyncProbeSuite(Suite):
+    """Host syncs of the variant's mrope decode path, measured outside the server (see the
+    module docstring); optional in-server cross-check through :meth:`instrumentation`."""
+
+    name = "sync_probe"
+    Params = Params
+    metrics = METRICS
+    needs_server = False
+
+    def run(self, ctx: SuiteContext, params: Params) -> SuiteResult:
+        return run(ctx, params)
+
+    def instrumentation(self, ctx: SuiteContext, params: Params) -> Instrumentation | None:
+        """With ``server_crosscheck``: ``instr/`` on the server's PYTHONPATH, counts written to
+        ``ctx.out_dir / "mrope_instr"``, each computation checked against the stock file
+        ``ctx.stock_sglang_dir / srt/model_executor/forward_batch_info.py``; merged by
+        :func:`merge_counts`. None otherwise."""
+        if not params.server_crosscheck:
+            return None
+        out = Path(ctx.out_dir) / INSTR_OUT
+        return Instrumentation(
+            env={"PATCHBENCH_MROPE_PROBE_DIR": str(out),
+                 "PATCHBENCH_MROPE_CROSSCHECK_REF": str(Path(ctx.stock_sglang_dir) / REL)},
+            pythonpath=[INSTR_DIR], out_dir=out, perturbs_timing=True, collect=merge_counts)
+
+    def pair(self, baseline_dirs: list[Path], variant_dirs: list[Path],
+             params: Params) -> dict | None:
+        """``{"baseline", "variant": {"mode", "note", "variant_sha256", "rows" (probe rows, one
+        per batch size), "repeat_index"} | None, "metrics": {name: {"baseline": [per repeat],
+        "variant": [...], "same_in_every_repeat"}}, "server_crosscheck": {"baseline",
+        "variant": merge_counts() record | None}}``; None when neither side has a probe.json."""
+        return pair_cells(baseline_dirs, variant_dirs)
+
+    def report_section(self, comparison: Any) -> list[str]:
+        return report_section(comparison)
+
+    def report_block(self, suite_dir: Path) -> str | None:
+        return report_block(suite_dir)

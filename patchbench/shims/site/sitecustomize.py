@@ -4,9 +4,12 @@ Switched by environment variables the harness sets (nothing happens without them
 - PATCHBENCH_CPU_STAND_INS=1: torch compatibility for the CPU engine and handles for the
   ``torch.ops.sgl_kernel.*_cpu`` ops that sglang takes at import time (0.5.23), each raising
   with the PATCHBENCH-STAND-IN-CALLED marker when called.
-- PATCHBENCH_MROPE_PROBE_DIR: count (and cross-check) the mrope position computations.
-- PATCHBENCH_CHAIN_SITECUSTOMIZE: not used; another sitecustomize further down the path is
-  still imported (below), so this file never hides one.
+- PATCHBENCH_STABLE_VOCAB_ORDER=1: tokenizers return their vocabulary in id order (below).
+
+The next sitecustomize.py further down the path is still run (``_chain``), so this file never
+hides one. Suites that instrument the server (their ``instrumentation`` hook, e.g.
+suites/sync_probe/instr) bring their own folder with its own sitecustomize.py, which chains the
+same way.
 """
 import os
 import sys
@@ -81,16 +84,17 @@ if os.environ.get("PATCHBENCH_STABLE_VOCAB_ORDER") == "1":
     except ImportError:
         pass
 
-if os.environ.get("PATCHBENCH_MROPE_PROBE_DIR"):
-    import patchbench_mrope_instr  # noqa: F401  (sits beside this file)
-
 
 def _chain():
-    """Import the next sitecustomize on sys.path, if any, as Python would have without us."""
+    """Run the first sitecustomize.py on sys.path *after* this file's folder, as Python would have
+    without us (only later entries: two chaining sitecustomize files never loop)."""
     import importlib.util
     here = os.path.dirname(os.path.abspath(__file__))
-    for entry in sys.path:
-        if not entry or os.path.abspath(entry) == here:
+    entries = [os.path.abspath(e) if e else "" for e in sys.path]
+    if here not in entries:
+        return
+    for entry in entries[entries.index(here) + 1:]:
+        if not entry or entry == here:
             continue
         cand = os.path.join(entry, "sitecustomize.py")
         if os.path.isfile(cand):
