@@ -1,0 +1,342 @@
+"""The one command line (patchbench/cli.py): generated help, the console script, and one test per
+command and outcome: usage error (2), config error (2), patch does not apply (2), environment not
+ready (3), run failed (4, the fake server dying mid-run), interrupted (130), a bug (70)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from patchbench import cli, errors
+
+REPO = Path(__file__).resolve().parent.parent
+FAKE_SERVER = Path(__file__).parent / "fake_server"
+ALL_COMMANDS = [
+    "bench",
+    "report",
+    "compare",
+    "nightly",
+    "check-patch",
+    "score-mmmu",
+    "make-tiny-model",
+    "doctor",
+]
+#: the least each command needs to get past argument parsing
+MINIMAL_ARGS = {
+    "bench": ["cfg.yaml"],
+    "report": ["run"],
+    "compare": ["run_a", "run_b"],
+    "nightly": ["cfg.yaml"],
+    "check-patch": [],
+    "score-mmmu": ["responses", "--answer-key", "key.json"],
+    "make-tiny-model": [],
+    "doctor": [],
+}
+
+
+def installed_sglang() -> str | None:
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def write_config(tmp_path: Path, *, sglang: str, variants: str, suites: str) -> Path:
+    """A config with a local (empty) model folder; ``variants`` and ``suites`` are YAML lines."""
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    path = tmp_path / "cfg.yaml"
+    path.write_text(
+        f'name: cli-test\nsglang: "{sglang}"\nmodel: {{path: "{model}"}}\n'
+        "server: {port: 31980, ready_timeout_s: 30, stop_grace_s: 3, flush_retries: 2, "
+        "flush_pause_s: 0.1}\n"
+        f"variants:\n{textwrap.indent(variants, '  ')}\n"
+        "schedule: {repeats: 1}\n"
+        f"suites:\n{textwrap.indent(suites, '  ')}\n"
+    )
+    return path
+
+
+# ------------------------------------------------------------------------- help and entry points
+def test_module_help_lists_every_command_and_the_exit_codes():
+    r = subprocess.run(
+        [sys.executable, "-m", "patchbench", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    for name in ALL_COMMANDS:
+        assert f"\n    {name}" in r.stdout, name
+    for code, meaning in {
+        0: "done",
+        1: "regression",
+        2: "bad usage, config or patch",
+        3: "environment not ready",
+        4: "a run failed",
+        130: "interrupted",
+    }.items():
+        line = next((ln for ln in r.stdout.splitlines() if ln.strip().startswith(f"{code} ")), "")
+        assert meaning in line, (code, line)
+
+
+def test_console_script_and_runner_shim_run_the_same_main():
+    eps = importlib.metadata.entry_points(group="console_scripts", name="patchbench")
+    assert [ep.value for ep in eps] == ["patchbench.cli:main"]
+    script = shutil.which("patchbench", path=str(Path(sys.executable).parent))
+    assert script, f"no patchbench script next to {sys.executable} (pip install -e .)"
+    for argv in ([script, "doctor", "--help"], [sys.executable, "runner.py", "doctor", "--help"]):
+        r = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert r.returncode == 0 and r.stdout.startswith("usage: patchbench doctor"), r
+
+
+def test_no_command_and_unknown_command_are_usage_errors(capsys):
+    assert cli.main([]) == 2
+    assert "usage: patchbench" in capsys.readouterr().err
+    assert cli.main(["benchmark"]) == 2
+    assert "invalid choice: 'benchmark'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ALL_COMMANDS)
+def test_unknown_option_is_a_usage_error_in_every_command(command, capsys):
+    assert cli.main([command, *MINIMAL_ARGS[command], "--no-such-option"]) == 2
+    assert "unrecognized arguments: --no-such-option" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ALL_COMMANDS)
+def test_ctrl_c_exits_130_in_every_command(command, monkeypatch, capsys):
+    def interrupted(_args, _raw):
+        raise KeyboardInterrupt
+
+    table = [
+        dataclasses.replace(c, run=interrupted) if c.name == command else c for c in cli.COMMANDS
+    ]
+    monkeypatch.setattr(cli, "COMMANDS", table)
+    assert cli.main([command, *MINIMAL_ARGS[command]]) == 130
+    assert capsys.readouterr().err.strip() == f"patchbench {command}: interrupted (exit 130)"
+
+
+@pytest.mark.parametrize(
+    ("exc", "code", "line"),
+    [
+        (errors.EnvironmentNotReady("no GPU"), 3, "environment not ready (exit 3): no GPU"),
+        (errors.RunFailed("1 of 4 cells failed"), 4, "run failed (exit 4): 1 of 4 cells failed"),
+        (errors.Interrupted("stopped", signum=15), 143, "terminated (exit 143): stopped"),
+        (errors.RegressionFound("ttft_ms +9 %"), 1, "regression found (exit 1): ttft_ms +9 %"),
+    ],
+)
+def test_patchbench_errors_end_with_their_code_and_one_line(exc, code, line, monkeypatch, capsys):
+    def fails(_args, _raw):
+        raise exc
+
+    monkeypatch.setattr(cli, "COMMANDS", [dataclasses.replace(c, run=fails) for c in cli.COMMANDS])
+    assert cli.main(["doctor"]) == code
+    assert capsys.readouterr().err == f"patchbench doctor: {line}\n"
+
+
+def test_a_bug_exits_70_with_the_traceback(monkeypatch, capsys):
+    def bug(_args, _raw):
+        return {}["missing"]
+
+    monkeypatch.setattr(cli, "COMMANDS", [dataclasses.replace(c, run=bug) for c in cli.COMMANDS])
+    assert cli.main(["report", "run"]) == 70
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "KeyError: 'missing'" in err
+    assert "patchbench report: internal error (exit 70)" in err
+
+
+def test_legacy_module_errors_map_to_the_documented_codes():
+    """Module errors that do not derive from patchbench.errors yet (cli.LEGACY_EXIT_CODES)."""
+    from patchbench import bench, patchset
+
+    assert cli.exit_code_of(bench.PatchProblem("x")) == 2
+    assert cli.exit_code_of(bench.EnvironmentNotReady("x")) == 3
+    assert cli.exit_code_of(bench.RunFailed("x", None)) == 4
+    assert cli.exit_code_of(patchset.PatchError("x")) == 2
+    assert cli.exit_code_of(patchset.FetchError("x")) == 3  # derives from PatchError
+    assert cli.exit_code_of(KeyboardInterrupt()) == 130
+    assert cli.exit_code_of(RuntimeError("x")) == 70
+
+
+# ------------------------------------------------------------------------------ config errors
+def test_config_error_exits_2_naming_the_file_and_key(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nsglang: 0.5.1.post3\nmodel: {path: m}\nvariantz: {}\n")
+    for command in ("bench", "nightly", "doctor"):
+        assert cli.main([command, str(bad)]) == 2, command
+        err = capsys.readouterr().err
+        assert "bad.yaml" in err and "variantz" in err, (command, err)
+    assert cli.main(["bench", str(tmp_path / "none.yaml")]) == 2
+    assert "none.yaml" in capsys.readouterr().err
+
+
+def test_report_and_compare_of_a_folder_that_is_no_run_exit_2(tmp_path, capsys):
+    assert cli.main(["report", str(tmp_path)]) == 2
+    assert "no manifest.json" in capsys.readouterr().err
+    assert cli.main(["compare", str(tmp_path), str(tmp_path)]) == 2
+    assert "no manifest.json" in capsys.readouterr().err
+
+
+def test_score_mmmu_with_missing_files_exits_2(tmp_path, capsys):
+    key = tmp_path / "key.json"
+    assert cli.main(["score-mmmu", str(tmp_path / "none.jsonl"), "--answer-key", str(key)]) == 2
+    assert "none.jsonl" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------- environment not ready
+def test_bench_with_another_sglang_pin_exits_3_before_any_server(tmp_path, capsys):
+    other = "0.5.23" if installed_sglang() != "0.5.23" else "0.5.1.post3"
+    cfg = write_config(
+        tmp_path,
+        sglang=other,
+        variants="baseline: []\ncontrol: [null-comment]",
+        suites="sync_probe: {}",
+    )
+    assert cli.main(["bench", str(cfg), "--results", str(tmp_path / "results")]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("patchbench bench: environment not ready (exit 3): ")
+    assert f"config pins sglang {other}" in err
+    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
+
+
+def test_doctor_without_a_gpu_for_a_gpu_config_exits_3(monkeypatch, capsys):
+    from patchbench import envinfo
+
+    info = {
+        "python": "3",
+        "executable": sys.executable,
+        "gpu": None,
+        "sglang": "0.5.1.post3",
+        "hub_reachable": False,
+        "disk_free_gib": 1.0,
+    }
+    monkeypatch.setattr(envinfo, "collect", lambda **_: info)
+    assert cli.main(["doctor", str(REPO / "configs" / "pr9460-h200.yaml")]) == 3
+    assert "MISSING NVIDIA GPU" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------ patch does not apply
+@pytest.fixture
+def broken_patch(tmp_path, monkeypatch):
+    """patches/ with null-comment plus "broken": null-comment whose diff context matches no
+    release (git apply refuses it)."""
+    from patchbench import config
+
+    patches = tmp_path / "patches"
+    shutil.copytree(config.PATCHES_DIR / "null-comment", patches / "null-comment")
+    shutil.copytree(config.PATCHES_DIR / "null-comment", patches / "broken")
+    manifest = patches / "broken" / "manifest.yaml"
+    manifest.write_text(manifest.read_text().replace("name: null-comment", "name: broken"))
+    for diff in (patches / "broken").glob("*.diff"):
+        lines = diff.read_text().splitlines(keepends=True)
+        ctx = next(i for i, ln in enumerate(lines) if ln.startswith(" ") and ln.strip())
+        lines[ctx] = " this line is in no release of sglang\n"
+        diff.write_text("".join(lines))
+    monkeypatch.setattr(config, "PATCHES_DIR", patches)
+    return patches
+
+
+@pytest.mark.needs_sglang
+def test_check_patch_that_does_not_apply_exits_2(broken_patch, capsys):
+    ver = installed_sglang()
+    assert cli.main(["check-patch", "--patch", "null-comment", "--sglang", ver]) == 0
+    assert "OK" in capsys.readouterr().out
+    assert cli.main(["check-patch", "--patch", "broken", "--sglang", ver]) == 2
+    out, err = capsys.readouterr()
+    assert f"broken               {ver:<12} FAIL" in out
+    assert "patchbench check-patch: 1 check(s) failed (exit 2)" in err
+
+
+def test_check_patch_of_an_unknown_patch_exits_2(capsys):
+    assert cli.main(["check-patch", "--patch", "no-such-patch"]) == 2
+    assert "no-such-patch" in capsys.readouterr().out
+
+
+@pytest.mark.needs_sglang
+def test_bench_with_a_patch_that_does_not_apply_exits_2_before_any_server(
+    broken_patch, tmp_path, capsys
+):
+    cfg = write_config(
+        tmp_path,
+        sglang=installed_sglang(),
+        variants="baseline: []\nbroken: [broken]",
+        suites="sync_probe: {}",
+    )
+    assert cli.main(["bench", str(cfg), "--results", str(tmp_path / "results")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("patchbench bench: patch error (exit 2): ") and "broken" in err
+    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
+
+
+# ------------------------------------------------------------ a run with the fake server: 4, 130
+@pytest.fixture
+def fake_server(monkeypatch):
+    """Register tests/fake_suite.py as suite "fake" and make every launch start the fake server;
+    returns {"<variant>/rep<k>": extra server environment} for injecting faults."""
+    from patchbench import bench, suite
+    from tests import fake_suite
+
+    class FakeSuite(suite.Suite):
+        name = "fake"
+        Params = fake_suite.Params
+        metrics = fake_suite.METRICS
+
+        def run(self, ctx, params):
+            return fake_suite.run(ctx, params)
+
+    monkeypatch.setitem(suite.BUILTIN_SUITES, "fake", "tests.fake_suite")
+    monkeypatch.setitem(suite._REGISTRY, "fake", FakeSuite)
+    monkeypatch.delitem(suite._INSTANCES, "fake", raising=False)
+    real = bench._launch_spec
+    faults: dict[str, dict[str, str]] = {}
+
+    def launch_spec(cfg, venv, cdir, port):
+        spec = real(cfg, venv, cdir, port)
+        spec.env["PYTHONPATH"] = str(FAKE_SERVER) + os.pathsep + spec.env["PYTHONPATH"]
+        spec.env.update(faults.get(f"{venv.name}/{cdir.name}", {}))
+        return spec
+
+    monkeypatch.setattr(bench, "_launch_spec", launch_spec)
+    return faults
+
+
+@pytest.mark.needs_sglang
+def test_bench_run_with_a_failed_cell_exits_4_and_keeps_the_others(fake_server, tmp_path, capsys):
+    fake_server["control/rep0"] = {"FAKE_DIE_AFTER_GENERATE": "1"}
+    cfg = write_config(
+        tmp_path,
+        sglang=installed_sglang(),
+        variants="baseline: []\ncontrol: [null-comment]",
+        suites="fake: {n: 2}",
+    )
+    assert cli.main(["bench", str(cfg), "--results", str(tmp_path / "results")]) == 4
+    err = capsys.readouterr().err
+    assert "patchbench bench: run failed (exit 4): 1 of 2 cells failed" in err
+    (run_dir,) = (tmp_path / "results").iterdir()
+    assert (run_dir / "baseline" / "rep0" / "fake" / "summary.json").is_file()
+
+
+@pytest.mark.needs_sglang
+def test_ctrl_c_during_a_suite_exits_130_and_keeps_the_manifest(
+    fake_server, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("FAKE_SUITE_INTERRUPT", "control/0")
+    cfg = write_config(
+        tmp_path,
+        sglang=installed_sglang(),
+        variants="baseline: []\ncontrol: [null-comment]",
+        suites="fake: {n: 1}",
+    )
+    assert cli.main(["bench", str(cfg), "--results", str(tmp_path / "results")]) == 130
+    assert "patchbench bench: interrupted (exit 130)" in capsys.readouterr().err
+    (run_dir,) = (tmp_path / "results").iterdir()
+    assert (run_dir / "manifest.json").is_file()
