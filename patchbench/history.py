@@ -1,7 +1,7 @@
 """The nightly history: every metric of every night, in one SQLite file (stdlib ``sqlite3``).
 
 The file lives outside the checkout (CI runners clean their workspace); where exactly is decided
-by :func:`patchbench.nightly.history_path`. One night = one run folder. Schema version 1
+by :func:`patchbench.nightly.history_path`. One night = one run folder. Schema version 2
 (``meta.schema_version``; documented in docs/nightly.md)::
 
     meta(key TEXT PRIMARY KEY, value TEXT)            schema_version, created_utc
@@ -13,9 +13,14 @@ by :func:`patchbench.nightly.history_path`. One night = one run folder. Schema v
     metric_values(run_id, variant, suite, metric,     one row per metric of a variant in a night
                   unit TEXT, better TEXT,             "higher" | "lower" | "none" | NULL
                   median REAL, n_repeats INTEGER)     median over the repeats that finished
-    repeat_values(run_id, variant, suite, metric, repeat INTEGER, value REAL)
+    repeat_values(run_id, variant, suite, metric,     repeat = the run's repeat index (version 1:
+                  repeat INTEGER, value REAL)         position among finished repeats); value NULL:
+                                                      that repeat has no value (failed cell)
     comparisons(run_id, variant, baseline, suite, metric,     compare.json's same-run effects
                 change_pct REAL, ci_low_pct REAL, ci_high_pct REAL, ci_method TEXT, verdict TEXT)
+
+Versions: a version-1 file is migrated on open (one transaction; only ``meta.schema_version``
+changes: its rows stay valid, their repeat numbers are positions); a newer version is refused.
 
 Each night is appended in ONE transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``): a crash leaves the
 file as it was before the night. Recording a run_id that is already there changes nothing.
@@ -40,8 +45,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from patchbench.records import read_json
+from patchbench.runfolder import RunManifest, read_cell, read_manifest, read_summary
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: versions this code migrates on open (``version -> what changed``)
+_MIGRATABLE = {1: "repeat_values.repeat became the run's repeat index; NULL values allowed"}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -110,8 +118,9 @@ class Comparison:
 class Night:
     """One night's numbers, as recorded (or as read from a run folder before recording).
 
-    values: (variant, suite, metric) -> the values of the repeats that finished (metric units as
-    in the name, e.g. ``output_throughput_tok_s`` in tok/s), in repeat order.
+    values: (variant, suite, metric) -> one value per repeat index (metric units as in the name,
+    e.g. ``output_throughput_tok_s`` in tok/s), None where that repeat has none (failed cell);
+    variants of one night pair by index.
     units / better: (suite, metric) -> display unit and improving direction, where known.
     comparisons: (variant, suite, metric) -> :class:`Comparison` (variants other than the baseline).
     aa_variants: variants that are A/A copies of the baseline (noise measurement).
@@ -126,7 +135,7 @@ class Night:
     sglang_version: str | None = None
     status: str = "ok"
     run_dir: str | None = None
-    values: dict[Key, list[float]] = field(default_factory=dict)
+    values: dict[Key, list[float | None]] = field(default_factory=dict)
     units: dict[tuple[str, str], str] = field(default_factory=dict)
     better: dict[tuple[str, str], str] = field(default_factory=dict)
     comparisons: dict[Key, Comparison] = field(default_factory=dict)
@@ -150,118 +159,104 @@ class Night:
 # reading a run folder
 
 
-def _first(d: dict, *paths: str) -> Any:
-    """The first non-empty value among dotted key paths of a nested dict."""
-    for p in paths:
-        cur: Any = d
-        for part in p.split("."):
-            cur = cur.get(part) if isinstance(cur, dict) else None
-        if cur not in (None, ""):
-            return cur
-    return None
-
-
-_RUN_STAMP = re.compile(r"^(\d{8}T\d{6}Z|\d{4}-\d{2}-\d{2}T\d{2}[:-]?\d{2}[:-]?\d{2}Z?)")
-
-
-def _utc_iso(value: Any) -> str | None:
-    """An ISO-8601 UTC string from a timestamp (ISO string or epoch seconds), or None."""
-    if value is None:
-        return None
+def _utc_iso(value: str) -> str | None:
+    """``YYYY-MM-DDTHH:MM:SSZ`` from an ISO-8601 stamp (any offset; naive = UTC), else None."""
     try:
-        if isinstance(value, (int, float)):
-            dt = datetime.fromtimestamp(float(value), tz=timezone.utc)
-        else:
-            s = str(value).strip().replace("Z", "+00:00")
-            if re.fullmatch(r"\d{8}T\d{6}\+00:00", s):
-                dt = datetime.strptime(s[:15], "%Y%m%dT%H%M%S").replace(tzinfo=timezone.utc)
-            else:
-                dt = datetime.fromisoformat(s)
-            if dt.tzinfo is None:
-                dt = dt.replace(tzinfo=timezone.utc)
-        return dt.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    except (ValueError, OverflowError, OSError):
+        dt = datetime.fromisoformat(str(value).strip().replace("Z", "+00:00"))
+    except ValueError:
         return None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _night_utc_from_name(name: str) -> str | None:
-    m = _RUN_STAMP.match(name)
-    if not m:
-        return None
-    s = m.group(1)
-    if re.fullmatch(r"\d{8}T\d{6}Z", s):
-        return _utc_iso(s)
-    s = re.sub(r"T(\d{2})-(\d{2})-(\d{2})", r"T\1:\2:\3", s)
-    return _utc_iso(s)
+_RUN_STAMP = re.compile(r"^(\d{8}T\d{6})Z-")
+
+
+def _night_utc(manifest: RunManifest, run: Path) -> str:
+    """The run's start: the typed manifest's ``started_at`` (every manifest patchbench wrote has
+    it; older schemas are migrated by patchbench.runfolder); for a folder whose manifest lacks
+    it, the ``<UTC stamp>Z-<config>`` folder name that ``bench`` gives every run. Raises
+    ValueError naming the file and the key when neither gives a time."""
+    if manifest.started_at:
+        got = _utc_iso(manifest.started_at)
+        if got is None:
+            raise ValueError(f"{run / 'manifest.json'}: started_at is {manifest.started_at!r}, "
+                             f"not an ISO-8601 time (e.g. 2026-01-01T03:00:00Z)")
+        return got
+    m = _RUN_STAMP.match(run.name)
+    if m:
+        return datetime.strptime(m.group(1), "%Y%m%dT%H%M%S").strftime("%Y-%m-%dT%H:%M:%SZ")
+    raise ValueError(f"{run / 'manifest.json'}: no started_at, and the folder name {run.name!r} "
+                     f"does not start with a UTC stamp (YYYYMMDDTHHMMSSZ-): the night's time is "
+                     f"unknown")
 
 
 def night_from_run(run_dir: str | os.PathLike, compare: dict | None = None) -> Night:
     """Read one night from a run folder (docs/CONTRACTS.md, "Run folder").
 
-    Values come from every ``<variant>/rep<k>/<suite>/summary.json`` with status "ok" whose cell
-    (``cell.json``, when present) is not failed; effects from ``compare.json`` (or ``compare`` when
-    given). The night's time, config name, git SHA and sglang version come from ``manifest.json``
-    (several key spellings are accepted), else from the folder name ``<UTC stamp>-<config>``.
+    Values come from every ``<variant>/rep<k>/<suite>/summary.json`` with status "ok" of a timed
+    cell that did not fail (patchbench.runfolder reads and migrates every file); ``values[key][k]``
+    is repeat k's value, None where that repeat has none (failed cell, failed suite), so
+    variants pair by repeat index. Effects, units and directions come from ``compare.json`` (or
+    ``compare`` when given). Time, config name, git SHA and sglang version come from the typed
+    manifest (``started_at``, ``config.name``, ``git_sha``, ``sglang_version``); a folder with
+    only a compare.json (tests) falls back to its name.
 
-    Raises FileNotFoundError when ``run_dir`` is not a folder. Cells that failed or suites that did
-    not finish are listed in ``Night.problems`` and make ``status`` "partial".
+    Raises FileNotFoundError when ``run_dir`` is not a folder; ValueError when the night's time
+    cannot be known; patchbench.runfolder.SchemaTooNew for a newer manifest. Failed cells and
+    suites are listed in ``Night.problems`` and make ``status`` "partial".
     """
     run = Path(run_dir)
     if not run.is_dir():
         raise FileNotFoundError(f"{run}: no such run folder")
-    manifest: dict = {}
     if (run / "manifest.json").is_file():
-        manifest = read_json(run / "manifest.json") or {}
+        manifest = read_manifest(run)
+    else:
+        manifest = RunManifest(run_id=run.name)
     if compare is None and (run / "compare.json").is_file():
         compare = read_json(run / "compare.json")
     compare = compare or {}
-    cfg = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
-    name = run.name
-    config_name = (_first(manifest, "config_name", "name") or cfg.get("name")
-                   or re.sub(r"^\S*?\d{6}Z?-", "", name) or name)
-    night_utc = (_utc_iso(_first(manifest, "started_utc", "start_utc", "started_at", "start_time",
-                                 "started", "times.start", "timings.start_utc"))
-                 or _night_utc_from_name(name)
-                 or _utc_iso(os.path.getmtime(run)))
-    baseline = compare.get("baseline") or cfg.get("baseline") or manifest.get("baseline")
+    cfg = manifest.config or {}
+    config_name = cfg.get("name") or re.sub(r"^\d{8}T\d{6}Z-", "", run.name) or run.name
+    baseline = compare.get("baseline") or (manifest.baseline if manifest.config else None)
     night = Night(
-        run_id=str(compare.get("run_id") or manifest.get("run_id") or name),
-        night_utc=night_utc,
+        run_id=str(compare.get("run_id") or manifest.run_id or run.name),
+        night_utc=_night_utc(manifest, run),
         config_name=str(config_name),
         baseline=str(baseline) if baseline else "",
-        git_sha=_first(manifest, "git_sha", "git.sha", "git.commit", "repo.git_sha", "harness.git_sha"),
-        sglang_version=_first(manifest, "sglang_version", "sglang.version", "versions.sglang",
-                              "environment.sglang") or cfg.get("sglang"),
+        git_sha=manifest.git_sha,
+        sglang_version=manifest.sglang_version or cfg.get("sglang"),
         run_dir=str(run.resolve()),
         aa_variants=list(compare.get("aa_variants") or []),
     )
-    for summary_path in sorted(run.glob("*/rep*/*/summary.json"),
-                               key=lambda p: (p.parts[-4], _rep_index(p.parts[-3]), p.parts[-2])):
-        variant, rep, suite = summary_path.parts[-4], _rep_index(summary_path.parts[-3]), summary_path.parts[-2]
-        if rep is None:
+    found: dict[Key, dict[int, float]] = {}
+    for cell_dir in sorted(run.glob("*/rep*"), key=lambda p: (p.parent.name, _rep_index(p.name) or 0)):
+        rep = _rep_index(cell_dir.name)
+        if rep is None or not cell_dir.is_dir():
             continue
-        cell_json = summary_path.parent.parent / "cell.json"
-        if cell_json.is_file():
-            cell = read_json(cell_json) or {}
-            if cell.get("status") == "failed":
-                night.problems.append(f"{variant}/rep{rep}: cell failed: {cell.get('error') or '?'}")
-                continue
-        summary = read_json(summary_path) or {}
-        if summary.get("status", "ok") != "ok":
-            night.problems.append(f"{variant}/rep{rep}/{suite}: {summary.get('status')}: "
-                                  f"{'; '.join(summary.get('errors') or []) or 'no reason given'}")
+        variant = cell_dir.parent.name
+        cell = read_cell(cell_dir, variant=variant, repeat=rep)
+        if cell is not None and cell.cell_kind == "correctness":
+            continue            # instrumented cells: their timings feed no verdict
+        if cell is not None and cell.status in ("failed", "unreadable"):
+            night.problems.append(f"{variant}/rep{rep}: cell {cell.status}: {cell.error or '?'}")
             continue
-        for metric, value in (summary.get("metrics") or {}).items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+        for summary_path in sorted(cell_dir.glob("*/summary.json")):
+            suite = summary_path.parent.name
+            summary = read_summary(summary_path, suite=suite)
+            if summary is None:
                 continue
-            night.values.setdefault((variant, suite, metric), []).append(float(value))
-    for cell_json in sorted(run.glob("*/rep*/cell.json")):
-        cell = read_json(cell_json) or {}
-        if cell.get("status") == "failed" and not any(p.startswith(f"{cell_json.parts[-3]}/"
-                                                              f"{cell_json.parts[-2]}:")
-                                                      for p in night.problems):
-            night.problems.append(f"{cell_json.parts[-3]}/{cell_json.parts[-2]}: cell failed: "
-                                  f"{cell.get('error') or '?'}")
+            if summary.status != "ok":
+                night.problems.append(f"{variant}/rep{rep}/{suite}: {summary.status}: "
+                                      f"{'; '.join(summary.errors) or 'no reason given'}")
+                continue
+            for metric, value in summary.metrics.items():
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    continue
+                found.setdefault((variant, suite, metric), {})[rep] = float(value)
+    for key, by_rep in found.items():
+        night.values[key] = [by_rep.get(k) for k in range(max(by_rep) + 1)]
     for m in compare.get("metrics") or []:
         suite, metric, variant = m.get("suite"), m.get("metric"), m.get("variant")
         if not (suite and metric and variant):
@@ -277,7 +272,7 @@ def night_from_run(run_dir: str | os.PathLike, compare: dict | None = None) -> N
         # a run folder without summaries (or a compare.json alone) still carries the repeats
         for who, reps in ((night.baseline, m.get("baseline_repeats")), (variant, m.get("variant_repeats"))):
             if who and reps and (who, suite, metric) not in night.values:
-                night.values[(who, suite, metric)] = [float(x) for x in reps if x is not None]
+                night.values[(who, suite, metric)] = [None if x is None else float(x) for x in reps]
     if not night.baseline and night.values:
         night.baseline = sorted({k[0] for k in night.values})[0]
     if night.problems:
@@ -372,6 +367,9 @@ class History:
                                                 f"not a patchbench history")
         row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         version = int(row[0]) if row and str(row[0]).isdigit() else None
+        if version in _MIGRATABLE and not [t for t in _TABLES if t not in tables]:
+            self._migrate(version)
+            version = SCHEMA_VERSION
         if version != SCHEMA_VERSION:
             raise HistorySchemaError(
                 self.path, f"schema version {row[0] if row else 'missing'}; this patchbench reads "
@@ -385,6 +383,20 @@ class History:
         if not check or check[0] != "ok":
             raise HistoryCorrupt(self.path, f"integrity check failed ({check[0] if check else '?'}); "
                                             f"it was left untouched: restore it from a backup")
+
+    def _migrate(self, version: int) -> None:
+        """Bring a file of an older schema version to :data:`SCHEMA_VERSION` in one
+        transaction (a crash leaves the old version)."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                                 [("schema_version", str(SCHEMA_VERSION)),
+                                  (f"migrated_from_{version}_utc", _now_utc())])
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
 
     @property
     def schema_version(self) -> int:
@@ -414,7 +426,7 @@ class History:
             med = night.median((variant, suite, metric))
             rows_values.append((night.run_id, variant, suite, metric,
                                 night.units.get((suite, metric)), night.better.get((suite, metric)),
-                                med, len(vals)))
+                                med, sum(1 for v in vals if v is not None)))
             rows_repeats += [(night.run_id, variant, suite, metric, i, v) for i, v in enumerate(vals)]
         rows_cmp = [(night.run_id, variant, c.baseline, suite, metric, c.change_pct, c.ci_low_pct,
                      c.ci_high_pct, c.ci_method, c.verdict)
@@ -536,6 +548,7 @@ def dump_json(night: Night) -> dict:
         "git_sha": night.git_sha, "sglang_version": night.sglang_version,
         "baseline": night.baseline, "status": night.status, "problems": night.problems,
         "values": {f"{v}/{s}/{m}": {"repeats": vals, "median": night.median((v, s, m)),
+                                    "n": sum(1 for x in vals if x is not None),
                                     "unit": night.units.get((s, m))}
                    for (v, s, m), vals in sorted(night.values.items())},
     }

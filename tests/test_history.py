@@ -41,12 +41,12 @@ def _run(tmp_path: Path, run_id: str = "20260101T000000Z-nightly-test", **kw) ->
 def test_new_file_gets_versioned_schema(tmp_path):
     path = tmp_path / "sub" / "history.sqlite"
     with History(path) as h:
-        assert h.schema_version == SCHEMA_VERSION == 1
+        assert h.schema_version == SCHEMA_VERSION == 2
         assert h.count_nights() == 0
     con = sqlite3.connect(path)
     tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"meta", "nights", "metric_values", "repeat_values", "comparisons"} <= tables
-    assert con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("1",)
+    assert con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("2",)
     con.close()
 
 
@@ -73,7 +73,10 @@ def test_failed_cell_is_left_out_and_makes_night_partial(tmp_path):
     night = night_from_run(run)
     assert night.status == "partial"
     assert any("patched/rep1" in p for p in night.problems)
-    assert night.values[("patched", "serving", TPUT)] == [90.0, 91.0]   # rep1 (92) left out
+    # rep1 (92) left out; the list stays indexed by repeat so variants pair by index
+    assert night.values[("patched", "serving", TPUT)] == [90.0, None, 91.0]
+    assert night.values[("baseline", "serving", TPUT)] == [100.0, 104.0, 98.0]
+    assert night.median(("patched", "serving", TPUT)) == 90.5
 
 
 def test_record_and_read_back_round_trip(tmp_path):
@@ -180,7 +183,7 @@ def test_schema_version_from_the_future_is_refused(tmp_path):
     con.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
     con.commit()
     con.close()
-    with pytest.raises(HistorySchemaError, match=r"schema version 99.*reads version 1.*newer"):
+    with pytest.raises(HistorySchemaError, match=r"schema version 99.*reads version 2.*newer"):
         History(path)
 
 
@@ -206,3 +209,72 @@ def test_backup_copies_everything(tmp_path):
     with History(tmp_path / "bak" / "h.sqlite") as b:
         [n] = b.nights("c")
         assert n.values[("b", "s", "x_ms")] == [7.0]
+
+
+def test_failed_repeat_round_trips_as_none(tmp_path):
+    night = night_from_run(_run(tmp_path, cell_status={("patched", 1): "failed"}))
+    with History(tmp_path / "h.sqlite") as h:
+        h.record(night)
+        [back] = h.nights("nightly-test")
+    assert back.values[("patched", "serving", TPUT)] == [90.0, None, 91.0]
+    con = sqlite3.connect(tmp_path / "h.sqlite")
+    assert con.execute("SELECT n_repeats FROM metric_values WHERE variant='patched' AND metric=?",
+                       (TPUT,)).fetchone() == (2,)
+    con.close()
+
+
+def test_version_1_file_is_migrated_on_open(tmp_path):
+    path = tmp_path / "h.sqlite"
+    with History(path) as h:
+        h.record(_night("r1", "2026-01-01T00:00:00Z", value=3.0))
+    con = sqlite3.connect(path)
+    con.execute("UPDATE meta SET value='1' WHERE key='schema_version'")
+    con.commit()
+    con.close()
+    with History(path) as h:
+        assert h.schema_version == 2
+        [n] = h.nights("c")
+        assert n.values[("b", "s", "x_ms")] == [3.0]
+    con = sqlite3.connect(path)
+    keys = {k for (k,) in con.execute("SELECT key FROM meta")}
+    con.close()
+    assert "migrated_from_1_utc" in keys
+
+
+def test_night_time_comes_from_the_typed_manifest(tmp_path):
+    run = _run(tmp_path, run_id="20260105T000000Z-nightly-test")
+    m = records.read_json(run / "manifest.json")
+    m["started_at"] = "2026-01-05T04:30:00+01:00"          # any offset, stored as UTC
+    records.write_json(run / "manifest.json", m)
+    assert night_from_run(run).night_utc == "2026-01-05T03:30:00Z"
+    # a guessed spelling is not read: without started_at the folder's stamp is the time
+    del m["started_at"]
+    m["start_time"] = "2030-01-01T00:00:00Z"
+    records.write_json(run / "manifest.json", m)
+    assert night_from_run(run).night_utc == "2026-01-05T00:00:00Z"
+    m["started_at"] = "yesterday"
+    records.write_json(run / "manifest.json", m)
+    with pytest.raises(ValueError, match="started_at.*yesterday"):
+        night_from_run(run)
+
+
+def test_older_manifest_schema_is_migrated_and_newer_refused(tmp_path):
+    from patchbench.runfolder import SchemaTooNew
+    run = _run(tmp_path)
+    m = records.read_json(run / "manifest.json")
+    m["schema"] = 1                                         # version-1 spelling of the version
+    records.write_json(run / "manifest.json", m)
+    assert night_from_run(run).night_utc == "2026-01-01T00:00:00Z"
+    m.pop("schema")
+    m["schema_version"] = 99
+    records.write_json(run / "manifest.json", m)
+    with pytest.raises(SchemaTooNew, match="manifest.json"):
+        night_from_run(run)
+
+
+def test_instrumented_correctness_cells_feed_no_values(tmp_path):
+    run = _run(tmp_path)
+    c = records.read_json(run / "patched/rep1/cell.json")
+    c["cell_kind"] = "correctness"
+    records.write_json(run / "patched/rep1/cell.json", c)
+    assert night_from_run(run).values[("patched", "serving", TPUT)] == [90.0, None, 91.0]
