@@ -1,4 +1,4 @@
-"""The per-variant overlay: a patched copy of the installed ``sglang`` package (DESIGN.md step 3).
+"""The per-variant overlay: a patched copy of the installed ``sglang`` package.
 
 sglang spawns its scheduler and workers, so a monkeypatch in the launching process never reaches
 them; a patched copy of the package placed first on ``PYTHONPATH`` does. :func:`build_overlay`
@@ -12,9 +12,11 @@ It is built in a temporary folder next to it and renamed into place, so a crash 
 an overlay. The installed package is only read. A variant without patches gets an Overlay that
 points at the installed package itself (``root`` None: nothing to add to PYTHONPATH).
 
-:func:`verify_in_env` checks, in the environment the server will get, that
-``sglang.srt.model_executor.forward_batch_info`` resolves to the overlay's file with the expected
-sha256, without importing sglang (its import pulls torch, triton, ...).
+:func:`verify_in_env` checks, in the environment the server will get, that every file the
+variant's patches touch resolves (as the import system would find it) to the overlay's copy with the
+expected sha256, and that the ``sglang`` package itself is the overlay's, without importing sglang
+(its import pulls torch, triton, ...). A stock variant checks that ``sglang`` is the installed
+package and that ``forward_batch_info`` has the stock hash.
 
 Errors: :class:`OverlayError` (and the :class:`patchbench.patchset.PatchError` family from
 applying a patch), naming the variant's patches, the paths and expected vs found hashes.
@@ -31,6 +33,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from patchbench import errors
 from patchbench.patchset import (DEFAULT_CACHE_DIR, FORWARD_BATCH_INFO, apply_to_tree, patch_sha256,
                                  sha256_file)
 from patchbench.records import read_json, write_json
@@ -39,8 +42,9 @@ from patchbench.records import read_json, write_json
 OVERLAY_SCHEMA = 1
 
 
-class OverlayError(RuntimeError):
-    """An overlay that cannot be built or does not resolve as expected in the server environment."""
+class OverlayError(errors.PatchError, RuntimeError):
+    """An overlay that cannot be built or does not resolve as expected in the server environment
+    (exit 2: the variant cannot run as configured)."""
 
 
 @dataclass
@@ -49,7 +53,8 @@ class Overlay:
 
     version: sglang release; root: folder to put first on PYTHONPATH (holds ``sglang/``), None for
     the stock package; sglang_dir: the ``sglang`` package folder the server will import;
-    patches: patch names in the order applied; patch_hashes: {patch name: sha256 of its diff};
+    patches: patch names in the order applied (a patch given as a folder: the folder's name);
+    patch_hashes: {patch name: sha256 of its diff};
     files: {path relative to site-packages: sha256} of every file the patches changed (empty for
     stock); fbi_sha256: sha256 of ``sglang/srt/model_executor/forward_batch_info.py`` expected in
     the server; key: cache key (None for stock); reused: True when taken from the cache.
@@ -110,15 +115,28 @@ def _ignore_pycache(_dir: str, names: list[str]) -> list[str]:
     return [n for n in names if n == "__pycache__" or n.endswith((".pyc", ".pyo"))]
 
 
-def build_overlay(version: str, patches: list[str], *, stock_site_dir: Path, cache_root: Path,
-                  patch_cache_dir: Path | None = None) -> Overlay:
+def _patch_ref(p: str | os.PathLike) -> tuple[str, Path | None]:
+    """A patch entry -> (name, patches folder or None for the default ``patches/``).
+
+    A name (str) is a folder of ``patches/``; a path (``Path``) is a patch folder anywhere, e.g.
+    one :func:`patchbench.patchset.patch_from_diff_file` made.
+    """
+    if isinstance(p, os.PathLike):
+        q = Path(p)
+        return q.name, q.parent
+    return str(p), None
+
+
+def build_overlay(version: str, patches: list[str | os.PathLike], *, stock_site_dir: Path,
+                  cache_root: Path, patch_cache_dir: Path | None = None) -> Overlay:
     """The overlay of sglang ``version`` with ``patches`` applied in order.
 
-    stock_site_dir: the folder holding the installed ``sglang/`` (site-packages); cache_root:
-    where overlays live (e.g. ``.cache/overlays``); patch_cache_dir: wheels and derived diffs
-    (default ``.cache``). An empty ``patches`` returns the stock package (no copy). A cached overlay
-    is reused when its key matches and its patched files still have their recorded hashes;
-    otherwise it is rebuilt. Raises :class:`OverlayError` (no sglang there, other version) or the
+    patches: patch names (folders of ``patches/``) or patch folders (``Path``); stock_site_dir:
+    the folder holding the installed ``sglang/`` (site-packages); cache_root: where overlays live
+    (e.g. ``.cache/overlays``); patch_cache_dir: wheels and derived diffs (default ``.cache``).
+    An empty ``patches`` returns the stock package (no copy). A cached overlay is reused when its
+    key matches and its patched files still have their recorded hashes; otherwise it is rebuilt.
+    Raises :class:`OverlayError` (no sglang there, other version, a patch named twice) or the
     :class:`~patchbench.patchset.PatchError` family (a patch that does not apply: nothing is left
     behind).
     """
@@ -132,13 +150,16 @@ def build_overlay(version: str, patches: list[str], *, stock_site_dir: Path, cac
         fbi = stock_site_dir / FORWARD_BATCH_INFO
         return Overlay(version=version, root=None, sglang_dir=stock,
                        fbi_sha256=sha256_file(fbi) if fbi.is_file() else "")
-    if len(set(patches)) != len(patches):
-        raise OverlayError(f"patch list {patches} names a patch twice")
+    refs = [_patch_ref(p) for p in patches]
+    names = [n for n, _ in refs]
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise OverlayError(f"patch list {names} names {', '.join(twice)} twice; a patch applies once")
     pcache = Path(patch_cache_dir or DEFAULT_CACHE_DIR)
-    hashes = {p: patch_sha256(p, version, pcache) for p in patches}
+    hashes = {n: patch_sha256(n, version, pcache, patches_dir=d) for n, d in refs}
     key = hashlib.sha256(json.dumps({"schema": OVERLAY_SCHEMA, "version": version,
                                      "installed": fingerprint,
-                                     "patches": [[p, hashes[p]] for p in patches]}).encode()).hexdigest()
+                                     "patches": [[n, hashes[n]] for n in names]}).encode()).hexdigest()
     cache_root = Path(cache_root).resolve()
     dest = cache_root / f"{version}-{key[:16]}"
     cached = _load_cached(dest, key)
@@ -149,9 +170,10 @@ def build_overlay(version: str, patches: list[str], *, stock_site_dir: Path, cac
     try:
         shutil.copytree(stock, tmp / "sglang", ignore=_ignore_pycache)
         files: dict[str, str] = {}
-        for p in patches:
-            files.update(apply_to_tree(tmp, p, version, cache_dir=pcache, stacked=set(files)))
-        ov = Overlay(version=version, root=dest, sglang_dir=dest / "sglang", patches=list(patches),
+        for n, d in refs:
+            files.update(apply_to_tree(tmp, n, version, cache_dir=pcache, stacked=set(files),
+                                       patches_dir=d))
+        ov = Overlay(version=version, root=dest, sglang_dir=dest / "sglang", patches=names,
                      patch_hashes=hashes, files=files,
                      fbi_sha256=sha256_file(tmp / FORWARD_BATCH_INFO), key=key)
         write_json(tmp / "overlay.json", ov.to_json())
@@ -192,42 +214,71 @@ def _load_cached(dest: Path, key: str) -> Overlay | None:
 
 _PROBE = r"""
 import hashlib, importlib.machinery, importlib.util, json, os, sys
-out = {"executable": sys.executable, "sys_path_head": sys.path[:4]}
+want = json.loads(sys.argv[1])          # paths relative to site-packages: sglang/...
+out = {"executable": sys.executable, "sys_path_head": sys.path[:4], "files": {}}
 spec = importlib.util.find_spec("sglang")   # top level: found, not executed
 if spec is None or not spec.submodule_search_locations:
     out["error"] = "sglang not importable"
 else:
     pkg = list(spec.submodule_search_locations)[0]
     out["sglang_dir"] = pkg
-    # resolve the submodule as the import system would, without executing sglang's __init__
-    loc = os.path.join(pkg, "srt", "model_executor")
-    sub = importlib.machinery.PathFinder.find_spec("forward_batch_info", [loc])
-    if sub is None or not sub.origin:
-        out["error"] = "forward_batch_info not found under " + loc
-    else:
-        out["forward_batch_info"] = sub.origin
-        out["sha256"] = hashlib.sha256(open(sub.origin, "rb").read()).hexdigest()
+    for rel in want:
+        parts = rel.split("/")[1:]
+        if rel.endswith(".py"):
+            # resolve each package and the module as the import system would, executing nothing
+            locs, origin = [pkg], None
+            for i, part in enumerate(parts):
+                name = part[:-3] if i == len(parts) - 1 else part
+                if name == "__init__" and i == len(parts) - 1:
+                    origin = os.path.join(locs[0], "__init__.py")
+                    break
+                sub = importlib.machinery.PathFinder.find_spec(name, locs)
+                if sub is None:
+                    break
+                if i == len(parts) - 1:
+                    origin = sub.origin
+                elif sub.submodule_search_locations:
+                    locs = list(sub.submodule_search_locations)
+                else:
+                    break
+        else:  # a data file: found next to the package's modules
+            origin = os.path.join(pkg, *parts)
+        if origin is None or not os.path.isfile(origin):
+            out["files"][rel] = {"path": origin, "sha256": None}
+        else:
+            out["files"][rel] = {"path": origin,
+                                 "sha256": hashlib.sha256(open(origin, "rb").read()).hexdigest()}
 print("PATCHBENCH-PROBE " + json.dumps(out))
 """
 
 
+def expected_files(overlay: Overlay) -> dict[str, str]:
+    """{path relative to site-packages: sha256} the server must import for ``overlay``: every file
+    its patches touch (for stock: ``forward_batch_info.py`` with its stock hash, when it exists)."""
+    if overlay.files:
+        return dict(overlay.files)
+    return {FORWARD_BATCH_INFO: overlay.fbi_sha256} if overlay.fbi_sha256 else {}
+
+
 def verify_in_env(overlay: Overlay, python: str, env: dict[str, str], *, timeout_s: float = 60) -> dict:
     """Check in a subprocess ``python -c`` with ``env`` (the server's environment, same
-    PYTHONPATH) that ``sglang.srt.model_executor.forward_batch_info`` resolves inside
-    ``overlay.sglang_dir`` with sha256 ``overlay.fbi_sha256``. sglang is located with
-    ``importlib.util.find_spec``, not imported.
+    PYTHONPATH) that the ``sglang`` package is ``overlay.sglang_dir`` and that every file of
+    :func:`expected_files` resolves inside it with its expected sha256. Modules are located with
+    ``importlib`` finders (packages and module in turn), nothing is imported or executed.
 
-    Returns {"executable", "sys_path_head", "sglang_dir", "forward_batch_info", "sha256"}.
-    Raises :class:`OverlayError` naming the expected and found path and hash (or the subprocess's
-    error output).
+    Returns {"executable", "sys_path_head", "sglang_dir", "files": {rel: {"path", "sha256"}}} and,
+    when forward_batch_info.py is among the files, "forward_batch_info" (its path) and "sha256".
+    Raises :class:`OverlayError` naming every file that resolves elsewhere, is missing or has
+    another hash (expected vs found path and hash), or the subprocess's error output.
     """
     # The CPU stand-ins (PATCHBENCH_CPU_STAND_INS) only import torch and add op handles; they do
     # not touch sys.path or any sglang module, so the probe leaves them out: resolution is the
     # same, and the probe takes 0.05 s instead of 2 s (a torch import) per variant.
     env = {k: v for k, v in env.items() if k != "PATCHBENCH_CPU_STAND_INS"}
+    want = expected_files(overlay)
     try:
-        r = subprocess.run([python, "-c", _PROBE], env=env, capture_output=True, text=True,
-                           timeout=timeout_s)
+        r = subprocess.run([python, "-c", _PROBE, json.dumps(sorted(want))], env=env,
+                           capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise OverlayError(f"could not run {python} to check the overlay: {e}") from None
     line = next((l for l in r.stdout.splitlines() if l.startswith("PATCHBENCH-PROBE ")), None)
@@ -236,16 +287,29 @@ def verify_in_env(overlay: Overlay, python: str, env: dict[str, str], *, timeout
                            f"{(r.stderr or r.stdout)[-2000:]}")
     got = json.loads(line.split(" ", 1)[1])
     what = f"variant with patches {overlay.patches}" if overlay.patches else "stock variant"
+    pp = env.get("PYTHONPATH", "")
     if "error" in got:
-        raise OverlayError(f"{what}: {got['error']} (PYTHONPATH={env.get('PYTHONPATH', '')!r})")
+        raise OverlayError(f"{what}: {got['error']} (PYTHONPATH={pp!r})")
     expected_dir = overlay.sglang_dir.resolve()
-    found = Path(got["forward_batch_info"]).resolve()
-    if expected_dir not in found.parents:
-        raise OverlayError(
-            f"{what}: sglang.srt.model_executor.forward_batch_info resolves to {found}, expected "
-            f"{overlay.fbi_path} (inside {expected_dir}); PYTHONPATH={env.get('PYTHONPATH', '')!r}, "
-            f"sys.path starts {got['sys_path_head']}")
-    if got["sha256"] != overlay.fbi_sha256:
-        raise OverlayError(f"{what}: {found} has sha256 {got['sha256']}, expected "
-                           f"{overlay.fbi_sha256}; the overlay was changed after it was built")
+    problems = []
+    for rel, sha in want.items():
+        f = got["files"].get(rel) or {}
+        where = overlay.sglang_dir.parent / rel
+        if not f.get("path") or f.get("sha256") is None:
+            problems.append(f"{rel}: not found in the server's environment (expected {where})")
+            continue
+        found = Path(f["path"]).resolve()
+        if expected_dir not in found.parents:
+            problems.append(f"{rel} resolves to {found}, expected {where} (inside {expected_dir})")
+        elif f["sha256"] != sha:
+            problems.append(f"{found} has sha256 {f['sha256']}, expected {sha}; the overlay was "
+                            "changed after it was built")
+    if Path(got["sglang_dir"]).resolve() != expected_dir:
+        problems.append(f"the sglang package resolves to {got['sglang_dir']}, expected {expected_dir}")
+    if problems:
+        raise OverlayError(f"{what}: " + "; ".join(problems) +
+                           f" (PYTHONPATH={pp!r}, sys.path starts {got['sys_path_head']})")
+    fbi = got["files"].get(FORWARD_BATCH_INFO)
+    if fbi:
+        got["forward_batch_info"], got["sha256"] = fbi["path"], fbi["sha256"]
     return got

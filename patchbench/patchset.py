@@ -49,8 +49,11 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Collection
+from typing import Any, Collection
+
+import yaml
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
@@ -59,6 +62,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from patchbench import EXIT_ENV, EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE
 from patchbench import config as _config
+from patchbench import errors
 from patchbench.records import write_text
 
 #: default cache folder (git-ignored): wheels, derived diffs
@@ -69,8 +73,8 @@ FORWARD_BATCH_INFO = "sglang/srt/model_executor/forward_batch_info.py"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
-class PatchError(Exception):
-    """A patch that cannot be used or applied; the message names the patch, file and hunk."""
+class PatchError(errors.PatchError):
+    """A patch that cannot be used or applied; the message names the patch, file and hunk (exit 2)."""
 
 
 class ManifestError(PatchError):
@@ -81,8 +85,10 @@ class UnsupportedRelease(PatchError):
     """The manifest has no entry for the requested sglang release; lists the supported ones."""
 
 
-class FetchError(PatchError):
-    """An upstream wheel could not be downloaded (no network, unknown version)."""
+class FetchError(PatchError, errors.EnvironmentNotReady):
+    """An upstream wheel could not be downloaded (no network, unknown version) (exit 3)."""
+
+    exit_code = errors.EXIT_ENV
 
 
 # --------------------------------------------------------------------------- manifest schema
@@ -169,6 +175,9 @@ class PatchManifest(_Strict):
     upstream: Upstream | None = None
     derive: Derive | None = None
     releases: dict[str, ReleaseSpec]
+    origin: dict[str, str] | None = Field(None, description=(
+        "where the change came from (informational; written by new-patch): kind diff|git, "
+        "source, range, commits"))
     folder: Path | None = Field(None, exclude=True)
 
     @field_validator("releases", mode="before")
@@ -244,7 +253,7 @@ def load_manifest(name: str, *, patches_dir: Path | None = None) -> PatchManifes
         have = available_patches(d)
         raise ManifestError(f"patch '{name}' not found: no {path}; available: {', '.join(have) or 'none'}")
     text, raw = _config.read_yaml_mapping(path, ManifestError,
-                                          "name, description, upstream, derive, releases")
+                                          "name, description, upstream, derive, releases, origin")
     try:
         m = PatchManifest.model_validate(raw)
     except ValidationError as e:
@@ -485,7 +494,8 @@ def apply_to_tree(root: Path, name: str, version: str, *, cache_dir: Path | None
     m = load_manifest(name, patches_dir=patches_dir)
     rel = m.release(version)
     text = diff_text(name, version, cache_dir=cache_dir, patches_dir=patches_dir)
-    touched = set(parse_hunks(text))
+    # renames, new or deleted files, mode changes, symlinks, binary parts: refused before any apply
+    touched = {c.path for c in inspect_diff(text, source=f"patch '{name}' (sglang {version})")}
     if touched != set(rel.files):
         raise ManifestError(
             f"patch '{name}' (sglang {version}): the diff touches {', '.join(sorted(touched)) or 'nothing'} "
@@ -590,6 +600,443 @@ def check_patch(name: str, version: str, *, cache_dir: Path | None = None,
     return {"patch": name, "version": version, "source": source,
             "patch_sha256": patch_sha256(name, version, cache_dir, patches_dir=patches_dir),
             "files": {p: {"before": before[p], "after": after[p]} for p in rel.files}}
+
+
+
+# --------------------------------------------------------------------------- diffs from users
+#: a ``git diff`` in an sglang checkout names files ``python/sglang/...``; site-packages ``sglang/...``
+REPO_PACKAGE_PREFIX = "python/sglang/"
+
+
+@dataclass
+class FileChange:
+    """One file of a diff, as :func:`inspect_diff` found it.
+
+    path: the file relative to site-packages (``sglang/...``); raw_old / raw_new: the paths as the
+    diff wrote them (prefix ``a/``/``b/`` removed); hunks: number of ``@@`` hunks.
+    """
+
+    path: str
+    raw_old: str
+    raw_new: str
+    hunks: int = 0
+
+
+def map_to_site_path(raw: str) -> str:
+    """A path from a diff -> the path relative to site-packages.
+
+    ``python/sglang/srt/x.py`` (an sglang checkout) -> ``sglang/srt/x.py``; ``sglang/srt/x.py``
+    stays. Raises ValueError for an absolute path, a ``..`` part, a quoted or backslashed path,
+    or a path outside the ``sglang`` package.
+    """
+    p = raw.strip()
+    if p.startswith('"') or "\\" in p:
+        raise ValueError(f"'{p}': quoted or escaped paths are not supported")
+    if p.startswith("/"):
+        raise ValueError(f"'{p}': an absolute path; a patch may only change files of the sglang package")
+    parts = p.split("/")
+    if ".." in parts or "." in parts or "" in parts:
+        raise ValueError(f"'{p}': '..', '.' or empty parts are not allowed")
+    if p.startswith(REPO_PACKAGE_PREFIX):
+        return p[len("python/"):]
+    if p.startswith("sglang/"):
+        return p
+    raise ValueError(f"'{p}' is outside the sglang package (python/sglang/... in an sglang "
+                     "checkout, sglang/... in site-packages); a patch may only change sglang's files")
+
+
+def _strip_prefix(p: str) -> str:
+    """A diff's path without git's ``a/``/``b/`` prefix and any trailing timestamp."""
+    p = p.split("\t")[0].strip()
+    return p[2:] if p[:2] in ("a/", "b/") else p
+
+
+_GIT_HEADER = re.compile(r"^diff --git (\S+) (\S+)$")
+
+
+def _split_blocks(text: str) -> list[list[str]]:
+    """The per-file blocks of a diff (git's ``diff --git`` blocks, else ``---``/``+++`` pairs)."""
+    lines = text.splitlines()
+    starts = [i for i, l in enumerate(lines) if l.startswith("diff --git ")]
+    if not starts:
+        starts = [i for i in range(len(lines) - 1)
+                  if lines[i].startswith("--- ") and lines[i + 1].startswith("+++ ")]
+    if not starts:
+        return []
+    return [lines[a:b] for a, b in zip(starts, starts[1:] + [len(lines)])]
+
+
+def inspect_diff(text: str, *, source: str = "diff") -> list[FileChange]:
+    """Check a unified diff and map its paths to site-packages paths.
+
+    Accepted: changes to the contents of existing files under ``sglang/`` (``python/sglang/`` in an
+    sglang checkout). Refused, each named with its file: paths outside the package, ``..`` or
+    absolute paths, new files, deleted files, renames and copies, mode changes, symlinks (mode
+    120000), binary changes, and a file named twice.
+
+    Returns one :class:`FileChange` per file, in diff order. Raises :class:`PatchError` naming
+    ``source`` and every problem (one line each), or when the text holds no file change.
+    """
+    problems: list[str] = []
+    out: list[FileChange] = []
+    blocks = _split_blocks(text)
+    if not blocks:
+        raise PatchError(f"{source}: holds no file change (expected a unified diff as `git diff` "
+                         "writes it)")
+    for block in blocks:
+        header = block[0]
+        old = new = None
+        reasons = []
+        hunks = 0
+        m = _GIT_HEADER.match(header)
+        if m:
+            old, new = m.group(1), m.group(2)
+        for l in block[1:] if header.startswith("diff --git ") else block:
+            if l.startswith("@@"):
+                hunks += 1
+                continue
+            if hunks:
+                continue  # inside the hunks: contents, not headers
+            if l.startswith("--- "):
+                old = l[4:]
+            elif l.startswith("+++ "):
+                new = l[4:]
+            elif l.startswith("new file mode"):
+                reasons.append("creates a new file (a patch may only change existing files)")
+            elif l.startswith("deleted file mode"):
+                reasons.append("deletes the file (a patch may only change existing files)")
+            elif l.startswith(("rename from", "rename to", "similarity index")):
+                if "renames the file" not in reasons:
+                    reasons.append("renames the file")
+            elif l.startswith(("copy from", "copy to")):
+                if "copies the file" not in reasons:
+                    reasons.append("copies the file")
+            elif l.startswith(("old mode", "new mode")):
+                if "changes the file mode" not in reasons:
+                    reasons.append("changes the file mode (the overlay keeps the release's modes)")
+            elif l.startswith("index ") and l.rstrip().endswith(" 120000"):
+                reasons.append("is a symlink")
+            elif l.startswith(("Binary files", "GIT binary patch")):
+                reasons.append("is a binary change")
+        if any("120000" in l for l in block[1:6] if l.startswith(("new file mode", "deleted file mode",
+                                                                   "old mode", "new mode"))):
+            reasons.append("is a symlink")
+        old_p = _strip_prefix(old) if old else None
+        new_p = _strip_prefix(new) if new else None
+        shown = new_p if new_p and new_p != "/dev/null" else (old_p or header)
+        if old_p == "/dev/null" and not any(r.startswith("creates") for r in reasons):
+            reasons.append("creates a new file (a patch may only change existing files)")
+        if new_p == "/dev/null" and not any(r.startswith("deletes") for r in reasons):
+            reasons.append("deletes the file (a patch may only change existing files)")
+        path = None
+        for cand in {x for x in (old_p, new_p) if x and x != "/dev/null"}:
+            try:
+                mapped = map_to_site_path(cand)
+            except ValueError as e:
+                reasons.append(str(e))
+                continue
+            if path is not None and mapped != path and "renames the file" not in reasons:
+                reasons.append(f"names two files ({old_p} and {new_p})")
+            path = path or mapped
+        if not reasons and not hunks:
+            reasons.append("has no hunk (nothing to change)")
+        if reasons:
+            problems.append(f"{shown}: " + "; ".join(dict.fromkeys(reasons)))
+            continue
+        assert path is not None
+        if any(c.path == path for c in out):
+            problems.append(f"{shown}: named twice in the diff")
+            continue
+        out.append(FileChange(path=path, raw_old=old_p or "", raw_new=new_p or "", hunks=hunks))
+    if problems:
+        raise PatchError(f"{source}: cannot be used as a patch:\n  " + "\n  ".join(problems))
+    return out
+
+
+def site_layout_diff(text: str, changes: list[FileChange]) -> str:
+    """``text`` with every file path rewritten to ``a/sglang/...`` / ``b/sglang/...`` (the layout
+    :func:`apply_to_tree` applies in), ``index`` lines dropped."""
+    by_raw = {}
+    for c in changes:
+        by_raw[c.raw_old] = c.path
+        by_raw[c.raw_new] = c.path
+    out = []
+    for block in _split_blocks(text):
+        in_hunks = False
+        for l in block:
+            if l.startswith("@@"):
+                in_hunks = True
+            if not in_hunks:
+                if l.startswith("diff --git "):
+                    m = _GIT_HEADER.match(l)
+                    p = by_raw.get(_strip_prefix(m.group(2))) if m else None
+                    l = f"diff --git a/{p} b/{p}" if p else l
+                elif l.startswith("--- "):
+                    l = f"--- a/{by_raw[_strip_prefix(l[4:])]}"
+                elif l.startswith("+++ "):
+                    l = f"+++ b/{by_raw[_strip_prefix(l[4:])]}"
+                elif l.startswith("index "):
+                    continue
+            out.append(l)
+    return "\n".join(out) + "\n"
+
+
+def _hunk_failures(label: str, version: str, text: str, output: str, root: Path) -> list[str]:
+    """One line per failing hunk (header and first lines) or missing file named by ``git apply``."""
+    hunks = parse_hunks(text)
+    msgs = []
+    for mt in re.finditer(r"error: patch failed: (\S+):(\d+)", output):
+        path, line = mt.group(1), int(mt.group(2))
+        shown = f"hunk at line {line}"
+        for start, header, body in hunks.get(path, []):
+            if start == line:
+                preview = "\n    ".join(body[:6])
+                shown = f"hunk {header}\n    {preview}"
+                break
+        msgs.append(f"{label} (sglang {version}) does not apply to {path}: {shown}")
+    for mt in re.finditer(r"error: (\S+): (No such file or directory|does not exist in index)", output):
+        msgs.append(f"{label} (sglang {version}): target file {mt.group(1)} is missing under {root}")
+    if not msgs:
+        msgs.append(f"{label} (sglang {version}) does not apply under {root}")
+    return msgs
+
+
+@dataclass
+class NewPatch:
+    """What :func:`new_patch` made: the patch folder, the releases it applies to with each file's
+    sha256 before and after ({version: {path: {"before", "after"}}}), and the releases it does not
+    apply to with the reason ({version: message naming the file and the failing hunk})."""
+
+    name: str
+    folder: Path
+    applies: dict[str, dict[str, dict[str, str]]]
+    fails: dict[str, str]
+
+    def summary(self) -> str:
+        """Human-readable lines: one per release."""
+        lines = [f"patch '{self.name}' written to {self.folder}"]
+        for v, files in self.applies.items():
+            lines.append(f"  sglang {v}: applies ({len(files)} file(s): {', '.join(files)})")
+        for v, why in self.fails.items():
+            lines.append(f"  sglang {v}: does NOT apply\n    " + why.replace("\n", "\n    "))
+        return "\n".join(lines)
+
+
+def _apply_to_release(label: str, site_diff: str, changes: list[FileChange], version: str,
+                      cache_dir: Path | None) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    """({path: pristine bytes}, {path: patched bytes}) of ``site_diff`` on sglang ``version``.
+
+    Raises PatchError naming the release and the file it lacks, or the failing hunk; a patched
+    Python file that does not compile; FetchError when the release's wheel cannot be fetched.
+    """
+    paths = [c.path for c in changes]
+    with tempfile.TemporaryDirectory(prefix="patchbench-newpatch-") as tmp:
+        root = Path(tmp) / "tree"
+        for p in paths:
+            try:
+                pristine_files(version, [p], root, cache_dir=cache_dir)
+            except FetchError:
+                raise
+            except PatchError:
+                raise PatchError(f"{label} (sglang {version}): the release has no file {p} (the "
+                                 "diff changes it); a patch may only change files the release "
+                                 "has") from None
+        before = {p: (root / p).read_bytes() for p in paths}
+        diff_file = Path(tmp) / "change.diff"
+        diff_file.write_text(site_diff, encoding="utf-8")
+        r = _git_apply(root, diff_file, check=True)
+        if r.returncode == 0:
+            r = _git_apply(root, diff_file, check=False)
+        if r.returncode != 0:
+            raise PatchError("\n".join(_hunk_failures(label, version, site_diff,
+                                                      r.stdout + r.stderr, root)))
+        after = {p: (root / p).read_bytes() for p in paths}
+        for p in paths:
+            if p.endswith(".py"):
+                try:
+                    py_compile.compile(str(root / p), cfile=str(Path(tmp) / "c.pyc"), doraise=True)
+                except py_compile.PyCompileError as e:
+                    raise PatchError(f"{label} (sglang {version}): patched {p} does not compile: "
+                                     f"{e.msg}") from None
+    return before, after
+
+
+def build_patch(name: str, text: str, versions: Collection[str], *, patches_dir: Path | None = None,
+                description: str = "", origin: dict[str, str] | None = None,
+                cache_dir: Path | None = None, force: bool = False,
+                source: str | None = None) -> NewPatch:
+    """Make ``<patches_dir>/<name>/`` (manifest.yaml and one diff per release) from a diff ``text``
+    (repository layout ``python/sglang/...`` or site-packages layout ``sglang/...``).
+
+    The diff is checked (:func:`inspect_diff`), then applied to a pristine copy of every release
+    in ``versions`` (the installed package when it is that release, else its wheel); each patched
+    Python file must compile. The manifest lists the releases it applies to, with the sha256 of
+    every touched file before and after, and one diff per release regenerated from the pristine
+    and patched files (so it applies to that release without offsets). The folder is written in a
+    temporary folder and renamed into place.
+
+    Returns :class:`NewPatch`. Raises :class:`PatchError` for a bad name, an existing folder
+    (unless ``force``), a diff that cannot be a patch, or when it applies to none of ``versions``
+    (naming each release's failing file or hunk); FetchError (exit 3) when a release's wheel
+    cannot be fetched.
+    """
+    if not _config.PATCH_NAME.match(name or ""):
+        raise PatchError(f"patch name '{name}': use letters, digits, '.', '_' and '-' (it names "
+                         "the folder in patches/)")
+    versions = list(dict.fromkeys(versions))
+    if not versions:
+        raise PatchError(f"patch '{name}': name at least one sglang release (--sglang VERSION)")
+    for v in versions:
+        try:
+            Version(v)
+        except InvalidVersion:
+            raise PatchError(f"'{v}' is not an sglang release version (e.g. 0.5.1.post3)") from None
+    pdir = Path(patches_dir or _config.PATCHES_DIR)
+    dest = pdir / name
+    if dest.exists() and not force:
+        raise PatchError(f"{dest} already exists; choose another name or remove it first")
+    label = f"patch '{name}'"
+    changes = inspect_diff(text, source=source or label)
+    site_diff = site_layout_diff(text, changes)
+    applies: dict[str, dict[str, dict[str, str]]] = {}
+    diffs: dict[str, str] = {}
+    fails: dict[str, str] = {}
+    for v in versions:
+        try:
+            before, after = _apply_to_release(label, site_diff, changes, v, cache_dir)
+        except FetchError:
+            raise
+        except PatchError as e:
+            fails[v] = str(e)
+            continue
+        applies[v] = {p: {"before": _sha256_bytes(before[p]), "after": _sha256_bytes(after[p])}
+                      for p in before}
+        diffs[v] = "".join(unified_diff(p, before[p], after[p]) for p in before)
+    if not applies:
+        raise PatchError(f"{label} applies to none of sglang {', '.join(versions)}:\n"
+                         + "\n".join(fails.values()))
+    manifest: dict[str, Any] = {"name": name,
+                                "description": description or f"made by new-patch from {source or 'a diff'}"}
+    if origin:
+        manifest["origin"] = dict(origin)
+    manifest["releases"] = {v: {"diff": f"{v}.diff", "files": applies[v]} for v in applies}
+    pdir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".new-{name}-", dir=pdir))
+    try:
+        for v, body in diffs.items():
+            (tmp / f"{v}.diff").write_text(body, encoding="utf-8")
+        head = (f"# made by patchbench new-patch; sha256 of every touched file of each release "
+                f"before and after the change\n")
+        (tmp / "manifest.yaml").write_text(head + yaml.safe_dump(manifest, sort_keys=False, width=100),
+                                           encoding="utf-8")
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.rename(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    load_manifest(name, patches_dir=pdir)  # what was written validates
+    return NewPatch(name=name, folder=dest, applies=applies, fails=fails)
+
+
+def new_patch_from_diff(name: str, diff_file: str | os.PathLike, versions: Collection[str], *,
+                        patches_dir: Path | None = None, cache_dir: Path | None = None,
+                        description: str = "", force: bool = False) -> NewPatch:
+    """``patchbench new-patch NAME --from-diff FILE --sglang V [--sglang V2 ...]``: see
+    :func:`build_patch`. Raises PatchError when the file is missing or not UTF-8."""
+    f = Path(diff_file)
+    text = _config.read_text_file(f, PatchError, "diff file")
+    return build_patch(name, text, versions, patches_dir=patches_dir, cache_dir=cache_dir,
+                       description=description, force=force, source=str(f),
+                       origin={"kind": "diff", "source": str(f.resolve()),
+                               "sha256": _sha256_bytes(text.encode())})
+
+
+def _git(checkout: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE")}
+    return subprocess.run(["git", "-C", str(checkout), "-c", "core.quotepath=off", *args],
+                          capture_output=True, text=True, env=env)
+
+
+def new_patch_from_git(name: str, checkout: str | os.PathLike, rev_range: str,
+                       versions: Collection[str], *, patches_dir: Path | None = None,
+                       cache_dir: Path | None = None, description: str = "",
+                       force: bool = False) -> NewPatch:
+    """``patchbench new-patch NAME --from-git SGLANG_CHECKOUT REV_RANGE --sglang V ...``.
+
+    ``rev_range`` is what ``git diff`` takes: ``main...my-branch`` (the branch's own commits since
+    it left main), ``A..B``, or one commit (its changes against the work tree are NOT taken: only
+    committed changes count when a range is given). Every changed file must be under
+    ``python/sglang/``; see :func:`build_patch` for the rest.
+
+    Raises PatchError when ``checkout`` is not a git work tree, the range is unknown, the range
+    changes nothing or changes files outside ``python/sglang/`` (named, with the command that
+    writes a diff of the package only).
+    """
+    co = Path(checkout)
+    if not co.is_dir():
+        raise PatchError(f"{co}: no such folder (give the sglang checkout holding python/sglang)")
+    r = _git(co, "rev-parse", "--show-toplevel")
+    if r.returncode != 0:
+        raise PatchError(f"{co}: not a git checkout ({r.stderr.strip()[:200]})")
+    if rev_range.startswith("-"):
+        raise PatchError(f"'{rev_range}' is not a revision range (e.g. main...my-branch)")
+    base = ["diff", "--no-color", "--no-ext-diff", "--no-textconv", "-M",
+            "--src-prefix=a/", "--dst-prefix=b/", rev_range, "--"]
+    names = _git(co, *base[:-1], "--name-only", "--")
+    if names.returncode != 0:
+        raise PatchError(f"{co}: git cannot diff '{rev_range}': {names.stderr.strip()[:300]}")
+    files = [l for l in names.stdout.splitlines() if l.strip()]
+    if not files:
+        raise PatchError(f"{co}: '{rev_range}' changes no file")
+    outside = [f for f in files if not f.startswith(REPO_PACKAGE_PREFIX)]
+    if outside:
+        shown = ", ".join(outside[:8]) + (f" and {len(outside) - 8} more" if len(outside) > 8 else "")
+        raise PatchError(
+            f"{co}: '{rev_range}' changes files outside python/sglang/ ({shown}); a patch may only "
+            f"change the installed package. Write a diff of the package alone and use --from-diff:\n"
+            f"  git -C {co} diff {rev_range} -- python/sglang > change.diff")
+    d = _git(co, *base)
+    if d.returncode != 0:
+        raise PatchError(f"{co}: git diff '{rev_range}' failed: {d.stderr.strip()[:300]}")
+    commits = _git(co, "rev-parse", rev_range)
+    origin = {"kind": "git", "source": str(Path(r.stdout.strip()).resolve()), "range": rev_range,
+              "commits": " ".join(l.lstrip("^") for l in commits.stdout.split())
+              if commits.returncode == 0 else ""}
+    return build_patch(name, d.stdout, versions, patches_dir=patches_dir, cache_dir=cache_dir,
+                       description=description, force=force,
+                       source=f"git diff {rev_range} in {co}", origin=origin)
+
+
+def patch_from_diff_file(diff_file: str | os.PathLike, version: str, *,
+                         cache_dir: Path | None = None) -> Path:
+    """The patch folder made from a diff named directly in a config, for sglang ``version``:
+    ``<cache_dir>/diff-patches/<file stem>-<sha256 of the file, 12>/`` (made once, reused while
+    the file's contents are the same). Pass the folder to
+    :func:`patchbench.overlay.build_overlay`, which applies and verifies it like any patch.
+
+    Raises the PatchError family (see :func:`build_patch`) naming the file.
+    """
+    f = Path(diff_file)
+    text = _config.read_text_file(f, PatchError, "diff file")
+    digest = _sha256_bytes(text.encode())
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", f.stem).strip("-._") or "diff"
+    name = f"{stem}-{digest[:12]}"
+    pdir = Path(cache_dir or DEFAULT_CACHE_DIR) / "diff-patches"
+    folder = pdir / name
+    if (folder / "manifest.yaml").is_file():
+        try:
+            m = load_manifest(name, patches_dir=pdir)
+            if version in m.releases:
+                return folder
+        except PatchError:
+            pass
+    res = build_patch(name, text, [version], patches_dir=pdir, cache_dir=cache_dir, force=True,
+                      source=str(f), origin={"kind": "diff", "source": str(f.resolve()),
+                                             "sha256": digest})
+    if version not in res.applies:
+        raise PatchError(res.fails.get(version, f"{f}: does not apply to sglang {version}"))
+    return folder
 
 
 def cli(argv: list[str]) -> int:

@@ -136,7 +136,7 @@ def test_patch_that_does_not_apply_leaves_nothing(tmp_path):
 
 
 def test_duplicate_patch_refused(tmp_path):
-    with pytest.raises(OverlayError, match="names a patch twice"):
+    with pytest.raises(OverlayError, match="names null-comment twice"):
         build_overlay(VERSION, ["null-comment", "null-comment"], stock_site_dir=SITE, cache_root=tmp_path)
 
 
