@@ -187,8 +187,12 @@ class Suite:
         (only repeats where both cells are ok; order = repeat index). Returns a JSON-able dict that
         the comparison stores under ``pairs[<suite>][<variant>]`` and that this suite's own
         ``report_section`` / ``plots`` read back; None when the suite has no paired analysis.
-        Raise :class:`PairingRefused` when the cells must not be paired (the reason is shown in
-        the report instead of numbers)."""
+        Keys the analysis reads besides the suite's own: ``"accuracy": {metric: {"ids",
+        "baseline", "variant"}}`` (per-item correctness in [0, 1] averaged over the repeats, for
+        metrics of kind "accuracy"), ``"descriptive": {metric: {"change_pct", "low_pct",
+        "high_pct", "method"}}`` (request-level intervals, never a verdict), ``"request_pairing":
+        {"ok", "reason"}``. Raise :class:`PairingRefused` when the cells must not be paired (the
+        reason is shown in the report instead of numbers)."""
         return None
 
     def report_section(self, comparison: Any) -> list[str]:
@@ -212,8 +216,9 @@ class Suite:
 class PairingRefused(RuntimeError):
     """Two cells must not be paired (different prompts, parser, seed, question list ...).
 
-    The comparison stores ``{"refused": str(exc)}`` in place of the pair dict, and the suite's
-    ``report_section`` shows that reason instead of numbers (see :func:`refusal`)."""
+    The comparison stores ``str(exc)`` under ``refusals[<suite>][<variant>]`` instead of a pair
+    dict, and the suite's ``report_section`` shows that reason instead of numbers (see
+    :func:`suite_refusals`)."""
 
 
 def comparison_get(comparison: Any, key: str, default: Any = None) -> Any:
@@ -229,23 +234,23 @@ def comparison_get(comparison: Any, key: str, default: Any = None) -> Any:
     return default if val is None else val
 
 
-def suite_pairs(comparison: Any, suite: str) -> dict[str, dict]:
-    """``{variant: pair dict}`` that the comparison holds for ``suite`` (what :meth:`Suite.pair`
-    returned per variant, or ``{"refused": reason}``); {} when there is none. Entries that are
-    pydantic models are dumped to dicts."""
-    pairs = comparison_get(comparison, "pairs", {}) or {}
-    mine = pairs.get(suite) if isinstance(pairs, dict) else getattr(pairs, suite, None)
+def _suite_part(comparison: Any, key: str, suite: str) -> dict[str, Any]:
+    part = comparison_get(comparison, key, {}) or {}
+    mine = part.get(suite) if isinstance(part, dict) else getattr(part, suite, None)
     if hasattr(mine, "model_dump"):
         mine = mine.model_dump()
-    out: dict[str, dict] = {}
-    for v, d in (mine or {}).items():
-        out[v] = d.model_dump() if hasattr(d, "model_dump") else d
-    return {v: d for v, d in out.items() if isinstance(d, dict)}
+    return {v: (d.model_dump() if hasattr(d, "model_dump") else d) for v, d in (mine or {}).items()}
 
 
-def refusal(pair: dict | None) -> str | None:
-    """The refusal reason stored for a pair (see :class:`PairingRefused`), else None."""
-    return pair.get("refused") if isinstance(pair, dict) and pair.get("refused") else None
+def suite_pairs(comparison: Any, suite: str) -> dict[str, dict]:
+    """``{variant: pair dict}``: what :meth:`Suite.pair` returned per variant, as the comparison
+    holds it (``pairs[suite]``); {} when there is none."""
+    return {v: d for v, d in _suite_part(comparison, "pairs", suite).items() if isinstance(d, dict)}
+
+
+def suite_refusals(comparison: Any, suite: str) -> dict[str, str]:
+    """``{variant: reason}`` where ``suite`` refused to pair (``refusals[suite]``), {} if none."""
+    return {v: str(r) for v, r in _suite_part(comparison, "refusals", suite).items() if r}
 
 
 #: built-in suites: name -> module that registers it

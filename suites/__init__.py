@@ -1,0 +1,34 @@
+"""Built-in suites (installed as ``patchbench.suites``): ``serving``, ``mmmu``, ``sync_probe``,
+``profile``. Each registers a :class:`patchbench.suite.Suite` subclass on import.
+
+Helpers shared by the suites' ``plots`` hooks (matplotlib imported only when called).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+#: PNG resolution: figures are 9 inches wide, so 900 px at a PR's width
+DPI = 100
+
+
+def new_figure(height_in: float = 4.8, ncols: int = 1, width_in: float = 9.0) -> tuple[Any, list]:
+    """(figure, axes list) with the headless Agg backend."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, ncols, figsize=(width_in, height_in), squeeze=False)
+    return fig, list(axes[0])
+
+
+def save_png(fig: Any, path: Path) -> Path:
+    """Write ``fig`` as PNG atomically (patchbench.records.write_bytes), close it, return path."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    from patchbench.records import write_bytes
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    plt.close(fig)
+    return write_bytes(path, buf.getvalue())

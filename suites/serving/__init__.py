@@ -4,8 +4,12 @@
 every variant) with ``--output-file <out>/result.jsonl --output-details``, keeps its stdout/stderr,
 parses its summary (both releases' key sets), writes the per-request records (``requests.json``,
 docs/CONTRACTS.md), checks the run's validity and returns the flat metrics. See
-:class:`suites.serving.params.Params` for the parameters and offline use, ``report_block`` for the
-PR-style text block.
+:class:`patchbench.suites.serving.params.Params` for the parameters and offline use.
+
+The registered :class:`ServingSuite` adds the hooks: ``pair`` (request-by-request pairing after a
+prompt check: output identity, ECDF values, request-level intervals; :mod:`.pairing`),
+``report_section`` (output identity table), ``plots`` (TTFT / ITL ECDF), ``report_block`` (the
+PR-style "Serving Benchmark Result" block of one cell).
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from patchbench.records import write_json
-from patchbench.suite import MetricInfo, SuiteContext, SuiteError, SuiteResult
+from patchbench.suite import (MetricInfo, Suite, SuiteContext, SuiteError, SuiteResult, register)
 
 from .block import render_block, report_block, tool_block
 from .command import ToolMismatch, build_command, effective_seed, tool_info, wants_chat_template
@@ -28,31 +32,42 @@ from .parse import ResultError, read_result_line, request_records, summary_metri
 from .recompute import compare_with_summary, recompute_from_details
 from .validity import images_check, request_checks
 
-__all__ = ["Params", "run", "METRICS", "report_block", "render_block", "tool_block"]
+__all__ = ["Params", "run", "METRICS", "PRIMARY", "ServingSuite", "report_block", "render_block",
+           "tool_block"]
 
 _H, _L, _N = "higher", "lower", "none"
+#: the primary metrics (Holm family of a variant; the headline) and their default margin (%)
+PRIMARY = ("output_throughput_tok_s", "itl_median_ms", "ttft_median_ms", "e2e_latency_median_ms")
+MARGIN_PCT = 5.0
+
+
+def _run_metric(better: str, unit: str, label: str, name: str) -> MetricInfo:
+    return MetricInfo(better, unit, label, primary=name in PRIMARY, kind="run", margin=MARGIN_PCT)
+
+
+def _descriptive(unit: str, label: str = "", better: str = _N) -> MetricInfo:
+    return MetricInfo(better, unit, label, kind="descriptive")
 
 
 def _metrics() -> dict[str, MetricInfo]:
-    m = {
-        "request_throughput_req_s": MetricInfo(_H, "req/s", "Request throughput (req/s):"),
-        "input_throughput_tok_s": MetricInfo(_H, "tok/s", "Input token throughput (tok/s):"),
-        "output_throughput_tok_s": MetricInfo(_H, "tok/s", "Output token throughput (tok/s):"),
-        "total_throughput_tok_s": MetricInfo(_H, "tok/s", "Total token throughput (tok/s):"),
-        "peak_output_throughput_tok_s": MetricInfo(_H, "tok/s",
-                                                   "Peak output token throughput (tok/s):"),
-    }
+    m = {name: _run_metric(_H, unit, label, name) for name, unit, label in (
+        ("request_throughput_req_s", "req/s", "Request throughput (req/s):"),
+        ("input_throughput_tok_s", "tok/s", "Input token throughput (tok/s):"),
+        ("output_throughput_tok_s", "tok/s", "Output token throughput (tok/s):"),
+        ("total_throughput_tok_s", "tok/s", "Total token throughput (tok/s):"),
+        ("peak_output_throughput_tok_s", "tok/s", "Peak output token throughput (tok/s):"))}
     labels = {"e2e_latency": "E2E Latency", "ttft": "TTFT", "tpot": "TPOT", "itl": "ITL"}
     for q, lab in labels.items():
         for stat, word in (("mean", "Mean"), ("median", "Median"), ("p90", "P90"), ("p95", "P95"),
                            ("p99", "P99")):
-            m[f"{q}_{stat}_ms"] = MetricInfo(_L, "ms", f"{word} {lab} (ms):")
-        m[f"{q}_std_ms"] = MetricInfo(_N, "ms")  # spread, descriptive only
-    m["itl_max_ms"] = MetricInfo(_L, "ms", "Max ITL (ms):")
-    m["concurrency"] = MetricInfo(_N, "req", "Concurrency:")
-    m["duration_s"] = MetricInfo(_N, "s", "Benchmark duration (s):")
-    m["accept_length"] = MetricInfo(_N, "tok", "Accept length:")
-    m["retokenized_output_share"] = MetricInfo(_N, "share")
+            name = f"{q}_{stat}_ms"
+            m[name] = _run_metric(_L, "ms", f"{word} {lab} (ms):", name)
+        m[f"{q}_std_ms"] = _descriptive("ms")  # spread, descriptive only
+    m["itl_max_ms"] = _run_metric(_L, "ms", "Max ITL (ms):", "itl_max_ms")
+    m["concurrency"] = _descriptive("req", "Concurrency:")
+    m["duration_s"] = _descriptive("s", "Benchmark duration (s):")
+    m["accept_length"] = _descriptive("tok", "Accept length:")
+    m["retokenized_output_share"] = _descriptive("share")
     for name, label in (
             ("requested_count", ""), ("completed_count", ""), ("failed_count", ""),
             ("no_token_count", ""), ("tool_completed_count", "Successful requests:"),
@@ -62,12 +77,13 @@ def _metrics() -> dict[str, MetricInfo]:
             ("total_output_tokens_count", "Total generated tokens:"),
             ("total_output_tokens_retokenized_count", "Total generated tokens (retokenized):"),
             ("peak_concurrent_requests_count", "Peak concurrent requests:")):
-        m[name] = MetricInfo(_N, "count", label)
+        m[name] = _descriptive("count", label)
     return m
 
 
-#: every metric the suite can report (better: higher / lower / none); labels are bench_serving's
-#: printed labels where it prints one. Counts, spreads and concurrency are descriptive ("none").
+#: every metric the suite can report; labels are bench_serving's printed labels where it prints
+#: one. Throughputs and latencies: kind "run" (paired repeats), margin 5 %, the four in
+#: :data:`PRIMARY` primary, the rest secondary; counts, spreads, concurrency: descriptive.
 METRICS: dict[str, MetricInfo] = _metrics()
 
 #: seconds between checks of the bench_serving process and the server while it runs
@@ -304,3 +320,41 @@ def _check_images(ctx: SuiteContext, params: Params, row: dict, recs: dict, info
                                     "own dataset code")
     img["image_probe"] = probe
     return errs, img
+
+
+@register
+class ServingSuite(Suite):
+    """sglang.bench_serving against the cell's server (see the module docstring)."""
+
+    name = "serving"
+    Params = Params
+    metrics = METRICS
+    needs_server = True
+
+    def run(self, ctx: SuiteContext, params: Params) -> SuiteResult:
+        return run(ctx, params)
+
+    def pair(self, baseline_dirs: list[Path], variant_dirs: list[Path],
+             params: Params) -> dict | None:
+        """Requests paired by index after the prompt check (:mod:`.pairing`).
+
+        Returns ``{"request_pairing": {"ok", "reason"}, "notes": [...], "repeats": [{"repeat_index",
+        "baseline_requests", "variant_requests", "paired", "failed_either", "identical", "share"}],
+        "identity": {"n", "identical", "share", "share_ci" [low, high] (95% Wilson),
+        "first_diff": [{"repeat", "request", "char"}], "first_diff_char_median"} | None,
+        "ecdf": {"repeat_index", "baseline"/"variant": {"ttft_ms": [...], "itl_ms": [...],
+        "itl_ms_n"}}, "descriptive": {metric: {"change_pct", "low_pct", "high_pct", "method"}}
+        (one paired repeat only)}``. Raises PairingRefused when no repeat's prompts pair."""
+        from .pairing import pair_cells
+        return pair_cells(list(baseline_dirs), list(variant_dirs), list(METRICS))
+
+    def report_section(self, comparison: Any) -> list[str]:
+        from .render import report_section
+        return report_section(comparison)
+
+    def plots(self, comparison: Any, out_dir: Path) -> list[Path]:
+        from .render import plots
+        return plots(comparison, out_dir)
+
+    def report_block(self, suite_dir: Path) -> str | None:
+        return report_block(suite_dir)

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from patchbench.records import read_json
 from patchbench.suite import (Instrumentation, MetricInfo, Suite, SuiteContext, SuiteError,
-                              SuiteResult, comparison_get, refusal, register, suite_pairs)
+                              SuiteResult, comparison_get, register, suite_pairs, suite_refusals)
 from patchbench.suites.sync_probe.table import format_table, markdown_table
 
 REL = "srt/model_executor/forward_batch_info.py"
@@ -302,17 +302,16 @@ def report_section(comparison: Any) -> list[str]:
     """Markdown: the probe table of the baseline and of each variant, and the in-server
     cross-check counts, from the comparison's ``pairs["sync_probe"]`` alone."""
     pairs = suite_pairs(comparison, "sync_probe")
-    if not pairs:
+    refusals = suite_refusals(comparison, "sync_probe")
+    if not pairs and not refusals:
         return []
     base = comparison_get(comparison, "baseline", "baseline")
     lines = ["## Sync probe", ""]
-    first = next((p for p in pairs.values() if not refusal(p) and p.get("baseline")), None)
+    lines += [f"**{v}**: not compared: {r}" for v, r in refusals.items()]
+    lines += [""] if refusals else []
+    first = next((p for p in pairs.values() if p.get("baseline")), None)
     shown: list[tuple[str, dict | None]] = [(base, first.get("baseline") if first else None)]
-    for v, p in pairs.items():
-        if refusal(p):
-            lines += [f"**{v}**: not compared: {refusal(p)}", ""]
-            continue
-        shown.append((v, p.get("variant")))
+    shown += [(v, p.get("variant")) for v, p in pairs.items()]
     for name, probe in shown:
         if probe is None:
             lines += [f"**{name}**: no probe.json", ""]
@@ -321,8 +320,7 @@ def report_section(comparison: Any) -> list[str]:
                   f"`{(probe.get('variant_sha256') or '?')[:12]}`; per call)", "",
                   *markdown_table(probe.get("rows") or []), "", str(probe.get("note") or ""), ""]
     checks = [(base, first["server_crosscheck"].get("baseline") if first else None)]
-    checks += [(v, (p.get("server_crosscheck") or {}).get("variant"))
-               for v, p in pairs.items() if not refusal(p)]
+    checks += [(v, (p.get("server_crosscheck") or {}).get("variant")) for v, p in pairs.items()]
     if any(c for _, c in checks):
         lines += ["In-server cross-check (untimed correctness cell: the server's own mrope "
                   "computations, each checked against the stock method on the same batch):", "",
