@@ -322,15 +322,15 @@ def build_comparison(run_dir: str | os.PathLike, settings: CompareSettings | Non
             cmp.rows.append(row)
             continue
         equiv = None
-        if row.margin is not None:
+        if row.kind == "deterministic":
+            equiv = test.estimate == 0
+        elif row.margin is not None:
             if row.kind == "run":
                 b = [x for x, y in zip(row.baseline_repeats, row.variant_repeats) if x is not None and y is not None]
                 w = [y for x, y in zip(row.baseline_repeats, row.variant_repeats) if x is not None and y is not None]
                 equiv = verdicts.tost_log_ratio(b, w, row.margin, a)[1] if len(b) >= 2 else False
             elif row.kind == "accuracy":
                 equiv = verdicts.tost_from_interval(test, row.margin, a)
-            else:
-                equiv = test.estimate == 0
         v_, iv, within = verdicts.verdict(test, better=row.better, alpha=a,
                                           margin=row.margin if row.kind != "deterministic" else None,
                                           equivalent=equiv)

@@ -1,0 +1,101 @@
+"""``patchbench compare RUN_A RUN_B``: one variant of one run against the baseline of another.
+
+The two runs were not interleaved, so their repeats do not pair: each run-level metric gets an
+unpaired Welch interval on the per-run log values (:func:`patchbench.verdicts.welch_log`), and the
+output says so. Configs are compared by their effective (defaults-filled) values, not by their
+spelling: the manifests hold ``Config.model_dump()``, so a default written out and a default left
+out compare equal.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from patchbench import EXIT_OK, EXIT_USAGE, records
+from patchbench.analysis import read_run, _suite_decl, guess_metric_info
+from patchbench.runfolder import RunFolderError
+
+UNPAIRED_NOTE = ("unpaired: the two runs were not interleaved, so machine drift between them is "
+                 "not cancelled; Welch interval on per-run log values")
+
+
+def protocol_differences(a: dict, b: dict) -> list[str]:
+    """Differences between two manifests' effective configs that make numbers incomparable
+    (sglang, model, server, suite parameters, GPU); "what: A=..., B=..." lines."""
+    diffs = []
+    ca, cb = a.get("config") or {}, b.get("config") or {}
+    for key in ("sglang", "model", "server"):
+        if ca.get(key) != cb.get(key):
+            diffs.append(f"{key}: A={ca.get(key)!r}, B={cb.get(key)!r}")
+    sa, sb = ca.get("suites") or {}, cb.get("suites") or {}
+    for s in sorted(set(sa) & set(sb)):
+        for k in sorted(set(sa[s] or {}) | set(sb[s] or {})):
+            if (sa[s] or {}).get(k) != (sb[s] or {}).get(k):
+                diffs.append(f"suites.{s}.{k}: A={(sa[s] or {}).get(k)!r}, B={(sb[s] or {}).get(k)!r}")
+    if (a.get("gpu") or None) != (b.get("gpu") or None):
+        diffs.append(f"GPU: A={a.get('gpu')!r}, B={b.get('gpu')!r}")
+    return diffs
+
+
+def compare_runs(run_a: Path, run_b: Path, variant: str | None = None, alpha: float = 0.05) -> dict:
+    """{"a", "b", "variant", "method", "differences", "rows": [{"suite", "metric", "a", "b",
+    "change_pct", "low_pct", "high_pct", "p", "n_a", "n_b", "note"}]}: A's baseline vs B's
+    ``variant`` (default B's first non-baseline variant)."""
+    from patchbench.verdicts import welch_log
+    da, db = read_run(run_a), read_run(run_b)
+    v = variant or next(iter(db.variants[1:]), db.baseline)
+    if v not in db.variants:
+        raise RunFolderError(f"{run_b}: no variant '{v}'; variants: {', '.join(db.variants)}")
+    rows = []
+    for suite in [s for s in da.suites if s in db.suites]:
+        _, declared = _suite_decl(suite, [])
+        names = sorted({m for (x, k, s), sm in {**da.summaries}.items() if s == suite and sm for m in sm.metrics})
+        for m in names:
+            info = declared.get(m) or guess_metric_info(m)
+            xa = [x for k in range(da.repeats) if (x := da.value(da.baseline, k, suite, m)) is not None]
+            xb = [x for k in range(db.repeats) if (x := db.value(v, k, suite, m)) is not None]
+            row = {"suite": suite, "metric": m, "kind": info.kind, "n_a": len(xa), "n_b": len(xb),
+                   "change_pct": None, "low_pct": None, "high_pct": None, "p": None, "note": ""}
+            if info.kind == "run" and xa and xb and min(xa + xb) > 0:
+                try:
+                    ch, lo, hi, p = welch_log(xa, xb, alpha)
+                    row.update(change_pct=100 * ch, low_pct=100 * lo, high_pct=100 * hi, p=p)
+                except ValueError as e:
+                    row["note"] = str(e)
+            else:
+                row["note"] = "not a run-level metric with positive values: not compared across runs"
+            rows.append(row)
+    return {"a": str(run_a), "b": str(run_b), "variant": v, "method": UNPAIRED_NOTE,
+            "differences": protocol_differences(da.manifest.model_dump(), db.manifest.model_dump()),
+            "rows": rows}
+
+
+def cli_compare(argv: list[str]) -> int:
+    """``patchbench compare RUN_A RUN_B [--variant NAME] [--out FILE]``; exit 0, or 2 for a bad
+    folder / usage. Prints the unpaired comparison and the protocol differences."""
+    ap = argparse.ArgumentParser(prog="patchbench compare",
+                                 description="Compare RUN_A's baseline with RUN_B's variant (unpaired).")
+    ap.add_argument("run_a", type=Path)
+    ap.add_argument("run_b", type=Path)
+    ap.add_argument("--variant")
+    ap.add_argument("--out", type=Path, help="write the result as JSON here")
+    try:
+        a = ap.parse_args(argv)
+    except SystemExit as e:
+        return EXIT_OK if e.code == 0 else EXIT_USAGE
+    try:
+        res = compare_runs(a.run_a, a.run_b, a.variant)
+    except RunFolderError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(res["method"])
+    for d in res["differences"]:
+        print(f"protocol differs: {d}")
+    for r in res["rows"]:
+        if r["change_pct"] is not None:
+            print(f"{r['suite']}/{r['metric']}: {r['change_pct']:+.1f}% "
+                  f"[{r['low_pct']:+.1f}%, {r['high_pct']:+.1f}%] (n={r['n_a']}/{r['n_b']})")
+    if a.out:
+        records.write_json(a.out, res)
+    return EXIT_OK
