@@ -36,15 +36,10 @@ PROG = "patchbench"
 #: (matched along the exception's MRO, so the modules are not imported here). Remove a row once
 #: its class subclasses the matching patchbench.errors class.
 LEGACY_EXIT_CODES: dict[str, int] = {
-    "patchbench.config.ConfigError": EXIT_USAGE,
-    "patchbench.bench.PatchProblem": EXIT_USAGE,
-    "patchbench.bench.EnvironmentNotReady": EXIT_ENV,
-    "patchbench.bench.RunFailed": errors.EXIT_RUN_FAILED,
-    "patchbench.patchset.FetchError": EXIT_ENV,  # before PatchError: FetchError derives from it
-    "patchbench.patchset.PatchError": EXIT_USAGE,
     "patchbench.history.HistoryError": EXIT_ENV,
     "patchbench.server.ServerError": errors.EXIT_RUN_FAILED,
-    "patchbench.overlay.OverlayError": EXIT_USAGE,
+    "patchbench.suite.SuiteError": errors.EXIT_RUN_FAILED,
+    "patchbench.suites.mmmu.cli.InputError": EXIT_USAGE,
 }
 
 
@@ -115,6 +110,14 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
         "--results", metavar="DIR", help="parent folder of the run folder (default results/)"
     )
     p.add_argument("--port", type=int, help="override server.port")
+    p.add_argument(
+        "--kill-stale",
+        action="store_true",
+        help="first stop sglang servers orphaned by an earlier killed run",
+    )
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="print the timing breakdown at the end"
+    )
 
 
 def _run_bench(a: argparse.Namespace, _raw: list[str]) -> int:
@@ -128,7 +131,8 @@ def _run_bench(a: argparse.Namespace, _raw: list[str]) -> int:
         if have != cfg.sglang:
             print(f"note: this environment has sglang {have}; a real run needs {cfg.sglang}")
         return EXIT_OK
-    bench.run_bench(a.config, resume=a.resume, results_root=a.results, port=a.port)
+    extra = {k: True for k in ("kill_stale", "verbose") if getattr(a, k)}
+    bench.run_bench(a.config, resume=a.resume, results_root=a.results, port=a.port, **extra)
     return EXIT_OK
 
 

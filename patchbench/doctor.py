@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextvars
 import sys
+from pathlib import Path
 from typing import Any, TextIO
 
 from patchbench import envinfo
@@ -80,28 +81,29 @@ def _suite_checks(cfg: Any) -> list[Check]:
     return out
 
 
-def _stale_server_checks() -> list[Check]:
-    """sglang servers left by a killed patchbench run, with the command that stops them."""
-    from patchbench import server
-
-    find = getattr(server, "find_stale_servers", None)
-    if find is None:
+def _stale_server_checks(results_dir: Path | None = None) -> list[Check]:
+    """sglang servers left by a killed patchbench run (:func:`patchbench.stale.find_stale_servers`
+    over ``results_dir``, default results/), each with the command that stops it."""
+    try:
+        from patchbench.stale import find_stale_servers
+    except ImportError:  # the module is optional until every environment has it
         return []
-    stale = list(find())
+    if results_dir is None:
+        from patchbench.config import REPO_ROOT
+
+        results_dir = REPO_ROOT / "results"
+    stale = find_stale_servers(results_dir)
     if not stale:
         return [("no sglang server left over by an earlier patchbench run", True, "")]
-    rows = []
-    for s in stale:
-        pid = getattr(s, "pid", None) if not isinstance(s, dict) else s.get("pid")
-        run = getattr(s, "run_dir", None) if not isinstance(s, dict) else s.get("run_dir")
-        rows.append(
-            (
-                f"sglang server pid {pid} left over by run {run or '?'}",
-                False,
-                f"kill -TERM -{pid}   (or: patchbench bench --kill-stale CONFIG)",
-            )
+    return [
+        (
+            f"sglang server pid {s.pid} left over by run {s.run_dir or '?'} "
+            f"(cell {s.cell or '?'}, port {s.port or '?'})",
+            False,
+            f"{s.kill_command}   (or: patchbench bench --kill-stale CONFIG)",
         )
-    return rows
+        for s in stale
+    ]
 
 
 def checks_for(cfg: Any, info: dict) -> list[Check]:

@@ -154,16 +154,17 @@ def test_a_bug_exits_70_with_the_traceback(monkeypatch, capsys):
     assert "patchbench report: internal error (exit 70)" in err
 
 
-def test_legacy_module_errors_map_to_the_documented_codes():
-    """Module errors that do not derive from patchbench.errors yet (cli.LEGACY_EXIT_CODES)."""
-    from patchbench import bench, patchset
+def test_module_errors_map_to_the_documented_codes():
+    """Module errors: derived from patchbench.errors, or listed in cli.LEGACY_EXIT_CODES."""
+    from patchbench import config, history, patchset, server
 
-    assert cli.exit_code_of(bench.PatchProblem("x")) == 2
-    assert cli.exit_code_of(bench.EnvironmentNotReady("x")) == 3
-    assert cli.exit_code_of(bench.RunFailed("x", None)) == 4
+    assert cli.exit_code_of(config.ConfigError("x")) == 2
     assert cli.exit_code_of(patchset.PatchError("x")) == 2
-    assert cli.exit_code_of(patchset.FetchError("x")) == 3  # derives from PatchError
+    assert cli.exit_code_of(patchset.FetchError("x")) == 3  # a PatchError that is environmental
+    assert cli.exit_code_of(history.HistoryError(Path("h.sqlite"), "locked")) == 3
+    assert cli.exit_code_of(server.ServerError("x")) == 4
     assert cli.exit_code_of(KeyboardInterrupt()) == 130
+    assert cli.exit_code_of(SystemExit(2)) == 2
     assert cli.exit_code_of(RuntimeError("x")) == 70
 
 
@@ -296,7 +297,15 @@ def fake_server(monkeypatch):
     monkeypatch.setitem(suite.BUILTIN_SUITES, "fake", "tests.fake_suite")
     monkeypatch.setitem(suite._REGISTRY, "fake", FakeSuite)
     monkeypatch.delitem(suite._INSTANCES, "fake", raising=False)
-    real = bench._launch_spec
+    # the function that builds a cell's LaunchSpec: patchbench.cell.launch_spec (bench's
+    # _launch_spec before run_cell moved to patchbench.cell)
+    try:
+        from patchbench import cell as owner
+
+        attr = "launch_spec"
+    except ImportError:
+        owner, attr = bench, "_launch_spec"
+    real = getattr(owner, attr)
     faults: dict[str, dict[str, str]] = {}
 
     def launch_spec(cfg, venv, cdir, port):
@@ -305,7 +314,7 @@ def fake_server(monkeypatch):
         spec.env.update(faults.get(f"{venv.name}/{cdir.name}", {}))
         return spec
 
-    monkeypatch.setattr(bench, "_launch_spec", launch_spec)
+    monkeypatch.setattr(owner, attr, launch_spec)
     return faults
 
 
