@@ -8,8 +8,17 @@
   still says 503). If the process exits while we wait, fail at once with the log's tail.
 - Flush: ``POST /flush_cache``; sglang answers 400 while requests are in flight, so retry with a
   pause, log every answer, and fail after the retry budget.
-- Stop: SIGTERM to the process group, a grace period, SIGKILL to the group and to every
-  descendant seen (psutil), then wait until the port refuses connections. A survivor is an error.
+- Stop (``stop_mode="fast"``, the default; called only after every suite wrote its files): SIGTERM
+  to the process group, ``fast_grace_s`` (1 s) for it to exit, then SIGKILL to the group and to
+  every descendant seen (psutil); wait until every process is gone, the port refuses connections
+  and, on a GPU, NVML lists none of the server's processes. sglang's front end answers SIGTERM
+  only through a watchdog that polls every 5 s (tokenizer_manager.sigterm_watchdog, 0.5.1.post3),
+  so a graceful stop costs up to 5 s per cell for nothing: the results are on disk before the
+  stop. ``stop_mode="graceful"`` waits ``stop_grace_s`` for the SIGTERM instead. A survivor, an
+  open port or GPU memory still held is an error. ``stop_breakdown_s`` says where the time went.
+- Markers: the cell sets ``PATCHBENCH_RUN_DIR``, ``PATCHBENCH_CELL`` and ``PATCHBENCH_RUNNER_PID``
+  in the server's environment, so a server left behind by a killed runner can be recognised
+  (:func:`port_holder`, :mod:`patchbench.stale`).
 
 Endpoints as in docs/FACTS.md section 4 (sglang 0.5.1.post3 .. 0.5.23).
 """
@@ -25,8 +34,14 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import psutil
+
+#: environment markers set on every server the harness launches (see patchbench.cell)
+MARKER_RUN_DIR = "PATCHBENCH_RUN_DIR"
+MARKER_CELL = "PATCHBENCH_CELL"
+MARKER_RUNNER_PID = "PATCHBENCH_RUNNER_PID"
 
 
 class ServerError(RuntimeError):
@@ -107,6 +122,9 @@ class LaunchSpec:
     flush_retries: int = 5
     flush_pause_s: float = 1.0
     health_path: str = "/health"
+    stop_mode: Literal["fast", "graceful"] = "fast"
+    fast_grace_s: float = 1.0
+    gpu_release_timeout_s: float = 30.0
 
     def command(self) -> list[str]:
         return [self.python, "-m", "sglang.launch_server", "--model-path", self.model_path,
@@ -124,6 +142,7 @@ class SglangServer:
     spec: LaunchSpec
     proc: subprocess.Popen | None = None
     events: list[dict] = field(default_factory=list)
+    stop_breakdown_s: dict = field(default_factory=dict)
     _t0: float = 0.0
     _seen: dict[int, psutil.Process] = field(default_factory=dict)
 
@@ -134,6 +153,33 @@ class SglangServer:
     @property
     def pid(self) -> int:
         return self.proc.pid if self.proc else -1
+
+    @property
+    def pgid(self) -> int:
+        """The server's process group (``start_new_session``: the leader's pid); -1 before start."""
+        return self.proc.pid if self.proc else -1
+
+    def record(self) -> dict:
+        """What cell.json keeps of the running server: ``pid``, ``pgid``, ``create_time`` (epoch
+        seconds, to tell a reused pid apart), ``host``, ``port``, ``command``."""
+        ct = None
+        if self.proc is not None:
+            try:
+                ct = psutil.Process(self.proc.pid).create_time()
+            except psutil.NoSuchProcess:
+                pass
+        return {"pid": self.pid, "pgid": self.pgid, "create_time": ct, "host": self.spec.host,
+                "port": self.spec.port, "command": self.spec.command()}
+
+    def health(self, timeout_s: float = 10.0) -> str | None:
+        """One bounded ``GET /health`` (only between suites, never during a timed one): None when
+        it answered 200 within ``timeout_s``, else what went wrong."""
+        try:
+            code, text = self._http("GET", self.spec.health_path, timeout_s=timeout_s)
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as e:
+            return f"{self.spec.health_path}: {type(e).__name__}: {e}"
+        self._event("health", code=code)
+        return None if code == 200 else f"{self.spec.health_path} answered {code} {text.strip()[:200]}"
 
     def _event(self, what: str, **kw) -> None:
         self.events.append({"t_s": round(time.monotonic() - self._t0, 3), "event": what, **kw})
@@ -150,8 +196,9 @@ class SglangServer:
         """Launch the server. Raises PortInUse when the port already answers."""
         s = self.spec
         if port_answers(s.host, s.port):
-            raise PortInUse(f"something already answers on {s.host}:{s.port}; stop it (or choose "
-                            f"another server.port) - a stale server must never be benchmarked")
+            raise PortInUse(f"something already answers on {s.host}:{s.port}: "
+                            f"{describe_port_holder(s.port)}; stop it (or choose another "
+                            "server.port) - a stale server must never be benchmarked")
         s.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._t0 = time.monotonic()
         log = open(s.log_path, "ab")
@@ -220,7 +267,7 @@ class SglangServer:
                         self._event("ready", waited_s=round(waited, 3))
                         self._remember_descendants()
                         return waited
-            except (urllib.error.URLError, ConnectionError, TimeoutError, socket.timeout) as e:
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
                 last = f"{type(e).__name__}: {e}"
             time.sleep(0.5)
 
@@ -239,7 +286,7 @@ class SglangServer:
             try:
                 code, text = self._http("POST", "/flush_cache", timeout_s=30)
                 last = f"{code} {text.strip()[:200]}"
-            except (urllib.error.URLError, ConnectionError, TimeoutError, socket.timeout) as e:
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
                 code, last = None, f"{type(e).__name__}: {e}"
             self._event("flush_cache", attempt=attempt, answer=last)
             if code == 200:
@@ -250,25 +297,28 @@ class SglangServer:
                           f"last answer: {last}")
 
     # ------------------------------------------------------------------ stop
-    def stop(self) -> float:
-        """Stop the whole process group and wait until the port is closed; returns seconds taken.
+    def stop(self, nvml=None) -> float:
+        """Stop the whole process group and wait until it is gone; returns seconds taken.
 
-        SIGTERM to the group, ``stop_grace_s`` grace, then SIGKILL to the group and to every
-        descendant ever seen. Raises StopFailed when a process survives or the port stays open.
+        ``stop_mode="fast"``: SIGTERM to the group, up to ``fast_grace_s`` for it to exit, then
+        SIGKILL; ``"graceful"``: up to ``stop_grace_s`` before the SIGKILL. Then wait until no
+        process of the group or of the descendants ever seen lives, the port refuses connections
+        (``port_close_timeout_s``) and, with ``nvml`` (a :class:`patchbench.gpu.Nvml`), no GPU
+        lists a server process (``gpu_release_timeout_s``). ``stop_breakdown_s`` holds the
+        seconds of each phase: ``exit`` (signal until every process is gone), ``port``, ``gpu``.
+        Raises StopFailed when a process survives, the port stays open or GPU memory stays held.
         Safe to call twice.
         """
         if self.proc is None:
             return 0.0
         t = time.monotonic()
         self._remember_descendants()
-        pgid = self.proc.pid  # start_new_session: the leader's pid is the group id
+        pgid = self.pgid
+        pids = sorted(set(self._seen) | {self.proc.pid})
         self._signal_group(pgid, signal.SIGTERM)
-        self._event("sigterm")
-        try:
-            self.proc.wait(timeout=self.spec.stop_grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-        survivors = self._survivors(pgid, wait_s=min(5.0, self.spec.stop_grace_s))
+        self._event("sigterm", mode=self.spec.stop_mode)
+        grace = self.spec.fast_grace_s if self.spec.stop_mode == "fast" else self.spec.stop_grace_s
+        survivors = self._survivors(pgid, wait_s=grace)
         if survivors or self.alive():
             self._event("sigkill", pids=[p.pid for p in survivors])
             self._signal_group(pgid, signal.SIGKILL)
@@ -277,24 +327,35 @@ class SglangServer:
                     p.kill()
                 except psutil.NoSuchProcess:
                     pass
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
         survivors = self._survivors(pgid, wait_s=5.0)
-        deadline = time.monotonic() + self.spec.port_close_timeout_s
+        t_exit = time.monotonic()
+        deadline = t_exit + self.spec.port_close_timeout_s
         while port_answers(self.spec.host, self.spec.port) and time.monotonic() < deadline:
-            time.sleep(0.2)
+            time.sleep(0.05)
         port_open = port_answers(self.spec.host, self.spec.port)
+        t_port = time.monotonic()
+        gpu_held: list[int] = []
+        if nvml is not None:
+            gpu_held = nvml.wait_released(pids, timeout_s=self.spec.gpu_release_timeout_s)
         took = time.monotonic() - t
+        self.stop_breakdown_s = {"exit": round(t_exit - t, 3), "port": round(t_port - t_exit, 3),
+                                 "gpu": round(time.monotonic() - t_port, 3) if nvml else None}
         self._event("stopped", took_s=round(took, 3), survivors=[p.pid for p in survivors],
-                    port_open=port_open)
+                    port_open=port_open, gpu_held=gpu_held, breakdown_s=self.stop_breakdown_s)
         if survivors:
             raise StopFailed(f"processes of the server survived SIGKILL: "
                              f"{[(p.pid, _name(p)) for p in survivors]}")
         if port_open:
             raise StopFailed(f"port {self.spec.port} still answers {self.spec.port_close_timeout_s:.0f} s "
                              f"after the server was stopped")
+        if gpu_held:
+            raise StopFailed(f"GPU memory still held by server process(es) {gpu_held} "
+                             f"{self.spec.gpu_release_timeout_s:.0f} s after they were stopped "
+                             "(NVML); the next server could not get its memory")
         return took
 
     @staticmethod
@@ -318,11 +379,13 @@ class SglangServer:
                         live[p.pid] = p
                 except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
                     continue
+            if self.proc is not None:
+                self.proc.poll()  # reap the leader so it does not linger as a zombie
             if not live or time.monotonic() >= deadline:
                 return list(live.values())
-            time.sleep(0.2)
+            time.sleep(0.05)
 
-    def __enter__(self) -> "SglangServer":
+    def __enter__(self) -> SglangServer:
         self.start()
         try:
             self.wait_ready()
@@ -356,3 +419,53 @@ def scan_log(path: str | os.PathLike, marker: str) -> list[str]:
             return [line.rstrip("\n") for line in f if marker in line]
     except FileNotFoundError:
         return []
+
+
+def port_holder(port: int) -> dict | None:
+    """The process listening on TCP ``port`` on this machine, or None when none is visible.
+
+    Returns {"pid", "pgid", "name", "cmdline": [str], "run_dir", "cell", "runner_pid",
+    "runner_alive"}; the last four come from the markers the harness sets on its servers
+    (None when the process is not a patchbench server or its environment cannot be read).
+    Only processes of this user are visible without privileges.
+    """
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.AccessDenied, OSError):
+        return None
+    pid = next((c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr
+                and c.laddr.port == port and c.pid), None)
+    if pid is None:
+        return None
+    out = {"pid": pid, "pgid": None, "name": "?", "cmdline": [], "run_dir": None, "cell": None,
+           "runner_pid": None, "runner_alive": None}
+    try:
+        p = psutil.Process(pid)
+        out["name"], out["cmdline"] = p.name(), p.cmdline()
+        out["pgid"] = os.getpgid(pid)
+        env = p.environ()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError, PermissionError):
+        return out
+    out["run_dir"] = env.get(MARKER_RUN_DIR)
+    out["cell"] = env.get(MARKER_CELL)
+    if env.get(MARKER_RUNNER_PID, "").isdigit():
+        out["runner_pid"] = int(env[MARKER_RUNNER_PID])
+        out["runner_alive"] = psutil.pid_exists(out["runner_pid"])
+    return out
+
+
+def describe_port_holder(port: int) -> str:
+    """One sentence naming what holds ``port``: the pid and command, and for a patchbench server
+    its run folder and cell, whether its runner still lives, and the command that stops it."""
+    h = port_holder(port)
+    if h is None:
+        return "no process of this user is seen listening there (another user's, or a container's)"
+    cmd = " ".join(h["cmdline"])[:160] or h["name"]
+    text = f"pid {h['pid']} ({cmd})"
+    if h["run_dir"]:
+        text += (f", a patchbench server of run {h['run_dir']} (cell {h['cell']}); its runner "
+                 f"(pid {h['runner_pid']}) is "
+                 + ("still running" if h["runner_alive"] else "gone, so it is an orphan"))
+    if h["pgid"]:
+        text += f"; `kill -TERM -- -{h['pgid']}` stops its process group"
+    return text

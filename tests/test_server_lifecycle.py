@@ -5,6 +5,7 @@ lifecycle is covered by the end-to-end tests (tests/test_e2e_bench.py).
 """
 import os
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from patchbench.server import (
     ReadyTimeout,
     ServerDied,
     SglangServer,
+    StopFailed,
     free_port,
     port_answers,
 )
@@ -27,6 +29,7 @@ FAKE = Path(__file__).parent / "fake_server"
 
 
 def _spec(tmp_path, port=None, ready_timeout_s=20.0, stop_grace_s=3.0, **env):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     e = dict(os.environ)
     e["PYTHONPATH"] = str(FAKE)
     e.update({k: str(v) for k, v in env.items()})
@@ -138,3 +141,75 @@ def test_l3_flush_refused_for_whole_budget_fails(tmp_path):
         with pytest.raises(FlushFailed, match="refused 4 times"):
             srv.flush_cache()
         assert len([e for e in srv.events if e["event"] == "flush_cache"]) == 4
+
+
+def test_fast_stop_does_not_wait_for_a_slow_sigterm_and_graceful_does(tmp_path):
+    """The fake front end exits 5 s after SIGTERM (sglang's watchdog polls every 5 s). The fast
+    stop (SIGTERM, 1 s, SIGKILL) ends in under 2.5 s with the port closed and nothing left; the
+    graceful one waits the 5 s."""
+    took = {}
+    for mode in ("fast", "graceful"):
+        spec = _spec(tmp_path / mode, stop_grace_s=10, FAKE_SIGTERM_DELAY_S=5, FAKE_SCHEDULER=1)
+        spec.stop_mode = mode
+        srv = SglangServer(spec)
+        srv.start()
+        srv.wait_ready()
+        time.sleep(0.5)
+        took[mode] = srv.stop()
+        assert _group_alive(srv.pid) == []
+        assert not port_answers("127.0.0.1", spec.port)
+        assert set(srv.stop_breakdown_s) == {"exit", "port", "gpu"}
+    print(f"\nstop with a 5 s SIGTERM delay: fast {took['fast']:.2f} s, graceful {took['graceful']:.2f} s")
+    assert took["fast"] < 2.5
+    assert 5.0 <= took["graceful"] < 9.0
+
+
+class FakeNvml:
+    """patchbench.gpu.Nvml's interface: GPU 0 lists ``held`` pids until ``release_after`` calls."""
+
+    def __init__(self, held, release_after):
+        self.held, self.calls, self.release_after = list(held), 0, release_after
+
+    def wait_released(self, pids, timeout_s=30.0, poll_s=0.0):
+        from patchbench.gpu import Nvml
+        return Nvml.wait_released(self, pids, timeout_s, poll_s)
+
+    def holders(self, pids):
+        self.calls += 1
+        return [p for p in self.held if p in pids] if self.calls <= self.release_after else []
+
+
+def test_stop_waits_for_gpu_memory_and_fails_when_it_stays_held(tmp_path):
+    srv = SglangServer(_spec(tmp_path / "a"))
+    srv.start()
+    srv.wait_ready()
+    nv = FakeNvml([srv.pid], release_after=3)
+    srv.stop(nvml=nv)
+    assert nv.calls == 4 and srv.stop_breakdown_s["gpu"] is not None
+    spec = _spec(tmp_path / "b")
+    spec.gpu_release_timeout_s = 0.3
+    srv = SglangServer(spec)
+    srv.start()
+    srv.wait_ready()
+    with pytest.raises(StopFailed, match=rf"GPU memory still held by server process\(es\) \[{srv.pid}\]"):
+        srv.stop(nvml=FakeNvml([srv.pid], release_after=10**9))
+
+
+def test_busy_port_names_the_orphaned_patchbench_server_holding_it(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a runner pid that no longer lives
+    first = SglangServer(_spec(tmp_path / "a", PATCHBENCH_RUN_DIR="/x/results/run1",
+                               PATCHBENCH_CELL="control/rep1", PATCHBENCH_RUNNER_PID=dead.pid))
+    first.start()
+    first.wait_ready()
+    try:
+        second = SglangServer(_spec(tmp_path / "b", port=first.spec.port))
+        with pytest.raises(PortInUse) as ei:
+            second.start()
+        msg = str(ei.value)
+        assert f"pid {first.pid} (" in msg and "sglang.launch_server" in msg
+        assert "a patchbench server of run /x/results/run1 (cell control/rep1)" in msg
+        assert f"its runner (pid {dead.pid}) is gone, so it is an orphan" in msg
+        assert f"`kill -TERM -- -{first.pid}`" in msg
+    finally:
+        first.stop()

@@ -6,6 +6,12 @@ FAKE_FLUSH_400       /flush_cache answers 400 this many times before 200 ("-1": 
 FAKE_DIE_AFTER_GENERATE  exit after this many /generate calls (0 = never)
 FAKE_GRANDCHILD=1    spawn a child that spawns a grandchild, both sleeping (must not survive stop)
 FAKE_IGNORE_SIGTERM=1  ignore SIGTERM (stop must escalate to SIGKILL)
+FAKE_SIGTERM_DELAY_S   on SIGTERM, exit only after this many seconds (sglang's front end polls
+                       for SIGTERM every 5 s: tokenizer_manager.sigterm_watchdog)
+FAKE_SCHEDULER=1     spawn a child titled ``sglang::scheduler`` (setproctitle), as sglang does;
+                     once it is gone, /generate hangs and /health answers 503 while the HTTP
+                     front end stays up (what a real server does when its scheduler dies)
+FAKE_GENERATE_SLEEP_S  each /generate takes this many seconds
 """
 import argparse
 import json
@@ -34,6 +40,25 @@ if os.environ.get("FAKE_GRANDCHILD") == "1":
     code = ("import subprocess,sys,time;"
             "subprocess.Popen([sys.executable,'-c','import time; time.sleep(600)']);time.sleep(600)")
     subprocess.Popen([sys.executable, "-c", code])
+SCHEDULER = None
+if os.environ.get("FAKE_SCHEDULER") == "1":
+    code = ("import setproctitle,time;setproctitle.setproctitle('sglang::scheduler_TP0');"
+            "time.sleep(3600)")
+    SCHEDULER = subprocess.Popen([sys.executable, "-c", code])
+    print(f"fake: scheduler pid {SCHEDULER.pid}", flush=True)
+
+
+def scheduler_dead():
+    return SCHEDULER is not None and SCHEDULER.poll() is not None
+
+
+if os.environ.get("FAKE_SIGTERM_DELAY_S"):
+    def _slow_exit(*a):
+        def _later():
+            time.sleep(float(os.environ["FAKE_SIGTERM_DELAY_S"]))
+            os._exit(0)
+        threading.Thread(target=_later, daemon=True).start()
+    signal.signal(signal.SIGTERM, _slow_exit)
 if os.environ.get("FAKE_EXIT_AFTER_S"):
     def _die():
         time.sleep(float(os.environ["FAKE_EXIT_AFTER_S"]))
@@ -56,7 +81,7 @@ class H(BaseHTTPRequestHandler):
 
     def do_GET(self):
         if self.path == "/health":
-            ok = time.monotonic() - T0 >= HEALTH_503
+            ok = time.monotonic() - T0 >= HEALTH_503 and not scheduler_dead()
             self._send(200 if ok else 503, {})
         elif self.path == "/v1/models":
             self._send(200, {"data": [{"id": "fake"}]})
@@ -74,6 +99,9 @@ class H(BaseHTTPRequestHandler):
                 self._send(200, {"message": "Cache flushed."})
         elif self.path == "/generate":
             state["generate"] += 1
+            time.sleep(float(os.environ.get("FAKE_GENERATE_SLEEP_S", "0")))
+            while scheduler_dead():  # a real front end waits for its scheduler forever
+                time.sleep(0.5)
             if DIE_AFTER and state["generate"] > DIE_AFTER:
                 print("fake: dying mid-run", flush=True)
                 os._exit(5)

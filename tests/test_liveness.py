@@ -1,0 +1,127 @@
+"""Liveness of the whole server (patchbench.liveness) against the fake server: a scheduler child
+killed with SIGKILL while the HTTP front end stays up is seen within a second, the suite is
+stopped at once, its client process is killed, and the message names the process."""
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from patchbench.liveness import ServerLost, ServerWatch, role_of
+from patchbench.server import LaunchSpec, SglangServer, free_port, port_answers
+
+FAKE = Path(__file__).parent / "fake_server"
+
+
+def _server(tmp_path, **env) -> SglangServer:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(FAKE)
+    e.update({k: str(v) for k, v in env.items()})
+    spec = LaunchSpec(python=sys.executable, model_path="fake", host="127.0.0.1", port=free_port(),
+                      args=[], env=e, log_path=tmp_path / "server.log", ready_timeout_s=20,
+                      stop_grace_s=3, port_close_timeout_s=10)
+    srv = SglangServer(spec)
+    srv.start()
+    srv.wait_ready()
+    return srv
+
+
+def _scheduler_pid(srv) -> int:
+    for _ in range(50):
+        for c in psutil.Process(srv.pid).children():
+            if "sglang::scheduler" in " ".join(c.cmdline()):
+                return c.pid
+        time.sleep(0.1)
+    raise AssertionError("the fake scheduler did not start")
+
+
+@pytest.mark.parametrize("name, cmdline, leader, expected", [
+    ("sglang::schedul", ["sglang::scheduler_TP0"], False, "the sglang scheduler"),
+    ("sglang::detoken", ["sglang::detokenizer"], False, "the sglang detokenizer"),
+    ("python3", ["python3", "-m", "sglang.launch_server"], True, "the sglang server (HTTP front end)"),
+    ("python3", ["python3", "-c", "x"], False, "server process python3"),
+])
+def test_role_names(name, cmdline, leader, expected):
+    assert role_of(name, cmdline, leader) == expected
+
+
+def test_scheduler_sigkill_is_detected_within_a_second_and_named(tmp_path):
+    srv = _server(tmp_path, FAKE_SCHEDULER=1)
+    try:
+        sched = _scheduler_pid(srv)
+        w = ServerWatch(srv.proc, srv.pgid).start()
+        roles = {d["pid"]: d["role"] for d in w.describe()}
+        assert roles == {srv.pid: "the sglang server (HTTP front end)",
+                         sched: "the sglang scheduler"}
+        assert port_answers("127.0.0.1", srv.spec.port)  # the front end is up
+        t0 = time.monotonic()
+        os.kill(sched, signal.SIGKILL)
+        assert w.dead.wait(5)
+        detect_s = time.monotonic() - t0
+        print(f"\nscheduler SIGKILL detected after {detect_s:.3f} s")
+        assert detect_s < 1.0  # polled every 0.2 s
+        assert w.death.message() == f"the sglang scheduler (pid {sched}) died"
+        # the watcher killed the whole group: the front end no longer answers
+        deadline = time.monotonic() + 5
+        while port_answers("127.0.0.1", srv.spec.port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not port_answers("127.0.0.1", srv.spec.port)
+        w.close()
+    finally:
+        srv.stop()
+    assert not psutil.pid_exists(srv.pid) or psutil.Process(srv.pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_front_end_exit_is_named_with_its_exit_code(tmp_path):
+    srv = _server(tmp_path, FAKE_EXIT_AFTER_S=1.5)
+    try:
+        w = ServerWatch(srv.proc, srv.pgid).start()
+        assert w.dead.wait(10)
+        assert w.death.message() == f"the sglang server (HTTP front end) (pid {srv.pid}) died, exit code 3"
+        w.close()
+    finally:
+        srv.stop()
+
+
+def test_death_stops_the_suite_at_once_and_kills_its_client(tmp_path):
+    """Inside the cancel scope a blocking call (here a 60 s sleep standing in for a request that
+    never returns) ends with ServerLost within a second of the kill; a client started in its own
+    session during the suite (as bench_serving is) is killed."""
+    srv = _server(tmp_path, FAKE_SCHEDULER=1)
+    client = None
+    try:
+        sched = _scheduler_pid(srv)
+        w = ServerWatch(srv.proc, srv.pgid).start()
+        with pytest.raises(ServerLost) as ei:
+            with w.cancel_scope():
+                client = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                          start_new_session=True)
+                threading.Timer(0.5, os.kill, (sched, signal.SIGKILL)).start()
+                t0 = time.monotonic()
+                time.sleep(60)
+        took = time.monotonic() - t0
+        assert 0.4 < took < 2.0
+        assert ei.value.death.pid == sched
+        assert client.wait(timeout=5) == -signal.SIGKILL
+        assert client.pid in w.killed_clients
+        w.close()
+    finally:
+        if client is not None and client.poll() is None:
+            client.kill()
+        srv.stop()
+
+
+def test_no_death_no_interrupt_and_stop_is_not_a_death(tmp_path):
+    srv = _server(tmp_path, FAKE_SCHEDULER=1)
+    w = ServerWatch(srv.proc, srv.pgid).start()
+    with w.cancel_scope():
+        time.sleep(0.6)
+    w.close()
+    srv.stop()
+    time.sleep(0.4)
+    assert not w.dead.is_set() and w.death is None
