@@ -137,3 +137,77 @@ def test_import_hook_through_sitecustomize(tmp_path):
     assert data["module_file"].endswith("sglang/srt/model_executor/forward_batch_info.py")
     assert data["counts"] == {"calls": 1, "decode_calls": 1, "max_decode_batch": 2,
                               "decode_image_requests_nonzero": 0}
+
+
+def _write_counts(d: Path, pid: int, counts: dict, **extra) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"counts.{pid}.json").write_text(json.dumps(dict({"pid": pid, "counts": counts}, **extra)))
+
+
+def test_merge_counts_sums_events_and_takes_the_max_of_maxima(tmp_path):
+    from patchbench.suites.sync_probe import merge_counts
+    _write_counts(tmp_path, 1, {"calls": 3, "decode_calls": 2, "max_decode_batch": 4,
+                                "crosscheck_decode_equal": 2}, module_sha256="aa")
+    _write_counts(tmp_path, 2, {"calls": 5, "decode_calls": 1, "max_decode_batch": 7,
+                                "crosscheck_decode_equal": 1, "crosscheck_decode_mismatch": 1},
+                  module_sha256="aa", mismatch_samples=[{"mode": "decode"}])
+    (tmp_path / "counts.3.json").write_text("{not json")
+    m = merge_counts(tmp_path)
+    assert m["processes"] == 2 and m["replicated"] is False
+    assert m["counts"] == {"calls": 8, "decode_calls": 3, "max_decode_batch": 7,
+                           "crosscheck_decode_equal": 3, "crosscheck_decode_mismatch": 1}
+    assert m["module_sha256"] == ["aa"] and m["mismatch_samples"] == [{"mode": "decode"}]
+    assert len(m["unreadable"]) == 1 and m["unreadable"][0].startswith("counts.3.json")
+
+
+def test_merge_counts_of_replicated_ranks_counts_each_batch_once(tmp_path):
+    from patchbench.suites.sync_probe import merge_counts
+    c = {"calls": 4, "decode_calls": 3, "extend_calls": 1, "max_decode_batch": 2,
+         "crosscheck_decode_equal": 3}
+    _write_counts(tmp_path, 10, c)
+    _write_counts(tmp_path, 11, c)
+    m = merge_counts(tmp_path)
+    assert m["replicated"] is True and m["counts"] == c
+    assert merge_counts(tmp_path / "none")["processes"] == 0
+
+
+def test_instrumentation_hook_env_path_and_switch(tmp_path):
+    from patchbench.suite import get_suite
+    suite = get_suite("sync_probe")
+    ctx = types.SimpleNamespace(out_dir=tmp_path / "sync_probe", stock_sglang_dir=tmp_path / "sglang")
+    assert suite.instrumentation(ctx, suite.Params()) is None
+    ins = suite.instrumentation(ctx, suite.Params(server_crosscheck=True))
+    assert ins.pythonpath == [INSTR] and ins.perturbs_timing is True
+    assert ins.out_dir == tmp_path / "sync_probe" / "mrope_instr"
+    assert ins.env == {"PATCHBENCH_MROPE_PROBE_DIR": str(ins.out_dir),
+                       "PATCHBENCH_MROPE_CROSSCHECK_REF": str(
+                           tmp_path / "sglang" / "srt" / "model_executor" / "forward_batch_info.py")}
+    _write_counts(ins.out_dir, 5, {"calls": 1})
+    assert ins.collect(ins.out_dir)["counts"] == {"calls": 1}
+
+
+@pytest.mark.parametrize("order", ["instr-first", "site-first"])
+def test_both_sitecustomize_files_run_in_either_order(tmp_path, order):
+    """The core's shims/site hook and the suite's instr hook each run the next sitecustomize
+    further down the path: both take effect, whichever comes first, and neither loops."""
+    from patchbench.shims import SITE_DIR
+    pkg = tmp_path / "pkg" / "sglang" / "srt" / "model_executor"
+    pkg.mkdir(parents=True)
+    for d in (pkg, pkg.parent, pkg.parent.parent):
+        (d / "__init__.py").write_text("")
+    (pkg / "forward_batch_info.py").write_text(
+        "class ForwardBatch:\n"
+        "    def _compute_mrope_positions(self, model_runner, batch):\n"
+        "        self.mrope_positions = 'live'\n")
+    code = ("import sys, torch\n"
+            "from sglang.srt.model_executor import forward_batch_info as m\n"
+            "print(hasattr(m.ForwardBatch._compute_mrope_positions, '__wrapped__'),\n"
+            "      'sgl_kernel' in torch.ops.__dict__)\n")
+    dirs = [INSTR, SITE_DIR] if order == "instr-first" else [SITE_DIR, INSTR]
+    env = {"PATH": "/usr/bin:/bin", "PATCHBENCH_MROPE_PROBE_DIR": str(tmp_path / "probe"),
+           "PATCHBENCH_CPU_STAND_INS": "1",
+           "PYTHONPATH": ":".join(str(d) for d in [*dirs, tmp_path / "pkg"])}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "True"]
