@@ -565,7 +565,7 @@ class Config(_Strict):
         if self.baseline is None:
             self.baseline = next(iter(self.variants))
         elif self.baseline not in self.variants:
-            raise ValueError(f"baseline '{self.baseline}' is not a variant; variants: "
+            raise ValueError(f"baseline: '{self.baseline}' is not a variant; variants: "
                              f"{', '.join(self.variants)}")
         base_flags = {f: i for i, f, _ in split_args(self.server.args) if f}
         for name, spec in self.variants.items():
@@ -791,11 +791,42 @@ def _clean_loc(loc: tuple) -> tuple:
     return tuple(x for x in loc if not (isinstance(x, str) and (x in _UNION_TAGS or "[" in x)))
 
 
+_KEY_IN_MESSAGE = re.compile(r"^((?:variants|server|baseline)(?:\.[\w.-]+?)*(?:\[\d+\])?)(?::| is)")
+
+
+def _loc_of_message(msg: str) -> tuple:
+    """The key path a model-level message starts with (``variants.v.server_args[2]: ...``)."""
+    m = _KEY_IN_MESSAGE.match(msg)
+    if not m:
+        return ()
+    out: list = []
+    for part in m.group(1).split("."):
+        idx = re.fullmatch(r"(.*)\[(\d+)\]", part)
+        out += [idx.group(1), int(idx.group(2))] if idx else [part]
+    return tuple(out)
+
+
 def _format_errors(path: Path, text: str, err: ValidationError, prefix: tuple = ()) -> str:
     lines = []
     seen = set()
     for e in err.errors():
-        loc = prefix + _clean_loc(tuple(e["loc"]))
+        raw_loc = tuple(e["loc"])
+        got = e.get("input")
+        # a union member that does not fit the input's kind says nothing useful
+        if "str" in raw_loc and isinstance(got, dict):
+            continue
+        if "DiffPatch" in raw_loc and not isinstance(got, dict) and e["type"] != "missing":
+            continue
+        loc = prefix + _clean_loc(raw_loc)
+        text_ = e["msg"].removeprefix("Value error, ")
+        if not loc and e["type"] == "value_error":
+            mloc = _loc_of_message(text_)
+            where = _line_of(text, mloc) if mloc else None
+            msg = f"{path}:{where}: {text_}" if where else f"{path}: {text_}"
+            if msg not in seen:
+                seen.add(msg)
+                lines.append(msg)
+            continue
         key = ".".join(str(x) for x in loc) or "(top level)"
         where = _line_of(text, loc)
         at = f"{path}:{where}" if where else f"{path}"
@@ -806,10 +837,13 @@ def _format_errors(path: Path, text: str, err: ValidationError, prefix: tuple = 
         elif e["type"] == "missing":
             msg = f"{at}: missing required key '{key}'"
         else:
-            got = e.get("input")
             got_s = repr(got) if not isinstance(got, dict) else "a mapping"
-            text_ = e["msg"].removeprefix("Value error, ")
-            msg = f"{at}: key '{key}': {text_} (got {got_s[:80]})"
+            hint = ""
+            if e["type"] == "string_type" and isinstance(got, (int, float, bool)):
+                hint = f"; quote it: \"{str(got).lower() if isinstance(got, bool) else got}\""
+            elif e["type"] in ("int_type", "float_type") and isinstance(got, bool):
+                hint = "; a boolean is not a number"
+            msg = f"{at}: key '{key}': {text_} (got {got_s[:80]}{hint})"
         if msg not in seen:  # a union reports one problem per member
             seen.add(msg)
             lines.append(msg)
