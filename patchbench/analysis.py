@@ -283,7 +283,7 @@ def build_comparison(run_dir: str | os.PathLike, settings: CompareSettings | Non
     for suite in data.suites:
         obj, declared = _suite_decl(suite, notes)
         seen: list[str] = []
-        for (v, k, x), sm in data.summaries.items():
+        for (_v, _k, x), sm in data.summaries.items():
             if x == suite and sm is not None:
                 seen += [m for m in sm.metrics if m not in seen]
         metrics = [(m, i, True) for m, i in declared.items() if m in seen or i.kind == "accuracy"]
@@ -303,7 +303,7 @@ def build_comparison(run_dir: str | os.PathLike, settings: CompareSettings | Non
         fam = [(r, t) for r, t in tested if r.variant == v and r.primary and r.verdict != "incomplete"
                and t is not None and t.p is not None and r.kind != "deterministic"]
         _, used = verdicts.holm_alphas([t.p for _, t in fam], alpha)
-        for (r, _), a in zip(fam, used):
+        for (r, _), a in zip(fam, used, strict=False):
             r.confidence = 1 - a
     for row, test in tested:
         if row.confidence is None:
@@ -326,8 +326,9 @@ def build_comparison(run_dir: str | os.PathLike, settings: CompareSettings | Non
             equiv = test.estimate == 0
         elif row.margin is not None:
             if row.kind == "run":
-                b = [x for x, y in zip(row.baseline_repeats, row.variant_repeats) if x is not None and y is not None]
-                w = [y for x, y in zip(row.baseline_repeats, row.variant_repeats) if x is not None and y is not None]
+                both = [(x, y) for x, y in zip(row.baseline_repeats, row.variant_repeats, strict=True)
+                        if x is not None and y is not None]
+                b, w = [x for x, _ in both], [y for _, y in both]
                 equiv = verdicts.tost_log_ratio(b, w, row.margin, a)[1] if len(b) >= 2 else False
             elif row.kind == "accuracy":
                 equiv = verdicts.tost_from_interval(test, row.margin, a)

@@ -7,9 +7,21 @@ The work is split along its seams: :mod:`patchbench.comparison` (the typed Compa
 """
 from __future__ import annotations
 
-from patchbench.analysis import build_comparison, compare_run, guess_metric_info, read_run, settings_of
-from patchbench.comparison import (COMPARISON_SCHEMA, CompareSettings, Comparison, Row,
-                                   read_comparison, write_comparison)
+from patchbench.analysis import (
+                                   build_comparison,
+                                   compare_run,
+                                   guess_metric_info,
+                                   read_run,
+                                   settings_of,
+)
+from patchbench.comparison import (
+                                   COMPARISON_SCHEMA,
+                                   CompareSettings,
+                                   Comparison,
+                                   Row,
+                                   read_comparison,
+                                   write_comparison,
+)
 from patchbench.verdicts import VERDICTS
 
 SCHEMA = COMPARISON_SCHEMA

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from patchbench import records
-from patchbench.runfolder import SchemaTooNew, RunFolderError
+from patchbench.runfolder import RunFolderError, SchemaTooNew
 
 COMPARISON_SCHEMA = 2
 

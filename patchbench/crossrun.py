@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from patchbench import EXIT_OK, EXIT_USAGE, records
-from patchbench.analysis import read_run, _suite_decl, guess_metric_info
+from patchbench.analysis import _suite_decl, guess_metric_info, read_run
 from patchbench.runfolder import RunFolderError
 
 UNPAIRED_NOTE = ("unpaired: the two runs were not interleaved, so machine drift between them is "

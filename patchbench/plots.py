@@ -17,11 +17,11 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
-from patchbench import records  # noqa: E402
-from patchbench.comparison import Comparison  # noqa: E402
+from patchbench import records
+from patchbench.comparison import Comparison
 
 WIDTH_IN, DPI = 9.0, 100  # 900 px wide
 COLOURS = {"improved": "tab:green", "regressed": "tab:red", "equivalent": "tab:blue",
@@ -43,7 +43,7 @@ def plot_pr_figure(cmp: Comparison) -> Figure | None:
     nrows = math.ceil(len(metrics) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(WIDTH_IN, 2.6 * nrows + 0.6), dpi=DPI, squeeze=False)
     flat = [a for row in axes for a in row]
-    for ax, (suite, metric) in zip(flat, metrics):
+    for ax, (suite, metric) in zip(flat, metrics, strict=False):
         rows = [cmp.row(suite, metric, v) for v in cmp.variants]
         rows = [r for r in rows if r is not None]
         unit = rows[0].change_unit if rows else "%"

@@ -10,10 +10,10 @@ import statistics
 
 import numpy as np
 import pytest
+from helpers_runs import make_run
 from pydantic import ValidationError
 from scipy import stats as sps
 
-from helpers_runs import make_run
 from patchbench.compare import CompareSettings, Comparison, compare_run, guess_metric_info
 from patchbench.suite import MetricInfo
 
@@ -40,7 +40,7 @@ def _row(cmp: Comparison, metric, variant):
 
 def _t_ci_pct(b, v, conf=0.95):
     """Independent paired t-interval on log ratios, in percent."""
-    d = [math.log(y / x) for x, y in zip(b, v)]
+    d = [math.log(y / x) for x, y in zip(b, v, strict=False)]
     n = len(d)
     m, s = statistics.mean(d), statistics.stdev(d)
     h = sps.t.ppf(0.5 + conf / 2, n - 1) * s / math.sqrt(n)

@@ -6,8 +6,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from helpers_runs import make_run
+
 from patchbench import records, report, runfolder
 from patchbench.comparison import Comparison, read_comparison
 from patchbench.suite import MetricInfo
@@ -40,8 +40,8 @@ def test_report_leads_with_sentences_then_primaries_then_folded_secondaries(tmp_
     thr = cmp.row("bench", "output_throughput_tok_s", "patched")
     # +10 % in every repeat: the log ratio has zero spread; p = 0, interval the point
     assert thr.change == pytest.approx(10.0) and thr.verdict == "improved"
-    want = (f"patched vs baseline: Output throughput +10.0% [+10.0%, +10.0%] improved; "
-            f"Mean TTFT +0.4% ")
+    want = ("patched vs baseline: Output throughput +10.0% [+10.0%, +10.0%] improved; "
+            "Mean TTFT +0.4% ")
     assert want in text
     answer, primaries = text.index("## Answer"), text.index("## Primary metrics")
     secondary = text.index("Secondary metrics (exploratory")

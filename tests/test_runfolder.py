@@ -6,7 +6,7 @@ import json
 import pytest
 
 from patchbench import records, runfolder
-from patchbench.runfolder import CellRecord, SchemaTooNew, SuiteSummary
+from patchbench.runfolder import CellRecord, SchemaTooNew
 
 
 def test_round_trip_cell_and_summary(tmp_path):

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from helpers_runs import make_run
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.weightstats import ttost_paired
 
@@ -13,8 +14,6 @@ from patchbench import verdicts
 from patchbench.analysis import build_comparison
 from patchbench.comparison import CompareSettings
 from patchbench.suite import MetricInfo
-
-from helpers_runs import make_run
 
 
 def test_tost_matches_statsmodels_ttost_paired_on_log_ratios():
@@ -35,7 +34,7 @@ def test_holm_matches_multipletests_and_alphas_agree_with_rejections():
         p = list(rng.uniform(0, 0.06, rng.integers(1, 6)))
         reject, used = verdicts.holm_alphas(p, 0.05)
         assert reject == list(multipletests(p, 0.05, method="holm")[0])
-        for pi, r, a in zip(p, reject, used):
+        for pi, r, a in zip(p, reject, used, strict=False):
             assert r == (pi <= a)  # the level shown agrees with the verdict
 
 
@@ -130,8 +129,9 @@ def test_improved_and_regressed(tmp_path, declared):
 def test_equivalent(tmp_path, declared):
     rng = np.random.default_rng(1)
     noise = lambda: list(np.exp(rng.normal(0, 0.003, 5)))  # noqa: E731
-    cmp = build_comparison(_run(tmp_path, {"baseline": BASE, "patched": [x * e for x, e in zip(BASE, noise())]},
-                                {"baseline": LAT, "patched": [x * e for x, e in zip(LAT, noise())]}))
+    thr = [x * e for x, e in zip(BASE, noise(), strict=True)]
+    cmp = build_comparison(_run(tmp_path, {"baseline": BASE, "patched": thr},
+                                {"baseline": LAT, "patched": [x * e for x, e in zip(LAT, noise(), strict=False)]}))
     assert _verdicts(cmp) == {"thr_tok_s": "equivalent", "lat_ms": "equivalent"}
 
 
