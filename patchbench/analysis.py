@@ -14,6 +14,7 @@ What a suite's ``pair`` hook may return besides its own keys (docs/CONTRACTS.md,
 - ``"request_pairing": {"ok": bool, "reason": str}``: whether requests pair by index (same prompt
   at each index); descriptive intervals are dropped when it is not ok.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,8 +32,17 @@ from patchbench.comparison import CompareSettings, Comparison, Health, Row, writ
 from patchbench.runfolder import CellRecord, RunManifest, SuiteSummary
 from patchbench.suite import MetricInfo, PairingRefused
 
-_UNITS = (("_tok_s", "tok/s"), ("_req_s", "req/s"), ("_ms", "ms"), ("_us", "us"), ("_s", "s"),
-          ("_acc", "acc"), ("_count", "count"), ("_share", "share"), ("_pct", "%"))
+_UNITS = (
+    ("_tok_s", "tok/s"),
+    ("_req_s", "req/s"),
+    ("_ms", "ms"),
+    ("_us", "us"),
+    ("_s", "s"),
+    ("_acc", "acc"),
+    ("_count", "count"),
+    ("_share", "share"),
+    ("_pct", "%"),
+)
 
 
 def guess_metric_info(name: str) -> MetricInfo:
@@ -40,7 +50,11 @@ def guess_metric_info(name: str) -> MetricInfo:
     secondary): ``*_tok_s``, ``*_req_s``, ``*_acc`` higher is better; ``*_ms``, ``*_us``, ``*_s``
     lower; anything else (counts, shares) has no direction."""
     unit = next((u for suf, u in _UNITS if name.endswith(suf)), "")
-    better = "higher" if unit in ("tok/s", "req/s", "acc") else ("lower" if unit in ("ms", "us", "s") else "none")
+    better = (
+        "higher"
+        if unit in ("tok/s", "req/s", "acc")
+        else ("lower" if unit in ("ms", "us", "s") else "none")
+    )
     return MetricInfo(better=better, unit=unit)
 
 
@@ -51,7 +65,7 @@ class RunData:
     run_dir: Path
     manifest: RunManifest
     baseline: str
-    variants: list[str]                      # baseline first
+    variants: list[str]  # baseline first
     aa_variants: list[str]
     repeats: int
     suites: list[str]
@@ -92,7 +106,9 @@ def read_run(run_dir: str | os.PathLike) -> RunData:
     vcfg = man.variants
     variants = list(vcfg) or sorted({c.get("variant") for c in man.cells if c.get("variant")})
     if not variants:
-        raise runfolder.RunFolderError(f"{run_dir / 'manifest.json'}: no variants in config.variants or cells")
+        raise runfolder.RunFolderError(
+            f"{run_dir / 'manifest.json'}: no variants in config.variants or cells"
+        )
     baseline = man.baseline if man.baseline in variants else variants[0]
     variants = [baseline] + [v for v in variants if v != baseline]
     repeats = man.repeats
@@ -101,8 +117,9 @@ def read_run(run_dir: str | os.PathLike) -> RunData:
             m = re.fullmatch(r"rep(\d+)", d.name)
             if m and d.is_dir():
                 repeats = max(repeats, int(m.group(1)) + 1)
-    suites = man.suites or sorted({p.parent.name for v in variants
-                                   for p in (run_dir / v).glob("rep*/*/summary.json")})
+    suites = man.suites or sorted(
+        {p.parent.name for v in variants for p in (run_dir / v).glob("rep*/*/summary.json")}
+    )
     base = sorted(vcfg.get(baseline) or [])
     aa = [v for v in variants[1:] if v in vcfg and sorted(vcfg[v] or []) == base]
     cells, sums, notes = {}, {}, []
@@ -133,7 +150,9 @@ def settings_of(man: RunManifest, notes: list[str] | None = None) -> CompareSett
         return CompareSettings.model_validate({k: v for k, v in raw.items() if k in known})
     except ValidationError as e:
         if notes is not None:
-            notes.append(f"compare settings of the manifest are invalid ({e.errors()[0]['msg']}); defaults used")
+            notes.append(
+                f"compare settings of the manifest are invalid ({e.errors()[0]['msg']}); defaults used"
+            )
         return CompareSettings()
 
 
@@ -141,14 +160,17 @@ def _suite_decl(name: str, notes: list[str]) -> tuple[Any | None, dict[str, Metr
     """(suite object or None, its metric declarations). Falls back to a module's ``METRICS``
     while a suite has not become a registered class."""
     from patchbench import suite as suite_mod
+
     try:
         obj = suite_mod.get_suite(name)
         return obj, dict(getattr(obj, "metrics", {}) or {})
     except KeyError:
         pass
     except Exception as e:  # noqa: BLE001 - a suite that fails to import must not hide the others
-        notes.append(f"suite '{name}' could not be loaded ({type(e).__name__}: {e}); "
-                     "directions guessed from metric names")
+        notes.append(
+            f"suite '{name}' could not be loaded ({type(e).__name__}: {e}); "
+            "directions guessed from metric names"
+        )
         return None, {}
     try:
         mod = suite_mod.load_suite(name)
@@ -175,19 +197,28 @@ def _median(xs: list[float]) -> float | None:
 def _pairs_for(data: RunData, obj: Any, suite: str, variant: str, cmp: Comparison) -> None:
     if obj is None or not hasattr(obj, "pair"):
         return
-    ks = [k for k in range(data.repeats) if data.suite_status(data.baseline, k, suite) == "ok"
-          and data.suite_status(variant, k, suite) == "ok"]
+    ks = [
+        k
+        for k in range(data.repeats)
+        if data.suite_status(data.baseline, k, suite) == "ok"
+        and data.suite_status(variant, k, suite) == "ok"
+    ]
     if not ks:
         return
     params = _params(obj, (data.manifest.config.get("suites") or {}).get(suite) or {})
     try:
-        res = obj.pair([data.suite_dir(data.baseline, k, suite) for k in ks],
-                       [data.suite_dir(variant, k, suite) for k in ks], params)
+        res = obj.pair(
+            [data.suite_dir(data.baseline, k, suite) for k in ks],
+            [data.suite_dir(variant, k, suite) for k in ks],
+            params,
+        )
     except PairingRefused as e:
         cmp.refusals.setdefault(suite, {})[variant] = str(e)
         return
     except Exception as e:  # noqa: BLE001 - a broken hook is shown as a refusal, never hidden
-        cmp.refusals.setdefault(suite, {})[variant] = f"the suite's pair hook failed: {type(e).__name__}: {e}"
+        cmp.refusals.setdefault(suite, {})[variant] = (
+            f"the suite's pair hook failed: {type(e).__name__}: {e}"
+        )
         return
     if res is not None:
         if hasattr(res, "model_dump"):
@@ -195,11 +226,27 @@ def _pairs_for(data: RunData, obj: Any, suite: str, variant: str, cmp: Compariso
         cmp.pairs.setdefault(suite, {})[variant] = res
 
 
-def _row(data: RunData, s: CompareSettings, cmp: Comparison, suite: str, metric: str,
-         info: MetricInfo, declared: bool, variant: str) -> tuple[Row, verdicts.Test | None]:
-    row = Row(suite=suite, metric=metric, variant=variant, label=info.label, unit=info.unit,
-              better=info.better, kind=info.kind, primary=bool(info.primary and declared),
-              aa=variant in data.aa_variants)
+def _row(
+    data: RunData,
+    s: CompareSettings,
+    cmp: Comparison,
+    suite: str,
+    metric: str,
+    info: MetricInfo,
+    declared: bool,
+    variant: str,
+) -> tuple[Row, verdicts.Test | None]:
+    row = Row(
+        suite=suite,
+        metric=metric,
+        variant=variant,
+        label=info.label,
+        unit=info.unit,
+        better=info.better,
+        kind=info.kind,
+        primary=bool(info.primary and declared),
+        aa=variant in data.aa_variants,
+    )
     if not declared:
         row.notes.append("not declared by the suite: direction guessed from the name; secondary")
     bad, pairs = [], []
@@ -229,8 +276,12 @@ def _row(data: RunData, s: CompareSettings, cmp: Comparison, suite: str, metric:
         if acc and acc.get("baseline") is not None:
             test = verdicts.accuracy_test(acc["baseline"], acc["variant"])
             row.n_pairs = len(acc["baseline"])
-            row.baseline_value = sum(acc["baseline"]) / len(acc["baseline"]) if acc["baseline"] else None
-            row.variant_value = sum(acc["variant"]) / len(acc["variant"]) if acc["variant"] else None
+            row.baseline_value = (
+                sum(acc["baseline"]) / len(acc["baseline"]) if acc["baseline"] else None
+            )
+            row.variant_value = (
+                sum(acc["variant"]) / len(acc["variant"]) if acc["variant"] else None
+            )
         elif suite in cmp.refusals and variant in cmp.refusals[suite]:
             row.notes.append(f"pairing refused: {cmp.refusals[suite][variant]}")
         else:
@@ -253,10 +304,14 @@ def _row(data: RunData, s: CompareSettings, cmp: Comparison, suite: str, metric:
     rp = ((cmp.pairs.get(suite) or {}).get(variant) or {}).get("request_pairing")
     if desc is not None and s.within_cell_intervals:
         if rp is not None and not rp.get("ok", False):
-            row.notes.append(f"requests do not pair by index ({rp.get('reason')}): no request-level interval")
+            row.notes.append(
+                f"requests do not pair by index ({rp.get('reason')}): no request-level interval"
+            )
         else:
-            row.descriptive = dict(desc, label="descriptive only: requests within one cell, "
-                                                "not run-to-run; never a verdict")
+            row.descriptive = dict(
+                desc,
+                label="descriptive only: requests within one cell, not run-to-run; never a verdict",
+            )
     if bad and info.kind != "accuracy":
         row.notes.append("incomplete cells: " + "; ".join(bad))
         row.verdict = "incomplete"
@@ -267,7 +322,9 @@ def _scale(test: verdicts.Test, x: float) -> float:
     return 100.0 * x if test.scale == "ratio" or test.method.startswith("Newcombe") else x
 
 
-def build_comparison(run_dir: str | os.PathLike, settings: CompareSettings | None = None) -> Comparison:
+def build_comparison(
+    run_dir: str | os.PathLike, settings: CompareSettings | None = None
+) -> Comparison:
     """The typed comparison of ``run_dir`` (writes nothing).
 
     settings: None -> the run's own ``compare:`` section. Raises RunFolderError / SchemaTooNew
@@ -275,9 +332,15 @@ def build_comparison(run_dir: str | os.PathLike, settings: CompareSettings | Non
     data = read_run(run_dir)
     notes = list(data.notes)
     s = settings or settings_of(data.manifest, notes)
-    cmp = Comparison(run_id=data.manifest.run_id or Path(run_dir).name, baseline=data.baseline,
-                     variants=data.variants[1:], aa_variants=data.aa_variants, repeats=data.repeats,
-                     suites=data.suites, settings=s)
+    cmp = Comparison(
+        run_id=data.manifest.run_id or Path(run_dir).name,
+        baseline=data.baseline,
+        variants=data.variants[1:],
+        aa_variants=data.aa_variants,
+        repeats=data.repeats,
+        suites=data.suites,
+        settings=s,
+    )
     alpha = 1 - s.confidence
     tested: list[tuple[Row, verdicts.Test | None]] = []
     for suite in data.suites:
@@ -291,17 +354,30 @@ def build_comparison(run_dir: str | os.PathLike, settings: CompareSettings | Non
         for v in data.variants[1:]:
             _pairs_for(data, obj, suite, v, cmp)
         for m, info, dec in metrics:
-            if info.kind == "accuracy" and m not in seen and not any(
+            if (
+                info.kind == "accuracy"
+                and m not in seen
+                and not any(
                     m in ((cmp.pairs.get(suite) or {}).get(v) or {}).get("accuracy", {})
-                    for v in data.variants[1:]):
+                    for v in data.variants[1:]
+                )
+            ):
                 continue
             for v in data.variants[1:]:
                 row, test = _row(data, s, cmp, suite, m, info, dec, v)
                 tested.append((row, test))
     # Holm across each variant's testable primaries
     for v in data.variants[1:]:
-        fam = [(r, t) for r, t in tested if r.variant == v and r.primary and r.verdict != "incomplete"
-               and t is not None and t.p is not None and r.kind != "deterministic"]
+        fam = [
+            (r, t)
+            for r, t in tested
+            if r.variant == v
+            and r.primary
+            and r.verdict != "incomplete"
+            and t is not None
+            and t.p is not None
+            and r.kind != "deterministic"
+        ]
         _, used = verdicts.holm_alphas([t.p for _, t in fam], alpha)
         for (r, _), a in zip(fam, used, strict=False):
             r.confidence = 1 - a
@@ -326,15 +402,22 @@ def build_comparison(run_dir: str | os.PathLike, settings: CompareSettings | Non
             equiv = test.estimate == 0
         elif row.margin is not None:
             if row.kind == "run":
-                both = [(x, y) for x, y in zip(row.baseline_repeats, row.variant_repeats, strict=True)
-                        if x is not None and y is not None]
+                both = [
+                    (x, y)
+                    for x, y in zip(row.baseline_repeats, row.variant_repeats, strict=True)
+                    if x is not None and y is not None
+                ]
                 b, w = [x for x, _ in both], [y for _, y in both]
                 equiv = verdicts.tost_log_ratio(b, w, row.margin, a)[1] if len(b) >= 2 else False
             elif row.kind == "accuracy":
                 equiv = verdicts.tost_from_interval(test, row.margin, a)
-        v_, iv, within = verdicts.verdict(test, better=row.better, alpha=a,
-                                          margin=row.margin if row.kind != "deterministic" else None,
-                                          equivalent=equiv)
+        v_, iv, within = verdicts.verdict(
+            test,
+            better=row.better,
+            alpha=a,
+            margin=row.margin if row.kind != "deterministic" else None,
+            equivalent=equiv,
+        )
         if row.kind == "deterministic":
             row.method = "exact (deterministic)"
             row.confidence = None
@@ -350,8 +433,10 @@ def build_comparison(run_dir: str | os.PathLike, settings: CompareSettings | Non
     cmp.health = Health(ok=not bad, aa_variants=data.aa_variants)
     if bad:
         what = ", ".join(f"{r.variant} {r.metric} {r.verdict}" for r in bad)
-        cmp.health.notes.append(f"A/A check failed ({what}): the machine was too noisy for this "
-                                "run; every verdict is downgraded to inconclusive")
+        cmp.health.notes.append(
+            f"A/A check failed ({what}): the machine was too noisy for this "
+            "run; every verdict is downgraded to inconclusive"
+        )
         for r in cmp.rows:
             if r.verdict in ("improved", "regressed", "equivalent"):
                 r.verdict_before_health, r.verdict = r.verdict, "inconclusive"
@@ -359,24 +444,38 @@ def build_comparison(run_dir: str | os.PathLike, settings: CompareSettings | Non
     # cells, warnings, schedule
     vorder = {v: i for i, v in enumerate(data.variants)}
     for (v, k), c in sorted(data.cells.items(), key=lambda x: (vorder[x[0][0]], x[0][1])):
-        cmp.cells.append({"variant": v, "repeat": k, "status": data.cell_status(v, k),
-                          "error": c.error if c else None,
-                          "suites": {x: data.suite_status(v, k, x) for x in data.suites},
-                          "cell_kind": c.cell_kind if c else None,
-                          "instrumented": c.instrumented if c else False})
+        cmp.cells.append(
+            {
+                "variant": v,
+                "repeat": k,
+                "status": data.cell_status(v, k),
+                "error": c.error if c else None,
+                "suites": {x: data.suite_status(v, k, x) for x in data.suites},
+                "cell_kind": c.cell_kind if c else None,
+                "instrumented": c.instrumented if c else False,
+            }
+        )
         for x in data.suites:
             sm = data.summaries.get((v, k, x))
             lines = (list(sm.warnings) + list(sm.errors)) if sm else []
             if c is not None and c.status == "ok" and sm is None:
                 lines.append("no summary.json")
             if data.cell_status(v, k) != "ok":
-                lines.append(f"cell {data.cell_status(v, k)}" + (f" ({c.error})" if c and c.error else ""))
+                lines.append(
+                    f"cell {data.cell_status(v, k)}" + (f" ({c.error})" if c and c.error else "")
+                )
             for line in lines:
                 cmp.cell_warnings.setdefault(x, {}).setdefault(v, []).append(f"rep{k}: {line}")
     for pos, c in enumerate(data.manifest.cells):
         key = (c.get("variant"), int(c.get("repeat", 0) or 0))
-        cmp.schedule.append({"variant": key[0], "repeat": key[1], "position": pos,
-                             "status": data.cell_status(*key) if key in data.cells else c.get("status")})
+        cmp.schedule.append(
+            {
+                "variant": key[0],
+                "repeat": key[1],
+                "position": pos,
+                "status": data.cell_status(*key) if key in data.cells else c.get("status"),
+            }
+        )
     used = {r.method.split(" (")[0] for r in cmp.rows if r.method}
     for name, src in verdicts.METHOD_SOURCES.items():
         if any(u.startswith(name) or name in u for u in used) or name in ("Holm", "TOST"):

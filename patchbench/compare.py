@@ -5,27 +5,39 @@ The work is split along its seams: :mod:`patchbench.comparison` (the typed Compa
 :mod:`patchbench.analysis` (builds the Comparison from a run folder through the suites' hooks) and
 :mod:`patchbench.crossrun` (two runs, unpaired). This module keeps the names callers import.
 """
+
 from __future__ import annotations
 
 from patchbench.analysis import (
-                                   build_comparison,
-                                   compare_run,
-                                   guess_metric_info,
-                                   read_run,
-                                   settings_of,
+    build_comparison,
+    compare_run,
+    guess_metric_info,
+    read_run,
+    settings_of,
 )
 from patchbench.comparison import (
-                                   COMPARISON_SCHEMA,
-                                   CompareSettings,
-                                   Comparison,
-                                   Row,
-                                   read_comparison,
-                                   write_comparison,
+    COMPARISON_SCHEMA,
+    CompareSettings,
+    Comparison,
+    Row,
+    read_comparison,
+    write_comparison,
 )
 from patchbench.verdicts import VERDICTS
 
 SCHEMA = COMPARISON_SCHEMA
 
-__all__ = ["CompareSettings", "Comparison", "Row", "SCHEMA", "VERDICTS", "build_comparison",
-           "compare_run", "guess_metric_info", "read_comparison", "read_run", "settings_of",
-           "write_comparison"]
+__all__ = [
+    "CompareSettings",
+    "Comparison",
+    "Row",
+    "SCHEMA",
+    "VERDICTS",
+    "build_comparison",
+    "compare_run",
+    "guess_metric_info",
+    "read_comparison",
+    "read_run",
+    "settings_of",
+    "write_comparison",
+]

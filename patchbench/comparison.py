@@ -6,6 +6,7 @@ and margin of a row is in the row's ``change_unit``: "%" (relative change of a r
 +5.0 = 5 % higher), "pt" (accuracy points, +1.0 = one point of accuracy) or the metric's own unit
 (deterministic metrics: exact difference).
 """
+
 from __future__ import annotations
 
 import os
@@ -96,7 +97,9 @@ class Row(BaseModel):
     method: str | None = None
     margin: float | None = None
     within_margin: bool = False
-    verdict: Literal["improved", "regressed", "equivalent", "inconclusive", "incomplete"] = "inconclusive"
+    verdict: Literal["improved", "regressed", "equivalent", "inconclusive", "incomplete"] = (
+        "inconclusive"
+    )
     verdict_before_health: str | None = None
     descriptive: dict[str, Any] | None = None
     notes: list[str] = Field(default_factory=list)
@@ -141,15 +144,24 @@ class Comparison(BaseModel):
     methods: dict[str, str] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
 
-    def rows_for(self, variant: str | None = None, *, primary: bool | None = None,
-                 suite: str | None = None) -> list[Row]:
+    def rows_for(
+        self, variant: str | None = None, *, primary: bool | None = None, suite: str | None = None
+    ) -> list[Row]:
         """Rows filtered by variant, primary flag and suite (None: any)."""
-        return [r for r in self.rows if (variant is None or r.variant == variant)
-                and (primary is None or r.primary == primary) and (suite is None or r.suite == suite)]
+        return [
+            r
+            for r in self.rows
+            if (variant is None or r.variant == variant)
+            and (primary is None or r.primary == primary)
+            and (suite is None or r.suite == suite)
+        ]
 
     def row(self, suite: str, metric: str, variant: str) -> Row | None:
         """The row of (suite, metric, variant), or None."""
-        return next((r for r in self.rows if (r.suite, r.metric, r.variant) == (suite, metric, variant)), None)
+        return next(
+            (r for r in self.rows if (r.suite, r.metric, r.variant) == (suite, metric, variant)),
+            None,
+        )
 
 
 def write_comparison(run_dir: str | os.PathLike, cmp: Comparison) -> Path:
@@ -175,6 +187,8 @@ def read_comparison(path: str | os.PathLike) -> Comparison:
     if v > COMPARISON_SCHEMA:
         raise SchemaTooNew(p, v, COMPARISON_SCHEMA)
     if v < COMPARISON_SCHEMA:
-        raise RunFolderError(f"{p}: schema version {v} (before the typed comparison); rebuild it "
-                             "from the run folder with `patchbench report RUN_DIR`")
+        raise RunFolderError(
+            f"{p}: schema version {v} (before the typed comparison); rebuild it "
+            "from the run folder with `patchbench report RUN_DIR`"
+        )
     return Comparison.model_validate(raw)

@@ -6,6 +6,7 @@ output says so. Configs are compared by their effective (defaults-filled) values
 spelling: the manifests hold ``Config.model_dump()``, so a default written out and a default left
 out compare equal.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,8 +17,10 @@ from patchbench import EXIT_OK, EXIT_USAGE, records
 from patchbench.analysis import _suite_decl, guess_metric_info, read_run
 from patchbench.runfolder import RunFolderError
 
-UNPAIRED_NOTE = ("unpaired: the two runs were not interleaved, so machine drift between them is "
-                 "not cancelled; Welch interval on per-run log values")
+UNPAIRED_NOTE = (
+    "unpaired: the two runs were not interleaved, so machine drift between them is "
+    "not cancelled; Welch interval on per-run log values"
+)
 
 
 def protocol_differences(a: dict, b: dict) -> list[str]:
@@ -32,7 +35,9 @@ def protocol_differences(a: dict, b: dict) -> list[str]:
     for s in sorted(set(sa) & set(sb)):
         for k in sorted(set(sa[s] or {}) | set(sb[s] or {})):
             if (sa[s] or {}).get(k) != (sb[s] or {}).get(k):
-                diffs.append(f"suites.{s}.{k}: A={(sa[s] or {}).get(k)!r}, B={(sb[s] or {}).get(k)!r}")
+                diffs.append(
+                    f"suites.{s}.{k}: A={(sa[s] or {}).get(k)!r}, B={(sb[s] or {}).get(k)!r}"
+                )
     if (a.get("gpu") or None) != (b.get("gpu") or None):
         diffs.append(f"GPU: A={a.get('gpu')!r}, B={b.get('gpu')!r}")
     return diffs
@@ -43,6 +48,7 @@ def compare_runs(run_a: Path, run_b: Path, variant: str | None = None, alpha: fl
     "change_pct", "low_pct", "high_pct", "p", "n_a", "n_b", "note"}]}: A's baseline vs B's
     ``variant`` (default B's first non-baseline variant)."""
     from patchbench.verdicts import welch_log
+
     da, db = read_run(run_a), read_run(run_b)
     v = variant or next(iter(db.variants[1:]), db.baseline)
     if v not in db.variants:
@@ -50,13 +56,34 @@ def compare_runs(run_a: Path, run_b: Path, variant: str | None = None, alpha: fl
     rows = []
     for suite in [s for s in da.suites if s in db.suites]:
         _, declared = _suite_decl(suite, [])
-        names = sorted({m for (x, k, s), sm in {**da.summaries}.items() if s == suite and sm for m in sm.metrics})
+        names = sorted(
+            {
+                m
+                for (x, k, s), sm in {**da.summaries}.items()
+                if s == suite and sm
+                for m in sm.metrics
+            }
+        )
         for m in names:
             info = declared.get(m) or guess_metric_info(m)
-            xa = [x for k in range(da.repeats) if (x := da.value(da.baseline, k, suite, m)) is not None]
+            xa = [
+                x
+                for k in range(da.repeats)
+                if (x := da.value(da.baseline, k, suite, m)) is not None
+            ]
             xb = [x for k in range(db.repeats) if (x := db.value(v, k, suite, m)) is not None]
-            row = {"suite": suite, "metric": m, "kind": info.kind, "n_a": len(xa), "n_b": len(xb),
-                   "change_pct": None, "low_pct": None, "high_pct": None, "p": None, "note": ""}
+            row = {
+                "suite": suite,
+                "metric": m,
+                "kind": info.kind,
+                "n_a": len(xa),
+                "n_b": len(xb),
+                "change_pct": None,
+                "low_pct": None,
+                "high_pct": None,
+                "p": None,
+                "note": "",
+            }
             if info.kind == "run" and xa and xb and min(xa + xb) > 0:
                 try:
                     ch, lo, hi, p = welch_log(xa, xb, alpha)
@@ -64,18 +91,27 @@ def compare_runs(run_a: Path, run_b: Path, variant: str | None = None, alpha: fl
                 except ValueError as e:
                     row["note"] = str(e)
             else:
-                row["note"] = "not a run-level metric with positive values: not compared across runs"
+                row["note"] = (
+                    "not a run-level metric with positive values: not compared across runs"
+                )
             rows.append(row)
-    return {"a": str(run_a), "b": str(run_b), "variant": v, "method": UNPAIRED_NOTE,
-            "differences": protocol_differences(da.manifest.model_dump(), db.manifest.model_dump()),
-            "rows": rows}
+    return {
+        "a": str(run_a),
+        "b": str(run_b),
+        "variant": v,
+        "method": UNPAIRED_NOTE,
+        "differences": protocol_differences(da.manifest.model_dump(), db.manifest.model_dump()),
+        "rows": rows,
+    }
 
 
 def cli_compare(argv: list[str]) -> int:
     """``patchbench compare RUN_A RUN_B [--variant NAME] [--out FILE]``; exit 0, or 2 for a bad
     folder / usage. Prints the unpaired comparison and the protocol differences."""
-    ap = argparse.ArgumentParser(prog="patchbench compare",
-                                 description="Compare RUN_A's baseline with RUN_B's variant (unpaired).")
+    ap = argparse.ArgumentParser(
+        prog="patchbench compare",
+        description="Compare RUN_A's baseline with RUN_B's variant (unpaired).",
+    )
     ap.add_argument("run_a", type=Path)
     ap.add_argument("run_b", type=Path)
     ap.add_argument("--variant")
@@ -94,8 +130,10 @@ def cli_compare(argv: list[str]) -> int:
         print(f"protocol differs: {d}")
     for r in res["rows"]:
         if r["change_pct"] is not None:
-            print(f"{r['suite']}/{r['metric']}: {r['change_pct']:+.1f}% "
-                  f"[{r['low_pct']:+.1f}%, {r['high_pct']:+.1f}%] (n={r['n_a']}/{r['n_b']})")
+            print(
+                f"{r['suite']}/{r['metric']}: {r['change_pct']:+.1f}% "
+                f"[{r['low_pct']:+.1f}%, {r['high_pct']:+.1f}%] (n={r['n_a']}/{r['n_b']})"
+            )
     if a.out:
         records.write_json(a.out, res)
     return EXIT_OK

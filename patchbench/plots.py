@@ -8,6 +8,7 @@ Rendered only from the typed :class:`~patchbench.comparison.Comparison`:
 
 :func:`make_plots` saves them under ``RUN/plots/``.
 """
+
 from __future__ import annotations
 
 import io
@@ -24,8 +25,13 @@ from patchbench import records
 from patchbench.comparison import Comparison
 
 WIDTH_IN, DPI = 9.0, 100  # 900 px wide
-COLOURS = {"improved": "tab:green", "regressed": "tab:red", "equivalent": "tab:blue",
-           "inconclusive": "tab:gray", "incomplete": "lightgray"}
+COLOURS = {
+    "improved": "tab:green",
+    "regressed": "tab:red",
+    "equivalent": "tab:blue",
+    "inconclusive": "tab:gray",
+    "incomplete": "lightgray",
+}
 
 __all__ = ["plot_pr_figure", "make_plots", "save_png"]
 
@@ -41,7 +47,9 @@ def plot_pr_figure(cmp: Comparison) -> Figure | None:
         return None
     ncols = min(len(metrics), 3)
     nrows = math.ceil(len(metrics) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(WIDTH_IN, 2.6 * nrows + 0.6), dpi=DPI, squeeze=False)
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(WIDTH_IN, 2.6 * nrows + 0.6), dpi=DPI, squeeze=False
+    )
     flat = [a for row in axes for a in row]
     for ax, (suite, metric) in zip(flat, metrics, strict=False):
         rows = [cmp.row(suite, metric, v) for v in cmp.variants]
@@ -60,11 +68,13 @@ def plot_pr_figure(cmp: Comparison) -> Figure | None:
         ax.set_title((rows[0].label if rows and rows[0].label else metric), fontsize=9)
         ax.set_xlabel(f"change ({unit})", fontsize=8)
         ax.tick_params(labelsize=8)
-    for ax in flat[len(metrics):]:
+    for ax in flat[len(metrics) :]:
         ax.axis("off")
     handles = [plt.Line2D([], [], color=c, lw=3, label=v) for v, c in COLOURS.items()]
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
-    fig.suptitle(f"{cmp.run_id}: primaries vs {cmp.baseline} (Holm-adjusted intervals)", fontsize=10)
+    fig.suptitle(
+        f"{cmp.run_id}: primaries vs {cmp.baseline} (Holm-adjusted intervals)", fontsize=10
+    )
     fig.tight_layout(rect=(0, 0.06, 1, 0.95))
     return fig
 
@@ -83,6 +93,7 @@ def make_plots(cmp: Comparison, out_dir: str | Path) -> tuple[list[Path], list[s
     Returns (saved paths, notes about plots that failed). A failing plot does not stop the others.
     """
     from patchbench.suite import get_suite
+
     out_dir = Path(out_dir)
     saved, notes = [], []
     try:

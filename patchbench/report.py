@@ -13,6 +13,7 @@ header). Layout, in this order:
 7. the folded secondary table (raw intervals, exploratory, no coloured verdicts);
 8. plots, methods with their sources, notes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,13 @@ from patchbench import EXIT_OK, EXIT_USAGE, records, runfolder
 from patchbench.analysis import build_comparison
 from patchbench.comparison import CompareSettings, Comparison, Row, write_comparison
 
-VERDICT_MARK = {"regressed": "🔴 regressed", "improved": "🟢 improved", "equivalent": "🔵 equivalent",
-                "inconclusive": "⚪ inconclusive", "incomplete": "⚪ incomplete"}
+VERDICT_MARK = {
+    "regressed": "🔴 regressed",
+    "improved": "🟢 improved",
+    "equivalent": "🔵 equivalent",
+    "inconclusive": "⚪ inconclusive",
+    "incomplete": "⚪ incomplete",
+}
 FOLD_LINES = 15
 
 
@@ -99,16 +105,22 @@ def sentence(cmp: Comparison, variant: str) -> str:
     parts = []
     for r in cmp.rows_for(variant, primary=True):
         if r.kind == "deterministic":
-            parts.append(f"{_name(r)} {fmt_value(r.baseline_value)} -> {fmt_value(r.variant_value)} "
-                         f"{verdict_text(r)} (exact)")
+            parts.append(
+                f"{_name(r)} {fmt_value(r.baseline_value)} -> {fmt_value(r.variant_value)} "
+                f"{verdict_text(r)} (exact)"
+            )
             continue
-        parts.append(f"{_name(r)} {fmt_change(r.change, r.change_unit)} "
-                     f"{fmt_ci(r.low, r.high, r.change_unit)} {verdict_text(r)}")
+        parts.append(
+            f"{_name(r)} {fmt_change(r.change, r.change_unit)} "
+            f"{fmt_ci(r.low, r.high, r.change_unit)} {verdict_text(r)}"
+        )
     for suite, per in cmp.refusals.items():
         if variant in per:
             parts.append(f"{suite} not paired: {per[variant]}")
     tag = " (A/A)" if variant in cmp.aa_variants else ""
-    return f"{variant}{tag} vs {cmp.baseline}: " + ("; ".join(parts) if parts else "no primary metric")
+    return f"{variant}{tag} vs {cmp.baseline}: " + (
+        "; ".join(parts) if parts else "no primary metric"
+    )
 
 
 def _header(man: runfolder.RunManifest, cmp: Comparison) -> list[str]:
@@ -116,21 +128,36 @@ def _header(man: runfolder.RunManifest, cmp: Comparison) -> list[str]:
     model = (cfg.get("model") or {}).get("path", man.model or "?")
     gpu = man.gpu or None
     gpu_s = gpu_name(man.model_dump()) if gpu else "none (CPU engine)"
-    lines = [f"# patchbench: {cfg.get('name', cmp.run_id)}", "", "| | |", "|---|---|",
-             f"| run | `{cmp.run_id}` |", f"| model | `{model}`"
-             + (" (tiny random weights: accuracy near 0 is expected; this run shows the pipeline)"
-                if (cfg.get("model") or {}).get("tiny") else "") + " |",
-             f"| sglang | `{man.sglang_version or cfg.get('sglang', '?')}` |"]
+    lines = [
+        f"# patchbench: {cfg.get('name', cmp.run_id)}",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| run | `{cmp.run_id}` |",
+        f"| model | `{model}`"
+        + (
+            " (tiny random weights: accuracy near 0 is expected; this run shows the pipeline)"
+            if (cfg.get("model") or {}).get("tiny")
+            else ""
+        )
+        + " |",
+        f"| sglang | `{man.sglang_version or cfg.get('sglang', '?')}` |",
+    ]
     for v in [cmp.baseline] + cmp.variants:
         ps = man.patches.get(v) or [{"name": p, "sha256": None} for p in man.variants.get(v, [])]
-        desc = ", ".join(f"`{p.get('name')}` ({(p.get('sha256') or '?')[:12]})" for p in ps) or "stock"
+        desc = (
+            ", ".join(f"`{p.get('name')}` ({(p.get('sha256') or '?')[:12]})" for p in ps) or "stock"
+        )
         tag = " (baseline)" if v == cmp.baseline else (" (A/A)" if v in cmp.aa_variants else "")
         lines.append(f"| variant `{v}`{tag} | {desc} |")
     inst = [f"{c['variant']}/rep{c['repeat']}" for c in cmp.cells if c.get("instrumented")]
-    lines += [f"| GPU | {gpu_s} |", f"| patchbench commit | `{(man.git_sha or '?')[:12]}` |",
-              f"| schedule | {cmp.repeats} repeat(s), {(cfg.get('schedule') or {}).get('order', 'interleaved')} |",
-              f"| suites | {', '.join(cmp.suites) or 'none'} |",
-              f"| instrumented cells | {', '.join(inst) if inst else 'none (timed cells carry no instrumentation)'} |"]
+    lines += [
+        f"| GPU | {gpu_s} |",
+        f"| patchbench commit | `{(man.git_sha or '?')[:12]}` |",
+        f"| schedule | {cmp.repeats} repeat(s), {(cfg.get('schedule') or {}).get('order', 'interleaved')} |",
+        f"| suites | {', '.join(cmp.suites) or 'none'} |",
+        f"| instrumented cells | {', '.join(inst) if inst else 'none (timed cells carry no instrumentation)'} |",
+    ]
     if man.started_at:
         lines.append(f"| time | {man.started_at} to {man.ended_at or '(unfinished)'} |")
     return lines + [""]
@@ -157,27 +184,40 @@ def _primaries(cmp: Comparison) -> list[str]:
     if not rows:
         return ["## Primary metrics", "", "(no suite of this run declares primary metrics)", ""]
     fam = 100 * cmp.settings.confidence
-    lines = ["## Primary metrics", "",
-             f"Intervals are at the Holm-adjusted level each verdict used (family confidence "
-             f"{fam:g}% across each variant's primaries); equivalence is TOST at the same level.", "",
-             "| variant | metric | baseline | variant | change | interval | level | verdict | notes |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "## Primary metrics",
+        "",
+        f"Intervals are at the Holm-adjusted level each verdict used (family confidence "
+        f"{fam:g}% across each variant's primaries); equivalence is TOST at the same level.",
+        "",
+        "| variant | metric | baseline | variant | change | interval | level | verdict | notes |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         level = f"{100 * r.confidence:.2f}%" if r.confidence else "exact"
-        lines.append(f"| {r.variant} | {_esc(_name(r))} | {fmt_value(r.baseline_value)} | "
-                     f"{fmt_value(r.variant_value)} | {fmt_change(r.change, r.change_unit)} | "
-                     f"{fmt_ci(r.low, r.high, r.change_unit)} | {level} | "
-                     f"{VERDICT_MARK.get(r.verdict, r.verdict)}"
-                     f"{', within ' + _margin_txt(r) if r.within_margin else ''} | {_esc('; '.join(r.notes))} |")
+        lines.append(
+            f"| {r.variant} | {_esc(_name(r))} | {fmt_value(r.baseline_value)} | "
+            f"{fmt_value(r.variant_value)} | {fmt_change(r.change, r.change_unit)} | "
+            f"{fmt_ci(r.low, r.high, r.change_unit)} | {level} | "
+            f"{VERDICT_MARK.get(r.verdict, r.verdict)}"
+            f"{', within ' + _margin_txt(r) if r.within_margin else ''} | {_esc('; '.join(r.notes))} |"
+        )
     return lines + [""]
 
 
 def _health(cmp: Comparison) -> list[str]:
     lines = []
     if cmp.aa_variants:
-        lines += ["## A/A check", "",
-                  ("passed: every A/A variant came out equivalent or inconclusive" if cmp.health.ok
-                   else "**failed**: " + " ".join(cmp.health.notes)), ""]
+        lines += [
+            "## A/A check",
+            "",
+            (
+                "passed: every A/A variant came out equivalent or inconclusive"
+                if cmp.health.ok
+                else "**failed**: " + " ".join(cmp.health.notes)
+            ),
+            "",
+        ]
     warn = [(s, v, w) for s, per in cmp.cell_warnings.items() for v, ws in per.items() for w in ws]
     if warn:
         lines += ["<details><summary>cell warnings</summary>", ""]
@@ -187,6 +227,7 @@ def _health(cmp: Comparison) -> list[str]:
 
 def _suite_sections(cmp: Comparison, notes: list[str]) -> list[str]:
     from patchbench.suite import get_suite
+
     lines = []
     for suite in cmp.suites:
         for v, why in (cmp.refusals.get(suite) or {}).items():
@@ -211,6 +252,7 @@ def _first_ok(cmp: Comparison, variant: str, suite: str) -> int | None:
 
 def _pr_blocks(cmp: Comparison, run_dir: Path, notes: list[str]) -> list[str]:
     from patchbench.suite import get_suite
+
     lines = []
     after = [v for v in cmp.variants if v not in cmp.aa_variants] or cmp.variants
     for suite in cmp.suites:
@@ -239,44 +281,64 @@ def _secondary(cmp: Comparison) -> list[str]:
     rows = [r for r in cmp.rows if not r.primary]
     if not rows:
         return []
-    lines = ["<details><summary>Secondary metrics (exploratory: raw "
-             f"{100 * cmp.settings.confidence:g}% intervals, no multiplicity correction, "
-             "not verdicts)</summary>", "",
-             "| variant | suite | metric | baseline | variant | change | interval | method | notes |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "<details><summary>Secondary metrics (exploratory: raw "
+        f"{100 * cmp.settings.confidence:g}% intervals, no multiplicity correction, "
+        "not verdicts)</summary>",
+        "",
+        "| variant | suite | metric | baseline | variant | change | interval | method | notes |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         desc = ""
         if r.descriptive:
             d = r.descriptive
-            desc = f"request-level (descriptive only): {fmt_ci(d.get('low_pct'), d.get('high_pct'))}; "
-        lines.append(f"| {r.variant} | {r.suite} | `{r.metric}` | {fmt_value(r.baseline_value)} | "
-                     f"{fmt_value(r.variant_value)} | {fmt_change(r.change, r.change_unit)} | "
-                     f"{fmt_ci(r.low, r.high, r.change_unit)} | {_esc(r.method or '')} | "
-                     f"{_esc(desc + '; '.join(r.notes))} |")
+            desc = (
+                f"request-level (descriptive only): {fmt_ci(d.get('low_pct'), d.get('high_pct'))}; "
+            )
+        lines.append(
+            f"| {r.variant} | {r.suite} | `{r.metric}` | {fmt_value(r.baseline_value)} | "
+            f"{fmt_value(r.variant_value)} | {fmt_change(r.change, r.change_unit)} | "
+            f"{fmt_ci(r.low, r.high, r.change_unit)} | {_esc(r.method or '')} | "
+            f"{_esc(desc + '; '.join(r.notes))} |"
+        )
     return lines + ["", "</details>", ""]
 
 
 def _methods(cmp: Comparison) -> list[str]:
     s = cmp.settings
-    lines = ["## Methods", "",
-             f"- Run-level metrics: repeat k of the baseline paired with repeat k of the variant "
-             f"(interleaved schedule); a verdict needs at least {s.min_repeats} paired repeats. "
-             "Request-level intervals inside one cell are descriptive only.",
-             "- Verdicts: improved / regressed when the interval excludes no change; equivalent "
-             "when TOST at the same level puts the change inside the margin; inconclusive otherwise.",
-             "- A/A variants are compared like any variant; if one comes out improved or regressed, "
-             "every verdict is downgraded to inconclusive."]
+    lines = [
+        "## Methods",
+        "",
+        f"- Run-level metrics: repeat k of the baseline paired with repeat k of the variant "
+        f"(interleaved schedule); a verdict needs at least {s.min_repeats} paired repeats. "
+        "Request-level intervals inside one cell are descriptive only.",
+        "- Verdicts: improved / regressed when the interval excludes no change; equivalent "
+        "when TOST at the same level puts the change inside the margin; inconclusive otherwise.",
+        "- A/A variants are compared like any variant; if one comes out improved or regressed, "
+        "every verdict is downgraded to inconclusive.",
+    ]
     lines += [f"- {name}: {src}" for name, src in cmp.methods.items()]
     return lines + [""]
 
 
-def render_markdown(cmp: Comparison, manifest: runfolder.RunManifest, run_dir: Path,
-                    plot_paths: list[Path] | None = None, extra_notes: list[str] | None = None) -> str:
+def render_markdown(
+    cmp: Comparison,
+    manifest: runfolder.RunManifest,
+    run_dir: Path,
+    plot_paths: list[Path] | None = None,
+    extra_notes: list[str] | None = None,
+) -> str:
     """The report.md text of a comparison (sections in the module docstring)."""
     notes = list(extra_notes or [])
     lines = _header(manifest, cmp)
     lines += ["## Answer", ""] + [f"- {sentence(cmp, v)}" for v in cmp.variants] + [""]
-    lines += _primaries(cmp) + _health(cmp) + _suite_sections(cmp, notes) + _pr_blocks(cmp, run_dir, notes)
+    lines += (
+        _primaries(cmp)
+        + _health(cmp)
+        + _suite_sections(cmp, notes)
+        + _pr_blocks(cmp, run_dir, notes)
+    )
     lines += _secondary(cmp)
     if plot_paths:
         lines += ["## Plots", ""]
@@ -290,8 +352,9 @@ def render_markdown(cmp: Comparison, manifest: runfolder.RunManifest, run_dir: P
     return "\n".join(lines).rstrip() + "\n"
 
 
-def render_run(run_dir: str | Path, settings: CompareSettings | None = None, *,
-               plots: bool = True) -> Path:
+def render_run(
+    run_dir: str | Path, settings: CompareSettings | None = None, *, plots: bool = True
+) -> Path:
     """Build compare.json, plots and report.md of a run folder from its files alone; returns
     report.md. Raises RunFolderError / SchemaTooNew (exit 2) for an unusable manifest."""
     run_dir = Path(run_dir)
@@ -300,6 +363,7 @@ def render_run(run_dir: str | Path, settings: CompareSettings | None = None, *,
     paths, pnotes = [], []
     if plots:
         from patchbench.plots import make_plots
+
         paths, pnotes = make_plots(cmp, run_dir / "plots")
     text = render_markdown(cmp, runfolder.read_manifest(run_dir), run_dir, paths, pnotes)
     return records.write_text(run_dir / "report.md", text)
@@ -312,13 +376,19 @@ def console_summary(cmp: Comparison, report: Path | None = None) -> list[str]:
     try:
         from rich.console import Console
         from rich.table import Table
+
         c = Console()
         t = Table(title=f"{cmp.run_id}: primaries vs {cmp.baseline}")
         for h in ("variant", "metric", "change", "interval", "verdict"):
             t.add_column(h)
         for r in cmp.rows_for(primary=True):
-            t.add_row(r.variant, _name(r), fmt_change(r.change, r.change_unit),
-                      fmt_ci(r.low, r.high, r.change_unit), verdict_text(r))
+            t.add_row(
+                r.variant,
+                _name(r),
+                fmt_change(r.change, r.change_unit),
+                fmt_ci(r.low, r.high, r.change_unit),
+                verdict_text(r),
+            )
         if t.row_count:
             c.print(t)
         if report is not None:
@@ -337,8 +407,10 @@ def cli_report(argv: list[str]) -> int:
     """``patchbench report RUN_DIR [--no-plots]``: rebuild a run's compare.json, report.md, plots.
 
     Exit codes: 0 done, 2 when RUN_DIR is not a run folder (or was written by a newer schema)."""
-    ap = argparse.ArgumentParser(prog="patchbench report",
-                                 description="Rebuild compare.json, report.md and plots of a run folder.")
+    ap = argparse.ArgumentParser(
+        prog="patchbench report",
+        description="Rebuild compare.json, report.md and plots of a run folder.",
+    )
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     try:
@@ -351,6 +423,7 @@ def cli_report(argv: list[str]) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     from patchbench.comparison import read_comparison
+
     console_summary(read_comparison(a.run_dir), path)
     return EXIT_OK
 
@@ -358,4 +431,5 @@ def cli_report(argv: list[str]) -> int:
 def cli_compare(argv: list[str]) -> int:
     """``patchbench compare RUN_A RUN_B``: see :func:`patchbench.crossrun.cli_compare`."""
     from patchbench.crossrun import cli_compare as _cli
+
     return _cli(argv)

@@ -22,6 +22,7 @@ Writing (:func:`write_manifest`, :func:`write_cell`, :func:`write_summary`) alwa
 :func:`patchbench.records.write_json` (atomic) and stamps the current schema version.
 Models keep unknown keys (``extra="allow"``): older folders carry keys this version dropped.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,10 @@ class SchemaTooNew(RunFolderError):
     """A file was written by a newer patchbench; names the file and both schema versions (exit 2)."""
 
     def __init__(self, path: Path, found: int, supported: int):
-        super().__init__(f"{path}: written with schema version {found}, this patchbench reads up to "
-                         f"version {supported}; update patchbench to read this run folder")
+        super().__init__(
+            f"{path}: written with schema version {found}, this patchbench reads up to "
+            f"version {supported}; update patchbench to read this run folder"
+        )
         self.path, self.found, self.supported = Path(path), found, supported
 
 
@@ -153,8 +156,10 @@ class RunManifest(_Model):
         """{variant: patch names} from the config (baseline first when the config says so)."""
         v = self.config.get("variants") or {}
         if isinstance(v, dict):
-            return {k: list(p.get("patches", p) if isinstance(p, dict) else (p or []))
-                    for k, p in v.items()}
+            return {
+                k: list(p.get("patches", p) if isinstance(p, dict) else (p or []))
+                for k, p in v.items()
+            }
         return {}
 
     @property
@@ -174,6 +179,7 @@ class RunManifest(_Model):
 
 
 # -- migrations ------------------------------------------------------------------------------
+
 
 def _version_of(raw: dict) -> int:
     """Schema version of a raw dict: ``schema_version``, else the old ``schema`` key, else 1."""
@@ -211,8 +217,11 @@ def _migrate_manifest(raw: dict) -> dict:
     return raw
 
 
-_MIGRATIONS = {"cell": (CELL_SCHEMA, _migrate_cell), "summary": (SUMMARY_SCHEMA, _migrate_summary),
-               "manifest": (MANIFEST_SCHEMA, _migrate_manifest)}
+_MIGRATIONS = {
+    "cell": (CELL_SCHEMA, _migrate_cell),
+    "summary": (SUMMARY_SCHEMA, _migrate_summary),
+    "manifest": (MANIFEST_SCHEMA, _migrate_manifest),
+}
 
 
 def _upgrade(kind: str, raw: dict, path: Path) -> dict:
@@ -250,6 +259,7 @@ def _why(e: ValidationError) -> str:
 
 # -- readers ---------------------------------------------------------------------------------
 
+
 def _path(p: str | os.PathLike, name: str) -> Path:
     p = Path(p)
     return p / name if p.is_dir() else p
@@ -263,8 +273,10 @@ def read_manifest(path: str | os.PathLike) -> RunManifest:
     """
     p = _path(path, "manifest.json")
     if not p.exists():
-        raise RunFolderError(f"{p}: no manifest.json; a run folder is what `patchbench bench` "
-                             "writes (results/<stamp>-<config name>/)")
+        raise RunFolderError(
+            f"{p}: no manifest.json; a run folder is what `patchbench bench` "
+            "writes (results/<stamp>-<config name>/)"
+        )
     try:
         raw = _load(p)
     except (OSError, ValueError) as e:
@@ -295,8 +307,13 @@ def read_cell(path: str | os.PathLike, *, variant: str = "", repeat: int = 0) ->
         why = _why(e)
     except (OSError, ValueError) as e:
         why = str(e)
-    return CellRecord(variant=variant, repeat=repeat, status="unreadable",
-                      error=f"{p}: unreadable: {why}", notes=[f"{p}: unreadable: {why}"])
+    return CellRecord(
+        variant=variant,
+        repeat=repeat,
+        status="unreadable",
+        error=f"{p}: unreadable: {why}",
+        notes=[f"{p}: unreadable: {why}"],
+    )
 
 
 def read_summary(path: str | os.PathLike, *, suite: str = "") -> SuiteSummary | None:
@@ -318,11 +335,16 @@ def read_summary(path: str | os.PathLike, *, suite: str = "") -> SuiteSummary | 
         why = _why(e)
     except (OSError, ValueError) as e:
         why = str(e)
-    return SuiteSummary(suite=suite or p.parent.name, status="unreadable",
-                        errors=[f"{p}: unreadable: {why}"], notes=[f"{p}: unreadable: {why}"])
+    return SuiteSummary(
+        suite=suite or p.parent.name,
+        status="unreadable",
+        errors=[f"{p}: unreadable: {why}"],
+        notes=[f"{p}: unreadable: {why}"],
+    )
 
 
 # -- writers ---------------------------------------------------------------------------------
+
 
 def _dump(model: BaseModel) -> dict:
     d = model.model_dump(mode="json")
@@ -356,6 +378,8 @@ def write_summary(suite_dir: str | os.PathLike, summary: SuiteSummary | dict) ->
 
 def json_schemas() -> dict[str, dict]:
     """JSON Schema of each run-folder model (docs/CONTRACTS.md is checked against these)."""
-    return {"manifest.json": RunManifest.model_json_schema(),
-            "cell.json": CellRecord.model_json_schema(),
-            "summary.json": SuiteSummary.model_json_schema()}
+    return {
+        "manifest.json": RunManifest.model_json_schema(),
+        "cell.json": CellRecord.model_json_schema(),
+        "summary.json": SuiteSummary.model_json_schema(),
+    }

@@ -30,6 +30,7 @@ Multiplicity: each variant's primary metrics form one family; Holm's step-down p
 the interval shown and TOST use that adjusted alpha. Secondary metrics keep the raw alpha and are
 exploratory.
 """
+
 from __future__ import annotations
 
 import math
@@ -73,6 +74,7 @@ class Test:
 
 # ---------------------------------------------------------------- run-level (paired repeats)
 
+
 def _log_ratios(baseline: Sequence[float], variant: Sequence[float]) -> np.ndarray:
     b, v = np.asarray(baseline, float), np.asarray(variant, float)
     if b.shape != v.shape:
@@ -91,16 +93,26 @@ def run_test(baseline: Sequence[float], variant: Sequence[float], min_repeats: i
     """
     n = len(baseline)
     if n < min_repeats:
-        what = "1 repeat: one run cannot" if n == 1 else f"{n} paired repeats: fewer than " \
-               f"compare.min_repeats = {min_repeats} cannot"
+        what = (
+            "1 repeat: one run cannot"
+            if n == 1
+            else f"{n} paired repeats: fewer than compare.min_repeats = {min_repeats} cannot"
+        )
         est = None
         if n:
             try:
                 est = float(np.expm1(np.mean(_log_ratios(baseline, variant))))
             except ValueError:
                 est = None
-        return Test(est, None, None, "paired t on log ratios", reason=(
-            f"{what} separate the patch from run-to-run noise" if n else "no paired repeats"))
+        return Test(
+            est,
+            None,
+            None,
+            "paired t on log ratios",
+            reason=(
+                f"{what} separate the patch from run-to-run noise" if n else "no paired repeats"
+            ),
+        )
     d = _log_ratios(baseline, variant)
     m, sd = float(d.mean()), float(d.std(ddof=1))
     se = sd / math.sqrt(n)
@@ -116,8 +128,9 @@ def run_test(baseline: Sequence[float], variant: Sequence[float], min_repeats: i
     return Test(float(np.expm1(m)), p, interval, f"paired t on log ratios (n={n})")
 
 
-def tost_log_ratio(baseline: Sequence[float], variant: Sequence[float], margin_pct: float,
-                   alpha: float) -> tuple[float, bool]:
+def tost_log_ratio(
+    baseline: Sequence[float], variant: Sequence[float], margin_pct: float, alpha: float
+) -> tuple[float, bool]:
     """TOST of "variant/baseline within [1/(1+m), 1+m]" on paired log ratios (symmetric in log
     space: bounds +-log(1 + margin)). Returns (p, equivalent at ``alpha``); p is the larger of the
     two one-sided p-values, as ``statsmodels.stats.weightstats.ttost_paired`` reports it."""
@@ -137,6 +150,7 @@ def tost_log_ratio(baseline: Sequence[float], variant: Sequence[float], margin_p
 
 # ---------------------------------------------------------------- accuracy (paired items)
 
+
 def wilson(x: float, n: float, alpha: float) -> tuple[float, float]:
     """Wilson score interval of x successes in n (x may be fractional), level 1 - alpha."""
     if n <= 0:
@@ -149,7 +163,9 @@ def wilson(x: float, n: float, alpha: float) -> tuple[float, float]:
     return max(0.0, c - h), min(1.0, c + h)
 
 
-def newcombe_paired(a: float, b: float, c: float, d: float, alpha: float) -> tuple[float, float, float]:
+def newcombe_paired(
+    a: float, b: float, c: float, d: float, alpha: float
+) -> tuple[float, float, float]:
     """Newcombe (1998) method 10 interval for p2 - p1 of a paired 2x2 table.
 
     a: both right, b: baseline right / variant wrong, c: baseline wrong / variant right,
@@ -172,12 +188,18 @@ def newcombe_paired(a: float, b: float, c: float, d: float, alpha: float) -> tup
         phi = num / math.sqrt(r1 * r2 * c1 * c2)
     # difference as p1 - p2 (Newcombe's orientation), then flip to variant - baseline
     est = p1 - p2
-    lo = est - math.sqrt(max((p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2, 0.0))
-    hi = est + math.sqrt(max((p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2, 0.0))
+    lo = est - math.sqrt(
+        max((p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2, 0.0)
+    )
+    hi = est + math.sqrt(
+        max((p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2, 0.0)
+    )
     return -est, -hi, -lo
 
 
-def paired_table(baseline: Sequence[float], variant: Sequence[float]) -> tuple[float, float, float, float]:
+def paired_table(
+    baseline: Sequence[float], variant: Sequence[float]
+) -> tuple[float, float, float, float]:
     """2x2 cells (a, b, c, d) from per-question correctness in [0, 1] (averaged over repeats):
     a = sum(x*y), b = sum(x*(1-y)), c = sum((1-x)*y), d = sum((1-x)*(1-y)), x baseline, y variant."""
     x, y = np.asarray(baseline, float), np.asarray(variant, float)
@@ -185,8 +207,12 @@ def paired_table(baseline: Sequence[float], variant: Sequence[float]) -> tuple[f
         raise ValueError(f"paired correctness needs equal lengths, got {x.size} and {y.size}")
     if x.size and (x.min() < 0 or x.max() > 1 or y.min() < 0 or y.max() > 1):
         raise ValueError("correctness must lie in [0, 1]")
-    return (float((x * y).sum()), float((x * (1 - y)).sum()), float(((1 - x) * y).sum()),
-            float(((1 - x) * (1 - y)).sum()))
+    return (
+        float((x * y).sum()),
+        float((x * (1 - y)).sum()),
+        float(((1 - x) * y).sum()),
+        float(((1 - x) * (1 - y)).sum()),
+    )
 
 
 def _p_from_interval(interval, *, tol: float = 1e-6) -> float:
@@ -221,26 +247,39 @@ def accuracy_test(baseline: Sequence[float], variant: Sequence[float]) -> Test:
         return lo, hi
 
     est = newcombe_paired(a, b, c, d, 0.05)[0]
-    return Test(est, _p_from_interval(interval), interval,
-                f"Newcombe paired-proportion interval (n={len(baseline)} questions, "
-                f"discordant {b:g} / {c:g})", "diff")
+    return Test(
+        est,
+        _p_from_interval(interval),
+        interval,
+        f"Newcombe paired-proportion interval (n={len(baseline)} questions, "
+        f"discordant {b:g} / {c:g})",
+        "diff",
+    )
 
 
 # ---------------------------------------------------------------- deterministic
+
 
 def deterministic_test(baseline: Sequence[float], variant: Sequence[float]) -> Test:
     """Exact comparison: every repeat of each arm must give the same value."""
     if not baseline or not variant:
         return Test(None, None, None, "exact", "diff", reason="no values")
     if len(set(baseline)) > 1 or len(set(variant)) > 1:
-        return Test(None, None, None, "exact", "diff",
-                    reason=f"values differ between repeats (baseline {sorted(set(baseline))}, "
-                           f"variant {sorted(set(variant))}): not deterministic")
+        return Test(
+            None,
+            None,
+            None,
+            "exact",
+            "diff",
+            reason=f"values differ between repeats (baseline {sorted(set(baseline))}, "
+            f"variant {sorted(set(variant))}): not deterministic",
+        )
     diff = float(variant[0]) - float(baseline[0])
     return Test(diff, 0.0 if diff else 1.0, lambda alpha, _d=diff: (_d, _d), "exact", "diff")
 
 
 # ---------------------------------------------------------------- multiplicity and verdicts
+
 
 def holm_alphas(pvalues: Sequence[float], alpha: float) -> tuple[list[bool], list[float]]:
     """Holm's step-down procedure. Returns (reject, alpha used per test).
@@ -265,8 +304,9 @@ def holm_alphas(pvalues: Sequence[float], alpha: float) -> tuple[list[bool], lis
     return reject, used
 
 
-def verdict(test: Test, *, better: str, alpha: float, margin: float | None,
-            equivalent: bool | None) -> tuple[Verdict, tuple[float, float] | None, bool]:
+def verdict(
+    test: Test, *, better: str, alpha: float, margin: float | None, equivalent: bool | None
+) -> tuple[Verdict, tuple[float, float] | None, bool]:
     """(verdict, interval at 1 - alpha, within_margin) of one tested row.
 
     ``equivalent``: TOST's answer at ``alpha`` (None: no margin or not testable). ``margin`` is
@@ -302,7 +342,9 @@ def tost_from_interval(test: Test, margin: float, alpha: float) -> bool:
     return lo_b < lo and hi < hi_b
 
 
-def welch_log(a: Sequence[float], b: Sequence[float], alpha: float) -> tuple[float, float, float, float]:
+def welch_log(
+    a: Sequence[float], b: Sequence[float], alpha: float
+) -> tuple[float, float, float, float]:
     """Unpaired Welch t-interval for the ratio of geometric means of ``b`` over ``a`` (per-run
     values of two runs that were not interleaved). Returns (change, low, high, p) as fractions.
     Raises ValueError with fewer than 2 values in an arm or a value <= 0."""
@@ -313,8 +355,13 @@ def welch_log(a: Sequence[float], b: Sequence[float], alpha: float) -> tuple[flo
     diff = float(lb.mean() - la.mean())
     se = math.sqrt(va + vb)
     if se == 0:
-        return float(np.expm1(diff)), float(np.expm1(diff)), float(np.expm1(diff)), (0.0 if diff else 1.0)
-    df = (va + vb) ** 2 / (va ** 2 / (la.size - 1) + vb ** 2 / (lb.size - 1))
+        return (
+            float(np.expm1(diff)),
+            float(np.expm1(diff)),
+            float(np.expm1(diff)),
+            (0.0 if diff else 1.0),
+        )
+    df = (va + vb) ** 2 / (va**2 / (la.size - 1) + vb**2 / (lb.size - 1))
     q = float(sps.t.ppf(1 - alpha / 2, df)) * se
     p = float(2 * sps.t.sf(abs(diff / se), df))
     return float(np.expm1(diff)), float(np.expm1(diff - q)), float(np.expm1(diff + q)), p

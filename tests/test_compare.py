@@ -2,6 +2,7 @@
 
 Suite declarations are fixed here (monkeypatched) so that these tests check the comparison
 rules, not whatever a suite currently declares."""
+
 from __future__ import annotations
 
 import json
@@ -29,6 +30,7 @@ DECL = {
 @pytest.fixture(autouse=True)
 def declared(monkeypatch):
     from patchbench import analysis
+
     monkeypatch.setattr(analysis, "_suite_decl", lambda name, notes: (None, dict(DECL)))
 
 
@@ -51,10 +53,16 @@ def test_verdicts_with_three_repeats(tmp_path):
     thr_b, thr_v = [100.0, 102.0, 98.0], [110.0, 111.5, 108.0]
     ttft_b, ttft_v = [50.0, 51.0, 49.0], [60.0, 62.0, 58.5]
     e2e_b, e2e_v = [1000.0, 1010.0, 990.0], [1001.0, 1005.0, 995.0]
-    run = make_run(tmp_path, metrics={"serving": {
-        "output_throughput_tok_s": {"baseline": thr_b, "patched": thr_v},
-        "ttft_mean_ms": {"baseline": ttft_b, "patched": ttft_v},
-        "e2e_latency_mean_ms": {"baseline": e2e_b, "patched": e2e_v}}})
+    run = make_run(
+        tmp_path,
+        metrics={
+            "serving": {
+                "output_throughput_tok_s": {"baseline": thr_b, "patched": thr_v},
+                "ttft_mean_ms": {"baseline": ttft_b, "patched": ttft_v},
+                "e2e_latency_mean_ms": {"baseline": e2e_b, "patched": e2e_v},
+            }
+        },
+    )
     cmp = compare_run(run)
     assert json.loads((run / "compare.json").read_text()) == json.loads(cmp.model_dump_json())
     assert cmp.schema_version == 2 and cmp.baseline == "baseline" and cmp.variants == ["patched"]
@@ -67,58 +75,82 @@ def test_verdicts_with_three_repeats(tmp_path):
     assert thr.baseline_repeats == thr_b and thr.variant_repeats == thr_v
     assert thr.verdict == "improved" and thr.method == "paired t on log ratios (n=3)"
     assert thr.unit == "tok/s" and thr.better == "higher" and thr.primary
-    assert _row(cmp, "ttft_mean_ms", "patched").verdict == "regressed"   # lower is better
+    assert _row(cmp, "ttft_mean_ms", "patched").verdict == "regressed"  # lower is better
     e2e = _row(cmp, "e2e_latency_mean_ms", "patched")
     assert e2e.low < 0 < e2e.high
     assert e2e.verdict == "inconclusive"  # no margin declared: never "equivalent"
 
 
 def test_incomplete_cells(tmp_path):
-    run = make_run(tmp_path, metrics={"serving": {
-        "output_throughput_tok_s": {"baseline": [100, 101, 99], "patched": [120, 121, 119]}}},
-        cell_status={("patched", 1): "failed"})
+    run = make_run(
+        tmp_path,
+        metrics={
+            "serving": {
+                "output_throughput_tok_s": {"baseline": [100, 101, 99], "patched": [120, 121, 119]}
+            }
+        },
+        cell_status={("patched", 1): "failed"},
+    )
     r = _row(compare_run(run), "output_throughput_tok_s", "patched")
     assert r.verdict == "incomplete"
     assert r.variant_repeats == [120.0, None, 119.0]
-    assert r.n_pairs == 2                       # numbers still from the pairs that are ok
+    assert r.n_pairs == 2  # numbers still from the pairs that are ok
     assert any("patched/rep1: failed" in n for n in r.notes)
-    run2 = make_run(tmp_path / "b", metrics={"serving": {
-        "output_throughput_tok_s": {"baseline": [100, 101], "patched": [120, 121]}}},
-        cell_status={("baseline", 0): "missing"}, suite_status={("patched", 1, "serving"): "incomplete"})
+    run2 = make_run(
+        tmp_path / "b",
+        metrics={
+            "serving": {"output_throughput_tok_s": {"baseline": [100, 101], "patched": [120, 121]}}
+        },
+        cell_status={("baseline", 0): "missing"},
+        suite_status={("patched", 1, "serving"): "incomplete"},
+    )
     r2 = _row(compare_run(run2), "output_throughput_tok_s", "patched")
     assert r2.verdict == "incomplete" and r2.n_pairs == 0
     assert any("baseline/rep0: missing" in n and "patched/rep1: incomplete" in n for n in r2.notes)
 
 
 def test_missing_metric_is_incomplete(tmp_path):
-    run = make_run(tmp_path, metrics={"serving": {
-        "output_throughput_tok_s": {"baseline": [100, 101], "patched": [110, None]}}})
+    run = make_run(
+        tmp_path,
+        metrics={
+            "serving": {"output_throughput_tok_s": {"baseline": [100, 101], "patched": [110, None]}}
+        },
+    )
     r = _row(compare_run(run), "output_throughput_tok_s", "patched")
     assert r.verdict == "incomplete" and any("no value" in n for n in r.notes)
 
 
 def test_aa_variant_is_compared_like_any_variant_no_floor(tmp_path):
     b = [100.0, 100.0, 100.0, 100.0]
-    aa = [104.0, 97.0, 103.0, 96.0]              # A/A noise of a few percent
-    v = [103.0, 102.5, 103.5, 103.0]             # +3 %, consistent: t-interval excludes 0
-    run = make_run(tmp_path, variants={"baseline": [], "aa": [], "patched": ["p1"]},
-                   metrics={"serving": {"output_throughput_tok_s":
-                                        {"baseline": b, "aa": aa, "patched": v}}})
+    aa = [104.0, 97.0, 103.0, 96.0]  # A/A noise of a few percent
+    v = [103.0, 102.5, 103.5, 103.0]  # +3 %, consistent: t-interval excludes 0
+    run = make_run(
+        tmp_path,
+        variants={"baseline": [], "aa": [], "patched": ["p1"]},
+        metrics={"serving": {"output_throughput_tok_s": {"baseline": b, "aa": aa, "patched": v}}},
+    )
     cmp = compare_run(run)
     assert cmp.aa_variants == ["aa"] and cmp.health.ok
     est, lo, hi = _t_ci_pct(b, v)
     r = _row(cmp, "output_throughput_tok_s", "patched")
-    assert lo > 0 and r.low == pytest.approx(lo)   # no A/A floor widens or blocks it
+    assert lo > 0 and r.low == pytest.approx(lo)  # no A/A floor widens or blocks it
     assert r.verdict == "improved" and r.within_margin  # +3 % is inside the 5 % margin
     from statsmodels.stats.weightstats import ttost_paired
+
     p_tost = ttost_paired(np.log(aa), np.log(b), -math.log(1.05), math.log(1.05))[0]
     want = "equivalent" if p_tost < 0.05 else "inconclusive"
     assert _row(cmp, "output_throughput_tok_s", "aa").verdict == want
 
 
 def test_unreadable_cell_marks_only_that_cell(tmp_path):
-    run = make_run(tmp_path, metrics={"serving": {
-        "output_throughput_tok_s": {"baseline": [100, 101, 99], "patched": [120, 121, 119]}}})
+    run = make_run(
+        tmp_path,
+        metrics={
+            "serving": {
+                "output_throughput_tok_s": {"baseline": [100, 101, 99], "patched": [120, 121, 119]}
+            }
+        },
+    )
     (run / "patched" / "rep2" / "cell.json").write_text("{broken")
     cmp = compare_run(run)
     r = _row(cmp, "output_throughput_tok_s", "patched")
@@ -136,9 +168,12 @@ def test_settings_validation_and_config_section(tmp_path):
     with pytest.raises(ValidationError):
         CompareSettings(confidence=1.5)
     from patchbench.config import ConfigError, load_config
+
     y = tmp_path / "c.yaml"
-    y.write_text("name: t\nsglang: 0.5.1.post3\nmodel: {path: m}\nvariants: {baseline: []}\n"
-                 "compare:\n  confidence: 0.9\n  bogus_key: 1\n")
+    y.write_text(
+        "name: t\nsglang: 0.5.1.post3\nmodel: {path: m}\nvariants: {baseline: []}\n"
+        "compare:\n  confidence: 0.9\n  bogus_key: 1\n"
+    )
     with pytest.raises(ConfigError, match="bogus_key"):
         load_config(y, check_files=False)
 
@@ -151,12 +186,18 @@ def test_guess_metric_info():
 
 
 def test_deterministic_counts_compared_exactly(tmp_path):
-    run = make_run(tmp_path, metrics={"sync_probe": {
-        "sync_d2h_reads_count": {"baseline": [2, 2], "patched": [0, 0]},
-        "positions_mismatch_count": {"baseline": [0, 0], "patched": [0, 0]}}})
+    run = make_run(
+        tmp_path,
+        metrics={
+            "sync_probe": {
+                "sync_d2h_reads_count": {"baseline": [2, 2], "patched": [0, 0]},
+                "positions_mismatch_count": {"baseline": [0, 0], "patched": [0, 0]},
+            }
+        },
+    )
     cmp = compare_run(run)
     r = _row(cmp, "sync_d2h_reads_count", "patched")
     assert r.change == -2 and r.method == "exact (deterministic)" and r.low is None
-    assert r.verdict == "improved"                    # declared lower = better
+    assert r.verdict == "improved"  # declared lower = better
     z = _row(cmp, "positions_mismatch_count", "patched")
     assert z.verdict == "equivalent" and z.change == 0

@@ -1,4 +1,5 @@
 """report.md, plots and the report command, rendered only from the typed comparison."""
+
 from __future__ import annotations
 
 import json
@@ -13,24 +14,46 @@ from patchbench.comparison import Comparison, read_comparison
 from patchbench.suite import MetricInfo
 
 OLD_RUN = Path(__file__).parent / "data" / "old-run"
-DECL = {"output_throughput_tok_s": MetricInfo("higher", "tok/s", label="Output throughput",
-                                              primary=True, margin=5.0),
-        "mean_ttft_ms": MetricInfo("lower", "ms", label="Mean TTFT", primary=True, margin=5.0),
-        "retokenized_count": MetricInfo("none", "count")}
+DECL = {
+    "output_throughput_tok_s": MetricInfo(
+        "higher", "tok/s", label="Output throughput", primary=True, margin=5.0
+    ),
+    "mean_ttft_ms": MetricInfo("lower", "ms", label="Mean TTFT", primary=True, margin=5.0),
+    "retokenized_count": MetricInfo("none", "count"),
+}
 
 
 @pytest.fixture(autouse=True)
 def declared(monkeypatch):
     from patchbench import analysis
+
     monkeypatch.setattr(analysis, "_suite_decl", lambda name, notes: (None, dict(DECL)))
 
 
 def _run(tmp_path):
-    return make_run(tmp_path, variants={"baseline": [], "aa": [], "patched": ["p1"]}, metrics={"bench": {
-        "output_throughput_tok_s": {"baseline": [100, 102, 98], "aa": [100.5, 101.5, 98.4],
-                                    "patched": [110, 112.2, 107.8]},
-        "mean_ttft_ms": {"baseline": [50, 51, 49], "aa": [50, 51, 49], "patched": [50.2, 51.2, 49.2]},
-        "retokenized_count": {"baseline": [10, 10, 10], "aa": [10, 10, 10], "patched": [11, 11, 11]}}})
+    return make_run(
+        tmp_path,
+        variants={"baseline": [], "aa": [], "patched": ["p1"]},
+        metrics={
+            "bench": {
+                "output_throughput_tok_s": {
+                    "baseline": [100, 102, 98],
+                    "aa": [100.5, 101.5, 98.4],
+                    "patched": [110, 112.2, 107.8],
+                },
+                "mean_ttft_ms": {
+                    "baseline": [50, 51, 49],
+                    "aa": [50, 51, 49],
+                    "patched": [50.2, 51.2, 49.2],
+                },
+                "retokenized_count": {
+                    "baseline": [10, 10, 10],
+                    "aa": [10, 10, 10],
+                    "patched": [11, 11, 11],
+                },
+            }
+        },
+    )
 
 
 def test_report_leads_with_sentences_then_primaries_then_folded_secondaries(tmp_path):
@@ -40,8 +63,9 @@ def test_report_leads_with_sentences_then_primaries_then_folded_secondaries(tmp_
     thr = cmp.row("bench", "output_throughput_tok_s", "patched")
     # +10 % in every repeat: the log ratio has zero spread; p = 0, interval the point
     assert thr.change == pytest.approx(10.0) and thr.verdict == "improved"
-    want = ("patched vs baseline: Output throughput +10.0% [+10.0%, +10.0%] improved; "
-            "Mean TTFT +0.4% ")
+    want = (
+        "patched vs baseline: Output throughput +10.0% [+10.0%, +10.0%] improved; Mean TTFT +0.4% "
+    )
     assert want in text
     answer, primaries = text.index("## Answer"), text.index("## Primary metrics")
     secondary = text.index("Secondary metrics (exploratory")
@@ -49,7 +73,7 @@ def test_report_leads_with_sentences_then_primaries_then_folded_secondaries(tmp_
     assert "Holm-adjusted level" in text and "| 97.50% |" in text  # first of 2 primaries: 0.05/2
     assert "<details><summary>Secondary metrics" in text and "`retokenized_count`" in text
     sec = text[secondary:]
-    assert "🟢" not in sec and "🔴" not in sec and "🔵" not in sec   # no coloured verdicts there
+    assert "🟢" not in sec and "🔴" not in sec and "🔵" not in sec  # no coloured verdicts there
     assert "aa (A/A) vs baseline" in text and "A/A check" in text and "passed" in text
 
 
@@ -99,7 +123,7 @@ def test_committed_old_run_folder_still_renders(tmp_path):
     assert row.verdict == "inconclusive" and row.n_pairs == 2
     assert any("rep0: an instrumented cell" in n for n in row.notes)
     assert "patched vs baseline" in text
-    assert any("noise_floor_from" in n for n in cmp.notes)   # an old setting, dropped with a note
+    assert any("noise_floor_from" in n for n in cmp.notes)  # an old setting, dropped with a note
     man = runfolder.read_manifest(run)
     assert man.migrated_from == 1
     assert runfolder.read_cell(run / "patched" / "rep0").instrumented  # old mrope probe cell
@@ -110,7 +134,10 @@ def test_every_file_the_code_writes_validates(tmp_path):
     report.render_run(run, plots=False)
     Comparison.model_validate(json.loads((run / "compare.json").read_text()))
     runfolder.write_manifest(run, runfolder.read_manifest(run))
-    assert json.loads((run / "manifest.json").read_text())["schema_version"] == runfolder.MANIFEST_SCHEMA
+    assert (
+        json.loads((run / "manifest.json").read_text())["schema_version"]
+        == runfolder.MANIFEST_SCHEMA
+    )
     for cj in run.glob("*/rep*/cell.json"):
         runfolder.write_cell(cj.parent, runfolder.read_cell(cj))
         assert runfolder.read_cell(cj).status == "ok"

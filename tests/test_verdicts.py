@@ -1,5 +1,6 @@
 """The verdict rules (patchbench/verdicts.py) against independent sources, and the four verdicts
 on synthetic runs built for each (tests/helpers_runs.py)."""
+
 from __future__ import annotations
 
 import math
@@ -51,8 +52,11 @@ def test_newcombe_paired_matches_published_example():
 
 def test_wilson_matches_statsmodels():
     from statsmodels.stats.proportion import proportion_confint
+
     for x, n in ((0, 10), (3, 10), (407, 900), (900, 900)):
-        assert verdicts.wilson(x, n, 0.05) == pytest.approx(proportion_confint(x, n, 0.05, "wilson"))
+        assert verdicts.wilson(x, n, 0.05) == pytest.approx(
+            proportion_confint(x, n, 0.05, "wilson")
+        )
 
 
 def test_zero_variance_accuracy_is_never_zero_width_and_not_significant():
@@ -84,6 +88,7 @@ def test_deterministic_exact():
 
 def test_welch_matches_scipy():
     from scipy import stats
+
     a, b = [100, 102, 98, 101], [110, 108, 113]
     ch, lo, hi, p = verdicts.welch_log(a, b, 0.05)
     ref = stats.ttest_ind(np.log(b), np.log(a), equal_var=False)
@@ -94,19 +99,25 @@ def test_welch_matches_scipy():
 
 # ---------------------------------------------------------------- synthetic runs, one per verdict
 
-PRIMARY = {"thr_tok_s": MetricInfo(better="higher", unit="tok/s", primary=True, margin=5.0),
-           "lat_ms": MetricInfo(better="lower", unit="ms", primary=True, margin=5.0)}
+PRIMARY = {
+    "thr_tok_s": MetricInfo(better="higher", unit="tok/s", primary=True, margin=5.0),
+    "lat_ms": MetricInfo(better="lower", unit="ms", primary=True, margin=5.0),
+}
 
 
 @pytest.fixture
 def declared(monkeypatch):
     from patchbench import analysis
+
     monkeypatch.setattr(analysis, "_suite_decl", lambda name, notes: (None, dict(PRIMARY)))
 
 
 def _run(tmp_path, thr, lat, variants=None):
-    return make_run(tmp_path, variants=variants or {"baseline": [], "patched": ["p1"]},
-                    metrics={"bench": {"thr_tok_s": thr, "lat_ms": lat}})
+    return make_run(
+        tmp_path,
+        variants=variants or {"baseline": [], "patched": ["p1"]},
+        metrics={"bench": {"thr_tok_s": thr, "lat_ms": lat}},
+    )
 
 
 BASE = [100.0, 101.0, 99.0, 100.5, 99.5]
@@ -118,8 +129,13 @@ def _verdicts(cmp, variant="patched"):
 
 
 def test_improved_and_regressed(tmp_path, declared):
-    cmp = build_comparison(_run(tmp_path, {"baseline": BASE, "patched": [x * 1.10 for x in BASE]},
-                                {"baseline": LAT, "patched": [x * 1.2 + (i % 2) * 0.01 for i, x in enumerate(LAT)]}))
+    cmp = build_comparison(
+        _run(
+            tmp_path,
+            {"baseline": BASE, "patched": [x * 1.10 for x in BASE]},
+            {"baseline": LAT, "patched": [x * 1.2 + (i % 2) * 0.01 for i, x in enumerate(LAT)]},
+        )
+    )
     assert _verdicts(cmp) == {"thr_tok_s": "improved", "lat_ms": "regressed"}
     row = cmp.row("bench", "thr_tok_s", "patched")
     assert row.change == pytest.approx(10.0, abs=1e-6)
@@ -130,35 +146,60 @@ def test_equivalent(tmp_path, declared):
     rng = np.random.default_rng(1)
     noise = lambda: list(np.exp(rng.normal(0, 0.003, 5)))  # noqa: E731
     thr = [x * e for x, e in zip(BASE, noise(), strict=True)]
-    cmp = build_comparison(_run(tmp_path, {"baseline": BASE, "patched": thr},
-                                {"baseline": LAT, "patched": [x * e for x, e in zip(LAT, noise(), strict=False)]}))
+    cmp = build_comparison(
+        _run(
+            tmp_path,
+            {"baseline": BASE, "patched": thr},
+            {"baseline": LAT, "patched": [x * e for x, e in zip(LAT, noise(), strict=False)]},
+        )
+    )
     assert _verdicts(cmp) == {"thr_tok_s": "equivalent", "lat_ms": "equivalent"}
 
 
 def test_inconclusive_noisy(tmp_path, declared):
-    cmp = build_comparison(_run(tmp_path, {"baseline": BASE, "patched": [90, 115, 95, 112, 99]},
-                                {"baseline": LAT, "patched": [8, 12, 9, 11.5, 10]}))
+    cmp = build_comparison(
+        _run(
+            tmp_path,
+            {"baseline": BASE, "patched": [90, 115, 95, 112, 99]},
+            {"baseline": LAT, "patched": [8, 12, 9, 11.5, 10]},
+        )
+    )
     assert _verdicts(cmp) == {"thr_tok_s": "inconclusive", "lat_ms": "inconclusive"}
 
 
 def test_one_repeat_run_yields_no_improved_or_regressed(tmp_path, declared):
-    cmp = build_comparison(_run(tmp_path, {"baseline": [100.0], "patched": [200.0]},
-                                {"baseline": [10.0], "patched": [30.0]}))
+    cmp = build_comparison(
+        _run(
+            tmp_path,
+            {"baseline": [100.0], "patched": [200.0]},
+            {"baseline": [10.0], "patched": [30.0]},
+        )
+    )
     assert set(_verdicts(cmp).values()) == {"inconclusive"}
     assert any("1 repeat" in n for n in cmp.row("bench", "thr_tok_s", "patched").notes)
 
 
 def test_incomplete(tmp_path, declared):
-    run = make_run(tmp_path, metrics={"bench": {"thr_tok_s": {"baseline": BASE, "patched": BASE},
-                                                "lat_ms": {"baseline": LAT, "patched": LAT}}},
-                   cell_status={("patched", 2): "failed"})
+    run = make_run(
+        tmp_path,
+        metrics={
+            "bench": {
+                "thr_tok_s": {"baseline": BASE, "patched": BASE},
+                "lat_ms": {"baseline": LAT, "patched": LAT},
+            }
+        },
+        cell_status={("patched", 2): "failed"},
+    )
     assert _verdicts(build_comparison(run)) == {"thr_tok_s": "incomplete", "lat_ms": "incomplete"}
 
 
 def test_aa_improved_downgrades_every_verdict(tmp_path, declared):
-    run = _run(tmp_path, {"baseline": BASE, "aa": [x * 1.08 for x in BASE], "patched": [x * 1.10 for x in BASE]},
-               {"baseline": LAT, "aa": LAT, "patched": LAT},
-               variants={"baseline": [], "aa": [], "patched": ["p1"]})
+    run = _run(
+        tmp_path,
+        {"baseline": BASE, "aa": [x * 1.08 for x in BASE], "patched": [x * 1.10 for x in BASE]},
+        {"baseline": LAT, "aa": LAT, "patched": LAT},
+        variants={"baseline": [], "aa": [], "patched": ["p1"]},
+    )
     cmp = build_comparison(run)
     assert not cmp.health.ok and "too noisy" in cmp.health.notes[0]
     assert _verdicts(cmp)["thr_tok_s"] == "inconclusive"
@@ -166,8 +207,11 @@ def test_aa_improved_downgrades_every_verdict(tmp_path, declared):
 
 
 def test_margin_override_from_settings(tmp_path, declared):
-    run = _run(tmp_path, {"baseline": BASE, "patched": [x * 1.02 for x in BASE]},
-               {"baseline": LAT, "patched": LAT})
+    run = _run(
+        tmp_path,
+        {"baseline": BASE, "patched": [x * 1.02 for x in BASE]},
+        {"baseline": LAT, "patched": LAT},
+    )
     cmp = build_comparison(run, CompareSettings(margins={"bench.thr_tok_s": 1.0}))
     row = cmp.row("bench", "thr_tok_s", "patched")
     assert row.margin == 1.0 and row.verdict == "improved" and not row.within_margin
