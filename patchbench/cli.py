@@ -235,6 +235,43 @@ def _run_check_patch(a: argparse.Namespace, _raw: list[str]) -> int:
     return worst
 
 
+def _args_new_patch(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", help="the new folder in patches/")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--from-diff", metavar="FILE", help="a unified diff of python/sglang/ files")
+    src.add_argument(
+        "--from-git",
+        nargs=2,
+        metavar=("CHECKOUT", "REV_RANGE"),
+        help="an sglang checkout and a range git diff takes (e.g. main...my-branch)",
+    )
+    p.add_argument(
+        "--sglang",
+        metavar="VERSION",
+        action="append",
+        required=True,
+        help="a release the patch is for (repeat for several)",
+    )
+    p.add_argument("--description", default="", help="one paragraph for the manifest")
+    p.add_argument("--force", action="store_true", help="replace an existing patch folder")
+
+
+def _run_new_patch(a: argparse.Namespace, _raw: list[str]) -> int:
+    """Write patches/NAME (manifest with hashes, one diff per release it applies to); exit 2 when
+    it applies to none of the releases asked for."""
+    from patchbench import patchset
+
+    opts = {"description": a.description, "force": a.force}
+    if a.from_diff:
+        res = patchset.new_patch_from_diff(a.name, a.from_diff, a.sglang, **opts)
+    else:
+        res = patchset.new_patch_from_git(a.name, a.from_git[0], a.from_git[1], a.sglang, **opts)
+    print(res.summary())
+    if not res.applies:
+        raise errors.PatchError(f"patch '{a.name}' applies to none of {', '.join(a.sglang)}")
+    return EXIT_OK
+
+
 def _args_score_mmmu(p: argparse.ArgumentParser) -> None:
     p.add_argument("responses", help="<Subject>/output.json folder, records.jsonl or output.json")
     p.add_argument("--answer-key", required=True, help="answer_dict_val.json")
@@ -320,6 +357,12 @@ COMMANDS: list[Command] = [
         "apply every patch to a pristine copy of each release it supports",
         _args_check_patch,
         _run_check_patch,
+    ),
+    Command(
+        "new-patch",
+        "make patches/NAME from a diff or a git range, with hashes for each release",
+        _args_new_patch,
+        _run_new_patch,
     ),
     Command(
         "score-mmmu",

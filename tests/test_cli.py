@@ -25,6 +25,7 @@ ALL_COMMANDS = [
     "compare",
     "nightly",
     "check-patch",
+    "new-patch",
     "score-mmmu",
     "make-tiny-model",
     "doctor",
@@ -36,6 +37,7 @@ MINIMAL_ARGS = {
     "compare": ["run_a", "run_b"],
     "nightly": ["cfg.yaml"],
     "check-patch": [],
+    "new-patch": ["x", "--from-diff", "x.diff", "--sglang", "0.5.1.post3"],
     "score-mmmu": ["responses", "--answer-key", "key.json"],
     "make-tiny-model": [],
     "doctor": [],
@@ -260,6 +262,19 @@ def test_check_patch_that_does_not_apply_exits_2(broken_patch, capsys):
 def test_check_patch_of_an_unknown_patch_exits_2(capsys):
     assert cli.main(["check-patch", "--patch", "no-such-patch"]) == 2
     assert "no-such-patch" in capsys.readouterr().out
+
+
+def test_new_patch_from_a_missing_diff_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    from patchbench import config
+
+    monkeypatch.setattr(config, "PATCHES_DIR", tmp_path / "patches")
+    argv = ["new-patch", "mine", "--from-diff", str(tmp_path / "none.diff"), "--sglang", "0.5.23"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("patchbench new-patch: patch error (exit 2): ") and "none.diff" in err
+    assert not (tmp_path / "patches" / "mine").exists()
+    assert cli.main(["new-patch", "mine", "--sglang", "0.5.23"]) == 2  # no source given
+    assert "one of the arguments --from-diff --from-git is required" in capsys.readouterr().err
 
 
 @pytest.mark.needs_sglang
