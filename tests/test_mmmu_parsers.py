@@ -72,10 +72,11 @@ def test_cases_m1_m3(resp, want_strict, want_official):
     ("<think>never closed, answer is A", None),
     ("Option C is correct.", "C"), ("C is the correct answer", "C"), ("D is the answer.", "D"),
     ("I would choose B.", "B"), ("I'd go with (A)", "A"),
-    ("The answer is not A but B", None),  # no single commitment: unparsed, not a guess
+    ("The answer is not A but B", "B"),   # the rejected A does not count, "but B" commits
     ("E.", None),                     # a letter outside the options
     ("The answer is E", None),
-    ("a", None),                      # lower case is not an option label
+    ("a", "A"),                       # a lone letter is the answer, in any case
+    ("answer: b", "B"), ("\\boxed{C}", "C"), ("OPTION d", "D"), ("choice (a)", "A"),
 ])
 def test_strict_neighbours(resp, want):
     assert strict(resp) == want

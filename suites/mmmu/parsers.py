@@ -25,12 +25,15 @@ Two parsers for multiple-choice responses, one normalisation for open (short-ans
 """
 from __future__ import annotations
 
+import functools
 import random
 import re
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 __all__ = [
-    "parse_official_mc", "parse_strict", "parse_open", "eval_open", "eval_mc",
+    "parse_official_mc", "parse_strict", "parse_strict_detail", "StrictParse",
+    "NO_ANSWER", "AMBIGUOUS", "clean_text", "parse_open", "eval_open", "eval_mc",
     "normalize_str", "extract_numbers", "is_open", "option_letters",
 ]
 
@@ -125,113 +128,498 @@ def parse_official_mc(response: str, all_choices: Sequence[str], index2ans: Mapp
 # --------------------------------------------------------------------------------------------
 # strict multiple-choice parser (ours)
 # --------------------------------------------------------------------------------------------
+#
+# How a person grades a free-text answer, in order (docs/mmmu.md states the policy):
+#   1. the LAST explicit commitment wins: "Answer: b", "Final answer: \boxed{C}", "the answer is
+#      (D)", "Option C is correct", "I'd go with (A)", "So the answer is green", a line that is
+#      only a letter label ("B", "(b)", "**Option C**"); a later revision ("Wait, actually (C)
+#      fits better") overrides it;
+#   2. otherwise a sentence that names exactly one option, by bracketed letter, "option X", or
+#      that option's full text (case-insensitive, whole words); echoed option lists, options only
+#      discussed ("For option A we have ...") or rejected ("(A) is incorrect", "not (B)") and
+#      questions do not count;
+#   3. otherwise unparsed: "ambiguous" when several different options are named (or the final
+#      commitment names several: "The correct answer is (B), (C), and (D)."), else "no_answer".
 
-_THINK = re.compile(r"<think>.*?(</think>|$)", re.S | re.I)
-# an explicit commitment; group "tail" is what follows the marker on that line
-_MARKERS = re.compile(
-    r"\b(?:final\s+answer|correct\s+(?:answer|option|choice)|best\s+(?:answer|option|choice)"
-    r"|the\s+answer|answer|my\s+choice|my\s+answer"
-    r"|i(?:\s+would|'d|\s+will)?\s+(?:choose|select|pick|go\s+with))"
-    r"(?:\s+(?:is|would\s+be|should\s+be|will\s+be))?\s*(?:[:=\-]|is)?\s*(?P<tail>[^\n]*)",
-    re.I)
-_OPTION_WORD = re.compile(r"\b(?:option|choice)\s+\(?(?P<l>[A-Z])\)?(?![A-Za-z0-9])")
-_LETTER_IS_CORRECT = re.compile(
-    r"(?:^|[\s(])\(?(?P<l>[A-Z])\)?\s+is\s+(?:the\s+)?(?:correct|right|best|answer)\b")
-# a letter label at the start of a text: "B", "(B)", "B.", "B)", "B:", "**B**"
-_LEADING = re.compile(
-    r"^\W{0,3}?(?:\((?P<a>[A-Z])\)|(?P<b>[A-Z])\**(?:[.):]|\s*$))\**\s*(?P<rest>.*)$", re.S)
+NO_ANSWER = "no_answer"
+AMBIGUOUS = "ambiguous"
+UNPARSED_KINDS = (NO_ANSWER, AMBIGUOUS)
 
 
+@dataclass(frozen=True)
+class StrictParse:
+    """One strict parse: ``letter`` (an option letter, or None), ``status`` (``"answer"``,
+    ``"no_answer"`` or ``"ambiguous"``) and ``rule`` (which rule decided, for audits)."""
+
+    letter: str | None
+    status: str
+    rule: str
+
+
+_REASONING = re.compile(r"<(think|thinking|reasoning)>.*?(?:</\1>|\Z)", re.S | re.I)
+_LATEX_WRAP = re.compile(
+    r"\\(?:boxed|text|textbf|textit|textrm|mathrm|mathbf|mathit|mbox|fbox|bf|it)\s*\{([^{}]*)\}")
+_LATEX_DELIM = re.compile(r"\\[()\[\]]|\$+")
+_MARKUP = re.compile(r"[*`]+|^[ \t]*#+[ \t]*|^[ \t]*>[ \t]*|(?<!\w)_{1,2}|_{1,2}(?!\w)", re.M)
+_WIDE = str.maketrans({"（": "(", "）": ")", "：": ":", "【": "[", "】": "]", "’": "'",
+                       "“": '"', "”": '"', "\u00a0": " "})
+
+
+def clean_text(s: str) -> str:
+    """Markup a reader looks through: reasoning blocks dropped (an unclosed one runs to the end),
+    ``\\boxed{}``/``\\text{}``-style LaTeX unwrapped, ``$``, ``\\(``, ``\\)``, bold/italic
+    ``*``/``_``, backticks, heading ``#`` and quote ``>`` removed, full-width brackets made ASCII."""
+    s = _REASONING.sub(" ", s).translate(_WIDE)
+    for _ in range(4):
+        t = _LATEX_WRAP.sub(r"\1", s)
+        if t == s:
+            break
+        s = t
+    s = _LATEX_DELIM.sub("", s)
+    return _MARKUP.sub("", s)
+
+
+@functools.lru_cache(maxsize=8192)
 def _norm_text(s: str) -> str:
-    s = re.sub(r"\s+", " ", s.strip().lower())
-    return s.strip(" .,;:!?'\"*`")
+    s = re.sub(r"\s+", " ", clean_text(s).strip().lower())
+    return s.strip(" .,;:!?'\"")
 
 
-def _option_text_match(text: str, index2ans: Mapping[str, str]) -> str | None:
-    """The letter of the one option whose text equals ``text`` (normalised), else None."""
-    t = _norm_text(text)
-    if not t:
+_ARTICLE = re.compile(r"(?:the|an?)[ \t]+", re.I)
+_AFTER_LABEL = re.compile(r"[ \t]*[.:)\-\u2013,]?[ \t]*\(?")
+_LABEL_ANY = re.compile(r"(?:\(\s*([A-Za-z])\s*\)|\b([A-Za-z])[.):])\s*")
+
+
+def _is_word(ch: str) -> bool:
+    return ch.isalnum() or ch == "_"
+
+
+class _Options:
+    """The options of one question, prepared for matching (letters upper-case, texts cleaned and
+    lower-cased; plain string search, no per-question regex: the parser stays fast)."""
+
+    def __init__(self, all_choices: Sequence[str], index2ans: Mapping[str, str]):
+        self.letters = [c.upper() for c in all_choices]
+        texts: dict[str, str] = {}
+        for k, v in index2ans.items():
+            t = _norm_text(str(v))
+            # a text that is only an image placeholder or one letter names nothing by itself
+            if t and not IMAGE_ONLY.fullmatch(t) and not re.fullmatch(r"[a-z]", t):
+                texts[k.upper()] = t
+        values = list(texts.values())
+        self.texts = {k: t for k, t in texts.items() if values.count(t) == 1}
+        # longest first, so "dark red" is taken before "red"
+        self.order = sorted(self.texts.items(), key=lambda kv: -len(kv[1]))
+
+    @staticmethod
+    def _bounded(low: str, start: int, end: int) -> bool:
+        """Whole words: no word character (or "d." of a decimal) on either side."""
+        if start > 0 and (_is_word(low[start - 1]) or (low[start - 1] == "." and start > 1
+                                                        and low[start - 2].isdigit())):
+            return False
+        if end < len(low) and (_is_word(low[end]) or (low[end] == "." and end + 1 < len(low)
+                                                      and low[end + 1].isdigit())):
+            return False
+        return True
+
+    def text_at(self, s: str, pos: int) -> tuple[str, int] | None:
+        """``(letter, end)`` when an option's full text starts at ``pos`` (an article before it
+        is skipped), else None."""
+        low = s.lower()
+        m = _ARTICLE.match(s, pos)
+        starts = [pos] + ([m.end()] if m else [])
+        for k, t in self.order:
+            for p in starts:
+                if low.startswith(t, p) and self._bounded(low, p, p + len(t)):
+                    return k, p + len(t)
         return None
-    hits = [k for k, v in index2ans.items() if _norm_text(str(v)) == t]
-    return hits[0] if len(hits) == 1 else None
 
-
-def _commitment(tail: str, letters: set[str], index2ans: Mapping[str, str]) -> str | None:
-    """What an explicit marker commits to: a letter label, or one option's exact text."""
-    tail = tail.strip().strip("*`\"' ")
-    m = _LEADING.match(tail)
-    if m:
-        letter = m.group("a") or m.group("b")
-        if letter in letters:
-            return letter
+    def own_text_after(self, s: str, letter: str, pos: int) -> int | None:
+        """End of ``letter``'s own text right after its label ("(C) green", "C. green",
+        "C (green)"), else None."""
+        t = self.texts.get(letter)
+        if not t:
+            return None
+        p = _AFTER_LABEL.match(s, pos).end()
+        low = s.lower()
+        if low.startswith(t, p) and self._bounded(low, p, p + len(t)):
+            end = p + len(t)
+            return end + 1 if s[end:end + 1] == ")" else end
         return None
-    return _option_text_match(tail, index2ans)
+
+    def find_texts(self, s: str) -> list[tuple[int, int, str]]:
+        """Every whole-word occurrence of an option text: ``(start, end, letter)``; a longer
+        text wins over a shorter one it overlaps."""
+        low = s.lower()
+        out: list[tuple[int, int, str]] = []
+        for k, t in self.order:
+            i = low.find(t)
+            while i >= 0:
+                e = i + len(t)
+                if self._bounded(low, i, e) and not any(i < b and a < e for a, b, _ in out):
+                    out.append((i, e, k))
+                i = low.find(t, i + 1)
+        return out
 
 
-def _is_echo(letter: str, rest: str, index2ans: Mapping[str, str]) -> bool:
-    """``(A) red`` where A is "red": the line repeats an option, it commits to nothing."""
-    opt = index2ans.get(letter)
-    return bool(rest.strip()) and opt is not None and _norm_text(rest) == _norm_text(str(opt))
+IMAGE_ONLY = re.compile(r"(?:<image \d+>\s*)+")
+_SEP = re.compile(r"\s*(?:,|;|/|&)?\s*(?:and/or|and|or|&)?\s*", re.I)
+_REF_WORD = re.compile(r"(?:option|choice|letter)\s*:?\s*[(\[]?\s*(?P<l>[A-Za-z])\s*[)\]]?(?![\w'])",
+                       re.I)
+_REF_BARE = re.compile(
+    r"\(\s*(?P<a>[A-Za-z])\s*\)|\[\s*(?P<b>[A-Za-z])\s*\]"
+    r"|(?P<c>[A-Z])(?![\w'])"
+    r"|(?P<d>[a-z])(?=[ \t]*[.):!]?[ \t]*(?:$|\n))"   # a lone lower-case letter ending the line
+    r"|(?P<e>[a-z])(?=[.):][ \t])", re.M)             # a lower-case label "b) ..." / "b. ..."
+
+
+def _ref_at(s: str, pos: int, opts: _Options) -> tuple[str, int] | None:
+    """``(letter, end)`` of an option reference starting at ``pos``: "(b)", "[B]", "B",
+    "option c", a lone lower-case letter, or the option's full text (text first: "A pretty girl"
+    is option text, not the letter A). None when there is none or the letter is no option."""
+    hit = opts.text_at(s, pos)
+    if hit:
+        return hit
+    m = _REF_WORD.match(s, pos) or _REF_BARE.match(s, pos)
+    if not m:
+        return None
+    letter = next(g for g in m.groups() if g).upper()
+    if letter not in opts.letters:
+        return None
+    # "(C) green" / "C. green" / "C (green)": the option's own text after its label
+    return letter, opts.own_text_after(s, letter, m.end()) or m.end()
+
+
+def _ref_list(s: str, pos: int, opts: _Options) -> tuple[list[str], int] | None:
+    """One reference, or several joined by commas / "and" / "or": ``(letters, end)``."""
+    first = _ref_at(s, pos, opts)
+    if not first:
+        return None
+    letters, end = [first[0]], first[1]
+    while True:
+        sep = _SEP.match(s, end)
+        if not sep or sep.end() == end:
+            break
+        nxt = _ref_at(s, sep.end(), opts)
+        if not nxt:
+            break
+        letters.append(nxt[0])
+        end = nxt[1]
+    return list(dict.fromkeys(letters)), end
+
+
+_MARKER = re.compile(
+    r"\b(?:final\s+(?:answer|choice|option|selection)"
+    r"|(?:correct|right|best|only\s+correct|proper|most\s+(?:likely|appropriate|accurate|"
+    r"suitable|plausible|reasonable))\s+(?:answer|option|choice|response|match)s?"
+    r"|the\s+answer|answer|my\s+(?:final\s+)?(?:answer|choice|pick|selection)"
+    r"|i(?:\s+would|'d|\s+will|'ll|\s+must|\s+should)?\s+(?:choose|select|pick|go\s+with|opt\s+for)"
+    r"|(?:change|revise|correct)\s+my\s+answer\s+to|(?:choose|select|pick)|i\s+meant"
+    r"|(?:so|thus|therefore|hence|it\s+is|it's|it\s+must\s+be|this\s+is|that\s+is)(?=[\s,:]))"
+    r"(?![\w'])(?:\s+(?:choice|option|letter)(?![\w']))?"
+    r"(?:[ \t]*(?:is|would\s+be|should\s+be|will\s+be|must\s+be|to\s+be|remains|becomes|=|:|-|–|—))*"
+    r"(?:[ \t]*(?:likely|probably|clearly|definitely|therefore|thus|then|indeed|actually|"
+    r"most\s+likely|simply|now|still|,))*[ \t:]*", re.I)
+# markers that conclude without naming an answer: what follows must end the sentence
+_WEAK = re.compile(r"(?:so|thus|therefore|hence|it\s+is|it's|it\s+must\s+be|this\s+is|that\s+is)\b",
+                   re.I)
+_SENT_END = re.compile(r"[ \t]*[.!]?[ \t]*(?:$|\n|(?<=[.!])\s+(?=[A-Z(]))", re.M)
+_IS_CORRECT = re.compile(
+    r"[ \t]*(?:is|seems\s+to\s+be|appears\s+to\s+be|would\s+be|must\s+be|should\s+be)[ \t]+"
+    r"(?:the[ \t]+)?(?:(?:most[ \t]+)?likely[ \t]+|only[ \t]+|clearly[ \t]+|definitely[ \t]+)?"
+    r"(?:the[ \t]+)?(?:correct|right|best|answer|most[ \t]+(?:likely|appropriate|accurate|"
+    r"plausible|suitable|reasonable))\b", re.I)
+_HYPOTHETICAL = re.compile(
+    r"(?:\b(?:if|whether|assuming|assume|suppose|unless|why|how)\b[^.;!?,\n]{0,40}"
+    r"|\b(?:don't|do\s+not|doesn't|does\s+not|didn't|wouldn't|would\s+not|cannot|can't)\s+"
+    r"(?:think|believe|say|agree|feel)\b[^.;!?\n]{0,40})$", re.I)
+_BARE_BEFORE = re.compile(r"(?:^|[\n.:;!?,]|\b(?:so|thus|therefore|hence|and|then))[ \t]*$", re.I)
+_PURE_LABEL = re.compile(
+    r"^[ \t]*(?:[-•][ \t]*)?(?:(?:option|choice|answer|letter)[ \t]*[:\-]?[ \t]*)?[(\[]?[ \t]*"
+    r"(?P<l>[A-Za-z])[ \t]*[)\]]?[ \t]*[.:!]?[ \t]*$", re.I | re.M)
+_LINE_LABEL = re.compile(r"^[ \t]*(?:[-•][ \t]*)?(?:\((?P<a>[A-Za-z])\)|\[(?P<b>[A-Za-z])\]|"
+                         r"(?P<c>[A-Z])[.):])[ \t]*(?P<rest>.*)$")
+_REVISION = re.compile(
+    r"^\W*(?:wait|actually|no\b|correction|on\s+second\s+thought|on\s+(?:closer|further)|"
+    r"however|but|hmm|instead|rather|scratch\s+that|upon\s+(?:further|closer)|re-?consider|"
+    r"after\s+(?:all|reconsider|further)|i\s+was\s+wrong|let\s+me\s+reconsider)", re.I)
+
+
+_BUT = re.compile(r"[^.\n]*?\bbut\s+(?:rather\s+|instead\s+)?(?:(?:it\s+is|it's)\s+)?", re.I)
+_OPTION_WORD_REF = re.compile(r"\s*[(\[]?\s*([A-Za-z])\s*[)\]]?(?![\w'])")
+
+
+def _commitment_at(s: str, m: re.Match, opts: _Options) -> tuple[list[str], int] | None:
+    """What a marker commits to: ``(letters, end)``, or None (nothing, or a rejection)."""
+    pos = m.end()
+    weak = _WEAK.match(s, m.start()) is not None and not re.search(
+        r"answer|option|choice|letter", m.group(0), re.I)
+    if re.match(r"not\b", s[pos:pos + 4], re.I):
+        # "the answer is not A but B": the part after "but" commits
+        but = _BUT.match(s, pos)
+        if not but:
+            return None
+        pos = but.end()
+    got = _ref_list(s, pos, opts)
+    if not got:
+        return None
+    if weak and not _SENT_END.match(s, got[1]):
+        return None  # "so A pretty ...", "it is C-shaped": not a conclusion
+    return got
+
+
+def _line_spans(s: str) -> list[tuple[int, int]]:
+    out, pos = [], 0
+    for line in s.split("\n"):
+        out.append((pos, pos + len(line)))
+        pos += len(line) + 1
+    return out
+
+
+def _echo_lines(s: str, opts: _Options) -> set[int]:
+    """Indices of lines that merely echo options: "(A) red" lines when there are two or more,
+    and single lines holding two or more "label text" pairs ("(A) red (B) blue ...")."""
+    lines = s.split("\n")
+    single: list[int] = []
+    out: set[int] = set()
+    for i, line in enumerate(lines):
+        m = _LINE_LABEL.match(line)
+        if m:
+            letter = (m.group("a") or m.group("b") or m.group("c")).upper()
+            if opts.texts.get(letter) and _norm_text(m.group("rest")) == opts.texts[letter]:
+                single.append(i)
+                continue
+        pairs: set[str] = set()
+        rest, pos = [], 0
+        for m in _LABEL_ANY.finditer(line):
+            k = (m.group(1) or m.group(2)).upper()
+            end = opts.own_text_after(line, k, m.end())
+            if end and m.start() >= pos:
+                pairs.add(k)
+                rest.append(line[pos:m.start()])
+                pos = end
+        rest.append(line[pos:])
+        # what is left besides the pairs: at most a few words ("The options are")
+        few = len(re.findall(r"[A-Za-z]{2,}", " ".join(rest))) <= 4
+        if len(pairs) >= 2 and few and not _MARKER.search(line):
+            out.add(i)
+    if len(single) >= 2:
+        out.update(single)
+    return out
+
+
+def _commitments(s: str, opts: _Options, echo: set[int]) -> list[tuple[int, list[str], str]]:
+    """Every explicit commitment: ``(position, letters, rule)`` in text order."""
+    found: list[tuple[int, list[str], str]] = []
+    spans = _line_spans(s)
+    for i, (a, b) in enumerate(spans):
+        if i in echo:
+            continue
+        line = s[a:b]
+        for m in _MARKER.finditer(line):
+            got = _commitment_at(line, m, opts)
+            if got and not _HYPOTHETICAL.search(line[:m.start()]):
+                found.append((a + m.start(), got[0], "commitment"))
+        # "(B) is correct", "Option C is the best answer", "D is the answer"
+        for m in re.finditer(r"\b(?:option|choice)\b|\(|\[|\b[A-Z](?![\w'])", line, re.I):
+            if m.group(0).isalpha() and len(m.group(0)) == 1:
+                if not m.group(0).isupper() or not _BARE_BEFORE.search(line[:m.start()]):
+                    continue
+            ref = _ref_at(line, m.start(), opts) if not opts.text_at(line, m.start()) else None
+            if ref is None:
+                got = _OPTION_WORD_REF.match(
+                    line, m.end()) if m.group(0).lower() in ("option", "choice") else None
+                if not got or got.group(1).upper() not in opts.letters:
+                    continue
+                ref = (got.group(1).upper(), got.end())
+            if (_IS_CORRECT.match(line, ref[1]) and not _HYPOTHETICAL.search(line[:m.start()])
+                    and not re.search(r"\bnot\s+$", line[:m.start()], re.I)):
+                found.append((a + m.start(), [ref[0]], "commitment"))
+        pl = _PURE_LABEL.match(line)
+        if pl and pl.group("l").upper() in opts.letters:
+            found.append((a, [pl.group("l").upper()], "label line"))
+        else:
+            lead = len(line) - len(line.lstrip(" \t-•"))
+            got = _ref_list(line, lead, opts) if line.strip() else None
+            if got and len(got[0]) > 1 and re.fullmatch(r"[\s.!,;]*", line[got[1]:]):
+                found.append((a, got[0], "label line"))
+    # one labelled first line ("C. A pretty girl standing", "(B) blue"): the model's answer
+    labelled = [i for i, (a, b) in enumerate(spans) if i not in echo and _LINE_LABEL.match(s[a:b])]
+    first = next((i for i, (a, b) in enumerate(spans) if s[a:b].strip()), None)
+    if labelled == [first] and first is not None:
+        a, b = spans[first]
+        m = _LINE_LABEL.match(s[a:b])
+        letter = (m.group("a") or m.group("b") or m.group("c")).upper()
+        rest = m.group("rest")
+        own = opts.own_text_after(s[a:b], letter, m.end("rest") - len(rest))
+        rest = s[a:b][own:] if own else rest
+        others = set(_mentions(s[a:b], opts)[0]) - {letter}
+        if (letter in opts.letters and not any(p == a for p, _, _ in found) and not others
+                and not _REJECT_AFTER.match(rest) and not _DESCRIBES.match(rest)):
+            found.append((a, [letter], "label line"))
+    found.sort(key=lambda x: x[0])
+    return found
+
+
+_CLAUSE_CUT = re.compile(r"\b(?:because|since|whereas|while|due\s+to|given\s+that|as\s+it|"
+                         r"as\s+the)\b|,\s*as\b", re.I)
+_DISCUSS_LEAD = re.compile(
+    r"^\W*(?:\d+[.)]\s*)?(?:(?:if|assuming|suppose|when)\b|(?:for|in|with|regarding|considering|"
+    r"consider|looking\s+at|look\s+at|examining|examine|analy[sz]ing|evaluating|evaluate|about|"
+    r"let's\s+(?:look\s+at|consider|examine|check|evaluate|analy[sz]e)|now|next|first|second|"
+    r"third|checking|check|comparing|compare)\s*,?\s+(?:the\s+)?(?:options?\b|choices?\b|"
+    r"\(\s*[A-Za-z]\s*\)|[A-Z][.):\s]))", re.I)
+_DESCRIBES = re.compile(
+    r"^\s*(?:suggests|states|says|shows|represents|refers|involves|mentions|proposes|"
+    r"claims|indicates|lists|is\s+about|talks|would\s+mean|means|implies|focuses|"
+    r"argues|assumes)\b|^\s*:\s|^\s+[-–]\s", re.I)
+_REJECT_BEFORE = re.compile(
+    r"(?:\b(?:not|than|instead\s+of|rather\s+than|unlike|except|nor|neither|exclude|excluding|"
+    r"over|eliminate|eliminating|rule\s+out)|\b(?:cannot|can't|couldn't|could\s+not|isn't|is\s+not|"
+    r"wasn't|won't|shouldn't)\s+be|\bisn't|\bis\s+not)\s+(?:(?:by|from|in|at|of|the|a|an|option|"
+    r"choice|really|exactly|quite|necessarily)\s+)*$", re.I)
+_REJECT_AFTER = re.compile(
+    r"^[^.;!?]{0,40}?\b(?:(?:is|are|seems|appears)\s+(?:also\s+)?(?:incorrect|wrong|not|false|"
+    r"unlikely|ruled\s+out|eliminated|irrelevant|inconsistent)|isn't|aren't|can\s+be\s+"
+    r"(?:ruled\s+out|eliminated|excluded|discarded)|cannot|can't|does\s+not|doesn't|do\s+not|"
+    r"don't|fails?|would\s+not|wouldn't|is\s+too|are\s+too|contradicts|doesn't)\b", re.I)
+_SENTENCE = re.compile(r"[^\n]+?(?:[.!?](?=\s|$)|$)", re.M)
+
+
+_BRACKET_REF = re.compile(r"\(\s*([A-Z])\s*\)|\[\s*([A-Z])\s*\]")
+_WORD_REF = re.compile(r"\b(?:option|choice)s?\s*:?\s*", re.I)
+_BARE_PAIR = re.compile(r"(?<![\w'])([A-Z])(?:\s*,\s*|\s*,?\s+(?:and|or)\s+)([A-Z])(?![\w'])")
+_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+_NUMERIC = re.compile(r"[\d.,\s%]+")
+_OPERATOR_AFTER = re.compile(r"^\s*[=+*/^×÷<>]|^\s+-\s")
+_OPERATOR_BEFORE = re.compile(r"[+*/^×÷]\s*$|\s-\s*$")
+
+
+def _mentions(clause: str, opts: _Options) -> tuple[list[str], list[str], list[str], bool]:
+    """Letters named in ``clause``: ``(named, rejected, discussed, starts_with_ref)``.
+
+    A mention is a bracketed capital "(C)", "option c" / "options B and D", two capitals joined
+    by "and" / "or" / a comma ("between B and C"), or an option's full text. Rejected: "not (A)",
+    "rather than red", "(B) can be ruled out". Discussed: "option A shows ...", "(A) suggests".
+    Numeric option texts count only where every number of the clause is an option text, and no
+    option text counts as an operand ("x^2 =", "1,200 + 300").
+    """
+    spans: list[tuple[int, int, str]] = []
+    for m in _BRACKET_REF.finditer(clause):
+        spans.append((m.start(), m.end(), (m.group(1) or m.group(2))))
+    for m in _WORD_REF.finditer(clause):
+        got = _ref_list(clause, m.end(), opts)
+        if got:
+            for k in got[0]:
+                spans.append((m.start(), got[1], k))
+    for m in _BARE_PAIR.finditer(clause):
+        if m.group(1) in opts.letters and m.group(2) in opts.letters:
+            spans.append((m.start(1), m.end(1), m.group(1)))
+            spans.append((m.start(2), m.end(2), m.group(2)))
+    texts = opts.find_texts(clause)
+    numbers = [(m.start(), m.end()) for m in _NUMBER.finditer(clause)]
+    numeric = [t for t in texts if _NUMERIC.fullmatch(opts.texts[t[2]])]
+    if any(not any(a <= n0 and n1 <= b for a, b, _ in numeric) for n0, n1 in numbers):
+        texts = [t for t in texts if t not in numeric]
+    texts = [t for t in texts if not _OPERATOR_AFTER.match(clause[t[1]:])
+             and not _OPERATOR_BEFORE.search(clause[:t[0]])]
+    spans.extend(texts)
+    spans = sorted(x for x in spans if x[2] in opts.letters)
+    named, rejected, discussed = [], [], []
+    for s0, e0, k in spans:
+        if _REJECT_BEFORE.search(clause[:s0]) or _REJECT_AFTER.match(clause[e0:]):
+            rejected.append(k)
+        elif _DESCRIBES.match(clause[e0:]) or _HYPOTHETICAL.search(clause[:s0]):
+            discussed.append(k)
+        else:
+            named.append(k)
+    lead = bool(spans) and not clause[:spans[0][0]].strip(" \t-•*:#0123456789.)")
+    return named, rejected, discussed, lead
+
+
+def _sentences(s: str, opts: _Options, echo: set[int]) -> list[dict[str, Any]]:
+    """The sentences outside echo lines, each with its named / rejected letters and kind."""
+    out: list[dict[str, Any]] = []
+    for i, (a, b) in enumerate(_line_spans(s)):
+        if i in echo:
+            continue
+        for m in _SENTENCE.finditer(s[a:b]):
+            sent = m.group(0).strip()
+            if not sent:
+                continue
+            cut = _CLAUSE_CUT.search(sent)
+            main = sent[:cut.start()] if cut and cut.start() > 0 else sent
+            named, rejected, discussed, lead = _mentions(main, opts)
+            _, all_rejected, _, _ = _mentions(sent, opts)
+            after_lead = ""
+            if lead:
+                r = _ref_at(main, len(main) - len(main.lstrip(" \t-•*:#0123456789.)")), opts)
+                after_lead = main[r[1]:] if r else ""
+            discuss = bool(_DISCUSS_LEAD.match(sent)) or (lead and bool(_DESCRIBES.match(after_lead)))
+            out.append({"pos": a + m.start(), "text": sent, "named": list(dict.fromkeys(named)),
+                        "rejected": rejected + all_rejected, "discussed": discussed, "lead": lead, "discuss": discuss,
+                        "question": sent.endswith("?"), "revision": bool(_REVISION.match(sent))})
+    # a per-option list: two or more sentences opening with different options
+    leads = {x["named"][0] for x in out if x["lead"] and x["named"]}
+    if len(leads) >= 2:
+        for x in out:
+            if x["lead"]:
+                x["discuss"] = True
+    return out
+
+
+def parse_strict_detail(response: str | None, all_choices: Sequence[str],
+                        index2ans: Mapping[str, str]) -> StrictParse:
+    """The strict parse of one multiple-choice response, with its status and rule.
+
+    ``all_choices``: the option letters (``["A", "B", ...]``); ``index2ans``: letter -> option
+    text. Deterministic (no randomness), a pure function of its arguments. See the comment block
+    above and docs/mmmu.md for the rules.
+    """
+    if response is None or not str(response).strip():
+        return StrictParse(None, NO_ANSWER, "empty")
+    opts = _Options(all_choices, index2ans)
+    s = clean_text(str(response))
+    if not s.strip():
+        return StrictParse(None, NO_ANSWER, "reasoning only")
+    echo = _echo_lines(s, opts)
+    sents = _sentences(s, opts, echo)
+
+    found = _commitments(s, opts, echo)
+    if found:
+        pos, letters, rule = found[-1]
+        # a later revision that names one other option ("Wait, actually (C) fits better")
+        for x in sents:
+            if (x["pos"] > pos and x["revision"] and len(x["named"]) == 1 and not x["question"]
+                    and x["named"][0] not in letters):
+                return StrictParse(x["named"][0], "answer", "revision")
+        if len(letters) == 1:
+            return StrictParse(letters[0], "answer", rule)
+        return StrictParse(None, AMBIGUOUS, "multi-option commitment")
+
+    naming = [x for x in sents if x["named"] and not x["discuss"] and not x["question"]]
+    if naming:
+        last = naming[-1]
+        singles = [x for x in naming if len(x["named"]) == 1]
+        if len(last["named"]) == 1:
+            distinct = {x["named"][0] for x in singles}
+            if len(distinct) == 1 or last["revision"]:
+                return StrictParse(last["named"][0], "answer", "sentence")
+        return StrictParse(None, AMBIGUOUS, "several options")
+    # options left standing, and every option a per-option analysis went through
+    named = {k for x in sents for k in x["named"] + x["discussed"]
+             + (x["rejected"] if x["discuss"] else [])}
+    if len(named) >= 2:
+        return StrictParse(None, AMBIGUOUS, "several options discussed")
+    if echo and not named:
+        return StrictParse(None, NO_ANSWER, "echoed options only")
+    return StrictParse(None, NO_ANSWER, "nothing")
 
 
 def parse_strict(response: str | None, all_choices: Sequence[str],
                  index2ans: Mapping[str, str]) -> str | None:
-    """Our deterministic multiple-choice parse; None means unparsed (see module docstring).
-
-    Order: (1) the last explicit commitment anywhere in the text ("Answer: B", "the answer is D.",
-    "option C", "B is correct"); (2) the last line that is only a letter label, or a leading label
-    of a line that does not merely echo its option; a response whose labelled lines are all echoes
-    of the option list is unparsed; (3) a response (or a line) equal to one option's text.
-    """
-    if response is None:
-        return None
-    letters = set(all_choices)
-    text = _THINK.sub(" ", response)
-    if not text.strip():
-        return None
-
-    # (1) explicit commitments: the last one wins
-    found: list[tuple[int, str]] = []
-    for m in _MARKERS.finditer(text):
-        c = _commitment(m.group("tail"), letters, index2ans)
-        if c is not None:
-            found.append((m.start(), c))
-    for rx in (_OPTION_WORD, _LETTER_IS_CORRECT):
-        for m in rx.finditer(text):
-            if m.group("l") in letters:
-                found.append((m.start("l"), m.group("l")))
-    if found:
-        return max(found)[1]
-
-    # (2) letter labels, line by line; the last label that is not an echo wins. A line that
-    # repeats its option ("(B) blue" when B is "blue") is an echo; one such line alone is an
-    # answer ("C. A pretty girl standing"), several are an echoed option list and commit to nothing.
-    labels: list[str] = []
-    echoes: list[str] = []
-    for line in text.splitlines():
-        m = _LEADING.match(line.strip())
-        if not m:
-            continue
-        letter = m.group("a") or m.group("b")
-        if letter not in letters:
-            continue
-        (echoes if _is_echo(letter, m.group("rest"), index2ans) else labels).append(letter)
-    if labels:
-        return labels[-1]
-    if len(echoes) == 1:
-        return echoes[0]
-    if len(echoes) > 1:
-        return None
-
-    # (3) exact option text: the whole response, else the last line that is one
-    whole = _option_text_match(text, index2ans)
-    if whole is not None:
-        return whole
-    for line in reversed(text.splitlines()):
-        hit = _option_text_match(line, index2ans)
-        if hit is not None:
-            return hit
-    return None
+    """The strict parse's letter (None: unparsed; :func:`parse_strict_detail` says why)."""
+    return parse_strict_detail(response, all_choices, index2ans).letter
 
 
 def eval_mc(gold: str | list[str], pred: str | None) -> bool:
