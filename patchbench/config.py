@@ -813,9 +813,9 @@ def _format_errors(path: Path, text: str, err: ValidationError, prefix: tuple = 
         raw_loc = tuple(e["loc"])
         got = e.get("input")
         # a union member that does not fit the input's kind says nothing useful
-        if "str" in raw_loc and isinstance(got, dict):
+        if raw_loc[-1:] == ("str",) and isinstance(got, dict):
             continue
-        if "DiffPatch" in raw_loc and not isinstance(got, dict) and e["type"] != "missing":
+        if raw_loc[-1:] == ("DiffPatch",) and not isinstance(got, dict):
             continue
         loc = prefix + _clean_loc(raw_loc)
         text_ = e["msg"].removeprefix("Value error, ")
