@@ -364,3 +364,38 @@ def trim(events: list[dict], first_step: int, n_steps: int) -> list[dict]:
     a = sel[0][0]["ts"]
     b = max(r["ts"] + r.get("dur", 0) for r, _ in sel)
     return [e for e in complete_events(events) if e["ts"] < b and e["ts"] + e.get("dur", 0) > a]
+
+
+def timeline_excerpt(events: list[dict], analysis: Analysis, *, first_step: int = 1,
+                     n_steps: int = 4) -> dict | None:
+    """A small JSON-able picture of ``n_steps`` consecutive decode steps for the timeline figure.
+
+    Times in microseconds relative to the first chosen step's start: ``steps`` [{"ts", "dur",
+    "batch_size"}], ``mrope`` [[ts, dur]] (mrope ranges inside those steps), ``syncs`` [[ts,
+    in_mrope]] (sync points), ``gpu`` [[ts, dur]] (merged GPU busy intervals, all streams, within
+    the steps' window; empty on a CPU trace). None when the trace has no decode step.
+    """
+    if not analysis.steps:
+        return None
+    first_step = min(first_step, max(len(analysis.steps) - n_steps, 0))
+    chosen = analysis.steps[first_step:first_step + n_steps]
+    t0 = chosen[0].ts_us
+    t1 = max(s.ts_us + s.host_us for s in chosen)
+    for s in chosen:
+        if s.gpu_end_us is not None:
+            t1 = max(t1, s.gpu_end_us)
+    index = _thread_index(complete_events(events))
+    mrope, syncs = [], []
+    for s in chosen:
+        host = _inside(index, (s.pid, s.tid), s.ts_us, s.ts_us + s.host_us)
+        ms = [e for e in host if str(e.get("name", "")).startswith(MROPE_PREFIX)]
+        mrope += [[e["ts"] - t0, e.get("dur", 0)] for e in ms]
+        for ts in s.sync_ts_us:
+            in_m = any(m["ts"] <= ts <= m["ts"] + m.get("dur", 0) for m in ms)
+            syncs.append([ts - t0, in_m])
+    gpu = [[max(a, t0) - t0, min(b, t1) - max(a, t0)]
+           for a, b in _merged([e for e in events if e.get("cat") in GPU_CATS])
+           if b > t0 and a < t1]
+    return {"steps": [{"ts": s.ts_us - t0, "dur": s.host_us, "batch_size": s.batch_size}
+                      for s in chosen],
+            "mrope": mrope, "syncs": syncs, "gpu": gpu, "span_us": t1 - t0}

@@ -1,0 +1,110 @@
+"""A steady decode load for profiling: fixed concurrency, long outputs, ``ignore_eos``, one image per
+prompt (so the mrope multimodal path runs), streamed through sglang's native ``POST /generate``.
+
+Each of ``concurrency`` workers keeps one request in flight (a new one when it ends) until
+:meth:`DecodeLoad.stop`; every streamed chunk's arrival time is recorded (``time.monotonic``, s)
+so that inter-token latencies can be read per time window (the profiler's overhead on the step).
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import time
+from dataclasses import dataclass, field
+from statistics import median
+
+import aiohttp
+
+#: Qwen2.5-VL's chat layout with one image placeholder (what the chat template renders)
+PROMPT = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+          "<|vision_start|><|image_pad|><|vision_end|>Describe this picture in detail.<|im_end|>\n"
+          "<|im_start|>assistant\n")
+
+
+def image_data_url(seed: int, width: int, height: int) -> str:
+    """A seeded random RGB PNG as a ``data:image/png;base64,...`` URL (same bytes for a seed)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    img = Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), "RGB")
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+@dataclass
+class DecodeLoad:
+    """The load against ``base_url``; ``arrivals[i]``: chunk arrival times of worker i's current
+    and past requests; ``errors``: failed requests (text)."""
+
+    base_url: str
+    concurrency: int
+    max_new_tokens: int
+    image_urls: list[str]
+    arrivals: list[list[float]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    requests_done: int = 0
+    _stop: asyncio.Event | None = None
+    _tasks: list[asyncio.Task] = field(default_factory=list)
+
+    def payload(self, worker: int) -> dict:
+        return {"text": PROMPT, "image_data": self.image_urls[worker % len(self.image_urls)],
+                "stream": True,
+                "sampling_params": {"temperature": 0.0, "max_new_tokens": self.max_new_tokens,
+                                    "ignore_eos": True}}
+
+    async def start(self, session: aiohttp.ClientSession) -> None:
+        """Start the workers (returns at once)."""
+        self._stop = asyncio.Event()
+        self.arrivals = [[] for _ in range(self.concurrency)]
+        self._tasks = [asyncio.create_task(self._worker(session, i))
+                       for i in range(self.concurrency)]
+
+    async def _worker(self, session: aiohttp.ClientSession, i: int) -> None:
+        url = self.base_url.rstrip("/") + "/generate"
+        while not self._stop.is_set():
+            try:
+                async with session.post(url, json=self.payload(i)) as r:
+                    if r.status != 200:
+                        self.errors.append(f"HTTP {r.status}: {(await r.text())[:300]}")
+                        await asyncio.sleep(0.5)
+                        continue
+                    async for line in r.content:
+                        if not line.startswith(b"data:"):
+                            continue
+                        if line.strip() == b"data: [DONE]":
+                            break
+                        self.arrivals[i].append(time.monotonic())
+                        if self._stop.is_set():
+                            return
+                    self.requests_done += 1
+            except asyncio.CancelledError:
+                raise
+            except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as e:
+                self.errors.append(f"{type(e).__name__}: {e}")
+                await asyncio.sleep(0.5)
+
+    def min_tokens(self) -> int:
+        """The fewest chunks any worker has received so far."""
+        return min((len(a) for a in self.arrivals), default=0)
+
+    def itl_median_ms(self, t0: float, t1: float) -> float | None:
+        """Median gap between consecutive chunks of one worker, both arriving in [t0, t1] (ms);
+        None when there is no such pair."""
+        gaps = []
+        for arr in self.arrivals:
+            inside = [t for t in arr if t0 <= t <= t1]
+            gaps += [(b - a) * 1000.0 for a, b in zip(inside, inside[1:])]
+        return median(gaps) if gaps else None
+
+    async def stop(self) -> None:
+        """Stop the workers (closing their streams aborts the requests in the server)."""
+        if self._stop is not None:
+            self._stop.set()
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []

@@ -1,0 +1,134 @@
+"""Named profiler ranges around sglang's decode step and mrope computation (in-server import hook).
+
+Imported by this folder's ``sitecustomize.py`` when ``PATCHBENCH_PROFILE_RANGES=1``. When sglang's
+modules execute (in the scheduler process, which sglang starts with ``spawn``):
+
+- ``sglang.srt.managers.tp_worker``: ``TpModelWorker.forward_batch_generation`` runs inside
+  ``torch.profiler.record_function("patchbench::decode_step bs=N")`` when its batch is a decode
+  batch (N: the batch's request count). It builds the ``ForwardBatch`` (``ForwardBatch.init_new``,
+  where the mrope positions are computed), runs the model and samples, on the thread that does the
+  step's work (the scheduler's, or the overlap worker thread of 0.5.1.post3), on every release
+  checked (0.5.1.post3: first argument ``model_worker_batch``; 0.5.23: ``batch``, or a
+  ``forward_batch`` keyword when ``batch`` is None).
+- ``sglang.srt.model_executor.forward_batch_info``: ``ForwardBatch._compute_mrope_positions`` (the
+  entry point on every release) runs inside ``record_function("patchbench::mrope MODE bs=N")``.
+
+A range costs a few microseconds when no profiler runs and records nothing then. Only the standard
+library and torch (which sglang imports anyway) are used: the server need not import patchbench.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import os
+import sys
+
+TARGETS = {
+    "sglang.srt.managers.tp_worker": "wrap_tp_worker",
+    "sglang.srt.model_executor.forward_batch_info": "wrap_forward_batch",
+}
+
+
+def _batch_info(obj) -> tuple[str, int | None]:
+    """(mode, batch size) of a ScheduleBatch / ModelWorkerBatch / ForwardBatch; ("?", None) when
+    it has no forward mode."""
+    mode = getattr(obj, "forward_mode", None)
+    if mode is None:
+        return "?", None
+    name = "decode" if mode.is_decode() else ("extend" if mode.is_extend() else "other")
+    seq_lens = getattr(obj, "seq_lens", None)
+    bs = int(seq_lens.shape[0]) if seq_lens is not None and hasattr(seq_lens, "shape") else None
+    if bs is None and getattr(obj, "reqs", None) is not None:
+        bs = len(obj.reqs)
+    return name, bs
+
+
+def wrap_tp_worker(module) -> None:
+    """Wrap ``module.TpModelWorker.forward_batch_generation`` (once)."""
+    import torch
+
+    cls = getattr(module, "TpModelWorker", None)
+    if cls is None or getattr(cls, "_patchbench_profile_wrapped", False):
+        return
+    live = cls.__dict__.get("forward_batch_generation")
+    if live is None:
+        return
+
+    def forward_batch_generation(self, *args, **kwargs):
+        batch = args[0] if args else kwargs.get("model_worker_batch", kwargs.get("batch"))
+        if batch is None:
+            batch = kwargs.get("forward_batch")
+        mode, bs = _batch_info(batch)
+        if mode != "decode":
+            return live(self, *args, **kwargs)
+        with torch.profiler.record_function(f"patchbench::decode_step bs={bs}"):
+            return live(self, *args, **kwargs)
+
+    forward_batch_generation.__wrapped__ = live
+    cls.forward_batch_generation = forward_batch_generation
+    cls._patchbench_profile_wrapped = True
+
+
+def wrap_forward_batch(module) -> None:
+    """Wrap ``module.ForwardBatch._compute_mrope_positions`` (once)."""
+    import torch
+
+    cls = getattr(module, "ForwardBatch", None)
+    if cls is None or getattr(cls, "_patchbench_profile_wrapped", False):
+        return
+    live = getattr(cls, "_compute_mrope_positions", None)
+    if live is None:
+        return
+
+    def _compute_mrope_positions(self, *args, **kwargs):
+        mode, bs = _batch_info(self)
+        with torch.profiler.record_function(f"patchbench::mrope {mode} bs={bs}"):
+            return live(self, *args, **kwargs)
+
+    _compute_mrope_positions.__wrapped__ = live
+    cls._compute_mrope_positions = _compute_mrope_positions
+    cls._patchbench_profile_wrapped = True
+
+
+class _WrappingLoader(importlib.abc.Loader):
+    def __init__(self, inner, on_exec):
+        self._inner, self._on_exec = inner, on_exec
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module):
+        self._inner.exec_module(module)
+        self._on_exec(module)
+
+    def __getattr__(self, name):  # get_source, get_filename, ... of the real loader
+        return getattr(self._inner, name)
+
+
+class ImportHook(importlib.abc.MetaPathFinder):
+    """Finds the :data:`TARGETS` with the other finders and wraps them after they execute."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in TARGETS:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _WrappingLoader(spec.loader, globals()[TARGETS[fullname]])
+                return spec
+        return None
+
+
+def activate() -> None:
+    """Wrap the targets already imported; install the hook for the others."""
+    for name, fn in TARGETS.items():
+        if name in sys.modules:
+            globals()[fn](sys.modules[name])
+    if not any(isinstance(f, ImportHook) for f in sys.meta_path):
+        sys.meta_path.insert(0, ImportHook())
+
+
+if os.environ.get("PATCHBENCH_PROFILE_RANGES") == "1":
+    activate()

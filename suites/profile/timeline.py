@@ -1,0 +1,88 @@
+"""The profile suite's timeline figure: a few consecutive decode steps, baseline above variant.
+
+Each side has a host lane (decode-step ranges, mrope ranges, sync points as red ticks, those
+inside mrope ranges as filled triangles) and, when the trace has GPU work, a GPU lane (busy
+intervals of every stream merged; the white between them is GPU idle time). Times in milliseconds
+from the first shown step's start. Input: the ``timeline_excerpt`` dicts that ``pair`` stores.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from patchbench.records import write_bytes
+
+
+def _lane(ax, y, tl: dict, label: str) -> list[str]:
+    labels = []
+    ms = 1e-3
+    ax.broken_barh([(s["ts"] * ms, s["dur"] * ms) for s in tl.get("steps", [])], (y + 0.55, 0.35),
+                   facecolors="#9ecae1", edgecolor="#3182bd", linewidth=0.5)
+    if tl.get("mrope"):
+        ax.broken_barh([(a * ms, d * ms) for a, d in tl["mrope"]], (y + 0.6, 0.25),
+                       facecolors="#fd8d3c")
+    syncs = tl.get("syncs") or []
+    xs_in = [t * ms for t, inside in syncs if inside]
+    xs_out = [t * ms for t, inside in syncs if not inside]
+    if xs_out:
+        ax.plot(xs_out, [y + 0.95] * len(xs_out), "|", color="#de2d26", markersize=8)
+    if xs_in:
+        ax.plot(xs_in, [y + 0.95] * len(xs_in), "v", color="#a50f15", markersize=5)
+    labels.append((y + 0.72, f"{label}: host"))
+    if tl.get("gpu"):
+        ax.broken_barh([(a * ms, d * ms) for a, d in tl["gpu"]], (y + 0.1, 0.3),
+                       facecolors="#31a354")
+        labels.append((y + 0.25, f"{label}: GPU"))
+    return labels
+
+
+def plot_timeline(base: dict, var: dict, base_name: str, var_name: str, out: Path,
+                  title: str = "") -> Path:
+    """Write one PNG (about 1200 x 480 px) comparing two timeline excerpts; returns its path."""
+    import io
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    fig, ax = plt.subplots(figsize=(10, 4), dpi=120)
+    ticks = _lane(ax, 1.2, base, base_name) + _lane(ax, 0.0, var, var_name)
+    ax.set_yticks([t for t, _ in ticks], [n for _, n in ticks], fontsize=8)
+    span = max(base.get("span_us", 0), var.get("span_us", 0)) * 1e-3
+    ax.set_xlim(0, span * 1.02 if span else 1)
+    ax.set_ylim(-0.1, 2.4)
+    ax.set_xlabel("ms from the first shown decode step's start")
+    ax.set_title(title, fontsize=10)
+    ax.legend(handles=[Patch(color="#9ecae1", label="decode step (host)"),
+                       Patch(color="#fd8d3c", label="mrope"),
+                       Patch(color="#31a354", label="GPU busy"),
+                       Line2D([], [], ls="", marker="|", color="#de2d26", label="host sync"),
+                       Line2D([], [], ls="", marker="v", color="#a50f15", label="sync in mrope")],
+              fontsize=7, loc="upper right", ncol=5, framealpha=0.9)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    write_bytes(out, buf.getvalue())
+    return out
+
+
+def plot_pairs(pairs: dict[str, dict], base_name: str, out_dir: Path) -> list[Path]:
+    """One ``profile_timeline_<variant>.png`` per variant whose pair holds timelines of both sides
+    (the highest concurrency both have)."""
+    out = []
+    for var, p in pairs.items():
+        tls = (p or {}).get("timeline") or {}
+        b, v = tls.get("baseline") or {}, tls.get("variant") or {}
+        common = sorted(set(b) & set(v), key=int)
+        if not common:
+            continue
+        c = common[-1]
+        bs = ((b[c].get("steps") or [{}])[0]).get("batch_size")
+        out.append(plot_timeline(b[c], v[c], base_name, var,
+                                 Path(out_dir) / f"profile_timeline_{var}.png",
+                                 title=f"{len(b[c].get('steps', []))} consecutive decode steps, "
+                                       f"concurrency {c} (batch size {bs})"))
+    return out
