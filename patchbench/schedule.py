@@ -4,28 +4,54 @@ Interleaved order alternates the direction of each round (ABBA for two variants:
 A B ...; ABC CBA ABC for three), so a slow drift of the machine (thermal, background load) hits
 every variant alike and cancels in paired comparisons. Sequential runs all repeats of one variant
 before the next (only for debugging: drift then looks like an effect).
+
+Correctness cells: when a suite declares in-server instrumentation or is untimed
+(``Suite.timed = False``), each variant gets one untimed ``correctness`` cell before the timed
+rounds (folder ``<variant>/correctness``). It runs every suite with every instrumentation on; its
+timings feed no verdict. Timed cells never carry instrumentation and never run untimed suites.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
+
+CellKind = Literal["timed", "correctness"]
 
 
 @dataclass(frozen=True)
 class Cell:
     """One server lifetime: ``variant`` at repeat ``repeat`` (0-based); ``index`` = position in
-    the run order (0-based)."""
+    the run order (0-based); ``kind``: "timed" (timings feed verdicts) or "correctness" (one per
+    variant, instrumented and untimed suites; ``repeat`` is 0)."""
 
     index: int
     variant: str
     repeat: int
+    kind: CellKind = "timed"
+
+    @property
+    def dirname(self) -> str:
+        """``rep<k>`` for a timed cell, ``correctness`` for a correctness cell."""
+        return "correctness" if self.kind == "correctness" else f"rep{self.repeat}"
+
+    @property
+    def label(self) -> str:
+        """``variant/rep<k>`` or ``variant/correctness`` (log lines, progress, markers)."""
+        return f"{self.variant}/{self.dirname}"
+
+    def path(self, run_dir: str | Path) -> Path:
+        """The cell's folder in ``run_dir``."""
+        return Path(run_dir) / self.variant / self.dirname
 
 
 def plan_cells(variants: list[str], repeats: int,
-               order: Literal["interleaved", "sequential"] = "interleaved") -> list[Cell]:
+               order: Literal["interleaved", "sequential"] = "interleaved", *,
+               correctness: bool = False) -> list[Cell]:
     """The run order. ``variants`` in config order (the baseline first is customary).
 
     interleaved: round r runs the variants forward for even r and backward for odd r.
+    correctness: one correctness cell per variant (config order) before the timed cells.
     Raises ValueError for no variants, repeats < 1, or an unknown order.
     """
     if not variants:
@@ -41,4 +67,5 @@ def plan_cells(variants: list[str], repeats: int,
         pairs = [(v, r) for v in variants for r in range(repeats)]
     else:
         raise ValueError(f"unknown order '{order}'; allowed: interleaved, sequential")
-    return [Cell(i, v, r) for i, (v, r) in enumerate(pairs)]
+    first = [Cell(i, v, 0, "correctness") for i, v in enumerate(variants)] if correctness else []
+    return first + [Cell(len(first) + i, v, r) for i, (v, r) in enumerate(pairs)]

@@ -1,6 +1,7 @@
-"""The runner (patchbench.bench) against the fake server and a fake suite: cell lifecycle, a
-server dying mid-run, resume, Ctrl-C, config and environment errors. The real-server run is in
-tests/test_e2e_bench.py."""
+"""The runner (patchbench.bench, patchbench.cell) against the fake server and fake suites
+(tests/fake_server/fake_suites.py): cell lifecycle, a server dying mid-run, a scheduler dying while
+the front end stays up, correctness cells, resume, Ctrl-C, config and environment errors. The
+real-server run is in tests/test_e2e_bench.py."""
 import importlib.metadata
 import os
 import textwrap
@@ -8,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from patchbench import bench, suite
+import tests.fake_server.fake_suites  # noqa: F401 - registers the fake suites
+from patchbench import bench, cell
 from patchbench.config import ConfigError, load_config
+from patchbench.errors import Interrupted
 from patchbench.records import read_json
 from patchbench.server import port_answers
 
@@ -19,9 +22,9 @@ SGLANG = importlib.metadata.version("sglang")
 
 @pytest.fixture
 def fake_env(monkeypatch, tmp_path):
-    """Register the fake suite and make every launch run the fake server (first on PYTHONPATH)."""
-    monkeypatch.setitem(suite.SUITES, "fake", "tests.fake_suite")
-    real = bench._launch_spec
+    """Make every launch run the fake server (first on PYTHONPATH); ``faults[variant/rep<k>]``
+    adds environment variables to that cell's server."""
+    real = cell.launch_spec
     faults = {}
 
     def launch_spec(cfg, venv, cdir, port):
@@ -30,7 +33,7 @@ def fake_env(monkeypatch, tmp_path):
         spec.env.update(faults.get(f"{venv.name}/{cdir.name}", {}))
         return spec
 
-    monkeypatch.setattr(bench, "_launch_spec", launch_spec)
+    monkeypatch.setattr(cell, "launch_spec", launch_spec)
     return faults
 
 
@@ -128,14 +131,17 @@ def test_server_dying_mid_run_fails_that_cell_only_and_resume_reruns_it(fake_env
 def test_ctrl_c_stops_server_and_keeps_finished_cells(fake_env, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_SUITE_INTERRUPT", "control/1")
     cfg = write_config(tmp_path, BASIC)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Interrupted) as ei:
         bench.run_bench(cfg, results_root=tmp_path / "results")
+    assert ei.value.signum == 2 and ei.value.exit_code == 130
+    assert "--resume" in str(ei.value)
     run_dir = next((tmp_path / "results").iterdir())
     assert not port_answers("127.0.0.1", 31990)
     man = read_json(run_dir / "manifest.json")
     assert man["interrupted"] is True
     assert [c["status"] for c in man["cells"]] == ["ok", "ok"]
-    assert read_json(run_dir / "control" / "rep1" / "cell.json")["status"] == "interrupted"
+    rec = read_json(run_dir / "control" / "rep1" / "cell.json")
+    assert rec["status"] == "interrupted" and rec["error"] == "interrupted by SIGINT"
     assert read_json(run_dir / "baseline" / "rep0" / "fake" / "summary.json")["status"] == "ok"
 
 
@@ -153,7 +159,8 @@ def test_patch_that_does_not_apply_stops_before_any_server(fake_env, tmp_path, m
 
 
 def test_wrong_sglang_pin_is_environment_error(fake_env, tmp_path):
-    cfg = write_config(tmp_path, BASIC.replace("@SGLANG@", "0.4.0"))
+    # no patch: a patch without a diff for 0.4.0 is a config error (exit 2) before this check
+    cfg = write_config(tmp_path, BASIC.replace("@SGLANG@", "0.4.0").replace("[null-comment]", "[]"))
     with pytest.raises(bench.EnvironmentNotReady, match=f"pins sglang 0.4.0.*has {SGLANG}.*make setup SGLANG=0.4.0"):
         bench.run_bench(cfg, results_root=tmp_path / "results")
     assert bench.cli([str(cfg)]) == 3
@@ -177,7 +184,7 @@ def test_dry_run_prints_plan_and_launches_nothing(fake_env, tmp_path, capsys):
     (BASIC.replace("    schedule: {repeats: 2}\n", "    schedul: {repeats: 2}\n"),
      r"cfg.yaml:\d+: unknown key 'schedul'; allowed keys: name, sglang, model, server, variants"),
     (BASIC.replace("control: [null-comment]", "control: [no-such-patch]"),
-     r"cfg.yaml:\d+: variants.control\[0\]: patch 'no-such-patch' not found .*available: .*null-comment"),
+     r"cfg.yaml:\d+: variants.control.patches\[0\]: patch 'no-such-patch' not found .*available: .*null-comment"),
     (BASIC.replace("fake: {n: 2}", "fake: {n: 2, m: 1}"),
      r"unknown key 'suites.fake.m'; allowed keys: n$"),
     (BASIC.replace("fake: {n: 2}", "nosuch: {}"),
@@ -231,3 +238,69 @@ def test_overhead_share_and_breakdown_by_hand():
     assert bench._overhead_share(records, timings) == 0.2
     assert bench._overhead_breakdown(records, timings) == {
         "setup": 2.0, "server_stop": 5.5, "flush": 0.5, "report": 1.0, "other": 11.0}
+
+
+def test_scheduler_death_fails_the_cell_within_seconds_and_the_run_goes_on(fake_env, tmp_path):
+    """control/rep0's scheduler is SIGKILLed while the suite waits on /generate (the fake front
+    end then hangs every request, as sglang's does). The cell fails within seconds naming the
+    scheduler and its pid; the other cells run; nothing of that server is left."""
+    import signal
+    import threading
+    import time
+
+    import psutil
+
+    fake_env["control/rep0"] = {"FAKE_SCHEDULER": "1", "FAKE_GENERATE_SLEEP_S": "1"}
+    cfg = write_config(tmp_path, BASIC.replace("fake: {n: 2}", "fake: {n: 3}"))
+    killed = {}
+
+    def killer():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for p in psutil.process_iter(["cmdline"]):
+                if "sglang::scheduler_TP0" in " ".join(p.info["cmdline"] or []):
+                    time.sleep(1.5)  # inside the suite's first (1 s) requests
+                    killed["pid"], killed["t"] = p.pid, time.monotonic()
+                    os.kill(p.pid, signal.SIGKILL)
+                    return
+            time.sleep(0.05)
+    threading.Thread(target=killer, daemon=True).start()
+    with pytest.raises(bench.RunFailed) as ei:
+        bench.run_bench(cfg, results_root=tmp_path / "results")
+    run_dir = ei.value.run_dir
+    rec = read_json(run_dir / "control" / "rep0" / "cell.json")
+    assert rec["status"] == "failed"
+    assert f"the sglang scheduler (pid {killed['pid']}) died" in rec["error"]
+    assert "fake: scheduler pid" in rec["error"]  # the log's tail
+    summary = read_json(run_dir / "control" / "rep0" / "fake" / "summary.json")
+    assert summary["status"] == "failed"
+    assert f"the sglang scheduler (pid {killed['pid']}) died" in summary["errors"][0]
+    assert rec["liveness"]["death"]["pid"] == killed["pid"]
+    assert rec["liveness"]["death"]["detected_after_s"] > 0
+    # the suite ended at once: well under one request's wait, not the 600 s request timeout
+    assert rec["timings_s"]["suite:fake"] < 1.5 + 3.0
+    assert not psutil.pid_exists(rec["server"]["pid"]) or \
+        psutil.Process(rec["server"]["pid"]).status() == psutil.STATUS_ZOMBIE
+    cells = {(c["variant"], c["repeat"]): c["status"] for c in read_json(run_dir / "manifest.json")["cells"]}
+    assert cells == {("baseline", 0): "ok", ("control", 0): "failed", ("control", 1): "ok",
+                     ("baseline", 1): "ok"}
+
+
+def test_instrumented_or_untimed_suites_get_one_correctness_cell_per_variant(fake_env, tmp_path):
+    cfg = write_config(tmp_path, BASIC.replace("schedule: {repeats: 2}", "schedule: {repeats: 1}")
+                       .replace("fake: {n: 2}", "fake: {n: 1}\n      fake_instr: {}\n      fake_untimed: {}"))
+    plan = bench.describe_plan(load_config(cfg))
+    assert "correctness baseline#correctness control#correctness" in plan
+    run_dir = bench.run_bench(cfg, results_root=tmp_path / "results")
+    man = read_json(run_dir / "manifest.json")
+    assert [(c["variant"], c["cell_kind"], c["instrumented"]) for c in man["cells"]] == [
+        ("baseline", "correctness", True), ("control", "correctness", True),
+        ("baseline", "timed", False), ("control", "timed", False)]
+    corr = read_json(run_dir / "control" / "correctness" / "cell.json")
+    assert corr["cell_kind"] == "correctness" and corr["instrumented"] is True
+    assert set(corr["suites"]) == {"fake", "fake_instr", "fake_untimed"}
+    assert corr["instrumentation"] == {"fake_instr": {"files_count": 0}}
+    timed = read_json(run_dir / "control" / "rep0" / "cell.json")
+    assert timed["cell_kind"] == "timed" and timed["instrumented"] is False
+    assert set(timed["suites"]) == {"fake", "fake_instr"}  # the untimed suite never runs here
+    assert timed["instrumentation"] == {}

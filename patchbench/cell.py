@@ -1,0 +1,429 @@
+"""One cell (one server lifetime of one variant) in four named steps: start, run suites, stop,
+record. :func:`run_cell` strings them together; :class:`CellRun` holds the cell's state.
+
+- **start**: the launch spec (the variant's overlay and environment, plus the correctness cell's
+  instrumentation), markers that tie the server to this run (patchbench.server), the server's pid
+  and process group written to ``cell.json`` at once (so a server orphaned by a killed runner is
+  found again: patchbench.stale), readiness, then the liveness watch (patchbench.liveness) and,
+  on a GPU, the NVML sampler (patchbench.gpu).
+- **run suites**: suites that need no server first, then the others on the server; between two
+  suites ``/flush_cache`` and one bounded ``/health``; during a suite nothing is sent to the
+  server. A death of any server process stops the suite at once (``ServerLost``) and fails the
+  cell with "the sglang scheduler (pid N) died" and the server log's tail.
+- **stop**: the liveness watch first (a stop is not a death), then a fast stop of the group
+  (patchbench.server: the results are on disk already).
+- **record**: the instrumentation's ``collect`` results, the cell's status, timings and the GPU
+  summary, written to ``cell.json`` (patchbench.runfolder.CellRecord).
+
+Never raises for a failure of the server or a suite (the cell is marked failed); an interrupt
+(Ctrl-C, SIGTERM, SIGHUP) stops the server, marks the cell interrupted and propagates.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from patchbench import envinfo, runfolder
+from patchbench.config import Config
+from patchbench.liveness import ServerLost, ServerWatch
+from patchbench.runfolder import CellRecord
+from patchbench.schedule import Cell
+from patchbench.server import (
+    MARKER_CELL,
+    MARKER_RUN_DIR,
+    MARKER_RUNNER_PID,
+    LaunchSpec,
+    ServerError,
+    SglangServer,
+    scan_log,
+    tail,
+)
+from patchbench.shims import CALLED_MARKER, SITE_DIR
+from patchbench.signals import signum_of
+from patchbench.suite import Instrumentation, ServerInfo, SuiteContext, SuiteError, SuiteResult
+from patchbench.variants import VariantEnv, stock_client_env
+
+DONE_STATUSES = ("ok", "incomplete")
+#: seconds a between-suites /health may take (sglang's own health check waits up to 20 s)
+HEALTH_TIMEOUT_S = 30.0
+
+
+def utc_stamp() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+# ---------------------------------------------------------------------------------- suites
+class _ModuleSuite:
+    """A suite still written as a module (``run``, ``NEEDS_SERVER``), seen through the Suite
+    interface until it is registered with ``patchbench.suite.register``."""
+
+    def __init__(self, name: str, mod: Any):
+        self.name, self._mod = name, mod
+        self.needs_server = getattr(mod, "NEEDS_SERVER", True)
+        self.timed = getattr(mod, "TIMED", True)
+
+    def run(self, ctx, params):
+        return self._mod.run(ctx, params)
+
+    def instrumentation(self, ctx, params):
+        hook = getattr(self._mod, "instrumentation", None)
+        return hook(ctx, params) if hook else None
+
+
+def suite_of(name: str):
+    """The registered suite ``name`` (patchbench.suite.get_suite), or an old-style module."""
+    from patchbench import suite as S
+    try:
+        return S.get_suite(name)
+    except KeyError:
+        if not hasattr(S, "load_suite"):
+            raise
+        return _ModuleSuite(name, S.load_suite(name))
+
+
+def is_cpu(cfg: Config) -> bool:
+    """True when ``server.args`` asks for ``--device cpu``."""
+    a = cfg.server.args
+    return any(x == "--device=cpu" for x in a) or any(
+        a[i] == "--device" and i + 1 < len(a) and a[i + 1] == "cpu" for i in range(len(a)))
+
+
+def launch_spec(cfg: Config, venv: VariantEnv, cdir: Path, port: int) -> LaunchSpec:
+    """How this variant's server is launched into ``cdir`` (tests replace this function)."""
+    s = cfg.server
+    extra = list(getattr(cfg.variants.get(venv.name), "server_args", None) or [])
+    return LaunchSpec(python=sys.executable, model_path=cfg.model_ref, host=s.host, port=port,
+                      args=list(s.args) + extra, env=dict(venv.server_env),
+                      log_path=cdir / "server.log", ready_timeout_s=s.ready_timeout_s,
+                      stop_grace_s=s.stop_grace_s, port_close_timeout_s=s.port_close_timeout_s,
+                      flush_retries=s.flush_retries, flush_pause_s=s.flush_pause_s)
+
+
+def suite_done(path: Path) -> bool:
+    """True when ``path/summary.json`` says ok or incomplete."""
+    s = runfolder.read_summary(path)
+    return s is not None and s.status in DONE_STATUSES
+
+
+def cell_suites(cfg: Config, cell: Cell) -> list[str]:
+    """The suites a cell runs, in config order: every suite in a correctness cell, the timed
+    ones in a timed cell."""
+    return [s for s in cfg.suites if cell.kind == "correctness" or suite_of(s).timed]
+
+
+def cell_done(run_dir: Path, cell: Cell, cfg: Config) -> bool:
+    """A cell is done when each of its suites has a summary with status ok/incomplete."""
+    return all(suite_done(cell.path(run_dir) / s) for s in cell_suites(cfg, cell))
+
+
+def needs_correctness_cells(cfg: Config, ctx_for: Callable[[str], SuiteContext] | None = None) -> bool:
+    """True when a suite of ``cfg`` is untimed or declares instrumentation (``ctx_for(suite)``
+    gives the context the hook is asked with; a placeholder one by default)."""
+    for name in cfg.suites:
+        s = suite_of(name)
+        if not s.timed:
+            return True
+        ctx = ctx_for(name) if ctx_for else _placeholder_ctx(cfg, name)
+        if s.instrumentation(ctx, cfg.suite_params[name]) is not None:
+            return True
+    return False
+
+
+def _placeholder_ctx(cfg: Config, suite: str) -> SuiteContext:
+    site = envinfo.stock_site_dir()
+    stock = (site / "sglang") if site else Path("sglang")
+    root = Path("/nonexistent-run")
+    return SuiteContext(server=None, out_dir=root / suite, run_dir=root, cache_dir=root / ".cache",
+                        variant=cfg.baseline, repeat=0, baseline=cfg.baseline,
+                        sglang_version=cfg.sglang, python=sys.executable, stock_env={},
+                        variant_sglang_dir=stock, stock_sglang_dir=stock,
+                        device="cpu" if is_cpu(cfg) else "cuda")
+
+
+# ---------------------------------------------------------------------------------- the cell
+@dataclass
+class CellRun:
+    """The state of one cell while its steps run; see the module docstring.
+
+    ``record`` is the cell.json being built; ``server`` / ``watch`` exist between start and stop.
+    ``progress``: a patchbench.progress.BenchProgress (or None); ``nvml``: a patchbench.gpu.Nvml
+    (None: no GPU checks).
+    """
+
+    cfg: Config
+    cell: Cell
+    venv: VariantEnv
+    run_dir: Path
+    port: int
+    log: Callable[[str], None] = print
+    progress: Any = None
+    nvml: Any = None
+    record: CellRecord = field(init=False)
+    server: SglangServer | None = None
+    watch: ServerWatch | None = None
+    sampler: Any = None
+    instrumentation: dict[str, Instrumentation] = field(default_factory=dict)
+    _t0: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.cdir = self.cell.path(self.run_dir)
+        self.cdir.mkdir(parents=True, exist_ok=True)
+        self._t0 = time.monotonic()
+        self.stock_dir = (envinfo.stock_site_dir() or Path(".")) / "sglang"
+        todo = [s for s in cell_suites(self.cfg, self.cell) if not suite_done(self.cdir / s)]
+        self.suites = {s: suite_of(s) for s in todo}
+        self.local = [s for s in todo if not self.suites[s].needs_server]
+        self.remote = [s for s in todo if s not in self.local]
+        self.record = CellRecord(variant=self.cell.variant, repeat=self.cell.repeat,
+                                 index=self.cell.index, status="running",
+                                 started_at=utc_stamp(), cell_kind=self.cell.kind,
+                                 instrumented=False, runner_pid=os.getpid())
+        self.write()
+
+    # ------------------------------------------------------------------ helpers
+    def say(self, msg: str, suite: str | None = None) -> None:
+        self.log(f"{self.cell.label}" + (f"/{suite}" if suite else "") + f": {msg}")
+
+    def write(self) -> None:
+        runfolder.write_cell(self.cdir, self.record)
+
+    def ctx(self, suite: str, server: ServerInfo | None) -> SuiteContext:
+        out = self.cdir / suite
+        out.mkdir(parents=True, exist_ok=True)
+        return SuiteContext(
+            server=server, out_dir=out, run_dir=self.run_dir, cache_dir=self.run_dir / ".cache",
+            variant=self.cell.variant, repeat=self.cell.repeat, baseline=self.cfg.baseline,
+            sglang_version=self.cfg.sglang, python=sys.executable,
+            stock_env=stock_client_env(self.cfg), variant_sglang_dir=self.venv.sglang_dir,
+            stock_sglang_dir=self.stock_dir, device="cpu" if is_cpu(self.cfg) else "cuda",
+            log=lambda m, _s=suite: self.say(m, _s))
+
+    def server_info(self) -> ServerInfo:
+        srv, spec, watch = self.server, self.server.spec, self.watch
+        return ServerInfo(base_url=srv.base_url, host=spec.host, port=spec.port,
+                          model_path=spec.model_path, tokenizer_path=self.cfg.tokenizer_ref,
+                          log_path=spec.log_path, pid=srv.pid, flush_cache=srv.flush_cache,
+                          alive=lambda: srv.alive() and not (watch and watch.dead.is_set()))
+
+    # ------------------------------------------------------------------ step 1: start
+    def _instrument(self, spec: LaunchSpec) -> None:
+        """Correctness cells only: every suite's instrumentation into the server's environment."""
+        if self.cell.kind != "correctness":
+            return
+        extra_path: list[str] = []
+        for name in self.cfg.suites:
+            ins = suite_of(name).instrumentation(self.ctx(name, None), self.cfg.suite_params[name])
+            if ins is None:
+                continue
+            self.instrumentation[name] = ins
+            if ins.out_dir is not None:
+                Path(ins.out_dir).mkdir(parents=True, exist_ok=True)
+            spec.env.update(ins.env)
+            extra_path += [str(p) for p in ins.pythonpath]
+        if extra_path:  # after the overlay, before patchbench's own sitecustomize folder
+            parts = spec.env.get("PYTHONPATH", "").split(os.pathsep)
+            at = parts.index(str(SITE_DIR)) if str(SITE_DIR) in parts else 0
+            spec.env["PYTHONPATH"] = os.pathsep.join(parts[:at] + extra_path + parts[at:])
+        self.record.instrumented = bool(self.instrumentation)
+
+    def start(self) -> None:
+        """Launch, record the pid, wait until ready, start watching."""
+        spec = launch_spec(self.cfg, self.venv, self.cdir, self.port)
+        spec.env.update({MARKER_RUN_DIR: str(Path(self.run_dir).resolve()),
+                         MARKER_CELL: self.cell.label, MARKER_RUNNER_PID: str(os.getpid())})
+        self._instrument(spec)
+        self.server = SglangServer(spec)
+        self.say(f"starting server on port {self.port}")
+        self.server.start()
+        self.record.server = runfolder.ServerRecord(**self.server.record())
+        self.write()  # the pid is on disk before anything can hang
+        self.record.timings_s["server_start"] = round(self.server.wait_ready(), 3)
+        self.say(f"server ready in {self.record.timings_s['server_start']:.1f} s")
+        self.watch = ServerWatch(self.server.proc, self.server.pgid,
+                                 on_death=lambda d: self.say(f"{d.message()}; stopping the suite"))
+        self.watch.start()
+        self.record.liveness = {"watched": self.watch.describe()}
+        if self.nvml is not None:
+            from patchbench.gpu import GpuSampler
+            self.sampler = GpuSampler(self.nvml, ours=self._our_pids).start()
+
+    def _our_pids(self) -> set[int]:
+        import psutil
+        pids = {os.getpid()}
+        try:
+            pids |= {p.pid for p in psutil.Process(os.getpid()).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            pass
+        return pids
+
+    # ------------------------------------------------------------------ step 2: run suites
+    def run_suites(self, names: list[str]) -> None:
+        """Run ``names`` in order (on the server when it is started). Raises ServerError when the
+        server died or stopped answering: the remaining suites are then not run."""
+        for i, name in enumerate(names):
+            if self.server is not None and i > 0:
+                self._between_suites(name)
+            self.run_suite(name)
+            if self.watch is not None and self.watch.dead.is_set():
+                raise ServerError(self.watch.death.message(), self._log_tail())
+
+    def _between_suites(self, name: str) -> None:
+        t = time.monotonic()
+        self.server.flush_cache()
+        self.record.timings_s[f"flush:{name}"] = round(time.monotonic() - t, 3)
+        why = self.server.health(timeout_s=HEALTH_TIMEOUT_S)
+        if why is not None:
+            raise ServerError(f"the server failed its health check between suites ({why})",
+                              self._log_tail())
+
+    def _log_tail(self) -> str:
+        return self.server.log_tail() if self.server is not None else ""
+
+    def run_suite(self, name: str) -> None:
+        """Run one suite and write its summary; a failure is recorded, never raised (except an
+        interrupt)."""
+        if self.progress is not None:
+            self.progress.suite_started(name)
+        t = time.monotonic()
+        info = self.server_info() if self.server is not None else None
+        scope = self.watch.cancel_scope() if self.watch is not None else contextlib.nullcontext()
+        try:
+            with scope:
+                res = self.suites[name].run(self.ctx(name, info), self.cfg.suite_params[name])
+            if not isinstance(res, SuiteResult):
+                raise TypeError(f"suite {name} returned {type(res).__name__}, not SuiteResult")
+        except ServerLost as e:
+            res = SuiteResult(status="failed", errors=[f"{e.death.message()}; the suite was "
+                                                       f"stopped at once:\n{self._log_tail()}"])
+        except (SuiteError, ServerError) as e:
+            res = SuiteResult(status="failed", errors=[str(e)])
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:  # noqa: BLE001 - a suite bug must not lose the other cells
+            res = SuiteResult(status="failed", errors=[f"{type(e).__name__}: {e}",
+                                                       traceback.format_exc()])
+        if self.server is not None:
+            self._check_server_after(res)
+        dt = time.monotonic() - t
+        res.meta.setdefault("duration_s", round(dt, 3))
+        runfolder.write_summary(self.cdir / name, res.to_json(name))
+        self.record.suites[name] = res.status
+        self.record.timings_s[f"suite:{name}"] = round(dt, 3)
+        self.say(res.status + (f" - {res.errors[0].splitlines()[0][:200]}" if res.errors else ""),
+                 name)
+        self.write()
+
+    def _check_server_after(self, res: SuiteResult) -> None:
+        called = scan_log(self.server.spec.log_path, CALLED_MARKER)
+        if called:
+            res.status = "failed"
+            res.errors.append(f"a CPU stand-in was called, results invalid: {called[0]}")
+        if res.status == "failed" and self.watch is not None and not self.watch.dead.is_set():
+            self.watch.dead.wait(1.0)  # a failed request may be the server dying: let it be seen
+        death = self.watch.death if self.watch is not None else None
+        if death is not None and not any(death.message() in e for e in res.errors):
+            res.status = "failed"
+            res.errors.append(f"{death.message()} during the suite:\n{self._log_tail()}")
+        elif death is None and not self.server.alive():
+            res.status = "failed"
+            res.errors.append(f"the server died during the suite (exit code "
+                              f"{self.server.proc.returncode}):\n" + self._log_tail())
+
+    # ------------------------------------------------------------------ step 3: stop
+    def stop(self) -> None:
+        """Stop watching, then stop the server group; a stop failure fails the cell."""
+        if self.watch is not None:
+            self.watch.close()
+            if self.watch.death is not None:
+                self.record.liveness["death"] = self.watch.death.to_json()
+                self.record.liveness["killed_clients"] = self.watch.killed_clients
+        if self.server is None:
+            return
+        t = time.monotonic()
+        try:
+            self.server.stop(nvml=self.nvml)
+        except ServerError as e:
+            self._fail(str(e))
+        self.record.timings_s["server_stop"] = round(time.monotonic() - t, 3)
+        self.record.server.events = self.server.events
+        self.record.server.stop_breakdown_s = self.server.stop_breakdown_s
+        if self.sampler is not None:
+            g = self.sampler.close()
+            self.record.gpu = g
+            self.record.notes += g["flags"]
+
+    # ------------------------------------------------------------------ step 4: record
+    def finish(self) -> CellRecord:
+        """Collect the instrumentation, settle the status, write cell.json; returns the record."""
+        for name, ins in self.instrumentation.items():
+            if ins.collect is None or ins.out_dir is None:
+                continue
+            try:
+                self.record.instrumentation[name] = ins.collect(Path(ins.out_dir))
+            except Exception as e:  # noqa: BLE001 - one broken collector must not lose the cell
+                self.record.instrumentation[name] = {"error": f"{type(e).__name__}: {e}"}
+        self.record.timings_s["cell"] = round(time.monotonic() - self._t0, 3)
+        if self.record.status == "running":
+            st = set(self.record.suites.values())
+            self.record.status = ("failed" if "failed" in st else
+                                  "incomplete" if "incomplete" in st else "ok")
+        self.record.ended_at = utc_stamp()
+        self.write()
+        return self.record
+
+    # ------------------------------------------------------------------ outcomes
+    def _fail(self, message: str) -> None:
+        self.record.status = "failed"
+        self.record.error = f"{self.record.error or ''}\n{message}".strip()
+
+    def failed(self, e: ServerError) -> None:
+        """The server failed (start, death, health): the cell fails; suites not run are marked."""
+        self._fail(str(e))
+        for s in self.remote:
+            if s not in self.record.suites:
+                runfolder.write_summary(self.cdir / s, SuiteResult(
+                    status="failed", errors=[f"not run: {str(e).splitlines()[0]}"]).to_json(s))
+                self.record.suites[s] = "failed"
+        self.say(f"FAILED - {str(e).splitlines()[0]}")
+
+    def interrupted(self, e: BaseException) -> None:
+        import signal as _signal
+        self.record.status = "interrupted"
+        self.record.error = f"interrupted by {_signal.Signals(signum_of(e)).name}"
+
+
+def run_cell(cfg: Config, cell: Cell, venv: VariantEnv, run_dir: Path, *, port: int,
+             log: Callable[[str], None] = print, progress: Any = None, nvml: Any = None) -> CellRecord:
+    """Run one cell's steps (start, run suites, stop, record); returns its record.
+
+    Never raises for a failure of the server or a suite. An interrupt (KeyboardInterrupt, or
+    patchbench.signals.Terminated) stops the server, records the cell as interrupted and
+    propagates.
+    """
+    c = CellRun(cfg, cell, venv, Path(run_dir), port, log, progress, nvml)
+    try:
+        c.run_suites(c.local)
+        if c.remote:
+            c.start()
+            c.run_suites(c.remote)
+    except KeyboardInterrupt as e:
+        c.interrupted(e)
+        raise
+    except ServerError as e:
+        c.failed(e)
+    finally:
+        c.stop()
+        c.finish()
+    return c.record
+
+
+__all__ = ["CellRun", "run_cell", "launch_spec", "cell_done", "cell_suites", "suite_of",
+           "needs_correctness_cells", "suite_done", "is_cpu", "tail"]

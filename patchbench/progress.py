@@ -1,0 +1,113 @@
+"""Overall progress of ``bench``: cells done of total, the current cell and suite, elapsed time
+and an ETA from the cells finished so far (rich on a terminal, one plain line per cell
+otherwise, e.g. in CI logs).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+def eta_s(finished_s: list[float], remaining: int) -> float | None:
+    """Seconds left: the median duration of the cells finished in this invocation times the
+    cells remaining (the median, so one cell that failed at once does not halve the estimate).
+    None before any cell finished; 0.0 when nothing remains."""
+    if remaining <= 0:
+        return 0.0
+    if not finished_s:
+        return None
+    return statistics.median(finished_s) * remaining
+
+
+def fmt_duration(s: float | None) -> str:
+    """``"1h02m"``, ``"3m05s"``, ``"42s"``; ``"?"`` for None."""
+    if s is None:
+        return "?"
+    s = int(round(s))
+    if s >= 3600:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+class BenchProgress:
+    """Progress of one ``bench`` invocation over ``total`` cells.
+
+    Call :meth:`cell_started`, :meth:`suite_started`, :meth:`cell_finished` (or
+    :meth:`cell_skipped` for a cell done in an earlier invocation), and :meth:`close` at the end.
+    :meth:`log` prints a line above the live bar. ``console``: a rich Console (default: stdout);
+    ``live``: draw a live bar (default: when the console is a terminal).
+    """
+
+    def __init__(self, total: int, *, console: Console | None = None, live: bool | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.total = total
+        self.done = 0
+        self.finished_s: list[float] = []
+        self.console = console or Console()
+        self.clock = clock
+        self.t0 = clock()
+        self.current = ""
+        self.suite = ""
+        self._t_cell = self.t0
+        self.live = self.console.is_terminal if live is None else live
+        self._progress: Progress | None = None
+        if self.live:
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("cells"), TimeElapsedColumn(), TextColumn("ETA {task.fields[eta]}"),
+                console=self.console, transient=False)
+            self._task = self._progress.add_task("starting", total=total, eta="?")
+            self._progress.start()
+
+    # ------------------------------------------------------------------ events
+    def cell_started(self, label: str) -> None:
+        self.current, self.suite = label, ""
+        self._t_cell = self.clock()
+        self._refresh()
+
+    def suite_started(self, suite: str) -> None:
+        self.suite = suite
+        self._refresh()
+
+    def cell_skipped(self) -> None:
+        self.done += 1
+        self._refresh()
+
+    def cell_finished(self, status: str) -> None:
+        took = self.clock() - self._t_cell
+        self.finished_s.append(took)
+        self.done += 1
+        self.current, self.suite = "", ""
+        self._refresh()
+        if not self.live:
+            self.console.print(self.line(), highlight=False)
+
+    def log(self, msg: str) -> None:
+        self.console.print(msg, highlight=False, markup=False)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    # ------------------------------------------------------------------ text
+    def eta(self) -> float | None:
+        return eta_s(self.finished_s, self.total - self.done)
+
+    def line(self) -> str:
+        """e.g. ``progress: 3/8 cells, elapsed 2m10s, ETA 3m20s``."""
+        return (f"progress: {self.done}/{self.total} cells, elapsed "
+                f"{fmt_duration(self.clock() - self.t0)}, ETA {fmt_duration(self.eta())}")
+
+    def _refresh(self) -> None:
+        if self._progress is None:
+            return
+        desc = self.current + (f" · {self.suite}" if self.suite else "") if self.current else "between cells"
+        self._progress.update(self._task, completed=self.done, description=desc,
+                              eta=fmt_duration(self.eta()))

@@ -1,0 +1,185 @@
+"""sglang servers left behind by a patchbench runner that was killed (SIGKILL, OOM killer, a lost
+terminal): find them and stop them.
+
+A server runs in its own session, so it outlives a runner killed with SIGKILL and keeps its port
+(and, on a GPU, its memory). Two sources find it:
+
+- ``cell.json`` files still ``"running"`` whose ``server`` record (pid, pgid, create_time) names a
+  live process with the same start time (so a reused pid is never taken for the server) and whose
+  ``runner_pid`` no longer lives;
+- live processes carrying the harness's environment markers (``PATCHBENCH_RUN_DIR``,
+  ``PATCHBENCH_RUNNER_PID``; patchbench.server) whose runner no longer lives.
+
+``patchbench doctor`` lists them with the exact command that stops each; ``bench --kill-stale``
+calls :func:`kill_stale`.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from patchbench.records import read_json, write_json
+from patchbench.server import MARKER_CELL, MARKER_RUN_DIR, MARKER_RUNNER_PID
+
+
+@dataclass
+class StaleServer:
+    """One orphaned server: ``pid``/``pgid`` of its launched process, ``run_dir`` and ``cell``
+    (e.g. "control/rep1") it belonged to, its ``port`` (None when unknown), ``cell_json`` (the
+    record still saying "running", or None), ``source`` ("cell.json" or "environment")."""
+
+    pid: int
+    pgid: int
+    run_dir: str | None
+    cell: str | None
+    port: int | None
+    cell_json: Path | None
+    source: str
+
+    @property
+    def kill_command(self) -> str:
+        """The shell command that stops its whole process group."""
+        return f"kill -TERM -- -{self.pgid}"
+
+    def describe(self) -> str:
+        return (f"orphaned sglang server pid {self.pid} (run {self.run_dir}, cell {self.cell}, "
+                f"port {self.port}); stop it with `{self.kill_command}` or `patchbench bench "
+                "--kill-stale`")
+
+
+def _run_dirs(results_dir: Path) -> list[Path]:
+    if (results_dir / "manifest.json").exists():
+        return [results_dir]
+    try:
+        return sorted(d for d in results_dir.iterdir() if (d / "manifest.json").exists())
+    except OSError:
+        return []
+
+
+def _alive_same(pid: int, create_time: float | None) -> bool:
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return create_time is None or abs(p.create_time() - float(create_time)) < 1.0
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError, TypeError):
+        return False
+
+
+def _runner_gone(runner_pid) -> bool:
+    """True unless ``runner_pid`` names a live process (a missing pid counts as gone)."""
+    return not (isinstance(runner_pid, int) and psutil.pid_exists(runner_pid))
+
+
+def find_stale_servers(results_dir: str | os.PathLike) -> list[StaleServer]:
+    """Orphaned servers of the runs in ``results_dir`` (a results root or one run folder).
+
+    Returns them sorted by pid; [] when there are none. Never raises for an unreadable cell.json
+    (it is skipped).
+    """
+    root = Path(results_dir).resolve()
+    found: dict[int, StaleServer] = {}
+    for run in _run_dirs(root):
+        for cj in sorted(run.glob("*/*/cell.json")):
+            try:
+                rec = read_json(cj)
+            except (OSError, ValueError):
+                continue
+            srv = rec.get("server") if isinstance(rec, dict) else None
+            if rec.get("status") != "running" or not isinstance(srv, dict):
+                continue
+            pid = srv.get("pid")
+            if not isinstance(pid, int) or pid <= 0 or not _alive_same(pid, srv.get("create_time")):
+                continue
+            if not _runner_gone(rec.get("runner_pid")):
+                continue  # its runner is still at work: not stale
+            found[pid] = StaleServer(pid, int(srv.get("pgid") or pid), str(run),
+                                     f"{cj.parent.parent.name}/{cj.parent.name}", srv.get("port"),
+                                     cj, "cell.json")
+    for p in psutil.process_iter(["pid"]):
+        if p.pid in found:
+            continue
+        try:
+            if os.getpgid(p.pid) != p.pid:
+                continue  # only group leaders (the launched server process)
+            env = p.environ()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess,
+                ProcessLookupError, PermissionError, OSError):
+            continue
+        run_dir = env.get(MARKER_RUN_DIR)
+        if not run_dir:
+            continue
+        try:
+            inside = Path(run_dir).resolve() == root or root in Path(run_dir).resolve().parents
+        except OSError:
+            inside = False
+        if not inside:
+            continue
+        rp = env.get(MARKER_RUNNER_PID, "")
+        if not _runner_gone(int(rp) if rp.isdigit() else None):
+            continue
+        found[p.pid] = StaleServer(p.pid, p.pid, run_dir, env.get(MARKER_CELL), _port_of(p),
+                                   None, "environment")
+    return [found[k] for k in sorted(found)]
+
+
+def _port_of(p: psutil.Process) -> int | None:
+    try:
+        for c in p.net_connections(kind="tcp"):
+            if c.status == psutil.CONN_LISTEN and c.laddr:
+                return c.laddr.port
+    except (psutil.NoSuchProcess, psutil.AccessDenied, AttributeError):
+        return None
+    return None
+
+
+def kill_stale(servers: list[StaleServer], *, grace_s: float = 1.0,
+               timeout_s: float = 10.0) -> list[tuple[StaleServer, bool]]:
+    """Stop each orphan's process group (SIGTERM, ``grace_s``, SIGKILL) and mark its cell.json
+    ``interrupted`` (so ``--resume`` runs the cell again). Returns (server, stopped) pairs;
+    stopped is False when a process of the group still lives after ``timeout_s``."""
+    out = []
+    for s in servers:
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, timeout_s)):
+            try:
+                os.killpg(s.pgid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+            if _wait_group_gone(s.pgid, s.pid, wait):
+                break
+        ok = _wait_group_gone(s.pgid, s.pid, 0)
+        if ok and s.cell_json is not None:
+            try:
+                rec = read_json(s.cell_json)
+                if rec.get("status") == "running":
+                    rec["status"] = "interrupted"
+                    rec["error"] = ((rec.get("error") or "") + "\nthe runner was killed; its "
+                                    "server was stopped by --kill-stale").strip()
+                    write_json(s.cell_json, rec)
+            except (OSError, ValueError):
+                pass
+        out.append((s, ok))
+    return out
+
+
+def _wait_group_gone(pgid: int, pid: int, wait_s: float) -> bool:
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = False
+        for p in psutil.process_iter(["pid"]):
+            try:
+                if (p.pid == pid or os.getpgid(p.pid) == pgid) and p.status() != psutil.STATUS_ZOMBIE:
+                    alive = True
+                    break
+            except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+                continue
+        if not alive:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)

@@ -1,0 +1,105 @@
+"""What one variant's server gets: its overlay (patches applied to a copy of the sglang files they
+touch), and the environment of the server and of the stock clients (bench_serving).
+
+:func:`prepare_variants` builds and verifies every variant's overlay before any server starts.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from patchbench import envinfo
+from patchbench.config import REPO_ROOT, Config
+from patchbench.errors import EnvironmentNotReady, PatchError
+from patchbench.shims import SITE_DIR, stand_in_path
+
+CACHE_DIR = REPO_ROOT / ".cache"
+
+
+class PatchProblem(PatchError):
+    """A variant's patch does not apply or its overlay does not verify (exit 2)."""
+
+
+@dataclass
+class VariantEnv:
+    """What one variant's server gets: the overlay and the environment of the process."""
+
+    name: str
+    patches: list[str]
+    overlay: Any  # patchbench.overlay.Overlay
+    sglang_dir: Path
+    server_env: dict[str, str]
+    fbi_sha256: str
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _pythonpath(*parts: Path | str | None, inherit: str | None = None) -> str:
+    items = [str(p) for p in parts if p]
+    if inherit:
+        items.append(inherit)
+    return os.pathsep.join(items)
+
+
+def base_env(cfg: Config) -> dict[str, str]:
+    """os.environ + server.env, with the stand-in switch set (no PYTHONPATH yet)."""
+    env = dict(os.environ)
+    env.update(cfg.server.env)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if cfg.server.cpu_stand_ins:
+        env["PATCHBENCH_CPU_STAND_INS"] = "1"
+    return env
+
+
+def stand_in_dirs(cfg: Config) -> list[Path]:
+    return [stand_in_path(n) for n in cfg.server.cpu_stand_ins]
+
+
+def stock_client_env(cfg: Config) -> dict[str, str]:
+    """Environment for running the STOCK sglang as a client (bench_serving): stand-ins, no overlay,
+    and the tokenizer vocabulary in id order so that bench_serving's seeded random prompts are the
+    same in every cell (a fast tokenizer's get_vocab() order differs per process)."""
+    env = base_env(cfg)
+    env["PYTHONPATH"] = _pythonpath(SITE_DIR, *stand_in_dirs(cfg), inherit=os.environ.get("PYTHONPATH"))
+    # seeded random prompts must be the same in every cell (see shims/site/sitecustomize.py)
+    env["PATCHBENCH_STABLE_VOCAB_ORDER"] = "1"
+    return env
+
+
+def prepare_variants(cfg: Config, *, log=_log) -> dict[str, VariantEnv]:
+    """Build and verify one overlay per variant (before any server starts).
+
+    Raises PatchProblem naming the patch, file and hunk when a diff does not apply, or when the
+    server's environment would not import the overlay's forward_batch_info.
+    """
+    from patchbench import overlay as ov
+    from patchbench.patchset import PatchError as _PatchsetError
+
+    site = envinfo.stock_site_dir()
+    if site is None:
+        raise EnvironmentNotReady("sglang is not importable in this environment")
+    out: dict[str, VariantEnv] = {}
+    for name, patches in cfg.variants.items():
+        try:
+            o = ov.build_overlay(cfg.sglang, list(patches), stock_site_dir=site,
+                                 cache_root=CACHE_DIR / "overlays")
+        except _PatchsetError as e:
+            raise PatchProblem(f"variant '{name}': {e}") from None
+        env = base_env(cfg)
+        env.update(getattr(patches, "env", None) or {})  # the variant's own variables
+        env["PYTHONPATH"] = _pythonpath(o.root, SITE_DIR, *stand_in_dirs(cfg),
+                                        inherit=os.environ.get("PYTHONPATH"))
+        try:
+            found = ov.verify_in_env(o, sys.executable, env)
+        except ov.OverlayError as e:
+            raise PatchProblem(f"variant '{name}': {e}") from None
+        sha = found.get("sha256") or o.fbi_sha256
+        log(f"variant {name}: patches {patches or '(none)'}; forward_batch_info "
+            f"{(sha or '?')[:12]} in {o.sglang_dir}")
+        out[name] = VariantEnv(name, list(patches), o, Path(o.sglang_dir), env, sha or "")
+    return out
