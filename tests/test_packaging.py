@@ -4,6 +4,7 @@ Read through setuptools' own reader of pyproject.toml (what a wheel build uses),
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 from setuptools.config.pyprojecttoml import read_configuration
@@ -12,7 +13,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def setuptools_config() -> tuple[list[str], dict[str, str]]:
-    tool = read_configuration(REPO / "pyproject.toml")["tool"]["setuptools"]
+    with warnings.catch_warnings():  # older setuptools call [tool.setuptools] "beta"
+        warnings.simplefilter("ignore")
+        tool = read_configuration(REPO / "pyproject.toml")["tool"]["setuptools"]
     return list(tool["packages"]), dict(tool.get("package-dir", {}))
 
 
@@ -49,7 +52,9 @@ def test_every_listed_package_exists_and_nothing_installs_a_top_level_suites():
 
 
 def test_console_script_is_the_cli_main():
-    scripts = read_configuration(REPO / "pyproject.toml")["project"]["scripts"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scripts = read_configuration(REPO / "pyproject.toml")["project"]["scripts"]
     assert scripts == {"patchbench": "patchbench.cli:main"}
     from patchbench import cli
 
