@@ -14,7 +14,7 @@ CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.ya
 def test_there_are_configs():
     names = {p.name for p in CONFIGS}
     assert {"demo-cpu.yaml", "demo-cpu-0.5.23.yaml", "pr9460-h200.yaml", "aa-h200.yaml",
-            "aa-cpu.yaml"} <= names
+            "aa-cpu.yaml", "overlap-cpu.yaml", "overlap-h200.yaml"} <= names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
@@ -35,6 +35,27 @@ def test_demo_compares_stock_upstream_and_ours():
     assert cfg.model_dump(mode="json")["variants"] == {
         "baseline": [], "pr9460-upstream": ["pr9460-upstream"], "mrope-sync-free": ["mrope-sync-free"]}
     assert cfg.sglang == "0.5.1.post3"
+
+
+@pytest.mark.parametrize("name", ["overlap-cpu.yaml", "overlap-h200.yaml"])
+def test_overlap_configs_cross_overlap_with_the_patch(name):
+    """4 variants: {stock, mrope-sync-free} x {overlap on, --disable-overlap-schedule}; the flag
+    is per variant only, so the baseline launches with sglang's default (overlap on)."""
+    cfg = load_config(CONFIGS[0].parent / name)
+    flag = "--disable-overlap-schedule"
+    assert flag not in cfg.server.args
+    got = {v: (cfg.patches_of(v), flag in cfg.server_args_of(v)) for v in cfg.variants}
+    assert got == {"baseline": ([], False), "no-overlap": ([], True),
+                   "mrope-sync-free": (["mrope-sync-free"], False),
+                   "mrope-sync-free-no-overlap": (["mrope-sync-free"], True)}
+    assert cfg.baseline == "baseline" and cfg.aa_variants() == []
+    assert cfg.variant_diff("no-overlap", hashes=False)["server_args"]["added"] == [flag]
+
+
+def test_pr9460_has_an_aa_control():
+    cfg = load_config(CONFIGS[0].parent / "pr9460-h200.yaml")
+    assert cfg.aa_variants() == ["baseline-aa"]
+    assert cfg.patches_of("baseline-aa") == [] and cfg.variant_diff("baseline-aa")["aa"] is True
 
 
 @pytest.mark.parametrize("variants, repeats, order, expected", [
