@@ -293,3 +293,28 @@ def test_suite_upstream_pr9460_read_is_counted_not_an_error(tmp_path):
     assert res.metrics["sync_d2h_reads_count"] >= len(mixed)
     assert res.metrics["positions_mismatch_count"] == 0.0
     assert any("lower bounds" in w for w in res.warnings)
+
+
+def test_pair_and_report_section_from_two_probed_cells(tmp_path):
+    from patchbench.comparison import Comparison
+    suite = get_suite("sync_probe")
+    src = release_sources("0.5.1.post3")
+    stock_dir = _pkg(tmp_path, "stock", src["stock"])
+    patched_dir = _pkg(tmp_path, "patched", src["patched"])
+    params = suite.Params(batch_sizes=[1, 8])
+    dirs = {}
+    for variant, d in (("stock", stock_dir), ("patched", patched_dir)):
+        ctx = _ctx(tmp_path, d, stock_dir, variant)
+        res = suite.run(ctx, params)
+        (ctx.out_dir / "summary.json").write_text(json.dumps(res.to_json("sync_probe")))
+        dirs[variant] = ctx.out_dir
+    p = suite.pair([dirs["stock"]], [dirs["patched"]], params)
+    # stock 0.5.1.post3: 2 reads + 1 blocking copy per request: 3 * (1 + 8) = 27 host syncs
+    assert p["metrics"]["host_syncs_per_call_count"] == {"baseline": [27.0], "variant": [0.0],
+                                                        "same_in_every_repeat": True}
+    assert [r["batch_size"] for r in p["variant"]["rows"]] == [1, 8]
+    assert p["server_crosscheck"] == {"baseline": None, "variant": None}
+    cmp = Comparison(baseline="stock", variants=["patched"], pairs={"sync_probe": {"patched": p}})
+    md = "\n".join(suite.report_section(cmp))
+    assert "**stock** (cpu-probes" in md and "**patched** (cpu-probes" in md
+    assert "| 8 | " in md and "In-server cross-check" not in md
