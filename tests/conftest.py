@@ -18,9 +18,8 @@ from patchbench.shims import SITE_DIR, stand_in_path  # noqa: E402
 from patchbench.suite import ServerInfo  # noqa: E402
 
 # ------------------------------------------------------------------ tests that need sglang
-#: test modules that need the sglang environment (sglang, torch, transformers) already at import
-#: or in every test; where sglang is not installed (the pull-request workflow's light venv) they
-#: are not collected, and the header says so
+#: test modules that need the sglang environment (sglang, torch, transformers) in every test; they
+#: are marked needs_sglang (deselected by the pull-request workflow's `-m "not needs_sglang"`)
 NEEDS_SGLANG_MODULES = {
     "test_bench_runner.py",
     "test_e2e_bench.py",
@@ -30,6 +29,8 @@ NEEDS_SGLANG_MODULES = {
     "test_mrope_nosync.py",
     "test_overlay.py",
     "test_patchset.py",
+    "test_signals.py",
+    "test_suite_contract.py",
     "test_sync_probe.py",
 }
 #: fixtures that need the sglang environment: a test using one is marked needs_sglang
@@ -47,7 +48,34 @@ def have_sglang() -> bool:
     return importlib.util.find_spec("sglang") is not None
 
 
-collect_ignore = [] if have_sglang() else sorted(NEEDS_SGLANG_MODULES)
+#: what a module that needs the sglang environment fails to import where it is missing
+SGLANG_ENVIRONMENT = {"sglang", "torch", "transformers", "sgl_kernel", "vllm", "triton"}
+
+
+class _ModuleNeedingSglang(pytest.Module):
+    """Without sglang: a test module whose import fails for want of the sglang environment is
+    skipped as a whole, with the reason (shown by ``-rs``); any other import error stays one."""
+
+    def _getobj(self):
+        try:
+            return super()._getobj()
+        except pytest.Collector.CollectError as e:
+            cause = e.__cause__
+            missing = getattr(cause, "name", None) or (
+                cause.args[0] if cause and cause.args else ""
+            )
+            if isinstance(cause, ImportError) and str(missing).split(".")[0] in SGLANG_ENVIRONMENT:
+                raise pytest.skip.Exception(
+                    f"{self.path.name} needs the sglang environment ({missing} is not installed)",
+                    allow_module_level=True,
+                ) from None
+            raise
+
+
+def pytest_pycollect_makemodule(module_path, parent):
+    if have_sglang():
+        return None
+    return _ModuleNeedingSglang.from_parent(parent, path=module_path)
 
 
 def pytest_configure(config):
@@ -62,8 +90,8 @@ def pytest_report_header(config):
     if have_sglang():
         return f"sglang {sglang_version()}: the needs_sglang tests run"
     return (
-        "sglang is not installed: needs_sglang tests are skipped and these modules are not "
-        f"collected: {', '.join(collect_ignore)}"
+        "sglang is not installed: the needs_sglang tests are skipped, and so are test modules "
+        "that cannot be imported without it (-rs lists them)"
     )
 
 
