@@ -165,3 +165,28 @@ def test_cli_missing_responses_count_as_failed(tmp_path, capsys):
     assert cli([str(tmp_path), "--answer-key", str(KEY), "--out", str(tmp_path / "o")]) == 0
     out = capsys.readouterr().out
     assert "asked 900" in out and "failed 890" in out
+
+
+def test_strict_unparsed_kinds_on_the_900(responses, key):
+    recs = score_saved(responses, key, parser="strict", seed=None)
+    unparsed = [(r["id"], r["unparsed_kind"]) for r in recs if r["verdict"] == "unparsed"]
+    assert unparsed == [("validation_Pharmacy_27", "no_answer")]  # the echoed option list
+
+
+def test_cli_disagreements_table(tmp_path, capsys):
+    import csv
+    argv = [str(RESP), "--answer-key", str(KEY), "--disagreements", "--out", str(tmp_path)]
+    assert cli(argv) == 0
+    out = capsys.readouterr().out
+    assert "Strict vs official parse: 3 of 847 multiple-choice responses differ." in out
+    assert ("| validation_Design_4 | Design | A | A | label line | fallback | A) Josef Albers |"
+            in out)
+    rows = list(csv.DictReader((tmp_path / "disagreements.csv").open()))
+    got = {r["id"]: (r["official"], r["strict"]) for r in rows}
+    want = {qid: (off or "fallback", st or "no_answer")
+            for qid, (_, off, st, _) in DISAGREEMENTS.items()}
+    assert got == want
+    pharmacy = next(r for r in rows if r["id"] == "validation_Pharmacy_27")
+    assert pharmacy["response"].count("\n") == 3  # verbatim in the CSV
+    md = (tmp_path / "disagreements.md").read_text()
+    assert md.count("\n| validation_") == 3 and " ⏎ (B) 30.0%" in md

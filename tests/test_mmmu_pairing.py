@@ -2,11 +2,14 @@
 test computed independently with scipy), identical-response share, refusals."""
 from __future__ import annotations
 
+import re
+
 import pytest
 from scipy.stats import binomtest
 from statsmodels.stats.contingency_tables import mcnemar
 
-from patchbench.suites.mmmu import PairingError, pair
+from patchbench.suite import PairingRefused
+from patchbench.suites.mmmu.pairing import PairingError, pair
 
 BASE = {"question_type": "multiple-choice", "prompt_sha256": "h", "parser": "strict",
         "parser_seed": None, "sampling": {"temperature": 0.0, "max_tokens": 30},
@@ -72,15 +75,47 @@ def test_failed_questions_make_it_incomplete():
     assert res["verdict"] == "incomplete"
 
 
-@pytest.mark.parametrize("over,msg", [
-    ({"prompt_sha256": "other"}, "prompts differ"),
-    ({"parser": "official"}, "parser differ"),
-    ({"sampling": {"temperature": 0.7, "max_tokens": 30}}, "sampling settings differ"),
-    ({"protocol": "sglang-2025"}, "protocol differ"),
+OFFICIAL = {"parser": "official", "parser_seed": 42, "official_fallback": "random"}
+
+
+@pytest.mark.parametrize("base,over,msg", [
+    ({}, {"prompt_sha256": "other"}, "prompts differ"),
+    ({}, {"parser": "official"}, "parser differ: a \"strict\" vs b \"official\""),
+    (OFFICIAL, {"official_fallback": "unparsed"},
+     "official fallback mode differ: a 'random' vs b 'unparsed'"),
+    (OFFICIAL, {"parser_seed": 7}, "parser seed differ: a 42 vs b 7"),
+    ({}, {"sampling": {"temperature": 0.0, "max_tokens": 64}}, "max_tokens differ: a 30 vs b 64"),
+    ({}, {"sampling": {"temperature": 0.7, "max_tokens": 30}},
+     "temperature differ: a 0.0 vs b 0.7"),
+    ({}, {"sampling": {"temperature": 0.0, "max_tokens": 30, "top_k": 1}},
+     "other sampling settings differ"),
+    ({}, {"protocol": "sglang-2025"}, "protocol differ"),
 ])
-def test_refusals(over, msg):
-    with pytest.raises(PairingError, match=msg):
-        pair(cell(["correct"] * 3), cell(["correct"] * 3, **over))
+def test_refusals(base, over, msg):
+    a = cell(["correct"] * 3, **base)
+    b = cell(["correct"] * 3, **{**base, **over})
+    with pytest.raises(PairingError, match=re.escape(msg)):
+        pair(a, b)
+    with pytest.raises(PairingRefused):  # the suite contract's refusal
+        pair(a, b)
+
+
+def test_fallback_mode_read_off_records_without_the_field():
+    # the same responses scored with and without the random pick: a refusal, never "improved"
+    a = cell(["correct", "wrong"], parser="official", parser_seed=42)
+    b = cell(["correct", "unparsed"], parser="official", parser_seed=42)
+    a[1].update(fallback=True, parsed="C")
+    b[1].update(fallback=True, parsed=None)
+    with pytest.raises(PairingError, match="official fallback mode differ: a 'random' vs b "
+                                           "'unparsed'"):
+        pair(a, b)
+
+
+def test_every_difference_is_named_at_once():
+    with pytest.raises(PairingError) as e:
+        pair(cell(["correct"] * 2), cell(["correct"] * 3, parser="official", prompt_sha256="x"))
+    text = str(e.value)
+    assert "question lists differ" in text and "prompts differ" in text and "parser differ" in text
 
 
 def test_refuses_different_question_lists():
@@ -89,3 +124,60 @@ def test_refuses_different_question_lists():
     with pytest.raises(PairingError,
                        match=r"question lists differ: 1 only in a \(validation_Art_3\)"):
         pair(a, b)
+
+
+def test_refuses_a_repeat_that_differs():
+    a1, a2 = cell(["correct"] * 3), cell(["correct"] * 3, parser_seed=5)
+    with pytest.raises(PairingError, match=r"parser seed differ: a null vs a\[1\] 5"):
+        pair([a1, a2], [cell(["correct"] * 3)])
+
+
+def test_repeats_average_per_question():
+    # 4 questions, 3 baseline repeats and 2 variant repeats, verdicts by hand:
+    #   q1: a C,C,W (2/3 right)  b C,C (1)    -> right/right
+    #   q2: a C,C,C (1)          b W,W (0)    -> right_to_wrong
+    #   q3: a W,W,C (1/3)        b C,W (1/2)  -> unstable in b, left out of the table
+    #   q4: a W,W,W (0)          b C,C (1)    -> wrong_to_right
+    va = [["correct", "correct", "wrong", "wrong"], ["correct", "correct", "wrong", "wrong"],
+          ["wrong", "correct", "correct", "wrong"]]
+    vb = [["correct", "wrong", "correct", "correct"], ["correct", "wrong", "wrong", "correct"]]
+    res = pair([cell(v) for v in va], [cell(v) for v in vb])
+    assert (res["repeats_a"], res["repeats_b"]) == (3, 2)
+    assert (res["both_right"], res["right_to_wrong"], res["wrong_to_right"],
+            res["both_wrong"]) == (1, 1, 1, 0)
+    assert res["n_paired"] == 3 and res["n_unstable"] == 1 and res["flips"] == 2
+    assert res["mcnemar_p"] == pytest.approx(1.0)  # 1 vs 1 discordant
+    q = res["questions"]
+    assert q["validation_Art_1"]["acc_a"] == pytest.approx(2 / 3)
+    assert q["validation_Art_3"]["acc_b"] == pytest.approx(0.5)
+    assert res["acc_a"] == pytest.approx((2 / 3 + 1 + 1 / 3 + 0) / 4)
+    assert res["acc_b"] == pytest.approx((1 + 0 + 0.5 + 1) / 4)
+    assert [(f["id"], f["direction"]) for f in res["flipped"]] == [
+        ("validation_Art_2", "right_to_wrong"), ("validation_Art_4", "wrong_to_right")]
+    assert res["subjects"]["Art"]["right_to_wrong"] == 1 and res["subjects"]["Art"]["n"] == 4
+    # responses are the verdict strings; aligned repeats 0 and 1 give 8 (question, repeat) pairs,
+    # identical where the verdicts agree: repeat 0 q1; repeat 1 q1 and q3
+    assert res["identical_responses"] == 3
+    assert res["identical_response_share"] == pytest.approx(3 / 8)
+    assert (res["unstable_a"], res["unstable_b"]) == (2, 1)
+
+
+def test_one_repeat_as_list_of_lists_equals_plain():
+    a = ["correct"] * 5 + ["wrong"] * 5
+    b = ["wrong"] * 5 + ["wrong"] * 5
+    assert pair([cell(a)], [cell(b)]) == pair(cell(a), cell(b))
+
+
+def test_significant_regression_over_repeats():
+    a = ["correct"] * 12 + ["wrong"] * 8
+    b = ["wrong"] * 20
+    res = pair([cell(a)] * 3, [cell(b)] * 3)
+    assert res["right_to_wrong"] == 12 and res["mcnemar_p"] == pytest.approx(2 / 2 ** 12)
+    assert res["verdict"] == "regressed"
+
+
+def test_empty_sides():
+    with pytest.raises(ValueError, match="a is empty"):
+        pair([], cell(["correct"]))
+    with pytest.raises(ValueError, match="b has an empty repeat"):
+        pair(cell(["correct"]), [cell(["correct"]), []])

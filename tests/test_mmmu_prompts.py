@@ -114,3 +114,54 @@ def test_options_literal_parsing():
     assert parse_options("[]") == []
     with pytest.raises(ValueError, match="validation_Art_9"):
         parse_options("not a list", "validation_Art_9")
+
+
+# ------------------------------------------------------------------------------------------
+# images the text never names
+# ------------------------------------------------------------------------------------------
+
+def _three_image_question() -> Question:
+    imgs = {n: Image.new("RGB", (4 + n, 4), (40 * n, 0, 0)) for n in (1, 2, 3)}
+    return Question(id="validation_Art_1", subject="Art", question="Which <image 1> is red?",
+                    options=["a", "b"], answer="A", question_type="multiple-choice", images=imgs)
+
+
+def test_unreferenced_images_follow_the_text_in_order():
+    from patchbench.suites.mmmu.prompts import unreferenced_images
+    q = _three_image_question()
+    msgs, _, n = build_messages(q)
+    parts = msgs[0]["content"]
+    assert [p["type"] for p in parts] == ["text", "image_url", "text", "image_url", "image_url"]
+    assert n == 3
+    # widths 5, 6, 7 identify images 1, 2, 3
+    assert [decode(p["image_url"]["url"]).size[0] for p in parts if p["type"] == "image_url"] \
+        == [5, 6, 7]
+    assert unreferenced_images(q, prompt_text(q)) == [2, 3]
+    # the PR's protocol still sends image_1 only
+    _, _, n_pr = build_messages(q, protocol="sglang-2025")
+    assert n_pr == 1
+
+
+@pytest.mark.parametrize("protocol,unref,not_sent", [("patchbench", 1, 0), ("sglang-2025", 1, 1)])
+def test_unreferenced_and_not_sent_are_counted(monkeypatch, protocol, unref, not_sent):
+    from patchbench.suites.mmmu import bench
+    from patchbench.suites.mmmu.client import Outcome
+    from patchbench.suites.mmmu.params import Params
+    q = _three_image_question()
+    q2 = Question(id="validation_Art_2", subject="Art", question="<image 1> colour?",
+                  options=["a", "b"], answer="B", question_type="multiple-choice",
+                  images={1: Image.new("RGB", (4, 4))})
+    monkeypatch.setattr(bench, "load_questions", lambda *a, **k: [q, q2])
+    params = Params(protocol=protocol, parser="strict")
+    prepared = bench.prepare(params, None)
+    assert [p["images_unreferenced"] for p in prepared] == [[2, 3], []]
+    records = bench.score_records(prepared, [Outcome("A", None, 0.1), Outcome("b", None, 0.1)],
+                                  params)
+    assert [r["n_images"] for r in records] == [3, 1]
+    result, sc = bench.summarize(records, params)
+    assert result.meta["images_unreferenced_questions"] == unref
+    assert result.meta["images_not_sent_questions"] == not_sent
+    assert result.metrics["mmmu_images_not_sent_count"] == not_sent
+    art = sc.as_dict()["subjects"]["Art"]
+    assert (art["images_unreferenced"], art["images_not_sent"]) == (unref, not_sent)
+    assert result.metrics["mmmu_correct_count"] == 2

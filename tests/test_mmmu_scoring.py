@@ -161,3 +161,23 @@ def test_val_dict_order_and_answer_shape():
 def test_tally_rejects_unknown_verdict():
     with pytest.raises(ValueError, match="verdict 'maybe'"):
         Tally().add("maybe")
+
+
+def test_unparsed_kinds_are_counted_per_subject_and_overall():
+    from patchbench.suites.mmmu.scoring import score_response, tally
+    opts = {"A": "red", "B": "blue"}
+    kw = dict(question_type="multiple-choice", gold="A", all_choices=["A", "B"], index2ans=opts,
+              parser="strict", rng=None)
+    resp = ["I cannot see the image.", "Either (A) or (B).", "Answer: a", "The answer is (B), (A)."]
+    scored = [score_response(r, **kw) for r in resp]
+    assert [(s.verdict, s.unparsed_kind) for s in scored] == [
+        ("unparsed", "no_answer"), ("unparsed", "ambiguous"), ("correct", None),
+        ("unparsed", "ambiguous")]
+    recs = [{"id": f"validation_Art_{i}", "verdict": s.verdict, "unparsed_kind": s.unparsed_kind}
+            for i, s in enumerate(scored)]
+    recs.append({"id": "validation_Math_1", "verdict": "unparsed"})  # an old record: no kind
+    d = tally(recs).as_dict()
+    assert (d["overall"]["unparsed"], d["overall"]["no_answer"], d["overall"]["ambiguous"]) \
+        == (4, 2, 2)
+    assert (d["subjects"]["Art"]["no_answer"], d["subjects"]["Art"]["ambiguous"]) == (1, 2)
+    assert d["subjects"]["Math"]["no_answer"] == 1

@@ -27,9 +27,10 @@ from patchbench.suite import SuiteContext, SuiteError, SuiteResult
 from patchbench.suites.mmmu import client, scoring
 from patchbench.suites.mmmu.data import DOMAINS, load_questions
 from patchbench.suites.mmmu.params import Params
-from patchbench.suites.mmmu.prompts import PromptError, build_messages
+from patchbench.suites.mmmu.prompts import (PromptError, build_messages, prompt_text,
+                                             unreferenced_images)
 
-PREPARED_VERSION = 1
+PREPARED_VERSION = 2  # 2: images the text does not name are sent after it
 
 
 def _repo_root() -> Path:
@@ -75,7 +76,9 @@ def prepare_key(params: Params) -> str:
 
 def prepare(params: Params, cache_dir: Path | None = None) -> list[dict[str, Any]]:
     """The prepared questions: ``[{"id", "subject", "question_type", "gold", "index2ans",
-    "messages", "prompt_sha256", "n_images_sent", "n_images"}]`` in question order.
+    "messages", "prompt_sha256", "n_images_sent", "n_images", "images_unreferenced"}]`` in
+    question order; ``images_unreferenced`` lists the images the text never names (sent after the
+    text under protocol ``patchbench``).
 
     Reads ``cache_dir/mmmu/prepared-<key>.jsonl`` when present, else loads the dataset, builds the
     messages and writes that file (atomically). Raises DatasetUnavailable / SuiteError for data
@@ -94,9 +97,12 @@ def prepare(params: Params, cache_dir: Path | None = None) -> list[dict[str, Any
                                                    params.open_template, params.option_format)
         except PromptError as e:
             raise SuiteError(str(e)) from e
+        unref = unreferenced_images(q, prompt_text(q, params.mc_template, params.open_template,
+                                                   params.option_format))
         rows.append({"id": q.id, "subject": q.subject, "question_type": q.question_type,
                      "gold": q.answer, "index2ans": q.index2ans, "messages": messages,
-                     "prompt_sha256": sha, "n_images_sent": n_sent, "n_images": len(q.images)})
+                     "prompt_sha256": sha, "n_images_sent": n_sent, "n_images": len(q.images),
+                     "images_unreferenced": unref})
     if cache is not None:
         write_jsonl(cache, rows)
     return rows
@@ -105,8 +111,10 @@ def prepare(params: Params, cache_dir: Path | None = None) -> list[dict[str, Any
 def score_records(prepared: list[dict[str, Any]], outcomes: list[client.Outcome],
                   params: Params) -> list[dict[str, Any]]:
     """One record per question (docs/CONTRACTS.md fields plus ``gold``, ``index2ans``,
-    ``fallback``, ``parser``, ``parser_seed``, ``protocol``, ``sampling``, ``n_images_sent``,
-    ``attempts``, ``finish_reason``). The official parser's random fallback draws from one
+    ``fallback``, ``unparsed_kind``, ``parse_rule``, ``parser``, ``parser_seed``,
+    ``official_fallback``, ``protocol``, ``sampling``, ``n_images``, ``n_images_sent``,
+    ``images_unreferenced`` (the image numbers the text never names), ``attempts``,
+    ``finish_reason``). The official parser's random fallback draws from one
     ``random.Random(params.seed)`` in question order."""
     rng = (random.Random(params.seed)
            if params.parser == "official" and params.official_fallback == "random" else None)
@@ -122,9 +130,14 @@ def score_records(prepared: list[dict[str, Any]], outcomes: list[client.Outcome]
                     "parsed": s.parsed, "verdict": s.verdict, "latency_s": o.latency_s,
                     "prompt_tokens": o.prompt_tokens, "completion_tokens": o.completion_tokens,
                     "error": o.error, "gold": p["gold"], "index2ans": p["index2ans"],
-                    "fallback": s.fallback, "parser": params.parser, "parser_seed": seed,
+                    "fallback": s.fallback, "unparsed_kind": s.unparsed_kind,
+                    "parse_rule": s.rule, "parser": params.parser, "parser_seed": seed,
+                    "official_fallback": (params.official_fallback
+                                          if params.parser == "official" else None),
                     "protocol": params.protocol, "sampling": params.sampling,
-                    "n_images_sent": p["n_images_sent"], "attempts": o.attempts,
+                    "n_images": p.get("n_images"), "n_images_sent": p["n_images_sent"],
+                    "images_unreferenced": p.get("images_unreferenced", []),
+                    "attempts": o.attempts,
                     "finish_reason": o.finish_reason})
     return out
 
@@ -145,6 +158,10 @@ def summarize(records: list[dict[str, Any]], params: Params, *, duration_s: floa
         "mmmu_asked_count": float(o.asked), "mmmu_answered_count": float(o.answered),
         "mmmu_correct_count": float(o.correct), "mmmu_failed_count": float(o.failed),
         "mmmu_unparsed_count": float(o.unparsed),
+        "mmmu_no_answer_count": float(o.no_answer),
+        "mmmu_ambiguous_count": float(o.ambiguous),
+        "mmmu_images_unreferenced_count": float(o.images_unreferenced),
+        "mmmu_images_not_sent_count": float(o.images_not_sent),
     }
     for d, t in sc.domains.items():
         metrics[domain_metric(d)] = t.acc
@@ -157,12 +174,19 @@ def summarize(records: list[dict[str, Any]], params: Params, *, duration_s: floa
                       f"{failed[0]['id']}: {failed[0].get('error')}")
     if o.unparsed:
         warnings.append(f"{o.unparsed} of {o.asked} MMMU answers could not be parsed "
-                        f"(parser {params.parser}; counted wrong)")
+                        f"({o.no_answer} no answer, {o.ambiguous} ambiguous; parser "
+                        f"{params.parser}; counted wrong)")
     if o.fallbacks and params.parser == "official":
         how = (f"a seeded random letter (seed {params.seed})"
                if params.official_fallback == "random" else "counted unparsed")
         warnings.append(f"{o.fallbacks} answers fell to the official parser's fallback: {how}")
-    dropped = sum(1 for r in records if r.get("n_images_sent", 0) < r.get("n_images", 0))
+    dropped = o.images_not_sent
+    if dropped:
+        warnings.append(f"{dropped} of {o.asked} MMMU questions were sent with fewer images than "
+                        "they have")
+    if o.images_unreferenced:
+        warnings.append(f"{o.images_unreferenced} of {o.asked} MMMU questions have images their "
+                        "text never names (sent after the text)")
     if params.protocol == "sglang-2025":
         warnings.append("protocol sglang-2025 (the PR's script): only image_1 is sent")
     meta = {"protocol": params.protocol, "parser": params.parser,
@@ -171,7 +195,9 @@ def summarize(records: list[dict[str, Any]], params: Params, *, duration_s: floa
             "scores": sc.as_dict(), "val": scoring.val_dict(sc),
             "accuracy_definition": "correct / asked (failed and unparsed count wrong); "
                                    "answered_acc = correct / (asked - failed)",
-            "images_not_sent_questions": dropped}
+            "images_not_sent_questions": dropped,
+            "images_unreferenced_questions": o.images_unreferenced,
+            "unparsed_no_answer": o.no_answer, "unparsed_ambiguous": o.ambiguous}
     meta.update(extra_meta or {})
     status = "incomplete" if failed else "ok"
     return SuiteResult(status=status, metrics=metrics, errors=errors, warnings=warnings,

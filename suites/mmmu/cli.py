@@ -1,4 +1,5 @@
-"""``runner.py score-mmmu RESPONSES --answer-key FILE [--parser strict|official] [--seed N]``.
+"""``runner.py score-mmmu RESPONSES --answer-key FILE [--parser strict|official] [--seed N]
+[--fallback random|unparsed] [--out DIR] [--disagreements]``.
 
 Re-scores saved responses without a server. RESPONSES is one of:
 
@@ -16,11 +17,19 @@ missing from RESPONSES count as asked and failed (no response), so the denominat
 counts; ``--out DIR`` also writes records.jsonl, answer_sglang.json, val_sglang.json,
 scores.json and summary.json there.
 
+``--disagreements``: every multiple-choice response where the strict and the official parse differ
+(the official one without its random pick: "fallback" where it would pick), as a markdown table on
+stdout, and, with ``--out``, as ``disagreements.md`` and ``disagreements.csv`` there: for a person
+to audit a new model's outputs (columns: id, subject, gold, strict, strict_rule, official,
+response).
+
 Exit codes: 0 done, 2 bad usage or unreadable input (the message names the file and key).
 """
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import json
 import random
 import sys
@@ -28,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from patchbench import EXIT_OK, EXIT_USAGE
-from patchbench.records import read_json, read_jsonl, write_json
-from patchbench.suites.mmmu import scoring
+from patchbench.records import read_json, read_jsonl, write_json, write_text
+from patchbench.suites.mmmu import parsers, scoring
 from patchbench.suites.mmmu.data import subject_of
 from patchbench.suites.mmmu.params import Params
 
@@ -102,9 +111,63 @@ def score_saved(responses: dict[str, dict[str, Any]], key: dict[str, dict[str, A
                         "prompt_tokens": None, "completion_tokens": None,
                         "error": "no response in the file" if r is None else None,
                         "gold": k["ground_truth"], "index2ans": index2ans,
-                        "fallback": s.fallback, "parser": parser,
-                        "parser_seed": seed if parser == "official" else None})
+                        "fallback": s.fallback, "unparsed_kind": s.unparsed_kind,
+                        "parse_rule": s.rule, "parser": parser,
+                        "parser_seed": seed if parser == "official" else None,
+                        "official_fallback": fallback if parser == "official" else None})
     return records
+
+
+DISAGREEMENT_COLUMNS = ("id", "subject", "gold", "strict", "strict_rule", "official", "response")
+
+
+def disagreements(responses: dict[str, dict[str, Any]],
+                  key: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Multiple-choice questions of ``key`` whose strict and official parses differ, in key order.
+
+    Each row: ``{"id", "subject", "gold", "strict" (a letter, "no_answer" or "ambiguous"),
+    "strict_rule", "official" (a letter, or "fallback" where the official parser would pick at
+    random), "response"}``. Questions without a response are left out.
+    """
+    rows = []
+    for qid, k in key.items():
+        r = responses.get(qid)
+        if r is None or r["response"] is None or parsers.is_open(k["question_type"]):
+            continue
+        index2ans = r.get("index2ans") or {}
+        choices = r.get("all_choices") or list(index2ans)
+        st = parsers.parse_strict_detail(r["response"], choices, index2ans)
+        off, _ = parsers.parse_official_mc(r["response"], choices, index2ans, None)
+        if st.letter != off:
+            rows.append({"id": qid, "subject": subject_of(qid), "gold": k["ground_truth"],
+                         "strict": st.letter or st.status, "strict_rule": st.rule,
+                         "official": off or "fallback", "response": r["response"]})
+    return rows
+
+
+def _md_cell(v: Any) -> str:
+    return str(v).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ⏎ ").strip()
+
+
+def disagreements_markdown(rows: list[dict[str, Any]], n_mc: int) -> str:
+    """The rows as a markdown table (responses on one line: a line break shows as ⏎), with a
+    heading line counting them among ``n_mc`` multiple-choice responses."""
+    lines = [f"Strict vs official parse: {len(rows)} of {n_mc} multiple-choice responses differ.",
+             "", "| " + " | ".join(DISAGREEMENT_COLUMNS) + " |",
+             "|" + "---|" * len(DISAGREEMENT_COLUMNS)]
+    for r in rows:
+        lines.append("| " + " | ".join(_md_cell(r[c]) for c in DISAGREEMENT_COLUMNS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def disagreements_csv(rows: list[dict[str, Any]]) -> str:
+    """The rows as CSV (a header line, then one row per disagreement; responses verbatim)."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(DISAGREEMENT_COLUMNS), lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({c: r[c] for c in DISAGREEMENT_COLUMNS})
+    return buf.getvalue()
 
 
 def cli(argv: list[str]) -> int:
@@ -119,6 +182,9 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--fallback", choices=["random", "unparsed"], default="random",
                     help="official parser: pick a seeded random letter, or count as unparsed")
     ap.add_argument("--out", help="folder for records.jsonl, val_sglang.json, ...")
+    ap.add_argument("--disagreements", action="store_true",
+                    help="print the responses where strict and official parses differ (and "
+                         "write disagreements.md / .csv to --out)")
     try:
         a = ap.parse_args(argv)
     except SystemExit as e:
@@ -143,13 +209,24 @@ def cli(argv: list[str]) -> int:
     fb = (f", fallbacks {o.fallbacks} (seed {a.seed}, {a.fallback})"
           if a.parser == "official" else "")
     print(f"parser {a.parser}: correct {o.correct} / asked {o.asked} = {o.acc:.4f}; answered "
-          f"{o.answered}, failed {o.failed}, unparsed {o.unparsed}{fb}")
+          f"{o.answered}, failed {o.failed}, unparsed {o.unparsed} (no answer {o.no_answer}, "
+          f"ambiguous {o.ambiguous}){fb}")
+    rows = None
+    if a.disagreements:
+        rows = disagreements(responses, key)
+        n_mc = sum(1 for q, k in key.items() if q in responses
+                   and not parsers.is_open(k["question_type"]))
+        print()
+        print(disagreements_markdown(rows, n_mc), end="")
     if extra:
         print(f"warning: {len(extra)} responses have ids missing from the answer key "
               f"(ignored), e.g. {extra[0]}", file=sys.stderr)
     if a.out:
         write_outputs(Path(a.out), records, sc)
         write_json(Path(a.out) / "summary.json", result.to_json("mmmu"))
+        if rows is not None:
+            write_text(Path(a.out) / "disagreements.md", disagreements_markdown(rows, n_mc))
+            write_text(Path(a.out) / "disagreements.csv", disagreements_csv(rows))
         print(f"wrote records.jsonl, answer_sglang.json, val_sglang.json, summary.json to {a.out}",
               file=sys.stderr)
     return EXIT_OK

@@ -9,6 +9,10 @@ Protocols (``Params.protocol``):
   Every ``<image N>`` placeholder, in the question or in an option, becomes an ``image_url`` part
   holding image N at that place in the text, in the order the text names them; no placeholder
   text is left. An option that is only a placeholder becomes ``(A) `` followed by its image.
+  Every image of the question reaches the model: images the text never names (``image_2`` and
+  ``image_3`` when the text only says ``<image 1>``) follow the text, in number order
+  (:func:`unreferenced_images` lists them; the suite counts such questions as
+  ``images_unreferenced``).
 - ``"sglang-2025"``: what sglang's ``benchmark/mmmu/bench_sglang.py`` sent in mid-2025 (the PR's
   script): the same prompt text, then ``prefix = prompt.split("<")[0]``, image_1 only, and
   ``suffix = prompt.split(">")[1]`` (so the text between the first ``>`` and the next ``>`` is all
@@ -104,6 +108,12 @@ def split_parts(text: str, q: Question, encode: Callable[[int], str]) -> list[di
     return parts
 
 
+def unreferenced_images(q: Question, text: str) -> list[int]:
+    """Numbers of the question's images that ``text`` never names with ``<image N>``, ascending."""
+    named = {int(m.group(1)) for m in IMAGE_TAG.finditer(text)}
+    return sorted(n for n in q.images if n not in named)
+
+
 def build_messages(q: Question, protocol: str = "patchbench",
                    mc_template: str = DEFAULT_MC_TEMPLATE,
                    open_template: str = DEFAULT_OPEN_TEMPLATE,
@@ -124,6 +134,7 @@ def build_messages(q: Question, protocol: str = "patchbench",
 
     if protocol == "patchbench":
         content = split_parts(text, q, enc)
+        content += [_image_part(enc(n)) for n in unreferenced_images(q, text)]
     elif protocol == "sglang-2025":
         if "<" in text and ">" in text and 1 in q.images:
             prefix = text.split("<")[0]

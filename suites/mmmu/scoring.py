@@ -2,7 +2,11 @@
 
 Verdicts (records.jsonl ``verdict``): ``correct`` | ``wrong`` | ``unparsed`` | ``failed``.
 ``failed``: the request failed (no response). ``unparsed``: a response the parser could not place
-(strict parser; official parser with its random pick disabled; an empty open answer).
+(strict parser; official parser with its random pick disabled; an empty open answer); its
+``unparsed_kind`` says why: ``no_answer`` (no option given) or ``ambiguous`` (several options left
+standing, no single commitment; strict parser only). Each is counted per subject, domain and
+overall, as are ``images_unreferenced`` (questions with an image their text never names, sent after
+the text) and ``images_not_sent`` (questions with fewer images sent than they have).
 
 Denominators (cases.md M5): accuracy = correct / asked, where asked counts every question sent,
 failed and unparsed included (a failed request can never raise the score). ``answered_acc`` =
@@ -37,11 +41,14 @@ VERDICTS = ("correct", "wrong", "unparsed", "failed")
 class Scored:
     """The parse of one response: ``parsed`` (a letter, a list of open-answer values, or None),
     ``verdict`` (see module docstring), ``fallback`` (True when the official parser found nothing
-    and picked at random, or would have)."""
+    and picked at random, or would have), ``unparsed_kind`` (``"no_answer"`` | ``"ambiguous"`` when
+    the verdict is ``unparsed``, else None), ``rule`` (the strict rule that decided, else None)."""
 
     parsed: Any
     verdict: str
     fallback: bool = False
+    unparsed_kind: str | None = None
+    rule: str | None = None
 
 
 def score_response(response: str | None, *, question_type: str, gold: Any,
@@ -60,17 +67,18 @@ def score_response(response: str | None, *, question_type: str, gold: Any,
         return Scored(None, "failed")
     if P.is_open(question_type):
         if not response.strip():
-            return Scored(None, "unparsed")
+            return Scored(None, "unparsed", unparsed_kind=P.NO_ANSWER)
         preds = P.parse_open(response)
         return Scored(preds, "correct" if P.eval_open(gold, preds) else "wrong")
     if parser == "strict":
-        letter = P.parse_strict(response, all_choices, index2ans)
-        fallback = False
+        d = P.parse_strict_detail(response, all_choices, index2ans)
+        letter, fallback, kind, rule = d.letter, False, d.status, d.rule
     else:
         letter, fallback = P.parse_official_mc(response, all_choices, index2ans, rng)
+        kind, rule = P.NO_ANSWER, None
     if letter is None:
-        return Scored(None, "unparsed", fallback)
-    return Scored(letter, "correct" if P.eval_mc(gold, letter) else "wrong", fallback)
+        return Scored(None, "unparsed", fallback, kind, rule)
+    return Scored(letter, "correct" if P.eval_mc(gold, letter) else "wrong", fallback, None, rule)
 
 
 def wilson(k: int, n: int) -> tuple[float | None, float | None]:
@@ -90,6 +98,10 @@ class Tally:
     unparsed: int = 0
     correct: int = 0
     fallbacks: int = 0
+    no_answer: int = 0
+    ambiguous: int = 0
+    images_unreferenced: int = 0
+    images_not_sent: int = 0
 
     @property
     def answered(self) -> int:
@@ -103,7 +115,11 @@ class Tally:
     def answered_acc(self) -> float | None:
         return self.correct / self.answered if self.answered else None
 
-    def add(self, verdict: str, fallback: bool = False) -> None:
+    def add(self, verdict: str, fallback: bool = False, unparsed_kind: str | None = None,
+            images_unreferenced: bool = False, images_not_sent: bool = False) -> None:
+        """Count one question. An unparsed verdict without ``unparsed_kind`` (records written
+        before the kinds existed) counts as ``no_answer``. Raises ValueError for an unknown
+        verdict or kind."""
         if verdict not in VERDICTS:
             raise ValueError(f"verdict {verdict!r}: expected one of {VERDICTS}")
         self.asked += 1
@@ -111,11 +127,22 @@ class Tally:
         self.unparsed += verdict == "unparsed"
         self.correct += verdict == "correct"
         self.fallbacks += bool(fallback)
+        if verdict == "unparsed":
+            kind = unparsed_kind or P.NO_ANSWER
+            if kind not in P.UNPARSED_KINDS:
+                raise ValueError(f"unparsed_kind {kind!r}: expected one of {P.UNPARSED_KINDS}")
+            self.no_answer += kind == P.NO_ANSWER
+            self.ambiguous += kind == P.AMBIGUOUS
+        self.images_unreferenced += bool(images_unreferenced)
+        self.images_not_sent += bool(images_not_sent)
 
     def as_dict(self) -> dict[str, Any]:
         lo, hi = wilson(self.correct, self.asked)
         return {"asked": self.asked, "answered": self.answered, "failed": self.failed,
-                "unparsed": self.unparsed, "correct": self.correct, "fallbacks": self.fallbacks,
+                "unparsed": self.unparsed, "no_answer": self.no_answer,
+                "ambiguous": self.ambiguous, "correct": self.correct, "fallbacks": self.fallbacks,
+                "images_unreferenced": self.images_unreferenced,
+                "images_not_sent": self.images_not_sent,
                 "acc": self.acc, "acc_ci95": [lo, hi], "answered_acc": self.answered_acc}
 
 
@@ -134,11 +161,16 @@ class Scores:
 
 
 def tally(records: Iterable[Mapping[str, Any]]) -> Scores:
-    """Pool records (each with ``id`` or ``subject``, ``verdict``, optional ``fallback``)."""
+    """Pool records (each with ``id`` or ``subject``, ``verdict``; optional ``fallback``,
+    ``unparsed_kind``, ``images_unreferenced``, ``n_images`` and ``n_images_sent``)."""
     subj: dict[str, Tally] = {}
     for r in records:
         s = r.get("subject") or subject_of(r["id"])
-        subj.setdefault(s, Tally()).add(r["verdict"], r.get("fallback", False))
+        not_sent = (r.get("n_images") is not None and r.get("n_images_sent") is not None
+                    and r["n_images_sent"] < r["n_images"])
+        subj.setdefault(s, Tally()).add(r["verdict"], r.get("fallback", False),
+                                        r.get("unparsed_kind"),
+                                        bool(r.get("images_unreferenced")), not_sent)
     out = Scores()
     for domain, subs in DOMAINS.items():
         present = [s for s in subs if s in subj]
@@ -148,7 +180,8 @@ def tally(records: Iterable[Mapping[str, Any]]) -> Scores:
         for s in present:
             t = subj[s]
             out.subjects[s] = t
-            for name in ("asked", "failed", "unparsed", "correct", "fallbacks"):
+            for name in ("asked", "failed", "unparsed", "correct", "fallbacks", "no_answer",
+                         "ambiguous", "images_unreferenced", "images_not_sent"):
                 setattr(d, name, getattr(d, name) + getattr(t, name))
                 setattr(out.overall, name, getattr(out.overall, name) + getattr(t, name))
         out.domains[domain] = d
