@@ -57,16 +57,24 @@ Errors: :class:`ConfigError` (exit 2), whose message names the file, the key pat
 the YAML parser knows it, what was found and what is allowed. A local model folder that does not
 exist is :class:`patchbench.errors.EnvironmentNotReady` (exit 3) from :meth:`Config.require_model`.
 """
+
 from __future__ import annotations
 
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from patchbench import errors
 from patchbench import suite as _suite
@@ -124,8 +132,10 @@ class _Loader(yaml.SafeLoader):
             self._aliases += 1
             if self._aliases > MAX_YAML_ALIASES:
                 mark = self.peek_event().start_mark
-                raise _YamlLimit(f"line {mark.line + 1}: more than {MAX_YAML_ALIASES} aliases (*name); "
-                                 "write the values out")
+                raise _YamlLimit(
+                    f"line {mark.line + 1}: more than {MAX_YAML_ALIASES} aliases (*name); "
+                    "write the values out"
+                )
         return super().compose_node(parent, index)
 
     def construct_mapping(self, node, deep=False):
@@ -137,14 +147,17 @@ class _Loader(yaml.SafeLoader):
                 try:
                     key = self.construct_object(key_node, deep=True)
                     hash(key)
-                except Exception:  # an unhashable key: the base constructor says so
+                except TypeError:  # an unhashable key: the base constructor says so
                     continue
                 line = key_node.start_mark.line + 1
                 if key in seen:
                     raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key '{key}' at lines {seen[key]} and {line}: YAML "
+                        None,
+                        None,
+                        f"duplicate key '{key}' at lines {seen[key]} and {line}: YAML "
                         "would silently keep only the last one; remove one of them",
-                        key_node.start_mark)
+                        key_node.start_mark,
+                    )
                 seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
@@ -205,9 +218,11 @@ def read_text_file(path: Path, error: type[Exception], what: str = "config file"
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        raise error(f"{path}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
-                    f"{e.start}); save the file as UTF-8") from None
+        line = data[: e.start].count(b"\n") + 1
+        raise error(
+            f"{path}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
+            f"{e.start}); save the file as UTF-8"
+        ) from None
 
 
 def read_yaml_mapping(path: Path, error: type[Exception], keys: str) -> tuple[str, dict]:
@@ -228,8 +243,9 @@ def read_yaml_mapping(path: Path, error: type[Exception], keys: str) -> tuple[st
             raise error(f"{where}: {what}") from None
         raise error(f"{where}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
-        raise error(f"{path}: the top level must be a mapping with keys {keys} "
-                    f"(got {type(raw).__name__})")
+        raise error(
+            f"{path}: the top level must be a mapping with keys {keys} (got {type(raw).__name__})"
+        )
     return text, raw
 
 
@@ -293,22 +309,30 @@ def check_args(args: list[str], where: str) -> None:
             head = first.split()[0]
             owned = _owned_flag(head)
             if owned:
-                raise ValueError(f"{where}[{i}]: {a!r} sets {owned}, which the harness sets "
-                                 f"({_owner_hint(owned)}); remove it")
-            raise ValueError(f"{where}[{i}]: {a!r} holds a flag and its value in one item, which "
-                             f"sglang would not recognise; write them as two items "
-                             f"({head!r}, '...') or as {head}=VALUE")
+                raise ValueError(
+                    f"{where}[{i}]: {a!r} sets {owned}, which the harness sets "
+                    f"({_owner_hint(owned)}); remove it"
+                )
+            raise ValueError(
+                f"{where}[{i}]: {a!r} holds a flag and its value in one item, which "
+                f"sglang would not recognise; write them as two items "
+                f"({head!r}, '...') or as {head}=VALUE"
+            )
     for i, flag, _ in split_args(args):
         owned = _owned_flag(flag)
         if owned:
             shown = f"'{args[i]}'" + (f" (argparse reads it as {owned})" if flag != owned else "")
-            raise ValueError(f"{where}[{i}]: {shown} is set by the harness ({_owner_hint(owned)}); "
-                             "remove it")
+            raise ValueError(
+                f"{where}[{i}]: {shown} is set by the harness ({_owner_hint(owned)}); remove it"
+            )
 
 
 def _owner_hint(flag: str) -> str:
-    return {"--host": "from server.host", "--port": "from server.port or bench --port",
-            "--tokenizer-path": "from model.tokenizer"}.get(flag, "from model.path")
+    return {
+        "--host": "from server.host",
+        "--port": "from server.port or bench --port",
+        "--tokenizer-path": "from model.tokenizer",
+    }.get(flag, "from model.path")
 
 
 def check_env(env: dict[str, str], where: str) -> None:
@@ -316,12 +340,16 @@ def check_env(env: dict[str, str], where: str) -> None:
     variables the harness sets (PYTHONPATH, PATCHBENCH_*). Raises ValueError naming the entry."""
     for k, v in env.items():
         if not ENV_NAME.match(k):
-            raise ValueError(f"{where}: '{k}' is not an environment variable name (letters, digits "
-                             "and '_', not starting with a digit)")
+            raise ValueError(
+                f"{where}: '{k}' is not an environment variable name (letters, digits "
+                "and '_', not starting with a digit)"
+            )
         if "\x00" in v:
             raise ValueError(f"{where}.{k}: the value holds a NUL character")
         if k in HARNESS_ENV or k.startswith(HARNESS_ENV_PREFIX):
-            raise ValueError(f"{where}.{k}: set by the harness (the overlay and its checks); remove it")
+            raise ValueError(
+                f"{where}.{k}: set by the harness (the overlay and its checks); remove it"
+            )
 
 
 # --------------------------------------------------------------------------- models
@@ -345,29 +373,41 @@ class ServerSpec(_Strict):
     port: int = Field(30000, ge=1024, le=65535)
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
-    cpu_stand_ins: list[str] = Field(default_factory=list, description=(
-        "import-time stand-ins put on the server's PYTHONPATH for a machine without an NVIDIA "
-        "GPU (folders of patchbench/shims/cpu: sgl_kernel, vllm); any call into one fails the cell"))
+    cpu_stand_ins: list[str] = Field(
+        default_factory=list,
+        description=(
+            "import-time stand-ins put on the server's PYTHONPATH for a machine without an NVIDIA "
+            "GPU (folders of patchbench/shims/cpu: sgl_kernel, vllm); any call into one fails the cell"
+        ),
+    )
     ready_timeout_s: float = Field(600.0, gt=0)
     stop_grace_s: float = Field(20.0, gt=0)
     port_close_timeout_s: float = Field(30.0, gt=0)
     flush_retries: int = Field(5, ge=1)
     flush_pause_s: float = Field(1.0, ge=0)
 
-    mrope_probe: Any = Field(None, exclude=True, description=(
-        "removed: always None (falsy); the sync_probe suite's instrumentation replaces it"))
+    mrope_probe: Any = Field(
+        None,
+        exclude=True,
+        description=(
+            "removed: always None (falsy); the sync_probe suite's instrumentation replaces it"
+        ),
+    )
 
     @field_validator("mrope_probe", mode="plain")
     @classmethod
     def _removed_mrope_probe(cls, v):
-        raise ValueError("server.mrope_probe was removed: the mrope instrumentation now runs as "
-                         "the sync_probe suite's hook in correctness cells; delete the key and "
-                         "list `sync_probe: {}` under suites")
+        raise ValueError(
+            "server.mrope_probe was removed: the mrope instrumentation now runs as "
+            "the sync_probe suite's hook in correctness cells; delete the key and "
+            "list `sync_probe: {}` under suites"
+        )
 
     @field_validator("cpu_stand_ins")
     @classmethod
     def _stand_ins(cls, v: list[str]) -> list[str]:
         from patchbench.shims import available_stand_ins
+
         have = available_stand_ins()
         bad = [x for x in v if x not in have]
         if bad:
@@ -401,7 +441,7 @@ class DiffPatch(_Strict):
         return v
 
 
-PatchEntry = Union[str, DiffPatch]
+PatchEntry = str | DiffPatch
 
 
 def patch_label(p: PatchEntry) -> str:
@@ -435,9 +475,11 @@ class VariantSpec(_Strict):
         seen: set[str] = set()
         for i, p in enumerate(v):
             if isinstance(p, str) and not PATCH_NAME.match(p):
-                raise ValueError(f"patches[{i}]: '{p}' is not a patch name (a folder in patches/: "
-                                 "letters, digits, '.', '_', '-'); a diff file is written "
-                                 "{diff: path/to/change.diff}")
+                raise ValueError(
+                    f"patches[{i}]: '{p}' is not a patch name (a folder in patches/: "
+                    "letters, digits, '.', '_', '-'); a diff file is written "
+                    "{diff: path/to/change.diff}"
+                )
             label = patch_label(p)
             if label in seen:
                 raise ValueError(f"patches[{i}]: '{label}' is listed twice; a patch applies once")
@@ -491,8 +533,10 @@ def _section_model(section: str) -> type[BaseModel]:
     read configs too, so a top-level import would be a cycle)."""
     if section == "compare":
         from patchbench.compare import CompareSettings
+
         return CompareSettings
     from patchbench.nightly import NightlySettings
+
     return NightlySettings
 
 
@@ -511,10 +555,12 @@ class Config(_Strict):
     baseline: str | None = None
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
     suites: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    compare: Any = Field(None, validate_default=True,
-                         description="patchbench.compare.CompareSettings")
-    nightly: Any = Field(None, validate_default=True,
-                         description="patchbench.nightly.NightlySettings")
+    compare: Any = Field(
+        None, validate_default=True, description="patchbench.compare.CompareSettings"
+    )
+    nightly: Any = Field(
+        None, validate_default=True, description="patchbench.nightly.NightlySettings"
+    )
     description: str = ""
 
     # filled by load_config
@@ -525,7 +571,7 @@ class Config(_Strict):
     @classmethod
     def _version(cls, v):
         if isinstance(v, float):  # `sglang: 0.5` reads as a number
-            raise ValueError("quote the release, e.g. sglang: \"0.5.1.post3\"")
+            raise ValueError('quote the release, e.g. sglang: "0.5.1.post3"')
         return v
 
     @field_validator("compare", "nightly", mode="plain")
@@ -561,12 +607,14 @@ class Config(_Strict):
         return {k: spec.short() for k, spec in v.items()}
 
     @model_validator(mode="after")
-    def _baseline(self) -> "Config":
+    def _baseline(self) -> Config:
         if self.baseline is None:
             self.baseline = next(iter(self.variants))
         elif self.baseline not in self.variants:
-            raise ValueError(f"baseline: '{self.baseline}' is not a variant; variants: "
-                             f"{', '.join(self.variants)}")
+            raise ValueError(
+                f"baseline: '{self.baseline}' is not a variant; variants: "
+                f"{', '.join(self.variants)}"
+            )
         base_flags = {f: i for i, f, _ in split_args(self.server.args) if f}
         for name, spec in self.variants.items():
             for i, flag, _ in split_args(spec.server_args):
@@ -574,11 +622,14 @@ class Config(_Strict):
                     raise ValueError(
                         f"variants.{name}.server_args[{i}]: {flag} is also in server.args "
                         f"[{base_flags[flag]}]; a variant's arguments are appended, not overridden: "
-                        f"move {flag} out of server.args into the variants that need it")
+                        f"move {flag} out of server.args into the variants that need it"
+                    )
             for k in spec.env:
                 if k in self.server.env:
-                    raise ValueError(f"variants.{name}.env.{k}: also set in server.env; set it "
-                                     "in one place (per variant when variants differ)")
+                    raise ValueError(
+                        f"variants.{name}.env.{k}: also set in server.env; set it "
+                        "in one place (per variant when variants differ)"
+                    )
         return self
 
     # ------------------------------------------------------------------ variants
@@ -600,15 +651,19 @@ class Config(_Strict):
         if variant == self.baseline:
             return False
         a, b = self.variants[variant], self.variants[self.baseline]
-        return ([patch_label(p) for p in a.patches] == [patch_label(p) for p in b.patches]
-                and a.server_args == b.server_args and a.env == b.env)
+        return (
+            [patch_label(p) for p in a.patches] == [patch_label(p) for p in b.patches]
+            and a.server_args == b.server_args
+            and a.env == b.env
+        )
 
     def aa_variants(self) -> list[str]:
         """The A/A variants, in config order."""
         return [v for v in self.variants if self.is_aa(v)]
 
-    def variant_diff(self, variant: str, *, hashes: bool = True,
-                     cache_dir: Path | None = None) -> dict:
+    def variant_diff(
+        self, variant: str, *, hashes: bool = True, cache_dir: Path | None = None
+    ) -> dict:
         """What ``variant`` changes against the baseline, for the report and the run manifest::
 
             {"aa": bool,
@@ -623,6 +678,7 @@ class Config(_Strict):
         into ``cache_dir``; a hash that cannot be computed is None).
         """
         from patchbench import patchset
+
         spec, base = self.variants[variant], self.variants[self.baseline]
         pats = []
         for p in spec.patches:
@@ -655,14 +711,20 @@ class Config(_Strict):
             "patches": pats,
             "patches_added": [x for x in labels if x not in blabels],
             "patches_removed": [x for x in blabels if x not in labels],
-            "server_args": {"added": [show(f, v) for f, v in fa.items() if f not in fb],
-                            "removed": [show(f, v) for f, v in fb.items() if f not in fa],
-                            "changed": {f: [fb[f], v] for f, v in fa.items()
-                                        if f in fb and fb[f] != v}},
-            "env": {"added": {k: v for k, v in spec.env.items() if k not in base.env},
-                    "removed": [k for k in base.env if k not in spec.env],
-                    "changed": {k: [base.env[k], v] for k, v in spec.env.items()
-                                if k in base.env and base.env[k] != v}},
+            "server_args": {
+                "added": [show(f, v) for f, v in fa.items() if f not in fb],
+                "removed": [show(f, v) for f, v in fb.items() if f not in fa],
+                "changed": {f: [fb[f], v] for f, v in fa.items() if f in fb and fb[f] != v},
+            },
+            "env": {
+                "added": {k: v for k, v in spec.env.items() if k not in base.env},
+                "removed": [k for k in base.env if k not in spec.env],
+                "changed": {
+                    k: [base.env[k], v]
+                    for k, v in spec.env.items()
+                    if k in base.env and base.env[k] != v
+                },
+            },
         }
 
     def diff_files(self) -> dict[str, Path]:
@@ -679,8 +741,9 @@ class Config(_Strict):
         run can be reproduced: every diff named directly in a variant, as
         ``diffs/<sha256 first 12>-<file name>``."""
         from patchbench.patchset import sha256_file
+
         out = []
-        for label, f in self.diff_files().items():
+        for f in self.diff_files().values():
             out.append((f, f"diffs/{sha256_file(f)[:12]}-{f.name}"))
         return out
 
@@ -692,13 +755,17 @@ class Config(_Strict):
         Raises the :class:`patchbench.patchset.PatchError` family naming the diff, file and hunk.
         """
         from patchbench import patchset
+
         out: list[str | Path] = []
         for p in self.variants[variant].patches:
             if isinstance(p, str):
                 out.append(p)
             else:
-                out.append(patchset.patch_from_diff_file(self.resolve_path(p.diff), self.sglang,
-                                                         cache_dir=cache_dir))
+                out.append(
+                    patchset.patch_from_diff_file(
+                        self.resolve_path(p.diff), self.sglang, cache_dir=cache_dir
+                    )
+                )
         return out
 
     # ------------------------------------------------------------------ model
@@ -716,8 +783,12 @@ class Config(_Strict):
         return self.resolve_path(self.model.tokenizer or self.model.path)
 
     def _is_hub(self, p: str) -> bool:
-        return not self.model.tiny and not _looks_local(p) and is_hub_id(p) \
+        return (
+            not self.model.tiny
+            and not _looks_local(p)
+            and is_hub_id(p)
             and not self.resolve_path(p).exists()
+        )
 
     def _ref(self, p: str) -> str:
         """A local folder as an absolute path; a hub id (``org/name``, no such local folder)
@@ -755,7 +826,8 @@ class Config(_Strict):
                 raise errors.EnvironmentNotReady(
                     f"{self.source or 'config'}: {key} {d} does not exist: a local model folder "
                     "is missing (give an existing folder, a hub id such as "
-                    "Qwen/Qwen2.5-VL-3B-Instruct, or tiny: true)")
+                    "Qwen/Qwen2.5-VL-3B-Instruct, or tiny: true)"
+                )
 
 
 def _line_of(text: str, loc: tuple) -> int | None:
@@ -840,7 +912,7 @@ def _format_errors(path: Path, text: str, err: ValidationError, prefix: tuple = 
             got_s = repr(got) if not isinstance(got, dict) else "a mapping"
             hint = ""
             if e["type"] == "string_type" and isinstance(got, (int, float, bool)):
-                hint = f"; quote it: \"{str(got).lower() if isinstance(got, bool) else got}\""
+                hint = f'; quote it: "{str(got).lower() if isinstance(got, bool) else got}"'
             elif e["type"] in ("int_type", "float_type") and isinstance(got, bool):
                 hint = "; a boolean is not a number"
             msg = f"{at}: key '{key}': {text_} (got {got_s[:80]}{hint})"
@@ -853,6 +925,7 @@ def _format_errors(path: Path, text: str, err: ValidationError, prefix: tuple = 
 def _model_at(loc: tuple) -> list[str]:
     """Allowed keys of the model at a key path (for 'unknown key' messages)."""
     import typing
+
     if loc[:1] == ("suites",):
         rest = [k for k in loc[1:] if not isinstance(k, int)]
         if not rest:
@@ -925,8 +998,10 @@ def load_config(path: str | os.PathLike, *, check_files: bool = True) -> Config:
     for name, params in cfg.suites.items():
         if name not in known:
             where = _line_of(text, ("suites", name))
-            problems.append(f"{path}:{where or ''}: unknown suite '{name}' under suites; "
-                            f"allowed: {', '.join(known)}")
+            problems.append(
+                f"{path}:{where or ''}: unknown suite '{name}' under suites; "
+                f"allowed: {', '.join(known)}"
+            )
             continue
         model = _params_model(name)
         try:
@@ -934,8 +1009,11 @@ def load_config(path: str | os.PathLike, *, check_files: bool = True) -> Config:
         except ValidationError as e:
             msg = _format_errors(path, text, e, ("suites", name))
             allowed = ", ".join(model.model_fields)
-            problems.append(msg if "allowed keys:" in msg  # an unknown key lists them already
-                            else f"{msg}\n  (suite '{name}' accepts: {allowed})")
+            problems.append(
+                msg
+                if "allowed keys:" in msg  # an unknown key lists them already
+                else f"{msg}\n  (suite '{name}' accepts: {allowed})"
+            )
     if check_files:
         problems += _check_patches(cfg, path, text)
     if problems:
@@ -947,10 +1025,14 @@ def _check_patches(cfg: Config, path: Path, text: str) -> list[str]:
     """Problems with the patches the variants name (missing, invalid manifest, no diff for the
     config's release, a diff file that is missing or changes what no patch may)."""
     from patchbench import patchset
+
     problems = []
     for variant, spec in cfg.variants.items():
-        key = ("variants", variant, "patches") if _line_of(text, ("variants", variant, "patches")) \
+        key = (
+            ("variants", variant, "patches")
+            if _line_of(text, ("variants", variant, "patches"))
             else ("variants", variant)
+        )
         for i, p in enumerate(spec.patches):
             where = _line_of(text, key + (i,)) or _line_of(text, ("variants", variant))
             at = f"{path}:{where or ''}: variants.{variant}.patches[{i}]"
@@ -958,8 +1040,10 @@ def _check_patches(cfg: Config, path: Path, text: str) -> list[str]:
                 d = PATCHES_DIR / p
                 if not (d / "manifest.yaml").is_file():
                     have = patchset.available_patches()
-                    problems.append(f"{at}: patch '{p}' not found (expected {d}/manifest.yaml); "
-                                    f"available: {', '.join(have) or 'none'}")
+                    problems.append(
+                        f"{at}: patch '{p}' not found (expected {d}/manifest.yaml); "
+                        f"available: {', '.join(have) or 'none'}"
+                    )
                     continue
                 try:
                     patchset.load_manifest(p).release(cfg.sglang)
@@ -970,12 +1054,15 @@ def _check_patches(cfg: Config, path: Path, text: str) -> list[str]:
                 if f.is_dir():
                     problems.append(f"{at}: diff {f} is a directory, not a diff file")
                 elif not f.is_file():
-                    problems.append(f"{at}: diff file {f} does not exist (relative paths resolve "
-                                    f"against {REPO_ROOT})")
+                    problems.append(
+                        f"{at}: diff file {f} does not exist (relative paths resolve "
+                        f"against {REPO_ROOT})"
+                    )
                 else:
                     try:
-                        patchset.inspect_diff(read_text_file(f, patchset.PatchError, "diff file"),
-                                              source=str(f))
+                        patchset.inspect_diff(
+                            read_text_file(f, patchset.PatchError, "diff file"), source=str(f)
+                        )
                     except patchset.PatchError as e:
                         problems.append(f"{at}: {e}")
     return problems

@@ -21,6 +21,7 @@ package and that ``forward_batch_info`` has the stock hash.
 Errors: :class:`OverlayError` (and the :class:`patchbench.patchset.PatchError` family from
 applying a patch), naming the variant's patches, the paths and expected vs found hashes.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -34,8 +35,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from patchbench import errors
-from patchbench.patchset import (DEFAULT_CACHE_DIR, FORWARD_BATCH_INFO, apply_to_tree, patch_sha256,
-                                 sha256_file)
+from patchbench.patchset import (
+    DEFAULT_CACHE_DIR,
+    FORWARD_BATCH_INFO,
+    apply_to_tree,
+    patch_sha256,
+    sha256_file,
+)
 from patchbench.records import read_json, write_json
 
 #: format of overlay.json; bump when the Overlay fields change (old cached overlays are rebuilt)
@@ -97,16 +103,21 @@ class Overlay:
 def _installed_fingerprint(stock_site_dir: Path, version: str) -> str:
     """sha256 of the installed distribution's RECORD (names + hashes of all its files), checking
     that the distribution in ``stock_site_dir`` is sglang ``version``."""
-    dists = [d for d in importlib.metadata.distributions(path=[str(stock_site_dir)])
-             if (d.metadata["Name"] or "").lower() == "sglang"]
+    dists = [
+        d
+        for d in importlib.metadata.distributions(path=[str(stock_site_dir)])
+        if (d.metadata["Name"] or "").lower() == "sglang"
+    ]
     if not dists:
         # a bare package folder (e.g. a test copy) without dist-info: identify it by its version file
         vf = stock_site_dir / "sglang" / "version.py"
         return sha256_file(vf) if vf.is_file() else ""
     found = dists[0].version
     if found != version:
-        raise OverlayError(f"{stock_site_dir} holds sglang {found}, not {version}; build overlays "
-                           f"in the environment whose sglang is the config's pin")
+        raise OverlayError(
+            f"{stock_site_dir} holds sglang {found}, not {version}; build overlays "
+            f"in the environment whose sglang is the config's pin"
+        )
     record = dists[0].read_text("RECORD") or ""
     return hashlib.sha256(record.encode()).hexdigest()
 
@@ -127,8 +138,14 @@ def _patch_ref(p: str | os.PathLike) -> tuple[str, Path | None]:
     return str(p), None
 
 
-def build_overlay(version: str, patches: list[str | os.PathLike], *, stock_site_dir: Path,
-                  cache_root: Path, patch_cache_dir: Path | None = None) -> Overlay:
+def build_overlay(
+    version: str,
+    patches: list[str | os.PathLike],
+    *,
+    stock_site_dir: Path,
+    cache_root: Path,
+    patch_cache_dir: Path | None = None,
+) -> Overlay:
     """The overlay of sglang ``version`` with ``patches`` applied in order.
 
     patches: patch names (folders of ``patches/``) or patch folders (``Path``); stock_site_dir:
@@ -143,23 +160,38 @@ def build_overlay(version: str, patches: list[str | os.PathLike], *, stock_site_
     stock_site_dir = Path(stock_site_dir).resolve()
     stock = stock_site_dir / "sglang"
     if not (stock / "__init__.py").is_file():
-        raise OverlayError(f"no sglang package at {stock} (expected the site-packages folder of the "
-                           f"environment holding sglang {version})")
+        raise OverlayError(
+            f"no sglang package at {stock} (expected the site-packages folder of the "
+            f"environment holding sglang {version})"
+        )
     fingerprint = _installed_fingerprint(stock_site_dir, version)
     if not patches:
         fbi = stock_site_dir / FORWARD_BATCH_INFO
-        return Overlay(version=version, root=None, sglang_dir=stock,
-                       fbi_sha256=sha256_file(fbi) if fbi.is_file() else "")
+        return Overlay(
+            version=version,
+            root=None,
+            sglang_dir=stock,
+            fbi_sha256=sha256_file(fbi) if fbi.is_file() else "",
+        )
     refs = [_patch_ref(p) for p in patches]
     names = [n for n, _ in refs]
     if len(set(names)) != len(names):
         twice = sorted({n for n in names if names.count(n) > 1})
-        raise OverlayError(f"patch list {names} names {', '.join(twice)} twice; a patch applies once")
+        raise OverlayError(
+            f"patch list {names} names {', '.join(twice)} twice; a patch applies once"
+        )
     pcache = Path(patch_cache_dir or DEFAULT_CACHE_DIR)
     hashes = {n: patch_sha256(n, version, pcache, patches_dir=d) for n, d in refs}
-    key = hashlib.sha256(json.dumps({"schema": OVERLAY_SCHEMA, "version": version,
-                                     "installed": fingerprint,
-                                     "patches": [[n, hashes[n]] for n in names]}).encode()).hexdigest()
+    key = hashlib.sha256(
+        json.dumps(
+            {
+                "schema": OVERLAY_SCHEMA,
+                "version": version,
+                "installed": fingerprint,
+                "patches": [[n, hashes[n]] for n in names],
+            }
+        ).encode()
+    ).hexdigest()
     cache_root = Path(cache_root).resolve()
     dest = cache_root / f"{version}-{key[:16]}"
     cached = _load_cached(dest, key)
@@ -171,11 +203,19 @@ def build_overlay(version: str, patches: list[str | os.PathLike], *, stock_site_
         shutil.copytree(stock, tmp / "sglang", ignore=_ignore_pycache)
         files: dict[str, str] = {}
         for n, d in refs:
-            files.update(apply_to_tree(tmp, n, version, cache_dir=pcache, stacked=set(files),
-                                       patches_dir=d))
-        ov = Overlay(version=version, root=dest, sglang_dir=dest / "sglang", patches=names,
-                     patch_hashes=hashes, files=files,
-                     fbi_sha256=sha256_file(tmp / FORWARD_BATCH_INFO), key=key)
+            files.update(
+                apply_to_tree(tmp, n, version, cache_dir=pcache, stacked=set(files), patches_dir=d)
+            )
+        ov = Overlay(
+            version=version,
+            root=dest,
+            sglang_dir=dest / "sglang",
+            patches=names,
+            patch_hashes=hashes,
+            files=files,
+            fbi_sha256=sha256_file(tmp / FORWARD_BATCH_INFO),
+            key=key,
+        )
         write_json(tmp / "overlay.json", ov.to_json())
         if dest.exists():  # a stale or broken one (failed _load_cached): replace it
             shutil.rmtree(dest)
@@ -207,9 +247,17 @@ def _load_cached(dest: Path, key: str) -> Overlay | None:
         f = dest / rel
         if not f.is_file() or sha256_file(f) != sha:
             return None
-    return Overlay(version=d["version"], root=dest, sglang_dir=dest / "sglang", patches=d["patches"],
-                   patch_hashes=d["patch_hashes"], files=d["files"], fbi_sha256=d["fbi_sha256"],
-                   key=key, reused=True)
+    return Overlay(
+        version=d["version"],
+        root=dest,
+        sglang_dir=dest / "sglang",
+        patches=d["patches"],
+        patch_hashes=d["patch_hashes"],
+        files=d["files"],
+        fbi_sha256=d["fbi_sha256"],
+        key=key,
+        reused=True,
+    )
 
 
 _PROBE = r"""
@@ -260,7 +308,9 @@ def expected_files(overlay: Overlay) -> dict[str, str]:
     return {FORWARD_BATCH_INFO: overlay.fbi_sha256} if overlay.fbi_sha256 else {}
 
 
-def verify_in_env(overlay: Overlay, python: str, env: dict[str, str], *, timeout_s: float = 60) -> dict:
+def verify_in_env(
+    overlay: Overlay, python: str, env: dict[str, str], *, timeout_s: float = 60
+) -> dict:
     """Check in a subprocess ``python -c`` with ``env`` (the server's environment, same
     PYTHONPATH) that the ``sglang`` package is ``overlay.sglang_dir`` and that every file of
     :func:`expected_files` resolves inside it with its expected sha256. Modules are located with
@@ -277,14 +327,21 @@ def verify_in_env(overlay: Overlay, python: str, env: dict[str, str], *, timeout
     env = {k: v for k, v in env.items() if k != "PATCHBENCH_CPU_STAND_INS"}
     want = expected_files(overlay)
     try:
-        r = subprocess.run([python, "-c", _PROBE, json.dumps(sorted(want))], env=env,
-                           capture_output=True, text=True, timeout=timeout_s)
+        r = subprocess.run(
+            [python, "-c", _PROBE, json.dumps(sorted(want))],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         raise OverlayError(f"could not run {python} to check the overlay: {e}") from None
-    line = next((l for l in r.stdout.splitlines() if l.startswith("PATCHBENCH-PROBE ")), None)
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("PATCHBENCH-PROBE ")), None)
     if r.returncode != 0 or line is None:
-        raise OverlayError(f"{python} failed while locating sglang (exit {r.returncode}):\n"
-                           f"{(r.stderr or r.stdout)[-2000:]}")
+        raise OverlayError(
+            f"{python} failed while locating sglang (exit {r.returncode}):\n"
+            f"{(r.stderr or r.stdout)[-2000:]}"
+        )
     got = json.loads(line.split(" ", 1)[1])
     what = f"variant with patches {overlay.patches}" if overlay.patches else "stock variant"
     pp = env.get("PYTHONPATH", "")
@@ -302,13 +359,20 @@ def verify_in_env(overlay: Overlay, python: str, env: dict[str, str], *, timeout
         if expected_dir not in found.parents:
             problems.append(f"{rel} resolves to {found}, expected {where} (inside {expected_dir})")
         elif f["sha256"] != sha:
-            problems.append(f"{found} has sha256 {f['sha256']}, expected {sha}; the overlay was "
-                            "changed after it was built")
+            problems.append(
+                f"{found} has sha256 {f['sha256']}, expected {sha}; the overlay was "
+                "changed after it was built"
+            )
     if Path(got["sglang_dir"]).resolve() != expected_dir:
-        problems.append(f"the sglang package resolves to {got['sglang_dir']}, expected {expected_dir}")
+        problems.append(
+            f"the sglang package resolves to {got['sglang_dir']}, expected {expected_dir}"
+        )
     if problems:
-        raise OverlayError(f"{what}: " + "; ".join(problems) +
-                           f" (PYTHONPATH={pp!r}, sys.path starts {got['sys_path_head']})")
+        raise OverlayError(
+            f"{what}: "
+            + "; ".join(problems)
+            + f" (PYTHONPATH={pp!r}, sys.path starts {got['sys_path_head']})"
+        )
     fbi = got["files"].get(FORWARD_BATCH_INFO)
     if fbi:
         got["forward_batch_info"], got["sha256"] = fbi["path"], fbi["sha256"]

@@ -33,6 +33,7 @@ cannot be used), :class:`UnsupportedRelease` (no diff for that sglang release), 
 (a wheel that could not be downloaded). Every message names the patch, and where it applies, the
 file, the key or the failing hunk and what was expected.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,20 +50,19 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Collection
+from typing import Any
 
 import yaml
-
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from patchbench import EXIT_ENV, EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE
+from patchbench import EXIT_ENV, EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, errors
 from patchbench import config as _config
-from patchbench import errors
 from patchbench.records import write_text
 
 #: default cache folder (git-ignored): wheels, derived diffs
@@ -114,8 +114,10 @@ class FileHashes(_Strict):
 def _rel_path(v: str) -> str:
     p = str(v).strip()
     if not p.startswith("sglang/") or p.startswith("/") or ".." in Path(p).parts:
-        raise ValueError(f"'{p}': must be a path relative to site-packages starting with 'sglang/', "
-                         "e.g. sglang/srt/model_executor/forward_batch_info.py")
+        raise ValueError(
+            f"'{p}': must be a path relative to site-packages starting with 'sglang/', "
+            "e.g. sglang/srt/model_executor/forward_batch_info.py"
+        )
     return p
 
 
@@ -160,7 +162,9 @@ class Derive(_Strict):
     @classmethod
     def _files(cls, v: list[str]) -> list[str]:
         if not v:
-            raise ValueError("name at least one file, e.g. sglang/srt/model_executor/forward_batch_info.py")
+            raise ValueError(
+                "name at least one file, e.g. sglang/srt/model_executor/forward_batch_info.py"
+            )
         return [_rel_path(x) for x in v]
 
 
@@ -175,9 +179,13 @@ class PatchManifest(_Strict):
     upstream: Upstream | None = None
     derive: Derive | None = None
     releases: dict[str, ReleaseSpec]
-    origin: dict[str, str] | None = Field(None, description=(
-        "where the change came from (informational; written by new-patch): kind diff|git, "
-        "source, range, commits"))
+    origin: dict[str, str] | None = Field(
+        None,
+        description=(
+            "where the change came from (informational; written by new-patch): kind diff|git, "
+            "source, range, commits"
+        ),
+    )
     folder: Path | None = Field(None, exclude=True)
 
     @field_validator("releases", mode="before")
@@ -197,20 +205,28 @@ class PatchManifest(_Strict):
             try:
                 Version(k)
             except InvalidVersion:
-                raise ValueError(f"'{k}' is not an sglang release version (e.g. 0.5.1.post3)") from None
+                raise ValueError(
+                    f"'{k}' is not an sglang release version (e.g. 0.5.1.post3)"
+                ) from None
         return v
 
     @model_validator(mode="after")
-    def _diff_or_derive(self) -> "PatchManifest":
+    def _diff_or_derive(self) -> PatchManifest:
         for ver, rel in self.releases.items():
             if self.derive is None and rel.diff is None:
-                raise ValueError(f"releases.{ver}: no 'diff' (and no top-level 'derive'); add "
-                                 f"'diff: {ver}.diff' naming the unified diff in the patch folder")
+                raise ValueError(
+                    f"releases.{ver}: no 'diff' (and no top-level 'derive'); add "
+                    f"'diff: {ver}.diff' naming the unified diff in the patch folder"
+                )
             if self.derive is not None and rel.diff is not None:
-                raise ValueError(f"releases.{ver}: 'diff' and top-level 'derive' exclude each other")
+                raise ValueError(
+                    f"releases.{ver}: 'diff' and top-level 'derive' exclude each other"
+                )
             if self.derive is not None and set(rel.files) != set(self.derive.files):
-                raise ValueError(f"releases.{ver}.files must list exactly derive.files "
-                                 f"({', '.join(self.derive.files)}); got {', '.join(rel.files)}")
+                raise ValueError(
+                    f"releases.{ver}.files must list exactly derive.files "
+                    f"({', '.join(self.derive.files)}); got {', '.join(rel.files)}"
+                )
         return self
 
     def release(self, version: str) -> ReleaseSpec:
@@ -219,7 +235,8 @@ class PatchManifest(_Strict):
             raise UnsupportedRelease(
                 f"patch '{self.name}' has no diff for sglang {version}; it supports "
                 f"{', '.join(self.releases)} (add releases.{version} to "
-                f"{self.folder / 'manifest.yaml' if self.folder else 'its manifest'})")
+                f"{self.folder / 'manifest.yaml' if self.folder else 'its manifest'})"
+            )
         return self.releases[version]
 
 
@@ -228,7 +245,9 @@ def pin_of(spec: str) -> tuple[str, str]:
     try:
         req = Requirement(spec)
     except InvalidRequirement as e:
-        raise ValueError(f"'{spec}' is not a pip requirement ({e}); write e.g. sglang==0.5.2rc1") from None
+        raise ValueError(
+            f"'{spec}' is not a pip requirement ({e}); write e.g. sglang==0.5.2rc1"
+        ) from None
     specs = list(req.specifier)
     if len(specs) != 1 or specs[0].operator != "==" or "*" in specs[0].version:
         raise ValueError(f"'{spec}' must pin one exact version with '==', e.g. sglang==0.5.2rc1")
@@ -238,7 +257,9 @@ def pin_of(spec: str) -> tuple[str, str]:
 def available_patches(patches_dir: Path | None = None) -> list[str]:
     """Names of the folders under the patches dir that hold a ``manifest.yaml``, sorted."""
     d = Path(patches_dir or _config.PATCHES_DIR)
-    return sorted(p.name for p in d.iterdir() if (p / "manifest.yaml").is_file()) if d.is_dir() else []
+    return (
+        sorted(p.name for p in d.iterdir() if (p / "manifest.yaml").is_file()) if d.is_dir() else []
+    )
 
 
 def load_manifest(name: str, *, patches_dir: Path | None = None) -> PatchManifest:
@@ -248,12 +269,19 @@ def load_manifest(name: str, *, patches_dir: Path | None = None) -> PatchManifes
     Raises :class:`ManifestError` naming the file, the key (with its YAML line) and what is allowed.
     """
     d = Path(patches_dir or _config.PATCHES_DIR)
+    if not _config.PATCH_NAME.match(str(name)):
+        raise ManifestError(
+            f"'{name}' is not a patch name (a folder in {d}: letters, digits, '.', '_', '-')"
+        )
     path = d / name / "manifest.yaml"
     if not path.is_file():
         have = available_patches(d)
-        raise ManifestError(f"patch '{name}' not found: no {path}; available: {', '.join(have) or 'none'}")
-    text, raw = _config.read_yaml_mapping(path, ManifestError,
-                                          "name, description, upstream, derive, releases, origin")
+        raise ManifestError(
+            f"patch '{name}' not found: no {path}; available: {', '.join(have) or 'none'}"
+        )
+    text, raw = _config.read_yaml_mapping(
+        path, ManifestError, "name, description, upstream, derive, releases, origin"
+    )
     try:
         m = PatchManifest.model_validate(raw)
     except ValidationError as e:
@@ -273,12 +301,16 @@ def load_manifest(name: str, *, patches_dir: Path | None = None) -> PatchManifes
                 lines.append(f"{at}: key '{key}': {err['msg']} (got {got_s})")
         raise ManifestError("\n".join(lines)) from None
     if m.name != name:
-        raise ManifestError(f"{path}: key 'name' is '{m.name}' but the folder is '{name}'; they must match")
+        raise ManifestError(
+            f"{path}: key 'name' is '{m.name}' but the folder is '{name}'; they must match"
+        )
     m.folder = path.parent
     for ver, rel in m.releases.items():
         if rel.diff is not None and not (m.folder / rel.diff).is_file():
-            raise ManifestError(f"{path}: releases.{ver}.diff names '{rel.diff}', but "
-                                f"{m.folder / rel.diff} does not exist")
+            raise ManifestError(
+                f"{path}: releases.{ver}.diff names '{rel.diff}', but "
+                f"{m.folder / rel.diff} does not exist"
+            )
     return m
 
 
@@ -299,19 +331,36 @@ def fetch_wheel(spec: str, *, cache_dir: Path | None = None) -> Path:
     Raises :class:`FetchError` with pip's output tail when the download fails.
     """
     name, version = pin_of(spec)
-    folder = Path(cache_dir or DEFAULT_CACHE_DIR) / "wheels" / f"{canonicalize_name(name)}-{version}"
+    folder = (
+        Path(cache_dir or DEFAULT_CACHE_DIR) / "wheels" / f"{canonicalize_name(name)}-{version}"
+    )
     found = _find_wheel(folder, name, version)
     if found:
         return found
     folder.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-           "--disable-pip-version-check", "--progress-bar", "off", "-d", str(folder), f"{name}=={version}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "--disable-pip-version-check",
+        "--progress-bar",
+        "off",
+        "-d",
+        str(folder),
+        f"{name}=={version}",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True)
     found = _find_wheel(folder, name, version)
     if r.returncode != 0 or not found:
         tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-8:])
-        raise FetchError(f"could not download {spec} (`{' '.join(cmd[2:])}` exited {r.returncode}); "
-                         f"is PyPI reachable? A wheel placed in {folder} is used instead.\n{tail}")
+        raise FetchError(
+            f"could not download {spec} (`{' '.join(cmd[2:])}` exited {r.returncode}); "
+            f"is PyPI reachable? A wheel placed in {folder} is used instead.\n{tail}"
+        )
     return found
 
 
@@ -363,8 +412,10 @@ def _derived_diff(m: PatchManifest, cache_dir: Path) -> str:
     for rel in m.derive.files:
         part = unified_diff(rel, read_from_wheel(w_from, rel), read_from_wheel(w_to, rel))
         if not part:
-            raise PatchError(f"patch '{m.name}': {rel} is identical in {m.derive.from_} and "
-                             f"{m.derive.to}; nothing to derive")
+            raise PatchError(
+                f"patch '{m.name}': {rel} is identical in {m.derive.from_} and "
+                f"{m.derive.to}; nothing to derive"
+            )
         parts.append(part)
     text = "".join(parts)
     write_text(target, text)
@@ -375,8 +426,9 @@ def _safe(spec: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", spec).strip("-")
 
 
-def diff_text(name: str, version: str, *, cache_dir: Path | None = None,
-              patches_dir: Path | None = None) -> str:
+def diff_text(
+    name: str, version: str, *, cache_dir: Path | None = None, patches_dir: Path | None = None
+) -> str:
     """The unified diff of patch ``name`` for sglang ``version`` (str, paths ``a/sglang/...``).
 
     Stored diffs are read from the patch folder; derived ones are built from the two wheels and
@@ -390,10 +442,13 @@ def diff_text(name: str, version: str, *, cache_dir: Path | None = None,
     return (m.folder / rel.diff).read_text(encoding="utf-8")
 
 
-def patch_sha256(name: str, version: str, cache_dir: Path | None = None, *,
-                 patches_dir: Path | None = None) -> str:
+def patch_sha256(
+    name: str, version: str, cache_dir: Path | None = None, *, patches_dir: Path | None = None
+) -> str:
     """sha256 hex of the diff text (UTF-8) of ``name`` for ``version``; identifies the patch."""
-    return _sha256_bytes(diff_text(name, version, cache_dir=cache_dir, patches_dir=patches_dir).encode())
+    return _sha256_bytes(
+        diff_text(name, version, cache_dir=cache_dir, patches_dir=patches_dir).encode()
+    )
 
 
 # --------------------------------------------------------------------------- applying
@@ -442,8 +497,9 @@ def _git_apply(root: Path, diff_path: Path, check: bool) -> subprocess.Completed
     return subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env)
 
 
-def _explain_failure(name: str, version: str, text: str, output: str, root: Path,
-                     rel: "ReleaseSpec") -> str:
+def _explain_failure(
+    name: str, version: str, text: str, output: str, root: Path, rel: ReleaseSpec
+) -> str:
     hunks = parse_hunks(text)
     msgs = []
     for mt in re.finditer(r"error: patch failed: (\S+):(\d+)", output):
@@ -455,8 +511,12 @@ def _explain_failure(name: str, version: str, text: str, output: str, root: Path
                 shown = f"hunk {header}\n    {preview}"
                 break
         msgs.append(f"patch '{name}' (sglang {version}) does not apply to {path}: {shown}")
-    for mt in re.finditer(r"error: (\S+): (No such file or directory|does not exist in index)", output):
-        msgs.append(f"patch '{name}' (sglang {version}): target file {mt.group(1)} is missing under {root}")
+    for mt in re.finditer(
+        r"error: (\S+): (No such file or directory|does not exist in index)", output
+    ):
+        msgs.append(
+            f"patch '{name}' (sglang {version}): target file {mt.group(1)} is missing under {root}"
+        )
     if not msgs:
         msgs.append(f"patch '{name}' (sglang {version}) does not apply under {root}")
     # say whether the target was what the manifest expects: tells a changed file from a bad diff
@@ -465,16 +525,27 @@ def _explain_failure(name: str, version: str, text: str, output: str, root: Path
         if f.is_file():
             got = sha256_file(f)
             if got != h.before:
-                msgs.append(f"  note: {path} has sha256 {got}, the manifest expects {h.before} "
-                            f"(stock sglang {version}); the file was changed before this patch")
-    msgs.append("  git apply said: " + " | ".join(l for l in output.strip().splitlines()
-                                                    if l.startswith("error"))[:600])
+                msgs.append(
+                    f"  note: {path} has sha256 {got}, the manifest expects {h.before} "
+                    f"(stock sglang {version}); the file was changed before this patch"
+                )
+    msgs.append(
+        "  git apply said: "
+        + " | ".join(ln for ln in output.strip().splitlines() if ln.startswith("error"))[:600]
+    )
     return "\n".join(msgs)
 
 
-def apply_to_tree(root: Path, name: str, version: str, *, cache_dir: Path | None = None,
-                  check_only: bool = False, stacked: Collection[str] = (),
-                  patches_dir: Path | None = None) -> dict[str, str]:
+def apply_to_tree(
+    root: Path,
+    name: str,
+    version: str,
+    *,
+    cache_dir: Path | None = None,
+    check_only: bool = False,
+    stacked: Collection[str] = (),
+    patches_dir: Path | None = None,
+) -> dict[str, str]:
     """Apply patch ``name`` (its diff for sglang ``version``) to the files under ``root``.
 
     ``root`` is the folder that holds the ``sglang/`` package folder (a site-packages-like tree,
@@ -500,7 +571,8 @@ def apply_to_tree(root: Path, name: str, version: str, *, cache_dir: Path | None
         raise ManifestError(
             f"patch '{name}' (sglang {version}): the diff touches {', '.join(sorted(touched)) or 'nothing'} "
             f"but the manifest's releases.{version}.files lists {', '.join(sorted(rel.files))}; "
-            "they must be the same files")
+            "they must be the same files"
+        )
     if check_only:
         with tempfile.TemporaryDirectory(prefix="patchbench-check-") as tmp:
             for path in rel.files:
@@ -508,8 +580,14 @@ def apply_to_tree(root: Path, name: str, version: str, *, cache_dir: Path | None
                 if src.is_file():
                     (Path(tmp) / path).parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(src, Path(tmp) / path)
-            return apply_to_tree(Path(tmp), name, version, cache_dir=cache_dir, stacked=stacked,
-                                 patches_dir=patches_dir)
+            return apply_to_tree(
+                Path(tmp),
+                name,
+                version,
+                cache_dir=cache_dir,
+                stacked=stacked,
+                patches_dir=patches_dir,
+            )
     with tempfile.TemporaryDirectory(prefix="patchbench-diff-") as tmp:
         diff_file = Path(tmp) / f"{name}-{version}.diff"
         diff_file.write_text(text, encoding="utf-8")
@@ -524,7 +602,8 @@ def apply_to_tree(root: Path, name: str, version: str, *, cache_dir: Path | None
                 raise PatchError(
                     f"patch '{name}' (sglang {version}): {path} before patching has sha256 {got}, "
                     f"the manifest expects {h.before} (stock sglang {version}); the diff applies, "
-                    "but to a different file than the one it was made for")
+                    "but to a different file than the one it was made for"
+                )
         r = _git_apply(root, diff_file, check=False)
         if r.returncode != 0:
             raise PatchError(_explain_failure(name, version, text, r.stdout + r.stderr, root, rel))
@@ -535,7 +614,8 @@ def apply_to_tree(root: Path, name: str, version: str, *, cache_dir: Path | None
         if path not in stacked and got != h.after:
             raise PatchError(
                 f"patch '{name}' (sglang {version}): {path} after patching has sha256 {got}, "
-                f"the manifest expects {h.after}")
+                f"the manifest expects {h.after}"
+            )
     return after
 
 
@@ -553,8 +633,9 @@ def installed_sglang() -> tuple[str | None, Path | None]:
     return version, Path(list(spec.submodule_search_locations)[0]).parent
 
 
-def pristine_files(version: str, rel_paths: Collection[str], dest_root: Path, *,
-                   cache_dir: Path | None = None) -> str:
+def pristine_files(
+    version: str, rel_paths: Collection[str], dest_root: Path, *, cache_dir: Path | None = None
+) -> str:
     """Copy the stock files ``rel_paths`` of sglang ``version`` to ``dest_root/<rel>``.
 
     Source: the installed package when its version is ``version``, else the release's wheel
@@ -578,8 +659,9 @@ def pristine_files(version: str, rel_paths: Collection[str], dest_root: Path, *,
     return f"wheel {wheel.name}"
 
 
-def check_patch(name: str, version: str, *, cache_dir: Path | None = None,
-                patches_dir: Path | None = None) -> dict:
+def check_patch(
+    name: str, version: str, *, cache_dir: Path | None = None, patches_dir: Path | None = None
+) -> dict:
     """Apply ``name`` to a pristine copy of sglang ``version``'s files, byte-compile the results
     and compare hashes. Returns {"patch", "version", "source", "files": {rel: {"before", "after"}},
     "patch_sha256"}. Raises the errors of :func:`apply_to_tree`, or PatchError when a patched file
@@ -593,14 +675,20 @@ def check_patch(name: str, version: str, *, cache_dir: Path | None = None,
         after = apply_to_tree(root, name, version, cache_dir=cache_dir, patches_dir=patches_dir)
         for p in rel.files:
             try:
-                py_compile.compile(str(root / p), cfile=str(Path(tmp) / "compiled.pyc"), doraise=True)
+                py_compile.compile(
+                    str(root / p), cfile=str(Path(tmp) / "compiled.pyc"), doraise=True
+                )
             except py_compile.PyCompileError as e:
-                raise PatchError(f"patch '{name}' (sglang {version}): patched {p} does not compile: "
-                                 f"{e.msg}") from None
-    return {"patch": name, "version": version, "source": source,
-            "patch_sha256": patch_sha256(name, version, cache_dir, patches_dir=patches_dir),
-            "files": {p: {"before": before[p], "after": after[p]} for p in rel.files}}
-
+                raise PatchError(
+                    f"patch '{name}' (sglang {version}): patched {p} does not compile: {e.msg}"
+                ) from None
+    return {
+        "patch": name,
+        "version": version,
+        "source": source,
+        "patch_sha256": patch_sha256(name, version, cache_dir, patches_dir=patches_dir),
+        "files": {p: {"before": before[p], "after": after[p]} for p in rel.files},
+    }
 
 
 # --------------------------------------------------------------------------- diffs from users
@@ -633,16 +721,20 @@ def map_to_site_path(raw: str) -> str:
     if p.startswith('"') or "\\" in p:
         raise ValueError(f"'{p}': quoted or escaped paths are not supported")
     if p.startswith("/"):
-        raise ValueError(f"'{p}': an absolute path; a patch may only change files of the sglang package")
+        raise ValueError(
+            f"'{p}': an absolute path; a patch may only change files of the sglang package"
+        )
     parts = p.split("/")
     if ".." in parts or "." in parts or "" in parts:
         raise ValueError(f"'{p}': '..', '.' or empty parts are not allowed")
     if p.startswith(REPO_PACKAGE_PREFIX):
-        return p[len("python/"):]
+        return p[len("python/") :]
     if p.startswith("sglang/"):
         return p
-    raise ValueError(f"'{p}' is outside the sglang package (python/sglang/... in an sglang "
-                     "checkout, sglang/... in site-packages); a patch may only change sglang's files")
+    raise ValueError(
+        f"'{p}' is outside the sglang package (python/sglang/... in an sglang "
+        "checkout, sglang/... in site-packages); a patch may only change sglang's files"
+    )
 
 
 def _strip_prefix(p: str) -> str:
@@ -657,13 +749,16 @@ _GIT_HEADER = re.compile(r"^diff --git (\S+) (\S+)$")
 def _split_blocks(text: str) -> list[list[str]]:
     """The per-file blocks of a diff (git's ``diff --git`` blocks, else ``---``/``+++`` pairs)."""
     lines = text.splitlines()
-    starts = [i for i, l in enumerate(lines) if l.startswith("diff --git ")]
+    starts = [i for i, ln in enumerate(lines) if ln.startswith("diff --git ")]
     if not starts:
-        starts = [i for i in range(len(lines) - 1)
-                  if lines[i].startswith("--- ") and lines[i + 1].startswith("+++ ")]
+        starts = [
+            i
+            for i in range(len(lines) - 1)
+            if lines[i].startswith("--- ") and lines[i + 1].startswith("+++ ")
+        ]
     if not starts:
         return []
-    return [lines[a:b] for a, b in zip(starts, starts[1:] + [len(lines)])]
+    return [lines[a:b] for a, b in zip(starts, starts[1:] + [len(lines)], strict=True)]
 
 
 def inspect_diff(text: str, *, source: str = "diff") -> list[FileChange]:
@@ -681,8 +776,9 @@ def inspect_diff(text: str, *, source: str = "diff") -> list[FileChange]:
     out: list[FileChange] = []
     blocks = _split_blocks(text)
     if not blocks:
-        raise PatchError(f"{source}: holds no file change (expected a unified diff as `git diff` "
-                         "writes it)")
+        raise PatchError(
+            f"{source}: holds no file change (expected a unified diff as `git diff` writes it)"
+        )
     for block in blocks:
         header = block[0]
         old = new = None
@@ -691,35 +787,38 @@ def inspect_diff(text: str, *, source: str = "diff") -> list[FileChange]:
         m = _GIT_HEADER.match(header)
         if m:
             old, new = m.group(1), m.group(2)
-        for l in block[1:] if header.startswith("diff --git ") else block:
-            if l.startswith("@@"):
+        for ln in block[1:] if header.startswith("diff --git ") else block:
+            if ln.startswith("@@"):
                 hunks += 1
                 continue
             if hunks:
                 continue  # inside the hunks: contents, not headers
-            if l.startswith("--- "):
-                old = l[4:]
-            elif l.startswith("+++ "):
-                new = l[4:]
-            elif l.startswith("new file mode"):
+            if ln.startswith("--- "):
+                old = ln[4:]
+            elif ln.startswith("+++ "):
+                new = ln[4:]
+            elif ln.startswith("new file mode"):
                 reasons.append("creates a new file (a patch may only change existing files)")
-            elif l.startswith("deleted file mode"):
+            elif ln.startswith("deleted file mode"):
                 reasons.append("deletes the file (a patch may only change existing files)")
-            elif l.startswith(("rename from", "rename to", "similarity index")):
+            elif ln.startswith(("rename from", "rename to", "similarity index")):
                 if "renames the file" not in reasons:
                     reasons.append("renames the file")
-            elif l.startswith(("copy from", "copy to")):
+            elif ln.startswith(("copy from", "copy to")):
                 if "copies the file" not in reasons:
                     reasons.append("copies the file")
-            elif l.startswith(("old mode", "new mode")):
+            elif ln.startswith(("old mode", "new mode")):
                 if "changes the file mode" not in reasons:
                     reasons.append("changes the file mode (the overlay keeps the release's modes)")
-            elif l.startswith("index ") and l.rstrip().endswith(" 120000"):
+            elif ln.startswith("index ") and ln.rstrip().endswith(" 120000"):
                 reasons.append("is a symlink")
-            elif l.startswith(("Binary files", "GIT binary patch")):
+            elif ln.startswith(("Binary files", "GIT binary patch")):
                 reasons.append("is a binary change")
-        if any("120000" in l for l in block[1:6] if l.startswith(("new file mode", "deleted file mode",
-                                                                   "old mode", "new mode"))):
+        if any(
+            "120000" in ln
+            for ln in block[1:6]
+            if ln.startswith(("new file mode", "deleted file mode", "old mode", "new mode"))
+        ):
             reasons.append("is a symlink")
         old_p = _strip_prefix(old) if old else None
         new_p = _strip_prefix(new) if new else None
@@ -763,21 +862,21 @@ def site_layout_diff(text: str, changes: list[FileChange]) -> str:
     out = []
     for block in _split_blocks(text):
         in_hunks = False
-        for l in block:
-            if l.startswith("@@"):
+        for ln in block:
+            if ln.startswith("@@"):
                 in_hunks = True
             if not in_hunks:
-                if l.startswith("diff --git "):
-                    m = _GIT_HEADER.match(l)
+                if ln.startswith("diff --git "):
+                    m = _GIT_HEADER.match(ln)
                     p = by_raw.get(_strip_prefix(m.group(2))) if m else None
-                    l = f"diff --git a/{p} b/{p}" if p else l
-                elif l.startswith("--- "):
-                    l = f"--- a/{by_raw[_strip_prefix(l[4:])]}"
-                elif l.startswith("+++ "):
-                    l = f"+++ b/{by_raw[_strip_prefix(l[4:])]}"
-                elif l.startswith("index "):
+                    ln = f"diff --git a/{p} b/{p}" if p else ln
+                elif ln.startswith("--- "):
+                    ln = f"--- a/{by_raw[_strip_prefix(ln[4:])]}"
+                elif ln.startswith("+++ "):
+                    ln = f"+++ b/{by_raw[_strip_prefix(ln[4:])]}"
+                elif ln.startswith("index "):
                     continue
-            out.append(l)
+            out.append(ln)
     return "\n".join(out) + "\n"
 
 
@@ -794,8 +893,12 @@ def _hunk_failures(label: str, version: str, text: str, output: str, root: Path)
                 shown = f"hunk {header}\n    {preview}"
                 break
         msgs.append(f"{label} (sglang {version}) does not apply to {path}: {shown}")
-    for mt in re.finditer(r"error: (\S+): (No such file or directory|does not exist in index)", output):
-        msgs.append(f"{label} (sglang {version}): target file {mt.group(1)} is missing under {root}")
+    for mt in re.finditer(
+        r"error: (\S+): (No such file or directory|does not exist in index)", output
+    ):
+        msgs.append(
+            f"{label} (sglang {version}): target file {mt.group(1)} is missing under {root}"
+        )
     if not msgs:
         msgs.append(f"{label} (sglang {version}) does not apply under {root}")
     return msgs
@@ -822,8 +925,9 @@ class NewPatch:
         return "\n".join(lines)
 
 
-def _apply_to_release(label: str, site_diff: str, changes: list[FileChange], version: str,
-                      cache_dir: Path | None) -> tuple[dict[str, bytes], dict[str, bytes]]:
+def _apply_to_release(
+    label: str, site_diff: str, changes: list[FileChange], version: str, cache_dir: Path | None
+) -> tuple[dict[str, bytes], dict[str, bytes]]:
     """({path: pristine bytes}, {path: patched bytes}) of ``site_diff`` on sglang ``version``.
 
     Raises PatchError naming the release and the file it lacks, or the failing hunk; a patched
@@ -838,9 +942,11 @@ def _apply_to_release(label: str, site_diff: str, changes: list[FileChange], ver
             except FetchError:
                 raise
             except PatchError:
-                raise PatchError(f"{label} (sglang {version}): the release has no file {p} (the "
-                                 "diff changes it); a patch may only change files the release "
-                                 "has") from None
+                raise PatchError(
+                    f"{label} (sglang {version}): the release has no file {p} (the "
+                    "diff changes it); a patch may only change files the release "
+                    "has"
+                ) from None
         before = {p: (root / p).read_bytes() for p in paths}
         diff_file = Path(tmp) / "change.diff"
         diff_file.write_text(site_diff, encoding="utf-8")
@@ -848,23 +954,33 @@ def _apply_to_release(label: str, site_diff: str, changes: list[FileChange], ver
         if r.returncode == 0:
             r = _git_apply(root, diff_file, check=False)
         if r.returncode != 0:
-            raise PatchError("\n".join(_hunk_failures(label, version, site_diff,
-                                                      r.stdout + r.stderr, root)))
+            raise PatchError(
+                "\n".join(_hunk_failures(label, version, site_diff, r.stdout + r.stderr, root))
+            )
         after = {p: (root / p).read_bytes() for p in paths}
         for p in paths:
             if p.endswith(".py"):
                 try:
                     py_compile.compile(str(root / p), cfile=str(Path(tmp) / "c.pyc"), doraise=True)
                 except py_compile.PyCompileError as e:
-                    raise PatchError(f"{label} (sglang {version}): patched {p} does not compile: "
-                                     f"{e.msg}") from None
+                    raise PatchError(
+                        f"{label} (sglang {version}): patched {p} does not compile: {e.msg}"
+                    ) from None
     return before, after
 
 
-def build_patch(name: str, text: str, versions: Collection[str], *, patches_dir: Path | None = None,
-                description: str = "", origin: dict[str, str] | None = None,
-                cache_dir: Path | None = None, force: bool = False,
-                source: str | None = None) -> NewPatch:
+def build_patch(
+    name: str,
+    text: str,
+    versions: Collection[str],
+    *,
+    patches_dir: Path | None = None,
+    description: str = "",
+    origin: dict[str, str] | None = None,
+    cache_dir: Path | None = None,
+    force: bool = False,
+    source: str | None = None,
+) -> NewPatch:
     """Make ``<patches_dir>/<name>/`` (manifest.yaml and one diff per release) from a diff ``text``
     (repository layout ``python/sglang/...`` or site-packages layout ``sglang/...``).
 
@@ -881,8 +997,10 @@ def build_patch(name: str, text: str, versions: Collection[str], *, patches_dir:
     cannot be fetched.
     """
     if not _config.PATCH_NAME.match(name or ""):
-        raise PatchError(f"patch name '{name}': use letters, digits, '.', '_' and '-' (it names "
-                         "the folder in patches/)")
+        raise PatchError(
+            f"patch name '{name}': use letters, digits, '.', '_' and '-' (it names "
+            "the folder in patches/)"
+        )
     versions = list(dict.fromkeys(versions))
     if not versions:
         raise PatchError(f"patch '{name}': name at least one sglang release (--sglang VERSION)")
@@ -909,14 +1027,20 @@ def build_patch(name: str, text: str, versions: Collection[str], *, patches_dir:
         except PatchError as e:
             fails[v] = str(e)
             continue
-        applies[v] = {p: {"before": _sha256_bytes(before[p]), "after": _sha256_bytes(after[p])}
-                      for p in before}
+        applies[v] = {
+            p: {"before": _sha256_bytes(before[p]), "after": _sha256_bytes(after[p])}
+            for p in before
+        }
         diffs[v] = "".join(unified_diff(p, before[p], after[p]) for p in before)
     if not applies:
-        raise PatchError(f"{label} applies to none of sglang {', '.join(versions)}:\n"
-                         + "\n".join(fails.values()))
-    manifest: dict[str, Any] = {"name": name,
-                                "description": description or f"made by new-patch from {source or 'a diff'}"}
+        raise PatchError(
+            f"{label} applies to none of sglang {', '.join(versions)}:\n"
+            + "\n".join(fails.values())
+        )
+    manifest: dict[str, Any] = {
+        "name": name,
+        "description": description or f"made by new-patch from {source or 'a diff'}",
+    }
     if origin:
         manifest["origin"] = dict(origin)
     manifest["releases"] = {v: {"diff": f"{v}.diff", "files": applies[v]} for v in applies}
@@ -925,10 +1049,13 @@ def build_patch(name: str, text: str, versions: Collection[str], *, patches_dir:
     try:
         for v, body in diffs.items():
             (tmp / f"{v}.diff").write_text(body, encoding="utf-8")
-        head = (f"# made by patchbench new-patch; sha256 of every touched file of each release "
-                f"before and after the change\n")
-        (tmp / "manifest.yaml").write_text(head + yaml.safe_dump(manifest, sort_keys=False, width=100),
-                                           encoding="utf-8")
+        head = (
+            "# made by patchbench new-patch; sha256 of every touched file of each release "
+            "before and after the change\n"
+        )
+        (tmp / "manifest.yaml").write_text(
+            head + yaml.safe_dump(manifest, sort_keys=False, width=100), encoding="utf-8"
+        )
         if dest.exists():
             shutil.rmtree(dest)
         os.rename(tmp, dest)
@@ -939,29 +1066,54 @@ def build_patch(name: str, text: str, versions: Collection[str], *, patches_dir:
     return NewPatch(name=name, folder=dest, applies=applies, fails=fails)
 
 
-def new_patch_from_diff(name: str, diff_file: str | os.PathLike, versions: Collection[str], *,
-                        patches_dir: Path | None = None, cache_dir: Path | None = None,
-                        description: str = "", force: bool = False) -> NewPatch:
+def new_patch_from_diff(
+    name: str,
+    diff_file: str | os.PathLike,
+    versions: Collection[str],
+    *,
+    patches_dir: Path | None = None,
+    cache_dir: Path | None = None,
+    description: str = "",
+    force: bool = False,
+) -> NewPatch:
     """``patchbench new-patch NAME --from-diff FILE --sglang V [--sglang V2 ...]``: see
     :func:`build_patch`. Raises PatchError when the file is missing or not UTF-8."""
     f = Path(diff_file)
     text = _config.read_text_file(f, PatchError, "diff file")
-    return build_patch(name, text, versions, patches_dir=patches_dir, cache_dir=cache_dir,
-                       description=description, force=force, source=str(f),
-                       origin={"kind": "diff", "source": str(f.resolve()),
-                               "sha256": _sha256_bytes(text.encode())})
+    return build_patch(
+        name,
+        text,
+        versions,
+        patches_dir=patches_dir,
+        cache_dir=cache_dir,
+        description=description,
+        force=force,
+        source=str(f),
+        origin={"kind": "diff", "source": str(f.resolve()), "sha256": _sha256_bytes(text.encode())},
+    )
 
 
 def _git(checkout: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE")}
-    return subprocess.run(["git", "-C", str(checkout), "-c", "core.quotepath=off", *args],
-                          capture_output=True, text=True, env=env)
+    return subprocess.run(
+        ["git", "-C", str(checkout), "-c", "core.quotepath=off", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
 
 
-def new_patch_from_git(name: str, checkout: str | os.PathLike, rev_range: str,
-                       versions: Collection[str], *, patches_dir: Path | None = None,
-                       cache_dir: Path | None = None, description: str = "",
-                       force: bool = False) -> NewPatch:
+def new_patch_from_git(
+    name: str,
+    checkout: str | os.PathLike,
+    rev_range: str,
+    versions: Collection[str],
+    *,
+    patches_dir: Path | None = None,
+    cache_dir: Path | None = None,
+    description: str = "",
+    force: bool = False,
+) -> NewPatch:
     """``patchbench new-patch NAME --from-git SGLANG_CHECKOUT REV_RANGE --sglang V ...``.
 
     ``rev_range`` is what ``git diff`` takes: ``main...my-branch`` (the branch's own commits since
@@ -981,35 +1133,61 @@ def new_patch_from_git(name: str, checkout: str | os.PathLike, rev_range: str,
         raise PatchError(f"{co}: not a git checkout ({r.stderr.strip()[:200]})")
     if rev_range.startswith("-"):
         raise PatchError(f"'{rev_range}' is not a revision range (e.g. main...my-branch)")
-    base = ["diff", "--no-color", "--no-ext-diff", "--no-textconv", "-M",
-            "--src-prefix=a/", "--dst-prefix=b/", rev_range, "--"]
+    base = [
+        "diff",
+        "--no-color",
+        "--no-ext-diff",
+        "--no-textconv",
+        "-M",
+        "--src-prefix=a/",
+        "--dst-prefix=b/",
+        rev_range,
+        "--",
+    ]
     names = _git(co, *base[:-1], "--name-only", "--")
     if names.returncode != 0:
         raise PatchError(f"{co}: git cannot diff '{rev_range}': {names.stderr.strip()[:300]}")
-    files = [l for l in names.stdout.splitlines() if l.strip()]
+    files = [ln for ln in names.stdout.splitlines() if ln.strip()]
     if not files:
         raise PatchError(f"{co}: '{rev_range}' changes no file")
     outside = [f for f in files if not f.startswith(REPO_PACKAGE_PREFIX)]
     if outside:
-        shown = ", ".join(outside[:8]) + (f" and {len(outside) - 8} more" if len(outside) > 8 else "")
+        shown = ", ".join(outside[:8]) + (
+            f" and {len(outside) - 8} more" if len(outside) > 8 else ""
+        )
         raise PatchError(
             f"{co}: '{rev_range}' changes files outside python/sglang/ ({shown}); a patch may only "
             f"change the installed package. Write a diff of the package alone and use --from-diff:\n"
-            f"  git -C {co} diff {rev_range} -- python/sglang > change.diff")
+            f"  git -C {co} diff {rev_range} -- python/sglang > change.diff"
+        )
     d = _git(co, *base)
     if d.returncode != 0:
         raise PatchError(f"{co}: git diff '{rev_range}' failed: {d.stderr.strip()[:300]}")
     commits = _git(co, "rev-parse", rev_range)
-    origin = {"kind": "git", "source": str(Path(r.stdout.strip()).resolve()), "range": rev_range,
-              "commits": " ".join(l.lstrip("^") for l in commits.stdout.split())
-              if commits.returncode == 0 else ""}
-    return build_patch(name, d.stdout, versions, patches_dir=patches_dir, cache_dir=cache_dir,
-                       description=description, force=force,
-                       source=f"git diff {rev_range} in {co}", origin=origin)
+    origin = {
+        "kind": "git",
+        "source": str(Path(r.stdout.strip()).resolve()),
+        "range": rev_range,
+        "commits": " ".join(ln.lstrip("^") for ln in commits.stdout.split())
+        if commits.returncode == 0
+        else "",
+    }
+    return build_patch(
+        name,
+        d.stdout,
+        versions,
+        patches_dir=patches_dir,
+        cache_dir=cache_dir,
+        description=description,
+        force=force,
+        source=f"git diff {rev_range} in {co}",
+        origin=origin,
+    )
 
 
-def patch_from_diff_file(diff_file: str | os.PathLike, version: str, *,
-                         cache_dir: Path | None = None) -> Path:
+def patch_from_diff_file(
+    diff_file: str | os.PathLike, version: str, *, cache_dir: Path | None = None
+) -> Path:
     """The patch folder made from a diff named directly in a config, for sglang ``version``:
     ``<cache_dir>/diff-patches/<file stem>-<sha256 of the file, 12>/`` (made once, reused while
     the file's contents are the same). Pass the folder to
@@ -1031,9 +1209,16 @@ def patch_from_diff_file(diff_file: str | os.PathLike, version: str, *,
                 return folder
         except PatchError:
             pass
-    res = build_patch(name, text, [version], patches_dir=pdir, cache_dir=cache_dir, force=True,
-                      source=str(f), origin={"kind": "diff", "source": str(f.resolve()),
-                                             "sha256": digest})
+    res = build_patch(
+        name,
+        text,
+        [version],
+        patches_dir=pdir,
+        cache_dir=cache_dir,
+        force=True,
+        source=str(f),
+        origin={"kind": "diff", "source": str(f.resolve()), "sha256": digest},
+    )
     if version not in res.applies:
         raise PatchError(res.fails.get(version, f"{f}: does not apply to sglang {version}"))
     return folder
@@ -1049,13 +1234,21 @@ def cli(argv: list[str]) -> int:
     release); 3 a wheel could not be fetched; 4 a diff that does not apply / hash mismatch /
     does not compile.
     """
-    ap = argparse.ArgumentParser(prog="runner.py check-patch",
-                                 description="Apply every patch to a pristine copy of each "
-                                             "supported sglang release and check its hashes.")
-    ap.add_argument("--sglang", metavar="VERSION", help="only this release (default: all in each manifest)")
+    ap = argparse.ArgumentParser(
+        prog="runner.py check-patch",
+        description="Apply every patch to a pristine copy of each "
+        "supported sglang release and check its hashes.",
+    )
+    ap.add_argument(
+        "--sglang", metavar="VERSION", help="only this release (default: all in each manifest)"
+    )
     ap.add_argument("--patch", metavar="NAME", help="only this patch (a folder in patches/)")
-    ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR,
-                    help="wheels and derived diffs (default: %(default)s)")
+    ap.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=DEFAULT_CACHE_DIR,
+        help="wheels and derived diffs (default: %(default)s)",
+    )
     ap.add_argument("--json", action="store_true", help="also print the results as JSON")
     try:
         args = ap.parse_args(argv)
@@ -1084,8 +1277,10 @@ def cli(argv: list[str]) -> int:
         versions = [args.sglang] if args.sglang else list(m.releases)
         for ver in versions:
             if ver not in m.releases and not args.patch:
-                print(f"{name:<20} {ver:<12} SKIP  no diff for this release (supports "
-                      f"{', '.join(m.releases)})")
+                print(
+                    f"{name:<20} {ver:<12} SKIP  no diff for this release (supports "
+                    f"{', '.join(m.releases)})"
+                )
                 continue
             try:
                 res = check_patch(name, ver, cache_dir=args.cache_dir)
@@ -1101,10 +1296,14 @@ def cli(argv: list[str]) -> int:
                 print(f"{name:<20} {ver:<12} FAIL  {e}")
                 bump(EXIT_RUN_FAILED)
                 continue
-            files = "  ".join(f"{Path(p).name} {h['before'][:8]}..->{h['after'][:8]}.."
-                              for p, h in res["files"].items())
-            print(f"{name:<20} {ver:<12} OK    {files}  (diff {res['patch_sha256'][:8]}.., "
-                  f"{res['source'].split()[0]}, compiles)")
+            files = "  ".join(
+                f"{Path(p).name} {h['before'][:8]}..->{h['after'][:8]}.."
+                for p, h in res["files"].items()
+            )
+            print(
+                f"{name:<20} {ver:<12} OK    {files}  (diff {res['patch_sha256'][:8]}.., "
+                f"{res['source'].split()[0]}, compiles)"
+            )
             results.append(res)
     if args.json:
         print(json.dumps(results, indent=1))

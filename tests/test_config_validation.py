@@ -1,6 +1,7 @@
 """Config validation: variants as mappings, harness-owned arguments in any spelling, environment
 checks, duplicate keys, encoding, size and alias bounds, strict types, typed sections, the removed
 mrope_probe key, and a missing local model (exit 3 before any launch)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,8 +9,15 @@ from pathlib import Path
 import pytest
 
 from patchbench import errors
-from patchbench.config import (MAX_CONFIG_BYTES, MAX_YAML_ALIASES, Config, ConfigError, REPO_ROOT,
-                               load_config, split_args)
+from patchbench.config import (
+    MAX_CONFIG_BYTES,
+    MAX_YAML_ALIASES,
+    REPO_ROOT,
+    Config,
+    ConfigError,
+    load_config,
+    split_args,
+)
 
 BASE = """\
 name: t
@@ -25,7 +33,7 @@ VARIANTS
 
 def write(tmp_path: Path, variants: str, base: str = BASE, name: str = "c.yaml") -> Path:
     p = tmp_path / name
-    p.write_text(base.replace("VARIANTS", "\n".join("  " + l for l in variants.splitlines())))
+    p.write_text(base.replace("VARIANTS", "\n".join("  " + ln for ln in variants.splitlines())))
     return p
 
 
@@ -38,30 +46,45 @@ def err(tmp_path: Path, variants: str, base: str = BASE) -> str:
 
 # ----------------------------------------------------------------------------- variants
 def test_long_and_short_forms(tmp_path):
-    cfg = load_config(write(tmp_path, """\
+    cfg = load_config(
+        write(
+            tmp_path,
+            """\
 baseline: []
 patched: [null-comment]
 no-overlap:
   server_args: [--disable-overlap-schedule, --cuda-graph-max-bs, "8"]
   env: {SGLANG_X: "1"}
-aa: {patches: []}"""))
+aa: {patches: []}""",
+        )
+    )
     assert cfg.patches_of("patched") == ["null-comment"]
-    assert cfg.server_args_of("no-overlap") == ["--device=cpu", "--mem-fraction-static=0.05",
-                                                "--disable-overlap-schedule", "--cuda-graph-max-bs", "8"]
+    assert cfg.server_args_of("no-overlap") == [
+        "--device=cpu",
+        "--mem-fraction-static=0.05",
+        "--disable-overlap-schedule",
+        "--cuda-graph-max-bs",
+        "8",
+    ]
     assert cfg.server_env_of("no-overlap") == {"SGLANG_USE_CPU_ENGINE": "1", "SGLANG_X": "1"}
     assert cfg.server_args_of("baseline") == ["--device=cpu", "--mem-fraction-static=0.05"]
     assert [v for v in cfg.variants if cfg.is_aa(v)] == ["aa"] == cfg.aa_variants()
     assert not cfg.is_aa("baseline") and not cfg.is_aa("patched")
     d = cfg.variant_diff("no-overlap", hashes=False)
-    assert d["server_args"] == {"added": ["--disable-overlap-schedule", "--cuda-graph-max-bs=8"],
-                                "removed": [], "changed": {}}
+    assert d["server_args"] == {
+        "added": ["--disable-overlap-schedule", "--cuda-graph-max-bs=8"],
+        "removed": [],
+        "changed": {},
+    }
     assert d["env"] == {"added": {"SGLANG_X": "1"}, "removed": [], "changed": {}}
     assert d["patches"] == [] and d["aa"] is False
     dumped = cfg.model_dump(mode="json")["variants"]
     assert dumped["patched"] == ["null-comment"] and dumped["aa"] == []
-    assert dumped["no-overlap"] == {"patches": [], "server_args": ["--disable-overlap-schedule",
-                                                                   "--cuda-graph-max-bs", "8"],
-                                    "env": {"SGLANG_X": "1"}}
+    assert dumped["no-overlap"] == {
+        "patches": [],
+        "server_args": ["--disable-overlap-schedule", "--cuda-graph-max-bs", "8"],
+        "env": {"SGLANG_X": "1"},
+    }
     # the dump reads back into the same config
     again = Config.model_validate(cfg.model_dump(mode="json"))
     assert again.variants == cfg.variants
@@ -69,19 +92,43 @@ aa: {patches: []}"""))
 
 def test_variant_diff_patch_hashes_and_changed_args(tmp_path):
     from patchbench.patchset import load_manifest, sha256_file
-    cfg = load_config(write(tmp_path, """\
+
+    cfg = load_config(
+        write(
+            tmp_path,
+            """\
 baseline: {server_args: [--chunked-prefill-size=512]}
-v: {patches: [null-comment], server_args: [--chunked-prefill-size=1024]}"""))
+v: {patches: [null-comment], server_args: [--chunked-prefill-size=1024]}""",
+        )
+    )
     d = cfg.variant_diff("v")
     m = load_manifest("null-comment")
-    assert d["patches"] == [{"name": "null-comment", "kind": "patch", "path": None,
-                             "sha256": sha256_file(m.folder / "0.5.1.post3.diff")}]
+    assert d["patches"] == [
+        {
+            "name": "null-comment",
+            "kind": "patch",
+            "path": None,
+            "sha256": sha256_file(m.folder / "0.5.1.post3.diff"),
+        }
+    ]
     assert d["server_args"]["changed"] == {"--chunked-prefill-size": ["512", "1024"]}
     assert d["patches_added"] == ["null-comment"] and not cfg.is_aa("v")
 
 
-@pytest.mark.parametrize("item", ["--port=31000", "--port 31000", "--po=1", "--host", "--model",
-                                  "--model-path", "--model-p=x", "--tokenizer-path", "--tokenizer-p"])
+@pytest.mark.parametrize(
+    "item",
+    [
+        "--port=31000",
+        "--port 31000",
+        "--po=1",
+        "--host",
+        "--model",
+        "--model-path",
+        "--model-p=x",
+        "--tokenizer-path",
+        "--tokenizer-p",
+    ],
+)
 def test_harness_owned_args_refused_per_variant_naming_it(tmp_path, item):
     msg = err(tmp_path, f"baseline: []\nfast:\n  server_args: ['{item}', '1']")
     assert "key 'variants.fast.server_args': server_args[0]: " in msg
@@ -103,8 +150,10 @@ def test_flag_and_value_in_one_item_refused(tmp_path):
 
 def test_same_flag_in_server_args_and_variant_is_an_error_naming_it(tmp_path):
     msg = err(tmp_path, "baseline: []\nv:\n  server_args: [--mem-fraction-static, '0.1']")
-    assert msg.startswith(f"{tmp_path / 'c.yaml'}:10: variants.v.server_args[0]: "
-                          "--mem-fraction-static is also in server.args [1]")
+    assert msg.startswith(
+        f"{tmp_path / 'c.yaml'}:10: variants.v.server_args[0]: "
+        "--mem-fraction-static is also in server.args [1]"
+    )
 
 
 def test_same_env_in_server_env_and_variant_is_an_error(tmp_path):
@@ -112,39 +161,49 @@ def test_same_env_in_server_env_and_variant_is_an_error(tmp_path):
     assert "variants.v.env.SGLANG_USE_CPU_ENGINE: also set in server.env" in msg
 
 
-@pytest.mark.parametrize("env, expected", [
-    ("{'1X': a}", "'1X' is not an environment variable name"),
-    ("{'A-B': a}", "'A-B' is not an environment variable name"),
-    ("{X: 1}", "Input should be a valid string (got 1; quote it: \"1\")"),
-    ("{X: true}", "quote it: \"true\""),
-    ('{X: "a\\0b"}', "env.X: the value holds a NUL character"),
-    ("{PYTHONPATH: /x}", "env.PYTHONPATH: set by the harness"),
-    ("{PATCHBENCH_MROPE: '1'}", "env.PATCHBENCH_MROPE: set by the harness"),
-])
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ("{'1X': a}", "'1X' is not an environment variable name"),
+        ("{'A-B': a}", "'A-B' is not an environment variable name"),
+        ("{X: 1}", 'Input should be a valid string (got 1; quote it: "1")'),
+        ("{X: true}", 'quote it: "true"'),
+        ('{X: "a\\0b"}', "env.X: the value holds a NUL character"),
+        ("{PYTHONPATH: /x}", "env.PYTHONPATH: set by the harness"),
+        ("{PATCHBENCH_MROPE: '1'}", "env.PATCHBENCH_MROPE: set by the harness"),
+    ],
+)
 def test_env_names_and_values(tmp_path, env, expected):
     assert expected in err(tmp_path, f"baseline: []\nv: {{env: {env}}}")
 
 
 def test_patch_entries(tmp_path):
-    assert "'null-comment' is listed twice" in err(tmp_path, "b: []\nv: [null-comment, null-comment]")
+    assert "'null-comment' is listed twice" in err(
+        tmp_path, "b: []\nv: [null-comment, null-comment]"
+    )
     assert "'../x' is not a patch name" in err(tmp_path, "b: []\nv: ['../x']")
     msg = err(tmp_path, "b: []\nv: [nosuch]")
     assert "c.yaml:9: variants.v.patches[0]: patch 'nosuch' not found" in msg
     assert "available: " in msg and "null-comment" in msg
     msg = err(tmp_path, "b: []\nv: [{dif: x.diff}]")
     assert "unknown key 'variants.v.patches.0.dif'" in msg and "valid string" not in msg
-    assert f"diff file {REPO_ROOT / 'nope.diff'} does not exist" in err(tmp_path, "b: []\nv: [{diff: nope.diff}]")
+    assert f"diff file {REPO_ROOT / 'nope.diff'} does not exist" in err(
+        tmp_path, "b: []\nv: [{diff: nope.diff}]"
+    )
     base = BASE.replace("sglang: 0.5.1.post3", "sglang: 0.5.23")
     assert "patch 'pr9460-upstream' has no diff for sglang 0.5.23" in err(
-        tmp_path, "b: []\nv: [pr9460-upstream]", base)
+        tmp_path, "b: []\nv: [pr9460-upstream]", base
+    )
 
 
 # ----------------------------------------------------------------------------- the file
 def test_duplicate_keys_name_both_lines(tmp_path):
     """A variant written twice: last-wins would quietly run stock sglang as 'the patch'."""
     msg = err(tmp_path, "baseline: []\nv: [null-comment]\nv: []")
-    assert msg == (f"{tmp_path / 'c.yaml'}:10: duplicate key 'v' at lines 9 and 10: YAML would "
-                   "silently keep only the last one; remove one of them")
+    assert msg == (
+        f"{tmp_path / 'c.yaml'}:10: duplicate key 'v' at lines 9 and 10: YAML would "
+        "silently keep only the last one; remove one of them"
+    )
     p = tmp_path / "d.yaml"
     p.write_text(BASE.replace("VARIANTS", "  b: []") + "name: again\n")
     with pytest.raises(ConfigError, match=r"duplicate key 'name' at lines 1 and 9"):
@@ -153,11 +212,16 @@ def test_duplicate_keys_name_both_lines(tmp_path):
 
 def test_not_utf8_is_a_clear_error(tmp_path):
     p = tmp_path / "latin1.yaml"
-    p.write_bytes(BASE.replace("VARIANTS", "  b: []").replace("name: t", "name: t\ndescription: caf\xe9")
-                  .encode("latin-1"))
+    p.write_bytes(
+        BASE.replace("VARIANTS", "  b: []")
+        .replace("name: t", "name: t\ndescription: caf\xe9")
+        .encode("latin-1")
+    )
     with pytest.raises(ConfigError) as e:
         load_config(p)
-    assert str(e.value) == (f"{p}:2: not UTF-8 text (byte 0xe9 at offset 24); save the file as UTF-8")
+    assert str(e.value) == (
+        f"{p}:2: not UTF-8 text (byte 0xe9 at offset 24); save the file as UTF-8"
+    )
 
 
 def test_missing_file_and_directory(tmp_path):
@@ -170,7 +234,9 @@ def test_missing_file_and_directory(tmp_path):
 def test_size_and_alias_bounds(tmp_path):
     big = tmp_path / "big.yaml"
     big.write_text("# " + "x" * MAX_CONFIG_BYTES + "\n")
-    with pytest.raises(ConfigError, match=f"bytes; a config file may hold at most {MAX_CONFIG_BYTES}"):
+    with pytest.raises(
+        ConfigError, match=f"bytes; a config file may hold at most {MAX_CONFIG_BYTES}"
+    ):
         load_config(big)
     # a "billion laughs": few aliases, 10**9 nodes once expanded
     lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
@@ -186,16 +252,29 @@ def test_size_and_alias_bounds(tmp_path):
         load_config(many)
 
 
-@pytest.mark.parametrize("snippet, expected", [
-    ("schedule: {repeats: true}", "key 'schedule.repeats': Input should be a valid integer (got True; "
-                                  "a boolean is not a number)"),
-    ("schedule: {repeats: '3'}", "key 'schedule.repeats': Input should be a valid integer"),
-    ("server: {ready_timeout_s: false}", "a boolean is not a number"),
-    ("sglang_bad: 1", "unknown key 'sglang_bad'"),
-])
+@pytest.mark.parametrize(
+    "snippet, expected",
+    [
+        (
+            "schedule: {repeats: true}",
+            "key 'schedule.repeats': Input should be a valid integer (got True; "
+            "a boolean is not a number)",
+        ),
+        ("schedule: {repeats: '3'}", "key 'schedule.repeats': Input should be a valid integer"),
+        ("server: {ready_timeout_s: false}", "a boolean is not a number"),
+        ("sglang_bad: 1", "unknown key 'sglang_bad'"),
+    ],
+)
 def test_strict_types(tmp_path, snippet, expected):
-    base = BASE.replace("server:\n  args: [--device=cpu, --mem-fraction-static=0.05]\n"
-                        "  env: {SGLANG_USE_CPU_ENGINE: \"1\"}\n", "") + snippet + "\n"
+    base = (
+        BASE.replace(
+            "server:\n  args: [--device=cpu, --mem-fraction-static=0.05]\n"
+            '  env: {SGLANG_USE_CPU_ENGINE: "1"}\n',
+            "",
+        )
+        + snippet
+        + "\n"
+    )
     assert expected in err(tmp_path, "b: []", base)
 
 
@@ -213,6 +292,7 @@ def test_removed_mrope_probe_says_what_replaces_it(tmp_path):
 def test_compare_and_nightly_are_typed(tmp_path):
     from patchbench.compare import CompareSettings
     from patchbench.nightly import NightlySettings
+
     cfg = load_config(write(tmp_path, "b: []", BASE + "compare: {confidence: 0.9}\n"))
     assert isinstance(cfg.compare, CompareSettings) and cfg.compare.confidence == 0.9
     assert isinstance(cfg.nightly, NightlySettings) and cfg.nightly.gates == []
@@ -224,7 +304,9 @@ def test_compare_and_nightly_are_typed(tmp_path):
 # ----------------------------------------------------------------------------- the model
 @pytest.mark.parametrize("path", ["/nonexistent/models/qwen", "./nonexistent/qwen", "../nowhere/x"])
 def test_missing_local_model_is_environment_not_ready(tmp_path, path):
-    base = BASE.replace("{path: .cache/models/tiny-qwen25vl-tf4, tiny: true}", f"{{path: '{path}'}}")
+    base = BASE.replace(
+        "{path: .cache/models/tiny-qwen25vl-tf4, tiny: true}", f"{{path: '{path}'}}"
+    )
     cfg = load_config(write(tmp_path, "b: []", base))
     assert not cfg.model_is_hub
     assert cfg.model_ref == str(cfg.resolve_path(path))
@@ -235,17 +317,26 @@ def test_missing_local_model_is_environment_not_ready(tmp_path, path):
 
 
 def test_hub_id_and_tiny_model_pass(tmp_path):
-    base = BASE.replace("{path: .cache/models/tiny-qwen25vl-tf4, tiny: true}",
-                        "{path: Qwen/Qwen2.5-VL-3B-Instruct}")
+    base = BASE.replace(
+        "{path: .cache/models/tiny-qwen25vl-tf4, tiny: true}", "{path: Qwen/Qwen2.5-VL-3B-Instruct}"
+    )
     cfg = load_config(write(tmp_path, "b: []", base))
     assert cfg.model_is_hub and cfg.model_ref == "Qwen/Qwen2.5-VL-3B-Instruct"
     cfg.require_model()
-    tiny = load_config(write(tmp_path, "b: []", BASE.replace(".cache/models/tiny-qwen25vl-tf4",
-                                                             "/nonexistent/tiny")))
+    tiny = load_config(
+        write(
+            tmp_path, "b: []", BASE.replace(".cache/models/tiny-qwen25vl-tf4", "/nonexistent/tiny")
+        )
+    )
     assert not tiny.model_is_hub
     tiny.require_model()  # built when missing
 
 
 def test_split_args():
     assert split_args(["--a=1", "--b", "2", "--c", "--d", "-1", "x"]) == [
-        (0, "--a", "1"), (1, "--b", "2"), (3, "--c", None), (4, "--d", "-1"), (6, "", "x")]
+        (0, "--a", "1"),
+        (1, "--b", "2"),
+        (3, "--c", None),
+        (4, "--d", "-1"),
+        (6, "", "x"),
+    ]

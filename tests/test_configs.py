@@ -1,5 +1,6 @@
 """Every config in configs/ validates (suite parameters, compare and nightly sections, patches
 exist), and its dry run prints a plan; plus the schedule and doctor."""
+
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,15 @@ CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.ya
 
 def test_there_are_configs():
     names = {p.name for p in CONFIGS}
-    assert {"demo-cpu.yaml", "demo-cpu-0.5.23.yaml", "pr9460-h200.yaml", "aa-h200.yaml",
-            "aa-cpu.yaml", "overlap-cpu.yaml", "overlap-h200.yaml"} <= names
+    assert {
+        "demo-cpu.yaml",
+        "demo-cpu-0.5.23.yaml",
+        "pr9460-h200.yaml",
+        "aa-h200.yaml",
+        "aa-cpu.yaml",
+        "overlap-cpu.yaml",
+        "overlap-h200.yaml",
+    } <= names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
@@ -30,10 +38,16 @@ def test_config_validates_and_dry_runs(path, capsys):
 def test_demo_compares_stock_upstream_and_ours():
     cfg = load_config(CONFIGS[0].parent / "demo-cpu.yaml")
     assert {v: cfg.patches_of(v) for v in cfg.variants} == {
-        "baseline": [], "pr9460-upstream": ["pr9460-upstream"], "mrope-sync-free": ["mrope-sync-free"]}
+        "baseline": [],
+        "pr9460-upstream": ["pr9460-upstream"],
+        "mrope-sync-free": ["mrope-sync-free"],
+    }
     # patch-only variants are recorded in the short list form run folders always held
     assert cfg.model_dump(mode="json")["variants"] == {
-        "baseline": [], "pr9460-upstream": ["pr9460-upstream"], "mrope-sync-free": ["mrope-sync-free"]}
+        "baseline": [],
+        "pr9460-upstream": ["pr9460-upstream"],
+        "mrope-sync-free": ["mrope-sync-free"],
+    }
     assert cfg.sglang == "0.5.1.post3"
 
 
@@ -45,9 +59,12 @@ def test_overlap_configs_cross_overlap_with_the_patch(name):
     flag = "--disable-overlap-schedule"
     assert flag not in cfg.server.args
     got = {v: (cfg.patches_of(v), flag in cfg.server_args_of(v)) for v in cfg.variants}
-    assert got == {"baseline": ([], False), "no-overlap": ([], True),
-                   "mrope-sync-free": (["mrope-sync-free"], False),
-                   "mrope-sync-free-no-overlap": (["mrope-sync-free"], True)}
+    assert got == {
+        "baseline": ([], False),
+        "no-overlap": ([], True),
+        "mrope-sync-free": (["mrope-sync-free"], False),
+        "mrope-sync-free-no-overlap": (["mrope-sync-free"], True),
+    }
     assert cfg.baseline == "baseline" and cfg.aa_variants() == []
     assert cfg.variant_diff("no-overlap", hashes=False)["server_args"]["added"] == [flag]
 
@@ -58,12 +75,15 @@ def test_pr9460_has_an_aa_control():
     assert cfg.patches_of("baseline-aa") == [] and cfg.variant_diff("baseline-aa")["aa"] is True
 
 
-@pytest.mark.parametrize("variants, repeats, order, expected", [
-    (["A", "B"], 2, "interleaved", ["A0", "B0", "B1", "A1"]),
-    (["A", "B"], 3, "interleaved", ["A0", "B0", "B1", "A1", "A2", "B2"]),
-    (["A", "B", "C"], 2, "interleaved", ["A0", "B0", "C0", "C1", "B1", "A1"]),
-    (["A", "B"], 2, "sequential", ["A0", "A1", "B0", "B1"]),
-])
+@pytest.mark.parametrize(
+    "variants, repeats, order, expected",
+    [
+        (["A", "B"], 2, "interleaved", ["A0", "B0", "B1", "A1"]),
+        (["A", "B"], 3, "interleaved", ["A0", "B0", "B1", "A1", "A2", "B2"]),
+        (["A", "B", "C"], 2, "interleaved", ["A0", "B0", "C0", "C1", "B1", "A1"]),
+        (["A", "B"], 2, "sequential", ["A0", "A1", "B0", "B1"]),
+    ],
+)
 def test_schedule(variants, repeats, order, expected):
     cells = plan_cells(variants, repeats, order)
     assert [f"{c.variant}{c.repeat}" for c in cells] == expected
@@ -82,6 +102,7 @@ def test_doctor_prints_environment_and_missing(capsys):
     out = capsys.readouterr().out
     assert "sglang" in out and "supported pins   0.5.1.post3, 0.5.23" in out
     from patchbench.envinfo import gpu_info
+
     if gpu_info() is None:  # the CI machines
         assert "MISSING NVIDIA GPU" in out and "run on a GPU machine" in out
         assert rc == 3
@@ -93,6 +114,7 @@ def test_hub_model_id_is_passed_through_and_local_folders_resolve(tmp_path):
     """`Qwen/Qwen2.5-VL-3B-Instruct` (no such local folder) reaches --model-path unchanged; a
     relative local folder resolves against the repo root; ./-paths are never hub ids."""
     from patchbench.config import REPO_ROOT, is_hub_id
+
     cfg = load_config(CONFIGS[0].parent / "pr9460-h200.yaml")
     assert cfg.model_ref == "Qwen/Qwen2.5-VL-3B-Instruct"
     assert cfg.tokenizer_ref == "Qwen/Qwen2.5-VL-3B-Instruct"
@@ -107,6 +129,7 @@ def test_doctor_finds_model_and_mmmu_in_a_filled_hf_cache_offline(tmp_path, monk
     """Offline, with the weights and MMMU in the hub cache (the GPU runner's usual state), the
     model and dataset checks pass; with an empty cache they fail and say how to fix it."""
     import huggingface_hub.constants as hc
+
     cfg = load_config(CONFIGS[0].parent / "pr9460-h200.yaml")
     monkeypatch.setattr(hc, "HF_HUB_CACHE", str(tmp_path))
     offline = {"hub_reachable": False, "sglang": cfg.sglang}
@@ -116,6 +139,9 @@ def test_doctor_finds_model_and_mmmu_in_a_filled_hf_cache_offline(tmp_path, monk
     (tmp_path / "models--Qwen--Qwen2.5-VL-3B-Instruct" / "snapshots" / "abc123").mkdir(parents=True)
     (tmp_path / "datasets--MMMU--MMMU" / "snapshots" / "def456").mkdir(parents=True)
     rows = {what.split(" (")[0]: (ok, what) for what, ok, _ in doctor.checks_for(cfg, offline)}
-    assert rows["model Qwen/Qwen2.5-VL-3B-Instruct"] == (True, "model Qwen/Qwen2.5-VL-3B-Instruct (in the HF hub cache)")
+    assert rows["model Qwen/Qwen2.5-VL-3B-Instruct"] == (
+        True,
+        "model Qwen/Qwen2.5-VL-3B-Instruct (in the HF hub cache)",
+    )
     assert rows["suite mmmu: dataset MMMU/MMMU"][0] is True
     assert rows["suite serving: dataset mmmu"][0] is True

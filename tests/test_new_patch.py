@@ -5,6 +5,7 @@ The git repository is laid out like an sglang checkout (``python/sglang/...``) a
 files of the installed release (.venv: 0.5.1.post3). Expected hashes are computed here from the
 files' bytes, independently of the code under test.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,7 +26,7 @@ VERSION, SITE = patchset.installed_sglang()
 pytestmark = pytest.mark.skipif(SITE is None, reason="sglang is not installed in this environment")
 
 SAMPLING = "sglang/srt/sampling/sampling_params.py"
-FBI_ANCHOR = "                next_input_positions = []\n"      # only in 0.5.1.post3's decode path
+FBI_ANCHOR = "                next_input_positions = []\n"  # only in 0.5.1.post3's decode path
 FBI_LINE = "                # patchbench test: a comment in the decode path\n"
 SAMPLING_LINE = "# patchbench test: a second file\n"
 
@@ -35,11 +36,17 @@ def sha(data: bytes) -> str:
 
 
 def git(repo: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+    }
     env.pop("GIT_DIR", None)
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
-                          text=True, env=env).stdout
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env
+    ).stdout
 
 
 def changed_fbi() -> bytes:
@@ -51,7 +58,7 @@ def changed_fbi() -> bytes:
 def changed_sampling() -> bytes:
     text = (SITE / SAMPLING).read_text()
     i = text.index("\nclass ")
-    return (text[:i + 1] + SAMPLING_LINE + text[i + 1:]).encode()
+    return (text[: i + 1] + SAMPLING_LINE + text[i + 1 :]).encode()
 
 
 @pytest.fixture
@@ -87,13 +94,17 @@ def branch(repo: Path, name: str, change) -> str:
 # ----------------------------------------------------------------------------- the happy path
 def test_from_git_makes_a_patch_that_checks_and_verifies_in_the_server_env(checkout, tmp_path):
     pdir = tmp_path / "patches"
-    res = patchset.new_patch_from_git("my-change", checkout, "main...my-branch", [VERSION],
-                                      patches_dir=pdir)
+    res = patchset.new_patch_from_git(
+        "my-change", checkout, "main...my-branch", [VERSION], patches_dir=pdir
+    )
     assert res.fails == {} and list(res.applies) == [VERSION]
-    expected = {FORWARD_BATCH_INFO: {"before": sha((SITE / FORWARD_BATCH_INFO).read_bytes()),
-                                     "after": sha(changed_fbi())},
-                SAMPLING: {"before": sha((SITE / SAMPLING).read_bytes()),
-                           "after": sha(changed_sampling())}}
+    expected = {
+        FORWARD_BATCH_INFO: {
+            "before": sha((SITE / FORWARD_BATCH_INFO).read_bytes()),
+            "after": sha(changed_fbi()),
+        },
+        SAMPLING: {"before": sha((SITE / SAMPLING).read_bytes()), "after": sha(changed_sampling())},
+    }
     assert res.applies[VERSION] == expected
     raw = yaml.safe_load((pdir / "my-change" / "manifest.yaml").read_text())
     assert raw["releases"][VERSION]["files"] == expected
@@ -104,8 +115,9 @@ def test_from_git_makes_a_patch_that_checks_and_verifies_in_the_server_env(check
     checked = patchset.check_patch("my-change", VERSION, patches_dir=pdir)
     assert checked["files"] == expected
 
-    ov = build_overlay(VERSION, [pdir / "my-change"], stock_site_dir=SITE,
-                       cache_root=tmp_path / "overlays")
+    ov = build_overlay(
+        VERSION, [pdir / "my-change"], stock_site_dir=SITE, cache_root=tmp_path / "overlays"
+    )
     assert ov.files == {p: h["after"] for p, h in expected.items()}
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     got = verify_in_env(ov, sys.executable, ov.env(env))
@@ -117,8 +129,10 @@ def test_from_git_makes_a_patch_that_checks_and_verifies_in_the_server_env(check
     with pytest.raises(OverlayError) as e:
         verify_in_env(ov, sys.executable, ov.env(env))
     tampered = sha(changed_sampling() + b"# tampered\n")
-    assert (f"{(ov.sglang_dir.parent / SAMPLING).resolve()} has sha256 {tampered}, expected "
-            f"{sha(changed_sampling())}") in str(e.value)
+    assert (
+        f"{(ov.sglang_dir.parent / SAMPLING).resolve()} has sha256 {tampered}, expected "
+        f"{sha(changed_sampling())}"
+    ) in str(e.value)
     assert FORWARD_BATCH_INFO not in str(e.value).split("PYTHONPATH")[0]
 
 
@@ -131,13 +145,16 @@ def test_from_diff_in_repository_layout(checkout, tmp_path):
         patchset.new_patch_from_diff("from-diff", diff, [VERSION], patches_dir=tmp_path / "p")
 
 
-@pytest.mark.skipif(not list((patchset.DEFAULT_CACHE_DIR / "wheels" / "sglang-0.5.2rc2").glob("*.whl")),
-                    reason="the 0.5.2rc2 wheel is not cached (tests/test_patchset.py fetches it)")
+@pytest.mark.skipif(
+    not list((patchset.DEFAULT_CACHE_DIR / "wheels" / "sglang-0.5.2rc2").glob("*.whl")),
+    reason="the 0.5.2rc2 wheel is not cached (tests/test_patchset.py fetches it)",
+)
 def test_says_which_releases_it_applies_to_and_names_the_failing_hunk(checkout, tmp_path):
     """0.5.2rc2 rewrote the decode path the change touches: the patch is written for the
     installed release only, and the failure names the release, file and hunk."""
-    res = patchset.new_patch_from_git("two", checkout, "main...my-branch", [VERSION, "0.5.2rc2"],
-                                      patches_dir=tmp_path / "p")
+    res = patchset.new_patch_from_git(
+        "two", checkout, "main...my-branch", [VERSION, "0.5.2rc2"], patches_dir=tmp_path / "p"
+    )
     assert list(res.applies) == [VERSION] and list(res.fails) == ["0.5.2rc2"]
     why = res.fails["0.5.2rc2"]
     assert f"(sglang 0.5.2rc2) does not apply to {FORWARD_BATCH_INFO}: hunk @@" in why
@@ -162,8 +179,11 @@ def test_refuses_a_path_outside_sglang(checkout, tmp_path):
 
 
 def test_refuses_a_symlink(checkout, tmp_path):
-    rng = branch(checkout, "link", lambda r: os.symlink("sampling_params.py",
-                                                        r / "python/sglang/srt/sampling/alias.py"))
+    rng = branch(
+        checkout,
+        "link",
+        lambda r: os.symlink("sampling_params.py", r / "python/sglang/srt/sampling/alias.py"),
+    )
     with pytest.raises(PatchError) as e:
         patchset.new_patch_from_git("x", checkout, rng, [VERSION], patches_dir=tmp_path / "p")
     assert "sglang/srt/sampling/alias.py: " in str(e.value) and "is a symlink" in str(e.value)
@@ -172,13 +192,19 @@ def test_refuses_a_symlink(checkout, tmp_path):
 def test_refuses_a_hunk_that_does_not_apply_naming_it(checkout, tmp_path):
     def edit(r: Path) -> None:
         f = r / "python" / FORWARD_BATCH_INFO
-        f.write_text(f.read_text().replace("# limitations under the License.\n",
-                                           "# limitations under the License (edited).\n"))
+        f.write_text(
+            f.read_text().replace(
+                "# limitations under the License.\n", "# limitations under the License (edited).\n"
+            )
+        )
+
     rng = branch(checkout, "context", edit)
     diff = git(checkout, "diff", rng)
     # the same change against a file whose context differs in the release: shift the context
-    bad = diff.replace(" # See the License for the specific language governing permissions and",
-                       " # A context line the release does not have")
+    bad = diff.replace(
+        " # See the License for the specific language governing permissions and",
+        " # A context line the release does not have",
+    )
     assert bad != diff
     f = tmp_path / "bad.diff"
     f.write_text(bad)
@@ -191,8 +217,11 @@ def test_refuses_a_hunk_that_does_not_apply_naming_it(checkout, tmp_path):
 
 
 def test_refuses_a_file_the_release_does_not_have(checkout, tmp_path):
-    rng = branch(checkout, "new-module",
-                 lambda r: (r / "python/sglang/srt/brand_new.py").write_text("X = 2\n"))
+    rng = branch(
+        checkout,
+        "new-module",
+        lambda r: (r / "python/sglang/srt/brand_new.py").write_text("X = 2\n"),
+    )
     with pytest.raises(PatchError) as e:
         patchset.new_patch_from_git("x", checkout, rng, [VERSION], patches_dir=tmp_path / "p")
     assert f"(sglang {VERSION}): the release has no file sglang/srt/brand_new.py" in str(e.value)
@@ -214,20 +243,37 @@ def test_errors_are_patch_errors_with_exit_2(checkout, tmp_path):
 DIFF_HEAD = "diff --git a/python/sglang/{p} b/python/sglang/{q}\n"
 
 
-@pytest.mark.parametrize("header, reason", [
-    ("diff --git a/python/sglang/x.py b/python/sglang/x.py\nnew file mode 100644\n--- /dev/null\n"
-     "+++ b/python/sglang/x.py\n@@ -0,0 +1 @@\n+X = 1\n", "creates a new file"),
-    ("diff --git a/python/sglang/x.py b/python/sglang/x.py\ndeleted file mode 100644\n"
-     "--- a/python/sglang/x.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-X = 1\n", "deletes the file"),
-    ("diff --git a/python/sglang/x.py b/python/sglang/y.py\nsimilarity index 100%\n"
-     "rename from python/sglang/x.py\nrename to python/sglang/y.py\n", "renames the file"),
-    ("diff --git a/python/sglang/x.py b/python/sglang/x.py\nold mode 100644\nnew mode 100755\n",
-     "changes the file mode"),
-    ("diff --git a/python/sglang/x.bin b/python/sglang/x.bin\nindex 1..2 100644\n"
-     "Binary files a/python/sglang/x.bin and b/python/sglang/x.bin differ\n", "is a binary change"),
-    ("--- a/../etc/passwd\n+++ b/../etc/passwd\n@@ -1 +1 @@\n-a\n+b\n", "'..'"),
-    ("--- /abs/sglang/x.py\n+++ /abs/sglang/x.py\n@@ -1 +1 @@\n-a\n+b\n", "an absolute path"),
-])
+@pytest.mark.parametrize(
+    "header, reason",
+    [
+        (
+            "diff --git a/python/sglang/x.py b/python/sglang/x.py\nnew file mode 100644\n--- /dev/null\n"
+            "+++ b/python/sglang/x.py\n@@ -0,0 +1 @@\n+X = 1\n",
+            "creates a new file",
+        ),
+        (
+            "diff --git a/python/sglang/x.py b/python/sglang/x.py\ndeleted file mode 100644\n"
+            "--- a/python/sglang/x.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-X = 1\n",
+            "deletes the file",
+        ),
+        (
+            "diff --git a/python/sglang/x.py b/python/sglang/y.py\nsimilarity index 100%\n"
+            "rename from python/sglang/x.py\nrename to python/sglang/y.py\n",
+            "renames the file",
+        ),
+        (
+            "diff --git a/python/sglang/x.py b/python/sglang/x.py\nold mode 100644\nnew mode 100755\n",
+            "changes the file mode",
+        ),
+        (
+            "diff --git a/python/sglang/x.bin b/python/sglang/x.bin\nindex 1..2 100644\n"
+            "Binary files a/python/sglang/x.bin and b/python/sglang/x.bin differ\n",
+            "is a binary change",
+        ),
+        ("--- a/../etc/passwd\n+++ b/../etc/passwd\n@@ -1 +1 @@\n-a\n+b\n", "'..'"),
+        ("--- /abs/sglang/x.py\n+++ /abs/sglang/x.py\n@@ -1 +1 @@\n-a\n+b\n", "an absolute path"),
+    ],
+)
 def test_inspect_diff_refuses_what_a_patch_cannot_honour(header, reason):
     with pytest.raises(PatchError) as e:
         patchset.inspect_diff(header, source="change.diff")
@@ -236,23 +282,31 @@ def test_inspect_diff_refuses_what_a_patch_cannot_honour(header, reason):
 
 
 def test_inspect_diff_maps_repository_paths():
-    text = ("diff --git a/python/sglang/srt/a.py b/python/sglang/srt/a.py\nindex 1..2 100644\n"
-            "--- a/python/sglang/srt/a.py\n+++ b/python/sglang/srt/a.py\n@@ -1 +1 @@\n-a\n+b\n"
-            "--- sglang/srt/b.py\t2024-01-01\n+++ sglang/srt/b.py\t2024-01-02\n@@ -1 +1 @@\n-a\n+b\n")
+    text = (
+        "diff --git a/python/sglang/srt/a.py b/python/sglang/srt/a.py\nindex 1..2 100644\n"
+        "--- a/python/sglang/srt/a.py\n+++ b/python/sglang/srt/a.py\n@@ -1 +1 @@\n-a\n+b\n"
+        "--- sglang/srt/b.py\t2024-01-01\n+++ sglang/srt/b.py\t2024-01-02\n@@ -1 +1 @@\n-a\n+b\n"
+    )
     changes = patchset.inspect_diff(text)
-    assert [c.path for c in changes] == ["sglang/srt/a.py"]  # git blocks: the --- pair is a hunk line
+    assert [c.path for c in changes] == [
+        "sglang/srt/a.py"
+    ]  # git blocks: the --- pair is a hunk line
     site = patchset.site_layout_diff(text, changes)
     assert "--- a/sglang/srt/a.py\n+++ b/sglang/srt/a.py\n" in site and "index " not in site
-    plain = "--- sglang/srt/b.py\t2024-01-01\n+++ sglang/srt/b.py\t2024-01-02\n@@ -1 +1 @@\n-a\n+b\n"
+    plain = (
+        "--- sglang/srt/b.py\t2024-01-01\n+++ sglang/srt/b.py\t2024-01-02\n@@ -1 +1 @@\n-a\n+b\n"
+    )
     assert [c.path for c in patchset.inspect_diff(plain)] == ["sglang/srt/b.py"]
 
 
 def test_stored_patch_with_a_mode_change_is_refused_before_applying(tmp_path):
     """A diff in patches/ is checked against what a patch may do before anything is applied."""
     body = patchset.diff_text("null-comment", VERSION)
-    bad = body.replace(f"diff --git a/{FORWARD_BATCH_INFO} b/{FORWARD_BATCH_INFO}\n",
-                       f"diff --git a/{FORWARD_BATCH_INFO} b/{FORWARD_BATCH_INFO}\nold mode 100644\n"
-                       "new mode 100755\n")
+    bad = body.replace(
+        f"diff --git a/{FORWARD_BATCH_INFO} b/{FORWARD_BATCH_INFO}\n",
+        f"diff --git a/{FORWARD_BATCH_INFO} b/{FORWARD_BATCH_INFO}\nold mode 100644\n"
+        "new mode 100755\n",
+    )
     assert bad != body
     m = patchset.load_manifest("null-comment")
     d = tmp_path / "p" / "modey"
@@ -265,8 +319,11 @@ def test_stored_patch_with_a_mode_change_is_refused_before_applying(tmp_path):
     tree = tmp_path / "tree"
     (tree / FORWARD_BATCH_INFO).parent.mkdir(parents=True)
     shutil.copyfile(SITE / FORWARD_BATCH_INFO, tree / FORWARD_BATCH_INFO)
-    with pytest.raises(PatchError, match=f"patch 'modey' \\(sglang {VERSION}\\): cannot be used as a "
-                                         f"patch:\n  {FORWARD_BATCH_INFO}: changes the file mode"):
+    with pytest.raises(
+        PatchError,
+        match=f"patch 'modey' \\(sglang {VERSION}\\): cannot be used as a "
+        f"patch:\n  {FORWARD_BATCH_INFO}: changes the file mode",
+    ):
         patchset.apply_to_tree(tree, "modey", VERSION, patches_dir=tmp_path / "p")
     assert (tree / FORWARD_BATCH_INFO).read_bytes() == (SITE / FORWARD_BATCH_INFO).read_bytes()
 
@@ -274,6 +331,7 @@ def test_stored_patch_with_a_mode_change_is_refused_before_applying(tmp_path):
 # ----------------------------------------------------------------------------- diffs in configs
 def test_a_diff_named_in_a_config_is_hashed_applied_and_verified(checkout, tmp_path):
     from patchbench.config import load_config
+
     diff = tmp_path / "my change.diff"
     diff.write_text(git(checkout, "diff", "main...my-branch"))
     cfg_text = (Path(__file__).resolve().parent.parent / "configs" / "aa-cpu.yaml").read_text()
@@ -284,8 +342,9 @@ def test_a_diff_named_in_a_config_is_hashed_applied_and_verified(checkout, tmp_p
     digest = sha(diff.read_bytes())
     assert cfg.files_to_copy() == [(diff, f"diffs/{digest[:12]}-my change.diff")]
     d = cfg.variant_diff("mine")
-    assert d["patches"] == [{"name": f"diff:{diff}", "kind": "diff", "path": str(diff),
-                             "sha256": digest}]
+    assert d["patches"] == [
+        {"name": f"diff:{diff}", "kind": "diff", "path": str(diff), "sha256": digest}
+    ]
     assert d["aa"] is False and d["patches_added"] == [f"diff:{diff}"]
     folders = cfg.overlay_patches("mine", cache_dir=tmp_path / "cache")
     assert len(folders) == 1 and folders[0].name == f"my-change-{digest[:12]}"
@@ -297,10 +356,13 @@ def test_a_diff_named_in_a_config_is_hashed_applied_and_verified(checkout, tmp_p
 
     # a diff that creates a symlink is refused when the config loads, before any server
     bad = tmp_path / "link.diff"
-    bad.write_text("diff --git a/python/sglang/l.py b/python/sglang/l.py\nnew file mode 120000\n"
-                   "--- /dev/null\n+++ b/python/sglang/l.py\n@@ -0,0 +1 @@\n+x.py\n")
+    bad.write_text(
+        "diff --git a/python/sglang/l.py b/python/sglang/l.py\nnew file mode 120000\n"
+        "--- /dev/null\n+++ b/python/sglang/l.py\n@@ -0,0 +1 @@\n+x.py\n"
+    )
     p.write_text(cfg_text.replace(str(diff), str(bad)))
     from patchbench.config import ConfigError
+
     with pytest.raises(ConfigError) as e:
         load_config(p)
     assert "variants.mine.patches[0]" in str(e.value) and "is a symlink" in str(e.value)

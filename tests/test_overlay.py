@@ -4,6 +4,7 @@ untouched; the server environment resolving forward_batch_info inside it.
 Uses the real installed sglang of the test environment (.venv: 0.5.1.post3, about 20 MB copied per
 build) and the null-comment control patch.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,8 +33,11 @@ def sha(data: bytes) -> str:
 
 def tree_hashes(pkg: Path) -> dict[str, str]:
     """{relative path: sha256} of every file of a package folder, skipping bytecode caches."""
-    return {str(p.relative_to(pkg)): sha(p.read_bytes()) for p in sorted(pkg.rglob("*"))
-            if p.is_file() and "__pycache__" not in p.parts}
+    return {
+        str(p.relative_to(pkg)): sha(p.read_bytes())
+        for p in sorted(pkg.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
 
 
 def stock_env() -> dict[str, str]:
@@ -64,7 +68,9 @@ def test_overlay_is_a_patched_copy(built, stock_before):
     assert ov.fbi_sha256 == sha(expected) == ov.files[FORWARD_BATCH_INFO]
     assert ov.files == {FORWARD_BATCH_INFO: sha(expected)}
     m = load_manifest("null-comment")
-    assert ov.patch_hashes == {"null-comment": sha((m.folder / m.releases[VERSION].diff).read_bytes())}
+    assert ov.patch_hashes == {
+        "null-comment": sha((m.folder / m.releases[VERSION].diff).read_bytes())
+    }
     # every other file identical, none missing, no bytecode copied
     copy = tree_hashes(ov.sglang_dir)
     rel = str(Path(FORWARD_BATCH_INFO).relative_to("sglang"))
@@ -83,7 +89,7 @@ def test_installed_package_untouched(built, stock_before):
 def test_second_build_reuses_without_copying(built):
     ov, cache_root = built
     marker = ov.sglang_dir / "marker-from-test.txt"
-    marker.write_text("kept")           # survives only if the folder is not rebuilt
+    marker.write_text("kept")  # survives only if the folder is not rebuilt
     try:
         again = build_overlay(VERSION, ["null-comment"], stock_site_dir=SITE, cache_root=cache_root)
         assert again.reused and again.root == ov.root and again.key == ov.key
@@ -109,7 +115,7 @@ def test_no_patches_points_at_stock(tmp_path):
     assert ov.root is None and ov.sglang_dir == (SITE / "sglang").resolve()
     assert ov.fbi_sha256 == sha((SITE / FORWARD_BATCH_INFO).read_bytes())
     assert ov.files == {} and ov.patches == []
-    assert not (tmp_path / "overlays").exists()       # nothing copied
+    assert not (tmp_path / "overlays").exists()  # nothing copied
     assert ov.env({"PYTHONPATH": "/x"}) == {"PYTHONPATH": "/x"}
 
 
@@ -130,14 +136,19 @@ def test_patch_that_does_not_apply_leaves_nothing(tmp_path):
     f = site / FORWARD_BATCH_INFO
     f.write_bytes(f.read_bytes().replace(b"# limitations under the License.\n", b"# changed\n", 1))
     cache_root = tmp_path / "overlays"
-    with pytest.raises(PatchError, match=r"patch 'null-comment' .*does not apply to .*forward_batch_info.py: hunk @@ -11,6 \+11,7 @@"):
+    with pytest.raises(
+        PatchError,
+        match=r"patch 'null-comment' .*does not apply to .*forward_batch_info.py: hunk @@ -11,6 \+11,7 @@",
+    ):
         build_overlay(VERSION, ["null-comment"], stock_site_dir=site, cache_root=cache_root)
     assert list(cache_root.iterdir()) == []
 
 
 def test_duplicate_patch_refused(tmp_path):
     with pytest.raises(OverlayError, match="names null-comment twice"):
-        build_overlay(VERSION, ["null-comment", "null-comment"], stock_site_dir=SITE, cache_root=tmp_path)
+        build_overlay(
+            VERSION, ["null-comment", "null-comment"], stock_site_dir=SITE, cache_root=tmp_path
+        )
 
 
 # ----------------------------------------------------------------------------- verify_in_env
@@ -152,7 +163,7 @@ def test_verify_in_env_accepts_the_servers_environment(built):
 def test_verify_in_env_catches_a_wrong_pythonpath(built, tmp_path):
     ov, _ = built
     with pytest.raises(OverlayError) as e:
-        verify_in_env(ov, sys.executable, stock_env())          # overlay missing from PYTHONPATH
+        verify_in_env(ov, sys.executable, stock_env())  # overlay missing from PYTHONPATH
     msg = str(e.value)
     assert f"resolves to {(SITE / FORWARD_BATCH_INFO).resolve()}" in msg
     assert f"expected {ov.fbi_path}" in msg and "null-comment" in msg
@@ -160,7 +171,7 @@ def test_verify_in_env_catches_a_wrong_pythonpath(built, tmp_path):
     stock = build_overlay(VERSION, [], stock_site_dir=SITE, cache_root=tmp_path)
     assert verify_in_env(stock, sys.executable, stock_env())["sha256"] == stock.fbi_sha256
     with pytest.raises(OverlayError, match=f"stock variant: .*resolves to {ov.fbi_path}"):
-        verify_in_env(stock, sys.executable, ov.env(stock_env()))   # stock run sees the overlay
+        verify_in_env(stock, sys.executable, ov.env(stock_env()))  # stock run sees the overlay
 
 
 def test_verify_in_env_reports_a_python_that_fails(built):
@@ -175,8 +186,9 @@ def test_verify_in_env_reports_a_python_that_fails(built):
 def test_stacked_patches_apply_in_order(tmp_path):
     """null-comment then the derived upstream change: the result is 0.5.2rc2's file plus the comment
     line; the second patch's hashes are not checked against stock (the file changed before it)."""
-    ov = build_overlay(VERSION, ["null-comment", "pr9460-upstream"], stock_site_dir=SITE,
-                       cache_root=tmp_path)
+    ov = build_overlay(
+        VERSION, ["null-comment", "pr9460-upstream"], stock_site_dir=SITE, cache_root=tmp_path
+    )
     (w,) = (DEFAULT_CACHE_DIR / "wheels" / "sglang-0.5.2rc2").glob("*.whl")
     with zipfile.ZipFile(w) as z:
         rc2 = z.read(FORWARD_BATCH_INFO).decode()
@@ -184,6 +196,7 @@ def test_stacked_patches_apply_in_order(tmp_path):
     assert ov.fbi_path.read_bytes() == expected
     assert ov.files == {FORWARD_BATCH_INFO: sha(expected)} and ov.fbi_sha256 == sha(expected)
     assert list(ov.patch_hashes) == ["null-comment", "pr9460-upstream"]
-    swapped = build_overlay(VERSION, ["pr9460-upstream", "null-comment"], stock_site_dir=SITE,
-                            cache_root=tmp_path)
-    assert swapped.root != ov.root                       # the order is part of the cache key
+    swapped = build_overlay(
+        VERSION, ["pr9460-upstream", "null-comment"], stock_site_dir=SITE, cache_root=tmp_path
+    )
+    assert swapped.root != ov.root  # the order is part of the cache key

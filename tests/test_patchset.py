@@ -4,6 +4,7 @@ Runs against the real installed sglang of the test environment (.venv: 0.5.1.pos
 upstream diff needs the 0.5.2rc1/0.5.2rc2 wheels: downloaded once from PyPI into the repo's
 git-ignored .cache/wheels/ (DEFAULT_CACHE_DIR) and reused.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -16,12 +17,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from patchbench import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE
+from patchbench import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, patchset
 from patchbench import config as pb_config
-from patchbench import patchset
-from patchbench.patchset import (DEFAULT_CACHE_DIR, FORWARD_BATCH_INFO, ManifestError, PatchError,
-                                 UnsupportedRelease, apply_to_tree, diff_text, load_manifest,
-                                 patch_sha256)
+from patchbench.patchset import (
+    DEFAULT_CACHE_DIR,
+    FORWARD_BATCH_INFO,
+    ManifestError,
+    PatchError,
+    UnsupportedRelease,
+    apply_to_tree,
+    diff_text,
+    load_manifest,
+    patch_sha256,
+)
 
 INSTALLED_VERSION, SITE = patchset.installed_sglang()
 pytestmark = pytest.mark.skipif(SITE is None, reason="sglang is not installed in this environment")
@@ -71,7 +79,9 @@ def test_null_comment_manifest_hashes_match_installed_release():
     assert h.after == sha(with_null_comment(stock_fbi()))
 
 
-def _write_patch(pdir: Path, name: str, manifest: dict | str, diffs: dict[str, str] | None = None) -> None:
+def _write_patch(
+    pdir: Path, name: str, manifest: dict | str, diffs: dict[str, str] | None = None
+) -> None:
     d = pdir / name
     d.mkdir(parents=True)
     text = manifest if isinstance(manifest, str) else yaml.safe_dump(manifest, sort_keys=False)
@@ -81,18 +91,35 @@ def _write_patch(pdir: Path, name: str, manifest: dict | str, diffs: dict[str, s
 
 
 def _null_manifest(version: str, before: str, after: str, name: str = "p") -> dict:
-    return {"name": name, "releases": {version: {"diff": f"{version}.diff",
-                                                 "files": {FORWARD_BATCH_INFO: {"before": before, "after": after}}}}}
+    return {
+        "name": name,
+        "releases": {
+            version: {
+                "diff": f"{version}.diff",
+                "files": {FORWARD_BATCH_INFO: {"before": before, "after": after}},
+            }
+        },
+    }
 
 
 def test_manifest_errors_name_file_key_and_line(tmp_path):
     good = "a" * 64
-    _write_patch(tmp_path, "badsha", _null_manifest("0.5.1.post3", "xyz", good, "badsha"), {"0.5.1.post3.diff": ""})
+    _write_patch(
+        tmp_path,
+        "badsha",
+        _null_manifest("0.5.1.post3", "xyz", good, "badsha"),
+        {"0.5.1.post3.diff": ""},
+    )
     with pytest.raises(ManifestError) as e:
         load_manifest("badsha", patches_dir=tmp_path)
     msg = str(e.value)
     assert str(tmp_path / "badsha" / "manifest.yaml") in msg
-    assert "releases.0.5.1.post3.files" in msg and "before" in msg and "64 hex" in msg and "'xyz'" in msg
+    assert (
+        "releases.0.5.1.post3.files" in msg
+        and "before" in msg
+        and "64 hex" in msg
+        and "'xyz'" in msg
+    )
 
     m = _null_manifest("0.5.1.post3", good, good, "extra")
     m["colour"] = "red"
@@ -101,20 +128,33 @@ def test_manifest_errors_name_file_key_and_line(tmp_path):
         load_manifest("extra", patches_dir=tmp_path)
 
     _write_patch(tmp_path, "nodiff", _null_manifest("0.5.1.post3", good, good, "nodiff"))
-    with pytest.raises(ManifestError, match=r"releases.0.5.1.post3.diff names '0.5.1.post3.diff'.*does not exist"):
+    with pytest.raises(
+        ManifestError, match=r"releases.0.5.1.post3.diff names '0.5.1.post3.diff'.*does not exist"
+    ):
         load_manifest("nodiff", patches_dir=tmp_path)
 
-    _write_patch(tmp_path, "folder", _null_manifest("0.5.1.post3", good, good, "other"), {"0.5.1.post3.diff": ""})
+    _write_patch(
+        tmp_path,
+        "folder",
+        _null_manifest("0.5.1.post3", good, good, "other"),
+        {"0.5.1.post3.diff": ""},
+    )
     with pytest.raises(ManifestError, match="'name' is 'other' but the folder is 'folder'"):
         load_manifest("folder", patches_dir=tmp_path)
 
     m = _null_manifest("0.5.1.post3", good, good, "derive")
-    m["derive"] = {"from": "sglang>=0.5.2rc1", "to": "sglang==0.5.2rc2", "files": [FORWARD_BATCH_INFO]}
+    m["derive"] = {
+        "from": "sglang>=0.5.2rc1",
+        "to": "sglang==0.5.2rc2",
+        "files": [FORWARD_BATCH_INFO],
+    }
     _write_patch(tmp_path, "derive", m, {"0.5.1.post3.diff": ""})
     with pytest.raises(ManifestError) as e:
         load_manifest("derive", patches_dir=tmp_path)
     assert "derive.from" in str(e.value) and "must pin one exact version with '=='" in str(e.value)
-    assert "'diff' and top-level 'derive' exclude each other" not in str(e.value)  # field error first
+    assert "'diff' and top-level 'derive' exclude each other" not in str(
+        e.value
+    )  # field error first
 
     with pytest.raises(ManifestError, match="patch 'missing' not found.*available: badsha"):
         load_manifest("missing", patches_dir=tmp_path)
@@ -165,11 +205,14 @@ def test_diff_that_does_not_apply_names_patch_file_and_hunk(tree):
     with pytest.raises(PatchError) as e:
         apply_to_tree(tree, "null-comment", INSTALLED_VERSION)
     msg = str(e.value)
-    assert f"patch 'null-comment' (sglang {INSTALLED_VERSION}) does not apply to {FORWARD_BATCH_INFO}" in msg
+    assert (
+        f"patch 'null-comment' (sglang {INSTALLED_VERSION}) does not apply to {FORWARD_BATCH_INFO}"
+        in msg
+    )
     assert "hunk @@ -11,6 +11,7 @@" in msg
-    assert "# limitations under the License." in msg          # first lines of the hunk
+    assert "# limitations under the License." in msg  # first lines of the hunk
     assert f"has sha256 {sha(changed)}" in msg and sha(stock_fbi()) in msg
-    assert f.read_bytes() == changed                          # nothing applied
+    assert f.read_bytes() == changed  # nothing applied
 
 
 def test_missing_target_file_is_named(tmp_path):
@@ -193,19 +236,31 @@ def test_after_hash_mismatch_says_expected_and_found(tree, tmp_path):
     pdir = tmp_path / "patches"
     body = diff_text("null-comment", INSTALLED_VERSION)
     wrong = "0" * 64
-    _write_patch(pdir, "wrongafter", _null_manifest(INSTALLED_VERSION, sha(stock_fbi()), wrong, "wrongafter"),
-                 {f"{INSTALLED_VERSION}.diff": body})
+    _write_patch(
+        pdir,
+        "wrongafter",
+        _null_manifest(INSTALLED_VERSION, sha(stock_fbi()), wrong, "wrongafter"),
+        {f"{INSTALLED_VERSION}.diff": body},
+    )
     with pytest.raises(PatchError) as e:
         apply_to_tree(tree, "wrongafter", INSTALLED_VERSION, patches_dir=pdir)
-    assert (f"{FORWARD_BATCH_INFO} after patching has sha256 {sha(with_null_comment(stock_fbi()))}, "
-            f"the manifest expects {wrong}") in str(e.value)
+    assert (
+        f"{FORWARD_BATCH_INFO} after patching has sha256 {sha(with_null_comment(stock_fbi()))}, "
+        f"the manifest expects {wrong}"
+    ) in str(e.value)
 
 
 def test_diff_touching_unlisted_file_is_a_manifest_error(tree, tmp_path):
     pdir = tmp_path / "patches"
-    body = diff_text("null-comment", INSTALLED_VERSION).replace(FORWARD_BATCH_INFO, "sglang/other.py")
-    _write_patch(pdir, "unlisted", _null_manifest(INSTALLED_VERSION, "a" * 64, "b" * 64, "unlisted"),
-                 {f"{INSTALLED_VERSION}.diff": body})
+    body = diff_text("null-comment", INSTALLED_VERSION).replace(
+        FORWARD_BATCH_INFO, "sglang/other.py"
+    )
+    _write_patch(
+        pdir,
+        "unlisted",
+        _null_manifest(INSTALLED_VERSION, "a" * 64, "b" * 64, "unlisted"),
+        {f"{INSTALLED_VERSION}.diff": body},
+    )
     with pytest.raises(ManifestError, match="the diff touches sglang/other.py but the manifest"):
         apply_to_tree(tree, "unlisted", INSTALLED_VERSION, patches_dir=pdir)
 
@@ -237,7 +292,9 @@ def test_derived_upstream_diff_turns_0_5_1_post3_into_0_5_2rc2(tmp_path):
     got = apply_to_tree(root, "pr9460-upstream", "0.5.1.post3")
     assert (root / FORWARD_BATCH_INFO).read_bytes() == rc2
     assert got == {FORWARD_BATCH_INFO: sha(rc2)}
-    assert load_manifest("pr9460-upstream").releases["0.5.1.post3"].files[FORWARD_BATCH_INFO].after == sha(rc2)
+    assert load_manifest("pr9460-upstream").releases["0.5.1.post3"].files[
+        FORWARD_BATCH_INFO
+    ].after == sha(rc2)
     if INSTALLED_VERSION == "0.5.1.post3":
         assert src.startswith("installed ")
 
@@ -250,7 +307,7 @@ def test_cli_ok_for_installed_release(capsys):
     before = sha(stock_fbi())[:8]
     after = sha(with_null_comment(stock_fbi()))[:8]
     assert f"forward_batch_info.py {before}..->{after}.." in out
-    (line,) = [l for l in out.splitlines() if l.strip()]
+    (line,) = [ln for ln in out.splitlines() if ln.strip()]
     assert line.split()[:3] == ["null-comment", INSTALLED_VERSION, "OK"]
     assert "installed" in line and "compiles" in line
 
@@ -268,8 +325,15 @@ def test_cli_without_patch_skips_patches_lacking_the_release(capsys, monkeypatch
     shutil.copytree(pb_config.PATCHES_DIR / "null-comment", pdir / "null-comment")
     m = yaml.safe_load((pdir / "null-comment" / "manifest.yaml").read_text())
     m["name"] = "only-old"
-    m["releases"] = {"0.4.0": m["releases"][INSTALLED_VERSION] | {"diff": f"{INSTALLED_VERSION}.diff"}}
-    _write_patch(pdir, "only-old", m, {f"{INSTALLED_VERSION}.diff": diff_text("null-comment", INSTALLED_VERSION)})
+    m["releases"] = {
+        "0.4.0": m["releases"][INSTALLED_VERSION] | {"diff": f"{INSTALLED_VERSION}.diff"}
+    }
+    _write_patch(
+        pdir,
+        "only-old",
+        m,
+        {f"{INSTALLED_VERSION}.diff": diff_text("null-comment", INSTALLED_VERSION)},
+    )
     monkeypatch.setattr(pb_config, "PATCHES_DIR", pdir)
     assert patchset.cli(["--sglang", INSTALLED_VERSION]) == EXIT_OK
     out = capsys.readouterr().out
@@ -279,9 +343,14 @@ def test_cli_without_patch_skips_patches_lacking_the_release(capsys, monkeypatch
 def test_cli_diff_that_does_not_apply_exits_4(capsys, monkeypatch, tmp_path):
     pdir = tmp_path / "patches"
     body = diff_text("null-comment", INSTALLED_VERSION).replace(
-        " # limitations under the License.", " # not the line in the file", 1)
-    _write_patch(pdir, "broken", _null_manifest(INSTALLED_VERSION, sha(stock_fbi()), "b" * 64, "broken"),
-                 {f"{INSTALLED_VERSION}.diff": body})
+        " # limitations under the License.", " # not the line in the file", 1
+    )
+    _write_patch(
+        pdir,
+        "broken",
+        _null_manifest(INSTALLED_VERSION, sha(stock_fbi()), "b" * 64, "broken"),
+        {f"{INSTALLED_VERSION}.diff": body},
+    )
     monkeypatch.setattr(pb_config, "PATCHES_DIR", pdir)
     assert patchset.cli(["--sglang", INSTALLED_VERSION]) == EXIT_RUN_FAILED
     out = capsys.readouterr().out
@@ -292,11 +361,25 @@ def test_cli_diff_that_does_not_apply_exits_4(capsys, monkeypatch, tmp_path):
 def test_cli_rejects_a_patch_that_does_not_compile(capsys, monkeypatch, tmp_path):
     pdir = tmp_path / "patches"
     body = diff_text("null-comment", INSTALLED_VERSION).replace(
-        "+# patchbench null-comment control patch", "+def broken(:  # patchbench null-comment control patch", 1)
-    after = stock_fbi().decode().replace(
-        LICENSE_END, LICENSE_END + NULL_LINE.replace("# patchbench", "def broken(:  # patchbench")).encode()
-    _write_patch(pdir, "nocompile", _null_manifest(INSTALLED_VERSION, sha(stock_fbi()), sha(after), "nocompile"),
-                 {f"{INSTALLED_VERSION}.diff": body})
+        "+# patchbench null-comment control patch",
+        "+def broken(:  # patchbench null-comment control patch",
+        1,
+    )
+    after = (
+        stock_fbi()
+        .decode()
+        .replace(
+            LICENSE_END,
+            LICENSE_END + NULL_LINE.replace("# patchbench", "def broken(:  # patchbench"),
+        )
+        .encode()
+    )
+    _write_patch(
+        pdir,
+        "nocompile",
+        _null_manifest(INSTALLED_VERSION, sha(stock_fbi()), sha(after), "nocompile"),
+        {f"{INSTALLED_VERSION}.diff": body},
+    )
     monkeypatch.setattr(pb_config, "PATCHES_DIR", pdir)
     assert patchset.cli(["--sglang", INSTALLED_VERSION]) == EXIT_RUN_FAILED
     assert "does not compile" in capsys.readouterr().out
