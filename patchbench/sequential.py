@@ -45,7 +45,7 @@ from functools import lru_cache
 from typing import Literal, Mapping, Sequence
 
 import numpy as np
-from scipy import optimize, stats
+from scipy import optimize, special, stats
 
 Boundary = Literal["pocock", "obrien-fleming"]
 Decision = Literal["improved", "regressed", "equivalent", "continue", "inconclusive"]
@@ -146,7 +146,12 @@ def boundary(looks: Sequence[float], alpha: float = 0.05,
 def nominal_levels(looks: Sequence[float], alpha: float = 0.05,
                    kind: Boundary = "pocock") -> tuple[float, ...]:
     """Per-look two-sided nominal significance levels ``2 * (1 - Phi(b_k))``."""
-    return tuple(float(2.0 * stats.norm.sf(b)) for b in boundary(looks, alpha, kind))
+    return _levels_cached(tuple(float(x) for x in looks), round(float(alpha), 12), kind)
+
+
+@lru_cache(maxsize=512)
+def _levels_cached(looks: tuple[float, ...], alpha: float, kind: str) -> tuple[float, ...]:
+    return tuple(float(2.0 * stats.norm.sf(b)) for b in boundary(looks, alpha, kind))  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,13 +161,17 @@ def nominal_levels(looks: Sequence[float], alpha: float = 0.05,
 @dataclass(frozen=True)
 class Design:
     """A group-sequential design: the looks (repeat counts), the overall two-sided ``alpha`` per
-    variant (Holm across its primaries), the boundary shape and how equivalence is levelled
-    ("none": TOST at the look's nominal level for ``alpha``; "bonferroni": for ``alpha / m``)."""
+    report, the boundary shape, and how alpha is split: ``split_variants`` True gives each of the
+    V compared variants ``alpha / V`` (Bonferroni: at most ``alpha`` chance of any false
+    improved/regressed primary in a report), Holm across each variant's primaries within that;
+    equivalence ("none": TOST at the look's nominal level for the variant's alpha;
+    "bonferroni": for that divided by its m primaries)."""
 
     looks: tuple[int, ...]
     alpha: float = 0.05
     kind: Boundary = "pocock"
     equivalence_split: Literal["none", "bonferroni"] = "none"
+    split_variants: bool = True
 
     @classmethod
     def from_schedule(cls, min_repeats: int, max_repeats: int, step: int,
@@ -220,7 +229,7 @@ def _t_test(d: np.ndarray) -> tuple[float, float, float]:
     se = float(np.std(d, ddof=1) / math.sqrt(n))
     if se == 0.0:
         return mean, 0.0, (1.0 if mean == 0.0 else 0.0)
-    return mean, se, float(2.0 * stats.t.sf(abs(mean) / se, n - 1))
+    return mean, se, float(2.0 * special.stdtr(n - 1, -abs(mean) / se))
 
 
 def _equivalent(mean: float, se: float, n: int, margin: float, level: float) -> bool:
@@ -229,12 +238,12 @@ def _equivalent(mean: float, se: float, n: int, margin: float, level: float) -> 
         return False
     if se == 0.0:
         return abs(mean) < margin
-    q = stats.t.ppf(1.0 - level, n - 1)
+    q = float(special.stdtrit(n - 1, 1.0 - level))
     return (mean - q * se > -margin) and (mean + q * se < margin)
 
 
 def decide(look_index: int, log_ratios: Mapping[str, Mapping[str, Sequence[float]]],
-           margins: Mapping[str, float], alpha: float = 0.05, *, design: Design,
+           margins: Mapping[str, float], alpha: float | None = None, *, design: Design,
            better: Mapping[str, str] | None = None,
            previous: LookDecision | None = None) -> LookDecision:
     """Decide at look ``look_index`` (0-based index into ``design.looks``).
@@ -243,7 +252,8 @@ def decide(look_index: int, log_ratios: Mapping[str, Mapping[str, Sequence[float
     per repeat, at least ``design.looks[look_index]`` of them (only that many are used);
     margins: metric -> equivalence margin on the log scale (``math.log1p(pct / 100)`` for a
     percent margin; 0 or missing: no equivalence stop for that metric); alpha: overall two-sided
-    level per variant (overrides ``design.alpha``); better: metric -> "higher" | "lower" (default
+    level per report, default ``design.alpha`` (split across variants when
+    ``design.split_variants``); better: metric -> "higher" | "lower" (default
     "higher"); previous: the decision of the previous look (its decided metrics are kept).
     Returns a :class:`LookDecision`; raises ValueError when a metric has fewer repeats than the
     look needs or the look index is out of range.
@@ -254,6 +264,10 @@ def decide(look_index: int, log_ratios: Mapping[str, Mapping[str, Sequence[float
     last = look_index == len(design.looks) - 1
     better = better or {}
     out = LookDecision(look_index, n)
+    report_alpha = design.alpha if alpha is None else alpha
+    alpha = report_alpha
+    if design.split_variants and log_ratios:
+        alpha = report_alpha / len(log_ratios)
     for variant, per_metric in log_ratios.items():
         names = sorted(per_metric)
         m = len(names)
@@ -315,7 +329,7 @@ def decide(look_index: int, log_ratios: Mapping[str, Mapping[str, Sequence[float
 
 
 def replay(log_ratios: Mapping[str, Mapping[str, Sequence[float]]], margins: Mapping[str, float],
-           alpha: float = 0.05, *, design: Design,
+           alpha: float | None = None, *, design: Design,
            better: Mapping[str, str] | None = None) -> LookDecision | None:
     """Run :func:`decide` for every look whose repeats exist, stopping where the design stops.
 
