@@ -18,12 +18,14 @@ server needs for this suite; always run in untimed correctness cells), ``pair`` 
 of one baseline cell and one variant cell), ``report_section`` and ``plots`` (render from the typed
 comparison only), ``report_block`` (PR-style text block of one cell), ``doctor_checks``.
 """
+
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel
 
@@ -153,8 +155,14 @@ class SuiteResult:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self, suite: str) -> dict[str, Any]:
-        return {"suite": suite, "status": self.status, "metrics": self.metrics,
-                "errors": self.errors, "warnings": self.warnings, "meta": self.meta}
+        return {
+            "suite": suite,
+            "status": self.status,
+            "metrics": self.metrics,
+            "errors": self.errors,
+            "warnings": self.warnings,
+            "meta": self.meta,
+        }
 
 
 class Suite:
@@ -179,8 +187,9 @@ class Suite:
         """In-server instrumentation for this suite's correctness cell (None: none)."""
         return None
 
-    def pair(self, baseline_dirs: list[Path], variant_dirs: list[Path],
-             params: BaseModel) -> dict | None:
+    def pair(
+        self, baseline_dirs: list[Path], variant_dirs: list[Path], params: BaseModel
+    ) -> dict | None:
         """Paired analysis of the baseline's and one variant's cells of this suite.
 
         ``baseline_dirs[k]`` and ``variant_dirs[k]`` are this suite's folders in repeat k of each
@@ -272,9 +281,11 @@ def register(cls: type[Suite]) -> type[Suite]:
     already registered by another class.
     """
     import re
+
     if not cls.name or not re.fullmatch(r"[a-z][a-z0-9_]*", cls.name):
-        raise ValueError(f"suite class {cls.__qualname__}: name must match [a-z][a-z0-9_]*, "
-                         f"got {cls.name!r}")
+        raise ValueError(
+            f"suite class {cls.__qualname__}: name must match [a-z][a-z0-9_]*, got {cls.name!r}"
+        )
     prev = _REGISTRY.get(cls.name)
     if prev is not None and prev.__qualname__ != cls.__qualname__:
         raise ValueError(f"suite '{cls.name}' is already registered by {prev.__qualname__}")
@@ -285,10 +296,14 @@ def register(cls: type[Suite]) -> type[Suite]:
 
 def _load_plugins() -> None:
     import os
-    for mod in filter(None, (m.strip() for m in os.environ.get("PATCHBENCH_SUITE_MODULES", "").split(","))):
+
+    for mod in filter(
+        None, (m.strip() for m in os.environ.get("PATCHBENCH_SUITE_MODULES", "").split(","))
+    ):
         importlib.import_module(mod)
     try:
         from importlib.metadata import entry_points
+
         for ep in entry_points(group="patchbench.suites"):
             ep.load()
     except Exception:  # noqa: BLE001 - a broken third-party entry point must not hide built-ins

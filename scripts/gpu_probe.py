@@ -18,6 +18,7 @@ warning, 1 otherwise, 2 on bad usage or missing files.
 path (no ``patchbench`` package, no pydantic, no sglang); ``prepare`` runs in the project's
 environment.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,6 +39,7 @@ def load_by_path(name: str, path: Path):
     """Import one standalone file as module ``name`` without importing its package (the package's
     __init__ needs pydantic and patchbench, which the lent GPU machine does not have)."""
     import importlib.util
+
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod  # dataclasses look their module up while the file executes
@@ -64,15 +66,23 @@ def prepare(out: Path) -> int:
     return 0
 
 
-def run(sources: Path, device: str, batch_sizes: list[int], json_out: Path | None,
-        iterations: int, image_share: float) -> int:
+def run(
+    sources: Path,
+    device: str,
+    batch_sizes: list[int],
+    json_out: Path | None,
+    iterations: int,
+    image_share: float,
+) -> int:
     import torch
 
     mrope = load_by_path("_gpu_probe_mrope", SUITE_DIR / "mrope.py")
     format_table = load_by_path("_gpu_probe_table", SUITE_DIR / "table.py").format_table
-    MropeMethods, calibrate_sleep_cycles, measure_row = (mrope.MropeMethods,
-                                                         mrope.calibrate_sleep_cycles,
-                                                         mrope.measure_row)
+    MropeMethods, calibrate_sleep_cycles, measure_row = (
+        mrope.MropeMethods,
+        mrope.calibrate_sleep_cycles,
+        mrope.measure_row,
+    )
 
     index = sources / "sources.json"
     if not index.is_file():
@@ -94,28 +104,50 @@ def run(sources: Path, device: str, batch_sizes: list[int], json_out: Path | Non
         methods = MropeMethods(path, key)
         stock = MropeMethods(sources / release / "stock" / FILE, f"{release}/stock")
         for bs in batch_sizes:
-            row = measure_row(methods, stock, bs, device=device, image_share=image_share,
-                              seed=bs, iterations=iterations, sleep_cycles=cycles)
+            row = measure_row(
+                methods,
+                stock,
+                bs,
+                device=device,
+                image_share=image_share,
+                seed=bs,
+                iterations=iterations,
+                sleep_cycles=cycles,
+            )
             row.update(release=release, variant=variant)
             rows.append(row)
             if variant == "patched" and (
-                    not row.get("positions_equal_stock") or row.get("error")
-                    or row.get("d2h_reads_per_call") or row.get("blocking_h2d_copies_per_call")
-                    or row.get("sync_warnings_per_call") or row.get("strict_error")
-                    or (device == "cuda" and not row.get("h2d_copies_pinned", True))):
+                not row.get("positions_equal_stock")
+                or row.get("error")
+                or row.get("d2h_reads_per_call")
+                or row.get("blocking_h2d_copies_per_call")
+                or row.get("sync_warnings_per_call")
+                or row.get("strict_error")
+                or (device == "cuda" and not row.get("h2d_copies_pinned", True))
+            ):
                 bad.append(f"{key} batch {bs}: {row}")
-    header = (f"mrope decode positions, {device}"
-              + (f" ({torch.cuda.get_device_name()})" if device == "cuda" else " (CPU probes: "
-                 "seq_lens on meta)") + f", torch {torch.__version__}, image share {image_share}")
+    header = (
+        f"mrope decode positions, {device}"
+        + (
+            f" ({torch.cuda.get_device_name()})"
+            if device == "cuda"
+            else " (CPU probes: seq_lens on meta)"
+        )
+        + f", torch {torch.__version__}, image share {image_share}"
+    )
     print(header)
     print(format_table(rows, lead=[("release", "release"), ("variant", "variant")]))
     print(f"{len(rows)} rows in {time.time() - t0:.1f} s")
-    print("verdict: patched rows sync-free and equal to stock" if not bad
-          else "verdict: FAILED\n" + "\n".join(bad))
+    print(
+        "verdict: patched rows sync-free and equal to stock"
+        if not bad
+        else "verdict: FAILED\n" + "\n".join(bad)
+    )
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps({"header": header, "rows": rows, "failed": bad}, indent=1,
-                                       default=str))
+        json_out.write_text(
+            json.dumps({"header": header, "rows": rows, "failed": bad}, indent=1, default=str)
+        )
     return 1 if bad else 0
 
 
@@ -135,8 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "prepare":
         return prepare(args.out)
     sizes = [int(x) for x in args.batch_sizes.split(",") if x]
-    json_out = args.json or (Path(os.environ["OUT"]) / "gpu_probe.json"
-                             if os.environ.get("OUT") else None)
+    json_out = args.json or (
+        Path(os.environ["OUT"]) / "gpu_probe.json" if os.environ.get("OUT") else None
+    )
     return run(args.sources, args.device, sizes, json_out, args.iterations, args.image_share)
 
 

@@ -3,6 +3,7 @@
 
 Helpers shared by the suites' ``plots`` hooks (matplotlib imported only when called).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,8 +16,10 @@ DPI = 100
 def new_figure(height_in: float = 4.8, ncols: int = 1, width_in: float = 9.0) -> tuple[Any, list]:
     """(figure, axes list) with the headless Agg backend."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(1, ncols, figsize=(width_in, height_in), squeeze=False)
     return fig, list(axes[0])
 
@@ -28,6 +31,7 @@ def save_png(fig: Any, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     from patchbench.records import write_bytes
+
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI)
     plt.close(fig)

@@ -4,6 +4,7 @@ Written from the semantics in docs/FACTS.md section 1 and the releases' code as 
 code): plain Python over the case's numbers, no tensor arithmetic shared with the methods.
 Returns ("ok", list of 3 equal-length rows) or ("error", "<Type>: <message>").
 """
+
 from __future__ import annotations
 
 from patchbench.suites.sync_probe.mrope import MropeCase
@@ -30,13 +31,17 @@ def expected(case: MropeCase, release: str) -> tuple[str, object]:
     if release == "0.5.1.post3":
         # one column per delta value: seq_lens[i] - 1 + delta (delta 0 for text-only)
         for i, m in enumerate(mm):
-            for d in ([0] if m is None else _flat(m.mrope_position_delta)):
+            for d in [0] if m is None else _flat(m.mrope_position_delta):
                 cols.append([seq[i] - 1 + d] * 3)
     elif release == "0.5.23":
         if case.rl_on_policy_target is not None or all(m is None for m in mm):
             cols = [[s - 1] * 3 for s in seq]
-        elif any(m is not None and m.mrope_positions is not None
-                 and m.mrope_positions.shape[1] >= seq_cpu[i] for i, m in enumerate(mm)):
+        elif any(
+            m is not None
+            and m.mrope_positions is not None
+            and m.mrope_positions.shape[1] >= seq_cpu[i]
+            for i, m in enumerate(mm)
+        ):
             # per-request fallback, from the host copy seq_lens_cpu
             for i, m in enumerate(mm):
                 s = seq_cpu[i]
@@ -50,8 +55,10 @@ def expected(case: MropeCase, release: str) -> tuple[str, object]:
             for i, m in enumerate(mm):
                 d = [0] if m is None else _flat(m.mrope_position_delta)
                 if len(d) != 1:
-                    return "error", (f"RuntimeError: a Tensor with {len(d)} elements cannot be "
-                                     "converted to Scalar")
+                    return "error", (
+                        f"RuntimeError: a Tensor with {len(d)} elements cannot be "
+                        "converted to Scalar"
+                    )
                 cols.append([seq[i] - 1 + d[0]] * 3)
     else:
         raise ValueError(release)

@@ -7,14 +7,21 @@ against tests/mrope_oracle.py, an independent plain-Python statement of the sema
 matches, else the release's wheel (pip download, cached in .cache/), so both releases run here
 under the .venv torch.
 """
+
 from __future__ import annotations
 
-import torch
 import pytest
-
+import torch
 from mrope_oracle import expected
-from patchbench.suites.sync_probe.mrope import (MropeCase, MropeMethods, StandInMultimodalInputs, decode_case,
-                              extend_case, run_outcome)
+
+from patchbench.suites.sync_probe.mrope import (
+    MropeCase,
+    MropeMethods,
+    StandInMultimodalInputs,
+    decode_case,
+    extend_case,
+    run_outcome,
+)
 
 RELEASES = ["0.5.1.post3", "0.5.23"]
 
@@ -43,8 +50,11 @@ def _check_same(methods, release: str, case: MropeCase) -> str:
 
 def _p1(device: str = "cpu", ahead: int = 0) -> MropeCase:
     seq_cpu = torch.tensor([500, 500, 7])
-    mm = [StandInMultimodalInputs(torch.tensor([[-100]])),
-          StandInMultimodalInputs(torch.tensor([[-50]])), None]
+    mm = [
+        StandInMultimodalInputs(torch.tensor([[-100]])),
+        StandInMultimodalInputs(torch.tensor([[-50]])),
+        None,
+    ]
     return MropeCase("decode", (seq_cpu + ahead).to(device), seq_cpu, mm, device=device)
 
 
@@ -75,14 +85,16 @@ def test_decode_random_batches(methods, release):
         share = [0.0, 0.3, 0.7, 1.0][n % 4]
         multi = 0.05 if n % 5 == 1 else 0.0
         dtype = torch.int32 if n % 2 else torch.int64
-        case = decode_case(g, bs, image_share=share, multi_value_share=multi, ahead=ahead,
-                           seq_dtype=dtype)
+        case = decode_case(
+            g, bs, image_share=share, multi_value_share=multi, ahead=ahead, seq_dtype=dtype
+        )
         seen[_check_same(methods, release, case)] += 1
         seen["ahead"] += ahead
         seen["int32"] += dtype == torch.int32
         seen["text_only"] += all(m is None for m in case.mm_inputs)
-        seen["multi"] += any(m is not None and m.mrope_position_delta.numel() > 1
-                             for m in case.mm_inputs)
+        seen["multi"] += any(
+            m is not None and m.mrope_position_delta.numel() > 1 for m in case.mm_inputs
+        )
     # the randomised batches did exercise what they are meant to
     assert seen["multi"] >= 3 and seen["ahead"] >= 10 and seen["text_only"] >= 5
     if release == "0.5.23":
@@ -93,20 +105,32 @@ def test_decode_random_batches(methods, release):
 
 def test_multi_value_delta(methods):
     # request 0: delta [[5, -7]] at length 10 -> two columns 14 and 2; text-only at length 3 -> 2
-    case = MropeCase("decode", torch.tensor([10, 3]), torch.tensor([10, 3]),
-                     [StandInMultimodalInputs(torch.tensor([[5, -7]])), None])
+    case = MropeCase(
+        "decode",
+        torch.tensor([10, 3]),
+        torch.tensor([10, 3]),
+        [StandInMultimodalInputs(torch.tensor([[5, -7]])), None],
+    )
     for variant in ("stock", "patched"):
         assert methods["0.5.1.post3", variant].compute(case.fresh()).tolist() == [[14, 2, 2]] * 3
         kind, err = run_outcome(methods["0.5.23", variant], case)
-        assert (kind, err) == ("error", "RuntimeError: a Tensor with 2 elements cannot be "
-                                        "converted to Scalar")
+        assert (kind, err) == (
+            "error",
+            "RuntimeError: a Tensor with 2 elements cannot be converted to Scalar",
+        )
 
 
 def test_zero_and_negative_deltas_and_length_one(methods):
     # delta 0 on an image request and a negative position: 1 - 1 - 3 = -3, 2 - 1 + 0 = 1
-    case = MropeCase("decode", torch.tensor([1, 2]), torch.tensor([1, 2]),
-                     [StandInMultimodalInputs(torch.tensor([[-3]])),
-                      StandInMultimodalInputs(torch.tensor([[0]]))])
+    case = MropeCase(
+        "decode",
+        torch.tensor([1, 2]),
+        torch.tensor([1, 2]),
+        [
+            StandInMultimodalInputs(torch.tensor([[-3]])),
+            StandInMultimodalInputs(torch.tensor([[0]])),
+        ],
+    )
     for release in RELEASES:
         for variant in ("stock", "patched"):
             assert methods[release, variant].compute(case.fresh()).tolist() == [[-3, 1]] * 3
@@ -127,15 +151,26 @@ def test_0523_rl_on_policy_target(methods):
 def test_0523_precomputed_positions(methods):
     g = torch.Generator().manual_seed(11)
     for n in range(12):
-        case = decode_case(g, int(torch.randint(1, 65, (1,), generator=g)), image_share=0.7,
-                           precomputed_share=0.5, ahead=bool(n % 2),
-                           multi_value_share=0.2 if n % 3 == 0 else 0.0)
+        case = decode_case(
+            g,
+            int(torch.randint(1, 65, (1,), generator=g)),
+            image_share=0.7,
+            precomputed_share=0.5,
+            ahead=bool(n % 2),
+            multi_value_share=0.2 if n % 3 == 0 else 0.0,
+        )
         _check_same(methods, "0.5.23", case)
     # hand case: request 0 carries positions for the whole sequence (length 3): column 2 is used
     pos = torch.tensor([[0, 1, 2], [0, 5, 6], [0, 7, 8]])
-    case = MropeCase("decode", torch.tensor([4, 11]), torch.tensor([3, 10]),
-                     [StandInMultimodalInputs(torch.tensor([[0]]), pos),
-                      StandInMultimodalInputs(torch.tensor([[-4]]))])
+    case = MropeCase(
+        "decode",
+        torch.tensor([4, 11]),
+        torch.tensor([3, 10]),
+        [
+            StandInMultimodalInputs(torch.tensor([[0]]), pos),
+            StandInMultimodalInputs(torch.tensor([[-4]])),
+        ],
+    )
     for variant in ("stock", "patched"):
         # fallback uses seq_lens_cpu: request 1 -> -4 - 1 + 10 = 5
         assert methods["0.5.23", variant].compute(case.fresh()).tolist() == [[2, 5], [6, 5], [8, 5]]
@@ -152,9 +187,14 @@ def test_extend_unchanged(methods, release):
         _check_same(methods, release, case)
     # hand case: text-only prefix 2, extend 3 -> 2, 3, 4; image prefix 1, extend 2 -> its columns 1, 2
     pos = torch.tensor([[0, 1, 2], [0, 10, 20], [0, 100, 200]])
-    case = MropeCase("extend", torch.tensor([5, 3]), torch.tensor([5, 3]),
-                     [None, StandInMultimodalInputs(torch.tensor([[0]]), pos)],
-                     extend_seq_lens=[3, 2], extend_prefix_lens=[2, 1])
+    case = MropeCase(
+        "extend",
+        torch.tensor([5, 3]),
+        torch.tensor([5, 3]),
+        [None, StandInMultimodalInputs(torch.tensor([[0]]), pos)],
+        extend_seq_lens=[3, 2],
+        extend_prefix_lens=[2, 1],
+    )
     for variant in ("stock", "patched"):
         got = methods[release, variant].compute(case.fresh())
         assert got.tolist() == [[2, 3, 4, 1, 2], [2, 3, 4, 10, 20], [2, 3, 4, 100, 200]]

@@ -4,6 +4,7 @@ The module's wrapper runs around the real mrope method bodies (patched or stock 
 with the sync_probe suite's stand-ins); the import-hook test runs a child Python with the instr folder
 first on PYTHONPATH, as the server's processes get it, on a fake ``sglang`` package.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from patchbench.suites.sync_probe.mrope import (MropeCase, MropeMethods, StandInMultimodalInputs, StandInMode,
-                              release_sources)
+from patchbench.suites.sync_probe.mrope import (
+    MropeCase,
+    MropeMethods,
+    StandInMode,
+    StandInMultimodalInputs,
+    release_sources,
+)
 
 INSTR = Path(__file__).resolve().parents[1] / "suites" / "sync_probe" / "instr"
 sys.path.insert(0, str(INSTR))
@@ -36,7 +42,11 @@ def _module(path: Path | str, source: str | None = None) -> types.ModuleType:
 
 def _call(mod, case: MropeCase):
     fb = mod.ForwardBatch()
-    fb.forward_mode, fb.seq_lens, fb.seq_lens_cpu = StandInMode(case.mode), case.seq_lens, case.seq_lens_cpu
+    fb.forward_mode, fb.seq_lens, fb.seq_lens_cpu = (
+        StandInMode(case.mode),
+        case.seq_lens,
+        case.seq_lens_cpu,
+    )
     fb.mrope_positions = None
     fb._compute_mrope_positions(case.model_runner(), case.batch())
     return fb.mrope_positions
@@ -50,8 +60,16 @@ def _counts(probe_dir: Path) -> dict:
 
 def _p1() -> MropeCase:
     seq = torch.tensor([500, 500, 7])
-    return MropeCase("decode", seq, seq, [StandInMultimodalInputs(torch.tensor([[-100]])),
-                                          StandInMultimodalInputs(torch.tensor([[-50]])), None])
+    return MropeCase(
+        "decode",
+        seq,
+        seq,
+        [
+            StandInMultimodalInputs(torch.tensor([[-100]])),
+            StandInMultimodalInputs(torch.tensor([[-50]])),
+            None,
+        ],
+    )
 
 
 @pytest.mark.parametrize("release", ["0.5.1.post3", "0.5.23"])
@@ -60,31 +78,51 @@ def test_counts_and_crosscheck_equal(tmp_path, release):
     mod = _module(src["patched"])
     instr.wrap_forward_batch(mod, str(tmp_path), str(src["stock"]))
     assert _call(mod, _p1()).tolist() == [[399, 449, 6]] * 3  # the live (patched) result is kept
-    one = MropeCase("decode", torch.tensor([9]), torch.tensor([9]),
-                    [StandInMultimodalInputs(torch.tensor([[-3]]))])
+    one = MropeCase(
+        "decode",
+        torch.tensor([9]),
+        torch.tensor([9]),
+        [StandInMultimodalInputs(torch.tensor([[-3]]))],
+    )
     _call(mod, one)  # batch of one: not a multi-request image batch
     text = MropeCase("decode", torch.tensor([4, 5]), torch.tensor([4, 5]), [None, None])
     _call(mod, text)  # no image
-    zero = MropeCase("decode", torch.tensor([4, 5]), torch.tensor([4, 5]),
-                     [StandInMultimodalInputs(torch.tensor([[0]])), None])
+    zero = MropeCase(
+        "decode",
+        torch.tensor([4, 5]),
+        torch.tensor([4, 5]),
+        [StandInMultimodalInputs(torch.tensor([[0]])), None],
+    )
     _call(mod, zero)  # image with delta 0: not counted as non-zero
-    ext = MropeCase("extend", torch.tensor([3]), torch.tensor([3]),
-                    [StandInMultimodalInputs(torch.tensor([[0]]), torch.tensor([[0, 1, 2]] * 3))],
-                    extend_seq_lens=[3], extend_prefix_lens=[0])
+    ext = MropeCase(
+        "extend",
+        torch.tensor([3]),
+        torch.tensor([3]),
+        [StandInMultimodalInputs(torch.tensor([[0]]), torch.tensor([[0, 1, 2]] * 3))],
+        extend_seq_lens=[3],
+        extend_prefix_lens=[0],
+    )
     _call(mod, ext)
     data = _counts(tmp_path)
     assert data["crosscheck_ref"] == str(src["stock"]) and data["mismatch_samples"] == []
     assert data["counts"] == {
-        "calls": 5, "decode_calls": 4, "extend_calls": 1, "max_decode_batch": 3,
-        "decode_image_requests_nonzero": 3, "decode_multi_image_calls": 1,
-        "crosscheck_decode_equal": 4, "crosscheck_extend_equal": 1}
+        "calls": 5,
+        "decode_calls": 4,
+        "extend_calls": 1,
+        "max_decode_batch": 3,
+        "decode_image_requests_nonzero": 3,
+        "decode_multi_image_calls": 1,
+        "crosscheck_decode_equal": 4,
+        "crosscheck_extend_equal": 1,
+    }
 
 
 def test_crosscheck_catches_a_mismatch(tmp_path):
     src = release_sources("0.5.23")
     text = Path(src["patched"]).read_text()
-    wrong = text.replace("positions_1d = (deltas - 1) + seq_lens_int64",
-                         "positions_1d = deltas + seq_lens_int64")
+    wrong = text.replace(
+        "positions_1d = (deltas - 1) + seq_lens_int64", "positions_1d = deltas + seq_lens_int64"
+    )
     assert wrong != text
     mod = _module(tmp_path / "wrong.py", wrong)
     instr.wrap_forward_batch(mod, str(tmp_path / "probe"), str(src["stock"]))
@@ -101,8 +139,12 @@ def test_same_error_counts_as_equal_and_is_reraised(tmp_path):
     src = release_sources("0.5.23")
     mod = _module(src["patched"])
     instr.wrap_forward_batch(mod, str(tmp_path), str(src["stock"]))
-    case = MropeCase("decode", torch.tensor([10, 3]), torch.tensor([10, 3]),
-                     [StandInMultimodalInputs(torch.tensor([[5, -7]])), None])
+    case = MropeCase(
+        "decode",
+        torch.tensor([10, 3]),
+        torch.tensor([10, 3]),
+        [StandInMultimodalInputs(torch.tensor([[5, -7]])), None],
+    )
     with pytest.raises(RuntimeError, match="2 elements cannot be converted"):
         _call(mod, case)
     counts = _counts(tmp_path)["counts"]
@@ -118,7 +160,8 @@ def test_import_hook_through_sitecustomize(tmp_path):
     (pkg / "forward_batch_info.py").write_text(
         "class ForwardBatch:\n"
         "    def _compute_mrope_positions(self, model_runner, batch):\n"
-        "        self.mrope_positions = 'live'\n")
+        "        self.mrope_positions = 'live'\n"
+    )
     probe = tmp_path / "probe"
     code = (
         "import types\n"
@@ -127,16 +170,24 @@ def test_import_hook_through_sitecustomize(tmp_path):
         "fb.forward_mode = types.SimpleNamespace(is_decode=lambda: True, is_extend=lambda: False)\n"
         "fb.seq_lens = types.SimpleNamespace(shape=(2,))\n"
         "fb._compute_mrope_positions(None, types.SimpleNamespace(multimodal_inputs=[None, None]))\n"
-        "print(fb.mrope_positions, m.ForwardBatch._compute_mrope_positions.__wrapped__.__name__)\n")
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{INSTR}:{tmp_path / 'pkg'}",
-           "PATCHBENCH_MROPE_PROBE_DIR": str(probe)}
+        "print(fb.mrope_positions, m.ForwardBatch._compute_mrope_positions.__wrapped__.__name__)\n"
+    )
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": f"{INSTR}:{tmp_path / 'pkg'}",
+        "PATCHBENCH_MROPE_PROBE_DIR": str(probe),
+    }
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["live", "_compute_mrope_positions"]
     data = _counts(probe)
     assert data["module_file"].endswith("sglang/srt/model_executor/forward_batch_info.py")
-    assert data["counts"] == {"calls": 1, "decode_calls": 1, "max_decode_batch": 2,
-                              "decode_image_requests_nonzero": 0}
+    assert data["counts"] == {
+        "calls": 1,
+        "decode_calls": 1,
+        "max_decode_batch": 2,
+        "decode_image_requests_nonzero": 0,
+    }
 
 
 def _write_counts(d: Path, pid: int, counts: dict, **extra) -> None:
@@ -146,24 +197,50 @@ def _write_counts(d: Path, pid: int, counts: dict, **extra) -> None:
 
 def test_merge_counts_sums_events_and_takes_the_max_of_maxima(tmp_path):
     from patchbench.suites.sync_probe import merge_counts
-    _write_counts(tmp_path, 1, {"calls": 3, "decode_calls": 2, "max_decode_batch": 4,
-                                "crosscheck_decode_equal": 2}, module_sha256="aa")
-    _write_counts(tmp_path, 2, {"calls": 5, "decode_calls": 1, "max_decode_batch": 7,
-                                "crosscheck_decode_equal": 1, "crosscheck_decode_mismatch": 1},
-                  module_sha256="aa", mismatch_samples=[{"mode": "decode"}])
+
+    _write_counts(
+        tmp_path,
+        1,
+        {"calls": 3, "decode_calls": 2, "max_decode_batch": 4, "crosscheck_decode_equal": 2},
+        module_sha256="aa",
+    )
+    _write_counts(
+        tmp_path,
+        2,
+        {
+            "calls": 5,
+            "decode_calls": 1,
+            "max_decode_batch": 7,
+            "crosscheck_decode_equal": 1,
+            "crosscheck_decode_mismatch": 1,
+        },
+        module_sha256="aa",
+        mismatch_samples=[{"mode": "decode"}],
+    )
     (tmp_path / "counts.3.json").write_text("{not json")
     m = merge_counts(tmp_path)
     assert m["processes"] == 2 and m["replicated"] is False
-    assert m["counts"] == {"calls": 8, "decode_calls": 3, "max_decode_batch": 7,
-                           "crosscheck_decode_equal": 3, "crosscheck_decode_mismatch": 1}
+    assert m["counts"] == {
+        "calls": 8,
+        "decode_calls": 3,
+        "max_decode_batch": 7,
+        "crosscheck_decode_equal": 3,
+        "crosscheck_decode_mismatch": 1,
+    }
     assert m["module_sha256"] == ["aa"] and m["mismatch_samples"] == [{"mode": "decode"}]
     assert len(m["unreadable"]) == 1 and m["unreadable"][0].startswith("counts.3.json")
 
 
 def test_merge_counts_of_replicated_ranks_counts_each_batch_once(tmp_path):
     from patchbench.suites.sync_probe import merge_counts
-    c = {"calls": 4, "decode_calls": 3, "extend_calls": 1, "max_decode_batch": 2,
-         "crosscheck_decode_equal": 3}
+
+    c = {
+        "calls": 4,
+        "decode_calls": 3,
+        "extend_calls": 1,
+        "max_decode_batch": 2,
+        "crosscheck_decode_equal": 3,
+    }
     _write_counts(tmp_path, 10, c)
     _write_counts(tmp_path, 11, c)
     m = merge_counts(tmp_path)
@@ -173,15 +250,21 @@ def test_merge_counts_of_replicated_ranks_counts_each_batch_once(tmp_path):
 
 def test_instrumentation_hook_env_path_and_switch(tmp_path):
     from patchbench.suite import get_suite
+
     suite = get_suite("sync_probe")
-    ctx = types.SimpleNamespace(out_dir=tmp_path / "sync_probe", stock_sglang_dir=tmp_path / "sglang")
+    ctx = types.SimpleNamespace(
+        out_dir=tmp_path / "sync_probe", stock_sglang_dir=tmp_path / "sglang"
+    )
     assert suite.instrumentation(ctx, suite.Params()) is None
     ins = suite.instrumentation(ctx, suite.Params(server_crosscheck=True))
     assert ins.pythonpath == [INSTR] and ins.perturbs_timing is True
     assert ins.out_dir == tmp_path / "sync_probe" / "mrope_instr"
-    assert ins.env == {"PATCHBENCH_MROPE_PROBE_DIR": str(ins.out_dir),
-                       "PATCHBENCH_MROPE_CROSSCHECK_REF": str(
-                           tmp_path / "sglang" / "srt" / "model_executor" / "forward_batch_info.py")}
+    assert ins.env == {
+        "PATCHBENCH_MROPE_PROBE_DIR": str(ins.out_dir),
+        "PATCHBENCH_MROPE_CROSSCHECK_REF": str(
+            tmp_path / "sglang" / "srt" / "model_executor" / "forward_batch_info.py"
+        ),
+    }
     _write_counts(ins.out_dir, 5, {"calls": 1})
     assert ins.collect(ins.out_dir)["counts"] == {"calls": 1}
 
@@ -191,6 +274,7 @@ def test_both_sitecustomize_files_run_in_either_order(tmp_path, order):
     """The core's shims/site hook and the suite's instr hook each run the next sitecustomize
     further down the path: both take effect, whichever comes first, and neither loops."""
     from patchbench.shims import SITE_DIR
+
     pkg = tmp_path / "pkg" / "sglang" / "srt" / "model_executor"
     pkg.mkdir(parents=True)
     for d in (pkg, pkg.parent, pkg.parent.parent):
@@ -198,16 +282,23 @@ def test_both_sitecustomize_files_run_in_either_order(tmp_path, order):
     (pkg / "forward_batch_info.py").write_text(
         "class ForwardBatch:\n"
         "    def _compute_mrope_positions(self, model_runner, batch):\n"
-        "        self.mrope_positions = 'live'\n")
-    code = ("import sys, torch\n"
-            "from sglang.srt.model_executor import forward_batch_info as m\n"
-            "print(hasattr(m.ForwardBatch._compute_mrope_positions, '__wrapped__'),\n"
-            "      'sgl_kernel' in torch.ops.__dict__)\n")
+        "        self.mrope_positions = 'live'\n"
+    )
+    code = (
+        "import sys, torch\n"
+        "from sglang.srt.model_executor import forward_batch_info as m\n"
+        "print(hasattr(m.ForwardBatch._compute_mrope_positions, '__wrapped__'),\n"
+        "      'sgl_kernel' in torch.ops.__dict__)\n"
+    )
     dirs = [INSTR, SITE_DIR] if order == "instr-first" else [SITE_DIR, INSTR]
-    env = {"PATH": "/usr/bin:/bin", "PATCHBENCH_MROPE_PROBE_DIR": str(tmp_path / "probe"),
-           "PATCHBENCH_CPU_STAND_INS": "1",
-           "PYTHONPATH": ":".join(str(d) for d in [*dirs, tmp_path / "pkg"])}
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=120)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PATCHBENCH_MROPE_PROBE_DIR": str(tmp_path / "probe"),
+        "PATCHBENCH_CPU_STAND_INS": "1",
+        "PYTHONPATH": ":".join(str(d) for d in [*dirs, tmp_path / "pkg"]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["True", "True"]

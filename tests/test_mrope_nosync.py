@@ -11,13 +11,21 @@ per-request copies; stock 0.5.23 by its one blocking ``torch.tensor(deltas, devi
 upstream change (0.5.2rc2) by the read of a text-only request in a mixed batch; the patched path by
 neither.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from patchbench.suites.sync_probe.mrope import (MropeMethods, ProbeRecord, StandInMultimodalInputs, MropeCase,
-                              decode_case, probe_decode, stock_source)
+from patchbench.suites.sync_probe.mrope import (
+    MropeCase,
+    MropeMethods,
+    ProbeRecord,
+    StandInMultimodalInputs,
+    decode_case,
+    probe_decode,
+    stock_source,
+)
 
 RELEASES = ["0.5.1.post3", "0.5.23"]
 META_READ = "RuntimeError: Tensor.item() cannot be called on meta tensors"
@@ -44,11 +52,15 @@ def test_probe_sees_a_read_and_a_blocking_copy():
         torch.tensor([1, 2], device="meta")
         torch.ones(2).to("meta", non_blocking=True)
         int(s[0])
+
     from patchbench.suites.sync_probe.mrope import probe_call
+
     rec = probe_call(fn)
     assert rec.reads == ["Tensor.__int__ of meta"] and rec.error == META_READ
     assert [(c.api, c.blocking, c.pinned) for c in rec.copies] == [
-        ("torch.tensor", True, None), ("Tensor.to", False, False)]
+        ("torch.tensor", True, None),
+        ("Tensor.to", False, False),
+    ]
 
 
 @pytest.mark.parametrize("bs", [1, 8, 64])
@@ -83,7 +95,8 @@ def test_patched_has_no_read_and_no_blocking_copy(methods, release, bs):
             assert rec.error is None and rec.reads == [], rec.to_json()
             # one copy for the whole batch, non-blocking; not pinned because the target is not CUDA
             assert [(c.api, c.non_blocking, c.pinned) for c in rec.copies] == [
-                ("Tensor.to", True, False)], rec.to_json()
+                ("Tensor.to", True, False)
+            ], rec.to_json()
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -96,9 +109,16 @@ def test_text_only_batch_copies_nothing(methods, release):
 
 
 def test_patched_multi_value_0513_one_copy(methods):
-    case = MropeCase("decode", torch.tensor([10, 3, 8]), torch.tensor([10, 3, 8]),
-                     [StandInMultimodalInputs(torch.tensor([[5, -7]])), None,
-                      StandInMultimodalInputs(torch.tensor([[2]]))])
+    case = MropeCase(
+        "decode",
+        torch.tensor([10, 3, 8]),
+        torch.tensor([10, 3, 8]),
+        [
+            StandInMultimodalInputs(torch.tensor([[5, -7]])),
+            None,
+            StandInMultimodalInputs(torch.tensor([[2]])),
+        ],
+    )
     rec = probe_decode(methods["0.5.1.post3", "patched"], case)
     assert rec.reads == [] and rec.error is None
     assert [(c.api, c.non_blocking) for c in rec.copies] == [("Tensor.to", True)]
@@ -119,5 +139,10 @@ def test_upstream_pr9460_read_remains_for_text_requests():
 def test_probe_record_json_roundtrip(methods):
     rec = probe_decode(methods["0.5.23", "stock"], _mixed(2))
     assert isinstance(rec, ProbeRecord)
-    assert rec.to_json()["copies"][0] == {"api": "torch.tensor", "target": "meta",
-                                          "non_blocking": False, "pinned": None, "blocking": True}
+    assert rec.to_json()["copies"][0] == {
+        "api": "torch.tensor",
+        "target": "meta",
+        "non_blocking": False,
+        "pinned": None,
+        "blocking": True,
+    }

@@ -1,4 +1,5 @@
 """The PR-style "Serving Benchmark Result" block (patchbench.suites.serving.block)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -43,13 +44,26 @@ Max ITL (ms):                            38.79
 """
 
 PR_BEFORE_METRICS = {
-    "tool_completed_count": 200, "duration_s": 79.12, "total_input_tokens_count": 13654,
-    "total_output_tokens_count": 204800, "total_output_tokens_retokenized_count": 124526,
-    "request_throughput_req_s": 2.53, "input_throughput_tok_s": 172.58,
-    "output_throughput_tok_s": 2588.58, "total_throughput_tok_s": 2761.16, "concurrency": 15.40,
-    "e2e_latency_mean_ms": 6091.23, "e2e_latency_median_ms": 6082.71, "ttft_mean_ms": 97.26,
-    "ttft_median_ms": 65.02, "ttft_p99_ms": 511.28, "itl_mean_ms": 5.86, "itl_median_ms": 5.89,
-    "itl_p95_ms": 6.10, "itl_p99_ms": 6.34, "itl_max_ms": 38.79,
+    "tool_completed_count": 200,
+    "duration_s": 79.12,
+    "total_input_tokens_count": 13654,
+    "total_output_tokens_count": 204800,
+    "total_output_tokens_retokenized_count": 124526,
+    "request_throughput_req_s": 2.53,
+    "input_throughput_tok_s": 172.58,
+    "output_throughput_tok_s": 2588.58,
+    "total_throughput_tok_s": 2761.16,
+    "concurrency": 15.40,
+    "e2e_latency_mean_ms": 6091.23,
+    "e2e_latency_median_ms": 6082.71,
+    "ttft_mean_ms": 97.26,
+    "ttft_median_ms": 65.02,
+    "ttft_p99_ms": 511.28,
+    "itl_mean_ms": 5.86,
+    "itl_median_ms": 5.89,
+    "itl_p95_ms": 6.10,
+    "itl_p99_ms": 6.34,
+    "itl_max_ms": 38.79,
 }
 
 
@@ -59,8 +73,9 @@ def test_renders_the_prs_block_exactly():
 
 
 def test_label_column_is_40_chars():
-    block = render_block(PR_BEFORE_METRICS, {"backend": "sglang", "request_rate": "inf",
-                                             "max_concurrency": None})
+    block = render_block(
+        PR_BEFORE_METRICS, {"backend": "sglang", "request_rate": "inf", "max_concurrency": None}
+    )
     for line in block.splitlines():
         if ":" in line:  # "{:<40} {:<10}": label padded to 40, a space, value padded to 10
             assert line[:40].rstrip().endswith(":") and line[40] == " " and len(line) == 51
@@ -75,16 +90,24 @@ def test_matches_bench_serving_0513_printout_on_a_real_run():
     for name in ("v0513_random_ids", "v0513_random_image"):
         row = read_result_line(DATA / f"{name}.jsonl")
         printed = tool_block((DATA / f"{name}.stdout.txt").read_text())
-        meta = {"backend": row["backend"], "request_rate": "{}".format(row["request_rate"]),
-                "max_concurrency": row["max_concurrency"]}
+        meta = {
+            "backend": row["backend"],
+            "request_rate": "{}".format(row["request_rate"]),
+            "max_concurrency": row["max_concurrency"],
+        }
         assert render_block(summary_metrics(row), meta) == printed
 
 
 def test_report_block_reads_summary_json(tmp_path):
-    write_json(tmp_path / "summary.json", {"suite": "serving", "status": "ok",
-                                           "metrics": PR_BEFORE_METRICS,
-                                           "meta": {"backend": "sglang", "request_rate": "inf",
-                                                    "max_concurrency": 16}})
+    write_json(
+        tmp_path / "summary.json",
+        {
+            "suite": "serving",
+            "status": "ok",
+            "metrics": PR_BEFORE_METRICS,
+            "meta": {"backend": "sglang", "request_rate": "inf", "max_concurrency": 16},
+        },
+    )
     assert report_block(tmp_path) == PR_BEFORE
 
 

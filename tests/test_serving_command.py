@@ -1,5 +1,6 @@
 """bench_serving's command line per release (patchbench.suites.serving.command), read from the installed
 packages' source (both environments are in the checkout: .venv and .venv-0.5.23)."""
+
 from __future__ import annotations
 
 import glob
@@ -9,8 +10,14 @@ import pytest
 from pydantic import ValidationError
 
 from patchbench.suites.serving import Params
-from patchbench.suites.serving.command import (ToolMismatch, build_command, effective_seed,
-                                    release_dataset_name, tool_info, wants_chat_template)
+from patchbench.suites.serving.command import (
+    ToolMismatch,
+    build_command,
+    effective_seed,
+    release_dataset_name,
+    tool_info,
+    wants_chat_template,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -20,8 +27,8 @@ def _pkg(venv: str) -> Path | None:
     return Path(hits[0]) if hits else None
 
 
-OLD = _pkg(".venv")          # sglang 0.5.1.post3
-NEW = _pkg(".venv-0.5.23")   # sglang 0.5.23
+OLD = _pkg(".venv")  # sglang 0.5.1.post3
+NEW = _pkg(".venv-0.5.23")  # sglang 0.5.23
 need_old = pytest.mark.skipif(OLD is None, reason=".venv (sglang 0.5.1.post3) not installed")
 need_new = pytest.mark.skipif(NEW is None, reason=".venv-0.5.23 not installed")
 
@@ -60,16 +67,26 @@ def test_image_dataset_name_maps_per_release(asked):
 @need_old
 def test_unknown_dataset_is_a_clear_error():
     info = tool_info(OLD)
-    with pytest.raises(ToolMismatch, match="'sharegpt2' is not available.*it offers: .*random-image"):
+    with pytest.raises(
+        ToolMismatch, match="'sharegpt2' is not available.*it offers: .*random-image"
+    ):
         release_dataset_name("sharegpt2", info)
 
 
 @need_old
 def test_pr_defaults_command_0513(tmp_path):
     p = Params()
-    cmd = build_command(p, python="py", info=tool_info(OLD), sglang_version="0.5.1.post3",
-                        host="127.0.0.1", port=31234, model="/m", tokenizer="/t",
-                        output_file=tmp_path / "r.jsonl")
+    cmd = build_command(
+        p,
+        python="py",
+        info=tool_info(OLD),
+        sglang_version="0.5.1.post3",
+        host="127.0.0.1",
+        port=31234,
+        model="/m",
+        tokenizer="/t",
+        output_file=tmp_path / "r.jsonl",
+    )
     assert cmd[:3] == ["py", "-m", "sglang.bench_serving"]
     assert _argv(cmd, "--backend") == "sglang" and _argv(cmd, "--dataset-name") == "mmmu"
     assert _argv(cmd, "--num-prompts") == "200" and _argv(cmd, "--max-concurrency") == "16"
@@ -84,8 +101,13 @@ def test_pr_defaults_command_0513(tmp_path):
 @need_old
 @need_new
 def test_image_flags_per_release(tmp_path):
-    p = Params(dataset_name="image", image_count=2, image_resolution="224x224", seed=7,
-               extra_args=["--flush-cache"])
+    p = Params(
+        dataset_name="image",
+        image_count=2,
+        image_resolution="224x224",
+        seed=7,
+        extra_args=["--flush-cache"],
+    )
     kw = dict(python="py", host="h", port=1, model="m", tokenizer="t", output_file=tmp_path / "o")
     old = build_command(p, info=tool_info(OLD), sglang_version="0.5.1.post3", **kw)
     new = build_command(p, info=tool_info(NEW), sglang_version="0.5.23", **kw)
@@ -101,7 +123,9 @@ def test_chat_template_choice():
     assert not wants_chat_template(Params(dataset_name="random-ids"), "0.5.1.post3")
     assert not wants_chat_template(Params(dataset_name="image"), "0.5.23")
     assert not wants_chat_template(Params(apply_chat_template=False), "0.5.1.post3")
-    assert wants_chat_template(Params(apply_chat_template=True, dataset_name="random-ids"), "0.5.23")
+    assert wants_chat_template(
+        Params(apply_chat_template=True, dataset_name="random-ids"), "0.5.23"
+    )
 
 
 def test_params_reject_unknown_keys_and_bad_values():

@@ -1,5 +1,6 @@
 """The serving suite's pair hook (patchbench.suites.serving.pairing) and its report section and
 plots, on hand-made requests.json files whose answers are counted by hand."""
+
 from __future__ import annotations
 
 import json
@@ -10,23 +11,41 @@ import pytest
 from patchbench.suite import PairingRefused, get_suite
 
 
-def _req(tmp: Path, name: str, texts: list[str], *, input_len: list[int] | None = None,
-         status: list[str] | None = None, ttft: list[float] | None = None,
-         itl: list[list[float]] | None = None) -> Path:
+def _req(
+    tmp: Path,
+    name: str,
+    texts: list[str],
+    *,
+    input_len: list[int] | None = None,
+    status: list[str] | None = None,
+    ttft: list[float] | None = None,
+    itl: list[list[float]] | None = None,
+) -> Path:
     d = tmp / name
     d.mkdir(parents=True)
     n = len(texts)
     ttft = ttft or [10.0 + i for i in range(n)]
     itl = itl or [[1.0, 2.0] for _ in range(n)]
-    (d / "requests.json").write_text(json.dumps({
-        "generated_text": texts, "input_len": input_len or [5] * n,
-        "status": status or ["ok"] * n, "error": [""] * n, "ttft_ms": ttft, "itl_ms": itl,
-        "e2e_ms": [t + sum(x) for t, x in zip(ttft, itl)], "output_len": [2] * n}))
+    (d / "requests.json").write_text(
+        json.dumps(
+            {
+                "generated_text": texts,
+                "input_len": input_len or [5] * n,
+                "status": status or ["ok"] * n,
+                "error": [""] * n,
+                "ttft_ms": ttft,
+                "itl_ms": itl,
+                "e2e_ms": [t + sum(x) for t, x in zip(ttft, itl, strict=True)],
+                "output_len": [2] * n,
+            }
+        )
+    )
     return d
 
 
 def test_identity_by_index_counts_and_wilson_interval(tmp_path):
     from statsmodels.stats.proportion import proportion_confint
+
     b = _req(tmp_path, "b0", ["aa", "bb", "cc", "dd"], status=["ok", "ok", "ok", "failed"])
     v = _req(tmp_path, "v0", ["aa", "bX", "cc", "dd"])
     p = get_suite("serving").pair([b], [v], None)
@@ -65,13 +84,16 @@ def test_short_and_missing_files_are_notes_naming_the_file_and_counts(tmp_path):
     v1 = _req(tmp_path, "v1", ["a"])
     p = get_suite("serving").pair([b0, b1], [v0, v1], None)
     assert p["identity"]["n"] == 2
-    assert any(str(v0 / "requests.json") in n and "holds 2 requests, the other cell 3" in n
-               and "0..1" in n for n in p["notes"])
+    assert any(
+        str(v0 / "requests.json") in n and "holds 2 requests, the other cell 3" in n and "0..1" in n
+        for n in p["notes"]
+    )
     assert any(str(b1 / "requests.json") in n and "missing" in n for n in p["notes"])
 
 
 def test_ecdf_values_and_thinning(tmp_path):
     from patchbench.suites.serving.pairing import _thin
+
     assert _thin([3.0, 1.0, 2.0]) == [1.0, 2.0, 3.0]
     xs = [float(i) for i in range(10001)]
     t = _thin(xs, cap=101)
@@ -98,16 +120,40 @@ def test_request_level_intervals_only_with_one_paired_repeat(tmp_path):
 
 
 def test_report_section_flags_against_the_aa_share_and_shows_refusals(tmp_path):
-    cmp = {"baseline": "base", "aa_variants": ["aa"], "run_id": "r",
-           "settings": {"identity_share_tolerance": 0.02},
-           "pairs": {"serving": {
-               "aa": {"identity": {"n": 100, "identical": 98, "share": 0.98, "share_ci": [0.93, 0.99],
-                                   "first_diff_char_median": 4}},
-               "patched": {"identity": {"n": 100, "identical": 90, "share": 0.90,
-                                        "share_ci": [0.83, 0.94], "first_diff_char_median": 7}}}},
-           "refusals": {"serving": {"other": "paired repeat 0: prompts differ"}}}
+    cmp = {
+        "baseline": "base",
+        "aa_variants": ["aa"],
+        "run_id": "r",
+        "settings": {"identity_share_tolerance": 0.02},
+        "pairs": {
+            "serving": {
+                "aa": {
+                    "identity": {
+                        "n": 100,
+                        "identical": 98,
+                        "share": 0.98,
+                        "share_ci": [0.93, 0.99],
+                        "first_diff_char_median": 4,
+                    }
+                },
+                "patched": {
+                    "identity": {
+                        "n": 100,
+                        "identical": 90,
+                        "share": 0.90,
+                        "share_ci": [0.83, 0.94],
+                        "first_diff_char_median": 7,
+                    }
+                },
+            }
+        },
+        "refusals": {"serving": {"other": "paired repeat 0: prompts differ"}},
+    }
     md = "\n".join(get_suite("serving").report_section(cmp))
-    assert "| patched | 90/100 (90.0%) | [83.0%, 94.0%] | 7 | A/A share 98.0% | ⚠ outputs changed |" in md
+    assert (
+        "| patched | 90/100 (90.0%) | [83.0%, 94.0%] | 7 | A/A share 98.0% | ⚠ outputs changed |"
+        in md
+    )
     assert "| aa | 98/100 (98.0%)" in md and "| aa |" in md and "100% (A/A) | ok |" in md
     assert "| other | refused | | | | paired repeat 0: prompts differ |" in md
 
@@ -125,8 +171,9 @@ def test_plots_write_both_ecdfs(tmp_path):
 def test_metric_declarations():
     m = get_suite("serving").metrics
     prim = sorted(n for n, i in m.items() if i.primary)
-    assert prim == sorted(["output_throughput_tok_s", "itl_median_ms", "ttft_median_ms",
-                           "e2e_latency_median_ms"])
+    assert prim == sorted(
+        ["output_throughput_tok_s", "itl_median_ms", "ttft_median_ms", "e2e_latency_median_ms"]
+    )
     assert all(m[n].kind == "run" and m[n].margin == 5.0 for n in prim)
     assert all(i.kind == "descriptive" for n, i in m.items() if n.endswith("_count"))
     assert m["itl_p99_ms"].kind == "run" and not m["itl_p99_ms"].primary

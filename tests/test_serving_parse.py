@@ -4,6 +4,7 @@ The recordings in tests/data/serving/ are real bench_serving runs against a real
 (tiny random Qwen2.5-VL; see tests/data/serving/README.md). Each test checks our parse against an
 independent source: the table the tool PRINTED (its stdout), or numpy on the raw details.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from patchbench.suites.serving.parse import (ResultError, read_result_line, request_records, request_status,
-                                  summary_metrics)
+from patchbench.suites.serving.parse import (
+    ResultError,
+    read_result_line,
+    request_records,
+    request_status,
+    summary_metrics,
+)
 
 DATA = Path(__file__).parent / "data" / "serving"
 RECORDED = sorted(DATA.glob("v*.jsonl"))
@@ -73,16 +79,27 @@ def test_request_records_follow_the_contract(path):
     row = read_result_line(path)
     recs = request_records(row)
     n = len(row["ttfts"])
-    assert set(recs) >= {"ttft_ms", "itl_ms", "e2e_ms", "input_len", "output_len",
-                         "generated_text", "error"}
+    assert set(recs) >= {
+        "ttft_ms",
+        "itl_ms",
+        "e2e_ms",
+        "input_len",
+        "output_len",
+        "generated_text",
+        "error",
+    }
     assert all(len(v) == n for v in recs.values())
     for i in range(n):
         ttft_ms = row["ttfts"][i] * 1000
         itl = np.array(row["itls"][i]) * 1000
         valid = not row["errors"][i] and row["output_lens"][i] > 0 and row["ttfts"][i] > 0
-        assert recs["status"][i] == ("ok" if valid else
-                                     "failed" if row["errors"][i] or not row["output_lens"][i]
-                                     else "no_token")
+        assert recs["status"][i] == (
+            "ok"
+            if valid
+            else "failed"
+            if row["errors"][i] or not row["output_lens"][i]
+            else "no_token"
+        )
         if valid:
             assert recs["ttft_ms"][i] == pytest.approx(ttft_ms)
             assert recs["e2e_ms"][i] == pytest.approx(ttft_ms + itl.sum())
@@ -113,7 +130,8 @@ def test_release_key_sets_differ_as_documented():
     m_old = summary_metrics(old)
     # derived the way the tool prints it: (input + output tokens) / duration
     assert m_old["total_throughput_tok_s"] == pytest.approx(
-        (old["total_input_tokens"] + old["total_output_tokens"]) / old["duration"])
+        (old["total_input_tokens"] + old["total_output_tokens"]) / old["duration"]
+    )
     assert "ttft_p90_ms" not in m_old  # absent, not invented
     assert summary_metrics(new)["ttft_p90_ms"] == pytest.approx(new["p90_ttft_ms"])
 

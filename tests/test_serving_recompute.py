@@ -1,5 +1,6 @@
 """Our per-request and summary recomputation (patchbench.suites.serving.recompute): cases.md S1-S3 and the
 agreement with bench_serving's own summary on real recorded runs of both releases."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,8 +8,14 @@ from pathlib import Path
 import pytest
 
 from patchbench.suites.serving.parse import read_result_line, summary_metrics
-from patchbench.suites.serving.recompute import (APPROX, EXACT, Chunk, compare_with_summary,
-                                      recompute_from_details, request_from_chunks)
+from patchbench.suites.serving.recompute import (
+    APPROX,
+    EXACT,
+    Chunk,
+    compare_with_summary,
+    recompute_from_details,
+    request_from_chunks,
+)
 
 DATA = Path(__file__).parent / "data" / "serving"
 RECORDED = sorted(DATA.glob("v*.jsonl"))
@@ -18,8 +25,12 @@ CLEAN = [p for p in RECORDED if "flagged" not in p.name]
 # ---------------------------------------------------------------- S1: chunks carrying several tokens
 def test_s1_multi_token_chunks():
     # sent at t=0; chunks at 100 ms (1 token), 120 ms (+4), 140 ms (+4), 160 ms (+3)
-    chunks = [Chunk(0.100, "a", 1), Chunk(0.120, "abcde", 5), Chunk(0.140, "abcdefghi", 9),
-              Chunk(0.160, "abcdefghijkl", 12)]
+    chunks = [
+        Chunk(0.100, "a", 1),
+        Chunk(0.120, "abcde", 5),
+        Chunk(0.140, "abcdefghi", 9),
+        Chunk(0.160, "abcdefghijkl", 12),
+    ]
     r = request_from_chunks(chunks, requested_len=12)
     assert r.success and not r.no_token
     assert r.ttft_s == pytest.approx(0.100)
@@ -33,8 +44,9 @@ def test_s1_multi_token_chunks():
 @pytest.mark.parametrize("first", [1, 3, 7])
 def test_s1_itl_count_is_tokens_after_first_chunk(first):
     # neighbours: the first chunk carries several tokens; later ones 2 each
-    chunks = [Chunk(0.05, "x", first)] + [Chunk(0.05 + 0.01 * k, "x" * (k + 1), first + 2 * k)
-                                           for k in range(1, 6)]
+    chunks = [Chunk(0.05, "x", first)] + [
+        Chunk(0.05 + 0.01 * k, "x" * (k + 1), first + 2 * k) for k in range(1, 6)
+    ]
     r = request_from_chunks(chunks, requested_len=100)
     assert r.output_len == first + 10
     assert len(r.itl_s) == r.output_len - first
@@ -51,8 +63,12 @@ def test_s1_chunk_without_new_tokens_is_skipped():
 
 # ---------------------------------------------------------------- S2: output length from the stream
 def test_s2_output_length_from_final_usage_chunk():
-    chunks = [Chunk(0.10, "Hi", 1), Chunk(0.11, "Hi there", 2), Chunk(0.12, "Hi there!", 3),
-              Chunk(0.13, "", 3)]  # empty text chunk carrying completion_tokens=3
+    chunks = [
+        Chunk(0.10, "Hi", 1),
+        Chunk(0.11, "Hi there", 2),
+        Chunk(0.12, "Hi there!", 3),
+        Chunk(0.13, "", 3),
+    ]  # empty text chunk carrying completion_tokens=3
     r = request_from_chunks(chunks, requested_len=256)
     assert r.output_len == 3  # not 256
     assert len(r.itl_s) == 2
@@ -79,10 +95,16 @@ def test_s3_200_without_token_is_failed_in_our_records():
 
 def _details_row(reqs, duration=2.0):
     """A result line like bench_serving's, built from (output_len, ttft_s, itl_s, error)."""
-    return {"duration": duration, "completed": sum(1 for o, _, _, e in reqs if o and not e),
-            "input_lens": [10] * len(reqs), "output_lens": [o for o, _, _, _ in reqs],
-            "ttfts": [t for _, t, _, _ in reqs], "itls": [i for _, _, i, _ in reqs],
-            "generated_texts": ["x"] * len(reqs), "errors": [e for _, _, _, e in reqs]}
+    return {
+        "duration": duration,
+        "completed": sum(1 for o, _, _, e in reqs if o and not e),
+        "input_lens": [10] * len(reqs),
+        "output_lens": [o for o, _, _, _ in reqs],
+        "ttfts": [t for _, t, _, _ in reqs],
+        "itls": [i for _, _, i, _ in reqs],
+        "generated_texts": ["x"] * len(reqs),
+        "errors": [e for _, _, _, e in reqs],
+    }
 
 
 def test_s3_recompute_counts_and_latencies_by_hand():
@@ -127,7 +149,7 @@ def test_recompute_agrees_with_bench_serving_summary(path):
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.name)
 def test_itl_values_never_exceed_tokens_after_first(path):
     row = read_result_line(path)
-    for out, itl in zip(row["output_lens"], row["itls"]):
+    for out, itl in zip(row["output_lens"], row["itls"], strict=False):
         assert len(itl) <= out - 1
 
 

@@ -1,13 +1,14 @@
 """patchbench.suites.serving.run(): the subprocess, failures, validity, records; a fake bench_serving (a real
 subprocess replaying a recorded result) and a fake server handle, plus the real thing (e2e)."""
+
 from __future__ import annotations
 
 import http.server
 import json
 import os
-import threading
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -24,7 +25,7 @@ DATA = Path(__file__).parent / "data" / "serving"
 # A stand-in for the release's bench_serving: same argument names as 0.5.1.post3 (the suite reads
 # them from this file's source), behaviour chosen by FAKE_BENCH: "copy:<recording>",
 # "exit:<code>", "hang" (writes its pid to FAKE_BENCH_PID and sleeps).
-FAKE_TOOL = textwrap.dedent('''
+FAKE_TOOL = textwrap.dedent("""
     import argparse, os, shutil, sys, time
     from types import SimpleNamespace
 
@@ -72,7 +73,7 @@ FAKE_TOOL = textwrap.dedent('''
         elif mode == "hang":
             open(os.environ["FAKE_BENCH_PID"], "w").write(str(os.getpid()))
             time.sleep(600)
-''')
+""")
 
 
 @pytest.fixture
@@ -87,17 +88,41 @@ def fake_pkg(tmp_path):
 def make_ctx(tmp_path, pkg, mode, *, alive=lambda: True, version="0.5.1.post3"):
     log = tmp_path / "server.log"
     log.write_text("".join(f"server line {i}\n" for i in range(100)) + "FATAL: scheduler died\n")
-    srv = ServerInfo(base_url="http://127.0.0.1:9", host="127.0.0.1", port=9,
-                     model_path="/m", tokenizer_path="/m", log_path=log, pid=1,
-                     flush_cache=lambda: None, alive=alive)
-    env = dict(os.environ, PYTHONPATH=str(pkg.parent), FAKE_BENCH=mode,
-               FAKE_BENCH_PID=str(tmp_path / "bench.pid"))
+    srv = ServerInfo(
+        base_url="http://127.0.0.1:9",
+        host="127.0.0.1",
+        port=9,
+        model_path="/m",
+        tokenizer_path="/m",
+        log_path=log,
+        pid=1,
+        flush_cache=lambda: None,
+        alive=alive,
+    )
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(pkg.parent),
+        FAKE_BENCH=mode,
+        FAKE_BENCH_PID=str(tmp_path / "bench.pid"),
+    )
     out = tmp_path / "cell" / "serving"
     out.mkdir(parents=True)
-    return SuiteContext(server=srv, out_dir=out, run_dir=tmp_path, cache_dir=tmp_path / "cache",
-                        variant="baseline", repeat=0, baseline="baseline", sglang_version=version,
-                        python=sys.executable, stock_env=env, variant_sglang_dir=pkg,
-                        stock_sglang_dir=pkg, device="cpu", log=lambda s: None)
+    return SuiteContext(
+        server=srv,
+        out_dir=out,
+        run_dir=tmp_path,
+        cache_dir=tmp_path / "cache",
+        variant="baseline",
+        repeat=0,
+        baseline="baseline",
+        sglang_version=version,
+        python=sys.executable,
+        stock_env=env,
+        variant_sglang_dir=pkg,
+        stock_sglang_dir=pkg,
+        device="cpu",
+        log=lambda s: None,
+    )
 
 
 def test_clean_run_writes_records_and_metrics(tmp_path, fake_pkg):
@@ -142,15 +167,19 @@ def test_failed_requests_make_the_cell_incomplete(tmp_path, fake_pkg):
     row["completed"] = 18
     rec = tmp_path / "failed.jsonl"
     rec.write_text(json.dumps(row) + "\n")
-    res = run(make_ctx(tmp_path, fake_pkg, f"copy:{rec}"), Params(dataset_name="random-ids",
-                                                                  num_prompts=20))
+    res = run(
+        make_ctx(tmp_path, fake_pkg, f"copy:{rec}"),
+        Params(dataset_name="random-ids", num_prompts=20),
+    )
     assert res.status == "incomplete"
     assert res.metrics["completed_count"] == 18 and res.metrics["failed_count"] == 2
     assert res.errors[0] == "2 of 20 requests failed: 2x Service Unavailable"
 
 
 def test_tool_failure_raises_with_stderr_and_server_log(tmp_path, fake_pkg):
-    with pytest.raises(SuiteError, match=r"exited with 3(.|\n)*something broke(.|\n)*scheduler died"):
+    with pytest.raises(
+        SuiteError, match=r"exited with 3(.|\n)*something broke(.|\n)*scheduler died"
+    ):
         run(make_ctx(tmp_path, fake_pkg, "exit:3"), Params(dataset_name="random-ids"))
 
 
@@ -174,7 +203,7 @@ def test_dataset_the_release_lacks(tmp_path, fake_pkg):
     # the fake release (like 0.5.1.post3's choices) has no "random" alias problem, but no "image"
     # spelling either: "image" must map to its "random-image"; an unknown one is refused by Params
     ctx = make_ctx(tmp_path, fake_pkg, f"copy:{DATA / 'v0513_random_ids.jsonl'}")
-    (fake_pkg / "bench_serving.py").write_text(FAKE_TOOL.replace('"mmmu", ', ''))
+    (fake_pkg / "bench_serving.py").write_text(FAKE_TOOL.replace('"mmmu", ', ""))
     with pytest.raises(SuiteError, match="'mmmu' is not available"):
         run(ctx, Params(dataset_name="mmmu"))
 
@@ -182,6 +211,7 @@ def test_dataset_the_release_lacks(tmp_path, fake_pkg):
 class _Generate(http.server.BaseHTTPRequestHandler):
     """POST /generate -> meta_info.prompt_tokens = text length + EXTRA per image; the first
     REFUSE calls get sglang's 400 for a prompt holding a video token."""
+
     extra_per_image = 0
     calls = 0
     refuse = 0
@@ -234,9 +264,11 @@ def test_image_probe_on_a_release_without_server_counts(tmp_path, fake_pkg, extr
 
 def test_images_check_from_recorded_server_counts(tmp_path, fake_pkg):
     # a release that records the server's prompt_tokens per request (0.5.23): no probe request
-    src = FAKE_TOOL.replace('"random-image"]', '"image"]').replace(
-        '"--random-image-num-images"', '"--image-count"').replace(
-        '"--random-image-resolution"', '"--image-resolution"')
+    src = (
+        FAKE_TOOL.replace('"random-image"]', '"image"]')
+        .replace('"--random-image-num-images"', '"--image-count"')
+        .replace('"--random-image-resolution"', '"--image-resolution"')
+    )
     (fake_pkg / "bench_serving.py").write_text(src + "\n# _record_server_prompt_len\n")
     ctx = make_ctx(tmp_path, fake_pkg, f"copy:{DATA / 'v0523_image.jsonl'}", version="0.5.23")
     res = run(ctx, Params(dataset_name="random-image", num_prompts=20, max_concurrency=4))
@@ -260,18 +292,42 @@ def test_request_checks_neighbours():
 
 def test_images_check_by_hand():
     # 0.5.1.post3 without --apply-chat-template: the server counted exactly the text (real probe)
-    errs, info = images_check(server_prompt_tokens=47, text_prompt_tokens=47, images_sent=1,
-                              min_extra_tokens_per_image=4, min_ratio=None, source="probe")
+    errs, info = images_check(
+        server_prompt_tokens=47,
+        text_prompt_tokens=47,
+        images_sent=1,
+        min_extra_tokens_per_image=4,
+        min_ratio=None,
+        source="probe",
+    )
     assert errs and errs[0].startswith("images dropped")
     # with the template: 224x224 -> 8x8 merged patches = 64 vision tokens (130 - 66)
-    errs, info = images_check(server_prompt_tokens=130, text_prompt_tokens=66, images_sent=1,
-                              min_extra_tokens_per_image=4, min_ratio=None, source="probe")
+    errs, info = images_check(
+        server_prompt_tokens=130,
+        text_prompt_tokens=66,
+        images_sent=1,
+        min_extra_tokens_per_image=4,
+        min_ratio=None,
+        source="probe",
+    )
     assert errs == [] and info["images_extra_tokens_per_image"] == 64
-    errs, _ = images_check(server_prompt_tokens=130, text_prompt_tokens=66, images_sent=1,
-                           min_extra_tokens_per_image=4, min_ratio=2.5, source="probe")
+    errs, _ = images_check(
+        server_prompt_tokens=130,
+        text_prompt_tokens=66,
+        images_sent=1,
+        min_extra_tokens_per_image=4,
+        min_ratio=2.5,
+        source="probe",
+    )
     assert errs and "130" not in errs[0] and "1.97" in errs[0]
-    errs, _ = images_check(server_prompt_tokens=None, text_prompt_tokens=66, images_sent=1,
-                           min_extra_tokens_per_image=4, min_ratio=None, source="probe")
+    errs, _ = images_check(
+        server_prompt_tokens=None,
+        text_prompt_tokens=66,
+        images_sent=1,
+        min_extra_tokens_per_image=4,
+        min_ratio=None,
+        source="probe",
+    )
     assert "could not run" in errs[0]
 
 
@@ -281,9 +337,14 @@ def test_images_check_on_real_0523_run():
     row = json.loads((DATA / "v0523_image.jsonl").read_text())
     server = sum(row["input_lens"])
     assert server - row["total_input_text_tokens"] == 64 * 20 + 40  # 2 placeholder tokens each
-    errs, info = images_check(server_prompt_tokens=server,
-                              text_prompt_tokens=row["total_input_text_tokens"], images_sent=20,
-                              min_extra_tokens_per_image=4, min_ratio=None, source="details")
+    errs, info = images_check(
+        server_prompt_tokens=server,
+        text_prompt_tokens=row["total_input_text_tokens"],
+        images_sent=20,
+        min_extra_tokens_per_image=4,
+        min_ratio=None,
+        source="details",
+    )
     assert errs == []
 
 
@@ -297,22 +358,54 @@ def test_retokenized_change():
 # ---------------------------------------------------------------- the real thing
 @pytest.mark.e2e
 def test_real_bench_serving_against_cpu_server(cpu_server, tmp_path):
-    from conftest import cpu_server_env, sglang_version
     import sglang
+    from conftest import cpu_server_env, sglang_version
+
     pkg = Path(sglang.__file__).parent
     out = tmp_path / "serving"
     out.mkdir()
-    ctx = SuiteContext(server=cpu_server, out_dir=out, run_dir=tmp_path, cache_dir=tmp_path,
-                       variant="baseline", repeat=0, baseline="baseline",
-                       sglang_version=sglang_version(), python=sys.executable,
-                       stock_env=cpu_server_env(), variant_sglang_dir=pkg, stock_sglang_dir=pkg,
-                       device="cpu", log=lambda s: None)
-    p = Params(dataset_name="image", num_prompts=12, max_concurrency=4, output_len=8,
-               random_input_len=16, random_range_ratio=1.0, image_resolution="224x224", seed=1)
+    ctx = SuiteContext(
+        server=cpu_server,
+        out_dir=out,
+        run_dir=tmp_path,
+        cache_dir=tmp_path,
+        variant="baseline",
+        repeat=0,
+        baseline="baseline",
+        sglang_version=sglang_version(),
+        python=sys.executable,
+        stock_env=cpu_server_env(),
+        variant_sglang_dir=pkg,
+        stock_sglang_dir=pkg,
+        device="cpu",
+        log=lambda s: None,
+    )
+    p = Params(
+        dataset_name="image",
+        num_prompts=12,
+        max_concurrency=4,
+        output_len=8,
+        random_input_len=16,
+        random_range_ratio=1.0,
+        image_resolution="224x224",
+        seed=1,
+    )
     res = run(ctx, p)
-    print("serving e2e:", json.dumps({k: res.meta.get(k) for k in (
-        "wall_s", "startup_overhead_s", "images_extra_tokens_per_image", "images_check_source")}
-        | {"duration_s": res.metrics.get("duration_s")}))
+    print(
+        "serving e2e:",
+        json.dumps(
+            {
+                k: res.meta.get(k)
+                for k in (
+                    "wall_s",
+                    "startup_overhead_s",
+                    "images_extra_tokens_per_image",
+                    "images_check_source",
+                )
+            }
+            | {"duration_s": res.metrics.get("duration_s")}
+        ),
+    )
     assert res.status == "ok", res.errors
     row = json.loads((out / "result.jsonl").read_text().splitlines()[-1])
     assert res.metrics["completed_count"] == 12
@@ -323,10 +416,10 @@ def test_real_bench_serving_against_cpu_server(cpu_server, tmp_path):
     recs = read_json(out / "requests.json")
     for i in range(12):
         assert len(recs["itl_ms"][i]) <= 7
-        assert recs["e2e_ms"][i] == pytest.approx(
-            (row["ttfts"][i] + sum(row["itls"][i])) * 1000)
+        assert recs["e2e_ms"][i] == pytest.approx((row["ttfts"][i] + sum(row["itls"][i])) * 1000)
     summary = {"metrics": res.metrics, "meta": res.meta}
     from patchbench.records import write_json
+
     write_json(tmp_path / "summary.json", summary)
     assert "Successful requests:                     12" in report_block(tmp_path)
 
@@ -334,6 +427,7 @@ def test_real_bench_serving_against_cpu_server(cpu_server, tmp_path):
 def test_every_reported_metric_is_declared(tmp_path, fake_pkg):
     from patchbench.suites.serving import METRICS
     from patchbench.suites.serving.parse import summary_metrics
+
     for rec in sorted(DATA.glob("v*.jsonl")):
         names = set(summary_metrics(json.loads(rec.read_text())))
         assert names <= set(METRICS), names - set(METRICS)
@@ -343,24 +437,32 @@ def test_every_reported_metric_is_declared(tmp_path, fake_pkg):
     for name, info in METRICS.items():
         assert info.better in ("higher", "lower", "none")
         assert name.endswith(("_ms", "_s", "_tok_s", "_req_s", "_count", "_share")) or name in (
-            "concurrency", "accept_length")
+            "concurrency",
+            "accept_length",
+        )
 
 
 @pytest.mark.parametrize("refuse, ok", [(2, True), (99, False)])
 def test_image_probe_tries_the_next_seed_when_the_server_refuses_a_random_prompt(
-        tmp_path, fake_pkg, refuse, ok):
+    tmp_path, fake_pkg, refuse, ok
+):
     """A random prompt can decode to a special token sglang refuses with 400 (CI hit
     <|video_pad|> once): the probe moves to the next seed, records the refusal, and gives up after
     ATTEMPTS with the server's reason in the error, never a traceback tail."""
     from patchbench.suites.serving.image_probe import ATTEMPTS
+
     handler = type("H", (_Generate,), {"extra_per_image": 64, "calls": 0, "refuse": refuse})
     httpd = http.server.HTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
         ctx = make_ctx(tmp_path, fake_pkg, f"copy:{DATA / 'v0513_random_image.jsonl'}")
         ctx.server.base_url = f"http://127.0.0.1:{httpd.server_address[1]}"
-        res = run(ctx, Params(dataset_name="image", num_prompts=20, random_input_len=32,
-                              image_count=2, seed=7))
+        res = run(
+            ctx,
+            Params(
+                dataset_name="image", num_prompts=20, random_input_len=32, image_count=2, seed=7
+            ),
+        )
     finally:
         httpd.shutdown()
     probe = res.meta["image_probe"]
@@ -371,7 +473,11 @@ def test_image_probe_tries_the_next_seed_when_the_server_refuses_a_random_prompt
         assert handler.calls == 3
     else:
         assert res.status == "incomplete" and handler.calls == ATTEMPTS
-        assert any(e.startswith(f"images check could not run: image probe failed (exit 1): the "
-                                f"server refused all {ATTEMPTS} probe prompts (400)")
-                   for e in res.errors), res.errors
+        assert any(
+            e.startswith(
+                f"images check could not run: image probe failed (exit 1): the "
+                f"server refused all {ATTEMPTS} probe prompts (400)"
+            )
+            for e in res.errors
+        ), res.errors
         assert "video_pad" in res.errors[0]

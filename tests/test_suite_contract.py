@@ -6,6 +6,7 @@ compare.json (its rows and its pair hook's dict), report.md (its report section)
 
 Also: the built-in suites' hooks on hand-made MMMU records (the MMMU suite's pair over repeats,
 report section and plot)."""
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -111,12 +112,15 @@ def echo_suite(tmp_path, monkeypatch):
     (mod_dir / "pb_echo_suite.py").write_text(ECHO)
     monkeypatch.syspath_prepend(str(mod_dir))
     monkeypatch.setenv("PATCHBENCH_SUITE_MODULES", "pb_echo_suite")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        [str(mod_dir)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    monkeypatch.setenv(
+        "PYTHONPATH",
+        os.pathsep.join([str(mod_dir)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+    )
     yield
     suite_mod._REGISTRY.pop("echo", None)
     suite_mod._INSTANCES.pop("echo", None)
     import sys
+
     sys.modules.pop("pb_echo_suite", None)
 
 
@@ -127,14 +131,20 @@ def test_echo_suite_registered_through_the_environment(echo_suite):
 
 
 def test_no_core_file_names_the_echo_suite():
-    hits = [p for p in list((REPO / "patchbench").rglob("*.py")) + list((REPO / "suites").rglob("*.py"))
-            if "echo_identical" in p.read_text(encoding="utf-8") or "EchoSuite" in p.read_text(encoding="utf-8")]
+    hits = [
+        p
+        for p in list((REPO / "patchbench").rglob("*.py")) + list((REPO / "suites").rglob("*.py"))
+        if "echo_identical" in p.read_text(encoding="utf-8")
+        or "EchoSuite" in p.read_text(encoding="utf-8")
+    ]
     assert hits == []
 
 
-def test_echo_suite_through_bench_appears_in_compare_report_and_plots(echo_suite, tmp_path,
-                                                                       monkeypatch):
+def test_echo_suite_through_bench_appears_in_compare_report_and_plots(
+    echo_suite, tmp_path, monkeypatch
+):
     from patchbench import bench, cell
+
     real = cell.launch_spec
 
     def launch_spec(cfg, venv, cdir, port):
@@ -146,8 +156,9 @@ def test_echo_suite_through_bench_appears_in_compare_report_and_plots(echo_suite
     model = tmp_path / "model"
     model.mkdir()
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(textwrap.dedent(CONFIG).replace("@MODEL@", str(model))
-                   .replace("@SGLANG@", SGLANG))
+    cfg.write_text(
+        textwrap.dedent(CONFIG).replace("@MODEL@", str(model)).replace("@SGLANG@", SGLANG)
+    )
     run_dir = bench.run_bench(cfg, results_root=tmp_path / "results")
     cmp = json.loads((run_dir / "compare.json").read_text())
     # the pair hook's dict, as returned, over the 3 paired repeats of 3 requests each
@@ -166,31 +177,78 @@ def test_echo_suite_through_bench_appears_in_compare_report_and_plots(echo_suite
 
 # --------------------------------------------------------------------------- MMMU hooks
 
+
 def _records(tmp: Path, name: str, rows: list[tuple[str, str, str]]) -> Path:
     """records.jsonl of one cell: (id, verdict, response) per question; same prompt/parser."""
     d = tmp / name
     d.mkdir(parents=True)
     with open(d / "records.jsonl", "w") as f:
         for qid, verdict, resp in rows:
-            f.write(json.dumps({"id": qid, "subject": qid.split("_")[1], "verdict": verdict,
-                                "response": resp, "prompt_sha256": "p" + qid, "parser": "strict",
-                                "parser_seed": None, "sampling": {"t": 0}, "protocol": "pr"}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "id": qid,
+                        "subject": qid.split("_")[1],
+                        "verdict": verdict,
+                        "response": resp,
+                        "prompt_sha256": "p" + qid,
+                        "parser": "strict",
+                        "parser_seed": None,
+                        "sampling": {"t": 0},
+                        "protocol": "pr",
+                    }
+                )
+                + "\n"
+            )
     return d
 
 
 def test_mmmu_pair_averages_each_question_over_repeats(tmp_path):
     from patchbench.suite import get_suite
+
     ids = ["validation_Art_1", "validation_Art_2", "validation_Math_1", "validation_Math_2"]
     # repeat 0: Art_1 right->wrong, Math_1 wrong->right; repeat 1: only Art_1 right->wrong;
     # Math_2 failed in repeat 1 of the variant (left out of that repeat only)
-    b0 = _records(tmp_path, "b0", [(ids[0], "correct", "A"), (ids[1], "correct", "B"),
-                                   (ids[2], "wrong", "C"), (ids[3], "wrong", "D")])
-    v0 = _records(tmp_path, "v0", [(ids[0], "wrong", "X"), (ids[1], "correct", "B"),
-                                   (ids[2], "correct", "Y"), (ids[3], "wrong", "D")])
-    b1 = _records(tmp_path, "b1", [(ids[0], "correct", "A"), (ids[1], "correct", "B"),
-                                   (ids[2], "wrong", "C"), (ids[3], "wrong", "D")])
-    v1 = _records(tmp_path, "v1", [(ids[0], "wrong", "X"), (ids[1], "correct", "B"),
-                                   (ids[2], "wrong", "C"), (ids[3], "failed", "")])
+    b0 = _records(
+        tmp_path,
+        "b0",
+        [
+            (ids[0], "correct", "A"),
+            (ids[1], "correct", "B"),
+            (ids[2], "wrong", "C"),
+            (ids[3], "wrong", "D"),
+        ],
+    )
+    v0 = _records(
+        tmp_path,
+        "v0",
+        [
+            (ids[0], "wrong", "X"),
+            (ids[1], "correct", "B"),
+            (ids[2], "correct", "Y"),
+            (ids[3], "wrong", "D"),
+        ],
+    )
+    b1 = _records(
+        tmp_path,
+        "b1",
+        [
+            (ids[0], "correct", "A"),
+            (ids[1], "correct", "B"),
+            (ids[2], "wrong", "C"),
+            (ids[3], "wrong", "D"),
+        ],
+    )
+    v1 = _records(
+        tmp_path,
+        "v1",
+        [
+            (ids[0], "wrong", "X"),
+            (ids[1], "correct", "B"),
+            (ids[2], "wrong", "C"),
+            (ids[3], "failed", ""),
+        ],
+    )
     p = get_suite("mmmu").pair([b0, b1], [v0, v1], None)
     acc = p["accuracy"]["mmmu_overall_acc"]
     assert acc["ids"] == sorted(ids)
@@ -203,13 +261,17 @@ def test_mmmu_pair_averages_each_question_over_repeats(tmp_path):
     # question left out) -> mean (1/2 + 2/3) / 2 = 7/12
     assert p["identical_share"] == pytest.approx(7 / 12)
     assert [(f["id"], f["subject"]) for f in p["flipped"]] == [(ids[0], "Art"), (ids[2], "Math")]
-    assert p["subjects"]["Art"]["right_to_wrong"] == 1.0 and p["subjects"]["Math"]["wrong_to_right"] == 0.5
+    assert (
+        p["subjects"]["Art"]["right_to_wrong"] == 1.0
+        and p["subjects"]["Math"]["wrong_to_right"] == 0.5
+    )
     # McNemar on the rounded discordant counts [[2, 1], [0, 2]] (0.5 rounds to 0): exact p = 1.0
     assert p["mcnemar_p"] == pytest.approx(1.0)
 
 
 def test_mmmu_pair_refuses_with_the_pairing_reason(tmp_path):
     from patchbench.suite import PairingRefused, get_suite
+
     b = _records(tmp_path, "b", [("validation_Art_1", "correct", "A")])
     v = _records(tmp_path, "v", [("validation_Art_2", "correct", "A")])
     with pytest.raises(PairingRefused, match="paired repeat 0: .*question lists differ"):
@@ -218,14 +280,41 @@ def test_mmmu_pair_refuses_with_the_pairing_reason(tmp_path):
 
 def test_mmmu_report_section_and_plot_from_the_comparison_only(tmp_path):
     from patchbench.suite import get_suite
-    pair = {"repeats_used": 2, "n": 4, "acc_a": 0.5, "acc_b": 0.375, "right_to_wrong": 1.0,
-            "wrong_to_right": 0.5, "flips": 2, "mcnemar_p": 1.0, "identical_share": 0.75,
-            "subjects": {"Art": {"n": 2, "acc_a": 1.0, "acc_b": 0.5, "right_to_wrong": 1.0,
-                                 "wrong_to_right": 0.0},
-                         "Math": {"n": 2, "acc_a": 0.0, "acc_b": 0.25, "right_to_wrong": 0.0,
-                                  "wrong_to_right": 0.5}}, "notes": []}
-    cmp = {"baseline": "base", "run_id": "r", "pairs": {"mmmu": {"patched": pair}},
-           "refusals": {"mmmu": {"other": "paired repeat 0: prompts differ"}}}
+
+    pair = {
+        "repeats_used": 2,
+        "n": 4,
+        "acc_a": 0.5,
+        "acc_b": 0.375,
+        "right_to_wrong": 1.0,
+        "wrong_to_right": 0.5,
+        "flips": 2,
+        "mcnemar_p": 1.0,
+        "identical_share": 0.75,
+        "subjects": {
+            "Art": {
+                "n": 2,
+                "acc_a": 1.0,
+                "acc_b": 0.5,
+                "right_to_wrong": 1.0,
+                "wrong_to_right": 0.0,
+            },
+            "Math": {
+                "n": 2,
+                "acc_a": 0.0,
+                "acc_b": 0.25,
+                "right_to_wrong": 0.0,
+                "wrong_to_right": 0.5,
+            },
+        },
+        "notes": [],
+    }
+    cmp = {
+        "baseline": "base",
+        "run_id": "r",
+        "pairs": {"mmmu": {"patched": pair}},
+        "refusals": {"mmmu": {"other": "paired repeat 0: prompts differ"}},
+    }
     md = "\n".join(get_suite("mmmu").report_section(cmp))
     assert "| patched | 2 | 4 | 0.500 | 0.375 | 1 | 0.50 | 1 | 75.0% |" in md
     assert "| other | pairing refused: paired repeat 0: prompts differ |" in md
@@ -237,6 +326,7 @@ def test_mmmu_report_section_and_plot_from_the_comparison_only(tmp_path):
 
 def test_builtin_declarations():
     from patchbench.suite import get_suite
+
     m = get_suite("mmmu").metrics
     assert [n for n, i in m.items() if i.primary] == ["mmmu_overall_acc"]
     assert m["mmmu_overall_acc"].kind == "accuracy" and m["mmmu_overall_acc"].margin == 2.0

@@ -4,6 +4,7 @@ The suite is run on folders laid out like an sglang package (``<dir>/srt/model_e
 forward_batch_info.py``) holding the stock and patched files of each release; the GPU script's
 ``--device cpu`` mode runs the same probes on the prepared files.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from patchbench.suites.sync_probe.mrope import release_sources
 from patchbench.suite import SuiteContext, get_suite
+from patchbench.suites.sync_probe.mrope import release_sources
 
 REPO = Path(__file__).resolve().parents[1]
 RELEASES = ["0.5.1.post3", "0.5.23"]
@@ -32,10 +33,22 @@ def _pkg(tmp: Path, name: str, src: Path) -> Path:
 def _ctx(tmp: Path, variant_dir: Path, stock_dir: Path, variant: str, device: str = "cpu"):
     out = tmp / f"out-{variant}"
     out.mkdir()
-    return SuiteContext(server=None, out_dir=out, run_dir=tmp, cache_dir=tmp, variant=variant,
-                        repeat=0, baseline="stock", sglang_version="x", python=sys.executable,
-                        stock_env={}, variant_sglang_dir=variant_dir, stock_sglang_dir=stock_dir,
-                        device=device, log=lambda s: None)
+    return SuiteContext(
+        server=None,
+        out_dir=out,
+        run_dir=tmp,
+        cache_dir=tmp,
+        variant=variant,
+        repeat=0,
+        baseline="stock",
+        sglang_version="x",
+        python=sys.executable,
+        stock_env={},
+        variant_sglang_dir=variant_dir,
+        stock_sglang_dir=stock_dir,
+        device=device,
+        log=lambda s: None,
+    )
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -61,8 +74,12 @@ def test_suite_cpu_probes(tmp_path, release):
         # one torch.tensor(deltas, device=...) per call, no read
         assert stock["sync_d2h_reads_count"] == 0.0
         assert stock["sync_blocking_h2d_copies_count"] == 3.0
-    assert patched == {"sync_d2h_reads_count": 0.0, "sync_blocking_h2d_copies_count": 0.0,
-                       "positions_mismatch_count": 0.0, "host_syncs_per_call_count": 0.0}
+    assert patched == {
+        "sync_d2h_reads_count": 0.0,
+        "sync_blocking_h2d_copies_count": 0.0,
+        "positions_mismatch_count": 0.0,
+        "host_syncs_per_call_count": 0.0,
+    }
     # host syncs per call = reads + blocking copies (0.5.1.post3: 82 + 41; 0.5.23: 0 + 3)
     assert stock["host_syncs_per_call_count"] == (123.0 if release == "0.5.1.post3" else 3.0)
     r = results["patched"]
@@ -74,8 +91,9 @@ def test_suite_cpu_probes(tmp_path, release):
     assert "cpu-probes" in block and "D2H reads/call" in block
     lines = [ln.split() for ln in block.splitlines()]
     batch_rows = [ln for ln in lines if ln and ln[0] in ("1", "8", "32")]
-    assert [ln[2] for ln in batch_rows] == (["2", "16", "64"] if release == "0.5.1.post3"
-                                            else ["0", "0", "0"])
+    assert [ln[2] for ln in batch_rows] == (
+        ["2", "16", "64"] if release == "0.5.1.post3" else ["0", "0", "0"]
+    )
 
 
 def test_suite_cuda_requested_without_gpu_says_so(tmp_path, monkeypatch):
@@ -85,8 +103,9 @@ def test_suite_cuda_requested_without_gpu_says_so(tmp_path, monkeypatch):
     suite = get_suite("sync_probe")
     src = release_sources("0.5.23")
     stock_dir = _pkg(tmp_path, "stock", src["stock"])
-    res = suite.run(_ctx(tmp_path, stock_dir, stock_dir, "stock", device="cuda"),
-                    suite.Params(batch_sizes=[4]))
+    res = suite.run(
+        _ctx(tmp_path, stock_dir, stock_dir, "stock", device="cuda"), suite.Params(batch_sizes=[4])
+    )
     assert res.meta["mode"] == "cpu-probes"
     assert any("no GPU visible" in w for w in res.warnings)
     assert "host_blocked_ms" not in res.metrics
@@ -124,17 +143,35 @@ def prepared(tmp_path_factory):
 
 def test_gpu_probe_cpu_mode(prepared, tmp_path, capsys):
     files = json.loads((prepared / "sources.json").read_text())["files"]
-    assert sorted(files) == ["0.5.1.post3/patched", "0.5.1.post3/stock", "0.5.1.post3/upstream",
-                             "0.5.23/patched", "0.5.23/stock"]
+    assert sorted(files) == [
+        "0.5.1.post3/patched",
+        "0.5.1.post3/stock",
+        "0.5.1.post3/upstream",
+        "0.5.23/patched",
+        "0.5.23/stock",
+    ]
     size = sum(p.stat().st_size for p in prepared.rglob("*") if p.is_file())
     assert size < 1 << 20  # far under the device tool's 64 MiB carry limit
-    rc = _gpu_probe().main(["run", "--sources", str(prepared), "--device", "cpu",
-                            "--batch-sizes", "1,8", "--json", str(tmp_path / "rows.json")])
+    rc = _gpu_probe().main(
+        [
+            "run",
+            "--sources",
+            str(prepared),
+            "--device",
+            "cpu",
+            "--batch-sizes",
+            "1,8",
+            "--json",
+            str(tmp_path / "rows.json"),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "verdict: patched rows sync-free and equal to stock" in out
-    rows = {(r["release"], r["variant"], r["batch_size"]): r
-            for r in json.loads((tmp_path / "rows.json").read_text())["rows"]}
+    rows = {
+        (r["release"], r["variant"], r["batch_size"]): r
+        for r in json.loads((tmp_path / "rows.json").read_text())["rows"]
+    }
     assert rows["0.5.1.post3", "stock", 8]["d2h_reads_per_call"] == 16
     assert rows["0.5.23", "stock", 8]["blocking_h2d_copies_per_call"] == 1
     # upstream (PR #9460): the text-only request in the mixed batch of 8 reads seq_lens
@@ -142,21 +179,26 @@ def test_gpu_probe_cpu_mode(prepared, tmp_path, capsys):
     for release in RELEASES:
         for bs in (1, 8):
             r = rows[release, "patched", bs]
-            assert (r["d2h_reads_per_call"], r["blocking_h2d_copies_per_call"], r["strict_error"],
-                    r["positions_equal_stock"]) == (0, 0, None, True)
+            assert (
+                r["d2h_reads_per_call"],
+                r["blocking_h2d_copies_per_call"],
+                r["strict_error"],
+                r["positions_equal_stock"],
+            ) == (0, 0, None, True)
 
 
 def test_gpu_probe_fails_on_a_syncing_patched_file(prepared, tmp_path, capsys):
     # pretend the stock file is the patched one: the verdict must fail
     src = tmp_path / "src"
     shutil.copytree(prepared, src)
-    shutil.copyfile(src / "0.5.23" / "stock" / "forward_batch_info.py",
-                    src / "0.5.23" / "patched" / "forward_batch_info.py")
+    shutil.copyfile(
+        src / "0.5.23" / "stock" / "forward_batch_info.py",
+        src / "0.5.23" / "patched" / "forward_batch_info.py",
+    )
     index = json.loads((src / "sources.json").read_text())
     index["files"]["0.5.23/patched"] = index["files"]["0.5.23/stock"]
     (src / "sources.json").write_text(json.dumps(index))
-    rc = _gpu_probe().main(["run", "--sources", str(src), "--device", "cpu",
-                            "--batch-sizes", "4"])
+    rc = _gpu_probe().main(["run", "--sources", str(src), "--device", "cpu", "--batch-sizes", "4"])
     out = capsys.readouterr().out
     assert rc == 1 and "verdict: FAILED" in out
     assert "0.5.23/patched batch 4" in out
@@ -179,7 +221,8 @@ def _blocker(root: Path, names: list[str]) -> Path:
         "            open(ROOT + '/imported-' + top, 'w').close()\n"
         "            raise ImportError(top + ' is blocked: the GPU check must run without it')\n"
         "        return None\n"
-        "sys.meta_path.insert(0, Blocker())\n")
+        "sys.meta_path.insert(0, Blocker())\n"
+    )
     return block
 
 
@@ -191,8 +234,9 @@ def test_blocker_shadows_the_installed_packages(tmp_path):
     block = _blocker(tmp_path, BLOCKED)
     env = dict(__import__("os").environ, PYTHONPATH=str(block))
     for name in BLOCKED:
-        proc = subprocess.run([sys.executable, "-c", f"import {name}"], env=env,
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", f"import {name}"], env=env, capture_output=True, text=True
+        )
         assert proc.returncode != 0 and f"{name} is blocked" in proc.stderr
         assert (tmp_path / f"imported-{name}").exists()
 
@@ -211,8 +255,12 @@ def test_gpu_check_sh_cpu_end_to_end_with_only_torch(prepared, tmp_path):
     shutil.copytree(prepared, work / ".cache" / "gpu_check")
     block = _blocker(tmp_path, BLOCKED)
     env = dict(__import__("os").environ, PYTHON=sys.executable, PYTHONPATH=str(block))
-    proc = subprocess.run(["bash", str(work / "scripts" / "gpu_check.sh"), "--device", "cpu",
-                           "--batch-sizes", "2"], capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        ["bash", str(work / "scripts" / "gpu_check.sh"), "--device", "cpu", "--batch-sizes", "2"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "verdict: patched rows sync-free" in proc.stdout
     assert sorted(p.name for p in tmp_path.glob("imported-*")) == []
@@ -229,10 +277,12 @@ class _FakeCuda:
 
     def __init__(self):
         import time
+
         self.time, self.busy_until, self.mode = time, 0.0, 0
 
     def install(self, monkeypatch):
         import torch
+
         fake = self
 
         class Event:
@@ -247,15 +297,19 @@ class _FakeCuda:
 
         monkeypatch.setattr(torch.cuda, "Event", Event)
         monkeypatch.setattr(torch.cuda, "synchronize", self.sync)
-        monkeypatch.setattr(torch.cuda, "_sleep",
-                            lambda cycles: setattr(self, "busy_until", self.time.perf_counter() + 0.05))
+        monkeypatch.setattr(
+            torch.cuda,
+            "_sleep",
+            lambda cycles: setattr(self, "busy_until", self.time.perf_counter() + 0.05),
+        )
         monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: self.mode)
         monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda m: setattr(self, "mode", m))
 
     def sync(self):
         import warnings
+
         if self.mode == "warn":
-            warnings.warn("called a synchronizing CUDA operation")
+            warnings.warn("called a synchronizing CUDA operation", stacklevel=2)
         while self.time.perf_counter() < self.busy_until:
             self.time.sleep(0.001)
 
@@ -269,8 +323,10 @@ def test_cuda_measurement_arithmetic_on_a_simulated_gpu(monkeypatch):
     assert 35.0 <= waits["host_blocked_ms"] <= 80.0 and waits["kernel_ms"] == 50.0
     free = cuda_host_blocked_ms(lambda: None, sleep_cycles=1, repeats=3)
     assert free["host_blocked_ms"] < 5.0
-    assert cuda_sync_warnings(lambda: (fake.sync(), fake.sync())) == [
-        "called a synchronizing CUDA operation"] * 2
+    assert (
+        cuda_sync_warnings(lambda: (fake.sync(), fake.sync()))
+        == ["called a synchronizing CUDA operation"] * 2
+    )
     assert cuda_sync_warnings(lambda: None) == [] and fake.mode == 0
 
 
@@ -280,11 +336,14 @@ def test_suite_upstream_pr9460_read_is_counted_not_an_error(tmp_path):
     the counting stops there. That is a caught sync (counted, counts flagged as lower bounds), not
     a failure of the suite (which would make the cell incomplete and hide the evidence)."""
     from patchbench.suites.sync_probe.mrope import stock_source
+
     suite = get_suite("sync_probe")
     stock_dir = _pkg(tmp_path, "stock", release_sources("0.5.1.post3")["stock"])
     upstream_dir = _pkg(tmp_path, "upstream", stock_source("0.5.2rc2"))
-    res = suite.run(_ctx(tmp_path, upstream_dir, stock_dir, "upstream"),
-                    suite.Params(batch_sizes=[8, 32], image_share=0.5))
+    res = suite.run(
+        _ctx(tmp_path, upstream_dir, stock_dir, "upstream"),
+        suite.Params(batch_sizes=[8, 32], image_share=0.5),
+    )
     assert res.status == "ok" and res.errors == []
     rows = json.loads((tmp_path / "out-upstream" / "probe.json").read_text())["rows"]
     mixed = [r for r in rows if 0 < r["images"] < r["batch_size"]]
@@ -297,6 +356,7 @@ def test_suite_upstream_pr9460_read_is_counted_not_an_error(tmp_path):
 
 def test_pair_and_report_section_from_two_probed_cells(tmp_path):
     from patchbench.comparison import Comparison
+
     suite = get_suite("sync_probe")
     src = release_sources("0.5.1.post3")
     stock_dir = _pkg(tmp_path, "stock", src["stock"])
@@ -310,8 +370,11 @@ def test_pair_and_report_section_from_two_probed_cells(tmp_path):
         dirs[variant] = ctx.out_dir
     p = suite.pair([dirs["stock"]], [dirs["patched"]], params)
     # stock 0.5.1.post3: 2 reads + 1 blocking copy per request: 3 * (1 + 8) = 27 host syncs
-    assert p["metrics"]["host_syncs_per_call_count"] == {"baseline": [27.0], "variant": [0.0],
-                                                        "same_in_every_repeat": True}
+    assert p["metrics"]["host_syncs_per_call_count"] == {
+        "baseline": [27.0],
+        "variant": [0.0],
+        "same_in_every_repeat": True,
+    }
     assert [r["batch_size"] for r in p["variant"]["rows"]] == [1, 8]
     assert p["server_crosscheck"] == {"baseline": None, "variant": None}
     cmp = Comparison(baseline="stock", variants=["patched"], pairs={"sync_probe": {"patched": p}})

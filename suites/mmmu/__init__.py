@@ -17,14 +17,24 @@ Modules: data (loading, subjects, domains), demo_data (generated questions), pro
 images, hashes), client (aiohttp), parsers (strict, official, open), scoring (verdicts, tallies,
 file shapes), pairing, bench (run), cli.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
 from patchbench.records import read_json, read_jsonl
-from patchbench.suite import (MetricInfo, PairingRefused, Suite, SuiteContext, SuiteResult,
-                              comparison_get, register, suite_pairs, suite_refusals)
+from patchbench.suite import (
+    MetricInfo,
+    PairingRefused,
+    Suite,
+    SuiteContext,
+    SuiteResult,
+    comparison_get,
+    register,
+    suite_pairs,
+    suite_refusals,
+)
 from patchbench.suites.mmmu import pairing
 from patchbench.suites.mmmu.bench import domain_metric, run
 from patchbench.suites.mmmu.cli import cli
@@ -73,13 +83,16 @@ def report_block(summary_dir: str | Path) -> str:
     if meta:
         sc = meta.get("scores", {}).get("overall", {})
         seed = f", seed {meta.get('parser_seed')}" if meta.get("parser") == "official" else ""
-        block += (f"\n(patchbench: protocol {meta.get('protocol')}, parser {meta.get('parser')}"
-                  f"{seed}; asked {sc.get('asked')}, failed {sc.get('failed')}, "
-                  f"unparsed {sc.get('unparsed')}; accuracy over asked)")
+        block += (
+            f"\n(patchbench: protocol {meta.get('protocol')}, parser {meta.get('parser')}"
+            f"{seed}; asked {sc.get('asked')}, failed {sc.get('failed')}, "
+            f"unparsed {sc.get('unparsed')}; accuracy over asked)"
+        )
     return block
 
 
 # --------------------------------------------------------------------------- pairing over repeats
+
 
 def _read_records(suite_dir: Path) -> tuple[list[dict] | None, str | None]:
     p = Path(suite_dir) / "records.jsonl"
@@ -113,15 +126,18 @@ def pair_repeats(baseline_dirs: list[Path], variant_dirs: list[Path]) -> dict[st
     no repeat has records in both cells.
     """
     from statsmodels.stats.contingency_tables import mcnemar
+
     notes: list[str] = []
     per_q: dict[str, dict[str, Any]] = {}
     ident: list[float] = []
     used = 0
-    for k, (da, db) in enumerate(zip(baseline_dirs, variant_dirs)):
+    for k, (da, db) in enumerate(zip(baseline_dirs, variant_dirs, strict=True)):
         ra, why_a = _read_records(da)
         rb, why_b = _read_records(db)
         if ra is None or rb is None:
-            notes.append(f"paired repeat {k}: not used: " + "; ".join(w for w in (why_a, why_b) if w))
+            notes.append(
+                f"paired repeat {k}: not used: " + "; ".join(w for w in (why_a, why_b) if w)
+            )
             continue
         try:
             res = pairing.pair(ra, rb)
@@ -132,8 +148,15 @@ def pair_repeats(baseline_dirs: list[Path], variant_dirs: list[Path]) -> dict[st
             ident.append(float(res["identical_response_share"]))
         by_b = {r["id"]: r for r in rb}
         for r in ra:
-            q = per_q.setdefault(r["id"], {"subject": r.get("subject") or subject_of(r["id"]),
-                                           "a": [], "b": [], "answered": True})
+            q = per_q.setdefault(
+                r["id"],
+                {
+                    "subject": r.get("subject") or subject_of(r["id"]),
+                    "a": [],
+                    "b": [],
+                    "answered": True,
+                },
+            )
             other = by_b[r["id"]]
             if r.get("verdict") == "failed" or other.get("verdict") == "failed":
                 continue
@@ -148,52 +171,76 @@ def pair_repeats(baseline_dirs: list[Path], variant_dirs: list[Path]) -> dict[st
     ids = sorted(qs)
     a = [sum(qs[i]["a"]) / len(qs[i]["a"]) for i in ids]
     b = [sum(qs[i]["b"]) / len(qs[i]["b"]) for i in ids]
-    r2w = sum(max(x - y, 0.0) for x, y in zip(a, b))
-    w2r = sum(max(y - x, 0.0) for x, y in zip(a, b))
-    both_r = sum(min(x, y) for x, y in zip(a, b))
-    both_w = sum(min(1 - x, 1 - y) for x, y in zip(a, b))
+    r2w = sum(max(x - y, 0.0) for x, y in zip(a, b, strict=True))
+    w2r = sum(max(y - x, 0.0) for x, y in zip(a, b, strict=True))
+    both_r = sum(min(x, y) for x, y in zip(a, b, strict=True))
+    both_w = sum(min(1 - x, 1 - y) for x, y in zip(a, b, strict=True))
     n = len(ids)
     table = [[round(both_r), round(r2w)], [round(w2r), round(both_w)]]
     p = float(mcnemar(table, exact=True).pvalue) if n else None
 
     def acc_entry(keep) -> dict[str, list]:
         idx = [j for j, i in enumerate(ids) if keep(i)]
-        return {"ids": [ids[j] for j in idx], "baseline": [a[j] for j in idx],
-                "variant": [b[j] for j in idx]}
+        return {
+            "ids": [ids[j] for j in idx],
+            "baseline": [a[j] for j in idx],
+            "variant": [b[j] for j in idx],
+        }
 
-    accuracy = {"mmmu_overall_acc": acc_entry(lambda i: True),
-                "mmmu_answered_acc": acc_entry(lambda i: qs[i]["answered"])}
+    accuracy = {
+        "mmmu_overall_acc": acc_entry(lambda i: True),
+        "mmmu_answered_acc": acc_entry(lambda i: qs[i]["answered"]),
+    }
     for d in DOMAINS:
-        accuracy[domain_metric(d)] = acc_entry(lambda i, d=d: SUBJECT_DOMAIN.get(qs[i]["subject"]) == d)
+        accuracy[domain_metric(d)] = acc_entry(
+            lambda i, d=d: SUBJECT_DOMAIN.get(qs[i]["subject"]) == d
+        )
     accuracy = {m: e for m, e in accuracy.items() if e["ids"]}
     subjects: dict[str, dict[str, float]] = {}
     flipped = []
     for j, i in enumerate(ids):
-        s = subjects.setdefault(qs[i]["subject"], {"n": 0, "acc_a": 0.0, "acc_b": 0.0,
-                                                   "right_to_wrong": 0.0, "wrong_to_right": 0.0})
+        s = subjects.setdefault(
+            qs[i]["subject"],
+            {"n": 0, "acc_a": 0.0, "acc_b": 0.0, "right_to_wrong": 0.0, "wrong_to_right": 0.0},
+        )
         s["n"] += 1
         s["acc_a"] += a[j]
         s["acc_b"] += b[j]
         s["right_to_wrong"] += max(a[j] - b[j], 0.0)
         s["wrong_to_right"] += max(b[j] - a[j], 0.0)
         if a[j] != b[j]:
-            flipped.append({"id": i, "subject": qs[i]["subject"], "baseline": a[j], "variant": b[j]})
+            flipped.append(
+                {"id": i, "subject": qs[i]["subject"], "baseline": a[j], "variant": b[j]}
+            )
     for s in subjects.values():
         s["acc_a"] /= s["n"]
         s["acc_b"] /= s["n"]
     if failed:
-        notes.append(f"{failed} questions failed in every paired repeat (in either cell) and are "
-                     "left out")
-    return {"repeats_used": used, "n": n, "n_failed_either": failed,
-            "acc_a": sum(a) / n if n else None, "acc_b": sum(b) / n if n else None,
-            "both_right": both_r, "both_wrong": both_w, "right_to_wrong": r2w,
-            "wrong_to_right": w2r, "flips": len(flipped), "mcnemar_p": p,
-            "identical_share": sum(ident) / len(ident) if ident else None,
-            "accuracy": accuracy, "flipped": flipped, "subjects": dict(sorted(subjects.items())),
-            "notes": notes}
+        notes.append(
+            f"{failed} questions failed in every paired repeat (in either cell) and are left out"
+        )
+    return {
+        "repeats_used": used,
+        "n": n,
+        "n_failed_either": failed,
+        "acc_a": sum(a) / n if n else None,
+        "acc_b": sum(b) / n if n else None,
+        "both_right": both_r,
+        "both_wrong": both_w,
+        "right_to_wrong": r2w,
+        "wrong_to_right": w2r,
+        "flips": len(flipped),
+        "mcnemar_p": p,
+        "identical_share": sum(ident) / len(ident) if ident else None,
+        "accuracy": accuracy,
+        "flipped": flipped,
+        "subjects": dict(sorted(subjects.items())),
+        "notes": notes,
+    }
 
 
 # --------------------------------------------------------------------------- rendering
+
 
 def _fmt(x: float | None, spec: str = ".3f") -> str:
     return "n/a" if x is None else format(x, spec)
@@ -211,32 +258,51 @@ def report_section(comparison: Any) -> list[str]:
     refusals = suite_refusals(comparison, "mmmu")
     if not pairs and not refusals:
         return []
-    lines = ["## MMMU paired", "",
-             "A question's correctness is averaged over the paired repeats first (flips can be "
-             "fractions when repeats disagree).", "",
-             "| variant | repeats | questions | accuracy before | accuracy after | right→wrong "
-             "| wrong→right | McNemar p | identical responses |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "## MMMU paired",
+        "",
+        "A question's correctness is averaged over the paired repeats first (flips can be "
+        "fractions when repeats disagree).",
+        "",
+        "| variant | repeats | questions | accuracy before | accuracy after | right→wrong "
+        "| wrong→right | McNemar p | identical responses |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for v, p in pairs.items():
         ish = p.get("identical_share")
-        lines.append(f"| {v} | {p.get('repeats_used')} | {p.get('n')} | {_fmt(p.get('acc_a'))} | "
-                     f"{_fmt(p.get('acc_b'))} | {_num(p.get('right_to_wrong', 0))} | "
-                     f"{_num(p.get('wrong_to_right', 0))} | {_fmt(p.get('mcnemar_p'), '.3g')} | "
-                     f"{'n/a' if ish is None else format(ish * 100, '.1f') + '%'} |")
+        lines.append(
+            f"| {v} | {p.get('repeats_used')} | {p.get('n')} | {_fmt(p.get('acc_a'))} | "
+            f"{_fmt(p.get('acc_b'))} | {_num(p.get('right_to_wrong', 0))} | "
+            f"{_num(p.get('wrong_to_right', 0))} | {_fmt(p.get('mcnemar_p'), '.3g')} | "
+            f"{'n/a' if ish is None else format(ish * 100, '.1f') + '%'} |"
+        )
     for v, reason in refusals.items():
         lines.append(f"| {v} | pairing refused: {reason} | | | | | | | |")
     lines.append("")
     for v, p in pairs.items():
-        subj = {s: d for s, d in (p.get("subjects") or {}).items()
-                if d.get("right_to_wrong") or d.get("wrong_to_right")}
+        subj = {
+            s: d
+            for s, d in (p.get("subjects") or {}).items()
+            if d.get("right_to_wrong") or d.get("wrong_to_right")
+        }
         if subj:
-            t = ["| subject | n | before | after | right→wrong | wrong→right |",
-                 "|---|---|---|---|---|---|"]
+            t = [
+                "| subject | n | before | after | right→wrong | wrong→right |",
+                "|---|---|---|---|---|---|",
+            ]
             for s, d in subj.items():
-                t.append(f"| {s} | {d['n']} | {d['acc_a']:.3f} | {d['acc_b']:.3f} | "
-                         f"{_num(d['right_to_wrong'])} | {_num(d['wrong_to_right'])} |")
-            lines += [f"<details><summary>{v}: subjects with flips ({len(subj)})</summary>", "",
-                      *t, "", "</details>", ""]
+                t.append(
+                    f"| {s} | {d['n']} | {d['acc_a']:.3f} | {d['acc_b']:.3f} | "
+                    f"{_num(d['right_to_wrong'])} | {_num(d['wrong_to_right'])} |"
+                )
+            lines += [
+                f"<details><summary>{v}: subjects with flips ({len(subj)})</summary>",
+                "",
+                *t,
+                "",
+                "</details>",
+                "",
+            ]
         lines += [f"- {v}: {n}" for n in p.get("notes") or []]
     return lines
 
@@ -246,6 +312,7 @@ def plot_subjects(comparison: Any, out: Path) -> Path | None:
     wrong->right / right->wrong flips per subject: one panel per variant that is not A/A (all
     when every variant is A/A), subjects shared. None without subject data."""
     from patchbench.suites import new_figure, save_png
+
     pairs = suite_pairs(comparison, "mmmu")
     aa = set(comparison_get(comparison, "aa_variants", []) or [])
     variants = [v for v in pairs if v not in aa] or list(pairs)
@@ -255,18 +322,28 @@ def plot_subjects(comparison: Any, out: Path) -> Path | None:
     names = list(dict.fromkeys(s for v in variants for s in pairs[v]["subjects"]))
     fig, axes = new_figure(max(3.0, 0.28 * len(names) + 1.5), ncols=len(variants))
     base = comparison_get(comparison, "baseline", "baseline")
-    for k, (v, ax) in enumerate(zip(variants, axes)):
+    for k, (v, ax) in enumerate(zip(variants, axes, strict=True)):
         p, subj = pairs[v], pairs[v]["subjects"]
         diffs = [100 * (subj[s]["acc_b"] - subj[s]["acc_a"]) if s in subj else 0.0 for s in names]
-        ax.barh(range(len(names)), diffs, label=f"{v} - {base}",
-                color=["C2" if d > 0 else ("C3" if d < 0 else "0.6") for d in diffs])
+        ax.barh(
+            range(len(names)),
+            diffs,
+            label=f"{v} - {base}",
+            color=["C2" if d > 0 else ("C3" if d < 0 else "0.6") for d in diffs],
+        )
         for i, s in enumerate(names):
             st = subj.get(s) or {}
             w2r, r2w = st.get("wrong_to_right", 0), st.get("right_to_wrong", 0)
             if w2r or r2w:
-                ax.annotate(f"+{_num(w2r)}/-{_num(r2w)}", (diffs[i], i),
-                            xytext=(4 if diffs[i] >= 0 else -4, 0), textcoords="offset points",
-                            va="center", ha="left" if diffs[i] >= 0 else "right", fontsize=7)
+                ax.annotate(
+                    f"+{_num(w2r)}/-{_num(r2w)}",
+                    (diffs[i], i),
+                    xytext=(4 if diffs[i] >= 0 else -4, 0),
+                    textcoords="offset points",
+                    va="center",
+                    ha="left" if diffs[i] >= 0 else "right",
+                    fontsize=7,
+                )
         lim = max(5.0, 1.3 * max(abs(d) for d in diffs))  # all zero: a readable +-5 pt axis
         ax.set_xlim(-lim, lim)
         ax.axvline(0, color="k", lw=0.8)
@@ -277,11 +354,16 @@ def plot_subjects(comparison: Any, out: Path) -> Path | None:
             ax.set_ylabel("MMMU subject")
         ax.plot([], [], " ", label="+a/-b: wrong->right / right->wrong flips")
         ax.legend(fontsize=7, loc="best")
-        ax.set_title(f"{v}: flips {p.get('flips')}, McNemar p = {_fmt(p.get('mcnemar_p'), '.3g')}",
-                     fontsize=9)
+        ax.set_title(
+            f"{v}: flips {p.get('flips')}, McNemar p = {_fmt(p.get('mcnemar_p'), '.3g')}",
+            fontsize=9,
+        )
         ax.grid(alpha=0.3, axis="x")
-    fig.suptitle(f"MMMU accuracy per subject: {', '.join(variants)} vs {base}   "
-                 f"[{comparison_get(comparison, 'run_id', '')}]", fontsize=10)
+    fig.suptitle(
+        f"MMMU accuracy per subject: {', '.join(variants)} vs {base}   "
+        f"[{comparison_get(comparison, 'run_id', '')}]",
+        fontsize=10,
+    )
     fig.tight_layout()
     return save_png(fig, out)
 
@@ -298,8 +380,9 @@ class MmmuSuite(Suite):
     def run(self, ctx: SuiteContext, params: Params) -> SuiteResult:
         return run(ctx, params)
 
-    def pair(self, baseline_dirs: list[Path], variant_dirs: list[Path],
-             params: Params) -> dict | None:
+    def pair(
+        self, baseline_dirs: list[Path], variant_dirs: list[Path], params: Params
+    ) -> dict | None:
         """:func:`pair_repeats` (raises PairingRefused when :mod:`.pairing` refuses a repeat)."""
         return pair_repeats(list(baseline_dirs), list(variant_dirs))
 
@@ -314,5 +397,14 @@ class MmmuSuite(Suite):
         return report_block(suite_dir)
 
 
-__all__ = ["MmmuSuite", "Params", "run", "METRICS", "pair", "pair_repeats", "PairingError",
-           "report_block", "cli"]
+__all__ = [
+    "MmmuSuite",
+    "Params",
+    "run",
+    "METRICS",
+    "pair",
+    "pair_repeats",
+    "PairingError",
+    "report_block",
+    "cli",
+]

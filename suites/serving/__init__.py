@@ -11,6 +11,7 @@ prompt check: output identity, ECDF values, request-level intervals; :mod:`.pair
 ``report_section`` (output identity table), ``plots`` (TTFT / ITL ECDF), ``report_block`` (the
 PR-style "Serving Benchmark Result" block of one cell).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from patchbench.records import write_json
-from patchbench.suite import (MetricInfo, Suite, SuiteContext, SuiteError, SuiteResult, register)
+from patchbench.suite import MetricInfo, Suite, SuiteContext, SuiteError, SuiteResult, register
 
 from .block import render_block, report_block, tool_block
 from .command import ToolMismatch, build_command, effective_seed, tool_info, wants_chat_template
@@ -32,8 +33,16 @@ from .parse import ResultError, read_result_line, request_records, summary_metri
 from .recompute import compare_with_summary, recompute_from_details
 from .validity import images_check, request_checks
 
-__all__ = ["Params", "run", "METRICS", "PRIMARY", "ServingSuite", "report_block", "render_block",
-           "tool_block"]
+__all__ = [
+    "Params",
+    "run",
+    "METRICS",
+    "PRIMARY",
+    "ServingSuite",
+    "report_block",
+    "render_block",
+    "tool_block",
+]
 
 _H, _L, _N = "higher", "lower", "none"
 #: the primary metrics (Holm family of a variant; the headline) and their default margin (%)
@@ -50,16 +59,25 @@ def _descriptive(unit: str, label: str = "", better: str = _N) -> MetricInfo:
 
 
 def _metrics() -> dict[str, MetricInfo]:
-    m = {name: _run_metric(_H, unit, label, name) for name, unit, label in (
-        ("request_throughput_req_s", "req/s", "Request throughput (req/s):"),
-        ("input_throughput_tok_s", "tok/s", "Input token throughput (tok/s):"),
-        ("output_throughput_tok_s", "tok/s", "Output token throughput (tok/s):"),
-        ("total_throughput_tok_s", "tok/s", "Total token throughput (tok/s):"),
-        ("peak_output_throughput_tok_s", "tok/s", "Peak output token throughput (tok/s):"))}
+    m = {
+        name: _run_metric(_H, unit, label, name)
+        for name, unit, label in (
+            ("request_throughput_req_s", "req/s", "Request throughput (req/s):"),
+            ("input_throughput_tok_s", "tok/s", "Input token throughput (tok/s):"),
+            ("output_throughput_tok_s", "tok/s", "Output token throughput (tok/s):"),
+            ("total_throughput_tok_s", "tok/s", "Total token throughput (tok/s):"),
+            ("peak_output_throughput_tok_s", "tok/s", "Peak output token throughput (tok/s):"),
+        )
+    }
     labels = {"e2e_latency": "E2E Latency", "ttft": "TTFT", "tpot": "TPOT", "itl": "ITL"}
     for q, lab in labels.items():
-        for stat, word in (("mean", "Mean"), ("median", "Median"), ("p90", "P90"), ("p95", "P95"),
-                           ("p99", "P99")):
+        for stat, word in (
+            ("mean", "Mean"),
+            ("median", "Median"),
+            ("p90", "P90"),
+            ("p95", "P95"),
+            ("p99", "P99"),
+        ):
             name = f"{q}_{stat}_ms"
             m[name] = _run_metric(_L, "ms", f"{word} {lab} (ms):", name)
         m[f"{q}_std_ms"] = _descriptive("ms")  # spread, descriptive only
@@ -69,14 +87,18 @@ def _metrics() -> dict[str, MetricInfo]:
     m["accept_length"] = _descriptive("tok", "Accept length:")
     m["retokenized_output_share"] = _descriptive("share")
     for name, label in (
-            ("requested_count", ""), ("completed_count", ""), ("failed_count", ""),
-            ("no_token_count", ""), ("tool_completed_count", "Successful requests:"),
-            ("total_input_tokens_count", "Total input tokens:"),
-            ("total_input_text_tokens_count", "Total input text tokens:"),
-            ("total_input_vision_tokens_count", "Total input vision tokens:"),
-            ("total_output_tokens_count", "Total generated tokens:"),
-            ("total_output_tokens_retokenized_count", "Total generated tokens (retokenized):"),
-            ("peak_concurrent_requests_count", "Peak concurrent requests:")):
+        ("requested_count", ""),
+        ("completed_count", ""),
+        ("failed_count", ""),
+        ("no_token_count", ""),
+        ("tool_completed_count", "Successful requests:"),
+        ("total_input_tokens_count", "Total input tokens:"),
+        ("total_input_text_tokens_count", "Total input text tokens:"),
+        ("total_input_vision_tokens_count", "Total input vision tokens:"),
+        ("total_output_tokens_count", "Total generated tokens:"),
+        ("total_output_tokens_retokenized_count", "Total generated tokens (retokenized):"),
+        ("peak_concurrent_requests_count", "Peak concurrent requests:"),
+    ):
         m[name] = _descriptive("count", label)
     return m
 
@@ -121,8 +143,15 @@ def _kill_group(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def run_tool(cmd: list[str], *, env: dict[str, str], out_dir: Path, timeout_s: float,
-             server_alive, server_log: Path | None) -> tuple[int, float]:
+def run_tool(
+    cmd: list[str],
+    *,
+    env: dict[str, str],
+    out_dir: Path,
+    timeout_s: float,
+    server_alive,
+    server_log: Path | None,
+) -> tuple[int, float]:
     """Run bench_serving (own process group), stdout/stderr into out_dir/stdout.txt, stderr.txt.
 
     Polls every POLL_S: if the server dies, the tool is stopped at once and SuiteError carries the
@@ -130,8 +159,15 @@ def run_tool(cmd: list[str], *, env: dict[str, str], out_dir: Path, timeout_s: f
     """
     t0 = time.monotonic()
     with open(out_dir / "stdout.txt", "wb") as so, open(out_dir / "stderr.txt", "wb") as se:
-        proc = subprocess.Popen(cmd, env=env, stdout=so, stderr=se, stdin=subprocess.DEVNULL,
-                                cwd=out_dir, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=so,
+            stderr=se,
+            stdin=subprocess.DEVNULL,
+            cwd=out_dir,
+            start_new_session=True,
+        )
         try:
             while True:
                 try:
@@ -141,12 +177,16 @@ def run_tool(cmd: list[str], *, env: dict[str, str], out_dir: Path, timeout_s: f
                     pass
                 if not server_alive():
                     _kill_group(proc)
-                    raise SuiteError("the sglang server died during bench_serving; server log "
-                                     f"tail:\n{_tail(server_log)}")
+                    raise SuiteError(
+                        "the sglang server died during bench_serving; server log "
+                        f"tail:\n{_tail(server_log)}"
+                    )
                 if time.monotonic() - t0 > timeout_s:
                     _kill_group(proc)
-                    raise SuiteError(f"bench_serving ran past timeout_s={timeout_s:.0f}; server "
-                                     f"log tail:\n{_tail(server_log)}")
+                    raise SuiteError(
+                        f"bench_serving ran past timeout_s={timeout_s:.0f}; server "
+                        f"log tail:\n{_tail(server_log)}"
+                    )
         except BaseException:
             if proc.poll() is None:
                 _kill_group(proc)
@@ -154,14 +194,24 @@ def run_tool(cmd: list[str], *, env: dict[str, str], out_dir: Path, timeout_s: f
     return rc, time.monotonic() - t0
 
 
-def _image_probe(ctx: SuiteContext, params: Params, tokenizer: str, chat: bool,
-                 seed: int) -> dict[str, Any]:
+def _image_probe(
+    ctx: SuiteContext, params: Params, tokenizer: str, chat: bool, seed: int
+) -> dict[str, Any]:
     """Run image_probe.py against the cell's server; its JSON line, or {"error": ...} naming
     the probe's last stderr line (its reason) first."""
     script = Path(__file__).with_name("image_probe.py")
-    cmd = [ctx.python, str(script), ctx.server.base_url, tokenizer, params.dataset_name,
-           str(params.random_input_len), str(params.image_count), params.image_resolution,
-           "1" if chat else "0", str(seed)]
+    cmd = [
+        ctx.python,
+        str(script),
+        ctx.server.base_url,
+        tokenizer,
+        params.dataset_name,
+        str(params.random_input_len),
+        str(params.image_count),
+        params.image_resolution,
+        "1" if chat else "0",
+        str(seed),
+    ]
     try:
         cp = subprocess.run(cmd, env=ctx.stock_env, capture_output=True, text=True, timeout=600)
     except subprocess.TimeoutExpired:
@@ -169,8 +219,10 @@ def _image_probe(ctx: SuiteContext, params: Params, tokenizer: str, chat: bool,
     lines = [ln for ln in cp.stdout.splitlines() if ln.startswith("{")]
     if cp.returncode != 0 or not lines:
         last = next((ln for ln in reversed(cp.stderr.splitlines()) if ln.strip()), "")
-        return {"error": f"image probe failed (exit {cp.returncode}): {last[:500]}",
-                "stderr_tail": cp.stderr[-1500:]}
+        return {
+            "error": f"image probe failed (exit {cp.returncode}): {last[:500]}",
+            "stderr_tail": cp.stderr[-1500:],
+        }
     return json.loads(lines[-1])
 
 
@@ -196,27 +248,48 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
     if result_file.exists():
         result_file.unlink()  # the tool appends; a re-run of the cell starts clean
     try:
-        cmd = build_command(params, python=ctx.python, info=info,
-                            sglang_version=ctx.sglang_version, host=srv.host, port=srv.port,
-                            model=srv.model_path, tokenizer=tokenizer, output_file=result_file)
+        cmd = build_command(
+            params,
+            python=ctx.python,
+            info=info,
+            sglang_version=ctx.sglang_version,
+            host=srv.host,
+            port=srv.port,
+            model=srv.model_path,
+            tokenizer=tokenizer,
+            output_file=result_file,
+        )
     except ToolMismatch as e:
         raise SuiteError(str(e)) from None
     write_json(out / "command.json", {"argv": cmd})
-    ctx.log(f"serving: bench_serving {params.dataset_name} x{params.num_prompts} "
-            f"(concurrency {params.max_concurrency})")
+    ctx.log(
+        f"serving: bench_serving {params.dataset_name} x{params.num_prompts} "
+        f"(concurrency {params.max_concurrency})"
+    )
 
-    rc, wall_s = run_tool(cmd, env=dict(ctx.stock_env), out_dir=out, timeout_s=params.timeout_s,
-                          server_alive=srv.alive, server_log=srv.log_path)
+    rc, wall_s = run_tool(
+        cmd,
+        env=dict(ctx.stock_env),
+        out_dir=out,
+        timeout_s=params.timeout_s,
+        server_alive=srv.alive,
+        server_log=srv.log_path,
+    )
     if not srv.alive():
-        raise SuiteError("the sglang server died during bench_serving; server log tail:\n"
-                         + _tail(srv.log_path))
+        raise SuiteError(
+            "the sglang server died during bench_serving; server log tail:\n" + _tail(srv.log_path)
+        )
     if rc != 0:
-        raise SuiteError(f"bench_serving exited with {rc}; its stderr tail:\n"
-                         f"{_tail(out / 'stderr.txt', 25)}\nserver log tail:\n{_tail(srv.log_path)}")
+        raise SuiteError(
+            f"bench_serving exited with {rc}; its stderr tail:\n"
+            f"{_tail(out / 'stderr.txt', 25)}\nserver log tail:\n{_tail(srv.log_path)}"
+        )
     try:
         row = read_result_line(result_file)
     except ResultError as e:
-        raise SuiteError(f"{e}; bench_serving stderr tail:\n{_tail(out / 'stderr.txt', 25)}") from None
+        raise SuiteError(
+            f"{e}; bench_serving stderr tail:\n{_tail(out / 'stderr.txt', 25)}"
+        ) from None
 
     metrics = summary_metrics(row)
     recs = request_records(row)
@@ -224,27 +297,37 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
     statuses = recs["status"]
     sent = len(statuses)
     ok = statuses.count("ok")
-    metrics.update({
-        "requested_count": float(sent),
-        "completed_count": float(ok),
-        "failed_count": float(statuses.count("failed")),
-        "no_token_count": float(statuses.count("no_token")),
-    })
+    metrics.update(
+        {
+            "requested_count": float(sent),
+            "completed_count": float(ok),
+            "failed_count": float(statuses.count("failed")),
+            "no_token_count": float(statuses.count("no_token")),
+        }
+    )
     if metrics.get("total_output_tokens_count"):
-        metrics["retokenized_output_share"] = (metrics["total_output_tokens_retokenized_count"]
-                                               / metrics["total_output_tokens_count"])
-    errors, warnings = request_checks(statuses, recs["error"], num_prompts=params.num_prompts,
-                                      tool_completed=int(metrics.get("tool_completed_count", 0)))
+        metrics["retokenized_output_share"] = (
+            metrics["total_output_tokens_retokenized_count"] / metrics["total_output_tokens_count"]
+        )
+    errors, warnings = request_checks(
+        statuses,
+        recs["error"],
+        num_prompts=params.num_prompts,
+        tool_completed=int(metrics.get("tool_completed_count", 0)),
+    )
     if metrics.get("total_output_tokens_count", 0) > 0 and metrics.get("ttft_mean_ms", 0) == 0:
         errors.append("invalid: output tokens > 0 but every TTFT is 0 (no streamed token timed)")
 
     # our recomputation vs the tool's summary (judged only on runs without flagged requests)
     ours = recompute_from_details(row, as_tool=True)
-    disagree = compare_with_summary(metrics, ours, rel_tol=params.recompute_rel_tol,
-                                    abs_tol_ms=params.recompute_abs_tol_ms)
+    disagree = compare_with_summary(
+        metrics, ours, rel_tol=params.recompute_rel_tol, abs_tol_ms=params.recompute_abs_tol_ms
+    )
     if disagree and ok == sent:
-        warnings.append("recomputation from the per-request details disagrees with "
-                        "bench_serving's summary: " + "; ".join(disagree))
+        warnings.append(
+            "recomputation from the per-request details disagrees with "
+            "bench_serving's summary: " + "; ".join(disagree)
+        )
 
     meta: dict[str, Any] = {
         "backend": params.backend,
@@ -272,8 +355,9 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
     return SuiteResult(status=status, metrics=metrics, errors=errors, warnings=warnings, meta=meta)
 
 
-def _check_images(ctx: SuiteContext, params: Params, row: dict, recs: dict, info,
-                  tokenizer: str) -> tuple[list[str], dict[str, Any]]:
+def _check_images(
+    ctx: SuiteContext, params: Params, row: dict, recs: dict, info, tokenizer: str
+) -> tuple[list[str], dict[str, Any]]:
     """Images reached the model? Where the server's prompt token count comes from:
 
     - releases whose bench_serving records the server's ``meta_info.prompt_tokens`` per request in
@@ -290,18 +374,31 @@ def _check_images(ctx: SuiteContext, params: Params, row: dict, recs: dict, info
     per_req_images = 1 if params.dataset_name == "mmmu" else params.image_count
     if "_record_server_prompt_len" in src_text and "total_input_text_tokens" in row:
         server = float(sum(recs["input_len"][i] for i in succ))
-        return images_check(server_prompt_tokens=server,
-                            text_prompt_tokens=float(row["total_input_text_tokens"]),
-                            images_sent=len(succ) * per_req_images,
-                            min_extra_tokens_per_image=params.images_min_extra_tokens_per_image,
-                            min_ratio=params.images_min_prompt_token_ratio,
-                            source="server prompt_tokens of every request, recorded by bench_serving")
+        return images_check(
+            server_prompt_tokens=server,
+            text_prompt_tokens=float(row["total_input_text_tokens"]),
+            images_sent=len(succ) * per_req_images,
+            min_extra_tokens_per_image=params.images_min_extra_tokens_per_image,
+            min_ratio=params.images_min_prompt_token_ratio,
+            source="server prompt_tokens of every request, recorded by bench_serving",
+        )
     chat = wants_chat_template(params, ctx.sglang_version)
     seed = effective_seed(params, info)
     seed = 1 if seed is None else seed  # bench_serving's own default
-    key = hashlib.sha256(json.dumps([ctx.variant, params.dataset_name, params.random_input_len,
-                                     params.image_count, params.image_resolution, chat,
-                                     tokenizer, seed]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        json.dumps(
+            [
+                ctx.variant,
+                params.dataset_name,
+                params.random_input_len,
+                params.image_count,
+                params.image_resolution,
+                chat,
+                tokenizer,
+                seed,
+            ]
+        ).encode()
+    ).hexdigest()[:16]
     cache = Path(ctx.cache_dir) / "serving" / f"image-probe-{key}.json"
     if cache.is_file():  # once per (run, variant, settings): the probe costs a tool import
         probe = dict(json.loads(cache.read_text()), cached=True)
@@ -311,13 +408,14 @@ def _check_images(ctx: SuiteContext, params: Params, row: dict, recs: dict, info
             write_json(cache, probe)
     if "error" in probe:
         return [f"images check could not run: {probe['error']}"], {"image_probe": probe}
-    errs, img = images_check(server_prompt_tokens=float(probe["server_prompt_tokens"]),
-                             text_prompt_tokens=float(probe["text_tokens"]),
-                             images_sent=int(probe["images"]),
-                             min_extra_tokens_per_image=params.images_min_extra_tokens_per_image,
-                             min_ratio=params.images_min_prompt_token_ratio,
-                             source="one probe request after the run, built by the release's "
-                                    "own dataset code")
+    errs, img = images_check(
+        server_prompt_tokens=float(probe["server_prompt_tokens"]),
+        text_prompt_tokens=float(probe["text_tokens"]),
+        images_sent=int(probe["images"]),
+        min_extra_tokens_per_image=params.images_min_extra_tokens_per_image,
+        min_ratio=params.images_min_prompt_token_ratio,
+        source="one probe request after the run, built by the release's own dataset code",
+    )
     img["image_probe"] = probe
     return errs, img
 
@@ -334,8 +432,9 @@ class ServingSuite(Suite):
     def run(self, ctx: SuiteContext, params: Params) -> SuiteResult:
         return run(ctx, params)
 
-    def pair(self, baseline_dirs: list[Path], variant_dirs: list[Path],
-             params: Params) -> dict | None:
+    def pair(
+        self, baseline_dirs: list[Path], variant_dirs: list[Path], params: Params
+    ) -> dict | None:
         """Requests paired by index after the prompt check (:mod:`.pairing`).
 
         Returns ``{"request_pairing": {"ok", "reason"}, "notes": [...], "repeats": [{"repeat_index",
@@ -346,14 +445,17 @@ class ServingSuite(Suite):
         "itl_ms_n"}}, "descriptive": {metric: {"change_pct", "low_pct", "high_pct", "method"}}
         (one paired repeat only)}``. Raises PairingRefused when no repeat's prompts pair."""
         from .pairing import pair_cells
+
         return pair_cells(list(baseline_dirs), list(variant_dirs), list(METRICS))
 
     def report_section(self, comparison: Any) -> list[str]:
         from .render import report_section
+
         return report_section(comparison)
 
     def plots(self, comparison: Any, out_dir: Path) -> list[Path]:
         from .render import plots
+
         return plots(comparison, out_dir)
 
     def report_block(self, suite_dir: Path) -> str | None:

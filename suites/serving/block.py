@@ -7,6 +7,7 @@ section rules centred in 50 ``-``, and a closing line of 50 ``=``. 0.5.23 prints
 TPOT, peak throughput); the PR's layout is kept for every release so Before/After blocks line up,
 and the release's own printout stays in the cell's ``stdout.txt`` (:func:`tool_block`).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,11 +23,11 @@ def _rule(title: str) -> str:
 
 
 def _txt(label: str, value: Any) -> str:
-    return "{:<40} {:<10}".format(label, value)
+    return f"{label:<40} {value:<10}"
 
 
 def _f2(label: str, value: float) -> str:
-    return "{:<40} {:<10.2f}".format(label, value)
+    return f"{label:<40} {value:<10.2f}"
 
 
 def _int(v: float | None) -> Any:
@@ -50,7 +51,10 @@ def render_block(metrics: dict[str, float], meta: dict[str, Any]) -> str:
         _f2("Benchmark duration (s):", g("duration_s", float("nan"))),
         _txt("Total input tokens:", _int(g("total_input_tokens_count"))),
         _txt("Total generated tokens:", _int(g("total_output_tokens_count"))),
-        _txt("Total generated tokens (retokenized):", _int(g("total_output_tokens_retokenized_count"))),
+        _txt(
+            "Total generated tokens (retokenized):",
+            _int(g("total_output_tokens_retokenized_count")),
+        ),
         _f2("Request throughput (req/s):", g("request_throughput_req_s", float("nan"))),
         _f2("Input token throughput (tok/s):", g("input_throughput_tok_s", float("nan"))),
         _f2("Output token throughput (tok/s):", g("output_throughput_tok_s", float("nan"))),
@@ -95,5 +99,5 @@ def tool_block(stdout_text: str) -> str | None:
         if ln.rstrip() == TITLE:
             for j in range(i + 1, len(lines)):
                 if lines[j].rstrip() == "=" * 50:
-                    return "\n".join(lines[i:j + 1]) + "\n"
+                    return "\n".join(lines[i : j + 1]) + "\n"
     return None

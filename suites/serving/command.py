@@ -6,6 +6,7 @@ from its source with :mod:`ast`, without importing it (importing costs seconds a
 ``bench_serving`` became a shim over it). So the suite spells a flag or dataset the way the installed
 release does, and says clearly when a release lacks one.
 """
+
 from __future__ import annotations
 
 import ast
@@ -53,8 +54,10 @@ def tool_source(sglang_dir: Path) -> Path:
         return new
     if old.is_file():
         return old
-    raise FileNotFoundError(f"no bench_serving source under {sglang_dir} "
-                            "(looked for benchmark/serving.py and bench_serving.py)")
+    raise FileNotFoundError(
+        f"no bench_serving source under {sglang_dir} "
+        "(looked for benchmark/serving.py and bench_serving.py)"
+    )
 
 
 @functools.lru_cache(maxsize=8)
@@ -64,10 +67,15 @@ def _tool_info_cached(path: str, mtime: float) -> ToolInfo:
     choices: tuple[str, ...] = ()
     defaults: dict[str, object] = {}
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "add_argument"):
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "add_argument"
+        ):
             continue
-        names = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        names = [
+            a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+        ]
         options.update(n for n in names if n.startswith("-"))
         for kw in node.keywords:
             if kw.arg == "default" and names:
@@ -80,8 +88,9 @@ def _tool_info_cached(path: str, mtime: float) -> ToolInfo:
                     choices = tuple(ast.literal_eval(kw.value))
                 except ValueError:
                     pass
-    return ToolInfo(source=Path(path), options=frozenset(options), dataset_choices=choices,
-                    defaults=defaults)
+    return ToolInfo(
+        source=Path(path), options=frozenset(options), dataset_choices=choices, defaults=defaults
+    )
 
 
 def tool_info(sglang_dir: Path) -> ToolInfo:
@@ -100,27 +109,41 @@ def release_dataset_name(name: str, info: ToolInfo) -> str:
         return name
     raise ToolMismatch(
         f"dataset '{name}' is not available in this release's bench_serving ({info.source}); "
-        f"it offers: {', '.join(info.dataset_choices) or '(none found)'}")
+        f"it offers: {', '.join(info.dataset_choices) or '(none found)'}"
+    )
 
 
 def _flag(info: ToolInfo, candidates: tuple[str, ...], what: str) -> str:
     for c in candidates:
         if c in info.options:
             return c
-    raise ToolMismatch(f"this release's bench_serving ({info.source}) has no flag for {what} "
-                       f"(looked for {', '.join(candidates)})")
+    raise ToolMismatch(
+        f"this release's bench_serving ({info.source}) has no flag for {what} "
+        f"(looked for {', '.join(candidates)})"
+    )
 
 
 def wants_chat_template(params: Params, sglang_version: str) -> bool:
     """Whether to pass ``--apply-chat-template`` (see Params.apply_chat_template)."""
     if params.apply_chat_template is not None:
         return params.apply_chat_template
-    return (params.dataset_name in IMAGE_DATASETS
-            and Version(sglang_version) < _ALWAYS_TEMPLATED_FROM)
+    return (
+        params.dataset_name in IMAGE_DATASETS and Version(sglang_version) < _ALWAYS_TEMPLATED_FROM
+    )
 
 
-def build_command(params: Params, *, python: str, info: ToolInfo, sglang_version: str,
-                  host: str, port: int, model: str, tokenizer: str, output_file: Path) -> list[str]:
+def build_command(
+    params: Params,
+    *,
+    python: str,
+    info: ToolInfo,
+    sglang_version: str,
+    host: str,
+    port: int,
+    model: str,
+    tokenizer: str,
+    output_file: Path,
+) -> list[str]:
     """argv of one bench_serving call (``python -m sglang.bench_serving ...``).
 
     ``--output-file`` gets one JSON line (appended by the tool), ``--output-details`` adds the
@@ -128,25 +151,49 @@ def build_command(params: Params, *, python: str, info: ToolInfo, sglang_version
     """
     dataset = release_dataset_name(params.dataset_name, info)
     rate = params.request_rate
-    cmd = [python, "-m", "sglang.bench_serving",
-           "--backend", params.backend,
-           "--host", host, "--port", str(port),
-           "--model", model, "--tokenizer", tokenizer,
-           "--dataset-name", dataset,
-           "--num-prompts", str(params.num_prompts),
-           "--request-rate", "inf" if rate == float("inf") else repr(float(rate)),
-           "--random-input-len", str(params.random_input_len),
-           "--random-output-len", str(params.output_len),
-           "--random-range-ratio", repr(float(params.random_range_ratio)),
-           "--warmup-requests", str(params.warmup_requests),
-           "--output-file", str(output_file), "--output-details"]
+    cmd = [
+        python,
+        "-m",
+        "sglang.bench_serving",
+        "--backend",
+        params.backend,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--model",
+        model,
+        "--tokenizer",
+        tokenizer,
+        "--dataset-name",
+        dataset,
+        "--num-prompts",
+        str(params.num_prompts),
+        "--request-rate",
+        "inf" if rate == float("inf") else repr(float(rate)),
+        "--random-input-len",
+        str(params.random_input_len),
+        "--random-output-len",
+        str(params.output_len),
+        "--random-range-ratio",
+        repr(float(params.random_range_ratio)),
+        "--warmup-requests",
+        str(params.warmup_requests),
+        "--output-file",
+        str(output_file),
+        "--output-details",
+    ]
     if params.max_concurrency is not None:
         cmd += ["--max-concurrency", str(params.max_concurrency)]
     if params.dataset_path:
         cmd += ["--dataset-path", params.dataset_path]
     if dataset in _IMAGE_ALIASES:
-        cmd += [_flag(info, _IMAGE_COUNT_FLAGS, "the image count"), str(params.image_count),
-                _flag(info, _IMAGE_RES_FLAGS, "the image resolution"), params.image_resolution]
+        cmd += [
+            _flag(info, _IMAGE_COUNT_FLAGS, "the image count"),
+            str(params.image_count),
+            _flag(info, _IMAGE_RES_FLAGS, "the image resolution"),
+            params.image_resolution,
+        ]
     if params.seed is not None:
         cmd += ["--seed", str(params.seed)]
     if wants_chat_template(params, sglang_version):

@@ -16,6 +16,7 @@ then tries the next seed, up to ATTEMPTS times, and records the refusals. The sa
 
 usage: python image_probe.py URL TOKENIZER DATASET INPUT_LEN IMAGES RESOLUTION CHAT_TEMPLATE(0|1) SEED
 """
+
 from __future__ import annotations
 
 import json
@@ -33,13 +34,23 @@ def _sample(bs, tokenizer, dataset, input_len, images, resolution, chat_template
     random.seed(seed)
     np.random.seed(seed)
     if dataset == "mmmu":
-        rows = bs.sample_mmmu_requests(num_requests=1, tokenizer=tokenizer, fixed_output_len=1,
-                                       apply_chat_template=chat_template)
+        rows = bs.sample_mmmu_requests(
+            num_requests=1,
+            tokenizer=tokenizer,
+            fixed_output_len=1,
+            apply_chat_template=chat_template,
+        )
     else:
         rows = bs.sample_random_image_requests(
-            num_requests=1, num_images=int(images), input_len=int(input_len), output_len=1,
-            range_ratio=1.0, tokenizer=tokenizer, apply_chat_template=chat_template,
-            image_resolution=resolution)
+            num_requests=1,
+            num_images=int(images),
+            input_len=int(input_len),
+            output_len=1,
+            range_ratio=1.0,
+            tokenizer=tokenizer,
+            apply_chat_template=chat_template,
+            image_resolution=resolution,
+        )
     return rows[0]
 
 
@@ -51,24 +62,35 @@ def main(argv: list[str]) -> int:
     refused = []
     for s in range(int(seed), int(seed) + ATTEMPTS):
         row = _sample(bs, tokenizer, dataset, input_len, images, resolution, chat == "1", s)
-        payload = {"text": row.prompt, "image_data": row.image_data,
-                   "sampling_params": {"temperature": 0.0, "max_new_tokens": 1}}
-        req = urllib.request.Request(url.rstrip("/") + "/generate",
-                                     data=json.dumps(payload).encode(),
-                                     headers={"Content-Type": "application/json"})
+        payload = {
+            "text": row.prompt,
+            "image_data": row.image_data,
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": 1},
+        }
+        req = urllib.request.Request(
+            url.rstrip("/") + "/generate",
+            data=json.dumps(payload).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=120) as r:
                 out = json.loads(r.read())
         except urllib.error.HTTPError as e:
             if e.code != 400:
                 raise
-            refused.append({"seed": s,
-                            "reason": e.read().decode("utf-8", "replace")[:300]})
+            refused.append({"seed": s, "reason": e.read().decode("utf-8", "replace")[:300]})
             continue
-        print(json.dumps({"text_tokens": row.prompt_len,
-                          "server_prompt_tokens": out["meta_info"]["prompt_tokens"],
-                          "images": len(row.image_data or []), "seed": s,
-                          "refused": refused}))
+        print(
+            json.dumps(
+                {
+                    "text_tokens": row.prompt_len,
+                    "server_prompt_tokens": out["meta_info"]["prompt_tokens"],
+                    "images": len(row.image_data or []),
+                    "seed": s,
+                    "refused": refused,
+                }
+            )
+        )
         return 0
     print(f"the server refused all {ATTEMPTS} probe prompts (400): {refused}", file=sys.stderr)
     return 1

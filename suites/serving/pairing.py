@@ -12,6 +12,7 @@ where the first difference starts), per-request TTFT / ITL values of the first p
 the ECDF plot, and, with a single paired repeat, request-level intervals of the latency metrics
 (descriptive only: request-to-request noise inside one cell, never a verdict).
 """
+
 from __future__ import annotations
 
 import os
@@ -69,13 +70,20 @@ def check_prompts(rb: dict, rv: dict, n: int) -> str | None:
     for i in range(n):
         if hb and hv and i < len(hb) and i < len(hv) and hb[i] != hv[i]:
             bad.append(f"request {i}: prompt_sha256 differs")
-        elif (request_ok(rb, i) and request_ok(rv, i) and i < len(lb) and i < len(lv)
-              and lb[i] != lv[i]):
+        elif (
+            request_ok(rb, i)
+            and request_ok(rv, i)
+            and i < len(lb)
+            and i < len(lv)
+            and lb[i] != lv[i]
+        ):
             bad.append(f"request {i}: prompt length {lb[i]} vs {lv[i]}")
     if not bad:
         return None
-    return (f"prompts differ at {len(bad)} of {n} indices (first: {'; '.join(bad[:3])}): "
-            "requests cannot be paired by index")
+    return (
+        f"prompts differ at {len(bad)} of {n} indices (first: {'; '.join(bad[:3])}): "
+        "requests cannot be paired by index"
+    )
 
 
 def _first_diff(a: str, b: str) -> int:
@@ -92,8 +100,11 @@ def _thin(values: list[float], cap: int = ECDF_MAX_VALUES) -> list[float]:
 
 
 def _ecdf_side(req: dict, idx: list[int]) -> dict[str, Any]:
-    ttft = [req["ttft_ms"][i] for i in idx if i < len(req.get("ttft_ms") or [])
-            and req["ttft_ms"][i] is not None]
+    ttft = [
+        req["ttft_ms"][i]
+        for i in idx
+        if i < len(req.get("ttft_ms") or []) and req["ttft_ms"][i] is not None
+    ]
     itl = [x for i in idx if i < len(req.get("itl_ms") or []) for x in (req["itl_ms"][i] or [])]
     return {"ttft_ms": sorted(ttft), "itl_ms": _thin(itl), "itl_ms_n": len(itl)}
 
@@ -107,8 +118,9 @@ def metric_kind(metric: str) -> tuple[str, str] | None:
     return ("e2e" if m.group(1) == "e2e_latency" else m.group(1)), m.group(2)
 
 
-def within_cell_interval(kind: str, stat: str, rb: dict, rv: dict, idx: list[int],
-                         settings: Any) -> stats.Interval:
+def within_cell_interval(
+    kind: str, stat: str, rb: dict, rv: dict, idx: list[int], settings: Any
+) -> stats.Interval:
     """Paired-request (ttft, e2e) or request-block (itl) interval of one repeat over the request
     indices ``idx`` (succeeded in both cells). Raises ValueError when there are too few values."""
     field = {"ttft": "ttft_ms", "e2e": "e2e_ms", "itl": "itl_ms"}[kind]
@@ -116,17 +128,28 @@ def within_cell_interval(kind: str, stat: str, rb: dict, rv: dict, idx: list[int
     idx = [i for i in idx if i < len(xb) and i < len(xv)]
     if kind == "itl":
         return stats.block_bootstrap_interval(
-            [xb[i] or [] for i in idx], [xv[i] or [] for i in idx], stat, settings.confidence,
-            n_resamples=settings.bootstrap_resamples, seed=settings.seed)
+            [xb[i] or [] for i in idx],
+            [xv[i] or [] for i in idx],
+            stat,
+            settings.confidence,
+            n_resamples=settings.bootstrap_resamples,
+            seed=settings.seed,
+        )
     idx = [i for i in idx if xb[i] is not None and xv[i] is not None and xb[i] > 0 and xv[i] > 0]
     return stats.paired_request_interval(
-        [xb[i] for i in idx], [xv[i] for i in idx], stat, settings.confidence,
-        n_resamples=settings.bootstrap_resamples, seed=settings.seed,
-        method=settings.bootstrap_method)
+        [xb[i] for i in idx],
+        [xv[i] for i in idx],
+        stat,
+        settings.confidence,
+        n_resamples=settings.bootstrap_resamples,
+        seed=settings.seed,
+        method=settings.bootstrap_method,
+    )
 
 
-def pair_cells(baseline_dirs: list[Path], variant_dirs: list[Path], metrics: list[str],
-               settings: Any = None) -> dict[str, Any]:
+def pair_cells(
+    baseline_dirs: list[Path], variant_dirs: list[Path], metrics: list[str], settings: Any = None
+) -> dict[str, Any]:
     """The serving pair dict of one variant (see :meth:`ServingSuite.pair` for its keys).
 
     ``metrics``: the latency metrics to give request-level intervals (with one paired repeat);
@@ -136,23 +159,28 @@ def pair_cells(baseline_dirs: list[Path], variant_dirs: list[Path], metrics: lis
     """
     if settings is None:
         from patchbench.comparison import CompareSettings
+
         settings = CompareSettings()
     notes: list[str] = []
     reps: list[dict[str, Any]] = []
     refused: list[str] = []
     used: list[tuple[int, dict, dict, list[int]]] = []
-    for k, (db, dv) in enumerate(zip(baseline_dirs, variant_dirs)):
+    for k, (db, dv) in enumerate(zip(baseline_dirs, variant_dirs, strict=True)):
         rb, why_b = read_requests(db)
         rv, why_v = read_requests(dv)
         if rb is None or rv is None:
-            notes.append(f"paired repeat {k}: not used: " + "; ".join(w for w in (why_b, why_v) if w))
+            notes.append(
+                f"paired repeat {k}: not used: " + "; ".join(w for w in (why_b, why_v) if w)
+            )
             continue
         nb, nv = _count(rb), _count(rv)
         n = min(nb, nv)
         if nb != nv:
             short = db / "requests.json" if nb < nv else dv / "requests.json"
-            notes.append(f"paired repeat {k}: {short} holds {min(nb, nv)} requests, the other cell "
-                         f"{max(nb, nv)}: only requests 0..{n - 1} were paired")
+            notes.append(
+                f"paired repeat {k}: {short} holds {min(nb, nv)} requests, the other cell "
+                f"{max(nb, nv)}: only requests 0..{n - 1} were paired"
+            )
         reason = check_prompts(rb, rv, n)
         if reason:
             refused.append(f"paired repeat {k}: {reason}")
@@ -167,9 +195,18 @@ def pair_cells(baseline_dirs: list[Path], variant_dirs: list[Path], metrics: lis
                 same += 1
             else:
                 diffs.append({"repeat": k, "request": i, "char": _first_diff(a, b)})
-        reps.append({"repeat_index": k, "baseline_requests": nb, "variant_requests": nv,
-                     "paired": len(idx), "failed_either": n - len(idx), "identical": same,
-                     "share": same / len(idx) if idx else None, "diffs": diffs})
+        reps.append(
+            {
+                "repeat_index": k,
+                "baseline_requests": nb,
+                "variant_requests": nv,
+                "paired": len(idx),
+                "failed_either": n - len(idx),
+                "identical": same,
+                "share": same / len(idx) if idx else None,
+                "diffs": diffs,
+            }
+        )
         used.append((k, rb, rv, idx))
     if refused and not used:
         raise PairingRefused("; ".join(refused))
@@ -178,23 +215,34 @@ def pair_cells(baseline_dirs: list[Path], variant_dirs: list[Path], metrics: lis
     out: dict[str, Any] = {
         "request_pairing": {"ok": bool(used), "reason": pairing_reason},
         "notes": notes,
-        "repeats": [{k: v for k, v in r.items() if k != "diffs"} for r in reps]}
+        "repeats": [{k: v for k, v in r.items() if k != "diffs"} for r in reps],
+    }
     n = sum(r["paired"] for r in reps)
     ident = sum(r["identical"] for r in reps)
     diffs = [d for r in reps for d in r["diffs"]]
     if n:
         from statsmodels.stats.proportion import proportion_confint
+
         lo, hi = proportion_confint(ident, n, alpha=0.05, method="wilson")
-        out["identity"] = {"n": n, "identical": ident, "share": ident / n,
-                           "share_ci": [float(lo), float(hi)], "first_diff": diffs[:MAX_DIFFS],
-                           "first_diff_char_median": (statistics.median(d["char"] for d in diffs)
-                                                      if diffs else None)}
+        out["identity"] = {
+            "n": n,
+            "identical": ident,
+            "share": ident / n,
+            "share_ci": [float(lo), float(hi)],
+            "first_diff": diffs[:MAX_DIFFS],
+            "first_diff_char_median": (
+                statistics.median(d["char"] for d in diffs) if diffs else None
+            ),
+        }
     else:
         out["identity"] = None
     if used:
         k, rb, rv, idx = used[0]
-        out["ecdf"] = {"repeat_index": k, "baseline": _ecdf_side(rb, idx),
-                       "variant": _ecdf_side(rv, idx)}
+        out["ecdf"] = {
+            "repeat_index": k,
+            "baseline": _ecdf_side(rb, idx),
+            "variant": _ecdf_side(rv, idx),
+        }
     if len(used) == 1 and getattr(settings, "within_cell_intervals", True):
         k, rb, rv, idx = used[0]
         desc: dict[str, dict[str, Any]] = {}
@@ -208,7 +256,11 @@ def pair_cells(baseline_dirs: list[Path], variant_dirs: list[Path], metrics: lis
                 notes.append(f"{m}: no request-level interval ({e})")
                 continue
             if iv.ok:
-                desc[m] = {"change_pct": 100 * iv.estimate, "low_pct": 100 * iv.low,
-                           "high_pct": 100 * iv.high, "method": iv.method}
+                desc[m] = {
+                    "change_pct": 100 * iv.estimate,
+                    "low_pct": 100 * iv.low,
+                    "high_pct": 100 * iv.high,
+                    "method": iv.method,
+                }
         out["descriptive"] = desc
     return out

@@ -1,4 +1,5 @@
 """Parameters of the serving suite and the release-specific spelling of bench_serving's flags."""
+
 from __future__ import annotations
 
 from typing import Literal

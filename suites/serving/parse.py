@@ -17,6 +17,7 @@ Key sets (read in the released code):
   SERVER's ``meta_info.prompt_tokens`` per request when the server reports it
   (``_record_server_prompt_len``), while 0.5.1.post3's is the client's text-token count.
 """
+
 from __future__ import annotations
 
 import json
@@ -76,8 +77,10 @@ def read_result_line(path: Path) -> dict[str, Any]:
             raise ResultError(f"{path}: key '{key}' missing from bench_serving's result")
     missing = [k for k in DETAIL_KEYS if k not in row]
     if missing:
-        raise ResultError(f"{path}: no per-request details ({', '.join(missing)} missing); "
-                          "was --output-details passed?")
+        raise ResultError(
+            f"{path}: no per-request details ({', '.join(missing)} missing); "
+            "was --output-details passed?"
+        )
     return row
 
 
@@ -112,9 +115,12 @@ def summary_metrics(row: dict[str, Any]) -> dict[str, float]:
             if v is not None:
                 m[f"{ours}_{s}_ms"] = v
     if "total_throughput_tok_s" not in m and m.get("duration_s"):
-        m["total_throughput_tok_s"] = (m["total_input_tokens_count"]
-                                       + m["total_output_tokens_count"]) / m["duration_s"]
-    itls = [x for out, itl in zip(row["output_lens"], row["itls"]) if out for x in itl]
+        m["total_throughput_tok_s"] = (
+            m["total_input_tokens_count"] + m["total_output_tokens_count"]
+        ) / m["duration_s"]
+    itls = [
+        x for out, itl in zip(row["output_lens"], row["itls"], strict=False) if out for x in itl
+    ]
     m["itl_max_ms"] = float(np.max(itls)) * 1000 if itls else 0.0
     return m
 
@@ -132,9 +138,20 @@ def request_records(row: dict[str, Any]) -> dict[str, list]:
     non-200), or "no_token" (a 200 response that streamed no token: the tool counts it as a
     success; we count it as failed). ttft_ms / e2e_ms are None for failed and no_token requests.
     """
-    recs: dict[str, list] = {k: [] for k in ("ttft_ms", "itl_ms", "e2e_ms", "input_len",
-                                             "output_len", "generated_text", "error", "status")}
-    for inp, out, ttft, itl, text, err in zip(*(row[k] for k in DETAIL_KEYS)):
+    recs: dict[str, list] = {
+        k: []
+        for k in (
+            "ttft_ms",
+            "itl_ms",
+            "e2e_ms",
+            "input_len",
+            "output_len",
+            "generated_text",
+            "error",
+            "status",
+        )
+    }
+    for inp, out, ttft, itl, text, err in zip(*(row[k] for k in DETAIL_KEYS), strict=False):
         status = request_status(out, ttft, itl, err)
         ok = status == "ok"
         itl_ms = [x * 1000 for x in itl]
@@ -150,7 +167,7 @@ def request_records(row: dict[str, Any]) -> dict[str, list]:
 
 
 def request_status(output_len: int, ttft_s: float, itl_s: list[float], error: str) -> str:
-    """"failed", "no_token" or "ok" for one request of the details (see :func:`request_records`).
+    """ "failed", "no_token" or "ok" for one request of the details (see :func:`request_records`).
 
     bench_serving marks a failure with a non-empty error and output length 0 (0.5.1.post3 stores
     ``response.reason``, which can be empty, so output length 0 alone also means failed). A success

@@ -18,11 +18,13 @@ Two uses:
    stream's last chunk. The tolerance is Params.recompute_rel_tol / recompute_abs_tol_ms (defaults
    5 % or 5 ms, whichever is larger, per value), exact-match metrics use 1e-9 relative.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -61,8 +63,9 @@ class RequestTiming:
         return (self.e2e_s - self.ttft_s) / (self.output_len - 1)
 
 
-def request_from_chunks(chunks: Iterable[Chunk], *, requested_len: int, http_status: int = 200,
-                        reason: str = "") -> RequestTiming:
+def request_from_chunks(
+    chunks: Iterable[Chunk], *, requested_len: int, http_status: int = 200, reason: str = ""
+) -> RequestTiming:
     """Replay bench_serving's per-request bookkeeping on a list of chunks (see module docstring).
 
     A non-200 response is a failure (output length 0, the reason kept as the error). A 200 response
@@ -96,18 +99,30 @@ def request_from_chunks(chunks: Iterable[Chunk], *, requested_len: int, http_sta
         last_t = c.t_s
         last_len = n_total
     if not seen:
-        return RequestTiming(success=False, no_token=True, output_len=requested_len,
-                             error="stream ended without any token")
-    return RequestTiming(success=True, ttft_s=ttft, itl_s=itl, e2e_s=ttft + sum(itl),
-                         output_len=output_len, tokens_in_first_chunk=first_tokens)
+        return RequestTiming(
+            success=False,
+            no_token=True,
+            output_len=requested_len,
+            error="stream ended without any token",
+        )
+    return RequestTiming(
+        success=True,
+        ttft_s=ttft,
+        itl_s=itl,
+        e2e_s=ttft + sum(itl),
+        output_len=output_len,
+        tokens_in_first_chunk=first_tokens,
+    )
 
 
 def _stats(values: list[float], prefix: str, pcts: tuple[int, ...]) -> dict[str, float]:
     # the tool's convention: np.mean(xs or 0) etc. (0 when there are no values), times 1000
     xs = values or 0
-    out = {f"{prefix}_mean_ms": float(np.mean(xs)) * 1000,
-           f"{prefix}_median_ms": float(np.median(xs)) * 1000,
-           f"{prefix}_std_ms": float(np.std(xs)) * 1000}
+    out = {
+        f"{prefix}_mean_ms": float(np.mean(xs)) * 1000,
+        f"{prefix}_median_ms": float(np.median(xs)) * 1000,
+        f"{prefix}_std_ms": float(np.std(xs)) * 1000,
+    }
     for p in pcts:
         out[f"{prefix}_p{p}_ms"] = float(np.percentile(xs, p)) * 1000
     return out
@@ -130,7 +145,7 @@ def recompute_from_details(row: dict[str, Any], *, as_tool: bool = True) -> dict
     total_out = 0
     total_in = 0
     completed = 0
-    for inp, out, ttft, itl, _text, err in zip(*(row[k] for k in DETAIL_KEYS)):
+    for inp, out, ttft, itl, _text, err in zip(*(row[k] for k in DETAIL_KEYS), strict=False):
         status = request_status(out, ttft, itl, err)
         if status == "failed" or (status == "no_token" and not as_tool):
             continue
@@ -161,17 +176,28 @@ def recompute_from_details(row: dict[str, Any], *, as_tool: bool = True) -> dict
 
 
 #: metrics our recomputation reproduces exactly (same inputs, same numpy calls as the tool)
-EXACT = ("tool_completed_count", "total_output_tokens_count", "request_throughput_req_s",
-         "output_throughput_tok_s", "ttft_mean_ms", "ttft_median_ms", "ttft_p99_ms",
-         "itl_mean_ms", "itl_median_ms", "itl_p95_ms", "itl_p99_ms")
+EXACT = (
+    "tool_completed_count",
+    "total_output_tokens_count",
+    "request_throughput_req_s",
+    "output_throughput_tok_s",
+    "ttft_mean_ms",
+    "ttft_median_ms",
+    "ttft_p99_ms",
+    "itl_mean_ms",
+    "itl_median_ms",
+    "itl_p95_ms",
+    "itl_p99_ms",
+)
 #: metrics that use the per-request E2E, which the details lack (ttft + sum(itl) instead)
 APPROX = ("e2e_latency_mean_ms", "e2e_latency_median_ms", "tpot_mean_ms", "tpot_median_ms")
 #: concurrency = sum(E2E) / duration: relative tolerance only
 APPROX_REL = ("concurrency",)
 
 
-def compare_with_summary(tool: dict[str, float], ours: dict[str, float], *, rel_tol: float,
-                         abs_tol_ms: float) -> list[str]:
+def compare_with_summary(
+    tool: dict[str, float], ours: dict[str, float], *, rel_tol: float, abs_tol_ms: float
+) -> list[str]:
     """Lines describing every metric where our recomputation disagrees with the tool's summary.
 
     EXACT metrics must agree to 1e-9 relative (1e-9 absolute near 0); APPROX metrics (ms) within

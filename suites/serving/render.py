@@ -1,5 +1,6 @@
 """The serving suite's report section (output identity) and plots (TTFT / ITL ECDF), rendered
 only from the comparison's serving pairs (:mod:`.pairing` wrote them)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,8 +20,11 @@ def identity_flags(comparison: Any) -> dict[str, dict[str, Any]]:
     pairs = suite_pairs(comparison, SUITE)
     aa = set(comparison_get(comparison, "aa_variants", []) or [])
     settings = comparison_get(comparison, "settings", {}) or {}
-    tol = float(settings.get("identity_share_tolerance", 0.02)
-                if isinstance(settings, dict) else getattr(settings, "identity_share_tolerance", 0.02))
+    tol = float(
+        settings.get("identity_share_tolerance", 0.02)
+        if isinstance(settings, dict)
+        else getattr(settings, "identity_share_tolerance", 0.02)
+    )
     share = {v: (p.get("identity") or {}).get("share") for v, p in pairs.items()}
     aa_shares = [share[v] for v in pairs if v in aa and share[v] is not None]
     out = {}
@@ -31,9 +35,15 @@ def identity_flags(comparison: Any) -> dict[str, dict[str, Any]]:
             ref, name = min(aa_shares), f"A/A share {min(aa_shares) * 100:.1f}%"
         s = share[v]
         flag = s is not None and s < ref - tol
-        out[v] = {"share": s, "reference_share": ref, "reference": name, "flag": flag,
-                  "reason": (f"{s * 100:.1f}% of requests identical (reference: {name})"
-                             if flag else None)}
+        out[v] = {
+            "share": s,
+            "reference_share": ref,
+            "reference": name,
+            "flag": flag,
+            "reason": (
+                f"{s * 100:.1f}% of requests identical (reference: {name})" if flag else None
+            ),
+        }
     return out
 
 
@@ -46,11 +56,16 @@ def report_section(comparison: Any) -> list[str]:
     if not pairs and not refusals:
         return []
     flags = identity_flags(comparison)
-    lines = ["## Output identity (serving)", "",
-             "Request i of the baseline and of a variant is the same prompt (checked: prompt length "
-             "and hash where recorded); failed requests are left out.", "",
-             "| variant | identical outputs | 95% CI | first difference (median char) | reference "
-             "| flag |", "|---|---|---|---|---|---|"]
+    lines = [
+        "## Output identity (serving)",
+        "",
+        "Request i of the baseline and of a variant is the same prompt (checked: prompt length "
+        "and hash where recorded); failed requests are left out.",
+        "",
+        "| variant | identical outputs | 95% CI | first difference (median char) | reference "
+        "| flag |",
+        "|---|---|---|---|---|---|",
+    ]
     notes: list[str] = []
     for v, p in pairs.items():
         ident = p.get("identity")
@@ -58,12 +73,16 @@ def report_section(comparison: Any) -> list[str]:
         if ident:
             lo, hi = ident["share_ci"]
             fd = ident.get("first_diff_char_median")
-            lines.append(f"| {v} | {ident['identical']}/{ident['n']} ({ident['share'] * 100:.1f}%) | "
-                         f"[{lo * 100:.1f}%, {hi * 100:.1f}%] | {'n/a' if fd is None else f'{fd:g}'} | "
-                         f"{f.get('reference', 'n/a')} | {'⚠ outputs changed' if f.get('flag') else 'ok'} |")
+            lines.append(
+                f"| {v} | {ident['identical']}/{ident['n']} ({ident['share'] * 100:.1f}%) | "
+                f"[{lo * 100:.1f}%, {hi * 100:.1f}%] | {'n/a' if fd is None else f'{fd:g}'} | "
+                f"{f.get('reference', 'n/a')} | {'⚠ outputs changed' if f.get('flag') else 'ok'} |"
+            )
         else:
-            lines.append(f"| {v} | n/a | n/a | n/a | n/a | not paired: "
-                         f"{(p.get('request_pairing') or {}).get('reason') or 'no data'} |")
+            lines.append(
+                f"| {v} | n/a | n/a | n/a | n/a | not paired: "
+                f"{(p.get('request_pairing') or {}).get('reason') or 'no data'} |"
+            )
         notes += [f"{v}: {n}" for n in p.get("notes") or []]
     for v, reason in refusals.items():
         lines.append(f"| {v} | refused | | | | {reason} |")
@@ -78,6 +97,7 @@ def plot_ecdf(comparison: Any, field: str, out: Path) -> Path | None:
     baseline once, then each variant, from the first paired repeat of each pair. None without
     data."""
     from patchbench.suites import new_figure, save_png
+
     pairs = {v: p for v, p in suite_pairs(comparison, SUITE).items() if p.get("ecdf")}
     if not pairs:
         return None
@@ -95,17 +115,24 @@ def plot_ecdf(comparison: Any, field: str, out: Path) -> Path | None:
         drawn += 1
     if not drawn:
         import matplotlib.pyplot as plt
+
         plt.close(fig)
         return None
     what = "TTFT" if field == "ttft_ms" else "ITL"
     ax.set_xlabel(f"{what} (ms)")
     ax.set_ylabel("fraction of requests <= x" if field != "itl_ms" else "fraction of tokens <= x")
-    ax.set_title(f"ECDF of {what}" + (" per request" if field != "itl_ms" else " (all tokens)")
-                 + ", first paired repeat", fontsize=9)
+    ax.set_title(
+        f"ECDF of {what}"
+        + (" per request" if field != "itl_ms" else " (all tokens)")
+        + ", first paired repeat",
+        fontsize=9,
+    )
     ax.grid(alpha=0.3)
     ax.legend(title="variant", fontsize=8)
-    fig.suptitle(f"{what} distribution per variant   [{comparison_get(comparison, 'run_id', '')}]",
-                 fontsize=10)
+    fig.suptitle(
+        f"{what} distribution per variant   [{comparison_get(comparison, 'run_id', '')}]",
+        fontsize=10,
+    )
     fig.tight_layout()
     return save_png(fig, out)
 

@@ -15,14 +15,16 @@ when any error is found. Checks:
 - our recomputation from the details disagrees with the tool's summary -> warning (only judged on
   runs without flagged requests).
 """
+
 from __future__ import annotations
 
 from collections import Counter
 from typing import Any
 
 
-def request_checks(statuses: list[str], errors: list[str], *, num_prompts: int,
-                   tool_completed: int) -> tuple[list[str], list[str]]:
+def request_checks(
+    statuses: list[str], errors: list[str], *, num_prompts: int, tool_completed: int
+) -> tuple[list[str], list[str]]:
     """Errors and warnings about failed / token-less requests.
 
     statuses: per request "ok" | "failed" | "no_token" (patchbench.suites.serving.parse.request_status);
@@ -32,27 +34,40 @@ def request_checks(statuses: list[str], errors: list[str], *, num_prompts: int,
     warns: list[str] = []
     sent = len(statuses)
     if sent < num_prompts:
-        warns.append(f"bench_serving sent {sent} requests, {num_prompts} were asked for "
-                     "(its dataset produced fewer prompts); every variant gets the same ones")
-    failed = [e for s, e in zip(statuses, errors) if s == "failed"]
+        warns.append(
+            f"bench_serving sent {sent} requests, {num_prompts} were asked for "
+            "(its dataset produced fewer prompts); every variant gets the same ones"
+        )
+    failed = [e for s, e in zip(statuses, errors, strict=False) if s == "failed"]
     if failed:
-        common = Counter((e or "(no error text)").strip().splitlines()[-1][:200]
-                         for e in failed).most_common(3)
-        errs.append(f"{len(failed)} of {sent} requests failed: "
-                    + "; ".join(f"{n}x {msg}" for msg, n in common))
+        common = Counter(
+            (e or "(no error text)").strip().splitlines()[-1][:200] for e in failed
+        ).most_common(3)
+        errs.append(
+            f"{len(failed)} of {sent} requests failed: "
+            + "; ".join(f"{n}x {msg}" for msg, n in common)
+        )
     no_tok = statuses.count("no_token")
     if no_tok:
-        errs.append(f"{no_tok} of {sent} responses streamed no token (TTFT 0 with tokens > 0): "
-                    f"bench_serving counts them as successes (its completed={tool_completed}, its "
-                    "token totals include their requested lengths); we count them as failed")
+        errs.append(
+            f"{no_tok} of {sent} responses streamed no token (TTFT 0 with tokens > 0): "
+            f"bench_serving counts them as successes (its completed={tool_completed}, its "
+            "token totals include their requested lengths); we count them as failed"
+        )
     if sent and not any(s == "ok" for s in statuses):
         errs.append("no request produced a valid measurement")
     return errs, warns
 
 
-def images_check(*, server_prompt_tokens: float | None, text_prompt_tokens: float | None,
-                 images_sent: int, min_extra_tokens_per_image: int,
-                 min_ratio: float | None, source: str) -> tuple[list[str], dict[str, Any]]:
+def images_check(
+    *,
+    server_prompt_tokens: float | None,
+    text_prompt_tokens: float | None,
+    images_sent: int,
+    min_extra_tokens_per_image: int,
+    min_ratio: float | None,
+    source: str,
+) -> tuple[list[str], dict[str, Any]]:
     """Errors ("images dropped") and the numbers behind them.
 
     server_prompt_tokens: prompt tokens the server counted for the requests (or the probe) that
@@ -61,24 +76,34 @@ def images_check(*, server_prompt_tokens: float | None, text_prompt_tokens: floa
     attached the images, each adds its vision tokens (Qwen2.5-VL: at least 4). ``source`` says
     where the server count came from (shown in the error).
     """
-    info = {"images_server_prompt_tokens_count": server_prompt_tokens,
-            "images_text_prompt_tokens_count": text_prompt_tokens,
-            "images_sent_count": images_sent, "images_check_source": source}
+    info = {
+        "images_server_prompt_tokens_count": server_prompt_tokens,
+        "images_text_prompt_tokens_count": text_prompt_tokens,
+        "images_sent_count": images_sent,
+        "images_check_source": source,
+    }
     if server_prompt_tokens is None or text_prompt_tokens is None or images_sent <= 0:
         return [f"images check could not run ({source}): no server-side prompt token count"], info
     extra = server_prompt_tokens - text_prompt_tokens
     info["images_extra_tokens_per_image"] = extra / images_sent
     errs = []
     if extra < min_extra_tokens_per_image * images_sent:
-        errs.append(f"images dropped: the server counted {server_prompt_tokens:.0f} prompt tokens "
-                    f"for {images_sent} image(s) and {text_prompt_tokens:.0f} text tokens "
-                    f"({extra / images_sent:.1f} extra tokens per image, at least "
-                    f"{min_extra_tokens_per_image} expected; {source}). On sglang < 0.5.6 image "
-                    "prompts need --apply-chat-template (Params.apply_chat_template)")
-    elif min_ratio is not None and text_prompt_tokens > 0 \
-            and server_prompt_tokens / text_prompt_tokens < min_ratio:
-        errs.append(f"images dropped?: server/text prompt tokens "
-                    f"{server_prompt_tokens / text_prompt_tokens:.2f} < {min_ratio} ({source})")
+        errs.append(
+            f"images dropped: the server counted {server_prompt_tokens:.0f} prompt tokens "
+            f"for {images_sent} image(s) and {text_prompt_tokens:.0f} text tokens "
+            f"({extra / images_sent:.1f} extra tokens per image, at least "
+            f"{min_extra_tokens_per_image} expected; {source}). On sglang < 0.5.6 image "
+            "prompts need --apply-chat-template (Params.apply_chat_template)"
+        )
+    elif (
+        min_ratio is not None
+        and text_prompt_tokens > 0
+        and server_prompt_tokens / text_prompt_tokens < min_ratio
+    ):
+        errs.append(
+            f"images dropped?: server/text prompt tokens "
+            f"{server_prompt_tokens / text_prompt_tokens:.2f} < {min_ratio} ({source})"
+        )
     return errs, info
 
 
@@ -91,6 +116,8 @@ def retokenized_change(baseline_count: float, variant_count: float, max_share: f
         return None
     share = (variant_count - baseline_count) / baseline_count
     if abs(share) > max_share:
-        return (f"retokenized output tokens changed by {share:+.1%} ({baseline_count:.0f} -> "
-                f"{variant_count:.0f}; threshold {max_share:.1%}): the generated texts differ")
+        return (
+            f"retokenized output tokens changed by {share:+.1%} ({baseline_count:.0f} -> "
+            f"{variant_count:.0f}; threshold {max_share:.1%}): the generated texts differ"
+        )
     return None

@@ -22,6 +22,7 @@ server's PYTHONPATH in the untimed correctness cells; every server process then 
 computations per forward mode and checks each against the stock method, writing
 ``counts.<pid>.json`` files that :func:`merge_counts` merges into ``cell.json``.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -31,8 +32,18 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from patchbench.records import read_json
-from patchbench.suite import (Instrumentation, MetricInfo, Suite, SuiteContext, SuiteError,
-                              SuiteResult, comparison_get, register, suite_pairs, suite_refusals)
+from patchbench.suite import (
+    Instrumentation,
+    MetricInfo,
+    Suite,
+    SuiteContext,
+    SuiteError,
+    SuiteResult,
+    comparison_get,
+    register,
+    suite_pairs,
+    suite_refusals,
+)
 from patchbench.suites.sync_probe.table import format_table, markdown_table
 
 REL = "srt/model_executor/forward_batch_info.py"
@@ -46,13 +57,34 @@ _D = "deterministic"
 #: the same in every run of the same code (kind "deterministic": compared exactly, no interval).
 METRICS: dict[str, MetricInfo] = {
     "host_syncs_per_call_count": MetricInfo(
-        "lower", "count", "host syncs per call (device-to-host reads + blocking host-to-device "
-        "copies), summed over batch sizes", primary=True, kind=_D),
-    "sync_d2h_reads_count": MetricInfo("lower", "count", "device-to-host reads per call, summed over batch sizes", kind=_D),
-    "sync_blocking_h2d_copies_count": MetricInfo("lower", "count", "blocking host-to-device copies per call, summed over batch sizes", kind=_D),
-    "sync_warnings_count": MetricInfo("lower", "count", "CUDA sync warnings per call, summed over batch sizes (GPU only)", kind=_D),
-    "host_blocked_ms": MetricInfo("lower", "ms", "host blocked in the call behind an in-flight kernel, mean over batch sizes (GPU only)", kind="run"),
-    "positions_mismatch_count": MetricInfo("lower", "count", "batch sizes whose positions differ from stock", kind=_D),
+        "lower",
+        "count",
+        "host syncs per call (device-to-host reads + blocking host-to-device "
+        "copies), summed over batch sizes",
+        primary=True,
+        kind=_D,
+    ),
+    "sync_d2h_reads_count": MetricInfo(
+        "lower", "count", "device-to-host reads per call, summed over batch sizes", kind=_D
+    ),
+    "sync_blocking_h2d_copies_count": MetricInfo(
+        "lower",
+        "count",
+        "blocking host-to-device copies per call, summed over batch sizes",
+        kind=_D,
+    ),
+    "sync_warnings_count": MetricInfo(
+        "lower", "count", "CUDA sync warnings per call, summed over batch sizes (GPU only)", kind=_D
+    ),
+    "host_blocked_ms": MetricInfo(
+        "lower",
+        "ms",
+        "host blocked in the call behind an in-flight kernel, mean over batch sizes (GPU only)",
+        kind="run",
+    ),
+    "positions_mismatch_count": MetricInfo(
+        "lower", "count", "batch sizes whose positions differ from stock", kind=_D
+    ),
 }
 NEEDS_SERVER = False
 
@@ -79,16 +111,18 @@ class Params(BaseModel):
     server_crosscheck: bool = False
 
 
-
-
 def run(ctx: SuiteContext, params: Params) -> SuiteResult:
     """Probe the variant (see the module docstring); raises SuiteError when a source file is
     missing or its mrope methods cannot be run with patchbench's stand-ins."""
     import torch
 
-    from patchbench.suites.sync_probe.mrope import (MropeMethods, MropeSourceError, measure_row,
-                                                    sha256_file)
     from patchbench.records import write_json
+    from patchbench.suites.sync_probe.mrope import (
+        MropeMethods,
+        MropeSourceError,
+        measure_row,
+        sha256_file,
+    )
 
     variant_file = Path(ctx.variant_sglang_dir) / REL
     stock_file = Path(ctx.stock_sglang_dir) / REL
@@ -107,11 +141,18 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
         mode, note = "cuda", f"CUDA on {torch.cuda.get_device_name()}"
     else:
         mode = "cpu-probes"
-        why = ("force_cpu" if params.force_cpu else
-               "no GPU visible to torch" if ctx.device == "cuda" else "the run is on the CPU")
-        note = (f"no GPU measurement ({why}): ran the CPU probes instead (seq_lens on the meta "
-                "device, reads counted; copies to the device recorded with non_blocking); "
-                "sync warnings and host-blocked time need a GPU")
+        why = (
+            "force_cpu"
+            if params.force_cpu
+            else "no GPU visible to torch"
+            if ctx.device == "cuda"
+            else "the run is on the CPU"
+        )
+        note = (
+            f"no GPU measurement ({why}): ran the CPU probes instead (seq_lens on the meta "
+            "device, reads counted; copies to the device recorded with non_blocking); "
+            "sync warnings and host-blocked time need a GPU"
+        )
         if ctx.device == "cuda":
             warnings.append(note)
     ctx.log(f"sync_probe: {note}")
@@ -120,42 +161,74 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
     sleep_cycles = None
     if cuda:
         from patchbench.suites.sync_probe.mrope import calibrate_sleep_cycles
+
         sleep_cycles = calibrate_sleep_cycles(params.sleep_ms)
     for bs in params.batch_sizes:
-        rows.append(measure_row(methods, stock, bs, device="cuda" if cuda else "cpu",
-                                image_share=params.image_share, seed=params.seed + bs,
-                                iterations=params.iterations, sleep_ms=params.sleep_ms,
-                                sleep_cycles=sleep_cycles))
+        rows.append(
+            measure_row(
+                methods,
+                stock,
+                bs,
+                device="cuda" if cuda else "cpu",
+                image_share=params.image_share,
+                seed=params.seed + bs,
+                iterations=params.iterations,
+                sleep_ms=params.sleep_ms,
+                sleep_cycles=sleep_cycles,
+            )
+        )
     errors = [f"batch {r['batch_size']}: {r['error']}" for r in rows if r.get("error")]
-    warnings += [f"batch {r['batch_size']}: counts are lower bounds, the probe was stopped by a "
-                 f"read it could not answer ({r['stopped_by']})" for r in rows if r.get("stopped_by")]
+    warnings += [
+        f"batch {r['batch_size']}: counts are lower bounds, the probe was stopped by a "
+        f"read it could not answer ({r['stopped_by']})"
+        for r in rows
+        if r.get("stopped_by")
+    ]
 
     metrics: dict[str, float] = {
         "sync_d2h_reads_count": float(sum(r.get("d2h_reads_per_call", 0) for r in rows)),
         "sync_blocking_h2d_copies_count": float(
-            sum(r.get("blocking_h2d_copies_per_call", 0) for r in rows)),
+            sum(r.get("blocking_h2d_copies_per_call", 0) for r in rows)
+        ),
         "positions_mismatch_count": float(sum(not r.get("positions_equal_stock") for r in rows)),
     }
-    metrics["host_syncs_per_call_count"] = (metrics["sync_d2h_reads_count"]
-                                            + metrics["sync_blocking_h2d_copies_count"])
+    metrics["host_syncs_per_call_count"] = (
+        metrics["sync_d2h_reads_count"] + metrics["sync_blocking_h2d_copies_count"]
+    )
     if cuda:
-        metrics["sync_warnings_count"] = float(sum(r["sync_warnings_per_call"] for r in rows
-                                                   if "sync_warnings_per_call" in r))
+        metrics["sync_warnings_count"] = float(
+            sum(r["sync_warnings_per_call"] for r in rows if "sync_warnings_per_call" in r)
+        )
         blocked = [r["host_blocked_ms"] for r in rows if "host_blocked_ms" in r]
         if blocked:
             metrics["host_blocked_ms"] = statistics.fmean(blocked)
     probe: dict[str, Any] = {
-        "schema": 1, "mode": mode, "note": note, "variant": ctx.variant,
-        "sglang_version": ctx.sglang_version, "torch": torch.__version__,
-        "variant_file": str(variant_file), "variant_sha256": sha256_file(variant_file),
-        "stock_file": str(stock_file), "stock_sha256": sha256_file(stock_file),
-        "params": params.model_dump(), "rows": rows,
+        "schema": 1,
+        "mode": mode,
+        "note": note,
+        "variant": ctx.variant,
+        "sglang_version": ctx.sglang_version,
+        "torch": torch.__version__,
+        "variant_file": str(variant_file),
+        "variant_sha256": sha256_file(variant_file),
+        "stock_file": str(stock_file),
+        "stock_sha256": sha256_file(stock_file),
+        "params": params.model_dump(),
+        "rows": rows,
     }
     write_json(Path(ctx.out_dir) / "probe.json", probe)
-    return SuiteResult(status="incomplete" if errors else "ok", metrics=metrics, errors=errors,
-                       warnings=warnings,
-                       meta={"mode": mode, "note": note, "variant_sha256": probe["variant_sha256"],
-                             "batch_sizes": params.batch_sizes})
+    return SuiteResult(
+        status="incomplete" if errors else "ok",
+        metrics=metrics,
+        errors=errors,
+        warnings=warnings,
+        meta={
+            "mode": mode,
+            "note": note,
+            "variant_sha256": probe["variant_sha256"],
+            "batch_sizes": params.batch_sizes,
+        },
+    )
 
 
 def report_block(summary_dir: Path) -> str:
@@ -166,8 +239,10 @@ def report_block(summary_dir: Path) -> str:
     if not path.is_file():
         return f"sync_probe: no probe.json in {summary_dir}"
     probe = read_json(path)
-    head = (f"sync_probe ({probe['mode']}; variant {probe['variant']}, "
-            f"forward_batch_info.py {probe['variant_sha256'][:12]})")
+    head = (
+        f"sync_probe ({probe['mode']}; variant {probe['variant']}, "
+        f"forward_batch_info.py {probe['variant_sha256'][:12]})"
+    )
     return f"{head}\n{format_table(probe['rows'])}\n{probe['note']}"
 
 
@@ -198,8 +273,11 @@ def merge_counts(out_dir: Path) -> dict[str, Any]:
     for f in sorted(Path(out_dir).glob("counts.*.json")):
         try:
             data = read_json(f)
-            counts = {k: v for k, v in (data.get("counts") or {}).items()
-                      if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            counts = {
+                k: v
+                for k, v in (data.get("counts") or {}).items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
+            }
         except (OSError, ValueError, AttributeError) as e:
             unreadable.append(f"{f.name}: {e}")
             continue
@@ -217,12 +295,20 @@ def merge_counts(out_dir: Path) -> dict[str, Any]:
         for p in per:
             for k, v in p["counts"].items():
                 merged[k] = max(merged.get(k, v), v) if k in MAX_COUNTS else merged.get(k, 0) + v
-    return {"processes": len(per), "replicated": replicated, "counts": merged,
-            "per_process": per, "module_sha256": mods, "crosscheck_ref_sha256": refs,
-            "mismatch_samples": samples[:5], "unreadable": unreadable}
+    return {
+        "processes": len(per),
+        "replicated": replicated,
+        "counts": merged,
+        "per_process": per,
+        "module_sha256": mods,
+        "crosscheck_ref_sha256": refs,
+        "mismatch_samples": samples[:5],
+        "unreadable": unreadable,
+    }
 
 
 # --------------------------------------------------------------------------- pairing
+
 
 def _read_probe(suite_dir: Path) -> dict[str, Any] | None:
     """The compact view of one cell's probe (None without a readable probe.json)."""
@@ -230,8 +316,12 @@ def _read_probe(suite_dir: Path) -> dict[str, Any] | None:
         probe = read_json(Path(suite_dir) / "probe.json")
     except (OSError, ValueError):
         return None
-    return {"mode": probe.get("mode"), "note": probe.get("note"),
-            "variant_sha256": probe.get("variant_sha256"), "rows": probe.get("rows") or []}
+    return {
+        "mode": probe.get("mode"),
+        "note": probe.get("note"),
+        "variant_sha256": probe.get("variant_sha256"),
+        "rows": probe.get("rows") or [],
+    }
 
 
 def _summary_metrics(suite_dir: Path) -> dict[str, float]:
@@ -255,8 +345,9 @@ def _crosscheck_of(suite_dirs: list[Path]) -> dict[str, Any] | None:
             rec = read_json(cell / "cell.json")
         except (OSError, ValueError):
             continue
-        got = ((rec.get("instrumentation") or {}).get("sync_probe")
-               if isinstance(rec, dict) else None)
+        got = (
+            (rec.get("instrumentation") or {}).get("sync_probe") if isinstance(rec, dict) else None
+        )
         if got:
             return dict(got, cell=cell.name)
     return None
@@ -264,6 +355,7 @@ def _crosscheck_of(suite_dirs: list[Path]) -> dict[str, Any] | None:
 
 def pair_cells(baseline_dirs: list[Path], variant_dirs: list[Path]) -> dict[str, Any] | None:
     """The sync-probe tables of the baseline and one variant (see :meth:`SyncProbeSuite.pair`)."""
+
     def side(dirs: list[Path]) -> dict[str, Any] | None:
         for k, d in enumerate(dirs):
             probe = _read_probe(d)
@@ -280,11 +372,20 @@ def pair_cells(baseline_dirs: list[Path], variant_dirs: list[Path]) -> dict[str,
         vv = [_summary_metrics(d).get(name) for d in variant_dirs]
         if all(x is None for x in bv + vv):
             continue
-        metrics[name] = {"baseline": bv, "variant": vv,
-                         "same_in_every_repeat": len(set(bv)) <= 1 and len(set(vv)) <= 1}
-    return {"baseline": b, "variant": v, "metrics": metrics,
-            "server_crosscheck": {"baseline": _crosscheck_of(baseline_dirs),
-                                  "variant": _crosscheck_of(variant_dirs)}}
+        metrics[name] = {
+            "baseline": bv,
+            "variant": vv,
+            "same_in_every_repeat": len(set(bv)) <= 1 and len(set(vv)) <= 1,
+        }
+    return {
+        "baseline": b,
+        "variant": v,
+        "metrics": metrics,
+        "server_crosscheck": {
+            "baseline": _crosscheck_of(baseline_dirs),
+            "variant": _crosscheck_of(variant_dirs),
+        },
+    }
 
 
 def _crosscheck_lines(name: str, got: dict[str, Any] | None) -> str:
@@ -293,9 +394,11 @@ def _crosscheck_lines(name: str, got: dict[str, Any] | None) -> str:
     c = got.get("counts") or {}
     eq = sum(v for k, v in c.items() if k.startswith("crosscheck_") and k.endswith("_equal"))
     bad = sum(v for k, v in c.items() if k.startswith("crosscheck_") and k.endswith("_mismatch"))
-    return (f"| {name} | {got.get('processes', 0)} | {c.get('decode_calls', 0):g} | "
-            f"{c.get('decode_multi_image_calls', 0):g} | {c.get('max_decode_batch', 0):g} | "
-            f"{eq:g} | {bad:g}{' ⚠' if bad else ''} |")
+    return (
+        f"| {name} | {got.get('processes', 0)} | {c.get('decode_calls', 0):g} | "
+        f"{c.get('decode_multi_image_calls', 0):g} | {c.get('max_decode_batch', 0):g} | "
+        f"{eq:g} | {bad:g}{' ⚠' if bad else ''} |"
+    )
 
 
 def report_section(comparison: Any) -> list[str]:
@@ -316,21 +419,32 @@ def report_section(comparison: Any) -> list[str]:
         if probe is None:
             lines += [f"**{name}**: no probe.json", ""]
             continue
-        lines += [f"**{name}** ({probe.get('mode')}; forward_batch_info.py "
-                  f"`{(probe.get('variant_sha256') or '?')[:12]}`; per call)", "",
-                  *markdown_table(probe.get("rows") or []), "", str(probe.get("note") or ""), ""]
+        lines += [
+            f"**{name}** ({probe.get('mode')}; forward_batch_info.py "
+            f"`{(probe.get('variant_sha256') or '?')[:12]}`; per call)",
+            "",
+            *markdown_table(probe.get("rows") or []),
+            "",
+            str(probe.get("note") or ""),
+            "",
+        ]
     checks = [(base, first["server_crosscheck"].get("baseline") if first else None)]
     checks += [(v, (p.get("server_crosscheck") or {}).get("variant")) for v, p in pairs.items()]
     if any(c for _, c in checks):
-        lines += ["In-server cross-check (untimed correctness cell: the server's own mrope "
-                  "computations, each checked against the stock method on the same batch):", "",
-                  "| variant | processes | decode calls | multi-image decode calls | max decode "
-                  "batch | equal to stock | mismatches |", "|---|---|---|---|---|---|---|"]
+        lines += [
+            "In-server cross-check (untimed correctness cell: the server's own mrope "
+            "computations, each checked against the stock method on the same batch):",
+            "",
+            "| variant | processes | decode calls | multi-image decode calls | max decode "
+            "batch | equal to stock | mismatches |",
+            "|---|---|---|---|---|---|---|",
+        ]
         lines += [_crosscheck_lines(n, c) for n, c in checks] + [""]
     return lines
 
 
 # --------------------------------------------------------------------------- the suite
+
 
 @register
 class SyncProbeSuite(Suite):
@@ -354,12 +468,19 @@ class SyncProbeSuite(Suite):
             return None
         out = Path(ctx.out_dir) / INSTR_OUT
         return Instrumentation(
-            env={"PATCHBENCH_MROPE_PROBE_DIR": str(out),
-                 "PATCHBENCH_MROPE_CROSSCHECK_REF": str(Path(ctx.stock_sglang_dir) / REL)},
-            pythonpath=[INSTR_DIR], out_dir=out, perturbs_timing=True, collect=merge_counts)
+            env={
+                "PATCHBENCH_MROPE_PROBE_DIR": str(out),
+                "PATCHBENCH_MROPE_CROSSCHECK_REF": str(Path(ctx.stock_sglang_dir) / REL),
+            },
+            pythonpath=[INSTR_DIR],
+            out_dir=out,
+            perturbs_timing=True,
+            collect=merge_counts,
+        )
 
-    def pair(self, baseline_dirs: list[Path], variant_dirs: list[Path],
-             params: Params) -> dict | None:
+    def pair(
+        self, baseline_dirs: list[Path], variant_dirs: list[Path], params: Params
+    ) -> dict | None:
         """``{"baseline", "variant": {"mode", "note", "variant_sha256", "rows" (probe rows, one
         per batch size), "repeat_index"} | None, "metrics": {name: {"baseline": [per repeat],
         "variant": [...], "same_in_every_repeat"}}, "server_crosscheck": {"baseline",

@@ -26,6 +26,7 @@ both checked against the sha256 values in the patch manifest.
 Standard library and torch only at import time (PyYAML is imported inside :func:`patch_manifest`):
 ``scripts/gpu_probe.py`` loads this file by path on a machine with only python3 and torch.
 """
+
 from __future__ import annotations
 
 import ast
@@ -40,10 +41,11 @@ import tempfile
 import time
 import warnings
 import zipfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -76,8 +78,9 @@ def _installed_sglang() -> tuple[str, Path] | None:
     return (dist.version, path) if path.is_file() else None
 
 
-def stock_source(version: str, cache_dir: Path = DEFAULT_CACHE,
-                 expected_sha256: str | None = None) -> Path:
+def stock_source(
+    version: str, cache_dir: Path = DEFAULT_CACHE, expected_sha256: str | None = None
+) -> Path:
     """Path of the stock ``forward_batch_info.py`` of sglang ``version``.
 
     The installed package's file when the installed sglang is ``version``; otherwise the file
@@ -96,14 +99,26 @@ def stock_source(version: str, cache_dir: Path = DEFAULT_CACHE,
             if wheel is None:
                 wheels.mkdir(parents=True, exist_ok=True)
                 proc = subprocess.run(
-                    [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                     f"sglang=={version}", "-d", str(wheels)],
-                    capture_output=True, text=True)
+                    [
+                        sys.executable,
+                        "-m",
+                        "pip",
+                        "download",
+                        "--no-deps",
+                        "--only-binary=:all:",
+                        f"sglang=={version}",
+                        "-d",
+                        str(wheels),
+                    ],
+                    capture_output=True,
+                    text=True,
+                )
                 wheel = _find_wheel(wheels, version)
                 if proc.returncode != 0 or wheel is None:
                     raise MropeSourceError(
                         f"cannot get sglang {version}: pip download exited {proc.returncode}: "
-                        f"{proc.stderr.strip()[-800:]}")
+                        f"{proc.stderr.strip()[-800:]}"
+                    )
             path.parent.mkdir(parents=True, exist_ok=True)
             with zipfile.ZipFile(wheel) as zf:
                 data = zf.read(FBI_REL)
@@ -111,8 +126,10 @@ def stock_source(version: str, cache_dir: Path = DEFAULT_CACHE,
             tmp.write_bytes(data)
             tmp.replace(path)
     if expected_sha256 and sha256_file(path) != expected_sha256:
-        raise MropeSourceError(f"{path}: sha256 {sha256_file(path)} is not the expected "
-                               f"{expected_sha256} of stock sglang {version}")
+        raise MropeSourceError(
+            f"{path}: sha256 {sha256_file(path)} is not the expected "
+            f"{expected_sha256} of stock sglang {version}"
+        )
     return path
 
 
@@ -128,8 +145,12 @@ def patch_manifest(patch: str = DEFAULT_PATCH) -> dict:
     return yaml.safe_load((REPO / "patches" / patch / "manifest.yaml").read_text())
 
 
-def patched_source(version: str, patch: str = DEFAULT_PATCH, cache_dir: Path = DEFAULT_CACHE,
-                   stock: Path | None = None) -> Path:
+def patched_source(
+    version: str,
+    patch: str = DEFAULT_PATCH,
+    cache_dir: Path = DEFAULT_CACHE,
+    stock: Path | None = None,
+) -> Path:
     """Path of ``forward_batch_info.py`` of sglang ``version`` with the patch's diff applied.
 
     Applies ``patches/<patch>/<diff>`` with ``git apply`` to a copy of the stock file (checked
@@ -140,8 +161,10 @@ def patched_source(version: str, patch: str = DEFAULT_PATCH, cache_dir: Path = D
     manifest = patch_manifest(patch)
     rel = manifest.get("releases", {}).get(version)
     if not rel:
-        raise MropeSourceError(f"patch {patch} has no diff for sglang {version}; it supports "
-                               f"{', '.join(manifest.get('releases', {}))}")
+        raise MropeSourceError(
+            f"patch {patch} has no diff for sglang {version}; it supports "
+            f"{', '.join(manifest.get('releases', {}))}"
+        )
     hashes = rel["files"][FBI_REL]
     stock = stock or stock_source(version, cache_dir, expected_sha256=hashes["before"])
     out = Path(cache_dir) / version / patch / FBI_REL
@@ -151,23 +174,30 @@ def patched_source(version: str, patch: str = DEFAULT_PATCH, cache_dir: Path = D
         target = Path(tmp) / FBI_REL
         target.parent.mkdir(parents=True)
         shutil.copyfile(stock, target)
-        proc = subprocess.run(["git", "apply", "--whitespace=nowarn",
-                               str(REPO / "patches" / patch / rel["diff"])],
-                              cwd=tmp, capture_output=True, text=True)
+        proc = subprocess.run(
+            ["git", "apply", "--whitespace=nowarn", str(REPO / "patches" / patch / rel["diff"])],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
-            raise MropeSourceError(f"{patch} diff does not apply to sglang {version}: "
-                                   f"{proc.stderr.strip()}")
+            raise MropeSourceError(
+                f"{patch} diff does not apply to sglang {version}: {proc.stderr.strip()}"
+            )
         if sha256_file(target) != hashes["after"]:
-            raise MropeSourceError(f"{patch} on sglang {version}: result sha256 "
-                                   f"{sha256_file(target)} is not the manifest's {hashes['after']}")
+            raise MropeSourceError(
+                f"{patch} on sglang {version}: result sha256 "
+                f"{sha256_file(target)} is not the manifest's {hashes['after']}"
+            )
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(target, out.with_suffix(".tmp"))
         out.with_suffix(".tmp").replace(out)
     return out
 
 
-def release_sources(version: str, patch: str = DEFAULT_PATCH,
-                    cache_dir: Path = DEFAULT_CACHE) -> dict[str, Path]:
+def release_sources(
+    version: str, patch: str = DEFAULT_PATCH, cache_dir: Path = DEFAULT_CACHE
+) -> dict[str, Path]:
     """``{"stock": path, "patched": path}`` for sglang ``version`` (see the two functions above)."""
     manifest = patch_manifest(patch)
     before = manifest["releases"][version]["files"][FBI_REL]["before"]
@@ -212,12 +242,14 @@ class StandInMultimodalInputs:
 
 class _StandInMRotaryEmbedding:
     @staticmethod
-    def get_next_input_positions(mrope_position_delta: int, context_len: int,
-                                 seq_len: int) -> torch.Tensor:
+    def get_next_input_positions(
+        mrope_position_delta: int, context_len: int, seq_len: int
+    ) -> torch.Tensor:
         """As sglang 0.5.1.post3's ``MRotaryEmbedding.get_next_input_positions`` defines it:
         int64 ``[3, seq_len - context_len]``, every row ``context_len + delta .. seq_len + delta - 1``."""
-        row = torch.arange(context_len + mrope_position_delta, seq_len + mrope_position_delta,
-                           dtype=torch.int64)
+        row = torch.arange(
+            context_len + mrope_position_delta, seq_len + mrope_position_delta, dtype=torch.int64
+        )
         return row.unsqueeze(0).repeat(3, 1)
 
 
@@ -238,7 +270,8 @@ def _stand_in_globals(state: SimpleNamespace) -> dict[str, Any]:
         MRotaryEmbedding=_StandInMRotaryEmbedding,
         flatten_nested_list=_flatten_nested_list,
         get_exec=lambda: SimpleNamespace(
-            deterministic=SimpleNamespace(rl_on_policy_target=state.rl_on_policy_target)),
+            deterministic=SimpleNamespace(rl_on_policy_target=state.rl_on_policy_target)
+        ),
         is_pin_memory_available=lambda: torch.cuda.is_available(),
         ForwardMode=StandInMode,
         MultimodalInputs=StandInMultimodalInputs,
@@ -270,23 +303,24 @@ def _free_names(nodes: Sequence[ast.AST]) -> set[str]:
     return loaded - stored - set(dir(builtins))
 
 
-def extract_mrope_nodes(source: str, filename: str = "<forward_batch_info.py>",
-                        class_name: str = "ForwardBatch") -> list[ast.FunctionDef]:
+def extract_mrope_nodes(
+    source: str, filename: str = "<forward_batch_info.py>", class_name: str = "ForwardBatch"
+) -> list[ast.FunctionDef]:
     """The ``FunctionDef`` nodes (decorators included) of ``class_name``'s methods whose name
     contains ``mrope``. Raises :class:`MropeSourceError` when the class or the methods are absent."""
     tree = ast.parse(source, filename=filename)
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == class_name:
-            found = [n for n in node.body
-                     if isinstance(n, ast.FunctionDef) and "mrope" in n.name]
+            found = [n for n in node.body if isinstance(n, ast.FunctionDef) and "mrope" in n.name]
             if not any(n.name == "_compute_mrope_positions" for n in found):
                 raise MropeSourceError(f"{filename}: {class_name} has no _compute_mrope_positions")
             return found
     raise MropeSourceError(f"{filename}: no class {class_name}")
 
 
-def compile_methods(nodes: Sequence[ast.FunctionDef], filename: str,
-                    namespace: dict[str, Any]) -> dict[str, Callable]:
+def compile_methods(
+    nodes: Sequence[ast.FunctionDef], filename: str, namespace: dict[str, Any]
+) -> dict[str, Callable]:
     """Execute the method nodes (with ``from __future__ import annotations``, so annotations such
     as ``ModelRunner`` are never evaluated) against ``namespace`` as their globals; returns
     ``{name: function}``. Tracebacks point at the original file's line numbers."""
@@ -320,13 +354,15 @@ class MropeMethods:
         namespace = _stand_in_globals(self.state)
         missing = _free_names(nodes) - set(namespace)
         if missing:
-            raise MropeSourceError(f"{filename}: the mrope methods reference {sorted(missing)}, "
-                                   "for which the sync_probe stand-ins have none")
+            raise MropeSourceError(
+                f"{filename}: the mrope methods reference {sorted(missing)}, "
+                "for which the sync_probe stand-ins have none"
+            )
         self.methods = compile_methods(nodes, filename, namespace)
         self.forward_batch_cls = type("ForwardBatchStandIn", (), dict(self.methods))
         self.split_decode = "_compute_mrope_positions_decode" in self.methods
 
-    def make_forward_batch(self, case: "MropeCase") -> Any:
+    def make_forward_batch(self, case: MropeCase) -> Any:
         """A stand-in ForwardBatch holding the case's ``forward_mode``, ``seq_lens`` and
         ``seq_lens_cpu`` (mrope_positions None)."""
         fb = self.forward_batch_cls()
@@ -336,7 +372,7 @@ class MropeMethods:
         fb.mrope_positions = None
         return fb
 
-    def compute(self, case: "MropeCase") -> torch.Tensor:
+    def compute(self, case: MropeCase) -> torch.Tensor:
         """Run ``_compute_mrope_positions(model_runner, batch)`` for ``case``; returns the
         resulting ``mrope_positions`` (whatever the method left there). Errors propagate."""
         fb = self.make_forward_batch(case)
@@ -374,29 +410,49 @@ class MropeCase:
         n = len(self.mm_inputs)
         return SimpleNamespace(
             multimodal_inputs=self.mm_inputs,
-            extend_seq_lens=self.extend_seq_lens, extend_prefix_lens=self.extend_prefix_lens,
-            extend_lens=self.extend_seq_lens, prefix_lens=self.extend_prefix_lens,
+            extend_seq_lens=self.extend_seq_lens,
+            extend_prefix_lens=self.extend_prefix_lens,
+            extend_lens=self.extend_seq_lens,
+            prefix_lens=self.extend_prefix_lens,
             reqs=[SimpleNamespace(session=s) for s in (self.sessions or [None] * n)],
-            spec_info=None)
+            spec_info=None,
+        )
 
-    def fresh(self) -> "MropeCase":
+    def fresh(self) -> MropeCase:
         """A copy whose multimodal inputs are new objects (0.5.23 caches into them)."""
-        return dataclasses.replace(self, mm_inputs=[
-            None if m is None else dataclasses.replace(m, mrope_position_delta_repeated_cache=None)
-            for m in self.mm_inputs])
+        return dataclasses.replace(
+            self,
+            mm_inputs=[
+                None
+                if m is None
+                else dataclasses.replace(m, mrope_position_delta_repeated_cache=None)
+                for m in self.mm_inputs
+            ],
+        )
 
-    def on(self, seq_device: str, device: str | None = None) -> "MropeCase":
+    def on(self, seq_device: str, device: str | None = None) -> MropeCase:
         """The same case with ``seq_lens`` moved to ``seq_device`` (``meta``: shape only) and the
         runner's device set to ``device`` (default ``seq_device``)."""
-        seq = (torch.empty_like(self.seq_lens, device="meta") if seq_device == "meta"
-               else self.seq_lens.to(seq_device))
+        seq = (
+            torch.empty_like(self.seq_lens, device="meta")
+            if seq_device == "meta"
+            else self.seq_lens.to(seq_device)
+        )
         return dataclasses.replace(self.fresh(), seq_lens=seq, device=device or seq_device)
 
 
-def decode_case(rng: torch.Generator | int, batch_size: int, *, image_share: float = 0.5,
-                multi_value_share: float = 0.0, ahead: bool = False,
-                precomputed_share: float = 0.0, seq_dtype: torch.dtype = torch.int64,
-                delta_range: tuple[int, int] = (-4000, 4000), device: str = "cpu") -> MropeCase:
+def decode_case(
+    rng: torch.Generator | int,
+    batch_size: int,
+    *,
+    image_share: float = 0.5,
+    multi_value_share: float = 0.0,
+    ahead: bool = False,
+    precomputed_share: float = 0.0,
+    seq_dtype: torch.dtype = torch.int64,
+    delta_range: tuple[int, int] = (-4000, 4000),
+    device: str = "cpu",
+) -> MropeCase:
     """A random decode batch (seeded). Image requests get a ``[1, 1]`` delta in ``delta_range``
     (zero included), or with probability ``multi_value_share`` a ``[1, k]`` delta (k 2..3);
     ``precomputed_share`` of image requests carry ``mrope_positions`` covering the whole sequence
@@ -431,39 +487,60 @@ def decode_case(rng: torch.Generator | int, batch_size: int, *, image_share: flo
     return MropeCase("decode", seq, seq_cpu, mm, device=device)
 
 
-def extend_case(rng: torch.Generator | int, batch_size: int, *, image_share: float = 0.5,
-                device: str = "cpu") -> MropeCase:
+def extend_case(
+    rng: torch.Generator | int, batch_size: int, *, image_share: float = 0.5, device: str = "cpu"
+) -> MropeCase:
     """A random extend (prefill) batch: per request a prefix length and an extend length with
     prefix + extend = seq_len; image requests carry prompt positions ``[3, seq_len]``."""
     g = rng if isinstance(rng, torch.Generator) else torch.Generator().manual_seed(int(rng))
     ext = torch.randint(1, 300, (batch_size,), generator=g).tolist()
     pre = torch.randint(0, 300, (batch_size,), generator=g).tolist()
-    seq_cpu = torch.tensor([a + b for a, b in zip(ext, pre)], dtype=torch.int64)
+    seq_cpu = torch.tensor([a + b for a, b in zip(ext, pre, strict=True)], dtype=torch.int64)
     mm = []
     for i in range(batch_size):
         if float(torch.rand(1, generator=g)) >= image_share:
             mm.append(None)
         else:
             s = int(seq_cpu[i])
-            mm.append(StandInMultimodalInputs(
-                torch.randint(-500, 500, (1, 1), generator=g),
-                torch.randint(0, 5000, (3, s), generator=g)))
-    return MropeCase("extend", seq_cpu.to(device), seq_cpu, mm, device=device,
-                     extend_seq_lens=ext, extend_prefix_lens=pre)
+            mm.append(
+                StandInMultimodalInputs(
+                    torch.randint(-500, 500, (1, 1), generator=g),
+                    torch.randint(0, 5000, (3, s), generator=g),
+                )
+            )
+    return MropeCase(
+        "extend",
+        seq_cpu.to(device),
+        seq_cpu,
+        mm,
+        device=device,
+        extend_seq_lens=ext,
+        extend_prefix_lens=pre,
+    )
 
 
 def run_outcome(methods: MropeMethods, case: MropeCase) -> tuple[str, Any]:
     """``("ok", positions)`` or ``("error", "<ExceptionType>: <message>")`` of one call."""
     try:
         return "ok", methods.compute(case.fresh())
-    except Exception as exc:  # the outcome is what is compared
+    except Exception as exc:  # noqa: BLE001 - the outcome is what is compared
         return "error", f"{type(exc).__name__}: {exc}"
 
 
 # --------------------------------------------------------------------------- CPU probes
 
-_READ_METHODS = {"__int__", "__index__", "__float__", "__bool__", "__complex__", "item",
-                 "tolist", "numpy", "__array__", "cpu"}
+_READ_METHODS = {
+    "__int__",
+    "__index__",
+    "__float__",
+    "__bool__",
+    "__complex__",
+    "item",
+    "tolist",
+    "numpy",
+    "__array__",
+    "cpu",
+}
 _META_READ_MARKERS = ("cannot be called on meta tensors", "Cannot copy out of meta tensor")
 
 
@@ -498,14 +575,17 @@ class ProbeRecord:
         return [c for c in self.copies if c.blocking]
 
     def to_json(self) -> dict:
-        return {"reads": self.reads, "copies": [dict(dataclasses.asdict(c), blocking=c.blocking)
-                                                for c in self.copies], "error": self.error}
+        return {
+            "reads": self.reads,
+            "copies": [dict(dataclasses.asdict(c), blocking=c.blocking) for c in self.copies],
+            "error": self.error,
+        }
 
 
 def _is_pinned(t: torch.Tensor) -> bool | None:
     try:
         return bool(t.is_pinned())
-    except Exception:
+    except Exception:  # noqa: BLE001 - the method's own error is the measured outcome
         return None
 
 
@@ -545,7 +625,8 @@ class SyncProbeMode(TorchFunctionMode):
 
         if self_t is not None and self_t.device.type != "cpu":
             to_host = name in _READ_METHODS or (
-                name == "to" and _to_target(args, kwargs)[0] == torch.device("cpu"))
+                name == "to" and _to_target(args, kwargs)[0] == torch.device("cpu")
+            )
             if to_host:
                 self.record.reads.append(f"Tensor.{name} of {self_t.device.type}")
                 if self.placeholder_reads and self_t.device.type == "meta":
@@ -556,25 +637,43 @@ class SyncProbeMode(TorchFunctionMode):
             dev = _device_of(kwargs.get("device"))
             if dev is not None and dev.type != "cpu":
                 src = args[0] if args else None
-                self.record.copies.append(CopyEvent(
-                    f"torch.{name}", str(dev), False,
-                    _is_pinned(src) if isinstance(src, torch.Tensor) else None))
+                self.record.copies.append(
+                    CopyEvent(
+                        f"torch.{name}",
+                        str(dev),
+                        False,
+                        _is_pinned(src) if isinstance(src, torch.Tensor) else None,
+                    )
+                )
         elif self_t is not None and self_t.device.type == "cpu":
             if name == "to":
                 dev, non_blocking = _to_target(args, kwargs)
                 if dev is not None and dev.type != "cpu":
                     self.record.copies.append(
-                        CopyEvent("Tensor.to", str(dev), non_blocking, _is_pinned(self_t)))
+                        CopyEvent("Tensor.to", str(dev), non_blocking, _is_pinned(self_t))
+                    )
             elif name == "cuda":
                 dev = args[1] if len(args) > 1 else kwargs.get("device", "cuda")
-                self.record.copies.append(CopyEvent(
-                    "Tensor.cuda", str(dev), bool(kwargs.get("non_blocking", False)),
-                    _is_pinned(self_t)))
-        if name == "copy_" and self_t is not None and self_t.device.type != "cpu" and len(args) > 1 \
-                and isinstance(args[1], torch.Tensor) and args[1].device.type == "cpu":
+                self.record.copies.append(
+                    CopyEvent(
+                        "Tensor.cuda",
+                        str(dev),
+                        bool(kwargs.get("non_blocking", False)),
+                        _is_pinned(self_t),
+                    )
+                )
+        if (
+            name == "copy_"
+            and self_t is not None
+            and self_t.device.type != "cpu"
+            and len(args) > 1
+            and isinstance(args[1], torch.Tensor)
+            and args[1].device.type == "cpu"
+        ):
             nb = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
             self.record.copies.append(
-                CopyEvent("Tensor.copy_", str(self_t.device), bool(nb), _is_pinned(args[1])))
+                CopyEvent("Tensor.copy_", str(self_t.device), bool(nb), _is_pinned(args[1]))
+            )
         try:
             return func(*args, **kwargs)
         except (RuntimeError, NotImplementedError) as exc:
@@ -587,7 +686,7 @@ def _to_target(args, kwargs) -> tuple[torch.device | None, bool]:
     """(target device or None, non_blocking) of a ``Tensor.to`` call, parsed as PyTorch does."""
     try:
         device, _dtype, non_blocking, _fmt = torch._C._nn._parse_to(*args[1:], **kwargs)
-    except Exception:
+    except Exception:  # noqa: BLE001 - the method's own error is the measured outcome
         return None, False
     return device, bool(non_blocking)
 
@@ -618,13 +717,17 @@ def probe_call(fn: Callable[[], Any], placeholder_reads: bool = False) -> ProbeR
     try:
         with SyncProbeMode(record, placeholder_reads):
             fn()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the method's own error is the measured outcome
         record.error = f"{type(exc).__name__}: {exc}"
     return record
 
 
-def probe_decode(methods: MropeMethods, case: MropeCase, placeholder_reads: bool = False,
-                 copy_target: str = "meta") -> ProbeRecord:
+def probe_decode(
+    methods: MropeMethods,
+    case: MropeCase,
+    placeholder_reads: bool = False,
+    copy_target: str = "meta",
+) -> ProbeRecord:
     """Probe one decode call with ``seq_lens`` on the ``meta`` device and the runner's device
     ``copy_target`` (``meta``: every copy to it is recorded and costs nothing). Strict
     (``placeholder_reads=False``): the first read raises and ends the call (``record.error``);
@@ -669,6 +772,7 @@ def cuda_host_blocked_ms(fn: Callable[[], Any], sleep_cycles: int, repeats: int 
     kernel (``torch.cuda._sleep(sleep_cycles)``) is in flight on the current stream;
     ``host_blocked_ms`` = busy - idle, floored at 0: about the kernel's remaining time when ``fn``
     waits for the GPU, about 0 when it does not. Also ``kernel_ms``, the kernel's own duration."""
+
     def timed(busy: bool) -> tuple[float, float]:
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -687,8 +791,12 @@ def cuda_host_blocked_ms(fn: Callable[[], Any], sleep_cycles: int, repeats: int 
     busy_runs = [timed(True) for _ in range(repeats)]
     busy = sorted(r[0] for r in busy_runs)[repeats // 2]
     kernel = sorted(r[1] for r in busy_runs)[repeats // 2]
-    return {"host_call_idle_ms": idle, "host_call_busy_ms": busy,
-            "host_blocked_ms": max(busy - idle, 0.0), "kernel_ms": kernel}
+    return {
+        "host_call_idle_ms": idle,
+        "host_call_busy_ms": busy,
+        "host_blocked_ms": max(busy - idle, 0.0),
+        "kernel_ms": kernel,
+    }
 
 
 # --------------------------------------------------------------------------- one probe row
@@ -711,10 +819,18 @@ def _outcomes_equal(a: tuple[str, Any], b: tuple[str, Any]) -> bool:
     return a[1].dtype == b[1].dtype and torch.equal(a[1].cpu(), b[1].cpu())
 
 
-def measure_row(methods: MropeMethods, stock: MropeMethods | None, batch_size: int, *,
-                device: str = "cpu", image_share: float = 0.5, seed: int = 0,
-                iterations: int = 5, sleep_ms: float = 50.0,
-                sleep_cycles: int | None = None) -> dict:
+def measure_row(
+    methods: MropeMethods,
+    stock: MropeMethods | None,
+    batch_size: int,
+    *,
+    device: str = "cpu",
+    image_share: float = 0.5,
+    seed: int = 0,
+    iterations: int = 5,
+    sleep_ms: float = 50.0,
+    sleep_cycles: int | None = None,
+) -> dict:
     """Probe one variant at one batch size; a flat dict (one table row).
 
     Always: ``positions_equal_stock`` (None without ``stock``), ``images`` (image requests).
@@ -726,23 +842,30 @@ def measure_row(methods: MropeMethods, stock: MropeMethods | None, batch_size: i
     and :func:`cuda_host_blocked_ms`'s numbers with a kernel of about ``sleep_ms``.
     """
     case = probe_case(batch_size, image_share, seed, "cpu")
-    row: dict[str, Any] = {"batch_size": batch_size, "device": device,
-                           "images": sum(m is not None for m in case.mm_inputs)}
+    row: dict[str, Any] = {
+        "batch_size": batch_size,
+        "device": device,
+        "images": sum(m is not None for m in case.mm_inputs),
+    }
     if device == "cpu":
         if stock is not None:
-            row["positions_equal_stock"] = _outcomes_equal(run_outcome(methods, case),
-                                                          run_outcome(stock, case))
+            row["positions_equal_stock"] = _outcomes_equal(
+                run_outcome(methods, case), run_outcome(stock, case)
+            )
         strict = probe_decode(methods, case)
         counted = probe_decode(methods, case, placeholder_reads=True)
         # a read that cannot be answered with a placeholder (e.g. the 0-d fill value inside
         # torch.full) ends the counting run: that read is counted too, the counts are lower
         # bounds (``counts_lower_bound``) and ``stopped_by`` says what stopped it
         stopped = counted.error
-        row.update(strict_error=strict.error,
-                   d2h_reads_per_call=len(counted.reads) + (1 if stopped else 0),
-                   blocking_h2d_copies_per_call=len(counted.blocking_copies),
-                   h2d_copies_per_call=len(counted.copies), counts_lower_bound=bool(stopped),
-                   stopped_by=stopped)
+        row.update(
+            strict_error=strict.error,
+            d2h_reads_per_call=len(counted.reads) + (1 if stopped else 0),
+            blocking_h2d_copies_per_call=len(counted.blocking_copies),
+            h2d_copies_per_call=len(counted.copies),
+            counts_lower_bound=bool(stopped),
+            stopped_by=stopped,
+        )
         return row
     gpu_case = case.on(device)
     mine = run_outcome(methods, gpu_case)
@@ -752,10 +875,13 @@ def measure_row(methods: MropeMethods, stock: MropeMethods | None, batch_size: i
         row["error"] = mine[1]
         return row
     rec = probe_call(lambda: methods.compute(gpu_case.fresh()))
-    row.update(d2h_reads_per_call=len(rec.reads),
-               blocking_h2d_copies_per_call=len(rec.blocking_copies),
-               h2d_copies_per_call=len(rec.copies),
-               h2d_copies_pinned=all(c.pinned for c in rec.copies), error=rec.error)
+    row.update(
+        d2h_reads_per_call=len(rec.reads),
+        blocking_h2d_copies_per_call=len(rec.blocking_copies),
+        h2d_copies_per_call=len(rec.copies),
+        h2d_copies_pinned=all(c.pinned for c in rec.copies),
+        error=rec.error,
+    )
     fresh = [gpu_case.fresh() for _ in range(iterations)]
     warns = 0
     for c in fresh:

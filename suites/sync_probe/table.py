@@ -1,41 +1,53 @@
 """The probe table (one line per batch size) shared by the sync_probe suite's report block and
 scripts/gpu_probe.py. Standard library only: gpu_probe.py loads this file by path on a machine
 that has nothing but python3 and torch."""
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 #: columns of the printed table: (key of a probe row, header, format)
-TABLE_COLUMNS = [("batch_size", "batch", "{}"), ("images", "images", "{}"),
-                 ("d2h_reads_per_call", "D2H reads/call", "{}"),
-                 ("blocking_h2d_copies_per_call", "blocking H2D/call", "{}"),
-                 ("sync_warnings_per_call", "sync warnings/call", "{:.1f}"),
-                 ("host_blocked_ms", "host-blocked ms", "{:.2f}"),
-                 ("positions_equal_stock", "= stock", "{}"),
-                 ("stopped_by", "stopped by", "{:.60}"), ("error", "error", "{:.60}")]
+TABLE_COLUMNS = [
+    ("batch_size", "batch", "{}"),
+    ("images", "images", "{}"),
+    ("d2h_reads_per_call", "D2H reads/call", "{}"),
+    ("blocking_h2d_copies_per_call", "blocking H2D/call", "{}"),
+    ("sync_warnings_per_call", "sync warnings/call", "{:.1f}"),
+    ("host_blocked_ms", "host-blocked ms", "{:.2f}"),
+    ("positions_equal_stock", "= stock", "{}"),
+    ("stopped_by", "stopped by", "{:.60}"),
+    ("error", "error", "{:.60}"),
+]
 
 
 def format_table(rows: list[dict], lead: Sequence[tuple[str, str]] = ()) -> str:
     """A plain-text table of probe rows (``measure_row`` dicts; columns absent from every row are
     left out); ``lead``: extra leading (key, header) columns such as release and variant."""
-    cols = [(k, h, "{}") for k, h in lead] + [c for c in TABLE_COLUMNS
-                                             if any(c[0] in r for r in rows)]
+    cols = [(k, h, "{}") for k, h in lead] + [
+        c for c in TABLE_COLUMNS if any(c[0] in r for r in rows)
+    ]
     cells = [[h for _, h, _ in cols]]
     for r in rows:
         cells.append(["-" if r.get(k) is None else fmt.format(r[k]) for k, _, fmt in cols])
     widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
 def markdown_table(rows: list[dict], lead: Sequence[tuple[str, str]] = ()) -> list[str]:
     """The same columns as :func:`format_table` as markdown table lines."""
-    cols = [(k, h, "{}") for k, h in lead] + [c for c in TABLE_COLUMNS
-                                             if any(c[0] in r for r in rows)]
+    cols = [(k, h, "{}") for k, h in lead] + [
+        c for c in TABLE_COLUMNS if any(c[0] in r for r in rows)
+    ]
     out = ["| " + " | ".join(h for _, h, _ in cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
-        out.append("| " + " | ".join("-" if r.get(k) is None else
-                                     fmt.format(r[k]).replace("|", "\\|") for k, _, fmt in cols)
-                   + " |")
+        out.append(
+            "| "
+            + " | ".join(
+                "-" if r.get(k) is None else fmt.format(r[k]).replace("|", "\\|")
+                for k, _, fmt in cols
+            )
+            + " |"
+        )
     return out

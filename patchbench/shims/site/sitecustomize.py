@@ -11,6 +11,7 @@ hides one. Suites that instrument the server (their ``instrumentation`` hook, e.
 suites/sync_probe/instr) bring their own folder with its own sitecustomize.py, which chains the
 same way.
 """
+
 import os
 import sys
 import types
@@ -26,18 +27,24 @@ if os.environ.get("PATCHBENCH_CPU_STAND_INS") == "1":
     # A CPU build of torch with PyPI's (CUDA-built) torchvision: its C ops cannot load and
     # torchvision/_meta_registrations.py raises at import; sglang uses only pure-python transforms.
     if "+cpu" in torch.__version__:
-        sys.modules.setdefault("torchvision._meta_registrations",
-                               types.ModuleType("torchvision._meta_registrations"))
+        sys.modules.setdefault(
+            "torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations")
+        )
 
     import torch._ops
 
     # op handles grabbed at import time by sglang 0.5.23 CPU-engine modules (not AMX-gated);
     # anything else stays missing so hasattr() probes keep answering False.
     _IMPORT_TIME_OPS = {
-        "fused_sigmoid_mul_cpu", "fused_qk_gemma_rmsnorm_cpu",
-        "fused_qk_gemma_rmsnorm_with_gate_cpu", "fused_qkvzba_split_reshape_cat_contiguous_cpu",
-        "fused_moe_router_cpu", "rmsnorm_cpu", "fused_dual_residual_rmsnorm_cpu",
-        "fused_gdn_gating_cpu", "fused_sigmoid_gating_delta_rule_update_cpu",
+        "fused_sigmoid_mul_cpu",
+        "fused_qk_gemma_rmsnorm_cpu",
+        "fused_qk_gemma_rmsnorm_with_gate_cpu",
+        "fused_qkvzba_split_reshape_cat_contiguous_cpu",
+        "fused_moe_router_cpu",
+        "rmsnorm_cpu",
+        "fused_dual_residual_rmsnorm_cpu",
+        "fused_gdn_gating_cpu",
+        "fused_sigmoid_gating_delta_rule_update_cpu",
     } | (set(os.environ.get("PATCHBENCH_SGL_KERNEL_OPS", "").split(",")) - {""})
 
     class _StandInOps(torch._ops._OpNamespace):
@@ -55,6 +62,7 @@ if os.environ.get("PATCHBENCH_CPU_STAND_INS") == "1":
                 msg = f"{_MARKER}: torch.ops.sgl_kernel.{_name} (CPU stand-in; not implemented)"
                 print(msg, file=sys.stderr, flush=True)
                 raise NotImplementedError(msg)
+
             object.__setattr__(self, op_name, stand_in)
             return stand_in
 
@@ -73,6 +81,7 @@ if os.environ.get("PATCHBENCH_STABLE_VOCAB_ORDER") == "1":
         def _stable(get_vocab):
             def get_vocab_in_id_order(self):
                 return dict(sorted(get_vocab(self).items(), key=lambda kv: kv[1]))
+
             get_vocab_in_id_order._patchbench_stable = True
             return get_vocab_in_id_order
 
@@ -89,11 +98,12 @@ def _chain():
     """Run the first sitecustomize.py on sys.path *after* this file's folder, as Python would have
     without us (only later entries: two chaining sitecustomize files never loop)."""
     import importlib.util
+
     here = os.path.dirname(os.path.abspath(__file__))
     entries = [os.path.abspath(e) if e else "" for e in sys.path]
     if here not in entries:
         return
-    for entry in entries[entries.index(here) + 1:]:
+    for entry in entries[entries.index(here) + 1 :]:
         if not entry or entry == here:
             continue
         cand = os.path.join(entry, "sitecustomize.py")

@@ -26,6 +26,7 @@ After every call the counts go atomically (temp file + rename) to
 Self-contained (standard library + torch, which sglang imports anyway): the server's processes
 need not be able to import ``patchbench``.
 """
+
 from __future__ import annotations
 
 import ast
@@ -71,17 +72,22 @@ class MropeCounter:
         self.probe_dir = probe_dir
         self.counts: dict[str, int] = {}
         self.samples: list[dict] = []
-        self.head = {"pid": os.getpid(), "module_file": module_file,
-                     "module_sha256": _sha256(module_file), "crosscheck_ref": ref_path,
-                     "crosscheck_ref_sha256": _sha256(ref_path) if ref_path else None}
+        self.head = {
+            "pid": os.getpid(),
+            "module_file": module_file,
+            "module_sha256": _sha256(module_file),
+            "crosscheck_ref": ref_path,
+            "crosscheck_ref_sha256": _sha256(ref_path) if ref_path else None,
+        }
 
     def add(self, key: str, n: int = 1) -> None:
         self.counts[key] = self.counts.get(key, 0) + n
 
     def write(self) -> None:
         os.makedirs(self.probe_dir, exist_ok=True)
-        data = dict(self.head, counts=self.counts, mismatch_samples=self.samples,
-                    updated_unix_s=time.time())
+        data = dict(
+            self.head, counts=self.counts, mismatch_samples=self.samples, updated_unix_s=time.time()
+        )
         fd, tmp = tempfile.mkstemp(dir=self.probe_dir, prefix=".counts.", suffix=".tmp")
         os.fchmod(fd, 0o644)  # a result file like the others, not mkstemp's 0600
         with os.fdopen(fd, "w") as f:
@@ -117,7 +123,7 @@ def _outcome(fn):
     try:
         fn()
         return None
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any error of the reference method is compared, not raised
         return f"{type(exc).__name__}: {exc}"
 
 
@@ -146,8 +152,16 @@ def wrap_forward_batch(module, probe_dir: str, ref_path: str | None = None) -> M
         except Exception as exc:
             counter.add(f"{mode}_live_errors")
             if ref is not None:
-                _crosscheck(counter, ref, self, model_runner, batch, mode, None,
-                            f"{type(exc).__name__}: {exc}")
+                _crosscheck(
+                    counter,
+                    ref,
+                    self,
+                    model_runner,
+                    batch,
+                    mode,
+                    None,
+                    f"{type(exc).__name__}: {exc}",
+                )
             counter.write()
             raise
         if ref is not None:
@@ -174,15 +188,29 @@ def _crosscheck(counter, ref, fb, model_runner, batch, mode, mine, my_error) -> 
     else:
         import torch
 
-        equal = (mine.dtype == theirs.dtype and tuple(mine.shape) == tuple(theirs.shape)
-                 and bool(torch.equal(mine, theirs.to(mine.device))))
+        equal = (
+            mine.dtype == theirs.dtype
+            and tuple(mine.shape) == tuple(theirs.shape)
+            and bool(torch.equal(mine, theirs.to(mine.device)))
+        )
     counter.add(f"crosscheck_{mode}_{'equal' if equal else 'mismatch'}")
     if not equal and len(counter.samples) < _MAX_SAMPLES:
+
         def show(t, err):
-            return err if err else {"dtype": str(t.dtype), "shape": list(t.shape),
-                                    "head": t[:, :8].tolist()}
-        counter.samples.append({"mode": mode, "batch_size": int(fb.seq_lens.shape[0]),
-                                "live": show(mine, my_error), "reference": show(theirs, their_error)})
+            return (
+                err
+                if err
+                else {"dtype": str(t.dtype), "shape": list(t.shape), "head": t[:, :8].tolist()}
+            )
+
+        counter.samples.append(
+            {
+                "mode": mode,
+                "batch_size": int(fb.seq_lens.shape[0]),
+                "live": show(mine, my_error),
+                "reference": show(theirs, their_error),
+            }
+        )
 
 
 class _WrappingLoader(importlib.abc.Loader):
@@ -222,6 +250,7 @@ class ImportHook(importlib.abc.MetaPathFinder):
 
 def activate(probe_dir: str, ref_path: str | None) -> None:
     """Wrap now if the module is already imported, else when it is."""
+
     def on_exec(module):
         wrap_forward_batch(module, probe_dir, ref_path)
 
@@ -232,5 +261,7 @@ def activate(probe_dir: str, ref_path: str | None) -> None:
 
 
 if os.environ.get("PATCHBENCH_MROPE_PROBE_DIR"):
-    activate(os.environ["PATCHBENCH_MROPE_PROBE_DIR"],
-             os.environ.get("PATCHBENCH_MROPE_CROSSCHECK_REF") or None)
+    activate(
+        os.environ["PATCHBENCH_MROPE_PROBE_DIR"],
+        os.environ.get("PATCHBENCH_MROPE_CROSSCHECK_REF") or None,
+    )

@@ -7,6 +7,7 @@ Then it runs the next ``sitecustomize.py`` further down ``sys.path`` (e.g. patch
 shims/site one), as Python would have without this file. Standard library only: the server's
 processes need not be able to import ``patchbench``.
 """
+
 import os
 import sys
 
@@ -15,17 +16,19 @@ def _chain():
     """Run the first sitecustomize.py on sys.path *after* this file's folder, if any (only later
     entries: two chaining sitecustomize files never import each other in a loop)."""
     import importlib.util
+
     here = os.path.dirname(os.path.abspath(__file__))
     entries = [os.path.abspath(e) if e else "" for e in sys.path]
     if here not in entries:
         return
-    for entry in entries[entries.index(here) + 1:]:
+    for entry in entries[entries.index(here) + 1 :]:
         if not entry or entry == here:
             continue
         cand = os.path.join(entry, "sitecustomize.py")
         if os.path.isfile(cand):
             spec = importlib.util.spec_from_file_location(
-                "_patchbench_sync_probe_next_sitecustomize", cand)
+                "_patchbench_sync_probe_next_sitecustomize", cand
+            )
             mod = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(mod)
             return
