@@ -9,6 +9,7 @@ The tokenizer class written to tokenizer_config.json depends on the installed tr
 4.x's Qwen2_5_VLProcessor insists on ``Qwen2TokenizerFast``; 5.x loads ``PreTrainedTokenizerFast``.
 A model folder is therefore built per environment (see :func:`default_model_dir`).
 """
+
 from __future__ import annotations
 
 import json
@@ -18,10 +19,20 @@ import tempfile
 from pathlib import Path
 
 SPECIAL_TOKENS = [
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>",
-    "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>", "<|box_end|>",
-    "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
-    "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
 ]
 
 #: Qwen2-VL's chat template (image/video placeholders as Qwen2.5-VL's processor expects them)
@@ -69,7 +80,7 @@ def _corpus(seed: int) -> list[str]:
     rng = random.Random(seed)
     letters = "abcdefghijklmnopqrstuvwxyz0123456789"
     words = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 9))) for _ in range(120000)]
-    lines = [" ".join(words[i:i + 20]) for i in range(0, len(words), 20)]
+    lines = [" ".join(words[i : i + 20]) for i in range(0, len(words), 20)]
     return _CORPUS + lines
 
 
@@ -91,8 +102,9 @@ def default_model_dir(root: str | os.PathLike | None = None) -> Path:
 def is_built(out: str | os.PathLike) -> bool:
     """True when ``out`` holds every file of a built model."""
     out = Path(out)
-    return (all((out / f).is_file() for f in REQUIRED_FILES)
-            and any((out / f).is_file() for f in PROCESSOR_FILES))
+    return all((out / f).is_file() for f in REQUIRED_FILES) and any(
+        (out / f).is_file() for f in PROCESSOR_FILES
+    )
 
 
 def build_tiny_qwen25vl(out: str | os.PathLike, *, seed: int = 0, force: bool = False) -> Path:
@@ -123,18 +135,27 @@ def build_tiny_qwen25vl(out: str | os.PathLike, *, seed: int = 0, force: bool = 
         tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, min_frequency=1, show_progress=False,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                      special_tokens=[])
+        trainer = trainers.BpeTrainer(
+            vocab_size=VOCAB_SIZE,
+            min_frequency=1,
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            special_tokens=[],
+        )
         tok.train_from_iterator(_corpus(seed), trainer=trainer)
         tok.add_special_tokens(SPECIAL_TOKENS)
         ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
         vocab_size = tok.get_vocab_size()
 
         hf_tok = PreTrainedTokenizerFast(
-            tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-            unk_token=None, additional_special_tokens=SPECIAL_TOKENS[1:],
-            model_max_length=32768, clean_up_tokenization_spaces=False)
+            tokenizer_object=tok,
+            eos_token="<|im_end|>",
+            pad_token="<|endoftext|>",
+            unk_token=None,
+            additional_special_tokens=SPECIAL_TOKENS[1:],
+            model_max_length=32768,
+            clean_up_tokenization_spaces=False,
+        )
         hf_tok.chat_template = CHAT_TEMPLATE
         hf_tok.save_pretrained(tmp)
         cfg_path = tmp / "tokenizer_config.json"
@@ -146,38 +167,75 @@ def build_tiny_qwen25vl(out: str | os.PathLike, *, seed: int = 0, force: bool = 
         cfg_path.write_text(json.dumps(tcfg, indent=2))
         hf_tok = AutoTokenizer.from_pretrained(tmp)
 
-        pix = dict(min_pixels=56 * 56, max_pixels=28 * 28 * 64, patch_size=14,
-                   temporal_patch_size=2, merge_size=2)
-        img_proc = Qwen2VLImageProcessor(image_mean=[0.48145466, 0.4578275, 0.40821073],
-                                         image_std=[0.26862954, 0.26130258, 0.27577711], **pix)
+        pix = dict(
+            min_pixels=56 * 56,
+            max_pixels=28 * 28 * 64,
+            patch_size=14,
+            temporal_patch_size=2,
+            merge_size=2,
+        )
+        img_proc = Qwen2VLImageProcessor(
+            image_mean=[0.48145466, 0.4578275, 0.40821073],
+            image_std=[0.26862954, 0.26130258, 0.27577711],
+            **pix,
+        )
         kw = {}
         try:
             from transformers import Qwen2VLVideoProcessor
+
             kw["video_processor"] = Qwen2VLVideoProcessor(**pix)
         except ImportError:  # transformers 4.x
             pass
-        proc = Qwen2_5_VLProcessor(image_processor=img_proc, tokenizer=hf_tok,
-                                   chat_template=CHAT_TEMPLATE, **kw)
+        proc = Qwen2_5_VLProcessor(
+            image_processor=img_proc, tokenizer=hf_tok, chat_template=CHAT_TEMPLATE, **kw
+        )
         proc.save_pretrained(tmp)
 
         hidden = 64
         text_cfg = dict(
-            vocab_size=((vocab_size + 63) // 64) * 64, hidden_size=hidden, intermediate_size=128,
-            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            max_position_embeddings=4096, rms_norm_eps=1e-6, hidden_act="silu",
-            tie_word_embeddings=False, use_sliding_window=False, rope_theta=1000000.0,
+            vocab_size=((vocab_size + 63) // 64) * 64,
+            hidden_size=hidden,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=4096,
+            rms_norm_eps=1e-6,
+            hidden_act="silu",
+            tie_word_embeddings=False,
+            use_sliding_window=False,
+            rope_theta=1000000.0,
             rope_scaling={"type": "mrope", "rope_type": "default", "mrope_section": [2, 3, 3]},
-            bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"])
+            bos_token_id=ids["<|endoftext|>"],
+            eos_token_id=ids["<|im_end|>"],
+        )
         vision_cfg = dict(
-            depth=2, hidden_size=64, intermediate_size=128, num_heads=4, in_chans=3,
-            out_hidden_size=hidden, patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
-            window_size=112, fullatt_block_indexes=[1], tokens_per_second=2, hidden_act="silu")
+            depth=2,
+            hidden_size=64,
+            intermediate_size=128,
+            num_heads=4,
+            in_chans=3,
+            out_hidden_size=hidden,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            window_size=112,
+            fullatt_block_indexes=[1],
+            tokens_per_second=2,
+            hidden_act="silu",
+        )
         config = Qwen2_5_VLConfig(
-            text_config=text_cfg, vision_config=vision_cfg,
-            image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-            vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-            vision_token_id=ids["<|vision_pad|>"], bos_token_id=ids["<|endoftext|>"],
-            eos_token_id=ids["<|im_end|>"], tie_word_embeddings=False)
+            text_config=text_cfg,
+            vision_config=vision_cfg,
+            image_token_id=ids["<|image_pad|>"],
+            video_token_id=ids["<|video_pad|>"],
+            vision_start_token_id=ids["<|vision_start|>"],
+            vision_end_token_id=ids["<|vision_end|>"],
+            vision_token_id=ids["<|vision_pad|>"],
+            bos_token_id=ids["<|endoftext|>"],
+            eos_token_id=ids["<|im_end|>"],
+            tie_word_embeddings=False,
+        )
         for k, v in text_cfg.items():  # old-style flat keys (some loaders read the top level)
             if not hasattr(config, k):
                 try:
