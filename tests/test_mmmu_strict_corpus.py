@@ -81,3 +81,15 @@ def test_rejected_and_discussed_options_get_no_credit():
 def test_deterministic():
     first = [grade(x) for x in CORPUS]
     assert [grade(x) for x in reversed(CORPUS)] == first[::-1]
+
+
+def test_benchmark_script_runs(capsys):
+    import importlib.util
+    path = Path(__file__).parent.parent / "scripts" / "bench_mmmu_parser.py"
+    spec = importlib.util.spec_from_file_location("bench_mmmu_parser", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--rounds", "1", "-n", "40"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in out] == ["corpus", "llava"]
+    assert all("40 responses in" in line for line in out)

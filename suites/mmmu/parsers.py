@@ -315,14 +315,15 @@ _MARKER = re.compile(
     r"|the\s+answer|answer|my\s+(?:final\s+)?(?:answer|choice|pick|selection)"
     r"|i(?:\s+would|'d|\s+will|'ll|\s+must|\s+should)?\s+(?:choose|select|pick|go\s+with|opt\s+for)"
     r"|(?:change|revise|correct)\s+my\s+answer\s+to|(?:choose|select|pick)|i\s+meant"
-    r"|(?:so|thus|therefore|hence|it\s+is|it's|it\s+must\s+be|this\s+is|that\s+is)(?=[\s,:]))"
+    r"|(?:so|thus|therefore|hence|it\s+is|it's|it\s+must\s+be|this\s+is|that\s+is|"
+    r"i\s+think|i\s+believe|i\s+guess|i\s+would\s+say|i'd\s+say)(?=[\s,:]))"
     r"(?![\w'])(?:\s+(?:choice|option|letter)(?![\w']))?"
     r"(?:[ \t]*(?:is|would\s+be|should\s+be|will\s+be|must\s+be|to\s+be|remains|becomes|=|:|-|–|—))*"
     r"(?:[ \t]*(?:likely|probably|clearly|definitely|therefore|thus|then|indeed|actually|"
     r"most\s+likely|simply|now|still|,))*[ \t:]*", re.I)
 # markers that conclude without naming an answer: what follows must end the sentence
-_WEAK = re.compile(r"(?:so|thus|therefore|hence|it\s+is|it's|it\s+must\s+be|this\s+is|that\s+is)\b",
-                   re.I)
+_WEAK = re.compile(r"(?:so|thus|therefore|hence|it\s+is|it's|it\s+must\s+be|this\s+is|that\s+is|"
+                   r"i\s+think|i\s+believe|i\s+guess|i\s+would\s+say|i'd\s+say)\b", re.I)
 _SENT_END = re.compile(r"[ \t]*[.!]?[ \t]*(?:$|\n|(?<=[.!])\s+(?=[A-Z(]))", re.M)
 _IS_CORRECT = re.compile(
     r"[ \t]*(?:is|seems\s+to\s+be|appears\s+to\s+be|would\s+be|must\s+be|should\s+be)[ \t]+"
@@ -399,8 +400,10 @@ def _echo_lines(s: str, opts: _Options) -> set[int]:
                 rest.append(line[pos:m.start()])
                 pos = end
         rest.append(line[pos:])
-        # what is left besides the pairs: at most a few words ("The options are")
-        few = len(re.findall(r"[A-Za-z]{2,}", " ".join(rest))) <= 4
+        # what is left besides the pairs: a short lead-in ("The options are") and separators
+        few = (len(re.findall(r"[A-Za-z]{2,}", rest[0])) <= 4
+               and not re.search(r"[A-Za-z]{2,}",
+                                 re.sub(r"\b(?:and|or)\b", " ", " ".join(rest[1:]))))
         if len(pairs) >= 2 and few and not _MARKER.search(line):
             out.add(i)
     if len(single) >= 2:
