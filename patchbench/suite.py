@@ -29,9 +29,12 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel
 
+from patchbench.errors import RunFailed
 
-class SuiteError(RuntimeError):
-    """A suite failure the suite understood (server died, bench_serving exited non-zero, ...)."""
+
+class SuiteError(RunFailed):
+    """A suite failure the suite understood (server died, bench_serving exited non-zero, ...);
+    the cell is marked failed with this message (exit 4 if it ends a command)."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,11 @@ class Instrumentation:
     instrumentation writes into (created by the core); perturbs_timing: True for anything that may
     change timing (such cells are never timed cells). ``collect(out_dir) -> dict`` (optional) is
     called once after the server stopped and its result is recorded in ``cell.json`` under
-    ``instrumentation[<suite>]``.
+    ``instrumentation[<suite>]``. server_args: extra server arguments the instrumentation needs in
+    the correctness cell (e.g. the profiler's ``--disable-overlap-schedule``: torch's profiler
+    records CPU ops only of the thread that started it, and the overlap scheduler runs the forward
+    pass in a thread that exists before profiling starts); refused if the config already sets the
+    same flag differently.
     """
 
     env: dict[str, str] = field(default_factory=dict)
@@ -78,6 +85,7 @@ class Instrumentation:
     out_dir: Path | None = None
     perturbs_timing: bool = True
     collect: Callable[[Path], dict] | None = None
+    server_args: list[str] = field(default_factory=list)
 
 
 @dataclass
