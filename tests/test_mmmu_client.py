@@ -16,8 +16,7 @@ from aiohttp import web
 
 from patchbench.records import read_json, read_jsonl
 from patchbench.suite import ServerInfo, SuiteContext, SuiteError
-from patchbench.suites.mmmu import Params, pair, report_block, run
-from patchbench.suites.mmmu import client
+from patchbench.suites.mmmu import Params, client, pair, report_block, run
 from patchbench.suites.mmmu.bench import prepare, prepare_key
 from patchbench.suites.mmmu.demo_data import generate
 

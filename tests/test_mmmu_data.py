@@ -9,7 +9,7 @@ import pytest
 from scipy import ndimage
 
 from patchbench.suites.mmmu import Params
-from patchbench.suites.mmmu.data import DatasetUnavailable, SUBJECT_DOMAIN, load_questions
+from patchbench.suites.mmmu.data import SUBJECT_DOMAIN, DatasetUnavailable, load_questions
 from patchbench.suites.mmmu.demo_data import COLOURS, generate, generate_rows
 
 FIELDS = ["id", "question", "options", "explanation", *[f"image_{i}" for i in range(1, 8)],

@@ -11,8 +11,13 @@ import pytest
 from PIL import Image
 
 from patchbench.suites.mmmu.data import Question, parse_options
-from patchbench.suites.mmmu.prompts import (PromptError, build_messages, png_data_url, prompt_sha256,
-                                 prompt_text)
+from patchbench.suites.mmmu.prompts import (
+    PromptError,
+    build_messages,
+    png_data_url,
+    prompt_sha256,
+    prompt_text,
+)
 
 SAMPLES = Path(__file__).parent / "data" / "mmmu-samples"
 

@@ -27,8 +27,12 @@ from patchbench.suite import SuiteContext, SuiteError, SuiteResult
 from patchbench.suites.mmmu import client, scoring
 from patchbench.suites.mmmu.data import DOMAINS, load_questions
 from patchbench.suites.mmmu.params import Params
-from patchbench.suites.mmmu.prompts import (PromptError, build_messages, prompt_text,
-                                             unreferenced_images)
+from patchbench.suites.mmmu.prompts import (
+    PromptError,
+    build_messages,
+    prompt_text,
+    unreferenced_images,
+)
 
 PREPARED_VERSION = 2  # 2: images the text does not name are sent after it
 
@@ -216,8 +220,7 @@ def write_outputs(out_dir: Path, records: list[dict[str, Any]], sc: scoring.Scor
 def _progress(total: int, log):
     """A rich progress bar on a terminal; a no-op callable (and no bar) otherwise."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, \
-        TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     console = Console(stderr=True)
     if not console.is_terminal:
         return None, lambda: None

@@ -22,8 +22,9 @@ partial run). Questions that failed anywhere are left out of the table and count
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from statistics import mean
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from statsmodels.stats.contingency_tables import mcnemar
 

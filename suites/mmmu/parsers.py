@@ -28,8 +28,9 @@ from __future__ import annotations
 import functools
 import random
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 __all__ = [
     "parse_official_mc", "parse_strict", "parse_strict_detail", "StrictParse",

@@ -33,7 +33,8 @@ import base64
 import hashlib
 import io
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from PIL import Image
 

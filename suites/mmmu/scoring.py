@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import pprint
 import random
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from statsmodels.stats.proportion import proportion_confint
 
