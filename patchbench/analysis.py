@@ -98,6 +98,29 @@ class RunData:
         return self.run_dir / v / f"rep{k}" / suite
 
 
+def _patch_label(p: object) -> str:
+    if isinstance(p, dict):
+        return f"diff:{p.get('diff')}" if p.get("diff") else str(p.get("name") or p)
+    return str(p)
+
+
+def variant_parts(raw: object) -> tuple[list[str], list[str], dict[str, str]]:
+    """A variant as written in the manifest's config (a list of patches, or a mapping with
+    ``patches``, ``server_args``, ``env``) as (patch labels, server args, env)."""
+    if isinstance(raw, dict):
+        return ([_patch_label(p) for p in raw.get("patches") or []],
+                [str(a) for a in raw.get("server_args") or []],
+                {str(k): str(v) for k, v in (raw.get("env") or {}).items()})
+    return [_patch_label(p) for p in raw or []], [], {}
+
+
+def variant_identity(raw: object) -> tuple:
+    """What makes two variants the same run (patches in order, arguments, environment): equal
+    identities mean an A/A pair."""
+    pats, args, env = variant_parts(raw)
+    return tuple(pats), tuple(args), tuple(sorted(env.items()))
+
+
 def read_run(run_dir: str | os.PathLike) -> RunData:
     """Read a run folder. Raises RunFolderError / SchemaTooNew (exit 2) for the manifest; a
     missing cell is status "missing", an unreadable one "unreadable" (the report still renders)."""
@@ -120,8 +143,8 @@ def read_run(run_dir: str | os.PathLike) -> RunData:
     suites = man.suites or sorted(
         {p.parent.name for v in variants for p in (run_dir / v).glob("rep*/*/summary.json")}
     )
-    base = sorted(vcfg.get(baseline) or [])
-    aa = [v for v in variants[1:] if v in vcfg and sorted(vcfg[v] or []) == base]
+    base = variant_identity(vcfg.get(baseline))
+    aa = [v for v in variants[1:] if v in vcfg and variant_identity(vcfg[v]) == base]
     cells, sums, notes = {}, {}, []
     for v in variants:
         for k in range(repeats):

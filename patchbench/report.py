@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from patchbench import EXIT_OK, EXIT_USAGE, records, runfolder
-from patchbench.analysis import build_comparison
+from patchbench.analysis import build_comparison, variant_parts
 from patchbench.comparison import CompareSettings, Comparison, Row, write_comparison
 
 VERDICT_MARK = {
@@ -144,10 +144,15 @@ def _header(man: runfolder.RunManifest, cmp: Comparison) -> list[str]:
         f"| sglang | `{man.sglang_version or cfg.get('sglang', '?')}` |",
     ]
     for v in [cmp.baseline] + cmp.variants:
-        ps = man.patches.get(v) or [{"name": p, "sha256": None} for p in man.variants.get(v, [])]
+        pats, args, env = variant_parts(man.variants.get(v))
+        ps = man.patches.get(v) or [{"name": p, "sha256": None} for p in pats]
         desc = (
             ", ".join(f"`{p.get('name')}` ({(p.get('sha256') or '?')[:12]})" for p in ps) or "stock"
         )
+        if args:
+            desc += "; server args " + " ".join(f"`{a}`" for a in args)
+        if env:
+            desc += "; env " + " ".join(f"`{k}={val}`" for k, val in env.items())
         tag = " (baseline)" if v == cmp.baseline else (" (A/A)" if v in cmp.aa_variants else "")
         lines.append(f"| variant `{v}`{tag} | {desc} |")
     inst = [f"{c['variant']}/rep{c['repeat']}" for c in cmp.cells if c.get("instrumented")]

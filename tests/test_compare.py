@@ -201,3 +201,16 @@ def test_deterministic_counts_compared_exactly(tmp_path):
     assert r.verdict == "improved"  # declared lower = better
     z = _row(cmp, "positions_mismatch_count", "patched")
     assert z.verdict == "equivalent" and z.change == 0
+
+
+def test_aa_detection_reads_mapping_variants():
+    """A variant written as a mapping is A/A only when patches, arguments and environment all
+    equal the baseline's; the list form is its patches alone."""
+    from patchbench.analysis import variant_identity
+
+    stock = variant_identity([])
+    assert variant_identity({"patches": [], "server_args": [], "env": {}}) == stock
+    assert variant_identity({"patches": [], "server_args": ["--disable-overlap-schedule"]}) != stock
+    assert variant_identity({"env": {"SGLANG_X": "1"}}) != stock
+    assert variant_identity(["p"]) == variant_identity({"patches": ["p"]})
+    assert variant_identity({"patches": [{"diff": "a.diff"}]}) != variant_identity(["a.diff"])
