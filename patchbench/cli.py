@@ -289,6 +289,12 @@ def _args_score_mmmu(p: argparse.ArgumentParser) -> None:
         help="official parser: pick a seeded random letter, or count as unparsed",
     )
     p.add_argument("--out", help="folder for records.jsonl, val_sglang.json, ...")
+    p.add_argument(
+        "--disagreements",
+        action="store_true",
+        help="list responses whose strict and official parses differ "
+        "(with --out also disagreements.md and .csv)",
+    )
 
 
 def _args_tiny(p: argparse.ArgumentParser) -> None:

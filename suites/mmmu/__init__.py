@@ -64,6 +64,10 @@ METRICS: dict[str, MetricInfo] = {
     "mmmu_correct_count": _count("Correct answers"),
     "mmmu_failed_count": _count("Failed requests", "lower"),
     "mmmu_unparsed_count": _count("Unparsed answers"),
+    "mmmu_no_answer_count": _count("Unparsed: no answer"),
+    "mmmu_ambiguous_count": _count("Unparsed: several options, no final commitment"),
+    "mmmu_images_unreferenced_count": _count("Questions with images their text does not name"),
+    "mmmu_images_not_sent_count": _count("Questions with an image not sent", "lower"),
     "mmmu_fallback_count": _count("Official parser random fallbacks"),
 }
 
@@ -379,6 +383,17 @@ class MmmuSuite(Suite):
 
     def run(self, ctx: SuiteContext, params: Params) -> SuiteResult:
         return run(ctx, params)
+
+    def doctor_checks(self, cfg: Any, params: Params) -> list[tuple[str, bool, str]]:
+        """MMMU must be local (``dataset_path``), in the HF hub cache, or the hub reachable;
+        the generated demo questions need nothing."""
+        from patchbench.doctor import hf_dataset_check
+        from patchbench.suites.mmmu.bench import DEMO_DATASET
+
+        if params.dataset == DEMO_DATASET:
+            return []
+        return [hf_dataset_check(f"suite mmmu: dataset {params.dataset}", params.dataset,
+                                 params.dataset_path)]
 
     def pair(
         self, baseline_dirs: list[Path], variant_dirs: list[Path], params: Params

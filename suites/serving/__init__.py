@@ -432,6 +432,14 @@ class ServingSuite(Suite):
     def run(self, ctx: SuiteContext, params: Params) -> SuiteResult:
         return run(ctx, params)
 
+    def doctor_checks(self, cfg: Any, params: Params) -> list[tuple[str, bool, str]]:
+        """The ``mmmu`` dataset of bench_serving loads MMMU/MMMU from the hub or its cache."""
+        from patchbench.doctor import hf_dataset_check
+
+        if params.dataset_name != "mmmu":
+            return []
+        return [hf_dataset_check(f"suite serving: dataset {params.dataset_name}", "MMMU/MMMU")]
+
     def pair(
         self, baseline_dirs: list[Path], variant_dirs: list[Path], params: Params
     ) -> dict | None:
