@@ -1,0 +1,92 @@
+"""Nightly trend plots: per gated metric, each variant's nightly medians and tonight's point.
+
+``plots/nightly-<suite>.<metric>.png`` in the run folder (written by patchbench/nightly.py).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from patchbench.gates import GateResult, NightlySettings, metric_unit
+from patchbench.history import Night
+
+
+def plot_trend(prior: Sequence[Night], tonight: Night, suite: str, metric: str,
+               results: list[GateResult], settings: NightlySettings):
+    """A matplotlib Figure: per variant, the nightly medians of the history, the range of the
+    last K nights' runs (the history gate's window), and tonight's point (red edge when a gate
+    failed). x: night (UTC), y: the metric in its unit. The caller saves and closes it."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from datetime import datetime
+
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+
+    def _dt(s: str):
+        return datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ")
+
+    unit = metric_unit(suite, metric, [tonight, *prior])
+    fig, ax = plt.subplots(figsize=(8, 4.2), dpi=110)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, variant in enumerate(tonight.variants):
+        key = (variant, suite, metric)
+        col = colors[i % len(colors)]
+        hist = [n for n in prior if n.median(key) is not None]
+        if hist:
+            ax.plot([_dt(n.night_utc) for n in hist], [n.median(key) for n in hist], "o-",
+                    color=col, ms=4, lw=1, alpha=0.8, label=f"{variant}: nightly median")
+        window = hist[-settings.window_nights:]
+        vals = [v for n in window for v in n.values.get(key, []) if v is not None]
+        if window and vals:
+            x0, x1 = _dt(window[0].night_utc), _dt(tonight.night_utc)
+            ax.fill_between([x0, x1], [min(vals)] * 2, [max(vals)] * 2, color=col, alpha=0.15,
+                            label=f"{variant}: runs of last {len(window)} nights")
+        value = tonight.median(key)
+        if value is not None:
+            failed = any(r.status == "fail" and r.variant == variant and r.suite == suite
+                         and r.metric == metric for r in results)
+            ax.plot([_dt(tonight.night_utc)], [value], marker="*", ms=14, color=col,
+                    markeredgecolor="red" if failed else "black", linestyle="none",
+                    label=f"{variant}: tonight{' (REGRESSION)' if failed else ''}")
+    ax.set_title(f"{suite}.{metric}: nightly trend ({tonight.config_name})")
+    ax.set_xlabel("night (UTC)")
+    ax.set_ylabel(f"{metric} [{unit}]" if unit else metric)
+    ax.legend(fontsize=7, loc="best")
+    ax.grid(alpha=0.3)
+    ax.xaxis.set_major_formatter(mdates.DateFormatter("%Y-%m-%d"))
+    fig.autofmt_xdate()
+    fig.text(0.99, 0.01, f"run {tonight.run_id}", ha="right", va="bottom", fontsize=7,
+             color="gray")
+    fig.tight_layout()
+    return fig
+
+
+def write_plots(run_dir: Path, prior: Sequence[Night], tonight: Night,
+                results: list[GateResult], settings: NightlySettings) -> tuple[list[str], list[str]]:
+    """Write one trend plot per gated (suite, metric); returns (written paths relative to
+    ``run_dir``, problems). A failing plot never hides the verdict: it becomes a problem line."""
+    import io
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from patchbench.records import write_bytes
+
+    done, problems = [], []
+    for suite, metric in sorted({(r.suite, r.metric) for r in results if r.status != "missing"}):
+        rel = f"plots/nightly-{suite}.{metric}.png"
+        try:
+            fig = plot_trend(prior, tonight, suite, metric, results, settings)
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png")
+            plt.close(fig)
+            write_bytes(run_dir / rel, buf.getvalue())
+            done.append(rel)
+        except Exception as e:  # a plot must never hide the verdict
+            problems.append(f"trend plot {rel} failed: {type(e).__name__}: {e}")
+    return done, problems
+
+
+__all__ = ["plot_trend", "write_plots"]
