@@ -41,7 +41,10 @@ NOT_OOM = (
     "[2026-01-02 09:59:00] Available memory 3GB is less than required memory 4GB for warmup, "
     "reducing max_m to 1024 to avoid out of memory\n"
 )
-DECODE_LINE = "[2025-08-20 10:00:00 TP0] Decode batch. #running-req: 16, #token: 4096, gen throughput (token/s): 812.5\n"
+DECODE_LINE = (
+    "[2025-08-20 10:00:00 TP0] Decode batch. #running-req: 16, #token: 4096, "
+    "gen throughput (token/s): 812.5\n"
+)
 
 
 def _log(tmp_path: Path, text: str) -> Path:
