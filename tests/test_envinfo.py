@@ -11,3 +11,72 @@ def test_torch_build_info_without_import_matches_torch():
     out = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__, torch.version.cuda)"],
                          capture_output=True, text=True, check=True).stdout.split()
     assert [got["torch"], str(got["cuda_build"])] == out
+
+
+class FakeNvmlModule:
+    """The pynvml functions patchbench.gpu calls, for one GPU. Each sample starts with the
+    throttle-reason query (patchbench.gpu.Nvml.sample), which moves to the next reading:
+    (sm MHz, mem MHz, temperature C, power mW, throttle bits, pids)."""
+
+    NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
+
+    def __init__(self, readings):
+        self.readings, self.k = readings, -1
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h):
+        self.k += 1
+        return self.readings[self.k][4]
+
+    def nvmlDeviceGetClockInfo(self, h, kind):
+        return self.readings[self.k][0 if kind == self.NVML_CLOCK_SM else 1]
+
+    def nvmlDeviceGetTemperature(self, h, _):
+        return self.readings[self.k][2]
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return self.readings[self.k][3]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        class P:
+            def __init__(self, pid):
+                self.pid = pid
+        return [P(p) for p in self.readings[self.k][5]]
+
+
+def test_gpu_sampler_flags_throttling_and_foreign_processes():
+    from patchbench.gpu import GpuSampler, open_nvml
+    nv = FakeNvmlModule([(1980, 2619, 40, 300000, 0, [100]),  # pid 100 is ours
+                         (1980, 2619, 41, 310000, 0x1, [100]),  # 0x1 = idle: not a throttle
+                         (1500, 2619, 85, 700000, 0x40 | 0x4, [100, 999])])  # hw thermal + power cap
+    s = GpuSampler(open_nvml(nv), ours=lambda: {100})
+    for _ in range(3):
+        s.sample_once()
+    out = s.summary()
+    g = out["gpus"][0]
+    assert out["samples_count"] == 3
+    assert g["sm_clock_mhz"] == {"min": 1500, "median": 1980, "max": 1980}
+    assert g["temperature_c"] == {"min": 40, "median": 41, "max": 85}
+    assert g["power_w"] == {"min": 300.0, "median": 310.0, "max": 700.0}
+    assert g["throttle"] == {"sw_power_cap": 1, "hw_thermal_slowdown": 1}
+    assert g["foreign_pids"] == [999]
+    assert out["flags"] == ["GPU 0: throttled (hw_thermal_slowdown) in 1 of 3 samples",
+                            "GPU 0: throttled (sw_power_cap) in 1 of 3 samples",
+                            "GPU 0: foreign process(es) [999] used the GPU during the cell"]
+
+
+def test_no_nvml_means_no_gpu_checks():
+    from patchbench.gpu import open_nvml
+
+    class NoDriver:
+        def nvmlInit(self):
+            raise RuntimeError("NVML Shared Library Not Found")
+    assert open_nvml(NoDriver()) is None

@@ -11,7 +11,7 @@ FAKE_SIGTERM_DELAY_S   on SIGTERM, exit only after this many seconds (sglang's f
 FAKE_SCHEDULER=1     spawn a child titled ``sglang::scheduler`` (setproctitle), as sglang does;
                      once it is gone, /generate hangs and /health answers 503 while the HTTP
                      front end stays up (what a real server does when its scheduler dies)
-FAKE_GENERATE_SLEEP_S  each /generate takes this many seconds
+FAKE_GENERATE_SLEEP_S  each /generate after the first (the readiness check) takes this long
 """
 import argparse
 import json
@@ -99,7 +99,8 @@ class H(BaseHTTPRequestHandler):
                 self._send(200, {"message": "Cache flushed."})
         elif self.path == "/generate":
             state["generate"] += 1
-            time.sleep(float(os.environ.get("FAKE_GENERATE_SLEEP_S", "0")))
+            if state["generate"] > 1:
+                time.sleep(float(os.environ.get("FAKE_GENERATE_SLEEP_S", "0")))
             while scheduler_dead():  # a real front end waits for its scheduler forever
                 time.sleep(0.5)
             if DIE_AFTER and state["generate"] > DIE_AFTER:

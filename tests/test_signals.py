@@ -1,0 +1,108 @@
+"""SIGTERM / SIGHUP to the runner behave like Ctrl-C, and servers orphaned by a SIGKILLed runner
+are found and stopped (patchbench.signals, patchbench.stale), against the fake server."""
+import importlib.metadata
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from patchbench.records import read_json
+from patchbench.server import port_answers
+from patchbench.stale import find_stale_servers, kill_stale
+
+HERE = Path(__file__).parent
+SGLANG = importlib.metadata.version("sglang")
+CFG = """\
+    name: signal-test
+    sglang: "{sglang}"
+    model: {{path: "{model}"}}
+    server: {{port: {port}, ready_timeout_s: 30, stop_grace_s: 3}}
+    variants:
+      baseline: []
+      control: []
+    schedule: {{repeats: 2}}
+    suites:
+      fake: {{n: 1}}
+"""
+
+
+def _start(tmp_path, port, **cellenv):
+    (tmp_path / "model").mkdir()
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(textwrap.dedent(CFG.format(sglang=SGLANG, model=tmp_path / "model", port=port)))
+    mark = tmp_path / "mark.txt"
+    env = dict(os.environ, FAKE_SUITE_MARK=str(mark), CELLENV_FOR="control/rep0",
+               **{f"CELLENV_{k}": str(v) for k, v in cellenv.items()})
+    proc = subprocess.Popen([sys.executable, str(HERE / "fake_server" / "run_bench_fake.py"),
+                             str(cfg), str(tmp_path / "results")], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait for the second cell's suite (one finished cell)
+        if mark.exists() and "control/0" in mark.read_text():
+            return proc
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("the runner never reached the second cell:\n" + proc.communicate()[0])
+
+
+def _gone(pid):
+    return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 130)])
+def test_sigterm_and_sighup_stop_everything_and_keep_finished_cells(tmp_path, sig, code):
+    port = 31960 + (sig == signal.SIGHUP)
+    proc = _start(tmp_path, port, FAKE_GENERATE_SLEEP_S=30)
+    run_dir = next((tmp_path / "results").iterdir())
+    running = read_json(run_dir / "control" / "rep0" / "cell.json")
+    assert running["status"] == "running" and running["server"]["pgid"] == running["server"]["pid"]
+    t0 = time.monotonic()
+    proc.send_signal(sig)
+    out = proc.communicate(timeout=60)[0]
+    took = time.monotonic() - t0
+    assert proc.returncode == code, out
+    assert took < 10, out  # not the suite's 30 s request
+    assert "resume with: patchbench bench" in out and f"--resume {run_dir}" in out
+    rec = read_json(run_dir / "control" / "rep0" / "cell.json")
+    assert rec["status"] == "interrupted"
+    assert rec["error"] == f"interrupted by {signal.Signals(sig).name}"
+    man = read_json(run_dir / "manifest.json")
+    assert man["interrupted"] is True
+    assert [(c["variant"], c["status"]) for c in man["cells"]] == [("baseline", "ok")]
+    assert read_json(run_dir / "baseline" / "rep0" / "fake" / "summary.json")["status"] == "ok"
+    assert _gone(running["server"]["pid"])
+    assert not port_answers("127.0.0.1", port)
+    assert find_stale_servers(tmp_path / "results") == []
+
+
+def test_sigkilled_runner_leaves_a_server_that_is_found_and_killed(tmp_path):
+    port = 31965
+    proc = _start(tmp_path, port, FAKE_GENERATE_SLEEP_S=60)
+    run_dir = next((tmp_path / "results").iterdir())
+    srv = read_json(run_dir / "control" / "rep0" / "cell.json")["server"]
+    proc.kill()
+    proc.communicate(timeout=30)
+    try:
+        assert port_answers("127.0.0.1", port)  # the orphan keeps the port
+        stale = find_stale_servers(tmp_path / "results")
+        assert [(s.pid, s.cell, s.port) for s in stale] == [(srv["pid"], "control/rep0", port)]
+        assert stale[0].kill_command == f"kill -TERM -- -{srv['pgid']}"
+        assert [ok for _, ok in kill_stale(stale)] == [True]
+        assert _gone(srv["pid"])
+        assert not port_answers("127.0.0.1", port)
+        rec = read_json(run_dir / "control" / "rep0" / "cell.json")
+        assert rec["status"] == "interrupted" and "--kill-stale" in rec["error"]
+        assert find_stale_servers(tmp_path / "results") == []
+    finally:
+        try:
+            os.killpg(srv["pgid"], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
