@@ -1,185 +1,737 @@
 #!/usr/bin/env python
-"""Calibrate the comparison (a benchmark, not a unit test; issue 6, "Tests" and "Measure").
+"""Calibrate the comparison: how often do its verdicts mislead, on synthetic runs with known truth.
 
-Drives the very code that writes compare.json (``patchbench.compare.compare_run``) on synthetic run
-folders (tests/helpers_runs.py) whose run-to-run noise is log-normal with a given coefficient of
-variation (CV) per run, and counts verdicts over seeded trials:
+A benchmark of the verdict rules, not a unit test. Every trial builds one synthetic run (a
+baseline and three compared variants: one A/A variant, ``patch-a`` and ``patch-b``, as in
+configs/pr9460-h200.yaml with an A/A variant added), hands it to the comparison code
+(:func:`patchbench.analysis.build_comparison`: the suites' declarations, the MMMU pairing
+contract, paired t on log ratios, ``min_repeats``, TOST, Holm across each variant's primaries,
+Newcombe for accuracy, exact deterministic counts, the A/A downgrade) and counts the verdicts of
+the primaries (serving: output throughput, median ITL, median TTFT, median E2E; MMMU overall
+accuracy; sync probe host syncs per call). Scenarios per trial:
 
-- sensitivity: a true +10 % output-throughput change must be called "improved" in >= 95 % of the
-  trials, and no change must be called significant (improved or regressed) in <= 5 %;
-- at the measured A/A noise and, as a sensitivity table, 0.5x, 1x, 2x, 4x that noise;
-- a power table: interleaved repeats needed to detect a 2 %, 3 %, 5 % change at 95 % confidence
-  (two-sided paired t-test on log ratios, ``statsmodels.stats.power.TTestPower``) with the given
-  power (80 % and 95 % by default), as markdown for the README. Cross-check: at CV 3 % and +10 %,
-  TTestPower gives 55 % / 96 % power at 3 / 5 repeats; the simulated compare_run calls it improved
-  in 53 % / 96.5 % of 200 trials.
+- ``null``: no variant changes anything;
+- ``effect``: ``patch-a`` makes every time 10 % shorter (output throughput +10 %, latencies
+  -9.1 %) and removes its 2 host syncs per call; ``patch-b`` and the A/A variant change nothing.
 
-Noise model: repeat k of arm a has value ``mu_a * exp(e_ak)``, ``e_ak ~ N(0, cv)`` independent
-(log-normal, CV ~= cv for small cv). A drift shared by both arms of a round cancels in the paired
-log ratio, which is what interleaving buys, so it is not simulated. The paired log ratio then has
-standard deviation ``sqrt(2) * cv``.
+Printed per row (run CV, repeats), each with its 95 % Wilson interval over the trials:
 
-The measured noise: the pooled A/A log ratios of ``output_throughput_tok_s`` in the newest
-``results/*/compare.json`` with A/A variants (``CV = sd(ln(aa_k / base_k)) / sqrt(2)``); without
-one, ``--cv`` or the stated default (3 %, an assumption, not a measurement).
+- a patch with no effect shown improved / regressed on any primary (target <= 5 %; counted per
+  null patch), and the same over the whole report (both null patches and the A/A variant);
+- +10 % output throughput of ``patch-a`` called improved (target >= 90 %);
+- real-0 primaries of the null patches called equivalent (margins: the suites' own, 5 % and
+  2 points; deterministic counts exact);
+- one-repeat reports with any improved / regressed run-level verdict (target 0);
+- beside them, the OLD rule's rates. The old rule is reimplemented here (:func:`old_rule`) only
+  as a baseline for the table; it is not product code: every metric tested on its own with a 95 %
+  paired t-interval on log ratios (t on differences for values <= 0; a zero-width interval when
+  the difference is the same in every repeat), no multiplicity correction, no minimum of repeats,
+  an A/A noise floor (a variant's change counts only when ``|change|`` exceeds the largest
+  ``|bound|`` of the A/A interval of that metric) and, with one repeat, request-level bootstrap
+  intervals inside the cell for the TTFT / E2E medians (paired requests) and the ITL median
+  (request blocks; percentile, ``--old-resamples`` resamples instead of the old 2000 BCa, for
+  time). "Old rule, every row" applies it to every simulated serving metric (throughputs; TTFT /
+  ITL / TPOT / E2E mean, median, p90, p95, p99) plus the primaries, as the old headline listed
+  every hit; at one repeat only the three latency medians get within-cell intervals.
 
-Usage: ``.venv/bin/python scripts/calibrate.py [--cv 0.03] [--repeats 5] [--trials 200]``.
-Exit status 0 when the rates meet the targets at 1x the noise, 1 otherwise.
+Noise model (two levels; times in ms; one trial = one run):
+
+- run level, per server lifetime (cell): a decode-speed shock ``s ~ N(0, run_cv)`` multiplies
+  every inter-token gap by ``exp(s)``; the prefill shock of TTFT is ``0.5 s + sqrt(0.75) u``,
+  ``u ~ N(0, run_cv)``, so TTFT is partly correlated with decode; E2E, TPOT, ITL and the
+  throughputs follow from the requests, so their run-to-run correlations are those of one server;
+- request level, CV ``req_cv`` (default 20 %): 200 requests of 1024 output tokens at concurrency
+  16 run in waves of 16 that share their decode steps: a step's noise (share ``step_share`` of
+  the log variance) is common to the 16 requests of the wave, the rest is the request's own; each
+  request is represented by ``steps`` sampled decode steps; TTFT likewise has a wave part and a
+  request part, times a prompt factor fixed per prompt (the same prompts in every cell);
+- output throughput = 1024 x 200 / duration, duration = sum over waves of the slowest request's
+  E2E; median ITL is taken over the sampled per-token gaps, TPOT per request;
+- MMMU: 900 questions, each right or wrong once and for all (45 % right) except a ``fragile``
+  share (5 %) that is right with probability 1/2 in every cell (batch-dependent numerics);
+  accuracy per cell and, for the comparison, per-question correctness averaged over repeats;
+- sync probe: 2 host syncs per call, exactly, in every cell (0 for ``patch-a`` in ``effect``).
+
+No drift between rounds is simulated (interleaving cancels a drift shared by a round). The
+realised run-to-run CV of each primary (request noise included) is printed with each row.
+
+Speed: by default the comparison runs on in-memory run data (``RunData`` handed to
+``build_comparison`` through :func:`in_memory_seams`; the suites' real declarations; the MMMU
+pair hook replaced by the same per-question average over repeats that
+``patchbench.suites.mmmu.pair_repeats`` computes; the serving and sync-probe hooks return None
+because no per-request files exist in memory, and they feed only descriptive intervals and report
+sections). ``--via-folders`` writes each trial as a run folder (tests/helpers_runs.py, MMMU
+records.jsonl included) and runs ``patchbench.analysis.compare_run`` end to end instead; it is
+~100x slower, dominated by the MMMU pair hook (``pairing.check_pairable``'s json.dumps of every
+record and ``statistics.mean``). ``--profile`` prints where the time of a few trials goes.
+
+Usage::
+
+    .venv/bin/python scripts/calibrate.py                  # default rows, 400 trials each
+    .venv/bin/python scripts/calibrate.py --trials 1000 --cvs 0.03 --repeats 5 6 7
+    .venv/bin/python scripts/calibrate.py --trials 20 --via-folders   # the on-disk path
+
+Exit status 0 when the targets hold at ``--target-cv`` with the config's repeats, 1 otherwise.
 """
+
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import shutil
-import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+from scipy import stats as sps
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests"))  # helpers_runs, for --via-folders
 
-import numpy as np  # noqa: E402
+from patchbench import analysis  # noqa: E402
+from patchbench import suite as suite_mod  # noqa: E402
+from patchbench.comparison import CompareSettings, Comparison  # noqa: E402
+from patchbench.runfolder import CellRecord, RunManifest, SuiteSummary  # noqa: E402
 
-from helpers_runs import make_run  # noqa: E402
-from patchbench import records  # noqa: E402
-from patchbench.compare import CompareSettings, compare_run  # noqa: E402
-from patchbench.stats import wilson_interval  # noqa: E402
+BASELINE = "baseline"
+AA = "aa"
+VARIANTS: dict[str, list[str]] = {BASELINE: [], AA: [], "patch-a": ["patch-a"], "patch-b": ["patch-b"]}
+PATCHES = ("patch-a", "patch-b")
+EFFECT_VARIANT = "patch-a"
+THR = "output_throughput_tok_s"
+SUITES = ("serving", "mmmu", "sync_probe")
+PRIMARIES: dict[str, tuple[str, ...]] = {
+    "serving": ("output_throughput_tok_s", "itl_median_ms", "ttft_median_ms", "e2e_latency_median_ms"),
+    "mmmu": ("mmmu_overall_acc",),
+    "sync_probe": ("host_syncs_per_call_count",),
+}
+SHORT = {"output_throughput_tok_s": "output thr", "itl_median_ms": "median ITL",
+         "ttft_median_ms": "median TTFT", "e2e_latency_median_ms": "median E2E",
+         "mmmu_overall_acc": "MMMU acc", "host_syncs_per_call_count": "host syncs"}
+#: serving metrics the simulation produces (all kind "run" in the serving suite)
+STATS = (("mean", None), ("median", 50), ("p90", 90), ("p95", 95), ("p99", 99))
+SERVING_METRICS = (
+    ["request_throughput_req_s", "input_throughput_tok_s", "output_throughput_tok_s",
+     "total_throughput_tok_s"]
+    + [f"{q}_{s}_ms" for q in ("ttft", "itl", "tpot", "e2e_latency") for s, _ in STATS]
+)
+#: the old rule's within-cell intervals at one repeat (primaries only): metric -> (values, stat)
+OLD_WITHIN_CELL = {"ttft_median_ms": ("ttft", "median"), "e2e_latency_median_ms": ("e2e", "median"),
+                   "itl_median_ms": ("itl", "median")}
 
-DEFAULT_CV = 0.03
-METRIC = "output_throughput_tok_s"
+
+# ------------------------------------------------------------------------------ noise model
 
 
-def measured_cv(results: Path = REPO / "results") -> tuple[float, str] | None:
-    """(CV per run, source) from the newest compare.json with A/A variants, or None."""
-    for cj in sorted(results.glob("*/compare.json"), reverse=True):
+@dataclass(frozen=True)
+class Model:
+    """The synthetic run's parameters (see the module docstring). CVs are log-scale standard
+    deviations (fractions: 0.03 = 3 %); times in ms."""
+
+    run_cv: float = 0.03
+    req_cv: float = 0.20
+    step_share: float = 0.5
+    prefill_corr: float = 0.5
+    requests: int = 200
+    concurrency: int = 16
+    steps: int = 16
+    out_len: int = 1024
+    in_len: int = 68
+    itl_ms: float = 5.9
+    ttft_ms: float = 97.0
+    prompt_cv: float = 0.3
+    questions: int = 900
+    accuracy: float = 0.45
+    fragile: float = 0.05
+    syncs: int = 2
+
+
+@dataclass
+class Trial:
+    """One synthetic run: ``metrics[(variant, k)] = {suite: {metric: value}}``, per-question
+    correctness ``correct[(variant, k)]`` (bool, shape (questions,)), per-request TTFT / E2E
+    (ms, shape (requests,)) and sampled per-token gaps (ms, shape (requests, steps))."""
+
+    run_id: str
+    repeats: int
+    variants: list[str]
+    metrics: dict[tuple[str, int], dict[str, dict[str, float]]] = field(default_factory=dict)
+    correct: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
+    requests: dict[tuple[str, int], dict[str, np.ndarray]] = field(default_factory=dict)
+
+    def values(self, variant: str, suite: str, metric: str) -> np.ndarray:
+        """Per-repeat values of one metric, shape (repeats,)."""
+        return np.array([self.metrics[(variant, k)][suite][metric] for k in range(self.repeats)])
+
+
+def simulate(rng: np.random.Generator, m: Model, repeats: int, *, speedup: dict[str, float],
+             syncs: dict[str, int], run_id: str, keep_requests: bool = False) -> Trial:
+    """Draw one trial: every variant of ``VARIANTS`` over ``repeats`` cells.
+
+    speedup[variant]: every time of that variant is divided by (1 + speedup) (0.10: output
+    throughput +10 %); syncs[variant]: host syncs per call (default ``m.syncs``).
+    keep_requests: keep per-request arrays (the old rule's one-repeat intervals need them)."""
+    vs = list(VARIANTS)
+    nv, n, T = len(vs), m.requests, m.steps
+    C = nv * repeats  # cells, variant-major
+    W = math.ceil(n / m.concurrency)
+    wave = np.arange(n) // m.concurrency
+    starts = np.arange(0, n, m.concurrency)
+    prompt = np.exp(rng.normal(0.0, m.prompt_cv, n))  # fixed per prompt, shared by every cell
+    base_ok = rng.random(m.questions) < m.accuracy
+    fragile = rng.random(m.questions) < m.fragile
+
+    s_d = rng.normal(0.0, m.run_cv, C)
+    s_p = m.prefill_corr * s_d + math.sqrt(1 - m.prefill_corr**2) * rng.normal(0.0, m.run_cv, C)
+    scale = np.repeat([1.0 / (1.0 + speedup.get(v, 0.0)) for v in vs], repeats)
+    sd_w, sd_r = m.req_cv * math.sqrt(m.step_share), m.req_cv * math.sqrt(1 - m.step_share)
+    step = rng.normal(0.0, sd_w, (C, W, T))[:, wave, :]  # a decode step, shared by its wave
+    own = rng.normal(0.0, sd_r, (C, n, 1))
+    gaps = m.itl_ms * scale[:, None, None] * np.exp(s_d[:, None, None] + step + own)
+    tpot = gaps.mean(axis=2)
+    ttft = (m.ttft_ms * prompt * scale[:, None]
+            * np.exp(s_p[:, None] + rng.normal(0.0, sd_w, (C, W))[:, wave]
+                     + rng.normal(0.0, sd_r, (C, n))))
+    e2e = ttft + (m.out_len - 1) * tpot
+    duration_s = np.maximum.reduceat(e2e, starts, axis=1).sum(axis=1) / 1000.0
+    itl = gaps.reshape(C, n * T)
+    per = {"ttft": ttft, "itl": itl, "tpot": tpot, "e2e_latency": e2e}
+    cols: dict[str, np.ndarray] = {
+        "request_throughput_req_s": n / duration_s,
+        "input_throughput_tok_s": n * m.in_len / duration_s,
+        "output_throughput_tok_s": n * m.out_len / duration_s,
+        "total_throughput_tok_s": n * (m.in_len + m.out_len) / duration_s,
+    }
+    qs = [q for _, q in STATS if q is not None]
+    for name, x in per.items():
+        pct = np.percentile(x, qs, axis=1)
+        cols[f"{name}_mean_ms"] = x.mean(axis=1)
+        for (s, _q), row in zip([st for st in STATS if st[1] is not None], pct, strict=True):
+            cols[f"{name}_{s}_ms"] = row
+    flips = rng.random((C, m.questions)) < 0.5
+    correct = np.where(fragile[None, :], flips, base_ok[None, :])
+    tr = Trial(run_id, repeats, vs)
+    for i, v in enumerate(vs):
+        for k in range(repeats):
+            c = i * repeats + k
+            tr.metrics[(v, k)] = {
+                "serving": {name: float(col[c]) for name, col in cols.items()},
+                "mmmu": {"mmmu_overall_acc": float(correct[c].mean())},
+                "sync_probe": {"host_syncs_per_call_count": float(syncs.get(v, m.syncs))},
+            }
+            tr.correct[(v, k)] = correct[c]
+            if keep_requests:
+                tr.requests[(v, k)] = {"ttft": ttft[c], "e2e": e2e[c], "itl": gaps[c]}
+    return tr
+
+
+# ------------------------------------------------------------------------------ the real path
+
+
+def _config(tr: Trial, settings: CompareSettings) -> dict:
+    return {"name": "calibration", "variants": VARIANTS, "baseline": BASELINE,
+            "schedule": {"repeats": tr.repeats, "order": "interleaved"},
+            "suites": {s: {} for s in SUITES}, "compare": settings.model_dump(mode="json")}
+
+
+def _summary_metrics(tr: Trial, v: str, k: int, s: str, secondaries: bool) -> dict[str, float]:
+    vals = tr.metrics[(v, k)][s]
+    return dict(vals) if secondaries else {x: vals[x] for x in PRIMARIES[s] if x in vals}
+
+
+def run_data(tr: Trial, settings: CompareSettings, secondaries: bool = False) -> analysis.RunData:
+    """The trial as :class:`patchbench.analysis.RunData` (what ``read_run`` returns for the same
+    run folder: typed manifest, cells, summaries; A/A variants as ``read_run`` finds them).
+    secondaries: put every simulated metric in the summaries, not only the primaries (secondary
+    rows change no primary verdict and no A/A check; they only cost time)."""
+    cells_meta = []
+    for k in range(tr.repeats):
+        order = tr.variants if k % 2 == 0 else list(reversed(tr.variants))
+        cells_meta += [{"variant": v, "repeat": k, "status": "ok"} for v in order]
+    man = RunManifest(run_id=tr.run_id, config=_config(tr, settings), cells=cells_meta)
+    base = sorted(man.variants[BASELINE])
+    aa = [v for v in tr.variants[1:] if sorted(man.variants[v]) == base]
+    cells = {(v, k): CellRecord(variant=v, repeat=k, status="ok", suites={s: "ok" for s in SUITES})
+             for v in tr.variants for k in range(tr.repeats)}
+    sums = {(v, k, s): SuiteSummary(suite=s, status="ok",
+                                    metrics=_summary_metrics(tr, v, k, s, secondaries))
+            for v in tr.variants for k in range(tr.repeats) for s in SUITES}
+    return analysis.RunData(Path("/nonexistent-calibration") / tr.run_id, man, BASELINE,
+                            list(tr.variants), aa, tr.repeats, list(SUITES), cells, sums)
+
+
+def mmmu_accuracy(correct: dict[tuple[str, int], np.ndarray], baseline: str, variant: str,
+                  repeats: list[int]) -> dict:
+    """The pair hook's ``accuracy`` entry for mmmu_overall_acc: per question, its share of
+    correct answers over the paired repeats, in each arm (what
+    ``patchbench.suites.mmmu.pair_repeats`` computes when no question failed). Ids are
+    ``q0..q{n-1}`` sorted as strings, as the hook sorts them."""
+    a = np.mean([correct[(baseline, k)] for k in repeats], axis=0)
+    b = np.mean([correct[(variant, k)] for k in repeats], axis=0)
+    ids = sorted(f"q{i}" for i in range(a.size))
+    idx = [int(i[1:]) for i in ids]
+    return {"mmmu_overall_acc": {"ids": ids, "baseline": [float(a[i]) for i in idx],
+                                 "variant": [float(b[i]) for i in idx]}}
+
+
+class _MemorySuite:
+    """A registered suite's declarations with a pair hook that reads the trial in memory."""
+
+    def __init__(self, name: str, trials: dict[str, Trial]):
+        self.name = name
+        self.real = suite_mod.get_suite(name)
+        self.metrics = dict(self.real.metrics)
+        self._trials = trials
+
+    def pair(self, baseline_dirs: list[Path], variant_dirs: list[Path], params) -> dict | None:
+        if self.name != "mmmu":
+            return None  # serving / sync probe: per-request files only; nothing a verdict reads
+        run_id = Path(baseline_dirs[0]).parents[2].name
+        tr = self._trials[run_id]
+        variant = Path(variant_dirs[0]).parents[1].name
+        ks = [int(Path(d).parent.name[3:]) for d in baseline_dirs]
+        return {"accuracy": mmmu_accuracy(tr.correct, BASELINE, variant, ks)}
+
+
+@contextlib.contextmanager
+def in_memory_seams(trials: dict[str, Trial]) -> Iterator[None]:
+    """Let ``analysis.build_comparison`` take a :class:`RunData` instead of a folder, and give it
+    the suites' real declarations with in-memory pair hooks (restored on exit)."""
+    orig_read, orig_decl = analysis.read_run, analysis._suite_decl
+    cache: dict[str, _MemorySuite] = {}
+
+    def read_run(run_dir):
+        return run_dir if isinstance(run_dir, analysis.RunData) else orig_read(run_dir)
+
+    def suite_decl(name, notes):
+        if name not in cache:
+            cache[name] = _MemorySuite(name, trials)
+        return cache[name], dict(cache[name].metrics)
+
+    analysis.read_run, analysis._suite_decl = read_run, suite_decl
+    try:
+        yield
+    finally:
+        analysis.read_run, analysis._suite_decl = orig_read, orig_decl
+
+
+def write_folder(tr: Trial, root: Path, settings: CompareSettings,
+                 secondaries: bool = False) -> Path:
+    """Write the trial as a run folder (tests/helpers_runs.make_run), MMMU records included."""
+    from helpers_runs import make_run, mmmu_rows
+
+    metrics: dict[str, dict[str, dict[str, list[float]]]] = {}
+    for s in SUITES:
+        names = _summary_metrics(tr, BASELINE, 0, s, secondaries)
+        metrics[s] = {mm: {v: [tr.metrics[(v, k)][s][mm] for k in range(tr.repeats)]
+                           for v in tr.variants} for mm in names}
+    recs = {key: mmmu_rows(["correct" if x else "wrong" for x in c]) for key, c in tr.correct.items()}
+    return make_run(root, variants=VARIANTS, metrics=metrics, mmmu_records=recs,
+                    run_id=tr.run_id, compare=settings.model_dump(mode="json"))
+
+
+def compare_trial(tr: Trial, settings: CompareSettings, *, via_folders: bool = False,
+                  root: Path | None = None, secondaries: bool = False) -> Comparison:
+    """The comparison code's verdicts on one trial: in memory (inside :func:`in_memory_seams`)
+    or, with ``via_folders``, from a run folder under ``root`` through ``compare_run``."""
+    if via_folders:
+        run = write_folder(tr, root, settings, secondaries)
         try:
-            cmp = records.read_json(cj)
-        except (OSError, ValueError):
+            return analysis.compare_run(run, settings)
+        finally:
+            shutil.rmtree(run, ignore_errors=True)
+    return analysis.build_comparison(run_data(tr, settings, secondaries), settings)
+
+
+# ------------------------------------------------------------------------------ the old rule
+
+
+def _old_interval(b: np.ndarray, v: np.ndarray, tq: float) -> tuple[float, float, float]:
+    """Old rule, n >= 2: (estimate, low, high) of the relative change, 95 % paired t on log
+    ratios (on differences relative to the baseline mean when a value is <= 0); zero width
+    when the difference is the same in every repeat."""
+    if np.all(b > 0) and np.all(v > 0):
+        d = np.log(v) - np.log(b)
+        m, h = d.mean(), (0.0 if np.ptp(d) == 0 else tq * d.std(ddof=1) / math.sqrt(d.size))
+        return math.expm1(m), math.expm1(m - h), math.expm1(m + h)
+    d, s = v - b, b.mean()
+    if s <= 0:
+        return math.nan, math.nan, math.nan
+    m, h = d.mean(), (0.0 if np.ptp(d) == 0 else tq * d.std(ddof=1) / math.sqrt(d.size))
+    return m / s, (m - h) / s, (m + h) / s
+
+
+def _old_within_cell(tr: Trial, resamples: int, seed: int) -> dict[tuple[str, str], tuple]:
+    """Old rule, one repeat: percentile bootstrap of ``median(variant) / median(baseline) - 1``
+    inside the cell, requests resampled with the same indices in both arms (TTFT, E2E: one value
+    a request; ITL: the request's block of per-token gaps). {(variant, metric): (est, lo, hi)}."""
+    rng = np.random.default_rng([seed, 1])
+    n = tr.requests[(BASELINE, 0)]["ttft"].size
+    idx = rng.integers(0, n, (resamples, n))
+
+    def med(x: np.ndarray, rows: np.ndarray | None) -> np.ndarray | float:
+        if x.ndim == 2:  # ITL blocks
+            return float(np.median(x)) if rows is None else np.median(
+                x[rows].reshape(rows.shape[0], -1), axis=1)
+        return float(np.median(x)) if rows is None else np.median(x[rows], axis=1)
+
+    out = {}
+    for mm, (what, _) in OLD_WITHIN_CELL.items():
+        xb = tr.requests[(BASELINE, 0)][what]
+        bb, b0 = np.log(med(xb, idx)), math.log(med(xb, None))
+        for v in tr.variants[1:]:
+            xv = tr.requests[(v, 0)][what]
+            d = np.log(med(xv, idx)) - bb
+            lo, hi = np.percentile(d, [2.5, 97.5])
+            out[(v, mm)] = (math.expm1(math.log(med(xv, None)) - b0), math.expm1(lo),
+                            math.expm1(hi))
+    return out
+
+
+def old_rule(tr: Trial, metrics: dict[str, dict[str, str]], *, resamples: int = 200,
+             seed: int = 0) -> dict[tuple[str, str, str], str]:
+    """The OLD rule's verdicts ("improved", "regressed" or "none") per (variant, suite, metric).
+
+    metrics: {suite: {metric: better}} to judge. A baseline for the table only, reimplemented
+    compactly here (see the module docstring); not product code."""
+    ivs: dict[tuple[str, str, str], tuple[float, float, float] | None] = {}
+    n = tr.repeats
+    tq = float(sps.t.ppf(0.975, n - 1)) if n >= 2 else math.nan
+    within = _old_within_cell(tr, resamples, seed) if n == 1 and tr.requests else {}
+    for v in tr.variants[1:]:
+        for s, names in metrics.items():
+            for mm in names:
+                iv = None
+                if n >= 2:
+                    iv = _old_interval(tr.values(BASELINE, s, mm), tr.values(v, s, mm), tq)
+                elif s == "serving":
+                    iv = within.get((v, mm))
+                ivs[(v, s, mm)] = iv if iv is not None and all(map(math.isfinite, iv)) else None
+    out = {}
+    for (v, s, mm), iv in ivs.items():
+        if iv is None:
+            out[(v, s, mm)] = "none"
             continue
-        d = []
-        for r in cmp.get("metrics", []):
-            if r.get("aa") and r.get("metric") == METRIC:
-                for b, v in zip(r.get("baseline_repeats") or [], r.get("variant_repeats") or []):
-                    if b and v and b > 0 and v > 0:
-                        d.append(math.log(v / b))
-        if len(d) >= 2:
-            return statistics.stdev(d) / math.sqrt(2), f"{cj} ({len(d)} A/A pairs)"
-    return None
+        floor = None
+        if v != AA and ivs.get((AA, s, mm)) is not None:
+            _, lo, hi = ivs[(AA, s, mm)]
+            floor = max(abs(lo), abs(hi))
+        est, lo, hi = iv
+        sig = (lo > 0 or hi < 0) and (floor is None or abs(est) > floor)
+        better = metrics[s][mm]
+        out[(v, s, mm)] = ("none" if not sig or better == "none"
+                           else "improved" if (est > 0) == (better == "higher") else "regressed")
+    return out
 
 
-def trial(root: Path, rng: np.random.Generator, cv: float, effect: float, repeats: int,
-          settings: CompareSettings, i: int) -> str:
-    """One synthetic run: verdict of ``output_throughput_tok_s`` for variant vs baseline."""
-    b = 1000.0 * np.exp(rng.normal(0.0, cv, repeats))
-    v = 1000.0 * (1.0 + effect) * np.exp(rng.normal(0.0, cv, repeats))
-    run = make_run(root, run_id=f"t{i}", metrics={"serving": {METRIC: {
-        "baseline": [float(x) for x in b], "patched": [float(x) for x in v]}}},
-        compare=settings.model_dump())
-    cmp = compare_run(run, settings)
-    shutil.rmtree(run)
-    row = next(r for r in cmp["metrics"] if r["metric"] == METRIC and r["variant"] == "patched")
-    return row["verdict"]
+# ------------------------------------------------------------------------------ rows
 
 
-def rates(root: Path, cv: float, repeats: int, trials: int, seed: int, effect: float,
-          settings: CompareSettings) -> tuple[float, float]:
-    """(share of +effect trials called improved, share of no-change trials called significant)."""
-    hit = fp = 0
-    for t in range(trials):
-        rng = np.random.default_rng([seed, t, int(round(cv * 1e6)), repeats])
-        hit += trial(root, rng, cv, effect, repeats, settings, 2 * t) == "improved"
-        fp += trial(root, rng, cv, 0.0, repeats, settings, 2 * t + 1) in ("improved", "regressed")
-    return hit / trials, fp / trials
+@dataclass
+class Counts:
+    """Counts over the trials of one row: ``null`` / ``effect`` trials run, and per scenario the
+    number of trials (reports) with the named outcome."""
+
+    null: int = 0
+    effect: int = 0
+    new_fp_patch: int = 0    # null: null patch variants (2 a trial) with an improved/regressed
+                             # primary (after the A/A check)
+    old_fp_patch: int = 0    # null: the same, old rule
+    new_fp: int = 0          # null: reports with an improved/regressed primary (after the A/A check)
+    new_fp_raw: int = 0      # null: the same before the A/A downgrade
+    new_any: int = 0         # null: any improved/regressed row (secondaries too, if given)
+    new_run_any: int = 0     # null: an improved/regressed run-level row
+    aa_failed: int = 0       # null: the A/A check failed (every verdict downgraded)
+    old_fp: int = 0          # null: old rule, an improved/regressed primary
+    old_fp_all: int = 0      # null: old rule, any improved/regressed row
+    new_power: int = 0       # effect: patch-a output throughput improved
+    old_power: int = 0       # effect: the same, old rule
+    equiv: dict[str, int] = field(default_factory=dict)    # metric -> equivalent (null patches)
+    equiv_n: dict[str, int] = field(default_factory=dict)  # metric -> rows
+    raw_hit: dict[str, int] = field(default_factory=dict)  # metric -> improved/regressed rows of
+                                                           # the null patches before the A/A check
+    logvar: dict[str, list[float]] = field(default_factory=dict)  # metric -> within-trial var
 
 
-def _rate(p: float, trials: int) -> str:
-    """"96.5% [93.0, 98.3]": the rate and its 95 % Wilson interval over the trials."""
-    lo, hi = wilson_interval(round(p * trials), trials)
-    return f"{p * 100:.1f}% [{lo * 100:.1f}, {hi * 100:.1f}]"
+def _hit(v: str | None) -> bool:
+    return v in ("improved", "regressed")
 
 
-def repeats_needed(cv: float, change: float, power: float, alpha: float = 0.05) -> int:
-    """Paired repeats for a two-sided paired t-test on log ratios to detect ``change`` with
-    ``power`` (statsmodels TTestPower; effect size ln(1+change) / (sqrt(2) cv)), at least 2."""
-    from statsmodels.stats.power import TTestPower
-    es = math.log1p(change) / (math.sqrt(2) * cv)
-    tp = TTestPower()
-    n = 2       # smallest n with the power; a plain search (solve_power fails to converge below ~3)
-    while tp.power(effect_size=es, nobs=n, alpha=alpha, alternative="two-sided") < power:
-        n += 1
-        if n > 100_000:
-            return n
-    return n
+def _old_metrics(every_row: bool) -> dict[str, dict[str, str]]:
+    """{suite: {metric: better}} the old rule judges: the primaries, or every simulated row."""
+    out: dict[str, dict[str, str]] = {}
+    for s in SUITES:
+        decl = suite_mod.get_suite(s).metrics
+        names = list(PRIMARIES[s])
+        if every_row and s == "serving":
+            names += [x for x in SERVING_METRICS if x not in names]
+        out[s] = {x: decl[x].better for x in names}
+    return out
+
+
+def run_row(m: Model, repeats: int, trials: int, seed: int, settings: CompareSettings, *,
+            scenarios: tuple[str, ...] = ("null", "effect"), counts: Counts | None = None,
+            via_folders: bool = False, old_resamples: int = 200, effect: float = 0.10,
+            secondaries: bool = False) -> Counts:
+    """Simulate ``trials`` seeded trials of each scenario at ``m.run_cv`` and ``repeats``, run
+    the comparison on each and count into ``counts`` (a new :class:`Counts` by default).
+    Trial t of a scenario has the same seed whatever else the row runs."""
+    c = counts or Counts()
+    old_all = _old_metrics(True)
+    old_prim = {s: {x: b for x, b in d.items() if x in PRIMARIES[s]} for s, d in old_all.items()}
+    store: dict[str, Trial] = {}
+    root = Path(tempfile.mkdtemp(prefix="pb-calibrate-",
+                                 dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
+    ctx = contextlib.nullcontext() if via_folders else in_memory_seams(store)
+    try:
+        with ctx:
+            for sc in scenarios:
+                for t in range(trials):
+                    rng = np.random.default_rng(
+                        [seed, int(round(m.run_cv * 1e6)), repeats, t, sc == "effect"])
+                    eff = {EFFECT_VARIANT: effect} if sc == "effect" else {}
+                    syn = {EFFECT_VARIANT: 0} if sc == "effect" else {}
+                    tr = simulate(rng, m, repeats, speedup=eff, syncs=syn, run_id=f"t{t}-{sc}",
+                                  keep_requests=repeats == 1 and sc == "null")
+                    store.clear()
+                    store[tr.run_id] = tr
+                    cmp = compare_trial(tr, settings, via_folders=via_folders, root=root,
+                                        secondaries=secondaries)
+                    _count(c, sc, tr, cmp, old_all, old_prim, old_resamples, seed)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return c
+
+
+def _count(c: Counts, sc: str, tr: Trial, cmp: Comparison, old_all, old_prim, old_resamples,
+           seed) -> None:
+    rows = cmp.rows
+    if sc == "effect":
+        c.effect += 1
+        row = cmp.row("serving", THR, EFFECT_VARIANT)
+        c.new_power += row is not None and row.verdict == "improved"
+        if tr.repeats >= 2:
+            old = old_rule(tr, {"serving": {THR: "higher"}})
+            c.old_power += old.get((EFFECT_VARIANT, "serving", THR)) == "improved"
+        return
+    c.null += 1
+    c.new_fp_patch += sum(any(_hit(r.verdict) for r in rows if r.primary and r.variant == v)
+                          for v in PATCHES)
+    c.new_fp += any(_hit(r.verdict) for r in rows if r.primary)
+    c.new_fp_raw += any(_hit(r.verdict_before_health or r.verdict) for r in rows if r.primary)
+    c.new_any += any(_hit(r.verdict) for r in rows)
+    c.new_run_any += any(_hit(r.verdict) for r in rows if r.kind == "run")
+    c.aa_failed += not cmp.health.ok
+    for r in rows:
+        if r.primary and r.variant in PATCHES:
+            c.equiv_n[r.metric] = c.equiv_n.get(r.metric, 0) + 1
+            c.equiv[r.metric] = c.equiv.get(r.metric, 0) + (r.verdict == "equivalent")
+            c.raw_hit[r.metric] = (c.raw_hit.get(r.metric, 0)
+                                   + _hit(r.verdict_before_health or r.verdict))
+    old = old_rule(tr, old_all, resamples=old_resamples, seed=seed)
+    c.old_fp_patch += sum(any(_hit(x) for (v2, s, mm), x in old.items()
+                              if v2 == v and mm in old_prim[s]) for v in PATCHES)
+    c.old_fp_all += any(_hit(v) for v in old.values())
+    c.old_fp += any(_hit(v) for (_, s, mm), v in old.items() if mm in old_prim[s])
+    for s in ("serving", "mmmu"):
+        for mm in PRIMARIES[s]:
+            x = np.log([tr.metrics[(v, k)][s][mm] for v in tr.variants for k in range(tr.repeats)])
+            c.logvar.setdefault(mm, []).append(float(x.var(ddof=1)))
+
+
+# ------------------------------------------------------------------------------ output
+
+
+def fmt(k: int, n: int) -> str:
+    """"4.2% [2.7, 6.6]": the rate k / n and its 95 % Wilson interval; "n/a" when n is 0."""
+    if n == 0:
+        return "n/a"
+    from statsmodels.stats.proportion import proportion_confint
+
+    lo, hi = proportion_confint(k, n, alpha=0.05, method="wilson")
+    return f"{100 * k / n:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
+def realised_cv(c: Counts, metric: str) -> str:
+    """Pooled within-trial standard deviation of the log metric over every cell of a null
+    trial (all cells then have the same distribution): the run-to-run CV the rows really had."""
+    v = c.logvar.get(metric)
+    return f"{100 * math.sqrt(float(np.mean(v))):.1f}%" if v else "n/a"
+
+
+def table(rows: list[tuple[float, int, Counts]]) -> list[str]:
+    """The two markdown tables (targets; equivalence, A/A check and realised noise)."""
+    np_ = len(PATCHES)
+    out = [
+        "| run CV | repeats | trials (null / +10%) | a patch with no effect shown improved or "
+        "regressed on a primary: new (target <= 5%) | old rule | whole no-effect report (2 null "
+        "patches + A/A), any primary: new | old rule | old rule, every row | +10% output "
+        "throughput called improved: new (target >= 90%) | old rule | no-effect reports with a "
+        "run-level improved/regressed: new (target 0 at 1 repeat) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for cv, n, c in rows:
+        out.append(
+            f"| {100 * cv:g}% | {n} | {c.null} / {c.effect} | "
+            f"{fmt(c.new_fp_patch, np_ * c.null)} | {fmt(c.old_fp_patch, np_ * c.null)} | "
+            f"{fmt(c.new_fp, c.null)} | {fmt(c.old_fp, c.null)} | {fmt(c.old_fp_all, c.null)} | "
+            f"{fmt(c.new_power, c.effect)} | "
+            f"{fmt(c.old_power, c.effect) if n >= 2 else 'n/a'} | {fmt(c.new_run_any, c.null)} |")
+    prim = [mm for s in SUITES for mm in PRIMARIES[s]]
+    out += ["", "No-effect reports: primaries of the two null patches called equivalent (margins "
+            "5%, MMMU 2 pt; host syncs exact), the A/A check, and the run-to-run CV the rows "
+            "really had (run and request noise together):", "",
+            "| run CV | repeats | " + " | ".join(f"{SHORT[x]} equivalent" for x in prim)
+            + " | A/A check failed | primary improved/regressed before the A/A check | any row "
+              "improved/regressed | realised CV: thr / ITL / TTFT / E2E / MMMU acc |",
+            "|---|---|" + "---|" * (len(prim) + 4)]
+    for cv, n, c in rows:
+        if not c.null:
+            continue
+        eq = " | ".join(fmt(c.equiv.get(x, 0), c.equiv_n.get(x, 0)) for x in prim)
+        rc = " / ".join(realised_cv(c, x) for x in PRIMARIES["serving"] + PRIMARIES["mmmu"])
+        out.append(f"| {100 * cv:g}% | {n} | {eq} | {fmt(c.aa_failed, c.null)} | "
+                   f"{fmt(c.new_fp_raw, c.null)} | {fmt(c.new_any, c.null)} | {rc} |")
+    out += ["", "Where the false verdicts come from: primaries of the two null patches called "
+            "improved or regressed before the A/A check (new rule, share of rows):", "",
+            "| run CV | repeats | " + " | ".join(SHORT[x] for x in prim) + " |",
+            "|---|---|" + "---|" * len(prim)]
+    for cv, n, c in rows:
+        if c.null:
+            out.append(f"| {100 * cv:g}% | {n} | "
+                       + " | ".join(fmt(c.raw_hit.get(x, 0), c.equiv_n.get(x, 0)) for x in prim)
+                       + " |")
+    return out
+
+
+def config_repeats(path: Path) -> tuple[int, CompareSettings]:
+    """(schedule.repeats, compare settings) of a config file (a plain YAML read)."""
+    import yaml
+
+    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    reps = int((raw.get("schedule") or {}).get("repeats") or 1)
+    return reps, CompareSettings.model_validate(raw.get("compare") or {})
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cv", type=float, help="run-to-run CV of throughput (fraction); default: "
-                    "measured from results/, else 0.03")
-    ap.add_argument("--repeats", type=int, nargs="+", default=[5],
-                    help="interleaved repeats per variant (one table row each; default 5)")
-    ap.add_argument("--trials", type=int, default=200)
-    ap.add_argument("--effect", type=float, default=0.10, help="true change to detect (0.10)")
-    ap.add_argument("--multipliers", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0])
-    ap.add_argument("--power", type=float, nargs="+", default=[0.80, 0.95],
-                    help="power(s) for the power table (0.80 0.95)")
+    """Command line (see the module docstring); returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trials", type=int, default=400,
+                    help="seeded trials per row and scenario (400)")
+    ap.add_argument("--cvs", type=float, nargs="+", default=[0.015, 0.03, 0.06, 0.12],
+                    help="run-level CVs (fractions), one row each (0.015 0.03 0.06 0.12)")
+    ap.add_argument("--repeats", type=int, nargs="+",
+                    help="repeats of those rows (default: the config's schedule.repeats)")
+    ap.add_argument("--config", type=Path, default=REPO / "configs" / "pr9460-h200.yaml",
+                    help="config whose repeats and compare settings are used and checked")
+    ap.add_argument("--target-cv", type=float, default=0.03,
+                    help="CV at which the targets are checked and more repeats searched (0.03)")
+    ap.add_argument("--search-max", type=int, default=12,
+                    help="largest repeat count tried for the power target (12; 0: no search)")
+    ap.add_argument("--power-target", type=float, default=0.90)
+    ap.add_argument("--fp-target", type=float, default=0.05)
+    ap.add_argument("--no-one-repeat", action="store_true", help="skip the one-repeat row")
+    ap.add_argument("--req-cv", type=float, default=Model.req_cv,
+                    help="request-level CV (0.20)")
+    ap.add_argument("--step-share", type=float, default=Model.step_share,
+                    help="share of the request-level log variance common to a decode wave (0.5)")
+    ap.add_argument("--fragile", type=float, default=Model.fragile,
+                    help="share of MMMU questions right with probability 1/2 in each cell (0.05)")
+    ap.add_argument("--questions", type=int, default=Model.questions)
+    ap.add_argument("--old-resamples", type=int, default=200,
+                    help="bootstrap resamples of the old rule's one-repeat intervals (200)")
+    ap.add_argument("--secondaries", action="store_true",
+                    help="give the comparison every simulated serving metric, not only the "
+                         "primaries (about 3x slower; only the 'any row' column changes)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--bootstrap-from", type=int, help="CompareSettings.min_repeats_for_bootstrap "
-                    "(default: the setting's default)")
-    ap.add_argument("--workdir", type=Path, help="scratch folder (default: a temp dir, /dev/shm "
-                    "when present)")
+    ap.add_argument("--via-folders", action="store_true",
+                    help="write run folders and run compare_run end to end (slow)")
+    ap.add_argument("--profile", action="store_true",
+                    help="profile 20 trials of the target row, print the top functions, exit")
     a = ap.parse_args(argv)
 
-    if a.cv is not None:
-        cv0, source = a.cv, "--cv"
-    else:
-        m = measured_cv()
-        cv0, source = m if m else (DEFAULT_CV, f"stated default {DEFAULT_CV:.0%} (no A/A run in results/)")
-    settings = CompareSettings(seed=a.seed, **({"min_repeats_for_bootstrap": a.bootstrap_from}
-                                                if a.bootstrap_from else {}))
-    base = a.workdir or (Path("/dev/shm") if Path("/dev/shm").is_dir() else None)
-    root = Path(tempfile.mkdtemp(prefix="pb-calibrate-", dir=base))
-    print(f"noise: CV {cv0 * 100:.2f}% per run, from {source}")
-    print(f"trials: {a.trials} per cell, seed {a.seed}, true change +{a.effect:.0%}, "
-          f"confidence {settings.confidence:.0%}, bootstrap from "
-          f"{settings.min_repeats_for_bootstrap} repeats, compare_run on synthetic run folders\n")
-    ok_at_1x = True
-    lines = [f"| noise (CV per run) | repeats | +{a.effect:.0%} called improved [95% CI] | no change "
-             "called significant [95% CI] | targets (>= 95% / <= 5%) |", "|---|---|---|---|---|"]
+    reps_cfg, settings = (config_repeats(a.config) if a.config.is_file()
+                          else (5, CompareSettings()))
+    base = Model(req_cv=a.req_cv, step_share=a.step_share, fragile=a.fragile,
+                 questions=a.questions)
+    kw = dict(via_folders=a.via_folders, old_resamples=a.old_resamples,
+              secondaries=a.secondaries)
+
+    def model(cv: float) -> Model:
+        return Model(**{**base.__dict__, "run_cv": cv})
+
+    if a.profile:
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.runcall(run_row, model(a.target_cv), reps_cfg, 20, a.seed, settings, **kw)
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
+        return 0
     t0 = time.time()
-    try:
-        for mult in a.multipliers:
-            cv = cv0 * mult
-            for n in a.repeats:
-                hit, fp = rates(root, cv, n, a.trials, a.seed, a.effect, settings)
-                good = hit >= 0.95 and fp <= 0.05
-                if mult == 1.0 and not good:
-                    ok_at_1x = False
-                lines.append(f"| {cv * 100:.2f}% ({mult:g}x) | {n} | {_rate(hit, a.trials)} | "
-                             f"{_rate(fp, a.trials)} | {'met' if good else 'NOT met'} |")
-                print(lines[-1], flush=True)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    print(f"\n({time.time() - t0:.0f} s)\n")
-    print("\n".join(lines))
-    print(f"\n(bracketed: 95% Wilson interval of the rate over {a.trials} trials; a method whose "
-          "true false-positive rate is exactly 5% exceeds 5.0% in about half of such samples)")
-    for pw in a.power:
-        print(f"\nRepeats needed (paired, interleaved) to detect a change at 95% confidence with "
-              f"{pw:.0%} power, by run-to-run noise (two-sided paired t-test on log ratios, "
-              "statsmodels TTestPower):\n")
-        print("| noise (CV per run) | 2% change | 3% change | 5% change |")
-        print("|---|---|---|---|")
-        for mult in a.multipliers:
-            cv = cv0 * mult
-            cells = [str(repeats_needed(cv, c, pw)) for c in (0.02, 0.03, 0.05)]
-            print(f"| {cv * 100:.2f}% ({mult:g}x) | " + " | ".join(cells) + " |")
-    print("\nWith A/A variants in the run, an effect must also exceed the A/A noise floor; the "
-          "table does not include that.")
-    return 0 if ok_at_1x else 1
+    rows: list[tuple[float, int, Counts]] = []
+
+    def row(cv: float, n: int, scenarios=("null", "effect"), into: Counts | None = None) -> Counts:
+        t1 = time.time()
+        c = run_row(model(cv), n, a.trials, a.seed, settings, scenarios=scenarios, counts=into,
+                    **kw)
+        if into is None:
+            rows.append((cv, n, c))
+        print(f"  CV {100 * cv:g}% x {n} repeats, {'+'.join(scenarios)}: "
+              f"{time.time() - t1:.0f} s", file=sys.stderr, flush=True)
+        return c
+
+    for cv in a.cvs:
+        for n in a.repeats or [reps_cfg]:
+            row(cv, n)
+    at = {n: c for cv, n, c in rows if cv == a.target_cv}
+    if reps_cfg not in at:
+        at[reps_cfg] = row(a.target_cv, reps_cfg)
+    # repeats for the power target: +10 % trials only while searching, then the no-effect
+    # trials at the count found
+    n = reps_cfg
+    while at[n].new_power < a.power_target * at[n].effect and n < a.search_max:
+        n += 1
+        if n not in at:
+            at[n] = row(a.target_cv, n, ("effect",))
+    if not at[n].null:
+        row(a.target_cv, n, ("null",), into=at[n])
+    if not a.no_one_repeat:
+        row(a.target_cv, 1, ("null",))
+    wall = time.time() - t0
+
+    rows.sort(key=lambda r: (r[0], -(r[1] == 1), r[1]))
+    print(f"command: .venv/bin/python scripts/calibrate.py {' '.join(argv)}".rstrip())
+    print(f"wall time: {wall:.0f} s, one process "
+          f"({'run folders + compare_run' if a.via_folders else 'in-memory RunData + build_comparison'})")
+    print(f"settings: {a.config.name if a.config.is_file() else 'defaults'}: confidence "
+          f"{settings.confidence}, min_repeats {settings.min_repeats}; request CV "
+          f"{100 * base.req_cv:g}% (decode-step share {base.step_share:g}), {base.requests} "
+          f"requests x {base.out_len} tokens at concurrency {base.concurrency}; MMMU "
+          f"{base.questions} questions, {100 * base.fragile:g}% fragile; variants: baseline, "
+          f"A/A, 2 patches; seed {a.seed}\n")
+    print("\n".join(table(rows)))
+    print("\n(brackets: 95% Wilson interval over the trials; a method whose true rate is exactly "
+          "5% shows more than 5.0% in about half of such samples. n/a: scenario not run there.)")
+    c = at[reps_cfg]
+    fp_ok = c.new_fp_patch <= a.fp_target * len(PATCHES) * c.null
+    pw_ok = c.new_power >= a.power_target * c.effect
+    print(f"\n{a.config.name}: {reps_cfg} repeats at run CV {100 * a.target_cv:g}%: a no-effect "
+          f"patch shown improved/regressed {'<=' if fp_ok else '>'} {100 * a.fp_target:g}% "
+          f"({'met' if fp_ok else 'NOT met'}); +10% called improved "
+          f"{'>=' if pw_ok else '<'} {100 * a.power_target:g}% ({'met' if pw_ok else 'NOT met'}).")
+    if not pw_ok:
+        reach = sorted(k for k, x in at.items() if x.new_power >= a.power_target * x.effect)
+        print("smallest repeat count reaching the power target at this CV: "
+              + (str(reach[0]) if reach else f"none up to {max(at)}"))
+    return 0 if fp_ok and pw_ok else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,147 @@
+"""scripts/calibrate.py: its rates come from the comparison code (patchbench.analysis), its
+in-memory shortcut gives the same verdicts as run folders through compare_run, and its noise model
+and old-rule baseline do what the docstring says. A few trials each (a smoke test, not the
+calibration itself)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from patchbench import analysis
+from patchbench.comparison import CompareSettings
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def cal():
+    spec = importlib.util.spec_from_file_location("calibrate", REPO / "scripts" / "calibrate.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["calibrate"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _trial(cal, seed, repeats, speedup=None, run_cv=0.03, run_id="t"):
+    rng = np.random.default_rng(seed)
+    return cal.simulate(rng, cal.Model(run_cv=run_cv, questions=60), repeats,
+                        speedup=speedup or {}, syncs={}, run_id=run_id)
+
+
+def test_in_memory_verdicts_equal_run_folder_verdicts(cal, tmp_path):
+    s = CompareSettings()
+    orig = analysis.read_run
+    for seed, speedup in ((1, {}), (2, {"patch-a": 0.10}), (3, {"patch-b": -0.08})):
+        tr = _trial(cal, seed, 3, speedup, run_id=f"t{seed}")
+        with cal.in_memory_seams({tr.run_id: tr}):
+            mem = cal.compare_trial(tr, s)
+        disk = cal.compare_trial(tr, s, via_folders=True, root=tmp_path)
+        assert analysis.read_run is orig  # the seams are undone
+
+        def key(cmp):
+            return {(r.variant, r.metric): (r.verdict, r.change, r.low, r.high, r.confidence)
+                    for r in cmp.rows if r.primary}
+
+        km, kd = key(mem), key(disk)
+        assert set(km) == {(v, m) for v in ("aa", "patch-a", "patch-b")
+                           for ms in cal.PRIMARIES.values() for m in ms}
+        assert km.keys() == kd.keys()
+        for k in km:
+            assert km[k][0] == kd[k][0], k
+            for a, b in zip(km[k][1:], kd[k][1:], strict=True):
+                assert (a is None and b is None) or a == pytest.approx(b, rel=1e-9, abs=1e-12), k
+        assert mem.health.ok == disk.health.ok
+
+
+def test_mmmu_average_matches_the_suites_pair_hook(cal, tmp_path):
+    from helpers_runs import mmmu_rows
+
+    from patchbench import records
+    from patchbench.suites.mmmu import pair_repeats
+
+    tr = _trial(cal, 5, 3)
+    dirs = {}
+    for (v, k), c in tr.correct.items():
+        d = tmp_path / v / f"rep{k}"
+        records.write_jsonl(d / "records.jsonl",
+                            mmmu_rows(["correct" if x else "wrong" for x in c]))
+        dirs[(v, k)] = d
+    real = pair_repeats([dirs[("baseline", k)] for k in range(3)],
+                        [dirs[("patch-a", k)] for k in range(3)])["accuracy"]["mmmu_overall_acc"]
+    mine = cal.mmmu_accuracy(tr.correct, "baseline", "patch-a", [0, 1, 2])["mmmu_overall_acc"]
+    assert mine["ids"] == real["ids"]
+    assert mine["baseline"] == pytest.approx(real["baseline"])
+    assert mine["variant"] == pytest.approx(real["variant"])
+
+
+def test_huge_effect_always_improved_and_rates_follow_the_settings(cal):
+    m = cal.Model(run_cv=0.01, questions=60)
+    c = cal.run_row(m, 5, 6, 0, CompareSettings(), scenarios=("effect",), effect=0.5)
+    assert (c.effect, c.new_power, c.old_power) == (6, 6, 6)
+    # the same trials with min_repeats above the repeats: the comparison judges nothing
+    c = cal.run_row(m, 5, 6, 0, CompareSettings(min_repeats=6), scenarios=("effect",),
+                    effect=0.5)
+    assert (c.effect, c.new_power) == (6, 0)
+
+
+def test_one_repeat_runs_are_never_judged(cal):
+    m = cal.Model(run_cv=0.03, questions=60)
+    c = cal.run_row(m, 1, 4, 0, CompareSettings(), scenarios=("effect",), effect=0.5)
+    assert (c.effect, c.new_power) == (4, 0)
+    c = cal.run_row(m, 1, 4, 0, CompareSettings(), scenarios=("null",))
+    assert c.null == 4 and c.new_run_any == 0
+    # every run-level primary of the null patches: inconclusive, never equivalent either
+    assert all(c.equiv[x] == 0 for x in cal.PRIMARIES["serving"])
+
+
+def test_noise_model_run_cv_without_request_noise(cal):
+    # request noise off: a cell's output throughput is n*L / sum of wave maxima, every request
+    # of a cell scaled by exp(s), s ~ N(0, run_cv) (TTFT adds < 2 % of E2E): the log sd over
+    # cells is the run CV
+    m = cal.Model(run_cv=0.05, req_cv=0.0, questions=10)
+    tr = cal.simulate(np.random.default_rng(0), m, 200, speedup={"patch-a": 0.10}, syncs={},
+                      run_id="t")
+    x = np.log(tr.values("baseline", "serving", "output_throughput_tok_s"))
+    assert x.std(ddof=1) == pytest.approx(0.05, rel=0.15)
+    ratio = np.exp(np.mean(np.log(tr.values("patch-a", "serving", "output_throughput_tok_s")))
+                   - x.mean())
+    assert ratio == pytest.approx(1.10, abs=0.015)
+    e2e = tr.values("baseline", "serving", "e2e_latency_median_ms")
+    itl = tr.values("baseline", "serving", "itl_median_ms")
+    assert np.corrcoef(np.log(e2e), np.log(itl))[0, 1] > 0.95  # one server: one speed
+
+
+def test_old_rule_floor_and_zero_width(cal):
+    tr = cal.Trial("t", 3, list(cal.VARIANTS))
+    vals = {"baseline": [100, 100, 100], "aa": [101, 97, 102], "patch-a": [104, 104, 104],
+            "patch-b": [99, 101, 100]}
+    for v, xs in vals.items():
+        for k, x in enumerate(xs):
+            tr.metrics[(v, k)] = {"serving": {"output_throughput_tok_s": float(x)}}
+    out = cal.old_rule(tr, {"serving": {"output_throughput_tok_s": "higher"}})
+    # patch-a: +4 % in every repeat, zero-width interval; the A/A interval of
+    # ln(1.01), ln(0.97), ln(1.02) is about [-7.0 %, +7.6 %] (t, 2 df), so |+4 %| is under the floor
+    d = np.log([1.01, 0.97, 1.02])
+    h = 4.302652729911275 * d.std(ddof=1) / math.sqrt(3)  # t_{0.975, 2}
+    assert math.expm1(d.mean() + h) > 0.04
+    assert out[("patch-a", "serving", "output_throughput_tok_s")] == "none"
+    # without the A/A variant's values the same zero-width +4 % is "improved"
+    for k in range(3):
+        tr.metrics[("aa", k)]["serving"]["output_throughput_tok_s"] = 100.0
+    out = cal.old_rule(tr, {"serving": {"output_throughput_tok_s": "higher"}})
+    assert out[("patch-a", "serving", "output_throughput_tok_s")] == "improved"
+    assert out[("patch-b", "serving", "output_throughput_tok_s")] == "none"
+
+
+def test_main_prints_the_tables(cal, capsys):
+    rc = cal.main(["--trials", "2", "--cvs", "0.03", "--search-max", "5"])
+    out = capsys.readouterr().out
+    assert rc in (0, 1)
+    assert "| 3% | 5 | 2 / 2 |" in out and "| 3% | 1 | 2 / 0 |" in out
+    assert "pr9460-h200.yaml: 5 repeats at run CV 3%" in out
