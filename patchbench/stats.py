@@ -1,23 +1,27 @@
-"""Statistical primitives of the A/B comparison (issue 6).
+"""Statistical primitives: intervals of a relative change, and the Wilson interval.
 
 Every interval here is an interval of a *relative change* ``variant / baseline - 1``, expressed as
-a fraction (0.10 = +10 %); :mod:`patchbench.compare` multiplies by 100 for compare.json. Effects are
-estimated on the log scale, where a ratio becomes a difference and run-to-run noise of throughputs
-and latencies is close to symmetric, then mapped back with ``exp(x) - 1``.
+a fraction (0.10 = +10 %). Effects are estimated on the log scale, where a ratio becomes a
+difference and run-to-run noise of throughputs and latencies is close to symmetric, then mapped
+back with ``exp(x) - 1``.
 
-Which interval when (DESIGN.md step 6, issue 6):
+Verdicts are not made here: :mod:`patchbench.verdicts` holds the rules (paired t on log ratios
+over repeats with a minimum of repeats, TOST, Holm, Newcombe for accuracy, exact counts) and
+:mod:`patchbench.analysis` applies them. What this module is used for:
 
-- ``n`` paired repeats, 2 <= n < 10: :func:`t_interval_log_ratio`. The percentile / BCa bootstrap
-  undercovers badly with so few values (Efron & Tibshirani 1993, ch. 14; Hesterberg 2015, "What
-  teachers should know about the bootstrap", section 6), so the t-interval is used there.
-- n >= 10 paired repeats: :func:`bootstrap_log_ratio` (``scipy.stats.bootstrap``, BCa).
-- one repeat: within-cell intervals. TTFT and E2E: :func:`paired_request_interval` (request i of
-  the baseline pairs with request i of the variant, the prompts being the same under a fixed seed).
-  ITL: :func:`block_bootstrap_interval` (the per-token gaps of one request are correlated, so whole
-  requests are resampled; Kuensch 1989, "The jackknife and the bootstrap for general stationary
-  observations", Ann. Statist. 17(3)).
-- proportions (identical-output share, accuracy): :func:`wilson_interval`.
-- A/A runs: :func:`noise_floor`.
+- request-level intervals inside one cell, shown as descriptive only (never a verdict or a gate),
+  by the serving suite's pair hook: TTFT and E2E with :func:`paired_request_interval` (request i
+  of the baseline pairs with request i of the variant, the prompts being the same under a fixed
+  seed); ITL with :func:`block_bootstrap_interval` (the per-token gaps of one request are
+  correlated, so whole requests are resampled; Kuensch 1989, "The jackknife and the bootstrap for
+  general stationary observations", Ann. Statist. 17(3));
+- proportions (identical-output share): :func:`wilson_interval`.
+
+Also here, used by no verdict: :func:`t_interval_log_ratio` / :func:`t_interval_diff` (paired
+t-intervals over repeats), :func:`bootstrap_log_ratio` (a BCa bootstrap over repeats; with few
+repeats it undercovers: Efron & Tibshirani 1993, ch. 14; Hesterberg 2015, "What teachers should
+know about the bootstrap", section 6), and the retired A/A noise floor (:func:`noise_floor`,
+:func:`is_significant`; replaced by the A/A health check in :mod:`patchbench.analysis`).
 
 All functions take plain sequences of floats and return an :class:`Interval`; they raise
 ``ValueError`` for inputs they cannot use (lengths that differ, non-positive values where a log is
@@ -183,7 +187,7 @@ def _bootstrap(data: tuple, statistic: Callable, *, confidence: float, n_resampl
 def bootstrap_log_ratio(baseline: Sequence[float], variant: Sequence[float], confidence: float = 0.95,
                         *, n_resamples: int = 2000, seed: int | None = 0,
                         method: str = "BCa") -> Interval:
-    """Bootstrap interval of the geometric-mean ratio of paired repeats (for n >= ~10).
+    """Bootstrap interval of the geometric-mean ratio of paired repeats (no verdict uses it).
 
     Resamples the log ratios ``d_k = ln(v_k / b_k)`` with replacement and takes the ``method``
     interval (BCa by default; Efron 1987, "Better bootstrap confidence intervals", JASA 82) of
@@ -337,7 +341,8 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[f
 
 
 def noise_floor(aa_intervals: Sequence[Interval], *, source: str = "ci_bound") -> float | None:
-    """The noise floor of one metric from its A/A comparisons (a fraction, >= 0), or None.
+    """Retired (the comparison no longer uses it; kept while tests/test_stats.py tests it): the
+    noise floor of one metric from its A/A comparisons (a fraction, >= 0), or None.
 
     An A/A comparison runs the same code as baseline and "variant", so any change it shows is
     noise. ``source="ci_bound"`` (default): the largest ``|bound|`` of the A/A intervals, i.e. the
@@ -360,7 +365,8 @@ def noise_floor(aa_intervals: Sequence[Interval], *, source: str = "ci_bound") -
 
 
 def is_significant(iv: Interval, floor: float | None = None) -> bool:
-    """True when the interval excludes 0 and ``|estimate|`` exceeds the noise floor (if any)."""
+    """Retired with :func:`noise_floor`: True when the interval excludes 0 and ``|estimate|``
+    exceeds the noise floor (if any)."""
     if not iv.ok:
         return False
     excludes_zero = iv.low > 0 or iv.high < 0
