@@ -3,7 +3,9 @@
 ``run(ctx, params)`` calls the STOCK package's bench_serving of the pinned release (same client for
 every variant) with ``--output-file <out>/result.jsonl --output-details``, keeps its stdout/stderr,
 parses its summary (both releases' key sets), writes the per-request records (``requests.json``,
-docs/CONTRACTS.md), checks the run's validity and returns the flat metrics. See
+docs/CONTRACTS.md), checks the run's validity, counts the retractions and out-of-memory events the
+server logged meanwhile, flags what the release's tool mis-measures (:mod:`.caveats`) and returns
+the flat metrics. See
 :class:`patchbench.suites.serving.params.Params` for the parameters and offline use.
 
 The registered :class:`ServingSuite` adds the hooks: ``pair`` (request-by-request pairing after a
@@ -23,10 +25,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from patchbench import logscan
 from patchbench.records import write_json
 from patchbench.suite import MetricInfo, Suite, SuiteContext, SuiteError, SuiteResult, register
 
 from .block import render_block, report_block, tool_block
+from .caveats import backend_warnings, warmup_behaviour, warmup_warning
 from .command import ToolMismatch, build_command, effective_seed, tool_info, wants_chat_template
 from .params import IMAGE_DATASETS, Params
 from .parse import ResultError, read_result_line, request_records, summary_metrics
@@ -100,12 +104,18 @@ def _metrics() -> dict[str, MetricInfo]:
         ("peak_concurrent_requests_count", "Peak concurrent requests:"),
     ):
         m[name] = _descriptive("count", label)
+    # what the server logged during the suite (patchbench.logscan): shown, never judged
+    for name in ("retractions_count", "retracted_requests_count", "oom_count"):
+        m[name] = _descriptive("count", better=_L)
     return m
 
 
 #: every metric the suite can report; labels are bench_serving's printed labels where it prints
 #: one. Throughputs and latencies: kind "run" (paired repeats), margin 5 %, the four in
 #: :data:`PRIMARY` primary, the rest secondary; counts, spreads, concurrency: descriptive.
+#: ``retractions_count`` / ``retracted_requests_count`` / ``oom_count``: retraction events, the
+#: requests they retracted, and out-of-memory events the server logged while the suite ran
+#: (descriptive, lower is better; a non-zero count adds a warning next to the metrics).
 METRICS: dict[str, MetricInfo] = _metrics()
 
 #: seconds between checks of the bench_serving process and the server while it runs
@@ -194,6 +204,27 @@ def run_tool(
     return rc, time.monotonic() - t0
 
 
+def _server_events(log_path: Path | None, offset: int) -> tuple[dict | None, str | None]:
+    """(scan of the server log from ``offset``: :func:`patchbench.logscan.scan_server_log`, or
+    None when unreadable; the warning to show, or None)."""
+    if log_path is None:
+        return None, "no server log: retractions and out-of-memory events were not counted"
+    try:
+        scan = logscan.scan_server_log(log_path, start_offset=offset)
+    except OSError as e:
+        return None, (
+            f"cannot read the server log {log_path} ({e}): retractions and out-of-memory "
+            "events were not counted"
+        )
+    return scan, logscan.taint_warning(scan)
+
+
+def _events_note(log_path: Path | None, offset: int) -> str:
+    """A line for an error message: what the server logged during the suite ("" if nothing)."""
+    scan, warn = _server_events(log_path, offset)
+    return f"\n{warn}" if scan is not None and warn else ""
+
+
 def _image_probe(
     ctx: SuiteContext, params: Params, tokenizer: str, chat: bool, seed: int
 ) -> dict[str, Any]:
@@ -229,10 +260,17 @@ def _image_probe(
 def run(ctx: SuiteContext, params: Params) -> SuiteResult:
     """Run bench_serving once against ``ctx.server`` and return the summary (see module docstring).
 
-    Raises SuiteError when the release lacks the dataset/flag, the server dies, bench_serving
-    fails or times out, or its output cannot be read. A run that finished but has failed or
-    token-less requests, dropped images, or no valid measurement returns status "incomplete"
-    with the reasons in ``errors``.
+    Raises SuiteError when the release lacks the dataset/flag/backend, the server dies,
+    bench_serving fails or times out, or its output cannot be read or is refused (details of
+    different lengths, negative latencies, a negative throughput: :func:`.parse.row_problem`). A
+    run that finished but has failed or token-less requests, dropped images, or no valid
+    measurement returns status "incomplete" with the reasons in ``errors``.
+
+    What the server logged while the tool ran (the server log from its size at the start:
+    :func:`patchbench.logscan.scan_server_log`) becomes the metrics ``retractions_count``,
+    ``retracted_requests_count`` and ``oom_count``, ``meta["server_log_scan"]``, and a warning when
+    any is non-zero. What the release's bench_serving mis-measures (:mod:`.caveats`: a warmup
+    burst above ``max_concurrency``, a non-``sglang`` backend's client) is a warning too.
     """
     if ctx.server is None:
         raise SuiteError("the serving suite needs a running server")
@@ -244,6 +282,18 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
     except (OSError, SyntaxError) as e:
         raise SuiteError(f"cannot read the release's bench_serving arguments: {e}") from None
     tokenizer = params.tokenizer or srv.tokenizer_path or srv.model_path
+    caveats: list[str] = []
+    try:
+        warm = warmup_behaviour(info.source)
+        if params.backend != "sglang":
+            caveats += backend_warnings(params, info.source)
+    except ValueError as e:
+        raise SuiteError(str(e)) from None
+    except (OSError, SyntaxError) as e:
+        raise SuiteError(f"cannot read the release's bench_serving source: {e}") from None
+    w = warmup_warning(params, warm)
+    if w:
+        caveats.append(w)
     result_file = out / "result.jsonl"
     if result_file.exists():
         result_file.unlink()  # the tool appends; a re-run of the cell starts clean
@@ -267,6 +317,7 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
         f"(concurrency {params.max_concurrency})"
     )
 
+    log_offset = logscan.log_size(srv.log_path) if srv.log_path is not None else 0
     rc, wall_s = run_tool(
         cmd,
         env=dict(ctx.stock_env),
@@ -277,12 +328,15 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
     )
     if not srv.alive():
         raise SuiteError(
-            "the sglang server died during bench_serving; server log tail:\n" + _tail(srv.log_path)
+            "the sglang server died during bench_serving; server log tail:\n"
+            + _tail(srv.log_path)
+            + _events_note(srv.log_path, log_offset)
         )
     if rc != 0:
         raise SuiteError(
             f"bench_serving exited with {rc}; its stderr tail:\n"
             f"{_tail(out / 'stderr.txt', 25)}\nserver log tail:\n{_tail(srv.log_path)}"
+            + _events_note(srv.log_path, log_offset)
         )
     try:
         row = read_result_line(result_file)
@@ -290,6 +344,7 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
         raise SuiteError(
             f"{e}; bench_serving stderr tail:\n{_tail(out / 'stderr.txt', 25)}"
         ) from None
+    scan, scan_warning = _server_events(srv.log_path, log_offset)
 
     metrics = summary_metrics(row)
     recs = request_records(row)
@@ -309,12 +364,18 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
         metrics["retokenized_output_share"] = (
             metrics["total_output_tokens_retokenized_count"] / metrics["total_output_tokens_count"]
         )
+    if scan is not None:
+        for k in ("retractions_count", "retracted_requests_count", "oom_count"):
+            metrics[k] = float(scan[k])
     errors, warnings = request_checks(
         statuses,
         recs["error"],
         num_prompts=params.num_prompts,
         tool_completed=int(metrics.get("tool_completed_count", 0)),
     )
+    warnings += caveats
+    if scan_warning:
+        warnings.append(scan_warning)
     if metrics.get("total_output_tokens_count", 0) > 0 and metrics.get("ttft_mean_ms", 0) == 0:
         errors.append("invalid: output tokens > 0 but every TTFT is 0 (no streamed token timed)")
 
@@ -342,6 +403,8 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
         "wall_s": wall_s,
         "startup_overhead_s": wall_s - metrics.get("duration_s", 0.0),
         "recompute_disagreements": disagree,
+        "warmup_capped": warm.capped,
+        "server_log_scan": scan,
     }
 
     if params.dataset_name in IMAGE_DATASETS and ok:
@@ -445,8 +508,11 @@ class ServingSuite(Suite):
     ) -> dict | None:
         """Requests paired by index after the prompt check (:mod:`.pairing`).
 
-        Returns ``{"request_pairing": {"ok", "reason"}, "notes": [...], "repeats": [{"repeat_index",
-        "baseline_requests", "variant_requests", "paired", "failed_either", "identical", "share"}],
+        Returns ``{"request_pairing": {"ok", "reason"}, "notes": [...], "unreadable": ["<file>:
+        why"], "repeats": [{"repeat_index", "baseline_requests", "variant_requests",
+        "baseline_expected", "variant_expected" (requested_count of the cell's summary.json, or
+        None), "requests_compared" [first, last index], "paired", "failed_either", "identical",
+        "share"}],
         "identity": {"n", "identical", "share", "share_ci" [low, high] (95% Wilson),
         "first_diff": [{"repeat", "request", "char"}], "first_diff_char_median"} | None,
         "ecdf": {"repeat_index", "baseline"/"variant": {"ttft_ms": [...], "itl_ms": [...],

@@ -24,6 +24,8 @@ from typing import Any
 from patchbench import records, stats
 from patchbench.suite import PairingRefused
 
+from .parse import requests_problem
+
 #: at most this many ITL values per arm are kept for the ECDF (evenly spaced order statistics)
 ECDF_MAX_VALUES = 2000
 #: first differences listed
@@ -33,17 +35,46 @@ _KIND = re.compile(r"^(ttft|itl|e2e_latency)_(mean|median|p90|p95|p99)_ms$")
 
 
 def read_requests(suite_dir: Path) -> tuple[dict | None, str | None]:
-    """(requests.json of one cell, None) or (None, why not: the file named)."""
+    """(requests.json of one cell, None) or (None, why not: the file named).
+
+    The file is validated (:func:`patchbench.suites.serving.parse.requests_problem`): a missing,
+    unreadable or mis-shaped file is refused with the reason; its data are never partly used."""
     p = Path(suite_dir) / "requests.json"
     if not p.is_file():
         return None, f"{p}: missing"
     try:
         data = records.read_json(p)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, UnicodeDecodeError) as e:
         return None, f"{p}: unreadable ({e})"
-    if not isinstance(data, dict) or not isinstance(data.get("generated_text"), list):
-        return None, f"{p}: not a requests.json (no generated_text list)"
+    problem = requests_problem(data)
+    if problem:
+        return None, f"{p}: not a valid requests.json ({problem})"
     return data, None
+
+
+def expected_requests(suite_dir: Path) -> int | None:
+    """The number of requests the cell's run sent, from its ``summary.json``
+    (``metrics.requested_count``, written by the suite together with requests.json); None when the
+    summary or the count cannot be read (then only the other cell's file can show a short one)."""
+    try:
+        m = records.read_json(Path(suite_dir) / "summary.json").get("metrics") or {}
+        v = m.get("requested_count")
+    except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or v < 0 or v != int(v):
+        return None
+    return int(v)
+
+
+def _short_notes(k: int, side: str, suite_dir: Path, held: int) -> list[str]:
+    """A note when ``suite_dir``'s requests.json holds fewer requests than its summary says."""
+    want = expected_requests(suite_dir)
+    if want is None or held >= want:
+        return []
+    return [
+        f"paired repeat {k}: {Path(suite_dir) / 'requests.json'} ({side}) holds {held} requests, "
+        f"its summary.json says {want} were sent: the file is short"
+    ]
 
 
 def request_ok(req: dict, i: int) -> bool:
@@ -165,16 +196,22 @@ def pair_cells(
     reps: list[dict[str, Any]] = []
     refused: list[str] = []
     used: list[tuple[int, dict, dict, list[int]]] = []
+    unreadable: list[str] = []
     for k, (db, dv) in enumerate(zip(baseline_dirs, variant_dirs, strict=True)):
         rb, why_b = read_requests(db)
         rv, why_v = read_requests(dv)
         if rb is None or rv is None:
-            notes.append(
-                f"paired repeat {k}: not used: " + "; ".join(w for w in (why_b, why_v) if w)
-            )
+            whys = [w for w in (why_b, why_v) if w]
+            unreadable += [w for w in whys if not w.endswith(": missing")]
+            notes.append(f"paired repeat {k}: not used: " + "; ".join(whys))
             continue
         nb, nv = _count(rb), _count(rv)
         n = min(nb, nv)
+        notes += _short_notes(k, "baseline", db, nb) + _short_notes(k, "variant", dv, nv)
+        if n == 0:
+            empty = [str(d / "requests.json") for d, c in ((db, nb), (dv, nv)) if c == 0]
+            notes.append(f"paired repeat {k}: not used: {' and '.join(empty)} holds no requests")
+            continue
         if nb != nv:
             short = db / "requests.json" if nb < nv else dv / "requests.json"
             notes.append(
@@ -200,6 +237,9 @@ def pair_cells(
                 "repeat_index": k,
                 "baseline_requests": nb,
                 "variant_requests": nv,
+                "baseline_expected": expected_requests(db),
+                "variant_expected": expected_requests(dv),
+                "requests_compared": [0, n - 1],
                 "paired": len(idx),
                 "failed_either": n - len(idx),
                 "identical": same,
@@ -215,6 +255,7 @@ def pair_cells(
     out: dict[str, Any] = {
         "request_pairing": {"ok": bool(used), "reason": pairing_reason},
         "notes": notes,
+        "unreadable": unreadable,
         "repeats": [{k: v for k, v in r.items() if k != "diffs"} for r in reps],
     }
     n = sum(r["paired"] for r in reps)

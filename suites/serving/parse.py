@@ -81,7 +81,134 @@ def read_result_line(path: Path) -> dict[str, Any]:
             f"{path}: no per-request details ({', '.join(missing)} missing); "
             "was --output-details passed?"
         )
+    problem = row_problem(row)
+    if problem:
+        raise ResultError(f"{path}: {problem}; the result is refused")
     return row
+
+
+#: summary keys that are rates or durations: never negative
+_NON_NEGATIVE = (
+    "duration",
+    "completed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "input_throughput",
+    "output_throughput",
+    "total_throughput",
+    "max_output_tokens_per_s",
+)
+
+
+def _bad_number(v: Any, *, none_ok: bool = False) -> bool:
+    """True unless ``v`` is a finite number >= 0 (or None when ``none_ok``)."""
+    if v is None:
+        return not none_ok
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return True
+    return not (math.isfinite(v) and v >= 0)
+
+
+def row_problem(row: dict[str, Any]) -> str | None:
+    """What is wrong with a bench_serving result row, or None.
+
+    Checked: the summary's throughputs, duration and token counts are numbers >= 0 (a negative
+    throughput is refused); every summary latency ``*_ms`` is >= 0 where it is a number (NaN, which
+    the tool writes for a statistic of no values, passes); the per-request details are lists of one
+    length; ``ttfts`` numbers >= 0, ``itls`` lists of numbers >= 0, ``input_lens`` / ``output_lens``
+    numbers >= 0, ``generated_texts`` / ``errors`` strings (or null).
+    """
+    for k in _NON_NEGATIVE:
+        if k in row and _bad_number(row[k], none_ok=True):
+            return (
+                f"bench_serving reported {k} = {row[k]!r}; a throughput, duration or count must "
+                "be a finite number >= 0"
+            )
+    for k, v in row.items():
+        if k.endswith("_ms") and isinstance(v, int | float) and not isinstance(v, bool):
+            if v < 0:
+                return f"bench_serving reported {k} = {v!r}; a latency cannot be negative"
+    lens = {k: len(row[k]) if isinstance(row[k], list) else None for k in DETAIL_KEYS}
+    not_lists = [k for k, n in lens.items() if n is None]
+    if not_lists:
+        return f"per-request details {', '.join(not_lists)} are not lists"
+    if len(set(lens.values())) > 1:
+        return (
+            "per-request details of different lengths ("
+            + ", ".join(f"{k} {n}" for k, n in lens.items())
+            + ")"
+        )
+    for k in ("ttfts", "input_lens", "output_lens"):
+        for i, v in enumerate(row[k]):
+            if _bad_number(v):
+                return f"{k}[{i}] = {v!r}: not a number >= 0"
+    for i, itl in enumerate(row["itls"]):
+        if not isinstance(itl, list) or any(_bad_number(x) for x in itl):
+            return f"itls[{i}]: not a list of numbers >= 0"
+    for k in ("generated_texts", "errors"):
+        for i, v in enumerate(row[k]):
+            if v is not None and not isinstance(v, str):
+                return f"{k}[{i}] = {v!r}: not a string"
+    return None
+
+
+#: requests.json lists (docs/CONTRACTS.md) and what each element must be
+_REQ_FIELDS = {
+    "generated_text": "text",
+    "error": "text",
+    "status": "status",
+    "prompt_sha256": "text",
+    "ttft_ms": "latency",
+    "e2e_ms": "latency",
+    "itl_ms": "latencies",
+    "input_len": "count",
+    "output_len": "count",
+}
+REQUEST_STATUSES = ("ok", "failed", "no_token")
+
+
+def requests_problem(data: Any) -> str | None:
+    """What is wrong with the shape of a ``requests.json`` (see :func:`request_records`), or None.
+
+    Required: a JSON object with a ``generated_text`` list. Every other field the file has among
+    ``error``, ``status``, ``prompt_sha256``, ``ttft_ms``, ``e2e_ms``, ``itl_ms``, ``input_len``,
+    ``output_len`` must be a list of the same length; elements: texts are strings or null, status
+    one of ok/failed/no_token, ``ttft_ms`` / ``e2e_ms`` numbers >= 0 or null, ``itl_ms`` lists of
+    numbers >= 0 (or null), ``input_len`` / ``output_len`` numbers >= 0 or null.
+    """
+    if not isinstance(data, dict):
+        return f"not a JSON object but {type(data).__name__}"
+    if not isinstance(data.get("generated_text"), list):
+        return "no generated_text list"
+    n = len(data["generated_text"])
+    for key, kind in _REQ_FIELDS.items():
+        if key not in data:
+            continue
+        xs = data[key]
+        if not isinstance(xs, list):
+            return f"{key} is not a list"
+        if len(xs) != n:
+            return f"{key} holds {len(xs)} values, generated_text {n}"
+        for i, v in enumerate(xs):
+            if kind == "text":
+                bad = v is not None and not isinstance(v, str)
+            elif kind == "status":
+                bad = v not in REQUEST_STATUSES
+            elif kind == "latencies":
+                bad = v is not None and (not isinstance(v, list) or any(_bad_number(x) for x in v))
+            else:
+                bad = _bad_number(v, none_ok=True)
+            if bad:
+                what = {
+                    "text": "a string or null",
+                    "status": " / ".join(REQUEST_STATUSES),
+                    "latencies": "a list of numbers >= 0",
+                    "latency": "a number >= 0 or null",
+                    "count": "a number >= 0 or null",
+                }[kind]
+                return f"{key}[{i}] = {v!r}: expected {what}"
+    return None
 
 
 def _num(v: Any) -> float | None:

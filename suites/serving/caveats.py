@@ -1,0 +1,211 @@
+"""What the pinned release's bench_serving does that changes what is measured, read from its source.
+
+Read with :mod:`ast` from the file :func:`patchbench.suites.serving.command.tool_source` finds
+(no import), so the suite states the caveat of the installed release, not of a release it assumes.
+
+Warmup above the concurrency cap (:func:`warmup_behaviour`, :func:`warmup_warning`).
+``benchmark()`` builds ``limited_request_func`` (a semaphore of ``--max-concurrency``) and then sends
+``--warmup-requests`` copies of the first prompt (at most 32 output tokens) with ``asyncio.gather``:
+
+- 0.5.1.post3, ``sglang/bench_serving.py``: the semaphore at line 1480, ``limited_request_func`` at
+  lines 1482-1486, and the warmup loop at lines 1511-1518 calls ``request_func`` directly: all
+  warmup requests are sent at once, whatever ``--max-concurrency`` says;
+- 0.5.23, ``sglang/benchmark/serving.py``: the semaphore at line 1432 and the warmup loop at lines
+  1487-1501 calls ``limited_request_func`` ("Keep warmup at the same concurrency as the measured
+  run"): capped.
+
+With an uncapped warmup and ``warmup_requests > max_concurrency`` the server gets a burst of
+``warmup_requests`` requests right before the measured run (the warmup itself is not measured, but
+the burst can fill the KV cache and retract requests, and the server log's counts attribute those
+to this suite). The suite records a warning (``warmup_requests <= max_concurrency`` avoids it). It
+does not send its own warmup with ``--warmup-requests 0`` (0.5.1.post3 has the flag, line 2135, and
+accepts 0: its success check at line 1521 is guarded by ``warmup_requests > 0``), because the
+warmup prompt is the release's dataset code's first prompt, which only an import of bench_serving
+can build (about 20 s on the CPU demo machine).
+
+Backends (:func:`backend_warnings`): ``--backend`` picks a request function from the release's
+``ASYNC_REQUEST_FUNCS``. Checked for a backend other than the ``sglang`` one (``POST /generate``):
+
+- an OpenAI chat backend that never reads ``reasoning_content`` (0.5.1.post3's
+  ``async_request_openai_chat_completions``, lines 364-365: ``delta.get("content", "")``; 0.5.23 reads
+  it through ``_combine_openai_chat_content``): with a reasoning parser on the server, the streamed
+  reasoning is not counted: TTFT waits for the first answer token, ITL and the generated text miss
+  the reasoning tokens;
+- a request function that never sends ``ignore_eos`` (0.5.1.post3's chat function), while the
+  suite runs with ``ignore_eos``: outputs stop at EOS, so output lengths differ from
+  ``output_len`` and between variants whose outputs differ;
+- when ``ignore_eos`` is not in effect and the function never asks for ``stream_options``: its
+  output token count is the server's streamed ``usage.completion_tokens`` or, without one, the
+  REQUESTED length (the 0.5.1.post3 server streams usage only when ``stream_options.include_usage``
+  is set; 0.5.23 also when its ``stream_response_default_include_usage`` setting is on), so token
+  totals and throughputs may count tokens that were never generated.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+from .params import Params
+
+
+@dataclass(frozen=True)
+class WarmupBehaviour:
+    """How the release's warmup loop sends its requests.
+
+    capped: True (through ``limited_request_func``), False (``request_func`` directly: all at
+    once), None (no ``for ... in range(warmup_requests)`` loop found: unknown); line: the loop's
+    line in ``source`` (None when not found).
+    """
+
+    source: Path
+    capped: bool | None
+    line: int | None
+
+
+@functools.lru_cache(maxsize=8)
+def _tree(path: str, mtime_ns: int, size: int) -> ast.Module:
+    return ast.parse(Path(path).read_text(encoding="utf-8"), filename=path)
+
+
+def _parse(source: Path) -> ast.Module:
+    """The parsed source, cached per (path, modification time, size)."""
+    st = Path(source).stat()
+    return _tree(str(source), st.st_mtime_ns, st.st_size)
+
+
+def _called_names(node: ast.AST) -> set[str]:
+    return {
+        n.func.id
+        for n in ast.walk(node)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+    }
+
+
+def warmup_behaviour(source: Path) -> WarmupBehaviour:
+    """Find the warmup loop (``for _ in range(warmup_requests)``) in ``source`` and whether its
+    requests go through ``limited_request_func``. Raises OSError / SyntaxError for an unreadable
+    source."""
+    for node in ast.walk(_parse(source)):
+        if not (
+            isinstance(node, ast.For)
+            and isinstance(node.iter, ast.Call)
+            and isinstance(node.iter.func, ast.Name)
+            and node.iter.func.id == "range"
+            and any(isinstance(a, ast.Name) and a.id == "warmup_requests" for a in node.iter.args)
+        ):
+            continue
+        called = set().union(*(_called_names(b) for b in node.body))
+        if "limited_request_func" in called:
+            return WarmupBehaviour(Path(source), True, node.lineno)
+        if "request_func" in called:
+            return WarmupBehaviour(Path(source), False, node.lineno)
+    return WarmupBehaviour(Path(source), None, None)
+
+
+def warmup_warning(params: Params, behaviour: WarmupBehaviour) -> str | None:
+    """The warning for a warmup burst above the concurrency cap, else None (see module docstring).
+
+    None when the release caps its warmup, when no cap is set (``max_concurrency`` None) or when
+    ``warmup_requests <= max_concurrency``. An unknown behaviour (loop not found) with a warmup
+    above the cap is stated as such."""
+    cap, n = params.max_concurrency, params.warmup_requests
+    if cap is None or n <= cap or behaviour.capped:
+        return None
+    if behaviour.capped is None:
+        return (
+            f"warmup_requests={n} > max_concurrency={cap}, and whether this release's "
+            f"bench_serving caps its warmup could not be read from {behaviour.source}: the "
+            f"server may get a burst of {n} requests before the measured run"
+        )
+    return (
+        f"this release's bench_serving sends all {n} warmup requests at once, ignoring "
+        f"--max-concurrency {cap} ({behaviour.source}, warmup loop at line {behaviour.line}): the "
+        f"server got a burst of {n} requests right before the measured run (retractions or "
+        f"out-of-memory events it causes are counted for this suite); set warmup_requests <= "
+        f"max_concurrency to avoid it"
+    )
+
+
+def request_functions(source: Path) -> dict[str, str]:
+    """``{backend: request function name}`` from the release's ``ASYNC_REQUEST_FUNCS`` literal
+    (empty when it is not found)."""
+    for node in ast.walk(_parse(source)):
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "ASYNC_REQUEST_FUNCS" for t in node.targets)
+            and isinstance(node.value, ast.Dict)
+        ):
+            return {
+                k.value: v.id
+                for k, v in zip(node.value.keys, node.value.values, strict=True)
+                if isinstance(k, ast.Constant) and isinstance(v, ast.Name)
+            }
+    return {}
+
+
+def _function_text(source: Path, name: str) -> str:
+    """The source of module-level function ``name`` plus that of the module-level functions it
+    calls directly (one level: helpers such as 0.5.23's ``_combine_openai_chat_content``)."""
+    tree = _parse(source)
+    text = Path(source).read_text(encoding="utf-8")
+    funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    fn = funcs.get(name)
+    if fn is None:
+        return ""
+    parts = [ast.get_source_segment(text, fn) or ""]
+    parts += [
+        ast.get_source_segment(text, funcs[c]) or ""
+        for c in sorted(_called_names(fn))
+        if c in funcs and c != name
+    ]
+    return "\n".join(parts)
+
+
+def backend_warnings(params: Params, source: Path) -> list[str]:
+    """Warnings for ``params.backend`` where this release's bench_serving mis-measures it (see
+    the module docstring). Empty for the ``sglang`` backend and any backend served by the same
+    request function. Raises ValueError naming the release's backends when it has no such one."""
+    funcs = request_functions(source)
+    if not funcs:
+        return [f"the backends of this release's bench_serving could not be read from {source}"]
+    fn = funcs.get(params.backend)
+    if fn is None:
+        raise ValueError(
+            f"backend '{params.backend}' is not offered by this release's bench_serving "
+            f"({source}); it offers: {', '.join(funcs)}"
+        )
+    if fn == funcs.get("sglang"):
+        return []
+    body = _function_text(source, fn)
+    where = f"{source}, {fn}"
+    out: list[str] = []
+    is_chat = "chat/completions" in body
+    if is_chat and "reasoning_content" not in body:
+        out.append(
+            f"backend '{params.backend}': this release's chat client ({where}) reads only "
+            "delta.content, never reasoning_content: with a reasoning parser on the server, "
+            "TTFT waits for the first answer token and ITL, token counts and the generated "
+            "text miss the reasoning tokens"
+        )
+    sends_ignore_eos = "ignore_eos" in body
+    if not params.disable_ignore_eos and not sends_ignore_eos:
+        out.append(
+            f"backend '{params.backend}': this release's client ({where}) does not send "
+            "ignore_eos: outputs stop at EOS, so output lengths differ from output_len and "
+            "between variants whose outputs differ"
+        )
+    if (
+        (params.disable_ignore_eos or not sends_ignore_eos)
+        and "completion_tokens" in body
+        and "stream_options" not in body
+    ):
+        out.append(
+            f"backend '{params.backend}': this release's client ({where}) never asks for "
+            "stream_options.include_usage; without a streamed usage block it counts the "
+            "REQUESTED output length as generated, so token totals and throughputs may count "
+            "tokens that were never generated"
+        )
+    return out
