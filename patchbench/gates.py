@@ -35,14 +35,16 @@ outcome:
   up), ``missing`` (the run lacks the gate's metric, or its direction is unknown: a config
   error).
 """
+
 from __future__ import annotations
 
 import math
 import re
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -53,8 +55,16 @@ from patchbench.history import History, Key, Night
 DEFAULT_HISTORY = "~/.cache/patchbench/history.sqlite"
 NIGHTS_PER_MONTH = 30.0
 
-_UNIT_SUFFIXES = (("_tok_s", "tok/s"), ("_req_s", "req/s"), ("_ms", "ms"), ("_s", "s"),
-                  ("_acc", "acc"), ("_count", "count"), ("_share", "share"), ("_pct", "%"))
+_UNIT_SUFFIXES = (
+    ("_tok_s", "tok/s"),
+    ("_req_s", "req/s"),
+    ("_ms", "ms"),
+    ("_s", "s"),
+    ("_acc", "acc"),
+    ("_count", "count"),
+    ("_share", "share"),
+    ("_pct", "%"),
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -66,9 +76,12 @@ class Gate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    metric: str = Field(description="suite.metric (e.g. serving.itl_median_ms) or a bare metric name")
+    metric: str = Field(
+        description="suite.metric (e.g. serving.itl_median_ms) or a bare metric name"
+    )
     direction: Literal["higher", "lower"] | None = Field(
-        None, description="which way is better; default: compare.json / the suite's metrics")
+        None, description="which way is better; default: compare.json / the suite's metrics"
+    )
     threshold_pct: float = Field(gt=0, le=1000, description="smallest bad change that counts, %")
     consecutive_nights: int = Field(1, ge=1, le=60)
     against: Literal["same_run", "history", "both"] = "both"
@@ -78,17 +91,20 @@ class Gate(BaseModel):
     @classmethod
     def _removed_keys(cls, data: Any) -> Any:
         if isinstance(data, dict) and "require_ci_excludes_zero" in data:
-            raise ValueError("require_ci_excludes_zero was removed: a gate fails only on a "
-                             "significant run-level regression (at least min_repeats paired "
-                             "repeats); delete the key")
+            raise ValueError(
+                "require_ci_excludes_zero was removed: a gate fails only on a "
+                "significant run-level regression (at least min_repeats paired "
+                "repeats); delete the key"
+            )
         return data
 
     @field_validator("metric")
     @classmethod
     def _metric(cls, v: str) -> str:
         if not re.fullmatch(r"([A-Za-z0-9_-]+\.)?[A-Za-z0-9_.%/-]+", v.strip()):
-            raise ValueError("write suite.metric (e.g. serving.output_throughput_tok_s) or a "
-                             "metric name")
+            raise ValueError(
+                "write suite.metric (e.g. serving.output_throughput_tok_s) or a metric name"
+            )
         return v.strip()
 
     @property
@@ -109,22 +125,34 @@ class NightlySettings(BaseModel):
     window_nights: int = Field(7, ge=2, le=365, description="K: nights the history gate uses")
     min_history_nights: int = Field(3, ge=2, le=365)
     lock_timeout_s: float = Field(10.0, gt=0, le=3600)
-    min_repeats: int = Field(3, ge=2, le=100,
-                             description="runs (pairs) per variant tonight before a gate judges")
+    min_repeats: int = Field(
+        3, ge=2, le=100, description="runs (pairs) per variant tonight before a gate judges"
+    )
     false_red_nights_per_month: float = Field(
-        1.0, gt=0, le=30, description="error budget: false red nights per 30 nights")
+        1.0, gt=0, le=30, description="error budget: false red nights per 30 nights"
+    )
     alpha: float | None = Field(
-        None, gt=0, lt=1, description="per-night family level (Holm across every gate test); "
-                                      "default false_red_nights_per_month / 30")
-    pass_alpha: float = Field(0.05, gt=0, lt=0.5,
-                              description="one-sided level of the 'not regressed' claim")
+        None,
+        gt=0,
+        lt=1,
+        description="per-night family level (Holm across every gate test); "
+        "default false_red_nights_per_month / 30",
+    )
+    pass_alpha: float = Field(
+        0.05, gt=0, lt=0.5, description="one-sided level of the 'not regressed' claim"
+    )
     history_test: Literal["nights", "welch"] = "nights"
     history_since: str | None = Field(
-        None, description="ignore nights before this UTC time (ISO-8601, e.g. "
-                          "2026-03-01T00:00:00Z): accepts a new level after a known change")
+        None,
+        description="ignore nights before this UTC time (ISO-8601, e.g. "
+        "2026-03-01T00:00:00Z): accepts a new level after a known change",
+    )
     run_cv_pct: float | None = Field(
-        None, gt=0, le=100, description="run-to-run CV measured with an A/A run (documentation, "
-                                        "calibration)")
+        None,
+        gt=0,
+        le=100,
+        description="run-to-run CV measured with an A/A run (documentation, calibration)",
+    )
     gates: list[Gate] = Field(default_factory=list)
 
     @field_validator("history_since")
@@ -133,6 +161,7 @@ class NightlySettings(BaseModel):
         if v is None:
             return v
         from datetime import datetime, timezone
+
         try:
             dt = datetime.fromisoformat(str(v).strip().replace("Z", "+00:00"))
         except ValueError:
@@ -141,17 +170,22 @@ class NightlySettings(BaseModel):
         return dt.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     @model_validator(mode="after")
-    def _window(self) -> "NightlySettings":
+    def _window(self) -> NightlySettings:
         if self.min_history_nights > self.window_nights:
-            raise ValueError(f"min_history_nights ({self.min_history_nights}) is larger than "
-                             f"window_nights ({self.window_nights})")
+            raise ValueError(
+                f"min_history_nights ({self.min_history_nights}) is larger than "
+                f"window_nights ({self.window_nights})"
+            )
         return self
 
     @property
     def family_alpha(self) -> float:
         """Per-night Holm level: ``alpha``, else ``false_red_nights_per_month / 30``."""
-        return self.alpha if self.alpha is not None else \
-            self.false_red_nights_per_month / NIGHTS_PER_MONTH
+        return (
+            self.alpha
+            if self.alpha is not None
+            else self.false_red_nights_per_month / NIGHTS_PER_MONTH
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,41 +267,60 @@ def _one_sided(mean: float, se: float, df: float, bad: int, name: str) -> TestSt
     return TestStat(mean, se, df, p, bad, name)
 
 
-def paired_test(baseline: Sequence[float | None], variant: Sequence[float | None],
-                bad: int) -> TestStat | None:
+def paired_test(
+    baseline: Sequence[float | None], variant: Sequence[float | None], bad: int
+) -> TestStat | None:
     """Paired one-sided t-test on ``log(variant / baseline)`` by repeat index (None: missing).
 
     Returns None with fewer than 2 complete pairs or a non-positive value.
     """
-    d = [math.log(v / b) for b, v in zip(baseline, variant)
-         if b is not None and v is not None and b > 0 and v > 0]
+    d = [
+        math.log(v / b)
+        for b, v in zip(baseline, variant, strict=False)
+        if b is not None and v is not None and b > 0 and v > 0
+    ]
     if len(d) < 2:
         return None
     x = np.asarray(d)
-    return _one_sided(float(x.mean()), float(x.std(ddof=1) / math.sqrt(len(x))), len(x) - 1,
-                      bad, f"paired t on log ratios (n={len(x)})")
+    return _one_sided(
+        float(x.mean()),
+        float(x.std(ddof=1) / math.sqrt(len(x))),
+        len(x) - 1,
+        bad,
+        f"paired t on log ratios (n={len(x)})",
+    )
 
 
-def nights_test(tonight: Sequence[float], nights: Sequence[Sequence[float]],
-                bad: int) -> TestStat | None:
+def nights_test(
+    tonight: Sequence[float], nights: Sequence[Sequence[float]], bad: int
+) -> TestStat | None:
     """Tonight's mean log value against K earlier nights' mean log values (unpaired).
 
     A prediction t-test: ``(x - mean(m)) / (sd(m) * sqrt(1 + 1/K))`` with K - 1 degrees of
     freedom, m the per-night means. Returns None with fewer than 2 nights or no run tonight.
     """
     t = [math.log(v) for v in tonight if v is not None and v > 0]
-    m = [float(np.mean([math.log(v) for v in n if v is not None and v > 0]))
-         for n in nights if any(v is not None and v > 0 for v in n)]
+    m = [
+        float(np.mean([math.log(v) for v in n if v is not None and v > 0]))
+        for n in nights
+        if any(v is not None and v > 0 for v in n)
+    ]
     if not t or len(m) < 2:
         return None
     k = len(m)
     se = float(np.std(m, ddof=1) * math.sqrt(1.0 + 1.0 / k))
-    return _one_sided(float(np.mean(t) - np.mean(m)), se, k - 1, bad,
-                      f"tonight vs {k} nightly means (prediction t, df={k - 1})")
+    return _one_sided(
+        float(np.mean(t) - np.mean(m)),
+        se,
+        k - 1,
+        bad,
+        f"tonight vs {k} nightly means (prediction t, df={k - 1})",
+    )
 
 
-def welch_test(tonight: Sequence[float], nights: Sequence[Sequence[float]],
-               bad: int) -> TestStat | None:
+def welch_test(
+    tonight: Sequence[float], nights: Sequence[Sequence[float]], bad: int
+) -> TestStat | None:
     """Welch's t-test of tonight's per-run log values against every run of the K nights."""
     a = np.array([math.log(v) for v in tonight if v is not None and v > 0])
     b = np.array([math.log(v) for n in nights for v in n if v is not None and v > 0])
@@ -275,10 +328,14 @@ def welch_test(tonight: Sequence[float], nights: Sequence[Sequence[float]],
         return None
     va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
     se = math.sqrt(va + vb)
-    df = (va + vb) ** 2 / ((va ** 2 / (len(a) - 1)) + (vb ** 2 / (len(b) - 1))) if se > 0 else 1.0
-    return _one_sided(float(a.mean() - b.mean()), se, df, bad,
-                      f"Welch t on log values ({len(a)} runs vs {len(b)} runs of "
-                      f"{len(nights)} nights)")
+    df = (va + vb) ** 2 / ((va**2 / (len(a) - 1)) + (vb**2 / (len(b) - 1))) if se > 0 else 1.0
+    return _one_sided(
+        float(a.mean() - b.mean()),
+        se,
+        df,
+        bad,
+        f"Welch t on log values ({len(a)} runs vs {len(b)} runs of {len(nights)} nights)",
+    )
 
 
 def holm_levels(p_values: Sequence[float], alpha: float) -> list[tuple[bool, float]]:
@@ -327,8 +384,9 @@ def _suite_metric_info(suite: str, metric: str) -> Any:
     """The suite's MetricInfo for a metric, or None when the suite or the metric is unknown."""
     try:
         from patchbench.suite import get_suite
+
         return get_suite(suite).metrics.get(metric)
-    except Exception:  # a suite that does not import must not stop the gates
+    except Exception:  # noqa: BLE001 (a suite that does not import must not stop the gates)
         return None
 
 
@@ -360,8 +418,9 @@ def _better(gate: Gate, suite: str, metric: str, nights: Sequence[Night]) -> str
 def _gate_keys(gate: Gate, tonight: Night) -> list[tuple[str, str]]:
     """(suite, metric) pairs of tonight's run that the gate names."""
     have = {(s, m) for (_v, s, m) in tonight.values}
-    return sorted((s, m) for s, m in have
-                  if m == gate.metric_name and (gate.suite is None or s == gate.suite))
+    return sorted(
+        (s, m) for s, m in have if m == gate.metric_name and (gate.suite is None or s == gate.suite)
+    )
 
 
 def _vals(night: Night, key: Key) -> list[float | None]:
@@ -372,15 +431,23 @@ def _n_runs(vals: Sequence[float | None]) -> int:
     return sum(1 for v in vals if v is not None)
 
 
-def _prior_of(history: History | Sequence[Night], tonight: Night,
-              settings: NightlySettings) -> list[Night]:
+def _prior_of(
+    history: History | Sequence[Night], tonight: Night, settings: NightlySettings
+) -> list[Night]:
     longest = max([g.consecutive_nights for g in settings.gates] or [1])
     if isinstance(history, History):
-        return history.nights(tonight.config_name, before_utc=tonight.night_utc,
-                              exclude_run_id=tonight.run_id,
-                              limit=settings.window_nights + longest)
-    prior = [n for n in history if n.run_id != tonight.run_id
-             and (not tonight.night_utc or not n.night_utc or n.night_utc < tonight.night_utc)]
+        return history.nights(
+            tonight.config_name,
+            before_utc=tonight.night_utc,
+            exclude_run_id=tonight.run_id,
+            limit=settings.window_nights + longest,
+        )
+    prior = [
+        n
+        for n in history
+        if n.run_id != tonight.run_id
+        and (not tonight.night_utc or not n.night_utc or n.night_utc < tonight.night_utc)
+    ]
     prior.sort(key=lambda n: (n.night_utc or "", n.run_id))
     return prior
 
@@ -401,15 +468,17 @@ def _same_run(tonight: Night, key: Key, bad: int) -> TestStat | None:
     return paired_test(_vals(tonight, (tonight.baseline,) + key[1:]), _vals(tonight, key), bad)
 
 
-def _history(values: Sequence[float | None], window: Sequence[Night], key: Key, bad: int,
-             how: str) -> TestStat | None:
+def _history(
+    values: Sequence[float | None], window: Sequence[Night], key: Key, bad: int, how: str
+) -> TestStat | None:
     nights = [[v for v in n.values.get(key, []) if v is not None] for n in window]
     vals = [v for v in values if v is not None]
     return (nights_test if how == "nights" else welch_test)(vals, nights, bad)
 
 
-def _clean_nights(nights: Sequence[Night], key: Key, bad: int, gate: Gate,
-                  settings: NightlySettings) -> list[Night]:
+def _clean_nights(
+    nights: Sequence[Night], key: Key, bad: int, gate: Gate, settings: NightlySettings
+) -> list[Night]:
     """The nights (oldest first) that may serve as reference: a night that was itself a
     regression against the clean nights before it (one-sided p <= the family alpha and worse than
     the threshold) is left out, so one bad night does not widen the reference and hide the next
@@ -418,16 +487,18 @@ def _clean_nights(nights: Sequence[Night], key: Key, bad: int, gate: Gate,
     kept: list[Night] = []
     for n_ in nights:
         if len(kept) >= settings.min_history_nights:
-            t = _history(_vals(n_, key), kept[-settings.window_nights:], key, bad,
-                         settings.history_test)
+            t = _history(
+                _vals(n_, key), kept[-settings.window_nights :], key, bad, settings.history_test
+            )
             if t is not None and t.p <= settings.family_alpha and beyond(t, gate.threshold_pct):
                 continue
         kept.append(n_)
     return kept
 
 
-def evaluate(history: History | Sequence[Night], tonight: Night,
-             settings: NightlySettings) -> list[GateResult]:
+def evaluate(
+    history: History | Sequence[Night], tonight: Night, settings: NightlySettings
+) -> list[GateResult]:
     """Evaluate every gate of ``settings`` for tonight's run.
 
     history: an open :class:`History` or the previous nights of the same config (tonight itself
@@ -447,26 +518,51 @@ def evaluate(history: History | Sequence[Night], tonight: Night,
         if not keys:
             have = sorted({f"{s}.{m}" for (_v, s, m) in tonight.values})
             for kind in kinds:
-                results.append(GateResult(
-                    gate.metric, kind, "*", gate.suite or "*", gate.metric_name, "missing",
-                    f"metric '{gate.metric}' is not in this run; it has: "
-                    f"{', '.join(have[:12]) or 'no metrics'}{' ...' if len(have) > 12 else ''}",
-                    threshold_pct=gate.threshold_pct, nights_needed=gate.consecutive_nights))
+                results.append(
+                    GateResult(
+                        gate.metric,
+                        kind,
+                        "*",
+                        gate.suite or "*",
+                        gate.metric_name,
+                        "missing",
+                        f"metric '{gate.metric}' is not in this run; it has: "
+                        f"{', '.join(have[:12]) or 'no metrics'}{' ...' if len(have) > 12 else ''}",
+                        threshold_pct=gate.threshold_pct,
+                        nights_needed=gate.consecutive_nights,
+                    )
+                )
             continue
         for suite, metric in keys:
             unit = metric_unit(suite, metric, nights_all)
             better = _better(gate, suite, metric, nights_all)
             if better is None:
                 for kind in kinds:
-                    results.append(GateResult(
-                        gate.metric, kind, "*", suite, metric, "missing",
-                        f"no direction known for {suite}.{metric} (descriptive metric?); set "
-                        f"'direction: higher|lower' on the gate", unit=unit,
-                        threshold_pct=gate.threshold_pct))
+                    results.append(
+                        GateResult(
+                            gate.metric,
+                            kind,
+                            "*",
+                            suite,
+                            metric,
+                            "missing",
+                            f"no direction known for {suite}.{metric} (descriptive metric?); set "
+                            f"'direction: higher|lower' on the gate",
+                            unit=unit,
+                            threshold_pct=gate.threshold_pct,
+                        )
+                    )
                 continue
             bad = -1 if better == "higher" else 1
-            common = dict(gate=gate.metric, suite=suite, metric=metric, unit=unit, better=better,
-                          threshold_pct=gate.threshold_pct, nights_needed=gate.consecutive_nights)
+            common = dict(
+                gate=gate.metric,
+                suite=suite,
+                metric=metric,
+                unit=unit,
+                better=better,
+                threshold_pct=gate.threshold_pct,
+                nights_needed=gate.consecutive_nights,
+            )
             variants = [v for v in tonight.variants if gate.variants is None or v in gate.variants]
             for kind in kinds:
                 for v in variants:
@@ -481,51 +577,74 @@ def evaluate(history: History | Sequence[Night], tonight: Night,
     return results
 
 
-def _one(kind: str, gate: Gate, tonight: Night, prior: Sequence[Night], key: Key, bad: int,
-         settings: NightlySettings, common: dict) -> tuple[GateResult, _Pending | None]:
+def _one(
+    kind: str,
+    gate: Gate,
+    tonight: Night,
+    prior: Sequence[Night],
+    key: Key,
+    bad: int,
+    settings: NightlySettings,
+    common: dict,
+) -> tuple[GateResult, _Pending | None]:
     vals = _vals(tonight, key)
-    res = GateResult(kind=kind, variant=key[0], status="pass", reason="", value=tonight.median(key),
-                     **common)  # type: ignore[arg-type]
+    res = GateResult(
+        kind=kind, variant=key[0], status="pass", reason="", value=tonight.median(key), **common
+    )  # type: ignore[arg-type]
     if kind == "same_run":
         base = _vals(tonight, (tonight.baseline,) + key[1:])
         res.reference = tonight.median((tonight.baseline,) + key[1:])
-        n = sum(1 for b, v in zip(base, vals) if b is not None and v is not None)
+        n = sum(1 for b, v in zip(base, vals, strict=False) if b is not None and v is not None)
         res.n = n
         if n < settings.min_repeats:
             res.status = "ungated"
-            res.reason = (f"{n} paired repeat(s), {settings.min_repeats} needed: "
-                          f"{'one run' if n == 1 else 'so few runs'} cannot separate the patch "
-                          f"from run-to-run noise")
+            res.reason = (
+                f"{n} paired repeat(s), {settings.min_repeats} needed: "
+                f"{'one run' if n == 1 else 'so few runs'} cannot separate the patch "
+                f"from run-to-run noise"
+            )
             return res, None
         test = _same_run(tonight, key, bad)
-        look_back = list(prior[-(gate.consecutive_nights - 1):]) if gate.consecutive_nights > 1 else []
+        look_back = (
+            list(prior[-(gate.consecutive_nights - 1) :]) if gate.consecutive_nights > 1 else []
+        )
         earlier = [_same_run(n_, key, bad) for n_ in reversed(look_back)]
     else:
         res.n = _n_runs(vals)
         need = gate.consecutive_nights
-        having = [n_ for n_ in prior if n_.median(key) is not None
-                  and (settings.history_since is None or n_.night_utc >= settings.history_since)]
-        streak = having[-(need - 1):] if need > 1 else []
-        base_nights = _clean_nights(having[:len(having) - len(streak)], key, bad, gate, settings)
-        window = base_nights[-settings.window_nights:]
+        having = [
+            n_
+            for n_ in prior
+            if n_.median(key) is not None
+            and (settings.history_since is None or n_.night_utc >= settings.history_since)
+        ]
+        streak = having[-(need - 1) :] if need > 1 else []
+        base_nights = _clean_nights(having[: len(having) - len(streak)], key, bad, gate, settings)
+        window = base_nights[-settings.window_nights :]
         res.n_history = len(window)
         res.window_run_ids = [n_.run_id for n_ in window]
         if window:
             res.reference = statistics.median([n_.median(key) for n_ in window])
         if len(window) < settings.min_history_nights:
             res.status = "skipped"
-            res.reason = (f"warming up: {len(window)} night(s) in the history, "
-                          f"{settings.min_history_nights} needed")
+            res.reason = (
+                f"warming up: {len(window)} night(s) in the history, "
+                f"{settings.min_history_nights} needed"
+            )
             return res, None
         if res.n < settings.min_repeats:
             res.status = "ungated"
-            res.reason = (f"{res.n} run(s) tonight, {settings.min_repeats} needed: too few runs "
-                          f"to compare with earlier nights")
+            res.reason = (
+                f"{res.n} run(s) tonight, {settings.min_repeats} needed: too few runs "
+                f"to compare with earlier nights"
+            )
             return res, None
         test = _history(vals, window, key, bad, settings.history_test)
         # each night of a streak is judged against the K nights before the streak
-        earlier = [_history(_vals(n_, key), window, key, bad, settings.history_test)
-                   for n_ in reversed(streak)]
+        earlier = [
+            _history(_vals(n_, key), window, key, bad, settings.history_test)
+            for n_ in reversed(streak)
+        ]
     if test is None:
         res.status = "ungated"
         res.reason = "no usable values (non-positive or missing)"
@@ -540,7 +659,9 @@ def _one(kind: str, gate: Gate, tonight: Night, prior: Sequence[Night], key: Key
 def _judge(pending: list[_Pending], settings: NightlySettings) -> None:
     """Holm across the night's tests, then fail / warn / pass / inconclusive per test."""
     alpha = settings.family_alpha
-    for p, (rejected, level) in zip(pending, holm_levels([x.test.p for x in pending], alpha)):
+    for p, (rejected, level) in zip(
+        pending, holm_levels([x.test.p for x in pending], alpha), strict=False
+    ):
         r, t, g = p.result, p.test, p.gate
         r.level = level
         worse = beyond(t, g.threshold_pct)
@@ -551,26 +672,35 @@ def _judge(pending: list[_Pending], settings: NightlySettings) -> None:
                     break
                 held += 1
             r.nights_held = held
-            what = (f"{_pct(r.change_pct)} (one-sided p = {t.p:.2g} <= Holm level {level:.2g} "
-                    f"of {len(pending)} tests; {t.name}) is worse than the "
-                    f"{g.threshold_pct:g} % threshold")
+            what = (
+                f"{_pct(r.change_pct)} (one-sided p = {t.p:.2g} <= Holm level {level:.2g} "
+                f"of {len(pending)} tests; {t.name}) is worse than the "
+                f"{g.threshold_pct:g} % threshold"
+            )
             if held >= g.consecutive_nights:
                 r.status = "fail"
-                r.reason = what + (f", on {held} nights in a row" if g.consecutive_nights > 1
-                                   else "")
+                r.reason = what + (
+                    f", on {held} nights in a row" if g.consecutive_nights > 1 else ""
+                )
             else:
                 r.status = "warn"
-                r.reason = what + f"; held on {held} of the {g.consecutive_nights} nights in a row needed"
+                r.reason = (
+                    what + f"; held on {held} of the {g.consecutive_nights} nights in a row needed"
+                )
         elif shown_not_worse(t, g.threshold_pct, settings.pass_alpha):
             r.status = "pass"
-            r.reason = (f"{_pct(r.change_pct)}; the {100 * (1 - settings.pass_alpha):g} % bound "
-                        f"{_pct(r.bound_pct)} excludes a {g.threshold_pct:g} % regression")
+            r.reason = (
+                f"{_pct(r.change_pct)}; the {100 * (1 - settings.pass_alpha):g} % bound "
+                f"{_pct(r.bound_pct)} excludes a {g.threshold_pct:g} % regression"
+            )
         else:
             r.status = "inconclusive"
             sig = " significant but within the threshold," if rejected else ""
-            r.reason = (f"{_pct(r.change_pct)},{sig} but the {100 * (1 - settings.pass_alpha):g} % "
-                        f"bound {_pct(r.bound_pct)} reaches the {g.threshold_pct:g} % threshold: "
-                        f"too few repeats or too much noise to tell")
+            r.reason = (
+                f"{_pct(r.change_pct)},{sig} but the {100 * (1 - settings.pass_alpha):g} % "
+                f"bound {_pct(r.bound_pct)} reaches the {g.threshold_pct:g} % threshold: "
+                f"too few repeats or too much noise to tell"
+            )
 
 
 def _pct(x: float | None) -> str:
@@ -582,7 +712,7 @@ OUTCOMES = ("red", "underpowered", "green")
 
 
 def night_outcome(results: Sequence[GateResult]) -> str:
-    """"red" (a gate failed), "underpowered" (nothing failed but a test is inconclusive or
+    """ "red" (a gate failed), "underpowered" (nothing failed but a test is inconclusive or
     ungated: the night could not show that nothing regressed), or "green"."""
     if any(r.status == "fail" for r in results):
         return "red"
@@ -591,6 +721,20 @@ def night_outcome(results: Sequence[GateResult]) -> str:
     return "green"
 
 
-__all__ = ["Gate", "NightlySettings", "GateResult", "TestStat", "evaluate", "paired_test",
-           "nights_test", "welch_test", "holm_levels", "beyond", "shown_not_worse",
-           "night_outcome", "metric_unit", "DEFAULT_HISTORY", "NIGHTS_PER_MONTH"]
+__all__ = [
+    "Gate",
+    "NightlySettings",
+    "GateResult",
+    "TestStat",
+    "evaluate",
+    "paired_test",
+    "nights_test",
+    "welch_test",
+    "holm_levels",
+    "beyond",
+    "shown_not_worse",
+    "night_outcome",
+    "metric_unit",
+    "DEFAULT_HISTORY",
+    "NIGHTS_PER_MONTH",
+]

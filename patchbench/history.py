@@ -33,16 +33,18 @@ the integrity check fails; the file is never modified or replaced), :class:`Hist
 A night is read from a run folder (:func:`night_from_run`) so a night that could not be recorded
 (locked or corrupt history) can be appended later from its folder alone.
 """
+
 from __future__ import annotations
 
 import os
 import re
 import sqlite3
 import statistics
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from patchbench.records import read_json
 from patchbench.runfolder import RunManifest, read_cell, read_manifest, read_summary
@@ -151,8 +153,11 @@ class Night:
     def variants(self) -> list[str]:
         """Variants with values, the baseline first."""
         seen = sorted({k[0] for k in self.values} | {k[0] for k in self.comparisons})
-        return [self.baseline] + [v for v in seen if v != self.baseline] if self.baseline in seen \
+        return (
+            [self.baseline] + [v for v in seen if v != self.baseline]
+            if self.baseline in seen
             else seen
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,15 +186,19 @@ def _night_utc(manifest: RunManifest, run: Path) -> str:
     if manifest.started_at:
         got = _utc_iso(manifest.started_at)
         if got is None:
-            raise ValueError(f"{run / 'manifest.json'}: started_at is {manifest.started_at!r}, "
-                             f"not an ISO-8601 time (e.g. 2026-01-01T03:00:00Z)")
+            raise ValueError(
+                f"{run / 'manifest.json'}: started_at is {manifest.started_at!r}, "
+                f"not an ISO-8601 time (e.g. 2026-01-01T03:00:00Z)"
+            )
         return got
     m = _RUN_STAMP.match(run.name)
     if m:
         return datetime.strptime(m.group(1), "%Y%m%dT%H%M%S").strftime("%Y-%m-%dT%H:%M:%SZ")
-    raise ValueError(f"{run / 'manifest.json'}: no started_at, and the folder name {run.name!r} "
-                     f"does not start with a UTC stamp (YYYYMMDDTHHMMSSZ-): the night's time is "
-                     f"unknown")
+    raise ValueError(
+        f"{run / 'manifest.json'}: no started_at, and the folder name {run.name!r} "
+        f"does not start with a UTC stamp (YYYYMMDDTHHMMSSZ-): the night's time is "
+        f"unknown"
+    )
 
 
 def night_from_run(run_dir: str | os.PathLike, compare: dict | None = None) -> Night:
@@ -231,14 +240,16 @@ def night_from_run(run_dir: str | os.PathLike, compare: dict | None = None) -> N
         aa_variants=list(compare.get("aa_variants") or []),
     )
     found: dict[Key, dict[int, float]] = {}
-    for cell_dir in sorted(run.glob("*/rep*"), key=lambda p: (p.parent.name, _rep_index(p.name) or 0)):
+    for cell_dir in sorted(
+        run.glob("*/rep*"), key=lambda p: (p.parent.name, _rep_index(p.name) or 0)
+    ):
         rep = _rep_index(cell_dir.name)
         if rep is None or not cell_dir.is_dir():
             continue
         variant = cell_dir.parent.name
         cell = read_cell(cell_dir, variant=variant, repeat=rep)
         if cell is not None and cell.cell_kind == "correctness":
-            continue            # instrumented cells: their timings feed no verdict
+            continue  # instrumented cells: their timings feed no verdict
         if cell is not None and cell.status in ("failed", "unreadable"):
             night.problems.append(f"{variant}/rep{rep}: cell {cell.status}: {cell.error or '?'}")
             continue
@@ -248,8 +259,10 @@ def night_from_run(run_dir: str | os.PathLike, compare: dict | None = None) -> N
             if summary is None:
                 continue
             if summary.status != "ok":
-                night.problems.append(f"{variant}/rep{rep}/{suite}: {summary.status}: "
-                                      f"{'; '.join(summary.errors) or 'no reason given'}")
+                night.problems.append(
+                    f"{variant}/rep{rep}/{suite}: {summary.status}: "
+                    f"{'; '.join(summary.errors) or 'no reason given'}"
+                )
                 continue
             for metric, value in summary.metrics.items():
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -267,10 +280,17 @@ def night_from_run(run_dir: str | os.PathLike, compare: dict | None = None) -> N
             night.better[(suite, metric)] = m["better"]
         night.comparisons[(variant, suite, metric)] = Comparison(
             baseline=str(compare.get("baseline") or night.baseline),
-            change_pct=m.get("change_pct"), ci_low_pct=m.get("ci_low_pct"),
-            ci_high_pct=m.get("ci_high_pct"), ci_method=m.get("ci_method"), verdict=m.get("verdict"))
+            change_pct=m.get("change_pct"),
+            ci_low_pct=m.get("ci_low_pct"),
+            ci_high_pct=m.get("ci_high_pct"),
+            ci_method=m.get("ci_method"),
+            verdict=m.get("verdict"),
+        )
         # a run folder without summaries (or a compare.json alone) still carries the repeats
-        for who, reps in ((night.baseline, m.get("baseline_repeats")), (variant, m.get("variant_repeats"))):
+        for who, reps in (
+            (night.baseline, m.get("baseline_repeats")),
+            (variant, m.get("variant_repeats")),
+        ):
             if who and reps and (who, suite, metric) not in night.values:
                 night.values[(who, suite, metric)] = [None if x is None else float(x) for x in reps]
     if not night.baseline and night.values:
@@ -305,8 +325,11 @@ class History:
         self.path = Path(path).expanduser()
         self.timeout_s = timeout_s
         if self.path.is_dir():
-            raise HistoryError(self.path, "is a folder; the history must be a file path "
-                                          "(e.g. ~/.cache/patchbench/history.sqlite)")
+            raise HistoryError(
+                self.path,
+                "is a folder; the history must be a file path "
+                "(e.g. ~/.cache/patchbench/history.sqlite)",
+            )
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -331,31 +354,40 @@ class History:
     def _wrap(self, e: sqlite3.Error, doing: str) -> HistoryError:
         msg = str(e)
         if "locked" in msg or "busy" in msg:
-            return HistoryLocked(self.path, f"locked by another process for more than "
-                                            f"{self.timeout_s:g} s while trying to {doing} ({msg}); "
-                                            f"retry later, or find the process holding it "
-                                            f"(fuser {self.path})")
-        if isinstance(e, sqlite3.DatabaseError) and ("not a database" in msg or "malformed" in msg
-                                                     or "corrupt" in msg or "disk image" in msg):
-            return HistoryCorrupt(self.path, f"is not a readable SQLite database ({msg}); it was "
-                                             f"left untouched: restore it from a backup, or move it "
-                                             f"aside to start a new history")
+            return HistoryLocked(
+                self.path,
+                f"locked by another process for more than "
+                f"{self.timeout_s:g} s while trying to {doing} ({msg}); "
+                f"retry later, or find the process holding it "
+                f"(fuser {self.path})",
+            )
+        if isinstance(e, sqlite3.DatabaseError) and (
+            "not a database" in msg or "malformed" in msg or "corrupt" in msg or "disk image" in msg
+        ):
+            return HistoryCorrupt(
+                self.path,
+                f"is not a readable SQLite database ({msg}); it was "
+                f"left untouched: restore it from a backup, or move it "
+                f"aside to start a new history",
+            )
         return HistoryError(self.path, f"cannot {doing}: {msg}")
 
     # -- schema --------------------------------------------------------------------------------
 
     def _init_schema(self) -> None:
-        tables = {r[0] for r in self._db.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        tables = {
+            r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        }
         if not tables:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 for stmt in _SCHEMA.split(";"):
                     if stmt.strip():
                         self._db.execute(stmt)
-                self._db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-                                     [("schema_version", str(SCHEMA_VERSION)),
-                                      ("created_utc", _now_utc())])
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                    [("schema_version", str(SCHEMA_VERSION)), ("created_utc", _now_utc())],
+                )
                 self._db.execute("COMMIT")
             except BaseException:
                 if self._db.in_transaction:
@@ -363,8 +395,10 @@ class History:
                 raise
             return
         if "meta" not in tables:
-            raise HistorySchemaError(self.path, f"has tables {sorted(tables)} but no 'meta' table: "
-                                                f"not a patchbench history")
+            raise HistorySchemaError(
+                self.path,
+                f"has tables {sorted(tables)} but no 'meta' table: not a patchbench history",
+            )
         row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         version = int(row[0]) if row and str(row[0]).isdigit() else None
         if version in _MIGRATABLE and not [t for t in _TABLES if t not in tables]:
@@ -372,26 +406,35 @@ class History:
             version = SCHEMA_VERSION
         if version != SCHEMA_VERSION:
             raise HistorySchemaError(
-                self.path, f"schema version {row[0] if row else 'missing'}; this patchbench reads "
-                           f"version {SCHEMA_VERSION} (written by a "
-                           f"{'newer' if version and version > SCHEMA_VERSION else 'different'} "
-                           f"patchbench?)")
+                self.path,
+                f"schema version {row[0] if row else 'missing'}; this patchbench reads "
+                f"version {SCHEMA_VERSION} (written by a "
+                f"{'newer' if version and version > SCHEMA_VERSION else 'different'} "
+                f"patchbench?)",
+            )
         missing = [t for t in _TABLES if t not in tables]
         if missing:
             raise HistorySchemaError(self.path, f"tables missing: {', '.join(missing)}")
         check = self._db.execute("PRAGMA quick_check").fetchone()
         if not check or check[0] != "ok":
-            raise HistoryCorrupt(self.path, f"integrity check failed ({check[0] if check else '?'}); "
-                                            f"it was left untouched: restore it from a backup")
+            raise HistoryCorrupt(
+                self.path,
+                f"integrity check failed ({check[0] if check else '?'}); "
+                f"it was left untouched: restore it from a backup",
+            )
 
     def _migrate(self, version: int) -> None:
         """Bring a file of an older schema version to :data:`SCHEMA_VERSION` in one
         transaction (a crash leaves the old version)."""
         self._db.execute("BEGIN IMMEDIATE")
         try:
-            self._db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-                                 [("schema_version", str(SCHEMA_VERSION)),
-                                  (f"migrated_from_{version}_utc", _now_utc())])
+            self._db.executemany(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                [
+                    ("schema_version", str(SCHEMA_VERSION)),
+                    (f"migrated_from_{version}_utc", _now_utc()),
+                ],
+            )
             self._db.execute("COMMIT")
         except BaseException:
             if self._db.in_transaction:
@@ -408,8 +451,10 @@ class History:
     def has_run(self, run_id: str) -> bool:
         """True when this run_id is already recorded."""
         try:
-            return self._db.execute("SELECT 1 FROM nights WHERE run_id = ?", (run_id,)).fetchone() \
+            return (
+                self._db.execute("SELECT 1 FROM nights WHERE run_id = ?", (run_id,)).fetchone()
                 is not None
+            )
         except sqlite3.Error as e:
             raise self._wrap(e, "read") from None
 
@@ -424,31 +469,70 @@ class History:
         rows_repeats = []
         for (variant, suite, metric), vals in sorted(night.values.items()):
             med = night.median((variant, suite, metric))
-            rows_values.append((night.run_id, variant, suite, metric,
-                                night.units.get((suite, metric)), night.better.get((suite, metric)),
-                                med, sum(1 for v in vals if v is not None)))
-            rows_repeats += [(night.run_id, variant, suite, metric, i, v) for i, v in enumerate(vals)]
-        rows_cmp = [(night.run_id, variant, c.baseline, suite, metric, c.change_pct, c.ci_low_pct,
-                     c.ci_high_pct, c.ci_method, c.verdict)
-                    for (variant, suite, metric), c in sorted(night.comparisons.items())]
+            rows_values.append(
+                (
+                    night.run_id,
+                    variant,
+                    suite,
+                    metric,
+                    night.units.get((suite, metric)),
+                    night.better.get((suite, metric)),
+                    med,
+                    sum(1 for v in vals if v is not None),
+                )
+            )
+            rows_repeats += [
+                (night.run_id, variant, suite, metric, i, v) for i, v in enumerate(vals)
+            ]
+        rows_cmp = [
+            (
+                night.run_id,
+                variant,
+                c.baseline,
+                suite,
+                metric,
+                c.change_pct,
+                c.ci_low_pct,
+                c.ci_high_pct,
+                c.ci_method,
+                c.verdict,
+            )
+            for (variant, suite, metric), c in sorted(night.comparisons.items())
+        ]
         try:
             self._db.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as e:
             raise self._wrap(e, "start the night's transaction") from None
         try:
-            if self._db.execute("SELECT 1 FROM nights WHERE run_id = ?", (night.run_id,)).fetchone():
+            if self._db.execute(
+                "SELECT 1 FROM nights WHERE run_id = ?", (night.run_id,)
+            ).fetchone():
                 self._db.execute("ROLLBACK")
                 return False
             self._db.execute(
                 "INSERT INTO nights (run_id, night_utc, config_name, git_sha, sglang_version, "
                 "baseline, status, run_dir, recorded_utc) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (night.run_id, night.night_utc, night.config_name, night.git_sha,
-                 night.sglang_version, night.baseline, night.status, night.run_dir, _now_utc()))
-            self._db.executemany("INSERT INTO metric_values VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                                 rows_values)
-            self._db.executemany("INSERT INTO repeat_values VALUES (?, ?, ?, ?, ?, ?)", rows_repeats)
-            self._db.executemany("INSERT INTO comparisons VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                                 rows_cmp)
+                (
+                    night.run_id,
+                    night.night_utc,
+                    night.config_name,
+                    night.git_sha,
+                    night.sglang_version,
+                    night.baseline,
+                    night.status,
+                    night.run_dir,
+                    _now_utc(),
+                ),
+            )
+            self._db.executemany(
+                "INSERT INTO metric_values VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows_values
+            )
+            self._db.executemany(
+                "INSERT INTO repeat_values VALUES (?, ?, ?, ?, ?, ?)", rows_repeats
+            )
+            self._db.executemany(
+                "INSERT INTO comparisons VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows_cmp
+            )
             self._db.execute("COMMIT")
         except BaseException as e:
             if self._db.in_transaction:
@@ -460,8 +544,14 @@ class History:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def nights(self, config_name: str, *, before_utc: str | None = None,
-               exclude_run_id: str | None = None, limit: int | None = None) -> list[Night]:
+    def nights(
+        self,
+        config_name: str,
+        *,
+        before_utc: str | None = None,
+        exclude_run_id: str | None = None,
+        limit: int | None = None,
+    ) -> list[Night]:
         """Recorded nights of one config, oldest first.
 
         before_utc: only nights strictly earlier (ISO-8601 UTC, as stored); exclude_run_id: leave
@@ -472,10 +562,17 @@ class History:
         except sqlite3.Error as e:
             raise self._wrap(e, "read") from None
 
-    def _nights(self, config_name: str, before_utc: str | None, exclude_run_id: str | None,
-                limit: int | None) -> Iterator[Night]:
-        q = "SELECT run_id, night_utc, config_name, baseline, git_sha, sglang_version, status, " \
+    def _nights(
+        self,
+        config_name: str,
+        before_utc: str | None,
+        exclude_run_id: str | None,
+        limit: int | None,
+    ) -> Iterator[Night]:
+        q = (
+            "SELECT run_id, night_utc, config_name, baseline, git_sha, sglang_version, status, "
             "run_dir FROM nights WHERE config_name = ?"
+        )
         args: list[Any] = [config_name]
         if before_utc is not None:
             q += " AND night_utc < ?"
@@ -491,22 +588,28 @@ class History:
         for row in reversed(rows):
             n = Night(*row)
             for variant, suite, metric, unit, better in self._db.execute(
-                    "SELECT variant, suite, metric, unit, better FROM metric_values WHERE run_id = ?",
-                    (n.run_id,)):
+                "SELECT variant, suite, metric, unit, better FROM metric_values WHERE run_id = ?",
+                (n.run_id,),
+            ):
                 n.values[(variant, suite, metric)] = []
                 if unit:
                     n.units[(suite, metric)] = unit
                 if better:
                     n.better[(suite, metric)] = better
             for variant, suite, metric, _rep, value in self._db.execute(
-                    "SELECT variant, suite, metric, repeat, value FROM repeat_values "
-                    "WHERE run_id = ? ORDER BY variant, suite, metric, repeat", (n.run_id,)):
+                "SELECT variant, suite, metric, repeat, value FROM repeat_values "
+                "WHERE run_id = ? ORDER BY variant, suite, metric, repeat",
+                (n.run_id,),
+            ):
                 n.values.setdefault((variant, suite, metric), []).append(value)
             for variant, baseline, suite, metric, chg, lo, hi, method, verdict in self._db.execute(
-                    "SELECT variant, baseline, suite, metric, change_pct, ci_low_pct, ci_high_pct, "
-                    "ci_method, verdict FROM comparisons WHERE run_id = ?", (n.run_id,)):
-                n.comparisons[(variant, suite, metric)] = Comparison(baseline, chg, lo, hi, method,
-                                                                     verdict)
+                "SELECT variant, baseline, suite, metric, change_pct, ci_low_pct, ci_high_pct, "
+                "ci_method, verdict FROM comparisons WHERE run_id = ?",
+                (n.run_id,),
+            ):
+                n.comparisons[(variant, suite, metric)] = Comparison(
+                    baseline, chg, lo, hi, method, verdict
+                )
             yield n
 
     def count_nights(self, config_name: str | None = None) -> int:
@@ -514,8 +617,9 @@ class History:
         try:
             if config_name is None:
                 return self._db.execute("SELECT COUNT(*) FROM nights").fetchone()[0]
-            return self._db.execute("SELECT COUNT(*) FROM nights WHERE config_name = ?",
-                                    (config_name,)).fetchone()[0]
+            return self._db.execute(
+                "SELECT COUNT(*) FROM nights WHERE config_name = ?", (config_name,)
+            ).fetchone()[0]
         except sqlite3.Error as e:
             raise self._wrap(e, "read") from None
 
@@ -534,7 +638,7 @@ class History:
     def close(self) -> None:
         self._db.close()
 
-    def __enter__(self) -> "History":
+    def __enter__(self) -> History:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -544,15 +648,35 @@ class History:
 def dump_json(night: Night) -> dict:
     """A JSON-ready view of a night (for nightly.json): values keyed ``variant/suite/metric``."""
     return {
-        "run_id": night.run_id, "night_utc": night.night_utc, "config_name": night.config_name,
-        "git_sha": night.git_sha, "sglang_version": night.sglang_version,
-        "baseline": night.baseline, "status": night.status, "problems": night.problems,
-        "values": {f"{v}/{s}/{m}": {"repeats": vals, "median": night.median((v, s, m)),
-                                    "n": sum(1 for x in vals if x is not None),
-                                    "unit": night.units.get((s, m))}
-                   for (v, s, m), vals in sorted(night.values.items())},
+        "run_id": night.run_id,
+        "night_utc": night.night_utc,
+        "config_name": night.config_name,
+        "git_sha": night.git_sha,
+        "sglang_version": night.sglang_version,
+        "baseline": night.baseline,
+        "status": night.status,
+        "problems": night.problems,
+        "values": {
+            f"{v}/{s}/{m}": {
+                "repeats": vals,
+                "median": night.median((v, s, m)),
+                "n": sum(1 for x in vals if x is not None),
+                "unit": night.units.get((s, m)),
+            }
+            for (v, s, m), vals in sorted(night.values.items())
+        },
     }
 
 
-__all__ = ["SCHEMA_VERSION", "History", "HistoryError", "HistoryLocked", "HistoryCorrupt",
-           "HistorySchemaError", "Night", "Comparison", "night_from_run", "dump_json"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "History",
+    "HistoryError",
+    "HistoryLocked",
+    "HistoryCorrupt",
+    "HistorySchemaError",
+    "Night",
+    "Comparison",
+    "night_from_run",
+    "dump_json",
+]

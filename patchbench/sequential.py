@@ -37,12 +37,14 @@ error rates by simulation.
 Everything here is pure (no files, no server). The runner calls :func:`decide` after each step,
 or :func:`replay` on the repeats that exist (a resumed run continues where it stopped).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Literal, Mapping, Sequence
+from typing import Literal
 
 import numpy as np
 from scipy import optimize, special, stats
@@ -65,11 +67,14 @@ def looks_from_schedule(min_repeats: int, max_repeats: int, step: int) -> tuple[
     repeats), max < min or step < 1.
     """
     if min_repeats < 3:
-        raise ValueError(f"schedule.repeats.min is {min_repeats}; at least 3 paired repeats are "
-                         f"needed for a run-level verdict")
+        raise ValueError(
+            f"schedule.repeats.min is {min_repeats}; at least 3 paired repeats are "
+            f"needed for a run-level verdict"
+        )
     if max_repeats < min_repeats:
-        raise ValueError(f"schedule.repeats.max ({max_repeats}) is smaller than min "
-                         f"({min_repeats})")
+        raise ValueError(
+            f"schedule.repeats.max ({max_repeats}) is smaller than min ({min_repeats})"
+        )
     if step < 1:
         raise ValueError(f"schedule.repeats.step is {step}; it must be at least 1")
     looks = list(range(min_repeats, max_repeats + 1, step))
@@ -124,8 +129,9 @@ def _boundary_cached(looks: tuple[float, ...], alpha: float, kind: str) -> tuple
     return tuple(float(x) for x in c * shape)
 
 
-def boundary(looks: Sequence[float], alpha: float = 0.05,
-             kind: Boundary = "pocock") -> tuple[float, ...]:
+def boundary(
+    looks: Sequence[float], alpha: float = 0.05, kind: Boundary = "pocock"
+) -> tuple[float, ...]:
     """Two-sided critical values ``b_k`` (standard-normal scale), one per look.
 
     looks: information at each look (repeat counts, increasing); alpha: two-sided overall level in
@@ -143,8 +149,9 @@ def boundary(looks: Sequence[float], alpha: float = 0.05,
     return _boundary_cached(looks, round(float(alpha), 12), kind)
 
 
-def nominal_levels(looks: Sequence[float], alpha: float = 0.05,
-                   kind: Boundary = "pocock") -> tuple[float, ...]:
+def nominal_levels(
+    looks: Sequence[float], alpha: float = 0.05, kind: Boundary = "pocock"
+) -> tuple[float, ...]:
     """Per-look two-sided nominal significance levels ``2 * (1 - Phi(b_k))``."""
     return _levels_cached(tuple(float(x) for x in looks), round(float(alpha), 12), kind)
 
@@ -174,8 +181,7 @@ class Design:
     split_variants: bool = True
 
     @classmethod
-    def from_schedule(cls, min_repeats: int, max_repeats: int, step: int,
-                      **kw) -> "Design":
+    def from_schedule(cls, min_repeats: int, max_repeats: int, step: int, **kw) -> Design:
         """The design for ``schedule.repeats: {min, max, step}``."""
         return cls(looks_from_schedule(min_repeats, max_repeats, step), **kw)
 
@@ -217,9 +223,13 @@ class LookDecision:
 
     def to_json(self) -> dict:
         """JSON-ready dict (for the manifest): decisions keyed ``variant/metric``."""
-        return {"look_index": self.look_index, "n_repeats": self.n_repeats, "stop": self.stop,
-                "reason": self.reason,
-                "metrics": {f"{v}/{m}": vars(d) for (v, m), d in sorted(self.metrics.items())}}
+        return {
+            "look_index": self.look_index,
+            "n_repeats": self.n_repeats,
+            "stop": self.stop,
+            "reason": self.reason,
+            "metrics": {f"{v}/{m}": vars(d) for (v, m), d in sorted(self.metrics.items())},
+        }
 
 
 def _t_test(d: np.ndarray) -> tuple[float, float, float]:
@@ -242,10 +252,16 @@ def _equivalent(mean: float, se: float, n: int, margin: float, level: float) -> 
     return (mean - q * se > -margin) and (mean + q * se < margin)
 
 
-def decide(look_index: int, log_ratios: Mapping[str, Mapping[str, Sequence[float]]],
-           margins: Mapping[str, float], alpha: float | None = None, *, design: Design,
-           better: Mapping[str, str] | None = None,
-           previous: LookDecision | None = None) -> LookDecision:
+def decide(
+    look_index: int,
+    log_ratios: Mapping[str, Mapping[str, Sequence[float]]],
+    margins: Mapping[str, float],
+    alpha: float | None = None,
+    *,
+    design: Design,
+    better: Mapping[str, str] | None = None,
+    previous: LookDecision | None = None,
+) -> LookDecision:
     """Decide at look ``look_index`` (0-based index into ``design.looks``).
 
     log_ratios: variant -> primary metric -> paired log ratios ``log(variant / baseline)``, one
@@ -280,8 +296,9 @@ def decide(look_index: int, log_ratios: Mapping[str, Mapping[str, Sequence[float
         for name in names:
             d = np.asarray(per_metric[name], dtype=float)
             if len(d) < n:
-                raise ValueError(f"{variant}/{name}: {len(d)} paired repeats, look "
-                                 f"{look_index} needs {n}")
+                raise ValueError(
+                    f"{variant}/{name}: {len(d)} paired repeats, look {look_index} needs {n}"
+                )
             tests[name] = _t_test(d[:n])
         rejected = sum(1 for x in done.values() if x.decision in ("improved", "regressed"))
         open_ = sorted((tests[x][2], x) for x in names if x not in done)
@@ -293,10 +310,17 @@ def decide(look_index: int, log_ratios: Mapping[str, Mapping[str, Sequence[float
             mean = tests[name][0]
             up = mean > 0
             good = up if better.get(name, "higher") == "higher" else not up
-            done[name] = MetricDecision("improved" if good else "regressed", n, mean,
-                                        100.0 * math.expm1(mean), p, lvl, look_index,
-                                        f"p = {p:.3g} <= {lvl:.3g} (Holm step {i + 1 + rejected} "
-                                        f"of {m}, {design.kind} boundary, look {look_index + 1})")
+            done[name] = MetricDecision(
+                "improved" if good else "regressed",
+                n,
+                mean,
+                100.0 * math.expm1(mean),
+                p,
+                lvl,
+                look_index,
+                f"p = {p:.3g} <= {lvl:.3g} (Holm step {i + 1 + rejected} "
+                f"of {m}, {design.kind} boundary, look {look_index + 1})",
+            )
         eq_alpha = alpha / m if design.equivalence_split == "bonferroni" else alpha
         eq_level = design.level(look_index, eq_alpha)
         for name in names:
@@ -307,30 +331,46 @@ def decide(look_index: int, log_ratios: Mapping[str, Mapping[str, Sequence[float
             margin = float(margins.get(name) or 0.0)
             if _equivalent(mean, se, n, margin, eq_level):
                 dec: Decision = "equivalent"
-                why = (f"TOST at {eq_level:.3g}: the {100 * (1 - 2 * eq_level):.1f} % interval "
-                       f"lies inside +-{100 * math.expm1(margin):.3g} %")
+                why = (
+                    f"TOST at {eq_level:.3g}: the {100 * (1 - 2 * eq_level):.1f} % interval "
+                    f"lies inside +-{100 * math.expm1(margin):.3g} %"
+                )
             else:
                 dec = "inconclusive" if last else "continue"
-                why = ("neither a change nor equivalence shown" +
-                       (" at the last look" if last else ""))
+                why = "neither a change nor equivalence shown" + (
+                    " at the last look" if last else ""
+                )
             out.metrics[(variant, name)] = MetricDecision(
-                dec, n, mean, 100.0 * math.expm1(mean), p, eq_level if dec == "equivalent" else None,
-                look_index if dec == "equivalent" else None, why)
+                dec,
+                n,
+                mean,
+                100.0 * math.expm1(mean),
+                p,
+                eq_level if dec == "equivalent" else None,
+                look_index if dec == "equivalent" else None,
+                why,
+            )
     undecided = [k for k, d in out.metrics.items() if d.decision not in DECIDED]
     if not undecided:
         out.stop, out.reason = True, f"every primary decided after {n} repeats"
     elif last:
         out.stop = True
-        out.reason = (f"maximum of {n} repeats reached; {len(undecided)} primary metric(s) "
-                      f"inconclusive")
+        out.reason = (
+            f"maximum of {n} repeats reached; {len(undecided)} primary metric(s) inconclusive"
+        )
     else:
         out.reason = f"{len(undecided)} primary metric(s) undecided after {n} repeats"
     return out
 
 
-def replay(log_ratios: Mapping[str, Mapping[str, Sequence[float]]], margins: Mapping[str, float],
-           alpha: float | None = None, *, design: Design,
-           better: Mapping[str, str] | None = None) -> LookDecision | None:
+def replay(
+    log_ratios: Mapping[str, Mapping[str, Sequence[float]]],
+    margins: Mapping[str, float],
+    alpha: float | None = None,
+    *,
+    design: Design,
+    better: Mapping[str, str] | None = None,
+) -> LookDecision | None:
     """Run :func:`decide` for every look whose repeats exist, stopping where the design stops.
 
     The same arguments as :func:`decide`; the series may be of any length (a resumed run passes
@@ -342,8 +382,9 @@ def replay(log_ratios: Mapping[str, Mapping[str, Sequence[float]]], margins: Map
     for k, n in enumerate(design.looks):
         if n > have:
             break
-        result = decide(k, log_ratios, margins, alpha, design=design, better=better,
-                        previous=result)
+        result = decide(
+            k, log_ratios, margins, alpha, design=design, better=better, previous=result
+        )
         if result.stop:
             break
     return result
@@ -358,6 +399,16 @@ def next_target(design: Design, decision: LookDecision | None) -> int | None:
     return design.looks[decision.look_index + 1]
 
 
-__all__ = ["Design", "LookDecision", "MetricDecision", "boundary", "nominal_levels",
-           "continuation_probability", "looks_from_schedule", "decide", "replay", "next_target",
-           "DECIDED"]
+__all__ = [
+    "Design",
+    "LookDecision",
+    "MetricDecision",
+    "boundary",
+    "nominal_levels",
+    "continuation_probability",
+    "looks_from_schedule",
+    "decide",
+    "replay",
+    "next_target",
+    "DECIDED",
+]

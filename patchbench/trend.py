@@ -2,21 +2,29 @@
 
 ``plots/nightly-<suite>.<metric>.png`` in the run folder (written by patchbench/nightly.py).
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from patchbench.gates import GateResult, NightlySettings, metric_unit
 from patchbench.history import Night
 
 
-def plot_trend(prior: Sequence[Night], tonight: Night, suite: str, metric: str,
-               results: list[GateResult], settings: NightlySettings):
+def plot_trend(
+    prior: Sequence[Night],
+    tonight: Night,
+    suite: str,
+    metric: str,
+    results: list[GateResult],
+    settings: NightlySettings,
+):
     """A matplotlib Figure: per variant, the nightly medians of the history, the range of the
     last K nights' runs (the history gate's window), and tonight's point (red edge when a gate
     failed). x: night (UTC), y: the metric in its unit. The caller saves and closes it."""
     import matplotlib
+
     matplotlib.use("Agg")
     from datetime import datetime
 
@@ -34,21 +42,47 @@ def plot_trend(prior: Sequence[Night], tonight: Night, suite: str, metric: str,
         col = colors[i % len(colors)]
         hist = [n for n in prior if n.median(key) is not None]
         if hist:
-            ax.plot([_dt(n.night_utc) for n in hist], [n.median(key) for n in hist], "o-",
-                    color=col, ms=4, lw=1, alpha=0.8, label=f"{variant}: nightly median")
-        window = hist[-settings.window_nights:]
+            ax.plot(
+                [_dt(n.night_utc) for n in hist],
+                [n.median(key) for n in hist],
+                "o-",
+                color=col,
+                ms=4,
+                lw=1,
+                alpha=0.8,
+                label=f"{variant}: nightly median",
+            )
+        window = hist[-settings.window_nights :]
         vals = [v for n in window for v in n.values.get(key, []) if v is not None]
         if window and vals:
             x0, x1 = _dt(window[0].night_utc), _dt(tonight.night_utc)
-            ax.fill_between([x0, x1], [min(vals)] * 2, [max(vals)] * 2, color=col, alpha=0.15,
-                            label=f"{variant}: runs of last {len(window)} nights")
+            ax.fill_between(
+                [x0, x1],
+                [min(vals)] * 2,
+                [max(vals)] * 2,
+                color=col,
+                alpha=0.15,
+                label=f"{variant}: runs of last {len(window)} nights",
+            )
         value = tonight.median(key)
         if value is not None:
-            failed = any(r.status == "fail" and r.variant == variant and r.suite == suite
-                         and r.metric == metric for r in results)
-            ax.plot([_dt(tonight.night_utc)], [value], marker="*", ms=14, color=col,
-                    markeredgecolor="red" if failed else "black", linestyle="none",
-                    label=f"{variant}: tonight{' (REGRESSION)' if failed else ''}")
+            failed = any(
+                r.status == "fail"
+                and r.variant == variant
+                and r.suite == suite
+                and r.metric == metric
+                for r in results
+            )
+            ax.plot(
+                [_dt(tonight.night_utc)],
+                [value],
+                marker="*",
+                ms=14,
+                color=col,
+                markeredgecolor="red" if failed else "black",
+                linestyle="none",
+                label=f"{variant}: tonight{' (REGRESSION)' if failed else ''}",
+            )
     ax.set_title(f"{suite}.{metric}: nightly trend ({tonight.config_name})")
     ax.set_xlabel("night (UTC)")
     ax.set_ylabel(f"{metric} [{unit}]" if unit else metric)
@@ -56,19 +90,24 @@ def plot_trend(prior: Sequence[Night], tonight: Night, suite: str, metric: str,
     ax.grid(alpha=0.3)
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%Y-%m-%d"))
     fig.autofmt_xdate()
-    fig.text(0.99, 0.01, f"run {tonight.run_id}", ha="right", va="bottom", fontsize=7,
-             color="gray")
+    fig.text(0.99, 0.01, f"run {tonight.run_id}", ha="right", va="bottom", fontsize=7, color="gray")
     fig.tight_layout()
     return fig
 
 
-def write_plots(run_dir: Path, prior: Sequence[Night], tonight: Night,
-                results: list[GateResult], settings: NightlySettings) -> tuple[list[str], list[str]]:
+def write_plots(
+    run_dir: Path,
+    prior: Sequence[Night],
+    tonight: Night,
+    results: list[GateResult],
+    settings: NightlySettings,
+) -> tuple[list[str], list[str]]:
     """Write one trend plot per gated (suite, metric); returns (written paths relative to
     ``run_dir``, problems). A failing plot never hides the verdict: it becomes a problem line."""
     import io
 
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -84,7 +123,7 @@ def write_plots(run_dir: Path, prior: Sequence[Night], tonight: Night,
             plt.close(fig)
             write_bytes(run_dir / rel, buf.getvalue())
             done.append(rel)
-        except Exception as e:  # a plot must never hide the verdict
+        except Exception as e:  # noqa: BLE001 (reported, never hides the verdict)
             problems.append(f"trend plot {rel} failed: {type(e).__name__}: {e}")
     return done, problems
 

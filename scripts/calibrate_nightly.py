@@ -20,6 +20,7 @@ fixed 5 repeats judged by the same rule at one look.
 
     .venv/bin/python scripts/calibrate_nightly.py [--trials 400] [--startup-s 60]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,9 @@ def _gate_metrics(settings: NightlySettings) -> list[tuple[str, str]]:
     return [(g.suite or "serving", g.metric_name) for g in settings.gates]
 
 
-def _night(i: int, rng: np.random.Generator, metrics, repeats: int, cv: float, drift: float,
-           slow: float) -> Night:
+def _night(
+    i: int, rng: np.random.Generator, metrics, repeats: int, cv: float, drift: float, slow: float
+) -> Night:
     d = rng.normal(0.0, drift, len(metrics)) if drift > 0 else np.zeros(len(metrics))
     vals, better = {}, {}
     for v in ("baseline", VARIANT):
@@ -63,12 +65,26 @@ def _night(i: int, rng: np.random.Generator, metrics, repeats: int, cv: float, d
             vals[(v, s, m)] = [float(x) for x in 100.0 * np.exp(e)]
             better[(s, m)] = BETTER.get(m, "lower")
     day = f"2026-{1 + i // 28:02d}-{1 + i % 28:02d}T03:00:00Z"
-    return Night(run_id=f"n{i:03d}", night_utc=day, config_name="sim", baseline="baseline",
-                 values=vals, better=better)
+    return Night(
+        run_id=f"n{i:03d}",
+        night_utc=day,
+        config_name="sim",
+        baseline="baseline",
+        values=vals,
+        better=better,
+    )
 
 
-def nightly_rates(settings: NightlySettings, repeats: int, cv: float, trials: int, seed: int,
-                  drift: float = 0.0, null_nights: int = 3, horizon: int = 3) -> dict:
+def nightly_rates(
+    settings: NightlySettings,
+    repeats: int,
+    cv: float,
+    trials: int,
+    seed: int,
+    drift: float = 0.0,
+    null_nights: int = 3,
+    horizon: int = 3,
+) -> dict:
     """False red nights per 30, underpowered share (null), P(red within ``horizon`` nights of a
     5 % throughput regression of the patched variant), mean nights to red (capped at horizon+1)."""
     rng = np.random.default_rng(seed)
@@ -96,8 +112,12 @@ def nightly_rates(settings: NightlySettings, repeats: int, cv: float, trials: in
             hist.append(t)
         detected += first is not None
         to_red.append(first or horizon + 1)
-    return {"false_red_per_30": 30.0 * red / nights, "underpowered_null": under / nights,
-            "detect_within": detected / trials, "mean_nights": float(np.mean(to_red))}
+    return {
+        "false_red_per_30": 30.0 * red / nights,
+        "underpowered_null": under / nights,
+        "detect_within": detected / trials,
+        "mean_nights": float(np.mean(to_red)),
+    }
 
 
 def part1(config: Path, trials: int, seed: int) -> None:
@@ -107,25 +127,42 @@ def part1(config: Path, trials: int, seed: int) -> None:
     reps = reps if isinstance(reps, int) else reps.get("max", 3)
 
     c2 = [Gate(**(g.model_dump() | {"consecutive_nights": 2})) for g in shipped.gates]
-    rows = [(f"shipped ({config.name})", shipped, r, cv, 0.0)
-            for cv in (0.015, 0.03, 0.06) for r in sorted({3, reps, 8})]
+    rows = [
+        (f"shipped ({config.name})", shipped, r, cv, 0.0)
+        for cv in (0.015, 0.03, 0.06)
+        for r in sorted({3, reps, 8})
+    ]
     rows.append((f"shipped ({config.name})", shipped, reps, 0.03, 0.02))
     rows.append(("consecutive_nights 2", shipped.model_copy(update={"gates": c2}), reps, 0.03, 0.0))
-    rows.append(("history_test welch", shipped.model_copy(update={"history_test": "welch"}),
-                 reps, 0.03, 0.0))
-    print(f"## Nightly gates: {len(shipped.gates)} gates, family alpha {shipped.family_alpha:.3g} "
-          f"(budget {shipped.false_red_nights_per_month:g}/30 nights), K = "
-          f"{shipped.window_nights}, {trials} trials x 3 null nights; detection: 5 % throughput "
-          f"regression of the patched variant\n")
-    print("| setting | repeats | run CV | drift | false red / 30 nights | underpowered share "
-          "(null) | red within 3 nights | mean nights to red (4 = not in 3) |")
+    rows.append(
+        (
+            "history_test welch",
+            shipped.model_copy(update={"history_test": "welch"}),
+            reps,
+            0.03,
+            0.0,
+        )
+    )
+    print(
+        f"## Nightly gates: {len(shipped.gates)} gates, family alpha {shipped.family_alpha:.3g} "
+        f"(budget {shipped.false_red_nights_per_month:g}/30 nights), K = "
+        f"{shipped.window_nights}, {trials} trials x 3 null nights; detection: 5 % throughput "
+        f"regression of the patched variant\n"
+    )
+    print(
+        "| setting | repeats | run CV | drift | false red / 30 nights | underpowered share "
+        "(null) | red within 3 nights | mean nights to red (4 = not in 3) |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, s, r, cv, drift in rows:
         t0 = time.time()
         x = nightly_rates(s, r, cv, trials, seed, drift)
-        print(f"| {name} | {r} | {100 * cv:g} % | {100 * drift:g} % | "
-              f"{x['false_red_per_30']:.2f} | {x['underpowered_null']:.0%} | "
-              f"{x['detect_within']:.0%} | {x['mean_nights']:.2f} |", flush=True)
+        print(
+            f"| {name} | {r} | {100 * cv:g} % | {100 * drift:g} % | "
+            f"{x['false_red_per_30']:.2f} | {x['underpowered_null']:.0%} | "
+            f"{x['detect_within']:.0%} | {x['mean_nights']:.2f} |",
+            flush=True,
+        )
         print(f"<!-- {time.time() - t0:.1f} s -->", file=sys.stderr)
 
 
@@ -144,8 +181,8 @@ def _sequence(rng, n: int, cv: float, effect: float) -> dict:
     for v in PR_VARIANTS:
         e = rng.normal(0.0, cv, (n, len(SERVING))) - base
         if v == "mrope-sync-free" and effect:
-            e[:, 0] += math.log1p(effect)                      # throughput up
-            e[:, 1:] += math.log1p(-effect / (1 + effect))       # latencies down alike
+            e[:, 0] += math.log1p(effect)  # throughput up
+            e[:, 1:] += math.log1p(-effect / (1 + effect))  # latencies down alike
         out[v] = {m: e[:, j] for j, m in enumerate(SERVING)}
     return out
 
@@ -160,16 +197,23 @@ def seq_rates(design: Design, cv: float, effect: float, trials: int, seed: int) 
         seq = _sequence(rng, design.looks[-1], cv, effect)
         out = replay(seq, margins, design=design, better=better)
         used.append(out.n_repeats)
-        for (v, m), d in out.metrics.items():
+        for d in out.metrics.values():
             decided += d.decision in ("improved", "regressed", "equivalent")
         null_vs = [v for v in PR_VARIANTS if not (effect and v == "mrope-sync-free")]
-        false_any += any(out.metrics[(v, m)].decision in ("improved", "regressed")
-                         for v in null_vs for m in SERVING)
+        false_any += any(
+            out.metrics[(v, m)].decision in ("improved", "regressed")
+            for v in null_vs
+            for m in SERVING
+        )
         power += out.metrics[("mrope-sync-free", SERVING[0])].decision == "improved"
     u = np.asarray(used)
-    return {"false": false_any / trials, "power": power / trials,
-            "decided": decided / trials, "mean": float(u.mean()),
-            "p90": float(np.percentile(u, 90))}
+    return {
+        "false": false_any / trials,
+        "power": power / trials,
+        "decided": decided / trials,
+        "mean": float(u.mean()),
+        "p90": float(np.percentile(u, 90)),
+    }
 
 
 def part2(trials: int, seed: int, startup_s: float) -> None:
@@ -179,19 +223,26 @@ def part2(trials: int, seed: int, startup_s: float) -> None:
     cell_s = startup_s + 76.0 + 79.0
     cell_no_mmmu_s = startup_s + 79.0
     cells_per_round = 1 + len(PR_VARIANTS)
-    print(f"\n## Sequential repeats: PR shape (stock + upstream + ours + A/A), 4 serving primaries "
-          f"per variant, looks {list(seq.looks)}, alpha 0.05 per report (0.05/3 per variant, Holm "
-          f"across its primaries), margin "
-          f"+-5 %, {trials} trials; one cell = {startup_s:g} s start-up (assumed) + 76 s MMMU + "
-          f"79 s serving = {cell_s:g} s, {cells_per_round} cells per round\n")
-    print("| design | run CV | false improved/regressed per report (no effect) | power +5 % | "
-          "power +10 % | repeats mean / p90 (no effect) | primaries decided of 12 (no effect) | "
-          "H200 min (MMMU every round) | decided / H200 h | H200 min (MMMU first round only) | "
-          "decided / H200 h |")
+    print(
+        f"\n## Sequential repeats: PR shape (stock + upstream + ours + A/A), 4 serving primaries "
+        f"per variant, looks {list(seq.looks)}, alpha 0.05 per report (0.05/3 per variant, Holm "
+        f"across its primaries), margin "
+        f"+-5 %, {trials} trials; one cell = {startup_s:g} s start-up (assumed) + 76 s MMMU + "
+        f"79 s serving = {cell_s:g} s, {cells_per_round} cells per round\n"
+    )
+    print(
+        "| design | run CV | false improved/regressed per report (no effect) | power +5 % | "
+        "power +10 % | repeats mean / p90 (no effect) | primaries decided of 12 (no effect) | "
+        "H200 min (MMMU every round) | decided / H200 h | H200 min (MMMU first round only) | "
+        "decided / H200 h |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for cv in (0.015, 0.03, 0.06):
-        for name, d in (("sequential Pocock 4..12 by 2", seq),
-                        ("sequential O'Brien-Fleming 4..12 by 2", obf), ("fixed 5", fixed)):
+        for name, d in (
+            ("sequential Pocock 4..12 by 2", seq),
+            ("sequential O'Brien-Fleming 4..12 by 2", obf),
+            ("fixed 5", fixed),
+        ):
             t0 = time.time()
             null = seq_rates(d, cv, 0.0, trials, seed)
             p5 = seq_rates(d, cv, 0.05, trials, seed + 1)
@@ -199,10 +250,13 @@ def part2(trials: int, seed: int, startup_s: float) -> None:
             every = null["mean"] * cells_per_round * cell_s / 60.0
             first = cells_per_round * (cell_s + (null["mean"] - 1) * cell_no_mmmu_s) / 60.0
             dec = null["decided"]
-            print(f"| {name} | {100 * cv:g} % | {null['false']:.1%} | {p5['power']:.0%} | "
-                  f"{p10['power']:.0%} | {null['mean']:.1f} / {null['p90']:.0f} | {dec:.1f} | "
-                  f"{every:.0f} | {dec / (every / 60.0):.1f} | {first:.0f} | "
-                  f"{dec / (first / 60.0):.1f} |", flush=True)
+            print(
+                f"| {name} | {100 * cv:g} % | {null['false']:.1%} | {p5['power']:.0%} | "
+                f"{p10['power']:.0%} | {null['mean']:.1f} / {null['p90']:.0f} | {dec:.1f} | "
+                f"{every:.0f} | {dec / (every / 60.0):.1f} | {first:.0f} | "
+                f"{dec / (first / 60.0):.1f} |",
+                flush=True,
+            )
             print(f"<!-- {time.time() - t0:.1f} s -->", file=sys.stderr)
 
 
@@ -211,9 +265,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", type=Path, default=REPO / "configs" / "nightly-h200.yaml")
     p.add_argument("--trials", type=int, default=400)
     p.add_argument("--seed", type=int, default=20260101)
-    p.add_argument("--startup-s", type=float, default=60.0,
-                   help="assumed sglang server start-up per cell on the H200 (s); not measured "
-                        "in this repository")
+    p.add_argument(
+        "--startup-s",
+        type=float,
+        default=60.0,
+        help="assumed sglang server start-up per cell on the H200 (s); not measured "
+        "in this repository",
+    )
     p.add_argument("--part", choices=("1", "2", "both"), default="both")
     a = p.parse_args(argv)
     if a.part in ("1", "both"):

@@ -1,6 +1,7 @@
 """Nightly gates (patchbench/gates.py): the tests against scipy / statsmodels, Holm across the
 night, and each outcome (fail, warn, pass, inconclusive, ungated, skipped, missing) on hand-made
 nights."""
+
 from __future__ import annotations
 
 import math
@@ -9,8 +10,16 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from patchbench.gates import (Gate, NightlySettings, evaluate, holm_levels, night_outcome,
-                              nights_test, paired_test, welch_test)
+from patchbench.gates import (
+    Gate,
+    NightlySettings,
+    evaluate,
+    holm_levels,
+    night_outcome,
+    nights_test,
+    paired_test,
+    welch_test,
+)
 from patchbench.history import Night
 
 TPUT = "output_throughput_tok_s"
@@ -20,15 +29,23 @@ KV = ("patched", "serving", TPUT)
 
 
 def night(i: int, values: dict, run_id: str | None = None) -> Night:
-    return Night(run_id=run_id or f"n{i:02d}", night_utc=f"2026-01-{i:02d}T03:00:00Z",
-                 config_name="c", baseline="baseline", values=dict(values),
-                 units={("serving", TPUT): "tok/s", ("serving", ITL): "ms"},
-                 better={("serving", TPUT): "higher", ("serving", ITL): "lower"})
+    return Night(
+        run_id=run_id or f"n{i:02d}",
+        night_utc=f"2026-01-{i:02d}T03:00:00Z",
+        config_name="c",
+        baseline="baseline",
+        values=dict(values),
+        units={("serving", TPUT): "tok/s", ("serving", ITL): "ms"},
+        better={("serving", TPUT): "higher", ("serving", ITL): "lower"},
+    )
 
 
 def settings(**gate_kw) -> NightlySettings:
-    kw = {k: gate_kw.pop(k) for k in list(gate_kw) if k in ("alpha", "min_repeats",
-                                                             "history_test", "pass_alpha")}
+    kw = {
+        k: gate_kw.pop(k)
+        for k in list(gate_kw)
+        if k in ("alpha", "min_repeats", "history_test", "pass_alpha")
+    }
     gate = dict(metric=f"serving.{TPUT}", threshold_pct=5, against="same_run") | gate_kw
     return NightlySettings(window_nights=5, min_history_nights=3, gates=[Gate(**gate)], **kw)
 
@@ -58,8 +75,9 @@ def test_paired_test_matches_scipy_ttest_rel_on_logs():
 def test_welch_test_matches_scipy():
     tonight, nights = [90.0, 93.0, 91.0], [[100.0, 99.0, 101.0], [98.0, 102.0, 100.0]]
     t = welch_test(tonight, nights, bad=-1)
-    ref = stats.ttest_ind(np.log(tonight), np.log([x for n in nights for x in n]),
-                          equal_var=False, alternative="less")
+    ref = stats.ttest_ind(
+        np.log(tonight), np.log([x for n in nights for x in n]), equal_var=False, alternative="less"
+    )
     assert t.p == pytest.approx(ref.pvalue, rel=1e-9)
 
 
@@ -74,11 +92,13 @@ def test_nights_test_by_hand():
 
 def test_holm_matches_statsmodels():
     from statsmodels.stats.multitest import multipletests
+
     p = [0.01, 0.04, 0.03, 0.005, 0.2]
     got = [r for r, _ in holm_levels(p, 0.05)]
     assert got == list(multipletests(p, alpha=0.05, method="holm")[0])
     assert [lvl for _, lvl in holm_levels(p, 0.05)] == pytest.approx(
-        [0.05 / 4, 0.05 / 2, 0.05 / 3, 0.05 / 5, 0.05 / 1])
+        [0.05 / 4, 0.05 / 2, 0.05 / 3, 0.05 / 5, 0.05 / 1]
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -89,9 +109,11 @@ def test_clear_regression_fails_with_numbers():
     t = night(28, {KB: [100.0, 101.0, 99.0], KV: [90.0, 91.0, 89.0]}, "tonight")
     [r] = evaluate([], t, settings())
     assert (r.kind, r.variant, r.status) == ("same_run", "patched", "fail")
-    assert r.change_pct == pytest.approx(100 * math.expm1(np.mean(np.log([.9, 91 / 101, 89 / 99]))))
+    assert r.change_pct == pytest.approx(
+        100 * math.expm1(np.mean(np.log([0.9, 91 / 101, 89 / 99])))
+    )
     assert r.value == 90.0 and r.reference == 100.0 and r.n == 3
-    assert r.level == pytest.approx(1 / 30)               # one test: the whole budget
+    assert r.level == pytest.approx(1 / 30)  # one test: the whole budget
     assert "worse than the 5 % threshold" in r.reason
 
 
@@ -103,8 +125,11 @@ def test_one_repeat_never_gates_even_on_a_large_change():
 
 
 def test_quiet_night_passes_and_noisy_night_is_inconclusive():
-    t = night(28, {KB: [100.0, 101.0, 99.0, 100.0, 100.0],
-                   KV: [100.5, 101.0, 99.2, 100.1, 99.9]}, "tonight")
+    t = night(
+        28,
+        {KB: [100.0, 101.0, 99.0, 100.0, 100.0], KV: [100.5, 101.0, 99.2, 100.1, 99.9]},
+        "tonight",
+    )
     [r] = evaluate([], t, settings())
     assert r.status == "pass" and r.bound_pct > -5.0
     t = night(28, {KB: [100.0, 100.0, 100.0], KV: [110.0, 90.0, 100.0]}, "tonight")
@@ -115,7 +140,7 @@ def test_quiet_night_passes_and_noisy_night_is_inconclusive():
 
 def test_significant_but_within_threshold_is_not_red():
     t = night(28, {KB: [100.0, 101.0, 99.0, 100.0], KV: [98.0, 99.0, 97.0, 98.0]}, "tonight")
-    [r] = evaluate([], t, settings())          # -2 %, tight: shown not worse than -5 %
+    [r] = evaluate([], t, settings())  # -2 %, tight: shown not worse than -5 %
     assert r.status == "pass" and r.change_pct == pytest.approx(-2.0, abs=0.01)
 
 
@@ -124,7 +149,7 @@ def test_lower_is_better_and_explicit_direction():
     t = night(28, {kb: [50.0, 51.0, 49.0], kv: [56.0, 57.0, 55.0]}, "tonight")
     [r] = evaluate([], t, settings(metric=ITL))
     assert r.better == "lower" and r.status == "fail"
-    [r] = evaluate([], t, settings(metric=ITL, direction="higher"))   # slower is "better" now
+    [r] = evaluate([], t, settings(metric=ITL, direction="higher"))  # slower is "better" now
     assert r.status == "pass"
 
 
@@ -133,16 +158,18 @@ def test_holm_across_the_nights_tests():
     # while the throughput test is far from significant
     kb, kv = ("baseline", "serving", ITL), ("patched", "serving", ITL)
     b = [50.0, 50.0, 50.0, 50.0]
-    d = np.array([0.08, 0.10, 0.06, 0.12])           # +10 % ITL on average, some spread
+    d = np.array([0.08, 0.10, 0.06, 0.12])  # +10 % ITL on average, some spread
     v = list(50.0 * np.exp(d))
     p = stats.ttest_1samp(d, 0.0, alternative="greater").pvalue
-    alpha = 1.6 * p                                  # p < alpha but p > alpha / 2
+    alpha = 1.6 * p  # p < alpha but p > alpha / 2
     vals = {kb: b, kv: v, KB: [100.0, 100.0, 100.0, 100.0], KV: [120.0, 80.0, 101.0, 99.0]}
-    one = NightlySettings(alpha=alpha, gates=[Gate(metric=ITL, threshold_pct=5,
-                                                   against="same_run")])
+    one = NightlySettings(
+        alpha=alpha, gates=[Gate(metric=ITL, threshold_pct=5, against="same_run")]
+    )
     assert only(evaluate([], night(28, vals, "t"), one), metric=ITL).status == "fail"
-    two = one.model_copy(update={"gates": one.gates + [Gate(metric=TPUT, threshold_pct=5,
-                                                            against="same_run")]})
+    two = one.model_copy(
+        update={"gates": one.gates + [Gate(metric=TPUT, threshold_pct=5, against="same_run")]}
+    )
     res = evaluate([], night(28, vals, "t"), two)
     r = only(res, metric=ITL)
     assert r.status == "inconclusive" and r.level == pytest.approx(alpha / 2)
@@ -170,8 +197,13 @@ def test_aa_variants_are_not_gated_against_the_baseline():
 # ---------------------------------------------------------------------------------------------
 # history gate
 
-HIST = [[100.0, 101.0, 99.0], [102.0, 101.0, 100.0], [98.0, 99.0, 100.0], [101.0, 100.0, 102.0],
-        [99.0, 98.0, 100.0]]
+HIST = [
+    [100.0, 101.0, 99.0],
+    [102.0, 101.0, 100.0],
+    [98.0, 99.0, 100.0],
+    [101.0, 100.0, 102.0],
+    [99.0, 98.0, 100.0],
+]
 
 
 def hist_settings(**kw) -> NightlySettings:
@@ -191,7 +223,7 @@ def test_history_step_fails_and_steady_passes():
 def test_history_window_is_the_last_k_nights_and_later_nights_are_ignored():
     prior = [night(i + 1, {KB: [200.0, 201.0, 199.0]}) for i in range(2)]
     prior += [night(i + 3, {KB: v}) for i, v in enumerate(HIST)]
-    prior.append(night(29, {KB: [10.0, 10.0, 10.0]}))             # after tonight
+    prior.append(night(29, {KB: [10.0, 10.0, 10.0]}))  # after tonight
     [r] = evaluate(prior, night(28, {KB: [100.0, 100.5, 99.5]}, "tonight"), hist_settings())
     assert r.window_run_ids == [f"n{i:02d}" for i in range(3, 8)] and r.status == "pass"
 
@@ -202,8 +234,9 @@ def test_history_warming_up_is_skipped_and_welch_is_selectable():
     assert r.status == "skipped" and "warming up: 2 night(s)" in r.reason
     assert night_outcome([r]) == "green"
     prior = [night(i + 1, {KB: v}) for i, v in enumerate(HIST)]
-    [r] = evaluate(prior, night(28, {KB: [90.0, 91.0, 89.0]}, "tonight"),
-                   hist_settings(history_test="welch"))
+    [r] = evaluate(
+        prior, night(28, {KB: [90.0, 91.0, 89.0]}, "tonight"), hist_settings(history_test="welch")
+    )
     assert r.status == "fail" and r.test.startswith("Welch")
     assert r.p_value == pytest.approx(welch_test([90.0, 91.0, 89.0], HIST, -1).p)
 
@@ -220,7 +253,7 @@ def test_history_consecutive_judges_the_streak_against_the_nights_before_it():
 
 def test_a_bad_night_leaves_the_reference_so_the_next_clean_night_is_green():
     prior = [night(i + 1, {KB: v}) for i, v in enumerate(HIST)]
-    prior.append(night(6, {KB: [80.0, 81.0, 79.0]}))                  # a red night
+    prior.append(night(6, {KB: [80.0, 81.0, 79.0]}))  # a red night
     [r] = evaluate(prior, night(28, {KB: [100.0, 100.5, 99.5]}, "tonight"), hist_settings())
     assert r.status == "pass" and "n06" not in r.window_run_ids
     # a step that persists stays red until history_since accepts the new level

@@ -2,6 +2,7 @@
 
 Run folders are synthetic (tests/helpers_runs.py); nothing starts a server.
 """
+
 from __future__ import annotations
 
 import sqlite3
@@ -11,30 +12,65 @@ from pathlib import Path
 import pytest
 
 from patchbench import records
-from patchbench.history import (SCHEMA_VERSION, Comparison, History, HistoryCorrupt, HistoryError,
-                                HistoryLocked, HistorySchemaError, Night, night_from_run)
+from patchbench.history import (
+    SCHEMA_VERSION,
+    Comparison,
+    History,
+    HistoryCorrupt,
+    HistoryError,
+    HistoryLocked,
+    HistorySchemaError,
+    Night,
+    night_from_run,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers_runs import make_run  # noqa: E402
+from helpers_runs import make_run
 
 TPUT = "output_throughput_tok_s"
 
 
 def _run(tmp_path: Path, run_id: str = "20260101T000000Z-nightly-test", **kw) -> Path:
-    kw.setdefault("metrics", {"serving": {TPUT: {"baseline": [100.0, 104.0, 98.0],
-                                                 "patched": [90.0, 92.0, 91.0]},
-                                          "ttft_median_ms": {"baseline": [10.0, 12.0, 11.0],
-                                                             "patched": [10.0, 10.0, 13.0]}}})
+    kw.setdefault(
+        "metrics",
+        {
+            "serving": {
+                TPUT: {"baseline": [100.0, 104.0, 98.0], "patched": [90.0, 92.0, 91.0]},
+                "ttft_median_ms": {"baseline": [10.0, 12.0, 11.0], "patched": [10.0, 10.0, 13.0]},
+            }
+        },
+    )
     run = make_run(tmp_path, run_id=run_id, name="nightly-test", **kw)
-    records.write_json(run / "compare.json", {
-        "schema": 1, "run_id": run_id, "baseline": "baseline", "variants": ["patched"],
-        "aa_variants": [],
-        "metrics": [{"suite": "serving", "metric": TPUT, "unit": "tok/s", "better": "higher",
-                     "variant": "patched", "baseline_median": 100.0, "variant_median": 91.0,
-                     "baseline_repeats": [100.0, 104.0, 98.0], "variant_repeats": [90.0, 92.0, 91.0],
-                     "change_pct": -9.0, "ci_low_pct": -12.0, "ci_high_pct": -6.0,
-                     "ci_method": "t on log ratio (n=3)", "noise_floor_pct": None,
-                     "verdict": "regressed", "notes": []}]})
+    records.write_json(
+        run / "compare.json",
+        {
+            "schema": 1,
+            "run_id": run_id,
+            "baseline": "baseline",
+            "variants": ["patched"],
+            "aa_variants": [],
+            "metrics": [
+                {
+                    "suite": "serving",
+                    "metric": TPUT,
+                    "unit": "tok/s",
+                    "better": "higher",
+                    "variant": "patched",
+                    "baseline_median": 100.0,
+                    "variant_median": 91.0,
+                    "baseline_repeats": [100.0, 104.0, 98.0],
+                    "variant_repeats": [90.0, 92.0, 91.0],
+                    "change_pct": -9.0,
+                    "ci_low_pct": -12.0,
+                    "ci_high_pct": -6.0,
+                    "ci_method": "t on log ratio (n=3)",
+                    "noise_floor_pct": None,
+                    "verdict": "regressed",
+                    "notes": [],
+                }
+            ],
+        },
+    )
     return run
 
 
@@ -54,12 +90,12 @@ def test_night_from_run_reads_summaries_compare_and_manifest(tmp_path):
     night = night_from_run(_run(tmp_path))
     assert night.run_id == "20260101T000000Z-nightly-test"
     assert night.config_name == "nightly-test"
-    assert night.night_utc == "2026-01-01T00:00:00Z"          # manifest started_at
+    assert night.night_utc == "2026-01-01T00:00:00Z"  # manifest started_at
     assert night.git_sha == "deadbeef" * 5
     assert night.baseline == "baseline"
     assert night.status == "ok" and night.problems == []
     assert night.values[("baseline", "serving", TPUT)] == [100.0, 104.0, 98.0]
-    assert night.median(("baseline", "serving", TPUT)) == 100.0   # median of 98, 100, 104
+    assert night.median(("baseline", "serving", TPUT)) == 100.0  # median of 98, 100, 104
     assert night.median(("patched", "serving", "ttft_median_ms")) == 10.0
     c = night.comparisons[("patched", "serving", TPUT)]
     assert (c.change_pct, c.ci_low_pct, c.ci_high_pct) == (-9.0, -12.0, -6.0)
@@ -83,7 +119,7 @@ def test_record_and_read_back_round_trip(tmp_path):
     night = night_from_run(_run(tmp_path))
     with History(tmp_path / "h.sqlite") as h:
         assert h.record(night) is True
-        assert h.record(night) is False                 # same run_id: nothing changes
+        assert h.record(night) is False  # same run_id: nothing changes
         assert h.count_nights("nightly-test") == 1
         [back] = h.nights("nightly-test")
     assert back.run_id == night.run_id and back.night_utc == night.night_utc
@@ -91,25 +127,34 @@ def test_record_and_read_back_round_trip(tmp_path):
     assert back.comparisons == night.comparisons
     assert back.median(("baseline", "serving", TPUT)) == 100.0
     con = sqlite3.connect(tmp_path / "h.sqlite")
-    assert con.execute("SELECT median, n_repeats FROM metric_values WHERE variant='patched' AND "
-                       "metric=?", (TPUT,)).fetchone() == (91.0, 3)
+    assert con.execute(
+        "SELECT median, n_repeats FROM metric_values WHERE variant='patched' AND metric=?", (TPUT,)
+    ).fetchone() == (91.0, 3)
     assert con.execute("SELECT COUNT(*) FROM repeat_values").fetchone() == (12,)  # 2 x 2 x 3
     con.close()
 
 
 def _night(run_id: str, utc: str, config: str = "c", value: float = 1.0) -> Night:
-    return Night(run_id=run_id, night_utc=utc, config_name=config, baseline="b",
-                 values={("b", "s", "x_ms"): [value]})
+    return Night(
+        run_id=run_id,
+        night_utc=utc,
+        config_name=config,
+        baseline="b",
+        values={("b", "s", "x_ms"): [value]},
+    )
 
 
 def test_nights_order_filters_and_limit(tmp_path):
     with History(tmp_path / "h.sqlite") as h:
-        for i, day in enumerate([3, 1, 2, 4]):
+        for day in [3, 1, 2, 4]:
             h.record(_night(f"r{day}", f"2026-01-0{day}T00:00:00Z", value=float(day)))
         h.record(_night("other", "2026-01-02T00:00:00Z", config="d"))
         assert [n.run_id for n in h.nights("c")] == ["r1", "r2", "r3", "r4"]
-        assert [n.run_id for n in h.nights("c", before_utc="2026-01-04T00:00:00Z")] == \
-            ["r1", "r2", "r3"]
+        assert [n.run_id for n in h.nights("c", before_utc="2026-01-04T00:00:00Z")] == [
+            "r1",
+            "r2",
+            "r3",
+        ]
         assert [n.run_id for n in h.nights("c", exclude_run_id="r2", limit=2)] == ["r3", "r4"]
         assert h.count_nights() == 5
 
@@ -124,7 +169,7 @@ def test_a_failing_append_leaves_nothing(tmp_path):
         con = sqlite3.connect(tmp_path / "h.sqlite")
         assert con.execute("SELECT COUNT(*) FROM metric_values").fetchone() == (0,)
         con.close()
-        assert h.record(_night("r1", "2026-01-01T00:00:00Z")) is True   # usable afterwards
+        assert h.record(_night("r1", "2026-01-01T00:00:00Z")) is True  # usable afterwards
 
 
 def test_locked_database_names_path_and_loses_nothing(tmp_path):
@@ -147,7 +192,7 @@ def test_locked_database_names_path_and_loses_nothing(tmp_path):
         h.record(_night("r2", "2026-01-02T00:00:00Z"))
     holder.execute("ROLLBACK")
     holder.close()
-    assert h.record(_night("r2", "2026-01-02T00:00:00Z")) is True   # the retry appends it
+    assert h.record(_night("r2", "2026-01-02T00:00:00Z")) is True  # the retry appends it
     assert [n.run_id for n in h.nights("c")] == ["r1", "r2"]
     h.close()
 
@@ -168,7 +213,7 @@ def test_truncated_database_is_corrupt(tmp_path):
         for i in range(1, 9):
             h.record(_night(f"r{i}", f"2026-01-0{i}T00:00:00Z"))
     data = path.read_bytes()
-    path.write_bytes(data[:100] + b"\xff" * 200 + data[300:])   # scribble over the header page
+    path.write_bytes(data[:100] + b"\xff" * 200 + data[300:])  # scribble over the header page
     before = path.read_bytes()
     with pytest.raises(HistoryCorrupt, match=str(path)):
         with History(path) as h:
@@ -218,8 +263,9 @@ def test_failed_repeat_round_trips_as_none(tmp_path):
         [back] = h.nights("nightly-test")
     assert back.values[("patched", "serving", TPUT)] == [90.0, None, 91.0]
     con = sqlite3.connect(tmp_path / "h.sqlite")
-    assert con.execute("SELECT n_repeats FROM metric_values WHERE variant='patched' AND metric=?",
-                       (TPUT,)).fetchone() == (2,)
+    assert con.execute(
+        "SELECT n_repeats FROM metric_values WHERE variant='patched' AND metric=?", (TPUT,)
+    ).fetchone() == (2,)
     con.close()
 
 
@@ -244,7 +290,7 @@ def test_version_1_file_is_migrated_on_open(tmp_path):
 def test_night_time_comes_from_the_typed_manifest(tmp_path):
     run = _run(tmp_path, run_id="20260105T000000Z-nightly-test")
     m = records.read_json(run / "manifest.json")
-    m["started_at"] = "2026-01-05T04:30:00+01:00"          # any offset, stored as UTC
+    m["started_at"] = "2026-01-05T04:30:00+01:00"  # any offset, stored as UTC
     records.write_json(run / "manifest.json", m)
     assert night_from_run(run).night_utc == "2026-01-05T03:30:00Z"
     # a guessed spelling is not read: without started_at the folder's stamp is the time
@@ -260,9 +306,10 @@ def test_night_time_comes_from_the_typed_manifest(tmp_path):
 
 def test_older_manifest_schema_is_migrated_and_newer_refused(tmp_path):
     from patchbench.runfolder import SchemaTooNew
+
     run = _run(tmp_path)
     m = records.read_json(run / "manifest.json")
-    m["schema"] = 1                                         # version-1 spelling of the version
+    m["schema"] = 1  # version-1 spelling of the version
     records.write_json(run / "manifest.json", m)
     assert night_from_run(run).night_utc == "2026-01-01T00:00:00Z"
     m.pop("schema")

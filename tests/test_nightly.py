@@ -4,6 +4,7 @@ The gate rules themselves are tested in tests/test_gates.py. Everything but the 
 synthetic run folders (tests/helpers_runs.py); the e2e test drives the real runner
 (patchbench.bench.run_bench) on the CPU.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,11 +23,19 @@ from patchbench import records
 from patchbench.config import ConfigError, load_config
 from patchbench.errors import EXIT_UNDERPOWERED
 from patchbench.history import History
-from patchbench.nightly import (DEFAULT_HISTORY, HISTORY_ENV, Gate, NightlySettings, cli,
-                                history_path, night_from_compare, nightly_on_run, plot_trend)
+from patchbench.nightly import (
+    DEFAULT_HISTORY,
+    HISTORY_ENV,
+    Gate,
+    NightlySettings,
+    cli,
+    history_path,
+    nightly_on_run,
+    plot_trend,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers_runs import make_run  # noqa: E402
+from helpers_runs import make_run
 
 TPUT = "output_throughput_tok_s"
 
@@ -36,26 +45,41 @@ def test_settings_defaults():
     assert s.history_path == DEFAULT_HISTORY == "~/.cache/patchbench/history.sqlite"
     assert (s.window_nights, s.min_history_nights, s.gates) == (7, 3, [])
     g = Gate(metric="serving.itl_p99_ms", threshold_pct=3)
-    assert (g.suite, g.metric_name, g.against, g.consecutive_nights) == \
-        ("serving", "itl_p99_ms", "both", 1)
+    assert (g.suite, g.metric_name, g.against, g.consecutive_nights) == (
+        "serving",
+        "itl_p99_ms",
+        "both",
+        1,
+    )
     with pytest.raises(ValueError, match="extra"):
         NightlySettings(gates=[{"metric": "x_ms", "threshold_pct": 1, "treshold": 2}])
 
 
 def _write_config(tmp_path: Path, nightly: dict, name: str = "nightly-test") -> Path:
     path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": name, "sglang": "0.5.1.post3", "model": {"path": "/nonexistent", "tiny": True},
-        "variants": {"baseline": [], "patched": []}, "suites": {}, "nightly": nightly}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": name,
+                "sglang": "0.5.1.post3",
+                "model": {"path": "/nonexistent", "tiny": True},
+                "variants": {"baseline": [], "patched": []},
+                "suites": {},
+                "nightly": nightly,
+            }
+        )
+    )
     return path
 
 
 def test_config_loader_validates_the_nightly_section(tmp_path):
-    ok = _write_config(tmp_path, {"window_nights": 3,
-                                  "gates": [{"metric": f"serving.{TPUT}", "threshold_pct": 5}]})
-    assert load_config(ok).nightly.window_nights == 3          # typed: NightlySettings
-    bad = _write_config(tmp_path, {"gates": [{"metric": "x_ms", "threshold_pct": 5, "bogus": 1}]},
-                        name="bad")
+    ok = _write_config(
+        tmp_path, {"window_nights": 3, "gates": [{"metric": f"serving.{TPUT}", "threshold_pct": 5}]}
+    )
+    assert load_config(ok).nightly.window_nights == 3  # typed: NightlySettings
+    bad = _write_config(
+        tmp_path, {"gates": [{"metric": "x_ms", "threshold_pct": 5, "bogus": 1}]}, name="bad"
+    )
     with pytest.raises(ConfigError, match=r"nightly\.gates\.0\.bogus"):
         load_config(bad)
 
@@ -76,26 +100,49 @@ def test_history_path_precedence(tmp_path, monkeypatch):
 # the job on synthetic run folders
 
 
-def make_night(root: Path, day: int, base: list[float], var: list[float],
-               name: str = "nightly-test") -> Path:
+def make_night(
+    root: Path, day: int, base: list[float], var: list[float], name: str = "nightly-test"
+) -> Path:
     """A run folder for night ``day``: serving throughput per repeat for both variants."""
     run_id = f"202601{day:02d}T030000Z-{name}"
-    run = make_run(root, run_id=run_id, name=name,
-                   metrics={"serving": {TPUT: {"baseline": base, "patched": var}}})
+    run = make_run(
+        root,
+        run_id=run_id,
+        name=name,
+        metrics={"serving": {TPUT: {"baseline": base, "patched": var}}},
+    )
     m = records.read_json(run / "manifest.json")
     m["started_at"] = f"2026-01-{day:02d}T03:00:00Z"
     records.write_json(run / "manifest.json", m)
-    records.write_json(run / "compare.json", {
-        "schema": 1, "run_id": run_id, "baseline": "baseline", "variants": ["patched"],
-        "aa_variants": [],
-        "metrics": [{"suite": "serving", "metric": TPUT, "unit": "tok/s", "better": "higher",
-                     "variant": "patched", "baseline_repeats": base, "variant_repeats": var,
-                     "verdict": "", "notes": []}]})
+    records.write_json(
+        run / "compare.json",
+        {
+            "schema": 1,
+            "run_id": run_id,
+            "baseline": "baseline",
+            "variants": ["patched"],
+            "aa_variants": [],
+            "metrics": [
+                {
+                    "suite": "serving",
+                    "metric": TPUT,
+                    "unit": "tok/s",
+                    "better": "higher",
+                    "variant": "patched",
+                    "baseline_repeats": base,
+                    "variant_repeats": var,
+                    "verdict": "",
+                    "notes": [],
+                }
+            ],
+        },
+    )
     return run
 
 
-JOB = NightlySettings(window_nights=7, min_history_nights=2,
-                      gates=[Gate(metric=f"serving.{TPUT}", threshold_pct=5)])
+JOB = NightlySettings(
+    window_nights=7, min_history_nights=2, gates=[Gate(metric=f"serving.{TPUT}", threshold_pct=5)]
+)
 
 
 def clean(day: int) -> tuple[list[float], list[float]]:
@@ -142,7 +189,7 @@ def test_job_green_red_red_and_recovery(tmp_path):
 
 
 def test_one_repeat_night_is_not_gated_and_exits_5(tmp_path):
-    run = make_night(tmp_path, 1, [100.0], [50.0])          # a huge change, one repeat
+    run = make_night(tmp_path, 1, [100.0], [50.0])  # a huge change, one repeat
     out = nightly_on_run(run, JOB, history=tmp_path / "h.sqlite")
     assert out.exit_code == EXIT_UNDERPOWERED == 5 and out.outcome == "underpowered"
     [r] = [r for r in out.results if r.kind == "same_run"]
@@ -186,10 +233,10 @@ def test_locked_history_exits_3_keeps_the_night_and_record_only_appends_it(tmp_p
     md = (run3 / "nightly.md").read_text()
     assert "HISTORY UNAVAILABLE" in md and str(h) in md and "locked" in md
     assert f"patchbench nightly --record-only {run3} --history {h}" in md
-    assert "and 1 regression(s)" in md                   # the same-run gate still ran
+    assert "and 1 regression(s)" in md  # the same-run gate still ran
     assert next(r for r in out.results if r.kind == "same_run").status == "fail"
     with History(h) as hh:
-        assert hh.count_nights() == 2                    # nothing half-written
+        assert hh.count_nights() == 2  # nothing half-written
     rc = cli(["--record-only", str(run3), "--history", str(h)])
     assert rc == 0 and "recorded 20260103T030000Z-nightly-test" in capsys.readouterr().out
     with History(h) as hh:
@@ -211,8 +258,10 @@ def test_corrupted_history_exits_3_and_is_left_untouched(tmp_path):
 
 def test_failed_cells_exit_4(tmp_path):
     run = make_night(tmp_path, 1, *clean(1))
-    records.write_json(run / "patched/rep1/cell.json", {"variant": "patched", "repeat": 1,
-                                                        "status": "failed", "error": "server died"})
+    records.write_json(
+        run / "patched/rep1/cell.json",
+        {"variant": "patched", "repeat": 1, "status": "failed", "error": "server died"},
+    )
     out = nightly_on_run(run, JOB, history=tmp_path / "h.sqlite")
     assert out.exit_code == 4
     assert "server died" in (run / "nightly.md").read_text()
@@ -227,16 +276,27 @@ def test_gate_config_error_exits_2(tmp_path):
 def test_trend_plot_has_title_units_legend_and_run_id():
     from patchbench.gates import evaluate
     from patchbench.history import Night
+
     key = ("baseline", "serving", TPUT)
 
     def n(i, vals, rid=None):
-        return Night(run_id=rid or f"n{i:02d}", night_utc=f"2026-01-{i:02d}T03:00:00Z",
-                     config_name="c", baseline="baseline", values={key: vals},
-                     units={("serving", TPUT): "tok/s"}, better={("serving", TPUT): "higher"})
+        return Night(
+            run_id=rid or f"n{i:02d}",
+            night_utc=f"2026-01-{i:02d}T03:00:00Z",
+            config_name="c",
+            baseline="baseline",
+            values={key: vals},
+            units={("serving", TPUT): "tok/s"},
+            better={("serving", TPUT): "higher"},
+        )
+
     prior = [n(1, [100.0, 101.0, 99.0]), n(2, [99.0, 100.0, 98.0]), n(3, [102.0, 101.0, 100.0])]
     t = n(28, [90.0, 91.0, 89.0], "tonight")
-    s = NightlySettings(window_nights=3, min_history_nights=3,
-                        gates=[Gate(metric=TPUT, threshold_pct=5, against="history")])
+    s = NightlySettings(
+        window_nights=3,
+        min_history_nights=3,
+        gates=[Gate(metric=TPUT, threshold_pct=5, against="history")],
+    )
     res = evaluate(prior, t, s)
     assert [r.status for r in res] == ["fail"]
     fig = plot_trend(prior, t, "serving", TPUT, res, s)
@@ -244,10 +304,14 @@ def test_trend_plot_has_title_units_legend_and_run_id():
     assert ax.get_title() == f"serving.{TPUT}: nightly trend (c)"
     assert ax.get_xlabel() == "night (UTC)" and ax.get_ylabel() == f"{TPUT} [tok/s]"
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert labels == ["baseline: nightly median", "baseline: runs of last 3 nights",
-                      "baseline: tonight (REGRESSION)"]
+    assert labels == [
+        "baseline: nightly median",
+        "baseline: runs of last 3 nights",
+        "baseline: tonight (REGRESSION)",
+    ]
     assert any(x.get_text() == "run tonight" for x in fig.texts)
     import matplotlib.pyplot as plt
+
     plt.close(fig)
 
 
@@ -272,20 +336,27 @@ def _fake_bench(monkeypatch, run_bench):
 
 
 def _cli_config(tmp_path: Path) -> Path:
-    return _write_config(tmp_path, {"history_path": str(tmp_path / "cfg-history.sqlite"),
-                                    "gates": [{"metric": f"serving.{TPUT}", "threshold_pct": 5}]})
+    return _write_config(
+        tmp_path,
+        {
+            "history_path": str(tmp_path / "cfg-history.sqlite"),
+            "gates": [{"metric": f"serving.{TPUT}", "threshold_pct": 5}],
+        },
+    )
 
 
 def test_cli_runs_the_config_records_and_gates(tmp_path, monkeypatch):
     monkeypatch.delenv(HISTORY_ENV, raising=False)
     cfg = _cli_config(tmp_path)
-    runs = iter([make_night(tmp_path, d, *clean(d)) for d in (1, 2)]
-                + [make_night(tmp_path, 3, [100.0, 101.0, 99.0], [90.0, 91.0, 89.0])])
+    runs = iter(
+        [make_night(tmp_path, d, *clean(d)) for d in (1, 2)]
+        + [make_night(tmp_path, 3, [100.0, 101.0, 99.0], [90.0, 91.0, 89.0])]
+    )
     seen = []
     _fake_bench(monkeypatch, lambda fake, path: seen.append(path) or next(runs))
     assert [cli([str(cfg)]) for _ in range(3)] == [0, 0, 1]
     assert seen == [str(cfg)] * 3
-    with History(tmp_path / "cfg-history.sqlite") as h:   # the config's history_path
+    with History(tmp_path / "cfg-history.sqlite") as h:  # the config's history_path
         assert h.count_nights("nightly-test") == 3
 
 
@@ -294,11 +365,13 @@ def test_cli_environment_and_run_failures(tmp_path, monkeypatch):
 
     def env(fake, path):
         raise fake.EnvironmentNotReady("sglang 0.5.23 installed, config pins 0.5.1.post3")
+
     _fake_bench(monkeypatch, env)
     assert cli([str(cfg), "--history", str(tmp_path / "h.sqlite")]) == 3
 
     def failed(fake, path):
         raise fake.RunFailed("every cell failed")
+
     _fake_bench(monkeypatch, failed)
     assert cli([str(cfg), "--history", str(tmp_path / "h.sqlite")]) == 4
 
@@ -308,10 +381,11 @@ def test_cli_environment_and_run_failures(tmp_path, monkeypatch):
         e = fake.RunFailed("cell patched/rep1 failed")
         e.run_dir = partial
         raise e
+
     _fake_bench(monkeypatch, failed_with_folder)
     assert cli([str(cfg), "--history", str(tmp_path / "h.sqlite")]) == 4
     assert "cell patched/rep1 failed" in (partial / "nightly.md").read_text()
-    assert not (tmp_path / "cfg-history.sqlite").exists()   # --history won over the config
+    assert not (tmp_path / "cfg-history.sqlite").exists()  # --history won over the config
 
 
 def test_cli_usage_errors(tmp_path):
@@ -324,8 +398,9 @@ def test_cli_usage_errors(tmp_path):
 def test_cli_from_run_uses_settings_of_the_run_manifest(tmp_path):
     run = make_night(tmp_path, 1, *clean(1))
     m = records.read_json(run / "manifest.json")
-    m["config"]["nightly"] = {"gates": [{"metric": f"serving.{TPUT}", "threshold_pct": 5,
-                                         "against": "same_run"}]}
+    m["config"]["nightly"] = {
+        "gates": [{"metric": f"serving.{TPUT}", "threshold_pct": 5, "against": "same_run"}]
+    }
     records.write_json(run / "manifest.json", m)
     assert cli(["--from-run", str(run), "--history", str(tmp_path / "h.sqlite")]) == 0
     js = json.loads((run / "nightly.json").read_text())
@@ -364,6 +439,7 @@ def _patches_with_slowdown(dest: Path, version: str) -> Path:
     import sglang
 
     from patchbench.patchset import unified_diff
+
     shutil.copytree(REPO / "patches", dest)
     old = (Path(sglang.__file__).parent.parent / FBI).read_bytes()
     for name in (SLOW, SLOW2):
@@ -371,11 +447,25 @@ def _patches_with_slowdown(dest: Path, version: str) -> Path:
         d = dest / name
         d.mkdir()
         (d / f"{version}.diff").write_text(unified_diff(FBI, old, new))
-        (d / "manifest.yaml").write_text(yaml.safe_dump({
-            "name": name, "description": "test only: 0.3 s per forward batch",
-            "releases": {version: {"diff": f"{version}.diff", "files": {FBI: {
-                "before": hashlib.sha256(old).hexdigest(),
-                "after": hashlib.sha256(new).hexdigest()}}}}}))
+        (d / "manifest.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "name": name,
+                    "description": "test only: 0.3 s per forward batch",
+                    "releases": {
+                        version: {
+                            "diff": f"{version}.diff",
+                            "files": {
+                                FBI: {
+                                    "before": hashlib.sha256(old).hexdigest(),
+                                    "after": hashlib.sha256(new).hexdigest(),
+                                }
+                            },
+                        }
+                    },
+                }
+            )
+        )
     return dest
 
 
@@ -394,16 +484,23 @@ def _e2e_config(folder: Path, name: str, slow: str | None) -> Path:
     not the H200 calibration (scripts/calibrate_nightly.py does that)."""
     raw = yaml.safe_load(DEMO.read_text())
     raw["name"] = name
-    raw["variants"] = {"baseline": [SLOW] if slow == "both" else [],
-                       "candidate": [{None: "null-comment", "variant": SLOW, "both": SLOW2}[slow]]}
+    raw["variants"] = {
+        "baseline": [SLOW] if slow == "both" else [],
+        "candidate": [{None: "null-comment", "variant": SLOW, "both": SLOW2}[slow]],
+    }
     raw["baseline"] = "baseline"
     raw["schedule"] = {"repeats": 3, "order": "interleaved"}
     serving = dict((raw.get("suites") or {}).get("serving") or {})
     serving.update({"num_prompts": 8, "max_concurrency": 8, "output_len": 16})
     raw["suites"] = {"serving": serving}
-    raw["nightly"] = {"window_nights": 7, "min_history_nights": 2, "min_repeats": 3,
-                      "false_red_nights_per_month": 6, "pass_alpha": 0.2,
-                      "gates": [{"metric": f"serving.{E2E_METRIC}", "threshold_pct": 300}]}
+    raw["nightly"] = {
+        "window_nights": 7,
+        "min_history_nights": 2,
+        "min_repeats": 3,
+        "false_red_nights_per_month": 6,
+        "pass_alpha": 0.2,
+        "gates": [{"metric": f"serving.{E2E_METRIC}", "threshold_pct": 300}],
+    }
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -412,8 +509,10 @@ def _e2e_config(folder: Path, name: str, slow: str | None) -> Path:
 
 @pytest.mark.e2e
 @pytest.mark.timeout(3600)
-@pytest.mark.skipif(os.environ.get("PATCHBENCH_NIGHTLY_E2E") == "0",
-                    reason="five real nights (30 server launches); PATCHBENCH_NIGHTLY_E2E=0 skips them")
+@pytest.mark.skipif(
+    os.environ.get("PATCHBENCH_NIGHTLY_E2E") == "0",
+    reason="five real nights (30 server launches); PATCHBENCH_NIGHTLY_E2E=0 skips them",
+)
 def test_e2e_nightly_on_cpu(tmp_path, monkeypatch):
     """Two clean nights exit 0 (green); a night where only the candidate slows down exits 1 through
     the same-run gate (3 paired repeats); a night where both slow down exits 1 through the
@@ -423,15 +522,22 @@ def test_e2e_nightly_on_cpu(tmp_path, monkeypatch):
         pytest.skip(f"{DEMO} not there yet")
     bench = pytest.importorskip("patchbench.bench")
     import patchbench.config as pconfig
+
     version = yaml.safe_load(DEMO.read_text())["sglang"]
-    monkeypatch.setattr(pconfig, "PATCHES_DIR", _patches_with_slowdown(tmp_path / "patches", version))
+    monkeypatch.setattr(
+        pconfig, "PATCHES_DIR", _patches_with_slowdown(tmp_path / "patches", version)
+    )
     h = tmp_path / "history.sqlite"
     monkeypatch.setenv(HISTORY_ENV, str(h))
     results = tmp_path / "results"
     real_run_bench = bench.run_bench
     from patchbench.server import free_port
-    monkeypatch.setattr(bench, "run_bench", lambda path, **kw: real_run_bench(
-        path, results_root=results, port=free_port(), **kw))
+
+    monkeypatch.setattr(
+        bench,
+        "run_bench",
+        lambda path, **kw: real_run_bench(path, results_root=results, port=free_port(), **kw),
+    )
     name = "nightly-e2e"
 
     def last_nightly() -> dict:
@@ -443,12 +549,16 @@ def test_e2e_nightly_on_cpu(tmp_path, monkeypatch):
     assert cli([str(clean)]) == 0
     assert cli([str(_e2e_config(tmp_path / "v", name, "variant"))]) == 1
     js = last_nightly()
-    assert any(f["kind"] == "same_run" and f["variant"] == "candidate"
-               and f["metric"] == E2E_METRIC for f in js["failing"]), js["gates"]
+    assert any(
+        f["kind"] == "same_run" and f["variant"] == "candidate" and f["metric"] == E2E_METRIC
+        for f in js["failing"]
+    ), js["gates"]
     assert cli([str(_e2e_config(tmp_path / "b", name, "both"))]) == 1
     js = last_nightly()
-    assert any(f["kind"] == "history" and f["variant"] == "baseline"
-               and f["metric"] == E2E_METRIC for f in js["failing"]), js["gates"]
+    assert any(
+        f["kind"] == "history" and f["variant"] == "baseline" and f["metric"] == E2E_METRIC
+        for f in js["failing"]
+    ), js["gates"]
     assert all(g["status"] != "fail" for g in js["gates"] if g["kind"] == "same_run")
     assert cli([str(clean)]) == 0, last_nightly()["gates"]
     assert last_nightly()["outcome"] == "green"

@@ -1,5 +1,6 @@
 """Group-sequential repeats (patchbench/sequential.py): boundaries against the published tables and
 an independent computation, the Holm step-down, and the stopping logic on synthetic sequences."""
+
 from __future__ import annotations
 
 import math
@@ -8,22 +9,31 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from patchbench.sequential import (Design, boundary, continuation_probability, decide,
-                                   looks_from_schedule, next_target, nominal_levels, replay)
+from patchbench.sequential import (
+    Design,
+    boundary,
+    continuation_probability,
+    decide,
+    looks_from_schedule,
+    next_target,
+    nominal_levels,
+    replay,
+)
 
-M5 = math.log1p(0.05)   # +-5 % margin on the log scale
+M5 = math.log1p(0.05)  # +-5 % margin on the log scale
 
 
 # Jennison & Turnbull (2000), Table 2.1 (Pocock C_P) and Table 2.3 (O'Brien-Fleming C_B),
 # two-sided alpha = 0.05, K equally spaced looks
-@pytest.mark.parametrize("k, pocock, obf", [(2, 2.178, 1.977), (3, 2.289, 2.004),
-                                            (4, 2.361, 2.024), (5, 2.413, 2.040)])
+@pytest.mark.parametrize(
+    "k, pocock, obf", [(2, 2.178, 1.977), (3, 2.289, 2.004), (4, 2.361, 2.024), (5, 2.413, 2.040)]
+)
 def test_boundaries_match_the_published_tables(k, pocock, obf):
     b = boundary(range(1, k + 1), 0.05, "pocock")
     assert len(set(b)) == 1 and b[0] == pytest.approx(pocock, abs=6e-4)
     o = boundary(range(1, k + 1), 0.05, "obrien-fleming")
-    assert o[-1] == pytest.approx(obf, abs=6e-4)                # C_B is the last look's value
-    assert o[0] == pytest.approx(obf * math.sqrt(k), abs=2e-3)   # c * sqrt(K / 1) at look 1
+    assert o[-1] == pytest.approx(obf, abs=6e-4)  # C_B is the last look's value
+    assert o[0] == pytest.approx(obf * math.sqrt(k), abs=2e-3)  # c * sqrt(K / 1) at look 1
 
 
 def test_unequal_looks_against_scipy_multivariate_normal():
@@ -31,7 +41,8 @@ def test_unequal_looks_against_scipy_multivariate_normal():
     b = boundary(looks, 0.05)
     cov = np.array([[math.sqrt(min(a, c) / max(a, c)) for c in looks] for a in looks])
     p = stats.multivariate_normal(mean=np.zeros(5), cov=cov).cdf(
-        np.full(5, b[0]), lower_limit=np.full(5, -b[0]), rng=np.random.default_rng(1))
+        np.full(5, b[0]), lower_limit=np.full(5, -b[0]), rng=np.random.default_rng(1)
+    )
     assert 1.0 - p == pytest.approx(0.05, abs=5e-4)
     assert continuation_probability(b, looks) == pytest.approx(0.95, abs=1e-6)
     # unequal spacing: a smaller constant than equally spaced K = 5 (2.413), larger than K = 4
@@ -66,13 +77,17 @@ D = Design.from_schedule(4, 12, 2)
 
 
 def test_stops_early_on_a_clear_effect():
-    up = [0.10, 0.11, 0.09, 0.10, 0.12, 0.10]          # +10 %, sd 0.011
+    up = [0.10, 0.11, 0.09, 0.10, 0.12, 0.10]  # +10 %, sd 0.011
     down = [-0.10, -0.11, -0.09, -0.10, -0.12, -0.10]
-    out = replay({"v": {"tput": up, "itl_ms": down}}, {"tput": M5, "itl_ms": M5},
-                 design=D, better={"tput": "higher", "itl_ms": "lower"})
+    out = replay(
+        {"v": {"tput": up, "itl_ms": down}},
+        {"tput": M5, "itl_ms": M5},
+        design=D,
+        better={"tput": "higher", "itl_ms": "lower"},
+    )
     assert out.stop and out.look_index == 0 and out.n_repeats == 4
     assert out.metrics[("v", "tput")].decision == "improved"
-    assert out.metrics[("v", "itl_ms")].decision == "improved"     # latency down is better
+    assert out.metrics[("v", "itl_ms")].decision == "improved"  # latency down is better
     # hand: mean 0.1, sd of [.1,.11,.09,.1] = 0.008165, t = 24.49, df 3
     d = out.metrics[("v", "tput")]
     assert d.p_value == pytest.approx(2 * stats.t.sf(0.1 / (0.0081650 / 2), 3), rel=1e-3)
@@ -98,7 +113,7 @@ def test_runs_to_max_on_an_ambiguous_sequence():
     assert out.stop and out.look_index == 4 and out.n_repeats == 12
     assert out.metrics[("v", "tput")].decision == "inconclusive"
     assert "maximum of 12 repeats" in out.reason
-    part = replay({"v": {"tput": amb[:7]}}, {"tput": M5}, design=D)   # a resumed run: 7 on disk
+    part = replay({"v": {"tput": amb[:7]}}, {"tput": M5}, design=D)  # a resumed run: 7 on disk
     assert not part.stop and part.look_index == 1 and next_target(D, part) == 8
 
 
@@ -112,19 +127,20 @@ def test_holm_step_down_across_primaries():
     p_mid = math.sqrt(lvl1 * lvl2)
     t_mid = stats.t.isf(p_mid / 2, 3)
     sd = 0.02
-    base = np.array([-1.0, 1.0, -1.0, 1.0]) * sd * math.sqrt(3) / 2   # sample sd = sd
+    base = np.array([-1.0, 1.0, -1.0, 1.0]) * sd * math.sqrt(3) / 2  # sample sd = sd
     mid = list(base + t_mid * sd / 2)
     out = decide(0, {"v": {"a": strong, "b": mid}}, {}, design=D)
     assert out.metrics[("v", "b")].p_value == pytest.approx(p_mid, rel=1e-6)
     assert out.metrics[("v", "b")].decision == "improved"
     out = decide(0, {"v": {"a": [0.1, -0.1, 0.1, -0.1], "b": mid}}, {}, design=D)
-    assert out.metrics[("v", "b")].decision == "continue"     # first step needs lvl1: not met
+    assert out.metrics[("v", "b")].decision == "continue"  # first step needs lvl1: not met
 
 
 def test_a_decision_is_kept_at_later_looks_and_counts_for_holm():
     first = decide(0, {"v": {"a": [0.1, 0.11, 0.09, 0.1]}}, {}, design=D)
-    later = decide(1, {"v": {"a": [0.1, 0.11, 0.09, 0.1, -0.3, -0.3]}}, {}, design=D,
-                   previous=first)
+    later = decide(
+        1, {"v": {"a": [0.1, 0.11, 0.09, 0.1, -0.3, -0.3]}}, {}, design=D, previous=first
+    )
     assert later.metrics[("v", "a")].decision == "improved"
     assert later.metrics[("v", "a")].look == 0
 
