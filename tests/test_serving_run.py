@@ -65,6 +65,9 @@ FAKE_TOOL = textwrap.dedent("""
         args = parser.parse_args()
         mode = os.environ["FAKE_BENCH"]
         print("fake bench_serving", mode)
+        if os.environ.get("FAKE_LOG_LINES"):  # what the server logs while the tool runs
+            with open(os.environ["FAKE_LOG"], "a") as f:
+                f.write(os.environ["FAKE_LOG_LINES"])
         if mode.startswith("copy:"):
             shutil.copy(mode[5:], args.output_file)
         elif mode.startswith("exit:"):
@@ -142,6 +145,9 @@ def test_clean_run_writes_records_and_metrics(tmp_path, fake_pkg):
     argv = read_json(ctx.out_dir / "command.json")["argv"]
     assert argv[argv.index("--dataset-name") + 1] == "random-ids"
     assert res.meta["request_rate"] == "inf" and res.meta["max_concurrency"] == 4
+    # nothing logged during the run: counted as zero, no warning
+    assert res.metrics["retractions_count"] == 0 == res.metrics["oom_count"]
+    assert res.warnings == []
 
 
 def test_token_less_responses_make_the_cell_incomplete(tmp_path, fake_pkg):
@@ -481,3 +487,132 @@ def test_image_probe_tries_the_next_seed_when_the_server_refuses_a_random_prompt
             for e in res.errors
         ), res.errors
         assert "video_pad" in res.errors[0]
+
+
+# ---------------------------------------------------------------- counted and flagged
+RETRACT = (
+    "[2025-08-20 10:00:01 TP0] KV cache pool is full. Retract requests. #retracted_reqs: {n}, "
+    "#new_token_ratio: 0.4000 -> 0.7000\n"
+)
+DECODE_OOM = "[2025-08-20 10:00:03 TP0] Decode out of memory. Try to lower your batch size.\n"
+
+
+def test_retractions_logged_during_the_run_are_counted_and_warned(tmp_path, fake_pkg):
+    ctx = make_ctx(tmp_path, fake_pkg, f"copy:{DATA / 'v0513_random_ids.jsonl'}")
+    # an earlier suite's retraction, before this suite started: not this suite's
+    with open(ctx.server.log_path, "a") as f:
+        f.write(RETRACT.format(n=9))
+    ctx.stock_env.update(
+        FAKE_LOG=str(ctx.server.log_path),
+        FAKE_LOG_LINES=RETRACT.format(n=2) + RETRACT.format(n=3) + DECODE_OOM,
+    )
+    res = run(ctx, Params(dataset_name="random-ids", num_prompts=20))
+    assert res.metrics["retractions_count"] == 2
+    assert res.metrics["retracted_requests_count"] == 5
+    assert res.metrics["oom_count"] == 1
+    assert res.status == "ok"  # a retraction changes the numbers, it does not invalidate them
+    (w,) = [w for w in res.warnings if "retraction" in w]
+    assert "2 retraction(s) of 5 request(s)" in w and "1 out-of-memory event(s)" in w
+    assert "throughput and latency" in w
+    assert res.meta["server_log_scan"]["first_lines"][0].endswith("0.4000 -> 0.7000")
+
+
+def test_tool_failure_names_the_oom_the_server_logged(tmp_path, fake_pkg):
+    ctx = make_ctx(tmp_path, fake_pkg, "exit:1")
+    ctx.stock_env.update(FAKE_LOG=str(ctx.server.log_path), FAKE_LOG_LINES=DECODE_OOM)
+    with pytest.raises(SuiteError, match=r"exited with 1(.|\n)*1 out-of-memory event"):
+        run(ctx, Params(dataset_name="random-ids"))
+
+
+# 0.5.1.post3's warmup loop and chat client, reduced to what the suite reads from the source
+UNCAPPED_WARMUP = textwrap.dedent("""
+
+    async def benchmark(warmup_requests, request_func, limited_request_func, test_input):
+        warmup_tasks = []
+        for _ in range(warmup_requests):
+            warmup_tasks.append(asyncio.create_task(request_func(request_func_input=test_input)))
+
+
+    async def async_request_sglang_generate(request_func_input, pbar=None):
+        payload = {"ignore_eos": True}
+
+
+    async def async_request_openai_chat_completions(request_func_input, pbar=None):
+        api_url = "chat/completions"
+        payload = {"max_tokens": 1}
+        delta = {}
+        content = delta.get("content", "")
+        output_len = (delta.get("usage") or {}).get("completion_tokens", 1)
+
+
+    ASYNC_REQUEST_FUNCS = {
+        "sglang": async_request_sglang_generate,
+        "sglang-oai-chat": async_request_openai_chat_completions,
+    }
+""")
+
+
+def test_warmup_above_the_cap_on_an_uncapped_release_is_flagged(tmp_path, fake_pkg):
+    (fake_pkg / "bench_serving.py").write_text(FAKE_TOOL + UNCAPPED_WARMUP)
+    ctx = make_ctx(tmp_path, fake_pkg, f"copy:{DATA / 'v0513_random_ids.jsonl'}")
+    res = run(
+        ctx, Params(dataset_name="random-ids", num_prompts=20, max_concurrency=4, warmup_requests=8)
+    )
+    assert res.meta["warmup_capped"] is False
+    assert any(
+        "sends all 8 warmup requests at once, ignoring --max-concurrency 4" in w
+        for w in res.warnings
+    ), res.warnings
+    argv = read_json(ctx.out_dir / "command.json")["argv"]
+    assert argv[argv.index("--warmup-requests") + 1] == "8"  # the user's warmup, unchanged
+    out2 = tmp_path / "c2" / "serving"
+    out2.mkdir(parents=True)
+    ctx.out_dir = out2
+    res = run(
+        ctx, Params(dataset_name="random-ids", num_prompts=20, max_concurrency=4, warmup_requests=4)
+    )
+    assert not any("warmup" in w for w in res.warnings)
+
+
+def test_chat_backend_the_release_mis_measures_is_flagged(tmp_path, fake_pkg):
+    (fake_pkg / "bench_serving.py").write_text(FAKE_TOOL + UNCAPPED_WARMUP)
+    ctx = make_ctx(tmp_path, fake_pkg, f"copy:{DATA / 'v0513_random_ids.jsonl'}")
+    res = run(ctx, Params(dataset_name="random-ids", num_prompts=20, backend="sglang-oai-chat"))
+    flagged = [w for w in res.warnings if w.startswith("backend 'sglang-oai-chat'")]
+    assert len(flagged) == 3 and "reasoning_content" in flagged[0]
+    assert res.meta["backend"] == "sglang-oai-chat"
+    with pytest.raises(SuiteError, match="backend 'vllm' is not offered"):
+        run(ctx, Params(dataset_name="random-ids", backend="vllm"))
+
+
+def _row_file(tmp_path: Path, change) -> Path:
+    row = json.loads((DATA / "v0513_random_ids.jsonl").read_text())
+    change(row)
+    p = tmp_path / "changed.jsonl"
+    p.write_text(json.dumps(row) + "\n")
+    return p
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda r: r.update(output_throughput=-390.7),
+            r"output_throughput = -390.7; a throughput(.|\n)*refused",
+        ),
+        (
+            lambda r: r["ttfts"].pop(),
+            r"details of different lengths \(input_lens 20, "
+            r"output_lens 20, ttfts 19",
+        ),
+        (lambda r: r["itls"][3].append(-0.5), r"itls\[3\]: not a list of numbers >= 0"),
+        (lambda r: r.update(median_ttft_ms=-1.0), r"median_ttft_ms = -1.0; a latency"),
+        (lambda r: r["generated_texts"].__setitem__(0, 5), r"generated_texts\[0\] = 5"),
+    ],
+)
+def test_a_result_that_cannot_be_true_is_refused(tmp_path, fake_pkg, change, message):
+    rec = _row_file(tmp_path, change)
+    ctx = make_ctx(tmp_path, fake_pkg, f"copy:{rec}")
+    with pytest.raises(SuiteError, match=message):
+        run(ctx, Params(dataset_name="random-ids", num_prompts=20))
+    assert not (ctx.out_dir / "requests.json").exists()  # nothing half-written
