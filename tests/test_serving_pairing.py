@@ -177,3 +177,89 @@ def test_metric_declarations():
     assert all(m[n].kind == "run" and m[n].margin == 5.0 for n in prim)
     assert all(i.kind == "descriptive" for n, i in m.items() if n.endswith("_count"))
     assert m["itl_p99_ms"].kind == "run" and not m["itl_p99_ms"].primary
+
+
+# ---------------------------------------------------------------- files read back
+def _summary(d: Path, requested: float) -> None:
+    (d / "summary.json").write_text(json.dumps({"metrics": {"requested_count": requested}}))
+
+
+def test_a_file_shorter_than_its_summary_is_a_note_even_when_both_are_short(tmp_path):
+    # both cells sent 4 requests; both files were cut to 2: "2/2 identical" must not pass unseen
+    b = _req(tmp_path, "b0", ["a", "b"])
+    v = _req(tmp_path, "v0", ["a", "b"])
+    _summary(b, 4)
+    _summary(v, 4)
+    p = get_suite("serving").pair([b], [v], None)
+    assert p["identity"]["n"] == 2
+    assert (
+        f"paired repeat 0: {b / 'requests.json'} (baseline) holds 2 requests, its summary.json "
+        "says 4 were sent: the file is short" in p["notes"]
+    )
+    assert any(str(v / "requests.json") in n and "(variant)" in n for n in p["notes"])
+    r = p["repeats"][0]
+    assert (r["baseline_expected"], r["variant_expected"], r["requests_compared"]) == (4, 4, [0, 1])
+    # a summary that agrees with the file: no note
+    _summary(b, 2)
+    _summary(v, 2)
+    assert get_suite("serving").pair([b], [v], None)["notes"] == []
+
+
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        (lambda d: d["ttft_ms"].pop(), "ttft_ms holds 2 values, generated_text 3"),
+        (lambda d: d["ttft_ms"].__setitem__(1, -4.0), "ttft_ms[1] = -4.0: expected a number >= 0"),
+        (lambda d: d["itl_ms"].__setitem__(0, ["x"]), "itl_ms[0] = ['x']: expected a list"),
+        (lambda d: d["status"].__setitem__(2, "done"), "status[2] = 'done': expected ok / failed"),
+        (lambda d: d.update(input_len="5,5,5"), "input_len is not a list"),
+        (lambda d: d.update(generated_text={"0": "a"}), "no generated_text list"),
+    ],
+)
+def test_a_mis_shaped_file_is_unreadable_and_its_repeat_not_used(tmp_path, damage, why):
+    b0 = _req(tmp_path, "b0", ["a", "b", "c"])
+    v0 = _req(tmp_path, "v0", ["a", "b", "c"])
+    data = json.loads((v0 / "requests.json").read_text())
+    damage(data)
+    (v0 / "requests.json").write_text(json.dumps(data))
+    b1 = _req(tmp_path, "b1", ["a", "b"])
+    v1 = _req(tmp_path, "v1", ["a", "x"])
+    p = get_suite("serving").pair([b0, b1], [v0, v1], None)
+    # only repeat 1 was used: 1 of its 2 requests identical, none of repeat 0's
+    assert p["identity"]["n"] == 2 and p["identity"]["identical"] == 1
+    assert [r["repeat_index"] for r in p["repeats"]] == [1]
+    (u,) = p["unreadable"]
+    assert u.startswith(f"{v0 / 'requests.json'}: not a valid requests.json (") and why in u
+    assert any(n.startswith("paired repeat 0: not used: ") and why in n for n in p["notes"])
+
+
+def test_unreadable_and_empty_files(tmp_path):
+    b0 = _req(tmp_path, "b0", ["a"])
+    v0 = _req(tmp_path, "v0", ["a"])
+    (v0 / "requests.json").write_bytes(b"\xff\xfe{not json")
+    b1 = _req(tmp_path, "b1", [])
+    v1 = _req(tmp_path, "v1", [])
+    p = get_suite("serving").pair([b0, b1], [v0, v1], None)
+    assert p["request_pairing"]["ok"] is False and p["identity"] is None
+    assert any(str(v0 / "requests.json") in u and "unreadable" in u for u in p["unreadable"])
+    assert any(
+        n.startswith("paired repeat 1: not used:") and "holds no requests" in n for n in p["notes"]
+    )
+    md = "\n".join(
+        get_suite("serving").report_section(
+            {"baseline": "b", "run_id": "r", "pairs": {"serving": {"v": p}}}
+        )
+    )
+    assert "| v | n/a | n/a | n/a | n/a | not paired:" in md and "holds no requests" in md
+
+
+def test_requests_problem_accepts_what_the_suite_writes():
+    from patchbench.suites.serving.parse import request_records, requests_problem
+
+    row = json.loads(
+        (Path(__file__).parent / "data" / "serving" / "v0513_flagged_notoken_mixed.jsonl")
+        .read_text()
+        .splitlines()[-1]
+    )
+    assert requests_problem(request_records(row)) is None
+    assert requests_problem([1, 2]) == "not a JSON object but list"
