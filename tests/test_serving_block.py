@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from patchbench.records import write_json
 from patchbench.suites.serving import report_block
 from patchbench.suites.serving.block import render_block, tool_block
@@ -109,6 +111,22 @@ def test_report_block_reads_summary_json(tmp_path):
         },
     )
     assert report_block(tmp_path) == PR_BEFORE
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("[1, 2]", "not a JSON object"),
+        ('{"metrics": [1], "meta": {}}', "'metrics' and 'meta' must be JSON objects"),
+        ('{"metrics": {"duration_s": "fast"}, "meta": {}}', "metrics.duration_s = 'fast'"),
+        ('{"metrics": {', "summary.json"),
+    ],
+)
+def test_report_block_of_a_mis_shaped_summary_names_the_file(tmp_path, content, message):
+    (tmp_path / "summary.json").write_text(content)
+    with pytest.raises(ValueError, match=message) as e:
+        report_block(tmp_path)
+    assert str(tmp_path / "summary.json") in str(e.value)
 
 
 def test_tool_block_of_0523_keeps_its_own_lines():

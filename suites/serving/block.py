@@ -86,10 +86,20 @@ def render_block(metrics: dict[str, float], meta: dict[str, Any]) -> str:
 def report_block(summary_dir: Path) -> str:
     """The PR-style block of the cell whose serving summary.json lies in ``summary_dir``.
 
-    Raises FileNotFoundError naming the file when there is none.
+    Raises FileNotFoundError naming the file when there is none, ValueError naming the file and
+    key when it is not JSON or has the wrong shape (metrics must map names to numbers).
     """
-    summary = read_json(Path(summary_dir) / "summary.json")
-    return render_block(summary.get("metrics", {}), summary.get("meta", {}))
+    path = Path(summary_dir) / "summary.json"
+    summary = read_json(path)
+    if not isinstance(summary, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    metrics, meta = summary.get("metrics", {}), summary.get("meta", {})
+    if not isinstance(metrics, dict) or not isinstance(meta, dict):
+        raise ValueError(f"{path}: 'metrics' and 'meta' must be JSON objects")
+    for k, v in metrics.items():
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ValueError(f"{path}: metrics.{k} = {v!r} is not a number")
+    return render_block(metrics, meta)
 
 
 def tool_block(stdout_text: str) -> str | None:
