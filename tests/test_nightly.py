@@ -511,13 +511,13 @@ def _e2e_config(folder: Path, name: str, slow: str | None) -> Path:
 @pytest.mark.timeout(3600)
 @pytest.mark.skipif(
     os.environ.get("PATCHBENCH_NIGHTLY_E2E") == "0",
-    reason="five real nights (30 server launches); PATCHBENCH_NIGHTLY_E2E=0 skips them",
+    reason="two real nights (12 server launches); PATCHBENCH_NIGHTLY_E2E=0 skips them",
 )
 def test_e2e_nightly_on_cpu(tmp_path, monkeypatch):
-    """Two clean nights exit 0 (green); a night where only the candidate slows down exits 1 through
-    the same-run gate (3 paired repeats); a night where both slow down exits 1 through the
-    history gate (the baseline's runs against the clean nights); a clean night exits 0 again (the
-    red nights are not part of its reference)."""
+    """One short real series: a clean night is not red (exit 0 green, or 5 underpowered on the
+    noisy 2-core machine); a night where only the candidate slows down exits 1 through the
+    same-run gate (3 paired repeats). The longer green / red / red / recovery sequence and the
+    history gate run on synthetic nights (test_job_green_red_red_and_recovery)."""
     if not DEMO.is_file():
         pytest.skip(f"{DEMO} not there yet")
     bench = pytest.importorskip("patchbench.bench")
@@ -545,22 +545,14 @@ def test_e2e_nightly_on_cpu(tmp_path, monkeypatch):
             return json.loads((Path(hh.nights(name)[-1].run_dir) / "nightly.json").read_text())
 
     clean = _e2e_config(tmp_path / "clean", name, None)
-    assert cli([str(clean)]) == 0
-    assert cli([str(clean)]) == 0
+    assert cli([str(clean)]) in (0, 5), last_nightly()["gates"]
+    assert last_nightly()["outcome"] in ("green", "underpowered")
     assert cli([str(_e2e_config(tmp_path / "v", name, "variant"))]) == 1
     js = last_nightly()
+    assert js["outcome"] == "red"
     assert any(
         f["kind"] == "same_run" and f["variant"] == "candidate" and f["metric"] == E2E_METRIC
         for f in js["failing"]
     ), js["gates"]
-    assert cli([str(_e2e_config(tmp_path / "b", name, "both"))]) == 1
-    js = last_nightly()
-    assert any(
-        f["kind"] == "history" and f["variant"] == "baseline" and f["metric"] == E2E_METRIC
-        for f in js["failing"]
-    ), js["gates"]
-    assert all(g["status"] != "fail" for g in js["gates"] if g["kind"] == "same_run")
-    assert cli([str(clean)]) == 0, last_nightly()["gates"]
-    assert last_nightly()["outcome"] == "green"
     with History(h) as hh:
-        assert hh.count_nights(name) == 5
+        assert hh.count_nights(name) == 2
