@@ -37,9 +37,6 @@ PROG = "patchbench"
 #: its class subclasses the matching patchbench.errors class.
 LEGACY_EXIT_CODES: dict[str, int] = {
     "patchbench.history.HistoryError": EXIT_ENV,
-    "patchbench.server.ServerError": errors.EXIT_RUN_FAILED,
-    "patchbench.suite.SuiteError": errors.EXIT_RUN_FAILED,
-    "patchbench.suites.mmmu.cli.InputError": EXIT_USAGE,
 }
 
 

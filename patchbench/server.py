@@ -38,14 +38,17 @@ from typing import Literal
 
 import psutil
 
+from patchbench.errors import RunFailed
+
 #: environment markers set on every server the harness launches (see patchbench.cell)
 MARKER_RUN_DIR = "PATCHBENCH_RUN_DIR"
 MARKER_CELL = "PATCHBENCH_CELL"
 MARKER_RUNNER_PID = "PATCHBENCH_RUNNER_PID"
 
 
-class ServerError(RuntimeError):
-    """Base class of server lifecycle failures; ``log_tail`` holds the end of server.log."""
+class ServerError(RunFailed):
+    """Base class of server lifecycle failures (exit 4 if one ends a command); ``log_tail`` holds
+    the end of server.log."""
 
     def __init__(self, message: str, log_tail: str = ""):
         super().__init__(message + (f"\n--- server.log (tail) ---\n{log_tail}" if log_tail else ""))

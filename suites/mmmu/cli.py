@@ -37,14 +37,15 @@ from pathlib import Path
 from typing import Any
 
 from patchbench import EXIT_OK, EXIT_USAGE
+from patchbench.errors import UsageError
 from patchbench.records import read_json, read_jsonl, write_json, write_text
 from patchbench.suites.mmmu import parsers, scoring
 from patchbench.suites.mmmu.data import subject_of
 from patchbench.suites.mmmu.params import Params
 
 
-class InputError(ValueError):
-    """Responses or answer key that cannot be read; the message names the file and key."""
+class InputError(UsageError, ValueError):
+    """Responses or answer key that cannot be read; the message names the file and key (exit 2)."""
 
 
 def load_responses(path: str | Path) -> dict[str, dict[str, Any]]:
