@@ -5,8 +5,7 @@ that runs it); ``patchbench --help`` is generated from that table and from the e
 :data:`patchbench.errors.EXIT_CODES`. Every command ends the same way (:func:`main`):
 
 - it returns an exit code, or raises; an error deriving from :class:`patchbench.errors.PatchbenchError`
-  (or one of the module errors in :data:`LEGACY_EXIT_CODES`) becomes its documented exit code and
-  a message on stderr that starts with ``patchbench CMD: <kind> (exit N):``;
+  becomes its documented exit code and a message on stderr that starts with ``patchbench CMD: <kind> (exit N):``;
 - Ctrl-C (KeyboardInterrupt) exits 130 in every command; :class:`patchbench.errors.Interrupted`
   exits 130, or 143 for SIGTERM;
 - anything else is a bug: exit 70 with the traceback.
@@ -32,33 +31,14 @@ PROG = "patchbench"
 
 
 # ------------------------------------------------------------------------------ exception table
-#: Exceptions of modules that do not derive from patchbench.errors yet, by "module.QualName"
-#: (matched along the exception's MRO, so the modules are not imported here). Remove a row once
-#: its class subclasses the matching patchbench.errors class.
-LEGACY_EXIT_CODES: dict[str, int] = {
-    "patchbench.history.HistoryError": EXIT_ENV,
-}
-
-
-def _legacy_code(exc: BaseException) -> int | None:
-    for cls in type(exc).__mro__:
-        code = LEGACY_EXIT_CODES.get(f"{cls.__module__}.{cls.__qualname__}")
-        if code is not None:
-            return code
-    return None
-
-
 def exit_code_of(exc: BaseException) -> int:
-    """The documented exit code of ``exc``: :func:`patchbench.errors.exit_code_of`, extended by
-    :data:`LEGACY_EXIT_CODES` (KeyboardInterrupt -> 130, SystemExit -> its code, unknown -> 70)."""
+    """The documented exit code of ``exc``: :func:`patchbench.errors.exit_code_of`
+    (KeyboardInterrupt -> 130, SystemExit -> its code, unknown -> 70)."""
     if isinstance(exc, SystemExit):
         return (
             exc.code if isinstance(exc.code, int) else (EXIT_OK if exc.code is None else EXIT_USAGE)
         )
-    if isinstance(exc, errors.PatchbenchError):
-        return errors.exit_code_of(exc)
-    legacy = _legacy_code(exc)
-    return legacy if legacy is not None else errors.exit_code_of(exc)
+    return errors.exit_code_of(exc)
 
 
 def _kind(exc: BaseException, code: int) -> str:
@@ -457,7 +437,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 __all__ = [
     "COMMANDS",
     "Command",
-    "LEGACY_EXIT_CODES",
     "build_parser",
     "exit_code_of",
     "exit_code_table",

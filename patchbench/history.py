@@ -46,6 +46,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from patchbench.errors import EnvironmentNotReady
 from patchbench.records import read_json
 from patchbench.runfolder import RunManifest, read_cell, read_manifest, read_summary
 
@@ -80,8 +81,8 @@ Key = tuple[str, str, str]
 """(variant, suite, metric)"""
 
 
-class HistoryError(RuntimeError):
-    """The history file cannot be used; ``path`` names it. Nothing in it was changed."""
+class HistoryError(EnvironmentNotReady):
+    """The history file cannot be used; ``path`` names it (exit 3). Nothing in it was changed."""
 
     def __init__(self, path: Path, message: str):
         super().__init__(f"{path}: {message}")

@@ -157,7 +157,7 @@ def test_a_bug_exits_70_with_the_traceback(monkeypatch, capsys):
 
 
 def test_module_errors_map_to_the_documented_codes():
-    """Module errors: derived from patchbench.errors, or listed in cli.LEGACY_EXIT_CODES."""
+    """Every module error derives from patchbench.errors and exits with its documented code."""
     from patchbench import config, history, patchset, server
 
     assert cli.exit_code_of(config.ConfigError("x")) == 2
