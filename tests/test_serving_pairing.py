@@ -199,6 +199,13 @@ def test_a_file_shorter_than_its_summary_is_a_note_even_when_both_are_short(tmp_
     assert any(str(v / "requests.json") in n and "(variant)" in n for n in p["notes"])
     r = p["repeats"][0]
     assert (r["baseline_expected"], r["variant_expected"], r["requests_compared"]) == (4, 4, [0, 1])
+    md = "\n".join(
+        get_suite("serving").report_section(
+            {"baseline": "b", "run_id": "r", "pairs": {"serving": {"v": p}}}
+        )
+    )
+    assert "- v: compared repeat 0 requests 0..1 (2 paired)" in md
+    assert "the file is short" in md
     # a summary that agrees with the file: no note
     _summary(b, 2)
     _summary(v, 2)

@@ -4,8 +4,12 @@ bench_serving sends the same seeded prompts in the same order in every cell, so 
 baseline and request i of a variant are the same prompt, but only if that holds: every repeat is
 checked first (the prompt length ``input_len`` of each request that succeeded in both cells, and
 ``prompt_sha256`` where requests.json has it). A repeat that fails the check is not used; when no
-repeat passes, :class:`~patchbench.suite.PairingRefused` says why. A missing, unreadable or short
-requests.json is a note naming the file and the counts actually used, never a silent shrink.
+repeat passes, :class:`~patchbench.suite.PairingRefused` says why. Every requests.json is validated
+(:func:`.parse.requests_problem`: equal-length lists, latencies numbers >= 0, known statuses); a
+missing, unreadable, mis-shaped or empty file is a note naming the file (mis-shaped and unreadable
+ones also listed under ``unreadable``) and its repeat is not used; a file that holds fewer requests
+than the other cell's, or than its own summary.json's ``requested_count``, is a note naming the
+file and the requests actually compared, never a silent shrink.
 
 From the paired repeats: output identity (identical ``generated_text`` share, Wilson interval,
 where the first difference starts), per-request TTFT / ITL values of the first paired repeat for

@@ -83,6 +83,14 @@ def report_section(comparison: Any) -> list[str]:
                 f"| {v} | n/a | n/a | n/a | n/a | not paired: "
                 f"{(p.get('request_pairing') or {}).get('reason') or 'no data'} |"
             )
+        used = [
+            f"repeat {r['repeat_index']} requests {r['requests_compared'][0]}.."
+            f"{r['requests_compared'][1]} ({r['paired']} paired)"
+            for r in p.get("repeats") or []
+            if r.get("requests_compared")
+        ]
+        if used:
+            notes.append(f"{v}: compared " + ", ".join(used))
         notes += [f"{v}: {n}" for n in p.get("notes") or []]
     for v, reason in refusals.items():
         lines.append(f"| {v} | refused | | | | {reason} |")
