@@ -2,7 +2,7 @@
 
 Every file the harness writes goes through :func:`write_json` / :func:`write_text` /
 :func:`write_bytes`: a temporary file in the same folder, fsync, then ``os.replace``, so a reader
-(or a crash) never sees half a file. Layout of one run (DESIGN.md, "Results directory")::
+(or a crash) never sees half a file. Layout of one run (docs/design.md, "The run folder")::
 
     results/<UTC timestamp>-<config name>/
       manifest.json

@@ -1,4 +1,4 @@
-"""Lifecycle of one sglang server: launch, readiness, cache flush, stop (cases L1-L3).
+"""Lifecycle of one sglang server: launch, readiness, cache flush, stop (docs/cases.md L1-L3).
 
 - Launch: ``python -m sglang.launch_server --model-path M --host H --port P <args>`` in its own
   process group (``start_new_session``), stdout and stderr to ``server.log``. Refused when

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark of the MMMU client itself (issue 4, "Measure"); not a timed test.
+"""Benchmark of the MMMU client itself ; not a timed test.
 
 1. Client overhead per request at concurrency 16 against a local stub aiohttp server that answers
    every chat completion at once (a separate process, so its CPU is not the client's). Reported:

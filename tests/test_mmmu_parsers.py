@@ -1,4 +1,4 @@
-"""MMMU answer extraction: cases M1-M4 of ../shared/cases.md and their neighbours.
+"""MMMU answer extraction: cases M1-M4 of docs/cases.md and their neighbours.
 
 Expected values are read off the cases (by hand); the "official" column is what the official MMMU
 parser's rules give (worked by hand from its rules: "(X)", then " X ", then option text for

@@ -72,7 +72,7 @@ def test_unparsed_counts_and_warning():
     assert res.status == "ok" and "1 of 4" in res.warnings[0]
 
 
-# The PR's "Before" block (../shared/seed/000_acd8f70a82dfc147.txt), from "Evaluating..." on.
+# The PR's "Before" block (as printed in sglang PR #9460's description), from "Evaluating..." on.
 PR_BEFORE = """Evaluating...
 {'Accounting': {'acc': 0.433, 'num': 30},
  'Agriculture': {'acc': 0.533, 'num': 30},

@@ -3,7 +3,7 @@
 The real method bodies of the stock and the patched ``forward_batch_info.py`` run (extracted with
 ``ast``; patchbench.suites.sync_probe.mrope), on randomised decode and extend batches, and both are also checked
 against tests/mrope_oracle.py, an independent plain-Python statement of the semantics. Case P1
-(shared/cases.md) has hand-computed numbers. Stock files: the installed package when its version
+(docs/cases.md) has hand-computed numbers. Stock files: the installed package when its version
 matches, else the release's wheel (pip download, cached in .cache/), so both releases run here
 under the .venv torch.
 """

@@ -1,4 +1,4 @@
-"""No host sync in the patched decode path, shown on the CPU (issue 3 item 4).
+"""No host sync in the patched decode path, shown on the CPU.
 
 Two observations, both from patchbench.suites.sync_probe.mrope, on the real method bodies:
 - device-to-host reads: the decode path runs with ``seq_lens`` on the ``meta`` device (shape, no

@@ -1,4 +1,4 @@
-"""Server lifecycle (cases L1-L3) against the fake server in tests/fake_server.
+"""Server lifecycle (docs/cases.md L1-L3) against the fake server in tests/fake_server.
 
 The fake implements the faults a real sglang cannot be made to show on demand; the real server's
 lifecycle is covered by the end-to-end tests (tests/test_e2e_bench.py).

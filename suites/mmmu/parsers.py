@@ -11,7 +11,7 @@ Two parsers for multiple-choice responses, one normalisation for open (short-ans
   Our version takes the random generator as an argument (``random.Random(seed)``), so the pick is
   seeded and recorded; with ``rng=None`` it returns ``None`` instead of picking (the "fallback
   counted wrong" convention of tests/data/mmmu-official).
-- :func:`parse_strict` is ours, deterministic and never random (cases.md M1-M3): reasoning blocks
+- :func:`parse_strict` is ours, deterministic and never random (docs/cases.md M1-M3): reasoning blocks
   (``<think>...</think>``) are ignored; an explicit commitment ("Answer: B", "the answer is (D)",
   "Final answer: A", "option C") wins and the last one in the text wins; otherwise a bare letter
   that is a whole line / the whole response, or a leading ``X.``/``X)``/``(X)``/``X:`` label;

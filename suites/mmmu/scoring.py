@@ -8,7 +8,7 @@ standing, no single commitment; strict parser only). Each is counted per subject
 overall, as are ``images_unreferenced`` (questions with an image their text never names, sent after
 the text) and ``images_not_sent`` (questions with fewer images sent than they have).
 
-Denominators (cases.md M5): accuracy = correct / asked, where asked counts every question sent,
+Denominators (docs/cases.md M5): accuracy = correct / asked, where asked counts every question sent,
 failed and unparsed included (a failed request can never raise the score). ``answered_acc`` =
 correct / answered (answered = asked - failed) is reported separately and labelled. Subject,
 domain and overall accuracies are all pooled over questions (domain = its subjects' questions
