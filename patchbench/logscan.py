@@ -39,6 +39,9 @@ CUDA_OOM_RE = re.compile(r"CUDA out of memory|CUDA error: out of memory|OutOfMem
 #: the exception line that repeats an already logged KV out-of-memory message
 _ECHO_RE = re.compile(r"^\s*(?:\S*Error|Exception): (Prefill|Decode) out of memory\.")
 
+#: every line any pattern above matches contains one of these bytes
+_KEYWORDS = (b"etract", b"out of memory", b"OutOfMemoryError")
+
 #: matching lines quoted in ``first_lines`` (each cut to LINE_CHARS characters)
 MAX_FIRST_LINES = 5
 LINE_CHARS = 300
@@ -80,6 +83,8 @@ def scan_server_log(
             if end_offset is not None and pos >= end_offset:
                 break
             pos += len(raw)
+            if not any(k in raw for k in _KEYWORDS):
+                continue  # most lines: a byte search instead of three regular expressions
             line = raw.decode("utf-8", "replace")
             hit = False
             m = RETRACT_RE.search(line)
