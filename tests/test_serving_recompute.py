@@ -1,4 +1,4 @@
-"""Our per-request and summary recomputation (patchbench.suites.serving.recompute): cases.md S1-S3 and the
+"""Our per-request and summary recomputation (patchbench.suites.serving.recompute): docs/cases.md S1-S3 and the
 agreement with bench_serving's own summary on real recorded runs of both releases."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Two uses:
 
 1. :func:`request_from_chunks` is the per-request rule of sglang.bench_serving's ``sglang`` backend
    (``async_request_sglang_generate``, same in 0.5.1.post3 and 0.5.23), written out so it can be
-   tested on the failure cases (cases.md S1, S2, S3): TTFT = time of the first chunk with text;
+   tested on the failure cases (docs/cases.md S1, S2, S3): TTFT = time of the first chunk with text;
    every later chunk with text that adds n tokens (by ``meta_info.completion_tokens``) contributes n
    ITL values of (gap since the previous such chunk) / n; a chunk that adds no token is skipped
    (it neither adds ITL values nor moves the reference time); the output length is the last
@@ -70,7 +70,7 @@ def request_from_chunks(
 
     A non-200 response is a failure (output length 0, the reason kept as the error). A 200 response
     whose stream carried no text is what the tool counts as a success with ``output_len =
-    requested_len`` and TTFT 0: we return it with ``no_token=True`` and ``success=False`` (cases.md
+    requested_len`` and TTFT 0: we return it with ``no_token=True`` and ``success=False`` (docs/cases.md
     S3: a failure in our records; the difference to the tool is flagged by the validity checks).
     """
     if http_status != 200:
@@ -84,7 +84,7 @@ def request_from_chunks(
     seen = False
     for c in chunks:
         if not c.text:
-            continue  # usage-only / empty chunk: no token (cases.md S2)
+            continue  # usage-only / empty chunk: no token (docs/cases.md S2)
         n_total = c.completion_tokens if c.completion_tokens is not None else last_len + 1
         output_len = n_total
         if not seen:

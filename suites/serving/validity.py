@@ -1,4 +1,4 @@
-"""Is a bench_serving run a valid measurement? (issue 5, item 3; cases.md S3)
+"""Is a bench_serving run a valid measurement? (docs/cases.md S3)
 
 Each check returns error / warning lines; the suite marks the cell "incomplete" (no verdict later)
 when any error is found. Checks:
