@@ -348,3 +348,21 @@ def test_local_failed_unit_is_reported_others_kept_and_resume_reruns_it(tmp_path
     m.write_text(m.read_text() + "set: {schedule.repeats: 3}\n")
     with pytest.raises(ConfigError, match=rf"config of unit\(s\) {good['id']}, {bad['id']} differs"):
         matrix.run_matrix(m, executor=ex, resume=mdir, log=lambda s: None)
+
+
+def test_cli_dry_run_lists_units_and_runs_nothing(tmp_path, capsys):
+    import argparse
+    base = write_base(tmp_path)
+    m = write_matrix(tmp_path, f"name: cli\nbase: {base}\naxes: {{gpu_type: [H100, H200]}}\n")
+    p = argparse.ArgumentParser()
+    matrix.add_cli_arguments(p)
+    assert matrix.run_cli(p.parse_args([str(m), "--on", "ray", "--dry-run",
+                                        "--results", str(tmp_path / "r")])) == 0
+    out = capsys.readouterr().out
+    ids = [u.id for u in matrix.load_matrix(m).units]
+    assert "units      2 (resources per unit: num_gpus=node, num_cpus=node)" in out
+    assert f"  {ids[0]}: gpu_type=H100 sglang={SGLANG} config=mxbase.yaml" in out
+    assert f"  {ids[1]}: gpu_type=H200" in out
+    assert not (tmp_path / "r").exists()
+    with pytest.raises(matrix.UsageError, match="--env-root and --no-ship-code are for --on ray"):
+        matrix.run_cli(p.parse_args([str(m), "--env-root", "/x"]))

@@ -1,0 +1,211 @@
+"""The Ray executor (patchbench.matrix.RayExecutor) on a real local Ray cluster started here:
+two nodes (``ray.cluster_utils.Cluster``), each with 1 CPU, 2 logical GPUs and its own
+``accelerator_type:<T>`` resource, no dashboard, an 80 MB object store. Units run bench with the
+fake server and the mx_fake suite (tests/test_matrix.py as the bench command).
+
+Checked: each unit lands on the node of its GPU type; run folders come back as archives and are
+unpacked into <matrix run>/<unit id>/ with the same files a local run writes; a failing unit is
+reported while the others finish; a unit no node can take fails at once with a message; Ctrl-C
+cancels the running unit and its fake server's whole process group is gone, finished units kept.
+The real-CPU unit through Ray is marked e2e (not run by the unit tests).
+"""
+import _thread
+import importlib.util
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from patchbench import matrix
+from patchbench.errors import Interrupted, RunFailed
+from patchbench.records import read_json
+from tests import test_matrix as tm
+
+if importlib.util.find_spec("ray") is None:  # never skip silently: make test installs Ray
+    pytest.fail("the Ray tests need Ray: `make setup RAY=1` or `pip install .[ray]`",
+                pytrace=False)
+
+import ray  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+
+OBJECT_STORE = 80 * 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Two nodes: X (the head) and Y, each 1 CPU, 2 logical GPUs; {accelerator type: node id}."""
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "num_gpus": 2, "resources": {"accelerator_type:X": 1},
+        "object_store_memory": OBJECT_STORE, "include_dashboard": False})
+    c.add_node(num_cpus=1, num_gpus=2, resources={"accelerator_type:Y": 1},
+               object_store_memory=OBJECT_STORE)
+    c.wait_for_nodes()
+    ray.init(address=c.address, log_to_driver=False)
+    try:
+        nodes = {next(k.split(":", 1)[1] for k in n["Resources"] if k.startswith("accelerator_type:")):
+                 n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        yield nodes
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+def executor(**kw) -> matrix.RayExecutor:
+    return matrix.RayExecutor(ship_code=False, env_setup="current", command=tm.FAKE_COMMAND,
+                              stop_grace_s=10, log=lambda s: None, **kw)
+
+
+def files_of(run: Path) -> set[str]:
+    """The relative paths of a run folder's files, with the variable parts (timestamps in names,
+    the fake server's per-process files) left out."""
+    return {str(p.relative_to(run)) for p in run.rglob("*") if p.is_file()}
+
+
+def test_units_land_on_their_gpu_type_come_back_and_a_failure_is_kept(cluster, tmp_path):
+    bases = [tm.write_base(tmp_path, port=p, name=f"cfg{p}") for p in (31981, 31982, 31983)]
+    flag = tmp_path / "fail-flag"
+    flag.touch()
+    m = tm.write_matrix(tmp_path, f"""\
+        name: on-ray
+        units:
+          - {{config: {bases[0]}, gpu_type: X}}
+          - {{config: {bases[1]}, gpu_type: Y}}
+          - {{config: {bases[2]}, gpu_type: Y, set: {{suites.mx_fake.fail_if_exists: "{flag}"}}}}
+          - {{config: {bases[0]}, gpu_type: Z}}
+        """)
+    mx = matrix.load_matrix(m)
+    t0 = time.monotonic()
+    with pytest.raises(RunFailed, match=r"2 of 4 units did not end ok") as ei:
+        matrix.run_matrix(m, executor=executor(), results=tmp_path / "results", log=lambda s: None)
+    wall = time.monotonic() - t0
+    mdir = ei.value.run_dir
+    units = {u["id"]: u for u in read_json(mdir / "matrix.json")["units"]}
+    x, y, y_fail, z = (units[u.id] for u in mx.units)
+    # routing: the node id Ray reports for the task is the node of the unit's accelerator type
+    assert x["status"] == "ok" and cluster["X"][:12] in x["node"]
+    assert y["status"] == "ok" and cluster["Y"][:12] in y["node"]
+    assert y_fail["status"] == "failed" and y_fail["exit_code"] == 4
+    assert cluster["Y"][:12] in y_fail["node"]
+    # the unschedulable unit failed before submission, naming what is missing and what exists
+    assert z["status"] == "unschedulable" and z["node"] is None
+    assert "no node of the cluster has GPU type Z (resource accelerator_type:Z)" in z["message"]
+    assert "types present: X, Y" in z["message"]
+    # run folders came back through the object store and were unpacked in place
+    for u, ok in ((x, True), (y, True), (y_fail, False)):
+        run = mdir / u["id"]
+        man = read_json(run / "manifest.json")
+        assert all((c["status"] == "ok") == (ok or c["variant"] == "baseline") for c in man["cells"])
+        assert (run / "compare.json").exists() and (run / "report.md").exists()
+        assert u["archive_bytes"] > 0 and u["timings_s"]["unpack"] >= 0
+    assert not (mdir / z["id"]).exists()
+    report = (mdir / "report.md").read_text()
+    assert f"[{x['id']}]({x['id']}/report.md)" in report and f"- `{z['id']}`: unschedulable" in report
+    # the two Y units shared one node with 1 CPU: they ran one after the other, never together
+    ty = sorted((u["timings_s"]["start_delay"], u["timings_s"]["start_delay"] + u["timings_s"]["task"])
+                for u in (y, y_fail))
+    assert ty[1][0] >= ty[0][1] - 0.5
+    print(f"\nray matrix wall {wall:.1f} s; per unit: " + "; ".join(
+        f"{u['id']}: task {u['timings_s']['task']} s, bench {u['timings_s']['bench']} s, "
+        f"start_delay {u['timings_s']['start_delay']} s, return_delay "
+        f"{u['timings_s']['return_delay']} s, get {u['timings_s']['get']} s, pack "
+        f"{u['timings_s'].get('pack')} s, unpack {u['timings_s']['unpack']} s, "
+        f"archive {u['archive_bytes']} B" for u in (x, y, y_fail)))
+    # --on local writes the same files for the same unit
+    ml = tm.write_matrix(tmp_path, f"name: same\nunits:\n  - {{config: {bases[0]}, gpu_type: X}}\n",
+                         name="local.yaml")
+    t0 = time.monotonic()
+    ldir = matrix.run_matrix(ml, executor=matrix.LocalExecutor(env_setup="current",
+                                                               command=tm.FAKE_COMMAND),
+                             results=tmp_path / "local", log=lambda s: None)
+    print(f"local 1-unit matrix wall {time.monotonic() - t0:.1f} s")
+    assert files_of(ldir / x["id"]) == files_of(mdir / x["id"])
+    assert {p.name for p in ldir.iterdir()} == {"matrix.json", "configs", x["id"], "report.md",
+                                               "plots"}
+
+
+def _server_groups() -> dict[int, list[int]]:
+    """{pgid: [pids]} of the fake servers running now (their command runs launch_server)."""
+    out: dict[int, list[int]] = {}
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if any("sglang.launch_server" in a for a in p.info["cmdline"] or []):
+                out.setdefault(psutil.os.getpgid(p.pid), []).append(p.pid)
+        except (psutil.Error, ProcessLookupError):
+            continue
+    return out
+
+
+def _group_alive(pgid: int) -> bool:
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if psutil.os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except (psutil.Error, ProcessLookupError):
+            continue
+    return False
+
+
+def test_ctrl_c_cancels_running_units_stops_their_servers_and_keeps_finished(cluster, tmp_path):
+    quick = tm.write_base(tmp_path, port=31984, name="quick")
+    slow = tm.write_base(tmp_path, port=31985, name="slow")
+    m = tm.write_matrix(tmp_path, f"""\
+        name: cancel
+        units:
+          - {{config: {quick}, gpu_type: Y}}
+          - {{config: {slow}, gpu_type: X, set: {{server.env: {{FAKE_GENERATE_SLEEP_S: "60"}}}}}}
+        """)
+    mx = matrix.load_matrix(m)
+    before = set(_server_groups())
+    seen: dict[str, int] = {}
+    results = tmp_path / "results"
+
+    def interrupt_when_ready():
+        # once the quick unit is back and the slow unit's server answers (a /generate hangs)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            groups = set(_server_groups()) - before
+            done = list(results.glob(f"*/{mx.units[0].id}/manifest.json"))
+            if groups and done:
+                seen["pgid"] = groups.pop()
+                time.sleep(1.0)  # the suite is inside its hanging request
+                _thread.interrupt_main()
+                return
+            time.sleep(0.2)
+
+    t = threading.Thread(target=interrupt_when_ready, daemon=True)
+    t.start()
+    with pytest.raises(Interrupted) as ei:
+        matrix.run_matrix(m, executor=executor(), results=results, log=lambda s: None)
+    t.join()
+    assert "pgid" in seen, "the slow unit's server never started"
+    mdir = ei.value.run_dir
+    units = {u["id"]: u for u in read_json(mdir / "matrix.json")["units"]}
+    assert units[mx.units[0].id]["status"] == "ok"
+    assert (mdir / mx.units[0].id / "compare.json").exists()
+    assert units[mx.units[1].id]["status"] == "cancelled"
+    assert read_json(mdir / "matrix.json")["interrupted"] is True
+    # the cancelled unit's fake server: its whole process group is gone
+    deadline = time.time() + 15
+    while _group_alive(seen["pgid"]) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not _group_alive(seen["pgid"])
+    assert "--resume" in str(ei.value)
+
+
+@pytest.mark.e2e
+def test_one_real_cpu_unit_through_ray(tmp_path):  # pragma: no cover - run by the lead
+    """configs/demo-cpu.yaml (the tiny model, 1 repeat) as one unit on a one-node local cluster,
+    environment set up with make on the node."""
+    m = tm.write_matrix(tmp_path, f"name: cpu-e2e\nbase: {matrix.REPO_ROOT}/configs/demo-cpu.yaml\n"
+                        "axes: {schedule.repeats: [1]}\n")
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    try:
+        ex = matrix.RayExecutor(c.address, ship_code=False, env_setup="auto")
+        mdir = matrix.run_matrix(m, executor=ex, results=tmp_path / "results")
+    finally:
+        c.shutdown()
+    unit = read_json(mdir / "matrix.json")["units"][0]
+    assert unit["status"] == "ok"
+    assert (mdir / unit["id"] / "compare.json").exists()
