@@ -45,6 +45,7 @@ environment, run ``patchbench bench`` in a subprocess in its own session, stop t
 process group whatever happens, and hand back the run folder (moved into place locally, a
 gzip'd tar through the object store on Ray). Ray is imported only by :class:`RayExecutor`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -83,16 +84,25 @@ MATRIX_SCHEMA = 1
 #: the special axis that routes a unit instead of setting a config key
 GPU_AXIS = "gpu_type"
 #: what ``runtime_env.working_dir`` leaves out when the repo is shipped to Ray nodes
-SHIP_EXCLUDES = [".venv", ".venv-*", "results", ".cache", ".git", "*.egg-info", "__pycache__",
-                 "build"]
+SHIP_EXCLUDES = [
+    ".venv",
+    ".venv-*",
+    "results",
+    ".cache",
+    ".git",
+    "*.egg-info",
+    "__pycache__",
+    "build",
+]
 #: where nodes keep one environment per pin, reused across units and jobs
 DEFAULT_ENV_ROOT = "~/.cache/patchbench/envs"
 #: the bench command a unit runs; {python}, {config}, {results} are filled in
 DEFAULT_COMMAND = ("{python}", "-m", "patchbench", "bench", "{config}", "--results", "{results}")
 RAY_HINT = "install it with `pip install .[ray]` or `make setup RAY=1`"
 
-Status = Literal["pending", "ok", "failed", "error", "lost", "cancelled", "interrupted",
-                 "unschedulable"]
+Status = Literal[
+    "pending", "ok", "failed", "error", "lost", "cancelled", "interrupted", "unschedulable"
+]
 
 
 def _log(msg: str) -> None:
@@ -119,7 +129,7 @@ class Resources(_Strict):
     @classmethod
     def _positive(cls, v):
         if not isinstance(v, str) and v < 0:
-            raise ValueError("must be >= 0 or \"node\"")
+            raise ValueError('must be >= 0 or "node"')
         return v
 
 
@@ -147,7 +157,9 @@ class MatrixSpec(_Strict):
     @classmethod
     def _name(cls, v: str) -> str:
         if not _config.VARIANT_NAME.match(v):
-            raise ValueError("use letters, digits, '.', '_' and '-' (it names the matrix run folder)")
+            raise ValueError(
+                "use letters, digits, '.', '_' and '-' (it names the matrix run folder)"
+            )
         return v
 
 
@@ -203,8 +215,9 @@ def unit_id(labels: dict[str, Any]) -> str:
     of the values in the order given; the hash is the sha256 of the canonical JSON of ``labels``
     (sorted keys), so the id changes exactly when a distinguishing value changes.
     """
-    canon = json.dumps(labels, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                       default=str)
+    canon = json.dumps(
+        labels, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str
+    )
     h = hashlib.sha256(canon.encode()).hexdigest()[:8]
     slug = "_".join(_slug_part(v) for v in labels.values())[:60].strip("_-.") or "unit"
     return f"{slug}-{h}"
@@ -228,8 +241,10 @@ def set_dotted(raw: dict, key: str, value: Any) -> None:
         if nxt is None:
             nxt = node[p] = {}
         elif not isinstance(nxt, dict):
-            raise ValueError(f"'{'.'.join(parts[:i + 1])}' holds {type(nxt).__name__}, not a "
-                             f"mapping, so '{key}' cannot be set")
+            raise ValueError(
+                f"'{'.'.join(parts[: i + 1])}' holds {type(nxt).__name__}, not a "
+                f"mapping, so '{key}' cannot be set"
+            )
         node = nxt
     node[parts[-1]] = copy.deepcopy(value)
 
@@ -287,23 +302,32 @@ def load_matrix(path: str | os.PathLike) -> Matrix:
             loc = tuple(x for x in err["loc"] if not (isinstance(x, str) and "[" in x))
             key = ".".join(str(x) for x in loc) or "(top level)"
             if err["type"] == "extra_forbidden":
-                model = MatrixSpec if len(loc) == 1 else (
-                    UnitEntry if loc[:1] == ("units",) else Resources)
-                lines.append(f"{where(*loc)}: unknown key '{key}'; allowed keys: "
-                             f"{', '.join(model.model_fields)}")
+                model = (
+                    MatrixSpec
+                    if len(loc) == 1
+                    else (UnitEntry if loc[:1] == ("units",) else Resources)
+                )
+                lines.append(
+                    f"{where(*loc)}: unknown key '{key}'; allowed keys: "
+                    f"{', '.join(model.model_fields)}"
+                )
             elif err["type"] == "missing":
                 lines.append(f"{where(*loc)}: missing required key '{key}'")
             else:
                 got = err.get("input")
-                lines.append(f"{where(*loc)}: key '{key}': {err['msg'].removeprefix('Value error, ')}"
-                             f" (got {repr(got)[:80] if not isinstance(got, dict) else 'a mapping'})")
+                lines.append(
+                    f"{where(*loc)}: key '{key}': {err['msg'].removeprefix('Value error, ')}"
+                    f" (got {repr(got)[:80] if not isinstance(got, dict) else 'a mapping'})"
+                )
         raise ConfigError("\n".join(dict.fromkeys(lines))) from None
     problems: list[str] = []
     if spec.units and (spec.base or spec.axes):
         problems.append(f"{where('units')}: give either base/axes or units, not both")
     if not spec.units and not spec.base:
-        problems.append(f"{path}: give a base config with axes, or a list of units "
-                        "(see `units:` / `base:` in docs/scale-out.md)")
+        problems.append(
+            f"{path}: give a base config with axes, or a list of units "
+            "(see `units:` / `base:` in docs/scale-out.md)"
+        )
     if spec.axes and not spec.base:
         problems.append(f"{where('axes')}: axes need a base config (base: configs/....yaml)")
     for key, values in spec.axes.items():
@@ -312,22 +336,31 @@ def load_matrix(path: str | os.PathLike) -> Matrix:
         canon = [json.dumps(v, sort_keys=True, default=str) for v in values]
         for i, c in enumerate(canon):
             if c in canon[:i]:
-                problems.append(f"{where('axes', key, i)}: axes.{key}[{i}]: {values[i]!r} is "
-                                f"listed twice")
+                problems.append(
+                    f"{where('axes', key, i)}: axes.{key}[{i}]: {values[i]!r} is listed twice"
+                )
         if key == GPU_AXIS and not all(isinstance(v, str) and v for v in values):
-            problems.append(f"{where('axes', key)}: axes.{key}: GPU types are names such as H200 "
-                            "(Ray's accelerator_type)")
+            problems.append(
+                f"{where('axes', key)}: axes.{key}: GPU types are names such as H200 "
+                "(Ray's accelerator_type)"
+            )
     if GPU_AXIS in spec.set:
-        problems.append(f"{where('set', GPU_AXIS)}: set.{GPU_AXIS}: the GPU type is an axis or a "
-                        "unit's gpu_type, not a config key")
+        problems.append(
+            f"{where('set', GPU_AXIS)}: set.{GPU_AXIS}: the GPU type is an axis or a "
+            "unit's gpu_type, not a config key"
+        )
     for i, ex in enumerate(spec.exclude):
         for k, v in ex.items():
             if k not in spec.axes:
-                problems.append(f"{where('exclude', i, k)}: exclude[{i}].{k}: not an axis "
-                                f"(axes: {', '.join(spec.axes) or 'none'})")
+                problems.append(
+                    f"{where('exclude', i, k)}: exclude[{i}].{k}: not an axis "
+                    f"(axes: {', '.join(spec.axes) or 'none'})"
+                )
             elif v not in spec.axes[k]:
-                problems.append(f"{where('exclude', i, k)}: exclude[{i}].{k}: {v!r} is not one of "
-                                f"axes.{k}'s values")
+                problems.append(
+                    f"{where('exclude', i, k)}: exclude[{i}].{k}: {v!r} is not one of "
+                    f"axes.{k}'s values"
+                )
     if problems:
         raise ConfigError("\n".join(problems))
 
@@ -340,13 +373,19 @@ def load_matrix(path: str | os.PathLike) -> Matrix:
         used_ex = set()
         for combo in itertools.product(*(range(len(spec.axes[k])) for k in keys)):
             labels = {k: spec.axes[k][i] for k, i in zip(keys, combo, strict=True)}
-            hit = [j for j, ex in enumerate(spec.exclude)
-                   if all(labels.get(k) == v for k, v in ex.items())]
+            hit = [
+                j
+                for j, ex in enumerate(spec.exclude)
+                if all(labels.get(k) == v for k, v in ex.items())
+            ]
             if hit:
                 used_ex.update(hit)
                 continue
             overrides = {**spec.set, **{k: v for k, v in labels.items() if k != GPU_AXIS}}
-            lines = {**set_lines, **{k: where("axes", k, i) for k, i in zip(keys, combo, strict=True)}}
+            lines = {
+                **set_lines,
+                **{k: where("axes", k, i) for k, i in zip(keys, combo, strict=True)},
+            }
             plans.append((base, labels, labels.get(GPU_AXIS), overrides, lines))
         for j in range(len(spec.exclude)):
             if j not in used_ex:
@@ -370,14 +409,17 @@ def load_matrix(path: str | os.PathLike) -> Matrix:
         for n, (cfg_path, labels, gpu, overrides, lines) in enumerate(plans):
             uid = unit_id(labels)
             if uid in seen:
-                problems.append(f"{path}: units {seen[uid] + 1} and {n + 1} are the same "
-                                f"({uid}); list each combination once")
+                problems.append(
+                    f"{path}: units {seen[uid] + 1} and {n + 1} are the same "
+                    f"({uid}); list each combination once"
+                )
                 continue
             seen[uid] = n
             if cfg_path not in base_cache:
                 try:
                     base_cache[cfg_path] = _config.read_yaml_mapping(
-                        cfg_path, _config.ConfigError, "name, sglang, model, variants, suites, ...")
+                        cfg_path, _config.ConfigError, "name, sglang, model, variants, suites, ..."
+                    )
                 except ConfigError as e:
                     key = ("base",) if spec.base else ("units", n, "config")
                     problems.append(f"{where(*key)}: {e}")
@@ -396,17 +438,31 @@ def load_matrix(path: str | os.PathLike) -> Matrix:
                     bad = True
             if bad:
                 continue
-            unit_text = (f"# patchbench matrix unit {uid}: {cfg_path} with "
-                         f"{json.dumps(overrides, default=str)}\n"
-                         + yaml.safe_dump(merged, sort_keys=False, allow_unicode=True,
-                                          default_flow_style=False))
+            unit_text = (
+                f"# patchbench matrix unit {uid}: {cfg_path} with "
+                f"{json.dumps(overrides, default=str)}\n"
+                + yaml.safe_dump(
+                    merged, sort_keys=False, allow_unicode=True, default_flow_style=False
+                )
+            )
             tmp_cfg = Path(tmp) / f"{uid}.yaml"
             tmp_cfg.write_text(unit_text, encoding="utf-8")
             try:
                 cfg = _config.load_config(tmp_cfg)
             except ConfigError as e:
-                problems.append(_unit_problem(str(e), tmp_cfg, unit_text, uid, labels, overrides,
-                                              lines, cfg_path, base_text))
+                problems.append(
+                    _unit_problem(
+                        str(e),
+                        tmp_cfg,
+                        unit_text,
+                        uid,
+                        labels,
+                        overrides,
+                        lines,
+                        cfg_path,
+                        base_text,
+                    )
+                )
                 continue
             units.append(Unit(uid, labels, gpu, overrides, cfg_path, unit_text, cfg.sglang, cfg))
     if problems:
@@ -416,8 +472,17 @@ def load_matrix(path: str | os.PathLike) -> Matrix:
     return Matrix(path, spec, units)
 
 
-def _unit_problem(msg: str, tmp_cfg: Path, unit_text: str, uid: str, labels: dict,
-                  overrides: dict, lines: dict, cfg_path: Path, base_text: str) -> str:
+def _unit_problem(
+    msg: str,
+    tmp_cfg: Path,
+    unit_text: str,
+    uid: str,
+    labels: dict,
+    overrides: dict,
+    lines: dict,
+    cfg_path: Path,
+    base_text: str,
+) -> str:
     """Rewrite load_config's message about a merged unit config: each ``TMP:LINE:`` prefix
     becomes the matrix line that set the key (axes/set) or the base config's line."""
     shown = ", ".join(f"{k}={v}" for k, v in labels.items())
@@ -428,11 +493,17 @@ def _unit_problem(msg: str, tmp_cfg: Path, unit_text: str, uid: str, labels: dic
         if not m:
             out.append("  " + line.replace(str(tmp_cfg), str(cfg_path)))
             continue
-        rest = line[m.end():]
+        rest = line[m.end() :]
         loc = _key_at_line(unit_text, int(m.group(1))) if m.group(1) else ()
         dotted = ".".join(str(x) for x in loc)
-        src = next((k for k in sorted(overrides, key=len, reverse=True)
-                    if dotted == k or dotted.startswith(k + ".")), None)
+        src = next(
+            (
+                k
+                for k in sorted(overrides, key=len, reverse=True)
+                if dotted == k or dotted.startswith(k + ".")
+            ),
+            None,
+        )
         if src is not None:
             at = f"{lines.get(src, '')} (set by the matrix: {src})"
         else:
@@ -447,17 +518,24 @@ def describe_matrix(m: Matrix, resume: str | os.PathLike | None = None) -> str:
     with ``resume`` (a matrix run folder) each unit says whether it is done."""
     done = _done_units(Path(resume)) if resume else set()
     res = m.spec.resources
-    lines = [f"matrix     {m.path}", f"name       {m.spec.name}",
-             f"units      {len(m.units)} (resources per unit: num_gpus={res.num_gpus}, "
-             f"num_cpus={res.num_cpus})"]
+    lines = [
+        f"matrix     {m.path}",
+        f"name       {m.spec.name}",
+        f"units      {len(m.units)} (resources per unit: num_gpus={res.num_gpus}, "
+        f"num_cpus={res.num_cpus})",
+    ]
     for u in m.units:
         mark = " (done)" if u.id in done else ""
         sets = ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in u.overrides.items())
-        lines.append(f"  {u.id}{mark}: gpu_type={u.gpu_type or 'any'} sglang={u.sglang} "
-                     f"config={u.config_path.name}{' ' + sets if sets else ''}")
+        lines.append(
+            f"  {u.id}{mark}: gpu_type={u.gpu_type or 'any'} sglang={u.sglang} "
+            f"config={u.config_path.name}{' ' + sets if sets else ''}"
+        )
     if resume:
-        lines.append(f"{sum(u.id in done for u in m.units)} of {len(m.units)} units done, "
-                     f"{sum(u.id not in done for u in m.units)} to run")
+        lines.append(
+            f"{sum(u.id in done for u in m.units)} of {len(m.units)} units done, "
+            f"{sum(u.id not in done for u in m.units)} to run"
+        )
     return "\n".join(lines)
 
 
@@ -481,9 +559,12 @@ def pin_venv(workdir: Path, pin: str) -> Path:
 
 def _installed_sglang(python: str) -> str | None:
     try:
-        out = subprocess.run([python, "-c", "import importlib.metadata as m; "
-                              "print(m.version('sglang'))"], capture_output=True, text=True,
-                             timeout=60)
+        out = subprocess.run(
+            [python, "-c", "import importlib.metadata as m; print(m.version('sglang'))"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
@@ -522,17 +603,39 @@ def prepare_python(spec: dict, workdir: Path, log_file) -> str:
         r = subprocess.run(cmd, stdout=log_file, stderr=subprocess.STDOUT)
         python = str(venv / "bin" / "python")
         if r.returncode == 0 and mode == "make":
-            where = subprocess.run([python, "-c", "import patchbench, pathlib; "
-                                    "print(pathlib.Path(patchbench.__file__).resolve().parent.parent)"],
-                                   capture_output=True, text=True)
+            where = subprocess.run(
+                [
+                    python,
+                    "-c",
+                    "import patchbench, pathlib; "
+                    "print(pathlib.Path(patchbench.__file__).resolve().parent.parent)",
+                ],
+                capture_output=True,
+                text=True,
+            )
             if where.stdout.strip() != str(workdir.resolve()):
-                r = subprocess.run([python, "-m", "pip", "install", "--disable-pip-version-check",
-                                    "--progress-bar", "off", "--no-deps", "-e", str(workdir)],
-                                   stdout=log_file, stderr=subprocess.STDOUT)
+                r = subprocess.run(
+                    [
+                        python,
+                        "-m",
+                        "pip",
+                        "install",
+                        "--disable-pip-version-check",
+                        "--progress-bar",
+                        "off",
+                        "--no-deps",
+                        "-e",
+                        str(workdir),
+                    ],
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                )
     if r.returncode != 0:
         log_file.flush()
-        raise EnvironmentNotReady(f"setting up sglang {pin} on {_node_name()} failed "
-                                  f"(exit {r.returncode}): {_tail(Path(log_file.name), 5)}")
+        raise EnvironmentNotReady(
+            f"setting up sglang {pin} on {_node_name()} failed "
+            f"(exit {r.returncode}): {_tail(Path(log_file.name), 5)}"
+        )
     return python
 
 
@@ -558,6 +661,7 @@ def _stop_leftover_servers(run_dir: Path | None) -> list[int]:
     if run_dir is None or not run_dir.is_dir():
         return []
     from patchbench import stale
+
     found = stale.find_stale_servers(run_dir)
     if found:
         stale.kill_stale(found)
@@ -625,11 +729,22 @@ def execute_unit(spec: dict) -> dict:
     that ended any other way is stopped too.
     """
     started = time.time()
-    workdir = (Path.cwd() if spec.get("workdir") == "cwd"
-               else Path(spec["workdir"]) if spec.get("workdir") else REPO_ROOT)
+    workdir = (
+        Path.cwd()
+        if spec.get("workdir") == "cwd"
+        else Path(spec["workdir"])
+        if spec.get("workdir")
+        else REPO_ROOT
+    )
     tmp = Path(tempfile.mkdtemp(prefix=f"patchbench-unit-{spec['id']}-"))
-    out: dict[str, Any] = {"node": _node_name(), "archive": None, "archive_bytes": 0,
-                           "has_folder": False, "started_at": started, "timings_s": {}}
+    out: dict[str, Any] = {
+        "node": _node_name(),
+        "archive": None,
+        "archive_bytes": 0,
+        "has_folder": False,
+        "started_at": started,
+        "timings_s": {},
+    }
     log_path = tmp / "bench.log"
     run_dir: Path | None = None
     try:
@@ -658,9 +773,16 @@ def execute_unit(spec: dict) -> dict:
             log.write(f"$ {' '.join(cmd)}\n")
             log.flush()
             t0 = time.monotonic()
-            proc = subprocess.Popen(cmd, cwd=str(workdir), env=env, stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, preexec_fn=_pdeathsig)
+            proc = subprocess.Popen(
+                cmd,
+                cwd=str(workdir),
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_pdeathsig,
+            )
             try:
                 while proc.poll() is None:  # short waits: a Ray cancellation lands between them
                     with contextlib.suppress(subprocess.TimeoutExpired):
@@ -736,27 +858,54 @@ class Executor:
     def check(self, units: list[Unit]) -> dict[str, str]:
         return {}
 
-    def run(self, units: list[Unit], matrix_dir: Path, record: Callable[[UnitResult], None],
-            resume: set[str]) -> None:
+    def run(
+        self,
+        units: list[Unit],
+        matrix_dir: Path,
+        record: Callable[[UnitResult], None],
+        resume: set[str],
+    ) -> None:
         raise NotImplementedError
 
 
 def _unit_spec(u: Unit, matrix_dir: Path, opts: dict) -> dict:
-    return {"id": u.id, "config_text": u.config_text, "sglang": u.sglang,
-            "env_setup": opts.get("env_setup"), "env_root": opts.get("env_root"),
-            "command": list(opts["command"]) if opts.get("command") else None,
-            "stop_grace_s": opts.get("stop_grace_s", 60), "env": opts.get("env") or {}}
+    return {
+        "id": u.id,
+        "config_text": u.config_text,
+        "sglang": u.sglang,
+        "env_setup": opts.get("env_setup"),
+        "env_root": opts.get("env_root"),
+        "command": list(opts["command"]) if opts.get("command") else None,
+        "stop_grace_s": opts.get("stop_grace_s", 60),
+        "env": opts.get("env") or {},
+    }
 
 
 def _result_of(uid: str, out: dict) -> UnitResult:
     code = out.get("exit_code")
-    status: Status = "ok" if code == 0 else ("failed" if code == 4 and out.get("has_folder")
-                                             else "interrupted" if code in (130, 143) else "error")
+    status: Status = (
+        "ok"
+        if code == 0
+        else (
+            "failed"
+            if code == 4 and out.get("has_folder")
+            else "interrupted"
+            if code in (130, 143)
+            else "error"
+        )
+    )
     t = dict(out.get("timings_s") or {})
     if out.get("ended_at") and out.get("started_at"):
         t["task"] = round(out["ended_at"] - out["started_at"], 3)
-    return UnitResult(uid, status, code, out.get("message") or "", out.get("node"), t,
-                      int(out.get("archive_bytes") or 0))
+    return UnitResult(
+        uid,
+        status,
+        code,
+        out.get("message") or "",
+        out.get("node"),
+        t,
+        int(out.get("archive_bytes") or 0),
+    )
 
 
 class LocalExecutor(Executor):
@@ -766,10 +915,20 @@ class LocalExecutor(Executor):
 
     name = "local"
 
-    def __init__(self, *, env_setup: str = "auto", command: list[str] | None = None,
-                 env: dict[str, str] | None = None, stop_grace_s: float = 60):
-        self.opts = {"env_setup": env_setup, "command": command, "env": env,
-                     "stop_grace_s": stop_grace_s}
+    def __init__(
+        self,
+        *,
+        env_setup: str = "auto",
+        command: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        stop_grace_s: float = 60,
+    ):
+        self.opts = {
+            "env_setup": env_setup,
+            "command": command,
+            "env": env,
+            "stop_grace_s": stop_grace_s,
+        }
 
     def run(self, units, matrix_dir, record, resume):
         for u in units:
@@ -782,8 +941,11 @@ class LocalExecutor(Executor):
             try:
                 out = execute_unit(spec)
             except KeyboardInterrupt:
-                record(UnitResult(u.id, "interrupted", 130, "interrupted; finished cells kept",
-                                  _node_name()))
+                record(
+                    UnitResult(
+                        u.id, "interrupted", 130, "interrupted; finished cells kept", _node_name()
+                    )
+                )
                 raise
             res = _result_of(u.id, out)
             record(res)
@@ -794,14 +956,16 @@ def _ray():
     try:
         import ray
     except ImportError:
-        raise EnvironmentNotReady(f"--on ray needs the Ray package, which is not installed; "
-                                  f"{RAY_HINT}") from None
+        raise EnvironmentNotReady(
+            f"--on ray needs the Ray package, which is not installed; {RAY_HINT}"
+        ) from None
     return ray
 
 
 def _ray_unit_task(spec: dict) -> dict:
     """The Ray task: :func:`execute_unit` on the node Ray picked; the node id is added."""
     import ray
+
     out = execute_unit(spec)
     out["node_id"] = ray.get_runtime_context().get_node_id()
     return out
@@ -823,15 +987,30 @@ class RayExecutor(Executor):
 
     name = "ray"
 
-    def __init__(self, address: str | None = None, *, resources: Resources | None = None,
-                 ship_code: bool = True, env_setup: str = "make", env_root: str | None = None,
-                 command: list[str] | None = None, env: dict[str, str] | None = None,
-                 stop_grace_s: float = 60, cancel_wait_s: float = 90, log=_log):
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        resources: Resources | None = None,
+        ship_code: bool = True,
+        env_setup: str = "make",
+        env_root: str | None = None,
+        command: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        stop_grace_s: float = 60,
+        cancel_wait_s: float = 90,
+        log=_log,
+    ):
         self.address = address
         self.resources = resources or Resources()
         self.ship_code = ship_code
-        self.opts = {"env_setup": env_setup, "env_root": env_root, "command": command, "env": env,
-                     "stop_grace_s": stop_grace_s}
+        self.opts = {
+            "env_setup": env_setup,
+            "env_root": env_root,
+            "command": command,
+            "env": env,
+            "stop_grace_s": stop_grace_s,
+        }
         self.cancel_wait_s = cancel_wait_s
         self.log = log
         self._started = False
@@ -856,15 +1035,19 @@ class RayExecutor(Executor):
         """{unit id: Ray options} for units some alive node can take, {unit id: why not} else."""
         ray = self.connect()
         nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
-        have = sorted({k.split(":", 1)[1] for r in nodes for k in r if k.startswith("accelerator_type:")})
+        have = sorted(
+            {k.split(":", 1)[1] for r in nodes for k in r if k.startswith("accelerator_type:")}
+        )
         opts, bad = {}, {}
         for u in units:
             key = f"accelerator_type:{u.gpu_type}" if u.gpu_type else None
             cands = [r for r in nodes if key is None or r.get(key, 0) > 0]
             if not cands:
-                bad[u.id] = (f"no node of the cluster has GPU type {u.gpu_type} (resource {key}); "
-                             f"types present: {', '.join(have) or 'none'}; start a node of that "
-                             f"type or pass `--resources '{{\"{key}\": 1}}'` to its `ray start`")
+                bad[u.id] = (
+                    f"no node of the cluster has GPU type {u.gpu_type} (resource {key}); "
+                    f"types present: {', '.join(have) or 'none'}; start a node of that "
+                    f"type or pass `--resources '{{\"{key}\": 1}}'` to its `ray start`"
+                )
                 continue
             want = {}
             for res, rkey in (("num_gpus", "GPU"), ("num_cpus", "CPU")):
@@ -872,16 +1055,25 @@ class RayExecutor(Executor):
                 if v == "node":
                     v = min(r.get(rkey, 0) for r in cands)
                 want[res] = v
-            fits = [r for r in cands if r.get("GPU", 0) >= want["num_gpus"]
-                    and r.get("CPU", 0) >= want["num_cpus"]]
+            fits = [
+                r
+                for r in cands
+                if r.get("GPU", 0) >= want["num_gpus"] and r.get("CPU", 0) >= want["num_cpus"]
+            ]
             if not fits:
-                bad[u.id] = (f"no node{' of type ' + u.gpu_type if u.gpu_type else ''} has "
-                             f"{want['num_gpus']} GPUs and {want['num_cpus']} CPUs (nodes: "
-                             + "; ".join(f"GPU {r.get('GPU', 0):g} CPU {r.get('CPU', 0):g}"
-                                         for r in cands) + ")")
+                bad[u.id] = (
+                    f"no node{' of type ' + u.gpu_type if u.gpu_type else ''} has "
+                    f"{want['num_gpus']} GPUs and {want['num_cpus']} CPUs (nodes: "
+                    + "; ".join(f"GPU {r.get('GPU', 0):g} CPU {r.get('CPU', 0):g}" for r in cands)
+                    + ")"
+                )
                 continue
-            o = {**want, "max_retries": 0, "retry_exceptions": False,
-                 "name": f"patchbench-unit-{u.id}"}
+            o = {
+                **want,
+                "max_retries": 0,
+                "retry_exceptions": False,
+                "name": f"patchbench-unit-{u.id}",
+            }
             if key:
                 o["resources"] = {key: 0.001}
             opts[u.id] = o
@@ -907,8 +1099,10 @@ class RayExecutor(Executor):
             t0 = time.time()
             ref = task.options(**opts[u.id]).remote(spec)
             pending[ref] = (u, t0)
-            self.log(f"unit {u.id}: submitted (gpu_type={u.gpu_type or 'any'}, "
-                     f"num_gpus={opts[u.id]['num_gpus']:g}, num_cpus={opts[u.id]['num_cpus']:g})")
+            self.log(
+                f"unit {u.id}: submitted (gpu_type={u.gpu_type or 'any'}, "
+                f"num_gpus={opts[u.id]['num_gpus']:g}, num_cpus={opts[u.id]['num_cpus']:g})"
+            )
         try:
             while pending:
                 ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
@@ -956,14 +1150,17 @@ class RayExecutor(Executor):
         if out.get("archive"):
             unpack_folder(out["archive"], matrix_dir / u.id)
         res.timings_s.update(
-            get=round(get_s, 3), unpack=round(time.monotonic() - t1, 3),
+            get=round(get_s, 3),
+            unpack=round(time.monotonic() - t1, 3),
             start_delay=round(out["started_at"] - submitted, 3),
             return_delay=round(max(0.0, ready_at - out["ended_at"]), 3),
-            wall=round(time.time() - submitted, 3))
+            wall=round(time.time() - submitted, 3),
+        )
         res.node = f"{out.get('node')} ({str(out.get('node_id', ''))[:12]})"
         record(res)
-        self.log(f"unit {u.id}: {res.status} on {res.node}"
-                 f"{': ' + res.message if res.message else ''}")
+        self.log(
+            f"unit {u.id}: {res.status} on {res.node}{': ' + res.message if res.message else ''}"
+        )
 
 
 # --------------------------------------------------------------------------- the driver
@@ -972,50 +1169,68 @@ def _done_units(matrix_dir: Path) -> set[str]:
         man = read_json(matrix_dir / "matrix.json")
     except (OSError, ValueError):
         return set()
-    return {u["id"] for u in man.get("units", []) if u.get("status") == "ok"
-            and (matrix_dir / u["id"] / "manifest.json").exists()}
+    return {
+        u["id"]
+        for u in man.get("units", [])
+        if u.get("status") == "ok" and (matrix_dir / u["id"] / "manifest.json").exists()
+    }
 
 
 def _check_resume(m: Matrix, matrix_dir: Path) -> dict:
     mf = matrix_dir / "matrix.json"
     if not matrix_dir.is_dir():
-        raise ConfigError(f"--resume {matrix_dir}: no such folder (give a matrix run folder, "
-                          "results/<stamp>-<name>/)")
+        raise ConfigError(
+            f"--resume {matrix_dir}: no such folder (give a matrix run folder, "
+            "results/<stamp>-<name>/)"
+        )
     try:
         old = read_json(mf)
     except (OSError, ValueError) as e:
-        raise ConfigError(f"--resume {matrix_dir}: no readable matrix.json there ({e}); give a "
-                          "matrix run folder") from None
+        raise ConfigError(
+            f"--resume {matrix_dir}: no readable matrix.json there ({e}); give a matrix run folder"
+        ) from None
     changed = []
     for u in m.units:
         p = matrix_dir / "configs" / f"{u.id}.yaml"
         if p.exists() and yaml.safe_load(p.read_text()) != yaml.safe_load(u.config_text):
             changed.append(u.id)
     if changed:
-        raise ConfigError(f"--resume {matrix_dir}: the config of unit(s) {', '.join(changed)} "
-                          f"differs from what ran there ({matrix_dir}/configs/<unit>.yaml); a "
-                          "resumed matrix must measure the same thing: start a new matrix run")
+        raise ConfigError(
+            f"--resume {matrix_dir}: the config of unit(s) {', '.join(changed)} "
+            f"differs from what ran there ({matrix_dir}/configs/<unit>.yaml); a "
+            "resumed matrix must measure the same thing: start a new matrix run"
+        )
     return old
 
 
-def make_executor(on: str, *, address: str | None = None, resources: Resources | None = None,
-                  **kw) -> Executor:
-    """"local" -> :class:`LocalExecutor`, "ray" -> :class:`RayExecutor` (``kw`` passed on).
+def make_executor(
+    on: str, *, address: str | None = None, resources: Resources | None = None, **kw
+) -> Executor:
+    """ "local" -> :class:`LocalExecutor`, "ray" -> :class:`RayExecutor` (``kw`` passed on).
     Raises UsageError for another name, EnvironmentNotReady for "ray" without Ray installed."""
     if on == "local":
         if address:
             raise UsageError("--address is for --on ray")
-        return LocalExecutor(**{k: v for k, v in kw.items() if k in ("env_setup", "command",
-                                                                      "env", "stop_grace_s")})
+        return LocalExecutor(
+            **{k: v for k, v in kw.items() if k in ("env_setup", "command", "env", "stop_grace_s")}
+        )
     if on == "ray":
         _ray()
         return RayExecutor(address, resources=resources, **kw)
     raise UsageError(f"--on must be local or ray, not {on!r}")
 
 
-def run_matrix(path: str | os.PathLike, on: str = "local", address: str | None = None, *,
-               resume: str | os.PathLike | None = None, results: str | os.PathLike | None = None,
-               executor: Executor | None = None, log=_log, **executor_kw) -> Path:
+def run_matrix(
+    path: str | os.PathLike,
+    on: str = "local",
+    address: str | None = None,
+    *,
+    resume: str | os.PathLike | None = None,
+    results: str | os.PathLike | None = None,
+    executor: Executor | None = None,
+    log=_log,
+    **executor_kw,
+) -> Path:
     """Run every unit of a matrix; returns the matrix run folder.
 
     ``on``: "local" (one after another here, no Ray) or "ray" (one task per unit on the cluster
@@ -1031,6 +1246,7 @@ def run_matrix(path: str | os.PathLike, on: str = "local", address: str | None =
     Ctrl-C/SIGTERM (finished units kept; ``--resume`` runs the rest).
     """
     from patchbench.signals import signum_of, terminate_like_ctrl_c
+
     m = load_matrix(path)
     if executor is None:
         executor = make_executor(on, address=address, resources=m.spec.resources, **executor_kw)
@@ -1050,15 +1266,33 @@ def run_matrix(path: str | os.PathLike, on: str = "local", address: str | None =
     partial = {u.id for u in todo if (matrix_dir / u.id / "manifest.json").exists()}
     state: dict[str, dict] = {}
     for u in m.units:
-        base = {"id": u.id, "labels": u.labels, "gpu_type": u.gpu_type, "sglang": u.sglang,
-                "config": f"configs/{u.id}.yaml", "config_name": u.config.name,
-                "status": "pending", "exit_code": None, "message": "", "node": None,
-                "timings_s": {}, "archive_bytes": 0}
+        base = {
+            "id": u.id,
+            "labels": u.labels,
+            "gpu_type": u.gpu_type,
+            "sglang": u.sglang,
+            "config": f"configs/{u.id}.yaml",
+            "config_name": u.config.name,
+            "status": "pending",
+            "exit_code": None,
+            "message": "",
+            "node": None,
+            "timings_s": {},
+            "archive_bytes": 0,
+        }
         state[u.id] = {**base, **prev.get(u.id, {})} if u.id in done else base
-    manifest = {"schema_version": MATRIX_SCHEMA, "name": m.spec.name, "matrix": str(m.path.resolve()),
-                "description": m.spec.description, "executor": executor.name,
-                "address": address, "axes": list(m.spec.axes) or ["config"],
-                "started_at": _utc_stamp(), "ended_at": None, "units": list(state.values())}
+    manifest = {
+        "schema_version": MATRIX_SCHEMA,
+        "name": m.spec.name,
+        "matrix": str(m.path.resolve()),
+        "description": m.spec.description,
+        "executor": executor.name,
+        "address": address,
+        "axes": list(m.spec.axes) or ["config"],
+        "started_at": _utc_stamp(),
+        "ended_at": None,
+        "units": list(state.values()),
+    }
     if resume:
         manifest["started_at"] = old.get("started_at") or manifest["started_at"]
         manifest["resumes"] = old.get("resumes", []) + [_utc_stamp()]
@@ -1068,13 +1302,21 @@ def run_matrix(path: str | os.PathLike, on: str = "local", address: str | None =
         write_json(matrix_dir / "matrix.json", manifest)
 
     def record(r: UnitResult) -> None:
-        state[r.id].update(status=r.status, exit_code=r.exit_code, message=r.message, node=r.node,
-                           timings_s=r.timings_s, archive_bytes=r.archive_bytes)
+        state[r.id].update(
+            status=r.status,
+            exit_code=r.exit_code,
+            message=r.message,
+            node=r.node,
+            timings_s=r.timings_s,
+            archive_bytes=r.archive_bytes,
+        )
         save()
 
     save()
-    log(f"matrix run folder {matrix_dir}: {len(todo)} of {len(m.units)} units to run on "
-        f"{executor.name}")
+    log(
+        f"matrix run folder {matrix_dir}: {len(todo)} of {len(m.units)} units to run on "
+        f"{executor.name}"
+    )
     interrupted: BaseException | None = None
     try:
         with terminate_like_ctrl_c(log=log):
@@ -1092,19 +1334,26 @@ def run_matrix(path: str | os.PathLike, on: str = "local", address: str | None =
         save()
         try:
             from patchbench.matrix_report import write_matrix_report
+
             write_matrix_report(matrix_dir)
         except Exception as e:  # noqa: BLE001 - a report problem must not hide the units' results
             log(f"matrix report failed: {type(e).__name__}: {e}")
     if interrupted is not None:
         sig = signum_of(interrupted)
         cmd = f"patchbench matrix {path} --on {executor.name} --resume {matrix_dir}"
-        raise Interrupted(f"interrupted; finished units are kept in {matrix_dir}; resume with "
-                          f"`{cmd}`", signum=sig, run_dir=matrix_dir)
+        raise Interrupted(
+            f"interrupted; finished units are kept in {matrix_dir}; resume with `{cmd}`",
+            signum=sig,
+            run_dir=matrix_dir,
+        )
     bad = [s for s in state.values() if s["status"] != "ok"]
     if bad:
-        raise RunFailed(f"{len(bad)} of {len(m.units)} units did not end ok ("
-                        + "; ".join(f"{s['id']}: {s['status']}" for s in bad[:5])
-                        + f"); see {matrix_dir}/matrix.json and report.md", matrix_dir)
+        raise RunFailed(
+            f"{len(bad)} of {len(m.units)} units did not end ok ("
+            + "; ".join(f"{s['id']}: {s['status']}" for s in bad[:5])
+            + f"); see {matrix_dir}/matrix.json and report.md",
+            matrix_dir,
+        )
     log(f"done: {len(m.units)} units in {matrix_dir}")
     return matrix_dir
 
@@ -1113,22 +1362,42 @@ def run_matrix(path: str | os.PathLike, on: str = "local", address: str | None =
 def add_cli_arguments(p) -> None:
     """The options of ``patchbench matrix`` (an argparse parser)."""
     p.add_argument("matrix", help="the matrix file (YAML): a base config with axes, or units")
-    p.add_argument("--on", choices=("local", "ray"), default="local",
-                   help="local: one unit after another here (default); ray: one Ray task per unit")
-    p.add_argument("--address", help="the Ray cluster (default: RAY_ADDRESS, a running local "
-                   "cluster, or a new local one)")
+    p.add_argument(
+        "--on",
+        choices=("local", "ray"),
+        default="local",
+        help="local: one unit after another here (default); ray: one Ray task per unit",
+    )
+    p.add_argument(
+        "--address",
+        help="the Ray cluster (default: RAY_ADDRESS, a running local cluster, or a new local one)",
+    )
     p.add_argument("--dry-run", action="store_true", help="list the units, run nothing")
-    p.add_argument("--resume", metavar="MATRIX_RUN_DIR",
-                   help="run only the units not finished ok in MATRIX_RUN_DIR")
-    p.add_argument("--results", metavar="DIR", help="parent of the matrix run folder "
-                   "(default results/)")
-    p.add_argument("--env-setup", choices=("auto", "make", "current"),
-                   help="how a unit gets its pin's environment (default: auto locally, make on "
-                   "Ray: `make setup SGLANG=<pin>` into a persistent venv per pin on each node)")
-    p.add_argument("--env-root", metavar="DIR", help=f"where nodes keep those venvs (default "
-                   f"{DEFAULT_ENV_ROOT})")
-    p.add_argument("--no-ship-code", action="store_true", help="Ray: do not send this checkout "
-                   "as the job's working_dir (every node has it at the same path)")
+    p.add_argument(
+        "--resume",
+        metavar="MATRIX_RUN_DIR",
+        help="run only the units not finished ok in MATRIX_RUN_DIR",
+    )
+    p.add_argument(
+        "--results", metavar="DIR", help="parent of the matrix run folder (default results/)"
+    )
+    p.add_argument(
+        "--env-setup",
+        choices=("auto", "make", "current"),
+        help="how a unit gets its pin's environment (default: auto locally, make on "
+        "Ray: `make setup SGLANG=<pin>` into a persistent venv per pin on each node)",
+    )
+    p.add_argument(
+        "--env-root",
+        metavar="DIR",
+        help=f"where nodes keep those venvs (default {DEFAULT_ENV_ROOT})",
+    )
+    p.add_argument(
+        "--no-ship-code",
+        action="store_true",
+        help="Ray: do not send this checkout "
+        "as the job's working_dir (every node has it at the same path)",
+    )
 
 
 def run_cli(a) -> int:

@@ -10,6 +10,7 @@ Read only from ``matrix.json`` (patchbench.matrix) and each unit's typed ``compa
 - the figure: one panel per primary metric, one line per (unit, variant): the change (dot) and its
   interval (bar), coloured by verdict (patchbench.plots.COLOURS).
 """
+
 from __future__ import annotations
 
 import json
@@ -40,6 +41,7 @@ def unit_effects(matrix_dir: str | os.PathLike) -> tuple[list[dict], list[tuple[
     ``error`` (why its compare.json could not be read, or ""); and every primary
     (suite, metric) in the order first met."""
     from patchbench.comparison import read_comparison
+
     d = Path(matrix_dir)
     man = read_json(d / "matrix.json")
     out, primaries = [], []
@@ -75,21 +77,30 @@ def render_matrix_report(matrix_dir: str | os.PathLike) -> str:
     counts: dict[str, int] = {}
     for u in units:
         counts[u["status"]] = counts.get(u["status"], 0) + 1
-    lines += [f"{len(units)} units on `{man.get('executor')}` ("
-              + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-              + f"); started {man.get('started_at')}, ended {man.get('ended_at') or '-'}"
-              + ("; **interrupted**" if man.get("interrupted") else "") + ".", ""]
-    lines += ["Each unit is one whole A/B run on one node (every variant and repeat interleaved "
-              "there); the cells give each variant's verdict against that unit's baseline, the "
-              "change and its interval at the level the verdict used.", ""]
+    lines += [
+        f"{len(units)} units on `{man.get('executor')}` ("
+        + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        + f"); started {man.get('started_at')}, ended {man.get('ended_at') or '-'}"
+        + ("; **interrupted**" if man.get("interrupted") else "")
+        + ".",
+        "",
+    ]
+    lines += [
+        "Each unit is one whole A/B run on one node (every variant and repeat interleaved "
+        "there); the cells give each variant's verdict against that unit's baseline, the "
+        "change and its interval at the level the verdict used.",
+        "",
+    ]
     head = ["unit", "gpu type", *axes, "status", *(f"{s}.{m}" for s, m in primaries)]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for u in units:
-        link = f"[{u['id']}]({u['id']}/report.md)" if (d / u["id"] / "report.md").exists() \
-            else u["id"]
+        link = (
+            f"[{u['id']}]({u['id']}/report.md)" if (d / u["id"] / "report.md").exists() else u["id"]
+        )
         vals = [_cell_value(u.get("labels", {}).get(a)) for a in axes]
-        status = u["status"] + (f" (exit {u['exit_code']})" if u.get("exit_code") not in (0, None)
-                                else "")
+        status = u["status"] + (
+            f" (exit {u['exit_code']})" if u.get("exit_code") not in (0, None) else ""
+        )
         cols = []
         cmp = u["comparison"]
         for s, m in primaries:
@@ -99,29 +110,40 @@ def render_matrix_report(matrix_dir: str | os.PathLike) -> str:
                     r = cmp.row(s, m, v)
                     if r is None or r.aa:
                         continue
-                    parts.append(f"{v}: **{r.verdict}** {_fmt(r.change, r.change_unit)}"
-                                 f"{_interval(r)}")
+                    parts.append(
+                        f"{v}: **{r.verdict}** {_fmt(r.change, r.change_unit)}{_interval(r)}"
+                    )
             cols.append("<br>".join(parts) or "-")
-        lines.append("| " + " | ".join([link, u.get("gpu_type") or "any", *vals, status, *cols])
-                     + " |")
+        lines.append(
+            "| " + " | ".join([link, u.get("gpu_type") or "any", *vals, status, *cols]) + " |"
+        )
     problems = [u for u in units if u["status"] != "ok"]
     if problems:
         lines += ["", "## Units that did not end ok", ""]
         for u in problems:
-            lines.append(f"- `{u['id']}`: {u['status']}"
-                         + (f" on {u['node']}" if u.get("node") else "")
-                         + (f": {u['message']}" if u.get("message") else "")
-                         + (f" ({u['error']})" if u.get("error") and u["status"] != "ok" else ""))
+            lines.append(
+                f"- `{u['id']}`: {u['status']}"
+                + (f" on {u['node']}" if u.get("node") else "")
+                + (f": {u['message']}" if u.get("message") else "")
+                + (f" ({u['error']})" if u.get("error") and u["status"] != "ok" else "")
+            )
     if (d / FIGURE).exists():
         lines += ["", "## Primary effects across units", "", f"![primary effects]({FIGURE})"]
-    lines += ["", "## Timings", "", "| unit | node | task s | bench s | driver overhead s | "
-              "archive KiB |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Timings",
+        "",
+        "| unit | node | task s | bench s | driver overhead s | archive KiB |",
+        "|---|---|---|---|---|---|",
+    ]
     for u in units:
         t = u.get("timings_s") or {}
         over = sum(t.get(k, 0) for k in ("start_delay", "return_delay", "get", "unpack", "pack"))
-        lines.append(f"| {u['id']} | {u.get('node') or '-'} | {t.get('task', '-')} | "
-                     f"{t.get('bench', '-')} | {round(over, 2) if t else '-'} | "
-                     f"{round(u.get('archive_bytes', 0) / 1024, 1)} |")
+        lines.append(
+            f"| {u['id']} | {u.get('node') or '-'} | {t.get('task', '-')} | "
+            f"{t.get('bench', '-')} | {round(over, 2) if t else '-'} | "
+            f"{round(u.get('archive_bytes', 0) / 1024, 1)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -134,6 +156,7 @@ def plot_matrix_effects(matrix_dir: str | os.PathLike):
     """The figure: one panel per primary metric, a row per (unit, variant) with the change and
     its interval, coloured by verdict; None when no unit has a primary row with a change."""
     from patchbench.plots import COLOURS, DPI, WIDTH_IN, plt
+
     units, primaries = unit_effects(matrix_dir)
     panels = []
     for s, m in primaries:
@@ -151,22 +174,33 @@ def plot_matrix_effects(matrix_dir: str | os.PathLike):
     if not panels:
         return None
     n_rows = max(len(p) for _, p in panels)
-    fig, axes = plt.subplots(len(panels), 1, squeeze=False,
-                             figsize=(WIDTH_IN, max(2.0, 0.9 + 0.35 * n_rows) * len(panels)),
-                             dpi=DPI)
+    fig, axes = plt.subplots(
+        len(panels),
+        1,
+        squeeze=False,
+        figsize=(WIDTH_IN, max(2.0, 0.9 + 0.35 * n_rows) * len(panels)),
+        dpi=DPI,
+    )
     for ax, (title, pts) in zip(axes[:, 0], panels, strict=True):
         for i, (_label, r) in enumerate(pts):
             c = COLOURS.get(r.verdict, "gray")
             lo = r.low if r.low is not None else r.change
             hi = r.high if r.high is not None else r.change
-            ax.errorbar([r.change], [i], xerr=[[r.change - lo], [hi - r.change]], fmt="o",
-                        color=c, capsize=3)
+            ax.errorbar(
+                [r.change],
+                [i],
+                xerr=[[r.change - lo], [hi - r.change]],
+                fmt="o",
+                color=c,
+                capsize=3,
+            )
         ax.set_yticks(range(len(pts)))
         ax.set_yticklabels([p[0] for p in pts], fontsize=7)
         ax.invert_yaxis()
         ax.axvline(0, color="black", lw=0.8)
-        ax.set_title(f"{title}: change vs each unit's baseline ({pts[0][1].change_unit})",
-                     fontsize=9)
+        ax.set_title(
+            f"{title}: change vs each unit's baseline ({pts[0][1].change_unit})", fontsize=9
+        )
         ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return fig
@@ -177,6 +211,7 @@ def write_matrix_report(matrix_dir: str | os.PathLike) -> Path:
     a matrix run folder; returns the report's path. Raises OSError / ValueError for an
     unreadable matrix.json."""
     from patchbench.plots import save_png
+
     d = Path(matrix_dir)
     fig = plot_matrix_effects(d)
     if fig is not None:

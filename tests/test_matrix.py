@@ -6,6 +6,7 @@ Run as a script (``python tests/test_matrix.py ARGS``) this file is ``patchbench
 with every server launched as the fake server (tests/fake_server) and the ``mx_fake`` suite
 registered: the bench command the executors run in these tests (also tests/test_matrix_ray.py).
 """
+
 import json
 import math
 import os
@@ -44,13 +45,21 @@ class MxFakeSuite(Suite):
     metrics = {"tput_tok_s": MetricInfo("higher", "tok/s", primary=True)}
 
     def run(self, ctx, params):
-        if params.fail_if_exists and ctx.variant == "patched" and Path(params.fail_if_exists).exists():
+        if (
+            params.fail_if_exists
+            and ctx.variant == "patched"
+            and Path(params.fail_if_exists).exists()
+        ):
             raise SuiteError(f"{params.fail_if_exists} exists")
-        req = urllib.request.Request(ctx.server.base_url + "/generate", data=b'{"text": "x"}',
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            ctx.server.base_url + "/generate",
+            data=b'{"text": "x"}',
+            headers={"Content-Type": "application/json"},
+        )
         urllib.request.urlopen(req, timeout=60).read()
-        gain = params.gains.get(ctx.variant, 1.0) + (0.01 * ctx.repeat if ctx.variant in
-                                                      params.gains else 0.0)
+        gain = params.gains.get(ctx.variant, 1.0) + (
+            0.01 * ctx.repeat if ctx.variant in params.gains else 0.0
+        )
         value = params.base * (1 + 0.02 * ctx.repeat) * gain
         write_json(ctx.out_dir / "records.json", {"value": value})
         return SuiteResult(metrics={"tput_tok_s": value})
@@ -88,7 +97,8 @@ def write_base(tmp_path: Path, port: int = 31960, name: str = "mxbase") -> Path:
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
     p = tmp_path / f"{name}.yaml"
-    p.write_text(textwrap.dedent(f"""\
+    p.write_text(
+        textwrap.dedent(f"""\
         name: {name}
         sglang: "{SGLANG}"
         model: {{path: "{model}"}}
@@ -101,7 +111,8 @@ def write_base(tmp_path: Path, port: int = 31960, name: str = "mxbase") -> Path:
         compare: {{min_repeats: 2}}
         suites:
           mx_fake: {{gains: {{patched: 1.10}}}}
-        """))
+        """)
+    )
     return p
 
 
@@ -114,7 +125,9 @@ def write_matrix(tmp_path: Path, body: str, name: str = "m.yaml") -> Path:
 # --------------------------------------------------------------------------- expansion, ids
 def test_axes_expand_in_order_with_exclude_set_and_stable_ids(tmp_path):
     base = write_base(tmp_path)
-    m = write_matrix(tmp_path, f"""\
+    m = write_matrix(
+        tmp_path,
+        f"""\
         name: sizes
         base: {base}
         axes:
@@ -123,7 +136,8 @@ def test_axes_expand_in_order_with_exclude_set_and_stable_ids(tmp_path):
         set: {{schedule.repeats: 3}}
         exclude:
           - {{suites.mx_fake.gains.patched: 0.95, gpu_type: H100}}
-        """)
+        """,
+    )
     mx = matrix.load_matrix(m)
     got = [(u.labels["suites.mx_fake.gains.patched"], u.gpu_type) for u in mx.units]
     assert got == [(1.10, "H100"), (1.10, "H200"), (0.95, "H200")]  # first axis slowest
@@ -133,8 +147,12 @@ def test_axes_expand_in_order_with_exclude_set_and_stable_ids(tmp_path):
     assert "gpu_type" not in u.overrides and u.sglang == SGLANG
     # ids: readable slug + the sha256 of the canonical JSON of the labels (computed here)
     import hashlib
-    canon = json.dumps({"suites.mx_fake.gains.patched": 1.1, "gpu_type": "H100"},
-                       sort_keys=True, separators=(",", ":"))
+
+    canon = json.dumps(
+        {"suites.mx_fake.gains.patched": 1.1, "gpu_type": "H100"},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
     assert u.id == "1.1_h100-" + hashlib.sha256(canon.encode()).hexdigest()[:8]
     # stable: a second load (another process would do the same) gives the same ids; changing
     # `set` or the base file changes no id
@@ -146,25 +164,35 @@ def test_axes_expand_in_order_with_exclude_set_and_stable_ids(tmp_path):
 
 
 def test_unit_id_slug_of_paths_and_lists():
-    uid = matrix.unit_id({"model.path": "Qwen/Qwen2.5-VL-3B-Instruct", "sglang": "0.5.23",
-                          "server.args": ["--disable-overlap-schedule"]})
+    uid = matrix.unit_id(
+        {
+            "model.path": "Qwen/Qwen2.5-VL-3B-Instruct",
+            "sglang": "0.5.23",
+            "server.args": ["--disable-overlap-schedule"],
+        }
+    )
     assert uid.startswith("qwen2.5-vl-3b-instruct_0.5.23_disable-overlap-schedule-")
     assert len(uid.rsplit("-", 1)[1]) == 8
     # a different value of any label gives a different id; key order does not matter for the hash
-    assert matrix.unit_id({"a": 1, "b": 2}).rsplit("-", 1)[1] == \
-        matrix.unit_id({"b": 2, "a": 1}).rsplit("-", 1)[1]
+    assert (
+        matrix.unit_id({"a": 1, "b": 2}).rsplit("-", 1)[1]
+        == matrix.unit_id({"b": 2, "a": 1}).rsplit("-", 1)[1]
+    )
     assert matrix.unit_id({"a": 1}) != matrix.unit_id({"a": 2})
 
 
 def test_explicit_units_list(tmp_path):
     a = write_base(tmp_path, name="cfga")
     b = write_base(tmp_path, port=31961, name="cfgb")
-    m = write_matrix(tmp_path, f"""\
+    m = write_matrix(
+        tmp_path,
+        f"""\
         name: listed
         units:
           - {{config: {a}, gpu_type: X}}
           - {{config: {b}, set: {{server.port: 31970}}}}
-        """)
+        """,
+    )
     mx = matrix.load_matrix(m)
     assert [u.config.name for u in mx.units] == ["cfga", "cfgb"]
     assert [u.gpu_type for u in mx.units] == ["X", None]
@@ -174,21 +202,48 @@ def test_explicit_units_list(tmp_path):
     assert "units      2" in text and f"{mx.units[1].id}: gpu_type=any" in text
 
 
-@pytest.mark.parametrize("body, expected", [
-    ("name: m\nbase: @BASE@\naxes: {sglang: []}\n", r"m.yaml:3: axes.sglang: give at least one value"),
-    ("name: m\nbase: @BASE@\naxes:\n  gpu_type: [H100,\n    H100]\n",
-     r"m.yaml:5: axes.gpu_type\[1\]: 'H100' is listed twice"),
-    ("name: m\nbase: @BASE@\naxis: {sglang: [a]}\n", r"m.yaml:3: unknown key 'axis'; allowed keys: name,"),
-    ("name: m\nbase: @BASE@\nresources: {num_gpus: all}\n", r"m.yaml:3: key 'resources.num_gpus'"),
-    ("name: m\n", r"give a base config with axes, or a list of units"),
-    ("name: m\nbase: @BASE@\nunits: [{config: @BASE@}]\n", r"m.yaml:3: give either base/axes or units"),
-    ("name: m\nbase: @BASE@\naxes: {gpu_type: [A]}\nexclude: [{gpu_type: B}]\n",
-     r"m.yaml:4: exclude\[0\].gpu_type: 'B' is not one of axes.gpu_type's values"),
-    ("name: m\nbase: @BASE@\naxes: {sglang: [a]}\nname: n\n", r"duplicate key 'name' at lines 1 and 4"),
-    ("name: m\nbase: /nope/missing.yaml\n", r"m.yaml:2: /nope/missing.yaml: no such config file"),
-    ("name: m\nbase: @BASE@\naxes: {model.path.x: [a]}\n",
-     r"m.yaml:3: unit .*'model.path' holds str, not a mapping"),
-])
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        (
+            "name: m\nbase: @BASE@\naxes: {sglang: []}\n",
+            r"m.yaml:3: axes.sglang: give at least one value",
+        ),
+        (
+            "name: m\nbase: @BASE@\naxes:\n  gpu_type: [H100,\n    H100]\n",
+            r"m.yaml:5: axes.gpu_type\[1\]: 'H100' is listed twice",
+        ),
+        (
+            "name: m\nbase: @BASE@\naxis: {sglang: [a]}\n",
+            r"m.yaml:3: unknown key 'axis'; allowed keys: name,",
+        ),
+        (
+            "name: m\nbase: @BASE@\nresources: {num_gpus: all}\n",
+            r"m.yaml:3: key 'resources.num_gpus'",
+        ),
+        ("name: m\n", r"give a base config with axes, or a list of units"),
+        (
+            "name: m\nbase: @BASE@\nunits: [{config: @BASE@}]\n",
+            r"m.yaml:3: give either base/axes or units",
+        ),
+        (
+            "name: m\nbase: @BASE@\naxes: {gpu_type: [A]}\nexclude: [{gpu_type: B}]\n",
+            r"m.yaml:4: exclude\[0\].gpu_type: 'B' is not one of axes.gpu_type's values",
+        ),
+        (
+            "name: m\nbase: @BASE@\naxes: {sglang: [a]}\nname: n\n",
+            r"duplicate key 'name' at lines 1 and 4",
+        ),
+        (
+            "name: m\nbase: /nope/missing.yaml\n",
+            r"m.yaml:2: /nope/missing.yaml: no such config file",
+        ),
+        (
+            "name: m\nbase: @BASE@\naxes: {model.path.x: [a]}\n",
+            r"m.yaml:3: unit .*'model.path' holds str, not a mapping",
+        ),
+    ],
+)
 def test_matrix_file_errors_name_file_key_line(tmp_path, body, expected):
     base = write_base(tmp_path)
     m = write_matrix(tmp_path, body.replace("@BASE@", str(base)))
@@ -198,13 +253,16 @@ def test_matrix_file_errors_name_file_key_line(tmp_path, body, expected):
 
 def test_unit_that_does_not_validate_is_named_with_the_matrix_line(tmp_path):
     base = write_base(tmp_path)
-    m = write_matrix(tmp_path, f"""\
+    m = write_matrix(
+        tmp_path,
+        f"""\
         name: bad
         base: {base}
         axes:
           schedule.repeats: [2, "three"]
           server.colour: [red]
-        """)
+        """,
+    )
     with pytest.raises(ConfigError) as ei:
         matrix.load_matrix(m)
     msg = str(ei.value)
@@ -218,7 +276,9 @@ def test_unit_that_does_not_validate_is_named_with_the_matrix_line(tmp_path):
 
 def test_base_config_problem_points_at_the_base_line(tmp_path):
     base = write_base(tmp_path)
-    base.write_text(base.read_text().replace("schedule: {repeats: 2}", "schedule: {repeats: 2, pace: 1}"))
+    base.write_text(
+        base.read_text().replace("schedule: {repeats: 2}", "schedule: {repeats: 2, pace: 1}")
+    )
     m = write_matrix(tmp_path, f"name: b\nbase: {base}\naxes: {{gpu_type: [A]}}\n")
     with pytest.raises(ConfigError, match=rf"{base}:9: unknown key 'schedule.pace'"):
         matrix.load_matrix(m)
@@ -240,6 +300,7 @@ def test_pack_and_unpack_round_trip_refuses_escaping_members(tmp_path):
     assert (tmp_path / "dest" / "a" / "b" / "f.txt").read_text() == "hello"
     import io
     import tarfile
+
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         info = tarfile.TarInfo("../evil.txt")
@@ -271,12 +332,15 @@ def check_units_layout(mdir: Path, mx) -> dict:
 
 def test_local_matrix_runs_units_and_reports_their_effects(tmp_path):
     base = write_base(tmp_path)
-    m = write_matrix(tmp_path, f"""\
+    m = write_matrix(
+        tmp_path,
+        f"""\
         name: local
         base: {base}
         axes:
           suites.mx_fake.gains.patched: [1.10, 0.95]
-        """)
+        """,
+    )
     mx = matrix.load_matrix(m)
     ex = matrix.LocalExecutor(env_setup="current", command=FAKE_COMMAND)
     mdir = matrix.run_matrix(m, executor=ex, results=tmp_path / "results", log=lambda s: None)
@@ -289,8 +353,12 @@ def test_local_matrix_runs_units_and_reports_their_effects(tmp_path):
         assert units[u.id]["status"] == "ok" and units[u.id]["exit_code"] == 0
         run = mdir / u.id
         assert (run / "manifest.json").exists() and (run / "report.md").exists()
-        assert sorted(p.parent.parent.name for p in run.glob("*/rep*/cell.json")) == \
-            ["baseline", "baseline", "patched", "patched"]
+        assert sorted(p.parent.parent.name for p in run.glob("*/rep*/cell.json")) == [
+            "baseline",
+            "baseline",
+            "patched",
+            "patched",
+        ]
         row = read_comparison(run).row("mx_fake", "tput_tok_s", "patched")
         change, low, high = hand_change(gain)
         assert row.change == pytest.approx(change, abs=1e-6)
@@ -299,7 +367,9 @@ def test_local_matrix_runs_units_and_reports_their_effects(tmp_path):
         assert f"[{u.id}]({u.id}/report.md)" in report
         assert f"patched: **{verdict}** {change:+.2f}% [{low:+.2f}, {high:+.2f}]%" in report
     assert (mdir / "plots" / "matrix-effect.png").stat().st_size > 1000
-    assert "| unit | gpu type | suites.mx_fake.gains.patched | status | mx_fake.tput_tok_s |" in report
+    assert (
+        "| unit | gpu type | suites.mx_fake.gains.patched | status | mx_fake.tput_tok_s |" in report
+    )
     # a resume with everything done runs nothing: the unit folders stay as they are
     before = {p: p.stat().st_mtime_ns for p in mdir.glob("*/manifest.json")}
     matrix.run_matrix(m, executor=ex, resume=mdir, log=lambda s: None)
@@ -311,12 +381,15 @@ def test_local_failed_unit_is_reported_others_kept_and_resume_reruns_it(tmp_path
     base = write_base(tmp_path)
     flag = tmp_path / "fail-flag"
     flag.touch()
-    m = write_matrix(tmp_path, f"""\
+    m = write_matrix(
+        tmp_path,
+        f"""\
         name: fails
         base: {base}
         axes:
           suites.mx_fake.fail_if_exists: ["", "{flag}"]
-        """)
+        """,
+    )
     mx = matrix.load_matrix(m)
     ex = matrix.LocalExecutor(env_setup="current", command=FAKE_COMMAND)
     with pytest.raises(RunFailed, match=r"1 of 2 units did not end ok") as ei:
@@ -330,7 +403,11 @@ def test_local_failed_unit_is_reported_others_kept_and_resume_reruns_it(tmp_path
     assert "2 of 4 cells failed" in bad["message"]
     cells = read_json(mdir / bad["id"] / "manifest.json")["cells"]
     assert sorted((c["variant"], c["status"]) for c in cells) == [
-        ("baseline", "ok"), ("baseline", "ok"), ("patched", "failed"), ("patched", "failed")]
+        ("baseline", "ok"),
+        ("baseline", "ok"),
+        ("patched", "failed"),
+        ("patched", "failed"),
+    ]
     report = (mdir / "report.md").read_text()
     assert f"- `{bad['id']}`: failed" in report
     # resume: the fault is gone; only the failed unit runs, through bench --resume (its two ok
@@ -346,18 +423,25 @@ def test_local_failed_unit_is_reported_others_kept_and_resume_reruns_it(tmp_path
     assert all(c["status"] == "ok" for c in read_json(mdir / bad["id"] / "manifest.json")["cells"])
     # a changed unit config is refused on resume, naming the unit
     m.write_text(m.read_text() + "set: {schedule.repeats: 3}\n")
-    with pytest.raises(ConfigError, match=rf"config of unit\(s\) {good['id']}, {bad['id']} differs"):
+    with pytest.raises(
+        ConfigError, match=rf"config of unit\(s\) {good['id']}, {bad['id']} differs"
+    ):
         matrix.run_matrix(m, executor=ex, resume=mdir, log=lambda s: None)
 
 
 def test_cli_dry_run_lists_units_and_runs_nothing(tmp_path, capsys):
     import argparse
+
     base = write_base(tmp_path)
     m = write_matrix(tmp_path, f"name: cli\nbase: {base}\naxes: {{gpu_type: [H100, H200]}}\n")
     p = argparse.ArgumentParser()
     matrix.add_cli_arguments(p)
-    assert matrix.run_cli(p.parse_args([str(m), "--on", "ray", "--dry-run",
-                                        "--results", str(tmp_path / "r")])) == 0
+    assert (
+        matrix.run_cli(
+            p.parse_args([str(m), "--on", "ray", "--dry-run", "--results", str(tmp_path / "r")])
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     ids = [u.id for u in matrix.load_matrix(m).units]
     assert "units      2 (resources per unit: num_gpus=node, num_cpus=node)" in out

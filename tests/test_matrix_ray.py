@@ -9,6 +9,7 @@ reported while the others finish; a unit no node can take fails at once with a m
 cancels the running unit and its fake server's whole process group is gone, finished units kept.
 The real-CPU unit through Ray is marked e2e (not run by the unit tests).
 """
+
 import _thread
 import importlib.util
 import threading
@@ -24,11 +25,10 @@ from patchbench.records import read_json
 from tests import test_matrix as tm
 
 if importlib.util.find_spec("ray") is None:  # never skip silently: make test installs Ray
-    pytest.fail("the Ray tests need Ray: `make setup RAY=1` or `pip install .[ray]`",
-                pytrace=False)
+    pytest.fail("the Ray tests need Ray: `make setup RAY=1` or `pip install .[ray]`", pytrace=False)
 
-import ray  # noqa: E402
-from ray.cluster_utils import Cluster  # noqa: E402
+import ray
+from ray.cluster_utils import Cluster
 
 OBJECT_STORE = 80 * 1024 * 1024
 
@@ -36,16 +36,32 @@ OBJECT_STORE = 80 * 1024 * 1024
 @pytest.fixture(scope="module")
 def cluster():
     """Two nodes: X (the head) and Y, each 1 CPU, 2 logical GPUs; {accelerator type: node id}."""
-    c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "num_gpus": 2, "resources": {"accelerator_type:X": 1},
-        "object_store_memory": OBJECT_STORE, "include_dashboard": False})
-    c.add_node(num_cpus=1, num_gpus=2, resources={"accelerator_type:Y": 1},
-               object_store_memory=OBJECT_STORE)
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 1,
+            "num_gpus": 2,
+            "resources": {"accelerator_type:X": 1},
+            "object_store_memory": OBJECT_STORE,
+            "include_dashboard": False,
+        },
+    )
+    c.add_node(
+        num_cpus=1,
+        num_gpus=2,
+        resources={"accelerator_type:Y": 1},
+        object_store_memory=OBJECT_STORE,
+    )
     c.wait_for_nodes()
     ray.init(address=c.address, log_to_driver=False)
     try:
-        nodes = {next(k.split(":", 1)[1] for k in n["Resources"] if k.startswith("accelerator_type:")):
-                 n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        nodes = {
+            next(
+                k.split(":", 1)[1] for k in n["Resources"] if k.startswith("accelerator_type:")
+            ): n["NodeID"]
+            for n in ray.nodes()
+            if n["Alive"]
+        }
         yield nodes
     finally:
         ray.shutdown()
@@ -53,8 +69,14 @@ def cluster():
 
 
 def executor(**kw) -> matrix.RayExecutor:
-    return matrix.RayExecutor(ship_code=False, env_setup="current", command=tm.FAKE_COMMAND,
-                              stop_grace_s=10, log=lambda s: None, **kw)
+    return matrix.RayExecutor(
+        ship_code=False,
+        env_setup="current",
+        command=tm.FAKE_COMMAND,
+        stop_grace_s=10,
+        log=lambda s: None,
+        **kw,
+    )
 
 
 def files_of(run: Path) -> set[str]:
@@ -67,14 +89,17 @@ def test_units_land_on_their_gpu_type_come_back_and_a_failure_is_kept(cluster, t
     bases = [tm.write_base(tmp_path, port=p, name=f"cfg{p}") for p in (31981, 31982, 31983)]
     flag = tmp_path / "fail-flag"
     flag.touch()
-    m = tm.write_matrix(tmp_path, f"""\
+    m = tm.write_matrix(
+        tmp_path,
+        f"""\
         name: on-ray
         units:
           - {{config: {bases[0]}, gpu_type: X}}
           - {{config: {bases[1]}, gpu_type: Y}}
           - {{config: {bases[2]}, gpu_type: Y, set: {{suites.mx_fake.fail_if_exists: "{flag}"}}}}
           - {{config: {bases[0]}, gpu_type: Z}}
-        """)
+        """,
+    )
     mx = matrix.load_matrix(m)
     t0 = time.monotonic()
     with pytest.raises(RunFailed, match=r"2 of 4 units did not end ok") as ei:
@@ -96,33 +121,55 @@ def test_units_land_on_their_gpu_type_come_back_and_a_failure_is_kept(cluster, t
     for u, ok in ((x, True), (y, True), (y_fail, False)):
         run = mdir / u["id"]
         man = read_json(run / "manifest.json")
-        assert all((c["status"] == "ok") == (ok or c["variant"] == "baseline") for c in man["cells"])
+        assert all(
+            (c["status"] == "ok") == (ok or c["variant"] == "baseline") for c in man["cells"]
+        )
         assert (run / "compare.json").exists() and (run / "report.md").exists()
         assert u["archive_bytes"] > 0 and u["timings_s"]["unpack"] >= 0
     assert not (mdir / z["id"]).exists()
     report = (mdir / "report.md").read_text()
-    assert f"[{x['id']}]({x['id']}/report.md)" in report and f"- `{z['id']}`: unschedulable" in report
+    assert (
+        f"[{x['id']}]({x['id']}/report.md)" in report and f"- `{z['id']}`: unschedulable" in report
+    )
     # the two Y units shared one node with 1 CPU: they ran one after the other, never together
-    ty = sorted((u["timings_s"]["start_delay"], u["timings_s"]["start_delay"] + u["timings_s"]["task"])
-                for u in (y, y_fail))
+    ty = sorted(
+        (u["timings_s"]["start_delay"], u["timings_s"]["start_delay"] + u["timings_s"]["task"])
+        for u in (y, y_fail)
+    )
     assert ty[1][0] >= ty[0][1] - 0.5
-    print(f"\nray matrix wall {wall:.1f} s; per unit: " + "; ".join(
-        f"{u['id']}: task {u['timings_s']['task']} s, bench {u['timings_s']['bench']} s, "
-        f"start_delay {u['timings_s']['start_delay']} s, return_delay "
-        f"{u['timings_s']['return_delay']} s, get {u['timings_s']['get']} s, pack "
-        f"{u['timings_s'].get('pack')} s, unpack {u['timings_s']['unpack']} s, "
-        f"archive {u['archive_bytes']} B" for u in (x, y, y_fail)))
+    print(
+        f"\nray matrix wall {wall:.1f} s; per unit: "
+        + "; ".join(
+            f"{u['id']}: task {u['timings_s']['task']} s, bench {u['timings_s']['bench']} s, "
+            f"start_delay {u['timings_s']['start_delay']} s, return_delay "
+            f"{u['timings_s']['return_delay']} s, get {u['timings_s']['get']} s, pack "
+            f"{u['timings_s'].get('pack')} s, unpack {u['timings_s']['unpack']} s, "
+            f"archive {u['archive_bytes']} B"
+            for u in (x, y, y_fail)
+        )
+    )
     # --on local writes the same files for the same unit
-    ml = tm.write_matrix(tmp_path, f"name: same\nunits:\n  - {{config: {bases[0]}, gpu_type: X}}\n",
-                         name="local.yaml")
+    ml = tm.write_matrix(
+        tmp_path,
+        f"name: same\nunits:\n  - {{config: {bases[0]}, gpu_type: X}}\n",
+        name="local.yaml",
+    )
     t0 = time.monotonic()
-    ldir = matrix.run_matrix(ml, executor=matrix.LocalExecutor(env_setup="current",
-                                                               command=tm.FAKE_COMMAND),
-                             results=tmp_path / "local", log=lambda s: None)
+    ldir = matrix.run_matrix(
+        ml,
+        executor=matrix.LocalExecutor(env_setup="current", command=tm.FAKE_COMMAND),
+        results=tmp_path / "local",
+        log=lambda s: None,
+    )
     print(f"local 1-unit matrix wall {time.monotonic() - t0:.1f} s")
     assert files_of(ldir / x["id"]) == files_of(mdir / x["id"])
-    assert {p.name for p in ldir.iterdir()} == {"matrix.json", "configs", x["id"], "report.md",
-                                               "plots"}
+    assert {p.name for p in ldir.iterdir()} == {
+        "matrix.json",
+        "configs",
+        x["id"],
+        "report.md",
+        "plots",
+    }
 
 
 def _server_groups() -> dict[int, list[int]]:
@@ -150,12 +197,15 @@ def _group_alive(pgid: int) -> bool:
 def test_ctrl_c_cancels_running_units_stops_their_servers_and_keeps_finished(cluster, tmp_path):
     quick = tm.write_base(tmp_path, port=31984, name="quick")
     slow = tm.write_base(tmp_path, port=31985, name="slow")
-    m = tm.write_matrix(tmp_path, f"""\
+    m = tm.write_matrix(
+        tmp_path,
+        f"""\
         name: cancel
         units:
           - {{config: {quick}, gpu_type: Y}}
           - {{config: {slow}, gpu_type: X, set: {{server.env: {{FAKE_GENERATE_SLEEP_S: "60"}}}}}}
-        """)
+        """,
+    )
     mx = matrix.load_matrix(m)
     before = set(_server_groups())
     seen: dict[str, int] = {}
@@ -198,8 +248,11 @@ def test_ctrl_c_cancels_running_units_stops_their_servers_and_keeps_finished(clu
 def test_one_real_cpu_unit_through_ray(tmp_path):  # pragma: no cover - run by the lead
     """configs/demo-cpu.yaml (the tiny model, 1 repeat) as one unit on a one-node local cluster,
     environment set up with make on the node."""
-    m = tm.write_matrix(tmp_path, f"name: cpu-e2e\nbase: {matrix.REPO_ROOT}/configs/demo-cpu.yaml\n"
-                        "axes: {schedule.repeats: [1]}\n")
+    m = tm.write_matrix(
+        tmp_path,
+        f"name: cpu-e2e\nbase: {matrix.REPO_ROOT}/configs/demo-cpu.yaml\n"
+        "axes: {schedule.repeats: [1]}\n",
+    )
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
     try:
         ex = matrix.RayExecutor(c.address, ship_code=False, env_setup="auto")
