@@ -22,6 +22,8 @@ Printed per row (run CV, repeats), each with its 95 % Wilson interval over the t
 - real-0 primaries of the null patches called equivalent (margins: the suites' own, 5 % and
   2 points; deterministic counts exact);
 - one-repeat reports with any improved / regressed run-level verdict (target 0);
+- when the config's repeats miss the power target at ``--target-cv``, the next repeat counts are
+  screened with ``--screen-trials`` +10 % trials each, and the first that passes gets a full row;
 - beside them, the OLD rule's rates. The old rule is reimplemented here (:func:`old_rule`) only
   as a baseline for the table; it is not product code: every metric tested on its own with a 95 %
   paired t-interval on log ratios (t on differences for values <= 0; a zero-width interval when
@@ -635,6 +637,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="CV at which the targets are checked and more repeats searched (0.03)")
     ap.add_argument("--search-max", type=int, default=12,
                     help="largest repeat count tried for the power target (12; 0: no search)")
+    ap.add_argument("--screen-trials", type=int, default=100,
+                    help="+10%% trials that screen each repeat count of the search before it gets "
+                         "the full --trials (100; 0: no screen)")
     ap.add_argument("--power-target", type=float, default=0.90)
     ap.add_argument("--fp-target", type=float, default=0.05)
     ap.add_argument("--no-one-repeat", action="store_true", help="skip the one-repeat row")
@@ -694,15 +699,27 @@ def main(argv: list[str] | None = None) -> int:
     at = {n: c for cv, n, c in rows if cv == a.target_cv}
     if reps_cfg not in at:
         at[reps_cfg] = row(a.target_cv, reps_cfg)
-    # repeats for the power target: +10 % trials only while searching, then the no-effect
-    # trials at the count found
-    n = reps_cfg
-    while at[n].new_power < a.power_target * at[n].effect and n < a.search_max:
+    # repeats for the power target: each further count is screened with --screen-trials +10 %
+    # trials; the first that passes the screen gets the full trials (+10 %, then no-effect)
+    screens: list[str] = []
+    n, c = reps_cfg, at[reps_cfg]
+    while c.new_power < a.power_target * c.effect and n < a.search_max:
         n += 1
-        if n not in at:
-            at[n] = row(a.target_cv, n, ("effect",))
-    if not at[n].null:
-        row(a.target_cv, n, ("null",), into=at[n])
+        if n in at:
+            c = at[n]
+            continue
+        if 0 < a.screen_trials < a.trials:
+            t1 = time.time()
+            sc = run_row(model(a.target_cv), n, a.screen_trials, a.seed, settings,
+                         scenarios=("effect",), **kw)
+            screens.append(f"{n} repeats: {fmt(sc.new_power, sc.effect)}")
+            print(f"  CV {100 * a.target_cv:g}% x {n} repeats, screen: {time.time() - t1:.0f} s",
+                  file=sys.stderr, flush=True)
+            if sc.new_power < a.power_target * sc.effect:
+                continue
+        c = at[n] = row(a.target_cv, n, ("effect",))
+    if c.new_power >= a.power_target * c.effect and not c.null:
+        row(a.target_cv, n, ("null",), into=c)
     if not a.no_one_repeat:
         row(a.target_cv, 1, ("null",))
     wall = time.time() - t0
@@ -718,6 +735,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{base.questions} questions, {100 * base.fragile:g}% fragile; variants: baseline, "
           f"A/A, 2 patches; seed {a.seed}\n")
     print("\n".join(table(rows)))
+    if screens:
+        print(f"\nsearch at run CV {100 * a.target_cv:g}%, +10% called improved in the "
+              f"{a.screen_trials}-trial screens (below the target: no full row): "
+              + "; ".join(screens))
     print("\n(brackets: 95% Wilson interval over the trials; a method whose true rate is exactly "
           "5% shows more than 5.0% in about half of such samples. n/a: scenario not run there.)")
     c = at[reps_cfg]
