@@ -1,8 +1,10 @@
 """Build synthetic run folders with known values (docs/CONTRACTS.md, "Run folder").
 
-Used by tests/test_compare.py, tests/test_report.py and scripts/calibrate.py; other tests may reuse
-it. Nothing here starts a server: it writes manifest.json, cell.json, summary.json and, on request,
-serving requests.json and mmmu records.jsonl, through patchbench.records (atomic writes).
+Used by the comparison, report, verdict, history and nightly tests and by scripts/calibrate.py
+(``--via-folders``, and tests/test_calibrate.py's check that its in-memory shortcut gives the same
+verdicts as a run folder); other tests may reuse it. Nothing here starts a server: it writes
+manifest.json, cell.json, summary.json and, on request, serving requests.json and mmmu
+records.jsonl, through patchbench.records (atomic writes).
 
 Example::
 
