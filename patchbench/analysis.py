@@ -72,20 +72,38 @@ class RunData:
     cells: dict[tuple[str, int], CellRecord | None]
     summaries: dict[tuple[str, int, str], SuiteSummary | None]
     notes: list[str] = field(default_factory=list)
+    #: suite -> the timed rounds it ran in (``suites.<name>.rounds``; absent: every round)
+    rounds: dict[str, list[int]] = field(default_factory=dict)
+    #: suites that run only in the untimed correctness cells (``Suite.timed`` False): their one
+    #: "repeat" (k = 0) is ``<variant>/correctness``
+    correctness_only: list[str] = field(default_factory=list)
+    #: variant -> its correctness cell (None: none ran)
+    corr_cells: dict[str, CellRecord | None] = field(default_factory=dict)
 
-    def cell_status(self, v: str, k: int) -> str:
-        c = self.cells.get((v, k))
+    def rounds_of(self, suite: str) -> list[int]:
+        """The repeat indices that hold ``suite``'s data ([0] for a correctness-only suite)."""
+        if suite in self.correctness_only:
+            return [0]
+        return [k for k in self.rounds.get(suite, range(self.repeats)) if k < self.repeats]
+
+    def _cell(self, v: str, k: int, suite: str | None = None) -> CellRecord | None:
+        if suite is not None and suite in self.correctness_only:
+            return self.corr_cells.get(v)
+        return self.cells.get((v, k))
+
+    def cell_status(self, v: str, k: int, suite: str | None = None) -> str:
+        c = self._cell(v, k, suite)
         return "missing" if c is None else c.status
 
     def suite_status(self, v: str, k: int, suite: str) -> str:
-        cs = self.cell_status(v, k)
+        cs = self.cell_status(v, k, suite)
         if cs != "ok":
             return cs
         s = self.summaries.get((v, k, suite))
         return "missing" if s is None else s.status
 
-    def timed(self, v: str, k: int) -> bool:
-        c = self.cells.get((v, k))
+    def timed(self, v: str, k: int, suite: str | None = None) -> bool:
+        c = self._cell(v, k, suite)
         return c is None or (c.cell_kind == "timed" and not c.instrumented)
 
     def value(self, v: str, k: int, suite: str, metric: str) -> float | None:
@@ -95,6 +113,8 @@ class RunData:
         return None if x is None or not math.isfinite(x) else float(x)
 
     def suite_dir(self, v: str, k: int, suite: str) -> Path:
+        if suite in self.correctness_only:
+            return self.run_dir / v / "correctness" / suite
         return self.run_dir / v / f"rep{k}" / suite
 
 
@@ -134,7 +154,7 @@ def read_run(run_dir: str | os.PathLike) -> RunData:
         )
     baseline = man.baseline if man.baseline in variants else variants[0]
     variants = [baseline] + [v for v in variants if v != baseline]
-    repeats = man.repeats
+    repeats = planned_repeats(man.config)
     for v in variants:
         for d in (run_dir / v).glob("rep*"):
             m = re.fullmatch(r"rep(\d+)", d.name)
@@ -145,8 +165,18 @@ def read_run(run_dir: str | os.PathLike) -> RunData:
     )
     base = variant_identity(vcfg.get(baseline))
     aa = [v for v in variants[1:] if v in vcfg and variant_identity(vcfg[v]) == base]
-    cells, sums, notes = {}, {}, []
+    rounds, corr_only = suite_schedule(man, suites, repeats)
+    cells, sums, notes, corr = {}, {}, [], {}
     for v in variants:
+        cc = runfolder.read_cell(run_dir / v / "correctness", variant=v, repeat=0)
+        corr[v] = cc
+        if cc is not None:
+            notes += cc.notes
+        for s in corr_only:
+            sm = runfolder.read_summary(run_dir / v / "correctness" / s, suite=s)
+            sums[(v, 0, s)] = sm
+            if sm is not None:
+                notes += sm.notes
         for k in range(repeats):
             cdir = run_dir / v / f"rep{k}"
             c = runfolder.read_cell(cdir, variant=v, repeat=k)
@@ -154,11 +184,63 @@ def read_run(run_dir: str | os.PathLike) -> RunData:
             if c is not None:
                 notes += c.notes
             for s in suites:
+                if s in corr_only or k not in rounds.get(s, range(repeats)):
+                    continue
                 sm = runfolder.read_summary(cdir / s, suite=s)
                 sums[(v, k, s)] = sm
                 if sm is not None:
                     notes += sm.notes
-    return RunData(run_dir, man, baseline, variants, aa, repeats, suites, cells, sums, notes)
+    return RunData(run_dir, man, baseline, variants, aa, repeats, suites, cells, sums, notes,
+                   rounds=rounds, correctness_only=corr_only, corr_cells=corr)
+
+
+def planned_repeats(config: dict) -> int:
+    """The repeats a run's config plans: ``schedule.repeats`` when it is an integer, ``min``
+    of a sequential schedule (``{min, max, step}``: the repeats that ran are found on disk);
+    1 when absent or unreadable."""
+    r = (config.get("schedule") or {}).get("repeats")
+    if isinstance(r, dict):
+        r = r.get("min")
+    try:
+        return max(1, int(r or 1))
+    except (TypeError, ValueError):
+        return 1
+
+
+def suite_schedule(
+    man: RunManifest, suites: list[str], repeats: int
+) -> tuple[dict[str, list[int]], list[str]]:
+    """({suite: the timed rounds it runs in, below ``repeats``}, [suites that run only in the
+    correctness cells]). Read from the manifest's ``suite_rounds`` (written by ``bench``:
+    round lists, or "correctness"), else from the config's ``suites.<name>.rounds`` and the
+    suite's ``timed`` flag; a suite without either runs in every round."""
+    from patchbench.schedule import resolve_rounds
+
+    recorded = (man.model_extra or {}).get("suite_rounds") or {}
+    cfg_suites = man.config.get("suites") or {}
+    rounds: dict[str, list[int]] = {}
+    corr: list[str] = []
+    for s in suites:
+        got = recorded.get(s)
+        if got == "correctness" or (got is None and not _suite_timed(s)):
+            corr.append(s)
+            continue
+        if isinstance(got, list):
+            rounds[s] = [int(k) for k in got if int(k) < repeats]
+        else:
+            spec = (cfg_suites.get(s) or {}).get("rounds") if isinstance(cfg_suites.get(s), dict) else None
+            rounds[s] = resolve_rounds(spec, repeats)
+    return rounds, corr
+
+
+def _suite_timed(name: str) -> bool:
+    """The registered suite's ``timed`` flag (True for a suite that cannot be loaded)."""
+    from patchbench import suite as suite_mod
+
+    try:
+        return bool(getattr(suite_mod.get_suite(name), "timed", True))
+    except Exception:  # noqa: BLE001 - an unknown suite is read like a timed one
+        return True
 
 
 def settings_of(man: RunManifest, notes: list[str] | None = None) -> CompareSettings:
@@ -204,6 +286,9 @@ def _suite_decl(name: str, notes: list[str]) -> tuple[Any | None, dict[str, Metr
 
 
 def _params(obj: Any, raw: dict) -> Any:
+    from patchbench.schedule import ROUNDS_KEY
+
+    raw = {k: v for k, v in (raw or {}).items() if k != ROUNDS_KEY}  # a core key
     model = getattr(obj, "Params", None)
     if model is None:
         return raw
@@ -222,7 +307,7 @@ def _pairs_for(data: RunData, obj: Any, suite: str, variant: str, cmp: Compariso
         return
     ks = [
         k
-        for k in range(data.repeats)
+        for k in data.rounds_of(suite)
         if data.suite_status(data.baseline, k, suite) == "ok"
         and data.suite_status(variant, k, suite) == "ok"
     ]
@@ -273,7 +358,7 @@ def _row(
     if not declared:
         row.notes.append("not declared by the suite: direction guessed from the name; secondary")
     bad, pairs = [], []
-    for k in range(data.repeats):
+    for k in data.rounds_of(suite):
         vb = data.value(data.baseline, k, suite, metric)
         vv = data.value(variant, k, suite, metric)
         row.baseline_repeats.append(vb)
@@ -283,8 +368,11 @@ def _row(
                 st = data.suite_status(v, k, suite)
                 bad.append(f"{v}/rep{k}: {'no value' if st == 'ok' else st}")
         if vb is not None and vv is not None:
-            if info.kind == "run" and not (data.timed(data.baseline, k) and data.timed(variant, k)):
-                row.notes.append(f"rep{k}: an instrumented cell; its timings feed no verdict")
+            if info.kind == "run" and not (
+                data.timed(data.baseline, k, suite) and data.timed(variant, k, suite)
+            ):
+                where = "correctness" if suite in data.correctness_only else f"rep{k}"
+                row.notes.append(f"{where}: an instrumented cell; its timings feed no verdict")
                 continue
             pairs.append((vb, vv))
     row.baseline_value = _median([x for x in row.baseline_repeats if x is not None])
@@ -467,18 +555,22 @@ def build_comparison(
     # cells, warnings, schedule
     vorder = {v: i for i, v in enumerate(data.variants)}
     for (v, k), c in sorted(data.cells.items(), key=lambda x: (vorder[x[0][0]], x[0][1])):
+        here = [x for x in data.suites if x not in data.correctness_only and k in data.rounds_of(x)]
         cmp.cells.append(
             {
                 "variant": v,
                 "repeat": k,
                 "status": data.cell_status(v, k),
                 "error": c.error if c else None,
-                "suites": {x: data.suite_status(v, k, x) for x in data.suites},
+                "suites": {
+                    x: (data.suite_status(v, k, x) if x in here else "not scheduled")
+                    for x in data.suites
+                },
                 "cell_kind": c.cell_kind if c else None,
                 "instrumented": c.instrumented if c else False,
             }
         )
-        for x in data.suites:
+        for x in here:
             sm = data.summaries.get((v, k, x))
             lines = (list(sm.warnings) + list(sm.errors)) if sm else []
             if c is not None and c.status == "ok" and sm is None:
@@ -489,7 +581,27 @@ def build_comparison(
                 )
             for line in lines:
                 cmp.cell_warnings.setdefault(x, {}).setdefault(v, []).append(f"rep{k}: {line}")
+    # correctness cells (untimed: instrumented and untimed suites) and the per-suite schedule
+    cmp.correctness_cells = [
+        {
+            "variant": v,
+            "dir": f"{v}/correctness",
+            "status": c.status,
+            "error": c.error,
+            "suites": dict(c.suites),
+            "instrumented": c.instrumented,
+            "instrumentation": sorted(c.instrumentation),
+        }
+        for v, c in data.corr_cells.items()
+        if c is not None
+    ]
+    cmp.suite_rounds = {
+        x: ("correctness" if x in data.correctness_only else data.rounds_of(x))
+        for x in data.suites
+    }
     for pos, c in enumerate(data.manifest.cells):
+        if c.get("cell_kind") == "correctness":
+            continue
         key = (c.get("variant"), int(c.get("repeat", 0) or 0))
         cmp.schedule.append(
             {

@@ -23,8 +23,17 @@ from pathlib import Path
 from typing import Any
 
 from patchbench import envinfo
-from patchbench.cell import cell_done, is_cpu, needs_correctness_cells, run_cell, utc_stamp
-from patchbench.config import REPO_ROOT, Config, ConfigError, load_config
+from patchbench.cell import (
+    cell_done,
+    cell_suites,
+    check_instrumentation,
+    is_cpu,
+    needs_correctness_cells,
+    run_cell,
+    suite_of,
+    utc_stamp,
+)
+from patchbench.config import REPO_ROOT, Config, ConfigError, load_config, patch_label
 from patchbench.errors import EnvironmentNotReady, Interrupted, RunFailed
 from patchbench.records import read_json
 from patchbench.runfolder import write_manifest
@@ -69,26 +78,22 @@ def check_environment(cfg: Config) -> dict:
 
 
 def ensure_model(cfg: Config) -> Path:
-    """The model folder for ``cfg``.
+    """The model folder for ``cfg`` (call before any launch).
 
     ``model.tiny``: the folder is built (patchbench.tinymodel) when it is missing or incomplete.
-    A hub id (``cfg.model_ref`` equals ``model.path``) is returned as is: sglang finds it in the HF
-    cache (offline) or on the hub. Any other path must exist.
+    A hub id (:attr:`Config.model_is_hub`) is left to sglang, which finds it in the HF cache
+    (offline) or on the hub. A local model (and tokenizer) folder must exist
+    (:meth:`Config.require_model`).
 
-    Raises EnvironmentNotReady for a local path that does not exist.
+    Raises EnvironmentNotReady (exit 3) for a local folder that does not exist.
     """
+    cfg.require_model()
     d = cfg.model_dir
     if cfg.model.tiny:
         from patchbench.tinymodel import build_tiny_qwen25vl, is_built
         if not is_built(d):
             _log(f"building the tiny Qwen2.5-VL into {d}")
             build_tiny_qwen25vl(d)
-    elif cfg.model_ref == cfg.model.path:
-        return d  # a hub id
-    elif not d.exists():
-        raise EnvironmentNotReady(f"{cfg.source}: model.path {d} does not exist (give a local "
-                                  "folder, a hub id such as Qwen/Qwen2.5-VL-3B-Instruct, or "
-                                  "tiny: true)")
     return d
 
 
@@ -133,28 +138,58 @@ def _config_diffs(a: Any, b: Any, key: str = "") -> list[tuple[str, Any, Any]]:
 # ---------------------------------------------------------------------------------- the plan
 def plan(cfg: Config) -> list[Cell]:
     """The run's cells: one correctness cell per variant first when a suite is instrumented or
-    untimed (patchbench.cell.needs_correctness_cells), then the timed repeats."""
-    return plan_cells(list(cfg.variants), cfg.schedule.repeats, cfg.schedule.order,
+    untimed (patchbench.cell.needs_correctness_cells), then the timed rounds (as many as the
+    schedule may take: a sequential schedule's ``max``; it may stop earlier)."""
+    return plan_cells(list(cfg.variants), cfg.schedule.max_repeats, cfg.schedule.order,
                       correctness=needs_correctness_cells(cfg))
 
 
+def _variant_lines(cfg: Config, extra_args: dict[str, list[str]]) -> list[str]:
+    lines = []
+    for v, spec in cfg.variants.items():
+        tag = " (baseline)" if v == cfg.baseline else (" (A/A)" if cfg.is_aa(v) else "")
+        names = [patch_label(p) for p in spec.patches]
+        lines.append(f"  {v:<24} patches: {', '.join(names) or '(stock)'}{tag}")
+        if spec.server_args:
+            lines.append(f"  {'':<24} server args: {' '.join(spec.server_args)}")
+        if spec.env:
+            lines.append(f"  {'':<24} env: " + " ".join(f"{k}={x}" for k, x in spec.env.items()))
+        if extra_args.get(v):
+            lines.append(f"  {'':<24} correctness cell adds: {' '.join(extra_args[v])} "
+                         "(instrumentation)")
+    return lines
+
+
+def _round_groups(cfg: Config, rounds: int) -> list[tuple[list[int], list[str]]]:
+    """[(consecutive round indices, the timed suites they run)]."""
+    out: list[tuple[list[int], list[str]]] = []
+    for k in range(rounds):
+        here = cell_suites(cfg, Cell(0, cfg.baseline, k))
+        if out and out[-1][1] == here:
+            out[-1][0].append(k)
+        else:
+            out.append(([k], here))
+    return out
+
+
 def describe_plan(cfg: Config, resume: Path | None = None) -> str:
-    """The resolved plan as text (``--dry-run``): variants, cells in order, suites, commands.
+    """The resolved plan as text (``--dry-run``): variants (patches, server arguments,
+    environment), cells in order, the suites of each round, the stopping rule of a sequential
+    schedule, commands.
 
     With ``resume`` (a run folder, checked by :func:`resume_manifest`), cells already done there
-    are marked ``(done)`` and only the rest count as launches.
+    are marked ``(done)`` and only the rest count as launches. Raises ConfigError for a conflict
+    between an instrumentation's server arguments and the config's.
     """
     cells = plan(cfg)
+    extra_args = check_instrumentation(cfg)
     done = set()
     if resume is not None:
         resume_manifest(cfg, resume)
         done = {c for c in cells if cell_done(resume, c, cfg)}
     lines = [f"config     {cfg.source}", f"name       {cfg.name}", f"sglang     {cfg.sglang}",
              f"model      {cfg.model_ref}" + ("  (tiny, built when missing)" if cfg.model.tiny else ""),
-             f"baseline   {cfg.baseline}", "variants:"]
-    for v, p in cfg.variants.items():
-        names = [x if isinstance(x, str) else getattr(x, "label", None) or str(x) for x in p]
-        lines.append(f"  {v:<24} patches: {', '.join(names) or '(stock)'}")
+             f"baseline   {cfg.baseline}", "variants:", *_variant_lines(cfg, extra_args)]
 
     def name(c: Cell) -> str:
         return (f"{c.variant}#correctness" if c.kind == "correctness" else f"{c.variant}#{c.repeat}") \
@@ -163,30 +198,51 @@ def describe_plan(cfg: Config, resume: Path | None = None) -> str:
     if corr:
         lines.append("correctness " + " ".join(name(c) for c in corr)
                      + "  (untimed: instrumented and untimed suites; feed no timing verdict)")
-    lines.append(f"schedule   {cfg.schedule.repeats} repeat(s), {cfg.schedule.order}: "
+    lines.append(f"schedule   {cfg.schedule.describe()}, {cfg.schedule.order}: "
                  + " ".join(name(c) for c in cells if c.kind == "timed"))
+    seq = cfg.schedule.sequential
+    if seq is not None:
+        prim = sequential_primaries(cfg)
+        lines.append(f"sequential stop when every primary of every variant is decided "
+                     f"(improved/regressed at the {seq.boundary} boundary, or equivalent within "
+                     f"its margin), else after {seq.max} rounds; primaries: "
+                     + (", ".join(f"{s}.{m} (±{pct:g}%)" for s, m, _, pct in prim)
+                        or "none (stops at the first look)"))
     if resume is not None:
         lines.append(f"resume     {resume}: {len(done)} of {len(cells)} cells done, "
                      f"{len(cells) - len(done)} to run")
     lines.append("suites (in this order, cache flushed between them):")
     for sname, params in cfg.suite_params.items():
-        lines.append(f"  {sname}: {params.model_dump(mode='json')}")
-    cmd = ["python", "-m", "sglang.launch_server", "--model-path", cfg.model_ref,
-           "--host", cfg.server.host, "--port", str(cfg.server.port), *cfg.server.args]
-    lines.append("server     " + " ".join(cmd))
+        r = cfg.suite_rounds.get(sname, "all")
+        when = "" if r == "all" else f"  [rounds: {r}]"
+        lines.append(f"  {sname}: {params.model_dump(mode='json')}{when}")
+    lines.append("suites per round:")
+    if corr:
+        lines.append(f"  correctness: {', '.join(cell_suites(cfg, corr[0])) or '(none)'}")
+    for ks, here in _round_groups(cfg, cfg.schedule.max_repeats):
+        which = f"round {ks[0]}" if len(ks) == 1 else f"rounds {ks[0]}-{ks[-1]}"
+        lines.append(f"  {which}: {', '.join(here) or '(none)'}")
+    for v in cfg.variants:
+        cmd = ["python", "-m", "sglang.launch_server", "--model-path", cfg.model_ref,
+               "--host", cfg.server.host, "--port", str(cfg.server.port), *cfg.server_args_of(v)]
+        lines.append(f"server     {v}: " + " ".join(cmd))
     env = dict(cfg.server.env)
     if cfg.server.cpu_stand_ins:
         env["PATCHBENCH_CPU_STAND_INS"] = "1"
         env["PYTHONPATH"] = "<overlay>:" + _pythonpath(SITE_DIR, *stand_in_dirs(cfg))
     else:
         env["PYTHONPATH"] = "<overlay>:" + str(SITE_DIR)
-    lines.append("server env " + " ".join(f"{k}={v}" for k, v in env.items()))
-    lines.append(f"{len(cells) - len(done)} server launches; nothing is launched in a dry run")
+    lines.append("server env " + " ".join(f"{k}={v}" for k, v in env.items())
+                 + "  (plus each variant's env above)")
+    todo = len(cells) - len(done)
+    if seq is not None:
+        least = len([c for c in cells if c.kind == "correctness" or c.repeat < seq.min])
+        least -= len([c for c in done if c.kind == "correctness" or c.repeat < seq.min])
+        lines.append(f"{least} to {todo} server launches (sequential); nothing is launched "
+                     "in a dry run")
+    else:
+        lines.append(f"{todo} server launches; nothing is launched in a dry run")
     return "\n".join(lines)
-
-
-def _patch_names(ve: VariantEnv) -> list[str]:
-    return [p if isinstance(p, str) else getattr(p, "label", None) or str(p) for p in ve.patches]
 
 
 def _manifest(cfg: Config, run_dir: Path, env: dict, variants: dict[str, VariantEnv],
@@ -197,9 +253,13 @@ def _manifest(cfg: Config, run_dir: Path, env: dict, variants: dict[str, Variant
         "config": cfg.model_dump(mode="json"),
         "sglang_version": cfg.sglang,
         "model": cfg.model_ref,
-        "patches": {v: [{"name": n, "sha256": ve.overlay.patch_hashes.get(n)}
-                        for n in _patch_names(ve)] for v, ve in variants.items()},
+        "variants": {v: cfg.variant_diff(v, cache_dir=CACHE_DIR) for v in cfg.variants},
+        "patches": {v: [{"name": n, "sha256": ve.overlay.patch_hashes.get(o)}
+                        for n, o in zip(ve.patches, ve.overlay.patches, strict=False)]
+                    for v, ve in variants.items()},
         "overlays": {v: ve.overlay.to_json() for v, ve in variants.items()},
+        "suite_rounds": {s: (cfg.rounds_of(s) if suite_of(s).timed else "correctness")
+                         for s in cfg.suites},
         "git_sha": env.get("git_sha"),
         "host": {k: env.get(k) for k in ("hostname", "platform", "python", "cpu_count",
                                          "memory_total_gib", "transformers")},
@@ -212,11 +272,25 @@ def _manifest(cfg: Config, run_dir: Path, env: dict, variants: dict[str, Variant
     }
 
 
+def copy_config_files(cfg: Config, run_dir: Path) -> list[dict]:
+    """Copy every file the config names directly (diffs, :meth:`Config.files_to_copy`) into
+    ``run_dir`` (atomically; one already there is kept); returns ``[{"source", "path"}]``."""
+    from patchbench.records import write_bytes
+    out = []
+    for src, rel in cfg.files_to_copy():
+        dest = run_dir / rel
+        if not dest.exists():
+            write_bytes(dest, Path(src).read_bytes())
+        out.append({"source": str(src), "path": rel})
+    return out
+
+
 def _cell_entry(cell: Cell, run_dir: Path, rec: dict, **extra) -> dict:
     """One line of ``manifest.cells`` for ``cell`` from its record (a cell.json dict)."""
     out = {"variant": cell.variant, "repeat": cell.repeat, "cell_kind": cell.kind,
            "instrumented": bool(rec.get("instrumented")), "status": rec.get("status", "ok"),
            "dir": str(cell.path(run_dir).relative_to(run_dir)),
+           "suites": dict(rec.get("suites") or {}),
            "timings_s": rec.get("timings_s", {})}
     out.update(extra)
     return out
@@ -251,6 +325,7 @@ def run_bench(config_path: str | os.PathLike, *, resume: str | os.PathLike | Non
             cfg = load_config(config_path)
             old = resume_manifest(cfg, Path(resume)) if resume else None  # before anything slow
             env = check_environment(cfg)
+            check_instrumentation(cfg)  # a conflicting instrumentation argument: exit 2 first
             ensure_model(cfg)
             root = Path(results_root) if results_root else RESULTS_DIR
             _stale_servers(Path(resume).parent if resume else root, kill=kill_stale, log=say)
@@ -270,6 +345,7 @@ def run_bench(config_path: str | os.PathLike, *, resume: str | os.PathLike | Non
             records: list[dict] = []
             timings: dict[str, Any] = {"setup": round(time.monotonic() - t_run, 3)}
             manifest = _manifest(cfg, run_dir, env, variants, records, started, timings)
+            manifest["copied_files"] = copy_config_files(cfg, run_dir)
             if resume:  # keep the first invocation's timings; this one's go to "resumes"
                 manifest["timings_s"] = old.get("timings_s", {})
                 manifest["resumes"] = old.get("resumes", []) + [{"started_at": utc_stamp(),
@@ -279,21 +355,41 @@ def run_bench(config_path: str | os.PathLike, *, resume: str | os.PathLike | Non
             progress = BenchProgress(len(cells))
             cell_log = log or (lambda m: progress.log(f"[patchbench {time.strftime('%H:%M:%S')}] {m}"))
             failed = 0
-            for cell in cells:
-                cdir = cell.path(run_dir)
-                if cell_done(run_dir, cell, cfg):
-                    rec = read_json(cdir / "cell.json") if (cdir / "cell.json").exists() else {}
-                    cell_log(f"{cell.label}: done already, skipped")
-                    records.append(_cell_entry(cell, run_dir, rec, skipped=True))
-                    progress.cell_skipped()
+            design = sequential_design(cfg)
+            looks = list(design.looks) if design else [cfg.schedule.max_repeats]
+            processed: set[int] = set()
+            decision = None
+            for li, n_rounds in enumerate(looks):
+                for cell in cells:
+                    if cell.index in processed or (cell.kind == "timed" and cell.repeat >= n_rounds):
+                        continue
+                    processed.add(cell.index)
+                    cdir = cell.path(run_dir)
+                    if cell_done(run_dir, cell, cfg):
+                        rec = read_json(cdir / "cell.json") if (cdir / "cell.json").exists() else {}
+                        cell_log(f"{cell.label}: done already, skipped")
+                        records.append(_cell_entry(cell, run_dir, rec, skipped=True))
+                        progress.cell_skipped()
+                        continue
+                    progress.cell_started(cell.label)
+                    rec = run_cell(cfg, cell, variants[cell.variant], run_dir, port=port,
+                                   log=cell_log, progress=progress, nvml=nvml).model_dump(mode="json")
+                    progress.cell_finished(rec["status"])
+                    failed += rec["status"] == "failed"
+                    records.append(_cell_entry(cell, run_dir, rec,
+                                               error=_first_line(rec.get("error"))))
+                    write_manifest(run_dir, manifest)
+                if design is None:
                     continue
-                progress.cell_started(cell.label)
-                rec = run_cell(cfg, cell, variants[cell.variant], run_dir, port=port,
-                               log=cell_log, progress=progress, nvml=nvml).model_dump(mode="json")
-                progress.cell_finished(rec["status"])
-                failed += rec["status"] == "failed"
-                records.append(_cell_entry(cell, run_dir, rec, error=_first_line(rec.get("error"))))
+                decision, why = sequential_look(cfg, run_dir, design, li, decision)
+                manifest["sequential"] = _sequential_record(cfg, design, manifest.get("sequential"),
+                                                            li, n_rounds, decision, why)
                 write_manifest(run_dir, manifest)
+                cell_log(f"sequential look {li + 1} of {len(looks)} after {n_rounds} rounds: "
+                         + manifest["sequential"]["reason"])
+                if decision is None or decision.stop:
+                    break
+            progress.set_total(len(processed))
             progress.close()
         except KeyboardInterrupt as e:
             if progress is not None:
@@ -328,8 +424,109 @@ def run_bench(config_path: str | os.PathLike, *, resume: str | os.PathLike | Non
             f"flushes {b['flush']:.1f} s, report {b['report']:.1f} s, other {b['other']:.1f} s; "
             f"stop phases {timings['server_stop_breakdown_s']}")
     if failed:
-        raise RunFailed(f"{failed} of {len(cells)} cells failed; see {run_dir}/*/*/cell.json", run_dir)
+        raise RunFailed(f"{failed} of {len(processed)} cells failed; see {run_dir}/*/*/cell.json",
+                        run_dir)
     return run_dir
+
+
+# ---------------------------------------------------------------------------------- sequential
+def sequential_design(cfg: Config):
+    """The patchbench.sequential.Design of a ``schedule.repeats: {min, max, step}`` config (alpha
+    = 1 - ``compare.confidence`` per report); None for a fixed number of repeats."""
+    seq = cfg.schedule.sequential
+    if seq is None:
+        return None
+    from patchbench.sequential import Design
+    return Design(looks=seq.looks, alpha=round(1.0 - cfg.compare.confidence, 12),
+                  kind=seq.boundary)
+
+
+def sequential_primaries(cfg: Config) -> list[tuple[str, str, Any, float]]:
+    """[(suite, metric, MetricInfo, margin in percent)] of the primaries that decide when a
+    sequential run stops: run-level metrics (kind "run", with a direction) of timed suites that
+    run in every round. Accuracy and deterministic primaries (and suites scheduled in only some
+    rounds) gain nothing from more repeats and do not hold the run up; their verdicts come from
+    the analysis as usual. A margin of 0 means no equivalence stop for that metric."""
+    every = list(range(cfg.schedule.max_repeats))
+    out = []
+    for s in cfg.suites:
+        obj = suite_of(s)
+        if not getattr(obj, "timed", True) or cfg.rounds_of(s) != every:
+            continue
+        declared = getattr(obj, "metrics", None) or getattr(getattr(obj, "_mod", None),
+                                                             "METRICS", None) or {}
+        for m, info in declared.items():
+            if info.primary and info.kind == "run" and info.better in ("higher", "lower"):
+                out.append((s, m, info, float(cfg.compare.margin_for(s, m, info.margin) or 0.0)))
+    return out
+
+
+def sequential_look(cfg: Config, run_dir: Path, design, look_index: int, previous=None):
+    """Decide at look ``look_index`` from the timed cells on disk (patchbench.sequential.decide
+    on the paired log ratios ``log(variant / baseline)`` of :func:`sequential_primaries`, for
+    every variant but the baseline, A/A variants included).
+
+    Returns (LookDecision, None), or (None, why) when a needed pair is missing (a failed cell):
+    the run then stops; ``--resume`` re-runs the failed cells and looks again.
+    """
+    import math
+
+    from patchbench.analysis import read_run
+    from patchbench.sequential import decide
+
+    n = design.looks[look_index]
+    data = read_run(run_dir)
+    prim = sequential_primaries(cfg)
+    ratios: dict[str, dict[str, list[float]]] = {}
+    margins: dict[str, float] = {}
+    better: dict[str, str] = {}
+    missing: list[str] = []
+    for v in data.variants[1:]:
+        for s, m, info, pct in prim:
+            key = f"{s}.{m}"
+            xs: list[float] = []
+            for k in range(n):
+                b, x = data.value(data.baseline, k, s, m), data.value(v, k, s, m)
+                timed = data.timed(data.baseline, k, s) and data.timed(v, k, s)
+                if b is None or x is None or b <= 0 or x <= 0 or not timed:
+                    missing.append(f"{v}/rep{k} {key}")
+                    continue
+                xs.append(math.log(x / b))
+            ratios.setdefault(v, {})[key] = xs
+            margins[key] = math.log1p(pct / 100.0)
+            better[key] = info.better
+    if missing:
+        shown = ", ".join(missing[:4]) + (" ..." if len(missing) > 4 else "")
+        return None, (f"stopped at the look after {n} rounds: no paired value for {shown} "
+                      "(a failed or incomplete cell); resume the run to re-run it and go on")
+    return decide(look_index, ratios, margins, design=design, better=better,
+                  previous=previous), None
+
+
+def _sequential_record(cfg: Config, design, old: dict | None, look_index: int, n_rounds: int,
+                       decision, why: str | None) -> dict:
+    """The manifest's ``sequential`` entry after a look: ``{"design", "looks": [per look],
+    "stopped_at" (rounds run when it stopped, None while going on), "repeats_run", "reason",
+    "decisions": {"variant/suite.metric": decision}}``."""
+    rec = dict(old or {})
+    looks = [x for x in rec.get("looks", []) if x.get("look_index", -1) < look_index]
+    rec["design"] = {"looks": list(design.looks), "alpha": design.alpha, "boundary": design.kind,
+                     "primaries": [f"{s}.{m}" for s, m, _, _ in sequential_primaries(cfg)],
+                     "alpha_split": "Bonferroni across variants, Holm within each variant"}
+    if decision is None:
+        rec.update(looks=looks, stopped_at=n_rounds, repeats_run=n_rounds, reason=why,
+                   stopped_early=n_rounds < design.looks[-1])
+        return rec
+    looks.append(decision.to_json())
+    rec["looks"] = looks
+    rec["repeats_run"] = n_rounds
+    rec["stopped_at"] = n_rounds if decision.stop else None
+    rec["stopped_early"] = bool(decision.stop and n_rounds < design.looks[-1])
+    rec["reason"] = decision.reason if decision.metrics or not decision.stop else (
+        f"no run-level primary metric to decide on (see the design); stopped after {n_rounds} "
+        "rounds")
+    rec["decisions"] = {f"{v}/{m}": d.decision for (v, m), d in sorted(decision.metrics.items())}
+    return rec
 
 
 def _stale_servers(results_root: Path, *, kill: bool, log) -> None:

@@ -97,11 +97,13 @@ def is_cpu(cfg: Config) -> bool:
 
 
 def launch_spec(cfg: Config, venv: VariantEnv, cdir: Path, port: int) -> LaunchSpec:
-    """How this variant's server is launched into ``cdir`` (tests replace this function)."""
+    """How this variant's server is launched into ``cdir`` (tests replace this function):
+    ``server.args`` followed by the variant's ``server_args`` (:meth:`Config.server_args_of`),
+    the variant's environment (``server.env`` plus its ``env``, the overlay first on PYTHONPATH:
+    :func:`patchbench.variants.prepare_variants`)."""
     s = cfg.server
-    extra = list(getattr(cfg.variants.get(venv.name), "server_args", None) or [])
     return LaunchSpec(python=sys.executable, model_path=cfg.model_ref, host=s.host, port=port,
-                      args=list(s.args) + extra, env=dict(venv.server_env),
+                      args=cfg.server_args_of(venv.name), env=dict(venv.server_env),
                       log_path=cdir / "server.log", ready_timeout_s=s.ready_timeout_s,
                       stop_grace_s=s.stop_grace_s, port_close_timeout_s=s.port_close_timeout_s,
                       flush_retries=s.flush_retries, flush_pause_s=s.flush_pause_s)
@@ -114,9 +116,11 @@ def suite_done(path: Path) -> bool:
 
 
 def cell_suites(cfg: Config, cell: Cell) -> list[str]:
-    """The suites a cell runs, in config order: every suite in a correctness cell, the timed
-    ones in a timed cell."""
-    return [s for s in cfg.suites if cell.kind == "correctness" or suite_of(s).timed]
+    """The suites a cell runs, in config order: every suite in a correctness cell; in a timed
+    cell of round k, the timed suites whose ``rounds`` include k (:meth:`Config.rounds_of`)."""
+    if cell.kind == "correctness":
+        return list(cfg.suites)
+    return [s for s in cfg.suites if suite_of(s).timed and cell.repeat in cfg.rounds_of(s)]
 
 
 def cell_done(run_dir: Path, cell: Cell, cfg: Config) -> bool:
@@ -137,15 +141,78 @@ def needs_correctness_cells(cfg: Config, ctx_for: Callable[[str], SuiteContext] 
     return False
 
 
-def _placeholder_ctx(cfg: Config, suite: str) -> SuiteContext:
+def _placeholder_ctx(cfg: Config, suite: str, variant: str | None = None) -> SuiteContext:
     site = envinfo.stock_site_dir()
     stock = (site / "sglang") if site else Path("sglang")
     root = Path("/nonexistent-run")
     return SuiteContext(server=None, out_dir=root / suite, run_dir=root, cache_dir=root / ".cache",
-                        variant=cfg.baseline, repeat=0, baseline=cfg.baseline,
+                        variant=variant or cfg.baseline, repeat=0, baseline=cfg.baseline,
                         sglang_version=cfg.sglang, python=sys.executable, stock_env={},
                         variant_sglang_dir=stock, stock_sglang_dir=stock,
                         device="cpu" if is_cpu(cfg) else "cuda")
+
+
+def _show(flag: str, value: str | None) -> str:
+    return flag if value is None else f"{flag} {value}"
+
+
+def instrumentation_args(cfg: Config, variant: str,
+                         wanted: list[tuple[str, list[str]]]) -> list[str]:
+    """The server arguments a correctness cell of ``variant`` adds for its instrumentation.
+
+    wanted: ``[(suite, Instrumentation.server_args)]`` in config order. A flag the launch
+    command already has with the same value (or a switch already given), or that an earlier
+    suite asked for the same way, is added once. Returns the arguments to append.
+    Raises ConfigError (exit 2) naming both sides when a suite's instrumentation needs a flag
+    that ``server.args``, the variant's ``server_args`` or another suite's instrumentation sets
+    differently, or when it asks for an argument the harness owns.
+    """
+    from patchbench.config import ConfigError, check_args, split_args
+
+    have: dict[str, tuple[str | None, str]] = {}
+    for key, args in (("server.args", cfg.server.args),
+                      (f"variants.{variant}.server_args", cfg.variants[variant].server_args)):
+        for _, flag, val in split_args(list(args)):
+            if flag:
+                have[flag] = (val, key)
+    out: list[str] = []
+    for suite, args in wanted:
+        where = f"the {suite} suite's instrumentation"
+        try:
+            check_args(list(args), f"{where} (server_args)")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        for i, flag, val in split_args(list(args)):
+            if not flag:
+                out.append(val or "")  # not a flag (sglang has no positional arguments)
+                continue
+            if flag in have:
+                old, by = have[flag]
+                if old != val:
+                    raise ConfigError(
+                        f"{where} needs {_show(flag, val)} in the correctness cell of variant "
+                        f"'{variant}', but {by} sets {_show(flag, old)}; remove one of them "
+                        f"(suites.{suite} or {by})")
+                continue
+            have[flag] = (val, where)
+            out += [args[i]] if (val is None or "=" in args[i]) else [args[i], val]
+    return out
+
+
+def check_instrumentation(cfg: Config) -> dict[str, list[str]]:
+    """{variant: server arguments its correctness cell adds} (empty lists when none), computed
+    before any server starts so that a conflict is refused first (see
+    :func:`instrumentation_args`; raises ConfigError)."""
+    out: dict[str, list[str]] = {}
+    for v in cfg.variants:
+        wanted = []
+        for name in cfg.suites:
+            ins = suite_of(name).instrumentation(_placeholder_ctx(cfg, name, v),
+                                                 cfg.suite_params[name])
+            if ins is not None and ins.server_args:
+                wanted.append((name, list(ins.server_args)))
+        out[v] = instrumentation_args(cfg, v, wanted)
+    return out
 
 
 # ---------------------------------------------------------------------------------- the cell
@@ -219,6 +286,7 @@ class CellRun:
         if self.cell.kind != "correctness":
             return
         extra_path: list[str] = []
+        wanted: list[tuple[str, list[str]]] = []
         for name in self.cfg.suites:
             ins = suite_of(name).instrumentation(self.ctx(name, None), self.cfg.suite_params[name])
             if ins is None:
@@ -228,6 +296,12 @@ class CellRun:
                 Path(ins.out_dir).mkdir(parents=True, exist_ok=True)
             spec.env.update(ins.env)
             extra_path += [str(p) for p in ins.pythonpath]
+            if ins.server_args:
+                wanted.append((name, list(ins.server_args)))
+        added = instrumentation_args(self.cfg, self.cell.variant, wanted)
+        spec.args = list(spec.args) + added
+        if added:
+            self.record.instrumentation_args = added
         if extra_path:  # after the overlay, before patchbench's own sitecustomize folder
             parts = spec.env.get("PYTHONPATH", "").split(os.pathsep)
             at = parts.index(str(SITE_DIR)) if str(SITE_DIR) in parts else 0
@@ -426,4 +500,5 @@ def run_cell(cfg: Config, cell: Cell, venv: VariantEnv, run_dir: Path, *, port: 
 
 
 __all__ = ["CellRun", "run_cell", "launch_spec", "cell_done", "cell_suites", "suite_of",
-           "needs_correctness_cells", "suite_done", "is_cpu", "tail"]
+           "needs_correctness_cells", "suite_done", "is_cpu", "tail", "instrumentation_args",
+           "check_instrumentation"]

@@ -27,11 +27,11 @@ Shape (every key documented in configs/demo-cpu.yaml)::
         env: {SGLANG_X: "1"}                        # added to server.env
     baseline: baseline                  # defaults to the first variant
     schedule:
-      repeats: 2
+      repeats: 2                        # or {min: 4, max: 12, step: 2}: sequential repeats
       order: interleaved                # interleaved (ABBA...) | sequential
     suites:                             # run in this order in every cell; params per suite
       sync_probe: {}
-      mmmu: {...}
+      mmmu: {rounds: first, ...}        # rounds (core key): all | first | [0, 2]
       serving: {...}
     compare: {...}                      # patchbench.compare.CompareSettings
     nightly: {...}                      # patchbench.nightly.NightlySettings (gates)
@@ -75,8 +75,10 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from patchbench import errors
+from patchbench import schedule as _sched
 from patchbench import suite as _suite
 from patchbench.suite import suite_names
 
@@ -451,10 +453,7 @@ def patch_label(p: PatchEntry) -> str:
 
 class VariantSpec(_Strict):
     """What a variant changes against the plain server: patches applied in order, arguments
-    appended to ``server.args``, variables added to ``server.env``.
-
-    Iterating a VariantSpec yields its patch entries (what the short list form held).
-    """
+    appended to ``server.args``, variables added to ``server.env``."""
 
     patches: list[PatchEntry] = Field(default_factory=list)
     server_args: list[str] = Field(default_factory=list)
@@ -498,12 +497,6 @@ class VariantSpec(_Strict):
         check_env(v, "env")
         return v
 
-    def __iter__(self):  # type: ignore[override]
-        return iter(self.patches)
-
-    def __len__(self) -> int:
-        return len(self.patches)
-
     def short(self) -> list | dict:
         """JSON form: the list of patches when the variant changes only patches, else a mapping."""
         pats = [p if isinstance(p, str) else p.model_dump() for p in self.patches]
@@ -512,11 +505,100 @@ class VariantSpec(_Strict):
         return {"patches": pats, "server_args": list(self.server_args), "env": dict(self.env)}
 
 
-class ScheduleSpec(_Strict):
-    """Repeats of all variants; interleaved = ABBA, BAAB, ... (each variant once per round)."""
+class SequentialRepeats(_Strict):
+    """``schedule.repeats: {min, max, step}``: group-sequential repeats (patchbench.sequential).
 
-    repeats: int = Field(1, ge=1, le=100)
+    The run looks at its primary metrics after ``min`` whole interleaved rounds, then after every
+    ``step`` more, up to ``max``, and stops once every primary of every variant is decided.
+    ``boundary``: the group-sequential boundary (``pocock``: the same nominal level at every
+    look; ``obrien-fleming``: strict early, near the fixed-sample level at the last look).
+    """
+
+    min: int = Field(le=100)
+    max: int = Field(le=100)
+    step: int = Field(2, le=100)
+    boundary: Literal["pocock", "obrien-fleming"] = "pocock"
+
+    @model_validator(mode="after")
+    def _looks(self) -> SequentialRepeats:
+        from patchbench.sequential import looks_from_schedule
+
+        looks_from_schedule(self.min, self.max, self.step)  # ValueError naming the key
+        return self
+
+    @property
+    def looks(self) -> tuple[int, ...]:
+        """The repeat counts at which the run looks: ``min, min+step, ..., max``."""
+        from patchbench.sequential import looks_from_schedule
+
+        return looks_from_schedule(self.min, self.max, self.step)
+
+
+class ScheduleSpec(_Strict):
+    """Repeats of all variants; interleaved = ABBA, BAAB, ... (each variant once per round).
+
+    ``repeats``: an integer (that many rounds, fixed) or a mapping ``{min, max, step, boundary}``
+    (:class:`SequentialRepeats`: stop early once every primary is decided).
+    """
+
+    repeats: int | SequentialRepeats = 1
     order: Literal["interleaved", "sequential"] = "interleaved"
+
+    @field_validator("repeats", mode="plain")
+    @classmethod
+    def _repeats(cls, v):
+        if isinstance(v, SequentialRepeats):
+            return v
+        if isinstance(v, dict):
+            try:
+                return SequentialRepeats.model_validate(v)
+            except ValidationError as e:
+                err = e.errors()[0]
+                key = ".".join(str(x) for x in err["loc"])
+                msg = err["msg"].removeprefix("Value error, ")
+                where = f"{key}: " if key else ""
+                raise ValueError(
+                    f"{where}{msg} (a sequential schedule is {{min: 4, max: 12, step: 2}})"
+                ) from None
+        if isinstance(v, bool):
+            raise PydanticCustomError("int_type", "Input should be a valid integer")
+        if not isinstance(v, int):
+            raise PydanticCustomError(
+                "int_type",
+                "Input should be a valid integer (a fixed number of repeats) or a mapping "
+                "{min: 4, max: 12, step: 2} (sequential repeats)",
+            )
+        if not 1 <= v <= 100:
+            raise ValueError(f"repeats must be between 1 and 100, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _order(self) -> ScheduleSpec:
+        if self.sequential is not None and self.order != "interleaved":
+            raise ValueError(
+                "schedule.order: sequential repeats ({min, max, step}) look after whole "
+                "interleaved rounds; use order: interleaved (or a fixed number of repeats)"
+            )
+        return self
+
+    @property
+    def sequential(self) -> SequentialRepeats | None:
+        """The sequential design, or None for a fixed number of repeats."""
+        return self.repeats if isinstance(self.repeats, SequentialRepeats) else None
+
+    @property
+    def max_repeats(self) -> int:
+        """The most rounds the run may take (the fixed count, or ``max``)."""
+        return self.repeats.max if self.sequential is not None else int(self.repeats)
+
+    def describe(self) -> str:
+        """``"3 repeat(s)"`` or ``"sequential 4..12 repeats, step 2 (pocock)"``."""
+        s = self.sequential
+        if s is None:
+            return f"{self.repeats} repeat(s)"
+        looks = ", ".join(str(n) for n in s.looks)
+        return (f"sequential {s.min}..{s.max} repeats, looks after {looks} "
+                f"({s.boundary} boundary)")
 
 
 def _params_model(name: str) -> type[BaseModel]:
@@ -526,6 +608,14 @@ def _params_model(name: str) -> type[BaseModel]:
         return _suite.suite_params_model(name)
     except KeyError:
         return _suite.load_suite(name).Params
+
+
+def _suite_is_timed(name: str) -> bool:
+    """False for a suite that runs only in the untimed correctness cells (``Suite.timed``)."""
+    try:
+        return bool(getattr(_suite.get_suite(name), "timed", True))
+    except KeyError:
+        return bool(getattr(_suite.load_suite(name), "TIMED", True))
 
 
 def _section_model(section: str) -> type[BaseModel]:
@@ -566,6 +656,8 @@ class Config(_Strict):
     # filled by load_config
     source: Path | None = Field(None, exclude=True)
     suite_params: dict[str, Any] = Field(default_factory=dict, exclude=True)
+    #: suite -> its ``rounds`` ("all", "first" or round indices; patchbench.schedule)
+    suite_rounds: dict[str, Any] = Field(default_factory=dict, exclude=True)
 
     @field_validator("sglang", mode="before")
     @classmethod
@@ -631,6 +723,15 @@ class Config(_Strict):
                         "in one place (per variant when variants differ)"
                     )
         return self
+
+    # ------------------------------------------------------------------ schedule
+    def rounds_of(self, suite: str, repeats: int | None = None) -> list[int]:
+        """The 0-based timed rounds ``suite`` runs in (``suites.<suite>.rounds``), out of
+        ``repeats`` rounds (default: the most the schedule may take)."""
+        from patchbench.schedule import resolve_rounds
+
+        n = self.schedule.max_repeats if repeats is None else repeats
+        return resolve_rounds(self.suite_rounds.get(suite, "all"), n)
 
     # ------------------------------------------------------------------ variants
     def patches_of(self, variant: str) -> list[PatchEntry]:
@@ -939,7 +1040,8 @@ def _model_at(loc: tuple) -> list[str]:
             if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
                 return []
             model = ann
-        return [k for k in model.model_fields]
+        core = [_sched.ROUNDS_KEY] if len(rest) == 1 else []
+        return [k for k in model.model_fields] + core
     model = Config
     keys = list(loc)
     while keys:
@@ -1004,11 +1106,27 @@ def load_config(path: str | os.PathLike, *, check_files: bool = True) -> Config:
             )
             continue
         model = _params_model(name)
+        own = dict(params or {})
+        if _sched.ROUNDS_KEY in own:  # a core key, not one of the suite's parameters
+            rounds = own.pop(_sched.ROUNDS_KEY)
+            key = f"suites.{name}.{_sched.ROUNDS_KEY}"
+            where = _line_of(text, ("suites", name, _sched.ROUNDS_KEY))
+            try:
+                cfg.suite_rounds[name] = _sched.parse_rounds(
+                    rounds, cfg.schedule.max_repeats, key
+                )
+                if cfg.suite_rounds[name] != "all" and not _suite_is_timed(name):
+                    raise ValueError(
+                        f"{key}: suite '{name}' runs only in the untimed correctness cells "
+                        "(one per variant), never in timed rounds; remove the key"
+                    )
+            except ValueError as e:
+                problems.append(f"{path}:{where or ''}: {e}")
         try:
-            cfg.suite_params[name] = model.model_validate(params or {})
+            cfg.suite_params[name] = model.model_validate(own)
         except ValidationError as e:
             msg = _format_errors(path, text, e, ("suites", name))
-            allowed = ", ".join(model.model_fields)
+            allowed = ", ".join([*model.model_fields, _sched.ROUNDS_KEY])
             problems.append(
                 msg
                 if "allowed keys:" in msg  # an unknown key lists them already

@@ -88,6 +88,13 @@ class BenchProgress:
         if not self.live:
             self.console.print(self.line(), highlight=False)
 
+    def set_total(self, total: int) -> None:
+        """Change the number of cells (a sequential run that stops before its maximum)."""
+        self.total = max(total, self.done)
+        if self._progress is not None:
+            self._progress.update(self._task, total=self.total)
+        self._refresh()
+
     def log(self, msg: str) -> None:
         self.console.print(msg, highlight=False, markup=False)
 

@@ -9,12 +9,16 @@ Correctness cells: when a suite declares in-server instrumentation or is untimed
 (``Suite.timed = False``), each variant gets one untimed ``correctness`` cell before the timed
 rounds (folder ``<variant>/correctness``). It runs every suite with every instrumentation on; its
 timings feed no verdict. Timed cells never carry instrumentation and never run untimed suites.
+
+Per-suite schedules: ``suites.<name>.rounds`` (``all``, ``first`` or a list of 0-based round
+indices) says in which timed rounds a suite runs (e.g. greedy MMMU once, serving timings in every
+round); :func:`parse_rounds` checks the value, :func:`resolve_rounds` turns it into indices.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 CellKind = Literal["timed", "correctness"]
 
@@ -69,3 +73,43 @@ def plan_cells(variants: list[str], repeats: int,
         raise ValueError(f"unknown order '{order}'; allowed: interleaved, sequential")
     first = [Cell(i, v, 0, "correctness") for i, v in enumerate(variants)] if correctness else []
     return first + [Cell(len(first) + i, v, r) for i, (v, r) in enumerate(pairs)]
+
+
+#: the core key of a suite's section that is not one of the suite's own parameters
+ROUNDS_KEY = "rounds"
+
+
+def parse_rounds(value: Any, max_repeats: int, where: str) -> str | list[int]:
+    """Check a ``suites.<name>.rounds`` value against a run of at most ``max_repeats`` rounds.
+
+    Returns "all", "first" or the sorted list of 0-based round indices. Raises ValueError naming
+    ``where`` (the key) for anything else: not "all"/"first"/a list of integers, an empty list,
+    an index listed twice, or an index the run never reaches (a suite in no round).
+    """
+    if value in ("all", "first"):
+        return value
+    if not isinstance(value, list) or any(isinstance(x, bool) or not isinstance(x, int)
+                                          for x in value):
+        raise ValueError(f"{where}: {value!r} is not a round list; use all, first or a list of "
+                         f"round indices counted from 0 (e.g. [0, 2])")
+    if not value:
+        raise ValueError(f"{where}: [] puts the suite in no round; use all, first or a "
+                         f"list of round indices from 0 to {max_repeats - 1}")
+    if len(set(value)) != len(value):
+        raise ValueError(f"{where}: {value} lists a round twice")
+    bad = [x for x in value if not 0 <= x < max_repeats]
+    if bad:
+        raise ValueError(f"{where}: round(s) {bad} do not exist: this run has at most "
+                         f"{max_repeats} round(s), indices 0 to {max_repeats - 1}; a suite "
+                         "must run in at least one round that exists")
+    return sorted(value)
+
+
+def resolve_rounds(value: Any, repeats: int) -> list[int]:
+    """The 0-based timed rounds (``< repeats``) a suite runs in, for a ``rounds`` value as
+    :func:`parse_rounds` returns it (None or a missing key: "all")."""
+    if value in (None, "all"):
+        return list(range(repeats))
+    if value == "first":
+        return [0] if repeats > 0 else []
+    return [int(x) for x in value if 0 <= int(x) < repeats]

@@ -46,10 +46,11 @@ def _pythonpath(*parts: Path | str | None, inherit: str | None = None) -> str:
     return os.pathsep.join(items)
 
 
-def base_env(cfg: Config) -> dict[str, str]:
-    """os.environ + server.env, with the stand-in switch set (no PYTHONPATH yet)."""
+def base_env(cfg: Config, variant: str | None = None) -> dict[str, str]:
+    """os.environ + server.env (+ the variant's ``env`` when ``variant`` is given), with the
+    stand-in switch set (no PYTHONPATH yet)."""
     env = dict(os.environ)
-    env.update(cfg.server.env)
+    env.update(cfg.server_env_of(variant) if variant is not None else cfg.server.env)
     env.setdefault("PYTHONUNBUFFERED", "1")
     if cfg.server.cpu_stand_ins:
         env["PATCHBENCH_CPU_STAND_INS"] = "1"
@@ -74,24 +75,29 @@ def stock_client_env(cfg: Config) -> dict[str, str]:
 def prepare_variants(cfg: Config, *, log=_log) -> dict[str, VariantEnv]:
     """Build and verify one overlay per variant (before any server starts).
 
-    Raises PatchProblem naming the patch, file and hunk when a diff does not apply, or when the
-    server's environment would not import the overlay's forward_batch_info.
+    Each variant gets its patches (:meth:`Config.overlay_patches`: patch names, and a patch
+    folder made from each diff named directly), and its environment (``server.env`` plus the
+    variant's ``env``, :meth:`Config.server_env_of`). Raises PatchProblem naming the variant,
+    patch, file and hunk when a diff does not apply, or when the server's environment would not
+    import the overlay's files.
     """
     from patchbench import overlay as ov
+    from patchbench.config import patch_label
     from patchbench.patchset import PatchError as _PatchsetError
 
     site = envinfo.stock_site_dir()
     if site is None:
         raise EnvironmentNotReady("sglang is not importable in this environment")
     out: dict[str, VariantEnv] = {}
-    for name, patches in cfg.variants.items():
+    for name in cfg.variants:
+        labels = [patch_label(p) for p in cfg.patches_of(name)]
         try:
-            o = ov.build_overlay(cfg.sglang, list(patches), stock_site_dir=site,
-                                 cache_root=CACHE_DIR / "overlays")
+            patches = cfg.overlay_patches(name, cache_dir=CACHE_DIR)
+            o = ov.build_overlay(cfg.sglang, patches, stock_site_dir=site,
+                                 cache_root=CACHE_DIR / "overlays", patch_cache_dir=CACHE_DIR)
         except _PatchsetError as e:
             raise PatchProblem(f"variant '{name}': {e}") from None
-        env = base_env(cfg)
-        env.update(getattr(patches, "env", None) or {})  # the variant's own variables
+        env = base_env(cfg, name)
         env["PYTHONPATH"] = _pythonpath(o.root, SITE_DIR, *stand_in_dirs(cfg),
                                         inherit=os.environ.get("PYTHONPATH"))
         try:
@@ -99,7 +105,10 @@ def prepare_variants(cfg: Config, *, log=_log) -> dict[str, VariantEnv]:
         except ov.OverlayError as e:
             raise PatchProblem(f"variant '{name}': {e}") from None
         sha = found.get("sha256") or o.fbi_sha256
-        log(f"variant {name}: patches {patches or '(none)'}; forward_batch_info "
-            f"{(sha or '?')[:12]} in {o.sglang_dir}")
-        out[name] = VariantEnv(name, list(patches), o, Path(o.sglang_dir), env, sha or "")
+        extra = cfg.variants[name]
+        log(f"variant {name}: patches {', '.join(labels) or '(none)'}"
+            + (f"; server args {' '.join(extra.server_args)}" if extra.server_args else "")
+            + (f"; env {' '.join(f'{k}={v}' for k, v in extra.env.items())}" if extra.env else "")
+            + f"; forward_batch_info {(sha or '?')[:12]} in {o.sglang_dir}")
+        out[name] = VariantEnv(name, labels, o, Path(o.sglang_dir), env, sha or "")
     return out

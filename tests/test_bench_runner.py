@@ -186,7 +186,7 @@ def test_dry_run_prints_plan_and_launches_nothing(fake_env, tmp_path, capsys):
     (BASIC.replace("control: [null-comment]", "control: [no-such-patch]"),
      r"cfg.yaml:\d+: variants.control.patches\[0\]: patch 'no-such-patch' not found .*available: .*null-comment"),
     (BASIC.replace("fake: {n: 2}", "fake: {n: 2, m: 1}"),
-     r"unknown key 'suites.fake.m'; allowed keys: n$"),
+     r"unknown key 'suites.fake.m'; allowed keys: n, rounds$"),
     (BASIC.replace("fake: {n: 2}", "nosuch: {}"),
      r"cfg.yaml:\d+: unknown suite 'nosuch' under suites; allowed: .*mmmu"),
     (BASIC.replace("    model: {path: \"@MODEL@\"}\n", ""), r"missing required key 'model'"),
