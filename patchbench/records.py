@@ -2,7 +2,10 @@
 
 Every file the harness writes goes through :func:`write_json` / :func:`write_text` /
 :func:`write_bytes`: a temporary file in the same folder, fsync, then ``os.replace``, so a reader
-(or a crash) never sees half a file. Layout of one run (docs/design.md, "The run folder")::
+(or a crash) never sees half a file. A folder that cannot be written (read-only, no permission,
+disk or quota full) raises :class:`ResultsWriteError` (exit 4): one line naming the file and the
+reason, no temporary file left, the old file untouched; :func:`make_dir` does the same for
+folders. Layout of one run (docs/design.md, "The run folder")::
 
     results/<UTC timestamp>-<config name>/
       manifest.json
@@ -14,12 +17,15 @@ Every file the harness writes goes through :func:`write_json` / :func:`write_tex
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from patchbench.errors import RunFailed
 
 
 def _json_default(obj: Any) -> Any:
@@ -54,26 +60,83 @@ def _read_umask() -> int:
 _UMASK = _read_umask()  # read once at import: os.umask can only be read by setting it
 
 
+class ResultsWriteError(RunFailed, OSError):
+    """A result file could not be written (folder unwritable, read-only, disk or quota full).
+
+    Exit 4 (a :class:`patchbench.errors.RunFailed`); also an OSError, so code that already handles
+    OSError around a write keeps doing so. ``str()`` is one line naming the path and the reason,
+    e.g. ``cannot write RUN/base/rep1/cell.json: No space left on device (ENOSPC); ...``.
+    ``path``: the file that was being written; ``errno`` / ``strerror`` / ``filename``: those of
+    the OSError it replaces (``__cause__`` is not set, so no chained traceback is shown).
+    """
+
+    def __init__(self, path: str | os.PathLike, err: OSError):
+        code = errno.errorcode.get(err.errno or 0, "")
+        why = (err.strerror or str(err) or type(err).__name__) + (f" ({code})" if code else "")
+        hint = _HINTS.get(err.errno or 0, "")
+        RunFailed.__init__(self, f"cannot write {path}: {why}" + (f"; {hint}" if hint else ""))
+        self.path = Path(path)
+        self.errno, self.strerror, self.filename = err.errno, err.strerror, str(path)
+
+    def __str__(self) -> str:  # OSError's str would print "[Errno N] ..." instead
+        return str(self.args[0])
+
+
+#: what to do about the usual reasons a result file cannot be written
+_HINTS = {
+    errno.ENOSPC: "free disk space (or write results elsewhere: --results DIR), then --resume",
+    errno.EDQUOT: "the disk quota is full: free space or use --results DIR, then --resume",
+    errno.EROFS: "the file system is read-only: use --results DIR on a writable one",
+    errno.EACCES: "the folder is not writable by this user: fix its permissions or use --results DIR",
+    errno.EPERM: "the folder is not writable by this user: fix its permissions or use --results DIR",
+}
+
+
+def make_dir(path: str | os.PathLike, *, exist_ok: bool = True) -> Path:
+    """Create folder ``path`` (and its parents); returns it.
+
+    Raises :class:`ResultsWriteError` (exit 4) naming ``path`` when it cannot be created
+    (EACCES, EROFS, ENOSPC, a file in the way, ...); FileExistsError when the folder exists
+    and ``exist_ok`` is False.
+    """
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=exist_ok)
+    except OSError as e:
+        if isinstance(e, FileExistsError) and not exist_ok and path.is_dir():
+            raise
+        raise ResultsWriteError(path, e) from None
+    return path
+
+
 def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (temp file in the same folder + fsync + rename).
 
-    Creates parent folders. Returns the path. Raises OSError if the folder is not writable.
+    Creates parent folders. Returns the path. Either the whole new file is in place or the old
+    file (if any) is untouched; no temporary file is left behind.
+
+    Raises :class:`ResultsWriteError` (exit 4, also an OSError) naming ``path`` and the reason
+    when the folder cannot be created or written (EACCES, EROFS, ENOSPC, EDQUOT, ...).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp: str | None = None
     try:
-        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; results are for others to read
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; results are for others to read
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+    except BaseException as e:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        if isinstance(e, OSError) and not isinstance(e, ResultsWriteError):
+            raise ResultsWriteError(path, e) from None
         raise
     return path
 
