@@ -163,8 +163,17 @@ def read_run(run_dir: str | os.PathLike) -> RunData:
     suites = man.suites or sorted(
         {p.parent.name for v in variants for p in (run_dir / v).glob("rep*/*/summary.json")}
     )
-    base = variant_identity(vcfg.get(baseline))
-    aa = [v for v in variants[1:] if v in vcfg and variant_identity(vcfg[v]) == base]
+    # A/A: what bench recorded (``variants[v].aa``), else the same patches, arguments and
+    # environment in the config's variant mappings (man.variants keeps only the patches)
+    raw = man.config.get("variants") if isinstance(man.config.get("variants"), dict) else {}
+    recorded = (man.model_extra or {}).get("variants") or {}
+    base = variant_identity(raw.get(baseline, vcfg.get(baseline)))
+    aa = [
+        v
+        for v in variants[1:]
+        if (recorded[v].get("aa") is True if isinstance(recorded.get(v), dict)
+            else v in raw and variant_identity(raw[v]) == base)
+    ]
     rounds, corr_only = suite_schedule(man, suites, repeats)
     cells, sums, notes, corr = {}, {}, [], {}
     for v in variants:
