@@ -198,6 +198,8 @@ def test_a_failed_summary_write_leaves_cell_json_final_and_failed(
     assert cell["status"] == "failed" and cell["ended_at"]
     assert "summary.json" in cell["error"] and "ENOSPC" in cell["error"]
     _assert_cell_kept(run_dir, "baseline", 0)
+    man = records.read_json(run_dir / "manifest.json")  # the run's end and why, where writable
+    assert man["ended_at"] and man["error"] == line.split(": ", 1)[1].split(": ", 1)[1]
     assert not port_answers("127.0.0.1", 31990)
 
 
