@@ -92,8 +92,13 @@ SGLANG = importlib.metadata.version("sglang")
 FAKE_COMMAND = ["{python}", str(Path(__file__).resolve()), "{config}", "--results", "{results}"]
 
 
-def write_base(tmp_path: Path, port: int = 31960, name: str = "mxbase") -> Path:
-    """A base config for the fake server: two variants, two repeats, the mx_fake suite."""
+def write_base(tmp_path: Path, port: int | None = None, name: str = "mxbase") -> Path:
+    """A base config for the fake server: two variants, two repeats, the mx_fake suite; ``port``
+    defaults to a free one (patchbench.server.free_port)."""
+    if port is None:
+        from patchbench.server import free_port
+
+        port = free_port()
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
     p = tmp_path / f"{name}.yaml"

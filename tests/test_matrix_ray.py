@@ -86,7 +86,7 @@ def files_of(run: Path) -> set[str]:
 
 
 def test_units_land_on_their_gpu_type_come_back_and_a_failure_is_kept(cluster, tmp_path):
-    bases = [tm.write_base(tmp_path, port=p, name=f"cfg{p}") for p in (31981, 31982, 31983)]
+    bases = [tm.write_base(tmp_path, name=f"cfg{i}") for i in range(3)]
     flag = tmp_path / "fail-flag"
     flag.touch()
     m = tm.write_matrix(
@@ -172,12 +172,13 @@ def test_units_land_on_their_gpu_type_come_back_and_a_failure_is_kept(cluster, t
     }
 
 
-def _server_groups() -> dict[int, list[int]]:
-    """{pgid: [pids]} of the fake servers running now (their command runs launch_server)."""
+def _server_groups(port: int) -> dict[int, list[int]]:
+    """{pgid: [pids]} of the (fake) servers on ``port`` running now."""
     out: dict[int, list[int]] = {}
     for p in psutil.process_iter(["pid", "cmdline"]):
         try:
-            if any("sglang.launch_server" in a for a in p.info["cmdline"] or []):
+            cmd = p.info["cmdline"] or []
+            if "sglang.launch_server" in cmd and str(port) in cmd:
                 out.setdefault(psutil.os.getpgid(p.pid), []).append(p.pid)
         except (psutil.Error, ProcessLookupError):
             continue
@@ -195,8 +196,8 @@ def _group_alive(pgid: int) -> bool:
 
 
 def test_ctrl_c_cancels_running_units_stops_their_servers_and_keeps_finished(cluster, tmp_path):
-    quick = tm.write_base(tmp_path, port=31984, name="quick")
-    slow = tm.write_base(tmp_path, port=31985, name="slow")
+    quick = tm.write_base(tmp_path, name="quick")
+    slow = tm.write_base(tmp_path, name="slow")
     m = tm.write_matrix(
         tmp_path,
         f"""\
@@ -207,7 +208,7 @@ def test_ctrl_c_cancels_running_units_stops_their_servers_and_keeps_finished(clu
         """,
     )
     mx = matrix.load_matrix(m)
-    before = set(_server_groups())
+    port = mx.units[1].config.server.port
     seen: dict[str, int] = {}
     results = tmp_path / "results"
 
@@ -215,7 +216,7 @@ def test_ctrl_c_cancels_running_units_stops_their_servers_and_keeps_finished(clu
         # once the quick unit is back and the slow unit's server answers (a /generate hangs)
         deadline = time.time() + 60
         while time.time() < deadline:
-            groups = set(_server_groups()) - before
+            groups = set(_server_groups(port))
             done = list(results.glob(f"*/{mx.units[0].id}/manifest.json"))
             if groups and done:
                 seen["pgid"] = groups.pop()
