@@ -572,6 +572,10 @@ class ScheduleSpec(_Strict):
             raise ValueError(f"repeats must be between 1 and 100, got {v}")
         return v
 
+    @field_serializer("repeats")
+    def _dump_repeats(self, v):
+        return v.model_dump(mode="json") if isinstance(v, SequentialRepeats) else v
+
     @model_validator(mode="after")
     def _order(self) -> ScheduleSpec:
         if self.sequential is not None and self.order != "interleaved":
