@@ -23,7 +23,8 @@ Printed per row (run CV, repeats), each with its 95 % Wilson interval over the t
   2 points; deterministic counts exact);
 - one-repeat reports with any improved / regressed run-level verdict (target 0);
 - when the config's repeats miss the power target at ``--target-cv``, the next repeat counts are
-  screened with ``--screen-trials`` +10 % trials each, and the first that passes gets a full row;
+  screened with ``--screen-trials`` +10 % trials each; a count whose screen is not clearly below
+  the target (upper 95 % Wilson bound >= target) gets a full row, until one meets the target;
 - beside them, the OLD rule's rates. The old rule is reimplemented here (:func:`old_rule`) only
   as a baseline for the table; it is not product code: every metric tested on its own with a 95 %
   paired t-interval on log ratios (t on differences for values <= 0; a zero-width interval when
@@ -559,6 +560,13 @@ def fmt(k: int, n: int) -> str:
     return f"{100 * k / n:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
 
 
+def wilson_high(k: int, n: int) -> float:
+    """Upper bound of the 95 % Wilson interval of k / n."""
+    from statsmodels.stats.proportion import proportion_confint
+
+    return float(proportion_confint(k, n, alpha=0.05, method="wilson")[1])
+
+
 def realised_cv(c: Counts, metric: str) -> str:
     """Pooled within-trial standard deviation of the log metric over every cell of a null
     trial (all cells then have the same distribution): the run-to-run CV the rows really had."""
@@ -700,7 +708,8 @@ def main(argv: list[str] | None = None) -> int:
     if reps_cfg not in at:
         at[reps_cfg] = row(a.target_cv, reps_cfg)
     # repeats for the power target: each further count is screened with --screen-trials +10 %
-    # trials; the first that passes the screen gets the full trials (+10 %, then no-effect)
+    # trials; one whose screen is not clearly below the target (upper Wilson bound >= target)
+    # gets the full trials (+10 %; no-effect too at the first that meets the target)
     screens: list[str] = []
     n, c = reps_cfg, at[reps_cfg]
     while c.new_power < a.power_target * c.effect and n < a.search_max:
@@ -715,8 +724,8 @@ def main(argv: list[str] | None = None) -> int:
             screens.append(f"{n} repeats: {fmt(sc.new_power, sc.effect)}")
             print(f"  CV {100 * a.target_cv:g}% x {n} repeats, screen: {time.time() - t1:.0f} s",
                   file=sys.stderr, flush=True)
-            if sc.new_power < a.power_target * sc.effect:
-                continue
+            if wilson_high(sc.new_power, sc.effect) < a.power_target:
+                continue  # clearly below the target
         c = at[n] = row(a.target_cv, n, ("effect",))
     if c.new_power >= a.power_target * c.effect and not c.null:
         row(a.target_cv, n, ("null",), into=c)
@@ -737,7 +746,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(table(rows)))
     if screens:
         print(f"\nsearch at run CV {100 * a.target_cv:g}%, +10% called improved in the "
-              f"{a.screen_trials}-trial screens (below the target: no full row): "
+              f"{a.screen_trials}-trial screens (95% Wilson upper bound below the target: no "
+              "full row): "
               + "; ".join(screens))
     print("\n(brackets: 95% Wilson interval over the trials; a method whose true rate is exactly "
           "5% shows more than 5.0% in about half of such samples. n/a: scenario not run there.)")
