@@ -1,7 +1,8 @@
 """``patchbench doctor [CONFIG]``: print the environment and what is missing for a config.
 
 Prints GPU, driver, CUDA build, torch, sglang, the pins this repo supports, whether the model hub
-answers, free disk; with a CONFIG also each requirement of that config with OK / MISSING and the
+answers, free disk, each GPU's persistence mode and application clocks (NVML:
+:func:`patchbench.gpu.doctor_rows`; "no NVIDIA GPU" without one); with a CONFIG also each requirement of that config with OK / MISSING and the
 command that fixes it: the sglang pin, the model, a GPU, the port, and each suite's own checks
 (:meth:`patchbench.suite.Suite.doctor_checks`; the core names no suite). Exit 0 when nothing is
 missing, 3 otherwise; an invalid CONFIG raises :class:`patchbench.config.ConfigError` (exit 2).
@@ -189,14 +190,25 @@ def environment_rows(info: dict) -> list[tuple[str, str]]:
     ]
 
 
-def run_doctor(config: str | None = None, out: TextIO | None = None) -> int:
-    """Print the environment, leftover servers and (with ``config``) each requirement of that
-    config. Returns 0 when nothing is missing, 3 (EXIT_ENV) otherwise. Raises ConfigError
-    (exit 2) for an invalid config."""
+def gpu_rows(nvml: Any = "auto") -> list[tuple[str, str]]:
+    """(label, value) lines of each GPU's persistence mode and application clocks
+    (:func:`patchbench.gpu.doctor_rows`). ``nvml``: a patchbench.gpu.Nvml, None (no GPU), or
+    "auto" (NVML where a driver and a GPU are present)."""
+    from patchbench import gpu
+
+    if nvml == "auto":
+        nvml = gpu.open_nvml()
+    return gpu.doctor_rows(nvml)
+
+
+def run_doctor(config: str | None = None, out: TextIO | None = None, *, nvml: Any = "auto") -> int:
+    """Print the environment, the GPUs' settings (``nvml``: see :func:`gpu_rows`), leftover
+    servers and (with ``config``) each requirement of that config. Returns 0 when nothing is
+    missing, 3 (EXIT_ENV) otherwise. Raises ConfigError (exit 2) for an invalid config."""
     out = out or sys.stdout
     info = envinfo.collect(with_torch=True, with_hub=True)
-    for k, v in environment_rows(info):
-        print(f"{k:<16} {v}", file=out)
+    for k, v in environment_rows(info) + gpu_rows(nvml):
+        print(f"{k:<18} {v}", file=out)
     rows = _stale_server_checks()
     if config:
         from patchbench.config import load_config

@@ -4,6 +4,11 @@ in during a cell (clocks, temperature, power, throttle reasons, processes that a
 Everything goes through :class:`Nvml`, which wraps the ``pynvml`` module (``nvidia-ml-py``) or any
 object with the same functions (tests pass a fake). :func:`open_nvml` returns None where there is
 no NVIDIA driver or GPU, and every caller then skips its check.
+
+- :class:`GpuSampler`: per cell, SM/memory clocks, temperature, power, throttle reasons and the
+  processes on each GPU, summarised into ``cell.json`` ``gpu`` with ``flags`` for a throttled or
+  shared GPU (:func:`cell_flags` reads them back for the report and the manifest);
+- :func:`doctor_rows`: persistence mode and application clocks of each GPU for ``doctor``.
 """
 from __future__ import annotations
 
@@ -88,13 +93,93 @@ class Nvml:
         """One reading of GPU ``i``: ``sm_clock_mhz``, ``mem_clock_mhz``, ``temperature_c``,
         ``power_w``, ``throttle`` (names of the active reasons) and ``pids``."""
         nv, h = self.nv, self._h(i)
-        reasons = int(nv.nvmlDeviceGetCurrentClocksThrottleReasons(h))
+        # NVML renamed "clocks throttle reasons" to "clocks event reasons" (same bits)
+        query = (getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                 or nv.nvmlDeviceGetCurrentClocksThrottleReasons)
+        reasons = int(query(h))
         return {"sm_clock_mhz": int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
                 "mem_clock_mhz": int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)),
                 "temperature_c": int(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
                 "power_w": round(nv.nvmlDeviceGetPowerUsage(h) / 1000.0, 1),
                 "throttle": [n for b, n in THROTTLE_BITS.items() if reasons & b],
                 "pids": self.pids(i)}
+
+    def _ask(self, fn: str, *args) -> Any:
+        """``nv.<fn>(*args)``, or None when the driver does not support it (or it is missing)."""
+        f = getattr(self.nv, fn, None)
+        if f is None:
+            return None
+        try:
+            return f(*args)
+        except Exception:  # noqa: BLE001 - NVMLError_NotSupported and kin: not known here
+            return None
+
+    def settings(self, i: int) -> dict:
+        """The settings of GPU ``i`` that change a timing: ``name``, ``persistence_mode`` (True /
+        False / None: unknown), ``applications_clocks_mhz`` and ``default_applications_clocks_mhz``
+        (``{"sm", "mem"}``, values None where unknown), ``max_clocks_mhz`` (likewise) and
+        ``power_limit_w`` (None where unknown)."""
+        nv, h = self.nv, self._h(i)
+        name = self._ask("nvmlDeviceGetName", h)
+        if isinstance(name, bytes):
+            name = name.decode(errors="replace")
+        pm = self._ask("nvmlDeviceGetPersistenceMode", h)
+        enabled = getattr(nv, "NVML_FEATURE_ENABLED", 1)
+
+        def clocks(fn: str) -> dict:
+            return {k: self._ask(fn, h, c) for k, c in (("sm", nv.NVML_CLOCK_SM),
+                                                        ("mem", nv.NVML_CLOCK_MEM))}
+        limit = self._ask("nvmlDeviceGetEnforcedPowerLimit", h)
+        return {"index": i, "name": name,
+                "persistence_mode": None if pm is None else int(pm) == int(enabled),
+                "applications_clocks_mhz": clocks("nvmlDeviceGetApplicationsClock"),
+                "default_applications_clocks_mhz": clocks("nvmlDeviceGetDefaultApplicationsClock"),
+                "max_clocks_mhz": clocks("nvmlDeviceGetMaxClockInfo"),
+                "power_limit_w": None if limit is None else round(limit / 1000.0, 1)}
+
+
+def _mhz(c: dict) -> str:
+    return f"SM {c.get('sm') if c.get('sm') is not None else '?'} MHz, " \
+           f"memory {c.get('mem') if c.get('mem') is not None else '?'} MHz"
+
+
+def doctor_rows(nvml: Nvml | None) -> list[tuple[str, str]]:
+    """(label, value) lines for ``patchbench doctor``: per GPU its persistence mode and its
+    application clocks (against the defaults and the maximum), with what to do when they may
+    bias a timing; ``[("GPU settings", "no NVIDIA GPU (NVML not available)")]`` without NVML."""
+    if nvml is None:
+        return [("GPU settings", "no NVIDIA GPU (NVML not available)")]
+    rows = []
+    for i in range(nvml.count()):
+        s = nvml.settings(i)
+        pm = s["persistence_mode"]
+        rows.append((f"GPU {i} persistence", "unknown (not reported)" if pm is None else
+                     "on" if pm else "off (the driver may unload between runs and the first "
+                     "launch pays for it: `sudo nvidia-smi -pm 1`)"))
+        app, dflt = s["applications_clocks_mhz"], s["default_applications_clocks_mhz"]
+        text = _mhz(app)
+        if None not in app.values() and None not in dflt.values() and app != dflt:
+            text += (f" (NOT the default {_mhz(dflt)}: both arms run at these clocks; reset with "
+                     "`sudo nvidia-smi -rac`)")
+        elif None not in app.values() and app == dflt:
+            text += " (default)"
+        mx = s["max_clocks_mhz"]
+        if None not in mx.values():
+            text += f"; max {_mhz(mx)}"
+        if s["power_limit_w"] is not None:
+            text += f"; power limit {s['power_limit_w']} W"
+        rows.append((f"GPU {i} app clocks", text))
+    return rows
+
+
+def cell_flags(record: Any) -> list[str] | None:
+    """The GPU flags of one cell (a CellRecord or a cell.json dict): ``gpu.flags``; None when
+    the cell has no GPU summary (CPU run, no NVML, or an older folder)."""
+    gpu = record.get("gpu") if isinstance(record, dict) else getattr(record, "gpu", None)
+    if not isinstance(gpu, dict):
+        return None
+    flags = gpu.get("flags")
+    return [str(f) for f in flags] if isinstance(flags, list) else None
 
 
 @dataclass
@@ -118,6 +203,7 @@ class GpuSampler:
         return self
 
     def sample_once(self) -> None:
+        """Take one reading of every GPU (a GPU whose reading fails is skipped)."""
         mine = set(self.ours())
         row = []
         for i in range(self.nvml.count()):
@@ -125,7 +211,9 @@ class GpuSampler:
                 s = self.nvml.sample(i)
             except Exception:  # noqa: BLE001 - a reading that fails is skipped, not fatal
                 continue
-            s["foreign_pids"] = sorted(set(s.pop("pids")) - mine)
+            pids = set(s.pop("pids"))
+            s["foreign_pids"] = sorted(pids - mine)
+            s["ours_seen"] = bool(pids & mine)
             row.append(s)
         self.samples.append(row)
 
@@ -145,9 +233,13 @@ class GpuSampler:
     def summary(self) -> dict:
         """``{"samples_count", "gpus": [{"index", "sm_clock_mhz": {min, median, max},
         "mem_clock_mhz": {...}, "temperature_c": {...}, "power_w": {...}, "throttle": {reason:
-        samples_count}, "foreign_pids": [...]}], "flags": [str]}``. A flag is raised for a biasing
-        throttle reason seen in any sample and for any foreign process."""
-        gpus, flags = [], []
+        samples_count}, "foreign_pids": [...], "unattributed_pids": [...]}], "flags": [str],
+        "notes": [str]}``. A flag is raised for a biasing throttle reason seen in any sample and
+        for any foreign process. When NVML listed processes but never one of ours (NVML reports
+        pids of another pid namespace, e.g. inside a container), they cannot be told apart: they
+        go to ``unattributed_pids`` with a note, not a flag."""
+        gpus, flags, notes = [], [], []
+        any_ours = any(x.get("ours_seen", True) for r in self.samples for x in r)
         n_gpu = max((len(r) for r in self.samples), default=0)
         for i in range(n_gpu):
             rows = [r[i] for r in self.samples if len(r) > i]
@@ -160,13 +252,19 @@ class GpuSampler:
                 for n in x["throttle"]:
                     thr[n] = thr.get(n, 0) + 1
             foreign = sorted({p for x in rows for p in x["foreign_pids"]})
+            unattributed: list[int] = []
+            if foreign and not any_ours:
+                foreign, unattributed = [], foreign
+                notes.append(f"GPU {i}: processes {unattributed} could not be matched to this "
+                             "cell's (NVML listed none of our pids: another pid namespace?)")
             gpus.append({"index": i, "sm_clock_mhz": stat("sm_clock_mhz"),
                          "mem_clock_mhz": stat("mem_clock_mhz"),
                          "temperature_c": stat("temperature_c"), "power_w": stat("power_w"),
-                         "throttle": thr, "foreign_pids": foreign})
+                         "throttle": thr, "foreign_pids": foreign,
+                         "unattributed_pids": unattributed})
             for n, c in sorted(thr.items()):
                 if n in BIASING:
                     flags.append(f"GPU {i}: throttled ({n}) in {c} of {len(rows)} samples")
             if foreign:
                 flags.append(f"GPU {i}: foreign process(es) {foreign} used the GPU during the cell")
-        return {"samples_count": len(self.samples), "gpus": gpus, "flags": flags}
+        return {"samples_count": len(self.samples), "gpus": gpus, "flags": flags, "notes": notes}
