@@ -5,15 +5,20 @@ One run per release per session (module fixtures), shared by every assertion:
   PR #9460 vs ours, 2 interleaved repeats, all suites;
 - sglang 0.5.23 (.venv-0.5.23, run as a subprocess with that environment's python):
   configs/demo-cpu-0.5.23.yaml, stock vs ours.
-What is checked: the results folder (manifest, cells, suite files parse), every server stopped
-(no process of its group alive, port closed), --resume does nothing, the patched decode path ran
-on batches of >= 2 requests with images carrying non-zero mrope deltas and matched the stock
-method on every batch, greedy outputs token-identical between variants, and the report exists.
+What is checked: the results folder (manifest, cells, suite files parse; one untimed correctness
+cell per variant, and timed cells that carry no instrumentation), every server stopped (no process
+of its group alive, port closed), --resume does nothing, the patched decode path ran on batches of
+>= 2 requests with images carrying non-zero mrope deltas and matched the stock method on every
+batch (the sync_probe suite's in-server cross-check, recorded in the correctness cells), the
+profile suite's live-server traces (stock 0.5.1.post3 syncs inside the mrope range on every decode
+step, more with a larger batch; ours none), greedy outputs token-identical between variants, and
+the report exists.
 """
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -63,7 +68,14 @@ def demo_0523(tmp_path_factory):
 
 
 def _cells(run_dir: Path) -> list[dict]:
-    return read_json(run_dir / "manifest.json")["cells"]
+    """The timed cells of the run (manifest order)."""
+    return [c for c in read_json(run_dir / "manifest.json")["cells"] if c["cell_kind"] == "timed"]
+
+
+def _correctness(run_dir: Path) -> dict[str, dict]:
+    """{variant: manifest entry} of the untimed correctness cells."""
+    return {c["variant"]: c for c in read_json(run_dir / "manifest.json")["cells"]
+            if c["cell_kind"] == "correctness"}
 
 
 @pytest.mark.parametrize("which", ["demo_0513", "demo_0523"])
@@ -71,14 +83,27 @@ def test_results_folder_and_servers_stopped(which, request):
     run_dir = request.getfixturevalue(which)
     man = read_json(run_dir / "manifest.json")
     cfg = man["config"]
-    n_cells = len(cfg["variants"]) * cfg["schedule"]["repeats"]
-    assert len(man["cells"]) == n_cells
+    n_timed = len(cfg["variants"]) * cfg["schedule"]["repeats"]
+    assert len(man["cells"]) == n_timed + len(cfg["variants"])  # + one correctness cell each
+    assert [c["variant"] for c in man["cells"][: len(cfg["variants"])]] == list(cfg["variants"])
     assert all(c["status"] == "ok" for c in man["cells"]), man["cells"]
     assert man["ended_at"] and man["git_sha"]
+    # timed cells carry no instrumentation and never run the (untimed) profile suite
+    timed = [c for c in man["cells"] if c["cell_kind"] == "timed"]
+    corr = [c for c in man["cells"] if c["cell_kind"] == "correctness"]
+    assert len(timed) == n_timed and all(c["instrumented"] is False for c in timed)
+    assert all(c["instrumented"] is True and c["dir"] == f"{c['variant']}/correctness" for c in corr)
     for c in man["cells"]:
         cdir = run_dir / c["dir"]
         cell = read_json(cdir / "cell.json")
         assert cell["status"] == "ok"
+        want = set(cfg["suites"]) - ({"profile"} if c["cell_kind"] == "timed" else set())
+        assert set(cell["suites"]) == want, (c["dir"], cell["suites"])
+        if c["cell_kind"] == "timed":
+            assert cell["instrumentation"] == {} and cell["instrumented"] is False
+            assert "--disable-overlap-schedule" not in cell["server"]["command"]
+        else:  # the profiler needs the forward pass in the thread it starts in
+            assert "--disable-overlap-schedule" in cell["server"]["command"]
         events = [e["event"] for e in cell["server"]["events"]]
         assert events[0] == "launched" and "ready" in events and events[-1] == "stopped"
         stopped = cell["server"]["events"][-1]
@@ -89,7 +114,7 @@ def test_results_folder_and_servers_stopped(which, request):
                 assert os.getpgid(p.pid) != pgid or p.status() == psutil.STATUS_ZOMBIE
             except (ProcessLookupError, psutil.NoSuchProcess):
                 pass
-        for suite in cfg["suites"]:
+        for suite in want:
             s = read_json(cdir / suite / "summary.json")
             assert s["status"] == "ok", (c["dir"], suite, s["errors"])
             assert s["metrics"]
@@ -104,8 +129,12 @@ def test_patched_decode_path_ran_on_mixed_image_batches_and_matched_stock(which,
     that include image requests with non-zero mrope deltas, and the stock method, run on the same
     batch, gave the same positions every time."""
     run_dir = request.getfixturevalue(which)
-    for c in _cells(run_dir):
-        probe = read_json(run_dir / c["dir"] / "cell.json")["mrope_probe"]
+    corr = _correctness(run_dir)
+    assert set(corr) == set(read_json(run_dir / "manifest.json")["config"]["variants"])
+    for c in corr.values():
+        rec = read_json(run_dir / c["dir"] / "cell.json")["instrumentation"]["sync_probe"]
+        assert rec["processes"] >= 1 and not rec["unreadable"], (c["dir"], rec)
+        probe = rec["counts"]
         assert probe.get("decode_multi_image_calls", 0) > 0, (c["dir"], probe)
         assert probe.get("crosscheck_decode_equal", 0) >= probe["decode_calls"] > 0
         assert probe.get("crosscheck_decode_mismatch", 0) == 0
@@ -140,6 +169,43 @@ def test_greedy_outputs_identical_between_variants(which, request):
     print(json.dumps(ident)[:1000])
 
 
+def _profile_steps(run_dir: Path, variant: str) -> list[dict]:
+    return read_jsonl(run_dir / variant / "correctness" / "profile" / "steps.jsonl")
+
+
+def _mrope_syncs_by_batch(steps: list[dict]) -> dict[int, list[int]]:
+    """{decode batch size: mrope syncs of each step that ran the mrope computation}."""
+    out: dict[int, list[int]] = {}
+    for s in steps:
+        if s.get("batch_size") is not None and s.get("mrope_ranges", 0) > 0:
+            out.setdefault(int(s["batch_size"]), []).append(int(s["mrope_syncs"]))
+    return out
+
+
+def test_profile_stock_mrope_syncs_grow_with_batch_size_0513(demo_0513):
+    """Stock 0.5.1.post3 reads on the host inside the mrope computation of every decode step,
+    more with a larger batch (docs/profile.md measured 2 per request); the profile suite ran
+    at concurrency 1 and 3."""
+    by = _mrope_syncs_by_batch(_profile_steps(demo_0513, "baseline"))
+    print("stock mrope syncs by batch size", {k: sorted(set(v)) for k, v in by.items()})
+    assert 1 in by and 3 in by, by
+    med = {bs: statistics.median(v) for bs, v in by.items()}
+    assert med[1] > 0 and med[3] > med[1]
+    summ = read_json(demo_0513 / "baseline" / "correctness" / "profile" / "summary.json")
+    assert summ["status"] == "ok" and summ["metrics"]["mrope_syncs_per_decode_step"] > 0
+
+
+@pytest.mark.parametrize("which", ["demo_0513", "demo_0523"])
+def test_profile_ours_has_no_sync_inside_the_mrope_range(which, request):
+    run_dir = request.getfixturevalue(which)
+    by = _mrope_syncs_by_batch(_profile_steps(run_dir, "mrope-sync-free"))
+    print("mrope-sync-free mrope syncs by batch size", {k: sorted(set(v)) for k, v in by.items()})
+    assert sum(len(v) for v in by.values()) > 0  # the mrope range ran in decode steps
+    assert all(x == 0 for v in by.values() for x in v), by
+    summ = read_json(run_dir / "mrope-sync-free" / "correctness" / "profile" / "summary.json")
+    assert summ["metrics"]["mrope_syncs_per_decode_step"] == 0
+
+
 def test_sync_probe_catches_stock_and_clears_ours_0513(demo_0513):
     run_dir = demo_0513
     by = {c["variant"]: read_json(run_dir / c["dir"] / "sync_probe" / "summary.json")["metrics"]
@@ -151,13 +217,14 @@ def test_sync_probe_catches_stock_and_clears_ours_0513(demo_0513):
 
 def test_resume_does_nothing(demo_0513):
     run_dir = demo_0513
-    before = {p: p.stat().st_mtime_ns for p in run_dir.glob("*/rep*/cell.json")}
+    before = {p: p.stat().st_mtime_ns for p in run_dir.glob("*/*/cell.json")}
     p = subprocess.run([sys.executable, str(REPO / "runner.py"), "bench", "configs/demo-cpu.yaml",
                         "--resume", str(run_dir)], cwd=REPO, capture_output=True, text=True,
                        timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "starting server" not in p.stdout
-    assert {p: p.stat().st_mtime_ns for p in run_dir.glob("*/rep*/cell.json")} == before
+    assert {p: p.stat().st_mtime_ns for p in run_dir.glob("*/*/cell.json")} == before
+    assert any("correctness" in str(p) for p in before)
 
 
 def test_harness_overhead_recorded(demo_0513):
