@@ -7,7 +7,9 @@ header). Layout, in this order:
    run id, repeats, which cells were instrumented;
 2. the answer: one sentence per variant (its primaries with change, interval and verdict);
 3. the primaries table, at the Holm-adjusted level each verdict used (stated);
-4. the A/A health check and cell warnings;
+4. the A/A health check and cell warnings; the GPU block (cells whose GPU was throttled or shared,
+   from each cell's NVML summary) and the server-log block (retractions and out-of-memory events
+   each suite's server logged, per cell);
 5. suite sections (each suite's ``report_section`` hook), pairing refusals with their reasons;
 6. PR-style blocks (each suite's ``report_block`` hook), Before (baseline) and After (variants);
 7. the folded secondary table (raw intervals, exploratory, no coloured verdicts);
@@ -230,6 +232,72 @@ def _health(cmp: Comparison) -> list[str]:
     return lines
 
 
+def _cell_record(run_dir: Path, c: dict) -> runfolder.CellRecord | None:
+    try:
+        return runfolder.read_cell(records.cell_dir(run_dir, c["variant"], c["repeat"]))
+    except Exception:  # noqa: BLE001 - a newer schema is refused elsewhere; this block only reads
+        return None
+
+
+def _gpu_block(cmp: Comparison, run_dir: Path) -> list[str]:
+    """"## GPU": the cells whose GPU was throttled (a biasing reason) or shared with a foreign
+    process, with their flags (``gpu_flags`` of the comparison's cell, else the cell's
+    ``cell.json`` ``gpu.flags``: :func:`patchbench.gpu.cell_flags`). Nothing when no cell was
+    sampled (CPU run, no NVML)."""
+    from patchbench.gpu import cell_flags
+
+    sampled, flagged = 0, []
+    for c in cmp.cells:
+        if "gpu_flags" in c:
+            flags = c["gpu_flags"]
+        else:
+            rec = _cell_record(run_dir, c)
+            flags = cell_flags(rec) if rec is not None else None
+        if flags is None:
+            continue
+        sampled += 1
+        if flags:
+            flagged.append((c, flags))
+    if not sampled:
+        return []
+    if not flagged:
+        return ["## GPU", "", f"no throttling and no foreign process in the {sampled} sampled "
+                "cell(s)", ""]
+    lines = ["## GPU", "", f"**{len(flagged)} of {sampled} sampled cell(s) ran on a throttled or "
+             "shared GPU**; their timings are biased (compare them with the other repeats):", ""]
+    lines += [f"- {c['variant']}/rep{c['repeat']}: {_esc('; '.join(f))}" for c, f in flagged]
+    return lines + [""]
+
+
+def _server_log_block(cmp: Comparison, run_dir: Path) -> list[str]:
+    """"## Server log": per suite, the cells where the server logged retractions or
+    out-of-memory events while that suite ran (the suite's ``meta.server_log_scan``:
+    :func:`patchbench.logscan.scan_server_log`); they change what that suite measured."""
+    lines = []
+    for suite in cmp.suites:
+        for c in cmp.cells:
+            try:
+                sm = runfolder.read_summary(
+                    records.suite_dir(run_dir, c["variant"], c["repeat"], suite))
+            except Exception:  # noqa: BLE001 - a newer schema is refused elsewhere
+                continue
+            scan = (sm.meta or {}).get("server_log_scan") if sm is not None else None
+            if not isinstance(scan, dict):
+                continue
+            r, o = scan.get("retractions_count") or 0, scan.get("oom_count") or 0
+            if not r and not o:
+                continue
+            first = (scan.get("first_lines") or [""])[0]
+            lines.append(
+                f"- {suite} / {c['variant']}/rep{c['repeat']}: {r} retraction(s) of "
+                f"{scan.get('retracted_requests_count') or 0} request(s), {o} out-of-memory "
+                "event(s)" + (f" (first: {_esc(first)})" if first else ""))
+    if not lines:
+        return []
+    return ["## Server log", "", "retractions and out-of-memory events the server logged while a "
+            "suite ran; they change what that suite measured in that cell:", ""] + lines + [""]
+
+
 def _suite_sections(cmp: Comparison, notes: list[str]) -> list[str]:
     from patchbench.suite import get_suite
 
@@ -341,6 +409,8 @@ def render_markdown(
     lines += (
         _primaries(cmp)
         + _health(cmp)
+        + _gpu_block(cmp, run_dir)
+        + _server_log_block(cmp, run_dir)
         + _suite_sections(cmp, notes)
         + _pr_blocks(cmp, run_dir, notes)
     )

@@ -5,7 +5,6 @@ command line, without a traceback, with the finished cells intact and no server 
 import errno
 import json
 import os
-import stat
 import tempfile
 from pathlib import Path
 
@@ -213,10 +212,10 @@ def _make_read_only(monkeypatch, folder: Path) -> None:
     deny = OSError(errno.EACCES, os.strerror(errno.EACCES))
     real_mkstemp, real_mkdir = tempfile.mkstemp, os.mkdir
 
-    def mkstemp(*a, dir=None, **k):
-        if dir is not None and str(dir).startswith(str(folder)):
+    def mkstemp(*a, **k):
+        if str(k.get("dir", "")).startswith(str(folder)):
             raise deny
-        return real_mkstemp(*a, dir=dir, **k)
+        return real_mkstemp(*a, **k)
 
     def mkdir(path, *a, **k):
         if str(path).startswith(str(folder)):

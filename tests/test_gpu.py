@@ -123,3 +123,69 @@ def test_cell_flags_read_back_from_a_record_or_dict():
     assert cell_flags({"gpu": {"flags": []}}) == []
     assert cell_flags({"status": "ok"}) is None and cell_flags(CellRecord()) is None
     assert gpu.BIASING <= set(gpu.THROTTLE_BITS.values())
+
+
+# ----------------------------------------------------------------------------- report.md
+def _run_with(tmp_path, monkeypatch, gpu_of: dict, scans: dict | None = None):
+    """A synthetic run (baseline/patched x 2 repeats, suite "bench"); ``gpu_of[(v, k)]``: that
+    cell's cell.json ``gpu`` summary; ``scans[(v, k)]``: its bench summary's server_log_scan."""
+    from helpers_runs import make_run
+
+    from patchbench import analysis, records
+    from patchbench.suite import MetricInfo
+    monkeypatch.setattr(analysis, "_suite_decl", lambda name, notes: (None, {
+        "out_tok_s": MetricInfo("higher", "tok/s", primary=True, margin=5.0)}))
+    run = make_run(tmp_path, metrics={"bench": {"out_tok_s": {"baseline": [100, 101],
+                                                              "patched": [100, 102]}}})
+    for (v, k), g in gpu_of.items():
+        p = records.cell_dir(run, v, k) / "cell.json"
+        rec = records.read_json(p)
+        rec["gpu"] = g
+        records.write_json(p, rec)
+    for (v, k), scan in (scans or {}).items():
+        p = records.suite_dir(run, v, k, "bench") / "summary.json"
+        sm = records.read_json(p)
+        sm["meta"]["server_log_scan"] = scan
+        records.write_json(p, sm)
+    return run
+
+
+def _render(run):
+    from patchbench import report, runfolder
+    from patchbench.analysis import build_comparison
+    return report.render_markdown(build_comparison(run), runfolder.read_manifest(run), run)
+
+
+def test_report_lists_the_cells_whose_gpu_was_throttled_or_shared(tmp_path, monkeypatch):
+    clean = {"samples_count": 30, "gpus": [], "flags": []}
+    run = _run_with(tmp_path, monkeypatch, {
+        ("baseline", 0): clean, ("patched", 0): clean, ("baseline", 1): clean,
+        ("patched", 1): {"samples_count": 30, "gpus": [], "flags": [
+            "GPU 0: throttled (sw_thermal_slowdown) in 4 of 30 samples",
+            "GPU 0: foreign process(es) [4242] used the GPU during the cell"]}})
+    text = _render(run)
+    block = text.split("## GPU\n", 1)[1].split("\n## ", 1)[0]
+    assert block.strip().splitlines() == [
+        "**1 of 4 sampled cell(s) ran on a throttled or shared GPU**; their timings are biased "
+        "(compare them with the other repeats):",
+        "",
+        "- patched/rep1: GPU 0: throttled (sw_thermal_slowdown) in 4 of 30 samples; GPU 0: "
+        "foreign process(es) [4242] used the GPU during the cell"]
+    # all clean: one line; no GPU summary at all (CPU run): no block
+    run2 = _run_with(tmp_path / "b", monkeypatch, {("baseline", 0): clean, ("patched", 1): clean})
+    assert "## GPU\n\nno throttling and no foreign process in the 2 sampled cell(s)\n" in _render(run2)
+    assert "## GPU" not in _render(_run_with(tmp_path / "c", monkeypatch, {}))
+
+
+def test_report_shows_each_suites_server_log_taint_per_cell(tmp_path, monkeypatch):
+    scan = {"retractions_count": 2, "retracted_requests_count": 7, "oom_count": 1,
+            "first_lines": ["KV cache pool is full. Retract requests. #retracted_reqs: 3"]}
+    quiet = {"retractions_count": 0, "retracted_requests_count": 0, "oom_count": 0}
+    run = _run_with(tmp_path, monkeypatch, {}, {("patched", 0): scan, ("baseline", 0): quiet})
+    block = _render(run).split("## Server log\n", 1)[1].split("\n## ", 1)[0]
+    assert block.strip().splitlines()[-1] == (
+        "- bench / patched/rep0: 2 retraction(s) of 7 request(s), 1 out-of-memory event(s) "
+        "(first: KV cache pool is full. Retract requests. #retracted_reqs: 3)")
+    assert len([ln for ln in block.splitlines() if ln.startswith("- ")]) == 1
+    assert "## Server log" not in _render(_run_with(tmp_path / "q", monkeypatch, {},
+                                                    {("patched", 0): quiet}))
