@@ -263,3 +263,58 @@ def test_one_real_cpu_unit_through_ray(tmp_path):  # pragma: no cover - run by t
     unit = read_json(mdir / "matrix.json")["units"][0]
     assert unit["status"] == "ok"
     assert (mdir / unit["id"] / "compare.json").exists()
+
+
+def test_a_killed_worker_is_a_lost_unit_and_its_server_still_stops(cluster, tmp_path):
+    """SIGKILL to the Ray worker running a unit (as when a node's worker dies): the unit is
+    reported lost, the other unit is kept, and bench (told by the kernel that its parent died)
+    stops its server's group."""
+    quick = tm.write_base(tmp_path, name="quick")
+    slow = tm.write_base(tmp_path, name="slow")
+    m = tm.write_matrix(
+        tmp_path,
+        f"""\
+        name: lost
+        units:
+          - {{config: {quick}, gpu_type: Y}}
+          - {{config: {slow}, gpu_type: X, set: {{server.env: {{FAKE_GENERATE_SLEEP_S: "60"}}}}}}
+        """,
+    )
+    mx = matrix.load_matrix(m)
+    port = mx.units[1].config.server.port
+    seen: dict[str, int] = {}
+
+    def kill_worker_when_ready():
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            groups = _server_groups(port)
+            if groups:
+                seen["pgid"], pids = next(iter(groups.items()))
+                time.sleep(1.0)
+                bench = psutil.Process(pids[0]).parent()  # the server's parent: bench
+                worker = bench.parent()  # bench's parent: the Ray worker running the task
+                seen["worker"] = worker.pid
+                worker.kill()
+                return
+            time.sleep(0.2)
+
+    t = threading.Thread(target=kill_worker_when_ready, daemon=True)
+    t.start()
+    with pytest.raises(RunFailed, match=r"1 of 2 units did not end ok") as ei:
+        matrix.run_matrix(m, executor=executor(), results=tmp_path / "results", log=lambda s: None)
+    t.join()
+    assert "worker" in seen, "the slow unit's server never started"
+    units = {u["id"]: u for u in read_json(ei.value.run_dir / "matrix.json")["units"]}
+    assert units[mx.units[0].id]["status"] == "ok"
+    lost = units[mx.units[1].id]
+    assert lost["status"] == "lost" and "Worker" in lost["message"]
+    deadline = time.time() + 20
+    while _group_alive(seen["pgid"]) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not _group_alive(seen["pgid"])
+    # the killed task never cleaned its scratch folder (bench wrote its last cells there)
+    import shutil
+    import tempfile
+
+    for d in Path(tempfile.gettempdir()).glob(f"patchbench-unit-{lost['id']}-*"):
+        shutil.rmtree(d, ignore_errors=True)
