@@ -634,7 +634,7 @@ def prepare_python(spec: dict, workdir: Path, log_file) -> str:
         log_file.flush()
         raise EnvironmentNotReady(
             f"setting up sglang {pin} on {_node_name()} failed "
-            f"(exit {r.returncode}): {_tail(Path(log_file.name), 5)}"
+            f"(exit {r.returncode}): " + _tail(Path(log_file.name), 5).replace("\n", " | ")
         )
     return python
 

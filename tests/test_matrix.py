@@ -455,3 +455,56 @@ def test_cli_dry_run_lists_units_and_runs_nothing(tmp_path, capsys):
     assert not (tmp_path / "r").exists()
     with pytest.raises(matrix.UsageError, match="--env-root and --no-ship-code are for --on ray"):
         matrix.run_cli(p.parse_args([str(m), "--env-root", "/x"]))
+
+
+def test_prepare_python_modes(tmp_path, monkeypatch):
+    """ "current" and "auto" (this interpreter holds the pin) use this interpreter; "make" calls
+    `make -C <checkout> setup SGLANG=<pin> VENV=<env root>/sglang-<pin>` (a stand-in make on
+    PATH records its arguments and makes the venv's python); a failing setup is exit 3 with the
+    output's tail."""
+    log = open(tmp_path / "log.txt", "w")
+    spec = {"sglang": SGLANG}
+    assert (
+        matrix.prepare_python({**spec, "env_setup": "current"}, matrix.REPO_ROOT, log)
+        == sys.executable
+    )
+    assert (
+        matrix.prepare_python({**spec, "env_setup": "auto"}, matrix.REPO_ROOT, log)
+        == sys.executable
+    )
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.txt"
+    (bin_dir / "make").write_text(
+        textwrap.dedent(f"""\
+        #!/bin/sh
+        echo "$@" >> {calls}
+        for a in "$@"; do case "$a" in VENV=*) v="${{a#VENV=}}";; esac; done
+        [ -n "$MAKE_FAILS" ] && {{ echo "pip: no matching distribution"; exit 2; }}
+        mkdir -p "$v/bin" && ln -sf {sys.executable} "$v/bin/python"
+        """)
+    )
+    (bin_dir / "make").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    root = tmp_path / "envs"
+    got = matrix.prepare_python(
+        {**spec, "env_setup": "make", "env_root": str(root)}, matrix.REPO_ROOT, log
+    )
+    assert got == str(root / f"sglang-{SGLANG}" / "bin" / "python")
+    assert calls.read_text().split() == [
+        "-C",
+        str(matrix.REPO_ROOT),
+        "setup",
+        f"SGLANG={SGLANG}",
+        f"VENV={root / f'sglang-{SGLANG}'}",
+    ]
+    assert (root / f".lock-sglang-{SGLANG}").exists()
+    monkeypatch.setenv("MAKE_FAILS", "1")
+    with pytest.raises(
+        EnvironmentNotReady,
+        match=r"setting up sglang .* failed \(exit 2\).*"
+        r"no matching distribution",
+    ):
+        matrix.prepare_python(
+            {**spec, "env_setup": "make", "env_root": str(root)}, matrix.REPO_ROOT, log
+        )
