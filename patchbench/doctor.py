@@ -3,7 +3,8 @@
 Prints GPU, driver, CUDA build, torch, sglang, the pins this repo supports, whether the model hub
 answers, free disk, each GPU's persistence mode and application clocks (NVML:
 :func:`patchbench.gpu.doctor_rows`; "no NVIDIA GPU" without one); with a CONFIG also each
-requirement of that config with OK / MISSING and the command that fixes it: the sglang pin, the model, a GPU, the port, and each suite's own checks
+requirement of that config with OK / MISSING and the command that fixes it: the sglang pin, the
+model, a GPU, the port, and each suite's own checks
 (:meth:`patchbench.suite.Suite.doctor_checks`; the core names no suite). Exit 0 when nothing is
 missing, 3 otherwise; an invalid CONFIG raises :class:`patchbench.config.ConfigError` (exit 2).
 """

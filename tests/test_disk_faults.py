@@ -17,6 +17,9 @@ from patchbench.server import port_answers
 from tests.test_bench_runner import BASIC, fake_env, write_config  # noqa: F401 - fixture
 
 ROOT = os.geteuid() == 0  # chmod does not stop root: simulate EACCES there
+PORT = 31987  # not test_bench_runner's port, so both files can run at the same time
+CONFIG = BASIC.replace("port: 31990", f"port: {PORT}")
+assert CONFIG != BASIC
 
 
 def _tmp_files(folder: Path) -> list[Path]:
@@ -155,7 +158,7 @@ def _assert_cell_kept(run_dir: Path, variant: str, repeat: int) -> None:
 
 def test_disk_full_mid_cell_exits_4_with_one_line_and_keeps_finished_cells(
         fake_env, tmp_path, monkeypatch, capsys):  # noqa: F811 - fixture
-    cfg = write_config(tmp_path, BASIC)
+    cfg = write_config(tmp_path, CONFIG)
     root = tmp_path / "results"
     # cells run baseline#0, control#0, ...: the disk fills while control#0's suite writes
     state = _disk_full_from(monkeypatch, root, "control/rep0/fake/.records.json.")
@@ -177,7 +180,7 @@ def test_disk_full_mid_cell_exits_4_with_one_line_and_keeps_finished_cells(
     assert cell["variant"] == "control" and cell["repeat"] == 0
     assert not (run_dir / "control" / "rep0" / "fake" / "summary.json").exists()
     assert _tmp_files(run_dir) == []
-    assert not port_answers("127.0.0.1", 31990)
+    assert not port_answers("127.0.0.1", PORT)
     assert not (run_dir / "control" / "rep1").exists()  # the run stopped there
 
 
@@ -185,7 +188,7 @@ def test_disk_full_mid_cell_exits_4_with_one_line_and_keeps_finished_cells(
                                        "in cell.json (see docs/faults.md, results folder row)")
 def test_a_failed_summary_write_leaves_cell_json_final_and_failed(
         fake_env, tmp_path, monkeypatch, capsys):  # noqa: F811 - fixture
-    cfg = write_config(tmp_path, BASIC)
+    cfg = write_config(tmp_path, CONFIG)
     root = tmp_path / "results"
     _disk_full_from(monkeypatch, root, "control/rep0/fake/.summary.json.", only_trigger=True)
     rc = cli.main(["bench", str(cfg), "--results", str(root)])
@@ -199,7 +202,7 @@ def test_a_failed_summary_write_leaves_cell_json_final_and_failed(
     _assert_cell_kept(run_dir, "baseline", 0)
     man = records.read_json(run_dir / "manifest.json")  # the run's end and why, where writable
     assert man["ended_at"] and man["error"] == line.split(": ", 1)[1].split(": ", 1)[1]
-    assert not port_answers("127.0.0.1", 31990)
+    assert not port_answers("127.0.0.1", PORT)
 
 
 def _make_read_only(monkeypatch, folder: Path) -> None:
@@ -248,7 +251,7 @@ def _writable_again(folder: Path) -> None:
 
 def test_results_folder_read_only_after_a_cell_exits_4_naming_the_manifest(
         fake_env, tmp_path, monkeypatch, capsys):  # noqa: F811 - fixture
-    cfg = write_config(tmp_path, BASIC)
+    cfg = write_config(tmp_path, CONFIG)
     root = tmp_path / "results"
     real_run_cell = bench.run_cell
     calls = []
@@ -272,14 +275,14 @@ def test_results_folder_read_only_after_a_cell_exits_4_naming_the_manifest(
     _assert_cell_kept(run_dir, "baseline", 0)
     assert json.loads((run_dir / "manifest.json").read_text())["cells"] == []  # the earlier one
     assert _tmp_files(run_dir) == []
-    assert not port_answers("127.0.0.1", 31990)
+    assert not port_answers("127.0.0.1", PORT)
 
 
 @pytest.mark.xfail(strict=True, reason="needs patchbench/cell.py to create cell folders with "
                                        "records.make_dir (see docs/faults.md, results folder row)")
 def test_results_folder_read_only_before_the_next_cell_exits_4(
         fake_env, tmp_path, monkeypatch, capsys):  # noqa: F811 - fixture
-    cfg = write_config(tmp_path, BASIC)
+    cfg = write_config(tmp_path, CONFIG)
     root = tmp_path / "results"
     state = _read_only_after(monkeypatch, 2)  # the initial manifest, then after baseline#0
     try:
@@ -292,12 +295,12 @@ def test_results_folder_read_only_before_the_next_cell_exits_4(
         _writable_again(root)
     _assert_cell_kept(run_dir, "baseline", 0)
     assert _tmp_files(run_dir) == []
-    assert not port_answers("127.0.0.1", 31990)
+    assert not port_answers("127.0.0.1", PORT)
 
 
 def test_resume_into_a_read_only_run_folder_exits_4_and_changes_nothing(
         fake_env, tmp_path, monkeypatch, capsys):  # noqa: F811 - fixture
-    cfg = write_config(tmp_path, BASIC.replace("repeats: 2", "repeats: 1"))
+    cfg = write_config(tmp_path, CONFIG.replace("repeats: 2", "repeats: 1"))
     run_dir = bench.run_bench(cfg, results_root=tmp_path / "results")
     (run_dir / "control" / "rep0" / "fake" / "summary.json").unlink()  # one cell left to run
     before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
@@ -310,4 +313,4 @@ def test_resume_into_a_read_only_run_folder_exits_4_and_changes_nothing(
     assert rc == 4
     assert f"cannot write {run_dir}/manifest.json: Permission denied (EACCES)" in line
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
-    assert not port_answers("127.0.0.1", 31990)
+    assert not port_answers("127.0.0.1", PORT)
