@@ -314,3 +314,13 @@ def test_resume_into_a_read_only_run_folder_exits_4_and_changes_nothing(
     assert f"cannot write {run_dir}/manifest.json: Permission denied (EACCES)" in line
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
     assert not port_answers("127.0.0.1", PORT)
+
+
+def test_every_test_the_fault_table_names_exists():
+    doc = (Path(__file__).parents[1] / "docs" / "faults.md").read_text()
+    import re
+    named = re.findall(r"`(tests/[\w/]+\.py)::(\w+)(?:\[[^\]`]*\])?`", doc)
+    assert len(named) >= 40
+    missing = [f"{f}::{t}" for f, t in named
+               if f"def {t}(" not in (Path(__file__).parents[1] / f).read_text()]
+    assert missing == []
