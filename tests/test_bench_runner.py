@@ -150,7 +150,8 @@ def test_patch_that_does_not_apply_stops_before_any_server(fake_env, tmp_path, m
     from patchbench.patchset import PatchError
 
     def boom(*a, **k):
-        raise PatchError("patch 'null-comment': sglang/srt/model_executor/forward_batch_info.py: hunk @@ -1,3 +1,4 @@ failed")
+        raise PatchError("patch 'null-comment': sglang/srt/model_executor/forward_batch_info.py: "
+                         "hunk @@ -1,3 +1,4 @@ failed")
     monkeypatch.setattr(overlay, "build_overlay", boom)
     cfg = write_config(tmp_path, BASIC)
     with pytest.raises(bench.PatchProblem, match="variant 'baseline'.*null-comment.*forward_batch_info.py.*hunk"):

@@ -160,7 +160,7 @@ def test_greedy_outputs_identical_between_variants(which, request):
         mmmu = {r["id"]: r["response"] for r in read_jsonl(run_dir / c["dir"] / "mmmu" / "records.jsonl")}
         assert mmmu == b_mmmu, c["dir"]
         req = read_json(run_dir / c["dir"] / "serving" / "requests.json")
-        same = sum(a == b for a, b in zip(req["generated_text"], b_req["generated_text"]))
+        same = sum(a == b for a, b in zip(req["generated_text"], b_req["generated_text"], strict=True))
         if which == "demo_0513":  # 0.5.1.post3's CPU engine: identical even when batched
             assert req["generated_text"] == b_req["generated_text"], c["dir"]
         else:  # batched at concurrency 8 (the decode path under test needs batches)
