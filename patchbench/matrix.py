@@ -281,6 +281,14 @@ def _key_at_line(text: str, line: int) -> tuple:
     return best
 
 
+def is_matrix_file(path: str | os.PathLike) -> bool:
+    """True when ``path`` is a YAML mapping with ``axes``, ``units`` or ``base`` at the top and no
+    ``variants`` (a matrix file rather than a config: how ``nightly`` can tell them apart).
+    Raises ConfigError for an unreadable or invalid YAML file (naming it)."""
+    _, raw = _config.read_yaml_mapping(Path(path), _config.ConfigError, "a config or a matrix")
+    return "variants" not in raw and any(k in raw for k in ("axes", "units", "base"))
+
+
 def load_matrix(path: str | os.PathLike) -> Matrix:
     """Load, expand and validate a matrix file.
 

@@ -508,3 +508,10 @@ def test_prepare_python_modes(tmp_path, monkeypatch):
         matrix.prepare_python(
             {**spec, "env_setup": "make", "env_root": str(root)}, matrix.REPO_ROOT, log
         )
+
+
+def test_is_matrix_file_tells_a_matrix_from_a_config(tmp_path):
+    base = write_base(tmp_path)
+    m = write_matrix(tmp_path, f"name: a\nbase: {base}\naxes: {{gpu_type: [A]}}\n")
+    assert matrix.is_matrix_file(m) is True
+    assert matrix.is_matrix_file(base) is False
