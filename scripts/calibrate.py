@@ -746,8 +746,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(table(rows)))
     if screens:
         print(f"\nsearch at run CV {100 * a.target_cv:g}%, +10% called improved in the "
-              f"{a.screen_trials}-trial screens (95% Wilson upper bound below the target: no "
-              "full row): "
+              f"{a.screen_trials}-trial screens (a count whose 95% Wilson upper bound is below "
+              "the target gets no full row): "
               + "; ".join(screens))
     print("\n(brackets: 95% Wilson interval over the trials; a method whose true rate is exactly "
           "5% shows more than 5.0% in about half of such samples. n/a: scenario not run there.)")
