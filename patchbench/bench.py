@@ -35,7 +35,7 @@ from patchbench.cell import (
 )
 from patchbench.config import REPO_ROOT, Config, ConfigError, load_config, patch_label
 from patchbench.errors import EnvironmentNotReady, Interrupted, RunFailed
-from patchbench.records import read_json
+from patchbench.records import ResultsWriteError, make_dir, read_json
 from patchbench.runfolder import write_manifest
 from patchbench.schedule import Cell, plan_cells
 from patchbench.shims import SITE_DIR
@@ -318,6 +318,7 @@ def run_bench(config_path: str | os.PathLike, *, resume: str | os.PathLike | Non
     from patchbench.progress import BenchProgress
     t_run = time.monotonic()
     run_dir: Path | None = None
+    manifest: dict | None = None
     progress: BenchProgress | None = None
     say = log or _log
     with terminate_like_ctrl_c(log=lambda m: (progress.log if progress else say)(m)):
@@ -339,7 +340,7 @@ def run_bench(config_path: str | os.PathLike, *, resume: str | os.PathLike | Non
                 started = old.get("started_at") or utc_stamp()
             else:
                 run_dir = root / f"{utc_stamp()}-{cfg.name}"
-                run_dir.mkdir(parents=True, exist_ok=False)
+                make_dir(run_dir, exist_ok=False)
                 started = utc_stamp()
             cells = plan(cfg)
             records: list[dict] = []
@@ -391,6 +392,21 @@ def run_bench(config_path: str | os.PathLike, *, resume: str | os.PathLike | Non
                     break
             progress.set_total(len(processed))
             progress.close()
+        except ResultsWriteError as e:  # results folder unwritable or full: exit 4, one line
+            if progress is not None:
+                progress.close()
+            if manifest is not None:
+                manifest["ended_at"] = utc_stamp()
+                manifest["error"] = str(e)
+                try:
+                    write_manifest(run_dir, manifest)
+                except ResultsWriteError:
+                    pass
+            if run_dir is not None:
+                e.run_dir = run_dir
+                say(f"stopped: {e}; finished cells are kept in {run_dir}; once it is writable, "
+                    f"resume with: patchbench bench {config_path} --resume {run_dir}")
+            raise
         except KeyboardInterrupt as e:
             if progress is not None:
                 progress.close()

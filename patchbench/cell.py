@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from patchbench import envinfo, runfolder
+from patchbench import envinfo, logscan, runfolder
 from patchbench.config import Config
 from patchbench.liveness import ServerLost, ServerWatch
+from patchbench.records import ResultsWriteError, make_dir
 from patchbench.runfolder import CellRecord
 from patchbench.schedule import Cell
 from patchbench.server import (
@@ -242,7 +243,7 @@ class CellRun:
 
     def __post_init__(self) -> None:
         self.cdir = self.cell.path(self.run_dir)
-        self.cdir.mkdir(parents=True, exist_ok=True)
+        make_dir(self.cdir)
         self._t0 = time.monotonic()
         self.stock_dir = (envinfo.stock_site_dir() or Path(".")) / "sglang"
         todo = [s for s in cell_suites(self.cfg, self.cell) if not suite_done(self.cdir / s)]
@@ -264,7 +265,7 @@ class CellRun:
 
     def ctx(self, suite: str, server: ServerInfo | None) -> SuiteContext:
         out = self.cdir / suite
-        out.mkdir(parents=True, exist_ok=True)
+        make_dir(out)
         return SuiteContext(
             server=server, out_dir=out, run_dir=self.run_dir, cache_dir=self.run_dir / ".cache",
             variant=self.cell.variant, repeat=self.cell.repeat, baseline=self.cfg.baseline,
@@ -293,7 +294,7 @@ class CellRun:
                 continue
             self.instrumentation[name] = ins
             if ins.out_dir is not None:
-                Path(ins.out_dir).mkdir(parents=True, exist_ok=True)
+                make_dir(ins.out_dir)
             spec.env.update(ins.env)
             extra_path += [str(p) for p in ins.pythonpath]
             if ins.server_args:
@@ -358,6 +359,22 @@ class CellRun:
             raise ServerError(f"the server failed its health check between suites ({why})",
                               self._log_tail())
 
+    def _scan_log(self, res: SuiteResult, start_offset: int | None) -> None:
+        """Count the server's retractions and out-of-memory lines during this suite
+        (patchbench/logscan.py) into ``meta["server_log_scan"]``, with a warning when non-zero;
+        a suite that scanned its own slice already is left as it is."""
+        if start_offset is None or "server_log_scan" in res.meta:
+            return
+        path = self.server.spec.log_path
+        try:
+            scan = logscan.scan_server_log(path, start_offset=start_offset)
+        except OSError as e:
+            scan = {"error": f"cannot read {path}: {e}"}
+        res.meta["server_log_scan"] = scan
+        warning = logscan.taint_warning(scan)
+        if warning:
+            res.warnings.append(warning)
+
     def _log_tail(self) -> str:
         return self.server.log_tail() if self.server is not None else ""
 
@@ -368,6 +385,7 @@ class CellRun:
             self.progress.suite_started(name)
         t = time.monotonic()
         info = self.server_info() if self.server is not None else None
+        log_off = logscan.log_size(self.server.spec.log_path) if self.server is not None else None
         scope = self.watch.cancel_scope() if self.watch is not None else contextlib.nullcontext()
         try:
             with scope:
@@ -379,13 +397,14 @@ class CellRun:
                                                        f"stopped at once:\n{self._log_tail()}"])
         except (SuiteError, ServerError) as e:
             res = SuiteResult(status="failed", errors=[str(e)])
-        except KeyboardInterrupt:
-            raise
+        except (KeyboardInterrupt, ResultsWriteError):
+            raise  # a results folder that cannot be written ends the run (run_cell)
         except Exception as e:  # noqa: BLE001 - a suite bug must not lose the other cells
             res = SuiteResult(status="failed", errors=[f"{type(e).__name__}: {e}",
                                                        traceback.format_exc()])
         if self.server is not None:
             self._check_server_after(res)
+            self._scan_log(res, log_off)
         dt = time.monotonic() - t
         res.meta.setdefault("duration_s", round(dt, 3))
         runfolder.write_summary(self.cdir / name, res.to_json(name))
@@ -435,8 +454,11 @@ class CellRun:
             self.record.notes += g["flags"]
 
     # ------------------------------------------------------------------ step 4: record
-    def finish(self) -> CellRecord:
-        """Collect the instrumentation, settle the status, write cell.json; returns the record."""
+    def finish(self, *, best_effort: bool = False) -> CellRecord:
+        """Collect the instrumentation, settle the status, write cell.json; returns the record.
+
+        ``best_effort``: an error is already on its way out; a cell.json that cannot be written
+        (ResultsWriteError) is then only logged, so that error is the one reported."""
         for name, ins in self.instrumentation.items():
             if ins.collect is None or ins.out_dir is None:
                 continue
@@ -450,7 +472,12 @@ class CellRun:
             self.record.status = ("failed" if "failed" in st else
                                   "incomplete" if "incomplete" in st else "ok")
         self.record.ended_at = utc_stamp()
-        self.write()
+        try:
+            self.write()
+        except ResultsWriteError as e:
+            if not best_effort:
+                raise
+            self.say(f"cell.json not updated either: {e}")
         return self.record
 
     # ------------------------------------------------------------------ outcomes
@@ -493,9 +520,14 @@ def run_cell(cfg: Config, cell: Cell, venv: VariantEnv, run_dir: Path, *, port: 
         raise
     except ServerError as e:
         c.failed(e)
+    except ResultsWriteError as e:  # results folder unwritable or full: the run ends (exit 4)
+        c._fail(str(e))
+        c.say(f"FAILED - {e}")
+        raise
     finally:
+        failing = sys.exc_info()[1] is not None
         c.stop()
-        c.finish()
+        c.finish(best_effort=failing)
     return c.record
 
 

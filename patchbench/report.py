@@ -146,7 +146,7 @@ def _header(man: runfolder.RunManifest, cmp: Comparison) -> list[str]:
         f"| sglang | `{man.sglang_version or cfg.get('sglang', '?')}` |",
     ]
     for v in [cmp.baseline] + cmp.variants:
-        pats, args, env = variant_parts(man.variants.get(v))
+        pats, args, env = variant_parts((cfg.get("variants") or {}).get(v))
         ps = man.patches.get(v) or [{"name": p, "sha256": None} for p in pats]
         desc = (
             ", ".join(f"`{p.get('name')}` ({(p.get('sha256') or '?')[:12]})" for p in ps) or "stock"
@@ -158,16 +158,44 @@ def _header(man: runfolder.RunManifest, cmp: Comparison) -> list[str]:
         tag = " (baseline)" if v == cmp.baseline else (" (A/A)" if v in cmp.aa_variants else "")
         lines.append(f"| variant `{v}`{tag} | {desc} |")
     inst = [f"{c['variant']}/rep{c['repeat']}" for c in cmp.cells if c.get("instrumented")]
+    corr = [c["dir"] for c in (getattr(cmp, "correctness_cells", None) or [])]
+    rounds = getattr(cmp, "suite_rounds", None) or {}
+    order = (cfg.get("schedule") or {}).get("order", "interleaved")
     lines += [
         f"| GPU | {gpu_s} |",
         f"| patchbench commit | `{(man.git_sha or '?')[:12]}` |",
-        f"| schedule | {cmp.repeats} repeat(s), {(cfg.get('schedule') or {}).get('order', 'interleaved')} |",
-        f"| suites | {', '.join(cmp.suites) or 'none'} |",
-        f"| instrumented cells | {', '.join(inst) if inst else 'none (timed cells carry no instrumentation)'} |",
+        f"| schedule | {cmp.repeats} timed repeat(s), {order} |",
     ]
+    seq = (man.model_extra or {}).get("sequential")
+    if seq:
+        looks = (seq.get("design") or {}).get("looks") or []
+        most = f" of at most {looks[-1]}" if looks else ""
+        lines.append(f"| sequential | {seq.get('repeats_run')}{most} repeats; {seq.get('reason')} |")
+    suites_txt = ", ".join(
+        f"{x} ({_rounds_txt(rounds[x])})" if x in rounds and rounds[x] != "all" else x
+        for x in cmp.suites
+    )
+    lines += [
+        f"| suites | {suites_txt or 'none'} |",
+        "| timed cells | no instrumentation, no profiler |",
+        f"| untimed correctness cells | {', '.join(corr) if corr else 'none'} |",
+    ]
+    if inst:
+        lines.append(f"| instrumented timed cells (old run) | {', '.join(inst)} |")
     if man.started_at:
         lines.append(f"| time | {man.started_at} to {man.ended_at or '(unfinished)'} |")
     return lines + [""]
+
+
+def _rounds_txt(r: object) -> str:
+    """A suite's rounds in words: "correctness cells only", "first round", "rounds 0, 2"."""
+    if r == "correctness":
+        return "correctness cells only"
+    if r == "first":
+        return "first round only"
+    if isinstance(r, list):
+        return "rounds " + ", ".join(str(i) for i in r)
+    return str(r)
 
 
 def gpu_name(manifest: dict) -> str | None:

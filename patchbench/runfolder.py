@@ -169,8 +169,12 @@ class RunManifest(_Model):
 
     @property
     def repeats(self) -> int:
-        """``schedule.repeats`` of the config (1 when absent)."""
-        return int((self.config.get("schedule") or {}).get("repeats") or 1)
+        """``schedule.repeats`` of the config (1 when absent; for a sequential schedule
+        ``{min, max, step}`` its ``min``; the rounds that really ran are read from the cells)."""
+        r = (self.config.get("schedule") or {}).get("repeats") or 1
+        if isinstance(r, dict):
+            r = r.get("min") or 1
+        return int(r)
 
     @property
     def suites(self) -> list[str]:

@@ -184,8 +184,6 @@ def test_disk_full_mid_cell_exits_4_with_one_line_and_keeps_finished_cells(
     assert not (run_dir / "control" / "rep1").exists()  # the run stopped there
 
 
-@pytest.mark.xfail(strict=True, reason="needs patchbench/cell.py run_cell to record a write error "
-                                       "in cell.json (see docs/faults.md, results folder row)")
 def test_a_failed_summary_write_leaves_cell_json_final_and_failed(
         fake_env, tmp_path, monkeypatch, capsys):  # noqa: F811 - fixture
     cfg = write_config(tmp_path, CONFIG)
@@ -278,8 +276,6 @@ def test_results_folder_read_only_after_a_cell_exits_4_naming_the_manifest(
     assert not port_answers("127.0.0.1", PORT)
 
 
-@pytest.mark.xfail(strict=True, reason="needs patchbench/cell.py to create cell folders with "
-                                       "records.make_dir (see docs/faults.md, results folder row)")
 def test_results_folder_read_only_before_the_next_cell_exits_4(
         fake_env, tmp_path, monkeypatch, capsys):  # noqa: F811 - fixture
     cfg = write_config(tmp_path, CONFIG)

@@ -102,7 +102,9 @@ def test_clear_effect_stops_at_the_first_look(tmp_path, monkeypatch):
     t = stats.ttest_1samp([0.18, 0.19, 0.18, 0.19], 0.0)
     assert look["p_value"] == pytest.approx(t.pvalue, rel=1e-6)
     assert look["p_value"] <= nominal_levels((4, 6, 8), 0.05)[0]
-    assert "| schedule | 4 repeat(s)" in (run_dir / "report.md").read_text()
+    report = (run_dir / "report.md").read_text()
+    assert "| schedule | 4 timed repeat(s)" in report
+    assert "| sequential | 4 of at most 8 repeats; every primary decided after 4 repeats |" in report
     # resuming a run that stopped runs nothing more
     bench.run_bench(p, resume=run_dir)
     man2 = read_json(run_dir / "manifest.json")

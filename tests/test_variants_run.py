@@ -111,8 +111,6 @@ def test_server_args_only_variant_differs_exactly_there_and_is_reported(launches
     assert "(A/A)" not in line
 
 
-@pytest.mark.xfail(strict=True, reason="report.py's header reads RunManifest.variants, which keeps "
-                   "only the patches of a variant mapping; it must read manifest config.variants")
 def test_report_header_shows_a_variants_server_args_and_env(launches, tmp_path):
     cfg = write_config(tmp_path, BASE)
     run_dir = bench.run_bench(cfg, results_root=tmp_path / "results")

@@ -28,9 +28,18 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from patchbench.records import read_json, read_jsonl, write_json, write_jsonl
-from patchbench.suite import (Instrumentation, MetricInfo, Suite, SuiteContext, SuiteError,
-                              SuiteResult, comparison_get, register, suite_pairs,
-                              suite_refusals)
+from patchbench.suite import (
+    Instrumentation,
+    MetricInfo,
+    Suite,
+    SuiteContext,
+    SuiteError,
+    SuiteResult,
+    comparison_get,
+    register,
+    suite_pairs,
+    suite_refusals,
+)
 
 from . import trace as T
 
@@ -349,7 +358,10 @@ class ProfileSuite(Suite):
         """``site/`` on the server's PYTHONPATH with ``PATCHBENCH_PROFILE_RANGES=1`` (the named
         ranges); nothing to collect afterwards (the suite reads its own traces)."""
         return Instrumentation(env={"PATCHBENCH_PROFILE_RANGES": "1"}, pythonpath=[SITE_DIR],
-                               out_dir=None, perturbs_timing=True, collect=None)
+                               out_dir=None, perturbs_timing=True, collect=None,
+                               # torch's profiler records CPU ops only of the thread that
+                               # started it; the overlap scheduler's forward thread predates it
+                               server_args=["--disable-overlap-schedule"])
 
     def pair(self, baseline_dirs: list[Path], variant_dirs: list[Path],
              params: Params) -> dict | None:
