@@ -5,17 +5,26 @@ PY      := $(VENV)/bin/python
 PROFILE ?= auto
 CONFIG  ?= configs/pr9460-h200.yaml
 PYTEST_ARGS ?=
+# RAY=1: also install the optional Ray extra (patchbench matrix --on ray); make test always does
+RAY     ?= 0
 
 # every supported pin (a CPU profile in requirements/ per pin)
 PINS    := $(patsubst requirements/cpu-%.txt,%,$(wildcard requirements/cpu-*.txt))
 # the unit tests that need neither sglang nor the network (the pull-request workflow)
 LIGHT_MARKERS := not e2e and not needs_sglang and not network
 
-.PHONY: setup setup-all setup-light demo bench test test-light nightly lint check-patch doctor \
+.PHONY: setup setup-ray setup-all setup-light demo bench test test-light nightly lint check-patch doctor \
         gpu-check check-gpu-profile clean-cache
 
 setup:
 	scripts/setup.sh $(SGLANG) $(VENV) $(PROFILE)
+	@if [ "$(RAY)" = 1 ]; then $(MAKE) --no-print-directory setup-ray VENV=$(VENV); fi
+
+# the optional Ray extra, into $(VENV) (idempotent)
+setup-ray:
+	@$(VENV)/bin/python -c "import ray" 2>/dev/null || \
+	    $(VENV)/bin/python -m pip install --disable-pip-version-check --progress-bar off \
+	    -r requirements/ray.txt
 
 # both supported pins (the tests exercise both releases)
 setup-all:
@@ -39,6 +48,7 @@ doctor: setup
 	$(PY) -m patchbench doctor $(DOCTOR_CONFIG)
 
 test: setup-all
+	$(MAKE) --no-print-directory setup-ray VENV=.venv
 	scripts/run_tests.sh $(PYTEST_ARGS)
 
 # ruff over the whole tree: lint, then the format check (any venv with ruff: make lint PY=...)
@@ -51,7 +61,7 @@ lint:
 setup-light:
 	[ -x .venv-light/bin/python ] || python3 -m venv .venv-light
 	.venv-light/bin/python -m pip install --disable-pip-version-check --progress-bar off \
-	    -r requirements/harness.txt
+	    -r requirements/harness.txt -r requirements/ray.txt
 	.venv-light/bin/python -m pip install --disable-pip-version-check --no-deps -e .
 
 # the unit tests that need no sglang and no network (make test-light PY=.venv-light/bin/python)

@@ -128,9 +128,11 @@ def variant_parts(raw: object) -> tuple[list[str], list[str], dict[str, str]]:
     """A variant as written in the manifest's config (a list of patches, or a mapping with
     ``patches``, ``server_args``, ``env``) as (patch labels, server args, env)."""
     if isinstance(raw, dict):
-        return ([_patch_label(p) for p in raw.get("patches") or []],
-                [str(a) for a in raw.get("server_args") or []],
-                {str(k): str(v) for k, v in (raw.get("env") or {}).items()})
+        return (
+            [_patch_label(p) for p in raw.get("patches") or []],
+            [str(a) for a in raw.get("server_args") or []],
+            {str(k): str(v) for k, v in (raw.get("env") or {}).items()},
+        )
     return [_patch_label(p) for p in raw or []], [], {}
 
 
@@ -171,8 +173,11 @@ def read_run(run_dir: str | os.PathLike) -> RunData:
     aa = [
         v
         for v in variants[1:]
-        if (recorded[v].get("aa") is True if isinstance(recorded.get(v), dict)
-            else v in raw and variant_identity(raw[v]) == base)
+        if (
+            recorded[v].get("aa") is True
+            if isinstance(recorded.get(v), dict)
+            else v in raw and variant_identity(raw[v]) == base
+        )
     ]
     rounds, corr_only = suite_schedule(man, suites, repeats)
     cells, sums, notes, corr = {}, {}, [], {}
@@ -199,8 +204,21 @@ def read_run(run_dir: str | os.PathLike) -> RunData:
                 sums[(v, k, s)] = sm
                 if sm is not None:
                     notes += sm.notes
-    return RunData(run_dir, man, baseline, variants, aa, repeats, suites, cells, sums, notes,
-                   rounds=rounds, correctness_only=corr_only, corr_cells=corr)
+    return RunData(
+        run_dir,
+        man,
+        baseline,
+        variants,
+        aa,
+        repeats,
+        suites,
+        cells,
+        sums,
+        notes,
+        rounds=rounds,
+        correctness_only=corr_only,
+        corr_cells=corr,
+    )
 
 
 def planned_repeats(config: dict) -> int:
@@ -237,7 +255,11 @@ def suite_schedule(
         if isinstance(got, list):
             rounds[s] = [int(k) for k in got if int(k) < repeats]
         else:
-            spec = (cfg_suites.get(s) or {}).get("rounds") if isinstance(cfg_suites.get(s), dict) else None
+            spec = (
+                (cfg_suites.get(s) or {}).get("rounds")
+                if isinstance(cfg_suites.get(s), dict)
+                else None
+            )
             rounds[s] = resolve_rounds(spec, repeats)
     return rounds, corr
 
@@ -605,8 +627,7 @@ def build_comparison(
         if c is not None
     ]
     cmp.suite_rounds = {
-        x: ("correctness" if x in data.correctness_only else data.rounds_of(x))
-        for x in data.suites
+        x: ("correctness" if x in data.correctness_only else data.rounds_of(x)) for x in data.suites
     }
     for pos, c in enumerate(data.manifest.cells):
         if c.get("cell_kind") == "correctness":

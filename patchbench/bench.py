@@ -13,6 +13,7 @@ cell, a failed cell is recorded with the server log's tail and the run goes on, 
 and SIGHUP stop the server (and any client) and keep what finished (exit 130, 143 for SIGTERM),
 and ``--resume RUN_DIR`` runs only what is missing.
 """
+
 from __future__ import annotations
 
 import os
@@ -53,10 +54,26 @@ from patchbench.variants import (
 
 RESULTS_DIR = REPO_ROOT / "results"
 
-__all__ = ["run_bench", "describe_plan", "resume_manifest", "check_environment", "ensure_model",
-           "plan", "EnvironmentNotReady", "PatchProblem", "RunFailed", "Interrupted",
-           "CACHE_DIR", "RESULTS_DIR", "VariantEnv", "base_env", "stock_client_env",
-           "stand_in_dirs", "prepare_variants", "is_cpu"]
+__all__ = [
+    "run_bench",
+    "describe_plan",
+    "resume_manifest",
+    "check_environment",
+    "ensure_model",
+    "plan",
+    "EnvironmentNotReady",
+    "PatchProblem",
+    "RunFailed",
+    "Interrupted",
+    "CACHE_DIR",
+    "RESULTS_DIR",
+    "VariantEnv",
+    "base_env",
+    "stock_client_env",
+    "stand_in_dirs",
+    "prepare_variants",
+    "is_cpu",
+]
 
 
 def _log(msg: str) -> None:
@@ -73,7 +90,8 @@ def check_environment(cfg: Config) -> dict:
         raise EnvironmentNotReady(
             f"{cfg.source}: config pins sglang {cfg.sglang}, but this environment "
             f"({sys.executable}) has {have or 'no sglang'}; run `{make}` and use {venv}/bin/python "
-            f"(or `make bench CONFIG={cfg.source} SGLANG={cfg.sglang}`)")
+            f"(or `make bench CONFIG={cfg.source} SGLANG={cfg.sglang}`)"
+        )
     return envinfo.collect(with_torch=False)
 
 
@@ -91,13 +109,16 @@ def ensure_model(cfg: Config) -> Path:
     d = cfg.model_dir
     if cfg.model.tiny:
         from patchbench.tinymodel import build_tiny_qwen25vl, is_built
+
         if not is_built(d):
             _log(f"building the tiny Qwen2.5-VL into {d}")
             build_tiny_qwen25vl(d)
     return d
 
 
-_RUN_FOLDER_HINT = "give a run folder that `runner.py bench` wrote (results/<UTC stamp>-<config name>)"
+_RUN_FOLDER_HINT = (
+    "give a run folder that `runner.py bench` wrote (results/<UTC stamp>-<config name>)"
+)
 
 
 def resume_manifest(cfg: Config, run_dir: Path) -> dict:
@@ -119,9 +140,11 @@ def resume_manifest(cfg: Config, run_dir: Path) -> dict:
     if old.get("config") != now:
         diffs = _config_diffs(old.get("config") or {}, now)
         shown = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, a, b in diffs[:5])
-        raise ConfigError(f"--resume {run_dir}: its manifest's config differs from {cfg.source} "
-                          f"({shown}{'; ...' if len(diffs) > 5 else ''}); a resumed run must "
-                          "measure the same thing: resume with that config, or start a new run")
+        raise ConfigError(
+            f"--resume {run_dir}: its manifest's config differs from {cfg.source} "
+            f"({shown}{'; ...' if len(diffs) > 5 else ''}); a resumed run must "
+            "measure the same thing: resume with that config, or start a new run"
+        )
     return old
 
 
@@ -140,8 +163,12 @@ def plan(cfg: Config) -> list[Cell]:
     """The run's cells: one correctness cell per variant first when a suite is instrumented or
     untimed (patchbench.cell.needs_correctness_cells), then the timed rounds (as many as the
     schedule may take: a sequential schedule's ``max``; it may stop earlier)."""
-    return plan_cells(list(cfg.variants), cfg.schedule.max_repeats, cfg.schedule.order,
-                      correctness=needs_correctness_cells(cfg))
+    return plan_cells(
+        list(cfg.variants),
+        cfg.schedule.max_repeats,
+        cfg.schedule.order,
+        correctness=needs_correctness_cells(cfg),
+    )
 
 
 def _variant_lines(cfg: Config, extra_args: dict[str, list[str]]) -> list[str]:
@@ -155,8 +182,9 @@ def _variant_lines(cfg: Config, extra_args: dict[str, list[str]]) -> list[str]:
         if spec.env:
             lines.append(f"  {'':<24} env: " + " ".join(f"{k}={x}" for k, x in spec.env.items()))
         if extra_args.get(v):
-            lines.append(f"  {'':<24} correctness cell adds: {' '.join(extra_args[v])} "
-                         "(instrumentation)")
+            lines.append(
+                f"  {'':<24} correctness cell adds: {' '.join(extra_args[v])} (instrumentation)"
+            )
     return lines
 
 
@@ -187,30 +215,49 @@ def describe_plan(cfg: Config, resume: Path | None = None) -> str:
     if resume is not None:
         resume_manifest(cfg, resume)
         done = {c for c in cells if cell_done(resume, c, cfg)}
-    lines = [f"config     {cfg.source}", f"name       {cfg.name}", f"sglang     {cfg.sglang}",
-             f"model      {cfg.model_ref}" + ("  (tiny, built when missing)" if cfg.model.tiny else ""),
-             f"baseline   {cfg.baseline}", "variants:", *_variant_lines(cfg, extra_args)]
+    lines = [
+        f"config     {cfg.source}",
+        f"name       {cfg.name}",
+        f"sglang     {cfg.sglang}",
+        f"model      {cfg.model_ref}" + ("  (tiny, built when missing)" if cfg.model.tiny else ""),
+        f"baseline   {cfg.baseline}",
+        "variants:",
+        *_variant_lines(cfg, extra_args),
+    ]
 
     def name(c: Cell) -> str:
-        return (f"{c.variant}#correctness" if c.kind == "correctness" else f"{c.variant}#{c.repeat}") \
-            + (" (done)" if c in done else "")
+        return (
+            f"{c.variant}#correctness" if c.kind == "correctness" else f"{c.variant}#{c.repeat}"
+        ) + (" (done)" if c in done else "")
+
     corr = [c for c in cells if c.kind == "correctness"]
     if corr:
-        lines.append("correctness " + " ".join(name(c) for c in corr)
-                     + "  (untimed: instrumented and untimed suites; feed no timing verdict)")
-    lines.append(f"schedule   {cfg.schedule.describe()}, {cfg.schedule.order}: "
-                 + " ".join(name(c) for c in cells if c.kind == "timed"))
+        lines.append(
+            "correctness "
+            + " ".join(name(c) for c in corr)
+            + "  (untimed: instrumented and untimed suites; feed no timing verdict)"
+        )
+    lines.append(
+        f"schedule   {cfg.schedule.describe()}, {cfg.schedule.order}: "
+        + " ".join(name(c) for c in cells if c.kind == "timed")
+    )
     seq = cfg.schedule.sequential
     if seq is not None:
         prim = sequential_primaries(cfg)
-        lines.append(f"sequential stop when every primary of every variant is decided "
-                     f"(improved/regressed at the {seq.boundary} boundary, or equivalent within "
-                     f"its margin), else after {seq.max} rounds; primaries: "
-                     + (", ".join(f"{s}.{m} (±{pct:g}%)" for s, m, _, pct in prim)
-                        or "none (stops at the first look)"))
+        lines.append(
+            f"sequential stop when every primary of every variant is decided "
+            f"(improved/regressed at the {seq.boundary} boundary, or equivalent within "
+            f"its margin), else after {seq.max} rounds; primaries: "
+            + (
+                ", ".join(f"{s}.{m} (±{pct:g}%)" for s, m, _, pct in prim)
+                or "none (stops at the first look)"
+            )
+        )
     if resume is not None:
-        lines.append(f"resume     {resume}: {len(done)} of {len(cells)} cells done, "
-                     f"{len(cells) - len(done)} to run")
+        lines.append(
+            f"resume     {resume}: {len(done)} of {len(cells)} cells done, "
+            f"{len(cells) - len(done)} to run"
+        )
     lines.append("suites (in this order, cache flushed between them):")
     for sname, params in cfg.suite_params.items():
         r = cfg.suite_rounds.get(sname, "all")
@@ -223,8 +270,18 @@ def describe_plan(cfg: Config, resume: Path | None = None) -> str:
         which = f"round {ks[0]}" if len(ks) == 1 else f"rounds {ks[0]}-{ks[-1]}"
         lines.append(f"  {which}: {', '.join(here) or '(none)'}")
     for v in cfg.variants:
-        cmd = ["python", "-m", "sglang.launch_server", "--model-path", cfg.model_ref,
-               "--host", cfg.server.host, "--port", str(cfg.server.port), *cfg.server_args_of(v)]
+        cmd = [
+            "python",
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            cfg.model_ref,
+            "--host",
+            cfg.server.host,
+            "--port",
+            str(cfg.server.port),
+            *cfg.server_args_of(v),
+        ]
         lines.append(f"server     {v}: " + " ".join(cmd))
     env = dict(cfg.server.env)
     if cfg.server.cpu_stand_ins:
@@ -232,21 +289,32 @@ def describe_plan(cfg: Config, resume: Path | None = None) -> str:
         env["PYTHONPATH"] = "<overlay>:" + _pythonpath(SITE_DIR, *stand_in_dirs(cfg))
     else:
         env["PYTHONPATH"] = "<overlay>:" + str(SITE_DIR)
-    lines.append("server env " + " ".join(f"{k}={v}" for k, v in env.items())
-                 + "  (plus each variant's env above)")
+    lines.append(
+        "server env "
+        + " ".join(f"{k}={v}" for k, v in env.items())
+        + "  (plus each variant's env above)"
+    )
     todo = len(cells) - len(done)
     if seq is not None:
         least = len([c for c in cells if c.kind == "correctness" or c.repeat < seq.min])
         least -= len([c for c in done if c.kind == "correctness" or c.repeat < seq.min])
-        lines.append(f"{least} to {todo} server launches (sequential); nothing is launched "
-                     "in a dry run")
+        lines.append(
+            f"{least} to {todo} server launches (sequential); nothing is launched in a dry run"
+        )
     else:
         lines.append(f"{todo} server launches; nothing is launched in a dry run")
     return "\n".join(lines)
 
 
-def _manifest(cfg: Config, run_dir: Path, env: dict, variants: dict[str, VariantEnv],
-              cells: list[dict], started: str, timings: dict) -> dict:
+def _manifest(
+    cfg: Config,
+    run_dir: Path,
+    env: dict,
+    variants: dict[str, VariantEnv],
+    cells: list[dict],
+    started: str,
+    timings: dict,
+) -> dict:
     return {
         "run_id": run_dir.name,
         "config_path": str(cfg.source),
@@ -254,15 +322,29 @@ def _manifest(cfg: Config, run_dir: Path, env: dict, variants: dict[str, Variant
         "sglang_version": cfg.sglang,
         "model": cfg.model_ref,
         "variants": {v: cfg.variant_diff(v, cache_dir=CACHE_DIR) for v in cfg.variants},
-        "patches": {v: [{"name": n, "sha256": ve.overlay.patch_hashes.get(o)}
-                        for n, o in zip(ve.patches, ve.overlay.patches, strict=False)]
-                    for v, ve in variants.items()},
+        "patches": {
+            v: [
+                {"name": n, "sha256": ve.overlay.patch_hashes.get(o)}
+                for n, o in zip(ve.patches, ve.overlay.patches, strict=False)
+            ]
+            for v, ve in variants.items()
+        },
         "overlays": {v: ve.overlay.to_json() for v, ve in variants.items()},
-        "suite_rounds": {s: (cfg.rounds_of(s) if suite_of(s).timed else "correctness")
-                         for s in cfg.suites},
+        "suite_rounds": {
+            s: (cfg.rounds_of(s) if suite_of(s).timed else "correctness") for s in cfg.suites
+        },
         "git_sha": env.get("git_sha"),
-        "host": {k: env.get(k) for k in ("hostname", "platform", "python", "cpu_count",
-                                         "memory_total_gib", "transformers")},
+        "host": {
+            k: env.get(k)
+            for k in (
+                "hostname",
+                "platform",
+                "python",
+                "cpu_count",
+                "memory_total_gib",
+                "transformers",
+            )
+        },
         "gpu": env.get("gpu"),
         "environment": env,
         "cells": cells,
@@ -276,6 +358,7 @@ def copy_config_files(cfg: Config, run_dir: Path) -> list[dict]:
     """Copy every file the config names directly (diffs, :meth:`Config.files_to_copy`) into
     ``run_dir`` (atomically; one already there is kept); returns ``[{"source", "path"}]``."""
     from patchbench.records import write_bytes
+
     out = []
     for src, rel in cfg.files_to_copy():
         dest = run_dir / rel
@@ -287,11 +370,16 @@ def copy_config_files(cfg: Config, run_dir: Path) -> list[dict]:
 
 def _cell_entry(cell: Cell, run_dir: Path, rec: dict, **extra) -> dict:
     """One line of ``manifest.cells`` for ``cell`` from its record (a cell.json dict)."""
-    out = {"variant": cell.variant, "repeat": cell.repeat, "cell_kind": cell.kind,
-           "instrumented": bool(rec.get("instrumented")), "status": rec.get("status", "ok"),
-           "dir": str(cell.path(run_dir).relative_to(run_dir)),
-           "suites": dict(rec.get("suites") or {}),
-           "timings_s": rec.get("timings_s", {})}
+    out = {
+        "variant": cell.variant,
+        "repeat": cell.repeat,
+        "cell_kind": cell.kind,
+        "instrumented": bool(rec.get("instrumented")),
+        "status": rec.get("status", "ok"),
+        "dir": str(cell.path(run_dir).relative_to(run_dir)),
+        "suites": dict(rec.get("suites") or {}),
+        "timings_s": rec.get("timings_s", {}),
+    }
     out.update(extra)
     return out
 
@@ -302,9 +390,17 @@ def _first_line(text: str | None, limit: int = 300) -> str | None:
 
 
 # ---------------------------------------------------------------------------------- the run
-def run_bench(config_path: str | os.PathLike, *, resume: str | os.PathLike | None = None,
-              results_root: str | os.PathLike | None = None, port: int | None = None,
-              kill_stale: bool = False, verbose: bool = False, log=None, nvml: Any = "auto") -> Path:
+def run_bench(
+    config_path: str | os.PathLike,
+    *,
+    resume: str | os.PathLike | None = None,
+    results_root: str | os.PathLike | None = None,
+    port: int | None = None,
+    kill_stale: bool = False,
+    verbose: bool = False,
+    log=None,
+    nvml: Any = "auto",
+) -> Path:
     """Run a config end to end; returns the run folder.
 
     Raises ConfigError / PatchProblem (exit 2) or EnvironmentNotReady (exit 3) before any server
@@ -316,6 +412,7 @@ def run_bench(config_path: str | os.PathLike, *, resume: str | os.PathLike | Non
     None (no GPU checks) or "auto" (NVML where a GPU is present).
     """
     from patchbench.progress import BenchProgress
+
     t_run = time.monotonic()
     run_dir: Path | None = None
     manifest: dict | None = None
@@ -334,6 +431,7 @@ def run_bench(config_path: str | os.PathLike, *, resume: str | os.PathLike | Non
             port = port or cfg.server.port
             if nvml == "auto":
                 from patchbench.gpu import open_nvml
+
                 nvml = open_nvml() if not is_cpu(cfg) else None
             if resume:
                 run_dir = Path(resume)
@@ -349,12 +447,15 @@ def run_bench(config_path: str | os.PathLike, *, resume: str | os.PathLike | Non
             manifest["copied_files"] = copy_config_files(cfg, run_dir)
             if resume:  # keep the first invocation's timings; this one's go to "resumes"
                 manifest["timings_s"] = old.get("timings_s", {})
-                manifest["resumes"] = old.get("resumes", []) + [{"started_at": utc_stamp(),
-                                                                  "timings_s": timings}]
+                manifest["resumes"] = old.get("resumes", []) + [
+                    {"started_at": utc_stamp(), "timings_s": timings}
+                ]
             write_manifest(run_dir, manifest)
             say(f"run folder {run_dir}")
             progress = BenchProgress(len(cells))
-            cell_log = log or (lambda m: progress.log(f"[patchbench {time.strftime('%H:%M:%S')}] {m}"))
+            cell_log = log or (
+                lambda m: progress.log(f"[patchbench {time.strftime('%H:%M:%S')}] {m}")
+            )
             failed = 0
             design = sequential_design(cfg)
             looks = list(design.looks) if design else [cfg.schedule.max_repeats]
@@ -362,7 +463,9 @@ def run_bench(config_path: str | os.PathLike, *, resume: str | os.PathLike | Non
             decision = None
             for li, n_rounds in enumerate(looks):
                 for cell in cells:
-                    if cell.index in processed or (cell.kind == "timed" and cell.repeat >= n_rounds):
+                    if cell.index in processed or (
+                        cell.kind == "timed" and cell.repeat >= n_rounds
+                    ):
                         continue
                     processed.add(cell.index)
                     cdir = cell.path(run_dir)
@@ -373,21 +476,33 @@ def run_bench(config_path: str | os.PathLike, *, resume: str | os.PathLike | Non
                         progress.cell_skipped()
                         continue
                     progress.cell_started(cell.label)
-                    rec = run_cell(cfg, cell, variants[cell.variant], run_dir, port=port,
-                                   log=cell_log, progress=progress, nvml=nvml).model_dump(mode="json")
+                    rec = run_cell(
+                        cfg,
+                        cell,
+                        variants[cell.variant],
+                        run_dir,
+                        port=port,
+                        log=cell_log,
+                        progress=progress,
+                        nvml=nvml,
+                    ).model_dump(mode="json")
                     progress.cell_finished(rec["status"])
                     failed += rec["status"] == "failed"
-                    records.append(_cell_entry(cell, run_dir, rec,
-                                               error=_first_line(rec.get("error"))))
+                    records.append(
+                        _cell_entry(cell, run_dir, rec, error=_first_line(rec.get("error")))
+                    )
                     write_manifest(run_dir, manifest)
                 if design is None:
                     continue
                 decision, why = sequential_look(cfg, run_dir, design, li, decision)
-                manifest["sequential"] = _sequential_record(cfg, design, manifest.get("sequential"),
-                                                            li, n_rounds, decision, why)
+                manifest["sequential"] = _sequential_record(
+                    cfg, design, manifest.get("sequential"), li, n_rounds, decision, why
+                )
                 write_manifest(run_dir, manifest)
-                cell_log(f"sequential look {li + 1} of {len(looks)} after {n_rounds} rounds: "
-                         + manifest["sequential"]["reason"])
+                cell_log(
+                    f"sequential look {li + 1} of {len(looks)} after {n_rounds} rounds: "
+                    + manifest["sequential"]["reason"]
+                )
                 if decision is None or decision.stop:
                     break
             progress.set_total(len(processed))
@@ -404,8 +519,10 @@ def run_bench(config_path: str | os.PathLike, *, resume: str | os.PathLike | Non
                     pass
             if run_dir is not None:
                 e.run_dir = run_dir
-                say(f"stopped: {e}; finished cells are kept in {run_dir}; once it is writable, "
-                    f"resume with: patchbench bench {config_path} --resume {run_dir}")
+                say(
+                    f"stopped: {e}; finished cells are kept in {run_dir}; once it is writable, "
+                    f"resume with: patchbench bench {config_path} --resume {run_dir}"
+                )
             raise
         except KeyboardInterrupt as e:
             if progress is not None:
@@ -417,9 +534,12 @@ def run_bench(config_path: str | os.PathLike, *, resume: str | os.PathLike | Non
             write_manifest(run_dir, manifest)
             cmd = f"patchbench bench {config_path} --resume {run_dir}"
             say(f"interrupted; finished cells are kept in {run_dir}; resume with: {cmd}")
-            raise Interrupted(f"interrupted by signal {signum_of(e)}; finished cells are kept in "
-                              f"{run_dir}; resume with `{cmd}`", signum=signum_of(e),
-                              run_dir=run_dir) from None
+            raise Interrupted(
+                f"interrupted by signal {signum_of(e)}; finished cells are kept in "
+                f"{run_dir}; resume with `{cmd}`",
+                signum=signum_of(e),
+                run_dir=run_dir,
+            ) from None
     manifest["ended_at"] = utc_stamp()  # the measurements end here; the report reads it
     write_manifest(run_dir, manifest)
     t_report = time.monotonic()
@@ -433,15 +553,20 @@ def run_bench(config_path: str | os.PathLike, *, resume: str | os.PathLike | Non
         manifest["report_error"] = report_error
     write_manifest(run_dir, manifest)
     b = timings["overhead_breakdown_s"]
-    say(f"done in {timings['total']:.0f} s; harness overhead "
-        f"{100 * (timings['harness_overhead_share'] or 0):.1f}% of wall time; {run_dir}")
+    say(
+        f"done in {timings['total']:.0f} s; harness overhead "
+        f"{100 * (timings['harness_overhead_share'] or 0):.1f}% of wall time; {run_dir}"
+    )
     if verbose:
-        say(f"overhead breakdown: server stops {b['server_stop']:.1f} s, setup {b['setup']:.1f} s, "
+        say(
+            f"overhead breakdown: server stops {b['server_stop']:.1f} s, setup {b['setup']:.1f} s, "
             f"flushes {b['flush']:.1f} s, report {b['report']:.1f} s, other {b['other']:.1f} s; "
-            f"stop phases {timings['server_stop_breakdown_s']}")
+            f"stop phases {timings['server_stop_breakdown_s']}"
+        )
     if failed:
-        raise RunFailed(f"{failed} of {len(processed)} cells failed; see {run_dir}/*/*/cell.json",
-                        run_dir)
+        raise RunFailed(
+            f"{failed} of {len(processed)} cells failed; see {run_dir}/*/*/cell.json", run_dir
+        )
     return run_dir
 
 
@@ -453,8 +578,8 @@ def sequential_design(cfg: Config):
     if seq is None:
         return None
     from patchbench.sequential import Design
-    return Design(looks=seq.looks, alpha=round(1.0 - cfg.compare.confidence, 12),
-                  kind=seq.boundary)
+
+    return Design(looks=seq.looks, alpha=round(1.0 - cfg.compare.confidence, 12), kind=seq.boundary)
 
 
 def sequential_primaries(cfg: Config) -> list[tuple[str, str, Any, float]]:
@@ -469,8 +594,11 @@ def sequential_primaries(cfg: Config) -> list[tuple[str, str, Any, float]]:
         obj = suite_of(s)
         if not getattr(obj, "timed", True) or cfg.rounds_of(s) != every:
             continue
-        declared = getattr(obj, "metrics", None) or getattr(getattr(obj, "_mod", None),
-                                                             "METRICS", None) or {}
+        declared = (
+            getattr(obj, "metrics", None)
+            or getattr(getattr(obj, "_mod", None), "METRICS", None)
+            or {}
+        )
         for m, info in declared.items():
             if info.primary and info.kind == "run" and info.better in ("higher", "lower"):
                 out.append((s, m, info, float(cfg.compare.margin_for(s, m, info.margin) or 0.0)))
@@ -513,34 +641,52 @@ def sequential_look(cfg: Config, run_dir: Path, design, look_index: int, previou
             better[key] = info.better
     if missing:
         shown = ", ".join(missing[:4]) + (" ..." if len(missing) > 4 else "")
-        return None, (f"stopped at the look after {n} rounds: no paired value for {shown} "
-                      "(a failed or incomplete cell); resume the run to re-run it and go on")
-    return decide(look_index, ratios, margins, design=design, better=better,
-                  previous=previous), None
+        return None, (
+            f"stopped at the look after {n} rounds: no paired value for {shown} "
+            "(a failed or incomplete cell); resume the run to re-run it and go on"
+        )
+    return decide(
+        look_index, ratios, margins, design=design, better=better, previous=previous
+    ), None
 
 
-def _sequential_record(cfg: Config, design, old: dict | None, look_index: int, n_rounds: int,
-                       decision, why: str | None) -> dict:
+def _sequential_record(
+    cfg: Config, design, old: dict | None, look_index: int, n_rounds: int, decision, why: str | None
+) -> dict:
     """The manifest's ``sequential`` entry after a look: ``{"design", "looks": [per look],
     "stopped_at" (rounds run when it stopped, None while going on), "repeats_run", "reason",
     "decisions": {"variant/suite.metric": decision}}``."""
     rec = dict(old or {})
     looks = [x for x in rec.get("looks", []) if x.get("look_index", -1) < look_index]
-    rec["design"] = {"looks": list(design.looks), "alpha": design.alpha, "boundary": design.kind,
-                     "primaries": [f"{s}.{m}" for s, m, _, _ in sequential_primaries(cfg)],
-                     "alpha_split": "Bonferroni across variants, Holm within each variant"}
+    rec["design"] = {
+        "looks": list(design.looks),
+        "alpha": design.alpha,
+        "boundary": design.kind,
+        "primaries": [f"{s}.{m}" for s, m, _, _ in sequential_primaries(cfg)],
+        "alpha_split": "Bonferroni across variants, Holm within each variant",
+    }
     if decision is None:
-        rec.update(looks=looks, stopped_at=n_rounds, repeats_run=n_rounds, reason=why,
-                   stopped_early=n_rounds < design.looks[-1])
+        rec.update(
+            looks=looks,
+            stopped_at=n_rounds,
+            repeats_run=n_rounds,
+            reason=why,
+            stopped_early=n_rounds < design.looks[-1],
+        )
         return rec
     looks.append(decision.to_json())
     rec["looks"] = looks
     rec["repeats_run"] = n_rounds
     rec["stopped_at"] = n_rounds if decision.stop else None
     rec["stopped_early"] = bool(decision.stop and n_rounds < design.looks[-1])
-    rec["reason"] = decision.reason if decision.metrics or not decision.stop else (
-        f"no run-level primary metric to decide on (see the design); stopped after {n_rounds} "
-        "rounds")
+    rec["reason"] = (
+        decision.reason
+        if decision.metrics or not decision.stop
+        else (
+            f"no run-level primary metric to decide on (see the design); stopped after {n_rounds} "
+            "rounds"
+        )
+    )
     rec["decisions"] = {f"{v}/{m}": d.decision for (v, m), d in sorted(decision.metrics.items())}
     return rec
 
@@ -548,13 +694,17 @@ def _sequential_record(cfg: Config, design, old: dict | None, look_index: int, n
 def _stale_servers(results_root: Path, *, kill: bool, log) -> None:
     """Report (or with ``kill`` stop) servers orphaned by an earlier killed run."""
     from patchbench.stale import find_stale_servers, kill_stale
+
     found = find_stale_servers(results_root)
     if not found:
         return
     if kill:
         for s, ok in kill_stale(found):
-            log(f"stopped orphaned server pid {s.pid} of {s.run_dir}" if ok
-                else f"could not stop orphaned server pid {s.pid}: {s.kill_command}")
+            log(
+                f"stopped orphaned server pid {s.pid} of {s.run_dir}"
+                if ok
+                else f"could not stop orphaned server pid {s.pid}: {s.kill_command}"
+            )
         return
     for s in found:
         log(s.describe())
@@ -569,7 +719,9 @@ def _stop_breakdown(run_dir: Path, records: list[dict]) -> dict[str, float]:
         if r.get("skipped"):
             continue
         try:
-            b = (read_json(run_dir / r["dir"] / "cell.json").get("server") or {}).get("stop_breakdown_s") or {}
+            b = (read_json(run_dir / r["dir"] / "cell.json").get("server") or {}).get(
+                "stop_breakdown_s"
+            ) or {}
         except (OSError, ValueError):
             continue
         for k in out:
@@ -584,8 +736,10 @@ def _ran_timings(records: list[dict]) -> list[dict]:
 
 def _inside_s(ran: list[dict]) -> float:
     """Seconds spent in server start-up and the suites themselves, over ``ran``."""
-    return sum(t.get("server_start", 0.0) + sum(v for k, v in t.items() if k.startswith("suite:"))
-               for t in ran)
+    return sum(
+        t.get("server_start", 0.0) + sum(v for k, v in t.items() if k.startswith("suite:"))
+        for t in ran
+    )
 
 
 def _overhead_breakdown(records: list[dict], timings: dict) -> dict[str, float]:
@@ -599,8 +753,13 @@ def _overhead_breakdown(records: list[dict], timings: dict) -> dict[str, float]:
     flush = sum(v for t in ran for k, v in t.items() if k.startswith("flush:"))
     setup, report = timings.get("setup", 0.0), timings.get("report", 0.0)
     other = timings.get("total", 0.0) - _inside_s(ran) - stop - flush - setup - report
-    return {"setup": round(setup, 3), "server_stop": round(stop, 3), "flush": round(flush, 3),
-            "report": round(report, 3), "other": round(max(0.0, other), 3)}
+    return {
+        "setup": round(setup, 3),
+        "server_stop": round(stop, 3),
+        "flush": round(flush, 3),
+        "report": round(report, 3),
+        "other": round(max(0.0, other), 3),
+    }
 
 
 def _overhead_share(records: list[dict], timings: dict) -> float | None:
@@ -622,11 +781,14 @@ def _compare_and_report(run_dir: Path, *, log=_log) -> str | None:
     try:
         out = render_run(run_dir)
     except Exception as e:  # noqa: BLE001 - the measurements are on disk; say what broke
-        log(f"report failed ({type(e).__name__}: {e}); re-render with `patchbench report {run_dir}`")
+        log(
+            f"report failed ({type(e).__name__}: {e}); re-render with `patchbench report {run_dir}`"
+        )
         return f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
     try:
         from patchbench.comparison import read_comparison
         from patchbench.report import console_summary
+
         console_summary(read_comparison(run_dir), out)
     except Exception as e:  # noqa: BLE001 - the summary is a courtesy; report.md is written
         log(f"report: {out} (console summary failed: {type(e).__name__}: {e})")
@@ -637,4 +799,5 @@ def _compare_and_report(run_dir: Path, *, log=_log) -> str | None:
 def cli(argv: list[str]) -> int:
     """``patchbench bench ...`` through the one command line (patchbench.cli)."""
     from patchbench.cli import main
+
     return main(["bench", *argv])

@@ -18,6 +18,7 @@ record. :func:`run_cell` strings them together; :class:`CellRun` holds the cell'
 Never raises for a failure of the server or a suite (the cell is marked failed); an interrupt
 (Ctrl-C, SIGTERM, SIGHUP) stops the server, marks the cell interrupted and propagates.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -82,6 +83,7 @@ class _ModuleSuite:
 def suite_of(name: str):
     """The registered suite ``name`` (patchbench.suite.get_suite), or an old-style module."""
     from patchbench import suite as S
+
     try:
         return S.get_suite(name)
     except KeyError:
@@ -94,7 +96,8 @@ def is_cpu(cfg: Config) -> bool:
     """True when ``server.args`` asks for ``--device cpu``."""
     a = cfg.server.args
     return any(x == "--device=cpu" for x in a) or any(
-        a[i] == "--device" and i + 1 < len(a) and a[i + 1] == "cpu" for i in range(len(a)))
+        a[i] == "--device" and i + 1 < len(a) and a[i + 1] == "cpu" for i in range(len(a))
+    )
 
 
 def launch_spec(cfg: Config, venv: VariantEnv, cdir: Path, port: int) -> LaunchSpec:
@@ -103,11 +106,20 @@ def launch_spec(cfg: Config, venv: VariantEnv, cdir: Path, port: int) -> LaunchS
     the variant's environment (``server.env`` plus its ``env``, the overlay first on PYTHONPATH:
     :func:`patchbench.variants.prepare_variants`)."""
     s = cfg.server
-    return LaunchSpec(python=sys.executable, model_path=cfg.model_ref, host=s.host, port=port,
-                      args=cfg.server_args_of(venv.name), env=dict(venv.server_env),
-                      log_path=cdir / "server.log", ready_timeout_s=s.ready_timeout_s,
-                      stop_grace_s=s.stop_grace_s, port_close_timeout_s=s.port_close_timeout_s,
-                      flush_retries=s.flush_retries, flush_pause_s=s.flush_pause_s)
+    return LaunchSpec(
+        python=sys.executable,
+        model_path=cfg.model_ref,
+        host=s.host,
+        port=port,
+        args=cfg.server_args_of(venv.name),
+        env=dict(venv.server_env),
+        log_path=cdir / "server.log",
+        ready_timeout_s=s.ready_timeout_s,
+        stop_grace_s=s.stop_grace_s,
+        port_close_timeout_s=s.port_close_timeout_s,
+        flush_retries=s.flush_retries,
+        flush_pause_s=s.flush_pause_s,
+    )
 
 
 def suite_done(path: Path) -> bool:
@@ -129,7 +141,9 @@ def cell_done(run_dir: Path, cell: Cell, cfg: Config) -> bool:
     return all(suite_done(cell.path(run_dir) / s) for s in cell_suites(cfg, cell))
 
 
-def needs_correctness_cells(cfg: Config, ctx_for: Callable[[str], SuiteContext] | None = None) -> bool:
+def needs_correctness_cells(
+    cfg: Config, ctx_for: Callable[[str], SuiteContext] | None = None
+) -> bool:
     """True when a suite of ``cfg`` is untimed or declares instrumentation (``ctx_for(suite)``
     gives the context the hook is asked with; a placeholder one by default)."""
     for name in cfg.suites:
@@ -146,19 +160,30 @@ def _placeholder_ctx(cfg: Config, suite: str, variant: str | None = None) -> Sui
     site = envinfo.stock_site_dir()
     stock = (site / "sglang") if site else Path("sglang")
     root = Path("/nonexistent-run")
-    return SuiteContext(server=None, out_dir=root / suite, run_dir=root, cache_dir=root / ".cache",
-                        variant=variant or cfg.baseline, repeat=0, baseline=cfg.baseline,
-                        sglang_version=cfg.sglang, python=sys.executable, stock_env={},
-                        variant_sglang_dir=stock, stock_sglang_dir=stock,
-                        device="cpu" if is_cpu(cfg) else "cuda")
+    return SuiteContext(
+        server=None,
+        out_dir=root / suite,
+        run_dir=root,
+        cache_dir=root / ".cache",
+        variant=variant or cfg.baseline,
+        repeat=0,
+        baseline=cfg.baseline,
+        sglang_version=cfg.sglang,
+        python=sys.executable,
+        stock_env={},
+        variant_sglang_dir=stock,
+        stock_sglang_dir=stock,
+        device="cpu" if is_cpu(cfg) else "cuda",
+    )
 
 
 def _show(flag: str, value: str | None) -> str:
     return flag if value is None else f"{flag} {value}"
 
 
-def instrumentation_args(cfg: Config, variant: str,
-                         wanted: list[tuple[str, list[str]]]) -> list[str]:
+def instrumentation_args(
+    cfg: Config, variant: str, wanted: list[tuple[str, list[str]]]
+) -> list[str]:
     """The server arguments a correctness cell of ``variant`` adds for its instrumentation.
 
     wanted: ``[(suite, Instrumentation.server_args)]`` in config order. A flag the launch
@@ -171,8 +196,10 @@ def instrumentation_args(cfg: Config, variant: str,
     from patchbench.config import ConfigError, check_args, split_args
 
     have: dict[str, tuple[str | None, str]] = {}
-    for key, args in (("server.args", cfg.server.args),
-                      (f"variants.{variant}.server_args", cfg.variants[variant].server_args)):
+    for key, args in (
+        ("server.args", cfg.server.args),
+        (f"variants.{variant}.server_args", cfg.variants[variant].server_args),
+    ):
         for _, flag, val in split_args(list(args)):
             if flag:
                 have[flag] = (val, key)
@@ -193,7 +220,8 @@ def instrumentation_args(cfg: Config, variant: str,
                     raise ConfigError(
                         f"{where} needs {_show(flag, val)} in the correctness cell of variant "
                         f"'{variant}', but {by} sets {_show(flag, old)}; remove one of them "
-                        f"(suites.{suite} or {by})")
+                        f"(suites.{suite} or {by})"
+                    )
                 continue
             have[flag] = (val, where)
             out += [args[i]] if (val is None or "=" in args[i]) else [args[i], val]
@@ -208,8 +236,9 @@ def check_instrumentation(cfg: Config) -> dict[str, list[str]]:
     for v in cfg.variants:
         wanted = []
         for name in cfg.suites:
-            ins = suite_of(name).instrumentation(_placeholder_ctx(cfg, name, v),
-                                                 cfg.suite_params[name])
+            ins = suite_of(name).instrumentation(
+                _placeholder_ctx(cfg, name, v), cfg.suite_params[name]
+            )
             if ins is not None and ins.server_args:
                 wanted.append((name, list(ins.server_args)))
         out[v] = instrumentation_args(cfg, v, wanted)
@@ -250,10 +279,16 @@ class CellRun:
         self.suites = {s: suite_of(s) for s in todo}
         self.local = [s for s in todo if not self.suites[s].needs_server]
         self.remote = [s for s in todo if s not in self.local]
-        self.record = CellRecord(variant=self.cell.variant, repeat=self.cell.repeat,
-                                 index=self.cell.index, status="running",
-                                 started_at=utc_stamp(), cell_kind=self.cell.kind,
-                                 instrumented=False, runner_pid=os.getpid())
+        self.record = CellRecord(
+            variant=self.cell.variant,
+            repeat=self.cell.repeat,
+            index=self.cell.index,
+            status="running",
+            started_at=utc_stamp(),
+            cell_kind=self.cell.kind,
+            instrumented=False,
+            runner_pid=os.getpid(),
+        )
         self.write()
 
     # ------------------------------------------------------------------ helpers
@@ -267,19 +302,35 @@ class CellRun:
         out = self.cdir / suite
         make_dir(out)
         return SuiteContext(
-            server=server, out_dir=out, run_dir=self.run_dir, cache_dir=self.run_dir / ".cache",
-            variant=self.cell.variant, repeat=self.cell.repeat, baseline=self.cfg.baseline,
-            sglang_version=self.cfg.sglang, python=sys.executable,
-            stock_env=stock_client_env(self.cfg), variant_sglang_dir=self.venv.sglang_dir,
-            stock_sglang_dir=self.stock_dir, device="cpu" if is_cpu(self.cfg) else "cuda",
-            log=lambda m, _s=suite: self.say(m, _s))
+            server=server,
+            out_dir=out,
+            run_dir=self.run_dir,
+            cache_dir=self.run_dir / ".cache",
+            variant=self.cell.variant,
+            repeat=self.cell.repeat,
+            baseline=self.cfg.baseline,
+            sglang_version=self.cfg.sglang,
+            python=sys.executable,
+            stock_env=stock_client_env(self.cfg),
+            variant_sglang_dir=self.venv.sglang_dir,
+            stock_sglang_dir=self.stock_dir,
+            device="cpu" if is_cpu(self.cfg) else "cuda",
+            log=lambda m, _s=suite: self.say(m, _s),
+        )
 
     def server_info(self) -> ServerInfo:
         srv, spec, watch = self.server, self.server.spec, self.watch
-        return ServerInfo(base_url=srv.base_url, host=spec.host, port=spec.port,
-                          model_path=spec.model_path, tokenizer_path=self.cfg.tokenizer_ref,
-                          log_path=spec.log_path, pid=srv.pid, flush_cache=srv.flush_cache,
-                          alive=lambda: srv.alive() and not (watch and watch.dead.is_set()))
+        return ServerInfo(
+            base_url=srv.base_url,
+            host=spec.host,
+            port=spec.port,
+            model_path=spec.model_path,
+            tokenizer_path=self.cfg.tokenizer_ref,
+            log_path=spec.log_path,
+            pid=srv.pid,
+            flush_cache=srv.flush_cache,
+            alive=lambda: srv.alive() and not (watch and watch.dead.is_set()),
+        )
 
     # ------------------------------------------------------------------ step 1: start
     def _instrument(self, spec: LaunchSpec) -> None:
@@ -312,8 +363,13 @@ class CellRun:
     def start(self) -> None:
         """Launch, record the pid, wait until ready, start watching."""
         spec = launch_spec(self.cfg, self.venv, self.cdir, self.port)
-        spec.env.update({MARKER_RUN_DIR: str(Path(self.run_dir).resolve()),
-                         MARKER_CELL: self.cell.label, MARKER_RUNNER_PID: str(os.getpid())})
+        spec.env.update(
+            {
+                MARKER_RUN_DIR: str(Path(self.run_dir).resolve()),
+                MARKER_CELL: self.cell.label,
+                MARKER_RUNNER_PID: str(os.getpid()),
+            }
+        )
         self._instrument(spec)
         self.server = SglangServer(spec)
         self.say(f"starting server on port {self.port}")
@@ -322,16 +378,21 @@ class CellRun:
         self.write()  # the pid is on disk before anything can hang
         self.record.timings_s["server_start"] = round(self.server.wait_ready(), 3)
         self.say(f"server ready in {self.record.timings_s['server_start']:.1f} s")
-        self.watch = ServerWatch(self.server.proc, self.server.pgid,
-                                 on_death=lambda d: self.say(f"{d.message()}; stopping the suite"))
+        self.watch = ServerWatch(
+            self.server.proc,
+            self.server.pgid,
+            on_death=lambda d: self.say(f"{d.message()}; stopping the suite"),
+        )
         self.watch.start()
         self.record.liveness = {"watched": self.watch.describe()}
         if self.nvml is not None:
             from patchbench.gpu import GpuSampler
+
             self.sampler = GpuSampler(self.nvml, ours=self._our_pids).start()
 
     def _our_pids(self) -> set[int]:
         import psutil
+
         pids = {os.getpid()}
         try:
             pids |= {p.pid for p in psutil.Process(os.getpid()).children(recursive=True)}
@@ -356,8 +417,9 @@ class CellRun:
         self.record.timings_s[f"flush:{name}"] = round(time.monotonic() - t, 3)
         why = self.server.health(timeout_s=HEALTH_TIMEOUT_S)
         if why is not None:
-            raise ServerError(f"the server failed its health check between suites ({why})",
-                              self._log_tail())
+            raise ServerError(
+                f"the server failed its health check between suites ({why})", self._log_tail()
+            )
 
     def _scan_log(self, res: SuiteResult, start_offset: int | None) -> None:
         """Count the server's retractions and out-of-memory lines during this suite
@@ -393,15 +455,18 @@ class CellRun:
             if not isinstance(res, SuiteResult):
                 raise TypeError(f"suite {name} returned {type(res).__name__}, not SuiteResult")
         except ServerLost as e:
-            res = SuiteResult(status="failed", errors=[f"{e.death.message()}; the suite was "
-                                                       f"stopped at once:\n{self._log_tail()}"])
+            res = SuiteResult(
+                status="failed",
+                errors=[f"{e.death.message()}; the suite was stopped at once:\n{self._log_tail()}"],
+            )
         except (SuiteError, ServerError) as e:
             res = SuiteResult(status="failed", errors=[str(e)])
         except (KeyboardInterrupt, ResultsWriteError):
             raise  # a results folder that cannot be written ends the run (run_cell)
         except Exception as e:  # noqa: BLE001 - a suite bug must not lose the other cells
-            res = SuiteResult(status="failed", errors=[f"{type(e).__name__}: {e}",
-                                                       traceback.format_exc()])
+            res = SuiteResult(
+                status="failed", errors=[f"{type(e).__name__}: {e}", traceback.format_exc()]
+            )
         if self.server is not None:
             self._check_server_after(res)
             self._scan_log(res, log_off)
@@ -410,8 +475,9 @@ class CellRun:
         runfolder.write_summary(self.cdir / name, res.to_json(name))
         self.record.suites[name] = res.status
         self.record.timings_s[f"suite:{name}"] = round(dt, 3)
-        self.say(res.status + (f" - {res.errors[0].splitlines()[0][:200]}" if res.errors else ""),
-                 name)
+        self.say(
+            res.status + (f" - {res.errors[0].splitlines()[0][:200]}" if res.errors else ""), name
+        )
         self.write()
 
     def _check_server_after(self, res: SuiteResult) -> None:
@@ -427,8 +493,10 @@ class CellRun:
             res.errors.append(f"{death.message()} during the suite:\n{self._log_tail()}")
         elif death is None and not self.server.alive():
             res.status = "failed"
-            res.errors.append(f"the server died during the suite (exit code "
-                              f"{self.server.proc.returncode}):\n" + self._log_tail())
+            res.errors.append(
+                f"the server died during the suite (exit code "
+                f"{self.server.proc.returncode}):\n" + self._log_tail()
+            )
 
     # ------------------------------------------------------------------ step 3: stop
     def stop(self) -> None:
@@ -469,8 +537,9 @@ class CellRun:
         self.record.timings_s["cell"] = round(time.monotonic() - self._t0, 3)
         if self.record.status == "running":
             st = set(self.record.suites.values())
-            self.record.status = ("failed" if "failed" in st else
-                                  "incomplete" if "incomplete" in st else "ok")
+            self.record.status = (
+                "failed" if "failed" in st else "incomplete" if "incomplete" in st else "ok"
+            )
         self.record.ended_at = utc_stamp()
         try:
             self.write()
@@ -490,19 +559,33 @@ class CellRun:
         self._fail(str(e))
         for s in self.remote:
             if s not in self.record.suites:
-                runfolder.write_summary(self.cdir / s, SuiteResult(
-                    status="failed", errors=[f"not run: {str(e).splitlines()[0]}"]).to_json(s))
+                runfolder.write_summary(
+                    self.cdir / s,
+                    SuiteResult(
+                        status="failed", errors=[f"not run: {str(e).splitlines()[0]}"]
+                    ).to_json(s),
+                )
                 self.record.suites[s] = "failed"
         self.say(f"FAILED - {str(e).splitlines()[0]}")
 
     def interrupted(self, e: BaseException) -> None:
         import signal as _signal
+
         self.record.status = "interrupted"
         self.record.error = f"interrupted by {_signal.Signals(signum_of(e)).name}"
 
 
-def run_cell(cfg: Config, cell: Cell, venv: VariantEnv, run_dir: Path, *, port: int,
-             log: Callable[[str], None] = print, progress: Any = None, nvml: Any = None) -> CellRecord:
+def run_cell(
+    cfg: Config,
+    cell: Cell,
+    venv: VariantEnv,
+    run_dir: Path,
+    *,
+    port: int,
+    log: Callable[[str], None] = print,
+    progress: Any = None,
+    nvml: Any = None,
+) -> CellRecord:
     """Run one cell's steps (start, run suites, stop, record); returns its record.
 
     Never raises for a failure of the server or a suite. An interrupt (KeyboardInterrupt, or
@@ -531,6 +614,17 @@ def run_cell(cfg: Config, cell: Cell, venv: VariantEnv, run_dir: Path, *, port: 
     return c.record
 
 
-__all__ = ["CellRun", "run_cell", "launch_spec", "cell_done", "cell_suites", "suite_of",
-           "needs_correctness_cells", "suite_done", "is_cpu", "tail", "instrumentation_args",
-           "check_instrumentation"]
+__all__ = [
+    "CellRun",
+    "run_cell",
+    "launch_spec",
+    "cell_done",
+    "cell_suites",
+    "suite_of",
+    "needs_correctness_cells",
+    "suite_done",
+    "is_cpu",
+    "tail",
+    "instrumentation_args",
+    "check_instrumentation",
+]

@@ -354,6 +354,12 @@ COMMANDS: list[Command] = [
         _delegate("patchbench.suites.mmmu", "cli"),
     ),
     Command(
+        "matrix",
+        "run a matrix of configs (models, pins, GPU types) here or on a Ray cluster; one report",
+        lambda p: importlib.import_module("patchbench.matrix").add_cli_arguments(p),
+        lambda a, _raw: importlib.import_module("patchbench.matrix").run_cli(a),
+    ),
+    Command(
         "make-tiny-model",
         "build the tiny random Qwen2.5-VL the CPU configs use",
         _args_tiny,

@@ -601,8 +601,7 @@ class ScheduleSpec(_Strict):
         if s is None:
             return f"{self.repeats} repeat(s)"
         looks = ", ".join(str(n) for n in s.looks)
-        return (f"sequential {s.min}..{s.max} repeats, looks after {looks} "
-                f"({s.boundary} boundary)")
+        return f"sequential {s.min}..{s.max} repeats, looks after {looks} ({s.boundary} boundary)"
 
 
 def _params_model(name: str) -> type[BaseModel]:
@@ -1116,9 +1115,7 @@ def load_config(path: str | os.PathLike, *, check_files: bool = True) -> Config:
             key = f"suites.{name}.{_sched.ROUNDS_KEY}"
             where = _line_of(text, ("suites", name, _sched.ROUNDS_KEY))
             try:
-                cfg.suite_rounds[name] = _sched.parse_rounds(
-                    rounds, cfg.schedule.max_repeats, key
-                )
+                cfg.suite_rounds[name] = _sched.parse_rounds(rounds, cfg.schedule.max_repeats, key)
                 if cfg.suite_rounds[name] != "all" and not _suite_is_timed(name):
                     raise ValueError(
                         f"{key}: suite '{name}' runs only in the untimed correctness cells "

@@ -3,6 +3,7 @@
 Metadata travels with the numbers (pyperf's ``_collect_metadata``), so a comparison can say why
 two runs are not comparable.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -38,12 +39,20 @@ def stock_site_dir() -> Path | None:
 def git_sha(repo: Path = REPO_ROOT) -> str | None:
     """This repo's commit, with ``-dirty`` when the work tree has uncommitted changes."""
     try:
-        sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=10).stdout.strip()
+        sha = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         if not sha:
             return None
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "-uno"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain", "-uno"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -55,9 +64,16 @@ def gpu_info() -> dict | None:
     if not shutil.which("nvidia-smi"):
         return None
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
-                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
-                             timeout=20)
+        out = subprocess.run(
+            [
+                "nvidia-smi",
+                "--query-gpu=name,memory.total,driver_version",
+                "--format=csv,noheader,nounits",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     if out.returncode != 0 or not out.stdout.strip():
@@ -75,8 +91,11 @@ def torch_info() -> dict:
         import torch
     except ImportError:
         return {"torch": None, "cuda_build": None, "cuda_available": False}
-    return {"torch": torch.__version__, "cuda_build": torch.version.cuda,
-            "cuda_available": bool(torch.cuda.is_available())}
+    return {
+        "torch": torch.__version__,
+        "cuda_build": torch.version.cuda,
+        "cuda_available": bool(torch.cuda.is_available()),
+    }
 
 
 def hub_reachable(timeout_s: float = 3.0) -> bool:
@@ -99,7 +118,9 @@ def hf_cached(repo_id: str, repo_type: str = "model") -> bool:
         from huggingface_hub import constants
     except ImportError:
         return False
-    snap = Path(constants.HF_HUB_CACHE) / f"{repo_type}s--{repo_id.replace('/', '--')}" / "snapshots"
+    snap = (
+        Path(constants.HF_HUB_CACHE) / f"{repo_type}s--{repo_id.replace('/', '--')}" / "snapshots"
+    )
     try:
         return any(snap.iterdir())
     except OSError:
@@ -120,12 +141,19 @@ def torch_build_info() -> dict:
         return {"torch": None, "cuda_build": None}
     out = {"torch": installed_version("torch"), "cuda_build": None}
     try:
-        tree = ast.parse((Path(list(spec.submodule_search_locations)[0]) / "version.py").read_text())
+        tree = ast.parse(
+            (Path(list(spec.submodule_search_locations)[0]) / "version.py").read_text()
+        )
     except (OSError, SyntaxError):
         return out
     for node in tree.body:
-        target = (node.targets[0] if isinstance(node, ast.Assign) else
-                  node.target if isinstance(node, ast.AnnAssign) else None)
+        target = (
+            node.targets[0]
+            if isinstance(node, ast.Assign)
+            else node.target
+            if isinstance(node, ast.AnnAssign)
+            else None
+        )
         if isinstance(target, ast.Name) and isinstance(node.value, ast.Constant):
             if target.id == "__version__":
                 out["torch"] = node.value.value
@@ -157,6 +185,7 @@ def collect(*, with_torch: bool = True, with_hub: bool = False) -> dict:
     }
     try:
         import psutil
+
         info["memory_total_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
     except ImportError:
         pass

@@ -16,6 +16,7 @@ regression).
 | 130 | :class:`Interrupted` | interrupted by Ctrl-C (SIGINT) or SIGHUP |
 | 143 | :class:`Interrupted` (SIGTERM) | terminated by SIGTERM (finished cells kept) |
 """
+
 from __future__ import annotations
 
 EXIT_OK = 0

@@ -10,6 +10,7 @@ no NVIDIA driver or GPU, and every caller then skips its check.
   shared GPU (:func:`cell_flags` reads them back for the report and the manifest);
 - :func:`doctor_rows`: persistence mode and application clocks of each GPU for ``doctor``.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -29,8 +30,13 @@ THROTTLE_BITS = {
     0x0000000000000080: "hw_power_brake_slowdown",
 }
 #: reasons that bias a timing (idle and the application-clock setting do not)
-BIASING = {"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
-           "hw_power_brake_slowdown"}
+BIASING = {
+    "sw_power_cap",
+    "hw_slowdown",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+}
 
 
 def open_nvml(module: Any = None) -> Nvml | None:
@@ -78,8 +84,9 @@ class Nvml:
         want = set(pids)
         return sorted({p for i in range(self.count()) for p in self.pids(i) if p in want})
 
-    def wait_released(self, pids: list[int], timeout_s: float = 30.0,
-                      poll_s: float = 0.1) -> list[int]:
+    def wait_released(
+        self, pids: list[int], timeout_s: float = 30.0, poll_s: float = 0.1
+    ) -> list[int]:
         """Wait until no GPU lists any of ``pids``; returns those still listed at the timeout
         ([] when released)."""
         deadline = time.monotonic() + timeout_s
@@ -94,15 +101,19 @@ class Nvml:
         ``power_w``, ``throttle`` (names of the active reasons) and ``pids``."""
         nv, h = self.nv, self._h(i)
         # NVML renamed "clocks throttle reasons" to "clocks event reasons" (same bits)
-        query = (getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
-                 or nv.nvmlDeviceGetCurrentClocksThrottleReasons)
+        query = (
+            getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
         reasons = int(query(h))
-        return {"sm_clock_mhz": int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
-                "mem_clock_mhz": int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)),
-                "temperature_c": int(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
-                "power_w": round(nv.nvmlDeviceGetPowerUsage(h) / 1000.0, 1),
-                "throttle": [n for b, n in THROTTLE_BITS.items() if reasons & b],
-                "pids": self.pids(i)}
+        return {
+            "sm_clock_mhz": int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+            "mem_clock_mhz": int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)),
+            "temperature_c": int(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+            "power_w": round(nv.nvmlDeviceGetPowerUsage(h) / 1000.0, 1),
+            "throttle": [n for b, n in THROTTLE_BITS.items() if reasons & b],
+            "pids": self.pids(i),
+        }
 
     def _ask(self, fn: str, *args) -> Any:
         """``nv.<fn>(*args)``, or None when the driver does not support it (or it is missing)."""
@@ -127,20 +138,28 @@ class Nvml:
         enabled = getattr(nv, "NVML_FEATURE_ENABLED", 1)
 
         def clocks(fn: str) -> dict:
-            return {k: self._ask(fn, h, c) for k, c in (("sm", nv.NVML_CLOCK_SM),
-                                                        ("mem", nv.NVML_CLOCK_MEM))}
+            return {
+                k: self._ask(fn, h, c)
+                for k, c in (("sm", nv.NVML_CLOCK_SM), ("mem", nv.NVML_CLOCK_MEM))
+            }
+
         limit = self._ask("nvmlDeviceGetEnforcedPowerLimit", h)
-        return {"index": i, "name": name,
-                "persistence_mode": None if pm is None else int(pm) == int(enabled),
-                "applications_clocks_mhz": clocks("nvmlDeviceGetApplicationsClock"),
-                "default_applications_clocks_mhz": clocks("nvmlDeviceGetDefaultApplicationsClock"),
-                "max_clocks_mhz": clocks("nvmlDeviceGetMaxClockInfo"),
-                "power_limit_w": None if limit is None else round(limit / 1000.0, 1)}
+        return {
+            "index": i,
+            "name": name,
+            "persistence_mode": None if pm is None else int(pm) == int(enabled),
+            "applications_clocks_mhz": clocks("nvmlDeviceGetApplicationsClock"),
+            "default_applications_clocks_mhz": clocks("nvmlDeviceGetDefaultApplicationsClock"),
+            "max_clocks_mhz": clocks("nvmlDeviceGetMaxClockInfo"),
+            "power_limit_w": None if limit is None else round(limit / 1000.0, 1),
+        }
 
 
 def _mhz(c: dict) -> str:
-    return f"SM {c.get('sm') if c.get('sm') is not None else '?'} MHz, " \
-           f"memory {c.get('mem') if c.get('mem') is not None else '?'} MHz"
+    return (
+        f"SM {c.get('sm') if c.get('sm') is not None else '?'} MHz, "
+        f"memory {c.get('mem') if c.get('mem') is not None else '?'} MHz"
+    )
 
 
 def doctor_rows(nvml: Nvml | None) -> list[tuple[str, str]]:
@@ -153,14 +172,24 @@ def doctor_rows(nvml: Nvml | None) -> list[tuple[str, str]]:
     for i in range(nvml.count()):
         s = nvml.settings(i)
         pm = s["persistence_mode"]
-        rows.append((f"GPU {i} persistence", "unknown (not reported)" if pm is None else
-                     "on" if pm else "off (the driver may unload between runs and the first "
-                     "launch pays for it: `sudo nvidia-smi -pm 1`)"))
+        rows.append(
+            (
+                f"GPU {i} persistence",
+                "unknown (not reported)"
+                if pm is None
+                else "on"
+                if pm
+                else "off (the driver may unload between runs and the first "
+                "launch pays for it: `sudo nvidia-smi -pm 1`)",
+            )
+        )
         app, dflt = s["applications_clocks_mhz"], s["default_applications_clocks_mhz"]
         text = _mhz(app)
         if None not in app.values() and None not in dflt.values() and app != dflt:
-            text += (f" (NOT the default {_mhz(dflt)}: both arms run at these clocks; reset with "
-                     "`sudo nvidia-smi -rac`)")
+            text += (
+                f" (NOT the default {_mhz(dflt)}: both arms run at these clocks; reset with "
+                "`sudo nvidia-smi -rac`)"
+            )
         elif None not in app.values() and app == dflt:
             text += " (default)"
         mx = s["max_clocks_mhz"]
@@ -198,7 +227,9 @@ class GpuSampler:
     _thread: threading.Thread | None = None
 
     def start(self) -> GpuSampler:
-        self._thread = threading.Thread(target=self._loop, name="patchbench-gpu-sampler", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop, name="patchbench-gpu-sampler", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -247,6 +278,7 @@ class GpuSampler:
             def stat(k, rows=rows):
                 v = [x[k] for x in rows]
                 return {"min": min(v), "median": statistics.median(v), "max": max(v)}
+
             thr: dict[str, int] = {}
             for x in rows:
                 for n in x["throttle"]:
@@ -255,13 +287,22 @@ class GpuSampler:
             unattributed: list[int] = []
             if foreign and not any_ours:
                 foreign, unattributed = [], foreign
-                notes.append(f"GPU {i}: processes {unattributed} could not be matched to this "
-                             "cell's (NVML listed none of our pids: another pid namespace?)")
-            gpus.append({"index": i, "sm_clock_mhz": stat("sm_clock_mhz"),
-                         "mem_clock_mhz": stat("mem_clock_mhz"),
-                         "temperature_c": stat("temperature_c"), "power_w": stat("power_w"),
-                         "throttle": thr, "foreign_pids": foreign,
-                         "unattributed_pids": unattributed})
+                notes.append(
+                    f"GPU {i}: processes {unattributed} could not be matched to this "
+                    "cell's (NVML listed none of our pids: another pid namespace?)"
+                )
+            gpus.append(
+                {
+                    "index": i,
+                    "sm_clock_mhz": stat("sm_clock_mhz"),
+                    "mem_clock_mhz": stat("mem_clock_mhz"),
+                    "temperature_c": stat("temperature_c"),
+                    "power_w": stat("power_w"),
+                    "throttle": thr,
+                    "foreign_pids": foreign,
+                    "unattributed_pids": unattributed,
+                }
+            )
             for n, c in sorted(thr.items()):
                 if n in BIASING:
                     flags.append(f"GPU {i}: throttled ({n}) in {c} of {len(rows)} samples")

@@ -26,6 +26,7 @@ when the server became ready, except short-lived tools (a compiler or shell that
 only the leader, Python processes and processes titled ``sglang::...`` count. Processes that
 appear later are not watched (they are transient helpers).
 """
+
 from __future__ import annotations
 
 import os
@@ -75,13 +76,21 @@ class Death:
         """``"the sglang scheduler (pid 1234) died"`` (with the exit status when known)."""
         how = ""
         if self.returncode is not None:
-            how = (f", killed by signal {-self.returncode}" if self.returncode < 0
-                   else f", exit code {self.returncode}")
+            how = (
+                f", killed by signal {-self.returncode}"
+                if self.returncode < 0
+                else f", exit code {self.returncode}"
+            )
         return f"{self.role} (pid {self.pid}) died{how}"
 
     def to_json(self) -> dict:
-        return {"pid": self.pid, "role": self.role, "name": self.name,
-                "returncode": self.returncode, "detected_after_s": round(self.detected_after_s, 3)}
+        return {
+            "pid": self.pid,
+            "role": self.role,
+            "name": self.name,
+            "returncode": self.returncode,
+            "detected_after_s": round(self.detected_after_s, 3),
+        }
 
 
 def role_of(name: str, cmdline: list[str], is_leader: bool) -> str:
@@ -94,7 +103,7 @@ def role_of(name: str, cmdline: list[str], is_leader: bool) -> str:
     title = " ".join(cmdline) if cmdline else name
     for text in (title, name):  # the title first: psutil's name() is cut at 15 characters
         if text.startswith("sglang::"):
-            what = text[len("sglang::"):].split()[0]
+            what = text[len("sglang::") :].split()[0]
             base = what.split("_")[0] if what.startswith("scheduler") else what
             return f"the sglang {base}"
     if is_leader:
@@ -111,9 +120,12 @@ def _watchable(p: psutil.Process, leader_pid: int) -> bool:
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
     first = (cmd[0] if cmd else "") or name
-    return (name.startswith("sglang::") or first.startswith("sglang::")
-            or "python" in os.path.basename(first.split()[0] if first else "")
-            or "python" in name)
+    return (
+        name.startswith("sglang::")
+        or first.startswith("sglang::")
+        or "python" in os.path.basename(first.split()[0] if first else "")
+        or "python" in name
+    )
 
 
 def _is_dead(p: psutil.Process) -> bool:
@@ -209,8 +221,9 @@ class ServerWatch:
             title = cmd[0] if len(cmd) == 1 else name  # setproctitle leaves one argv entry
             self.watched.append(_Watched(p, role_of(name, cmd, p.pid == self.leader.pid), title))
         self._t0 = time.monotonic()
-        self._thread = threading.Thread(target=self._loop, name="patchbench-server-watch",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop, name="patchbench-server-watch", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -236,8 +249,10 @@ class ServerWatch:
         (those alive now are remembered and never killed)."""
         self._before = set()
         try:
-            self._before = {(p.pid, p.create_time())
-                            for p in psutil.Process(os.getpid()).children(recursive=True)}
+            self._before = {
+                (p.pid, p.create_time())
+                for p in psutil.Process(os.getpid()).children(recursive=True)
+            }
         except psutil.NoSuchProcess:
             pass
         self._suite_started = time.time()
@@ -291,10 +306,12 @@ class ServerWatch:
         main = threading.current_thread() is threading.main_thread()
         old = None
         if main:
+
             def _handler(signum, frame):
                 if self._armed and self.death is not None:
                     self._armed = False
                     raise ServerLost(self.death)
+
             old = signal.signal(CANCEL_SIGNAL, _handler)
             self._armed = True
             if self.death is not None:  # died before the scope began

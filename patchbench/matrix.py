@@ -499,7 +499,18 @@ def _unit_problem(
     for line in msg.splitlines():
         m = pat.match(line)
         if not m:
-            out.append("  " + line.replace(str(tmp_cfg), str(cfg_path)))
+            quoted = next(
+                (
+                    k
+                    for k in sorted(overrides, key=len, reverse=True)
+                    if f"'{k}'" in line or f"'{k.split('.')[0]}'" in line
+                ),
+                None,
+            )
+            text = line.replace(str(tmp_cfg), str(cfg_path))
+            if quoted is not None:
+                text = f"{lines.get(quoted, '')} (set by the matrix: {quoted}): " + text
+            out.append("  " + text)
             continue
         rest = line[m.end() :]
         loc = _key_at_line(unit_text, int(m.group(1))) if m.group(1) else ()
@@ -508,10 +519,22 @@ def _unit_problem(
             (
                 k
                 for k in sorted(overrides, key=len, reverse=True)
-                if dotted == k or dotted.startswith(k + ".")
+                if dotted == k
+                or dotted.startswith(k + ".")
+                or (dotted and k.startswith(dotted + "."))
             ),
             None,
         )
+        if src is None and not loc:
+            # a message without a line (e.g. an unknown top-level key): the key it quotes
+            src = next(
+                (
+                    k
+                    for k in sorted(overrides, key=len, reverse=True)
+                    if f"'{k}'" in rest or f"'{k.split('.')[0]}'" in rest
+                ),
+                None,
+            )
         if src is not None:
             at = f"{lines.get(src, '')} (set by the matrix: {src})"
         else:

@@ -2,6 +2,7 @@
 and an ETA from the cells finished so far (rich on a terminal, one plain line per cell
 otherwise, e.g. in CI logs).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -44,8 +45,14 @@ class BenchProgress:
     ``live``: draw a live bar (default: when the console is a terminal).
     """
 
-    def __init__(self, total: int, *, console: Console | None = None, live: bool | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        total: int,
+        *,
+        console: Console | None = None,
+        live: bool | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.total = total
         self.done = 0
         self.finished_s: list[float] = []
@@ -59,9 +66,15 @@ class BenchProgress:
         self._progress: Progress | None = None
         if self.live:
             self._progress = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("cells"), TimeElapsedColumn(), TextColumn("ETA {task.fields[eta]}"),
-                console=self.console, transient=False)
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("cells"),
+                TimeElapsedColumn(),
+                TextColumn("ETA {task.fields[eta]}"),
+                console=self.console,
+                transient=False,
+            )
             self._task = self._progress.add_task("starting", total=total, eta="?")
             self._progress.start()
 
@@ -109,12 +122,19 @@ class BenchProgress:
 
     def line(self) -> str:
         """e.g. ``progress: 3/8 cells, elapsed 2m10s, ETA 3m20s``."""
-        return (f"progress: {self.done}/{self.total} cells, elapsed "
-                f"{fmt_duration(self.clock() - self.t0)}, ETA {fmt_duration(self.eta())}")
+        return (
+            f"progress: {self.done}/{self.total} cells, elapsed "
+            f"{fmt_duration(self.clock() - self.t0)}, ETA {fmt_duration(self.eta())}"
+        )
 
     def _refresh(self) -> None:
         if self._progress is None:
             return
-        desc = self.current + (f" · {self.suite}" if self.suite else "") if self.current else "between cells"
-        self._progress.update(self._task, completed=self.done, description=desc,
-                              eta=fmt_duration(self.eta()))
+        desc = (
+            self.current + (f" · {self.suite}" if self.suite else "")
+            if self.current
+            else "between cells"
+        )
+        self._progress.update(
+            self._task, completed=self.done, description=desc, eta=fmt_duration(self.eta())
+        )

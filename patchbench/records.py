@@ -15,6 +15,7 @@ folders. Layout of one run (docs/design.md, "The run folder")::
       <variant>/rep<k>/<suite>/...               the suite's per-item records
       compare.json  report.md  plots/*.png
 """
+
 from __future__ import annotations
 
 import errno

@@ -170,7 +170,9 @@ def _header(man: runfolder.RunManifest, cmp: Comparison) -> list[str]:
     if seq:
         looks = (seq.get("design") or {}).get("looks") or []
         most = f" of at most {looks[-1]}" if looks else ""
-        lines.append(f"| sequential | {seq.get('repeats_run')}{most} repeats; {seq.get('reason')} |")
+        lines.append(
+            f"| sequential | {seq.get('repeats_run')}{most} repeats; {seq.get('reason')} |"
+        )
     suites_txt = ", ".join(
         f"{x} ({_rounds_txt(rounds[x])})" if x in rounds and rounds[x] != "all" else x
         for x in cmp.suites
@@ -268,7 +270,7 @@ def _cell_record(run_dir: Path, c: dict) -> runfolder.CellRecord | None:
 
 
 def _gpu_block(cmp: Comparison, run_dir: Path) -> list[str]:
-    """"## GPU": the cells whose GPU was throttled (a biasing reason) or shared with a foreign
+    """ "## GPU": the cells whose GPU was throttled (a biasing reason) or shared with a foreign
     process, with their flags (``gpu_flags`` of the comparison's cell, else the cell's
     ``cell.json`` ``gpu.flags``: :func:`patchbench.gpu.cell_flags`). Nothing when no cell was
     sampled (CPU run, no NVML)."""
@@ -289,16 +291,25 @@ def _gpu_block(cmp: Comparison, run_dir: Path) -> list[str]:
     if not sampled:
         return []
     if not flagged:
-        return ["## GPU", "", f"no throttling and no foreign process in the {sampled} sampled "
-                "cell(s)", ""]
-    lines = ["## GPU", "", f"**{len(flagged)} of {sampled} sampled cell(s) ran on a throttled or "
-             "shared GPU**; their timings are biased (compare them with the other repeats):", ""]
+        return [
+            "## GPU",
+            "",
+            f"no throttling and no foreign process in the {sampled} sampled cell(s)",
+            "",
+        ]
+    lines = [
+        "## GPU",
+        "",
+        f"**{len(flagged)} of {sampled} sampled cell(s) ran on a throttled or "
+        "shared GPU**; their timings are biased (compare them with the other repeats):",
+        "",
+    ]
     lines += [f"- {c['variant']}/rep{c['repeat']}: {_esc('; '.join(f))}" for c, f in flagged]
     return lines + [""]
 
 
 def _server_log_block(cmp: Comparison, run_dir: Path) -> list[str]:
-    """"## Server log": per suite, the cells where the server logged retractions or
+    """ "## Server log": per suite, the cells where the server logged retractions or
     out-of-memory events while that suite ran (the suite's ``meta.server_log_scan``:
     :func:`patchbench.logscan.scan_server_log`); they change what that suite measured."""
     lines = []
@@ -306,7 +317,8 @@ def _server_log_block(cmp: Comparison, run_dir: Path) -> list[str]:
         for c in cmp.cells:
             try:
                 sm = runfolder.read_summary(
-                    records.suite_dir(run_dir, c["variant"], c["repeat"], suite))
+                    records.suite_dir(run_dir, c["variant"], c["repeat"], suite)
+                )
             except Exception:  # noqa: BLE001 - a newer schema is refused elsewhere
                 continue
             scan = (sm.meta or {}).get("server_log_scan") if sm is not None else None
@@ -319,11 +331,21 @@ def _server_log_block(cmp: Comparison, run_dir: Path) -> list[str]:
             lines.append(
                 f"- {suite} / {c['variant']}/rep{c['repeat']}: {r} retraction(s) of "
                 f"{scan.get('retracted_requests_count') or 0} request(s), {o} out-of-memory "
-                "event(s)" + (f" (first: {_esc(first)})" if first else ""))
+                "event(s)" + (f" (first: {_esc(first)})" if first else "")
+            )
     if not lines:
         return []
-    return ["## Server log", "", "retractions and out-of-memory events the server logged while a "
-            "suite ran; they change what that suite measured in that cell:", ""] + lines + [""]
+    return (
+        [
+            "## Server log",
+            "",
+            "retractions and out-of-memory events the server logged while a "
+            "suite ran; they change what that suite measured in that cell:",
+            "",
+        ]
+        + lines
+        + [""]
+    )
 
 
 def _suite_sections(cmp: Comparison, notes: list[str]) -> list[str]:

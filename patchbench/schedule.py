@@ -14,6 +14,7 @@ Per-suite schedules: ``suites.<name>.rounds`` (``all``, ``first`` or a list of 0
 indices) says in which timed rounds a suite runs (e.g. greedy MMMU once, serving timings in every
 round); :func:`parse_rounds` checks the value, :func:`resolve_rounds` turns it into indices.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,9 +50,13 @@ class Cell:
         return Path(run_dir) / self.variant / self.dirname
 
 
-def plan_cells(variants: list[str], repeats: int,
-               order: Literal["interleaved", "sequential"] = "interleaved", *,
-               correctness: bool = False) -> list[Cell]:
+def plan_cells(
+    variants: list[str],
+    repeats: int,
+    order: Literal["interleaved", "sequential"] = "interleaved",
+    *,
+    correctness: bool = False,
+) -> list[Cell]:
     """The run order. ``variants`` in config order (the baseline first is customary).
 
     interleaved: round r runs the variants forward for even r and backward for odd r.
@@ -88,20 +93,27 @@ def parse_rounds(value: Any, max_repeats: int, where: str) -> str | list[int]:
     """
     if value in ("all", "first"):
         return value
-    if not isinstance(value, list) or any(isinstance(x, bool) or not isinstance(x, int)
-                                          for x in value):
-        raise ValueError(f"{where}: {value!r} is not a round list; use all, first or a list of "
-                         f"round indices counted from 0 (e.g. [0, 2])")
+    if not isinstance(value, list) or any(
+        isinstance(x, bool) or not isinstance(x, int) for x in value
+    ):
+        raise ValueError(
+            f"{where}: {value!r} is not a round list; use all, first or a list of "
+            f"round indices counted from 0 (e.g. [0, 2])"
+        )
     if not value:
-        raise ValueError(f"{where}: [] puts the suite in no round; use all, first or a "
-                         f"list of round indices from 0 to {max_repeats - 1}")
+        raise ValueError(
+            f"{where}: [] puts the suite in no round; use all, first or a "
+            f"list of round indices from 0 to {max_repeats - 1}"
+        )
     if len(set(value)) != len(value):
         raise ValueError(f"{where}: {value} lists a round twice")
     bad = [x for x in value if not 0 <= x < max_repeats]
     if bad:
-        raise ValueError(f"{where}: round(s) {bad} do not exist: this run has at most "
-                         f"{max_repeats} round(s), indices 0 to {max_repeats - 1}; a suite "
-                         "must run in at least one round that exists")
+        raise ValueError(
+            f"{where}: round(s) {bad} do not exist: this run has at most "
+            f"{max_repeats} round(s), indices 0 to {max_repeats - 1}; a suite "
+            "must run in at least one round that exists"
+        )
     return sorted(value)
 
 

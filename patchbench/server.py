@@ -22,6 +22,7 @@
 
 Endpoints as in docs/FACTS.md section 4 (sglang 0.5.1.post3 .. 0.5.23).
 """
+
 from __future__ import annotations
 
 import json
@@ -130,8 +131,18 @@ class LaunchSpec:
     gpu_release_timeout_s: float = 30.0
 
     def command(self) -> list[str]:
-        return [self.python, "-m", "sglang.launch_server", "--model-path", self.model_path,
-                "--host", self.host, "--port", str(self.port), *self.args]
+        return [
+            self.python,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            self.model_path,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            *self.args,
+        ]
 
 
 @dataclass
@@ -171,8 +182,14 @@ class SglangServer:
                 ct = psutil.Process(self.proc.pid).create_time()
             except psutil.NoSuchProcess:
                 pass
-        return {"pid": self.pid, "pgid": self.pgid, "create_time": ct, "host": self.spec.host,
-                "port": self.spec.port, "command": self.spec.command()}
+        return {
+            "pid": self.pid,
+            "pgid": self.pgid,
+            "create_time": ct,
+            "host": self.spec.host,
+            "port": self.spec.port,
+            "command": self.spec.command(),
+        }
 
     def health(self, timeout_s: float = 10.0) -> str | None:
         """One bounded ``GET /health`` (only between suites, never during a timed one): None when
@@ -182,7 +199,9 @@ class SglangServer:
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as e:
             return f"{self.spec.health_path}: {type(e).__name__}: {e}"
         self._event("health", code=code)
-        return None if code == 200 else f"{self.spec.health_path} answered {code} {text.strip()[:200]}"
+        return (
+            None if code == 200 else f"{self.spec.health_path} answered {code} {text.strip()[:200]}"
+        )
 
     def _event(self, what: str, **kw) -> None:
         self.events.append({"t_s": round(time.monotonic() - self._t0, 3), "event": what, **kw})
@@ -199,15 +218,23 @@ class SglangServer:
         """Launch the server. Raises PortInUse when the port already answers."""
         s = self.spec
         if port_answers(s.host, s.port):
-            raise PortInUse(f"something already answers on {s.host}:{s.port}: "
-                            f"{describe_port_holder(s.port)}; stop it (or choose another "
-                            "server.port) - a stale server must never be benchmarked")
+            raise PortInUse(
+                f"something already answers on {s.host}:{s.port}: "
+                f"{describe_port_holder(s.port)}; stop it (or choose another "
+                "server.port) - a stale server must never be benchmarked"
+            )
         s.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._t0 = time.monotonic()
         log = open(s.log_path, "ab")
         try:
-            self.proc = subprocess.Popen(s.command(), env=s.env, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                s.command(),
+                env=s.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         finally:
             log.close()
         self._event("launched", pid=self.proc.pid, command=s.command())
@@ -224,8 +251,12 @@ class SglangServer:
 
     def _http(self, method: str, path: str, body: dict | None = None, timeout_s: float = 10.0):
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base_url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.base_url + path,
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=timeout_s) as r:
                 return r.status, r.read().decode("utf-8", "replace")
@@ -247,12 +278,16 @@ class SglangServer:
             if not self.alive():
                 code = self.proc.returncode if self.proc else None
                 self._event("died_before_ready", returncode=code)
-                raise ServerDied(f"sglang server exited with code {code} before it was ready",
-                                 self.log_tail())
+                raise ServerDied(
+                    f"sglang server exited with code {code} before it was ready", self.log_tail()
+                )
             if time.monotonic() > deadline:
                 self._event("ready_timeout", last=last)
-                raise ReadyTimeout(f"server not ready after {s.ready_timeout_s:.0f} s "
-                                   f"(server.ready_timeout_s); last answer: {last}", self.log_tail())
+                raise ReadyTimeout(
+                    f"server not ready after {s.ready_timeout_s:.0f} s "
+                    f"(server.ready_timeout_s); last answer: {last}",
+                    self.log_tail(),
+                )
             try:
                 if not healthy:
                     code, text = self._http("GET", s.health_path, timeout_s=5)
@@ -261,9 +296,15 @@ class SglangServer:
                         healthy = True
                         self._event("health_200")
                 if healthy:
-                    code, text = self._http("POST", "/generate", {
-                        "text": "Hello", "sampling_params": {"max_new_tokens": 1, "temperature": 0}},
-                        timeout_s=60)
+                    code, text = self._http(
+                        "POST",
+                        "/generate",
+                        {
+                            "text": "Hello",
+                            "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+                        },
+                        timeout_s=60,
+                    )
                     last = f"/generate {code} {text[:200]}"
                     if code == 200:
                         waited = time.monotonic() - self._t0
@@ -296,8 +337,10 @@ class SglangServer:
                 return
             if attempt < s.flush_retries:
                 time.sleep(s.flush_pause_s)
-        raise FlushFailed(f"/flush_cache refused {s.flush_retries} times (server.flush_retries); "
-                          f"last answer: {last}")
+        raise FlushFailed(
+            f"/flush_cache refused {s.flush_retries} times (server.flush_retries); "
+            f"last answer: {last}"
+        )
 
     # ------------------------------------------------------------------ stop
     def stop(self, nvml=None) -> float:
@@ -345,20 +388,35 @@ class SglangServer:
         if nvml is not None:
             gpu_held = nvml.wait_released(pids, timeout_s=self.spec.gpu_release_timeout_s)
         took = time.monotonic() - t
-        self.stop_breakdown_s = {"exit": round(t_exit - t, 3), "port": round(t_port - t_exit, 3),
-                                 "gpu": round(time.monotonic() - t_port, 3) if nvml else None}
-        self._event("stopped", took_s=round(took, 3), survivors=[p.pid for p in survivors],
-                    port_open=port_open, gpu_held=gpu_held, breakdown_s=self.stop_breakdown_s)
+        self.stop_breakdown_s = {
+            "exit": round(t_exit - t, 3),
+            "port": round(t_port - t_exit, 3),
+            "gpu": round(time.monotonic() - t_port, 3) if nvml else None,
+        }
+        self._event(
+            "stopped",
+            took_s=round(took, 3),
+            survivors=[p.pid for p in survivors],
+            port_open=port_open,
+            gpu_held=gpu_held,
+            breakdown_s=self.stop_breakdown_s,
+        )
         if survivors:
-            raise StopFailed(f"processes of the server survived SIGKILL: "
-                             f"{[(p.pid, _name(p)) for p in survivors]}")
+            raise StopFailed(
+                f"processes of the server survived SIGKILL: "
+                f"{[(p.pid, _name(p)) for p in survivors]}"
+            )
         if port_open:
-            raise StopFailed(f"port {self.spec.port} still answers {self.spec.port_close_timeout_s:.0f} s "
-                             f"after the server was stopped")
+            raise StopFailed(
+                f"port {self.spec.port} still answers {self.spec.port_close_timeout_s:.0f} s "
+                f"after the server was stopped"
+            )
         if gpu_held:
-            raise StopFailed(f"GPU memory still held by server process(es) {gpu_held} "
-                             f"{self.spec.gpu_release_timeout_s:.0f} s after they were stopped "
-                             "(NVML); the next server could not get its memory")
+            raise StopFailed(
+                f"GPU memory still held by server process(es) {gpu_held} "
+                f"{self.spec.gpu_release_timeout_s:.0f} s after they were stopped "
+                "(NVML); the next server could not get its memory"
+            )
         return took
 
     @staticmethod
@@ -436,12 +494,26 @@ def port_holder(port: int) -> dict | None:
         conns = psutil.net_connections(kind="tcp")
     except (psutil.AccessDenied, OSError):
         return None
-    pid = next((c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr
-                and c.laddr.port == port and c.pid), None)
+    pid = next(
+        (
+            c.pid
+            for c in conns
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid
+        ),
+        None,
+    )
     if pid is None:
         return None
-    out = {"pid": pid, "pgid": None, "name": "?", "cmdline": [], "run_dir": None, "cell": None,
-           "runner_pid": None, "runner_alive": None}
+    out = {
+        "pid": pid,
+        "pgid": None,
+        "name": "?",
+        "cmdline": [],
+        "run_dir": None,
+        "cell": None,
+        "runner_pid": None,
+        "runner_alive": None,
+    }
     try:
         p = psutil.Process(pid)
         out["name"], out["cmdline"] = p.name(), p.cmdline()
@@ -466,9 +538,11 @@ def describe_port_holder(port: int) -> str:
     cmd = " ".join(h["cmdline"])[:160] or h["name"]
     text = f"pid {h['pid']} ({cmd})"
     if h["run_dir"]:
-        text += (f", a patchbench server of run {h['run_dir']} (cell {h['cell']}); its runner "
-                 f"(pid {h['runner_pid']}) is "
-                 + ("still running" if h["runner_alive"] else "gone, so it is an orphan"))
+        text += (
+            f", a patchbench server of run {h['run_dir']} (cell {h['cell']}); its runner "
+            f"(pid {h['runner_pid']}) is "
+            + ("still running" if h["runner_alive"] else "gone, so it is an orphan")
+        )
     if h["pgid"]:
         text += f"; `kill -TERM -- -{h['pgid']}` stops its process group"
     return text

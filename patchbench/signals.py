@@ -7,6 +7,7 @@ while that cleanup runs is reported and ignored (SIGKILL remains the hard stop).
 raises :class:`patchbench.errors.Interrupted` with the signal number (exit 143 for SIGTERM, 130
 otherwise).
 """
+
 from __future__ import annotations
 
 import signal
@@ -29,9 +30,10 @@ def signum_of(exc: BaseException) -> int:
 
 
 @contextmanager
-def terminate_like_ctrl_c(log: Callable[[str], None] = print,
-                          signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-                          ) -> Iterator[None]:
+def terminate_like_ctrl_c(
+    log: Callable[[str], None] = print,
+    signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT),
+) -> Iterator[None]:
     """While inside: the first of ``signals`` raises (SIGINT: KeyboardInterrupt; others:
     :class:`Terminated`); later ones only log a line. Outside the main thread: does nothing.
     The previous handlers are restored on exit."""
@@ -42,8 +44,10 @@ def terminate_like_ctrl_c(log: Callable[[str], None] = print,
 
     def handler(signum, frame):
         if state["fired"]:
-            log(f"received {signal.Signals(signum).name} again; still stopping the server "
-                "(SIGKILL stops the runner at once, but may leave the server running)")
+            log(
+                f"received {signal.Signals(signum).name} again; still stopping the server "
+                "(SIGKILL stops the runner at once, but may leave the server running)"
+            )
             return
         state["fired"] = True
         if signum == signal.SIGINT:

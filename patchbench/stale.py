@@ -13,6 +13,7 @@ A server runs in its own session, so it outlives a runner killed with SIGKILL an
 ``patchbench doctor`` lists them with the exact command that stops each; ``bench --kill-stale``
 calls :func:`kill_stale`.
 """
+
 from __future__ import annotations
 
 import os
@@ -47,9 +48,11 @@ class StaleServer:
         return f"kill -TERM -- -{self.pgid}"
 
     def describe(self) -> str:
-        return (f"orphaned sglang server pid {self.pid} (run {self.run_dir}, cell {self.cell}, "
-                f"port {self.port}); stop it with `{self.kill_command}` or `patchbench bench "
-                "--kill-stale`")
+        return (
+            f"orphaned sglang server pid {self.pid} (run {self.run_dir}, cell {self.cell}, "
+            f"port {self.port}); stop it with `{self.kill_command}` or `patchbench bench "
+            "--kill-stale`"
+        )
 
 
 def _run_dirs(results_dir: Path) -> list[Path]:
@@ -98,9 +101,15 @@ def find_stale_servers(results_dir: str | os.PathLike) -> list[StaleServer]:
                 continue
             if not _runner_gone(rec.get("runner_pid")):
                 continue  # its runner is still at work: not stale
-            found[pid] = StaleServer(pid, int(srv.get("pgid") or pid), str(run),
-                                     f"{cj.parent.parent.name}/{cj.parent.name}", srv.get("port"),
-                                     cj, "cell.json")
+            found[pid] = StaleServer(
+                pid,
+                int(srv.get("pgid") or pid),
+                str(run),
+                f"{cj.parent.parent.name}/{cj.parent.name}",
+                srv.get("port"),
+                cj,
+                "cell.json",
+            )
     for p in psutil.process_iter(["pid"]):
         if p.pid in found:
             continue
@@ -108,8 +117,14 @@ def find_stale_servers(results_dir: str | os.PathLike) -> list[StaleServer]:
             if os.getpgid(p.pid) != p.pid:
                 continue  # only group leaders (the launched server process)
             env = p.environ()
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess,
-                ProcessLookupError, PermissionError, OSError):
+        except (
+            psutil.NoSuchProcess,
+            psutil.AccessDenied,
+            psutil.ZombieProcess,
+            ProcessLookupError,
+            PermissionError,
+            OSError,
+        ):
             continue
         run_dir = env.get(MARKER_RUN_DIR)
         if not run_dir:
@@ -123,8 +138,9 @@ def find_stale_servers(results_dir: str | os.PathLike) -> list[StaleServer]:
         rp = env.get(MARKER_RUNNER_PID, "")
         if not _runner_gone(int(rp) if rp.isdigit() else None):
             continue
-        found[p.pid] = StaleServer(p.pid, p.pid, run_dir, env.get(MARKER_CELL), _port_of(p),
-                                   None, "environment")
+        found[p.pid] = StaleServer(
+            p.pid, p.pid, run_dir, env.get(MARKER_CELL), _port_of(p), None, "environment"
+        )
     return [found[k] for k in sorted(found)]
 
 
@@ -138,8 +154,9 @@ def _port_of(p: psutil.Process) -> int | None:
     return None
 
 
-def kill_stale(servers: list[StaleServer], *, grace_s: float = 1.0,
-               timeout_s: float = 10.0) -> list[tuple[StaleServer, bool]]:
+def kill_stale(
+    servers: list[StaleServer], *, grace_s: float = 1.0, timeout_s: float = 10.0
+) -> list[tuple[StaleServer, bool]]:
     """Stop each orphan's process group (SIGTERM, ``grace_s``, SIGKILL) and mark its cell.json
     ``interrupted`` (so ``--resume`` runs the cell again). Returns (server, stopped) pairs;
     stopped is False when a process of the group still lives after ``timeout_s``."""
@@ -158,8 +175,10 @@ def kill_stale(servers: list[StaleServer], *, grace_s: float = 1.0,
                 rec = read_json(s.cell_json)
                 if rec.get("status") == "running":
                     rec["status"] = "interrupted"
-                    rec["error"] = ((rec.get("error") or "") + "\nthe runner was killed; its "
-                                    "server was stopped by --kill-stale").strip()
+                    rec["error"] = (
+                        (rec.get("error") or "") + "\nthe runner was killed; its "
+                        "server was stopped by --kill-stale"
+                    ).strip()
                     write_json(s.cell_json, rec)
             except (OSError, ValueError):
                 pass
@@ -173,7 +192,9 @@ def _wait_group_gone(pgid: int, pid: int, wait_s: float) -> bool:
         alive = False
         for p in psutil.process_iter(["pid"]):
             try:
-                if (p.pid == pid or os.getpgid(p.pid) == pgid) and p.status() != psutil.STATUS_ZOMBIE:
+                if (
+                    p.pid == pid or os.getpgid(p.pid) == pgid
+                ) and p.status() != psutil.STATUS_ZOMBIE:
                     alive = True
                     break
             except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):

@@ -27,19 +27,28 @@ All functions take plain sequences of floats and return an :class:`Interval`; th
 ``ValueError`` for inputs they cannot use (lengths that differ, non-positive values where a log is
 taken, too few values).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 from scipy import stats as sps
 
 __all__ = [
-    "Interval", "log_ratios", "t_interval_log_ratio", "t_interval_diff", "bootstrap_log_ratio",
-    "paired_request_interval", "block_bootstrap_interval", "wilson_interval", "noise_floor",
-    "is_significant", "statistic_fn",
+    "Interval",
+    "log_ratios",
+    "t_interval_log_ratio",
+    "t_interval_diff",
+    "bootstrap_log_ratio",
+    "paired_request_interval",
+    "block_bootstrap_interval",
+    "wilson_interval",
+    "noise_floor",
+    "is_significant",
+    "statistic_fn",
 ]
 
 
@@ -73,7 +82,9 @@ def _as_positive(x: Sequence[float], name: str) -> np.ndarray:
     if a.ndim != 1:
         raise ValueError(f"{name}: expected a 1-D sequence, got shape {a.shape}")
     if not np.all(np.isfinite(a)) or np.any(a <= 0):
-        raise ValueError(f"{name}: values must be finite and > 0 to take a log ratio, got {a.tolist()}")
+        raise ValueError(
+            f"{name}: values must be finite and > 0 to take a log ratio, got {a.tolist()}"
+        )
     return a
 
 
@@ -89,8 +100,9 @@ def log_ratios(baseline: Sequence[float], variant: Sequence[float]) -> np.ndarra
     return np.log(v) - np.log(b)
 
 
-def _paired_log_ratios(baseline: Sequence[float], variant: Sequence[float],
-                       what: str) -> tuple[np.ndarray, int, float]:
+def _paired_log_ratios(
+    baseline: Sequence[float], variant: Sequence[float], what: str
+) -> tuple[np.ndarray, int, float]:
     """``(d, n, mean(d))`` with ``d_k = ln(v_k / b_k)`` (:func:`log_ratios`); ValueError naming
     ``what`` when fewer than 2 repeats pair up."""
     d = log_ratios(baseline, variant)
@@ -100,8 +112,9 @@ def _paired_log_ratios(baseline: Sequence[float], variant: Sequence[float],
     return d, n, float(np.mean(d))
 
 
-def t_interval_log_ratio(baseline: Sequence[float], variant: Sequence[float],
-                         confidence: float = 0.95) -> Interval:
+def t_interval_log_ratio(
+    baseline: Sequence[float], variant: Sequence[float], confidence: float = 0.95
+) -> Interval:
     """Student-t interval of the geometric-mean ratio of paired repeats.
 
     With ``d_k = ln(v_k / b_k)``, ``k = 1..n``, ``dbar`` their mean and ``s`` their sample standard
@@ -123,8 +136,9 @@ def t_interval_log_ratio(baseline: Sequence[float], variant: Sequence[float],
     return Interval(math.expm1(dbar), math.expm1(lo), math.expm1(hi), f"t on log ratio (n={n})", n)
 
 
-def t_interval_diff(baseline: Sequence[float], variant: Sequence[float],
-                    confidence: float = 0.95) -> Interval:
+def t_interval_diff(
+    baseline: Sequence[float], variant: Sequence[float], confidence: float = 0.95
+) -> Interval:
     """Student-t interval of the mean paired difference, relative to the baseline mean.
 
     For metrics that can be 0 (counts such as host syncs per call), where a log ratio does not
@@ -162,31 +176,63 @@ def t_interval_diff(baseline: Sequence[float], variant: Sequence[float],
 def _rng_kw(seed: int | np.random.Generator | None) -> dict:
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     import inspect
+
     params = inspect.signature(sps.bootstrap).parameters
     return {"rng": rng} if "rng" in params else {"random_state": rng}
 
 
-def _bootstrap(data: tuple, statistic: Callable, *, confidence: float, n_resamples: int,
-               seed, method: str, paired: bool = False, vectorized: bool = True) -> tuple[float, float, str]:
+def _bootstrap(
+    data: tuple,
+    statistic: Callable,
+    *,
+    confidence: float,
+    n_resamples: int,
+    seed,
+    method: str,
+    paired: bool = False,
+    vectorized: bool = True,
+) -> tuple[float, float, str]:
     """scipy.stats.bootstrap; BCa falls back to percentile when it is degenerate (NaN bounds)."""
     import warnings
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # DegenerateDataWarning: handled below
-        res = sps.bootstrap(data, statistic, n_resamples=n_resamples, confidence_level=confidence,
-                            method=method, paired=paired, vectorized=vectorized, **_rng_kw(seed))
+        res = sps.bootstrap(
+            data,
+            statistic,
+            n_resamples=n_resamples,
+            confidence_level=confidence,
+            method=method,
+            paired=paired,
+            vectorized=vectorized,
+            **_rng_kw(seed),
+        )
         lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
         if (not (math.isfinite(lo) and math.isfinite(hi))) and method.lower() != "percentile":
-            res = sps.bootstrap(data, statistic, n_resamples=n_resamples, confidence_level=confidence,
-                                method="percentile", paired=paired, vectorized=vectorized,
-                                **_rng_kw(seed))
+            res = sps.bootstrap(
+                data,
+                statistic,
+                n_resamples=n_resamples,
+                confidence_level=confidence,
+                method="percentile",
+                paired=paired,
+                vectorized=vectorized,
+                **_rng_kw(seed),
+            )
             lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
             method = "percentile"
     return lo, hi, method
 
 
-def bootstrap_log_ratio(baseline: Sequence[float], variant: Sequence[float], confidence: float = 0.95,
-                        *, n_resamples: int = 2000, seed: int | None = 0,
-                        method: str = "BCa") -> Interval:
+def bootstrap_log_ratio(
+    baseline: Sequence[float],
+    variant: Sequence[float],
+    confidence: float = 0.95,
+    *,
+    n_resamples: int = 2000,
+    seed: int | None = 0,
+    method: str = "BCa",
+) -> Interval:
     """Bootstrap interval of the geometric-mean ratio of paired repeats (no verdict uses it).
 
     Resamples the log ratios ``d_k = ln(v_k / b_k)`` with replacement and takes the ``method``
@@ -199,10 +245,16 @@ def bootstrap_log_ratio(baseline: Sequence[float], variant: Sequence[float], con
         lo = hi = dbar
         used = method
     else:
-        lo, hi, used = _bootstrap((d,), np.mean, confidence=confidence, n_resamples=n_resamples,
-                                  seed=seed, method=method)
-    return Interval(math.expm1(dbar), math.expm1(lo), math.expm1(hi),
-                    f"bootstrap {used} on log ratio (n={n}, {n_resamples} resamples)", n)
+        lo, hi, used = _bootstrap(
+            (d,), np.mean, confidence=confidence, n_resamples=n_resamples, seed=seed, method=method
+        )
+    return Interval(
+        math.expm1(dbar),
+        math.expm1(lo),
+        math.expm1(hi),
+        f"bootstrap {used} on log ratio (n={n}, {n_resamples} resamples)",
+        n,
+    )
 
 
 def statistic_fn(name: str) -> Callable[..., np.ndarray]:
@@ -224,9 +276,16 @@ def statistic_fn(name: str) -> Callable[..., np.ndarray]:
     raise ValueError(f"unknown statistic '{name}'; use mean, median, std, max, min or pNN")
 
 
-def paired_request_interval(baseline: Sequence[float], variant: Sequence[float], stat: str = "mean",
-                            confidence: float = 0.95, *, n_resamples: int = 2000,
-                            seed: int | None = 0, method: str = "BCa") -> Interval:
+def paired_request_interval(
+    baseline: Sequence[float],
+    variant: Sequence[float],
+    stat: str = "mean",
+    confidence: float = 0.95,
+    *,
+    n_resamples: int = 2000,
+    seed: int | None = 0,
+    method: str = "BCa",
+) -> Interval:
     """Within-cell interval of ``stat(variant) / stat(baseline) - 1`` with requests paired by index.
 
     baseline, variant: per-request values (e.g. TTFT in ms), shape (n,), request i of both being
@@ -248,10 +307,22 @@ def paired_request_interval(baseline: Sequence[float], variant: Sequence[float],
         return np.log(f(y, axis=axis)) - np.log(f(x, axis=axis))
 
     est = float(lr(b, v))
-    lo, hi, used = _bootstrap((b, v), lr, confidence=confidence, n_resamples=n_resamples,
-                              seed=seed, method=method, paired=True)
-    return Interval(math.expm1(est), math.expm1(lo), math.expm1(hi),
-                    f"paired-request bootstrap {used} of {stat} (n={n} requests)", n)
+    lo, hi, used = _bootstrap(
+        (b, v),
+        lr,
+        confidence=confidence,
+        n_resamples=n_resamples,
+        seed=seed,
+        method=method,
+        paired=True,
+    )
+    return Interval(
+        math.expm1(est),
+        math.expm1(lo),
+        math.expm1(hi),
+        f"paired-request bootstrap {used} of {stat} (n={n} requests)",
+        n,
+    )
 
 
 #: cap on the resamples of a request-block bootstrap of a quantile (each one concatenates the
@@ -259,10 +330,15 @@ def paired_request_interval(baseline: Sequence[float], variant: Sequence[float],
 MAX_BLOCK_RESAMPLES = 1000
 
 
-def block_bootstrap_interval(baseline_blocks: Sequence[Sequence[float]],
-                             variant_blocks: Sequence[Sequence[float]], stat: str = "mean",
-                             confidence: float = 0.95, *, n_resamples: int = 2000,
-                             seed: int | None = 0) -> Interval:
+def block_bootstrap_interval(
+    baseline_blocks: Sequence[Sequence[float]],
+    variant_blocks: Sequence[Sequence[float]],
+    stat: str = "mean",
+    confidence: float = 0.95,
+    *,
+    n_resamples: int = 2000,
+    seed: int | None = 0,
+) -> Interval:
     """Within-cell interval for values that come in correlated blocks (ITL: one block a request).
 
     baseline_blocks[i], variant_blocks[i]: the values of request i (ragged lists, ms). A resample
@@ -275,8 +351,10 @@ def block_bootstrap_interval(baseline_blocks: Sequence[Sequence[float]],
     other statistics concatenate per resample and use at most :data:`MAX_BLOCK_RESAMPLES`.
     """
     if len(baseline_blocks) != len(variant_blocks):
-        raise ValueError(f"paired requests need equal counts: baseline {len(baseline_blocks)}, "
-                         f"variant {len(variant_blocks)}")
+        raise ValueError(
+            f"paired requests need equal counts: baseline {len(baseline_blocks)}, "
+            f"variant {len(variant_blocks)}"
+        )
     bb = [np.asarray(x, dtype=float) for x in baseline_blocks]
     vb = [np.asarray(x, dtype=float) for x in variant_blocks]
     n = len(bb)
@@ -293,17 +371,27 @@ def block_bootstrap_interval(baseline_blocks: Sequence[Sequence[float]],
     all_idx = np.arange(n)
     if stat.lower() == "mean":
         # pooled mean of the drawn blocks = sum of their sums / sum of their counts (vectorised)
-        sb = np.array([x.sum() for x in bb]); cb = np.array([x.size for x in bb], dtype=float)
-        sv = np.array([x.sum() for x in vb]); cv = np.array([x.size for x in vb], dtype=float)
+        sb = np.array([x.sum() for x in bb])
+        cb = np.array([x.size for x in bb], dtype=float)
+        sv = np.array([x.sum() for x in vb])
+        cv = np.array([x.size for x in vb], dtype=float)
 
         def lr_vec(idx, axis=-1):
             idx = np.asarray(idx, dtype=int)
-            return (np.log(sv[idx].sum(axis) / cv[idx].sum(axis))
-                    - np.log(sb[idx].sum(axis) / cb[idx].sum(axis)))
+            return np.log(sv[idx].sum(axis) / cv[idx].sum(axis)) - np.log(
+                sb[idx].sum(axis) / cb[idx].sum(axis)
+            )
 
         est = float(lr_vec(all_idx))
-        lo, hi, _ = _bootstrap((all_idx,), lr_vec, confidence=confidence, n_resamples=n_resamples,
-                               seed=seed, method="percentile", vectorized=True)
+        lo, hi, _ = _bootstrap(
+            (all_idx,),
+            lr_vec,
+            confidence=confidence,
+            n_resamples=n_resamples,
+            seed=seed,
+            method="percentile",
+            vectorized=True,
+        )
     else:
         # quantiles of the pooled values: one concatenation per resample (slow for big cells),
         # so at most MAX_BLOCK_RESAMPLES resamples
@@ -319,11 +407,22 @@ def block_bootstrap_interval(baseline_blocks: Sequence[Sequence[float]],
             return np.log(value(vb, idx)) - np.log(value(bb, idx))
 
         est = float(lr(all_idx))
-        lo, hi, _ = _bootstrap((all_idx,), lr, confidence=confidence, n_resamples=n_resamples,
-                               seed=seed, method="percentile", vectorized=False)
-    return Interval(math.expm1(est), math.expm1(lo), math.expm1(hi),
-                    f"request-block bootstrap percentile of {stat} (n={n} requests, "
-                    f"{n_resamples} resamples)", n)
+        lo, hi, _ = _bootstrap(
+            (all_idx,),
+            lr,
+            confidence=confidence,
+            n_resamples=n_resamples,
+            seed=seed,
+            method="percentile",
+            vectorized=False,
+        )
+    return Interval(
+        math.expm1(est),
+        math.expm1(lo),
+        math.expm1(hi),
+        f"request-block bootstrap percentile of {stat} (n={n} requests, {n_resamples} resamples)",
+        n,
+    )
 
 
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -334,6 +433,7 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[f
     Returns (low, high) as fractions; ValueError when n < 1 or successes outside 0..n.
     """
     from statsmodels.stats.proportion import proportion_confint
+
     if n < 1 or not 0 <= successes <= n:
         raise ValueError(f"need 0 <= successes <= n and n >= 1, got {successes}/{n}")
     lo, hi = proportion_confint(successes, n, alpha=1 - confidence, method="wilson")

@@ -3,6 +3,7 @@ touch), and the environment of the server and of the stock clients (bench_servin
 
 :func:`prepare_variants` builds and verifies every variant's overlay before any server starts.
 """
+
 from __future__ import annotations
 
 import os
@@ -66,7 +67,9 @@ def stock_client_env(cfg: Config) -> dict[str, str]:
     and the tokenizer vocabulary in id order so that bench_serving's seeded random prompts are the
     same in every cell (a fast tokenizer's get_vocab() order differs per process)."""
     env = base_env(cfg)
-    env["PYTHONPATH"] = _pythonpath(SITE_DIR, *stand_in_dirs(cfg), inherit=os.environ.get("PYTHONPATH"))
+    env["PYTHONPATH"] = _pythonpath(
+        SITE_DIR, *stand_in_dirs(cfg), inherit=os.environ.get("PYTHONPATH")
+    )
     # seeded random prompts must be the same in every cell (see shims/site/sitecustomize.py)
     env["PATCHBENCH_STABLE_VOCAB_ORDER"] = "1"
     return env
@@ -93,22 +96,30 @@ def prepare_variants(cfg: Config, *, log=_log) -> dict[str, VariantEnv]:
         labels = [patch_label(p) for p in cfg.patches_of(name)]
         try:
             patches = cfg.overlay_patches(name, cache_dir=CACHE_DIR)
-            o = ov.build_overlay(cfg.sglang, patches, stock_site_dir=site,
-                                 cache_root=CACHE_DIR / "overlays", patch_cache_dir=CACHE_DIR)
+            o = ov.build_overlay(
+                cfg.sglang,
+                patches,
+                stock_site_dir=site,
+                cache_root=CACHE_DIR / "overlays",
+                patch_cache_dir=CACHE_DIR,
+            )
         except _PatchsetError as e:
             raise PatchProblem(f"variant '{name}': {e}") from None
         env = base_env(cfg, name)
-        env["PYTHONPATH"] = _pythonpath(o.root, SITE_DIR, *stand_in_dirs(cfg),
-                                        inherit=os.environ.get("PYTHONPATH"))
+        env["PYTHONPATH"] = _pythonpath(
+            o.root, SITE_DIR, *stand_in_dirs(cfg), inherit=os.environ.get("PYTHONPATH")
+        )
         try:
             found = ov.verify_in_env(o, sys.executable, env)
         except ov.OverlayError as e:
             raise PatchProblem(f"variant '{name}': {e}") from None
         sha = found.get("sha256") or o.fbi_sha256
         extra = cfg.variants[name]
-        log(f"variant {name}: patches {', '.join(labels) or '(none)'}"
+        log(
+            f"variant {name}: patches {', '.join(labels) or '(none)'}"
             + (f"; server args {' '.join(extra.server_args)}" if extra.server_args else "")
             + (f"; env {' '.join(f'{k}={v}' for k, v in extra.env.items())}" if extra.env else "")
-            + f"; forward_batch_info {(sha or '?')[:12]} in {o.sglang_dir}")
+            + f"; forward_batch_info {(sha or '?')[:12]} in {o.sglang_dir}"
+        )
         out[name] = VariantEnv(name, labels, o, Path(o.sglang_dir), env, sha or "")
     return out

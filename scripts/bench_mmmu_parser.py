@@ -13,6 +13,7 @@ spread:
 Usage: ``.venv/bin/python scripts/bench_mmmu_parser.py [--rounds 5]``. Prints one line per set:
 ``<set>: 900 responses in <median> s (min .. max over N rounds)``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,7 +42,9 @@ def corpus_items(n: int) -> list[tuple[str, list[str], dict[str, str]]]:
 def llava_items(n: int) -> list[tuple[str, list[str], dict[str, str]]]:
     """``n`` multiple-choice (response, choices, index2ans) of the llava1.5_13b outputs, cycled."""
     items = []
-    for f in sorted((ROOT / "tests" / "data" / "mmmu-official" / "llava1.5_13b").glob("*/output.json")):
+    for f in sorted(
+        (ROOT / "tests" / "data" / "mmmu-official" / "llava1.5_13b").glob("*/output.json")
+    ):
         for x in json.loads(f.read_text()):
             if x.get("all_choices"):
                 items.append((x["response"], x["all_choices"], x["index2ans"]))
@@ -62,8 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     for name, items in (("corpus", corpus_items(a.n)), ("llava", llava_items(a.n))):
         times = [time_round(items) for _ in range(a.rounds)]
-        print(f"{name}: {len(items)} responses in {statistics.median(times):.3f} s "
-              f"({min(times):.3f} .. {max(times):.3f} over {a.rounds} rounds)")
+        print(
+            f"{name}: {len(items)} responses in {statistics.median(times):.3f} s "
+            f"({min(times):.3f} .. {max(times):.3f} over {a.rounds} rounds)"
+        )
     return 0
 
 

@@ -103,29 +103,48 @@ from patchbench.runfolder import CellRecord, RunManifest, SuiteSummary  # noqa: 
 
 BASELINE = "baseline"
 AA = "aa"
-VARIANTS: dict[str, list[str]] = {BASELINE: [], AA: [], "patch-a": ["patch-a"], "patch-b": ["patch-b"]}
+VARIANTS: dict[str, list[str]] = {
+    BASELINE: [],
+    AA: [],
+    "patch-a": ["patch-a"],
+    "patch-b": ["patch-b"],
+}
 PATCHES = ("patch-a", "patch-b")
 EFFECT_VARIANT = "patch-a"
 THR = "output_throughput_tok_s"
 SUITES = ("serving", "mmmu", "sync_probe")
 PRIMARIES: dict[str, tuple[str, ...]] = {
-    "serving": ("output_throughput_tok_s", "itl_median_ms", "ttft_median_ms", "e2e_latency_median_ms"),
+    "serving": (
+        "output_throughput_tok_s",
+        "itl_median_ms",
+        "ttft_median_ms",
+        "e2e_latency_median_ms",
+    ),
     "mmmu": ("mmmu_overall_acc",),
     "sync_probe": ("host_syncs_per_call_count",),
 }
-SHORT = {"output_throughput_tok_s": "output thr", "itl_median_ms": "median ITL",
-         "ttft_median_ms": "median TTFT", "e2e_latency_median_ms": "median E2E",
-         "mmmu_overall_acc": "MMMU acc", "host_syncs_per_call_count": "host syncs"}
+SHORT = {
+    "output_throughput_tok_s": "output thr",
+    "itl_median_ms": "median ITL",
+    "ttft_median_ms": "median TTFT",
+    "e2e_latency_median_ms": "median E2E",
+    "mmmu_overall_acc": "MMMU acc",
+    "host_syncs_per_call_count": "host syncs",
+}
 #: serving metrics the simulation produces (all kind "run" in the serving suite)
 STATS = (("mean", None), ("median", 50), ("p90", 90), ("p95", 95), ("p99", 99))
-SERVING_METRICS = (
-    ["request_throughput_req_s", "input_throughput_tok_s", "output_throughput_tok_s",
-     "total_throughput_tok_s"]
-    + [f"{q}_{s}_ms" for q in ("ttft", "itl", "tpot", "e2e_latency") for s, _ in STATS]
-)
+SERVING_METRICS = [
+    "request_throughput_req_s",
+    "input_throughput_tok_s",
+    "output_throughput_tok_s",
+    "total_throughput_tok_s",
+] + [f"{q}_{s}_ms" for q in ("ttft", "itl", "tpot", "e2e_latency") for s, _ in STATS]
 #: the old rule's within-cell intervals at one repeat (primaries only): metric -> (values, stat)
-OLD_WITHIN_CELL = {"ttft_median_ms": ("ttft", "median"), "e2e_latency_median_ms": ("e2e", "median"),
-                   "itl_median_ms": ("itl", "median")}
+OLD_WITHIN_CELL = {
+    "ttft_median_ms": ("ttft", "median"),
+    "e2e_latency_median_ms": ("e2e", "median"),
+    "itl_median_ms": ("itl", "median"),
+}
 
 
 # ------------------------------------------------------------------------------ noise model
@@ -172,8 +191,16 @@ class Trial:
         return np.array([self.metrics[(variant, k)][suite][metric] for k in range(self.repeats)])
 
 
-def simulate(rng: np.random.Generator, m: Model, repeats: int, *, speedup: dict[str, float],
-             syncs: dict[str, int], run_id: str, keep_requests: bool = False) -> Trial:
+def simulate(
+    rng: np.random.Generator,
+    m: Model,
+    repeats: int,
+    *,
+    speedup: dict[str, float],
+    syncs: dict[str, int],
+    run_id: str,
+    keep_requests: bool = False,
+) -> Trial:
     """Draw one trial: every variant of ``VARIANTS`` over ``repeats`` cells.
 
     speedup[variant]: every time of that variant is divided by (1 + speedup) (0.10: output
@@ -197,9 +224,14 @@ def simulate(rng: np.random.Generator, m: Model, repeats: int, *, speedup: dict[
     own = rng.normal(0.0, sd_r, (C, n, 1))
     gaps = m.itl_ms * scale[:, None, None] * np.exp(s_d[:, None, None] + step + own)
     tpot = gaps.mean(axis=2)
-    ttft = (m.ttft_ms * prompt * scale[:, None]
-            * np.exp(s_p[:, None] + rng.normal(0.0, sd_w, (C, W))[:, wave]
-                     + rng.normal(0.0, sd_r, (C, n))))
+    ttft = (
+        m.ttft_ms
+        * prompt
+        * scale[:, None]
+        * np.exp(
+            s_p[:, None] + rng.normal(0.0, sd_w, (C, W))[:, wave] + rng.normal(0.0, sd_r, (C, n))
+        )
+    )
     e2e = ttft + (m.out_len - 1) * tpot
     duration_s = np.maximum.reduceat(e2e, starts, axis=1).sum(axis=1) / 1000.0
     itl = gaps.reshape(C, n * T)
@@ -237,9 +269,14 @@ def simulate(rng: np.random.Generator, m: Model, repeats: int, *, speedup: dict[
 
 
 def _config(tr: Trial, settings: CompareSettings) -> dict:
-    return {"name": "calibration", "variants": VARIANTS, "baseline": BASELINE,
-            "schedule": {"repeats": tr.repeats, "order": "interleaved"},
-            "suites": {s: {} for s in SUITES}, "compare": settings.model_dump(mode="json")}
+    return {
+        "name": "calibration",
+        "variants": VARIANTS,
+        "baseline": BASELINE,
+        "schedule": {"repeats": tr.repeats, "order": "interleaved"},
+        "suites": {s: {} for s in SUITES},
+        "compare": settings.model_dump(mode="json"),
+    }
 
 
 def _summary_metrics(tr: Trial, v: str, k: int, s: str, secondaries: bool) -> dict[str, float]:
@@ -259,17 +296,35 @@ def run_data(tr: Trial, settings: CompareSettings, secondaries: bool = False) ->
     man = RunManifest(run_id=tr.run_id, config=_config(tr, settings), cells=cells_meta)
     base = sorted(man.variants[BASELINE])
     aa = [v for v in tr.variants[1:] if sorted(man.variants[v]) == base]
-    cells = {(v, k): CellRecord(variant=v, repeat=k, status="ok", suites={s: "ok" for s in SUITES})
-             for v in tr.variants for k in range(tr.repeats)}
-    sums = {(v, k, s): SuiteSummary(suite=s, status="ok",
-                                    metrics=_summary_metrics(tr, v, k, s, secondaries))
-            for v in tr.variants for k in range(tr.repeats) for s in SUITES}
-    return analysis.RunData(Path("/nonexistent-calibration") / tr.run_id, man, BASELINE,
-                            list(tr.variants), aa, tr.repeats, list(SUITES), cells, sums)
+    cells = {
+        (v, k): CellRecord(variant=v, repeat=k, status="ok", suites={s: "ok" for s in SUITES})
+        for v in tr.variants
+        for k in range(tr.repeats)
+    }
+    sums = {
+        (v, k, s): SuiteSummary(
+            suite=s, status="ok", metrics=_summary_metrics(tr, v, k, s, secondaries)
+        )
+        for v in tr.variants
+        for k in range(tr.repeats)
+        for s in SUITES
+    }
+    return analysis.RunData(
+        Path("/nonexistent-calibration") / tr.run_id,
+        man,
+        BASELINE,
+        list(tr.variants),
+        aa,
+        tr.repeats,
+        list(SUITES),
+        cells,
+        sums,
+    )
 
 
-def mmmu_accuracy(correct: dict[tuple[str, int], np.ndarray], baseline: str, variant: str,
-                  repeats: list[int]) -> dict:
+def mmmu_accuracy(
+    correct: dict[tuple[str, int], np.ndarray], baseline: str, variant: str, repeats: list[int]
+) -> dict:
     """The pair hook's ``accuracy`` entry for mmmu_overall_acc: per question, its share of
     correct answers over the paired repeats, in each arm (what
     ``patchbench.suites.mmmu.pair_repeats`` computes when no question failed). Ids are
@@ -278,8 +333,13 @@ def mmmu_accuracy(correct: dict[tuple[str, int], np.ndarray], baseline: str, var
     b = np.mean([correct[(variant, k)] for k in repeats], axis=0)
     ids = sorted(f"q{i}" for i in range(a.size))
     idx = [int(i[1:]) for i in ids]
-    return {"mmmu_overall_acc": {"ids": ids, "baseline": [float(a[i]) for i in idx],
-                                 "variant": [float(b[i]) for i in idx]}}
+    return {
+        "mmmu_overall_acc": {
+            "ids": ids,
+            "baseline": [float(a[i]) for i in idx],
+            "variant": [float(b[i]) for i in idx],
+        }
+    }
 
 
 class _MemorySuite:
@@ -323,23 +383,40 @@ def in_memory_seams(trials: dict[str, Trial]) -> Iterator[None]:
         analysis.read_run, analysis._suite_decl = orig_read, orig_decl
 
 
-def write_folder(tr: Trial, root: Path, settings: CompareSettings,
-                 secondaries: bool = False) -> Path:
+def write_folder(
+    tr: Trial, root: Path, settings: CompareSettings, secondaries: bool = False
+) -> Path:
     """Write the trial as a run folder (tests/helpers_runs.make_run), MMMU records included."""
     from helpers_runs import make_run, mmmu_rows
 
     metrics: dict[str, dict[str, dict[str, list[float]]]] = {}
     for s in SUITES:
         names = _summary_metrics(tr, BASELINE, 0, s, secondaries)
-        metrics[s] = {mm: {v: [tr.metrics[(v, k)][s][mm] for k in range(tr.repeats)]
-                           for v in tr.variants} for mm in names}
-    recs = {key: mmmu_rows(["correct" if x else "wrong" for x in c]) for key, c in tr.correct.items()}
-    return make_run(root, variants=VARIANTS, metrics=metrics, mmmu_records=recs,
-                    run_id=tr.run_id, compare=settings.model_dump(mode="json"))
+        metrics[s] = {
+            mm: {v: [tr.metrics[(v, k)][s][mm] for k in range(tr.repeats)] for v in tr.variants}
+            for mm in names
+        }
+    recs = {
+        key: mmmu_rows(["correct" if x else "wrong" for x in c]) for key, c in tr.correct.items()
+    }
+    return make_run(
+        root,
+        variants=VARIANTS,
+        metrics=metrics,
+        mmmu_records=recs,
+        run_id=tr.run_id,
+        compare=settings.model_dump(mode="json"),
+    )
 
 
-def compare_trial(tr: Trial, settings: CompareSettings, *, via_folders: bool = False,
-                  root: Path | None = None, secondaries: bool = False) -> Comparison:
+def compare_trial(
+    tr: Trial,
+    settings: CompareSettings,
+    *,
+    via_folders: bool = False,
+    root: Path | None = None,
+    secondaries: bool = False,
+) -> Comparison:
     """The comparison code's verdicts on one trial: in memory (inside :func:`in_memory_seams`)
     or, with ``via_folders``, from a run folder under ``root`` through ``compare_run``."""
     if via_folders:
@@ -379,8 +456,11 @@ def _old_within_cell(tr: Trial, resamples: int, seed: int) -> dict[tuple[str, st
 
     def med(x: np.ndarray, rows: np.ndarray | None) -> np.ndarray | float:
         if x.ndim == 2:  # ITL blocks
-            return float(np.median(x)) if rows is None else np.median(
-                x[rows].reshape(rows.shape[0], -1), axis=1)
+            return (
+                float(np.median(x))
+                if rows is None
+                else np.median(x[rows].reshape(rows.shape[0], -1), axis=1)
+            )
         return float(np.median(x)) if rows is None else np.median(x[rows], axis=1)
 
     out = {}
@@ -391,13 +471,17 @@ def _old_within_cell(tr: Trial, resamples: int, seed: int) -> dict[tuple[str, st
             xv = tr.requests[(v, 0)][what]
             d = np.log(med(xv, idx)) - bb
             lo, hi = np.percentile(d, [2.5, 97.5])
-            out[(v, mm)] = (math.expm1(math.log(med(xv, None)) - b0), math.expm1(lo),
-                            math.expm1(hi))
+            out[(v, mm)] = (
+                math.expm1(math.log(med(xv, None)) - b0),
+                math.expm1(lo),
+                math.expm1(hi),
+            )
     return out
 
 
-def old_rule(tr: Trial, metrics: dict[str, dict[str, str]], *, resamples: int = 200,
-             seed: int = 0) -> dict[tuple[str, str, str], str]:
+def old_rule(
+    tr: Trial, metrics: dict[str, dict[str, str]], *, resamples: int = 200, seed: int = 0
+) -> dict[tuple[str, str, str], str]:
     """The OLD rule's verdicts ("improved", "regressed" or "none") per (variant, suite, metric).
 
     metrics: {suite: {metric: better}} to judge. A baseline for the table only, reimplemented
@@ -427,8 +511,13 @@ def old_rule(tr: Trial, metrics: dict[str, dict[str, str]], *, resamples: int = 
         est, lo, hi = iv
         sig = (lo > 0 or hi < 0) and (floor is None or abs(est) > floor)
         better = metrics[s][mm]
-        out[(v, s, mm)] = ("none" if not sig or better == "none"
-                           else "improved" if (est > 0) == (better == "higher") else "regressed")
+        out[(v, s, mm)] = (
+            "none"
+            if not sig or better == "none"
+            else "improved"
+            if (est > 0) == (better == "higher")
+            else "regressed"
+        )
     return out
 
 
@@ -442,22 +531,22 @@ class Counts:
 
     null: int = 0
     effect: int = 0
-    new_fp_patch: int = 0    # null: null patch variants (2 a trial) with an improved/regressed
-                             # primary (after the A/A check)
-    old_fp_patch: int = 0    # null: the same, old rule
-    new_fp: int = 0          # null: reports with an improved/regressed primary (after the A/A check)
-    new_fp_raw: int = 0      # null: the same before the A/A downgrade
-    new_any: int = 0         # null: any improved/regressed row (secondaries too, if given)
-    new_run_any: int = 0     # null: an improved/regressed run-level row
-    aa_failed: int = 0       # null: the A/A check failed (every verdict downgraded)
-    old_fp: int = 0          # null: old rule, an improved/regressed primary
-    old_fp_all: int = 0      # null: old rule, any improved/regressed row
-    new_power: int = 0       # effect: patch-a output throughput improved
-    old_power: int = 0       # effect: the same, old rule
-    equiv: dict[str, int] = field(default_factory=dict)    # metric -> equivalent (null patches)
+    new_fp_patch: int = 0  # null: null patch variants (2 a trial) with an improved/regressed
+    # primary (after the A/A check)
+    old_fp_patch: int = 0  # null: the same, old rule
+    new_fp: int = 0  # null: reports with an improved/regressed primary (after the A/A check)
+    new_fp_raw: int = 0  # null: the same before the A/A downgrade
+    new_any: int = 0  # null: any improved/regressed row (secondaries too, if given)
+    new_run_any: int = 0  # null: an improved/regressed run-level row
+    aa_failed: int = 0  # null: the A/A check failed (every verdict downgraded)
+    old_fp: int = 0  # null: old rule, an improved/regressed primary
+    old_fp_all: int = 0  # null: old rule, any improved/regressed row
+    new_power: int = 0  # effect: patch-a output throughput improved
+    old_power: int = 0  # effect: the same, old rule
+    equiv: dict[str, int] = field(default_factory=dict)  # metric -> equivalent (null patches)
     equiv_n: dict[str, int] = field(default_factory=dict)  # metric -> rows
     raw_hit: dict[str, int] = field(default_factory=dict)  # metric -> improved/regressed rows of
-                                                           # the null patches before the A/A check
+    # the null patches before the A/A check
     logvar: dict[str, list[float]] = field(default_factory=dict)  # metric -> within-trial var
 
 
@@ -477,10 +566,20 @@ def _old_metrics(every_row: bool) -> dict[str, dict[str, str]]:
     return out
 
 
-def run_row(m: Model, repeats: int, trials: int, seed: int, settings: CompareSettings, *,
-            scenarios: tuple[str, ...] = ("null", "effect"), counts: Counts | None = None,
-            via_folders: bool = False, old_resamples: int = 200, effect: float = 0.10,
-            secondaries: bool = False) -> Counts:
+def run_row(
+    m: Model,
+    repeats: int,
+    trials: int,
+    seed: int,
+    settings: CompareSettings,
+    *,
+    scenarios: tuple[str, ...] = ("null", "effect"),
+    counts: Counts | None = None,
+    via_folders: bool = False,
+    old_resamples: int = 200,
+    effect: float = 0.10,
+    secondaries: bool = False,
+) -> Counts:
     """Simulate ``trials`` seeded trials of each scenario at ``m.run_cv`` and ``repeats``, run
     the comparison on each and count into ``counts`` (a new :class:`Counts` by default).
     Trial t of a scenario has the same seed whatever else the row runs."""
@@ -488,31 +587,44 @@ def run_row(m: Model, repeats: int, trials: int, seed: int, settings: CompareSet
     old_all = _old_metrics(True)
     old_prim = {s: {x: b for x, b in d.items() if x in PRIMARIES[s]} for s, d in old_all.items()}
     store: dict[str, Trial] = {}
-    root = Path(tempfile.mkdtemp(prefix="pb-calibrate-",
-                                 dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
+    root = Path(
+        tempfile.mkdtemp(
+            prefix="pb-calibrate-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None
+        )
+    )
     ctx = contextlib.nullcontext() if via_folders else in_memory_seams(store)
     try:
         with ctx:
             for sc in scenarios:
                 for t in range(trials):
                     rng = np.random.default_rng(
-                        [seed, int(round(m.run_cv * 1e6)), repeats, t, sc == "effect"])
+                        [seed, int(round(m.run_cv * 1e6)), repeats, t, sc == "effect"]
+                    )
                     eff = {EFFECT_VARIANT: effect} if sc == "effect" else {}
                     syn = {EFFECT_VARIANT: 0} if sc == "effect" else {}
-                    tr = simulate(rng, m, repeats, speedup=eff, syncs=syn, run_id=f"t{t}-{sc}",
-                                  keep_requests=repeats == 1 and sc == "null")
+                    tr = simulate(
+                        rng,
+                        m,
+                        repeats,
+                        speedup=eff,
+                        syncs=syn,
+                        run_id=f"t{t}-{sc}",
+                        keep_requests=repeats == 1 and sc == "null",
+                    )
                     store.clear()
                     store[tr.run_id] = tr
-                    cmp = compare_trial(tr, settings, via_folders=via_folders, root=root,
-                                        secondaries=secondaries)
+                    cmp = compare_trial(
+                        tr, settings, via_folders=via_folders, root=root, secondaries=secondaries
+                    )
                     _count(c, sc, tr, cmp, old_all, old_prim, old_resamples, seed)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return c
 
 
-def _count(c: Counts, sc: str, tr: Trial, cmp: Comparison, old_all, old_prim, old_resamples,
-           seed) -> None:
+def _count(
+    c: Counts, sc: str, tr: Trial, cmp: Comparison, old_all, old_prim, old_resamples, seed
+) -> None:
     rows = cmp.rows
     if sc == "effect":
         c.effect += 1
@@ -523,8 +635,9 @@ def _count(c: Counts, sc: str, tr: Trial, cmp: Comparison, old_all, old_prim, ol
             c.old_power += old.get((EFFECT_VARIANT, "serving", THR)) == "improved"
         return
     c.null += 1
-    c.new_fp_patch += sum(any(_hit(r.verdict) for r in rows if r.primary and r.variant == v)
-                          for v in PATCHES)
+    c.new_fp_patch += sum(
+        any(_hit(r.verdict) for r in rows if r.primary and r.variant == v) for v in PATCHES
+    )
     c.new_fp += any(_hit(r.verdict) for r in rows if r.primary)
     c.new_fp_raw += any(_hit(r.verdict_before_health or r.verdict) for r in rows if r.primary)
     c.new_any += any(_hit(r.verdict) for r in rows)
@@ -534,11 +647,14 @@ def _count(c: Counts, sc: str, tr: Trial, cmp: Comparison, old_all, old_prim, ol
         if r.primary and r.variant in PATCHES:
             c.equiv_n[r.metric] = c.equiv_n.get(r.metric, 0) + 1
             c.equiv[r.metric] = c.equiv.get(r.metric, 0) + (r.verdict == "equivalent")
-            c.raw_hit[r.metric] = (c.raw_hit.get(r.metric, 0)
-                                   + _hit(r.verdict_before_health or r.verdict))
+            c.raw_hit[r.metric] = c.raw_hit.get(r.metric, 0) + _hit(
+                r.verdict_before_health or r.verdict
+            )
     old = old_rule(tr, old_all, resamples=old_resamples, seed=seed)
-    c.old_fp_patch += sum(any(_hit(x) for (v2, s, mm), x in old.items()
-                              if v2 == v and mm in old_prim[s]) for v in PATCHES)
+    c.old_fp_patch += sum(
+        any(_hit(x) for (v2, s, mm), x in old.items() if v2 == v and mm in old_prim[s])
+        for v in PATCHES
+    )
     c.old_fp_all += any(_hit(v) for v in old.values())
     c.old_fp += any(_hit(v) for (_, s, mm), v in old.items() if mm in old_prim[s])
     for s in ("serving", "mmmu"):
@@ -551,7 +667,7 @@ def _count(c: Counts, sc: str, tr: Trial, cmp: Comparison, old_all, old_prim, ol
 
 
 def fmt(k: int, n: int) -> str:
-    """"4.2% [2.7, 6.6]": the rate k / n and its 95 % Wilson interval; "n/a" when n is 0."""
+    """ "4.2% [2.7, 6.6]": the rate k / n and its 95 % Wilson interval; "n/a" when n is 0."""
     if n == 0:
         return "n/a"
     from statsmodels.stats.proportion import proportion_confint
@@ -591,31 +707,45 @@ def table(rows: list[tuple[float, int, Counts]]) -> list[str]:
             f"{fmt(c.new_fp_patch, np_ * c.null)} | {fmt(c.old_fp_patch, np_ * c.null)} | "
             f"{fmt(c.new_fp, c.null)} | {fmt(c.old_fp, c.null)} | {fmt(c.old_fp_all, c.null)} | "
             f"{fmt(c.new_power, c.effect)} | "
-            f"{fmt(c.old_power, c.effect) if n >= 2 else 'n/a'} | {fmt(c.new_run_any, c.null)} |")
+            f"{fmt(c.old_power, c.effect) if n >= 2 else 'n/a'} | {fmt(c.new_run_any, c.null)} |"
+        )
     prim = [mm for s in SUITES for mm in PRIMARIES[s]]
-    out += ["", "No-effect reports: primaries of the two null patches called equivalent (margins "
-            "5%, MMMU 2 pt; host syncs exact), the A/A check, and the run-to-run CV the rows "
-            "really had (run and request noise together):", "",
-            "| run CV | repeats | " + " | ".join(f"{SHORT[x]} equivalent" for x in prim)
-            + " | A/A check failed | primary improved/regressed before the A/A check | any row "
-              "improved/regressed | realised CV: thr / ITL / TTFT / E2E / MMMU acc |",
-            "|---|---|" + "---|" * (len(prim) + 4)]
+    out += [
+        "",
+        "No-effect reports: primaries of the two null patches called equivalent (margins "
+        "5%, MMMU 2 pt; host syncs exact), the A/A check, and the run-to-run CV the rows "
+        "really had (run and request noise together):",
+        "",
+        "| run CV | repeats | "
+        + " | ".join(f"{SHORT[x]} equivalent" for x in prim)
+        + " | A/A check failed | primary improved/regressed before the A/A check | any row "
+        "improved/regressed | realised CV: thr / ITL / TTFT / E2E / MMMU acc |",
+        "|---|---|" + "---|" * (len(prim) + 4),
+    ]
     for cv, n, c in rows:
         if not c.null:
             continue
         eq = " | ".join(fmt(c.equiv.get(x, 0), c.equiv_n.get(x, 0)) for x in prim)
         rc = " / ".join(realised_cv(c, x) for x in PRIMARIES["serving"] + PRIMARIES["mmmu"])
-        out.append(f"| {100 * cv:g}% | {n} | {eq} | {fmt(c.aa_failed, c.null)} | "
-                   f"{fmt(c.new_fp_raw, c.null)} | {fmt(c.new_any, c.null)} | {rc} |")
-    out += ["", "Where the false verdicts come from: primaries of the two null patches called "
-            "improved or regressed before the A/A check (new rule, share of rows):", "",
-            "| run CV | repeats | " + " | ".join(SHORT[x] for x in prim) + " |",
-            "|---|---|" + "---|" * len(prim)]
+        out.append(
+            f"| {100 * cv:g}% | {n} | {eq} | {fmt(c.aa_failed, c.null)} | "
+            f"{fmt(c.new_fp_raw, c.null)} | {fmt(c.new_any, c.null)} | {rc} |"
+        )
+    out += [
+        "",
+        "Where the false verdicts come from: primaries of the two null patches called "
+        "improved or regressed before the A/A check (new rule, share of rows):",
+        "",
+        "| run CV | repeats | " + " | ".join(SHORT[x] for x in prim) + " |",
+        "|---|---|" + "---|" * len(prim),
+    ]
     for cv, n, c in rows:
         if c.null:
-            out.append(f"| {100 * cv:g}% | {n} | "
-                       + " | ".join(fmt(c.raw_hit.get(x, 0), c.equiv_n.get(x, 0)) for x in prim)
-                       + " |")
+            out.append(
+                f"| {100 * cv:g}% | {n} | "
+                + " | ".join(fmt(c.raw_hit.get(x, 0), c.equiv_n.get(x, 0)) for x in prim)
+                + " |"
+            )
     return out
 
 
@@ -631,51 +761,95 @@ def config_repeats(path: Path) -> tuple[int, CompareSettings]:
 def main(argv: list[str] | None = None) -> int:
     """Command line (see the module docstring); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trials", type=int, default=400,
-                    help="seeded trials per row and scenario (400)")
-    ap.add_argument("--cvs", type=float, nargs="+", default=[0.015, 0.03, 0.06, 0.12],
-                    help="run-level CVs (fractions), one row each (0.015 0.03 0.06 0.12)")
-    ap.add_argument("--repeats", type=int, nargs="+",
-                    help="repeats of those rows (default: the config's schedule.repeats)")
-    ap.add_argument("--config", type=Path, default=REPO / "configs" / "pr9460-h200.yaml",
-                    help="config whose repeats and compare settings are used and checked")
-    ap.add_argument("--target-cv", type=float, default=0.03,
-                    help="CV at which the targets are checked and more repeats searched (0.03)")
-    ap.add_argument("--search-max", type=int, default=12,
-                    help="largest repeat count tried for the power target (12; 0: no search)")
-    ap.add_argument("--screen-trials", type=int, default=100,
-                    help="+10%% trials that screen each repeat count of the search before it gets "
-                         "the full --trials (100; 0: no screen)")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--trials", type=int, default=400, help="seeded trials per row and scenario (400)"
+    )
+    ap.add_argument(
+        "--cvs",
+        type=float,
+        nargs="+",
+        default=[0.015, 0.03, 0.06, 0.12],
+        help="run-level CVs (fractions), one row each (0.015 0.03 0.06 0.12)",
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        nargs="+",
+        help="repeats of those rows (default: the config's schedule.repeats)",
+    )
+    ap.add_argument(
+        "--config",
+        type=Path,
+        default=REPO / "configs" / "pr9460-h200.yaml",
+        help="config whose repeats and compare settings are used and checked",
+    )
+    ap.add_argument(
+        "--target-cv",
+        type=float,
+        default=0.03,
+        help="CV at which the targets are checked and more repeats searched (0.03)",
+    )
+    ap.add_argument(
+        "--search-max",
+        type=int,
+        default=12,
+        help="largest repeat count tried for the power target (12; 0: no search)",
+    )
+    ap.add_argument(
+        "--screen-trials",
+        type=int,
+        default=100,
+        help="+10%% trials that screen each repeat count of the search before it gets "
+        "the full --trials (100; 0: no screen)",
+    )
     ap.add_argument("--power-target", type=float, default=0.90)
     ap.add_argument("--fp-target", type=float, default=0.05)
     ap.add_argument("--no-one-repeat", action="store_true", help="skip the one-repeat row")
-    ap.add_argument("--req-cv", type=float, default=Model.req_cv,
-                    help="request-level CV (0.20)")
-    ap.add_argument("--step-share", type=float, default=Model.step_share,
-                    help="share of the request-level log variance common to a decode wave (0.5)")
-    ap.add_argument("--fragile", type=float, default=Model.fragile,
-                    help="share of MMMU questions right with probability 1/2 in each cell (0.05)")
+    ap.add_argument("--req-cv", type=float, default=Model.req_cv, help="request-level CV (0.20)")
+    ap.add_argument(
+        "--step-share",
+        type=float,
+        default=Model.step_share,
+        help="share of the request-level log variance common to a decode wave (0.5)",
+    )
+    ap.add_argument(
+        "--fragile",
+        type=float,
+        default=Model.fragile,
+        help="share of MMMU questions right with probability 1/2 in each cell (0.05)",
+    )
     ap.add_argument("--questions", type=int, default=Model.questions)
-    ap.add_argument("--old-resamples", type=int, default=200,
-                    help="bootstrap resamples of the old rule's one-repeat intervals (200)")
-    ap.add_argument("--secondaries", action="store_true",
-                    help="give the comparison every simulated serving metric, not only the "
-                         "primaries (about 3x slower; only the 'any row' column changes)")
+    ap.add_argument(
+        "--old-resamples",
+        type=int,
+        default=200,
+        help="bootstrap resamples of the old rule's one-repeat intervals (200)",
+    )
+    ap.add_argument(
+        "--secondaries",
+        action="store_true",
+        help="give the comparison every simulated serving metric, not only the "
+        "primaries (about 3x slower; only the 'any row' column changes)",
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--via-folders", action="store_true",
-                    help="write run folders and run compare_run end to end (slow)")
-    ap.add_argument("--profile", action="store_true",
-                    help="profile 20 trials of the target row, print the top functions, exit")
+    ap.add_argument(
+        "--via-folders",
+        action="store_true",
+        help="write run folders and run compare_run end to end (slow)",
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile 20 trials of the target row, print the top functions, exit",
+    )
     a = ap.parse_args(argv)
 
-    reps_cfg, settings = (config_repeats(a.config) if a.config.is_file()
-                          else (5, CompareSettings()))
-    base = Model(req_cv=a.req_cv, step_share=a.step_share, fragile=a.fragile,
-                 questions=a.questions)
-    kw = dict(via_folders=a.via_folders, old_resamples=a.old_resamples,
-              secondaries=a.secondaries)
+    reps_cfg, settings = config_repeats(a.config) if a.config.is_file() else (5, CompareSettings())
+    base = Model(req_cv=a.req_cv, step_share=a.step_share, fragile=a.fragile, questions=a.questions)
+    kw = dict(via_folders=a.via_folders, old_resamples=a.old_resamples, secondaries=a.secondaries)
 
     def model(cv: float) -> Model:
         return Model(**{**base.__dict__, "run_cv": cv})
@@ -693,12 +867,16 @@ def main(argv: list[str] | None = None) -> int:
 
     def row(cv: float, n: int, scenarios=("null", "effect"), into: Counts | None = None) -> Counts:
         t1 = time.time()
-        c = run_row(model(cv), n, a.trials, a.seed, settings, scenarios=scenarios, counts=into,
-                    **kw)
+        c = run_row(
+            model(cv), n, a.trials, a.seed, settings, scenarios=scenarios, counts=into, **kw
+        )
         if into is None:
             rows.append((cv, n, c))
-        print(f"  CV {100 * cv:g}% x {n} repeats, {'+'.join(scenarios)}: "
-              f"{time.time() - t1:.0f} s", file=sys.stderr, flush=True)
+        print(
+            f"  CV {100 * cv:g}% x {n} repeats, {'+'.join(scenarios)}: {time.time() - t1:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
         return c
 
     for cv in a.cvs:
@@ -719,11 +897,21 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if 0 < a.screen_trials < a.trials:
             t1 = time.time()
-            sc = run_row(model(a.target_cv), n, a.screen_trials, a.seed, settings,
-                         scenarios=("effect",), **kw)
+            sc = run_row(
+                model(a.target_cv),
+                n,
+                a.screen_trials,
+                a.seed,
+                settings,
+                scenarios=("effect",),
+                **kw,
+            )
             screens.append(f"{n} repeats: {fmt(sc.new_power, sc.effect)}")
-            print(f"  CV {100 * a.target_cv:g}% x {n} repeats, screen: {time.time() - t1:.0f} s",
-                  file=sys.stderr, flush=True)
+            print(
+                f"  CV {100 * a.target_cv:g}% x {n} repeats, screen: {time.time() - t1:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
             if wilson_high(sc.new_power, sc.effect) < a.power_target:
                 continue  # clearly below the target
         c = at[n] = row(a.target_cv, n, ("effect",))
@@ -735,33 +923,44 @@ def main(argv: list[str] | None = None) -> int:
 
     rows.sort(key=lambda r: (r[0], -(r[1] == 1), r[1]))
     print(f"command: .venv/bin/python scripts/calibrate.py {' '.join(argv)}".rstrip())
-    print(f"wall time: {wall:.0f} s, one process "
-          f"({'run folders + compare_run' if a.via_folders else 'in-memory RunData + build_comparison'})")
-    print(f"settings: {a.config.name if a.config.is_file() else 'defaults'}: confidence "
-          f"{settings.confidence}, min_repeats {settings.min_repeats}; request CV "
-          f"{100 * base.req_cv:g}% (decode-step share {base.step_share:g}), {base.requests} "
-          f"requests x {base.out_len} tokens at concurrency {base.concurrency}; MMMU "
-          f"{base.questions} questions, {100 * base.fragile:g}% fragile; variants: baseline, "
-          f"A/A, 2 patches; seed {a.seed}\n")
+    print(
+        f"wall time: {wall:.0f} s, one process "
+        f"({'run folders + compare_run' if a.via_folders else 'in-memory RunData + build_comparison'})"
+    )
+    print(
+        f"settings: {a.config.name if a.config.is_file() else 'defaults'}: confidence "
+        f"{settings.confidence}, min_repeats {settings.min_repeats}; request CV "
+        f"{100 * base.req_cv:g}% (decode-step share {base.step_share:g}), {base.requests} "
+        f"requests x {base.out_len} tokens at concurrency {base.concurrency}; MMMU "
+        f"{base.questions} questions, {100 * base.fragile:g}% fragile; variants: baseline, "
+        f"A/A, 2 patches; seed {a.seed}\n"
+    )
     print("\n".join(table(rows)))
     if screens:
-        print(f"\nsearch at run CV {100 * a.target_cv:g}%, +10% called improved in the "
-              f"{a.screen_trials}-trial screens (a count whose 95% Wilson upper bound is below "
-              "the target gets no full row): "
-              + "; ".join(screens))
-    print("\n(brackets: 95% Wilson interval over the trials; a method whose true rate is exactly "
-          "5% shows more than 5.0% in about half of such samples. n/a: scenario not run there.)")
+        print(
+            f"\nsearch at run CV {100 * a.target_cv:g}%, +10% called improved in the "
+            f"{a.screen_trials}-trial screens (a count whose 95% Wilson upper bound is below "
+            "the target gets no full row): " + "; ".join(screens)
+        )
+    print(
+        "\n(brackets: 95% Wilson interval over the trials; a method whose true rate is exactly "
+        "5% shows more than 5.0% in about half of such samples. n/a: scenario not run there.)"
+    )
     c = at[reps_cfg]
     fp_ok = c.new_fp_patch <= a.fp_target * len(PATCHES) * c.null
     pw_ok = c.new_power >= a.power_target * c.effect
-    print(f"\n{a.config.name}: {reps_cfg} repeats at run CV {100 * a.target_cv:g}%: a no-effect "
-          f"patch shown improved/regressed {'<=' if fp_ok else '>'} {100 * a.fp_target:g}% "
-          f"({'met' if fp_ok else 'NOT met'}); +10% called improved "
-          f"{'>=' if pw_ok else '<'} {100 * a.power_target:g}% ({'met' if pw_ok else 'NOT met'}).")
+    print(
+        f"\n{a.config.name}: {reps_cfg} repeats at run CV {100 * a.target_cv:g}%: a no-effect "
+        f"patch shown improved/regressed {'<=' if fp_ok else '>'} {100 * a.fp_target:g}% "
+        f"({'met' if fp_ok else 'NOT met'}); +10% called improved "
+        f"{'>=' if pw_ok else '<'} {100 * a.power_target:g}% ({'met' if pw_ok else 'NOT met'})."
+    )
     if not pw_ok:
         reach = sorted(k for k, x in at.items() if x.new_power >= a.power_target * x.effect)
-        print("smallest repeat count reaching the power target at this CV: "
-              + (str(reach[0]) if reach else f"none up to {max(at)}"))
+        print(
+            "smallest repeat count reaching the power target at this CV: "
+            + (str(reach[0]) if reach else f"none up to {max(at)}")
+        )
     return 0 if fp_ok and pw_ok else 1
 
 

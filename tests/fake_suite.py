@@ -2,6 +2,7 @@
 
 Registered only by tests (monkeypatching patchbench.suite.SUITES); FAKE_SUITE_INTERRUPT in the
 environment makes run() raise KeyboardInterrupt (a Ctrl-C during a suite)."""
+
 import json
 import os
 import urllib.request
@@ -24,8 +25,11 @@ def run(ctx, params):
         raise KeyboardInterrupt
     done = 0
     for _ in range(params.n):
-        req = urllib.request.Request(ctx.server.base_url + "/generate", data=json.dumps({"text": "x"}).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            ctx.server.base_url + "/generate",
+            data=json.dumps({"text": "x"}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         try:
             urllib.request.urlopen(req, timeout=10).read()
         except OSError as e:

@@ -12,6 +12,7 @@ Example::
                    metrics={"serving": {"output_throughput_tok_s":
                                         {"baseline": [100, 101, 99], "patched": [110, 111, 109]}}})
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,20 +21,30 @@ from typing import Any
 from patchbench import records
 
 
-def make_run(root: str | Path, *, variants: dict[str, list[str]] | None = None,
-             metrics: dict[str, dict[str, dict[str, list[float | None]]]] | None = None,
-             repeats: int | None = None, baseline: str | None = None,
-             cell_status: dict[tuple[str, int], str] | None = None,
-             suite_status: dict[tuple[str, int, str], str] | None = None,
-             warnings: dict[tuple[str, int, str], list[str]] | None = None,
-             requests: dict[tuple[str, int], dict] | None = None,
-             mmmu_records: dict[tuple[str, int], list[dict]] | None = None,
-             compare: dict | None = None, suites_params: dict[str, dict] | None = None,
-             run_id: str = "20260101T000000Z-synthetic", name: str = "synthetic",
-             sglang: str = "0.5.1.post3", model: str = ".cache/models/tiny-qwen25vl",
-             server_args: list[str] | None = None, gpu: dict | None = None,
-             patches_sha: dict[str, list[dict]] | None = None,
-             order: str = "interleaved", write_cells_in_manifest: bool = True) -> Path:
+def make_run(
+    root: str | Path,
+    *,
+    variants: dict[str, list[str]] | None = None,
+    metrics: dict[str, dict[str, dict[str, list[float | None]]]] | None = None,
+    repeats: int | None = None,
+    baseline: str | None = None,
+    cell_status: dict[tuple[str, int], str] | None = None,
+    suite_status: dict[tuple[str, int, str], str] | None = None,
+    warnings: dict[tuple[str, int, str], list[str]] | None = None,
+    requests: dict[tuple[str, int], dict] | None = None,
+    mmmu_records: dict[tuple[str, int], list[dict]] | None = None,
+    compare: dict | None = None,
+    suites_params: dict[str, dict] | None = None,
+    run_id: str = "20260101T000000Z-synthetic",
+    name: str = "synthetic",
+    sglang: str = "0.5.1.post3",
+    model: str = ".cache/models/tiny-qwen25vl",
+    server_args: list[str] | None = None,
+    gpu: dict | None = None,
+    patches_sha: dict[str, list[dict]] | None = None,
+    order: str = "interleaved",
+    write_cells_in_manifest: bool = True,
+) -> Path:
     """Write a run folder under ``root/run_id`` and return its path.
 
     variants: name -> patch list (baseline first unless ``baseline`` names it); a variant whose
@@ -69,14 +80,23 @@ def make_run(root: str | Path, *, variants: dict[str, list[str]] | None = None,
         names = vnames if (order == "sequential" or k % 2 == 0) else list(reversed(vnames))
         for v in names:
             st = cell_status.get((v, k), "ok")
-            cells.append({"variant": v, "repeat": k, "status": st,
-                          "dir": str(records.cell_dir(run, v, k))})
+            cells.append(
+                {"variant": v, "repeat": k, "status": st, "dir": str(records.cell_dir(run, v, k))}
+            )
             if st == "missing":
                 continue
             cdir = records.cell_dir(run, v, k)
-            records.write_json(cdir / "cell.json", {"variant": v, "repeat": k, "status": st,
-                                                    "error": None if st == "ok" else f"synthetic {st}",
-                                                    "timings_s": {}, "server": {}})
+            records.write_json(
+                cdir / "cell.json",
+                {
+                    "variant": v,
+                    "repeat": k,
+                    "status": st,
+                    "error": None if st == "ok" else f"synthetic {st}",
+                    "timings_s": {},
+                    "server": {},
+                },
+            )
             for suite in suites:
                 vals = {}
                 for m, per in metrics.get(suite, {}).items():
@@ -84,52 +104,92 @@ def make_run(root: str | Path, *, variants: dict[str, list[str]] | None = None,
                     if k < len(seq) and seq[k] is not None:
                         vals[m] = float(seq[k])
                 sstat = suite_status.get((v, k, suite), "ok")
-                records.write_json(cdir / suite / "summary.json", {
-                    "suite": suite, "status": sstat, "metrics": vals,
-                    "errors": [] if sstat == "ok" else [f"synthetic {sstat}"],
-                    "warnings": warnings.get((v, k, suite), []), "meta": {}})
+                records.write_json(
+                    cdir / suite / "summary.json",
+                    {
+                        "suite": suite,
+                        "status": sstat,
+                        "metrics": vals,
+                        "errors": [] if sstat == "ok" else [f"synthetic {sstat}"],
+                        "warnings": warnings.get((v, k, suite), []),
+                        "meta": {},
+                    },
+                )
                 if suite == "serving" and (v, k) in requests:
                     records.write_json(cdir / suite / "requests.json", requests[(v, k)])
                 if suite == "mmmu" and (v, k) in mmmu_records:
                     records.write_jsonl(cdir / suite / "records.jsonl", mmmu_records[(v, k)])
     config: dict[str, Any] = {
-        "name": name, "sglang": sglang, "model": {"path": model, "tiny": True, "tokenizer": None},
+        "name": name,
+        "sglang": sglang,
+        "model": {"path": model, "tiny": True, "tokenizer": None},
         "server": {"args": server_args or ["--device", "cpu"]},
-        "variants": variants, "baseline": baseline,
+        "variants": variants,
+        "baseline": baseline,
         "schedule": {"repeats": repeats, "order": order},
         "suites": {s: (suites_params or {}).get(s, {}) for s in suites},
         "compare": compare or {},
     }
-    patches = patches_sha or {v: [{"name": p, "sha256": "0" * 64} for p in ps]
-                              for v, ps in variants.items()}
-    manifest = {"run_id": run_id, "config": config, "sglang_version": sglang, "patches": patches,
-                "git_sha": "deadbeef" * 5, "host": {"hostname": "test", "cpus": 2},
-                "gpu": gpu, "cells": cells if write_cells_in_manifest else [],
-                "started_at": "2026-01-01T00:00:00Z", "ended_at": "2026-01-01T01:00:00Z",
-                "timings_s": {}}
+    patches = patches_sha or {
+        v: [{"name": p, "sha256": "0" * 64} for p in ps] for v, ps in variants.items()
+    }
+    manifest = {
+        "run_id": run_id,
+        "config": config,
+        "sglang_version": sglang,
+        "patches": patches,
+        "git_sha": "deadbeef" * 5,
+        "host": {"hostname": "test", "cpus": 2},
+        "gpu": gpu,
+        "cells": cells if write_cells_in_manifest else [],
+        "started_at": "2026-01-01T00:00:00Z",
+        "ended_at": "2026-01-01T01:00:00Z",
+        "timings_s": {},
+    }
     records.write_json(run / "manifest.json", manifest)
     return run
 
 
-def make_requests(ttft_ms: list[float], itl_ms: list[list[float]], texts: list[str] | None = None,
-                  errors: list[str] | None = None) -> dict:
+def make_requests(
+    ttft_ms: list[float],
+    itl_ms: list[list[float]],
+    texts: list[str] | None = None,
+    errors: list[str] | None = None,
+) -> dict:
     """A serving requests.json dict; e2e = ttft + sum(itl) (docs/FACTS.md section 2), output_len =
     1 + len(itl) tokens, input_len 10."""
     n = len(ttft_ms)
-    return {"ttft_ms": list(ttft_ms), "itl_ms": [list(x) for x in itl_ms],
-            "e2e_ms": [t + sum(i) for t, i in zip(ttft_ms, itl_ms)],
-            "input_len": [10] * n, "output_len": [1 + len(i) for i in itl_ms],
-            "generated_text": list(texts) if texts is not None else [f"text {i}" for i in range(n)],
-            "error": list(errors) if errors is not None else [""] * n}
+    return {
+        "ttft_ms": list(ttft_ms),
+        "itl_ms": [list(x) for x in itl_ms],
+        "e2e_ms": [t + sum(i) for t, i in zip(ttft_ms, itl_ms, strict=True)],
+        "input_len": [10] * n,
+        "output_len": [1 + len(i) for i in itl_ms],
+        "generated_text": list(texts) if texts is not None else [f"text {i}" for i in range(n)],
+        "error": list(errors) if errors is not None else [""] * n,
+    }
 
 
-def mmmu_rows(verdicts: list[str], subjects: list[str] | None = None,
-              responses: list[str] | None = None) -> list[dict]:
+def mmmu_rows(
+    verdicts: list[str], subjects: list[str] | None = None, responses: list[str] | None = None
+) -> list[dict]:
     """MMMU records.jsonl rows with ids q0..q{n-1} and the given verdicts."""
     n = len(verdicts)
     subjects = subjects or ["Math"] * n
     responses = responses or [f"answer {i}" for i in range(n)]
-    return [{"id": f"q{i}", "subject": subjects[i], "question_type": "multiple-choice",
-             "prompt_sha256": "0" * 64, "response": responses[i], "parsed": "A",
-             "verdict": verdicts[i], "latency_s": 1.0, "prompt_tokens": 100,
-             "completion_tokens": 5, "error": None} for i in range(n)]
+    return [
+        {
+            "id": f"q{i}",
+            "subject": subjects[i],
+            "question_type": "multiple-choice",
+            "prompt_sha256": "0" * 64,
+            "response": responses[i],
+            "parsed": "A",
+            "verdict": verdicts[i],
+            "latency_s": 1.0,
+            "prompt_tokens": 100,
+            "completion_tokens": 5,
+            "error": None,
+        }
+        for i in range(n)
+    ]

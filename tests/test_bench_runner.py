@@ -2,6 +2,7 @@
 (tests/fake_server/fake_suites.py): cell lifecycle, a server dying mid-run, a scheduler dying while
 the front end stays up, correctness cells, resume, Ctrl-C, config and environment errors. The
 real-server run is in tests/test_e2e_bench.py."""
+
 import importlib.metadata
 import os
 import textwrap
@@ -64,7 +65,11 @@ def test_run_writes_cells_manifest_and_resume_does_nothing(fake_env, tmp_path):
     run_dir = bench.run_bench(cfg, results_root=tmp_path / "results")
     man = read_json(run_dir / "manifest.json")
     assert [(c["variant"], c["repeat"]) for c in man["cells"]] == [
-        ("baseline", 0), ("control", 0), ("control", 1), ("baseline", 1)]  # ABBA
+        ("baseline", 0),
+        ("control", 0),
+        ("control", 1),
+        ("baseline", 1),
+    ]  # ABBA
     assert all(c["status"] == "ok" for c in man["cells"])
     assert man["sglang_version"] == SGLANG
     assert man["patches"]["control"][0]["name"] == "null-comment"
@@ -74,7 +79,9 @@ def test_run_writes_cells_manifest_and_resume_does_nothing(fake_env, tmp_path):
         for r in (0, 1):
             cell = read_json(run_dir / v / f"rep{r}" / "cell.json")
             assert cell["status"] == "ok"
-            assert read_json(run_dir / v / f"rep{r}" / "fake" / "summary.json")["metrics"] == {"requests_count": 2.0}
+            assert read_json(run_dir / v / f"rep{r}" / "fake" / "summary.json")["metrics"] == {
+                "requests_count": 2.0
+            }
             assert "fake sglang server" in (run_dir / v / f"rep{r}" / "server.log").read_text()
     assert not port_answers("127.0.0.1", 31990)
     # second invocation with --resume: nothing left to do, no server is launched
@@ -115,7 +122,9 @@ def test_server_dying_mid_run_fails_that_cell_only_and_resume_reruns_it(fake_env
     run_dir = ei.value.run_dir
     cells = {(c["variant"], c["repeat"]): c for c in read_json(run_dir / "manifest.json")["cells"]}
     assert cells[("control", 0)]["status"] == "failed"
-    assert [cells[k]["status"] for k in (("baseline", 0), ("control", 1), ("baseline", 1))] == ["ok"] * 3
+    assert [cells[k]["status"] for k in (("baseline", 0), ("control", 1), ("baseline", 1))] == [
+        "ok"
+    ] * 3
     failed = read_json(run_dir / "control" / "rep0" / "fake" / "summary.json")
     assert failed["status"] == "failed"
     assert "dying mid-run" in "\n".join(failed["errors"])  # the server log's tail
@@ -150,11 +159,16 @@ def test_patch_that_does_not_apply_stops_before_any_server(fake_env, tmp_path, m
     from patchbench.patchset import PatchError
 
     def boom(*a, **k):
-        raise PatchError("patch 'null-comment': sglang/srt/model_executor/forward_batch_info.py: "
-                         "hunk @@ -1,3 +1,4 @@ failed")
+        raise PatchError(
+            "patch 'null-comment': sglang/srt/model_executor/forward_batch_info.py: "
+            "hunk @@ -1,3 +1,4 @@ failed"
+        )
+
     monkeypatch.setattr(overlay, "build_overlay", boom)
     cfg = write_config(tmp_path, BASIC)
-    with pytest.raises(bench.PatchProblem, match="variant 'baseline'.*null-comment.*forward_batch_info.py.*hunk"):
+    with pytest.raises(
+        bench.PatchProblem, match="variant 'baseline'.*null-comment.*forward_batch_info.py.*hunk"
+    ):
         bench.run_bench(cfg, results_root=tmp_path / "results")
     assert not (tmp_path / "results").exists()
 
@@ -162,7 +176,9 @@ def test_patch_that_does_not_apply_stops_before_any_server(fake_env, tmp_path, m
 def test_wrong_sglang_pin_is_environment_error(fake_env, tmp_path):
     # no patch: a patch without a diff for 0.4.0 is a config error (exit 2) before this check
     cfg = write_config(tmp_path, BASIC.replace("@SGLANG@", "0.4.0").replace("[null-comment]", "[]"))
-    with pytest.raises(bench.EnvironmentNotReady, match=f"pins sglang 0.4.0.*has {SGLANG}.*make setup SGLANG=0.4.0"):
+    with pytest.raises(
+        bench.EnvironmentNotReady, match=f"pins sglang 0.4.0.*has {SGLANG}.*make setup SGLANG=0.4.0"
+    ):
         bench.run_bench(cfg, results_root=tmp_path / "results")
     assert bench.cli([str(cfg)]) == 3
 
@@ -177,26 +193,44 @@ def test_dry_run_prints_plan_and_launches_nothing(fake_env, tmp_path, capsys):
     assert not port_answers("127.0.0.1", 31990)
 
 
-@pytest.mark.parametrize("body, expected", [
-    (BASIC.replace("    schedule: {repeats: 2}\n", "    schedule: {repeats: 2, order: zigzag}\n"),
-     r"cfg.yaml:\d+: key 'schedule.order': Input should be 'interleaved' or 'sequential'"),
-    (BASIC.replace("    schedule: {repeats: 2}\n", "    schedule: {repeats: two}\n"),
-     r"cfg.yaml:\d+: key 'schedule.repeats': Input should be a valid integer"),
-    (BASIC.replace("    schedule: {repeats: 2}\n", "    schedul: {repeats: 2}\n"),
-     r"cfg.yaml:\d+: unknown key 'schedul'; allowed keys: name, sglang, model, server, variants"),
-    (BASIC.replace("control: [null-comment]", "control: [no-such-patch]"),
-     r"cfg.yaml:\d+: variants.control.patches\[0\]: patch 'no-such-patch' not found .*available: .*null-comment"),
-    (BASIC.replace("fake: {n: 2}", "fake: {n: 2, m: 1}"),
-     r"unknown key 'suites.fake.m'; allowed keys: n, rounds$"),
-    (BASIC.replace("fake: {n: 2}", "nosuch: {}"),
-     r"cfg.yaml:\d+: unknown suite 'nosuch' under suites; allowed: .*mmmu"),
-    (BASIC.replace("    model: {path: \"@MODEL@\"}\n", ""), r"missing required key 'model'"),
-])
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        (
+            BASIC.replace(
+                "    schedule: {repeats: 2}\n", "    schedule: {repeats: 2, order: zigzag}\n"
+            ),
+            r"cfg.yaml:\d+: key 'schedule.order': Input should be 'interleaved' or 'sequential'",
+        ),
+        (
+            BASIC.replace("    schedule: {repeats: 2}\n", "    schedule: {repeats: two}\n"),
+            r"cfg.yaml:\d+: key 'schedule.repeats': Input should be a valid integer",
+        ),
+        (
+            BASIC.replace("    schedule: {repeats: 2}\n", "    schedul: {repeats: 2}\n"),
+            r"cfg.yaml:\d+: unknown key 'schedul'; allowed keys: name, sglang, model, server, variants",
+        ),
+        (
+            BASIC.replace("control: [null-comment]", "control: [no-such-patch]"),
+            r"cfg.yaml:\d+: variants.control.patches\[0\]: patch 'no-such-patch' not found .*available: .*null-comment",
+        ),
+        (
+            BASIC.replace("fake: {n: 2}", "fake: {n: 2, m: 1}"),
+            r"unknown key 'suites.fake.m'; allowed keys: n, rounds$",
+        ),
+        (
+            BASIC.replace("fake: {n: 2}", "nosuch: {}"),
+            r"cfg.yaml:\d+: unknown suite 'nosuch' under suites; allowed: .*mmmu",
+        ),
+        (BASIC.replace('    model: {path: "@MODEL@"}\n', ""), r"missing required key 'model'"),
+    ],
+)
 def test_config_errors_name_file_key_line_and_allowed(fake_env, tmp_path, body, expected):
     cfg = write_config(tmp_path, body)
     with pytest.raises(ConfigError) as ei:
         load_config(cfg)
     import re
+
     assert re.search(expected, str(ei.value)), str(ei.value)
     assert bench.cli([str(cfg)]) == 2
 
@@ -210,6 +244,7 @@ def _model_cfg(tmp_path, model_yaml: str):
 def test_tiny_model_missing_is_built_where_the_config_says(fake_env, tmp_path, monkeypatch):
     """A clean clone has no .cache/models: `tiny: true` must build it (CI failed on this once)."""
     import patchbench.tinymodel as tm
+
     built = []
     monkeypatch.setattr(tm, "build_tiny_qwen25vl", lambda d: built.append(Path(d)) or Path(d))
     cfg = _model_cfg(tmp_path, f"model: {{path: {tmp_path / 'models' / 'tiny'}, tiny: true}}")
@@ -222,23 +257,43 @@ def test_hub_id_is_passed_through_and_missing_local_path_is_an_error(fake_env, t
     bench.ensure_model(cfg)  # no error: sglang finds a hub id in the HF cache
     assert cfg.model_ref == "Qwen/Qwen2.5-VL-3B-Instruct"
     cfg = _model_cfg(tmp_path, "model: {path: ./no-such-model}")
-    with pytest.raises(bench.EnvironmentNotReady, match=r"model.path .*no-such-model does not exist"):
+    with pytest.raises(
+        bench.EnvironmentNotReady, match=r"model.path .*no-such-model does not exist"
+    ):
         bench.ensure_model(cfg)
 
 
 def test_overhead_share_and_breakdown_by_hand():
     """Two cells ran, one was skipped on resume: 100 s total, 80 s inside start-up and suites."""
     records = [
-        {"timings_s": {"server_start": 20.0, "suite:mmmu": 10.0, "flush:serving": 0.5,
-                       "suite:serving": 10.0, "server_stop": 4.0}},
-        {"timings_s": {"server_start": 20.0, "suite:mmmu": 10.0, "suite:serving": 10.0,
-                       "server_stop": 1.5}},
+        {
+            "timings_s": {
+                "server_start": 20.0,
+                "suite:mmmu": 10.0,
+                "flush:serving": 0.5,
+                "suite:serving": 10.0,
+                "server_stop": 4.0,
+            }
+        },
+        {
+            "timings_s": {
+                "server_start": 20.0,
+                "suite:mmmu": 10.0,
+                "suite:serving": 10.0,
+                "server_stop": 1.5,
+            }
+        },
         {"timings_s": {"server_start": 99.0, "server_stop": 99.0}, "skipped": True},
     ]
     timings = {"setup": 2.0, "report": 1.0, "total": 100.0}
     assert bench._overhead_share(records, timings) == 0.2
     assert bench._overhead_breakdown(records, timings) == {
-        "setup": 2.0, "server_stop": 5.5, "flush": 0.5, "report": 1.0, "other": 11.0}
+        "setup": 2.0,
+        "server_stop": 5.5,
+        "flush": 0.5,
+        "report": 1.0,
+        "other": 11.0,
+    }
 
 
 def test_scheduler_death_fails_the_cell_within_seconds_and_the_run_goes_on(fake_env, tmp_path):
@@ -265,6 +320,7 @@ def test_scheduler_death_fails_the_cell_within_seconds_and_the_run_goes_on(fake_
                     os.kill(p.pid, signal.SIGKILL)
                     return
             time.sleep(0.05)
+
     threading.Thread(target=killer, daemon=True).start()
     with pytest.raises(bench.RunFailed) as ei:
         bench.run_bench(cfg, results_root=tmp_path / "results")
@@ -280,23 +336,39 @@ def test_scheduler_death_fails_the_cell_within_seconds_and_the_run_goes_on(fake_
     assert rec["liveness"]["death"]["detected_after_s"] > 0
     # the suite ended at once: well under one request's wait, not the 600 s request timeout
     assert rec["timings_s"]["suite:fake"] < 1.5 + 3.0
-    assert not psutil.pid_exists(rec["server"]["pid"]) or \
-        psutil.Process(rec["server"]["pid"]).status() == psutil.STATUS_ZOMBIE
-    cells = {(c["variant"], c["repeat"]): c["status"] for c in read_json(run_dir / "manifest.json")["cells"]}
-    assert cells == {("baseline", 0): "ok", ("control", 0): "failed", ("control", 1): "ok",
-                     ("baseline", 1): "ok"}
+    assert (
+        not psutil.pid_exists(rec["server"]["pid"])
+        or psutil.Process(rec["server"]["pid"]).status() == psutil.STATUS_ZOMBIE
+    )
+    cells = {
+        (c["variant"], c["repeat"]): c["status"]
+        for c in read_json(run_dir / "manifest.json")["cells"]
+    }
+    assert cells == {
+        ("baseline", 0): "ok",
+        ("control", 0): "failed",
+        ("control", 1): "ok",
+        ("baseline", 1): "ok",
+    }
 
 
 def test_instrumented_or_untimed_suites_get_one_correctness_cell_per_variant(fake_env, tmp_path):
-    cfg = write_config(tmp_path, BASIC.replace("schedule: {repeats: 2}", "schedule: {repeats: 1}")
-                       .replace("fake: {n: 2}", "fake: {n: 1}\n      fake_instr: {}\n      fake_untimed: {}"))
+    cfg = write_config(
+        tmp_path,
+        BASIC.replace("schedule: {repeats: 2}", "schedule: {repeats: 1}").replace(
+            "fake: {n: 2}", "fake: {n: 1}\n      fake_instr: {}\n      fake_untimed: {}"
+        ),
+    )
     plan = bench.describe_plan(load_config(cfg))
     assert "correctness baseline#correctness control#correctness" in plan
     run_dir = bench.run_bench(cfg, results_root=tmp_path / "results")
     man = read_json(run_dir / "manifest.json")
     assert [(c["variant"], c["cell_kind"], c["instrumented"]) for c in man["cells"]] == [
-        ("baseline", "correctness", True), ("control", "correctness", True),
-        ("baseline", "timed", False), ("control", "timed", False)]
+        ("baseline", "correctness", True),
+        ("control", "correctness", True),
+        ("baseline", "timed", False),
+        ("control", "timed", False),
+    ]
     corr = read_json(run_dir / "control" / "correctness" / "cell.json")
     assert corr["cell_kind"] == "correctness" and corr["instrumented"] is True
     assert set(corr["suites"]) == {"fake", "fake_instr", "fake_untimed"}

@@ -30,8 +30,14 @@ def cal():
 
 def _trial(cal, seed, repeats, speedup=None, run_cv=0.03, run_id="t"):
     rng = np.random.default_rng(seed)
-    return cal.simulate(rng, cal.Model(run_cv=run_cv, questions=60), repeats,
-                        speedup=speedup or {}, syncs={}, run_id=run_id)
+    return cal.simulate(
+        rng,
+        cal.Model(run_cv=run_cv, questions=60),
+        repeats,
+        speedup=speedup or {},
+        syncs={},
+        run_id=run_id,
+    )
 
 
 def test_in_memory_verdicts_equal_run_folder_verdicts(cal, tmp_path):
@@ -45,12 +51,19 @@ def test_in_memory_verdicts_equal_run_folder_verdicts(cal, tmp_path):
         assert analysis.read_run is orig  # the seams are undone
 
         def key(cmp):
-            return {(r.variant, r.metric): (r.verdict, r.change, r.low, r.high, r.confidence)
-                    for r in cmp.rows if r.primary}
+            return {
+                (r.variant, r.metric): (r.verdict, r.change, r.low, r.high, r.confidence)
+                for r in cmp.rows
+                if r.primary
+            }
 
         km, kd = key(mem), key(disk)
-        assert set(km) == {(v, m) for v in ("aa", "patch-a", "patch-b")
-                           for ms in cal.PRIMARIES.values() for m in ms}
+        assert set(km) == {
+            (v, m)
+            for v in ("aa", "patch-a", "patch-b")
+            for ms in cal.PRIMARIES.values()
+            for m in ms
+        }
         assert km.keys() == kd.keys()
         for k in km:
             assert km[k][0] == kd[k][0], k
@@ -69,11 +82,13 @@ def test_mmmu_average_matches_the_suites_pair_hook(cal, tmp_path):
     dirs = {}
     for (v, k), c in tr.correct.items():
         d = tmp_path / v / f"rep{k}"
-        records.write_jsonl(d / "records.jsonl",
-                            mmmu_rows(["correct" if x else "wrong" for x in c]))
+        records.write_jsonl(
+            d / "records.jsonl", mmmu_rows(["correct" if x else "wrong" for x in c])
+        )
         dirs[(v, k)] = d
-    real = pair_repeats([dirs[("baseline", k)] for k in range(3)],
-                        [dirs[("patch-a", k)] for k in range(3)])["accuracy"]["mmmu_overall_acc"]
+    real = pair_repeats(
+        [dirs[("baseline", k)] for k in range(3)], [dirs[("patch-a", k)] for k in range(3)]
+    )["accuracy"]["mmmu_overall_acc"]
     mine = cal.mmmu_accuracy(tr.correct, "baseline", "patch-a", [0, 1, 2])["mmmu_overall_acc"]
     assert mine["ids"] == real["ids"]
     assert mine["baseline"] == pytest.approx(real["baseline"])
@@ -85,8 +100,7 @@ def test_huge_effect_always_improved_and_rates_follow_the_settings(cal):
     c = cal.run_row(m, 5, 6, 0, CompareSettings(), scenarios=("effect",), effect=0.5)
     assert (c.effect, c.new_power, c.old_power) == (6, 6, 6)
     # the same trials with min_repeats above the repeats: the comparison judges nothing
-    c = cal.run_row(m, 5, 6, 0, CompareSettings(min_repeats=6), scenarios=("effect",),
-                    effect=0.5)
+    c = cal.run_row(m, 5, 6, 0, CompareSettings(min_repeats=6), scenarios=("effect",), effect=0.5)
     assert (c.effect, c.new_power) == (6, 0)
 
 
@@ -105,12 +119,14 @@ def test_noise_model_run_cv_without_request_noise(cal):
     # of a cell scaled by exp(s), s ~ N(0, run_cv) (TTFT adds < 2 % of E2E): the log sd over
     # cells is the run CV
     m = cal.Model(run_cv=0.05, req_cv=0.0, questions=10)
-    tr = cal.simulate(np.random.default_rng(0), m, 200, speedup={"patch-a": 0.10}, syncs={},
-                      run_id="t")
+    tr = cal.simulate(
+        np.random.default_rng(0), m, 200, speedup={"patch-a": 0.10}, syncs={}, run_id="t"
+    )
     x = np.log(tr.values("baseline", "serving", "output_throughput_tok_s"))
     assert x.std(ddof=1) == pytest.approx(0.05, rel=0.15)
-    ratio = np.exp(np.mean(np.log(tr.values("patch-a", "serving", "output_throughput_tok_s")))
-                   - x.mean())
+    ratio = np.exp(
+        np.mean(np.log(tr.values("patch-a", "serving", "output_throughput_tok_s"))) - x.mean()
+    )
     assert ratio == pytest.approx(1.10, abs=0.015)
     e2e = tr.values("baseline", "serving", "e2e_latency_median_ms")
     itl = tr.values("baseline", "serving", "itl_median_ms")
@@ -119,8 +135,12 @@ def test_noise_model_run_cv_without_request_noise(cal):
 
 def test_old_rule_floor_and_zero_width(cal):
     tr = cal.Trial("t", 3, list(cal.VARIANTS))
-    vals = {"baseline": [100, 100, 100], "aa": [101, 97, 102], "patch-a": [104, 104, 104],
-            "patch-b": [99, 101, 100]}
+    vals = {
+        "baseline": [100, 100, 100],
+        "aa": [101, 97, 102],
+        "patch-a": [104, 104, 104],
+        "patch-b": [99, 101, 100],
+    }
     for v, xs in vals.items():
         for k, x in enumerate(xs):
             tr.metrics[(v, k)] = {"serving": {"output_throughput_tok_s": float(x)}}

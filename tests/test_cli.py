@@ -27,6 +27,7 @@ ALL_COMMANDS = [
     "check-patch",
     "new-patch",
     "score-mmmu",
+    "matrix",
     "make-tiny-model",
     "doctor",
 ]
@@ -39,6 +40,7 @@ MINIMAL_ARGS = {
     "check-patch": [],
     "new-patch": ["x", "--from-diff", "x.diff", "--sglang", "0.5.1.post3"],
     "score-mmmu": ["responses", "--answer-key", "key.json"],
+    "matrix": ["matrix.yaml"],
     "make-tiny-model": [],
     "doctor": [],
 }
@@ -364,3 +366,15 @@ def test_ctrl_c_during_a_suite_exits_130_and_keeps_the_manifest(
     assert "patchbench bench: interrupted (exit 130)" in capsys.readouterr().err
     (run_dir,) = (tmp_path / "results").iterdir()
     assert (run_dir / "manifest.json").is_file()
+
+
+def test_matrix_bad_file_exits_2_naming_it(tmp_path, capsys):
+    """A matrix whose axis names no config key is a config error (exit 2) naming the file."""
+    bad = tmp_path / "m.yaml"
+    bad.write_text(
+        f"name: m\nbase: {REPO / 'configs' / 'demo-cpu.yaml'}\naxes:\n  no_such.key: [1, 2]\n"
+    )
+    assert cli.main(["matrix", str(bad), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "m.yaml" in err and "no_such" in err, err
+    assert cli.main(["matrix", str(tmp_path / "none.yaml")]) == 2

@@ -2,6 +2,7 @@
 atomic write (patchbench.records) ends with one line naming the file and the reason (exit 4),
 leaves no temporary file and never half a file; a bench run stops with exit 4 through the one
 command line, without a traceback, with the finished cells intact and no server left."""
+
 import errno
 import json
 import os
@@ -14,7 +15,8 @@ from patchbench import bench, cli, records
 from patchbench.errors import RunFailed
 from patchbench.records import ResultsWriteError
 from patchbench.server import port_answers
-from tests.test_bench_runner import BASIC, fake_env, write_config  # noqa: F401 - fixture
+from tests.test_bench_runner import BASIC, write_config
+from tests.test_bench_runner import fake_env as fake_env
 
 ROOT = os.geteuid() == 0  # chmod does not stop root: simulate EACCES there
 PORT = 31987  # not test_bench_runner's port, so both files can run at the same time
@@ -33,8 +35,10 @@ def _fd_path(fd: int) -> str:
 # ----------------------------------------------------------------------------- atomic writes
 def _fail_at(monkeypatch, stage: str, err: OSError) -> None:
     """Make records.write_bytes fail at ``stage`` with ``err``."""
+
     def boom(*_a, **_k):
         raise err
+
     if stage == "mkstemp":
         monkeypatch.setattr(tempfile, "mkstemp", boom)
     elif stage == "fsync":
@@ -60,21 +64,26 @@ def _fail_at(monkeypatch, stage: str, err: OSError) -> None:
 
             def __getattr__(self, k):
                 return getattr(self.f, k)
+
         monkeypatch.setattr(os, "fdopen", lambda fd, mode: Full(real(fd, mode)))
     else:
         raise AssertionError(stage)
 
 
-@pytest.mark.parametrize("stage, code, reason", [
-    ("mkstemp", errno.EACCES, "Permission denied (EACCES)"),
-    ("mkstemp", errno.EROFS, "Read-only file system (EROFS)"),
-    ("write", errno.ENOSPC, "No space left on device (ENOSPC)"),
-    ("fsync", errno.ENOSPC, "No space left on device (ENOSPC)"),
-    ("write", errno.EDQUOT, "Disk quota exceeded (EDQUOT)"),
-    ("replace", errno.EACCES, "Permission denied (EACCES)"),
-])
+@pytest.mark.parametrize(
+    "stage, code, reason",
+    [
+        ("mkstemp", errno.EACCES, "Permission denied (EACCES)"),
+        ("mkstemp", errno.EROFS, "Read-only file system (EROFS)"),
+        ("write", errno.ENOSPC, "No space left on device (ENOSPC)"),
+        ("fsync", errno.ENOSPC, "No space left on device (ENOSPC)"),
+        ("write", errno.EDQUOT, "Disk quota exceeded (EDQUOT)"),
+        ("replace", errno.EACCES, "Permission denied (EACCES)"),
+    ],
+)
 def test_a_failed_write_names_the_file_and_reason_and_keeps_the_old_file(
-        tmp_path, monkeypatch, stage, code, reason):
+    tmp_path, monkeypatch, stage, code, reason
+):
     target = tmp_path / "rep0" / "cell.json"
     records.write_json(target, {"status": "running", "pad": "x" * 10_000})
     before = target.read_bytes()
@@ -99,8 +108,11 @@ def test_a_real_read_only_folder_is_a_results_write_error(tmp_path):
     records.write_text(d / "a.txt", "kept")
     d.chmod(0o555)
     try:
-        with pytest.raises(ResultsWriteError, match=r"cannot write .*run/b\.txt: Permission denied "
-                                                    r"\(EACCES\)"):
+        with pytest.raises(
+            ResultsWriteError,
+            match=r"cannot write .*run/b\.txt: Permission denied "
+            r"\(EACCES\)",
+        ):
             records.write_text(d / "b.txt", "lost")
         with pytest.raises(ResultsWriteError, match=r"run/sub: Permission denied"):
             records.make_dir(d / "sub")
@@ -138,6 +150,7 @@ def _disk_full_from(monkeypatch, run_root: Path, trigger: str, *, only_trigger: 
                 state["failed"].append(p)
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(fd)
+
     monkeypatch.setattr(os, "fsync", fsync)
     return state
 
@@ -157,7 +170,8 @@ def _assert_cell_kept(run_dir: Path, variant: str, repeat: int) -> None:
 
 
 def test_disk_full_mid_cell_exits_4_with_one_line_and_keeps_finished_cells(
-        fake_env, tmp_path, monkeypatch, capsys):  # noqa: F811 - fixture
+    fake_env, tmp_path, monkeypatch, capsys
+):
     cfg = write_config(tmp_path, CONFIG)
     root = tmp_path / "results"
     # cells run baseline#0, control#0, ...: the disk fills while control#0's suite writes
@@ -168,13 +182,17 @@ def test_disk_full_mid_cell_exits_4_with_one_line_and_keeps_finished_cells(
     line = _one_error_line(out.err)
     run_dir = next(root.iterdir())
     # the last write that failed is named, with the reason
-    assert line.startswith("patchbench bench: run failed (exit 4): cannot write "
-                           f"{state['failed'][-1].rsplit('/', 1)[0]}/")
+    assert line.startswith(
+        "patchbench bench: run failed (exit 4): cannot write "
+        f"{state['failed'][-1].rsplit('/', 1)[0]}/"
+    )
     assert str(run_dir / "control" / "rep0") in line
     assert "No space left on device (ENOSPC)" in line
     _assert_cell_kept(run_dir, "baseline", 0)
     man = records.read_json(run_dir / "manifest.json")
-    assert [(c["variant"], c["repeat"], c["status"]) for c in man["cells"]] == [("baseline", 0, "ok")]
+    assert [(c["variant"], c["repeat"], c["status"]) for c in man["cells"]] == [
+        ("baseline", 0, "ok")
+    ]
     # nothing half-written, no temp file, no server left
     cell = records.read_json(run_dir / "control" / "rep0" / "cell.json")
     assert cell["variant"] == "control" and cell["repeat"] == 0
@@ -185,7 +203,8 @@ def test_disk_full_mid_cell_exits_4_with_one_line_and_keeps_finished_cells(
 
 
 def test_a_failed_summary_write_leaves_cell_json_final_and_failed(
-        fake_env, tmp_path, monkeypatch, capsys):  # noqa: F811 - fixture
+    fake_env, tmp_path, monkeypatch, capsys
+):
     cfg = write_config(tmp_path, CONFIG)
     root = tmp_path / "results"
     _disk_full_from(monkeypatch, root, "control/rep0/fake/.summary.json.", only_trigger=True)
@@ -222,6 +241,7 @@ def _make_read_only(monkeypatch, folder: Path) -> None:
         if str(path).startswith(str(folder)):
             raise deny
         return real_mkdir(path, *a, **k)
+
     monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
     monkeypatch.setattr(os, "mkdir", mkdir)
 
@@ -238,6 +258,7 @@ def _read_only_after(monkeypatch, writes: int) -> dict:
             state["run_dir"] = Path(run_dir)
             _make_read_only(monkeypatch, Path(run_dir))
         return out
+
     monkeypatch.setattr(bench, "write_manifest", write_manifest)
     return state
 
@@ -248,7 +269,8 @@ def _writable_again(folder: Path) -> None:
 
 
 def test_results_folder_read_only_after_a_cell_exits_4_naming_the_manifest(
-        fake_env, tmp_path, monkeypatch, capsys):  # noqa: F811 - fixture
+    fake_env, tmp_path, monkeypatch, capsys
+):
     cfg = write_config(tmp_path, CONFIG)
     root = tmp_path / "results"
     real_run_cell = bench.run_cell
@@ -259,15 +281,18 @@ def test_results_folder_read_only_after_a_cell_exits_4_naming_the_manifest(
         calls.append(rec.status)
         _make_read_only(monkeypatch, a[3])
         return rec
+
     monkeypatch.setattr(bench, "run_cell", run_cell)
     try:
         rc = cli.main(["bench", str(cfg), "--results", str(root)])
         run_dir = next(root.iterdir())
         line = _one_error_line(capsys.readouterr().err)
         assert rc == 4 and calls == ["ok"]
-        assert line == (f"patchbench bench: run failed (exit 4): cannot write {run_dir}/manifest.json: "
-                        "Permission denied (EACCES); the folder is not writable by this user: fix its "
-                        "permissions or use --results DIR")
+        assert line == (
+            f"patchbench bench: run failed (exit 4): cannot write {run_dir}/manifest.json: "
+            "Permission denied (EACCES); the folder is not writable by this user: fix its "
+            "permissions or use --results DIR"
+        )
     finally:
         _writable_again(root)
     _assert_cell_kept(run_dir, "baseline", 0)
@@ -277,7 +302,8 @@ def test_results_folder_read_only_after_a_cell_exits_4_naming_the_manifest(
 
 
 def test_results_folder_read_only_before_the_next_cell_exits_4(
-        fake_env, tmp_path, monkeypatch, capsys):  # noqa: F811 - fixture
+    fake_env, tmp_path, monkeypatch, capsys
+):
     cfg = write_config(tmp_path, CONFIG)
     root = tmp_path / "results"
     state = _read_only_after(monkeypatch, 2)  # the initial manifest, then after baseline#0
@@ -295,7 +321,8 @@ def test_results_folder_read_only_before_the_next_cell_exits_4(
 
 
 def test_resume_into_a_read_only_run_folder_exits_4_and_changes_nothing(
-        fake_env, tmp_path, monkeypatch, capsys):  # noqa: F811 - fixture
+    fake_env, tmp_path, monkeypatch, capsys
+):
     cfg = write_config(tmp_path, CONFIG.replace("repeats: 2", "repeats: 1"))
     run_dir = bench.run_bench(cfg, results_root=tmp_path / "results")
     (run_dir / "control" / "rep0" / "fake" / "summary.json").unlink()  # one cell left to run
@@ -315,8 +342,12 @@ def test_resume_into_a_read_only_run_folder_exits_4_and_changes_nothing(
 def test_every_test_the_fault_table_names_exists():
     doc = (Path(__file__).parents[1] / "docs" / "faults.md").read_text()
     import re
+
     named = re.findall(r"`(tests/[\w/]+\.py)::(\w+)(?:\[[^\]`]*\])?`", doc)
     assert len(named) >= 40
-    missing = [f"{f}::{t}" for f, t in named
-               if f"def {t}(" not in (Path(__file__).parents[1] / f).read_text()]
+    missing = [
+        f"{f}::{t}"
+        for f, t in named
+        if f"def {t}(" not in (Path(__file__).parents[1] / f).read_text()
+    ]
     assert missing == []

@@ -14,6 +14,7 @@ profile suite's live-server traces (stock 0.5.1.post3 syncs inside the mrope ran
 step, more with a larger batch; ours none), greedy outputs token-identical between variants, and
 the report exists.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,9 +37,14 @@ VENV_0523 = REPO / ".venv-0.5.23" / "bin" / "python"
 
 def _run(python: str, config: str, results: Path, *extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.run([python, str(REPO / "runner.py"), "bench", config, "--results",
-                           str(results), *extra], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=3000)
+    return subprocess.run(
+        [python, str(REPO / "runner.py"), "bench", config, "--results", str(results), *extra],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3000,
+    )
 
 
 def _run_dir(results: Path) -> Path:
@@ -74,8 +80,11 @@ def _cells(run_dir: Path) -> list[dict]:
 
 def _correctness(run_dir: Path) -> dict[str, dict]:
     """{variant: manifest entry} of the untimed correctness cells."""
-    return {c["variant"]: c for c in read_json(run_dir / "manifest.json")["cells"]
-            if c["cell_kind"] == "correctness"}
+    return {
+        c["variant"]: c
+        for c in read_json(run_dir / "manifest.json")["cells"]
+        if c["cell_kind"] == "correctness"
+    }
 
 
 @pytest.mark.parametrize("which", ["demo_0513", "demo_0523"])
@@ -92,7 +101,9 @@ def test_results_folder_and_servers_stopped(which, request):
     timed = [c for c in man["cells"] if c["cell_kind"] == "timed"]
     corr = [c for c in man["cells"] if c["cell_kind"] == "correctness"]
     assert len(timed) == n_timed and all(c["instrumented"] is False for c in timed)
-    assert all(c["instrumented"] is True and c["dir"] == f"{c['variant']}/correctness" for c in corr)
+    assert all(
+        c["instrumented"] is True and c["dir"] == f"{c['variant']}/correctness" for c in corr
+    )
     for c in man["cells"]:
         cdir = run_dir / c["dir"]
         cell = read_json(cdir / "cell.json")
@@ -140,8 +151,13 @@ def test_patched_decode_path_ran_on_mixed_image_batches_and_matched_stock(which,
         assert probe.get("crosscheck_decode_mismatch", 0) == 0
         assert probe.get("crosscheck_extend_mismatch", 0) == 0
         assert probe.get("decode_live_errors", 0) == 0
-        print(c["dir"], {k: probe[k] for k in ("decode_calls", "decode_multi_image_calls",
-                                               "crosscheck_decode_equal")})
+        print(
+            c["dir"],
+            {
+                k: probe[k]
+                for k in ("decode_calls", "decode_multi_image_calls", "crosscheck_decode_equal")
+            },
+        )
 
 
 @pytest.mark.parametrize("which", ["demo_0513", "demo_0523"])
@@ -152,15 +168,22 @@ def test_greedy_outputs_identical_between_variants(which, request):
     cells = _cells(run_dir)
     base = next(c for c in cells if c["variant"] == "baseline" and c["repeat"] == 0)
     b_req = read_json(run_dir / base["dir"] / "serving" / "requests.json")
-    b_mmmu = {r["id"]: r["response"] for r in read_jsonl(run_dir / base["dir"] / "mmmu" / "records.jsonl")}
+    b_mmmu = {
+        r["id"]: r["response"] for r in read_jsonl(run_dir / base["dir"] / "mmmu" / "records.jsonl")
+    }
     assert len(b_req["generated_text"]) >= 20 and len(b_mmmu) >= 60
     for c in cells:
         # MMMU: every demo question, token-identical (0.5.23's demo sends them one at a time:
         # its CPU engine's batched decoding is not bit-deterministic, see the config)
-        mmmu = {r["id"]: r["response"] for r in read_jsonl(run_dir / c["dir"] / "mmmu" / "records.jsonl")}
+        mmmu = {
+            r["id"]: r["response"]
+            for r in read_jsonl(run_dir / c["dir"] / "mmmu" / "records.jsonl")
+        }
         assert mmmu == b_mmmu, c["dir"]
         req = read_json(run_dir / c["dir"] / "serving" / "requests.json")
-        same = sum(a == b for a, b in zip(req["generated_text"], b_req["generated_text"], strict=True))
+        same = sum(
+            a == b for a, b in zip(req["generated_text"], b_req["generated_text"], strict=True)
+        )
         if which == "demo_0513":  # 0.5.1.post3's CPU engine: identical even when batched
             assert req["generated_text"] == b_req["generated_text"], c["dir"]
         else:  # batched at concurrency 8 (the decode path under test needs batches)
@@ -208,8 +231,11 @@ def test_profile_ours_has_no_sync_inside_the_mrope_range(which, request):
 
 def test_sync_probe_catches_stock_and_clears_ours_0513(demo_0513):
     run_dir = demo_0513
-    by = {c["variant"]: read_json(run_dir / c["dir"] / "sync_probe" / "summary.json")["metrics"]
-          for c in _cells(run_dir) if c["repeat"] == 0}
+    by = {
+        c["variant"]: read_json(run_dir / c["dir"] / "sync_probe" / "summary.json")["metrics"]
+        for c in _cells(run_dir)
+        if c["repeat"] == 0
+    }
     assert by["baseline"]["sync_d2h_reads_count"] > 0
     assert by["mrope-sync-free"]["sync_d2h_reads_count"] == 0
     assert by["mrope-sync-free"]["sync_blocking_h2d_copies_count"] == 0
@@ -218,9 +244,20 @@ def test_sync_probe_catches_stock_and_clears_ours_0513(demo_0513):
 def test_resume_does_nothing(demo_0513):
     run_dir = demo_0513
     before = {p: p.stat().st_mtime_ns for p in run_dir.glob("*/*/cell.json")}
-    p = subprocess.run([sys.executable, str(REPO / "runner.py"), "bench", "configs/demo-cpu.yaml",
-                        "--resume", str(run_dir)], cwd=REPO, capture_output=True, text=True,
-                       timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "runner.py"),
+            "bench",
+            "configs/demo-cpu.yaml",
+            "--resume",
+            str(run_dir),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     assert "starting server" not in p.stdout
     assert {p: p.stat().st_mtime_ns for p in run_dir.glob("*/*/cell.json")} == before
@@ -230,6 +267,8 @@ def test_resume_does_nothing(demo_0513):
 def test_harness_overhead_recorded(demo_0513):
     t = read_json(demo_0513 / "manifest.json")["timings_s"]
     print("timings", t)
-    assert 0 <= t["harness_overhead_share"] < 0.5  # goal < 5% on a quiet machine; CI shares its cores
+    assert (
+        0 <= t["harness_overhead_share"] < 0.5
+    )  # goal < 5% on a quiet machine; CI shares its cores
     b = t["overhead_breakdown_s"]
     assert sum(b.values()) == pytest.approx(t["harness_overhead_share"] * t["total"], abs=0.05)

@@ -7,9 +7,14 @@ def test_torch_build_info_without_import_matches_torch():
     import sys
 
     from patchbench.envinfo import torch_build_info
+
     got = torch_build_info()
-    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__, torch.version.cuda)"],
-                         capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.__version__, torch.version.cuda)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert [got["torch"], str(got["cuda_build"])] == out
 
 
@@ -49,14 +54,20 @@ class FakeNvmlModule:
         class P:
             def __init__(self, pid):
                 self.pid = pid
+
         return [P(p) for p in self.readings[self.k][5]]
 
 
 def test_gpu_sampler_flags_throttling_and_foreign_processes():
     from patchbench.gpu import GpuSampler, open_nvml
-    nv = FakeNvmlModule([(1980, 2619, 40, 300000, 0, [100]),  # pid 100 is ours
-                         (1980, 2619, 41, 310000, 0x1, [100]),  # 0x1 = idle: not a throttle
-                         (1500, 2619, 85, 700000, 0x40 | 0x4, [100, 999])])  # hw thermal + power cap
+
+    nv = FakeNvmlModule(
+        [
+            (1980, 2619, 40, 300000, 0, [100]),  # pid 100 is ours
+            (1980, 2619, 41, 310000, 0x1, [100]),  # 0x1 = idle: not a throttle
+            (1500, 2619, 85, 700000, 0x40 | 0x4, [100, 999]),
+        ]
+    )  # hw thermal + power cap
     s = GpuSampler(open_nvml(nv), ours=lambda: {100})
     for _ in range(3):
         s.sample_once()
@@ -68,9 +79,11 @@ def test_gpu_sampler_flags_throttling_and_foreign_processes():
     assert g["power_w"] == {"min": 300.0, "median": 310.0, "max": 700.0}
     assert g["throttle"] == {"sw_power_cap": 1, "hw_thermal_slowdown": 1}
     assert g["foreign_pids"] == [999]
-    assert out["flags"] == ["GPU 0: throttled (hw_thermal_slowdown) in 1 of 3 samples",
-                            "GPU 0: throttled (sw_power_cap) in 1 of 3 samples",
-                            "GPU 0: foreign process(es) [999] used the GPU during the cell"]
+    assert out["flags"] == [
+        "GPU 0: throttled (hw_thermal_slowdown) in 1 of 3 samples",
+        "GPU 0: throttled (sw_power_cap) in 1 of 3 samples",
+        "GPU 0: foreign process(es) [999] used the GPU during the cell",
+    ]
 
 
 def test_no_nvml_means_no_gpu_checks():
@@ -79,4 +92,5 @@ def test_no_nvml_means_no_gpu_checks():
     class NoDriver:
         def nvmlInit(self):
             raise RuntimeError("NVML Shared Library Not Found")
+
     assert open_nvml(NoDriver()) is None

@@ -1,6 +1,7 @@
 """Liveness of the whole server (patchbench.liveness) against the fake server: a scheduler child
 killed with SIGKILL while the HTTP front end stays up is seen within a second, the suite is
 stopped at once, its client process is killed, and the message names the process."""
+
 import os
 import signal
 import subprocess
@@ -22,9 +23,18 @@ def _server(tmp_path, **env) -> SglangServer:
     e = dict(os.environ)
     e["PYTHONPATH"] = str(FAKE)
     e.update({k: str(v) for k, v in env.items()})
-    spec = LaunchSpec(python=sys.executable, model_path="fake", host="127.0.0.1", port=free_port(),
-                      args=[], env=e, log_path=tmp_path / "server.log", ready_timeout_s=20,
-                      stop_grace_s=3, port_close_timeout_s=10)
+    spec = LaunchSpec(
+        python=sys.executable,
+        model_path="fake",
+        host="127.0.0.1",
+        port=free_port(),
+        args=[],
+        env=e,
+        log_path=tmp_path / "server.log",
+        ready_timeout_s=20,
+        stop_grace_s=3,
+        port_close_timeout_s=10,
+    )
     srv = SglangServer(spec)
     srv.start()
     srv.wait_ready()
@@ -40,12 +50,20 @@ def _scheduler_pid(srv) -> int:
     raise AssertionError("the fake scheduler did not start")
 
 
-@pytest.mark.parametrize("name, cmdline, leader, expected", [
-    ("sglang::schedul", ["sglang::scheduler_TP0"], False, "the sglang scheduler"),
-    ("sglang::detoken", ["sglang::detokenizer"], False, "the sglang detokenizer"),
-    ("python3", ["python3", "-m", "sglang.launch_server"], True, "the sglang server (HTTP front end)"),
-    ("python3", ["python3", "-c", "x"], False, "server process python3"),
-])
+@pytest.mark.parametrize(
+    "name, cmdline, leader, expected",
+    [
+        ("sglang::schedul", ["sglang::scheduler_TP0"], False, "the sglang scheduler"),
+        ("sglang::detoken", ["sglang::detokenizer"], False, "the sglang detokenizer"),
+        (
+            "python3",
+            ["python3", "-m", "sglang.launch_server"],
+            True,
+            "the sglang server (HTTP front end)",
+        ),
+        ("python3", ["python3", "-c", "x"], False, "server process python3"),
+    ],
+)
 def test_role_names(name, cmdline, leader, expected):
     assert role_of(name, cmdline, leader) == expected
 
@@ -56,8 +74,10 @@ def test_scheduler_sigkill_is_detected_within_a_second_and_named(tmp_path):
         sched = _scheduler_pid(srv)
         w = ServerWatch(srv.proc, srv.pgid).start()
         roles = {d["pid"]: d["role"] for d in w.describe()}
-        assert roles == {srv.pid: "the sglang server (HTTP front end)",
-                         sched: "the sglang scheduler"}
+        assert roles == {
+            srv.pid: "the sglang server (HTTP front end)",
+            sched: "the sglang scheduler",
+        }
         assert port_answers("127.0.0.1", srv.spec.port)  # the front end is up
         t0 = time.monotonic()
         os.kill(sched, signal.SIGKILL)
@@ -74,7 +94,9 @@ def test_scheduler_sigkill_is_detected_within_a_second_and_named(tmp_path):
         w.close()
     finally:
         srv.stop()
-    assert not psutil.pid_exists(srv.pid) or psutil.Process(srv.pid).status() == psutil.STATUS_ZOMBIE
+    assert (
+        not psutil.pid_exists(srv.pid) or psutil.Process(srv.pid).status() == psutil.STATUS_ZOMBIE
+    )
 
 
 def test_front_end_exit_is_named_with_its_exit_code(tmp_path):
@@ -82,7 +104,10 @@ def test_front_end_exit_is_named_with_its_exit_code(tmp_path):
     try:
         w = ServerWatch(srv.proc, srv.pgid).start()
         assert w.dead.wait(10)
-        assert w.death.message() == f"the sglang server (HTTP front end) (pid {srv.pid}) died, exit code 3"
+        assert (
+            w.death.message()
+            == f"the sglang server (HTTP front end) (pid {srv.pid}) died, exit code 3"
+        )
         w.close()
     finally:
         srv.stop()
@@ -99,8 +124,9 @@ def test_death_stops_the_suite_at_once_and_kills_its_client(tmp_path):
         w = ServerWatch(srv.proc, srv.pgid).start()
         with pytest.raises(ServerLost) as ei:
             with w.cancel_scope():
-                client = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                                          start_new_session=True)
+                client = subprocess.Popen(
+                    [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+                )
                 threading.Timer(0.5, os.kill, (sched, signal.SIGKILL)).start()
                 t0 = time.monotonic()
                 time.sleep(60)

@@ -3,6 +3,7 @@
 The stub stands in for faults a real server cannot be made to produce on demand (503 before an
 answer, a 400, a dropped connection); the real-server run is tests/test_mmmu_e2e.py.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -57,9 +58,12 @@ class Stub:
             return resp
         if status != 200:
             return web.Response(status=status, text=answer)
-        return web.json_response({"choices": [{"message": {"content": answer},
-                                               "finish_reason": "stop"}],
-                                  "usage": {"prompt_tokens": 100, "completion_tokens": 2}})
+        return web.json_response(
+            {
+                "choices": [{"message": {"content": answer}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 100, "completion_tokens": 2},
+            }
+        )
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"data": [{"id": "tiny-model"}]})
@@ -67,7 +71,7 @@ class Stub:
     def start(self) -> str:
         def serve():
             asyncio.set_event_loop(self.loop)
-            app = web.Application(client_max_size=64 * 2 ** 20)
+            app = web.Application(client_max_size=64 * 2**20)
             app.router.add_post("/v1/chat/completions", self.chat)
             app.router.add_get("/v1/models", self.models)
             self.runner = web.AppRunner(app)
@@ -77,6 +81,7 @@ class Stub:
             self.port = site._server.sockets[0].getsockname()[1]
             self.started.set()
             self.loop.run_forever()
+
         self.thread = threading.Thread(target=serve, daemon=True)
         self.thread.start()
         self.started.wait(10)
@@ -97,6 +102,7 @@ def stub_factory():
         url = s.start()
         stubs.append(s)
         return s, url
+
     yield make
     for s in stubs:
         s.stop()
@@ -111,14 +117,34 @@ def demo_dir(tmp_path_factory) -> Path:
 
 def ctx_for(url: str, out: Path, cache: Path) -> SuiteContext:
     host, port = url.rsplit(":", 1)
-    server = ServerInfo(base_url=url, host=host, port=int(port), model_path="m",
-                        tokenizer_path="m", log_path=out / "server.log", pid=0,
-                        flush_cache=lambda: None, alive=lambda: True)
+    server = ServerInfo(
+        base_url=url,
+        host=host,
+        port=int(port),
+        model_path="m",
+        tokenizer_path="m",
+        log_path=out / "server.log",
+        pid=0,
+        flush_cache=lambda: None,
+        alive=lambda: True,
+    )
     out.mkdir(parents=True, exist_ok=True)
-    return SuiteContext(server=server, out_dir=out, run_dir=out.parent, cache_dir=cache,
-                        variant="baseline", repeat=0, baseline="baseline", sglang_version="x",
-                        python="python", stock_env={}, variant_sglang_dir=out,
-                        stock_sglang_dir=out, device="cpu", log=lambda s: None)
+    return SuiteContext(
+        server=server,
+        out_dir=out,
+        run_dir=out.parent,
+        cache_dir=cache,
+        variant="baseline",
+        repeat=0,
+        baseline="baseline",
+        sglang_version="x",
+        python="python",
+        stock_env={},
+        variant_sglang_dir=out,
+        stock_sglang_dir=out,
+        device="cpu",
+        log=lambda s: None,
+    )
 
 
 def test_retry_only_before_any_answer_byte(stub_factory):
@@ -134,12 +160,18 @@ def test_retry_only_before_any_answer_byte(stub_factory):
         if text == "partial":
             return 200, "<partial>"
         return 200, "A"
+
     stub, url = stub_factory(behaviour)
-    bodies = [client.request_body([{"role": "user", "content": [{"type": "text", "text": t}]}],
-                                  model="m", temperature=0, max_tokens=30)
-              for t in ["ok", "flaky", "bad", "drop", "down", "partial"]]
-    out = asyncio.run(client.send_all(url, bodies, concurrency=4, request_timeout_s=10,
-                                      retries=2))
+    bodies = [
+        client.request_body(
+            [{"role": "user", "content": [{"type": "text", "text": t}]}],
+            model="m",
+            temperature=0,
+            max_tokens=30,
+        )
+        for t in ["ok", "flaky", "bad", "drop", "down", "partial"]
+    ]
+    out = asyncio.run(client.send_all(url, bodies, concurrency=4, request_timeout_s=10, retries=2))
     assert [o.response for o in out] == ["A", "B", None, None, None, None]
     assert out[1].attempts == 3 and out[1].error is None
     assert out[2].attempts == 1 and out[2].error.startswith("HTTP 400")  # never retried
@@ -157,6 +189,7 @@ def test_run_end_to_end_on_stub(stub_factory, demo_dir, tmp_path):
         if "Which word is printed" in text:
             return 503, "overloaded"  # every open "read" question fails
         return 200, "Answer: A"
+
     stub, url = stub_factory(behaviour)
     params = Params(dataset_path=str(demo_dir), concurrency=3, retries=1)
     res = run(ctx_for(url, tmp_path / "a" / "mmmu", tmp_path / "cache"), params)
@@ -168,9 +201,9 @@ def test_run_end_to_end_on_stub(stub_factory, demo_dir, tmp_path):
     assert res.status == "incomplete" and res.metrics["mmmu_failed_count"] == 3
     mc_a = [r for r in recs if r["question_type"] == "multiple-choice" and r["gold"] == "A"]
     assert res.metrics["mmmu_correct_count"] == len(mc_a) + sum(
-        1 for r in recs if r["question_type"] == "open" and r["verdict"] == "correct")
-    assert res.metrics["mmmu_overall_acc"] == pytest.approx(
-        res.metrics["mmmu_correct_count"] / 21)
+        1 for r in recs if r["question_type"] == "open" and r["verdict"] == "correct"
+    )
+    assert res.metrics["mmmu_overall_acc"] == pytest.approx(res.metrics["mmmu_correct_count"] / 21)
     for f in ("answer_sglang.json", "val_sglang.json", "scores.json"):
         assert (tmp_path / "a" / "mmmu" / f).exists()
     assert read_json(tmp_path / "a" / "mmmu" / "val_sglang.json")["Overall"]["num"] == 21
@@ -180,8 +213,11 @@ def test_run_end_to_end_on_stub(stub_factory, demo_dir, tmp_path):
     music = next(b for b in stub.bodies if "colour named" in json.dumps(b))
     parts = music["messages"][0]["content"]
     assert sum(p["type"] == "image_url" for p in parts) == 5
-    assert all(p["image_url"]["url"].startswith("data:image/png;base64,")
-               for p in parts if p["type"] == "image_url")
+    assert all(
+        p["image_url"]["url"].startswith("data:image/png;base64,")
+        for p in parts
+        if p["type"] == "image_url"
+    )
     assert res.meta["params"]["protocol"] == "patchbench" and res.meta["parser"] == "strict"
 
     # the prepared questions are cached for the run and reused by the next cell
@@ -207,8 +243,9 @@ def test_sglang_2025_protocol_run(stub_factory, demo_dir, tmp_path):
     params = Params(dataset_path=str(demo_dir), protocol="sglang-2025", limit=7)
     res = run(ctx_for(url, tmp_path / "mmmu", tmp_path / "cache"), params)
     assert res.meta["parser"] == "official" and res.meta["parser_seed"] == 42
-    assert all(sum(p["type"] == "image_url" for p in b["messages"][0]["content"]) == 1
-               for b in stub.bodies)
+    assert all(
+        sum(p["type"] == "image_url" for p in b["messages"][0]["content"]) == 1 for b in stub.bodies
+    )
     assert any("only image_1" in w for w in res.warnings)
 
 
@@ -219,7 +256,9 @@ def test_run_without_data_names_dataset(tmp_path, stub_factory, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # a port nothing listens on
     stub, url = stub_factory(lambda t, n: (200, "A"))
     with pytest.raises(SuiteError, match=r"MMMU/MMMU.*dataset_path"):
-        run(ctx_for(url, tmp_path / "mmmu", tmp_path / "cache"),
-            Params(subjects=["Art"], dataset_path=None))
+        run(
+            ctx_for(url, tmp_path / "mmmu", tmp_path / "cache"),
+            Params(subjects=["Art"], dataset_path=None),
+        )
     with pytest.raises(SuiteError, match=r"does not exist"):
         prepare(Params(dataset_path=str(tmp_path / "nope")), None)

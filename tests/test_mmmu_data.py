@@ -1,4 +1,5 @@
 """Demo questions (schema, answers checked against the pictures) and dataset loading paths."""
+
 from __future__ import annotations
 
 import ast
@@ -12,8 +13,18 @@ from patchbench.suites.mmmu import Params
 from patchbench.suites.mmmu.data import SUBJECT_DOMAIN, DatasetUnavailable, load_questions
 from patchbench.suites.mmmu.demo_data import COLOURS, generate, generate_rows
 
-FIELDS = ["id", "question", "options", "explanation", *[f"image_{i}" for i in range(1, 8)],
-          "img_type", "answer", "topic_difficulty", "question_type", "subfield"]
+FIELDS = [
+    "id",
+    "question",
+    "options",
+    "explanation",
+    *[f"image_{i}" for i in range(1, 8)],
+    "img_type",
+    "answer",
+    "topic_difficulty",
+    "question_type",
+    "subfield",
+]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +53,7 @@ def test_answers_match_the_pictures(demo):
     assert len(qs) == 63
     checked = 0
     for q in qs:
-        if q.subject == "Art":   # colour of the shape, read from the centre pixel
+        if q.subject == "Art":  # colour of the shape, read from the centre pixel
             px = q.images[1].convert("RGB").getpixel((112, 112))
             answer = q.options[ord(q.answer) - 65]
             assert px == COLOURS[answer], q.id
@@ -54,15 +65,17 @@ def test_answers_match_the_pictures(demo):
             assert n == gold, q.id
             checked += 1
         if q.subject == "History":
-            counts = [ndimage.label(np.asarray(q.images[i].convert("L")) < 128)[1]
-                      for i in (1, 2)]
+            counts = [ndimage.label(np.asarray(q.images[i].convert("L")) < 128)[1] for i in (1, 2)]
             assert q.answer == ("A" if counts[0] > counts[1] else "B"), q.id
         if q.subject == "Music":  # the option image's colour is the colour named in image 1
             opt_img = int(q.options[ord(q.answer) - 65].split()[1].rstrip(">"))
             px = q.images[opt_img].convert("RGB").getpixel((112, 112))
             assert px in COLOURS.values()
-            others = [q.images[int(o.split()[1].rstrip(">"))].convert("RGB").getpixel((112, 112))
-                      for o in q.options if o != q.options[ord(q.answer) - 65]]
+            others = [
+                q.images[int(o.split()[1].rstrip(">"))].convert("RGB").getpixel((112, 112))
+                for o in q.options
+                if o != q.options[ord(q.answer) - 65]
+            ]
             assert px not in others
     assert checked == 18
     modes = {q.images[1].mode for q in qs if q.subject == "Math"}
@@ -71,16 +84,25 @@ def test_answers_match_the_pictures(demo):
 
 def test_limit_is_round_robin_over_subjects(demo):
     qs = load_questions("MMMU/MMMU", demo, "validation", ["Art", "Math", "Music"], 5)
-    assert [q.id for q in qs] == ["validation_Art_1", "validation_Art_2", "validation_Math_1",
-                                  "validation_Math_2", "validation_Music_1"]
+    assert [q.id for q in qs] == [
+        "validation_Art_1",
+        "validation_Art_2",
+        "validation_Math_1",
+        "validation_Math_2",
+        "validation_Music_1",
+    ]
 
 
 def test_save_to_disk_copy_loads_too(demo, tmp_path):
     import datasets
-    parts = [datasets.load_dataset("parquet", data_files=str(p), split="train")
-             for p in sorted(demo.glob("*/validation-*.parquet"))]
+
+    parts = [
+        datasets.load_dataset("parquet", data_files=str(p), split="train")
+        for p in sorted(demo.glob("*/validation-*.parquet"))
+    ]
     datasets.DatasetDict({"validation": datasets.concatenate_datasets(parts)}).save_to_disk(
-        str(tmp_path / "saved"))
+        str(tmp_path / "saved")
+    )
     qs = load_questions("MMMU/MMMU", tmp_path / "saved", "validation", ["Music", "Art"], None)
     assert len(qs) == 18 and {q.subject for q in qs} == {"Music", "Art"}
     assert qs[0].subject == "Music"  # the subject order asked for

@@ -4,6 +4,7 @@ The tiny model's answers are noise, so the test checks the pipeline, not accurac
 asked and answered, images reached the model (server-side prompt token counts grow with the
 number of images), files written, and two runs on the same server pair as identical (greedy).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,10 +21,22 @@ pytestmark = pytest.mark.e2e
 
 def _ctx(server, out: Path, cache: Path) -> SuiteContext:
     out.mkdir(parents=True, exist_ok=True)
-    return SuiteContext(server=server, out_dir=out, run_dir=out.parent, cache_dir=cache,
-                        variant="baseline", repeat=0, baseline="baseline", sglang_version="",
-                        python="python", stock_env={}, variant_sglang_dir=out,
-                        stock_sglang_dir=out, device="cpu", log=print)
+    return SuiteContext(
+        server=server,
+        out_dir=out,
+        run_dir=out.parent,
+        cache_dir=cache,
+        variant="baseline",
+        repeat=0,
+        baseline="baseline",
+        sglang_version="",
+        python="python",
+        stock_env={},
+        variant_sglang_dir=out,
+        stock_sglang_dir=out,
+        device="cpu",
+        log=print,
+    )
 
 
 def test_mmmu_suite_on_cpu_server(cpu_server, tmp_path):
@@ -35,8 +48,15 @@ def test_mmmu_suite_on_cpu_server(cpu_server, tmp_path):
     assert res.metrics["mmmu_asked_count"] == 12 and res.metrics["mmmu_failed_count"] == 0
     recs = read_jsonl(tmp_path / "a" / "mmmu" / "records.jsonl")
     assert len(recs) == 12 and all(isinstance(r["response"], str) for r in recs)
-    assert {r["subject"] for r in recs} == {"Art", "Basic_Medical_Science", "Math",
-                                            "Computer_Science", "Accounting", "History", "Music"}
+    assert {r["subject"] for r in recs} == {
+        "Art",
+        "Basic_Medical_Science",
+        "Math",
+        "Computer_Science",
+        "Accounting",
+        "History",
+        "Music",
+    }
     # images reached the model: 224x224 -> 64 vision tokens each on Qwen2.5-VL
     tokens = {r["id"]: r["prompt_tokens"] for r in recs}
     assert tokens["validation_Art_1"] >= 64

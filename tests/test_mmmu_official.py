@@ -5,6 +5,7 @@ llava1.5_13b.reference.json is the official parser's output for the 900 llava1.5
 Every disagreement between our strict parser and the official one on those responses is listed
 below by hand, with its kind and which parser is right.
 """
+
 from __future__ import annotations
 
 import json
@@ -105,7 +106,7 @@ def test_every_disagreement_is_classified(responses, key):
         if off != st:
             found[qid] = (off, st)
     assert set(found) == set(DISAGREEMENTS)
-    for qid, (kind, off, st, right) in DISAGREEMENTS.items():
+    for qid, (_kind, off, st, right) in DISAGREEMENTS.items():
         assert found[qid] == (off, st), qid
         assert right in ("strict", "official")
 
@@ -121,7 +122,7 @@ def test_disagreement_kind_detected(qid, responses):
         lines = resp.splitlines()
         idx = responses[qid]["index2ans"]
         assert len(lines) == len(idx)
-        assert all(line == f"({k}) {v}" for line, (k, v) in zip(lines, idx.items()))
+        assert all(line == f"({k}) {v}" for line, (k, v) in zip(lines, idx.items(), strict=True))
     else:  # pragma: no cover
         pytest.fail(f"unknown kind {kind}")
 
@@ -175,16 +176,20 @@ def test_strict_unparsed_kinds_on_the_900(responses, key):
 
 def test_cli_disagreements_table(tmp_path, capsys):
     import csv
+
     argv = [str(RESP), "--answer-key", str(KEY), "--disagreements", "--out", str(tmp_path)]
     assert cli(argv) == 0
     out = capsys.readouterr().out
     assert "Strict vs official parse: 3 of 847 multiple-choice responses differ." in out
-    assert ("| validation_Design_4 | Design | A | A | label line | fallback | A) Josef Albers |"
-            in out)
+    assert (
+        "| validation_Design_4 | Design | A | A | label line | fallback | A) Josef Albers |" in out
+    )
     rows = list(csv.DictReader((tmp_path / "disagreements.csv").open()))
     got = {r["id"]: (r["official"], r["strict"]) for r in rows}
-    want = {qid: (off or "fallback", st or "no_answer")
-            for qid, (_, off, st, _) in DISAGREEMENTS.items()}
+    want = {
+        qid: (off or "fallback", st or "no_answer")
+        for qid, (_, off, st, _) in DISAGREEMENTS.items()
+    }
     assert got == want
     pharmacy = next(r for r in rows if r["id"] == "validation_Pharmacy_27")
     assert pharmacy["response"].count("\n") == 3  # verbatim in the CSV

@@ -1,5 +1,6 @@
 """Pairing two MMMU cells: flips, McNemar exact p (checked against statsmodels and a binomial
 test computed independently with scipy), identical-response share, refusals."""
+
 from __future__ import annotations
 
 import re
@@ -11,16 +12,25 @@ from statsmodels.stats.contingency_tables import mcnemar
 from patchbench.suite import PairingRefused
 from patchbench.suites.mmmu.pairing import PairingError, pair
 
-BASE = {"question_type": "multiple-choice", "prompt_sha256": "h", "parser": "strict",
-        "parser_seed": None, "sampling": {"temperature": 0.0, "max_tokens": 30},
-        "protocol": "patchbench"}
+BASE = {
+    "question_type": "multiple-choice",
+    "prompt_sha256": "h",
+    "parser": "strict",
+    "parser_seed": None,
+    "sampling": {"temperature": 0.0, "max_tokens": 30},
+    "protocol": "patchbench",
+}
 
 
 def cell(verdicts: list[str], responses: list[str] | None = None, **over) -> list[dict]:
     out = []
     for i, v in enumerate(verdicts):
-        r = dict(BASE, id=f"validation_Art_{i + 1}", verdict=v,
-                 response=(responses[i] if responses else v))
+        r = dict(
+            BASE,
+            id=f"validation_Art_{i + 1}",
+            verdict=v,
+            response=(responses[i] if responses else v),
+        )
         r.update(over)
         out.append(r)
     return out
@@ -31,8 +41,12 @@ def test_flips_and_mcnemar():
     a = ["correct"] * 20 + ["wrong"] * 10 + ["correct"] * 8 + ["wrong"] * 2
     b = ["correct"] * 20 + ["wrong"] * 10 + ["wrong"] * 8 + ["correct"] * 2
     res = pair(cell(a), cell(b))
-    assert (res["both_right"], res["both_wrong"], res["right_to_wrong"],
-            res["wrong_to_right"]) == (20, 10, 8, 2)
+    assert (res["both_right"], res["both_wrong"], res["right_to_wrong"], res["wrong_to_right"]) == (
+        20,
+        10,
+        8,
+        2,
+    )
     want = mcnemar([[20, 8], [2, 10]], exact=True).pvalue
     assert res["mcnemar_p"] == pytest.approx(want)
     # independently: exact McNemar = two-sided binomial test of 2 successes in 10 at p=0.5
@@ -47,7 +61,7 @@ def test_significant_regression_and_improvement():
     a = ["correct"] * 12 + ["wrong"] * 8
     b = ["wrong"] * 12 + ["wrong"] * 8
     res = pair(cell(a), cell(b))
-    assert res["mcnemar_p"] == pytest.approx(2 / 2 ** 12)
+    assert res["mcnemar_p"] == pytest.approx(2 / 2**12)
     assert res["verdict"] == "regressed"
     assert pair(cell(b), cell(a))["verdict"] == "improved"
 
@@ -64,9 +78,15 @@ def test_same_verdict_different_text_is_listed():
     b = cell(["correct", "correct"], ["B", "Answer: B"])
     res = pair(a, b)
     assert res["identical_response_share"] == 0.5
-    assert res["changed"] == [{"id": "validation_Art_2", "verdict_a": "correct",
-                               "verdict_b": "correct", "response_a": "B",
-                               "response_b": "Answer: B"}]
+    assert res["changed"] == [
+        {
+            "id": "validation_Art_2",
+            "verdict_a": "correct",
+            "verdict_b": "correct",
+            "response_a": "B",
+            "response_b": "Answer: B",
+        }
+    ]
 
 
 def test_failed_questions_make_it_incomplete():
@@ -78,19 +98,35 @@ def test_failed_questions_make_it_incomplete():
 OFFICIAL = {"parser": "official", "parser_seed": 42, "official_fallback": "random"}
 
 
-@pytest.mark.parametrize("base,over,msg", [
-    ({}, {"prompt_sha256": "other"}, "prompts differ"),
-    ({}, {"parser": "official"}, "parser differ: a \"strict\" vs b \"official\""),
-    (OFFICIAL, {"official_fallback": "unparsed"},
-     "official fallback mode differ: a 'random' vs b 'unparsed'"),
-    (OFFICIAL, {"parser_seed": 7}, "parser seed differ: a 42 vs b 7"),
-    ({}, {"sampling": {"temperature": 0.0, "max_tokens": 64}}, "max_tokens differ: a 30 vs b 64"),
-    ({}, {"sampling": {"temperature": 0.7, "max_tokens": 30}},
-     "temperature differ: a 0.0 vs b 0.7"),
-    ({}, {"sampling": {"temperature": 0.0, "max_tokens": 30, "top_k": 1}},
-     "other sampling settings differ"),
-    ({}, {"protocol": "sglang-2025"}, "protocol differ"),
-])
+@pytest.mark.parametrize(
+    "base,over,msg",
+    [
+        ({}, {"prompt_sha256": "other"}, "prompts differ"),
+        ({}, {"parser": "official"}, 'parser differ: a "strict" vs b "official"'),
+        (
+            OFFICIAL,
+            {"official_fallback": "unparsed"},
+            "official fallback mode differ: a 'random' vs b 'unparsed'",
+        ),
+        (OFFICIAL, {"parser_seed": 7}, "parser seed differ: a 42 vs b 7"),
+        (
+            {},
+            {"sampling": {"temperature": 0.0, "max_tokens": 64}},
+            "max_tokens differ: a 30 vs b 64",
+        ),
+        (
+            {},
+            {"sampling": {"temperature": 0.7, "max_tokens": 30}},
+            "temperature differ: a 0.0 vs b 0.7",
+        ),
+        (
+            {},
+            {"sampling": {"temperature": 0.0, "max_tokens": 30, "top_k": 1}},
+            "other sampling settings differ",
+        ),
+        ({}, {"protocol": "sglang-2025"}, "protocol differ"),
+    ],
+)
 def test_refusals(base, over, msg):
     a = cell(["correct"] * 3, **base)
     b = cell(["correct"] * 3, **{**base, **over})
@@ -106,8 +142,9 @@ def test_fallback_mode_read_off_records_without_the_field():
     b = cell(["correct", "unparsed"], parser="official", parser_seed=42)
     a[1].update(fallback=True, parsed="C")
     b[1].update(fallback=True, parsed=None)
-    with pytest.raises(PairingError, match="official fallback mode differ: a 'random' vs b "
-                                           "'unparsed'"):
+    with pytest.raises(
+        PairingError, match="official fallback mode differ: a 'random' vs b 'unparsed'"
+    ):
         pair(a, b)
 
 
@@ -121,8 +158,9 @@ def test_every_difference_is_named_at_once():
 def test_refuses_different_question_lists():
     a = cell(["correct"] * 3)
     b = cell(["correct"] * 2)
-    with pytest.raises(PairingError,
-                       match=r"question lists differ: 1 only in a \(validation_Art_3\)"):
+    with pytest.raises(
+        PairingError, match=r"question lists differ: 1 only in a \(validation_Art_3\)"
+    ):
         pair(a, b)
 
 
@@ -138,13 +176,20 @@ def test_repeats_average_per_question():
     #   q2: a C,C,C (1)          b W,W (0)    -> right_to_wrong
     #   q3: a W,W,C (1/3)        b C,W (1/2)  -> unstable in b, left out of the table
     #   q4: a W,W,W (0)          b C,C (1)    -> wrong_to_right
-    va = [["correct", "correct", "wrong", "wrong"], ["correct", "correct", "wrong", "wrong"],
-          ["wrong", "correct", "correct", "wrong"]]
+    va = [
+        ["correct", "correct", "wrong", "wrong"],
+        ["correct", "correct", "wrong", "wrong"],
+        ["wrong", "correct", "correct", "wrong"],
+    ]
     vb = [["correct", "wrong", "correct", "correct"], ["correct", "wrong", "wrong", "correct"]]
     res = pair([cell(v) for v in va], [cell(v) for v in vb])
     assert (res["repeats_a"], res["repeats_b"]) == (3, 2)
-    assert (res["both_right"], res["right_to_wrong"], res["wrong_to_right"],
-            res["both_wrong"]) == (1, 1, 1, 0)
+    assert (res["both_right"], res["right_to_wrong"], res["wrong_to_right"], res["both_wrong"]) == (
+        1,
+        1,
+        1,
+        0,
+    )
     assert res["n_paired"] == 3 and res["n_unstable"] == 1 and res["flips"] == 2
     assert res["mcnemar_p"] == pytest.approx(1.0)  # 1 vs 1 discordant
     q = res["questions"]
@@ -153,7 +198,9 @@ def test_repeats_average_per_question():
     assert res["acc_a"] == pytest.approx((2 / 3 + 1 + 1 / 3 + 0) / 4)
     assert res["acc_b"] == pytest.approx((1 + 0 + 0.5 + 1) / 4)
     assert [(f["id"], f["direction"]) for f in res["flipped"]] == [
-        ("validation_Art_2", "right_to_wrong"), ("validation_Art_4", "wrong_to_right")]
+        ("validation_Art_2", "right_to_wrong"),
+        ("validation_Art_4", "wrong_to_right"),
+    ]
     assert res["subjects"]["Art"]["right_to_wrong"] == 1 and res["subjects"]["Art"]["n"] == 4
     # responses are the verdict strings; aligned repeats 0 and 1 give 8 (question, repeat) pairs,
     # identical where the verdicts agree: repeat 0 q1; repeat 1 q1 and q3
@@ -172,7 +219,7 @@ def test_significant_regression_over_repeats():
     a = ["correct"] * 12 + ["wrong"] * 8
     b = ["wrong"] * 20
     res = pair([cell(a)] * 3, [cell(b)] * 3)
-    assert res["right_to_wrong"] == 12 and res["mcnemar_p"] == pytest.approx(2 / 2 ** 12)
+    assert res["right_to_wrong"] == 12 and res["mcnemar_p"] == pytest.approx(2 / 2**12)
     assert res["verdict"] == "regressed"
 
 

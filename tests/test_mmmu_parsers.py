@@ -4,6 +4,7 @@ Expected values are read off the cases (by hand); the "official" column is what 
 parser's rules give (worked by hand from its rules: "(X)", then " X ", then option text for
 responses over 5 words, last occurrence wins).
 """
+
 from __future__ import annotations
 
 import random
@@ -52,7 +53,7 @@ M2 = [
 
 M3 = [
     ("I cannot see the image.", None, None),
-    ("blue", "B", None),                # exact option text; official: <= 5 words -> random
+    ("blue", "B", None),  # exact option text; official: <= 5 words -> random
     ("Blue.", "B", None),
     ("The answer is yellow", "D", None),  # option text after a marker
     ("", None, None),
@@ -65,19 +66,34 @@ def test_cases_m1_m3(resp, want_strict, want_official):
     assert official(resp) == want_official
 
 
-@pytest.mark.parametrize("resp,want", [
-    ("B", "B"), ("(B)", "B"), ("B.", "B"), ("B)", "B"), ("B:", "B"), ("**B**", "B"),
-    ("  (D)  ", "D"), ("<think>It could be A or C.</think>\nB", "B"),
-    ("<think>The answer is A</think>The answer is C", "C"),  # reasoning ignored
-    ("<think>never closed, answer is A", None),
-    ("Option C is correct.", "C"), ("C is the correct answer", "C"), ("D is the answer.", "D"),
-    ("I would choose B.", "B"), ("I'd go with (A)", "A"),
-    ("The answer is not A but B", "B"),   # the rejected A does not count, "but B" commits
-    ("E.", None),                     # a letter outside the options
-    ("The answer is E", None),
-    ("a", "A"),                       # a lone letter is the answer, in any case
-    ("answer: b", "B"), ("\\boxed{C}", "C"), ("OPTION d", "D"), ("choice (a)", "A"),
-])
+@pytest.mark.parametrize(
+    "resp,want",
+    [
+        ("B", "B"),
+        ("(B)", "B"),
+        ("B.", "B"),
+        ("B)", "B"),
+        ("B:", "B"),
+        ("**B**", "B"),
+        ("  (D)  ", "D"),
+        ("<think>It could be A or C.</think>\nB", "B"),
+        ("<think>The answer is A</think>The answer is C", "C"),  # reasoning ignored
+        ("<think>never closed, answer is A", None),
+        ("Option C is correct.", "C"),
+        ("C is the correct answer", "C"),
+        ("D is the answer.", "D"),
+        ("I would choose B.", "B"),
+        ("I'd go with (A)", "A"),
+        ("The answer is not A but B", "B"),  # the rejected A does not count, "but B" commits
+        ("E.", None),  # a letter outside the options
+        ("The answer is E", None),
+        ("a", "A"),  # a lone letter is the answer, in any case
+        ("answer: b", "B"),
+        ("\\boxed{C}", "C"),
+        ("OPTION d", "D"),
+        ("choice (a)", "A"),
+    ],
+)
 def test_strict_neighbours(resp, want):
     assert strict(resp) == want
 
@@ -110,46 +126,82 @@ def test_official_option_text_needs_more_than_five_words():
 
 
 def test_unparsed_is_scored_the_same_every_time():
-    kw = dict(question_type="multiple-choice", gold="B", all_choices=CH, index2ans=OPTS,
-              parser="strict", rng=None)
+    kw = dict(
+        question_type="multiple-choice",
+        gold="B",
+        all_choices=CH,
+        index2ans=OPTS,
+        parser="strict",
+        rng=None,
+    )
     got = {score_response("I cannot see the image.", **kw).verdict for _ in range(5)}
     assert got == {"unparsed"}
 
 
 # M4: open questions never go through the letter parser
-@pytest.mark.parametrize("gold,resp,correct", [
-    ("0.5", "Therefore the answer is 0.5", True),
-    ("0.5", "The answer is 0.9", False),
-    ("1000", "The total is 1,000.", True),
-    ("hepatitis", "The answer is hepatitis", True),
-    # neighbours
-    ("0.5", "0.50", True),                    # numbers compare after rounding to 2 dp
-    ("6.333", "6.33", True),                  # the gold rounds to 6.33 as well (official)
-    ("1000", "1,000,000", False),
-    ("2000000", "2,000,000", True),
-    (["Tampa", "Florida"], "It is in Florida", True),  # list gold: any one
-    ("embryonic", "Fetal development", False),
-    ("C", "C", True),                         # one-letter golds are padded: " c" / "c "
-    ("A", "B", False),
-])
+@pytest.mark.parametrize(
+    "gold,resp,correct",
+    [
+        ("0.5", "Therefore the answer is 0.5", True),
+        ("0.5", "The answer is 0.9", False),
+        ("1000", "The total is 1,000.", True),
+        ("hepatitis", "The answer is hepatitis", True),
+        # neighbours
+        ("0.5", "0.50", True),  # numbers compare after rounding to 2 dp
+        ("6.333", "6.33", True),  # the gold rounds to 6.33 as well (official)
+        ("1000", "1,000,000", False),
+        ("2000000", "2,000,000", True),
+        (["Tampa", "Florida"], "It is in Florida", True),  # list gold: any one
+        ("embryonic", "Fetal development", False),
+        ("C", "C", True),  # one-letter golds are padded: " c" / "c "
+        ("A", "B", False),
+    ],
+)
 def test_m4_open(gold, resp, correct):
-    s = score_response(resp, question_type="open", gold=gold, all_choices=[], index2ans={},
-                       parser="strict", rng=None)
+    s = score_response(
+        resp,
+        question_type="open",
+        gold=gold,
+        all_choices=[],
+        index2ans={},
+        parser="strict",
+        rng=None,
+    )
     assert s.verdict == ("correct" if correct else "wrong")
-    s2 = score_response(resp, question_type="short-answer", gold=gold, all_choices=[],
-                        index2ans={}, parser="official", rng=random.Random(0))
+    s2 = score_response(
+        resp,
+        question_type="short-answer",
+        gold=gold,
+        all_choices=[],
+        index2ans={},
+        parser="official",
+        rng=random.Random(0),
+    )
     assert s2.verdict == s.verdict and not s2.fallback
 
 
 def test_open_answer_never_uses_letter_parser():
     # The parse is the official open normalisation (one-letter strings padded), not a letter,
     # and never a random pick, whatever the parser setting.
-    s = score_response("The answer is B", question_type="open", gold="B", all_choices=["A", "B"],
-                       index2ans={"A": "x", "B": "y"}, parser="official", rng=random.Random(0))
+    s = score_response(
+        "The answer is B",
+        question_type="open",
+        gold="B",
+        all_choices=["A", "B"],
+        index2ans={"A": "x", "B": "y"},
+        parser="official",
+        rng=random.Random(0),
+    )
     assert s.parsed == [" b", "b "] and s.verdict == "correct" and s.fallback is False
-    s = score_response("I cannot see the image.", question_type="open", gold="B",
-                       all_choices=["A", "B"], index2ans={"A": "x", "B": "y"},
-                       parser="official", rng=random.Random(0))
+    s = score_response(
+        "I cannot see the image.",
+        question_type="open",
+        gold="B",
+        all_choices=["A", "B"],
+        index2ans={"A": "x", "B": "y"},
+        parser="official",
+        rng=random.Random(0),
+    )
     assert s.parsed == ["i cannot see the image"] and s.verdict == "wrong" and not s.fallback
 
 
@@ -157,20 +209,49 @@ def test_open_parse_values():
     assert P.parse_open("Therefore the answer is 0.5") == [0.5]
     assert P.parse_open("The total is 1,000.") == [1000.0, 0.0]  # official extract_numbers
     assert P.extract_numbers("x = 1.5e3 and 2,500 and -3") == [
-        "2,500", "1.5e3", "1", "3", "500", "-3"]  # the official regexes also split 1.5e3, 2,500
+        "2,500",
+        "1.5e3",
+        "1",
+        "3",
+        "500",
+        "-3",
+    ]  # the official regexes also split 1.5e3, 2,500
     assert P.normalize_str("A") == [" a", "a "]
     assert P.normalize_str(" 1,234.567 ") == [1234.57]
 
 
 def test_failed_and_empty():
-    kw = dict(question_type="multiple-choice", gold="B", all_choices=CH, index2ans=OPTS,
-              parser="official", rng=random.Random(0))
+    kw = dict(
+        question_type="multiple-choice",
+        gold="B",
+        all_choices=CH,
+        index2ans=OPTS,
+        parser="official",
+        rng=random.Random(0),
+    )
     assert score_response(None, **kw).verdict == "failed"
     assert score_response("B", failed=True, **kw).verdict == "failed"
-    assert score_response("  ", question_type="open", gold="x", all_choices=[], index2ans={},
-                          parser="strict", rng=None).verdict == "unparsed"
+    assert (
+        score_response(
+            "  ",
+            question_type="open",
+            gold="x",
+            all_choices=[],
+            index2ans={},
+            parser="strict",
+            rng=None,
+        ).verdict
+        == "unparsed"
+    )
     with pytest.raises(ValueError, match="parser 'lenient'"):
-        score_response("B", question_type="multiple-choice", gold="B", all_choices=CH,
-                       index2ans=OPTS, parser="lenient", rng=None)
+        score_response(
+            "B",
+            question_type="multiple-choice",
+            gold="B",
+            all_choices=CH,
+            index2ans=OPTS,
+            parser="lenient",
+            rng=None,
+        )
     with pytest.raises(ValueError, match="question_type 'essay'"):
         P.is_open("essay")

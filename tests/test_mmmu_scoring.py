@@ -1,4 +1,5 @@
 """Denominators (M5), intervals, and the PR-style block and file shapes."""
+
 from __future__ import annotations
 
 import json
@@ -29,7 +30,7 @@ def test_m5_denominators():
     sc = tally(r)
     assert sc.overall.asked == 60 and sc.overall.correct == 25
     assert sc.overall.acc == pytest.approx(25 / 60)
-    assert round(sc.overall.acc, 3) == 0.417            # not 0.625, not 0.75
+    assert round(sc.overall.acc, 3) == 0.417  # not 0.625, not 0.75
     assert sc.overall.answered_acc == pytest.approx(25 / 40)
     assert sc.subjects["Math"].answered == 10 and sc.subjects["Math"].failed == 20
     assert sc.subjects["Math"].acc == pytest.approx(10 / 30)
@@ -45,8 +46,10 @@ def test_m5_denominators():
 
 def test_subject_and_domain_of_ids():
     assert subject_of("validation_Art_Theory_12") == "Art_Theory"
-    assert subject_of("validation_Diagnostics_and_Laboratory_Medicine_3") == \
-        "Diagnostics_and_Laboratory_Medicine"
+    assert (
+        subject_of("validation_Diagnostics_and_Laboratory_Medicine_3")
+        == "Diagnostics_and_Laboratory_Medicine"
+    )
     assert subject_of("dev_Art_1") == "Art"
     assert domain_of("Art_Theory") == "Art and Design"
     with pytest.raises(ValueError, match="validation_Cooking_1"):
@@ -132,11 +135,10 @@ def test_block_reproduces_the_pr_text(tmp_path: Path):
     assert len(r) == 900
     res, sc = summarize(r, Params(protocol="sglang-2025"))
     block = format_block(val_dict(sc))
-    assert block.endswith(PR_BEFORE)                  # domain and overall rows recomputed
+    assert block.endswith(PR_BEFORE)  # domain and overall rows recomputed
     assert res.metrics["mmmu_overall_acc"] == pytest.approx(407 / 900)
     # report_block from the folder alone
-    r2 = [dict(x, question_type="multiple-choice", response="A", parsed="A", gold="A")
-          for x in r]
+    r2 = [dict(x, question_type="multiple-choice", response="A", parsed="A", gold="A") for x in r]
     write_outputs(tmp_path, r2, sc)
     (tmp_path / "summary.json").write_text(json.dumps(res.to_json("mmmu")))
     text = report_block(tmp_path)
@@ -146,15 +148,40 @@ def test_block_reproduces_the_pr_text(tmp_path: Path):
 def test_val_dict_order_and_answer_shape():
     r = recs("Math", {"correct": 1}) + recs("Art", {"wrong": 1})
     sc = tally(r)
-    assert list(val_dict(sc)) == ["Overall-Art and Design", "Art", "Overall-Science", "Math",
-                                  "Overall"]
-    a = answer_dict([{"id": "validation_Art_1", "question_type": "multiple-choice",
-                      "response": "(B) x", "parsed": "B", "gold": "B", "verdict": "correct"},
-                     {"id": "validation_Math_1", "question_type": "open", "response": None,
-                      "parsed": None, "gold": "3", "verdict": "failed"}])
-    assert a["validation_Art_1"] == {"pred_ans": "B", "original_response": "(B) x",
-                                     "ground_truth": "B", "question_type": "multiple-choice",
-                                     "judge": "Correct"}
+    assert list(val_dict(sc)) == [
+        "Overall-Art and Design",
+        "Art",
+        "Overall-Science",
+        "Math",
+        "Overall",
+    ]
+    a = answer_dict(
+        [
+            {
+                "id": "validation_Art_1",
+                "question_type": "multiple-choice",
+                "response": "(B) x",
+                "parsed": "B",
+                "gold": "B",
+                "verdict": "correct",
+            },
+            {
+                "id": "validation_Math_1",
+                "question_type": "open",
+                "response": None,
+                "parsed": None,
+                "gold": "3",
+                "verdict": "failed",
+            },
+        ]
+    )
+    assert a["validation_Art_1"] == {
+        "pred_ans": "B",
+        "original_response": "(B) x",
+        "ground_truth": "B",
+        "question_type": "multiple-choice",
+        "judge": "Correct",
+    }
     assert a["validation_Math_1"]["judge"] == "Wrong"
 
 
@@ -165,19 +192,34 @@ def test_tally_rejects_unknown_verdict():
 
 def test_unparsed_kinds_are_counted_per_subject_and_overall():
     from patchbench.suites.mmmu.scoring import score_response, tally
+
     opts = {"A": "red", "B": "blue"}
-    kw = dict(question_type="multiple-choice", gold="A", all_choices=["A", "B"], index2ans=opts,
-              parser="strict", rng=None)
+    kw = dict(
+        question_type="multiple-choice",
+        gold="A",
+        all_choices=["A", "B"],
+        index2ans=opts,
+        parser="strict",
+        rng=None,
+    )
     resp = ["I cannot see the image.", "Either (A) or (B).", "Answer: a", "The answer is (B), (A)."]
     scored = [score_response(r, **kw) for r in resp]
     assert [(s.verdict, s.unparsed_kind) for s in scored] == [
-        ("unparsed", "no_answer"), ("unparsed", "ambiguous"), ("correct", None),
-        ("unparsed", "ambiguous")]
-    recs = [{"id": f"validation_Art_{i}", "verdict": s.verdict, "unparsed_kind": s.unparsed_kind}
-            for i, s in enumerate(scored)]
+        ("unparsed", "no_answer"),
+        ("unparsed", "ambiguous"),
+        ("correct", None),
+        ("unparsed", "ambiguous"),
+    ]
+    recs = [
+        {"id": f"validation_Art_{i}", "verdict": s.verdict, "unparsed_kind": s.unparsed_kind}
+        for i, s in enumerate(scored)
+    ]
     recs.append({"id": "validation_Math_1", "verdict": "unparsed"})  # an old record: no kind
     d = tally(recs).as_dict()
-    assert (d["overall"]["unparsed"], d["overall"]["no_answer"], d["overall"]["ambiguous"]) \
-        == (4, 2, 2)
+    assert (d["overall"]["unparsed"], d["overall"]["no_answer"], d["overall"]["ambiguous"]) == (
+        4,
+        2,
+        2,
+    )
     assert (d["subjects"]["Art"]["no_answer"], d["subjects"]["Art"]["ambiguous"]) == (1, 2)
     assert d["subjects"]["Math"]["no_answer"] == 1

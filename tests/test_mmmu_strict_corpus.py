@@ -6,6 +6,7 @@ a person grading the response gives: the option letter, ``no_answer`` (no option
 ``ambiguous`` (several options left standing, no single commitment). The labels were written with
 the responses, before the parser was run on them; docs/mmmu.md states the policy they follow.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,9 +34,19 @@ def test_corpus_shape():
     assert len(CORPUS) >= 300
     assert len({x["id"] for x in CORPUS}) == len(CORPUS)
     counts = Counter(x["family"] for x in CORPUS)
-    assert set(counts) == {"commitment", "revision", "sentence_one_option", "option_text",
-                           "echoed_list", "rejection", "refusal", "truncation", "multi_option",
-                           "reasoning_block", "case_markup"}
+    assert set(counts) == {
+        "commitment",
+        "revision",
+        "sentence_one_option",
+        "option_text",
+        "echoed_list",
+        "rejection",
+        "refusal",
+        "truncation",
+        "multi_option",
+        "reasoning_block",
+        "case_markup",
+    }
     assert min(counts.values()) >= 20
     for x in CORPUS:
         opts = OPTIONS[x["options"]]
@@ -45,36 +56,45 @@ def test_corpus_shape():
 @pytest.mark.parametrize("family", FAMILIES)
 def test_family_agrees_with_every_label(family):
     items = [x for x in CORPUS if x["family"] == family]
-    wrong = [(x["id"], x["response"], x["label"], grade(x)) for x in items
-             if grade(x) != x["label"]]
+    wrong = [
+        (x["id"], x["response"], x["label"], grade(x)) for x in items if grade(x) != x["label"]
+    ]
     assert wrong == []
 
 
 def test_every_outcome_kind_is_present():
-    labels = Counter(x["label"] if x["label"] in ("no_answer", "ambiguous") else "letter"
-                     for x in CORPUS)
+    labels = Counter(
+        x["label"] if x["label"] in ("no_answer", "ambiguous") else "letter" for x in CORPUS
+    )
     assert labels["letter"] >= 150 and labels["no_answer"] >= 40 and labels["ambiguous"] >= 20
 
 
 COLORS = {"A": "red", "B": "blue", "C": "green", "D": "yellow"}
 
 
-@pytest.mark.parametrize("resp,want", [
-    # the multi-option policy (docs/mmmu.md): several options as the answer -> ambiguous ...
-    ("The correct answer is (B), (C), and (D).", ("ambiguous", "multi-option commitment")),
-    ("Answer: A or C", ("ambiguous", "multi-option commitment")),
-    ("(A) and (D)", ("ambiguous", "multi-option commitment")),
-    # ... unless a later single commitment settles it
-    ("The correct answer is (B), (C), and (D).\nFinal answer: C", ("C", "commitment")),
-])
+@pytest.mark.parametrize(
+    "resp,want",
+    [
+        # the multi-option policy (docs/mmmu.md): several options as the answer -> ambiguous ...
+        ("The correct answer is (B), (C), and (D).", ("ambiguous", "multi-option commitment")),
+        ("Answer: A or C", ("ambiguous", "multi-option commitment")),
+        ("(A) and (D)", ("ambiguous", "multi-option commitment")),
+        # ... unless a later single commitment settles it
+        ("The correct answer is (B), (C), and (D).\nFinal answer: C", ("C", "commitment")),
+    ],
+)
 def test_multi_option_policy(resp, want):
     r = P.parse_strict_detail(resp, list(COLORS), COLORS)
     assert (r.letter or r.status, r.rule) == want
 
 
 def test_rejected_and_discussed_options_get_no_credit():
-    for resp in ["For option B we have a cool hue.", "Option (B) blue is for water, so it is "
-                 "incorrect here.", "(B) can be ruled out.", "It is not (B)."]:
+    for resp in [
+        "For option B we have a cool hue.",
+        "Option (B) blue is for water, so it is incorrect here.",
+        "(B) can be ruled out.",
+        "It is not (B).",
+    ]:
         assert P.parse_strict(resp, list(COLORS), COLORS) is None, resp
 
 
@@ -85,6 +105,7 @@ def test_deterministic():
 
 def test_benchmark_script_runs(capsys):
     import importlib.util
+
     path = Path(__file__).parent.parent / "scripts" / "bench_mmmu_parser.py"
     spec = importlib.util.spec_from_file_location("bench_mmmu_parser", path)
     mod = importlib.util.module_from_spec(spec)

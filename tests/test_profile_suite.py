@@ -1,7 +1,7 @@
 """The profile suite on real CPU traces of sglang 0.5.1.post3 (tests/data/profile: 3 decode steps
 each, recorded from the tiny Qwen2.5-VL on the CPU engine with this suite's ranges, overlap schedule
 off), its in-server ranges under a real torch profiler, and its comparison hooks."""
-import json
+
 import os
 import sys
 import types
@@ -18,11 +18,17 @@ DATA = Path(__file__).parent / "data" / "profile"
 SITE = Path(__file__).resolve().parents[1] / "suites" / "profile" / "site"
 
 
-@pytest.mark.parametrize("tag,bs,mrope,total", [
-    # stock 0.5.1.post3 reads int(seq_lens[i]) twice per request in mrope decode: 2 x bs;
-    # torch_native attention reads 2 values per request per step elsewhere (2 layers): 4 x bs
-    ("stock", 1, 2, 6), ("stock", 3, 6, 18),
-    ("mrope-sync-free", 1, 0, 4), ("mrope-sync-free", 3, 0, 12)])
+@pytest.mark.parametrize(
+    "tag,bs,mrope,total",
+    [
+        # stock 0.5.1.post3 reads int(seq_lens[i]) twice per request in mrope decode: 2 x bs;
+        # torch_native attention reads 2 values per request per step elsewhere (2 layers): 4 x bs
+        ("stock", 1, 2, 6),
+        ("stock", 3, 6, 18),
+        ("mrope-sync-free", 1, 0, 4),
+        ("mrope-sync-free", 3, 0, 12),
+    ],
+)
 def test_real_cpu_traces(tag, bs, mrope, total):
     a = T.analyze_file(DATA / f"cpu-0.5.1.post3-{tag}-c{bs}.trace.json.gz")
     assert a.source == "patchbench" and not a.has_gpu and len(a.steps) == 3
@@ -49,7 +55,7 @@ def _fake_sglang():
             self.forward_mode, self.seq_lens = batch.forward_mode, batch.seq_lens
 
         def _compute_mrope_positions(self, model_runner, batch):
-            for i in range(self.seq_lens.shape[0]):   # stock: two host reads per request
+            for i in range(self.seq_lens.shape[0]):  # stock: two host reads per request
                 int(self.seq_lens[i]), int(self.seq_lens[i])
 
     class TpModelWorker:
@@ -74,12 +80,14 @@ def test_ranges_under_a_real_profiler(tmp_path, monkeypatch):
     fbi, tpw, Mode = _fake_sglang()
     instr.wrap_forward_batch(fbi)
     instr.wrap_tp_worker(tpw)
-    instr.wrap_tp_worker(tpw)   # twice: wrapped once
+    instr.wrap_tp_worker(tpw)  # twice: wrapped once
     w = tpw.TpModelWorker()
-    batch = lambda n, dec=True: types.SimpleNamespace(forward_mode=Mode(dec),  # noqa: E731
-                                                      seq_lens=torch.arange(1, n + 1))
+
+    def batch(n, dec=True):
+        return types.SimpleNamespace(forward_mode=Mode(dec), seq_lens=torch.arange(1, n + 1))
+
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
-        w.forward_batch_generation(batch(3, dec=False))   # extend: no step range
+        w.forward_batch_generation(batch(3, dec=False))  # extend: no step range
         for n in (1, 2, 4):
             assert w.forward_batch_generation(batch(n)) == "ok"
     out = tmp_path / "t.json"
@@ -93,6 +101,7 @@ def test_ranges_under_a_real_profiler(tmp_path, monkeypatch):
 def test_site_chain_terminates(tmp_path):
     """Our sitecustomize and a harness-style one that chains to any other: each runs once."""
     import subprocess
+
     other = tmp_path / "other"
     other.mkdir()
     (other / "sitecustomize.py").write_text(
@@ -103,14 +112,20 @@ def test_site_chain_terminates(tmp_path):
         "for e in sys.path:\n"
         "    if e and os.path.abspath(e) != here and os.path.isfile(os.path.join(e, 'sitecustomize.py')):\n"
         "        s = importlib.util.spec_from_file_location('_n', os.path.join(e, 'sitecustomize.py'))\n"
-        "        m = importlib.util.module_from_spec(s); s.loader.exec_module(m); break\n")
+        "        m = importlib.util.module_from_spec(s); s.loader.exec_module(m); break\n"
+    )
     log = tmp_path / "log"
     for order in ([SITE, other], [other, SITE]):
         log.write_text("")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, order)), LOG=str(log))
         env.pop("PATCHBENCH_PROFILE_RANGES", None)
-        r = subprocess.run([sys.executable, "-c", "print('ran')"], env=env, capture_output=True,
-                           text=True, timeout=60)
+        r = subprocess.run(
+            [sys.executable, "-c", "print('ran')"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 0 and r.stdout.strip() == "ran", r.stderr
         assert log.read_text().count("other") >= 1
 
@@ -125,22 +140,40 @@ def _cell(d: Path, steps: list[dict], metrics: dict, timeline: dict | None = Non
 
 
 def test_pair_report_and_plot(tmp_path):
-    tl = {"steps": [{"ts": 0, "dur": 50, "batch_size": 3}], "mrope": [[5, 10]],
-          "syncs": [[6, True], [30, False]], "gpu": [], "span_us": 60}
-    b = _cell(tmp_path / "b", [{"batch_size": 3, "syncs": 18, "mrope_syncs": 6},
-                               {"batch_size": 3, "syncs": 18, "mrope_syncs": 6},
-                               {"batch_size": 1, "syncs": 6, "mrope_syncs": 2}],
-              {"host_step_ms_median": 2.0}, tl)
-    v = _cell(tmp_path / "v", [{"batch_size": 3, "syncs": 12, "mrope_syncs": 0}],
-              {"host_step_ms_median": 1.5}, tl)
+    tl = {
+        "steps": [{"ts": 0, "dur": 50, "batch_size": 3}],
+        "mrope": [[5, 10]],
+        "syncs": [[6, True], [30, False]],
+        "gpu": [],
+        "span_us": 60,
+    }
+    b = _cell(
+        tmp_path / "b",
+        [
+            {"batch_size": 3, "syncs": 18, "mrope_syncs": 6},
+            {"batch_size": 3, "syncs": 18, "mrope_syncs": 6},
+            {"batch_size": 1, "syncs": 6, "mrope_syncs": 2},
+        ],
+        {"host_step_ms_median": 2.0},
+        tl,
+    )
+    v = _cell(
+        tmp_path / "v",
+        [{"batch_size": 3, "syncs": 12, "mrope_syncs": 0}],
+        {"host_step_ms_median": 1.5},
+        tl,
+    )
     p = pair_cells([b], [v])
     rows = {r["batch_size"]: r for r in p["by_batch_size"]}
     assert rows[3]["baseline"] == {"syncs": [18], "mrope_syncs": [6], "steps": 2}
     assert rows[3]["variant"] == {"syncs": [12], "mrope_syncs": [0], "steps": 1}
     assert not rows[3]["syncs_equal"] and rows[1]["variant"] is None
     assert p["values"]["host_step_ms_median"] == {"baseline": [2.0], "variant": [1.5]}
-    cmp = {"baseline": "baseline", "pairs": {"profile": {"ours": p}},
-           "refusals": {"profile": {"other": "different prompts"}}}
+    cmp = {
+        "baseline": "baseline",
+        "pairs": {"profile": {"ours": p}},
+        "refusals": {"profile": {"other": "different prompts"}},
+    }
     text = "\n".join(report_section(cmp))
     assert "| 3 | 2/1 | 18 → 12 | 6 → 0 | **no** |" in text
     assert "**other**: not compared: different prompts" in text
@@ -158,9 +191,15 @@ def test_params_and_contract():
     instr = s.instrumentation(None, s.Params())
     assert instr.env == {"PATCHBENCH_PROFILE_RANGES": "1"} and instr.pythonpath == [SITE]
     from patchbench.suites.profile import profile_request
+
     body = profile_request(s.Params(num_steps=7), "cpu", Path("/x"))
-    assert body == {"output_dir": "/x", "num_steps": 7, "activities": ["CPU"],
-                    "with_stack": False, "record_shapes": False}
+    assert body == {
+        "output_dir": "/x",
+        "num_steps": 7,
+        "activities": ["CPU"],
+        "with_stack": False,
+        "record_shapes": False,
+    }
     assert profile_request(s.Params(), "cuda", Path("/x"))["activities"] == ["CPU", "GPU"]
     with pytest.raises(Exception, match="extra"):
         s.Params(bogus=1)

@@ -1,4 +1,5 @@
 """Cell order (patchbench.schedule) and the progress estimate (patchbench.progress)."""
+
 from pathlib import Path
 
 import pytest
@@ -10,15 +11,26 @@ from patchbench.schedule import plan_cells
 def test_interleaved_abba_and_correctness_cells_first():
     cells = plan_cells(["a", "b"], 2, correctness=True)
     assert [(c.index, c.variant, c.repeat, c.kind) for c in cells] == [
-        (0, "a", 0, "correctness"), (1, "b", 0, "correctness"),
-        (2, "a", 0, "timed"), (3, "b", 0, "timed"), (4, "b", 1, "timed"), (5, "a", 1, "timed")]
+        (0, "a", 0, "correctness"),
+        (1, "b", 0, "correctness"),
+        (2, "a", 0, "timed"),
+        (3, "b", 0, "timed"),
+        (4, "b", 1, "timed"),
+        (5, "a", 1, "timed"),
+    ]
     assert [c.dirname for c in cells[:3]] == ["correctness", "correctness", "rep0"]
     assert cells[4].path("/r") == Path("/r/b/rep1") and cells[0].label == "a/correctness"
     assert [c.kind for c in plan_cells(["a"], 3)] == ["timed"] * 3
 
 
-@pytest.mark.parametrize("bad", [dict(variants=[], repeats=1), dict(variants=["a"], repeats=0),
-                                 dict(variants=["a"], repeats=1, order="zigzag")])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(variants=[], repeats=1),
+        dict(variants=["a"], repeats=0),
+        dict(variants=["a"], repeats=1, order="zigzag"),
+    ],
+)
 def test_bad_plans_are_refused(bad):
     with pytest.raises(ValueError):
         plan_cells(**bad)
@@ -33,6 +45,7 @@ def test_eta_is_the_median_finished_cell_times_cells_left():
 
 def test_progress_counts_skipped_and_finished_cells():
     from rich.console import Console
+
     now = [0.0]
     con = Console(record=True, width=120, force_terminal=False)
     p = BenchProgress(4, console=con, live=False, clock=lambda: now[0])
@@ -78,14 +91,20 @@ def test_rounds_values_by_hand():
     assert parse_rounds([2, 0], 3, "k") == [0, 2] and parse_rounds("first", 1, "k") == "first"
 
 
-@pytest.mark.parametrize("value, message", [
-    ("[3]", r"suites.fake_rounds.rounds: round\(s\) \[3\] do not exist: this run has at most 3 "
-            r"round\(s\), indices 0 to 2; a suite must run in at least one round that exists"),
-    ("[]", r"suites.fake_rounds.rounds: \[\] puts the suite in no round"),
-    ("sometimes", r"suites.fake_rounds.rounds: 'sometimes' is not a round list"),
-    ("[0, 0]", r"suites.fake_rounds.rounds: \[0, 0\] lists a round twice"),
-    ("[true]", r"suites.fake_rounds.rounds: \[True\] is not a round list"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (
+            "[3]",
+            r"suites.fake_rounds.rounds: round\(s\) \[3\] do not exist: this run has at most 3 "
+            r"round\(s\), indices 0 to 2; a suite must run in at least one round that exists",
+        ),
+        ("[]", r"suites.fake_rounds.rounds: \[\] puts the suite in no round"),
+        ("sometimes", r"suites.fake_rounds.rounds: 'sometimes' is not a round list"),
+        ("[0, 0]", r"suites.fake_rounds.rounds: \[0, 0\] lists a round twice"),
+        ("[true]", r"suites.fake_rounds.rounds: \[True\] is not a round list"),
+    ],
+)
 def test_a_suite_in_no_round_is_an_error_naming_the_key(tmp_path, value, message):
     p = _config(tmp_path, f"fake_rounds: {{rounds: {value}}}")
     with pytest.raises(ConfigError, match=r"cfg.yaml:\d+: " + message):
@@ -94,8 +113,11 @@ def test_a_suite_in_no_round_is_an_error_naming_the_key(tmp_path, value, message
 
 def test_an_untimed_suite_cannot_be_scheduled_in_rounds(tmp_path):
     p = _config(tmp_path, "fake_untimed: {rounds: first}")
-    with pytest.raises(ConfigError, match=r"suites.fake_untimed.rounds: suite 'fake_untimed' runs "
-                                          r"only in the untimed correctness cells"):
+    with pytest.raises(
+        ConfigError,
+        match=r"suites.fake_untimed.rounds: suite 'fake_untimed' runs "
+        r"only in the untimed correctness cells",
+    ):
         load_config(p)
 
 
@@ -103,9 +125,10 @@ def _config(tmp_path, suites: str, repeats: str = "3") -> Path:
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
     p = tmp_path / "cfg.yaml"
-    p.write_text(textwrap.dedent(f"""\
+    p.write_text(
+        textwrap.dedent(f"""\
         name: rounds-test
-        sglang: "{importlib.metadata.version('sglang')}"
+        sglang: "{importlib.metadata.version("sglang")}"
         model: {{path: "{model}"}}
         server: {{port: 31993, ready_timeout_s: 30, stop_grace_s: 3, flush_retries: 2,
                   flush_pause_s: 0.1}}
@@ -114,7 +137,8 @@ def _config(tmp_path, suites: str, repeats: str = "3") -> Path:
         suites:
           fake: {{n: 1}}
           {suites}
-        """))
+        """)
+    )
     return p
 
 
@@ -138,14 +162,19 @@ def test_per_suite_rounds_in_plan_cells_manifest_and_comparison(fake_server, tmp
     assert cfg.model_dump(mode="json")["suites"]["fake_rounds"] == {"rounds": [0, 2]}  # recorded
     plan = bench.describe_plan(cfg)
     assert "  fake_rounds: {}  [rounds: [0, 2]]" in plan
-    assert "suites per round:\n  round 0: fake, fake_rounds\n  round 1: fake\n" \
-           "  round 2: fake, fake_rounds\n" in plan
+    assert (
+        "suites per round:\n  round 0: fake, fake_rounds\n  round 1: fake\n"
+        "  round 2: fake, fake_rounds\n" in plan
+    )
     run_dir = bench.run_bench(p, results_root=tmp_path / "results")
     man = read_json(run_dir / "manifest.json")
     assert man["suite_rounds"] == {"fake": [0, 1, 2], "fake_rounds": [0, 2]}
     ran = {(c["variant"], c["repeat"]): sorted(c["suites"]) for c in man["cells"]}
-    assert ran == {(v, k): (["fake", "fake_rounds"] if k != 1 else ["fake"])
-                   for v in ("baseline", "other") for k in range(3)}
+    assert ran == {
+        (v, k): (["fake", "fake_rounds"] if k != 1 else ["fake"])
+        for v in ("baseline", "other")
+        for k in range(3)
+    }
     assert not (run_dir / "other" / "rep1" / "fake_rounds").exists()
     cmp = read_json(run_dir / "compare.json")
     assert cmp["suite_rounds"] == {"fake": [0, 1, 2], "fake_rounds": [0, 2]}

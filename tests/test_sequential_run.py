@@ -6,6 +6,7 @@ manifest records how many repeats ran and why it stopped.
 The suite ``fake_seq`` needs no server (no server is launched): it reports the output throughput
 the test wrote for (variant, repeat) into the file named by FAKE_SEQ_VALUES; FAKE_SEQ_INTERRUPT=
 "<variant>/<repeat>" makes it raise KeyboardInterrupt there (a Ctrl-C)."""
+
 import importlib.metadata
 import json
 import math
@@ -45,8 +46,9 @@ class FakeSeqSuite(Suite):
         if os.environ.get("FAKE_SEQ_INTERRUPT") == f"{ctx.variant}/{ctx.repeat}":
             raise KeyboardInterrupt
         values = json.loads(Path(os.environ["FAKE_SEQ_VALUES"]).read_text())
-        return SuiteResult(metrics={"output_tok_s": values[ctx.variant][ctx.repeat],
-                                    "steps_count": 1.0})
+        return SuiteResult(
+            metrics={"output_tok_s": values[ctx.variant][ctx.repeat], "steps_count": 1.0}
+        )
 
 
 BASELINE = 100.0
@@ -56,13 +58,20 @@ def _setup(tmp_path, monkeypatch, log_ratios: list[float], schedule="{min: 4, ma
     """Config with baseline and patched; patched's throughput at repeat k is
     100 * exp(log_ratios[k]) (baseline 100 in every repeat)."""
     vals = tmp_path / "values.json"
-    vals.write_text(json.dumps({"baseline": [BASELINE] * len(log_ratios),
-                                "patched": [BASELINE * math.exp(r) for r in log_ratios]}))
+    vals.write_text(
+        json.dumps(
+            {
+                "baseline": [BASELINE] * len(log_ratios),
+                "patched": [BASELINE * math.exp(r) for r in log_ratios],
+            }
+        )
+    )
     monkeypatch.setenv("FAKE_SEQ_VALUES", str(vals))
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
     p = tmp_path / "cfg.yaml"
-    p.write_text(textwrap.dedent(f"""\
+    p.write_text(
+        textwrap.dedent(f"""\
         name: seq-test
         sglang: "{SGLANG}"
         model: {{path: "{model}"}}
@@ -71,7 +80,8 @@ def _setup(tmp_path, monkeypatch, log_ratios: list[float], schedule="{min: 4, ma
         schedule: {{repeats: {schedule}}}
         suites:
           fake_seq: {{}}
-        """))
+        """)
+    )
     return p
 
 
@@ -97,14 +107,17 @@ def test_clear_effect_stops_at_the_first_look(tmp_path, monkeypatch):
     assert seq["reason"] == "every primary decided after 4 repeats"
     assert seq["decisions"] == {"patched/fake_seq.output_tok_s": "improved"}
     assert seq["design"]["looks"] == [4, 6, 8] and seq["design"]["primaries"] == [
-        "fake_seq.output_tok_s"]
+        "fake_seq.output_tok_s"
+    ]
     look = seq["looks"][0]["metrics"]["patched/fake_seq.output_tok_s"]
     t = stats.ttest_1samp([0.18, 0.19, 0.18, 0.19], 0.0)
     assert look["p_value"] == pytest.approx(t.pvalue, rel=1e-6)
     assert look["p_value"] <= nominal_levels((4, 6, 8), 0.05)[0]
     report = (run_dir / "report.md").read_text()
     assert "| schedule | 4 timed repeat(s)" in report
-    assert "| sequential | 4 of at most 8 repeats; every primary decided after 4 repeats |" in report
+    assert (
+        "| sequential | 4 of at most 8 repeats; every primary decided after 4 repeats |" in report
+    )
     # resuming a run that stopped runs nothing more
     bench.run_bench(p, resume=run_dir)
     man2 = read_json(run_dir / "manifest.json")
@@ -146,8 +159,11 @@ def test_resumed_sequential_run_continues_where_it_stopped(tmp_path, monkeypatch
     man = read_json(run_dir / "manifest.json")
     assert [x["n_repeats"] for x in man["sequential"]["looks"]] == [4]
     assert man["sequential"]["stopped_at"] is None
-    first = {q: q.stat().st_mtime_ns for q in run_dir.glob("*/rep*/cell.json")
-             if read_json(q)["status"] == "ok"}
+    first = {
+        q: q.stat().st_mtime_ns
+        for q in run_dir.glob("*/rep*/cell.json")
+        if read_json(q)["status"] == "ok"
+    }
     monkeypatch.delenv("FAKE_SEQ_INTERRUPT")
     bench.run_bench(p, resume=run_dir)
     man = read_json(run_dir / "manifest.json")
@@ -175,7 +191,6 @@ def test_sequential_schedule_in_the_plan_and_its_errors(tmp_path, monkeypatch):
         bad = _setup(tmp_path, monkeypatch, [0.0] * 8, schedule=sched)
         with pytest.raises(ConfigError, match=r"cfg.yaml:\d+: key 'schedule.repeats': " + msg):
             load_config(bad)
-    bad = _setup(tmp_path, monkeypatch, [0.0] * 8,
-                 schedule="{min: 4, max: 8}, order: sequential")
+    bad = _setup(tmp_path, monkeypatch, [0.0] * 8, schedule="{min: 4, max: 8}, order: sequential")
     with pytest.raises(ConfigError, match="sequential repeats .* use order: interleaved"):
         load_config(bad)

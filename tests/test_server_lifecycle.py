@@ -3,6 +3,7 @@
 The fake implements the faults a real sglang cannot be made to show on demand; the real server's
 lifecycle is covered by the end-to-end tests (tests/test_e2e_bench.py).
 """
+
 import os
 import socket
 import subprocess
@@ -33,10 +34,20 @@ def _spec(tmp_path, port=None, ready_timeout_s=20.0, stop_grace_s=3.0, **env):
     e = dict(os.environ)
     e["PYTHONPATH"] = str(FAKE)
     e.update({k: str(v) for k, v in env.items()})
-    return LaunchSpec(python=sys.executable, model_path="fake", host="127.0.0.1",
-                      port=port or free_port(), args=[], env=e, log_path=tmp_path / "server.log",
-                      ready_timeout_s=ready_timeout_s, stop_grace_s=stop_grace_s,
-                      port_close_timeout_s=10, flush_retries=4, flush_pause_s=0.1)
+    return LaunchSpec(
+        python=sys.executable,
+        model_path="fake",
+        host="127.0.0.1",
+        port=port or free_port(),
+        args=[],
+        env=e,
+        log_path=tmp_path / "server.log",
+        ready_timeout_s=ready_timeout_s,
+        stop_grace_s=stop_grace_s,
+        port_close_timeout_s=10,
+        flush_retries=4,
+        flush_pause_s=0.1,
+    )
 
 
 def _group_alive(pgid):
@@ -65,7 +76,9 @@ def test_l1_waits_for_health_200_not_models(tmp_path):
 
 def test_l1_process_exit_fails_at_once_with_log_tail(tmp_path):
     """The process exits 1 s in, /health would be 503 for 60 s: fail in ~1 s, not at the timeout."""
-    srv = SglangServer(_spec(tmp_path, ready_timeout_s=60, FAKE_HEALTH_503_S=60, FAKE_EXIT_AFTER_S=1))
+    srv = SglangServer(
+        _spec(tmp_path, ready_timeout_s=60, FAKE_HEALTH_503_S=60, FAKE_EXIT_AFTER_S=1)
+    )
     srv.start()
     t = time.monotonic()
     with pytest.raises(ServerDied) as ei:
@@ -159,7 +172,9 @@ def test_fast_stop_does_not_wait_for_a_slow_sigterm_and_graceful_does(tmp_path):
         assert _group_alive(srv.pid) == []
         assert not port_answers("127.0.0.1", spec.port)
         assert set(srv.stop_breakdown_s) == {"exit", "port", "gpu"}
-    print(f"\nstop with a 5 s SIGTERM delay: fast {took['fast']:.2f} s, graceful {took['graceful']:.2f} s")
+    print(
+        f"\nstop with a 5 s SIGTERM delay: fast {took['fast']:.2f} s, graceful {took['graceful']:.2f} s"
+    )
     assert took["fast"] < 2.5
     assert 5.0 <= took["graceful"] < 9.0
 
@@ -172,6 +187,7 @@ class FakeNvml:
 
     def wait_released(self, pids, timeout_s=30.0, poll_s=0.0):
         from patchbench.gpu import Nvml
+
         return Nvml.wait_released(self, pids, timeout_s, poll_s)
 
     def holders(self, pids):
@@ -191,15 +207,23 @@ def test_stop_waits_for_gpu_memory_and_fails_when_it_stays_held(tmp_path):
     srv = SglangServer(spec)
     srv.start()
     srv.wait_ready()
-    with pytest.raises(StopFailed, match=rf"GPU memory still held by server process\(es\) \[{srv.pid}\]"):
+    with pytest.raises(
+        StopFailed, match=rf"GPU memory still held by server process\(es\) \[{srv.pid}\]"
+    ):
         srv.stop(nvml=FakeNvml([srv.pid], release_after=10**9))
 
 
 def test_busy_port_names_the_orphaned_patchbench_server_holding_it(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # a runner pid that no longer lives
-    first = SglangServer(_spec(tmp_path / "a", PATCHBENCH_RUN_DIR="/x/results/run1",
-                               PATCHBENCH_CELL="control/rep1", PATCHBENCH_RUNNER_PID=dead.pid))
+    first = SglangServer(
+        _spec(
+            tmp_path / "a",
+            PATCHBENCH_RUN_DIR="/x/results/run1",
+            PATCHBENCH_CELL="control/rep1",
+            PATCHBENCH_RUNNER_PID=dead.pid,
+        )
+    )
     first.start()
     first.wait_ready()
     try:

@@ -1,5 +1,6 @@
 """SIGTERM / SIGHUP to the runner behave like Ctrl-C, and servers orphaned by a SIGKILLed runner
 are found and stopped (patchbench.signals, patchbench.stale), against the fake server."""
+
 import importlib.metadata
 import os
 import signal
@@ -37,11 +38,24 @@ def _start(tmp_path, port, **cellenv):
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(textwrap.dedent(CFG.format(sglang=SGLANG, model=tmp_path / "model", port=port)))
     mark = tmp_path / "mark.txt"
-    env = dict(os.environ, FAKE_SUITE_MARK=str(mark), CELLENV_FOR="control/rep0",
-               **{f"CELLENV_{k}": str(v) for k, v in cellenv.items()})
-    proc = subprocess.Popen([sys.executable, str(HERE / "fake_server" / "run_bench_fake.py"),
-                             str(cfg), str(tmp_path / "results")], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = dict(
+        os.environ,
+        FAKE_SUITE_MARK=str(mark),
+        CELLENV_FOR="control/rep0",
+        **{f"CELLENV_{k}": str(v) for k, v in cellenv.items()},
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(HERE / "fake_server" / "run_bench_fake.py"),
+            str(cfg),
+            str(tmp_path / "results"),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # wait for the second cell's suite (one finished cell)
         if mark.exists() and "control/0" in mark.read_text():

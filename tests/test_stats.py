@@ -1,4 +1,5 @@
 """patchbench.stats against hand-computed values and against scipy / statsmodels called directly."""
+
 from __future__ import annotations
 
 import math
@@ -22,7 +23,7 @@ def test_log_ratios_and_errors():
 def test_t_interval_hand_computed():
     # d = ln(v/b) = 0.1, 0.2, 0.3: mean 0.2, s = 0.1, n = 3, t_{0.975, 2} = 4.3027 (t table)
     b = [100.0, 50.0, 20.0]
-    v = [x * math.exp(d) for x, d in zip(b, (0.1, 0.2, 0.3))]
+    v = [x * math.exp(d) for x, d in zip(b, (0.1, 0.2, 0.3), strict=True)]
     iv = stats.t_interval_log_ratio(b, v, 0.95)
     half = 4.302653 * 0.1 / math.sqrt(3)
     assert iv.estimate == pytest.approx(math.exp(0.2) - 1, rel=1e-9)
@@ -49,8 +50,14 @@ def test_bootstrap_log_ratio_matches_scipy_directly():
     v = b * np.exp(rng.normal(0.05, 0.02, size=12))
     iv = stats.bootstrap_log_ratio(b, v, 0.95, n_resamples=3000, seed=11)
     d = np.log(v / b)
-    ref = sps.bootstrap((d,), np.mean, n_resamples=3000, confidence_level=0.95, method="BCa",
-                        rng=np.random.default_rng(11))
+    ref = sps.bootstrap(
+        (d,),
+        np.mean,
+        n_resamples=3000,
+        confidence_level=0.95,
+        method="BCa",
+        rng=np.random.default_rng(11),
+    )
     assert iv.low == pytest.approx(math.expm1(ref.confidence_interval.low), rel=1e-9)
     assert iv.high == pytest.approx(math.expm1(ref.confidence_interval.high), rel=1e-9)
     assert iv.estimate == pytest.approx(math.expm1(d.mean()))
@@ -59,22 +66,31 @@ def test_bootstrap_log_ratio_matches_scipy_directly():
 
 def test_paired_request_interval_exact_ratio_and_pairing():
     rng = np.random.default_rng(0)
-    base = rng.lognormal(np.log(50), 0.8, size=200)      # prompts differ a lot from each other
+    base = rng.lognormal(np.log(50), 0.8, size=200)  # prompts differ a lot from each other
     iv = stats.paired_request_interval(base, 0.9 * base, "mean")
     # every resample has ratio of means exactly 0.9
     assert iv.estimate == pytest.approx(-0.1)
     assert iv.low == pytest.approx(-0.1) and iv.high == pytest.approx(-0.1)
     var = 0.95 * base * np.exp(rng.normal(0, 0.02, size=200))
     paired = stats.paired_request_interval(base, var, "median", seed=1)
-    assert paired.ok and paired.high < 0          # the 5 % TTFT gain is found ...
-    unpaired = sps.bootstrap((base, var), lambda x, y, axis=-1: np.log(np.median(y, axis=axis) /
-                                                                         np.median(x, axis=axis)),
-                             paired=False, n_resamples=2000, rng=np.random.default_rng(1))
+    assert paired.ok and paired.high < 0  # the 5 % TTFT gain is found ...
+    unpaired = sps.bootstrap(
+        (base, var),
+        lambda x, y, axis=-1: np.log(np.median(y, axis=axis) / np.median(x, axis=axis)),
+        paired=False,
+        n_resamples=2000,
+        rng=np.random.default_rng(1),
+    )
     # ... because pairing removes the prompt-to-prompt spread an unpaired interval carries
     assert unpaired.confidence_interval.low < 0 < unpaired.confidence_interval.high
-    ref = sps.bootstrap((base, var), lambda x, y, axis=-1: np.log(np.median(y, axis=axis) /
-                                                                   np.median(x, axis=axis)),
-                        paired=True, n_resamples=2000, method="BCa", rng=np.random.default_rng(1))
+    ref = sps.bootstrap(
+        (base, var),
+        lambda x, y, axis=-1: np.log(np.median(y, axis=axis) / np.median(x, axis=axis)),
+        paired=True,
+        n_resamples=2000,
+        method="BCa",
+        rng=np.random.default_rng(1),
+    )
     assert paired.low == pytest.approx(math.expm1(ref.confidence_interval.low), rel=1e-9)
     assert paired.high == pytest.approx(math.expm1(ref.confidence_interval.high), rel=1e-9)
 
@@ -83,18 +99,24 @@ def test_block_bootstrap_estimate_and_width():
     rng = np.random.default_rng(3)
     n = 60
     # each request has its own level shared by all its tokens: values are correlated in a request
-    b_blocks = [list(rng.lognormal(np.log(5), 0.3) * np.ones(30) + rng.normal(0, 0.01, 30))
-                for _ in range(n)]
+    b_blocks = [
+        list(rng.lognormal(np.log(5), 0.3) * np.ones(30) + rng.normal(0, 0.01, 30))
+        for _ in range(n)
+    ]
     v_blocks = [list(np.asarray(x) * rng.lognormal(np.log(0.95), 0.2)) for x in b_blocks]
     iv = stats.block_bootstrap_interval(b_blocks, v_blocks, "mean", seed=2)
     pooled_b, pooled_v = np.concatenate(b_blocks), np.concatenate(v_blocks)
     assert iv.estimate == pytest.approx(pooled_v.mean() / pooled_b.mean() - 1, rel=1e-9)
     assert iv.low < iv.estimate < iv.high
     # a token-level bootstrap (as if the 1800 values were independent) is far too narrow
-    tok = sps.bootstrap((np.arange(pooled_b.size),),
-                        lambda i: np.log(pooled_v[i].mean() / pooled_b[i].mean()),
-                        vectorized=False, n_resamples=1000, method="percentile",
-                        rng=np.random.default_rng(0))
+    tok = sps.bootstrap(
+        (np.arange(pooled_b.size),),
+        lambda i: np.log(pooled_v[i].mean() / pooled_b[i].mean()),
+        vectorized=False,
+        n_resamples=1000,
+        method="percentile",
+        rng=np.random.default_rng(0),
+    )
     tok_w = math.expm1(tok.confidence_interval.high) - math.expm1(tok.confidence_interval.low)
     assert (iv.high - iv.low) > 2.5 * tok_w
     with pytest.raises(ValueError, match="equal counts"):
@@ -141,7 +163,7 @@ def test_noise_floor_and_significance():
     assert stats.noise_floor([nan]) is None
     eff = stats.Interval(0.04, 0.02, 0.06, "t", 3)
     assert stats.is_significant(eff)
-    assert not stats.is_significant(eff, floor=0.05)     # effect within the A/A floor
+    assert not stats.is_significant(eff, floor=0.05)  # effect within the A/A floor
     assert stats.is_significant(eff, floor=0.03)
     assert not stats.is_significant(stats.Interval(0.01, -0.01, 0.03, "t", 3))
     assert not stats.is_significant(nan)
@@ -154,7 +176,7 @@ def test_t_interval_diff_hand_computed():
     assert iv.estimate == pytest.approx(-2 / (8 / 3))
     assert iv.low == pytest.approx((-2 - half) / (8 / 3), abs=1e-6)
     assert iv.high == pytest.approx((-2 + half) / (8 / 3), abs=1e-6)
-    det = stats.t_interval_diff([2, 2], [0, 0])          # deterministic counts: 2 syncs -> 0
+    det = stats.t_interval_diff([2, 2], [0, 0])  # deterministic counts: 2 syncs -> 0
     assert (det.estimate, det.low, det.high) == (-1.0, -1.0, -1.0)
     with pytest.raises(ValueError, match="baseline mean"):
         stats.t_interval_diff([0, 0], [1, 1])
@@ -165,14 +187,20 @@ def test_block_bootstrap_mean_matches_concatenating_reference():
     b = [list(rng.lognormal(np.log(5), 0.2, rng.integers(1, 15))) for _ in range(40)]
     v = [list(np.asarray(x) * rng.lognormal(0, 0.1)) for x in b]
 
-    def ref_stat(idx):       # pooled mean of the drawn requests' values, by concatenation
+    def ref_stat(idx):  # pooled mean of the drawn requests' values, by concatenation
         idx = np.asarray(idx, dtype=int)
         pv = np.concatenate([v[i] for i in idx])
         pb = np.concatenate([b[i] for i in idx])
         return np.log(pv.mean() / pb.mean())
 
-    ref = sps.bootstrap((np.arange(40),), ref_stat, vectorized=False, n_resamples=500,
-                        method="percentile", rng=np.random.default_rng(3))
+    ref = sps.bootstrap(
+        (np.arange(40),),
+        ref_stat,
+        vectorized=False,
+        n_resamples=500,
+        method="percentile",
+        rng=np.random.default_rng(3),
+    )
     iv = stats.block_bootstrap_interval(b, v, "mean", n_resamples=500, seed=3)
     assert iv.low == pytest.approx(math.expm1(ref.confidence_interval.low), rel=1e-9)
     assert iv.high == pytest.approx(math.expm1(ref.confidence_interval.high), rel=1e-9)

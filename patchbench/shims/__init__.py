@@ -11,6 +11,7 @@
   ``server.cpu_stand_ins``. Every stand-in function raises when called and prints
   :data:`CALLED_MARKER` first, so the harness fails the cell when the server log shows it.
 """
+
 from pathlib import Path
 
 SHIMS_DIR = Path(__file__).resolve().parent
@@ -29,5 +30,7 @@ def stand_in_path(name: str) -> Path:
     """Folder to put on PYTHONPATH for stand-in ``name``; KeyError names the allowed ones."""
     p = CPU_DIR / name
     if not p.is_dir():
-        raise KeyError(f"unknown CPU stand-in '{name}'; available: {', '.join(available_stand_ins())}")
+        raise KeyError(
+            f"unknown CPU stand-in '{name}'; available: {', '.join(available_stand_ins())}"
+        )
     return p

@@ -392,8 +392,11 @@ class MmmuSuite(Suite):
 
         if params.dataset == DEMO_DATASET:
             return []
-        return [hf_dataset_check(f"suite mmmu: dataset {params.dataset}", params.dataset,
-                                 params.dataset_path)]
+        return [
+            hf_dataset_check(
+                f"suite mmmu: dataset {params.dataset}", params.dataset, params.dataset_path
+            )
+        ]
 
     def pair(
         self, baseline_dirs: list[Path], variant_dirs: list[Path], params: Params

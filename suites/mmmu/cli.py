@@ -25,6 +25,7 @@ response).
 
 Exit codes: 0 done, 2 bad usage or unreadable input (the message names the file and key).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,9 +76,13 @@ def load_responses(path: str | Path) -> dict[str, dict[str, Any]]:
         if "id" not in x or "response" not in x:
             raise InputError(f"{f}: an entry lacks 'id' or 'response' (keys {sorted(x)})")
         index2ans = x.get("index2ans") or {}
-        out[x["id"]] = {"response": x["response"], "question_type": x.get("question_type"),
-                        "index2ans": index2ans, "all_choices": x.get("all_choices")
-                        or list(index2ans), "gold": x.get("answer", x.get("gold"))}
+        out[x["id"]] = {
+            "response": x["response"],
+            "question_type": x.get("question_type"),
+            "index2ans": index2ans,
+            "all_choices": x.get("all_choices") or list(index2ans),
+            "gold": x.get("answer", x.get("gold")),
+        }
     return out
 
 
@@ -92,8 +97,14 @@ def load_answer_key(path: str | Path) -> dict[str, dict[str, Any]]:
     return data
 
 
-def score_saved(responses: dict[str, dict[str, Any]], key: dict[str, dict[str, Any]], *,
-                parser: str, seed: int | None, fallback: str = "random") -> list[dict[str, Any]]:
+def score_saved(
+    responses: dict[str, dict[str, Any]],
+    key: dict[str, dict[str, Any]],
+    *,
+    parser: str,
+    seed: int | None,
+    fallback: str = "random",
+) -> list[dict[str, Any]]:
     """Records (as the suite writes them) for every question of ``key``, in key order."""
     rng = random.Random(seed) if parser == "official" and fallback == "random" else None
     records = []
@@ -102,28 +113,48 @@ def score_saved(responses: dict[str, dict[str, Any]], key: dict[str, dict[str, A
         qtype = k["question_type"]
         index2ans = (r or {}).get("index2ans") or {}
         all_choices = (r or {}).get("all_choices") or list(index2ans)
-        s = scoring.score_response(None if r is None else r["response"], question_type=qtype,
-                                   gold=k["ground_truth"], all_choices=all_choices,
-                                   index2ans=index2ans, parser=parser, rng=rng,
-                                   failed=r is None or r["response"] is None)
-        records.append({"id": qid, "subject": subject_of(qid), "question_type": qtype,
-                        "prompt_sha256": None, "response": None if r is None else r["response"],
-                        "parsed": s.parsed, "verdict": s.verdict, "latency_s": None,
-                        "prompt_tokens": None, "completion_tokens": None,
-                        "error": "no response in the file" if r is None else None,
-                        "gold": k["ground_truth"], "index2ans": index2ans,
-                        "fallback": s.fallback, "unparsed_kind": s.unparsed_kind,
-                        "parse_rule": s.rule, "parser": parser,
-                        "parser_seed": seed if parser == "official" else None,
-                        "official_fallback": fallback if parser == "official" else None})
+        s = scoring.score_response(
+            None if r is None else r["response"],
+            question_type=qtype,
+            gold=k["ground_truth"],
+            all_choices=all_choices,
+            index2ans=index2ans,
+            parser=parser,
+            rng=rng,
+            failed=r is None or r["response"] is None,
+        )
+        records.append(
+            {
+                "id": qid,
+                "subject": subject_of(qid),
+                "question_type": qtype,
+                "prompt_sha256": None,
+                "response": None if r is None else r["response"],
+                "parsed": s.parsed,
+                "verdict": s.verdict,
+                "latency_s": None,
+                "prompt_tokens": None,
+                "completion_tokens": None,
+                "error": "no response in the file" if r is None else None,
+                "gold": k["ground_truth"],
+                "index2ans": index2ans,
+                "fallback": s.fallback,
+                "unparsed_kind": s.unparsed_kind,
+                "parse_rule": s.rule,
+                "parser": parser,
+                "parser_seed": seed if parser == "official" else None,
+                "official_fallback": fallback if parser == "official" else None,
+            }
+        )
     return records
 
 
 DISAGREEMENT_COLUMNS = ("id", "subject", "gold", "strict", "strict_rule", "official", "response")
 
 
-def disagreements(responses: dict[str, dict[str, Any]],
-                  key: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def disagreements(
+    responses: dict[str, dict[str, Any]], key: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
     """Multiple-choice questions of ``key`` whose strict and official parses differ, in key order.
 
     Each row: ``{"id", "subject", "gold", "strict" (a letter, "no_answer" or "ambiguous"),
@@ -140,9 +171,17 @@ def disagreements(responses: dict[str, dict[str, Any]],
         st = parsers.parse_strict_detail(r["response"], choices, index2ans)
         off, _ = parsers.parse_official_mc(r["response"], choices, index2ans, None)
         if st.letter != off:
-            rows.append({"id": qid, "subject": subject_of(qid), "gold": k["ground_truth"],
-                         "strict": st.letter or st.status, "strict_rule": st.rule,
-                         "official": off or "fallback", "response": r["response"]})
+            rows.append(
+                {
+                    "id": qid,
+                    "subject": subject_of(qid),
+                    "gold": k["ground_truth"],
+                    "strict": st.letter or st.status,
+                    "strict_rule": st.rule,
+                    "official": off or "fallback",
+                    "response": r["response"],
+                }
+            )
     return rows
 
 
@@ -153,9 +192,12 @@ def _md_cell(v: Any) -> str:
 def disagreements_markdown(rows: list[dict[str, Any]], n_mc: int) -> str:
     """The rows as a markdown table (responses on one line: a line break shows as ⏎), with a
     heading line counting them among ``n_mc`` multiple-choice responses."""
-    lines = [f"Strict vs official parse: {len(rows)} of {n_mc} multiple-choice responses differ.",
-             "", "| " + " | ".join(DISAGREEMENT_COLUMNS) + " |",
-             "|" + "---|" * len(DISAGREEMENT_COLUMNS)]
+    lines = [
+        f"Strict vs official parse: {len(rows)} of {n_mc} multiple-choice responses differ.",
+        "",
+        "| " + " | ".join(DISAGREEMENT_COLUMNS) + " |",
+        "|" + "---|" * len(DISAGREEMENT_COLUMNS),
+    ]
     for r in rows:
         lines.append("| " + " | ".join(_md_cell(r[c]) for c in DISAGREEMENT_COLUMNS) + " |")
     return "\n".join(lines) + "\n"
@@ -173,19 +215,31 @@ def disagreements_csv(rows: list[dict[str, Any]]) -> str:
 
 def cli(argv: list[str]) -> int:
     """Entry point of ``runner.py score-mmmu`` (see module docstring)."""
-    ap = argparse.ArgumentParser(prog="runner.py score-mmmu",
-                                 description="Re-score saved MMMU responses.")
+    ap = argparse.ArgumentParser(
+        prog="runner.py score-mmmu", description="Re-score saved MMMU responses."
+    )
     ap.add_argument("responses", help="<Subject>/output.json folder, records.jsonl or output.json")
     ap.add_argument("--answer-key", required=True, help="answer_dict_val.json")
     ap.add_argument("--parser", choices=["strict", "official"], default="strict")
-    ap.add_argument("--seed", type=int, default=42,
-                    help="seed of the official parser's random fallback (default 42)")
-    ap.add_argument("--fallback", choices=["random", "unparsed"], default="random",
-                    help="official parser: pick a seeded random letter, or count as unparsed")
+    ap.add_argument(
+        "--seed",
+        type=int,
+        default=42,
+        help="seed of the official parser's random fallback (default 42)",
+    )
+    ap.add_argument(
+        "--fallback",
+        choices=["random", "unparsed"],
+        default="random",
+        help="official parser: pick a seeded random letter, or count as unparsed",
+    )
     ap.add_argument("--out", help="folder for records.jsonl, val_sglang.json, ...")
-    ap.add_argument("--disagreements", action="store_true",
-                    help="print the responses where strict and official parses differ (and "
-                         "write disagreements.md / .csv to --out)")
+    ap.add_argument(
+        "--disagreements",
+        action="store_true",
+        help="print the responses where strict and official parses differ (and "
+        "write disagreements.md / .csv to --out)",
+    )
     try:
         a = ap.parse_args(argv)
     except SystemExit as e:
@@ -198,36 +252,47 @@ def cli(argv: list[str]) -> int:
         print(f"score-mmmu: {e}", file=sys.stderr)
         return EXIT_USAGE
     from patchbench.suites.mmmu.bench import summarize, write_outputs
+
     params = Params(parser=a.parser, seed=a.seed, official_fallback=a.fallback)
-    result, sc = summarize(records, params, extra_meta={"responses": str(a.responses),
-                                                        "answer_key": str(a.answer_key)})
+    result, sc = summarize(
+        records, params, extra_meta={"responses": str(a.responses), "answer_key": str(a.answer_key)}
+    )
     extra = [k for k in responses if k not in key]
     # the PR script's block, without its two "saved to ./..." lines (nothing is written there;
     # --out writes the files, and says where)
     block = scoring.format_block(scoring.val_dict(sc)).splitlines()
     print("\n".join(line for line in block if "saved to" not in line))
     o = sc.overall
-    fb = (f", fallbacks {o.fallbacks} (seed {a.seed}, {a.fallback})"
-          if a.parser == "official" else "")
-    print(f"parser {a.parser}: correct {o.correct} / asked {o.asked} = {o.acc:.4f}; answered "
-          f"{o.answered}, failed {o.failed}, unparsed {o.unparsed} (no answer {o.no_answer}, "
-          f"ambiguous {o.ambiguous}){fb}")
+    fb = (
+        f", fallbacks {o.fallbacks} (seed {a.seed}, {a.fallback})" if a.parser == "official" else ""
+    )
+    print(
+        f"parser {a.parser}: correct {o.correct} / asked {o.asked} = {o.acc:.4f}; answered "
+        f"{o.answered}, failed {o.failed}, unparsed {o.unparsed} (no answer {o.no_answer}, "
+        f"ambiguous {o.ambiguous}){fb}"
+    )
     rows = None
     if a.disagreements:
         rows = disagreements(responses, key)
-        n_mc = sum(1 for q, k in key.items() if q in responses
-                   and not parsers.is_open(k["question_type"]))
+        n_mc = sum(
+            1 for q, k in key.items() if q in responses and not parsers.is_open(k["question_type"])
+        )
         print()
         print(disagreements_markdown(rows, n_mc), end="")
     if extra:
-        print(f"warning: {len(extra)} responses have ids missing from the answer key "
-              f"(ignored), e.g. {extra[0]}", file=sys.stderr)
+        print(
+            f"warning: {len(extra)} responses have ids missing from the answer key "
+            f"(ignored), e.g. {extra[0]}",
+            file=sys.stderr,
+        )
     if a.out:
         write_outputs(Path(a.out), records, sc)
         write_json(Path(a.out) / "summary.json", result.to_json("mmmu"))
         if rows is not None:
             write_text(Path(a.out) / "disagreements.md", disagreements_markdown(rows, n_mc))
             write_text(Path(a.out) / "disagreements.csv", disagreements_csv(rows))
-        print(f"wrote records.jsonl, answer_sglang.json, val_sglang.json, summary.json to {a.out}",
-              file=sys.stderr)
+        print(
+            f"wrote records.jsonl, answer_sglang.json, val_sglang.json, summary.json to {a.out}",
+            file=sys.stderr,
+        )
     return EXIT_OK

@@ -12,13 +12,14 @@ failure after a 200 status (timeout while reading, bad JSON, no choices) is fina
 has ``request_timeout_s`` (aiohttp ``ClientTimeout(total=...)``); between attempts a pause of
 ``0.5 * 2**attempt`` s.
 """
+
 from __future__ import annotations
 
 import asyncio
 import json
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import aiohttp
 
@@ -40,11 +41,22 @@ class Outcome:
     finish_reason: str | None = None
 
 
-def request_body(messages: list[dict], *, model: str, temperature: float, max_tokens: int,
-                 extra: dict | None = None) -> bytes:
+def request_body(
+    messages: list[dict],
+    *,
+    model: str,
+    temperature: float,
+    max_tokens: int,
+    extra: dict | None = None,
+) -> bytes:
     """The JSON body of one request, UTF-8 bytes (built once per question and reused)."""
-    body = {"model": model, "messages": messages, "temperature": temperature,
-            "max_tokens": max_tokens, "stream": False}
+    body = {
+        "model": model,
+        "messages": messages,
+        "temperature": temperature,
+        "max_tokens": max_tokens,
+        "stream": False,
+    }
     if extra:
         body.update(extra)
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
@@ -54,12 +66,17 @@ class _Retryable(Exception):
     pass
 
 
-async def _attempt(session: aiohttp.ClientSession, url: str, body: bytes,
-                   timeout_s: float) -> Outcome:
+async def _attempt(
+    session: aiohttp.ClientSession, url: str, body: bytes, timeout_s: float
+) -> Outcome:
     t0 = time.perf_counter()
     try:
-        resp_cm = session.post(url, data=body, headers={"Content-Type": "application/json"},
-                               timeout=aiohttp.ClientTimeout(total=timeout_s))
+        resp_cm = session.post(
+            url,
+            data=body,
+            headers={"Content-Type": "application/json"},
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+        )
         resp = await resp_cm.__aenter__()
     except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as e:
         raise _Retryable(f"{type(e).__name__}: {e}") from e
@@ -73,8 +90,9 @@ async def _attempt(session: aiohttp.ClientSession, url: str, body: bytes,
         try:
             data = json.loads(await resp.read())
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
-            return Outcome(None, f"after HTTP 200: {type(e).__name__}: {e}",
-                           time.perf_counter() - t0)
+            return Outcome(
+                None, f"after HTTP 200: {type(e).__name__}: {e}", time.perf_counter() - t0
+            )
         latency = time.perf_counter() - t0
         choices = data.get("choices") or []
         if not choices:
@@ -84,14 +102,27 @@ async def _attempt(session: aiohttp.ClientSession, url: str, body: bytes,
         if content is None:
             return Outcome(None, "HTTP 200 with no message content", latency)
         usage = data.get("usage") or {}
-        return Outcome(content, None, latency, usage.get("prompt_tokens"),
-                       usage.get("completion_tokens"), 1, choices[0].get("finish_reason"))
+        return Outcome(
+            content,
+            None,
+            latency,
+            usage.get("prompt_tokens"),
+            usage.get("completion_tokens"),
+            1,
+            choices[0].get("finish_reason"),
+        )
     finally:
         await resp_cm.__aexit__(None, None, None)
 
 
-async def _one(session: aiohttp.ClientSession, sem: asyncio.Semaphore, url: str, body: bytes,
-               timeout_s: float, retries: int) -> Outcome:
+async def _one(
+    session: aiohttp.ClientSession,
+    sem: asyncio.Semaphore,
+    url: str,
+    body: bytes,
+    timeout_s: float,
+    retries: int,
+) -> Outcome:
     async with sem:
         last = "no attempt"
         for attempt in range(retries + 1):
@@ -103,28 +134,38 @@ async def _one(session: aiohttp.ClientSession, sem: asyncio.Semaphore, url: str,
             except _Retryable as e:
                 last = str(e)
                 if attempt < retries:
-                    await asyncio.sleep(0.5 * 2 ** attempt)
+                    await asyncio.sleep(0.5 * 2**attempt)
             except Exception as e:  # noqa: BLE001 - anything else is recorded, never dropped
-                return Outcome(None, f"{type(e).__name__}: {e}", time.perf_counter() - t0,
-                               attempts=attempt + 1)
-        return Outcome(None, f"gave up after {retries + 1} attempts: {last}", None,
-                       attempts=retries + 1)
+                return Outcome(
+                    None, f"{type(e).__name__}: {e}", time.perf_counter() - t0, attempts=attempt + 1
+                )
+        return Outcome(
+            None, f"gave up after {retries + 1} attempts: {last}", None, attempts=retries + 1
+        )
 
 
-async def send_all(base_url: str, bodies: Sequence[bytes], *, concurrency: int,
-                   request_timeout_s: float, retries: int,
-                   on_done: Callable[[], None] | None = None) -> list[Outcome]:
+async def send_all(
+    base_url: str,
+    bodies: Sequence[bytes],
+    *,
+    concurrency: int,
+    request_timeout_s: float,
+    retries: int,
+    on_done: Callable[[], None] | None = None,
+) -> list[Outcome]:
     """Send every body; ``result[i]`` is the outcome of ``bodies[i]``. At most ``concurrency``
     requests in flight; ``on_done()`` is called after each question (progress bar)."""
     url = base_url.rstrip("/") + "/v1/chat/completions"
     sem = asyncio.Semaphore(concurrency)
     connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as session:
+
         async def run(i: int) -> Outcome:
             out = await _one(session, sem, url, bodies[i], request_timeout_s, retries)
             if on_done:
                 on_done()
             return out
+
         return list(await asyncio.gather(*(run(i) for i in range(len(bodies)))))
 
 
@@ -132,8 +173,9 @@ async def served_model(base_url: str, timeout_s: float = 10.0) -> str | None:
     """The first model id of ``GET /v1/models``, or None when the server does not say."""
     try:
         async with aiohttp.ClientSession() as s:
-            async with s.get(base_url.rstrip("/") + "/v1/models",
-                             timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            async with s.get(
+                base_url.rstrip("/") + "/v1/models", timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as r:
                 if r.status != 200:
                     return None
                 data = await r.json()

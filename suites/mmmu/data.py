@@ -22,14 +22,16 @@ Where questions come from (``load_questions``):
 Errors: :class:`DatasetUnavailable` (a :class:`patchbench.suite.SuiteError`) names the dataset,
 the subject and how to provide a local copy.
 """
+
 from __future__ import annotations
 
 import ast
 import contextlib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from patchbench.suite import SuiteError
 
@@ -37,12 +39,23 @@ DOMAINS: dict[str, list[str]] = {
     "Art and Design": ["Art", "Art_Theory", "Design", "Music"],
     "Business": ["Accounting", "Economics", "Finance", "Manage", "Marketing"],
     "Science": ["Biology", "Chemistry", "Geography", "Math", "Physics"],
-    "Health and Medicine": ["Basic_Medical_Science", "Clinical_Medicine",
-                            "Diagnostics_and_Laboratory_Medicine", "Pharmacy", "Public_Health"],
+    "Health and Medicine": [
+        "Basic_Medical_Science",
+        "Clinical_Medicine",
+        "Diagnostics_and_Laboratory_Medicine",
+        "Pharmacy",
+        "Public_Health",
+    ],
     "Humanities and Social Science": ["History", "Literature", "Sociology", "Psychology"],
-    "Tech and Engineering": ["Agriculture", "Architecture_and_Engineering", "Computer_Science",
-                             "Electronics", "Energy_and_Power", "Materials",
-                             "Mechanical_Engineering"],
+    "Tech and Engineering": [
+        "Agriculture",
+        "Architecture_and_Engineering",
+        "Computer_Science",
+        "Electronics",
+        "Energy_and_Power",
+        "Materials",
+        "Mechanical_Engineering",
+    ],
 }
 #: the 30 subjects, in domain order
 SUBJECTS: list[str] = [s for subs in DOMAINS.values() for s in subs]
@@ -65,8 +78,10 @@ def subject_of(qid: str) -> str:
     """
     m = _ID.match(qid)
     if not m or m.group("subject") not in SUBJECT_DOMAIN:
-        raise ValueError(f"MMMU id {qid!r}: expected '<dev|validation|test>_<Subject>_<n>' with "
-                         f"one of the 30 subjects")
+        raise ValueError(
+            f"MMMU id {qid!r}: expected '<dev|validation|test>_<Subject>_<n>' with "
+            f"one of the 30 subjects"
+        )
     return m.group("subject")
 
 
@@ -90,12 +105,15 @@ def parse_options(raw: Any, qid: str = "?") -> list[str]:
         try:
             val = ast.literal_eval(raw) if raw.strip() else []
         except (ValueError, SyntaxError) as e:
-            raise ValueError(f"question {qid}: options {raw[:80]!r} is not a list literal: {e}")
+            raise ValueError(
+                f"question {qid}: options {raw[:80]!r} is not a list literal: {e}"
+            ) from None
         if not isinstance(val, (list, tuple)):
             raise ValueError(f"question {qid}: options {raw[:80]!r} is not a list")
         return [str(x) for x in val]
-    raise ValueError(f"question {qid}: options of type {type(raw).__name__}, expected a list "
-                     "literal string")
+    raise ValueError(
+        f"question {qid}: options of type {type(raw).__name__}, expected a list literal string"
+    )
 
 
 @dataclass
@@ -124,7 +142,7 @@ class Question:
 
     @property
     def index2ans(self) -> dict[str, str]:
-        return dict(zip(self.all_choices, self.options))
+        return dict(zip(self.all_choices, self.options, strict=True))
 
 
 def question_from_row(row: dict) -> Question:
@@ -138,10 +156,12 @@ def question_from_row(row: dict) -> Question:
             raise ValueError(f"question {qid}: field '{key}' missing")
     qtype = row["question_type"]
     if qtype not in ("multiple-choice", "open"):
-        raise ValueError(f"question {qid}: question_type {qtype!r}, expected 'multiple-choice' "
-                         "or 'open'")
-    images = {n: row[f"image_{n}"] for n in range(1, MAX_IMAGES + 1)
-              if row.get(f"image_{n}") is not None}
+        raise ValueError(
+            f"question {qid}: question_type {qtype!r}, expected 'multiple-choice' or 'open'"
+        )
+    images = {
+        n: row[f"image_{n}"] for n in range(1, MAX_IMAGES + 1) if row.get(f"image_{n}") is not None
+    }
     answer = row["answer"]
     if qtype == "open" and isinstance(answer, str) and answer.startswith("["):
         try:  # a few open golds are list literals, e.g. "['24/7', '3.429']"
@@ -150,15 +170,22 @@ def question_from_row(row: dict) -> Question:
                 answer = [str(x) for x in lit]
         except (ValueError, SyntaxError):
             pass
-    return Question(id=qid, subject=subject_of(qid), question=row["question"] or "",
-                    options=parse_options(row["options"], qid), answer=answer,
-                    question_type=qtype, images=images)
+    return Question(
+        id=qid,
+        subject=subject_of(qid),
+        question=row["question"] or "",
+        options=parse_options(row["options"], qid),
+        answer=answer,
+        question_type=qtype,
+        images=images,
+    )
 
 
 @contextlib.contextmanager
 def quiet_datasets():
     """Hide ``datasets``' own progress bars for the duration (restored afterwards)."""
     import datasets
+
     was_disabled = datasets.utils.are_progress_bars_disabled()
     datasets.disable_progress_bars()
     try:
@@ -169,24 +196,29 @@ def quiet_datasets():
 
 
 def _hint(dataset: str) -> str:
-    return (f"provide a local copy of {dataset} with the suite parameter dataset_path: a folder "
-            f"of parquet files in the hub layout (<Subject>/<split>-*.parquet, e.g. from "
-            f"`huggingface-cli download {dataset} --repo-type dataset --local-dir DIR` on a "
-            f"machine with network), a `datasets` save_to_disk folder, or a filled HF cache "
-            f"folder; or run `python -m patchbench.suites.mmmu.demo_data DIR` for generated demo questions")
+    return (
+        f"provide a local copy of {dataset} with the suite parameter dataset_path: a folder "
+        f"of parquet files in the hub layout (<Subject>/<split>-*.parquet, e.g. from "
+        f"`huggingface-cli download {dataset} --repo-type dataset --local-dir DIR` on a "
+        f"machine with network), a `datasets` save_to_disk folder, or a filled HF cache "
+        f"folder; or run `python -m patchbench.suites.mmmu.demo_data DIR` for generated demo questions"
+    )
 
 
 def _load_subject_parquet(root: Path, subject: str, split: str):
     import datasets
+
     files = sorted((root / subject).glob(f"{split}-*.parquet"))
     if not files:
         return None
-    return datasets.load_dataset("parquet", data_files={split: [str(f) for f in files]},
-                                 split=split)
+    return datasets.load_dataset(
+        "parquet", data_files={split: [str(f) for f in files]}, split=split
+    )
 
 
 def _load_saved(root: Path, split: str):
     import datasets
+
     obj = datasets.load_from_disk(str(root))
     if isinstance(obj, datasets.DatasetDict):
         if split in obj:
@@ -201,6 +233,7 @@ def _hub_unreachable(timeout_s: float = 3.0) -> str | None:
     import os
     import socket
     from urllib.parse import urlparse
+
     if os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1":
         return None
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
@@ -212,14 +245,16 @@ def _hub_unreachable(timeout_s: float = 3.0) -> str | None:
         return f"{host}:{port}: {e}"
 
 
-def iter_rows(dataset: str, dataset_path: str | Path | None, split: str,
-              subjects: Iterable[str]) -> Iterable[dict]:
+def iter_rows(
+    dataset: str, dataset_path: str | Path | None, split: str, subjects: Iterable[str]
+) -> Iterable[dict]:
     """Rows (dicts, HF MMMU schema) of the chosen subjects and split, subject by subject.
 
     Raises :class:`DatasetUnavailable` naming the dataset/folder, the subject and how to provide
     a local copy.
     """
     import datasets
+
     subjects = list(subjects)
     if dataset_path is not None:
         root = Path(dataset_path).expanduser()
@@ -247,20 +282,27 @@ def iter_rows(dataset: str, dataset_path: str | Path | None, split: str,
         raise DatasetUnavailable(
             f"cannot load dataset {dataset!r}: the hub is unreachable ({why}) and "
             f"HF_DATASETS_OFFLINE/HF_HUB_OFFLINE are not set (set both to 1 to read a filled HF "
-            f"cache); {_hint(dataset)}")
+            f"cache); {_hint(dataset)}"
+        )
     for s in subjects:
         try:
             ds = datasets.load_dataset(dataset, s, split=split, cache_dir=cache_dir)
-        except Exception as e:  # noqa: BLE001 - datasets raises many kinds offline
+        except Exception as e:
             where = f" (cache_dir {cache_dir})" if cache_dir else ""
             raise DatasetUnavailable(
                 f"cannot load dataset {dataset!r}, subject {s!r}, split {split!r}{where}: "
-                f"{type(e).__name__}: {str(e)[:300]}; {_hint(dataset)}") from e
+                f"{type(e).__name__}: {str(e)[:300]}; {_hint(dataset)}"
+            ) from e
         yield from ds
 
 
-def load_questions(dataset: str, dataset_path: str | Path | None, split: str,
-                   subjects: Iterable[str], limit: int | None = None) -> list[Question]:
+def load_questions(
+    dataset: str,
+    dataset_path: str | Path | None,
+    split: str,
+    subjects: Iterable[str],
+    limit: int | None = None,
+) -> list[Question]:
     """The questions of ``subjects``, each subject in dataset order.
 
     ``limit`` None: all, grouped by subject in the order given. ``limit`` n: at most n questions,
@@ -294,6 +336,7 @@ def load_questions(dataset: str, dataset_path: str | Path | None, split: str,
     out = [q for s in subjects for q in by_subject.get(s, [])]
     if not out:
         where = dataset_path if dataset_path is not None else dataset
-        raise DatasetUnavailable(f"no {split!r} questions of subjects {subjects} in {where}; "
-                                 f"{_hint(dataset)}")
+        raise DatasetUnavailable(
+            f"no {split!r} questions of subjects {subjects} in {where}; {_hint(dataset)}"
+        )
     return out

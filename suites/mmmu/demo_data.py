@@ -25,6 +25,7 @@ Kinds of question (one subject each, across all six domains):
 Deterministic for a given ``(n, seed)``. CLI: ``python -m patchbench.suites.mmmu.demo_data OUT_DIR [--n N]
 [--seed S]``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,16 +39,38 @@ from PIL import Image, ImageDraw, ImageFont
 from patchbench.suites.mmmu.data import quiet_datasets
 
 SPLIT = "validation"
-COLOURS = {"red": (220, 30, 30), "blue": (30, 60, 220), "green": (30, 160, 60),
-           "yellow": (235, 200, 20), "purple": (130, 40, 170), "orange": (240, 130, 20)}
+COLOURS = {
+    "red": (220, 30, 30),
+    "blue": (30, 60, 220),
+    "green": (30, 160, 60),
+    "yellow": (235, 200, 20),
+    "purple": (130, 40, 170),
+    "orange": (240, 130, 20),
+}
 SHAPES = ["circle", "square", "triangle", "diamond"]
-WORDS = ["apple", "river", "stone", "cloud", "piano", "tiger", "lemon", "rocket", "garden",
-         "candle", "mirror", "planet"]
+WORDS = [
+    "apple",
+    "river",
+    "stone",
+    "cloud",
+    "piano",
+    "tiger",
+    "lemon",
+    "rocket",
+    "garden",
+    "candle",
+    "mirror",
+    "planet",
+]
 SIZE = 224
 
 SUBJECT_KINDS: list[tuple[str, str]] = [
-    ("Art", "colour"), ("Basic_Medical_Science", "shape"), ("Math", "count"),
-    ("Computer_Science", "read"), ("Accounting", "add"), ("History", "compare"),
+    ("Art", "colour"),
+    ("Basic_Medical_Science", "shape"),
+    ("Math", "count"),
+    ("Computer_Science", "read"),
+    ("Accounting", "add"),
+    ("History", "compare"),
     ("Music", "pick_image"),
 ]
 
@@ -64,8 +87,12 @@ def _canvas() -> tuple[Image.Image, ImageDraw.ImageDraw]:
     return img, ImageDraw.Draw(img)
 
 
-def _shape(draw: ImageDraw.ImageDraw, shape: str, box: tuple[int, int, int, int],
-           fill: tuple[int, int, int]) -> None:
+def _shape(
+    draw: ImageDraw.ImageDraw,
+    shape: str,
+    box: tuple[int, int, int, int],
+    fill: tuple[int, int, int],
+) -> None:
     x0, y0, x1, y1 = box
     if shape == "circle":
         draw.ellipse(box, fill=fill)
@@ -121,48 +148,88 @@ def _make(kind: str, k: int, rng: random.Random) -> dict[str, Any]:
         right = rng.randrange(4)
         images.append(shape_image(rng.choice(SHAPES), colours[right]))
         opts, ans = _mc(colours, right)
-        return dict(question="What colour is the shape in <image 1>?", options=opts, answer=ans,
-                    question_type="multiple-choice", images=images, subfield="Colour")
+        return dict(
+            question="What colour is the shape in <image 1>?",
+            options=opts,
+            answer=ans,
+            question_type="multiple-choice",
+            images=images,
+            subfield="Colour",
+        )
     if kind == "shape":
         right = rng.randrange(4)
         images.append(shape_image(SHAPES[right], rng.choice(sorted(COLOURS))))
         opts, ans = _mc(list(SHAPES), right)
-        return dict(question="<image 1> Which shape is drawn in the picture?", options=opts,
-                    answer=ans, question_type="multiple-choice", images=images,
-                    subfield="Morphology")
+        return dict(
+            question="<image 1> Which shape is drawn in the picture?",
+            options=opts,
+            answer=ans,
+            question_type="multiple-choice",
+            images=images,
+            subfield="Morphology",
+        )
     if kind == "count":
         n = rng.randint(1, 9)
         mode = ["RGB", "L", "RGBA"][k % 3]
         images.append(dots_image(n, rng, mode))
         if k % 2:
-            return dict(question="How many black dots are there in <image 1>?", options="[]",
-                        answer=str(n), question_type="open", images=images, subfield="Counting")
+            return dict(
+                question="How many black dots are there in <image 1>?",
+                options="[]",
+                answer=str(n),
+                question_type="open",
+                images=images,
+                subfield="Counting",
+            )
         choices = sorted({n, *rng.sample([x for x in range(1, 10) if x != n], 3)})
         opts, ans = _mc([str(c) for c in choices], choices.index(n))
-        return dict(question="How many black dots are there in <image 1>?", options=opts,
-                    answer=ans, question_type="multiple-choice", images=images,
-                    subfield="Counting")
+        return dict(
+            question="How many black dots are there in <image 1>?",
+            options=opts,
+            answer=ans,
+            question_type="multiple-choice",
+            images=images,
+            subfield="Counting",
+        )
     if kind == "read":
         word = rng.choice(WORDS)
         images.append(text_image(word))
-        return dict(question="Which word is printed in <image 1>?", options="[]", answer=word,
-                    question_type="open", images=images, subfield="Optical character recognition")
+        return dict(
+            question="Which word is printed in <image 1>?",
+            options="[]",
+            answer=word,
+            question_type="open",
+            images=images,
+            subfield="Optical character recognition",
+        )
     if kind == "add":
         a, b = rng.randint(100, 4000), rng.randint(100, 4000)
         images.append(text_image(f"${a}"))
         images.append(text_image(f"${b}"))
-        return dict(question=("An invoice lists the amounts in <image 1> and <image 2>. What is "
-                              "the total in dollars?"),
-                    options="[]", answer=str(a + b), question_type="open", images=images,
-                    subfield="Financial accounting")
+        return dict(
+            question=(
+                "An invoice lists the amounts in <image 1> and <image 2>. What is "
+                "the total in dollars?"
+            ),
+            options="[]",
+            answer=str(a + b),
+            question_type="open",
+            images=images,
+            subfield="Financial accounting",
+        )
     if kind == "compare":
         a, b = rng.sample(range(1, 10), 2)
         images.append(dots_image(a, rng))
         images.append(dots_image(b, rng))
         opts, ans = _mc(["<image 1>", "<image 2>"], 0 if a > b else 1)
-        return dict(question="Which image has more black dots? <image 1> <image 2>",
-                    options=opts, answer=ans, question_type="multiple-choice", images=images,
-                    subfield="Cartography")
+        return dict(
+            question="Which image has more black dots? <image 1> <image 2>",
+            options=opts,
+            answer=ans,
+            question_type="multiple-choice",
+            images=images,
+            subfield="Cartography",
+        )
     if kind == "pick_image":
         n_opts = 4
         colours = rng.sample(sorted(COLOURS), n_opts)
@@ -174,10 +241,15 @@ def _make(kind: str, k: int, rng: random.Random) -> dict[str, Any]:
         for colour_index in sorted(range(n_opts), key=lambda i: order[i]):
             images.append(shape_image("square", colours[colour_index]))
         opts, ans = _mc([f"<image {order[i] + 2}>" for i in range(n_opts)], target)
-        return dict(question="<image 1> Which option shows a square of the colour named in the "
-                             "first image?",
-                    options=opts, answer=ans, question_type="multiple-choice", images=images,
-                    subfield="Music notation")
+        return dict(
+            question="<image 1> Which option shows a square of the colour named in the "
+            "first image?",
+            options=opts,
+            answer=ans,
+            question_type="multiple-choice",
+            images=images,
+            subfield="Music notation",
+        )
     raise ValueError(f"unknown demo kind {kind!r}")
 
 
@@ -193,13 +265,23 @@ def generate_rows(n: int = 63, seed: int = 0) -> dict[str, list[dict[str, Any]]]
         k = len(rows[subject]) + 1
         q = _make(kind, k, rng)
         imgs = q.pop("images")
-        row: dict[str, Any] = {"id": f"{SPLIT}_{subject}_{k}", "question": q["question"],
-                               "options": q["options"], "explanation": ""}
+        row: dict[str, Any] = {
+            "id": f"{SPLIT}_{subject}_{k}",
+            "question": q["question"],
+            "options": q["options"],
+            "explanation": "",
+        }
         for j in range(1, 8):
             row[f"image_{j}"] = imgs[j - 1] if j <= len(imgs) else None
-        row.update({"img_type": repr(["Diagrams"]), "answer": q["answer"],
-                    "topic_difficulty": ["Easy", "Medium", "Hard"][k % 3],
-                    "question_type": q["question_type"], "subfield": q["subfield"]})
+        row.update(
+            {
+                "img_type": repr(["Diagrams"]),
+                "answer": q["answer"],
+                "topic_difficulty": ["Easy", "Medium", "Hard"][k % 3],
+                "question_type": q["question_type"],
+                "subfield": q["subfield"],
+            }
+        )
         rows[subject].append(row)
     return {s: r for s, r in rows.items() if r}
 
@@ -207,8 +289,8 @@ def generate_rows(n: int = 63, seed: int = 0) -> dict[str, list[dict[str, Any]]]
 def features():
     """The ``datasets.Features`` of an MMMU subject (images as ``datasets.Image``)."""
     import datasets
-    f = {k: datasets.Value("string") for k in
-         ("id", "question", "options", "explanation")}
+
+    f = {k: datasets.Value("string") for k in ("id", "question", "options", "explanation")}
     for j in range(1, 8):
         f[f"image_{j}"] = datasets.Image()
     for k in ("img_type", "answer", "topic_difficulty", "question_type", "subfield"):
@@ -233,6 +315,7 @@ def _write(out: Path, by_subject: dict[str, list[dict[str, Any]]], counts: dict[
     import os
 
     import datasets
+
     for subject, rows in by_subject.items():
         cols = {k: [r[k] for r in rows] for k in rows[0]}
         ds = datasets.Dataset.from_dict(cols, features=features())
@@ -245,8 +328,9 @@ def _write(out: Path, by_subject: dict[str, list[dict[str, Any]]], counts: dict[
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m patchbench.suites.mmmu.demo_data", description=__doc__.split(
-        "\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m patchbench.suites.mmmu.demo_data", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("out_dir")
     ap.add_argument("--n", type=int, default=63)
     ap.add_argument("--seed", type=int, default=0)

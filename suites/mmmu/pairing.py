@@ -19,6 +19,7 @@ exact=True)``: a two-sided binomial test on the discordant questions) gives the 
 "regressed"; "incomplete" whenever a request failed in any repeat of either cell (no verdict on a
 partial run). Questions that failed anywhere are left out of the table and counted.
 """
+
 from __future__ import annotations
 
 import json
@@ -93,8 +94,7 @@ def _as_repeats(cell: Sequence[Any], side: str) -> list[list[Record]]:
         if any(not x for x in reps):
             raise ValueError(f"no MMMU records to pair ({side} has an empty repeat)")
         return reps
-    raise ValueError(f"{side}: expected a list of records or a list of repeats (lists of "
-                     "records)")
+    raise ValueError(f"{side}: expected a list of records or a list of repeats (lists of records)")
 
 
 def _cell_problems(ref: list[Record], other: list[Record], name: str) -> list[str]:
@@ -105,14 +105,21 @@ def _cell_problems(ref: list[Record], other: list[Record], name: str) -> list[st
         problems.append(f"a question id appears twice in {name}")
     only_r, only_o = sorted(set(ids_r) - set(ids_o)), sorted(set(ids_o) - set(ids_r))
     if only_r or only_o:
-        problems.append(f"question lists differ: {len(only_r)} only in a ({_examples(only_r)}), "
-                        f"{len(only_o)} only in {name} ({_examples(only_o)})")
+        problems.append(
+            f"question lists differ: {len(only_r)} only in a ({_examples(only_r)}), "
+            f"{len(only_o)} only in {name} ({_examples(only_o)})"
+        )
     by_o = {r["id"]: r for r in other}
-    diff_prompt = [r["id"] for r in ref if r["id"] in by_o
-                   and r.get("prompt_sha256") != by_o[r["id"]].get("prompt_sha256")]
+    diff_prompt = [
+        r["id"]
+        for r in ref
+        if r["id"] in by_o and r.get("prompt_sha256") != by_o[r["id"]].get("prompt_sha256")
+    ]
     if diff_prompt:
-        problems.append(f"prompts differ (prompt_sha256) for {len(diff_prompt)} questions: "
-                        f"{_examples(diff_prompt)}")
+        problems.append(
+            f"prompts differ (prompt_sha256) for {len(diff_prompt)} questions: "
+            f"{_examples(diff_prompt)}"
+        )
     for label, get in _SETTINGS:
         if get is None:
             fa, fo = _fallback_mode(ref), _fallback_mode(other)
@@ -121,8 +128,9 @@ def _cell_problems(ref: list[Record], other: list[Record], name: str) -> list[st
             continue
         sa, so = _values(ref, get), _values(other, get)
         if sa != so:
-            problems.append(f"{label} differ: a {', '.join(sorted(sa))} vs {name} "
-                            f"{', '.join(sorted(so))}")
+            problems.append(
+                f"{label} differ: a {', '.join(sorted(sa))} vs {name} {', '.join(sorted(so))}"
+            )
     return problems
 
 
@@ -150,8 +158,9 @@ def _state(share: float) -> str:
     return "right" if share > 0.5 else "wrong" if share < 0.5 else "unstable"
 
 
-def pair(baseline: Sequence[Any], variant: Sequence[Any], *, alpha: float = 0.05,
-         max_changed: int = 200) -> dict[str, Any]:
+def pair(
+    baseline: Sequence[Any], variant: Sequence[Any], *, alpha: float = 0.05, max_changed: int = 200
+) -> dict[str, Any]:
     """Paired comparison of two MMMU cells over their repeats (see module docstring).
 
     Args: ``baseline`` and ``variant``: each one repeat (a list of records) or a list of repeats
@@ -218,12 +227,19 @@ def pair(baseline: Sequence[Any], variant: Sequence[Any], *, alpha: float = 0.05
             identical += maps_a[k][qid].get("response") == maps_b[k][qid].get("response")
         ra, rb = maps_a[0][qid], maps_b[0][qid]
         if ra.get("response") != rb.get("response"):
-            changed.append({"id": qid, "verdict_a": ra["verdict"], "verdict_b": rb["verdict"],
-                            "response_a": (ra.get("response") or "")[:200],
-                            "response_b": (rb.get("response") or "")[:200]})
+            changed.append(
+                {
+                    "id": qid,
+                    "verdict_a": ra["verdict"],
+                    "verdict_b": rb["verdict"],
+                    "response_a": (ra.get("response") or "")[:200],
+                    "response_b": (rb.get("response") or "")[:200],
+                }
+            )
         sa, sb = _state(share_a), _state(share_b)
-        sub = subjects.setdefault(subject, {"n": 0, "sum_a": 0.0, "sum_b": 0.0,
-                                            "right_to_wrong": 0, "wrong_to_right": 0})
+        sub = subjects.setdefault(
+            subject, {"n": 0, "sum_a": 0.0, "sum_b": 0.0, "right_to_wrong": 0, "wrong_to_right": 0}
+        )
         sub["n"] += 1
         sub["sum_a"] += share_a
         sub["sum_b"] += share_b
@@ -236,8 +252,15 @@ def pair(baseline: Sequence[Any], variant: Sequence[Any], *, alpha: float = 0.05
         direction = "right_to_wrong" if sa == "right" else "wrong_to_right"
         table[direction] += 1
         sub[direction] += 1
-        flipped.append({"id": qid, "subject": subject, "acc_a": share_a, "acc_b": share_b,
-                        "direction": direction})
+        flipped.append(
+            {
+                "id": qid,
+                "subject": subject,
+                "acc_a": share_a,
+                "acc_b": share_b,
+                "direction": direction,
+            }
+        )
     n = sum(table.values())
     n11, n10 = table["both_right"], table["right_to_wrong"]
     n01, n00 = table["wrong_to_right"], table["both_wrong"]
@@ -250,19 +273,34 @@ def pair(baseline: Sequence[Any], variant: Sequence[Any], *, alpha: float = 0.05
         verdict = "no significant change"
     nq = len(questions)
     return {
-        "repeats_a": len(reps_a), "repeats_b": len(reps_b),
-        "n_paired": n, "n_failed_either": failed_either, "n_unstable": unstable,
-        **table, "flips": n10 + n01, "mcnemar_p": p,
+        "repeats_a": len(reps_a),
+        "repeats_b": len(reps_b),
+        "n_paired": n,
+        "n_failed_either": failed_either,
+        "n_unstable": unstable,
+        **table,
+        "flips": n10 + n01,
+        "mcnemar_p": p,
         "acc_a": mean(q["acc_a"] for q in questions.values()) if nq else None,
         "acc_b": mean(q["acc_b"] for q in questions.values()) if nq else None,
-        "questions": questions, "flipped": flipped,
-        "subjects": {s: {"n": v["n"], "acc_a": v["sum_a"] / v["n"], "acc_b": v["sum_b"] / v["n"],
-                         "right_to_wrong": v["right_to_wrong"],
-                         "wrong_to_right": v["wrong_to_right"]}
-                     for s, v in sorted(subjects.items())},
+        "questions": questions,
+        "flipped": flipped,
+        "subjects": {
+            s: {
+                "n": v["n"],
+                "acc_a": v["sum_a"] / v["n"],
+                "acc_b": v["sum_b"] / v["n"],
+                "right_to_wrong": v["right_to_wrong"],
+                "wrong_to_right": v["wrong_to_right"],
+            }
+            for s, v in sorted(subjects.items())
+        },
         "identical_responses": identical,
         "identical_response_share": identical / compared if compared else None,
-        "changed_count": len(changed), "changed": changed[:max_changed],
-        "unstable_a": unstable_a, "unstable_b": unstable_b,
-        "verdict": verdict, "alpha": alpha,
+        "changed_count": len(changed),
+        "changed": changed[:max_changed],
+        "unstable_a": unstable_a,
+        "unstable_b": unstable_b,
+        "verdict": verdict,
+        "alpha": alpha,
     }

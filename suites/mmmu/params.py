@@ -1,5 +1,6 @@
 """Parameters of the MMMU suite (the ``suites: mmmu:`` block of a config). All are recorded in
 ``summary.json`` meta."""
+
 from __future__ import annotations
 
 from typing import Literal
@@ -7,7 +8,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from patchbench.suites.mmmu.data import SUBJECTS
-from patchbench.suites.mmmu.prompts import DEFAULT_MC_TEMPLATE, DEFAULT_OPEN_TEMPLATE, DEFAULT_OPTION_FORMAT
+from patchbench.suites.mmmu.prompts import (
+    DEFAULT_MC_TEMPLATE,
+    DEFAULT_OPEN_TEMPLATE,
+    DEFAULT_OPTION_FORMAT,
+)
 
 
 class Params(BaseModel):
@@ -77,7 +82,7 @@ class Params(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _default_parser(self) -> "Params":
+    def _default_parser(self) -> Params:
         if self.parser is None:
             self.parser = "official" if self.protocol == "sglang-2025" else "strict"
         return self
@@ -85,5 +90,4 @@ class Params(BaseModel):
     @property
     def sampling(self) -> dict:
         """The sampling settings two paired cells must share."""
-        return {"temperature": self.temperature, "max_tokens": self.max_tokens,
-                **self.extra_body}
+        return {"temperature": self.temperature, "max_tokens": self.max_tokens, **self.extra_body}

@@ -23,6 +23,7 @@ Two parsers for multiple-choice responses, one normalisation for open (short-ans
   "is ", "answer ", "=" ...; numbers extracted, commas dropped, rounded to 2 decimals; strings
   lower-cased and matched as substrings). They never pass through a letter parser.
 """
+
 from __future__ import annotations
 
 import functools
@@ -33,9 +34,20 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "parse_official_mc", "parse_strict", "parse_strict_detail", "StrictParse",
-    "NO_ANSWER", "AMBIGUOUS", "clean_text", "parse_open", "eval_open", "eval_mc",
-    "normalize_str", "extract_numbers", "is_open", "option_letters",
+    "parse_official_mc",
+    "parse_strict",
+    "parse_strict_detail",
+    "StrictParse",
+    "NO_ANSWER",
+    "AMBIGUOUS",
+    "clean_text",
+    "parse_open",
+    "eval_open",
+    "eval_mc",
+    "normalize_str",
+    "extract_numbers",
+    "is_open",
+    "option_letters",
 ]
 
 _STRIP_CHARS = [",", ".", "!", "?", ";", ":", "'"]
@@ -57,13 +69,15 @@ def is_open(question_type: str) -> bool:
         return True
     if question_type == "multiple-choice":
         return False
-    raise ValueError(f"question_type {question_type!r}: expected 'multiple-choice', 'open' or "
-                     "'short-answer'")
+    raise ValueError(
+        f"question_type {question_type!r}: expected 'multiple-choice', 'open' or 'short-answer'"
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # official multiple-choice parser
 # --------------------------------------------------------------------------------------------
+
 
 def _last_index_argmax(values: Sequence[int]) -> int:
     """``np.argmax``: index of the first maximum."""
@@ -74,8 +88,9 @@ def _last_index_argmax(values: Sequence[int]) -> int:
     return best
 
 
-def official_mc_candidates(response: str, all_choices: Sequence[str],
-                           index2ans: Mapping[str, str]) -> str | None:
+def official_mc_candidates(
+    response: str, all_choices: Sequence[str], index2ans: Mapping[str, str]
+) -> str | None:
     """The official parser without its random fallback: the letter, or None when it would pick."""
     for ch in _STRIP_CHARS:
         response = response.strip(ch)
@@ -110,8 +125,12 @@ def official_mc_candidates(response: str, all_choices: Sequence[str],
     return candidates[_last_index_argmax(starts)]
 
 
-def parse_official_mc(response: str, all_choices: Sequence[str], index2ans: Mapping[str, str],
-                      rng: random.Random | None) -> tuple[str | None, bool]:
+def parse_official_mc(
+    response: str,
+    all_choices: Sequence[str],
+    index2ans: Mapping[str, str],
+    rng: random.Random | None,
+) -> tuple[str | None, bool]:
     """The official MMMU multiple-choice parse of ``response``.
 
     Returns ``(letter, fell_back)``. ``fell_back`` is True when no rule matched: the letter is then
@@ -159,11 +178,23 @@ class StrictParse:
 
 _REASONING = re.compile(r"<(think|thinking|reasoning)>.*?(?:</\1>|\Z)", re.S | re.I)
 _LATEX_WRAP = re.compile(
-    r"\\(?:boxed|text|textbf|textit|textrm|mathrm|mathbf|mathit|mbox|fbox|bf|it)\s*\{([^{}]*)\}")
+    r"\\(?:boxed|text|textbf|textit|textrm|mathrm|mathbf|mathit|mbox|fbox|bf|it)\s*\{([^{}]*)\}"
+)
 _LATEX_DELIM = re.compile(r"\\[()\[\]]|\$+")
 _MARKUP = re.compile(r"[*`]+|^[ \t]*#+[ \t]*|^[ \t]*>[ \t]*|(?<!\w)_{1,2}|_{1,2}(?!\w)", re.M)
-_WIDE = str.maketrans({"（": "(", "）": ")", "：": ":", "【": "[", "】": "]", "’": "'",
-                       "“": '"', "”": '"', "\u00a0": " "})
+_WIDE = str.maketrans(
+    {
+        "（": "(",
+        "）": ")",
+        "：": ":",
+        "【": "[",
+        "】": "]",
+        "’": "'",
+        "“": '"',
+        "”": '"',
+        "\u00a0": " ",
+    }
+)
 
 
 def clean_text(s: str) -> str:
@@ -215,11 +246,15 @@ class _Options:
     @staticmethod
     def _bounded(low: str, start: int, end: int) -> bool:
         """Whole words: no word character (or "d." of a decimal) on either side."""
-        if start > 0 and (_is_word(low[start - 1]) or (low[start - 1] == "." and start > 1
-                                                        and low[start - 2].isdigit())):
+        if start > 0 and (
+            _is_word(low[start - 1])
+            or (low[start - 1] == "." and start > 1 and low[start - 2].isdigit())
+        ):
             return False
-        if end < len(low) and (_is_word(low[end]) or (low[end] == "." and end + 1 < len(low)
-                                                      and low[end + 1].isdigit())):
+        if end < len(low) and (
+            _is_word(low[end])
+            or (low[end] == "." and end + 1 < len(low) and low[end + 1].isdigit())
+        ):
             return False
         return True
 
@@ -245,7 +280,7 @@ class _Options:
         low = s.lower()
         if low.startswith(t, p) and self._bounded(low, p, p + len(t)):
             end = p + len(t)
-            return end + 1 if s[end:end + 1] == ")" else end
+            return end + 1 if s[end : end + 1] == ")" else end
         return None
 
     def find_texts(self, s: str) -> list[tuple[int, int, str]]:
@@ -265,13 +300,16 @@ class _Options:
 
 IMAGE_ONLY = re.compile(r"(?:<image \d+>\s*)+")
 _SEP = re.compile(r"\s*(?:,|;|/|&)?\s*(?:and/or|and|or|&)?\s*", re.I)
-_REF_WORD = re.compile(r"(?:option|choice|letter)\s*:?\s*[(\[]?\s*(?P<l>[A-Za-z])\s*[)\]]?(?![\w'])",
-                       re.I)
+_REF_WORD = re.compile(
+    r"(?:option|choice|letter)\s*:?\s*[(\[]?\s*(?P<l>[A-Za-z])\s*[)\]]?(?![\w'])", re.I
+)
 _REF_BARE = re.compile(
     r"\(\s*(?P<a>[A-Za-z])\s*\)|\[\s*(?P<b>[A-Za-z])\s*\]"
     r"|(?P<c>[A-Z])(?![\w'])"
-    r"|(?P<d>[a-z])(?=[ \t]*[.):!]?[ \t]*(?:$|\n))"   # a lone lower-case letter ending the line
-    r"|(?P<e>[a-z])(?=[.):][ \t])", re.M)             # a lower-case label "b) ..." / "b. ..."
+    r"|(?P<d>[a-z])(?=[ \t]*[.):!]?[ \t]*(?:$|\n))"  # a lone lower-case letter ending the line
+    r"|(?P<e>[a-z])(?=[.):][ \t])",
+    re.M,
+)  # a lower-case label "b) ..." / "b. ..."
 
 
 def _ref_at(s: str, pos: int, opts: _Options) -> tuple[str, int] | None:
@@ -321,30 +359,45 @@ _MARKER = re.compile(
     r"(?![\w'])(?:\s+(?:choice|option|letter)(?![\w']))?"
     r"(?:[ \t]*(?:is|would\s+be|should\s+be|will\s+be|must\s+be|to\s+be|remains|becomes|=|:|-|–|—))*"
     r"(?:[ \t]*(?:likely|probably|clearly|definitely|therefore|thus|then|indeed|actually|"
-    r"most\s+likely|simply|now|still|,))*[ \t:]*", re.I)
+    r"most\s+likely|simply|now|still|,))*[ \t:]*",
+    re.I,
+)
 # markers that conclude without naming an answer: what follows must end the sentence
-_WEAK = re.compile(r"(?:so|thus|therefore|hence|it\s+is|it's|it\s+must\s+be|this\s+is|that\s+is|"
-                   r"i\s+think|i\s+believe|i\s+guess|i\s+would\s+say|i'd\s+say)\b", re.I)
+_WEAK = re.compile(
+    r"(?:so|thus|therefore|hence|it\s+is|it's|it\s+must\s+be|this\s+is|that\s+is|"
+    r"i\s+think|i\s+believe|i\s+guess|i\s+would\s+say|i'd\s+say)\b",
+    re.I,
+)
 _SENT_END = re.compile(r"[ \t]*[.!]?[ \t]*(?:$|\n|(?<=[.!])\s+(?=[A-Z(]))", re.M)
 _IS_CORRECT = re.compile(
     r"[ \t]*(?:is|seems\s+to\s+be|appears\s+to\s+be|would\s+be|must\s+be|should\s+be)[ \t]+"
     r"(?:the[ \t]+)?(?:(?:most[ \t]+)?likely[ \t]+|only[ \t]+|clearly[ \t]+|definitely[ \t]+)?"
     r"(?:the[ \t]+)?(?:correct|right|best|answer|most[ \t]+(?:likely|appropriate|accurate|"
-    r"plausible|suitable|reasonable))\b", re.I)
+    r"plausible|suitable|reasonable))\b",
+    re.I,
+)
 _HYPOTHETICAL = re.compile(
     r"(?:\b(?:if|whether|assuming|assume|suppose|unless|why|how)\b[^.;!?,\n]{0,40}"
     r"|\b(?:don't|do\s+not|doesn't|does\s+not|didn't|wouldn't|would\s+not|cannot|can't)\s+"
-    r"(?:think|believe|say|agree|feel)\b[^.;!?\n]{0,40})$", re.I)
+    r"(?:think|believe|say|agree|feel)\b[^.;!?\n]{0,40})$",
+    re.I,
+)
 _BARE_BEFORE = re.compile(r"(?:^|[\n.:;!?,]|\b(?:so|thus|therefore|hence|and|then))[ \t]*$", re.I)
 _PURE_LABEL = re.compile(
     r"^[ \t]*(?:[-•][ \t]*)?(?:(?:option|choice|answer|letter)[ \t]*[:\-]?[ \t]*)?[(\[]?[ \t]*"
-    r"(?P<l>[A-Za-z])[ \t]*[)\]]?[ \t]*[.:!]?[ \t]*$", re.I | re.M)
-_LINE_LABEL = re.compile(r"^[ \t]*(?:[-•][ \t]*)?(?:\((?P<a>[A-Za-z])\)|\[(?P<b>[A-Za-z])\]|"
-                         r"(?P<c>[A-Z])[.):])[ \t]*(?P<rest>.*)$")
+    r"(?P<l>[A-Za-z])[ \t]*[)\]]?[ \t]*[.:!]?[ \t]*$",
+    re.I | re.M,
+)
+_LINE_LABEL = re.compile(
+    r"^[ \t]*(?:[-•][ \t]*)?(?:\((?P<a>[A-Za-z])\)|\[(?P<b>[A-Za-z])\]|"
+    r"(?P<c>[A-Z])[.):])[ \t]*(?P<rest>.*)$"
+)
 _REVISION = re.compile(
     r"^\W*(?:wait|actually|no\b|correction|on\s+second\s+thought|on\s+(?:closer|further)|"
     r"however|but|hmm|instead|rather|scratch\s+that|upon\s+(?:further|closer)|re-?consider|"
-    r"after\s+(?:all|reconsider|further)|i\s+was\s+wrong|let\s+me\s+reconsider)", re.I)
+    r"after\s+(?:all|reconsider|further)|i\s+was\s+wrong|let\s+me\s+reconsider)",
+    re.I,
+)
 
 
 _BUT = re.compile(r"[^.\n]*?\bbut\s+(?:rather\s+|instead\s+)?(?:(?:it\s+is|it's)\s+)?", re.I)
@@ -355,8 +408,9 @@ def _commitment_at(s: str, m: re.Match, opts: _Options) -> tuple[list[str], int]
     """What a marker commits to: ``(letters, end)``, or None (nothing, or a rejection)."""
     pos = m.end()
     weak = _WEAK.match(s, m.start()) is not None and not re.search(
-        r"answer|option|choice|letter", m.group(0), re.I)
-    if re.match(r"not\b", s[pos:pos + 4], re.I):
+        r"answer|option|choice|letter", m.group(0), re.I
+    )
+    if re.match(r"not\b", s[pos : pos + 4], re.I):
         # "the answer is not A but B": the part after "but" commits
         but = _BUT.match(s, pos)
         if not but:
@@ -398,13 +452,13 @@ def _echo_lines(s: str, opts: _Options) -> set[int]:
             end = opts.own_text_after(line, k, m.end())
             if end and m.start() >= pos:
                 pairs.add(k)
-                rest.append(line[pos:m.start()])
+                rest.append(line[pos : m.start()])
                 pos = end
         rest.append(line[pos:])
         # what is left besides the pairs: a short lead-in ("The options are") and separators
-        few = (len(re.findall(r"[A-Za-z]{2,}", rest[0])) <= 4
-               and not re.search(r"[A-Za-z]{2,}",
-                                 re.sub(r"\b(?:and|or)\b", " ", " ".join(rest[1:]))))
+        few = len(re.findall(r"[A-Za-z]{2,}", rest[0])) <= 4 and not re.search(
+            r"[A-Za-z]{2,}", re.sub(r"\b(?:and|or)\b", " ", " ".join(rest[1:]))
+        )
         if len(pairs) >= 2 and few and not _MARKER.search(line):
             out.add(i)
     if len(single) >= 2:
@@ -422,22 +476,28 @@ def _commitments(s: str, opts: _Options, echo: set[int]) -> list[tuple[int, list
         line = s[a:b]
         for m in _MARKER.finditer(line):
             got = _commitment_at(line, m, opts)
-            if got and not _HYPOTHETICAL.search(line[:m.start()]):
+            if got and not _HYPOTHETICAL.search(line[: m.start()]):
                 found.append((a + m.start(), got[0], "commitment"))
         # "(B) is correct", "Option C is the best answer", "D is the answer"
         for m in re.finditer(r"\b(?:option|choice)\b|\(|\[|\b[A-Z](?![\w'])", line, re.I):
             if m.group(0).isalpha() and len(m.group(0)) == 1:
-                if not m.group(0).isupper() or not _BARE_BEFORE.search(line[:m.start()]):
+                if not m.group(0).isupper() or not _BARE_BEFORE.search(line[: m.start()]):
                     continue
             ref = _ref_at(line, m.start(), opts) if not opts.text_at(line, m.start()) else None
             if ref is None:
-                got = _OPTION_WORD_REF.match(
-                    line, m.end()) if m.group(0).lower() in ("option", "choice") else None
+                got = (
+                    _OPTION_WORD_REF.match(line, m.end())
+                    if m.group(0).lower() in ("option", "choice")
+                    else None
+                )
                 if not got or got.group(1).upper() not in opts.letters:
                     continue
                 ref = (got.group(1).upper(), got.end())
-            if (_IS_CORRECT.match(line, ref[1]) and not _HYPOTHETICAL.search(line[:m.start()])
-                    and not re.search(r"\bnot\s+$", line[:m.start()], re.I)):
+            if (
+                _IS_CORRECT.match(line, ref[1])
+                and not _HYPOTHETICAL.search(line[: m.start()])
+                and not re.search(r"\bnot\s+$", line[: m.start()], re.I)
+            ):
                 found.append((a + m.start(), [ref[0]], "commitment"))
         pl = _PURE_LABEL.match(line)
         if pl and pl.group("l").upper() in opts.letters:
@@ -445,7 +505,7 @@ def _commitments(s: str, opts: _Options, echo: set[int]) -> list[tuple[int, list
         else:
             lead = len(line) - len(line.lstrip(" \t-•"))
             got = _ref_list(line, lead, opts) if line.strip() else None
-            if got and len(got[0]) > 1 and re.fullmatch(r"[\s.!,;]*", line[got[1]:]):
+            if got and len(got[0]) > 1 and re.fullmatch(r"[\s.!,;]*", line[got[1] :]):
                 found.append((a, got[0], "label line"))
     # one labelled first line ("C. A pretty girl standing", "(B) blue"): the model's answer
     labelled = [i for i, (a, b) in enumerate(spans) if i not in echo and _LINE_LABEL.match(s[a:b])]
@@ -458,35 +518,51 @@ def _commitments(s: str, opts: _Options, echo: set[int]) -> list[tuple[int, list
         own = opts.own_text_after(s[a:b], letter, m.end("rest") - len(rest))
         rest = s[a:b][own:] if own else rest
         others = set(_mentions(s[a:b], opts)[0]) - {letter}
-        if (letter in opts.letters and not any(p == a for p, _, _ in found) and not others
-                and not _REJECT_AFTER.match(rest) and not _DESCRIBES.match(rest)):
+        if (
+            letter in opts.letters
+            and not any(p == a for p, _, _ in found)
+            and not others
+            and not _REJECT_AFTER.match(rest)
+            and not _DESCRIBES.match(rest)
+        ):
             found.append((a, [letter], "label line"))
     found.sort(key=lambda x: x[0])
     return found
 
 
-_CLAUSE_CUT = re.compile(r"\b(?:because|since|whereas|while|due\s+to|given\s+that|as\s+it|"
-                         r"as\s+the)\b|,\s*as\b", re.I)
+_CLAUSE_CUT = re.compile(
+    r"\b(?:because|since|whereas|while|due\s+to|given\s+that|as\s+it|"
+    r"as\s+the)\b|,\s*as\b",
+    re.I,
+)
 _DISCUSS_LEAD = re.compile(
     r"^\W*(?:\d+[.)]\s*)?(?:(?:if|assuming|suppose|when)\b|(?:for|in|with|regarding|considering|"
     r"consider|looking\s+at|look\s+at|examining|examine|analy[sz]ing|evaluating|evaluate|about|"
     r"let's\s+(?:look\s+at|consider|examine|check|evaluate|analy[sz]e)|now|next|first|second|"
     r"third|checking|check|comparing|compare)\s*,?\s+(?:the\s+)?(?:options?\b|choices?\b|"
-    r"\(\s*[A-Za-z]\s*\)|[A-Z][.):\s]))", re.I)
+    r"\(\s*[A-Za-z]\s*\)|[A-Z][.):\s]))",
+    re.I,
+)
 _DESCRIBES = re.compile(
     r"^\s*(?:suggests|states|says|shows|represents|refers|involves|mentions|proposes|"
     r"claims|indicates|lists|is\s+about|talks|would\s+mean|means|implies|focuses|"
-    r"argues|assumes)\b|^\s*:\s|^\s+[-–]\s", re.I)
+    r"argues|assumes)\b|^\s*:\s|^\s+[-–]\s",
+    re.I,
+)
 _REJECT_BEFORE = re.compile(
     r"(?:\b(?:not|than|instead\s+of|rather\s+than|unlike|except|nor|neither|exclude|excluding|"
     r"over|eliminate|eliminating|rule\s+out)|\b(?:cannot|can't|couldn't|could\s+not|isn't|is\s+not|"
     r"wasn't|won't|shouldn't)\s+be|\bisn't|\bis\s+not)\s+(?:(?:by|from|in|at|of|the|a|an|option|"
-    r"choice|really|exactly|quite|necessarily)\s+)*$", re.I)
+    r"choice|really|exactly|quite|necessarily)\s+)*$",
+    re.I,
+)
 _REJECT_AFTER = re.compile(
     r"^[^.;!?]{0,40}?\b(?:(?:is|are|seems|appears)\s+(?:also\s+)?(?:incorrect|wrong|not|false|"
     r"unlikely|ruled\s+out|eliminated|irrelevant|inconsistent)|isn't|aren't|can\s+be\s+"
     r"(?:ruled\s+out|eliminated|excluded|discarded)|cannot|can't|does\s+not|doesn't|do\s+not|"
-    r"don't|fails?|would\s+not|wouldn't|is\s+too|are\s+too|contradicts|doesn't)\b", re.I)
+    r"don't|fails?|would\s+not|wouldn't|is\s+too|are\s+too|contradicts|doesn't)\b",
+    re.I,
+)
 _SENTENCE = re.compile(r"[^\n]+?(?:[.!?](?=\s|$)|$)", re.M)
 
 
@@ -525,8 +601,11 @@ def _mentions(clause: str, opts: _Options) -> tuple[list[str], list[str], list[s
     numeric = [t for t in texts if _NUMERIC.fullmatch(opts.texts[t[2]])]
     if any(not any(a <= n0 and n1 <= b for a, b, _ in numeric) for n0, n1 in numbers):
         texts = [t for t in texts if t not in numeric]
-    texts = [t for t in texts if not _OPERATOR_AFTER.match(clause[t[1]:])
-             and not _OPERATOR_BEFORE.search(clause[:t[0]])]
+    texts = [
+        t
+        for t in texts
+        if not _OPERATOR_AFTER.match(clause[t[1] :]) and not _OPERATOR_BEFORE.search(clause[: t[0]])
+    ]
     spans.extend(texts)
     spans = sorted(x for x in spans if x[2] in opts.letters)
     named, rejected, discussed = [], [], []
@@ -537,7 +616,7 @@ def _mentions(clause: str, opts: _Options) -> tuple[list[str], list[str], list[s
             discussed.append(k)
         else:
             named.append(k)
-    lead = bool(spans) and not clause[:spans[0][0]].strip(" \t-•*:#0123456789.)")
+    lead = bool(spans) and not clause[: spans[0][0]].strip(" \t-•*:#0123456789.)")
     return named, rejected, discussed, lead
 
 
@@ -552,17 +631,29 @@ def _sentences(s: str, opts: _Options, echo: set[int]) -> list[dict[str, Any]]:
             if not sent:
                 continue
             cut = _CLAUSE_CUT.search(sent)
-            main = sent[:cut.start()] if cut and cut.start() > 0 else sent
+            main = sent[: cut.start()] if cut and cut.start() > 0 else sent
             named, rejected, discussed, lead = _mentions(main, opts)
             _, all_rejected, _, _ = _mentions(sent, opts)
             after_lead = ""
             if lead:
                 r = _ref_at(main, len(main) - len(main.lstrip(" \t-•*:#0123456789.)")), opts)
-                after_lead = main[r[1]:] if r else ""
-            discuss = bool(_DISCUSS_LEAD.match(sent)) or (lead and bool(_DESCRIBES.match(after_lead)))
-            out.append({"pos": a + m.start(), "text": sent, "named": list(dict.fromkeys(named)),
-                        "rejected": rejected + all_rejected, "discussed": discussed, "lead": lead, "discuss": discuss,
-                        "question": sent.endswith("?"), "revision": bool(_REVISION.match(sent))})
+                after_lead = main[r[1] :] if r else ""
+            discuss = bool(_DISCUSS_LEAD.match(sent)) or (
+                lead and bool(_DESCRIBES.match(after_lead))
+            )
+            out.append(
+                {
+                    "pos": a + m.start(),
+                    "text": sent,
+                    "named": list(dict.fromkeys(named)),
+                    "rejected": rejected + all_rejected,
+                    "discussed": discussed,
+                    "lead": lead,
+                    "discuss": discuss,
+                    "question": sent.endswith("?"),
+                    "revision": bool(_REVISION.match(sent)),
+                }
+            )
     # a per-option list: two or more sentences opening with different options
     leads = {x["named"][0] for x in out if x["lead"] and x["named"]}
     if len(leads) >= 2:
@@ -572,8 +663,9 @@ def _sentences(s: str, opts: _Options, echo: set[int]) -> list[dict[str, Any]]:
     return out
 
 
-def parse_strict_detail(response: str | None, all_choices: Sequence[str],
-                        index2ans: Mapping[str, str]) -> StrictParse:
+def parse_strict_detail(
+    response: str | None, all_choices: Sequence[str], index2ans: Mapping[str, str]
+) -> StrictParse:
     """The strict parse of one multiple-choice response, with its status and rule.
 
     ``all_choices``: the option letters (``["A", "B", ...]``); ``index2ans``: letter -> option
@@ -594,8 +686,13 @@ def parse_strict_detail(response: str | None, all_choices: Sequence[str],
         pos, letters, rule = found[-1]
         # a later revision that names one other option ("Wait, actually (C) fits better")
         for x in sents:
-            if (x["pos"] > pos and x["revision"] and len(x["named"]) == 1 and not x["question"]
-                    and x["named"][0] not in letters):
+            if (
+                x["pos"] > pos
+                and x["revision"]
+                and len(x["named"]) == 1
+                and not x["question"]
+                and x["named"][0] not in letters
+            ):
                 return StrictParse(x["named"][0], "answer", "revision")
         if len(letters) == 1:
             return StrictParse(letters[0], "answer", rule)
@@ -611,8 +708,11 @@ def parse_strict_detail(response: str | None, all_choices: Sequence[str],
                 return StrictParse(last["named"][0], "answer", "sentence")
         return StrictParse(None, AMBIGUOUS, "several options")
     # options left standing, and every option a per-option analysis went through
-    named = {k for x in sents for k in x["named"] + x["discussed"]
-             + (x["rejected"] if x["discuss"] else [])}
+    named = {
+        k
+        for x in sents
+        for k in x["named"] + x["discussed"] + (x["rejected"] if x["discuss"] else [])
+    }
     if len(named) >= 2:
         return StrictParse(None, AMBIGUOUS, "several options discussed")
     if echo and not named:
@@ -620,8 +720,9 @@ def parse_strict_detail(response: str | None, all_choices: Sequence[str],
     return StrictParse(None, NO_ANSWER, "nothing")
 
 
-def parse_strict(response: str | None, all_choices: Sequence[str],
-                 index2ans: Mapping[str, str]) -> str | None:
+def parse_strict(
+    response: str | None, all_choices: Sequence[str], index2ans: Mapping[str, str]
+) -> str | None:
     """The strict parse's letter (None: unparsed; :func:`parse_strict_detail` says why)."""
     return parse_strict_detail(response, all_choices, index2ans).letter
 
@@ -638,6 +739,7 @@ def eval_mc(gold: str | list[str], pred: str | None) -> bool:
 # --------------------------------------------------------------------------------------------
 # open questions: the official normalisation
 # --------------------------------------------------------------------------------------------
+
 
 def _check_is_number(s: str) -> bool:
     try:

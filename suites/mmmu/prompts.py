@@ -27,6 +27,7 @@ the OpenAI ``messages`` list (one user message whose content is a list of ``{"ty
 "text": ...}`` / ``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}``
 parts) and prompt_sha256 is the hex sha256 of its canonical JSON (sorted keys, no spaces).
 """
+
 from __future__ import annotations
 
 import base64
@@ -40,8 +41,9 @@ from PIL import Image
 
 from patchbench.suites.mmmu.data import IMAGE_TAG, Question
 
-DEFAULT_MC_TEMPLATE = ("{question}\n\n{options}\n\nAnswer with the option's letter from the given "
-                       "choices directly.")
+DEFAULT_MC_TEMPLATE = (
+    "{question}\n\n{options}\n\nAnswer with the option's letter from the given choices directly."
+)
 DEFAULT_OPEN_TEMPLATE = "{question}\n\nAnswer the question using a single word or phrase."
 DEFAULT_OPTION_FORMAT = "({letter}) {text}"
 
@@ -65,17 +67,22 @@ def png_data_url(img: Any) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def prompt_text(q: Question, mc_template: str = DEFAULT_MC_TEMPLATE,
-                open_template: str = DEFAULT_OPEN_TEMPLATE,
-                option_format: str = DEFAULT_OPTION_FORMAT) -> str:
+def prompt_text(
+    q: Question,
+    mc_template: str = DEFAULT_MC_TEMPLATE,
+    open_template: str = DEFAULT_OPEN_TEMPLATE,
+    option_format: str = DEFAULT_OPTION_FORMAT,
+) -> str:
     """The prompt text with its ``<image N>`` placeholders still in it.
 
     Raises KeyError naming the placeholder when a template uses an unknown field.
     """
     if q.is_open:
         return open_template.format(question=q.question)
-    lines = "\n".join(option_format.format(letter=letter, text=text)
-                      for letter, text in zip(q.all_choices, q.options))
+    lines = "\n".join(
+        option_format.format(letter=letter, text=text)
+        for letter, text in zip(q.all_choices, q.options, strict=True)
+    )
     return mc_template.format(question=q.question, options=lines)
 
 
@@ -97,11 +104,13 @@ def split_parts(text: str, q: Question, encode: Callable[[int], str]) -> list[di
     pos = 0
     for m in IMAGE_TAG.finditer(text):
         if m.start() > pos:
-            parts.append(_text_part(text[pos:m.start()]))
+            parts.append(_text_part(text[pos : m.start()]))
         n = int(m.group(1))
         if n not in q.images:
-            raise PromptError(f"question {q.id}: the text names <image {n}> but image_{n} is "
-                              f"empty (images present: {sorted(q.images)})")
+            raise PromptError(
+                f"question {q.id}: the text names <image {n}> but image_{n} is "
+                f"empty (images present: {sorted(q.images)})"
+            )
         parts.append(_image_part(encode(n)))
         pos = m.end()
     if pos < len(text):
@@ -115,11 +124,14 @@ def unreferenced_images(q: Question, text: str) -> list[int]:
     return sorted(n for n in q.images if n not in named)
 
 
-def build_messages(q: Question, protocol: str = "patchbench",
-                   mc_template: str = DEFAULT_MC_TEMPLATE,
-                   open_template: str = DEFAULT_OPEN_TEMPLATE,
-                   option_format: str = DEFAULT_OPTION_FORMAT,
-                   encode: Callable[[Any], str] = png_data_url) -> tuple[list[dict], str, int]:
+def build_messages(
+    q: Question,
+    protocol: str = "patchbench",
+    mc_template: str = DEFAULT_MC_TEMPLATE,
+    open_template: str = DEFAULT_OPEN_TEMPLATE,
+    option_format: str = DEFAULT_OPTION_FORMAT,
+    encode: Callable[[Any], str] = png_data_url,
+) -> tuple[list[dict], str, int]:
     """``(messages, prompt_sha256, n_images_sent)`` for one question (see module docstring).
 
     Each distinct image is encoded once per call. Raises PromptError for a missing image or an

@@ -21,6 +21,7 @@ File shapes of sglang's ``benchmark/mmmu`` script (``eval_result`` / ``process_r
 followed by its subjects; ``answer_sglang.json`` ``{id: {"pred_ans", "original_response",
 "ground_truth", "question_type", "judge": "Correct"|"Wrong"}}``.
 """
+
 from __future__ import annotations
 
 import pprint
@@ -52,9 +53,17 @@ class Scored:
     rule: str | None = None
 
 
-def score_response(response: str | None, *, question_type: str, gold: Any,
-                   all_choices: Sequence[str], index2ans: Mapping[str, str], parser: str,
-                   rng: random.Random | None, failed: bool = False) -> Scored:
+def score_response(
+    response: str | None,
+    *,
+    question_type: str,
+    gold: Any,
+    all_choices: Sequence[str],
+    index2ans: Mapping[str, str],
+    parser: str,
+    rng: random.Random | None,
+    failed: bool = False,
+) -> Scored:
     """Verdict of one response.
 
     question_type: "multiple-choice", "open" or "short-answer" (open questions always use the
@@ -116,8 +125,14 @@ class Tally:
     def answered_acc(self) -> float | None:
         return self.correct / self.answered if self.answered else None
 
-    def add(self, verdict: str, fallback: bool = False, unparsed_kind: str | None = None,
-            images_unreferenced: bool = False, images_not_sent: bool = False) -> None:
+    def add(
+        self,
+        verdict: str,
+        fallback: bool = False,
+        unparsed_kind: str | None = None,
+        images_unreferenced: bool = False,
+        images_not_sent: bool = False,
+    ) -> None:
         """Count one question. An unparsed verdict without ``unparsed_kind`` (records written
         before the kinds existed) counts as ``no_answer``. Raises ValueError for an unknown
         verdict or kind."""
@@ -139,12 +154,21 @@ class Tally:
 
     def as_dict(self) -> dict[str, Any]:
         lo, hi = wilson(self.correct, self.asked)
-        return {"asked": self.asked, "answered": self.answered, "failed": self.failed,
-                "unparsed": self.unparsed, "no_answer": self.no_answer,
-                "ambiguous": self.ambiguous, "correct": self.correct, "fallbacks": self.fallbacks,
-                "images_unreferenced": self.images_unreferenced,
-                "images_not_sent": self.images_not_sent,
-                "acc": self.acc, "acc_ci95": [lo, hi], "answered_acc": self.answered_acc}
+        return {
+            "asked": self.asked,
+            "answered": self.answered,
+            "failed": self.failed,
+            "unparsed": self.unparsed,
+            "no_answer": self.no_answer,
+            "ambiguous": self.ambiguous,
+            "correct": self.correct,
+            "fallbacks": self.fallbacks,
+            "images_unreferenced": self.images_unreferenced,
+            "images_not_sent": self.images_not_sent,
+            "acc": self.acc,
+            "acc_ci95": [lo, hi],
+            "answered_acc": self.answered_acc,
+        }
 
 
 @dataclass
@@ -156,9 +180,11 @@ class Scores:
     overall: Tally = field(default_factory=Tally)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"overall": self.overall.as_dict(),
-                "domains": {k: v.as_dict() for k, v in self.domains.items()},
-                "subjects": {k: v.as_dict() for k, v in self.subjects.items()}}
+        return {
+            "overall": self.overall.as_dict(),
+            "domains": {k: v.as_dict() for k, v in self.domains.items()},
+            "subjects": {k: v.as_dict() for k, v in self.subjects.items()},
+        }
 
 
 def tally(records: Iterable[Mapping[str, Any]]) -> Scores:
@@ -167,11 +193,18 @@ def tally(records: Iterable[Mapping[str, Any]]) -> Scores:
     subj: dict[str, Tally] = {}
     for r in records:
         s = r.get("subject") or subject_of(r["id"])
-        not_sent = (r.get("n_images") is not None and r.get("n_images_sent") is not None
-                    and r["n_images_sent"] < r["n_images"])
-        subj.setdefault(s, Tally()).add(r["verdict"], r.get("fallback", False),
-                                        r.get("unparsed_kind"),
-                                        bool(r.get("images_unreferenced")), not_sent)
+        not_sent = (
+            r.get("n_images") is not None
+            and r.get("n_images_sent") is not None
+            and r["n_images_sent"] < r["n_images"]
+        )
+        subj.setdefault(s, Tally()).add(
+            r["verdict"],
+            r.get("fallback", False),
+            r.get("unparsed_kind"),
+            bool(r.get("images_unreferenced")),
+            not_sent,
+        )
     out = Scores()
     for domain, subs in DOMAINS.items():
         present = [s for s in subs if s in subj]
@@ -181,8 +214,17 @@ def tally(records: Iterable[Mapping[str, Any]]) -> Scores:
         for s in present:
             t = subj[s]
             out.subjects[s] = t
-            for name in ("asked", "failed", "unparsed", "correct", "fallbacks", "no_answer",
-                         "ambiguous", "images_unreferenced", "images_not_sent"):
+            for name in (
+                "asked",
+                "failed",
+                "unparsed",
+                "correct",
+                "fallbacks",
+                "no_answer",
+                "ambiguous",
+                "images_unreferenced",
+                "images_not_sent",
+            ):
                 setattr(d, name, getattr(d, name) + getattr(t, name))
                 setattr(out.overall, name, getattr(out.overall, name) + getattr(t, name))
         out.domains[domain] = d
@@ -202,8 +244,10 @@ def val_dict(scores: Scores) -> dict[str, dict[str, Any]]:
             if s in scores.subjects:
                 t = scores.subjects[s]
                 out[s] = {"num": t.asked, "acc": round(t.acc, 3)}
-    out["Overall"] = {"num": scores.overall.asked,
-                      "acc": round(scores.overall.acc, 3) if scores.overall.asked else 0.0}
+    out["Overall"] = {
+        "num": scores.overall.asked,
+        "acc": round(scores.overall.acc, 3) if scores.overall.asked else 0.0,
+    }
     return out
 
 
@@ -213,10 +257,13 @@ def answer_dict(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any
     out = {}
     for r in records:
         open_q = P.is_open(r["question_type"])
-        out[r["id"]] = {"pred_ans": r["response"] if open_q else r["parsed"],
-                        "original_response": r["response"], "ground_truth": r["gold"],
-                        "question_type": r["question_type"],
-                        "judge": "Correct" if r["verdict"] == "correct" else "Wrong"}
+        out[r["id"]] = {
+            "pred_ans": r["response"] if open_q else r["parsed"],
+            "original_response": r["response"],
+            "ground_truth": r["gold"],
+            "question_type": r["question_type"],
+            "judge": "Correct" if r["verdict"] == "correct" else "Wrong",
+        }
     return out
 
 

@@ -16,6 +16,7 @@ Files in the suite folder: ``trace-c<N>.trace.json.gz`` (the raw trace, open it 
 ``steps.jsonl`` (one decode step a line, ``trace.Step.record()`` plus ``concurrency``),
 ``timeline-c<N>.json`` (a few steps for the figure), ``summary.json``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -47,24 +48,39 @@ SITE_DIR = Path(__file__).resolve().parent / "site"
 
 METRICS: dict[str, MetricInfo] = {
     "mrope_syncs_per_decode_step": MetricInfo(
-        "lower", "count", "host syncs inside the mrope computation per decode step (median)",
-        primary=True, kind="deterministic"),
+        "lower",
+        "count",
+        "host syncs inside the mrope computation per decode step (median)",
+        primary=True,
+        kind="deterministic",
+    ),
     "syncs_per_decode_step": MetricInfo(
-        "lower", "count", "host syncs per decode step (median)", kind="deterministic"),
+        "lower", "count", "host syncs per decode step (median)", kind="deterministic"
+    ),
     "gpu_idle_gap_us_median": MetricInfo(
-        "lower", "us", "GPU idle time between consecutive decode steps (median)", kind="run"),
+        "lower", "us", "GPU idle time between consecutive decode steps (median)", kind="run"
+    ),
     "launch_lead_us_median": MetricInfo(
-        "higher", "us", "end of a step's GPU work minus the next step's first launch (median)",
-        kind="run"),
+        "higher",
+        "us",
+        "end of a step's GPU work minus the next step's first launch (median)",
+        kind="run",
+    ),
     "host_step_ms_median": MetricInfo(
-        "lower", "ms", "host time per decode step, start to next start (median)", kind="run"),
+        "lower", "ms", "host time per decode step, start to next start (median)", kind="run"
+    ),
     "host_step_range_ms_median": MetricInfo(
-        "none", "ms", "duration of the decode-step range (median)", kind="descriptive"),
-    "decode_steps_count": MetricInfo("none", "count", "decode steps in the traces",
-                                     kind="descriptive"),
+        "none", "ms", "duration of the decode-step range (median)", kind="descriptive"
+    ),
+    "decode_steps_count": MetricInfo(
+        "none", "count", "decode steps in the traces", kind="descriptive"
+    ),
     "profiler_step_overhead_share": MetricInfo(
-        "none", "share", "profiled step time / unprofiled inter-token latency - 1",
-        kind="descriptive"),
+        "none",
+        "share",
+        "profiled step time / unprofiled inter-token latency - 1",
+        kind="descriptive",
+    ),
 }
 
 
@@ -100,14 +116,19 @@ def _activities(params: Params, device: str) -> list[str]:
 def profile_request(params: Params, device: str, output_dir: Path) -> dict:
     """The JSON body of ``POST /start_profile`` (fields both pins' request types declare:
     0.5.1.post3 ``ProfileReqInput``, 0.5.23 ``ProfileReq``)."""
-    return {"output_dir": str(output_dir), "num_steps": params.num_steps,
-            "activities": _activities(params, device), "with_stack": False,
-            "record_shapes": False}
+    return {
+        "output_dir": str(output_dir),
+        "num_steps": params.num_steps,
+        "activities": _activities(params, device),
+        "with_stack": False,
+        "record_shapes": False,
+    }
 
 
 def _complete_trace(d: Path) -> Path | None:
     """The scheduler's trace file in ``d`` once it is complete (a gzip that decompresses)."""
     import gzip
+
     for p in sorted(d.glob("*.trace.json.gz")):
         try:
             with gzip.open(p) as f:
@@ -134,16 +155,19 @@ async def _profile_level(ctx: SuiteContext, params: Params, c: int, images: list
             t_end = time.monotonic() + params.trace_timeout_s
             while load.min_tokens() < params.warmup_tokens:
                 if time.monotonic() > t_end or not ctx.server.alive():
-                    raise SuiteError(f"concurrency {c}: the load did not reach "
-                                     f"{params.warmup_tokens} tokens per request within "
-                                     f"{params.trace_timeout_s:g} s ({'; '.join(load.errors[:3])})")
+                    raise SuiteError(
+                        f"concurrency {c}: the load did not reach "
+                        f"{params.warmup_tokens} tokens per request within "
+                        f"{params.trace_timeout_s:g} s ({'; '.join(load.errors[:3])})"
+                    )
                 await asyncio.sleep(0.05)
             t0 = time.monotonic()
             await asyncio.sleep(params.unprofiled_window_s)
             t1 = time.monotonic()
             body = profile_request(params, ctx.device, raw.resolve())
-            async with session.post(ctx.server.base_url.rstrip("/") + "/start_profile",
-                                    json=body) as r:
+            async with session.post(
+                ctx.server.base_url.rstrip("/") + "/start_profile", json=body
+            ) as r:
                 text = await r.text()
                 if r.status != 200:
                     raise SuiteError(f"POST /start_profile answered {r.status}: {text[:300]}")
@@ -151,8 +175,10 @@ async def _profile_level(ctx: SuiteContext, params: Params, c: int, images: list
             found = None
             while found is None:
                 if time.monotonic() > t_end or not ctx.server.alive():
-                    raise SuiteError(f"concurrency {c}: no complete *.trace.json.gz in {raw} "
-                                     f"within {params.trace_timeout_s:g} s of the load's start")
+                    raise SuiteError(
+                        f"concurrency {c}: no complete *.trace.json.gz in {raw} "
+                        f"within {params.trace_timeout_s:g} s of the load's start"
+                    )
                 await asyncio.sleep(0.2)
                 found = _complete_trace(raw)
         finally:
@@ -160,8 +186,13 @@ async def _profile_level(ctx: SuiteContext, params: Params, c: int, images: list
     dest = Path(ctx.out_dir) / f"trace-c{c}.trace.json.gz"
     shutil.move(str(found), dest)
     shutil.rmtree(raw, ignore_errors=True)
-    return {"trace": dest, "itl_unprofiled_ms": load.itl_median_ms(t0, t1), "request": body,
-            "start_profile_s": t_started - t1, "errors": load.errors[:5]}
+    return {
+        "trace": dest,
+        "itl_unprofiled_ms": load.itl_median_ms(t0, t1),
+        "request": body,
+        "start_profile_s": t_started - t1,
+        "errors": load.errors[:5],
+    }
 
 
 def run(ctx: SuiteContext, params: Params) -> SuiteResult:
@@ -184,9 +215,11 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
         events = T.load_events(got["trace"])
         a = T.analyze(events)
         if a.source != "patchbench":
-            warnings.append(f"concurrency {c}: no patchbench::decode_step ranges in the trace "
-                            f"(steps from: {a.source}); is the instrumentation on the server's "
-                            "PYTHONPATH?")
+            warnings.append(
+                f"concurrency {c}: no patchbench::decode_step ranges in the trace "
+                f"(steps from: {a.source}); is the instrumentation on the server's "
+                "PYTHONPATH?"
+            )
         rows += [dict(s.record(), concurrency=c) for s in a.steps]
         all_steps += a.steps
         summ = a.summary()
@@ -196,9 +229,15 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
         tl = T.timeline_excerpt(events, a, n_steps=params.timeline_steps)
         if tl is not None:
             write_json(Path(ctx.out_dir) / f"timeline-c{c}.json", tl)
-        levels[str(c)] = {"trace": got["trace"].name, "source": a.source, "summary": summ,
-                          "by_batch_size": a.by_batch_size(), "itl_unprofiled_ms": itl,
-                          "start_profile_request": got["request"], "client_errors": got["errors"]}
+        levels[str(c)] = {
+            "trace": got["trace"].name,
+            "source": a.source,
+            "summary": summ,
+            "by_batch_size": a.by_batch_size(),
+            "itl_unprofiled_ms": itl,
+            "start_profile_request": got["request"],
+            "client_errors": got["errors"],
+        }
     write_jsonl(Path(ctx.out_dir) / "steps.jsonl", rows)
     merged = T.Analysis(steps=all_steps, source="patchbench", has_gpu=False, events=0)
     metrics = {k: v for k, v in _summary_over_levels(levels, all_steps).items() if v is not None}
@@ -206,9 +245,17 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
         metrics["profiler_step_overhead_share"] = median(overheads)
     status = "ok" if all_steps else "incomplete"
     errors = [] if all_steps else ["no decode step found in any trace"]
-    return SuiteResult(status=status, metrics=metrics, errors=errors, warnings=warnings,
-                       meta={"levels": levels, "by_batch_size": merged.by_batch_size(),
-                             "params": params.model_dump()})
+    return SuiteResult(
+        status=status,
+        metrics=metrics,
+        errors=errors,
+        warnings=warnings,
+        meta={
+            "levels": levels,
+            "by_batch_size": merged.by_batch_size(),
+            "params": params.model_dump(),
+        },
+    )
 
 
 def _summary_over_levels(levels: dict[str, Any], steps: list[T.Step]) -> dict[str, float | None]:
@@ -222,16 +269,19 @@ def _summary_over_levels(levels: dict[str, Any], steps: list[T.Step]) -> dict[st
         return float(median(xs)) if xs else None
 
     host = med(s.interval_us for s in steps)
-    return {"mrope_syncs_per_decode_step": med(s.mrope_syncs for s in steps),
-            "syncs_per_decode_step": med(s.syncs for s in steps),
-            "host_step_ms_median": None if host is None else host / 1000.0,
-            "host_step_range_ms_median": med(s.host_us for s in steps) / 1000.0,
-            "gpu_idle_gap_us_median": med(s.gpu_idle_gap_us for s in steps),
-            "launch_lead_us_median": med(s.launch_lead_us for s in steps),
-            "decode_steps_count": float(len(steps))}
+    return {
+        "mrope_syncs_per_decode_step": med(s.mrope_syncs for s in steps),
+        "syncs_per_decode_step": med(s.syncs for s in steps),
+        "host_step_ms_median": None if host is None else host / 1000.0,
+        "host_step_range_ms_median": med(s.host_us for s in steps) / 1000.0,
+        "gpu_idle_gap_us_median": med(s.gpu_idle_gap_us for s in steps),
+        "launch_lead_us_median": med(s.launch_lead_us for s in steps),
+        "decode_steps_count": float(len(steps)),
+    }
 
 
 # --------------------------------------------------------------------------- comparison
+
 
 def _cell(d: Path) -> dict[str, Any]:
     """steps, summary metrics and timelines of one cell's suite folder ({} parts when missing)."""
@@ -263,8 +313,14 @@ def _per_bs(steps: list[dict]) -> dict[int, dict[str, list[int]]]:
         row["syncs"].add(s.get("syncs"))
         row["mrope_syncs"].add(s.get("mrope_syncs"))
         row["steps"] += 1
-    return {bs: {"syncs": sorted(r["syncs"]), "mrope_syncs": sorted(r["mrope_syncs"]),
-                 "steps": r["steps"]} for bs, r in sorted(out.items())}
+    return {
+        bs: {
+            "syncs": sorted(r["syncs"]),
+            "mrope_syncs": sorted(r["mrope_syncs"]),
+            "steps": r["steps"],
+        }
+        for bs, r in sorted(out.items())
+    }
 
 
 def pair_cells(baseline_dirs: list[Path], variant_dirs: list[Path]) -> dict[str, Any] | None:
@@ -281,18 +337,34 @@ def pair_cells(baseline_dirs: list[Path], variant_dirs: list[Path]) -> dict[str,
     rows = []
     for bs in sorted(set(pb) | set(pv)):
         x, y = pb.get(bs), pv.get(bs)
-        rows.append({"batch_size": bs, "baseline": x, "variant": y,
-                     "syncs_equal": bool(x and y and x["syncs"] == y["syncs"]),
-                     "mrope_syncs_equal": bool(x and y and x["mrope_syncs"] == y["mrope_syncs"])})
+        rows.append(
+            {
+                "batch_size": bs,
+                "baseline": x,
+                "variant": y,
+                "syncs_equal": bool(x and y and x["syncs"] == y["syncs"]),
+                "mrope_syncs_equal": bool(x and y and x["mrope_syncs"] == y["mrope_syncs"]),
+            }
+        )
     values = {}
-    for name in ("gpu_idle_gap_us_median", "launch_lead_us_median", "host_step_ms_median",
-                 "syncs_per_decode_step", "mrope_syncs_per_decode_step",
-                 "profiler_step_overhead_share"):
-        values[name] = {"baseline": [c["metrics"].get(name) for c in b],
-                        "variant": [c["metrics"].get(name) for c in v]}
+    for name in (
+        "gpu_idle_gap_us_median",
+        "launch_lead_us_median",
+        "host_step_ms_median",
+        "syncs_per_decode_step",
+        "mrope_syncs_per_decode_step",
+        "profiler_step_overhead_share",
+    ):
+        values[name] = {
+            "baseline": [c["metrics"].get(name) for c in b],
+            "variant": [c["metrics"].get(name) for c in v],
+        }
     first = lambda cells: next((c["timelines"] for c in cells if c["timelines"]), {})  # noqa: E731
-    return {"by_batch_size": rows, "values": values,
-            "timeline": {"baseline": first(b), "variant": first(v)}}
+    return {
+        "by_batch_size": rows,
+        "values": values,
+        "timeline": {"baseline": first(b), "variant": first(v)},
+    }
 
 
 def _fmt(xs: list | None) -> str:
@@ -313,30 +385,46 @@ def report_section(comparison: Any) -> list[str]:
     if not pairs and not refused:
         return []
     base = comparison_get(comparison, "baseline", "baseline")
-    lines = ["## Profile (live server, untimed correctness cell)", "",
-             "Host syncs per decode step counted in the server's own torch-profiler trace "
-             "(`patchbench::decode_step` ranges; mrope: inside `patchbench::mrope`). Profiling "
-             "perturbs timing: the times below are for reading the trace, not verdicts.", ""]
+    lines = [
+        "## Profile (live server, untimed correctness cell)",
+        "",
+        "Host syncs per decode step counted in the server's own torch-profiler trace "
+        "(`patchbench::decode_step` ranges; mrope: inside `patchbench::mrope`). Profiling "
+        "perturbs timing: the times below are for reading the trace, not verdicts.",
+        "",
+    ]
     for var, reason in refused.items():
         lines += [f"**{var}**: not compared: {reason}", ""]
     for var, p in pairs.items():
-        lines += [f"**{var}** vs {base}", "",
-                  "| batch size | steps (base/var) | syncs per step base → var | mrope syncs per "
-                  "step base → var | equal |", "|---|---|---|---|---|"]
+        lines += [
+            f"**{var}** vs {base}",
+            "",
+            "| batch size | steps (base/var) | syncs per step base → var | mrope syncs per "
+            "step base → var | equal |",
+            "|---|---|---|---|---|",
+        ]
         for r in p.get("by_batch_size") or []:
             x, y = r.get("baseline") or {}, r.get("variant") or {}
             eq = "yes" if r.get("syncs_equal") and r.get("mrope_syncs_equal") else "**no**"
-            lines.append(f"| {r['batch_size']} | {x.get('steps', 0)}/{y.get('steps', 0)} | "
-                         f"{_fmt(x.get('syncs'))} → {_fmt(y.get('syncs'))} | "
-                         f"{_fmt(x.get('mrope_syncs'))} → {_fmt(y.get('mrope_syncs'))} | {eq} |")
+            lines.append(
+                f"| {r['batch_size']} | {x.get('steps', 0)}/{y.get('steps', 0)} | "
+                f"{_fmt(x.get('syncs'))} → {_fmt(y.get('syncs'))} | "
+                f"{_fmt(x.get('mrope_syncs'))} → {_fmt(y.get('mrope_syncs'))} | {eq} |"
+            )
         vals = p.get("values") or {}
         lines += ["", "| median per cell | baseline | variant |", "|---|---|---|"]
-        for name in ("host_step_ms_median", "gpu_idle_gap_us_median", "launch_lead_us_median",
-                     "profiler_step_overhead_share"):
+        for name in (
+            "host_step_ms_median",
+            "gpu_idle_gap_us_median",
+            "launch_lead_us_median",
+            "profiler_step_overhead_share",
+        ):
             d = vals.get(name) or {}
             if any(x is not None for x in (d.get("baseline") or []) + (d.get("variant") or [])):
-                lines.append(f"| {name} | {', '.join(_num(x) for x in d.get('baseline') or [])} | "
-                             f"{', '.join(_num(x) for x in d.get('variant') or [])} |")
+                lines.append(
+                    f"| {name} | {', '.join(_num(x) for x in d.get('baseline') or [])} | "
+                    f"{', '.join(_num(x) for x in d.get('variant') or [])} |"
+                )
         lines.append("")
     return lines
 
@@ -357,14 +445,20 @@ class ProfileSuite(Suite):
     def instrumentation(self, ctx: SuiteContext, params: Params) -> Instrumentation | None:
         """``site/`` on the server's PYTHONPATH with ``PATCHBENCH_PROFILE_RANGES=1`` (the named
         ranges); nothing to collect afterwards (the suite reads its own traces)."""
-        return Instrumentation(env={"PATCHBENCH_PROFILE_RANGES": "1"}, pythonpath=[SITE_DIR],
-                               out_dir=None, perturbs_timing=True, collect=None,
-                               # torch's profiler records CPU ops only of the thread that
-                               # started it; the overlap scheduler's forward thread predates it
-                               server_args=["--disable-overlap-schedule"])
+        return Instrumentation(
+            env={"PATCHBENCH_PROFILE_RANGES": "1"},
+            pythonpath=[SITE_DIR],
+            out_dir=None,
+            perturbs_timing=True,
+            collect=None,
+            # torch's profiler records CPU ops only of the thread that
+            # started it; the overlap scheduler's forward thread predates it
+            server_args=["--disable-overlap-schedule"],
+        )
 
-    def pair(self, baseline_dirs: list[Path], variant_dirs: list[Path],
-             params: Params) -> dict | None:
+    def pair(
+        self, baseline_dirs: list[Path], variant_dirs: list[Path], params: Params
+    ) -> dict | None:
         """``{"by_batch_size": [{"batch_size", "baseline", "variant": {"syncs", "mrope_syncs"
         (sorted distinct per-step counts), "steps"} | None, "syncs_equal",
         "mrope_syncs_equal"}], "values": {metric: {"baseline", "variant": [per repeat]}},
@@ -376,5 +470,6 @@ class ProfileSuite(Suite):
 
     def plots(self, comparison: Any, out_dir: Path) -> list[Path]:
         from .timeline import plot_pairs
+
         base = comparison_get(comparison, "baseline", "baseline")
         return plot_pairs(suite_pairs(comparison, "profile"), base, Path(out_dir))

@@ -5,6 +5,7 @@ Each of ``concurrency`` workers keeps one request in flight (a new one when it e
 :meth:`DecodeLoad.stop`; every streamed chunk's arrival time is recorded (``time.monotonic``, s)
 so that inter-token latencies can be read per time window (the profiler's overhead on the step).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -18,9 +19,11 @@ from statistics import median
 import aiohttp
 
 #: Qwen2.5-VL's chat layout with one image placeholder (what the chat template renders)
-PROMPT = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
-          "<|vision_start|><|image_pad|><|vision_end|>Describe this picture in detail.<|im_end|>\n"
-          "<|im_start|>assistant\n")
+PROMPT = (
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+    "<|vision_start|><|image_pad|><|vision_end|>Describe this picture in detail.<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
 
 
 def image_data_url(seed: int, width: int, height: int) -> str:
@@ -51,17 +54,24 @@ class DecodeLoad:
     _tasks: list[asyncio.Task] = field(default_factory=list)
 
     def payload(self, worker: int) -> dict:
-        return {"text": PROMPT, "image_data": self.image_urls[worker % len(self.image_urls)],
-                "stream": True,
-                "sampling_params": {"temperature": 0.0, "max_new_tokens": self.max_new_tokens,
-                                    "ignore_eos": True}}
+        return {
+            "text": PROMPT,
+            "image_data": self.image_urls[worker % len(self.image_urls)],
+            "stream": True,
+            "sampling_params": {
+                "temperature": 0.0,
+                "max_new_tokens": self.max_new_tokens,
+                "ignore_eos": True,
+            },
+        }
 
     async def start(self, session: aiohttp.ClientSession) -> None:
         """Start the workers (returns at once)."""
         self._stop = asyncio.Event()
         self.arrivals = [[] for _ in range(self.concurrency)]
-        self._tasks = [asyncio.create_task(self._worker(session, i))
-                       for i in range(self.concurrency)]
+        self._tasks = [
+            asyncio.create_task(self._worker(session, i)) for i in range(self.concurrency)
+        ]
 
     async def _worker(self, session: aiohttp.ClientSession, i: int) -> None:
         url = self.base_url.rstrip("/") + "/generate"
@@ -97,7 +107,7 @@ class DecodeLoad:
         gaps = []
         for arr in self.arrivals:
             inside = [t for t in arr if t0 <= t <= t1]
-            gaps += [(b - a) * 1000.0 for a, b in zip(inside, inside[1:])]
+            gaps += [(b - a) * 1000.0 for a, b in zip(inside, inside[1:], strict=False)]
         return median(gaps) if gaps else None
 
     async def stop(self) -> None:

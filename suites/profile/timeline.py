@@ -5,6 +5,7 @@ inside mrope ranges as filled triangles) and, when the trace has GPU work, a GPU
 intervals of every stream merged; the white between them is GPU idle time). Times in milliseconds
 from the first shown step's start. Input: the ``timeline_excerpt`` dicts that ``pair`` stores.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,11 +16,17 @@ from patchbench.records import write_bytes
 def _lane(ax, y, tl: dict, label: str) -> list[str]:
     labels = []
     ms = 1e-3
-    ax.broken_barh([(s["ts"] * ms, s["dur"] * ms) for s in tl.get("steps", [])], (y + 0.55, 0.35),
-                   facecolors="#9ecae1", edgecolor="#3182bd", linewidth=0.5)
+    ax.broken_barh(
+        [(s["ts"] * ms, s["dur"] * ms) for s in tl.get("steps", [])],
+        (y + 0.55, 0.35),
+        facecolors="#9ecae1",
+        edgecolor="#3182bd",
+        linewidth=0.5,
+    )
     if tl.get("mrope"):
-        ax.broken_barh([(a * ms, d * ms) for a, d in tl["mrope"]], (y + 0.6, 0.25),
-                       facecolors="#fd8d3c")
+        ax.broken_barh(
+            [(a * ms, d * ms) for a, d in tl["mrope"]], (y + 0.6, 0.25), facecolors="#fd8d3c"
+        )
     syncs = tl.get("syncs") or []
     xs_in = [t * ms for t, inside in syncs if inside]
     xs_out = [t * ms for t, inside in syncs if not inside]
@@ -29,18 +36,21 @@ def _lane(ax, y, tl: dict, label: str) -> list[str]:
         ax.plot(xs_in, [y + 0.95] * len(xs_in), "v", color="#a50f15", markersize=5)
     labels.append((y + 0.72, f"{label}: host"))
     if tl.get("gpu"):
-        ax.broken_barh([(a * ms, d * ms) for a, d in tl["gpu"]], (y + 0.1, 0.3),
-                       facecolors="#31a354")
+        ax.broken_barh(
+            [(a * ms, d * ms) for a, d in tl["gpu"]], (y + 0.1, 0.3), facecolors="#31a354"
+        )
         labels.append((y + 0.25, f"{label}: GPU"))
     return labels
 
 
-def plot_timeline(base: dict, var: dict, base_name: str, var_name: str, out: Path,
-                  title: str = "") -> Path:
+def plot_timeline(
+    base: dict, var: dict, base_name: str, var_name: str, out: Path, title: str = ""
+) -> Path:
     """Write one PNG (about 1200 x 480 px) comparing two timeline excerpts; returns its path."""
     import io
 
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
@@ -54,12 +64,19 @@ def plot_timeline(base: dict, var: dict, base_name: str, var_name: str, out: Pat
     ax.set_ylim(-0.1, 2.4)
     ax.set_xlabel("ms from the first shown decode step's start")
     ax.set_title(title, fontsize=10)
-    ax.legend(handles=[Patch(color="#9ecae1", label="decode step (host)"),
-                       Patch(color="#fd8d3c", label="mrope"),
-                       Patch(color="#31a354", label="GPU busy"),
-                       Line2D([], [], ls="", marker="|", color="#de2d26", label="host sync"),
-                       Line2D([], [], ls="", marker="v", color="#a50f15", label="sync in mrope")],
-              fontsize=7, loc="upper right", ncol=5, framealpha=0.9)
+    ax.legend(
+        handles=[
+            Patch(color="#9ecae1", label="decode step (host)"),
+            Patch(color="#fd8d3c", label="mrope"),
+            Patch(color="#31a354", label="GPU busy"),
+            Line2D([], [], ls="", marker="|", color="#de2d26", label="host sync"),
+            Line2D([], [], ls="", marker="v", color="#a50f15", label="sync in mrope"),
+        ],
+        fontsize=7,
+        loc="upper right",
+        ncol=5,
+        framealpha=0.9,
+    )
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     buf = io.BytesIO()
@@ -81,8 +98,15 @@ def plot_pairs(pairs: dict[str, dict], base_name: str, out_dir: Path) -> list[Pa
             continue
         c = common[-1]
         bs = ((b[c].get("steps") or [{}])[0]).get("batch_size")
-        out.append(plot_timeline(b[c], v[c], base_name, var,
-                                 Path(out_dir) / f"profile_timeline_{var}.png",
-                                 title=f"{len(b[c].get('steps', []))} consecutive decode steps, "
-                                       f"concurrency {c} (batch size {bs})"))
+        out.append(
+            plot_timeline(
+                b[c],
+                v[c],
+                base_name,
+                var,
+                Path(out_dir) / f"profile_timeline_{var}.png",
+                title=f"{len(b[c].get('steps', []))} consecutive decode steps, "
+                f"concurrency {c} (batch size {bs})",
+            )
+        )
     return out

@@ -37,16 +37,18 @@ GPU event of any stream runs), and the launch lead (``launch_lead_us``: end of t
 minus the start of the next step's first launch call; positive: the host launched the next step
 before the GPU finished this one, i.e. it runs ahead; negative: the GPU waited for the host).
 """
+
 from __future__ import annotations
 
 import bisect
 import gzip
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import median
-from typing import Any, Iterable
+from typing import Any
 
 STEP_PREFIX = "patchbench::decode_step"
 MROPE_PREFIX = "patchbench::mrope"
@@ -139,8 +141,9 @@ class Analysis:
             "host_step_range_ms_median": median(s.host_us for s in self.steps) / 1000.0,
         }
         intervals = [s.interval_us for s in self.steps if s.interval_us is not None]
-        out["host_step_ms_median"] = (median(intervals) if intervals
-                                      else median(s.host_us for s in self.steps)) / 1000.0
+        out["host_step_ms_median"] = (
+            median(intervals) if intervals else median(s.host_us for s in self.steps)
+        ) / 1000.0
         gaps = [s.gpu_idle_gap_us for s in self.steps if s.gpu_idle_gap_us is not None]
         leads = [s.launch_lead_us for s in self.steps if s.launch_lead_us is not None]
         if gaps:
@@ -159,8 +162,14 @@ class Analysis:
             row["steps"] += 1
             row["syncs"].add(s.syncs)
             row["mrope_syncs"].add(s.mrope_syncs)
-        return {bs: {"steps": r["steps"], "syncs": sorted(r["syncs"]),
-                     "mrope_syncs": sorted(r["mrope_syncs"])} for bs, r in sorted(out.items())}
+        return {
+            bs: {
+                "steps": r["steps"],
+                "syncs": sorted(r["syncs"]),
+                "mrope_syncs": sorted(r["mrope_syncs"]),
+            }
+            for bs, r in sorted(out.items())
+        }
 
 
 def load_events(path: str | Path) -> list[dict]:
@@ -179,8 +188,10 @@ def load_events(path: str | Path) -> list[dict]:
         raise TraceError(f"{p}: not a readable Chrome trace ({type(e).__name__}: {e})") from None
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
-        raise TraceError(f"{p}: no 'traceEvents' list (a Chrome trace from torch.profiler is "
-                         "{\"traceEvents\": [...]})")
+        raise TraceError(
+            f"{p}: no 'traceEvents' list (a Chrome trace from torch.profiler is "
+            '{"traceEvents": [...]})'
+        )
     return complete_events(events)
 
 
@@ -238,7 +249,7 @@ def _sync_candidates(host: list[dict], gpu_by_corr: dict) -> list[tuple[dict, st
             if DTOH_PAGEABLE in gnames:
                 out.append((e, "memcpy_dtoh_pageable"))
             elif HTOD_PAGEABLE in gnames:
-                nxt = next((h for h in host[i + 1:] if h.get("cat") == "cuda_runtime"), None)
+                nxt = next((h for h in host[i + 1 :] if h.get("cat") == "cuda_runtime"), None)
                 if nxt is not None and nxt.get("name") == "cudaStreamSynchronize":
                     out.append((e, "h2d_blocking"))
     return out
@@ -278,7 +289,9 @@ def _step_ranges(events: list[dict]) -> tuple[list[tuple[dict, int | None]], str
     return sgl, ("sglang" if sgl else "none")
 
 
-def _busy_in(intervals: list[tuple[float, float]], starts: list[float], a: float, b: float) -> float:
+def _busy_in(
+    intervals: list[tuple[float, float]], starts: list[float], a: float, b: float
+) -> float:
     """Time in [a, b] covered by the union of ``intervals`` (sorted by start, merged)."""
     if b <= a:
         return 0.0
@@ -321,15 +334,26 @@ def analyze(events: list[dict]) -> Analysis:
         key = (r.get("pid"), r.get("tid"))
         ts, end = float(r["ts"]), float(r["ts"] + r.get("dur", 0))
         host = [e for e in _inside(index, key, ts, end) if e is not r]
-        step = Step(index=i, batch_size=bs, ts_us=ts, host_us=float(r.get("dur", 0)),
-                    pid=r.get("pid"), tid=r.get("tid"))
+        step = Step(
+            index=i,
+            batch_size=bs,
+            ts_us=ts,
+            host_us=float(r.get("dur", 0)),
+            pid=r.get("pid"),
+            tid=r.get("tid"),
+        )
         cands = _sync_candidates(host, gpu_by_corr)
         step.syncs, step.by_kind, step.sync_ts_us = _count(cands)
         mropes = [e for e in host if str(e.get("name", "")).startswith(MROPE_PREFIX)]
         step.mrope_ranges = len(mropes)
-        in_mrope = [(e, k) for e, k in cands
-                    if any(m["ts"] <= e["ts"] and e["ts"] + e.get("dur", 0) <= m["ts"] + m["dur"]
-                           for m in mropes)]
+        in_mrope = [
+            (e, k)
+            for e, k in cands
+            if any(
+                m["ts"] <= e["ts"] and e["ts"] + e.get("dur", 0) <= m["ts"] + m["dur"]
+                for m in mropes
+            )
+        ]
         step.mrope_syncs, step.mrope_by_kind, _ = _count(in_mrope)
         launches = [e for e in host if e.get("cat") == "cuda_runtime" and _corr(e) in gpu_by_corr]
         work = [g for e in launches for g in gpu_by_corr[_corr(e)]]
@@ -338,12 +362,15 @@ def analyze(events: list[dict]) -> Analysis:
             step.gpu_end_us = float(max(g["ts"] + g.get("dur", 0) for g in work))
             step.first_launch_us = float(min(e["ts"] for e in launches))
         steps.append(step)
-    for a, b in zip(steps, steps[1:]):
+    for a, b in zip(steps, steps[1:], strict=False):
         a.interval_us = b.ts_us - a.ts_us
         if a.gpu_end_us is not None and b.gpu_start_us is not None:
             window = b.gpu_start_us - a.gpu_end_us
-            a.gpu_idle_gap_us = (window - _busy_in(merged, merged_starts, a.gpu_end_us,
-                                                   b.gpu_start_us)) if window > 0 else 0.0
+            a.gpu_idle_gap_us = (
+                (window - _busy_in(merged, merged_starts, a.gpu_end_us, b.gpu_start_us))
+                if window > 0
+                else 0.0
+            )
             a.launch_lead_us = a.gpu_end_us - b.first_launch_us
     return Analysis(steps=steps, source=source, has_gpu=bool(gpu), events=len(events))
 
@@ -358,7 +385,7 @@ def trim(events: list[dict], first_step: int, n_steps: int) -> list[dict]:
     of any thread and GPU events in that time window), for committing a small fixture."""
     ranges, _ = _step_ranges(complete_events(events))
     ranges.sort(key=lambda r: r[0]["ts"])
-    sel = ranges[first_step:first_step + n_steps]
+    sel = ranges[first_step : first_step + n_steps]
     if not sel:
         return []
     a = sel[0][0]["ts"]
@@ -366,8 +393,9 @@ def trim(events: list[dict], first_step: int, n_steps: int) -> list[dict]:
     return [e for e in complete_events(events) if e["ts"] < b and e["ts"] + e.get("dur", 0) > a]
 
 
-def timeline_excerpt(events: list[dict], analysis: Analysis, *, first_step: int = 1,
-                     n_steps: int = 4) -> dict | None:
+def timeline_excerpt(
+    events: list[dict], analysis: Analysis, *, first_step: int = 1, n_steps: int = 4
+) -> dict | None:
     """A small JSON-able picture of ``n_steps`` consecutive decode steps for the timeline figure.
 
     Times in microseconds relative to the first chosen step's start: ``steps`` [{"ts", "dur",
@@ -378,7 +406,7 @@ def timeline_excerpt(events: list[dict], analysis: Analysis, *, first_step: int 
     if not analysis.steps:
         return None
     first_step = min(first_step, max(len(analysis.steps) - n_steps, 0))
-    chosen = analysis.steps[first_step:first_step + n_steps]
+    chosen = analysis.steps[first_step : first_step + n_steps]
     t0 = chosen[0].ts_us
     t1 = max(s.ts_us + s.host_us for s in chosen)
     for s in chosen:
@@ -393,9 +421,17 @@ def timeline_excerpt(events: list[dict], analysis: Analysis, *, first_step: int 
         for ts in s.sync_ts_us:
             in_m = any(m["ts"] <= ts <= m["ts"] + m.get("dur", 0) for m in ms)
             syncs.append([ts - t0, in_m])
-    gpu = [[max(a, t0) - t0, min(b, t1) - max(a, t0)]
-           for a, b in _merged([e for e in events if e.get("cat") in GPU_CATS])
-           if b > t0 and a < t1]
-    return {"steps": [{"ts": s.ts_us - t0, "dur": s.host_us, "batch_size": s.batch_size}
-                      for s in chosen],
-            "mrope": mrope, "syncs": syncs, "gpu": gpu, "span_us": t1 - t0}
+    gpu = [
+        [max(a, t0) - t0, min(b, t1) - max(a, t0)]
+        for a, b in _merged([e for e in events if e.get("cat") in GPU_CATS])
+        if b > t0 and a < t1
+    ]
+    return {
+        "steps": [
+            {"ts": s.ts_us - t0, "dur": s.host_us, "batch_size": s.batch_size} for s in chosen
+        ],
+        "mrope": mrope,
+        "syncs": syncs,
+        "gpu": gpu,
+        "span_us": t1 - t0,
+    }

@@ -8,6 +8,7 @@
   the fake server sees, and a collect() result).
 - ``fake_untimed``: ``timed = False`` (runs only in correctness cells).
 """
+
 import json
 import os
 import urllib.request
@@ -39,9 +40,11 @@ class FakeSuite(Suite):
             raise KeyboardInterrupt
         done = 0
         for _ in range(params.n):
-            req = urllib.request.Request(ctx.server.base_url + "/generate",
-                                         data=json.dumps({"text": "x"}).encode(),
-                                         headers={"Content-Type": "application/json"})
+            req = urllib.request.Request(
+                ctx.server.base_url + "/generate",
+                data=json.dumps({"text": "x"}).encode(),
+                headers={"Content-Type": "application/json"},
+            )
             try:
                 urllib.request.urlopen(req, timeout=600).read()
             except OSError as e:
@@ -66,8 +69,11 @@ class FakeInstrSuite(Suite):
 
     def instrumentation(self, ctx, params):
         out = Path(ctx.out_dir) / "instr"
-        return Instrumentation(env={"FAKE_INSTRUMENTED": "1"}, out_dir=out,
-                               collect=lambda d: {"files_count": len(list(Path(d).iterdir()))})
+        return Instrumentation(
+            env={"FAKE_INSTRUMENTED": "1"},
+            out_dir=out,
+            collect=lambda d: {"files_count": len(list(Path(d).iterdir()))},
+        )
 
 
 @register

@@ -2,6 +2,7 @@
 server launched as the fake server and the fake suites registered (for tests that signal or kill
 the runner process itself). ``CELLENV_<NAME>=value`` sets NAME on the servers (only on cell
 ``CELLENV_FOR``, e.g. "control/rep0", when that is set). Exits with patchbench's exit code."""
+
 import os
 import sys
 from pathlib import Path
@@ -22,8 +23,13 @@ def _fake(cfg, venv, cdir, port):
     spec = _real(cfg, venv, cdir, port)
     spec.env["PYTHONPATH"] = str(HERE) + os.pathsep + spec.env["PYTHONPATH"]
     if f"{venv.name}/{cdir.name}" == os.environ.get("CELLENV_FOR", f"{venv.name}/{cdir.name}"):
-        spec.env.update({k[len("CELLENV_"):]: v for k, v in os.environ.items()
-                         if k.startswith("CELLENV_") and k != "CELLENV_FOR"})
+        spec.env.update(
+            {
+                k[len("CELLENV_") :]: v
+                for k, v in os.environ.items()
+                if k.startswith("CELLENV_") and k != "CELLENV_FOR"
+            }
+        )
     return spec
 
 

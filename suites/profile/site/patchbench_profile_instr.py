@@ -16,6 +16,7 @@ modules execute (in the scheduler process, which sglang starts with ``spawn``):
 A range costs a few microseconds when no profiler runs and records nothing then. Only the standard
 library and torch (which sglang imports anyway) are used: the server need not import patchbench.
 """
+
 from __future__ import annotations
 
 import importlib.abc

@@ -6,6 +6,7 @@ ranges. Then, as Python would have without it, it imports the next ``sitecustomi
 this folder on ``sys.path`` (the harness has its own), once: a guard stops two chaining
 sitecustomize files from importing each other forever.
 """
+
 import os
 import sys
 
@@ -18,9 +19,10 @@ def _chain():
         return
     sys._patchbench_profile_site_chained = True
     import importlib.util
+
     here = os.path.dirname(os.path.abspath(__file__))
     entries = [os.path.abspath(e) for e in sys.path if e]
-    after = entries[entries.index(here) + 1:] if here in entries else entries
+    after = entries[entries.index(here) + 1 :] if here in entries else entries
     for entry in after:
         if entry == here:
             continue

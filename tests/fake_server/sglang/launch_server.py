@@ -13,6 +13,7 @@ FAKE_SCHEDULER=1     spawn a child titled ``sglang::scheduler`` (setproctitle), 
                      front end stays up (what a real server does when its scheduler dies)
 FAKE_GENERATE_SLEEP_S  each /generate after the first (the readiness check) takes this long
 """
+
 import argparse
 import json
 import os
@@ -37,13 +38,17 @@ print(f"fake sglang server on {args.host}:{args.port}", flush=True)
 if os.environ.get("FAKE_IGNORE_SIGTERM") == "1":
     signal.signal(signal.SIGTERM, lambda *a: print("fake: ignoring SIGTERM", flush=True))
 if os.environ.get("FAKE_GRANDCHILD") == "1":
-    code = ("import subprocess,sys,time;"
-            "subprocess.Popen([sys.executable,'-c','import time; time.sleep(600)']);time.sleep(600)")
+    code = (
+        "import subprocess,sys,time;"
+        "subprocess.Popen([sys.executable,'-c','import time; time.sleep(600)']);time.sleep(600)"
+    )
     subprocess.Popen([sys.executable, "-c", code])
 SCHEDULER = None
 if os.environ.get("FAKE_SCHEDULER") == "1":
-    code = ("import setproctitle,time;setproctitle.setproctitle('sglang::scheduler_TP0');"
-            "time.sleep(3600)")
+    code = (
+        "import setproctitle,time;setproctitle.setproctitle('sglang::scheduler_TP0');"
+        "time.sleep(3600)"
+    )
     SCHEDULER = subprocess.Popen([sys.executable, "-c", code])
     print(f"fake: scheduler pid {SCHEDULER.pid}", flush=True)
 
@@ -53,17 +58,22 @@ def scheduler_dead():
 
 
 if os.environ.get("FAKE_SIGTERM_DELAY_S"):
+
     def _slow_exit(*a):
         def _later():
             time.sleep(float(os.environ["FAKE_SIGTERM_DELAY_S"]))
             os._exit(0)
+
         threading.Thread(target=_later, daemon=True).start()
+
     signal.signal(signal.SIGTERM, _slow_exit)
 if os.environ.get("FAKE_EXIT_AFTER_S"):
+
     def _die():
         time.sleep(float(os.environ["FAKE_EXIT_AFTER_S"]))
         print("fake: fatal error, exiting", flush=True)
         os._exit(3)
+
     threading.Thread(target=_die, daemon=True).start()
 
 
@@ -106,7 +116,9 @@ class H(BaseHTTPRequestHandler):
             if DIE_AFTER and state["generate"] > DIE_AFTER:
                 print("fake: dying mid-run", flush=True)
                 os._exit(5)
-            self._send(200, {"text": "x", "meta_info": {"prompt_tokens": 1, "completion_tokens": 1}})
+            self._send(
+                200, {"text": "x", "meta_info": {"prompt_tokens": 1, "completion_tokens": 1}}
+            )
         else:
             self._send(404, {})
 

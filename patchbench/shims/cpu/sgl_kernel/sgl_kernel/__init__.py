@@ -8,6 +8,7 @@ harness fails the cell when the server log shows the marker. Only the ``kvcachei
 is provided: a catch-all for submodules breaks sglang's ``from sgl_kernel.scalar_type import``
 fallbacks (sglang 0.5.1.post3, quantization/utils.py).
 """
+
 import importlib.abc
 import importlib.machinery
 import os
@@ -23,6 +24,7 @@ def _missing(qualname):
         msg = f"{_MARKER}: {qualname} (sgl_kernel CPU stand-in; not implemented)"
         print(msg, file=sys.stderr, flush=True)
         raise NotImplementedError(msg)
+
     stand_in.__name__ = qualname.rsplit(".", 1)[-1]
     stand_in.__qualname__ = qualname
     return stand_in
@@ -33,11 +35,14 @@ def _make_getattr(modname):
         if name.startswith("__"):
             raise AttributeError(name)
         return _missing(f"{modname}.{name}")
+
     return __getattr__
 
 
 __getattr__ = _make_getattr(__name__)
-_SUBMODULES = {"kvcacheio"} | (set(os.environ.get("PATCHBENCH_SGL_KERNEL_SUBMODULES", "").split(",")) - {""})
+_SUBMODULES = {"kvcacheio"} | (
+    set(os.environ.get("PATCHBENCH_SGL_KERNEL_SUBMODULES", "").split(",")) - {""}
+)
 
 
 class _SubmoduleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):

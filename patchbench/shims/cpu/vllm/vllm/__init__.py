@@ -5,4 +5,5 @@ layernorm} import ...`` there; these modules hand back sglang's own classes (who
 dispatch runs forward_native, pure torch, on this CPU). Every other vllm submodule stays missing,
 so sglang's "vllm not available" paths are taken.
 """
+
 __version__ = "0.0.0+patchbench-stand-in"

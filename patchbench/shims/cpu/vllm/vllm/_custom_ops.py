@@ -1,4 +1,5 @@
 """Stand-in: names resolve (RotaryEmbedding grabs rotary_embedding at init); a call raises."""
+
 import sys
 
 _MARKER = "PATCHBENCH-STAND-IN-CALLED"
@@ -12,4 +13,5 @@ def __getattr__(name):
         msg = f"{_MARKER}: vllm._custom_ops.{name} (vllm CPU stand-in; not implemented)"
         print(msg, file=sys.stderr, flush=True)
         raise NotImplementedError(msg)
+
     return stand_in

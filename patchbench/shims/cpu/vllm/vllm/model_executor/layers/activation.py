@@ -1,4 +1,5 @@
 """Stand-in: hands back sglang.srt.layers.activation's own SiluAndMul,GeluAndMul."""
+
 import sys
 
 _NAMES = "SiluAndMul,GeluAndMul".split(",")

@@ -1,4 +1,5 @@
 """Stand-in: hands back sglang.srt.layers.layernorm's own RMSNorm,GemmaRMSNorm."""
+
 import sys
 
 _NAMES = "RMSNorm,GemmaRMSNorm".split(",")
