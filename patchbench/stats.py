@@ -20,8 +20,8 @@ over repeats with a minimum of repeats, TOST, Holm, Newcombe for accuracy, exact
 Also here, used by no verdict: :func:`t_interval_log_ratio` / :func:`t_interval_diff` (paired
 t-intervals over repeats), :func:`bootstrap_log_ratio` (a BCa bootstrap over repeats; with few
 repeats it undercovers: Efron & Tibshirani 1993, ch. 14; Hesterberg 2015, "What teachers should
-know about the bootstrap", section 6), and the retired A/A noise floor (:func:`noise_floor`,
-:func:`is_significant`; replaced by the A/A health check in :mod:`patchbench.analysis`).
+know about the bootstrap", section 6). The A/A noise floor that used to live here is retired:
+the A/A health check in :mod:`patchbench.analysis` replaced it.
 
 All functions take plain sequences of floats and return an :class:`Interval`; they raise
 ``ValueError`` for inputs they cannot use (lengths that differ, non-positive values where a log is
@@ -46,8 +46,6 @@ __all__ = [
     "paired_request_interval",
     "block_bootstrap_interval",
     "wilson_interval",
-    "noise_floor",
-    "is_significant",
     "statistic_fn",
 ]
 
@@ -438,37 +436,3 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[f
         raise ValueError(f"need 0 <= successes <= n and n >= 1, got {successes}/{n}")
     lo, hi = proportion_confint(successes, n, alpha=1 - confidence, method="wilson")
     return float(lo), float(hi)
-
-
-def noise_floor(aa_intervals: Sequence[Interval], *, source: str = "ci_bound") -> float | None:
-    """Retired (the comparison no longer uses it; kept while tests/test_stats.py tests it): the
-    noise floor of one metric from its A/A comparisons (a fraction, >= 0), or None.
-
-    An A/A comparison runs the same code as baseline and "variant", so any change it shows is
-    noise. ``source="ci_bound"`` (default): the largest ``|bound|`` of the A/A intervals, i.e. the
-    largest change the A/A data is compatible with at the chosen confidence; ``"change"``: the
-    largest ``|estimate|`` (less conservative). Intervals that could not be computed are skipped;
-    None when none is usable. A variant effect whose ``|estimate|`` is not above the floor is never
-    called significant (:func:`is_significant`).
-    """
-    vals = []
-    for iv in aa_intervals:
-        if source == "change":
-            if math.isfinite(iv.estimate):
-                vals.append(abs(iv.estimate))
-        elif source == "ci_bound":
-            if iv.ok:
-                vals.append(max(abs(iv.low), abs(iv.high)))
-        else:
-            raise ValueError(f"noise floor source must be 'ci_bound' or 'change', got {source!r}")
-    return max(vals) if vals else None
-
-
-def is_significant(iv: Interval, floor: float | None = None) -> bool:
-    """Retired with :func:`noise_floor`: True when the interval excludes 0 and ``|estimate|``
-    exceeds the noise floor (if any)."""
-    if not iv.ok:
-        return False
-    excludes_zero = iv.low > 0 or iv.high < 0
-    above_floor = floor is None or abs(iv.estimate) > floor
-    return bool(excludes_zero and above_floor)

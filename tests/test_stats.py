@@ -153,20 +153,23 @@ def test_statistic_fn():
         stats.statistic_fn("mode")
 
 
-def test_noise_floor_and_significance():
-    a = stats.Interval(0.01, -0.02, 0.04, "t", 3)
-    b = stats.Interval(-0.03, -0.05, -0.01, "t", 3)
-    assert stats.noise_floor([a, b]) == pytest.approx(0.05)
-    assert stats.noise_floor([a, b], source="change") == pytest.approx(0.03)
-    assert stats.noise_floor([]) is None
-    nan = stats.Interval(0.0, float("nan"), float("nan"), "none", 1)
-    assert stats.noise_floor([nan]) is None
-    eff = stats.Interval(0.04, 0.02, 0.06, "t", 3)
-    assert stats.is_significant(eff)
-    assert not stats.is_significant(eff, floor=0.05)  # effect within the A/A floor
-    assert stats.is_significant(eff, floor=0.03)
-    assert not stats.is_significant(stats.Interval(0.01, -0.01, 0.03, "t", 3))
-    assert not stats.is_significant(nan)
+def test_verdicts_wilson_quantile_equals_scipy_and_statsmodels():
+    from statsmodels.stats.proportion import proportion_confint
+
+    from patchbench import verdicts
+
+    for alpha in (0.5, 0.1, 0.05, 0.05 / 3, 0.0125, 0.01, 1e-4, 1e-8):
+        assert verdicts._NORMAL.inv_cdf(1 - alpha / 2) == pytest.approx(
+            float(sps.norm.ppf(1 - alpha / 2)), rel=0, abs=1e-12
+        )
+        if alpha < 1e-6:
+            continue  # statsmodels takes norm.isf(alpha / 2); 1 - alpha / 2 loses digits here
+        for x, n in ((0, 10), (3, 10), (10, 10), (407, 900), (12.5, 40)):
+            lo, hi = verdicts.wilson(x, n, alpha)
+            elo, ehi = proportion_confint(x, n, alpha=alpha, method="wilson")
+            assert lo == pytest.approx(elo, abs=1e-12) and hi == pytest.approx(ehi, abs=1e-12)
+    with pytest.raises(ValueError):
+        verdicts.wilson(1, 0, 0.05)
 
 
 def test_t_interval_diff_hand_computed():
