@@ -25,6 +25,7 @@ computations per forward mode and checks each against the stock method, writing
 
 from __future__ import annotations
 
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -339,7 +340,12 @@ def _crosscheck_of(suite_dirs: list[Path]) -> dict[str, Any] | None:
     for d in suite_dirs:
         cell = Path(d).parent
         seen.append(cell)
-        seen += sorted(p for p in cell.parent.iterdir() if p.is_dir() and p != cell)
+        # only the variant's own cell folders (run/<variant>/{correctness,rep<k>})
+        seen += sorted(
+            p
+            for p in cell.parent.iterdir()
+            if p.is_dir() and p != cell and re.fullmatch(r"correctness|rep\d+", p.name)
+        )
     for cell in dict.fromkeys(seen):
         try:
             rec = read_json(cell / "cell.json")
