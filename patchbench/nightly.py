@@ -4,6 +4,14 @@
 ``patchbench nightly --from-run RUN_DIR [CONFIG]``     the same on a finished run folder (no run)
 ``patchbench nightly --record-only RUN_DIR [CONFIG]``  only append a finished run (e.g. after the
                                                        history was locked or corrupt that night)
+``patchbench nightly MATRIX.yaml [--on local|ray] [--address ADDR] [--results DIR]``
+                                                       run a matrix (patchbench/matrix.py), then
+                                                       the job on every unit; one summary
+``--from-run`` / ``--record-only`` also take a matrix run folder (every unit).
+
+A matrix unit's nights are keyed ``<config name>@<unit id>`` in the history (unit ids are stable
+across matrix runs); the matrix night's exit code is the worst unit's in :data:`EXIT_ORDER`
+(a regression first, unlike one config's order below: see there).
 
 The gates themselves (settings, tests, Holm across the night, outcomes) live in
 patchbench/gates.py; the trend plots in patchbench/trend.py; the SQLite history in
@@ -29,7 +37,7 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +224,43 @@ def render_markdown(
 
 
 # ---------------------------------------------------------------------------------------------
+# matrix units in the history
+
+
+def matrix_unit_id(run_dir: str | os.PathLike) -> str | None:
+    """The unit id when ``run_dir`` is a unit folder of a matrix run (``<matrix run>/<unit id>/``
+    whose parent's ``matrix.json`` lists that id, patchbench/matrix.py), else None."""
+    run = Path(run_dir)
+    try:
+        man = read_json(run.parent / "matrix.json")
+    except (OSError, ValueError):
+        return None
+    units = man.get("units") if isinstance(man, dict) else None
+    ids = {u.get("id") for u in units or [] if isinstance(u, dict)}
+    return run.name if run.name in ids else None
+
+
+def history_key(config_name: str, unit_id: str) -> str:
+    """The history's config key of a matrix unit: ``<config name>@<unit id>`` (unit ids are
+    stable across matrix runs, so each unit's nights form one series)."""
+    return f"{config_name}@{unit_id}"
+
+
+def key_night(night: Night, unit_id: str | None) -> Night:
+    """Key ``night`` as matrix unit ``unit_id`` (no-op for None or a night already keyed):
+    ``config_name`` becomes ``<config name>@<unit id>``, and ``run_id`` gets the same
+    ``@<unit id>`` suffix so two units of one config started in the same second (the run id is
+    ``<UTC stamp>-<config name>``) stay two nights. Returns ``night`` (changed in place)."""
+    if unit_id:
+        suffix = f"@{unit_id}"
+        if not night.config_name.endswith(suffix):
+            night.config_name = history_key(night.config_name, unit_id)
+        if not night.run_id.endswith(suffix):
+            night.run_id += suffix
+    return night
+
+
+# ---------------------------------------------------------------------------------------------
 # the job
 
 
@@ -280,12 +325,15 @@ def nightly_on_run(
     record: bool = True,
     run_problems: Sequence[str] = (),
     out: Any = None,
+    unit_id: str | None = None,
 ) -> NightlyOutcome:
     """Record a finished run folder in the history, evaluate the gates, write the outputs.
 
     run_dir: the run folder (docs/CONTRACTS.md); history: the SQLite path (default
     :func:`history_path`); compare_settings: for compare_run when compare.json is missing;
-    run_problems: failures the runner reported (they make the exit code 4).
+    run_problems: failures the runner reported (they make the exit code 4); unit_id: the matrix
+    unit this folder is (default: found by :func:`matrix_unit_id`): its nights are keyed
+    ``<config name>@<unit id>`` in the history (:func:`key_night`).
     Writes RUN/nightly.md, RUN/nightly.json, RUN/plots/nightly-*.png. Never raises for a history
     problem: the night stays in the folder and ``--record-only RUN_DIR`` appends it later.
     """
@@ -303,6 +351,7 @@ def nightly_on_run(
         return NightlyOutcome(
             EXIT_RUN_FAILED, [], None, problems=problems + [str(e)], outcome="failed"
         )
+    key_night(tonight, unit_id or matrix_unit_id(run))
     problems += tonight.problems
     if not tonight.values:
         problems.append(f"{run}: no metrics in the run folder (no summary.json with status ok)")
@@ -412,16 +461,22 @@ def nightly_on_run(
 
 
 def record_only(
-    run_dir: str | os.PathLike, history: str | os.PathLike, timeout_s: float = 10.0, out: Any = None
+    run_dir: str | os.PathLike,
+    history: str | os.PathLike,
+    timeout_s: float = 10.0,
+    out: Any = None,
+    unit_id: str | None = None,
 ) -> int:
     """Append a finished run folder to the history (no gates). Exit 0, or 3 (history error),
-    4 (the folder holds no metrics)."""
+    4 (the folder holds no metrics). A matrix unit's folder (``unit_id``, default found by
+    :func:`matrix_unit_id`) is keyed ``<config name>@<unit id>`` as :func:`nightly_on_run` does."""
     out = out or sys.stdout
     try:
         night = night_from_run(run_dir)
     except (OSError, ValueError) as e:
         print(f"nightly: {e}", file=sys.stderr)
         return EXIT_RUN_FAILED
+    key_night(night, unit_id or matrix_unit_id(run_dir))
     if not night.values:
         print(
             f"nightly: {run_dir}: no metrics to record (no summary.json with status ok)",
@@ -442,11 +497,482 @@ def record_only(
     return EXIT_OK
 
 
+# ---------------------------------------------------------------------------------------------
+# nightly over a matrix
+
+MATRIX_NIGHTLY_SCHEMA = 1
+"""The matrix run folder's nightly.json (``"kind": "matrix"``; each unit's own nightly.json keeps
+:data:`NIGHTLY_SCHEMA`)."""
+
+EXIT_ORDER: tuple[int, ...] = (
+    EXIT_REGRESSION,
+    EXIT_RUN_FAILED,
+    EXIT_ENV,
+    EXIT_USAGE,
+    EXIT_UNDERPOWERED,
+    EXIT_OK,
+)
+"""Worst first: the exit code of a matrix night is the first of these that any unit has. A
+regression in one unit comes before a run failure in another: the units are independent runs, so
+one lost node or flaky cell must not turn a night that found a regression into a runner
+problem (the summary still lists the failed units). The rest keep the single-config order."""
+
+OUTCOME_OF_EXIT: dict[int, str] = {
+    EXIT_REGRESSION: "red",
+    EXIT_RUN_FAILED: "run failed",
+    EXIT_ENV: "environment not ready",
+    EXIT_USAGE: "config error",
+    EXIT_UNDERPOWERED: "underpowered",
+    EXIT_OK: "green",
+}
+
+_UNIT_MARK = {
+    "red": "❌ red",
+    "run failed": "💥 run failed",
+    "environment not ready": "🔧 environment not ready",
+    "config error": "⛔ config error",
+    "underpowered": "❔ underpowered",
+    "green": "✅ green",
+}
+
+
+def worst_exit(codes: Sequence[int]) -> int:
+    """The worst of ``codes`` in :data:`EXIT_ORDER` (0 for none); a code not in it counts as 4."""
+    known = [c if c in EXIT_ORDER else EXIT_RUN_FAILED for c in codes]
+    return min(known, key=EXIT_ORDER.index) if known else EXIT_OK
+
+
+@dataclass
+class UnitNightly:
+    """One unit of a matrix night (a row of the matrix nightly.md, ``units[]`` of its json).
+
+    ``status``/``run_exit_code``/``message``: the unit's run, from matrix.json; ``exit_code``:
+    the unit's nightly exit code (what its own nightly.md says; for a unit that did not run, 4,
+    or 3 / 2 when its bench ended so); ``outcome``: red when any gate of the unit failed,
+    otherwise the word of ``exit_code`` (:data:`OUTCOME_OF_EXIT`); ``key``: its history key;
+    ``failing``: its failing gate results (GateResult.to_json()); ``summary``/``report``: paths
+    relative to the matrix run folder, None when absent."""
+
+    id: str
+    key: str | None
+    labels: dict[str, Any]
+    gpu_type: str | None
+    status: str
+    run_exit_code: int | None
+    exit_code: int
+    outcome: str
+    headline: str
+    message: str = ""
+    failing: list[dict] = field(default_factory=list)
+    summary: str | None = None
+    report: str | None = None
+
+    @property
+    def rank_code(self) -> int:
+        """The code this unit adds to the matrix's: 1 when a gate failed, else ``exit_code``."""
+        return EXIT_REGRESSION if self.outcome == "red" else self.exit_code
+
+
+@dataclass
+class MatrixNightlyOutcome:
+    """What :func:`nightly_on_matrix_run` did: the matrix exit code (:func:`worst_exit` over
+    the units), its outcome word, headline, every unit, and the files it wrote."""
+
+    exit_code: int
+    outcome: str
+    headline: str
+    matrix_dir: Path
+    units: list[UnitNightly]
+    summary_path: Path | None = None
+    json_path: Path | None = None
+
+
+def _unit_section_settings(
+    matrix_dir: Path, uid: str
+) -> tuple[NightlySettings | None, Any, str | None]:
+    """The nightly settings and compare section a unit ran with, from
+    ``configs/<unit id>.yaml`` of the matrix run (else the unit's manifest, else defaults);
+    (settings, compare section, error line)."""
+    import yaml
+    from pydantic import ValidationError
+
+    path = matrix_dir / "configs" / f"{uid}.yaml"
+    raw: Any = None
+    if path.is_file():
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+            return None, None, f"{path}: unreadable: {str(e).splitlines()[0]}"
+    if isinstance(raw, dict):
+        try:
+            return (
+                NightlySettings.model_validate(raw.get("nightly") or {}),
+                raw.get("compare"),
+                None,
+            )
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(x) for x in ("nightly", *err["loc"]))
+            return None, None, f"{path}: key {where}: {err['msg']}"
+    return _settings_from_manifest(matrix_dir / uid) or NightlySettings(), None, None
+
+
+def _not_run_code(run_exit_code: int | None) -> int:
+    return run_exit_code if run_exit_code in (EXIT_ENV, EXIT_USAGE) else EXIT_RUN_FAILED
+
+
+def nightly_on_matrix_run(
+    matrix_dir: str | os.PathLike,
+    *,
+    settings: dict[str, NightlySettings] | None = None,
+    compare_settings: dict[str, Any] | None = None,
+    history: str | os.PathLike | None = None,
+    record: bool = True,
+    out: Any = None,
+) -> MatrixNightlyOutcome:
+    """Run the nightly job on every unit of a finished matrix run folder and write one summary.
+
+    matrix_dir: ``results/<stamp>-<name>/`` (patchbench/matrix.py: ``matrix.json``, one folder
+    per unit id, ``configs/<unit id>.yaml``). settings / compare_settings: {unit id: value}
+    (default: from each unit's ``configs/<unit id>.yaml``). history: the SQLite path for every
+    unit (default: :func:`history_path` of the unit's settings). Each unit with a run folder gets
+    :func:`nightly_on_run` (its nightly.md / nightly.json in its folder), keyed
+    ``<config name>@<unit id>`` in the history; a unit whose run did not end ok also counts as a
+    run failure (exit 4, or 3 / 2 when its bench ended so), and one without a folder is listed
+    with its status and message, never left out. Writes MATRIX/nightly.md and
+    MATRIX/nightly.json; the exit code is the worst unit's in :data:`EXIT_ORDER`.
+
+    Raises FileNotFoundError / ValueError when ``matrix.json`` is missing or unreadable.
+    """
+    out = out or sys.stdout
+    mdir = Path(matrix_dir)
+    man = read_json(mdir / "matrix.json")
+    if not isinstance(man, dict) or not isinstance(man.get("units"), list):
+        raise ValueError(f"{mdir / 'matrix.json'}: no units list (not a matrix run folder)")
+    settings = settings or {}
+    compare_settings = compare_settings or {}
+    units: list[UnitNightly] = []
+    for u in man["units"]:
+        uid = str(u.get("id"))
+        status = str(u.get("status") or "pending")
+        run_code = u.get("exit_code")
+        message = str(u.get("message") or "")
+        udir = mdir / uid
+        row = UnitNightly(
+            id=uid,
+            key=history_key(str(u.get("config_name") or "?"), uid),
+            labels=dict(u.get("labels") or {}),
+            gpu_type=u.get("gpu_type"),
+            status=status,
+            run_exit_code=run_code,
+            exit_code=EXIT_OK,
+            outcome="green",
+            headline="",
+            message=message,
+            report=f"{uid}/report.md" if (udir / "report.md").is_file() else None,
+        )
+        units.append(row)
+        s, cmp_section, err = (
+            (settings[uid], compare_settings.get(uid), None)
+            if uid in settings
+            else _unit_section_settings(mdir, uid)
+        )
+        if status != "ok":
+            line = f"the unit's run ended {status}" + (
+                f" (bench exit {run_code})" if run_code is not None else ""
+            )
+            row.message = f"{line}: {message}" if message else line
+        if s is None:
+            row.exit_code = EXIT_USAGE
+            row.outcome, row.headline = OUTCOME_OF_EXIT[EXIT_USAGE], err or "no nightly settings"
+            row.message = "; ".join(x for x in (row.message, err) if x)
+            print(f"nightly: unit {uid}: {row.headline}", file=out)
+            continue
+        if not (udir / "manifest.json").is_file():
+            row.exit_code = _not_run_code(run_code) if status != "ok" else EXIT_RUN_FAILED
+            row.outcome = OUTCOME_OF_EXIT[row.exit_code]
+            row.headline = "NOT RUN" if status != "ok" else "RUN FOLDER MISSING"
+            if status == "ok":
+                row.message = f"{udir}: no manifest.json (the unit's run folder is missing)"
+            print(f"nightly: unit {uid}: {row.headline}: {row.message}", file=out)
+            continue
+        print(f"nightly: unit {uid}:", file=out)
+        res = nightly_on_run(
+            udir,
+            s,
+            history=history or history_path(s),
+            compare_settings=cmp_section,
+            record=record,
+            run_problems=[row.message] if status != "ok" else [],
+            out=out,
+            unit_id=uid,
+        )
+        if res.night is not None:
+            row.key = res.night.config_name
+        code = res.exit_code
+        if status != "ok":
+            code = worst_exit([code, _not_run_code(run_code)])
+        row.exit_code = code
+        row.failing = [r.to_json() for r in res.results if r.status == "fail"]
+        row.outcome = "red" if row.failing else OUTCOME_OF_EXIT.get(code, "run failed")
+        try:
+            row.headline = str(read_json(udir / "nightly.json").get("headline") or "")
+        except (OSError, ValueError):
+            row.headline = ""
+        row.summary = f"{uid}/nightly.md" if res.summary_path else None
+    code = worst_exit([r.rank_code for r in units])
+    counts: dict[str, int] = {}
+    for r in units:
+        counts[r.outcome] = counts.get(r.outcome, 0) + 1
+    tally = ", ".join(f"{n} {w}" for w, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    worst_word = OUTCOME_OF_EXIT[code]
+    n_worst = sum(1 for r in units if r.rank_code == code)
+    headline = (
+        f"no regression in {len(units)} unit(s)"
+        if code == EXIT_OK
+        else f"{worst_word.upper() if code != 1 else 'REGRESSION'} in {n_worst} of "
+        f"{len(units)} unit(s) ({tally})"
+    )
+    if not units:
+        code, headline = EXIT_RUN_FAILED, "the matrix run has no units"
+    name = str(man.get("name") or mdir.name)
+    md = render_matrix_markdown(name, mdir, units, code, headline)
+    summary = write_text(mdir / "nightly.md", md)
+    js = write_json(
+        mdir / "nightly.json",
+        {
+            "schema": MATRIX_NIGHTLY_SCHEMA,
+            "kind": "matrix",
+            "matrix": name,
+            "matrix_dir": str(mdir.resolve()),
+            "exit_code": code,
+            "outcome": OUTCOME_OF_EXIT.get(code, "run failed"),
+            "headline": headline,
+            "exit_order": list(EXIT_ORDER),
+            "units": [asdict(r) for r in units],
+        },
+    )
+    print(f"nightly matrix {name}: {headline} (exit {code}); summary {summary}", file=out)
+    return MatrixNightlyOutcome(
+        code, OUTCOME_OF_EXIT.get(code, "run failed"), headline, mdir, units, summary, js
+    )
+
+
+def _cell(x: Any) -> str:
+    return str(x).replace("|", "\\|").replace("\n", " ")
+
+
+def render_matrix_markdown(
+    name: str, matrix_dir: Path, units: list[UnitNightly], exit_code: int, headline: str
+) -> str:
+    """The matrix run folder's nightly.md: the verdict, one row per unit (outcome, exit code,
+    history key, link to its nightly.md), then each red unit's failing gates with their
+    numbers and each unit that did not run ok with its message."""
+    label_keys: list[str] = []
+    for r in units:
+        label_keys += [k for k in r.labels if k not in label_keys]
+    lines = [f"# Nightly matrix {name}: {headline}", ""]
+    lines.append(
+        f"Matrix run `{matrix_dir.name}` · {len(units)} unit(s) · exit code {exit_code}, the "
+        "worst unit's in the order " + " > ".join(f"{OUTCOME_OF_EXIT[c]} {c}" for c in EXIT_ORDER)
+    )
+    lines += [
+        "",
+        "| unit | " + "".join(f"{_cell(k)} | " for k in label_keys) + "gpu type | run | "
+        "outcome | exit | history key | details |",
+        "|---|" + "---|" * len(label_keys) + "---|---|---|---:|---|---|",
+    ]
+    for r in units:
+        unit = f"[{r.id}]({r.summary})" if r.summary else f"`{r.id}`"
+        if r.failing:
+            detail = "; ".join(
+                f"{f['suite']}.{f['metric']} ({f['variant']}, {f['kind'].replace('_', '-')}) "
+                f"{_pct(f.get('change_pct'))}"
+                for f in r.failing
+            )
+        else:
+            detail = r.headline if r.status == "ok" else r.message.split("\n")[0][:200]
+        lines.append(
+            f"| {unit} | "
+            + "".join(f"{_cell(r.labels.get(k, ''))} | " for k in label_keys)
+            + f"{_cell(r.gpu_type or 'any')} | {_cell(r.status)} | "
+            f"{_UNIT_MARK.get(r.outcome, r.outcome)} | {r.exit_code} | `{_cell(r.key)}` | "
+            f"{_cell(detail)} |"
+        )
+    lines.append("")
+    red = [r for r in units if r.failing]
+    if red:
+        lines += ["## Regressions", ""]
+        for r in red:
+            for f in r.failing:
+                lines.append(
+                    f"- `{r.id}`: **{f['suite']}.{f['metric']}** ({f['variant']}, "
+                    f"{f['kind'].replace('_', '-')}): {_num(f.get('value'), f.get('unit', ''))}"
+                    f" vs {_num(f.get('reference'), f.get('unit', ''))}; {f.get('reason', '')}"
+                )
+        lines.append("")
+    bad = [r for r in units if r.status != "ok" or r.summary is None]
+    if bad:
+        lines += ["## Units that did not run ok", ""]
+        lines += [f"- `{r.id}`: {r.message or r.headline or r.status}" for r in bad]
+        lines.append("")
+    links = [r for r in units if r.report]
+    if links:
+        lines.append(
+            "Reports: " + ", ".join(f"[{r.id}]({r.report})" for r in links) + " · matrix "
+            "report: [report.md](report.md)"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def nightly_matrix(
+    path: str | os.PathLike,
+    *,
+    on: str = "local",
+    address: str | None = None,
+    results: str | os.PathLike | None = None,
+    history: str | os.PathLike | None = None,
+    executor: Any = None,
+    out: Any = None,
+    **executor_kw: Any,
+) -> MatrixNightlyOutcome:
+    """``patchbench nightly MATRIX.yaml``: run the matrix (:func:`patchbench.matrix.run_matrix`,
+    ``on`` "local" or "ray" at ``address``, or ``executor``), then :func:`nightly_on_matrix_run`
+    on its folder with each unit's own ``nightly``/``compare`` sections. Units that did not end
+    ok are gated on what they left and listed as failed.
+
+    Raises ConfigError (exit 2) for a bad matrix, EnvironmentNotReady (3) when Ray is missing,
+    Interrupted (130/143) on Ctrl-C / SIGTERM (finished units kept, nothing gated).
+    """
+    from patchbench.errors import RunFailed
+    from patchbench.matrix import load_matrix, run_matrix
+
+    m = load_matrix(path)
+    try:
+        mdir = run_matrix(path, on, address, results=results, executor=executor, **executor_kw)
+    except RunFailed as e:
+        if not e.run_dir:
+            raise
+        mdir = Path(e.run_dir)
+    return nightly_on_matrix_run(
+        mdir,
+        settings={u.id: u.config.nightly for u in m.units},
+        compare_settings={u.id: u.config.compare for u in m.units},
+        history=history,
+        out=out,
+    )
+
+
+def record_only_matrix(
+    matrix_dir: str | os.PathLike, history: str | os.PathLike | None, out: Any = None
+) -> int:
+    """``--record-only MATRIX_RUN_DIR``: append every unit folder of a matrix run to the history,
+    each under its key; the worst exit code of :func:`record_only` (units without a folder are
+    named and count as 4)."""
+    mdir = Path(matrix_dir)
+    codes = []
+    for u in read_json(mdir / "matrix.json").get("units", []):
+        uid = str(u.get("id"))
+        if not (mdir / uid / "manifest.json").is_file():
+            print(
+                f"nightly: unit {uid}: no run folder to record ({u.get('status')})", file=sys.stderr
+            )
+            codes.append(EXIT_RUN_FAILED)
+            continue
+        s, _, err = _unit_section_settings(mdir, uid)
+        if s is None:
+            print(f"nightly: unit {uid}: {err}", file=sys.stderr)
+            codes.append(EXIT_USAGE)
+            continue
+        codes.append(
+            record_only(mdir / uid, history or history_path(s), s.lock_timeout_s, out, unit_id=uid)
+        )
+    return worst_exit(codes)
+
+
 def _load(config: str) -> tuple[Any, NightlySettings]:
     from patchbench.config import load_config
 
     cfg = load_config(config)
     return cfg, NightlySettings.model_validate(cfg.nightly or {})
+
+
+def add_matrix_arguments(p: argparse.ArgumentParser) -> None:
+    """The options ``patchbench nightly`` takes for a matrix file (as ``patchbench matrix``)."""
+    p.add_argument(
+        "--on",
+        choices=("local", "ray"),
+        help="a matrix: local runs the units one after another here (default); ray: one Ray "
+        "task per unit",
+    )
+    p.add_argument("--address", help="a matrix on Ray: the cluster (default: RAY_ADDRESS or local)")
+    p.add_argument(
+        "--results",
+        metavar="DIR",
+        help="a matrix: parent of the matrix run folder (default results/)",
+    )
+
+
+def _matrix_cli(a: argparse.Namespace) -> int | None:
+    """The matrix forms of ``patchbench nightly`` (a matrix file, or ``--from-run`` /
+    ``--record-only`` of a matrix run folder); None when the arguments are not about a matrix."""
+    from patchbench.errors import ConfigError, EnvironmentNotReady, UsageError
+    from patchbench.matrix import is_matrix_file, load_matrix
+
+    folder = a.from_run or a.record_only
+    matrix_folder = bool(folder) and (Path(folder) / "matrix.json").is_file()
+    try:
+        is_matrix = bool(a.config) and is_matrix_file(a.config)
+    except ConfigError as e:
+        print(f"nightly: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    matrix_opts = [
+        o for o, v in (("--on", a.on), ("--address", a.address), ("--results", a.results)) if v
+    ]
+    if not is_matrix and not matrix_folder:
+        if matrix_opts:
+            print(
+                f"nightly: {', '.join(matrix_opts)}: only for a matrix file (a config with "
+                "axes/units/base, patchbench/matrix.py)",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        return None
+    try:
+        m = load_matrix(a.config) if is_matrix else None
+        if folder and matrix_opts:
+            raise ConfigError(f"{', '.join(matrix_opts)}: not with --from-run / --record-only")
+        if a.config and not is_matrix:
+            raise ConfigError(
+                f"{folder} is a matrix run folder: give its matrix file or no config, not "
+                f"{a.config}"
+            )
+        if matrix_folder and a.record_only:
+            return record_only_matrix(folder, a.history)
+        if matrix_folder:
+            return nightly_on_matrix_run(
+                folder,
+                settings={u.id: u.config.nightly for u in m.units} if m else None,
+                compare_settings={u.id: u.config.compare for u in m.units} if m else None,
+                history=a.history,
+            ).exit_code
+        if folder:
+            raise ConfigError(
+                f"{a.config} is a matrix file, but {folder} is no matrix run folder "
+                "(no matrix.json)"
+            )
+        return nightly_matrix(
+            a.config, on=a.on or "local", address=a.address, results=a.results, history=a.history
+        ).exit_code
+    except UsageError as e:
+        print(f"nightly: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except EnvironmentNotReady as e:
+        print(f"nightly: environment not ready: {e}", file=sys.stderr)
+        return EXIT_ENV
+    except (OSError, ValueError) as e:
+        print(f"nightly: {e}", file=sys.stderr)
+        return EXIT_RUN_FAILED
 
 
 def cli(argv: list[str]) -> int:
@@ -463,12 +989,16 @@ def cli(argv: list[str]) -> int:
     g.add_argument(
         "--record-only", metavar="RUN_DIR", help="only append a finished run folder to the history"
     )
+    add_matrix_arguments(p)
     try:
         a = p.parse_args(argv)
     except SystemExit as e:
         return EXIT_USAGE if e.code else EXIT_OK
     from patchbench.config import ConfigError
 
+    matrix_code = _matrix_cli(a)
+    if matrix_code is not None:
+        return matrix_code
     cfg = None
     settings: NightlySettings | None = None
     if a.config:
@@ -548,4 +1078,15 @@ __all__ = [
     "DEFAULT_HISTORY",
     "HISTORY_ENV",
     "NIGHTLY_SCHEMA",
+    "MATRIX_NIGHTLY_SCHEMA",
+    "EXIT_ORDER",
+    "MatrixNightlyOutcome",
+    "UnitNightly",
+    "history_key",
+    "key_night",
+    "matrix_unit_id",
+    "nightly_matrix",
+    "nightly_on_matrix_run",
+    "record_only_matrix",
+    "worst_exit",
 ]

@@ -8,6 +8,7 @@ synthetic run folders (tests/helpers_runs.py); the e2e test drives the real runn
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import sqlite3
@@ -405,6 +406,212 @@ def test_cli_from_run_uses_settings_of_the_run_manifest(tmp_path):
     assert cli(["--from-run", str(run), "--history", str(tmp_path / "h.sqlite")]) == 0
     js = json.loads((run / "nightly.json").read_text())
     assert [g["kind"] for g in js["gates"]] == ["same_run"]
+
+
+# ---------------------------------------------------------------------------------------------
+# nightly over a matrix (patchbench/matrix.py run folders)
+
+
+def test_worst_exit_order():
+    from patchbench.nightly import EXIT_ORDER, worst_exit
+
+    assert EXIT_ORDER == (1, 4, 3, 2, 5, 0)
+    assert worst_exit([0, 5, 3, 4]) == 4
+    assert worst_exit([4, 1, 3]) == 1  # one unit's regression is not hidden by another's failure
+    assert worst_exit([5, 2, 0]) == 2 and worst_exit([5, 0]) == 5 and worst_exit([]) == 0
+    assert worst_exit([70, 5]) == 4  # an unknown code counts as a run failure
+
+
+MX_NIGHTLY = {"min_history_nights": 2, "gates": [{"metric": f"serving.{TPUT}", "threshold_pct": 5}]}
+
+
+def make_matrix_night(root: Path, day: int, units: dict[str, dict]) -> Path:
+    """A matrix run folder of night ``day`` as patchbench/matrix.py leaves it: matrix.json,
+    configs/<unit>.yaml (config "mxcfg" with :data:`MX_NIGHTLY`) and one run folder per unit
+    given ``vals`` (baseline and patched throughputs). Every unit's run id is the same
+    ``<stamp>-mxcfg`` (two units of one config started in the same second)."""
+    mdir = root / f"202601{day:02d}T020000Z-mx"
+    entries = []
+    for uid, spec in units.items():
+        if spec.get("vals") is not None:
+            run = make_night(mdir / "_tmp", day, *spec["vals"], name="mxcfg")
+            run.rename(mdir / uid)
+        records.write_text(
+            mdir / "configs" / f"{uid}.yaml",
+            yaml.safe_dump({"name": "mxcfg", "nightly": spec.get("nightly", MX_NIGHTLY)}),
+        )
+        entries.append(
+            {
+                "id": uid,
+                "labels": {"gain": uid},
+                "gpu_type": None,
+                "config_name": "mxcfg",
+                "status": spec.get("status", "ok"),
+                "exit_code": spec.get("exit_code", 0),
+                "message": spec.get("message", ""),
+            }
+        )
+    shutil.rmtree(mdir / "_tmp", ignore_errors=True)
+    records.write_json(mdir / "matrix.json", {"name": "mx", "units": entries})
+    return mdir
+
+
+RED = ([100.0, 101.0, 99.0], [90.0, 91.0, 89.0])  # the same-run gate fails (night 1 too)
+
+
+def test_matrix_night_lists_every_unit_and_a_regression_beats_a_lost_unit(tmp_path, capsys):
+    h = tmp_path / "h.sqlite"
+    mdir = make_matrix_night(
+        tmp_path,
+        1,
+        {
+            "green-1": {"vals": clean(1)},
+            "red-2": {"vals": RED},
+            "lost-3": {"status": "lost", "exit_code": None, "message": "node died"},
+        },
+    )
+    assert cli(["--from-run", str(mdir), "--history", str(h)]) == 1
+    js = json.loads((mdir / "nightly.json").read_text())
+    assert (js["kind"], js["exit_code"], js["outcome"]) == ("matrix", 1, "red")
+    got = {u["id"]: (u["outcome"], u["exit_code"], u["key"]) for u in js["units"]}
+    assert got == {
+        "green-1": ("green", 0, "mxcfg@green-1"),
+        "red-2": ("red", 1, "mxcfg@red-2"),
+        "lost-3": ("run failed", 4, "mxcfg@lost-3"),
+    }
+    [fail] = next(u for u in js["units"] if u["id"] == "red-2")["failing"]
+    # the geometric mean of 90/100, 91/101, 89/99: -10.0007 %
+    assert (fail["kind"], fail["variant"]) == ("same_run", "patched")
+    logs = [math.log(v / b) for b, v in zip(*RED, strict=True)]
+    assert fail["change_pct"] == pytest.approx(100 * math.expm1(sum(logs) / 3), abs=1e-9)
+    assert fail["change_pct"] == pytest.approx(-10.0007, abs=1e-4)
+    md = (mdir / "nightly.md").read_text()
+    assert md.startswith("# Nightly matrix mx: REGRESSION in 1 of 3 unit(s)")
+    assert "| [red-2](red-2/nightly.md) | red-2 | any | ok | ❌ red | 1 | `mxcfg@red-2` |" in md
+    assert "| `lost-3` | lost-3 | any | lost | 💥 run failed | 4 | `mxcfg@lost-3` |" in md
+    assert "- `lost-3`: the unit's run ended lost: node died" in md
+    assert f"- `red-2`: **serving.{TPUT}** (patched, same-run): 90 tok/s vs 100 tok/s" in md
+    # each unit's own summary is keyed as the unit
+    assert (mdir / "red-2/nightly.md").read_text().startswith("# Nightly mxcfg@red-2: REGRESSION")
+    with History(h) as hh:  # same run id in both units: still two nights, one per key
+        assert hh.count_nights("mxcfg@green-1") == hh.count_nights("mxcfg@red-2") == 1
+        assert hh.count_nights("mxcfg") == 0 and hh.count_nights() == 2
+    # night 2 without the regression: the lost unit now decides (4), never dropped
+    mdir2 = make_matrix_night(
+        tmp_path,
+        2,
+        {
+            "green-1": {"vals": clean(2)},
+            "red-2": {"vals": clean(2)},
+            "lost-3": {"status": "error", "exit_code": 3, "message": "sglang 0.5.23 missing"},
+        },
+    )
+    assert cli(["--from-run", str(mdir2), "--history", str(h)]) == 3
+    js = json.loads((mdir2 / "nightly.json").read_text())
+    assert [u["outcome"] for u in js["units"]] == ["green", "green", "environment not ready"]
+    with History(h) as hh:  # each unit's series continues under its key
+        assert [n.run_id for n in hh.nights("mxcfg@red-2")] == [
+            "20260101T030000Z-mxcfg@red-2",
+            "20260102T030000Z-mxcfg@red-2",
+        ]
+
+
+def test_matrix_unit_folders_are_keyed_in_record_only_and_from_run(tmp_path, capsys):
+    h = tmp_path / "h.sqlite"
+    mdir = make_matrix_night(
+        tmp_path,
+        1,
+        {"a-1": {"vals": clean(1)}, "b-2": {"vals": clean(1)}, "c-3": {"status": "lost"}},
+    )
+    # one unit folder alone: found to be a unit by its parent's matrix.json
+    assert cli(["--record-only", str(mdir / "a-1"), "--history", str(h)]) == 0
+    # the whole matrix folder: a-1 already there, b-2 added, c-3 has no folder (4)
+    assert cli(["--record-only", str(mdir), "--history", str(h)]) == 4
+    assert "unit c-3: no run folder to record (lost)" in capsys.readouterr().err
+    with History(h) as hh:
+        assert (hh.count_nights("mxcfg@a-1"), hh.count_nights("mxcfg@b-2")) == (1, 1)
+        assert hh.count_nights() == 2
+    # a folder outside a matrix keeps its plain key
+    run = make_night(tmp_path / "plain", 1, *clean(1), name="mxcfg")
+    assert cli(["--record-only", str(run), "--history", str(h)]) == 0
+    with History(h) as hh:
+        assert hh.count_nights("mxcfg") == 1
+
+
+def test_matrix_unit_with_a_bad_nightly_section_is_a_config_error(tmp_path):
+    mdir = make_matrix_night(
+        tmp_path,
+        1,
+        {
+            "ok-1": {"vals": clean(1)},
+            "bad-2": {"vals": clean(1), "nightly": {"min_repeats": 1}},
+        },
+    )
+    assert cli(["--from-run", str(mdir), "--history", str(tmp_path / "h.sqlite")]) == 2
+    js = json.loads((mdir / "nightly.json").read_text())
+    bad = js["units"][1]
+    assert (bad["outcome"], bad["exit_code"]) == ("config error", 2)
+    assert "configs/bad-2.yaml: key nightly.min_repeats:" in bad["message"]
+
+
+def test_matrix_cli_usage_errors(tmp_path):
+    cfg = _cli_config(tmp_path)
+    assert cli([str(cfg), "--on", "ray"]) == 2  # matrix options with a plain config
+    mdir = make_matrix_night(tmp_path, 1, {"a-1": {"vals": clean(1)}})
+    assert cli([str(cfg), "--from-run", str(mdir)]) == 2  # a config with a matrix run folder
+    assert cli(["--from-run", str(mdir), "--on", "local"]) == 2
+
+
+def test_nightly_over_a_matrix_on_the_fake_server(tmp_path, monkeypatch, capsys):
+    """``patchbench nightly MATRIX.yaml``: two units run on the fake server (tests/test_matrix.py's
+    mx_fake suite), one green and one red night -> exit 1, both listed, two history keys."""
+    import scipy.stats
+    import test_matrix
+
+    from patchbench import matrix
+
+    monkeypatch.delenv(HISTORY_ENV, raising=False)
+    monkeypatch.setattr(matrix, "DEFAULT_COMMAND", tuple(test_matrix.FAKE_COMMAND))
+    base = test_matrix.write_base(tmp_path)
+    m = test_matrix.write_matrix(
+        tmp_path,
+        f"""\
+        name: nightly-mx
+        base: {base}
+        axes:
+          suites.mx_fake.gains.patched: [1.0, 0.8]
+        set:
+          nightly.min_repeats: 2
+          nightly.gates: [{{metric: mx_fake.tput_tok_s, threshold_pct: 5}}]
+        """,
+    )
+    mx = matrix.load_matrix(m)
+    h = tmp_path / "h.sqlite"
+    rc = cli([str(m), "--on", "local", "--results", str(tmp_path / "res"), "--history", str(h)])
+    [mdir] = (tmp_path / "res").iterdir()
+    js = json.loads((mdir / "nightly.json").read_text())
+    assert rc == 1 and js["exit_code"] == 1, capsys.readouterr()
+    keys = [f"mxbase@{u.id}" for u in mx.units]
+    assert [(u["id"], u["key"], u["outcome"]) for u in js["units"]] == [
+        (mx.units[0].id, keys[0], "green"),
+        (mx.units[1].id, keys[1], "red"),
+    ]
+    # by hand: the patched/baseline ratio of repeat k is gain + 0.01 k (2 repeats); the gate's
+    # paired one-sided t-test on the log ratios, its change the geometric mean
+    for u, gain in zip(js["units"], (1.0, 0.8), strict=True):
+        logs = [math.log(gain + 0.01 * k) for k in range(2)]
+        gates = json.loads((mdir / u["id"] / "nightly.json").read_text())["gates"]
+        [g] = [g for g in gates if g["kind"] == "same_run"]
+        assert g["change_pct"] == pytest.approx(100 * math.expm1(sum(logs) / 2), abs=1e-6)
+        p = scipy.stats.ttest_1samp(logs, 0.0, alternative="less").pvalue
+        assert g["p_value"] == pytest.approx(p, rel=1e-6)
+        assert g["status"] == ("pass" if gain == 1.0 else "fail")  # p 0.009 < 1/30, -19.5 %
+    md = (mdir / "nightly.md").read_text()
+    assert md.startswith("# Nightly matrix nightly-mx: REGRESSION in 1 of 2 unit(s)")
+    for u in mx.units:
+        assert f"[{u.id}]({u.id}/nightly.md)" in md
+    with History(h) as hh:
+        assert [hh.count_nights(k) for k in keys] == [1, 1] and hh.count_nights() == 2
 
 
 # ---------------------------------------------------------------------------------------------
