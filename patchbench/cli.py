@@ -127,7 +127,7 @@ def _args_compare(p: argparse.ArgumentParser) -> None:
 
 
 def _args_nightly(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", nargs="?", help="the experiment config (YAML)")
+    p.add_argument("config", nargs="?", help="the experiment config or a matrix file (YAML)")
     p.add_argument(
         "--history",
         help="SQLite history file (default: $PATCHBENCH_HISTORY, else the "
@@ -137,6 +137,18 @@ def _args_nightly(p: argparse.ArgumentParser) -> None:
     g.add_argument("--from-run", metavar="RUN_DIR", help="gate a finished run folder; run nothing")
     g.add_argument(
         "--record-only", metavar="RUN_DIR", help="only append a finished run folder to the history"
+    )
+    p.add_argument(
+        "--on",
+        choices=("local", "ray"),
+        help="a matrix: local runs the units one after another here (default); ray: one Ray "
+        "task per unit",
+    )
+    p.add_argument("--address", help="a matrix on Ray: the cluster (default: RAY_ADDRESS or local)")
+    p.add_argument(
+        "--results",
+        metavar="DIR",
+        help="a matrix: parent of the matrix run folder (default results/)",
     )
 
 
@@ -331,7 +343,7 @@ COMMANDS: list[Command] = [
     ),
     Command(
         "nightly",
-        "run a config, append it to the history and apply the regression gates",
+        "run a config (or a matrix), append it to the history and apply the regression gates",
         _args_nightly,
         _delegate("patchbench.nightly", "cli"),
     ),
