@@ -21,6 +21,7 @@ import math
 import os
 import re
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -465,17 +466,23 @@ def _scale(test: verdicts.Test, x: float) -> float:
 
 
 def build_comparison(
-    run_dir: str | os.PathLike, settings: CompareSettings | None = None
+    run_dir: str | os.PathLike | RunData,
+    settings: CompareSettings | None = None,
+    *,
+    suites: Mapping[str, Any] | None = None,
 ) -> Comparison:
     """The typed comparison of ``run_dir`` (writes nothing).
 
-    settings: None -> the run's own ``compare:`` section. Raises RunFolderError / SchemaTooNew
-    for an unusable manifest (exit 2)."""
-    data = read_run(run_dir)
+    run_dir: a run folder, or a :class:`RunData` already read (or built in memory, as
+    scripts/calibrate.py does). settings: None -> the run's own ``compare:`` section.
+    suites: {suite name: suite object} to use instead of the registered suites (their
+    ``metrics`` declarations and ``pair`` hook); suites not named are looked up as usual.
+    Raises RunFolderError / SchemaTooNew for an unusable manifest (exit 2)."""
+    data = run_dir if isinstance(run_dir, RunData) else read_run(run_dir)
     notes = list(data.notes)
     s = settings or settings_of(data.manifest, notes)
     cmp = Comparison(
-        run_id=data.manifest.run_id or Path(run_dir).name,
+        run_id=data.manifest.run_id or Path(data.run_dir).name,
         baseline=data.baseline,
         variants=data.variants[1:],
         aa_variants=data.aa_variants,
@@ -486,7 +493,11 @@ def build_comparison(
     alpha = 1 - s.confidence
     tested: list[tuple[Row, verdicts.Test | None]] = []
     for suite in data.suites:
-        obj, declared = _suite_decl(suite, notes)
+        if suites is not None and suite in suites:
+            obj = suites[suite]
+            declared = dict(getattr(obj, "metrics", {}) or {})
+        else:
+            obj, declared = _suite_decl(suite, notes)
         seen: list[str] = []
         for (_v, _k, x), sm in data.summaries.items():
             if x == suite and sm is not None:

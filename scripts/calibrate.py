@@ -25,6 +25,17 @@ Printed per row (run CV, repeats), each with its 95 % Wilson interval over the t
 - when the config's repeats miss the power target at ``--target-cv``, the next repeat counts are
   screened with ``--screen-trials`` +10 % trials each; a count whose screen is not clearly below
   the target (upper 95 % Wilson bound >= target) gets a full row, until one meets the target;
+- a design table at ``--target-cv`` (printed last, for the README): fixed 5, the config's and
+  ``--design-repeats`` (8, 12, 16) repeats, and the ``--sequential`` designs (and the config's,
+  when it ships one), each with both scenarios: error rates, the real-0 primaries called
+  equivalent (at which repeats equivalence within the default margins is reachable), repeats
+  used (mean, p90), primaries of the two patches decided (improved, regressed or equivalent)
+  per report and per H200 hour of timed cells (``--startup-s`` assumed + ``--mmmu-s`` +
+  ``--serving-s`` per cell, 4 cells a round). A sequential row runs the runner's own stopping
+  rule (``patchbench.bench.sequential_design`` / ``sequential_primaries`` on the config with its
+  schedule replaced, ``patchbench.sequential.replay`` on the paired log ratios of every variant,
+  A/A included) on a trial drawn with ``max`` repeats (the same trials as the fixed row of that
+  many), keeps the rounds that ran, and judges them with the comparison as the report would;
 - beside them, the OLD rule's rates. The old rule is reimplemented here (:func:`old_rule`) only
   as a baseline for the table; it is not product code: every metric tested on its own with a 95 %
   paired t-interval on log ratios (t on differences for values <= 0; a zero-width interval when
@@ -59,7 +70,7 @@ No drift between rounds is simulated (interleaving cancels a drift shared by a r
 realised run-to-run CV of each primary (request noise included) is printed with each row.
 
 Speed: by default the comparison runs on in-memory run data (``RunData`` handed to
-``build_comparison`` through :func:`in_memory_seams`; the suites' real declarations; the MMMU
+``build_comparison`` with ``suites=`` :func:`memory_suites`: the suites' real declarations; the MMMU
 pair hook replaced by the same per-question average over repeats that
 ``patchbench.suites.mmmu.pair_repeats`` computes; the serving and sync-probe hooks return None
 because no per-request files exist in memory, and they feed only descriptive intervals and report
@@ -74,19 +85,18 @@ Usage::
     .venv/bin/python scripts/calibrate.py --trials 1000 --cvs 0.03 --repeats 5 6 7
     .venv/bin/python scripts/calibrate.py --trials 20 --via-folders   # the on-disk path
 
-Exit status 0 when the targets hold at ``--target-cv`` with the config's repeats, 1 otherwise.
+Exit status 0 when the targets hold at ``--target-cv`` with the config's schedule (fixed or
+sequential), 1 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -342,45 +352,31 @@ def mmmu_accuracy(
     }
 
 
-class _MemorySuite:
-    """A registered suite's declarations with a pair hook that reads the trial in memory."""
+_REAL_SUITES: dict[str, object] = {}
 
-    def __init__(self, name: str, trials: dict[str, Trial]):
+
+class _MemorySuite:
+    """A registered suite's declarations with a pair hook that reads one trial in memory."""
+
+    def __init__(self, name: str, trial: Trial):
+        if name not in _REAL_SUITES:
+            _REAL_SUITES[name] = suite_mod.get_suite(name)
         self.name = name
-        self.real = suite_mod.get_suite(name)
-        self.metrics = dict(self.real.metrics)
-        self._trials = trials
+        self.metrics = dict(_REAL_SUITES[name].metrics)
+        self._trial = trial
 
     def pair(self, baseline_dirs: list[Path], variant_dirs: list[Path], params) -> dict | None:
         if self.name != "mmmu":
             return None  # serving / sync probe: per-request files only; nothing a verdict reads
-        run_id = Path(baseline_dirs[0]).parents[2].name
-        tr = self._trials[run_id]
         variant = Path(variant_dirs[0]).parents[1].name
         ks = [int(Path(d).parent.name[3:]) for d in baseline_dirs]
-        return {"accuracy": mmmu_accuracy(tr.correct, BASELINE, variant, ks)}
+        return {"accuracy": mmmu_accuracy(self._trial.correct, BASELINE, variant, ks)}
 
 
-@contextlib.contextmanager
-def in_memory_seams(trials: dict[str, Trial]) -> Iterator[None]:
-    """Let ``analysis.build_comparison`` take a :class:`RunData` instead of a folder, and give it
-    the suites' real declarations with in-memory pair hooks (restored on exit)."""
-    orig_read, orig_decl = analysis.read_run, analysis._suite_decl
-    cache: dict[str, _MemorySuite] = {}
-
-    def read_run(run_dir):
-        return run_dir if isinstance(run_dir, analysis.RunData) else orig_read(run_dir)
-
-    def suite_decl(name, notes):
-        if name not in cache:
-            cache[name] = _MemorySuite(name, trials)
-        return cache[name], dict(cache[name].metrics)
-
-    analysis.read_run, analysis._suite_decl = read_run, suite_decl
-    try:
-        yield
-    finally:
-        analysis.read_run, analysis._suite_decl = orig_read, orig_decl
+def memory_suites(tr: Trial) -> dict[str, _MemorySuite]:
+    """{suite: the registered suite's declarations with an in-memory pair hook for ``tr``}, for
+    ``analysis.build_comparison(..., suites=...)``."""
+    return {s: _MemorySuite(s, tr) for s in SUITES}
 
 
 def write_folder(
@@ -417,15 +413,18 @@ def compare_trial(
     root: Path | None = None,
     secondaries: bool = False,
 ) -> Comparison:
-    """The comparison code's verdicts on one trial: in memory (inside :func:`in_memory_seams`)
-    or, with ``via_folders``, from a run folder under ``root`` through ``compare_run``."""
+    """The comparison code's verdicts on one trial: in memory (``build_comparison`` on a
+    :class:`RunData` with :func:`memory_suites`) or, with ``via_folders``, from a run folder
+    under ``root`` through ``compare_run``."""
     if via_folders:
         run = write_folder(tr, root, settings, secondaries)
         try:
             return analysis.compare_run(run, settings)
         finally:
             shutil.rmtree(run, ignore_errors=True)
-    return analysis.build_comparison(run_data(tr, settings, secondaries), settings)
+    return analysis.build_comparison(
+        run_data(tr, settings, secondaries), settings, suites=memory_suites(tr)
+    )
 
 
 # ------------------------------------------------------------------------------ the old rule
@@ -548,6 +547,13 @@ class Counts:
     raw_hit: dict[str, int] = field(default_factory=dict)  # metric -> improved/regressed rows of
     # the null patches before the A/A check
     logvar: dict[str, list[float]] = field(default_factory=dict)  # metric -> within-trial var
+    reps: dict[str, list[int]] = field(default_factory=lambda: {"null": [], "effect": []})
+    # scenario -> repeats each report used
+    decided: dict[str, int] = field(default_factory=lambda: {"null": 0, "effect": 0})
+    # scenario -> primaries of the two patches decided (improved / regressed / equivalent, after
+    # the A/A check), summed over the reports
+    decided_run: dict[str, int] = field(default_factory=lambda: {"null": 0, "effect": 0})
+    # the same, run-level (serving) primaries only
 
 
 def _hit(v: str | None) -> bool:
@@ -566,6 +572,78 @@ def _old_metrics(every_row: bool) -> dict[str, dict[str, str]]:
     return out
 
 
+@dataclass(frozen=True)
+class SeqSpec:
+    """A ``schedule.repeats: {min, max, step, boundary}`` to simulate."""
+
+    min: int
+    max: int
+    step: int = 2
+    boundary: str = "pocock"
+
+    @property
+    def label(self) -> str:
+        return f"sequential {self.min}..{self.max} step {self.step} ({self.boundary})"
+
+
+@dataclass
+class SeqPlan:
+    """What the runner uses to stop a sequential run (built by the runner's own functions,
+    ``patchbench.bench.sequential_design`` / ``sequential_primaries``, from the config with its
+    schedule replaced): the design and [(key "suite.metric", suite, metric, better, log margin)]."""
+
+    spec: SeqSpec
+    design: object
+    primaries: list[tuple[str, str, str, str, float]]
+
+
+def sequential_plan(config: Path, spec: SeqSpec) -> SeqPlan:
+    """The shipped stopping rule of ``spec`` for ``config`` (its compare settings, suites,
+    margins). Raises ConfigError (patchbench.config) when the config does not load."""
+    from patchbench import bench
+    from patchbench.config import ScheduleSpec, load_config
+
+    cfg = load_config(config)
+    sched = ScheduleSpec(
+        repeats={"min": spec.min, "max": spec.max, "step": spec.step, "boundary": spec.boundary},
+        order="interleaved",
+    )
+    cfg = cfg.model_copy(update={"schedule": sched})
+    prims = [
+        (f"{s}.{m}", s, m, info.better, math.log1p(pct / 100.0))
+        for s, m, info, pct in bench.sequential_primaries(cfg)
+    ]
+    return SeqPlan(spec, bench.sequential_design(cfg), prims)
+
+
+def sequential_stop(tr: Trial, plan: SeqPlan) -> int:
+    """Rounds the shipped sequential rule runs on this trial (``patchbench.sequential.replay``
+    on the paired log ratios of every compared variant, A/A included, as the runner's
+    ``sequential_look`` builds them): the look at which it stops, or ``max``."""
+    from patchbench.sequential import replay
+
+    ratios = {
+        v: {
+            key: np.log(tr.values(v, s, mm) / tr.values(BASELINE, s, mm))
+            for key, s, mm, _, _ in plan.primaries
+        }
+        for v in tr.variants[1:]
+    }
+    margins = {key: mg for key, _, _, _, mg in plan.primaries}
+    better = {key: b for key, _, _, b, _ in plan.primaries}
+    out = replay(ratios, margins, design=plan.design, better=better)
+    return out.n_repeats if out is not None and out.stop else tr.repeats
+
+
+def truncate(tr: Trial, n: int) -> Trial:
+    """The first ``n`` repeats of a trial (what a run that stopped after n rounds has)."""
+    out = Trial(tr.run_id, n, tr.variants)
+    out.metrics = {key: x for key, x in tr.metrics.items() if key[1] < n}
+    out.correct = {key: x for key, x in tr.correct.items() if key[1] < n}
+    out.requests = {key: x for key, x in tr.requests.items() if key[1] < n}
+    return out
+
+
 def run_row(
     m: Model,
     repeats: int,
@@ -579,44 +657,48 @@ def run_row(
     old_resamples: int = 200,
     effect: float = 0.10,
     secondaries: bool = False,
+    plan: SeqPlan | None = None,
 ) -> Counts:
     """Simulate ``trials`` seeded trials of each scenario at ``m.run_cv`` and ``repeats``, run
     the comparison on each and count into ``counts`` (a new :class:`Counts` by default).
-    Trial t of a scenario has the same seed whatever else the row runs."""
+    Trial t of a scenario has the same seed whatever else the row runs.
+
+    plan: a sequential design; each trial is drawn with ``plan.spec.max`` repeats (the same
+    trials as a fixed row of that many repeats), cut where the runner's stopping rule stops,
+    and the comparison runs on the repeats that remain (``repeats`` is ignored)."""
     c = counts or Counts()
+    if plan is not None:
+        repeats = plan.spec.max
     old_all = _old_metrics(True)
     old_prim = {s: {x: b for x, b in d.items() if x in PRIMARIES[s]} for s, d in old_all.items()}
-    store: dict[str, Trial] = {}
     root = Path(
         tempfile.mkdtemp(
             prefix="pb-calibrate-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None
         )
     )
-    ctx = contextlib.nullcontext() if via_folders else in_memory_seams(store)
     try:
-        with ctx:
-            for sc in scenarios:
-                for t in range(trials):
-                    rng = np.random.default_rng(
-                        [seed, int(round(m.run_cv * 1e6)), repeats, t, sc == "effect"]
-                    )
-                    eff = {EFFECT_VARIANT: effect} if sc == "effect" else {}
-                    syn = {EFFECT_VARIANT: 0} if sc == "effect" else {}
-                    tr = simulate(
-                        rng,
-                        m,
-                        repeats,
-                        speedup=eff,
-                        syncs=syn,
-                        run_id=f"t{t}-{sc}",
-                        keep_requests=repeats == 1 and sc == "null",
-                    )
-                    store.clear()
-                    store[tr.run_id] = tr
-                    cmp = compare_trial(
-                        tr, settings, via_folders=via_folders, root=root, secondaries=secondaries
-                    )
-                    _count(c, sc, tr, cmp, old_all, old_prim, old_resamples, seed)
+        for sc in scenarios:
+            for t in range(trials):
+                rng = np.random.default_rng(
+                    [seed, int(round(m.run_cv * 1e6)), repeats, t, sc == "effect"]
+                )
+                eff = {EFFECT_VARIANT: effect} if sc == "effect" else {}
+                syn = {EFFECT_VARIANT: 0} if sc == "effect" else {}
+                tr = simulate(
+                    rng,
+                    m,
+                    repeats,
+                    speedup=eff,
+                    syncs=syn,
+                    run_id=f"t{t}-{sc}",
+                    keep_requests=repeats == 1 and sc == "null",
+                )
+                if plan is not None:
+                    tr = truncate(tr, sequential_stop(tr, plan))
+                cmp = compare_trial(
+                    tr, settings, via_folders=via_folders, root=root, secondaries=secondaries
+                )
+                _count(c, sc, tr, cmp, old_all, old_prim, old_resamples, seed)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return c
@@ -626,6 +708,16 @@ def _count(
     c: Counts, sc: str, tr: Trial, cmp: Comparison, old_all, old_prim, old_resamples, seed
 ) -> None:
     rows = cmp.rows
+    c.reps[sc].append(tr.repeats)
+    dec = [
+        r
+        for r in rows
+        if r.primary
+        and r.variant in PATCHES
+        and r.verdict in ("improved", "regressed", "equivalent")
+    ]
+    c.decided[sc] += len(dec)
+    c.decided_run[sc] += sum(r.kind == "run" for r in dec)
     if sc == "effect":
         c.effect += 1
         row = cmp.row("serving", THR, EFFECT_VARIANT)
@@ -749,13 +841,78 @@ def table(rows: list[tuple[float, int, Counts]]) -> list[str]:
     return out
 
 
-def config_repeats(path: Path) -> tuple[int, CompareSettings]:
-    """(schedule.repeats, compare settings) of a config file (a plain YAML read)."""
+def config_repeats(path: Path) -> tuple[int | None, SeqSpec | None, CompareSettings]:
+    """(fixed schedule.repeats or None, the sequential schedule or None, compare settings) of a
+    config file (a plain YAML read; patchbench.config validates it when the plan is built)."""
     import yaml
 
     raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    reps = int((raw.get("schedule") or {}).get("repeats") or 1)
-    return reps, CompareSettings.model_validate(raw.get("compare") or {})
+    reps = (raw.get("schedule") or {}).get("repeats") or 1
+    settings = CompareSettings.model_validate(raw.get("compare") or {})
+    if isinstance(reps, dict):
+        spec = SeqSpec(
+            int(reps["min"]),
+            int(reps["max"]),
+            int(reps.get("step", 2)),
+            str(reps.get("boundary", "pocock")),
+        )
+        return None, spec, settings
+    return int(reps), None, settings
+
+
+def parse_seq(text: str) -> SeqSpec:
+    """``MIN:MAX:STEP[:BOUNDARY]`` (e.g. ``4:12:2:pocock``) as a :class:`SeqSpec`."""
+    parts = text.split(":")
+    if len(parts) not in (3, 4) or not all(x.isdigit() for x in parts[:3]):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a sequential design is MIN:MAX:STEP[:BOUNDARY], e.g. 4:12:2:pocock"
+        )
+    if len(parts) == 4 and parts[3] not in ("pocock", "obrien-fleming"):
+        raise argparse.ArgumentTypeError(f"{text!r}: boundary is pocock or obrien-fleming")
+    return SeqSpec(*map(int, parts[:3]), *parts[3:])
+
+
+def design_table(
+    entries: list[tuple[str, Counts]], cv: float, cell_s: float, cells_per_round: int
+) -> list[str]:
+    """The README table: one line per design at run CV ``cv``: error rates, equivalence of
+    the real-0 primaries, repeats used, primaries decided and what they cost in H200 time
+    (``cell_s`` seconds per cell, ``cells_per_round`` cells a round)."""
+    prim = list(PRIMARIES["serving"]) + list(PRIMARIES["mmmu"])
+    n_all = len(PATCHES) * sum(len(x) for x in PRIMARIES.values())
+    n_run = len(PATCHES) * len(PRIMARIES["serving"])
+    out = [
+        f"| design (run CV {100 * cv:g}%) | trials (no effect / +10%) | repeats: mean / p90 "
+        "(no effect) | a no-effect patch shown improved or regressed (target <= 5%) | +10% "
+        "output throughput called improved (target >= 90%) | "
+        + " | ".join(f"real 0 called equivalent: {SHORT[x]}" for x in prim)
+        + f" | primaries decided a report, all {n_all} / serving {n_run}: no effect | +10% "
+        "| H200 min a report: no effect / +10% | primaries decided per H200 hour, all / "
+        "serving: no effect | +10% |",
+        "|---|---|---|---|---|" + "---|" * len(prim) + "---|---|---|---|---|",
+    ]
+    for label, c in entries:
+        mins, dec, per_h = [], [], []
+        for sc, n in (("null", c.null), ("effect", c.effect)):
+            if not n:
+                mins.append("n/a")
+                dec.append("n/a")
+                per_h.append("n/a")
+                continue
+            h = float(np.mean(c.reps[sc])) * cells_per_round * cell_s / 3600.0
+            d, r = c.decided[sc] / n, c.decided_run[sc] / n
+            mins.append(f"{60 * h:.0f}")
+            dec.append(f"{d:.2f} / {r:.2f}")
+            per_h.append(f"{d / h:.2f} / {r / h:.2f}")
+        reps = np.asarray(c.reps["null"] or c.reps["effect"])
+        out.append(
+            f"| {label} | {c.null} / {c.effect} | {reps.mean():.1f} / "
+            f"{np.percentile(reps, 90):.0f} | {fmt(c.new_fp_patch, len(PATCHES) * c.null)} | "
+            f"{fmt(c.new_power, c.effect)} | "
+            + " | ".join(fmt(c.equiv.get(x, 0), c.equiv_n.get(x, 0)) for x in prim)
+            + f" | {' | '.join(dec)} | {' / '.join(mins)} | {' | '.join(per_h)} |"
+        )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -834,6 +991,36 @@ def main(argv: list[str] | None = None) -> int:
         help="give the comparison every simulated serving metric, not only the "
         "primaries (about 3x slower; only the 'any row' column changes)",
     )
+    ap.add_argument(
+        "--design-repeats",
+        type=int,
+        nargs="*",
+        default=[8, 12, 16],
+        help="fixed repeat counts in the design table at --target-cv (8 12 16; the config's "
+        "own and 5 are always there)",
+    )
+    ap.add_argument(
+        "--sequential",
+        type=parse_seq,
+        nargs="*",
+        default=[
+            parse_seq("4:12:2:pocock"),
+            parse_seq("4:12:2:obrien-fleming"),
+            parse_seq("4:8:2:pocock"),
+        ],
+        help="sequential designs MIN:MAX:STEP[:BOUNDARY] in the design table (4:12:2:pocock "
+        "4:12:2:obrien-fleming 4:8:2:pocock; the config's own, when sequential, is always "
+        "there)",
+    )
+    ap.add_argument(
+        "--startup-s",
+        type=float,
+        default=60.0,
+        help="server start-up per cell on the H200 for the cost columns (60 s: an assumption, "
+        "not measured in this repository; 16-19 s on the CPU engine)",
+    )
+    ap.add_argument("--mmmu-s", type=float, default=76.0, help="MMMU phase per cell (76 s)")
+    ap.add_argument("--serving-s", type=float, default=79.0, help="serving phase per cell (79 s)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--via-folders",
@@ -847,7 +1034,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     a = ap.parse_args(argv)
 
-    reps_cfg, settings = config_repeats(a.config) if a.config.is_file() else (5, CompareSettings())
+    if a.config.is_file():
+        fixed_cfg, seq_cfg, settings = config_repeats(a.config)
+    else:
+        fixed_cfg, seq_cfg, settings = 5, None, CompareSettings()
+    # the fixed repeat count of the target / CV rows: the config's, or 5 (the reference point of
+    # the targets) when the config ships a sequential design
+    reps_cfg = fixed_cfg or 5
     base = Model(req_cv=a.req_cv, step_share=a.step_share, fragile=a.fragile, questions=a.questions)
     kw = dict(via_folders=a.via_folders, old_resamples=a.old_resamples, secondaries=a.secondaries)
 
@@ -917,6 +1110,36 @@ def main(argv: list[str] | None = None) -> int:
         c = at[n] = row(a.target_cv, n, ("effect",))
     if c.new_power >= a.power_target * c.effect and not c.null:
         row(a.target_cv, n, ("null",), into=c)
+    # the design table at the target CV: fixed counts (both scenarios) and sequential designs
+    fixed_designs = sorted({5, reps_cfg, *a.design_repeats})
+    for n in fixed_designs:
+        if n not in at:
+            at[n] = row(a.target_cv, n)
+        else:
+            todo = tuple(sc for sc, k in (("null", at[n].null), ("effect", at[n].effect)) if not k)
+            if todo:
+                row(a.target_cv, n, todo, into=at[n])
+    seqs = list(dict.fromkeys([*([seq_cfg] if seq_cfg else []), *a.sequential]))
+    if seqs and not a.config.is_file():
+        print(f"  no config file {a.config}: no sequential rows", file=sys.stderr)
+        seqs = []
+    seq_counts: dict[SeqSpec, Counts] = {}
+    for spec in seqs:
+        t1 = time.time()
+        seq_counts[spec] = run_row(
+            model(a.target_cv),
+            spec.max,
+            a.trials,
+            a.seed,
+            settings,
+            plan=sequential_plan(a.config, spec),
+            **kw,
+        )
+        print(
+            f"  CV {100 * a.target_cv:g}% {spec.label}: {time.time() - t1:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
     if not a.no_one_repeat:
         row(a.target_cv, 1, ("null",))
     wall = time.time() - t0
@@ -942,25 +1165,43 @@ def main(argv: list[str] | None = None) -> int:
             f"{a.screen_trials}-trial screens (a count whose 95% Wilson upper bound is below "
             "the target gets no full row): " + "; ".join(screens)
         )
+    cell_s = a.startup_s + a.mmmu_s + a.serving_s
+    entries = [(f"fixed {n}", at[n]) for n in fixed_designs]
+    entries += [(spec.label, seq_counts[spec]) for spec in seqs]
+    shipped = f"sequential {seq_cfg.min}..{seq_cfg.max}" if seq_cfg else f"fixed {reps_cfg}"
+    print(
+        f"\nDesigns at run CV {100 * a.target_cv:g}% ({a.config.name} ships "
+        f"{seq_cfg.label if seq_cfg else f'fixed {reps_cfg}'}); "
+        f"primaries decided: improved, regressed or equivalent after the A/A check, of the 12 "
+        f"primaries of the two patches (6 each; serving: their 4 run-level ones); H200 minutes of the timed cells, "
+        f"{len(VARIANTS)} cells a round, one cell = {a.startup_s:g} s server start-up "
+        f"(assumed, not measured here) + {a.mmmu_s:g} s MMMU + {a.serving_s:g} s serving = "
+        f"{cell_s:g} s. Sequential rows: the runner's stopping rule "
+        f"(patchbench.bench.sequential_design / sequential_primaries, patchbench.sequential."
+        f"replay) on the same trials as the fixed row of their maximum, then the comparison "
+        f"on the rounds that ran:\n"
+    )
+    print("\n".join(design_table(entries, a.target_cv, cell_s, len(VARIANTS))))
     print(
         "\n(brackets: 95% Wilson interval over the trials; a method whose true rate is exactly "
         "5% shows more than 5.0% in about half of such samples. n/a: scenario not run there.)"
     )
-    c = at[reps_cfg]
+    c = seq_counts[seq_cfg] if seq_cfg else at[reps_cfg]
     fp_ok = c.new_fp_patch <= a.fp_target * len(PATCHES) * c.null
     pw_ok = c.new_power >= a.power_target * c.effect
     print(
-        f"\n{a.config.name}: {reps_cfg} repeats at run CV {100 * a.target_cv:g}%: a no-effect "
+        f"\n{a.config.name}: {shipped} repeats at run CV {100 * a.target_cv:g}%: a no-effect "
         f"patch shown improved/regressed {'<=' if fp_ok else '>'} {100 * a.fp_target:g}% "
         f"({'met' if fp_ok else 'NOT met'}); +10% called improved "
         f"{'>=' if pw_ok else '<'} {100 * a.power_target:g}% ({'met' if pw_ok else 'NOT met'})."
     )
-    if not pw_ok:
-        reach = sorted(k for k, x in at.items() if x.new_power >= a.power_target * x.effect)
-        print(
-            "smallest repeat count reaching the power target at this CV: "
-            + (str(reach[0]) if reach else f"none up to {max(at)}")
-        )
+    fixed_ok = sorted(
+        k for k, x in at.items() if x.effect and x.new_power >= a.power_target * x.effect
+    )
+    print(
+        "smallest fixed repeat count reaching the power target at this CV: "
+        + (str(fixed_ok[0]) if fixed_ok else f"none up to {max(at)}")
+    )
     return 0 if fp_ok and pw_ok else 1
 
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from patchbench import analysis
 from patchbench.comparison import CompareSettings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,13 +41,10 @@ def _trial(cal, seed, repeats, speedup=None, run_cv=0.03, run_id="t"):
 
 def test_in_memory_verdicts_equal_run_folder_verdicts(cal, tmp_path):
     s = CompareSettings()
-    orig = analysis.read_run
     for seed, speedup in ((1, {}), (2, {"patch-a": 0.10}), (3, {"patch-b": -0.08})):
         tr = _trial(cal, seed, 3, speedup, run_id=f"t{seed}")
-        with cal.in_memory_seams({tr.run_id: tr}):
-            mem = cal.compare_trial(tr, s)
+        mem = cal.compare_trial(tr, s)
         disk = cal.compare_trial(tr, s, via_folders=True, root=tmp_path)
-        assert analysis.read_run is orig  # the seams are undone
 
         def key(cmp):
             return {
@@ -160,8 +156,77 @@ def test_old_rule_floor_and_zero_width(cal):
 
 
 def test_main_prints_the_tables(cal, capsys):
-    rc = cal.main(["--trials", "2", "--cvs", "0.03", "--search-max", "5"])
+    rc = cal.main(
+        ["--trials", "2", "--cvs", "0.03", "--search-max", "5", "--design-repeats", "6"]
+        + ["--sequential", "4:6:2:obrien-fleming"]
+    )
     out = capsys.readouterr().out
     assert rc in (0, 1)
-    assert "| 3% | 5 | 2 / 2 |" in out and "| 3% | 1 | 2 / 0 |" in out
-    assert "pr9460-h200.yaml: 5 repeats at run CV 3%" in out
+    assert "| 3% | 1 | 2 / 0 |" in out
+    assert "| fixed 5 | 2 / 2 |" in out and "| fixed 6 | 2 / 2 |" in out
+    assert "| sequential 4..6 step 2 (obrien-fleming) | 2 / 2 |" in out
+    assert "pr9460-h200.yaml: " in out and " repeats at run CV 3%: " in out
+
+
+def test_sequential_rows_use_the_runners_stopping_rule(cal):
+    from patchbench.sequential import Design, looks_from_schedule
+
+    plan = cal.sequential_plan(REPO / "configs" / "pr9460-h200.yaml", cal.SeqSpec(4, 12, 2))
+    assert plan.design == Design(looks_from_schedule(4, 12, 2), alpha=0.05, kind="pocock")
+    assert sorted(k for k, *_ in plan.primaries) == sorted(
+        f"serving.{m}" for m in cal.PRIMARIES["serving"]
+    )  # MMMU accuracy and host syncs gain nothing from repeats: they never hold a run up
+    assert all(mg == pytest.approx(math.log(1.05)) for *_, mg in plan.primaries)
+    # no noise at all: every null primary is equivalent at the first look, patch-a's +10 % improved
+    quiet = cal.Model(run_cv=1e-4, req_cv=0.0, questions=30)
+    tr = cal.simulate(
+        np.random.default_rng(0), quiet, 12, speedup={"patch-a": 0.10}, syncs={}, run_id="q"
+    )
+    assert cal.sequential_stop(tr, plan) == 4
+    # 30 % run noise: nothing is decided before the last look
+    loud = cal.Model(run_cv=0.30, questions=30)
+    tr = cal.simulate(np.random.default_rng(1), loud, 12, speedup={}, syncs={}, run_id="l")
+    assert cal.sequential_stop(tr, plan) == 12
+    cut = cal.truncate(tr, 6)
+    assert cut.repeats == 6 and max(k for _, k in cut.metrics) == 5
+    assert cut.values("aa", "serving", "ttft_median_ms").tolist() == (
+        tr.values("aa", "serving", "ttft_median_ms")[:6].tolist()
+    )
+
+
+def test_sequential_row_counts_the_rounds_that_ran(cal):
+    plan = cal.sequential_plan(REPO / "configs" / "pr9460-h200.yaml", cal.SeqSpec(4, 8, 2))
+    quiet = cal.Model(run_cv=1e-4, req_cv=0.0, questions=30)
+    c = cal.run_row(quiet, 0, 3, 0, CompareSettings(), plan=plan)
+    assert c.reps == {"null": [4, 4, 4], "effect": [4, 4, 4]}
+    # no effect: a report whose A/A check passes has host syncs exact and the 4 serving
+    # primaries of both patches decided (equivalent, or a change within the margin: p-values of
+    # a null are uniform however small the noise); MMMU with 30 questions cannot show +-2
+    # points. A failed A/A check downgrades every verdict.
+    ok = c.null - c.aa_failed
+    assert c.decided_run["null"] == 8 * ok and c.decided["null"] == 10 * ok
+    # +10 %: the same, and patch-a's throughput improved in every report whose A/A check passed
+    ok = c.decided_run["effect"] // 8
+    assert c.decided_run["effect"] == 8 * ok and c.decided["effect"] == 10 * ok
+    assert c.new_power == ok
+
+
+def test_design_table_cost_columns(cal):
+    c = cal.Counts(null=2, effect=1, new_fp_patch=1, new_power=1)
+    c.reps = {"null": [8, 8], "effect": [8]}
+    c.decided = {"null": 6, "effect": 9}
+    c.decided_run = {"null": 2, "effect": 5}
+    line = cal.design_table([("fixed 8", c)], 0.03, 215.0, 4)[2]
+    # 8 rounds x 4 cells x 215 s = 6880 s = 1.9111 h (115 min); 3 primaries a report / 1.9111 h
+    assert "| fixed 8 | 2 / 1 | 8.0 / 8 | 25.0% " in line
+    assert "| 3.00 / 1.00 | 9.00 / 5.00 | 115 / 115 | 1.57 / 0.52 | 4.71 / 2.62 |" in line
+
+
+def test_config_repeats_reads_a_sequential_schedule(cal, tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("schedule:\n  repeats: {min: 4, max: 10, step: 3, boundary: obrien-fleming}\n")
+    fixed, seq, s = cal.config_repeats(p)
+    assert fixed is None and seq == cal.SeqSpec(4, 10, 3, "obrien-fleming")
+    p.write_text("schedule:\n  repeats: 7\ncompare:\n  confidence: 0.9\n")
+    assert cal.config_repeats(p) == (7, None, CompareSettings(confidence=0.9))
+    assert cal.parse_seq("4:12:2") == cal.SeqSpec(4, 12, 2, "pocock")
