@@ -111,8 +111,14 @@ class ImportHook(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
         if fullname not in TARGETS:
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
+        # only the finders after this one: another hook of the same kind (the other suite's)
+        # then finds the module through the rest and wraps it too, never back through this one
+        try:
+            rest = sys.meta_path[sys.meta_path.index(self) + 1 :]
+        except ValueError:
+            rest = [f for f in sys.meta_path if f is not self]
+        for finder in rest:
+            if not hasattr(finder, "find_spec"):
                 continue
             spec = finder.find_spec(fullname, path, target)
             if spec is not None:
