@@ -203,3 +203,21 @@ def test_params_and_contract():
     assert profile_request(s.Params(), "cuda", Path("/x"))["activities"] == ["CPU", "GPU"]
     with pytest.raises(Exception, match="extra"):
         s.Params(bogus=1)
+
+
+def test_a_trace_file_is_complete_only_once_it_parses(tmp_path):
+    """The profiler creates the file before writing it: an empty file, or a gzip holding half a
+    JSON document, is not a trace yet (a real demo run read an empty one and failed)."""
+    import gzip
+
+    from patchbench.suites.profile import _complete_trace
+
+    p = tmp_path / "1-TP-0.trace.json.gz"
+    p.write_bytes(b"")
+    assert _complete_trace(tmp_path) is None
+    p.write_bytes(gzip.compress(b""))
+    assert _complete_trace(tmp_path) is None
+    p.write_bytes(gzip.compress(b'{"traceEvents": [{"ph": "X"'))
+    assert _complete_trace(tmp_path) is None
+    p.write_bytes(gzip.compress(b'{"traceEvents": []}'))
+    assert _complete_trace(tmp_path) == p

@@ -126,16 +126,23 @@ def profile_request(params: Params, device: str, output_dir: Path) -> dict:
 
 
 def _complete_trace(d: Path) -> Path | None:
-    """The scheduler's trace file in ``d`` once it is complete (a gzip that decompresses)."""
+    """The scheduler's trace file in ``d`` once it is complete: a non-empty gzip whose content
+    parses as JSON (the profiler creates the file before it has written it: an empty file
+    decompresses without error)."""
     import gzip
+    import json
 
     for p in sorted(d.glob("*.trace.json.gz")):
         try:
+            if p.stat().st_size == 0:
+                continue
             with gzip.open(p) as f:
-                while f.read(1 << 20):
-                    pass
+                data = f.read()
+            if not data.strip():
+                continue
+            json.loads(data)
             return p
-        except (OSError, EOFError):
+        except (OSError, EOFError, ValueError):
             continue
     return None
 
