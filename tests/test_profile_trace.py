@@ -168,3 +168,22 @@ def test_trim_keeps_the_chosen_steps():
     assert "cudaGraphLaunch" not in names and "k1" not in names
     assert {"k4", "cudaLaunchKernel", T.HTOD_PAGEABLE}.issubset(names)
     assert len(T.analyze(evs).steps) == 1
+
+
+def test_syncs_of_the_harness_own_instrumentation_are_not_counted():
+    """The sync probe's in-server cross-check reads values on the host inside the same decode step
+    (and inside the mrope range when it wraps innermost); it marks its work with a
+    ``patchbench::instrumentation`` range, and those syncs are sglang's no more: here 2 points in
+    the step, 1 of them in mrope, instead of 4 and 2."""
+    ev = [
+        X("patchbench::decode_step bs=1", 0, 100, cat="user_annotation"),
+        X("patchbench::mrope decode bs=1", 10, 50, cat="user_annotation"),
+        X("aten::item", 12, 3),  # sglang's, in mrope: counted
+        X(T.INSTR_PREFIX, 20, 30, cat="user_annotation"),
+        X("aten::item", 22, 3),  # the cross-check's: not counted
+        X("aten::item", 70, 3),  # sglang's, outside mrope: counted
+        X(T.INSTR_PREFIX, 80, 10, cat="user_annotation"),
+        X("aten::item", 82, 3),  # the counters' read: not counted
+    ]
+    (step,) = T.analyze(ev).steps
+    assert (step.syncs, step.mrope_syncs) == (2, 1)

@@ -52,6 +52,9 @@ from typing import Any
 
 STEP_PREFIX = "patchbench::decode_step"
 MROPE_PREFIX = "patchbench::mrope"
+#: the harness's own in-server instrumentation (the sync probe's cross-check): syncs inside it are
+#: ours, not sglang's, and are never counted
+INSTR_PREFIX = "patchbench::instrumentation"
 _BS_RE = re.compile(r"\bbs=(\d+)")
 _SGL_STEP_RE = re.compile(r"^step\[DECODE bs=(\d+)")
 
@@ -343,6 +346,16 @@ def analyze(events: list[dict]) -> Analysis:
             tid=r.get("tid"),
         )
         cands = _sync_candidates(host, gpu_by_corr)
+        ours = [e for e in host if str(e.get("name", "")).startswith(INSTR_PREFIX)]
+        if ours:
+            cands = [
+                (e, k)
+                for e, k in cands
+                if not any(
+                    m["ts"] <= e["ts"] and e["ts"] + e.get("dur", 0) <= m["ts"] + m["dur"]
+                    for m in ours
+                )
+            ]
         step.syncs, step.by_kind, step.sync_ts_us = _count(cands)
         mropes = [e for e in host if str(e.get("name", "")).startswith(MROPE_PREFIX)]
         step.mrope_ranges = len(mropes)

@@ -119,6 +119,19 @@ def _nonzero_image_requests(batch) -> int:
     return n
 
 
+def _own_range():
+    """A ``patchbench::instrumentation`` profiler range around this module's own work (host reads
+    of the counters and the cross-check), so that a profiler running in the same server (the
+    profile suite) can leave our syncs out of sglang's; a no-op without torch's profiler."""
+    try:
+        from torch.profiler import record_function
+    except ImportError:  # pragma: no cover - the server always has torch
+        import contextlib
+
+        return contextlib.nullcontext()
+    return record_function("patchbench::instrumentation")
+
+
 def _outcome(fn):
     try:
         fn()
@@ -138,35 +151,42 @@ def wrap_forward_batch(module, probe_dir: str, ref_path: str | None = None) -> M
 
     def _compute_mrope_positions(self, model_runner, batch, *args, **kwargs):
         mode = _mode(self)
-        counter.add("calls")
-        counter.add(f"{mode}_calls")
-        if mode == "decode":
-            bs = int(self.seq_lens.shape[0])
-            images = _nonzero_image_requests(batch)
-            counter.counts["max_decode_batch"] = max(counter.counts.get("max_decode_batch", 0), bs)
-            counter.add("decode_image_requests_nonzero", images)
-            if bs >= 2 and images:
-                counter.add("decode_multi_image_calls")
+        with _own_range():
+            counter.add("calls")
+            counter.add(f"{mode}_calls")
+            if mode == "decode":
+                bs = int(self.seq_lens.shape[0])
+                images = _nonzero_image_requests(batch)
+                counter.counts["max_decode_batch"] = max(
+                    counter.counts.get("max_decode_batch", 0), bs
+                )
+                counter.add("decode_image_requests_nonzero", images)
+                if bs >= 2 and images:
+                    counter.add("decode_multi_image_calls")
         try:
             result = live(self, model_runner, batch, *args, **kwargs)
         except Exception as exc:
-            counter.add(f"{mode}_live_errors")
+            with _own_range():
+                counter.add(f"{mode}_live_errors")
+                if ref is not None:
+                    _crosscheck(
+                        counter,
+                        ref,
+                        self,
+                        model_runner,
+                        batch,
+                        mode,
+                        None,
+                        f"{type(exc).__name__}: {exc}",
+                    )
+                counter.write()
+            raise
+        with _own_range():
             if ref is not None:
                 _crosscheck(
-                    counter,
-                    ref,
-                    self,
-                    model_runner,
-                    batch,
-                    mode,
-                    None,
-                    f"{type(exc).__name__}: {exc}",
+                    counter, ref, self, model_runner, batch, mode, self.mrope_positions, None
                 )
             counter.write()
-            raise
-        if ref is not None:
-            _crosscheck(counter, ref, self, model_runner, batch, mode, self.mrope_positions, None)
-        counter.write()
         return result
 
     _compute_mrope_positions.__wrapped__ = live
