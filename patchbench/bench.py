@@ -573,13 +573,19 @@ def run_bench(
 # ---------------------------------------------------------------------------------- sequential
 def sequential_design(cfg: Config):
     """The patchbench.sequential.Design of a ``schedule.repeats: {min, max, step}`` config (alpha
-    = 1 - ``compare.confidence`` per report); None for a fixed number of repeats."""
+    = 1 - ``compare.confidence`` per report; a non-binding futility stop at conditional power
+    ``patchbench.sequential.FUTILITY``); None for a fixed number of repeats."""
     seq = cfg.schedule.sequential
     if seq is None:
         return None
-    from patchbench.sequential import Design
+    from patchbench.sequential import FUTILITY, Design
 
-    return Design(looks=seq.looks, alpha=round(1.0 - cfg.compare.confidence, 12), kind=seq.boundary)
+    return Design(
+        looks=seq.looks,
+        alpha=round(1.0 - cfg.compare.confidence, 12),
+        kind=seq.boundary,
+        futility=FUTILITY,
+    )
 
 
 def sequential_primaries(cfg: Config) -> list[tuple[str, str, Any, float]]:
@@ -608,7 +614,8 @@ def sequential_primaries(cfg: Config) -> list[tuple[str, str, Any, float]]:
 def sequential_look(cfg: Config, run_dir: Path, design, look_index: int, previous=None):
     """Decide at look ``look_index`` from the timed cells on disk (patchbench.sequential.decide
     on the paired log ratios ``log(variant / baseline)`` of :func:`sequential_primaries`, for
-    every variant but the baseline, A/A variants included).
+    every variant but the baseline; A/A variants (``cfg.is_aa``) are decided and recorded but,
+    as controls, never hold the run open).
 
     Returns (LookDecision, None), or (None, why) when a needed pair is missing (a failed cell):
     the run then stops; ``--resume`` re-runs the failed cells and looks again.
@@ -645,8 +652,15 @@ def sequential_look(cfg: Config, run_dir: Path, design, look_index: int, previou
             f"stopped at the look after {n} rounds: no paired value for {shown} "
             "(a failed or incomplete cell); resume the run to re-run it and go on"
         )
+    controls = [v for v in ratios if cfg.is_aa(v)]
     return decide(
-        look_index, ratios, margins, design=design, better=better, previous=previous
+        look_index,
+        ratios,
+        margins,
+        design=design,
+        better=better,
+        previous=previous,
+        controls=controls,
     ), None
 
 
@@ -664,6 +678,8 @@ def _sequential_record(
         "boundary": design.kind,
         "primaries": [f"{s}.{m}" for s, m, _, _ in sequential_primaries(cfg)],
         "alpha_split": "Bonferroni across variants, Holm within each variant",
+        "futility": design.futility,
+        "controls": [v for v in cfg.variants if cfg.is_aa(v)],
     }
     if decision is None:
         rec.update(

@@ -15,10 +15,22 @@ variant gets one of four decisions:
 - ``equivalent``: the two one-sided tests (TOST) against ``+-margin`` both reject at the look's
   nominal level for ``alpha`` (``equivalence_split="bonferroni"``: for ``alpha / m``), i.e. the
   ``1 - 2 * level`` interval lies inside ``(-margin, +margin)``.
-- ``continue``: neither, and looks remain. At the last look an undecided metric is
+- ``futile`` (only with ``Design.futility`` > 0): neither, and even the last look is unlikely to
+  decide it: the conditional power of reaching improved/regressed or equivalent at the last look,
+  computed under the current estimate ("current trend"), is below ``Design.futility``
+  (stochastic curtailment by conditional power: Jennison and Turnbull (2000), chapter 10,
+  section 10.2). It is a non-binding futility stop: the metric no longer holds the run open, but
+  it is looked at again if the run goes on for other metrics (and may still be decided then);
+  the efficacy boundaries are computed without it and are not changed, so the chance of a false
+  improved/regressed of the sequential rule stays at most ``alpha`` (a futility stop only
+  removes chances to cross them). See :func:`conditional_power`. A run that stops with a metric
+  futile reports it ``inconclusive``.
+- ``continue``: none of these, and looks remain. At the last look an undecided metric is
   ``inconclusive``.
 
-The run stops when every primary of every variant is decided, or at the last look.
+The run stops when every primary of every variant but the ``controls`` (A/A variants: health
+checks, not questions; they are decided like the others and recorded, and the final comparison
+analyses them as always) is decided or futile, or at the last look.
 
 Boundaries (:func:`boundary`): the look statistics ``Z_k`` of a mean of independent increments
 have ``corr(Z_j, Z_k) = sqrt(n_j / n_k)`` (j <= k). The constant is the root of
@@ -41,7 +53,7 @@ or :func:`replay` on the repeats that exist (a resumed run continues where it st
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Literal
@@ -50,8 +62,11 @@ import numpy as np
 from scipy import optimize, special, stats
 
 Boundary = Literal["pocock", "obrien-fleming"]
-Decision = Literal["improved", "regressed", "equivalent", "continue", "inconclusive"]
+Decision = Literal["improved", "regressed", "equivalent", "futile", "continue", "inconclusive"]
 DECIDED = ("improved", "regressed", "equivalent")
+#: conditional power below which a metric is futile in the runner's designs
+#: (patchbench.bench.sequential_design); scripts/calibrate.py measures the resulting rates
+FUTILITY = 0.10
 
 _GRID = 801  # points per look in the numerical integration (odd: Simpson's rule)
 
@@ -172,13 +187,20 @@ class Design:
     V compared variants ``alpha / V`` (Bonferroni: at most ``alpha`` chance of any false
     improved/regressed primary in a report), Holm across each variant's primaries within that;
     equivalence ("none": TOST at the look's nominal level for the variant's alpha;
-    "bonferroni": for that divided by its m primaries)."""
+    "bonferroni": for that divided by its m primaries). ``futility``: conditional-power
+    threshold in [0, 1) below which an undecided metric is ``futile`` and no longer holds the run
+    open (0: no futility stop, every primary must be decided; see the module docstring)."""
 
     looks: tuple[int, ...]
     alpha: float = 0.05
     kind: Boundary = "pocock"
     equivalence_split: Literal["none", "bonferroni"] = "none"
     split_variants: bool = True
+    futility: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.futility < 1.0:
+            raise ValueError(f"futility must lie in [0, 1), got {self.futility}")
 
     @classmethod
     def from_schedule(cls, min_repeats: int, max_repeats: int, step: int, **kw) -> Design:
@@ -252,6 +274,46 @@ def _equivalent(mean: float, se: float, n: int, margin: float, level: float) -> 
     return (mean - q * se > -margin) and (mean + q * se < margin)
 
 
+def conditional_power(
+    mean: float,
+    sd: float,
+    n: int,
+    n_final: int,
+    *,
+    effect_level: float,
+    margin: float = 0.0,
+    equivalence_level: float | None = None,
+) -> tuple[float, float]:
+    """Chance that the last look decides a metric, given the first ``n`` paired repeats, under
+    the current estimate as the true effect ("current trend"; Jennison and Turnbull (2000),
+    section 10.2).
+
+    mean, sd: mean and sample standard deviation of the ``n`` log ratios so far; n_final: the
+    repeats at the last look (> n); effect_level: the two-sided nominal level improved/regressed
+    needs there; margin, equivalence_level: the equivalence margin (log scale; 0: none) and the
+    one-sided TOST level there. The last look's mean is ``N(mean, sd**2 (N - n) / N**2)``
+    (the n repeats are fixed, the N - n to come have mean ``mean``); its standard error is taken
+    as ``sd / sqrt(N)`` with t quantiles on N - 1 degrees of freedom.
+    Returns (P(improved or regressed at the last look), P(equivalent there)), each in [0, 1].
+    Raises ValueError when n_final <= n or n < 2.
+    """
+    if n < 2 or n_final <= n:
+        raise ValueError(f"conditional power needs 2 <= n < n_final, got n={n}, n_final={n_final}")
+    se_final = sd / math.sqrt(n_final)
+    tau = sd * math.sqrt(n_final - n) / n_final
+    crit = float(special.stdtrit(n_final - 1, 1.0 - effect_level / 2.0)) * se_final
+    half = 0.0
+    if margin > 0 and equivalence_level is not None:
+        half = margin - float(special.stdtrit(n_final - 1, 1.0 - equivalence_level)) * se_final
+    if sd == 0.0:  # no spread: the t-test and TOST of _t_test / _equivalent, now and at the end
+        return float(mean != 0.0), float(margin > 0 and abs(mean) < margin)
+    p_eff = float(stats.norm.sf((crit - mean) / tau) + stats.norm.cdf((-crit - mean) / tau))
+    p_eq = 0.0
+    if half > 0:
+        p_eq = float(stats.norm.cdf((half - mean) / tau) - stats.norm.cdf((-half - mean) / tau))
+    return min(p_eff, 1.0), max(p_eq, 0.0)
+
+
 def decide(
     look_index: int,
     log_ratios: Mapping[str, Mapping[str, Sequence[float]]],
@@ -261,6 +323,7 @@ def decide(
     design: Design,
     better: Mapping[str, str] | None = None,
     previous: LookDecision | None = None,
+    controls: Collection[str] = (),
 ) -> LookDecision:
     """Decide at look ``look_index`` (0-based index into ``design.looks``).
 
@@ -269,14 +332,17 @@ def decide(
     margins: metric -> equivalence margin on the log scale (``math.log1p(pct / 100)`` for a
     percent margin; 0 or missing: no equivalence stop for that metric); alpha: overall two-sided
     level per report, default ``design.alpha`` (split across variants when
-    ``design.split_variants``); better: metric -> "higher" | "lower" (default
-    "higher"); previous: the decision of the previous look (its decided metrics are kept).
+    ``design.split_variants``, controls included); better: metric -> "higher" | "lower"
+    (default "higher"); previous: the decision of the previous look (its decided metrics are
+    kept); controls: variants (A/A) that are decided and recorded like the others but never hold
+    the run open.
     Returns a :class:`LookDecision`; raises ValueError when a metric has fewer repeats than the
     look needs or the look index is out of range.
     """
     if not 0 <= look_index < len(design.looks):
         raise ValueError(f"look {look_index} is not one of the design's {len(design.looks)} looks")
     n = design.looks[look_index]
+    n_final = design.looks[-1]
     last = look_index == len(design.looks) - 1
     better = better or {}
     out = LookDecision(look_index, n)
@@ -293,6 +359,7 @@ def decide(
             if prev is not None and prev.decision in DECIDED:
                 done[name] = prev
         tests: dict[str, tuple[float, float, float]] = {}
+        sds: dict[str, float] = {}
         for name in names:
             d = np.asarray(per_metric[name], dtype=float)
             if len(d) < n:
@@ -300,6 +367,7 @@ def decide(
                     f"{variant}/{name}: {len(d)} paired repeats, look {look_index} needs {n}"
                 )
             tests[name] = _t_test(d[:n])
+            sds[name] = float(np.std(d[:n], ddof=1))
         rejected = sum(1 for x in done.values() if x.decision in ("improved", "regressed"))
         open_ = sorted((tests[x][2], x) for x in names if x not in done)
         # Holm step-down over the undecided metrics, at the look's sequential levels
@@ -321,6 +389,7 @@ def decide(
                 f"p = {p:.3g} <= {lvl:.3g} (Holm step {i + 1 + rejected} "
                 f"of {m}, {design.kind} boundary, look {look_index + 1})",
             )
+        rejected_now = sum(1 for x in done.values() if x.decision in ("improved", "regressed"))
         eq_alpha = alpha / m if design.equivalence_split == "bonferroni" else alpha
         eq_level = design.level(look_index, eq_alpha)
         for name in names:
@@ -335,11 +404,30 @@ def decide(
                     f"TOST at {eq_level:.3g}: the {100 * (1 - 2 * eq_level):.1f} % interval "
                     f"lies inside +-{100 * math.expm1(margin):.3g} %"
                 )
+            elif last:
+                dec, why = "inconclusive", "neither a change nor equivalence shown at the last look"
             else:
-                dec = "inconclusive" if last else "continue"
-                why = "neither a change nor equivalence shown" + (
-                    " at the last look" if last else ""
-                )
+                dec, why = "continue", "neither a change nor equivalence shown"
+                if design.futility > 0:
+                    # the level this metric needs at the last look: its next Holm step there
+                    cp_eff, cp_eq = conditional_power(
+                        mean,
+                        sds[name],
+                        n,
+                        n_final,
+                        effect_level=design.level(
+                            len(design.looks) - 1, alpha / (m - rejected_now)
+                        ),
+                        margin=margin,
+                        equivalence_level=design.level(len(design.looks) - 1, eq_alpha),
+                    )
+                    if cp_eff + cp_eq < design.futility:
+                        dec = "futile"
+                        why = (
+                            f"futile: conditional power at {n_final} repeats under the current "
+                            f"estimate ({100 * math.expm1(mean):+.2f} %) {cp_eff:.3f} for a "
+                            f"change, {cp_eq:.3f} for equivalence, below {design.futility:g}"
+                        )
             out.metrics[(variant, name)] = MetricDecision(
                 dec,
                 n,
@@ -350,16 +438,35 @@ def decide(
                 look_index if dec == "equivalent" else None,
                 why,
             )
-    undecided = [k for k, d in out.metrics.items() if d.decision not in DECIDED]
+    held = [k for k, d in out.metrics.items() if k[0] not in controls and d.decision not in DECIDED]
+    undecided = [k for k in held if out.metrics[k].decision != "futile"]
+    futile = len(held) - len(undecided)
+    open_total = sum(1 for d in out.metrics.values() if d.decision not in DECIDED)
     if not undecided:
-        out.stop, out.reason = True, f"every primary decided after {n} repeats"
+        out.stop = True
+        out.reason = f"every primary decided after {n} repeats"
+        if futile:
+            out.reason = (
+                f"every primary decided or futile after {n} repeats; {futile} primary "
+                "metric(s) inconclusive (futile: unlikely to be decided by the last look)"
+            )
+        if open_total > futile:
+            out.reason += (
+                f"; {open_total - futile} A/A primary metric(s) undecided (A/A variants do not "
+                "hold the run open)"
+            )
     elif last:
         out.stop = True
-        out.reason = (
-            f"maximum of {n} repeats reached; {len(undecided)} primary metric(s) inconclusive"
-        )
+        out.reason = f"maximum of {n} repeats reached; {len(held)} primary metric(s) inconclusive"
     else:
-        out.reason = f"{len(undecided)} primary metric(s) undecided after {n} repeats"
+        out.reason = f"{len(undecided)} primary metric(s) undecided after {n} repeats" + (
+            f", {futile} futile" if futile else ""
+        )
+    if out.stop:  # what is still open ends inconclusive
+        for d in out.metrics.values():
+            if d.decision in ("futile", "continue"):
+                d.decision = "inconclusive"
+                d.reason += f"; the run stopped after {n} repeats"
     return out
 
 
@@ -370,6 +477,7 @@ def replay(
     *,
     design: Design,
     better: Mapping[str, str] | None = None,
+    controls: Collection[str] = (),
 ) -> LookDecision | None:
     """Run :func:`decide` for every look whose repeats exist, stopping where the design stops.
 
@@ -383,7 +491,14 @@ def replay(
         if n > have:
             break
         result = decide(
-            k, log_ratios, margins, alpha, design=design, better=better, previous=result
+            k,
+            log_ratios,
+            margins,
+            alpha,
+            design=design,
+            better=better,
+            previous=result,
+            controls=controls,
         )
         if result.stop:
             break
@@ -406,6 +521,8 @@ __all__ = [
     "boundary",
     "nominal_levels",
     "continuation_probability",
+    "conditional_power",
+    "FUTILITY",
     "looks_from_schedule",
     "decide",
     "replay",

@@ -92,6 +92,7 @@ sequential), 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import shutil
 import sys
@@ -121,6 +122,8 @@ VARIANTS: dict[str, list[str]] = {
 }
 PATCHES = ("patch-a", "patch-b")
 EFFECT_VARIANT = "patch-a"
+#: scenario -> the last entry of its trials' seeds ("null" and "effect" as before "small" existed)
+SCENARIO_KEY = {"null": 0, "effect": 1, "small": 2}
 THR = "output_throughput_tok_s"
 SUITES = ("serving", "mmmu", "sync_probe")
 PRIMARIES: dict[str, tuple[str, ...]] = {
@@ -541,13 +544,17 @@ class Counts:
     old_fp: int = 0  # null: old rule, an improved/regressed primary
     old_fp_all: int = 0  # null: old rule, any improved/regressed row
     new_power: int = 0  # effect: patch-a output throughput improved
+    small: int = 0  # "small" trials run (patch-a +5 %; the design table's --small-effect column)
+    small_power: int = 0  # small: patch-a output throughput improved
     old_power: int = 0  # effect: the same, old rule
     equiv: dict[str, int] = field(default_factory=dict)  # metric -> equivalent (null patches)
     equiv_n: dict[str, int] = field(default_factory=dict)  # metric -> rows
     raw_hit: dict[str, int] = field(default_factory=dict)  # metric -> improved/regressed rows of
     # the null patches before the A/A check
     logvar: dict[str, list[float]] = field(default_factory=dict)  # metric -> within-trial var
-    reps: dict[str, list[int]] = field(default_factory=lambda: {"null": [], "effect": []})
+    reps: dict[str, list[int]] = field(
+        default_factory=lambda: {"null": [], "effect": [], "small": []}
+    )
     # scenario -> repeats each report used
     decided: dict[str, int] = field(default_factory=lambda: {"null": 0, "effect": 0})
     # scenario -> primaries of the two patches decided (improved / regressed / equivalent, after
@@ -574,27 +581,42 @@ def _old_metrics(every_row: bool) -> dict[str, dict[str, str]]:
 
 @dataclass(frozen=True)
 class SeqSpec:
-    """A ``schedule.repeats: {min, max, step, boundary}`` to simulate."""
+    """A ``schedule.repeats: {min, max, step, boundary}`` to simulate. futility: the
+    conditional-power threshold of the futility stop (None: the runner's own,
+    ``patchbench.bench.sequential_design``; 0: none); aa_holds: the A/A variant holds the run
+    open like a patch (the rule before A/A variants became controls; for comparison only)."""
 
     min: int
     max: int
     step: int = 2
     boundary: str = "pocock"
+    futility: float | None = None
+    aa_holds: bool = False
 
     @property
     def label(self) -> str:
-        return f"sequential {self.min}..{self.max} step {self.step} ({self.boundary})"
+        extra = []
+        if self.futility is not None:
+            extra.append(f"futility {self.futility:g}" if self.futility else "no futility")
+        if self.aa_holds:
+            extra.append("A/A holds")
+        return f"sequential {self.min}..{self.max} step {self.step} ({self.boundary})" + (
+            f" [{', '.join(extra)}]" if extra else ""
+        )
 
 
 @dataclass
 class SeqPlan:
     """What the runner uses to stop a sequential run (built by the runner's own functions,
     ``patchbench.bench.sequential_design`` / ``sequential_primaries``, from the config with its
-    schedule replaced): the design and [(key "suite.metric", suite, metric, better, log margin)]."""
+    schedule replaced; ``spec.futility`` replaces the design's futility threshold when given):
+    the design, [(key "suite.metric", suite, metric, better, log margin)] and the A/A variants
+    that do not hold the run open (the runner's ``cfg.is_aa``; none with ``spec.aa_holds``)."""
 
     spec: SeqSpec
     design: object
     primaries: list[tuple[str, str, str, str, float]]
+    controls: tuple[str, ...] = (AA,)
 
 
 def sequential_plan(config: Path, spec: SeqSpec) -> SeqPlan:
@@ -613,13 +635,17 @@ def sequential_plan(config: Path, spec: SeqSpec) -> SeqPlan:
         (f"{s}.{m}", s, m, info.better, math.log1p(pct / 100.0))
         for s, m, info, pct in bench.sequential_primaries(cfg)
     ]
-    return SeqPlan(spec, bench.sequential_design(cfg), prims)
+    design = bench.sequential_design(cfg)
+    if spec.futility is not None:
+        design = dataclasses.replace(design, futility=spec.futility)
+    return SeqPlan(spec, design, prims, () if spec.aa_holds else (AA,))
 
 
 def sequential_stop(tr: Trial, plan: SeqPlan) -> int:
     """Rounds the shipped sequential rule runs on this trial (``patchbench.sequential.replay``
     on the paired log ratios of every compared variant, A/A included, as the runner's
-    ``sequential_look`` builds them): the look at which it stops, or ``max``."""
+    ``sequential_look`` builds them; ``plan.controls`` do not hold the run open): the look at
+    which it stops, or ``max``."""
     from patchbench.sequential import replay
 
     ratios = {
@@ -631,7 +657,7 @@ def sequential_stop(tr: Trial, plan: SeqPlan) -> int:
     }
     margins = {key: mg for key, _, _, _, mg in plan.primaries}
     better = {key: b for key, _, _, b, _ in plan.primaries}
-    out = replay(ratios, margins, design=plan.design, better=better)
+    out = replay(ratios, margins, design=plan.design, better=better, controls=plan.controls)
     return out.n_repeats if out is not None and out.stop else tr.repeats
 
 
@@ -658,11 +684,14 @@ def run_row(
     effect: float = 0.10,
     secondaries: bool = False,
     plan: SeqPlan | None = None,
+    small_effect: float = 0.05,
 ) -> Counts:
     """Simulate ``trials`` seeded trials of each scenario at ``m.run_cv`` and ``repeats``, run
     the comparison on each and count into ``counts`` (a new :class:`Counts` by default).
     Trial t of a scenario has the same seed whatever else the row runs.
 
+    scenarios: "null", "effect" (patch-a ``effect``, +10 %) and "small" (patch-a
+    ``small_effect``, +5 %: only its power is counted).
     plan: a sequential design; each trial is drawn with ``plan.spec.max`` repeats (the same
     trials as a fixed row of that many repeats), cut where the runner's stopping rule stops,
     and the comparison runs on the repeats that remain (``repeats`` is ignored)."""
@@ -680,10 +709,11 @@ def run_row(
         for sc in scenarios:
             for t in range(trials):
                 rng = np.random.default_rng(
-                    [seed, int(round(m.run_cv * 1e6)), repeats, t, sc == "effect"]
+                    [seed, int(round(m.run_cv * 1e6)), repeats, t, SCENARIO_KEY[sc]]
                 )
-                eff = {EFFECT_VARIANT: effect} if sc == "effect" else {}
-                syn = {EFFECT_VARIANT: 0} if sc == "effect" else {}
+                size = {"effect": effect, "small": small_effect}.get(sc)
+                eff = {EFFECT_VARIANT: size} if size is not None else {}
+                syn = {EFFECT_VARIANT: 0} if size is not None else {}
                 tr = simulate(
                     rng,
                     m,
@@ -709,6 +739,11 @@ def _count(
 ) -> None:
     rows = cmp.rows
     c.reps[sc].append(tr.repeats)
+    if sc == "small":
+        c.small += 1
+        row = cmp.row("serving", THR, EFFECT_VARIANT)
+        c.small_power += row is not None and row.verdict == "improved"
+        return
     dec = [
         r
         for r in rows
@@ -861,15 +896,30 @@ def config_repeats(path: Path) -> tuple[int | None, SeqSpec | None, CompareSetti
 
 
 def parse_seq(text: str) -> SeqSpec:
-    """``MIN:MAX:STEP[:BOUNDARY]`` (e.g. ``4:12:2:pocock``) as a :class:`SeqSpec`."""
+    """``MIN:MAX:STEP[:BOUNDARY[:FUTILITY[:aa]]]`` as a :class:`SeqSpec`: e.g. ``4:12:2:pocock``
+    (the runner's futility threshold), ``4:12:2:pocock:0.2`` (futility at conditional power
+    0.2), ``4:12:2:pocock:0:aa`` (no futility, the A/A variant holds the run open: the old
+    rule)."""
+    usage = (
+        f"{text!r}: a sequential design is MIN:MAX:STEP[:BOUNDARY[:FUTILITY[:aa]]], e.g. "
+        "4:12:2:pocock or 4:12:2:pocock:0.1"
+    )
     parts = text.split(":")
-    if len(parts) not in (3, 4) or not all(x.isdigit() for x in parts[:3]):
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: a sequential design is MIN:MAX:STEP[:BOUNDARY], e.g. 4:12:2:pocock"
-        )
-    if len(parts) == 4 and parts[3] not in ("pocock", "obrien-fleming"):
+    if not 3 <= len(parts) <= 6 or not all(x.isdigit() for x in parts[:3]):
+        raise argparse.ArgumentTypeError(usage)
+    if len(parts) >= 4 and parts[3] not in ("pocock", "obrien-fleming"):
         raise argparse.ArgumentTypeError(f"{text!r}: boundary is pocock or obrien-fleming")
-    return SeqSpec(*map(int, parts[:3]), *parts[3:])
+    fut = None
+    if len(parts) >= 5:
+        try:
+            fut = float(parts[4])
+        except ValueError:
+            raise argparse.ArgumentTypeError(usage) from None
+        if not 0.0 <= fut < 1.0:
+            raise argparse.ArgumentTypeError(f"{text!r}: futility must lie in [0, 1)")
+    if len(parts) == 6 and parts[5] != "aa":
+        raise argparse.ArgumentTypeError(usage)
+    return SeqSpec(*map(int, parts[:3]), *parts[3:4], futility=fut, aa_holds=len(parts) == 6)
 
 
 def design_table(
@@ -881,15 +931,17 @@ def design_table(
     prim = list(PRIMARIES["serving"]) + list(PRIMARIES["mmmu"])
     n_all = len(PATCHES) * sum(len(x) for x in PRIMARIES.values())
     n_run = len(PATCHES) * len(PRIMARIES["serving"])
+    small = any(c.small for _, c in entries)
     out = [
         f"| design (run CV {100 * cv:g}%) | trials (no effect / +10%) | repeats: mean / p90 "
-        "(no effect) | a no-effect patch shown improved or regressed (target <= 5%) | +10% "
-        "output throughput called improved (target >= 90%) | "
+        "(no effect) | repeats: mean / p90 (+10%) | a no-effect patch shown improved or "
+        "regressed (target <= 5%) | +10% output throughput called improved (target >= 90%) | "
+        + ("+5% output throughput called improved | " if small else "")
         + " | ".join(f"real 0 called equivalent: {SHORT[x]}" for x in prim)
         + f" | primaries decided a report, all {n_all} / serving {n_run}: no effect | +10% "
         "| H200 min a report: no effect / +10% | primaries decided per H200 hour, all / "
         "serving: no effect | +10% |",
-        "|---|---|---|---|---|" + "---|" * len(prim) + "---|---|---|---|---|",
+        "|---|---|---|---|---|---|" + "---|" * (len(prim) + small) + "---|---|---|---|---|",
     ]
     for label, c in entries:
         mins, dec, per_h = [], [], []
@@ -904,11 +956,17 @@ def design_table(
             mins.append(f"{60 * h:.0f}")
             dec.append(f"{d:.2f} / {r:.2f}")
             per_h.append(f"{d / h:.2f} / {r / h:.2f}")
-        reps = np.asarray(c.reps["null"] or c.reps["effect"])
+        reps = [
+            f"{np.mean(c.reps[sc]):.1f} / {np.percentile(c.reps[sc], 90):.0f}"
+            if c.reps[sc]
+            else "n/a"
+            for sc in ("null", "effect")
+        ]
         out.append(
-            f"| {label} | {c.null} / {c.effect} | {reps.mean():.1f} / "
-            f"{np.percentile(reps, 90):.0f} | {fmt(c.new_fp_patch, len(PATCHES) * c.null)} | "
+            f"| {label} | {c.null} / {c.effect} | {reps[0]} | {reps[1]} | "
+            f"{fmt(c.new_fp_patch, len(PATCHES) * c.null)} | "
             f"{fmt(c.new_power, c.effect)} | "
+            + (f"{fmt(c.small_power, c.small)} | " if small else "")
             + " | ".join(fmt(c.equiv.get(x, 0), c.equiv_n.get(x, 0)) for x in prim)
             + f" | {' | '.join(dec)} | {' / '.join(mins)} | {' | '.join(per_h)} |"
         )
@@ -1019,6 +1077,18 @@ def main(argv: list[str] | None = None) -> int:
         help="server start-up per cell on the H200 for the cost columns (60 s: an assumption, "
         "not measured in this repository; 16-19 s on the CPU engine)",
     )
+    ap.add_argument(
+        "--design-only",
+        action="store_true",
+        help="only the design table at --target-cv (fixed 5, the config's, --design-repeats and "
+        "the --sequential designs): no CV rows, no repeat search, no one-repeat row",
+    )
+    ap.add_argument(
+        "--small-effect",
+        type=float,
+        help="also count, per design-table row, how often patch-a's output throughput at this "
+        "speed-up (e.g. 0.05: +5%%) is called improved (one more scenario a row)",
+    )
     ap.add_argument("--mmmu-s", type=float, default=76.0, help="MMMU phase per cell (76 s)")
     ap.add_argument("--serving-s", type=float, default=79.0, help="serving phase per cell (79 s)")
     ap.add_argument("--seed", type=int, default=0)
@@ -1072,18 +1142,18 @@ def main(argv: list[str] | None = None) -> int:
         )
         return c
 
-    for cv in a.cvs:
+    for cv in [] if a.design_only else a.cvs:
         for n in a.repeats or [reps_cfg]:
             row(cv, n)
     at = {n: c for cv, n, c in rows if cv == a.target_cv}
-    if reps_cfg not in at:
+    if reps_cfg not in at and not a.design_only:
         at[reps_cfg] = row(a.target_cv, reps_cfg)
     # repeats for the power target: each further count is screened with --screen-trials +10 %
     # trials; one whose screen is not clearly below the target (upper Wilson bound >= target)
     # gets the full trials (+10 %; no-effect too at the first that meets the target)
     screens: list[str] = []
-    n, c = reps_cfg, at[reps_cfg]
-    while c.new_power < a.power_target * c.effect and n < a.search_max:
+    n, c = reps_cfg, at.get(reps_cfg)
+    while not a.design_only and c.new_power < a.power_target * c.effect and n < a.search_max:
         n += 1
         if n in at:
             c = at[n]
@@ -1108,15 +1178,18 @@ def main(argv: list[str] | None = None) -> int:
             if wilson_high(sc.new_power, sc.effect) < a.power_target:
                 continue  # clearly below the target
         c = at[n] = row(a.target_cv, n, ("effect",))
-    if c.new_power >= a.power_target * c.effect and not c.null:
+    if not a.design_only and c.new_power >= a.power_target * c.effect and not c.null:
         row(a.target_cv, n, ("null",), into=c)
     # the design table at the target CV: fixed counts (both scenarios) and sequential designs
     fixed_designs = sorted({5, reps_cfg, *a.design_repeats})
+    design_sc = ("null", "effect") + (("small",) if a.small_effect is not None else ())
+    kw["small_effect"] = a.small_effect if a.small_effect is not None else 0.05
     for n in fixed_designs:
         if n not in at:
-            at[n] = row(a.target_cv, n)
+            at[n] = row(a.target_cv, n, design_sc)
         else:
-            todo = tuple(sc for sc, k in (("null", at[n].null), ("effect", at[n].effect)) if not k)
+            have = {"null": at[n].null, "effect": at[n].effect, "small": at[n].small}
+            todo = tuple(sc for sc in design_sc if not have[sc])
             if todo:
                 row(a.target_cv, n, todo, into=at[n])
     seqs = list(dict.fromkeys([*([seq_cfg] if seq_cfg else []), *a.sequential]))
@@ -1132,6 +1205,7 @@ def main(argv: list[str] | None = None) -> int:
             a.trials,
             a.seed,
             settings,
+            scenarios=design_sc,
             plan=sequential_plan(a.config, spec),
             **kw,
         )
@@ -1140,7 +1214,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
-    if not a.no_one_repeat:
+    if not a.no_one_repeat and not a.design_only:
         row(a.target_cv, 1, ("null",))
     wall = time.time() - t0
 
@@ -1158,7 +1232,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{base.questions} questions, {100 * base.fragile:g}% fragile; variants: baseline, "
         f"A/A, 2 patches; seed {a.seed}\n"
     )
-    print("\n".join(table(rows)))
+    if rows and not a.design_only:
+        print("\n".join(table(rows)))
     if screens:
         print(
             f"\nsearch at run CV {100 * a.target_cv:g}%, +10% called improved in the "
@@ -1178,7 +1253,9 @@ def main(argv: list[str] | None = None) -> int:
         f"(assumed, not measured here) + {a.mmmu_s:g} s MMMU + {a.serving_s:g} s serving = "
         f"{cell_s:g} s. Sequential rows: the runner's stopping rule "
         f"(patchbench.bench.sequential_design / sequential_primaries, patchbench.sequential."
-        f"replay) on the same trials as the fixed row of their maximum, then the comparison "
+        f"replay; the A/A variant does not hold the run open unless the row says 'A/A holds'; "
+        f"futility: the conditional-power threshold, the runner's own unless the row names one) "
+        f"on the same trials as the fixed row of their maximum, then the comparison "
         f"on the rounds that ran:\n"
     )
     print("\n".join(design_table(entries, a.target_cv, cell_s, len(VARIANTS))))

@@ -169,10 +169,13 @@ def test_main_prints_the_tables(cal, capsys):
 
 
 def test_sequential_rows_use_the_runners_stopping_rule(cal):
-    from patchbench.sequential import Design, looks_from_schedule
+    from patchbench.sequential import FUTILITY, Design, looks_from_schedule
 
     plan = cal.sequential_plan(REPO / "configs" / "pr9460-h200.yaml", cal.SeqSpec(4, 12, 2))
-    assert plan.design == Design(looks_from_schedule(4, 12, 2), alpha=0.05, kind="pocock")
+    assert plan.design == Design(
+        looks_from_schedule(4, 12, 2), alpha=0.05, kind="pocock", futility=FUTILITY
+    )
+    assert plan.controls == ("aa",)  # the A/A variant never holds the run open
     assert sorted(k for k, *_ in plan.primaries) == sorted(
         f"serving.{m}" for m in cal.PRIMARIES["serving"]
     )  # MMMU accuracy and host syncs gain nothing from repeats: they never hold a run up
@@ -183,10 +186,15 @@ def test_sequential_rows_use_the_runners_stopping_rule(cal):
         np.random.default_rng(0), quiet, 12, speedup={"patch-a": 0.10}, syncs={}, run_id="q"
     )
     assert cal.sequential_stop(tr, plan) == 4
-    # 30 % run noise: nothing is decided before the last look
+    # 30 % run noise: nothing can be decided by 12 repeats, so the runner's rule stops for
+    # futility at the first look; without a futility stop nothing stops before the last look
     loud = cal.Model(run_cv=0.30, questions=30)
     tr = cal.simulate(np.random.default_rng(1), loud, 12, speedup={}, syncs={}, run_id="l")
-    assert cal.sequential_stop(tr, plan) == 12
+    assert cal.sequential_stop(tr, plan) == 4
+    no_fut = cal.sequential_plan(
+        REPO / "configs" / "pr9460-h200.yaml", cal.SeqSpec(4, 12, 2, futility=0.0)
+    )
+    assert cal.sequential_stop(tr, no_fut) == 12
     cut = cal.truncate(tr, 6)
     assert cut.repeats == 6 and max(k for _, k in cut.metrics) == 5
     assert cut.values("aa", "serving", "ttft_median_ms").tolist() == (
@@ -198,7 +206,7 @@ def test_sequential_row_counts_the_rounds_that_ran(cal):
     plan = cal.sequential_plan(REPO / "configs" / "pr9460-h200.yaml", cal.SeqSpec(4, 8, 2))
     quiet = cal.Model(run_cv=1e-4, req_cv=0.0, questions=30)
     c = cal.run_row(quiet, 0, 3, 0, CompareSettings(), plan=plan)
-    assert c.reps == {"null": [4, 4, 4], "effect": [4, 4, 4]}
+    assert c.reps == {"null": [4, 4, 4], "effect": [4, 4, 4], "small": []}
     # no effect: a report whose A/A check passes has host syncs exact and the 4 serving
     # primaries of both patches decided (equivalent, or a change within the margin: p-values of
     # a null are uniform however small the noise); MMMU with 30 questions cannot show +-2
@@ -213,13 +221,20 @@ def test_sequential_row_counts_the_rounds_that_ran(cal):
 
 def test_design_table_cost_columns(cal):
     c = cal.Counts(null=2, effect=1, new_fp_patch=1, new_power=1)
-    c.reps = {"null": [8, 8], "effect": [8]}
+    c.reps = {"null": [8, 8], "effect": [4], "small": []}
     c.decided = {"null": 6, "effect": 9}
     c.decided_run = {"null": 2, "effect": 5}
-    line = cal.design_table([("fixed 8", c)], 0.03, 215.0, 4)[2]
-    # 8 rounds x 4 cells x 215 s = 6880 s = 1.9111 h (115 min); 3 primaries a report / 1.9111 h
-    assert "| fixed 8 | 2 / 1 | 8.0 / 8 | 25.0% " in line
-    assert "| 3.00 / 1.00 | 9.00 / 5.00 | 115 / 115 | 1.57 / 0.52 | 4.71 / 2.62 |" in line
+    line = cal.design_table([("a design", c)], 0.03, 215.0, 4)[2]
+    # no effect: 8 rounds x 4 cells x 215 s = 6880 s = 1.9111 h (115 min); 3 primaries a report
+    # / 1.9111 h = 1.57. +10 %: 4 rounds = 3440 s = 0.9556 h (57 min); 9 / 0.9556 = 9.42
+    assert "| a design | 2 / 1 | 8.0 / 8 | 4.0 / 4 | 25.0% " in line
+    assert "| 3.00 / 1.00 | 9.00 / 5.00 | 115 / 57 | 1.57 / 0.52 | 9.42 / 5.23 |" in line
+    assert "+5%" not in cal.design_table([("a design", c)], 0.03, 215.0, 4)[0]
+    c.small, c.small_power, c.reps["small"] = 4, 1, [4, 4, 4, 4]
+    head, _, line = cal.design_table([("a design", c)], 0.03, 215.0, 4)
+    assert "| +5% output throughput called improved |" in head
+    assert "| 100.0% [20.7, 100.0] | 25.0% [4.6, 69.9] |" in line  # +10 % 1/1, +5 % 1/4
+    assert head.count("|") == line.count("|")
 
 
 def test_config_repeats_reads_a_sequential_schedule(cal, tmp_path):
@@ -230,3 +245,40 @@ def test_config_repeats_reads_a_sequential_schedule(cal, tmp_path):
     p.write_text("schedule:\n  repeats: 7\ncompare:\n  confidence: 0.9\n")
     assert cal.config_repeats(p) == (7, None, CompareSettings(confidence=0.9))
     assert cal.parse_seq("4:12:2") == cal.SeqSpec(4, 12, 2, "pocock")
+
+
+def test_seq_spec_futility_and_the_old_rule(cal):
+    assert cal.parse_seq("4:12:2:pocock:0.2") == cal.SeqSpec(4, 12, 2, "pocock", 0.2, False)
+    old = cal.parse_seq("4:12:2:pocock:0:aa")
+    assert old == cal.SeqSpec(4, 12, 2, "pocock", 0.0, True)
+    assert old.label == "sequential 4..12 step 2 (pocock) [no futility, A/A holds]"
+    for bad in ("4:12:2:pocock:1.5", "4:12:2:pocock:x", "4:12:2:pocock:0:bb"):
+        with pytest.raises(Exception, match="MIN:MAX:STEP|futility"):
+            cal.parse_seq(bad)
+    cfg = REPO / "configs" / "pr9460-h200.yaml"
+    plan = cal.sequential_plan(cfg, old)
+    assert plan.design.futility == 0.0 and plan.controls == ()
+    # the A/A variant alone, ambiguous (30 % noise only there), holds the old rule to the
+    # maximum; the runner's rule stops at the first look (the patches are noise-free nulls)
+    quiet = cal.Model(run_cv=1e-4, req_cv=0.0, questions=30)
+    tr = cal.simulate(np.random.default_rng(0), quiet, 12, speedup={}, syncs={}, run_id="q")
+    rng = np.random.default_rng(1)
+    for k in range(12):
+        f = math.exp(rng.normal(0.0, 0.3))
+        for m in cal.PRIMARIES["serving"]:
+            tr.metrics[("aa", k)]["serving"][m] *= f
+    assert cal.sequential_stop(tr, plan) == 12
+    assert cal.sequential_stop(tr, cal.sequential_plan(cfg, cal.SeqSpec(4, 12, 2))) == 4
+
+
+def test_design_only_prints_just_the_design_table(cal, capsys):
+    rc = cal.main(
+        ["--design-only", "--trials", "2", "--design-repeats", "6", "--small-effect", "0.05"]
+        + ["--sequential", "4:6:2:pocock:0.2"]
+    )
+    out = capsys.readouterr().out
+    assert rc in (0, 1)
+    assert "| run CV |" not in out  # no CV rows
+    assert "| fixed 5 | 2 / 2 |" in out and "| fixed 6 | 2 / 2 |" in out
+    assert "| sequential 4..6 step 2 (pocock) [futility 0.2] | 2 / 2 |" in out
+    assert "+5% output throughput called improved" in out

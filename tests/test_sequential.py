@@ -1,5 +1,7 @@
 """Group-sequential repeats (patchbench/sequential.py): boundaries against the published tables and
-an independent computation, the Holm step-down, and the stopping logic on synthetic sequences."""
+an independent computation, the Holm step-down, conditional power against a simulation, and the
+stopping logic on synthetic sequences (clear effect, clear null, hopeless (futile), ambiguous; A/A
+controls never hold a run open)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,10 @@ import pytest
 from scipy import stats
 
 from patchbench.sequential import (
+    FUTILITY,
     Design,
     boundary,
+    conditional_power,
     continuation_probability,
     decide,
     looks_from_schedule,
@@ -160,3 +164,119 @@ def test_false_positive_rate_by_simulation():
         out = replay({"v": {"a": x}}, {"a": M5}, design=D)
         hits += out.metrics[("v", "a")].decision in ("improved", "regressed")
     assert 0.03 <= hits / 2000 <= 0.07
+
+
+# ---------------------------------------------------------------------------------------------
+# futility (conditional power) and controls
+
+DF = Design.from_schedule(4, 12, 2, futility=FUTILITY)
+
+
+@pytest.mark.parametrize("mean, sd", [(0.02, 0.05), (0.0, 0.03), (0.06, 0.04)])
+def test_conditional_power_against_a_simulation(mean, sd):
+    """The n repeats so far are fixed, the N - n to come are N(mean, sd); the last look's
+    decision uses the t quantiles with sd as the standard deviation."""
+    n, big_n, le, lq = 4, 12, 0.01, 0.01
+    p_eff, p_eq = conditional_power(
+        mean, sd, n, big_n, effect_level=le, margin=M5, equivalence_level=lq
+    )
+    rng = np.random.default_rng(11)
+    final = (n * mean + rng.normal(mean, sd, (200_000, big_n - n)).sum(axis=1)) / big_n
+    se = sd / math.sqrt(big_n)
+    crit = stats.t.ppf(1 - le / 2, big_n - 1) * se
+    half = M5 - stats.t.ppf(1 - lq, big_n - 1) * se
+    assert p_eff == pytest.approx(np.mean(np.abs(final) >= crit), abs=0.004)
+    assert p_eq == pytest.approx(np.mean(np.abs(final) < half), abs=0.004)
+    with pytest.raises(ValueError, match="n_final"):
+        conditional_power(mean, sd, 12, 12, effect_level=le)
+
+
+def test_stops_for_futility_on_a_hopeless_sequence():
+    # sd 27 %: at 12 repeats the TOST interval alone is wider than +-5 % and the estimate
+    # (-1.2 %) is far from any boundary, so neither decision can be reached
+    hope = [0.3, -0.25, 0.2, -0.3, 0.25, -0.2, 0.3, -0.3, 0.2, -0.25, 0.3, -0.2]
+    out = replay({"v": {"tput": hope}}, {"tput": M5}, design=DF)
+    assert out.stop and out.look_index == 0 and out.n_repeats == 4
+    d = out.metrics[("v", "tput")]
+    assert d.decision == "inconclusive" and d.reason.startswith("futile: conditional power")
+    assert "1 primary metric(s) inconclusive (futile" in out.reason
+    # hand: the 1 - 2*level interval at 12 repeats with this sd is wider than the margin
+    sd = float(np.std(hope[:4], ddof=1))
+    q = stats.t.ppf(1 - DF.level(4, 0.05), 11)
+    assert q * sd / math.sqrt(12) > M5
+    # without a futility stop the same sequence runs to the maximum
+    assert replay({"v": {"tput": hope}}, {"tput": M5}, design=D).n_repeats == 12
+
+
+def test_runs_to_max_on_an_ambiguous_sequence_with_futility():
+    # a promising +5 % that never crosses the boundary: conditional power stays above 0.1
+    amb = [0.13, -0.01, 0.11, 0.01, 0.10, -0.02, 0.08, 0.00]
+    d48 = Design.from_schedule(4, 8, 2, futility=FUTILITY)
+    out = replay({"v": {"tput": amb}}, {"tput": M5}, design=d48)
+    assert out.stop and out.look_index == 2 and out.n_repeats == 8
+    assert out.metrics[("v", "tput")].decision == "inconclusive"
+    assert "maximum of 8 repeats" in out.reason
+    p = stats.ttest_1samp(amb, 0.0).pvalue
+    assert p > d48.level(2, 0.05)  # not improved at the last look (scipy's t-test)
+    for k, n in enumerate((4, 6)):  # the looks before went on
+        look = decide(k, {"v": {"tput": amb}}, {"tput": M5}, design=d48)
+        assert look.metrics[("v", "tput")].decision == "continue" and not look.stop, n
+
+
+def test_futility_is_non_binding():
+    # "a" is futile at look 0, but "b" holds the run open; at look 1 "a" is tested again on
+    # all 6 repeats (a futile metric is not frozen, unlike a decided one)
+    a = [0.3, -0.28, 0.02, -0.02, 0.01, 0.0]
+    b = [0.13, -0.01, 0.11, 0.01, 0.10, 0.1]
+    ratios = {"v": {"a": a, "b": b}}
+    first = decide(0, ratios, {"a": M5, "b": M5}, design=DF)
+    assert first.metrics[("v", "a")].decision == "futile"
+    assert first.metrics[("v", "b")].decision == "continue" and not first.stop
+    assert "1 futile" in first.reason
+    second = decide(1, ratios, {"a": M5, "b": M5}, design=DF, previous=first)
+    again = second.metrics[("v", "a")]
+    assert again.n == 6
+    assert again.p_value == pytest.approx(stats.ttest_1samp(a, 0.0).pvalue, rel=1e-9)
+
+
+def test_futility_never_adds_a_false_positive():
+    """Non-binding futility only removes looks: on the same null sequences every
+    improved/regressed with futility is one without it too (so the rate stays <= alpha)."""
+    rng = np.random.default_rng(5)
+    with_f = without = 0
+    for _ in range(600):
+        x = {"v": {"a": rng.normal(0, 0.05, 12), "b": rng.normal(0, 0.03, 12)}}
+        hit_f = {
+            k
+            for k, d in replay(x, {"a": M5, "b": M5}, design=DF).metrics.items()
+            if d.decision in ("improved", "regressed")
+        }
+        hit = {
+            k
+            for k, d in replay(x, {"a": M5, "b": M5}, design=D).metrics.items()
+            if d.decision in ("improved", "regressed")
+        }
+        assert hit_f <= hit
+        with_f += bool(hit_f)
+        without += bool(hit)
+    assert without <= 0.07 * 600
+
+
+def test_an_aa_control_never_holds_the_run_open():
+    clear = [0.10, 0.11, 0.09, 0.10, 0.12, 0.10]
+    amb = [0.10, -0.05, 0.08, -0.06, 0.09, -0.04, 0.07, -0.07, 0.10, -0.05, 0.06, -0.03]
+    ratios = {"aa": {"tput": amb}, "v": {"tput": clear + [0.1] * 6}}
+    out = replay(ratios, {"tput": M5}, design=D, controls=["aa"])
+    assert out.stop and out.n_repeats == 4
+    assert out.metrics[("v", "tput")].decision == "improved"
+    assert out.metrics[("aa", "tput")].decision == "inconclusive"  # recorded, not waited for
+    assert "A/A variants do not hold the run open" in out.reason
+    # the efficacy alpha is still split over both compared variants (unchanged spending)
+    assert out.metrics[("v", "tput")].level == pytest.approx(D.level(0, 0.025))
+    # without the control the A/A's ambiguous sequence holds the run to the maximum
+    assert replay(ratios, {"tput": M5}, design=D).n_repeats == 12
+
+
+def test_design_rejects_a_bad_futility_threshold():
+    with pytest.raises(ValueError, match="futility"):
+        Design.from_schedule(4, 12, 2, futility=1.0)

@@ -22,7 +22,7 @@ from patchbench import bench
 from patchbench.config import ConfigError, load_config
 from patchbench.errors import Interrupted
 from patchbench.records import read_json
-from patchbench.sequential import nominal_levels
+from patchbench.sequential import FUTILITY, nominal_levels
 from patchbench.suite import MetricInfo, Suite, SuiteResult, register
 
 SGLANG = importlib.metadata.version("sglang")
@@ -54,21 +54,28 @@ class FakeSeqSuite(Suite):
 BASELINE = 100.0
 
 
-def _setup(tmp_path, monkeypatch, log_ratios: list[float], schedule="{min: 4, max: 8, step: 2}"):
-    """Config with baseline and patched; patched's throughput at repeat k is
-    100 * exp(log_ratios[k]) (baseline 100 in every repeat)."""
+def _setup(
+    tmp_path,
+    monkeypatch,
+    log_ratios: list[float],
+    schedule="{min: 4, max: 8, step: 2}",
+    aa: list[float] | None = None,
+):
+    """Config with baseline and patched (not an A/A copy: it sets an environment variable the
+    fake suite ignores); patched's throughput at repeat k is 100 * exp(log_ratios[k]) (baseline
+    100 in every repeat). ``aa``: also an A/A variant "stock-again" with these log ratios."""
     vals = tmp_path / "values.json"
-    vals.write_text(
-        json.dumps(
-            {
-                "baseline": [BASELINE] * len(log_ratios),
-                "patched": [BASELINE * math.exp(r) for r in log_ratios],
-            }
-        )
-    )
+    values = {
+        "baseline": [BASELINE] * len(log_ratios),
+        "patched": [BASELINE * math.exp(r) for r in log_ratios],
+    }
+    if aa is not None:
+        values["stock-again"] = [BASELINE * math.exp(r) for r in aa]
+    vals.write_text(json.dumps(values))
     monkeypatch.setenv("FAKE_SEQ_VALUES", str(vals))
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
+    aa_line = ", stock-again: []" if aa is not None else ""
     p = tmp_path / "cfg.yaml"
     p.write_text(
         textwrap.dedent(f"""\
@@ -76,7 +83,7 @@ def _setup(tmp_path, monkeypatch, log_ratios: list[float], schedule="{min: 4, ma
         sglang: "{SGLANG}"
         model: {{path: "{model}"}}
         server: {{port: 31992}}
-        variants: {{baseline: [], patched: []}}
+        variants: {{baseline: [], patched: {{env: {{FAKE_SEQ_ARM: patched}}}}{aa_line}}}
         schedule: {{repeats: {schedule}}}
         suites:
           fake_seq: {{}}
@@ -133,7 +140,10 @@ def test_clear_null_stops_as_equivalent(tmp_path, monkeypatch):
     assert seq["decisions"] == {"patched/fake_seq.output_tok_s": "equivalent"}
 
 
-AMBIGUOUS = [0.10, -0.05, 0.08, -0.06, 0.09, -0.04, 0.07, -0.05]  # mean +1.75 %, sd 7 %
+# a promising +5 % (sd 6 %) that never crosses the boundary: neither decided nor futile before 8
+AMBIGUOUS = [0.13, -0.01, 0.11, 0.01, 0.10, -0.02, 0.08, 0.00]
+# sd 27 % around -1 %: neither a change nor equivalence within 5 % reachable by 8 repeats
+HOPELESS = [0.3, -0.25, 0.2, -0.3, 0.25, -0.2, 0.3, -0.3]
 
 
 def test_ambiguous_effect_runs_to_max(tmp_path, monkeypatch):
@@ -194,3 +204,32 @@ def test_sequential_schedule_in_the_plan_and_its_errors(tmp_path, monkeypatch):
     bad = _setup(tmp_path, monkeypatch, [0.0] * 8, schedule="{min: 4, max: 8}, order: sequential")
     with pytest.raises(ConfigError, match="sequential repeats .* use order: interleaved"):
         load_config(bad)
+
+
+def test_hopeless_sequence_stops_for_futility(tmp_path, monkeypatch):
+    p = _setup(tmp_path, monkeypatch, HOPELESS)
+    run_dir = bench.run_bench(p, results_root=tmp_path / "results")
+    man = read_json(run_dir / "manifest.json")
+    assert _timed(man) == _abba(4)
+    seq = man["sequential"]
+    assert seq["stopped_at"] == 4 and seq["stopped_early"] is True
+    assert seq["reason"].startswith("every primary decided or futile after 4 repeats")
+    assert seq["decisions"] == {"patched/fake_seq.output_tok_s": "inconclusive"}
+    assert seq["design"]["futility"] == FUTILITY
+    why = seq["looks"][0]["metrics"]["patched/fake_seq.output_tok_s"]["reason"]
+    assert why.startswith("futile: conditional power at 8 repeats")
+
+
+def test_an_aa_variant_never_holds_the_run_open(tmp_path, monkeypatch):
+    # patched is clearly +20 %; the A/A copy is ambiguous but, a control, is not waited for
+    p = _setup(tmp_path, monkeypatch, [0.18, 0.19, 0.18, 0.19] + [0.0] * 4, aa=AMBIGUOUS)
+    run_dir = bench.run_bench(p, results_root=tmp_path / "results")
+    man = read_json(run_dir / "manifest.json")
+    seq = man["sequential"]
+    assert seq["stopped_at"] == 4 and seq["design"]["controls"] == ["stock-again"]
+    assert seq["decisions"] == {
+        "patched/fake_seq.output_tok_s": "improved",
+        "stock-again/fake_seq.output_tok_s": "inconclusive",
+    }
+    assert "A/A variants do not hold the run open" in seq["reason"]
+    assert not (run_dir / "stock-again" / "rep4").exists()
