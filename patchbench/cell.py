@@ -129,10 +129,21 @@ def suite_done(path: Path) -> bool:
 
 
 def cell_suites(cfg: Config, cell: Cell) -> list[str]:
-    """The suites a cell runs, in config order: every suite in a correctness cell; in a timed
-    cell of round k, the timed suites whose ``rounds`` include k (:meth:`Config.rounds_of`)."""
+    """The suites a cell runs, in config order. A correctness cell: the untimed suites and those
+    with instrumentation; when none of them talks to the server, also the timed server suites,
+    so that the instrumented server sees traffic. A timed cell of round k: the timed suites whose
+    ``rounds`` include k (:meth:`Config.rounds_of`)."""
     if cell.kind == "correctness":
-        return list(cfg.suites)
+        picked = [
+            s
+            for s in cfg.suites
+            if not suite_of(s).timed
+            or suite_of(s).instrumentation(_placeholder_ctx(cfg, s), cfg.suite_params[s])
+            is not None
+        ]
+        if not any(suite_of(s).needs_server for s in picked):
+            picked = [s for s in cfg.suites if s in picked or suite_of(s).needs_server]
+        return picked
     return [s for s in cfg.suites if suite_of(s).timed and cell.repeat in cfg.rounds_of(s)]
 
 

@@ -371,9 +371,26 @@ def test_instrumented_or_untimed_suites_get_one_correctness_cell_per_variant(fak
     ]
     corr = read_json(run_dir / "control" / "correctness" / "cell.json")
     assert corr["cell_kind"] == "correctness" and corr["instrumented"] is True
-    assert set(corr["suites"]) == {"fake", "fake_instr", "fake_untimed"}
+    # only the instrumented and untimed suites (they talk to the server themselves)
+    assert set(corr["suites"]) == {"fake_instr", "fake_untimed"}
     assert corr["instrumentation"] == {"fake_instr": {"files_count": 0}}
     timed = read_json(run_dir / "control" / "rep0" / "cell.json")
     assert timed["cell_kind"] == "timed" and timed["instrumented"] is False
     assert set(timed["suites"]) == {"fake", "fake_instr"}  # the untimed suite never runs here
     assert timed["instrumentation"] == {}
+
+
+def test_a_correctness_cell_whose_suites_send_no_traffic_also_runs_the_server_suites(
+    fake_env, tmp_path
+):
+    """An instrumented suite that needs no server (like sync_probe's cross-check) would leave the
+    instrumented server idle: the correctness cell then runs the timed server suites too."""
+    cfg = write_config(
+        tmp_path,
+        BASIC.replace("schedule: {repeats: 2}", "schedule: {repeats: 1}").replace(
+            "fake: {n: 2}", "fake: {n: 1}\n      fake_instr_offline: {}"
+        ),
+    )
+    run_dir = bench.run_bench(cfg, results_root=tmp_path / "results")
+    corr = read_json(run_dir / "control" / "correctness" / "cell.json")
+    assert set(corr["suites"]) == {"fake", "fake_instr_offline"}

@@ -136,7 +136,7 @@ def test_results_folder_and_servers_stopped(which, request):
 
 @pytest.mark.parametrize("which", ["demo_0513", "demo_0523"])
 def test_patched_decode_path_ran_on_mixed_image_batches_and_matched_stock(which, request):
-    """Issue 3 items 7/8: the patched method ran in the server on decode batches of >= 2 requests
+    """The patched method ran in the server on decode batches of >= 2 requests
     that include image requests with non-zero mrope deltas, and the stock method, run on the same
     batch, gave the same positions every time."""
     run_dir = request.getfixturevalue(which)

@@ -247,12 +247,21 @@ def test_ctrl_c_cancels_running_units_stops_their_servers_and_keeps_finished(clu
 
 @pytest.mark.e2e
 def test_one_real_cpu_unit_through_ray(tmp_path):  # pragma: no cover - run by the lead
-    """configs/demo-cpu.yaml (the tiny model, 1 repeat) as one unit on a one-node local cluster,
-    environment set up with make on the node."""
+    """configs/demo-cpu.yaml cut to its smallest (the tiny model, stock vs ours, 1 repeat, a short
+    serving suite) as one unit on a one-node local cluster, environment set up with make on the
+    node."""
+    import yaml
+
+    raw = yaml.safe_load((matrix.REPO_ROOT / "configs" / "demo-cpu.yaml").read_text())
+    raw["name"] = "cpu-e2e-small"
+    raw["variants"] = {"baseline": [], "mrope-sync-free": ["mrope-sync-free"]}
+    serving = dict(raw["suites"]["serving"], num_prompts=8, output_len=16)
+    raw["suites"] = {"serving": serving}
+    base = tmp_path / "cpu-e2e-small.yaml"
+    base.write_text(yaml.safe_dump(raw, sort_keys=False))
     m = tm.write_matrix(
         tmp_path,
-        f"name: cpu-e2e\nbase: {matrix.REPO_ROOT}/configs/demo-cpu.yaml\n"
-        "axes: {schedule.repeats: [1]}\n",
+        f"name: cpu-e2e\nbase: {base}\naxes: {{schedule.repeats: [1]}}\n",
     )
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
     try:

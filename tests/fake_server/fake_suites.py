@@ -85,3 +85,20 @@ class FakeUntimedSuite(Suite):
 
     def run(self, ctx, params):
         return SuiteResult(metrics={"seen_count": 1.0})
+
+
+@register
+class FakeOfflineInstrSuite(Suite):
+    """Instrumentation but no server traffic of its own (like sync_probe's cross-check): a
+    correctness cell then also runs the timed server suites so the instrumented server is used."""
+
+    name = "fake_instr_offline"
+    Params = InstrParams
+    metrics = {"seen_count": MetricInfo("none", "count")}
+    needs_server = False
+
+    def run(self, ctx, params):
+        return SuiteResult(metrics={"seen_count": 1.0})
+
+    def instrumentation(self, ctx, params):
+        return Instrumentation(env={"FAKE_INSTRUMENTED": "1"})
