@@ -34,8 +34,11 @@ Printed per row (run CV, repeats), each with its 95 % Wilson interval over the t
   ``--serving-s`` per cell, 4 cells a round). A sequential row runs the runner's own stopping
   rule (``patchbench.bench.sequential_design`` / ``sequential_primaries`` on the config with its
   schedule replaced, ``patchbench.sequential.replay`` on the paired log ratios of every variant,
-  A/A included) on a trial drawn with ``max`` repeats (the same trials as the fixed row of that
-  many), keeps the rounds that ran, and judges them with the comparison as the report would;
+  A/A included but, as in the runner, not holding the run open; the runner's futility threshold
+  unless the design names one) on a trial drawn with ``max`` repeats (the same trials as the
+  fixed row of that many), keeps the rounds that ran, and judges them with the comparison as
+  the report would. ``--design-only`` runs just this table; ``--small-effect 0.05`` adds a +5 %
+  power column (a third scenario per row);
 - beside them, the OLD rule's rates. The old rule is reimplemented here (:func:`old_rule`) only
   as a baseline for the table; it is not product code: every metric tested on its own with a 95 %
   paired t-interval on log ratios (t on differences for values <= 0; a zero-width interval when
@@ -84,6 +87,8 @@ Usage::
     .venv/bin/python scripts/calibrate.py                  # default rows, 400 trials each
     .venv/bin/python scripts/calibrate.py --trials 1000 --cvs 0.03 --repeats 5 6 7
     .venv/bin/python scripts/calibrate.py --trials 20 --via-folders   # the on-disk path
+    .venv/bin/python scripts/calibrate.py --design-only --design-repeats 8 --small-effect 0.05 \
+        --sequential 4:12:2:pocock:0:aa 4:12:2:pocock 4:8:2:pocock   # the design table only
 
 Exit status 0 when the targets hold at ``--target-cv`` with the config's schedule (fixed or
 sequential), 1 otherwise.
