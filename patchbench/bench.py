@@ -245,9 +245,10 @@ def describe_plan(cfg: Config, resume: Path | None = None) -> str:
     if seq is not None:
         prim = sequential_primaries(cfg)
         lines.append(
-            f"sequential stop when every primary of every variant is decided "
+            f"sequential stop when every primary of every non-A/A variant is decided or futile "
             f"(improved/regressed at the {seq.boundary} boundary, or equivalent within "
-            f"its margin), else after {seq.max} rounds; primaries: "
+            f"its margin; futile: conditional power < 0.1 at max), else after {seq.max} rounds; "
+            f"primaries: "
             + (
                 ", ".join(f"{s}.{m} (±{pct:g}%)" for s, m, _, pct in prim)
                 or "none (stops at the first look)"

@@ -509,7 +509,8 @@ class SequentialRepeats(_Strict):
     """``schedule.repeats: {min, max, step}``: group-sequential repeats (patchbench.sequential).
 
     The run looks at its primary metrics after ``min`` whole interleaved rounds, then after every
-    ``step`` more, up to ``max``, and stops once every primary of every variant is decided.
+    ``step`` more, up to ``max``, and stops once every primary of every non-A/A variant is
+    decided or futile (conditional power below 0.1 at ``max``; patchbench/sequential.py).
     ``boundary``: the group-sequential boundary (``pocock``: the same nominal level at every
     look; ``obrien-fleming``: strict early, near the fixed-sample level at the last look).
     """
