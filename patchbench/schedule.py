@@ -7,8 +7,9 @@ before the next (only for debugging: drift then looks like an effect).
 
 Correctness cells: when a suite declares in-server instrumentation or is untimed
 (``Suite.timed = False``), each variant gets one untimed ``correctness`` cell before the timed
-rounds (folder ``<variant>/correctness``). It runs every suite with every instrumentation on; its
-timings feed no verdict. Timed cells never carry instrumentation and never run untimed suites.
+rounds (folder ``<variant>/correctness``). It runs the untimed and instrumented suites (plus the
+timed server suites when those send no traffic: patchbench/cell.py ``cell_suites``) with every
+instrumentation on; its timings feed no verdict. Timed cells never carry instrumentation and never run untimed suites.
 
 Per-suite schedules: ``suites.<name>.rounds`` (``all``, ``first`` or a list of 0-based round
 indices) says in which timed rounds a suite runs (e.g. greedy MMMU once, serving timings in every
