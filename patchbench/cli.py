@@ -122,8 +122,26 @@ def _args_compare(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_a", type=Path, help="run folder whose baseline is compared")
     p.add_argument("run_b", type=Path, help="run folder whose variant is compared")
     p.add_argument("--variant", help="variant of RUN_B (default: its first non-baseline variant)")
-    p.add_argument("--out", type=Path, help="output folder (default RUN_B/compare-vs-...)")
-    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--out", type=Path, help="also write the result as JSON to this file")
+
+
+def _run_report(a: argparse.Namespace, _raw: list[str]) -> int:
+    from patchbench.comparison import read_comparison
+    from patchbench.report import console_summary, render_run
+
+    path = render_run(a.run_dir, plots=not a.no_plots)
+    console_summary(read_comparison(a.run_dir), path)
+    return EXIT_OK
+
+
+def _run_compare(a: argparse.Namespace, _raw: list[str]) -> int:
+    from patchbench import crossrun, records
+
+    res = crossrun.compare_runs(a.run_a, a.run_b, a.variant)
+    print(crossrun.format_result(res))
+    if a.out:
+        records.write_json(a.out, res)
+    return EXIT_OK
 
 
 def _args_nightly(p: argparse.ArgumentParser) -> None:
@@ -333,13 +351,13 @@ COMMANDS: list[Command] = [
         "report",
         "re-render a run folder's compare.json, report.md and plots",
         _args_report,
-        _delegate("patchbench.report", "cli_report"),
+        _run_report,
     ),
     Command(
         "compare",
         "compare the baseline of RUN_A with a variant of RUN_B (two runs)",
         _args_compare,
-        _delegate("patchbench.report", "cli_compare"),
+        _run_compare,
     ),
     Command(
         "nightly",

@@ -9,11 +9,8 @@ out compare equal.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
-from patchbench import EXIT_OK, EXIT_USAGE, records
 from patchbench.analysis import _suite_decl, guess_metric_info, read_run
 from patchbench.runfolder import RunFolderError
 
@@ -105,35 +102,15 @@ def compare_runs(run_a: Path, run_b: Path, variant: str | None = None, alpha: fl
     }
 
 
-def cli_compare(argv: list[str]) -> int:
-    """``patchbench compare RUN_A RUN_B [--variant NAME] [--out FILE]``; exit 0, or 2 for a bad
-    folder / usage. Prints the unpaired comparison and the protocol differences."""
-    ap = argparse.ArgumentParser(
-        prog="patchbench compare",
-        description="Compare RUN_A's baseline with RUN_B's variant (unpaired).",
-    )
-    ap.add_argument("run_a", type=Path)
-    ap.add_argument("run_b", type=Path)
-    ap.add_argument("--variant")
-    ap.add_argument("--out", type=Path, help="write the result as JSON here")
-    try:
-        a = ap.parse_args(argv)
-    except SystemExit as e:
-        return EXIT_OK if e.code == 0 else EXIT_USAGE
-    try:
-        res = compare_runs(a.run_a, a.run_b, a.variant)
-    except RunFolderError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    print(res["method"])
-    for d in res["differences"]:
-        print(f"protocol differs: {d}")
+def format_result(res: dict) -> str:
+    """The console text of :func:`compare_runs`'s result: the method, each protocol difference,
+    one line per metric with its change and interval (percent) and the runs on each side."""
+    lines = [res["method"]]
+    lines += [f"protocol differs: {d}" for d in res["differences"]]
     for r in res["rows"]:
         if r["change_pct"] is not None:
-            print(
+            lines.append(
                 f"{r['suite']}/{r['metric']}: {r['change_pct']:+.1f}% "
                 f"[{r['low_pct']:+.1f}%, {r['high_pct']:+.1f}%] (n={r['n_a']}/{r['n_b']})"
             )
-    if a.out:
-        records.write_json(a.out, res)
-    return EXIT_OK
+    return "\n".join(lines)

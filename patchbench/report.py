@@ -18,11 +18,9 @@ header). Layout, in this order:
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
-from patchbench import EXIT_OK, EXIT_USAGE, records, runfolder
+from patchbench import records, runfolder
 from patchbench.analysis import build_comparison, variant_parts
 from patchbench.comparison import CompareSettings, Comparison, Row, write_comparison
 
@@ -526,35 +524,3 @@ def console_summary(cmp: Comparison, report: Path | None = None) -> list[str]:
         for s_ in sents:
             print(s_)
     return sents
-
-
-def cli_report(argv: list[str]) -> int:
-    """``patchbench report RUN_DIR [--no-plots]``: rebuild a run's compare.json, report.md, plots.
-
-    Exit codes: 0 done, 2 when RUN_DIR is not a run folder (or was written by a newer schema)."""
-    ap = argparse.ArgumentParser(
-        prog="patchbench report",
-        description="Rebuild compare.json, report.md and plots of a run folder.",
-    )
-    ap.add_argument("run_dir", type=Path)
-    ap.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    try:
-        a = ap.parse_args(argv)
-    except SystemExit as e:
-        return EXIT_OK if e.code == 0 else EXIT_USAGE
-    try:
-        path = render_run(a.run_dir, plots=not a.no_plots)
-    except runfolder.RunFolderError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    from patchbench.comparison import read_comparison
-
-    console_summary(read_comparison(a.run_dir), path)
-    return EXIT_OK
-
-
-def cli_compare(argv: list[str]) -> int:
-    """``patchbench compare RUN_A RUN_B``: see :func:`patchbench.crossrun.cli_compare`."""
-    from patchbench.crossrun import cli_compare as _cli
-
-    return _cli(argv)

@@ -106,11 +106,13 @@ def test_pr_figure_written(tmp_path):
 
 
 def test_cli_report_exit_codes(tmp_path):
+    from patchbench import cli
+
     run = _run(tmp_path)
-    assert report.cli_report([str(run), "--no-plots"]) == 0
-    assert report.cli_report([str(tmp_path / "nothing")]) == 2
+    assert cli.main(["report", str(run), "--no-plots"]) == 0
+    assert cli.main(["report", str(tmp_path / "nothing")]) == 2
     records.write_json(run / "manifest.json", {"schema_version": 99})
-    assert report.cli_report([str(run)]) == 2
+    assert cli.main(["report", str(run)]) == 2
 
 
 def test_committed_old_run_folder_still_renders(tmp_path):
@@ -149,3 +151,30 @@ def test_future_comparison_schema_refused(tmp_path):
     records.write_json(tmp_path / "compare.json", {"schema_version": 7})
     with pytest.raises(runfolder.SchemaTooNew, match="version 7"):
         read_comparison(tmp_path)
+
+
+def test_cli_compare_two_runs_is_unpaired_welch(tmp_path, capsys):
+    """`patchbench compare RUN_A RUN_B`: RUN_A's baseline against RUN_B's variant, unpaired
+    (their repeats were not interleaved): Welch's interval on the per-run log values, checked
+    against scipy; the result is also written as JSON with --out."""
+    import math
+
+    from scipy import stats as sps
+
+    from patchbench import cli
+
+    run_a, run_b = _run(tmp_path / "a"), _run(tmp_path / "b")
+    out = tmp_path / "cmp.json"
+    rc = cli.main(["compare", str(run_a), str(run_b), "--variant", "patched", "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "unpaired" in text.lower() and "welch" in text.lower()
+    res = records.read_json(out)
+    row = next(r for r in res["rows"] if r["metric"] == "output_throughput_tok_s")
+    a = [math.log(x) for x in (100, 102, 98)]
+    b = [math.log(x) for x in (110, 112.2, 107.8)]
+    ci = sps.ttest_ind(b, a, equal_var=False).confidence_interval(0.95)
+    diff = sum(b) / 3 - sum(a) / 3
+    assert row["change_pct"] == pytest.approx(100 * math.expm1(diff), rel=1e-6)
+    assert row["low_pct"] == pytest.approx(100 * math.expm1(ci.low), rel=1e-6)
+    assert row["high_pct"] == pytest.approx(100 * math.expm1(ci.high), rel=1e-6)
