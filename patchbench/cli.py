@@ -145,29 +145,11 @@ def _run_compare(a: argparse.Namespace, _raw: list[str]) -> int:
 
 
 def _args_nightly(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", nargs="?", help="the experiment config or a matrix file (YAML)")
-    p.add_argument(
-        "--history",
-        help="SQLite history file (default: $PATCHBENCH_HISTORY, else the "
-        "config's nightly.history_path)",
-    )
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--from-run", metavar="RUN_DIR", help="gate a finished run folder; run nothing")
-    g.add_argument(
-        "--record-only", metavar="RUN_DIR", help="only append a finished run folder to the history"
-    )
-    p.add_argument(
-        "--on",
-        choices=("local", "ray"),
-        help="a matrix: local runs the units one after another here (default); ray: one Ray "
-        "task per unit",
-    )
-    p.add_argument("--address", help="a matrix on Ray: the cluster (default: RAY_ADDRESS or local)")
-    p.add_argument(
-        "--results",
-        metavar="DIR",
-        help="a matrix: parent of the matrix run folder (default results/)",
-    )
+    importlib.import_module("patchbench.nightly").add_arguments(p)
+
+
+def _run_nightly(a: argparse.Namespace, _raw: list[str]) -> int:
+    return int(importlib.import_module("patchbench.nightly").run_args(a))
 
 
 def _args_check_patch(p: argparse.ArgumentParser) -> None:
@@ -363,7 +345,7 @@ COMMANDS: list[Command] = [
         "nightly",
         "run a config (or a matrix), append it to the history and apply the regression gates",
         _args_nightly,
-        _delegate("patchbench.nightly", "cli"),
+        _run_nightly,
     ),
     Command(
         "check-patch",

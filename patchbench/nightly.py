@@ -975,10 +975,10 @@ def _matrix_cli(a: argparse.Namespace) -> int | None:
         return EXIT_RUN_FAILED
 
 
-def cli(argv: list[str]) -> int:
-    """``patchbench nightly ...`` (see the module docstring). Returns the exit code."""
-    p = argparse.ArgumentParser(prog="patchbench nightly", description=__doc__.split("\n")[0])
-    p.add_argument("config", nargs="?", help="the experiment config (YAML)")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``patchbench nightly`` (the one command line, patchbench/cli.py, uses
+    these too)."""
+    p.add_argument("config", nargs="?", help="the experiment config or a matrix file (YAML)")
     p.add_argument(
         "--history",
         help=f"SQLite history file (default: ${HISTORY_ENV}, else the "
@@ -990,10 +990,21 @@ def cli(argv: list[str]) -> int:
         "--record-only", metavar="RUN_DIR", help="only append a finished run folder to the history"
     )
     add_matrix_arguments(p)
+
+
+def cli(argv: list[str]) -> int:
+    """``patchbench nightly ...`` from raw arguments (see the module docstring); the exit code."""
+    p = argparse.ArgumentParser(prog="patchbench nightly", description=__doc__.split("\n")[0])
+    add_arguments(p)
     try:
         a = p.parse_args(argv)
     except SystemExit as e:
         return EXIT_USAGE if e.code else EXIT_OK
+    return run_args(a)
+
+
+def run_args(a: argparse.Namespace) -> int:
+    """``patchbench nightly`` from parsed arguments (:func:`add_arguments`); the exit code."""
     from patchbench.config import ConfigError
 
     matrix_code = _matrix_cli(a)
@@ -1020,9 +1031,8 @@ def cli(argv: list[str]) -> int:
             folder, settings, history=hpath, compare_settings=cfg.compare if cfg else None
         ).exit_code
     if not a.config:
-        p.print_usage(sys.stderr)
         print(
-            "runner.py nightly: give a CONFIG (or --from-run / --record-only RUN_DIR)",
+            "patchbench nightly: give a CONFIG (or --from-run / --record-only RUN_DIR)",
             file=sys.stderr,
         )
         return EXIT_USAGE
