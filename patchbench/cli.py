@@ -68,17 +68,6 @@ def _report(cmd: str, exc: BaseException, code: int) -> None:
 
 
 # ----------------------------------------------------------------------------------- commands
-def _delegate(module: str, function: str) -> Callable[[argparse.Namespace, list[str]], int]:
-    """A command that hands its raw arguments to ``module.function(argv) -> int`` (the module's
-    own ``cli``), after this parser validated them."""
-
-    def run(_args: argparse.Namespace, raw: list[str]) -> int:
-        return int(getattr(importlib.import_module(module), function)(raw) or 0)
-
-    run.__doc__ = f"Delegates to {module}.{function}(argv)."
-    return run
-
-
 def _args_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="the experiment config (YAML)")
     p.add_argument("--dry-run", action="store_true", help="print the resolved plan, launch nothing")
@@ -262,28 +251,11 @@ def _run_new_patch(a: argparse.Namespace, _raw: list[str]) -> int:
 
 
 def _args_score_mmmu(p: argparse.ArgumentParser) -> None:
-    p.add_argument("responses", help="<Subject>/output.json folder, records.jsonl or output.json")
-    p.add_argument("--answer-key", required=True, help="answer_dict_val.json")
-    p.add_argument("--parser", choices=["strict", "official"], default="strict")
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=42,
-        help="seed of the official parser's random fallback (default 42)",
-    )
-    p.add_argument(
-        "--fallback",
-        choices=["random", "unparsed"],
-        default="random",
-        help="official parser: pick a seeded random letter, or count as unparsed",
-    )
-    p.add_argument("--out", help="folder for records.jsonl, val_sglang.json, ...")
-    p.add_argument(
-        "--disagreements",
-        action="store_true",
-        help="list responses whose strict and official parses differ "
-        "(with --out also disagreements.md and .csv)",
-    )
+    importlib.import_module("patchbench.suites.mmmu.cli").add_arguments(p)
+
+
+def _run_score_mmmu(a: argparse.Namespace, _raw: list[str]) -> int:
+    return int(importlib.import_module("patchbench.suites.mmmu.cli").run_args(a))
 
 
 def _args_tiny(p: argparse.ArgumentParser) -> None:
@@ -363,7 +335,7 @@ COMMANDS: list[Command] = [
         "score-mmmu",
         "re-score saved MMMU responses against an answer key",
         _args_score_mmmu,
-        _delegate("patchbench.suites.mmmu", "cli"),
+        _run_score_mmmu,
     ),
     Command(
         "matrix",
@@ -436,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw = argv[argv.index(cmd.name) + 1 :]
     try:
         return int(cmd.run(args, raw) or 0)
-    except SystemExit as e:  # a delegated module's own argparse or sys.exit
+    except SystemExit as e:  # sys.exit inside a command
         return exit_code_of(e)
     except BaseException as e:  # noqa: BLE001 - every way out gets its documented code
         code = exit_code_of(e)

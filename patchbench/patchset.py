@@ -36,12 +36,10 @@ file, the key or the failing hunk and what was expected.
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import hashlib
 import importlib.metadata
 import importlib.util
-import json
 import os
 import py_compile
 import re
@@ -61,8 +59,8 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from patchbench import EXIT_ENV, EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, errors
 from patchbench import config as _config
+from patchbench import errors
 from patchbench.records import write_text
 
 #: default cache folder (git-ignored): wheels, derived diffs
@@ -1222,89 +1220,3 @@ def patch_from_diff_file(
     if version not in res.applies:
         raise PatchError(res.fails.get(version, f"{f}: does not apply to sglang {version}"))
     return folder
-
-
-def cli(argv: list[str]) -> int:
-    """``runner.py check-patch [--sglang VERSION] [--patch NAME] [--cache-dir DIR] [--json]``.
-
-    For each patch (or the named one) and each release in its manifest (or the given one): apply
-    to a pristine copy, byte-compile, compare hashes; one verdict line per (patch, release).
-    Without ``--patch``, a patch that lacks the ``--sglang`` release is reported as SKIP.
-    Exit codes: 0 all OK; 2 bad usage (unknown patch, invalid manifest, a named patch without that
-    release); 3 a wheel could not be fetched; 4 a diff that does not apply / hash mismatch /
-    does not compile.
-    """
-    ap = argparse.ArgumentParser(
-        prog="runner.py check-patch",
-        description="Apply every patch to a pristine copy of each "
-        "supported sglang release and check its hashes.",
-    )
-    ap.add_argument(
-        "--sglang", metavar="VERSION", help="only this release (default: all in each manifest)"
-    )
-    ap.add_argument("--patch", metavar="NAME", help="only this patch (a folder in patches/)")
-    ap.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=DEFAULT_CACHE_DIR,
-        help="wheels and derived diffs (default: %(default)s)",
-    )
-    ap.add_argument("--json", action="store_true", help="also print the results as JSON")
-    try:
-        args = ap.parse_args(argv)
-    except SystemExit as e:
-        return EXIT_OK if e.code == 0 else EXIT_USAGE
-    names = [args.patch] if args.patch else available_patches()
-    if not names:
-        print(f"check-patch: no patches found under {_config.PATCHES_DIR}", file=sys.stderr)
-        return EXIT_USAGE
-    worst = EXIT_OK
-    results = []
-
-    def bump(code: int) -> None:
-        nonlocal worst
-        order = [EXIT_OK, EXIT_ENV, EXIT_RUN_FAILED, EXIT_USAGE]
-        if order.index(code) > order.index(worst):
-            worst = code
-
-    for name in names:
-        try:
-            m = load_manifest(name)
-        except ManifestError as e:
-            print(f"{name:<20} {'-':<12} FAIL  {e}")
-            bump(EXIT_USAGE)
-            continue
-        versions = [args.sglang] if args.sglang else list(m.releases)
-        for ver in versions:
-            if ver not in m.releases and not args.patch:
-                print(
-                    f"{name:<20} {ver:<12} SKIP  no diff for this release (supports "
-                    f"{', '.join(m.releases)})"
-                )
-                continue
-            try:
-                res = check_patch(name, ver, cache_dir=args.cache_dir)
-            except (UnsupportedRelease, ManifestError) as e:
-                print(f"{name:<20} {ver:<12} FAIL  {e}")
-                bump(EXIT_USAGE)
-                continue
-            except FetchError as e:
-                print(f"{name:<20} {ver:<12} FAIL  {e}")
-                bump(EXIT_ENV)
-                continue
-            except PatchError as e:
-                print(f"{name:<20} {ver:<12} FAIL  {e}")
-                bump(EXIT_RUN_FAILED)
-                continue
-            files = "  ".join(
-                f"{Path(p).name} {h['before'][:8]}..->{h['after'][:8]}.."
-                for p, h in res["files"].items()
-            )
-            print(
-                f"{name:<20} {ver:<12} OK    {files}  (diff {res['patch_sha256'][:8]}.., "
-                f"{res['source'].split()[0]}, compiles)"
-            )
-            results.append(res)
-    if args.json:
-        print(json.dumps(results, indent=1))
-    return worst

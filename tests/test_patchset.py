@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from patchbench import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, patchset
+from patchbench import EXIT_OK, EXIT_USAGE, patchset
+from patchbench import cli as pb_cli
 from patchbench import config as pb_config
 from patchbench.patchset import (
     DEFAULT_CACHE_DIR,
@@ -301,7 +302,7 @@ def test_derived_upstream_diff_turns_0_5_1_post3_into_0_5_2rc2(tmp_path):
 
 # ----------------------------------------------------------------------------- check-patch
 def test_cli_ok_for_installed_release(capsys):
-    rc = patchset.cli(["--patch", "null-comment", "--sglang", INSTALLED_VERSION])
+    rc = pb_cli.main(["check-patch", "--patch", "null-comment", "--sglang", INSTALLED_VERSION])
     out = capsys.readouterr().out
     assert rc == EXIT_OK
     before = sha(stock_fbi())[:8]
@@ -313,11 +314,14 @@ def test_cli_ok_for_installed_release(capsys):
 
 
 def test_cli_usage_errors(capsys):
-    assert patchset.cli(["--patch", "no-such-patch"]) == EXIT_USAGE
+    assert pb_cli.main(["check-patch", "--patch", "no-such-patch"]) == EXIT_USAGE
     assert "patch 'no-such-patch' not found" in capsys.readouterr().out
-    assert patchset.cli(["--patch", "pr9460-upstream", "--sglang", "0.5.23"]) == EXIT_USAGE
+    assert (
+        pb_cli.main(["check-patch", "--patch", "pr9460-upstream", "--sglang", "0.5.23"])
+        == EXIT_USAGE
+    )
     assert "has no diff for sglang 0.5.23; it supports 0.5.1.post3" in capsys.readouterr().out
-    assert patchset.cli(["--bogus"]) == EXIT_USAGE
+    assert pb_cli.main(["check-patch", "--bogus"]) == EXIT_USAGE
 
 
 def test_cli_without_patch_skips_patches_lacking_the_release(capsys, monkeypatch, tmp_path):
@@ -335,12 +339,12 @@ def test_cli_without_patch_skips_patches_lacking_the_release(capsys, monkeypatch
         {f"{INSTALLED_VERSION}.diff": diff_text("null-comment", INSTALLED_VERSION)},
     )
     monkeypatch.setattr(pb_config, "PATCHES_DIR", pdir)
-    assert patchset.cli(["--sglang", INSTALLED_VERSION]) == EXIT_OK
+    assert pb_cli.main(["check-patch", "--sglang", INSTALLED_VERSION]) == EXIT_OK
     out = capsys.readouterr().out
     assert "only-old" in out and "SKIP" in out and "null-comment" in out and " OK " in out
 
 
-def test_cli_diff_that_does_not_apply_exits_4(capsys, monkeypatch, tmp_path):
+def test_cli_diff_that_does_not_apply_exits_2(capsys, monkeypatch, tmp_path):
     pdir = tmp_path / "patches"
     body = diff_text("null-comment", INSTALLED_VERSION).replace(
         " # limitations under the License.", " # not the line in the file", 1
@@ -352,7 +356,7 @@ def test_cli_diff_that_does_not_apply_exits_4(capsys, monkeypatch, tmp_path):
         {f"{INSTALLED_VERSION}.diff": body},
     )
     monkeypatch.setattr(pb_config, "PATCHES_DIR", pdir)
-    assert patchset.cli(["--sglang", INSTALLED_VERSION]) == EXIT_RUN_FAILED
+    assert pb_cli.main(["check-patch", "--sglang", INSTALLED_VERSION]) == EXIT_USAGE
     out = capsys.readouterr().out
     assert "broken" in out and "FAIL" in out and "hunk @@ -11,6 +11,7 @@" in out
     assert "# not the line in the file" in out
@@ -381,7 +385,7 @@ def test_cli_rejects_a_patch_that_does_not_compile(capsys, monkeypatch, tmp_path
         {f"{INSTALLED_VERSION}.diff": body},
     )
     monkeypatch.setattr(pb_config, "PATCHES_DIR", pdir)
-    assert patchset.cli(["--sglang", INSTALLED_VERSION]) == EXIT_RUN_FAILED
+    assert pb_cli.main(["check-patch", "--sglang", INSTALLED_VERSION]) == EXIT_USAGE
     assert "does not compile" in capsys.readouterr().out
 
 

@@ -213,11 +213,8 @@ def disagreements_csv(rows: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def cli(argv: list[str]) -> int:
-    """Entry point of ``runner.py score-mmmu`` (see module docstring)."""
-    ap = argparse.ArgumentParser(
-        prog="runner.py score-mmmu", description="Re-score saved MMMU responses."
-    )
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options of ``patchbench score-mmmu`` (patchbench/cli.py uses these)."""
     ap.add_argument("responses", help="<Subject>/output.json folder, records.jsonl or output.json")
     ap.add_argument("--answer-key", required=True, help="answer_dict_val.json")
     ap.add_argument("--parser", choices=["strict", "official"], default="strict")
@@ -240,10 +237,23 @@ def cli(argv: list[str]) -> int:
         help="print the responses where strict and official parses differ (and "
         "write disagreements.md / .csv to --out)",
     )
+
+
+def cli(argv: list[str]) -> int:
+    """``patchbench score-mmmu`` from raw arguments (see module docstring); the exit code."""
+    ap = argparse.ArgumentParser(
+        prog="patchbench score-mmmu", description="Re-score saved MMMU responses."
+    )
+    add_arguments(ap)
     try:
         a = ap.parse_args(argv)
     except SystemExit as e:
         return EXIT_OK if e.code == 0 else EXIT_USAGE
+    return run_args(a)
+
+
+def run_args(a: argparse.Namespace) -> int:
+    """``patchbench score-mmmu`` from parsed arguments (:func:`add_arguments`); the exit code."""
     try:
         responses = load_responses(a.responses)
         key = load_answer_key(a.answer_key)
