@@ -498,25 +498,7 @@ def _git_apply(root: Path, diff_path: Path, check: bool) -> subprocess.Completed
 def _explain_failure(
     name: str, version: str, text: str, output: str, root: Path, rel: ReleaseSpec
 ) -> str:
-    hunks = parse_hunks(text)
-    msgs = []
-    for mt in re.finditer(r"error: patch failed: (\S+):(\d+)", output):
-        path, line = mt.group(1), int(mt.group(2))
-        shown = f"hunk at line {line}"
-        for start, header, body in hunks.get(path, []):
-            if start == line:
-                preview = "\n    ".join(body[:6])
-                shown = f"hunk {header}\n    {preview}"
-                break
-        msgs.append(f"patch '{name}' (sglang {version}) does not apply to {path}: {shown}")
-    for mt in re.finditer(
-        r"error: (\S+): (No such file or directory|does not exist in index)", output
-    ):
-        msgs.append(
-            f"patch '{name}' (sglang {version}): target file {mt.group(1)} is missing under {root}"
-        )
-    if not msgs:
-        msgs.append(f"patch '{name}' (sglang {version}) does not apply under {root}")
+    msgs = _hunk_failures(f"patch '{name}'", version, text, output, root)
     # say whether the target was what the manifest expects: tells a changed file from a bad diff
     for path, h in rel.files.items():
         f = root / path
