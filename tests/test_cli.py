@@ -298,22 +298,12 @@ def test_bench_with_a_patch_that_does_not_apply_exits_2_before_any_server(
 # ------------------------------------------------------------ a run with the fake server: 4, 130
 @pytest.fixture
 def fake_server(monkeypatch):
-    """Register tests/fake_suite.py as suite "fake" and make every launch start the fake server;
-    returns {"<variant>/rep<k>": extra server environment} for injecting faults."""
-    from patchbench import bench, suite
-    from tests import fake_suite
+    """The fake suites (tests/fake_server/fake_suites.py, registered as "fake" ...) and every
+    launch starting the fake server; returns {"<variant>/rep<k>": extra server environment} for
+    injecting faults."""
+    from patchbench import bench
+    from tests.fake_server import fake_suites  # noqa: F401 - registers the fake suites
 
-    class FakeSuite(suite.Suite):
-        name = "fake"
-        Params = fake_suite.Params
-        metrics = fake_suite.METRICS
-
-        def run(self, ctx, params):
-            return fake_suite.run(ctx, params)
-
-    monkeypatch.setitem(suite.BUILTIN_SUITES, "fake", "tests.fake_suite")
-    monkeypatch.setitem(suite._REGISTRY, "fake", FakeSuite)
-    monkeypatch.delitem(suite._INSTANCES, "fake", raising=False)
     # the function that builds a cell's LaunchSpec: patchbench.cell.launch_spec (bench's
     # _launch_spec before run_cell moved to patchbench.cell)
     try:
