@@ -93,7 +93,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def tail(path: str | os.PathLike, n_lines: int = 40) -> str:
-    """Last ``n_lines`` lines of a text file ('' when it does not exist)."""
+    """Last ``n_lines`` lines of a text file ('' when it does not exist); a run of identical
+    lines counts as one, shown once with "(repeated N times)" (a dying server often repeats one
+    line, e.g. a collective's connect message, and would hide what came before)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -102,7 +104,15 @@ def tail(path: str | os.PathLike, n_lines: int = 40) -> str:
             data = f.read().decode("utf-8", "replace")
     except FileNotFoundError:
         return ""
-    return "\n".join(data.splitlines()[-n_lines:])
+    runs: list[list] = []
+    for line in data.splitlines():
+        if runs and runs[-1][0] == line:
+            runs[-1][1] += 1
+        else:
+            runs.append([line, 1])
+    return "\n".join(
+        line if k == 1 else f"{line}  (repeated {k} times)" for line, k in runs[-n_lines:]
+    )
 
 
 @dataclass

@@ -237,3 +237,12 @@ def test_busy_port_names_the_orphaned_patchbench_server_holding_it(tmp_path):
         assert f"`kill -TERM -- -{first.pid}`" in msg
     finally:
         first.stop()
+
+
+def test_log_tail_shows_a_repeated_line_once(tmp_path):
+    from patchbench.server import tail
+
+    log = tmp_path / "server.log"
+    log.write_text("loading\nTraceback: boom\n" + "[Gloo] Rank 0 is connected\n" * 3 + "end\n")
+    assert tail(log, 3) == ("Traceback: boom\n[Gloo] Rank 0 is connected  (repeated 3 times)\nend")
+    assert tail(tmp_path / "missing.log") == ""
