@@ -110,6 +110,13 @@ def sentence(cmp: Comparison, variant: str) -> str:
                 f"{verdict_text(r)} (exact)"
             )
             continue
+        if r.low is None or r.high is None:
+            # no interval: say why in a few words instead of "n/a" (the table has the full note)
+            why = (r.notes[0].split(":")[0] if r.notes else "no interval").strip()
+            parts.append(
+                f"{_name(r)} {fmt_change(r.change, r.change_unit)} {verdict_text(r)} ({why})"
+            )
+            continue
         parts.append(
             f"{_name(r)} {fmt_change(r.change, r.change_unit)} "
             f"{fmt_ci(r.low, r.high, r.change_unit)} {verdict_text(r)}"
