@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -65,7 +66,9 @@ def plot_pr_figure(cmp: Comparison) -> Figure | None:
             ax.axvspan(-rows[0].margin, rows[0].margin, color="tab:blue", alpha=0.08)
         ax.axvline(0, color="black", lw=0.8)
         ax.set_yticks(range(len(rows)), [r.variant for r in rows])
-        ax.set_title((rows[0].label if rows and rows[0].label else metric), fontsize=9)
+        title = (rows[0].label if rows and rows[0].label else metric).rstrip(": ")
+        # a long label wraps inside its panel instead of running into the next one
+        ax.set_title(textwrap.fill(title, 34), fontsize=9)
         ax.set_xlabel(f"change ({unit})", fontsize=8)
         ax.tick_params(labelsize=8)
     for ax in flat[len(metrics) :]:
