@@ -31,26 +31,14 @@ from pydantic import ValidationError
 from patchbench import runfolder, verdicts
 from patchbench.comparison import CompareSettings, Comparison, Health, Row, write_comparison
 from patchbench.runfolder import CellRecord, RunManifest, SuiteSummary
-from patchbench.suite import MetricInfo, PairingRefused
-
-_UNITS = (
-    ("_tok_s", "tok/s"),
-    ("_req_s", "req/s"),
-    ("_ms", "ms"),
-    ("_us", "us"),
-    ("_s", "s"),
-    ("_acc", "acc"),
-    ("_count", "count"),
-    ("_share", "share"),
-    ("_pct", "%"),
-)
+from patchbench.suite import MetricInfo, PairingRefused, unit_of
 
 
 def guess_metric_info(name: str) -> MetricInfo:
     """Direction and unit from a metric's name, for metrics a suite does not declare (always
     secondary): ``*_tok_s``, ``*_req_s``, ``*_acc`` higher is better; ``*_ms``, ``*_us``, ``*_s``
     lower; anything else (counts, shares) has no direction."""
-    unit = next((u for suf, u in _UNITS if name.endswith(suf)), "")
+    unit = unit_of(name)
     better = (
         "higher"
         if unit in ("tok/s", "req/s", "acc")

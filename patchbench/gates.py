@@ -55,17 +55,6 @@ from patchbench.history import History, Key, Night
 DEFAULT_HISTORY = "~/.cache/patchbench/history.sqlite"
 NIGHTS_PER_MONTH = 30.0
 
-_UNIT_SUFFIXES = (
-    ("_tok_s", "tok/s"),
-    ("_req_s", "req/s"),
-    ("_ms", "ms"),
-    ("_s", "s"),
-    ("_acc", "acc"),
-    ("_count", "count"),
-    ("_share", "share"),
-    ("_pct", "%"),
-)
-
 
 # ---------------------------------------------------------------------------------------------
 # settings
@@ -398,10 +387,9 @@ def metric_unit(suite: str, metric: str, nights: Sequence[Night] = ()) -> str:
     info = _suite_metric_info(suite, metric)
     if info is not None and getattr(info, "unit", None):
         return info.unit
-    for suffix, unit in _UNIT_SUFFIXES:
-        if metric.endswith(suffix):
-            return unit
-    return ""
+    from patchbench.suite import unit_of
+
+    return unit_of(metric)
 
 
 def _better(gate: Gate, suite: str, metric: str, nights: Sequence[Night]) -> str | None:

@@ -31,6 +31,24 @@ from pydantic import BaseModel
 
 from patchbench.errors import RunFailed
 
+#: metric-name suffix -> display unit (the contract's naming rule; longest suffixes first)
+UNIT_SUFFIXES: tuple[tuple[str, str], ...] = (
+    ("_tok_s", "tok/s"),
+    ("_req_s", "req/s"),
+    ("_ms", "ms"),
+    ("_us", "us"),
+    ("_s", "s"),
+    ("_acc", "acc"),
+    ("_count", "count"),
+    ("_share", "share"),
+    ("_pct", "%"),
+)
+
+
+def unit_of(metric: str) -> str:
+    """The display unit a metric's name declares by its suffix ("" when it has none)."""
+    return next((u for suf, u in UNIT_SUFFIXES if metric.endswith(suf)), "")
+
 
 class SuiteError(RunFailed):
     """A suite failure the suite understood (server died, bench_serving exited non-zero, ...);

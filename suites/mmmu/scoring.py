@@ -30,8 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from statsmodels.stats.proportion import proportion_confint
-
+from patchbench.stats import wilson_interval
 from patchbench.suites.mmmu import parsers as P
 from patchbench.suites.mmmu.data import DOMAINS, subject_of
 
@@ -92,11 +91,10 @@ def score_response(
 
 
 def wilson(k: int, n: int) -> tuple[float | None, float | None]:
-    """Wilson 95 % interval of k successes in n (statsmodels); (None, None) when n == 0."""
+    """Wilson 95 % interval of k successes in n (patchbench.stats); (None, None) when n == 0."""
     if n == 0:
         return None, None
-    lo, hi = proportion_confint(k, n, alpha=0.05, method="wilson")
-    return float(lo), float(hi)
+    return wilson_interval(k, n, 0.95)
 
 
 @dataclass
