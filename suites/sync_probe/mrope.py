@@ -19,7 +19,7 @@ It also holds the probes the tests, ``suites/sync_probe`` and ``scripts/gpu_prob
 - :func:`cuda_sync_warnings` and :func:`cuda_host_blocked_ms` measure the same on a real GPU.
 
 Sources: :func:`release_sources` gives the stock file of a release (the installed package when its
-version matches, else unpacked from ``pip download --no-deps sglang==X`` into ``.cache/``) and the
+version matches, else unpacked from the release wheel that ``patchbench.patchset.fetch_wheel`` caches) and the
 patched one (the stock file with ``patches/<patch>/<release>.diff`` applied by ``git apply``),
 both checked against the sha256 values in the patch manifest.
 
@@ -36,7 +36,6 @@ import hashlib
 import importlib.metadata
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import warnings
@@ -84,8 +83,8 @@ def stock_source(
     """Path of the stock ``forward_batch_info.py`` of sglang ``version``.
 
     The installed package's file when the installed sglang is ``version``; otherwise the file
-    unpacked from the release's wheel (``pip download --no-deps sglang==version``, wheel kept in
-    ``cache_dir/wheels``, file in ``cache_dir/<version>/stock/``). With ``expected_sha256`` a file
+    unpacked from the release's wheel (``patchbench.patchset.fetch_wheel``: the harness's one wheel
+    cache), file in ``cache_dir/<version>/stock/``. With ``expected_sha256`` a file
     with other bytes raises :class:`MropeSourceError`.
     """
     installed = _installed_sglang()
@@ -94,31 +93,19 @@ def stock_source(
     else:
         path = Path(cache_dir) / version / "stock" / FBI_REL
         if not path.is_file():
-            wheels = Path(cache_dir) / "wheels"
-            wheel = _find_wheel(wheels, version)
-            if wheel is None:
-                wheels.mkdir(parents=True, exist_ok=True)
-                proc = subprocess.run(
-                    [
-                        sys.executable,
-                        "-m",
-                        "pip",
-                        "download",
-                        "--no-deps",
-                        "--only-binary=:all:",
-                        f"sglang=={version}",
-                        "-d",
-                        str(wheels),
-                    ],
-                    capture_output=True,
-                    text=True,
-                )
-                wheel = _find_wheel(wheels, version)
-                if proc.returncode != 0 or wheel is None:
-                    raise MropeSourceError(
-                        f"cannot get sglang {version}: pip download exited {proc.returncode}: "
-                        f"{proc.stderr.strip()[-800:]}"
-                    )
+            # the one wheel cache and download helper of the harness (patchbench.patchset); a
+            # machine with torch alone (scripts/gpu_check.sh) gets prepared files instead
+            try:
+                from patchbench.patchset import PatchError, fetch_wheel
+            except ImportError as e:
+                raise MropeSourceError(
+                    f"no stock file for sglang {version} at {path} and no harness to download "
+                    f"its wheel ({e}); run `scripts/gpu_check.sh prepare` where the harness is"
+                ) from None
+            try:
+                wheel = fetch_wheel(f"sglang=={version}")
+            except PatchError as e:
+                raise MropeSourceError(f"cannot get sglang {version}: {e}") from None
             path.parent.mkdir(parents=True, exist_ok=True)
             with zipfile.ZipFile(wheel) as zf:
                 data = zf.read(FBI_REL)
@@ -131,11 +118,6 @@ def stock_source(
             f"{expected_sha256} of stock sglang {version}"
         )
     return path
-
-
-def _find_wheel(folder: Path, version: str) -> Path | None:
-    found = sorted(Path(folder).glob(f"sglang-{version}-*.whl")) if Path(folder).is_dir() else []
-    return found[0] if found else None
 
 
 def patch_manifest(patch: str = DEFAULT_PATCH) -> dict:
