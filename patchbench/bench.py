@@ -76,6 +76,10 @@ __all__ = [
 ]
 
 
+#: how to run patchbench again from this environment (the venv's console script need not be on PATH)
+_PROG = f"{sys.executable} -m patchbench"
+
+
 def _log(msg: str) -> None:
     print(f"[patchbench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -522,7 +526,7 @@ def run_bench(
                 e.run_dir = run_dir
                 say(
                     f"stopped: {e}; finished cells are kept in {run_dir}; once it is writable, "
-                    f"resume with: patchbench bench {config_path} --resume {run_dir}"
+                    f"resume with: {_PROG} bench {config_path} --resume {run_dir}"
                 )
             raise
         except KeyboardInterrupt as e:
@@ -533,7 +537,7 @@ def run_bench(
             manifest["ended_at"] = utc_stamp()
             manifest["interrupted"] = True
             write_manifest(run_dir, manifest)
-            cmd = f"patchbench bench {config_path} --resume {run_dir}"
+            cmd = f"{_PROG} bench {config_path} --resume {run_dir}"
             say(f"interrupted; finished cells are kept in {run_dir}; resume with: {cmd}")
             raise Interrupted(
                 f"interrupted by signal {signum_of(e)}; finished cells are kept in "

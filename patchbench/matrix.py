@@ -1371,7 +1371,7 @@ def run_matrix(
             log(f"matrix report failed: {type(e).__name__}: {e}")
     if interrupted is not None:
         sig = signum_of(interrupted)
-        cmd = f"patchbench matrix {path} --on {executor.name} --resume {matrix_dir}"
+        cmd = f"{sys.executable} -m patchbench matrix {path} --on {executor.name} --resume {matrix_dir}"
         raise Interrupted(
             f"interrupted; finished units are kept in {matrix_dir}; resume with `{cmd}`",
             signum=sig,

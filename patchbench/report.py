@@ -95,7 +95,9 @@ def verdict_text(r: Row) -> str:
     if r.verdict in ("improved", "regressed") and r.within_margin:
         return f"{r.verdict}, within {_margin_txt(r)}"
     if r.verdict == "equivalent":
-        return f"equivalent within {_margin_txt(r)}"
+        margin = _margin_txt(r)
+        # a deterministic count with no margin is equivalent only when it is exactly equal
+        return f"equivalent within {margin}" if margin else "unchanged"
     return r.verdict
 
 

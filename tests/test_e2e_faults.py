@@ -270,7 +270,9 @@ def test_sigterm_stops_everything_and_prints_the_resume_command(bench_run):
     print(f"\nSIGTERM -> runner exit {rc}: {took:.2f} s")
     assert rc == 143, out
     assert took < 30, out
-    assert f"resume with: patchbench bench {r.cfg} --resume {r.run_dir}" in out, out
+    assert (
+        f"resume with: {sys.executable} -m patchbench bench {r.cfg} --resume {r.run_dir}" in out
+    ), out
 
     rec = r.cell()
     assert rec["status"] == "interrupted", rec

@@ -178,3 +178,14 @@ def test_cli_compare_two_runs_is_unpaired_welch(tmp_path, capsys):
     assert row["change_pct"] == pytest.approx(100 * math.expm1(diff), rel=1e-6)
     assert row["low_pct"] == pytest.approx(100 * math.expm1(ci.low), rel=1e-6)
     assert row["high_pct"] == pytest.approx(100 * math.expm1(ci.high), rel=1e-6)
+
+
+def test_verdict_text_of_an_equal_deterministic_count_names_no_empty_margin():
+    """A deterministic count that did not change has no margin: "unchanged", never "equivalent
+    within " with nothing after it; a run metric names its margin."""
+    from patchbench.comparison import Row
+
+    det = Row(suite="s", metric="x_count", variant="v", kind="deterministic", verdict="equivalent")
+    assert report.verdict_text(det) == "unchanged"
+    run = Row(suite="s", metric="t_tok_s", variant="v", verdict="equivalent", margin=5.0)
+    assert report.verdict_text(run) == "equivalent within ±5%"

@@ -84,7 +84,7 @@ def test_sigterm_and_sighup_stop_everything_and_keep_finished_cells(tmp_path, si
     took = time.monotonic() - t0
     assert proc.returncode == code, out
     assert took < 10, out  # not the suite's 30 s request
-    assert "resume with: patchbench bench" in out and f"--resume {run_dir}" in out
+    assert "-m patchbench bench" in out and f"--resume {run_dir}" in out
     rec = read_json(run_dir / "control" / "rep0" / "cell.json")
     assert rec["status"] == "interrupted"
     assert rec["error"] == f"interrupted by {signal.Signals(sig).name}"
