@@ -292,6 +292,19 @@ def read_manifest(path: str | os.PathLike) -> RunManifest:
         raise RunFolderError(f"{p}: {_why(e)}") from None
 
 
+def _validated(p: Path, kind: str, model: type[BaseModel]) -> tuple[Any, str | None]:
+    """(``p`` read, upgraded and validated as ``model``, None), or (None, why it is unreadable);
+    :class:`SchemaTooNew` propagates."""
+    try:
+        return model.model_validate(_upgrade(kind, _load(p), p)), None
+    except SchemaTooNew:
+        raise
+    except ValidationError as e:
+        return None, _why(e)
+    except (OSError, ValueError) as e:
+        return None, str(e)
+
+
 def read_cell(path: str | os.PathLike, *, variant: str = "", repeat: int = 0) -> CellRecord | None:
     """The record of one cell (``path`` = the cell folder or its ``cell.json``).
 
@@ -302,15 +315,9 @@ def read_cell(path: str | os.PathLike, *, variant: str = "", repeat: int = 0) ->
     p = _path(path, "cell.json")
     if not p.exists():
         return None
-    try:
-        raw = _upgrade("cell", _load(p), p)
-        return CellRecord.model_validate(raw)
-    except SchemaTooNew:
-        raise
-    except ValidationError as e:
-        why = _why(e)
-    except (OSError, ValueError) as e:
-        why = str(e)
+    rec, why = _validated(p, "cell", CellRecord)
+    if rec is not None:
+        return rec
     return CellRecord(
         variant=variant,
         repeat=repeat,
@@ -330,15 +337,9 @@ def read_summary(path: str | os.PathLike, *, suite: str = "") -> SuiteSummary | 
     p = _path(path, "summary.json")
     if not p.exists():
         return None
-    try:
-        raw = _upgrade("summary", _load(p), p)
-        return SuiteSummary.model_validate(raw)
-    except SchemaTooNew:
-        raise
-    except ValidationError as e:
-        why = _why(e)
-    except (OSError, ValueError) as e:
-        why = str(e)
+    rec, why = _validated(p, "summary", SuiteSummary)
+    if rec is not None:
+        return rec
     return SuiteSummary(
         suite=suite or p.parent.name,
         status="unreadable",
