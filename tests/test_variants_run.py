@@ -7,7 +7,6 @@ instrumentation's server arguments are added to correctness cells only (conflict
 import importlib.metadata
 import os
 import shutil
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from patchbench.patchset import sha256_file
 from patchbench.records import read_json
 from patchbench.suite import Instrumentation, Suite, SuiteResult, register
 from tests.fake_server.fake_suites import InstrParams
+from tests.test_bench_runner import write_config
 
 FAKE = Path(__file__).parent / "fake_server"
 SGLANG = importlib.metadata.version("sglang")
@@ -61,14 +61,6 @@ def launches(monkeypatch):
 
     monkeypatch.setattr(cell, "launch_spec", launch_spec)
     return seen
-
-
-def write_config(tmp_path, body: str) -> Path:
-    model = tmp_path / "model"
-    model.mkdir(exist_ok=True)
-    p = tmp_path / "cfg.yaml"
-    p.write_text(textwrap.dedent(body).replace("@MODEL@", str(model)).replace("@SGLANG@", SGLANG))
-    return p
 
 
 BASE = """\
