@@ -9,12 +9,15 @@
 - Flush: ``POST /flush_cache``; sglang answers 400 while requests are in flight, so retry with a
   pause, log every answer, and fail after the retry budget.
 - Stop (``stop_mode="fast"``, the default; called only after every suite wrote its files): SIGTERM
-  to the process group, ``fast_grace_s`` (1 s) for it to exit, then SIGKILL to the group and to
+  to the process group, ``fast_grace_s`` (0.05 s) for it to exit, then SIGKILL to the group and to
   every descendant seen (psutil); wait until every process is gone, the port refuses connections
-  and, on a GPU, NVML lists none of the server's processes. sglang's front end answers SIGTERM
-  only through a watchdog that polls every 5 s (tokenizer_manager.sigterm_watchdog, 0.5.1.post3),
-  so a graceful stop costs up to 5 s per cell for nothing: the results are on disk before the
-  stop. ``stop_mode="graceful"`` waits ``stop_grace_s`` for the SIGTERM instead. A survivor, an
+  and, on a GPU, NVML lists none of the server's processes. The grace is short because a longer
+  one buys nothing: the scheduler and detokenizer keep the default SIGTERM action and are gone at
+  once, while the front end answers SIGTERM only through a watchdog that polls every 5 s
+  (tokenizer_manager.sigterm_watchdog; 3.6-3.9 s measured, docs/FACTS.md section 4), so a 1 s
+  grace ended in SIGKILL anyway, 1 s per cell later. Nothing is lost: the results are on disk
+  before the stop, and the port and GPU memory are checked free before the next server.
+  ``stop_mode="graceful"`` waits ``stop_grace_s`` for the SIGTERM instead. A survivor, an
   open port or GPU memory still held is an error. ``stop_breakdown_s`` says where the time went.
 - Markers: the cell sets ``PATCHBENCH_RUN_DIR``, ``PATCHBENCH_CELL`` and ``PATCHBENCH_RUNNER_PID``
   in the server's environment, so a server left behind by a killed runner can be recognised
@@ -137,7 +140,7 @@ class LaunchSpec:
     flush_pause_s: float = 1.0
     health_path: str = "/health"
     stop_mode: Literal["fast", "graceful"] = "fast"
-    fast_grace_s: float = 1.0
+    fast_grace_s: float = 0.05
     gpu_release_timeout_s: float = 30.0
 
     def command(self) -> list[str]:
@@ -323,7 +326,7 @@ class SglangServer:
                         return waited
             except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
                 last = f"{type(e).__name__}: {e}"
-            time.sleep(0.5)
+            time.sleep(0.2)  # a refused connection costs nothing; a late poll costs the cell
 
     # ------------------------------------------------------------------ flush
     def flush_cache(self) -> None:
@@ -454,7 +457,7 @@ class SglangServer:
                 self.proc.poll()  # reap the leader so it does not linger as a zombie
             if not live or time.monotonic() >= deadline:
                 return list(live.values())
-            time.sleep(0.05)
+            time.sleep(0.01)
 
     def __enter__(self) -> SglangServer:
         self.start()

@@ -158,7 +158,7 @@ def test_l3_flush_refused_for_whole_budget_fails(tmp_path):
 
 def test_fast_stop_does_not_wait_for_a_slow_sigterm_and_graceful_does(tmp_path):
     """The fake front end exits 5 s after SIGTERM (sglang's watchdog polls every 5 s). The fast
-    stop (SIGTERM, 1 s, SIGKILL) ends in under 2.5 s with the port closed and nothing left; the
+    stop (SIGTERM, 0.05 s, SIGKILL) ends in under 1 s with the port closed and nothing left; the
     graceful one waits the 5 s."""
     took = {}
     for mode in ("fast", "graceful"):
@@ -175,7 +175,7 @@ def test_fast_stop_does_not_wait_for_a_slow_sigterm_and_graceful_does(tmp_path):
     print(
         f"\nstop with a 5 s SIGTERM delay: fast {took['fast']:.2f} s, graceful {took['graceful']:.2f} s"
     )
-    assert took["fast"] < 2.5
+    assert took["fast"] < 1.0
     assert 5.0 <= took["graceful"] < 9.0
 
 
