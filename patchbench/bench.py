@@ -405,6 +405,7 @@ def run_bench(
     verbose: bool = False,
     log=None,
     nvml: Any = "auto",
+    python_start_s: float | None = None,
 ) -> Path:
     """Run a config end to end; returns the run folder.
 
@@ -414,11 +415,13 @@ def run_bench(
     Ctrl-C, SIGTERM or SIGHUP, once the server and any client are stopped (finished cells kept).
     ``kill_stale``: stop servers orphaned by an earlier killed run first (otherwise they are only
     reported). ``verbose``: print the timing breakdown at the end. ``nvml``: a patchbench.gpu.Nvml,
-    None (no GPU checks) or "auto" (NVML where a GPU is present).
+    None (no GPU checks) or "auto" (NVML where a GPU is present). ``python_start_s``: seconds
+    this process spent before the call (interpreter start-up and imports; the command line
+    passes it): counted in the total and the harness overhead.
     """
     from patchbench.progress import BenchProgress
 
-    t_run = time.monotonic()
+    t_run = time.monotonic() - (python_start_s or 0.0)
     run_dir: Path | None = None
     manifest: dict | None = None
     progress: BenchProgress | None = None
@@ -448,6 +451,9 @@ def run_bench(
             cells = plan(cfg)
             records: list[dict] = []
             timings: dict[str, Any] = {"setup": round(time.monotonic() - t_run, 3)}
+            if python_start_s is not None:
+                timings["python_start"] = round(python_start_s, 3)
+                timings["setup"] = round(timings["setup"] - python_start_s, 3)
             manifest = _manifest(cfg, run_dir, env, variants, records, started, timings)
             manifest["copied_files"] = copy_config_files(cfg, run_dir)
             if resume:  # keep the first invocation's timings; this one's go to "resumes"
@@ -564,7 +570,8 @@ def run_bench(
     )
     if verbose:
         say(
-            f"overhead breakdown: server stops {b['server_stop']:.1f} s, setup {b['setup']:.1f} s, "
+            f"overhead breakdown: python start {b['python_start']:.1f} s, "
+            f"server stops {b['server_stop']:.1f} s, setup {b['setup']:.1f} s, "
             f"flushes {b['flush']:.1f} s, report {b['report']:.1f} s, other {b['other']:.1f} s; "
             f"stop phases {timings['server_stop_breakdown_s']}"
         )
@@ -764,7 +771,9 @@ def _inside_s(ran: list[dict]) -> float:
 
 
 def _overhead_breakdown(records: list[dict], timings: dict) -> dict[str, float]:
-    """Where the harness overhead went, in seconds: ``setup`` (config, environment, overlays),
+    """Where the harness overhead went, in seconds: ``python_start`` (the process's start-up and
+    imports before the run began; 0 when ``bench`` was called in-process), ``setup`` (config,
+    environment, overlays),
     ``server_stop`` (SIGTERM until the port closes; sglang's SIGTERM watchdog polls every 5 s,
     tokenizer_manager.sigterm_watchdog, 0.5.1.post3), ``flush`` (/flush_cache between suites),
     ``report`` (compare.json, report.md, plots) and ``other`` (the rest of the wall time outside
@@ -773,8 +782,10 @@ def _overhead_breakdown(records: list[dict], timings: dict) -> dict[str, float]:
     stop = sum(t.get("server_stop", 0.0) for t in ran)
     flush = sum(v for t in ran for k, v in t.items() if k.startswith("flush:"))
     setup, report = timings.get("setup", 0.0), timings.get("report", 0.0)
-    other = timings.get("total", 0.0) - _inside_s(ran) - stop - flush - setup - report
+    start = timings.get("python_start", 0.0)
+    other = timings.get("total", 0.0) - _inside_s(ran) - stop - flush - setup - report - start
     return {
+        "python_start": round(start, 3),
         "setup": round(setup, 3),
         "server_stop": round(stop, 3),
         "flush": round(flush, 3),

@@ -7,9 +7,10 @@ record. :func:`run_cell` strings them together; :class:`CellRun` holds the cell'
   found again: patchbench.stale), readiness, then the liveness watch (patchbench.liveness) and,
   on a GPU, the NVML sampler (patchbench.gpu).
 - **run suites**: suites that need no server first, then the others on the server; between two
-  suites ``/flush_cache`` and one bounded ``/health``; during a suite nothing is sent to the
-  server. A death of any server process stops the suite at once (``ServerLost``) and fails the
-  cell with "the sglang scheduler (pid N) died" and the server log's tail.
+  suites ``/flush_cache`` (its 200 is the scheduler's own answer, so it doubles as the health
+  check: see :meth:`CellRun._between_suites`); during a suite nothing is sent to the server. A
+  death of any server process stops the suite at once (``ServerLost``) and fails the cell with
+  "the sglang scheduler (pid N) died" and the server log's tail.
 - **stop**: the liveness watch first (a stop is not a death), then a fast stop of the group
   (patchbench.server: the results are on disk already).
 - **record**: the instrumentation's ``collect`` results, the cell's status, timings and the GPU
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from patchbench import envinfo, logscan, runfolder
+from patchbench import envinfo, logscan, preload, runfolder
 from patchbench.config import Config
 from patchbench.liveness import ServerLost, ServerWatch
 from patchbench.records import ResultsWriteError, make_dir
@@ -54,8 +55,6 @@ from patchbench.suite import Instrumentation, ServerInfo, SuiteContext, SuiteErr
 from patchbench.variants import VariantEnv, stock_client_env
 
 DONE_STATUSES = ("ok", "incomplete")
-#: seconds a between-suites /health may take (sglang's own health check waits up to 20 s)
-HEALTH_TIMEOUT_S = 30.0
 
 
 def utc_stamp() -> str:
@@ -385,9 +384,11 @@ class CellRun:
         self.server = SglangServer(spec)
         self.say(f"starting server on port {self.port}")
         self.server.start()
+        preload.start()  # the report's imports, while this process waits for the server anyway
         self.record.server = runfolder.ServerRecord(**self.server.record())
         self.write()  # the pid is on disk before anything can hang
         self.record.timings_s["server_start"] = round(self.server.wait_ready(), 3)
+        preload.wait()  # done before any suite runs
         self.say(f"server ready in {self.record.timings_s['server_start']:.1f} s")
         self.watch = ServerWatch(
             self.server.proc,
@@ -423,14 +424,15 @@ class CellRun:
                 raise ServerError(self.watch.death.message(), self._log_tail())
 
     def _between_suites(self, name: str) -> None:
+        """Flush the radix cache before ``name``. ``/flush_cache`` answers 200 only with the
+        scheduler's own reply (``TokenizerManager.flush_cache`` awaits the scheduler's
+        ``FlushCacheReqOutput``, sglang 0.5.1.post3 and 0.5.23; docs/FACTS.md section 4), so a
+        200 proves the scheduler answers and no ``/health`` follows: sglang's ``/health`` sleeps
+        1 s before it looks (``health_generate``), a second per timed cell for nothing. A refused
+        or unanswered flush raises (server.FlushFailed / ServerDied)."""
         t = time.monotonic()
         self.server.flush_cache()
         self.record.timings_s[f"flush:{name}"] = round(time.monotonic() - t, 3)
-        why = self.server.health(timeout_s=HEALTH_TIMEOUT_S)
-        if why is not None:
-            raise ServerError(
-                f"the server failed its health check between suites ({why})", self._log_tail()
-            )
 
     def _scan_log(self, res: SuiteResult, start_offset: int | None) -> None:
         """Count the server's retractions and out-of-memory lines during this suite

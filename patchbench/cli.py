@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import time
 import traceback
 import warnings
 from collections.abc import Callable, Sequence
@@ -97,7 +98,9 @@ def _run_bench(a: argparse.Namespace, _raw: list[str]) -> int:
         if have != cfg.sglang:
             print(f"note: this environment has sglang {have}; a real run needs {cfg.sglang}")
         return EXIT_OK
-    extra = {k: True for k in ("kill_stale", "verbose") if getattr(a, k)}
+    extra: dict = {k: True for k in ("kill_stale", "verbose") if getattr(a, k)}
+    if _PROCESS_T0 is not None:  # a process of its own: its start-up and imports count too
+        extra["python_start_s"] = max(0.0, time.time() - _PROCESS_T0)
     bench.run_bench(a.config, resume=a.resume, results_root=a.results, port=a.port, **extra)
     return EXIT_OK
 
@@ -389,12 +392,28 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+#: when this process was created (epoch seconds), set by :func:`main` when it reads sys.argv
+_PROCESS_T0: float | None = None
+
+
+def _process_created() -> float | None:
+    try:
+        import psutil
+
+        return float(psutil.Process().create_time())
+    except Exception:  # noqa: BLE001 - the start-up figure is a courtesy
+        return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns its exit code (see :func:`exit_code_table`), never raises."""
     # torch.cuda imports the deprecated pynvml shim that sglang's dependencies install
     warnings.filterwarnings(
         "ignore", message="The pynvml package is deprecated", category=FutureWarning
     )
+    global _PROCESS_T0
+    if argv is None:  # the command line of a process of its own (not a call from a test)
+        _PROCESS_T0 = _process_created()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:

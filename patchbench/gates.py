@@ -48,7 +48,6 @@ from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from scipy import special
 
 from patchbench.history import History, Key, Night
 
@@ -245,6 +244,8 @@ class TestStat:
         """The one-sided ``1 - alpha`` bound of the log change in the bad direction."""
         if self.se == 0.0:
             return self.mean
+        from scipy import special
+
         return self.mean + self.bad * float(special.stdtrit(self.df, 1.0 - alpha)) * self.se
 
 
@@ -252,6 +253,8 @@ def _one_sided(mean: float, se: float, df: float, bad: int, name: str) -> TestSt
     if se == 0.0 or not math.isfinite(se):
         p = 0.0 if mean * bad > 0 else 1.0
     else:
+        from scipy import special
+
         p = float(special.stdtr(df, -bad * mean / se))
     return TestStat(mean, se, df, p, bad, name)
 

@@ -36,7 +36,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from scipy import stats as sps
+
+
+class _ScipyStats:
+    """``scipy.stats``, imported on first use: it costs 0.5 s, and ``patchbench bench`` imports
+    this module long before it compares anything (patchbench/preload.py loads it meanwhile)."""
+
+    def __getattr__(self, name: str):
+        from scipy import stats
+
+        return getattr(stats, name)
+
+
+sps = _ScipyStats()
 
 _NORMAL = statistics.NormalDist()
 

@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-from scipy import stats as sps
+
+from patchbench.stats import sps  # scipy.stats, imported on first use
 
 Verdict = Literal["improved", "regressed", "equivalent", "inconclusive", "incomplete"]
 VERDICTS: tuple[str, ...] = ("improved", "regressed", "equivalent", "inconclusive", "incomplete")

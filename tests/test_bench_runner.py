@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-import tests.fake_server.fake_suites  # noqa: F401 - registers the fake suites
+import tests.fake_server.fake_suites  # registers the fake suites (and is subclassed below)
 from patchbench import bench, cell
 from patchbench.config import ConfigError, load_config
 from patchbench.errors import Interrupted
 from patchbench.records import read_json
 from patchbench.server import port_answers
+from patchbench.suite import register as register_suite
 
 FAKE = Path(__file__).parent / "fake_server"
 SGLANG = importlib.metadata.version("sglang")
@@ -135,6 +136,40 @@ def test_server_dying_mid_run_fails_that_cell_only_and_resume_reruns_it(fake_env
     man = read_json(run_dir / "manifest.json")
     rerun = [c for c in man["cells"] if not c.get("skipped")]
     assert [(c["variant"], c["repeat"], c["status"]) for c in rerun] == [("control", 0, "ok")]
+
+
+@register_suite
+class _SecondFake(tests.fake_server.fake_suites.FakeSuite):
+    """A second server suite, so a cell has a boundary between two suites."""
+
+    name = "fake_second"
+
+
+def test_between_suites_a_flush_the_scheduler_refuses_fails_the_cell_and_no_health_is_sent(
+    fake_env, tmp_path
+):
+    """The flush between two suites is the health check (its 200 is the scheduler's reply):
+    a flush refused for the whole budget fails that cell and the suite after it, the
+    other cells go on, and a healthy cell sends no /health after its flush (sglang's /health
+    sleeps 1 s)."""
+    fake_env["control/rep0"] = {"FAKE_FLUSH_400": "-1"}
+    body = BASIC.replace("fake: {n: 2}", "fake: {n: 1}\n      fake_second: {n: 1}").replace(
+        "repeats: 2", "repeats: 1"
+    )
+    cfg = write_config(tmp_path, body)
+    with pytest.raises(bench.RunFailed) as ei:
+        bench.run_bench(cfg, results_root=tmp_path / "results")
+    run_dir = ei.value.run_dir
+    bad = read_json(run_dir / "control" / "rep0" / "cell.json")
+    assert bad["status"] == "failed"
+    assert bad["suites"] == {"fake": "ok", "fake_second": "failed"}  # its flush failed
+    assert "/flush_cache refused 2 times" in bad["error"]
+    good = read_json(run_dir / "baseline" / "rep0" / "cell.json")
+    assert good["status"] == "ok" and good["suites"] == {"fake": "ok", "fake_second": "ok"}
+    events = [e["event"] for e in good["server"]["events"]]
+    assert events.count("flush_cache") == 1
+    assert "health" not in events
+    assert "flush:fake_second" in good["timings_s"]
 
 
 def test_ctrl_c_stops_server_and_keeps_finished_cells(fake_env, tmp_path, monkeypatch):
@@ -288,12 +323,17 @@ def test_overhead_share_and_breakdown_by_hand():
     timings = {"setup": 2.0, "report": 1.0, "total": 100.0}
     assert bench._overhead_share(records, timings) == 0.2
     assert bench._overhead_breakdown(records, timings) == {
+        "python_start": 0.0,
         "setup": 2.0,
         "server_stop": 5.5,
         "flush": 0.5,
         "report": 1.0,
         "other": 11.0,
     }
+    # run from the command line: 1.5 s of interpreter start-up and imports, inside the total
+    timings["python_start"] = 1.5
+    got = bench._overhead_breakdown(records, timings)
+    assert got["python_start"] == 1.5 and got["other"] == 9.5  # 100 - 80 - 5.5 - 0.5 - 2 - 1 - 1.5
 
 
 def test_scheduler_death_fails_the_cell_within_seconds_and_the_run_goes_on(fake_env, tmp_path):

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -368,3 +369,22 @@ def test_matrix_bad_file_exits_2_naming_it(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "m.yaml" in err and "no_such" in err, err
     assert cli.main(["matrix", str(tmp_path / "none.yaml")]) == 2
+
+
+def test_bench_from_a_process_of_its_own_counts_its_start_up(monkeypatch):
+    """``patchbench bench`` run as a process (main() reading sys.argv) hands run_bench the
+    seconds since the process was created (interpreter start-up and imports), so the overhead
+    share includes them; a call from Python (main(argv)) does not."""
+    import psutil
+
+    from patchbench import bench
+
+    got = []
+    monkeypatch.setattr(bench, "run_bench", lambda *a, **kw: got.append(kw))
+    monkeypatch.setattr(cli, "_PROCESS_T0", None)
+    assert cli.main(["bench", "configs/demo-cpu.yaml"]) == 0
+    assert "python_start_s" not in got[-1]
+    monkeypatch.setattr(sys, "argv", ["patchbench", "bench", "configs/demo-cpu.yaml"])
+    age = time.time() - psutil.Process().create_time()
+    assert cli.main() == 0
+    assert age <= got[-1]["python_start_s"] <= age + 5.0

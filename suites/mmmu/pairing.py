@@ -27,8 +27,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from statistics import mean
 from typing import Any
 
-from statsmodels.stats.contingency_tables import mcnemar
-
 from patchbench.suite import PairingRefused
 from patchbench.suites.mmmu.data import subject_of
 
@@ -264,6 +262,8 @@ def pair(
     n = sum(table.values())
     n11, n10 = table["both_right"], table["right_to_wrong"]
     n01, n00 = table["wrong_to_right"], table["both_wrong"]
+    from statsmodels.stats.contingency_tables import mcnemar  # 0.8 s: only when compared
+
     p = float(mcnemar([[n11, n10], [n01, n00]], exact=True).pvalue) if n else None
     if failed_either:
         verdict = "incomplete"
