@@ -26,19 +26,23 @@ Printed per row (run CV, repeats), each with its 95 % Wilson interval over the t
   screened with ``--screen-trials`` +10 % trials each; a count whose screen is not clearly below
   the target (upper 95 % Wilson bound >= target) gets a full row, until one meets the target;
 - a design table at ``--target-cv`` (printed last, for the README): fixed 5, the config's and
-  ``--design-repeats`` (8, 12, 16) repeats, and the ``--sequential`` designs (and the config's,
-  when it ships one), each with both scenarios: error rates, the real-0 primaries called
-  equivalent (at which repeats equivalence within the default margins is reachable), repeats
-  used (mean, p90), primaries of the two patches decided (improved, regressed or equivalent)
-  per report and per H200 hour of timed cells (``--startup-s`` assumed + ``--mmmu-s`` +
-  ``--serving-s`` per cell, 4 cells a round). A sequential row runs the runner's own stopping
-  rule (``patchbench.bench.sequential_design`` / ``sequential_primaries`` on the config with its
-  schedule replaced, ``patchbench.sequential.replay`` on the paired log ratios of every variant,
-  A/A included but, as in the runner, not holding the run open; the runner's futility threshold
-  unless the design names one) on a trial drawn with ``max`` repeats (the same trials as the
-  fixed row of that many), keeps the rounds that ran, and judges them with the comparison as
-  the report would. ``--design-only`` runs just this table; ``--small-effect 0.05`` adds a +5 %
-  power column (a third scenario per row);
+  ``--design-repeats`` (8, 12, 16) repeats, and the ``--sequential`` designs (and the config's, when
+  it ships one), each with both scenarios: error rates, the real-0 primaries called equivalent (at
+  which repeats equivalence within the default margins is reachable), repeats used (mean, p90),
+  primaries of the two patches decided (improved, regressed or equivalent) per report and per H200
+  hour (:class:`Cost`: 4 timed cells a round, each ``--startup-s`` assumed + ``--serving-s``, +
+  ``--mmmu-s`` in the rounds MMMU runs in; plus one correctness cell per variant, ``--startup-s`` +
+  ``--correctness-s``). ``--mmmu-rounds first`` (the config's ``suites.mmmu.rounds`` by default)
+  runs MMMU in the first round only in every row but the reference, today's "fixed 5, every suite in
+  every cell": MMMU is then judged on repeat 0 (:func:`run_data` with ``mmmu_first``), as the
+  runner's analysis judges such a run. A sequential row runs the runner's own stopping rule
+  (``patchbench.bench.sequential_design`` / ``sequential_primaries`` on the config with its schedule
+  replaced, ``patchbench.sequential.replay`` on the paired log ratios of every variant, A/A included
+  but, as in the runner, not holding the run open; the runner's futility threshold unless the design
+  names one) on a trial drawn with ``max`` repeats (the same trials as the fixed row of that many),
+  keeps the rounds that ran, and judges them with the comparison as the report would.
+  ``--design-only`` runs just this table; ``--small-effect 0.05`` adds a +5 % power column (a third
+  scenario per row);
 - beside them, the OLD rule's rates. The old rule is reimplemented here (:func:`old_rule`) only
   as a baseline for the table; it is not product code: every metric tested on its own with a 95 %
   paired t-interval on log ratios (t on differences for values <= 0; a zero-width interval when
@@ -89,6 +93,7 @@ Usage::
     .venv/bin/python scripts/calibrate.py --trials 20 --via-folders   # the on-disk path
     .venv/bin/python scripts/calibrate.py --design-only --design-repeats 8 --small-effect 0.05 \
         --sequential 4:12:2:pocock:0:aa 4:12:2:pocock 4:8:2:pocock   # the design table only
+    .venv/bin/python scripts/calibrate.py --design-only --mmmu-rounds first   # MMMU in round 1
 
 Exit status 0 when the targets hold at ``--target-cv`` with the config's schedule (fixed or
 sequential), 1 otherwise.
@@ -302,11 +307,20 @@ def _summary_metrics(tr: Trial, v: str, k: int, s: str, secondaries: bool) -> di
     return dict(vals) if secondaries else {x: vals[x] for x in PRIMARIES[s] if x in vals}
 
 
-def run_data(tr: Trial, settings: CompareSettings, secondaries: bool = False) -> analysis.RunData:
+def run_data(
+    tr: Trial, settings: CompareSettings, secondaries: bool = False, mmmu_first: bool = False
+) -> analysis.RunData:
     """The trial as :class:`patchbench.analysis.RunData` (what ``read_run`` returns for the same
     run folder: typed manifest, cells, summaries; A/A variants as ``read_run`` finds them).
     secondaries: put every simulated metric in the summaries, not only the primaries (secondary
-    rows change no primary verdict and no A/A check; they only cost time)."""
+    rows change no primary verdict and no A/A check; they only cost time). mmmu_first: the MMMU
+    suite ran only in the first round (``suites.mmmu.rounds: first``): its summaries and pairing
+    hold repeat 0 only, as ``read_run`` finds such a run."""
+    mmmu_ks = {0} if mmmu_first else set(range(tr.repeats))
+
+    def ran(s: str, k: int) -> bool:
+        return s != "mmmu" or k in mmmu_ks
+
     cells_meta = []
     for k in range(tr.repeats):
         order = tr.variants if k % 2 == 0 else list(reversed(tr.variants))
@@ -315,7 +329,9 @@ def run_data(tr: Trial, settings: CompareSettings, secondaries: bool = False) ->
     base = sorted(man.variants[BASELINE])
     aa = [v for v in tr.variants[1:] if sorted(man.variants[v]) == base]
     cells = {
-        (v, k): CellRecord(variant=v, repeat=k, status="ok", suites={s: "ok" for s in SUITES})
+        (v, k): CellRecord(
+            variant=v, repeat=k, status="ok", suites={s: "ok" for s in SUITES if ran(s, k)}
+        )
         for v in tr.variants
         for k in range(tr.repeats)
     }
@@ -326,6 +342,7 @@ def run_data(tr: Trial, settings: CompareSettings, secondaries: bool = False) ->
         for v in tr.variants
         for k in range(tr.repeats)
         for s in SUITES
+        if ran(s, k)
     }
     return analysis.RunData(
         Path("/nonexistent-calibration") / tr.run_id,
@@ -337,6 +354,7 @@ def run_data(tr: Trial, settings: CompareSettings, secondaries: bool = False) ->
         list(SUITES),
         cells,
         sums,
+        rounds={"mmmu": sorted(mmmu_ks)},
     )
 
 
@@ -420,10 +438,14 @@ def compare_trial(
     via_folders: bool = False,
     root: Path | None = None,
     secondaries: bool = False,
+    mmmu_first: bool = False,
 ) -> Comparison:
     """The comparison code's verdicts on one trial: in memory (``build_comparison`` on a
     :class:`RunData` with :func:`memory_suites`) or, with ``via_folders``, from a run folder
-    under ``root`` through ``compare_run``."""
+    under ``root`` through ``compare_run``. mmmu_first: MMMU ran in the first round only
+    (in memory only)."""
+    if via_folders and mmmu_first:
+        raise ValueError("--via-folders does not simulate suites.mmmu.rounds: first")
     if via_folders:
         run = write_folder(tr, root, settings, secondaries)
         try:
@@ -431,7 +453,7 @@ def compare_trial(
         finally:
             shutil.rmtree(run, ignore_errors=True)
     return analysis.build_comparison(
-        run_data(tr, settings, secondaries), settings, suites=memory_suites(tr)
+        run_data(tr, settings, secondaries, mmmu_first), settings, suites=memory_suites(tr)
     )
 
 
@@ -690,6 +712,7 @@ def run_row(
     secondaries: bool = False,
     plan: SeqPlan | None = None,
     small_effect: float = 0.05,
+    mmmu_first: bool = False,
 ) -> Counts:
     """Simulate ``trials`` seeded trials of each scenario at ``m.run_cv`` and ``repeats``, run
     the comparison on each and count into ``counts`` (a new :class:`Counts` by default).
@@ -699,7 +722,9 @@ def run_row(
     ``small_effect``, +5 %: only its power is counted).
     plan: a sequential design; each trial is drawn with ``plan.spec.max`` repeats (the same
     trials as a fixed row of that many repeats), cut where the runner's stopping rule stops,
-    and the comparison runs on the repeats that remain (``repeats`` is ignored)."""
+    and the comparison runs on the repeats that remain (``repeats`` is ignored).
+    mmmu_first: MMMU runs in the first round only (``suites.mmmu.rounds: first``); its verdict
+    comes from repeat 0, the other suites' from every repeat."""
     c = counts or Counts()
     if plan is not None:
         repeats = plan.spec.max
@@ -731,7 +756,12 @@ def run_row(
                 if plan is not None:
                     tr = truncate(tr, sequential_stop(tr, plan))
                 cmp = compare_trial(
-                    tr, settings, via_folders=via_folders, root=root, secondaries=secondaries
+                    tr,
+                    settings,
+                    via_folders=via_folders,
+                    root=root,
+                    secondaries=secondaries,
+                    mmmu_first=mmmu_first,
                 )
                 _count(c, sc, tr, cmp, old_all, old_prim, old_resamples, seed)
     finally:
@@ -881,6 +911,16 @@ def table(rows: list[tuple[float, int, Counts]]) -> list[str]:
     return out
 
 
+def config_mmmu_rounds(path: Path) -> str:
+    """ "first" when the config runs MMMU in the first round only (``suites.mmmu.rounds: first``
+    or ``[0]``), else "all" (a plain YAML read)."""
+    import yaml
+
+    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    rounds = ((raw.get("suites") or {}).get("mmmu") or {}).get("rounds", "all")
+    return "first" if rounds in ("first", [0]) else "all"
+
+
 def config_repeats(path: Path) -> tuple[int | None, SeqSpec | None, CompareSettings]:
     """(fixed schedule.repeats or None, the sequential schedule or None, compare settings) of a
     config file (a plain YAML read; patchbench.config validates it when the plan is built)."""
@@ -927,16 +967,35 @@ def parse_seq(text: str) -> SeqSpec:
     return SeqSpec(*map(int, parts[:3]), *parts[3:4], futility=fut, aa_holds=len(parts) == 6)
 
 
-def design_table(
-    entries: list[tuple[str, Counts]], cv: float, cell_s: float, cells_per_round: int
-) -> list[str]:
-    """The README table: one line per design at run CV ``cv``: error rates, equivalence of
-    the real-0 primaries, repeats used, primaries decided and what they cost in H200 time
-    (``cell_s`` seconds per cell, ``cells_per_round`` cells a round)."""
+@dataclass(frozen=True)
+class Cost:
+    """H200 seconds of one report: ``cells`` timed cells a round, each ``startup_s`` +
+    ``serving_s`` (+ ``mmmu_s`` in the rounds MMMU runs in), plus one untimed correctness cell
+    per variant (``startup_s`` + ``correctness_s``, the same in every design)."""
+
+    cells: int
+    startup_s: float
+    serving_s: float
+    mmmu_s: float
+    correctness_s: float
+
+    def hours(self, rounds: float, mmmu_first: bool) -> float:
+        """H200 hours of a report with ``rounds`` timed rounds (a mean is fine: linear)."""
+        mmmu_rounds = min(1.0, rounds) if mmmu_first else rounds
+        timed = self.cells * (
+            rounds * (self.startup_s + self.serving_s) + mmmu_rounds * self.mmmu_s
+        )
+        return (timed + self.cells * (self.startup_s + self.correctness_s)) / 3600.0
+
+
+def design_table(entries: list[tuple[str, Counts, bool]], cv: float, cost: Cost) -> list[str]:
+    """The README table: one line per design (label, counts, MMMU in the first round only) at
+    run CV ``cv``: error rates, equivalence of the real-0 primaries, repeats used, primaries
+    decided and what they cost in H200 time (:class:`Cost`)."""
     prim = list(PRIMARIES["serving"]) + list(PRIMARIES["mmmu"])
     n_all = len(PATCHES) * sum(len(x) for x in PRIMARIES.values())
     n_run = len(PATCHES) * len(PRIMARIES["serving"])
-    small = any(c.small for _, c in entries)
+    small = any(c.small for _, c, _ in entries)
     out = [
         f"| design (run CV {100 * cv:g}%) | trials (no effect / +10%) | repeats: mean / p90 "
         "(no effect) | repeats: mean / p90 (+10%) | a no-effect patch shown improved or "
@@ -948,7 +1007,7 @@ def design_table(
         "serving: no effect | +10% |",
         "|---|---|---|---|---|---|" + "---|" * (len(prim) + small) + "---|---|---|---|---|",
     ]
-    for label, c in entries:
+    for label, c, mmmu_first in entries:
         mins, dec, per_h = [], [], []
         for sc, n in (("null", c.null), ("effect", c.effect)):
             if not n:
@@ -956,7 +1015,7 @@ def design_table(
                 dec.append("n/a")
                 per_h.append("n/a")
                 continue
-            h = float(np.mean(c.reps[sc])) * cells_per_round * cell_s / 3600.0
+            h = cost.hours(float(np.mean(c.reps[sc])), mmmu_first)
             d, r = c.decided[sc] / n, c.decided_run[sc] / n
             mins.append(f"{60 * h:.0f}")
             dec.append(f"{d:.2f} / {r:.2f}")
@@ -1094,6 +1153,20 @@ def main(argv: list[str] | None = None) -> int:
         help="also count, per design-table row, how often patch-a's output throughput at this "
         "speed-up (e.g. 0.05: +5%%) is called improved (one more scenario a row)",
     )
+    ap.add_argument(
+        "--mmmu-rounds",
+        choices=("all", "first"),
+        help="the design table's MMMU schedule (suites.mmmu.rounds) for every row but the "
+        "reference 'fixed 5, every suite in every cell': all, or first (MMMU in the first "
+        "round only); default: the config's",
+    )
+    ap.add_argument(
+        "--correctness-s",
+        type=float,
+        default=30.0,
+        help="seconds of one untimed correctness cell beyond its start-up (the sync probe), "
+        "one per variant in every design (30 s: an assumption)",
+    )
     ap.add_argument("--mmmu-s", type=float, default=76.0, help="MMMU phase per cell (76 s)")
     ap.add_argument("--serving-s", type=float, default=79.0, help="serving phase per cell (79 s)")
     ap.add_argument("--seed", type=int, default=0)
@@ -1111,8 +1184,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if a.config.is_file():
         fixed_cfg, seq_cfg, settings = config_repeats(a.config)
+        a.mmmu_rounds = a.mmmu_rounds or config_mmmu_rounds(a.config)
     else:
         fixed_cfg, seq_cfg, settings = 5, None, CompareSettings()
+        a.mmmu_rounds = a.mmmu_rounds or "all"
+    if a.mmmu_rounds == "first" and a.via_folders:
+        ap.error("--via-folders simulates MMMU in every round; add --mmmu-rounds all")
+    mmmu_first = a.mmmu_rounds == "first"
     # the fixed repeat count of the target / CV rows: the config's, or 5 (the reference point of
     # the targets) when the config ships a sequential design
     reps_cfg = fixed_cfg or 5
@@ -1197,6 +1275,27 @@ def main(argv: list[str] | None = None) -> int:
             todo = tuple(sc for sc in design_sc if not have[sc])
             if todo:
                 row(a.target_cv, n, todo, into=at[n])
+    # with MMMU in the first round only, every fixed row but today's reference (fixed 5, every
+    # suite in every cell) again with that schedule: the same trials, MMMU judged on repeat 0
+    at_first: dict[int, Counts] = {}
+    for n in fixed_designs if mmmu_first else []:
+        t1 = time.time()
+        at_first[n] = run_row(
+            model(a.target_cv),
+            n,
+            a.trials,
+            a.seed,
+            settings,
+            scenarios=design_sc,
+            mmmu_first=True,
+            **kw,
+        )
+        print(
+            f"  CV {100 * a.target_cv:g}% x {n} repeats, MMMU first round: "
+            f"{time.time() - t1:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
     seqs = list(dict.fromkeys([*([seq_cfg] if seq_cfg else []), *a.sequential]))
     if seqs and not a.config.is_file():
         print(f"  no config file {a.config}: no sequential rows", file=sys.stderr)
@@ -1212,6 +1311,7 @@ def main(argv: list[str] | None = None) -> int:
             settings,
             scenarios=design_sc,
             plan=sequential_plan(a.config, spec),
+            mmmu_first=mmmu_first,
             **kw,
         )
         print(
@@ -1245,25 +1345,32 @@ def main(argv: list[str] | None = None) -> int:
             f"{a.screen_trials}-trial screens (a count whose 95% Wilson upper bound is below "
             "the target gets no full row): " + "; ".join(screens)
         )
-    cell_s = a.startup_s + a.mmmu_s + a.serving_s
-    entries = [(f"fixed {n}", at[n]) for n in fixed_designs]
-    entries += [(spec.label, seq_counts[spec]) for spec in seqs]
+    cost = Cost(len(VARIANTS), a.startup_s, a.serving_s, a.mmmu_s, a.correctness_s)
+    first = ", MMMU round 1 only" if mmmu_first else ""
+    entries = [
+        (f"fixed {n}" + (" (today: every suite in every cell)" if n == 5 else ""), at[n], False)
+        for n in fixed_designs
+        if n == 5 or not mmmu_first
+    ]
+    entries += [(f"fixed {n}{first}", at_first[n], True) for n in fixed_designs if mmmu_first]
+    entries += [(spec.label + first, seq_counts[spec], mmmu_first) for spec in seqs]
     shipped = f"sequential {seq_cfg.min}..{seq_cfg.max}" if seq_cfg else f"fixed {reps_cfg}"
     print(
         f"\nDesigns at run CV {100 * a.target_cv:g}% ({a.config.name} ships "
         f"{seq_cfg.label if seq_cfg else f'fixed {reps_cfg}'}); "
         f"primaries decided: improved, regressed or equivalent after the A/A check, of the 12 "
-        f"primaries of the two patches (6 each; serving: their 4 run-level ones); H200 minutes of the timed cells, "
-        f"{len(VARIANTS)} cells a round, one cell = {a.startup_s:g} s server start-up "
-        f"(assumed, not measured here) + {a.mmmu_s:g} s MMMU + {a.serving_s:g} s serving = "
-        f"{cell_s:g} s. Sequential rows: the runner's stopping rule "
+        f"primaries of the two patches (6 each; serving: their 4 run-level ones); H200 minutes "
+        f"of a report: {len(VARIANTS)} timed cells a round, one cell = {a.startup_s:g} s server "
+        f"start-up (assumed, not measured here) + {a.serving_s:g} s serving (+ {a.mmmu_s:g} s "
+        f"MMMU in the rounds it runs in), plus {len(VARIANTS)} untimed correctness cells of "
+        f"{a.startup_s:g} + {a.correctness_s:g} s (assumed). Sequential rows: the runner's stopping rule "
         f"(patchbench.bench.sequential_design / sequential_primaries, patchbench.sequential."
         f"replay; the A/A variant does not hold the run open unless the row says 'A/A holds'; "
         f"futility: the conditional-power threshold, the runner's own unless the row names one) "
         f"on the same trials as the fixed row of their maximum, then the comparison "
         f"on the rounds that ran:\n"
     )
-    print("\n".join(design_table(entries, a.target_cv, cell_s, len(VARIANTS))))
+    print("\n".join(design_table(entries, a.target_cv, cost)))
     print(
         "\n(brackets: 95% Wilson interval over the trials; a method whose true rate is exactly "
         "5% shows more than 5.0% in about half of such samples. n/a: scenario not run there.)"

@@ -163,7 +163,8 @@ def test_main_prints_the_tables(cal, capsys):
     out = capsys.readouterr().out
     assert rc in (0, 1)
     assert "| 3% | 1 | 2 / 0 |" in out
-    assert "| fixed 5 | 2 / 2 |" in out and "| fixed 6 | 2 / 2 |" in out
+    assert "| fixed 5 (today: every suite in every cell) | 2 / 2 |" in out
+    assert "| fixed 6 | 2 / 2 |" in out
     assert "| sequential 4..6 step 2 (obrien-fleming) | 2 / 2 |" in out
     assert "pr9460-h200.yaml: " in out and " repeats at run CV 3%: " in out
 
@@ -224,17 +225,61 @@ def test_design_table_cost_columns(cal):
     c.reps = {"null": [8, 8], "effect": [4], "small": []}
     c.decided = {"null": 6, "effect": 9}
     c.decided_run = {"null": 2, "effect": 5}
-    line = cal.design_table([("a design", c)], 0.03, 215.0, 4)[2]
-    # no effect: 8 rounds x 4 cells x 215 s = 6880 s = 1.9111 h (115 min); 3 primaries a report
-    # / 1.9111 h = 1.57. +10 %: 4 rounds = 3440 s = 0.9556 h (57 min); 9 / 0.9556 = 9.42
+    cost = cal.Cost(cells=4, startup_s=60.0, serving_s=79.0, mmmu_s=76.0, correctness_s=20.0)
+    line = cal.design_table([("a design", c, False)], 0.03, cost)[2]
+    # MMMU in every round. No effect: 8 rounds x 4 cells x (60 + 79 + 76) s = 6880 s, plus 4
+    # correctness cells x (60 + 20) s = 320 s: 7200 s = 2.0 h (120 min); 3 primaries a report /
+    # 2.0 h = 1.50, 1 run-level / 2.0 = 0.50. +10 %: 4 rounds = 3440 + 320 = 3760 s = 1.0444 h
+    # (63 min); 9 / 1.0444 = 8.62, 5 / 1.0444 = 4.79
     assert "| a design | 2 / 1 | 8.0 / 8 | 4.0 / 4 | 25.0% " in line
-    assert "| 3.00 / 1.00 | 9.00 / 5.00 | 115 / 57 | 1.57 / 0.52 | 9.42 / 5.23 |" in line
-    assert "+5%" not in cal.design_table([("a design", c)], 0.03, 215.0, 4)[0]
+    assert "| 3.00 / 1.00 | 9.00 / 5.00 | 120 / 63 | 1.50 / 0.50 | 8.62 / 4.79 |" in line
+    # MMMU in the first round only: 4 x (8 x (60 + 79) + 76) + 320 = 5072 s = 1.4089 h (85
+    # min): 3 / 1.4089 = 2.13, 1 / 1.4089 = 0.71; +10 %: 4 x (4 x 139 + 76) + 320 = 2848 s =
+    # 0.7911 h (47 min): 9 / 0.7911 = 11.38, 5 / 0.7911 = 6.32
+    line = cal.design_table([("a design", c, True)], 0.03, cost)[2]
+    assert "| 3.00 / 1.00 | 9.00 / 5.00 | 85 / 47 | 2.13 / 0.71 | 11.38 / 6.32 |" in line
+    assert "+5%" not in cal.design_table([("a design", c, False)], 0.03, cost)[0]
     c.small, c.small_power, c.reps["small"] = 4, 1, [4, 4, 4, 4]
-    head, _, line = cal.design_table([("a design", c)], 0.03, 215.0, 4)
+    head, _, line = cal.design_table([("a design", c, False)], 0.03, cost)
     assert "| +5% output throughput called improved |" in head
     assert "| 100.0% [20.7, 100.0] | 25.0% [4.6, 69.9] |" in line  # +10 % 1/1, +5 % 1/4
     assert head.count("|") == line.count("|")
+
+
+def test_mmmu_first_judges_mmmu_on_repeat_0_and_the_rest_on_every_repeat(cal):
+    """suites.mmmu.rounds: first in the simulation: each MMMU row's change is the accuracy
+    difference of repeat 0 alone (by hand from the simulated correctness), every other row
+    equals the all-rounds comparison."""
+    s = CompareSettings()
+    tr = _trial(cal, 7, 4, {"patch-a": 0.10})
+    first = cal.compare_trial(tr, s, mmmu_first=True)
+    every = cal.compare_trial(tr, s)
+
+    def rows(cmp, pick):
+        return {
+            (r.variant, r.metric): (r.verdict, r.change, r.low, r.high)
+            for r in cmp.rows
+            if r.primary and pick(r.suite)
+        }
+
+    def rest(x):
+        return x != "mmmu"
+
+    assert rows(first, rest) == rows(every, rest) and rows(first, rest)
+    for v in ("aa", "patch-a", "patch-b"):
+        row = first.row("mmmu", "mmmu_overall_acc", v)
+        by_hand = 100 * (tr.correct[(v, 0)].mean() - tr.correct[("baseline", 0)].mean())
+        over_all = 100 * np.mean(
+            [tr.correct[(v, k)].mean() - tr.correct[("baseline", k)].mean() for k in range(4)]
+        )
+        assert row.change == pytest.approx(by_hand, abs=1e-9)
+        assert every.row("mmmu", "mmmu_overall_acc", v).change == pytest.approx(over_all)
+    assert first.suite_rounds["mmmu"] == [0]
+    with pytest.raises(ValueError, match="via-folders"):
+        cal.compare_trial(tr, s, via_folders=True, mmmu_first=True)
+    assert cal.Cost(4, 60.0, 79.0, 76.0, 30.0).hours(0.5, True) == pytest.approx(
+        (4 * (0.5 * 139 + 0.5 * 76) + 4 * 90) / 3600
+    )  # fewer rounds than one: MMMU ran in that share of them
 
 
 def test_config_repeats_reads_a_sequential_schedule(cal, tmp_path):
@@ -279,6 +324,7 @@ def test_design_only_prints_just_the_design_table(cal, capsys):
     out = capsys.readouterr().out
     assert rc in (0, 1)
     assert "| run CV |" not in out  # no CV rows
-    assert "| fixed 5 | 2 / 2 |" in out and "| fixed 6 | 2 / 2 |" in out
+    assert "| fixed 5 (today: every suite in every cell) | 2 / 2 |" in out
+    assert "| fixed 6 | 2 / 2 |" in out
     assert "| sequential 4..6 step 2 (pocock) [futility 0.2] | 2 / 2 |" in out
     assert "+5% output throughput called improved" in out
