@@ -251,7 +251,7 @@ def describe_plan(cfg: Config, resume: Path | None = None) -> str:
         lines.append(
             f"sequential stop when every primary of every non-A/A variant is decided or futile "
             f"(improved/regressed at the {seq.boundary} boundary, or equivalent within "
-            f"its margin; futile: conditional power < 0.1 at max), else after {seq.max} rounds; "
+            f"its margin; futile: conditional power < {seq.futility:g} at max), else after {seq.max} rounds; "
             f"primaries: "
             + (
                 ", ".join(f"{s}.{m} (±{pct:g}%)" for s, m, _, pct in prim)
@@ -586,17 +586,17 @@ def run_bench(
 def sequential_design(cfg: Config):
     """The patchbench.sequential.Design of a ``schedule.repeats: {min, max, step}`` config (alpha
     = 1 - ``compare.confidence`` per report; a non-binding futility stop at conditional power
-    ``patchbench.sequential.FUTILITY``); None for a fixed number of repeats."""
+    ``schedule.repeats.futility``); None for a fixed number of repeats."""
     seq = cfg.schedule.sequential
     if seq is None:
         return None
-    from patchbench.sequential import FUTILITY, Design
+    from patchbench.sequential import Design
 
     return Design(
         looks=seq.looks,
         alpha=round(1.0 - cfg.compare.confidence, 12),
         kind=seq.boundary,
-        futility=FUTILITY,
+        futility=seq.futility,
     )
 
 

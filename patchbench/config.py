@@ -510,15 +510,19 @@ class SequentialRepeats(_Strict):
 
     The run looks at its primary metrics after ``min`` whole interleaved rounds, then after every
     ``step`` more, up to ``max``, and stops once every primary of every non-A/A variant is
-    decided or futile (conditional power below 0.1 at ``max``; patchbench/sequential.py).
-    ``boundary``: the group-sequential boundary (``pocock``: the same nominal level at every
-    look; ``obrien-fleming``: strict early, near the fixed-sample level at the last look).
+    decided or futile (conditional power of deciding it by ``max`` below ``futility``;
+    patchbench/sequential.py). ``boundary``: the group-sequential boundary (``pocock``: the same
+    nominal level at every look; ``obrien-fleming``: strict early, near the fixed-sample level at
+    the last look). ``futility``: the non-binding futility threshold (0.2 by default,
+    ``patchbench.sequential.FUTILITY``; 0 turns the futility stop off; it never changes the
+    chance of a false improved/regressed, only how long an undecidable run goes on).
     """
 
     min: int = Field(le=100)
     max: int = Field(le=100)
     step: int = Field(2, le=100)
     boundary: Literal["pocock", "obrien-fleming"] = "pocock"
+    futility: float = Field(0.2, ge=0.0, lt=1.0)
 
     @model_validator(mode="after")
     def _looks(self) -> SequentialRepeats:

@@ -31,8 +31,8 @@ Printed per row (run CV, repeats), each with its 95 % Wilson interval over the t
   which repeats equivalence within the default margins is reachable), repeats used (mean, p90),
   primaries of the two patches decided (improved, regressed or equivalent) per report and per H200
   hour (:class:`Cost`: 4 timed cells a round, each ``--startup-s`` assumed + ``--serving-s``, +
-  ``--mmmu-s`` in the rounds MMMU runs in; plus one correctness cell per variant, ``--startup-s`` +
-  ``--correctness-s``). ``--mmmu-rounds first`` (the config's ``suites.mmmu.rounds`` by default)
+  ``--mmmu-s`` in the rounds MMMU runs in; plus the config's correctness cells, ``--startup-s`` +
+  ``--correctness-s`` each). ``--mmmu-rounds first`` (the config's ``suites.mmmu.rounds`` by default)
   runs MMMU in the first round only in every row but the reference, today's "fixed 5, every suite in
   every cell": MMMU is then judged on repeat 0 (:func:`run_data` with ``mmmu_first``), as the
   runner's analysis judges such a run. A sequential row runs the runner's own stopping rule
@@ -911,6 +911,15 @@ def table(rows: list[tuple[float, int, Counts]]) -> list[str]:
     return out
 
 
+def correctness_cells(path: Path) -> int:
+    """How many untimed correctness cells the config's plan holds (patchbench.bench.plan): one
+    per variant when a suite is instrumented or untimed, else none."""
+    from patchbench import bench
+    from patchbench.config import load_config
+
+    return sum(c.kind != "timed" for c in bench.plan(load_config(path)))
+
+
 def config_mmmu_rounds(path: Path) -> str:
     """ "first" when the config runs MMMU in the first round only (``suites.mmmu.rounds: first``
     or ``[0]``), else "all" (a plain YAML read)."""
@@ -935,6 +944,7 @@ def config_repeats(path: Path) -> tuple[int | None, SeqSpec | None, CompareSetti
             int(reps["max"]),
             int(reps.get("step", 2)),
             str(reps.get("boundary", "pocock")),
+            futility=float(reps["futility"]) if "futility" in reps else None,
         )
         return None, spec, settings
     return int(reps), None, settings
@@ -970,14 +980,15 @@ def parse_seq(text: str) -> SeqSpec:
 @dataclass(frozen=True)
 class Cost:
     """H200 seconds of one report: ``cells`` timed cells a round, each ``startup_s`` +
-    ``serving_s`` (+ ``mmmu_s`` in the rounds MMMU runs in), plus one untimed correctness cell
-    per variant (``startup_s`` + ``correctness_s``, the same in every design)."""
+    ``serving_s`` (+ ``mmmu_s`` in the rounds MMMU runs in), plus ``correctness_cells`` untimed
+    correctness cells (``startup_s`` + ``correctness_s`` each, the same in every design)."""
 
     cells: int
     startup_s: float
     serving_s: float
     mmmu_s: float
     correctness_s: float
+    correctness_cells: int = 0
 
     def hours(self, rounds: float, mmmu_first: bool) -> float:
         """H200 hours of a report with ``rounds`` timed rounds (a mean is fine: linear)."""
@@ -985,7 +996,8 @@ class Cost:
         timed = self.cells * (
             rounds * (self.startup_s + self.serving_s) + mmmu_rounds * self.mmmu_s
         )
-        return (timed + self.cells * (self.startup_s + self.correctness_s)) / 3600.0
+        corr = self.correctness_cells * (self.startup_s + self.correctness_s)
+        return (timed + corr) / 3600.0
 
 
 def design_table(entries: list[tuple[str, Counts, bool]], cv: float, cost: Cost) -> list[str]:
@@ -1164,8 +1176,8 @@ def main(argv: list[str] | None = None) -> int:
         "--correctness-s",
         type=float,
         default=30.0,
-        help="seconds of one untimed correctness cell beyond its start-up (the sync probe), "
-        "one per variant in every design (30 s: an assumption)",
+        help="seconds of one untimed correctness cell beyond its start-up, for configs that "
+        "have them (one per variant, the same in every design; 30 s: an assumption)",
     )
     ap.add_argument("--mmmu-s", type=float, default=76.0, help="MMMU phase per cell (76 s)")
     ap.add_argument("--serving-s", type=float, default=79.0, help="serving phase per cell (79 s)")
@@ -1345,7 +1357,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{a.screen_trials}-trial screens (a count whose 95% Wilson upper bound is below "
             "the target gets no full row): " + "; ".join(screens)
         )
-    cost = Cost(len(VARIANTS), a.startup_s, a.serving_s, a.mmmu_s, a.correctness_s)
+    n_corr = correctness_cells(a.config) if a.config.is_file() else 0
+    cost = Cost(len(VARIANTS), a.startup_s, a.serving_s, a.mmmu_s, a.correctness_s, n_corr)
     first = ", MMMU round 1 only" if mmmu_first else ""
     entries = [
         (f"fixed {n}" + (" (today: every suite in every cell)" if n == 5 else ""), at[n], False)
@@ -1362,8 +1375,8 @@ def main(argv: list[str] | None = None) -> int:
         f"primaries of the two patches (6 each; serving: their 4 run-level ones); H200 minutes "
         f"of a report: {len(VARIANTS)} timed cells a round, one cell = {a.startup_s:g} s server "
         f"start-up (assumed, not measured here) + {a.serving_s:g} s serving (+ {a.mmmu_s:g} s "
-        f"MMMU in the rounds it runs in), plus {len(VARIANTS)} untimed correctness cells of "
-        f"{a.startup_s:g} + {a.correctness_s:g} s (assumed). Sequential rows: the runner's stopping rule "
+        f"MMMU in the rounds it runs in), plus the config's {n_corr} untimed correctness "
+        f"cells of {a.startup_s:g} + {a.correctness_s:g} s (assumed). Sequential rows: the runner's stopping rule "
         f"(patchbench.bench.sequential_design / sequential_primaries, patchbench.sequential."
         f"replay; the A/A variant does not hold the run open unless the row says 'A/A holds'; "
         f"futility: the conditional-power threshold, the runner's own unless the row names one) "

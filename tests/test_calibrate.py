@@ -164,8 +164,10 @@ def test_main_prints_the_tables(cal, capsys):
     assert rc in (0, 1)
     assert "| 3% | 1 | 2 / 0 |" in out
     assert "| fixed 5 (today: every suite in every cell) | 2 / 2 |" in out
-    assert "| fixed 6 | 2 / 2 |" in out
-    assert "| sequential 4..6 step 2 (obrien-fleming) | 2 / 2 |" in out
+    # the PR config runs MMMU in the first round only: so does every row but today's reference
+    assert "| fixed 6, MMMU round 1 only | 2 / 2 |" in out
+    assert "| sequential 4..6 step 2 (obrien-fleming), MMMU round 1 only | 2 / 2 |" in out
+    assert "| sequential 4..10 step 2 (pocock), MMMU round 1 only | 2 / 2 |" in out  # shipped
     assert "pr9460-h200.yaml: " in out and " repeats at run CV 3%: " in out
 
 
@@ -225,7 +227,14 @@ def test_design_table_cost_columns(cal):
     c.reps = {"null": [8, 8], "effect": [4], "small": []}
     c.decided = {"null": 6, "effect": 9}
     c.decided_run = {"null": 2, "effect": 5}
-    cost = cal.Cost(cells=4, startup_s=60.0, serving_s=79.0, mmmu_s=76.0, correctness_s=20.0)
+    cost = cal.Cost(
+        cells=4,
+        startup_s=60.0,
+        serving_s=79.0,
+        mmmu_s=76.0,
+        correctness_s=20.0,
+        correctness_cells=4,
+    )
     line = cal.design_table([("a design", c, False)], 0.03, cost)[2]
     # MMMU in every round. No effect: 8 rounds x 4 cells x (60 + 79 + 76) s = 6880 s, plus 4
     # correctness cells x (60 + 20) s = 320 s: 7200 s = 2.0 h (120 min); 3 primaries a report /
@@ -277,9 +286,12 @@ def test_mmmu_first_judges_mmmu_on_repeat_0_and_the_rest_on_every_repeat(cal):
     assert first.suite_rounds["mmmu"] == [0]
     with pytest.raises(ValueError, match="via-folders"):
         cal.compare_trial(tr, s, via_folders=True, mmmu_first=True)
-    assert cal.Cost(4, 60.0, 79.0, 76.0, 30.0).hours(0.5, True) == pytest.approx(
+    assert cal.Cost(4, 60.0, 79.0, 76.0, 30.0, 4).hours(0.5, True) == pytest.approx(
         (4 * (0.5 * 139 + 0.5 * 76) + 4 * 90) / 3600
     )  # fewer rounds than one: MMMU ran in that share of them
+    # the PR config runs no correctness cell (nothing instrumented); the demo one per variant
+    assert cal.correctness_cells(REPO / "configs" / "pr9460-h200.yaml") == 0
+    assert cal.correctness_cells(REPO / "configs" / "demo-cpu.yaml") == 3
 
 
 def test_config_repeats_reads_a_sequential_schedule(cal, tmp_path):
@@ -319,7 +331,7 @@ def test_seq_spec_futility_and_the_old_rule(cal):
 def test_design_only_prints_just_the_design_table(cal, capsys):
     rc = cal.main(
         ["--design-only", "--trials", "2", "--design-repeats", "6", "--small-effect", "0.05"]
-        + ["--sequential", "4:6:2:pocock:0.2"]
+        + ["--sequential", "4:6:2:pocock:0.2", "--mmmu-rounds", "all"]
     )
     out = capsys.readouterr().out
     assert rc in (0, 1)

@@ -209,8 +209,8 @@ def test_stops_for_futility_on_a_hopeless_sequence():
 
 
 def test_runs_to_max_on_an_ambiguous_sequence_with_futility():
-    # a promising +5 % that never crosses the boundary: conditional power stays above 0.1
-    amb = [0.13, -0.01, 0.11, 0.01, 0.10, -0.02, 0.08, 0.00]
+    # a promising +5 % that never crosses the boundary: conditional power stays above FUTILITY
+    amb = [0.13, -0.01, 0.11, 0.01, 0.10, 0.00, 0.08, 0.00]
     d48 = Design.from_schedule(4, 8, 2, futility=FUTILITY)
     out = replay({"v": {"tput": amb}}, {"tput": M5}, design=d48)
     assert out.stop and out.look_index == 2 and out.n_repeats == 8

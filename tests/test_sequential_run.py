@@ -141,7 +141,7 @@ def test_clear_null_stops_as_equivalent(tmp_path, monkeypatch):
 
 
 # a promising +5 % (sd 6 %) that never crosses the boundary: neither decided nor futile before 8
-AMBIGUOUS = [0.13, -0.01, 0.11, 0.01, 0.10, -0.02, 0.08, 0.00]
+AMBIGUOUS = [0.13, -0.01, 0.11, 0.01, 0.10, 0.00, 0.08, 0.00]
 # sd 27 % around -1 %: neither a change nor equivalence within 5 % reachable by 8 repeats
 HOPELESS = [0.3, -0.25, 0.2, -0.3, 0.25, -0.2, 0.3, -0.3]
 
@@ -196,6 +196,7 @@ def test_sequential_schedule_in_the_plan_and_its_errors(tmp_path, monkeypatch):
         "{min: 6, max: 4}": r"schedule.repeats.max \(4\) is smaller than min \(6\)",
         "{min: 4, max: 8, stride: 2}": "stride: Extra inputs are not permitted",
         "{min: 4, max: 8, boundary: haybittle}": "boundary: Input should be 'pocock' or",
+        "{min: 4, max: 8, futility: 1.5}": "futility: Input should be less than 1",
     }
     for sched, msg in cases.items():
         bad = _setup(tmp_path, monkeypatch, [0.0] * 8, schedule=sched)
@@ -204,6 +205,21 @@ def test_sequential_schedule_in_the_plan_and_its_errors(tmp_path, monkeypatch):
     bad = _setup(tmp_path, monkeypatch, [0.0] * 8, schedule="{min: 4, max: 8}, order: sequential")
     with pytest.raises(ConfigError, match="sequential repeats .* use order: interleaved"):
         load_config(bad)
+
+
+def test_futility_threshold_comes_from_the_config(tmp_path, monkeypatch):
+    """Default: patchbench.sequential.FUTILITY; ``futility: 0`` turns the stop off, and the
+    HOPELESS sequence (futile at the first look by default) then runs to max."""
+    from patchbench.sequential import FUTILITY
+
+    p = _setup(tmp_path, monkeypatch, [0.0] * 8)
+    assert bench.sequential_design(load_config(p)).futility == FUTILITY == 0.2
+    p = _setup(tmp_path, monkeypatch, HOPELESS, schedule="{min: 4, max: 8, futility: 0}")
+    assert bench.sequential_design(load_config(p)).futility == 0.0
+    assert "conditional power < 0 at max" in bench.describe_plan(load_config(p))
+    run_dir = bench.run_bench(p, results_root=tmp_path / "results")
+    seq = read_json(run_dir / "manifest.json")["sequential"]
+    assert seq["stopped_at"] == 8 and seq["stopped_early"] is False
 
 
 def test_hopeless_sequence_stops_for_futility(tmp_path, monkeypatch):
