@@ -437,6 +437,7 @@ def run_bench(
             _stale_servers(Path(resume).parent if resume else root, kill=kill_stale, log=say)
             variants = prepare_variants(cfg, log=say)
             port = port or cfg.server.port
+            _port_free_or_raise(cfg.server.host, port)
             if nvml == "auto":
                 from patchbench.gpu import open_nvml
 
@@ -580,6 +581,19 @@ def run_bench(
             f"{failed} of {len(processed)} cells failed; see {run_dir}/*/*/cell.json", run_dir
         )
     return run_dir
+
+
+def _port_free_or_raise(host: str, port: int) -> None:
+    """Refuse to start a run whose server port already answers (EnvironmentNotReady, exit 3,
+    naming the holder): every cell would fail on it. Orphaned patchbench servers were reported
+    (or, with --kill-stale, stopped) just before; a port taken later fails only its cell."""
+    from patchbench.server import describe_port_holder, port_answers
+
+    if port_answers(host, port):
+        raise EnvironmentNotReady(
+            f"port {port} on {host} already answers before the run: {describe_port_holder(port)}; "
+            "stop it, or choose another port (server.port in the config, or --port)"
+        )
 
 
 # ---------------------------------------------------------------------------------- sequential

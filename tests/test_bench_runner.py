@@ -172,6 +172,23 @@ def test_between_suites_a_flush_the_scheduler_refuses_fails_the_cell_and_no_heal
     assert "flush:fake_second" in good["timings_s"]
 
 
+def test_a_port_busy_before_the_run_stops_it_before_any_cell(fake_env, tmp_path):
+    """Something already listens on server.port: exit 3 naming the port and the holder, and
+    no run folder (every cell would otherwise fail on it one by one)."""
+    import socket
+
+    from patchbench.errors import EnvironmentNotReady
+
+    cfg = write_config(tmp_path, BASIC)
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", 31990))
+        s.listen()
+        with pytest.raises(EnvironmentNotReady, match=r"port 31990 on 127.0.0.1 already answers"):
+            bench.run_bench(cfg, results_root=tmp_path / "results")
+    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
+
+
 def test_ctrl_c_stops_server_and_keeps_finished_cells(fake_env, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_SUITE_INTERRUPT", "control/1")
     cfg = write_config(tmp_path, BASIC)

@@ -288,6 +288,10 @@ def test_harness_overhead_recorded(demo_0513):
     print("timings", t)
     assert (
         0 <= t["harness_overhead_share"] < 0.5
-    )  # goal < 5% on a quiet machine; CI shares its cores
+    )  # goal < 2% on a quiet machine (README "Measured"); CI shares its cores
     b = t["overhead_breakdown_s"]
     assert sum(b.values()) == pytest.approx(t["harness_overhead_share"] * t["total"], abs=0.05)
+    # the fast stop on a real sglang server: SIGTERM, 0.05 s, SIGKILL, port free; a 1 s grace
+    # (sglang's front end ignores SIGTERM for up to 5 s) made every stop last over 1 s
+    stops = [read_json(c)["timings_s"]["server_stop"] for c in demo_0513.glob("*/*/cell.json")]
+    assert stops and max(stops) < 1.0, stops
