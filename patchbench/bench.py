@@ -257,6 +257,8 @@ def describe_plan(cfg: Config, resume: Path | None = None) -> str:
                 ", ".join(f"{s}.{m} (±{pct:g}%)" for s, m, _, pct in prim)
                 or "none (stops at the first look)"
             )
+            + " (accuracy and exact-count primaries, and suites not in every round, are judged "
+            "on the rounds they ran in and do not hold the run open)"
         )
     if resume is not None:
         lines.append(
@@ -297,7 +299,7 @@ def describe_plan(cfg: Config, resume: Path | None = None) -> str:
     lines.append(
         "server env "
         + " ".join(f"{k}={v}" for k, v in env.items())
-        + "  (plus each variant's env above)"
+        + "  (plus each variant's own env, when it sets one)"
     )
     todo = len(cells) - len(done)
     if seq is not None:

@@ -47,6 +47,8 @@ def fmt_change(x: float | None, unit: str) -> str:
     """A change in its unit: "+20.1%", "+0.1 pt", "-2 count"; "n/a" for None."""
     if x is None:
         return "n/a"
+    if x == 0 or (unit in ("%", "pt") and round(x, 1) == 0):
+        x = 0.0  # "+0.0", never "-0.0", for a change that rounds to zero
     if unit == "%":
         return f"{x:+.1f}%"
     if unit == "pt":

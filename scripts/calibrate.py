@@ -1359,7 +1359,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     n_corr = correctness_cells(a.config) if a.config.is_file() else 0
     cost = Cost(len(VARIANTS), a.startup_s, a.serving_s, a.mmmu_s, a.correctness_s, n_corr)
-    first = ", MMMU round 1 only" if mmmu_first else ""
+    first = ", MMMU in the first round only" if mmmu_first else ""
     entries = [
         (f"fixed {n}" + (" (today: every suite in every cell)" if n == 5 else ""), at[n], False)
         for n in fixed_designs

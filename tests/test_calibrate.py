@@ -165,9 +165,13 @@ def test_main_prints_the_tables(cal, capsys):
     assert "| 3% | 1 | 2 / 0 |" in out
     assert "| fixed 5 (today: every suite in every cell) | 2 / 2 |" in out
     # the PR config runs MMMU in the first round only: so does every row but today's reference
-    assert "| fixed 6, MMMU round 1 only | 2 / 2 |" in out
-    assert "| sequential 4..6 step 2 (obrien-fleming), MMMU round 1 only | 2 / 2 |" in out
-    assert "| sequential 4..10 step 2 (pocock), MMMU round 1 only | 2 / 2 |" in out  # shipped
+    assert "| fixed 6, MMMU in the first round only | 2 / 2 |" in out
+    assert (
+        "| sequential 4..6 step 2 (obrien-fleming), MMMU in the first round only | 2 / 2 |" in out
+    )
+    assert (
+        "| sequential 4..10 step 2 (pocock), MMMU in the first round only | 2 / 2 |" in out
+    )  # shipped
     assert "pr9460-h200.yaml: " in out and " repeats at run CV 3%: " in out
 
 

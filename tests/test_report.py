@@ -189,3 +189,13 @@ def test_verdict_text_of_an_equal_deterministic_count_names_no_empty_margin():
     assert report.verdict_text(det) == "unchanged"
     run = Row(suite="s", metric="t_tok_s", variant="v", verdict="equivalent", margin=5.0)
     assert report.verdict_text(run) == "equivalent within ±5%"
+
+
+def test_a_change_that_rounds_to_zero_never_prints_minus_zero():
+    from patchbench.report import fmt_change
+
+    assert fmt_change(-0.0001, "pt") == "+0.0 pt"
+    assert fmt_change(-0.04, "%") == "+0.0%"
+    assert fmt_change(-0.06, "%") == "-0.1%"
+    assert fmt_change(-0.0, "count") == "+0 count"
+    assert fmt_change(-0.04, "count") == "-0.04 count"  # counts keep their digits
