@@ -368,24 +368,6 @@ def test_real_bench_serving_against_cpu_server(cpu_server, tmp_path):
     from conftest import cpu_server_env, sglang_version
 
     pkg = Path(sglang.__file__).parent
-    out = tmp_path / "serving"
-    out.mkdir()
-    ctx = SuiteContext(
-        server=cpu_server,
-        out_dir=out,
-        run_dir=tmp_path,
-        cache_dir=tmp_path,
-        variant="baseline",
-        repeat=0,
-        baseline="baseline",
-        sglang_version=sglang_version(),
-        python=sys.executable,
-        stock_env=cpu_server_env(),
-        variant_sglang_dir=pkg,
-        stock_sglang_dir=pkg,
-        device="cpu",
-        log=lambda s: None,
-    )
     p = Params(
         dataset_name="image",
         num_prompts=12,
@@ -396,7 +378,36 @@ def test_real_bench_serving_against_cpu_server(cpu_server, tmp_path):
         image_resolution="224x224",
         seed=1,
     )
-    res = run(ctx, p)
+
+    def context(out):
+        return SuiteContext(
+            server=cpu_server,
+            out_dir=out,
+            run_dir=tmp_path,
+            cache_dir=tmp_path,
+            variant="baseline",
+            repeat=0,
+            baseline="baseline",
+            sglang_version=sglang_version(),
+            python=sys.executable,
+            stock_env=cpu_server_env(),
+            variant_sglang_dir=pkg,
+            stock_sglang_dir=pkg,
+            device="cpu",
+            log=lambda s: None,
+        )
+
+    # A 0.5.1.post3 CPU server now and then streams one image request back empty (HTTP 200, no
+    # token; tests/data/serving/README.md has a recorded case): the suite flags it, which is the
+    # product working. That alone gets one more run, on a fresh folder; anything else fails.
+    for attempt in (1, 2):
+        out = tmp_path / f"serving{attempt}"
+        out.mkdir()
+        res = run(context(out), p)
+        empty = [e for e in res.errors if "streamed no token" in e]
+        if attempt == 2 or not (res.status == "incomplete" and empty == res.errors):
+            break
+        print("serving e2e: the server streamed an empty response; running once more:", empty)
     print(
         "serving e2e:",
         json.dumps(
