@@ -204,18 +204,6 @@ class SglangServer:
             "command": self.spec.command(),
         }
 
-    def health(self, timeout_s: float = 10.0) -> str | None:
-        """One bounded ``GET /health`` (only between suites, never during a timed one): None when
-        it answered 200 within ``timeout_s``, else what went wrong."""
-        try:
-            code, text = self._http("GET", self.spec.health_path, timeout_s=timeout_s)
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as e:
-            return f"{self.spec.health_path}: {type(e).__name__}: {e}"
-        self._event("health", code=code)
-        return (
-            None if code == 200 else f"{self.spec.health_path} answered {code} {text.strip()[:200]}"
-        )
-
     def _event(self, what: str, **kw) -> None:
         self.events.append({"t_s": round(time.monotonic() - self._t0, 3), "event": what, **kw})
 

@@ -911,23 +911,16 @@ def table(rows: list[tuple[float, int, Counts]]) -> list[str]:
     return out
 
 
-def correctness_cells(path: Path) -> int:
-    """How many untimed correctness cells the config's plan holds (patchbench.bench.plan): one
-    per variant when a suite is instrumented or untimed, else none."""
+def config_schedule(path: Path) -> tuple[bool, int]:
+    """(MMMU runs in the first round only, number of untimed correctness cells) of a config, read
+    as the runner reads it (patchbench.config.load_config: ``suites.mmmu.rounds`` resolved by
+    ``Config.rounds_of``; the cells of ``patchbench.bench.plan``: one correctness cell per
+    variant when a suite is instrumented or untimed, else none). Raises ConfigError."""
     from patchbench import bench
     from patchbench.config import load_config
 
-    return sum(c.kind != "timed" for c in bench.plan(load_config(path)))
-
-
-def config_mmmu_rounds(path: Path) -> str:
-    """ "first" when the config runs MMMU in the first round only (``suites.mmmu.rounds: first``
-    or ``[0]``), else "all" (a plain YAML read)."""
-    import yaml
-
-    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    rounds = ((raw.get("suites") or {}).get("mmmu") or {}).get("rounds", "all")
-    return "first" if rounds in ("first", [0]) else "all"
+    cfg = load_config(path)
+    return cfg.rounds_of("mmmu") == [0], sum(c.kind != "timed" for c in bench.plan(cfg))
 
 
 def config_repeats(path: Path) -> tuple[int | None, SeqSpec | None, CompareSettings]:
@@ -1194,9 +1187,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     a = ap.parse_args(argv)
 
+    n_corr = 0
     if a.config.is_file():
         fixed_cfg, seq_cfg, settings = config_repeats(a.config)
-        a.mmmu_rounds = a.mmmu_rounds or config_mmmu_rounds(a.config)
+        cfg_mmmu_first, n_corr = config_schedule(a.config)
+        a.mmmu_rounds = a.mmmu_rounds or ("first" if cfg_mmmu_first else "all")
     else:
         fixed_cfg, seq_cfg, settings = 5, None, CompareSettings()
         a.mmmu_rounds = a.mmmu_rounds or "all"
@@ -1357,7 +1352,6 @@ def main(argv: list[str] | None = None) -> int:
             f"{a.screen_trials}-trial screens (a count whose 95% Wilson upper bound is below "
             "the target gets no full row): " + "; ".join(screens)
         )
-    n_corr = correctness_cells(a.config) if a.config.is_file() else 0
     cost = Cost(len(VARIANTS), a.startup_s, a.serving_s, a.mmmu_s, a.correctness_s, n_corr)
     first = ", MMMU in the first round only" if mmmu_first else ""
     entries = [

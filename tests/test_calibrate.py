@@ -294,8 +294,8 @@ def test_mmmu_first_judges_mmmu_on_repeat_0_and_the_rest_on_every_repeat(cal):
         (4 * (0.5 * 139 + 0.5 * 76) + 4 * 90) / 3600
     )  # fewer rounds than one: MMMU ran in that share of them
     # the PR config runs no correctness cell (nothing instrumented); the demo one per variant
-    assert cal.correctness_cells(REPO / "configs" / "pr9460-h200.yaml") == 0
-    assert cal.correctness_cells(REPO / "configs" / "demo-cpu.yaml") == 3
+    assert cal.config_schedule(REPO / "configs" / "pr9460-h200.yaml") == (True, 0)
+    assert cal.config_schedule(REPO / "configs" / "demo-cpu.yaml") == (False, 3)
 
 
 def test_config_repeats_reads_a_sequential_schedule(cal, tmp_path):
