@@ -23,7 +23,7 @@ setup:
 # the optional Ray extra, into $(VENV) (idempotent)
 setup-ray:
 	@$(VENV)/bin/python -c "import ray" 2>/dev/null || \
-	    $(VENV)/bin/python -m pip install --disable-pip-version-check --progress-bar off \
+	    $(VENV)/bin/python -m pip install --disable-pip-version-check --progress-bar off --no-cache-dir \
 	    -r requirements/ray.txt
 
 # both supported pins (the tests exercise both releases)
@@ -60,7 +60,7 @@ lint:
 # a light venv without sglang (harness only): what the pull-request workflow installs
 setup-light:
 	[ -x .venv-light/bin/python ] || python3 -m venv .venv-light
-	.venv-light/bin/python -m pip install --disable-pip-version-check --progress-bar off \
+	.venv-light/bin/python -m pip install --disable-pip-version-check --progress-bar off --no-cache-dir \
 	    -r requirements/harness.txt -r requirements/ray.txt
 	.venv-light/bin/python -m pip install --disable-pip-version-check --no-deps -e .
 

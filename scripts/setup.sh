@@ -6,6 +6,10 @@
 #      (sglang[srt]==0.5.1.post3, sglang==0.5.23 and later). auto: gpu when nvidia-smi sees a GPU.
 # A stamp file in the venv records what was installed; a second call with the same inputs
 # does nothing.
+# Disk: pip keeps no cache (--no-cache-dir: the CUDA wheels would otherwise sit on disk twice) and
+# torch's large dependencies are installed one per pip call, so a fresh venv needs about its own
+# final size plus one wheel. A fresh CPU venv is refused at once (exit 4) when the disk holding it
+# has less free space than the `# disk-gb:` line of requirements/cpu-PIN.txt states.
 # SETUP_DRY_RUN=1 (make check-gpu-profile): ask pip to resolve exactly what the gpu profile would
 # install (pip install --dry-run --ignore-installed --report), install nothing, print a summary;
 # VENV is then unused. Exit 0 when it resolves, 1 otherwise.
@@ -62,14 +66,44 @@ if [ -f "$VENV/.patchbench-setup" ] && [ "$(cat "$VENV/.patchbench-setup")" = "$
   exit 0
 fi
 t0=$(date +%s)
+if [ "$PROFILE" = cpu ] && [ ! -x "$VENV/bin/python" ]; then
+  need_gb=$(sed -n 's/^# disk-gb: *\([0-9][0-9]*\).*/\1/p' "$REQ" | head -1)
+  parent=$(dirname "$VENV"); mkdir -p "$parent"
+  for dir in "$parent" "${TMPDIR:-/tmp}"; do
+    free_gb=$(df -Pk "$dir" | awk 'NR==2 {printf "%d", $4 / 1048576}')
+    if [ -n "$need_gb" ] && [ "$free_gb" -lt "$need_gb" ]; then
+      echo "setup: sglang $PIN's CPU environment needs about $need_gb GB free on the disk" \
+           "holding $dir ('# disk-gb:' in requirements/cpu-$PIN.txt); $free_gb GB free there." \
+           "Free space (old clones, ~/.cache/pip) or make the venv on a larger disk:" \
+           "scripts/setup.sh $PIN /larger/disk/venv cpu (TMPDIR too)" >&2
+      exit 4
+    fi
+  done
+fi
 echo "setup: creating $VENV for sglang $PIN ($PROFILE profile)"
 [ -x "$VENV/bin/python" ] || $PY -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off)
+PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off --no-cache-dir)
 if [ "$PROFILE" = gpu ]; then
   "${PIP[@]}" "$(gpu_spec)" -r "$HERE/requirements/harness.txt"
 else
   TORCH=$(grep -E '^(torch|torchvision)==' "$REQ" | tr '\n' ' ')
-  # torch first: the CPU profile's own pin decides it, not a later resolver pass
+  # torch first: the CPU profile's own pin decides it, not a later resolver pass. pip fetches
+  # every wheel of one call before unpacking any (torch with its CUDA libraries: ~3.5 GB of
+  # wheels, ~7 GB unpacked), so resolve once, then install torch, triton and the CUDA packages
+  # one per call (--no-deps, exact versions), then the same request again to check the set.
+  report=$(mktemp --suffix=.json)
+  "${PIP[@]}" --dry-run --quiet --ignore-installed --report "$report" $TORCH
+  for spec in $("$VENV/bin/python" - "$report" <<'PYEOF'
+import json, re, sys
+for item in json.load(open(sys.argv[1]))["install"]:
+    name, version = item["metadata"]["name"], item["metadata"]["version"]
+    if re.match(r"(torch|triton|nvidia-|cuda-)", name.lower()):
+        print(f"{name}=={version}")
+PYEOF
+  ); do
+    "${PIP[@]}" --quiet --no-deps "$spec"
+  done
+  rm -f "$report"
   "${PIP[@]}" $TORCH
   "${PIP[@]}" --no-deps "sglang==$PIN"
   "${PIP[@]}" -r "$REQ" -r "$HERE/requirements/harness.txt"
