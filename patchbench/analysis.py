@@ -101,6 +101,12 @@ class RunData:
         x = self.summaries[(v, k, suite)].metrics.get(metric)
         return None if x is None or not math.isfinite(x) else float(x)
 
+    def bound(self, v: str, k: int, suite: str, metric: str) -> str | None:
+        """ "lower" / "upper" when the suite marked the value as only a bound of the true value
+        (``SuiteSummary.bounds``), None when exact or absent."""
+        s = self.summaries.get((v, k, suite))
+        return None if s is None else s.bounds.get(metric)
+
     def suite_dir(self, v: str, k: int, suite: str) -> Path:
         if suite in self.correctness_only:
             return self.run_dir / v / "correctness" / suite
@@ -378,6 +384,7 @@ def _row(
     if not declared:
         row.notes.append("not declared by the suite: direction guessed from the name; secondary")
     bad, pairs = [], []
+    bounds: dict[str, set[str | None]] = {data.baseline: set(), variant: set()}
     for k in data.rounds_of(suite):
         vb = data.value(data.baseline, k, suite, metric)
         vv = data.value(variant, k, suite, metric)
@@ -395,6 +402,8 @@ def _row(
                 row.notes.append(f"{where}: an instrumented cell; its timings feed no verdict")
                 continue
             pairs.append((vb, vv))
+            for v in (data.baseline, variant):
+                bounds[v].add(data.bound(v, k, suite, metric))
     row.baseline_value = _median([x for x in row.baseline_repeats if x is not None])
     row.variant_value = _median([x for x in row.variant_repeats if x is not None])
     row.n_pairs = len(pairs)
@@ -419,7 +428,10 @@ def _row(
             row.notes.append("the suite's pair hook gave no per-question correctness: no interval")
     elif info.kind == "deterministic":
         row.change_unit = info.unit or ""
-        test = verdicts.deterministic_test(b, v)
+        row.baseline_bound = _arm_bound(bounds[data.baseline])
+        row.variant_bound = _arm_bound(bounds[variant])
+        test = verdicts.deterministic_test(b, v, row.baseline_bound, row.variant_bound)
+        row.notes.extend(test.notes)
     elif info.kind == "run":
         if b and (min(b) <= 0 or min(v) <= 0):
             row.change_unit = info.unit or ""
@@ -447,6 +459,12 @@ def _row(
         row.notes.append("incomplete cells: " + "; ".join(bad))
         row.verdict = "incomplete"
     return row, test
+
+
+def _arm_bound(seen: set[str | None]) -> str | None:
+    """One arm's bound over its repeats: exact (None) as soon as one repeat is exact (the
+    values are equal, or the metric is not deterministic anyway) or the repeats disagree."""
+    return next(iter(seen)) if len(seen) == 1 else None
 
 
 def _scale(test: verdicts.Test, x: float) -> float:
@@ -540,7 +558,7 @@ def build_comparison(
             continue
         equiv = None
         if row.kind == "deterministic":
-            equiv = test.estimate == 0
+            equiv = test.interval(a) == (0, 0)
         elif row.margin is not None:
             if row.kind == "run":
                 both = [

@@ -70,6 +70,8 @@ class Row(BaseModel):
     within_margin: the interval lies inside +-margin (a significant change may still be within);
     descriptive: request-level interval inside one cell from the suite's pair hook
     ({"change_pct", "low_pct", "high_pct", "method"}), never a verdict.
+    baseline_bound / variant_bound: "lower" / "upper" when that arm's value is only a bound of
+    the true value (the suite said so; deterministic rows), None when exact.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -87,6 +89,8 @@ class Row(BaseModel):
     variant_repeats: list[float | None] = Field(default_factory=list)
     baseline_value: float | None = None
     variant_value: float | None = None
+    baseline_bound: Literal["lower", "upper"] | None = None
+    variant_bound: Literal["lower", "upper"] | None = None
     n_pairs: int = 0
     change: float | None = None
     low: float | None = None

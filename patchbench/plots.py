@@ -37,6 +37,15 @@ COLOURS = {
 __all__ = ["plot_pr_figure", "make_plots", "save_png"]
 
 
+def _change_marker(r) -> str:
+    """ "o" for a change that is exact or estimated; ">" when the true change can only be larger
+    (the variant's value a lower bound or the baseline's an upper one), "<" when only smaller,
+    "x" when unbounded both ways."""
+    up = r.variant_bound == "lower" or r.baseline_bound == "upper"
+    down = r.variant_bound == "upper" or r.baseline_bound == "lower"
+    return "x" if up and down else ">" if up else "<" if down else "o"
+
+
 def plot_pr_figure(cmp: Comparison) -> Figure | None:
     """One panel per primary metric: change per variant (dot) with its interval (bar), the
     margin as a shaded band, zero as a line; None when the run has no primary metric."""
@@ -61,7 +70,7 @@ def plot_pr_figure(cmp: Comparison) -> Figure | None:
             if r.low is not None and r.high is not None:
                 ax.plot([r.low, r.high], [i, i], color=c, lw=3, solid_capstyle="butt")
             if r.change is not None:
-                ax.plot([r.change], [i], "o", color=c)
+                ax.plot([r.change], [i], _change_marker(r), color=c)
         if rows and rows[0].margin is not None and unit in ("%", "pt"):
             ax.axvspan(-rows[0].margin, rows[0].margin, color="tab:blue", alpha=0.08)
         ax.axvline(0, color="black", lw=0.8)

@@ -43,6 +43,11 @@ def fmt_value(x: float | None) -> str:
     return f"{x:.4g}"
 
 
+def fmt_bounded(x: float | None, bound: str | None) -> str:
+    """:func:`fmt_value` with "≥" / "≤" in front when the value is only a lower / upper bound."""
+    return {"lower": "≥", "upper": "≤"}.get(bound or "", "") + fmt_value(x)
+
+
 def fmt_change(x: float | None, unit: str) -> str:
     """A change in its unit: "+20.1%", "+0.1 pt", "-2 count"; "n/a" for None."""
     if x is None:
@@ -109,9 +114,10 @@ def sentence(cmp: Comparison, variant: str) -> str:
     parts = []
     for r in cmp.rows_for(variant, primary=True):
         if r.kind == "deterministic":
+            exact = "exact" if not (r.baseline_bound or r.variant_bound) else "a bound"
             parts.append(
-                f"{_name(r)} {fmt_value(r.baseline_value)} -> {fmt_value(r.variant_value)} "
-                f"{verdict_text(r)} (exact)"
+                f"{_name(r)} {fmt_bounded(r.baseline_value, r.baseline_bound)} -> "
+                f"{fmt_bounded(r.variant_value, r.variant_bound)} {verdict_text(r)} ({exact})"
             )
             continue
         if r.low is None or r.high is None:
@@ -242,8 +248,8 @@ def _primaries(cmp: Comparison) -> list[str]:
     for r in rows:
         level = f"{100 * r.confidence:.2f}%" if r.confidence else "exact"
         lines.append(
-            f"| {r.variant} | {_esc(_name(r))} | {fmt_value(r.baseline_value)} | "
-            f"{fmt_value(r.variant_value)} | {fmt_change(r.change, r.change_unit)} | "
+            f"| {r.variant} | {_esc(_name(r))} | {fmt_bounded(r.baseline_value, r.baseline_bound)} | "
+            f"{fmt_bounded(r.variant_value, r.variant_bound)} | {fmt_change(r.change, r.change_unit)} | "
             f"{fmt_ci(r.low, r.high, r.change_unit)} | {level} | "
             f"{VERDICT_MARK.get(r.verdict, r.verdict)}"
             f"{', within ' + _margin_txt(r) if r.within_margin else ''} | {_esc('; '.join(r.notes))} |"
@@ -429,8 +435,9 @@ def _secondary(cmp: Comparison) -> list[str]:
                 f"request-level (descriptive only): {fmt_ci(d.get('low_pct'), d.get('high_pct'))}; "
             )
         lines.append(
-            f"| {r.variant} | {r.suite} | `{r.metric}` | {fmt_value(r.baseline_value)} | "
-            f"{fmt_value(r.variant_value)} | {fmt_change(r.change, r.change_unit)} | "
+            f"| {r.variant} | {r.suite} | `{r.metric}` | "
+            f"{fmt_bounded(r.baseline_value, r.baseline_bound)} | "
+            f"{fmt_bounded(r.variant_value, r.variant_bound)} | {fmt_change(r.change, r.change_unit)} | "
             f"{fmt_ci(r.low, r.high, r.change_unit)} | {_esc(r.method or '')} | "
             f"{_esc(desc + '; '.join(r.notes))} |"
         )

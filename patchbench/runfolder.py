@@ -107,7 +107,8 @@ class SuiteSummary(_Model):
     """``RUN/<variant>/rep<k>/<suite>/summary.json``: one suite's result in one cell.
 
     status: ok | incomplete | failed | unreadable; metrics: {name_with_unit: float or None};
-    errors / warnings: lines for the report; meta: anything else the suite kept.
+    errors / warnings: lines for the report; meta: anything else the suite kept; bounds:
+    {metric: "lower" | "upper"} for values that only bound the true value (absent: exact).
     """
 
     schema_version: int = SUMMARY_SCHEMA
@@ -117,6 +118,7 @@ class SuiteSummary(_Model):
     errors: list[str] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
     meta: dict[str, Any] = Field(default_factory=dict)
+    bounds: dict[str, Literal["lower", "upper"]] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
     migrated_from: int | None = None
 

@@ -171,7 +171,9 @@ class SuiteResult:
     "failed" is set by the orchestrator when run() raises.
     metrics: flat {name_with_unit: float}. errors / warnings: human-readable lines shown in the
     report next to the numbers they taint. meta: anything else worth keeping (protocol, seeds,
-    command lines, dataset sizes).
+    command lines, dataset sizes). bounds: {metric: "lower" | "upper"} for values that are only
+    a bound of the true value (e.g. a count whose probe was stopped early is at least that
+    many); a deterministic comparison then concludes only what the bounds allow.
     """
 
     status: Literal["ok", "incomplete", "failed"] = "ok"
@@ -179,6 +181,7 @@ class SuiteResult:
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    bounds: dict[str, Literal["lower", "upper"]] = field(default_factory=dict)
 
     def to_json(self, suite: str) -> dict[str, Any]:
         return {
@@ -188,6 +191,7 @@ class SuiteResult:
             "errors": self.errors,
             "warnings": self.warnings,
             "meta": self.meta,
+            "bounds": self.bounds,
         }
 
 

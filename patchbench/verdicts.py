@@ -257,8 +257,34 @@ def accuracy_test(baseline: Sequence[float], variant: Sequence[float]) -> Test:
 # ---------------------------------------------------------------- deterministic
 
 
-def deterministic_test(baseline: Sequence[float], variant: Sequence[float]) -> Test:
-    """Exact comparison: every repeat of each arm must give the same value."""
+Bound = Literal["lower", "upper"] | None
+
+
+def bounded_difference(
+    baseline: float, variant: float, baseline_bound: Bound = None, variant_bound: Bound = None
+) -> tuple[float, float]:
+    """(low, high) of what the true ``variant - baseline`` can be when a value is only a bound
+    of the true one ("lower": the truth is at least the value; "upper": at most; None: exact).
+    Interval arithmetic: low = (least the variant can be) - (most the baseline can be), high
+    the other way round; unbounded sides are -inf / +inf. Both exact: (diff, diff)."""
+    v_min = variant if variant_bound in (None, "lower") else -math.inf
+    v_max = variant if variant_bound in (None, "upper") else math.inf
+    b_min = baseline if baseline_bound in (None, "lower") else -math.inf
+    b_max = baseline if baseline_bound in (None, "upper") else math.inf
+    return v_min - b_max, v_max - b_min
+
+
+def deterministic_test(
+    baseline: Sequence[float],
+    variant: Sequence[float],
+    baseline_bound: Bound = None,
+    variant_bound: Bound = None,
+) -> Test:
+    """Exact comparison: every repeat of each arm must give the same value.
+
+    With a bound on either side (see :func:`bounded_difference`) the interval is what the
+    bounds allow: p 0 when it excludes 0 (the direction is certain), else 1 with a reason; the
+    estimate stays the observed difference."""
     if not baseline or not variant:
         return Test(None, None, None, "exact", "diff", reason="no values")
     if len(set(baseline)) > 1 or len(set(variant)) > 1:
@@ -271,8 +297,26 @@ def deterministic_test(baseline: Sequence[float], variant: Sequence[float]) -> T
             reason=f"values differ between repeats (baseline {sorted(set(baseline))}, "
             f"variant {sorted(set(variant))}): not deterministic",
         )
-    diff = float(variant[0]) - float(baseline[0])
-    return Test(diff, 0.0 if diff else 1.0, lambda alpha, _d=diff: (_d, _d), "exact", "diff")
+    b, v = float(baseline[0]), float(variant[0])
+    diff = v - b
+    if baseline_bound is None and variant_bound is None:
+        return Test(diff, 0.0 if diff else 1.0, lambda alpha, _d=diff: (_d, _d), "exact", "diff")
+    lo, hi = bounded_difference(b, v, baseline_bound, variant_bound)
+    which = " and ".join(
+        f"the {arm}'s value is {'at least' if bd == 'lower' else 'at most'} {x:g}"
+        for arm, x, bd in (("baseline", b, baseline_bound), ("variant", v, variant_bound))
+        if bd
+    )
+    certain = lo > 0 or hi < 0
+    return Test(
+        diff,
+        0.0 if certain else 1.0,
+        lambda alpha, _iv=(lo, hi): _iv,
+        "exact",
+        "diff",
+        reason=None if certain else f"{which} (a bound): the direction of the change is unknown",
+        notes=[f"bounded: {which}; the change lies in [{lo:g}, {hi:g}]"],
+    )
 
 
 # ---------------------------------------------------------------- multiplicity and verdicts

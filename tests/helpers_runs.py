@@ -31,6 +31,7 @@ def make_run(
     cell_status: dict[tuple[str, int], str] | None = None,
     suite_status: dict[tuple[str, int, str], str] | None = None,
     warnings: dict[tuple[str, int, str], list[str]] | None = None,
+    bounds: dict[tuple[str, int, str], dict[str, str]] | None = None,
     requests: dict[tuple[str, int], dict] | None = None,
     mmmu_records: dict[tuple[str, int], list[dict]] | None = None,
     compare: dict | None = None,
@@ -54,6 +55,7 @@ def make_run(
     cell_status[(variant, k)] / suite_status[(variant, k, suite)]: "ok" (default), "failed",
     "incomplete"; a cell status "missing" writes no folder at all.
     warnings[(variant, k, suite)]: summary warnings lines.
+    bounds[(variant, k, suite)]: the summary's ``bounds`` ({metric: "lower" | "upper"}).
     requests[(variant, k)]: serving requests.json content; mmmu_records[(variant, k)]: rows.
     """
     variants = variants or {"baseline": [], "patched": ["p1"]}
@@ -65,6 +67,7 @@ def make_run(
     cell_status = cell_status or {}
     suite_status = suite_status or {}
     warnings = warnings or {}
+    bounds = bounds or {}
     requests = requests or {}
     mmmu_records = mmmu_records or {}
     suites = list(metrics)
@@ -112,6 +115,7 @@ def make_run(
                         "metrics": vals,
                         "errors": [] if sstat == "ok" else [f"synthetic {sstat}"],
                         "warnings": warnings.get((v, k, suite), []),
+                        "bounds": bounds.get((v, k, suite), {}),
                         "meta": {},
                     },
                 )

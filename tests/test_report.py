@@ -199,3 +199,42 @@ def test_a_change_that_rounds_to_zero_never_prints_minus_zero():
     assert fmt_change(-0.06, "%") == "-0.1%"
     assert fmt_change(-0.0, "count") == "+0 count"
     assert fmt_change(-0.04, "count") == "-0.04 count"  # counts keep their digits
+
+
+def test_a_lower_bound_count_is_never_an_exact_verdict(tmp_path, monkeypatch):
+    """The CPU sync probe of the upstream PR stops on a read it cannot answer, so its host-sync
+    count (6) is only a lower bound: against stock's exact 507 the direction is unknown, and
+    the report says "≥6" and "a bound", never "improved (exact)". A variant whose count is
+    exact (0) in the same run is still improved."""
+    run = make_run(
+        tmp_path,
+        variants={"stock": [], "upstream": ["u"], "ours": ["o"]},
+        metrics={
+            "sync_probe": {
+                "host_syncs_per_call_count": {
+                    "stock": [507.0] * 3,
+                    "upstream": [6.0] * 3,
+                    "ours": [0.0] * 3,
+                }
+            }
+        },
+        bounds={
+            ("upstream", k, "sync_probe"): {"host_syncs_per_call_count": "lower"} for k in range(3)
+        },
+    )
+    from patchbench import analysis
+
+    decl = MetricInfo("lower", "count", label="host syncs", primary=True, kind="deterministic")
+    monkeypatch.setattr(
+        analysis, "_suite_decl", lambda name, notes: (None, {"host_syncs_per_call_count": decl})
+    )
+    cmp = analysis.build_comparison(run)
+    up = cmp.row("sync_probe", "host_syncs_per_call_count", "upstream")
+    ours = cmp.row("sync_probe", "host_syncs_per_call_count", "ours")
+    assert (up.verdict, up.variant_bound, up.baseline_bound) == ("inconclusive", "lower", None)
+    assert any("at least 6" in n and "[-501, inf]" in n for n in up.notes)
+    assert (ours.verdict, ours.variant_bound) == ("improved", None)
+    assert "host syncs 507 -> ≥6 inconclusive (a bound)" in report.sentence(cmp, "upstream")
+    assert "host syncs 507 -> 0 improved (exact)" in report.sentence(cmp, "ours")
+    table = "\n".join(report._primaries(cmp))
+    assert "| upstream | " in table and "| 507 | ≥6 | -501 count |" in table

@@ -86,6 +86,39 @@ def test_deterministic_exact():
     assert t.p is None and "not deterministic" in t.reason
 
 
+def test_bounded_difference_by_interval_arithmetic():
+    inf = math.inf
+    # exact both: a point
+    assert verdicts.bounded_difference(507, 6) == (-501, -501)
+    # variant at least 6: the true change is at least 6 - 507 and unbounded above
+    assert verdicts.bounded_difference(507, 6, variant_bound="lower") == (-501, inf)
+    # baseline at least 507: the change is at most 6 - 507
+    assert verdicts.bounded_difference(507, 6, baseline_bound="lower") == (-inf, -501)
+    # variant at most 6 and baseline at least 507: still at most -501
+    assert verdicts.bounded_difference(507, 6, "lower", "upper") == (-inf, -501)
+    # both at least: nothing is known
+    assert verdicts.bounded_difference(507, 6, "lower", "lower") == (-inf, inf)
+
+
+@pytest.mark.parametrize(
+    "b, v, bb, vb, p, verdict",
+    [
+        (507, 6, None, "lower", 1.0, "inconclusive"),  # at least 6 may still be 507 or more
+        (507, 6, "lower", None, 0.0, "improved"),  # at least 507 against exactly 6
+        (0, 3, None, "lower", 0.0, "regressed"),  # at least 3 against exactly 0
+        (3, 0, None, "upper", 0.0, "improved"),  # at most 0 against exactly 3
+        (2, 2, None, "lower", 1.0, "inconclusive"),  # at least 2 against 2: not "unchanged"
+    ],
+)
+def test_deterministic_with_bounds(b, v, bb, vb, p, verdict):
+    t = verdicts.deterministic_test([b, b], [v, v], bb, vb)
+    assert t.p == p and t.estimate == v - b
+    got, _, _ = verdicts.verdict(t, better="lower", alpha=0.05, margin=None, equivalent=False)
+    assert got == verdict
+    assert (t.reason is None) == (p == 0.0)
+    assert t.notes and "bounded" in t.notes[0]
+
+
 def test_welch_matches_scipy():
     from scipy import stats
 

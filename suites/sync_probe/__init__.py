@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -88,6 +88,12 @@ METRICS: dict[str, MetricInfo] = {
     ),
 }
 NEEDS_SERVER = False
+#: the counts a counting run stopped early (``counts_lower_bound``) can only undercount
+LOWER_BOUND_WHEN_STOPPED = (
+    "sync_d2h_reads_count",
+    "sync_blocking_h2d_copies_count",
+    "host_syncs_per_call_count",
+)
 
 
 class Params(BaseModel):
@@ -196,6 +202,11 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
     metrics["host_syncs_per_call_count"] = (
         metrics["sync_d2h_reads_count"] + metrics["sync_blocking_h2d_copies_count"]
     )
+    # a counting run stopped by an unanswerable read counted only what came before it: the
+    # sums are lower bounds, and the comparison concludes only what a bound allows
+    bounds: dict[str, Literal["lower", "upper"]] = {}
+    if any(r.get("counts_lower_bound") for r in rows):
+        bounds = dict.fromkeys(LOWER_BOUND_WHEN_STOPPED, "lower")
     if cuda:
         metrics["sync_warnings_count"] = float(
             sum(r["sync_warnings_per_call"] for r in rows if "sync_warnings_per_call" in r)
@@ -223,6 +234,7 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
         metrics=metrics,
         errors=errors,
         warnings=warnings,
+        bounds=bounds,
         meta={
             "mode": mode,
             "note": note,
