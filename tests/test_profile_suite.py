@@ -221,3 +221,35 @@ def test_a_trace_file_is_complete_only_once_it_parses(tmp_path):
     assert _complete_trace(tmp_path) is None
     p.write_bytes(gzip.compress(b'{"traceEvents": []}'))
     assert _complete_trace(tmp_path) == p
+
+
+def test_itl_from_arrivals_is_robust_to_chunks_read_together():
+    """Chunks in bursts of 3 sharing one timestamp every 30 ms (10 ms per token): a median of
+    gaps is 0, the span estimator gives 30 ms x 99 bursts / 299 gaps = 9.933 ms; a gap between
+    two requests (here 500 ms of prefill) never counts; chunks outside the window do not."""
+    from statistics import median
+
+    from patchbench.suites.profile.load import itl_from_arrivals
+
+    burst = [0.030 * (i // 3) for i in range(300)]  # 100 bursts of 3
+    gaps = [b - a for a, b in zip(burst, burst[1:], strict=False)]
+    assert median(gaps) == 0.0  # what the old estimator reported
+    second = [burst[-1] + 0.5 + t for t in burst]  # the next request, 500 ms later
+    got = itl_from_arrivals([[burst, second]], 0.0, 100.0)
+    assert got == pytest.approx(1000.0 * 2 * 0.030 * 99 / (2 * 299))
+    assert got == pytest.approx(9.933, abs=1e-3)
+    # only the first request's first 150 chunks (t <= 1.47 s: bursts 0..49) lie in the window
+    assert itl_from_arrivals([[burst, second]], 0.0, 1.47) == pytest.approx(1000 * 1.47 / 149)
+    assert itl_from_arrivals([[[1.0]], []], 0.0, 2.0) is None
+
+
+def test_overhead_share_left_out_when_the_two_times_cannot_be_the_same_steps():
+    from patchbench.suites.profile import overhead_share
+
+    assert overhead_share(12.0, 10.0) == (pytest.approx(0.2), None)
+    assert overhead_share(None, 10.0) == (None, None)
+    assert overhead_share(12.0, None) == (None, "no unprofiled inter-token latency")
+    # the field case: 25 ms steps against a 0.006 ms "ITL" (a median of bursts)
+    share, why = overhead_share(25.0, 0.006)
+    assert share is None and "25 ms" in why and "0.006 ms" in why and "4.17e+03" in why
+    assert overhead_share(4.0, 10.0)[0] is None  # a profiled step at 0.4x the ITL

@@ -195,11 +195,33 @@ async def _profile_level(ctx: SuiteContext, params: Params, c: int, images: list
     shutil.rmtree(raw, ignore_errors=True)
     return {
         "trace": dest,
-        "itl_unprofiled_ms": load.itl_median_ms(t0, t1),
+        "itl_unprofiled_ms": load.itl_ms(t0, t1),
         "request": body,
         "start_profile_s": t_started - t1,
         "errors": load.errors[:5],
     }
+
+
+#: profiled step / unprofiled ITL outside this range is a measuring fault, not an overhead
+#: (a step cannot be much shorter than a token's gap; a profiler that slows steps tenfold would
+#: have shown as a stalled load)
+PLAUSIBLE_STEP_TO_ITL = (0.5, 10.0)
+
+
+def overhead_share(step_ms: float | None, itl_ms: float | None) -> tuple[float | None, str | None]:
+    """(profiled step time / unprofiled inter-token latency - 1, None), or (None, why) when
+    either is missing or their ratio lies outside :data:`PLAUSIBLE_STEP_TO_ITL`."""
+    if not step_ms or not itl_ms:
+        return None, None if not step_ms else "no unprofiled inter-token latency"
+    ratio = step_ms / itl_ms
+    lo, hi = PLAUSIBLE_STEP_TO_ITL
+    if not lo <= ratio <= hi:
+        return None, (
+            f"profiled step {step_ms:.3g} ms against an unprofiled inter-token latency of "
+            f"{itl_ms:.3g} ms (ratio {ratio:.3g}, outside [{lo:g}, {hi:g}]): the two do not "
+            "measure the same steps"
+        )
+    return ratio - 1.0, None
 
 
 def run(ctx: SuiteContext, params: Params) -> SuiteResult:
@@ -231,8 +253,11 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
         all_steps += a.steps
         summ = a.summary()
         itl = got["itl_unprofiled_ms"]
-        if itl and summ.get("host_step_ms_median"):
-            overheads.append(summ["host_step_ms_median"] / itl - 1.0)
+        share, why = overhead_share(summ.get("host_step_ms_median"), itl)
+        if share is not None:
+            overheads.append(share)
+        elif why:
+            warnings.append(f"concurrency {c}: no profiler overhead: {why}")
         tl = T.timeline_excerpt(events, a, n_steps=params.timeline_steps)
         if tl is not None:
             write_json(Path(ctx.out_dir) / f"timeline-c{c}.json", tl)

@@ -2,8 +2,9 @@
 prompt (so the mrope multimodal path runs), streamed through sglang's native ``POST /generate``.
 
 Each of ``concurrency`` workers keeps one request in flight (a new one when it ends) until
-:meth:`DecodeLoad.stop`; every streamed chunk's arrival time is recorded (``time.monotonic``, s)
-so that inter-token latencies can be read per time window (the profiler's overhead on the step).
+:meth:`DecodeLoad.stop`; every streamed chunk's arrival time is recorded per request
+(``time.monotonic``, s) so that inter-token latencies can be read per time window (the
+profiler's overhead on the step).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import io
 import json
 import time
 from dataclasses import dataclass, field
-from statistics import median
 
 import aiohttp
 
@@ -40,14 +40,14 @@ def image_data_url(seed: int, width: int, height: int) -> str:
 
 @dataclass
 class DecodeLoad:
-    """The load against ``base_url``; ``arrivals[i]``: chunk arrival times of worker i's current
-    and past requests; ``errors``: failed requests (text)."""
+    """The load against ``base_url``; ``arrivals[i][j]``: chunk arrival times (s) of worker i's
+    j-th request; ``errors``: failed requests (text)."""
 
     base_url: str
     concurrency: int
     max_new_tokens: int
     image_urls: list[str]
-    arrivals: list[list[float]] = field(default_factory=list)
+    arrivals: list[list[list[float]]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     requests_done: int = 0
     _stop: asyncio.Event | None = None
@@ -82,12 +82,14 @@ class DecodeLoad:
                         self.errors.append(f"HTTP {r.status}: {(await r.text())[:300]}")
                         await asyncio.sleep(0.5)
                         continue
+                    times: list[float] = []
+                    self.arrivals[i].append(times)
                     async for line in r.content:
                         if not line.startswith(b"data:"):
                             continue
                         if line.strip() == b"data: [DONE]":
                             break
-                        self.arrivals[i].append(time.monotonic())
+                        times.append(time.monotonic())
                         if self._stop.is_set():
                             return
                     self.requests_done += 1
@@ -98,17 +100,19 @@ class DecodeLoad:
                 await asyncio.sleep(0.5)
 
     def min_tokens(self) -> int:
-        """The fewest chunks any worker has received so far."""
-        return min((len(a) for a in self.arrivals), default=0)
+        """The fewest chunks any worker has received so far (over all its requests)."""
+        return min((sum(len(r) for r in a) for a in self.arrivals), default=0)
 
-    def itl_median_ms(self, t0: float, t1: float) -> float | None:
-        """Median gap between consecutive chunks of one worker, both arriving in [t0, t1] (ms);
-        None when there is no such pair."""
-        gaps = []
-        for arr in self.arrivals:
-            inside = [t for t in arr if t0 <= t <= t1]
-            gaps += [(b - a) * 1000.0 for a, b in zip(inside, inside[1:], strict=False)]
-        return median(gaps) if gaps else None
+    def itl_ms(self, t0: float, t1: float) -> float | None:
+        """Mean gap (ms) between consecutive chunks of one request, both arriving in [t0, t1]:
+        the summed span from the first to the last such chunk of each request over the summed
+        number of gaps; None when no request has two chunks in the window.
+
+        A span, not a median of gaps: chunks that reach the client together (several lines in
+        one read get one timestamp) have gaps of ~0, and when most chunks come in such bursts a
+        median of gaps is ~0 however long the decode steps are. Gaps across two requests (the
+        next request's queueing and prefill) are never counted."""
+        return itl_from_arrivals(self.arrivals, t0, t1)
 
     async def stop(self) -> None:
         """Stop the workers (closing their streams aborts the requests in the server)."""
@@ -118,3 +122,16 @@ class DecodeLoad:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+
+
+def itl_from_arrivals(arrivals: list[list[list[float]]], t0: float, t1: float) -> float | None:
+    """:meth:`DecodeLoad.itl_ms` on ``arrivals[worker][request] = [chunk times (s)]``."""
+    span = 0.0
+    gaps = 0
+    for worker in arrivals:
+        for times in worker:
+            inside = [t for t in times if t0 <= t <= t1]
+            if len(inside) >= 2:
+                span += inside[-1] - inside[0]
+                gaps += len(inside) - 1
+    return 1000.0 * span / gaps if gaps else None
