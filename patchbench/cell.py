@@ -285,10 +285,12 @@ class CellRun:
         make_dir(self.cdir)
         self._t0 = time.monotonic()
         self.stock_dir = (envinfo.stock_site_dir() or Path(".")) / "sglang"
-        todo = [s for s in cell_suites(self.cfg, self.cell) if not suite_done(self.cdir / s)]
+        planned = cell_suites(self.cfg, self.cell)
+        todo = [s for s in planned if not suite_done(self.cdir / s)]
         self.suites = {s: suite_of(s) for s in todo}
         self.local = [s for s in todo if not self.suites[s].needs_server]
         self.remote = [s for s in todo if s not in self.local]
+        earlier = runfolder.read_cell(self.cdir) if len(todo) < len(planned) else None
         self.record = CellRecord(
             variant=self.cell.variant,
             repeat=self.cell.repeat,
@@ -299,6 +301,19 @@ class CellRun:
             instrumented=False,
             runner_pid=os.getpid(),
         )
+        # a resumed cell: the suites an earlier launch finished keep their status in the record
+        # (their summaries stay as they are), and the note says which launch measured them
+        kept = [s for s in planned if s not in todo]
+        for s in kept:
+            self.record.suites[s] = runfolder.read_summary(self.cdir / s).status
+        if kept:
+            when = earlier.started_at if earlier is not None and earlier.started_at else "unknown"
+            self.record.notes.append(
+                f"resumed: {', '.join(kept)} kept from an earlier launch (started {when}, "
+                f"its own server); this launch ran {', '.join(todo)}"
+            )
+            if earlier is not None and earlier.server.pid is not None:
+                self.record.notes.append(f"earlier launch's server: pid {earlier.server.pid}")
         self.write()
 
     # ------------------------------------------------------------------ helpers

@@ -170,6 +170,19 @@ def test_between_suites_a_flush_the_scheduler_refuses_fails_the_cell_and_no_heal
     assert events.count("flush_cache") == 1
     assert "health" not in events
     assert "flush:fake_second" in good["timings_s"]
+    # resumed: only fake_second runs again in that cell; the record keeps the earlier launch's
+    # fake (its summary untouched) and says which launch measured what
+    first_summary = (run_dir / "control" / "rep0" / "fake" / "summary.json").read_bytes()
+    fake_env.clear()
+    bench.run_bench(cfg, resume=run_dir)
+    again = read_json(run_dir / "control" / "rep0" / "cell.json")
+    assert again["status"] == "ok"
+    assert again["suites"] == {"fake": "ok", "fake_second": "ok"}
+    assert (run_dir / "control" / "rep0" / "fake" / "summary.json").read_bytes() == first_summary
+    note = next(n for n in again["notes"] if n.startswith("resumed:"))
+    assert f"fake kept from an earlier launch (started {bad['started_at']}" in note
+    assert note.endswith("this launch ran fake_second")
+    assert f"earlier launch's server: pid {bad['server']['pid']}" in again["notes"]
 
 
 def test_a_port_busy_before_the_run_stops_it_before_any_cell(fake_env, tmp_path):
