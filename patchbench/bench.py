@@ -466,7 +466,7 @@ def run_bench(
                 ]
             write_manifest(run_dir, manifest)
             say(f"run folder {run_dir}")
-            progress = BenchProgress(len(cells))
+            progress = BenchProgress(len(cells), plan={c.label: cell_suites(cfg, c) for c in cells})
             cell_log = log or (
                 lambda m: progress.log(f"[patchbench {time.strftime('%H:%M:%S')}] {m}")
             )
@@ -487,7 +487,7 @@ def run_bench(
                         rec = read_json(cdir / "cell.json") if (cdir / "cell.json").exists() else {}
                         cell_log(f"{cell.label}: done already, skipped")
                         records.append(_cell_entry(cell, run_dir, rec, skipped=True))
-                        progress.cell_skipped()
+                        progress.cell_skipped(cell.label)
                         continue
                     progress.cell_started(cell.label)
                     rec = run_cell(
@@ -500,7 +500,7 @@ def run_bench(
                         progress=progress,
                         nvml=nvml,
                     ).model_dump(mode="json")
-                    progress.cell_finished(rec["status"])
+                    progress.cell_finished(rec["status"], rec.get("timings_s"))
                     failed += rec["status"] == "failed"
                     records.append(
                         _cell_entry(cell, run_dir, rec, error=_first_line(rec.get("error")))

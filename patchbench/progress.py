@@ -1,6 +1,12 @@
 """Overall progress of ``bench``: cells done of total, the current cell and suite, elapsed time
 and an ETA from the cells finished so far (rich on a terminal, one plain line per cell
 otherwise, e.g. in CI logs).
+
+With the plan's suites per cell, the ETA is per suite: a cell left to run is predicted as the
+median fixed part of the finished cells (server start and stop, flushes) plus the median time of
+each of its suites, so the untimed correctness cells that come first (sync probe, profiler) do
+not set the pace for the timed cells after them (serving, MMMU). A suite no finished cell ran
+yet counts as at least the median finished cell.
 """
 
 from __future__ import annotations
@@ -24,6 +30,36 @@ def eta_s(finished_s: list[float], remaining: int) -> float | None:
     return statistics.median(finished_s) * remaining
 
 
+def eta_by_suite(
+    finished: list[tuple[float, dict[str, float]]],
+    remaining: list[list[str]],
+    in_current_s: float = 0.0,
+) -> float | None:
+    """Seconds left for the cells ``remaining`` (each its suite names; the first is the cell
+    running now, ``in_current_s`` into it) from ``finished`` cells' (duration s, timings_s with
+    ``suite:<name>`` keys). None before any cell finished; 0.0 when nothing remains."""
+    if not remaining:
+        return 0.0
+    if not finished:
+        return None
+    per_suite: dict[str, list[float]] = {}
+    fixed = []
+    for took, timings in finished:
+        suite_s = {k[len("suite:") :]: v for k, v in timings.items() if k.startswith("suite:")}
+        for name, v in suite_s.items():
+            if v is not None:
+                per_suite.setdefault(name, []).append(float(v))
+        fixed.append(max(0.0, took - sum(v for v in suite_s.values() if v is not None)))
+    base = statistics.median(fixed)
+    whole = statistics.median([took for took, _ in finished])
+    total = 0.0
+    for i, suites in enumerate(remaining):
+        known = base + sum(statistics.median(per_suite[n]) for n in suites if n in per_suite)
+        t = known if all(n in per_suite for n in suites) else max(known, whole)
+        total += max(0.0, t - in_current_s) if i == 0 else t
+    return total
+
+
 def fmt_duration(s: float | None) -> str:
     """``"1h02m"``, ``"3m05s"``, ``"42s"``; ``"?"`` for None."""
     if s is None:
@@ -42,7 +78,8 @@ class BenchProgress:
     Call :meth:`cell_started`, :meth:`suite_started`, :meth:`cell_finished` (or
     :meth:`cell_skipped` for a cell done in an earlier invocation), and :meth:`close` at the end.
     :meth:`log` prints a line above the live bar. ``console``: a rich Console (default: stdout);
-    ``live``: draw a live bar (default: when the console is a terminal).
+    ``live``: draw a live bar (default: when the console is a terminal). ``plan``: {cell label:
+    its suites} for the per-suite ETA (:func:`eta_by_suite`; without it, :func:`eta_s`).
     """
 
     def __init__(
@@ -52,10 +89,14 @@ class BenchProgress:
         console: Console | None = None,
         live: bool | None = None,
         clock: Callable[[], float] = time.monotonic,
+        plan: dict[str, list[str]] | None = None,
     ):
         self.total = total
         self.done = 0
         self.finished_s: list[float] = []
+        self.plan = plan
+        self._finished: list[tuple[float, dict[str, float]]] = []
+        self._seen: set[str] = set()
         self.console = console or Console()
         self.clock = clock
         self.t0 = clock()
@@ -81,6 +122,7 @@ class BenchProgress:
     # ------------------------------------------------------------------ events
     def cell_started(self, label: str) -> None:
         self.current, self.suite = label, ""
+        self._seen.add(label)
         self._t_cell = self.clock()
         self._refresh()
 
@@ -88,13 +130,18 @@ class BenchProgress:
         self.suite = suite
         self._refresh()
 
-    def cell_skipped(self) -> None:
+    def cell_skipped(self, label: str | None = None) -> None:
         self.done += 1
+        if label is not None:
+            self._seen.add(label)
         self._refresh()
 
-    def cell_finished(self, status: str) -> None:
+    def cell_finished(self, status: str, timings_s: dict[str, float] | None = None) -> None:
+        """A cell ended; ``timings_s``: its record's timings (``suite:<name>`` keys feed the
+        per-suite ETA)."""
         took = self.clock() - self._t_cell
         self.finished_s.append(took)
+        self._finished.append((took, dict(timings_s or {})))
         self.done += 1
         self.current, self.suite = "", ""
         self._refresh()
@@ -118,7 +165,13 @@ class BenchProgress:
 
     # ------------------------------------------------------------------ text
     def eta(self) -> float | None:
-        return eta_s(self.finished_s, self.total - self.done)
+        left = self.total - self.done
+        if self.plan is None or left <= 0:
+            return eta_s(self.finished_s, left)
+        now = [self.plan.get(self.current, [])] if self.current else []
+        rest = [v for k, v in self.plan.items() if k not in self._seen]
+        in_cell = self.clock() - self._t_cell if self.current else 0.0
+        return eta_by_suite(self._finished, (now + rest)[:left], in_cell)
 
     def line(self) -> str:
         """e.g. ``progress: 3/8 cells, elapsed 2m10s, ETA 3m20s``."""

@@ -57,6 +57,43 @@ def test_progress_counts_skipped_and_finished_cells():
     assert "progress: 2/4 cells, elapsed 20s, ETA 40s" in con.export_text()
 
 
+def test_eta_by_suite_predicts_each_left_cell_from_its_own_suites():
+    """The demo's shape: correctness cells (sync_probe, profile) first, then timed cells
+    (sync_probe, mmmu, serving). Hand computation in the comments."""
+    from patchbench.progress import eta_by_suite
+
+    corr = ["sync_probe", "profile"]
+    timed = ["sync_probe", "mmmu", "serving"]
+    c1 = (24.0, {"suite:sync_probe": 2.0, "suite:profile": 6.0, "server_start": 15.0})
+    # one correctness cell seen: fixed part 24 - 8 = 16; a correctness cell 16 + 2 + 6 = 24;
+    # a timed cell has unseen suites: at least the median cell, 24
+    assert eta_by_suite([c1], [corr, timed, timed]) == 24 + 24 + 24
+    t1 = (36.0, {"suite:sync_probe": 0.0, "suite:mmmu": 7.0, "suite:serving": 13.0})
+    # fixed parts 16 and 16; sync_probe median(2, 0) = 1; a timed cell 16 + 1 + 7 + 13 = 37, a
+    # correctness cell 16 + 1 + 6 = 23; the running timed cell is 10 s in: 37 - 10 = 27
+    assert eta_by_suite([c1, t1], [timed, timed, corr], in_current_s=10.0) == 27 + 37 + 23
+    assert eta_by_suite([c1, t1], [timed], in_current_s=99.0) == 0.0  # over time: not negative
+    assert eta_by_suite([], [timed]) is None and eta_by_suite([c1], []) == 0.0
+
+
+def test_progress_eta_uses_the_plan_and_skips_seen_cells():
+    from rich.console import Console
+
+    now = [0.0]
+    plan = {"a/corr": ["p"], "a/rep0": ["s"], "b/rep0": ["s"], "a/rep1": ["s"]}
+    con = Console(record=True, width=120, force_terminal=False)
+    p = BenchProgress(4, console=con, live=False, clock=lambda: now[0], plan=plan)
+    p.cell_skipped("a/corr")
+    p.cell_started("a/rep0")
+    now[0] = 30.0
+    p.cell_finished("ok", {"suite:s": 20.0, "server_start": 9.0})
+    # b/rep0 and a/rep1 left, each 10 s fixed + 20 s of s
+    assert p.eta() == 60.0
+    p.cell_started("b/rep0")
+    now[0] = 45.0
+    assert p.eta() == 15.0 + 30.0
+
+
 # ---------------------------------------------------------------------------------- per-suite rounds
 import importlib.metadata  # noqa: E402
 import os  # noqa: E402
