@@ -253,3 +253,20 @@ def test_overhead_share_left_out_when_the_two_times_cannot_be_the_same_steps():
     share, why = overhead_share(25.0, 0.006)
     assert share is None and "25 ms" in why and "0.006 ms" in why and "4.17e+03" in why
     assert overhead_share(4.0, 10.0)[0] is None  # a profiled step at 0.4x the ITL
+
+
+def test_timeline_legend_names_only_what_the_excerpts_show():
+    """A CPU trace has no GPU lane: no "GPU busy" entry; a CUDA one has it. Syncs inside and
+    outside mrope ranges each get their entry only when present."""
+    from patchbench.suites.profile.timeline import legend_labels
+
+    cpu_stock = {"steps": [{"ts": 0, "dur": 10}], "mrope": [[1, 2]], "syncs": [[1.5, True]]}
+    cpu_ours = {"steps": [{"ts": 0, "dur": 8}], "mrope": [[1, 2]], "syncs": [[5, False]]}
+    assert legend_labels(cpu_stock, cpu_ours) == [
+        "decode step (host)",
+        "mrope",
+        "host sync",
+        "sync in mrope",
+    ]
+    gpu = dict(cpu_ours, gpu=[[0, 9]], syncs=[])
+    assert legend_labels(gpu, {"steps": []}) == ["decode step (host)", "mrope", "GPU busy"]

@@ -43,6 +43,24 @@ def _lane(ax, y, tl: dict, label: str) -> list[str]:
     return labels
 
 
+def legend_labels(base: dict, var: dict) -> list[str]:
+    """The legend entries for what the two excerpts show: the decode step always; mrope ranges,
+    GPU busy intervals (a CUDA trace only), host syncs and syncs inside mrope only when present
+    in either side."""
+    both = (base, var)
+    syncs = [s for tl in both for s in (tl.get("syncs") or [])]
+    shown = ["decode step (host)"]
+    if any(tl.get("mrope") for tl in both):
+        shown.append("mrope")
+    if any(tl.get("gpu") for tl in both):
+        shown.append("GPU busy")
+    if any(not inside for _, inside in syncs):
+        shown.append("host sync")
+    if any(inside for _, inside in syncs):
+        shown.append("sync in mrope")
+    return shown
+
+
 def plot_timeline(
     base: dict, var: dict, base_name: str, var_name: str, out: Path, title: str = ""
 ) -> Path:
@@ -64,17 +82,19 @@ def plot_timeline(
     ax.set_ylim(-0.1, 2.4)
     ax.set_xlabel("ms from the first shown decode step's start")
     ax.set_title(title, fontsize=10)
+    handles = {
+        "decode step (host)": Patch(color="#9ecae1", label="decode step (host)"),
+        "mrope": Patch(color="#fd8d3c", label="mrope"),
+        "GPU busy": Patch(color="#31a354", label="GPU busy"),
+        "host sync": Line2D([], [], ls="", marker="|", color="#de2d26", label="host sync"),
+        "sync in mrope": Line2D([], [], ls="", marker="v", color="#a50f15", label="sync in mrope"),
+    }
+    shown = legend_labels(base, var)
     ax.legend(
-        handles=[
-            Patch(color="#9ecae1", label="decode step (host)"),
-            Patch(color="#fd8d3c", label="mrope"),
-            Patch(color="#31a354", label="GPU busy"),
-            Line2D([], [], ls="", marker="|", color="#de2d26", label="host sync"),
-            Line2D([], [], ls="", marker="v", color="#a50f15", label="sync in mrope"),
-        ],
+        handles=[handles[k] for k in shown],
         fontsize=7,
         loc="upper right",
-        ncol=5,
+        ncol=len(shown),
         framealpha=0.9,
     )
     ax.grid(axis="x", alpha=0.3)
