@@ -18,6 +18,7 @@ header). Layout, in this order:
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from patchbench import records, runfolder
@@ -108,15 +109,29 @@ def verdict_text(r: Row) -> str:
     return r.verdict
 
 
+def short_name(r: Row) -> str:
+    """A row's label without its parenthetical or trailing qualifier, for the one-line answer:
+    "Output token throughput (tok/s)" -> "Output token throughput", "host syncs per call
+    (device-to-host reads + ...), summed over batch sizes" -> "host syncs per call"."""
+    name = _name(r)
+    return re.split(r" \(|, ", name, maxsplit=1)[0].strip() or name
+
+
 def sentence(cmp: Comparison, variant: str) -> str:
     """One hyperfine-style sentence for ``variant``: each primary with its change, interval and
-    verdict; a pairing refusal by its reason."""
+    verdict; a pairing refusal by its reason (:func:`sentence_parts` joined)."""
+    head, parts = sentence_parts(cmp, variant)
+    return head + ("; ".join(parts) if parts else "no primary metric")
+
+
+def sentence_parts(cmp: Comparison, variant: str) -> tuple[str, list[str]]:
+    """(``"<variant> vs <baseline>: "``, one clause per primary and pairing refusal)."""
     parts = []
     for r in cmp.rows_for(variant, primary=True):
         if r.kind == "deterministic":
             exact = "exact" if not (r.baseline_bound or r.variant_bound) else "a bound"
             parts.append(
-                f"{_name(r)} {fmt_bounded(r.baseline_value, r.baseline_bound)} -> "
+                f"{short_name(r)} {fmt_bounded(r.baseline_value, r.baseline_bound)} -> "
                 f"{fmt_bounded(r.variant_value, r.variant_bound)} {verdict_text(r)} ({exact})"
             )
             continue
@@ -124,20 +139,18 @@ def sentence(cmp: Comparison, variant: str) -> str:
             # no interval: say why in a few words instead of "n/a" (the table has the full note)
             why = (r.notes[0].split(":")[0] if r.notes else "no interval").strip()
             parts.append(
-                f"{_name(r)} {fmt_change(r.change, r.change_unit)} {verdict_text(r)} ({why})"
+                f"{short_name(r)} {fmt_change(r.change, r.change_unit)} {verdict_text(r)} ({why})"
             )
             continue
         parts.append(
-            f"{_name(r)} {fmt_change(r.change, r.change_unit)} "
+            f"{short_name(r)} {fmt_change(r.change, r.change_unit)} "
             f"{fmt_ci(r.low, r.high, r.change_unit)} {verdict_text(r)}"
         )
     for suite, per in cmp.refusals.items():
         if variant in per:
             parts.append(f"{suite} not paired: {per[variant]}")
     tag = " (A/A)" if variant in cmp.aa_variants else ""
-    return f"{variant}{tag} vs {cmp.baseline}: " + (
-        "; ".join(parts) if parts else "no primary metric"
-    )
+    return f"{variant}{tag} vs {cmp.baseline}: ", parts
 
 
 def _header(man: runfolder.RunManifest, cmp: Comparison) -> list[str]:
@@ -510,35 +523,52 @@ def render_run(
     return records.write_text(run_dir / "report.md", text)
 
 
+#: the console's width when stdout is not a terminal (rich would use 80)
+CONSOLE_LOG_WIDTH = 120
+
+
 def console_summary(cmp: Comparison, report: Path | None = None) -> list[str]:
-    """Print the primaries table (rich when available), then the same sentences as report.md;
-    returns the sentences."""
+    """Print the primaries table (rich when available), then the same sentences as report.md,
+    one clause a line; returns the sentences."""
     sents = [sentence(cmp, v) for v in cmp.variants]
+    answer = []
+    for v in cmp.variants:
+        head, parts = sentence_parts(cmp, v)
+        answer.append(head.rstrip() + ("" if parts else " no primary metric"))
+        answer += [f"  - {p}" for p in parts]
     try:
         from rich.console import Console
         from rich.table import Table
 
         c = Console()
+        if not c.is_terminal:  # a log file or CI: no terminal width to fit, 80 wraps the table
+            c = Console(width=max(c.width, CONSOLE_LOG_WIDTH))
         t = Table(title=f"{cmp.run_id}: primaries vs {cmp.baseline}")
         for h in ("variant", "metric", "change", "interval", "verdict"):
             t.add_column(h)
         for r in cmp.rows_for(primary=True):
+            det = r.kind == "deterministic"
             t.add_row(
                 r.variant,
-                _name(r),
-                fmt_change(r.change, r.change_unit),
-                fmt_ci(r.low, r.high, r.change_unit),
+                short_name(r),
+                f"{fmt_bounded(r.baseline_value, r.baseline_bound)} -> "
+                f"{fmt_bounded(r.variant_value, r.variant_bound)}"
+                if det
+                else fmt_change(r.change, r.change_unit),
+                ("exact" if not (r.baseline_bound or r.variant_bound) else "a bound")
+                if det
+                else fmt_ci(r.low, r.high, r.change_unit),
                 verdict_text(r),
             )
         if t.row_count:
             c.print(t)
         if report is not None:
             c.print(f"report: {report}")
-        for s_ in sents:
-            c.print(s_, markup=False, highlight=False)
+        for line in answer:
+            c.print(line, markup=False, highlight=False)
     except ImportError:
         if report is not None:
             print(f"report: {report}")
-        for s_ in sents:
-            print(s_)
+        for line in answer:
+            print(line)
     return sents

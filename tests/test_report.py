@@ -84,8 +84,11 @@ def test_console_ends_with_the_same_sentences(tmp_path, capsys):
     out = capsys.readouterr().out
     text = path.read_text()
     assert sents and all(f"- {s}" in text for s in sents)
-    tail = " ".join(out.split())
-    assert tail.endswith(" ".join(sents[-1].split()))
+    # one clause a line, in the sentence's order, the last variant's clauses last
+    head, parts = report.sentence_parts(read_comparison(run), "patched")
+    assert sents[-1] == head + "; ".join(parts)
+    lines = out.rstrip().splitlines()
+    assert lines[-len(parts) - 1 :] == [head.rstrip()] + [f"  - {p}" for p in parts]
 
 
 def test_refusal_shown_instead_of_numbers(tmp_path):
@@ -238,3 +241,25 @@ def test_a_lower_bound_count_is_never_an_exact_verdict(tmp_path, monkeypatch):
     assert "host syncs 507 -> 0 improved (exact)" in report.sentence(cmp, "ours")
     table = "\n".join(report._primaries(cmp))
     assert "| upstream | " in table and "| 507 | ≥6 | -501 count |" in table
+
+
+def test_console_table_of_a_log_does_not_wrap_long_names(tmp_path, capsys, monkeypatch):
+    """Not a terminal (a CI log): the table is 120 columns wide, so a long metric name stays on
+    its row; a deterministic row shows its two values and "exact" instead of "n/a"."""
+    from patchbench import analysis
+
+    long = "host syncs inside the mrope computation per decode step (median)"
+    decl = MetricInfo("lower", "count", label=long, primary=True, kind="deterministic")
+    monkeypatch.setattr(analysis, "_suite_decl", lambda name, notes: (None, {"syncs_count": decl}))
+    run = make_run(
+        tmp_path,
+        metrics={"bench": {"syncs_count": {"baseline": [4.0] * 3, "patched": [0.0] * 3}}},
+    )
+    report.console_summary(analysis.build_comparison(run))
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if "│ patched" in line)
+    assert "host syncs inside the mrope computation per decode step │ 4 -> 0 │ exact" in row
+    assert "improved" in row and "(median)" not in row
+    assert (
+        "  - host syncs inside the mrope computation per decode step 4 -> 0 improved (exact)" in out
+    )
