@@ -331,11 +331,12 @@ def test_cuda_measurement_arithmetic_on_a_simulated_gpu(monkeypatch):
     assert cuda_sync_warnings(lambda: None) == [] and fake.mode == 0
 
 
-def test_suite_upstream_pr9460_read_is_counted_not_an_error(tmp_path):
-    """The upstream change (0.5.2rc2) reads a 0-d device tensor inside torch.full for a text-only
-    request of a mixed decode batch: the CPU probe cannot answer that read with a placeholder, so
-    the counting stops there. That is a caught sync (counted, counts flagged as lower bounds), not
-    a failure of the suite (which would make the cell incomplete and hide the evidence)."""
+def test_suite_upstream_pr9460_reads_are_counted_exactly(tmp_path):
+    """The upstream change (0.5.2rc2) builds a text-only request's decode positions with
+    ``torch.full((3, 1), seq_lens[i] - 1, ...)``: the fill value is a 0-d device tensor, which
+    torch.full reads (one sync per text-only request; image requests take a non-blocking copy).
+    The CPU probe answers that read with a placeholder and counts on, so the counts are exact:
+    reads = text-only requests (batch size - image requests), no blocking copy, no lower bound."""
     from patchbench.suites.sync_probe.mrope import stock_source
 
     suite = get_suite("sync_probe")
@@ -343,23 +344,53 @@ def test_suite_upstream_pr9460_read_is_counted_not_an_error(tmp_path):
     upstream_dir = _pkg(tmp_path, "upstream", stock_source("0.5.2rc2"))
     res = suite.run(
         _ctx(tmp_path, upstream_dir, stock_dir, "upstream"),
-        suite.Params(batch_sizes=[8, 32], image_share=0.5),
+        suite.Params(batch_sizes=[1, 8, 32], image_share=0.5),
     )
     assert res.status == "ok" and res.errors == []
     rows = json.loads((tmp_path / "out-upstream" / "probe.json").read_text())["rows"]
     mixed = [r for r in rows if 0 < r["images"] < r["batch_size"]]
     assert mixed, "the seeded batches must mix text-only and image requests"
-    assert all(r["d2h_reads_per_call"] >= 1 and r["counts_lower_bound"] for r in mixed)
-    assert res.metrics["sync_d2h_reads_count"] >= len(mixed)
+    for r in rows:
+        assert r["d2h_reads_per_call"] == r["batch_size"] - r["images"]
+        assert r["blocking_h2d_copies_per_call"] == 0
+        assert r["h2d_copies_per_call"] == r["images"]  # .to(device, non_blocking=True)
+        assert r["counts_lower_bound"] is False and r["stopped_by"] is None
+    text_only = sum(r["batch_size"] - r["images"] for r in rows)
+    assert res.metrics["host_syncs_per_call_count"] == float(text_only)
     assert res.metrics["positions_mismatch_count"] == 0.0
-    assert any("lower bounds" in w for w in res.warnings)
-    # the sums are only lower bounds, so the comparison must not call them exact
+    assert res.bounds == {} and not any("lower bounds" in w for w in res.warnings)
+
+
+def test_suite_marks_counts_of_a_stopped_probe_as_lower_bounds(tmp_path, monkeypatch):
+    """A counting run that a read stops (one the placeholders cannot answer) counted only what
+    came before: the three sync counts are marked as lower bounds, positions are not."""
+    import patchbench.suites.sync_probe.mrope as mrope
+
+    def stopped_row(methods, stock, bs, **kw):
+        return {
+            "batch_size": bs,
+            "device": "cpu",
+            "images": 1,
+            "positions_equal_stock": True,
+            "d2h_reads_per_call": 2,
+            "blocking_h2d_copies_per_call": 0,
+            "h2d_copies_per_call": 0,
+            "counts_lower_bound": bs == 8,
+            "stopped_by": "RuntimeError: x" if bs == 8 else None,
+        }
+
+    monkeypatch.setattr(mrope, "measure_row", stopped_row)
+    suite = get_suite("sync_probe")
+    stock_dir = _pkg(tmp_path, "stock", release_sources("0.5.1.post3")["stock"])
+    res = suite.run(_ctx(tmp_path, stock_dir, stock_dir, "v"), suite.Params(batch_sizes=[1, 8]))
+    assert res.metrics["host_syncs_per_call_count"] == 4.0
     assert res.bounds == {
         "sync_d2h_reads_count": "lower",
         "sync_blocking_h2d_copies_count": "lower",
         "host_syncs_per_call_count": "lower",
     }
     assert res.to_json("sync_probe")["bounds"] == res.bounds
+    assert any("batch 8: counts are lower bounds" in w for w in res.warnings)
 
 
 def test_pair_and_report_section_from_two_probed_cells(tmp_path):

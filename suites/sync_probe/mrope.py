@@ -15,7 +15,8 @@ It also holds the probes the tests, ``suites/sync_probe`` and ``scripts/gpu_prob
   (``torch.tensor(data, device=...)``, ``.to(device, non_blocking=...)``, ``.copy_``, ``.cuda``)
   with their ``non_blocking`` flag and whether the source memory is pinned. Run with ``seq_lens``
   on the ``meta`` device (a tensor without data) a read either raises (strict) or is answered with
-  a placeholder and counted (counting mode).
+  a placeholder and counted (counting mode; a call that reads a 0-d meta tensor argument, like
+  ``torch.full``'s fill value, is counted and run again with a placeholder scalar).
 - :func:`cuda_sync_warnings` and :func:`cuda_host_blocked_ms` measure the same on a real GPU.
 
 Sources: :func:`release_sources` gives the stock file of a release (the installed package when its
@@ -591,7 +592,9 @@ class SyncProbeMode(TorchFunctionMode):
     ``torch.full``'s fill value). A copy is ``torch.tensor`` / ``torch.as_tensor`` with a non-CPU
     ``device``, or ``Tensor.to`` / ``.cuda`` / ``.copy_`` from a CPU tensor to a non-CPU device.
     With ``placeholder_reads`` a read of a ``meta`` tensor returns a placeholder (0, 0.0, False,
-    a list of zeros, a CPU tensor of zeros) so a call can be counted to its end (its result is then
+    a list of zeros, a CPU tensor of zeros), and a call that fails on reading a 0-d meta tensor
+    argument (``torch.full((3, 1), seq_lens[i] - 1)``) is counted as one read and run again with
+    that argument as a placeholder scalar, so a call can be counted to its end (its result is then
     meaningless); otherwise the read raises as PyTorch makes it.
     """
 
@@ -659,9 +662,17 @@ class SyncProbeMode(TorchFunctionMode):
         try:
             return func(*args, **kwargs)
         except (RuntimeError, NotImplementedError) as exc:
-            if any(m in str(exc) for m in _META_READ_MARKERS):
-                self.record.reads.append(f"{name} (reads a meta tensor's value)")
-            raise
+            if not any(m in str(exc) for m in _META_READ_MARKERS):
+                raise
+            self.record.reads.append(f"{name} (reads a meta tensor's value)")
+            if not self.placeholder_reads:
+                raise
+            # counting: a 0-d meta tensor passed as a value (torch.full's fill value) is what
+            # the call read; answer it with a placeholder scalar and go on
+            args2, kwargs2, swapped = _scalar_placeholders(args, kwargs)
+            if not swapped:
+                raise
+            return func(*args2, **kwargs2)
 
 
 def _to_target(args, kwargs) -> tuple[torch.device | None, bool]:
@@ -671,6 +682,23 @@ def _to_target(args, kwargs) -> tuple[torch.device | None, bool]:
     except Exception:  # noqa: BLE001 - the method's own error is the measured outcome
         return None, False
     return device, bool(non_blocking)
+
+
+def _scalar_placeholders(args: tuple, kwargs: dict) -> tuple[tuple, dict, int]:
+    """``args`` / ``kwargs`` with every 0-d ``meta`` tensor argument (top level, or inside a
+    list or tuple argument) replaced by its placeholder scalar; the number replaced."""
+    n = 0
+
+    def swap(x: Any) -> Any:
+        nonlocal n
+        if isinstance(x, torch.Tensor) and x.device.type == "meta" and x.dim() == 0:
+            n += 1
+            return _placeholder("item", x)
+        if isinstance(x, (list, tuple)) and not isinstance(x, torch.Size):
+            return type(x)(swap(v) for v in x)
+        return x
+
+    return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}, n
 
 
 def _placeholder(name: str, t: torch.Tensor) -> Any:
@@ -836,9 +864,10 @@ def measure_row(
             )
         strict = probe_decode(methods, case)
         counted = probe_decode(methods, case, placeholder_reads=True)
-        # a read that cannot be answered with a placeholder (e.g. the 0-d fill value inside
-        # torch.full) ends the counting run: that read is counted too, the counts are lower
-        # bounds (``counts_lower_bound``) and ``stopped_by`` says what stopped it
+        # a read that cannot be answered with a placeholder (a meta tensor read inside a call
+        # whose arguments hold no 0-d meta tensor to swap) ends the counting run: that read is
+        # counted too, the counts are lower bounds (``counts_lower_bound``) and ``stopped_by``
+        # says what stopped it
         stopped = counted.error
         row.update(
             strict_error=strict.error,
