@@ -53,7 +53,8 @@ METHOD_SOURCES = {
     "Newcombe paired": "Newcombe (1998) Stat Med 17:2635-2650, method 10 (hybrid score, paired)",
     "Wilson": "Wilson (1927) score interval",
     "Welch": "Welch (1947) unpaired t on per-run log values",
-    "exact": "deterministic values compared exactly (no sampling error)",
+    "exact": "deterministic values compared exactly (no sampling error); a value that is only "
+    "a bound gives the interval of differences the bounds allow (interval arithmetic, Moore 1966)",
 }
 
 
