@@ -228,3 +228,38 @@ def test_empty_sides():
         pair([], cell(["correct"]))
     with pytest.raises(ValueError, match="b has an empty repeat"):
         pair(cell(["correct"]), [cell(["correct"]), []])
+
+
+def test_answered_accuracy_means_no_failed_request_as_in_each_cell(tmp_path):
+    """ "answered" in the paired comparison is what each cell's own tally calls answered: a
+    reply came back (unparsed included). q0: correct / correct; q1: unparsed in the baseline
+    (answered, wrong); q2: its baseline request failed in repeat 1 (not answered; still in the
+    overall accuracy through repeat 0); q3: wrong / correct."""
+    from helpers_runs import mmmu_rows
+
+    from patchbench import records
+    from patchbench.suites.mmmu import pair_repeats
+
+    cells = {
+        ("b", 0): ["correct", "unparsed", "correct", "wrong"],
+        ("b", 1): ["correct", "unparsed", "failed", "wrong"],
+        ("v", 0): ["correct", "correct", "correct", "correct"],
+        ("v", 1): ["correct", "correct", "wrong", "correct"],
+    }
+    dirs = {}
+    for key, verdicts in cells.items():
+        d = tmp_path / f"{key[0]}{key[1]}"
+        records.write_jsonl(d / "records.jsonl", mmmu_rows(verdicts))
+        dirs[key] = d
+    acc = pair_repeats([dirs[("b", 0)], dirs[("b", 1)]], [dirs[("v", 0)], dirs[("v", 1)]])[
+        "accuracy"
+    ]
+    assert acc["mmmu_answered_acc"] == {
+        "ids": ["q0", "q1", "q3"],
+        "baseline": [1.0, 0.0, 0.0],
+        "variant": [1.0, 1.0, 1.0],
+    }
+    # overall: q2 from repeat 0 only (its repeat 1 failed in the baseline)
+    assert acc["mmmu_overall_acc"]["ids"] == ["q0", "q1", "q2", "q3"]
+    assert acc["mmmu_overall_acc"]["baseline"] == [1.0, 0.0, 1.0, 0.0]
+    assert acc["mmmu_overall_acc"]["variant"] == [1.0, 1.0, 1.0, 1.0]

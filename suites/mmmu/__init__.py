@@ -57,10 +57,10 @@ def _count(label: str, better: str = "none") -> MetricInfo:
 
 METRICS: dict[str, MetricInfo] = {
     "mmmu_overall_acc": _acc("Overall accuracy", primary=True),
-    "mmmu_answered_acc": _acc("Accuracy over answered questions"),
+    "mmmu_answered_acc": _acc("Accuracy over answered questions (failed requests left out)"),
     **{domain_metric(d): _acc(f"Overall-{d}") for d in DOMAINS},
     "mmmu_asked_count": _count("Questions asked"),
-    "mmmu_answered_count": _count("Questions answered"),
+    "mmmu_answered_count": _count("Questions answered (a reply came back, unparsed included)"),
     "mmmu_correct_count": _count("Correct answers"),
     "mmmu_failed_count": _count("Failed requests", "lower"),
     "mmmu_unparsed_count": _count("Unparsed answers"),
@@ -124,7 +124,8 @@ def pair_repeats(baseline_dirs: list[Path], variant_dirs: list[Path]) -> dict[st
     max(a - b, 0) / max(b - a, 0): the usual counts when repeats agree), "flips", "mcnemar_p"
     (exact McNemar on the rounded discordant counts), "identical_share" (mean over repeats of the
     identical-response share), "accuracy": {metric: {"ids", "baseline", "variant"}} for
-    mmmu_overall_acc, mmmu_answered_acc (questions answered in every used repeat of both cells)
+    mmmu_overall_acc, mmmu_answered_acc (questions whose request failed in no used repeat of
+    either cell: "answered" as in :class:`.scoring.Tally`, unparsed replies included)
     and each domain, "flipped": [{"id", "subject", "baseline", "variant"}], "subjects":
     {subject: {"n", "acc_a", "acc_b", "right_to_wrong", "wrong_to_right"}}, "notes"}``; None when
     no repeat has records in both cells.
@@ -163,11 +164,11 @@ def pair_repeats(baseline_dirs: list[Path], variant_dirs: list[Path]) -> dict[st
             )
             other = by_b[r["id"]]
             if r.get("verdict") == "failed" or other.get("verdict") == "failed":
+                # "answered" as in each cell's own tally: a reply came back (parsed or not)
+                q["answered"] = False
                 continue
             q["a"].append(r.get("verdict") == "correct")
             q["b"].append(other.get("verdict") == "correct")
-            if r.get("verdict") == "unparsed" or other.get("verdict") == "unparsed":
-                q["answered"] = False
     if not used:
         return None
     qs = {i: q for i, q in per_q.items() if q["a"]}
