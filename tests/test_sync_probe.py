@@ -420,3 +420,24 @@ def test_pair_and_report_section_from_two_probed_cells(tmp_path):
     md = "\n".join(suite.report_section(cmp))
     assert "**stock** (cpu-probes" in md and "**patched** (cpu-probes" in md
     assert "| 8 | " in md and "In-server cross-check" not in md
+
+
+def test_crosscheck_row_counts_every_checked_call_against_its_own_total():
+    """The cross-check runs on decode and extend calls alike, so "equal to stock" is shown out
+    of the calls checked (988 = 981 decode + 7 extend here), never beside decode calls alone."""
+    from patchbench.suites.sync_probe import _crosscheck_lines
+
+    got = {
+        "processes": 1,
+        "counts": {
+            "calls": 988,
+            "decode_calls": 981,
+            "extend_calls": 7,
+            "decode_multi_image_calls": 40,
+            "max_decode_batch": 8,
+            "crosscheck_decode_equal": 981,
+            "crosscheck_extend_equal": 6,
+            "crosscheck_extend_mismatch": 1,
+        },
+    }
+    assert _crosscheck_lines("ours", got) == "| ours | 1 | 981 / 7 | 40 | 8 | 987 of 988 | 1 ⚠ |"
