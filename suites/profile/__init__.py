@@ -50,12 +50,16 @@ METRICS: dict[str, MetricInfo] = {
     "mrope_syncs_per_decode_step": MetricInfo(
         "lower",
         "count",
-        "host syncs inside the mrope computation per decode step (median)",
+        "median host syncs inside the mrope computation per decode step (over the steps of "
+        "every concurrency level)",
         primary=True,
         kind="deterministic",
     ),
     "syncs_per_decode_step": MetricInfo(
-        "lower", "count", "host syncs per decode step (median)", kind="deterministic"
+        "lower",
+        "count",
+        "median host syncs per decode step (over the steps of every concurrency level)",
+        kind="deterministic",
     ),
     "gpu_idle_gap_us_median": MetricInfo(
         "lower", "us", "GPU idle time between consecutive decode steps (median)", kind="run"
@@ -432,7 +436,7 @@ def report_section(comparison: Any) -> list[str]:
             f"**{var}** vs {base}",
             "",
             "| batch size | steps (base/var) | syncs per step base → var | mrope syncs per "
-            "step base → var | equal |",
+            "step base → var | sync counts equal |",
             "|---|---|---|---|---|",
         ]
         for r in p.get("by_batch_size") or []:
