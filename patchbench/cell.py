@@ -323,9 +323,12 @@ class CellRun:
     def write(self) -> None:
         runfolder.write_cell(self.cdir, self.record)
 
-    def ctx(self, suite: str, server: ServerInfo | None) -> SuiteContext:
+    def ctx(self, suite: str, server: ServerInfo | None, *, make: bool = True) -> SuiteContext:
+        """The suite's context in this cell; ``make``: create its folder (not when the suite is
+        only asked for its instrumentation: a suite that does not run leaves no empty folder)."""
         out = self.cdir / suite
-        make_dir(out)
+        if make:
+            make_dir(out)
         return SuiteContext(
             server=server,
             out_dir=out,
@@ -365,7 +368,9 @@ class CellRun:
         extra_path: list[str] = []
         wanted: list[tuple[str, list[str]]] = []
         for name in self.cfg.suites:
-            ins = suite_of(name).instrumentation(self.ctx(name, None), self.cfg.suite_params[name])
+            ins = suite_of(name).instrumentation(
+                self.ctx(name, None, make=False), self.cfg.suite_params[name]
+            )
             if ins is None:
                 continue
             self.instrumentation[name] = ins

@@ -444,6 +444,8 @@ def test_instrumented_or_untimed_suites_get_one_correctness_cell_per_variant(fak
     # only the instrumented and untimed suites (they talk to the server themselves)
     assert set(corr["suites"]) == {"fake_instr", "fake_untimed"}
     assert corr["instrumentation"] == {"fake_instr": {"files_count": 0}}
+    # a suite that does not run in the correctness cell leaves no (empty) folder there
+    assert not (run_dir / "control" / "correctness" / "fake").exists()
     timed = read_json(run_dir / "control" / "rep0" / "cell.json")
     assert timed["cell_kind"] == "timed" and timed["instrumented"] is False
     assert set(timed["suites"]) == {"fake", "fake_instr"}  # the untimed suite never runs here
