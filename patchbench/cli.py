@@ -46,6 +46,8 @@ def _kind(exc: BaseException, code: int) -> str:
     """A short word for the message: "config error", "patch error", "environment not ready"..."""
     names = [c.__name__ for c in type(exc).__mro__]
     if code == EXIT_USAGE:
+        if "RunFolderError" in names:
+            return "run folder error"
         if "ConfigError" in names:
             return "config error"
         if "PatchError" in names or "PatchProblem" in names or "OverlayError" in names:

@@ -1018,17 +1018,31 @@ def _format_errors(path: Path, text: str, err: ValidationError, prefix: tuple = 
         elif e["type"] == "missing":
             msg = f"{at}: missing required key '{key}'"
         else:
-            got_s = repr(got) if not isinstance(got, dict) else "a mapping"
+            got_s = _short_repr(got) if not isinstance(got, dict) else "a mapping"
             hint = ""
             if e["type"] == "string_type" and isinstance(got, (int, float, bool)):
                 hint = f'; quote it: "{str(got).lower() if isinstance(got, bool) else got}"'
             elif e["type"] in ("int_type", "float_type") and isinstance(got, bool):
                 hint = "; a boolean is not a number"
-            msg = f"{at}: key '{key}': {text_} (got {got_s[:80]}{hint})"
+            # a message that already quotes the value ("..., got 0") does not repeat it
+            said = f"got {got!r}" in text_ or f"got {got}" in text_
+            tail = f" (got {got_s}{hint})" if not said or hint else ""
+            msg = f"{at}: key '{key}': {text_}{tail}"
         if msg not in seen:  # a union reports one problem per member
             seen.add(msg)
             lines.append(msg)
     return "\n".join(lines)
+
+
+def _short_repr(value: Any) -> str:
+    """``repr`` cut to about 80 characters the way :mod:`reprlib` cuts it: lists keep their
+    first items and their closing bracket (``['--port=1234', '--x', ...]``)."""
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxlist = r.maxtuple = 4
+    r.maxstring = r.maxother = 60
+    return r.repr(value)
 
 
 def _model_at(loc: tuple) -> list[str]:

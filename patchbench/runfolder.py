@@ -277,6 +277,11 @@ def read_manifest(path: str | os.PathLike) -> RunManifest:
     Raises RunFolderError naming the file when it is missing, not JSON or mis-shaped;
     SchemaTooNew when it was written by a newer patchbench.
     """
+    if not Path(path).exists():
+        raise RunFolderError(
+            f"{path}: no such folder; a run folder is what `patchbench bench` writes "
+            "(results/<stamp>-<config name>/)"
+        )
     p = _path(path, "manifest.json")
     if not p.exists():
         raise RunFolderError(

@@ -190,6 +190,9 @@ def test_report_and_compare_of_a_folder_that_is_no_run_exit_2(tmp_path, capsys):
     assert "no manifest.json" in capsys.readouterr().err
     assert cli.main(["compare", str(tmp_path), str(tmp_path)]) == 2
     assert "no manifest.json" in capsys.readouterr().err
+    assert cli.main(["report", str(tmp_path / "typo")]) == 2
+    err = capsys.readouterr().err
+    assert "run folder error (exit 2)" in err and "typo: no such folder" in err
 
 
 def test_score_mmmu_with_missing_files_exits_2(tmp_path, capsys):

@@ -340,3 +340,16 @@ def test_split_args():
         (4, "--d", "-1"),
         (6, "", "x"),
     ]
+
+
+def test_a_value_the_message_already_quotes_is_not_repeated_and_long_lists_stay_closed(
+    tmp_path,
+):
+    msg = err(tmp_path, "baseline: []", BASE + "schedule: {repeats: 0}\n")
+    assert "repeats must be between 1 and 100, got 0" in msg and msg.count("got 0") == 1
+    long_args = ", ".join(f"--arg-{i}={'x' * 30}" for i in range(8))
+    msg = err(
+        tmp_path, "baseline: []", BASE.replace("[--device=cpu,", f"[--port=1234, {long_args},")
+    )
+    got = msg[msg.index("(got ") :]
+    assert got.startswith("(got ['--port=1234', ") and got.endswith(", ...])")

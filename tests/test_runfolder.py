@@ -115,5 +115,8 @@ def test_unreadable_manifest_raises_config_error(tmp_path):
     (tmp_path / "manifest.json").write_text("[1, 2]")
     with pytest.raises(runfolder.RunFolderError, match="manifest.json: expected a JSON object"):
         runfolder.read_manifest(tmp_path)
-    with pytest.raises(runfolder.RunFolderError, match="no manifest.json"):
+    with pytest.raises(runfolder.RunFolderError, match="missing: no such folder"):
         runfolder.read_manifest(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(runfolder.RunFolderError, match="no manifest.json"):
+        runfolder.read_manifest(tmp_path / "empty")
