@@ -77,7 +77,7 @@ def plot_pr_figure(cmp: Comparison) -> Figure | None:
         ax.set_yticks(range(len(rows)), [r.variant for r in rows])
         title = (rows[0].label if rows and rows[0].label else metric).rstrip(": ")
         # a long label wraps inside its panel instead of running into the next one
-        ax.set_title(textwrap.fill(title, 34), fontsize=9)
+        ax.set_title(textwrap.fill(title, 26), fontsize=9)
         ax.set_xlabel(f"change ({unit})", fontsize=8)
         ax.tick_params(labelsize=8)
     for ax in flat[len(metrics) :]:
