@@ -420,6 +420,7 @@ def test_pair_and_report_section_from_two_probed_cells(tmp_path):
     md = "\n".join(suite.report_section(cmp))
     assert "**stock** (cpu-probes" in md and "**patched** (cpu-probes" in md
     assert "| 8 | " in md and "In-server cross-check" not in md
+    assert md.count("no GPU measurement (the run is on the CPU)") == 1  # the same note: once
 
 
 def test_crosscheck_row_counts_every_checked_call_against_its_own_total():

@@ -162,7 +162,8 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
         )
         if ctx.device == "cuda":
             warnings.append(note)
-    ctx.log(f"sync_probe: {note}")
+    # one short line per cell on the console; the full note is in probe.json and the report
+    ctx.log(f"sync_probe: {note}" if cuda else f"sync_probe: CPU probes ({why})")
 
     rows = []
     sleep_cycles = None
@@ -435,6 +436,8 @@ def report_section(comparison: Any) -> list[str]:
     first = next((p for p in pairs.values() if p.get("baseline")), None)
     shown: list[tuple[str, dict | None]] = [(base, first.get("baseline") if first else None)]
     shown += [(v, p.get("variant")) for v, p in pairs.items()]
+    notes = {str(p.get("note") or "") for _, p in shown if p is not None}
+    one_note = len(notes) == 1  # the same for every variant: said once, after the tables
     for name, probe in shown:
         if probe is None:
             lines += [f"**{name}**: no probe.json", ""]
@@ -445,9 +448,11 @@ def report_section(comparison: Any) -> list[str]:
             "",
             *markdown_table(probe.get("rows") or []),
             "",
-            str(probe.get("note") or ""),
-            "",
         ]
+        if not one_note:
+            lines += [str(probe.get("note") or ""), ""]
+    if one_note and next(iter(notes)):
+        lines += [next(iter(notes)), ""]
     checks = [(base, first["server_crosscheck"].get("baseline") if first else None)]
     checks += [(v, (p.get("server_crosscheck") or {}).get("variant")) for v, p in pairs.items()]
     if any(c for _, c in checks):
