@@ -156,7 +156,9 @@ class BenchProgress:
         self._refresh()
 
     def log(self, msg: str) -> None:
-        self.console.print(msg, highlight=False, markup=False)
+        """Print ``msg`` above the bar; in a log (no live bar) one line, never wrapped at the
+        console's width."""
+        self.console.print(msg, highlight=False, markup=False, soft_wrap=not self.live)
 
     def close(self) -> None:
         if self._progress is not None:

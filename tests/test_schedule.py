@@ -226,3 +226,15 @@ def test_per_suite_rounds_in_plan_cells_manifest_and_comparison(fake_server, tmp
     before = {q: q.stat().st_mtime_ns for q in run_dir.glob("*/rep*/cell.json")}
     bench.run_bench(p, resume=run_dir)
     assert {q: q.stat().st_mtime_ns for q in run_dir.glob("*/rep*/cell.json")} == before
+
+
+def test_progress_log_lines_are_not_wrapped_in_a_log():
+    from rich.console import Console
+
+    con = Console(record=True, width=40, force_terminal=False)
+    p = BenchProgress(1, console=con, live=False)
+    msg = (
+        "[patchbench 16:43:12] baseline/correctness/sync_probe: CPU probes (the run is on the CPU)"
+    )
+    p.log(msg)
+    assert con.export_text().splitlines() == [msg]

@@ -163,7 +163,7 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
         if ctx.device == "cuda":
             warnings.append(note)
     # one short line per cell on the console; the full note is in probe.json and the report
-    ctx.log(f"sync_probe: {note}" if cuda else f"sync_probe: CPU probes ({why})")
+    ctx.log(note if cuda else f"CPU probes ({why})")
 
     rows = []
     sleep_cycles = None
