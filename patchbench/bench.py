@@ -589,11 +589,12 @@ def _port_free_or_raise(host: str, port: int) -> None:
     """Refuse to start a run whose server port already answers (EnvironmentNotReady, exit 3,
     naming the holder): every cell would fail on it. Orphaned patchbench servers were reported
     (or, with --kill-stale, stopped) just before; a port taken later fails only its cell."""
-    from patchbench.server import describe_port_holder, port_answers
+    from patchbench.server import port_taken_by
 
-    if port_answers(host, port):
+    holder = port_taken_by(host, port)
+    if holder is not None:
         raise EnvironmentNotReady(
-            f"port {port} on {host} already answers before the run: {describe_port_holder(port)}; "
+            f"port {port} on {host} already answers before the run: {holder}; "
             "stop it, or choose another port (server.port in the config, or --port)"
         )
 

@@ -287,10 +287,11 @@ class CellRun:
         self.stock_dir = (envinfo.stock_site_dir() or Path(".")) / "sglang"
         planned = cell_suites(self.cfg, self.cell)
         todo = [s for s in planned if not suite_done(self.cdir / s)]
+        kept = [s for s in planned if s not in todo]  # finished by an earlier launch
         self.suites = {s: suite_of(s) for s in todo}
         self.local = [s for s in todo if not self.suites[s].needs_server]
         self.remote = [s for s in todo if s not in self.local]
-        earlier = runfolder.read_cell(self.cdir) if len(todo) < len(planned) else None
+        earlier = runfolder.read_cell(self.cdir) if kept else None
         self.record = CellRecord(
             variant=self.cell.variant,
             repeat=self.cell.repeat,
@@ -303,7 +304,6 @@ class CellRun:
         )
         # a resumed cell: the suites an earlier launch finished keep their status in the record
         # (their summaries stay as they are), and the note says which launch measured them
-        kept = [s for s in planned if s not in todo]
         for s in kept:
             self.record.suites[s] = runfolder.read_summary(self.cdir / s).status
         if kept:

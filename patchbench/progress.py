@@ -93,8 +93,8 @@ class BenchProgress:
     ):
         self.total = total
         self.done = 0
-        self.finished_s: list[float] = []
         self.plan = plan
+        #: (duration s, timings_s) of every cell finished in this invocation
         self._finished: list[tuple[float, dict[str, float]]] = []
         self._seen: set[str] = set()
         self.console = console or Console()
@@ -140,7 +140,6 @@ class BenchProgress:
         """A cell ended; ``timings_s``: its record's timings (``suite:<name>`` keys feed the
         per-suite ETA)."""
         took = self.clock() - self._t_cell
-        self.finished_s.append(took)
         self._finished.append((took, dict(timings_s or {})))
         self.done += 1
         self.current, self.suite = "", ""
@@ -166,6 +165,11 @@ class BenchProgress:
             self._progress = None
 
     # ------------------------------------------------------------------ text
+    @property
+    def finished_s(self) -> list[float]:
+        """Durations (s) of the cells finished in this invocation."""
+        return [took for took, _ in self._finished]
+
     def eta(self) -> float | None:
         left = self.total - self.done
         if self.plan is None or left <= 0:

@@ -49,6 +49,19 @@ def fmt_bounded(x: float | None, bound: str | None) -> str:
     return {"lower": "≥", "upper": "≤"}.get(bound or "", "") + fmt_value(x)
 
 
+def values_txt(r: Row) -> str:
+    """A deterministic row's two values, bounds marked: "507 -> 90", "507 -> ≥6"."""
+    return (
+        f"{fmt_bounded(r.baseline_value, r.baseline_bound)} -> "
+        f"{fmt_bounded(r.variant_value, r.variant_bound)}"
+    )
+
+
+def exactness(r: Row) -> str:
+    """ "exact" for a deterministic row, "a bound" when either value is only a bound."""
+    return "a bound" if r.baseline_bound or r.variant_bound else "exact"
+
+
 def fmt_change(x: float | None, unit: str) -> str:
     """A change in its unit: "+20.1%", "+0.1 pt", "-2 count"; "n/a" for None."""
     if x is None:
@@ -129,11 +142,7 @@ def sentence_parts(cmp: Comparison, variant: str) -> tuple[str, list[str]]:
     parts = []
     for r in cmp.rows_for(variant, primary=True):
         if r.kind == "deterministic":
-            exact = "exact" if not (r.baseline_bound or r.variant_bound) else "a bound"
-            parts.append(
-                f"{short_name(r)} {fmt_bounded(r.baseline_value, r.baseline_bound)} -> "
-                f"{fmt_bounded(r.variant_value, r.variant_bound)} {verdict_text(r)} ({exact})"
-            )
+            parts.append(f"{short_name(r)} {values_txt(r)} {verdict_text(r)} ({exactness(r)})")
             continue
         if r.low is None or r.high is None:
             # no interval: say why in a few words instead of "n/a" (the table has the full note)
@@ -551,13 +560,8 @@ def console_summary(cmp: Comparison, report: Path | None = None) -> list[str]:
             t.add_row(
                 r.variant,
                 short_name(r),
-                f"{fmt_bounded(r.baseline_value, r.baseline_bound)} -> "
-                f"{fmt_bounded(r.variant_value, r.variant_bound)}"
-                if det
-                else fmt_change(r.change, r.change_unit),
-                ("exact" if not (r.baseline_bound or r.variant_bound) else "a bound")
-                if det
-                else fmt_ci(r.low, r.high, r.change_unit),
+                values_txt(r) if det else fmt_change(r.change, r.change_unit),
+                exactness(r) if det else fmt_ci(r.low, r.high, r.change_unit),
                 verdict_text(r),
             )
         if t.row_count:

@@ -88,6 +88,12 @@ def port_answers(host: str, port: int, timeout_s: float = 0.5) -> bool:
         return False
 
 
+def port_taken_by(host: str, port: int) -> str | None:
+    """What already answers on (host, port) (:func:`describe_port_holder`), or None when
+    nothing does: the check before every launch, and before a whole run."""
+    return describe_port_holder(port) if port_answers(host, port) else None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port the OS reports free now (for tests and dry runs)."""
     with socket.socket() as s:
@@ -218,10 +224,11 @@ class SglangServer:
     def start(self) -> None:
         """Launch the server. Raises PortInUse when the port already answers."""
         s = self.spec
-        if port_answers(s.host, s.port):
+        holder = port_taken_by(s.host, s.port)
+        if holder is not None:
             raise PortInUse(
                 f"something already answers on {s.host}:{s.port}: "
-                f"{describe_port_holder(s.port)}; stop it (or choose another "
+                f"{holder}; stop it (or choose another "
                 "server.port) - a stale server must never be benchmarked"
             )
         s.log_path.parent.mkdir(parents=True, exist_ok=True)
