@@ -45,11 +45,14 @@ if os.environ.get("FAKE_GRANDCHILD") == "1":
     subprocess.Popen([sys.executable, "-c", code])
 SCHEDULER = None
 if os.environ.get("FAKE_SCHEDULER") == "1":
+    # the child says when it has its title: a real sglang scheduler is titled before the server
+    # answers, so the fake server does not come up before its scheduler is named either
     code = (
-        "import setproctitle,time;setproctitle.setproctitle('sglang::scheduler_TP0');"
-        "time.sleep(3600)"
+        "import setproctitle,sys,time;setproctitle.setproctitle('sglang::scheduler_TP0');"
+        "print('titled', flush=True);sys.stdout.close();time.sleep(3600)"
     )
-    SCHEDULER = subprocess.Popen([sys.executable, "-c", code])
+    SCHEDULER = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    SCHEDULER.stdout.readline()
     print(f"fake: scheduler pid {SCHEDULER.pid}", flush=True)
 
 
