@@ -8,7 +8,6 @@ import math
 
 import numpy as np
 import pytest
-from helpers_runs import make_run
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.weightstats import ttost_paired
 
@@ -16,6 +15,7 @@ from patchbench import verdicts
 from patchbench.analysis import build_comparison
 from patchbench.comparison import CompareSettings
 from patchbench.suite import MetricInfo
+from patchbench.testing import make_run
 
 
 def test_tost_matches_statsmodels_ttost_paired_on_log_ratios():
