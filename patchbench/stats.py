@@ -22,7 +22,8 @@ The rules that turn these into verdicts live elsewhere and only call this module
   stationary observations", Ann. Statist. 17(3)); both return an :class:`Interval` of a relative
   change ``variant / baseline - 1`` (fractions: 0.10 = +10 %), estimated on the log scale.
 
-Every method is checked against scipy / statsmodels called directly in tests/test_stats.py.
+Every method is checked in tests/test_stats.py against scipy / statsmodels called directly (or,
+for Newcombe's interval, a published example).
 Functions raise ``ValueError`` for inputs they cannot use (lengths that differ, non-positive
 values where a log is taken, too few values). scipy is imported on first use: ``patchbench
 bench`` imports this module long before it compares anything (patchbench/preload.py loads
@@ -369,6 +370,11 @@ class Interval:
     method: str
     n: int
 
+    @classmethod
+    def from_log(cls, est: float, low: float, high: float, method: str, n: int) -> Interval:
+        """The interval of a change estimated on the log scale, mapped back with ``exp(x) - 1``."""
+        return cls(math.expm1(est), math.expm1(low), math.expm1(high), method, n)
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -410,32 +416,23 @@ def _bootstrap(
     """scipy.stats.bootstrap; BCa falls back to percentile when it is degenerate (NaN bounds)."""
     import warnings
 
+    methods = [method] + (["percentile"] if method.lower() != "percentile" else [])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # DegenerateDataWarning: handled below
-        res = sps.bootstrap(
-            data,
-            statistic,
-            n_resamples=n_resamples,
-            confidence_level=confidence,
-            method=method,
-            paired=paired,
-            vectorized=vectorized,
-            **_rng_kw(seed),
-        )
-        lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-        if (not (math.isfinite(lo) and math.isfinite(hi))) and method.lower() != "percentile":
+        for method in methods:
             res = sps.bootstrap(
                 data,
                 statistic,
                 n_resamples=n_resamples,
                 confidence_level=confidence,
-                method="percentile",
+                method=method,
                 paired=paired,
                 vectorized=vectorized,
                 **_rng_kw(seed),
             )
             lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-            method = "percentile"
+            if math.isfinite(lo) and math.isfinite(hi):
+                break
     return lo, hi, method
 
 
@@ -474,7 +471,8 @@ def paired_request_interval(
     the same prompt. The bootstrap draws request indices with replacement and applies the *same*
     draw to both arms (``scipy.stats.bootstrap(..., paired=True)``), so the prompt-to-prompt spread
     that both arms share cancels out. Statistic: ``ln(stat(v*) / stat(b*))``, mapped back with
-    ``exp(x) - 1``. Values must be > 0.
+    ``exp(x) - 1``; interval ``method`` BCa by default (Efron 1987, "Better bootstrap confidence
+    intervals", JASA 82), the percentile interval when BCa is degenerate. Values must be > 0.
     """
     b = _as_positive(baseline, "baseline")
     v = _as_positive(variant, "variant")
@@ -498,12 +496,8 @@ def paired_request_interval(
         method=method,
         paired=True,
     )
-    return Interval(
-        math.expm1(est),
-        math.expm1(lo),
-        math.expm1(hi),
-        f"paired-request bootstrap {used} of {stat} (n={n} requests)",
-        n,
+    return Interval.from_log(
+        est, lo, hi, f"paired-request bootstrap {used} of {stat} (n={n} requests)", n
     )
 
 
@@ -598,10 +592,5 @@ def block_bootstrap_interval(
             method="percentile",
             vectorized=False,
         )
-    return Interval(
-        math.expm1(est),
-        math.expm1(lo),
-        math.expm1(hi),
-        f"request-block bootstrap percentile of {stat} (n={n} requests, {n_resamples} resamples)",
-        n,
-    )
+    what = f"request-block bootstrap percentile of {stat} (n={n} requests, {n_resamples} resamples)"
+    return Interval.from_log(est, lo, hi, what, n)
