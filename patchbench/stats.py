@@ -558,16 +558,7 @@ def block_bootstrap_interval(
                 sb[idx].sum(axis) / cb[idx].sum(axis)
             )
 
-        est = float(lr_vec(all_idx))
-        lo, hi, _ = _bootstrap(
-            (all_idx,),
-            lr_vec,
-            confidence=confidence,
-            n_resamples=n_resamples,
-            seed=seed,
-            method="percentile",
-            vectorized=True,
-        )
+        statistic, vectorized = lr_vec, True
     else:
         # quantiles of the pooled values: one concatenation per resample (slow for big cells),
         # so at most MAX_BLOCK_RESAMPLES resamples
@@ -582,15 +573,16 @@ def block_bootstrap_interval(
             idx = np.asarray(idx, dtype=int)
             return np.log(value(vb, idx)) - np.log(value(bb, idx))
 
-        est = float(lr(all_idx))
-        lo, hi, _ = _bootstrap(
-            (all_idx,),
-            lr,
-            confidence=confidence,
-            n_resamples=n_resamples,
-            seed=seed,
-            method="percentile",
-            vectorized=False,
-        )
+        statistic, vectorized = lr, False
+    est = float(statistic(all_idx))
+    lo, hi, _ = _bootstrap(
+        (all_idx,),
+        statistic,
+        confidence=confidence,
+        n_resamples=n_resamples,
+        seed=seed,
+        method="percentile",
+        vectorized=vectorized,
+    )
     what = f"request-block bootstrap percentile of {stat} (n={n} requests, {n_resamples} resamples)"
     return Interval.from_log(est, lo, hi, what, n)
