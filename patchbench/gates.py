@@ -49,6 +49,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from patchbench import stats
 from patchbench.history import History, Key, Night
 
 DEFAULT_HISTORY = "~/.cache/patchbench/history.sqlite"
@@ -224,45 +225,47 @@ class GateResult:
 
 
 # ---------------------------------------------------------------------------------------------
-# the tests (pure, on log values)
+# the tests (pure, on log values; the methods are patchbench.stats)
 
 
 @dataclass
 class TestStat:
     """One one-sided test. ``bad`` is the sign of a regression on the log scale (+1 for a
-    lower-is-better metric, -1 for higher-is-better); mean: estimated log change; se: its
-    standard error; df: degrees of freedom; p: one-sided p-value in the bad direction."""
+    lower-is-better metric, -1 for higher-is-better); ``t``: the t test
+    (:class:`patchbench.stats.TTest`: mean the estimated log change, se, df); ``p``: its
+    one-sided p-value in the bad direction."""
 
-    mean: float
-    se: float
-    df: float
-    p: float
+    t: stats.TTest
     bad: int
     name: str
+    p: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.p = self.t.p_value("greater" if self.bad > 0 else "less")
+
+    @property
+    def mean(self) -> float:
+        return self.t.mean
+
+    @property
+    def df(self) -> float:
+        return self.t.df
 
     def bound(self, alpha: float) -> float:
         """The one-sided ``1 - alpha`` bound of the log change in the bad direction."""
-        if self.se == 0.0:
-            return self.mean
-        from scipy import special
-
-        return self.mean + self.bad * float(special.stdtrit(self.df, 1.0 - alpha)) * self.se
+        return self.t.bound(alpha, self.bad)
 
 
-def _one_sided(mean: float, se: float, df: float, bad: int, name: str) -> TestStat:
-    if se == 0.0 or not math.isfinite(se):
-        p = 0.0 if mean * bad > 0 else 1.0
-    else:
-        from scipy import special
-
-        p = float(special.stdtr(df, -bad * mean / se))
-    return TestStat(mean, se, df, p, bad, name)
+def _logs(values: Sequence[float | None]) -> list[float]:
+    """Natural logs of the values that are present and > 0."""
+    return [math.log(v) for v in values if v is not None and v > 0]
 
 
 def paired_test(
     baseline: Sequence[float | None], variant: Sequence[float | None], bad: int
 ) -> TestStat | None:
-    """Paired one-sided t-test on ``log(variant / baseline)`` by repeat index (None: missing).
+    """Paired one-sided t-test on ``log(variant / baseline)`` by repeat index (None: missing;
+    :func:`patchbench.stats.paired_t`).
 
     Returns None with fewer than 2 complete pairs or a non-positive value.
     """
@@ -273,79 +276,40 @@ def paired_test(
     ]
     if len(d) < 2:
         return None
-    x = np.asarray(d)
-    return _one_sided(
-        float(x.mean()),
-        float(x.std(ddof=1) / math.sqrt(len(x))),
-        len(x) - 1,
-        bad,
-        f"paired t on log ratios (n={len(x)})",
-    )
+    return TestStat(stats.paired_t(d), bad, f"paired t on log ratios (n={len(d)})")
 
 
 def nights_test(
     tonight: Sequence[float], nights: Sequence[Sequence[float]], bad: int
 ) -> TestStat | None:
-    """Tonight's mean log value against K earlier nights' mean log values (unpaired).
-
-    A prediction t-test: ``(x - mean(m)) / (sd(m) * sqrt(1 + 1/K))`` with K - 1 degrees of
-    freedom, m the per-night means. Returns None with fewer than 2 nights or no run tonight.
+    """Tonight's mean log value against K earlier nights' mean log values (unpaired;
+    :func:`patchbench.stats.prediction_t`: K - 1 degrees of freedom, night-to-night drift counts
+    as noise). Returns None with fewer than 2 nights or no run tonight.
     """
-    t = [math.log(v) for v in tonight if v is not None and v > 0]
-    m = [
-        float(np.mean([math.log(v) for v in n if v is not None and v > 0]))
-        for n in nights
-        if any(v is not None and v > 0 for v in n)
-    ]
+    t = _logs(tonight)
+    m = [float(np.mean(logs)) for logs in map(_logs, nights) if logs]
     if not t or len(m) < 2:
         return None
     k = len(m)
-    se = float(np.std(m, ddof=1) * math.sqrt(1.0 + 1.0 / k))
-    return _one_sided(
-        float(np.mean(t) - np.mean(m)),
-        se,
-        k - 1,
-        bad,
-        f"tonight vs {k} nightly means (prediction t, df={k - 1})",
+    return TestStat(
+        stats.prediction_t(t, m), bad, f"tonight vs {k} nightly means (prediction t, df={k - 1})"
     )
 
 
 def welch_test(
     tonight: Sequence[float], nights: Sequence[Sequence[float]], bad: int
 ) -> TestStat | None:
-    """Welch's t-test of tonight's per-run log values against every run of the K nights."""
-    a = np.array([math.log(v) for v in tonight if v is not None and v > 0])
-    b = np.array([math.log(v) for n in nights for v in n if v is not None and v > 0])
+    """Welch's t-test of tonight's per-run log values against every run of the K nights
+    (:func:`patchbench.stats.welch_t`)."""
+    a = _logs(tonight)
+    b = _logs([v for n in nights for v in n])
     if len(a) < 2 or len(b) < 2:
         return None
-    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-    se = math.sqrt(va + vb)
-    df = (va + vb) ** 2 / ((va**2 / (len(a) - 1)) + (vb**2 / (len(b) - 1))) if se > 0 else 1.0
-    return _one_sided(
-        float(a.mean() - b.mean()),
-        se,
-        df,
+    return TestStat(
+        stats.welch_t(a, b),
         bad,
         f"Welch t on log values ({len(a)} runs vs {len(b)} runs of {len(nights)} nights)",
     )
-
-
-def holm_levels(p_values: Sequence[float], alpha: float) -> list[tuple[bool, float]]:
-    """Holm step-down: (rejected, level) per p-value, in input order.
-
-    The i-th smallest p-value (0-based) is compared with ``alpha / (m - i)``; rejection stops at
-    the first p-value above its level (all later ones are kept). Matches
-    ``statsmodels.stats.multitest.multipletests(method="holm")``.
-    """
-    m = len(p_values)
-    order = sorted(range(m), key=lambda i: p_values[i])
-    out: list[tuple[bool, float]] = [(False, 0.0)] * m
-    going = True
-    for rank, i in enumerate(order):
-        lvl = alpha / (m - rank)
-        going = going and p_values[i] <= lvl
-        out[i] = (going, lvl)
-    return out
 
 
 def _log_threshold(threshold_pct: float, bad: int) -> float:
@@ -508,41 +472,22 @@ def evaluate(
         keys = _gate_keys(gate, tonight)
         if not keys:
             have = sorted({f"{s}.{m}" for (_v, s, m) in tonight.values})
-            for kind in kinds:
-                results.append(
-                    GateResult(
-                        gate.metric,
-                        kind,
-                        "*",
-                        gate.suite or "*",
-                        gate.metric_name,
-                        "missing",
-                        f"metric '{gate.metric}' is not in this run; it has: "
-                        f"{', '.join(have[:12]) or 'no metrics'}{' ...' if len(have) > 12 else ''}",
-                        threshold_pct=gate.threshold_pct,
-                        nights_needed=gate.consecutive_nights,
-                    )
-                )
+            reason = (
+                f"metric '{gate.metric}' is not in this run; it has: "
+                f"{', '.join(have[:12]) or 'no metrics'}{' ...' if len(have) > 12 else ''}"
+            )
+            missing = dict(suite=gate.suite or "*", metric=gate.metric_name, reason=reason)
+            results += _missing(gate, kinds, **missing, nights_needed=gate.consecutive_nights)
             continue
         for suite, metric in keys:
             unit = metric_unit(suite, metric, nights_all)
             better = _better(gate, suite, metric, nights_all)
             if better is None:
-                for kind in kinds:
-                    results.append(
-                        GateResult(
-                            gate.metric,
-                            kind,
-                            "*",
-                            suite,
-                            metric,
-                            "missing",
-                            f"no direction known for {suite}.{metric} (descriptive metric?); set "
-                            f"'direction: higher|lower' on the gate",
-                            unit=unit,
-                            threshold_pct=gate.threshold_pct,
-                        )
-                    )
+                reason = (
+                    f"no direction known for {suite}.{metric} (descriptive metric?); set "
+                    f"'direction: higher|lower' on the gate"
+                )
+                results += _missing(gate, kinds, suite, metric, reason, unit=unit)
                 continue
             bad = -1 if better == "higher" else 1
             common = dict(
@@ -566,6 +511,27 @@ def evaluate(
                         pending.append(p)
     _judge(pending, settings)
     return results
+
+
+def _missing(
+    gate: Gate, kinds: Sequence[str], suite: str, metric: str, reason: str, **kw: Any
+) -> list[GateResult]:
+    """One "missing" result per kind for a gate that cannot be evaluated (no such metric, or
+    no direction known)."""
+    return [
+        GateResult(
+            gate.metric,
+            kind,  # type: ignore[arg-type]
+            "*",
+            suite,
+            metric,
+            "missing",
+            reason,
+            threshold_pct=gate.threshold_pct,
+            **kw,
+        )
+        for kind in kinds
+    ]
 
 
 def _one(
@@ -651,7 +617,7 @@ def _judge(pending: list[_Pending], settings: NightlySettings) -> None:
     """Holm across the night's tests, then fail / warn / pass / inconclusive per test."""
     alpha = settings.family_alpha
     for p, (rejected, level) in zip(
-        pending, holm_levels([x.test.p for x in pending], alpha), strict=False
+        pending, stats.holm([x.test.p for x in pending], alpha), strict=False
     ):
         r, t, g = p.result, p.test, p.gate
         r.level = level
@@ -721,7 +687,6 @@ __all__ = [
     "paired_test",
     "nights_test",
     "welch_test",
-    "holm_levels",
     "beyond",
     "shown_not_worse",
     "night_outcome",

@@ -59,7 +59,10 @@ from functools import lru_cache
 from typing import Literal
 
 import numpy as np
-from scipy import optimize, special, stats
+from scipy import optimize, special
+from scipy.stats import norm
+
+from patchbench import stats
 
 Boundary = Literal["pocock", "obrien-fleming"]
 Decision = Literal["improved", "regressed", "equivalent", "futile", "continue", "inconclusive"]
@@ -122,14 +125,14 @@ def continuation_probability(bounds: Sequence[float], info: Sequence[float]) -> 
     if np.any(np.diff(t) <= 0) or t[0] <= 0:
         raise ValueError(f"information must be positive and increasing: {list(info)}")
     z, w = _simpson_weights(-bounds[0], bounds[0], _GRID)
-    f = stats.norm.pdf(z)
+    f = norm.pdf(z)
     for k in range(1, len(t)):
         dt = t[k] - t[k - 1]
         znew, wnew = _simpson_weights(-bounds[k], bounds[k], _GRID)
         # density of Z_k at znew: sum over u of f(u) * density of the increment
         scale = math.sqrt(t[k] / dt)
         arg = (znew[:, None] * math.sqrt(t[k]) - z[None, :] * math.sqrt(t[k - 1])) / math.sqrt(dt)
-        f = (stats.norm.pdf(arg) * scale) @ (f * w)
+        f = (norm.pdf(arg) * scale) @ (f * w)
         z, w = znew, wnew
     return float(np.sum(f * w))
 
@@ -162,7 +165,7 @@ def boundary(
         raise ValueError(f"boundary must be 'pocock' or 'obrien-fleming', got {kind!r}")
     looks = tuple(float(x) for x in looks)
     if len(looks) == 1:
-        return (float(stats.norm.ppf(1.0 - alpha / 2.0)),)
+        return (float(norm.ppf(1.0 - alpha / 2.0)),)
     return _boundary_cached(looks, round(float(alpha), 12), kind)
 
 
@@ -175,7 +178,7 @@ def nominal_levels(
 
 @lru_cache(maxsize=512)
 def _levels_cached(looks: tuple[float, ...], alpha: float, kind: str) -> tuple[float, ...]:
-    return tuple(float(2.0 * stats.norm.sf(b)) for b in boundary(looks, alpha, kind))  # type: ignore[arg-type]
+    return tuple(float(2.0 * norm.sf(b)) for b in boundary(looks, alpha, kind))  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,24 +259,10 @@ class LookDecision:
         }
 
 
-def _t_test(d: np.ndarray) -> tuple[float, float, float]:
-    """(mean, standard error, two-sided p-value against 0) of paired differences."""
-    n = len(d)
-    mean = float(np.mean(d))
-    se = float(np.std(d, ddof=1) / math.sqrt(n))
-    if se == 0.0:
-        return mean, 0.0, (1.0 if mean == 0.0 else 0.0)
-    return mean, se, float(2.0 * special.stdtr(n - 1, -abs(mean) / se))
-
-
-def _equivalent(mean: float, se: float, n: int, margin: float, level: float) -> bool:
-    """TOST: both one-sided tests against -margin and +margin reject at ``level``."""
-    if margin <= 0:
-        return False
-    if se == 0.0:
-        return abs(mean) < margin
-    q = float(special.stdtrit(n - 1, 1.0 - level))
-    return (mean - q * se > -margin) and (mean + q * se < margin)
+def _equivalent(t: stats.TTest, margin: float, level: float) -> bool:
+    """TOST at ``level`` against ``+-margin`` (:func:`patchbench.stats.equivalent_by_interval`:
+    the ``1 - 2 level`` interval lies inside); never with no margin."""
+    return margin > 0 and stats.equivalent_by_interval(t.interval, -margin, margin, level)
 
 
 def conditional_power(
@@ -307,12 +296,12 @@ def conditional_power(
     half = 0.0
     if margin > 0 and equivalence_level is not None:
         half = margin - float(special.stdtrit(n_final - 1, 1.0 - equivalence_level)) * se_final
-    if sd == 0.0:  # no spread: the t-test and TOST of _t_test / _equivalent, now and at the end
+    if sd == 0.0:  # no spread: the t-test and TOST of decide, now and at the end
         return float(mean != 0.0), float(margin > 0 and abs(mean) < margin)
-    p_eff = float(stats.norm.sf((crit - mean) / tau) + stats.norm.cdf((-crit - mean) / tau))
+    p_eff = float(norm.sf((crit - mean) / tau) + norm.cdf((-crit - mean) / tau))
     p_eq = 0.0
     if half > 0:
-        p_eq = float(stats.norm.cdf((half - mean) / tau) - stats.norm.cdf((-half - mean) / tau))
+        p_eq = float(norm.cdf((half - mean) / tau) - norm.cdf((-half - mean) / tau))
     return min(p_eff, 1.0), max(p_eq, 0.0)
 
 
@@ -343,103 +332,153 @@ def decide(
     """
     if not 0 <= look_index < len(design.looks):
         raise ValueError(f"look {look_index} is not one of the design's {len(design.looks)} looks")
-    n = design.looks[look_index]
-    n_final = design.looks[-1]
-    last = look_index == len(design.looks) - 1
-    better = better or {}
-    out = LookDecision(look_index, n)
+    out = LookDecision(look_index, design.looks[look_index])
     report_alpha = design.alpha if alpha is None else alpha
     alpha = report_alpha
     if design.split_variants and log_ratios:
         alpha = report_alpha / len(log_ratios)
     for variant, per_metric in log_ratios.items():
-        names = sorted(per_metric)
-        m = len(names)
-        done: dict[str, MetricDecision] = {}
-        for name in names:
-            prev = previous.metrics.get((variant, name)) if previous else None
-            if prev is not None and prev.decision in DECIDED:
-                done[name] = prev
-        tests: dict[str, tuple[float, float, float]] = {}
-        sds: dict[str, float] = {}
-        for name in names:
-            d = np.asarray(per_metric[name], dtype=float)
-            if len(d) < n:
-                raise ValueError(
-                    f"{variant}/{name}: {len(d)} paired repeats, look {look_index} needs {n}"
-                )
-            tests[name] = _t_test(d[:n])
-            sds[name] = float(np.std(d[:n], ddof=1))
-        rejected = sum(1 for x in done.values() if x.decision in ("improved", "regressed"))
-        open_ = sorted((tests[x][2], x) for x in names if x not in done)
-        # Holm step-down over the undecided metrics, at the look's sequential levels
-        for i, (p, name) in enumerate(open_):
-            lvl = design.level(look_index, alpha / (m - rejected - i))
-            if p > lvl:
-                break
-            mean = tests[name][0]
-            up = mean > 0
-            good = up if better.get(name, "higher") == "higher" else not up
-            done[name] = MetricDecision(
-                "improved" if good else "regressed",
-                n,
-                mean,
-                100.0 * math.expm1(mean),
-                p,
-                lvl,
-                look_index,
-                f"p = {p:.3g} <= {lvl:.3g} (Holm step {i + 1 + rejected} "
-                f"of {m}, {design.kind} boundary, look {look_index + 1})",
+        kept = {
+            name: prev
+            for name in per_metric
+            if previous is not None
+            and (prev := previous.metrics.get((variant, name))) is not None
+            and prev.decision in DECIDED
+        }
+        decided = _decide_variant(
+            variant, per_metric, margins, alpha, design, look_index, better or {}, kept
+        )
+        out.metrics.update({(variant, name): d for name, d in decided.items()})
+    _stop_or_go(out, look_index == len(design.looks) - 1, controls)
+    return out
+
+
+def _decide_variant(
+    variant: str,
+    per_metric: Mapping[str, Sequence[float]],
+    margins: Mapping[str, float],
+    alpha: float,
+    design: Design,
+    look_index: int,
+    better: Mapping[str, str],
+    kept: dict[str, MetricDecision],
+) -> dict[str, MetricDecision]:
+    """One variant's primaries at one look (see :func:`decide`), in sorted order: those decided
+    at earlier looks (``kept``) stay; Holm's step-down at the look's sequential levels over the
+    rest decides improved / regressed; then TOST equivalence, else continue / futile /
+    inconclusive."""
+    n = design.looks[look_index]
+    names = sorted(per_metric)
+    m = len(names)
+    done = dict(kept)
+    tests: dict[str, stats.TTest] = {}
+    for name in names:
+        d = np.asarray(per_metric[name], dtype=float)
+        if len(d) < n:
+            raise ValueError(
+                f"{variant}/{name}: {len(d)} paired repeats, look {look_index} needs {n}"
             )
-        rejected_now = sum(1 for x in done.values() if x.decision in ("improved", "regressed"))
-        eq_alpha = alpha / m if design.equivalence_split == "bonferroni" else alpha
-        eq_level = design.level(look_index, eq_alpha)
-        for name in names:
-            if name in done:
-                out.metrics[(variant, name)] = done[name]
-                continue
-            mean, se, p = tests[name]
-            margin = float(margins.get(name) or 0.0)
-            if _equivalent(mean, se, n, margin, eq_level):
-                dec: Decision = "equivalent"
+        tests[name] = stats.paired_t(d[:n])
+    rejected = sum(1 for x in done.values() if x.decision in ("improved", "regressed"))
+    open_ = sorted((tests[x].p_value(), x) for x in names if x not in done)
+    # Holm step-down over the undecided metrics, at the look's sequential levels
+    for i, (p, name) in enumerate(open_):
+        lvl = design.level(look_index, alpha / (m - rejected - i))
+        if p > lvl:
+            break
+        mean = tests[name].mean
+        up = mean > 0
+        good = up if better.get(name, "higher") == "higher" else not up
+        done[name] = MetricDecision(
+            "improved" if good else "regressed",
+            n,
+            mean,
+            100.0 * math.expm1(mean),
+            p,
+            lvl,
+            look_index,
+            f"p = {p:.3g} <= {lvl:.3g} (Holm step {i + 1 + rejected} "
+            f"of {m}, {design.kind} boundary, look {look_index + 1})",
+        )
+    rejected_now = sum(1 for x in done.values() if x.decision in ("improved", "regressed"))
+    eq_alpha = alpha / m if design.equivalence_split == "bonferroni" else alpha
+    return {
+        name: done[name]
+        if name in done
+        else _undecided(
+            tests[name],
+            float(margins.get(name) or 0.0),
+            design,
+            look_index,
+            effect_alpha=alpha / (m - rejected_now),
+            eq_alpha=eq_alpha,
+        )
+        for name in names
+    }
+
+
+def _undecided(
+    t: stats.TTest,
+    margin: float,
+    design: Design,
+    look_index: int,
+    *,
+    effect_alpha: float,
+    eq_alpha: float,
+) -> MetricDecision:
+    """A primary that no Holm step rejected: equivalent (TOST at the look's level for
+    ``eq_alpha``), else inconclusive at the last look, else continue, or futile when the
+    conditional power of deciding it by the last look (its next Holm step there:
+    ``effect_alpha``) is below ``design.futility``."""
+    n, n_final = design.looks[look_index], design.looks[-1]
+    last = look_index == len(design.looks) - 1
+    mean, p = t.mean, t.p_value()
+    eq_level = design.level(look_index, eq_alpha)
+    if _equivalent(t, margin, eq_level):
+        dec: Decision = "equivalent"
+        why = (
+            f"TOST at {eq_level:.3g}: the {100 * (1 - 2 * eq_level):.1f} % interval "
+            f"lies inside +-{100 * math.expm1(margin):.3g} %"
+        )
+    elif last:
+        dec, why = "inconclusive", "neither a change nor equivalence shown at the last look"
+    else:
+        dec, why = "continue", "neither a change nor equivalence shown"
+        if design.futility > 0:
+            cp_eff, cp_eq = conditional_power(
+                mean,
+                t.sd,
+                n,
+                n_final,
+                effect_level=design.level(len(design.looks) - 1, effect_alpha),
+                margin=margin,
+                equivalence_level=design.level(len(design.looks) - 1, eq_alpha),
+            )
+            if cp_eff + cp_eq < design.futility:
+                dec = "futile"
                 why = (
-                    f"TOST at {eq_level:.3g}: the {100 * (1 - 2 * eq_level):.1f} % interval "
-                    f"lies inside +-{100 * math.expm1(margin):.3g} %"
+                    f"futile: conditional power at {n_final} repeats under the current "
+                    f"estimate ({100 * math.expm1(mean):+.2f} %) {cp_eff:.3f} for a "
+                    f"change, {cp_eq:.3f} for equivalence, below {design.futility:g}"
                 )
-            elif last:
-                dec, why = "inconclusive", "neither a change nor equivalence shown at the last look"
-            else:
-                dec, why = "continue", "neither a change nor equivalence shown"
-                if design.futility > 0:
-                    # the level this metric needs at the last look: its next Holm step there
-                    cp_eff, cp_eq = conditional_power(
-                        mean,
-                        sds[name],
-                        n,
-                        n_final,
-                        effect_level=design.level(
-                            len(design.looks) - 1, alpha / (m - rejected_now)
-                        ),
-                        margin=margin,
-                        equivalence_level=design.level(len(design.looks) - 1, eq_alpha),
-                    )
-                    if cp_eff + cp_eq < design.futility:
-                        dec = "futile"
-                        why = (
-                            f"futile: conditional power at {n_final} repeats under the current "
-                            f"estimate ({100 * math.expm1(mean):+.2f} %) {cp_eff:.3f} for a "
-                            f"change, {cp_eq:.3f} for equivalence, below {design.futility:g}"
-                        )
-            out.metrics[(variant, name)] = MetricDecision(
-                dec,
-                n,
-                mean,
-                100.0 * math.expm1(mean),
-                p,
-                eq_level if dec == "equivalent" else None,
-                look_index if dec == "equivalent" else None,
-                why,
-            )
+    eq = dec == "equivalent"
+    return MetricDecision(
+        dec,
+        n,
+        mean,
+        100.0 * math.expm1(mean),
+        p,
+        eq_level if eq else None,
+        look_index if eq else None,
+        why,
+    )
+
+
+def _stop_or_go(out: LookDecision, last: bool, controls: Collection[str]) -> None:
+    """Set ``out.stop`` and ``out.reason``: stop when every primary of every variant but the
+    ``controls`` is decided or futile, or at the last look; what is still open then ends
+    inconclusive."""
+    n = out.n_repeats
     held = [k for k, d in out.metrics.items() if k[0] not in controls and d.decision not in DECIDED]
     undecided = [k for k in held if out.metrics[k].decision != "futile"]
     futile = len(held) - len(undecided)
@@ -469,7 +508,6 @@ def decide(
             if d.decision in ("futile", "continue"):
                 d.decision = "inconclusive"
                 d.reason += f"; the run stopped after {n} repeats"
-    return out
 
 
 def replay(

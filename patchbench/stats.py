@@ -1,31 +1,33 @@
-"""Statistical primitives: intervals of a relative change, and the Wilson interval.
+"""Statistical methods, one copy each: t tests, TOST, Holm, Wilson, Newcombe, request bootstraps.
 
-Every interval here is an interval of a *relative change* ``variant / baseline - 1``, expressed as
-a fraction (0.10 = +10 %). Effects are estimated on the log scale, where a ratio becomes a
-difference and run-to-run noise of throughputs and latencies is close to symmetric, then mapped
-back with ``exp(x) - 1``.
+The rules that turn these into verdicts live elsewhere and only call this module:
+:mod:`patchbench.verdicts` (a comparison's verdicts), :mod:`patchbench.gates` (nightly gates) and
+:mod:`patchbench.sequential` (when a run with sequential repeats stops). What is here:
 
-Verdicts are not made here: :mod:`patchbench.verdicts` holds the rules (paired t on log ratios
-over repeats with a minimum of repeats, TOST, Holm, Newcombe for accuracy, exact counts) and
-:mod:`patchbench.analysis` applies them. What this module is used for:
+- t tests (:class:`TTest`: estimate, standard error, degrees of freedom; two- and one-sided
+  p-values, two-sided intervals, one-sided bounds): :func:`paired_t` on paired differences
+  (Student 1908; on :func:`log_ratios` for ratios), :func:`welch_t` (Welch 1947),
+  :func:`prediction_t` (a new mean against K earlier means);
+- :func:`tost_p` / :func:`equivalent_by_interval`: equivalence by two one-sided tests
+  (Schuirmann 1987), as a p-value or by its interval;
+- :func:`holm`: Holm's (1979) step-down levels for a family of p-values;
+- proportions: :func:`wilson_interval` (Wilson 1927), :func:`newcombe_paired` (Newcombe 1998,
+  paired difference) with :func:`paired_table`, and :func:`p_from_interval` (a p-value by
+  inverting a family of intervals);
+- request-level intervals inside one cell, descriptive only (never a verdict or a gate), for the
+  serving suite's pair hook: TTFT and E2E with :func:`paired_request_interval` (request i of the
+  baseline pairs with request i of the variant, the prompts being the same under a fixed seed);
+  ITL with :func:`block_bootstrap_interval` (the per-token gaps of one request are correlated, so
+  whole requests are resampled; Kuensch 1989, "The jackknife and the bootstrap for general
+  stationary observations", Ann. Statist. 17(3)); both return an :class:`Interval` of a relative
+  change ``variant / baseline - 1`` (fractions: 0.10 = +10 %), estimated on the log scale.
 
-- request-level intervals inside one cell, shown as descriptive only (never a verdict or a gate),
-  by the serving suite's pair hook: TTFT and E2E with :func:`paired_request_interval` (request i
-  of the baseline pairs with request i of the variant, the prompts being the same under a fixed
-  seed); ITL with :func:`block_bootstrap_interval` (the per-token gaps of one request are
-  correlated, so whole requests are resampled; Kuensch 1989, "The jackknife and the bootstrap for
-  general stationary observations", Ann. Statist. 17(3));
-- proportions (identical-output share): :func:`wilson_interval`.
-
-Also here, used by no verdict: :func:`t_interval_log_ratio` / :func:`t_interval_diff` (paired
-t-intervals over repeats), :func:`bootstrap_log_ratio` (a BCa bootstrap over repeats; with few
-repeats it undercovers: Efron & Tibshirani 1993, ch. 14; Hesterberg 2015, "What teachers should
-know about the bootstrap", section 6). The A/A noise floor that used to live here is retired:
-the A/A health check in :mod:`patchbench.analysis` replaced it.
-
-All functions take plain sequences of floats and return an :class:`Interval`; they raise
-``ValueError`` for inputs they cannot use (lengths that differ, non-positive values where a log is
-taken, too few values).
+Every method is checked in tests/test_stats.py against scipy / statsmodels called directly (or,
+for Newcombe's interval, a published example).
+Functions raise ``ValueError`` for inputs they cannot use (lengths that differ, non-positive
+values where a log is taken, too few values). scipy is imported on first use: ``patchbench
+bench`` imports this module long before it compares anything (patchbench/preload.py loads
+scipy.stats meanwhile).
 """
 
 from __future__ import annotations
@@ -34,13 +36,13 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 import numpy as np
 
 
 class _ScipyStats:
-    """``scipy.stats``, imported on first use: it costs 0.5 s, and ``patchbench bench`` imports
-    this module long before it compares anything (patchbench/preload.py loads it meanwhile)."""
+    """``scipy.stats``, imported on first use (0.5 s)."""
 
     def __getattr__(self, name: str):
         from scipy import stats
@@ -52,28 +54,314 @@ sps = _ScipyStats()
 
 _NORMAL = statistics.NormalDist()
 
+Alternative = Literal["two-sided", "greater", "less"]
+
 __all__ = [
-    "Interval",
+    "TTest",
     "log_ratios",
-    "t_interval_log_ratio",
-    "t_interval_diff",
-    "bootstrap_log_ratio",
+    "paired_t",
+    "welch_t",
+    "prediction_t",
+    "tost_p",
+    "equivalent_by_interval",
+    "holm",
+    "wilson_interval",
+    "newcombe_paired",
+    "paired_table",
+    "p_from_interval",
+    "excludes_zero",
+    "Interval",
+    "statistic_fn",
     "paired_request_interval",
     "block_bootstrap_interval",
-    "wilson_interval",
-    "statistic_fn",
 ]
+
+
+# ---------------------------------------------------------------------------------------------
+# t tests
+
+
+def _stdtr(df: float, t: float) -> float:
+    """Student t CDF at ``t`` (``scipy.special.stdtr``: what ``scipy.stats.t.cdf`` computes)."""
+    from scipy import special
+
+    return float(special.stdtr(df, t))
+
+
+def _stdtrit(df: float, q: float) -> float:
+    """Student t quantile at ``q`` (``scipy.special.stdtrit``: ``scipy.stats.t.ppf``)."""
+    from scipy import special
+
+    return float(special.stdtrit(df, q))
+
+
+@dataclass(frozen=True)
+class TTest:
+    """The parts of a t test: ``mean`` the estimate (a mean difference; log scale for ratios),
+    ``se`` its standard error, ``df`` the degrees of freedom, ``n`` the values it used, ``sd``
+    the sample standard deviation of the paired differences (NaN for the unpaired tests).
+
+    With ``se == 0`` the t statistic is infinite (or 0/0): the p-values, intervals and bounds
+    below take their limits (the estimate is certain)."""
+
+    mean: float
+    se: float
+    df: float
+    n: int
+    sd: float = math.nan
+
+    def p_value(self, alternative: Alternative = "two-sided") -> float:
+        """p-value of "no difference" (mean 0).
+
+        "two-sided": ``2 P(T_df > |mean / se|)``; 1 when se == 0 and mean == 0, else 0 when
+        se == 0. "greater" / "less": the one-sided ``P(T_df > t)`` / ``P(T_df < t)``; with se 0
+        or not finite (infinite values), 0 when the mean lies on the tested side, else 1."""
+        if alternative == "two-sided":
+            if self.se == 0:
+                return 1.0 if self.mean == 0 else 0.0
+            return 2 * _stdtr(self.df, -abs(self.mean / self.se))
+        side = 1 if alternative == "greater" else -1
+        if self.se == 0.0 or not math.isfinite(self.se):
+            return 0.0 if self.mean * side > 0 else 1.0
+        return _stdtr(self.df, -side * self.mean / self.se)
+
+    def interval(self, alpha: float) -> tuple[float, float]:
+        """Two-sided ``1 - alpha`` interval ``mean -/+ t_{1 - alpha/2, df} se`` (the point when
+        se == 0)."""
+        q = 0.0 if self.se == 0 else _stdtrit(self.df, 1 - alpha / 2) * self.se
+        return self.mean - q, self.mean + q
+
+    def bound(self, alpha: float, side: int) -> float:
+        """One-sided ``1 - alpha`` bound: the upper (``side`` +1) or lower (-1) end of
+        ``mean + side t_{1 - alpha, df} se`` (the mean when se == 0)."""
+        if self.se == 0.0:
+            return self.mean
+        return self.mean + side * _stdtrit(self.df, 1.0 - alpha) * self.se
+
+
+def log_ratios(baseline: Sequence[float], variant: Sequence[float]) -> np.ndarray:
+    """``d_k = ln(variant_k) - ln(baseline_k)`` for paired values k (shape (n,)).
+
+    Raises ValueError when the lengths differ or a value is not > 0."""
+    b, v = np.asarray(baseline, float), np.asarray(variant, float)
+    if b.shape != v.shape:
+        raise ValueError(f"paired values need equal lengths, got {b.size} and {v.size}")
+    if np.any(b <= 0) or np.any(v <= 0):
+        raise ValueError("log ratios need values > 0")
+    return np.log(v) - np.log(b)
+
+
+def paired_t(d: Sequence[float]) -> TTest:
+    """Paired t test on the differences ``d`` of n pairs (Student 1908, "The probable error of a
+    mean", Biometrika 6; e.g. Montgomery, "Design and Analysis of Experiments", 2.5.1): mean
+    ``dbar``, ``sd`` (ddof 1), ``se = sd / sqrt(n)``, ``df = n - 1``. On :func:`log_ratios` it is
+    the test of a geometric-mean ratio. The same as ``scipy.stats.ttest_1samp(d, 0)`` /
+    ``ttest_rel``. Raises ValueError with fewer than 2 pairs."""
+    x = np.asarray(d, dtype=float)
+    if x.ndim != 1 or x.size < 2:
+        raise ValueError(f"a paired t test needs at least 2 pairs, got {x.size}")
+    n = int(x.size)
+    sd = float(np.std(x, ddof=1))
+    return TTest(float(np.mean(x)), sd / math.sqrt(n), n - 1, n, sd)
+
+
+def welch_t(x: Sequence[float], y: Sequence[float]) -> TTest:
+    """Welch's unpaired t test of ``mean(x) - mean(y)`` with unequal variances (Welch 1947,
+    "The generalization of Student's problem when several different population variances are
+    involved", Biometrika 34): ``se = sqrt(s_x^2/n_x + s_y^2/n_y)`` and the Welch-Satterthwaite
+    degrees of freedom (1 when se == 0, where they are 0/0 and unused). The same as
+    ``scipy.stats.ttest_ind(x, y, equal_var=False)``. Raises ValueError with fewer than 2
+    values in a sample."""
+    a, b = np.asarray(x, float), np.asarray(y, float)
+    if a.size < 2 or b.size < 2:
+        raise ValueError(f"Welch needs at least 2 values in each sample, got {a.size} and {b.size}")
+    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+    se = math.sqrt(va + vb)
+    df = (va + vb) ** 2 / ((va**2 / (a.size - 1)) + (vb**2 / (b.size - 1))) if se > 0 else 1.0
+    return TTest(float(a.mean() - b.mean()), se, df, int(a.size + b.size))
+
+
+def prediction_t(x: Sequence[float], means: Sequence[float]) -> TTest:
+    """A new sample's mean against K earlier means (a prediction t test: is ``mean(x)`` a draw
+    from the distribution the K means come from? e.g. Hahn & Meeker, "Statistical Intervals"
+    (1991), 4.6): ``mean(x) - mean(means)`` with ``se = sd(means) sqrt(1 + 1/K)`` and K - 1
+    degrees of freedom (the spread between the means, drift included, is the noise). Raises
+    ValueError with no value in ``x`` or fewer than 2 means."""
+    k = len(means)
+    if len(x) < 1 or k < 2:
+        raise ValueError(f"a prediction t test needs a value and 2 means, got {len(x)} and {k}")
+    se = float(np.std(means, ddof=1) * math.sqrt(1.0 + 1.0 / k))
+    return TTest(float(np.mean(x) - np.mean(means)), se, k - 1, len(x))
+
+
+def tost_p(t: TTest, low: float, high: float) -> float:
+    """Two one-sided tests of equivalence, ``low < true mean < high`` (Schuirmann 1987, "A
+    comparison of the two one-sided tests procedure and the power approach for assessing the
+    equivalence of average bioavailability", J Pharmacokinet Biopharm 15): the larger of the
+    one-sided p-values of ``mean <= low`` and ``mean >= high``, as
+    ``statsmodels.stats.weightstats.ttost_paired`` reports it; equivalence at level alpha when
+    it is below alpha (the ``1 - 2 alpha`` interval lies inside (low, high)). With se == 0: 0
+    when the mean lies inside, else 1."""
+    if t.se == 0:
+        return 0.0 if low < t.mean < high else 1.0
+    p_low = _stdtr(t.df, -((t.mean - low) / t.se))
+    p_high = _stdtr(t.df, (t.mean - high) / t.se)
+    return max(p_low, p_high)
+
+
+def equivalent_by_interval(
+    interval: Callable[[float], tuple[float, float]], low: float, high: float, alpha: float
+) -> bool:
+    """TOST in its interval form: equivalence within (low, high) at level ``alpha`` when the
+    ``1 - 2 alpha`` interval ``interval(2 alpha)`` lies inside (Schuirmann 1987; Berger & Hsu
+    1996, "Bioequivalence trials, intersection-union tests and equivalence confidence sets",
+    Statist. Sci. 11). For a t test it agrees with :func:`tost_p` below ``alpha``; it also
+    serves intervals that have no t statistic (Newcombe's)."""
+    lo, hi = interval(2 * alpha)
+    return low < lo and hi < high
+
+
+# ---------------------------------------------------------------------------------------------
+# multiplicity
+
+
+def holm(p_values: Sequence[float], alpha: float) -> list[tuple[bool, float]]:
+    """Holm's step-down procedure (Holm 1979, "A simple sequentially rejective multiple test
+    procedure", Scand J Statist 6): (rejected, level) per p-value, in input order.
+
+    The i-th smallest p-value (0-based) is compared with its level ``alpha / (m - i)``; rejection
+    stops at the first p-value above its level (every later one is kept). ``rejected`` equals
+    ``statsmodels.stats.multitest.multipletests(p, alpha, method="holm")[0]``."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    out: list[tuple[bool, float]] = [(False, 0.0)] * m
+    going = True
+    for rank, i in enumerate(order):
+        level = alpha / (m - rank)
+        going = going and bool(p_values[i] <= level)
+        out[i] = (going, level)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# proportions
+
+
+def wilson_interval(successes: float, n: float, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a proportion ``successes / n`` (Wilson 1927, "Probable
+    inference, the law of succession, and statistical inference", JASA 22).
+
+    ``(p + z^2/2n -/+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)`` with ``z`` the normal quantile
+    (``statistics.NormalDist``: the same value as ``scipy.stats.norm.ppf``; equal to statsmodels'
+    ``proportion_confint(method="wilson")``). ``successes`` may be fractional (correctness
+    averaged over repeats). Returns (low, high) as fractions; ValueError when n <= 0 or
+    successes is outside 0..n.
+    """
+    if n <= 0 or not 0 <= successes <= n:
+        raise ValueError(f"need 0 <= successes <= n and n > 0, got {successes}/{n}")
+    z = _NORMAL.inv_cdf(1 - (1 - confidence) / 2)
+    p = successes / n
+    den = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / den
+    h = z * math.sqrt(max(p * (1 - p) / n + z * z / (4 * n * n), 0.0)) / den
+    return max(0.0, c - h), min(1.0, c + h)
+
+
+def newcombe_paired(
+    a: float, b: float, c: float, d: float, alpha: float
+) -> tuple[float, float, float]:
+    """Interval of ``p2 - p1`` for a paired 2x2 table: Newcombe (1998), "Improved confidence
+    intervals for the difference between binomial proportions based on paired data", Stat Med
+    17:2635-2650, method 10 (hybrid score: Wilson intervals of each margin, combined with the
+    phi correlation of the table).
+
+    a: both right, b: baseline right / variant wrong, c: baseline wrong / variant right,
+    d: both wrong (counts, may be fractional). p1 = (a+b)/n (baseline), p2 = (a+c)/n (variant).
+    Returns (estimate, low, high) of p2 - p1 at level 1 - alpha, in proportions. Never
+    zero-width (the Wilson intervals never are). Raises ValueError when n = 0.
+    """
+    n = a + b + c + d
+    if n <= 0:
+        raise ValueError("no paired items")
+    p1, p2 = (a + b) / n, (a + c) / n
+    l1, u1 = wilson_interval(a + b, n, 1 - alpha)
+    l2, u2 = wilson_interval(a + c, n, 1 - alpha)
+    r1, r2, c1, c2 = a + b, c + d, a + c, b + d
+    if min(r1, r2, c1, c2) <= 0:
+        phi = 0.0
+    else:
+        num = a * d - b * c
+        num = num - n / 2 if num > n / 2 else (num if num < 0 else 0.0)
+        phi = num / math.sqrt(r1 * r2 * c1 * c2)
+    # difference as p1 - p2 (Newcombe's orientation), then flip to variant - baseline
+    est = p1 - p2
+    lo = est - math.sqrt(
+        max((p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2, 0.0)
+    )
+    hi = est + math.sqrt(
+        max((p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2, 0.0)
+    )
+    return -est, -hi, -lo
+
+
+def paired_table(
+    baseline: Sequence[float], variant: Sequence[float]
+) -> tuple[float, float, float, float]:
+    """2x2 cells (a, b, c, d) of :func:`newcombe_paired` from per-item correctness in [0, 1]
+    (e.g. averaged over repeats): a = sum(x*y), b = sum(x*(1-y)), c = sum((1-x)*y),
+    d = sum((1-x)*(1-y)), x baseline, y variant. ValueError for unequal lengths or a value
+    outside [0, 1]."""
+    x, y = np.asarray(baseline, float), np.asarray(variant, float)
+    if x.shape != y.shape:
+        raise ValueError(f"paired correctness needs equal lengths, got {x.size} and {y.size}")
+    if x.size and (x.min() < 0 or x.max() > 1 or y.min() < 0 or y.max() > 1):
+        raise ValueError("correctness must lie in [0, 1]")
+    return (
+        float((x * y).sum()),
+        float((x * (1 - y)).sum()),
+        float(((1 - x) * y).sum()),
+        float(((1 - x) * (1 - y)).sum()),
+    )
+
+
+def excludes_zero(interval: tuple[float, float]) -> bool:
+    """True when the interval (low, high) lies entirely above or below 0."""
+    return interval[0] > 0 or interval[1] < 0
+
+
+def p_from_interval(
+    interval: Callable[[float], tuple[float, float]], *, tol: float = 1e-6
+) -> float:
+    """The p-value of "no difference" from a family of intervals: the smallest alpha whose
+    ``interval(alpha)`` (level 1 - alpha) excludes 0, by bisection to ``tol`` (test inversion,
+    e.g. Casella & Berger, "Statistical Inference", 9.2.1); 1.0 when none does, 0.0 when even
+    alpha = 1e-12 does."""
+    lo_a, hi_a = 1e-12, 0.999999
+    if not excludes_zero(interval(hi_a)):
+        return 1.0
+    if excludes_zero(interval(lo_a)):
+        return 0.0
+    while hi_a - lo_a > tol:
+        mid = (lo_a + hi_a) / 2
+        if excludes_zero(interval(mid)):
+            hi_a = mid
+        else:
+            lo_a = mid
+    return hi_a
+
+
+# ---------------------------------------------------------------------------------------------
+# request-level intervals inside one cell (descriptive)
 
 
 @dataclass(frozen=True)
 class Interval:
     """A point estimate and two-sided interval of a relative change (fractions, not percent).
 
-    estimate: the change the interval is centred on (``exp(mean log ratio) - 1`` for the repeat
-    methods, ``stat(variant) / stat(baseline) - 1`` for the within-cell ones).
-    low / high: interval bounds (NaN when it could not be computed).
-    method: a human-readable name of the method and its sample size, shown in the report
-    (e.g. ``"t on log ratio (n=3)"``). n: number of pairs (repeats or requests) used.
+    estimate: ``stat(variant) / stat(baseline) - 1``. low / high: interval bounds (NaN when it
+    could not be computed). method: a human-readable name of the method and its sample size,
+    shown in the report (e.g. ``"paired-request bootstrap BCa of median (n=200 requests)"``).
+    n: number of pairs (requests) used.
     """
 
     estimate: float
@@ -81,6 +369,11 @@ class Interval:
     high: float
     method: str
     n: int
+
+    @classmethod
+    def from_log(cls, est: float, low: float, high: float, method: str, n: int) -> Interval:
+        """The interval of a change estimated on the log scale, mapped back with ``exp(x) - 1``."""
+        return cls(math.expm1(est), math.expm1(low), math.expm1(high), method, n)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -99,91 +392,6 @@ def _as_positive(x: Sequence[float], name: str) -> np.ndarray:
             f"{name}: values must be finite and > 0 to take a log ratio, got {a.tolist()}"
         )
     return a
-
-
-def log_ratios(baseline: Sequence[float], variant: Sequence[float]) -> np.ndarray:
-    """``d_k = ln(variant_k / baseline_k)`` for paired repeats k (shape (n,)).
-
-    Raises ValueError when the lengths differ or a value is not > 0.
-    """
-    b = _as_positive(baseline, "baseline")
-    v = _as_positive(variant, "variant")
-    if b.shape != v.shape:
-        raise ValueError(f"paired values need equal lengths: baseline {b.size}, variant {v.size}")
-    return np.log(v) - np.log(b)
-
-
-def _paired_log_ratios(
-    baseline: Sequence[float], variant: Sequence[float], what: str
-) -> tuple[np.ndarray, int, float]:
-    """``(d, n, mean(d))`` with ``d_k = ln(v_k / b_k)`` (:func:`log_ratios`); ValueError naming
-    ``what`` when fewer than 2 repeats pair up."""
-    d = log_ratios(baseline, variant)
-    n = d.size
-    if n < 2:
-        raise ValueError(f"{what} needs at least 2 paired repeats, got {n}")
-    return d, n, float(np.mean(d))
-
-
-def t_interval_log_ratio(
-    baseline: Sequence[float], variant: Sequence[float], confidence: float = 0.95
-) -> Interval:
-    """Student-t interval of the geometric-mean ratio of paired repeats.
-
-    With ``d_k = ln(v_k / b_k)``, ``k = 1..n``, ``dbar`` their mean and ``s`` their sample standard
-    deviation (ddof=1)::
-
-        estimate = exp(dbar) - 1
-        interval = exp(dbar -/+ t_{1-(1-c)/2, n-1} * s / sqrt(n)) - 1
-
-    (the paired t-interval, e.g. Montgomery, "Design and Analysis of Experiments", 2.5.1, applied
-    to log ratios). Computed with ``scipy.stats.ttest_1samp(d).confidence_interval``.
-    Needs n >= 2 (ValueError otherwise). When all d_k are equal (s = 0) the interval is the point.
-    """
-    d, n, dbar = _paired_log_ratios(baseline, variant, "a t-interval")
-    if np.ptp(d) == 0:
-        lo = hi = dbar
-    else:
-        ci = sps.ttest_1samp(d, 0.0).confidence_interval(confidence_level=confidence)
-        lo, hi = float(ci.low), float(ci.high)
-    return Interval(math.expm1(dbar), math.expm1(lo), math.expm1(hi), f"t on log ratio (n={n})", n)
-
-
-def t_interval_diff(
-    baseline: Sequence[float], variant: Sequence[float], confidence: float = 0.95
-) -> Interval:
-    """Student-t interval of the mean paired difference, relative to the baseline mean.
-
-    For metrics that can be 0 (counts such as host syncs per call), where a log ratio does not
-    exist. With ``d_k = v_k - b_k`` and ``B = mean(b) > 0``::
-
-        estimate = dbar / B
-        interval = (dbar -/+ t_{1-(1-c)/2, n-1} * s_d / sqrt(n)) / B
-
-    (paired t-interval; ``scipy.stats.ttest_1samp(d).confidence_interval``), treating B as known.
-    Equal differences (deterministic counts) give a zero-width interval at the estimate.
-    Raises ValueError for n < 2, unequal lengths, non-finite values or ``B <= 0``.
-    """
-    b = np.asarray(baseline, dtype=float)
-    v = np.asarray(variant, dtype=float)
-    if b.shape != v.shape or b.ndim != 1:
-        raise ValueError(f"paired values need equal lengths: baseline {b.size}, variant {v.size}")
-    if not (np.all(np.isfinite(b)) and np.all(np.isfinite(v))):
-        raise ValueError("values must be finite")
-    n = b.size
-    if n < 2:
-        raise ValueError(f"a t-interval needs at least 2 paired repeats, got {n}")
-    scale = float(np.mean(b))
-    if scale <= 0:
-        raise ValueError(f"baseline mean is {scale:g}: no relative change")
-    d = v - b
-    dbar = float(np.mean(d))
-    if np.ptp(d) == 0:
-        lo = hi = dbar
-    else:
-        ci = sps.ttest_1samp(d, 0.0).confidence_interval(confidence_level=confidence)
-        lo, hi = float(ci.low), float(ci.high)
-    return Interval(dbar / scale, lo / scale, hi / scale, f"t on paired difference (n={n})", n)
 
 
 def _rng_kw(seed: int | np.random.Generator | None) -> dict:
@@ -208,66 +416,24 @@ def _bootstrap(
     """scipy.stats.bootstrap; BCa falls back to percentile when it is degenerate (NaN bounds)."""
     import warnings
 
+    methods = [method] + (["percentile"] if method.lower() != "percentile" else [])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # DegenerateDataWarning: handled below
-        res = sps.bootstrap(
-            data,
-            statistic,
-            n_resamples=n_resamples,
-            confidence_level=confidence,
-            method=method,
-            paired=paired,
-            vectorized=vectorized,
-            **_rng_kw(seed),
-        )
-        lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-        if (not (math.isfinite(lo) and math.isfinite(hi))) and method.lower() != "percentile":
+        for method in methods:
             res = sps.bootstrap(
                 data,
                 statistic,
                 n_resamples=n_resamples,
                 confidence_level=confidence,
-                method="percentile",
+                method=method,
                 paired=paired,
                 vectorized=vectorized,
                 **_rng_kw(seed),
             )
             lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-            method = "percentile"
+            if math.isfinite(lo) and math.isfinite(hi):
+                break
     return lo, hi, method
-
-
-def bootstrap_log_ratio(
-    baseline: Sequence[float],
-    variant: Sequence[float],
-    confidence: float = 0.95,
-    *,
-    n_resamples: int = 2000,
-    seed: int | None = 0,
-    method: str = "BCa",
-) -> Interval:
-    """Bootstrap interval of the geometric-mean ratio of paired repeats (no verdict uses it).
-
-    Resamples the log ratios ``d_k = ln(v_k / b_k)`` with replacement and takes the ``method``
-    interval (BCa by default; Efron 1987, "Better bootstrap confidence intervals", JASA 82) of
-    ``mean(d)``, mapped back with ``exp(x) - 1``. ``scipy.stats.bootstrap`` does the work; a
-    degenerate BCa (all d equal) falls back to the percentile interval.
-    """
-    d, n, dbar = _paired_log_ratios(baseline, variant, "a bootstrap")
-    if np.ptp(d) == 0:
-        lo = hi = dbar
-        used = method
-    else:
-        lo, hi, used = _bootstrap(
-            (d,), np.mean, confidence=confidence, n_resamples=n_resamples, seed=seed, method=method
-        )
-    return Interval(
-        math.expm1(dbar),
-        math.expm1(lo),
-        math.expm1(hi),
-        f"bootstrap {used} on log ratio (n={n}, {n_resamples} resamples)",
-        n,
-    )
 
 
 def statistic_fn(name: str) -> Callable[..., np.ndarray]:
@@ -305,7 +471,8 @@ def paired_request_interval(
     the same prompt. The bootstrap draws request indices with replacement and applies the *same*
     draw to both arms (``scipy.stats.bootstrap(..., paired=True)``), so the prompt-to-prompt spread
     that both arms share cancels out. Statistic: ``ln(stat(v*) / stat(b*))``, mapped back with
-    ``exp(x) - 1``. Values must be > 0.
+    ``exp(x) - 1``; interval ``method`` BCa by default (Efron 1987, "Better bootstrap confidence
+    intervals", JASA 82), the percentile interval when BCa is degenerate. Values must be > 0.
     """
     b = _as_positive(baseline, "baseline")
     v = _as_positive(variant, "variant")
@@ -329,12 +496,8 @@ def paired_request_interval(
         method=method,
         paired=True,
     )
-    return Interval(
-        math.expm1(est),
-        math.expm1(lo),
-        math.expm1(hi),
-        f"paired-request bootstrap {used} of {stat} (n={n} requests)",
-        n,
+    return Interval.from_log(
+        est, lo, hi, f"paired-request bootstrap {used} of {stat} (n={n} requests)", n
     )
 
 
@@ -395,16 +558,7 @@ def block_bootstrap_interval(
                 sb[idx].sum(axis) / cb[idx].sum(axis)
             )
 
-        est = float(lr_vec(all_idx))
-        lo, hi, _ = _bootstrap(
-            (all_idx,),
-            lr_vec,
-            confidence=confidence,
-            n_resamples=n_resamples,
-            seed=seed,
-            method="percentile",
-            vectorized=True,
-        )
+        statistic, vectorized = lr_vec, True
     else:
         # quantiles of the pooled values: one concatenation per resample (slow for big cells),
         # so at most MAX_BLOCK_RESAMPLES resamples
@@ -419,39 +573,16 @@ def block_bootstrap_interval(
             idx = np.asarray(idx, dtype=int)
             return np.log(value(vb, idx)) - np.log(value(bb, idx))
 
-        est = float(lr(all_idx))
-        lo, hi, _ = _bootstrap(
-            (all_idx,),
-            lr,
-            confidence=confidence,
-            n_resamples=n_resamples,
-            seed=seed,
-            method="percentile",
-            vectorized=False,
-        )
-    return Interval(
-        math.expm1(est),
-        math.expm1(lo),
-        math.expm1(hi),
-        f"request-block bootstrap percentile of {stat} (n={n} requests, {n_resamples} resamples)",
-        n,
+        statistic, vectorized = lr, False
+    est = float(statistic(all_idx))
+    lo, hi, _ = _bootstrap(
+        (all_idx,),
+        statistic,
+        confidence=confidence,
+        n_resamples=n_resamples,
+        seed=seed,
+        method="percentile",
+        vectorized=vectorized,
     )
-
-
-def wilson_interval(successes: float, n: float, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval of a proportion ``successes / n`` (Wilson 1927, JASA 22).
-
-    ``(p + z^2/2n -/+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)`` with ``z`` the normal quantile
-    (``statistics.NormalDist``: the same value as ``scipy.stats.norm.ppf``; checked against
-    statsmodels' ``proportion_confint(method="wilson")`` in the tests). ``successes`` may be
-    fractional (correctness averaged over repeats). Returns (low, high) as fractions; ValueError
-    when n <= 0 or successes is outside 0..n.
-    """
-    if n <= 0 or not 0 <= successes <= n:
-        raise ValueError(f"need 0 <= successes <= n and n > 0, got {successes}/{n}")
-    z = _NORMAL.inv_cdf(1 - (1 - confidence) / 2)
-    p = successes / n
-    den = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / den
-    h = z * math.sqrt(max(p * (1 - p) / n + z * z / (4 * n * n), 0.0)) / den
-    return max(0.0, c - h), min(1.0, c + h)
+    what = f"request-block bootstrap percentile of {stat} (n={n} requests, {n_resamples} resamples)"
+    return Interval.from_log(est, lo, hi, what, n)

@@ -29,6 +29,9 @@ Multiplicity: each variant's primary metrics form one family; Holm's step-down p
 1979, ``statsmodels.stats.multitest.multipletests(method="holm")``) sets each primary's alpha;
 the interval shown and TOST use that adjusted alpha. Secondary metrics keep the raw alpha and are
 exploratory.
+
+The methods themselves (t tests, TOST, Holm, Wilson, Newcombe) are :mod:`patchbench.stats`; this
+module holds what is decided from them.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from typing import Literal
 
 import numpy as np
 
-from patchbench.stats import sps  # scipy.stats, imported on first use
+from patchbench import stats
 
 Verdict = Literal["improved", "regressed", "equivalent", "inconclusive", "incomplete"]
 VERDICTS: tuple[str, ...] = ("improved", "regressed", "equivalent", "inconclusive", "incomplete")
@@ -77,17 +80,9 @@ class Test:
 # ---------------------------------------------------------------- run-level (paired repeats)
 
 
-def _log_ratios(baseline: Sequence[float], variant: Sequence[float]) -> np.ndarray:
-    b, v = np.asarray(baseline, float), np.asarray(variant, float)
-    if b.shape != v.shape:
-        raise ValueError(f"paired values need equal lengths, got {b.size} and {v.size}")
-    if np.any(b <= 0) or np.any(v <= 0):
-        raise ValueError("log ratios need positive values")
-    return np.log(v) - np.log(b)
-
-
 def run_test(baseline: Sequence[float], variant: Sequence[float], min_repeats: int) -> Test:
-    """Paired t-test on log ratios of repeat-level values (baseline[k] with variant[k]).
+    """Paired t-test on log ratios of repeat-level values (baseline[k] with variant[k];
+    :func:`patchbench.stats.paired_t` on :func:`patchbench.stats.log_ratios`).
 
     Fewer than ``min_repeats`` pairs: ``p`` None and the reason. Zero spread of the log ratios
     with a non-zero mean gives p = 0 only when n >= min_repeats; the interval is then the point
@@ -103,7 +98,7 @@ def run_test(baseline: Sequence[float], variant: Sequence[float], min_repeats: i
         est = None
         if n:
             try:
-                est = float(np.expm1(np.mean(_log_ratios(baseline, variant))))
+                est = float(np.expm1(np.mean(stats.log_ratios(baseline, variant))))
             except ValueError:
                 est = None
         return Test(
@@ -115,139 +110,45 @@ def run_test(baseline: Sequence[float], variant: Sequence[float], min_repeats: i
                 f"{what} separate the patch from run-to-run noise" if n else "no paired repeats"
             ),
         )
-    d = _log_ratios(baseline, variant)
-    m, sd = float(d.mean()), float(d.std(ddof=1))
-    se = sd / math.sqrt(n)
-    if se == 0:
-        p = 1.0 if m == 0 else 0.0
-    else:
-        p = float(2 * sps.t.sf(abs(m / se), n - 1))
+    t = stats.paired_t(stats.log_ratios(baseline, variant))
 
-    def interval(alpha: float, _m=m, _se=se, _n=n) -> tuple[float, float]:
-        q = float(sps.t.ppf(1 - alpha / 2, _n - 1)) * _se
-        return float(np.expm1(_m - q)), float(np.expm1(_m + q))
+    def interval(alpha: float, _t=t) -> tuple[float, float]:
+        lo, hi = _t.interval(alpha)
+        return float(np.expm1(lo)), float(np.expm1(hi))
 
-    return Test(float(np.expm1(m)), p, interval, f"paired t on log ratios (n={n})")
+    return Test(float(np.expm1(t.mean)), t.p_value(), interval, f"paired t on log ratios (n={n})")
 
 
 def tost_log_ratio(
     baseline: Sequence[float], variant: Sequence[float], margin_pct: float, alpha: float
 ) -> tuple[float, bool]:
     """TOST of "variant/baseline within [1/(1+m), 1+m]" on paired log ratios (symmetric in log
-    space: bounds +-log(1 + margin)). Returns (p, equivalent at ``alpha``); p is the larger of the
-    two one-sided p-values, as ``statsmodels.stats.weightstats.ttost_paired`` reports it."""
-    d = _log_ratios(baseline, variant)
-    n = d.size
+    space: bounds +-log(1 + margin); :func:`patchbench.stats.tost_p`). Returns (p, equivalent
+    at ``alpha``)."""
     bound = math.log1p(margin_pct / 100.0)
-    m, sd = float(d.mean()), float(d.std(ddof=1))
-    se = sd / math.sqrt(n)
-    if se == 0:
-        p = 0.0 if -bound < m < bound else 1.0
-    else:
-        p_low = float(sps.t.sf((m + bound) / se, n - 1))
-        p_upp = float(sps.t.cdf((m - bound) / se, n - 1))
-        p = max(p_low, p_upp)
+    p = stats.tost_p(stats.paired_t(stats.log_ratios(baseline, variant)), -bound, bound)
     return p, p < alpha
 
 
 # ---------------------------------------------------------------- accuracy (paired items)
 
 
-def wilson(x: float, n: float, alpha: float) -> tuple[float, float]:
-    """Wilson score interval of x successes in n (x may be fractional), level 1 - alpha
-    (:func:`patchbench.stats.wilson_interval`); ValueError when n <= 0."""
-    from patchbench.stats import wilson_interval
-
-    return wilson_interval(x, n, 1 - alpha)
-
-
-def newcombe_paired(
-    a: float, b: float, c: float, d: float, alpha: float
-) -> tuple[float, float, float]:
-    """Newcombe (1998) method 10 interval for p2 - p1 of a paired 2x2 table.
-
-    a: both right, b: baseline right / variant wrong, c: baseline wrong / variant right,
-    d: both wrong (counts, may be fractional). p1 = (a+b)/n (baseline), p2 = (a+c)/n (variant).
-    Returns (estimate, low, high) of p2 - p1 at level 1 - alpha, in proportions.
-    Raises ValueError when n = 0.
-    """
-    n = a + b + c + d
-    if n <= 0:
-        raise ValueError("no paired items")
-    p1, p2 = (a + b) / n, (a + c) / n
-    l1, u1 = wilson(a + b, n, alpha)
-    l2, u2 = wilson(a + c, n, alpha)
-    r1, r2, c1, c2 = a + b, c + d, a + c, b + d
-    if min(r1, r2, c1, c2) <= 0:
-        phi = 0.0
-    else:
-        num = a * d - b * c
-        num = num - n / 2 if num > n / 2 else (num if num < 0 else 0.0)
-        phi = num / math.sqrt(r1 * r2 * c1 * c2)
-    # difference as p1 - p2 (Newcombe's orientation), then flip to variant - baseline
-    est = p1 - p2
-    lo = est - math.sqrt(
-        max((p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2, 0.0)
-    )
-    hi = est + math.sqrt(
-        max((p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2, 0.0)
-    )
-    return -est, -hi, -lo
-
-
-def paired_table(
-    baseline: Sequence[float], variant: Sequence[float]
-) -> tuple[float, float, float, float]:
-    """2x2 cells (a, b, c, d) from per-question correctness in [0, 1] (averaged over repeats):
-    a = sum(x*y), b = sum(x*(1-y)), c = sum((1-x)*y), d = sum((1-x)*(1-y)), x baseline, y variant."""
-    x, y = np.asarray(baseline, float), np.asarray(variant, float)
-    if x.shape != y.shape:
-        raise ValueError(f"paired correctness needs equal lengths, got {x.size} and {y.size}")
-    if x.size and (x.min() < 0 or x.max() > 1 or y.min() < 0 or y.max() > 1):
-        raise ValueError("correctness must lie in [0, 1]")
-    return (
-        float((x * y).sum()),
-        float((x * (1 - y)).sum()),
-        float(((1 - x) * y).sum()),
-        float(((1 - x) * (1 - y)).sum()),
-    )
-
-
-def _p_from_interval(interval, *, tol: float = 1e-6) -> float:
-    """The smallest alpha whose (1 - alpha) interval excludes 0 (bisection; 1.0 when none does)."""
-    lo_a, hi_a = 1e-12, 0.999999
-    if _excludes_zero(interval(hi_a)) is False:
-        return 1.0
-    if _excludes_zero(interval(lo_a)):
-        return 0.0
-    while hi_a - lo_a > tol:
-        mid = (lo_a + hi_a) / 2
-        if _excludes_zero(interval(mid)):
-            hi_a = mid
-        else:
-            lo_a = mid
-    return hi_a
-
-
-def _excludes_zero(iv: tuple[float, float]) -> bool:
-    return iv[0] > 0 or iv[1] < 0
-
-
 def accuracy_test(baseline: Sequence[float], variant: Sequence[float]) -> Test:
     """Paired-proportion test of per-question correctness (each in [0, 1], averaged over repeats).
-    Interval: :func:`newcombe_paired`; p: the smallest alpha whose interval excludes 0."""
+    Interval: :func:`patchbench.stats.newcombe_paired`; p: the smallest alpha whose interval
+    excludes 0 (:func:`patchbench.stats.p_from_interval`)."""
     if len(baseline) == 0:
         return Test(None, None, None, "Newcombe paired", "diff", reason="no paired questions")
-    a, b, c, d = paired_table(baseline, variant)
+    a, b, c, d = stats.paired_table(baseline, variant)
 
     def interval(alpha: float, _t=(a, b, c, d)) -> tuple[float, float]:
-        _, lo, hi = newcombe_paired(*_t, alpha)
+        _, lo, hi = stats.newcombe_paired(*_t, alpha)
         return lo, hi
 
-    est = newcombe_paired(a, b, c, d, 0.05)[0]
+    est = stats.newcombe_paired(a, b, c, d, 0.05)[0]
     return Test(
         est,
-        _p_from_interval(interval),
+        stats.p_from_interval(interval),
         interval,
         f"Newcombe paired-proportion interval (n={len(baseline)} questions, "
         f"discordant {b:g} / {c:g})",
@@ -324,26 +225,23 @@ def deterministic_test(
 
 
 def holm_alphas(pvalues: Sequence[float], alpha: float) -> tuple[list[bool], list[float]]:
-    """Holm's step-down procedure. Returns (reject, alpha used per test).
+    """Holm's step-down procedure (:func:`patchbench.stats.holm`) and the alpha each test's
+    interval is shown at. Returns (reject, alpha used per test).
 
     The alpha of the test at sorted rank i is alpha / (m - i) while every earlier test was
     rejected; from the first test that is not rejected on, every later test keeps that test's
     alpha (so an interval at that level includes 0 and agrees with "not rejected").
-    ``reject`` equals ``multipletests(pvalues, alpha, method="holm")[0]``.
     """
-    m = len(pvalues)
-    order = sorted(range(m), key=lambda i: pvalues[i])
-    reject = [False] * m
-    used = [alpha] * m
-    stopped = None
-    for rank, i in enumerate(order):
-        a_i = alpha / (m - rank) if stopped is None else stopped
-        used[i] = a_i
-        if stopped is None and pvalues[i] <= a_i:
-            reject[i] = True
-        elif stopped is None:
-            stopped = a_i
-    return reject, used
+    steps = stats.holm(pvalues, alpha)
+    stopped = min((level for rejected, level in steps if not rejected), default=alpha)
+    return [r for r, _ in steps], [level if r else stopped for r, level in steps]
+
+
+def _margin_bounds(test: Test, margin: float) -> tuple[float, float]:
+    """The equivalence region of a margin in the row's display unit (percent for ratios: the
+    change lies in [1/(1+m) - 1, m], symmetric on the log scale; points for differences)."""
+    m = margin / 100.0
+    return (1 / (1 + m) - 1, m) if test.scale == "ratio" else (-m, m)
 
 
 def verdict(
@@ -358,13 +256,9 @@ def verdict(
     iv = test.interval(alpha)
     within = False
     if margin is not None:
-        m = margin / 100.0
-        if test.scale == "ratio":
-            lo_b, hi_b = 1 / (1 + m) - 1, m
-        else:
-            lo_b, hi_b = -m, m
+        lo_b, hi_b = _margin_bounds(test, margin)
         within = lo_b < iv[0] and iv[1] < hi_b
-    if _excludes_zero(iv) and test.p <= alpha and better in ("higher", "lower"):
+    if stats.excludes_zero(iv) and test.p <= alpha and better in ("higher", "lower"):
         up = iv[0] > 0
         return ("improved" if up == (better == "higher") else "regressed"), iv, within
     if equivalent:
@@ -378,32 +272,19 @@ def tost_from_interval(test: Test, margin: float, alpha: float) -> bool:
     [1/(1+m) - 1, m])."""
     if test.interval is None:
         return False
-    lo, hi = test.interval(2 * alpha)
-    m = margin / 100.0
-    lo_b, hi_b = (1 / (1 + m) - 1, m) if test.scale == "ratio" else (-m, m)
-    return lo_b < lo and hi < hi_b
+    return stats.equivalent_by_interval(test.interval, *_margin_bounds(test, margin), alpha)
 
 
 def welch_log(
     a: Sequence[float], b: Sequence[float], alpha: float
 ) -> tuple[float, float, float, float]:
     """Unpaired Welch t-interval for the ratio of geometric means of ``b`` over ``a`` (per-run
-    values of two runs that were not interleaved). Returns (change, low, high, p) as fractions.
-    Raises ValueError with fewer than 2 values in an arm or a value <= 0."""
+    values of two runs that were not interleaved; :func:`patchbench.stats.welch_t` on the log
+    values). Returns (change, low, high, p) as fractions. Values must be > 0 (the caller checks).
+    Raises ValueError with fewer than 2 values in an arm."""
     la, lb = np.log(np.asarray(a, float)), np.log(np.asarray(b, float))
     if la.size < 2 or lb.size < 2:
         raise ValueError("Welch needs at least 2 runs in each arm")
-    va, vb = la.var(ddof=1) / la.size, lb.var(ddof=1) / lb.size
-    diff = float(lb.mean() - la.mean())
-    se = math.sqrt(va + vb)
-    if se == 0:
-        return (
-            float(np.expm1(diff)),
-            float(np.expm1(diff)),
-            float(np.expm1(diff)),
-            (0.0 if diff else 1.0),
-        )
-    df = (va + vb) ** 2 / (va**2 / (la.size - 1) + vb**2 / (lb.size - 1))
-    q = float(sps.t.ppf(1 - alpha / 2, df)) * se
-    p = float(2 * sps.t.sf(abs(diff / se), df))
-    return float(np.expm1(diff)), float(np.expm1(diff - q)), float(np.expm1(diff + q)), p
+    t = stats.welch_t(lb, la)
+    lo, hi = t.interval(alpha)
+    return float(np.expm1(t.mean)), float(np.expm1(lo)), float(np.expm1(hi)), t.p_value()

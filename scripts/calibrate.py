@@ -12,48 +12,36 @@ accuracy; sync probe host syncs per call). Scenarios per trial:
 
 - ``null``: no variant changes anything;
 - ``effect``: ``patch-a`` makes every time 10 % shorter (output throughput +10 %, latencies
-  -9.1 %) and removes its 2 host syncs per call; ``patch-b`` and the A/A variant change nothing.
+  -9.1 %) and removes its 2 host syncs per call; ``patch-b`` and the A/A variant change nothing;
+- ``small`` (``--small-effect``, design table only): the same at another speed-up (+5 %).
 
-Printed per row (run CV, repeats), each with its 95 % Wilson interval over the trials:
+Printed, each rate with its 95 % Wilson interval over the trials:
 
-- a patch with no effect shown improved / regressed on any primary (target <= 5 %; counted per
-  null patch), and the same over the whole report (both null patches and the A/A variant);
-- +10 % output throughput of ``patch-a`` called improved (target >= 90 %);
-- real-0 primaries of the null patches called equivalent (margins: the suites' own, 5 % and
-  2 points; deterministic counts exact);
-- one-repeat reports with any improved / regressed run-level verdict (target 0);
+- per row (run CV, repeats): a patch with no effect shown improved / regressed on any primary
+  (target <= 5 %; counted per null patch), the same over the whole report (both null patches and
+  the A/A variant), +10 % output throughput of ``patch-a`` called improved (target >= 90 %),
+  one-repeat reports with a run-level improved / regressed verdict (target 0); the real-0
+  primaries of the null patches called equivalent (margins: the suites' own, 5 % and 2 points;
+  deterministic counts exact), the A/A check, and the run-to-run CV the rows really had;
 - when the config's repeats miss the power target at ``--target-cv``, the next repeat counts are
   screened with ``--screen-trials`` +10 % trials each; a count whose screen is not clearly below
   the target (upper 95 % Wilson bound >= target) gets a full row, until one meets the target;
 - a design table at ``--target-cv`` (printed last, for the README): fixed 5, the config's and
-  ``--design-repeats`` (8, 12, 16) repeats, and the ``--sequential`` designs (and the config's, when
-  it ships one), each with both scenarios: error rates, the real-0 primaries called equivalent (at
-  which repeats equivalence within the default margins is reachable), repeats used (mean, p90),
-  primaries of the two patches decided (improved, regressed or equivalent) per report and per H200
-  hour (:class:`Cost`: 4 timed cells a round, each ``--startup-s`` assumed + ``--serving-s``, +
-  ``--mmmu-s`` in the rounds MMMU runs in; plus the config's correctness cells, ``--startup-s`` +
-  ``--correctness-s`` each). ``--mmmu-rounds first`` (the config's ``suites.mmmu.rounds`` by default)
-  runs MMMU in the first round only in every row but the reference, today's "fixed 5, every suite in
-  every cell": MMMU is then judged on repeat 0 (:func:`run_data` with ``mmmu_first``), as the
-  runner's analysis judges such a run. A sequential row runs the runner's own stopping rule
-  (``patchbench.bench.sequential_design`` / ``sequential_primaries`` on the config with its schedule
-  replaced, ``patchbench.sequential.replay`` on the paired log ratios of every variant, A/A included
-  but, as in the runner, not holding the run open; the runner's futility threshold unless the design
-  names one) on a trial drawn with ``max`` repeats (the same trials as the fixed row of that many),
-  keeps the rounds that ran, and judges them with the comparison as the report would.
-  ``--design-only`` runs just this table; ``--small-effect 0.05`` adds a +5 % power column (a third
-  scenario per row);
-- beside them, the OLD rule's rates. The old rule is reimplemented here (:func:`old_rule`) only
-  as a baseline for the table; it is not product code: every metric tested on its own with a 95 %
-  paired t-interval on log ratios (t on differences for values <= 0; a zero-width interval when
-  the difference is the same in every repeat), no multiplicity correction, no minimum of repeats,
-  an A/A noise floor (a variant's change counts only when ``|change|`` exceeds the largest
-  ``|bound|`` of the A/A interval of that metric) and, with one repeat, request-level bootstrap
-  intervals inside the cell for the TTFT / E2E medians (paired requests) and the ITL median
-  (request blocks; percentile, ``--old-resamples`` resamples instead of the old 2000 BCa, for
-  time). "Old rule, every row" applies it to every simulated serving metric (throughputs; TTFT /
-  ITL / TPOT / E2E mean, median, p90, p95, p99) plus the primaries, as the old headline listed
-  every hit; at one repeat only the three latency medians get within-cell intervals.
+  ``--design-repeats`` repeats, and the ``--sequential`` designs (and the config's, when it ships
+  one): error rates, equivalence of the real-0 primaries, repeats used (mean, p90), primaries of
+  the two patches decided (improved, regressed or equivalent) per report and per H200 hour
+  (:class:`Cost`). ``--mmmu-rounds first`` (the config's ``suites.mmmu.rounds`` by default) runs
+  MMMU in the first round only in every row but the reference "fixed 5, every suite in every
+  cell": MMMU is then judged on repeat 0, as the runner's analysis judges such a run. A
+  sequential row runs the runner's own stopping rule (``patchbench.bench.sequential_design`` /
+  ``sequential_primaries`` on the config with its schedule replaced,
+  ``patchbench.sequential.replay``) on a trial drawn with ``max`` repeats (the same trials as the
+  fixed row of that many), keeps the rounds that ran, and judges them with the comparison.
+  ``--design-only`` runs just this table.
+
+The verdict rule this comparison replaced (every metric on its own, no Holm, no minimum of
+repeats, an A/A noise floor) is retired; its rates, measured with this script before its code
+was deleted, are in docs/calibration.md.
 
 Noise model (two levels; times in ms; one trial = one run):
 
@@ -70,21 +58,18 @@ Noise model (two levels; times in ms; one trial = one run):
   E2E; median ITL is taken over the sampled per-token gaps, TPOT per request;
 - MMMU: 900 questions, each right or wrong once and for all (45 % right) except a ``fragile``
   share (5 %) that is right with probability 1/2 in every cell (batch-dependent numerics);
-  accuracy per cell and, for the comparison, per-question correctness averaged over repeats;
 - sync probe: 2 host syncs per call, exactly, in every cell (0 for ``patch-a`` in ``effect``).
 
-No drift between rounds is simulated (interleaving cancels a drift shared by a round). The
-realised run-to-run CV of each primary (request noise included) is printed with each row.
+No drift between rounds is simulated (interleaving cancels a drift shared by a round).
 
 Speed: by default the comparison runs on in-memory run data (``RunData`` handed to
 ``build_comparison`` with ``suites=`` :func:`memory_suites`: the suites' real declarations; the MMMU
 pair hook replaced by the same per-question average over repeats that
 ``patchbench.suites.mmmu.pair_repeats`` computes; the serving and sync-probe hooks return None
 because no per-request files exist in memory, and they feed only descriptive intervals and report
-sections). ``--via-folders`` writes each trial as a run folder (tests/helpers_runs.py, MMMU
-records.jsonl included) and runs ``patchbench.analysis.compare_run`` end to end instead; it is
-~100x slower, dominated by the MMMU pair hook (``pairing.check_pairable``'s json.dumps of every
-record and ``statistics.mean``). ``--profile`` prints where the time of a few trials goes.
+sections). ``--via-folders`` writes each trial as a run folder (:mod:`patchbench.testing`, MMMU
+records.jsonl included) and runs ``patchbench.analysis.compare_run`` end to end instead (~100x
+slower).
 
 Usage::
 
@@ -112,15 +97,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from scipy import stats as sps
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))  # helpers_runs, for --via-folders
+sys.path.insert(0, str(REPO))  # this checkout's patchbench
 
 from patchbench import analysis  # noqa: E402
 from patchbench import suite as suite_mod  # noqa: E402
 from patchbench.comparison import CompareSettings, Comparison  # noqa: E402
 from patchbench.runfolder import CellRecord, RunManifest, SuiteSummary  # noqa: E402
+from patchbench.stats import wilson_interval  # noqa: E402
 
 BASELINE = "baseline"
 AA = "aa"
@@ -132,7 +117,7 @@ VARIANTS: dict[str, list[str]] = {
 }
 PATCHES = ("patch-a", "patch-b")
 EFFECT_VARIANT = "patch-a"
-#: scenario -> the last entry of its trials' seeds ("null" and "effect" as before "small" existed)
+#: scenario -> the last entry of its trials' seeds
 SCENARIO_KEY = {"null": 0, "effect": 1, "small": 2}
 THR = "output_throughput_tok_s"
 SUITES = ("serving", "mmmu", "sync_probe")
@@ -154,20 +139,8 @@ SHORT = {
     "mmmu_overall_acc": "MMMU acc",
     "host_syncs_per_call_count": "host syncs",
 }
-#: serving metrics the simulation produces (all kind "run" in the serving suite)
+#: the summary statistics the simulation produces per serving quantity (all kind "run")
 STATS = (("mean", None), ("median", 50), ("p90", 90), ("p95", 95), ("p99", 99))
-SERVING_METRICS = [
-    "request_throughput_req_s",
-    "input_throughput_tok_s",
-    "output_throughput_tok_s",
-    "total_throughput_tok_s",
-] + [f"{q}_{s}_ms" for q in ("ttft", "itl", "tpot", "e2e_latency") for s, _ in STATS]
-#: the old rule's within-cell intervals at one repeat (primaries only): metric -> (values, stat)
-OLD_WITHIN_CELL = {
-    "ttft_median_ms": ("ttft", "median"),
-    "e2e_latency_median_ms": ("e2e", "median"),
-    "itl_median_ms": ("itl", "median"),
-}
 
 
 # ------------------------------------------------------------------------------ noise model
@@ -198,16 +171,14 @@ class Model:
 
 @dataclass
 class Trial:
-    """One synthetic run: ``metrics[(variant, k)] = {suite: {metric: value}}``, per-question
-    correctness ``correct[(variant, k)]`` (bool, shape (questions,)), per-request TTFT / E2E
-    (ms, shape (requests,)) and sampled per-token gaps (ms, shape (requests, steps))."""
+    """One synthetic run: ``metrics[(variant, k)] = {suite: {metric: value}}`` and per-question
+    correctness ``correct[(variant, k)]`` (bool, shape (questions,))."""
 
     run_id: str
     repeats: int
     variants: list[str]
     metrics: dict[tuple[str, int], dict[str, dict[str, float]]] = field(default_factory=dict)
     correct: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
-    requests: dict[tuple[str, int], dict[str, np.ndarray]] = field(default_factory=dict)
 
     def values(self, variant: str, suite: str, metric: str) -> np.ndarray:
         """Per-repeat values of one metric, shape (repeats,)."""
@@ -222,13 +193,11 @@ def simulate(
     speedup: dict[str, float],
     syncs: dict[str, int],
     run_id: str,
-    keep_requests: bool = False,
 ) -> Trial:
     """Draw one trial: every variant of ``VARIANTS`` over ``repeats`` cells.
 
     speedup[variant]: every time of that variant is divided by (1 + speedup) (0.10: output
-    throughput +10 %); syncs[variant]: host syncs per call (default ``m.syncs``).
-    keep_requests: keep per-request arrays (the old rule's one-repeat intervals need them)."""
+    throughput +10 %); syncs[variant]: host syncs per call (default ``m.syncs``)."""
     vs = list(VARIANTS)
     nv, n, T = len(vs), m.requests, m.steps
     C = nv * repeats  # cells, variant-major
@@ -283,8 +252,6 @@ def simulate(
                 "sync_probe": {"host_syncs_per_call_count": float(syncs.get(v, m.syncs))},
             }
             tr.correct[(v, k)] = correct[c]
-            if keep_requests:
-                tr.requests[(v, k)] = {"ttft": ttft[c], "e2e": e2e[c], "itl": gaps[c]}
     return tr
 
 
@@ -408,8 +375,9 @@ def memory_suites(tr: Trial) -> dict[str, _MemorySuite]:
 def write_folder(
     tr: Trial, root: Path, settings: CompareSettings, secondaries: bool = False
 ) -> Path:
-    """Write the trial as a run folder (tests/helpers_runs.make_run), MMMU records included."""
-    from helpers_runs import make_run, mmmu_rows
+    """Write the trial as a run folder (:func:`patchbench.testing.make_run`), MMMU records
+    included."""
+    from patchbench.testing import make_run, mmmu_rows
 
     metrics: dict[str, dict[str, dict[str, list[float]]]] = {}
     for s in SUITES:
@@ -457,99 +425,6 @@ def compare_trial(
     )
 
 
-# ------------------------------------------------------------------------------ the old rule
-
-
-def _old_interval(b: np.ndarray, v: np.ndarray, tq: float) -> tuple[float, float, float]:
-    """Old rule, n >= 2: (estimate, low, high) of the relative change, 95 % paired t on log
-    ratios (on differences relative to the baseline mean when a value is <= 0); zero width
-    when the difference is the same in every repeat."""
-    if np.all(b > 0) and np.all(v > 0):
-        d = np.log(v) - np.log(b)
-        m, h = d.mean(), (0.0 if np.ptp(d) == 0 else tq * d.std(ddof=1) / math.sqrt(d.size))
-        return math.expm1(m), math.expm1(m - h), math.expm1(m + h)
-    d, s = v - b, b.mean()
-    if s <= 0:
-        return math.nan, math.nan, math.nan
-    m, h = d.mean(), (0.0 if np.ptp(d) == 0 else tq * d.std(ddof=1) / math.sqrt(d.size))
-    return m / s, (m - h) / s, (m + h) / s
-
-
-def _old_within_cell(tr: Trial, resamples: int, seed: int) -> dict[tuple[str, str], tuple]:
-    """Old rule, one repeat: percentile bootstrap of ``median(variant) / median(baseline) - 1``
-    inside the cell, requests resampled with the same indices in both arms (TTFT, E2E: one value
-    a request; ITL: the request's block of per-token gaps). {(variant, metric): (est, lo, hi)}."""
-    rng = np.random.default_rng([seed, 1])
-    n = tr.requests[(BASELINE, 0)]["ttft"].size
-    idx = rng.integers(0, n, (resamples, n))
-
-    def med(x: np.ndarray, rows: np.ndarray | None) -> np.ndarray | float:
-        if x.ndim == 2:  # ITL blocks
-            return (
-                float(np.median(x))
-                if rows is None
-                else np.median(x[rows].reshape(rows.shape[0], -1), axis=1)
-            )
-        return float(np.median(x)) if rows is None else np.median(x[rows], axis=1)
-
-    out = {}
-    for mm, (what, _) in OLD_WITHIN_CELL.items():
-        xb = tr.requests[(BASELINE, 0)][what]
-        bb, b0 = np.log(med(xb, idx)), math.log(med(xb, None))
-        for v in tr.variants[1:]:
-            xv = tr.requests[(v, 0)][what]
-            d = np.log(med(xv, idx)) - bb
-            lo, hi = np.percentile(d, [2.5, 97.5])
-            out[(v, mm)] = (
-                math.expm1(math.log(med(xv, None)) - b0),
-                math.expm1(lo),
-                math.expm1(hi),
-            )
-    return out
-
-
-def old_rule(
-    tr: Trial, metrics: dict[str, dict[str, str]], *, resamples: int = 200, seed: int = 0
-) -> dict[tuple[str, str, str], str]:
-    """The OLD rule's verdicts ("improved", "regressed" or "none") per (variant, suite, metric).
-
-    metrics: {suite: {metric: better}} to judge. A baseline for the table only, reimplemented
-    compactly here (see the module docstring); not product code."""
-    ivs: dict[tuple[str, str, str], tuple[float, float, float] | None] = {}
-    n = tr.repeats
-    tq = float(sps.t.ppf(0.975, n - 1)) if n >= 2 else math.nan
-    within = _old_within_cell(tr, resamples, seed) if n == 1 and tr.requests else {}
-    for v in tr.variants[1:]:
-        for s, names in metrics.items():
-            for mm in names:
-                iv = None
-                if n >= 2:
-                    iv = _old_interval(tr.values(BASELINE, s, mm), tr.values(v, s, mm), tq)
-                elif s == "serving":
-                    iv = within.get((v, mm))
-                ivs[(v, s, mm)] = iv if iv is not None and all(map(math.isfinite, iv)) else None
-    out = {}
-    for (v, s, mm), iv in ivs.items():
-        if iv is None:
-            out[(v, s, mm)] = "none"
-            continue
-        floor = None
-        if v != AA and ivs.get((AA, s, mm)) is not None:
-            _, lo, hi = ivs[(AA, s, mm)]
-            floor = max(abs(lo), abs(hi))
-        est, lo, hi = iv
-        sig = (lo > 0 or hi < 0) and (floor is None or abs(est) > floor)
-        better = metrics[s][mm]
-        out[(v, s, mm)] = (
-            "none"
-            if not sig or better == "none"
-            else "improved"
-            if (est > 0) == (better == "higher")
-            else "regressed"
-        )
-    return out
-
-
 # ------------------------------------------------------------------------------ rows
 
 
@@ -562,18 +437,14 @@ class Counts:
     effect: int = 0
     new_fp_patch: int = 0  # null: null patch variants (2 a trial) with an improved/regressed
     # primary (after the A/A check)
-    old_fp_patch: int = 0  # null: the same, old rule
     new_fp: int = 0  # null: reports with an improved/regressed primary (after the A/A check)
     new_fp_raw: int = 0  # null: the same before the A/A downgrade
     new_any: int = 0  # null: any improved/regressed row (secondaries too, if given)
     new_run_any: int = 0  # null: an improved/regressed run-level row
     aa_failed: int = 0  # null: the A/A check failed (every verdict downgraded)
-    old_fp: int = 0  # null: old rule, an improved/regressed primary
-    old_fp_all: int = 0  # null: old rule, any improved/regressed row
     new_power: int = 0  # effect: patch-a output throughput improved
     small: int = 0  # "small" trials run (patch-a +5 %; the design table's --small-effect column)
     small_power: int = 0  # small: patch-a output throughput improved
-    old_power: int = 0  # effect: the same, old rule
     equiv: dict[str, int] = field(default_factory=dict)  # metric -> equivalent (null patches)
     equiv_n: dict[str, int] = field(default_factory=dict)  # metric -> rows
     raw_hit: dict[str, int] = field(default_factory=dict)  # metric -> improved/regressed rows of
@@ -592,18 +463,6 @@ class Counts:
 
 def _hit(v: str | None) -> bool:
     return v in ("improved", "regressed")
-
-
-def _old_metrics(every_row: bool) -> dict[str, dict[str, str]]:
-    """{suite: {metric: better}} the old rule judges: the primaries, or every simulated row."""
-    out: dict[str, dict[str, str]] = {}
-    for s in SUITES:
-        decl = suite_mod.get_suite(s).metrics
-        names = list(PRIMARIES[s])
-        if every_row and s == "serving":
-            names += [x for x in SERVING_METRICS if x not in names]
-        out[s] = {x: decl[x].better for x in names}
-    return out
 
 
 @dataclass(frozen=True)
@@ -693,7 +552,6 @@ def truncate(tr: Trial, n: int) -> Trial:
     out = Trial(tr.run_id, n, tr.variants)
     out.metrics = {key: x for key, x in tr.metrics.items() if key[1] < n}
     out.correct = {key: x for key, x in tr.correct.items() if key[1] < n}
-    out.requests = {key: x for key, x in tr.requests.items() if key[1] < n}
     return out
 
 
@@ -707,7 +565,6 @@ def run_row(
     scenarios: tuple[str, ...] = ("null", "effect"),
     counts: Counts | None = None,
     via_folders: bool = False,
-    old_resamples: int = 200,
     effect: float = 0.10,
     secondaries: bool = False,
     plan: SeqPlan | None = None,
@@ -728,8 +585,6 @@ def run_row(
     c = counts or Counts()
     if plan is not None:
         repeats = plan.spec.max
-    old_all = _old_metrics(True)
-    old_prim = {s: {x: b for x, b in d.items() if x in PRIMARIES[s]} for s, d in old_all.items()}
     root = Path(
         tempfile.mkdtemp(
             prefix="pb-calibrate-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None
@@ -744,15 +599,7 @@ def run_row(
                 size = {"effect": effect, "small": small_effect}.get(sc)
                 eff = {EFFECT_VARIANT: size} if size is not None else {}
                 syn = {EFFECT_VARIANT: 0} if size is not None else {}
-                tr = simulate(
-                    rng,
-                    m,
-                    repeats,
-                    speedup=eff,
-                    syncs=syn,
-                    run_id=f"t{t}-{sc}",
-                    keep_requests=repeats == 1 and sc == "null",
-                )
+                tr = simulate(rng, m, repeats, speedup=eff, syncs=syn, run_id=f"t{t}-{sc}")
                 if plan is not None:
                     tr = truncate(tr, sequential_stop(tr, plan))
                 cmp = compare_trial(
@@ -763,15 +610,14 @@ def run_row(
                     secondaries=secondaries,
                     mmmu_first=mmmu_first,
                 )
-                _count(c, sc, tr, cmp, old_all, old_prim, old_resamples, seed)
+                _count(c, sc, tr, cmp)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return c
 
 
-def _count(
-    c: Counts, sc: str, tr: Trial, cmp: Comparison, old_all, old_prim, old_resamples, seed
-) -> None:
+def _count(c: Counts, sc: str, tr: Trial, cmp: Comparison) -> None:
+    """Count one compared trial of scenario ``sc`` into ``c``."""
     rows = cmp.rows
     c.reps[sc].append(tr.repeats)
     if sc == "small":
@@ -792,9 +638,6 @@ def _count(
         c.effect += 1
         row = cmp.row("serving", THR, EFFECT_VARIANT)
         c.new_power += row is not None and row.verdict == "improved"
-        if tr.repeats >= 2:
-            old = old_rule(tr, {"serving": {THR: "higher"}})
-            c.old_power += old.get((EFFECT_VARIANT, "serving", THR)) == "improved"
         return
     c.null += 1
     c.new_fp_patch += sum(
@@ -812,13 +655,6 @@ def _count(
             c.raw_hit[r.metric] = c.raw_hit.get(r.metric, 0) + _hit(
                 r.verdict_before_health or r.verdict
             )
-    old = old_rule(tr, old_all, resamples=old_resamples, seed=seed)
-    c.old_fp_patch += sum(
-        any(_hit(x) for (v2, s, mm), x in old.items() if v2 == v and mm in old_prim[s])
-        for v in PATCHES
-    )
-    c.old_fp_all += any(_hit(v) for v in old.values())
-    c.old_fp += any(_hit(v) for (_, s, mm), v in old.items() if mm in old_prim[s])
     for s in ("serving", "mmmu"):
         for mm in PRIMARIES[s]:
             x = np.log([tr.metrics[(v, k)][s][mm] for v in tr.variants for k in range(tr.repeats)])
@@ -832,17 +668,8 @@ def fmt(k: int, n: int) -> str:
     """ "4.2% [2.7, 6.6]": the rate k / n and its 95 % Wilson interval; "n/a" when n is 0."""
     if n == 0:
         return "n/a"
-    from statsmodels.stats.proportion import proportion_confint
-
-    lo, hi = proportion_confint(k, n, alpha=0.05, method="wilson")
+    lo, hi = wilson_interval(k, n, 0.95)
     return f"{100 * k / n:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
-
-
-def wilson_high(k: int, n: int) -> float:
-    """Upper bound of the 95 % Wilson interval of k / n."""
-    from statsmodels.stats.proportion import proportion_confint
-
-    return float(proportion_confint(k, n, alpha=0.05, method="wilson")[1])
 
 
 def realised_cv(c: Counts, metric: str) -> str:
@@ -857,19 +684,16 @@ def table(rows: list[tuple[float, int, Counts]]) -> list[str]:
     np_ = len(PATCHES)
     out = [
         "| run CV | repeats | trials (null / +10%) | a patch with no effect shown improved or "
-        "regressed on a primary: new (target <= 5%) | old rule | whole no-effect report (2 null "
-        "patches + A/A), any primary: new | old rule | old rule, every row | +10% output "
-        "throughput called improved: new (target >= 90%) | old rule | no-effect reports with a "
-        "run-level improved/regressed: new (target 0 at 1 repeat) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "regressed on a primary (target <= 5%) | whole no-effect report (2 null patches + A/A), "
+        "any primary | +10% output throughput called improved (target >= 90%) | no-effect "
+        "reports with a run-level improved/regressed (target 0 at 1 repeat) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for cv, n, c in rows:
         out.append(
             f"| {100 * cv:g}% | {n} | {c.null} / {c.effect} | "
-            f"{fmt(c.new_fp_patch, np_ * c.null)} | {fmt(c.old_fp_patch, np_ * c.null)} | "
-            f"{fmt(c.new_fp, c.null)} | {fmt(c.old_fp, c.null)} | {fmt(c.old_fp_all, c.null)} | "
-            f"{fmt(c.new_power, c.effect)} | "
-            f"{fmt(c.old_power, c.effect) if n >= 2 else 'n/a'} | {fmt(c.new_run_any, c.null)} |"
+            f"{fmt(c.new_fp_patch, np_ * c.null)} | {fmt(c.new_fp, c.null)} | "
+            f"{fmt(c.new_power, c.effect)} | {fmt(c.new_run_any, c.null)} |"
         )
     prim = [mm for s in SUITES for mm in PRIMARIES[s]]
     out += [
@@ -896,7 +720,7 @@ def table(rows: list[tuple[float, int, Counts]]) -> list[str]:
     out += [
         "",
         "Where the false verdicts come from: primaries of the two null patches called "
-        "improved or regressed before the A/A check (new rule, share of rows):",
+        "improved or regressed before the A/A check (share of rows):",
         "",
         "| run CV | repeats | " + " | ".join(SHORT[x] for x in prim) + " |",
         "|---|---|" + "---|" * len(prim),
@@ -946,8 +770,8 @@ def config_repeats(path: Path) -> tuple[int | None, SeqSpec | None, CompareSetti
 def parse_seq(text: str) -> SeqSpec:
     """``MIN:MAX:STEP[:BOUNDARY[:FUTILITY[:aa]]]`` as a :class:`SeqSpec`: e.g. ``4:12:2:pocock``
     (the runner's futility threshold), ``4:12:2:pocock:0.2`` (futility at conditional power
-    0.2), ``4:12:2:pocock:0:aa`` (no futility, the A/A variant holds the run open: the old
-    rule)."""
+    0.2), ``4:12:2:pocock:0:aa`` (no futility, the A/A variant holds the run open, as before A/A
+    variants became controls)."""
     usage = (
         f"{text!r}: a sequential design is MIN:MAX:STEP[:BOUNDARY[:FUTILITY[:aa]]], e.g. "
         "4:12:2:pocock or 4:12:2:pocock:0.1"
@@ -1042,15 +866,12 @@ def design_table(entries: list[tuple[str, Counts, bool]], cv: float, cost: Cost)
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line (see the module docstring); returns the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument(
-        "--trials", type=int, default=400, help="seeded trials per row and scenario (400)"
-    )
+# ------------------------------------------------------------------------------ command line
+
+
+def _row_options(ap: argparse.ArgumentParser) -> None:
+    """The CV rows, the targets and the repeat search."""
+    ap.add_argument("--trials", type=int, default=400, help="seeded trials a row and scenario")
     ap.add_argument(
         "--cvs",
         type=float,
@@ -1059,10 +880,7 @@ def main(argv: list[str] | None = None) -> int:
         help="run-level CVs (fractions), one row each (0.015 0.03 0.06 0.12)",
     )
     ap.add_argument(
-        "--repeats",
-        type=int,
-        nargs="+",
-        help="repeats of those rows (default: the config's schedule.repeats)",
+        "--repeats", type=int, nargs="+", help="repeats of those rows (default: the config's)"
     )
     ap.add_argument(
         "--config",
@@ -1077,21 +895,80 @@ def main(argv: list[str] | None = None) -> int:
         help="CV at which the targets are checked and more repeats searched (0.03)",
     )
     ap.add_argument(
-        "--search-max",
-        type=int,
-        default=12,
-        help="largest repeat count tried for the power target (12; 0: no search)",
+        "--search-max", type=int, default=12, help="largest repeat count searched (0: no search)"
     )
     ap.add_argument(
         "--screen-trials",
         type=int,
         default=100,
-        help="+10%% trials that screen each repeat count of the search before it gets "
-        "the full --trials (100; 0: no screen)",
+        help="+10%% trials that screen each searched repeat count before its full row (0: none)",
     )
     ap.add_argument("--power-target", type=float, default=0.90)
     ap.add_argument("--fp-target", type=float, default=0.05)
     ap.add_argument("--no-one-repeat", action="store_true", help="skip the one-repeat row")
+    ap.add_argument(
+        "--secondaries",
+        action="store_true",
+        help="give the comparison every simulated serving metric, not only the primaries "
+        "(about 3x slower; only the 'any row' column changes)",
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--via-folders", action="store_true", help="run folders through compare_run (slow)"
+    )
+
+
+def _design_options(ap: argparse.ArgumentParser) -> None:
+    """The design table and its H200 cost columns."""
+    ap.add_argument(
+        "--design-only",
+        action="store_true",
+        help="only the design table at --target-cv: no CV rows, no search, no one-repeat row",
+    )
+    ap.add_argument(
+        "--design-repeats",
+        type=int,
+        nargs="*",
+        default=[8, 12, 16],
+        help="fixed repeat counts in the design table (8 12 16; the config's and 5 always)",
+    )
+    ap.add_argument(
+        "--sequential",
+        type=parse_seq,
+        nargs="*",
+        default=[parse_seq(x) for x in ("4:12:2:pocock", "4:12:2:obrien-fleming", "4:8:2:pocock")],
+        help="sequential designs MIN:MAX:STEP[:BOUNDARY[:FUTILITY[:aa]]] in the design table "
+        "(4:12:2:pocock 4:12:2:obrien-fleming 4:8:2:pocock; the config's own always)",
+    )
+    ap.add_argument(
+        "--small-effect",
+        type=float,
+        help="also count how often patch-a's output throughput at this speed-up (e.g. 0.05) is "
+        "called improved (one more scenario a design row)",
+    )
+    ap.add_argument(
+        "--mmmu-rounds",
+        choices=("all", "first"),
+        help="MMMU schedule of every design row but the reference (default: the config's)",
+    )
+    ap.add_argument(
+        "--startup-s",
+        type=float,
+        default=60.0,
+        help="server start-up per H200 cell (60 s: an assumption, not measured here)",
+    )
+    ap.add_argument("--serving-s", type=float, default=79.0, help="serving phase per cell (79 s)")
+    ap.add_argument("--mmmu-s", type=float, default=76.0, help="MMMU phase per cell (76 s)")
+    ap.add_argument(
+        "--correctness-s",
+        type=float,
+        default=30.0,
+        help="one untimed correctness cell beyond its start-up (30 s: an assumption)",
+    )
+
+
+def _model_options(ap: argparse.ArgumentParser) -> None:
+    """The noise model's request level and MMMU."""
     ap.add_argument("--req-cv", type=float, default=Model.req_cv, help="request-level CV (0.20)")
     ap.add_argument(
         "--step-share",
@@ -1106,283 +983,205 @@ def main(argv: list[str] | None = None) -> int:
         help="share of MMMU questions right with probability 1/2 in each cell (0.05)",
     )
     ap.add_argument("--questions", type=int, default=Model.questions)
-    ap.add_argument(
-        "--old-resamples",
-        type=int,
-        default=200,
-        help="bootstrap resamples of the old rule's one-repeat intervals (200)",
-    )
-    ap.add_argument(
-        "--secondaries",
-        action="store_true",
-        help="give the comparison every simulated serving metric, not only the "
-        "primaries (about 3x slower; only the 'any row' column changes)",
-    )
-    ap.add_argument(
-        "--design-repeats",
-        type=int,
-        nargs="*",
-        default=[8, 12, 16],
-        help="fixed repeat counts in the design table at --target-cv (8 12 16; the config's "
-        "own and 5 are always there)",
-    )
-    ap.add_argument(
-        "--sequential",
-        type=parse_seq,
-        nargs="*",
-        default=[
-            parse_seq("4:12:2:pocock"),
-            parse_seq("4:12:2:obrien-fleming"),
-            parse_seq("4:8:2:pocock"),
-        ],
-        help="sequential designs MIN:MAX:STEP[:BOUNDARY] in the design table (4:12:2:pocock "
-        "4:12:2:obrien-fleming 4:8:2:pocock; the config's own, when sequential, is always "
-        "there)",
-    )
-    ap.add_argument(
-        "--startup-s",
-        type=float,
-        default=60.0,
-        help="server start-up per cell on the H200 for the cost columns (60 s: an assumption, "
-        "not measured in this repository; 16-19 s on the CPU engine)",
-    )
-    ap.add_argument(
-        "--design-only",
-        action="store_true",
-        help="only the design table at --target-cv (fixed 5, the config's, --design-repeats and "
-        "the --sequential designs): no CV rows, no repeat search, no one-repeat row",
-    )
-    ap.add_argument(
-        "--small-effect",
-        type=float,
-        help="also count, per design-table row, how often patch-a's output throughput at this "
-        "speed-up (e.g. 0.05: +5%%) is called improved (one more scenario a row)",
-    )
-    ap.add_argument(
-        "--mmmu-rounds",
-        choices=("all", "first"),
-        help="the design table's MMMU schedule (suites.mmmu.rounds) for every row but the "
-        "reference 'fixed 5, every suite in every cell': all, or first (MMMU in the first "
-        "round only); default: the config's",
-    )
-    ap.add_argument(
-        "--correctness-s",
-        type=float,
-        default=30.0,
-        help="seconds of one untimed correctness cell beyond its start-up, for configs that "
-        "have them (one per variant, the same in every design; 30 s: an assumption)",
-    )
-    ap.add_argument("--mmmu-s", type=float, default=76.0, help="MMMU phase per cell (76 s)")
-    ap.add_argument("--serving-s", type=float, default=79.0, help="serving phase per cell (79 s)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument(
-        "--via-folders",
-        action="store_true",
-        help="write run folders and run compare_run end to end (slow)",
-    )
-    ap.add_argument(
-        "--profile",
-        action="store_true",
-        help="profile 20 trials of the target row, print the top functions, exit",
-    )
-    a = ap.parse_args(argv)
 
-    n_corr = 0
+
+@dataclass
+class Calibration:
+    """One invocation: the options, what the config ships, and the rows counted so far
+    (``rows``: the CV table's (cv, repeats, counts); ``at``: the fixed rows at ``--target-cv`` by
+    repeat count; ``shipped_sequential``: the config's own sequential design there)."""
+
+    a: argparse.Namespace
+    settings: CompareSettings
+    fixed_cfg: int | None
+    seq_cfg: SeqSpec | None
+    n_corr: int
+    mmmu_first: bool
+    base: Model
+    rows: list[tuple[float, int, Counts]] = field(default_factory=list)
+    at: dict[int, Counts] = field(default_factory=dict)
+    screens: list[str] = field(default_factory=list)
+    shipped_sequential: Counts | None = None
+
+    @property
+    def reps_cfg(self) -> int:
+        """The fixed repeats of the target and CV rows: the config's, or 5 (the reference point
+        of the targets) when the config ships a sequential design."""
+        return self.fixed_cfg or 5
+
+    def model(self, cv: float) -> Model:
+        return dataclasses.replace(self.base, run_cv=cv)
+
+    def run(self, cv: float, n: int, label: str, trials: int | None = None, **kw) -> Counts:
+        """:func:`run_row` at run CV ``cv`` and ``n`` repeats with the options' trials (or
+        ``trials``), seed and settings; its time goes to stderr under ``label``."""
+        a = self.a
+        small = a.small_effect if a.small_effect is not None else 0.05
+        kw = dict(via_folders=a.via_folders, secondaries=a.secondaries, small_effect=small) | kw
+        t1 = time.time()
+        c = run_row(self.model(cv), n, trials or a.trials, a.seed, self.settings, **kw)
+        print(f"  CV {100 * cv:g}% {label}: {time.time() - t1:.0f} s", file=sys.stderr, flush=True)
+        return c
+
+    def row(self, cv: float, n: int, scenarios=("null", "effect"), into: Counts | None = None):
+        """A CV-table row (added to ``rows`` unless it adds scenarios to ``into``)."""
+        c = self.run(
+            cv, n, f"x {n} repeats, {'+'.join(scenarios)}", scenarios=scenarios, counts=into
+        )
+        if into is None:
+            self.rows.append((cv, n, c))
+        return c
+
+
+def load(a: argparse.Namespace, ap: argparse.ArgumentParser) -> Calibration:
+    """The calibration of the parsed options: the config's schedule and settings (defaults, 5
+    repeats, when the file does not exist)."""
+    n_corr, fixed_cfg, seq_cfg, settings = 0, 5, None, CompareSettings()
     if a.config.is_file():
         fixed_cfg, seq_cfg, settings = config_repeats(a.config)
         cfg_mmmu_first, n_corr = config_schedule(a.config)
         a.mmmu_rounds = a.mmmu_rounds or ("first" if cfg_mmmu_first else "all")
-    else:
-        fixed_cfg, seq_cfg, settings = 5, None, CompareSettings()
-        a.mmmu_rounds = a.mmmu_rounds or "all"
+    a.mmmu_rounds = a.mmmu_rounds or "all"
     if a.mmmu_rounds == "first" and a.via_folders:
         ap.error("--via-folders simulates MMMU in every round; add --mmmu-rounds all")
-    mmmu_first = a.mmmu_rounds == "first"
-    # the fixed repeat count of the target / CV rows: the config's, or 5 (the reference point of
-    # the targets) when the config ships a sequential design
-    reps_cfg = fixed_cfg or 5
     base = Model(req_cv=a.req_cv, step_share=a.step_share, fragile=a.fragile, questions=a.questions)
-    kw = dict(via_folders=a.via_folders, old_resamples=a.old_resamples, secondaries=a.secondaries)
+    return Calibration(a, settings, fixed_cfg, seq_cfg, n_corr, a.mmmu_rounds == "first", base)
 
-    def model(cv: float) -> Model:
-        return Model(**{**base.__dict__, "run_cv": cv})
 
-    if a.profile:
-        import cProfile
-        import pstats
-
-        prof = cProfile.Profile()
-        prof.runcall(run_row, model(a.target_cv), reps_cfg, 20, a.seed, settings, **kw)
-        pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
-        return 0
-    t0 = time.time()
-    rows: list[tuple[float, int, Counts]] = []
-
-    def row(cv: float, n: int, scenarios=("null", "effect"), into: Counts | None = None) -> Counts:
-        t1 = time.time()
-        c = run_row(
-            model(cv), n, a.trials, a.seed, settings, scenarios=scenarios, counts=into, **kw
-        )
-        if into is None:
-            rows.append((cv, n, c))
-        print(
-            f"  CV {100 * cv:g}% x {n} repeats, {'+'.join(scenarios)}: {time.time() - t1:.0f} s",
-            file=sys.stderr,
-            flush=True,
-        )
-        return c
-
-    for cv in [] if a.design_only else a.cvs:
-        for n in a.repeats or [reps_cfg]:
-            row(cv, n)
-    at = {n: c for cv, n, c in rows if cv == a.target_cv}
-    if reps_cfg not in at and not a.design_only:
-        at[reps_cfg] = row(a.target_cv, reps_cfg)
-    # repeats for the power target: each further count is screened with --screen-trials +10 %
-    # trials; one whose screen is not clearly below the target (upper Wilson bound >= target)
-    # gets the full trials (+10 %; no-effect too at the first that meets the target)
-    screens: list[str] = []
-    n, c = reps_cfg, at.get(reps_cfg)
-    while not a.design_only and c.new_power < a.power_target * c.effect and n < a.search_max:
+def cv_rows(cal: Calibration) -> None:
+    """The CV table's rows and the target row, then the search for the repeats reaching the
+    power target: each further count is screened with --screen-trials +10 % trials; one whose
+    screen is not clearly below the target (upper Wilson bound >= target) gets the full trials
+    (+10 %; no-effect too at the first that meets the target)."""
+    a = cal.a
+    for cv in a.cvs:
+        for n in a.repeats or [cal.reps_cfg]:
+            cal.row(cv, n)
+    cal.at.update({n: c for cv, n, c in cal.rows if cv == a.target_cv})
+    if cal.reps_cfg not in cal.at:
+        cal.at[cal.reps_cfg] = cal.row(a.target_cv, cal.reps_cfg)
+    n, c = cal.reps_cfg, cal.at[cal.reps_cfg]
+    while c.new_power < a.power_target * c.effect and n < a.search_max:
         n += 1
-        if n in at:
-            c = at[n]
+        if n in cal.at:
+            c = cal.at[n]
             continue
         if 0 < a.screen_trials < a.trials:
-            t1 = time.time()
-            sc = run_row(
-                model(a.target_cv),
+            sc = cal.run(
+                a.target_cv,
                 n,
-                a.screen_trials,
-                a.seed,
-                settings,
+                f"x {n} repeats, screen",
                 scenarios=("effect",),
-                **kw,
+                trials=a.screen_trials,
             )
-            screens.append(f"{n} repeats: {fmt(sc.new_power, sc.effect)}")
-            print(
-                f"  CV {100 * a.target_cv:g}% x {n} repeats, screen: {time.time() - t1:.0f} s",
-                file=sys.stderr,
-                flush=True,
-            )
-            if wilson_high(sc.new_power, sc.effect) < a.power_target:
+            cal.screens.append(f"{n} repeats: {fmt(sc.new_power, sc.effect)}")
+            if wilson_interval(sc.new_power, sc.effect, 0.95)[1] < a.power_target:
                 continue  # clearly below the target
-        c = at[n] = row(a.target_cv, n, ("effect",))
-    if not a.design_only and c.new_power >= a.power_target * c.effect and not c.null:
-        row(a.target_cv, n, ("null",), into=c)
-    # the design table at the target CV: fixed counts (both scenarios) and sequential designs
-    fixed_designs = sorted({5, reps_cfg, *a.design_repeats})
-    design_sc = ("null", "effect") + (("small",) if a.small_effect is not None else ())
-    kw["small_effect"] = a.small_effect if a.small_effect is not None else 0.05
-    for n in fixed_designs:
-        if n not in at:
-            at[n] = row(a.target_cv, n, design_sc)
-        else:
-            have = {"null": at[n].null, "effect": at[n].effect, "small": at[n].small}
-            todo = tuple(sc for sc in design_sc if not have[sc])
-            if todo:
-                row(a.target_cv, n, todo, into=at[n])
-    # with MMMU in the first round only, every fixed row but today's reference (fixed 5, every
-    # suite in every cell) again with that schedule: the same trials, MMMU judged on repeat 0
-    at_first: dict[int, Counts] = {}
-    for n in fixed_designs if mmmu_first else []:
-        t1 = time.time()
-        at_first[n] = run_row(
-            model(a.target_cv),
-            n,
-            a.trials,
-            a.seed,
-            settings,
-            scenarios=design_sc,
-            mmmu_first=True,
-            **kw,
+        c = cal.at[n] = cal.row(a.target_cv, n, ("effect",))
+    if c.new_power >= a.power_target * c.effect and not c.null:
+        cal.row(a.target_cv, n, ("null",), into=c)
+
+
+def design_rows(cal: Calibration) -> list[tuple[str, Counts, bool]]:
+    """The design table's entries at --target-cv: (label, counts, MMMU in the first round only)
+    for the fixed counts (both scenarios; with MMMU in the first round only, every fixed row but
+    the reference 'fixed 5, every suite in every cell' again with that schedule, on the same
+    trials) and the sequential designs."""
+    a, first = cal.a, ", MMMU in the first round only" if cal.mmmu_first else ""
+    fixed = sorted({5, cal.reps_cfg, *a.design_repeats})
+    scen = ("null", "effect") + (("small",) if a.small_effect is not None else ())
+    for n in fixed:
+        have = cal.at.get(n)
+        todo = tuple(s for s in scen if have is None or not getattr(have, s))
+        if have is None:
+            cal.at[n] = cal.row(a.target_cv, n, scen)
+        elif todo:
+            cal.row(a.target_cv, n, todo, into=have)
+    entries = [
+        (f"fixed {n}" + (" (today: every suite in every cell)" if n == 5 else ""), cal.at[n], False)
+        for n in fixed
+        if n == 5 or not cal.mmmu_first
+    ]
+    for n in fixed if cal.mmmu_first else []:
+        c = cal.run(
+            a.target_cv, n, f"x {n} repeats, MMMU first round", scenarios=scen, mmmu_first=True
         )
-        print(
-            f"  CV {100 * a.target_cv:g}% x {n} repeats, MMMU first round: "
-            f"{time.time() - t1:.0f} s",
-            file=sys.stderr,
-            flush=True,
-        )
-    seqs = list(dict.fromkeys([*([seq_cfg] if seq_cfg else []), *a.sequential]))
+        entries.append((f"fixed {n}{first}", c, True))
+    seqs = list(dict.fromkeys([*([cal.seq_cfg] if cal.seq_cfg else []), *a.sequential]))
     if seqs and not a.config.is_file():
         print(f"  no config file {a.config}: no sequential rows", file=sys.stderr)
         seqs = []
-    seq_counts: dict[SeqSpec, Counts] = {}
     for spec in seqs:
-        t1 = time.time()
-        seq_counts[spec] = run_row(
-            model(a.target_cv),
+        c = cal.run(
+            a.target_cv,
             spec.max,
-            a.trials,
-            a.seed,
-            settings,
-            scenarios=design_sc,
+            spec.label,
+            scenarios=scen,
             plan=sequential_plan(a.config, spec),
-            mmmu_first=mmmu_first,
-            **kw,
+            mmmu_first=cal.mmmu_first,
         )
-        print(
-            f"  CV {100 * a.target_cv:g}% {spec.label}: {time.time() - t1:.0f} s",
-            file=sys.stderr,
-            flush=True,
-        )
-    if not a.no_one_repeat and not a.design_only:
-        row(a.target_cv, 1, ("null",))
-    wall = time.time() - t0
+        entries.append((spec.label + first, c, cal.mmmu_first))
+        if spec == cal.seq_cfg:
+            cal.shipped_sequential = c
+    return entries
 
-    rows.sort(key=lambda r: (r[0], -(r[1] == 1), r[1]))
+
+def print_report(cal: Calibration, argv: list[str], wall: float, entries) -> int:
+    """Print the tables and the targets' verdict; return the exit status."""
+    a, base = cal.a, cal.base
     print(f"command: .venv/bin/python scripts/calibrate.py {' '.join(argv)}".rstrip())
-    print(
-        f"wall time: {wall:.0f} s, one process "
-        f"({'run folders + compare_run' if a.via_folders else 'in-memory RunData + build_comparison'})"
-    )
+    how = "run folders + compare_run" if a.via_folders else "in-memory RunData + build_comparison"
+    print(f"wall time: {wall:.0f} s, one process ({how})")
     print(
         f"settings: {a.config.name if a.config.is_file() else 'defaults'}: confidence "
-        f"{settings.confidence}, min_repeats {settings.min_repeats}; request CV "
+        f"{cal.settings.confidence}, min_repeats {cal.settings.min_repeats}; request CV "
         f"{100 * base.req_cv:g}% (decode-step share {base.step_share:g}), {base.requests} "
         f"requests x {base.out_len} tokens at concurrency {base.concurrency}; MMMU "
         f"{base.questions} questions, {100 * base.fragile:g}% fragile; variants: baseline, "
         f"A/A, 2 patches; seed {a.seed}\n"
     )
-    if rows and not a.design_only:
-        print("\n".join(table(rows)))
-    if screens:
+    if cal.rows and not a.design_only:
+        print("\n".join(table(sorted(cal.rows, key=lambda r: (r[0], -(r[1] == 1), r[1])))))
+    if cal.screens:
         print(
             f"\nsearch at run CV {100 * a.target_cv:g}%, +10% called improved in the "
             f"{a.screen_trials}-trial screens (a count whose 95% Wilson upper bound is below "
-            "the target gets no full row): " + "; ".join(screens)
+            "the target gets no full row): " + "; ".join(cal.screens)
         )
-    cost = Cost(len(VARIANTS), a.startup_s, a.serving_s, a.mmmu_s, a.correctness_s, n_corr)
-    first = ", MMMU in the first round only" if mmmu_first else ""
-    entries = [
-        (f"fixed {n}" + (" (today: every suite in every cell)" if n == 5 else ""), at[n], False)
-        for n in fixed_designs
-        if n == 5 or not mmmu_first
-    ]
-    entries += [(f"fixed {n}{first}", at_first[n], True) for n in fixed_designs if mmmu_first]
-    entries += [(spec.label + first, seq_counts[spec], mmmu_first) for spec in seqs]
-    shipped = f"sequential {seq_cfg.min}..{seq_cfg.max}" if seq_cfg else f"fixed {reps_cfg}"
+    cost = Cost(len(VARIANTS), a.startup_s, a.serving_s, a.mmmu_s, a.correctness_s, cal.n_corr)
+    ships = cal.seq_cfg.label if cal.seq_cfg else f"fixed {cal.reps_cfg}"
     print(
-        f"\nDesigns at run CV {100 * a.target_cv:g}% ({a.config.name} ships "
-        f"{seq_cfg.label if seq_cfg else f'fixed {reps_cfg}'}); "
-        f"primaries decided: improved, regressed or equivalent after the A/A check, of the 12 "
-        f"primaries of the two patches (6 each; serving: their 4 run-level ones); H200 minutes "
-        f"of a report: {len(VARIANTS)} timed cells a round, one cell = {a.startup_s:g} s server "
-        f"start-up (assumed, not measured here) + {a.serving_s:g} s serving (+ {a.mmmu_s:g} s "
-        f"MMMU in the rounds it runs in), plus the config's {n_corr} untimed correctness "
-        f"cells of {a.startup_s:g} + {a.correctness_s:g} s (assumed). Sequential rows: the runner's stopping rule "
-        f"(patchbench.bench.sequential_design / sequential_primaries, patchbench.sequential."
-        f"replay; the A/A variant does not hold the run open unless the row says 'A/A holds'; "
-        f"futility: the conditional-power threshold, the runner's own unless the row names one) "
-        f"on the same trials as the fixed row of their maximum, then the comparison "
-        f"on the rounds that ran:\n"
+        f"\nDesigns at run CV {100 * a.target_cv:g}% ({a.config.name} ships {ships}); primaries "
+        f"decided: improved, regressed or equivalent after the A/A check, of the 12 primaries of "
+        f"the two patches (6 each; serving: their 4 run-level ones); H200 minutes of a report: "
+        f"{len(VARIANTS)} timed cells a round, one cell = {a.startup_s:g} s server start-up "
+        f"(assumed, not measured here) + {a.serving_s:g} s serving (+ {a.mmmu_s:g} s MMMU in the "
+        f"rounds it runs in), plus the config's {cal.n_corr} untimed correctness cells of "
+        f"{a.startup_s:g} + {a.correctness_s:g} s (assumed). Sequential rows: the runner's "
+        f"stopping rule (patchbench.bench.sequential_design / sequential_primaries, "
+        f"patchbench.sequential.replay; the A/A variant does not hold the run open unless the row "
+        f"says 'A/A holds'; futility: the conditional-power threshold, the runner's own unless the "
+        f"row names one) on the same trials as the fixed row of their maximum, then the "
+        f"comparison on the rounds that ran:\n"
     )
     print("\n".join(design_table(entries, a.target_cv, cost)))
     print(
         "\n(brackets: 95% Wilson interval over the trials; a method whose true rate is exactly "
         "5% shows more than 5.0% in about half of such samples. n/a: scenario not run there.)"
     )
-    c = seq_counts[seq_cfg] if seq_cfg else at[reps_cfg]
+    return targets(cal)
+
+
+def targets(cal: Calibration) -> int:
+    """Print whether the shipped schedule meets the targets at --target-cv and the smallest
+    fixed repeat count reaching the power target; 0 when both targets hold, else 1."""
+    a = cal.a
+    c = cal.shipped_sequential if cal.seq_cfg else cal.at[cal.reps_cfg]
+    shipped = (
+        f"sequential {cal.seq_cfg.min}..{cal.seq_cfg.max}"
+        if cal.seq_cfg
+        else f"fixed {cal.reps_cfg}"
+    )
     fp_ok = c.new_fp_patch <= a.fp_target * len(PATCHES) * c.null
     pw_ok = c.new_power >= a.power_target * c.effect
     print(
@@ -1391,14 +1190,32 @@ def main(argv: list[str] | None = None) -> int:
         f"({'met' if fp_ok else 'NOT met'}); +10% called improved "
         f"{'>=' if pw_ok else '<'} {100 * a.power_target:g}% ({'met' if pw_ok else 'NOT met'})."
     )
-    fixed_ok = sorted(
-        k for k, x in at.items() if x.effect and x.new_power >= a.power_target * x.effect
+    ok = sorted(
+        k for k, x in cal.at.items() if x.effect and x.new_power >= a.power_target * x.effect
     )
     print(
         "smallest fixed repeat count reaching the power target at this CV: "
-        + (str(fixed_ok[0]) if fixed_ok else f"none up to {max(at)}")
+        + (str(ok[0]) if ok else f"none up to {max(cal.at)}")
     )
     return 0 if fp_ok and pw_ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line (see the module docstring); returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    for add in (_row_options, _design_options, _model_options):
+        add(ap)
+    cal = load(ap.parse_args(argv), ap)
+    t0 = time.time()
+    if not cal.a.design_only:
+        cv_rows(cal)
+    entries = design_rows(cal)
+    if not cal.a.no_one_repeat and not cal.a.design_only:
+        cal.row(cal.a.target_cv, 1, ("null",))
+    return print_report(cal, argv, time.time() - t0, entries)
 
 
 if __name__ == "__main__":

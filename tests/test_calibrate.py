@@ -1,6 +1,6 @@
 """scripts/calibrate.py: its rates come from the comparison code (patchbench.analysis), its
 in-memory shortcut gives the same verdicts as run folders through compare_run, and its noise model
-and old-rule baseline do what the docstring says. A few trials each (a smoke test, not the
+and sequential rows do what the docstring says. A few trials each (a smoke test, not the
 calibration itself)."""
 
 from __future__ import annotations
@@ -69,10 +69,9 @@ def test_in_memory_verdicts_equal_run_folder_verdicts(cal, tmp_path):
 
 
 def test_mmmu_average_matches_the_suites_pair_hook(cal, tmp_path):
-    from helpers_runs import mmmu_rows
-
     from patchbench import records
     from patchbench.suites.mmmu import pair_repeats
+    from patchbench.testing import mmmu_rows
 
     tr = _trial(cal, 5, 3)
     dirs = {}
@@ -94,7 +93,7 @@ def test_mmmu_average_matches_the_suites_pair_hook(cal, tmp_path):
 def test_huge_effect_always_improved_and_rates_follow_the_settings(cal):
     m = cal.Model(run_cv=0.01, questions=60)
     c = cal.run_row(m, 5, 6, 0, CompareSettings(), scenarios=("effect",), effect=0.5)
-    assert (c.effect, c.new_power, c.old_power) == (6, 6, 6)
+    assert (c.effect, c.new_power) == (6, 6)
     # the same trials with min_repeats above the repeats: the comparison judges nothing
     c = cal.run_row(m, 5, 6, 0, CompareSettings(min_repeats=6), scenarios=("effect",), effect=0.5)
     assert (c.effect, c.new_power) == (6, 0)
@@ -127,32 +126,6 @@ def test_noise_model_run_cv_without_request_noise(cal):
     e2e = tr.values("baseline", "serving", "e2e_latency_median_ms")
     itl = tr.values("baseline", "serving", "itl_median_ms")
     assert np.corrcoef(np.log(e2e), np.log(itl))[0, 1] > 0.95  # one server: one speed
-
-
-def test_old_rule_floor_and_zero_width(cal):
-    tr = cal.Trial("t", 3, list(cal.VARIANTS))
-    vals = {
-        "baseline": [100, 100, 100],
-        "aa": [101, 97, 102],
-        "patch-a": [104, 104, 104],
-        "patch-b": [99, 101, 100],
-    }
-    for v, xs in vals.items():
-        for k, x in enumerate(xs):
-            tr.metrics[(v, k)] = {"serving": {"output_throughput_tok_s": float(x)}}
-    out = cal.old_rule(tr, {"serving": {"output_throughput_tok_s": "higher"}})
-    # patch-a: +4 % in every repeat, zero-width interval; the A/A interval of
-    # ln(1.01), ln(0.97), ln(1.02) is about [-7.0 %, +7.6 %] (t, 2 df), so |+4 %| is under the floor
-    d = np.log([1.01, 0.97, 1.02])
-    h = 4.302652729911275 * d.std(ddof=1) / math.sqrt(3)  # t_{0.975, 2}
-    assert math.expm1(d.mean() + h) > 0.04
-    assert out[("patch-a", "serving", "output_throughput_tok_s")] == "none"
-    # without the A/A variant's values the same zero-width +4 % is "improved"
-    for k in range(3):
-        tr.metrics[("aa", k)]["serving"]["output_throughput_tok_s"] = 100.0
-    out = cal.old_rule(tr, {"serving": {"output_throughput_tok_s": "higher"}})
-    assert out[("patch-a", "serving", "output_throughput_tok_s")] == "improved"
-    assert out[("patch-b", "serving", "output_throughput_tok_s")] == "none"
 
 
 def test_main_prints_the_tables(cal, capsys):
@@ -308,19 +281,19 @@ def test_config_repeats_reads_a_sequential_schedule(cal, tmp_path):
     assert cal.parse_seq("4:12:2") == cal.SeqSpec(4, 12, 2, "pocock")
 
 
-def test_seq_spec_futility_and_the_old_rule(cal):
+def test_seq_spec_futility_and_the_aa_holds_variant(cal):
     assert cal.parse_seq("4:12:2:pocock:0.2") == cal.SeqSpec(4, 12, 2, "pocock", 0.2, False)
-    old = cal.parse_seq("4:12:2:pocock:0:aa")
-    assert old == cal.SeqSpec(4, 12, 2, "pocock", 0.0, True)
-    assert old.label == "sequential 4..12 step 2 (pocock) [no futility, A/A holds]"
+    holds = cal.parse_seq("4:12:2:pocock:0:aa")
+    assert holds == cal.SeqSpec(4, 12, 2, "pocock", 0.0, True)
+    assert holds.label == "sequential 4..12 step 2 (pocock) [no futility, A/A holds]"
     for bad in ("4:12:2:pocock:1.5", "4:12:2:pocock:x", "4:12:2:pocock:0:bb"):
         with pytest.raises(Exception, match="MIN:MAX:STEP|futility"):
             cal.parse_seq(bad)
     cfg = REPO / "configs" / "pr9460-h200.yaml"
-    plan = cal.sequential_plan(cfg, old)
+    plan = cal.sequential_plan(cfg, holds)
     assert plan.design.futility == 0.0 and plan.controls == ()
-    # the A/A variant alone, ambiguous (30 % noise only there), holds the old rule to the
-    # maximum; the runner's rule stops at the first look (the patches are noise-free nulls)
+    # the A/A variant alone, ambiguous (30 % noise only there), holds the 'A/A holds' design to
+    # the maximum; the runner's rule stops at the first look (the patches are noise-free nulls)
     quiet = cal.Model(run_cv=1e-4, req_cv=0.0, questions=30)
     tr = cal.simulate(np.random.default_rng(0), quiet, 12, speedup={}, syncs={}, run_id="q")
     rng = np.random.default_rng(1)

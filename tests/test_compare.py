@@ -1,4 +1,4 @@
-"""compare.json from synthetic run folders with known values (tests/helpers_runs.py).
+"""compare.json from synthetic run folders with known values (patchbench.testing).
 
 Suite declarations are fixed here (monkeypatched) so that these tests check the comparison
 rules, not whatever a suite currently declares."""
@@ -11,12 +11,12 @@ import statistics
 
 import numpy as np
 import pytest
-from helpers_runs import make_run
 from pydantic import ValidationError
 from scipy import stats as sps
 
 from patchbench.compare import CompareSettings, Comparison, compare_run, guess_metric_info
 from patchbench.suite import MetricInfo
+from patchbench.testing import make_run
 
 DECL = {
     "output_throughput_tok_s": MetricInfo("higher", "tok/s", primary=True, margin=5.0),

@@ -168,10 +168,9 @@ def test_cell_flags_read_back_from_a_record_or_dict():
 def _run_with(tmp_path, monkeypatch, gpu_of: dict, scans: dict | None = None):
     """A synthetic run (baseline/patched x 2 repeats, suite "bench"); ``gpu_of[(v, k)]``: that
     cell's cell.json ``gpu`` summary; ``scans[(v, k)]``: its bench summary's server_log_scan."""
-    from helpers_runs import make_run
-
     from patchbench import analysis, records
     from patchbench.suite import MetricInfo
+    from patchbench.testing import make_run
 
     monkeypatch.setattr(
         analysis,

@@ -1,6 +1,6 @@
 """The nightly history (patchbench/history.py): schema, one-transaction appends, locks, corruption.
 
-Run folders are synthetic (tests/helpers_runs.py); nothing starts a server.
+Run folders are synthetic (patchbench.testing); nothing starts a server.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from patchbench.history import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers_runs import make_run
+from patchbench.testing import make_run
 
 TPUT = "output_throughput_tok_s"
 

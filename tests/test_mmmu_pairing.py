@@ -235,10 +235,9 @@ def test_answered_accuracy_means_no_failed_request_as_in_each_cell(tmp_path):
     reply came back (unparsed included). q0: correct / correct; q1: unparsed in the baseline
     (answered, wrong); q2: its baseline request failed in repeat 1 (not answered; still in the
     overall accuracy through repeat 0); q3: wrong / correct."""
-    from helpers_runs import mmmu_rows
-
     from patchbench import records
     from patchbench.suites.mmmu import pair_repeats
+    from patchbench.testing import mmmu_rows
 
     cells = {
         ("b", 0): ["correct", "unparsed", "correct", "wrong"],

@@ -1,7 +1,7 @@
 """The nightly job (patchbench/nightly.py): outputs, exit codes, history glue and the CLI.
 
 The gate rules themselves are tested in tests/test_gates.py. Everything but the last test runs on
-synthetic run folders (tests/helpers_runs.py); the e2e test drives the real runner
+synthetic run folders (patchbench.testing); the e2e test drives the real runner
 (patchbench.bench.run_bench) on the CPU.
 """
 
@@ -36,7 +36,7 @@ from patchbench.nightly import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers_runs import make_run
+from patchbench.testing import make_run
 
 TPUT = "output_throughput_tok_s"
 

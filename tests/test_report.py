@@ -7,11 +7,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers_runs import make_run
 
 from patchbench import records, report, runfolder
 from patchbench.comparison import Comparison, read_comparison
 from patchbench.suite import MetricInfo
+from patchbench.testing import make_run
 
 OLD_RUN = Path(__file__).parent / "data" / "old-run"
 DECL = {

@@ -1,8 +1,10 @@
-"""patchbench.stats against hand-computed values and against scipy / statsmodels called directly."""
+"""patchbench.stats against hand-computed values, published examples and scipy / statsmodels called
+directly."""
 
 from __future__ import annotations
 
 import math
+import statistics
 
 import numpy as np
 import pytest
@@ -20,48 +22,159 @@ def test_log_ratios_and_errors():
         stats.log_ratios([0, 1], [1, 1])
 
 
-def test_t_interval_hand_computed():
+def _expm1(iv):
+    return tuple(math.expm1(x) for x in iv)
+
+
+def test_paired_t_interval_hand_computed():
     # d = ln(v/b) = 0.1, 0.2, 0.3: mean 0.2, s = 0.1, n = 3, t_{0.975, 2} = 4.3027 (t table)
     b = [100.0, 50.0, 20.0]
     v = [x * math.exp(d) for x, d in zip(b, (0.1, 0.2, 0.3), strict=True)]
-    iv = stats.t_interval_log_ratio(b, v, 0.95)
+    t = stats.paired_t(stats.log_ratios(b, v))
+    low, high = _expm1(t.interval(0.05))
     half = 4.302653 * 0.1 / math.sqrt(3)
-    assert iv.estimate == pytest.approx(math.exp(0.2) - 1, rel=1e-9)
-    assert iv.low == pytest.approx(math.exp(0.2 - half) - 1, abs=1e-6)
-    assert iv.high == pytest.approx(math.exp(0.2 + half) - 1, abs=1e-6)
-    assert iv.n == 3 and iv.method == "t on log ratio (n=3)"
+    assert math.expm1(t.mean) == pytest.approx(math.exp(0.2) - 1, rel=1e-9)
+    assert low == pytest.approx(math.exp(0.2 - half) - 1, abs=1e-6)
+    assert high == pytest.approx(math.exp(0.2 + half) - 1, abs=1e-6)
+    assert (t.n, t.df) == (3, 2) and t.sd == pytest.approx(0.1)
 
 
-def test_t_interval_90_percent_and_constant_ratios():
+def test_paired_t_90_percent_and_constant_ratios():
     # n = 2, d = 0.0 and 0.1: mean 0.05, s = 0.0707107, t_{0.95, 1} = 6.3138 (t table)
-    iv = stats.t_interval_log_ratio([1.0, 1.0], [1.0, math.exp(0.1)], 0.90)
+    t = stats.paired_t(stats.log_ratios([1.0, 1.0], [1.0, math.exp(0.1)]))
+    low, high = _expm1(t.interval(0.10))
     half = 6.313752 * (0.1 / math.sqrt(2)) / math.sqrt(2)
-    assert iv.low == pytest.approx(math.expm1(0.05 - half), abs=1e-6)
-    assert iv.high == pytest.approx(math.expm1(0.05 + half), abs=1e-6)
-    same = stats.t_interval_log_ratio([10, 20, 30], [11, 22, 33])
-    assert same.low == pytest.approx(0.1) and same.high == pytest.approx(0.1)
+    assert low == pytest.approx(math.expm1(0.05 - half), abs=1e-6)
+    assert high == pytest.approx(math.expm1(0.05 + half), abs=1e-6)
+    same = stats.paired_t(stats.log_ratios([10, 20, 30], [11, 22, 33]))
+    low, high = _expm1(same.interval(0.05))
+    assert low == pytest.approx(0.1) and high == pytest.approx(0.1)
+    assert same.p_value() < 1e-20  # the log ratios differ only by round-off
+    exact = stats.paired_t([0.25, 0.25, 0.25])
+    assert exact.p_value() == 0.0 and exact.bound(0.05, -1) == exact.interval(0.05)[0] == 0.25
     with pytest.raises(ValueError, match="at least 2"):
-        stats.t_interval_log_ratio([1.0], [1.1])
+        stats.paired_t([0.1])
 
 
-def test_bootstrap_log_ratio_matches_scipy_directly():
-    rng = np.random.default_rng(5)
-    b = rng.uniform(90, 110, size=12)
-    v = b * np.exp(rng.normal(0.05, 0.02, size=12))
-    iv = stats.bootstrap_log_ratio(b, v, 0.95, n_resamples=3000, seed=11)
-    d = np.log(v / b)
-    ref = sps.bootstrap(
-        (d,),
-        np.mean,
-        n_resamples=3000,
-        confidence_level=0.95,
-        method="BCa",
-        rng=np.random.default_rng(11),
+def test_paired_t_on_differences_hand_computed():
+    # b = 2, 2, 4; d = v - b = -2, -1, -3: mean -2, s = 1, t_{0.975, 2} = 4.3027
+    t = stats.paired_t(np.subtract([0, 1, 1], [2, 2, 4]))
+    half = 4.302653 * 1.0 / math.sqrt(3)
+    assert t.interval(0.05) == pytest.approx((-2 - half, -2 + half), abs=1e-6)
+    det = stats.paired_t([-2.0, -2.0])  # deterministic counts: 2 syncs -> 0 in both repeats
+    assert det.interval(0.05) == (-2.0, -2.0) and det.p_value() == 0.0
+    assert stats.paired_t([0.0, 0.0]).p_value() == 1.0
+
+
+def test_paired_t_matches_scipy_ttest_1samp():
+    rng = np.random.default_rng(4)
+    for n in (2, 3, 5, 12):
+        d = rng.normal(0.02, 0.03, n)
+        t = stats.paired_t(d)
+        ref = sps.ttest_1samp(d, 0.0)
+        assert t.p_value() == pytest.approx(ref.pvalue, rel=1e-9)
+        for alpha in (0.05, 0.01, 0.2):
+            ci = ref.confidence_interval(1 - alpha)
+            assert t.interval(alpha) == pytest.approx((ci.low, ci.high), rel=1e-9)
+        for alt in ("greater", "less"):
+            assert t.p_value(alt) == pytest.approx(
+                sps.ttest_1samp(d, 0.0, alternative=alt).pvalue, rel=1e-9
+            )
+        # one-sided bounds: the ends of scipy's one-sided intervals
+        up = sps.ttest_1samp(d, 0.0, alternative="less").confidence_interval(0.95).high
+        lo = sps.ttest_1samp(d, 0.0, alternative="greater").confidence_interval(0.95).low
+        assert t.bound(0.05, +1) == pytest.approx(up, rel=1e-9)
+        assert t.bound(0.05, -1) == pytest.approx(lo, rel=1e-9)
+
+
+def test_welch_t_matches_scipy_ttest_ind():
+    rng = np.random.default_rng(6)
+    for na, nb in ((2, 2), (3, 7), (6, 4)):
+        x, y = rng.normal(0.1, 0.02, na), rng.normal(0.0, 0.05, nb)
+        t = stats.welch_t(x, y)
+        ref = sps.ttest_ind(x, y, equal_var=False)
+        assert t.p_value() == pytest.approx(ref.pvalue, rel=1e-9)
+        assert t.df == pytest.approx(ref.df, rel=1e-12)
+        ci = ref.confidence_interval(0.9)
+        assert t.interval(0.1) == pytest.approx((ci.low, ci.high), rel=1e-9)
+        less = sps.ttest_ind(x, y, equal_var=False, alternative="less").pvalue
+        assert t.p_value("less") == pytest.approx(less, rel=1e-9)
+    with pytest.raises(ValueError, match="at least 2"):
+        stats.welch_t([1.0], [1.0, 2.0])
+
+
+def test_prediction_t_by_hand():
+    means = [0.0, 0.02, -0.01, 0.01]
+    x = [-0.05, -0.04]
+    t = stats.prediction_t(x, means)
+    se = np.std(means, ddof=1) * math.sqrt(1 + 1 / 4)
+    assert (t.df, t.mean) == (3, pytest.approx(np.mean(x) - np.mean(means)))
+    assert t.p_value("less") == pytest.approx(sps.t.cdf(t.mean / se, 3), rel=1e-9)
+    with pytest.raises(ValueError):
+        stats.prediction_t([], means)
+
+
+def test_tost_matches_statsmodels_ttost_paired_and_its_interval_form():
+    from statsmodels.stats.weightstats import ttost_paired
+
+    rng = np.random.default_rng(3)
+    bound = math.log(1.05)
+    for _ in range(20):
+        b = 100 * np.exp(rng.normal(0, 0.03, 5))
+        v = b * np.exp(rng.normal(0.01, 0.02, 5))
+        t = stats.paired_t(stats.log_ratios(b, v))
+        p_ref = ttost_paired(np.log(v), np.log(b), -bound, bound)[0]
+        assert stats.tost_p(t, -bound, bound) == pytest.approx(p_ref, rel=1e-9, abs=1e-12)
+        for alpha in (0.05, 0.2):  # the duality: p < alpha iff the 1 - 2 alpha interval is inside
+            inside = stats.equivalent_by_interval(t.interval, -bound, bound, alpha)
+            assert inside == (p_ref < alpha)
+    same = stats.paired_t([0.01, 0.01])
+    assert stats.tost_p(same, -bound, bound) == 0.0
+    assert stats.tost_p(stats.paired_t([0.06, 0.06]), -bound, bound) == 1.0
+
+
+def test_holm_matches_statsmodels_multipletests():
+    from statsmodels.stats.multitest import multipletests
+
+    p = [0.01, 0.04, 0.03, 0.005, 0.2]
+    got = stats.holm(p, 0.05)
+    assert [r for r, _ in got] == list(multipletests(p, alpha=0.05, method="holm")[0])
+    assert [lvl for _, lvl in got] == pytest.approx(
+        [0.05 / 4, 0.05 / 2, 0.05 / 3, 0.05 / 5, 0.05 / 1]
     )
-    assert iv.low == pytest.approx(math.expm1(ref.confidence_interval.low), rel=1e-9)
-    assert iv.high == pytest.approx(math.expm1(ref.confidence_interval.high), rel=1e-9)
-    assert iv.estimate == pytest.approx(math.expm1(d.mean()))
-    assert iv.method.startswith("bootstrap BCa") and "n=12" in iv.method
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        p = list(rng.uniform(0, 0.06, rng.integers(1, 6)))
+        assert [r for r, _ in stats.holm(p, 0.05)] == list(multipletests(p, 0.05, method="holm")[0])
+
+
+def test_newcombe_paired_matches_published_example():
+    # Fagerland, Lydersen & Laake (2017), Statistical Analysis of Contingency Tables, ch. 8:
+    # Cavo et al. (2012) table [[59, 6], [16, 80]], Newcombe square-and-add (method 10):
+    # p1+ - p+1 = -0.0621, 95% CI -0.1186 to -0.0046. Our orientation is variant - baseline
+    # = p+1 - p1+, so the signs flip.
+    est, lo, hi = stats.newcombe_paired(59, 6, 16, 80, 0.05)
+    assert est == pytest.approx(0.0621, abs=5e-5)
+    assert lo == pytest.approx(0.0046, abs=5e-5)
+    assert hi == pytest.approx(0.1186, abs=5e-5)
+    with pytest.raises(ValueError):
+        stats.newcombe_paired(0, 0, 0, 0, 0.05)
+
+
+def test_paired_table_and_p_from_interval():
+    assert stats.paired_table([1, 1, 0, 0.5], [1, 0, 1, 0.5]) == (1.25, 1.25, 1.25, 0.25)
+    with pytest.raises(ValueError, match="\\[0, 1\\]"):
+        stats.paired_table([2.0], [1.0])
+    # a normal interval of a mean 2 with se 1: the p-value inverted from it is 2 (1 - Phi(2))
+    z = statistics.NormalDist()
+
+    def iv(alpha):
+        q = z.inv_cdf(1 - alpha / 2)
+        return 2 - q, 2 + q
+
+    assert stats.p_from_interval(iv) == pytest.approx(float(sps.norm.sf(2) * 2), abs=1e-5)
+    assert stats.p_from_interval(lambda a: (-1.0, 1.0)) == 1.0
+    assert stats.p_from_interval(lambda a: (1.0, 2.0)) == 0.0
 
 
 def test_paired_request_interval_exact_ratio_and_pairing():
@@ -153,10 +266,8 @@ def test_statistic_fn():
         stats.statistic_fn("mode")
 
 
-def test_verdicts_wilson_quantile_equals_scipy_and_statsmodels():
+def test_wilson_quantile_equals_scipy_and_statsmodels():
     from statsmodels.stats.proportion import proportion_confint
-
-    from patchbench import verdicts
 
     for alpha in (0.5, 0.1, 0.05, 0.05 / 3, 0.0125, 0.01, 1e-4, 1e-8):
         assert stats._NORMAL.inv_cdf(1 - alpha / 2) == pytest.approx(
@@ -165,24 +276,15 @@ def test_verdicts_wilson_quantile_equals_scipy_and_statsmodels():
         if alpha < 1e-6:
             continue  # statsmodels takes norm.isf(alpha / 2); 1 - alpha / 2 loses digits here
         for x, n in ((0, 10), (3, 10), (10, 10), (407, 900), (12.5, 40)):
-            lo, hi = verdicts.wilson(x, n, alpha)
+            lo, hi = stats.wilson_interval(x, n, 1 - alpha)
             elo, ehi = proportion_confint(x, n, alpha=alpha, method="wilson")
             assert lo == pytest.approx(elo, abs=1e-12) and hi == pytest.approx(ehi, abs=1e-12)
+    for x, n in ((0, 10), (3, 10), (407, 900), (900, 900)):
+        assert stats.wilson_interval(x, n, 0.95) == pytest.approx(
+            proportion_confint(x, n, 0.05, "wilson")
+        )
     with pytest.raises(ValueError):
-        verdicts.wilson(1, 0, 0.05)
-
-
-def test_t_interval_diff_hand_computed():
-    # b = 2, 2, 4 (mean 8/3); d = v - b = -2, -1, -3: mean -2, s = 1, t_{0.975, 2} = 4.3027
-    iv = stats.t_interval_diff([2, 2, 4], [0, 1, 1])
-    half = 4.302653 * 1.0 / math.sqrt(3)
-    assert iv.estimate == pytest.approx(-2 / (8 / 3))
-    assert iv.low == pytest.approx((-2 - half) / (8 / 3), abs=1e-6)
-    assert iv.high == pytest.approx((-2 + half) / (8 / 3), abs=1e-6)
-    det = stats.t_interval_diff([2, 2], [0, 0])  # deterministic counts: 2 syncs -> 0
-    assert (det.estimate, det.low, det.high) == (-1.0, -1.0, -1.0)
-    with pytest.raises(ValueError, match="baseline mean"):
-        stats.t_interval_diff([0, 0], [1, 1])
+        stats.wilson_interval(1, 0, 0.95)
 
 
 def test_block_bootstrap_mean_matches_concatenating_reference():

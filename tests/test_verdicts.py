@@ -1,5 +1,6 @@
 """The verdict rules (patchbench/verdicts.py) against independent sources, and the four verdicts
-on synthetic runs built for each (tests/helpers_runs.py)."""
+on synthetic runs built for each (patchbench.testing). The methods they call are tested in
+tests/test_stats.py."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import math
 
 import numpy as np
 import pytest
-from helpers_runs import make_run
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.weightstats import ttost_paired
 
@@ -15,6 +15,7 @@ from patchbench import verdicts
 from patchbench.analysis import build_comparison
 from patchbench.comparison import CompareSettings
 from patchbench.suite import MetricInfo
+from patchbench.testing import make_run
 
 
 def test_tost_matches_statsmodels_ttost_paired_on_log_ratios():
@@ -37,26 +38,6 @@ def test_holm_matches_multipletests_and_alphas_agree_with_rejections():
         assert reject == list(multipletests(p, 0.05, method="holm")[0])
         for pi, r, a in zip(p, reject, used, strict=False):
             assert r == (pi <= a)  # the level shown agrees with the verdict
-
-
-def test_newcombe_paired_matches_published_example():
-    # Fagerland, Lydersen & Laake (2017), Statistical Analysis of Contingency Tables, ch. 8:
-    # Cavo et al. (2012) table [[59, 6], [16, 80]], Newcombe square-and-add (method 10):
-    # p1+ - p+1 = -0.0621, 95% CI -0.1186 to -0.0046. Our orientation is variant - baseline
-    # = p+1 - p1+, so the signs flip.
-    est, lo, hi = verdicts.newcombe_paired(59, 6, 16, 80, 0.05)
-    assert est == pytest.approx(0.0621, abs=5e-5)
-    assert lo == pytest.approx(0.0046, abs=5e-5)
-    assert hi == pytest.approx(0.1186, abs=5e-5)
-
-
-def test_wilson_matches_statsmodels():
-    from statsmodels.stats.proportion import proportion_confint
-
-    for x, n in ((0, 10), (3, 10), (407, 900), (900, 900)):
-        assert verdicts.wilson(x, n, 0.05) == pytest.approx(
-            proportion_confint(x, n, 0.05, "wilson")
-        )
 
 
 def test_zero_variance_accuracy_is_never_zero_width_and_not_significant():

@@ -1,10 +1,10 @@
-"""Build synthetic run folders with known values (docs/CONTRACTS.md, "Run folder").
+"""Synthetic run folders with known values (docs/CONTRACTS.md, "Run folder"), for tests and scripts.
 
 Used by the comparison, report, verdict, history and nightly tests and by scripts/calibrate.py
 (``--via-folders``, and tests/test_calibrate.py's check that its in-memory shortcut gives the same
-verdicts as a run folder); other tests may reuse it. Nothing here starts a server: it writes
-manifest.json, cell.json, summary.json and, on request, serving requests.json and mmmu
-records.jsonl, through patchbench.records (atomic writes).
+verdicts as a run folder). Nothing here starts a server: it writes manifest.json, cell.json,
+summary.json and, on request, serving requests.json and mmmu records.jsonl, through
+patchbench.records (atomic writes).
 
 Example::
 
@@ -64,10 +64,6 @@ def make_run(
     if repeats is None:
         lens = [len(vals) for m in metrics.values() for per in m.values() for vals in per.values()]
         repeats = max(lens) if lens else 1
-    cell_status = cell_status or {}
-    suite_status = suite_status or {}
-    warnings = warnings or {}
-    bounds = bounds or {}
     requests = requests or {}
     mmmu_records = mmmu_records or {}
     suites = list(metrics)
@@ -78,51 +74,23 @@ def make_run(
     run = Path(root) / run_id
     run.mkdir(parents=True, exist_ok=True)
     vnames = [baseline] + [v for v in variants if v != baseline]
+    extras = {
+        "suite_status": suite_status or {},
+        "warnings": warnings or {},
+        "bounds": bounds or {},
+        "requests": requests,
+        "mmmu_records": mmmu_records,
+    }
     cells = []
     for k in range(repeats):
         names = vnames if (order == "sequential" or k % 2 == 0) else list(reversed(vnames))
         for v in names:
-            st = cell_status.get((v, k), "ok")
+            st = (cell_status or {}).get((v, k), "ok")
             cells.append(
                 {"variant": v, "repeat": k, "status": st, "dir": str(records.cell_dir(run, v, k))}
             )
-            if st == "missing":
-                continue
-            cdir = records.cell_dir(run, v, k)
-            records.write_json(
-                cdir / "cell.json",
-                {
-                    "variant": v,
-                    "repeat": k,
-                    "status": st,
-                    "error": None if st == "ok" else f"synthetic {st}",
-                    "timings_s": {},
-                    "server": {},
-                },
-            )
-            for suite in suites:
-                vals = {}
-                for m, per in metrics.get(suite, {}).items():
-                    seq = per.get(v) or []
-                    if k < len(seq) and seq[k] is not None:
-                        vals[m] = float(seq[k])
-                sstat = suite_status.get((v, k, suite), "ok")
-                records.write_json(
-                    cdir / suite / "summary.json",
-                    {
-                        "suite": suite,
-                        "status": sstat,
-                        "metrics": vals,
-                        "errors": [] if sstat == "ok" else [f"synthetic {sstat}"],
-                        "warnings": warnings.get((v, k, suite), []),
-                        "bounds": bounds.get((v, k, suite), {}),
-                        "meta": {},
-                    },
-                )
-                if suite == "serving" and (v, k) in requests:
-                    records.write_json(cdir / suite / "requests.json", requests[(v, k)])
-                if suite == "mmmu" and (v, k) in mmmu_records:
-                    records.write_jsonl(cdir / suite / "records.jsonl", mmmu_records[(v, k)])
+            if st != "missing":
+                _write_cell(run, v, k, st, suites, metrics, **extras)
     config: dict[str, Any] = {
         "name": name,
         "sglang": sglang,
@@ -152,6 +120,59 @@ def make_run(
     }
     records.write_json(run / "manifest.json", manifest)
     return run
+
+
+def _write_cell(
+    run: Path,
+    v: str,
+    k: int,
+    status: str,
+    suites: list[str],
+    metrics: dict[str, dict[str, dict[str, list[float | None]]]],
+    *,
+    suite_status: dict[tuple[str, int, str], str],
+    warnings: dict[tuple[str, int, str], list[str]],
+    bounds: dict[tuple[str, int, str], dict[str, str]],
+    requests: dict[tuple[str, int], dict],
+    mmmu_records: dict[tuple[str, int], list[dict]],
+) -> None:
+    """One cell folder of :func:`make_run`: cell.json, each suite's summary.json (repeat k of
+    every metric that has one) and the serving requests / MMMU records given for (v, k)."""
+    cdir = records.cell_dir(run, v, k)
+    records.write_json(
+        cdir / "cell.json",
+        {
+            "variant": v,
+            "repeat": k,
+            "status": status,
+            "error": None if status == "ok" else f"synthetic {status}",
+            "timings_s": {},
+            "server": {},
+        },
+    )
+    for suite in suites:
+        vals = {}
+        for m, per in metrics.get(suite, {}).items():
+            seq = per.get(v) or []
+            if k < len(seq) and seq[k] is not None:
+                vals[m] = float(seq[k])
+        sstat = suite_status.get((v, k, suite), "ok")
+        records.write_json(
+            cdir / suite / "summary.json",
+            {
+                "suite": suite,
+                "status": sstat,
+                "metrics": vals,
+                "errors": [] if sstat == "ok" else [f"synthetic {sstat}"],
+                "warnings": warnings.get((v, k, suite), []),
+                "bounds": bounds.get((v, k, suite), {}),
+                "meta": {},
+            },
+        )
+        if suite == "serving" and (v, k) in requests:
+            records.write_json(cdir / suite / "requests.json", requests[(v, k)])
+        if suite == "mmmu" and (v, k) in mmmu_records:
+            records.write_jsonl(cdir / suite / "records.jsonl", mmmu_records[(v, k)])
 
 
 def make_requests(
