@@ -651,7 +651,7 @@ def sequential_look(cfg: Config, run_dir: Path, design, look_index: int, previou
     """
     import math
 
-    from patchbench.analysis import read_run
+    from patchbench.rundata import read_run
     from patchbench.sequential import decide
 
     n = design.looks[look_index]

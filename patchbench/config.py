@@ -33,7 +33,7 @@ Shape (every key documented in configs/demo-cpu.yaml)::
       sync_probe: {}
       mmmu: {rounds: first, ...}        # rounds (core key): all | first | [0, 2]
       serving: {...}
-    compare: {...}                      # patchbench.compare.CompareSettings
+    compare: {...}                      # patchbench.comparison.CompareSettings
     nightly: {...}                      # patchbench.nightly.NightlySettings (gates)
 
 A patch entry is the name of a folder in ``patches/`` or ``{diff: FILE}``: a unified diff (paths
@@ -630,7 +630,7 @@ def _section_model(section: str) -> type[BaseModel]:
     """The model of the ``compare`` or ``nightly`` section, imported on first use (those modules
     read configs too, so a top-level import would be a cycle)."""
     if section == "compare":
-        from patchbench.compare import CompareSettings
+        from patchbench.comparison import CompareSettings
 
         return CompareSettings
     from patchbench.nightly import NightlySettings
@@ -641,7 +641,7 @@ def _section_model(section: str) -> type[BaseModel]:
 class Config(_Strict):
     """A validated experiment config; see the module docstring for the YAML shape.
 
-    ``compare`` is a :class:`patchbench.compare.CompareSettings`, ``nightly`` a
+    ``compare`` is a :class:`patchbench.comparison.CompareSettings`, ``nightly`` a
     :class:`patchbench.nightly.NightlySettings` (defaults when the section is absent).
     """
 
@@ -654,7 +654,7 @@ class Config(_Strict):
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
     suites: dict[str, dict[str, Any]] = Field(default_factory=dict)
     compare: Any = Field(
-        None, validate_default=True, description="patchbench.compare.CompareSettings"
+        None, validate_default=True, description="patchbench.comparison.CompareSettings"
     )
     nightly: Any = Field(
         None, validate_default=True, description="patchbench.nightly.NightlySettings"

@@ -22,8 +22,9 @@ import re
 from pathlib import Path
 
 from patchbench import records, runfolder
-from patchbench.analysis import build_comparison, variant_parts
+from patchbench.analysis import build_comparison
 from patchbench.comparison import CompareSettings, Comparison, Row, write_comparison
+from patchbench.rundata import variant_parts
 
 VERDICT_MARK = {
     "regressed": "🔴 regressed",
