@@ -610,20 +610,13 @@ class ScheduleSpec(_Strict):
 
 
 def _params_model(name: str) -> type[BaseModel]:
-    """The ``Params`` model of suite ``name``: the registered suite's, or (while a built-in suite
-    has not moved to the registered contract yet) its module's. KeyError when unknown."""
-    try:
-        return _suite.suite_params_model(name)
-    except KeyError:
-        return _suite.load_suite(name).Params
+    """The ``Params`` model of the registered suite ``name``. KeyError when unknown."""
+    return _suite.suite_params_model(name)
 
 
 def _suite_is_timed(name: str) -> bool:
     """False for a suite that runs only in the untimed correctness cells (``Suite.timed``)."""
-    try:
-        return bool(getattr(_suite.get_suite(name), "timed", True))
-    except KeyError:
-        return bool(getattr(_suite.load_suite(name), "TIMED", True))
+    return bool(_suite.get_suite(name).timed)
 
 
 def _section_model(section: str) -> type[BaseModel]:
