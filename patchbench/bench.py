@@ -31,7 +31,6 @@ from patchbench.cell import (
     is_cpu,
     needs_correctness_cells,
     run_cell,
-    suite_of,
     utc_stamp,
 )
 from patchbench.config import REPO_ROOT, Config, ConfigError, load_config, patch_label
@@ -41,6 +40,7 @@ from patchbench.runfolder import write_manifest
 from patchbench.schedule import Cell, plan_cells
 from patchbench.shims import SITE_DIR
 from patchbench.signals import signum_of, terminate_like_ctrl_c
+from patchbench.suite import get_suite
 from patchbench.variants import (
     CACHE_DIR,
     PatchProblem,
@@ -338,7 +338,7 @@ def _manifest(
         },
         "overlays": {v: ve.overlay.to_json() for v, ve in variants.items()},
         "suite_rounds": {
-            s: (cfg.rounds_of(s) if suite_of(s).timed else "correctness") for s in cfg.suites
+            s: (cfg.rounds_of(s) if get_suite(s).timed else "correctness") for s in cfg.suites
         },
         "git_sha": env.get("git_sha"),
         "host": {
@@ -626,15 +626,10 @@ def sequential_primaries(cfg: Config) -> list[tuple[str, str, Any, float]]:
     every = list(range(cfg.schedule.max_repeats))
     out = []
     for s in cfg.suites:
-        obj = suite_of(s)
-        if not getattr(obj, "timed", True) or cfg.rounds_of(s) != every:
+        obj = get_suite(s)
+        if not obj.timed or cfg.rounds_of(s) != every:
             continue
-        declared = (
-            getattr(obj, "metrics", None)
-            or getattr(getattr(obj, "_mod", None), "METRICS", None)
-            or {}
-        )
-        for m, info in declared.items():
+        for m, info in obj.metrics.items():
             if info.primary and info.kind == "run" and info.better in ("higher", "lower"):
                 out.append((s, m, info, float(cfg.compare.margin_for(s, m, info.margin) or 0.0)))
     return out
@@ -651,7 +646,7 @@ def sequential_look(cfg: Config, run_dir: Path, design, look_index: int, previou
     """
     import math
 
-    from patchbench.analysis import read_run
+    from patchbench.rundata import read_run
     from patchbench.sequential import decide
 
     n = design.looks[look_index]

@@ -51,7 +51,14 @@ from patchbench.server import (
 )
 from patchbench.shims import CALLED_MARKER, SITE_DIR
 from patchbench.signals import signum_of
-from patchbench.suite import Instrumentation, ServerInfo, SuiteContext, SuiteError, SuiteResult
+from patchbench.suite import (
+    Instrumentation,
+    ServerInfo,
+    SuiteContext,
+    SuiteError,
+    SuiteResult,
+    get_suite,
+)
 from patchbench.variants import VariantEnv, stock_client_env
 
 DONE_STATUSES = ("ok", "incomplete")
@@ -59,36 +66,6 @@ DONE_STATUSES = ("ok", "incomplete")
 
 def utc_stamp() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-
-
-# ---------------------------------------------------------------------------------- suites
-class _ModuleSuite:
-    """A suite still written as a module (``run``, ``NEEDS_SERVER``), seen through the Suite
-    interface until it is registered with ``patchbench.suite.register``."""
-
-    def __init__(self, name: str, mod: Any):
-        self.name, self._mod = name, mod
-        self.needs_server = getattr(mod, "NEEDS_SERVER", True)
-        self.timed = getattr(mod, "TIMED", True)
-
-    def run(self, ctx, params):
-        return self._mod.run(ctx, params)
-
-    def instrumentation(self, ctx, params):
-        hook = getattr(self._mod, "instrumentation", None)
-        return hook(ctx, params) if hook else None
-
-
-def suite_of(name: str):
-    """The registered suite ``name`` (patchbench.suite.get_suite), or an old-style module."""
-    from patchbench import suite as S
-
-    try:
-        return S.get_suite(name)
-    except KeyError:
-        if not hasattr(S, "load_suite"):
-            raise
-        return _ModuleSuite(name, S.load_suite(name))
 
 
 def is_cpu(cfg: Config) -> bool:
@@ -136,14 +113,14 @@ def cell_suites(cfg: Config, cell: Cell) -> list[str]:
         picked = [
             s
             for s in cfg.suites
-            if not suite_of(s).timed
-            or suite_of(s).instrumentation(_placeholder_ctx(cfg, s), cfg.suite_params[s])
+            if not get_suite(s).timed
+            or get_suite(s).instrumentation(_placeholder_ctx(cfg, s), cfg.suite_params[s])
             is not None
         ]
-        if not any(suite_of(s).needs_server for s in picked):
-            picked = [s for s in cfg.suites if s in picked or suite_of(s).needs_server]
+        if not any(get_suite(s).needs_server for s in picked):
+            picked = [s for s in cfg.suites if s in picked or get_suite(s).needs_server]
         return picked
-    return [s for s in cfg.suites if suite_of(s).timed and cell.repeat in cfg.rounds_of(s)]
+    return [s for s in cfg.suites if get_suite(s).timed and cell.repeat in cfg.rounds_of(s)]
 
 
 def cell_done(run_dir: Path, cell: Cell, cfg: Config) -> bool:
@@ -157,7 +134,7 @@ def needs_correctness_cells(
     """True when a suite of ``cfg`` is untimed or declares instrumentation (``ctx_for(suite)``
     gives the context the hook is asked with; a placeholder one by default)."""
     for name in cfg.suites:
-        s = suite_of(name)
+        s = get_suite(name)
         if not s.timed:
             return True
         ctx = ctx_for(name) if ctx_for else _placeholder_ctx(cfg, name)
@@ -246,7 +223,7 @@ def check_instrumentation(cfg: Config) -> dict[str, list[str]]:
     for v in cfg.variants:
         wanted = []
         for name in cfg.suites:
-            ins = suite_of(name).instrumentation(
+            ins = get_suite(name).instrumentation(
                 _placeholder_ctx(cfg, name, v), cfg.suite_params[name]
             )
             if ins is not None and ins.server_args:
@@ -288,7 +265,7 @@ class CellRun:
         planned = cell_suites(self.cfg, self.cell)
         todo = [s for s in planned if not suite_done(self.cdir / s)]
         kept = [s for s in planned if s not in todo]  # finished by an earlier launch
-        self.suites = {s: suite_of(s) for s in todo}
+        self.suites = {s: get_suite(s) for s in todo}
         self.local = [s for s in todo if not self.suites[s].needs_server]
         self.remote = [s for s in todo if s not in self.local]
         earlier = runfolder.read_cell(self.cdir) if kept else None
@@ -368,7 +345,7 @@ class CellRun:
         extra_path: list[str] = []
         wanted: list[tuple[str, list[str]]] = []
         for name in self.cfg.suites:
-            ins = suite_of(name).instrumentation(
+            ins = get_suite(name).instrumentation(
                 self.ctx(name, None, make=False), self.cfg.suite_params[name]
             )
             if ins is None:
@@ -653,7 +630,6 @@ __all__ = [
     "launch_spec",
     "cell_done",
     "cell_suites",
-    "suite_of",
     "needs_correctness_cells",
     "suite_done",
     "is_cpu",

@@ -129,10 +129,10 @@ def _run_report(a: argparse.Namespace, _raw: list[str]) -> int:
 
 
 def _run_compare(a: argparse.Namespace, _raw: list[str]) -> int:
-    from patchbench import crossrun, records
+    from patchbench import records, two_runs
 
-    res = crossrun.compare_runs(a.run_a, a.run_b, a.variant)
-    print(crossrun.format_result(res))
+    res = two_runs.compare_runs(a.run_a, a.run_b, a.variant)
+    print(two_runs.format_result(res))
     if a.out:
         records.write_json(a.out, res)
     return EXIT_OK

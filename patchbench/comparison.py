@@ -124,8 +124,12 @@ class Comparison(BaseModel):
     rows: see :class:`Row`; pairs: {suite: {variant: what the suite's pair hook returned}};
     refusals: {suite: {variant: reason}} where a suite refused to pair (the report shows the
     reason instead of numbers); cells: [{"variant", "repeat", "status", "error", "suites",
-    "cell_kind", "instrumented"}]; cell_warnings: {suite: {variant: ["rep<k>: line"]}};
-    methods: the methods used with their sources.
+    "cell_kind", "instrumented"}] (the timed cells); schedule: [{"variant", "repeat",
+    "position", "status"}] (the timed cells in the order they ran); cell_warnings: {suite:
+    {variant: ["rep<k>: line"]}}; methods: the methods used with their sources;
+    correctness_cells: [{"variant", "dir", "status", "error", "suites", "instrumented",
+    "instrumentation"}] (the untimed correctness cells that ran); suite_rounds: {suite: the
+    timed rounds it ran in, or "correctness" for a suite that runs only in correctness cells}.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -147,6 +151,8 @@ class Comparison(BaseModel):
     cell_warnings: dict[str, dict[str, list[str]]] = Field(default_factory=dict)
     methods: dict[str, str] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
+    correctness_cells: list[dict[str, Any]] = Field(default_factory=list)
+    suite_rounds: dict[str, list[int] | str] = Field(default_factory=dict)
 
     def rows_for(
         self, variant: str | None = None, *, primary: bool | None = None, suite: str | None = None

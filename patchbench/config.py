@@ -33,7 +33,7 @@ Shape (every key documented in configs/demo-cpu.yaml)::
       sync_probe: {}
       mmmu: {rounds: first, ...}        # rounds (core key): all | first | [0, 2]
       serving: {...}
-    compare: {...}                      # patchbench.compare.CompareSettings
+    compare: {...}                      # patchbench.comparison.CompareSettings
     nightly: {...}                      # patchbench.nightly.NightlySettings (gates)
 
 A patch entry is the name of a folder in ``patches/`` or ``{diff: FILE}``: a unified diff (paths
@@ -610,27 +610,20 @@ class ScheduleSpec(_Strict):
 
 
 def _params_model(name: str) -> type[BaseModel]:
-    """The ``Params`` model of suite ``name``: the registered suite's, or (while a built-in suite
-    has not moved to the registered contract yet) its module's. KeyError when unknown."""
-    try:
-        return _suite.suite_params_model(name)
-    except KeyError:
-        return _suite.load_suite(name).Params
+    """The ``Params`` model of the registered suite ``name``. KeyError when unknown."""
+    return _suite.suite_params_model(name)
 
 
 def _suite_is_timed(name: str) -> bool:
     """False for a suite that runs only in the untimed correctness cells (``Suite.timed``)."""
-    try:
-        return bool(getattr(_suite.get_suite(name), "timed", True))
-    except KeyError:
-        return bool(getattr(_suite.load_suite(name), "TIMED", True))
+    return bool(_suite.get_suite(name).timed)
 
 
 def _section_model(section: str) -> type[BaseModel]:
     """The model of the ``compare`` or ``nightly`` section, imported on first use (those modules
     read configs too, so a top-level import would be a cycle)."""
     if section == "compare":
-        from patchbench.compare import CompareSettings
+        from patchbench.comparison import CompareSettings
 
         return CompareSettings
     from patchbench.nightly import NightlySettings
@@ -641,7 +634,7 @@ def _section_model(section: str) -> type[BaseModel]:
 class Config(_Strict):
     """A validated experiment config; see the module docstring for the YAML shape.
 
-    ``compare`` is a :class:`patchbench.compare.CompareSettings`, ``nightly`` a
+    ``compare`` is a :class:`patchbench.comparison.CompareSettings`, ``nightly`` a
     :class:`patchbench.nightly.NightlySettings` (defaults when the section is absent).
     """
 
@@ -654,7 +647,7 @@ class Config(_Strict):
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
     suites: dict[str, dict[str, Any]] = Field(default_factory=dict)
     compare: Any = Field(
-        None, validate_default=True, description="patchbench.compare.CompareSettings"
+        None, validate_default=True, description="patchbench.comparison.CompareSettings"
     )
     nightly: Any = Field(
         None, validate_default=True, description="patchbench.nightly.NightlySettings"

@@ -102,7 +102,7 @@ class HistorySchemaError(HistoryError):
 
 
 @dataclass
-class Comparison:
+class SameRunEffect:
     """One same-run effect from compare.json: the variant vs the baseline of the same run.
 
     change_pct / ci_low_pct / ci_high_pct: percent, (variant - baseline) / baseline * 100;
@@ -125,7 +125,8 @@ class Night:
     e.g. ``output_throughput_tok_s`` in tok/s), None where that repeat has none (failed cell);
     variants of one night pair by index.
     units / better: (suite, metric) -> display unit and improving direction, where known.
-    comparisons: (variant, suite, metric) -> :class:`Comparison` (variants other than the baseline).
+    comparisons: (variant, suite, metric) -> :class:`SameRunEffect` (variants other than the
+    baseline).
     aa_variants: variants that are A/A copies of the baseline (noise measurement).
     status: "ok", or "partial" when some cells failed (failed cells contribute no values).
     """
@@ -141,7 +142,7 @@ class Night:
     values: dict[Key, list[float | None]] = field(default_factory=dict)
     units: dict[tuple[str, str], str] = field(default_factory=dict)
     better: dict[tuple[str, str], str] = field(default_factory=dict)
-    comparisons: dict[Key, Comparison] = field(default_factory=dict)
+    comparisons: dict[Key, SameRunEffect] = field(default_factory=dict)
     aa_variants: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -279,7 +280,7 @@ def night_from_run(run_dir: str | os.PathLike, compare: dict | None = None) -> N
             night.units[(suite, metric)] = m["unit"]
         if m.get("better"):
             night.better[(suite, metric)] = m["better"]
-        night.comparisons[(variant, suite, metric)] = Comparison(
+        night.comparisons[(variant, suite, metric)] = SameRunEffect(
             baseline=str(compare.get("baseline") or night.baseline),
             change_pct=m.get("change_pct"),
             ci_low_pct=m.get("ci_low_pct"),
@@ -608,7 +609,7 @@ class History:
                 "ci_method, verdict FROM comparisons WHERE run_id = ?",
                 (n.run_id,),
             ):
-                n.comparisons[(variant, suite, metric)] = Comparison(
+                n.comparisons[(variant, suite, metric)] = SameRunEffect(
                     baseline, chg, lo, hi, method, verdict
                 )
             yield n
@@ -677,7 +678,7 @@ __all__ = [
     "HistoryCorrupt",
     "HistorySchemaError",
     "Night",
-    "Comparison",
+    "SameRunEffect",
     "night_from_run",
     "dump_json",
 ]

@@ -290,19 +290,18 @@ def _settings_from_manifest(run_dir: Path) -> NightlySettings | None:
 
 
 def _ensure_compare(run_dir: Path, compare_settings: Any) -> tuple[dict | None, str | None]:
-    """compare.json of the run, made by patchbench.compare.compare_run when missing."""
+    """compare.json of the run, made by :func:`patchbench.analysis.compare_run` when missing;
+    (its JSON, None) or (None, why there is none)."""
     path = run_dir / "compare.json"
     if not path.is_file():
-        try:
-            from patchbench import compare as cmp
-        except ImportError as e:
-            return None, f"no compare.json and patchbench.compare cannot be imported ({e})"
+        from patchbench.analysis import compare_run
+        from patchbench.comparison import CompareSettings
+
         try:
             settings = compare_settings  # None: the run's own compare: section
             if isinstance(settings, dict):
-                model = getattr(cmp, "CompareSettings", None)
-                settings = model.model_validate(settings) if model else None
-            cmp.compare_run(run_dir, settings)
+                settings = CompareSettings.model_validate(settings)
+            compare_run(run_dir, settings)
         except Exception as e:  # noqa: BLE001 (reported, never hides the verdict)
             return None, (
                 f"no compare.json, and compare_run failed: {type(e).__name__}: {e}\n"

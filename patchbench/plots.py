@@ -117,7 +117,7 @@ def make_plots(cmp: Comparison, out_dir: str | Path) -> tuple[list[Path], list[s
     for suite in cmp.suites:
         try:
             obj = get_suite(suite)
-        except Exception:  # noqa: BLE001 - no registered class yet: no suite plots
+        except Exception:  # noqa: BLE001 - an unknown suite, or one that fails to import: no plots
             continue
         try:
             saved += [Path(p) for p in (obj.plots(cmp, out_dir) or [])]

@@ -22,8 +22,9 @@ import re
 from pathlib import Path
 
 from patchbench import records, runfolder
-from patchbench.analysis import build_comparison, variant_parts
+from patchbench.analysis import build_comparison
 from patchbench.comparison import CompareSettings, Comparison, Row, write_comparison
+from patchbench.rundata import variant_parts
 
 VERDICT_MARK = {
     "regressed": "🔴 regressed",
@@ -195,8 +196,8 @@ def _header(man: runfolder.RunManifest, cmp: Comparison) -> list[str]:
         tag = " (baseline)" if v == cmp.baseline else (" (A/A)" if v in cmp.aa_variants else "")
         lines.append(f"| variant `{v}`{tag} | {desc} |")
     inst = [f"{c['variant']}/rep{c['repeat']}" for c in cmp.cells if c.get("instrumented")]
-    corr = [c["dir"] for c in (getattr(cmp, "correctness_cells", None) or [])]
-    rounds = getattr(cmp, "suite_rounds", None) or {}
+    corr = [c["dir"] for c in cmp.correctness_cells]
+    rounds = cmp.suite_rounds
     order = (cfg.get("schedule") or {}).get("order", "interleaved")
     lines += [
         f"| GPU | {gpu_s} |",
@@ -308,18 +309,14 @@ def _cell_record(run_dir: Path, c: dict) -> runfolder.CellRecord | None:
 
 def _gpu_block(cmp: Comparison, run_dir: Path) -> list[str]:
     """ "## GPU": the cells whose GPU was throttled (a biasing reason) or shared with a foreign
-    process, with their flags (``gpu_flags`` of the comparison's cell, else the cell's
-    ``cell.json`` ``gpu.flags``: :func:`patchbench.gpu.cell_flags`). Nothing when no cell was
-    sampled (CPU run, no NVML)."""
+    process, with their flags (each cell's ``cell.json`` ``gpu`` summary:
+    :func:`patchbench.gpu.cell_flags`). Nothing when no cell was sampled (CPU run, no NVML)."""
     from patchbench.gpu import cell_flags
 
     sampled, flagged = 0, []
     for c in cmp.cells:
-        if "gpu_flags" in c:
-            flags = c["gpu_flags"]
-        else:
-            rec = _cell_record(run_dir, c)
-            flags = cell_flags(rec) if rec is not None else None
+        rec = _cell_record(run_dir, c)
+        flags = cell_flags(rec) if rec is not None else None
         if flags is None:
             continue
         sampled += 1
@@ -394,7 +391,7 @@ def _suite_sections(cmp: Comparison, notes: list[str]) -> list[str]:
             lines += [f"**{suite} / {v}: not paired** - {_esc(why)}", ""]
         try:
             obj = get_suite(suite)
-        except Exception:  # noqa: BLE001 - a suite without a registered class has no section
+        except Exception:  # noqa: BLE001 - an unknown suite, or one failing to import: no section
             continue
         try:
             lines += list(obj.report_section(cmp) or [])
@@ -418,7 +415,7 @@ def _pr_blocks(cmp: Comparison, run_dir: Path, notes: list[str]) -> list[str]:
     for suite in cmp.suites:
         try:
             obj = get_suite(suite)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - an unknown suite, or one that fails to import: no block
             continue
         sec = []
         for label, v in [("Before", cmp.baseline)] + [("After", x) for x in after]:

@@ -366,11 +366,3 @@ def get_suite(name: str) -> Suite:
 def suite_params_model(name: str) -> type[BaseModel]:
     """The suite's ``Params`` pydantic model."""
     return get_suite(name).Params
-
-
-def load_suite(name: str):
-    """Deprecated module-level access (old contract), kept only while suites migrate: the
-    built-in suite's module. Raises KeyError naming the allowed suites."""
-    if name not in BUILTIN_SUITES:
-        raise KeyError(f"unknown suite '{name}'; allowed: {', '.join(sorted(BUILTIN_SUITES))}")
-    return importlib.import_module(BUILTIN_SUITES[name])

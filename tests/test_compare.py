@@ -14,7 +14,8 @@ import pytest
 from pydantic import ValidationError
 from scipy import stats as sps
 
-from patchbench.compare import CompareSettings, Comparison, compare_run, guess_metric_info
+from patchbench.analysis import compare_run, guess_metric_info
+from patchbench.comparison import CompareSettings, Comparison
 from patchbench.suite import MetricInfo
 from patchbench.testing import make_run
 
@@ -31,7 +32,7 @@ DECL = {
 def declared(monkeypatch):
     from patchbench import analysis
 
-    monkeypatch.setattr(analysis, "_suite_decl", lambda name, notes: (None, dict(DECL)))
+    monkeypatch.setattr(analysis, "suite_declarations", lambda name, notes: (None, dict(DECL)))
 
 
 def _row(cmp: Comparison, metric, variant):
@@ -206,7 +207,7 @@ def test_deterministic_counts_compared_exactly(tmp_path):
 def test_aa_detection_reads_mapping_variants():
     """A variant written as a mapping is A/A only when patches, arguments and environment all
     equal the baseline's; the list form is its patches alone."""
-    from patchbench.analysis import variant_identity
+    from patchbench.rundata import variant_identity
 
     stock = variant_identity([])
     assert variant_identity({"patches": [], "server_args": [], "env": {}}) == stock

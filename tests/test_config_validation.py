@@ -290,7 +290,7 @@ def test_removed_mrope_probe_says_what_replaces_it(tmp_path):
 
 
 def test_compare_and_nightly_are_typed(tmp_path):
-    from patchbench.compare import CompareSettings
+    from patchbench.comparison import CompareSettings
     from patchbench.nightly import NightlySettings
 
     cfg = load_config(write(tmp_path, "b: []", BASE + "compare: {confidence: 0.9}\n"))

@@ -174,7 +174,7 @@ def _run_with(tmp_path, monkeypatch, gpu_of: dict, scans: dict | None = None):
 
     monkeypatch.setattr(
         analysis,
-        "_suite_decl",
+        "suite_declarations",
         lambda name, notes: (
             None,
             {"out_tok_s": MetricInfo("higher", "tok/s", primary=True, margin=5.0)},

@@ -14,13 +14,13 @@ import pytest
 from patchbench import records
 from patchbench.history import (
     SCHEMA_VERSION,
-    Comparison,
     History,
     HistoryCorrupt,
     HistoryError,
     HistoryLocked,
     HistorySchemaError,
     Night,
+    SameRunEffect,
     night_from_run,
 )
 
@@ -161,7 +161,7 @@ def test_nights_order_filters_and_limit(tmp_path):
 
 def test_a_failing_append_leaves_nothing(tmp_path):
     bad = _night("r1", "2026-01-01T00:00:00Z")
-    bad.comparisons[("v", "s", "x_ms")] = Comparison("b", object(), None, None)  # cannot bind
+    bad.comparisons[("v", "s", "x_ms")] = SameRunEffect("b", object(), None, None)  # cannot bind
     with History(tmp_path / "h.sqlite") as h:
         with pytest.raises(HistoryError, match="h.sqlite"):
             h.record(bad)

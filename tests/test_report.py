@@ -27,7 +27,7 @@ DECL = {
 def declared(monkeypatch):
     from patchbench import analysis
 
-    monkeypatch.setattr(analysis, "_suite_decl", lambda name, notes: (None, dict(DECL)))
+    monkeypatch.setattr(analysis, "suite_declarations", lambda name, notes: (None, dict(DECL)))
 
 
 def _run(tmp_path):
@@ -229,7 +229,9 @@ def test_a_lower_bound_count_is_never_an_exact_verdict(tmp_path, monkeypatch):
 
     decl = MetricInfo("lower", "count", label="host syncs", primary=True, kind="deterministic")
     monkeypatch.setattr(
-        analysis, "_suite_decl", lambda name, notes: (None, {"host_syncs_per_call_count": decl})
+        analysis,
+        "suite_declarations",
+        lambda name, notes: (None, {"host_syncs_per_call_count": decl}),
     )
     cmp = analysis.build_comparison(run)
     up = cmp.row("sync_probe", "host_syncs_per_call_count", "upstream")
@@ -250,7 +252,9 @@ def test_console_table_of_a_log_does_not_wrap_long_names(tmp_path, capsys, monke
 
     long = "host syncs inside the mrope computation per decode step (median)"
     decl = MetricInfo("lower", "count", label=long, primary=True, kind="deterministic")
-    monkeypatch.setattr(analysis, "_suite_decl", lambda name, notes: (None, {"syncs_count": decl}))
+    monkeypatch.setattr(
+        analysis, "suite_declarations", lambda name, notes: (None, {"syncs_count": decl})
+    )
     run = make_run(
         tmp_path,
         metrics={"bench": {"syncs_count": {"baseline": [4.0] * 3, "patched": [0.0] * 3}}},

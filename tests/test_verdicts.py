@@ -123,7 +123,7 @@ PRIMARY = {
 def declared(monkeypatch):
     from patchbench import analysis
 
-    monkeypatch.setattr(analysis, "_suite_decl", lambda name, notes: (None, dict(PRIMARY)))
+    monkeypatch.setattr(analysis, "suite_declarations", lambda name, notes: (None, dict(PRIMARY)))
 
 
 def _run(tmp_path, thr, lat, variants=None):

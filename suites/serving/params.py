@@ -55,7 +55,7 @@ class Params(BaseModel):
     - extra_args: appended verbatim to the command line.
     - timeout_s: wall-clock limit of one bench_serving call in seconds.
     (How far ``total_output_tokens_retokenized_count`` may move between variants is a comparison
-    setting, ``compare.retokenized_change_share``; see patchbench.compare.CompareSettings.)
+    setting, ``compare.retokenized_change_share``; see patchbench.comparison.CompareSettings.)
     - images_min_extra_tokens_per_image: for image datasets, the server's prompt tokens must exceed
       the text-only token count by at least this many tokens per image sent (Qwen2.5-VL's smallest
       image, 56x56 pixels, is 4 tokens); below that: error "images dropped".

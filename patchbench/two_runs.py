@@ -4,14 +4,14 @@ The two runs were not interleaved, so their repeats do not pair: each run-level 
 unpaired Welch interval on the per-run log values (:func:`patchbench.verdicts.welch_log`), and the
 output says so. Configs are compared by their effective (defaults-filled) values, not by their
 spelling: the manifests hold ``Config.model_dump()``, so a default written out and a default left
-out compare equal.
+out compare equal. The comparison of the variants of one run is :mod:`patchbench.analysis`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from patchbench.analysis import _suite_decl, guess_metric_info, read_run
+from patchbench.analysis import guess_metric_info, read_run, suite_declarations
 from patchbench.runfolder import RunFolderError
 
 UNPAIRED_NOTE = (
@@ -41,9 +41,13 @@ def protocol_differences(a: dict, b: dict) -> list[str]:
 
 
 def compare_runs(run_a: Path, run_b: Path, variant: str | None = None, alpha: float = 0.05) -> dict:
-    """{"a", "b", "variant", "method", "differences", "rows": [{"suite", "metric", "a", "b",
-    "change_pct", "low_pct", "high_pct", "p", "n_a", "n_b", "note"}]}: A's baseline vs B's
-    ``variant`` (default B's first non-baseline variant)."""
+    """{"a", "b", "variant", "method", "differences", "rows": [{"suite", "metric", "kind", "n_a",
+    "n_b", "change_pct", "low_pct", "high_pct", "p", "note"}]}: A's baseline vs B's ``variant``
+    (default B's first non-baseline variant); changes and intervals in percent, None where the
+    metric is not compared (``note`` says why).
+
+    Raises RunFolderError / SchemaTooNew (exit 2) for a folder that is no readable run or a
+    variant B does not have."""
     from patchbench.verdicts import welch_log
 
     da, db = read_run(run_a), read_run(run_b)
@@ -52,14 +56,9 @@ def compare_runs(run_a: Path, run_b: Path, variant: str | None = None, alpha: fl
         raise RunFolderError(f"{run_b}: no variant '{v}'; variants: {', '.join(db.variants)}")
     rows = []
     for suite in [s for s in da.suites if s in db.suites]:
-        _, declared = _suite_decl(suite, [])
+        _, declared = suite_declarations(suite, [])
         names = sorted(
-            {
-                m
-                for (x, k, s), sm in {**da.summaries}.items()
-                if s == suite and sm
-                for m in sm.metrics
-            }
+            {m for (_v, _k, s), sm in da.summaries.items() if s == suite and sm for m in sm.metrics}
         )
         for m in names:
             info = declared.get(m) or guess_metric_info(m)
