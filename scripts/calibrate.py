@@ -104,6 +104,7 @@ sys.path.insert(0, str(REPO))  # this checkout's patchbench
 from patchbench import analysis  # noqa: E402
 from patchbench import suite as suite_mod  # noqa: E402
 from patchbench.comparison import CompareSettings, Comparison  # noqa: E402
+from patchbench.rundata import RunData  # noqa: E402
 from patchbench.runfolder import CellRecord, RunManifest, SuiteSummary  # noqa: E402
 from patchbench.stats import wilson_interval  # noqa: E402
 
@@ -276,8 +277,8 @@ def _summary_metrics(tr: Trial, v: str, k: int, s: str, secondaries: bool) -> di
 
 def run_data(
     tr: Trial, settings: CompareSettings, secondaries: bool = False, mmmu_first: bool = False
-) -> analysis.RunData:
-    """The trial as :class:`patchbench.analysis.RunData` (what ``read_run`` returns for the same
+) -> RunData:
+    """The trial as :class:`patchbench.rundata.RunData` (what ``read_run`` returns for the same
     run folder: typed manifest, cells, summaries; A/A variants as ``read_run`` finds them).
     secondaries: put every simulated metric in the summaries, not only the primaries (secondary
     rows change no primary verdict and no A/A check; they only cost time). mmmu_first: the MMMU
@@ -311,7 +312,7 @@ def run_data(
         for s in SUITES
         if ran(s, k)
     }
-    return analysis.RunData(
+    return RunData(
         Path("/nonexistent-calibration") / tr.run_id,
         man,
         BASELINE,
