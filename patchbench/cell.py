@@ -49,7 +49,7 @@ from patchbench.server import (
     scan_log,
     tail,
 )
-from patchbench.shims import CALLED_MARKER, SITE_DIR
+from patchbench.shims import CALLED_MARKER, HOOKS_ENV
 from patchbench.signals import signum_of
 from patchbench.suite import (
     Instrumentation,
@@ -342,7 +342,7 @@ class CellRun:
         """Correctness cells only: every suite's instrumentation into the server's environment."""
         if self.cell.kind != "correctness":
             return
-        extra_path: list[str] = []
+        hooks: list[str] = []
         wanted: list[tuple[str, list[str]]] = []
         for name in self.cfg.suites:
             ins = get_suite(name).instrumentation(
@@ -354,17 +354,15 @@ class CellRun:
             if ins.out_dir is not None:
                 make_dir(ins.out_dir)
             spec.env.update(ins.env)
-            extra_path += [str(p) for p in ins.pythonpath]
+            hooks += [str(p) for p in ins.hooks]
             if ins.server_args:
                 wanted.append((name, list(ins.server_args)))
         added = instrumentation_args(self.cfg, self.cell.variant, wanted)
         spec.args = list(spec.args) + added
         if added:
             self.record.instrumentation_args = added
-        if extra_path:  # after the overlay, before patchbench's own sitecustomize folder
-            parts = spec.env.get("PYTHONPATH", "").split(os.pathsep)
-            at = parts.index(str(SITE_DIR)) if str(SITE_DIR) in parts else 0
-            spec.env["PYTHONPATH"] = os.pathsep.join(parts[:at] + extra_path + parts[at:])
+        if hooks:  # imported in every server process by the site hook (patchbench/shims/site)
+            spec.env[HOOKS_ENV] = os.pathsep.join(hooks)
         self.record.instrumented = bool(self.instrumentation)
 
     def start(self) -> None:

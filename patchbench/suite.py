@@ -13,10 +13,11 @@ Required: ``name``, ``Params`` (pydantic, ``extra="forbid"``), ``metrics`` ``{na
 Class flags: ``needs_server`` (False: runs against the variant's sglang package, no server);
 ``timed`` (False: the suite perturbs timing, e.g. a profiler, and runs only in the untimed
 correctness cells, never in cells whose timings feed a verdict).
-Optional hooks (defaults do nothing): ``instrumentation`` (environment and PYTHONPATH entries the
-server needs for this suite; always run in untimed correctness cells), ``pair`` (paired analysis
-of one baseline cell and one variant cell), ``report_section`` and ``plots`` (render from the typed
-comparison only), ``report_block`` (PR-style text block of one cell), ``doctor_checks``.
+Optional hooks (defaults do nothing): ``instrumentation`` (environment, in-server hook files and
+server arguments the server needs for this suite; only in untimed correctness cells), ``pair``
+(paired analysis of one baseline cell and one variant cell), ``report_section`` and ``plots``
+(render from the typed comparison only), ``report_block`` (PR-style text block of one cell),
+``doctor_checks``.
 """
 
 from __future__ import annotations
@@ -86,8 +87,13 @@ class MetricInfo:
 class Instrumentation:
     """What a suite's ``instrumentation`` hook asks of the server of a correctness cell.
 
-    env: variables added to the server's environment; pythonpath: folders put on the server's
-    PYTHONPATH after the overlay (e.g. a ``sitecustomize`` import hook); out_dir: the folder the
+    env: variables added to the server's environment; hooks: Python files imported in every
+    process of the server at interpreter start, before sglang, by the site hook
+    (patchbench/shims/site/sitecustomize.py, through the ``PATCHBENCH_SERVER_HOOKS`` variable),
+    each as a top-level module named after its file (so the name must be unique, e.g.
+    ``patchbench_<suite>_instr.py``); a hook uses only the standard library, torch and
+    ``patchbench_import_hook`` (``wrap_on_import(module_name, fn)`` patches a module when it is
+    imported), and is switched and configured by ``env``. out_dir: the folder the
     instrumentation writes into (created by the core); perturbs_timing: True for anything that may
     change timing (such cells are never timed cells). ``collect(out_dir) -> dict`` (optional) is
     called once after the server stopped and its result is recorded in ``cell.json`` under
@@ -99,7 +105,7 @@ class Instrumentation:
     """
 
     env: dict[str, str] = field(default_factory=dict)
-    pythonpath: list[Path] = field(default_factory=list)
+    hooks: list[Path] = field(default_factory=list)
     out_dir: Path | None = None
     perturbs_timing: bool = True
     collect: Callable[[Path], dict] | None = None

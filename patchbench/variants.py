@@ -15,7 +15,7 @@ from typing import Any
 from patchbench import envinfo
 from patchbench.config import REPO_ROOT, Config
 from patchbench.errors import EnvironmentNotReady, PatchError
-from patchbench.shims import SITE_DIR, stand_in_path
+from patchbench.shims import HOOKS_ENV, SITE_DIR, stand_in_path
 
 CACHE_DIR = REPO_ROOT / ".cache"
 
@@ -49,8 +49,10 @@ def _pythonpath(*parts: Path | str | None, inherit: str | None = None) -> str:
 
 def base_env(cfg: Config, variant: str | None = None) -> dict[str, str]:
     """os.environ + server.env (+ the variant's ``env`` when ``variant`` is given), with the
-    stand-in switch set (no PYTHONPATH yet)."""
+    stand-in switch set (no PYTHONPATH yet) and no in-server hooks (a correctness cell adds
+    them)."""
     env = dict(os.environ)
+    env.pop(HOOKS_ENV, None)
     env.update(cfg.server_env_of(variant) if variant is not None else cfg.server.env)
     env.setdefault("PYTHONUNBUFFERED", "1")
     if cfg.server.cpu_stand_ins:

@@ -1,14 +1,14 @@
 """suites/sync_probe/instr/patchbench_mrope_instr.py on stand-in ForwardBatch classes.
 
 The module's wrapper runs around the real mrope method bodies (patched or stock file, compiled
-with the sync_probe suite's stand-ins); the import-hook test runs a child Python with the instr folder
-first on PYTHONPATH, as the server's processes get it, on a fake ``sglang`` package.
+with the sync_probe suite's stand-ins); the import-hook test runs a child Python as the server's
+processes run (the site hook on PYTHONPATH, this file named in PATCHBENCH_SERVER_HOOKS) on a fake
+``sglang`` package.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from patchbench.shims import HOOKS_ENV, SITE_DIR
 from patchbench.suites.sync_probe.mrope import (
     MropeCase,
     MropeMethods,
@@ -24,9 +25,11 @@ from patchbench.suites.sync_probe.mrope import (
     release_sources,
 )
 
-INSTR = Path(__file__).resolve().parents[1] / "suites" / "sync_probe" / "instr"
-sys.path.insert(0, str(INSTR))
+HOOK = Path(__file__).resolve().parents[1] / "suites/sync_probe/instr/patchbench_mrope_instr.py"
+sys.path.insert(0, str(HOOK.parent))
 import patchbench_mrope_instr as instr  # noqa: E402
+
+from tests.test_import_hooks import child, fake_sglang  # noqa: E402
 
 
 def _module(path: Path | str, source: str | None = None) -> types.ModuleType:
@@ -151,17 +154,8 @@ def test_same_error_counts_as_equal_and_is_reraised(tmp_path):
     assert counts["decode_live_errors"] == 1 and counts["crosscheck_decode_equal"] == 1
 
 
-def test_import_hook_through_sitecustomize(tmp_path):
-    # a fake sglang package whose forward_batch_info defines a tiny ForwardBatch (no torch)
-    pkg = tmp_path / "pkg" / "sglang" / "srt" / "model_executor"
-    pkg.mkdir(parents=True)
-    for d in (pkg, pkg.parent, pkg.parent.parent):
-        (d / "__init__.py").write_text("")
-    (pkg / "forward_batch_info.py").write_text(
-        "class ForwardBatch:\n"
-        "    def _compute_mrope_positions(self, model_runner, batch):\n"
-        "        self.mrope_positions = 'live'\n"
-    )
+def test_import_hook_through_the_site_hook(tmp_path):
+    pkg = fake_sglang(tmp_path / "pkg")
     probe = tmp_path / "probe"
     code = (
         "import types\n"
@@ -172,12 +166,8 @@ def test_import_hook_through_sitecustomize(tmp_path):
         "fb._compute_mrope_positions(None, types.SimpleNamespace(multimodal_inputs=[None, None]))\n"
         "print(fb.mrope_positions, m.ForwardBatch._compute_mrope_positions.__wrapped__.__name__)\n"
     )
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "PYTHONPATH": f"{INSTR}:{tmp_path / 'pkg'}",
-        "PATCHBENCH_MROPE_PROBE_DIR": str(probe),
-    }
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    env = {HOOKS_ENV: str(HOOK), "PATCHBENCH_MROPE_PROBE_DIR": str(probe)}
+    proc = child(code, env, [SITE_DIR, pkg])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["live", "_compute_mrope_positions"]
     data = _counts(probe)
@@ -257,7 +247,7 @@ def test_instrumentation_hook_env_path_and_switch(tmp_path):
     )
     assert suite.instrumentation(ctx, suite.Params()) is None
     ins = suite.instrumentation(ctx, suite.Params(server_crosscheck=True))
-    assert ins.pythonpath == [INSTR] and ins.perturbs_timing is True
+    assert ins.hooks == [HOOK] and ins.perturbs_timing is True
     assert ins.out_dir == tmp_path / "sync_probe" / "mrope_instr"
     assert ins.env == {
         "PATCHBENCH_MROPE_PROBE_DIR": str(ins.out_dir),
@@ -267,38 +257,3 @@ def test_instrumentation_hook_env_path_and_switch(tmp_path):
     }
     _write_counts(ins.out_dir, 5, {"calls": 1})
     assert ins.collect(ins.out_dir)["counts"] == {"calls": 1}
-
-
-@pytest.mark.parametrize("order", ["instr-first", "site-first"])
-def test_both_sitecustomize_files_run_in_either_order(tmp_path, order):
-    """The core's shims/site hook and the suite's instr hook each run the next sitecustomize
-    further down the path: both take effect, whichever comes first, and neither loops."""
-    from patchbench.shims import SITE_DIR
-
-    pkg = tmp_path / "pkg" / "sglang" / "srt" / "model_executor"
-    pkg.mkdir(parents=True)
-    for d in (pkg, pkg.parent, pkg.parent.parent):
-        (d / "__init__.py").write_text("")
-    (pkg / "forward_batch_info.py").write_text(
-        "class ForwardBatch:\n"
-        "    def _compute_mrope_positions(self, model_runner, batch):\n"
-        "        self.mrope_positions = 'live'\n"
-    )
-    code = (
-        "import sys, torch\n"
-        "from sglang.srt.model_executor import forward_batch_info as m\n"
-        "print(hasattr(m.ForwardBatch._compute_mrope_positions, '__wrapped__'),\n"
-        "      'sgl_kernel' in torch.ops.__dict__)\n"
-    )
-    dirs = [INSTR, SITE_DIR] if order == "instr-first" else [SITE_DIR, INSTR]
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "PATCHBENCH_MROPE_PROBE_DIR": str(tmp_path / "probe"),
-        "PATCHBENCH_CPU_STAND_INS": "1",
-        "PYTHONPATH": ":".join(str(d) for d in [*dirs, tmp_path / "pkg"]),
-    }
-    proc = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["True", "True"]

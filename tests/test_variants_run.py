@@ -2,7 +2,8 @@
 fake server: per-variant server arguments and environment reach the launch and nothing else
 changes, the manifest records what each variant changes, the report header shows it, a diff named
 directly is copied into the run folder, harness-owned arguments are refused per variant, and the
-instrumentation's server arguments are added to correctness cells only (conflicts refused)."""
+instrumentation's server arguments and hook files are added to correctness cells only (conflicts
+refused)."""
 
 import importlib.metadata
 import os
@@ -17,6 +18,7 @@ from patchbench.config import ConfigError, load_config
 from patchbench.errors import EnvironmentNotReady
 from patchbench.patchset import sha256_file
 from patchbench.records import read_json
+from patchbench.shims import HOOKS_ENV
 from patchbench.suite import Instrumentation, Suite, SuiteResult, register
 from tests.fake_server.fake_suites import InstrParams
 from tests.test_bench_runner import write_config
@@ -40,7 +42,8 @@ class FakeArgsSuite(Suite):
 
     def instrumentation(self, ctx, params):
         return Instrumentation(
-            env={"FAKE_ARGS_INSTR": "1"},
+            env={"FAKE_ARGS_INSTR": "1", "FAKE_HOOK_LOG": str(Path(ctx.run_dir) / "hook.log")},
+            hooks=[FAKE / "fake_hook.py"],
             out_dir=None,
             collect=None,
             server_args=["--disable-overlap-schedule", "--chunked-prefill-size=64"],
@@ -223,6 +226,15 @@ def test_instrumentation_server_args_go_to_correctness_cells_only(launches, tmp_
     ]
     assert launches["baseline/correctness"].env["FAKE_ARGS_INSTR"] == "1"
     assert "FAKE_ARGS_INSTR" not in launches["baseline/rep0"].env
+    # the hook file is imported by the correctness cells' servers (the site hook), never by a
+    # timed cell's server nor by any other process of the run
+    assert launches["baseline/correctness"].env[HOOKS_ENV] == str(FAKE / "fake_hook.py")
+    assert all(HOOKS_ENV not in launches[k].env for k in ("baseline/rep0", "no-overlap/rep0"))
+    pids = {
+        read_json(run_dir / k / "cell.json")["server"]["pid"]
+        for k in ("baseline/correctness", "no-overlap/correctness")
+    }
+    assert set(map(int, (run_dir / "hook.log").read_text().split())) == pids
     timed = read_json(run_dir / "baseline" / "rep0" / "cell.json")
     assert timed["instrumented"] is False and "instrumentation_args" not in timed
 

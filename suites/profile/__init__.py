@@ -2,10 +2,10 @@
 server's own torch-profiler trace (docs/profile.md).
 
 Runs only in the untimed correctness cell of each variant (``timed = False``: a profiler changes
-timing). Its :meth:`ProfileSuite.instrumentation` puts ``site/`` on the server's PYTHONPATH with
-``PATCHBENCH_PROFILE_RANGES=1``: the scheduler's decode step and the mrope computation then run in
-``patchbench::decode_step bs=N`` / ``patchbench::mrope MODE bs=N`` ranges (see
-``site/patchbench_profile_instr.py``). For each concurrency level in ``Params.concurrency``,
+timing). Its :meth:`ProfileSuite.instrumentation` declares the in-server hook
+``instr/patchbench_profile_instr.py`` with ``PATCHBENCH_PROFILE_RANGES=1``: the scheduler's decode
+step and the mrope computation then run in ``patchbench::decode_step bs=N`` /
+``patchbench::mrope MODE bs=N`` ranges. For each concurrency level in ``Params.concurrency``,
 :meth:`ProfileSuite.run` keeps that many streamed image requests decoding (``load.py``), asks the
 server for a trace of ``num_steps`` forward passes (``POST /start_profile``; the same arguments
 on 0.5.1.post3 and 0.5.23: ``output_dir, num_steps, activities, with_stack=false,
@@ -44,7 +44,8 @@ from patchbench.suite import (
 
 from . import trace as T
 
-SITE_DIR = Path(__file__).resolve().parent / "site"
+#: the in-server hook (Instrumentation.hooks) that names the decode-step and mrope ranges
+HOOK = Path(__file__).resolve().parent / "instr" / "patchbench_profile_instr.py"
 
 METRICS: dict[str, MetricInfo] = {
     "mrope_syncs_per_decode_step": MetricInfo(
@@ -479,11 +480,11 @@ class ProfileSuite(Suite):
         return run(ctx, params)
 
     def instrumentation(self, ctx: SuiteContext, params: Params) -> Instrumentation | None:
-        """``site/`` on the server's PYTHONPATH with ``PATCHBENCH_PROFILE_RANGES=1`` (the named
-        ranges); nothing to collect afterwards (the suite reads its own traces)."""
+        """The :data:`HOOK` in the server with ``PATCHBENCH_PROFILE_RANGES=1`` (the named ranges);
+        nothing to collect afterwards (the suite reads its own traces)."""
         return Instrumentation(
             env={"PATCHBENCH_PROFILE_RANGES": "1"},
-            pythonpath=[SITE_DIR],
+            hooks=[HOOK],
             out_dir=None,
             perturbs_timing=True,
             collect=None,

@@ -17,10 +17,10 @@ Every row also checks that the variant's positions equal stock's on the same bat
 ``probe.json`` (docs/CONTRACTS.md) into ``ctx.out_dir``.
 
 In-server cross-check (``server_crosscheck: true``): the :meth:`SyncProbeSuite.instrumentation`
-hook puts ``instr/`` (a sitecustomize.py import hook and ``patchbench_mrope_instr.py``) on the
-server's PYTHONPATH in the untimed correctness cells; every server process then counts its mrope
-computations per forward mode and checks each against the stock method, writing
-``counts.<pid>.json`` files that :func:`merge_counts` merges into ``cell.json``.
+hook declares the in-server hook ``instr/patchbench_mrope_instr.py`` for the untimed correctness
+cells; every server process then counts its mrope computations per forward mode and checks each
+against the stock method, writing ``counts.<pid>.json`` files that :func:`merge_counts` merges
+into ``cell.json``.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ from patchbench.suite import (
 from patchbench.suites.sync_probe.table import format_table, markdown_table
 
 REL = "srt/model_executor/forward_batch_info.py"
-#: the folder the in-server cross-check puts on the server's PYTHONPATH
-INSTR_DIR = Path(__file__).resolve().parent / "instr"
+#: the in-server hook (Instrumentation.hooks) of the cross-check
+HOOK = Path(__file__).resolve().parent / "instr" / "patchbench_mrope_instr.py"
 #: the instrumentation's folder inside this suite's folder of a correctness cell
 INSTR_OUT = "mrope_instr"
 
@@ -485,7 +485,7 @@ class SyncProbeSuite(Suite):
         return run(ctx, params)
 
     def instrumentation(self, ctx: SuiteContext, params: Params) -> Instrumentation | None:
-        """With ``server_crosscheck``: ``instr/`` on the server's PYTHONPATH, counts written to
+        """With ``server_crosscheck``: the :data:`HOOK` in the server, counts written to
         ``ctx.out_dir / "mrope_instr"``, each computation checked against the stock file
         ``ctx.stock_sglang_dir / srt/model_executor/forward_batch_info.py``; merged by
         :func:`merge_counts`. None otherwise."""
@@ -497,7 +497,7 @@ class SyncProbeSuite(Suite):
                 "PATCHBENCH_MROPE_PROBE_DIR": str(out),
                 "PATCHBENCH_MROPE_CROSSCHECK_REF": str(Path(ctx.stock_sglang_dir) / REL),
             },
-            pythonpath=[INSTR_DIR],
+            hooks=[HOOK],
             out_dir=out,
             perturbs_timing=True,
             collect=merge_counts,

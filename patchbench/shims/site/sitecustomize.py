@@ -1,15 +1,19 @@
-"""Loaded by every Python process of the sglang server (it is first on PYTHONPATH).
+"""The site hook: loaded by every Python process of the sglang server (this folder is on its
+PYTHONPATH, after the overlay), and the only file that brings patchbench code into the server.
 
-Switched by environment variables the harness sets (nothing happens without them):
+Switched by environment variables the harness sets (nothing happens without them), in this order:
 - PATCHBENCH_CPU_STAND_INS=1: torch compatibility for the CPU engine and handles for the
   ``torch.ops.sgl_kernel.*_cpu`` ops that sglang takes at import time (0.5.23), each raising
   with the PATCHBENCH-STAND-IN-CALLED marker when called.
 - PATCHBENCH_STABLE_VOCAB_ORDER=1: tokenizers return their vocabulary in id order (below).
+- PATCHBENCH_SERVER_HOOKS: ``os.pathsep``-separated Python files (the ``Instrumentation.hooks``
+  of the suites of a correctness cell), each imported by path under its file name's stem as a
+  top-level module; they patch sglang through ``patchbench_import_hook`` (beside this file). A
+  hook that fails to import prints its traceback to stderr (the server log); the rest still load.
 
-The next sitecustomize.py further down the path is still run (``_chain``), so this file never
-hides one. Suites that instrument the server (their ``instrumentation`` hook, e.g.
-suites/sync_probe/instr) bring their own folder with its own sitecustomize.py, which chains the
-same way.
+Then the next sitecustomize.py on ``sys.path`` after this folder runs, as Python would have run it
+without us. The whole file runs once per process: a second execution (another sitecustomize that
+chains back to this one) does nothing. Standard library only until a switch needs torch.
 """
 
 import os
@@ -17,8 +21,11 @@ import sys
 import types
 
 _MARKER = "PATCHBENCH-STAND-IN-CALLED"
+#: set on ``sys`` by the first execution of this file in a process
+_RAN = "_patchbench_site_hook_ran"
 
-if os.environ.get("PATCHBENCH_CPU_STAND_INS") == "1":
+
+def _cpu_stand_ins() -> None:
     import torch
 
     # torch >= 2.9 dropped this; sglang 0.5.1.post3's utils.cpu_has_amx_support() calls it.
@@ -35,7 +42,7 @@ if os.environ.get("PATCHBENCH_CPU_STAND_INS") == "1":
 
     # op handles grabbed at import time by sglang 0.5.23 CPU-engine modules (not AMX-gated);
     # anything else stays missing so hasattr() probes keep answering False.
-    _IMPORT_TIME_OPS = {
+    import_time_ops = {
         "fused_sigmoid_mul_cpu",
         "fused_qk_gemma_rmsnorm_cpu",
         "fused_qk_gemma_rmsnorm_with_gate_cpu",
@@ -55,7 +62,7 @@ if os.environ.get("PATCHBENCH_CPU_STAND_INS") == "1":
                 return super().__getattr__(op_name)
             except (AttributeError, RuntimeError):
                 pass
-            if op_name not in _IMPORT_TIME_OPS:
+            if op_name not in import_time_ops:
                 raise AttributeError(f"sgl_kernel CPU stand-in has no op {op_name}")
 
             def stand_in(*args, _name=op_name, **kwargs):
@@ -68,7 +75,8 @@ if os.environ.get("PATCHBENCH_CPU_STAND_INS") == "1":
 
     torch.ops.__dict__["sgl_kernel"] = _StandInOps("sgl_kernel")
 
-if os.environ.get("PATCHBENCH_STABLE_VOCAB_ORDER") == "1":
+
+def _stable_vocab_order() -> None:
     # sglang.bench_serving's random / random-image / image datasets draw prompt tokens with
     # random.choices(list(tokenizer.get_vocab().values())). A fast tokenizer's get_vocab() comes
     # from a Rust HashMap whose order differs from process to process, so --seed alone does not
@@ -76,27 +84,49 @@ if os.environ.get("PATCHBENCH_STABLE_VOCAB_ORDER") == "1":
     # Returning the vocabulary in id order makes the seeded draw the same in every process; it
     # changes which random tokens a prompt holds, not how anything is measured.
     try:
-        import transformers as _tf
-
-        def _stable(get_vocab):
-            def get_vocab_in_id_order(self):
-                return dict(sorted(get_vocab(self).items(), key=lambda kv: kv[1]))
-
-            get_vocab_in_id_order._patchbench_stable = True
-            return get_vocab_in_id_order
-
-        for _name in ("PreTrainedTokenizerFast", "PreTrainedTokenizer", "TokenizersBackend"):
-            _cls = getattr(_tf, _name, None)
-            _fn = getattr(_cls, "get_vocab", None) if _cls is not None else None
-            if _fn is not None and not getattr(_fn, "_patchbench_stable", False):
-                _cls.get_vocab = _stable(_fn)
+        import transformers as tf
     except ImportError:
-        pass
+        return
+
+    def stable(get_vocab):
+        def get_vocab_in_id_order(self):
+            return dict(sorted(get_vocab(self).items(), key=lambda kv: kv[1]))
+
+        get_vocab_in_id_order._patchbench_stable = True
+        return get_vocab_in_id_order
+
+    for name in ("PreTrainedTokenizerFast", "PreTrainedTokenizer", "TokenizersBackend"):
+        cls = getattr(tf, name, None)
+        fn = getattr(cls, "get_vocab", None) if cls is not None else None
+        if fn is not None and not getattr(fn, "_patchbench_stable", False):
+            cls.get_vocab = stable(fn)
 
 
-def _chain():
+def _import_hooks(paths: str) -> None:
+    """Import each file of ``paths`` (os.pathsep-separated) as a top-level module named after it."""
+    import importlib.util
+    import traceback
+
+    for path in (p for p in paths.split(os.pathsep) if p):
+        name = os.path.splitext(os.path.basename(path))[0]
+        if name in sys.modules:
+            continue
+        try:
+            spec = importlib.util.spec_from_file_location(name, path)
+            if spec is None:
+                raise ImportError(f"not a Python file: {path}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        except Exception:  # noqa: BLE001 - one broken hook must not stop the server's start
+            sys.modules.pop(name, None)
+            print(f"patchbench site hook: importing {path} failed:", file=sys.stderr)
+            traceback.print_exc()
+
+
+def _chain() -> None:
     """Run the first sitecustomize.py on sys.path *after* this file's folder, as Python would have
-    without us (only later entries: two chaining sitecustomize files never loop)."""
+    without us."""
     import importlib.util
 
     here = os.path.dirname(os.path.abspath(__file__))
@@ -114,4 +144,12 @@ def _chain():
             return
 
 
-_chain()
+if not getattr(sys, _RAN, False):
+    setattr(sys, _RAN, True)
+    if os.environ.get("PATCHBENCH_CPU_STAND_INS") == "1":
+        _cpu_stand_ins()
+    if os.environ.get("PATCHBENCH_STABLE_VOCAB_ORDER") == "1":
+        _stable_vocab_order()
+    if os.environ.get("PATCHBENCH_SERVER_HOOKS"):
+        _import_hooks(os.environ["PATCHBENCH_SERVER_HOOKS"])
+    _chain()

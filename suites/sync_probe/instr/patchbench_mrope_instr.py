@@ -1,10 +1,12 @@
 """Count (and cross-check) sglang's mrope position computations in every server process.
 
-Imported by this folder's sitecustomize.py when ``PATCHBENCH_MROPE_PROBE_DIR`` is set. Installs an
-import hook; when ``sglang.srt.model_executor.forward_batch_info`` is executed (in the scheduler
-process, which sglang starts with ``spawn``), ``ForwardBatch._compute_mrope_positions`` (the entry
-point on every release; 0.5.18+ split its body into ``_compute_mrope_positions_decode`` /
-``_extend``, which it calls) is wrapped to count per call:
+The sync_probe suite's ``Instrumentation.hooks`` (with ``server_crosscheck``): the site hook
+(patchbench/shims/site/sitecustomize.py) imports it in every server process of a correctness cell.
+With ``PATCHBENCH_MROPE_PROBE_DIR`` set, when ``sglang.srt.model_executor.forward_batch_info`` is
+executed (in the scheduler process, which sglang starts with ``spawn``),
+``ForwardBatch._compute_mrope_positions`` (the entry point on every release; 0.5.18+ split its
+body into ``_compute_mrope_positions_decode`` / ``_extend``, which it calls) is wrapped to count
+per call:
 
 - ``calls``, ``decode_calls``, ``extend_calls``, ``other_calls``;
 - ``decode_multi_image_calls``: decode calls with batch size >= 2 that include at least one image
@@ -23,8 +25,8 @@ After every call the counts go atomically (temp file + rename) to
 ``{"pid", "module_file", "module_sha256", "crosscheck_ref", "crosscheck_ref_sha256",
 "counts": {...}, "mismatch_samples": [up to 5], "updated_unix_s"}``.
 
-Self-contained (standard library + torch, which sglang imports anyway): the server's processes
-need not be able to import ``patchbench``.
+Standard library, torch (which sglang imports anyway) and ``patchbench_import_hook`` (beside the
+site hook) only: the server's processes need not be able to import ``patchbench``.
 """
 
 from __future__ import annotations
@@ -32,10 +34,8 @@ from __future__ import annotations
 import ast
 import copy
 import hashlib
-import importlib.abc
 import json
 import os
-import sys
 import tempfile
 import time
 import types
@@ -233,57 +233,11 @@ def _crosscheck(counter, ref, fb, model_runner, batch, mode, mine, my_error) -> 
         )
 
 
-class _WrappingLoader(importlib.abc.Loader):
-    def __init__(self, inner, on_exec):
-        self._inner, self._on_exec = inner, on_exec
+def activate(probe_dir: str, ref_path: str | None, target: str = TARGET) -> None:
+    """Wrap module ``target`` now if it is imported, else when it is (``patchbench_import_hook``)."""
+    from patchbench_import_hook import wrap_on_import
 
-    def create_module(self, spec):
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module):
-        self._inner.exec_module(module)
-        self._on_exec(module)
-
-    def __getattr__(self, name):  # get_source, get_filename, ... of the real loader
-        return getattr(self._inner, name)
-
-
-class ImportHook(importlib.abc.MetaPathFinder):
-    """Finds ``TARGET`` with the other finders and runs ``on_exec(module)`` after it executes."""
-
-    def __init__(self, on_exec, target: str = TARGET):
-        self.on_exec, self.target = on_exec, target
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != self.target:
-            return None
-        # only the finders after this one: another hook of the same kind (the other suite's)
-        # then finds the module through the rest and wraps it too, never back through this one
-        try:
-            rest = sys.meta_path[sys.meta_path.index(self) + 1 :]
-        except ValueError:
-            rest = [f for f in sys.meta_path if f is not self]
-        for finder in rest:
-            if not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None:
-                    spec.loader = _WrappingLoader(spec.loader, self.on_exec)
-                return spec
-        return None
-
-
-def activate(probe_dir: str, ref_path: str | None) -> None:
-    """Wrap now if the module is already imported, else when it is."""
-
-    def on_exec(module):
-        wrap_forward_batch(module, probe_dir, ref_path)
-
-    if TARGET in sys.modules:
-        on_exec(sys.modules[TARGET])
-    else:
-        sys.meta_path.insert(0, ImportHook(on_exec))
+    wrap_on_import(target, lambda module: wrap_forward_batch(module, probe_dir, ref_path))
 
 
 if os.environ.get("PATCHBENCH_MROPE_PROBE_DIR"):

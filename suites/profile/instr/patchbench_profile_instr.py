@@ -1,7 +1,9 @@
 """Named profiler ranges around sglang's decode step and mrope computation (in-server import hook).
 
-Imported by this folder's ``sitecustomize.py`` when ``PATCHBENCH_PROFILE_RANGES=1``. When sglang's
-modules execute (in the scheduler process, which sglang starts with ``spawn``):
+One of the profile suite's ``Instrumentation.hooks``: the site hook (patchbench/shims/site/
+sitecustomize.py) imports it in every server process of a correctness cell. With
+``PATCHBENCH_PROFILE_RANGES=1`` it wraps, when sglang's modules execute (in the scheduler process,
+which sglang starts with ``spawn``):
 
 - ``sglang.srt.managers.tp_worker``: ``TpModelWorker.forward_batch_generation`` runs inside
   ``torch.profiler.record_function("patchbench::decode_step bs=N")`` when its batch is a decode
@@ -14,19 +16,13 @@ modules execute (in the scheduler process, which sglang starts with ``spawn``):
   entry point on every release) runs inside ``record_function("patchbench::mrope MODE bs=N")``.
 
 A range costs a few microseconds when no profiler runs and records nothing then. Only the standard
-library and torch (which sglang imports anyway) are used: the server need not import patchbench.
+library, torch (which sglang imports anyway) and ``patchbench_import_hook`` (beside the site hook)
+are used: the server need not import patchbench.
 """
 
 from __future__ import annotations
 
-import importlib.abc
 import os
-import sys
-
-TARGETS = {
-    "sglang.srt.managers.tp_worker": "wrap_tp_worker",
-    "sglang.srt.model_executor.forward_batch_info": "wrap_forward_batch",
-}
 
 
 def _batch_info(obj) -> tuple[str, int | None]:
@@ -90,51 +86,19 @@ def wrap_forward_batch(module) -> None:
     cls._patchbench_profile_wrapped = True
 
 
-class _WrappingLoader(importlib.abc.Loader):
-    def __init__(self, inner, on_exec):
-        self._inner, self._on_exec = inner, on_exec
-
-    def create_module(self, spec):
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module):
-        self._inner.exec_module(module)
-        self._on_exec(module)
-
-    def __getattr__(self, name):  # get_source, get_filename, ... of the real loader
-        return getattr(self._inner, name)
-
-
-class ImportHook(importlib.abc.MetaPathFinder):
-    """Finds the :data:`TARGETS` with the other finders and wraps them after they execute."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname not in TARGETS:
-            return None
-        # only the finders after this one: another hook of the same kind (the other suite's)
-        # then finds the module through the rest and wraps it too, never back through this one
-        try:
-            rest = sys.meta_path[sys.meta_path.index(self) + 1 :]
-        except ValueError:
-            rest = [f for f in sys.meta_path if f is not self]
-        for finder in rest:
-            if not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None:
-                    spec.loader = _WrappingLoader(spec.loader, globals()[TARGETS[fullname]])
-                return spec
-        return None
+#: module name -> the function that wraps it
+TARGETS = {
+    "sglang.srt.managers.tp_worker": wrap_tp_worker,
+    "sglang.srt.model_executor.forward_batch_info": wrap_forward_batch,
+}
 
 
 def activate() -> None:
-    """Wrap the targets already imported; install the hook for the others."""
-    for name, fn in TARGETS.items():
-        if name in sys.modules:
-            globals()[fn](sys.modules[name])
-    if not any(isinstance(f, ImportHook) for f in sys.meta_path):
-        sys.meta_path.insert(0, ImportHook())
+    """Wrap each of :data:`TARGETS` now or when it is imported (``patchbench_import_hook``)."""
+    from patchbench_import_hook import wrap_on_import
+
+    for name, wrap in TARGETS.items():
+        wrap_on_import(name, wrap)
 
 
 if os.environ.get("PATCHBENCH_PROFILE_RANGES") == "1":
