@@ -33,8 +33,9 @@ from patchbench.cell import (
     run_cell,
     utc_stamp,
 )
-from patchbench.config import REPO_ROOT, Config, ConfigError, load_config, patch_label
-from patchbench.errors import EnvironmentNotReady, Interrupted, RunFailed
+from patchbench.config import Config, load_config, patch_label
+from patchbench.errors import ConfigError, EnvironmentNotReady, Interrupted, RunFailed
+from patchbench.inputs import RESULTS_DIR
 from patchbench.records import ResultsWriteError, make_dir, read_json
 from patchbench.runfolder import write_manifest
 from patchbench.schedule import Cell, plan_cells
@@ -43,7 +44,6 @@ from patchbench.signals import signum_of, terminate_like_ctrl_c
 from patchbench.suite import get_suite
 from patchbench.variants import (
     CACHE_DIR,
-    PatchProblem,
     VariantEnv,
     _pythonpath,
     base_env,
@@ -51,8 +51,6 @@ from patchbench.variants import (
     stand_in_dirs,
     stock_client_env,
 )
-
-RESULTS_DIR = REPO_ROOT / "results"
 
 __all__ = [
     "run_bench",
@@ -62,7 +60,6 @@ __all__ = [
     "ensure_model",
     "plan",
     "EnvironmentNotReady",
-    "PatchProblem",
     "RunFailed",
     "Interrupted",
     "CACHE_DIR",
@@ -411,7 +408,7 @@ def run_bench(
 ) -> Path:
     """Run a config end to end; returns the run folder.
 
-    Raises ConfigError / PatchProblem (exit 2) or EnvironmentNotReady (exit 3) before any server
+    Raises ConfigError / PatchError (exit 2) or EnvironmentNotReady (exit 3) before any server
     starts; RunFailed (exit 4) after the run when a cell failed (everything that finished is on
     disk, compare.json and report.md included); Interrupted (exit 130, 143 for SIGTERM) after
     Ctrl-C, SIGTERM or SIGHUP, once the server and any client are stopped (finished cells kept).
@@ -837,11 +834,3 @@ def _compare_and_report(run_dir: Path, *, log=_log) -> str | None:
     except Exception as e:  # noqa: BLE001 - the summary is a courtesy; report.md is written
         log(f"report: {out} (console summary failed: {type(e).__name__}: {e})")
     return None
-
-
-# ---------------------------------------------------------------------------------- command line
-def cli(argv: list[str]) -> int:
-    """``patchbench bench ...`` through the one command line (patchbench.cli)."""
-    from patchbench.cli import main
-
-    return main(["bench", *argv])

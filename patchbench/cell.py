@@ -35,6 +35,8 @@ from typing import Any
 
 from patchbench import envinfo, logscan, preload, runfolder
 from patchbench.config import Config
+from patchbench.config.args import check_args, split_args
+from patchbench.errors import ConfigError
 from patchbench.liveness import ServerLost, ServerWatch
 from patchbench.records import ResultsWriteError, make_dir
 from patchbench.runfolder import CellRecord
@@ -180,8 +182,6 @@ def instrumentation_args(
     that ``server.args``, the variant's ``server_args`` or another suite's instrumentation sets
     differently, or when it asks for an argument the harness owns.
     """
-    from patchbench.config import ConfigError, check_args, split_args
-
     have: dict[str, tuple[str | None, str]] = {}
     for key, args in (
         ("server.args", cfg.server.args),

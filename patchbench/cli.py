@@ -4,8 +4,9 @@ Every subcommand is one row of :data:`COMMANDS` (name, one-line help, its option
 that runs it); ``patchbench --help`` is generated from that table and from the exit-code table
 :data:`patchbench.errors.EXIT_CODES`. Every command ends the same way (:func:`main`):
 
-- it returns an exit code, or raises; an error deriving from :class:`patchbench.errors.PatchbenchError`
-  becomes its documented exit code and a message on stderr that starts with ``patchbench CMD: <kind> (exit N):``;
+- it returns an exit code, or raises; an error deriving from
+  :class:`patchbench.errors.PatchbenchError` becomes its documented exit code and a message on
+  stderr that starts with ``patchbench CMD: <kind> (exit N):`` (the error's ``kind``);
 - Ctrl-C (KeyboardInterrupt) exits 130 in every command; :class:`patchbench.errors.Interrupted`
   exits 130, or 143 for SIGTERM;
 - anything else is a bug: exit 70 with the traceback.
@@ -42,31 +43,11 @@ def exit_code_of(exc: BaseException) -> int:
     return errors.exit_code_of(exc)
 
 
-def _kind(exc: BaseException, code: int) -> str:
-    """A short word for the message: "config error", "patch error", "environment not ready"..."""
-    names = [c.__name__ for c in type(exc).__mro__]
-    if code == EXIT_USAGE:
-        if "RunFolderError" in names:
-            return "run folder error"
-        if "ConfigError" in names:
-            return "config error"
-        if "PatchError" in names or "PatchProblem" in names or "OverlayError" in names:
-            return "patch error"
-        return "usage error"
-    return {
-        errors.EXIT_REGRESSION: "regression found",
-        EXIT_ENV: "environment not ready",
-        errors.EXIT_RUN_FAILED: "run failed",
-        errors.EXIT_UNDERPOWERED: "underpowered",
-        errors.EXIT_INTERRUPTED: "interrupted",
-        errors.EXIT_TERMINATED: "terminated",
-    }.get(code, "error")
-
-
 def _report(cmd: str, exc: BaseException, code: int) -> None:
-    """Print the error line (and, for a multi-line message, its detail lines) on stderr."""
+    """Print the error line (and, for a multi-line message, its detail lines) on stderr:
+    ``patchbench CMD: <kind> (exit N): <message>`` (:func:`patchbench.errors.kind_of`)."""
     text = str(exc).strip()
-    head = f"{PROG} {cmd}: {_kind(exc, code)} (exit {code})"
+    head = f"{PROG} {cmd}: {errors.kind_of(exc)} (exit {code})"
     print(f"{head}: {text}" if text else head, file=sys.stderr)
 
 
@@ -181,7 +162,7 @@ def _run_check_patch(a: argparse.Namespace, _raw: list[str]) -> int:
     for name in names:
         try:
             m = patchset.load_manifest(name)
-        except patchset.PatchError as e:
+        except errors.PatchError as e:
             print(f"{name:<20} {'-':<12} FAIL  {e}")
             worst, failed = max(worst, exit_code_of(e), key=_CHECK_ORDER.index), failed + 1
             continue
@@ -194,7 +175,7 @@ def _run_check_patch(a: argparse.Namespace, _raw: list[str]) -> int:
                 continue
             try:
                 res = patchset.check_patch(name, ver, cache_dir=cache)
-            except patchset.PatchError as e:
+            except errors.PatchError as e:
                 print(f"{name:<20} {ver:<12} FAIL  {e}")
                 worst, failed = max(worst, exit_code_of(e), key=_CHECK_ORDER.index), failed + 1
                 continue

@@ -6,7 +6,7 @@ answers, free disk, each GPU's persistence mode and application clocks (NVML:
 requirement of that config with OK / MISSING and the command that fixes it: the sglang pin, the
 model, a GPU, the port, and each suite's own checks
 (:meth:`patchbench.suite.Suite.doctor_checks`; the core names no suite). Exit 0 when nothing is
-missing, 3 otherwise; an invalid CONFIG raises :class:`patchbench.config.ConfigError` (exit 2).
+missing, 3 otherwise; an invalid CONFIG raises :class:`patchbench.errors.ConfigError` (exit 2).
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from patchbench import envinfo
+from patchbench.config import load_config
 from patchbench.errors import EXIT_ENV, EXIT_OK
+from patchbench.inputs import REPO_ROOT, RESULTS_DIR, is_hub_id
 
 #: the environment facts (:func:`patchbench.envinfo.collect`) of the doctor run in progress, so a
 #: suite's ``doctor_checks`` can ask (e.g. whether the hub answers) without probing again
@@ -28,8 +30,6 @@ Check = tuple[str, bool, str]  # (what, ok, how to fix)
 
 def supported_pins() -> list[str]:
     """sglang releases with a CPU profile in requirements/ (GPU installs take any release)."""
-    from patchbench.config import REPO_ROOT
-
     return sorted(
         p.stem.removeprefix("cpu-") for p in (REPO_ROOT / "requirements").glob("cpu-*.txt")
     )
@@ -91,9 +91,7 @@ def _stale_server_checks(results_dir: Path | None = None) -> list[Check]:
     except ImportError:  # the module is optional until every environment has it
         return []
     if results_dir is None:
-        from patchbench.config import REPO_ROOT
-
-        results_dir = REPO_ROOT / "results"
+        results_dir = RESULTS_DIR
     stale = find_stale_servers(results_dir)
     if not stale:
         return [("no sglang server left over by an earlier patchbench run", True, "")]
@@ -112,7 +110,6 @@ def checks_for(cfg: Any, info: dict) -> list[Check]:
     """(what, ok, how to fix) for each requirement of ``cfg`` (a loaded Config) in this
     environment; ``info`` is :func:`patchbench.envinfo.collect`'s dict (keys used: sglang,
     hub_reachable, gpu)."""
-    from patchbench.config import is_hub_id
     from patchbench.server import port_answers
 
     token = _INFO.set(info)
@@ -212,8 +209,6 @@ def run_doctor(config: str | None = None, out: TextIO | None = None, *, nvml: An
         print(f"{k:<18} {v}", file=out)
     rows = _stale_server_checks()
     if config:
-        from patchbench.config import load_config
-
         cfg = load_config(config)
         rows = checks_for(cfg, info) + rows
         print(f"\nfor {config}:", file=out)
@@ -224,10 +219,3 @@ def run_doctor(config: str | None = None, out: TextIO | None = None, *, nvml: An
             f"  {'OK     ' if ok else 'MISSING'} {what}" + ("" if ok else f"  -> {fix}"), file=out
         )
     return EXIT_OK if all(ok for _, ok, _ in rows) else EXIT_ENV
-
-
-def cli(argv: list[str]) -> int:
-    """``patchbench doctor [CONFIG]`` through the one command line (kept for existing callers)."""
-    from patchbench.cli import main
-
-    return main(["doctor", *argv])

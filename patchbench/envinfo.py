@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from patchbench.config import REPO_ROOT
+from patchbench.inputs import REPO_ROOT
 
 
 def installed_version(dist: str) -> str | None:

@@ -74,12 +74,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from patchbench import config as _config
+from patchbench.config import load_config
 from patchbench.errors import ConfigError, EnvironmentNotReady, Interrupted, RunFailed, UsageError
+from patchbench.inputs import FOLDER_NAME, REPO_ROOT, RESULTS_DIR, line_of, read_yaml_mapping
 from patchbench.records import read_json, write_json, write_text
 
-REPO_ROOT = _config.REPO_ROOT
-RESULTS_DIR = REPO_ROOT / "results"
 MATRIX_SCHEMA = 1
 #: the special axis that routes a unit instead of setting a config key
 GPU_AXIS = "gpu_type"
@@ -156,7 +155,7 @@ class MatrixSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _config.VARIANT_NAME.match(v):
+        if not FOLDER_NAME.match(v):
             raise ValueError(
                 "use letters, digits, '.', '_' and '-' (it names the matrix run folder)"
             )
@@ -285,7 +284,7 @@ def is_matrix_file(path: str | os.PathLike) -> bool:
     """True when ``path`` is a YAML mapping with ``axes``, ``units`` or ``base`` at the top and no
     ``variants`` (a matrix file rather than a config: how ``nightly`` can tell them apart).
     Raises ConfigError for an unreadable or invalid YAML file (naming it)."""
-    _, raw = _config.read_yaml_mapping(Path(path), _config.ConfigError, "a config or a matrix")
+    _, raw = read_yaml_mapping(Path(path), ConfigError, "a config or a matrix", "config file")
     return "variants" not in raw and any(k in raw for k in ("axes", "units", "base"))
 
 
@@ -300,8 +299,8 @@ def load_matrix(path: str | os.PathLike) -> Matrix:
     does not validate (every problem of every unit is listed).
     """
     path = Path(path)
-    text, raw = _config.read_yaml_mapping(path, ConfigError, "name, base, axes, set, units, ...")
-    where = lambda *loc: f"{path}:{_config._line_of(text, loc) or ''}"  # noqa: E731
+    text, raw = read_yaml_mapping(path, ConfigError, "name, base, axes, set, units, ...")
+    where = lambda *loc: f"{path}:{line_of(text, loc) or ''}"  # noqa: E731
     try:
         spec = MatrixSpec.model_validate(raw)
     except ValidationError as e:
@@ -425,8 +424,11 @@ def load_matrix(path: str | os.PathLike) -> Matrix:
             seen[uid] = n
             if cfg_path not in base_cache:
                 try:
-                    base_cache[cfg_path] = _config.read_yaml_mapping(
-                        cfg_path, _config.ConfigError, "name, sglang, model, variants, suites, ..."
+                    base_cache[cfg_path] = read_yaml_mapping(
+                        cfg_path,
+                        ConfigError,
+                        "name, sglang, model, variants, suites, ...",
+                        "config file",
                     )
                 except ConfigError as e:
                     key = ("base",) if spec.base else ("units", n, "config")
@@ -456,7 +458,7 @@ def load_matrix(path: str | os.PathLike) -> Matrix:
             tmp_cfg = Path(tmp) / f"{uid}.yaml"
             tmp_cfg.write_text(unit_text, encoding="utf-8")
             try:
-                cfg = _config.load_config(tmp_cfg)
+                cfg = load_config(tmp_cfg)
             except ConfigError as e:
                 problems.append(
                     _unit_problem(
@@ -538,7 +540,7 @@ def _unit_problem(
         if src is not None:
             at = f"{lines.get(src, '')} (set by the matrix: {src})"
         else:
-            bl = _config._line_of(base_text, loc) if loc else None
+            bl = line_of(base_text, loc) if loc else None
             at = f"{cfg_path}:{bl or ''}"
         out.append(f"  {at}: {rest}")
     return f"unit {uid} ({shown}): its config does not validate:\n" + "\n".join(out)

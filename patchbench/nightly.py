@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from patchbench.config import load_config
 from patchbench.errors import (
     EXIT_ENV,
     EXIT_OK,
@@ -48,6 +49,11 @@ from patchbench.errors import (
     EXIT_RUN_FAILED,
     EXIT_UNDERPOWERED,
     EXIT_USAGE,
+    ConfigError,
+    EnvironmentNotReady,
+    PatchError,
+    RunFailed,
+    UsageError,
 )
 from patchbench.gates import (
     DEFAULT_HISTORY,
@@ -58,6 +64,7 @@ from patchbench.gates import (
     night_outcome,
 )
 from patchbench.history import History, HistoryError, Night, dump_json, night_from_run
+from patchbench.matrix import is_matrix_file, load_matrix, run_matrix
 from patchbench.records import read_json, write_json, write_text
 from patchbench.trend import plot_trend, write_plots
 
@@ -843,9 +850,6 @@ def nightly_matrix(
     Raises ConfigError (exit 2) for a bad matrix, EnvironmentNotReady (3) when Ray is missing,
     Interrupted (130/143) on Ctrl-C / SIGTERM (finished units kept, nothing gated).
     """
-    from patchbench.errors import RunFailed
-    from patchbench.matrix import load_matrix, run_matrix
-
     m = load_matrix(path)
     try:
         mdir = run_matrix(path, on, address, results=results, executor=executor, **executor_kw)
@@ -890,8 +894,6 @@ def record_only_matrix(
 
 
 def _load(config: str) -> tuple[Any, NightlySettings]:
-    from patchbench.config import load_config
-
     cfg = load_config(config)
     return cfg, NightlySettings.model_validate(cfg.nightly or {})
 
@@ -915,9 +917,6 @@ def add_matrix_arguments(p: argparse.ArgumentParser) -> None:
 def _matrix_cli(a: argparse.Namespace) -> int | None:
     """The matrix forms of ``patchbench nightly`` (a matrix file, or ``--from-run`` /
     ``--record-only`` of a matrix run folder); None when the arguments are not about a matrix."""
-    from patchbench.errors import ConfigError, EnvironmentNotReady, UsageError
-    from patchbench.matrix import is_matrix_file, load_matrix
-
     folder = a.from_run or a.record_only
     matrix_folder = bool(folder) and (Path(folder) / "matrix.json").is_file()
     try:
@@ -1004,8 +1003,6 @@ def cli(argv: list[str]) -> int:
 
 def run_args(a: argparse.Namespace) -> int:
     """``patchbench nightly`` from parsed arguments (:func:`add_arguments`); the exit code."""
-    from patchbench.config import ConfigError
-
     matrix_code = _matrix_cli(a)
     if matrix_code is not None:
         return matrix_code
@@ -1053,8 +1050,7 @@ def run_args(a: argparse.Namespace) -> int:
         if env_error is not None and isinstance(e, env_error):
             print(f"nightly: environment not ready: {e}", file=sys.stderr)
             return EXIT_ENV
-        patch_error = getattr(bench, "PatchProblem", None)
-        if isinstance(e, ConfigError) or (patch_error is not None and isinstance(e, patch_error)):
+        if isinstance(e, (ConfigError, PatchError)):
             print(f"nightly: {e}", file=sys.stderr)
             return EXIT_USAGE
         known = run_error is not None and isinstance(e, run_error)

@@ -18,7 +18,7 @@ expected sha256, and that the ``sglang`` package itself is the overlay's, withou
 (its import pulls torch, triton, ...). A stock variant checks that ``sglang`` is the installed
 package and that ``forward_batch_info`` has the stock hash.
 
-Errors: :class:`OverlayError` (and the :class:`patchbench.patchset.PatchError` family from
+Errors: :class:`OverlayError` (and :class:`patchbench.errors.PatchError` or a subclass from
 applying a patch), naming the variant's patches, the paths and expected vs found hashes.
 """
 
@@ -35,13 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from patchbench import errors
-from patchbench.patchset import (
-    DEFAULT_CACHE_DIR,
-    FORWARD_BATCH_INFO,
-    apply_to_tree,
-    patch_sha256,
-    sha256_file,
-)
+from patchbench.inputs import CACHE_DIR, sha256_file
+from patchbench.patchset import FORWARD_BATCH_INFO, apply_to_tree, patch_sha256
 from patchbench.records import read_json, write_json
 
 #: format of overlay.json; bump when the Overlay fields change (old cached overlays are rebuilt)
@@ -153,9 +148,9 @@ def build_overlay(
     (e.g. ``.cache/overlays``); patch_cache_dir: wheels and derived diffs (default ``.cache``).
     An empty ``patches`` returns the stock package (no copy). A cached overlay is reused when its
     key matches and its patched files still have their recorded hashes; otherwise it is rebuilt.
-    Raises :class:`OverlayError` (no sglang there, other version, a patch named twice) or the
-    :class:`~patchbench.patchset.PatchError` family (a patch that does not apply: nothing is left
-    behind).
+    Raises :class:`OverlayError` (no sglang there, other version, a patch named twice) or
+    :class:`~patchbench.errors.PatchError` or a subclass (a patch that does not apply: nothing is
+    left behind).
     """
     stock_site_dir = Path(stock_site_dir).resolve()
     stock = stock_site_dir / "sglang"
@@ -180,7 +175,7 @@ def build_overlay(
         raise OverlayError(
             f"patch list {names} names {', '.join(twice)} twice; a patch applies once"
         )
-    pcache = Path(patch_cache_dir or DEFAULT_CACHE_DIR)
+    pcache = Path(patch_cache_dir or CACHE_DIR)
     hashes = {n: patch_sha256(n, version, pcache, patches_dir=d) for n, d in refs}
     key = hashlib.sha256(
         json.dumps(

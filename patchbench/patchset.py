@@ -28,10 +28,10 @@ Cache layout (``cache_dir``, by default the repo's git-ignored ``.cache/``)::
     wheels/<name>-<version>/*.whl          pip download --no-deps <name>==<version>
     patches/<from>__<to>.diff              derived diffs, keyed by the two specs
 
-Errors: :class:`PatchError` and its subclasses :class:`ManifestError` (a manifest or diff file that
-cannot be used), :class:`UnsupportedRelease` (no diff for that sglang release), :class:`FetchError`
-(a wheel that could not be downloaded). Every message names the patch, and where it applies, the
-file, the key or the failing hunk and what was expected.
+Errors: :class:`patchbench.errors.PatchError` and its subclasses here: :class:`ManifestError` (a
+manifest or diff file that cannot be used), :class:`UnsupportedRelease` (no diff for that sglang
+release), :class:`FetchError` (a wheel that could not be downloaded; exit 3). Every message names
+the patch, and where it applies, the file, the key or the failing hunk and what was expected.
 """
 
 from __future__ import annotations
@@ -59,20 +59,17 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from patchbench import config as _config
-from patchbench import errors
+from patchbench import errors, inputs
+from patchbench.errors import PatchError
+from patchbench.inputs import FOLDER_NAME, line_of, read_text_file, read_yaml_mapping, sha256_file
 from patchbench.records import write_text
 
 #: default cache folder (git-ignored): wheels, derived diffs
-DEFAULT_CACHE_DIR = _config.REPO_ROOT / ".cache"
+DEFAULT_CACHE_DIR = inputs.CACHE_DIR
 #: the file every patch of this project is about, and whose hash the overlay verifies in the server
 FORWARD_BATCH_INFO = "sglang/srt/model_executor/forward_batch_info.py"
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-
-
-class PatchError(errors.PatchError):
-    """A patch that cannot be used or applied; the message names the patch, file and hunk (exit 2)."""
 
 
 class ManifestError(PatchError):
@@ -87,6 +84,7 @@ class FetchError(PatchError, errors.EnvironmentNotReady):
     """An upstream wheel could not be downloaded (no network, unknown version) (exit 3)."""
 
     exit_code = errors.EXIT_ENV
+    kind = errors.EnvironmentNotReady.kind
 
 
 # --------------------------------------------------------------------------- manifest schema
@@ -254,20 +252,20 @@ def pin_of(spec: str) -> tuple[str, str]:
 
 def available_patches(patches_dir: Path | None = None) -> list[str]:
     """Names of the folders under the patches dir that hold a ``manifest.yaml``, sorted."""
-    d = Path(patches_dir or _config.PATCHES_DIR)
+    d = Path(patches_dir or inputs.PATCHES_DIR)
     return (
         sorted(p.name for p in d.iterdir() if (p / "manifest.yaml").is_file()) if d.is_dir() else []
     )
 
 
 def load_manifest(name: str, *, patches_dir: Path | None = None) -> PatchManifest:
-    """Load and validate ``<patches_dir>/<name>/manifest.yaml`` (default ``config.PATCHES_DIR``).
+    """Load and validate ``<patches_dir>/<name>/manifest.yaml`` (default ``patchbench.inputs.PATCHES_DIR``).
 
     Also checks that the name matches the folder and that every diff file named exists.
     Raises :class:`ManifestError` naming the file, the key (with its YAML line) and what is allowed.
     """
-    d = Path(patches_dir or _config.PATCHES_DIR)
-    if not _config.PATCH_NAME.match(str(name)):
+    d = Path(patches_dir or inputs.PATCHES_DIR)
+    if not FOLDER_NAME.match(str(name)):
         raise ManifestError(
             f"'{name}' is not a patch name (a folder in {d}: letters, digits, '.', '_', '-')"
         )
@@ -277,7 +275,7 @@ def load_manifest(name: str, *, patches_dir: Path | None = None) -> PatchManifes
         raise ManifestError(
             f"patch '{name}' not found: no {path}; available: {', '.join(have) or 'none'}"
         )
-    text, raw = _config.read_yaml_mapping(
+    text, raw = read_yaml_mapping(
         path, ManifestError, "name, description, upstream, derive, releases, origin"
     )
     try:
@@ -287,7 +285,7 @@ def load_manifest(name: str, *, patches_dir: Path | None = None) -> PatchManifes
         for err in e.errors():
             loc = tuple("from" if x == "from_" else x for x in err["loc"])
             key = ".".join(str(x) for x in loc) or "(top level)"
-            line = _config._line_of(text, loc)
+            line = line_of(text, loc)
             at = f"{path}:{line}" if line else str(path)
             if err["type"] == "extra_forbidden":
                 lines.append(f"{at}: unknown key '{key}'")
@@ -315,11 +313,6 @@ def load_manifest(name: str, *, patches_dir: Path | None = None) -> PatchManifes
 # --------------------------------------------------------------------------- diffs
 def _sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def sha256_file(path: Path) -> str:
-    """sha256 hex digest of a file's bytes."""
-    return _sha256_bytes(Path(path).read_bytes())
 
 
 def fetch_wheel(spec: str, *, cache_dir: Path | None = None) -> Path:
@@ -976,7 +969,7 @@ def build_patch(
     (naming each release's failing file or hunk); FetchError (exit 3) when a release's wheel
     cannot be fetched.
     """
-    if not _config.PATCH_NAME.match(name or ""):
+    if not FOLDER_NAME.match(name or ""):
         raise PatchError(
             f"patch name '{name}': use letters, digits, '.', '_' and '-' (it names "
             "the folder in patches/)"
@@ -989,7 +982,7 @@ def build_patch(
             Version(v)
         except InvalidVersion:
             raise PatchError(f"'{v}' is not an sglang release version (e.g. 0.5.1.post3)") from None
-    pdir = Path(patches_dir or _config.PATCHES_DIR)
+    pdir = Path(patches_dir or inputs.PATCHES_DIR)
     dest = pdir / name
     if dest.exists() and not force:
         raise PatchError(f"{dest} already exists; choose another name or remove it first")
@@ -1059,7 +1052,7 @@ def new_patch_from_diff(
     """``patchbench new-patch NAME --from-diff FILE --sglang V [--sglang V2 ...]``: see
     :func:`build_patch`. Raises PatchError when the file is missing or not UTF-8."""
     f = Path(diff_file)
-    text = _config.read_text_file(f, PatchError, "diff file")
+    text = read_text_file(f, PatchError, "diff file")
     return build_patch(
         name,
         text,
@@ -1176,7 +1169,7 @@ def patch_from_diff_file(
     Raises the PatchError family (see :func:`build_patch`) naming the file.
     """
     f = Path(diff_file)
-    text = _config.read_text_file(f, PatchError, "diff file")
+    text = read_text_file(f, PatchError, "diff file")
     digest = _sha256_bytes(text.encode())
     stem = re.sub(r"[^A-Za-z0-9._-]+", "-", f.stem).strip("-._") or "diff"
     name = f"{stem}-{digest[:12]}"

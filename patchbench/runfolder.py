@@ -47,6 +47,8 @@ SuiteStatus = Literal["ok", "incomplete", "failed", "unreadable"]
 class RunFolderError(ConfigError):
     """A run-folder file cannot be used (missing or unreadable manifest); names the file (exit 2)."""
 
+    kind = "run folder error"
+
 
 class SchemaTooNew(RunFolderError):
     """A file was written by a newer patchbench; names the file and both schema versions (exit 2)."""

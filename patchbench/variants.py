@@ -13,15 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from patchbench import envinfo
-from patchbench.config import REPO_ROOT, Config
+from patchbench import overlay as ov
+from patchbench.config import Config, patch_label
 from patchbench.errors import EnvironmentNotReady, PatchError
+from patchbench.inputs import CACHE_DIR
 from patchbench.shims import HOOKS_ENV, SITE_DIR, stand_in_path
-
-CACHE_DIR = REPO_ROOT / ".cache"
-
-
-class PatchProblem(PatchError):
-    """A variant's patch does not apply or its overlay does not verify (exit 2)."""
 
 
 @dataclass
@@ -82,14 +78,10 @@ def prepare_variants(cfg: Config, *, log=_log) -> dict[str, VariantEnv]:
 
     Each variant gets its patches (:meth:`Config.overlay_patches`: patch names, and a patch
     folder made from each diff named directly), and its environment (``server.env`` plus the
-    variant's ``env``, :meth:`Config.server_env_of`). Raises PatchProblem naming the variant,
-    patch, file and hunk when a diff does not apply, or when the server's environment would not
-    import the overlay's files.
+    variant's ``env``, :meth:`Config.server_env_of`). Raises
+    :class:`patchbench.errors.PatchError` (exit 2) naming the variant, patch, file and hunk when a
+    diff does not apply, or when the server's environment would not import the overlay's files.
     """
-    from patchbench import overlay as ov
-    from patchbench.config import patch_label
-    from patchbench.patchset import PatchError as _PatchsetError
-
     site = envinfo.stock_site_dir()
     if site is None:
         raise EnvironmentNotReady("sglang is not importable in this environment")
@@ -105,8 +97,8 @@ def prepare_variants(cfg: Config, *, log=_log) -> dict[str, VariantEnv]:
                 cache_root=CACHE_DIR / "overlays",
                 patch_cache_dir=CACHE_DIR,
             )
-        except _PatchsetError as e:
-            raise PatchProblem(f"variant '{name}': {e}") from None
+        except PatchError as e:
+            raise PatchError(f"variant '{name}': {e}") from None
         env = base_env(cfg, name)
         env["PYTHONPATH"] = _pythonpath(
             o.root, SITE_DIR, *stand_in_dirs(cfg), inherit=os.environ.get("PYTHONPATH")
@@ -114,7 +106,7 @@ def prepare_variants(cfg: Config, *, log=_log) -> dict[str, VariantEnv]:
         try:
             found = ov.verify_in_env(o, sys.executable, env)
         except ov.OverlayError as e:
-            raise PatchProblem(f"variant '{name}': {e}") from None
+            raise PatchError(f"variant '{name}': {e}") from None
         sha = found.get("sha256") or o.fbi_sha256
         extra = cfg.variants[name]
         log(

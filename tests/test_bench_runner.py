@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import tests.fake_server.fake_suites  # registers the fake suites (and is subclassed below)
-from patchbench import bench, cell
-from patchbench.config import ConfigError, load_config
-from patchbench.errors import Interrupted
+from patchbench import bench, cell, cli
+from patchbench.config import load_config
+from patchbench.errors import ConfigError, Interrupted, PatchError
 from patchbench.records import read_json
 from patchbench.server import port_answers
 from patchbench.suite import register as register_suite
@@ -108,9 +108,9 @@ def test_resume_of_a_folder_without_manifest_is_a_usage_error(fake_env, tmp_path
     cfg = write_config(tmp_path, BASIC)
     (tmp_path / "empty").mkdir()
     for extra in ([], ["--dry-run"]):
-        assert bench.cli([str(cfg), "--resume", str(tmp_path / "empty"), *extra]) == 2
+        assert cli.main(["bench", str(cfg), "--resume", str(tmp_path / "empty"), *extra]) == 2
         assert "no manifest.json there" in capsys.readouterr().err
-        assert bench.cli([str(cfg), "--resume", str(tmp_path / "nope"), *extra]) == 2
+        assert cli.main(["bench", str(cfg), "--resume", str(tmp_path / "nope"), *extra]) == 2
         assert "nope: no such folder" in capsys.readouterr().err
     assert not port_answers("127.0.0.1", 31990)
 
@@ -221,7 +221,6 @@ def test_ctrl_c_stops_server_and_keeps_finished_cells(fake_env, tmp_path, monkey
 
 def test_patch_that_does_not_apply_stops_before_any_server(fake_env, tmp_path, monkeypatch):
     from patchbench import overlay
-    from patchbench.patchset import PatchError
 
     def boom(*a, **k):
         raise PatchError(
@@ -232,7 +231,7 @@ def test_patch_that_does_not_apply_stops_before_any_server(fake_env, tmp_path, m
     monkeypatch.setattr(overlay, "build_overlay", boom)
     cfg = write_config(tmp_path, BASIC)
     with pytest.raises(
-        bench.PatchProblem, match="variant 'baseline'.*null-comment.*forward_batch_info.py.*hunk"
+        PatchError, match="variant 'baseline'.*null-comment.*forward_batch_info.py.*hunk"
     ):
         bench.run_bench(cfg, results_root=tmp_path / "results")
     assert not (tmp_path / "results").exists()
@@ -245,12 +244,12 @@ def test_wrong_sglang_pin_is_environment_error(fake_env, tmp_path):
         bench.EnvironmentNotReady, match=f"pins sglang 0.4.0.*has {SGLANG}.*make setup SGLANG=0.4.0"
     ):
         bench.run_bench(cfg, results_root=tmp_path / "results")
-    assert bench.cli([str(cfg)]) == 3
+    assert cli.main(["bench", str(cfg)]) == 3
 
 
 def test_dry_run_prints_plan_and_launches_nothing(fake_env, tmp_path, capsys):
     cfg = write_config(tmp_path, BASIC)
-    assert bench.cli([str(cfg), "--dry-run"]) == 0
+    assert cli.main(["bench", str(cfg), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "baseline#0 control#0 control#1 baseline#1" in out
     assert "control                  patches: null-comment" in out
@@ -297,7 +296,7 @@ def test_config_errors_name_file_key_line_and_allowed(fake_env, tmp_path, body, 
     import re
 
     assert re.search(expected, str(ei.value)), str(ei.value)
-    assert bench.cli([str(cfg)]) == 2
+    assert cli.main(["bench", str(cfg)]) == 2
 
 
 def _model_cfg(tmp_path, model_yaml: str):

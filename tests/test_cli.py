@@ -161,16 +161,69 @@ def test_a_bug_exits_70_with_the_traceback(monkeypatch, capsys):
 
 def test_module_errors_map_to_the_documented_codes():
     """Every module error derives from patchbench.errors and exits with its documented code."""
-    from patchbench import config, history, patchset, server
+    from patchbench import history, patchset, server
 
-    assert cli.exit_code_of(config.ConfigError("x")) == 2
-    assert cli.exit_code_of(patchset.PatchError("x")) == 2
+    assert cli.exit_code_of(errors.ConfigError("x")) == 2
+    assert cli.exit_code_of(errors.PatchError("x")) == 2
     assert cli.exit_code_of(patchset.FetchError("x")) == 3  # a PatchError that is environmental
     assert cli.exit_code_of(history.HistoryError(Path("h.sqlite"), "locked")) == 3
     assert cli.exit_code_of(server.ServerError("x")) == 4
     assert cli.exit_code_of(KeyboardInterrupt()) == 130
     assert cli.exit_code_of(SystemExit(2)) == 2
     assert cli.exit_code_of(RuntimeError("x")) == 70
+
+
+#: the message kind each exit code's errors start with (exit 2 has several, one per class)
+KIND_OF_CODE = {
+    1: {"regression found"},
+    2: {"usage error", "config error", "patch error", "run folder error"},
+    3: {"environment not ready"},
+    4: {"run failed"},
+    5: {"underpowered"},
+    130: {"interrupted"},
+    143: {"terminated"},
+}
+
+
+def _subclasses(cls: type) -> list[type]:
+    out = []
+    for sub in cls.__subclasses__():
+        out += [sub, *_subclasses(sub)]
+    return out
+
+
+def test_every_error_class_carries_a_kind_that_matches_its_exit_code():
+    """Each PatchbenchError subclass in patchbench and its suites says its own kind; a class that
+    changes its exit code (patchset.FetchError: a patch error that exits 3) changes its kind too."""
+    import importlib
+    import pkgutil
+
+    import patchbench
+    import patchbench.suites
+
+    for pkg in (patchbench, patchbench.suites):
+        for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
+            if ".shims." in m.name or m.name.endswith((".instr", ".site")):
+                continue
+            try:
+                importlib.import_module(m.name)
+            except (
+                ModuleNotFoundError
+            ) as e:  # torch, in an environment without it (make test-light)
+                if (e.name or "").startswith("patchbench"):
+                    raise
+    classes = _subclasses(errors.PatchbenchError)
+    names = {c.__name__ for c in classes}
+    assert {"ConfigError", "FetchError", "RunFolderError", "HistoryError", "OverlayError"} <= names
+    for c in classes:
+        assert c.kind in KIND_OF_CODE[c.exit_code], (c, c.exit_code, c.kind)
+    from patchbench import patchset, runfolder
+
+    assert errors.kind_of(patchset.FetchError("x")) == "environment not ready"
+    assert errors.kind_of(runfolder.RunFolderError("x")) == "run folder error"
+    assert errors.kind_of(errors.Interrupted("x", signum=15)) == "terminated"
+    assert errors.kind_of(KeyboardInterrupt()) == "interrupted"
+    assert not hasattr(cli, "_kind")  # the kind comes from the class, never from its name
 
 
 # ------------------------------------------------------------------------------ config errors
@@ -238,11 +291,11 @@ def test_doctor_without_a_gpu_for_a_gpu_config_exits_3(monkeypatch, capsys):
 def broken_patch(tmp_path, monkeypatch):
     """patches/ with null-comment plus "broken": null-comment whose diff context matches no
     release (git apply refuses it)."""
-    from patchbench import config
+    from patchbench import inputs
 
     patches = tmp_path / "patches"
-    shutil.copytree(config.PATCHES_DIR / "null-comment", patches / "null-comment")
-    shutil.copytree(config.PATCHES_DIR / "null-comment", patches / "broken")
+    shutil.copytree(inputs.PATCHES_DIR / "null-comment", patches / "null-comment")
+    shutil.copytree(inputs.PATCHES_DIR / "null-comment", patches / "broken")
     manifest = patches / "broken" / "manifest.yaml"
     manifest.write_text(manifest.read_text().replace("name: null-comment", "name: broken"))
     for diff in (patches / "broken").glob("*.diff"):
@@ -250,7 +303,7 @@ def broken_patch(tmp_path, monkeypatch):
         ctx = next(i for i, ln in enumerate(lines) if ln.startswith(" ") and ln.strip())
         lines[ctx] = " this line is in no release of sglang\n"
         diff.write_text("".join(lines))
-    monkeypatch.setattr(config, "PATCHES_DIR", patches)
+    monkeypatch.setattr(inputs, "PATCHES_DIR", patches)
     return patches
 
 
@@ -271,9 +324,9 @@ def test_check_patch_of_an_unknown_patch_exits_2(capsys):
 
 
 def test_new_patch_from_a_missing_diff_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys):
-    from patchbench import config
+    from patchbench import inputs
 
-    monkeypatch.setattr(config, "PATCHES_DIR", tmp_path / "patches")
+    monkeypatch.setattr(inputs, "PATCHES_DIR", tmp_path / "patches")
     argv = ["new-patch", "mine", "--from-diff", str(tmp_path / "none.diff"), "--sglang", "0.5.23"]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err

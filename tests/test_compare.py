@@ -168,7 +168,8 @@ def test_settings_validation_and_config_section(tmp_path):
         CompareSettings(bogus=1)
     with pytest.raises(ValidationError):
         CompareSettings(confidence=1.5)
-    from patchbench.config import ConfigError, load_config
+    from patchbench.config import load_config
+    from patchbench.errors import ConfigError
 
     y = tmp_path / "c.yaml"
     y.write_text(

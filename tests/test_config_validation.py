@@ -9,15 +9,10 @@ from pathlib import Path
 import pytest
 
 from patchbench import errors
-from patchbench.config import (
-    MAX_CONFIG_BYTES,
-    MAX_YAML_ALIASES,
-    REPO_ROOT,
-    Config,
-    ConfigError,
-    load_config,
-    split_args,
-)
+from patchbench.config import Config, load_config
+from patchbench.config.args import split_args
+from patchbench.errors import ConfigError
+from patchbench.inputs import MAX_CONFIG_BYTES, MAX_YAML_ALIASES, REPO_ROOT, sha256_file
 
 BASE = """\
 name: t
@@ -91,7 +86,7 @@ aa: {patches: []}""",
 
 
 def test_variant_diff_patch_hashes_and_changed_args(tmp_path):
-    from patchbench.patchset import load_manifest, sha256_file
+    from patchbench.patchset import load_manifest
 
     cfg = load_config(
         write(

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from patchbench import bench, doctor
+from patchbench import cli, doctor
 from patchbench.config import load_config
 from patchbench.schedule import plan_cells
 
@@ -31,7 +31,7 @@ def test_config_validates_and_dry_runs(path, capsys):
     cfg = load_config(path)
     assert cfg.baseline in cfg.variants
     assert set(cfg.suite_params) == set(cfg.suites)
-    assert bench.cli([str(path), "--dry-run"]) == 0
+    assert cli.main(["bench", str(path), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert f"name       {cfg.name}" in out and "nothing is launched" in out
 
@@ -99,7 +99,7 @@ def test_schedule_rejects_bad_input():
 
 
 def test_doctor_prints_environment_and_missing(capsys):
-    rc = doctor.cli([str(CONFIGS[0].parent / "pr9460-h200.yaml")])
+    rc = cli.main(["doctor", str(CONFIGS[0].parent / "pr9460-h200.yaml")])
     out = capsys.readouterr().out
     assert "sglang" in out and re.search(r"supported pins +0\.5\.1\.post3, 0\.5\.23", out)
     from patchbench.envinfo import gpu_info
@@ -114,7 +114,7 @@ def test_doctor_prints_environment_and_missing(capsys):
 def test_hub_model_id_is_passed_through_and_local_folders_resolve(tmp_path):
     """`Qwen/Qwen2.5-VL-3B-Instruct` (no such local folder) reaches --model-path unchanged; a
     relative local folder resolves against the repo root; ./-paths are never hub ids."""
-    from patchbench.config import REPO_ROOT, is_hub_id
+    from patchbench.inputs import REPO_ROOT, is_hub_id
 
     cfg = load_config(CONFIGS[0].parent / "pr9460-h200.yaml")
     assert cfg.model_ref == "Qwen/Qwen2.5-VL-3B-Instruct"

@@ -19,8 +19,9 @@ import pytest
 import yaml
 
 from patchbench import errors, patchset
+from patchbench.errors import PatchError
 from patchbench.overlay import OverlayError, build_overlay, verify_in_env
-from patchbench.patchset import FORWARD_BATCH_INFO, PatchError
+from patchbench.patchset import FORWARD_BATCH_INFO
 
 VERSION, SITE = patchset.installed_sglang()
 pytestmark = pytest.mark.skipif(SITE is None, reason="sglang is not installed in this environment")
@@ -361,7 +362,7 @@ def test_a_diff_named_in_a_config_is_hashed_applied_and_verified(checkout, tmp_p
         "--- /dev/null\n+++ b/python/sglang/l.py\n@@ -0,0 +1 @@\n+x.py\n"
     )
     p.write_text(cfg_text.replace(str(diff), str(bad)))
-    from patchbench.config import ConfigError
+    from patchbench.errors import ConfigError
 
     with pytest.raises(ConfigError) as e:
         load_config(p)

@@ -21,8 +21,8 @@ import yaml
 
 import patchbench
 from patchbench import records
-from patchbench.config import ConfigError, load_config
-from patchbench.errors import EXIT_UNDERPOWERED
+from patchbench.config import load_config
+from patchbench.errors import EXIT_UNDERPOWERED, ConfigError
 from patchbench.history import History
 from patchbench.nightly import (
     DEFAULT_HISTORY,
@@ -728,11 +728,11 @@ def test_e2e_nightly_on_cpu(tmp_path, monkeypatch):
     if not DEMO.is_file():
         pytest.skip(f"{DEMO} not there yet")
     bench = pytest.importorskip("patchbench.bench")
-    import patchbench.config as pconfig
+    import patchbench.inputs as inputs
 
     version = yaml.safe_load(DEMO.read_text())["sglang"]
     monkeypatch.setattr(
-        pconfig, "PATCHES_DIR", _patches_with_slowdown(tmp_path / "patches", version)
+        inputs, "PATCHES_DIR", _patches_with_slowdown(tmp_path / "patches", version)
     )
     h = tmp_path / "history.sqlite"
     monkeypatch.setenv(HISTORY_ENV, str(h))

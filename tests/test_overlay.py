@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from patchbench import patchset
+from patchbench.errors import PatchError
 from patchbench.overlay import Overlay, OverlayError, build_overlay, verify_in_env
-from patchbench.patchset import DEFAULT_CACHE_DIR, FORWARD_BATCH_INFO, PatchError, load_manifest
+from patchbench.patchset import DEFAULT_CACHE_DIR, FORWARD_BATCH_INFO, load_manifest
 
 VERSION, SITE = patchset.installed_sglang()
 pytestmark = pytest.mark.skipif(SITE is None, reason="sglang is not installed in this environment")

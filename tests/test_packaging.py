@@ -42,6 +42,26 @@ def test_every_suite_package_is_installed_under_patchbench_suites():
     assert not missing, f"add to [tool.setuptools] packages in pyproject.toml: {missing}"
 
 
+def test_every_patchbench_subpackage_is_installed():
+    """Every folder under patchbench/ that is a package all the way up (an ``__init__.py`` in it
+    and in each folder above it) is listed; the CPU stand-ins under patchbench/shims/cpu/ are
+    package data, not packages of patchbench."""
+    packages, _ = setuptools_config()
+    root = REPO / "patchbench"
+    found = set()
+    for init in root.rglob("__init__.py"):
+        rel = init.parent.relative_to(root)
+        if root.joinpath(*rel.parts[:1]).is_symlink() or "__pycache__" in rel.parts:
+            continue  # patchbench/suites -> ../suites: listed through its own package-dir
+        if all(
+            (root.joinpath(*rel.parts[:n]) / "__init__.py").is_file() for n in range(len(rel.parts))
+        ):
+            found.add(".".join(("patchbench", *rel.parts)))
+    assert {"patchbench", "patchbench.config", "patchbench.shims"} <= found  # the walk works
+    missing = sorted(found - set(packages))
+    assert not missing, f"add to [tool.setuptools] packages in pyproject.toml: {missing}"
+
+
 def test_every_listed_package_exists_and_nothing_installs_a_top_level_suites():
     packages, package_dir = setuptools_config()
     assert package_dir.get("patchbench.suites") == "suites"

@@ -17,14 +17,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from patchbench import EXIT_OK, EXIT_USAGE, patchset
 from patchbench import cli as pb_cli
-from patchbench import config as pb_config
+from patchbench import inputs, patchset
+from patchbench.errors import EXIT_OK, EXIT_USAGE, PatchError
 from patchbench.patchset import (
     DEFAULT_CACHE_DIR,
     FORWARD_BATCH_INFO,
     ManifestError,
-    PatchError,
     UnsupportedRelease,
     apply_to_tree,
     diff_text,
@@ -326,7 +325,7 @@ def test_cli_usage_errors(capsys):
 
 def test_cli_without_patch_skips_patches_lacking_the_release(capsys, monkeypatch, tmp_path):
     pdir = tmp_path / "patches"
-    shutil.copytree(pb_config.PATCHES_DIR / "null-comment", pdir / "null-comment")
+    shutil.copytree(inputs.PATCHES_DIR / "null-comment", pdir / "null-comment")
     m = yaml.safe_load((pdir / "null-comment" / "manifest.yaml").read_text())
     m["name"] = "only-old"
     m["releases"] = {
@@ -338,7 +337,7 @@ def test_cli_without_patch_skips_patches_lacking_the_release(capsys, monkeypatch
         m,
         {f"{INSTALLED_VERSION}.diff": diff_text("null-comment", INSTALLED_VERSION)},
     )
-    monkeypatch.setattr(pb_config, "PATCHES_DIR", pdir)
+    monkeypatch.setattr(inputs, "PATCHES_DIR", pdir)
     assert pb_cli.main(["check-patch", "--sglang", INSTALLED_VERSION]) == EXIT_OK
     out = capsys.readouterr().out
     assert "only-old" in out and "SKIP" in out and "null-comment" in out and " OK " in out
@@ -355,7 +354,7 @@ def test_cli_diff_that_does_not_apply_exits_2(capsys, monkeypatch, tmp_path):
         _null_manifest(INSTALLED_VERSION, sha(stock_fbi()), "b" * 64, "broken"),
         {f"{INSTALLED_VERSION}.diff": body},
     )
-    monkeypatch.setattr(pb_config, "PATCHES_DIR", pdir)
+    monkeypatch.setattr(inputs, "PATCHES_DIR", pdir)
     assert pb_cli.main(["check-patch", "--sglang", INSTALLED_VERSION]) == EXIT_USAGE
     out = capsys.readouterr().out
     assert "broken" in out and "FAIL" in out and "hunk @@ -11,6 +11,7 @@" in out
@@ -384,7 +383,7 @@ def test_cli_rejects_a_patch_that_does_not_compile(capsys, monkeypatch, tmp_path
         _null_manifest(INSTALLED_VERSION, sha(stock_fbi()), sha(after), "nocompile"),
         {f"{INSTALLED_VERSION}.diff": body},
     )
-    monkeypatch.setattr(pb_config, "PATCHES_DIR", pdir)
+    monkeypatch.setattr(inputs, "PATCHES_DIR", pdir)
     assert pb_cli.main(["check-patch", "--sglang", INSTALLED_VERSION]) == EXIT_USAGE
     assert "does not compile" in capsys.readouterr().out
 

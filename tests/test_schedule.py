@@ -101,7 +101,8 @@ import textwrap  # noqa: E402
 
 import tests.fake_server.fake_suites  # noqa: E402,F401 - registers the fake suites
 from patchbench import bench, cell  # noqa: E402
-from patchbench.config import ConfigError, load_config  # noqa: E402
+from patchbench.config import load_config  # noqa: E402
+from patchbench.errors import ConfigError  # noqa: E402
 from patchbench.records import read_json  # noqa: E402
 from patchbench.schedule import parse_rounds, resolve_rounds  # noqa: E402
 from patchbench.suite import MetricInfo, Suite, SuiteResult, register  # noqa: E402

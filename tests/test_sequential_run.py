@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict
 from scipy import stats
 
 from patchbench import bench
-from patchbench.config import ConfigError, load_config
-from patchbench.errors import Interrupted
+from patchbench.config import load_config
+from patchbench.errors import ConfigError, Interrupted
 from patchbench.records import read_json
 from patchbench.sequential import FUTILITY, nominal_levels
 from patchbench.suite import MetricInfo, Suite, SuiteResult, register

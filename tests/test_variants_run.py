@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 import tests.fake_server.fake_suites  # noqa: F401 - registers the fake suites
-from patchbench import bench, cell
-from patchbench.config import ConfigError, load_config
-from patchbench.errors import EnvironmentNotReady
-from patchbench.patchset import sha256_file
+from patchbench import bench, cell, cli
+from patchbench.config import load_config
+from patchbench.errors import ConfigError, EnvironmentNotReady
+from patchbench.inputs import sha256_file
 from patchbench.records import read_json
 from patchbench.shims import HOOKS_ENV
 from patchbench.suite import Instrumentation, Suite, SuiteResult, register
@@ -132,7 +132,7 @@ def test_report_header_shows_a_variants_server_args_and_env(launches, tmp_path):
 
 def test_dry_run_shows_each_variants_patches_args_and_env(launches, tmp_path, capsys):
     cfg = write_config(tmp_path, BASE)
-    assert bench.cli([str(cfg), "--dry-run"]) == 0
+    assert cli.main(["bench", str(cfg), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "  no-overlap               patches: (stock)\n" in out
     assert "                           server args: --disable-overlap-schedule\n" in out
@@ -157,7 +157,7 @@ def test_per_variant_port_is_refused_naming_the_variant(launches, tmp_path, caps
     msg = r"key 'variants\.no-overlap\.server_args': server_args\[\d\]: '--po.*set by the harness"
     with pytest.raises(ConfigError, match=msg):
         load_config(cfg)
-    assert bench.cli([str(cfg)]) == 2
+    assert cli.main(["bench", str(cfg)]) == 2
     assert "variants.no-overlap.server_args" in capsys.readouterr().err
     assert launches == {}
 
@@ -192,7 +192,7 @@ def test_missing_local_model_is_exit_3_before_any_launch(launches, tmp_path, cap
     cfg = write_config(tmp_path, BASE.replace('path: "@MODEL@"', f'path: "{tmp_path}/nope"'))
     with pytest.raises(EnvironmentNotReady, match=r"model.path .*nope does not exist"):
         bench.run_bench(cfg, results_root=tmp_path / "results")
-    assert bench.cli([str(cfg)]) == 3
+    assert cli.main(["bench", str(cfg)]) == 3
     assert launches == {} and not (tmp_path / "results").exists()
 
 
@@ -251,7 +251,7 @@ def test_instrumentation_argument_conflict_is_refused_before_any_launch(launches
     )
     with pytest.raises(ConfigError, match=msg):
         bench.describe_plan(load_config(cfg))
-    assert bench.cli([str(cfg)]) == 2
+    assert cli.main(["bench", str(cfg)]) == 2
     assert (
         "variants.no-overlap.server_args sets --chunked-prefill-size 128" in capsys.readouterr().err
     )

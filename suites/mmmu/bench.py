@@ -23,9 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import patchbench.suites.mmmu.client as client
+import patchbench.suites.mmmu.scoring as scoring
 from patchbench.records import read_jsonl, write_json, write_jsonl
 from patchbench.suite import SuiteContext, SuiteError, SuiteResult
-from patchbench.suites.mmmu import client, scoring
 from patchbench.suites.mmmu.data import DOMAINS, load_questions
 from patchbench.suites.mmmu.params import Params
 from patchbench.suites.mmmu.prompts import (

@@ -37,10 +37,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from patchbench import EXIT_OK, EXIT_USAGE
-from patchbench.errors import UsageError
+import patchbench.suites.mmmu.parsers as parsers
+import patchbench.suites.mmmu.scoring as scoring
+from patchbench.errors import EXIT_OK, EXIT_USAGE, UsageError
 from patchbench.records import read_json, read_jsonl, write_json, write_text
-from patchbench.suites.mmmu import parsers, scoring
 from patchbench.suites.mmmu.data import subject_of
 from patchbench.suites.mmmu.params import Params
 

@@ -30,8 +30,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import patchbench.suites.mmmu.parsers as P
 from patchbench.stats import wilson_interval
-from patchbench.suites.mmmu import parsers as P
 from patchbench.suites.mmmu.data import DOMAINS, subject_of
 
 PARSERS = ("strict", "official")

@@ -97,7 +97,8 @@ def stock_source(
             # the one wheel cache and download helper of the harness (patchbench.patchset); a
             # machine with torch alone (scripts/gpu_check.sh) gets prepared files instead
             try:
-                from patchbench.patchset import PatchError, fetch_wheel
+                from patchbench.errors import PatchError
+                from patchbench.patchset import fetch_wheel
             except ImportError as e:
                 raise MropeSourceError(
                     f"no stock file for sglang {version} at {path} and no harness to download "

@@ -1,0 +1,123 @@
+"""Server arguments and environment variables in a config: the checks that refuse what the harness
+sets itself (:data:`HARNESS_ARGS`, :data:`HARNESS_ENV`) in any spelling, and the parser that reads
+an argument list as (flag, value) pairs.
+
+Used by the config models (``server.args``, a variant's ``server_args``) and by the correctness
+cells (a suite's instrumentation arguments, ``patchbench.cell``). Errors are ValueError naming the
+key and item; the models turn them into :class:`patchbench.errors.ConfigError` messages.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: POSIX environment variable name
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+#: server arguments the harness sets itself (from model.path, model.tokenizer, server.host/port)
+HARNESS_ARGS = ("--model-path", "--model", "--tokenizer-path", "--host", "--port")
+#: environment variables the harness sets itself (the overlay goes first on PYTHONPATH)
+HARNESS_ENV = ("PYTHONPATH",)
+HARNESS_ENV_PREFIX = "PATCHBENCH_"
+
+
+def split_args(args: list[str]) -> list[tuple[int, str, str | None]]:
+    """``server.args``-style list -> [(index of the flag item, flag, value or None)].
+
+    ``--flag=value`` and ``--flag value`` (value: the next item when it does not start with ``-``,
+    or is a negative number) both give (i, "--flag", "value"); a switch gives (i, "--flag", None).
+    Items that are neither a flag nor a flag's value are returned as (i, "", item).
+    """
+    out: list[tuple[int, str, str | None]] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("-") and not _is_number(a):
+            if "=" in a:
+                flag, val = a.split("=", 1)
+                out.append((i, flag, val))
+            elif i + 1 < len(args) and (not args[i + 1].startswith("-") or _is_number(args[i + 1])):
+                out.append((i, a, args[i + 1]))
+                i += 1
+            else:
+                out.append((i, a, None))
+        else:
+            out.append((i, "", a))
+        i += 1
+    return out
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def _owned_flag(flag: str) -> str | None:
+    """The harness-owned argument that ``flag`` means for argparse (exact, or an unambiguous
+    prefix as argparse's allow_abbrev reads it), or None."""
+    if not flag.startswith("--") or len(flag) < 3:
+        return None
+    if flag in HARNESS_ARGS:
+        return flag
+    hits = [o for o in HARNESS_ARGS if o.startswith(flag)]
+    return hits[0] if hits else None
+
+
+def check_args(args: list[str], where: str) -> None:
+    """Refuse malformed or harness-owned server arguments; ``where`` names the key in messages.
+
+    Raises ValueError naming the item: a flag and its value in one item (``'--port 31000'``),
+    a harness-owned argument in any spelling, an empty item or one holding a NUL.
+    """
+    for i, a in enumerate(args):
+        if not a.strip() or "\x00" in a:
+            raise ValueError(f"{where}[{i}]: {a!r} is empty or holds a NUL character")
+        first = a.split("=", 1)[0]
+        if a.startswith("-") and any(c.isspace() for c in first):
+            head = first.split()[0]
+            owned = _owned_flag(head)
+            if owned:
+                raise ValueError(
+                    f"{where}[{i}]: {a!r} sets {owned}, which the harness sets "
+                    f"({_owner_hint(owned)}); remove it"
+                )
+            raise ValueError(
+                f"{where}[{i}]: {a!r} holds a flag and its value in one item, which "
+                f"sglang would not recognise; write them as two items "
+                f"({head!r}, '...') or as {head}=VALUE"
+            )
+    for i, flag, _ in split_args(args):
+        owned = _owned_flag(flag)
+        if owned:
+            shown = f"'{args[i]}'" + (f" (argparse reads it as {owned})" if flag != owned else "")
+            raise ValueError(
+                f"{where}[{i}]: {shown} is set by the harness ({_owner_hint(owned)}); remove it"
+            )
+
+
+def _owner_hint(flag: str) -> str:
+    return {
+        "--host": "from server.host",
+        "--port": "from server.port or bench --port",
+        "--tokenizer-path": "from model.tokenizer",
+    }.get(flag, "from model.path")
+
+
+def check_env(env: dict[str, str], where: str) -> None:
+    """Refuse environment names that are not POSIX names, values with a NUL character, and the
+    variables the harness sets (PYTHONPATH, PATCHBENCH_*). Raises ValueError naming the entry."""
+    for k, v in env.items():
+        if not ENV_NAME.match(k):
+            raise ValueError(
+                f"{where}: '{k}' is not an environment variable name (letters, digits "
+                "and '_', not starting with a digit)"
+            )
+        if "\x00" in v:
+            raise ValueError(f"{where}.{k}: the value holds a NUL character")
+        if k in HARNESS_ENV or k.startswith(HARNESS_ENV_PREFIX):
+            raise ValueError(
+                f"{where}.{k}: set by the harness (the overlay and its checks); remove it"
+            )

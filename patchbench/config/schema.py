@@ -1,0 +1,584 @@
+"""The experiment config's models (pydantic): :class:`Config` and its parts.
+
+See :mod:`patchbench.config` for the YAML shape. The models check each value on its own (types,
+names, harness-owned server arguments, a variant's flags against ``server.args``); what needs the
+file or the repository (suite parameters, patches on disk, YAML lines in messages) is checked by
+:func:`patchbench.config.load.load_config`. A model error is a ValueError (pydantic's
+ValidationError), which the loader turns into :class:`patchbench.errors.ConfigError`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from patchbench import errors, patchset
+from patchbench import schedule as _sched
+from patchbench.comparison import CompareSettings
+from patchbench.config.args import check_args, check_env, split_args
+from patchbench.gates import NightlySettings
+from patchbench.inputs import FOLDER_NAME, REPO_ROOT, is_hub_id, looks_local, sha256_file
+from patchbench.shims import available_stand_ins
+
+#: the model of each settings section of a config
+SECTIONS: dict[str, type[BaseModel]] = {"compare": CompareSettings, "nightly": NightlySettings}
+
+
+# --------------------------------------------------------------------------- models
+class _Strict(BaseModel):
+    # strict: YAML's true is not 1, 1 is not "1" (quote environment values)
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ModelSpec(_Strict):
+    """The served model. ``path`` is a local folder (or a hub id where a hub is reachable)."""
+
+    path: str
+    tiny: bool = Field(False, description="build the tiny random Qwen2.5-VL at `path` if missing")
+    tokenizer: str | None = None
+
+
+class ServerSpec(_Strict):
+    """How to launch ``python -m sglang.launch_server`` for every variant."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(30000, ge=1024, le=65535)
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    cpu_stand_ins: list[str] = Field(
+        default_factory=list,
+        description=(
+            "import-time stand-ins put on the server's PYTHONPATH for a machine without an NVIDIA "
+            "GPU (folders of patchbench/shims/cpu: sgl_kernel, vllm); any call into one fails the cell"
+        ),
+    )
+    ready_timeout_s: float = Field(600.0, gt=0)
+    stop_grace_s: float = Field(20.0, gt=0)
+    port_close_timeout_s: float = Field(30.0, gt=0)
+    flush_retries: int = Field(5, ge=1)
+    flush_pause_s: float = Field(1.0, ge=0)
+
+    mrope_probe: Any = Field(
+        None,
+        exclude=True,
+        description=(
+            "removed: always None (falsy); the sync_probe suite's instrumentation replaces it"
+        ),
+    )
+
+    @field_validator("mrope_probe", mode="plain")
+    @classmethod
+    def _removed_mrope_probe(cls, v):
+        raise ValueError(
+            "server.mrope_probe was removed: the mrope instrumentation now runs as "
+            "the sync_probe suite's hook in correctness cells; delete the key and "
+            "list `sync_probe: {}` under suites"
+        )
+
+    @field_validator("cpu_stand_ins")
+    @classmethod
+    def _stand_ins(cls, v: list[str]) -> list[str]:
+        have = available_stand_ins()
+        bad = [x for x in v if x not in have]
+        if bad:
+            raise ValueError(f"unknown stand-in(s) {bad}; available: {have}")
+        return v
+
+    @field_validator("args")
+    @classmethod
+    def _args(cls, v: list[str]) -> list[str]:
+        check_args(v, "server.args")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        check_env(v, "server.env")
+        return v
+
+
+class DiffPatch(_Strict):
+    """A patch given as a diff file (``{diff: path/to/change.diff}``); relative paths resolve
+    against the repo root."""
+
+    diff: str
+
+    @field_validator("diff")
+    @classmethod
+    def _nonempty(cls, v: str) -> str:
+        if not v.strip() or "\x00" in v:
+            raise ValueError("name a diff file, e.g. {diff: patches/my-change.diff}")
+        return v
+
+
+PatchEntry = str | DiffPatch
+
+
+def patch_label(p: PatchEntry) -> str:
+    """How a patch entry is shown: its name, or ``diff:<path>``."""
+    return p if isinstance(p, str) else f"diff:{p.diff}"
+
+
+class VariantSpec(_Strict):
+    """What a variant changes against the plain server: patches applied in order, arguments
+    appended to ``server.args``, variables added to ``server.env``."""
+
+    patches: list[PatchEntry] = Field(default_factory=list)
+    server_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_form(cls, v):
+        if v is None:
+            return {}
+        if isinstance(v, list):
+            return {"patches": v}
+        return v
+
+    @field_validator("patches")
+    @classmethod
+    def _patches(cls, v: list[PatchEntry]) -> list[PatchEntry]:
+        seen: set[str] = set()
+        for i, p in enumerate(v):
+            if isinstance(p, str) and not FOLDER_NAME.match(p):
+                raise ValueError(
+                    f"patches[{i}]: '{p}' is not a patch name (a folder in patches/: "
+                    "letters, digits, '.', '_', '-'); a diff file is written "
+                    "{diff: path/to/change.diff}"
+                )
+            label = patch_label(p)
+            if label in seen:
+                raise ValueError(f"patches[{i}]: '{label}' is listed twice; a patch applies once")
+            seen.add(label)
+        return v
+
+    @field_validator("server_args")
+    @classmethod
+    def _args(cls, v: list[str]) -> list[str]:
+        check_args(v, "server_args")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        check_env(v, "env")
+        return v
+
+    def short(self) -> list | dict:
+        """JSON form: the list of patches when the variant changes only patches, else a mapping."""
+        pats = [p if isinstance(p, str) else p.model_dump() for p in self.patches]
+        if not self.server_args and not self.env:
+            return pats
+        return {"patches": pats, "server_args": list(self.server_args), "env": dict(self.env)}
+
+
+class SequentialRepeats(_Strict):
+    """``schedule.repeats: {min, max, step}``: group-sequential repeats (patchbench.sequential).
+
+    The run looks at its primary metrics after ``min`` whole interleaved rounds, then after every
+    ``step`` more, up to ``max``, and stops once every primary of every non-A/A variant is
+    decided or futile (conditional power of deciding it by ``max`` below ``futility``;
+    patchbench/sequential.py). ``boundary``: the group-sequential boundary (``pocock``: the same
+    nominal level at every look; ``obrien-fleming``: strict early, near the fixed-sample level at
+    the last look). ``futility``: the non-binding futility threshold (0.2 by default,
+    ``patchbench.sequential.FUTILITY``; 0 turns the futility stop off; it never changes the
+    chance of a false improved/regressed, only how long an undecidable run goes on).
+    """
+
+    min: int = Field(le=100)
+    max: int = Field(le=100)
+    step: int = Field(2, le=100)
+    boundary: Literal["pocock", "obrien-fleming"] = "pocock"
+    futility: float = Field(0.2, ge=0.0, lt=1.0)
+
+    @model_validator(mode="after")
+    def _looks(self) -> SequentialRepeats:
+        # patchbench.sequential imports scipy.stats (seconds): only a sequential schedule pays it
+        from patchbench.sequential import looks_from_schedule
+
+        looks_from_schedule(self.min, self.max, self.step)  # ValueError naming the key
+        return self
+
+    @property
+    def looks(self) -> tuple[int, ...]:
+        """The repeat counts at which the run looks: ``min, min+step, ..., max``."""
+        from patchbench.sequential import looks_from_schedule
+
+        return looks_from_schedule(self.min, self.max, self.step)
+
+
+class ScheduleSpec(_Strict):
+    """Repeats of all variants; interleaved = ABBA, BAAB, ... (each variant once per round).
+
+    ``repeats``: an integer (that many rounds, fixed) or a mapping ``{min, max, step, boundary}``
+    (:class:`SequentialRepeats`: stop early once every primary is decided).
+    """
+
+    repeats: int | SequentialRepeats = 1
+    order: Literal["interleaved", "sequential"] = "interleaved"
+
+    @field_validator("repeats", mode="plain")
+    @classmethod
+    def _repeats(cls, v):
+        if isinstance(v, SequentialRepeats):
+            return v
+        if isinstance(v, dict):
+            try:
+                return SequentialRepeats.model_validate(v)
+            except ValidationError as e:
+                err = e.errors()[0]
+                key = ".".join(str(x) for x in err["loc"])
+                msg = err["msg"].removeprefix("Value error, ")
+                where = f"{key}: " if key else ""
+                raise ValueError(
+                    f"{where}{msg} (a sequential schedule is {{min: 4, max: 12, step: 2}})"
+                ) from None
+        if isinstance(v, bool):
+            raise PydanticCustomError("int_type", "Input should be a valid integer")
+        if not isinstance(v, int):
+            raise PydanticCustomError(
+                "int_type",
+                "Input should be a valid integer (a fixed number of repeats) or a mapping "
+                "{min: 4, max: 12, step: 2} (sequential repeats)",
+            )
+        if not 1 <= v <= 100:
+            raise ValueError(f"repeats must be between 1 and 100, got {v}")
+        return v
+
+    @field_serializer("repeats")
+    def _dump_repeats(self, v):
+        return v.model_dump(mode="json") if isinstance(v, SequentialRepeats) else v
+
+    @model_validator(mode="after")
+    def _order(self) -> ScheduleSpec:
+        if self.sequential is not None and self.order != "interleaved":
+            raise ValueError(
+                "schedule.order: sequential repeats ({min, max, step}) look after whole "
+                "interleaved rounds; use order: interleaved (or a fixed number of repeats)"
+            )
+        return self
+
+    @property
+    def sequential(self) -> SequentialRepeats | None:
+        """The sequential design, or None for a fixed number of repeats."""
+        return self.repeats if isinstance(self.repeats, SequentialRepeats) else None
+
+    @property
+    def max_repeats(self) -> int:
+        """The most rounds the run may take (the fixed count, or ``max``)."""
+        return self.repeats.max if self.sequential is not None else int(self.repeats)
+
+    def describe(self) -> str:
+        """``"3 repeat(s)"`` or ``"sequential 4..12 repeats, step 2 (pocock)"``."""
+        s = self.sequential
+        if s is None:
+            return f"{self.repeats} repeat(s)"
+        looks = ", ".join(str(n) for n in s.looks)
+        return f"sequential {s.min}..{s.max} repeats, looks after {looks} ({s.boundary} boundary)"
+
+
+class Config(_Strict):
+    """A validated experiment config; see the module docstring for the YAML shape.
+
+    ``compare`` is a :class:`patchbench.comparison.CompareSettings`, ``nightly`` a
+    :class:`patchbench.gates.NightlySettings` (defaults when the section is absent).
+    """
+
+    name: str
+    sglang: str
+    model: ModelSpec
+    server: ServerSpec = Field(default_factory=ServerSpec)
+    variants: dict[str, VariantSpec]
+    baseline: str | None = None
+    schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
+    suites: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    compare: Any = Field(
+        None, validate_default=True, description="patchbench.comparison.CompareSettings"
+    )
+    nightly: Any = Field(
+        None, validate_default=True, description="patchbench.gates.NightlySettings"
+    )
+    description: str = ""
+
+    # filled by load_config
+    source: Path | None = Field(None, exclude=True)
+    suite_params: dict[str, Any] = Field(default_factory=dict, exclude=True)
+    #: suite -> its ``rounds`` ("all", "first" or round indices; patchbench.schedule)
+    suite_rounds: dict[str, Any] = Field(default_factory=dict, exclude=True)
+
+    @field_validator("sglang", mode="before")
+    @classmethod
+    def _version(cls, v):
+        if isinstance(v, float):  # `sglang: 0.5` reads as a number
+            raise ValueError('quote the release, e.g. sglang: "0.5.1.post3"')
+        return v
+
+    @field_validator("compare", "nightly", mode="plain")
+    @classmethod
+    def _section(cls, v, info):
+        model = SECTIONS[info.field_name]
+        if isinstance(v, model):
+            return v
+        if v is not None and not isinstance(v, dict):
+            raise ValueError(f"must be a mapping (keys: {', '.join(model.model_fields)})")
+        return model.model_validate(v or {})
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not FOLDER_NAME.match(v):
+            raise ValueError("use letters, digits, '.', '_' and '-' (it names the run folder)")
+        return v
+
+    @field_validator("variants")
+    @classmethod
+    def _variants(cls, v: dict[str, VariantSpec]) -> dict[str, VariantSpec]:
+        if not v:
+            raise ValueError("at least one variant is needed, e.g. {baseline: []}")
+        for name in v:
+            if not FOLDER_NAME.match(name):
+                raise ValueError(f"variant name '{name}': use letters, digits, '.', '_', '-'")
+        return v
+
+    @field_serializer("variants")
+    def _dump_variants(self, v: dict[str, VariantSpec]) -> dict:
+        # the short list form when a variant only changes patches (what run folders always held)
+        return {k: spec.short() for k, spec in v.items()}
+
+    @model_validator(mode="after")
+    def _baseline(self) -> Config:
+        if self.baseline is None:
+            self.baseline = next(iter(self.variants))
+        elif self.baseline not in self.variants:
+            raise ValueError(
+                f"baseline: '{self.baseline}' is not a variant; variants: "
+                f"{', '.join(self.variants)}"
+            )
+        base_flags = {f: i for i, f, _ in split_args(self.server.args) if f}
+        for name, spec in self.variants.items():
+            for i, flag, _ in split_args(spec.server_args):
+                if flag and flag in base_flags:
+                    raise ValueError(
+                        f"variants.{name}.server_args[{i}]: {flag} is also in server.args "
+                        f"[{base_flags[flag]}]; a variant's arguments are appended, not overridden: "
+                        f"move {flag} out of server.args into the variants that need it"
+                    )
+            for k in spec.env:
+                if k in self.server.env:
+                    raise ValueError(
+                        f"variants.{name}.env.{k}: also set in server.env; set it "
+                        "in one place (per variant when variants differ)"
+                    )
+        return self
+
+    # ------------------------------------------------------------------ schedule
+    def rounds_of(self, suite: str, repeats: int | None = None) -> list[int]:
+        """The 0-based timed rounds ``suite`` runs in (``suites.<suite>.rounds``), out of
+        ``repeats`` rounds (default: the most the schedule may take)."""
+        n = self.schedule.max_repeats if repeats is None else repeats
+        return _sched.resolve_rounds(self.suite_rounds.get(suite, "all"), n)
+
+    # ------------------------------------------------------------------ variants
+    def patches_of(self, variant: str) -> list[PatchEntry]:
+        """The variant's patch entries in order (names, or :class:`DiffPatch`)."""
+        return list(self.variants[variant].patches)
+
+    def server_args_of(self, variant: str) -> list[str]:
+        """``server.args`` followed by the variant's ``server_args``."""
+        return list(self.server.args) + list(self.variants[variant].server_args)
+
+    def server_env_of(self, variant: str) -> dict[str, str]:
+        """``server.env`` plus the variant's ``env`` (the names never overlap)."""
+        return {**self.server.env, **self.variants[variant].env}
+
+    def is_aa(self, variant: str) -> bool:
+        """True when ``variant`` is not the baseline but has the same patches (in order), server
+        arguments and environment: an A/A copy that measures noise."""
+        if variant == self.baseline:
+            return False
+        a, b = self.variants[variant], self.variants[self.baseline]
+        return (
+            [patch_label(p) for p in a.patches] == [patch_label(p) for p in b.patches]
+            and a.server_args == b.server_args
+            and a.env == b.env
+        )
+
+    def aa_variants(self) -> list[str]:
+        """The A/A variants, in config order."""
+        return [v for v in self.variants if self.is_aa(v)]
+
+    def variant_diff(
+        self, variant: str, *, hashes: bool = True, cache_dir: Path | None = None
+    ) -> dict:
+        """What ``variant`` changes against the baseline, for the report and the run manifest::
+
+            {"aa": bool,
+             "patches": [{"name", "kind": "patch"|"diff", "path": diff file or None,
+                          "sha256": sha256 of the diff for this release or None}, ...],
+             "patches_added": [labels], "patches_removed": [labels],
+             "server_args": {"added": [flags with values], "removed": [...],
+                             "changed": {flag: [baseline value, variant value]}},
+             "env": {"added": {name: value}, "removed": [names], "changed": {name: [b, v]}}}
+
+        ``hashes``: compute each patch's sha256 (a derived patch needs its wheels, fetched once
+        into ``cache_dir``; a hash that cannot be computed is None).
+        """
+        spec, base = self.variants[variant], self.variants[self.baseline]
+        pats = []
+        for p in spec.patches:
+            sha = None
+            if isinstance(p, str):
+                if hashes:
+                    try:
+                        sha = patchset.patch_sha256(p, self.sglang, cache_dir)
+                    except errors.PatchError:
+                        sha = None
+                pats.append({"name": p, "kind": "patch", "path": None, "sha256": sha})
+            else:
+                f = self.resolve_path(p.diff)
+                if hashes and f.is_file():
+                    sha = sha256_file(f)
+                pats.append({"name": patch_label(p), "kind": "diff", "path": str(f), "sha256": sha})
+        labels = [patch_label(p) for p in spec.patches]
+        blabels = [patch_label(p) for p in base.patches]
+
+        def flags(args: list[str]) -> dict[str, str | None]:
+            return {f or v: (v if f else None) for _, f, v in split_args(args)}
+
+        fa, fb = flags(spec.server_args), flags(base.server_args)
+
+        def show(f: str, v: str | None) -> str:
+            return f if v is None else f"{f}={v}"
+
+        return {
+            "aa": self.is_aa(variant),
+            "patches": pats,
+            "patches_added": [x for x in labels if x not in blabels],
+            "patches_removed": [x for x in blabels if x not in labels],
+            "server_args": {
+                "added": [show(f, v) for f, v in fa.items() if f not in fb],
+                "removed": [show(f, v) for f, v in fb.items() if f not in fa],
+                "changed": {f: [fb[f], v] for f, v in fa.items() if f in fb and fb[f] != v},
+            },
+            "env": {
+                "added": {k: v for k, v in spec.env.items() if k not in base.env},
+                "removed": [k for k in base.env if k not in spec.env],
+                "changed": {
+                    k: [base.env[k], v]
+                    for k, v in spec.env.items()
+                    if k in base.env and base.env[k] != v
+                },
+            },
+        }
+
+    def diff_files(self) -> dict[str, Path]:
+        """{label (``diff:<path>``): resolved file} of every diff named directly in a variant."""
+        out: dict[str, Path] = {}
+        for spec in self.variants.values():
+            for p in spec.patches:
+                if isinstance(p, DiffPatch):
+                    out[patch_label(p)] = self.resolve_path(p.diff)
+        return out
+
+    def files_to_copy(self) -> list[tuple[Path, str]]:
+        """[(source file, destination relative to the run folder)] the runner copies so that the
+        run can be reproduced: every diff named directly in a variant, as
+        ``diffs/<sha256 first 12>-<file name>``."""
+        out = []
+        for f in self.diff_files().values():
+            out.append((f, f"diffs/{sha256_file(f)[:12]}-{f.name}"))
+        return out
+
+    def overlay_patches(self, variant: str, *, cache_dir: Path | None = None) -> list[str | Path]:
+        """The variant's patches as :func:`patchbench.overlay.build_overlay` takes them: patch
+        names, and for each diff named directly a patch folder made from it for ``self.sglang``
+        (hashes from the release's pristine files; cached under ``<cache_dir>/diff-patches/``).
+
+        Raises :class:`patchbench.errors.PatchError` (or a subclass) naming the diff, file and
+        hunk.
+        """
+        out: list[str | Path] = []
+        for p in self.variants[variant].patches:
+            if isinstance(p, str):
+                out.append(p)
+            else:
+                out.append(
+                    patchset.patch_from_diff_file(
+                        self.resolve_path(p.diff), self.sglang, cache_dir=cache_dir
+                    )
+                )
+        return out
+
+    # ------------------------------------------------------------------ model
+    def resolve_path(self, p: str) -> Path:
+        """A config path: ``~`` and ``$VARS`` expanded; relative paths against the repo root."""
+        q = Path(os.path.expandvars(os.path.expanduser(p)))
+        return q if q.is_absolute() else REPO_ROOT / q
+
+    @property
+    def model_dir(self) -> Path:
+        return self.resolve_path(self.model.path)
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.resolve_path(self.model.tokenizer or self.model.path)
+
+    def _is_hub(self, p: str) -> bool:
+        return (
+            not self.model.tiny
+            and not looks_local(p)
+            and is_hub_id(p)
+            and not self.resolve_path(p).exists()
+        )
+
+    def _ref(self, p: str) -> str:
+        """A local folder as an absolute path; a hub id (``org/name``, no such local folder)
+        unchanged, for sglang and transformers to find in the HF cache or on the hub."""
+        return p if self._is_hub(p) else str(self.resolve_path(p))
+
+    @property
+    def model_is_hub(self) -> bool:
+        """True when ``model.path`` is a hub id (``org/name``, no such local folder, not tiny)."""
+        return self._is_hub(self.model.path)
+
+    @property
+    def model_ref(self) -> str:
+        """What ``--model-path`` gets: a local folder (absolute) or a hub id."""
+        return self._ref(self.model.path)
+
+    @property
+    def tokenizer_ref(self) -> str:
+        """The tokenizer's folder or hub id (defaults to the model's)."""
+        return self._ref(self.model.tokenizer or self.model.path)
+
+    def require_model(self) -> None:
+        """Check, before any launch, that a local model (and tokenizer) folder exists.
+
+        A hub id and a ``tiny`` model (built when missing) pass. Raises
+        :class:`patchbench.errors.EnvironmentNotReady` (exit 3) naming the folder otherwise.
+        """
+        if self.model.tiny:
+            return
+        for key, p in (("model.path", self.model.path), ("model.tokenizer", self.model.tokenizer)):
+            if p is None or self._is_hub(p):
+                continue
+            d = self.resolve_path(p)
+            if not d.exists():
+                raise errors.EnvironmentNotReady(
+                    f"{self.source or 'config'}: {key} {d} does not exist: a local model folder "
+                    "is missing (give an existing folder, a hub id such as "
+                    "Qwen/Qwen2.5-VL-3B-Instruct, or tiny: true)"
+                )

@@ -1,0 +1,220 @@
+"""Where the repository keeps things, and reading the files a user writes (configs, matrices,
+patch manifests, diffs).
+
+A leaf: it imports nothing of patchbench, so the config schema
+(:mod:`patchbench.config`), the patches (:mod:`patchbench.patchset`), the matrix, the environment
+probes and the doctor all read files and name paths the same way without importing each other.
+
+YAML is read by :func:`read_yaml_mapping`: UTF-8 (a byte-order mark is accepted), at most
+:data:`MAX_CONFIG_BYTES`, duplicate keys refused naming both lines, at most
+:data:`MAX_YAML_ALIASES` aliases and :data:`MAX_YAML_NODES` nodes once aliases are expanded.
+Messages name the file and, where the parser knows it, the line (:func:`line_of` finds the line
+of a key path for messages written after parsing).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+#: the repository checkout (or the installed package's parent)
+REPO_ROOT = Path(__file__).resolve().parent.parent
+#: one folder per patch, each holding manifest.yaml and its diffs
+PATCHES_DIR = REPO_ROOT / "patches"
+#: git-ignored cache: wheels, derived diffs, overlays
+CACHE_DIR = REPO_ROOT / ".cache"
+#: default parent folder of run folders
+RESULTS_DIR = REPO_ROOT / "results"
+
+#: a name that also names a folder (a run, variant, patch or matrix): letters, digits, '.', '_',
+#: '-', starting with a letter or digit
+FOLDER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+#: bounds on a config (or patch manifest) file
+MAX_CONFIG_BYTES = 1 << 20
+MAX_YAML_ALIASES = 100
+MAX_YAML_NODES = 100_000
+
+
+def is_hub_id(p: str) -> bool:
+    """True for a model-hub id such as ``Qwen/Qwen2.5-VL-3B-Instruct`` (``org/name``, not a path
+    that starts with ``.``, ``/``, ``~`` or ``$``)."""
+    return bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", p))
+
+
+def looks_local(p: str) -> bool:
+    """A path the user wrote as a local one: absolute, ``./``, ``../``, ``~`` or ``$VAR``."""
+    return p.startswith(("/", "./", "../", "~", "$")) or p in (".", "..")
+
+
+def sha256_file(path: Path) -> str:
+    """sha256 hex digest (64 lowercase hex characters) of a file's bytes; OSError when unreadable."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+# --------------------------------------------------------------------------- YAML reading
+class _YamlLimit(yaml.YAMLError):
+    pass
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (naming both lines) and bounds alias use."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._aliases = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_YAML_ALIASES:
+                mark = self.peek_event().start_mark
+                raise _YamlLimit(
+                    f"line {mark.line + 1}: more than {MAX_YAML_ALIASES} aliases (*name); "
+                    "write the values out"
+                )
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                try:
+                    key = self.construct_object(key_node, deep=True)
+                    hash(key)
+                except TypeError:  # an unhashable key: the base constructor says so
+                    continue
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"duplicate key '{key}' at lines {seen[key]} and {line}: YAML "
+                        "would silently keep only the last one; remove one of them",
+                        key_node.start_mark,
+                    )
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _expanded_nodes(node, memo: dict) -> int:
+    """Node count of a composed YAML graph with every alias expanded (linear time, memoised)."""
+    if id(node) in memo:
+        return memo[id(node)]
+    memo[id(node)] = 1  # a cycle counts once (PyYAML builds recursive objects for them)
+    if isinstance(node, yaml.MappingNode):
+        n = 1 + sum(_expanded_nodes(k, memo) + _expanded_nodes(v, memo) for k, v in node.value)
+    elif isinstance(node, yaml.SequenceNode):
+        n = 1 + sum(_expanded_nodes(v, memo) for v in node.value)
+    else:
+        n = 1
+    memo[id(node)] = n
+    return n
+
+
+def parse_yaml(text: str) -> Any:
+    """Parse one YAML document with :class:`_Loader`'s checks and the node bound.
+
+    Raises yaml.YAMLError (its message says the line) for invalid YAML, duplicate keys, too many
+    aliases or too many nodes once aliases are expanded.
+    """
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        n = _expanded_nodes(node, {})
+        if n > MAX_YAML_NODES:
+            raise _YamlLimit(f"{n} YAML nodes once aliases are expanded (at most {MAX_YAML_NODES})")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def read_text_file(path: Path, error: type[Exception], what: str = "config file") -> str:
+    """The UTF-8 text of a small input file (a config, a patch manifest, a diff).
+
+    Raises ``error`` with one line naming the file when it does not exist, is a directory, cannot
+    be read, is larger than MAX_CONFIG_BYTES or is not UTF-8 (with the offset and line of the
+    first bad byte); ``what`` names the kind of file in those lines. A UTF-8 byte-order mark is
+    accepted.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise error(f"{path}: is a directory, not a {what}")
+    if not path.exists():
+        raise error(f"{path}: no such {what}")
+    try:
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise error(f"{path}: {size} bytes; a {what} may hold at most {MAX_CONFIG_BYTES}")
+        data = path.read_bytes()
+    except OSError as e:
+        raise error(f"{path}: cannot read the {what}: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise error(
+            f"{path}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
+            f"{e.start}); save the file as UTF-8"
+        ) from None
+
+
+def read_yaml_mapping(
+    path: Path, error: type[Exception], keys: str, what: str = "file"
+) -> tuple[str, dict]:
+    """Text and parsed top-level mapping of a YAML file (configs, matrices, patch manifests).
+
+    Raises ``error`` naming the file (see :func:`read_text_file`; ``what`` names the kind of file,
+    e.g. "config file"), and the line when it is not valid YAML, has a duplicate key or too many
+    aliases or nodes, or its top level is not a mapping (``keys`` lists what the top level should
+    hold).
+    """
+    text = read_text_file(path, error, what)
+    try:
+        raw = parse_yaml(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(e, "problem", None) or str(e)
+        if isinstance(e, _YamlLimit) or (problem and "duplicate key" in problem):
+            raise error(f"{where}: {problem}") from None
+        raise error(f"{where}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise error(
+            f"{path}: the top level must be a mapping with keys {keys} (got {type(raw).__name__})"
+        )
+    return text, raw
+
+
+def line_of(text: str, loc: tuple) -> int | None:
+    """Best-effort YAML line (1-based) of a key path in ``text`` (``("variants", "v", 0)``),
+    from PyYAML's node marks; None when the text does not parse or the path is not there."""
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    line = None
+    for key in loc:
+        if node is None:
+            break
+        if isinstance(node, yaml.MappingNode):
+            nxt = None
+            for k, val in node.value:
+                if k.value == str(key):
+                    line, nxt = k.start_mark.line + 1, val
+                    break
+            node = nxt
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
