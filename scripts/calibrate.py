@@ -16,8 +16,7 @@ code; printed, each rate with its 95 % Wilson interval over the trials:
   designs, error rates, repeats used, primaries decided per report and per H200 hour.
   ``--design-only`` runs just this table.
 
-The retired verdict rule's rates, measured with this script before its code was deleted, are in
-docs/calibration.md.
+docs/calibration.md holds the rates of the retired verdict rule next to the comparison's.
 
 Usage::
 
