@@ -1,7 +1,7 @@
-"""scripts/calibrate.py: its rates come from the comparison code (patchbench.analysis), its
-in-memory shortcut gives the same verdicts as run folders through compare_run, and its noise model
-and sequential rows do what the docstring says. A few trials each (a smoke test, not the
-calibration itself)."""
+"""scripts/calibrate.py and patchbench.calibration: its rates come from the comparison code
+(patchbench.analysis), its in-memory shortcut gives the same verdicts as run folders through
+compare_run, and its noise model and sequential rows do what the docstrings say. A few trials each
+(a smoke test, not the calibration itself)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from patchbench.calibration import designs, model, stopping, tables, trials
 from patchbench.comparison import CompareSettings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -27,11 +28,11 @@ def cal():
     return mod
 
 
-def _trial(cal, seed, repeats, speedup=None, run_cv=0.03, run_id="t"):
+def _trial(seed, repeats, speedup=None, run_cv=0.03, run_id="t"):
     rng = np.random.default_rng(seed)
-    return cal.simulate(
+    return model.simulate(
         rng,
-        cal.Model(run_cv=run_cv, questions=60),
+        model.Model(run_cv=run_cv, questions=60),
         repeats,
         speedup=speedup or {},
         syncs={},
@@ -39,12 +40,12 @@ def _trial(cal, seed, repeats, speedup=None, run_cv=0.03, run_id="t"):
     )
 
 
-def test_in_memory_verdicts_equal_run_folder_verdicts(cal, tmp_path):
+def test_in_memory_verdicts_equal_run_folder_verdicts(tmp_path):
     s = CompareSettings()
     for seed, speedup in ((1, {}), (2, {"patch-a": 0.10}), (3, {"patch-b": -0.08})):
-        tr = _trial(cal, seed, 3, speedup, run_id=f"t{seed}")
-        mem = cal.compare_trial(tr, s)
-        disk = cal.compare_trial(tr, s, via_folders=True, root=tmp_path)
+        tr = _trial(seed, 3, speedup, run_id=f"t{seed}")
+        mem = trials.compare_trial(tr, s)
+        disk = trials.compare_trial(tr, s, via_folders=True, root=tmp_path)
 
         def key(cmp):
             return {
@@ -57,7 +58,7 @@ def test_in_memory_verdicts_equal_run_folder_verdicts(cal, tmp_path):
         assert set(km) == {
             (v, m)
             for v in ("aa", "patch-a", "patch-b")
-            for ms in cal.PRIMARIES.values()
+            for ms in model.PRIMARIES.values()
             for m in ms
         }
         assert km.keys() == kd.keys()
@@ -68,12 +69,12 @@ def test_in_memory_verdicts_equal_run_folder_verdicts(cal, tmp_path):
         assert mem.health.ok == disk.health.ok
 
 
-def test_mmmu_average_matches_the_suites_pair_hook(cal, tmp_path):
+def test_mmmu_average_matches_the_suites_pair_hook(tmp_path):
     from patchbench import records
     from patchbench.suites.mmmu import pair_repeats
     from patchbench.testing import mmmu_rows
 
-    tr = _trial(cal, 5, 3)
+    tr = _trial(5, 3)
     dirs = {}
     for (v, k), c in tr.correct.items():
         d = tmp_path / v / f"rep{k}"
@@ -84,37 +85,39 @@ def test_mmmu_average_matches_the_suites_pair_hook(cal, tmp_path):
     real = pair_repeats(
         [dirs[("baseline", k)] for k in range(3)], [dirs[("patch-a", k)] for k in range(3)]
     )["accuracy"]["mmmu_overall_acc"]
-    mine = cal.mmmu_accuracy(tr.correct, "baseline", "patch-a", [0, 1, 2])["mmmu_overall_acc"]
+    mine = trials.mmmu_accuracy(tr.correct, "baseline", "patch-a", [0, 1, 2])["mmmu_overall_acc"]
     assert mine["ids"] == real["ids"]
     assert mine["baseline"] == pytest.approx(real["baseline"])
     assert mine["variant"] == pytest.approx(real["variant"])
 
 
-def test_huge_effect_always_improved_and_rates_follow_the_settings(cal):
-    m = cal.Model(run_cv=0.01, questions=60)
-    c = cal.run_row(m, 5, 6, 0, CompareSettings(), scenarios=("effect",), effect=0.5)
+def test_huge_effect_always_improved_and_rates_follow_the_settings():
+    m = model.Model(run_cv=0.01, questions=60)
+    c = trials.run_row(m, 5, 6, 0, CompareSettings(), scenarios=("effect",), effect=0.5)
     assert (c.effect, c.new_power) == (6, 6)
     # the same trials with min_repeats above the repeats: the comparison judges nothing
-    c = cal.run_row(m, 5, 6, 0, CompareSettings(min_repeats=6), scenarios=("effect",), effect=0.5)
+    c = trials.run_row(
+        m, 5, 6, 0, CompareSettings(min_repeats=6), scenarios=("effect",), effect=0.5
+    )
     assert (c.effect, c.new_power) == (6, 0)
 
 
-def test_one_repeat_runs_are_never_judged(cal):
-    m = cal.Model(run_cv=0.03, questions=60)
-    c = cal.run_row(m, 1, 4, 0, CompareSettings(), scenarios=("effect",), effect=0.5)
+def test_one_repeat_runs_are_never_judged():
+    m = model.Model(run_cv=0.03, questions=60)
+    c = trials.run_row(m, 1, 4, 0, CompareSettings(), scenarios=("effect",), effect=0.5)
     assert (c.effect, c.new_power) == (4, 0)
-    c = cal.run_row(m, 1, 4, 0, CompareSettings(), scenarios=("null",))
+    c = trials.run_row(m, 1, 4, 0, CompareSettings(), scenarios=("null",))
     assert c.null == 4 and c.new_run_any == 0
     # every run-level primary of the null patches: inconclusive, never equivalent either
-    assert all(c.equiv[x] == 0 for x in cal.PRIMARIES["serving"])
+    assert all(c.equiv[x] == 0 for x in model.PRIMARIES["serving"])
 
 
-def test_noise_model_run_cv_without_request_noise(cal):
+def test_noise_model_run_cv_without_request_noise():
     # request noise off: a cell's output throughput is n*L / sum of wave maxima, every request
     # of a cell scaled by exp(s), s ~ N(0, run_cv) (TTFT adds < 2 % of E2E): the log sd over
     # cells is the run CV
-    m = cal.Model(run_cv=0.05, req_cv=0.0, questions=10)
-    tr = cal.simulate(
+    m = model.Model(run_cv=0.05, req_cv=0.0, questions=10)
+    tr = model.simulate(
         np.random.default_rng(0), m, 200, speedup={"patch-a": 0.10}, syncs={}, run_id="t"
     )
     x = np.log(tr.values("baseline", "serving", "output_throughput_tok_s"))
@@ -148,44 +151,48 @@ def test_main_prints_the_tables(cal, capsys):
     assert "pr9460-h200.yaml: " in out and " repeats at run CV 3%: " in out
 
 
-def test_sequential_rows_use_the_runners_stopping_rule(cal):
+def test_sequential_rows_use_the_runners_stopping_rule():
     from patchbench.sequential import FUTILITY, Design, looks_from_schedule
 
-    plan = cal.sequential_plan(REPO / "configs" / "pr9460-h200.yaml", cal.SeqSpec(4, 12, 2))
+    plan = stopping.sequential_plan(
+        REPO / "configs" / "pr9460-h200.yaml", stopping.SeqSpec(4, 12, 2)
+    )
     assert plan.design == Design(
         looks_from_schedule(4, 12, 2), alpha=0.05, kind="pocock", futility=FUTILITY
     )
     assert plan.controls == ("aa",)  # the A/A variant never holds the run open
     assert sorted(k for k, *_ in plan.primaries) == sorted(
-        f"serving.{m}" for m in cal.PRIMARIES["serving"]
+        f"serving.{m}" for m in model.PRIMARIES["serving"]
     )  # MMMU accuracy and host syncs gain nothing from repeats: they never hold a run up
     assert all(mg == pytest.approx(math.log(1.05)) for *_, mg in plan.primaries)
     # no noise at all: every null primary is equivalent at the first look, patch-a's +10 % improved
-    quiet = cal.Model(run_cv=1e-4, req_cv=0.0, questions=30)
-    tr = cal.simulate(
+    quiet = model.Model(run_cv=1e-4, req_cv=0.0, questions=30)
+    tr = model.simulate(
         np.random.default_rng(0), quiet, 12, speedup={"patch-a": 0.10}, syncs={}, run_id="q"
     )
-    assert cal.sequential_stop(tr, plan) == 4
+    assert stopping.sequential_stop(tr, plan) == 4
     # 30 % run noise: nothing can be decided by 12 repeats, so the runner's rule stops for
     # futility at the first look; without a futility stop nothing stops before the last look
-    loud = cal.Model(run_cv=0.30, questions=30)
-    tr = cal.simulate(np.random.default_rng(1), loud, 12, speedup={}, syncs={}, run_id="l")
-    assert cal.sequential_stop(tr, plan) == 4
-    no_fut = cal.sequential_plan(
-        REPO / "configs" / "pr9460-h200.yaml", cal.SeqSpec(4, 12, 2, futility=0.0)
+    loud = model.Model(run_cv=0.30, questions=30)
+    tr = model.simulate(np.random.default_rng(1), loud, 12, speedup={}, syncs={}, run_id="l")
+    assert stopping.sequential_stop(tr, plan) == 4
+    no_fut = stopping.sequential_plan(
+        REPO / "configs" / "pr9460-h200.yaml", stopping.SeqSpec(4, 12, 2, futility=0.0)
     )
-    assert cal.sequential_stop(tr, no_fut) == 12
-    cut = cal.truncate(tr, 6)
+    assert stopping.sequential_stop(tr, no_fut) == 12
+    cut = model.truncate(tr, 6)
     assert cut.repeats == 6 and max(k for _, k in cut.metrics) == 5
     assert cut.values("aa", "serving", "ttft_median_ms").tolist() == (
         tr.values("aa", "serving", "ttft_median_ms")[:6].tolist()
     )
 
 
-def test_sequential_row_counts_the_rounds_that_ran(cal):
-    plan = cal.sequential_plan(REPO / "configs" / "pr9460-h200.yaml", cal.SeqSpec(4, 8, 2))
-    quiet = cal.Model(run_cv=1e-4, req_cv=0.0, questions=30)
-    c = cal.run_row(quiet, 0, 3, 0, CompareSettings(), plan=plan)
+def test_sequential_row_counts_the_rounds_that_ran():
+    plan = stopping.sequential_plan(
+        REPO / "configs" / "pr9460-h200.yaml", stopping.SeqSpec(4, 8, 2)
+    )
+    quiet = model.Model(run_cv=1e-4, req_cv=0.0, questions=30)
+    c = trials.run_row(quiet, 0, 3, 0, CompareSettings(), plan=plan)
     assert c.reps == {"null": [4, 4, 4], "effect": [4, 4, 4], "small": []}
     # no effect: a report whose A/A check passes has host syncs exact and the 4 serving
     # primaries of both patches decided (equivalent, or a change within the margin: p-values of
@@ -199,12 +206,12 @@ def test_sequential_row_counts_the_rounds_that_ran(cal):
     assert c.new_power == ok
 
 
-def test_design_table_cost_columns(cal):
-    c = cal.Counts(null=2, effect=1, new_fp_patch=1, new_power=1)
+def test_design_table_cost_columns():
+    c = trials.Counts(null=2, effect=1, new_fp_patch=1, new_power=1)
     c.reps = {"null": [8, 8], "effect": [4], "small": []}
     c.decided = {"null": 6, "effect": 9}
     c.decided_run = {"null": 2, "effect": 5}
-    cost = cal.Cost(
+    cost = designs.Cost(
         cells=4,
         startup_s=60.0,
         serving_s=79.0,
@@ -212,7 +219,7 @@ def test_design_table_cost_columns(cal):
         correctness_s=20.0,
         correctness_cells=4,
     )
-    line = cal.design_table([("a design", c, False)], 0.03, cost)[2]
+    line = tables.design_table([("a design", c, False)], 0.03, cost)[2]
     # MMMU in every round. No effect: 8 rounds x 4 cells x (60 + 79 + 76) s = 6880 s, plus 4
     # correctness cells x (60 + 20) s = 320 s: 7200 s = 2.0 h (120 min); 3 primaries a report /
     # 2.0 h = 1.50, 1 run-level / 2.0 = 0.50. +10 %: 4 rounds = 3440 + 320 = 3760 s = 1.0444 h
@@ -222,24 +229,24 @@ def test_design_table_cost_columns(cal):
     # MMMU in the first round only: 4 x (8 x (60 + 79) + 76) + 320 = 5072 s = 1.4089 h (85
     # min): 3 / 1.4089 = 2.13, 1 / 1.4089 = 0.71; +10 %: 4 x (4 x 139 + 76) + 320 = 2848 s =
     # 0.7911 h (47 min): 9 / 0.7911 = 11.38, 5 / 0.7911 = 6.32
-    line = cal.design_table([("a design", c, True)], 0.03, cost)[2]
+    line = tables.design_table([("a design", c, True)], 0.03, cost)[2]
     assert "| 3.00 / 1.00 | 9.00 / 5.00 | 85 / 47 | 2.13 / 0.71 | 11.38 / 6.32 |" in line
-    assert "+5%" not in cal.design_table([("a design", c, False)], 0.03, cost)[0]
+    assert "+5%" not in tables.design_table([("a design", c, False)], 0.03, cost)[0]
     c.small, c.small_power, c.reps["small"] = 4, 1, [4, 4, 4, 4]
-    head, _, line = cal.design_table([("a design", c, False)], 0.03, cost)
+    head, _, line = tables.design_table([("a design", c, False)], 0.03, cost)
     assert "| +5% output throughput called improved |" in head
     assert "| 100.0% [20.7, 100.0] | 25.0% [4.6, 69.9] |" in line  # +10 % 1/1, +5 % 1/4
     assert head.count("|") == line.count("|")
 
 
-def test_mmmu_first_judges_mmmu_on_repeat_0_and_the_rest_on_every_repeat(cal):
+def test_mmmu_first_judges_mmmu_on_repeat_0_and_the_rest_on_every_repeat():
     """suites.mmmu.rounds: first in the simulation: each MMMU row's change is the accuracy
     difference of repeat 0 alone (by hand from the simulated correctness), every other row
     equals the all-rounds comparison."""
     s = CompareSettings()
-    tr = _trial(cal, 7, 4, {"patch-a": 0.10})
-    first = cal.compare_trial(tr, s, mmmu_first=True)
-    every = cal.compare_trial(tr, s)
+    tr = _trial(7, 4, {"patch-a": 0.10})
+    first = trials.compare_trial(tr, s, mmmu_first=True)
+    every = trials.compare_trial(tr, s)
 
     def rows(cmp, pick):
         return {
@@ -262,47 +269,51 @@ def test_mmmu_first_judges_mmmu_on_repeat_0_and_the_rest_on_every_repeat(cal):
         assert every.row("mmmu", "mmmu_overall_acc", v).change == pytest.approx(over_all)
     assert first.suite_rounds["mmmu"] == [0]
     with pytest.raises(ValueError, match="via-folders"):
-        cal.compare_trial(tr, s, via_folders=True, mmmu_first=True)
-    assert cal.Cost(4, 60.0, 79.0, 76.0, 30.0, 4).hours(0.5, True) == pytest.approx(
+        trials.compare_trial(tr, s, via_folders=True, mmmu_first=True)
+    assert designs.Cost(4, 60.0, 79.0, 76.0, 30.0, 4).hours(0.5, True) == pytest.approx(
         (4 * (0.5 * 139 + 0.5 * 76) + 4 * 90) / 3600
     )  # fewer rounds than one: MMMU ran in that share of them
     # the PR config runs no correctness cell (nothing instrumented); the demo one per variant
-    assert cal.config_schedule(REPO / "configs" / "pr9460-h200.yaml") == (True, 0)
-    assert cal.config_schedule(REPO / "configs" / "demo-cpu.yaml") == (False, 3)
+    assert designs.config_schedule(REPO / "configs" / "pr9460-h200.yaml") == (True, 0)
+    assert designs.config_schedule(REPO / "configs" / "demo-cpu.yaml") == (False, 3)
 
 
-def test_config_repeats_reads_a_sequential_schedule(cal, tmp_path):
+def test_config_repeats_reads_a_sequential_schedule(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("schedule:\n  repeats: {min: 4, max: 10, step: 3, boundary: obrien-fleming}\n")
-    fixed, seq, s = cal.config_repeats(p)
-    assert fixed is None and seq == cal.SeqSpec(4, 10, 3, "obrien-fleming")
+    fixed, seq, s = designs.config_repeats(p)
+    assert fixed is None and seq == stopping.SeqSpec(4, 10, 3, "obrien-fleming")
     p.write_text("schedule:\n  repeats: 7\ncompare:\n  confidence: 0.9\n")
-    assert cal.config_repeats(p) == (7, None, CompareSettings(confidence=0.9))
-    assert cal.parse_seq("4:12:2") == cal.SeqSpec(4, 12, 2, "pocock")
+    assert designs.config_repeats(p) == (7, None, CompareSettings(confidence=0.9))
+    assert stopping.parse_seq("4:12:2") == stopping.SeqSpec(4, 12, 2, "pocock")
 
 
-def test_seq_spec_futility_and_the_aa_holds_variant(cal):
-    assert cal.parse_seq("4:12:2:pocock:0.2") == cal.SeqSpec(4, 12, 2, "pocock", 0.2, False)
-    holds = cal.parse_seq("4:12:2:pocock:0:aa")
-    assert holds == cal.SeqSpec(4, 12, 2, "pocock", 0.0, True)
+def test_seq_spec_futility_and_the_aa_holds_variant():
+    assert stopping.parse_seq("4:12:2:pocock:0.2") == stopping.SeqSpec(
+        4, 12, 2, "pocock", 0.2, False
+    )
+    holds = stopping.parse_seq("4:12:2:pocock:0:aa")
+    assert holds == stopping.SeqSpec(4, 12, 2, "pocock", 0.0, True)
     assert holds.label == "sequential 4..12 step 2 (pocock) [no futility, A/A holds]"
     for bad in ("4:12:2:pocock:1.5", "4:12:2:pocock:x", "4:12:2:pocock:0:bb"):
         with pytest.raises(Exception, match="MIN:MAX:STEP|futility"):
-            cal.parse_seq(bad)
+            stopping.parse_seq(bad)
     cfg = REPO / "configs" / "pr9460-h200.yaml"
-    plan = cal.sequential_plan(cfg, holds)
+    plan = stopping.sequential_plan(cfg, holds)
     assert plan.design.futility == 0.0 and plan.controls == ()
     # the A/A variant alone, ambiguous (30 % noise only there), holds the 'A/A holds' design to
     # the maximum; the runner's rule stops at the first look (the patches are noise-free nulls)
-    quiet = cal.Model(run_cv=1e-4, req_cv=0.0, questions=30)
-    tr = cal.simulate(np.random.default_rng(0), quiet, 12, speedup={}, syncs={}, run_id="q")
+    quiet = model.Model(run_cv=1e-4, req_cv=0.0, questions=30)
+    tr = model.simulate(np.random.default_rng(0), quiet, 12, speedup={}, syncs={}, run_id="q")
     rng = np.random.default_rng(1)
     for k in range(12):
         f = math.exp(rng.normal(0.0, 0.3))
-        for m in cal.PRIMARIES["serving"]:
+        for m in model.PRIMARIES["serving"]:
             tr.metrics[("aa", k)]["serving"][m] *= f
-    assert cal.sequential_stop(tr, plan) == 12
-    assert cal.sequential_stop(tr, cal.sequential_plan(cfg, cal.SeqSpec(4, 12, 2))) == 4
+    assert stopping.sequential_stop(tr, plan) == 12
+    assert (
+        stopping.sequential_stop(tr, stopping.sequential_plan(cfg, stopping.SeqSpec(4, 12, 2))) == 4
+    )
 
 
 def test_design_only_prints_just_the_design_table(cal, capsys):

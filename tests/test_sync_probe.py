@@ -243,16 +243,21 @@ def test_blocker_shadows_the_installed_packages(tmp_path):
 
 
 def test_gpu_check_sh_cpu_end_to_end_with_only_torch(prepared, tmp_path):
-    """The shell entry point on a copy holding only scripts/ and suites/sync_probe/{mrope,table}.py
-    (no patchbench package), with pydantic, sglang, patchbench and PyYAML blocked: the lent GPU
-    machine has python3 and torch only. One subprocess: the torch import is slow."""
+    """The shell entry point on a copy holding only scripts/, suites/sync_probe/mrope/ and
+    suites/sync_probe/table.py (no patchbench package), with pydantic, sglang, patchbench and
+    PyYAML blocked: the lent GPU machine has python3 and torch only. One subprocess: the torch
+    import is slow."""
     work = tmp_path / "repo"
     (work / "scripts").mkdir(parents=True)
     for name in ("gpu_check.sh", "gpu_probe.py"):
         shutil.copy(REPO / "scripts" / name, work / "scripts" / name)
     (work / "suites" / "sync_probe").mkdir(parents=True)
-    for name in ("mrope.py", "table.py"):
-        shutil.copy(REPO / "suites" / "sync_probe" / name, work / "suites" / "sync_probe" / name)
+    shutil.copy(REPO / "suites" / "sync_probe" / "table.py", work / "suites" / "sync_probe")
+    shutil.copytree(
+        REPO / "suites" / "sync_probe" / "mrope",
+        work / "suites" / "sync_probe" / "mrope",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     shutil.copytree(prepared, work / ".cache" / "gpu_check")
     block = _blocker(tmp_path, BLOCKED)
     env = dict(__import__("os").environ, PYTHON=sys.executable, PYTHONPATH=str(block))

@@ -135,6 +135,57 @@ def pair_repeats(baseline_dirs: list[Path], variant_dirs: list[Path]) -> dict[st
     notes: list[str] = []
     per_q: dict[str, dict[str, Any]] = {}
     ident: list[float] = []
+    used = _collect_repeats(baseline_dirs, variant_dirs, per_q, ident, notes)
+    if not used:
+        return None
+    qs = {i: q for i, q in per_q.items() if q["a"]}
+    failed = len(per_q) - len(qs)
+    ids = sorted(qs)
+    a = [sum(qs[i]["a"]) / len(qs[i]["a"]) for i in ids]
+    b = [sum(qs[i]["b"]) / len(qs[i]["b"]) for i in ids]
+    r2w = sum(max(x - y, 0.0) for x, y in zip(a, b, strict=True))
+    w2r = sum(max(y - x, 0.0) for x, y in zip(a, b, strict=True))
+    both_r = sum(min(x, y) for x, y in zip(a, b, strict=True))
+    both_w = sum(min(1 - x, 1 - y) for x, y in zip(a, b, strict=True))
+    n = len(ids)
+    table = [[round(both_r), round(r2w)], [round(w2r), round(both_w)]]
+    p = float(mcnemar(table, exact=True).pvalue) if n else None
+    subjects, flipped = _by_subject(ids, qs, a, b)
+    if failed:
+        notes.append(
+            f"{failed} questions failed in every paired repeat (in either cell) and are left out"
+        )
+    return {
+        "repeats_used": used,
+        "n": n,
+        "n_failed_either": failed,
+        "acc_a": sum(a) / n if n else None,
+        "acc_b": sum(b) / n if n else None,
+        "both_right": both_r,
+        "both_wrong": both_w,
+        "right_to_wrong": r2w,
+        "wrong_to_right": w2r,
+        "flips": len(flipped),
+        "mcnemar_p": p,
+        "identical_share": sum(ident) / len(ident) if ident else None,
+        "accuracy": _accuracy(ids, qs, a, b),
+        "flipped": flipped,
+        "subjects": dict(sorted(subjects.items())),
+        "notes": notes,
+    }
+
+
+def _collect_repeats(
+    baseline_dirs: list[Path],
+    variant_dirs: list[Path],
+    per_q: dict[str, dict[str, Any]],
+    ident: list[float],
+    notes: list[str],
+) -> int:
+    """Pair every repeat that has records in both cells (:func:`.pairing.pair`, which refuses
+    cells that must not be paired: PairingRefused naming the repeat) and add its verdicts to
+    ``per_q`` (:func:`_add_repeat`) and its identical-response share to ``ident``; a repeat
+    without both files is a note. Returns the number of repeats used."""
     used = 0
     for k, (da, db) in enumerate(zip(baseline_dirs, variant_dirs, strict=True)):
         ra, why_a = _read_records(da)
@@ -151,38 +202,39 @@ def pair_repeats(baseline_dirs: list[Path], variant_dirs: list[Path]) -> dict[st
         used += 1
         if res.get("identical_response_share") is not None:
             ident.append(float(res["identical_response_share"]))
-        by_b = {r["id"]: r for r in rb}
-        for r in ra:
-            q = per_q.setdefault(
-                r["id"],
-                {
-                    "subject": r.get("subject") or subject_of(r["id"]),
-                    "a": [],
-                    "b": [],
-                    "answered": True,
-                },
-            )
-            other = by_b[r["id"]]
-            if r.get("verdict") == "failed" or other.get("verdict") == "failed":
-                # "answered" as in each cell's own tally: a reply came back (parsed or not)
-                q["answered"] = False
-                continue
-            q["a"].append(r.get("verdict") == "correct")
-            q["b"].append(other.get("verdict") == "correct")
-    if not used:
-        return None
-    qs = {i: q for i, q in per_q.items() if q["a"]}
-    failed = len(per_q) - len(qs)
-    ids = sorted(qs)
-    a = [sum(qs[i]["a"]) / len(qs[i]["a"]) for i in ids]
-    b = [sum(qs[i]["b"]) / len(qs[i]["b"]) for i in ids]
-    r2w = sum(max(x - y, 0.0) for x, y in zip(a, b, strict=True))
-    w2r = sum(max(y - x, 0.0) for x, y in zip(a, b, strict=True))
-    both_r = sum(min(x, y) for x, y in zip(a, b, strict=True))
-    both_w = sum(min(1 - x, 1 - y) for x, y in zip(a, b, strict=True))
-    n = len(ids)
-    table = [[round(both_r), round(r2w)], [round(w2r), round(both_w)]]
-    p = float(mcnemar(table, exact=True).pvalue) if n else None
+        _add_repeat(per_q, ra, rb)
+    return used
+
+
+def _add_repeat(per_q: dict[str, dict[str, Any]], ra: list[dict], rb: list[dict]) -> None:
+    """Add one paired repeat's verdicts (baseline records ``ra``, variant records ``rb``) to
+    ``per_q``: {id: {"subject", "a" / "b": [correct per used repeat], "answered"}}."""
+    by_b = {r["id"]: r for r in rb}
+    for r in ra:
+        q = per_q.setdefault(
+            r["id"],
+            {
+                "subject": r.get("subject") or subject_of(r["id"]),
+                "a": [],
+                "b": [],
+                "answered": True,
+            },
+        )
+        other = by_b[r["id"]]
+        if r.get("verdict") == "failed" or other.get("verdict") == "failed":
+            # "answered" as in each cell's own tally: a reply came back (parsed or not)
+            q["answered"] = False
+            continue
+        q["a"].append(r.get("verdict") == "correct")
+        q["b"].append(other.get("verdict") == "correct")
+
+
+def _accuracy(
+    ids: list[str], qs: dict[str, dict[str, Any]], a: list[float], b: list[float]
+) -> dict[str, dict[str, list]]:
+    """:func:`pair_repeats`' ``accuracy``: per metric the question ids it covers and their
+    per-question correctness in each arm (``a`` / ``b``, aligned with ``ids``); metrics that
+    cover no question left out."""
 
     def acc_entry(keep) -> dict[str, list]:
         idx = [j for j, i in enumerate(ids) if keep(i)]
@@ -200,7 +252,14 @@ def pair_repeats(baseline_dirs: list[Path], variant_dirs: list[Path]) -> dict[st
         accuracy[domain_metric(d)] = acc_entry(
             lambda i, d=d: SUBJECT_DOMAIN.get(qs[i]["subject"]) == d
         )
-    accuracy = {m: e for m, e in accuracy.items() if e["ids"]}
+    return {m: e for m, e in accuracy.items() if e["ids"]}
+
+
+def _by_subject(
+    ids: list[str], qs: dict[str, dict[str, Any]], a: list[float], b: list[float]
+) -> tuple[dict[str, dict[str, float]], list[dict[str, Any]]]:
+    """(per subject: questions, mean correctness in each arm, summed flips; the questions whose
+    correctness differs between the arms)."""
     subjects: dict[str, dict[str, float]] = {}
     flipped = []
     for j, i in enumerate(ids):
@@ -220,28 +279,7 @@ def pair_repeats(baseline_dirs: list[Path], variant_dirs: list[Path]) -> dict[st
     for s in subjects.values():
         s["acc_a"] /= s["n"]
         s["acc_b"] /= s["n"]
-    if failed:
-        notes.append(
-            f"{failed} questions failed in every paired repeat (in either cell) and are left out"
-        )
-    return {
-        "repeats_used": used,
-        "n": n,
-        "n_failed_either": failed,
-        "acc_a": sum(a) / n if n else None,
-        "acc_b": sum(b) / n if n else None,
-        "both_right": both_r,
-        "both_wrong": both_w,
-        "right_to_wrong": r2w,
-        "wrong_to_right": w2r,
-        "flips": len(flipped),
-        "mcnemar_p": p,
-        "identical_share": sum(ident) / len(ident) if ident else None,
-        "accuracy": accuracy,
-        "flipped": flipped,
-        "subjects": dict(sorted(subjects.items())),
-        "notes": notes,
-    }
+    return subjects, flipped
 
 
 # --------------------------------------------------------------------------- rendering

@@ -214,6 +214,39 @@ def summarize(
     """The suite's summary from scored records (metrics with units; details in meta)."""
     sc = scoring.tally(records)
     o = sc.overall
+    metrics = _metrics(sc, params)
+    failed = [r for r in records if r["verdict"] == "failed"]
+    errors = []
+    if failed:
+        errors.append(
+            f"{len(failed)} of {o.asked} MMMU requests failed (counted wrong); first: "
+            f"{failed[0]['id']}: {failed[0].get('error')}"
+        )
+    meta = {
+        "protocol": params.protocol,
+        "parser": params.parser,
+        "parser_seed": params.seed if params.parser == "official" else None,
+        "params": params.model_dump(mode="json"),
+        "duration_s": duration_s,
+        "scores": sc.as_dict(),
+        "val": scoring.val_dict(sc),
+        "accuracy_definition": "correct / asked (failed and unparsed count wrong); "
+        "answered_acc = correct / (asked - failed)",
+        "images_not_sent_questions": o.images_not_sent,
+        "images_unreferenced_questions": o.images_unreferenced,
+        "unparsed_no_answer": o.no_answer,
+        "unparsed_ambiguous": o.ambiguous,
+    }
+    meta.update(extra_meta or {})
+    status = "incomplete" if failed else "ok"
+    return SuiteResult(
+        status=status, metrics=metrics, errors=errors, warnings=_warnings(o, params), meta=meta
+    ), sc
+
+
+def _metrics(sc: scoring.Scores, params: Params) -> dict[str, float]:
+    """The flat metrics of a cell's tally (accuracies NaN when nothing was asked)."""
+    o = sc.overall
     metrics: dict[str, float] = {
         "mmmu_overall_acc": o.acc if o.acc is not None else float("nan"),
         "mmmu_answered_acc": o.answered_acc if o.answered_acc is not None else float("nan"),
@@ -231,13 +264,13 @@ def summarize(
         metrics[domain_metric(d)] = t.acc
     if params.parser == "official":
         metrics["mmmu_fallback_count"] = float(o.fallbacks)
-    errors, warnings = [], []
-    failed = [r for r in records if r["verdict"] == "failed"]
-    if failed:
-        errors.append(
-            f"{len(failed)} of {o.asked} MMMU requests failed (counted wrong); first: "
-            f"{failed[0]['id']}: {failed[0].get('error')}"
-        )
+    return metrics
+
+
+def _warnings(o: scoring.Tally, params: Params) -> list[str]:
+    """What the cell's overall tally ``o`` asks the reader to know: unparsed answers, official
+    fallbacks, images not sent or never named, the PR's protocol."""
+    warnings = []
     if o.unparsed:
         warnings.append(
             f"{o.unparsed} of {o.asked} MMMU answers could not be parsed "
@@ -251,10 +284,10 @@ def summarize(
             else "counted unparsed"
         )
         warnings.append(f"{o.fallbacks} answers fell to the official parser's fallback: {how}")
-    dropped = o.images_not_sent
-    if dropped:
+    if o.images_not_sent:
         warnings.append(
-            f"{dropped} of {o.asked} MMMU questions were sent with fewer images than they have"
+            f"{o.images_not_sent} of {o.asked} MMMU questions were sent with fewer images than "
+            "they have"
         )
     if o.images_unreferenced:
         warnings.append(
@@ -263,26 +296,7 @@ def summarize(
         )
     if params.protocol == "sglang-2025":
         warnings.append("protocol sglang-2025 (the PR's script): only image_1 is sent")
-    meta = {
-        "protocol": params.protocol,
-        "parser": params.parser,
-        "parser_seed": params.seed if params.parser == "official" else None,
-        "params": params.model_dump(mode="json"),
-        "duration_s": duration_s,
-        "scores": sc.as_dict(),
-        "val": scoring.val_dict(sc),
-        "accuracy_definition": "correct / asked (failed and unparsed count wrong); "
-        "answered_acc = correct / (asked - failed)",
-        "images_not_sent_questions": dropped,
-        "images_unreferenced_questions": o.images_unreferenced,
-        "unparsed_no_answer": o.no_answer,
-        "unparsed_ambiguous": o.ambiguous,
-    }
-    meta.update(extra_meta or {})
-    status = "incomplete" if failed else "ok"
-    return SuiteResult(
-        status=status, metrics=metrics, errors=errors, warnings=warnings, meta=meta
-    ), sc
+    return warnings
 
 
 def write_outputs(out_dir: Path, records: list[dict[str, Any]], sc: scoring.Scores) -> None:

@@ -140,117 +140,160 @@ def _mc(options: list[str], answer_index: int) -> tuple[str, str]:
     return repr(options), chr(ord("A") + answer_index)
 
 
-def _make(kind: str, k: int, rng: random.Random) -> dict[str, Any]:
-    """One question of ``kind``: question, options, answer, images, question_type."""
+def _ask_colour(k: int, rng: random.Random) -> dict[str, Any]:
+    """A shape of one of four colours: which colour (multiple choice)."""
     images: list[Image.Image] = []
-    if kind == "colour":
-        colours = rng.sample(sorted(COLOURS), 4)
-        right = rng.randrange(4)
-        images.append(shape_image(rng.choice(SHAPES), colours[right]))
-        opts, ans = _mc(colours, right)
-        return dict(
-            question="What colour is the shape in <image 1>?",
-            options=opts,
-            answer=ans,
-            question_type="multiple-choice",
-            images=images,
-            subfield="Colour",
-        )
-    if kind == "shape":
-        right = rng.randrange(4)
-        images.append(shape_image(SHAPES[right], rng.choice(sorted(COLOURS))))
-        opts, ans = _mc(list(SHAPES), right)
-        return dict(
-            question="<image 1> Which shape is drawn in the picture?",
-            options=opts,
-            answer=ans,
-            question_type="multiple-choice",
-            images=images,
-            subfield="Morphology",
-        )
-    if kind == "count":
-        n = rng.randint(1, 9)
-        mode = ["RGB", "L", "RGBA"][k % 3]
-        images.append(dots_image(n, rng, mode))
-        if k % 2:
-            return dict(
-                question="How many black dots are there in <image 1>?",
-                options="[]",
-                answer=str(n),
-                question_type="open",
-                images=images,
-                subfield="Counting",
-            )
-        choices = sorted({n, *rng.sample([x for x in range(1, 10) if x != n], 3)})
-        opts, ans = _mc([str(c) for c in choices], choices.index(n))
+    colours = rng.sample(sorted(COLOURS), 4)
+    right = rng.randrange(4)
+    images.append(shape_image(rng.choice(SHAPES), colours[right]))
+    opts, ans = _mc(colours, right)
+    return dict(
+        question="What colour is the shape in <image 1>?",
+        options=opts,
+        answer=ans,
+        question_type="multiple-choice",
+        images=images,
+        subfield="Colour",
+    )
+
+
+def _ask_shape(k: int, rng: random.Random) -> dict[str, Any]:
+    """One of the shapes: which shape (multiple choice)."""
+    images: list[Image.Image] = []
+    right = rng.randrange(4)
+    images.append(shape_image(SHAPES[right], rng.choice(sorted(COLOURS))))
+    opts, ans = _mc(list(SHAPES), right)
+    return dict(
+        question="<image 1> Which shape is drawn in the picture?",
+        options=opts,
+        answer=ans,
+        question_type="multiple-choice",
+        images=images,
+        subfield="Morphology",
+    )
+
+
+def _ask_count(k: int, rng: random.Random) -> dict[str, Any]:
+    """Black dots to count (RGB, grayscale or RGBA by ``k``): open for odd ``k``, else multiple
+    choice."""
+    images: list[Image.Image] = []
+    n = rng.randint(1, 9)
+    mode = ["RGB", "L", "RGBA"][k % 3]
+    images.append(dots_image(n, rng, mode))
+    if k % 2:
         return dict(
             question="How many black dots are there in <image 1>?",
-            options=opts,
-            answer=ans,
-            question_type="multiple-choice",
+            options="[]",
+            answer=str(n),
+            question_type="open",
             images=images,
             subfield="Counting",
         )
-    if kind == "read":
-        word = rng.choice(WORDS)
-        images.append(text_image(word))
-        return dict(
-            question="Which word is printed in <image 1>?",
-            options="[]",
-            answer=word,
-            question_type="open",
-            images=images,
-            subfield="Optical character recognition",
-        )
-    if kind == "add":
-        a, b = rng.randint(100, 4000), rng.randint(100, 4000)
-        images.append(text_image(f"${a}"))
-        images.append(text_image(f"${b}"))
-        return dict(
-            question=(
-                "An invoice lists the amounts in <image 1> and <image 2>. What is "
-                "the total in dollars?"
-            ),
-            options="[]",
-            answer=str(a + b),
-            question_type="open",
-            images=images,
-            subfield="Financial accounting",
-        )
-    if kind == "compare":
-        a, b = rng.sample(range(1, 10), 2)
-        images.append(dots_image(a, rng))
-        images.append(dots_image(b, rng))
-        opts, ans = _mc(["<image 1>", "<image 2>"], 0 if a > b else 1)
-        return dict(
-            question="Which image has more black dots? <image 1> <image 2>",
-            options=opts,
-            answer=ans,
-            question_type="multiple-choice",
-            images=images,
-            subfield="Cartography",
-        )
-    if kind == "pick_image":
-        n_opts = 4
-        colours = rng.sample(sorted(COLOURS), n_opts)
-        target = rng.randrange(n_opts)
-        # image 1: the reference word; images 2..5: the candidate shapes in shuffled order
-        images.append(text_image(colours[target]))
-        order = list(range(n_opts))
-        rng.shuffle(order)  # option i shows image order[i] + 2
-        for colour_index in sorted(range(n_opts), key=lambda i: order[i]):
-            images.append(shape_image("square", colours[colour_index]))
-        opts, ans = _mc([f"<image {order[i] + 2}>" for i in range(n_opts)], target)
-        return dict(
-            question="<image 1> Which option shows a square of the colour named in the "
-            "first image?",
-            options=opts,
-            answer=ans,
-            question_type="multiple-choice",
-            images=images,
-            subfield="Music notation",
-        )
-    raise ValueError(f"unknown demo kind {kind!r}")
+    choices = sorted({n, *rng.sample([x for x in range(1, 10) if x != n], 3)})
+    opts, ans = _mc([str(c) for c in choices], choices.index(n))
+    return dict(
+        question="How many black dots are there in <image 1>?",
+        options=opts,
+        answer=ans,
+        question_type="multiple-choice",
+        images=images,
+        subfield="Counting",
+    )
+
+
+def _ask_read(k: int, rng: random.Random) -> dict[str, Any]:
+    """A printed word to read (open)."""
+    images: list[Image.Image] = []
+    word = rng.choice(WORDS)
+    images.append(text_image(word))
+    return dict(
+        question="Which word is printed in <image 1>?",
+        options="[]",
+        answer=word,
+        question_type="open",
+        images=images,
+        subfield="Optical character recognition",
+    )
+
+
+def _ask_add(k: int, rng: random.Random) -> dict[str, Any]:
+    """Two printed dollar amounts to add (open)."""
+    images: list[Image.Image] = []
+    a, b = rng.randint(100, 4000), rng.randint(100, 4000)
+    images.append(text_image(f"${a}"))
+    images.append(text_image(f"${b}"))
+    return dict(
+        question=(
+            "An invoice lists the amounts in <image 1> and <image 2>. What is the total in dollars?"
+        ),
+        options="[]",
+        answer=str(a + b),
+        question_type="open",
+        images=images,
+        subfield="Financial accounting",
+    )
+
+
+def _ask_compare(k: int, rng: random.Random) -> dict[str, Any]:
+    """Two dot images: which has more dots (multiple choice between the images)."""
+    images: list[Image.Image] = []
+    a, b = rng.sample(range(1, 10), 2)
+    images.append(dots_image(a, rng))
+    images.append(dots_image(b, rng))
+    opts, ans = _mc(["<image 1>", "<image 2>"], 0 if a > b else 1)
+    return dict(
+        question="Which image has more black dots? <image 1> <image 2>",
+        options=opts,
+        answer=ans,
+        question_type="multiple-choice",
+        images=images,
+        subfield="Cartography",
+    )
+
+
+def _ask_pick_image(k: int, rng: random.Random) -> dict[str, Any]:
+    """A colour's name, then four squares: which image shows that colour (the options are
+    images)."""
+    images: list[Image.Image] = []
+    n_opts = 4
+    colours = rng.sample(sorted(COLOURS), n_opts)
+    target = rng.randrange(n_opts)
+    # image 1: the reference word; images 2..5: the candidate shapes in shuffled order
+    images.append(text_image(colours[target]))
+    order = list(range(n_opts))
+    rng.shuffle(order)  # option i shows image order[i] + 2
+    for colour_index in sorted(range(n_opts), key=lambda i: order[i]):
+        images.append(shape_image("square", colours[colour_index]))
+    opts, ans = _mc([f"<image {order[i] + 2}>" for i in range(n_opts)], target)
+    return dict(
+        question="<image 1> Which option shows a square of the colour named in the first image?",
+        options=opts,
+        answer=ans,
+        question_type="multiple-choice",
+        images=images,
+        subfield="Music notation",
+    )
+
+
+#: demo kind -> its question maker ``(k, rng) -> {question, options, answer, question_type,
+#: images, subfield}``
+_MAKERS = {
+    "colour": _ask_colour,
+    "shape": _ask_shape,
+    "count": _ask_count,
+    "read": _ask_read,
+    "add": _ask_add,
+    "compare": _ask_compare,
+    "pick_image": _ask_pick_image,
+}
+
+
+def _make(kind: str, k: int, rng: random.Random) -> dict[str, Any]:
+    """One question of ``kind`` (the ``k``-th of the set): question, options, answer, images,
+    question_type, subfield. Raises ValueError for an unknown kind."""
+    if kind not in _MAKERS:
+        raise ValueError(f"unknown demo kind {kind!r}")
+    return _MAKERS[kind](k, rng)
 
 
 def generate_rows(n: int = 63, seed: int = 0) -> dict[str, list[dict[str, Any]]]:

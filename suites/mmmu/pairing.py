@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from statistics import mean
 from typing import Any
 
@@ -198,59 +199,64 @@ def pair(
     check_pairable(reps_a, reps_b)
     maps_a = [{r["id"]: r for r in rep} for rep in reps_a]
     maps_b = [{r["id"]: r for r in rep} for rep in reps_b]
-    order = [r["id"] for r in reps_a[0]]
-    n_aligned = min(len(reps_a), len(reps_b))
+    tally = _Tally(n_aligned=min(len(reps_a), len(reps_b)))
+    for qid in (r["id"] for r in reps_a[0]):
+        tally.add(qid, [m[qid] for m in maps_a], [m[qid] for m in maps_b])
+    return tally.result(len(reps_a), len(reps_b), alpha, max_changed)
 
-    table = {"both_right": 0, "both_wrong": 0, "right_to_wrong": 0, "wrong_to_right": 0}
-    failed_either = unstable = identical = compared = 0
-    unstable_a = unstable_b = 0
-    questions: dict[str, dict[str, Any]] = {}
-    flipped: list[dict[str, Any]] = []
-    subjects: dict[str, dict[str, Any]] = {}
-    changed: list[dict[str, Any]] = []
-    for qid in order:
-        va = [m[qid]["verdict"] for m in maps_a]
-        vb = [m[qid]["verdict"] for m in maps_b]
+
+@dataclass
+class _Tally:
+    """The per-question counts of :func:`pair`, added question by question (:meth:`add`)."""
+
+    n_aligned: int  # repeats k compared response by response (baseline k with variant k)
+    table: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(
+            ("both_right", "both_wrong", "right_to_wrong", "wrong_to_right"), 0
+        )
+    )
+    failed_either: int = 0
+    unstable: int = 0
+    identical: int = 0
+    compared: int = 0
+    unstable_a: int = 0
+    unstable_b: int = 0
+    questions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    flipped: list[dict[str, Any]] = field(default_factory=list)
+    subjects: dict[str, dict[str, Any]] = field(default_factory=dict)
+    changed: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, qid: str, ra: list[Record], rb: list[Record]) -> None:
+        """Count question ``qid``: its record in every baseline repeat (``ra``) and every
+        variant repeat (``rb``)."""
+        va, vb = [r["verdict"] for r in ra], [r["verdict"] for r in rb]
         if "failed" in va or "failed" in vb:
-            failed_either += 1
-            continue
-        subject = maps_a[0][qid].get("subject") or subject_of(qid)
+            self.failed_either += 1
+            return
+        subject = ra[0].get("subject") or subject_of(qid)
         share_a = mean(v == "correct" for v in va)
         share_b = mean(v == "correct" for v in vb)
-        unstable_a += len({v == "correct" for v in va}) > 1
-        unstable_b += len({v == "correct" for v in vb}) > 1
-        questions[qid] = {"subject": subject, "acc_a": share_a, "acc_b": share_b}
-        for k in range(n_aligned):
-            compared += 1
-            identical += maps_a[k][qid].get("response") == maps_b[k][qid].get("response")
-        ra, rb = maps_a[0][qid], maps_b[0][qid]
-        if ra.get("response") != rb.get("response"):
-            changed.append(
-                {
-                    "id": qid,
-                    "verdict_a": ra["verdict"],
-                    "verdict_b": rb["verdict"],
-                    "response_a": (ra.get("response") or "")[:200],
-                    "response_b": (rb.get("response") or "")[:200],
-                }
-            )
+        self.unstable_a += len({v == "correct" for v in va}) > 1
+        self.unstable_b += len({v == "correct" for v in vb}) > 1
+        self.questions[qid] = {"subject": subject, "acc_a": share_a, "acc_b": share_b}
+        self._responses(qid, ra, rb)
         sa, sb = _state(share_a), _state(share_b)
-        sub = subjects.setdefault(
+        sub = self.subjects.setdefault(
             subject, {"n": 0, "sum_a": 0.0, "sum_b": 0.0, "right_to_wrong": 0, "wrong_to_right": 0}
         )
         sub["n"] += 1
         sub["sum_a"] += share_a
         sub["sum_b"] += share_b
         if "unstable" in (sa, sb):
-            unstable += 1
-            continue
+            self.unstable += 1
+            return
         if sa == sb:
-            table["both_right" if sa == "right" else "both_wrong"] += 1
-            continue
+            self.table["both_right" if sa == "right" else "both_wrong"] += 1
+            return
         direction = "right_to_wrong" if sa == "right" else "wrong_to_right"
-        table[direction] += 1
+        self.table[direction] += 1
         sub[direction] += 1
-        flipped.append(
+        self.flipped.append(
             {
                 "id": qid,
                 "subject": subject,
@@ -259,48 +265,70 @@ def pair(
                 "direction": direction,
             }
         )
-    n = sum(table.values())
-    n11, n10 = table["both_right"], table["right_to_wrong"]
-    n01, n00 = table["wrong_to_right"], table["both_wrong"]
-    from statsmodels.stats.contingency_tables import mcnemar  # 0.8 s: only when compared
 
-    p = float(mcnemar([[n11, n10], [n01, n00]], exact=True).pvalue) if n else None
-    if failed_either:
-        verdict = "incomplete"
-    elif p is not None and p < alpha:
-        verdict = "improved" if n01 > n10 else "regressed"
-    else:
-        verdict = "no significant change"
-    nq = len(questions)
-    return {
-        "repeats_a": len(reps_a),
-        "repeats_b": len(reps_b),
-        "n_paired": n,
-        "n_failed_either": failed_either,
-        "n_unstable": unstable,
-        **table,
-        "flips": n10 + n01,
-        "mcnemar_p": p,
-        "acc_a": mean(q["acc_a"] for q in questions.values()) if nq else None,
-        "acc_b": mean(q["acc_b"] for q in questions.values()) if nq else None,
-        "questions": questions,
-        "flipped": flipped,
-        "subjects": {
-            s: {
-                "n": v["n"],
-                "acc_a": v["sum_a"] / v["n"],
-                "acc_b": v["sum_b"] / v["n"],
-                "right_to_wrong": v["right_to_wrong"],
-                "wrong_to_right": v["wrong_to_right"],
-            }
-            for s, v in sorted(subjects.items())
-        },
-        "identical_responses": identical,
-        "identical_response_share": identical / compared if compared else None,
-        "changed_count": len(changed),
-        "changed": changed[:max_changed],
-        "unstable_a": unstable_a,
-        "unstable_b": unstable_b,
-        "verdict": verdict,
-        "alpha": alpha,
-    }
+    def _responses(self, qid: str, ra: list[Record], rb: list[Record]) -> None:
+        """Identical responses of the aligned repeats, and the question in ``changed`` when its
+        repeat-0 responses differ."""
+        for k in range(self.n_aligned):
+            self.compared += 1
+            self.identical += ra[k].get("response") == rb[k].get("response")
+        a, b = ra[0], rb[0]
+        if a.get("response") != b.get("response"):
+            self.changed.append(
+                {
+                    "id": qid,
+                    "verdict_a": a["verdict"],
+                    "verdict_b": b["verdict"],
+                    "response_a": (a.get("response") or "")[:200],
+                    "response_b": (b.get("response") or "")[:200],
+                }
+            )
+
+    def result(self, repeats_a: int, repeats_b: int, alpha: float, max_changed: int) -> dict:
+        """:func:`pair`'s dict: the counts, McNemar's exact p and the verdict."""
+        table, questions = self.table, self.questions
+        n = sum(table.values())
+        n11, n10 = table["both_right"], table["right_to_wrong"]
+        n01, n00 = table["wrong_to_right"], table["both_wrong"]
+        from statsmodels.stats.contingency_tables import mcnemar  # 0.8 s: only when compared
+
+        p = float(mcnemar([[n11, n10], [n01, n00]], exact=True).pvalue) if n else None
+        if self.failed_either:
+            verdict = "incomplete"
+        elif p is not None and p < alpha:
+            verdict = "improved" if n01 > n10 else "regressed"
+        else:
+            verdict = "no significant change"
+        nq = len(questions)
+        return {
+            "repeats_a": repeats_a,
+            "repeats_b": repeats_b,
+            "n_paired": n,
+            "n_failed_either": self.failed_either,
+            "n_unstable": self.unstable,
+            **table,
+            "flips": n10 + n01,
+            "mcnemar_p": p,
+            "acc_a": mean(q["acc_a"] for q in questions.values()) if nq else None,
+            "acc_b": mean(q["acc_b"] for q in questions.values()) if nq else None,
+            "questions": questions,
+            "flipped": self.flipped,
+            "subjects": {
+                s: {
+                    "n": v["n"],
+                    "acc_a": v["sum_a"] / v["n"],
+                    "acc_b": v["sum_b"] / v["n"],
+                    "right_to_wrong": v["right_to_wrong"],
+                    "wrong_to_right": v["wrong_to_right"],
+                }
+                for s, v in sorted(self.subjects.items())
+            },
+            "identical_responses": self.identical,
+            "identical_response_share": (self.identical / self.compared if self.compared else None),
+            "changed_count": len(self.changed),
+            "changed": self.changed[:max_changed],
+            "unstable_a": self.unstable_a,
+            "unstable_b": self.unstable_b,
+            "verdict": verdict,
+            "alpha": alpha,
+        }

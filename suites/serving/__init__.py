@@ -282,41 +282,16 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
     except (OSError, SyntaxError) as e:
         raise SuiteError(f"cannot read the release's bench_serving arguments: {e}") from None
     tokenizer = params.tokenizer or srv.tokenizer_path or srv.model_path
-    caveats: list[str] = []
-    try:
-        warm = warmup_behaviour(info.source)
-        if params.backend != "sglang":
-            caveats += backend_warnings(params, info.source)
-    except ValueError as e:
-        raise SuiteError(str(e)) from None
-    except (OSError, SyntaxError) as e:
-        raise SuiteError(f"cannot read the release's bench_serving source: {e}") from None
-    w = warmup_warning(params, warm)
-    if w:
-        caveats.append(w)
+    warm, caveats = _tool_caveats(params, info)
     result_file = out / "result.jsonl"
     if result_file.exists():
         result_file.unlink()  # the tool appends; a re-run of the cell starts clean
-    try:
-        cmd = build_command(
-            params,
-            python=ctx.python,
-            info=info,
-            sglang_version=ctx.sglang_version,
-            host=srv.host,
-            port=srv.port,
-            model=srv.model_path,
-            tokenizer=tokenizer,
-            output_file=result_file,
-        )
-    except ToolMismatch as e:
-        raise SuiteError(str(e)) from None
+    cmd = _command(ctx, params, info, tokenizer, result_file)
     write_json(out / "command.json", {"argv": cmd})
     ctx.log(
         f"serving: bench_serving {params.dataset_name} x{params.num_prompts} "
         f"(concurrency {params.max_concurrency})"
     )
-
     log_offset = logscan.log_size(srv.log_path) if srv.log_path is not None else 0
     rc, wall_s = run_tool(
         cmd,
@@ -326,70 +301,12 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
         server_alive=srv.alive,
         server_log=srv.log_path,
     )
-    if not srv.alive():
-        raise SuiteError(
-            "the sglang server died during bench_serving; server log tail:\n"
-            + _tail(srv.log_path)
-            + _events_note(srv.log_path, log_offset)
-        )
-    if rc != 0:
-        raise SuiteError(
-            f"bench_serving exited with {rc}; its stderr tail:\n"
-            f"{_tail(out / 'stderr.txt', 25)}\nserver log tail:\n{_tail(srv.log_path)}"
-            + _events_note(srv.log_path, log_offset)
-        )
-    try:
-        row = read_result_line(result_file)
-    except ResultError as e:
-        raise SuiteError(
-            f"{e}; bench_serving stderr tail:\n{_tail(out / 'stderr.txt', 25)}"
-        ) from None
+    row = _tool_result(srv, rc, out, log_offset)
     scan, scan_warning = _server_events(srv.log_path, log_offset)
-
-    metrics = summary_metrics(row)
-    recs = request_records(row)
+    metrics, recs = _measured(row, scan)
     write_json(out / "requests.json", recs)
-    statuses = recs["status"]
-    sent = len(statuses)
-    ok = statuses.count("ok")
-    metrics.update(
-        {
-            "requested_count": float(sent),
-            "completed_count": float(ok),
-            "failed_count": float(statuses.count("failed")),
-            "no_token_count": float(statuses.count("no_token")),
-        }
-    )
-    if metrics.get("total_output_tokens_count"):
-        metrics["retokenized_output_share"] = (
-            metrics["total_output_tokens_retokenized_count"] / metrics["total_output_tokens_count"]
-        )
-    if scan is not None:
-        for k in ("retractions_count", "retracted_requests_count", "oom_count"):
-            metrics[k] = float(scan[k])
-    errors, warnings = request_checks(
-        statuses,
-        recs["error"],
-        num_prompts=params.num_prompts,
-        tool_completed=int(metrics.get("tool_completed_count", 0)),
-    )
-    warnings += caveats
-    if scan_warning:
-        warnings.append(scan_warning)
-    if metrics.get("total_output_tokens_count", 0) > 0 and metrics.get("ttft_mean_ms", 0) == 0:
-        errors.append("invalid: output tokens > 0 but every TTFT is 0 (no streamed token timed)")
-
-    # our recomputation vs the tool's summary (judged only on runs without flagged requests)
-    ours = recompute_from_details(row, as_tool=True)
-    disagree = compare_with_summary(
-        metrics, ours, rel_tol=params.recompute_rel_tol, abs_tol_ms=params.recompute_abs_tol_ms
-    )
-    if disagree and ok == sent:
-        warnings.append(
-            "recomputation from the per-request details disagrees with "
-            "bench_serving's summary: " + "; ".join(disagree)
-        )
-
+    notes = caveats + ([scan_warning] if scan_warning else [])
+    errors, warnings, disagree = _checks(params, row, metrics, recs, notes)
     meta: dict[str, Any] = {
         "backend": params.backend,
         "request_rate": "{}".format(row.get("request_rate", params.request_rate)),
@@ -406,16 +323,133 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
         "warmup_capped": warm.capped,
         "server_log_scan": scan,
     }
-
-    if params.dataset_name in IMAGE_DATASETS and ok:
+    if params.dataset_name in IMAGE_DATASETS and recs["status"].count("ok"):
         errs, img = _check_images(ctx, params, row, recs, info, tokenizer)
         errors += errs
         meta.update(img)  # images_*_count are diagnostics, kept in meta: on 0.5.1.post3 they come
         # from one probe request per variant with its own random prompt, so a comparison of them
         # between variants would report a change the patch did not make
-
     status = "incomplete" if errors else "ok"
     return SuiteResult(status=status, metrics=metrics, errors=errors, warnings=warnings, meta=meta)
+
+
+def _tool_caveats(params: Params, info) -> tuple[Any, list[str]]:
+    """(the release's warmup behaviour, :func:`.caveats.warmup_behaviour`; the warnings of what
+    its bench_serving mis-measures with ``params``). Raises SuiteError when its source cannot be
+    read or the backend cannot be judged."""
+    caveats: list[str] = []
+    try:
+        warm = warmup_behaviour(info.source)
+        if params.backend != "sglang":
+            caveats += backend_warnings(params, info.source)
+    except ValueError as e:
+        raise SuiteError(str(e)) from None
+    except (OSError, SyntaxError) as e:
+        raise SuiteError(f"cannot read the release's bench_serving source: {e}") from None
+    w = warmup_warning(params, warm)
+    if w:
+        caveats.append(w)
+    return warm, caveats
+
+
+def _command(
+    ctx: SuiteContext, params: Params, info, tokenizer: str, result_file: Path
+) -> list[str]:
+    """bench_serving's argv for the cell's server (:func:`.command.build_command`); raises
+    SuiteError when the release's tool lacks what ``params`` asks for."""
+    srv = ctx.server
+    try:
+        return build_command(
+            params,
+            python=ctx.python,
+            info=info,
+            sglang_version=ctx.sglang_version,
+            host=srv.host,
+            port=srv.port,
+            model=srv.model_path,
+            tokenizer=tokenizer,
+            output_file=result_file,
+        )
+    except ToolMismatch as e:
+        raise SuiteError(str(e)) from None
+
+
+def _tool_result(srv, rc: int, out: Path, log_offset: int) -> dict:
+    """The tool's result line after it exited with ``rc``; raises SuiteError (with the server
+    log's tail, the tool's stderr tail and what the server logged meanwhile) when the server
+    died, the tool failed, or its result cannot be read."""
+    if not srv.alive():
+        raise SuiteError(
+            "the sglang server died during bench_serving; server log tail:\n"
+            + _tail(srv.log_path)
+            + _events_note(srv.log_path, log_offset)
+        )
+    if rc != 0:
+        raise SuiteError(
+            f"bench_serving exited with {rc}; its stderr tail:\n"
+            f"{_tail(out / 'stderr.txt', 25)}\nserver log tail:\n{_tail(srv.log_path)}"
+            + _events_note(srv.log_path, log_offset)
+        )
+    try:
+        return read_result_line(out / "result.jsonl")
+    except ResultError as e:
+        raise SuiteError(
+            f"{e}; bench_serving stderr tail:\n{_tail(out / 'stderr.txt', 25)}"
+        ) from None
+
+
+def _measured(row: dict, scan: dict | None) -> tuple[dict[str, float], dict]:
+    """(the flat metrics of the tool's result ``row`` with the request counts, the retokenized
+    share and the server log's event counts; the per-request records, requests.json)."""
+    metrics = summary_metrics(row)
+    recs = request_records(row)
+    statuses = recs["status"]
+    metrics.update(
+        {
+            "requested_count": float(len(statuses)),
+            "completed_count": float(statuses.count("ok")),
+            "failed_count": float(statuses.count("failed")),
+            "no_token_count": float(statuses.count("no_token")),
+        }
+    )
+    if metrics.get("total_output_tokens_count"):
+        metrics["retokenized_output_share"] = (
+            metrics["total_output_tokens_retokenized_count"] / metrics["total_output_tokens_count"]
+        )
+    if scan is not None:
+        for k in ("retractions_count", "retracted_requests_count", "oom_count"):
+            metrics[k] = float(scan[k])
+    return metrics, recs
+
+
+def _checks(
+    params: Params, row: dict, metrics: dict[str, float], recs: dict, notes: list[str]
+) -> tuple[list[str], list[str], list[str]]:
+    """(errors, warnings, recomputation disagreements) of a finished run: the requests' checks
+    (:func:`.validity.request_checks`), the ``notes`` (warnings already known), a
+    TTFT that timed nothing, and our recomputation from the per-request details against the
+    tool's summary (a warning only when no request was flagged: a flagged request makes the two
+    differ by design)."""
+    statuses = recs["status"]
+    errors, warnings = request_checks(
+        statuses,
+        recs["error"],
+        num_prompts=params.num_prompts,
+        tool_completed=int(metrics.get("tool_completed_count", 0)),
+    )
+    warnings += notes
+    if metrics.get("total_output_tokens_count", 0) > 0 and metrics.get("ttft_mean_ms", 0) == 0:
+        errors.append("invalid: output tokens > 0 but every TTFT is 0 (no streamed token timed)")
+    ours = recompute_from_details(row, as_tool=True)
+    disagree = compare_with_summary(
+        metrics, ours, rel_tol=params.recompute_rel_tol, abs_tol_ms=params.recompute_abs_tol_ms
+    )
+    if disagree and statuses.count("ok") == len(statuses):
+        warnings.append(
+            "recomputation from the per-request details disagrees with "
+            "bench_serving's summary: " + "; ".join(disagree)
+        )
+    return errors, warnings, disagree
 
 
 def _check_images(
@@ -445,6 +479,26 @@ def _check_images(
             min_ratio=params.images_min_prompt_token_ratio,
             source="server prompt_tokens of every request, recorded by bench_serving",
         )
+    probe = _cached_image_probe(ctx, params, info, tokenizer)
+    if "error" in probe:
+        return [f"images check could not run: {probe['error']}"], {"image_probe": probe}
+    errs, img = images_check(
+        server_prompt_tokens=float(probe["server_prompt_tokens"]),
+        text_prompt_tokens=float(probe["text_tokens"]),
+        images_sent=int(probe["images"]),
+        min_extra_tokens_per_image=params.images_min_extra_tokens_per_image,
+        min_ratio=params.images_min_prompt_token_ratio,
+        source="one probe request after the run, built by the release's own dataset code",
+    )
+    img["image_probe"] = probe
+    return errs, img
+
+
+def _cached_image_probe(ctx: SuiteContext, params: Params, info, tokenizer: str) -> dict[str, Any]:
+    """:func:`_image_probe`'s result for the cell's variant and settings, cached in the run's
+    cache_dir (``serving/image-probe-<key>.json``; ``"cached": True`` when read from there): the
+    probe costs one import of bench_serving, so it runs once per (run, variant, settings). An
+    ``{"error": ...}`` result is not cached."""
     chat = wants_chat_template(params, ctx.sglang_version)
     seed = effective_seed(params, info)
     seed = 1 if seed is None else seed  # bench_serving's own default
@@ -463,24 +517,13 @@ def _check_images(
         ).encode()
     ).hexdigest()[:16]
     cache = Path(ctx.cache_dir) / "serving" / f"image-probe-{key}.json"
-    if cache.is_file():  # once per (run, variant, settings): the probe costs a tool import
+    if cache.is_file():
         probe = dict(json.loads(cache.read_text()), cached=True)
     else:
         probe = _image_probe(ctx, params, tokenizer, chat, seed)
         if "error" not in probe:
             write_json(cache, probe)
-    if "error" in probe:
-        return [f"images check could not run: {probe['error']}"], {"image_probe": probe}
-    errs, img = images_check(
-        server_prompt_tokens=float(probe["server_prompt_tokens"]),
-        text_prompt_tokens=float(probe["text_tokens"]),
-        images_sent=int(probe["images"]),
-        min_extra_tokens_per_image=params.images_min_extra_tokens_per_image,
-        min_ratio=params.images_min_prompt_token_ratio,
-        source="one probe request after the run, built by the release's own dataset code",
-    )
-    img["image_probe"] = probe
-    return errs, img
+    return probe
 
 
 @register

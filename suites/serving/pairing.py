@@ -202,56 +202,12 @@ def pair_cells(
     used: list[tuple[int, dict, dict, list[int]]] = []
     unreadable: list[str] = []
     for k, (db, dv) in enumerate(zip(baseline_dirs, variant_dirs, strict=True)):
-        rb, why_b = read_requests(db)
-        rv, why_v = read_requests(dv)
-        if rb is None or rv is None:
-            whys = [w for w in (why_b, why_v) if w]
-            unreadable += [w for w in whys if not w.endswith(": missing")]
-            notes.append(f"paired repeat {k}: not used: " + "; ".join(whys))
-            continue
-        nb, nv = _count(rb), _count(rv)
-        n = min(nb, nv)
-        notes += _short_notes(k, "baseline", db, nb) + _short_notes(k, "variant", dv, nv)
-        if n == 0:
-            empty = [str(d / "requests.json") for d, c in ((db, nb), (dv, nv)) if c == 0]
-            notes.append(f"paired repeat {k}: not used: {' and '.join(empty)} holds no requests")
-            continue
-        if nb != nv:
-            short = db / "requests.json" if nb < nv else dv / "requests.json"
-            notes.append(
-                f"paired repeat {k}: {short} holds {min(nb, nv)} requests, the other cell "
-                f"{max(nb, nv)}: only requests 0..{n - 1} were paired"
-            )
-        reason = check_prompts(rb, rv, n)
-        if reason:
-            refused.append(f"paired repeat {k}: {reason}")
-            continue
-        idx = [i for i in range(n) if request_ok(rb, i) and request_ok(rv, i)]
-        tb, tv = rb["generated_text"], rv["generated_text"]
-        same = 0
-        diffs: list[dict[str, int]] = []
-        for i in idx:
-            a, b = tb[i] or "", tv[i] or ""
-            if a == b:
-                same += 1
-            else:
-                diffs.append({"repeat": k, "request": i, "char": _first_diff(a, b)})
-        reps.append(
-            {
-                "repeat_index": k,
-                "baseline_requests": nb,
-                "variant_requests": nv,
-                "baseline_expected": expected_requests(db),
-                "variant_expected": expected_requests(dv),
-                "requests_compared": [0, n - 1],
-                "paired": len(idx),
-                "failed_either": n - len(idx),
-                "identical": same,
-                "share": same / len(idx) if idx else None,
-                "diffs": diffs,
-            }
-        )
-        used.append((k, rb, rv, idx))
+        got = _pair_repeat(k, Path(db), Path(dv), notes, unreadable)
+        if isinstance(got, str):
+            refused.append(f"paired repeat {k}: {got}")
+        elif got is not None:
+            reps.append(got[0])
+            used.append(got[1])
     if refused and not used:
         raise PairingRefused("; ".join(refused))
     notes += refused
@@ -261,26 +217,8 @@ def pair_cells(
         "notes": notes,
         "unreadable": unreadable,
         "repeats": [{k: v for k, v in r.items() if k != "diffs"} for r in reps],
+        "identity": _identity(reps),
     }
-    n = sum(r["paired"] for r in reps)
-    ident = sum(r["identical"] for r in reps)
-    diffs = [d for r in reps for d in r["diffs"]]
-    if n:
-        from statsmodels.stats.proportion import proportion_confint
-
-        lo, hi = proportion_confint(ident, n, alpha=0.05, method="wilson")
-        out["identity"] = {
-            "n": n,
-            "identical": ident,
-            "share": ident / n,
-            "share_ci": [float(lo), float(hi)],
-            "first_diff": diffs[:MAX_DIFFS],
-            "first_diff_char_median": (
-                statistics.median(d["char"] for d in diffs) if diffs else None
-            ),
-        }
-    else:
-        out["identity"] = None
     if used:
         k, rb, rv, idx = used[0]
         out["ecdf"] = {
@@ -289,23 +227,109 @@ def pair_cells(
             "variant": _ecdf_side(rv, idx),
         }
     if len(used) == 1 and getattr(settings, "within_cell_intervals", True):
-        k, rb, rv, idx = used[0]
-        desc: dict[str, dict[str, Any]] = {}
-        for m in metrics:
-            kind = metric_kind(m)
-            if kind is None:
-                continue
-            try:
-                iv = within_cell_interval(kind[0], kind[1], rb, rv, idx, settings)
-            except ValueError as e:
-                notes.append(f"{m}: no request-level interval ({e})")
-                continue
-            if iv.ok:
-                desc[m] = {
-                    "change_pct": 100 * iv.estimate,
-                    "low_pct": 100 * iv.low,
-                    "high_pct": 100 * iv.high,
-                    "method": iv.method,
-                }
-        out["descriptive"] = desc
+        out["descriptive"] = _descriptive(metrics, used[0], settings, notes)
     return out
+
+
+def _pair_repeat(
+    k: int, db: Path, dv: Path, notes: list[str], unreadable: list[str]
+) -> tuple[dict[str, Any], tuple[int, dict, dict, list[int]]] | str | None:
+    """Pair repeat ``k``'s two cells: (its entry of ``repeats``, with its ``diffs``; (k, baseline
+    requests, variant requests, indices of the requests that succeeded in both)), the prompt
+    check's reason when it refuses the pairing, or None when a file is missing, unreadable or
+    empty. What the repeat shows is appended to ``notes`` (and an unreadable file to
+    ``unreadable``)."""
+    rb, why_b = read_requests(db)
+    rv, why_v = read_requests(dv)
+    if rb is None or rv is None:
+        whys = [w for w in (why_b, why_v) if w]
+        unreadable += [w for w in whys if not w.endswith(": missing")]
+        notes.append(f"paired repeat {k}: not used: " + "; ".join(whys))
+        return None
+    nb, nv = _count(rb), _count(rv)
+    n = min(nb, nv)
+    notes += _short_notes(k, "baseline", db, nb) + _short_notes(k, "variant", dv, nv)
+    if n == 0:
+        empty = [str(d / "requests.json") for d, c in ((db, nb), (dv, nv)) if c == 0]
+        notes.append(f"paired repeat {k}: not used: {' and '.join(empty)} holds no requests")
+        return None
+    if nb != nv:
+        short = db / "requests.json" if nb < nv else dv / "requests.json"
+        notes.append(
+            f"paired repeat {k}: {short} holds {min(nb, nv)} requests, the other cell "
+            f"{max(nb, nv)}: only requests 0..{n - 1} were paired"
+        )
+    reason = check_prompts(rb, rv, n)
+    if reason:
+        return reason
+    idx = [i for i in range(n) if request_ok(rb, i) and request_ok(rv, i)]
+    tb, tv = rb["generated_text"], rv["generated_text"]
+    same = 0
+    diffs: list[dict[str, int]] = []
+    for i in idx:
+        a, b = tb[i] or "", tv[i] or ""
+        if a == b:
+            same += 1
+        else:
+            diffs.append({"repeat": k, "request": i, "char": _first_diff(a, b)})
+    rep = {
+        "repeat_index": k,
+        "baseline_requests": nb,
+        "variant_requests": nv,
+        "baseline_expected": expected_requests(db),
+        "variant_expected": expected_requests(dv),
+        "requests_compared": [0, n - 1],
+        "paired": len(idx),
+        "failed_either": n - len(idx),
+        "identical": same,
+        "share": same / len(idx) if idx else None,
+        "diffs": diffs,
+    }
+    return rep, (k, rb, rv, idx)
+
+
+def _identity(reps: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Output identity over the paired repeats (identical share, its 95 % Wilson interval, the
+    first differences); None when no request was paired."""
+    n = sum(r["paired"] for r in reps)
+    ident = sum(r["identical"] for r in reps)
+    diffs = [d for r in reps for d in r["diffs"]]
+    if not n:
+        return None
+    from statsmodels.stats.proportion import proportion_confint
+
+    lo, hi = proportion_confint(ident, n, alpha=0.05, method="wilson")
+    return {
+        "n": n,
+        "identical": ident,
+        "share": ident / n,
+        "share_ci": [float(lo), float(hi)],
+        "first_diff": diffs[:MAX_DIFFS],
+        "first_diff_char_median": (statistics.median(d["char"] for d in diffs) if diffs else None),
+    }
+
+
+def _descriptive(
+    metrics: list[str], used: tuple[int, dict, dict, list[int]], settings: Any, notes: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Request-level intervals of the latency ``metrics`` in the one paired repeat ``used``
+    (descriptive only); a metric without one gets a note."""
+    _k, rb, rv, idx = used
+    desc: dict[str, dict[str, Any]] = {}
+    for m in metrics:
+        kind = metric_kind(m)
+        if kind is None:
+            continue
+        try:
+            iv = within_cell_interval(kind[0], kind[1], rb, rv, idx, settings)
+        except ValueError as e:
+            notes.append(f"{m}: no request-level interval ({e})")
+            continue
+        if iv.ok:
+            desc[m] = {
+                "change_pct": 100 * iv.estimate,
+                "low_pct": 100 * iv.low,
+                "high_pct": 100 * iv.high,
+                "method": iv.method,
+            }
+    return desc

@@ -124,47 +124,11 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
     import torch
 
     from patchbench.records import write_json
-    from patchbench.suites.sync_probe.mrope import (
-        MropeMethods,
-        MropeSourceError,
-        measure_row,
-        sha256_file,
-    )
+    from patchbench.suites.sync_probe.mrope import measure_row, sha256_file
 
-    variant_file = Path(ctx.variant_sglang_dir) / REL
-    stock_file = Path(ctx.stock_sglang_dir) / REL
-    for f in (variant_file, stock_file):
-        if not f.is_file():
-            raise SuiteError(f"sync_probe: no {f}")
-    try:
-        methods = MropeMethods(variant_file, ctx.variant)
-        stock = MropeMethods(stock_file, "stock")
-    except MropeSourceError as exc:
-        raise SuiteError(f"sync_probe: {exc}") from exc
-
-    warnings: list[str] = []
-    cuda = ctx.device == "cuda" and torch.cuda.is_available() and not params.force_cpu
-    if cuda:
-        mode, note = "cuda", f"CUDA on {torch.cuda.get_device_name()}"
-    else:
-        mode = "cpu-probes"
-        why = (
-            "force_cpu"
-            if params.force_cpu
-            else "no GPU visible to torch"
-            if ctx.device == "cuda"
-            else "the run is on the CPU"
-        )
-        note = (
-            f"no GPU measurement ({why}): ran the CPU probes instead (seq_lens on the meta "
-            "device, reads counted; copies to the device recorded with non_blocking); "
-            "sync warnings and host-blocked time need a GPU"
-        )
-        if ctx.device == "cuda":
-            warnings.append(note)
-    # one short line per cell on the console; the full note is in probe.json and the report
-    ctx.log(note if cuda else f"CPU probes ({why})")
-
+    variant_file, stock_file = Path(ctx.variant_sglang_dir) / REL, Path(ctx.stock_sglang_dir) / REL
+    methods, stock = _load_methods(ctx, variant_file, stock_file)
+    cuda, mode, note, warnings = _measurement_mode(ctx, params)
     rows = []
     sleep_cycles = None
     if cuda:
@@ -192,29 +156,7 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
         for r in rows
         if r.get("stopped_by")
     ]
-
-    metrics: dict[str, float] = {
-        "sync_d2h_reads_count": float(sum(r.get("d2h_reads_per_call", 0) for r in rows)),
-        "sync_blocking_h2d_copies_count": float(
-            sum(r.get("blocking_h2d_copies_per_call", 0) for r in rows)
-        ),
-        "positions_mismatch_count": float(sum(not r.get("positions_equal_stock") for r in rows)),
-    }
-    metrics["host_syncs_per_call_count"] = (
-        metrics["sync_d2h_reads_count"] + metrics["sync_blocking_h2d_copies_count"]
-    )
-    # a counting run stopped by an unanswerable read counted only what came before it: the
-    # sums are lower bounds, and the comparison concludes only what a bound allows
-    bounds: dict[str, Literal["lower", "upper"]] = {}
-    if any(r.get("counts_lower_bound") for r in rows):
-        bounds = dict.fromkeys(LOWER_BOUND_WHEN_STOPPED, "lower")
-    if cuda:
-        metrics["sync_warnings_count"] = float(
-            sum(r["sync_warnings_per_call"] for r in rows if "sync_warnings_per_call" in r)
-        )
-        blocked = [r["host_blocked_ms"] for r in rows if "host_blocked_ms" in r]
-        if blocked:
-            metrics["host_blocked_ms"] = statistics.fmean(blocked)
+    metrics, bounds = _row_metrics(rows, cuda)
     probe: dict[str, Any] = {
         "schema": 1,
         "mode": mode,
@@ -243,6 +185,80 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
             "batch_sizes": params.batch_sizes,
         },
     )
+
+
+def _load_methods(ctx: SuiteContext, variant_file: Path, stock_file: Path) -> tuple[Any, Any]:
+    """The variant's and stock's extracted mrope methods (``mrope.MropeMethods``); raises
+    SuiteError when a file is missing or its methods cannot run with the stand-ins."""
+    from patchbench.suites.sync_probe.mrope import MropeMethods, MropeSourceError
+
+    for f in (variant_file, stock_file):
+        if not f.is_file():
+            raise SuiteError(f"sync_probe: no {f}")
+    try:
+        return MropeMethods(variant_file, ctx.variant), MropeMethods(stock_file, "stock")
+    except MropeSourceError as exc:
+        raise SuiteError(f"sync_probe: {exc}") from exc
+
+
+def _measurement_mode(ctx: SuiteContext, params: Params) -> tuple[bool, str, str, list[str]]:
+    """(measure on CUDA, the mode "cuda" | "cpu-probes", the note saying why, the warnings: the
+    note when a GPU run falls back to the CPU probes). One short line goes to the console."""
+    import torch
+
+    warnings: list[str] = []
+    cuda = ctx.device == "cuda" and torch.cuda.is_available() and not params.force_cpu
+    if cuda:
+        mode, note = "cuda", f"CUDA on {torch.cuda.get_device_name()}"
+    else:
+        mode = "cpu-probes"
+        why = (
+            "force_cpu"
+            if params.force_cpu
+            else "no GPU visible to torch"
+            if ctx.device == "cuda"
+            else "the run is on the CPU"
+        )
+        note = (
+            f"no GPU measurement ({why}): ran the CPU probes instead (seq_lens on the meta "
+            "device, reads counted; copies to the device recorded with non_blocking); "
+            "sync warnings and host-blocked time need a GPU"
+        )
+        if ctx.device == "cuda":
+            warnings.append(note)
+    # one short line per cell on the console; the full note is in probe.json and the report
+    ctx.log(note if cuda else f"CPU probes ({why})")
+    return cuda, mode, note, warnings
+
+
+def _row_metrics(
+    rows: list[dict], cuda: bool
+) -> tuple[dict[str, float], dict[str, Literal["lower", "upper"]]]:
+    """(the suite's metrics summed or averaged over the batch-size rows (:data:`METRICS`), the
+    bounds of the counts when a counting run was stopped)."""
+    metrics: dict[str, float] = {
+        "sync_d2h_reads_count": float(sum(r.get("d2h_reads_per_call", 0) for r in rows)),
+        "sync_blocking_h2d_copies_count": float(
+            sum(r.get("blocking_h2d_copies_per_call", 0) for r in rows)
+        ),
+        "positions_mismatch_count": float(sum(not r.get("positions_equal_stock") for r in rows)),
+    }
+    metrics["host_syncs_per_call_count"] = (
+        metrics["sync_d2h_reads_count"] + metrics["sync_blocking_h2d_copies_count"]
+    )
+    # a counting run stopped by an unanswerable read counted only what came before it: the
+    # sums are lower bounds, and the comparison concludes only what a bound allows
+    bounds: dict[str, Literal["lower", "upper"]] = {}
+    if any(r.get("counts_lower_bound") for r in rows):
+        bounds = dict.fromkeys(LOWER_BOUND_WHEN_STOPPED, "lower")
+    if cuda:
+        metrics["sync_warnings_count"] = float(
+            sum(r["sync_warnings_per_call"] for r in rows if "sync_warnings_per_call" in r)
+        )
+        blocked = [r["host_blocked_ms"] for r in rows if "host_blocked_ms" in r]
+        if blocked:
+            metrics["host_blocked_ms"] = statistics.fmean(blocked)
+    return metrics, bounds
 
 
 def report_block(summary_dir: Path) -> str:

@@ -1,0 +1,199 @@
+"""The calibration's synthetic run: who runs, what is measured, and the noise model.
+
+One trial is one run of a baseline and three compared variants: an A/A variant, ``patch-a`` and
+``patch-b`` (as in configs/pr9460-h200.yaml with an A/A variant added), over ``repeats`` cells
+each. Noise model (two levels; times in ms):
+
+- run level, per server lifetime (cell): a decode-speed shock ``s ~ N(0, run_cv)`` multiplies
+  every inter-token gap by ``exp(s)``; the prefill shock of TTFT is ``0.5 s + sqrt(0.75) u``,
+  ``u ~ N(0, run_cv)``, so TTFT is partly correlated with decode; E2E, TPOT, ITL and the
+  throughputs follow from the requests, so their run-to-run correlations are those of one server;
+- request level, CV ``req_cv`` (default 20 %): 200 requests of 1024 output tokens at concurrency
+  16 run in waves of 16 that share their decode steps: a step's noise (share ``step_share`` of
+  the log variance) is common to the 16 requests of the wave, the rest is the request's own; each
+  request is represented by ``steps`` sampled decode steps; TTFT likewise has a wave part and a
+  request part, times a prompt factor fixed per prompt (the same prompts in every cell);
+- output throughput = 1024 x 200 / duration, duration = sum over waves of the slowest request's
+  E2E; median ITL is taken over the sampled per-token gaps, TPOT per request;
+- MMMU: 900 questions, each right or wrong once and for all (45 % right) except a ``fragile``
+  share (5 %) that is right with probability 1/2 in every cell (batch-dependent numerics);
+- sync probe: 2 host syncs per call, exactly, in every cell (0 for ``patch-a`` in ``effect``).
+
+No drift between rounds is simulated (interleaving cancels a drift shared by a round).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+BASELINE = "baseline"
+AA = "aa"
+VARIANTS: dict[str, list[str]] = {
+    BASELINE: [],
+    AA: [],
+    "patch-a": ["patch-a"],
+    "patch-b": ["patch-b"],
+}
+PATCHES = ("patch-a", "patch-b")
+EFFECT_VARIANT = "patch-a"
+#: scenario -> the last entry of its trials' seeds
+SCENARIO_KEY = {"null": 0, "effect": 1, "small": 2}
+THR = "output_throughput_tok_s"
+SUITES = ("serving", "mmmu", "sync_probe")
+PRIMARIES: dict[str, tuple[str, ...]] = {
+    "serving": (
+        "output_throughput_tok_s",
+        "itl_median_ms",
+        "ttft_median_ms",
+        "e2e_latency_median_ms",
+    ),
+    "mmmu": ("mmmu_overall_acc",),
+    "sync_probe": ("host_syncs_per_call_count",),
+}
+SHORT = {
+    "output_throughput_tok_s": "output thr",
+    "itl_median_ms": "median ITL",
+    "ttft_median_ms": "median TTFT",
+    "e2e_latency_median_ms": "median E2E",
+    "mmmu_overall_acc": "MMMU acc",
+    "host_syncs_per_call_count": "host syncs",
+}
+#: the summary statistics the simulation produces per serving quantity (all kind "run")
+STATS = (("mean", None), ("median", 50), ("p90", 90), ("p95", 95), ("p99", 99))
+
+
+@dataclass(frozen=True)
+class Model:
+    """The synthetic run's parameters (see the module docstring). CVs are log-scale standard
+    deviations (fractions: 0.03 = 3 %); times in ms."""
+
+    run_cv: float = 0.03
+    req_cv: float = 0.20
+    step_share: float = 0.5
+    prefill_corr: float = 0.5
+    requests: int = 200
+    concurrency: int = 16
+    steps: int = 16
+    out_len: int = 1024
+    in_len: int = 68
+    itl_ms: float = 5.9
+    ttft_ms: float = 97.0
+    prompt_cv: float = 0.3
+    questions: int = 900
+    accuracy: float = 0.45
+    fragile: float = 0.05
+    syncs: int = 2
+
+
+@dataclass
+class Trial:
+    """One synthetic run: ``metrics[(variant, k)] = {suite: {metric: value}}`` and per-question
+    correctness ``correct[(variant, k)]`` (bool, shape (questions,))."""
+
+    run_id: str
+    repeats: int
+    variants: list[str]
+    metrics: dict[tuple[str, int], dict[str, dict[str, float]]] = field(default_factory=dict)
+    correct: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
+
+    def values(self, variant: str, suite: str, metric: str) -> np.ndarray:
+        """Per-repeat values of one metric, shape (repeats,)."""
+        return np.array([self.metrics[(variant, k)][suite][metric] for k in range(self.repeats)])
+
+
+def simulate(
+    rng: np.random.Generator,
+    m: Model,
+    repeats: int,
+    *,
+    speedup: dict[str, float],
+    syncs: dict[str, int],
+    run_id: str,
+) -> Trial:
+    """Draw one trial: every variant of ``VARIANTS`` over ``repeats`` cells.
+
+    speedup[variant]: every time of that variant is divided by (1 + speedup) (0.10: output
+    throughput +10 %); syncs[variant]: host syncs per call (default ``m.syncs``)."""
+    vs = list(VARIANTS)
+    C = len(vs) * repeats  # cells, variant-major
+    prompt = np.exp(rng.normal(0.0, m.prompt_cv, m.requests))  # fixed per prompt, every cell
+    base_ok = rng.random(m.questions) < m.accuracy
+    fragile = rng.random(m.questions) < m.fragile
+    scale = np.repeat([1.0 / (1.0 + speedup.get(v, 0.0)) for v in vs], repeats)
+    cols = _serving_columns(m, *_request_times(rng, m, scale, prompt))
+    flips = rng.random((C, m.questions)) < 0.5
+    correct = np.where(fragile[None, :], flips, base_ok[None, :])
+    tr = Trial(run_id, repeats, vs)
+    for i, v in enumerate(vs):
+        for k in range(repeats):
+            c = i * repeats + k
+            tr.metrics[(v, k)] = {
+                "serving": {name: float(col[c]) for name, col in cols.items()},
+                "mmmu": {"mmmu_overall_acc": float(correct[c].mean())},
+                "sync_probe": {"host_syncs_per_call_count": float(syncs.get(v, m.syncs))},
+            }
+            tr.correct[(v, k)] = correct[c]
+    return tr
+
+
+def _request_times(
+    rng: np.random.Generator, m: Model, scale: np.ndarray, prompt: np.ndarray
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The requests of every cell (``scale``: one time factor per cell, shape (cells,)):
+    ({"ttft", "itl", "tpot", "e2e_latency"}: ms, shape (cells, requests), ITL (cells, requests x
+    steps); the benchmark's duration per cell in s, shape (cells,))."""
+    n, T, C = m.requests, m.steps, scale.size
+    W = math.ceil(n / m.concurrency)
+    wave = np.arange(n) // m.concurrency
+    starts = np.arange(0, n, m.concurrency)
+    s_d = rng.normal(0.0, m.run_cv, C)
+    s_p = m.prefill_corr * s_d + math.sqrt(1 - m.prefill_corr**2) * rng.normal(0.0, m.run_cv, C)
+    sd_w, sd_r = m.req_cv * math.sqrt(m.step_share), m.req_cv * math.sqrt(1 - m.step_share)
+    step = rng.normal(0.0, sd_w, (C, W, T))[:, wave, :]  # a decode step, shared by its wave
+    own = rng.normal(0.0, sd_r, (C, n, 1))
+    gaps = m.itl_ms * scale[:, None, None] * np.exp(s_d[:, None, None] + step + own)
+    tpot = gaps.mean(axis=2)
+    ttft = (
+        m.ttft_ms
+        * prompt
+        * scale[:, None]
+        * np.exp(
+            s_p[:, None] + rng.normal(0.0, sd_w, (C, W))[:, wave] + rng.normal(0.0, sd_r, (C, n))
+        )
+    )
+    e2e = ttft + (m.out_len - 1) * tpot
+    duration_s = np.maximum.reduceat(e2e, starts, axis=1).sum(axis=1) / 1000.0
+    itl = gaps.reshape(C, n * T)
+    return {"ttft": ttft, "itl": itl, "tpot": tpot, "e2e_latency": e2e}, duration_s
+
+
+def _serving_columns(
+    m: Model, per: dict[str, np.ndarray], duration_s: np.ndarray
+) -> dict[str, np.ndarray]:
+    """bench_serving's summary metrics per cell, {metric: shape (cells,)}: the throughputs and,
+    per quantity of ``per``, its mean and the percentiles of :data:`STATS`."""
+    n = m.requests
+    cols: dict[str, np.ndarray] = {
+        "request_throughput_req_s": n / duration_s,
+        "input_throughput_tok_s": n * m.in_len / duration_s,
+        "output_throughput_tok_s": n * m.out_len / duration_s,
+        "total_throughput_tok_s": n * (m.in_len + m.out_len) / duration_s,
+    }
+    qs = [q for _, q in STATS if q is not None]
+    for name, x in per.items():
+        pct = np.percentile(x, qs, axis=1)
+        cols[f"{name}_mean_ms"] = x.mean(axis=1)
+        for (s, _q), row in zip([st for st in STATS if st[1] is not None], pct, strict=True):
+            cols[f"{name}_{s}_ms"] = row
+    return cols
+
+
+def truncate(tr: Trial, n: int) -> Trial:
+    """The first ``n`` repeats of a trial (what a run that stopped after n rounds has)."""
+    out = Trial(tr.run_id, n, tr.variants)
+    out.metrics = {key: x for key, x in tr.metrics.items() if key[1] < n}
+    out.correct = {key: x for key, x in tr.correct.items() if key[1] < n}
+    return out
