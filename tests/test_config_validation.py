@@ -86,7 +86,7 @@ aa: {patches: []}""",
 
 
 def test_variant_diff_patch_hashes_and_changed_args(tmp_path):
-    from patchbench.patchset import load_manifest
+    from patchbench.patches.manifest import load_manifest
 
     cfg = load_config(
         write(

@@ -645,7 +645,7 @@ def _patches_with_slowdown(dest: Path, version: str) -> Path:
 
     import sglang
 
-    from patchbench.patchset import unified_diff
+    from patchbench.patches.diffs import unified_diff
 
     shutil.copytree(REPO / "patches", dest)
     old = (Path(sglang.__file__).parent.parent / FBI).read_bytes()
