@@ -326,8 +326,8 @@ COMMANDS: list[Command] = [
     Command(
         "matrix",
         "run a matrix of configs (models, pins, GPU types) here or on a Ray cluster; one report",
-        lambda p: importlib.import_module("patchbench.matrix").add_cli_arguments(p),
-        lambda a, _raw: importlib.import_module("patchbench.matrix").run_cli(a),
+        lambda p: importlib.import_module("patchbench.matrix.cli").add_cli_arguments(p),
+        lambda a, _raw: importlib.import_module("patchbench.matrix.cli").run_cli(a),
     ),
     Command(
         "make-tiny-model",

@@ -64,7 +64,8 @@ from patchbench.gates import (
     night_outcome,
 )
 from patchbench.history import History, HistoryError, Night, dump_json, night_from_run
-from patchbench.matrix import is_matrix_file, load_matrix, run_matrix
+from patchbench.matrix.driver import run_matrix
+from patchbench.matrix.spec import is_matrix_file, load_matrix
 from patchbench.records import read_json, write_json, write_text
 from patchbench.trend import plot_trend, write_plots
 

@@ -568,10 +568,11 @@ def test_nightly_over_a_matrix_on_the_fake_server(tmp_path, monkeypatch, capsys)
     import scipy.stats
     import test_matrix
 
-    from patchbench import matrix
+    from patchbench.matrix import execute
+    from patchbench.matrix.spec import load_matrix
 
     monkeypatch.delenv(HISTORY_ENV, raising=False)
-    monkeypatch.setattr(matrix, "DEFAULT_COMMAND", tuple(test_matrix.FAKE_COMMAND))
+    monkeypatch.setattr(execute, "DEFAULT_COMMAND", tuple(test_matrix.FAKE_COMMAND))
     base = test_matrix.write_base(tmp_path)
     m = test_matrix.write_matrix(
         tmp_path,
@@ -585,7 +586,7 @@ def test_nightly_over_a_matrix_on_the_fake_server(tmp_path, monkeypatch, capsys)
           nightly.gates: [{{metric: mx_fake.tput_tok_s, threshold_pct: 5}}]
         """,
     )
-    mx = matrix.load_matrix(m)
+    mx = load_matrix(m)
     h = tmp_path / "h.sqlite"
     rc = cli([str(m), "--on", "local", "--results", str(tmp_path / "res"), "--history", str(h)])
     [mdir] = (tmp_path / "res").iterdir()
