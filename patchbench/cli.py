@@ -120,11 +120,11 @@ def _run_compare(a: argparse.Namespace, _raw: list[str]) -> int:
 
 
 def _args_nightly(p: argparse.ArgumentParser) -> None:
-    importlib.import_module("patchbench.nightly").add_arguments(p)
+    importlib.import_module("patchbench.nightly.cli").add_arguments(p)
 
 
 def _run_nightly(a: argparse.Namespace, _raw: list[str]) -> int:
-    return int(importlib.import_module("patchbench.nightly").run_args(a))
+    return int(importlib.import_module("patchbench.nightly.cli").run_args(a))
 
 
 def _args_check_patch(p: argparse.ArgumentParser) -> None:
