@@ -102,6 +102,30 @@ def _new_record(
     return rec
 
 
+def _open_run(
+    m: Matrix,
+    executor: Executor,
+    address: str | None,
+    resume: str | os.PathLike | None,
+    results: str | os.PathLike | None,
+) -> tuple[Path, MatrixRecord, set[str]]:
+    """(the matrix run folder, its record, the units done there): a new folder under
+    ``results``, or the folder to ``resume``; each unit's config and matrix.json are written."""
+    if resume:
+        matrix_dir = Path(resume)
+        old: MatrixRecord | None = _check_resume(m, matrix_dir)
+        done = done_units(matrix_dir)
+    else:
+        matrix_dir = Path(results or RESULTS_DIR) / f"{_utc_stamp()}-{m.spec.name}"
+        matrix_dir.mkdir(parents=True, exist_ok=False)
+        old, done = None, set()
+    for u in m.units:
+        write_text(matrix_dir / "configs" / f"{u.id}.yaml", u.config_text)
+    rec = _new_record(m, executor, address, old, done)
+    write_matrix_record(matrix_dir, rec)
+    return matrix_dir, rec, done
+
+
 def run_matrix(
     path: str | os.PathLike,
     on: str = "local",
@@ -131,19 +155,8 @@ def run_matrix(
     m = load_matrix(path)
     if executor is None:
         executor = make_executor(on, address=address, resources=m.spec.resources, **executor_kw)
-    if resume:
-        matrix_dir = Path(resume)
-        old: MatrixRecord | None = _check_resume(m, matrix_dir)
-        done = done_units(matrix_dir)
-    else:
-        matrix_dir = Path(results or RESULTS_DIR) / f"{_utc_stamp()}-{m.spec.name}"
-        matrix_dir.mkdir(parents=True, exist_ok=False)
-        old, done = None, set()
-    for u in m.units:
-        write_text(matrix_dir / "configs" / f"{u.id}.yaml", u.config_text)
-    rec = _new_record(m, executor, address, old, done)
+    matrix_dir, rec, done = _open_run(m, executor, address, resume, results)
     todo = [u for u in m.units if u.id not in done]
-    write_matrix_record(matrix_dir, rec)
     log(
         f"matrix run folder {matrix_dir}: {len(todo)} of {len(m.units)} units to run on "
         f"{executor.name}"

@@ -140,6 +140,32 @@ def build_patch(
     label = f"patch '{name}'"
     changes = inspect_diff(text, source=source or label)
     site_diff = site_layout_diff(text, changes)
+    applies, diffs, fails = _per_release(label, site_diff, changes, versions, cache_dir)
+    if not applies:
+        raise PatchError(
+            f"{label} applies to none of sglang {', '.join(versions)}:\n"
+            + "\n".join(fails.values())
+        )
+    manifest: dict[str, Any] = {
+        "name": name,
+        "description": description or f"made by new-patch from {source or 'a diff'}",
+        **({"origin": dict(origin)} if origin else {}),
+        "releases": {v: {"diff": f"{v}.diff", "files": applies[v]} for v in applies},
+    }
+    _write_patch_folder(pdir, name, manifest, diffs)
+    load_manifest(name, patches_dir=pdir)  # what was written validates
+    return NewPatch(name=name, folder=dest, applies=applies, fails=fails)
+
+
+def _per_release(
+    label: str,
+    site_diff: str,
+    changes: list[FileChange],
+    versions: list[str],
+    cache_dir: Path | None,
+) -> tuple[dict[str, dict[str, dict[str, str]]], dict[str, str], dict[str, str]]:
+    """For each release: ({version: {path: {"before", "after"}}} it applies to, {version: the
+    diff regenerated for it}, {version: why it does not apply}). FetchError propagates."""
     applies: dict[str, dict[str, dict[str, str]]] = {}
     diffs: dict[str, str] = {}
     fails: dict[str, str] = {}
@@ -155,21 +181,7 @@ def build_patch(
             p: {"before": sha256_hex(before[p]), "after": sha256_hex(after[p])} for p in before
         }
         diffs[v] = "".join(unified_diff(p, before[p], after[p]) for p in before)
-    if not applies:
-        raise PatchError(
-            f"{label} applies to none of sglang {', '.join(versions)}:\n"
-            + "\n".join(fails.values())
-        )
-    manifest: dict[str, Any] = {
-        "name": name,
-        "description": description or f"made by new-patch from {source or 'a diff'}",
-    }
-    if origin:
-        manifest["origin"] = dict(origin)
-    manifest["releases"] = {v: {"diff": f"{v}.diff", "files": applies[v]} for v in applies}
-    _write_patch_folder(pdir, name, manifest, diffs)
-    load_manifest(name, patches_dir=pdir)  # what was written validates
-    return NewPatch(name=name, folder=dest, applies=applies, fails=fails)
+    return applies, diffs, fails
 
 
 def _checked_versions(name: str, versions: Collection[str]) -> list[str]:
