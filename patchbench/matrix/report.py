@@ -1,8 +1,8 @@
 """The report of a matrix run: one table row per unit, one figure of the primary effects.
 
-Read only through the typed readers: ``matrix.json`` (:func:`patchbench.matrix.record.
-read_matrix_record`) and each unit's ``compare.json`` (:func:`patchbench.comparison.
-read_comparison`). Writes ``report.md`` and ``plots/matrix-effect.png`` in the matrix run folder:
+Read only through the typed readers: ``matrix.json``
+(:func:`patchbench.matrix.record.read_matrix_record`) and each unit's ``compare.json``
+(:func:`patchbench.comparison.read_comparison`). Writes ``report.md`` and ``plots/matrix-effect.png`` in the matrix run folder:
 
 - the table: unit (linked to its ``report.md``), its GPU type, the value of each axis, status,
   node, then one column per primary metric (``suite.metric``) holding, per variant, the verdict,

@@ -21,9 +21,9 @@ or an explicit list instead of ``base``/``axes``::
 
 Each unit has a stable id: a readable slug of what distinguishes it plus 8 hex digits of the
 sha256 of those values (``qwen2.5-vl-3b-instruct_h200-1a2b3c4d``); the same matrix gives the same
-ids on every run. Every unit's merged config is validated through :func:`patchbench.config.
-load_config`; an error names the unit and points at the matrix line that set the key, or at the
-base config's line.
+ids on every run. Every unit's merged config is validated through
+:func:`patchbench.config.load_config`; an error names the unit and points at the matrix line that
+set the key, or at the base config's line.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ folder; :func:`nightly_on_matrix_run` the night of a matrix run folder, which ad
 
 Everything a night reads goes through the typed readers: the run's manifest
 (:func:`patchbench.runfolder.read_manifest`), its comparison
-(:func:`patchbench.comparison.read_comparison`), its cells (:func:`patchbench.history.
-night_from_run`) and the matrix's ``matrix.json`` (:func:`patchbench.matrix.record.
-read_matrix_record`).
+(:func:`patchbench.comparison.read_comparison`), its cells
+(:func:`patchbench.history.night_from_run`) and the matrix's ``matrix.json``
+(:func:`patchbench.matrix.record.read_matrix_record`).
 """
 
 from __future__ import annotations
