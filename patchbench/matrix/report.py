@@ -2,7 +2,8 @@
 
 Read only through the typed readers: ``matrix.json``
 (:func:`patchbench.matrix.record.read_matrix_record`) and each unit's ``compare.json``
-(:func:`patchbench.comparison.read_comparison`). Writes ``report.md`` and ``plots/matrix-effect.png`` in the matrix run folder:
+(:func:`patchbench.comparison.read_comparison`). Writes ``report.md`` and
+``plots/matrix-effect.png`` in the matrix run folder:
 
 - the table: unit (linked to its ``report.md``), its GPU type, the value of each axis, status,
   node, then one column per primary metric (``suite.metric``) holding, per variant, the verdict,
