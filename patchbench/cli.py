@@ -120,11 +120,11 @@ def _run_compare(a: argparse.Namespace, _raw: list[str]) -> int:
 
 
 def _args_nightly(p: argparse.ArgumentParser) -> None:
-    importlib.import_module("patchbench.nightly").add_arguments(p)
+    importlib.import_module("patchbench.nightly.cli").add_arguments(p)
 
 
 def _run_nightly(a: argparse.Namespace, _raw: list[str]) -> int:
-    return int(importlib.import_module("patchbench.nightly").run_args(a))
+    return int(importlib.import_module("patchbench.nightly.cli").run_args(a))
 
 
 def _args_check_patch(p: argparse.ArgumentParser) -> None:
@@ -152,16 +152,16 @@ def _run_check_patch(a: argparse.Namespace, _raw: list[str]) -> int:
     fetched. A patch without the ``--sglang`` release is SKIP unless it was named."""
     import json
 
-    from patchbench import patchset
+    from patchbench.patches import apply, manifest
 
-    cache = a.cache_dir or patchset.DEFAULT_CACHE_DIR
-    names = [a.patch] if a.patch else patchset.available_patches()
+    cache = a.cache_dir or manifest.DEFAULT_CACHE_DIR
+    names = [a.patch] if a.patch else manifest.available_patches()
     if not names:
         raise errors.UsageError("no patches found under patches/")
     worst, failed, results = EXIT_OK, 0, []
     for name in names:
         try:
-            m = patchset.load_manifest(name)
+            m = manifest.load_manifest(name)
         except errors.PatchError as e:
             print(f"{name:<20} {'-':<12} FAIL  {e}")
             worst, failed = max(worst, exit_code_of(e), key=_CHECK_ORDER.index), failed + 1
@@ -174,7 +174,7 @@ def _run_check_patch(a: argparse.Namespace, _raw: list[str]) -> int:
                 )
                 continue
             try:
-                res = patchset.check_patch(name, ver, cache_dir=cache)
+                res = apply.check_patch(name, ver, cache_dir=cache)
             except errors.PatchError as e:
                 print(f"{name:<20} {ver:<12} FAIL  {e}")
                 worst, failed = max(worst, exit_code_of(e), key=_CHECK_ORDER.index), failed + 1
@@ -223,13 +223,13 @@ def _args_new_patch(p: argparse.ArgumentParser) -> None:
 def _run_new_patch(a: argparse.Namespace, _raw: list[str]) -> int:
     """Write patches/NAME (manifest with hashes, one diff per release it applies to); exit 2 when
     it applies to none of the releases asked for."""
-    from patchbench import patchset
+    from patchbench.patches import author
 
     opts = {"description": a.description, "force": a.force}
     if a.from_diff:
-        res = patchset.new_patch_from_diff(a.name, a.from_diff, a.sglang, **opts)
+        res = author.new_patch_from_diff(a.name, a.from_diff, a.sglang, **opts)
     else:
-        res = patchset.new_patch_from_git(a.name, a.from_git[0], a.from_git[1], a.sglang, **opts)
+        res = author.new_patch_from_git(a.name, a.from_git[0], a.from_git[1], a.sglang, **opts)
     print(res.summary())
     if not res.applies:
         raise errors.PatchError(f"patch '{a.name}' applies to none of {', '.join(a.sglang)}")
@@ -326,8 +326,8 @@ COMMANDS: list[Command] = [
     Command(
         "matrix",
         "run a matrix of configs (models, pins, GPU types) here or on a Ray cluster; one report",
-        lambda p: importlib.import_module("patchbench.matrix").add_cli_arguments(p),
-        lambda a, _raw: importlib.import_module("patchbench.matrix").run_cli(a),
+        lambda p: importlib.import_module("patchbench.matrix.cli").add_cli_arguments(p),
+        lambda a, _raw: importlib.import_module("patchbench.matrix.cli").run_cli(a),
     ),
     Command(
         "make-tiny-model",

@@ -1,7 +1,7 @@
 """The nightly history: every metric of every night, in one SQLite file (stdlib ``sqlite3``).
 
 The file lives outside the checkout (CI runners clean their workspace); where exactly is decided
-by :func:`patchbench.nightly.history_path`. One night = one run folder. Schema version 2
+by :func:`patchbench.nightly.job.history_path`. One night = one run folder. Schema version 2
 (``meta.schema_version``; documented in docs/nightly.md)::
 
     meta(key TEXT PRIMARY KEY, value TEXT)            schema_version, created_utc
@@ -46,9 +46,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from patchbench.comparison import Comparison, read_comparison
 from patchbench.errors import EnvironmentNotReady
-from patchbench.records import read_json
-from patchbench.runfolder import RunManifest, read_cell, read_manifest, read_summary
+from patchbench.runfolder import RunFolderError, RunManifest, read_cell, read_manifest, read_summary
 
 SCHEMA_VERSION = 2
 #: versions this code migrates on open (``version -> what changed``)
@@ -103,10 +103,13 @@ class HistorySchemaError(HistoryError):
 
 @dataclass
 class SameRunEffect:
-    """One same-run effect from compare.json: the variant vs the baseline of the same run.
+    """One same-run effect from compare.json (a :class:`patchbench.comparison.Row`): the variant
+    vs the baseline of the same run.
 
-    change_pct / ci_low_pct / ci_high_pct: percent, (variant - baseline) / baseline * 100;
-    the interval is None when compare.json has none (e.g. one repeat).
+    change_pct / ci_low_pct / ci_high_pct: the row's change and interval in percent,
+    (variant - baseline) / baseline * 100, at the level its verdict used; None when the row has
+    none (e.g. one repeat) or its change is not in percent (accuracy points, exact differences);
+    ci_method: the row's method; verdict: the row's verdict.
     """
 
     baseline: str
@@ -180,6 +183,14 @@ def _utc_iso(value: str) -> str | None:
 _RUN_STAMP = re.compile(r"^(\d{8}T\d{6})Z-")
 
 
+def _stamp_utc(name: str) -> str | None:
+    """``YYYY-MM-DDTHH:MM:SSZ`` of a ``<UTC stamp>Z-...`` run folder name, else None."""
+    m = _RUN_STAMP.match(name)
+    if m is None:
+        return None
+    return datetime.strptime(m.group(1), "%Y%m%dT%H%M%S").strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _night_utc(manifest: RunManifest, run: Path) -> str:
     """The run's start: the typed manifest's ``started_at`` (every manifest patchbench wrote has
     it; older schemas are migrated by patchbench.runfolder); for a folder whose manifest lacks
@@ -193,9 +204,9 @@ def _night_utc(manifest: RunManifest, run: Path) -> str:
                 f"not an ISO-8601 time (e.g. 2026-01-01T03:00:00Z)"
             )
         return got
-    m = _RUN_STAMP.match(run.name)
-    if m:
-        return datetime.strptime(m.group(1), "%Y%m%dT%H%M%S").strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = _stamp_utc(run.name)
+    if stamp is not None:
+        return stamp
     raise ValueError(
         f"{run / 'manifest.json'}: no started_at, and the folder name {run.name!r} "
         f"does not start with a UTC stamp (YYYYMMDDTHHMMSSZ-): the night's time is "
@@ -203,20 +214,22 @@ def _night_utc(manifest: RunManifest, run: Path) -> str:
     )
 
 
-def night_from_run(run_dir: str | os.PathLike, compare: dict | None = None) -> Night:
+def night_from_run(run_dir: str | os.PathLike, comparison: Comparison | None = None) -> Night:
     """Read one night from a run folder (docs/CONTRACTS.md, "Run folder").
 
     Values come from every ``<variant>/rep<k>/<suite>/summary.json`` with status "ok" of a timed
     cell that did not fail (patchbench.runfolder reads and migrates every file); ``values[key][k]``
     is repeat k's value, None where that repeat has none (failed cell, failed suite), so
-    variants pair by repeat index. Effects, units and directions come from ``compare.json`` (or
-    ``compare`` when given). Time, config name, git SHA and sglang version come from the typed
-    manifest (``started_at``, ``config.name``, ``git_sha``, ``sglang_version``); a folder with
-    only a compare.json (tests) falls back to its name.
+    variants pair by repeat index. Effects, units and directions come from the typed
+    ``compare.json`` (:func:`patchbench.comparison.read_comparison`, or ``comparison`` when
+    given). Time, config name, git SHA and sglang version come from the typed manifest
+    (``started_at``, ``config.name``, ``git_sha``, ``sglang_version``); a folder with only a
+    compare.json (tests) falls back to its name.
 
     Raises FileNotFoundError when ``run_dir`` is not a folder; ValueError when the night's time
-    cannot be known; patchbench.runfolder.SchemaTooNew for a newer manifest. Failed cells and
-    suites are listed in ``Night.problems`` and make ``status`` "partial".
+    cannot be known or compare.json cannot be read; patchbench.runfolder.SchemaTooNew for a
+    newer manifest. Failed cells and suites are listed in ``Night.problems`` and make ``status``
+    "partial".
     """
     run = Path(run_dir)
     if not run.is_dir():
@@ -225,22 +238,63 @@ def night_from_run(run_dir: str | os.PathLike, compare: dict | None = None) -> N
         manifest = read_manifest(run)
     else:
         manifest = RunManifest(run_id=run.name)
-    if compare is None and (run / "compare.json").is_file():
-        compare = read_json(run / "compare.json")
-    compare = compare or {}
+    if comparison is None and (run / "compare.json").is_file():
+        try:
+            comparison = read_comparison(run)
+        except RunFolderError as e:
+            raise ValueError(str(e)) from None
+    cmp = comparison or Comparison()
     cfg = manifest.config or {}
-    config_name = cfg.get("name") or re.sub(r"^\d{8}T\d{6}Z-", "", run.name) or run.name
-    baseline = compare.get("baseline") or (manifest.baseline if manifest.config else None)
+    baseline = cmp.baseline or (manifest.baseline if manifest.config else None)
     night = Night(
-        run_id=str(compare.get("run_id") or manifest.run_id or run.name),
+        run_id=str(cmp.run_id or manifest.run_id or run.name),
         night_utc=_night_utc(manifest, run),
-        config_name=str(config_name),
+        config_name=str(cfg.get("name") or _config_of_folder(run.name)),
         baseline=str(baseline) if baseline else "",
         git_sha=manifest.git_sha,
         sglang_version=manifest.sglang_version or cfg.get("sglang"),
         run_dir=str(run.resolve()),
-        aa_variants=list(compare.get("aa_variants") or []),
+        aa_variants=list(cmp.aa_variants),
     )
+    _add_cell_values(night, run)
+    _add_comparison(night, cmp)
+    return night
+
+
+def night_from_compare(
+    comparison: Comparison, *, config_name: str | None = None, night_utc: str | None = None
+) -> Night:
+    """A :class:`Night` from a comparison alone (values: the repeats its rows list).
+
+    ``config_name`` defaults to the run id without its ``<UTC stamp>Z-`` prefix; ``night_utc``
+    (ISO-8601 UTC) to the run id's stamp. Raises ValueError when neither gives the night's
+    time."""
+    run_id = comparison.run_id or "run"
+    when = night_utc or _stamp_utc(run_id)
+    if when is None:
+        raise ValueError(
+            f"compare.json of run {run_id!r}: give night_utc, or a run id that starts with a "
+            f"UTC stamp (YYYYMMDDTHHMMSSZ-): the night's time is unknown"
+        )
+    night = Night(
+        run_id=run_id,
+        night_utc=when,
+        config_name=config_name or _config_of_folder(run_id),
+        baseline=comparison.baseline,
+        aa_variants=list(comparison.aa_variants),
+    )
+    _add_comparison(night, comparison)
+    return night
+
+
+def _config_of_folder(name: str) -> str:
+    """The config name a run folder's name carries (``<UTC stamp>Z-<config>``), else the name."""
+    return re.sub(r"^\d{8}T\d{6}Z-", "", name) or name
+
+
+def _add_cell_values(night: Night, run: Path) -> None:
+    """Every timed, not failed cell's ok summaries into ``night.values`` (by repeat index);
+    failed cells and suites into ``night.problems`` (the night is then "partial")."""
     found: dict[Key, dict[int, float]] = {}
     for cell_dir in sorted(
         run.glob("*/rep*"), key=lambda p: (p.parent.name, _rep_index(p.name) or 0)
@@ -272,34 +326,34 @@ def night_from_run(run_dir: str | os.PathLike, compare: dict | None = None) -> N
                 found.setdefault((variant, suite, metric), {})[rep] = float(value)
     for key, by_rep in found.items():
         night.values[key] = [by_rep.get(k) for k in range(max(by_rep) + 1)]
-    for m in compare.get("metrics") or []:
-        suite, metric, variant = m.get("suite"), m.get("metric"), m.get("variant")
-        if not (suite and metric and variant):
-            continue
-        if m.get("unit"):
-            night.units[(suite, metric)] = m["unit"]
-        if m.get("better"):
-            night.better[(suite, metric)] = m["better"]
-        night.comparisons[(variant, suite, metric)] = SameRunEffect(
-            baseline=str(compare.get("baseline") or night.baseline),
-            change_pct=m.get("change_pct"),
-            ci_low_pct=m.get("ci_low_pct"),
-            ci_high_pct=m.get("ci_high_pct"),
-            ci_method=m.get("ci_method"),
-            verdict=m.get("verdict"),
-        )
-        # a run folder without summaries (or a compare.json alone) still carries the repeats
-        for who, reps in (
-            (night.baseline, m.get("baseline_repeats")),
-            (variant, m.get("variant_repeats")),
-        ):
-            if who and reps and (who, suite, metric) not in night.values:
-                night.values[(who, suite, metric)] = [None if x is None else float(x) for x in reps]
-    if not night.baseline and night.values:
-        night.baseline = sorted({k[0] for k in night.values})[0]
     if night.problems:
         night.status = "partial"
-    return night
+
+
+def _add_comparison(night: Night, cmp: Comparison) -> None:
+    """The comparison's rows into ``night``: units, directions, same-run effects (percent
+    numbers for rows whose change is in %), and the repeats of a (variant, suite, metric) the
+    summaries did not give (a run folder without summaries, or a comparison alone)."""
+    for r in cmp.rows:
+        if r.unit:
+            night.units[(r.suite, r.metric)] = r.unit
+        night.better[(r.suite, r.metric)] = r.better
+        pct = r.change_unit == "%"
+        night.comparisons[(r.variant, r.suite, r.metric)] = SameRunEffect(
+            baseline=cmp.baseline or night.baseline,
+            change_pct=r.change if pct else None,
+            ci_low_pct=r.low if pct else None,
+            ci_high_pct=r.high if pct else None,
+            ci_method=r.method,
+            verdict=r.verdict,
+        )
+        for who, reps in ((night.baseline, r.baseline_repeats), (r.variant, r.variant_repeats)):
+            if who and reps and (who, r.suite, r.metric) not in night.values:
+                night.values[(who, r.suite, r.metric)] = [
+                    None if x is None else float(x) for x in reps
+                ]
+    if not night.baseline and night.values:
+        night.baseline = sorted({k[0] for k in night.values})[0]
 
 
 def _rep_index(name: str) -> int | None:
@@ -467,40 +521,7 @@ class History:
         changed). Raises :class:`HistoryLocked` (the transaction could not start or commit within
         the timeout) or another :class:`HistoryError`; either way the file holds none of the night.
         """
-        rows_values = []
-        rows_repeats = []
-        for (variant, suite, metric), vals in sorted(night.values.items()):
-            med = night.median((variant, suite, metric))
-            rows_values.append(
-                (
-                    night.run_id,
-                    variant,
-                    suite,
-                    metric,
-                    night.units.get((suite, metric)),
-                    night.better.get((suite, metric)),
-                    med,
-                    sum(1 for v in vals if v is not None),
-                )
-            )
-            rows_repeats += [
-                (night.run_id, variant, suite, metric, i, v) for i, v in enumerate(vals)
-            ]
-        rows_cmp = [
-            (
-                night.run_id,
-                variant,
-                c.baseline,
-                suite,
-                metric,
-                c.change_pct,
-                c.ci_low_pct,
-                c.ci_high_pct,
-                c.ci_method,
-                c.verdict,
-            )
-            for (variant, suite, metric), c in sorted(night.comparisons.items())
-        ]
+        rows_values, rows_repeats, rows_cmp = _rows_of(night)
         try:
             self._db.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as e:
@@ -647,6 +668,42 @@ class History:
         self.close()
 
 
+def _rows_of(night: Night) -> tuple[list[tuple], list[tuple], list[tuple]]:
+    """The rows one night adds to metric_values, repeat_values and comparisons."""
+    rows_values = []
+    rows_repeats = []
+    for (variant, suite, metric), vals in sorted(night.values.items()):
+        rows_values.append(
+            (
+                night.run_id,
+                variant,
+                suite,
+                metric,
+                night.units.get((suite, metric)),
+                night.better.get((suite, metric)),
+                night.median((variant, suite, metric)),
+                sum(1 for v in vals if v is not None),
+            )
+        )
+        rows_repeats += [(night.run_id, variant, suite, metric, i, v) for i, v in enumerate(vals)]
+    rows_cmp = [
+        (
+            night.run_id,
+            variant,
+            c.baseline,
+            suite,
+            metric,
+            c.change_pct,
+            c.ci_low_pct,
+            c.ci_high_pct,
+            c.ci_method,
+            c.verdict,
+        )
+        for (variant, suite, metric), c in sorted(night.comparisons.items())
+    ]
+    return rows_values, rows_repeats, rows_cmp
+
+
 def dump_json(night: Night) -> dict:
     """A JSON-ready view of a night (for nightly.json): values keyed ``variant/suite/metric``."""
     return {
@@ -680,5 +737,6 @@ __all__ = [
     "Night",
     "SameRunEffect",
     "night_from_run",
+    "night_from_compare",
     "dump_json",
 ]

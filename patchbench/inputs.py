@@ -2,7 +2,7 @@
 patch manifests, diffs).
 
 A leaf: it imports nothing of patchbench, so the config schema
-(:mod:`patchbench.config`), the patches (:mod:`patchbench.patchset`), the matrix, the environment
+(:mod:`patchbench.config`), the patches (:mod:`patchbench.patches`), the matrix, the environment
 probes and the doctor all read files and name paths the same way without importing each other.
 
 YAML is read by :func:`read_yaml_mapping`: UTF-8 (a byte-order mark is accepted), at most

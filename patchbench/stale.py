@@ -4,9 +4,9 @@ terminal): find them and stop them.
 A server runs in its own session, so it outlives a runner killed with SIGKILL and keeps its port
 (and, on a GPU, its memory). Two sources find it:
 
-- ``cell.json`` files still ``"running"`` whose ``server`` record (pid, pgid, create_time) names a
-  live process with the same start time (so a reused pid is never taken for the server) and whose
-  ``runner_pid`` no longer lives;
+- ``cell.json`` files (read and updated through patchbench.runfolder) still ``"running"`` whose
+  ``server`` record (pid, pgid, create_time) names a live process with the same start time (so a
+  reused pid is never taken for the server) and whose ``runner_pid`` no longer lives;
 - live processes carrying the harness's environment markers (``PATCHBENCH_RUN_DIR``,
   ``PATCHBENCH_RUNNER_PID``; patchbench.server) whose runner no longer lives.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 
-from patchbench.records import read_json, write_json
+from patchbench.runfolder import SchemaTooNew, read_cell, write_cell
 from patchbench.server import MARKER_CELL, MARKER_RUN_DIR, MARKER_RUNNER_PID
 
 
@@ -89,59 +89,76 @@ def find_stale_servers(results_dir: str | os.PathLike) -> list[StaleServer]:
     found: dict[int, StaleServer] = {}
     for run in _run_dirs(root):
         for cj in sorted(run.glob("*/*/cell.json")):
-            try:
-                rec = read_json(cj)
-            except (OSError, ValueError):
-                continue
-            srv = rec.get("server") if isinstance(rec, dict) else None
-            if rec.get("status") != "running" or not isinstance(srv, dict):
-                continue
-            pid = srv.get("pid")
-            if not isinstance(pid, int) or pid <= 0 or not _alive_same(pid, srv.get("create_time")):
-                continue
-            if not _runner_gone(rec.get("runner_pid")):
-                continue  # its runner is still at work: not stale
-            found[pid] = StaleServer(
-                pid,
-                int(srv.get("pgid") or pid),
-                str(run),
-                f"{cj.parent.parent.name}/{cj.parent.name}",
-                srv.get("port"),
-                cj,
-                "cell.json",
-            )
+            s = _stale_of_cell(run, cj)
+            if s is not None:
+                found[s.pid] = s
     for p in psutil.process_iter(["pid"]):
-        if p.pid in found:
-            continue
-        try:
-            if os.getpgid(p.pid) != p.pid:
-                continue  # only group leaders (the launched server process)
-            env = p.environ()
-        except (
-            psutil.NoSuchProcess,
-            psutil.AccessDenied,
-            psutil.ZombieProcess,
-            ProcessLookupError,
-            PermissionError,
-            OSError,
-        ):
-            continue
-        run_dir = env.get(MARKER_RUN_DIR)
-        if not run_dir:
-            continue
-        try:
-            inside = Path(run_dir).resolve() == root or root in Path(run_dir).resolve().parents
-        except OSError:
-            inside = False
-        if not inside:
-            continue
-        rp = env.get(MARKER_RUNNER_PID, "")
-        if not _runner_gone(int(rp) if rp.isdigit() else None):
-            continue
-        found[p.pid] = StaleServer(
-            p.pid, p.pid, run_dir, env.get(MARKER_CELL), _port_of(p), None, "environment"
-        )
+        if p.pid not in found:
+            s = _stale_of_process(p, root)
+            if s is not None:
+                found[p.pid] = s
     return [found[k] for k in sorted(found)]
+
+
+def _stale_of_cell(run: Path, cj: Path) -> StaleServer | None:
+    """The server a cell.json (read typed) still records as running, when that process lives
+    and its runner does not; else None (also for an unreadable or newer cell.json)."""
+    try:
+        rec = read_cell(cj)
+    except SchemaTooNew:
+        return None
+    if rec is None or rec.status != "running":
+        return None
+    srv = rec.server
+    pid = srv.pid
+    if not isinstance(pid, int) or pid <= 0:
+        return None
+    if not _alive_same(pid, getattr(srv, "create_time", None)):
+        return None
+    if not _runner_gone(getattr(rec, "runner_pid", None)):
+        return None  # its runner is still at work: not stale
+    return StaleServer(
+        pid,
+        int(srv.pgid or pid),
+        str(run),
+        f"{cj.parent.parent.name}/{cj.parent.name}",
+        getattr(srv, "port", None),
+        cj,
+        "cell.json",
+    )
+
+
+def _stale_of_process(p: psutil.Process, root: Path) -> StaleServer | None:
+    """A live process-group leader carrying the harness's markers for a run under ``root``
+    whose runner is gone; else None."""
+    try:
+        if os.getpgid(p.pid) != p.pid:
+            return None  # only group leaders (the launched server process)
+        env = p.environ()
+    except (
+        psutil.NoSuchProcess,
+        psutil.AccessDenied,
+        psutil.ZombieProcess,
+        ProcessLookupError,
+        PermissionError,
+        OSError,
+    ):
+        return None
+    run_dir = env.get(MARKER_RUN_DIR)
+    if not run_dir:
+        return None
+    try:
+        inside = Path(run_dir).resolve() == root or root in Path(run_dir).resolve().parents
+    except OSError:
+        inside = False
+    if not inside:
+        return None
+    rp = env.get(MARKER_RUNNER_PID, "")
+    if not _runner_gone(int(rp) if rp.isdigit() else None):
+        return None
+    return StaleServer(
+        p.pid, p.pid, run_dir, env.get(MARKER_CELL), _port_of(p), None, "environment"
+    )
 
 
 def _port_of(p: psutil.Process) -> int | None:
@@ -171,19 +188,25 @@ def kill_stale(
                 break
         ok = _wait_group_gone(s.pgid, s.pid, 0)
         if ok and s.cell_json is not None:
-            try:
-                rec = read_json(s.cell_json)
-                if rec.get("status") == "running":
-                    rec["status"] = "interrupted"
-                    rec["error"] = (
-                        (rec.get("error") or "") + "\nthe runner was killed; its "
-                        "server was stopped by --kill-stale"
-                    ).strip()
-                    write_json(s.cell_json, rec)
-            except (OSError, ValueError):
-                pass
+            _mark_interrupted(s.cell_json)
         out.append((s, ok))
     return out
+
+
+def _mark_interrupted(cell_json: Path) -> None:
+    """A cell.json still "running" becomes "interrupted" (typed read and write), its error
+    saying --kill-stale stopped the server; any other record is left as it is."""
+    try:
+        rec = read_cell(cell_json)
+        if rec is not None and rec.status == "running":
+            rec.status = "interrupted"
+            rec.error = (
+                (rec.error or "")
+                + "\nthe runner was killed; its server was stopped by --kill-stale"
+            ).strip()
+            write_cell(cell_json.parent, rec)
+    except (OSError, ValueError, SchemaTooNew):
+        pass
 
 
 def _wait_group_gone(pgid: int, pid: int, wait_s: float) -> bool:

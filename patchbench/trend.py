@@ -1,15 +1,20 @@
 """Nightly trend plots: per gated metric, each variant's nightly medians and tonight's point.
 
-``plots/nightly-<suite>.<metric>.png`` in the run folder (written by patchbench/nightly.py).
+``plots/nightly-<suite>.<metric>.png`` in the run folder (written by patchbench.nightly.job).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 
 from patchbench.gates import GateResult, NightlySettings, metric_unit
-from patchbench.history import Night
+from patchbench.history import Key, Night
+
+
+def _dt(s: str) -> datetime:
+    return datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ")
 
 
 def plot_trend(
@@ -26,63 +31,19 @@ def plot_trend(
     import matplotlib
 
     matplotlib.use("Agg")
-    from datetime import datetime
-
     import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
-
-    def _dt(s: str):
-        return datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ")
 
     unit = metric_unit(suite, metric, [tonight, *prior])
     fig, ax = plt.subplots(figsize=(8, 4.2), dpi=110)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, variant in enumerate(tonight.variants):
-        key = (variant, suite, metric)
+        failed = any(
+            r.status == "fail" and r.variant == variant and r.suite == suite and r.metric == metric
+            for r in results
+        )
         col = colors[i % len(colors)]
-        hist = [n for n in prior if n.median(key) is not None]
-        if hist:
-            ax.plot(
-                [_dt(n.night_utc) for n in hist],
-                [n.median(key) for n in hist],
-                "o-",
-                color=col,
-                ms=4,
-                lw=1,
-                alpha=0.8,
-                label=f"{variant}: nightly median",
-            )
-        window = hist[-settings.window_nights :]
-        vals = [v for n in window for v in n.values.get(key, []) if v is not None]
-        if window and vals:
-            x0, x1 = _dt(window[0].night_utc), _dt(tonight.night_utc)
-            ax.fill_between(
-                [x0, x1],
-                [min(vals)] * 2,
-                [max(vals)] * 2,
-                color=col,
-                alpha=0.15,
-                label=f"{variant}: runs of last {len(window)} nights",
-            )
-        value = tonight.median(key)
-        if value is not None:
-            failed = any(
-                r.status == "fail"
-                and r.variant == variant
-                and r.suite == suite
-                and r.metric == metric
-                for r in results
-            )
-            ax.plot(
-                [_dt(tonight.night_utc)],
-                [value],
-                marker="*",
-                ms=14,
-                color=col,
-                markeredgecolor="red" if failed else "black",
-                linestyle="none",
-                label=f"{variant}: tonight{' (REGRESSION)' if failed else ''}",
-            )
+        _plot_variant(ax, prior, tonight, (variant, suite, metric), col, failed, settings)
     ax.set_title(f"{suite}.{metric}: nightly trend ({tonight.config_name})")
     ax.set_xlabel("night (UTC)")
     ax.set_ylabel(f"{metric} [{unit}]" if unit else metric)
@@ -93,6 +54,55 @@ def plot_trend(
     fig.text(0.99, 0.01, f"run {tonight.run_id}", ha="right", va="bottom", fontsize=7, color="gray")
     fig.tight_layout()
     return fig
+
+
+def _plot_variant(
+    ax,
+    prior: Sequence[Night],
+    tonight: Night,
+    key: Key,
+    col: str,
+    failed: bool,
+    settings: NightlySettings,
+) -> None:
+    """One variant on ``ax``: its nightly medians, the range of the window's runs, tonight."""
+    variant = key[0]
+    hist = [n for n in prior if n.median(key) is not None]
+    if hist:
+        ax.plot(
+            [_dt(n.night_utc) for n in hist],
+            [n.median(key) for n in hist],
+            "o-",
+            color=col,
+            ms=4,
+            lw=1,
+            alpha=0.8,
+            label=f"{variant}: nightly median",
+        )
+    window = hist[-settings.window_nights :]
+    vals = [v for n in window for v in n.values.get(key, []) if v is not None]
+    if window and vals:
+        x0, x1 = _dt(window[0].night_utc), _dt(tonight.night_utc)
+        ax.fill_between(
+            [x0, x1],
+            [min(vals)] * 2,
+            [max(vals)] * 2,
+            color=col,
+            alpha=0.15,
+            label=f"{variant}: runs of last {len(window)} nights",
+        )
+    value = tonight.median(key)
+    if value is not None:
+        ax.plot(
+            [_dt(tonight.night_utc)],
+            [value],
+            marker="*",
+            ms=14,
+            color=col,
+            markeredgecolor="red" if failed else "black",
+            linestyle="none",
+            label=f"{variant}: tonight{' (REGRESSION)' if failed else ''}",
+        )
 
 
 def write_plots(

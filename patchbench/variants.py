@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from patchbench import envinfo
-from patchbench import overlay as ov
 from patchbench.config import Config, patch_label
 from patchbench.errors import EnvironmentNotReady, PatchError
 from patchbench.inputs import CACHE_DIR
+from patchbench.patches import overlay as ov
 from patchbench.shims import HOOKS_ENV, SITE_DIR, stand_in_path
 
 
@@ -26,7 +26,7 @@ class VariantEnv:
 
     name: str
     patches: list[str]
-    overlay: Any  # patchbench.overlay.Overlay
+    overlay: Any  # patchbench.patches.overlay.Overlay
     sglang_dir: Path
     server_env: dict[str, str]
     fbi_sha256: str

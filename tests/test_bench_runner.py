@@ -220,7 +220,7 @@ def test_ctrl_c_stops_server_and_keeps_finished_cells(fake_env, tmp_path, monkey
 
 
 def test_patch_that_does_not_apply_stops_before_any_server(fake_env, tmp_path, monkeypatch):
-    from patchbench import overlay
+    from patchbench.patches import overlay
 
     def boom(*a, **k):
         raise PatchError(

@@ -161,11 +161,12 @@ def test_a_bug_exits_70_with_the_traceback(monkeypatch, capsys):
 
 def test_module_errors_map_to_the_documented_codes():
     """Every module error derives from patchbench.errors and exits with its documented code."""
-    from patchbench import history, patchset, server
+    from patchbench import history, server
+    from patchbench.patches import wheels
 
     assert cli.exit_code_of(errors.ConfigError("x")) == 2
     assert cli.exit_code_of(errors.PatchError("x")) == 2
-    assert cli.exit_code_of(patchset.FetchError("x")) == 3  # a PatchError that is environmental
+    assert cli.exit_code_of(wheels.FetchError("x")) == 3  # a PatchError that is environmental
     assert cli.exit_code_of(history.HistoryError(Path("h.sqlite"), "locked")) == 3
     assert cli.exit_code_of(server.ServerError("x")) == 4
     assert cli.exit_code_of(KeyboardInterrupt()) == 130
@@ -194,7 +195,7 @@ def _subclasses(cls: type) -> list[type]:
 
 def test_every_error_class_carries_a_kind_that_matches_its_exit_code():
     """Each PatchbenchError subclass in patchbench and its suites says its own kind; a class that
-    changes its exit code (patchset.FetchError: a patch error that exits 3) changes its kind too."""
+    changes its exit code (wheels.FetchError: a patch error that exits 3) changes its kind too."""
     import importlib
     import pkgutil
 
@@ -217,9 +218,10 @@ def test_every_error_class_carries_a_kind_that_matches_its_exit_code():
     assert {"ConfigError", "FetchError", "RunFolderError", "HistoryError", "OverlayError"} <= names
     for c in classes:
         assert c.kind in KIND_OF_CODE[c.exit_code], (c, c.exit_code, c.kind)
-    from patchbench import patchset, runfolder
+    from patchbench import runfolder
+    from patchbench.patches import wheels
 
-    assert errors.kind_of(patchset.FetchError("x")) == "environment not ready"
+    assert errors.kind_of(wheels.FetchError("x")) == "environment not ready"
     assert errors.kind_of(runfolder.RunFolderError("x")) == "run folder error"
     assert errors.kind_of(errors.Interrupted("x", signum=15)) == "terminated"
     assert errors.kind_of(KeyboardInterrupt()) == "interrupted"

@@ -86,7 +86,7 @@ aa: {patches: []}""",
 
 
 def test_variant_diff_patch_hashes_and_changed_args(tmp_path):
-    from patchbench.patchset import load_manifest
+    from patchbench.patches.manifest import load_manifest
 
     cfg = load_config(
         write(
@@ -286,7 +286,7 @@ def test_removed_mrope_probe_says_what_replaces_it(tmp_path):
 
 def test_compare_and_nightly_are_typed(tmp_path):
     from patchbench.comparison import CompareSettings
-    from patchbench.nightly import NightlySettings
+    from patchbench.gates import NightlySettings
 
     cfg = load_config(write(tmp_path, "b: []", BASE + "compare: {confidence: 0.9}\n"))
     assert isinstance(cfg.compare, CompareSettings) and cfg.compare.confidence == 0.9

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from patchbench import records
+from patchbench.comparison import Comparison, Row, read_comparison, write_comparison
 from patchbench.history import (
     SCHEMA_VERSION,
     History,
@@ -21,6 +22,7 @@ from patchbench.history import (
     HistorySchemaError,
     Night,
     SameRunEffect,
+    night_from_compare,
     night_from_run,
 )
 
@@ -41,35 +43,32 @@ def _run(tmp_path: Path, run_id: str = "20260101T000000Z-nightly-test", **kw) ->
         },
     )
     run = make_run(tmp_path, run_id=run_id, name="nightly-test", **kw)
-    records.write_json(
-        run / "compare.json",
-        {
-            "schema": 1,
-            "run_id": run_id,
-            "baseline": "baseline",
-            "variants": ["patched"],
-            "aa_variants": [],
-            "metrics": [
-                {
-                    "suite": "serving",
-                    "metric": TPUT,
-                    "unit": "tok/s",
-                    "better": "higher",
-                    "variant": "patched",
-                    "baseline_median": 100.0,
-                    "variant_median": 91.0,
-                    "baseline_repeats": [100.0, 104.0, 98.0],
-                    "variant_repeats": [90.0, 92.0, 91.0],
-                    "change_pct": -9.0,
-                    "ci_low_pct": -12.0,
-                    "ci_high_pct": -6.0,
-                    "ci_method": "t on log ratio (n=3)",
-                    "noise_floor_pct": None,
-                    "verdict": "regressed",
-                    "notes": [],
-                }
+    write_comparison(
+        run,
+        Comparison(
+            run_id=run_id,
+            baseline="baseline",
+            variants=["baseline", "patched"],
+            rows=[
+                Row(
+                    suite="serving",
+                    metric=TPUT,
+                    unit="tok/s",
+                    better="higher",
+                    variant="patched",
+                    baseline_value=100.0,
+                    variant_value=91.0,
+                    baseline_repeats=[100.0, 104.0, 98.0],
+                    variant_repeats=[90.0, 92.0, 91.0],
+                    change=-9.0,
+                    low=-12.0,
+                    high=-6.0,
+                    change_unit="%",
+                    method="t on log ratio (n=3)",
+                    verdict="regressed",
+                )
             ],
-        },
+        ),
     )
     return run
 
@@ -99,6 +98,7 @@ def test_night_from_run_reads_summaries_compare_and_manifest(tmp_path):
     assert night.median(("patched", "serving", "ttft_median_ms")) == 10.0
     c = night.comparisons[("patched", "serving", TPUT)]
     assert (c.change_pct, c.ci_low_pct, c.ci_high_pct) == (-9.0, -12.0, -6.0)
+    assert (c.ci_method, c.verdict, c.baseline) == ("t on log ratio (n=3)", "regressed", "baseline")
     assert night.units[("serving", TPUT)] == "tok/s"
     assert night.better[("serving", TPUT)] == "higher"
     assert night.variants == ["baseline", "patched"]
@@ -325,3 +325,40 @@ def test_instrumented_correctness_cells_feed_no_values(tmp_path):
     c["cell_kind"] = "correctness"
     records.write_json(run / "patched/rep1/cell.json", c)
     assert night_from_run(run).values[("patched", "serving", TPUT)] == [90.0, None, 91.0]
+
+
+def test_effects_in_points_keep_their_verdict_but_no_percent(tmp_path):
+    """A row whose change is not in % (accuracy points) records its method and verdict; its
+    numbers would not be percent, so change_pct and the interval stay empty."""
+    run = _run(tmp_path)
+    cmp = read_comparison(run)
+    cmp.rows[0].change_unit = "pt"
+    write_comparison(run, cmp)
+    c = night_from_run(run).comparisons[("patched", "serving", TPUT)]
+    assert (c.change_pct, c.ci_low_pct, c.ci_high_pct, c.verdict) == (None, None, None, "regressed")
+
+
+def test_compare_json_of_the_old_untyped_schema_is_refused_naming_the_file(tmp_path):
+    run = _run(tmp_path)
+    records.write_json(run / "compare.json", {"schema": 1, "metrics": []})
+    with pytest.raises(ValueError, match=r"compare\.json: schema version 1"):
+        night_from_run(run)
+
+
+def test_night_from_compare_alone_carries_the_repeats(tmp_path):
+    cmp = read_comparison(_run(tmp_path))
+    night = night_from_compare(cmp)
+    assert (night.run_id, night.night_utc, night.config_name, night.run_dir) == (
+        "20260101T000000Z-nightly-test",
+        "2026-01-01T00:00:00Z",
+        "nightly-test",
+        None,
+    )
+    assert night.values[("baseline", "serving", TPUT)] == [100.0, 104.0, 98.0]
+    assert night.values[("patched", "serving", TPUT)] == [90.0, 92.0, 91.0]
+    assert night.comparisons[("patched", "serving", TPUT)].change_pct == -9.0
+    named = night_from_compare(cmp, config_name="c", night_utc="2026-02-01T00:00:00Z")
+    assert (named.config_name, named.night_utc) == ("c", "2026-02-01T00:00:00Z")
+    cmp.run_id = "no-stamp"
+    with pytest.raises(ValueError, match="night's time is unknown"):
+        night_from_compare(cmp)

@@ -1,6 +1,6 @@
-"""Matrix files (patchbench.matrix): expansion, validation (file, key, line; the unit named),
+"""Matrix files (patchbench.matrix.spec): expansion, validation (file, key, line; the unit named),
 stable unit ids, ``--on local`` end to end through the fake server with a suite whose primary
-metric has a known effect per unit, and the matrix report (patchbench.matrix_report).
+metric has a known effect per unit, and the matrix report (patchbench.matrix.report).
 
 Run as a script (``python tests/test_matrix.py ARGS``) this file is ``patchbench bench ARGS``
 with every server launched as the fake server (tests/fake_server) and the ``mx_fake`` suite
@@ -82,9 +82,20 @@ if __name__ == "__main__":
 import pytest  # noqa: E402
 import scipy.stats  # noqa: E402
 
-from patchbench import matrix  # noqa: E402
 from patchbench.comparison import read_comparison  # noqa: E402
-from patchbench.errors import ConfigError, EnvironmentNotReady, RunFailed  # noqa: E402
+from patchbench.errors import (  # noqa: E402
+    ConfigError,
+    EnvironmentNotReady,
+    RunFailed,
+    UsageError,
+)
+from patchbench.inputs import REPO_ROOT  # noqa: E402
+from patchbench.matrix.cli import add_cli_arguments, run_cli  # noqa: E402
+from patchbench.matrix.driver import describe_matrix, run_matrix  # noqa: E402
+from patchbench.matrix.envs import prepare_python  # noqa: E402
+from patchbench.matrix.execute import pack_folder, unpack_folder  # noqa: E402
+from patchbench.matrix.executors import LocalExecutor, make_executor  # noqa: E402
+from patchbench.matrix.spec import is_matrix_file, load_matrix, unit_id  # noqa: E402
 from patchbench.records import read_json  # noqa: E402
 
 SGLANG = importlib.metadata.version("sglang")
@@ -143,7 +154,7 @@ def test_axes_expand_in_order_with_exclude_set_and_stable_ids(tmp_path):
           - {{suites.mx_fake.gains.patched: 0.95, gpu_type: H100}}
         """,
     )
-    mx = matrix.load_matrix(m)
+    mx = load_matrix(m)
     got = [(u.labels["suites.mx_fake.gains.patched"], u.gpu_type) for u in mx.units]
     assert got == [(1.10, "H100"), (1.10, "H200"), (0.95, "H200")]  # first axis slowest
     u = mx.units[0]
@@ -161,15 +172,15 @@ def test_axes_expand_in_order_with_exclude_set_and_stable_ids(tmp_path):
     assert u.id == "1.1_h100-" + hashlib.sha256(canon.encode()).hexdigest()[:8]
     # stable: a second load (another process would do the same) gives the same ids; changing
     # `set` or the base file changes no id
-    again = matrix.load_matrix(m)
+    again = load_matrix(m)
     assert [x.id for x in again.units] == [x.id for x in mx.units]
     m.write_text(m.read_text().replace("repeats: 3", "repeats: 4"))
-    assert [x.id for x in matrix.load_matrix(m).units] == [x.id for x in mx.units]
+    assert [x.id for x in load_matrix(m).units] == [x.id for x in mx.units]
     assert len({x.id for x in mx.units}) == 3
 
 
 def test_unit_id_slug_of_paths_and_lists():
-    uid = matrix.unit_id(
+    uid = unit_id(
         {
             "model.path": "Qwen/Qwen2.5-VL-3B-Instruct",
             "sglang": "0.5.23",
@@ -180,10 +191,9 @@ def test_unit_id_slug_of_paths_and_lists():
     assert len(uid.rsplit("-", 1)[1]) == 8
     # a different value of any label gives a different id; key order does not matter for the hash
     assert (
-        matrix.unit_id({"a": 1, "b": 2}).rsplit("-", 1)[1]
-        == matrix.unit_id({"b": 2, "a": 1}).rsplit("-", 1)[1]
+        unit_id({"a": 1, "b": 2}).rsplit("-", 1)[1] == unit_id({"b": 2, "a": 1}).rsplit("-", 1)[1]
     )
-    assert matrix.unit_id({"a": 1}) != matrix.unit_id({"a": 2})
+    assert unit_id({"a": 1}) != unit_id({"a": 2})
 
 
 def test_explicit_units_list(tmp_path):
@@ -198,12 +208,12 @@ def test_explicit_units_list(tmp_path):
           - {{config: {b}, set: {{server.port: 31970}}}}
         """,
     )
-    mx = matrix.load_matrix(m)
+    mx = load_matrix(m)
     assert [u.config.name for u in mx.units] == ["cfga", "cfgb"]
     assert [u.gpu_type for u in mx.units] == ["X", None]
     assert mx.units[1].config.server.port == 31970
     assert mx.units[0].id.startswith("cfga.yaml_x-")
-    text = matrix.describe_matrix(mx)
+    text = describe_matrix(mx)
     assert "units      2" in text and f"{mx.units[1].id}: gpu_type=any" in text
 
 
@@ -253,7 +263,7 @@ def test_matrix_file_errors_name_file_key_line(tmp_path, body, expected):
     base = write_base(tmp_path)
     m = write_matrix(tmp_path, body.replace("@BASE@", str(base)))
     with pytest.raises(ConfigError, match=expected):
-        matrix.load_matrix(m)
+        load_matrix(m)
 
 
 def test_unit_that_does_not_validate_is_named_with_the_matrix_line(tmp_path):
@@ -269,7 +279,7 @@ def test_unit_that_does_not_validate_is_named_with_the_matrix_line(tmp_path):
         """,
     )
     with pytest.raises(ConfigError) as ei:
-        matrix.load_matrix(m)
+        load_matrix(m)
     msg = str(ei.value)
     # both units fail on server.colour (an unknown key, set by the matrix at line 5); the second
     # also on schedule.repeats (line 4, its second value)
@@ -286,22 +296,22 @@ def test_base_config_problem_points_at_the_base_line(tmp_path):
     )
     m = write_matrix(tmp_path, f"name: b\nbase: {base}\naxes: {{gpu_type: [A]}}\n")
     with pytest.raises(ConfigError, match=rf"{base}:9: unknown key 'schedule.pace'"):
-        matrix.load_matrix(m)
+        load_matrix(m)
 
 
 def test_ray_missing_is_environment_not_ready(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     with pytest.raises(EnvironmentNotReady, match=r"pip install \.\[ray\].*make setup RAY=1"):
-        matrix.make_executor("ray")
-    assert isinstance(matrix.make_executor("local"), matrix.LocalExecutor)
+        make_executor("ray")
+    assert isinstance(make_executor("local"), LocalExecutor)
 
 
 def test_pack_and_unpack_round_trip_refuses_escaping_members(tmp_path):
     src = tmp_path / "src"
     (src / "a" / "b").mkdir(parents=True)
     (src / "a" / "b" / "f.txt").write_text("hello")
-    data = matrix.pack_folder(src)
-    matrix.unpack_folder(data, tmp_path / "dest")
+    data = pack_folder(src)
+    unpack_folder(data, tmp_path / "dest")
     assert (tmp_path / "dest" / "a" / "b" / "f.txt").read_text() == "hello"
     import io
     import tarfile
@@ -312,7 +322,7 @@ def test_pack_and_unpack_round_trip_refuses_escaping_members(tmp_path):
         info.size = 1
         tar.addfile(info, io.BytesIO(b"x"))
     with pytest.raises(tarfile.TarError):
-        matrix.unpack_folder(buf.getvalue(), tmp_path / "dest2")
+        unpack_folder(buf.getvalue(), tmp_path / "dest2")
     assert not (tmp_path / "evil.txt").exists()
 
 
@@ -346,9 +356,9 @@ def test_local_matrix_runs_units_and_reports_their_effects(tmp_path):
           suites.mx_fake.gains.patched: [1.10, 0.95]
         """,
     )
-    mx = matrix.load_matrix(m)
-    ex = matrix.LocalExecutor(env_setup="current", command=FAKE_COMMAND)
-    mdir = matrix.run_matrix(m, executor=ex, results=tmp_path / "results", log=lambda s: None)
+    mx = load_matrix(m)
+    ex = LocalExecutor(env_setup="current", command=FAKE_COMMAND)
+    mdir = run_matrix(m, executor=ex, results=tmp_path / "results", log=lambda s: None)
     assert mdir.parent == tmp_path / "results" and mdir.name.endswith("-local")
     units = check_units_layout(mdir, mx)
     report = (mdir / "report.md").read_text()
@@ -377,9 +387,9 @@ def test_local_matrix_runs_units_and_reports_their_effects(tmp_path):
     )
     # a resume with everything done runs nothing: the unit folders stay as they are
     before = {p: p.stat().st_mtime_ns for p in mdir.glob("*/manifest.json")}
-    matrix.run_matrix(m, executor=ex, resume=mdir, log=lambda s: None)
+    run_matrix(m, executor=ex, resume=mdir, log=lambda s: None)
     assert {p: p.stat().st_mtime_ns for p in mdir.glob("*/manifest.json")} == before
-    assert "2 of 2 units done, 0 to run" in matrix.describe_matrix(mx, mdir)
+    assert "2 of 2 units done, 0 to run" in describe_matrix(mx, mdir)
 
 
 def test_local_failed_unit_is_reported_others_kept_and_resume_reruns_it(tmp_path):
@@ -395,10 +405,10 @@ def test_local_failed_unit_is_reported_others_kept_and_resume_reruns_it(tmp_path
           suites.mx_fake.fail_if_exists: ["", "{flag}"]
         """,
     )
-    mx = matrix.load_matrix(m)
-    ex = matrix.LocalExecutor(env_setup="current", command=FAKE_COMMAND)
+    mx = load_matrix(m)
+    ex = LocalExecutor(env_setup="current", command=FAKE_COMMAND)
     with pytest.raises(RunFailed, match=r"1 of 2 units did not end ok") as ei:
-        matrix.run_matrix(m, executor=ex, results=tmp_path / "results", log=lambda s: None)
+        run_matrix(m, executor=ex, results=tmp_path / "results", log=lambda s: None)
     mdir = ei.value.run_dir
     units = check_units_layout(mdir, mx)
     good, bad = (units[u.id] for u in mx.units)
@@ -420,7 +430,7 @@ def test_local_failed_unit_is_reported_others_kept_and_resume_reruns_it(tmp_path
     flag.unlink()
     t_good = (mdir / good["id"] / "manifest.json").stat().st_mtime_ns
     t_cell = (mdir / bad["id"] / "baseline" / "rep0" / "cell.json").stat().st_mtime_ns
-    matrix.run_matrix(m, executor=ex, resume=mdir, log=lambda s: None)
+    run_matrix(m, executor=ex, resume=mdir, log=lambda s: None)
     units = {u["id"]: u for u in read_json(mdir / "matrix.json")["units"]}
     assert [u["status"] for u in units.values()] == ["ok", "ok"]
     assert (mdir / good["id"] / "manifest.json").stat().st_mtime_ns == t_good
@@ -431,7 +441,7 @@ def test_local_failed_unit_is_reported_others_kept_and_resume_reruns_it(tmp_path
     with pytest.raises(
         ConfigError, match=rf"config of unit\(s\) {good['id']}, {bad['id']} differs"
     ):
-        matrix.run_matrix(m, executor=ex, resume=mdir, log=lambda s: None)
+        run_matrix(m, executor=ex, resume=mdir, log=lambda s: None)
 
 
 def test_cli_dry_run_lists_units_and_runs_nothing(tmp_path, capsys):
@@ -440,21 +450,21 @@ def test_cli_dry_run_lists_units_and_runs_nothing(tmp_path, capsys):
     base = write_base(tmp_path)
     m = write_matrix(tmp_path, f"name: cli\nbase: {base}\naxes: {{gpu_type: [H100, H200]}}\n")
     p = argparse.ArgumentParser()
-    matrix.add_cli_arguments(p)
+    add_cli_arguments(p)
     assert (
-        matrix.run_cli(
+        run_cli(
             p.parse_args([str(m), "--on", "ray", "--dry-run", "--results", str(tmp_path / "r")])
         )
         == 0
     )
     out = capsys.readouterr().out
-    ids = [u.id for u in matrix.load_matrix(m).units]
+    ids = [u.id for u in load_matrix(m).units]
     assert "units      2 (resources per unit: num_gpus=node, num_cpus=node)" in out
     assert f"  {ids[0]}: gpu_type=H100 sglang={SGLANG} config=mxbase.yaml" in out
     assert f"  {ids[1]}: gpu_type=H200" in out
     assert not (tmp_path / "r").exists()
-    with pytest.raises(matrix.UsageError, match="--env-root and --no-ship-code are for --on ray"):
-        matrix.run_cli(p.parse_args([str(m), "--env-root", "/x"]))
+    with pytest.raises(UsageError, match="--env-root and --no-ship-code are for --on ray"):
+        run_cli(p.parse_args([str(m), "--env-root", "/x"]))
 
 
 def test_prepare_python_modes(tmp_path, monkeypatch):
@@ -464,14 +474,8 @@ def test_prepare_python_modes(tmp_path, monkeypatch):
     output's tail."""
     log = open(tmp_path / "log.txt", "w")
     spec = {"sglang": SGLANG}
-    assert (
-        matrix.prepare_python({**spec, "env_setup": "current"}, matrix.REPO_ROOT, log)
-        == sys.executable
-    )
-    assert (
-        matrix.prepare_python({**spec, "env_setup": "auto"}, matrix.REPO_ROOT, log)
-        == sys.executable
-    )
+    assert prepare_python({**spec, "env_setup": "current"}, REPO_ROOT, log) == sys.executable
+    assert prepare_python({**spec, "env_setup": "auto"}, REPO_ROOT, log) == sys.executable
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "calls.txt"
@@ -487,13 +491,11 @@ def test_prepare_python_modes(tmp_path, monkeypatch):
     (bin_dir / "make").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     root = tmp_path / "envs"
-    got = matrix.prepare_python(
-        {**spec, "env_setup": "make", "env_root": str(root)}, matrix.REPO_ROOT, log
-    )
+    got = prepare_python({**spec, "env_setup": "make", "env_root": str(root)}, REPO_ROOT, log)
     assert got == str(root / f"sglang-{SGLANG}" / "bin" / "python")
     assert calls.read_text().split() == [
         "-C",
-        str(matrix.REPO_ROOT),
+        str(REPO_ROOT),
         "setup",
         f"SGLANG={SGLANG}",
         f"VENV={root / f'sglang-{SGLANG}'}",
@@ -505,13 +507,11 @@ def test_prepare_python_modes(tmp_path, monkeypatch):
         match=r"setting up sglang .* failed \(exit 2\).*"
         r"no matching distribution",
     ):
-        matrix.prepare_python(
-            {**spec, "env_setup": "make", "env_root": str(root)}, matrix.REPO_ROOT, log
-        )
+        prepare_python({**spec, "env_setup": "make", "env_root": str(root)}, REPO_ROOT, log)
 
 
 def test_is_matrix_file_tells_a_matrix_from_a_config(tmp_path):
     base = write_base(tmp_path)
     m = write_matrix(tmp_path, f"name: a\nbase: {base}\naxes: {{gpu_type: [A]}}\n")
-    assert matrix.is_matrix_file(m) is True
-    assert matrix.is_matrix_file(base) is False
+    assert is_matrix_file(m) is True
+    assert is_matrix_file(base) is False

@@ -1,4 +1,4 @@
-"""The Ray executor (patchbench.matrix.RayExecutor) on a real local Ray cluster started here:
+"""The Ray executor (patchbench.matrix.executors.RayExecutor) on a real local Ray cluster started here:
 two nodes (``ray.cluster_utils.Cluster``), each with 1 CPU, 2 logical GPUs and its own
 ``accelerator_type:<T>`` resource, no dashboard, an 80 MB object store. Units run bench with the
 fake server and the mx_fake suite (tests/test_matrix.py as the bench command).
@@ -19,8 +19,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from patchbench import matrix
 from patchbench.errors import Interrupted, RunFailed
+from patchbench.inputs import REPO_ROOT
+from patchbench.matrix.driver import run_matrix
+from patchbench.matrix.executors import LocalExecutor, RayExecutor
+from patchbench.matrix.spec import load_matrix
 from patchbench.records import read_json
 from tests import test_matrix as tm
 
@@ -68,8 +71,8 @@ def cluster():
         c.shutdown()
 
 
-def executor(**kw) -> matrix.RayExecutor:
-    return matrix.RayExecutor(
+def executor(**kw) -> RayExecutor:
+    return RayExecutor(
         ship_code=False,
         env_setup="current",
         command=tm.FAKE_COMMAND,
@@ -100,10 +103,10 @@ def test_units_land_on_their_gpu_type_come_back_and_a_failure_is_kept(cluster, t
           - {{config: {bases[0]}, gpu_type: Z}}
         """,
     )
-    mx = matrix.load_matrix(m)
+    mx = load_matrix(m)
     t0 = time.monotonic()
     with pytest.raises(RunFailed, match=r"2 of 4 units did not end ok") as ei:
-        matrix.run_matrix(m, executor=executor(), results=tmp_path / "results", log=lambda s: None)
+        run_matrix(m, executor=executor(), results=tmp_path / "results", log=lambda s: None)
     wall = time.monotonic() - t0
     mdir = ei.value.run_dir
     units = {u["id"]: u for u in read_json(mdir / "matrix.json")["units"]}
@@ -155,9 +158,9 @@ def test_units_land_on_their_gpu_type_come_back_and_a_failure_is_kept(cluster, t
         name="local.yaml",
     )
     t0 = time.monotonic()
-    ldir = matrix.run_matrix(
+    ldir = run_matrix(
         ml,
-        executor=matrix.LocalExecutor(env_setup="current", command=tm.FAKE_COMMAND),
+        executor=LocalExecutor(env_setup="current", command=tm.FAKE_COMMAND),
         results=tmp_path / "local",
         log=lambda s: None,
     )
@@ -207,7 +210,7 @@ def test_ctrl_c_cancels_running_units_stops_their_servers_and_keeps_finished(clu
           - {{config: {slow}, gpu_type: X, set: {{server.env: {{FAKE_GENERATE_SLEEP_S: "60"}}}}}}
         """,
     )
-    mx = matrix.load_matrix(m)
+    mx = load_matrix(m)
     port = mx.units[1].config.server.port
     seen: dict[str, int] = {}
     results = tmp_path / "results"
@@ -228,7 +231,7 @@ def test_ctrl_c_cancels_running_units_stops_their_servers_and_keeps_finished(clu
     t = threading.Thread(target=interrupt_when_ready, daemon=True)
     t.start()
     with pytest.raises(Interrupted) as ei:
-        matrix.run_matrix(m, executor=executor(), results=results, log=lambda s: None)
+        run_matrix(m, executor=executor(), results=results, log=lambda s: None)
     t.join()
     assert "pgid" in seen, "the slow unit's server never started"
     mdir = ei.value.run_dir
@@ -252,7 +255,7 @@ def test_one_real_cpu_unit_through_ray(tmp_path):  # pragma: no cover - run by t
     node."""
     import yaml
 
-    raw = yaml.safe_load((matrix.REPO_ROOT / "configs" / "demo-cpu.yaml").read_text())
+    raw = yaml.safe_load((REPO_ROOT / "configs" / "demo-cpu.yaml").read_text())
     raw["name"] = "cpu-e2e-small"
     raw["variants"] = {"baseline": [], "mrope-sync-free": ["mrope-sync-free"]}
     serving = dict(raw["suites"]["serving"], num_prompts=8, output_len=16)
@@ -265,8 +268,8 @@ def test_one_real_cpu_unit_through_ray(tmp_path):  # pragma: no cover - run by t
     )
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
     try:
-        ex = matrix.RayExecutor(c.address, ship_code=False, env_setup="auto")
-        mdir = matrix.run_matrix(m, executor=ex, results=tmp_path / "results")
+        ex = RayExecutor(c.address, ship_code=False, env_setup="auto")
+        mdir = run_matrix(m, executor=ex, results=tmp_path / "results")
     finally:
         c.shutdown()
     unit = read_json(mdir / "matrix.json")["units"][0]
@@ -289,7 +292,7 @@ def test_a_killed_worker_is_a_lost_unit_and_its_server_still_stops(cluster, tmp_
           - {{config: {slow}, gpu_type: X, set: {{server.env: {{FAKE_GENERATE_SLEEP_S: "60"}}}}}}
         """,
     )
-    mx = matrix.load_matrix(m)
+    mx = load_matrix(m)
     port = mx.units[1].config.server.port
     seen: dict[str, int] = {}
 
@@ -313,7 +316,7 @@ def test_a_killed_worker_is_a_lost_unit_and_its_server_still_stops(cluster, tmp_
     t = threading.Thread(target=kill_worker_when_ready, daemon=True)
     t.start()
     with pytest.raises(RunFailed, match=r"1 of 2 units did not end ok") as ei:
-        matrix.run_matrix(m, executor=executor(), results=tmp_path / "results", log=lambda s: None)
+        run_matrix(m, executor=executor(), results=tmp_path / "results", log=lambda s: None)
     t.join()
     assert "worker" in seen, "the slow unit's server never started"
     units = {u["id"]: u for u in read_json(ei.value.run_dir / "matrix.json")["units"]}

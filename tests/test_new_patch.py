@@ -18,12 +18,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from patchbench import errors, patchset
+from patchbench import errors
 from patchbench.errors import PatchError
-from patchbench.overlay import OverlayError, build_overlay, verify_in_env
-from patchbench.patchset import FORWARD_BATCH_INFO
+from patchbench.patches import apply, author, diffs, manifest, wheels
+from patchbench.patches.manifest import FORWARD_BATCH_INFO
+from patchbench.patches.overlay import OverlayError, build_overlay, verify_in_env
 
-VERSION, SITE = patchset.installed_sglang()
+VERSION, SITE = wheels.installed_sglang()
 pytestmark = pytest.mark.skipif(SITE is None, reason="sglang is not installed in this environment")
 
 SAMPLING = "sglang/srt/sampling/sampling_params.py"
@@ -95,7 +96,7 @@ def branch(repo: Path, name: str, change) -> str:
 # ----------------------------------------------------------------------------- the happy path
 def test_from_git_makes_a_patch_that_checks_and_verifies_in_the_server_env(checkout, tmp_path):
     pdir = tmp_path / "patches"
-    res = patchset.new_patch_from_git(
+    res = author.new_patch_from_git(
         "my-change", checkout, "main...my-branch", [VERSION], patches_dir=pdir
     )
     assert res.fails == {} and list(res.applies) == [VERSION]
@@ -113,7 +114,7 @@ def test_from_git_makes_a_patch_that_checks_and_verifies_in_the_server_env(check
     body = (pdir / "my-change" / f"{VERSION}.diff").read_text()
     assert f"+++ b/{FORWARD_BATCH_INFO}" in body and "python/sglang" not in body
 
-    checked = patchset.check_patch("my-change", VERSION, patches_dir=pdir)
+    checked = apply.check_patch("my-change", VERSION, patches_dir=pdir)
     assert checked["files"] == expected
 
     ov = build_overlay(
@@ -140,20 +141,20 @@ def test_from_git_makes_a_patch_that_checks_and_verifies_in_the_server_env(check
 def test_from_diff_in_repository_layout(checkout, tmp_path):
     diff = tmp_path / "change.diff"
     diff.write_text(git(checkout, "diff", "main...my-branch"))
-    res = patchset.new_patch_from_diff("from-diff", diff, [VERSION], patches_dir=tmp_path / "p")
+    res = author.new_patch_from_diff("from-diff", diff, [VERSION], patches_dir=tmp_path / "p")
     assert res.applies[VERSION][SAMPLING]["after"] == sha(changed_sampling())
     with pytest.raises(PatchError, match="already exists"):
-        patchset.new_patch_from_diff("from-diff", diff, [VERSION], patches_dir=tmp_path / "p")
+        author.new_patch_from_diff("from-diff", diff, [VERSION], patches_dir=tmp_path / "p")
 
 
 @pytest.mark.skipif(
-    not list((patchset.DEFAULT_CACHE_DIR / "wheels" / "sglang-0.5.2rc2").glob("*.whl")),
+    not list((manifest.DEFAULT_CACHE_DIR / "wheels" / "sglang-0.5.2rc2").glob("*.whl")),
     reason="the 0.5.2rc2 wheel is not cached (tests/test_patchset.py fetches it)",
 )
 def test_says_which_releases_it_applies_to_and_names_the_failing_hunk(checkout, tmp_path):
     """0.5.2rc2 rewrote the decode path the change touches: the patch is written for the
     installed release only, and the failure names the release, file and hunk."""
-    res = patchset.new_patch_from_git(
+    res = author.new_patch_from_git(
         "two", checkout, "main...my-branch", [VERSION, "0.5.2rc2"], patches_dir=tmp_path / "p"
     )
     assert list(res.applies) == [VERSION] and list(res.fails) == ["0.5.2rc2"]
@@ -161,7 +162,7 @@ def test_says_which_releases_it_applies_to_and_names_the_failing_hunk(checkout, 
     assert f"(sglang 0.5.2rc2) does not apply to {FORWARD_BATCH_INFO}: hunk @@" in why
     assert "next_input_positions = []" in why
     assert "0.5.2rc2: does NOT apply" in res.summary()
-    m = patchset.load_manifest("two", patches_dir=tmp_path / "p")
+    m = manifest.load_manifest("two", patches_dir=tmp_path / "p")
     assert list(m.releases) == [VERSION]
 
 
@@ -169,13 +170,13 @@ def test_says_which_releases_it_applies_to_and_names_the_failing_hunk(checkout, 
 def test_refuses_a_path_outside_sglang(checkout, tmp_path):
     rng = branch(checkout, "docs", lambda r: (r / "README.md").write_text("changed\n"))
     with pytest.raises(PatchError) as e:
-        patchset.new_patch_from_git("x", checkout, rng, [VERSION], patches_dir=tmp_path / "p")
+        author.new_patch_from_git("x", checkout, rng, [VERSION], patches_dir=tmp_path / "p")
     assert "outside python/sglang/ (README.md)" in str(e.value)
     assert f"git -C {checkout} diff {rng} -- python/sglang > change.diff" in str(e.value)
     diff = tmp_path / "d.diff"
     diff.write_text(git(checkout, "diff", rng))
     with pytest.raises(PatchError, match=r"README.md' is outside the sglang package"):
-        patchset.new_patch_from_diff("x", diff, [VERSION], patches_dir=tmp_path / "p")
+        author.new_patch_from_diff("x", diff, [VERSION], patches_dir=tmp_path / "p")
     assert not (tmp_path / "p" / "x").exists()
 
 
@@ -186,7 +187,7 @@ def test_refuses_a_symlink(checkout, tmp_path):
         lambda r: os.symlink("sampling_params.py", r / "python/sglang/srt/sampling/alias.py"),
     )
     with pytest.raises(PatchError) as e:
-        patchset.new_patch_from_git("x", checkout, rng, [VERSION], patches_dir=tmp_path / "p")
+        author.new_patch_from_git("x", checkout, rng, [VERSION], patches_dir=tmp_path / "p")
     assert "sglang/srt/sampling/alias.py: " in str(e.value) and "is a symlink" in str(e.value)
 
 
@@ -210,7 +211,7 @@ def test_refuses_a_hunk_that_does_not_apply_naming_it(checkout, tmp_path):
     f = tmp_path / "bad.diff"
     f.write_text(bad)
     with pytest.raises(PatchError) as e:
-        patchset.new_patch_from_diff("x", f, [VERSION], patches_dir=tmp_path / "p")
+        author.new_patch_from_diff("x", f, [VERSION], patches_dir=tmp_path / "p")
     msg = str(e.value)
     assert f"applies to none of sglang {VERSION}" in msg
     assert f"(sglang {VERSION}) does not apply to {FORWARD_BATCH_INFO}: hunk @@ -" in msg
@@ -224,20 +225,20 @@ def test_refuses_a_file_the_release_does_not_have(checkout, tmp_path):
         lambda r: (r / "python/sglang/srt/brand_new.py").write_text("X = 2\n"),
     )
     with pytest.raises(PatchError) as e:
-        patchset.new_patch_from_git("x", checkout, rng, [VERSION], patches_dir=tmp_path / "p")
+        author.new_patch_from_git("x", checkout, rng, [VERSION], patches_dir=tmp_path / "p")
     assert f"(sglang {VERSION}): the release has no file sglang/srt/brand_new.py" in str(e.value)
 
 
 def test_errors_are_patch_errors_with_exit_2(checkout, tmp_path):
     with pytest.raises(PatchError) as e:
-        patchset.new_patch_from_git("x", tmp_path, "main...my-branch", [VERSION])
+        author.new_patch_from_git("x", tmp_path, "main...my-branch", [VERSION])
     assert "not a git checkout" in str(e.value)
     assert isinstance(e.value, errors.PatchError) and errors.exit_code_of(e.value) == 2
     with pytest.raises(PatchError, match="git cannot diff 'main...nope'"):
-        patchset.new_patch_from_git("x", checkout, "main...nope", [VERSION])
+        author.new_patch_from_git("x", checkout, "main...nope", [VERSION])
     with pytest.raises(PatchError, match="patch name '../x'"):
-        patchset.new_patch_from_git("../x", checkout, "main...my-branch", [VERSION])
-    fetch = patchset.FetchError("no network")
+        author.new_patch_from_git("../x", checkout, "main...my-branch", [VERSION])
+    fetch = wheels.FetchError("no network")
     assert errors.exit_code_of(fetch) == 3 and isinstance(fetch, errors.PatchError)
 
 
@@ -277,7 +278,7 @@ DIFF_HEAD = "diff --git a/python/sglang/{p} b/python/sglang/{q}\n"
 )
 def test_inspect_diff_refuses_what_a_patch_cannot_honour(header, reason):
     with pytest.raises(PatchError) as e:
-        patchset.inspect_diff(header, source="change.diff")
+        diffs.inspect_diff(header, source="change.diff")
     assert str(e.value).startswith("change.diff: cannot be used as a patch")
     assert reason in str(e.value)
 
@@ -288,28 +289,28 @@ def test_inspect_diff_maps_repository_paths():
         "--- a/python/sglang/srt/a.py\n+++ b/python/sglang/srt/a.py\n@@ -1 +1 @@\n-a\n+b\n"
         "--- sglang/srt/b.py\t2024-01-01\n+++ sglang/srt/b.py\t2024-01-02\n@@ -1 +1 @@\n-a\n+b\n"
     )
-    changes = patchset.inspect_diff(text)
+    changes = diffs.inspect_diff(text)
     assert [c.path for c in changes] == [
         "sglang/srt/a.py"
     ]  # git blocks: the --- pair is a hunk line
-    site = patchset.site_layout_diff(text, changes)
+    site = diffs.site_layout_diff(text, changes)
     assert "--- a/sglang/srt/a.py\n+++ b/sglang/srt/a.py\n" in site and "index " not in site
     plain = (
         "--- sglang/srt/b.py\t2024-01-01\n+++ sglang/srt/b.py\t2024-01-02\n@@ -1 +1 @@\n-a\n+b\n"
     )
-    assert [c.path for c in patchset.inspect_diff(plain)] == ["sglang/srt/b.py"]
+    assert [c.path for c in diffs.inspect_diff(plain)] == ["sglang/srt/b.py"]
 
 
 def test_stored_patch_with_a_mode_change_is_refused_before_applying(tmp_path):
     """A diff in patches/ is checked against what a patch may do before anything is applied."""
-    body = patchset.diff_text("null-comment", VERSION)
+    body = apply.diff_text("null-comment", VERSION)
     bad = body.replace(
         f"diff --git a/{FORWARD_BATCH_INFO} b/{FORWARD_BATCH_INFO}\n",
         f"diff --git a/{FORWARD_BATCH_INFO} b/{FORWARD_BATCH_INFO}\nold mode 100644\n"
         "new mode 100755\n",
     )
     assert bad != body
-    m = patchset.load_manifest("null-comment")
+    m = manifest.load_manifest("null-comment")
     d = tmp_path / "p" / "modey"
     d.mkdir(parents=True)
     raw = yaml.safe_load((m.folder / "manifest.yaml").read_text())
@@ -325,7 +326,7 @@ def test_stored_patch_with_a_mode_change_is_refused_before_applying(tmp_path):
         match=f"patch 'modey' \\(sglang {VERSION}\\): cannot be used as a "
         f"patch:\n  {FORWARD_BATCH_INFO}: changes the file mode",
     ):
-        patchset.apply_to_tree(tree, "modey", VERSION, patches_dir=tmp_path / "p")
+        apply.apply_to_tree(tree, "modey", VERSION, patches_dir=tmp_path / "p")
     assert (tree / FORWARD_BATCH_INFO).read_bytes() == (SITE / FORWARD_BATCH_INFO).read_bytes()
 
 

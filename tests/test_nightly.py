@@ -1,4 +1,4 @@
-"""The nightly job (patchbench/nightly.py): outputs, exit codes, history glue and the CLI.
+"""The nightly job (patchbench/nightly/): outputs, exit codes, history glue and the CLI.
 
 The gate rules themselves are tested in tests/test_gates.py. Everything but the last test runs on
 synthetic run folders (patchbench.testing); the e2e test drives the real runner
@@ -21,19 +21,14 @@ import yaml
 
 import patchbench
 from patchbench import records
+from patchbench.comparison import Comparison, Row, write_comparison
 from patchbench.config import load_config
 from patchbench.errors import EXIT_UNDERPOWERED, ConfigError
+from patchbench.gates import DEFAULT_HISTORY, Gate, NightlySettings
 from patchbench.history import History
-from patchbench.nightly import (
-    DEFAULT_HISTORY,
-    HISTORY_ENV,
-    Gate,
-    NightlySettings,
-    cli,
-    history_path,
-    nightly_on_run,
-    plot_trend,
-)
+from patchbench.nightly.cli import cli
+from patchbench.nightly.job import HISTORY_ENV, history_path, nightly_on_run
+from patchbench.trend import plot_trend
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from patchbench.testing import make_run
@@ -115,28 +110,24 @@ def make_night(
     m = records.read_json(run / "manifest.json")
     m["started_at"] = f"2026-01-{day:02d}T03:00:00Z"
     records.write_json(run / "manifest.json", m)
-    records.write_json(
-        run / "compare.json",
-        {
-            "schema": 1,
-            "run_id": run_id,
-            "baseline": "baseline",
-            "variants": ["patched"],
-            "aa_variants": [],
-            "metrics": [
-                {
-                    "suite": "serving",
-                    "metric": TPUT,
-                    "unit": "tok/s",
-                    "better": "higher",
-                    "variant": "patched",
-                    "baseline_repeats": base,
-                    "variant_repeats": var,
-                    "verdict": "",
-                    "notes": [],
-                }
+    write_comparison(
+        run,
+        Comparison(
+            run_id=run_id,
+            baseline="baseline",
+            variants=["baseline", "patched"],
+            rows=[
+                Row(
+                    suite="serving",
+                    metric=TPUT,
+                    unit="tok/s",
+                    better="higher",
+                    variant="patched",
+                    baseline_repeats=base,
+                    variant_repeats=var,
+                )
             ],
-        },
+        ),
     )
     return run
 
@@ -409,11 +400,11 @@ def test_cli_from_run_uses_settings_of_the_run_manifest(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# nightly over a matrix (patchbench/matrix.py run folders)
+# nightly over a matrix (patchbench.matrix run folders)
 
 
 def test_worst_exit_order():
-    from patchbench.nightly import EXIT_ORDER, worst_exit
+    from patchbench.nightly.outcome import EXIT_ORDER, worst_exit
 
     assert EXIT_ORDER == (1, 4, 3, 2, 5, 0)
     assert worst_exit([0, 5, 3, 4]) == 4
@@ -426,7 +417,7 @@ MX_NIGHTLY = {"min_history_nights": 2, "gates": [{"metric": f"serving.{TPUT}", "
 
 
 def make_matrix_night(root: Path, day: int, units: dict[str, dict]) -> Path:
-    """A matrix run folder of night ``day`` as patchbench/matrix.py leaves it: matrix.json,
+    """A matrix run folder of night ``day`` as patchbench.matrix leaves it: matrix.json,
     configs/<unit>.yaml (config "mxcfg" with :data:`MX_NIGHTLY`) and one run folder per unit
     given ``vals`` (baseline and patched throughputs). Every unit's run id is the same
     ``<stamp>-mxcfg`` (two units of one config started in the same second)."""
@@ -568,10 +559,11 @@ def test_nightly_over_a_matrix_on_the_fake_server(tmp_path, monkeypatch, capsys)
     import scipy.stats
     import test_matrix
 
-    from patchbench import matrix
+    from patchbench.matrix import execute
+    from patchbench.matrix.spec import load_matrix
 
     monkeypatch.delenv(HISTORY_ENV, raising=False)
-    monkeypatch.setattr(matrix, "DEFAULT_COMMAND", tuple(test_matrix.FAKE_COMMAND))
+    monkeypatch.setattr(execute, "DEFAULT_COMMAND", tuple(test_matrix.FAKE_COMMAND))
     base = test_matrix.write_base(tmp_path)
     m = test_matrix.write_matrix(
         tmp_path,
@@ -585,7 +577,7 @@ def test_nightly_over_a_matrix_on_the_fake_server(tmp_path, monkeypatch, capsys)
           nightly.gates: [{{metric: mx_fake.tput_tok_s, threshold_pct: 5}}]
         """,
     )
-    mx = matrix.load_matrix(m)
+    mx = load_matrix(m)
     h = tmp_path / "h.sqlite"
     rc = cli([str(m), "--on", "local", "--results", str(tmp_path / "res"), "--history", str(h)])
     [mdir] = (tmp_path / "res").iterdir()
@@ -645,7 +637,7 @@ def _patches_with_slowdown(dest: Path, version: str) -> Path:
 
     import sglang
 
-    from patchbench.patchset import unified_diff
+    from patchbench.patches.diffs import unified_diff
 
     shutil.copytree(REPO / "patches", dest)
     old = (Path(sglang.__file__).parent.parent / FBI).read_bytes()

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from patchbench import patchset
 from patchbench.errors import PatchError
-from patchbench.overlay import Overlay, OverlayError, build_overlay, verify_in_env
-from patchbench.patchset import DEFAULT_CACHE_DIR, FORWARD_BATCH_INFO, load_manifest
+from patchbench.patches import wheels
+from patchbench.patches.manifest import DEFAULT_CACHE_DIR, FORWARD_BATCH_INFO, load_manifest
+from patchbench.patches.overlay import Overlay, OverlayError, build_overlay, verify_in_env
 
-VERSION, SITE = patchset.installed_sglang()
+VERSION, SITE = wheels.installed_sglang()
 pytestmark = pytest.mark.skipif(SITE is None, reason="sglang is not installed in this environment")
 
 LICENSE_END = "# ==============================================================================\n"

@@ -18,20 +18,19 @@ import pytest
 import yaml
 
 from patchbench import cli as pb_cli
-from patchbench import inputs, patchset
+from patchbench import inputs
 from patchbench.errors import EXIT_OK, EXIT_USAGE, PatchError
-from patchbench.patchset import (
+from patchbench.patches import manifest, wheels
+from patchbench.patches.apply import apply_to_tree, diff_text, patch_sha256
+from patchbench.patches.manifest import (
     DEFAULT_CACHE_DIR,
     FORWARD_BATCH_INFO,
     ManifestError,
     UnsupportedRelease,
-    apply_to_tree,
-    diff_text,
     load_manifest,
-    patch_sha256,
 )
 
-INSTALLED_VERSION, SITE = patchset.installed_sglang()
+INSTALLED_VERSION, SITE = wheels.installed_sglang()
 pytestmark = pytest.mark.skipif(SITE is None, reason="sglang is not installed in this environment")
 
 LICENSE_END = "# ==============================================================================\n"
@@ -64,7 +63,7 @@ def tree(tmp_path: Path) -> Path:
 
 # ----------------------------------------------------------------------------- manifests
 def test_every_patch_manifest_loads():
-    names = patchset.available_patches()
+    names = manifest.available_patches()
     assert {"null-comment", "pr9460-upstream"} <= set(names)
     for n in names:
         m = load_manifest(n)
@@ -287,7 +286,7 @@ def test_derived_upstream_diff_turns_0_5_1_post3_into_0_5_2rc2(tmp_path):
 
     rc1, rc2 = wheel_file("0.5.2rc1"), wheel_file("0.5.2rc2")
     root = tmp_path / "tree"
-    src = patchset.pristine_files("0.5.1.post3", [FORWARD_BATCH_INFO], root)
+    src = wheels.pristine_files("0.5.1.post3", [FORWARD_BATCH_INFO], root)
     assert (root / FORWARD_BATCH_INFO).read_bytes() == rc1  # docs/FACTS.md 1: byte-identical
     got = apply_to_tree(root, "pr9460-upstream", "0.5.1.post3")
     assert (root / FORWARD_BATCH_INFO).read_bytes() == rc2

@@ -16,12 +16,13 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from patchbench import inputs, patchset
+from patchbench import inputs
 from patchbench import schedule as _sched
 from patchbench import suite as _suite
 from patchbench.config.schema import SECTIONS, Config
 from patchbench.errors import ConfigError, PatchError
 from patchbench.inputs import line_of, read_text_file, read_yaml_mapping
+from patchbench.patches import diffs, manifest
 from patchbench.suite import suite_names
 
 
@@ -163,7 +164,7 @@ def load_config(path: str | os.PathLike, *, check_files: bool = True) -> Config:
     against the suite's ``Params``, the ``compare`` and ``nightly`` sections against their models,
     and (``check_files``) that every named patch exists as ``patches/<name>/`` with a valid manifest
     that supports the config's release, and that every diff named directly exists and changes
-    only what a patch may (:func:`patchbench.patchset.inspect_diff`).
+    only what a patch may (:func:`patchbench.patches.diffs.inspect_diff`).
 
     Returns a :class:`Config` whose ``suite_params`` holds the validated suite models.
     Raises :class:`ConfigError` naming the file, key and line for any problem.
@@ -244,14 +245,14 @@ def _check_patches(cfg: Config, path: Path, text: str) -> list[str]:
             if isinstance(p, str):
                 d = inputs.PATCHES_DIR / p
                 if not (d / "manifest.yaml").is_file():
-                    have = patchset.available_patches()
+                    have = manifest.available_patches()
                     problems.append(
                         f"{at}: patch '{p}' not found (expected {d}/manifest.yaml); "
                         f"available: {', '.join(have) or 'none'}"
                     )
                     continue
                 try:
-                    patchset.load_manifest(p).release(cfg.sglang)
+                    manifest.load_manifest(p).release(cfg.sglang)
                 except PatchError as e:
                     problems.append(f"{at}: {e}")
             else:
@@ -265,7 +266,7 @@ def _check_patches(cfg: Config, path: Path, text: str) -> list[str]:
                     )
                 else:
                     try:
-                        patchset.inspect_diff(
+                        diffs.inspect_diff(
                             read_text_file(f, PatchError, "diff file"), source=str(f)
                         )
                     except PatchError as e:

@@ -24,12 +24,13 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from patchbench import errors, patchset
+from patchbench import errors
 from patchbench import schedule as _sched
 from patchbench.comparison import CompareSettings
 from patchbench.config.args import check_args, check_env, split_args
 from patchbench.gates import NightlySettings
 from patchbench.inputs import FOLDER_NAME, REPO_ROOT, is_hub_id, looks_local, sha256_file
+from patchbench.patches import apply, author
 from patchbench.shims import available_stand_ins
 
 #: the model of each settings section of a config
@@ -443,7 +444,7 @@ class Config(_Strict):
             if isinstance(p, str):
                 if hashes:
                     try:
-                        sha = patchset.patch_sha256(p, self.sglang, cache_dir)
+                        sha = apply.patch_sha256(p, self.sglang, cache_dir)
                     except errors.PatchError:
                         sha = None
                 pats.append({"name": p, "kind": "patch", "path": None, "sha256": sha})
@@ -503,7 +504,7 @@ class Config(_Strict):
         return out
 
     def overlay_patches(self, variant: str, *, cache_dir: Path | None = None) -> list[str | Path]:
-        """The variant's patches as :func:`patchbench.overlay.build_overlay` takes them: patch
+        """The variant's patches as :func:`patchbench.patches.overlay.build_overlay` takes them: patch
         names, and for each diff named directly a patch folder made from it for ``self.sglang``
         (hashes from the release's pristine files; cached under ``<cache_dir>/diff-patches/``).
 
@@ -516,7 +517,7 @@ class Config(_Strict):
                 out.append(p)
             else:
                 out.append(
-                    patchset.patch_from_diff_file(
+                    author.patch_from_diff_file(
                         self.resolve_path(p.diff), self.sglang, cache_dir=cache_dir
                     )
                 )

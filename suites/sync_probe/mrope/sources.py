@@ -1,7 +1,7 @@
 """Where the ``forward_batch_info.py`` files come from: a release's stock file and the patched one.
 
 :func:`release_sources` gives the stock file of a release (the installed package when its version
-matches, else unpacked from the release wheel that ``patchbench.patchset.fetch_wheel`` caches) and
+matches, else unpacked from the release wheel that ``patchbench.patches.wheels.fetch_wheel`` caches) and
 the patched one (the stock file with ``patches/<patch>/<release>.diff`` applied by ``git apply``),
 both checked against the sha256 values in the patch manifest.
 
@@ -50,7 +50,7 @@ def stock_source(
     """Path of the stock ``forward_batch_info.py`` of sglang ``version``.
 
     The installed package's file when the installed sglang is ``version``; otherwise the file
-    unpacked from the release's wheel (``patchbench.patchset.fetch_wheel``: the harness's one wheel
+    unpacked from the release's wheel (``patchbench.patches.wheels.fetch_wheel``: the harness's one wheel
     cache), file in ``cache_dir/<version>/stock/``. With ``expected_sha256`` a file
     with other bytes raises :class:`MropeSourceError`.
     """
@@ -60,11 +60,11 @@ def stock_source(
     else:
         path = Path(cache_dir) / version / "stock" / FBI_REL
         if not path.is_file():
-            # the one wheel cache and download helper of the harness (patchbench.patchset); a
+            # the one wheel cache and download helper of the harness (patchbench.patches.wheels); a
             # machine with torch alone (scripts/gpu_check.sh) gets prepared files instead
             try:
                 from patchbench.errors import PatchError
-                from patchbench.patchset import fetch_wheel
+                from patchbench.patches.wheels import fetch_wheel
             except ImportError as e:
                 raise MropeSourceError(
                     f"no stock file for sglang {version} at {path} and no harness to download "

@@ -1,6 +1,7 @@
 """The report of a matrix run: one table row per unit, one figure of the primary effects.
 
-Read only from ``matrix.json`` (patchbench.matrix) and each unit's typed ``compare.json``
+Read only through the typed readers: ``matrix.json``
+(:func:`patchbench.matrix.record.read_matrix_record`) and each unit's ``compare.json``
 (:func:`patchbench.comparison.read_comparison`). Writes ``report.md`` and
 ``plots/matrix-effect.png`` in the matrix run folder:
 
@@ -15,12 +16,34 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from patchbench.records import read_json, write_text
+from patchbench.comparison import Comparison, Row, read_comparison
+from patchbench.matrix.record import MatrixRecord, UnitRecord, read_matrix_record
+from patchbench.records import write_text
 
 FIGURE = "plots/matrix-effect.png"
+
+
+@dataclass
+class UnitEffects:
+    """One unit of a matrix run with its comparison: ``unit`` (its matrix.json record),
+    ``comparison`` (its compare.json, None when absent or unreadable) and ``error`` (why it could
+    not be read, or "")."""
+
+    unit: UnitRecord
+    comparison: Comparison | None = None
+    error: str = ""
+
+    def rows(self, suite: str, metric: str) -> list[tuple[str, Row]]:
+        """(variant, row) of ``suite.metric`` for every variant except A/A copies."""
+        cmp = self.comparison
+        if cmp is None:
+            return []
+        found = [(v, cmp.row(suite, metric, v)) for v in cmp.variants]
+        return [(v, r) for v, r in found if r is not None and not r.aa]
 
 
 def _fmt(x: float | None, unit: str) -> str:
@@ -29,36 +52,31 @@ def _fmt(x: float | None, unit: str) -> str:
     return f"{x:+.2f}{'%' if unit == '%' else ' ' + unit if unit else ''}"
 
 
-def _interval(row) -> str:
+def _interval(row: Row) -> str:
     if row.low is None or row.high is None:
         return ""
     u = "%" if row.change_unit == "%" else f" {row.change_unit}"
     return f" [{row.low:+.2f}, {row.high:+.2f}]{u}"
 
 
-def unit_effects(matrix_dir: str | os.PathLike) -> tuple[list[dict], list[tuple[str, str]]]:
-    """Per unit of ``matrix.json``: its entry plus ``comparison`` (a Comparison or None) and
-    ``error`` (why its compare.json could not be read, or ""); and every primary
-    (suite, metric) in the order first met."""
-    from patchbench.comparison import read_comparison
-
+def unit_effects(matrix_dir: str | os.PathLike) -> tuple[list[UnitEffects], list[tuple[str, str]]]:
+    """Every unit of ``matrix.json`` with its comparison (:class:`UnitEffects`), and every primary
+    (suite, metric) in the order first met. Raises OSError / ValueError for an unreadable
+    matrix.json."""
     d = Path(matrix_dir)
-    man = read_json(d / "matrix.json")
     out, primaries = [], []
-    for u in man.get("units", []):
-        entry = dict(u)
-        entry["comparison"], entry["error"] = None, ""
-        cp = d / u["id"] / "compare.json"
+    for u in read_matrix_record(d).units:
+        entry = UnitEffects(u)
+        cp = d / u.id / "compare.json"
         if cp.exists():
             try:
-                entry["comparison"] = read_comparison(cp)
+                entry.comparison = read_comparison(cp)
             except Exception as e:  # noqa: BLE001 - one unreadable unit must not hide the rest
-                entry["error"] = f"{type(e).__name__}: {e}"
-        elif u.get("status") not in ("pending",):
-            entry["error"] = "no compare.json"
-        cmp = entry["comparison"]
-        if cmp is not None:
-            for r in cmp.rows:
+                entry.error = f"{type(e).__name__}: {e}"
+        elif u.status != "pending":
+            entry.error = "no compare.json"
+        if entry.comparison is not None:
+            for r in entry.comparison.rows:
                 if r.primary and not r.aa and (r.suite, r.metric) not in primaries:
                     primaries.append((r.suite, r.metric))
         out.append(entry)
@@ -68,83 +86,92 @@ def unit_effects(matrix_dir: str | os.PathLike) -> tuple[list[dict], list[tuple[
 def render_matrix_report(matrix_dir: str | os.PathLike) -> str:
     """The markdown of a matrix run's report (see the module docstring)."""
     d = Path(matrix_dir)
-    man = read_json(d / "matrix.json")
+    rec = read_matrix_record(d)
     units, primaries = unit_effects(d)
-    axes = [a for a in man.get("axes", []) if a != "gpu_type"]
-    lines = [f"# Matrix {man.get('name', d.name)}", ""]
-    if man.get("description"):
-        lines += [man["description"], ""]
+    lines = _header(rec, d, units)
+    lines += _table(rec, d, units, primaries)
+    problems = [e for e in units if e.unit.status != "ok"]
+    if problems:
+        lines += ["", "## Units that did not end ok", ""]
+        for e in problems:
+            u = e.unit
+            lines.append(
+                f"- `{u.id}`: {u.status}"
+                + (f" on {u.node}" if u.node else "")
+                + (f": {u.message}" if u.message else "")
+                + (f" ({e.error})" if e.error else "")
+            )
+    if (d / FIGURE).exists():
+        lines += ["", "## Primary effects across units", "", f"![primary effects]({FIGURE})"]
+    lines += _timings(units)
+    return "\n".join(lines) + "\n"
+
+
+def _header(rec: MatrixRecord, d: Path, units: list[UnitEffects]) -> list[str]:
+    """Title, description, the units' statuses and times, what a cell of the table holds."""
+    lines = [f"# Matrix {rec.name or d.name}", ""]
+    if rec.description:
+        lines += [rec.description, ""]
     counts: dict[str, int] = {}
-    for u in units:
-        counts[u["status"]] = counts.get(u["status"], 0) + 1
+    for e in units:
+        counts[e.unit.status] = counts.get(e.unit.status, 0) + 1
     lines += [
-        f"{len(units)} units on `{man.get('executor')}` ("
+        f"{len(units)} units on `{rec.executor}` ("
         + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-        + f"); started {man.get('started_at')}, ended {man.get('ended_at') or '-'}"
-        + ("; **interrupted**" if man.get("interrupted") else "")
+        + f"); started {rec.started_at}, ended {rec.ended_at or '-'}"
+        + ("; **interrupted**" if rec.interrupted else "")
         + ".",
         "",
-    ]
-    lines += [
         "Each unit is one whole A/B run on one node (every variant and repeat interleaved "
         "there); the cells give each variant's verdict against that unit's baseline, the "
         "change and its interval at the level the verdict used.",
         "",
     ]
+    return lines
+
+
+def _table(
+    rec: MatrixRecord, d: Path, units: list[UnitEffects], primaries: list[tuple[str, str]]
+) -> list[str]:
+    """One row per unit: link, GPU type, axis values, status, each primary's verdicts."""
+    axes = [a for a in rec.axes if a != "gpu_type"]
     head = ["unit", "gpu type", *axes, "status", *(f"{s}.{m}" for s, m in primaries)]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for u in units:
-        link = (
-            f"[{u['id']}]({u['id']}/report.md)" if (d / u["id"] / "report.md").exists() else u["id"]
-        )
-        vals = [_cell_value(u.get("labels", {}).get(a)) for a in axes]
-        status = u["status"] + (
-            f" (exit {u['exit_code']})" if u.get("exit_code") not in (0, None) else ""
-        )
-        cols = []
-        cmp = u["comparison"]
-        for s, m in primaries:
-            parts = []
-            if cmp is not None:
-                for v in cmp.variants:
-                    r = cmp.row(s, m, v)
-                    if r is None or r.aa:
-                        continue
-                    parts.append(
-                        f"{v}: **{r.verdict}** {_fmt(r.change, r.change_unit)}{_interval(r)}"
-                    )
-            cols.append("<br>".join(parts) or "-")
-        lines.append(
-            "| " + " | ".join([link, u.get("gpu_type") or "any", *vals, status, *cols]) + " |"
-        )
-    problems = [u for u in units if u["status"] != "ok"]
-    if problems:
-        lines += ["", "## Units that did not end ok", ""]
-        for u in problems:
-            lines.append(
-                f"- `{u['id']}`: {u['status']}"
-                + (f" on {u['node']}" if u.get("node") else "")
-                + (f": {u['message']}" if u.get("message") else "")
-                + (f" ({u['error']})" if u.get("error") and u["status"] != "ok" else "")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for e in units:
+        u = e.unit
+        link = f"[{u.id}]({u.id}/report.md)" if (d / u.id / "report.md").exists() else u.id
+        vals = [_cell_value(u.labels.get(a)) for a in axes]
+        status = u.status + (f" (exit {u.exit_code})" if u.exit_code not in (0, None) else "")
+        cols = [
+            "<br>".join(
+                f"{v}: **{r.verdict}** {_fmt(r.change, r.change_unit)}{_interval(r)}"
+                for v, r in e.rows(s, m)
             )
-    if (d / FIGURE).exists():
-        lines += ["", "## Primary effects across units", "", f"![primary effects]({FIGURE})"]
-    lines += [
+            or "-"
+            for s, m in primaries
+        ]
+        lines.append("| " + " | ".join([link, u.gpu_type or "any", *vals, status, *cols]) + " |")
+    return lines
+
+
+def _timings(units: list[UnitEffects]) -> list[str]:
+    """Per unit: node, task and bench seconds, the driver's overhead, the archive's size."""
+    lines = [
         "",
         "## Timings",
         "",
         "| unit | node | task s | bench s | driver overhead s | archive KiB |",
         "|---|---|---|---|---|---|",
     ]
-    for u in units:
-        t = u.get("timings_s") or {}
+    for e in units:
+        u, t = e.unit, e.unit.timings_s
         over = sum(t.get(k, 0) for k in ("start_delay", "return_delay", "get", "unpack", "pack"))
         lines.append(
-            f"| {u['id']} | {u.get('node') or '-'} | {t.get('task', '-')} | "
+            f"| {u.id} | {u.node or '-'} | {t.get('task', '-')} | "
             f"{t.get('bench', '-')} | {round(over, 2) if t else '-'} | "
-            f"{round(u.get('archive_bytes', 0) / 1024, 1)} |"
+            f"{round(u.archive_bytes / 1024, 1)} |"
         )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _cell_value(v: Any) -> str:
@@ -160,15 +187,12 @@ def plot_matrix_effects(matrix_dir: str | os.PathLike):
     units, primaries = unit_effects(matrix_dir)
     panels = []
     for s, m in primaries:
-        pts = []
-        for u in units:
-            cmp = u["comparison"]
-            if cmp is None:
-                continue
-            for v in cmp.variants:
-                r = cmp.row(s, m, v)
-                if r is not None and not r.aa and r.change is not None:
-                    pts.append((f"{u['id']} · {v}", r))
+        pts = [
+            (f"{e.unit.id} · {v}", r)
+            for e in units
+            for v, r in e.rows(s, m)
+            if r.change is not None
+        ]
         if pts:
             panels.append((f"{s}.{m}", pts))
     if not panels:

@@ -36,7 +36,8 @@ from pathlib import Path
 
 from patchbench import errors
 from patchbench.inputs import CACHE_DIR, sha256_file
-from patchbench.patchset import FORWARD_BATCH_INFO, apply_to_tree, patch_sha256
+from patchbench.patches.apply import apply_to_tree, patch_sha256
+from patchbench.patches.manifest import FORWARD_BATCH_INFO
 from patchbench.records import read_json, write_json
 
 #: format of overlay.json; bump when the Overlay fields change (old cached overlays are rebuilt)
@@ -125,7 +126,7 @@ def _patch_ref(p: str | os.PathLike) -> tuple[str, Path | None]:
     """A patch entry -> (name, patches folder or None for the default ``patches/``).
 
     A name (str) is a folder of ``patches/``; a path (``Path``) is a patch folder anywhere, e.g.
-    one :func:`patchbench.patchset.patch_from_diff_file` made.
+    one :func:`patchbench.patches.author.patch_from_diff_file` made.
     """
     if isinstance(p, os.PathLike):
         q = Path(p)
@@ -192,8 +193,23 @@ def build_overlay(
     cached = _load_cached(dest, key)
     if cached is not None:
         return cached
-    cache_root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".build-{version}-{key[:16]}-", dir=cache_root))
+    return _build(stock, dest, key, version, refs, hashes, pcache)
+
+
+def _build(
+    stock: Path,
+    dest: Path,
+    key: str,
+    version: str,
+    refs: list[tuple[str, Path | None]],
+    hashes: dict[str, str],
+    pcache: Path,
+) -> Overlay:
+    """Copy the ``stock`` package into a temporary folder next to ``dest``, apply ``refs`` in
+    order, write overlay.json and rename it to ``dest`` (an overlay another process finished
+    first is taken instead). Nothing is left behind when a patch does not apply."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".build-{version}-{key[:16]}-", dir=dest.parent))
     try:
         shutil.copytree(stock, tmp / "sglang", ignore=_ignore_pycache)
         files: dict[str, str] = {}
@@ -205,7 +221,7 @@ def build_overlay(
             version=version,
             root=dest,
             sglang_dir=dest / "sglang",
-            patches=names,
+            patches=[n for n, _ in refs],
             patch_hashes=hashes,
             files=files,
             fbi_sha256=sha256_file(tmp / FORWARD_BATCH_INFO),
@@ -321,9 +337,30 @@ def verify_in_env(
     # same, and the probe takes 0.05 s instead of 2 s (a torch import) per variant.
     env = {k: v for k, v in env.items() if k != "PATCHBENCH_CPU_STAND_INS"}
     want = expected_files(overlay)
+    got = _probe(python, env, sorted(want), timeout_s)
+    what = f"variant with patches {overlay.patches}" if overlay.patches else "stock variant"
+    pp = env.get("PYTHONPATH", "")
+    if "error" in got:
+        raise OverlayError(f"{what}: {got['error']} (PYTHONPATH={pp!r})")
+    problems = _resolution_problems(overlay, want, got)
+    if problems:
+        raise OverlayError(
+            f"{what}: "
+            + "; ".join(problems)
+            + f" (PYTHONPATH={pp!r}, sys.path starts {got['sys_path_head']})"
+        )
+    fbi = got["files"].get(FORWARD_BATCH_INFO)
+    if fbi:
+        got["forward_batch_info"], got["sha256"] = fbi["path"], fbi["sha256"]
+    return got
+
+
+def _probe(python: str, env: dict[str, str], rels: list[str], timeout_s: float) -> dict:
+    """What :data:`_PROBE` finds for ``rels`` in ``python`` with ``env``; raises OverlayError
+    when the subprocess cannot run or prints no result."""
     try:
         r = subprocess.run(
-            [python, "-c", _PROBE, json.dumps(sorted(want))],
+            [python, "-c", _PROBE, json.dumps(rels)],
             env=env,
             capture_output=True,
             text=True,
@@ -337,11 +374,12 @@ def verify_in_env(
             f"{python} failed while locating sglang (exit {r.returncode}):\n"
             f"{(r.stderr or r.stdout)[-2000:]}"
         )
-    got = json.loads(line.split(" ", 1)[1])
-    what = f"variant with patches {overlay.patches}" if overlay.patches else "stock variant"
-    pp = env.get("PYTHONPATH", "")
-    if "error" in got:
-        raise OverlayError(f"{what}: {got['error']} (PYTHONPATH={pp!r})")
+    return json.loads(line.split(" ", 1)[1])
+
+
+def _resolution_problems(overlay: Overlay, want: dict[str, str], got: dict) -> list[str]:
+    """One line per file of ``want`` that resolves outside the overlay, is missing or has another
+    hash, and one when the ``sglang`` package itself resolves elsewhere."""
     expected_dir = overlay.sglang_dir.resolve()
     problems = []
     for rel, sha in want.items():
@@ -362,13 +400,4 @@ def verify_in_env(
         problems.append(
             f"the sglang package resolves to {got['sglang_dir']}, expected {expected_dir}"
         )
-    if problems:
-        raise OverlayError(
-            f"{what}: "
-            + "; ".join(problems)
-            + f" (PYTHONPATH={pp!r}, sys.path starts {got['sys_path_head']})"
-        )
-    fbi = got["files"].get(FORWARD_BATCH_INFO)
-    if fbi:
-        got["forward_batch_info"], got["sha256"] = fbi["path"], fbi["sha256"]
-    return got
+    return problems

@@ -1,0 +1,249 @@
+"""The driver of a matrix run: make (or resume) the matrix run folder, hand the units to an executor,
+record each unit in ``matrix.json`` as it ends (:mod:`patchbench.matrix.record`), and write the
+report at the end, also after failures and Ctrl-C.
+
+The unit of work is one whole ``bench`` run (every variant and repeat of one config, interleaved,
+on one node): the arms of one comparison are never split across machines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from patchbench.errors import ConfigError, Interrupted, RunFailed
+from patchbench.inputs import RESULTS_DIR
+from patchbench.matrix.executors import Executor, UnitResult, log, make_executor
+from patchbench.matrix.record import (
+    MatrixRecord,
+    UnitRecord,
+    done_units,
+    read_matrix_record,
+    write_matrix_record,
+)
+from patchbench.matrix.spec import Matrix, load_matrix
+from patchbench.records import write_text
+
+
+def _utc_stamp() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+
+
+def _check_resume(m: Matrix, matrix_dir: Path) -> MatrixRecord:
+    """The record of the matrix run folder to resume; ConfigError when it is no matrix run folder
+    or a unit's config differs from what ran there."""
+    if not matrix_dir.is_dir():
+        raise ConfigError(
+            f"--resume {matrix_dir}: no such folder (give a matrix run folder, "
+            "results/<stamp>-<name>/)"
+        )
+    try:
+        old = read_matrix_record(matrix_dir)
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"--resume {matrix_dir}: no readable matrix.json there ({e}); give a matrix run folder"
+        ) from None
+    changed = []
+    for u in m.units:
+        p = matrix_dir / "configs" / f"{u.id}.yaml"
+        if p.exists() and yaml.safe_load(p.read_text()) != yaml.safe_load(u.config_text):
+            changed.append(u.id)
+    if changed:
+        raise ConfigError(
+            f"--resume {matrix_dir}: the config of unit(s) {', '.join(changed)} "
+            f"differs from what ran there ({matrix_dir}/configs/<unit>.yaml); a "
+            "resumed matrix must measure the same thing: start a new matrix run"
+        )
+    return old
+
+
+def _new_record(
+    m: Matrix,
+    executor: Executor,
+    address: str | None,
+    old: MatrixRecord | None,
+    done: set[str],
+) -> MatrixRecord:
+    """The record a run starts with: every unit pending, except the ``done`` units of the resumed
+    run ``old`` (kept as recorded there)."""
+    units = []
+    for u in m.units:
+        prev = old.unit(u.id) if old is not None and u.id in done else None
+        units.append(
+            prev.model_copy()
+            if prev is not None
+            else UnitRecord(
+                id=u.id,
+                labels=u.labels,
+                gpu_type=u.gpu_type,
+                sglang=u.sglang,
+                config=f"configs/{u.id}.yaml",
+                config_name=u.config.name,
+            )
+        )
+    rec = MatrixRecord(
+        name=m.spec.name,
+        matrix=str(m.path.resolve()),
+        description=m.spec.description,
+        executor=executor.name,
+        address=address,
+        axes=list(m.spec.axes) or ["config"],
+        started_at=_utc_stamp(),
+        units=units,
+    )
+    if old is not None:
+        rec.started_at = old.started_at or rec.started_at
+        rec.resumes = [*(old.resumes or []), _utc_stamp()]
+    return rec
+
+
+def _open_run(
+    m: Matrix,
+    executor: Executor,
+    address: str | None,
+    resume: str | os.PathLike | None,
+    results: str | os.PathLike | None,
+) -> tuple[Path, MatrixRecord, set[str]]:
+    """(the matrix run folder, its record, the units done there): a new folder under
+    ``results``, or the folder to ``resume``; each unit's config and matrix.json are written."""
+    if resume:
+        matrix_dir = Path(resume)
+        old: MatrixRecord | None = _check_resume(m, matrix_dir)
+        done = done_units(matrix_dir)
+    else:
+        matrix_dir = Path(results or RESULTS_DIR) / f"{_utc_stamp()}-{m.spec.name}"
+        matrix_dir.mkdir(parents=True, exist_ok=False)
+        old, done = None, set()
+    for u in m.units:
+        write_text(matrix_dir / "configs" / f"{u.id}.yaml", u.config_text)
+    rec = _new_record(m, executor, address, old, done)
+    write_matrix_record(matrix_dir, rec)
+    return matrix_dir, rec, done
+
+
+def run_matrix(
+    path: str | os.PathLike,
+    on: str = "local",
+    address: str | None = None,
+    *,
+    resume: str | os.PathLike | None = None,
+    results: str | os.PathLike | None = None,
+    executor: Executor | None = None,
+    log=log,
+    **executor_kw,
+) -> Path:
+    """Run every unit of a matrix; returns the matrix run folder.
+
+    ``on``: "local" (one after another here, no Ray) or "ray" (one task per unit on the cluster
+    at ``address``); ``executor`` overrides both (tests, other engines); ``executor_kw`` go to
+    :func:`patchbench.matrix.executors.make_executor`. ``resume``: a matrix run folder: only units
+    not ``ok`` there run (a unit with a run folder continues it through ``bench --resume``); a
+    unit whose config changed is refused. ``results``: the parent of the matrix run folder
+    (default results/).
+
+    Each unit's run folder lands in ``<matrix run>/<unit id>/`` as it ends; matrix.json is
+    rewritten after every unit; the matrix report is written at the end, also after failures and
+    Ctrl-C. Raises ConfigError (exit 2) for a bad matrix, EnvironmentNotReady (3) for Ray missing,
+    RunFailed (4) when any unit did not end ok (everything else kept), Interrupted (130/143) after
+    Ctrl-C/SIGTERM (finished units kept; ``--resume`` runs the rest).
+    """
+    m = load_matrix(path)
+    if executor is None:
+        executor = make_executor(on, address=address, resources=m.spec.resources, **executor_kw)
+    matrix_dir, rec, done = _open_run(m, executor, address, resume, results)
+    todo = [u for u in m.units if u.id not in done]
+    log(
+        f"matrix run folder {matrix_dir}: {len(todo)} of {len(m.units)} units to run on "
+        f"{executor.name}"
+    )
+    interrupted = _execute(executor, todo, matrix_dir, rec, log)
+    if interrupted is not None:
+        from patchbench.signals import signum_of
+
+        cmd = f"{sys.executable} -m patchbench matrix {path} --on {executor.name} --resume {matrix_dir}"
+        raise Interrupted(
+            f"interrupted; finished units are kept in {matrix_dir}; resume with `{cmd}`",
+            signum=signum_of(interrupted),
+            run_dir=matrix_dir,
+        )
+    bad = [u for u in rec.units if u.status != "ok"]
+    if bad:
+        raise RunFailed(
+            f"{len(bad)} of {len(m.units)} units did not end ok ("
+            + "; ".join(f"{u.id}: {u.status}" for u in bad[:5])
+            + f"); see {matrix_dir}/matrix.json and report.md",
+            matrix_dir,
+        )
+    log(f"done: {len(m.units)} units in {matrix_dir}")
+    return matrix_dir
+
+
+def _execute(
+    executor: Executor, todo: list, matrix_dir: Path, rec: MatrixRecord, log
+) -> BaseException | None:
+    """Run ``todo`` on ``executor`` (SIGTERM handled like Ctrl-C), recording each unit in
+    matrix.json as it ends; then close the executor, stamp the end and write the report.
+    Returns the KeyboardInterrupt that stopped the run, or None."""
+    from patchbench.signals import terminate_like_ctrl_c
+
+    def record(r: UnitResult) -> None:
+        unit = rec.unit(r.id)
+        assert unit is not None, r.id
+        unit.status, unit.exit_code, unit.message = r.status, r.exit_code, r.message
+        unit.node, unit.timings_s, unit.archive_bytes = r.node, r.timings_s, r.archive_bytes
+        write_matrix_record(matrix_dir, rec)
+
+    partial = {u.id for u in todo if (matrix_dir / u.id / "manifest.json").exists()}
+    interrupted: BaseException | None = None
+    try:
+        with terminate_like_ctrl_c(log=log):
+            try:
+                executor.run(todo, matrix_dir, record, partial)
+            except KeyboardInterrupt as e:
+                interrupted = e
+    finally:
+        close = getattr(executor, "close", None)
+        if close:
+            close()
+        rec.ended_at = _utc_stamp()
+        if interrupted is not None:
+            rec.interrupted = True
+        write_matrix_record(matrix_dir, rec)
+        try:
+            from patchbench.matrix.report import write_matrix_report
+
+            write_matrix_report(matrix_dir)
+        except Exception as e:  # noqa: BLE001 - a report problem must not hide the units' results
+            log(f"matrix report failed: {type(e).__name__}: {e}")
+    return interrupted
+
+
+def describe_matrix(m: Matrix, resume: str | os.PathLike | None = None) -> str:
+    """The units of a matrix, one line each (id, GPU type, pin, what is set), for ``--dry-run``;
+    with ``resume`` (a matrix run folder) each unit says whether it is done."""
+    done = done_units(Path(resume)) if resume else set()
+    res = m.spec.resources
+    lines = [
+        f"matrix     {m.path}",
+        f"name       {m.spec.name}",
+        f"units      {len(m.units)} (resources per unit: num_gpus={res.num_gpus}, "
+        f"num_cpus={res.num_cpus})",
+    ]
+    for u in m.units:
+        mark = " (done)" if u.id in done else ""
+        sets = ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in u.overrides.items())
+        lines.append(
+            f"  {u.id}{mark}: gpu_type={u.gpu_type or 'any'} sglang={u.sglang} "
+            f"config={u.config_path.name}{' ' + sets if sets else ''}"
+        )
+    if resume:
+        lines.append(
+            f"{sum(u.id in done for u in m.units)} of {len(m.units)} units done, "
+            f"{sum(u.id not in done for u in m.units)} to run"
+        )
+    return "\n".join(lines)

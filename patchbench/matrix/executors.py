@@ -1,0 +1,385 @@
+"""Executors: what runs the units of a matrix. :class:`LocalExecutor` runs them one after another on
+this machine (no Ray); :class:`RayExecutor` submits one Ray task per unit (``num_gpus``,
+``accelerator_type:<T>`` resource, ``max_retries=0``). Both run the same
+:func:`patchbench.matrix.execute.execute_unit`. Ray is imported only by :class:`RayExecutor`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from patchbench.errors import EnvironmentNotReady, UsageError
+from patchbench.inputs import REPO_ROOT
+from patchbench.matrix.envs import node_name
+from patchbench.matrix.execute import execute_unit, pack_folder, unpack_folder
+from patchbench.matrix.record import Status
+from patchbench.matrix.spec import Resources, Unit
+
+#: what ``runtime_env.working_dir`` leaves out when the repo is shipped to Ray nodes
+SHIP_EXCLUDES = [
+    ".venv",
+    ".venv-*",
+    "results",
+    ".cache",
+    ".git",
+    "*.egg-info",
+    "__pycache__",
+    "build",
+]
+RAY_HINT = "install it with `pip install .[ray]` or `make setup RAY=1`"
+
+
+def log(msg: str) -> None:
+    """The matrix's progress line on stderr: ``[patchbench matrix HH:MM:SS] msg``."""
+    print(f"[patchbench matrix {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class UnitResult:
+    """What the driver records for one unit (``matrix.json``'s ``units[]``)."""
+
+    id: str
+    status: Status = "pending"
+    exit_code: int | None = None
+    message: str = ""
+    node: str | None = None
+    timings_s: dict[str, float] = field(default_factory=dict)
+    archive_bytes: int = 0
+
+
+class Executor:
+    """Runs units. ``run(units, matrix_dir, record)`` calls ``record(UnitResult)`` as each unit
+    ends (the driver writes matrix.json there) and returns when all have ended; on Ctrl-C it stops
+    what runs, records it, and re-raises KeyboardInterrupt. ``check(units)`` -> {unit id: why
+    no node can take it} before anything runs. ``name``: "local" or "ray"."""
+
+    name = "?"
+
+    def check(self, units: list[Unit]) -> dict[str, str]:
+        return {}
+
+    def run(
+        self,
+        units: list[Unit],
+        matrix_dir: Path,
+        record: Callable[[UnitResult], None],
+        resume: set[str],
+    ) -> None:
+        raise NotImplementedError
+
+
+def _unit_spec(u: Unit, matrix_dir: Path, opts: dict) -> dict:
+    return {
+        "id": u.id,
+        "config_text": u.config_text,
+        "sglang": u.sglang,
+        "env_setup": opts.get("env_setup"),
+        "env_root": opts.get("env_root"),
+        "command": list(opts["command"]) if opts.get("command") else None,
+        "stop_grace_s": opts.get("stop_grace_s", 60),
+        "env": opts.get("env") or {},
+    }
+
+
+def _result_of(uid: str, out: dict) -> UnitResult:
+    code = out.get("exit_code")
+    status: Status = (
+        "ok"
+        if code == 0
+        else (
+            "failed"
+            if code == 4 and out.get("has_folder")
+            else "interrupted"
+            if code in (130, 143)
+            else "error"
+        )
+    )
+    t = dict(out.get("timings_s") or {})
+    if out.get("ended_at") and out.get("started_at"):
+        t["task"] = round(out["ended_at"] - out["started_at"], 3)
+    return UnitResult(
+        uid,
+        status,
+        code,
+        out.get("message") or "",
+        out.get("node"),
+        t,
+        int(out.get("archive_bytes") or 0),
+    )
+
+
+class LocalExecutor(Executor):
+    """Runs the units one after another on this machine (no Ray). ``env_setup``: see
+    :func:`prepare_python` ("auto" by default); ``command``: the bench command template
+    (:data:`DEFAULT_COMMAND`); ``env``: extra environment for bench."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        *,
+        env_setup: str = "auto",
+        command: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        stop_grace_s: float = 60,
+    ):
+        self.opts = {
+            "env_setup": env_setup,
+            "command": command,
+            "env": env,
+            "stop_grace_s": stop_grace_s,
+        }
+
+    def run(self, units, matrix_dir, record, resume):
+        for u in units:
+            spec = _unit_spec(u, matrix_dir, self.opts)
+            dest = matrix_dir / u.id
+            spec["out_dir"] = str(dest)
+            if u.id in resume:
+                spec["resume_dir"] = str(dest)
+            log(f"unit {u.id}: running{' (resumed)' if u.id in resume else ''}")
+            try:
+                out = execute_unit(spec)
+            except KeyboardInterrupt:
+                record(
+                    UnitResult(
+                        u.id, "interrupted", 130, "interrupted; finished cells kept", node_name()
+                    )
+                )
+                raise
+            res = _result_of(u.id, out)
+            record(res)
+            log(f"unit {u.id}: {res.status}{': ' + res.message if res.message else ''}")
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise EnvironmentNotReady(
+            f"--on ray needs the Ray package, which is not installed; {RAY_HINT}"
+        ) from None
+    return ray
+
+
+def _ray_unit_task(spec: dict) -> dict:
+    """The Ray task: :func:`execute_unit` on the node Ray picked; the node id is added."""
+    import ray
+
+    out = execute_unit(spec)
+    out["node_id"] = ray.get_runtime_context().get_node_id()
+    return out
+
+
+class RayExecutor(Executor):
+    """One Ray task per unit (``max_retries=0``: a benchmark is never silently re-run).
+
+    ``address``: the cluster (None: Ray's default, RAY_ADDRESS or a local one); ``ship_code``:
+    send this checkout as the job's ``working_dir`` (without venvs, results, caches; leave it
+    False when every node already holds this checkout at the same path, as in a local cluster);
+    ``env_setup``/``env_root``: see :func:`prepare_python` ("make" by default: a persistent venv
+    per pin on each node); ``command``/``env``/``stop_grace_s``: as :class:`LocalExecutor`;
+    ``cancel_wait_s``: how long Ctrl-C waits for cancelled units to stop their servers.
+    Resources per unit come from the matrix (``resources``) and the unit's GPU type
+    (``accelerator_type:<T>`` custom resource, which Ray sets on GPU nodes it recognises and
+    ``ray start --resources`` can set by hand).
+    """
+
+    name = "ray"
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        resources: Resources | None = None,
+        ship_code: bool = True,
+        env_setup: str = "make",
+        env_root: str | None = None,
+        command: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        stop_grace_s: float = 60,
+        cancel_wait_s: float = 90,
+        log=log,
+    ):
+        self.address = address
+        self.resources = resources or Resources()
+        self.ship_code = ship_code
+        self.opts = {
+            "env_setup": env_setup,
+            "env_root": env_root,
+            "command": command,
+            "env": env,
+            "stop_grace_s": stop_grace_s,
+        }
+        self.cancel_wait_s = cancel_wait_s
+        self.log = log
+        self._started = False
+
+    def connect(self):
+        """Connect to the cluster (once); returns the ray module."""
+        ray = _ray()
+        if not ray.is_initialized():
+            kw: dict[str, Any] = {"address": self.address, "log_to_driver": False}
+            if self.ship_code:
+                kw["runtime_env"] = {"working_dir": str(REPO_ROOT), "excludes": SHIP_EXCLUDES}
+            ray.init(**kw)
+            self._started = True
+        return ray
+
+    def close(self) -> None:
+        if self._started:
+            _ray().shutdown()
+            self._started = False
+
+    def _requests(self, units: list[Unit]) -> tuple[dict[str, dict], dict[str, str]]:
+        """{unit id: Ray options} for units some alive node can take, {unit id: why not} else."""
+        ray = self.connect()
+        nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+        have = sorted(
+            {k.split(":", 1)[1] for r in nodes for k in r if k.startswith("accelerator_type:")}
+        )
+        opts, bad = {}, {}
+        for u in units:
+            key = f"accelerator_type:{u.gpu_type}" if u.gpu_type else None
+            cands = [r for r in nodes if key is None or r.get(key, 0) > 0]
+            if not cands:
+                bad[u.id] = (
+                    f"no node of the cluster has GPU type {u.gpu_type} (resource {key}); "
+                    f"types present: {', '.join(have) or 'none'}; start a node of that "
+                    f"type or pass `--resources '{{\"{key}\": 1}}'` to its `ray start`"
+                )
+                continue
+            want = {}
+            for res, rkey in (("num_gpus", "GPU"), ("num_cpus", "CPU")):
+                v = getattr(self.resources, res)
+                if v == "node":
+                    v = min(r.get(rkey, 0) for r in cands)
+                want[res] = v
+            fits = [
+                r
+                for r in cands
+                if r.get("GPU", 0) >= want["num_gpus"] and r.get("CPU", 0) >= want["num_cpus"]
+            ]
+            if not fits:
+                bad[u.id] = (
+                    f"no node{' of type ' + u.gpu_type if u.gpu_type else ''} has "
+                    f"{want['num_gpus']} GPUs and {want['num_cpus']} CPUs (nodes: "
+                    + "; ".join(f"GPU {r.get('GPU', 0):g} CPU {r.get('CPU', 0):g}" for r in cands)
+                    + ")"
+                )
+                continue
+            o = {
+                **want,
+                "max_retries": 0,
+                "retry_exceptions": False,
+                "name": f"patchbench-unit-{u.id}",
+            }
+            if key:
+                o["resources"] = {key: 0.001}
+            opts[u.id] = o
+        return opts, bad
+
+    def check(self, units):
+        return self._requests(units)[1]
+
+    def run(self, units, matrix_dir, record, resume):
+        ray = self.connect()
+        opts, bad = self._requests(units)
+        for uid, why in bad.items():
+            record(UnitResult(uid, "unschedulable", None, why))
+        task = ray.remote(_ray_unit_task)
+        pending: dict[Any, tuple[Unit, float]] = {}
+        for u in units:
+            if u.id not in opts:
+                continue
+            spec = _unit_spec(u, matrix_dir, self.opts)
+            spec["workdir"] = "cwd" if self.ship_code else None
+            if u.id in resume and (matrix_dir / u.id / "manifest.json").exists():
+                spec["resume_archive"] = pack_folder(matrix_dir / u.id)
+            t0 = time.time()
+            ref = task.options(**opts[u.id]).remote(spec)
+            pending[ref] = (u, t0)
+            self.log(
+                f"unit {u.id}: submitted (gpu_type={u.gpu_type or 'any'}, "
+                f"num_gpus={opts[u.id]['num_gpus']:g}, num_cpus={opts[u.id]['num_cpus']:g})"
+            )
+        try:
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+                for ref in ready:
+                    self._collect(ray, ref, *pending.pop(ref), matrix_dir, record)
+        except KeyboardInterrupt:
+            self.log(f"interrupted: cancelling {len(pending)} unit(s); finished units are kept")
+            for ref in pending:
+                ray.cancel(ref, force=False)
+            deadline = time.time() + self.cancel_wait_s
+            while pending and time.time() < deadline:
+                ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0.5)
+                for ref in ready:
+                    self._collect(ray, ref, *pending.pop(ref), matrix_dir, record)
+            for u, _ in pending.values():
+                record(UnitResult(u.id, "cancelled", None, "cancelled before it ended"))
+            raise
+
+    def _collect(self, ray, ref, u: Unit, submitted: float, matrix_dir: Path, record) -> None:
+        ready_at = time.time()
+        t0 = time.monotonic()
+        try:
+            out = ray.get(ref)
+        except ray.exceptions.TaskCancelledError:
+            record(UnitResult(u.id, "cancelled", None, "cancelled"))
+            self.log(f"unit {u.id}: cancelled")
+            return
+        except ray.exceptions.RayTaskError as e:
+            cause = e.cause if isinstance(getattr(e, "cause", None), BaseException) else e
+            if isinstance(cause, (ray.exceptions.TaskCancelledError, KeyboardInterrupt)):
+                record(UnitResult(u.id, "cancelled", None, "cancelled"))
+                self.log(f"unit {u.id}: cancelled")
+                return
+            msg = f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}"
+            record(UnitResult(u.id, "error", getattr(cause, "exit_code", None), msg))
+            self.log(f"unit {u.id}: error: {msg}")
+            return
+        except ray.exceptions.RayError as e:  # worker or node died, object lost
+            record(UnitResult(u.id, "lost", None, f"{type(e).__name__}: {str(e).splitlines()[0]}"))
+            self.log(f"unit {u.id}: lost ({type(e).__name__})")
+            return
+        get_s = time.monotonic() - t0
+        res = _result_of(u.id, out)
+        t1 = time.monotonic()
+        if out.get("archive"):
+            unpack_folder(out["archive"], matrix_dir / u.id)
+        res.timings_s.update(
+            get=round(get_s, 3),
+            unpack=round(time.monotonic() - t1, 3),
+            start_delay=round(out["started_at"] - submitted, 3),
+            return_delay=round(max(0.0, ready_at - out["ended_at"]), 3),
+            wall=round(time.time() - submitted, 3),
+        )
+        res.node = f"{out.get('node')} ({str(out.get('node_id', ''))[:12]})"
+        record(res)
+        self.log(
+            f"unit {u.id}: {res.status} on {res.node}{': ' + res.message if res.message else ''}"
+        )
+
+
+def make_executor(
+    on: str, *, address: str | None = None, resources: Resources | None = None, **kw
+) -> Executor:
+    """ "local" -> :class:`LocalExecutor`, "ray" -> :class:`RayExecutor` (``kw`` passed on).
+    Raises UsageError for another name, EnvironmentNotReady for "ray" without Ray installed."""
+    if on == "local":
+        if address:
+            raise UsageError("--address is for --on ray")
+        return LocalExecutor(
+            **{k: v for k, v in kw.items() if k in ("env_setup", "command", "env", "stop_grace_s")}
+        )
+    if on == "ray":
+        _ray()
+        return RayExecutor(address, resources=resources, **kw)
+    raise UsageError(f"--on must be local or ray, not {on!r}")

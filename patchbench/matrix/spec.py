@@ -1,0 +1,528 @@
+"""The matrix file: its schema, its expansion into units with stable ids, and their configs.
+
+Matrix file (YAML, validated like a config: every error names the file, the key and the line)::
+
+    name: qwen-sizes                      # names the matrix run folder
+    base: configs/pr9460-h200.yaml        # relative paths resolve against the repo root
+    axes:                                 # dotted config keys -> values; every combination is a unit
+      model.path: [Qwen/Qwen2.5-VL-3B-Instruct, Qwen/Qwen2.5-VL-7B-Instruct]
+      sglang: ["0.5.1.post3", "0.5.23"]
+      gpu_type: [H100, H200]              # not a config key: routes the unit (Ray accelerator_type)
+    set: {schedule.repeats: 3}            # dotted keys set in every unit
+    exclude:                              # combinations to leave out (every key given must match)
+      - {model.path: Qwen/Qwen2.5-VL-7B-Instruct, gpu_type: H100}
+    resources: {num_gpus: node, num_cpus: node}   # per unit; "node": every GPU/CPU of the node
+
+or an explicit list instead of ``base``/``axes``::
+
+    units:
+      - {config: configs/pr9460-h200.yaml, gpu_type: H200}
+      - {config: configs/aa-h200.yaml, gpu_type: H200, set: {schedule.repeats: 4}}
+
+Each unit has a stable id: a readable slug of what distinguishes it plus 8 hex digits of the
+sha256 of those values (``qwen2.5-vl-3b-instruct_h200-1a2b3c4d``); the same matrix gives the same
+ids on every run. Every unit's merged config is validated through
+:func:`patchbench.config.load_config`; an error names the unit and points at the matrix line that
+set the key, or at the base config's line.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import hashlib
+import itertools
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from patchbench.config import load_config
+from patchbench.errors import ConfigError
+from patchbench.inputs import FOLDER_NAME, REPO_ROOT, line_of, read_yaml_mapping
+
+#: the special axis that routes a unit instead of setting a config key
+GPU_AXIS = "gpu_type"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Resources(_Strict):
+    """What one unit asks of a node: ``num_gpus``/``num_cpus`` a count, or "node" (every GPU/CPU
+    of the smallest node that can take the unit: a timing run owns its node)."""
+
+    num_gpus: int | float | Literal["node"] = "node"
+    num_cpus: int | float | Literal["node"] = "node"
+
+    @field_validator("num_gpus", "num_cpus")
+    @classmethod
+    def _positive(cls, v):
+        if not isinstance(v, str) and v < 0:
+            raise ValueError('must be >= 0 or "node"')
+        return v
+
+
+class UnitEntry(_Strict):
+    """One explicit unit: a config file, the GPU type it runs on, dotted keys set on top."""
+
+    config: str
+    gpu_type: str | None = None
+    set: dict[str, Any] = Field(default_factory=dict)
+
+
+class MatrixSpec(_Strict):
+    """The validated matrix file (see the module docstring)."""
+
+    name: str
+    description: str = ""
+    base: str | None = None
+    axes: dict[str, list[Any]] = Field(default_factory=dict)
+    set: dict[str, Any] = Field(default_factory=dict)
+    exclude: list[dict[str, Any]] = Field(default_factory=list)
+    units: list[UnitEntry] = Field(default_factory=list)
+    resources: Resources = Field(default_factory=Resources)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not FOLDER_NAME.match(v):
+            raise ValueError(
+                "use letters, digits, '.', '_' and '-' (it names the matrix run folder)"
+            )
+        return v
+
+
+@dataclass
+class Unit:
+    """One expanded unit.
+
+    ``id``: stable id; ``labels``: what distinguishes it ({axis or "config": value}, shown in the
+    report); ``gpu_type``: the Ray ``accelerator_type`` it needs (None: any node);
+    ``overrides``: {dotted key: value} set on its config (axes and ``set``); ``config_path``:
+    the base or listed config; ``config_text``: the merged YAML; ``sglang``: its pin;
+    ``config``: the validated :class:`patchbench.config.Config`.
+    """
+
+    id: str
+    labels: dict[str, Any]
+    gpu_type: str | None
+    overrides: dict[str, Any]
+    config_path: Path
+    config_text: str
+    sglang: str
+    config: Any = field(repr=False, default=None)
+
+
+@dataclass
+class Matrix:
+    """A loaded matrix: ``path`` (the file), ``spec`` (:class:`MatrixSpec`), ``units``."""
+
+    path: Path
+    spec: MatrixSpec
+    units: list[Unit]
+
+
+def _slug_part(v: Any) -> str:
+    if isinstance(v, str):
+        s = v.rstrip("/").rsplit("/", 1)[-1] if ("/" in v and not v.startswith("-")) else v
+    elif isinstance(v, (list, tuple)):
+        s = "-".join(_slug_part(x) for x in v) or "none"
+    elif isinstance(v, dict):
+        s = "-".join(f"{k}-{_slug_part(x)}" for k, x in v.items()) or "none"
+    elif v is None:
+        s = "none"
+    else:
+        s = str(v).lower()
+    s = re.sub(r"[^a-z0-9.]+", "-", s.lower()).strip("-.")
+    return s[:24].strip("-.") or "x"
+
+
+def unit_id(labels: dict[str, Any]) -> str:
+    """The stable id of a unit from what distinguishes it: ``<slug>-<8 hex>``.
+
+    ``labels``: {axis or "config": value} (JSON values). The slug (at most 60 characters) is made
+    of the values in the order given; the hash is the sha256 of the canonical JSON of ``labels``
+    (sorted keys), so the id changes exactly when a distinguishing value changes.
+    """
+    canon = json.dumps(
+        labels, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str
+    )
+    h = hashlib.sha256(canon.encode()).hexdigest()[:8]
+    slug = "_".join(_slug_part(v) for v in labels.values())[:60].strip("_-.") or "unit"
+    return f"{slug}-{h}"
+
+
+def _split_key(key: str) -> list[str]:
+    return key.split(".")
+
+
+def set_dotted(raw: dict, key: str, value: Any) -> None:
+    """Set ``key`` (``a.b.c``) in the nested mapping ``raw``, creating mappings on the way.
+
+    Raises ValueError when a part on the way holds something other than a mapping.
+    """
+    parts = _split_key(key)
+    if any(not p for p in parts):
+        raise ValueError(f"'{key}' is not a dotted key (empty part)")
+    node = raw
+    for i, p in enumerate(parts[:-1]):
+        nxt = node.get(p)
+        if nxt is None:
+            nxt = node[p] = {}
+        elif not isinstance(nxt, dict):
+            raise ValueError(
+                f"'{'.'.join(parts[: i + 1])}' holds {type(nxt).__name__}, not a "
+                f"mapping, so '{key}' cannot be set"
+            )
+        node = nxt
+    node[parts[-1]] = copy.deepcopy(value)
+
+
+def _resolve(p: str) -> Path:
+    q = Path(os.path.expanduser(p))
+    return q if q.is_absolute() else REPO_ROOT / q
+
+
+def _key_at_line(text: str, line: int) -> tuple:
+    """The key path whose key (or list item) starts on ``line`` (1-based) of a YAML text."""
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return ()
+    best: tuple = ()
+
+    def walk(node, path):
+        nonlocal best
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                p = path + (k.value,)
+                if k.start_mark.line + 1 == line and len(p) > len(best):
+                    best = p
+                walk(v, p)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                p = path + (i,)
+                if v.start_mark.line + 1 == line and len(p) > len(best):
+                    best = p
+                walk(v, p)
+
+    walk(root, ())
+    return best
+
+
+def is_matrix_file(path: str | os.PathLike) -> bool:
+    """True when ``path`` is a YAML mapping with ``axes``, ``units`` or ``base`` at the top and no
+    ``variants`` (a matrix file rather than a config: how ``nightly`` can tell them apart).
+    Raises ConfigError for an unreadable or invalid YAML file (naming it)."""
+    _, raw = read_yaml_mapping(Path(path), ConfigError, "a config or a matrix", "config file")
+    return "variants" not in raw and any(k in raw for k in ("axes", "units", "base"))
+
+
+def _where(path: Path, text: str, *loc: str | int) -> str:
+    """``<path>:<line>`` of the key path ``loc`` in the matrix file (no line when not found)."""
+    return f"{path}:{line_of(text, loc) or ''}"
+
+
+def load_matrix(path: str | os.PathLike) -> Matrix:
+    """Load, expand and validate a matrix file.
+
+    Returns a :class:`Matrix` whose units are in file order (axes: the first axis varies
+    slowest). Raises :class:`patchbench.errors.ConfigError` (exit 2) naming the file, key and
+    line for a bad matrix file (unknown key, wrong type, empty or duplicate axis values, both or
+    neither of ``axes``/``units``, an ``exclude`` entry that matches nothing, a key that cannot be
+    set), and naming the unit plus the matrix or base config line for a unit whose merged config
+    does not validate (every problem of every unit is listed).
+    """
+    path = Path(path)
+    text, raw = read_yaml_mapping(path, ConfigError, "name, base, axes, set, units, ...")
+    where = functools.partial(_where, path, text)
+    spec = _validated_spec(raw, where)
+    problems = _spec_problems(spec, path, where)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    plans = _plans(spec, where, problems)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    units = _units(path, spec, plans, where, problems)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    if not units:
+        raise ConfigError(f"{path}: the matrix has no units")
+    return Matrix(path, spec, units)
+
+
+def _validated_spec(raw: dict, where) -> MatrixSpec:
+    """``raw`` as a :class:`MatrixSpec`; ConfigError with one line per problem (file:line, key,
+    what is allowed) otherwise."""
+    try:
+        return MatrixSpec.model_validate(raw)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            loc = tuple(x for x in err["loc"] if not (isinstance(x, str) and "[" in x))
+            key = ".".join(str(x) for x in loc) or "(top level)"
+            if err["type"] == "extra_forbidden":
+                model = (
+                    MatrixSpec
+                    if len(loc) == 1
+                    else (UnitEntry if loc[:1] == ("units",) else Resources)
+                )
+                lines.append(
+                    f"{where(*loc)}: unknown key '{key}'; allowed keys: "
+                    f"{', '.join(model.model_fields)}"
+                )
+            elif err["type"] == "missing":
+                lines.append(f"{where(*loc)}: missing required key '{key}'")
+            else:
+                got = err.get("input")
+                lines.append(
+                    f"{where(*loc)}: key '{key}': {err['msg'].removeprefix('Value error, ')}"
+                    f" (got {repr(got)[:80] if not isinstance(got, dict) else 'a mapping'})"
+                )
+        raise ConfigError("\n".join(dict.fromkeys(lines))) from None
+
+
+def _spec_problems(spec: MatrixSpec, path: Path, where) -> list[str]:
+    """What is wrong with a schema-valid matrix file as a whole: both or neither of base/axes and
+    units, empty or repeated axis values, GPU types that are not names, ``set.gpu_type``, an
+    ``exclude`` entry naming something that is not an axis value."""
+    problems: list[str] = []
+    if spec.units and (spec.base or spec.axes):
+        problems.append(f"{where('units')}: give either base/axes or units, not both")
+    if not spec.units and not spec.base:
+        problems.append(
+            f"{path}: give a base config with axes, or a list of units "
+            "(see `units:` / `base:` in docs/scale-out.md)"
+        )
+    if spec.axes and not spec.base:
+        problems.append(f"{where('axes')}: axes need a base config (base: configs/....yaml)")
+    for key, values in spec.axes.items():
+        if not values:
+            problems.append(f"{where('axes', key)}: axes.{key}: give at least one value")
+        canon = [json.dumps(v, sort_keys=True, default=str) for v in values]
+        for i, c in enumerate(canon):
+            if c in canon[:i]:
+                problems.append(
+                    f"{where('axes', key, i)}: axes.{key}[{i}]: {values[i]!r} is listed twice"
+                )
+        if key == GPU_AXIS and not all(isinstance(v, str) and v for v in values):
+            problems.append(
+                f"{where('axes', key)}: axes.{key}: GPU types are names such as H200 "
+                "(Ray's accelerator_type)"
+            )
+    if GPU_AXIS in spec.set:
+        problems.append(
+            f"{where('set', GPU_AXIS)}: set.{GPU_AXIS}: the GPU type is an axis or a "
+            "unit's gpu_type, not a config key"
+        )
+    for i, ex in enumerate(spec.exclude):
+        for k, v in ex.items():
+            if k not in spec.axes:
+                problems.append(
+                    f"{where('exclude', i, k)}: exclude[{i}].{k}: not an axis "
+                    f"(axes: {', '.join(spec.axes) or 'none'})"
+                )
+            elif v not in spec.axes[k]:
+                problems.append(
+                    f"{where('exclude', i, k)}: exclude[{i}].{k}: {v!r} is not one of "
+                    f"axes.{k}'s values"
+                )
+    return problems
+
+
+class _Plan(NamedTuple):
+    """One unit before its config is merged: the base or listed config, what distinguishes it,
+    its GPU type, the dotted keys set on its config and {dotted key: matrix file:line}."""
+
+    config_path: Path
+    labels: dict[str, Any]
+    gpu_type: str | None
+    overrides: dict[str, Any]
+    lines: dict[str, str]
+
+
+def _plans(spec: MatrixSpec, where, problems: list[str]) -> list[_Plan]:
+    """The units of the matrix in file order (axes: every combination not excluded, the first
+    axis slowest; or the listed units). An ``exclude`` entry that matches no combination is
+    added to ``problems``."""
+    set_lines = {k: where("set", k) for k in spec.set}
+    if not spec.base:
+        plans = []
+        for i, u in enumerate(spec.units):
+            labels: dict[str, Any] = {"config": u.config}
+            if u.gpu_type:
+                labels[GPU_AXIS] = u.gpu_type
+            if u.set:
+                labels["set"] = u.set
+            lines = {**set_lines, **{k: where("units", i, "set", k) for k in u.set}}
+            overrides = {**spec.set, **u.set}
+            plans.append(_Plan(_resolve(u.config), labels, u.gpu_type, overrides, lines))
+        return plans
+    base = _resolve(spec.base)
+    keys = list(spec.axes)
+    plans, used_ex = [], set()
+    for combo in itertools.product(*(range(len(spec.axes[k])) for k in keys)):
+        labels = {k: spec.axes[k][i] for k, i in zip(keys, combo, strict=True)}
+        hit = [
+            j for j, ex in enumerate(spec.exclude) if all(labels.get(k) == v for k, v in ex.items())
+        ]
+        if hit:
+            used_ex.update(hit)
+            continue
+        overrides = {**spec.set, **{k: v for k, v in labels.items() if k != GPU_AXIS}}
+        lines = {**set_lines, **{k: where("axes", k, i) for k, i in zip(keys, combo, strict=True)}}
+        plans.append(_Plan(base, labels, labels.get(GPU_AXIS), overrides, lines))
+    for j in range(len(spec.exclude)):
+        if j not in used_ex:
+            problems.append(f"{where('exclude', j)}: exclude[{j}] matches no combination")
+    return plans
+
+
+def _units(
+    path: Path, spec: MatrixSpec, plans: list[_Plan], where, problems: list[str]
+) -> list[Unit]:
+    """The validated unit of every plan; every problem (a repeated unit, an unreadable base
+    config, a key that cannot be set, a merged config that does not validate) is added to
+    ``problems`` and that unit left out."""
+    units: list[Unit] = []
+    seen: dict[str, int] = {}
+    base_cache: dict[Path, tuple[str, dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="patchbench-matrix-") as tmp:
+        for n, plan in enumerate(plans):
+            uid = unit_id(plan.labels)
+            if uid in seen:
+                problems.append(
+                    f"{path}: units {seen[uid] + 1} and {n + 1} are the same "
+                    f"({uid}); list each combination once"
+                )
+                continue
+            seen[uid] = n
+            if plan.config_path not in base_cache:
+                try:
+                    base_cache[plan.config_path] = read_yaml_mapping(
+                        plan.config_path,
+                        ConfigError,
+                        "name, sglang, model, variants, suites, ...",
+                        "config file",
+                    )
+                except ConfigError as e:
+                    key = ("base",) if spec.base else ("units", n, "config")
+                    problems.append(f"{where(*key)}: {e}")
+                    base_cache[plan.config_path] = ("", {})
+                    continue
+            base_text, base_raw = base_cache[plan.config_path]
+            if base_raw:
+                unit = _merged_unit(plan, uid, base_text, base_raw, Path(tmp), path, problems)
+                if unit is not None:
+                    units.append(unit)
+    return units
+
+
+def _merged_unit(
+    plan: _Plan,
+    uid: str,
+    base_text: str,
+    base_raw: dict,
+    tmp: Path,
+    path: Path,
+    problems: list[str],
+) -> Unit | None:
+    """The unit of ``plan``: the base config with its overrides set, written under ``tmp`` and
+    validated by :func:`patchbench.config.load_config`; None (its problems added) when a key
+    cannot be set or the merged config does not validate."""
+    merged = copy.deepcopy(base_raw)
+    bad = False
+    for k, v in plan.overrides.items():
+        try:
+            set_dotted(merged, k, v)
+        except ValueError as e:
+            problems.append(f"{plan.lines.get(k, path)}: unit {uid}: {e}")
+            bad = True
+    if bad:
+        return None
+    unit_text = (
+        f"# patchbench matrix unit {uid}: {plan.config_path} with "
+        f"{json.dumps(plan.overrides, default=str)}\n"
+        + yaml.safe_dump(merged, sort_keys=False, allow_unicode=True, default_flow_style=False)
+    )
+    tmp_cfg = tmp / f"{uid}.yaml"
+    tmp_cfg.write_text(unit_text, encoding="utf-8")
+    try:
+        cfg = load_config(tmp_cfg)
+    except ConfigError as e:
+        problems.append(_unit_problem(str(e), tmp_cfg, unit_text, uid, plan, base_text))
+        return None
+    return Unit(
+        uid,
+        plan.labels,
+        plan.gpu_type,
+        plan.overrides,
+        plan.config_path,
+        unit_text,
+        cfg.sglang,
+        cfg,
+    )
+
+
+def _quoted_override(overrides: dict[str, Any], text: str) -> str | None:
+    """The longest override key (or its first part) that ``text`` quotes, else None."""
+    return next(
+        (
+            k
+            for k in sorted(overrides, key=len, reverse=True)
+            if f"'{k}'" in text or f"'{k.split('.')[0]}'" in text
+        ),
+        None,
+    )
+
+
+def _override_of(dotted: str, overrides: dict[str, Any]) -> str | None:
+    """The longest override key that is ``dotted``, a key above it, or a key inside it."""
+    return next(
+        (
+            k
+            for k in sorted(overrides, key=len, reverse=True)
+            if dotted == k or dotted.startswith(k + ".") or (dotted and k.startswith(dotted + "."))
+        ),
+        None,
+    )
+
+
+def _unit_problem(
+    msg: str, tmp_cfg: Path, unit_text: str, uid: str, plan: _Plan, base_text: str
+) -> str:
+    """Rewrite load_config's message about a merged unit config: each ``TMP:LINE:`` prefix
+    becomes the matrix line that set the key (axes/set) or the base config's line."""
+    shown = ", ".join(f"{k}={v}" for k, v in plan.labels.items())
+    out = []
+    pat = re.compile(re.escape(str(tmp_cfg)) + r":(\d*):?\s*")
+    for line in msg.splitlines():
+        m = pat.match(line)
+        if not m:
+            quoted = _quoted_override(plan.overrides, line)
+            text = line.replace(str(tmp_cfg), str(plan.config_path))
+            if quoted is not None:
+                text = f"{plan.lines.get(quoted, '')} (set by the matrix: {quoted}): " + text
+            out.append("  " + text)
+            continue
+        rest = line[m.end() :]
+        loc = _key_at_line(unit_text, int(m.group(1))) if m.group(1) else ()
+        src = _override_of(".".join(str(x) for x in loc), plan.overrides)
+        if src is None and not loc:
+            # a message without a line (e.g. an unknown top-level key): the key it quotes
+            src = _quoted_override(plan.overrides, rest)
+        if src is not None:
+            at = f"{plan.lines.get(src, '')} (set by the matrix: {src})"
+        else:
+            bl = line_of(base_text, loc) if loc else None
+            at = f"{plan.config_path}:{bl or ''}"
+        out.append(f"  {at}: {rest}")
+    return f"unit {uid} ({shown}): its config does not validate:\n" + "\n".join(out)

@@ -1,0 +1,35 @@
+"""The nightly regression job: run a config or a matrix, record it in the history, gate it.
+
+``patchbench nightly CONFIG [--history PATH]``        run the config, record, gate (CI's command)
+``patchbench nightly --from-run RUN_DIR [CONFIG]``     the same on a finished run folder (no run)
+``patchbench nightly --record-only RUN_DIR [CONFIG]``  only append a finished run (e.g. after the
+                                                       history was locked or corrupt that night)
+``patchbench nightly MATRIX.yaml [--on local|ray] [--address ADDR] [--results DIR]``
+                                                       run a matrix (patchbench.matrix), then the
+                                                       job on every unit; one summary
+``--from-run`` / ``--record-only`` also take a matrix run folder (every unit).
+
+One pipeline over units (:func:`patchbench.nightly.job.run_night`): a single run is a night of
+one unit; a matrix run is a night of one unit per matrix unit. Each unit with a run folder is
+recorded and gated in its folder (its own ``nightly.md``); a matrix night adds one summary over
+its units. A matrix unit's nights are keyed ``<config name>@<unit id>`` in the history (unit ids
+are stable across matrix runs); the matrix night's exit code is the worst unit's in
+:data:`patchbench.nightly.job.EXIT_ORDER` (a regression first, unlike one config's order below).
+
+Modules: :mod:`~patchbench.nightly.job` (the pipeline, exit codes, nightly.json),
+:mod:`~patchbench.nightly.render` (nightly.md), :mod:`~patchbench.nightly.cli` (the command).
+The gates themselves (settings, tests, Holm across the night, outcomes) live in
+patchbench/gates.py; the trend plots in patchbench/trend.py; the SQLite history in
+patchbench/history.py. docs/nightly.md explains the error budget.
+
+Exit codes (patchbench/errors.py), worst first: 4 the run failed (an exception of the runner,
+failed cells, no comparison), 3 the environment is not ready or the history cannot be used,
+2 bad usage or config (including a gate whose metric the run does not produce), 1 a gate found a
+regression (red night), 5 underpowered (nothing failed, but a gated metric stayed inconclusive or
+the night had too few repeats to gate), 0 green (every gate shown not regressed, or waiting for
+history). The summary always lists every gate, so a night that exits 3 or 4 still shows the
+regressions it could see.
+
+Outputs in the run folder: ``nightly.md`` (for $GITHUB_STEP_SUMMARY), ``nightly.json``
+(dashboards), ``plots/nightly-<suite>.<metric>.png`` (trend per gated metric).
+"""

@@ -1,0 +1,699 @@
+"""The nightly pipeline over units: record each unit's run in the history, evaluate its gates, write
+its outputs; for a matrix, one summary over the units.
+
+A night is a list of :class:`NightUnit` (a single run: one unit; a matrix run: one per matrix
+unit, :func:`matrix_units`). :func:`run_night` gates every unit (:func:`gate_unit`) and returns
+one :class:`UnitNightly` per unit; a unit with a run folder gets ``nightly.md``,
+``nightly.json`` and its trend plots there. :func:`nightly_on_run` is the night of one run
+folder; :func:`nightly_on_matrix_run` the night of a matrix run folder, which adds the matrix's
+``nightly.md`` / ``nightly.json``.
+
+Everything a night reads goes through the typed readers: the run's manifest
+(:func:`patchbench.runfolder.read_manifest`), its comparison
+(:func:`patchbench.comparison.read_comparison`), its cells
+(:func:`patchbench.history.night_from_run`) and the matrix's ``matrix.json``
+(:func:`patchbench.matrix.record.read_matrix_record`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from patchbench.comparison import Comparison, read_comparison
+from patchbench.errors import (
+    EXIT_ENV,
+    EXIT_OK,
+    EXIT_REGRESSION,
+    EXIT_RUN_FAILED,
+    EXIT_UNDERPOWERED,
+    EXIT_USAGE,
+    RunFailed,
+)
+from patchbench.gates import GateResult, NightlySettings, evaluate, night_outcome
+from patchbench.history import History, HistoryError, Night, dump_json, night_from_run
+from patchbench.matrix.record import UnitRecord, read_matrix_record
+from patchbench.nightly.outcome import (
+    EXIT_ORDER,
+    OUTCOME_OF_EXIT,
+    MatrixNightlyOutcome,
+    NightlyOutcome,
+    NightSummary,
+    UnitNightly,
+    worst_exit,
+)
+from patchbench.nightly.render import fmt, render_markdown
+from patchbench.records import write_json, write_text
+from patchbench.runfolder import RunFolderError, read_manifest
+from patchbench.trend import write_plots
+
+HISTORY_ENV = "PATCHBENCH_HISTORY"
+NIGHTLY_SCHEMA = 2
+"""nightly.json schema: 2 added ``outcome``, per-gate ``p_value``/``level``/``bound_pct``/``test``/``n``
+and removed ``ci_low_pct``/``ci_high_pct``/``band_*`` (version 1)."""
+
+MATRIX_NIGHTLY_SCHEMA = 1
+"""The matrix run folder's nightly.json (``"kind": "matrix"``; each unit's own nightly.json keeps
+:data:`NIGHTLY_SCHEMA`)."""
+
+
+def history_path(settings: NightlySettings, cli_path: str | None = None) -> Path:
+    """Where the history lives: ``--history`` > $PATCHBENCH_HISTORY > ``nightly.history_path``.
+
+    ``~`` and ``$VARS`` are expanded; a relative path is taken from the current directory.
+    """
+    raw = cli_path or os.environ.get(HISTORY_ENV) or settings.history_path
+    return Path(os.path.expandvars(os.path.expanduser(raw))).absolute()
+
+
+# ---------------------------------------------------------------------------------------------
+# matrix units in the history
+
+
+def matrix_unit_id(run_dir: str | os.PathLike) -> str | None:
+    """The unit id when ``run_dir`` is a unit folder of a matrix run (``<matrix run>/<unit id>/``
+    whose parent's ``matrix.json`` lists that id, patchbench.matrix), else None."""
+    run = Path(run_dir)
+    try:
+        rec = read_matrix_record(run.parent)
+    except (OSError, ValueError):
+        return None
+    return run.name if rec.unit(run.name) is not None else None
+
+
+def history_key(config_name: str, unit_id: str) -> str:
+    """The history's config key of a matrix unit: ``<config name>@<unit id>`` (unit ids are
+    stable across matrix runs, so each unit's nights form one series)."""
+    return f"{config_name}@{unit_id}"
+
+
+def key_night(night: Night, unit_id: str | None) -> Night:
+    """Key ``night`` as matrix unit ``unit_id`` (no-op for None or a night already keyed):
+    ``config_name`` becomes ``<config name>@<unit id>``, and ``run_id`` gets the same
+    ``@<unit id>`` suffix so two units of one config started in the same second (the run id is
+    ``<UTC stamp>-<config name>``) stay two nights. Returns ``night`` (changed in place)."""
+    if unit_id:
+        suffix = f"@{unit_id}"
+        if not night.config_name.endswith(suffix):
+            night.config_name = history_key(night.config_name, unit_id)
+        if not night.run_id.endswith(suffix):
+            night.run_id += suffix
+    return night
+
+
+# ---------------------------------------------------------------------------------------------
+# what a night gates, and what it found
+
+
+@dataclass
+class NightUnit:
+    """One unit of a night.
+
+    ``run_dir``: its run folder (``has_folder`` False: the unit left none); ``settings``: its
+    ``nightly`` section (None: invalid, ``settings_error`` says why); ``compare_settings``: for
+    :func:`patchbench.analysis.compare_run` when compare.json is missing (None: the run's own);
+    ``unit_id``: the matrix unit (its nights are keyed ``<config name>@<unit id>``), None for a
+    run outside a matrix; ``config_name``, ``labels``, ``gpu_type``: from matrix.json; ``status``,
+    ``run_exit_code``, ``message``: how its run ended ("ok" for a single run);
+    ``run_problems``: failures the runner reported (they make the exit code 4).
+    """
+
+    run_dir: Path
+    settings: NightlySettings | None
+    compare_settings: Any = None
+    unit_id: str | None = None
+    has_folder: bool = True
+    config_name: str = "?"
+    labels: dict[str, Any] = field(default_factory=dict)
+    gpu_type: str | None = None
+    status: str = "ok"
+    run_exit_code: int | None = None
+    message: str = ""
+    settings_error: str | None = None
+    run_problems: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------
+# the pipeline
+
+
+def run_night(
+    units: Sequence[NightUnit],
+    *,
+    history: str | os.PathLike | None = None,
+    record: bool = True,
+    out: Any = None,
+    announce: bool = False,
+) -> list[UnitNightly]:
+    """Gate every unit of a night (:func:`gate_unit`), in order; one :class:`UnitNightly` each.
+
+    history: the SQLite path of every unit (default: :func:`history_path` of the unit's
+    settings); record: append each night to the history; announce: print a line naming each unit
+    before it is gated (a matrix night)."""
+    out = out or sys.stdout
+    return [gate_unit(u, history=history, record=record, out=out, announce=announce) for u in units]
+
+
+def gate_unit(
+    unit: NightUnit,
+    *,
+    history: str | os.PathLike | None = None,
+    record: bool = True,
+    out: Any = None,
+    announce: bool = False,
+) -> UnitNightly:
+    """Gate one unit: a unit without settings is a config error (2), one without a run folder a
+    run failure (4, or 3 / 2 when its bench ended so); otherwise its folder is recorded and
+    gated, with nightly.md, nightly.json and the trend plots written there, and a run that did
+    not end ok counts as a run failure too. Never raises for a history problem."""
+    out = out or sys.stdout
+    uid = unit.unit_id or unit.run_dir.name
+    row = UnitNightly(
+        id=uid,
+        key=history_key(unit.config_name, uid),
+        labels=dict(unit.labels),
+        gpu_type=unit.gpu_type,
+        status=unit.status,
+        run_exit_code=unit.run_exit_code,
+        exit_code=EXIT_OK,
+        outcome="green",
+        headline="",
+        message=unit.message,
+        report=f"{uid}/report.md" if (unit.run_dir / "report.md").is_file() else None,
+    )
+    if unit.settings is None:
+        row.exit_code = EXIT_USAGE
+        row.outcome = OUTCOME_OF_EXIT[EXIT_USAGE]
+        row.headline = unit.settings_error or "no nightly settings"
+        row.message = "; ".join(x for x in (row.message, unit.settings_error) if x)
+        print(f"nightly: unit {uid}: {row.headline}", file=out)
+        return row
+    if not unit.has_folder:
+        ok = unit.status == "ok"
+        row.exit_code = EXIT_RUN_FAILED if ok else _not_run_code(unit.run_exit_code)
+        row.outcome = OUTCOME_OF_EXIT[row.exit_code]
+        row.headline = "RUN FOLDER MISSING" if ok else "NOT RUN"
+        if ok:
+            row.message = f"{unit.run_dir}: no manifest.json (the unit's run folder is missing)"
+        print(f"nightly: unit {uid}: {row.headline}: {row.message}", file=out)
+        return row
+    if announce:
+        print(f"nightly: unit {uid}:", file=out)
+    hpath = Path(history) if history else history_path(unit.settings)
+    res = row.gated = _gate_run(unit, hpath, record)
+    code = res.exit_code
+    if unit.status != "ok":
+        code = worst_exit([code, _not_run_code(unit.run_exit_code)])
+    row.exit_code = code
+    row.failing = [r for r in res.results if r.status == "fail"]
+    row.outcome = "red" if row.failing else OUTCOME_OF_EXIT.get(code, "run failed")
+    row.headline = res.headline
+    if res.night is not None:
+        row.key = res.night.config_name
+        _write_outputs(unit.run_dir, row, out)
+        row.summary = f"{uid}/nightly.md"
+    return row
+
+
+def _not_run_code(run_exit_code: int | None) -> int:
+    return run_exit_code if run_exit_code in (EXIT_ENV, EXIT_USAGE) else EXIT_RUN_FAILED
+
+
+def _ensure_compare(run_dir: Path, compare_settings: Any) -> tuple[Comparison | None, str | None]:
+    """The run's typed compare.json, made by :func:`patchbench.analysis.compare_run` when
+    missing; (it, None) or (None, why there is none)."""
+    path = run_dir / "compare.json"
+    if not path.is_file():
+        from patchbench.analysis import compare_run
+        from patchbench.comparison import CompareSettings
+
+        try:
+            settings = compare_settings  # None: the run's own compare: section
+            if isinstance(settings, dict):
+                settings = CompareSettings.model_validate(settings)
+            compare_run(run_dir, settings)
+        except Exception as e:  # noqa: BLE001 (reported, never hides the verdict)
+            return None, (
+                f"no compare.json, and compare_run failed: {type(e).__name__}: {e}\n"
+                + traceback.format_exc(limit=3)
+            )
+        if not path.is_file():
+            return None, "compare_run did not write compare.json"
+    try:
+        return read_comparison(path), None
+    except RunFolderError as e:
+        return None, f"{path}: unreadable: {e}"
+
+
+def _gate_run(unit: NightUnit, hpath: Path, record: bool) -> NightlyOutcome:
+    """Record the unit's run folder in the history at ``hpath``, evaluate the gates and draw
+    RUN/plots/nightly-*.png (the outcome's ``night`` is None when the folder cannot be read)."""
+    run, settings = unit.run_dir, unit.settings
+    assert settings is not None
+    problems = list(unit.run_problems)
+    comparison, cmp_err = _ensure_compare(run, unit.compare_settings)
+    if cmp_err:
+        problems.append(cmp_err)
+    try:
+        tonight = night_from_run(run, comparison)
+    except (OSError, ValueError) as e:
+        print(f"nightly: cannot read the run folder: {e}", file=sys.stderr)
+        return NightlyOutcome(
+            EXIT_RUN_FAILED, [], None, problems=problems + [str(e)], outcome="failed"
+        )
+    key_night(tonight, unit.unit_id)
+    problems += tonight.problems
+    if not tonight.values:
+        problems.append(f"{run}: no metrics in the run folder (no summary.json with status ok)")
+    prior, hinfo = _record_and_read(run, hpath, tonight, settings, record, problems)
+    # gates: with no history, the same-run gates still run (history gates are then skipped)
+    results = evaluate(prior, tonight, settings)
+    if hinfo["error"]:
+        for r in results:
+            if r.kind == "history" and r.status == "skipped":
+                r.reason = "history unavailable (see problems)"
+    plots, plot_problems = (
+        write_plots(run, prior, tonight, results, settings) if results else ([], [])
+    )
+    problems += plot_problems
+    failed_run = bool(unit.run_problems or tonight.problems or cmp_err or not tonight.values)
+    code, headline = _exit_of(results, failed_run, bool(hinfo["error"]))
+    return NightlyOutcome(
+        code,
+        results,
+        tonight,
+        problems=problems,
+        outcome=night_outcome(results),
+        headline=headline,
+        history_info=hinfo,
+        plots=plots,
+        settings=settings,
+    )
+
+
+def _record_and_read(
+    run: Path,
+    hpath: Path,
+    tonight: Night,
+    settings: NightlySettings,
+    record: bool,
+    problems: list[str],
+) -> tuple[list[Night], dict[str, Any]]:
+    """Append tonight to the history (``record``) and read the nights before it that the gates
+    need; (those nights, the history's state). A history problem is added to ``problems`` (with
+    the command that appends ``run``'s night later) and to the state's ``error``; nothing is
+    raised."""
+    hinfo: dict[str, Any] = {
+        "path": str(hpath),
+        "recorded": False,
+        "nights_before": 0,
+        "error": None,
+    }
+    prior: list[Night] = []
+    try:
+        with History(hpath, timeout_s=settings.lock_timeout_s) as h:
+            if record and tonight.values:
+                added = h.record(tonight)
+                hinfo["recorded"] = True
+                hinfo["already_recorded"] = not added
+            longest = max([g.consecutive_nights for g in settings.gates] or [1])
+            prior = h.nights(
+                tonight.config_name,
+                before_utc=tonight.night_utc,
+                exclude_run_id=tonight.run_id,
+                limit=max(settings.window_nights + longest, 60),
+            )
+            hinfo["nights_before"] = len(prior)
+    except HistoryError as e:
+        hinfo["error"] = str(e)
+        problems.append(
+            f"history unavailable: {e}. Tonight's results are kept in {run}; append "
+            f"them later with: patchbench nightly --record-only {run} --history {hpath}"
+        )
+    return prior, hinfo
+
+
+def _exit_of(results: list[GateResult], failed_run: bool, history_failed: bool) -> tuple[int, str]:
+    """(exit code, headline) of one run's night, worst first: the run failed (4), the history
+    is unavailable (3), a gate's metric is missing (2), red (1), underpowered (5), green (0)."""
+    failing = [r for r in results if r.status == "fail"]
+    outcome = night_outcome(results)
+    if failed_run:
+        code, headline = EXIT_RUN_FAILED, "RUN FAILED"
+    elif history_failed:
+        code, headline = EXIT_ENV, "HISTORY UNAVAILABLE"
+    elif any(r.status == "missing" for r in results):
+        code, headline = EXIT_USAGE, "GATE CONFIG ERROR"
+    elif outcome == "red":
+        code, headline = EXIT_REGRESSION, f"REGRESSION ({len(failing)} gate result(s) failed)"
+    elif outcome == "underpowered":
+        n = sum(1 for r in results if r.status in ("inconclusive", "ungated"))
+        code = EXIT_UNDERPOWERED
+        headline = f"UNDERPOWERED (no regression shown, {n} gate result(s) inconclusive or ungated)"
+    else:
+        code, headline = EXIT_OK, "no regression"
+    if failing and code != EXIT_REGRESSION:
+        headline += f", and {len(failing)} regression(s)"
+    return code, headline
+
+
+def _write_outputs(run: Path, row: UnitNightly, out: Any) -> None:
+    """RUN/nightly.md and RUN/nightly.json of a gated unit (their paths set on ``row.gated``),
+    and the console lines: the headline, each regression, each problem."""
+    res = row.gated
+    assert res is not None and res.night is not None and res.settings is not None
+    tonight, settings, failing = res.night, res.settings, row.failing
+    page = NightSummary(tonight.config_name, res.exit_code, res.headline, [row])
+    res.summary_path = write_text(run / "nightly.md", render_markdown(page))
+    res.json_path = write_json(
+        run / "nightly.json",
+        {
+            "schema": NIGHTLY_SCHEMA,
+            "run_id": tonight.run_id,
+            "night_utc": tonight.night_utc,
+            "config_name": tonight.config_name,
+            "git_sha": tonight.git_sha,
+            "exit_code": res.exit_code,
+            "outcome": res.outcome,
+            "headline": res.headline,
+            "history": res.history_info,
+            "settings": settings.model_dump(mode="json"),
+            "family_alpha": settings.family_alpha,
+            "failing": [r.to_json() for r in failing],
+            "gates": [r.to_json() for r in res.results],
+            "problems": res.problems,
+            "plots": res.plots,
+            "night": dump_json(tonight),
+        },
+    )
+    print(f"nightly: {res.headline} (exit {res.exit_code}); summary {res.summary_path}", file=out)
+    for r in failing:
+        print(
+            f"  REGRESSION {r.suite}.{r.metric} [{r.variant}, {r.kind}]: {fmt(r.value)} {r.unit}"
+            f" vs {fmt(r.reference)} {r.unit}: {r.reason}",
+            file=out,
+        )
+    for p in res.problems:
+        print(f"  problem: {p.splitlines()[0]}", file=out)
+
+
+# ---------------------------------------------------------------------------------------------
+# one run folder
+
+
+def nightly_on_run(
+    run_dir: str | os.PathLike,
+    settings: NightlySettings,
+    *,
+    history: str | os.PathLike | None = None,
+    compare_settings: Any = None,
+    record: bool = True,
+    run_problems: Sequence[str] = (),
+    out: Any = None,
+    unit_id: str | None = None,
+) -> NightlyOutcome:
+    """Record a finished run folder in the history, evaluate the gates, write the outputs: the
+    night of one unit (:func:`run_night`).
+
+    run_dir: the run folder (docs/CONTRACTS.md); history: the SQLite path (default
+    :func:`history_path`); compare_settings: for compare_run when compare.json is missing;
+    run_problems: failures the runner reported (they make the exit code 4); unit_id: the matrix
+    unit this folder is (default: found by :func:`matrix_unit_id`): its nights are keyed
+    ``<config name>@<unit id>`` in the history (:func:`key_night`).
+    Writes RUN/nightly.md, RUN/nightly.json, RUN/plots/nightly-*.png. Never raises for a history
+    problem: the night stays in the folder and ``--record-only RUN_DIR`` appends it later.
+    """
+    run = Path(run_dir)
+    unit = NightUnit(
+        run,
+        settings,
+        compare_settings,
+        unit_id=unit_id or matrix_unit_id(run),
+        run_problems=list(run_problems),
+    )
+    [row] = run_night([unit], history=history, record=record, out=out)
+    assert row.gated is not None
+    return row.gated
+
+
+def record_only(
+    run_dir: str | os.PathLike,
+    history: str | os.PathLike,
+    timeout_s: float = 10.0,
+    out: Any = None,
+    unit_id: str | None = None,
+) -> int:
+    """Append a finished run folder to the history (no gates). Exit 0, or 3 (history error),
+    4 (the folder holds no metrics). A matrix unit's folder (``unit_id``, default found by
+    :func:`matrix_unit_id`) is keyed ``<config name>@<unit id>`` as :func:`nightly_on_run` does."""
+    out = out or sys.stdout
+    try:
+        night = night_from_run(run_dir)
+    except (OSError, ValueError) as e:
+        print(f"nightly: {e}", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    key_night(night, unit_id or matrix_unit_id(run_dir))
+    if not night.values:
+        print(
+            f"nightly: {run_dir}: no metrics to record (no summary.json with status ok)",
+            file=sys.stderr,
+        )
+        return EXIT_RUN_FAILED
+    try:
+        with History(history, timeout_s=timeout_s) as h:
+            added = h.record(night)
+    except HistoryError as e:
+        print(f"nightly: history unavailable: {e}", file=sys.stderr)
+        return EXIT_ENV
+    print(
+        f"nightly: {'recorded' if added else 'already recorded'} {night.run_id} "
+        f"({len(night.values)} metric series) in {history}",
+        file=out,
+    )
+    return EXIT_OK
+
+
+def settings_from_manifest(run_dir: Path) -> NightlySettings | None:
+    """The ``nightly`` section of the config a run folder ran with (its typed manifest), or None
+    when the manifest cannot be read or has none."""
+    try:
+        cfg = read_manifest(run_dir).config
+    except RunFolderError:
+        return None
+    if isinstance(cfg.get("nightly"), dict):
+        return NightlySettings.model_validate(cfg["nightly"])
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# a matrix run folder
+
+
+def _unit_section_settings(
+    matrix_dir: Path, uid: str
+) -> tuple[NightlySettings | None, Any, str | None]:
+    """The nightly settings and compare section a unit ran with, from
+    ``configs/<unit id>.yaml`` of the matrix run (else the unit's manifest, else defaults);
+    (settings, compare section, error line)."""
+    import yaml
+    from pydantic import ValidationError
+
+    path = matrix_dir / "configs" / f"{uid}.yaml"
+    raw: Any = None
+    if path.is_file():
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+            return None, None, f"{path}: unreadable: {str(e).splitlines()[0]}"
+    if isinstance(raw, dict):
+        try:
+            return (
+                NightlySettings.model_validate(raw.get("nightly") or {}),
+                raw.get("compare"),
+                None,
+            )
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(x) for x in ("nightly", *err["loc"]))
+            return None, None, f"{path}: key {where}: {err['msg']}"
+    return settings_from_manifest(matrix_dir / uid) or NightlySettings(), None, None
+
+
+def matrix_units(
+    matrix_dir: Path,
+    units: Sequence[UnitRecord],
+    settings: dict[str, NightlySettings],
+    compare_settings: dict[str, Any],
+) -> list[NightUnit]:
+    """The night's unit of every matrix unit: its folder, its settings (``settings`` /
+    ``compare_settings`` by unit id, else :func:`_unit_section_settings`) and how its run ended
+    (a run that did not end ok carries that as a run problem)."""
+    out = []
+    for u in units:
+        if u.id in settings:
+            s, cmp_section, err = settings[u.id], compare_settings.get(u.id), None
+        else:
+            s, cmp_section, err = _unit_section_settings(matrix_dir, u.id)
+        message = u.message
+        if u.status != "ok":
+            line = f"the unit's run ended {u.status}" + (
+                f" (bench exit {u.exit_code})" if u.exit_code is not None else ""
+            )
+            message = f"{line}: {message}" if message else line
+        out.append(
+            NightUnit(
+                matrix_dir / u.id,
+                s,
+                cmp_section,
+                unit_id=u.id,
+                has_folder=(matrix_dir / u.id / "manifest.json").is_file(),
+                config_name=u.config_name or "?",
+                labels=u.labels,
+                gpu_type=u.gpu_type,
+                status=u.status,
+                run_exit_code=u.exit_code,
+                message=message,
+                settings_error=err,
+                run_problems=[message] if u.status != "ok" else [],
+            )
+        )
+    return out
+
+
+def nightly_on_matrix_run(
+    matrix_dir: str | os.PathLike,
+    *,
+    settings: dict[str, NightlySettings] | None = None,
+    compare_settings: dict[str, Any] | None = None,
+    history: str | os.PathLike | None = None,
+    record: bool = True,
+    out: Any = None,
+) -> MatrixNightlyOutcome:
+    """Run the nightly job on every unit of a finished matrix run folder and write one summary.
+
+    matrix_dir: ``results/<stamp>-<name>/`` (patchbench.matrix: ``matrix.json``, one folder
+    per unit id, ``configs/<unit id>.yaml``). settings / compare_settings: {unit id: value}
+    (default: from each unit's ``configs/<unit id>.yaml``). history: the SQLite path for every
+    unit (default: :func:`history_path` of the unit's settings). Each unit with a run folder gets
+    :func:`gate_unit` (its nightly.md / nightly.json in its folder), keyed
+    ``<config name>@<unit id>`` in the history; a unit whose run did not end ok also counts as a
+    run failure (exit 4, or 3 / 2 when its bench ended so), and one without a folder is listed
+    with its status and message, never left out. Writes MATRIX/nightly.md and
+    MATRIX/nightly.json; the exit code is the worst unit's in :data:`EXIT_ORDER`.
+
+    Raises FileNotFoundError / ValueError when ``matrix.json`` is missing or unreadable.
+    """
+    out = out or sys.stdout
+    mdir = Path(matrix_dir)
+    rec = read_matrix_record(mdir)
+    units = matrix_units(mdir, rec.units, settings or {}, compare_settings or {})
+    rows = run_night(units, history=history, record=record, out=out, announce=True)
+    code, headline = _matrix_verdict(rows)
+    name = rec.name or mdir.name
+    summary = NightSummary(name, code, headline, rows, matrix_dir=mdir)
+    md_path = write_text(mdir / "nightly.md", render_markdown(summary))
+    js = write_json(
+        mdir / "nightly.json",
+        {
+            "schema": MATRIX_NIGHTLY_SCHEMA,
+            "kind": "matrix",
+            "matrix": name,
+            "matrix_dir": str(mdir.resolve()),
+            "exit_code": code,
+            "outcome": OUTCOME_OF_EXIT.get(code, "run failed"),
+            "headline": headline,
+            "exit_order": list(EXIT_ORDER),
+            "units": [r.to_json() for r in rows],
+        },
+    )
+    print(f"nightly matrix {name}: {headline} (exit {code}); summary {md_path}", file=out)
+    return MatrixNightlyOutcome(
+        code, OUTCOME_OF_EXIT.get(code, "run failed"), headline, mdir, rows, md_path, js
+    )
+
+
+def _matrix_verdict(rows: list[UnitNightly]) -> tuple[int, str]:
+    """(exit code, headline) of a matrix night: the worst unit's code in :data:`EXIT_ORDER`,
+    the number of units that have it and a tally of the outcomes."""
+    if not rows:
+        return EXIT_RUN_FAILED, "the matrix run has no units"
+    code = worst_exit([r.rank_code for r in rows])
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.outcome] = counts.get(r.outcome, 0) + 1
+    tally = ", ".join(f"{n} {w}" for w, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    if code == EXIT_OK:
+        return code, f"no regression in {len(rows)} unit(s)"
+    worst = OUTCOME_OF_EXIT[code].upper() if code != EXIT_REGRESSION else "REGRESSION"
+    n_worst = sum(1 for r in rows if r.rank_code == code)
+    return code, f"{worst} in {n_worst} of {len(rows)} unit(s) ({tally})"
+
+
+def record_only_matrix(
+    matrix_dir: str | os.PathLike, history: str | os.PathLike | None, out: Any = None
+) -> int:
+    """``--record-only MATRIX_RUN_DIR``: append every unit folder of a matrix run to the history,
+    each under its key; the worst exit code of :func:`record_only` (units without a folder are
+    named and count as 4)."""
+    mdir = Path(matrix_dir)
+    codes = []
+    for u in read_matrix_record(mdir).units:
+        if not (mdir / u.id / "manifest.json").is_file():
+            print(f"nightly: unit {u.id}: no run folder to record ({u.status})", file=sys.stderr)
+            codes.append(EXIT_RUN_FAILED)
+            continue
+        s, _, err = _unit_section_settings(mdir, u.id)
+        if s is None:
+            print(f"nightly: unit {u.id}: {err}", file=sys.stderr)
+            codes.append(EXIT_USAGE)
+            continue
+        codes.append(
+            record_only(
+                mdir / u.id, history or history_path(s), s.lock_timeout_s, out, unit_id=u.id
+            )
+        )
+    return worst_exit(codes)
+
+
+def nightly_matrix(
+    path: str | os.PathLike,
+    *,
+    on: str = "local",
+    address: str | None = None,
+    results: str | os.PathLike | None = None,
+    history: str | os.PathLike | None = None,
+    executor: Any = None,
+    out: Any = None,
+    **executor_kw: Any,
+) -> MatrixNightlyOutcome:
+    """``patchbench nightly MATRIX.yaml``: run the matrix
+    (:func:`patchbench.matrix.driver.run_matrix`, ``on`` "local" or "ray" at ``address``, or
+    ``executor``), then :func:`nightly_on_matrix_run` on its folder with each unit's own
+    ``nightly``/``compare`` sections. Units that did not end ok are gated on what they left and
+    listed as failed.
+
+    Raises ConfigError (exit 2) for a bad matrix, EnvironmentNotReady (3) when Ray is missing,
+    Interrupted (130/143) on Ctrl-C / SIGTERM (finished units kept, nothing gated).
+    """
+    from patchbench.matrix.driver import run_matrix
+    from patchbench.matrix.spec import load_matrix
+
+    m = load_matrix(path)
+    try:
+        mdir = run_matrix(path, on, address, results=results, executor=executor, **executor_kw)
+    except RunFailed as e:
+        if not e.run_dir:
+            raise
+        mdir = Path(e.run_dir)
+    return nightly_on_matrix_run(
+        mdir,
+        settings={u.id: u.config.nightly for u in m.units},
+        compare_settings={u.id: u.config.compare for u in m.units},
+        history=history,
+        out=out,
+    )

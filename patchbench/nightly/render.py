@@ -1,0 +1,256 @@
+"""``nightly.md``: one renderer for every night (:func:`render_markdown` of a :class:`NightSummary`).
+
+A run folder's page (one unit): the verdict, the error budget, problems, the regressions with
+their numbers, the underpowered gates, every gate in a table, the history's state and the trend
+plots. A matrix's page (a unit per matrix unit): the verdict, one row per unit (outcome, exit
+code, history key, link to its own page), the regressions of every unit, the units that did not
+run ok. Both list a regression the same way (:func:`gate_line`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from patchbench.gates import GateResult, NightlySettings
+from patchbench.nightly.outcome import (
+    EXIT_ORDER,
+    OUTCOME_OF_EXIT,
+    NightlyOutcome,
+    NightSummary,
+    UnitNightly,
+)
+
+_MARK = {
+    "fail": "❌ fail",
+    "warn": "⚠️ warn",
+    "pass": "✅ pass",
+    "inconclusive": "❔ inconclusive",
+    "ungated": "➖ ungated",
+    "skipped": "⏳ skipped",
+    "missing": "⛔ missing",
+}
+
+_UNIT_MARK = {
+    "red": "❌ red",
+    "run failed": "💥 run failed",
+    "environment not ready": "🔧 environment not ready",
+    "config error": "⛔ config error",
+    "underpowered": "❔ underpowered",
+    "green": "✅ green",
+}
+
+
+def fmt(x: float | None, nd: int = 4) -> str:
+    """``x`` with ``nd`` significant digits, or "n/a"."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "n/a"
+    return f"{x:.{nd}g}"
+
+
+def _num(x: float | None, unit: str) -> str:
+    """A value with its unit ("90 tok/s"), or "n/a"."""
+    return f"{fmt(x)} {unit}".rstrip() if x is not None else "n/a"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:+.2f} %"
+
+
+def _cell(x: object) -> str:
+    return str(x).replace("|", "\\|").replace("\n", " ")
+
+
+def gate_line(r: GateResult) -> str:
+    """One regression: ``**suite.metric** (variant, kind): value vs reference; reason``."""
+    return (
+        f"**{r.suite}.{r.metric}** ({r.variant}, {r.kind.replace('_', '-')}): "
+        f"{_num(r.value, r.unit)} vs {_num(r.reference, r.unit)}; {r.reason}"
+    )
+
+
+def render_markdown(night: NightSummary) -> str:
+    """The ``nightly.md`` of a night: a run folder's page when ``night.matrix_dir`` is None (its
+    one unit must have been gated), else the matrix's page (see the module docstring)."""
+    matrix = night.matrix_dir is not None
+    lines = [f"# Nightly {'matrix ' if matrix else ''}{night.name}: {night.headline}", ""]
+    if matrix:
+        lines += _matrix_intro(night)
+    else:
+        lines += _run_intro(night, _gated(night))
+    lines += _regressions(night)
+    if matrix:
+        lines += _matrix_tail(night)
+    else:
+        lines += _run_tail(_gated(night))
+    return "\n".join(lines) + "\n"
+
+
+def _gated(night: NightSummary) -> NightlyOutcome:
+    [unit] = night.units
+    assert unit.gated is not None and unit.gated.night is not None
+    return unit.gated
+
+
+def _regressions(night: NightSummary) -> list[str]:
+    """Every failing gate of every unit (a matrix's lines name the unit)."""
+    lines = []
+    for u in night.units:
+        prefix = f"`{u.id}`: " if night.matrix_dir is not None else ""
+        lines += [f"- {prefix}{gate_line(r)}" for r in u.failing]
+    return ["## Regressions", "", *lines, ""] if lines else []
+
+
+# ------------------------------------------------------------------------------ a run's page
+
+
+def _run_intro(night: NightSummary, g: NightlyOutcome) -> list[str]:
+    """The run, the error budget, the problems."""
+    t = g.night
+    assert t is not None
+    lines = [
+        f"Run `{t.run_id}` · night {t.night_utc} · commit "
+        f"`{(t.git_sha or 'unknown')[:12]}` · sglang {t.sglang_version or '?'}"
+        f" · exit code {night.exit_code}",
+        "",
+    ]
+    if g.settings is not None:
+        lines += [_budget(g.settings), ""]
+    if g.problems:
+        lines += ["## Problems", ""] + [f"- {p}" for p in g.problems] + [""]
+    return lines
+
+
+def _budget(s: NightlySettings) -> str:
+    return (
+        f"Error budget: {s.false_red_nights_per_month:g} false red night(s) "
+        f"per 30 nights -> Holm across tonight's gate tests at "
+        f"{s.family_alpha:.3g}; a gate needs {s.min_repeats} runs per "
+        f"variant"
+        + (f"; run noise stated in the config: {s.run_cv_pct:g} % CV" if s.run_cv_pct else "")
+    )
+
+
+def _run_tail(g: NightlyOutcome) -> list[str]:
+    """Underpowered gates, the gate table with notes, the history's state, the plots."""
+    results = g.results
+    lines: list[str] = []
+    under = [r for r in results if r.status in ("inconclusive", "ungated")]
+    if under and not any(r.status == "fail" for r in results):
+        lines += [
+            "## Underpowered",
+            "",
+            "Nothing was shown to regress, but these gates could not show that nothing "
+            "did (more repeats or a quieter machine would):",
+            "",
+        ]
+        lines += [
+            f"- {r.suite}.{r.metric} ({r.variant}, {r.kind.replace('_', '-')}): {r.reason}"
+            for r in under
+        ]
+        lines.append("")
+    if results:
+        lines += _gate_table(results)
+    else:
+        lines += ["No gates are configured (`nightly.gates` in the config).", ""]
+    h = g.history_info
+    lines.append(
+        f"History: `{h.get('path')}` · "
+        f"{'recorded' if h.get('recorded') else 'NOT recorded'} · "
+        f"{h.get('nights_before', 0)} earlier night(s) of this config"
+    )
+    if h.get("error"):
+        lines.append(f"\nHistory error: {h['error']}")
+    if g.plots:
+        lines += ["", "Trend plots (in the run artifact): " + ", ".join(f"`{p}`" for p in g.plots)]
+    return lines
+
+
+def _gate_table(results: list[GateResult]) -> list[str]:
+    """Every gate result in a table, then notes on those that did not pass cleanly."""
+    lines = [
+        "## Gates",
+        "",
+        "| gate | variant | tonight | reference | change | worst plausible | "
+        "threshold | p (Holm level) | status |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for r in results:
+        pl = (
+            f"{r.p_value:.2g} ({r.level:.2g})"
+            if r.p_value is not None and r.level is not None
+            else "n/a"
+        )
+        lines.append(
+            f"| {r.suite}.{r.metric} ({r.kind.replace('_', '-')}) | {r.variant} | "
+            f"{_num(r.value, r.unit)} | {_num(r.reference, r.unit)} | "
+            f"{_pct(r.change_pct)} | {_pct(r.bound_pct)} | {fmt(r.threshold_pct)} % "
+            f"| {pl} | {_MARK.get(r.status, r.status)} |"
+        )
+    lines.append("")
+    notes = [r for r in results if r.status in ("warn", "skipped", "missing")]
+    if notes:
+        lines += ["<details><summary>Notes on gates that did not pass cleanly</summary>", ""]
+        lines += [
+            f"- {r.suite}.{r.metric} ({r.variant}, {r.kind}): {r.status}: {r.reason}" for r in notes
+        ]
+        lines += ["", "</details>", ""]
+    return lines
+
+
+# --------------------------------------------------------------------------- a matrix's page
+
+
+def _matrix_intro(night: NightSummary) -> list[str]:
+    """The matrix run, then one table row per unit."""
+    assert night.matrix_dir is not None
+    units = night.units
+    label_keys: list[str] = []
+    for r in units:
+        label_keys += [k for k in r.labels if k not in label_keys]
+    lines = [
+        f"Matrix run `{night.matrix_dir.name}` · {len(units)} unit(s) · exit code "
+        f"{night.exit_code}, the worst unit's in the order "
+        + " > ".join(f"{OUTCOME_OF_EXIT[c]} {c}" for c in EXIT_ORDER),
+        "",
+        "| unit | " + "".join(f"{_cell(k)} | " for k in label_keys) + "gpu type | run | "
+        "outcome | exit | history key | details |",
+        "|---|" + "---|" * len(label_keys) + "---|---|---|---:|---|---|",
+    ]
+    lines += [_unit_row(r, label_keys) for r in units]
+    lines.append("")
+    return lines
+
+
+def _unit_row(r: UnitNightly, label_keys: list[str]) -> str:
+    unit = f"[{r.id}]({r.summary})" if r.summary else f"`{r.id}`"
+    if r.failing:
+        detail = "; ".join(
+            f"{f.suite}.{f.metric} ({f.variant}, {f.kind.replace('_', '-')}) {_pct(f.change_pct)}"
+            for f in r.failing
+        )
+    else:
+        detail = r.headline if r.status == "ok" else r.message.split("\n")[0][:200]
+    return (
+        f"| {unit} | "
+        + "".join(f"{_cell(r.labels.get(k, ''))} | " for k in label_keys)
+        + f"{_cell(r.gpu_type or 'any')} | {_cell(r.status)} | "
+        f"{_UNIT_MARK.get(r.outcome, r.outcome)} | {r.exit_code} | `{_cell(r.key)}` | "
+        f"{_cell(detail)} |"
+    )
+
+
+def _matrix_tail(night: NightSummary) -> list[str]:
+    """The units that did not run ok, and links to the units' reports."""
+    lines: list[str] = []
+    bad = [r for r in night.units if r.status != "ok" or r.summary is None]
+    if bad:
+        lines += ["## Units that did not run ok", ""]
+        lines += [f"- `{r.id}`: {r.message or r.headline or r.status}" for r in bad]
+        lines.append("")
+    links = [r for r in night.units if r.report]
+    if links:
+        lines.append(
+            "Reports: " + ", ".join(f"[{r.id}]({r.report})" for r in links) + " · matrix "
+            "report: [report.md](report.md)"
+        )
+    return lines
