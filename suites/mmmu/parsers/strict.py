@@ -10,11 +10,12 @@ sentence ("A pretty girl", "I don't know", "None of the above") is never an answ
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from .strict_refs import LABEL_ANY, Options, clean_text, norm_text, ref_at, ref_list
 
 # How a person grades a free-text answer, in order (docs/mmmu.md states the policy):
 #   1. the LAST explicit commitment wins: "Answer: b", "Final answer: \boxed{C}", "the answer is
@@ -41,177 +42,6 @@ class StrictParse:
     letter: str | None
     status: str
     rule: str
-
-
-_REASONING = re.compile(r"<(think|thinking|reasoning)>.*?(?:</\1>|\Z)", re.S | re.I)
-_LATEX_WRAP = re.compile(
-    r"\\(?:boxed|text|textbf|textit|textrm|mathrm|mathbf|mathit|mbox|fbox|bf|it)\s*\{([^{}]*)\}"
-)
-_LATEX_DELIM = re.compile(r"\\[()\[\]]|\$+")
-_MARKUP = re.compile(r"[*`]+|^[ \t]*#+[ \t]*|^[ \t]*>[ \t]*|(?<!\w)_{1,2}|_{1,2}(?!\w)", re.M)
-_WIDE = str.maketrans(
-    {
-        "（": "(",
-        "）": ")",
-        "：": ":",
-        "【": "[",
-        "】": "]",
-        "’": "'",
-        "“": '"',
-        "”": '"',
-        "\u00a0": " ",
-    }
-)
-
-
-def clean_text(s: str) -> str:
-    """Markup a reader looks through: reasoning blocks dropped (an unclosed one runs to the end),
-    ``\\boxed{}``/``\\text{}``-style LaTeX unwrapped, ``$``, ``\\(``, ``\\)``, bold/italic
-    ``*``/``_``, backticks, heading ``#`` and quote ``>`` removed, full-width brackets made ASCII."""
-    s = _REASONING.sub(" ", s).translate(_WIDE)
-    for _ in range(4):
-        t = _LATEX_WRAP.sub(r"\1", s)
-        if t == s:
-            break
-        s = t
-    s = _LATEX_DELIM.sub("", s)
-    return _MARKUP.sub("", s)
-
-
-@functools.lru_cache(maxsize=8192)
-def _norm_text(s: str) -> str:
-    s = re.sub(r"\s+", " ", clean_text(s).strip().lower())
-    return s.strip(" .,;:!?'\"")
-
-
-_ARTICLE = re.compile(r"(?:the|an?)[ \t]+", re.I)
-_AFTER_LABEL = re.compile(r"[ \t]*[.:)\-\u2013,]?[ \t]*\(?")
-_LABEL_ANY = re.compile(r"(?:\(\s*([A-Za-z])\s*\)|\b([A-Za-z])[.):])\s*")
-
-
-def _is_word(ch: str) -> bool:
-    return ch.isalnum() or ch == "_"
-
-
-class _Options:
-    """The options of one question, prepared for matching (letters upper-case, texts cleaned and
-    lower-cased; plain string search, no per-question regex: the parser stays fast)."""
-
-    def __init__(self, all_choices: Sequence[str], index2ans: Mapping[str, str]):
-        self.letters = [c.upper() for c in all_choices]
-        texts: dict[str, str] = {}
-        for k, v in index2ans.items():
-            t = _norm_text(str(v))
-            # a text that is only an image placeholder or one letter names nothing by itself
-            if t and not IMAGE_ONLY.fullmatch(t) and not re.fullmatch(r"[a-z]", t):
-                texts[k.upper()] = t
-        values = list(texts.values())
-        self.texts = {k: t for k, t in texts.items() if values.count(t) == 1}
-        # longest first, so "dark red" is taken before "red"
-        self.order = sorted(self.texts.items(), key=lambda kv: -len(kv[1]))
-
-    @staticmethod
-    def _bounded(low: str, start: int, end: int) -> bool:
-        """Whole words: no word character (or "d." of a decimal) on either side."""
-        if start > 0 and (
-            _is_word(low[start - 1])
-            or (low[start - 1] == "." and start > 1 and low[start - 2].isdigit())
-        ):
-            return False
-        if end < len(low) and (
-            _is_word(low[end])
-            or (low[end] == "." and end + 1 < len(low) and low[end + 1].isdigit())
-        ):
-            return False
-        return True
-
-    def text_at(self, s: str, pos: int) -> tuple[str, int] | None:
-        """``(letter, end)`` when an option's full text starts at ``pos`` (an article before it
-        is skipped), else None."""
-        low = s.lower()
-        m = _ARTICLE.match(s, pos)
-        starts = [pos] + ([m.end()] if m else [])
-        for k, t in self.order:
-            for p in starts:
-                if low.startswith(t, p) and self._bounded(low, p, p + len(t)):
-                    return k, p + len(t)
-        return None
-
-    def own_text_after(self, s: str, letter: str, pos: int) -> int | None:
-        """End of ``letter``'s own text right after its label ("(C) green", "C. green",
-        "C (green)"), else None."""
-        t = self.texts.get(letter)
-        if not t:
-            return None
-        p = _AFTER_LABEL.match(s, pos).end()
-        low = s.lower()
-        if low.startswith(t, p) and self._bounded(low, p, p + len(t)):
-            end = p + len(t)
-            return end + 1 if s[end : end + 1] == ")" else end
-        return None
-
-    def find_texts(self, s: str) -> list[tuple[int, int, str]]:
-        """Every whole-word occurrence of an option text: ``(start, end, letter)``; a longer
-        text wins over a shorter one it overlaps."""
-        low = s.lower()
-        out: list[tuple[int, int, str]] = []
-        for k, t in self.order:
-            i = low.find(t)
-            while i >= 0:
-                e = i + len(t)
-                if self._bounded(low, i, e) and not any(i < b and a < e for a, b, _ in out):
-                    out.append((i, e, k))
-                i = low.find(t, i + 1)
-        return out
-
-
-IMAGE_ONLY = re.compile(r"(?:<image \d+>\s*)+")
-_SEP = re.compile(r"\s*(?:,|;|/|&)?\s*(?:and/or|and|or|&)?\s*", re.I)
-_REF_WORD = re.compile(
-    r"(?:option|choice|letter)\s*:?\s*[(\[]?\s*(?P<l>[A-Za-z])\s*[)\]]?(?![\w'])", re.I
-)
-_REF_BARE = re.compile(
-    r"\(\s*(?P<a>[A-Za-z])\s*\)|\[\s*(?P<b>[A-Za-z])\s*\]"
-    r"|(?P<c>[A-Z])(?![\w'])"
-    r"|(?P<d>[a-z])(?=[ \t]*[.):!]?[ \t]*(?:$|\n))"  # a lone lower-case letter ending the line
-    r"|(?P<e>[a-z])(?=[.):][ \t])",
-    re.M,
-)  # a lower-case label "b) ..." / "b. ..."
-
-
-def _ref_at(s: str, pos: int, opts: _Options) -> tuple[str, int] | None:
-    """``(letter, end)`` of an option reference starting at ``pos``: "(b)", "[B]", "B",
-    "option c", a lone lower-case letter, or the option's full text (text first: "A pretty girl"
-    is option text, not the letter A). None when there is none or the letter is no option."""
-    hit = opts.text_at(s, pos)
-    if hit:
-        return hit
-    m = _REF_WORD.match(s, pos) or _REF_BARE.match(s, pos)
-    if not m:
-        return None
-    letter = next(g for g in m.groups() if g).upper()
-    if letter not in opts.letters:
-        return None
-    # "(C) green" / "C. green" / "C (green)": the option's own text after its label
-    return letter, opts.own_text_after(s, letter, m.end()) or m.end()
-
-
-def _ref_list(s: str, pos: int, opts: _Options) -> tuple[list[str], int] | None:
-    """One reference, or several joined by commas / "and" / "or": ``(letters, end)``."""
-    first = _ref_at(s, pos, opts)
-    if not first:
-        return None
-    letters, end = [first[0]], first[1]
-    while True:
-        sep = _SEP.match(s, end)
-        if not sep or sep.end() == end:
-            break
-        nxt = _ref_at(s, sep.end(), opts)
-        if not nxt:
-            break
-        letters.append(nxt[0])
-        end = nxt[1]
-    return list(dict.fromkeys(letters)), end
 
 
 _MARKER = re.compile(
@@ -271,7 +101,7 @@ _BUT = re.compile(r"[^.\n]*?\bbut\s+(?:rather\s+|instead\s+)?(?:(?:it\s+is|it's)
 _OPTION_WORD_REF = re.compile(r"\s*[(\[]?\s*([A-Za-z])\s*[)\]]?(?![\w'])")
 
 
-def _commitment_at(s: str, m: re.Match, opts: _Options) -> tuple[list[str], int] | None:
+def _commitment_at(s: str, m: re.Match, opts: Options) -> tuple[list[str], int] | None:
     """What a marker commits to: ``(letters, end)``, or None (nothing, or a rejection)."""
     pos = m.end()
     weak = _WEAK.match(s, m.start()) is not None and not re.search(
@@ -283,7 +113,7 @@ def _commitment_at(s: str, m: re.Match, opts: _Options) -> tuple[list[str], int]
         if not but:
             return None
         pos = but.end()
-    got = _ref_list(s, pos, opts)
+    got = ref_list(s, pos, opts)
     if not got:
         return None
     if weak and not _SENT_END.match(s, got[1]):
@@ -299,7 +129,7 @@ def _line_spans(s: str) -> list[tuple[int, int]]:
     return out
 
 
-def _echo_lines(s: str, opts: _Options) -> set[int]:
+def _echo_lines(s: str, opts: Options) -> set[int]:
     """Indices of lines that merely echo options: "(A) red" lines when there are two or more,
     and single lines holding two or more "label text" pairs ("(A) red (B) blue ...")."""
     lines = s.split("\n")
@@ -309,12 +139,12 @@ def _echo_lines(s: str, opts: _Options) -> set[int]:
         m = _LINE_LABEL.match(line)
         if m:
             letter = (m.group("a") or m.group("b") or m.group("c")).upper()
-            if opts.texts.get(letter) and _norm_text(m.group("rest")) == opts.texts[letter]:
+            if opts.texts.get(letter) and norm_text(m.group("rest")) == opts.texts[letter]:
                 single.append(i)
                 continue
         pairs: set[str] = set()
         rest, pos = [], 0
-        for m in _LABEL_ANY.finditer(line):
+        for m in LABEL_ANY.finditer(line):
             k = (m.group(1) or m.group(2)).upper()
             end = opts.own_text_after(line, k, m.end())
             if end and m.start() >= pos:
@@ -333,7 +163,7 @@ def _echo_lines(s: str, opts: _Options) -> set[int]:
     return out
 
 
-def _commitments(s: str, opts: _Options, echo: set[int]) -> list[tuple[int, list[str], str]]:
+def _commitments(s: str, opts: Options, echo: set[int]) -> list[tuple[int, list[str], str]]:
     """Every explicit commitment: ``(position, letters, rule)`` in text order."""
     found: list[tuple[int, list[str], str]] = []
     spans = _line_spans(s)
@@ -350,7 +180,7 @@ def _commitments(s: str, opts: _Options, echo: set[int]) -> list[tuple[int, list
             if m.group(0).isalpha() and len(m.group(0)) == 1:
                 if not m.group(0).isupper() or not _BARE_BEFORE.search(line[: m.start()]):
                     continue
-            ref = _ref_at(line, m.start(), opts) if not opts.text_at(line, m.start()) else None
+            ref = ref_at(line, m.start(), opts) if not opts.text_at(line, m.start()) else None
             if ref is None:
                 got = (
                     _OPTION_WORD_REF.match(line, m.end())
@@ -371,7 +201,7 @@ def _commitments(s: str, opts: _Options, echo: set[int]) -> list[tuple[int, list
             found.append((a, [pl.group("l").upper()], "label line"))
         else:
             lead = len(line) - len(line.lstrip(" \t-•"))
-            got = _ref_list(line, lead, opts) if line.strip() else None
+            got = ref_list(line, lead, opts) if line.strip() else None
             if got and len(got[0]) > 1 and re.fullmatch(r"[\s.!,;]*", line[got[1] :]):
                 found.append((a, got[0], "label line"))
     # one labelled first line ("C. A pretty girl standing", "(B) blue"): the model's answer
@@ -442,7 +272,7 @@ _OPERATOR_AFTER = re.compile(r"^\s*[=+*/^×÷<>]|^\s+-\s")
 _OPERATOR_BEFORE = re.compile(r"[+*/^×÷]\s*$|\s-\s*$")
 
 
-def _mentions(clause: str, opts: _Options) -> tuple[list[str], list[str], list[str], bool]:
+def _mentions(clause: str, opts: Options) -> tuple[list[str], list[str], list[str], bool]:
     """Letters named in ``clause``: ``(named, rejected, discussed, starts_with_ref)``.
 
     A mention is a bracketed capital "(C)", "option c" / "options B and D", two capitals joined
@@ -455,7 +285,7 @@ def _mentions(clause: str, opts: _Options) -> tuple[list[str], list[str], list[s
     for m in _BRACKET_REF.finditer(clause):
         spans.append((m.start(), m.end(), (m.group(1) or m.group(2))))
     for m in _WORD_REF.finditer(clause):
-        got = _ref_list(clause, m.end(), opts)
+        got = ref_list(clause, m.end(), opts)
         if got:
             for k in got[0]:
                 spans.append((m.start(), got[1], k))
@@ -487,7 +317,7 @@ def _mentions(clause: str, opts: _Options) -> tuple[list[str], list[str], list[s
     return named, rejected, discussed, lead
 
 
-def _sentences(s: str, opts: _Options, echo: set[int]) -> list[dict[str, Any]]:
+def _sentences(s: str, opts: Options, echo: set[int]) -> list[dict[str, Any]]:
     """The sentences outside echo lines, each with its named / rejected letters and kind."""
     out: list[dict[str, Any]] = []
     for i, (a, b) in enumerate(_line_spans(s)):
@@ -503,7 +333,7 @@ def _sentences(s: str, opts: _Options, echo: set[int]) -> list[dict[str, Any]]:
             _, all_rejected, _, _ = _mentions(sent, opts)
             after_lead = ""
             if lead:
-                r = _ref_at(main, len(main) - len(main.lstrip(" \t-•*:#0123456789.)")), opts)
+                r = ref_at(main, len(main) - len(main.lstrip(" \t-•*:#0123456789.)")), opts)
                 after_lead = main[r[1] :] if r else ""
             discuss = bool(_DISCUSS_LEAD.match(sent)) or (
                 lead and bool(_DESCRIBES.match(after_lead))
@@ -541,7 +371,7 @@ def parse_strict_detail(
     """
     if response is None or not str(response).strip():
         return StrictParse(None, NO_ANSWER, "empty")
-    opts = _Options(all_choices, index2ans)
+    opts = Options(all_choices, index2ans)
     s = clean_text(str(response))
     if not s.strip():
         return StrictParse(None, NO_ANSWER, "reasoning only")
