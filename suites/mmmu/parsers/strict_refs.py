@@ -52,6 +52,8 @@ def norm_text(s: str) -> str:
 
 
 _ARTICLE = re.compile(r"(?:the|an?)[ \t]+", re.I)
+_OPEN_QUOTE = re.compile(r"([\"'(\[])[ \t]*")
+_CLOSE_QUOTE = {'"': '"', "'": "'", "(": ")", "[": "]"}
 _AFTER_LABEL = re.compile(r"[ \t]*[.:)\-\u2013,]?[ \t]*\(?")
 LABEL_ANY = re.compile(r"(?:\(\s*([A-Za-z])\s*\)|\b([A-Za-z])[.):])\s*")
 
@@ -62,7 +64,12 @@ def _is_word(ch: str) -> bool:
 
 class Options:
     """The options of one question, prepared for matching (letters upper-case, texts cleaned and
-    lower-cased; plain string search, no per-question regex: the parser stays fast)."""
+    lower-cased; plain string search, no per-question regex: the parser stays fast).
+
+    An option text matches in any case, as whole words: a hyphen joins words ("ribosome-like" is
+    not "ribosome", "acidic" is not "acid"); where texts overlap the longest wins ("amino acid"
+    over "acid", "Paris, Texas" over "Paris"). Texts that are only an image placeholder or one
+    letter, and texts two options share, are left out."""
 
     def __init__(self, all_choices: Sequence[str], index2ans: Mapping[str, str]):
         self.letters = [c.upper() for c in all_choices]
@@ -79,29 +86,35 @@ class Options:
 
     @staticmethod
     def _bounded(low: str, start: int, end: int) -> bool:
-        """Whole words: no word character (or "d." of a decimal) on either side."""
-        if start > 0 and (
-            _is_word(low[start - 1])
-            or (low[start - 1] == "." and start > 1 and low[start - 2].isdigit())
-        ):
+        """Whole words: no word character on either side, nor a character that joins one to
+        the text (the "d." of a decimal, a hyphen: "ribosome-like")."""
+
+        def joins(i: int, j: int) -> bool:
+            if not 0 <= j < len(low):
+                return False
+            return (low[i] == "." and low[j].isdigit()) or (low[i] == "-" and low[j].isalnum())
+
+        if start > 0 and (_is_word(low[start - 1]) or joins(start - 1, start - 2)):
             return False
-        if end < len(low) and (
-            _is_word(low[end])
-            or (low[end] == "." and end + 1 < len(low) and low[end + 1].isdigit())
-        ):
+        if end < len(low) and (_is_word(low[end]) or joins(end, end + 1)):
             return False
         return True
 
     def text_at(self, s: str, pos: int) -> tuple[str, int] | None:
-        """``(letter, end)`` when an option's full text starts at ``pos`` (an article before it
-        is skipped), else None."""
+        """``(letter, end)`` when an option's full text starts at ``pos``, else None. An opening
+        quote or bracket and an article before the text are skipped; the closing quote or
+        bracket after it is part of the reference."""
         low = s.lower()
-        m = _ARTICLE.match(s, pos)
-        starts = [pos] + ([m.end()] if m else [])
+        q = _OPEN_QUOTE.match(s, pos)
+        starts = [pos] + ([q.end()] if q else [])
+        starts += [m.end() for p in list(starts) if (m := _ARTICLE.match(s, p))]
         for k, t in self.order:
             for p in starts:
                 if low.startswith(t, p) and self._bounded(low, p, p + len(t)):
-                    return k, p + len(t)
+                    end = p + len(t)
+                    if q and p > pos and s[end : end + 1] == _CLOSE_QUOTE[q.group(1)]:
+                        end += 1
+                    return k, end
         return None
 
     def own_text_after(self, s: str, letter: str, pos: int) -> int | None:
@@ -141,7 +154,7 @@ _REF_BARE = re.compile(
     r"\(\s*(?P<a>[A-Za-z])\s*\)|\[\s*(?P<b>[A-Za-z])\s*\]"
     r"|(?P<c>[A-Z])(?![\w'])"
     r"|(?P<d>[a-z])(?=[ \t]*[.):!]?[ \t]*(?:$|\n))"  # a lone lower-case letter ending the line
-    r"|(?P<e>[a-z])(?=[.):][ \t])",
+    r"|(?P<e>[a-z])(?=[.):;][ \t])",
     re.M,
 )  # a lower-case label "b) ..." / "b. ..."
 
@@ -164,11 +177,14 @@ def ref_at(s: str, pos: int, opts: Options) -> tuple[str, int] | None:
 
 
 def ref_list(s: str, pos: int, opts: Options) -> tuple[list[str], int] | None:
-    """One reference, or several joined by commas / "and" / "or": ``(letters, end)``."""
+    """One reference, or several joined by commas / "and" / "or": ``(letters, end)``. After a
+    comma or semicolon, references that open a new clause ("I'd go with D; B is tempting",
+    "Answer: C, A and B both ignore friction") are not part of the list."""
     first = ref_at(s, pos, opts)
     if not first:
         return None
     letters, end = [first[0]], first[1]
+    cut: tuple[int, int, bool] | None = None  # (letters, end, semicolon) before the last , / ;
     while True:
         sep = _SEP.match(s, end)
         if not sep or sep.end() == end:
@@ -176,6 +192,31 @@ def ref_list(s: str, pos: int, opts: Options) -> tuple[list[str], int] | None:
         nxt = ref_at(s, sep.end(), opts)
         if not nxt:
             break
+        if re.match(r"\s*[,;]", sep.group(0)):
+            cut = (len(letters), end, ";" in sep.group(0))
         letters.append(nxt[0])
         end = nxt[1]
+    new_clause = cut and (_ANY_WORD if cut[2] else _NEW_CLAUSE)
+    if new_clause and new_clause.match(s, end) and not _LIST_AFFIRMED.match(s, end):
+        letters, end = letters[: cut[0]], cut[1]
     return list(dict.fromkeys(letters)), end
+
+
+# after a comma, a predicate right after the listed options: they are the subject of a new clause
+_NEW_CLAUSE = re.compile(
+    r"[ \t]+(?:(?:both|also|each|all|alone|too|then|only)[ \t]+)*"
+    r"(?:is|are|was|were|would|could|might|may|can|cannot|will|do|does|did|has|have|had|"
+    r"isn't|aren't|wasn't|weren't|wouldn't|couldn't|can't|won't|don't|doesn't|didn't|"
+    r"seems?|appears?|looks?|fails?|ignores?|lacks?|needs?|requires?|misses?|"
+    r"describes?|shows?|suggests?|refers?|represents?|contradicts?|gives?|makes?)\b",
+    re.I,
+)
+# after a semicolon any word opens a new clause
+_ANY_WORD = re.compile(r"[ \t]+[a-z]", re.I)
+# ... unless it affirms the list: "Answer: A, C are both correct"
+_LIST_AFFIRMED = re.compile(
+    r"[ \t]+(?:(?:both|also|all)[ \t]+)*(?:is|are|seem|appear)[ \t]+"
+    r"(?:(?:both|also|all|equally)[ \t]+)*(?:correct|right|true|valid|possible|plausible|"
+    r"acceptable|answers?)\b",
+    re.I,
+)
