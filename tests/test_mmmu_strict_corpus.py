@@ -46,6 +46,8 @@ def test_corpus_shape():
         "multi_option",
         "reasoning_block",
         "case_markup",
+        "commitment_discussion",
+        "text_answer",
     }
     assert min(counts.values()) >= 20
     for x in CORPUS:

@@ -1,30 +1,37 @@
 """Our ``strict`` multiple-choice parser: deterministic, never random (docs/cases.md M1-M3).
 
-Reasoning blocks (``<think>...</think>``) are ignored; an explicit commitment ("Answer: B", "the
-answer is (D)", "Final answer: A", "option C") wins and the last one in the text wins; otherwise
-a bare letter that is a whole line / the whole response, or a leading ``X.``/``X)``/``(X)``/``X:``
-label; otherwise the exact text of one option; lines that merely echo an option (``(A) red`` when
-A is "red") are ignored; anything else is ``None`` (unparsed). A capital letter inside a word or
-sentence ("A pretty girl", "I don't know", "None of the above") is never an answer.
+Reasoning blocks (``<think>...</think>``) are ignored; the last explicit commitment wins ("Answer:
+B", "the answer is (D)", "It's the mitochondria", a bare label line, a first line that opens with
+one option: "B. A and C are too warm", "Mitochondria. The nucleus only stores DNA"), and options
+discussed after it (rejected, weighed, compared) never take its place; only a revision does.
+Otherwise a sentence that names exactly one option; lines that merely echo an option (``(A) red``
+when A is "red") are ignored; anything else is ``None`` (unparsed). A capital letter inside a word
+or sentence ("A pretty girl", "I don't know", "None of the above") is never an answer. How
+options are found in the text (letters, lists, option texts matched case-insensitively as whole
+words, the longest first) is :mod:`.strict_refs`.
 """
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .strict_refs import LABEL_ANY, Options, clean_text, norm_text, ref_at, ref_list
+
 # How a person grades a free-text answer, in order (docs/mmmu.md states the policy):
 #   1. the LAST explicit commitment wins: "Answer: b", "Final answer: \boxed{C}", "the answer is
 #      (D)", "Option C is correct", "I'd go with (A)", "So the answer is green", a line that is
-#      only a letter label ("B", "(b)", "**Option C**"); a later revision ("Wait, actually (C)
-#      fits better") overrides it;
+#      only a letter label ("B", "(b)", "**Option C**"), a first line that opens with one option
+#      and goes on about others ("B. A and C are too warm", "Mitochondria — the nucleus only
+#      stores DNA"); other options discussed after it ("B is tempting", "(A) would be right for
+#      cities", "But (A) could also be right") never count; a later revision ("Wait, actually
+#      (C) fits better", "so actually the answer is C") overrides it;
 #   2. otherwise a sentence that names exactly one option, by bracketed letter, "option X", or
-#      that option's full text (case-insensitive, whole words); echoed option lists, options only
-#      discussed ("For option A we have ...") or rejected ("(A) is incorrect", "not (B)") and
-#      questions do not count;
+#      that option's full text (case-insensitive, whole words, the longest text first); echoed
+#      option lists, options only discussed ("For option A we have ...", "(A) is tempting") or
+#      rejected ("(A) is incorrect", "not (B)") and questions do not count;
 #   3. otherwise unparsed: "ambiguous" when several different options are named (or the final
 #      commitment names several: "The correct answer is (B), (C), and (D)."), else "no_answer".
 
@@ -43,177 +50,6 @@ class StrictParse:
     rule: str
 
 
-_REASONING = re.compile(r"<(think|thinking|reasoning)>.*?(?:</\1>|\Z)", re.S | re.I)
-_LATEX_WRAP = re.compile(
-    r"\\(?:boxed|text|textbf|textit|textrm|mathrm|mathbf|mathit|mbox|fbox|bf|it)\s*\{([^{}]*)\}"
-)
-_LATEX_DELIM = re.compile(r"\\[()\[\]]|\$+")
-_MARKUP = re.compile(r"[*`]+|^[ \t]*#+[ \t]*|^[ \t]*>[ \t]*|(?<!\w)_{1,2}|_{1,2}(?!\w)", re.M)
-_WIDE = str.maketrans(
-    {
-        "（": "(",
-        "）": ")",
-        "：": ":",
-        "【": "[",
-        "】": "]",
-        "’": "'",
-        "“": '"',
-        "”": '"',
-        "\u00a0": " ",
-    }
-)
-
-
-def clean_text(s: str) -> str:
-    """Markup a reader looks through: reasoning blocks dropped (an unclosed one runs to the end),
-    ``\\boxed{}``/``\\text{}``-style LaTeX unwrapped, ``$``, ``\\(``, ``\\)``, bold/italic
-    ``*``/``_``, backticks, heading ``#`` and quote ``>`` removed, full-width brackets made ASCII."""
-    s = _REASONING.sub(" ", s).translate(_WIDE)
-    for _ in range(4):
-        t = _LATEX_WRAP.sub(r"\1", s)
-        if t == s:
-            break
-        s = t
-    s = _LATEX_DELIM.sub("", s)
-    return _MARKUP.sub("", s)
-
-
-@functools.lru_cache(maxsize=8192)
-def _norm_text(s: str) -> str:
-    s = re.sub(r"\s+", " ", clean_text(s).strip().lower())
-    return s.strip(" .,;:!?'\"")
-
-
-_ARTICLE = re.compile(r"(?:the|an?)[ \t]+", re.I)
-_AFTER_LABEL = re.compile(r"[ \t]*[.:)\-\u2013,]?[ \t]*\(?")
-_LABEL_ANY = re.compile(r"(?:\(\s*([A-Za-z])\s*\)|\b([A-Za-z])[.):])\s*")
-
-
-def _is_word(ch: str) -> bool:
-    return ch.isalnum() or ch == "_"
-
-
-class _Options:
-    """The options of one question, prepared for matching (letters upper-case, texts cleaned and
-    lower-cased; plain string search, no per-question regex: the parser stays fast)."""
-
-    def __init__(self, all_choices: Sequence[str], index2ans: Mapping[str, str]):
-        self.letters = [c.upper() for c in all_choices]
-        texts: dict[str, str] = {}
-        for k, v in index2ans.items():
-            t = _norm_text(str(v))
-            # a text that is only an image placeholder or one letter names nothing by itself
-            if t and not IMAGE_ONLY.fullmatch(t) and not re.fullmatch(r"[a-z]", t):
-                texts[k.upper()] = t
-        values = list(texts.values())
-        self.texts = {k: t for k, t in texts.items() if values.count(t) == 1}
-        # longest first, so "dark red" is taken before "red"
-        self.order = sorted(self.texts.items(), key=lambda kv: -len(kv[1]))
-
-    @staticmethod
-    def _bounded(low: str, start: int, end: int) -> bool:
-        """Whole words: no word character (or "d." of a decimal) on either side."""
-        if start > 0 and (
-            _is_word(low[start - 1])
-            or (low[start - 1] == "." and start > 1 and low[start - 2].isdigit())
-        ):
-            return False
-        if end < len(low) and (
-            _is_word(low[end])
-            or (low[end] == "." and end + 1 < len(low) and low[end + 1].isdigit())
-        ):
-            return False
-        return True
-
-    def text_at(self, s: str, pos: int) -> tuple[str, int] | None:
-        """``(letter, end)`` when an option's full text starts at ``pos`` (an article before it
-        is skipped), else None."""
-        low = s.lower()
-        m = _ARTICLE.match(s, pos)
-        starts = [pos] + ([m.end()] if m else [])
-        for k, t in self.order:
-            for p in starts:
-                if low.startswith(t, p) and self._bounded(low, p, p + len(t)):
-                    return k, p + len(t)
-        return None
-
-    def own_text_after(self, s: str, letter: str, pos: int) -> int | None:
-        """End of ``letter``'s own text right after its label ("(C) green", "C. green",
-        "C (green)"), else None."""
-        t = self.texts.get(letter)
-        if not t:
-            return None
-        p = _AFTER_LABEL.match(s, pos).end()
-        low = s.lower()
-        if low.startswith(t, p) and self._bounded(low, p, p + len(t)):
-            end = p + len(t)
-            return end + 1 if s[end : end + 1] == ")" else end
-        return None
-
-    def find_texts(self, s: str) -> list[tuple[int, int, str]]:
-        """Every whole-word occurrence of an option text: ``(start, end, letter)``; a longer
-        text wins over a shorter one it overlaps."""
-        low = s.lower()
-        out: list[tuple[int, int, str]] = []
-        for k, t in self.order:
-            i = low.find(t)
-            while i >= 0:
-                e = i + len(t)
-                if self._bounded(low, i, e) and not any(i < b and a < e for a, b, _ in out):
-                    out.append((i, e, k))
-                i = low.find(t, i + 1)
-        return out
-
-
-IMAGE_ONLY = re.compile(r"(?:<image \d+>\s*)+")
-_SEP = re.compile(r"\s*(?:,|;|/|&)?\s*(?:and/or|and|or|&)?\s*", re.I)
-_REF_WORD = re.compile(
-    r"(?:option|choice|letter)\s*:?\s*[(\[]?\s*(?P<l>[A-Za-z])\s*[)\]]?(?![\w'])", re.I
-)
-_REF_BARE = re.compile(
-    r"\(\s*(?P<a>[A-Za-z])\s*\)|\[\s*(?P<b>[A-Za-z])\s*\]"
-    r"|(?P<c>[A-Z])(?![\w'])"
-    r"|(?P<d>[a-z])(?=[ \t]*[.):!]?[ \t]*(?:$|\n))"  # a lone lower-case letter ending the line
-    r"|(?P<e>[a-z])(?=[.):][ \t])",
-    re.M,
-)  # a lower-case label "b) ..." / "b. ..."
-
-
-def _ref_at(s: str, pos: int, opts: _Options) -> tuple[str, int] | None:
-    """``(letter, end)`` of an option reference starting at ``pos``: "(b)", "[B]", "B",
-    "option c", a lone lower-case letter, or the option's full text (text first: "A pretty girl"
-    is option text, not the letter A). None when there is none or the letter is no option."""
-    hit = opts.text_at(s, pos)
-    if hit:
-        return hit
-    m = _REF_WORD.match(s, pos) or _REF_BARE.match(s, pos)
-    if not m:
-        return None
-    letter = next(g for g in m.groups() if g).upper()
-    if letter not in opts.letters:
-        return None
-    # "(C) green" / "C. green" / "C (green)": the option's own text after its label
-    return letter, opts.own_text_after(s, letter, m.end()) or m.end()
-
-
-def _ref_list(s: str, pos: int, opts: _Options) -> tuple[list[str], int] | None:
-    """One reference, or several joined by commas / "and" / "or": ``(letters, end)``."""
-    first = _ref_at(s, pos, opts)
-    if not first:
-        return None
-    letters, end = [first[0]], first[1]
-    while True:
-        sep = _SEP.match(s, end)
-        if not sep or sep.end() == end:
-            break
-        nxt = _ref_at(s, sep.end(), opts)
-        if not nxt:
-            break
-        letters.append(nxt[0])
-        end = nxt[1]
-    return list(dict.fromkeys(letters)), end
-
-
 _MARKER = re.compile(
     r"\b(?:final\s+(?:answer|choice|option|selection)"
     r"|(?:correct|right|best|only\s+correct|proper|most\s+(?:likely|appropriate|accurate|"
@@ -221,7 +57,8 @@ _MARKER = re.compile(
     r"|the\s+answer|answer|my\s+(?:final\s+)?(?:answer|choice|pick|selection)"
     r"|i(?:\s+would|'d|\s+will|'ll|\s+must|\s+should)?\s+(?:choose|select|pick|go\s+with|opt\s+for)"
     r"|(?:change|revise|correct)\s+my\s+answer\s+to|(?:choose|select|pick)|i\s+meant"
-    r"|(?:so|thus|therefore|hence|it\s+is|it's|it\s+must\s+be|this\s+is|that\s+is|"
+    r"|(?:so(?![ \t]+(?:is|are|was|were|does|do|did|has|have|can|could|would)\b)|thus|"
+    r"therefore|hence|it\s+is|it's|it\s+must\s+be|this\s+is|that\s+is|"
     r"i\s+think|i\s+believe|i\s+guess|i\s+would\s+say|i'd\s+say)(?=[\s,:]))"
     r"(?![\w'])(?:\s+(?:choice|option|letter)(?![\w']))?"
     r"(?:[ \t]*(?:is|would\s+be|should\s+be|will\s+be|must\s+be|to\s+be|remains|becomes|=|:|-|–|—))*"
@@ -235,7 +72,11 @@ _WEAK = re.compile(
     r"i\s+think|i\s+believe|i\s+guess|i\s+would\s+say|i'd\s+say)\b",
     re.I,
 )
-_SENT_END = re.compile(r"[ \t]*[.!]?[ \t]*(?:$|\n|(?<=[.!])\s+(?=[A-Z(]))", re.M)
+_SENT_END = re.compile(
+    r"[ \t]*[.!]?[ \t]*(?:$|\n|(?<=[.!])\s+(?=[A-Z(]))"
+    r"|[ \t]*(?:;|[—–]|-[ \t]|,[ \t]*(?:since|because|as|given|not)\b)",
+    re.M | re.I,
+)
 _IS_CORRECT = re.compile(
     r"[ \t]*(?:is|seems\s+to\s+be|appears\s+to\s+be|would\s+be|must\s+be|should\s+be)[ \t]+"
     r"(?:the[ \t]+)?(?:(?:most[ \t]+)?likely[ \t]+|only[ \t]+|clearly[ \t]+|definitely[ \t]+)?"
@@ -267,11 +108,13 @@ _REVISION = re.compile(
 )
 
 
+# a revision sentence that only hedges ("But (A) could also be right") changes no answer
+_HEDGED = re.compile(r"\b(?:also|too|as\s+well|equally|could|might|may)\b", re.I)
 _BUT = re.compile(r"[^.\n]*?\bbut\s+(?:rather\s+|instead\s+)?(?:(?:it\s+is|it's)\s+)?", re.I)
 _OPTION_WORD_REF = re.compile(r"\s*[(\[]?\s*([A-Za-z])\s*[)\]]?(?![\w'])")
 
 
-def _commitment_at(s: str, m: re.Match, opts: _Options) -> tuple[list[str], int] | None:
+def _commitment_at(s: str, m: re.Match, opts: Options) -> tuple[list[str], int] | None:
     """What a marker commits to: ``(letters, end)``, or None (nothing, or a rejection)."""
     pos = m.end()
     weak = _WEAK.match(s, m.start()) is not None and not re.search(
@@ -283,12 +126,28 @@ def _commitment_at(s: str, m: re.Match, opts: _Options) -> tuple[list[str], int]
         if not but:
             return None
         pos = but.end()
-    got = _ref_list(s, pos, opts)
+    got = ref_list(s, pos, opts)
     if not got:
         return None
     if weak and not _SENT_END.match(s, got[1]):
         return None  # "so A pretty ...", "it is C-shaped": not a conclusion
     return got
+
+
+# before a bare "choose" / "select" / "pick": someone else's choice, a maybe, a negation
+_NOT_SPEAKER = re.compile(
+    r"\b(?:might|may|could|often|usually|sometimes|typically|to|not|never|\w+n't|someone|"
+    r"somebody|people|students|many|most|others|one|you)[ \t]+(?:\w+[ \t]+)?$",
+    re.I,
+)
+
+
+def _speaker_commits(line: str, m: re.Match) -> bool:
+    """False for a bare "choose"/"select"/"pick" marker that states no choice of the writer:
+    "Someone might pick A", "Students often choose A", "I would not choose A"."""
+    if not re.match(r"choose|select|pick", m.group(0), re.I):
+        return True
+    return not _NOT_SPEAKER.search(line[: m.start()])
 
 
 def _line_spans(s: str) -> list[tuple[int, int]]:
@@ -299,7 +158,7 @@ def _line_spans(s: str) -> list[tuple[int, int]]:
     return out
 
 
-def _echo_lines(s: str, opts: _Options) -> set[int]:
+def _echo_lines(s: str, opts: Options) -> set[int]:
     """Indices of lines that merely echo options: "(A) red" lines when there are two or more,
     and single lines holding two or more "label text" pairs ("(A) red (B) blue ...")."""
     lines = s.split("\n")
@@ -309,12 +168,12 @@ def _echo_lines(s: str, opts: _Options) -> set[int]:
         m = _LINE_LABEL.match(line)
         if m:
             letter = (m.group("a") or m.group("b") or m.group("c")).upper()
-            if opts.texts.get(letter) and _norm_text(m.group("rest")) == opts.texts[letter]:
+            if opts.texts.get(letter) and norm_text(m.group("rest")) == opts.texts[letter]:
                 single.append(i)
                 continue
         pairs: set[str] = set()
         rest, pos = [], 0
-        for m in _LABEL_ANY.finditer(line):
+        for m in LABEL_ANY.finditer(line):
             k = (m.group(1) or m.group(2)).upper()
             end = opts.own_text_after(line, k, m.end())
             if end and m.start() >= pos:
@@ -333,68 +192,223 @@ def _echo_lines(s: str, opts: _Options) -> set[int]:
     return out
 
 
-def _commitments(s: str, opts: _Options, echo: set[int]) -> list[tuple[int, list[str], str]]:
+def _commitments(s: str, opts: Options, echo: set[int]) -> list[tuple[int, list[str], str]]:
     """Every explicit commitment: ``(position, letters, rule)`` in text order."""
     found: list[tuple[int, list[str], str]] = []
     spans = _line_spans(s)
     for i, (a, b) in enumerate(spans):
-        if i in echo:
-            continue
-        line = s[a:b]
-        for m in _MARKER.finditer(line):
-            got = _commitment_at(line, m, opts)
-            if got and not _HYPOTHETICAL.search(line[: m.start()]):
-                found.append((a + m.start(), got[0], "commitment"))
-        # "(B) is correct", "Option C is the best answer", "D is the answer"
-        for m in re.finditer(r"\b(?:option|choice)\b|\(|\[|\b[A-Z](?![\w'])", line, re.I):
-            if m.group(0).isalpha() and len(m.group(0)) == 1:
-                if not m.group(0).isupper() or not _BARE_BEFORE.search(line[: m.start()]):
-                    continue
-            ref = _ref_at(line, m.start(), opts) if not opts.text_at(line, m.start()) else None
-            if ref is None:
-                got = (
-                    _OPTION_WORD_REF.match(line, m.end())
-                    if m.group(0).lower() in ("option", "choice")
-                    else None
-                )
-                if not got or got.group(1).upper() not in opts.letters:
-                    continue
-                ref = (got.group(1).upper(), got.end())
-            if (
-                _IS_CORRECT.match(line, ref[1])
-                and not _HYPOTHETICAL.search(line[: m.start()])
-                and not re.search(r"\bnot\s+$", line[: m.start()], re.I)
-            ):
-                found.append((a + m.start(), [ref[0]], "commitment"))
-        pl = _PURE_LABEL.match(line)
-        if pl and pl.group("l").upper() in opts.letters:
-            found.append((a, [pl.group("l").upper()], "label line"))
-        else:
-            lead = len(line) - len(line.lstrip(" \t-•"))
-            got = _ref_list(line, lead, opts) if line.strip() else None
-            if got and len(got[0]) > 1 and re.fullmatch(r"[\s.!,;]*", line[got[1] :]):
-                found.append((a, got[0], "label line"))
-    # one labelled first line ("C. A pretty girl standing", "(B) blue"): the model's answer
-    labelled = [i for i, (a, b) in enumerate(spans) if i not in echo and _LINE_LABEL.match(s[a:b])]
-    first = next((i for i, (a, b) in enumerate(spans) if s[a:b].strip()), None)
-    if labelled == [first] and first is not None:
-        a, b = spans[first]
-        m = _LINE_LABEL.match(s[a:b])
-        letter = (m.group("a") or m.group("b") or m.group("c")).upper()
-        rest = m.group("rest")
-        own = opts.own_text_after(s[a:b], letter, m.end("rest") - len(rest))
-        rest = s[a:b][own:] if own else rest
-        others = set(_mentions(s[a:b], opts)[0]) - {letter}
-        if (
-            letter in opts.letters
-            and not any(p == a for p, _, _ in found)
-            and not others
-            and not _REJECT_AFTER.match(rest)
-            and not _DESCRIBES.match(rest)
-        ):
-            found.append((a, [letter], "label line"))
+        if i not in echo:
+            line = s[a:b]
+            found += _marker_commitments(line, a, opts)
+            found += _declared_right(line, a, opts)
+            found += _label_line(line, a, opts)
+    lead = _first_line_lead(s, spans, opts, echo)
+    if lead and not any(p == lead[0] for p, _, _ in found):
+        found.append(lead)
     found.sort(key=lambda x: x[0])
     return found
+
+
+# "B is the answer: ...": the marker is said of the option before it
+_IS_BEFORE = re.compile(r"[ \t]+(?:is|was)[ \t]+$", re.I)
+_REF_END = re.compile(
+    r"(?:\(\s*[A-Za-z]\s*\)|\[\s*[A-Za-z]\s*\]|(?<![\w'])[A-Z]|\b(?:option|choice)\s+[A-Za-z])$",
+    re.I,
+)
+
+
+def _said_of_option(before: str, opts: Options) -> bool:
+    """True when ``before`` ends with an option and "is" ("B is", "(B) is", "Blue is")."""
+    m = _IS_BEFORE.search(before)
+    if not m:
+        return False
+    head = before[: m.start()]
+    return bool(_REF_END.search(head)) or any(e == len(head) for _, e, _ in opts.find_texts(head))
+
+
+def _marker_commitments(line: str, a: int, opts: Options) -> list[tuple[int, list[str], str]]:
+    """Commitments that follow a marker ("Answer: b", "the answer is (D)", "I'd go with A") on
+    ``line`` (which starts at ``a``), outside hypotheticals and other people's choices."""
+    out = []
+    for m in _MARKER.finditer(line):
+        before = line[: m.start()]
+        if _HYPOTHETICAL.search(before) or _said_of_option(before, opts):
+            continue
+        got = _commitment_at(line, m, opts)
+        if got and _speaker_commits(line, m):
+            out.append((a + m.start(), got[0], "commitment"))
+    return out
+
+
+# "(A) would be right for cities", "(C) is correct if ...": right only under a condition
+_CONDITION_AFTER = re.compile(
+    r"[ \t]+(?:for|if|when|whenever|in\s+(?:a|an|another|other|some)|under|unless|only\s+if)\b",
+    re.I,
+)
+
+
+def _declared_right(line: str, a: int, opts: Options) -> list[tuple[int, list[str], str]]:
+    """Options declared right on ``line``: "(B) is correct", "Option C is the best answer",
+    "D is the answer"; not negated, hypothetical or conditional ("(A) would be right for ...")."""
+    out = []
+    for m in re.finditer(r"\b(?:option|choice)\b|\(|\[|\b[A-Z](?![\w'])", line, re.I):
+        if m.group(0).isalpha() and len(m.group(0)) == 1:
+            if not m.group(0).isupper() or not _BARE_BEFORE.search(line[: m.start()]):
+                continue
+        ref = ref_at(line, m.start(), opts) if not opts.text_at(line, m.start()) else None
+        if ref is None:
+            got = (
+                _OPTION_WORD_REF.match(line, m.end())
+                if m.group(0).lower() in ("option", "choice")
+                else None
+            )
+            if not got or got.group(1).upper() not in opts.letters:
+                continue
+            ref = (got.group(1).upper(), got.end())
+        right = _IS_CORRECT.match(line, ref[1])
+        if (
+            right
+            and not _CONDITION_AFTER.match(line, right.end())
+            and not _HYPOTHETICAL.search(line[: m.start()])
+            and not re.search(r"\bnot\s+$", line[: m.start()], re.I)
+        ):
+            out.append((a + m.start(), [ref[0]], "commitment"))
+    return out
+
+
+def _label_line(line: str, a: int, opts: Options) -> list[tuple[int, list[str], str]]:
+    """A line that is only an option label ("B", "(b)", "**Option C**"), or only several
+    ("(A) and (D)": a multi-option commitment)."""
+    pl = _PURE_LABEL.match(line)
+    if pl and pl.group("l").upper() in opts.letters:
+        return [(a, [pl.group("l").upper()], "label line")]
+    lead = len(line) - len(line.lstrip(" \t-•"))
+    got = ref_list(line, lead, opts) if line.strip() else None
+    if got and len(got[0]) > 1 and re.fullmatch(r"[\s.!,;]*", line[got[1] :]):
+        return [(a, got[0], "label line")]
+    return []
+
+
+# what ends the clause of an option a line opens with
+_LEAD_BREAK = re.compile(
+    r"[ \t]*(?:[.!;](?=\s|$)|[—–]|-(?=[ \t])|$"
+    r"|,(?=[ \t]*(?:since|because|as|not|given|while|whereas|due)\b))",
+    re.I,
+)
+# what right after a leading option takes it back or hedges it
+_HEDGE_OR_CHANGE = re.compile(
+    r"(?:or|maybe|perhaps|possibly|wait|actually|hmm|no(?=[ \t]*[,.;!—–]|[ \t]+wait)|"
+    r"on\s+second\s+thought|"
+    r"correction|scratch\s+that)\b",
+    re.I,
+)
+_HEDGE = re.compile(r"(?:or|maybe|perhaps|possibly)\b", re.I)
+_WORD_LEAD = re.compile(r"[ \t]*(?:[-•][ \t]*)?(?:option|choice)[ \t]*(?P<c>[A-Za-z])\b", re.I)
+_BARE_LEAD = re.compile(
+    r"[ \t]*(?:[-•][ \t]*)?(?P<c>[A-Z])(?=[ \t]*(?:[;—–]|-[ \t]"
+    r"|,[ \t]*(?:since|because|as|not|given|while|whereas|due)\b))"
+)
+
+
+def _lead_at(line: str, opts: Options) -> tuple[str, int, str] | None:
+    """The option a line opens with: ``(letter, end, rule)``. A letter label ("C.", "(B) blue",
+    "B; ...", "Option C. ..."), its own text included, or an option's text that ends its clause
+    ("Mitochondria. ...", "Paris, Texas; ..."); numeric texts are list numbers here, never
+    leads."""
+    m = _LINE_LABEL.match(line)
+    if m:
+        letter = (m.group("a") or m.group("b") or m.group("c")).upper()
+        start = m.start("rest")
+        return letter, opts.own_text_after(line, letter, start) or start, "label line"
+    m = _BARE_LEAD.match(line) or _WORD_LEAD.match(line)
+    if m and _LEAD_BREAK.match(line, m.end()) and line[m.end() :].strip():
+        return m.group("c").upper(), m.end(), "label line"
+    hit = opts.text_at(line, len(line) - len(line.lstrip(" \t-•")))
+    if hit and not _NUMERIC.fullmatch(opts.texts[hit[0]]) and _LEAD_BREAK.match(line, hit[1]):
+        return hit[0], hit[1], "text line"
+    return None
+
+
+def _parallel_leads(s: str, spans, echo: set[int], opts: Options, letter: str, pos: int) -> bool:
+    """True when a sentence after ``pos`` opens with another option the way a per-option list
+    does: a letter label that does not reject it ("B. ...", "(C) fits") or an option's text
+    ending its clause ("Red: ...")."""
+    for i, (a, b) in enumerate(spans):
+        if i in echo or b <= pos:
+            continue
+        for m in _SENTENCE.finditer(s, max(a, pos), b):
+            sent = m.group(0).strip().lstrip(".;:,!?—–- \t")
+            lab = _LINE_LABEL.match(sent) or _PURE_LABEL.match(sent)
+            if lab and next(g for g in lab.groups() if g).upper() != letter:
+                if not _REJECT_AFTER.match(lab.groupdict().get("rest") or ""):
+                    return True
+            hit = opts.text_at(sent, len(sent) - len(sent.lstrip(" \t-•")))
+            if hit and hit[0] != letter and _PARALLEL_END.match(sent, hit[1]):
+                return True
+    return False
+
+
+_ANSWER_HEADING = re.compile(r"[ \t]*(?:final[ \t]+)?answer[ \t]*:?[ \t]*$", re.I)
+_PARALLEL_END = re.compile(r"[ \t]*(?:[.:;!]|[—–]|-\s|$)")
+
+
+def _tail_keeps_lead(line: str, end: int, letter: str, opts: Options) -> bool:
+    """Whether what follows a leading option (``line[end:]``) leaves it the answer: not when it
+    takes it back or hedges in the same sentence ("Nucleus — wait, no, the mitochondria", "B,
+    or maybe C"), hedges towards another option in the next ("The nucleus. Or maybe the
+    ribosome"), rejects, describes or weighs it ("(A) is wrong", "(B) shows ...", "(A) is
+    tempting"), or names another option in the lead's own clause ("(A) red and (C) green")."""
+    tail = line[end:]
+    body = tail.lstrip(" \t.;:,—–-")
+    if re.search(r"[.!?]$", line[: len(line) - len(body)].rstrip()):
+        # a new sentence: a revision is read as one later ("B. Wait, (A) is better")
+        nxt = _SENTENCE.match(body)
+        if _HEDGE.match(body) and nxt and set(_mentions(nxt.group(0), opts)[0]) - {letter}:
+            return False
+    elif _HEDGE_OR_CHANGE.match(body):
+        return False
+    if (r := ref_at(body, 0, opts)) is not None and r[0] != letter:
+        return True  # the tail is about another option
+    if not _LEAD_BREAK.match(tail) and (
+        _LEAD_REJECTED.match(tail) or _DESCRIBES.match(tail) or _CONSIDERED_AFTER.match(tail)
+    ):
+        return False
+    brk = _LEAD_BREAK.search(tail)
+    return not set(_mentions(line[: end + brk.start()], opts)[0]) - {letter}
+
+
+def _first_line_lead(
+    s: str, spans: list[tuple[int, int]], opts: Options, echo: set[int]
+) -> tuple[int, list[str], str] | None:
+    """The option the first line (after echoed options) opens with, when a reader takes it as
+    the answer (see :func:`_lead_at`; an option's text only with more text after it):
+    ``(position, [letter], rule)``. None when it opens a list ("(A) and (C) are both
+    possible"), is rejected, described or hedged ("(A) is wrong", "(B) shows ...", "B, or maybe
+    C"), its clause names another option, or the response goes through options one by one
+    (another labelled line, or a parallel sentence: :func:`_parallel_leads`)."""
+    lines = [i for i, (a, b) in enumerate(spans) if i not in echo and s[a:b].strip()]
+    if lines and _ANSWER_HEADING.match(s[slice(*spans[lines[0]])]):
+        lines = lines[1:]  # "### Answer" / "Answer:" on a line of its own
+    if not lines:
+        return None
+    a, b = spans[lines[0]]
+    line = s[a:b]
+    got = _lead_at(line, opts)
+    if not got or got[0] not in opts.letters:
+        return None
+    letter, end, rule = got
+    if any(_LINE_LABEL.match(s[x:y]) for x, y in (spans[i] for i in lines[1:])):
+        return None
+    if rule == "text line" and not re.search(r"\w", s[a + end :]):
+        return None  # the whole response is the option's text: the sentence rule reads it
+    refs = ref_list(line, len(line) - len(line.lstrip(" \t-•")), opts)
+    if refs and len(refs[0]) > 1:
+        return None
+    if not _tail_keeps_lead(line, end, letter, opts):
+        return None
+    if _parallel_leads(s, spans, echo, opts, letter, a + end):
+        return None
+    return a, [letter], rule
 
 
 _CLAUSE_CUT = re.compile(
@@ -416,20 +430,38 @@ _DESCRIBES = re.compile(
     r"argues|assumes)\b|^\s*:\s|^\s+[-–]\s",
     re.I,
 )
+# options weighed, not chosen: "(A) is tempting", "red is a common distractor", "I considered B"
+_CONSIDERED_AFTER = re.compile(
+    r"^[^.;!?]{0,30}?\b(?:(?:is|are|seems?|looks?|sounds?)\s+(?:also\s+|quite\s+|very\s+)?"
+    r"(?:tempting|attractive|close|a\s+close\s+second|a\s+(?:common\s+|likely\s+|classic\s+)?"
+    r"(?:distractor|trap|mistake))|(?:might|may|could)\s+(?:seem|look|appear|sound)\s+"
+    r"(?:right|correct|plausible|tempting|attractive))\b",
+    re.I,
+)
+_CONSIDERED_BEFORE = re.compile(
+    r"\b(?:considered|considering|compared\s+(?:to|with)|versus|vs\.?|(?:tempted\s+to|might|"
+    r"may|could|often|usually|sometimes)\s+(?:pick|choose|select|say|go\s+with))\s+"
+    r"(?:(?:the|option|choice)\s+)*$",
+    re.I,
+)
 _REJECT_BEFORE = re.compile(
     r"(?:\b(?:not|than|instead\s+of|rather\s+than|unlike|except|nor|neither|exclude|excluding|"
-    r"over|eliminate|eliminating|rule\s+out)|\b(?:cannot|can't|couldn't|could\s+not|isn't|is\s+not|"
+    r"over|eliminate|eliminating|rule\s+out|(?:not|never|\w+n't)\s+(?:choose|select|pick|go\s+with))"
+    r"|\b(?:cannot|can't|couldn't|could\s+not|isn't|is\s+not|"
     r"wasn't|won't|shouldn't)\s+be|\bisn't|\bis\s+not)\s+(?:(?:by|from|in|at|of|the|a|an|option|"
     r"choice|really|exactly|quite|necessarily)\s+)*$",
     re.I,
 )
-_REJECT_AFTER = re.compile(
-    r"^[^.;!?]{0,40}?\b(?:(?:is|are|seems|appears)\s+(?:also\s+)?(?:incorrect|wrong|not|false|"
+_REJECTS = (
+    r"\b(?:(?:is|are|seems|appears)\s+(?:also\s+)?(?:incorrect|wrong|not|false|"
     r"unlikely|ruled\s+out|eliminated|irrelevant|inconsistent)|isn't|aren't|can\s+be\s+"
     r"(?:ruled\s+out|eliminated|excluded|discarded)|cannot|can't|does\s+not|doesn't|do\s+not|"
-    r"don't|fails?|would\s+not|wouldn't|is\s+too|are\s+too|contradicts|doesn't)\b",
-    re.I,
+    r"don't|fails?|would\s+not|wouldn't|is\s+too|are\s+too|contradicts|doesn't)\b"
 )
+_REJECT_AFTER = re.compile(r"^[^.;!?]{0,40}?" + _REJECTS, re.I)
+# a rejection of a leading option: in its own clause, before any comma ("B. I considered red
+# as well, but it fails" rejects red, not B)
+_LEAD_REJECTED = re.compile(r"^[^.;!?,]{0,40}?" + _REJECTS, re.I)
 _SENTENCE = re.compile(r"[^\n]+?(?:[.!?](?=\s|$)|$)", re.M)
 
 
@@ -442,7 +474,7 @@ _OPERATOR_AFTER = re.compile(r"^\s*[=+*/^×÷<>]|^\s+-\s")
 _OPERATOR_BEFORE = re.compile(r"[+*/^×÷]\s*$|\s-\s*$")
 
 
-def _mentions(clause: str, opts: _Options) -> tuple[list[str], list[str], list[str], bool]:
+def _mentions(clause: str, opts: Options) -> tuple[list[str], list[str], list[str], bool]:
     """Letters named in ``clause``: ``(named, rejected, discussed, starts_with_ref)``.
 
     A mention is a bracketed capital "(C)", "option c" / "options B and D", two capitals joined
@@ -455,7 +487,7 @@ def _mentions(clause: str, opts: _Options) -> tuple[list[str], list[str], list[s
     for m in _BRACKET_REF.finditer(clause):
         spans.append((m.start(), m.end(), (m.group(1) or m.group(2))))
     for m in _WORD_REF.finditer(clause):
-        got = _ref_list(clause, m.end(), opts)
+        got = ref_list(clause, m.end(), opts)
         if got:
             for k in got[0]:
                 spans.append((m.start(), got[1], k))
@@ -479,7 +511,12 @@ def _mentions(clause: str, opts: _Options) -> tuple[list[str], list[str], list[s
     for s0, e0, k in spans:
         if _REJECT_BEFORE.search(clause[:s0]) or _REJECT_AFTER.match(clause[e0:]):
             rejected.append(k)
-        elif _DESCRIBES.match(clause[e0:]) or _HYPOTHETICAL.search(clause[:s0]):
+        elif (
+            _DESCRIBES.match(clause[e0:])
+            or _CONSIDERED_AFTER.match(clause[e0:])
+            or _HYPOTHETICAL.search(clause[:s0])
+            or _CONSIDERED_BEFORE.search(clause[:s0])
+        ):
             discussed.append(k)
         else:
             named.append(k)
@@ -487,7 +524,7 @@ def _mentions(clause: str, opts: _Options) -> tuple[list[str], list[str], list[s
     return named, rejected, discussed, lead
 
 
-def _sentences(s: str, opts: _Options, echo: set[int]) -> list[dict[str, Any]]:
+def _sentences(s: str, opts: Options, echo: set[int]) -> list[dict[str, Any]]:
     """The sentences outside echo lines, each with its named / rejected letters and kind."""
     out: list[dict[str, Any]] = []
     for i, (a, b) in enumerate(_line_spans(s)):
@@ -503,7 +540,7 @@ def _sentences(s: str, opts: _Options, echo: set[int]) -> list[dict[str, Any]]:
             _, all_rejected, _, _ = _mentions(sent, opts)
             after_lead = ""
             if lead:
-                r = _ref_at(main, len(main) - len(main.lstrip(" \t-•*:#0123456789.)")), opts)
+                r = ref_at(main, len(main) - len(main.lstrip(" \t-•*:#0123456789.)")), opts)
                 after_lead = main[r[1] :] if r else ""
             discuss = bool(_DISCUSS_LEAD.match(sent)) or (
                 lead and bool(_DESCRIBES.match(after_lead))
@@ -518,7 +555,7 @@ def _sentences(s: str, opts: _Options, echo: set[int]) -> list[dict[str, Any]]:
                     "lead": lead,
                     "discuss": discuss,
                     "question": sent.endswith("?"),
-                    "revision": bool(_REVISION.match(sent)),
+                    "revision": bool(_REVISION.match(sent)) and not _HEDGED.search(sent),
                 }
             )
     # a per-option list: two or more sentences opening with different options
@@ -541,8 +578,9 @@ def parse_strict_detail(
     """
     if response is None or not str(response).strip():
         return StrictParse(None, NO_ANSWER, "empty")
-    opts = _Options(all_choices, index2ans)
-    s = clean_text(str(response))
+    opts = Options(all_choices, index2ans)
+    # runs of spaces and tabs read as one space: option texts match across them
+    s = re.sub(r"[^\S\n]+", " ", clean_text(str(response)))
     if not s.strip():
         return StrictParse(None, NO_ANSWER, "reasoning only")
     echo = _echo_lines(s, opts)
