@@ -7,11 +7,14 @@ Layout (docs/CONTRACTS.md, "Run folder")::
     RUN/<variant>/rep<k>/<suite>/summary.json   SuiteSummary
     RUN/compare.json                        patchbench.comparison.Comparison
 
-Every model carries ``schema_version``. Reading (:func:`read_manifest`, :func:`read_cell`,
-:func:`read_summary`):
+The models, the current schema versions and the format history of each file are in
+:mod:`patchbench.runfolder.models`. Every model carries ``schema_version`` and declares every
+key it writes (``extra="forbid"``: an undeclared key is an error, in the code that sets it and in
+a file of the current version). Reading (:func:`read_manifest`, :func:`read_cell`, :func:`read_summary`):
 
 - a file written by an older schema is migrated on read (the returned model has the current
-  version, ``migrated_from`` says which one it was);
+  version, ``migrated_from`` says which one it was); keys the current version does not declare
+  are dropped by the migration;
 - a file written by a newer schema raises :class:`SchemaTooNew` naming the file and both versions
   (exit 2: this patchbench is too old for the folder);
 - a cell or summary file that is not JSON or does not have the model's shape gives a record with
@@ -20,28 +23,29 @@ Every model carries ``schema_version``. Reading (:func:`read_manifest`, :func:`r
 
 Writing (:func:`write_manifest`, :func:`write_cell`, :func:`write_summary`) always goes through
 :func:`patchbench.records.write_json` (atomic) and stamps the current schema version.
-Models keep unknown keys (``extra="allow"``): older folders carry keys this version dropped.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import types
+import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from patchbench import records
 from patchbench.errors import ConfigError
-
-#: current schema versions (bump together with a migration in ``_migrate_*``)
-MANIFEST_SCHEMA = 2
-CELL_SCHEMA = 2
-SUMMARY_SCHEMA = 2
-
-CellStatus = Literal["ok", "failed", "incomplete", "interrupted", "running", "unreadable"]
-SuiteStatus = Literal["ok", "incomplete", "failed", "unreadable"]
+from patchbench.runfolder.models import (
+    CELL_SCHEMA,
+    MANIFEST_SCHEMA,
+    SUMMARY_SCHEMA,
+    CellRecord,
+    RunManifest,
+    SuiteSummary,
+)
 
 
 class RunFolderError(ConfigError):
@@ -61,131 +65,6 @@ class SchemaTooNew(RunFolderError):
         self.path, self.found, self.supported = Path(path), found, supported
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class ServerRecord(_Model):
-    """The server of one cell: pid (process-group leader), pgid, lifecycle events
-    (``[{"t": seconds, "event": ...}]`` as the server module records them), the command line."""
-
-    pid: int | None = None
-    pgid: int | None = None
-    events: list[Any] = Field(default_factory=list)
-    command: list[str] | str | None = None
-
-
-class CellRecord(_Model):
-    """``RUN/<variant>/rep<k>/cell.json``: what happened in one (variant, repeat) cell.
-
-    index: position in the run's schedule (None in old folders); status: ok | failed | incomplete
-    | interrupted | running | unreadable; suites: {suite: its summary status}; timings_s:
-    {step: seconds} (``server_start``, ``suite:<name>``, ``flush:<name>``, ``server_stop``,
-    ``cell``); started_at / ended_at: UTC ISO stamps; instrumented: in-server instrumentation ran
-    in this cell (its timings feed no verdict); cell_kind: "timed" (timings feed verdicts) or
-    "correctness" (instrumented / untimed suites only); instrumentation: {suite: what that
-    suite's collect() returned}; notes: reader notes (e.g. why the record is unreadable).
-    """
-
-    schema_version: int = CELL_SCHEMA
-    variant: str = ""
-    repeat: int = 0
-    index: int | None = None
-    status: CellStatus = "ok"
-    error: str | None = None
-    suites: dict[str, str] = Field(default_factory=dict)
-    timings_s: dict[str, float | None] = Field(default_factory=dict)
-    started_at: str | None = None
-    ended_at: str | None = None
-    server: ServerRecord = Field(default_factory=ServerRecord)
-    instrumented: bool = False
-    cell_kind: Literal["timed", "correctness"] = "timed"
-    instrumentation: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    notes: list[str] = Field(default_factory=list)
-    migrated_from: int | None = None
-
-
-class SuiteSummary(_Model):
-    """``RUN/<variant>/rep<k>/<suite>/summary.json``: one suite's result in one cell.
-
-    status: ok | incomplete | failed | unreadable; metrics: {name_with_unit: float or None};
-    errors / warnings: lines for the report; meta: anything else the suite kept; bounds:
-    {metric: "lower" | "upper"} for values that only bound the true value (absent: exact).
-    """
-
-    schema_version: int = SUMMARY_SCHEMA
-    suite: str = ""
-    status: SuiteStatus = "ok"
-    metrics: dict[str, float | None] = Field(default_factory=dict)
-    errors: list[str] = Field(default_factory=list)
-    warnings: list[str] = Field(default_factory=list)
-    meta: dict[str, Any] = Field(default_factory=dict)
-    bounds: dict[str, Literal["lower", "upper"]] = Field(default_factory=dict)
-    notes: list[str] = Field(default_factory=list)
-    migrated_from: int | None = None
-
-
-class RunManifest(_Model):
-    """``RUN/manifest.json``: the run as a whole.
-
-    config: the resolved config (``Config.model_dump(mode="json")``: ``variants``, ``baseline``,
-    ``schedule``, ``suites``, ``compare``, ...); patches: {variant: [{"name", "sha256"}]};
-    cells: the schedule's cells as last recorded (each a cell.json-like dict with at least
-    ``variant``, ``repeat``, ``status``); started_at / ended_at: UTC ISO stamps (ended_at None
-    while running); interrupted: the run was stopped by a signal.
-    """
-
-    schema_version: int = MANIFEST_SCHEMA
-    run_id: str = ""
-    config_path: str | None = None
-    config: dict[str, Any] = Field(default_factory=dict)
-    sglang_version: str | None = None
-    model: str | None = None
-    patches: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
-    overlays: dict[str, Any] = Field(default_factory=dict)
-    git_sha: str | None = None
-    host: dict[str, Any] = Field(default_factory=dict)
-    gpu: Any = None
-    environment: dict[str, Any] = Field(default_factory=dict)
-    cells: list[dict[str, Any]] = Field(default_factory=list)
-    started_at: str | None = None
-    ended_at: str | None = None
-    interrupted: bool = False
-    timings_s: dict[str, Any] = Field(default_factory=dict)
-    migrated_from: int | None = None
-
-    # -- conveniences used by the analysis (read-only views of ``config``) --------------------
-    @property
-    def variants(self) -> dict[str, list[str]]:
-        """{variant: patch names} from the config (baseline first when the config says so)."""
-        v = self.config.get("variants") or {}
-        if isinstance(v, dict):
-            return {
-                k: list(p.get("patches", p) if isinstance(p, dict) else (p or []))
-                for k, p in v.items()
-            }
-        return {}
-
-    @property
-    def baseline(self) -> str:
-        """Name of the baseline variant (the config's ``baseline``, else the first variant)."""
-        return self.config.get("baseline") or next(iter(self.variants), "baseline")
-
-    @property
-    def repeats(self) -> int:
-        """``schedule.repeats`` of the config (1 when absent; for a sequential schedule
-        ``{min, max, step}`` its ``min``; the rounds that really ran are read from the cells)."""
-        r = (self.config.get("schedule") or {}).get("repeats") or 1
-        if isinstance(r, dict):
-            r = r.get("min") or 1
-        return int(r)
-
-    @property
-    def suites(self) -> list[str]:
-        """Suite names of the config, in config order."""
-        return list((self.config.get("suites") or {}).keys())
-
-
 # -- migrations ------------------------------------------------------------------------------
 
 
@@ -198,47 +77,73 @@ def _version_of(raw: dict) -> int:
         return 1
 
 
-def _migrate_cell(raw: dict) -> dict:
-    """Version 1 -> 2: no ``schema_version``; the in-server mrope probe's counts lived under
-    ``mrope_probe`` and ran inside timed cells (now ``instrumented`` / ``instrumentation``)."""
-    raw = dict(raw)
+def _cell_1_to_2(raw: dict) -> dict:
+    """``schema_version`` added; the in-server mrope probe's counts (``mrope_probe``, in timed
+    cells) become ``instrumented`` / ``instrumentation``."""
     raw.pop("schema", None)
     if raw.get("server") is None:
         raw["server"] = {}
     if "mrope_probe" in raw:
-        raw.setdefault("instrumentation", {"sync_probe": raw.get("mrope_probe") or {}})
+        raw.setdefault("instrumentation", {"sync_probe": raw.pop("mrope_probe") or {}})
         raw.setdefault("instrumented", True)
     return raw
 
 
-def _migrate_summary(raw: dict) -> dict:
-    """Version 1 -> 2: only ``schema_version`` added."""
-    raw = dict(raw)
+def _schema_key_renamed(raw: dict) -> dict:
+    """``schema`` renamed ``schema_version`` (written by ``_upgrade``)."""
     raw.pop("schema", None)
     return raw
 
 
-def _migrate_manifest(raw: dict) -> dict:
-    """Version 1 (``"schema": 1`` or no key) -> 2: ``schema`` renamed ``schema_version``."""
-    raw = dict(raw)
-    raw.pop("schema", None)
-    return raw
+def _declared_only(model: type[BaseModel], raw: Any) -> Any:
+    """``raw`` without the keys that ``model`` (and every model inside it) does not declare."""
+    if not isinstance(raw, dict):
+        return raw
+    out = {}
+    for name, f in model.model_fields.items():
+        key = f.alias or name
+        if key in raw:
+            out[key] = _fit(f.annotation, raw[key])
+    return out
 
 
-_MIGRATIONS = {
-    "cell": (CELL_SCHEMA, _migrate_cell),
-    "summary": (SUMMARY_SCHEMA, _migrate_summary),
-    "manifest": (MANIFEST_SCHEMA, _migrate_manifest),
+def _fit(tp: Any, value: Any) -> Any:
+    """``value`` with undeclared keys dropped wherever the annotation ``tp`` holds a model."""
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return _declared_only(tp, value)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is list and isinstance(value, list) and args:
+        return [_fit(args[0], v) for v in value]
+    if origin is dict and isinstance(value, dict) and len(args) == 2:
+        return {k: _fit(args[1], v) for k, v in value.items()}
+    if origin in (Union, types.UnionType):
+        for a in args:  # the member of the value's JSON kind
+            if isinstance(value, dict) and isinstance(a, type) and issubclass(a, BaseModel):
+                return _declared_only(a, value)
+            if isinstance(value, list) and typing.get_origin(a) is list:
+                return _fit(a, value)
+    return value
+
+
+#: {kind: (model, {version: step to version + 1})}; older versions then lose undeclared keys
+_MIGRATIONS: dict[str, tuple[type[BaseModel], dict[int, Any]]] = {
+    "cell": (CellRecord, {1: _cell_1_to_2, 2: lambda raw: raw}),
+    "summary": (SuiteSummary, {1: _schema_key_renamed}),
+    "manifest": (RunManifest, {1: _schema_key_renamed, 2: lambda raw: raw}),
 }
+_CURRENT = {"cell": CELL_SCHEMA, "summary": SUMMARY_SCHEMA, "manifest": MANIFEST_SCHEMA}
 
 
 def _upgrade(kind: str, raw: dict, path: Path) -> dict:
-    current, migrate = _MIGRATIONS[kind]
-    found = _version_of(raw)
+    model, steps = _MIGRATIONS[kind]
+    current, found = _CURRENT[kind], _version_of(raw)
     if found > current:
         raise SchemaTooNew(path, found, current)
     if found < current:
-        raw = migrate(raw)
+        raw = dict(raw)
+        for v in range(max(found, 1), current):
+            raw = steps[v](raw)
+        raw = _declared_only(model, raw)
         raw["migrated_from"] = found
     raw["schema_version"] = current
     return raw
@@ -259,7 +164,8 @@ def _load(path: Path) -> dict:
     return raw
 
 
-def _why(e: ValidationError) -> str:
+def why_invalid(e: ValidationError) -> str:
+    """The first problem of a validation error as one line: the key, the message, the value."""
     err = e.errors()[0]
     loc = ".".join(str(x) for x in err.get("loc", ())) or "(top level)"
     return f"key {loc}: {err.get('msg')} (found {err.get('input')!r})"[:300]
@@ -298,7 +204,7 @@ def read_manifest(path: str | os.PathLike) -> RunManifest:
     try:
         return RunManifest.model_validate(raw)
     except ValidationError as e:
-        raise RunFolderError(f"{p}: {_why(e)}") from None
+        raise RunFolderError(f"{p}: {why_invalid(e)}") from None
 
 
 def _validated(p: Path, kind: str, model: type[BaseModel]) -> tuple[Any, str | None]:
@@ -309,7 +215,7 @@ def _validated(p: Path, kind: str, model: type[BaseModel]) -> tuple[Any, str | N
     except SchemaTooNew:
         raise
     except ValidationError as e:
-        return None, _why(e)
+        return None, why_invalid(e)
     except (OSError, ValueError) as e:
         return None, str(e)
 
@@ -361,30 +267,26 @@ def read_summary(path: str | os.PathLike, *, suite: str = "") -> SuiteSummary | 
 
 
 def _dump(model: BaseModel) -> dict:
-    d = model.model_dump(mode="json")
-    if d.get("migrated_from") is None:
-        d.pop("migrated_from", None)
-    return d
+    return model.model_dump(mode="json", by_alias=True)
 
 
-def write_manifest(run_dir: str | os.PathLike, manifest: RunManifest | dict) -> Path:
-    """Validate and write ``RUN/manifest.json`` atomically; returns its path.
-    Raises pydantic.ValidationError for a dict of the wrong shape (before anything is written)."""
-    m = manifest if isinstance(manifest, RunManifest) else RunManifest.model_validate(manifest)
-    m.schema_version = MANIFEST_SCHEMA
-    return records.write_json(Path(run_dir) / "manifest.json", _dump(m))
+def write_manifest(run_dir: str | os.PathLike, manifest: RunManifest) -> Path:
+    """Write ``RUN/manifest.json`` atomically (stamped with the current schema version);
+    returns its path. Raises patchbench.records.ResultsWriteError when it cannot be written."""
+    manifest.schema_version = MANIFEST_SCHEMA
+    return records.write_json(Path(run_dir) / "manifest.json", _dump(manifest))
 
 
-def write_cell(cell_dir: str | os.PathLike, record: CellRecord | dict) -> Path:
-    """Validate and write ``<cell_dir>/cell.json`` atomically; returns its path."""
-    r = record if isinstance(record, CellRecord) else CellRecord.model_validate(record)
-    r.schema_version = CELL_SCHEMA
-    return records.write_json(Path(cell_dir) / "cell.json", _dump(r))
+def write_cell(cell_dir: str | os.PathLike, record: CellRecord) -> Path:
+    """Write ``<cell_dir>/cell.json`` atomically (current schema version); returns its path."""
+    record.schema_version = CELL_SCHEMA
+    return records.write_json(Path(cell_dir) / "cell.json", _dump(record))
 
 
 def write_summary(suite_dir: str | os.PathLike, summary: SuiteSummary | dict) -> Path:
     """Validate and write ``<suite_dir>/summary.json`` atomically; returns its path.
-    Accepts a SuiteSummary or a dict such as ``SuiteResult.to_json(suite)``."""
+    Accepts a SuiteSummary or a dict such as ``SuiteResult.to_json(suite)`` (raises
+    pydantic.ValidationError for one of the wrong shape, before anything is written)."""
     s = summary if isinstance(summary, SuiteSummary) else SuiteSummary.model_validate(summary)
     s.schema_version = SUMMARY_SCHEMA
     return records.write_json(Path(suite_dir) / "summary.json", _dump(s))
