@@ -95,6 +95,12 @@ def _schema_key_renamed(raw: dict) -> dict:
     return raw
 
 
+def _keys_declared(raw: dict) -> dict:
+    """Every key declared from this version on: nothing renamed; :func:`_upgrade` then drops
+    the keys the current version does not declare."""
+    return raw
+
+
 def _declared_only(model: type[BaseModel], raw: Any) -> Any:
     """``raw`` without the keys that ``model`` (and every model inside it) does not declare."""
     if not isinstance(raw, dict):
@@ -127,9 +133,9 @@ def _fit(tp: Any, value: Any) -> Any:
 
 #: {kind: (model, {version: step to version + 1})}; older versions then lose undeclared keys
 _MIGRATIONS: dict[str, tuple[type[BaseModel], dict[int, Any]]] = {
-    "cell": (CellRecord, {1: _cell_1_to_2, 2: lambda raw: raw}),
+    "cell": (CellRecord, {1: _cell_1_to_2, 2: _keys_declared}),
     "summary": (SuiteSummary, {1: _schema_key_renamed}),
-    "manifest": (RunManifest, {1: _schema_key_renamed, 2: lambda raw: raw}),
+    "manifest": (RunManifest, {1: _schema_key_renamed, 2: _keys_declared}),
 }
 _CURRENT = {"cell": CELL_SCHEMA, "summary": SUMMARY_SCHEMA, "manifest": MANIFEST_SCHEMA}
 
