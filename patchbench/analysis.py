@@ -49,7 +49,7 @@ def settings_of(man: RunManifest, notes: list[str] | None = None) -> CompareSett
     """The run's ``compare:`` settings (defaults where absent). Keys :class:`CompareSettings` does
     not define (e.g. ``noise_floor_from`` in a folder written by an earlier version) are dropped
     with a line in ``notes``; invalid settings give the defaults, with a line."""
-    raw = dict(man.config.get("compare") or {})
+    raw = dict(man.config.compare) if man.config is not None else {}
     known = set(CompareSettings.model_fields)
     dropped = sorted(k for k in raw if k not in known)
     if dropped and notes is not None:
@@ -126,7 +126,8 @@ def _pairs_for(data: RunData, obj: Any, suite: str, variant: str, cmp: Compariso
     ]
     if not ks:
         return
-    params = _params(obj, (data.manifest.config.get("suites") or {}).get(suite) or {})
+    cfg = data.manifest.config
+    params = _params(obj, (cfg.suites.get(suite) if cfg is not None else None) or {})
     try:
         res = obj.pair(
             [data.suite_dir(data.baseline, k, suite) for k in ks],
@@ -489,15 +490,15 @@ def _schedule(data: RunData) -> list[dict[str, Any]]:
     status."""
     out = []
     for pos, c in enumerate(data.manifest.cells):
-        if c.get("cell_kind") == "correctness":
+        if c.cell_kind == "correctness":
             continue
-        key = (c.get("variant"), int(c.get("repeat", 0) or 0))
+        key = (c.variant, c.repeat)
         out.append(
             {
                 "variant": key[0],
                 "repeat": key[1],
                 "position": pos,
-                "status": data.cell_status(*key) if key in data.cells else c.get("status"),
+                "status": data.cell_status(*key) if key in data.cells else c.status,
             }
         )
     return out

@@ -39,7 +39,8 @@ from patchbench.config.args import check_args, split_args
 from patchbench.errors import ConfigError
 from patchbench.liveness import ServerLost, ServerWatch
 from patchbench.records import ResultsWriteError, make_dir
-from patchbench.runfolder import CellRecord
+from patchbench.runfolder import models
+from patchbench.runfolder.models import CellRecord
 from patchbench.schedule import Cell
 from patchbench.server import (
     MARKER_CELL,
@@ -380,7 +381,7 @@ class CellRun:
         self.say(f"starting server on port {self.port}")
         self.server.start()
         preload.start()  # the report's imports, while this process waits for the server anyway
-        self.record.server = runfolder.ServerRecord(**self.server.record())
+        self.record.server = models.ServerRecord(**self.server.record())
         self.write()  # the pid is on disk before anything can hang
         self.record.timings_s["server_start"] = round(self.server.wait_ready(), 3)
         preload.wait()  # done before any suite runs
@@ -391,7 +392,7 @@ class CellRun:
             on_death=lambda d: self.say(f"{d.message()}; stopping the suite"),
         )
         self.watch.start()
-        self.record.liveness = {"watched": self.watch.describe()}
+        self.record.liveness = models.Liveness(watched=self.watch.describe())
         if self.nvml is not None:
             from patchbench.gpu import GpuSampler
 
@@ -511,9 +512,9 @@ class CellRun:
         """Stop watching, then stop the server group; a stop failure fails the cell."""
         if self.watch is not None:
             self.watch.close()
-            if self.watch.death is not None:
-                self.record.liveness["death"] = self.watch.death.to_json()
-                self.record.liveness["killed_clients"] = self.watch.killed_clients
+            if self.watch.death is not None and self.record.liveness is not None:
+                self.record.liveness.death = models.ServerDeath(**self.watch.death.to_json())
+                self.record.liveness.killed_clients = list(self.watch.killed_clients)
         if self.server is None:
             return
         t = time.monotonic()
@@ -523,11 +524,11 @@ class CellRun:
             self._fail(str(e))
         self.record.timings_s["server_stop"] = round(time.monotonic() - t, 3)
         self.record.server.events = self.server.events
-        self.record.server.stop_breakdown_s = self.server.stop_breakdown_s
+        self.record.server.stop_breakdown_s = models.StopBreakdown(**self.server.stop_breakdown_s)
         if self.sampler is not None:
             g = self.sampler.close()
             self.record.gpu = g
-            self.record.notes += g["flags"]
+            self.record.notes += g.flags
 
     # ------------------------------------------------------------------ step 4: record
     def finish(self, *, best_effort: bool = False) -> CellRecord:

@@ -73,10 +73,11 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
 def _run_bench(a: argparse.Namespace, _raw: list[str]) -> int:
     from patchbench import bench, envinfo
     from patchbench.config import load_config
+    from patchbench.run.plan import describe_plan
 
     if a.dry_run:
         cfg = load_config(a.config)
-        print(bench.describe_plan(cfg, Path(a.resume) if a.resume else None))
+        print(describe_plan(cfg, Path(a.resume) if a.resume else None))
         have = envinfo.installed_version("sglang")
         if have != cfg.sglang:
             print(f"note: this environment has sglang {have}; a real run needs {cfg.sglang}")

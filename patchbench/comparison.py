@@ -13,10 +13,10 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from patchbench import records
-from patchbench.runfolder import RunFolderError, SchemaTooNew
+from patchbench.runfolder import RunFolderError, SchemaTooNew, why_invalid
 
 COMPARISON_SCHEMA = 2
 
@@ -74,7 +74,7 @@ class Row(BaseModel):
     the true value (the suite said so; deterministic rows), None when exact.
     """
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
     suite: str
     metric: str
@@ -113,6 +113,8 @@ class Health(BaseModel):
     """A/A health check: ``ok`` False when an A/A variant came out improved/regressed on a
     primary; then every verdict was downgraded to inconclusive (``notes`` say which)."""
 
+    model_config = ConfigDict(extra="forbid")
+
     ok: bool = True
     aa_variants: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
@@ -132,7 +134,7 @@ class Comparison(BaseModel):
     timed rounds it ran in, or "correctness" for a suite that runs only in correctness cells}.
     """
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
     schema_version: int = COMPARISON_SCHEMA
     run_id: str = ""
@@ -182,9 +184,10 @@ def write_comparison(run_dir: str | os.PathLike, cmp: Comparison) -> Path:
 def read_comparison(path: str | os.PathLike) -> Comparison:
     """Read ``compare.json`` (``path``: the run folder or the file).
 
-    Raises SchemaTooNew for a newer schema, RunFolderError for a missing / unreadable file or a
-    compare.json of schema 1 (written before the typed comparison; re-run ``patchbench report``
-    to rebuild it from the run folder)."""
+    Raises SchemaTooNew for a newer schema, RunFolderError for a missing / unreadable file, one
+    that does not have the shape of :class:`Comparison` (every key declared), or a compare.json
+    of schema 1 (written before the typed comparison; re-run ``patchbench report`` to rebuild it
+    from the run folder)."""
     p = Path(path)
     p = p / "compare.json" if p.is_dir() else p
     try:
@@ -201,4 +204,7 @@ def read_comparison(path: str | os.PathLike) -> Comparison:
             f"{p}: schema version {v} (before the typed comparison); rebuild it "
             "from the run folder with `patchbench report RUN_DIR`"
         )
-    return Comparison.model_validate(raw)
+    try:
+        return Comparison.model_validate(raw)
+    except ValidationError as e:
+        raise RunFolderError(f"{p}: {why_invalid(e)}") from None

@@ -6,8 +6,8 @@ object with the same functions (tests pass a fake). :func:`open_nvml` returns No
 no NVIDIA driver or GPU, and every caller then skips its check.
 
 - :class:`GpuSampler`: per cell, SM/memory clocks, temperature, power, throttle reasons and the
-  processes on each GPU, summarised into ``cell.json`` ``gpu`` with ``flags`` for a throttled or
-  shared GPU (:func:`cell_flags` reads them back for the report and the manifest);
+  processes on each GPU, summarised as a :class:`GpuSummary` (``cell.json`` ``gpu``) with
+  ``flags`` for a throttled or shared GPU (:func:`cell_flags` reads them back for the report);
 - :func:`doctor_rows`: persistence mode and application clocks of each GPU for ``doctor``.
 """
 
@@ -19,6 +19,8 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 #: throttle reasons that mean the GPU ran slower than asked (NVML clocks-event reason bits)
 THROTTLE_BITS = {
@@ -201,14 +203,50 @@ def doctor_rows(nvml: Nvml | None) -> list[tuple[str, str]]:
     return rows
 
 
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Spread(_Strict):
+    """Minimum, median and maximum of one reading over a cell's samples (the reading's unit)."""
+
+    min: int | float
+    median: int | float
+    max: int | float
+
+
+class GpuStats(_Strict):
+    """One GPU over a cell: clocks (MHz), temperature (degrees C) and power (W) as
+    :class:`Spread`; ``throttle``: {reason: samples it was active in}; ``foreign_pids``: pids of
+    processes that are not the cell's; ``unattributed_pids``: pids that could not be told apart
+    (NVML listed none of the cell's own)."""
+
+    index: int
+    sm_clock_mhz: Spread
+    mem_clock_mhz: Spread
+    temperature_c: Spread
+    power_w: Spread
+    throttle: dict[str, int] = Field(default_factory=dict)
+    foreign_pids: list[int] = Field(default_factory=list)
+    unattributed_pids: list[int] = Field(default_factory=list)
+
+
+class GpuSummary(_Strict):
+    """``cell.json`` ``gpu``: what :class:`GpuSampler` saw during one cell. ``flags``: a line per
+    biasing throttle reason or foreign process (the report lists them); ``notes``: lines that
+    are not flags (e.g. unattributed processes)."""
+
+    samples_count: int = 0
+    gpus: list[GpuStats] = Field(default_factory=list)
+    flags: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
 def cell_flags(record: Any) -> list[str] | None:
-    """The GPU flags of one cell (a CellRecord or a cell.json dict): ``gpu.flags``; None when
-    the cell has no GPU summary (CPU run, no NVML, or an older folder)."""
-    gpu = record.get("gpu") if isinstance(record, dict) else getattr(record, "gpu", None)
-    if not isinstance(gpu, dict):
-        return None
-    flags = gpu.get("flags")
-    return [str(f) for f in flags] if isinstance(flags, list) else None
+    """The GPU flags of one cell (a :class:`patchbench.runfolder.CellRecord`): ``gpu.flags``;
+    None when the cell has no GPU summary (CPU run, no NVML, or an older folder)."""
+    gpu = getattr(record, "gpu", None)
+    return list(gpu.flags) if gpu is not None else None
 
 
 @dataclass
@@ -254,21 +292,18 @@ class GpuSampler:
             if self._stop.wait(self.interval_s):
                 return
 
-    def close(self) -> dict:
+    def close(self) -> GpuSummary:
         """Stop sampling; returns :meth:`summary`."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         return self.summary()
 
-    def summary(self) -> dict:
-        """``{"samples_count", "gpus": [{"index", "sm_clock_mhz": {min, median, max},
-        "mem_clock_mhz": {...}, "temperature_c": {...}, "power_w": {...}, "throttle": {reason:
-        samples_count}, "foreign_pids": [...], "unattributed_pids": [...]}], "flags": [str],
-        "notes": [str]}``. A flag is raised for a biasing throttle reason seen in any sample and
-        for any foreign process. When NVML listed processes but never one of ours (NVML reports
-        pids of another pid namespace, e.g. inside a container), they cannot be told apart: they
-        go to ``unattributed_pids`` with a note, not a flag."""
+    def summary(self) -> GpuSummary:
+        """The samples so far as a :class:`GpuSummary`. A flag is raised for a biasing throttle
+        reason seen in any sample and for any foreign process. When NVML listed processes but
+        never one of ours (NVML reports pids of another pid namespace, e.g. inside a container),
+        they cannot be told apart: they go to ``unattributed_pids`` with a note, not a flag."""
         gpus, flags, notes = [], [], []
         any_ours = any(x.get("ours_seen", True) for r in self.samples for x in r)
         n_gpu = max((len(r) for r in self.samples), default=0)
@@ -308,4 +343,4 @@ class GpuSampler:
                     flags.append(f"GPU {i}: throttled ({n}) in {c} of {len(rows)} samples")
             if foreign:
                 flags.append(f"GPU {i}: foreign process(es) {foreign} used the GPU during the cell")
-        return {"samples_count": len(self.samples), "gpus": gpus, "flags": flags, "notes": notes}
+        return GpuSummary(samples_count=len(self.samples), gpus=gpus, flags=flags, notes=notes)

@@ -244,15 +244,15 @@ def night_from_run(run_dir: str | os.PathLike, comparison: Comparison | None = N
         except RunFolderError as e:
             raise ValueError(str(e)) from None
     cmp = comparison or Comparison()
-    cfg = manifest.config or {}
+    cfg = manifest.config
     baseline = cmp.baseline or (manifest.baseline if manifest.config else None)
     night = Night(
         run_id=str(cmp.run_id or manifest.run_id or run.name),
         night_utc=_night_utc(manifest, run),
-        config_name=str(cfg.get("name") or _config_of_folder(run.name)),
+        config_name=str((cfg.name if cfg else None) or _config_of_folder(run.name)),
         baseline=str(baseline) if baseline else "",
         git_sha=manifest.git_sha,
-        sglang_version=manifest.sglang_version or cfg.get("sglang"),
+        sglang_version=manifest.sglang_version or (cfg.sglang if cfg else None),
         run_dir=str(run.resolve()),
         aa_variants=list(cmp.aa_variants),
     )

@@ -26,6 +26,9 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 #: a retraction event; group 1: the number of requests it retracted
 RETRACT_RE = re.compile(
@@ -114,6 +117,33 @@ def scan_server_log(
         "start_offset": start,
         "end_offset": pos,
     }
+
+
+class LogScan(BaseModel):
+    """A scan as a suite keeps it in its summary's ``meta["server_log_scan"]``: the dict
+    :func:`scan_server_log` returns, or ``{"error": why}`` when the log could not be read."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    retractions_count: int = 0
+    retracted_requests_count: int = 0
+    oom_count: int = 0
+    first_lines: list[str] = Field(default_factory=list)
+    start_offset: int | None = None
+    end_offset: int | None = None
+    error: str | None = None
+
+
+def scan_of(meta: dict[str, Any]) -> LogScan | None:
+    """The server-log scan in a suite summary's ``meta`` (``meta["server_log_scan"]``); None
+    when the suite kept none or it does not have the shape of :class:`LogScan`."""
+    raw = meta.get("server_log_scan")
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return LogScan.model_validate(raw)
+    except ValidationError:
+        return None
 
 
 def log_size(path: str | os.PathLike) -> int:

@@ -19,6 +19,16 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 
+def stamped(msg: str) -> str:
+    """``msg`` as one line of ``bench``'s log: ``[patchbench HH:MM:SS] msg`` (local time)."""
+    return f"[patchbench {time.strftime('%H:%M:%S')}] {msg}"
+
+
+def say(msg: str) -> None:
+    """Print ``msg`` as one :func:`stamped` line on stdout (flushed)."""
+    print(stamped(msg), flush=True)
+
+
 def eta_s(finished_s: list[float], remaining: int) -> float | None:
     """Seconds left: the median duration of the cells finished in this invocation times the
     cells remaining (the median, so one cell that failed at once does not halve the estimate).

@@ -21,10 +21,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from patchbench import records, runfolder
+from patchbench import logscan, records, runfolder
 from patchbench.analysis import build_comparison
 from patchbench.comparison import CompareSettings, Comparison, Row, write_comparison
 from patchbench.rundata import variant_parts
+from patchbench.runfolder import models
 
 VERDICT_MARK = {
     "regressed": "🔴 regressed",
@@ -164,12 +165,12 @@ def sentence_parts(cmp: Comparison, variant: str) -> tuple[str, list[str]]:
 
 
 def _header(man: runfolder.RunManifest, cmp: Comparison) -> list[str]:
-    cfg = man.config
-    model = (cfg.get("model") or {}).get("path", man.model or "?")
-    gpu = man.gpu or None
-    gpu_s = gpu_name(man.model_dump()) if gpu else "none (CPU engine)"
+    cfg = man.config or models.RunConfig()
+    ref = cfg.model or models.ModelRef()
+    model = ref.path or man.model or "?"
+    gpu_s = gpu_name(man.gpu) or "none (CPU engine)"
     lines = [
-        f"# patchbench: {cfg.get('name', cmp.run_id)}",
+        f"# patchbench: {cfg.name or cmp.run_id}",
         "",
         "| | |",
         "|---|---|",
@@ -177,18 +178,16 @@ def _header(man: runfolder.RunManifest, cmp: Comparison) -> list[str]:
         f"| model | `{model}`"
         + (
             " (tiny random weights: accuracy near 0 is expected; this run shows the pipeline)"
-            if (cfg.get("model") or {}).get("tiny")
+            if ref.tiny
             else ""
         )
         + " |",
-        f"| sglang | `{man.sglang_version or cfg.get('sglang', '?')}` |",
+        f"| sglang | `{man.sglang_version or cfg.sglang or '?'}` |",
     ]
     for v in [cmp.baseline] + cmp.variants:
-        pats, args, env = variant_parts((cfg.get("variants") or {}).get(v))
-        ps = man.patches.get(v) or [{"name": p, "sha256": None} for p in pats]
-        desc = (
-            ", ".join(f"`{p.get('name')}` ({(p.get('sha256') or '?')[:12]})" for p in ps) or "stock"
-        )
+        pats, args, env = variant_parts(cfg.variants_json().get(v))
+        ps = man.patches.get(v) or [models.PatchHash(name=p) for p in pats]
+        desc = ", ".join(f"`{p.name}` ({(p.sha256 or '?')[:12]})" for p in ps) or "stock"
         if args:
             desc += "; server args " + " ".join(f"`{a}`" for a in args)
         if env:
@@ -198,19 +197,17 @@ def _header(man: runfolder.RunManifest, cmp: Comparison) -> list[str]:
     inst = [f"{c['variant']}/rep{c['repeat']}" for c in cmp.cells if c.get("instrumented")]
     corr = [c["dir"] for c in cmp.correctness_cells]
     rounds = cmp.suite_rounds
-    order = (cfg.get("schedule") or {}).get("order", "interleaved")
+    order = cfg.schedule.order
     lines += [
         f"| GPU | {gpu_s} |",
         f"| patchbench commit | `{(man.git_sha or '?')[:12]}` |",
         f"| schedule | {cmp.repeats} timed repeat(s), {order} |",
     ]
-    seq = (man.model_extra or {}).get("sequential")
-    if seq:
-        looks = (seq.get("design") or {}).get("looks") or []
+    seq = man.sequential
+    if seq is not None:
+        looks = seq.design.looks
         most = f" of at most {looks[-1]}" if looks else ""
-        lines.append(
-            f"| sequential | {seq.get('repeats_run')}{most} repeats; {seq.get('reason')} |"
-        )
+        lines.append(f"| sequential | {seq.repeats_run}{most} repeats; {seq.reason} |")
     suites_txt = ", ".join(
         f"{x} ({_rounds_txt(rounds[x])})" if x in rounds and rounds[x] != "all" else x
         for x in cmp.suites
@@ -238,15 +235,12 @@ def _rounds_txt(r: object) -> str:
     return str(r)
 
 
-def gpu_name(manifest: dict) -> str | None:
-    """The GPU model(s) of a manifest dict: ``gpu.name`` or the names in ``gpu.gpus``, "NAME xN"
-    for N equal GPUs; None without a GPU."""
-    gpu = manifest.get("gpu") or None
-    if not gpu:
+def gpu_name(gpu: models.HostGpus | None) -> str | None:
+    """The GPU model(s) of a manifest's ``gpu``: the names in ``gpus``, "NAME xN" for N equal
+    GPUs; None without a GPU."""
+    if gpu is None:
         return None
-    if gpu.get("name"):
-        return str(gpu["name"])
-    names = [str(g.get("name", "?")) for g in gpu.get("gpus") or []]
+    names = [g.name or "?" for g in gpu.gpus]
     if not names:
         return "?"
     if len(set(names)) == 1:
@@ -355,17 +349,15 @@ def _server_log_block(cmp: Comparison, run_dir: Path) -> list[str]:
                 )
             except Exception:  # noqa: BLE001 - a newer schema is refused elsewhere
                 continue
-            scan = (sm.meta or {}).get("server_log_scan") if sm is not None else None
-            if not isinstance(scan, dict):
+            scan = logscan.scan_of(sm.meta) if sm is not None else None
+            if scan is None or (not scan.retractions_count and not scan.oom_count):
                 continue
-            r, o = scan.get("retractions_count") or 0, scan.get("oom_count") or 0
-            if not r and not o:
-                continue
-            first = (scan.get("first_lines") or [""])[0]
+            first = (scan.first_lines or [""])[0]
             lines.append(
-                f"- {suite} / {c['variant']}/rep{c['repeat']}: {r} retraction(s) of "
-                f"{scan.get('retracted_requests_count') or 0} request(s), {o} out-of-memory "
-                "event(s)" + (f" (first: {_esc(first)})" if first else "")
+                f"- {suite} / {c['variant']}/rep{c['repeat']}: {scan.retractions_count} "
+                f"retraction(s) of {scan.retracted_requests_count} request(s), "
+                f"{scan.oom_count} out-of-memory event(s)"
+                + (f" (first: {_esc(first)})" if first else "")
             )
     if not lines:
         return []

@@ -114,16 +114,14 @@ def read_run(run_dir: str | os.PathLike) -> RunData:
     missing cell is status "missing", an unreadable one "unreadable" (the report still renders)."""
     run_dir = Path(run_dir)
     man = runfolder.read_manifest(run_dir)
-    variants = list(man.variants) or sorted(
-        {c.get("variant") for c in man.cells if c.get("variant")}
-    )
+    variants = list(man.variants) or sorted({c.variant for c in man.cells if c.variant})
     if not variants:
         raise runfolder.RunFolderError(
             f"{run_dir / 'manifest.json'}: no variants in config.variants or cells"
         )
     baseline = man.baseline if man.baseline in variants else variants[0]
     variants = [baseline] + [v for v in variants if v != baseline]
-    repeats = planned_repeats(man.config)
+    repeats = man.repeats
     for v in variants:
         for d in (run_dir / v).glob("rep*"):
             m = re.fullmatch(r"rep(\d+)", d.name)
@@ -144,17 +142,13 @@ def _aa_variants(man: RunManifest, variants: list[str]) -> list[str]:
     """The A/A variants (``variants[0]`` is the baseline): what bench recorded
     (``variants[v].aa``), else the same patches, arguments and environment as the baseline in the
     config's variant mappings (``man.variants`` keeps only the patches)."""
-    raw = man.config.get("variants") if isinstance(man.config.get("variants"), dict) else {}
-    recorded = (man.model_extra or {}).get("variants") or {}
+    raw = man.config.variants_json() if man.config is not None else {}
+    recorded = man.variant_diffs
     base = variant_identity(raw.get(variants[0], man.variants.get(variants[0])))
     return [
         v
         for v in variants[1:]
-        if (
-            recorded[v].get("aa") is True
-            if isinstance(recorded.get(v), dict)
-            else v in raw and variant_identity(raw[v]) == base
-        )
+        if (recorded[v].aa if v in recorded else v in raw and variant_identity(raw[v]) == base)
     ]
 
 
@@ -179,19 +173,6 @@ def _read_cells(data: RunData) -> None:
                 data.notes += sm.notes if sm is not None else []
 
 
-def planned_repeats(config: dict) -> int:
-    """The repeats a run's config plans: ``schedule.repeats`` when it is an integer, ``min``
-    of a sequential schedule (``{min, max, step}``: the repeats that ran are found on disk);
-    1 when absent or unreadable."""
-    r = (config.get("schedule") or {}).get("repeats")
-    if isinstance(r, dict):
-        r = r.get("min")
-    try:
-        return max(1, int(r or 1))
-    except (TypeError, ValueError):
-        return 1
-
-
 def suite_schedule(
     man: RunManifest, suites: list[str], repeats: int
 ) -> tuple[dict[str, list[int]], list[str]]:
@@ -201,8 +182,8 @@ def suite_schedule(
     suite's ``timed`` flag; a suite without either runs in every round."""
     from patchbench.schedule import resolve_rounds
 
-    recorded = (man.model_extra or {}).get("suite_rounds") or {}
-    cfg_suites = man.config.get("suites") or {}
+    recorded = man.suite_rounds
+    cfg_suites = man.config.suites if man.config is not None else {}
     rounds: dict[str, list[int]] = {}
     corr: list[str] = []
     for s in suites:

@@ -96,7 +96,10 @@ def compare_runs(run_a: Path, run_b: Path, variant: str | None = None, alpha: fl
         "b": str(run_b),
         "variant": v,
         "method": UNPAIRED_NOTE,
-        "differences": protocol_differences(da.manifest.model_dump(), db.manifest.model_dump()),
+        "differences": protocol_differences(
+            da.manifest.model_dump(mode="json", by_alias=True),
+            db.manifest.model_dump(mode="json", by_alias=True),
+        ),
         "rows": rows,
     }
 

@@ -13,8 +13,16 @@ import pytest
 import tests.fake_server.fake_suites  # registers the fake suites (and is subclassed below)
 from patchbench import bench, cell, cli
 from patchbench.config import load_config
-from patchbench.errors import ConfigError, Interrupted, PatchError
+from patchbench.errors import (
+    ConfigError,
+    EnvironmentNotReady,
+    Interrupted,
+    PatchError,
+    RunFailed,
+)
 from patchbench.records import read_json
+from patchbench.run.plan import describe_plan
+from patchbench.run.preflight import ensure_model
 from patchbench.server import port_answers
 from patchbench.suite import register as register_suite
 
@@ -93,7 +101,7 @@ def test_run_writes_cells_manifest_and_resume_does_nothing(fake_env, tmp_path):
     assert all(c.get("skipped") for c in read_json(run_dir / "manifest.json")["cells"])
     # a dry run of a resume names what is done and what would run: remove one cell's summary
     (run_dir / "control" / "rep1" / "fake" / "summary.json").unlink()
-    plan = bench.describe_plan(load_config(cfg), run_dir)
+    plan = describe_plan(load_config(cfg), run_dir)
     assert "baseline#0 (done) control#0 (done) control#1 baseline#1 (done)" in plan
     assert "3 of 4 cells done, 1 to run" in plan
     assert "1 server launches" in plan
@@ -101,7 +109,7 @@ def test_run_writes_cells_manifest_and_resume_does_nothing(fake_env, tmp_path):
     cfg3 = tmp_path / "three.yaml"
     cfg3.write_text(cfg.read_text().replace("repeats: 2", "repeats: 3"))
     with pytest.raises(ConfigError, match=r"schedule.repeats: 2 there, 3 now"):
-        bench.describe_plan(load_config(cfg3), run_dir)
+        describe_plan(load_config(cfg3), run_dir)
 
 
 def test_resume_of_a_folder_without_manifest_is_a_usage_error(fake_env, tmp_path, capsys):
@@ -118,7 +126,7 @@ def test_resume_of_a_folder_without_manifest_is_a_usage_error(fake_env, tmp_path
 def test_server_dying_mid_run_fails_that_cell_only_and_resume_reruns_it(fake_env, tmp_path):
     fake_env["control/rep0"] = {"FAKE_DIE_AFTER_GENERATE": "1"}
     cfg = write_config(tmp_path, BASIC)
-    with pytest.raises(bench.RunFailed) as ei:
+    with pytest.raises(RunFailed) as ei:
         bench.run_bench(cfg, results_root=tmp_path / "results")
     run_dir = ei.value.run_dir
     cells = {(c["variant"], c["repeat"]): c for c in read_json(run_dir / "manifest.json")["cells"]}
@@ -157,7 +165,7 @@ def test_between_suites_a_flush_the_scheduler_refuses_fails_the_cell_and_no_heal
         "repeats: 2", "repeats: 1"
     )
     cfg = write_config(tmp_path, body)
-    with pytest.raises(bench.RunFailed) as ei:
+    with pytest.raises(RunFailed) as ei:
         bench.run_bench(cfg, results_root=tmp_path / "results")
     run_dir = ei.value.run_dir
     bad = read_json(run_dir / "control" / "rep0" / "cell.json")
@@ -241,7 +249,7 @@ def test_wrong_sglang_pin_is_environment_error(fake_env, tmp_path):
     # no patch: a patch without a diff for 0.4.0 is a config error (exit 2) before this check
     cfg = write_config(tmp_path, BASIC.replace("@SGLANG@", "0.4.0").replace("[null-comment]", "[]"))
     with pytest.raises(
-        bench.EnvironmentNotReady, match=f"pins sglang 0.4.0.*has {SGLANG}.*make setup SGLANG=0.4.0"
+        EnvironmentNotReady, match=f"pins sglang 0.4.0.*has {SGLANG}.*make setup SGLANG=0.4.0"
     ):
         bench.run_bench(cfg, results_root=tmp_path / "results")
     assert cli.main(["bench", str(cfg)]) == 3
@@ -312,46 +320,51 @@ def test_tiny_model_missing_is_built_where_the_config_says(fake_env, tmp_path, m
     built = []
     monkeypatch.setattr(tm, "build_tiny_qwen25vl", lambda d: built.append(Path(d)) or Path(d))
     cfg = _model_cfg(tmp_path, f"model: {{path: {tmp_path / 'models' / 'tiny'}, tiny: true}}")
-    assert bench.ensure_model(cfg) == tmp_path / "models" / "tiny"
+    assert ensure_model(cfg) == tmp_path / "models" / "tiny"
     assert built == [tmp_path / "models" / "tiny"]
 
 
 def test_hub_id_is_passed_through_and_missing_local_path_is_an_error(fake_env, tmp_path):
     cfg = _model_cfg(tmp_path, "model: {path: Qwen/Qwen2.5-VL-3B-Instruct}")
-    bench.ensure_model(cfg)  # no error: sglang finds a hub id in the HF cache
+    ensure_model(cfg)  # no error: sglang finds a hub id in the HF cache
     assert cfg.model_ref == "Qwen/Qwen2.5-VL-3B-Instruct"
     cfg = _model_cfg(tmp_path, "model: {path: ./no-such-model}")
-    with pytest.raises(
-        bench.EnvironmentNotReady, match=r"model.path .*no-such-model does not exist"
-    ):
-        bench.ensure_model(cfg)
+    with pytest.raises(EnvironmentNotReady, match=r"model.path .*no-such-model does not exist"):
+        ensure_model(cfg)
 
 
 def test_overhead_share_and_breakdown_by_hand():
     """Two cells ran, one was skipped on resume: 100 s total, 80 s inside start-up and suites."""
+    from patchbench.run.overhead import overhead_breakdown, overhead_share
+    from patchbench.runfolder.models import ManifestCell, RunTimings
+
     records = [
-        {
-            "timings_s": {
+        ManifestCell(
+            variant="a",
+            timings_s={
                 "server_start": 20.0,
                 "suite:mmmu": 10.0,
                 "flush:serving": 0.5,
                 "suite:serving": 10.0,
                 "server_stop": 4.0,
-            }
-        },
-        {
-            "timings_s": {
+            },
+        ),
+        ManifestCell(
+            variant="b",
+            timings_s={
                 "server_start": 20.0,
                 "suite:mmmu": 10.0,
                 "suite:serving": 10.0,
                 "server_stop": 1.5,
-            }
-        },
-        {"timings_s": {"server_start": 99.0, "server_stop": 99.0}, "skipped": True},
+            },
+        ),
+        ManifestCell(
+            variant="a", timings_s={"server_start": 99.0, "server_stop": 99.0}, skipped=True
+        ),
     ]
-    timings = {"setup": 2.0, "report": 1.0, "total": 100.0}
-    assert bench._overhead_share(records, timings) == 0.2
-    assert bench._overhead_breakdown(records, timings) == {
+    timings = RunTimings(setup=2.0, report=1.0, total=100.0)
+    assert overhead_share(records, timings) == 0.2
+    assert overhead_breakdown(records, timings).model_dump() == {
         "python_start": 0.0,
         "setup": 2.0,
         "server_stop": 5.5,
@@ -360,9 +373,9 @@ def test_overhead_share_and_breakdown_by_hand():
         "other": 11.0,
     }
     # run from the command line: 1.5 s of interpreter start-up and imports, inside the total
-    timings["python_start"] = 1.5
-    got = bench._overhead_breakdown(records, timings)
-    assert got["python_start"] == 1.5 and got["other"] == 9.5  # 100 - 80 - 5.5 - 0.5 - 2 - 1 - 1.5
+    timings.python_start = 1.5
+    got = overhead_breakdown(records, timings)
+    assert got.python_start == 1.5 and got.other == 9.5  # 100 - 80 - 5.5 - 0.5 - 2 - 1 - 1.5
 
 
 def test_scheduler_death_fails_the_cell_within_seconds_and_the_run_goes_on(fake_env, tmp_path):
@@ -391,7 +404,7 @@ def test_scheduler_death_fails_the_cell_within_seconds_and_the_run_goes_on(fake_
             time.sleep(0.05)
 
     threading.Thread(target=killer, daemon=True).start()
-    with pytest.raises(bench.RunFailed) as ei:
+    with pytest.raises(RunFailed) as ei:
         bench.run_bench(cfg, results_root=tmp_path / "results")
     run_dir = ei.value.run_dir
     rec = read_json(run_dir / "control" / "rep0" / "cell.json")
@@ -428,7 +441,7 @@ def test_instrumented_or_untimed_suites_get_one_correctness_cell_per_variant(fak
             "fake: {n: 2}", "fake: {n: 1}\n      fake_instr: {}\n      fake_untimed: {}"
         ),
     )
-    plan = bench.describe_plan(load_config(cfg))
+    plan = describe_plan(load_config(cfg))
     assert "correctness baseline#correctness control#correctness" in plan
     run_dir = bench.run_bench(cfg, results_root=tmp_path / "results")
     man = read_json(run_dir / "manifest.json")

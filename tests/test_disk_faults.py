@@ -14,6 +14,7 @@ import pytest
 from patchbench import bench, cli, records
 from patchbench.errors import RunFailed
 from patchbench.records import ResultsWriteError
+from patchbench.run import loop
 from patchbench.server import port_answers
 from tests.test_bench_runner import BASIC, write_config
 from tests.test_bench_runner import fake_env as fake_env
@@ -248,7 +249,7 @@ def _make_read_only(monkeypatch, folder: Path) -> None:
 
 def _read_only_after(monkeypatch, writes: int) -> dict:
     """The run folder becomes read-only right after bench's ``writes``-th manifest write."""
-    real = bench.write_manifest
+    real = loop.write_manifest
     state = {"n": 0, "run_dir": None}
 
     def write_manifest(run_dir, manifest):
@@ -259,7 +260,7 @@ def _read_only_after(monkeypatch, writes: int) -> dict:
             _make_read_only(monkeypatch, Path(run_dir))
         return out
 
-    monkeypatch.setattr(bench, "write_manifest", write_manifest)
+    monkeypatch.setattr(loop, "write_manifest", write_manifest)
     return state
 
 
@@ -273,7 +274,7 @@ def test_results_folder_read_only_after_a_cell_exits_4_naming_the_manifest(
 ):
     cfg = write_config(tmp_path, CONFIG)
     root = tmp_path / "results"
-    real_run_cell = bench.run_cell
+    real_run_cell = loop.run_cell
     calls = []
 
     def run_cell(*a, **k):  # the folder turns read-only as the first cell ends
@@ -282,7 +283,7 @@ def test_results_folder_read_only_after_a_cell_exits_4_naming_the_manifest(
         _make_read_only(monkeypatch, a[3])
         return rec
 
-    monkeypatch.setattr(bench, "run_cell", run_cell)
+    monkeypatch.setattr(loop, "run_cell", run_cell)
     try:
         rc = cli.main(["bench", str(cfg), "--results", str(root)])
         run_dir = next(root.iterdir())

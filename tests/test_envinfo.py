@@ -71,7 +71,7 @@ def test_gpu_sampler_flags_throttling_and_foreign_processes():
     s = GpuSampler(open_nvml(nv), ours=lambda: {100})
     for _ in range(3):
         s.sample_once()
-    out = s.summary()
+    out = s.summary().model_dump()
     g = out["gpus"][0]
     assert out["samples_count"] == 3
     assert g["sm_clock_mhz"] == {"min": 1500, "median": 1980, "max": 1980}

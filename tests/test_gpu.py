@@ -111,7 +111,7 @@ def test_the_renamed_clocks_event_reasons_query_is_preferred():
 
     s = GpuSampler(open_nvml(Renamed([(1980, 3201, 50, 400000, 0, [7])])), ours=lambda: {7})
     s.sample_once()
-    assert s.summary()["flags"] == ["GPU 0: throttled (hw_slowdown) in 1 of 1 samples"]
+    assert s.summary().flags == ["GPU 0: throttled (hw_slowdown) in 1 of 1 samples"]
 
 
 def test_processes_never_matching_ours_are_unattributed_not_flagged():
@@ -127,12 +127,12 @@ def test_processes_never_matching_ours_are_unattributed_not_flagged():
     s.sample_once()
     s.sample_once()
     out = s.summary()
-    assert out["flags"] == []
-    assert out["gpus"][0]["foreign_pids"] == [] and out["gpus"][0]["unattributed_pids"] == [
+    assert out.flags == []
+    assert out.gpus[0].foreign_pids == [] and out.gpus[0].unattributed_pids == [
         90001,
         90002,
     ]
-    assert out["notes"] == [
+    assert out.notes == [
         "GPU 0: processes [90001, 90002] could not be matched to this cell's "
         "(NVML listed none of our pids: another pid namespace?)"
     ]
@@ -147,20 +147,18 @@ def test_processes_never_matching_ours_are_unattributed_not_flagged():
     )
     s.sample_once()
     s.sample_once()
-    assert s.summary()["flags"] == [
-        "GPU 0: foreign process(es) [90001] used the GPU during the cell"
-    ]
+    assert s.summary().flags == ["GPU 0: foreign process(es) [90001] used the GPU during the cell"]
 
 
-def test_cell_flags_read_back_from_a_record_or_dict():
+def test_cell_flags_read_back_from_a_record():
     from patchbench.runfolder import CellRecord
 
     rec = CellRecord(
         variant="a", gpu={"flags": ["GPU 0: throttled (sw_power_cap) in 2 of 9 samples"]}
     )
     assert cell_flags(rec) == ["GPU 0: throttled (sw_power_cap) in 2 of 9 samples"]
-    assert cell_flags({"gpu": {"flags": []}}) == []
-    assert cell_flags({"status": "ok"}) is None and cell_flags(CellRecord()) is None
+    assert cell_flags(CellRecord(gpu={"flags": []})) == []
+    assert cell_flags(CellRecord(status="ok")) is None and cell_flags(CellRecord()) is None
     assert gpu.BIASING <= set(gpu.THROTTLE_BITS.values())
 
 

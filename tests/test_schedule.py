@@ -104,6 +104,7 @@ from patchbench import bench, cell  # noqa: E402
 from patchbench.config import load_config  # noqa: E402
 from patchbench.errors import ConfigError  # noqa: E402
 from patchbench.records import read_json  # noqa: E402
+from patchbench.run.plan import describe_plan  # noqa: E402
 from patchbench.schedule import parse_rounds, resolve_rounds  # noqa: E402
 from patchbench.suite import MetricInfo, Suite, SuiteResult, register  # noqa: E402
 from tests.fake_server.fake_suites import InstrParams  # noqa: E402
@@ -198,7 +199,7 @@ def test_per_suite_rounds_in_plan_cells_manifest_and_comparison(fake_server, tmp
     assert cfg.rounds_of("fake_rounds") == [0, 2] and cfg.rounds_of("fake") == [0, 1, 2]
     assert cfg.suite_params["fake_rounds"].model_dump() == {}  # the core key is not a param
     assert cfg.model_dump(mode="json")["suites"]["fake_rounds"] == {"rounds": [0, 2]}  # recorded
-    plan = bench.describe_plan(cfg)
+    plan = describe_plan(cfg)
     assert "  fake_rounds: {}  [rounds: [0, 2]]" in plan
     assert (
         "suites per round:\n  round 0: fake, fake_rounds\n  round 1: fake\n"

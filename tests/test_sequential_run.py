@@ -22,6 +22,8 @@ from patchbench import bench
 from patchbench.config import load_config
 from patchbench.errors import ConfigError, Interrupted
 from patchbench.records import read_json
+from patchbench.run.looks import sequential_design
+from patchbench.run.plan import describe_plan
 from patchbench.sequential import FUTILITY, nominal_levels
 from patchbench.suite import MetricInfo, Suite, SuiteResult, register
 
@@ -187,7 +189,7 @@ def test_resumed_sequential_run_continues_where_it_stopped(tmp_path, monkeypatch
 
 def test_sequential_schedule_in_the_plan_and_its_errors(tmp_path, monkeypatch):
     p = _setup(tmp_path, monkeypatch, [0.0] * 8)
-    plan = bench.describe_plan(load_config(p))
+    plan = describe_plan(load_config(p))
     assert "schedule   sequential 4..8 repeats, looks after 4, 6, 8 (pocock boundary)" in plan
     assert "primaries: fake_seq.output_tok_s (±5%)" in plan
     assert "8 to 16 server launches (sequential)" in plan
@@ -213,10 +215,10 @@ def test_futility_threshold_comes_from_the_config(tmp_path, monkeypatch):
     from patchbench.sequential import FUTILITY
 
     p = _setup(tmp_path, monkeypatch, [0.0] * 8)
-    assert bench.sequential_design(load_config(p)).futility == FUTILITY == 0.2
+    assert sequential_design(load_config(p)).futility == FUTILITY == 0.2
     p = _setup(tmp_path, monkeypatch, HOPELESS, schedule="{min: 4, max: 8, futility: 0}")
-    assert bench.sequential_design(load_config(p)).futility == 0.0
-    assert "conditional power < 0 at max" in bench.describe_plan(load_config(p))
+    assert sequential_design(load_config(p)).futility == 0.0
+    assert "conditional power < 0 at max" in describe_plan(load_config(p))
     run_dir = bench.run_bench(p, results_root=tmp_path / "results")
     seq = read_json(run_dir / "manifest.json")["sequential"]
     assert seq["stopped_at"] == 8 and seq["stopped_early"] is False

@@ -18,6 +18,7 @@ from patchbench.config import load_config
 from patchbench.errors import ConfigError, EnvironmentNotReady
 from patchbench.inputs import sha256_file
 from patchbench.records import read_json
+from patchbench.run.plan import describe_plan
 from patchbench.shims import HOOKS_ENV
 from patchbench.suite import Instrumentation, Suite, SuiteResult, register
 from tests.fake_server.fake_suites import InstrParams
@@ -199,7 +200,7 @@ def test_missing_local_model_is_exit_3_before_any_launch(launches, tmp_path, cap
 def test_instrumentation_server_args_go_to_correctness_cells_only(launches, tmp_path):
     body = BASE.replace("fake: {n: 1}", "fake: {n: 1}\n      fake_args: {}")
     cfg = write_config(tmp_path, body)
-    plan = bench.describe_plan(load_config(cfg))
+    plan = describe_plan(load_config(cfg))
     assert ("correctness cell adds: --chunked-prefill-size=64 (instrumentation)") in plan
     run_dir = bench.run_bench(cfg, results_root=tmp_path / "results")
     cmd = {
@@ -250,7 +251,7 @@ def test_instrumentation_argument_conflict_is_refused_before_any_launch(launches
         r"--chunked-prefill-size 128"
     )
     with pytest.raises(ConfigError, match=msg):
-        bench.describe_plan(load_config(cfg))
+        describe_plan(load_config(cfg))
     assert cli.main(["bench", str(cfg)]) == 2
     assert (
         "variants.no-overlap.server_args sets --chunked-prefill-size 128" in capsys.readouterr().err

@@ -485,8 +485,8 @@ def settings_from_manifest(run_dir: Path) -> NightlySettings | None:
         cfg = read_manifest(run_dir).config
     except RunFolderError:
         return None
-    if isinstance(cfg.get("nightly"), dict):
-        return NightlySettings.model_validate(cfg["nightly"])
+    if cfg is not None and "nightly" in cfg.model_fields_set:
+        return NightlySettings.model_validate(cfg.nightly)
     return None
 
 

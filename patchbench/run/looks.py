@@ -1,0 +1,158 @@
+"""The sequential looks of a ``schedule.repeats: {min, max, step}`` run: the design
+(:func:`sequential_design`), the primaries that decide when it stops
+(:func:`sequential_primaries`), one look at the cells on disk (:func:`sequential_look`,
+patchbench.sequential.decide on paired log ratios) and the manifest's record of the looks
+(:func:`sequential_record`)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from patchbench.config import Config
+from patchbench.runfolder.models import SequentialDesign, SequentialLook, SequentialRecord
+from patchbench.suite import get_suite
+
+
+def sequential_design(cfg: Config):
+    """The patchbench.sequential.Design of a ``schedule.repeats: {min, max, step}`` config (alpha
+    = 1 - ``compare.confidence`` per report; a non-binding futility stop at conditional power
+    ``schedule.repeats.futility``); None for a fixed number of repeats."""
+    seq = cfg.schedule.sequential
+    if seq is None:
+        return None
+    from patchbench.sequential import Design
+
+    return Design(
+        looks=seq.looks,
+        alpha=round(1.0 - cfg.compare.confidence, 12),
+        kind=seq.boundary,
+        futility=seq.futility,
+    )
+
+
+def sequential_primaries(cfg: Config) -> list[tuple[str, str, Any, float]]:
+    """[(suite, metric, MetricInfo, margin in percent)] of the primaries that decide when a
+    sequential run stops: run-level metrics (kind "run", with a direction) of timed suites that
+    run in every round. Accuracy and deterministic primaries (and suites scheduled in only some
+    rounds) gain nothing from more repeats and do not hold the run up; their verdicts come from
+    the analysis as usual. A margin of 0 means no equivalence stop for that metric."""
+    every = list(range(cfg.schedule.max_repeats))
+    out = []
+    for s in cfg.suites:
+        obj = get_suite(s)
+        if not obj.timed or cfg.rounds_of(s) != every:
+            continue
+        for m, info in obj.metrics.items():
+            if info.primary and info.kind == "run" and info.better in ("higher", "lower"):
+                out.append((s, m, info, float(cfg.compare.margin_for(s, m, info.margin) or 0.0)))
+    return out
+
+
+def sequential_look(cfg: Config, run_dir: Path, design, look_index: int, previous=None):
+    """Decide at look ``look_index`` from the timed cells on disk (patchbench.sequential.decide
+    on the paired log ratios ``log(variant / baseline)`` of :func:`sequential_primaries`, for
+    every variant but the baseline; A/A variants (``cfg.is_aa``) are decided and recorded but,
+    as controls, never hold the run open).
+
+    Returns (LookDecision, None), or (None, why) when a needed pair is missing (a failed cell):
+    the run then stops; ``--resume`` re-runs the failed cells and looks again.
+    """
+    from patchbench.rundata import read_run
+    from patchbench.sequential import decide
+
+    n = design.looks[look_index]
+    data = read_run(run_dir)
+    prim = sequential_primaries(cfg)
+    ratios: dict[str, dict[str, list[float]]] = {}
+    margins: dict[str, float] = {}
+    better: dict[str, str] = {}
+    missing: list[str] = []
+    for v in data.variants[1:]:
+        for s, m, info, pct in prim:
+            key = f"{s}.{m}"
+            xs: list[float] = []
+            for k in range(n):
+                b, x = data.value(data.baseline, k, s, m), data.value(v, k, s, m)
+                timed = data.timed(data.baseline, k, s) and data.timed(v, k, s)
+                if b is None or x is None or b <= 0 or x <= 0 or not timed:
+                    missing.append(f"{v}/rep{k} {key}")
+                    continue
+                xs.append(math.log(x / b))
+            ratios.setdefault(v, {})[key] = xs
+            margins[key] = math.log1p(pct / 100.0)
+            better[key] = info.better
+    if missing:
+        shown = ", ".join(missing[:4]) + (" ..." if len(missing) > 4 else "")
+        return None, (
+            f"stopped at the look after {n} rounds: no paired value for {shown} "
+            "(a failed or incomplete cell); resume the run to re-run it and go on"
+        )
+    controls = [v for v in ratios if cfg.is_aa(v)]
+    return decide(
+        look_index,
+        ratios,
+        margins,
+        design=design,
+        better=better,
+        previous=previous,
+        controls=controls,
+    ), None
+
+
+def _design_record(cfg: Config, design) -> SequentialDesign:
+    return SequentialDesign(
+        looks=list(design.looks),
+        alpha=design.alpha,
+        boundary=design.kind,
+        primaries=[f"{s}.{m}" for s, m, _, _ in sequential_primaries(cfg)],
+        alpha_split="Bonferroni across variants, Holm within each variant",
+        futility=design.futility,
+        controls=[v for v in cfg.variants if cfg.is_aa(v)],
+    )
+
+
+def sequential_record(
+    cfg: Config,
+    design,
+    old: SequentialRecord | None,
+    look_index: int,
+    n_rounds: int,
+    decision,
+    why: str | None,
+) -> SequentialRecord:
+    """The manifest's ``sequential`` record after look ``look_index`` (after ``n_rounds``
+    rounds): the looks before it from ``old``, then this one; ``decision`` None (with ``why``)
+    when a pair was missing, which stops the run there (earlier decisions are kept)."""
+    looks = [x for x in (old.looks if old is not None else []) if x.look_index < look_index]
+    if decision is None:
+        rec = SequentialRecord(
+            design=_design_record(cfg, design),
+            looks=looks,
+            repeats_run=n_rounds,
+            stopped_at=n_rounds,
+            stopped_early=n_rounds < design.looks[-1],
+            reason=why,
+        )
+        if old is not None and "decisions" in old.model_fields_set:
+            rec.decisions = dict(old.decisions)
+        return rec
+    looks.append(SequentialLook.model_validate(decision.to_json()))
+    reason = (
+        decision.reason
+        if decision.metrics or not decision.stop
+        else (
+            f"no run-level primary metric to decide on (see the design); stopped after {n_rounds} "
+            "rounds"
+        )
+    )
+    return SequentialRecord(
+        design=_design_record(cfg, design),
+        looks=looks,
+        repeats_run=n_rounds,
+        stopped_at=n_rounds if decision.stop else None,
+        stopped_early=bool(decision.stop and n_rounds < design.looks[-1]),
+        reason=reason,
+        decisions={f"{v}/{m}": d.decision for (v, m), d in sorted(decision.metrics.items())},
+    )

@@ -1,0 +1,114 @@
+"""The run's :class:`~patchbench.runfolder.RunManifest` as ``bench`` starts it
+(:func:`new_manifest`), the files of the config it copies into the run folder
+(:func:`copy_config_files`) and the manifest's entry of one cell (:func:`cell_entry`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from patchbench.config import Config
+from patchbench.records import write_bytes
+from patchbench.runfolder.models import (
+    CellRecord,
+    CopiedFile,
+    HostInfo,
+    ManifestCell,
+    PatchHash,
+    ResumeRecord,
+    RunConfig,
+    RunManifest,
+    RunTimings,
+)
+from patchbench.schedule import Cell
+from patchbench.suite import get_suite
+from patchbench.variants import CACHE_DIR, VariantEnv
+
+#: the keys of patchbench.envinfo.collect() that ``manifest.host`` repeats
+HOST_KEYS = ("hostname", "platform", "python", "cpu_count", "memory_total_gib", "transformers")
+
+
+def new_manifest(
+    cfg: Config,
+    run_dir: Path,
+    env: dict,
+    variants: dict[str, VariantEnv],
+    timings: RunTimings,
+    *,
+    started: str,
+    resumed: RunManifest | None = None,
+    resumed_at: str | None = None,
+) -> RunManifest:
+    """The manifest of a run starting now in ``run_dir`` (no cells yet; the config's files are
+    copied in). ``env``: patchbench.envinfo.collect(); ``variants``: the prepared overlays;
+    ``timings``: this invocation's (the first invocation's stay in ``timings_s``; a resumed
+    run's, with ``resumed`` its manifest, go to a new entry of ``resumes`` started at
+    ``resumed_at``)."""
+    m = RunManifest(
+        run_id=run_dir.name,
+        config_path=str(cfg.source),
+        config=RunConfig.model_validate(cfg.model_dump(mode="json")),
+        sglang_version=cfg.sglang,
+        model=cfg.model_ref,
+        patches={
+            v: [
+                PatchHash(name=n, sha256=ve.overlay.patch_hashes.get(o))
+                for n, o in zip(ve.patches, ve.overlay.patches, strict=False)
+            ]
+            for v, ve in variants.items()
+        },
+        overlays={v: ve.overlay.to_json() for v, ve in variants.items()},
+        git_sha=env.get("git_sha"),
+        host=HostInfo(**{k: env.get(k) for k in HOST_KEYS}),
+        gpu=env.get("gpu"),
+        environment=env,
+        started_at=started,
+        ended_at=None,
+        timings_s=timings,
+        variant_diffs={v: cfg.variant_diff(v, cache_dir=CACHE_DIR) for v in cfg.variants},
+        suite_rounds={
+            s: (cfg.rounds_of(s) if get_suite(s).timed else "correctness") for s in cfg.suites
+        },
+        copied_files=copy_config_files(cfg, run_dir),
+    )
+    if resumed is not None:
+        m.timings_s = resumed.timings_s
+        m.resumes = [*resumed.resumes, ResumeRecord(started_at=resumed_at, timings_s=timings)]
+    return m
+
+
+def copy_config_files(cfg: Config, run_dir: Path) -> list[CopiedFile]:
+    """Copy every file the config names directly (diffs, :meth:`Config.files_to_copy`) into
+    ``run_dir`` (atomically; one already there is kept); returns where each went."""
+    out = []
+    for src, rel in cfg.files_to_copy():
+        dest = run_dir / rel
+        if not dest.exists():
+            write_bytes(dest, Path(src).read_bytes())
+        out.append(CopiedFile(source=str(src), path=rel))
+    return out
+
+
+def cell_entry(cell: Cell, run_dir: Path, rec: CellRecord | None, *, skipped: bool) -> ManifestCell:
+    """The manifest's entry of ``cell`` from its record (None: no cell.json): ``skipped`` for a
+    cell an earlier invocation finished, else with the first line of its error."""
+    rec = rec if rec is not None else CellRecord()
+    entry = ManifestCell(
+        variant=cell.variant,
+        repeat=cell.repeat,
+        cell_kind=cell.kind,
+        instrumented=rec.instrumented,
+        status=rec.status,
+        dir=str(cell.path(run_dir).relative_to(run_dir)),
+        suites=dict(rec.suites),
+        timings_s=dict(rec.timings_s),
+    )
+    if skipped:
+        entry.skipped = True
+    else:
+        entry.error = _first_line(rec.error)
+    return entry
+
+
+def _first_line(text: str | None, limit: int = 300) -> str | None:
+    lines = (text or "").strip().splitlines()
+    return lines[0][:limit] if lines else None

@@ -1,0 +1,131 @@
+"""What ``bench`` checks before any server starts: the installed sglang against the pin, the
+model folder (the tiny model is built when missing), a resumed run folder's config, servers
+orphaned by an earlier killed run, and the server port.
+
+Each check raises the error its exit code says (patchbench.errors): ConfigError (2) for a
+resumed folder that does not fit the config, EnvironmentNotReady (3) for the environment.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from patchbench import envinfo
+from patchbench.config import Config
+from patchbench.errors import ConfigError, EnvironmentNotReady
+from patchbench.progress import say
+from patchbench.runfolder import RunFolderError, RunManifest, SchemaTooNew, read_manifest
+
+_RUN_FOLDER_HINT = (
+    "give a run folder that `runner.py bench` wrote (results/<UTC stamp>-<config name>)"
+)
+
+
+def check_environment(cfg: Config) -> dict:
+    """Installed sglang must equal the pin; returns envinfo. Raises EnvironmentNotReady."""
+    have = envinfo.installed_version("sglang")
+    if have != cfg.sglang:
+        venv = ".venv" if cfg.sglang == "0.5.1.post3" else f".venv-{cfg.sglang}"
+        make = "make setup" if cfg.sglang == "0.5.1.post3" else f"make setup SGLANG={cfg.sglang}"
+        raise EnvironmentNotReady(
+            f"{cfg.source}: config pins sglang {cfg.sglang}, but this environment "
+            f"({sys.executable}) has {have or 'no sglang'}; run `{make}` and use {venv}/bin/python "
+            f"(or `make bench CONFIG={cfg.source} SGLANG={cfg.sglang}`)"
+        )
+    return envinfo.collect(with_torch=False)
+
+
+def ensure_model(cfg: Config) -> Path:
+    """The model folder for ``cfg`` (call before any launch).
+
+    ``model.tiny``: the folder is built (patchbench.tinymodel) when it is missing or incomplete.
+    A hub id (:attr:`Config.model_is_hub`) is left to sglang, which finds it in the HF cache
+    (offline) or on the hub. A local model (and tokenizer) folder must exist
+    (:meth:`Config.require_model`).
+
+    Raises EnvironmentNotReady (exit 3) for a local folder that does not exist.
+    """
+    cfg.require_model()
+    d = cfg.model_dir
+    if cfg.model.tiny:
+        from patchbench.tinymodel import build_tiny_qwen25vl, is_built
+
+        if not is_built(d):
+            say(f"building the tiny Qwen2.5-VL into {d}")
+            build_tiny_qwen25vl(d)
+    return d
+
+
+def resume_manifest(cfg: Config, run_dir: Path) -> RunManifest:
+    """The manifest of ``run_dir`` for ``--resume``, checked against ``cfg``.
+
+    Raises ConfigError when ``run_dir`` holds no readable manifest.json or when the manifest's
+    config differs from ``cfg`` (a resumed run must measure the same thing); SchemaTooNew when a
+    newer patchbench wrote it.
+    """
+    if not Path(run_dir).is_dir():
+        raise ConfigError(f"--resume {run_dir}: no such folder; {_RUN_FOLDER_HINT}")
+    if not (Path(run_dir) / "manifest.json").is_file():
+        raise ConfigError(f"--resume {run_dir}: no manifest.json there; {_RUN_FOLDER_HINT}")
+    try:
+        old = read_manifest(run_dir)
+    except SchemaTooNew:
+        raise
+    except RunFolderError as e:
+        raise ConfigError(f"--resume {run_dir}: {e}") from None
+    now = cfg.model_dump(mode="json")
+    there = old.config.model_dump(mode="json") if old.config is not None else {}
+    if there != now:
+        diffs = config_diffs(there, now)
+        shown = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, a, b in diffs[:5])
+        raise ConfigError(
+            f"--resume {run_dir}: its manifest's config differs from {cfg.source} "
+            f"({shown}{'; ...' if len(diffs) > 5 else ''}); a resumed run must "
+            "measure the same thing: resume with that config, or start a new run"
+        )
+    return old
+
+
+def config_diffs(a: Any, b: Any, key: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted key, value in a, value in b) for every leaf where two config dicts differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in list(a) + [k for k in b if k not in a]:
+            out += config_diffs(a.get(k), b.get(k), f"{key}.{k}" if key else str(k))
+        return out
+    return [] if a == b else [(key, a, b)]
+
+
+def report_stale_servers(results_root: Path, *, kill: bool, log) -> None:
+    """Report (or with ``kill`` stop) servers orphaned by an earlier killed run."""
+    from patchbench.stale import find_stale_servers, kill_stale
+
+    found = find_stale_servers(results_root)
+    if not found:
+        return
+    if kill:
+        for s, ok in kill_stale(found):
+            log(
+                f"stopped orphaned server pid {s.pid} of {s.run_dir}"
+                if ok
+                else f"could not stop orphaned server pid {s.pid}: {s.kill_command}"
+            )
+        return
+    for s in found:
+        log(s.describe())
+
+
+def port_free_or_raise(host: str, port: int) -> None:
+    """Refuse to start a run whose server port already answers (EnvironmentNotReady, exit 3,
+    naming the holder): every cell would fail on it. Orphaned patchbench servers were reported
+    (or, with --kill-stale, stopped) just before; a port taken later fails only its cell."""
+    from patchbench.server import port_taken_by
+
+    holder = port_taken_by(host, port)
+    if holder is not None:
+        raise EnvironmentNotReady(
+            f"port {port} on {host} already answers before the run: {holder}; "
+            "stop it, or choose another port (server.port in the config, or --port)"
+        )

@@ -1,0 +1,307 @@
+"""The typed run-folder model: one reader and one writer for every file of a run folder.
+
+Layout (docs/CONTRACTS.md, "Run folder")::
+
+    RUN/manifest.json                       RunManifest
+    RUN/<variant>/rep<k>/cell.json          CellRecord
+    RUN/<variant>/rep<k>/<suite>/summary.json   SuiteSummary
+    RUN/compare.json                        patchbench.comparison.Comparison
+
+The models, the current schema versions and the format history of each file are in
+:mod:`patchbench.runfolder.models`. Every model carries ``schema_version`` and declares every
+key it writes (``extra="forbid"``: an undeclared key is an error, in the code that sets it and in
+a file of the current version). Reading (:func:`read_manifest`, :func:`read_cell`, :func:`read_summary`):
+
+- a file written by an older schema is migrated on read (the returned model has the current
+  version, ``migrated_from`` says which one it was); keys the current version does not declare
+  are dropped by the migration;
+- a file written by a newer schema raises :class:`SchemaTooNew` naming the file and both versions
+  (exit 2: this patchbench is too old for the folder);
+- a cell or summary file that is not JSON or does not have the model's shape gives a record with
+  ``status="unreadable"`` and a note naming the file, so the rest of a report still renders; an
+  unreadable manifest raises :class:`RunFolderError` (nothing can be read without it).
+
+Writing (:func:`write_manifest`, :func:`write_cell`, :func:`write_summary`) always goes through
+:func:`patchbench.records.write_json` (atomic) and stamps the current schema version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, Union
+
+from pydantic import BaseModel, ValidationError
+
+from patchbench import records
+from patchbench.errors import ConfigError
+from patchbench.runfolder.models import (
+    CELL_SCHEMA,
+    MANIFEST_SCHEMA,
+    SUMMARY_SCHEMA,
+    CellRecord,
+    RunManifest,
+    SuiteSummary,
+)
+
+
+class RunFolderError(ConfigError):
+    """A run-folder file cannot be used (missing or unreadable manifest); names the file (exit 2)."""
+
+    kind = "run folder error"
+
+
+class SchemaTooNew(RunFolderError):
+    """A file was written by a newer patchbench; names the file and both schema versions (exit 2)."""
+
+    def __init__(self, path: Path, found: int, supported: int):
+        super().__init__(
+            f"{path}: written with schema version {found}, this patchbench reads up to "
+            f"version {supported}; update patchbench to read this run folder"
+        )
+        self.path, self.found, self.supported = Path(path), found, supported
+
+
+# -- migrations ------------------------------------------------------------------------------
+
+
+def _version_of(raw: dict) -> int:
+    """Schema version of a raw dict: ``schema_version``, else the old ``schema`` key, else 1."""
+    v = raw.get("schema_version", raw.get("schema", 1))
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return 1
+
+
+def _cell_1_to_2(raw: dict) -> dict:
+    """``schema_version`` added; the in-server mrope probe's counts (``mrope_probe``, in timed
+    cells) become ``instrumented`` / ``instrumentation``."""
+    raw.pop("schema", None)
+    if raw.get("server") is None:
+        raw["server"] = {}
+    if "mrope_probe" in raw:
+        raw.setdefault("instrumentation", {"sync_probe": raw.pop("mrope_probe") or {}})
+        raw.setdefault("instrumented", True)
+    return raw
+
+
+def _schema_key_renamed(raw: dict) -> dict:
+    """``schema`` renamed ``schema_version`` (written by ``_upgrade``)."""
+    raw.pop("schema", None)
+    return raw
+
+
+def _keys_declared(raw: dict) -> dict:
+    """Every key declared from this version on: nothing renamed; :func:`_upgrade` then drops
+    the keys the current version does not declare."""
+    return raw
+
+
+def _declared_only(model: type[BaseModel], raw: Any) -> Any:
+    """``raw`` without the keys that ``model`` (and every model inside it) does not declare."""
+    if not isinstance(raw, dict):
+        return raw
+    out = {}
+    for name, f in model.model_fields.items():
+        key = f.alias or name
+        if key in raw:
+            out[key] = _fit(f.annotation, raw[key])
+    return out
+
+
+def _fit(tp: Any, value: Any) -> Any:
+    """``value`` with undeclared keys dropped wherever the annotation ``tp`` holds a model."""
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return _declared_only(tp, value)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is list and isinstance(value, list) and args:
+        return [_fit(args[0], v) for v in value]
+    if origin is dict and isinstance(value, dict) and len(args) == 2:
+        return {k: _fit(args[1], v) for k, v in value.items()}
+    if origin in (Union, types.UnionType):
+        for a in args:  # the member of the value's JSON kind
+            if isinstance(value, dict) and isinstance(a, type) and issubclass(a, BaseModel):
+                return _declared_only(a, value)
+            if isinstance(value, list) and typing.get_origin(a) is list:
+                return _fit(a, value)
+    return value
+
+
+#: {kind: (model, {version: step to version + 1})}; older versions then lose undeclared keys
+_MIGRATIONS: dict[str, tuple[type[BaseModel], dict[int, Any]]] = {
+    "cell": (CellRecord, {1: _cell_1_to_2, 2: _keys_declared}),
+    "summary": (SuiteSummary, {1: _schema_key_renamed}),
+    "manifest": (RunManifest, {1: _schema_key_renamed, 2: _keys_declared}),
+}
+_CURRENT = {"cell": CELL_SCHEMA, "summary": SUMMARY_SCHEMA, "manifest": MANIFEST_SCHEMA}
+
+
+def _upgrade(kind: str, raw: dict, path: Path) -> dict:
+    model, steps = _MIGRATIONS[kind]
+    current, found = _CURRENT[kind], _version_of(raw)
+    if found > current:
+        raise SchemaTooNew(path, found, current)
+    if found < current:
+        raw = dict(raw)
+        for v in range(max(found, 1), current):
+            raw = steps[v](raw)
+        raw = _declared_only(model, raw)
+        raw["migrated_from"] = found
+    raw["schema_version"] = current
+    return raw
+
+
+def _load(path: Path) -> dict:
+    """Raw JSON object of ``path``; raises ValueError (with the reason) when it is not one."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 text ({e.reason})") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"expected a JSON object, found {type(raw).__name__}")
+    return raw
+
+
+def why_invalid(e: ValidationError) -> str:
+    """The first problem of a validation error as one line: the key, the message, the value."""
+    err = e.errors()[0]
+    loc = ".".join(str(x) for x in err.get("loc", ())) or "(top level)"
+    return f"key {loc}: {err.get('msg')} (found {err.get('input')!r})"[:300]
+
+
+# -- readers ---------------------------------------------------------------------------------
+
+
+def _path(p: str | os.PathLike, name: str) -> Path:
+    p = Path(p)
+    return p / name if p.is_dir() else p
+
+
+def read_manifest(path: str | os.PathLike) -> RunManifest:
+    """The manifest of a run folder (``path`` = the folder or its ``manifest.json``).
+
+    Raises RunFolderError naming the file when it is missing, not JSON or mis-shaped;
+    SchemaTooNew when it was written by a newer patchbench.
+    """
+    if not Path(path).exists():
+        raise RunFolderError(
+            f"{path}: no such folder; a run folder is what `patchbench bench` writes "
+            "(results/<stamp>-<config name>/)"
+        )
+    p = _path(path, "manifest.json")
+    if not p.exists():
+        raise RunFolderError(
+            f"{p}: no manifest.json; a run folder is what `patchbench bench` "
+            "writes (results/<stamp>-<config name>/)"
+        )
+    try:
+        raw = _load(p)
+    except (OSError, ValueError) as e:
+        raise RunFolderError(f"{p}: {e}") from None
+    raw = _upgrade("manifest", raw, p)
+    try:
+        return RunManifest.model_validate(raw)
+    except ValidationError as e:
+        raise RunFolderError(f"{p}: {why_invalid(e)}") from None
+
+
+def _validated(p: Path, kind: str, model: type[BaseModel]) -> tuple[Any, str | None]:
+    """(``p`` read, upgraded and validated as ``model``, None), or (None, why it is unreadable);
+    :class:`SchemaTooNew` propagates."""
+    try:
+        return model.model_validate(_upgrade(kind, _load(p), p)), None
+    except SchemaTooNew:
+        raise
+    except ValidationError as e:
+        return None, why_invalid(e)
+    except (OSError, ValueError) as e:
+        return None, str(e)
+
+
+def read_cell(path: str | os.PathLike, *, variant: str = "", repeat: int = 0) -> CellRecord | None:
+    """The record of one cell (``path`` = the cell folder or its ``cell.json``).
+
+    None when the file does not exist. A file that is not JSON or not shaped like a CellRecord
+    gives ``CellRecord(status="unreadable", notes=[<file and why>])`` with ``variant`` /
+    ``repeat`` from the arguments. Raises SchemaTooNew for a newer schema.
+    """
+    p = _path(path, "cell.json")
+    if not p.exists():
+        return None
+    rec, why = _validated(p, "cell", CellRecord)
+    if rec is not None:
+        return rec
+    return CellRecord(
+        variant=variant,
+        repeat=repeat,
+        status="unreadable",
+        error=f"{p}: unreadable: {why}",
+        notes=[f"{p}: unreadable: {why}"],
+    )
+
+
+def read_summary(path: str | os.PathLike, *, suite: str = "") -> SuiteSummary | None:
+    """One suite's summary in one cell (``path`` = the suite folder or its ``summary.json``).
+
+    None when the file does not exist; ``status="unreadable"`` with a note naming the file when
+    it is not JSON or mis-shaped (a metric that is not a number, an unknown status ...). Raises
+    SchemaTooNew for a newer schema.
+    """
+    p = _path(path, "summary.json")
+    if not p.exists():
+        return None
+    rec, why = _validated(p, "summary", SuiteSummary)
+    if rec is not None:
+        return rec
+    return SuiteSummary(
+        suite=suite or p.parent.name,
+        status="unreadable",
+        errors=[f"{p}: unreadable: {why}"],
+        notes=[f"{p}: unreadable: {why}"],
+    )
+
+
+# -- writers ---------------------------------------------------------------------------------
+
+
+def _dump(model: BaseModel) -> dict:
+    return model.model_dump(mode="json", by_alias=True)
+
+
+def write_manifest(run_dir: str | os.PathLike, manifest: RunManifest) -> Path:
+    """Write ``RUN/manifest.json`` atomically (stamped with the current schema version);
+    returns its path. Raises patchbench.records.ResultsWriteError when it cannot be written."""
+    manifest.schema_version = MANIFEST_SCHEMA
+    return records.write_json(Path(run_dir) / "manifest.json", _dump(manifest))
+
+
+def write_cell(cell_dir: str | os.PathLike, record: CellRecord) -> Path:
+    """Write ``<cell_dir>/cell.json`` atomically (current schema version); returns its path."""
+    record.schema_version = CELL_SCHEMA
+    return records.write_json(Path(cell_dir) / "cell.json", _dump(record))
+
+
+def write_summary(suite_dir: str | os.PathLike, summary: SuiteSummary | dict) -> Path:
+    """Validate and write ``<suite_dir>/summary.json`` atomically; returns its path.
+    Accepts a SuiteSummary or a dict such as ``SuiteResult.to_json(suite)`` (raises
+    pydantic.ValidationError for one of the wrong shape, before anything is written)."""
+    s = summary if isinstance(summary, SuiteSummary) else SuiteSummary.model_validate(summary)
+    s.schema_version = SUMMARY_SCHEMA
+    return records.write_json(Path(suite_dir) / "summary.json", _dump(s))
+
+
+def json_schemas() -> dict[str, dict]:
+    """JSON Schema of each run-folder model (docs/CONTRACTS.md is checked against these)."""
+    return {
+        "manifest.json": RunManifest.model_json_schema(),
+        "cell.json": CellRecord.model_json_schema(),
+        "summary.json": SuiteSummary.model_json_schema(),
+    }

@@ -1,0 +1,540 @@
+"""The models of a run folder's files (patchbench.runfolder reads and writes them): the
+format history and current schema versions, :class:`CellRecord` (``cell.json``),
+:class:`SuiteSummary` (``summary.json``), :class:`RunManifest` (``manifest.json``) and their
+parts, among them :class:`RunConfig`, the config as the run measured it.
+
+Every model declares every key it writes (``extra="forbid"``) and validates assignments; a
+field named in a model's ``_when_set`` is written only once something set it (read back: when
+the file held it), so an optional key stays absent rather than ``null``. A :class:`_Snapshot`
+model writes exactly the keys it was given.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
+
+from patchbench.gpu import GpuSummary
+
+# Format history, one line per version (bump together with a step in
+# patchbench.runfolder._MIGRATIONS):
+#   manifest.json  1: "schema": 1 or no version key.
+#                  2: "schema" renamed "schema_version".
+#                  3: the keys of 2, each declared and typed (config snapshot, cell entries,
+#                     timings, sequential record) and read strictly: a version-3 file with an
+#                     undeclared key is unreadable; older files lose such keys on read.
+#   cell.json      1: no version key; the mrope probe's counts under "mrope_probe".
+#                  2: "schema_version"; "instrumented" and "instrumentation" replace "mrope_probe".
+#                  3: the keys of 2, each declared (runner_pid, instrumentation_args, liveness,
+#                     gpu; the server's create_time, host, port, stop_breakdown_s) and read
+#                     strictly; older files lose undeclared keys on read.
+#   summary.json   1: no version key.  2: "schema_version" (every key declared, read strictly).
+MANIFEST_SCHEMA = 3
+CELL_SCHEMA = 3
+SUMMARY_SCHEMA = 2
+
+CellStatus = Literal["ok", "failed", "incomplete", "interrupted", "running", "unreadable"]
+SuiteStatus = Literal["ok", "incomplete", "failed", "unreadable"]
+
+
+class _Record(BaseModel):
+    """Base of the run-folder models: undeclared keys are refused, assignments validated, and
+    the fields named in ``_when_set`` are left out of the dump until something sets them."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+    _when_set: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _written_when_set(self, handler):
+        out = handler(self)
+        for name in self._when_set:
+            if name not in self.model_fields_set:
+                out.pop(name, None)
+                out.pop(type(self).model_fields[name].alias or name, None)
+        return out
+
+
+class _Snapshot(_Record):
+    """A record of what a file held: every field is written only when set, so a snapshot read
+    from a file dumps back to the keys that file had."""
+
+    @model_serializer(mode="wrap")
+    def _written_when_set(self, handler):
+        out = handler(self)
+        return {k: v for k, v in out.items() if k in self.model_fields_set}
+
+
+# -- the config snapshot (manifest.json "config") --------------------------------------------
+
+
+class ModelRef(_Snapshot):
+    """``config.model``: the served model's folder or hub id, whether it is the tiny test model
+    built on demand, the tokenizer (None: the model's own)."""
+
+    path: str | None = None
+    tiny: bool = False
+    tokenizer: str | None = None
+
+
+class ServerSnapshot(_Snapshot):
+    """``config.server``: the launch settings of every variant's server (patchbench.config's
+    ``ServerSpec``; seconds for the ``_s`` keys)."""
+
+    host: str | None = None
+    port: int | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    cpu_stand_ins: list[str] = Field(default_factory=list)
+    ready_timeout_s: float | None = None
+    stop_grace_s: float | None = None
+    port_close_timeout_s: float | None = None
+    flush_retries: int | None = None
+    flush_pause_s: float | None = None
+
+
+class DiffRef(_Snapshot):
+    """A patch given as a diff file (``{"diff": path}``)."""
+
+    diff: str
+
+
+#: a patch entry of a variant: a patch name (a folder of patches/) or a diff file
+PatchRef = str | DiffRef
+
+
+class VariantMapping(_Snapshot):
+    """A variant that changes more than patches: patches in order, arguments appended to
+    ``server.args``, variables added to ``server.env``."""
+
+    patches: list[PatchRef] = Field(default_factory=list)
+    server_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class SequentialSnapshot(_Snapshot):
+    """``schedule.repeats`` of a group-sequential schedule (rounds; ``futility``: the
+    conditional-power threshold)."""
+
+    min: int | None = None
+    max: int | None = None
+    step: int | None = None
+    boundary: Literal["pocock", "obrien-fleming"] | None = None
+    futility: float | None = None
+
+
+class ScheduleSnapshot(_Snapshot):
+    """``config.schedule``: repeats (a fixed number of rounds, or a sequential schedule) and the
+    order of the cells in a round."""
+
+    repeats: int | SequentialSnapshot = 1
+    order: Literal["interleaved", "sequential"] = "interleaved"
+
+
+class RunConfig(_Snapshot):
+    """``manifest.json`` ``config``: the resolved config as the run measured it
+    (``patchbench.config.Config.model_dump(mode="json")``; variants that change only patches in
+    their list form).
+
+    ``suites``: {suite: its parameters} (each suite's ``Params`` model validates them where they
+    are used); ``compare`` / ``nightly``: the settings sections as their models
+    (``patchbench.comparison.CompareSettings``, ``patchbench.gates.NightlySettings``) dumped
+    them; their readers validate them and report keys an older version wrote.
+    """
+
+    name: str | None = None
+    sglang: str | None = None
+    model: ModelRef | None = None
+    server: ServerSnapshot | None = None
+    variants: dict[str, list[PatchRef] | VariantMapping] = Field(default_factory=dict)
+    baseline: str | None = None
+    schedule: ScheduleSnapshot = Field(default_factory=ScheduleSnapshot)
+    suites: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    compare: dict[str, Any] = Field(default_factory=dict)
+    nightly: dict[str, Any] = Field(default_factory=dict)
+    description: str | None = None
+
+    def variants_json(self) -> dict[str, list | dict]:
+        """``variants`` as the file holds them: {variant: [patch entries] or a mapping}."""
+        return self.model_dump(mode="json", include={"variants"}).get("variants", {})
+
+
+# -- cell.json -------------------------------------------------------------------------------
+
+
+class StopBreakdown(_Snapshot):
+    """Seconds of a server stop per phase: ``exit`` (signal until every process is gone),
+    ``port`` (until the port refused), ``gpu`` (until NVML listed no server process; None
+    without NVML). Empty for a server that never started."""
+
+    exit: float | None = None
+    port: float | None = None
+    gpu: float | None = None
+
+
+class ServerRecord(_Record):
+    """The server of one cell: pid (process-group leader), pgid, lifecycle events
+    (``[{"t_s": seconds, "event": ...}]`` as patchbench.server records them), the command line;
+    once started ``create_time`` (epoch seconds, tells a reused pid apart), ``host``, ``port``;
+    once stopped ``stop_breakdown_s``."""
+
+    _when_set = ("create_time", "host", "port", "stop_breakdown_s")
+
+    pid: int | None = None
+    pgid: int | None = None
+    events: list[dict[str, Any]] = Field(default_factory=list)
+    command: list[str] | str | None = None
+    create_time: float | None = None
+    host: str | None = None
+    port: int | None = None
+    stop_breakdown_s: StopBreakdown | None = None
+
+
+class WatchedProcess(_Record):
+    """A process of the server the liveness watch followed (patchbench.liveness)."""
+
+    pid: int
+    role: str = ""
+    name: str = ""
+
+
+class ServerDeath(_Record):
+    """The first server process seen dead during the cell (patchbench.liveness.Death)."""
+
+    pid: int
+    role: str = ""
+    name: str = ""
+    returncode: int | None = None
+    detected_after_s: float | None = None
+
+
+class Liveness(_Record):
+    """``cell.json`` ``liveness``: the watched processes; when one died, ``death`` and the client
+    process groups killed because of it."""
+
+    _when_set = ("death", "killed_clients")
+
+    watched: list[WatchedProcess] = Field(default_factory=list)
+    death: ServerDeath | None = None
+    killed_clients: list[int] = Field(default_factory=list)
+
+
+class CellRecord(_Record):
+    """``RUN/<variant>/rep<k>/cell.json``: what happened in one (variant, repeat) cell.
+
+    index: position in the run's schedule (None in old folders); status: ok | failed | incomplete
+    | interrupted | running | unreadable; suites: {suite: its summary status}; timings_s:
+    {step: seconds} (``server_start``, ``suite:<name>``, ``flush:<name>``, ``server_stop``,
+    ``cell``); started_at / ended_at: UTC stamps; instrumented: in-server instrumentation ran
+    in this cell (its timings feed no verdict); cell_kind: "timed" (timings feed verdicts) or
+    "correctness" (instrumented / untimed suites only); instrumentation: {suite: what that
+    suite's collect() returned}; notes: reader notes (e.g. why the record is unreadable) and
+    the run's own (a resumed cell, GPU flags). Written when set: runner_pid (the harness
+    process), instrumentation_args (server arguments the instrumentation added), liveness, gpu
+    (the NVML summary, patchbench.gpu.GpuSummary).
+    """
+
+    _when_set = ("runner_pid", "instrumentation_args", "liveness", "gpu", "migrated_from")
+
+    schema_version: int = CELL_SCHEMA
+    variant: str = ""
+    repeat: int = 0
+    index: int | None = None
+    status: CellStatus = "ok"
+    error: str | None = None
+    suites: dict[str, str] = Field(default_factory=dict)
+    timings_s: dict[str, float | None] = Field(default_factory=dict)
+    started_at: str | None = None
+    ended_at: str | None = None
+    server: ServerRecord = Field(default_factory=ServerRecord)
+    instrumented: bool = False
+    cell_kind: Literal["timed", "correctness"] = "timed"
+    instrumentation: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+    runner_pid: int | None = None
+    instrumentation_args: list[str] = Field(default_factory=list)
+    liveness: Liveness | None = None
+    gpu: GpuSummary | None = None
+    migrated_from: int | None = None
+
+
+# -- summary.json ----------------------------------------------------------------------------
+
+
+class SuiteSummary(_Record):
+    """``RUN/<variant>/rep<k>/<suite>/summary.json``: one suite's result in one cell.
+
+    status: ok | incomplete | failed | unreadable; metrics: {name_with_unit: float or None};
+    errors / warnings: lines for the report; meta: anything else the suite kept; bounds:
+    {metric: "lower" | "upper"} for values that only bound the true value (absent: exact).
+    """
+
+    _when_set = ("migrated_from",)
+
+    schema_version: int = SUMMARY_SCHEMA
+    suite: str = ""
+    status: SuiteStatus = "ok"
+    metrics: dict[str, float | None] = Field(default_factory=dict)
+    errors: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+    meta: dict[str, Any] = Field(default_factory=dict)
+    bounds: dict[str, Literal["lower", "upper"]] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+    migrated_from: int | None = None
+
+
+# -- manifest.json ---------------------------------------------------------------------------
+
+
+class PatchHash(_Record):
+    """A patch of a variant as applied: its name and the sha256 of its diff for this release."""
+
+    name: str
+    sha256: str | None = None
+
+
+class VariantPatch(_Record):
+    """A patch of a variant in ``variants``: name (or ``diff:<path>``), kind, the diff file of
+    a ``diff`` patch, the sha256 of its diff (None when it could not be computed)."""
+
+    name: str
+    kind: Literal["patch", "diff"] = "patch"
+    path: str | None = None
+    sha256: str | None = None
+
+
+class ArgsDiff(_Record):
+    """Server arguments of a variant against the baseline: flags (with values) added, removed,
+    and {flag: [baseline value, variant value]} changed."""
+
+    added: list[str] = Field(default_factory=list)
+    removed: list[str] = Field(default_factory=list)
+    changed: dict[str, list[str | None]] = Field(default_factory=dict)
+
+
+class EnvDiff(_Record):
+    """Environment of a variant against the baseline: {name: value} added, names removed,
+    {name: [baseline value, variant value]} changed."""
+
+    added: dict[str, str] = Field(default_factory=dict)
+    removed: list[str] = Field(default_factory=list)
+    changed: dict[str, list[str | None]] = Field(default_factory=dict)
+
+
+class VariantDiff(_Record):
+    """What a variant changes against the baseline (``Config.variant_diff``)."""
+
+    aa: bool = False
+    patches: list[VariantPatch] = Field(default_factory=list)
+    patches_added: list[str] = Field(default_factory=list)
+    patches_removed: list[str] = Field(default_factory=list)
+    server_args: ArgsDiff = Field(default_factory=ArgsDiff)
+    env: EnvDiff = Field(default_factory=EnvDiff)
+
+
+class HostInfo(_Record):
+    """The machine the run ran on (patchbench.envinfo): memory in GiB."""
+
+    hostname: str | None = None
+    platform: str | None = None
+    python: str | None = None
+    cpu_count: int | None = None
+    memory_total_gib: float | None = None
+    transformers: str | None = None
+
+
+class GpuDevice(_Record):
+    """One NVIDIA GPU as nvidia-smi names it; memory in MiB."""
+
+    name: str | None = None
+    memory_total_mib: int | None = None
+
+
+class HostGpus(_Record):
+    """The machine's NVIDIA GPUs and driver (``patchbench.envinfo.gpu_info``)."""
+
+    gpus: list[GpuDevice] = Field(default_factory=list)
+    driver: str | None = None
+
+
+class OverheadBreakdown(_Record):
+    """Where the harness overhead went, in seconds (patchbench.run.overhead)."""
+
+    python_start: float = 0.0
+    setup: float = 0.0
+    server_stop: float = 0.0
+    flush: float = 0.0
+    report: float = 0.0
+    other: float = 0.0
+
+
+class RunTimings(_Snapshot):
+    """``timings_s`` of one invocation, seconds: ``setup`` (config to the first cell),
+    ``python_start`` (interpreter start-up and imports, when the command line measured it),
+    ``report``, ``total``; ``harness_overhead_share`` (share of wall time outside server
+    start-up and the suites; None when no cell ran), ``overhead_breakdown_s``,
+    ``server_stop_breakdown_s`` (summed over the cells this invocation ran). Keys appear as the
+    run gets to them (an interrupted run has only ``setup``)."""
+
+    setup: float | None = None
+    python_start: float | None = None
+    report: float | None = None
+    total: float | None = None
+    harness_overhead_share: float | None = None
+    overhead_breakdown_s: OverheadBreakdown | None = None
+    server_stop_breakdown_s: StopBreakdown | None = None
+
+
+class ManifestCell(_Record):
+    """One entry of ``manifest.cells``: a cell as last recorded (``dir`` relative to the run
+    folder). ``error``: first line of the cell's error (cells this invocation ran);
+    ``skipped``: done by an earlier invocation (``--resume``)."""
+
+    _when_set = ("error", "skipped")
+
+    variant: str
+    repeat: int = 0
+    cell_kind: Literal["timed", "correctness"] = "timed"
+    instrumented: bool = False
+    status: str = "ok"
+    dir: str = ""
+    suites: dict[str, str] = Field(default_factory=dict)
+    timings_s: dict[str, float | None] = Field(default_factory=dict)
+    error: str | None = None
+    skipped: bool = False
+
+
+class CopiedFile(_Record):
+    """A file the config names, copied into the run folder (``path`` relative to it)."""
+
+    source: str
+    path: str
+
+
+class ResumeRecord(_Record):
+    """One ``--resume`` invocation: when it started and its own timings."""
+
+    started_at: str
+    timings_s: RunTimings = Field(default_factory=RunTimings)
+
+
+class SequentialDesign(_Record):
+    """The stopping rule of a sequential run: looks (rounds), alpha per report, boundary,
+    primaries ("suite.metric"), how alpha is split, the futility threshold, A/A controls."""
+
+    looks: list[int] = Field(default_factory=list)
+    alpha: float | None = None
+    boundary: str | None = None
+    primaries: list[str] = Field(default_factory=list)
+    alpha_split: str | None = None
+    futility: float | None = None
+    controls: list[str] = Field(default_factory=list)
+
+
+class LookMetric(_Record):
+    """One primary of one variant at one look (patchbench.sequential.MetricDecision)."""
+
+    decision: str
+    n: int = 0
+    estimate: float | None = None
+    change_pct: float | None = None
+    p_value: float | None = None
+    level: float | None = None
+    look: int | None = None
+    reason: str = ""
+
+
+class SequentialLook(_Record):
+    """One look (patchbench.sequential.LookDecision): {"variant/suite.metric": LookMetric}."""
+
+    look_index: int
+    n_repeats: int
+    stop: bool = False
+    reason: str = ""
+    metrics: dict[str, LookMetric] = Field(default_factory=dict)
+
+
+class SequentialRecord(_Record):
+    """``manifest.sequential``: the design, each look, the rounds run, ``stopped_at`` (rounds
+    when it stopped, None while going on), why, and the latest decision per
+    "variant/suite.metric" (written once a look decided)."""
+
+    _when_set = ("decisions",)
+
+    design: SequentialDesign = Field(default_factory=SequentialDesign)
+    looks: list[SequentialLook] = Field(default_factory=list)
+    repeats_run: int | None = None
+    stopped_at: int | None = None
+    stopped_early: bool = False
+    reason: str | None = None
+    decisions: dict[str, str] = Field(default_factory=dict)
+
+
+class RunManifest(_Record):
+    """``RUN/manifest.json``: the run as a whole.
+
+    config: :class:`RunConfig` (None when the file held none); patches: {variant: [PatchHash]};
+    overlays: {variant: its overlay record (``patchbench.overlay.Overlay.to_json``, versioned by
+    its own "schema")}; host / gpu / environment: the machine (``environment``:
+    ``patchbench.envinfo.collect``); cells: the schedule's cells as last recorded; started_at /
+    ended_at: UTC stamps (ended_at None while running); interrupted: stopped by a signal;
+    timings_s: the first invocation's; variants (``variant_diffs`` here): {variant:
+    VariantDiff}; suite_rounds: {suite: [timed rounds] or "correctness"}; copied_files. Written
+    when set: resumes (each ``--resume``), sequential, error (why the run stopped: an unwritable
+    results folder), report_error (why compare.json / report.md were not written).
+    """
+
+    _when_set = ("resumes", "sequential", "error", "report_error", "migrated_from")
+
+    schema_version: int = MANIFEST_SCHEMA
+    run_id: str = ""
+    config_path: str | None = None
+    config: RunConfig | None = None
+    sglang_version: str | None = None
+    model: str | None = None
+    patches: dict[str, list[PatchHash]] = Field(default_factory=dict)
+    overlays: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    git_sha: str | None = None
+    host: HostInfo = Field(default_factory=HostInfo)
+    gpu: HostGpus | None = None
+    environment: dict[str, Any] = Field(default_factory=dict)
+    cells: list[ManifestCell] = Field(default_factory=list)
+    started_at: str | None = None
+    ended_at: str | None = None
+    interrupted: bool = False
+    timings_s: RunTimings = Field(default_factory=RunTimings)
+    variant_diffs: dict[str, VariantDiff] = Field(default_factory=dict, alias="variants")
+    suite_rounds: dict[str, list[int] | Literal["correctness"]] = Field(default_factory=dict)
+    copied_files: list[CopiedFile] = Field(default_factory=list)
+    resumes: list[ResumeRecord] = Field(default_factory=list)
+    sequential: SequentialRecord | None = None
+    error: str | None = None
+    report_error: str | None = None
+    migrated_from: int | None = None
+
+    # -- conveniences used by the analysis (read-only views of ``config``) --------------------
+    @property
+    def variants(self) -> dict[str, list[str | dict]]:
+        """{variant: patch entries (names, or ``{"diff": path}``)} from the config, in order."""
+        raw = self.config.variants_json() if self.config is not None else {}
+        return {k: list(p.get("patches", []) if isinstance(p, dict) else p) for k, p in raw.items()}
+
+    @property
+    def baseline(self) -> str:
+        """Name of the baseline variant (the config's ``baseline``, else the first variant)."""
+        b = self.config.baseline if self.config is not None else None
+        return b or next(iter(self.variants), "baseline")
+
+    @property
+    def repeats(self) -> int:
+        """``schedule.repeats`` of the config (1 when absent; for a sequential schedule
+        ``{min, max, step}`` its ``min``; the rounds that really ran are read from the cells)."""
+        r = self.config.schedule.repeats if self.config is not None else 1
+        if isinstance(r, SequentialSnapshot):
+            r = r.min or 1
+        return int(r or 1)
+
+    @property
+    def suites(self) -> list[str]:
+        """Suite names of the config, in config order."""
+        return list(self.config.suites) if self.config is not None else []
