@@ -219,3 +219,65 @@ def test_cli_posts_from_the_actions_environment_and_names_what_was_refused(
     assert len(gh.log) == n
     with pytest.raises(UsageError, match="--post needs the pull request's number"):
         resolve_target("o/r", None, {"GITHUB_TOKEN": TOKEN})
+
+
+def test_action_comment_step_posts_and_the_example_runs_only_on_demand(gh, tmp_path):
+    """The composite action's comment step, run as the runner would (bash, inputs in env) against
+    the fake API; the action runs `patchbench ab` with the agreed spelling; the example
+    workflow is triggered by a label or a comment, never by every pull-request event."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import yaml
+
+    repo = Path(__file__).resolve().parent.parent
+    action = yaml.safe_load((repo / ".github/actions/patchbench-ab/action.yml").read_text())
+    steps = {s["name"]: s for s in action["runs"]["steps"]}
+    assert action["runs"]["using"] == "composite"
+    ab = steps["patchbench ab"]["run"]
+    assert '-m patchbench ab --git "$checkout" --range "$AB_RANGE" --preset "$AB_PRESET"' in ab
+    assert all("${{" not in s.get("run", "") for s in steps.values())  # inputs only via env
+    run_dir = tmp_path / "results" / "20261201T212402Z-demo-cpu"
+    run_dir.mkdir(parents=True)
+    shutil.copy(GOLDEN / "compare.json", run_dir)
+    event = tmp_path / "event.json"
+    event.write_text(json.dumps({"pull_request": {"number": 7}}))
+    env = {
+        **os.environ,
+        **gh.env(GITHUB_REPOSITORY="o/r", GITHUB_EVENT_PATH=str(event), GITHUB_RUN_ID="42"),
+        "PB_DIR": str(repo),
+        "PB_PYTHON": sys.executable,
+        "RUN_DIR": str(run_dir),
+        "AB_RANGE": "origin/main...HEAD",
+        "AB_PRESET": "pr-h200",
+        "AB_KEY": "pr-h200",
+        "PUBLISH_URL": "",
+    }
+    script = steps["Comment on the pull request"]["run"]
+    r = subprocess.run(["bash", "-e", "-c", script], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    body = gh.comments[0]["body"]
+    assert body.startswith("<!-- patchbench-comment key=pr-h200 -->\n")
+    assert "### patchbench A/B (pr-h200): origin/main...HEAD" in body
+    assert "[Full report](https://github.com/o/r/actions/runs/42)" in body
+    assert "The PR figure is in the workflow run's artifact." in body
+    env["PUBLISH_URL"] = "https://ci.example/runs/{run}"
+    r = subprocess.run(["bash", "-e", "-c", script], env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("updated the comment on o/r#7"), r.stderr
+    fig = "https://ci.example/runs/20261201T212402Z-demo-cpu/plots/pr_figure.png"
+    assert len(gh.comments) == 1 and f"![PR figure]({fig})" in gh.comments[0]["body"]
+
+    wf = yaml.safe_load((repo / ".github/workflows/pr-ab-example.yml").read_text())
+    assert wf[True] == {
+        "pull_request": {"types": ["labeled"]},
+        "issue_comment": {"types": ["created"]},
+    }
+    job = wf["jobs"]["ab"]
+    assert "github.event.label.name == 'patchbench-ab'" in job["if"]
+    assert "startsWith(github.event.comment.body, '/patchbench ab')" in job["if"]
+    assert "self-hosted" in job["runs-on"]
+    uses = next(s for s in job["steps"] if "uses" in s and "patchbench-ab" in s["uses"])
+    assert (repo / uses["uses"].removeprefix("./patchbench/") / "action.yml").exists()
+    assert uses["with"]["range"].endswith("...HEAD")
