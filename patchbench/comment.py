@@ -311,13 +311,16 @@ class GitHubClient:
             req.add_header("Content-Type", "application/json")
         try:
             with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S) as resp:
-                raw = resp.read()
-                return (json.loads(raw) if raw else None), resp.headers.get("Link")
+                raw, link = resp.read(), resp.headers.get("Link")
         except urllib.error.HTTPError as e:
             raise self._refused(e, what) from None
-        except (urllib.error.URLError, OSError, ValueError) as e:
+        except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
             raise GitHubError(f"{what}: cannot reach {self.t.api} ({reason})") from None
+        try:
+            return (json.loads(raw) if raw else None), link
+        except ValueError:
+            raise GitHubError(f"{what}: {self.t.api} answered with something not JSON") from None
 
     def _refused(self, e: urllib.error.HTTPError, what: str) -> Exception:
         try:

@@ -18,6 +18,7 @@ import pytest
 from patchbench import cli
 from patchbench.comment import (
     GITHUB_COMMENT_LIMIT,
+    GitHubError,
     GitHubRefused,
     Links,
     marker,
@@ -219,6 +220,11 @@ def test_cli_posts_from_the_actions_environment_and_names_what_was_refused(
     assert len(gh.log) == n
     with pytest.raises(UsageError, match="--post needs the pull request's number"):
         resolve_target("o/r", None, {"GITHUB_TOKEN": TOKEN})
+    # an API nobody answers: exit 4
+    down = resolve_target("o/r", 7, {"GITHUB_TOKEN": TOKEN, "GITHUB_API_URL": "http://127.0.0.1:9"})
+    with pytest.raises(GitHubError, match=r"listing the comments of o/r#7: cannot reach") as ei:
+        post_comment("x", down)
+    assert ei.value.exit_code == 4
 
 
 def test_action_comment_step_posts_and_the_example_runs_only_on_demand(gh, tmp_path):
