@@ -92,7 +92,7 @@ from patchbench.errors import (  # noqa: E402
 from patchbench.inputs import REPO_ROOT  # noqa: E402
 from patchbench.matrix.cli import add_cli_arguments, run_cli  # noqa: E402
 from patchbench.matrix.driver import describe_matrix, run_matrix  # noqa: E402
-from patchbench.matrix.envs import prepare_python  # noqa: E402
+from patchbench.matrix.envs import node_name, prepare_python  # noqa: E402
 from patchbench.matrix.execute import pack_folder, unpack_folder  # noqa: E402
 from patchbench.matrix.executors import LocalExecutor, make_executor  # noqa: E402
 from patchbench.matrix.spec import is_matrix_file, load_matrix, unit_id  # noqa: E402
@@ -382,6 +382,13 @@ def test_local_matrix_runs_units_and_reports_their_effects(tmp_path):
         assert f"[{u.id}]({u.id}/report.md)" in report
         assert f"patched: **{verdict}** {change:+.2f}% [{low:+.2f}, {high:+.2f}]%" in report
     assert (mdir / "plots" / "matrix-effect.png").stat().st_size > 1000
+    # the environment plan (announced before the units ran) and the timings' columns
+    env = read_json(mdir / "matrix.json")["environments"]
+    assert [(e["pin"], e["source"], e["path"]) for e in env] == [
+        (SGLANG, "current", sys.executable)
+    ]
+    assert f"- sglang {SGLANG} on {node_name()}: this interpreter {sys.executable}" in report
+    assert "| unit | node | queued s | env s | bench s | task s | driver overhead s |" in report
     assert (
         "| unit | gpu type | suites.mx_fake.gains.patched | status | mx_fake.tput_tok_s |" in report
     )
@@ -547,8 +554,8 @@ def test_a_matrix_that_would_build_an_environment_is_refused_before_anything_run
     tmp_path, monkeypatch, capsys
 ):
     """The plan is announced (log, --dry-run) and a missing environment stops the matrix with
-    exit 3 before any unit runs or a run folder is made; the environments go to matrix.json and
-    the report when the matrix runs."""
+    exit 3 before any unit runs or a run folder is made; this interpreter holds the pin and
+    imports this checkout, so it is the plan without the stand-ins."""
     import argparse
 
     from patchbench.matrix import envs
@@ -573,16 +580,8 @@ def test_a_matrix_that_would_build_an_environment_is_refused_before_anything_run
     assert f"MISSING: would build {tmp_path / 'no-venv'} (about 9 GB)" in out
     assert "a missing environment is built only with --build-envs" in out
     monkeypatch.undo()
-    mdir = run_matrix(
-        m, executor=LocalExecutor(command=FAKE_COMMAND), results=tmp_path / "r", log=lambda s: None
-    )
-    env = read_json(mdir / "matrix.json")["environments"]
-    assert [(e["pin"], e["source"], e["path"]) for e in env] == [
-        (SGLANG, "interpreter", sys.executable)
-    ]
-    report = (mdir / "report.md").read_text()
-    assert f"- sglang {SGLANG} on {envs.node_name()}: the worker's own interpreter" in report
-    assert "| unit | node | queued s | env s | bench s | task s | driver overhead s |" in report
+    plan = LocalExecutor().plan_envs(load_matrix(m).units)
+    assert [(p.pin, p.source, p.path) for p in plan] == [(SGLANG, "interpreter", sys.executable)]
 
 
 def test_queue_split_and_driver_overhead():
