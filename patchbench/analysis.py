@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import ValidationError
 
 from patchbench import verdicts
@@ -217,6 +218,7 @@ def _repeat_values(
             row.notes.append(f"{where}: an instrumented cell; its timings feed no verdict")
             continue
         pairs.append((vb, vv))
+        row.paired_repeats.append(k)
         for v in (data.baseline, variant):
             bounds[v].add(data.bound(v, k, suite, metric))
     return pairs, bounds, bad
@@ -312,8 +314,7 @@ def _row(
     if not declared:
         row.notes.append("not declared by the suite: direction guessed from the name; secondary")
     pairs, bounds, bad = _repeat_values(data, row)
-    row.baseline_value = _median([x for x in row.baseline_repeats if x is not None])
-    row.variant_value = _median([x for x in row.variant_repeats if x is not None])
+    describe_pairs(row, pairs)
     row.n_pairs = len(pairs)
     test = _test(data, s, cmp, row, pairs, bounds)
     if test is not None:
@@ -326,6 +327,47 @@ def _row(
         row.notes.append("incomplete cells: " + "; ".join(bad))
         row.verdict = "incomplete"
     return row, test
+
+
+# ---------------------------------------------------------------- what a row shows
+
+
+#: the rule that names an outlier repeat (descriptive; it never changes a verdict)
+OUTLIER_RULE = (
+    "a paired repeat whose log ratio lies more than 3.5 robust standard deviations "
+    "(1.4826 x the median absolute deviation) from the median of the row's paired log ratios "
+    "(Iglewicz & Hoaglin 1993; at least 3 pairs)"
+)
+OUTLIER_Z = 3.5
+
+
+def describe_pairs(row: Row, pairs: list[tuple[float, float]]) -> None:
+    """Set the values a row shows and describe its paired repeats (never a verdict).
+
+    ``pairs``: the (baseline, variant) values of ``row.paired_repeats``, in that order. A run row
+    with pairs and positive values shows the geometric mean of each arm over the pairs, so that
+    variant / baseline = exp(mean paired log ratio) = 1 + change / 100; it gets the sample sd of
+    the paired log ratios (2 pairs or more) and its outlier repeats (:data:`OUTLIER_RULE`; none
+    when the median absolute deviation is 0). Other rows show each arm's median over its repeats
+    (accuracy rows are set again from the questions by :func:`_accuracy_test`)."""
+    from scipy.stats import median_abs_deviation
+
+    row.baseline_value = _median([x for x in row.baseline_repeats if x is not None])
+    row.variant_value = _median([x for x in row.variant_repeats if x is not None])
+    if row.kind != "run" or not pairs or min(min(p) for p in pairs) <= 0:
+        return
+    logs = np.log(np.asarray(pairs, dtype=float))
+    row.baseline_value = float(np.exp(logs[:, 0].mean()))
+    row.variant_value = float(np.exp(logs[:, 1].mean()))
+    d = logs[:, 1] - logs[:, 0]
+    if len(d) >= 2:
+        row.log_ratio_sd = float(d.std(ddof=1))
+    scale = median_abs_deviation(d, scale="normal") if len(d) >= 3 else 0.0
+    if scale > 0:
+        z = np.abs(d - np.median(d)) / scale
+        row.outlier_repeats = [
+            k for k, zk in zip(row.paired_repeats, z, strict=True) if zk > OUTLIER_Z
+        ]
 
 
 def _arm_bound(seen: set[str | None]) -> str | None:
