@@ -272,6 +272,22 @@ def decide_text(d: Decide, *, short: bool = False) -> str:
     return f"{head} ({100 * DECIDE_POWER:g}% power to show {d.what}; {d.sd} over {d.pairs})"
 
 
+def decide_note(r: Row, min_repeats: int, *, short: bool = False) -> str | None:
+    """What an inconclusive primary needs to be decided (:func:`decide_text` of
+    :func:`repeats_to_decide`), or why no estimate is given (a run row with fewer than 2 paired
+    repeats has no observed noise); None for a row that is decided or not primary."""
+    d = repeats_to_decide(r, min_repeats)
+    if d is not None:
+        return decide_text(d, short=short)
+    if r.verdict == "inconclusive" and r.primary and r.kind == "run" and r.log_ratio_sd is None:
+        return (
+            "noise unknown"
+            if short
+            else "repeats to decide: not estimated (the noise needs at least 2 paired repeats)"
+        )
+    return None
+
+
 def outlier_text(r: Row) -> str | None:
     """ "outlier repeat: rep2" (descriptive, :data:`patchbench.analysis.OUTLIER_RULE`), or None."""
     if not r.outlier_repeats:
@@ -304,8 +320,7 @@ def sentence_parts(cmp: Comparison, variant: str) -> tuple[str, list[str]]:
         if r.kind == "deterministic":
             parts.append(f"{short_name(r)} {values_txt(r)} {verdict_text(r)} ({exactness(r)})")
             continue
-        d = repeats_to_decide(r, cmp.settings.min_repeats)
-        decide = decide_text(d, short=True) if d is not None else None
+        decide = decide_note(r, cmp.settings.min_repeats, short=True)
         if r.low is None or r.high is None:
             # no interval: say why in a few words instead of "n/a" (the table has the full note)
             why = "; ".join(x for x in (_why_no_interval(r), decide) if x)
@@ -440,9 +455,8 @@ def _primaries(cmp: Comparison) -> list[str]:
 
 def _primary_notes(r: Row, min_repeats: int) -> list[str]:
     """A primary's notes in the table: the row's own, its outlier repeats, and for an
-    inconclusive row how many repeats would likely decide (:func:`repeats_to_decide`)."""
-    d = repeats_to_decide(r, min_repeats)
-    extra = [outlier_text(r), decide_text(d) if d is not None else None]
+    inconclusive row how many repeats would likely decide (:func:`decide_note`)."""
+    extra = [outlier_text(r), decide_note(r, min_repeats)]
     return list(r.notes) + [x for x in extra if x]
 
 

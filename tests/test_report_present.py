@@ -214,6 +214,13 @@ def test_repeats_to_decide_equivalence_and_cap():
     assert report.repeats_to_decide(_inconclusive(change=5.0, log_ratio_sd=None), 3) is None
 
 
+def test_one_pair_says_the_noise_is_unknown():
+    r = _inconclusive(change=8.0, log_ratio_sd=None, n_pairs=1)
+    assert report.decide_note(r, 3, short=True) == "noise unknown"
+    assert "at least 2 paired repeats" in report.decide_note(r, 3)
+    assert report.decide_note(_inconclusive(change=8.0, verdict="improved"), 3) is None
+
+
 def test_every_inconclusive_primary_says_what_would_decide(demo):
     run, _ = demo
     text = (run / "report.md").read_text()
