@@ -334,9 +334,8 @@ def _row(
 
 #: the rule that names an outlier repeat (descriptive; it never changes a verdict)
 OUTLIER_RULE = (
-    "a paired repeat whose log ratio lies more than 3.5 robust standard deviations "
-    "(1.4826 x the median absolute deviation) from the median of the row's paired log ratios "
-    "(Iglewicz & Hoaglin 1993; at least 3 pairs)"
+    "a paired log ratio more than 3.5 robust sd (1.4826 x MAD) from the row's median "
+    "(Iglewicz & Hoaglin 1993; 3 pairs or more)"
 )
 OUTLIER_Z = 3.5
 

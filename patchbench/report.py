@@ -706,21 +706,19 @@ def _methods(cmp: Comparison) -> list[str]:
         f"- Run-level metrics: repeat k of the baseline paired with repeat k of the variant "
         f"(interleaved schedule); a verdict needs at least {s.min_repeats} paired repeats. "
         "Request-level intervals inside one cell are descriptive only.",
-        "- Values shown: each arm's geometric mean over the paired repeats; their ratio is "
-        "exp(mean paired log ratio), the change shown. Accuracy: the mean correctness over the "
-        "paired questions (the change is their difference, in points). Counts: the median "
-        "over repeats.",
+        "- Values shown: each arm's geometric mean over the paired repeats (their ratio is the "
+        "change: exp(mean paired log ratio)); accuracy: mean correctness over the paired "
+        "questions; counts: the median.",
         "- Verdicts: improved / regressed when the interval excludes no change; equivalent "
         "when TOST at the same level puts the change inside the margin; inconclusive otherwise.",
         "- A/A variants are compared like any variant; if one comes out improved or regressed, "
         "every verdict is downgraded to inconclusive.",
-        f"- Outlier repeat (named, descriptive; never changes a verdict): {OUTLIER_RULE}.",
-        f"- Repeats to decide (inconclusive primaries): the fewest paired repeats giving "
-        f"{100 * DECIDE_POWER:g}% power, at the level the verdict used and the run's sd of "
-        "paired log ratios (Student's t, n - 1 df), to show the observed change or, when it "
-        "lies inside the margin, equivalence if the observed change is the true one, whichever "
-        f"needs fewer; more than {DECIDE_CAP} is not counted. Accuracy: the same in questions, "
-        "with the per-question sd the interval implies (normal).",
+        f"- Outlier repeat (named only, never changes a verdict): {OUTLIER_RULE}.",
+        f"- Repeats to decide (inconclusive primaries): fewest paired repeats for "
+        f"{100 * DECIDE_POWER:g}% power at the verdict's level and the run's sd of paired log "
+        "ratios (t, n - 1 df) to show the observed change or, inside the margin, equivalence "
+        f"(whichever needs fewer); capped at {DECIDE_CAP}. Accuracy: in questions, sd from the "
+        "interval (normal).",
     ]
     lines += [f"- {name}: {src}" for name, src in cmp.methods.items()]
     return lines + [""]

@@ -123,7 +123,7 @@ def test_an_outlier_repeat_is_named_and_changes_no_verdict(tmp_path, declared, m
     # the change is the test's on every pair, the outlier included
     assert r.change == pytest.approx(100 * verdicts.run_test(thr_b, thr_v, 3).estimate)
     assert "outlier repeat: rep4 (descriptive)" in text
-    assert "3.5 robust standard deviations" in text  # the rule, in the Methods
+    assert "3.5 robust sd (1.4826 x MAD)" in text  # the rule, in the Methods
     details = (run / "report-details.md").read_text()
     assert "**100 -> 160 (+60.0%) outlier**" in details
     # with no outlier rule at all, every verdict is the same
