@@ -129,28 +129,36 @@ def test_an_outlier_repeat_is_named_and_changes_no_verdict(tmp_path, declared, m
     # with no outlier rule at all, every verdict is the same
     from patchbench import analysis
 
-    monkeypatch.setattr(analysis, "OUTLIER_Z", math.inf)
+    monkeypatch.setattr(analysis, "OUTLIER_Z", 1e9)
     report.render_run(run, plots=False)
     again = read_comparison(run)
     assert again.row("bench", "output_throughput_tok_s", "patched").outlier_repeats == []
     assert [x.verdict for x in again.rows] == [x.verdict for x in cmp.rows]
 
 
-def test_outlier_rule_needs_three_pairs_and_spread():
-    r = Row(suite="s", metric="m", variant="v", kind="run", paired_repeats=[0, 1])
-    describe_pairs(r, [(1.0, 1.1), (1.0, 5.0)])
-    assert r.outlier_repeats == [] and r.log_ratio_sd is not None
-    r = Row(suite="s", metric="m", variant="v", kind="run", paired_repeats=[0, 1, 2])
-    describe_pairs(r, [(1.0, 1.1)] * 3)  # no spread: MAD 0, nothing named
+def _described(d, margin=5.0):
+    ks = list(range(len(d)))
+    r = Row(suite="s", metric="m", variant="v", kind="run", paired_repeats=ks)
+    describe_pairs(r, [(1.0, math.exp(x)) for x in d], margin)
+    return r
+
+
+def test_outlier_rule_needs_three_pairs_spread_and_more_than_the_margin():
+    r = _described([0.1, 1.6])
+    assert r.outlier_repeats == [] and r.log_ratio_sd is not None  # 2 pairs: no rule
+    r = _described([0.1] * 3, margin=None)  # no spread, no margin: nothing named
     assert r.outlier_repeats == [] and r.log_ratio_sd == pytest.approx(0)
+    # far by the robust sd and by more than the margin (log 1.05 ~ 0.049): named
     d = np.array([0.0, 0.01, -0.01, 0.02, 0.5])
     z = np.abs(d - np.median(d)) / sps.median_abs_deviation(d, scale="normal")
-    r = Row(suite="s", metric="m", variant="v", kind="run", paired_repeats=[3, 4, 5, 6, 7])
-    describe_pairs(r, [(1.0, math.exp(x)) for x in d])
-    assert r.outlier_repeats == [
-        k for k, zk in zip([3, 4, 5, 6, 7], z, strict=True) if zk > OUTLIER_Z
-    ]
-    assert r.outlier_repeats == [7]
+    assert [k for k, zk in enumerate(z) if zk > OUTLIER_Z] == [4]
+    assert _described(d).outlier_repeats == [4]
+    # a tight cluster makes the MAD tiny: +-1% is many robust sd away yet inside the margin
+    tight = [0.005, -0.005, 0.004, -0.0099, 0.005]
+    assert _described(tight, margin=None).outlier_repeats == [1, 3]
+    assert _described(tight).outlier_repeats == []
+    # three equal ratios (MAD 0) and one 20% away: the margin still names it
+    assert _described([0.1, 0.1, 0.1, 0.3]).outlier_repeats == [3]
 
 
 # ------------------------------------------------------------------- vocabulary
