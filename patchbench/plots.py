@@ -293,7 +293,8 @@ def save_png(fig: Figure, path: str | Path) -> Path:
 def make_plots(cmp: Comparison, out_dir: str | Path) -> tuple[list[Path], list[str]]:
     """Save the PR figure and every suite's plots into ``out_dir`` (usually RUN/plots).
 
-    Returns (saved paths, notes about plots that failed). A failing plot does not stop the others.
+    Returns (saved paths, notes about plots that failed or that had nothing to draw). A failing
+    plot does not stop the others.
     """
     from patchbench.suite import get_suite
 
@@ -303,6 +304,8 @@ def make_plots(cmp: Comparison, out_dir: str | Path) -> tuple[list[Path], list[s
         fig = plot_pr_figure(cmp)
         if fig is not None:
             saved.append(save_png(fig, out_dir / "pr_figure.png"))
+        elif cmp.rows_for(primary=True):
+            notes.append("no PR figure: no primary metric has a value to draw")
     except Exception as e:  # noqa: BLE001 - a plot must never cost the report
         notes.append(f"plot pr_figure.png failed: {type(e).__name__}: {e}")
     for suite in cmp.suites:

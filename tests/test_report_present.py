@@ -319,3 +319,21 @@ def test_report_md_leaves_details_to_the_second_file(demo):
     assert "## Primary metrics per repeat" in details and "## Secondary metrics" in details
     assert "### Before (baseline, rep0)" in details and "Before (baseline" not in text
     assert re.search(r"\| rep0 \| rep1 \|", details)
+
+
+def test_no_pr_figure_when_no_primary_has_a_value(tmp_path, declared):
+    run = make_run(
+        tmp_path,
+        metrics={
+            "bench": {
+                # the variant's cells have no value: incomplete rows, nothing to draw
+                "output_throughput_tok_s": {"baseline": [100, 101], "patched": [None, None]},
+                "mean_ttft_ms": {"baseline": [50, 51], "patched": [None, None]},
+            }
+        },
+        repeats=2,
+    )
+    text = report.render_run(run).read_text()
+    assert {r.verdict for r in read_comparison(run).rows} == {"incomplete"}
+    assert not (run / "plots" / "pr_figure.png").exists()
+    assert "no PR figure: no primary metric has a value to draw" in text
