@@ -230,12 +230,8 @@ def repeats_to_decide(r: Row, min_repeats: int) -> Decide | None:
         got = _n_needed(
             r.log_ratio_sd, effect, margin, alpha, t_df=True, floor=min_repeats, cap=DECIDE_CAP
         )
-        cap, unit, sd = (
-            DECIDE_CAP,
-            "repeats",
-            f"sd of paired log ratios {100 * r.log_ratio_sd:.1f}%",
-        )
-        pairs = f"{r.n_pairs} pairs"
+        cap, unit, pairs = DECIDE_CAP, "repeats", f"{r.n_pairs} pairs"
+        sd = f"sd of paired log ratios {100 * r.log_ratio_sd:.1f}%"
     elif r.kind == "accuracy" and r.low is not None and r.high is not None and r.n_pairs:
         from scipy import stats as sps
 
@@ -644,16 +640,18 @@ def _secondary(cmp: Comparison) -> list[str]:
 
 
 def _repeat_cell(r: Row, i: int, k: int) -> str:
-    """One repeat of a primary in the per-repeat table: "466.9 -> 420.7 (-9.9%)", outliers in
-    bold; "-" where an arm has no value."""
+    """One repeat of a primary in the per-repeat table: "466.9 -> 420.7 (-9.9%)" (accuracy in
+    percent: "41.3% -> 42.9%"), outliers in bold; "-" where an arm has no value."""
     b = r.baseline_repeats[i] if i < len(r.baseline_repeats) else None
     v = r.variant_repeats[i] if i < len(r.variant_repeats) else None
-    if b is None or v is None:
-        return (
-            f"{fmt_value(b) if b is not None else '-'} -> {fmt_value(v) if v is not None else '-'}"
-        )
-    txt = f"{fmt_value(b)} -> {fmt_value(v)}"
-    if r.kind == "run" and r.change_unit == "%" and b > 0:
+
+    def one(x: float | None) -> str:
+        if x is None:
+            return "-"
+        return f"{100 * x:.1f}%" if r.kind == "accuracy" else fmt_value(x)
+
+    txt = f"{one(b)} -> {one(v)}"
+    if b is not None and v is not None and r.kind == "run" and r.change_unit == "%" and b > 0:
         txt += f" ({fmt_pct(100 * (v / b - 1))})"
     return f"**{txt} outlier**" if k in r.outlier_repeats else txt
 
