@@ -254,17 +254,17 @@ def repeats_to_decide(r: Row, min_repeats: int) -> Decide | None:
 
 
 def decide_text(d: Decide, *, short: bool = False) -> str:
-    """ "about 9 repeats would likely decide" (``short``), or with what and the noise: "about 9
-    paired repeats would likely decide (80% power to show equivalence within ±5%; sd of paired
-    log ratios 4.3% over 2 pairs)"; "more than 50 ..." past the cap."""
-    unit = d.unit if short or d.unit != "repeats" else "paired repeats"
+    """ "about 9 repeats to decide" (``short``, for the answer), or with what and the noise:
+    "about 9 paired repeats would likely decide (80% power to show equivalence within ±5%; sd of
+    paired log ratios 4.3% over 2 pairs)"; "more than 50 ..." past the cap."""
+    if short:
+        return f"{'about' if d.n is not None else 'more than'} {d.n or d.cap} {d.unit} to decide"
+    unit = "paired repeats" if d.unit == "repeats" else d.unit
     head = (
         f"about {d.n} {unit} would likely decide"
         if d.n is not None
         else f"more than {d.cap} {unit} would be needed to decide"
     )
-    if short:
-        return head
     return f"{head} ({100 * DECIDE_POWER:g}% power to show {d.what}; {d.sd} over {d.pairs})"
 
 

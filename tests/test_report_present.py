@@ -203,7 +203,7 @@ def test_repeats_to_decide_matches_the_t_power_formula():
         if math.sqrt(n) * eff / sd >= sps.t.ppf(0.975, n - 1) + sps.t.ppf(0.8, n - 1)
     )
     assert d is not None and d.n == n and d.unit == "repeats" and "+10.0%" in d.what
-    assert report.decide_text(d, short=True) == f"about {n} repeats would likely decide"
+    assert report.decide_text(d, short=True) == f"about {n} repeats to decide"
     assert "80% power to show the observed +10.0%" in report.decide_text(d)
 
 
@@ -214,9 +214,7 @@ def test_repeats_to_decide_equivalence_and_cap():
     # absurd: "more than" the cap
     d = report.repeats_to_decide(_inconclusive(change=0.1, log_ratio_sd=0.5), 3)
     assert d is not None and d.n is None
-    assert report.decide_text(d, short=True) == (
-        f"more than {report.DECIDE_CAP} repeats would be needed to decide"
-    )
+    assert report.decide_text(d, short=True) == f"more than {report.DECIDE_CAP} repeats to decide"
     # not inconclusive, or no noise seen: nothing to say
     assert report.repeats_to_decide(_inconclusive(change=5.0, verdict="improved"), 3) is None
     assert report.repeats_to_decide(_inconclusive(change=5.0, log_ratio_sd=None), 3) is None
