@@ -736,14 +736,21 @@ def _plot_lines(paths: list[Path], run_dir: Path) -> list[str]:
     return lines
 
 
-def _details_link(cmp: Comparison, more_plots: int) -> list[str]:
-    """ "## Details": what the details file holds, linked."""
-    what = ["each primary's values per repeat"]
-    if any(r for r in cmp.rows if not r.primary):
-        what.append("the secondary metrics")
-    what.append("each suite's PR-style blocks (Before / After)")
+def _details_link(cmp: Comparison, more_plots: int, details: str | None) -> list[str]:
+    """ "## Details": what the details file holds (read from its text ``details`` when given),
+    linked; [] when it holds nothing."""
+    has = {
+        "each primary's values per repeat": "## Primary metrics per repeat",
+        "each suite's PR-style blocks (Before / After)": "### Before (",
+        "the secondary metrics": "## Secondary metrics",
+    }
+    what = [w for w, head in has.items() if details is None or head in details]
+    if details is None and not any(not r.primary for r in cmp.rows):
+        what.remove("the secondary metrics")
     if more_plots:
         what.append(f"{more_plots} more plot{'s' if more_plots > 1 else ''}")
+    if not what:
+        return []
     return ["## Details", "", f"[{DETAILS_NAME}]({DETAILS_NAME}): " + ", ".join(what) + ".", ""]
 
 
@@ -753,10 +760,13 @@ def render_markdown(
     run_dir: Path,
     plot_paths: list[Path] | None = None,
     extra_notes: list[str] | None = None,
+    *,
+    details: str | None = None,
 ) -> str:
     """The report.md text of a comparison (sections in the module docstring): what a reviewer
     reads; per-repeat values, PR-style blocks, secondary metrics and every plot but the PR
-    figure are in :func:`render_details`."""
+    figure are in :func:`render_details`, whose text ``details`` (when given) decides what the
+    link to it lists."""
     notes = list(extra_notes or [])
     plots = list(plot_paths or [])
     pr_fig = [p for p in plots if p.stem == PR_FIGURE_STEM]
@@ -771,7 +781,7 @@ def render_markdown(
     )
     if pr_fig:
         lines += ["## Plots", ""] + _plot_lines(pr_fig, run_dir)
-    lines += _details_link(cmp, len(plots) - len(pr_fig))
+    lines += _details_link(cmp, len(plots) - len(pr_fig), details)
     lines += _methods(cmp)
     all_notes = list(cmp.notes) + notes
     if all_notes:
@@ -818,7 +828,8 @@ def render_run(
         paths, pnotes = make_plots(cmp, run_dir / "plots")
     details = render_details(cmp, run_dir, paths, pnotes)
     records.write_text(run_dir / DETAILS_NAME, details)
-    text = render_markdown(cmp, runfolder.read_manifest(run_dir), run_dir, paths, pnotes)
+    manifest = runfolder.read_manifest(run_dir)
+    text = render_markdown(cmp, manifest, run_dir, paths, pnotes, details=details)
     return records.write_text(run_dir / "report.md", text)
 
 

@@ -126,6 +126,9 @@ def test_an_outlier_repeat_is_named_and_changes_no_verdict(tmp_path, declared, m
     assert "3.5 robust sd (1.4826 x MAD)" in text  # the rule, in the Methods
     details = (run / "report-details.md").read_text()
     assert "**100 -> 160 (+60.0%) outlier**" in details
+    # the link lists what the details file holds: no suite here has a PR-style block
+    assert "### Before (" not in details and "PR-style blocks" not in text
+    assert "[report-details.md](report-details.md): each primary's values per repeat." in text
     # with no outlier rule at all, every verdict is the same
     from patchbench import analysis
 
