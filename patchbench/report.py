@@ -14,7 +14,8 @@ header). report.md is what a reviewer reads, in this order:
 4. the A/A health check and cell warnings; the GPU block (cells whose GPU was throttled or shared,
    from each cell's NVML summary) and the server-log block (retractions and out-of-memory events
    each suite's server logged, per cell);
-5. suite sections (each suite's ``report_section`` hook), pairing refusals with their reasons;
+5. suite sections (each suite's ``report_section`` hook; per-cell tables folded with
+   :func:`patchbench.suites.folded`), pairing refusals with their reasons;
 6. the PR figure, a link to the details file, methods with their sources, notes.
 
 report-details.md holds what a reviewer looks up: each primary's values per repeat, the PR-style
