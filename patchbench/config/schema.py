@@ -70,6 +70,15 @@ class ServerSpec(_Strict):
     port_close_timeout_s: float = Field(30.0, gt=0)
     flush_retries: int = Field(5, ge=1)
     flush_pause_s: float = Field(1.0, ge=0)
+    stall_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description=(
+            "seconds the server may leave the scheduler heartbeat, a suite's replies or a flush "
+            "unanswered before the cell fails with 'the server stopped answering' "
+            "(patchbench/liveness.py); far below a suite's timeout_s"
+        ),
+    )
 
     mrope_probe: Any = Field(
         None,
