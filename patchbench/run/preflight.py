@@ -99,10 +99,12 @@ def config_diffs(a: Any, b: Any, key: str = "") -> list[tuple[str, Any, Any]]:
 
 
 def report_stale_servers(results_root: Path, *, kill: bool, log) -> None:
-    """Report (or with ``kill`` stop) servers orphaned by an earlier killed run."""
+    """Report (or with ``kill`` stop) servers orphaned by an earlier killed run: those recorded
+    under ``results_root`` and every server of this user carrying the harness's markers, wherever
+    its run wrote to (patchbench.stale.find_stale_servers with ``anywhere``)."""
     from patchbench.stale import find_stale_servers, kill_stale
 
-    found = find_stale_servers(results_root)
+    found = find_stale_servers(results_root, anywhere=True)
     if not found:
         return
     if kill:
