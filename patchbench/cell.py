@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import math
 import os
 import sys
 import time
@@ -82,6 +83,23 @@ def is_cpu(cfg: Config) -> bool:
     return any(x == "--device=cpu" for x in a) or any(
         a[i] == "--device" and i + 1 < len(a) and a[i + 1] == "cpu" for i in range(len(a))
     )
+
+
+def refuse_impossible(res: SuiteResult) -> list[str]:
+    """Refuse metric values that cannot be measurements (NaN, infinite, not a number) where they
+    enter the run: each is removed from ``res.metrics`` (so no mean ever averages it) and named
+    in ``res.errors``; an ``ok`` result becomes ``incomplete`` (no verdict on it). Returns the
+    refused metric names. Suites check their own ranges (e.g. the serving suite's
+    :func:`patchbench.suites.serving.parse.row_problem`)."""
+    bad = []
+    for name, v in list(res.metrics.items()):
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            bad.append(name)
+            res.errors.append(f"impossible value {name} = {v!r} refused (not a finite number)")
+            del res.metrics[name]
+    if bad and res.status == "ok":
+        res.status = "incomplete"
+    return bad
 
 
 def launch_spec(cfg: Config, venv: VariantEnv, cdir: Path, port: int) -> LaunchSpec:
@@ -486,6 +504,7 @@ class CellRun:
             res = SuiteResult(
                 status="failed", errors=[f"{type(e).__name__}: {e}", traceback.format_exc()]
             )
+        refuse_impossible(res)
         if self.server is not None:
             self._check_server_after(res)
             self._scan_log(res, log_off)
