@@ -32,6 +32,8 @@ from patchbench.inputs import RESULTS_DIR
 from patchbench.progress import BenchProgress, say
 from patchbench.records import ResultsWriteError, make_dir
 from patchbench.run import preflight
+from patchbench.run.lock import RunLock, holder_text
+from patchbench.run.lock import acquire as lock_run_folder
 from patchbench.run.looks import sequential_design, sequential_primaries
 from patchbench.run.loop import BenchRun
 from patchbench.run.manifest import new_manifest
@@ -79,10 +81,35 @@ def run_bench(
     t_call = time.monotonic()
     t_run = t_call - (python_start_s or 0.0)  # the run's wall clock starts with the process
     run = BenchRun(str(config_path), say=log or say, log=log)
+    held: list[RunLock] = []
+    try:
+        return _run_locked(
+            run,
+            held,
+            resume,
+            results_root,
+            port,
+            kill_stale,
+            nvml,
+            t_call,
+            t_run,
+            python_start_s,
+            verbose,
+        )
+    finally:
+        for lock in held:
+            lock.release()
+
+
+def _run_locked(
+    run, held, resume, results_root, port, kill_stale, nvml, t_call, t_run, python_start_s, verbose
+) -> Path:
+    """:func:`run_bench` once the run exists; the run folder's lock goes into ``held``."""
     with terminate_like_ctrl_c(log=run.console):
         try:
             cells = _set_up(
                 run,
+                held,
                 resume=resume,
                 results_root=results_root,
                 port=port,
@@ -110,6 +137,7 @@ def run_bench(
 
 def _set_up(
     run: BenchRun,
+    held: list[RunLock],
     *,
     resume,
     results_root,
@@ -124,6 +152,8 @@ def _set_up(
     progress bar. Fills ``run``; returns the planned cells."""
     cfg = run.cfg = load_config(run.config_path)
     old = preflight.resume_manifest(cfg, Path(resume)) if resume else None
+    if resume:  # one writer per folder: refused before anything slow or written
+        _hold(run, held, lock_run_folder(resume))
     env = preflight.check_environment(cfg)
     check_instrumentation(cfg)  # a conflicting instrumentation argument: exit 2 first
     preflight.ensure_model(cfg)
@@ -143,8 +173,8 @@ def _set_up(
         run.run_dir = Path(resume)
         started = old.started_at or utc_stamp()
     else:
-        run.run_dir = root / f"{utc_stamp()}-{cfg.name}"
-        make_dir(run.run_dir, exist_ok=False)
+        run.run_dir = new_run_dir(root, utc_stamp(), cfg.name)
+        _hold(run, held, lock_run_folder(run.run_dir))
         started = utc_stamp()
     cells = plan(cfg)
     timings = RunTimings(setup=round(time.monotonic() - t_call, 3))
@@ -165,6 +195,28 @@ def _set_up(
     run.say(f"run folder {run.run_dir}")
     run.progress = BenchProgress(len(cells), plan={c.label: cell_suites(cfg, c) for c in cells})
     return cells
+
+
+def new_run_dir(root: Path, stamp: str, name: str) -> Path:
+    """Create and return a new run folder ``root/<stamp>-<name>``; when a run of the same config
+    started in the same second took that name, ``-2``, ``-3``, ... (created atomically, so two
+    runs never share one). Raises ResultsWriteError (exit 4) when it cannot be created."""
+    for k in range(1, 1000):
+        path = root / (f"{stamp}-{name}" if k == 1 else f"{stamp}-{name}-{k}")
+        try:
+            return make_dir(path, exist_ok=False)
+        except FileExistsError:
+            continue
+    raise RunFailed(f"{root}: 999 run folders named {stamp}-{name}[-k] already exist")
+
+
+def _hold(run: BenchRun, held: list[RunLock], lock: RunLock) -> None:
+    held.append(lock)
+    if lock.previous:
+        run.say(
+            f"run folder lock: {holder_text(lock.previous)} ended without releasing it "
+            "(it died); taken over"
+        )
 
 
 def _compare_and_report(run_dir: Path, *, log=say) -> str | None:

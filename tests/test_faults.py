@@ -23,3 +23,120 @@ def test_impossible_metric_values_are_refused_where_they_enter():
     ]
     clean = SuiteResult(status="ok", metrics={"x_ms": 2.0})
     assert refuse_impossible(clean) == [] and clean.status == "ok"
+
+
+# ---------------------------------------------------------------------- one writer per run folder
+import importlib.metadata  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import textwrap  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from patchbench.bench import new_run_dir  # noqa: E402
+from patchbench.run.lock import RunFolderBusy, acquire  # noqa: E402
+
+HERE = Path(__file__).parent
+SGLANG = importlib.metadata.version("sglang")
+CFG = """\
+    name: lock-test
+    sglang: "{sglang}"
+    model: {{path: "{model}"}}
+    server: {{port: {port}, ready_timeout_s: 30, stop_grace_s: 3}}
+    variants:
+      baseline: []
+      control: []
+    schedule: {{repeats: 1}}
+    suites:
+      fake: {{n: 1}}
+"""
+
+
+def test_a_second_holder_is_refused_naming_the_first(tmp_path):
+    lock = acquire(tmp_path)
+    with pytest.raises(RunFolderBusy, match=rf"pid {os.getpid()} on host .* since "):
+        acquire(tmp_path)
+    lock.release()
+    again = acquire(tmp_path)
+    assert again.previous is None  # released cleanly: nothing left behind
+    again.release()
+
+
+def test_the_lock_of_a_dead_run_is_taken_over_and_named(tmp_path):
+    code = (
+        "import sys,time;from patchbench.run.lock import acquire;"
+        f"acquire({str(tmp_path)!r});print('held',flush=True);time.sleep(60)"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(HERE.parent)),
+    )
+    assert p.stdout.readline().strip() == "held"
+    with pytest.raises(RunFolderBusy, match=rf"pid {p.pid} "):
+        acquire(tmp_path)
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=10)
+    lock = acquire(tmp_path)  # the kernel dropped the dead run's flock
+    assert lock.previous["pid"] == p.pid
+    lock.release()
+
+
+def test_two_runs_in_the_same_second_get_their_own_folders(tmp_path):
+    a = new_run_dir(tmp_path, "20260101T000000Z", "x")
+    b = new_run_dir(tmp_path, "20260101T000000Z", "x")
+    assert (a.name, b.name) == ("20260101T000000Z-x", "20260101T000000Z-x-2")
+
+
+def test_a_resume_while_the_run_still_writes_is_refused(tmp_path):
+    """Two writers of one folder: the run is busy in its second cell; `--resume` of its folder
+    exits 4 naming the running pid, and the run itself is not disturbed."""
+    (tmp_path / "model").mkdir()
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(textwrap.dedent(CFG.format(sglang=SGLANG, model=tmp_path / "model", port=31945)))
+    mark = tmp_path / "mark.txt"
+    results = tmp_path / "results"
+    runner = HERE / "fake_server" / "run_bench_fake.py"
+    env = dict(
+        os.environ,
+        FAKE_SUITE_MARK=str(mark),
+        CELLENV_FOR="control/rep0",
+        CELLENV_FAKE_GENERATE_SLEEP_S="8",
+    )
+    first = subprocess.Popen(
+        [sys.executable, str(runner), str(cfg), str(results)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (mark.exists() and "control/0" in mark.read_text()):
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        (run_dir,) = list(results.iterdir())
+        second = subprocess.run(
+            [sys.executable, str(runner), str(cfg), str(results), "--resume", str(run_dir)],
+            env=dict(os.environ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert second.returncode == 4, second.stdout + second.stderr
+        assert "run folder busy (exit 4)" in second.stderr
+        assert f"pid {first.pid} on host" in second.stderr
+        out, _ = first.communicate(timeout=120)
+        assert first.returncode == 0, out
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    lock = acquire(run_dir)  # released at the end of the first run
+    assert lock.previous is None
+    lock.release()

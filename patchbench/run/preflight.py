@@ -58,6 +58,10 @@ def ensure_model(cfg: Config) -> Path:
     return d
 
 
+#: server keys added after manifests were first written: absent in an older folder's config
+_ADDED_SERVER_KEYS = ("stall_timeout_s",)
+
+
 def resume_manifest(cfg: Config, run_dir: Path) -> RunManifest:
     """The manifest of ``run_dir`` for ``--resume``, checked against ``cfg``.
 
@@ -77,6 +81,10 @@ def resume_manifest(cfg: Config, run_dir: Path) -> RunManifest:
         raise ConfigError(f"--resume {run_dir}: {e}") from None
     now = cfg.model_dump(mode="json")
     there = old.config.model_dump(mode="json") if old.config is not None else {}
+    for key in _ADDED_SERVER_KEYS:  # a folder written before the key existed ran without it
+        if isinstance(there.get("server"), dict) and there["server"].get(key) is None:
+            there["server"].pop(key, None)
+            now.get("server", {}).pop(key, None)
     if there != now:
         diffs = config_diffs(there, now)
         shown = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, a, b in diffs[:5])
