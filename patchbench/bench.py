@@ -69,9 +69,11 @@ def run_bench(
     """Run a config end to end; returns the run folder.
 
     Raises ConfigError / PatchError (exit 2) or EnvironmentNotReady (exit 3) before any server
-    starts; RunFailed (exit 4) after the run when a cell failed (everything that finished is on
-    disk, compare.json and report.md included); Interrupted (exit 130, 143 for SIGTERM) after
-    Ctrl-C, SIGTERM or SIGHUP, once the server and any client are stopped (finished cells kept).
+    starts; RunFolderBusy (exit 4) when another live run writes the folder; RunFailed (exit 4)
+    after the run when a cell failed, a timed cell is incomplete (a suite's measurement invalid)
+    or the report could not be written (everything that finished is on disk); Interrupted
+    (exit 130, 143 for SIGTERM) after Ctrl-C, SIGTERM or SIGHUP, once the server and any
+    client are stopped (finished cells kept).
     ``kill_stale``: stop servers orphaned by an earlier killed run first (otherwise they are only
     reported). ``verbose``: print the timing breakdown at the end. ``nvml``: a patchbench.gpu.Nvml,
     None (no GPU checks) or "auto" (NVML where a GPU is present). ``python_start_s``: seconds
@@ -127,11 +129,9 @@ def _run_locked(
     run.finish(lambda d: _compare_and_report(d, log=run.say), t_run)
     for line in run.summary_lines(verbose):
         run.say(line)
-    if run.failed:
-        raise RunFailed(
-            f"{run.failed} of {len(run.processed)} cells failed; see {run.run_dir}/*/*/cell.json",
-            run.run_dir,
-        )
+    problems = run.problems()
+    if problems:
+        raise RunFailed(f"{'; '.join(problems)}; see {run.run_dir}/*/*/cell.json", run.run_dir)
     return run.run_dir
 
 

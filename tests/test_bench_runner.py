@@ -478,3 +478,27 @@ def test_a_correctness_cell_whose_suites_send_no_traffic_also_runs_the_server_su
     run_dir = bench.run_bench(cfg, results_root=tmp_path / "results")
     corr = read_json(run_dir / "control" / "correctness" / "cell.json")
     assert set(corr["suites"]) == {"fake", "fake_instr_offline"}
+
+
+def test_an_incomplete_timed_cell_and_a_failed_report_exit_4(fake_env, tmp_path, monkeypatch):
+    """Exit codes that tell the truth: a timed cell whose suite ends incomplete (its measurement
+    invalid) and a report that cannot be written each make the run fail (exit 4), with what
+    finished kept."""
+    cfg = write_config(tmp_path, BASIC.replace("repeats: 2", "repeats: 1"))
+    monkeypatch.setenv("FAKE_SUITE_INCOMPLETE", "control/0")
+    with pytest.raises(RunFailed) as ei:
+        bench.run_bench(cfg, results_root=tmp_path / "results")
+    assert ei.value.exit_code == 4
+    assert "1 timed cell(s) incomplete (control/rep0)" in str(ei.value)
+    assert "cells failed" not in str(ei.value)
+    assert (ei.value.run_dir / "report.md").exists()
+    monkeypatch.delenv("FAKE_SUITE_INCOMPLETE")
+
+    import patchbench.report
+
+    def broken(run_dir):
+        raise RuntimeError("plots broke")
+
+    monkeypatch.setattr(patchbench.report, "render_run", broken)
+    with pytest.raises(RunFailed, match=r"the report could not be written \(RuntimeError: plots"):
+        bench.run_bench(cfg, results_root=tmp_path / "results2")

@@ -55,6 +55,9 @@ class BenchRun:
     nvml: Any = None
     resumed: bool = False
     failed: int = 0
+    #: timed cells (run now or earlier) whose record says incomplete: a suite's measurement is
+    #: invalid, so no verdict comes from it (the run exits 4)
+    incomplete: list[str] = field(default_factory=list)
     processed: set[int] = field(default_factory=set)
 
     # ------------------------------------------------------------------ helpers
@@ -107,12 +110,34 @@ class BenchRun:
         self.progress.set_total(len(self.processed))
         self.progress.close()
 
+    def _count_incomplete(self, cell: Cell, rec) -> None:
+        if cell.kind == "timed" and rec is not None and rec.status == "incomplete":
+            self.incomplete.append(cell.label)
+
+    def problems(self) -> list[str]:
+        """What makes this run exit 4 after the report: failed cells, incomplete timed cells, a
+        report that could not be written ([] when none)."""
+        out = []
+        if self.failed:
+            out.append(f"{self.failed} of {len(self.processed)} cells failed")
+        if self.incomplete:
+            shown = ", ".join(self.incomplete[:5]) + (", ..." if len(self.incomplete) > 5 else "")
+            out.append(
+                f"{len(self.incomplete)} timed cell(s) incomplete ({shown}): a suite's "
+                "measurement is invalid, no verdict comes from it"
+            )
+        err = self.manifest.report_error if self.manifest is not None else None
+        if err:
+            out.append(f"the report could not be written ({err.splitlines()[0][:200]})")
+        return out
+
     def run_or_skip(self, cell: Cell) -> None:
         """Run ``cell`` and record it (the manifest is rewritten), or record it as skipped when
         an earlier invocation finished it."""
         if cell_done(self.run_dir, cell, self.cfg):
             rec = read_cell(cell.path(self.run_dir))
             self.cell_log(f"{cell.label}: done already, skipped")
+            self._count_incomplete(cell, rec)
             self.entries.append(cell_entry(cell, self.run_dir, rec, skipped=True))
             self.progress.cell_skipped(cell.label)
             return
@@ -129,6 +154,7 @@ class BenchRun:
         )
         self.progress.cell_finished(rec.status, rec.timings_s)
         self.failed += rec.status == "failed"
+        self._count_incomplete(cell, rec)
         self.entries.append(cell_entry(cell, self.run_dir, rec, skipped=False))
         self.save()
 
