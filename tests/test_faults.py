@@ -140,3 +140,43 @@ def test_a_resume_while_the_run_still_writes_is_refused(tmp_path):
     lock = acquire(run_dir)  # released at the end of the first run
     assert lock.previous is None
     lock.release()
+
+
+# ---------------------------------------------------------------------- names checked at load
+from patchbench.config import load_config  # noqa: E402
+from patchbench.errors import ConfigError, exit_code_of  # noqa: E402
+
+NAMES_CFG = """\
+name: NAME
+sglang: 0.5.1.post3
+model: {path: .cache/models/tiny-qwen25vl-tf4, tiny: true}
+server:
+  args: [--device=cpu]
+variants:
+  baseline: []
+  VARIANT: []
+"""
+
+
+@pytest.mark.parametrize(
+    "name, variant, message",
+    [
+        (
+            "t",
+            "compare.json",
+            r"c.yaml:6: key 'variants': variant name 'compare.json': the run fol",
+        ),
+        ("t", "Report.md", r"variant name 'Report.md': the run folder uses 'Report.md' itself"),
+        ("t", "plots", r"variant name 'plots': the run folder uses"),
+        ("t", "v" * 65, r"65 characters; at most 64"),
+        ("t", "a/b", r"variant name 'a/b': use letters, digits"),
+        ("t", "Baseline", r"'baseline' and 'Baseline' differ only in case"),
+        ("x" * 101, "v", r"c.yaml:1: key 'name': 101 characters; at most 100"),
+    ],
+)
+def test_names_that_cannot_be_files_are_refused_at_load(tmp_path, name, variant, message):
+    p = tmp_path / "c.yaml"
+    p.write_text(NAMES_CFG.replace("NAME", name).replace("VARIANT", repr(variant)))
+    with pytest.raises(ConfigError, match=message) as ei:
+        load_config(p)
+    assert exit_code_of(ei.value) == 2
