@@ -27,11 +27,12 @@ from typing import Any
 
 from patchbench.cell import cell_suites, check_instrumentation, is_cpu, utc_stamp
 from patchbench.config import load_config
-from patchbench.errors import EnvironmentNotReady, RunFailed
+from patchbench.errors import EnvironmentNotReady, RunFailed, UsageError
 from patchbench.inputs import RESULTS_DIR
 from patchbench.progress import BenchProgress, say
 from patchbench.records import ResultsWriteError, make_dir
 from patchbench.run import preflight
+from patchbench.run.identity import check_resume_identity, variant_identity
 from patchbench.run.lock import RunLock, holder_text
 from patchbench.run.lock import acquire as lock_run_folder
 from patchbench.run.looks import sequential_design, sequential_primaries
@@ -65,6 +66,7 @@ def run_bench(
     log=None,
     nvml: Any = "auto",
     python_start_s: float | None = None,
+    restart_variants: list[str] | None = None,
 ) -> Path:
     """Run a config end to end; returns the run folder.
 
@@ -78,11 +80,18 @@ def run_bench(
     reported). ``verbose``: print the timing breakdown at the end. ``nvml``: a patchbench.gpu.Nvml,
     None (no GPU checks) or "auto" (NVML where a GPU is present). ``python_start_s``: seconds
     this process spent before the call (interpreter start-up and imports; the command line
-    passes it): counted in the total and the harness overhead.
+    passes it): counted in the total and the harness overhead. ``restart_variants``: with
+    ``resume``, variants to start over (patchbench.run.identity.check_resume_identity; a resume
+    whose variants' inputs changed is refused otherwise, exit 2).
     """
     t_call = time.monotonic()
     t_run = t_call - (python_start_s or 0.0)  # the run's wall clock starts with the process
     run = BenchRun(str(config_path), say=log or say, log=log)
+    run.restart_variants = list(restart_variants or [])
+    if run.restart_variants and not resume:
+        raise UsageError(
+            "--restart-variant needs --resume RUN_DIR (a new run starts every variant)"
+        )
     held: list[RunLock] = []
     try:
         return _run_locked(
@@ -162,6 +171,13 @@ def _set_up(
         Path(resume).parent if resume else root, kill=kill_stale, log=run.say
     )
     run.variants = prepare_variants(cfg, log=run.say)
+    if resume:  # every variant runs what its cells already there ran, or starts over
+        check_resume_identity(
+            Path(resume),
+            {v: variant_identity(cfg, ve) for v, ve in run.variants.items()},
+            run.restart_variants,
+            log=run.say,
+        )
     run.port = port or cfg.server.port
     preflight.port_free_or_raise(cfg.server.host, run.port)
     if nvml == "auto":

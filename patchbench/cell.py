@@ -627,14 +627,18 @@ def run_cell(
     log: Callable[[str], None] = print,
     progress: Any = None,
     nvml: Any = None,
+    identity: dict[str, str] | None = None,
 ) -> CellRecord:
     """Run one cell's steps (start, run suites, stop, record); returns its record.
+    ``identity``: what the variant runs (patchbench.run.identity.variant_identity), recorded
+    in ``cell.json`` ``variant_identity`` for the resume check.
 
     Never raises for a failure of the server or a suite. An interrupt (KeyboardInterrupt, or
     patchbench.signals.Terminated) stops the server, records the cell as interrupted and
     propagates.
     """
     c = CellRun(cfg, cell, venv, Path(run_dir), port, log, progress, nvml)
+    c.record.variant_identity = identity
     try:
         c.run_suites(c.local)
         if c.remote:

@@ -21,6 +21,7 @@ from patchbench.errors import Interrupted
 from patchbench.progress import BenchProgress, stamped
 from patchbench.records import ResultsWriteError
 from patchbench.run import overhead
+from patchbench.run.identity import variant_identity
 from patchbench.run.looks import sequential_design, sequential_look, sequential_record
 from patchbench.run.manifest import cell_entry
 from patchbench.runfolder import read_cell, write_manifest
@@ -59,6 +60,7 @@ class BenchRun:
     #: invalid, so no verdict comes from it (the run exits 4)
     incomplete: list[str] = field(default_factory=list)
     processed: set[int] = field(default_factory=set)
+    restart_variants: list[str] = field(default_factory=list)
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -151,6 +153,7 @@ class BenchRun:
             log=self.cell_log,
             progress=self.progress,
             nvml=self.nvml,
+            identity=variant_identity(self.cfg, self.variants[cell.variant]),
         )
         self.progress.cell_finished(rec.status, rec.timings_s)
         self.failed += rec.status == "failed"

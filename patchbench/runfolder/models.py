@@ -249,7 +249,14 @@ class CellRecord(_Record):
     (the NVML summary, patchbench.gpu.GpuSummary).
     """
 
-    _when_set = ("runner_pid", "instrumentation_args", "liveness", "gpu", "migrated_from")
+    _when_set = (
+        "runner_pid",
+        "instrumentation_args",
+        "liveness",
+        "gpu",
+        "migrated_from",
+        "variant_identity",
+    )
 
     schema_version: int = CELL_SCHEMA
     variant: str = ""
@@ -271,6 +278,7 @@ class CellRecord(_Record):
     liveness: Liveness | None = None
     gpu: GpuSummary | None = None
     migrated_from: int | None = None
+    variant_identity: dict[str, str] | None = None
 
 
 # -- summary.json ----------------------------------------------------------------------------
