@@ -202,6 +202,9 @@ class SglangServer:
     _t0: float = 0.0
     _seen: dict[int, psutil.Process] = field(default_factory=dict)
     _info_path: str | None = None
+    #: the sentence naming a foreign holder of the port (a lost race): stop() then does not wait
+    #: for the port to close, it is not ours to close
+    foreign_port: str | None = None
 
     @property
     def base_url(self) -> str:
@@ -312,6 +315,7 @@ class SglangServer:
                 self._event("died_before_ready", returncode=code)
                 race = self._port_race()
                 if race is not None:
+                    self.foreign_port = race
                     raise PortTaken(
                         f"{race}; our server exited with code {code} before it was ready",
                         self.log_tail(),
@@ -394,13 +398,14 @@ class SglangServer:
         )
 
     def check_ours(self) -> None:
-        """Raise :class:`PortTaken` (after stopping our server) when what answers on the port is
-        not a process of the server we launched: readiness alone cannot tell a foreign server
-        from ours."""
+        """Raise :class:`PortTaken` when what answers on the port is not a process of the server
+        we launched (readiness alone cannot tell a foreign server from ours); the caller stops
+        our server, and :meth:`stop` then leaves the foreign holder's port alone."""
         race = self._port_race()
         if race is None:
             return
         self._event("port_taken", holder=race)
+        self.foreign_port = race
         raise PortTaken(
             f"{race}; readiness was answered by that process, not by the server we launched "
             f"(pid {self.pid})",
@@ -507,9 +512,14 @@ class SglangServer:
         survivors = self._survivors(pgid, wait_s=5.0)
         t_exit = time.monotonic()
         deadline = t_exit + self.spec.port_close_timeout_s
-        while port_answers(self.spec.host, self.spec.port) and time.monotonic() < deadline:
+        foreign = self.foreign_port is not None  # another process holds it: not ours to close
+        while (
+            not foreign
+            and port_answers(self.spec.host, self.spec.port)
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.05)
-        port_open = port_answers(self.spec.host, self.spec.port)
+        port_open = not foreign and port_answers(self.spec.host, self.spec.port)
         t_port = time.monotonic()
         gpu_held: list[int] = []
         if nvml is not None:

@@ -180,3 +180,46 @@ def test_names_that_cannot_be_files_are_refused_at_load(tmp_path, name, variant,
     with pytest.raises(ConfigError, match=message) as ei:
         load_config(p)
     assert exit_code_of(ei.value) == 2
+
+
+# ---------------------------------------------------------------------- our server, and only ours
+def test_a_port_taken_between_the_check_and_the_launch_is_named(tmp_path):
+    """Another process binds the port after the launch's check and answers readiness as well
+    as ours would: the cell must not measure it (PortTaken names the holder)."""
+    from patchbench.server import LaunchSpec, PortTaken, SglangServer, free_port
+
+    fake = HERE / "fake_server"
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(fake), FAKE_BIND_DELAY_S="3")
+    spec = LaunchSpec(
+        python=sys.executable,
+        model_path="fake",
+        host="127.0.0.1",
+        port=port,
+        args=[],
+        env=env,
+        log_path=tmp_path / "server.log",
+        ready_timeout_s=20,
+        stop_grace_s=3,
+        port_close_timeout_s=10,
+    )
+    srv = SglangServer(spec)
+    srv.start()  # the port is free now
+    foreign = subprocess.Popen(
+        [sys.executable, "-m", "sglang.launch_server", "--port", str(port)],
+        env=dict(os.environ, PYTHONPATH=str(fake)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        with pytest.raises(PortTaken) as ei:
+            srv.wait_ready()
+        msg = str(ei.value)
+        assert f"another process took port {port} between the check and the launch" in msg
+        assert f"pid {foreign.pid}" in msg
+        assert "not a patchbench server" in msg or "readiness was answered" in msg
+    finally:
+        srv.stop()
+        foreign.kill()
+        foreign.wait()

@@ -18,6 +18,7 @@ FAKE_HANG_AFTER_S    after this many seconds every request is accepted and never
 FAKE_HANG_GENERATE_AFTER  /generate and /v1/chat/completions calls after this many are accepted
                      and never answered, while /server_info still answers (replies stop, the
                      scheduler heartbeat does not)
+FAKE_BIND_DELAY_S    wait this long before binding the port (another process can take it first)
 GET /server_info answers 200 (the scheduler heartbeat of patchbench.liveness)
 """
 
@@ -151,4 +152,5 @@ class H(BaseHTTPRequestHandler):
             self._send(404, {})
 
 
+time.sleep(float(os.environ.get("FAKE_BIND_DELAY_S", "0")))
 ThreadingHTTPServer((args.host, args.port), H).serve_forever()
