@@ -491,7 +491,9 @@ def test_an_incomplete_timed_cell_and_a_failed_report_exit_4(fake_env, tmp_path,
     assert ei.value.exit_code == 4
     assert "1 timed cell(s) incomplete (control/rep0)" in str(ei.value)
     assert "cells failed" not in str(ei.value)
-    assert (ei.value.run_dir / "report.md").exists()
+    report = (ei.value.run_dir / "report.md").read_text()
+    assert "## Failed and incomplete cells" in report
+    assert "| control/rep0 | incomplete | fake: fake: the measurement is invalid |" in report
     monkeypatch.delenv("FAKE_SUITE_INCOMPLETE")
 
     import patchbench.report
