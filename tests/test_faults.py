@@ -223,3 +223,75 @@ def test_a_port_taken_between_the_check_and_the_launch_is_named(tmp_path):
         srv.stop()
         foreign.kill()
         foreign.wait()
+
+
+# ---------------------------------------------------------------------- orphans wherever they ran
+def test_an_orphan_of_a_run_outside_the_results_folder_is_found_and_stopped(tmp_path):
+    """A server left by a runner that is gone (its pid now names a process that started at
+    another time: a reused pid), whose run wrote outside results/: `doctor` and `--kill-stale`
+    find it by its markers, advise a group kill only for its own group, and stop it."""
+    from patchbench.doctor import _stale_server_checks
+    from patchbench.server import (
+        MARKER_CELL,
+        MARKER_RUN_DIR,
+        MARKER_RUNNER_PID,
+        MARKER_RUNNER_START,
+        LaunchSpec,
+        SglangServer,
+        free_port,
+    )
+    from patchbench.stale import find_stale_servers, kill_stale
+
+    elsewhere = tmp_path / "elsewhere" / "run1"
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(HERE / "fake_server"),
+        **{
+            MARKER_RUN_DIR: str(elsewhere),
+            MARKER_CELL: "baseline/rep0",
+            MARKER_RUNNER_PID: str(os.getpid()),  # alive, but not the runner:
+            MARKER_RUNNER_START: "12345.0",  # it started at another time
+        },
+    )
+    spec = LaunchSpec(
+        python=sys.executable,
+        model_path="fake",
+        host="127.0.0.1",
+        port=free_port(),
+        args=[],
+        env=env,
+        log_path=tmp_path / "server.log",
+        ready_timeout_s=20,
+        stop_grace_s=3,
+        port_close_timeout_s=10,
+    )
+    srv = SglangServer(spec)
+    srv.start()
+    try:
+        srv.wait_ready()
+        results = tmp_path / "results"
+        results.mkdir()
+        assert all(s.pid != srv.pid for s in find_stale_servers(results))
+        found = [s for s in find_stale_servers(results, anywhere=True) if s.pid == srv.pid]
+        assert len(found) == 1
+        s = found[0]
+        assert s.run_dir == str(elsewhere) and s.cell == "baseline/rep0"
+        assert s.kill_command == f"kill -TERM -- -{srv.pgid}"  # its own group
+        checks = _stale_server_checks(results)
+        assert any(str(srv.pid) in (c[0] + c[2]) for c in checks), checks
+        (res,) = kill_stale(found, grace_s=0.5, timeout_s=5)
+        assert res[1] is True
+        assert srv.proc.wait(timeout=5) is not None
+    finally:
+        srv.stop()
+
+
+def test_group_kill_advice_only_for_a_group_of_its_own():
+    from patchbench.server import own_group
+    from patchbench.stale import StaleServer
+
+    me = os.getpgid(0)
+    assert not own_group(os.getpid(), me)  # the caller's own group
+    assert not own_group(1, 1)
+    s = StaleServer(4242, me, "/r", None, None, None, "environment")
+    assert s.kill_command == "kill -TERM 4242"
