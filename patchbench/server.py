@@ -388,10 +388,17 @@ class SglangServer:
 
     def _port_race(self) -> str | None:
         """The sentence naming a foreign holder of the port, or None when the port is free or
-        ours."""
+        ours. While our server lives, a holder is claimed foreign only when psutil sees it (a
+        process outside our group): sockets it cannot attribute (another user's) are not taken
+        for a race, so a server whose connections cannot be read is never refused; once our
+        server has exited, whatever answers is foreign."""
         s = self.spec
         if not port_answers(s.host, s.port) or self.listens_here():
             return None
+        if self.alive():
+            h = port_holder(s.port)
+            if h is None or h["pid"] in self.our_pids():
+                return None
         return (
             f"another process took port {s.port} between the check and the launch: "
             f"{describe_port_holder(s.port, ours=False)}"
