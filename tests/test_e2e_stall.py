@@ -6,7 +6,7 @@ A test-only patch (a ``{diff: FILE}`` variant made here from the installed ``sch
 generation request on: the process sleeps in state S, as a deadlocked scheduler does, so no
 process check sees it. One run of configs/demo-cpu.yaml cut down to one
 variant, two repeats, the mmmu (first round only) and serving suites and
-``server.stall_timeout_s: 10``, so two servers block:
+``server.stall_timeout_s: 5``, so two servers block:
 
 - rep0's, during MMMU (the readiness check and 4 questions answered; serving then does not run);
 - rep1's, during bench_serving (the readiness check, the warm-up and 3 prompts).
@@ -37,7 +37,7 @@ from patchbench.server import free_port
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "configs" / "demo-cpu.yaml"
-STALL_S = 10
+STALL_S = 5
 #: the body of the test-only patch, first lines of Scheduler.handle_generate_request
 STALL_CODE = """\
         import os as _pb_os, sys as _pb_sys, time as _pb_time  # test-only stall
