@@ -27,11 +27,14 @@ from typing import Any
 
 from patchbench.cell import cell_suites, check_instrumentation, is_cpu, utc_stamp
 from patchbench.config import load_config
-from patchbench.errors import EnvironmentNotReady, RunFailed
+from patchbench.errors import EnvironmentNotReady, RunFailed, UsageError
 from patchbench.inputs import RESULTS_DIR
 from patchbench.progress import BenchProgress, say
 from patchbench.records import ResultsWriteError, make_dir
 from patchbench.run import preflight
+from patchbench.run.identity import check_resume_identity, variant_identity
+from patchbench.run.lock import RunLock, holder_text
+from patchbench.run.lock import acquire as lock_run_folder
 from patchbench.run.looks import sequential_design, sequential_primaries
 from patchbench.run.loop import BenchRun
 from patchbench.run.manifest import new_manifest
@@ -63,26 +66,61 @@ def run_bench(
     log=None,
     nvml: Any = "auto",
     python_start_s: float | None = None,
+    restart_variants: list[str] | None = None,
 ) -> Path:
     """Run a config end to end; returns the run folder.
 
     Raises ConfigError / PatchError (exit 2) or EnvironmentNotReady (exit 3) before any server
-    starts; RunFailed (exit 4) after the run when a cell failed (everything that finished is on
-    disk, compare.json and report.md included); Interrupted (exit 130, 143 for SIGTERM) after
-    Ctrl-C, SIGTERM or SIGHUP, once the server and any client are stopped (finished cells kept).
+    starts; RunFolderBusy (exit 4) when another live run writes the folder; RunFailed (exit 4)
+    after the run when a cell failed, a timed cell is incomplete (a suite's measurement invalid)
+    or the report could not be written (everything that finished is on disk); Interrupted
+    (exit 130, 143 for SIGTERM) after Ctrl-C, SIGTERM or SIGHUP, once the server and any
+    client are stopped (finished cells kept).
     ``kill_stale``: stop servers orphaned by an earlier killed run first (otherwise they are only
     reported). ``verbose``: print the timing breakdown at the end. ``nvml``: a patchbench.gpu.Nvml,
     None (no GPU checks) or "auto" (NVML where a GPU is present). ``python_start_s``: seconds
     this process spent before the call (interpreter start-up and imports; the command line
-    passes it): counted in the total and the harness overhead.
+    passes it): counted in the total and the harness overhead. ``restart_variants``: with
+    ``resume``, variants to start over (patchbench.run.identity.check_resume_identity; a resume
+    whose variants' inputs changed is refused otherwise, exit 2).
     """
     t_call = time.monotonic()
     t_run = t_call - (python_start_s or 0.0)  # the run's wall clock starts with the process
     run = BenchRun(str(config_path), say=log or say, log=log)
+    run.restart_variants = list(restart_variants or [])
+    if run.restart_variants and not resume:
+        raise UsageError(
+            "--restart-variant needs --resume RUN_DIR (a new run starts every variant)"
+        )
+    held: list[RunLock] = []
+    try:
+        return _run_locked(
+            run,
+            held,
+            resume,
+            results_root,
+            port,
+            kill_stale,
+            nvml,
+            t_call,
+            t_run,
+            python_start_s,
+            verbose,
+        )
+    finally:
+        for lock in held:
+            lock.release()
+
+
+def _run_locked(
+    run, held, resume, results_root, port, kill_stale, nvml, t_call, t_run, python_start_s, verbose
+) -> Path:
+    """:func:`run_bench` once the run exists; the run folder's lock goes into ``held``."""
     with terminate_like_ctrl_c(log=run.console):
         try:
             cells = _set_up(
                 run,
+                held,
                 resume=resume,
                 results_root=results_root,
                 port=port,
@@ -100,16 +138,15 @@ def run_bench(
     run.finish(lambda d: _compare_and_report(d, log=run.say), t_run)
     for line in run.summary_lines(verbose):
         run.say(line)
-    if run.failed:
-        raise RunFailed(
-            f"{run.failed} of {len(run.processed)} cells failed; see {run.run_dir}/*/*/cell.json",
-            run.run_dir,
-        )
+    problems = run.problems()
+    if problems:
+        raise RunFailed(f"{'; '.join(problems)}; see {run.run_dir}/*/*/cell.json", run.run_dir)
     return run.run_dir
 
 
 def _set_up(
     run: BenchRun,
+    held: list[RunLock],
     *,
     resume,
     results_root,
@@ -124,6 +161,8 @@ def _set_up(
     progress bar. Fills ``run``; returns the planned cells."""
     cfg = run.cfg = load_config(run.config_path)
     old = preflight.resume_manifest(cfg, Path(resume)) if resume else None
+    if resume:  # one writer per folder: refused before anything slow or written
+        _hold(run, held, lock_run_folder(resume))
     env = preflight.check_environment(cfg)
     check_instrumentation(cfg)  # a conflicting instrumentation argument: exit 2 first
     preflight.ensure_model(cfg)
@@ -132,6 +171,13 @@ def _set_up(
         Path(resume).parent if resume else root, kill=kill_stale, log=run.say
     )
     run.variants = prepare_variants(cfg, log=run.say)
+    if resume:  # every variant runs what its cells already there ran, or starts over
+        check_resume_identity(
+            Path(resume),
+            {v: variant_identity(cfg, ve) for v, ve in run.variants.items()},
+            run.restart_variants,
+            log=run.say,
+        )
     run.port = port or cfg.server.port
     preflight.port_free_or_raise(cfg.server.host, run.port)
     if nvml == "auto":
@@ -143,8 +189,8 @@ def _set_up(
         run.run_dir = Path(resume)
         started = old.started_at or utc_stamp()
     else:
-        run.run_dir = root / f"{utc_stamp()}-{cfg.name}"
-        make_dir(run.run_dir, exist_ok=False)
+        run.run_dir = new_run_dir(root, utc_stamp(), cfg.name)
+        _hold(run, held, lock_run_folder(run.run_dir))
         started = utc_stamp()
     cells = plan(cfg)
     timings = RunTimings(setup=round(time.monotonic() - t_call, 3))
@@ -165,6 +211,28 @@ def _set_up(
     run.say(f"run folder {run.run_dir}")
     run.progress = BenchProgress(len(cells), plan={c.label: cell_suites(cfg, c) for c in cells})
     return cells
+
+
+def new_run_dir(root: Path, stamp: str, name: str) -> Path:
+    """Create and return a new run folder ``root/<stamp>-<name>``; when a run of the same config
+    started in the same second took that name, ``-2``, ``-3``, ... (created atomically, so two
+    runs never share one). Raises ResultsWriteError (exit 4) when it cannot be created."""
+    for k in range(1, 1000):
+        path = root / (f"{stamp}-{name}" if k == 1 else f"{stamp}-{name}-{k}")
+        try:
+            return make_dir(path, exist_ok=False)
+        except FileExistsError:
+            continue
+    raise RunFailed(f"{root}: 999 run folders named {stamp}-{name}[-k] already exist")
+
+
+def _hold(run: BenchRun, held: list[RunLock], lock: RunLock) -> None:
+    held.append(lock)
+    if lock.previous:
+        run.say(
+            f"run folder lock: {holder_text(lock.previous)} ended without releasing it "
+            "(it died); taken over"
+        )
 
 
 def _compare_and_report(run_dir: Path, *, log=say) -> str | None:

@@ -8,9 +8,12 @@ record. :func:`run_cell` strings them together; :class:`CellRun` holds the cell'
   on a GPU, the NVML sampler (patchbench.gpu).
 - **run suites**: suites that need no server first, then the others on the server; between two
   suites ``/flush_cache`` (its 200 is the scheduler's own answer, so it doubles as the health
-  check: see :meth:`CellRun._between_suites`); during a suite nothing is sent to the server. A
-  death of any server process stops the suite at once (``ServerLost``) and fails the cell with
-  "the sglang scheduler (pid N) died" and the server log's tail.
+  check: see :meth:`CellRun._between_suites`, bounded by ``server.stall_timeout_s``); during a
+  suite only the liveness watch's scheduler heartbeat (no generation) is sent to the server. A
+  death of any server process, or a stall (no heartbeat answer, no reply of the suite, a stopped
+  server or client process for ``server.stall_timeout_s``), stops the suite at once
+  (``ServerLost``) and fails the cell with "the sglang scheduler (pid N) died" or "the server
+  stopped answering (scheduler pid N in state S)" and the server log's tail.
 - **stop**: the liveness watch first (a stop is not a death), then a fast stop of the group
   (patchbench.server: the results are on disk already).
 - **record**: the instrumentation's ``collect`` results, the cell's status, timings and the GPU
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import math
 import os
 import sys
 import time
@@ -46,9 +50,11 @@ from patchbench.server import (
     MARKER_CELL,
     MARKER_RUN_DIR,
     MARKER_RUNNER_PID,
+    MARKER_RUNNER_START,
     LaunchSpec,
     ServerError,
     SglangServer,
+    runner_start,
     scan_log,
     tail,
 )
@@ -79,6 +85,23 @@ def is_cpu(cfg: Config) -> bool:
     )
 
 
+def refuse_impossible(res: SuiteResult) -> list[str]:
+    """Refuse metric values that cannot be measurements (NaN, infinite, not a number) where they
+    enter the run: each is removed from ``res.metrics`` (so no mean ever averages it) and named
+    in ``res.errors``; an ``ok`` result becomes ``incomplete`` (no verdict on it). Returns the
+    refused metric names. Suites check their own ranges (e.g. the serving suite's
+    :func:`patchbench.suites.serving.parse.row_problem`)."""
+    bad = []
+    for name, v in list(res.metrics.items()):
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            bad.append(name)
+            res.errors.append(f"impossible value {name} = {v!r} refused (not a finite number)")
+            del res.metrics[name]
+    if bad and res.status == "ok":
+        res.status = "incomplete"
+    return bad
+
+
 def launch_spec(cfg: Config, venv: VariantEnv, cdir: Path, port: int) -> LaunchSpec:
     """How this variant's server is launched into ``cdir`` (tests replace this function):
     ``server.args`` followed by the variant's ``server_args`` (:meth:`Config.server_args_of`),
@@ -98,6 +121,7 @@ def launch_spec(cfg: Config, venv: VariantEnv, cdir: Path, port: int) -> LaunchS
         port_close_timeout_s=s.port_close_timeout_s,
         flush_retries=s.flush_retries,
         flush_pause_s=s.flush_pause_s,
+        stall_timeout_s=s.stall_timeout_s,
     )
 
 
@@ -336,6 +360,7 @@ class CellRun:
             pid=srv.pid,
             flush_cache=srv.flush_cache,
             alive=lambda: srv.alive() and not (watch and watch.dead.is_set()),
+            progress=watch.progress if watch is not None else None,
         )
 
     # ------------------------------------------------------------------ step 1: start
@@ -374,6 +399,7 @@ class CellRun:
                 MARKER_RUN_DIR: str(Path(self.run_dir).resolve()),
                 MARKER_CELL: self.cell.label,
                 MARKER_RUNNER_PID: str(os.getpid()),
+                MARKER_RUNNER_START: repr(runner_start()),
             }
         )
         self._instrument(spec)
@@ -390,6 +416,8 @@ class CellRun:
             self.server.proc,
             self.server.pgid,
             on_death=lambda d: self.say(f"{d.message()}; stopping the suite"),
+            stall_timeout_s=spec.stall_timeout_s,
+            heartbeat=self.server.heartbeat,
         )
         self.watch.start()
         self.record.liveness = models.Liveness(watched=self.watch.describe())
@@ -417,7 +445,7 @@ class CellRun:
                 self._between_suites(name)
             self.run_suite(name)
             if self.watch is not None and self.watch.dead.is_set():
-                raise ServerError(self.watch.death.message(), self._log_tail())
+                raise ServerError(self.watch.lost.message(), self._log_tail())
 
     def _between_suites(self, name: str) -> None:
         """Flush the radix cache before ``name``. ``/flush_cache`` answers 200 only with the
@@ -476,6 +504,7 @@ class CellRun:
             res = SuiteResult(
                 status="failed", errors=[f"{type(e).__name__}: {e}", traceback.format_exc()]
             )
+        refuse_impossible(res)
         if self.server is not None:
             self._check_server_after(res)
             self._scan_log(res, log_off)
@@ -496,7 +525,7 @@ class CellRun:
             res.errors.append(f"a CPU stand-in was called, results invalid: {called[0]}")
         if res.status == "failed" and self.watch is not None and not self.watch.dead.is_set():
             self.watch.dead.wait(1.0)  # a failed request may be the server dying: let it be seen
-        death = self.watch.death if self.watch is not None else None
+        death = self.watch.lost if self.watch is not None else None
         if death is not None and not any(death.message() in e for e in res.errors):
             res.status = "failed"
             res.errors.append(f"{death.message()} during the suite:\n{self._log_tail()}")
@@ -512,9 +541,13 @@ class CellRun:
         """Stop watching, then stop the server group; a stop failure fails the cell."""
         if self.watch is not None:
             self.watch.close()
-            if self.watch.death is not None and self.record.liveness is not None:
-                self.record.liveness.death = models.ServerDeath(**self.watch.death.to_json())
-                self.record.liveness.killed_clients = list(self.watch.killed_clients)
+            live = self.record.liveness
+            if self.watch.death is not None and live is not None:
+                live.death = models.ServerDeath(**self.watch.death.to_json())
+            if self.watch.stall is not None and live is not None:
+                live.stall = models.ServerStall(**self.watch.stall.to_json())
+            if self.watch.lost is not None and live is not None:
+                live.killed_clients = list(self.watch.killed_clients)
         if self.server is None:
             return
         t = time.monotonic()
@@ -594,14 +627,18 @@ def run_cell(
     log: Callable[[str], None] = print,
     progress: Any = None,
     nvml: Any = None,
+    identity: dict[str, str] | None = None,
 ) -> CellRecord:
     """Run one cell's steps (start, run suites, stop, record); returns its record.
+    ``identity``: what the variant runs (patchbench.run.identity.variant_identity), recorded
+    in ``cell.json`` ``variant_identity`` for the resume check.
 
     Never raises for a failure of the server or a suite. An interrupt (KeyboardInterrupt, or
     patchbench.signals.Terminated) stops the server, records the cell as interrupted and
     propagates.
     """
     c = CellRun(cfg, cell, venv, Path(run_dir), port, log, progress, nvml)
+    c.record.variant_identity = identity
     try:
         c.run_suites(c.local)
         if c.remote:

@@ -66,6 +66,14 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
         help="first stop sglang servers orphaned by an earlier killed run",
     )
     p.add_argument(
+        "--restart-variant",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --resume: run every cell of variant NAME again (its earlier cells are moved "
+        "to RUN/.restarted/); needed when what the variant runs changed since those cells",
+    )
+    p.add_argument(
         "-v", "--verbose", action="store_true", help="print the timing breakdown at the end"
     )
 
@@ -85,6 +93,8 @@ def _run_bench(a: argparse.Namespace, _raw: list[str]) -> int:
     extra: dict = {k: True for k in ("kill_stale", "verbose") if getattr(a, k)}
     if _PROCESS_T0 is not None:  # a process of its own: its start-up and imports count too
         extra["python_start_s"] = max(0.0, time.time() - _PROCESS_T0)
+    if a.restart_variant:
+        extra["restart_variants"] = list(a.restart_variant)
     bench.run_bench(a.config, resume=a.resume, results_root=a.results, port=a.port, **extra)
     return EXIT_OK
 

@@ -85,14 +85,15 @@ def _suite_checks(cfg: Any) -> list[Check]:
 
 def _stale_server_checks(results_dir: Path | None = None) -> list[Check]:
     """sglang servers left by a killed patchbench run (:func:`patchbench.stale.find_stale_servers`
-    over ``results_dir``, default results/), each with the command that stops it."""
+    over ``results_dir``, default results/, and every server of this user that carries the
+    harness's markers, wherever its run wrote to), each with the command that stops it."""
     try:
         from patchbench.stale import find_stale_servers
     except ImportError:  # the module is optional until every environment has it
         return []
     if results_dir is None:
         results_dir = RESULTS_DIR
-    stale = find_stale_servers(results_dir)
+    stale = find_stale_servers(results_dir, anywhere=True)
     if not stale:
         return [("no sglang server left over by an earlier patchbench run", True, "")]
     return [
@@ -201,8 +202,9 @@ def gpu_rows(nvml: Any = "auto") -> list[tuple[str, str]]:
 
 def run_doctor(config: str | None = None, out: TextIO | None = None, *, nvml: Any = "auto") -> int:
     """Print the environment, the GPUs' settings (``nvml``: see :func:`gpu_rows`), leftover
-    servers and (with ``config``) each requirement of that config. Returns 0 when nothing is
-    missing, 3 (EXIT_ENV) otherwise. Raises ConfigError (exit 2) for an invalid config."""
+    servers (of any run of this user, wherever its results went) and (with ``config``) each
+    requirement of that config. Returns 0 when nothing is missing, 3 (EXIT_ENV) otherwise.
+    Raises ConfigError (exit 2) for an invalid config."""
     out = out or sys.stdout
     info = envinfo.collect(with_torch=True, with_hub=True)
     for k, v in environment_rows(info) + gpu_rows(nvml):

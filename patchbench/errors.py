@@ -15,10 +15,15 @@ mistaken for a regression).
 | 2 | :class:`ConfigError` | config error | a config or matrix file (names file, key, line) |
 | 2 | :class:`PatchError` | patch error | a patch is malformed or does not apply |
 | 3 | :class:`EnvironmentNotReady` | environment not ready | wrong sglang, missing model, no GPU |
-| 4 | :class:`RunFailed` | run failed | a cell failed, results folder unwritable or full |
+| 4 | :class:`RunFailed` | run failed | a cell failed or a timed cell incomplete; no report; folder full |
+| 4 | ``RunFolderBusy`` | run folder busy | another live run writes the run folder (run/lock.py) |
 | 5 | :class:`Underpowered` | underpowered | nightly: no regression shown, primaries inconclusive |
 | 130 | :class:`Interrupted` | interrupted | interrupted by Ctrl-C (SIGINT) or SIGHUP |
 | 143 | :class:`Interrupted` (SIGTERM) | terminated | terminated by SIGTERM (finished cells kept) |
+
+Exit 4 in detail: a cell failed; a timed cell is incomplete (a suite's measurement is invalid:
+failed requests, outputs cut short, impossible values; no verdict comes from it); the report
+could not be written; the results folder is unwritable or full; another run holds the folder.
 
 ``nightly`` returns its codes 0, 1 and 5 from its gates rather than raising. Modules subclass
 these classes to add data or a narrower kind (e.g. ``patchbench.runfolder.RunFolderError``,
@@ -43,7 +48,10 @@ EXIT_CODES: dict[int, str] = {
     EXIT_REGRESSION: "regression found",
     EXIT_USAGE: "bad usage, config or patch (the message names the file, key or line)",
     EXIT_ENV: "environment not ready (wrong sglang, missing model, no GPU where one is needed)",
-    EXIT_RUN_FAILED: "a run failed (finished cells are kept)",
+    EXIT_RUN_FAILED: (
+        "a run failed: a cell failed, a timed cell is incomplete, or the report could not be "
+        "written (finished cells are kept)"
+    ),
     EXIT_UNDERPOWERED: "nightly: no regression shown, but primary metrics stayed inconclusive",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C or SIGHUP; finished cells are kept)",
     EXIT_TERMINATED: "terminated by SIGTERM (finished cells are kept)",

@@ -10,7 +10,8 @@ header). report.md is what a reviewer reads, in this order:
    inconclusive one with about how many repeats would decide);
 3. the primaries table, at the Holm-adjusted level each verdict used (stated); baseline and
    variant from the estimator of the change (geometric means of the paired repeats), outlier
-   repeats named;
+   repeats named; the failed and incomplete cells with their reasons and the primaries they
+   affect (only when there are any);
 4. the A/A health check and cell warnings; the GPU block (cells whose GPU was throttled or shared,
    from each cell's NVML summary) and the server-log block (retractions and out-of-memory events
    each suite's server logged, per cell);
@@ -477,6 +478,60 @@ def _health(cmp: Comparison) -> list[str]:
     return lines
 
 
+def _failures(cmp: Comparison, manifest: runfolder.RunManifest, run_dir: Path) -> list[str]:
+    """## Failed and incomplete cells: each cell that failed, ended incomplete or was
+    interrupted, with its reason (the cell's error; for an incomplete one, each incomplete
+    suite's first error), then every primary metric those cells affect, marked incomplete (its
+    verdict uses only the cells that finished; "no value" when no cell of it did). [] when every
+    cell is ok."""
+    from patchbench.suite import get_suite
+
+    bad = [c for c in manifest.cells if c.status in ("failed", "incomplete", "interrupted")]
+    if not bad:
+        return []
+    lines = [
+        "## Failed and incomplete cells",
+        "",
+        "| cell | status | reason |",
+        "|---|---|---|",
+    ]
+    hit: dict[tuple[str, str], list[str]] = {}  # (variant, suite) -> cells
+    for c in bad:
+        label = f"{c.variant}/{Path(c.dir).name or c.repeat}"
+        reasons = [c.error] if c.error else []
+        for suite, st in c.suites.items():
+            if st not in ("failed", "incomplete"):
+                continue
+            hit.setdefault((c.variant, suite), []).append(label)
+            summ = None
+            try:
+                summ = runfolder.read_summary(run_dir / c.dir / suite)
+            except Exception:  # noqa: BLE001 - the reason is a courtesy; the status is shown
+                pass
+            if summ is not None and summ.errors and not (c.error and c.error in summ.errors[0]):
+                reasons.append(f"{suite}: {summ.errors[0].splitlines()[0]}")
+        text = "; ".join(r.splitlines()[0][:300] for r in reasons) or "(no reason recorded)"
+        lines.append(f"| {label} | {c.status} | {_esc(text)} |")
+    lines.append("")
+    rows = {(r.variant, r.suite, r.metric): r for r in cmp.rows if r.primary}
+    affected = []
+    for (variant, suite), cells in hit.items():
+        try:
+            declared = get_suite(suite).metrics
+        except Exception:  # noqa: BLE001 - a suite not registered here: its rows say
+            declared = {}
+        names = {m for m, info in declared.items() if getattr(info, "primary", False)}
+        names |= {m for (_v, s, m) in rows if s == suite}
+        targets = cmp.variants if variant == cmp.baseline else [variant]
+        for m in names:
+            for v in targets:
+                shown = "incomplete" if (v, suite, m) in rows else "incomplete: no value"
+                affected.append(f"- `{v}` {suite} {m}: {shown} (cells {', '.join(cells)})")
+    if affected:
+        lines += ["Primary metrics these cells affect:", ""] + sorted(set(affected)) + [""]
+    return lines
+
+
 def _cell_record(run_dir: Path, c: dict) -> runfolder.CellRecord | None:
     try:
         return runfolder.read_cell(records.cell_dir(run_dir, c["variant"], c["repeat"]))
@@ -775,6 +830,7 @@ def render_markdown(
     lines += ["## Answer", ""] + [f"- {sentence(cmp, v)}" for v in cmp.variants] + [""]
     lines += (
         _primaries(cmp)
+        + _failures(cmp, manifest, run_dir)
         + _health(cmp)
         + _gpu_block(cmp, run_dir)
         + _server_log_block(cmp, run_dir)

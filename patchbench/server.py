@@ -6,8 +6,19 @@
 - Ready: ``GET /health`` answers 200 AND one tiny generation (``POST /generate``, 1 token)
   succeeds; ``/v1/models`` answering early proves nothing (sglang 0.5.23 answers it while /health
   still says 503). If the process exits while we wait, fail at once with the log's tail.
+- Ours: once ready, the port must be held by a process of the group we launched (psutil: the
+  listening socket's owner); a foreign process that bound the port between the check and the
+  launch answers readiness as well as ours would, so it is named (:class:`PortTaken`, "another
+  process took port P between the check and the launch: pid N ..."), also when our server then
+  exits with "address already in use" before it is ready.
+- Heartbeat (:meth:`SglangServer.heartbeat`): one scheduler round trip, ``GET /server_info``
+  (``/get_server_info`` on releases without it): the front end asks the scheduler for its
+  internal state and waits for the reply; no generation. patchbench.liveness calls it while
+  suites run.
 - Flush: ``POST /flush_cache``; sglang answers 400 while requests are in flight, so retry with a
-  pause, log every answer, and fail after the retry budget.
+  pause, log every answer, and fail after the retry budget; all tries together get at most
+  ``stall_timeout_s``, and a flush that gets no answer at all is not retried (the server stopped
+  answering).
 - Stop (``stop_mode="fast"``, the default; called only after every suite wrote its files): SIGTERM
   to the process group, ``fast_grace_s`` (0.05 s) for it to exit, then SIGKILL to the group and to
   every descendant seen (psutil); wait until every process is gone, the port refuses connections
@@ -19,9 +30,10 @@
   before the stop, and the port and GPU memory are checked free before the next server.
   ``stop_mode="graceful"`` waits ``stop_grace_s`` for the SIGTERM instead. A survivor, an
   open port or GPU memory still held is an error. ``stop_breakdown_s`` says where the time went.
-- Markers: the cell sets ``PATCHBENCH_RUN_DIR``, ``PATCHBENCH_CELL`` and ``PATCHBENCH_RUNNER_PID``
-  in the server's environment, so a server left behind by a killed runner can be recognised
-  (:func:`port_holder`, :mod:`patchbench.stale`).
+- Markers: the cell sets ``PATCHBENCH_RUN_DIR``, ``PATCHBENCH_CELL``, ``PATCHBENCH_RUNNER_PID`` and
+  ``PATCHBENCH_RUNNER_START`` (the runner's start time, so a reused pid is not taken for it) in
+  the server's environment, so a server left behind by a killed runner can be recognised
+  wherever its run folder is (:func:`port_holder`, :mod:`patchbench.stale`).
 
 Endpoints as in docs/FACTS.md section 4 (sglang 0.5.1.post3 .. 0.5.23).
 """
@@ -48,6 +60,7 @@ from patchbench.errors import RunFailed
 MARKER_RUN_DIR = "PATCHBENCH_RUN_DIR"
 MARKER_CELL = "PATCHBENCH_CELL"
 MARKER_RUNNER_PID = "PATCHBENCH_RUNNER_PID"
+MARKER_RUNNER_START = "PATCHBENCH_RUNNER_START"
 
 
 class ServerError(RunFailed):
@@ -63,6 +76,11 @@ class PortInUse(ServerError):
     """Something already answers on the port before launch."""
 
 
+class PortTaken(ServerError):
+    """Another process took the port between the check and the launch (a lost race): what
+    answers there is not the server we launched."""
+
+
 class ServerDied(ServerError):
     """The server process exited (before ready, or during a suite)."""
 
@@ -72,7 +90,10 @@ class ReadyTimeout(ServerError):
 
 
 class FlushFailed(ServerError):
-    """/flush_cache refused for the whole retry budget."""
+    """/flush_cache refused for the whole retry budget, or not answered within the stall limit
+    (``stalled`` True)."""
+
+    stalled: bool = False
 
 
 class StopFailed(ServerError):
@@ -129,7 +150,8 @@ class LaunchSpec:
     """Everything needed to launch one server.
 
     python: interpreter of the environment; env: the complete environment of the server process
-    (PYTHONPATH with the overlay first); times in seconds.
+    (PYTHONPATH with the overlay first); times in seconds (``stall_timeout_s``: the longest the
+    server may leave a heartbeat or a flush unanswered).
     """
 
     python: str
@@ -144,6 +166,7 @@ class LaunchSpec:
     port_close_timeout_s: float = 30.0
     flush_retries: int = 5
     flush_pause_s: float = 1.0
+    stall_timeout_s: float = 60.0
     health_path: str = "/health"
     stop_mode: Literal["fast", "graceful"] = "fast"
     fast_grace_s: float = 0.05
@@ -178,6 +201,10 @@ class SglangServer:
     stop_breakdown_s: dict = field(default_factory=dict)
     _t0: float = 0.0
     _seen: dict[int, psutil.Process] = field(default_factory=dict)
+    _info_path: str | None = None
+    #: the sentence naming a foreign holder of the port (a lost race): stop() then does not wait
+    #: for the port to close, it is not ours to close
+    foreign_port: str | None = None
 
     @property
     def base_url(self) -> str:
@@ -286,6 +313,13 @@ class SglangServer:
             if not self.alive():
                 code = self.proc.returncode if self.proc else None
                 self._event("died_before_ready", returncode=code)
+                race = self._port_race()
+                if race is not None:
+                    self.foreign_port = race
+                    raise PortTaken(
+                        f"{race}; our server exited with code {code} before it was ready",
+                        self.log_tail(),
+                    )
                 raise ServerDied(
                     f"sglang server exited with code {code} before it was ready", self.log_tail()
                 )
@@ -315,39 +349,136 @@ class SglangServer:
                     )
                     last = f"/generate {code} {text[:200]}"
                     if code == 200:
+                        self._remember_descendants()
+                        self.check_ours()
                         waited = time.monotonic() - self._t0
                         self._event("ready", waited_s=round(waited, 3))
-                        self._remember_descendants()
                         return waited
             except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
                 last = f"{type(e).__name__}: {e}"
             time.sleep(0.2)  # a refused connection costs nothing; a late poll costs the cell
 
+    # ------------------------------------------------------------------ ours
+    def our_pids(self) -> set[int]:
+        """Pids of the launched process, its group and every descendant ever seen (live ones)."""
+        self._remember_descendants()
+        out = {pid for pid, p in self._seen.items() if _is_live(p)}
+        if self.proc is not None:
+            for p in psutil.process_iter(["pid"]):
+                try:
+                    if os.getpgid(p.pid) == self.pgid:
+                        out.add(p.pid)
+                except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+                    continue
+        return out
+
+    def listens_here(self) -> bool:
+        """True when one of our processes (:meth:`our_pids`) listens on the server's port."""
+        for pid in self.our_pids():
+            try:
+                conns = psutil.Process(pid).net_connections(kind="tcp")
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+                continue
+            if any(
+                c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == self.spec.port
+                for c in conns
+            ):
+                return True
+        return False
+
+    def _port_race(self) -> str | None:
+        """The sentence naming a foreign holder of the port, or None when the port is free or
+        ours. While our server lives, a holder is claimed foreign only when psutil sees it (a
+        process outside our group): sockets it cannot attribute (another user's) are not taken
+        for a race, so a server whose connections cannot be read is never refused; once our
+        server has exited, whatever answers is foreign."""
+        s = self.spec
+        if not port_answers(s.host, s.port) or self.listens_here():
+            return None
+        if self.alive():
+            h = port_holder(s.port)
+            if h is None or h["pid"] in self.our_pids():
+                return None
+        return (
+            f"another process took port {s.port} between the check and the launch: "
+            f"{describe_port_holder(s.port, ours=False)}"
+        )
+
+    def check_ours(self) -> None:
+        """Raise :class:`PortTaken` when what answers on the port is not a process of the server
+        we launched (readiness alone cannot tell a foreign server from ours); the caller stops
+        our server, and :meth:`stop` then leaves the foreign holder's port alone."""
+        race = self._port_race()
+        if race is None:
+            return
+        self._event("port_taken", holder=race)
+        self.foreign_port = race
+        raise PortTaken(
+            f"{race}; readiness was answered by that process, not by the server we launched "
+            f"(pid {self.pid})",
+            self.log_tail(),
+        )
+
+    # ------------------------------------------------------------------ heartbeat
+    def heartbeat(self, timeout_s: float) -> bool:
+        """One scheduler round trip (``GET /server_info``; ``/get_server_info`` where the
+        release answers 404 for it); True when it answered 200 within ``timeout_s`` seconds."""
+        paths = [self._info_path] if self._info_path else ["/server_info", "/get_server_info"]
+        for path in paths:
+            try:
+                code, _ = self._http("GET", path, timeout_s=timeout_s)
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                return False
+            if code == 404 and self._info_path is None:
+                continue
+            if code == 200:
+                self._info_path = path
+            return code == 200
+        return False
+
     # ------------------------------------------------------------------ flush
     def flush_cache(self) -> None:
-        """POST /flush_cache until 200, at most ``flush_retries`` tries, ``flush_pause_s`` apart.
+        """POST /flush_cache until 200, at most ``flush_retries`` tries, ``flush_pause_s`` apart,
+        all of them within ``stall_timeout_s`` seconds.
 
         Every answer is recorded in ``events``. Raises FlushFailed when the budget is spent (the
-        phase fails; it never silently goes on) and ServerDied when the process is gone.
+        phase fails; it never silently goes on), FlushFailed with ``stalled`` set when a try gets
+        no answer at all (not retried: the server stopped answering), and ServerDied when the
+        process is gone.
         """
         s = self.spec
         last = ""
+        deadline = time.monotonic() + s.stall_timeout_s
         for attempt in range(1, s.flush_retries + 1):
             if not self.alive():
                 raise ServerDied("server exited before /flush_cache", self.log_tail())
+            left = deadline - time.monotonic()
             try:
-                code, text = self._http("POST", "/flush_cache", timeout_s=30)
+                code, text = self._http("POST", "/flush_cache", timeout_s=max(0.1, left))
                 last = f"{code} {text.strip()[:200]}"
-            except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as e:
                 code, last = None, f"{type(e).__name__}: {e}"
-            self._event("flush_cache", attempt=attempt, answer=last)
+                self._event("flush_cache", attempt=attempt, answer=last)
+                if time.monotonic() >= deadline - 0.05 or "timed out" in str(e):
+                    err = FlushFailed(
+                        f"the server stopped answering: /flush_cache got no answer within "
+                        f"{s.stall_timeout_s:g} s (server.stall_timeout_s)"
+                    )
+                    err.stalled = True
+                    raise err from None
+                if not self.alive():
+                    raise ServerDied("server exited during /flush_cache", self.log_tail()) from None
+            else:
+                self._event("flush_cache", attempt=attempt, answer=last)
             if code == 200:
                 return
             if attempt < s.flush_retries:
+                if time.monotonic() + s.flush_pause_s >= deadline:
+                    break
                 time.sleep(s.flush_pause_s)
         raise FlushFailed(
-            f"/flush_cache refused {s.flush_retries} times (server.flush_retries); "
-            f"last answer: {last}"
+            f"/flush_cache refused {attempt} times (server.flush_retries = {s.flush_retries}, "
+            f"within server.stall_timeout_s = {s.stall_timeout_s:g}); last answer: {last}"
         )
 
     # ------------------------------------------------------------------ stop
@@ -388,9 +519,14 @@ class SglangServer:
         survivors = self._survivors(pgid, wait_s=5.0)
         t_exit = time.monotonic()
         deadline = t_exit + self.spec.port_close_timeout_s
-        while port_answers(self.spec.host, self.spec.port) and time.monotonic() < deadline:
+        foreign = self.foreign_port is not None  # another process holds it: not ours to close
+        while (
+            not foreign
+            and port_answers(self.spec.host, self.spec.port)
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.05)
-        port_open = port_answers(self.spec.host, self.spec.port)
+        port_open = not foreign and port_answers(self.spec.host, self.spec.port)
         t_port = time.monotonic()
         gpu_held: list[int] = []
         if nvml is not None:
@@ -490,13 +626,58 @@ def scan_log(path: str | os.PathLike, marker: str) -> list[str]:
         return []
 
 
+def runner_start() -> float:
+    """This process's start time (epoch seconds), the value of the ``PATCHBENCH_RUNNER_START``
+    marker."""
+    return psutil.Process(os.getpid()).create_time()
+
+
+def runner_alive(pid: int | None, start: float | None = None) -> bool:
+    """True when ``pid`` names a live process and, with ``start`` (epoch seconds, the marker
+    ``PATCHBENCH_RUNNER_START``), one that started then (a reused pid is not the runner)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return start is None or abs(p.create_time() - start) < 1.0
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+        return False
+
+
+def markers_of(env: dict[str, str]) -> dict:
+    """The harness's markers in a server process's environment: ``run_dir``, ``cell``,
+    ``runner_pid``, ``runner_start`` (None where absent), ``runner_alive`` (None without a
+    runner pid)."""
+    out: dict = {"run_dir": env.get(MARKER_RUN_DIR), "cell": env.get(MARKER_CELL)}
+    rp = env.get(MARKER_RUNNER_PID, "")
+    out["runner_pid"] = int(rp) if rp.isdigit() else None
+    try:
+        out["runner_start"] = float(env[MARKER_RUNNER_START])
+    except (KeyError, ValueError):
+        out["runner_start"] = None
+    out["runner_alive"] = (
+        runner_alive(out["runner_pid"], out["runner_start"])
+        if out["runner_pid"] is not None
+        else None
+    )
+    return out
+
+
+def own_group(pid: int, pgid: int | None) -> bool:
+    """True when ``pgid`` is a process group of its own that may be killed as a whole: led by
+    ``pid`` (a server starts its own session), not group 1 and not this process's group."""
+    return bool(pgid) and pgid == pid and pgid > 1 and pgid != os.getpgid(0)
+
+
 def port_holder(port: int) -> dict | None:
     """The process listening on TCP ``port`` on this machine, or None when none is visible.
 
     Returns {"pid", "pgid", "name", "cmdline": [str], "run_dir", "cell", "runner_pid",
-    "runner_alive"}; the last four come from the markers the harness sets on its servers
-    (None when the process is not a patchbench server or its environment cannot be read).
-    Only processes of this user are visible without privileges.
+    "runner_start", "runner_alive"}; the last five come from the markers the harness sets on its
+    servers (None when the process is not a patchbench server or its environment cannot be
+    read). Only processes of this user are visible without privileges.
     """
     try:
         conns = psutil.net_connections(kind="tcp")
@@ -520,6 +701,7 @@ def port_holder(port: int) -> dict | None:
         "run_dir": None,
         "cell": None,
         "runner_pid": None,
+        "runner_start": None,
         "runner_alive": None,
     }
     try:
@@ -529,17 +711,17 @@ def port_holder(port: int) -> dict | None:
         env = p.environ()
     except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError, PermissionError):
         return out
-    out["run_dir"] = env.get(MARKER_RUN_DIR)
-    out["cell"] = env.get(MARKER_CELL)
-    if env.get(MARKER_RUNNER_PID, "").isdigit():
-        out["runner_pid"] = int(env[MARKER_RUNNER_PID])
-        out["runner_alive"] = psutil.pid_exists(out["runner_pid"])
+    out.update(markers_of(env))
     return out
 
 
-def describe_port_holder(port: int) -> str:
+def describe_port_holder(port: int, *, ours: bool = True) -> str:
     """One sentence naming what holds ``port``: the pid and command, and for a patchbench server
-    its run folder and cell, whether its runner still lives, and the command that stops it."""
+    its run folder and cell, whether its runner still lives, and the command that stops it.
+
+    A process-group kill is advised only for a patchbench server leading a group of its own
+    (:func:`own_group`); any other holder is named with its pid alone. ``ours=False`` leaves
+    out the advice (the caller names the holder as foreign)."""
     h = port_holder(port)
     if h is None:
         return "no process of this user is seen listening there (another user's, or a container's)"
@@ -551,6 +733,8 @@ def describe_port_holder(port: int) -> str:
             f"(pid {h['runner_pid']}) is "
             + ("still running" if h["runner_alive"] else "gone, so it is an orphan")
         )
-    if h["pgid"]:
-        text += f"; `kill -TERM -- -{h['pgid']}` stops its process group"
+        if ours and own_group(h["pid"], h["pgid"]):
+            text += f"; `kill -TERM -- -{h['pgid']}` stops its process group"
+    elif ours:
+        text += f"; not a patchbench server: stop it yourself (pid {h['pid']}) or use another port"
     return text

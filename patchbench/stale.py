@@ -8,10 +8,15 @@ A server runs in its own session, so it outlives a runner killed with SIGKILL an
   ``server`` record (pid, pgid, create_time) names a live process with the same start time (so a
   reused pid is never taken for the server) and whose ``runner_pid`` no longer lives;
 - live processes carrying the harness's environment markers (``PATCHBENCH_RUN_DIR``,
-  ``PATCHBENCH_RUNNER_PID``; patchbench.server) whose runner no longer lives.
+  ``PATCHBENCH_RUNNER_PID``, ``PATCHBENCH_RUNNER_START``; patchbench.server) whose runner no
+  longer lives (a pid now held by a process that started at another time is not the runner).
+  With ``anywhere`` every such process of this user counts, whatever folder its run wrote to
+  (``bench --results DIR`` elsewhere); otherwise only runs under the folder given.
 
 ``patchbench doctor`` lists them with the exact command that stops each; ``bench --kill-stale``
-calls :func:`kill_stale`.
+calls :func:`kill_stale`. A process group is signalled only when it is the server's own (led by
+the server's pid, not group 1, not the caller's group: patchbench.server.own_group); otherwise
+only the server's pid is.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from pathlib import Path
 import psutil
 
 from patchbench.runfolder import SchemaTooNew, read_cell, write_cell
-from patchbench.server import MARKER_CELL, MARKER_RUN_DIR, MARKER_RUNNER_PID
+from patchbench.server import markers_of, own_group
 
 
 @dataclass
@@ -43,9 +48,15 @@ class StaleServer:
     source: str
 
     @property
+    def own_group(self) -> bool:
+        """True when its process group is its own (patchbench.server.own_group)."""
+        return own_group(self.pid, self.pgid)
+
+    @property
     def kill_command(self) -> str:
-        """The shell command that stops its whole process group."""
-        return f"kill -TERM -- -{self.pgid}"
+        """The shell command that stops it: its whole process group when the group is its own,
+        else its pid alone."""
+        return f"kill -TERM -- -{self.pgid}" if self.own_group else f"kill -TERM {self.pid}"
 
     def describe(self) -> str:
         return (
@@ -79,8 +90,12 @@ def _runner_gone(runner_pid) -> bool:
     return not (isinstance(runner_pid, int) and psutil.pid_exists(runner_pid))
 
 
-def find_stale_servers(results_dir: str | os.PathLike) -> list[StaleServer]:
-    """Orphaned servers of the runs in ``results_dir`` (a results root or one run folder).
+def find_stale_servers(
+    results_dir: str | os.PathLike, *, anywhere: bool = False
+) -> list[StaleServer]:
+    """Orphaned servers of the runs in ``results_dir`` (a results root or one run folder); with
+    ``anywhere`` also every orphaned patchbench server of this user found by its markers,
+    whatever folder its run wrote to.
 
     Returns them sorted by pid; [] when there are none. Never raises for an unreadable cell.json
     (it is skipped).
@@ -94,7 +109,7 @@ def find_stale_servers(results_dir: str | os.PathLike) -> list[StaleServer]:
                 found[s.pid] = s
     for p in psutil.process_iter(["pid"]):
         if p.pid not in found:
-            s = _stale_of_process(p, root)
+            s = _stale_of_process(p, None if anywhere else root)
             if s is not None:
                 found[p.pid] = s
     return [found[k] for k in sorted(found)]
@@ -128,9 +143,9 @@ def _stale_of_cell(run: Path, cj: Path) -> StaleServer | None:
     )
 
 
-def _stale_of_process(p: psutil.Process, root: Path) -> StaleServer | None:
-    """A live process-group leader carrying the harness's markers for a run under ``root``
-    whose runner is gone; else None."""
+def _stale_of_process(p: psutil.Process, root: Path | None) -> StaleServer | None:
+    """A live process-group leader carrying the harness's markers (for a run under ``root``;
+    None: any run) whose runner is gone; else None."""
     try:
         if os.getpgid(p.pid) != p.pid:
             return None  # only group leaders (the launched server process)
@@ -144,21 +159,20 @@ def _stale_of_process(p: psutil.Process, root: Path) -> StaleServer | None:
         OSError,
     ):
         return None
-    run_dir = env.get(MARKER_RUN_DIR)
+    m = markers_of(env)
+    run_dir = m["run_dir"]
     if not run_dir:
         return None
-    try:
-        inside = Path(run_dir).resolve() == root or root in Path(run_dir).resolve().parents
-    except OSError:
-        inside = False
-    if not inside:
+    if root is not None:
+        try:
+            inside = Path(run_dir).resolve() == root or root in Path(run_dir).resolve().parents
+        except OSError:
+            inside = False
+        if not inside:
+            return None
+    if m["runner_alive"]:
         return None
-    rp = env.get(MARKER_RUNNER_PID, "")
-    if not _runner_gone(int(rp) if rp.isdigit() else None):
-        return None
-    return StaleServer(
-        p.pid, p.pid, run_dir, env.get(MARKER_CELL), _port_of(p), None, "environment"
-    )
+    return StaleServer(p.pid, p.pid, run_dir, m["cell"], _port_of(p), None, "environment")
 
 
 def _port_of(p: psutil.Process) -> int | None:
@@ -174,19 +188,24 @@ def _port_of(p: psutil.Process) -> int | None:
 def kill_stale(
     servers: list[StaleServer], *, grace_s: float = 1.0, timeout_s: float = 10.0
 ) -> list[tuple[StaleServer, bool]]:
-    """Stop each orphan's process group (SIGTERM, ``grace_s``, SIGKILL) and mark its cell.json
-    ``interrupted`` (so ``--resume`` runs the cell again). Returns (server, stopped) pairs;
+    """Stop each orphan's process group (its pid alone when the group is not its own: SIGTERM,
+    ``grace_s``, SIGKILL) and mark its cell.json ``interrupted`` (so ``--resume`` runs the cell
+    again). Returns (server, stopped) pairs;
     stopped is False when a process of the group still lives after ``timeout_s``."""
     out = []
     for s in servers:
+        group = s.pgid if s.own_group else -1  # never a group that is not the server's own
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, timeout_s)):
             try:
-                os.killpg(s.pgid, sig)
+                if group > 0:
+                    os.killpg(group, sig)
+                else:
+                    os.kill(s.pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
-            if _wait_group_gone(s.pgid, s.pid, wait):
+            if _wait_group_gone(group, s.pid, wait):
                 break
-        ok = _wait_group_gone(s.pgid, s.pid, 0)
+        ok = _wait_group_gone(group, s.pid, 0)
         if ok and s.cell_json is not None:
             _mark_interrupted(s.cell_json)
         out.append((s, ok))
@@ -210,13 +229,14 @@ def _mark_interrupted(cell_json: Path) -> None:
 
 
 def _wait_group_gone(pgid: int, pid: int, wait_s: float) -> bool:
+    """True once no process ``pid`` nor of group ``pgid`` (-1: no group) lives (``wait_s``)."""
     deadline = time.monotonic() + wait_s
     while True:
         alive = False
         for p in psutil.process_iter(["pid"]):
             try:
                 if (
-                    p.pid == pid or os.getpgid(p.pid) == pgid
+                    p.pid == pid or (pgid > 0 and os.getpgid(p.pid) == pgid)
                 ) and p.status() != psutil.STATUS_ZOMBIE:
                     alive = True
                     break

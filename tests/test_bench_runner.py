@@ -478,3 +478,61 @@ def test_a_correctness_cell_whose_suites_send_no_traffic_also_runs_the_server_su
     run_dir = bench.run_bench(cfg, results_root=tmp_path / "results")
     corr = read_json(run_dir / "control" / "correctness" / "cell.json")
     assert set(corr["suites"]) == {"fake", "fake_instr_offline"}
+
+
+def test_an_incomplete_timed_cell_and_a_failed_report_exit_4(fake_env, tmp_path, monkeypatch):
+    """Exit codes that tell the truth: a timed cell whose suite ends incomplete (its measurement
+    invalid) and a report that cannot be written each make the run fail (exit 4), with what
+    finished kept."""
+    cfg = write_config(tmp_path, BASIC.replace("repeats: 2", "repeats: 1"))
+    monkeypatch.setenv("FAKE_SUITE_INCOMPLETE", "control/0")
+    with pytest.raises(RunFailed) as ei:
+        bench.run_bench(cfg, results_root=tmp_path / "results")
+    assert ei.value.exit_code == 4
+    assert "1 timed cell(s) incomplete (control/rep0)" in str(ei.value)
+    assert "cells failed" not in str(ei.value)
+    report = (ei.value.run_dir / "report.md").read_text()
+    assert "## Failed and incomplete cells" in report
+    assert "| control/rep0 | incomplete | fake: fake: the measurement is invalid |" in report
+    monkeypatch.delenv("FAKE_SUITE_INCOMPLETE")
+
+    import patchbench.report
+
+    def broken(run_dir):
+        raise RuntimeError("plots broke")
+
+    monkeypatch.setattr(patchbench.report, "render_run", broken)
+    with pytest.raises(RunFailed, match=r"the report could not be written \(RuntimeError: plots"):
+        bench.run_bench(cfg, results_root=tmp_path / "results2")
+
+
+def test_resume_after_an_edited_diff_is_refused_unless_the_variant_starts_over(fake_env, tmp_path):
+    """A `{diff: FILE}` edited between the run and its resume: the variant's repeats would run
+    two versions, so the resume is refused naming the variant and what changed; with
+    --restart-variant the variant's cells run again with the new diff."""
+    import shutil
+
+    from patchbench.inputs import PATCHES_DIR
+
+    diff = tmp_path / "change.diff"
+    shutil.copy(PATCHES_DIR / "null-comment" / f"{SGLANG}.diff", diff)
+    body = BASIC.replace("repeats: 2", "repeats: 1").replace(
+        "control: [null-comment]", f"control: [{{diff: {diff}}}]"
+    )
+    cfg = write_config(tmp_path, body)
+    run_dir = bench.run_bench(cfg, results_root=tmp_path / "results")
+    ident = read_json(run_dir / "control" / "rep0" / "cell.json")["variant_identity"]
+    assert set(ident) == {"patches", "server_args", "env", "sglang"}
+    (run_dir / "control" / "rep0" / "fake" / "summary.json").unlink()  # one cell to run again
+    diff.write_text(diff.read_text().replace("is the only change.", "is the only change (v2)."))
+    with pytest.raises(ConfigError, match=r"variant control: patches differ from what rep0 ran"):
+        bench.run_bench(cfg, resume=run_dir)
+    assert not port_answers("127.0.0.1", 31990)  # refused before any server
+    with pytest.raises(ConfigError, match="not a variant"):
+        bench.run_bench(cfg, resume=run_dir, restart_variants=["nope"])
+    bench.run_bench(cfg, resume=run_dir, restart_variants=["control"])
+    again = read_json(run_dir / "control" / "rep0" / "cell.json")
+    assert again["status"] == "ok" and again["variant_identity"]["patches"] != ident["patches"]
+    assert len(list((run_dir / ".restarted").iterdir())) == 1
+    base = read_json(run_dir / "baseline" / "rep0" / "cell.json")
+    assert base["variant_identity"]["patches"] != again["variant_identity"]["patches"]

@@ -181,7 +181,7 @@ KIND_OF_CODE = {
     1: {"regression found"},
     2: {"usage error", "config error", "patch error", "run folder error"},
     3: {"environment not ready"},
-    4: {"run failed"},
+    4: {"run failed", "run folder busy"},
     5: {"underpowered"},
     130: {"interrupted"},
     143: {"terminated"},

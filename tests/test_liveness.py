@@ -2,6 +2,7 @@
 killed with SIGKILL while the HTTP front end stays up is seen within a second, the suite is
 stopped at once, its client process is killed, and the message names the process."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -151,3 +152,138 @@ def test_no_death_no_interrupt_and_stop_is_not_a_death(tmp_path):
     srv.stop()
     time.sleep(0.4)
     assert not w.dead.is_set() and w.death is None
+
+
+# ---------------------------------------------------------------------- stalls (alive, silent)
+def _watch(srv, stall_s=2.0) -> ServerWatch:
+    return ServerWatch(
+        srv.proc, srv.pgid, stall_timeout_s=stall_s, heartbeat=srv.heartbeat, stopped_grace_s=1.0
+    ).start()
+
+
+def _lost_in_scope(w: ServerWatch, limit_s: float, before=None) -> tuple[ServerLost, float]:
+    """Block inside the cancel scope (a request that never returns) until ServerLost."""
+    t0 = time.monotonic()
+    with pytest.raises(ServerLost) as ei:
+        with w.cancel_scope():
+            if before is not None:
+                before()
+            time.sleep(limit_s)
+    return ei.value, time.monotonic() - t0
+
+
+def test_blocked_scheduler_fails_by_heartbeat_within_the_stall_limit(tmp_path):
+    """Every request accepted and never answered while all processes live (a blocked scheduler
+    loop: state S like a healthy one): the heartbeat names it within stall_timeout_s + a beat."""
+    srv = _server(tmp_path, FAKE_SCHEDULER=1, FAKE_HANG_AFTER_S=2)
+    try:
+        sched = _scheduler_pid(srv)
+        w = _watch(srv, 2.0)
+        lost, took = _lost_in_scope(w, 30)
+        print(f"\nblocked server (heartbeat) detected {took:.2f} s into the suite")
+        assert took < 2 + 2.0 + 1.5
+        assert lost.death.kind == "heartbeat"
+        msg = lost.death.message()
+        assert msg.startswith(f"the server stopped answering (scheduler pid {sched} in state S")
+        assert "server.stall_timeout_s = 2" in msg
+        assert w.heartbeats >= 1
+        w.close()
+    finally:
+        srv.stop()
+
+
+def test_stopped_scheduler_is_named_with_state_t(tmp_path):
+    srv = _server(tmp_path, FAKE_SCHEDULER=1)
+    try:
+        sched = _scheduler_pid(srv)
+        w = _watch(srv, 30.0)
+        lost, took = _lost_in_scope(w, 30, lambda: os.kill(sched, signal.SIGSTOP))
+        print(f"\nSIGSTOP of the scheduler detected after {took:.2f} s")
+        assert took < 1.0 + 1.5  # stopped_grace_s + polling
+        assert lost.death.kind == "stopped" and lost.death.pid == sched
+        assert f"scheduler pid {sched} in state T" in lost.death.message()
+        w.close()
+    finally:
+        srv.stop()
+
+
+def test_replies_that_stop_coming_are_a_stall(tmp_path):
+    """The heartbeat answers but generations hang: the suite's progress meter names it."""
+    srv = _server(tmp_path, FAKE_SCHEDULER=1, FAKE_HANG_GENERATE_AFTER=1)
+    try:
+        w = _watch(srv, 2.0)
+
+        def hanging_request():
+            with contextlib.suppress(OSError):
+                srv._http("POST", "/generate", timeout_s=30)
+
+        def send():
+            w.progress.expect(1, "test replies")
+            threading.Thread(target=hanging_request, daemon=True).start()
+
+        lost, took = _lost_in_scope(w, 30, send)
+        assert took < 2.0 + 1.0
+        assert lost.death.kind == "replies"
+        assert "no test replies for" in lost.death.message()
+        assert w.heartbeats >= 1
+        w.close()
+    finally:
+        srv.stop()
+
+
+def test_stopped_client_is_a_stall_and_killed(tmp_path):
+    srv = _server(tmp_path, FAKE_SCHEDULER=1)
+    client = None
+    try:
+        w = _watch(srv, 30.0)
+
+        def start_client():
+            nonlocal client
+            client = subprocess.Popen(
+                [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+            )
+            w.register_client(client.pid)
+            os.kill(client.pid, signal.SIGSTOP)
+
+        lost, took = _lost_in_scope(w, 30, start_client)
+        print(f"\nSIGSTOP of the client detected after {took:.2f} s")
+        assert took < 1.0 + 2.5  # grace + a client scan a second
+        assert lost.death.kind == "client_stopped" and lost.death.pid == client.pid
+        assert lost.death.message().startswith(f"the suite's client stopped (pid {client.pid}")
+        assert client.wait(timeout=5) == -signal.SIGKILL
+        w.close()
+    finally:
+        if client is not None and client.poll() is None:
+            client.kill()
+        srv.stop()
+
+
+def test_healthy_server_passes_the_heartbeat(tmp_path):
+    srv = _server(tmp_path, FAKE_SCHEDULER=1)
+    w = _watch(srv, 1.0)
+    with w.cancel_scope():
+        w.progress.expect(1)
+        for _ in range(6):
+            time.sleep(0.4)
+            w.progress.done()
+    w.close()
+    srv.stop()
+    assert w.lost is None and w.heartbeats >= 2
+
+
+def test_flush_of_a_silent_server_fails_once_within_the_stall_limit(tmp_path):
+    from patchbench.server import FlushFailed
+
+    srv = _server(tmp_path, FAKE_HANG_AFTER_S=0.5)
+    srv.spec.stall_timeout_s = 1.5
+    try:
+        time.sleep(0.6)
+        t0 = time.monotonic()
+        with pytest.raises(FlushFailed) as ei:
+            srv.flush_cache()
+        assert time.monotonic() - t0 < 1.5 + 0.5
+        assert ei.value.stalled
+        assert "the server stopped answering" in str(ei.value)
+        assert [e for e in srv.events if e.get("event") == "flush_cache"].__len__() == 1
+    finally:
+        srv.stop()

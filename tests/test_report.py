@@ -272,3 +272,34 @@ def test_console_table_of_a_log_does_not_wrap_long_names(tmp_path, capsys, monke
     assert (
         "  - host syncs inside the mrope computation per decode step 4 -> 0 improved (exact)" in out
     )
+
+
+def test_failed_and_incomplete_cells_have_a_section_and_their_primaries_read_incomplete(
+    tmp_path,
+):
+    """A failed cell and an incomplete one: the report lists both with their reasons and marks
+    every primary they affect incomplete, never silently missing."""
+    run = _run(tmp_path)
+    man = runfolder.read_manifest(run)
+    for c in man.cells:
+        if (c.variant, c.repeat) == ("patched", 1):
+            c.status, c.error = (
+                "failed",
+                "the server stopped answering (scheduler pid 7 in state S)",
+            )
+            c.suites = {"bench": "failed"}
+        if (c.variant, c.repeat) == ("baseline", 2):
+            c.status, c.suites = "incomplete", {"bench": "incomplete"}
+    runfolder.write_manifest(run, man)
+    text = report.render_markdown(report.build_comparison(run), man, run)
+    assert "## Failed and incomplete cells" in text
+    assert "| patched/rep1 | failed | the server stopped answering (scheduler pid 7" in text
+    assert "| baseline/rep2 | incomplete |" in text
+    for v in ("aa", "patched"):  # a baseline cell affects every variant
+        assert f"- `{v}` bench output_throughput_tok_s: incomplete" in text
+        assert f"- `{v}` bench mean_ttft_ms: incomplete" in text
+    assert "## Failed and incomplete cells" not in report.render_markdown(
+        report.build_comparison(_run(tmp_path / "c")),
+        runfolder.read_manifest(tmp_path / "c" / run.name),
+        tmp_path / "c" / run.name,
+    )

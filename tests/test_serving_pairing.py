@@ -20,6 +20,7 @@ def _req(
     status: list[str] | None = None,
     ttft: list[float] | None = None,
     itl: list[list[float]] | None = None,
+    output_len: list[int] | None = None,
 ) -> Path:
     d = tmp / name
     d.mkdir(parents=True)
@@ -36,7 +37,7 @@ def _req(
                 "ttft_ms": ttft,
                 "itl_ms": itl,
                 "e2e_ms": [t + sum(x) for t, x in zip(ttft, itl, strict=True)],
-                "output_len": [2] * n,
+                "output_len": output_len or [2] * n,
             }
         )
     )
@@ -270,3 +271,20 @@ def test_requests_problem_accepts_what_the_suite_writes():
     )
     assert requests_problem(request_records(row)) is None
     assert requests_problem([1, 2]) == "not a JSON object but list"
+
+
+def test_variant_outputs_far_shorter_than_the_baseline_are_a_note(tmp_path):
+    """Without ignore_eos lengths may differ; a share of outputs less than half the baseline's
+    (streams ended early) is named, never silently paired as a speed-up."""
+    b = _req(tmp_path, "b0", ["a"] * 10, output_len=[40] * 10)
+    v = _req(tmp_path, "v0", ["a"] * 10, output_len=[3, 3, 40, 40, 40, 40, 40, 40, 40, 40])
+    p = get_suite("serving").pair([b], [v], None)
+    assert any(
+        "2 of 10 variant outputs are less than half as long as the baseline's" in n
+        and "request 0: 3 vs 40" in n
+        for n in p["notes"]
+    ), p["notes"]
+    ok = _req(tmp_path, "v1", ["a"] * 10, output_len=[3] + [40] * 9)  # one in ten: not flagged
+    assert not any(
+        "less than half" in n for n in get_suite("serving").pair([b], [ok], None)["notes"]
+    )

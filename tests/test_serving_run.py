@@ -619,6 +619,11 @@ def _row_file(tmp_path: Path, change) -> Path:
         (lambda r: r["itls"][3].append(-0.5), r"itls\[3\]: not a list of numbers >= 0"),
         (lambda r: r.update(median_ttft_ms=-1.0), r"median_ttft_ms = -1.0; a latency"),
         (lambda r: r["generated_texts"].__setitem__(0, 5), r"generated_texts\[0\] = 5"),
+        (lambda r: r.update(output_throughput=0.0), r"output_throughput = 0.0 with 20 requests"),
+        (lambda r: r.update(duration=0.0), r"duration = 0.0 with 20 requests"),
+        (lambda r: r.update(output_throughput=1e150), r"output_throughput = 1e\+150; no hardware"),
+        (lambda r: r.update(mean_ttft_ms=1e-160), r"mean_ttft_ms = 1e-160 ms"),
+        (lambda r: r.update(p99_itl_ms=float("inf")), r"p99_itl_ms = inf; a latency must be"),
     ],
 )
 def test_a_result_that_cannot_be_true_is_refused(tmp_path, fake_pkg, change, message):
@@ -627,3 +632,33 @@ def test_a_result_that_cannot_be_true_is_refused(tmp_path, fake_pkg, change, mes
     with pytest.raises(SuiteError, match=message):
         run(ctx, Params(dataset_name="random-ids", num_prompts=20))
     assert not (ctx.out_dir / "requests.json").exists()  # nothing half-written
+
+
+@pytest.mark.parametrize("ratio, fixed_len", [(1.0, True), (0.5, False)])
+def test_streams_cut_short_with_ignore_eos_make_the_cell_incomplete(
+    tmp_path, fake_pkg, ratio, fixed_len
+):
+    """A server that ends streams early: bench_serving counts them as successes; the server's
+    token counts (output_lens) below what ignore_eos guarantees make the run invalid."""
+
+    def cut(r):
+        for i in (2, 5, 9):
+            r["output_lens"][i] = 3 if fixed_len else 1
+            r["itls"][i] = r["itls"][i][:2]
+
+    rec = _row_file(tmp_path, cut)
+    params = Params(
+        dataset_name="random-ids", num_prompts=20, output_len=16, random_range_ratio=ratio
+    )
+    res = run(make_ctx(tmp_path, fake_pkg, f"copy:{rec}"), params)
+    assert res.status == "incomplete"
+    want = "expected 16, shortest 3" if fixed_len else "expected at least 8 (of at most 16)"
+    assert any(
+        "3 of 20 successful outputs are shorter than ignore_eos guarantees" in e and want in e
+        for e in res.errors
+    ), res.errors
+    # without ignore_eos an EOS may end an output early: no error from this check
+    params = params.model_copy(update={"disable_ignore_eos": True})
+    (tmp_path / "b").mkdir()
+    res = run(make_ctx(tmp_path / "b", fake_pkg, f"copy:{rec}"), params)
+    assert not any("ignore_eos" in e for e in res.errors), res.errors

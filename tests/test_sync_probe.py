@@ -447,3 +447,14 @@ def test_crosscheck_row_counts_every_checked_call_against_its_own_total():
         },
     }
     assert _crosscheck_lines("ours", got) == "| ours | 1 | 981 / 7 | 40 | 8 | 987 of 988 | 1 ⚠ |"
+
+
+def test_a_crosscheck_over_zero_calls_reads_not_run():
+    """A check over zero items is no pass: "not run", never "0 of 0 equal to stock"."""
+    from patchbench.suites.sync_probe import _crosscheck_lines
+
+    got = {"processes": 2, "counts": {"calls": 0, "decode_calls": 0, "extend_calls": 0}}
+    assert (
+        _crosscheck_lines("ours", got)
+        == "| ours | 2 | 0 / 0 | 0 | 0 | not run (0 calls checked) | 0 |"
+    )

@@ -18,6 +18,7 @@ Shape (every key documented in configs/demo-cpu.yaml)::
       stop_grace_s: 20
       flush_retries: 5
       flush_pause_s: 1.0
+      stall_timeout_s: 60                 # no heartbeat/reply/flush answer this long: a stall
     variants:                           # name -> what differs from the plain server
       baseline: []                      # short form: a list of patches
       mrope-sync-free: [mrope-sync-free]

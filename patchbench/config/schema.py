@@ -51,6 +51,43 @@ class ModelSpec(_Strict):
     tokenizer: str | None = None
 
 
+#: names a run folder itself uses at its top level: a variant folder must not take one (compared
+#: case-insensitively: some file systems do not tell case apart)
+RUN_FOLDER_NAMES = frozenset(
+    {
+        "manifest.json",
+        "compare.json",
+        "report.md",
+        "plots",
+        "diffs",
+        "nightly.json",
+        "nightly.md",
+        "pr_figure.png",
+    }
+)
+#: longest variant name: it names a folder and is part of plot and diff file names
+MAX_VARIANT_NAME = 64
+#: longest config name: it names the run folder after a 16-character time stamp
+MAX_CONFIG_NAME = 100
+
+
+def variant_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a variant (its folder in the run folder), or None: characters
+    other than letters, digits, '.', '_', '-' (or a first character that is not a letter or
+    digit), more than :data:`MAX_VARIANT_NAME` characters, or a name the run folder uses itself
+    (:data:`RUN_FOLDER_NAMES`)."""
+    if not FOLDER_NAME.match(name):
+        return "use letters, digits, '.', '_', '-' (starting with a letter or digit)"
+    if len(name) > MAX_VARIANT_NAME:
+        return f"{len(name)} characters; at most {MAX_VARIANT_NAME} (it names a folder and files)"
+    if name.lower() in RUN_FOLDER_NAMES:
+        return (
+            f"the run folder uses '{name}' itself ({', '.join(sorted(RUN_FOLDER_NAMES))}); "
+            "choose another name"
+        )
+    return None
+
+
 class ServerSpec(_Strict):
     """How to launch ``python -m sglang.launch_server`` for every variant."""
 
@@ -70,6 +107,15 @@ class ServerSpec(_Strict):
     port_close_timeout_s: float = Field(30.0, gt=0)
     flush_retries: int = Field(5, ge=1)
     flush_pause_s: float = Field(1.0, ge=0)
+    stall_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description=(
+            "seconds the server may leave the scheduler heartbeat, a suite's replies or a flush "
+            "unanswered before the cell fails with 'the server stopped answering' "
+            "(patchbench/liveness.py); far below a suite's timeout_s"
+        ),
+    )
 
     mrope_probe: Any = Field(
         None,
@@ -342,6 +388,11 @@ class Config(_Strict):
     def _name(cls, v: str) -> str:
         if not FOLDER_NAME.match(v):
             raise ValueError("use letters, digits, '.', '_' and '-' (it names the run folder)")
+        if len(v) > MAX_CONFIG_NAME:
+            raise ValueError(
+                f"{len(v)} characters; at most {MAX_CONFIG_NAME} (it names the run folder, "
+                "after a time stamp)"
+            )
         return v
 
     @field_validator("variants")
@@ -350,8 +401,17 @@ class Config(_Strict):
         if not v:
             raise ValueError("at least one variant is needed, e.g. {baseline: []}")
         for name in v:
-            if not FOLDER_NAME.match(name):
-                raise ValueError(f"variant name '{name}': use letters, digits, '.', '_', '-'")
+            why = variant_name_problem(name)
+            if why:
+                raise ValueError(f"variant name '{name[:80]}': {why}")
+        seen: dict[str, str] = {}
+        for name in v:
+            other = seen.setdefault(name.lower(), name)
+            if other != name:
+                raise ValueError(
+                    f"variant names '{other}' and '{name}' differ only in case: one folder on "
+                    "file systems that do not tell case apart"
+                )
         return v
 
     @field_serializer("variants")

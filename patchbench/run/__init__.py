@@ -7,5 +7,7 @@
 - :mod:`.loop`: running the cells, the manifest rewritten after each, stopping on a signal or an
   unwritable results folder;
 - :mod:`.looks`: the sequential looks (when a ``{min, max, step}`` schedule stops);
-- :mod:`.overhead`: where the wall time outside the measurements went.
+- :mod:`.overhead`: where the wall time outside the measurements went;
+- :mod:`.lock`: one writer per run folder (``RUN/.lock``);
+- :mod:`.identity`: what each variant runs, recorded per cell, checked on ``--resume``.
 """

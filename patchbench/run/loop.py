@@ -21,6 +21,7 @@ from patchbench.errors import Interrupted
 from patchbench.progress import BenchProgress, stamped
 from patchbench.records import ResultsWriteError
 from patchbench.run import overhead
+from patchbench.run.identity import variant_identity
 from patchbench.run.looks import sequential_design, sequential_look, sequential_record
 from patchbench.run.manifest import cell_entry
 from patchbench.runfolder import read_cell, write_manifest
@@ -55,7 +56,11 @@ class BenchRun:
     nvml: Any = None
     resumed: bool = False
     failed: int = 0
+    #: timed cells (run now or earlier) whose record says incomplete: a suite's measurement is
+    #: invalid, so no verdict comes from it (the run exits 4)
+    incomplete: list[str] = field(default_factory=list)
     processed: set[int] = field(default_factory=set)
+    restart_variants: list[str] = field(default_factory=list)
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -107,12 +112,34 @@ class BenchRun:
         self.progress.set_total(len(self.processed))
         self.progress.close()
 
+    def _count_incomplete(self, cell: Cell, rec) -> None:
+        if cell.kind == "timed" and rec is not None and rec.status == "incomplete":
+            self.incomplete.append(cell.label)
+
+    def problems(self) -> list[str]:
+        """What makes this run exit 4 after the report: failed cells, incomplete timed cells, a
+        report that could not be written ([] when none)."""
+        out = []
+        if self.failed:
+            out.append(f"{self.failed} of {len(self.processed)} cells failed")
+        if self.incomplete:
+            shown = ", ".join(self.incomplete[:5]) + (", ..." if len(self.incomplete) > 5 else "")
+            out.append(
+                f"{len(self.incomplete)} timed cell(s) incomplete ({shown}): a suite's "
+                "measurement is invalid, no verdict comes from it"
+            )
+        err = self.manifest.report_error if self.manifest is not None else None
+        if err:
+            out.append(f"the report could not be written ({err.splitlines()[0][:200]})")
+        return out
+
     def run_or_skip(self, cell: Cell) -> None:
         """Run ``cell`` and record it (the manifest is rewritten), or record it as skipped when
         an earlier invocation finished it."""
         if cell_done(self.run_dir, cell, self.cfg):
             rec = read_cell(cell.path(self.run_dir))
             self.cell_log(f"{cell.label}: done already, skipped")
+            self._count_incomplete(cell, rec)
             self.entries.append(cell_entry(cell, self.run_dir, rec, skipped=True))
             self.progress.cell_skipped(cell.label)
             return
@@ -126,9 +153,11 @@ class BenchRun:
             log=self.cell_log,
             progress=self.progress,
             nvml=self.nvml,
+            identity=variant_identity(self.cfg, self.variants[cell.variant]),
         )
         self.progress.cell_finished(rec.status, rec.timings_s)
         self.failed += rec.status == "failed"
+        self._count_incomplete(cell, rec)
         self.entries.append(cell_entry(cell, self.run_dir, rec, skipped=False))
         self.save()
 

@@ -58,6 +58,10 @@ def ensure_model(cfg: Config) -> Path:
     return d
 
 
+#: server keys added after manifests were first written: absent in an older folder's config
+_ADDED_SERVER_KEYS = ("stall_timeout_s",)
+
+
 def resume_manifest(cfg: Config, run_dir: Path) -> RunManifest:
     """The manifest of ``run_dir`` for ``--resume``, checked against ``cfg``.
 
@@ -77,6 +81,10 @@ def resume_manifest(cfg: Config, run_dir: Path) -> RunManifest:
         raise ConfigError(f"--resume {run_dir}: {e}") from None
     now = cfg.model_dump(mode="json")
     there = old.config.model_dump(mode="json") if old.config is not None else {}
+    for key in _ADDED_SERVER_KEYS:  # a folder written before the key existed ran without it
+        if isinstance(there.get("server"), dict) and there["server"].get(key) is None:
+            there["server"].pop(key, None)
+            now.get("server", {}).pop(key, None)
     if there != now:
         diffs = config_diffs(there, now)
         shown = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, a, b in diffs[:5])
@@ -99,10 +107,12 @@ def config_diffs(a: Any, b: Any, key: str = "") -> list[tuple[str, Any, Any]]:
 
 
 def report_stale_servers(results_root: Path, *, kill: bool, log) -> None:
-    """Report (or with ``kill`` stop) servers orphaned by an earlier killed run."""
+    """Report (or with ``kill`` stop) servers orphaned by an earlier killed run: those recorded
+    under ``results_root`` and every server of this user carrying the harness's markers, wherever
+    its run wrote to (patchbench.stale.find_stale_servers with ``anywhere``)."""
     from patchbench.stale import find_stale_servers, kill_stale
 
-    found = find_stale_servers(results_root)
+    found = find_stale_servers(results_root, anywhere=True)
     if not found:
         return
     if kill:

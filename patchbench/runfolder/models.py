@@ -91,6 +91,7 @@ class ServerSnapshot(_Snapshot):
     port_close_timeout_s: float | None = None
     flush_retries: int | None = None
     flush_pause_s: float | None = None
+    stall_timeout_s: float | None = None
 
 
 class DiffRef(_Snapshot):
@@ -208,14 +209,28 @@ class ServerDeath(_Record):
     detected_after_s: float | None = None
 
 
-class Liveness(_Record):
-    """``cell.json`` ``liveness``: the watched processes; when one died, ``death`` and the client
-    process groups killed because of it."""
+class ServerStall(_Record):
+    """The server (or the suite's client) stopped making progress during the cell
+    (patchbench.liveness.Stall): kind heartbeat | replies | stopped | client_stopped."""
 
-    _when_set = ("death", "killed_clients")
+    kind: str
+    what: str = ""
+    pid: int | None = None
+    role: str = ""
+    state: str = ""
+    silent_s: float | None = None
+    detected_after_s: float | None = None
+
+
+class Liveness(_Record):
+    """``cell.json`` ``liveness``: the watched processes; when one died, ``death``, when the
+    server stopped answering, ``stall``, and the client process groups killed because of it."""
+
+    _when_set = ("death", "stall", "killed_clients")
 
     watched: list[WatchedProcess] = Field(default_factory=list)
     death: ServerDeath | None = None
+    stall: ServerStall | None = None
     killed_clients: list[int] = Field(default_factory=list)
 
 
@@ -234,7 +249,14 @@ class CellRecord(_Record):
     (the NVML summary, patchbench.gpu.GpuSummary).
     """
 
-    _when_set = ("runner_pid", "instrumentation_args", "liveness", "gpu", "migrated_from")
+    _when_set = (
+        "runner_pid",
+        "instrumentation_args",
+        "liveness",
+        "gpu",
+        "migrated_from",
+        "variant_identity",
+    )
 
     schema_version: int = CELL_SCHEMA
     variant: str = ""
@@ -256,6 +278,7 @@ class CellRecord(_Record):
     liveness: Liveness | None = None
     gpu: GpuSummary | None = None
     migrated_from: int | None = None
+    variant_identity: dict[str, str] | None = None
 
 
 # -- summary.json ----------------------------------------------------------------------------

@@ -16,6 +16,7 @@ and are listed in ``errors``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import random
@@ -353,9 +354,19 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
         f"{params.parser}, concurrency {params.concurrency}"
     )
     prog, tick = _progress(len(bodies), ctx.log)
+    meter = ctx.server.progress  # the liveness watch: replies that stop coming fail the cell
     t1 = time.perf_counter()
-    if prog is not None:
-        with prog:
+
+    def on_done() -> None:
+        if tick is not None:
+            tick()
+        if meter is not None:
+            meter.done()
+
+    if meter is not None:
+        meter.expect(len(bodies), "mmmu replies")
+    try:
+        with prog if prog is not None else contextlib.nullcontext():
             outcomes = asyncio.run(
                 client.send_all(
                     base_url,
@@ -363,19 +374,12 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
                     concurrency=params.concurrency,
                     request_timeout_s=params.request_timeout_s,
                     retries=params.retries,
-                    on_done=tick,
+                    on_done=on_done,
                 )
             )
-    else:
-        outcomes = asyncio.run(
-            client.send_all(
-                base_url,
-                bodies,
-                concurrency=params.concurrency,
-                request_timeout_s=params.request_timeout_s,
-                retries=params.retries,
-            )
-        )
+    finally:
+        if meter is not None:
+            meter.idle()
     duration = time.perf_counter() - t1
     records = score_records(prepared, outcomes, params)
     result, sc = summarize(

@@ -35,7 +35,7 @@ from .command import ToolMismatch, build_command, effective_seed, tool_info, wan
 from .params import IMAGE_DATASETS, Params
 from .parse import ResultError, read_result_line, request_records, summary_metrics
 from .recompute import compare_with_summary, recompute_from_details
-from .validity import images_check, request_checks
+from .validity import images_check, output_length_checks, request_checks
 
 __all__ = [
     "Params",
@@ -438,6 +438,14 @@ def _checks(
         tool_completed=int(metrics.get("tool_completed_count", 0)),
     )
     warnings += notes
+    errors += output_length_checks(
+        recs["output_len"],
+        statuses,
+        output_len=params.output_len,
+        range_ratio=params.random_range_ratio,
+        fixed=params.dataset_name == "mmmu" or params.random_range_ratio >= 1.0,
+        ignore_eos=not params.disable_ignore_eos,
+    )
     if metrics.get("total_output_tokens_count", 0) > 0 and metrics.get("ttft_mean_ms", 0) == 0:
         errors.append("invalid: output tokens > 0 but every TTFT is 0 (no streamed token timed)")
     ours = recompute_from_details(row, as_tool=True)

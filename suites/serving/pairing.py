@@ -11,6 +11,9 @@ ones also listed under ``unreadable``) and its repeat is not used; a file that h
 than the other cell's, or than its own summary.json's ``requested_count``, is a note naming the
 file and the requests actually compared, never a silent shrink.
 
+A variant whose outputs are far shorter than the baseline's for the same prompts (streams ended
+early) is a note (:func:`shorter_outputs`).
+
 From the paired repeats: output identity (identical ``generated_text`` share, Wilson interval,
 where the first difference starts), per-request TTFT / ITL values of the first paired repeat for
 the ECDF plot, and, with a single paired repeat, request-level intervals of the latency metrics
@@ -118,6 +121,30 @@ def check_prompts(rb: dict, rv: dict, n: int) -> str | None:
     return (
         f"prompts differ at {len(bad)} of {n} indices (first: {'; '.join(bad[:3])}): "
         "requests cannot be paired by index"
+    )
+
+
+#: a variant output this much shorter than the baseline's counts as cut short, and this share
+#: of cut-short outputs is flagged (without ignore_eos lengths may differ, not by this much)
+SHORT_OUTPUT_RATIO = 0.5
+SHORT_OUTPUT_SHARE = 0.1
+
+
+def shorter_outputs(rb: dict, rv: dict, idx: list[int]) -> str | None:
+    """The note when more than :data:`SHORT_OUTPUT_SHARE` of the paired requests ``idx`` have a
+    variant output below :data:`SHORT_OUTPUT_RATIO` of the baseline's (``output_len``: the
+    server's token counts), else None: a variant whose streams end early reads as a speed-up."""
+    ob, ov = rb.get("output_len"), rv.get("output_len")
+    if not idx or not isinstance(ob, list) or not isinstance(ov, list):
+        return None
+    short = [i for i in idx if (ob[i] or 0) > 0 and (ov[i] or 0) < SHORT_OUTPUT_RATIO * ob[i]]
+    if len(short) <= SHORT_OUTPUT_SHARE * len(idx):
+        return None
+    return (
+        f"{len(short)} of {len(idx)} variant outputs are less than half as long as the "
+        f"baseline's (server token counts, e.g. request {short[0]}: {ov[short[0]]} vs "
+        f"{ob[short[0]]}): its streams may end early, and its throughput is measured on "
+        "shorter outputs"
     )
 
 
@@ -263,6 +290,9 @@ def _pair_repeat(
     if reason:
         return reason
     idx = [i for i in range(n) if request_ok(rb, i) and request_ok(rv, i)]
+    short = shorter_outputs(rb, rv, idx)
+    if short:
+        notes.append(f"paired repeat {k}: {short}")
     tb, tv = rb["generated_text"], rv["generated_text"]
     same = 0
     diffs: list[dict[str, int]] = []

@@ -101,6 +101,48 @@ _NON_NEGATIVE = (
 )
 
 
+#: the largest values any hardware can produce: beyond them a number is a bug, not a measurement
+#: (a rate in requests or tokens per second; a latency or duration in ms / s)
+MAX_RATE_PER_S = 1e8
+MAX_LATENCY_MS = 1e8  # about 28 hours
+#: a positive latency below this (ms) is no time a request can take (a picosecond)
+MIN_POSITIVE_LATENCY_MS = 1e-9
+_RATES = (
+    "request_throughput",
+    "input_throughput",
+    "output_throughput",
+    "total_throughput",
+    "max_output_tokens_per_s",
+)
+
+
+def _impossible(row: dict[str, Any]) -> str | None:
+    """A value no hardware can produce: a zero duration or throughput although requests
+    completed, a rate above :data:`MAX_RATE_PER_S`, a latency above :data:`MAX_LATENCY_MS` or
+    positive but below :data:`MIN_POSITIVE_LATENCY_MS`."""
+    done = _num(row.get("completed")) or 0
+    if done > 0:
+        for k in ("duration", "output_throughput", "request_throughput"):
+            v = _num(row.get(k))
+            if v is not None and v <= 0:
+                return (
+                    f"bench_serving reported {k} = {v!r} with {int(done)} requests completed; "
+                    "only a positive value is possible"
+                )
+    for k in _RATES:
+        v = _num(row.get(k))
+        if v is not None and v > MAX_RATE_PER_S:
+            return f"bench_serving reported {k} = {v!r}; no hardware reaches {MAX_RATE_PER_S:g}/s"
+    for k, v in row.items():
+        if k.endswith("_ms") and isinstance(v, int | float) and not isinstance(v, bool):
+            tiny = 0 < v < MIN_POSITIVE_LATENCY_MS and not k.startswith("std_")
+            if math.isfinite(v) and (v > MAX_LATENCY_MS or tiny):
+                return f"bench_serving reported {k} = {v!r} ms; no request takes that long or short"
+            if math.isinf(v):
+                return f"bench_serving reported {k} = {v!r}; a latency must be finite"
+    return None
+
+
 def _bad_number(v: Any, *, none_ok: bool = False) -> bool:
     """True unless ``v`` is a finite number >= 0 (or None when ``none_ok``)."""
     if v is None:
@@ -115,7 +157,8 @@ def row_problem(row: dict[str, Any]) -> str | None:
 
     Checked: the summary's throughputs, duration and token counts are numbers >= 0 (a negative
     throughput is refused); every summary latency ``*_ms`` is >= 0 where it is a number (NaN, which
-    the tool writes for a statistic of no values, passes); the per-request details are lists of one
+    the tool writes for a statistic of no values, passes; an infinite one does not); values no
+    hardware can produce are refused (:func:`_impossible`); the per-request details are lists of one
     length; ``ttfts`` numbers >= 0, ``itls`` lists of numbers >= 0, ``input_lens`` / ``output_lens``
     numbers >= 0, ``generated_texts`` / ``errors`` strings (or null).
     """
@@ -129,6 +172,9 @@ def row_problem(row: dict[str, Any]) -> str | None:
         if k.endswith("_ms") and isinstance(v, int | float) and not isinstance(v, bool):
             if v < 0:
                 return f"bench_serving reported {k} = {v!r}; a latency cannot be negative"
+    impossible = _impossible(row)
+    if impossible:
+        return impossible
     lens = {k: len(row[k]) if isinstance(row[k], list) else None for k in DETAIL_KEYS}
     not_lists = [k for k, n in lens.items() if n is None]
     if not_lists:

@@ -12,6 +12,12 @@ when any error is found. Checks:
   token count by at least ``min_extra_tokens_per_image`` per image sent (and, optionally, reach a
   ratio) -> else error "images dropped". Where the server's count comes from: see
   :func:`images_check`;
+- outputs cut short: with ``ignore_eos`` every successful request generates its requested
+  length, so a server token count (bench_serving's ``output_lens``: the ``sglang`` backend's
+  ``meta_info.completion_tokens``, the OpenAI backends' ``usage``) below it is a stream that
+  ended early (bench_serving counts it a success and keeps no finish reason) -> error with the
+  count (:func:`output_length_checks`); without ``ignore_eos`` the pairing compares the lengths
+  with the baseline's (:mod:`.pairing`);
 - our recomputation from the details disagrees with the tool's summary -> warning (only judged on
   runs without flagged requests).
 """
@@ -57,6 +63,49 @@ def request_checks(
     if sent and not any(s == "ok" for s in statuses):
         errs.append("no request produced a valid measurement")
     return errs, warns
+
+
+def output_length_checks(
+    output_lens: list[int],
+    statuses: list[str],
+    *,
+    output_len: int,
+    range_ratio: float,
+    fixed: bool,
+    ignore_eos: bool,
+) -> list[str]:
+    """Errors for successful requests whose server token count is below what ``ignore_eos``
+    guarantees (a stream cut short), or above the requested maximum.
+
+    output_lens: per request, the server's output token count (bench_serving's details);
+    statuses: :func:`.parse.request_status` per request; output_len: the requested length
+    (tokens); fixed: every request asks for exactly ``output_len`` (the ``mmmu`` dataset, or
+    ``range_ratio`` 1); otherwise the release draws each length from
+    ``[int(output_len * range_ratio), output_len]`` and only that floor is known here. Returns []
+    without ``ignore_eos`` (an EOS may end an output early on purpose).
+    """
+    if not ignore_eos:
+        return []
+    floor = output_len if fixed else int(output_len * range_ratio)
+    ok = [(i, n) for i, (n, s) in enumerate(zip(output_lens, statuses, strict=False)) if s == "ok"]
+    short = [(i, n) for i, n in ok if n < floor or n < 1]
+    long = [(i, n) for i, n in ok if n > output_len]
+    errs = []
+    if short:
+        i, n = min(short, key=lambda t: t[1])
+        want = f"{output_len}" if fixed else f"at least {floor} (of at most {output_len})"
+        errs.append(
+            f"{len(short)} of {len(ok)} successful outputs are shorter than ignore_eos "
+            f"guarantees (the server's token counts; expected {want}, shortest {n} at request "
+            f"{i}): streams ended early, the measurement is invalid"
+        )
+    if long:
+        i, n = max(long, key=lambda t: t[1])
+        errs.append(
+            f"{len(long)} of {len(ok)} outputs are longer than the requested {output_len} tokens "
+            f"(longest {n} at request {i}): the server's counts cannot be trusted"
+        )
+    return errs
 
 
 def images_check(

@@ -431,11 +431,12 @@ def _crosscheck_lines(name: str, got: dict[str, Any] | None) -> str:
     eq = sum(v for k, v in c.items() if k.startswith("crosscheck_") and k.endswith("_equal"))
     bad = sum(v for k, v in c.items() if k.startswith("crosscheck_") and k.endswith("_mismatch"))
     # the cross-check runs on every call, decode and extend alike: equal + mismatches = calls
+    checked = f"{eq:g} of {eq + bad:g}" if eq + bad else "not run (0 calls checked)"
     return (
         f"| {name} | {got.get('processes', 0)} | {c.get('decode_calls', 0):g} / "
         f"{c.get('extend_calls', 0):g} | "
         f"{c.get('decode_multi_image_calls', 0):g} | {c.get('max_decode_batch', 0):g} | "
-        f"{eq:g} of {eq + bad:g} | {bad:g}{' ⚠' if bad else ''} |"
+        f"{checked} | {bad:g}{' ⚠' if bad else ''} |"
     )
 
 

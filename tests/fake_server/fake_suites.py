@@ -3,7 +3,8 @@
 - ``fake``: ``n`` tiny /generate calls against the cell's server. FAKE_SUITE_INTERRUPT=
   "<variant>/<repeat>" makes it raise KeyboardInterrupt (a Ctrl-C during the suite);
   FAKE_SUITE_MARK=<file> makes it write a line "<variant>/<repeat> <pid>" there when it starts
-  (tests send signals once it is there).
+  (tests send signals once it is there); FAKE_SUITE_INCOMPLETE="<variant>/<repeat>" makes it
+  return status "incomplete" there (a measurement found invalid).
 - ``fake_instr``: a timed suite that declares in-server instrumentation (an environment variable
   the fake server sees, and a collect() result).
 - ``fake_untimed``: ``timed = False`` (runs only in correctness cells).
@@ -51,6 +52,12 @@ class FakeSuite(Suite):
                 raise SuiteError(f"request failed: {e}") from None
             done += 1
         write_json(ctx.out_dir / "records.json", {"done": done})
+        if os.environ.get("FAKE_SUITE_INCOMPLETE") == here:
+            return SuiteResult(
+                status="incomplete",
+                metrics={"requests_count": float(done)},
+                errors=["fake: the measurement is invalid"],
+            )
         return SuiteResult(metrics={"requests_count": float(done)})
 
 

@@ -1,4 +1,4 @@
-"""``python tests/fake_server/run_bench_fake.py CONFIG RESULTS``: ``patchbench bench`` with every
+"""``python tests/fake_server/run_bench_fake.py CONFIG RESULTS [ARGS...]``: ``patchbench bench`` with every
 server launched as the fake server and the fake suites registered (for tests that signal or kill
 the runner process itself). ``CELLENV_<NAME>=value`` sets NAME on the servers (only on cell
 ``CELLENV_FOR``, e.g. "control/rep0", when that is set). Exits with patchbench's exit code."""
@@ -34,4 +34,4 @@ def _fake(cfg, venv, cdir, port):
 
 
 cell.launch_spec = _fake
-sys.exit(main(["bench", sys.argv[1], "--results", sys.argv[2]]))
+sys.exit(main(["bench", sys.argv[1], "--results", sys.argv[2], *sys.argv[3:]]))

@@ -12,6 +12,14 @@ FAKE_SCHEDULER=1     spawn a child titled ``sglang::scheduler`` (setproctitle), 
                      once it is gone, /generate hangs and /health answers 503 while the HTTP
                      front end stays up (what a real server does when its scheduler dies)
 FAKE_GENERATE_SLEEP_S  each /generate after the first (the readiness check) takes this long
+FAKE_HANG_AFTER_S    after this many seconds every request is accepted and never answered (a
+                     scheduler whose loop is blocked: /server_info, /generate, /flush_cache all
+                     wait), while every process stays alive
+FAKE_HANG_GENERATE_AFTER  /generate and /v1/chat/completions calls after this many are accepted
+                     and never answered, while /server_info still answers (replies stop, the
+                     scheduler heartbeat does not)
+FAKE_BIND_DELAY_S    wait this long before binding the port (another process can take it first)
+GET /server_info answers 200 (the scheduler heartbeat of patchbench.liveness)
 """
 
 import argparse
@@ -32,7 +40,18 @@ T0 = time.monotonic()
 HEALTH_503 = float(os.environ.get("FAKE_HEALTH_503_S", "0"))
 FLUSH_400 = int(os.environ.get("FAKE_FLUSH_400", "0"))
 DIE_AFTER = int(os.environ.get("FAKE_DIE_AFTER_GENERATE", "0"))
+HANG_AFTER = float(os.environ.get("FAKE_HANG_AFTER_S", "0"))
+HANG_GENERATE_AFTER = int(os.environ.get("FAKE_HANG_GENERATE_AFTER", "0"))
 state = {"flush": 0, "generate": 0}
+
+
+def hang_if_blocked():
+    """Accept and never answer once FAKE_HANG_AFTER_S has passed."""
+    if HANG_AFTER and time.monotonic() - T0 >= HANG_AFTER:
+        while True:
+            time.sleep(3600)
+
+
 print(f"fake sglang server on {args.host}:{args.port}", flush=True)
 
 if os.environ.get("FAKE_IGNORE_SIGTERM") == "1":
@@ -93,7 +112,10 @@ class H(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self):
-        if self.path == "/health":
+        hang_if_blocked()
+        if self.path == "/server_info":
+            self._send(200, {"internal_states": [{}]})
+        elif self.path == "/health":
             ok = time.monotonic() - T0 >= HEALTH_503 and not scheduler_dead()
             self._send(200 if ok else 503, {})
         elif self.path == "/v1/models":
@@ -104,6 +126,7 @@ class H(BaseHTTPRequestHandler):
     def do_POST(self):
         n = int(self.headers.get("Content-Length") or 0)
         self.rfile.read(n)
+        hang_if_blocked()
         if self.path == "/flush_cache":
             state["flush"] += 1
             if FLUSH_400 < 0 or state["flush"] <= FLUSH_400:
@@ -112,6 +135,9 @@ class H(BaseHTTPRequestHandler):
                 self._send(200, {"message": "Cache flushed."})
         elif self.path == "/generate":
             state["generate"] += 1
+            if HANG_GENERATE_AFTER and state["generate"] > HANG_GENERATE_AFTER:
+                while True:
+                    time.sleep(3600)
             if state["generate"] > 1:
                 time.sleep(float(os.environ.get("FAKE_GENERATE_SLEEP_S", "0")))
             while scheduler_dead():  # a real front end waits for its scheduler forever
@@ -126,4 +152,5 @@ class H(BaseHTTPRequestHandler):
             self._send(404, {})
 
 
+time.sleep(float(os.environ.get("FAKE_BIND_DELAY_S", "0")))
 ThreadingHTTPServer((args.host, args.port), H).serve_forever()

@@ -1,0 +1,114 @@
+"""One writer per run folder: ``RUN/.lock``, held with ``fcntl.flock`` for the run's life.
+
+A run (or ``--resume``) takes the lock before it writes anything into the folder and keeps the
+file open until it ends; the holder's pid, host, start time and command line are written into
+the file. A second run or resume of the same folder is refused (:class:`RunFolderBusy`, exit 4)
+naming the holder. A lock left by a run that died (SIGKILL, a crash, a reboot) is no lock: the
+kernel drops a ``flock`` with its last open file, so the next run takes it and says whose it
+was. On a file system without working ``flock`` (some network mounts) the lock is best effort.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from patchbench.errors import RunFailed
+from patchbench.records import ResultsWriteError
+
+#: the lock file's name inside a run folder (a reserved name: patchbench.config refuses it)
+LOCK_NAME = ".lock"
+
+
+class RunFolderBusy(RunFailed):
+    """Another live run holds the run folder's lock (exit 4, "run folder busy")."""
+
+    kind = "run folder busy"
+
+
+@dataclass
+class RunLock:
+    """The held lock of one run folder: ``path`` (``RUN/.lock``), the open file, and
+    ``previous`` (the holder a run that ended without releasing left in the file: it died;
+    None when there was none). Use :func:`acquire`; :meth:`release` at the end (also released when the process
+    exits)."""
+
+    path: Path
+    fd: int
+    previous: dict | None = None
+
+    def release(self) -> None:
+        """Empty the file (so what a later run finds in it is a dead holder's), drop the lock
+        and close the file (safe to call twice)."""
+        if self.fd >= 0:
+            try:
+                try:
+                    os.ftruncate(self.fd, 0)
+                except OSError:
+                    pass  # a full or read-only disk: the holder text stays, the lock still goes
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+            finally:
+                os.close(self.fd)
+                self.fd = -1
+
+
+def holder_text(h: dict | None) -> str:
+    """``"pid 123 on host h since 2026-01-01T00:00:00Z (patchbench bench ...)"``."""
+    if not h:
+        return "an unknown process"
+    when = h.get("started_at") or "?"
+    cmd = " ".join(h.get("argv") or [])[:200]
+    return f"pid {h.get('pid')} on host {h.get('host')} since {when}" + (f" ({cmd})" if cmd else "")
+
+
+def _read(fd: int) -> dict | None:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        raw = os.read(fd, 65536)
+        return json.loads(raw) if raw.strip() else None
+    except (OSError, ValueError):
+        return None
+
+
+def acquire(run_dir: str | os.PathLike) -> RunLock:
+    """Take ``run_dir``'s lock for this process.
+
+    Returns the :class:`RunLock`. Raises :class:`RunFolderBusy` naming the holder when another
+    live process holds it; ResultsWriteError (exit 4) when the file cannot be created.
+    """
+    path = Path(run_dir) / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise ResultsWriteError(path, e) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _read(fd)
+        os.close(fd)
+        raise RunFolderBusy(
+            f"{run_dir} is being written by another run: {holder_text(holder)}; wait for it to "
+            "end (or stop it) before running or resuming this folder",
+            Path(run_dir),
+        ) from None
+    previous = _read(fd)
+    me = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "argv": [os.path.basename(sys.argv[0] or "python")] + sys.argv[1:],
+    }
+    try:
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, json.dumps(me).encode())
+    except OSError as e:
+        os.close(fd)
+        raise ResultsWriteError(path, e) from None
+    return RunLock(path, fd, previous)
