@@ -71,7 +71,7 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
 
 
 def _run_bench(a: argparse.Namespace, _raw: list[str]) -> int:
-    from patchbench import bench, envinfo
+    from patchbench import bench, envinfo, variants
     from patchbench.config import load_config
     from patchbench.run.plan import describe_plan
 
@@ -81,6 +81,12 @@ def _run_bench(a: argparse.Namespace, _raw: list[str]) -> int:
         have = envinfo.installed_version("sglang")
         if have != cfg.sglang:
             print(f"note: this environment has sglang {have}; a real run needs {cfg.sglang}")
+        problems = variants.check_patches(cfg)
+        failed = any(not p.startswith(" ") and " not checked " not in p for p in problems)
+        head = "FAIL" if failed else "every patch applies to a pristine copy of its release"
+        print("\n".join([f"patches    {head}", *problems]))
+        if failed:
+            raise errors.PatchError("a patch does not apply (see the lines under 'patches')")
         return EXIT_OK
     extra: dict = {k: True for k in ("kill_stale", "verbose") if getattr(a, k)}
     if _PROCESS_T0 is not None:  # a process of its own: its start-up and imports count too
@@ -130,7 +136,12 @@ def _run_nightly(a: argparse.Namespace, _raw: list[str]) -> int:
 
 def _args_check_patch(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--sglang", metavar="VERSION", help="only this release (default: all in each manifest)"
+        "--sglang",
+        metavar="VERSION",
+        nargs="+",
+        action="extend",
+        help="only these releases, e.g. --sglang 0.5.1.post3 0.5.23 (default: all in each "
+        "manifest)",
     )
     p.add_argument("--patch", metavar="NAME", help="only this patch (a folder in patches/)")
     p.add_argument(
@@ -150,10 +161,12 @@ def _run_check_patch(a: argparse.Namespace, _raw: list[str]) -> int:
     """Apply each patch (or ``--patch``) to a pristine copy of each release in its manifest (or
     ``--sglang``); one line per (patch, release). Exit 0 all OK; 2 a diff that does not apply,
     does not compile, an invalid manifest or an unknown patch/release; 3 a wheel could not be
-    fetched. A patch without the ``--sglang`` release is SKIP unless it was named."""
+    fetched. A patch without the ``--sglang`` release is SKIP unless it was named. A diff that
+    does not apply is followed by its state (:mod:`patchbench.patches.state`: already contained
+    in the release, or conflicts at FILE hunk N) and the next step."""
     import json
 
-    from patchbench.patches import apply, manifest
+    from patchbench.patches import apply, manifest, state
 
     cache = a.cache_dir or manifest.DEFAULT_CACHE_DIR
     names = [a.patch] if a.patch else manifest.available_patches()
@@ -167,7 +180,7 @@ def _run_check_patch(a: argparse.Namespace, _raw: list[str]) -> int:
             print(f"{name:<20} {'-':<12} FAIL  {e}")
             worst, failed = max(worst, exit_code_of(e), key=_CHECK_ORDER.index), failed + 1
             continue
-        for ver in [a.sglang] if a.sglang else list(m.releases):
+        for ver in a.sglang or list(m.releases):
             if ver not in m.releases and not a.patch:
                 print(
                     f"{name:<20} {ver:<12} SKIP  no diff for this release (supports "
@@ -179,6 +192,12 @@ def _run_check_patch(a: argparse.Namespace, _raw: list[str]) -> int:
             except errors.PatchError as e:
                 print(f"{name:<20} {ver:<12} FAIL  {e}")
                 worst, failed = max(worst, exit_code_of(e), key=_CHECK_ORDER.index), failed + 1
+                if exit_code_of(e) == EXIT_USAGE:  # why it does not apply, and what to do
+                    st = _patch_state_or_none(state, name, ver, cache)
+                    if st is not None:
+                        print(f"{'':<33} state: {st.summary}")
+                        for line in st.lines()[1:]:
+                            print(f"{'':<33} {line.strip()}")
                 continue
             files = "  ".join(
                 f"{Path(p).name} {h['before'][:8]}..->{h['after'][:8]}.."
@@ -200,6 +219,16 @@ def _run_check_patch(a: argparse.Namespace, _raw: list[str]) -> int:
     return worst
 
 
+def _patch_state_or_none(state, name: str, ver: str, cache: Path):
+    """:func:`patchbench.patches.state.patch_state`, or None when it cannot be had (the FAIL line
+    above already says why)."""
+    try:
+        st = state.patch_state(name, ver, cache_dir=cache)
+    except errors.PatchError:
+        return None
+    return None if st.state == "applies" else st
+
+
 def _args_new_patch(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", help="the new folder in patches/")
     src = p.add_mutually_exclusive_group(required=True)
@@ -213,9 +242,11 @@ def _args_new_patch(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--sglang",
         metavar="VERSION",
-        action="append",
+        nargs="+",
+        action="extend",
         required=True,
-        help="a release the patch is for (repeat for several)",
+        help="the releases the patch is for, e.g. --sglang 0.5.1.post3 0.5.23 (the flag may "
+        "also be repeated)",
     )
     p.add_argument("--description", default="", help="one paragraph for the manifest")
     p.add_argument("--force", action="store_true", help="replace an existing patch folder")

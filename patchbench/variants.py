@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from patchbench import envinfo
 from patchbench.config import Config, patch_label
 from patchbench.errors import EnvironmentNotReady, PatchError
 from patchbench.inputs import CACHE_DIR
+from patchbench.patches import apply
 from patchbench.patches import overlay as ov
 from patchbench.shims import HOOKS_ENV, SITE_DIR, stand_in_path
 
@@ -117,3 +119,56 @@ def prepare_variants(cfg: Config, *, log=_log) -> dict[str, VariantEnv]:
         )
         out[name] = VariantEnv(name, labels, o, Path(o.sglang_dir), env, sha or "")
     return out
+
+
+def check_patches(cfg: Config) -> list[str]:
+    """Apply every variant's patches, in order, to a pristine copy of its release's files (what
+    ``bench --dry-run`` checks; nothing is downloaded: :func:`patchbench.patches.wheels.offline`).
+
+    Returns one line per problem (empty: every patch applies): ``variant 'V': <why>``, followed
+    by the failing named patch's state (already contained in the release, or conflicts at FILE
+    hunk N) and next step (:mod:`patchbench.patches.state`). A release whose files cannot be had
+    offline is reported as not checked.
+    """
+    from patchbench.patches import state, wheels
+
+    out: list[str] = []
+    for name in cfg.variants:
+        release = cfg.release_of(name)
+        if not cfg.patches_of(name) or release is None:
+            continue
+        env = envinfo.environment_for(release)
+        with tempfile.TemporaryDirectory(prefix="patchbench-dryrun-") as tmp, wheels.offline():
+            try:
+                patches = cfg.overlay_patches(name, cache_dir=CACHE_DIR)
+                if env is not None:
+                    ov.build_overlay(
+                        release,
+                        patches,
+                        stock_site_dir=env.site_dir,
+                        cache_root=Path(tmp),
+                        patch_cache_dir=CACHE_DIR,
+                    )
+                else:
+                    for p in patches:
+                        if isinstance(p, str):
+                            apply.check_patch(p, release, cache_dir=CACHE_DIR)
+            except wheels.FetchError as e:
+                out.append(f"variant '{name}': not checked on sglang {release}: {e}")
+                continue
+            except PatchError as e:
+                out.append(f"variant '{name}': {e}")
+                bad = next((p for p in patches_named(cfg, name) if p in str(e)), None)
+                if bad is not None:
+                    try:
+                        st = state.patch_state(bad, release, cache_dir=CACHE_DIR)
+                    except PatchError:
+                        continue
+                    if st.state != "applies":
+                        out += [f"  {ln.strip()}" for ln in st.lines()]
+    return out
+
+
+def patches_named(cfg: Config, variant: str) -> list[str]:
+    """The names of ``variant``'s patches that are folders of ``patches/`` (not diff files)."""
+    return [p for p in cfg.patches_of(variant) if isinstance(p, str)]

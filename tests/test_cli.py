@@ -318,6 +318,17 @@ def test_check_patch_that_does_not_apply_exits_2(broken_patch, capsys):
     out, err = capsys.readouterr()
     assert f"broken               {ver:<12} FAIL" in out
     assert "patchbench check-patch: 1 check(s) failed (exit 2)" in err
+    assert "  next: port it to" in out  # the state's next step under the FAIL line
+
+
+def test_one_sglang_spelling_for_several_releases():
+    """``--sglang A B`` (as README and docs/patches.md write it) and ``--sglang A --sglang B``
+    mean the same in new-patch and check-patch."""
+    p = cli.build_parser()
+    for cmd in (["new-patch", "x", "--from-diff", "d"], ["check-patch"]):
+        one = p.parse_args([*cmd, "--sglang", "0.5.1.post3", "0.5.23"])
+        rep = p.parse_args([*cmd, "--sglang", "0.5.1.post3", "--sglang", "0.5.23"])
+        assert one.sglang == rep.sglang == ["0.5.1.post3", "0.5.23"]
 
 
 def test_check_patch_of_an_unknown_patch_exits_2(capsys):
@@ -352,6 +363,17 @@ def test_bench_with_a_patch_that_does_not_apply_exits_2_before_any_server(
     err = capsys.readouterr().err
     assert err.startswith("patchbench bench: patch error (exit 2): ") and "broken" in err
     assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
+    # the dry run applies every patch to a pristine copy and says the same, with the state
+    assert cli.main(["bench", str(cfg), "--dry-run"]) == 2
+    out, err = capsys.readouterr()
+    assert "patches    FAIL\nvariant 'broken': patch 'broken'" in out
+    assert f"patch 'broken' on sglang {installed_sglang()}: conflicts at " in out
+    assert "a patch does not apply" in err
+    ok = write_config(
+        tmp_path, sglang=installed_sglang(), variants="a: []\nb: [null-comment]", suites="{}"
+    )
+    assert cli.main(["bench", str(ok), "--dry-run"]) == 0
+    assert "patches    every patch applies" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------ a run with the fake server: 4, 130
