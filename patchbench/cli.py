@@ -71,19 +71,30 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
 
 
 def _run_bench(a: argparse.Namespace, _raw: list[str]) -> int:
-    from patchbench import bench, envinfo, variants
+    from patchbench import bench, builds, variants
+    from patchbench.cell import is_cpu
     from patchbench.config import load_config
     from patchbench.run.plan import describe_plan
 
     if a.dry_run:
         cfg = load_config(a.config)
+        note = None
+        try:
+            builds.resolve_builds(cfg, cpu=is_cpu(cfg))
+        except errors.EnvironmentNotReady as e:
+            note = f"note: a real run stops here (exit 3): {e}"
         print(describe_plan(cfg, Path(a.resume) if a.resume else None))
-        have = envinfo.installed_version("sglang")
-        if have != cfg.sglang:
-            print(f"note: this environment has sglang {have}; a real run needs {cfg.sglang}")
+        if note:
+            print(note)
         problems = variants.check_patches(cfg)
         failed = any(not p.startswith(" ") and " not checked " not in p for p in problems)
-        head = "FAIL" if failed else "every patch applies to a pristine copy of its release"
+        head = (
+            "FAIL"
+            if failed
+            else "every patch applies to a pristine copy of its release"
+            if any(cfg.patches_of(v) for v in cfg.variants)
+            else "(none)"
+        )
         print("\n".join([f"patches    {head}", *problems]))
         if failed:
             raise errors.PatchError("a patch does not apply (see the lines under 'patches')")

@@ -257,19 +257,25 @@ def test_score_mmmu_with_missing_files_exits_2(tmp_path, capsys):
 
 
 # --------------------------------------------------------------------- environment not ready
-def test_bench_with_another_sglang_pin_exits_3_before_any_server(tmp_path, capsys):
-    other = "0.5.23" if installed_sglang() != "0.5.23" else "0.5.1.post3"
-    cfg = write_config(
-        tmp_path,
-        sglang=other,
-        variants="baseline: []\ncontrol: [null-comment]",
-        suites="sync_probe: {}",
-    )
-    assert cli.main(["bench", str(cfg), "--results", str(tmp_path / "results")]) == 3
-    err = capsys.readouterr().err
-    assert err.startswith("patchbench bench: environment not ready (exit 3): ")
-    assert f"config pins sglang {other}" in err
-    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
+def test_bench_on_a_release_without_an_environment_exits_3_before_any_server(tmp_path, capsys):
+    """A pin no environment of this machine holds (the running one, .venv, .venv-*) stops the
+    run with the `make setup` that makes one; a variant's own pin is checked the same way."""
+    for variants in (
+        "baseline: []\ncontrol: {env: {X: '1'}}",
+        "baseline: []\nother: {sglang: '0.4.0'}",
+    ):
+        cfg = write_config(
+            tmp_path,
+            sglang="0.4.0" if "other" not in variants else installed_sglang(),
+            variants=variants,
+            suites="sync_probe: {}",
+        )
+        assert cli.main(["bench", str(cfg), "--results", str(tmp_path / "results")]) == 3
+        err = capsys.readouterr().err
+        assert err.startswith("patchbench bench: environment not ready (exit 3): ")
+        assert "sglang 0.4.0: no environment of this machine has it" in err
+        assert "run `make setup SGLANG=0.4.0` (it makes .venv-0.4.0)" in err
+        assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
 
 
 def test_doctor_without_a_gpu_for_a_gpu_config_exits_3(monkeypatch, capsys):
