@@ -148,7 +148,8 @@ def _release_build(spec: str, release: str) -> Build:
 def requirement_keys(reqs: list[str] | tuple[str, ...]) -> set[tuple[str, str, str]]:
     """The dependency set of a list of requirement strings, comparable across a pyproject's
     ``dependencies``/``optional-dependencies`` and an installed distribution's ``Requires-Dist``:
-    {(canonical name, specifier, extra it belongs to or "")}; other markers are ignored."""
+    {(canonical name, specifier, extra it belongs to or "")}, names and extras normalized
+    (``runtime_common`` is ``runtime-common``); other markers are ignored."""
     out = set()
     for raw in reqs:
         try:
@@ -157,7 +158,7 @@ def requirement_keys(reqs: list[str] | tuple[str, ...]) -> set[tuple[str, str, s
             continue
         m = _EXTRA.search(str(r.marker)) if r.marker else None
         spec = ",".join(sorted(str(s) for s in r.specifier))
-        out.add((canonicalize_name(r.name), spec, m.group(1) if m else ""))
+        out.add((canonicalize_name(r.name), spec, canonicalize_name(m.group(1)) if m else ""))
     return out
 
 

@@ -279,6 +279,34 @@ def _run_new_patch(a: argparse.Namespace, _raw: list[str]) -> int:
     return EXIT_OK
 
 
+def _args_ab(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("B: what the change is (one of)")
+    g.add_argument("--git", metavar="CHECKOUT", help="an sglang checkout (bare or not)")
+    g.add_argument("--range", metavar="A...B", help="main...my-branch: merge base vs branch head")
+    g.add_argument("--base", metavar="REF", help="the baseline's commit (with --head)")
+    g.add_argument("--head", metavar="REF", help="the variant's commit (with --base)")
+    g.add_argument("--patch", metavar="FILE", help="a unified diff of python/sglang/ files")
+    g.add_argument("--args-b", metavar='"ARGS"', help="server arguments of B (quoted)")
+    p.add_argument("--args-a", metavar='"ARGS"', help="server arguments of A, the baseline")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument(
+        "--preset",
+        default="cpu-demo",
+        help="configs/presets/NAME.yaml: cpu-demo (default), pr-h200",
+    )
+    src.add_argument("--config", metavar="FILE", help="a config whose variants are replaced")
+    p.add_argument("--repeats", type=int, help="override schedule.repeats")
+    p.add_argument("--results", metavar="DIR", help="parent folder of the run folder")
+    p.add_argument("--port", type=int, help="override server.port")
+    p.add_argument("--dry-run", action="store_true", help="print the plan, launch nothing")
+
+
+def _run_ab(a: argparse.Namespace, _raw: list[str]) -> int:
+    from patchbench import ab
+
+    return ab.run_ab(a)
+
+
 def _args_score_mmmu(p: argparse.ArgumentParser) -> None:
     importlib.import_module("patchbench.suites.mmmu.cli").add_arguments(p)
 
@@ -359,6 +387,13 @@ COMMANDS: list[Command] = [
         "make patches/NAME from a diff or a git range, with hashes for each release",
         _args_new_patch,
         _run_new_patch,
+    ),
+    Command(
+        "ab",
+        "your change against its baseline in one command: a branch (--git CHECKOUT --range "
+        "main...my-branch), a diff (--patch) or server arguments (--args-b), with a preset",
+        _args_ab,
+        _run_ab,
     ),
     Command(
         "score-mmmu",

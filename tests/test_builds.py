@@ -121,6 +121,9 @@ def test_requirement_keys_compare_a_pyproject_with_requires_dist():
         builds.requirement_keys(REQS)
     )
     assert builds.requirement_keys(["numpy>=2"]) != builds.requirement_keys(["numpy>=1.2,<3"])
+    assert builds.requirement_keys(['sglang[runtime_common]; extra == "srt_cpu"']) == (
+        builds.requirement_keys(['sglang[runtime-common] ; extra == "srt-cpu"'])
+    )
 
 
 def test_a_checkout_runs_as_an_overlay_on_the_environment_with_its_dependencies(checkout, tmp_path):
