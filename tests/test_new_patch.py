@@ -114,6 +114,21 @@ def test_from_git_makes_a_patch_that_checks_and_verifies_in_the_server_env(check
     body = (pdir / "my-change" / f"{VERSION}.diff").read_text()
     assert f"+++ b/{FORWARD_BATCH_INFO}" in body and "python/sglang" not in body
 
+    # a ready config beside the patch, from the generic CPU preset (text-only serving)
+    from patchbench.config import load_config
+
+    assert res.config == pdir / "my-change" / "cpu.yaml"
+    cfg = load_config(res.config, check_files=False)
+    assert (cfg.name, cfg.sglang, cfg.baseline) == ("my-change-cpu", VERSION, "baseline")
+    assert {v: cfg.patches_of(v) for v in cfg.variants} == {
+        "baseline": [],
+        "my-change": ["my-change"],
+    }
+    assert list(cfg.suites) == ["serving"] and cfg.suite_params["serving"].dataset_name == (
+        "random-ids"
+    )
+    assert f"run: patchbench bench {res.config}" in res.summary()
+
     checked = apply.check_patch("my-change", VERSION, patches_dir=pdir)
     assert checked["files"] == expected
 

@@ -47,16 +47,19 @@ class NewPatch:
     sha256 before and after ({version: {path: {"before", "after"}}}), the releases it does not
     apply to with the reason ({version: message naming the file and the failing hunk}) and their
     state ({version: :class:`~patchbench.patches.state.PatchState`}: already contained in the
-    release, or conflicts at a file and hunk, each with its next step)."""
+    release, or conflicts at a file and hunk, each with its next step), and the config written
+    beside the patch (:func:`write_preset_config`)."""
 
     name: str
     folder: Path
     applies: dict[str, dict[str, dict[str, str]]]
     fails: dict[str, str]
     states: dict[str, PatchState] = field(default_factory=dict)
+    config: Path | None = None
 
     def summary(self) -> str:
-        """Human-readable lines: one per release (and the next step where it does not apply)."""
+        """Human-readable lines: one per release (and the next step where it does not apply),
+        then the config written beside the patch."""
         lines = [f"patch '{self.name}' written to {self.folder}"]
         for v, files in self.applies.items():
             lines.append(f"  sglang {v}: applies ({len(files)} file(s): {', '.join(files)})")
@@ -69,6 +72,11 @@ class NewPatch:
                 lines.append(f"  sglang {v}: {head}\n    " + why.replace("\n", "\n    "))
             if st is not None and st.next_step:
                 lines.append(f"    next: {st.next_step}")
+        if self.config is not None:
+            lines.append(
+                f"config {self.config} (stock vs this patch on the CPU, from the generic "
+                f"preset); run: patchbench bench {self.config}"
+            )
         return "\n".join(lines)
 
 
@@ -171,7 +179,35 @@ def build_patch(
     }
     _write_patch_folder(pdir, name, manifest, diffs)
     load_manifest(name, patches_dir=pdir)  # what was written validates
-    return NewPatch(name=name, folder=dest, applies=applies, fails=fails, states=states)
+    config = write_preset_config(dest, name, next(iter(applies)))
+    return NewPatch(
+        name=name, folder=dest, applies=applies, fails=fails, states=states, config=config
+    )
+
+
+#: the preset new-patch writes a ready config from (configs/presets/cpu-demo.yaml)
+PRESET = inputs.REPO_ROOT / "configs" / "presets" / "cpu-demo.yaml"
+
+
+def write_preset_config(folder: Path, name: str, release: str, preset: Path = PRESET) -> Path:
+    """Write ``<folder>/cpu.yaml``: the generic CPU preset (``preset``) comparing stock sglang
+    ``release`` with patch ``name`` (variants ``baseline: []`` and ``NAME: [NAME]``), named
+    ``NAME-cpu``. Returns its path; run it with ``patchbench bench <path>``."""
+    cfg = yaml.safe_load(preset.read_text(encoding="utf-8"))
+    cfg.update(
+        name=f"{name}-cpu",
+        description=f"stock vs patch {name}, sglang {release} on the CPU, tiny model, text-only",
+        sglang=release,
+        variants={"baseline": [], name: [name]},
+        baseline="baseline",
+    )
+    head = (
+        f"# made by patchbench new-patch from {preset.relative_to(inputs.REPO_ROOT)} (its "
+        f"comments explain each key); run: patchbench bench {folder / 'cpu.yaml'}\n"
+    )
+    out = folder / "cpu.yaml"
+    out.write_text(head + yaml.safe_dump(cfg, sort_keys=False, width=100), encoding="utf-8")
+    return out
 
 
 def _per_release(

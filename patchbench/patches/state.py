@@ -109,14 +109,16 @@ def _next_step(state: State, release: str, file: str | None, name: str | None) -
         return (
             f"sglang {release} already has this change: there is nothing to patch there. To "
             f"measure it, compare releases instead (a variant with `sglang: {release}` against "
-            "the older release's baseline)"
+            "the older release's baseline), or run your branch as a build: `patchbench ab "
+            "--git CHECKOUT --range main...my-branch`"
         )
     if state == "conflicts":
         return (
             f"port it to {release}: in your checkout `git checkout -b {what}-{release} "
             f"v{release} && git cherry-pick <your commits>`, resolve {file or 'the conflict'}, "
             f"then `patchbench new-patch {what}-{release} --from-git CHECKOUT "
-            f"v{release}...{what}-{release} --sglang {release}` (docs/patches.md)"
+            f"v{release}...{what}-{release} --sglang {release}`; or run the branch itself as a "
+            "build: `patchbench ab --git CHECKOUT --range main...my-branch` (docs/patches.md)"
         )
     if state == "unavailable":
         return f"check it where sglang {release} is installed or its wheel can be downloaded"
