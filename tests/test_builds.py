@@ -250,3 +250,41 @@ def test_a_bad_sglang_value_is_a_config_error_naming_the_key(tmp_path, value, sa
     with pytest.raises(ConfigError) as e:
         load_config(p, check_files=False)
     assert says in str(e.value)
+
+
+def test_a_wheel_runs_as_an_overlay_on_the_environment_with_its_requirements(envs, tmp_path):
+    import zipfile
+
+    whl = tmp_path / "sglang-1.0.post1-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        for f in envs.joinpath("sglang").iterdir():
+            z.writestr(f"sglang/{f.name}", "A = 3\n" if f.name == "a.py" else f.read_bytes())
+        meta = "Metadata-Version: 2.1\nName: sglang\nVersion: 1.0.post1\n"
+        z.writestr("sglang-1.0.post1.dist-info/METADATA", meta + "".join(
+            f"Requires-Dist: {r}\n" for r in REQS
+        ))  # fmt: skip
+    cfg = load_config(write_cfg(tmp_path, f"{{wheel: {whl}}}", "  a: []"))
+    (b,) = builds.resolve_builds(cfg, cache_dir=tmp_path / "cache").values()
+    assert (b.kind, b.release, b.version) == ("wheel", "1.0", "1.0.post1")
+    ov = build_source_overlay(
+        b.release,
+        b.tree,
+        label=b.spec,
+        source_id=b.resolved,
+        stock_site_dir=b.env.site_dir,
+        cache_root=tmp_path / "overlays",
+    )
+    assert list(ov.files) == ["sglang/a.py"]
+    assert (ov.sglang_dir / "a.py").read_text() == "A = 3\n"
+
+
+def test_patch_state_per_release_is_what_a_nightly_records():
+    """The shipped null-comment patch applies to each release this machine holds."""
+    from patchbench.patches.state import patch_states
+
+    have = [e.sglang for e in envinfo.environments()]
+    if not have:
+        pytest.skip("no sglang environment here")
+    got = patch_states("null-comment", have)
+    assert {r: s.state for r, s in got.items()} == dict.fromkeys(have, "applies")
+    assert got[have[0]].to_json()["state"] == "applies"
