@@ -124,7 +124,7 @@ def _set_up(
     progress bar. Fills ``run``; returns the planned cells."""
     cfg = run.cfg = load_config(run.config_path)
     old = preflight.resume_manifest(cfg, Path(resume)) if resume else None
-    env = preflight.check_environment(cfg)
+    env = preflight.check_environment(cfg, resumed=old)
     check_instrumentation(cfg)  # a conflicting instrumentation argument: exit 2 first
     preflight.ensure_model(cfg)
     root = Path(results_root) if results_root else RESULTS_DIR

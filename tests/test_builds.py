@@ -288,3 +288,17 @@ def test_patch_state_per_release_is_what_a_nightly_records():
     got = patch_states("null-comment", have)
     assert {r: s.state for r, s in got.items()} == dict.fromkeys(have, "applies")
     assert got[have[0]].to_json()["state"] == "applies"
+
+
+def test_a_resumed_run_must_resolve_to_the_same_builds(checkout, tmp_path):
+    """A ref that moved (or ``latest`` that changed) since the run started refuses --resume."""
+    from patchbench.run.preflight import check_environment
+    from patchbench.runfolder import RunManifest
+
+    cfg = load_config(write_cfg(tmp_path, f"{{git: {checkout}, ref: my-branch}}", "  a: []"))
+    head = git(checkout, "rev-parse", "my-branch")
+    same = RunManifest(builds={"a": {"resolved": head}})
+    check_environment(cfg, resumed=same)
+    moved = RunManifest(builds={"a": {"resolved": "0" * 40}})
+    with pytest.raises(ConfigError, match=f"is {head} now and was 0000000000000000000000000000"):
+        check_environment(cfg, resumed=moved)

@@ -22,11 +22,12 @@ _RUN_FOLDER_HINT = (
 )
 
 
-def check_environment(cfg: Config) -> dict:
+def check_environment(cfg: Config, resumed: RunManifest | None = None) -> dict:
     """Every variant's ``sglang:`` has an environment here: resolves the builds
     (:func:`patchbench.builds.resolve_builds`, filling ``cfg.builds``; ``latest`` once); returns
     envinfo. Raises EnvironmentNotReady (exit 3) naming the ``make setup`` that makes a missing
-    environment, or ConfigError (exit 2) for a build that cannot be read or is refused."""
+    environment, or ConfigError (exit 2) for a build that cannot be read or is refused, or that
+    resolves to another release, commit or wheel than in the ``resumed`` run's manifest."""
     from patchbench.builds import resolve_builds
     from patchbench.cell import is_cpu
 
@@ -34,6 +35,14 @@ def check_environment(cfg: Config) -> dict:
         resolve_builds(cfg, cpu=is_cpu(cfg))
     except EnvironmentNotReady as e:
         raise EnvironmentNotReady(f"{cfg.source}: {e}") from None
+    for v, old in (resumed.builds if resumed is not None else {}).items():
+        now = cfg.builds.get(v)
+        if now is not None and old.get("resolved") != now.resolved:
+            raise ConfigError(
+                f"{cfg.source}: variant '{v}': sglang {now.spec} is {now.resolved} now and was "
+                f"{old.get('resolved')} in the resumed run; a resumed run must measure the same "
+                "builds: start a new run"
+            )
     return envinfo.collect(with_torch=False)
 
 
