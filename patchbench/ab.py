@@ -167,10 +167,11 @@ def describe(git: GitRange | None, patch: Path | None, args_a, args_b) -> list[s
     return lines
 
 
-def run_ab(a: Any) -> int:
-    """The ``ab`` command (argparse namespace of :func:`patchbench.cli._args_ab`); returns the
-    exit code of the bench (or of the dry run)."""
-    from patchbench import bench, cli
+def prepare_ab(a: Any) -> Path:
+    """The ``ab`` command's config (argparse namespace of ``patchbench.cli._args_ab``): checks
+    the arguments, prints what A and B are, writes the config to :data:`AB_DIR` and returns its
+    path (the command then runs it, or its dry run)."""
+    from patchbench.errors import ConfigError
 
     if not (a.git or a.patch or a.args_b):
         raise UsageError("say what B is: --git CHECKOUT --range A...B, --patch FILE or --args-b")
@@ -180,29 +181,23 @@ def run_ab(a: Any) -> int:
         raise UsageError("--range/--base/--head need --git CHECKOUT")
     git = git_range(a.git, a.range, a.base, a.head) if a.git else None
     src = Path(a.config) if a.config else preset_path(a.preset)
-    from patchbench.errors import ConfigError
-
     _, template = inputs.read_yaml_mapping(src, ConfigError, "name, sglang, model, ...", "config")
-    name = f"ab-{src.stem}"
     args_a, args_b = shlex.split(a.args_a or ""), shlex.split(a.args_b or "")
+    patch = Path(a.patch) if a.patch else None
     cfg = ab_config(
         template,
         git=git,
-        patch=Path(a.patch) if a.patch else None,
+        patch=patch,
         args_a=args_a,
         args_b=args_b,
         repeats=a.repeats,
-        name=name,
+        name=f"ab-{src.stem}",
     )
-    for line in describe(git, Path(a.patch) if a.patch else None, args_a, args_b):
+    for line in describe(git, patch, args_a, args_b):
         print(f"ab: {line}", flush=True)
     path = write_config(cfg)
     print(f"ab: config {path} (from {src})", flush=True)
-    if a.dry_run:
-        return cli.main(["bench", str(path), "--dry-run"])
-    run_dir = bench.run_bench(path, results_root=a.results, port=a.port)
-    print(f"ab: report {run_dir / 'report.md'}")
-    return 0
+    return path
 
 
-__all__ = ["GitRange", "ab_config", "git_range", "preset_path", "presets", "run_ab"]
+__all__ = ["GitRange", "ab_config", "git_range", "preset_path", "presets", "prepare_ab"]

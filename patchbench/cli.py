@@ -302,9 +302,16 @@ def _args_ab(p: argparse.ArgumentParser) -> None:
 
 
 def _run_ab(a: argparse.Namespace, _raw: list[str]) -> int:
-    from patchbench import ab
+    """Write the A/B config (:func:`patchbench.ab.prepare_ab`), then its dry run or the run; the
+    bench prints the answer, then the report's path."""
+    from patchbench import ab, bench
 
-    return ab.run_ab(a)
+    path = ab.prepare_ab(a)
+    if a.dry_run:
+        return main(["bench", str(path), "--dry-run"])
+    run_dir = bench.run_bench(path, results_root=a.results, port=a.port)
+    print(f"ab: report {run_dir / 'report.md'}")
+    return EXIT_OK
 
 
 def _args_score_mmmu(p: argparse.ArgumentParser) -> None:
