@@ -163,7 +163,7 @@ def _set_up(
     old = preflight.resume_manifest(cfg, Path(resume)) if resume else None
     if resume:  # one writer per folder: refused before anything slow or written
         _hold(run, held, lock_run_folder(resume))
-    env = preflight.check_environment(cfg)
+    env = preflight.check_environment(cfg, resumed=old)
     check_instrumentation(cfg)  # a conflicting instrumentation argument: exit 2 first
     preflight.ensure_model(cfg)
     root = Path(results_root) if results_root else RESULTS_DIR

@@ -68,7 +68,7 @@ from patchbench.suite import (
     SuiteResult,
     get_suite,
 )
-from patchbench.variants import VariantEnv, stock_client_env
+from patchbench.variants import VariantEnv, client_python, client_release, stock_client_env
 
 DONE_STATUSES = ("ok", "incomplete")
 
@@ -106,10 +106,10 @@ def launch_spec(cfg: Config, venv: VariantEnv, cdir: Path, port: int) -> LaunchS
     """How this variant's server is launched into ``cdir`` (tests replace this function):
     ``server.args`` followed by the variant's ``server_args`` (:meth:`Config.server_args_of`),
     the variant's environment (``server.env`` plus its ``env``, the overlay first on PYTHONPATH:
-    :func:`patchbench.variants.prepare_variants`)."""
+    :func:`patchbench.variants.prepare_variants`) and its build's interpreter."""
     s = cfg.server
     return LaunchSpec(
-        python=sys.executable,
+        python=venv.python,
         model_path=cfg.model_ref,
         host=s.host,
         port=port,
@@ -182,8 +182,8 @@ def _placeholder_ctx(cfg: Config, suite: str, variant: str | None = None) -> Sui
         variant=variant or cfg.baseline,
         repeat=0,
         baseline=cfg.baseline,
-        sglang_version=cfg.sglang,
-        python=sys.executable,
+        sglang_version=client_release(cfg),
+        python=client_python(cfg),
         stock_env={},
         variant_sglang_dir=stock,
         stock_sglang_dir=stock,
@@ -286,7 +286,9 @@ class CellRun:
         self.cdir = self.cell.path(self.run_dir)
         make_dir(self.cdir)
         self._t0 = time.monotonic()
-        self.stock_dir = (envinfo.stock_site_dir() or Path(".")) / "sglang"
+        base = self.cfg.builds.get(self.cfg.baseline)
+        site = base.env.site_dir if base is not None else envinfo.stock_site_dir()
+        self.stock_dir = (site or Path(".")) / "sglang"
         planned = cell_suites(self.cfg, self.cell)
         todo = [s for s in planned if not suite_done(self.cdir / s)]
         kept = [s for s in planned if s not in todo]  # finished by an earlier launch
@@ -339,8 +341,8 @@ class CellRun:
             variant=self.cell.variant,
             repeat=self.cell.repeat,
             baseline=self.cfg.baseline,
-            sglang_version=self.cfg.sglang,
-            python=sys.executable,
+            sglang_version=client_release(self.cfg),
+            python=client_python(self.cfg),
             stock_env=stock_client_env(self.cfg),
             variant_sglang_dir=self.venv.sglang_dir,
             stock_sglang_dir=self.stock_dir,

@@ -79,16 +79,33 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
 
 
 def _run_bench(a: argparse.Namespace, _raw: list[str]) -> int:
-    from patchbench import bench, envinfo
+    from patchbench import bench, builds, variants
+    from patchbench.cell import is_cpu
     from patchbench.config import load_config
     from patchbench.run.plan import describe_plan
 
     if a.dry_run:
         cfg = load_config(a.config)
+        note = None
+        try:
+            builds.resolve_builds(cfg, cpu=is_cpu(cfg))
+        except errors.EnvironmentNotReady as e:
+            note = f"note: a real run stops here (exit 3): {e}"
         print(describe_plan(cfg, Path(a.resume) if a.resume else None))
-        have = envinfo.installed_version("sglang")
-        if have != cfg.sglang:
-            print(f"note: this environment has sglang {have}; a real run needs {cfg.sglang}")
+        if note:
+            print(note)
+        problems = variants.check_patches(cfg)
+        failed = any(not p.startswith(" ") and " not checked " not in p for p in problems)
+        head = (
+            "FAIL"
+            if failed
+            else "every patch applies to a pristine copy of its release"
+            if any(cfg.patches_of(v) for v in cfg.variants)
+            else "(none)"
+        )
+        print("\n".join([f"patches    {head}", *problems]))
+        if failed:
+            raise errors.PatchError("a patch does not apply (see the lines under 'patches')")
         return EXIT_OK
     extra: dict = {k: True for k in ("kill_stale", "verbose") if getattr(a, k)}
     if _PROCESS_T0 is not None:  # a process of its own: its start-up and imports count too
@@ -140,7 +157,12 @@ def _run_nightly(a: argparse.Namespace, _raw: list[str]) -> int:
 
 def _args_check_patch(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--sglang", metavar="VERSION", help="only this release (default: all in each manifest)"
+        "--sglang",
+        metavar="VERSION",
+        nargs="+",
+        action="extend",
+        help="only these releases, e.g. --sglang 0.5.1.post3 0.5.23 (default: all in each "
+        "manifest)",
     )
     p.add_argument("--patch", metavar="NAME", help="only this patch (a folder in patches/)")
     p.add_argument(
@@ -160,10 +182,12 @@ def _run_check_patch(a: argparse.Namespace, _raw: list[str]) -> int:
     """Apply each patch (or ``--patch``) to a pristine copy of each release in its manifest (or
     ``--sglang``); one line per (patch, release). Exit 0 all OK; 2 a diff that does not apply,
     does not compile, an invalid manifest or an unknown patch/release; 3 a wheel could not be
-    fetched. A patch without the ``--sglang`` release is SKIP unless it was named."""
+    fetched. A patch without the ``--sglang`` release is SKIP unless it was named. A diff that
+    does not apply is followed by its state (:mod:`patchbench.patches.state`: already contained
+    in the release, or conflicts at FILE hunk N) and the next step."""
     import json
 
-    from patchbench.patches import apply, manifest
+    from patchbench.patches import apply, manifest, state
 
     cache = a.cache_dir or manifest.DEFAULT_CACHE_DIR
     names = [a.patch] if a.patch else manifest.available_patches()
@@ -177,7 +201,7 @@ def _run_check_patch(a: argparse.Namespace, _raw: list[str]) -> int:
             print(f"{name:<20} {'-':<12} FAIL  {e}")
             worst, failed = max(worst, exit_code_of(e), key=_CHECK_ORDER.index), failed + 1
             continue
-        for ver in [a.sglang] if a.sglang else list(m.releases):
+        for ver in a.sglang or list(m.releases):
             if ver not in m.releases and not a.patch:
                 print(
                     f"{name:<20} {ver:<12} SKIP  no diff for this release (supports "
@@ -189,6 +213,12 @@ def _run_check_patch(a: argparse.Namespace, _raw: list[str]) -> int:
             except errors.PatchError as e:
                 print(f"{name:<20} {ver:<12} FAIL  {e}")
                 worst, failed = max(worst, exit_code_of(e), key=_CHECK_ORDER.index), failed + 1
+                if exit_code_of(e) == EXIT_USAGE:  # why it does not apply, and what to do
+                    st = _patch_state_or_none(state, name, ver, cache)
+                    if st is not None:
+                        print(f"{'':<33} state: {st.summary}")
+                        for line in st.lines()[1:]:
+                            print(f"{'':<33} {line.strip()}")
                 continue
             files = "  ".join(
                 f"{Path(p).name} {h['before'][:8]}..->{h['after'][:8]}.."
@@ -210,6 +240,16 @@ def _run_check_patch(a: argparse.Namespace, _raw: list[str]) -> int:
     return worst
 
 
+def _patch_state_or_none(state, name: str, ver: str, cache: Path):
+    """:func:`patchbench.patches.state.patch_state`, or None when it cannot be had (the FAIL line
+    above already says why)."""
+    try:
+        st = state.patch_state(name, ver, cache_dir=cache)
+    except errors.PatchError:
+        return None
+    return None if st.state == "applies" else st
+
+
 def _args_new_patch(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", help="the new folder in patches/")
     src = p.add_mutually_exclusive_group(required=True)
@@ -223,9 +263,11 @@ def _args_new_patch(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--sglang",
         metavar="VERSION",
-        action="append",
+        nargs="+",
+        action="extend",
         required=True,
-        help="a release the patch is for (repeat for several)",
+        help="the releases the patch is for, e.g. --sglang 0.5.1.post3 0.5.23 (the flag may "
+        "also be repeated)",
     )
     p.add_argument("--description", default="", help="one paragraph for the manifest")
     p.add_argument("--force", action="store_true", help="replace an existing patch folder")
@@ -244,6 +286,41 @@ def _run_new_patch(a: argparse.Namespace, _raw: list[str]) -> int:
     print(res.summary())
     if not res.applies:
         raise errors.PatchError(f"patch '{a.name}' applies to none of {', '.join(a.sglang)}")
+    return EXIT_OK
+
+
+def _args_ab(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("B: what the change is (one of)")
+    g.add_argument("--git", metavar="CHECKOUT", help="an sglang checkout (bare or not)")
+    g.add_argument("--range", metavar="A...B", help="main...my-branch: merge base vs branch head")
+    g.add_argument("--base", metavar="REF", help="the baseline's commit (with --head)")
+    g.add_argument("--head", metavar="REF", help="the variant's commit (with --base)")
+    g.add_argument("--patch", metavar="FILE", help="a unified diff of python/sglang/ files")
+    g.add_argument("--args-b", metavar='"ARGS"', help="server arguments of B (quoted)")
+    p.add_argument("--args-a", metavar='"ARGS"', help="server arguments of A, the baseline")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument(
+        "--preset",
+        default="cpu-demo",
+        help="configs/presets/NAME.yaml: cpu-demo (default), pr-h200",
+    )
+    src.add_argument("--config", metavar="FILE", help="a config whose variants are replaced")
+    p.add_argument("--repeats", type=int, help="override schedule.repeats")
+    p.add_argument("--results", metavar="DIR", help="parent folder of the run folder")
+    p.add_argument("--port", type=int, help="override server.port")
+    p.add_argument("--dry-run", action="store_true", help="print the plan, launch nothing")
+
+
+def _run_ab(a: argparse.Namespace, _raw: list[str]) -> int:
+    """Write the A/B config (:func:`patchbench.ab.prepare_ab`), then its dry run or the run; the
+    bench prints the answer, then the report's path."""
+    from patchbench import ab, bench
+
+    path = ab.prepare_ab(a)
+    if a.dry_run:
+        return main(["bench", str(path), "--dry-run"])
+    run_dir = bench.run_bench(path, results_root=a.results, port=a.port)
+    print(f"ab: report {run_dir / 'report.md'}")
     return EXIT_OK
 
 
@@ -327,6 +404,13 @@ COMMANDS: list[Command] = [
         "make patches/NAME from a diff or a git range, with hashes for each release",
         _args_new_patch,
         _run_new_patch,
+    ),
+    Command(
+        "ab",
+        "your change against its baseline in one command: a branch (--git CHECKOUT --range "
+        "main...my-branch), a diff (--patch) or server arguments (--args-b), with a preset",
+        _args_ab,
+        _run_ab,
     ),
     Command(
         "score-mmmu",

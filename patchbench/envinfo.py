@@ -14,9 +14,14 @@ import shutil
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchbench.inputs import REPO_ROOT
+
+#: the venv folders patchbench runs servers from, separated by os.pathsep (default: the
+#: repository's ``.venv`` and ``.venv-*``); the running interpreter's environment always counts
+VENVS_ENV = "PATCHBENCH_VENVS"
 
 
 def installed_version(dist: str) -> str | None:
@@ -34,6 +39,105 @@ def stock_site_dir() -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(list(spec.submodule_search_locations)[0]).resolve().parent
+
+
+def venv_name(version: str) -> str:
+    """The venv ``make setup SGLANG=version`` makes: ``.venv`` for the default pin 0.5.1.post3,
+    ``.venv-<version>`` for any other."""
+    return ".venv" if version == "0.5.1.post3" else f".venv-{version}"
+
+
+def setup_command(version: str) -> str:
+    """The command that makes the environment of sglang ``version``."""
+    return "make setup" if version == "0.5.1.post3" else f"make setup SGLANG={version}"
+
+
+@dataclass(frozen=True)
+class Environment:
+    """A Python environment holding an installed sglang release (where a server can run).
+
+    venv: the environment's folder (``sys.prefix`` for the running one); python: its
+    interpreter; sglang: the installed release; site_dir: the site-packages folder holding
+    ``sglang/``; requires: the installed release's declared requirements (its METADATA
+    ``Requires-Dist`` lines, markers included); current: the interpreter running patchbench.
+    """
+
+    venv: Path
+    python: str
+    sglang: str
+    site_dir: Path
+    requires: tuple[str, ...] = field(default=(), compare=False)
+    current: bool = False
+
+    def describe(self) -> str:
+        """``".venv-0.5.23 (sglang 0.5.23)"``: the folder (relative to the repository when
+        inside it) and the release."""
+        try:
+            shown = str(self.venv.relative_to(REPO_ROOT))
+        except ValueError:
+            shown = str(self.venv)
+        return f"{shown} (sglang {self.sglang})"
+
+
+def _sglang_dist(site: Path):
+    """The sglang distribution installed in ``site`` (importlib.metadata), or None."""
+    for d in importlib.metadata.distributions(path=[str(site)]):
+        if (d.metadata["Name"] or "").lower() == "sglang":
+            return d
+    return None
+
+
+def _environment_at(venv: Path, python: str, site: Path, *, current: bool) -> Environment | None:
+    dist = _sglang_dist(site)
+    if dist is None or not (site / "sglang" / "__init__.py").is_file():
+        return None
+    return Environment(
+        venv=venv,
+        python=python,
+        sglang=dist.version,
+        site_dir=site,
+        requires=tuple(dist.requires or ()),
+        current=current,
+    )
+
+
+def _venv_dirs() -> list[Path]:
+    raw = os.environ.get(VENVS_ENV)
+    if raw is not None:
+        return [Path(p).expanduser() for p in raw.split(os.pathsep) if p.strip()]
+    return sorted(p for p in REPO_ROOT.glob(".venv*") if p.is_dir())
+
+
+def environments() -> list[Environment]:
+    """The environments a server can run from, found without starting any interpreter: the
+    running one first (when it holds sglang), then every venv of :data:`VENVS_ENV` (default: the
+    repository's ``.venv`` and ``.venv-*``) whose ``lib/python*/site-packages`` holds sglang.
+    A venv that is the running environment (the same folder after resolving links) is listed
+    once."""
+    out: list[Environment] = []
+    seen: set[Path] = set()
+    site = stock_site_dir()
+    if site is not None:
+        env = _environment_at(Path(sys.prefix), sys.executable, site, current=True)
+        if env is not None:
+            out.append(env)
+            seen.add(Path(sys.prefix).resolve())
+    for venv in _venv_dirs():
+        if venv.resolve() in seen or not (venv / "bin" / "python").exists():
+            continue
+        for site in sorted(venv.glob("lib/python*/site-packages")):
+            env = _environment_at(venv, str(venv / "bin" / "python"), site, current=False)
+            if env is not None:
+                out.append(env)
+                seen.add(venv.resolve())
+                break
+    return out
+
+
+def environment_for(version: str) -> Environment | None:
+    """The first of :func:`environments` whose installed sglang is ``version`` (the running one
+    when it is), or None."""
+    return next((e for e in environments() if e.sglang == version), None)
 
 
 def git_sha(repo: Path = REPO_ROOT) -> str | None:

@@ -366,6 +366,8 @@ def _header(man: runfolder.RunManifest, cmp: Comparison) -> list[str]:
             desc += "; server args " + " ".join(f"`{a}`" for a in args)
         if env:
             desc += "; env " + " ".join(f"`{k}={val}`" for k, val in env.items())
+        if v in man.builds:  # the run named builds: each arm's (patchbench.builds)
+            desc += f"; build {man.builds[v].get('describe', '?')}"
         tag = " (baseline)" if v == cmp.baseline else (" (A/A)" if v in cmp.aa_variants else "")
         lines.append(f"| variant `{v}`{tag} | {desc} |")
     inst = [f"{c['variant']}/rep{c['repeat']}" for c in cmp.cells if c.get("instrumented")]

@@ -249,7 +249,8 @@ def test_wrong_sglang_pin_is_environment_error(fake_env, tmp_path):
     # no patch: a patch without a diff for 0.4.0 is a config error (exit 2) before this check
     cfg = write_config(tmp_path, BASIC.replace("@SGLANG@", "0.4.0").replace("[null-comment]", "[]"))
     with pytest.raises(
-        EnvironmentNotReady, match=f"pins sglang 0.4.0.*has {SGLANG}.*make setup SGLANG=0.4.0"
+        EnvironmentNotReady,
+        match=f"sglang 0.4.0: no environment .*have: .*sglang {SGLANG}.*make setup SGLANG=0.4.0",
     ):
         bench.run_bench(cfg, results_root=tmp_path / "results")
     assert cli.main(["bench", str(cfg)]) == 3

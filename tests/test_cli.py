@@ -259,19 +259,25 @@ def test_score_mmmu_with_missing_files_exits_2(tmp_path, capsys):
 
 
 # --------------------------------------------------------------------- environment not ready
-def test_bench_with_another_sglang_pin_exits_3_before_any_server(tmp_path, capsys):
-    other = "0.5.23" if installed_sglang() != "0.5.23" else "0.5.1.post3"
-    cfg = write_config(
-        tmp_path,
-        sglang=other,
-        variants="baseline: []\ncontrol: [null-comment]",
-        suites="sync_probe: {}",
-    )
-    assert cli.main(["bench", str(cfg), "--results", str(tmp_path / "results")]) == 3
-    err = capsys.readouterr().err
-    assert err.startswith("patchbench bench: environment not ready (exit 3): ")
-    assert f"config pins sglang {other}" in err
-    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
+def test_bench_on_a_release_without_an_environment_exits_3_before_any_server(tmp_path, capsys):
+    """A pin no environment of this machine holds (the running one, .venv, .venv-*) stops the
+    run with the `make setup` that makes one; a variant's own pin is checked the same way."""
+    for variants in (
+        "baseline: []\ncontrol: {env: {X: '1'}}",
+        "baseline: []\nother: {sglang: '0.4.0'}",
+    ):
+        cfg = write_config(
+            tmp_path,
+            sglang="0.4.0" if "other" not in variants else installed_sglang(),
+            variants=variants,
+            suites="sync_probe: {}",
+        )
+        assert cli.main(["bench", str(cfg), "--results", str(tmp_path / "results")]) == 3
+        err = capsys.readouterr().err
+        assert err.startswith("patchbench bench: environment not ready (exit 3): ")
+        assert "sglang 0.4.0: no environment of this machine has it" in err
+        assert "run `make setup SGLANG=0.4.0` (it makes .venv-0.4.0)" in err
+        assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
 
 
 def test_doctor_without_a_gpu_for_a_gpu_config_exits_3(monkeypatch, capsys):
@@ -320,6 +326,17 @@ def test_check_patch_that_does_not_apply_exits_2(broken_patch, capsys):
     out, err = capsys.readouterr()
     assert f"broken               {ver:<12} FAIL" in out
     assert "patchbench check-patch: 1 check(s) failed (exit 2)" in err
+    assert "  next: port it to" in out  # the state's next step under the FAIL line
+
+
+def test_one_sglang_spelling_for_several_releases():
+    """``--sglang A B`` (as README and docs/patches.md write it) and ``--sglang A --sglang B``
+    mean the same in new-patch and check-patch."""
+    p = cli.build_parser()
+    for cmd in (["new-patch", "x", "--from-diff", "d"], ["check-patch"]):
+        one = p.parse_args([*cmd, "--sglang", "0.5.1.post3", "0.5.23"])
+        rep = p.parse_args([*cmd, "--sglang", "0.5.1.post3", "--sglang", "0.5.23"])
+        assert one.sglang == rep.sglang == ["0.5.1.post3", "0.5.23"]
 
 
 def test_check_patch_of_an_unknown_patch_exits_2(capsys):
@@ -354,6 +371,17 @@ def test_bench_with_a_patch_that_does_not_apply_exits_2_before_any_server(
     err = capsys.readouterr().err
     assert err.startswith("patchbench bench: patch error (exit 2): ") and "broken" in err
     assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
+    # the dry run applies every patch to a pristine copy and says the same, with the state
+    assert cli.main(["bench", str(cfg), "--dry-run"]) == 2
+    out, err = capsys.readouterr()
+    assert "patches    FAIL\nvariant 'broken': patch 'broken'" in out
+    assert f"patch 'broken' on sglang {installed_sglang()}: conflicts at " in out
+    assert "a patch does not apply" in err
+    ok = write_config(
+        tmp_path, sglang=installed_sglang(), variants="a: []\nb: [null-comment]", suites="{}"
+    )
+    assert cli.main(["bench", str(ok), "--dry-run"]) == 0
+    assert "patches    every patch applies" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------ a run with the fake server: 4, 130

@@ -36,6 +36,22 @@ def test_config_validates_and_dry_runs(path, capsys):
     assert f"name       {cfg.name}" in out and "nothing is launched" in out
 
 
+PRESETS = sorted((CONFIGS[0].parent / "presets").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.name)
+def test_generic_presets_are_text_only_serving_without_case_suites(path, capsys):
+    """configs/presets/: valid configs whose suites are the generic ones (text-only serving of
+    random token ids, MMMU optional): the mrope sync probe and the profiler stay in their
+    case's configs."""
+    assert {p.stem for p in PRESETS} >= {"cpu-demo", "pr-h200"}
+    cfg = load_config(path)
+    assert list(cfg.suites) == ["serving"]
+    assert cfg.suite_params["serving"].dataset_name == "random-ids"
+    assert cli.main(["bench", str(path), "--dry-run"]) == 0
+    assert "nothing is launched" in capsys.readouterr().out
+
+
 def test_demo_compares_stock_upstream_and_ours():
     cfg = load_config(CONFIGS[0].parent / "demo-cpu.yaml")
     assert {v: cfg.patches_of(v) for v in cfg.variants} == {

@@ -94,3 +94,38 @@ def test_no_nvml_means_no_gpu_checks():
             raise RuntimeError("NVML Shared Library Not Found")
 
     assert open_nvml(NoDriver()) is None
+
+
+def _fake_venv(root, version: str, requires: list[str]):
+    """A venv folder holding an installed sglang ``version`` (its package and dist-info only)."""
+    site = root / "lib" / "python3.11" / "site-packages"
+    (site / "sglang").mkdir(parents=True)
+    (site / "sglang" / "__init__.py").write_text("")
+    info = site / f"sglang-{version}.dist-info"
+    info.mkdir()
+    meta = [f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}"]
+    meta += [f"Requires-Dist: {r}" for r in requires]
+    (info / "METADATA").write_text("\n".join(meta) + "\n")
+    (root / "bin").mkdir()
+    (root / "bin" / "python").write_text("")
+    return site
+
+
+def test_environments_lists_each_venv_with_its_sglang_and_requirements(tmp_path, monkeypatch):
+    """Every venv of PATCHBENCH_VENVS holding sglang is an environment (its python, release,
+    site-packages and declared requirements); the running interpreter's comes first; a venv
+    without sglang is left out; environment_for finds a release's environment."""
+    from patchbench import envinfo
+
+    site = _fake_venv(tmp_path / ".venv-9.9", "9.9", ["torch==2.0", "numpy"])
+    (tmp_path / "empty" / "bin").mkdir(parents=True)
+    monkeypatch.setenv(envinfo.VENVS_ENV, f"{tmp_path / '.venv-9.9'}:{tmp_path / 'empty'}")
+    envs = envinfo.environments()
+    running = envinfo.installed_version("sglang")
+    assert [e.sglang for e in envs] == ([running] if running else []) + ["9.9"]
+    fake = envs[-1]
+    assert fake.site_dir == site and fake.python == str(tmp_path / ".venv-9.9" / "bin" / "python")
+    assert fake.requires == ("torch==2.0", "numpy") and not fake.current
+    assert envinfo.environment_for("9.9") == fake and envinfo.environment_for("0.0") is None
+    assert envinfo.venv_name("9.9") == ".venv-9.9" and envinfo.venv_name("0.5.1.post3") == ".venv"
+    assert envinfo.setup_command("9.9") == "make setup SGLANG=9.9"

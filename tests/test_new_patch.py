@@ -114,6 +114,21 @@ def test_from_git_makes_a_patch_that_checks_and_verifies_in_the_server_env(check
     body = (pdir / "my-change" / f"{VERSION}.diff").read_text()
     assert f"+++ b/{FORWARD_BATCH_INFO}" in body and "python/sglang" not in body
 
+    # a ready config beside the patch, from the generic CPU preset (text-only serving)
+    from patchbench.config import load_config
+
+    assert res.config == pdir / "my-change" / "cpu.yaml"
+    cfg = load_config(res.config, check_files=False)
+    assert (cfg.name, cfg.sglang, cfg.baseline) == ("my-change-cpu", VERSION, "baseline")
+    assert {v: cfg.patches_of(v) for v in cfg.variants} == {
+        "baseline": [],
+        "my-change": ["my-change"],
+    }
+    assert list(cfg.suites) == ["serving"] and cfg.suite_params["serving"].dataset_name == (
+        "random-ids"
+    )
+    assert f"run: patchbench bench {res.config}" in res.summary()
+
     checked = apply.check_patch("my-change", VERSION, patches_dir=pdir)
     assert checked["files"] == expected
 
@@ -368,3 +383,53 @@ def test_a_diff_named_in_a_config_is_hashed_applied_and_verified(checkout, tmp_p
     with pytest.raises(ConfigError) as e:
         load_config(p)
     assert "variants.mine.patches[0]" in str(e.value) and "is a symlink" in str(e.value)
+
+
+# ----------------------------------------------------------------------------- patch states
+def test_from_git_reads_a_bare_repository(checkout, tmp_path):
+    """A bare clone gives the same patch as its work tree: only commits are read."""
+    bare = tmp_path / "sglang.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(checkout), str(bare)], check=True)
+    res = author.new_patch_from_git(
+        "bare", bare, "main...my-branch", [VERSION], patches_dir=tmp_path / "p"
+    )
+    assert res.applies[VERSION][SAMPLING]["after"] == sha(changed_sampling())
+    one = author.new_patch_from_git(
+        "one", bare, "my-branch", [VERSION], patches_dir=tmp_path / "p"
+    )  # one commit: that commit's own change
+    assert one.applies == res.applies
+
+
+def test_state_says_applies_contained_or_conflicts_at_file_hunk(checkout, tmp_path):
+    """The reverse of a change the release already has is 'already contained'; a diff whose
+    second file's context the release lacks 'conflicts at' that file, hunk 1, with next steps."""
+    from patchbench.patches.state import diff_state
+
+    change = git(checkout, "diff", "main...my-branch")
+    assert diff_state("c", change, VERSION).state == "applies"
+
+    undo = git(checkout, "diff", "my-branch", "main")  # removes lines the release lacks
+    st = diff_state("undo", undo, VERSION, name="undo")
+    assert (st.state, st.summary) == ("contained", f"already contained in {VERSION}")
+    assert "nothing to patch" in st.next_step and f"`sglang: {VERSION}`" in st.next_step
+
+    bad = change.replace(" TOP_K_ALL = 1 << 30", " TOP_K_ALL = 'a context line the release lacks'")
+    assert bad != change
+    st = diff_state("bad", bad, VERSION, name="my-change")
+    assert (st.state, st.file, st.hunk) == ("conflicts", SAMPLING, 1)
+    assert st.summary == f"conflicts at {SAMPLING} hunk 1"
+    assert f"{FORWARD_BATCH_INFO} applies" in st.detail
+    assert f"new-patch my-change-{VERSION} --from-git CHECKOUT" in st.next_step
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_new_patch_and_check_patch_print_the_state_and_next_step(checkout, tmp_path, capsys):
+    """new-patch says 'already contained in RELEASE' (not 'does NOT apply') with the next step."""
+    undo = _write(tmp_path / "undo.diff", git(checkout, "diff", "my-branch", "main"))
+    with pytest.raises(PatchError) as e:
+        author.new_patch_from_diff("undo", undo, [VERSION], patches_dir=tmp_path / "p")
+    assert f"(already contained in {VERSION}) next: sglang {VERSION} already has" in str(e.value)

@@ -390,3 +390,20 @@ def test_cli_rejects_a_patch_that_does_not_compile(capsys, monkeypatch, tmp_path
 def test_installed_version_is_the_environment_pin():
     assert INSTALLED_VERSION == importlib.metadata.version("sglang")
     assert (SITE / "sglang" / "__init__.py").is_file()
+
+
+def test_pristine_files_come_from_another_environment_and_offline_fetches_nothing(tmp_path):
+    """A release installed in another venv of this repo is read from there (no wheel); inside
+    wheels.offline() a wheel missing from the cache is a FetchError at once (exit 3)."""
+    from patchbench import envinfo
+
+    other = next((e for e in envinfo.environments() if e.sglang != INSTALLED_VERSION), None)
+    if other is not None:
+        got = wheels.pristine_files(other.sglang, [FORWARD_BATCH_INFO], tmp_path / "t")
+        assert got == f"installed {other.site_dir}"
+        assert (tmp_path / "t" / FORWARD_BATCH_INFO).read_bytes() == (
+            other.site_dir / FORWARD_BATCH_INFO
+        ).read_bytes()
+    with wheels.offline(), pytest.raises(wheels.FetchError, match="offline check"):
+        wheels.fetch_wheel("sglang==0.0.1", cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()

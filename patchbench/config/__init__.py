@@ -3,7 +3,9 @@
 Shape (every key documented in configs/demo-cpu.yaml)::
 
     name: demo-cpu                      # names the run folder
-    sglang: 0.5.1.post3                 # the pinned release; the environment must hold exactly it
+    sglang: 0.5.1.post3                 # a release with an environment here (.venv, .venv-*),
+                                        # latest, {wheel: FILE} or {git: CHECKOUT, ref: REF}
+                                        # (patchbench.builds); a variant may name its own
     model:
       path: .cache/models/tiny-qwen25vl # relative paths resolve against the repo root
       tiny: true                        # build the tiny random Qwen2.5-VL there when missing
@@ -26,6 +28,7 @@ Shape (every key documented in configs/demo-cpu.yaml)::
         patches: [mrope-sync-free, {diff: path/to/change.diff}]
         server_args: [--disable-overlap-schedule]   # appended to server.args
         env: {SGLANG_X: "1"}                        # added to server.env
+        sglang: "0.5.23"                            # this variant's own build
     baseline: baseline                  # defaults to the first variant
     schedule:
       repeats: 2                        # or {min: 4, max: 12, step: 2}: sequential repeats
@@ -69,25 +72,31 @@ from patchbench.config.schema import (
     SECTIONS,
     Config,
     DiffPatch,
+    GitSource,
     ModelSpec,
     PatchEntry,
     ScheduleSpec,
     SequentialRepeats,
     ServerSpec,
     VariantSpec,
+    WheelSource,
     patch_label,
+    sglang_label,
 )
 
 __all__ = [
     "SECTIONS",
     "Config",
     "DiffPatch",
+    "GitSource",
     "ModelSpec",
     "PatchEntry",
     "ScheduleSpec",
     "SequentialRepeats",
     "ServerSpec",
     "VariantSpec",
+    "WheelSource",
     "load_config",
     "patch_label",
+    "sglang_label",
 ]

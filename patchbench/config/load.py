@@ -37,7 +37,9 @@ def _suite_is_timed(name: str) -> bool:
 
 
 #: location items pydantic adds for the members of a union (not keys of the YAML)
-_UNION_TAGS = {"str", "DiffPatch", "function-plain[_section()]"}
+_UNION_TAGS = {"str", "DiffPatch", "GitSource", "WheelSource", "function-plain[_section()]"}
+#: the member of the ``sglang:`` union a mapping means, by the key it has
+_SOURCE_KEYS = {"GitSource": "git", "WheelSource": "wheel"}
 
 
 def _clean_loc(loc: tuple) -> tuple:
@@ -70,6 +72,13 @@ def _format_errors(path: Path, text: str, err: ValidationError, prefix: tuple = 
             continue
         if raw_loc[-1:] == ("DiffPatch",) and not isinstance(got, dict):
             continue
+        member = next((x for x in raw_loc if x in _SOURCE_KEYS), None)
+        if member is not None:  # a mapping under sglang: report only the member it names
+            parent = _value_at(raw_loc[: raw_loc.index(member)], err)
+            if not isinstance(parent, dict) or (
+                _SOURCE_KEYS[member] not in parent and set(_SOURCE_KEYS.values()) & set(parent)
+            ):
+                continue
         loc = prefix + _clean_loc(raw_loc)
         text_ = e["msg"].removeprefix("Value error, ")
         if not loc and e["type"] == "value_error":
@@ -104,6 +113,19 @@ def _format_errors(path: Path, text: str, err: ValidationError, prefix: tuple = 
             seen.add(msg)
             lines.append(msg)
     return "\n".join(lines)
+
+
+def _value_at(loc: tuple, err: ValidationError) -> Any:
+    """The input value at key path ``loc`` of the data ``err`` was raised for (None if absent)."""
+    data: Any = getattr(err, "_patchbench_input", None)
+    for k in _clean_loc(loc):
+        if isinstance(data, dict) and k in data:
+            data = data[k]
+        elif isinstance(data, list) and isinstance(k, int) and k < len(data):
+            data = data[k]
+        else:
+            return None
+    return data
 
 
 def _short_repr(value: Any) -> str:
@@ -185,6 +207,7 @@ def load_config(path: str | os.PathLike, *, check_files: bool = True) -> Config:
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as e:
+        e._patchbench_input = raw  # type: ignore[attr-defined] # for _value_at
         problems.append(_format_errors(path, text, e))
         raise ConfigError("\n".join(problems)) from None
     cfg.source = path.resolve()
@@ -251,8 +274,11 @@ def _check_patches(cfg: Config, path: Path, text: str) -> list[str]:
                         f"available: {', '.join(have) or 'none'}"
                     )
                     continue
+                release = cfg.release_of(variant)
                 try:
-                    manifest.load_manifest(p).release(cfg.sglang)
+                    m = manifest.load_manifest(p)
+                    if release is not None:  # a build resolved at run time is checked then
+                        m.release(release)
                 except PatchError as e:
                     problems.append(f"{at}: {e}")
             else:

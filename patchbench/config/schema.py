@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
+from packaging.version import InvalidVersion, Version
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -173,6 +174,79 @@ class DiffPatch(_Strict):
 PatchEntry = str | DiffPatch
 
 
+class GitSource(_Strict):
+    """An sglang build from a source checkout at a commit: ``{git: PATH, ref: REF}``.
+
+    ``git``: the checkout or a bare repository (``~`` and ``$VARS`` expanded; relative paths
+    against the repo root); ``ref``: anything ``git rev-parse`` takes (a branch, tag or commit;
+    resolved to one commit when the run starts). Only committed files of ``python/sglang`` (and
+    ``python/pyproject.toml`` for its dependencies) are read, never the work tree.
+    """
+
+    git: str
+    ref: str = "HEAD"
+
+    @field_validator("git", "ref")
+    @classmethod
+    def _nonempty(cls, v: str) -> str:
+        if not v.strip() or "\x00" in v or v.startswith("-"):
+            raise ValueError("name a checkout and a ref, e.g. {git: ~/sglang, ref: my-branch}")
+        return v
+
+    def label(self) -> str:
+        """``git:PATH@REF``."""
+        return f"git:{self.git}@{self.ref}"
+
+
+class WheelSource(_Strict):
+    """An sglang build from a wheel file: ``{wheel: PATH}`` (relative paths against the repo
+    root)."""
+
+    wheel: str
+
+    @field_validator("wheel")
+    @classmethod
+    def _is_wheel(cls, v: str) -> str:
+        if not v.strip().endswith(".whl") or "\x00" in v:
+            raise ValueError("name a wheel file, e.g. {wheel: dist/sglang-0.5.23-py3-none-any.whl}")
+        return v
+
+    def label(self) -> str:
+        """``wheel:PATH``."""
+        return f"wheel:{self.wheel}"
+
+
+#: what ``sglang:`` may say (for the run, or for one variant): a release (``"0.5.23"``),
+#: ``latest`` (the newest release on the package index, resolved once per run), a wheel file or
+#: a source checkout at a commit; patchbench.builds resolves it to an environment and an overlay
+SglangSpec = str | GitSource | WheelSource
+
+
+def sglang_label(spec: SglangSpec) -> str:
+    """How an ``sglang:`` value is shown: the release, ``latest``, ``git:PATH@REF`` or
+    ``wheel:PATH``."""
+    return spec if isinstance(spec, str) else spec.label()
+
+
+def _check_release(v):
+    """A release string (or ``latest``) as written; ValueError for anything else."""
+    if isinstance(v, float):  # `sglang: 0.5` reads as a number
+        raise ValueError('quote the release, e.g. sglang: "0.5.1.post3"')
+    if isinstance(v, str) and v != LATEST:
+        try:
+            Version(v)
+        except InvalidVersion:
+            raise ValueError(
+                f"'{v}' is not an sglang release; write a release (\"0.5.23\"), latest, "
+                "{wheel: FILE} or {git: CHECKOUT, ref: REF}"
+            ) from None
+    return v
+
+
+#: the ``sglang:`` value that names the newest release on the package index
+LATEST = "latest"
+
+
 def patch_label(p: PatchEntry) -> str:
     """How a patch entry is shown: its name, or ``diff:<path>``."""
     return p if isinstance(p, str) else f"diff:{p.diff}"
@@ -185,6 +259,14 @@ class VariantSpec(_Strict):
     patches: list[PatchEntry] = Field(default_factory=list)
     server_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
+    sglang: SglangSpec | None = Field(
+        None, description="this variant's own sglang build (default: the config's `sglang`)"
+    )
+
+    @field_validator("sglang", mode="before")
+    @classmethod
+    def _release(cls, v):
+        return _check_release(v)
 
     @model_validator(mode="before")
     @classmethod
@@ -225,11 +307,17 @@ class VariantSpec(_Strict):
         return v
 
     def short(self) -> list | dict:
-        """JSON form: the list of patches when the variant changes only patches, else a mapping."""
+        """JSON form: the list of patches when the variant changes only patches, else a mapping
+        (``sglang`` in it only when the variant names its own build)."""
         pats = [p if isinstance(p, str) else p.model_dump() for p in self.patches]
-        if not self.server_args and not self.env:
+        if not self.server_args and not self.env and self.sglang is None:
             return pats
-        return {"patches": pats, "server_args": list(self.server_args), "env": dict(self.env)}
+        out: dict = {"patches": pats, "server_args": list(self.server_args), "env": dict(self.env)}
+        if self.sglang is not None:
+            out["sglang"] = (
+                self.sglang if isinstance(self.sglang, str) else self.sglang.model_dump()
+            )
+        return out
 
 
 class SequentialRepeats(_Strict):
@@ -345,7 +433,7 @@ class Config(_Strict):
     """
 
     name: str
-    sglang: str
+    sglang: SglangSpec
     model: ModelSpec
     server: ServerSpec = Field(default_factory=ServerSpec)
     variants: dict[str, VariantSpec]
@@ -366,12 +454,17 @@ class Config(_Strict):
     #: suite -> its ``rounds`` ("all", "first" or round indices; patchbench.schedule)
     suite_rounds: dict[str, Any] = Field(default_factory=dict, exclude=True)
 
+    #: {variant: its resolved patchbench.builds.Build}, filled when the run resolves its builds
+    builds: dict[str, Any] = Field(default_factory=dict, exclude=True)
+
     @field_validator("sglang", mode="before")
     @classmethod
     def _version(cls, v):
-        if isinstance(v, float):  # `sglang: 0.5` reads as a number
-            raise ValueError('quote the release, e.g. sglang: "0.5.1.post3"')
-        return v
+        return _check_release(v)
+
+    @field_serializer("sglang")
+    def _dump_sglang(self, v):
+        return v if isinstance(v, str) else v.model_dump()
 
     @field_validator("compare", "nightly", mode="plain")
     @classmethod
@@ -452,6 +545,28 @@ class Config(_Strict):
         n = self.schedule.max_repeats if repeats is None else repeats
         return _sched.resolve_rounds(self.suite_rounds.get(suite, "all"), n)
 
+    # ------------------------------------------------------------------ builds
+    def sglang_of(self, variant: str) -> SglangSpec:
+        """The ``sglang:`` of ``variant``: its own, else the config's."""
+        own = self.variants[variant].sglang
+        return self.sglang if own is None else own
+
+    def release_of(self, variant: str) -> str | None:
+        """The sglang release whose environment ``variant``'s server runs in: from its resolved
+        build (:attr:`builds`), else the release its ``sglang:`` names; None for ``latest``, a
+        wheel or a checkout that is not resolved yet (patchbench.builds.resolve_builds)."""
+        b = self.builds.get(variant)
+        if b is not None:
+            return b.release
+        spec = self.sglang_of(variant)
+        return spec if isinstance(spec, str) and spec != LATEST else None
+
+    def has_own_builds(self) -> bool:
+        """True when a variant names its own ``sglang:`` or the config's is not a release."""
+        return any(s.sglang is not None for s in self.variants.values()) or not (
+            isinstance(self.sglang, str) and self.sglang != LATEST
+        )
+
     # ------------------------------------------------------------------ variants
     def patches_of(self, variant: str) -> list[PatchEntry]:
         """The variant's patch entries in order (names, or :class:`DiffPatch`)."""
@@ -467,7 +582,7 @@ class Config(_Strict):
 
     def is_aa(self, variant: str) -> bool:
         """True when ``variant`` is not the baseline but has the same patches (in order), server
-        arguments and environment: an A/A copy that measures noise."""
+        arguments, environment and ``sglang:`` build: an A/A copy that measures noise."""
         if variant == self.baseline:
             return False
         a, b = self.variants[variant], self.variants[self.baseline]
@@ -475,6 +590,7 @@ class Config(_Strict):
             [patch_label(p) for p in a.patches] == [patch_label(p) for p in b.patches]
             and a.server_args == b.server_args
             and a.env == b.env
+            and sglang_label(self.sglang_of(variant)) == sglang_label(self.sglang_of(self.baseline))
         )
 
     def aa_variants(self) -> list[str]:
@@ -492,19 +608,21 @@ class Config(_Strict):
              "patches_added": [labels], "patches_removed": [labels],
              "server_args": {"added": [flags with values], "removed": [...],
                              "changed": {flag: [baseline value, variant value]}},
-             "env": {"added": {name: value}, "removed": [names], "changed": {name: [b, v]}}}
+             "env": {"added": {name: value}, "removed": [names], "changed": {name: [b, v]}},
+             "sglang": [baseline's build, variant's build]}   # only when they differ
 
-        ``hashes``: compute each patch's sha256 (a derived patch needs its wheels, fetched once
-        into ``cache_dir``; a hash that cannot be computed is None).
+        ``hashes``: compute each patch's sha256 for the variant's release (a derived patch needs
+        its wheels, fetched once into ``cache_dir``; a hash that cannot be computed is None).
         """
         spec, base = self.variants[variant], self.variants[self.baseline]
+        release = self.release_of(variant)
         pats = []
         for p in spec.patches:
             sha = None
             if isinstance(p, str):
-                if hashes:
+                if hashes and release is not None:
                     try:
-                        sha = apply.patch_sha256(p, self.sglang, cache_dir)
+                        sha = apply.patch_sha256(p, release, cache_dir)
                     except errors.PatchError:
                         sha = None
                 pats.append({"name": p, "kind": "patch", "path": None, "sha256": sha})
@@ -524,7 +642,9 @@ class Config(_Strict):
         def show(f: str, v: str | None) -> str:
             return f if v is None else f"{f}={v}"
 
+        mine, theirs = (sglang_label(self.sglang_of(v)) for v in (variant, self.baseline))
         return {
+            **({"sglang": [theirs, mine]} if mine != theirs else {}),
             "aa": self.is_aa(variant),
             "patches": pats,
             "patches_added": [x for x in labels if x not in blabels],
@@ -565,20 +685,26 @@ class Config(_Strict):
 
     def overlay_patches(self, variant: str, *, cache_dir: Path | None = None) -> list[str | Path]:
         """The variant's patches as :func:`patchbench.patches.overlay.build_overlay` takes them: patch
-        names, and for each diff named directly a patch folder made from it for ``self.sglang``
-        (hashes from the release's pristine files; cached under ``<cache_dir>/diff-patches/``).
+        names, and for each diff named directly a patch folder made from it for the variant's
+        release (:meth:`release_of`; hashes from the release's pristine files; cached under
+        ``<cache_dir>/diff-patches/``).
 
         Raises :class:`patchbench.errors.PatchError` (or a subclass) naming the diff, file and
         hunk.
         """
         out: list[str | Path] = []
+        release = self.release_of(variant)
         for p in self.variants[variant].patches:
             if isinstance(p, str):
                 out.append(p)
             else:
+                if release is None:
+                    raise errors.PatchError(
+                        f"variant '{variant}': its sglang build is not resolved yet"
+                    )
                 out.append(
                     author.patch_from_diff_file(
-                        self.resolve_path(p.diff), self.sglang, cache_dir=cache_dir
+                        self.resolve_path(p.diff), release, cache_dir=cache_dir
                     )
                 )
         return out

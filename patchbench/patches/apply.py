@@ -89,12 +89,17 @@ def patch_sha256(
     )
 
 
-def git_apply(root: Path, diff_path: Path, check: bool) -> subprocess.CompletedProcess:
-    """``git apply -p1`` (``--check`` only when ``check``) of ``diff_path`` in ``root``, never
-    inside an enclosing repository; the completed process (stdout/stderr as text)."""
+def git_apply(
+    root: Path, diff_path: Path, check: bool, *, reverse: bool = False
+) -> subprocess.CompletedProcess:
+    """``git apply -p1`` (``--check`` only when ``check``, ``--reverse`` when ``reverse``) of
+    ``diff_path`` in ``root``, never inside an enclosing repository; the completed process
+    (stdout/stderr as text)."""
     cmd = ["git", "apply", "-p1", "--verbose", "--whitespace=nowarn"]
     if check:
         cmd.append("--check")
+    if reverse:
+        cmd.append("--reverse")
     cmd.append(str(diff_path))
     env = dict(os.environ)
     # never let git discover an enclosing repository (e.g. this repo's .cache/): paths must be

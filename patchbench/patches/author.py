@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,27 +37,46 @@ from patchbench.patches.diffs import (
     unified_diff,
 )
 from patchbench.patches.manifest import DEFAULT_CACHE_DIR, load_manifest, sha256_hex
+from patchbench.patches.state import PatchState, diff_state
 from patchbench.patches.wheels import FetchError, pristine_files
 
 
 @dataclass
 class NewPatch:
     """What :func:`build_patch` made: the patch folder, the releases it applies to with each file's
-    sha256 before and after ({version: {path: {"before", "after"}}}), and the releases it does not
-    apply to with the reason ({version: message naming the file and the failing hunk})."""
+    sha256 before and after ({version: {path: {"before", "after"}}}), the releases it does not
+    apply to with the reason ({version: message naming the file and the failing hunk}) and their
+    state ({version: :class:`~patchbench.patches.state.PatchState`}: already contained in the
+    release, or conflicts at a file and hunk, each with its next step), and the config written
+    beside the patch (:func:`write_preset_config`)."""
 
     name: str
     folder: Path
     applies: dict[str, dict[str, dict[str, str]]]
     fails: dict[str, str]
+    states: dict[str, PatchState] = field(default_factory=dict)
+    config: Path | None = None
 
     def summary(self) -> str:
-        """Human-readable lines: one per release."""
+        """Human-readable lines: one per release (and the next step where it does not apply),
+        then the config written beside the patch."""
         lines = [f"patch '{self.name}' written to {self.folder}"]
         for v, files in self.applies.items():
             lines.append(f"  sglang {v}: applies ({len(files)} file(s): {', '.join(files)})")
         for v, why in self.fails.items():
-            lines.append(f"  sglang {v}: does NOT apply\n    " + why.replace("\n", "\n    "))
+            st = self.states.get(v)
+            if st is not None and st.state == "contained":
+                lines.append(f"  sglang {v}: {st.summary} (the change's reverse applies)")
+            else:
+                head = f"does NOT apply ({st.summary})" if st is not None else "does NOT apply"
+                lines.append(f"  sglang {v}: {head}\n    " + why.replace("\n", "\n    "))
+            if st is not None and st.next_step:
+                lines.append(f"    next: {st.next_step}")
+        if self.config is not None:
+            lines.append(
+                f"config {self.config} (stock vs this patch on the CPU, from the generic "
+                f"preset); run: patchbench bench {self.config}"
+            )
         return "\n".join(lines)
 
 
@@ -141,10 +160,16 @@ def build_patch(
     changes = inspect_diff(text, source=source or label)
     site_diff = site_layout_diff(text, changes)
     applies, diffs, fails = _per_release(label, site_diff, changes, versions, cache_dir)
+    states = {v: diff_state(label, site_diff, v, cache_dir=cache_dir, name=name) for v in fails}
     if not applies:
         raise PatchError(
             f"{label} applies to none of sglang {', '.join(versions)}:\n"
-            + "\n".join(fails.values())
+            + "\n".join(
+                f"{why}\n  ({states[v].summary}) next: {states[v].next_step}"
+                if states[v].next_step
+                else why
+                for v, why in fails.items()
+            )
         )
     manifest: dict[str, Any] = {
         "name": name,
@@ -154,7 +179,35 @@ def build_patch(
     }
     _write_patch_folder(pdir, name, manifest, diffs)
     load_manifest(name, patches_dir=pdir)  # what was written validates
-    return NewPatch(name=name, folder=dest, applies=applies, fails=fails)
+    config = write_preset_config(dest, name, next(iter(applies)))
+    return NewPatch(
+        name=name, folder=dest, applies=applies, fails=fails, states=states, config=config
+    )
+
+
+#: the preset new-patch writes a ready config from (configs/presets/cpu-demo.yaml)
+PRESET = inputs.REPO_ROOT / "configs" / "presets" / "cpu-demo.yaml"
+
+
+def write_preset_config(folder: Path, name: str, release: str, preset: Path = PRESET) -> Path:
+    """Write ``<folder>/cpu.yaml``: the generic CPU preset (``preset``) comparing stock sglang
+    ``release`` with patch ``name`` (variants ``baseline: []`` and ``NAME: [NAME]``), named
+    ``NAME-cpu``. Returns its path; run it with ``patchbench bench <path>``."""
+    cfg = yaml.safe_load(preset.read_text(encoding="utf-8"))
+    cfg.update(
+        name=f"{name}-cpu",
+        description=f"stock vs patch {name}, sglang {release} on the CPU, tiny model, text-only",
+        sglang=release,
+        variants={"baseline": [], name: [name]},
+        baseline="baseline",
+    )
+    head = (
+        f"# made by patchbench new-patch from {preset.relative_to(inputs.REPO_ROOT)} (its "
+        f"comments explain each key); run: patchbench bench {folder / 'cpu.yaml'}\n"
+    )
+    out = folder / "cpu.yaml"
+    out.write_text(head + yaml.safe_dump(cfg, sort_keys=False, width=100), encoding="utf-8")
+    return out
 
 
 def _per_release(
@@ -254,14 +307,36 @@ def new_patch_from_diff(
     )
 
 
-def _git(checkout: Path, *args: str) -> subprocess.CompletedProcess:
+def _git(git_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    """``git --git-dir=GIT_DIR ARGS`` (text output): commits and trees only, never a work tree."""
     env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE")}
     return subprocess.run(
-        ["git", "-C", str(checkout), "-c", "core.quotepath=off", *args],
+        ["git", f"--git-dir={git_dir}", "-c", "core.quotepath=off", *args],
         capture_output=True,
         text=True,
         env=env,
     )
+
+
+def git_dir_of(checkout: str | os.PathLike) -> Path:
+    """The git directory of ``checkout``: a work tree's ``.git`` (a linked worktree's own git
+    directory), or ``checkout`` itself when it is a bare repository.
+
+    Raises PatchError when the folder does not exist or is neither.
+    """
+    co = Path(checkout).expanduser()
+    if not co.is_dir():
+        raise PatchError(f"{co}: no such folder (give the sglang checkout holding python/sglang)")
+    env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE")}
+    r = subprocess.run(
+        ["git", "-C", str(co), "rev-parse", "--absolute-git-dir"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    if r.returncode != 0 or not r.stdout.strip():
+        raise PatchError(f"{co}: not a git checkout or bare repository ({r.stderr.strip()[:200]})")
+    return Path(r.stdout.strip())
 
 
 def new_patch_from_git(
@@ -277,12 +352,12 @@ def new_patch_from_git(
 ) -> NewPatch:
     """``patchbench new-patch NAME --from-git SGLANG_CHECKOUT REV_RANGE --sglang V ...``.
 
-    ``rev_range`` is what ``git diff`` takes: ``main...my-branch`` (the branch's own commits since
-    it left main), ``A..B``, or one commit (its changes against the work tree are NOT taken: only
-    committed changes count when a range is given). Every changed file must be under
-    ``python/sglang/``; see :func:`build_patch` for the rest.
+    ``checkout`` is a work tree or a bare repository (only its commits are read, through
+    ``git --git-dir``). ``rev_range`` is what ``git diff`` takes: ``main...my-branch`` (the
+    branch's own commits since it left main), ``A..B``, or one commit (that commit's own change).
+    Every changed file must be under ``python/sglang/``; see :func:`build_patch` for the rest.
 
-    Raises PatchError when ``checkout`` is not a git work tree, the range is unknown, the range
+    Raises PatchError when ``checkout`` is not a git repository, the range is unknown, the range
     changes nothing or changes files outside ``python/sglang/`` (named, with the command that
     writes a diff of the package only).
     """
@@ -314,18 +389,21 @@ _GIT_DIFF = (
 )
 
 
+def _commit_range(rev_range: str) -> list[str]:
+    """The revisions ``git diff`` gets for ``rev_range``: ``A...B`` and ``A..B`` as they are; one
+    revision R as ``R^!`` (that commit's own change: a work tree is never compared)."""
+    return [rev_range] if ".." in rev_range else [f"{rev_range}^!"]
+
+
 def _git_range_diff(co: Path, rev_range: str) -> tuple[str, dict[str, str]]:
-    """(the diff of ``rev_range`` in checkout ``co``, its origin for the manifest: kind, source,
-    range, commits). Raises PatchError when ``co`` is not a git work tree, the range is unknown
-    or changes nothing, or it changes files outside ``python/sglang/``."""
-    if not co.is_dir():
-        raise PatchError(f"{co}: no such folder (give the sglang checkout holding python/sglang)")
-    r = _git(co, "rev-parse", "--show-toplevel")
-    if r.returncode != 0:
-        raise PatchError(f"{co}: not a git checkout ({r.stderr.strip()[:200]})")
+    """(the diff of ``rev_range`` in checkout ``co`` (bare or not), its origin for the manifest:
+    kind, source, range, commits). Raises PatchError when ``co`` is not a git repository, the
+    range is unknown or changes nothing, or it changes files outside ``python/sglang/``."""
+    gd = git_dir_of(co)
     if rev_range.startswith("-"):
         raise PatchError(f"'{rev_range}' is not a revision range (e.g. main...my-branch)")
-    names = _git(co, *_GIT_DIFF, rev_range, "--name-only", "--")
+    revs = _commit_range(rev_range)
+    names = _git(gd, *_GIT_DIFF, *revs, "--name-only", "--")
     if names.returncode != 0:
         raise PatchError(f"{co}: git cannot diff '{rev_range}': {names.stderr.strip()[:300]}")
     files = [ln for ln in names.stdout.splitlines() if ln.strip()]
@@ -341,13 +419,13 @@ def _git_range_diff(co: Path, rev_range: str) -> tuple[str, dict[str, str]]:
             f"change the installed package. Write a diff of the package alone and use --from-diff:\n"
             f"  git -C {co} diff {rev_range} -- python/sglang > change.diff"
         )
-    d = _git(co, *_GIT_DIFF, rev_range, "--")
+    d = _git(gd, *_GIT_DIFF, *revs, "--")
     if d.returncode != 0:
         raise PatchError(f"{co}: git diff '{rev_range}' failed: {d.stderr.strip()[:300]}")
-    commits = _git(co, "rev-parse", rev_range)
+    commits = _git(gd, "rev-parse", *revs)
     origin = {
         "kind": "git",
-        "source": str(Path(r.stdout.strip()).resolve()),
+        "source": str(co.expanduser().resolve()),
         "range": rev_range,
         "commits": " ".join(ln.lstrip("^") for ln in commits.stdout.split())
         if commits.returncode == 0

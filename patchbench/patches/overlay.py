@@ -196,6 +196,91 @@ def build_overlay(
     return _build(stock, dest, key, version, refs, hashes, pcache)
 
 
+def build_source_overlay(
+    version: str,
+    tree: Path,
+    *,
+    label: str,
+    source_id: str,
+    stock_site_dir: Path,
+    cache_root: Path,
+) -> Overlay:
+    """The overlay that makes the installed sglang ``version`` (in ``stock_site_dir``) the
+    ``sglang/`` package of ``tree`` (a checkout's ``python/sglang`` or a wheel's, extracted by
+    :mod:`patchbench.builds`): a copy of the installed package where every file that differs
+    from ``tree``'s is replaced, files only ``tree`` has are added and files it lacks are
+    removed. ``files`` holds the replaced and added files (what :func:`verify_in_env` checks);
+    ``patches`` is ``[label]`` and ``patch_hashes`` ``{label: source_id}`` (a commit or the
+    wheel's sha256, part of the cache key). Raises :class:`OverlayError` when ``tree`` or the
+    installed package is not an sglang package.
+    """
+    stock_site_dir = Path(stock_site_dir).resolve()
+    stock, src = stock_site_dir / "sglang", Path(tree) / "sglang"
+    for d in (stock, src):
+        if not (d / "__init__.py").is_file():
+            raise OverlayError(f"no sglang package at {d}")
+    fingerprint = _installed_fingerprint(stock_site_dir, version)
+    key = hashlib.sha256(
+        json.dumps(
+            {"schema": OVERLAY_SCHEMA, "version": version, "installed": fingerprint,
+             "source": [label, source_id]}
+        ).encode()
+    ).hexdigest()  # fmt: skip
+    dest = Path(cache_root).resolve() / f"{version}-src-{key[:16]}"
+    cached = _load_cached(dest, key)
+    if cached is not None:
+        return cached
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".build-{version}-src-", dir=dest.parent))
+    try:
+        shutil.copytree(stock, tmp / "sglang", ignore=_ignore_pycache)
+        theirs = _tree_files(src)
+        files: dict[str, str] = {}
+        for rel in sorted(theirs):
+            mine = tmp / "sglang" / rel
+            sha = sha256_file(src / rel)
+            if not mine.is_file() or sha256_file(mine) != sha:
+                mine.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src / rel, mine)
+                files[f"sglang/{rel}"] = sha
+        for rel in _tree_files(tmp / "sglang") - theirs:
+            (tmp / "sglang" / rel).unlink()
+        fbi = tmp / FORWARD_BATCH_INFO
+        ov = Overlay(
+            version=version,
+            root=dest,
+            sglang_dir=dest / "sglang",
+            patches=[label],
+            patch_hashes={label: source_id},
+            files=files,
+            fbi_sha256=sha256_file(fbi) if fbi.is_file() else "",
+            key=key,
+        )
+        write_json(tmp / "overlay.json", ov.to_json())
+        shutil.rmtree(dest, ignore_errors=True)
+        try:
+            os.rename(tmp, dest)
+        except OSError:
+            if _load_cached(dest, key) is None:
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+            return _load_cached(dest, key)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ov
+
+
+def _tree_files(root: Path) -> set[str]:
+    """Paths (POSIX, relative to ``root``) of the regular files under ``root``, without
+    ``__pycache__`` and compiled bytecode."""
+    return {
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith((".pyc", ".pyo"))
+    }
+
+
 def _build(
     stock: Path,
     dest: Path,

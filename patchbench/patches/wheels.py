@@ -6,25 +6,32 @@ repo's git-ignored ``.cache/``)::
 
     wheels/<name>-<version>/*.whl          pip download --no-deps <name>==<version>
 
+Pristine files come from an installed copy of the release when one of this machine's
+environments holds it (:func:`patchbench.envinfo.environments`), else from its wheel. Inside
+:func:`offline` nothing is downloaded: a wheel that is not in the cache is a :class:`FetchError`
+(``bench --dry-run`` checks what it can without the network).
+
 Errors: :class:`FetchError` (a wheel that could not be downloaded: exit 3, an environment
 problem), and :class:`patchbench.errors.PatchError` for a file a release does not have.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib.metadata
 import importlib.util
 import shutil
 import subprocess
 import sys
 import zipfile
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from patchbench import errors
+from patchbench import envinfo, errors
 from patchbench.errors import PatchError
 from patchbench.patches.manifest import DEFAULT_CACHE_DIR, pin_of
 
@@ -34,6 +41,20 @@ class FetchError(PatchError, errors.EnvironmentNotReady):
 
     exit_code = errors.EXIT_ENV
     kind = errors.EnvironmentNotReady.kind
+
+
+_OFFLINE: contextvars.ContextVar[bool] = contextvars.ContextVar("patchbench_offline", default=False)
+
+
+@contextlib.contextmanager
+def offline() -> Iterator[None]:
+    """Within this block :func:`fetch_wheel` downloads nothing: a wheel missing from the cache
+    raises :class:`FetchError` at once."""
+    token = _OFFLINE.set(True)
+    try:
+        yield
+    finally:
+        _OFFLINE.reset(token)
 
 
 def fetch_wheel(spec: str, *, cache_dir: Path | None = None) -> Path:
@@ -49,6 +70,8 @@ def fetch_wheel(spec: str, *, cache_dir: Path | None = None) -> Path:
     found = _find_wheel(folder, name, version)
     if found:
         return found
+    if _OFFLINE.get():
+        raise FetchError(f"{spec}: its wheel is not in {folder} (not downloaded: offline check)")
     folder.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable,
@@ -116,11 +139,16 @@ def pristine_files(
 ) -> str:
     """Copy the stock files ``rel_paths`` of sglang ``version`` to ``dest_root/<rel>``.
 
-    Source: the installed package when its version is ``version``, else the release's wheel
-    (``pip download``, cached). Returns "installed <folder>" or "wheel <file name>".
-    Raises :class:`FetchError` / :class:`PatchError` when a file is missing.
+    Source: the installed package when its version is ``version`` (this interpreter's, else
+    another environment of this machine that holds it: :func:`patchbench.envinfo.environment_for`),
+    else the release's wheel (``pip download``, cached). Returns "installed <folder>" or "wheel
+    <file name>". Raises :class:`FetchError` / :class:`PatchError` when a file is missing.
     """
     inst_ver, inst_root = installed_sglang()
+    if inst_ver != version or inst_root is None:
+        other = envinfo.environment_for(version)
+        if other is not None:
+            inst_ver, inst_root = other.sglang, other.site_dir
     dest_root = Path(dest_root)
     if inst_ver == version and inst_root is not None:
         for rel in rel_paths:

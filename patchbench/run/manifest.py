@@ -21,7 +21,7 @@ from patchbench.runfolder.models import (
 )
 from patchbench.schedule import Cell
 from patchbench.suite import get_suite
-from patchbench.variants import CACHE_DIR, VariantEnv
+from patchbench.variants import CACHE_DIR, VariantEnv, client_release
 
 #: the keys of patchbench.envinfo.collect() that ``manifest.host`` repeats
 HOST_KEYS = ("hostname", "platform", "python", "cpu_count", "memory_total_gib", "transformers")
@@ -47,7 +47,7 @@ def new_manifest(
         run_id=run_dir.name,
         config_path=str(cfg.source),
         config=RunConfig.model_validate(cfg.model_dump(mode="json")),
-        sglang_version=cfg.sglang,
+        sglang_version=client_release(cfg),
         model=cfg.model_ref,
         patches={
             v: [
@@ -70,6 +70,8 @@ def new_manifest(
         },
         copied_files=copy_config_files(cfg, run_dir),
     )
+    if cfg.has_own_builds():
+        m.builds = {v: b.to_json() for v, b in cfg.builds.items()}
     if resumed is not None:
         m.timings_s = resumed.timings_s
         m.resumes = [*resumed.resumes, ResumeRecord(started_at=resumed_at, timings_s=timings)]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from patchbench.cell import cell_done, cell_suites, check_instrumentation, needs_correctness_cells
-from patchbench.config import Config, patch_label
+from patchbench.config import Config, patch_label, sglang_label
 from patchbench.run.looks import sequential_primaries
 from patchbench.run.preflight import resume_manifest
 from patchbench.schedule import Cell, plan_cells
@@ -45,7 +45,8 @@ def describe_plan(cfg: Config, resume: Path | None = None) -> str:
     lines = [
         f"config     {cfg.source}",
         f"name       {cfg.name}",
-        f"sglang     {cfg.sglang}",
+        f"sglang     {sglang_label(cfg.sglang)}",
+        *_build_lines(cfg),
         f"model      {cfg.model_ref}" + ("  (tiny, built when missing)" if cfg.model.tiny else ""),
         f"baseline   {cfg.baseline}",
         "variants:",
@@ -56,6 +57,18 @@ def describe_plan(cfg: Config, resume: Path | None = None) -> str:
         _launches_line(cfg, cells, done),
     ]
     return "\n".join(lines)
+
+
+def _build_lines(cfg: Config) -> list[str]:
+    """Each variant's build (environment, interpreter) when the run resolved builds and they are
+    not all the config's one release; the clients' environment."""
+    if not cfg.builds or not cfg.has_own_builds():
+        return []
+    lines = ["builds:"]
+    lines += [f"  {v:<24} {b.describe()}" for v, b in cfg.builds.items()]
+    base = cfg.builds[cfg.baseline]
+    lines.append(f"  {'(clients)':<24} {base.python} (the baseline's build)")
+    return lines
 
 
 def _variant_lines(cfg: Config, extra_args: dict[str, list[str]]) -> list[str]:
@@ -157,8 +170,9 @@ def _server_lines(cfg: Config) -> list[str]:
     """Each variant's server command, then the server environment."""
     lines = []
     for v in cfg.variants:
+        b = cfg.builds.get(v)
         cmd = [
-            "python",
+            b.python if b is not None and cfg.has_own_builds() else "python",
             "-m",
             "sglang.launch_server",
             "--model-path",

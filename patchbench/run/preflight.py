@@ -8,7 +8,6 @@ resumed folder that does not fit the config, EnvironmentNotReady (3) for the env
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +22,27 @@ _RUN_FOLDER_HINT = (
 )
 
 
-def check_environment(cfg: Config) -> dict:
-    """Installed sglang must equal the pin; returns envinfo. Raises EnvironmentNotReady."""
-    have = envinfo.installed_version("sglang")
-    if have != cfg.sglang:
-        venv = ".venv" if cfg.sglang == "0.5.1.post3" else f".venv-{cfg.sglang}"
-        make = "make setup" if cfg.sglang == "0.5.1.post3" else f"make setup SGLANG={cfg.sglang}"
-        raise EnvironmentNotReady(
-            f"{cfg.source}: config pins sglang {cfg.sglang}, but this environment "
-            f"({sys.executable}) has {have or 'no sglang'}; run `{make}` and use {venv}/bin/python "
-            f"(or `make bench CONFIG={cfg.source} SGLANG={cfg.sglang}`)"
-        )
+def check_environment(cfg: Config, resumed: RunManifest | None = None) -> dict:
+    """Every variant's ``sglang:`` has an environment here: resolves the builds
+    (:func:`patchbench.builds.resolve_builds`, filling ``cfg.builds``; ``latest`` once); returns
+    envinfo. Raises EnvironmentNotReady (exit 3) naming the ``make setup`` that makes a missing
+    environment, or ConfigError (exit 2) for a build that cannot be read or is refused, or that
+    resolves to another release, commit or wheel than in the ``resumed`` run's manifest."""
+    from patchbench.builds import resolve_builds
+    from patchbench.cell import is_cpu
+
+    try:
+        resolve_builds(cfg, cpu=is_cpu(cfg))
+    except EnvironmentNotReady as e:
+        raise EnvironmentNotReady(f"{cfg.source}: {e}") from None
+    for v, old in (resumed.builds if resumed is not None else {}).items():
+        now = cfg.builds.get(v)
+        if now is not None and old.get("resolved") != now.resolved:
+            raise ConfigError(
+                f"{cfg.source}: variant '{v}': sglang {now.spec} is {now.resolved} now and was "
+                f"{old.get('resolved')} in the resumed run; a resumed run must measure the same "
+                "builds: start a new run"
+            )
     return envinfo.collect(with_torch=False)
 
 

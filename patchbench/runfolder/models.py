@@ -111,6 +111,7 @@ class VariantMapping(_Snapshot):
     patches: list[PatchRef] = Field(default_factory=list)
     server_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
+    sglang: str | dict[str, str] | None = None  # the variant's own build (patchbench.builds)
 
 
 class SequentialSnapshot(_Snapshot):
@@ -144,7 +145,7 @@ class RunConfig(_Snapshot):
     """
 
     name: str | None = None
-    sglang: str | None = None
+    sglang: str | dict[str, str] | None = None  # a release, latest, {git, ref} or {wheel}
     model: ModelRef | None = None
     server: ServerSnapshot | None = None
     variants: dict[str, list[PatchRef] | VariantMapping] = Field(default_factory=dict)
@@ -345,8 +346,12 @@ class EnvDiff(_Record):
 
 
 class VariantDiff(_Record):
-    """What a variant changes against the baseline (``Config.variant_diff``)."""
+    """What a variant changes against the baseline (``Config.variant_diff``); ``sglang``
+    (written when the builds differ): [the baseline's build, the variant's]."""
 
+    _when_set = ("sglang",)
+
+    sglang: list[str] = Field(default_factory=list)
     aa: bool = False
     patches: list[VariantPatch] = Field(default_factory=list)
     patches_added: list[str] = Field(default_factory=list)
@@ -499,15 +504,17 @@ class RunManifest(_Record):
     config: :class:`RunConfig` (None when the file held none); patches: {variant: [PatchHash]};
     overlays: {variant: its overlay record (``patchbench.overlay.Overlay.to_json``, versioned by
     its own "schema")}; host / gpu / environment: the machine (``environment``:
-    ``patchbench.envinfo.collect``); cells: the schedule's cells as last recorded; started_at /
-    ended_at: UTC stamps (ended_at None while running); interrupted: stopped by a signal;
+    ``patchbench.envinfo.collect``); builds (written when a variant names its own build or
+    the config's is not a release): {variant: ``patchbench.builds.Build.to_json``}; cells: the
+    schedule's cells as last recorded; started_at / ended_at: UTC stamps (ended_at None while
+    running); interrupted: stopped by a signal;
     timings_s: the first invocation's; variants (``variant_diffs`` here): {variant:
     VariantDiff}; suite_rounds: {suite: [timed rounds] or "correctness"}; copied_files. Written
     when set: resumes (each ``--resume``), sequential, error (why the run stopped: an unwritable
     results folder), report_error (why compare.json / report.md were not written).
     """
 
-    _when_set = ("resumes", "sequential", "error", "report_error", "migrated_from")
+    _when_set = ("resumes", "sequential", "error", "report_error", "migrated_from", "builds")
 
     schema_version: int = MANIFEST_SCHEMA
     run_id: str = ""
@@ -517,6 +524,7 @@ class RunManifest(_Record):
     model: str | None = None
     patches: dict[str, list[PatchHash]] = Field(default_factory=dict)
     overlays: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    builds: dict[str, dict[str, Any]] = Field(default_factory=dict)
     git_sha: str | None = None
     host: HostInfo = Field(default_factory=HostInfo)
     gpu: HostGpus | None = None

@@ -1,0 +1,203 @@
+"""``patchbench ab``: one change against its baseline from one command line, no config to write.
+
+The change is one of
+
+- a branch of an sglang checkout (``--git CHECKOUT --range main...my-branch``, or ``--base REF
+  --head REF``): the merge base is the baseline and the branch head the variant, each a build
+  of the checkout at that commit (:mod:`patchbench.builds`: an overlay of its ``python/sglang``
+  on the environment with the same dependencies); files the range changes outside
+  ``python/sglang/`` (tests, docs, ...) are listed and ignored;
+- a diff (``--patch FILE``): stock against the diff applied (``{diff: FILE}``);
+- server arguments (``--args-b "..."``, with ``--args-a "..."`` for the baseline's).
+
+It is run with a preset (``configs/presets/<name>.yaml``: ``cpu-demo``, ``pr-h200``) or a config
+file whose variants are replaced (``--config FILE``); the config written for the run lands in the
+run folder like any other, and the bench prints the answer (the primaries' verdicts).
+
+Errors: :class:`~patchbench.errors.UsageError` (exit 2) for an unknown preset, a bad range or
+arguments; the run's own errors (:func:`patchbench.bench.run_bench`).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from patchbench import inputs
+from patchbench.errors import UsageError
+
+PRESETS_DIR = inputs.REPO_ROOT / "configs" / "presets"
+#: the folder the generated configs are written to (git-ignored)
+AB_DIR = inputs.CACHE_DIR / "ab"
+
+
+def presets() -> list[str]:
+    """The names of ``configs/presets/*.yaml``."""
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
+def preset_path(name: str) -> Path:
+    """``configs/presets/<name>.yaml``; UsageError naming the presets for an unknown name."""
+    p = PRESETS_DIR / f"{name}.yaml"
+    if not p.is_file() or "/" in name:
+        raise UsageError(f"unknown preset '{name}'; presets: {', '.join(presets())}")
+    return p
+
+
+@dataclass
+class GitRange:
+    """A checkout's two sides: ``base`` and ``head`` commits, the range as given, the files it
+    changes outside ``python/sglang/`` (ignored)."""
+
+    checkout: Path
+    base: str
+    head: str
+    given: str
+    ignored: list[str] = field(default_factory=list)
+
+
+def git_range(
+    checkout: str | Path, rng: str | None, base: str | None, head: str | None
+) -> GitRange:
+    """Resolve ``--range A...B`` (the merge base of A and B, and B), ``--range A..B`` (A and B)
+    or ``--base``/``--head`` in ``checkout`` (bare or not) to two commits.
+
+    Raises UsageError for a missing or ill-formed range, or one that changes nothing in
+    ``python/sglang/``.
+    """
+    from patchbench.builds import _git, changed_files, git_commit
+    from patchbench.errors import ConfigError, PatchError
+    from patchbench.patches.author import git_dir_of
+
+    co = Path(checkout).expanduser().resolve()
+    try:
+        gd = git_dir_of(co)
+    except PatchError as e:
+        raise UsageError(str(e)) from None
+    if rng is not None and (base or head):
+        raise UsageError("give --range, or --base and --head, not both")
+    if rng is not None:
+        if "..." in rng:
+            a, b = rng.split("...", 1)
+            mb = _git(gd, "merge-base", a or "HEAD", b or "HEAD")
+            if mb.returncode != 0:
+                raise UsageError(f"{co}: no merge base of '{a}' and '{b}': {mb.stderr.strip()}")
+            base, head = mb.stdout.strip(), b or "HEAD"
+        elif ".." in rng:
+            base, head = rng.split("..", 1)
+        else:
+            raise UsageError(f"--range '{rng}': write A...B (from their merge base) or A..B")
+    if not base or not head:
+        raise UsageError("--git needs --range A...B, or --base REF and --head REF")
+    try:
+        b0, b1 = git_commit(gd, base), git_commit(gd, head)
+        names = changed_files(gd, b0, b1)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    inside = [n for n in names if n.startswith("python/sglang/")]
+    if not inside:
+        raise UsageError(
+            f"{co}: {rng or f'{base}..{head}'} changes nothing under python/sglang/"
+            + (f" (only {', '.join(names[:10])})" if names else "")
+        )
+    ignored = [n for n in names if n not in inside]
+    return GitRange(co, b0, b1, rng or f"{base}..{head}", ignored)
+
+
+def ab_config(
+    template: dict[str, Any],
+    *,
+    git: GitRange | None = None,
+    patch: Path | None = None,
+    args_a: list[str] | None = None,
+    args_b: list[str] | None = None,
+    repeats: int | None = None,
+    name: str | None = None,
+) -> dict[str, Any]:
+    """``template`` (a preset's or a config's mapping) with two variants, ``A`` (the baseline)
+    and ``B``: the checkout at ``git.base`` / ``git.head``, stock / ``{diff: patch}``, and each
+    side's server arguments. ``repeats`` replaces ``schedule.repeats``."""
+    cfg = dict(template)
+    a: dict[str, Any] = {"patches": [], "server_args": list(args_a or [])}
+    b: dict[str, Any] = {"patches": [], "server_args": list(args_b or [])}
+    if git is not None:
+        cfg["sglang"] = {"git": str(git.checkout), "ref": git.base}
+        b["sglang"] = {"git": str(git.checkout), "ref": git.head}
+    if patch is not None:
+        b["patches"] = [{"diff": str(Path(patch).expanduser().resolve())}]
+    cfg["variants"] = {"A": a, "B": b}
+    cfg["baseline"] = "A"
+    if repeats is not None:
+        cfg["schedule"] = {**dict(cfg.get("schedule") or {}), "repeats": repeats}
+    if name:
+        cfg["name"] = name
+    return cfg
+
+
+def write_config(cfg: dict[str, Any], folder: Path = AB_DIR) -> Path:
+    """Write ``cfg`` as YAML to ``<folder>/<name>.yaml``; the path."""
+    import yaml
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{cfg['name']}.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def describe(git: GitRange | None, patch: Path | None, args_a, args_b) -> list[str]:
+    """What A and B are, one line each (and the ignored files), for the console."""
+    if git is not None:
+        lines = [
+            f"A: {git.checkout} at {git.base[:12]} (the merge base of {git.given})"
+            if "..." in git.given
+            else f"A: {git.checkout} at {git.base[:12]}",
+            f"B: {git.checkout} at {git.head[:12]}",
+        ]
+        if git.ignored:
+            shown = ", ".join(git.ignored[:10]) + (" ..." if len(git.ignored) > 10 else "")
+            lines.append(f"ignored (outside python/sglang/): {shown}")
+    else:
+        lines = ["A: stock", f"B: stock + {patch}" if patch else "B: stock"]
+    if args_a:
+        lines[0] += f"; server args {shlex.join(args_a)}"
+    if args_b:
+        lines[1] += f"; server args {shlex.join(args_b)}"
+    return lines
+
+
+def prepare_ab(a: Any) -> Path:
+    """The ``ab`` command's config (argparse namespace of ``patchbench.cli._args_ab``): checks
+    the arguments, prints what A and B are, writes the config to :data:`AB_DIR` and returns its
+    path (the command then runs it, or its dry run)."""
+    from patchbench.errors import ConfigError
+
+    if not (a.git or a.patch or a.args_b):
+        raise UsageError("say what B is: --git CHECKOUT --range A...B, --patch FILE or --args-b")
+    if a.git and a.patch:
+        raise UsageError("give --git or --patch, not both")
+    if (a.range or a.base or a.head) and not a.git:
+        raise UsageError("--range/--base/--head need --git CHECKOUT")
+    git = git_range(a.git, a.range, a.base, a.head) if a.git else None
+    src = Path(a.config) if a.config else preset_path(a.preset)
+    _, template = inputs.read_yaml_mapping(src, ConfigError, "name, sglang, model, ...", "config")
+    args_a, args_b = shlex.split(a.args_a or ""), shlex.split(a.args_b or "")
+    patch = Path(a.patch) if a.patch else None
+    cfg = ab_config(
+        template,
+        git=git,
+        patch=patch,
+        args_a=args_a,
+        args_b=args_b,
+        repeats=a.repeats,
+        name=f"ab-{src.stem}",
+    )
+    for line in describe(git, patch, args_a, args_b):
+        print(f"ab: {line}", flush=True)
+    path = write_config(cfg)
+    print(f"ab: config {path} (from {src})", flush=True)
+    return path
+
+
+__all__ = ["GitRange", "ab_config", "git_range", "preset_path", "presets", "prepare_ab"]
