@@ -217,3 +217,77 @@ __all__ = [
     "gate_metrics",
     "needed_repeats",
 ]
+
+
+# ---------------------------------------------------------------------------------------------
+# change points (patchbench/changepoints.py)
+
+
+@dataclass
+class ChangeRates:
+    """One change-point row: ``flags_per_quarter``: distinct flags raised on quiet histories per
+    90 nights, the detector run every night over the whole history so far (a flag within 3
+    nights of an earlier one is the same flag); ``any_flag``: the share of quiet quarters with
+    at least one; ``detected``: the share of declining histories flagged within ``horizon``
+    nights; ``delay_median`` / ``delay_p90``: nights from the decline's start to its first flag
+    (a history never flagged counts as ``horizon + 1``)."""
+
+    flags_per_quarter: float
+    any_flag: float
+    detected: float
+    delay_median: float
+    delay_p90: float
+
+
+def _levels(rng: np.random.Generator, n: int, cv: float, repeats: int, drift: float) -> np.ndarray:
+    """Nightly levels (mean log value of ``repeats`` runs) of a quiet history of n nights."""
+    return rng.normal(0.0, math.sqrt(drift**2 + cv**2 / repeats), n)
+
+
+def change_rates(
+    cv: float,
+    repeats: int,
+    trials: int,
+    seed: int,
+    *,
+    beta: float | None = None,
+    drift: float = 0.0,
+    decline: float = 0.003,
+    start: int = 30,
+    horizon: int = 45,
+    quarter: int = 90,
+) -> ChangeRates:
+    """Quiet quarters and histories that decline by ``decline`` (log) a night from night
+    ``start`` on, the detector (:func:`patchbench.changepoints.changes`) run as the nightly runs
+    it: every night, over every night so far, sigma learned from the series."""
+    from patchbench import changepoints as cp
+
+    b = cp.BETA if beta is None else beta
+    rng = np.random.default_rng(seed)
+    flags: list[int] = []
+    delays: list[int] = []
+    for _ in range(trials):
+        x = _levels(rng, quarter, cv, repeats, drift)
+        seen: list[int] = []
+        for t in range(cp.MIN_NIGHTS, quarter + 1):
+            for k in cp.breakpoints(x[:t], cp.series_sigma(x[:t]), b):
+                if not any(abs(k - s) <= 3 for s in seen):
+                    seen.append(k)
+        flags.append(len(seen))
+        y = _levels(rng, start + horizon, cv, repeats, drift)
+        y[start:] -= decline * np.arange(1, horizon + 1)
+        delay = horizon + 1
+        for t in range(start + 1, start + horizon + 1):
+            ch = cp.changes(y[:t], cp.series_sigma(y[:t]), b)
+            if any(c.after < c.before and c.end >= start - 2 for c in ch):
+                delay = t - start
+                break
+        delays.append(delay)
+    f, d = np.asarray(flags), np.asarray(delays)
+    return ChangeRates(
+        float(f.mean()),
+        float((f > 0).mean()),
+        float((d <= horizon).mean()),
+        float(np.median(d)),
+        float(np.percentile(d, 90)),
+    )
