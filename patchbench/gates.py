@@ -30,8 +30,8 @@ them); the config's ``run_cv_pct`` is the prior until ``learn_min_nights`` night
 noise known, each test rests on it (a t test with the noise's degrees of freedom), and:
 
 - **one abnormal run never decides a gate**: a run (a pair, for same_run) farther than
-  ``outlier_k`` (3) noise sigmas from the median of its night is set aside, at most
-  ``(n - 1) // 2`` of n (patchbench.robust.outliers); the reference nights' levels are taken the
+  ``outlier_k`` (3) noise sigmas from the median of its night is set aside, at most one a night
+  (patchbench.robust.outliers); the reference nights' levels are taken the
   same way;
 - **tonight's noise is checked**: the chi-square test of tonight's spread against the noise
   (Bonferroni at ``noise_alpha`` across the night's tests); a night clearly noisier is judged on
@@ -202,7 +202,7 @@ class NightlySettings(BaseModel):
         ge=2,
         le=100,
         description="a run farther than k learned sigmas from its night's "
-        "median is set aside (at most (n - 1) // 2 of n)",
+        "median is set aside (at most one a night)",
     )
     learn_min_nights: int = Field(
         7,

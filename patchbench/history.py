@@ -789,7 +789,7 @@ def _write_derived(
             f"DELETE FROM {table} WHERE config_name = ? AND {key} = ?", (config_name, run_id)
         )
         if rows:
-            marks = ", ".join("?" * (2 + len(rows[0])))
+            marks = ", ".join("?" * len(rows[0]))
             db.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
         db.execute("COMMIT")
     except sqlite3.Error as e:

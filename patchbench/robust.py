@@ -11,7 +11,7 @@ slow decline does not inflate them:
 - :func:`sigma_steps`: night-to-night noise from the first differences of nightly levels, around
   their median (a steady decline only moves that median; a step is one difference among many);
 - :func:`outliers`: the explicit outlier rule (a run farther than ``k`` learned sigmas from its
-  night's median is set aside; at most ``(n - 1) // 2`` of ``n``);
+  night's median is set aside; at most one);
 - :func:`noise_excess`: is tonight's spread clearly larger than the learned one (chi-square test);
 - :func:`detect_power` / :func:`repeats_needed`: the chance that a gate catches a step within a
   number of nights, and the repeats a night needs for a target chance.
@@ -97,10 +97,11 @@ def sigma_steps(series: Sequence[Sequence[float]]) -> Scale:
     return Scale(s, MAD_EFFICIENCY * (d.size - 1), int(d.size))
 
 
-def outliers(x: Sequence[float], sigma: float, k: float = 4.0) -> np.ndarray:
+def outliers(x: Sequence[float], sigma: float, k: float = 3.0, most: int = 1) -> np.ndarray:
     """The explicit outlier rule: a value farther than ``k * sigma`` from the median of ``x`` is
-    abnormal; at most ``(n - 1) // 2`` values are set aside (the farthest first), so the median
-    always stands. Returns a boolean mask (True: set aside). With no usable sigma nothing is set
+    abnormal; at most ``most`` values (and at most ``(n - 1) // 2``) are set aside, the farthest
+    first, so one abnormal run never decides alone while a night that is noisy throughout keeps
+    its spread. Returns a boolean mask (True: set aside). With no usable sigma nothing is set
     aside."""
     a = [float(v) for v in x]
     mask = np.zeros(len(a), dtype=bool)
@@ -108,7 +109,7 @@ def outliers(x: Sequence[float], sigma: float, k: float = 4.0) -> np.ndarray:
         return mask
     med = statistics.median(a)
     dev = [abs(v - med) for v in a]
-    for i in sorted(range(len(a)), key=lambda i: -dev[i])[: (len(a) - 1) // 2]:
+    for i in sorted(range(len(a)), key=lambda i: -dev[i])[: min(most, (len(a) - 1) // 2)]:
         mask[i] = dev[i] > k * sigma
     return mask
 
