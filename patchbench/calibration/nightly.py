@@ -133,6 +133,36 @@ def needed_repeats(settings: NightlySettings, cv: float, drift: float = 0.0) -> 
     return max(out, settings.min_repeats)
 
 
+def computed_repeats(
+    settings: NightlySettings,
+    cv: float,
+    seed: int,
+    repeats: int,
+    *,
+    abnormal: float = 0.0,
+    drift: float = 0.0,
+    nights: int = 30,
+    margin: float = 1.0,
+) -> int | None:
+    """The repeats the nightly computes for itself in a scenario: a ``nights``-night history at
+    ``repeats`` runs a night is simulated, each gated metric's noise learned from it
+    (:func:`patchbench.noise.learn`; abnormal runs inflate it a little), and
+    :func:`needed_repeats` taken at the largest run noise (and night noise) times ``margin``.
+    None when no count up to 64 reaches the targets."""
+    from patchbench.noise import learn
+
+    rng = np.random.default_rng(seed)
+    metrics = gate_metrics(settings)
+    hist = [
+        sim_night(i, rng, metrics, repeats, cv, drift, Scenario(abnormal=abnormal))
+        for i in range(nights)
+    ]
+    got = [x for x in (learn(hist, s, m, min_nights=2) for s, m in metrics) if x is not None]
+    run = max(max(x.run.sigma, x.pair.sigma / math.sqrt(2.0)) for x in got)
+    night = max((x.night_sigma for x in got if math.isfinite(x.night_sigma)), default=0.0)
+    return needed_repeats(settings, run * margin, night * margin)
+
+
 @dataclass
 class GateRates:
     """One calibration row: ``green`` / ``underpowered``: shares of quiet nights;
@@ -216,6 +246,8 @@ __all__ = [
     "sim_night",
     "gate_metrics",
     "needed_repeats",
+    "computed_repeats",
+    "change_rates",
 ]
 
 
