@@ -20,6 +20,25 @@ Only run-level values count: never a request-level interval inside one cell. A t
 least ``min_repeats`` runs tonight (``min_repeats`` pairs for same_run); with fewer it is
 ``ungated`` (one run cannot separate a change from run-to-run noise).
 
+Which step each gate is for: ``same_run`` sees the PATCH getting slower relative to stock (it
+cannot see the machine, the driver or sglang slowing every variant alike); ``history`` sees STOCK
+(or whatever variant it lists) getting slower from night to night.
+
+Noise (patchbench/noise.py): each gated metric's run-to-run, paired and night-to-night noise is
+learned from every earlier night (MAD-type estimates: a step or a slow decline does not inflate
+them); the config's ``run_cv_pct`` is the prior until ``learn_min_nights`` nights exist. With a
+noise known, each test rests on it (a t test with the noise's degrees of freedom), and:
+
+- **one abnormal run never decides a gate**: a run (a pair, for same_run) farther than
+  ``outlier_k`` (3) noise sigmas from the median of its night is set aside, at most one a night
+  (patchbench.robust.outliers); the reference nights' levels are taken the
+  same way;
+- **tonight's noise is checked**: the chi-square test of tonight's spread against the noise
+  (Bonferroni at ``noise_alpha`` across the night's tests); a night clearly noisier is judged on
+  its own spread instead, and is underpowered unless it fails;
+- the repeats the targets need (a step of ``detect_pct`` red within ``detect_nights`` nights with
+  chance ``detect_power``, patchbench.robust.repeats_needed) are computed at that noise.
+
 Per night, the one-sided p-values of every test that could be judged form ONE family, Holm-
 adjusted at ``alpha`` (default: ``false_red_nights_per_month / 30``): the chance that a night
 with no regression turns red is at most ``alpha`` (for valid tests), the error budget. A test's
@@ -30,7 +49,13 @@ outcome:
   ``consecutive_nights`` recorded nights in a row; ``warn`` when it held tonight only;
 - ``pass``: the one-sided ``1 - pass_alpha`` bound excludes a change as bad as the threshold
   (tonight is shown not to have regressed by that much);
-- ``inconclusive``: neither (the night cannot tell; the job exits 5, never silently green);
+- ``quiet`` (a noise is known, ``underpowered_on: noise``, the default): no regression shown,
+  tonight's noise is within the known noise, and tonight's repeats meet the targets at it: the
+  night is green;
+- ``underpowered`` (the same): tonight was clearly noisier than the known noise, or even the
+  noise's lower 90 % bound needs more repeats than tonight ran (the job exits 5);
+- ``inconclusive`` (no noise known, or ``underpowered_on: bound``): neither fail nor pass (the
+  job exits 5, never silently green);
 - ``ungated`` (too few repeats tonight), ``skipped`` (too few nights in the history: warming
   up), ``missing`` (the run lacks the gate's metric, or its direction is unknown: a config
   error).
@@ -51,6 +76,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from patchbench import stats
 from patchbench.history import History, Key, Night
+from patchbench.noise import Noise, pair_logs
+from patchbench.noise import learn as learn_noise
+from patchbench.robust import noise_bound, noise_excess, outliers, repeats_needed
 
 DEFAULT_HISTORY = "~/.cache/patchbench/history.sqlite"
 NIGHTS_PER_MONTH = 30.0
@@ -75,6 +103,12 @@ class Gate(BaseModel):
     consecutive_nights: int = Field(1, ge=1, le=60)
     against: Literal["same_run", "history", "both"] = "both"
     variants: list[str] | None = Field(None, description="only these variants (default: all)")
+    detect_pct: float | None = Field(
+        None,
+        gt=0,
+        le=1000,
+        description="the step the repeats target is for (%); default max(5, 5/3 threshold_pct)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -103,6 +137,12 @@ class Gate(BaseModel):
     @property
     def metric_name(self) -> str:
         return self.metric.split(".", 1)[1] if "." in self.metric else self.metric
+
+    @property
+    def step_pct(self) -> float:
+        """The step (%) the repeats target is for: ``detect_pct``, else
+        ``max(5, 5/3 threshold_pct)`` (a 3 % threshold is for a 5 % step)."""
+        return self.detect_pct or max(5.0, self.threshold_pct * 5.0 / 3.0)
 
 
 class NightlySettings(BaseModel):
@@ -140,8 +180,44 @@ class NightlySettings(BaseModel):
         None,
         gt=0,
         le=100,
-        description="run-to-run CV measured with an A/A run (documentation, calibration)",
+        description="run-to-run CV (%) from an A/A run: the prior noise, used until the history "
+        "holds learn_min_nights nights (patchbench/noise.py)",
     )
+    underpowered_on: Literal["noise", "bound"] = Field(
+        "noise",
+        description="noise: a night is underpowered only when its noise is clearly worse than "
+        "the learned (or prior) noise, or that noise needs more repeats than it ran; bound: "
+        "whenever a test's bound cannot exclude the threshold (also the rule while no noise "
+        "is known)",
+    )
+    noise_alpha: float = Field(
+        0.01,
+        gt=0,
+        lt=0.5,
+        description="level of 'tonight is noisier than learned' (chi-square, Bonferroni "
+        "across the night's tests)",
+    )
+    outlier_k: float = Field(
+        3.0,
+        ge=2,
+        le=100,
+        description="a run farther than k learned sigmas from its night's "
+        "median is set aside (at most one a night)",
+    )
+    learn_min_nights: int = Field(
+        7,
+        ge=2,
+        le=365,
+        description="nights with 2+ runs before the learned noise replaces run_cv_pct",
+    )
+    detect_nights: int = Field(
+        3,
+        ge=1,
+        le=60,
+        description="target: a step of a gate's detect_pct turns a night red "
+        "within this many nights ...",
+    )
+    detect_power: float = Field(0.9, gt=0, lt=1, description="... with this chance")
     gates: list[Gate] = Field(default_factory=list)
 
     @field_validator("history_since")
@@ -181,7 +257,9 @@ class NightlySettings(BaseModel):
 # results
 
 
-Status = Literal["fail", "warn", "pass", "inconclusive", "ungated", "skipped", "missing"]
+Status = Literal[
+    "fail", "warn", "pass", "quiet", "inconclusive", "underpowered", "ungated", "skipped", "missing"
+]
 
 
 @dataclass
@@ -195,6 +273,13 @@ class GateResult:
     the change in the bad direction (the worst change tonight's data allows). p_value: one-sided
     in the bad direction; level: its Holm level tonight (None when not judged); n: runs tonight
     (pairs for same_run); n_history: nights in the window.
+
+    Noise (patchbench/noise.py): noise_source "learned" / "prior" (None: unknown, the test used
+    tonight's own spread); noise_cv_pct: the noise the test assumed, as a CV in % (one paired
+    ratio for same_run, one run for history); tonight_cv_pct: tonight's own spread the same way;
+    noise_p: the chi-square p-value of "tonight is no noisier"; set_aside: runs (pairs) the
+    outlier rule left out; repeats_needed: the repeats the targets need at that noise (None: no
+    affordable number does).
     """
 
     gate: str
@@ -219,6 +304,12 @@ class GateResult:
     window_run_ids: list[str] = field(default_factory=list)
     nights_held: int = 0
     nights_needed: int = 1
+    noise_source: str | None = None
+    noise_cv_pct: float | None = None
+    tonight_cv_pct: float | None = None
+    noise_p: float | None = None
+    set_aside: int = 0
+    repeats_needed: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -389,13 +480,10 @@ def _n_runs(vals: Sequence[float | None]) -> int:
 def _prior_of(
     history: History | Sequence[Night], tonight: Night, settings: NightlySettings
 ) -> list[Night]:
-    longest = max([g.consecutive_nights for g in settings.gates] or [1])
+    """Every night before tonight, oldest first (the noise is learned from all of them)."""
     if isinstance(history, History):
         return history.nights(
-            tonight.config_name,
-            before_utc=tonight.night_utc,
-            exclude_run_id=tonight.run_id,
-            limit=settings.window_nights + longest,
+            tonight.config_name, before_utc=tonight.night_utc, exclude_run_id=tonight.run_id
         )
     prior = [
         n
@@ -408,31 +496,152 @@ def _prior_of(
 
 
 @dataclass
+class _Check:
+    """One night's test of one key in both forms: ``known`` rests on the learned (or prior)
+    noise, ``own`` on tonight's spread; ``kept``: the values whose spread is checked against the
+    noise (paired log ratios, or log values), after the outlier rule set ``set_aside`` aside."""
+
+    known: TestStat | None
+    own: TestStat | None
+    kept: np.ndarray
+    set_aside: int = 0
+
+    def pick(self, noisy: bool) -> TestStat | None:
+        """``own`` when tonight is noisier than the noise (or nothing is known), else ``known``."""
+        if self.known is None or (noisy and self.own is not None):
+            return self.own
+        return self.known
+
+
+@dataclass
 class _Pending:
-    """A test waiting for the night's Holm adjustment."""
+    """A test waiting for the night's noise check and Holm adjustment."""
 
     result: GateResult
-    test: TestStat
+    check: _Check
     gate: Gate
     key: Key
-    # earlier nights' tests of the same gate, newest first (for consecutive_nights)
-    earlier: list[TestStat | None] = field(default_factory=list)
+    noise: Noise | None = None
+    sigma: float = math.nan  # the noise the check compares tonight's spread with
+    se_of_n: Any = None  # repeats -> standard error of one night's estimate
+    # earlier nights' checks of the same gate, newest first (for consecutive_nights)
+    earlier: list[_Check | None] = field(default_factory=list)
+    test: TestStat | None = None
+    noisy: bool = False
 
 
-def _same_run(tonight: Night, key: Key, bad: int) -> TestStat | None:
-    return paired_test(_vals(tonight, (tonight.baseline,) + key[1:]), _vals(tonight, key), bad)
+def _cv(sigma: float) -> str:
+    return f"{100 * math.expm1(sigma):.2g} %"
+
+
+def _same_run(
+    tonight: Night, key: Key, bad: int, noise: Noise | None, settings: NightlySettings
+) -> _Check | None:
+    """The same-run check: paired log ratios of tonight's rounds, pairs beyond ``outlier_k``
+    pair sigmas from their median set aside; ``known``: their mean against the pair noise
+    (t with the noise's df), ``own``: the paired t test."""
+    d = np.asarray(pair_logs(tonight, key), dtype=float)
+    if d.size < 2:
+        return None
+    sig = noise.pair.sigma if noise is not None else math.nan
+    mask = outliers(d, sig, settings.outlier_k)
+    du = d[~mask]
+    own = TestStat(stats.paired_t(du), bad, f"paired t on log ratios (n={du.size})")
+    known = None
+    if noise is not None and math.isfinite(sig):
+        t = stats.TTest(float(du.mean()), sig / math.sqrt(du.size), noise.df, int(du.size))
+        known = TestStat(
+            t,
+            bad,
+            f"paired log ratios vs the {noise.source} pair noise {_cv(sig)} "
+            f"(n={du.size}, df={noise.df:.0f})",
+        )
+    return _Check(known, own, du, int(mask.sum()))
 
 
 def _history(
-    values: Sequence[float | None], window: Sequence[Night], key: Key, bad: int, how: str
-) -> TestStat | None:
-    nights = [[v for v in n.values.get(key, []) if v is not None] for n in window]
-    vals = [v for v in values if v is not None]
-    return (nights_test if how == "nights" else welch_test)(vals, nights, bad)
+    values: Sequence[float | None],
+    window: Sequence[Night],
+    key: Key,
+    bad: int,
+    settings: NightlySettings,
+    noise: Noise | None = None,
+    cache: dict | None = None,
+) -> _Check | None:
+    """The history check: tonight's log values (runs beyond ``outlier_k`` run sigmas from their
+    median set aside) against the window's nightly levels (each night's runs the same way).
+    ``known`` (learned noise with a night-to-night part): tonight's mean minus the mean of the K
+    levels, variance ``night^2 + run^2 / n`` for tonight plus the mean of the K nights' own over
+    K, Satterthwaite's df; ``own``: ``history_test`` (prediction t on the K levels, or Welch)."""
+    t = np.asarray(_logs(values), dtype=float)
+    if t.size == 0:
+        return None
+    sr = noise.run.sigma if noise is not None else math.nan
+    mask = outliers(t, sr, settings.outlier_k)
+    tu = t[~mask]
+    nights = [x for x in (_kept_logs(n, key, sr, settings, cache) for n in window) if x.size]
+    levels = [float(x.mean()) for x in nights]
+    own = None
+    if settings.history_test == "nights" and len(levels) >= 2:
+        k = len(levels)
+        own = TestStat(
+            stats.prediction_t(tu, levels),
+            bad,
+            f"tonight vs {k} nightly means (prediction t, df={k - 1})",
+        )
+    elif settings.history_test == "welch" and tu.size >= 2 and sum(x.size for x in nights) >= 2:
+        ref = np.concatenate(nights)
+        own = TestStat(
+            stats.welch_t(tu, ref),
+            bad,
+            f"Welch t on log values ({tu.size} runs vs {ref.size} runs of {len(nights)} nights)",
+        )
+    known = None
+    if (
+        noise is not None
+        and noise.source == "learned"
+        and math.isfinite(noise.night_sigma)
+        and len(levels) >= 2
+    ):
+        k, sn2, sr2 = len(levels), noise.night_sigma**2, sr * sr
+        a = sn2 * (1.0 + 1.0 / k)  # night-to-night part (df of the level estimate)
+        b = sr2 / tu.size + sum(sr2 / x.size for x in nights) / (k * k)  # run part
+        df_a = max(noise.level.df, 1.0)
+        df = (a + b) ** 2 / ((a * a) / df_a + (b * b) / noise.df) if a + b > 0 else noise.df
+        tt = stats.TTest(
+            float(tu.mean()) - float(np.mean(levels)), math.sqrt(a + b), df, int(tu.size)
+        )
+        known = TestStat(
+            tt,
+            bad,
+            f"tonight vs {k} nightly levels, learned noise: run {_cv(sr)}, night "
+            f"{_cv(noise.night_sigma)} (df={df:.0f})",
+        )
+    return _Check(known, own, tu, int(mask.sum()))
+
+
+def _kept_logs(
+    night: Night, key: Key, sigma: float, settings: NightlySettings, cache: dict | None
+) -> np.ndarray:
+    """A night's log values of ``key`` that the outlier rule keeps (memoised in ``cache``)."""
+    ck = (night.run_id, key)
+    if cache is not None and ck in cache:
+        return cache[ck]
+    x = np.asarray(_logs(_vals(night, key)), dtype=float)
+    x = x[~outliers(x, sigma, settings.outlier_k)]
+    if cache is not None:
+        cache[ck] = x
+    return x
 
 
 def _clean_nights(
-    nights: Sequence[Night], key: Key, bad: int, gate: Gate, settings: NightlySettings
+    nights: Sequence[Night],
+    key: Key,
+    bad: int,
+    gate: Gate,
+    settings: NightlySettings,
+    noise: Noise | None = None,
+    cache: dict | None = None,
 ) -> list[Night]:
     """The nights (oldest first) that may serve as reference: a night that was itself a
     regression against the clean nights before it (one-sided p <= the family alpha and worse than
@@ -442,9 +651,8 @@ def _clean_nights(
     kept: list[Night] = []
     for n_ in nights:
         if len(kept) >= settings.min_history_nights:
-            t = _history(
-                _vals(n_, key), kept[-settings.window_nights :], key, bad, settings.history_test
-            )
+            c = _history(_vals(n_, key), kept[-settings.window_nights :], key, bad, settings, noise)
+            t = c.pick(False) if c is not None else None
             if t is not None and t.p <= settings.family_alpha and beyond(t, gate.threshold_pct):
                 continue
         kept.append(n_)
@@ -460,13 +668,15 @@ def evaluate(
     and later nights are left out); tonight: a :class:`Night`
     (:func:`patchbench.history.night_from_run` reads one from a run folder). Returns one
     :class:`GateResult` per (gate, kind, variant, suite, metric), or one "missing" result per kind
-    for a gate whose metric the run lacks. Reads only; raises
+    for a gate whose metric the run lacks. The noise of each gated metric is learned from every
+    earlier night (:func:`patchbench.noise.learn`). Reads only; raises
     :class:`patchbench.history.HistoryError` when the history cannot be read.
     """
     prior = _prior_of(history, tonight, settings)
     nights_all = [tonight, *reversed(prior)]
     results: list[GateResult] = []
     pending: list[_Pending] = []
+    learned: dict[tuple[str, str], Noise | None] = {}
     for gate in settings.gates:
         kinds = ["same_run", "history"] if gate.against == "both" else [gate.against]
         keys = _gate_keys(gate, tonight)
@@ -489,6 +699,15 @@ def evaluate(
                 )
                 results += _missing(gate, kinds, suite, metric, reason, unit=unit)
                 continue
+            if (suite, metric) not in learned:
+                learned[(suite, metric)] = learn_noise(
+                    prior,
+                    suite,
+                    metric,
+                    prior_cv_pct=settings.run_cv_pct,
+                    min_nights=settings.learn_min_nights,
+                )
+            noise = learned[(suite, metric)]
             bad = -1 if better == "higher" else 1
             common = dict(
                 gate=gate.metric,
@@ -505,7 +724,7 @@ def evaluate(
                     if kind == "same_run" and (v == tonight.baseline or v in tonight.aa_variants):
                         continue
                     key = (v, suite, metric)
-                    r, p = _one(kind, gate, tonight, prior, key, bad, settings, common)
+                    r, p = _one(kind, gate, tonight, prior, key, bad, settings, common, noise)
                     results.append(r)
                     if p is not None:
                         pending.append(p)
@@ -543,11 +762,14 @@ def _one(
     bad: int,
     settings: NightlySettings,
     common: dict,
+    noise: Noise | None = None,
 ) -> tuple[GateResult, _Pending | None]:
     vals = _vals(tonight, key)
     res = GateResult(
         kind=kind, variant=key[0], status="pass", reason="", value=tonight.median(key), **common
     )  # type: ignore[arg-type]
+    if noise is not None:
+        res.noise_source = noise.source
     if kind == "same_run":
         base = _vals(tonight, (tonight.baseline,) + key[1:])
         res.reference = tonight.median((tonight.baseline,) + key[1:])
@@ -561,11 +783,13 @@ def _one(
                 f"from run-to-run noise"
             )
             return res, None
-        test = _same_run(tonight, key, bad)
+        check = _same_run(tonight, key, bad, noise, settings)
         look_back = (
             list(prior[-(gate.consecutive_nights - 1) :]) if gate.consecutive_nights > 1 else []
         )
-        earlier = [_same_run(n_, key, bad) for n_ in reversed(look_back)]
+        earlier = [_same_run(n_, key, bad, noise, settings) for n_ in reversed(look_back)]
+        sigma = noise.pair.sigma if noise is not None else math.nan
+        se_of_n = (lambda m, f=1.0: f * sigma / math.sqrt(m)) if noise is not None else None
     else:
         res.n = _n_runs(vals)
         need = gate.consecutive_nights
@@ -576,7 +800,10 @@ def _one(
             and (settings.history_since is None or n_.night_utc >= settings.history_since)
         ]
         streak = having[-(need - 1) :] if need > 1 else []
-        base_nights = _clean_nights(having[: len(having) - len(streak)], key, bad, gate, settings)
+        cache: dict = {}
+        # the reference is chosen among the last 2 K nights before the streak
+        before = having[: len(having) - len(streak)][-2 * settings.window_nights :]
+        base_nights = _clean_nights(before, key, bad, gate, settings, noise, cache)
         window = base_nights[-settings.window_nights :]
         res.n_history = len(window)
         res.window_run_ids = [n_.run_id for n_ in window]
@@ -596,35 +823,77 @@ def _one(
                 f"to compare with earlier nights"
             )
             return res, None
-        test = _history(vals, window, key, bad, settings.history_test)
+        check = _history(vals, window, key, bad, settings, noise, cache)
         # each night of a streak is judged against the K nights before the streak
         earlier = [
-            _history(_vals(n_, key), window, key, bad, settings.history_test)
+            _history(_vals(n_, key), window, key, bad, settings, noise, cache)
             for n_ in reversed(streak)
         ]
-    if test is None:
+        sigma = noise.run.sigma if noise is not None else math.nan
+        se_of_n = None
+        if noise is not None:
+            sn2 = noise.night_sigma**2 if math.isfinite(noise.night_sigma) else 0.0
+            kk = settings.window_nights
+
+            def se_of_n(m: int, f: float = 1.0) -> float:
+                return f * math.sqrt((sn2 + sigma**2 / m) * (1.0 + 1.0 / kk))
+
+    if check is None or check.pick(False) is None:
         res.status = "ungated"
         res.reason = "no usable values (non-positive or missing)"
         return res, None
-    res.test = test.name
-    res.p_value = test.p
-    res.change_pct = 100.0 * math.expm1(test.mean)
-    res.bound_pct = 100.0 * math.expm1(test.bound(settings.pass_alpha))
-    return res, _Pending(res, test, gate, key, earlier)
+    res.set_aside = check.set_aside
+    return res, _Pending(res, check, gate, key, noise, sigma, se_of_n, earlier)
 
 
 def _judge(pending: list[_Pending], settings: NightlySettings) -> None:
-    """Holm across the night's tests, then fail / warn / pass / inconclusive per test."""
+    """The noise check (Bonferroni at ``noise_alpha`` across the night's tests), then Holm across
+    the night's tests, then fail / warn / pass / quiet / inconclusive / underpowered per test."""
     alpha = settings.family_alpha
+    checked = [p for p in pending if p.noise is not None and p.check.kept.size >= 2]
+    for p in checked:
+        ratio, pn = noise_excess(p.check.kept, p.sigma)
+        p.result.noise_p = pn
+        p.result.tonight_cv_pct = 100.0 * math.expm1(ratio * p.sigma)
+        p.noisy = pn < settings.noise_alpha / len(checked)
+    for p in pending:
+        r = p.result
+        p.test = p.check.pick(p.noisy)
+        assert p.test is not None
+        if p.noise is not None:
+            r.noise_cv_pct = 100.0 * math.expm1(p.sigma)
+        r.test = p.test.name
+        r.p_value = p.test.p
+        r.change_pct = 100.0 * math.expm1(p.test.mean)
+        r.bound_pct = 100.0 * math.expm1(p.test.bound(settings.pass_alpha))
+    level_b = alpha / max(len(pending), 1)
     for p, (rejected, level) in zip(
         pending, stats.holm([x.test.p for x in pending], alpha), strict=False
     ):
         r, t, g = p.result, p.test, p.gate
+        assert t is not None
         r.level = level
+        short = False
+        if p.se_of_n is not None and p.noise is not None:
+            need = [
+                repeats_needed(
+                    lambda m, f=f, se=p.se_of_n: se(m, f),
+                    abs(_log_threshold(g.step_pct, t.bad)),
+                    abs(_log_threshold(g.threshold_pct, t.bad)),
+                    level_b,
+                    settings.detect_nights,
+                    settings.detect_power,
+                )
+                for f in (1.0, noise_bound(p.noise.df, 0.1))
+            ]
+            r.repeats_needed = need[0]
+            # short of repeats only when even the noise's lower 90 % bound needs more
+            short = need[1] is None or r.n < need[1]
         worse = beyond(t, g.threshold_pct)
         if rejected and worse:
             held = 1
-            for e in p.earlier:
+            for c in p.earlier:
+                e = c.pick(False) if c is not None else None
                 if e is None or not (e.p <= level and beyond(e, g.threshold_pct)):
                     break
                 held += 1
@@ -644,19 +913,54 @@ def _judge(pending: list[_Pending], settings: NightlySettings) -> None:
                 r.reason = (
                     what + f"; held on {held} of the {g.consecutive_nights} nights in a row needed"
                 )
-        elif shown_not_worse(t, g.threshold_pct, settings.pass_alpha):
+            continue
+        bound_txt = f"the {100 * (1 - settings.pass_alpha):g} % bound {_pct(r.bound_pct)}"
+        shown = shown_not_worse(t, g.threshold_pct, settings.pass_alpha)
+        if settings.underpowered_on == "noise" and p.noise is not None:
+            src = f"{p.noise.source} noise {_cv(p.sigma)}"
+            if p.noisy:
+                r.status = "underpowered"
+                r.reason = (
+                    f"{_pct(r.change_pct)}, not a regression; but tonight's spread "
+                    f"{_pct(r.tonight_cv_pct)[1:]} CV is clearly above the {src} (chi-square "
+                    f"p = {r.noise_p:.2g} < {settings.noise_alpha:g}/{len(checked)}): "
+                    f"tonight's runs could hide a regression"
+                )
+            elif short:
+                need = (
+                    f"{r.repeats_needed} repeats"
+                    if r.repeats_needed is not None
+                    else "more repeats than affordable (64+)"
+                )
+                r.status = "underpowered"
+                r.reason = (
+                    f"{_pct(r.change_pct)}, not a regression; but at the {src} a "
+                    f"{g.step_pct:g} % step turns a night red within {settings.detect_nights} "
+                    f"nights in {100 * settings.detect_power:g} % of cases only with {need} "
+                    f"(more than {r.n}, tonight's, even at the noise's lower 90 % bound)"
+                )
+            elif shown:
+                r.status = "pass"
+                r.reason = (
+                    f"{_pct(r.change_pct)}; {bound_txt} excludes a {g.threshold_pct:g} % regression"
+                )
+            else:
+                r.status = "quiet"
+                r.reason = (
+                    f"{_pct(r.change_pct)}: no regression shown; tonight's noise is within "
+                    f"the {src}, and {r.n} repeats meet the targets ({r.repeats_needed} needed)"
+                )
+        elif shown:
             r.status = "pass"
             r.reason = (
-                f"{_pct(r.change_pct)}; the {100 * (1 - settings.pass_alpha):g} % bound "
-                f"{_pct(r.bound_pct)} excludes a {g.threshold_pct:g} % regression"
+                f"{_pct(r.change_pct)}; {bound_txt} excludes a {g.threshold_pct:g} % regression"
             )
         else:
             r.status = "inconclusive"
             sig = " significant but within the threshold," if rejected else ""
             r.reason = (
-                f"{_pct(r.change_pct)},{sig} but the {100 * (1 - settings.pass_alpha):g} % "
-                f"bound {_pct(r.bound_pct)} reaches the {g.threshold_pct:g} % threshold: "
-                f"too few repeats or too much noise to tell"
+                f"{_pct(r.change_pct)},{sig} but {bound_txt} reaches the "
+                f"{g.threshold_pct:g} % threshold: too few repeats or too much noise to tell"
             )
 
 
@@ -664,16 +968,19 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:+.2f} %"
 
 
+#: statuses that make a night underpowered (exit 5)
+UNDERPOWERED = ("inconclusive", "underpowered", "ungated")
+
 #: night outcomes, worst first (the exit code follows the first that applies)
 OUTCOMES = ("red", "underpowered", "green")
 
 
 def night_outcome(results: Sequence[GateResult]) -> str:
-    """ "red" (a gate failed), "underpowered" (nothing failed but a test is inconclusive or
-    ungated: the night could not show that nothing regressed), or "green"."""
+    """ "red" (a gate failed), "underpowered" (nothing failed but a test is inconclusive,
+    underpowered or ungated: the night could not show that nothing regressed), or "green"."""
     if any(r.status == "fail" for r in results):
         return "red"
-    if any(r.status in ("inconclusive", "ungated") for r in results):
+    if any(r.status in UNDERPOWERED for r in results):
         return "underpowered"
     return "green"
 
@@ -691,6 +998,7 @@ __all__ = [
     "shown_not_worse",
     "night_outcome",
     "metric_unit",
+    "UNDERPOWERED",
     "DEFAULT_HISTORY",
     "NIGHTS_PER_MONTH",
 ]

@@ -727,6 +727,148 @@ def dump_json(night: Night) -> dict:
     }
 
 
+# ---------------------------------------------------------------------------------------------
+# derived tables: the learned noise and the change points of each night (for a dashboard page).
+# Created on first write (CREATE TABLE IF NOT EXISTS); they add to schema version 2 without
+# changing its tables, and can be rebuilt from the nights (patchbench/noise.py,
+# patchbench/changepoints.py).
+
+_DERIVED = """
+CREATE TABLE IF NOT EXISTS noise (
+    config_name TEXT NOT NULL, run_id TEXT NOT NULL, suite TEXT NOT NULL, metric TEXT NOT NULL,
+    source TEXT, nights INTEGER, repeats REAL, run_cv_pct REAL, pair_cv_pct REAL,
+    night_cv_pct REAL, df REAL, repeats_needed INTEGER,
+    PRIMARY KEY (config_name, run_id, suite, metric));
+CREATE TABLE IF NOT EXISTS change_points (
+    config_name TEXT NOT NULL, detected_run_id TEXT NOT NULL, variant TEXT NOT NULL,
+    suite TEXT NOT NULL, metric TEXT NOT NULL, run_id TEXT NOT NULL, start_utc TEXT,
+    end_run_id TEXT, end_utc TEXT, nights INTEGER, before REAL, after REAL, size_pct REAL,
+    worse INTEGER,
+    PRIMARY KEY (config_name, detected_run_id, variant, suite, metric, run_id))
+"""
+
+NOISE_COLUMNS = (
+    "suite",
+    "metric",
+    "source",
+    "nights",
+    "repeats",
+    "run_cv_pct",
+    "pair_cv_pct",
+    "night_cv_pct",
+    "df",
+    "repeats_needed",
+)
+CHANGE_COLUMNS = (
+    "variant",
+    "suite",
+    "metric",
+    "run_id",
+    "start_utc",
+    "end_run_id",
+    "end_utc",
+    "nights",
+    "before",
+    "after",
+    "size_pct",
+    "worse",
+)
+
+
+def _write_derived(
+    h: History, table: str, config_name: str, run_id: str, rows: list[tuple]
+) -> None:
+    key = "run_id" if table == "noise" else "detected_run_id"
+    db = h._db
+    try:
+        db.execute("BEGIN IMMEDIATE")
+        for stmt in _DERIVED.split(";"):
+            if stmt.strip():
+                db.execute(stmt)
+        db.execute(
+            f"DELETE FROM {table} WHERE config_name = ? AND {key} = ?", (config_name, run_id)
+        )
+        if rows:
+            marks = ", ".join("?" * len(rows[0]))
+            db.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
+        db.execute("COMMIT")
+    except sqlite3.Error as e:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise h._wrap(e, f"write {table}") from None
+
+
+def record_noise(h: History, config_name: str, run_id: str, rows: list[dict]) -> None:
+    """Store the noise the night ``run_id`` was gated with (one dict per (suite, metric) with the
+    keys of :data:`NOISE_COLUMNS`, as :meth:`patchbench.noise.Noise.to_json` gives plus
+    ``repeats_needed``), replacing what that night had. One transaction; raises
+    :class:`HistoryError`."""
+    _write_derived(
+        h,
+        "noise",
+        config_name,
+        run_id,
+        [(config_name, run_id, *(r.get(c) for c in NOISE_COLUMNS)) for r in rows],
+    )
+
+
+def record_change_points(h: History, config_name: str, run_id: str, points: list[dict]) -> None:
+    """Store the change points the night ``run_id`` found over the whole history (dicts with the
+    keys of :data:`CHANGE_COLUMNS`, :meth:`patchbench.changepoints.ChangePoint.to_json`),
+    replacing what that night had found. One transaction; raises :class:`HistoryError`."""
+    rows = [
+        (
+            config_name,
+            run_id,
+            *(int(p[c]) if c == "worse" and p[c] is not None else p[c] for c in CHANGE_COLUMNS),
+        )
+        for p in points
+    ]
+    _write_derived(h, "change_points", config_name, run_id, rows)
+
+
+def _read_derived(h: History, table: str, config_name: str, where: str, args: tuple) -> list[dict]:
+    db = h._db
+    try:
+        if not db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+        ).fetchone():
+            return []
+        cur = db.execute(
+            f"SELECT * FROM {table} WHERE config_name = ?{where}", (config_name, *args)
+        )
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
+    except sqlite3.Error as e:
+        raise h._wrap(e, f"read {table}") from None
+
+
+def read_noise(h: History, config_name: str, run_id: str | None = None) -> list[dict]:
+    """The stored noise rows of a config (of one night with ``run_id``), as dicts with
+    ``config_name``, ``run_id`` and :data:`NOISE_COLUMNS`; [] when none were stored."""
+    where, args = (" AND run_id = ?", (run_id,)) if run_id else ("", ())
+    return _read_derived(h, "noise", config_name, where, args)
+
+
+def read_change_points(
+    h: History, config_name: str, detected_run_id: str | None = None
+) -> list[dict]:
+    """The change points of a config as found by the night ``detected_run_id`` (default: the
+    latest night that stored any), dicts with ``config_name``, ``detected_run_id`` and
+    :data:`CHANGE_COLUMNS` (``worse`` 1 / 0 / None); [] when none were stored."""
+    if detected_run_id is None:
+        rows = _read_derived(h, "change_points", config_name, "", ())
+        if not rows:
+            return []
+        nights = {r.run_id: r.night_utc for r in h.nights(config_name)}
+        detected_run_id = max(
+            {r["detected_run_id"] for r in rows}, key=lambda x: (nights.get(x, ""), x)
+        )
+    return _read_derived(
+        h, "change_points", config_name, " AND detected_run_id = ?", (detected_run_id,)
+    )
+
+
 __all__ = [
     "SCHEMA_VERSION",
     "History",
@@ -739,4 +881,8 @@ __all__ = [
     "night_from_run",
     "night_from_compare",
     "dump_json",
+    "record_noise",
+    "read_noise",
+    "record_change_points",
+    "read_change_points",
 ]

@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Calibrate the nightly gates and the sequential repeats by simulation (seeded; about 3 min CPU).
 
-Part 1, nightly (drives patchbench.gates.evaluate on synthetic nights): the gate set of
-configs/nightly-h200.yaml (or --config), at run CV 1.5 / 3 / 6 %, and some alternatives.
-Model: per night, variant, metric and run, ``log value = log 100 + drift_night + e``, e ~ N(0, CV),
-drift_night ~ N(0, --drift) shared by every variant of the night (machine, driver). Every gated
-metric gets independent noise (the worst case for Holm). Reported: false red nights per 30
-nights and the share of underpowered nights with no regression; the chance that a 5 % throughput
-regression of the patched variant turns a night red within 3 nights, and the mean nights to the
-first red night.
+Part 1, nightly gates (patchbench/calibration/nightly.py drives patchbench.gates.evaluate on
+simulated histories): the gate set of configs/nightly-h200.yaml (or --config) at run CV 1.5 / 3 /
+6 %, with the repeats the gates compute for themselves and fixed 5 / 8, with and without one
+abnormal run (15 % slow) on a fifth of the nights, and with 2 % night-to-night drift. Reported:
+the share of quiet nights green and underpowered, false red nights per 30, and how often a 5 %
+step of the patch (same-run gate) or of stock (history gate) turns a night red within 3 nights.
+
+Part 3, change points (patchbench/changepoints.py): false flags per quiet quarter and the delay
+until a decline of 0.3 % a night is flagged, the detector run every night.
 
 Part 2, sequential repeats (drives patchbench.sequential.replay): the PR config's shape (stock
 baseline, upstream, ours, one A/A copy of stock), the four serving primaries per variant
@@ -18,7 +19,7 @@ ours' throughput at +5 % and +10 %; primaries decided; repeats used (mean, p90);
 from the PR's phase times (76 s MMMU + 79 s serving per cell) plus --startup-s per cell, against a
 fixed 5 repeats judged by the same rule at one look.
 
-    .venv/bin/python scripts/calibrate_nightly.py [--trials 400] [--startup-s 60]
+    .venv/bin/python scripts/calibrate_nightly.py [--part 1|2|3|all] [--trials 400] [--startup-s 60]
 """
 
 from __future__ import annotations
@@ -35,132 +36,82 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from patchbench.gates import Gate, NightlySettings, evaluate, night_outcome  # noqa: E402
-from patchbench.history import Night  # noqa: E402
+from patchbench import changepoints as cp  # noqa: E402
+from patchbench.calibration.nightly import (  # noqa: E402
+    change_rates,
+    computed_repeats,
+    gate_rates,
+)
+from patchbench.gates import NightlySettings  # noqa: E402
+from patchbench.robust import noise_bound  # noqa: E402
 from patchbench.sequential import Design, replay  # noqa: E402
 
-BETTER = {"output_throughput_tok_s": "higher", "mmmu_overall_acc": "higher"}
-TPUT = ("serving", "output_throughput_tok_s")
-VARIANT = "patched"
-
-
 # ---------------------------------------------------------------------------------------------
-# part 1: nightly
-
-
-def _gate_metrics(settings: NightlySettings) -> list[tuple[str, str]]:
-    return [(g.suite or "serving", g.metric_name) for g in settings.gates]
-
-
-def _night(
-    i: int, rng: np.random.Generator, metrics, repeats: int, cv: float, drift: float, slow: float
-) -> Night:
-    d = rng.normal(0.0, drift, len(metrics)) if drift > 0 else np.zeros(len(metrics))
-    vals, better = {}, {}
-    for v in ("baseline", VARIANT):
-        for j, (s, m) in enumerate(metrics):
-            e = rng.normal(0.0, cv, repeats) + d[j]
-            if v == VARIANT and (s, m) == TPUT:
-                e = e + math.log1p(-slow)
-            vals[(v, s, m)] = [float(x) for x in 100.0 * np.exp(e)]
-            better[(s, m)] = BETTER.get(m, "lower")
-    day = f"2026-{1 + i // 28:02d}-{1 + i % 28:02d}T03:00:00Z"
-    return Night(
-        run_id=f"n{i:03d}",
-        night_utc=day,
-        config_name="sim",
-        baseline="baseline",
-        values=vals,
-        better=better,
-    )
-
-
-def nightly_rates(
-    settings: NightlySettings,
-    repeats: int,
-    cv: float,
-    trials: int,
-    seed: int,
-    drift: float = 0.0,
-    null_nights: int = 3,
-    horizon: int = 3,
-) -> dict:
-    """False red nights per 30, underpowered share (null), P(red within ``horizon`` nights of a
-    5 % throughput regression of the patched variant), mean nights to red (capped at horizon+1)."""
-    rng = np.random.default_rng(seed)
-    metrics = _gate_metrics(settings)
-    warm = settings.window_nights + max(g.consecutive_nights for g in settings.gates)
-    red = under = nights = 0
-    detected, to_red = 0, []
-    for _ in range(trials):
-        hist = [_night(i, rng, metrics, repeats, cv, drift, 0.0) for i in range(warm)]
-        for i in range(warm, warm + null_nights):
-            t = _night(i, rng, metrics, repeats, cv, drift, 0.0)
-            out = night_outcome(evaluate(hist, t, settings))
-            red += out == "red"
-            under += out == "underpowered"
-            nights += 1
-            hist.append(t)
-        # a 5 % regression of the patched variant's throughput from the next night on
-        hist = hist[-warm:]
-        first = None
-        for k in range(horizon):
-            t = _night(warm + null_nights + k, rng, metrics, repeats, cv, drift, 0.05)
-            if night_outcome(evaluate(hist, t, settings)) == "red":
-                first = k + 1
-                break
-            hist.append(t)
-        detected += first is not None
-        to_red.append(first or horizon + 1)
-    return {
-        "false_red_per_30": 30.0 * red / nights,
-        "underpowered_null": under / nights,
-        "detect_within": detected / trials,
-        "mean_nights": float(np.mean(to_red)),
-    }
+# part 1: nightly gates on simulated histories (patchbench/calibration/nightly.py)
 
 
 def part1(config: Path, trials: int, seed: int) -> None:
     raw = yaml.safe_load(config.read_text())
-    shipped = NightlySettings.model_validate(raw["nightly"])
-    reps = raw["schedule"]["repeats"]
-    reps = reps if isinstance(reps, int) else reps.get("max", 3)
-
-    c2 = [Gate(**(g.model_dump() | {"consecutive_nights": 2})) for g in shipped.gates]
-    rows = [
-        (f"shipped ({config.name})", shipped, r, cv, 0.0)
-        for cv in (0.015, 0.03, 0.06)
-        for r in sorted({3, reps, 8})
-    ]
-    rows.append((f"shipped ({config.name})", shipped, reps, 0.03, 0.02))
-    rows.append(("consecutive_nights 2", shipped.model_copy(update={"gates": c2}), reps, 0.03, 0.0))
-    rows.append(
-        (
-            "history_test welch",
-            shipped.model_copy(update={"history_test": "welch"}),
-            reps,
-            0.03,
-            0.0,
-        )
+    s = NightlySettings.model_validate(raw["nightly"])
+    margin = noise_bound(40.0, 0.9)  # the learned noise's upper 90 % bound, ~14 nights of history
+    rows = []
+    for cv in (0.015, 0.03, 0.06):
+        fixed = {0.015: 5, 0.03: 8, 0.06: 8}[cv]
+        for ab in (0.0, 0.2) if cv < 0.06 else (0.0,):
+            own = computed_repeats(s, cv, seed, fixed, abnormal=ab, margin=margin)
+            rows.append((cv, own, "computed", ab, 0.0))
+            if own != fixed:
+                rows.append((cv, fixed, "fixed", ab, 0.0))
+    rows.append((0.03, 8, "fixed", 0.0, 0.02))
+    print(
+        f"## Nightly gates: {len(s.gates)} gates, family alpha {s.family_alpha:.3g} (budget "
+        f"{s.false_red_nights_per_month:g}/30 nights), K = {s.window_nights}; {trials} histories "
+        f"per row, each 10 quiet nights of warm-up, then 4 quiet nights gated, then a 5 % step "
+        f"of the patch (same-run gate) and of stock (history gate) from the same history; "
+        f"repeats 'computed': what the gates' targets need at the noise learned from 30 "
+        f"simulated nights of the row's scenario at the 'fixed' repeats, times x{margin:.2f} "
+        f"(its upper 90 % bound)\n"
     )
     print(
-        f"## Nightly gates: {len(shipped.gates)} gates, family alpha {shipped.family_alpha:.3g} "
-        f"(budget {shipped.false_red_nights_per_month:g}/30 nights), K = "
-        f"{shipped.window_nights}, {trials} trials x 3 null nights; detection: 5 % throughput "
-        f"regression of the patched variant\n"
+        "| run CV | repeats | abnormal runs | drift | green (quiet) | underpowered (quiet) | "
+        "false red / 30 nights | patch step red within 3 nights | stock step red within 3 "
+        "nights |"
     )
-    print(
-        "| setting | repeats | run CV | drift | false red / 30 nights | underpowered share "
-        "(null) | red within 3 nights | mean nights to red (4 = not in 3) |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for name, s, r, cv, drift in rows:
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for cv, reps, label, ab, drift in rows:
         t0 = time.time()
-        x = nightly_rates(s, r, cv, trials, seed, drift)
+        if reps is None:
+            print(f"| {100 * cv:g} % | more than 64 (computed) | | | | | | | |", flush=True)
+            continue
+        x = gate_rates(s, reps, cv, trials, seed, abnormal=ab, drift=drift, warm=10, quiet=4)
         print(
-            f"| {name} | {r} | {100 * cv:g} % | {100 * drift:g} % | "
-            f"{x['false_red_per_30']:.2f} | {x['underpowered_null']:.0%} | "
-            f"{x['detect_within']:.0%} | {x['mean_nights']:.2f} |",
+            f"| {100 * cv:g} % | {reps} ({label}) | {'1 on 1/5 of nights' if ab else 'none'} | "
+            f"{100 * drift:g} % | {x.green:.0%} | {x.underpowered:.0%} | "
+            f"{x.false_red_per_30:.2f} | {x.patch_within:.0%} | {x.stock_within:.0%} |",
+            flush=True,
+        )
+        print(f"<!-- {time.time() - t0:.1f} s -->", file=sys.stderr)
+
+
+def part3(trials: int, seed: int) -> None:
+    """Change points: false flags on quiet quarters, delay on a 0.3 %-a-night decline."""
+    print(
+        f"\n## Change points: ruptures KernelCPD (linear kernel = PELT, l2), penalty "
+        f"{cp.BETA:g} log(nights), run every night over the whole history; {trials} quiet "
+        f"quarters (90 nights) and {trials} declines (-0.3 % a night from night 30) per row\n"
+    )
+    print(
+        "| run CV | repeats | drift | flags per quiet quarter | quarters with a flag | "
+        "decline flagged within 45 nights | delay median / p90 (nights) |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for cv, reps, drift in ((0.015, 5, 0.0), (0.03, 8, 0.0), (0.06, 8, 0.0), (0.03, 8, 0.01)):
+        t0 = time.time()
+        x = change_rates(cv, reps, trials, seed, drift=drift)
+        print(
+            f"| {100 * cv:g} % | {reps} | {100 * drift:g} % | {x.flags_per_quarter:.2f} | "
+            f"{x.any_flag:.0%} | {x.detected:.0%} | {x.delay_median:.0f} / "
+            f"{x.delay_p90:.0f} |",
             flush=True,
         )
         print(f"<!-- {time.time() - t0:.1f} s -->", file=sys.stderr)
@@ -272,12 +223,14 @@ def main(argv: list[str] | None = None) -> int:
         help="assumed sglang server start-up per cell on the H200 (s); not measured "
         "in this repository",
     )
-    p.add_argument("--part", choices=("1", "2", "both"), default="both")
+    p.add_argument("--part", choices=("1", "2", "3", "both", "all"), default="all")
     a = p.parse_args(argv)
-    if a.part in ("1", "both"):
+    if a.part in ("1", "both", "all"):
         part1(a.config, a.trials, a.seed)
-    if a.part in ("2", "both"):
+    if a.part in ("2", "both", "all"):
         part2(a.trials, a.seed, a.startup_s)
+    if a.part in ("3", "all"):
+        part3(a.trials, a.seed)
     return 0
 
 

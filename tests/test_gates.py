@@ -40,11 +40,23 @@ def night(i: int, values: dict, run_id: str | None = None) -> Night:
 
 
 def settings(**gate_kw) -> NightlySettings:
+    """One gate; no noise is learned (learn_min_nights 365, no run_cv_pct) unless asked: these
+    tests exercise the tests on tonight's own spread and the "bound" rule."""
     kw = {
         k: gate_kw.pop(k)
         for k in list(gate_kw)
-        if k in ("alpha", "min_repeats", "history_test", "pass_alpha")
+        if k
+        in (
+            "alpha",
+            "min_repeats",
+            "history_test",
+            "pass_alpha",
+            "learn_min_nights",
+            "run_cv_pct",
+            "underpowered_on",
+        )
     }
+    kw.setdefault("learn_min_nights", 365)
     gate = dict(metric=f"serving.{TPUT}", threshold_pct=5, against="same_run") | gate_kw
     return NightlySettings(window_nights=5, min_history_nights=3, gates=[Gate(**gate)], **kw)
 

@@ -25,9 +25,10 @@ patchbench/history.py. docs/nightly.md explains the error budget.
 Exit codes (patchbench/errors.py), worst first: 4 the run failed (an exception of the runner,
 failed cells, no comparison), 3 the environment is not ready or the history cannot be used,
 2 bad usage or config (including a gate whose metric the run does not produce), 1 a gate found a
-regression (red night), 5 underpowered (nothing failed, but a gated metric stayed inconclusive or
-the night had too few repeats to gate), 0 green (every gate shown not regressed, or waiting for
-history). The summary always lists every gate, so a night that exits 3 or 4 still shows the
+regression (red night), 5 underpowered (nothing failed, but tonight's noise was clearly worse than
+the learned noise, or short of the repeats that noise needs, or too few repeats to gate; with no
+noise known yet: a gated metric stayed inconclusive), 0 green (no regression shown within the
+error budget, or waiting for history). The summary always lists every gate, so a night that exits 3 or 4 still shows the
 regressions it could see.
 
 Outputs in the run folder: ``nightly.md`` (for $GITHUB_STEP_SUMMARY), ``nightly.json``

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from patchbench.changepoints import detect_history
 from patchbench.comparison import Comparison, read_comparison
 from patchbench.errors import (
     EXIT_ENV,
@@ -35,8 +36,16 @@ from patchbench.errors import (
     EXIT_USAGE,
     RunFailed,
 )
-from patchbench.gates import GateResult, NightlySettings, evaluate, night_outcome
-from patchbench.history import History, HistoryError, Night, dump_json, night_from_run
+from patchbench.gates import UNDERPOWERED, GateResult, NightlySettings, evaluate, night_outcome
+from patchbench.history import (
+    History,
+    HistoryError,
+    Night,
+    dump_json,
+    night_from_run,
+    record_change_points,
+    record_noise,
+)
 from patchbench.matrix.record import UnitRecord, read_matrix_record
 from patchbench.nightly.outcome import (
     EXIT_ORDER,
@@ -48,6 +57,7 @@ from patchbench.nightly.outcome import (
     worst_exit,
 )
 from patchbench.nightly.render import fmt, render_markdown
+from patchbench.noise import learn as learn_noise
 from patchbench.records import write_json, write_text
 from patchbench.runfolder import RunFolderError, read_manifest
 from patchbench.trend import write_plots
@@ -281,6 +291,19 @@ def _gate_run(unit: NightUnit, hpath: Path, record: bool) -> NightlyOutcome:
         write_plots(run, prior, tonight, results, settings) if results else ([], [])
     )
     problems += plot_problems
+    noise_rows = noise_table(prior, results, settings)
+    try:
+        points = change_points(prior, tonight, results)
+    except ImportError as e:  # ruptures missing from this environment
+        points = []
+        problems.append(f"change points not computed: {e} (make setup installs ruptures)")
+    if hinfo["recorded"] and not hinfo["error"]:
+        try:
+            with History(hpath, timeout_s=settings.lock_timeout_s) as h:
+                record_noise(h, tonight.config_name, tonight.run_id, noise_rows)
+                record_change_points(h, tonight.config_name, tonight.run_id, points)
+        except HistoryError as e:
+            problems.append(f"could not store the learned noise and change points: {e}")
     failed_run = bool(unit.run_problems or tonight.problems or cmp_err or not tonight.values)
     code, headline = _exit_of(results, failed_run, bool(hinfo["error"]))
     return NightlyOutcome(
@@ -293,7 +316,49 @@ def _gate_run(unit: NightUnit, hpath: Path, record: bool) -> NightlyOutcome:
         history_info=hinfo,
         plots=plots,
         settings=settings,
+        noise=noise_rows,
+        change_points=points,
     )
+
+
+def noise_table(
+    prior: Sequence[Night], results: Sequence[GateResult], settings: NightlySettings
+) -> list[dict[str, Any]]:
+    """The noise of every gated (suite, metric) as the gates used it
+    (:func:`patchbench.noise.learn` on the nights before tonight; :meth:`Noise.to_json`), with
+    ``repeats_needed`` (the most any of its tests needs; None when one cannot reach the targets)
+    and ``repeats`` tonight (the most runs of its tests)."""
+    rows = []
+    for suite, metric in sorted({(r.suite, r.metric) for r in results if r.status != "missing"}):
+        n = learn_noise(
+            prior,
+            suite,
+            metric,
+            prior_cv_pct=settings.run_cv_pct,
+            min_nights=settings.learn_min_nights,
+        )
+        if n is None:
+            continue
+        mine = [r for r in results if (r.suite, r.metric) == (suite, metric) and r.noise_source]
+        needs = [r.repeats_needed for r in mine if r.p_value is not None]
+        row = n.to_json()
+        row["repeats_needed"] = (
+            None if not needs or any(x is None for x in needs) else max(needs)  # type: ignore[type-var]
+        )
+        row["repeats_tonight"] = max((r.n for r in mine), default=0)
+        rows.append(row)
+    return rows
+
+
+def change_points(
+    prior: Sequence[Night], tonight: Night, results: Sequence[GateResult]
+) -> list[dict[str, Any]]:
+    """Change points over the whole history and tonight (:func:`patchbench.changepoints.
+    detect_history`) of every (variant, suite, metric) a gate looked at."""
+    keys = sorted({(r.variant, r.suite, r.metric) for r in results if r.variant != "*"})
+    better = {(r.suite, r.metric): r.better for r in results if r.better}
+    nights = [*prior, tonight] if tonight.values else list(prior)
+    return [c.to_json() for c in detect_history(nights, keys, better)]  # type: ignore[arg-type]
 
 
 def _record_and_read(
@@ -321,12 +386,9 @@ def _record_and_read(
                 added = h.record(tonight)
                 hinfo["recorded"] = True
                 hinfo["already_recorded"] = not added
-            longest = max([g.consecutive_nights for g in settings.gates] or [1])
+            # every night: the noise and the change points are learned from the whole history
             prior = h.nights(
-                tonight.config_name,
-                before_utc=tonight.night_utc,
-                exclude_run_id=tonight.run_id,
-                limit=max(settings.window_nights + longest, 60),
+                tonight.config_name, before_utc=tonight.night_utc, exclude_run_id=tonight.run_id
             )
             hinfo["nights_before"] = len(prior)
     except HistoryError as e:
@@ -352,9 +414,12 @@ def _exit_of(results: list[GateResult], failed_run: bool, history_failed: bool) 
     elif outcome == "red":
         code, headline = EXIT_REGRESSION, f"REGRESSION ({len(failing)} gate result(s) failed)"
     elif outcome == "underpowered":
-        n = sum(1 for r in results if r.status in ("inconclusive", "ungated"))
+        n = sum(1 for r in results if r.status in UNDERPOWERED)
         code = EXIT_UNDERPOWERED
-        headline = f"UNDERPOWERED (no regression shown, {n} gate result(s) inconclusive or ungated)"
+        headline = (
+            f"UNDERPOWERED (no regression shown, {n} gate result(s) underpowered, "
+            f"inconclusive or ungated)"
+        )
     else:
         code, headline = EXIT_OK, "no regression"
     if failing and code != EXIT_REGRESSION:
@@ -388,6 +453,8 @@ def _write_outputs(run: Path, row: UnitNightly, out: Any) -> None:
             "gates": [r.to_json() for r in res.results],
             "problems": res.problems,
             "plots": res.plots,
+            "noise": res.noise,
+            "change_points": res.change_points,
             "night": dump_json(tonight),
         },
     )

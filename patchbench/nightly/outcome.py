@@ -55,7 +55,9 @@ class NightlyOutcome:
     the files written, problems, the night outcome (red / underpowered / green, or "failed" when
     the folder could not be read), the headline, the history's state (``history_info``: path,
     recorded, nights_before, error, already_recorded), the trend plots written (relative to the
-    run folder) and the settings gated with."""
+    run folder), the settings gated with, the noise each gated metric was judged with
+    (:func:`patchbench.nightly.job.noise_table`) and the change points over the whole history
+    (:func:`patchbench.nightly.job.change_points`)."""
 
     exit_code: int
     results: list[GateResult]
@@ -68,6 +70,8 @@ class NightlyOutcome:
     history_info: dict[str, Any] = field(default_factory=dict)
     plots: list[str] = field(default_factory=list)
     settings: NightlySettings | None = None
+    noise: list[dict[str, Any]] = field(default_factory=list)
+    change_points: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

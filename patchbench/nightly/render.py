@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from patchbench.gates import GateResult, NightlySettings
+from patchbench.gates import UNDERPOWERED, GateResult, NightlySettings
 from patchbench.nightly.outcome import (
     EXIT_ORDER,
     OUTCOME_OF_EXIT,
@@ -24,7 +24,9 @@ _MARK = {
     "fail": "❌ fail",
     "warn": "⚠️ warn",
     "pass": "✅ pass",
+    "quiet": "✅ quiet",
     "inconclusive": "❔ inconclusive",
+    "underpowered": "❔ underpowered",
     "ungated": "➖ ungated",
     "skipped": "⏳ skipped",
     "missing": "⛔ missing",
@@ -134,7 +136,7 @@ def _run_tail(g: NightlyOutcome) -> list[str]:
     """Underpowered gates, the gate table with notes, the history's state, the plots."""
     results = g.results
     lines: list[str] = []
-    under = [r for r in results if r.status in ("inconclusive", "ungated")]
+    under = [r for r in results if r.status in UNDERPOWERED]
     if under and not any(r.status == "fail" for r in results):
         lines += [
             "## Underpowered",
@@ -152,6 +154,7 @@ def _run_tail(g: NightlyOutcome) -> list[str]:
         lines += _gate_table(results)
     else:
         lines += ["No gates are configured (`nightly.gates` in the config).", ""]
+    lines += _noise_lines(g.noise) + _change_lines(g.change_points)
     h = g.history_info
     lines.append(
         f"History: `{h.get('path')}` · "
@@ -163,6 +166,57 @@ def _run_tail(g: NightlyOutcome) -> list[str]:
     if g.plots:
         lines += ["", "Trend plots (in the run artifact): " + ", ".join(f"`{p}`" for p in g.plots)]
     return lines
+
+
+def _noise_lines(rows: list[dict]) -> list[str]:
+    """The noise each gated metric was judged with and the repeats the targets need at it."""
+    if not rows:
+        return []
+
+    def cv(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.2f} %"
+
+    lines = [
+        "## Noise",
+        "",
+        "| metric | from | run CV | paired CV | night-to-night CV | nights | repeats needed | "
+        "repeats tonight |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        need = r.get("repeats_needed")
+        lines.append(
+            f"| {r['suite']}.{r['metric']} | {r['source']} | {cv(r['run_cv_pct'])} | "
+            f"{cv(r['pair_cv_pct'])} | {cv(r['night_cv_pct'])} | {r['nights']} | "
+            f"{'more than 64' if need is None else need} | {r.get('repeats_tonight', '')} |"
+        )
+    lines += [
+        "",
+        "Repeats needed: the fewest runs a night for a gate's step (5 % for a 3 % threshold) to "
+        "turn a night red within 3 nights in 90 % of cases, at this noise "
+        "(`prior`: the config's `run_cv_pct`, until the history holds enough nights).",
+        "",
+    ]
+    return lines
+
+
+def _change_lines(points: list[dict]) -> list[str]:
+    """The change points over the whole history, worse ones first."""
+    if not points:
+        return []
+    lines = ["## Change points (whole history)", ""]
+    for p in sorted(points, key=lambda p: (not p.get("worse"), p["start_utc"] or "")):
+        span = (
+            f"night {p['start_utc']}"
+            if p["nights"] == 1
+            else f"nights {p['start_utc']} .. {p['end_utc']} ({p['nights']} nights)"
+        )
+        what = {True: "worse", False: "better", None: "changed"}[p.get("worse")]
+        lines.append(
+            f"- {p['suite']}.{p['metric']} ({p['variant']}): {what} by {_pct(p['size_pct'])} "
+            f"({fmt(p['before'])} -> {fmt(p['after'])}), {span}"
+        )
+    return lines + [""]
 
 
 def _gate_table(results: list[GateResult]) -> list[str]:
