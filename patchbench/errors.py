@@ -17,7 +17,7 @@ mistaken for a regression).
 | 3 | :class:`EnvironmentNotReady` | environment not ready | wrong sglang, missing model, no GPU |
 | 4 | :class:`RunFailed` | run failed | a cell failed or a timed cell incomplete; no report; folder full |
 | 4 | ``RunFolderBusy`` | run folder busy | another live run writes the run folder (run/lock.py) |
-| 5 | :class:`Underpowered` | underpowered | nightly: no regression shown, but the night was too noisy or ran too few repeats |
+| 5 | :class:`Underpowered` | underpowered | nightly: no regression shown; night too noisy or too few repeats |
 | 130 | :class:`Interrupted` | interrupted | interrupted by Ctrl-C (SIGINT) or SIGHUP |
 | 143 | :class:`Interrupted` (SIGTERM) | terminated | terminated by SIGTERM (finished cells kept) |
 
