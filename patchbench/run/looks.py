@@ -107,7 +107,7 @@ def _design_record(cfg: Config, design) -> SequentialDesign:
         alpha=design.alpha,
         boundary=design.kind,
         primaries=[f"{s}.{m}" for s, m, _, _ in sequential_primaries(cfg)],
-        alpha_split="Bonferroni across variants, Holm within each variant",
+        alpha_split="one family per report: Holm shares over every non-A/A primary",
         futility=design.futility,
         controls=[v for v in cfg.variants if cfg.is_aa(v)],
     )
