@@ -74,7 +74,7 @@ def test_report_leads_with_sentences_then_primaries_then_folded_secondaries(tmp_
     assert "<details><summary>Secondary metrics" in text and "`retokenized_count`" in text
     sec = text[secondary:]
     assert "🟢" not in sec and "🔴" not in sec and "🔵" not in sec  # no coloured verdicts there
-    assert "aa (A/A) vs baseline" in text and "A/A check" in text and "passed" in text
+    assert "aa (A/A) vs baseline" in text and "## A/A noise" in text and "run-to-run CV" in text
 
 
 def test_console_ends_with_the_same_sentences(tmp_path, capsys):

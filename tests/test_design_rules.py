@@ -1,0 +1,172 @@
+"""What the report decides per design (issue 23 items 1-3), through the real ``report`` path on
+synthetic run folders (patchbench.testing): one family per report, a sequential run's verdicts
+from the sequential rule, and a run that knows whether it is finished."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from patchbench.analysis import build_comparison
+from patchbench.cli import main
+from patchbench.sequential import nominal_levels
+from patchbench.testing import make_run
+
+TPUT = "output_throughput_tok_s"
+SEQ = {"min": 4, "max": 8, "step": 2}
+
+
+def _serving(**arms):
+    return {"serving": {TPUT: dict(arms)}}
+
+
+def test_fixed_design_one_holm_family_across_variants(tmp_path):
+    """Two patches with one primary each: one family of 2 (Holm), not a family per variant."""
+    base = [100.0, 101.0, 99.0, 100.5, 99.5]
+    strong = [120.0, 121.0, 119.0, 120.6, 119.4]
+    weak = [100.2, 101.9, 98.8, 100.1, 99.9]
+    run = make_run(
+        tmp_path,
+        variants={"baseline": [], "a": ["p1"], "b": ["p2"]},
+        metrics=_serving(baseline=base, a=strong, b=weak),
+    )
+    cmp = build_comparison(run)
+    assert cmp.design.kind == "fixed" and cmp.design.family == 2
+    a = cmp.row("serving", TPUT, "a")
+    b = cmp.row("serving", TPUT, "b")
+    assert a.verdict == "improved" and a.confidence == pytest.approx(1 - 0.05 / 2)
+    assert b.confidence == pytest.approx(1 - 0.05)  # Holm's second step
+    assert "one family per report" in cmp.design.split
+
+
+def test_an_aa_variant_is_not_in_the_family(tmp_path):
+    base = [100.0, 101.0, 99.0, 100.5]
+    run = make_run(
+        tmp_path,
+        variants={"baseline": [], "same": [], "a": ["p1"]},
+        metrics=_serving(baseline=base, same=[x * 1.001 for x in base], a=[x * 1.2 for x in base]),
+    )
+    cmp = build_comparison(run)
+    assert cmp.design.family == 1
+    assert cmp.row("serving", TPUT, "a").confidence == pytest.approx(0.95)
+
+
+def test_an_incomplete_primary_keeps_its_place(tmp_path):
+    """A failed cell makes one variant's primary incomplete: the other's level stays alpha/2."""
+    base = [100.0, 101.0, 99.0, 100.5]
+    run = make_run(
+        tmp_path,
+        variants={"baseline": [], "a": ["p1"], "b": ["p2"]},
+        metrics=_serving(baseline=base, a=[x * 1.2 for x in base], b=base),
+        cell_status={("b", 2): "failed"},
+    )
+    cmp = build_comparison(run)
+    assert cmp.design.family == 2
+    assert cmp.row("serving", TPUT, "b").verdict == "incomplete"
+    assert cmp.row("serving", TPUT, "a").confidence == pytest.approx(1 - 0.05 / 2)
+
+
+def _seq_run(tmp_path, ratios, rounds, name="r"):
+    base = [100.0 + (k % 3) for k in range(rounds)]
+    return make_run(
+        tmp_path / name,
+        metrics=_serving(
+            baseline=base, patched=[b * math.exp(r) for b, r in zip(base, ratios, strict=False)]
+        ),
+        repeats=rounds,
+        schedule_repeats=SEQ,
+    )
+
+
+def test_sequential_run_shows_the_rules_decision(tmp_path, capsys):
+    ratios = [0.18, 0.19, 0.18, 0.19]
+    run = _seq_run(tmp_path, ratios, 4)
+    assert main(["report", str(run)]) == 0
+    out = capsys.readouterr().out
+    cmp = build_comparison(run)
+    d = cmp.design
+    assert d.kind == "sequential" and d.stopped_after == 4 and d.partial is None
+    row = cmp.row("serving", TPUT, "patched")
+    level = nominal_levels((4, 6, 8), 0.05)[0]
+    assert row.verdict == "improved" and row.decided_after == 4
+    assert row.confidence == pytest.approx(1 - level)
+    assert "sequential rule (look 1 of 3)" in "; ".join(row.notes)
+    report = (run / "report.md").read_text()
+    assert (
+        "| sequential | 4 of at most 8 repeats; every primary decided after 4 repeats |" in report
+    )
+    assert "Output token throughput" in out and "improved" in out
+    assert "Partial run" not in report and "Partial run" not in out
+
+
+#: log ratios the rule (serving's +-5 % margin, futility 0.2) decides only at its last look
+AMBIGUOUS = [0.05, 0.0, 0.06, 0.01, 0.04, 0.0, 0.06, 0.02]
+
+
+@pytest.mark.parametrize("rounds", [1, 2, 3, 4, 5, 6, 7])
+def test_sequential_run_interrupted_at_each_round_is_partial(tmp_path, capsys, rounds):
+    """An ambiguous effect: the rule runs to 8 rounds; a folder stopped at any earlier round
+    gives no decisive verdict, says where it stopped and prints the resume command."""
+    ratios = AMBIGUOUS
+    run = _seq_run(tmp_path, ratios[:rounds], rounds)
+    assert main(["report", str(run)]) == 0
+    out = capsys.readouterr().out
+    cmp = build_comparison(run)
+    assert cmp.design.partial is not None and cmp.design.rounds == rounds
+    # before the first look the rounds it needs are missing cells: incomplete, never decisive
+    assert cmp.row("serving", TPUT, "patched").verdict in ("inconclusive", "incomplete")
+    resume = f"patchbench bench CONFIG --resume {run}"
+    report = (run / "report.md").read_text()
+    assert "Partial run" in report and resume in report
+    assert "Partial run" in out and resume in out
+    assert f"{rounds} complete round(s)" in report
+
+
+def test_sequential_run_finished_at_the_maximum_is_not_partial(tmp_path):
+    cmp = build_comparison(_seq_run(tmp_path, AMBIGUOUS, 8))
+    assert cmp.design.partial is None and cmp.design.stopped_after == 8
+
+
+def test_fixed_run_missing_planned_rounds_is_partial(tmp_path, capsys):
+    base = [100.0, 101.0, 99.0, 100.5, 100.0]
+    run = make_run(
+        tmp_path,
+        metrics=_serving(baseline=base, patched=[x * 1.2 for x in base]),
+        cell_status={("baseline", 4): "missing", ("patched", 4): "missing"},
+    )
+    assert main(["report", str(run)]) == 0
+    out = capsys.readouterr().out
+    cmp = build_comparison(run)
+    assert cmp.design.partial.startswith("1 of the 5 planned rounds did not run")
+    assert cmp.row("serving", TPUT, "patched").verdict in ("inconclusive", "incomplete")
+    assert "Partial run" in out and "--resume" in out
+
+
+def test_the_aa_variant_measures_noise_and_changes_no_verdict(tmp_path):
+    """An A/A variant that comes out "improved" by chance: the patch's verdict stands, the report
+    shows the A/A's run-to-run CV next to the config's assumed noise, and never says the machine
+    was too noisy."""
+    base = [100.0, 101.0, 99.0, 100.5, 99.5]
+    same = [x * f for x, f in zip(base, (1.031, 1.029, 1.030, 1.032, 1.028), strict=True)]
+    run = make_run(
+        tmp_path,
+        variants={"baseline": [], "same": [], "a": ["p1"]},
+        metrics=_serving(baseline=base, same=same, a=[x * 1.2 for x in base]),
+        compare={"assumed_cv": {TPUT: 1.5}},
+    )
+    assert main(["report", str(run)]) == 0
+    cmp = build_comparison(run)
+    assert cmp.row("serving", TPUT, "same").verdict == "improved"
+    assert cmp.row("serving", TPUT, "a").verdict == "improved"
+    assert cmp.row("serving", TPUT, "a").verdict_before_health is None
+    (noise,) = cmp.health.noise
+    import statistics
+
+    d = [math.log(y / x) for x, y in zip(base, same, strict=True)]
+    assert noise.cv_pct == pytest.approx(100 * statistics.stdev(d) / math.sqrt(2))
+    assert noise.low_pct < noise.cv_pct < noise.high_pct and noise.assumed_pct == 1.5
+    report = (run / "report.md").read_text()
+    assert "too noisy" not in report and "downgraded" not in report
+    assert "run-to-run CV" in report and "the config assumes 1.5%" in report
+    assert "no other verdict is changed by it" in report
