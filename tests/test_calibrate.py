@@ -288,21 +288,18 @@ def test_config_repeats_reads_a_sequential_schedule(tmp_path):
     assert stopping.parse_seq("4:12:2") == stopping.SeqSpec(4, 12, 2, "pocock")
 
 
-def test_seq_spec_futility_and_the_aa_holds_variant():
-    assert stopping.parse_seq("4:12:2:pocock:0.2") == stopping.SeqSpec(
-        4, 12, 2, "pocock", 0.2, False
-    )
-    holds = stopping.parse_seq("4:12:2:pocock:0:aa")
-    assert holds == stopping.SeqSpec(4, 12, 2, "pocock", 0.0, True)
-    assert holds.label == "sequential 4..12 step 2 (pocock) [no futility, A/A holds]"
-    for bad in ("4:12:2:pocock:1.5", "4:12:2:pocock:x", "4:12:2:pocock:0:bb"):
+def test_seq_spec_futility_and_an_aa_variant_never_holds_the_run():
+    assert stopping.parse_seq("4:12:2:pocock:0.2") == stopping.SeqSpec(4, 12, 2, "pocock", 0.2)
+    spec = stopping.parse_seq("4:12:2:pocock:0")
+    assert spec.label == "sequential 4..12 step 2 (pocock) [no futility]"
+    for bad in ("4:12:2:pocock:1.5", "4:12:2:pocock:x", "4:12:2:pocock:0:aa"):
         with pytest.raises(Exception, match="MIN:MAX:STEP|futility"):
             stopping.parse_seq(bad)
     cfg = REPO / "configs" / "pr9460-h200.yaml"
-    plan = stopping.sequential_plan(cfg, holds)
-    assert plan.design.futility == 0.0 and plan.controls == ()
-    # the A/A variant alone, ambiguous (30 % noise only there), holds the 'A/A holds' design to
-    # the maximum; the runner's rule stops at the first look (the patches are noise-free nulls)
+    plan = stopping.sequential_plan(cfg, spec)
+    assert plan.design.futility == 0.0 and plan.controls == ("aa",)
+    # the A/A variant alone is ambiguous (30 % noise only there): it is a measured control, so
+    # the rule stops at the first look (the patches are noise-free nulls)
     quiet = model.Model(run_cv=1e-4, req_cv=0.0, questions=30)
     tr = model.simulate(np.random.default_rng(0), quiet, 12, speedup={}, syncs={}, run_id="q")
     rng = np.random.default_rng(1)
@@ -310,10 +307,7 @@ def test_seq_spec_futility_and_the_aa_holds_variant():
         f = math.exp(rng.normal(0.0, 0.3))
         for m in model.PRIMARIES["serving"]:
             tr.metrics[("aa", k)]["serving"][m] *= f
-    assert stopping.sequential_stop(tr, plan) == 12
-    assert (
-        stopping.sequential_stop(tr, stopping.sequential_plan(cfg, stopping.SeqSpec(4, 12, 2))) == 4
-    )
+    assert stopping.sequential_stop(tr, plan) == 4
 
 
 def test_design_only_prints_just_the_design_table(cal, capsys):

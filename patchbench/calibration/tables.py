@@ -168,11 +168,10 @@ def print_report(cal: Calibration, argv: list[str], wall: float, entries) -> int
         f"(assumed, not measured here) + {a.serving_s:g} s serving (+ {a.mmmu_s:g} s MMMU in the "
         f"rounds it runs in), plus the config's {cal.n_corr} untimed correctness cells of "
         f"{a.startup_s:g} + {a.correctness_s:g} s (assumed). Sequential rows: the runner's "
-        f"stopping rule (patchbench.bench.sequential_design / sequential_primaries, "
-        f"patchbench.sequential.replay; the A/A variant does not hold the run open unless the row "
-        f"says 'A/A holds'; futility: the conditional-power threshold, the runner's own unless the "
-        f"row names one) on the same trials as the fixed row of their maximum, then the "
-        f"comparison on the rounds that ran:\n"
+        f"stopping rule as the report replays it (patchbench.analysis.sequential_decision: one "
+        f"family per report; the A/A variant is a control that holds no run open; futility: the "
+        f"conditional-power threshold, the runner's own unless the row names one) on the same "
+        f"trials as the fixed row of their maximum:\n"
     )
     print("\n".join(design_table(entries, a.target_cv, cost)))
     print(

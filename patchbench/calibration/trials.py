@@ -41,18 +41,21 @@ from patchbench.calibration.model import (
     simulate,
     truncate,
 )
-from patchbench.calibration.stopping import SeqPlan, sequential_stop
+from patchbench.calibration.stopping import SeqPlan, schedule_of
 from patchbench.comparison import CompareSettings, Comparison
 from patchbench.rundata import RunData
 from patchbench.runfolder import CellRecord, RunManifest, SuiteSummary
 
 
-def _config(tr: Trial, settings: CompareSettings) -> dict:
+def _config(tr: Trial, settings: CompareSettings, plan: SeqPlan | None = None) -> dict:
     return {
         "name": "calibration",
         "variants": VARIANTS,
         "baseline": BASELINE,
-        "schedule": {"repeats": tr.repeats, "order": "interleaved"},
+        "schedule": {
+            "repeats": tr.repeats if plan is None else schedule_of(plan),
+            "order": "interleaved",
+        },
         "suites": {s: {} for s in SUITES},
         "compare": settings.model_dump(mode="json"),
     }
@@ -64,14 +67,19 @@ def _summary_metrics(tr: Trial, v: str, k: int, s: str, secondaries: bool) -> di
 
 
 def run_data(
-    tr: Trial, settings: CompareSettings, secondaries: bool = False, mmmu_first: bool = False
+    tr: Trial,
+    settings: CompareSettings,
+    secondaries: bool = False,
+    mmmu_first: bool = False,
+    plan: SeqPlan | None = None,
 ) -> RunData:
     """The trial as :class:`patchbench.rundata.RunData` (what ``read_run`` returns for the same
     run folder: typed manifest, cells, summaries; A/A variants as ``read_run`` finds them).
     secondaries: put every simulated metric in the summaries, not only the primaries (secondary
     rows change no primary verdict and no A/A check; they only cost time). mmmu_first: the MMMU
     suite ran only in the first round (``suites.mmmu.rounds: first``): its summaries and pairing
-    hold repeat 0 only, as ``read_run`` finds such a run."""
+    hold repeat 0 only, as ``read_run`` finds such a run. plan: a sequential design, written as
+    the config's schedule (the analysis then replays its rule on the trial's rounds)."""
     mmmu_ks = {0} if mmmu_first else set(range(tr.repeats))
 
     def ran(s: str, k: int) -> bool:
@@ -81,7 +89,7 @@ def run_data(
     for k in range(tr.repeats):
         order = tr.variants if k % 2 == 0 else list(reversed(tr.variants))
         cells_meta += [{"variant": v, "repeat": k, "status": "ok"} for v in order]
-    man = RunManifest(run_id=tr.run_id, config=_config(tr, settings), cells=cells_meta)
+    man = RunManifest(run_id=tr.run_id, config=_config(tr, settings, plan), cells=cells_meta)
     base = sorted(man.variants[BASELINE])
     aa = [v for v in tr.variants[1:] if sorted(man.variants[v]) == base]
     cells = {
@@ -196,12 +204,14 @@ def compare_trial(
     root: Path | None = None,
     secondaries: bool = False,
     mmmu_first: bool = False,
+    plan: SeqPlan | None = None,
 ) -> Comparison:
     """The comparison code's verdicts on one trial: in memory (``build_comparison`` on a
     :class:`RunData` with :func:`memory_suites`) or, with ``via_folders``, from a run folder
     under ``root`` through ``compare_run``. mmmu_first: MMMU ran in the first round only
-    (in memory only)."""
-    if via_folders and mmmu_first:
+    (in memory only). plan: a sequential design (in memory only): the comparison replays its
+    rule on the trial's rounds, as the report of such a run does."""
+    if via_folders and (mmmu_first or plan is not None):
         raise ValueError("--via-folders does not simulate suites.mmmu.rounds: first")
     if via_folders:
         run = write_folder(tr, root, settings, secondaries)
@@ -210,7 +220,7 @@ def compare_trial(
         finally:
             shutil.rmtree(run, ignore_errors=True)
     return analysis.build_comparison(
-        run_data(tr, settings, secondaries, mmmu_first), settings, suites=memory_suites(tr)
+        run_data(tr, settings, secondaries, mmmu_first, plan), settings, suites=memory_suites(tr)
     )
 
 
@@ -274,8 +284,9 @@ def run_row(
     scenarios: "null", "effect" (patch-a ``effect``, +10 %) and "small" (patch-a
     ``small_effect``, +5 %: only its power is counted).
     plan: a sequential design; each trial is drawn with ``plan.spec.max`` repeats (the same
-    trials as a fixed row of that many repeats), cut where the runner's stopping rule stops,
-    and the comparison runs on the repeats that remain (``repeats`` is ignored).
+    trials as a fixed row of that many repeats) and compared under that schedule: the analysis
+    replays the rule and shows its decisions at the look where it stops (the report of a run
+    that stopped there); ``repeats`` is ignored.
     mmmu_first: MMMU runs in the first round only (``suites.mmmu.rounds: first``); its verdict
     comes from repeat 0, the other suites' from every repeat."""
     c = counts or Counts()
@@ -296,8 +307,6 @@ def run_row(
                 eff = {EFFECT_VARIANT: size} if size is not None else {}
                 syn = {EFFECT_VARIANT: 0} if size is not None else {}
                 tr = simulate(rng, m, repeats, speedup=eff, syncs=syn, run_id=f"t{t}-{sc}")
-                if plan is not None:
-                    tr = truncate(tr, sequential_stop(tr, plan))
                 cmp = compare_trial(
                     tr,
                     settings,
@@ -305,7 +314,16 @@ def run_row(
                     root=root,
                     secondaries=secondaries,
                     mmmu_first=mmmu_first,
+                    plan=plan,
                 )
+                if plan is not None:
+                    # the primaries' decisions are the rule's at its stopping look; the rest of
+                    # the report (secondaries) is what the rounds that ran show
+                    tr = truncate(tr, cmp.design.stopped_after or tr.repeats)
+                    if secondaries and tr.repeats < plan.spec.max:
+                        cmp = compare_trial(
+                            tr, settings, secondaries=True, mmmu_first=mmmu_first, plan=plan
+                        )
                 _count(c, sc, tr, cmp)
     finally:
         shutil.rmtree(root, ignore_errors=True)
