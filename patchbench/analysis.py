@@ -267,6 +267,8 @@ def _test(
         row.variant_bound = _arm_bound(bounds[row.variant])
         test = verdicts.deterministic_test(b, v, row.baseline_bound, row.variant_bound)
         row.notes.extend(test.notes)
+        if min(len(b), len(v)) >= 2 and test.reason is None:
+            row.exact_by = "repeats"
         return test
     if row.kind != "run":
         return None
@@ -325,6 +327,8 @@ def _row(
     row.variant_value = _median([x for x in row.variant_repeats if x is not None])
     row.n_pairs = len(pairs)
     test = _test(data, s, cmp, row, pairs, bounds)
+    if row.kind == "deterministic" and info.deterministic_by and pairs:
+        row.exact_by = row.exact_by or info.deterministic_by
     if test is not None:
         row.method = test.method
         if test.reason:
@@ -433,6 +437,12 @@ def _judge(row: Row, test: verdicts.Test | None, confidence: float) -> None:
     )
     if det:
         row.method = "exact (deterministic)"
+        if not row.exact_by:
+            row.method = "exact comparison of one measurement per arm"
+            row.notes.append(
+                "one measurement per arm: not shown deterministic (measure it in two rounds, or "
+                "the suite names a test that proves it, MetricInfo.deterministic_by)"
+            )
         row.confidence = None
         within = False
     elif iv is not None:

@@ -76,6 +76,9 @@ class Row(BaseModel):
     ({"change_pct", "low_pct", "high_pct", "method"}), never a verdict.
     baseline_bound / variant_bound: "lower" / "upper" when that arm's value is only a bound of
     the true value (the suite said so; deterministic rows), None when exact.
+    exact_by: a deterministic row shown exact: "repeats" (every arm measured at least twice, no
+    spread) or the test the suite names (``MetricInfo.deterministic_by``); None: not shown exact
+    (one measurement in an arm).
     decided_after: a sequential design's primaries: the rounds after which its rule decided
     (None: not decided by the rule, or a fixed design).
     """
@@ -112,6 +115,7 @@ class Row(BaseModel):
     )
     verdict_before_health: str | None = None
     decided_after: int | None = None
+    exact_by: str | None = None
     descriptive: dict[str, Any] | None = None
     notes: list[str] = Field(default_factory=list)
 

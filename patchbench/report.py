@@ -60,8 +60,12 @@ def values_txt(r: Row) -> str:
 
 
 def exactness(r: Row) -> str:
-    """ "exact" for a deterministic row, "a bound" when either value is only a bound."""
-    return "a bound" if r.baseline_bound or r.variant_bound else "exact"
+    """How a deterministic row's values are known: "a bound" when either value is only a bound,
+    "exact" when shown exact (every arm measured at least twice with no spread, or the suite's
+    test proves the value deterministic: ``Row.exact_by``), else "one measurement per arm"."""
+    if r.baseline_bound or r.variant_bound:
+        return "a bound"
+    return "exact" if r.exact_by else "one measurement per arm"
 
 
 def fmt_change(x: float | None, unit: str) -> str:
@@ -276,7 +280,7 @@ def _primaries(cmp: Comparison) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        level = f"{100 * r.confidence:.2f}%" if r.confidence else "exact"
+        level = f"{100 * r.confidence:.2f}%" if r.confidence else exactness(r)
         lines.append(
             f"| {r.variant} | {_esc(_name(r))} | {fmt_bounded(r.baseline_value, r.baseline_bound)} | "
             f"{fmt_bounded(r.variant_value, r.variant_bound)} | {fmt_change(r.change, r.change_unit)} | "

@@ -170,3 +170,38 @@ def test_the_aa_variant_measures_noise_and_changes_no_verdict(tmp_path):
     assert "too noisy" not in report and "downgraded" not in report
     assert "run-to-run CV" in report and "the config assumes 1.5%" in report
     assert "no other verdict is changed by it" in report
+
+
+def _count_suite(monkeypatch, by: str | None):
+    from patchbench import analysis
+    from patchbench.suite import MetricInfo
+
+    info = MetricInfo(
+        "lower", "count", "syncs", primary=True, kind="deterministic", deterministic_by=by
+    )
+    monkeypatch.setattr(
+        analysis, "suite_declarations", lambda name, notes: (None, {"syncs_count": info})
+    )
+
+
+@pytest.mark.parametrize(
+    ("rounds", "by", "shown"),
+    [
+        (1, None, "one measurement per arm"),
+        (2, None, "exact"),
+        (1, "tests/test_x.py::test_y", "exact"),
+    ],
+)
+def test_a_count_is_exact_only_when_shown_exact(tmp_path, monkeypatch, rounds, by, shown):
+    from patchbench.report import sentence
+
+    _count_suite(monkeypatch, by)
+    run = make_run(
+        tmp_path,
+        metrics={"probe": {"syncs_count": {"baseline": [4] * rounds, "patched": [3] * rounds}}},
+    )
+    cmp = build_comparison(run)
+    row = cmp.row("probe", "syncs_count", "patched")
+    assert row.verdict == "improved"
+    assert f"syncs 4 -> 3 improved ({shown})" in sentence(cmp, "patched")
+    assert row.exact_by == ({1: by, 2: "repeats"}[rounds] if by or rounds == 2 else None)
