@@ -32,6 +32,7 @@ from patchbench.comparison import (
     CompareSettings,
     Comparison,
     DesignSummary,
+    Drift,
     Health,
     Row,
     write_comparison,
@@ -678,6 +679,66 @@ def _sequential(data: RunData, cmp: Comparison, tested: Tested, design: Any) -> 
         _partial_rows(cmp, family, d.partial)
 
 
+#: the level of the drift test (a trend of the baseline's values across rounds)
+DRIFT_ALPHA = 0.01
+
+
+def _drift(data: RunData, cmp: Comparison) -> None:
+    """Test the baseline arm's values of every run-level primary for a linear trend across rounds
+    (:func:`patchbench.stats.trend_t` of the log value on the round index, at
+    :data:`DRIFT_ALPHA`) into ``cmp.drift``. Under an unbalanced schedule (``order:
+    sequential``: each round runs the arms in the same order, so a drift biases the later ones)
+    a drift found makes that metric's decided verdicts inconclusive; an interleaved schedule
+    balances it and no verdict changes."""
+    from patchbench import stats
+
+    cfg = data.manifest.config
+    cmp.order = cfg.schedule.order if cfg is not None else "interleaved"
+    cmp.unbalanced_reason = cfg.schedule.unbalanced_reason if cfg is not None else None
+    seen: set[tuple[str, str]] = set()
+    for r in cmp.rows:
+        if not (r.primary and r.kind == "run") or (r.suite, r.metric) in seen:
+            continue
+        seen.add((r.suite, r.metric))
+        pts = [
+            (k, math.log(x))
+            for k, x in zip(data.rounds_of(r.suite), r.baseline_repeats, strict=False)
+            if x is not None and x > 0
+        ]
+        if len(pts) < 3 or len({k for k, _ in pts}) < 3:
+            continue
+        t = stats.trend_t([y for _, y in pts], [k for k, _ in pts])
+        lo, hi = t.interval(0.05)
+        p = t.p_value()
+        cmp.drift.append(
+            Drift(
+                suite=r.suite,
+                metric=r.metric,
+                label=r.label,
+                n=len(pts),
+                slope_pct=100 * math.expm1(t.mean),
+                low_pct=100 * math.expm1(lo),
+                high_pct=100 * math.expm1(hi),
+                p=p,
+                alpha=DRIFT_ALPHA,
+                found=p < DRIFT_ALPHA,
+            )
+        )
+    if cmp.order != "sequential":
+        return
+    for d in cmp.drift:
+        if not d.found:
+            continue
+        for r in cmp.rows_for(suite=d.suite):
+            if r.metric != d.metric or r.verdict not in ("improved", "regressed", "equivalent"):
+                continue
+            r.notes.append(
+                f"was {r.verdict}: the baseline drifts {d.slope_pct:+.2f}%/round "
+                f"(p = {d.p:.2g}) under an unbalanced schedule (order: sequential)"
+            )
+            r.verdict, r.within_margin = "inconclusive", False
+
+
 def _aa_check(cmp: Comparison) -> None:
     """The A/A variants as a measurement: the run-to-run noise of each run-level primary (the sd
     of the paired log ratios A/A / baseline over sqrt 2, a per-run coefficient of variation, with
@@ -880,6 +941,7 @@ def build_comparison(
         _fixed_finished(data, cmp, family)
     else:
         _sequential(data, cmp, tested, design)
+    _drift(data, cmp)
     _aa_check(cmp)
     _cells(data, cmp)
     cmp.correctness_cells = _correctness_cells(data)

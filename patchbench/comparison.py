@@ -169,6 +169,27 @@ class AANoise(BaseModel):
     assumed_pct: float | None = None
 
 
+class Drift(BaseModel):
+    """A trend of the baseline arm's values across rounds for one run-level primary (the log
+    value on the round index, least-squares slope with its t test at ``alpha``):
+    ``slope_pct`` the change per round in percent (``100 (exp(slope) - 1)``), ``low_pct`` /
+    ``high_pct`` its 95 % interval, ``p`` the two-sided p-value, ``n`` the rounds, ``found``
+    p < alpha."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    suite: str
+    metric: str
+    label: str = ""
+    n: int = 0
+    slope_pct: float = 0.0
+    low_pct: float = 0.0
+    high_pct: float = 0.0
+    p: float = 1.0
+    alpha: float = 0.01
+    found: bool = False
+
+
 class Health(BaseModel):
     """The A/A variants as a measurement: ``noise`` per A/A primary; ``ok`` False when an A/A
     primary came out improved or regressed (which happens by chance in about alpha of healthy
@@ -195,7 +216,9 @@ class Comparison(BaseModel):
     "instrumentation"}] (the untimed correctness cells that ran); suite_rounds: {suite: the
     timed rounds it ran in, or "correctness" for a suite that runs only in correctness cells};
     design: :class:`DesignSummary` (the rule that decided the primaries, and whether the run is
-    finished).
+    finished); drift: :class:`Drift` per run-level primary (the baseline's trend across rounds);
+    order / unbalanced_reason: the schedule's order of a round and, when it is the unbalanced
+    "sequential", the config's reason.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -213,6 +236,9 @@ class Comparison(BaseModel):
     refusals: dict[str, dict[str, str]] = Field(default_factory=dict)
     health: Health = Field(default_factory=Health)
     design: DesignSummary = Field(default_factory=DesignSummary)
+    drift: list[Drift] = Field(default_factory=list)
+    order: str = "interleaved"
+    unbalanced_reason: str | None = None
     cells: list[dict[str, Any]] = Field(default_factory=list)
     schedule: list[dict[str, Any]] = Field(default_factory=list)
     cell_warnings: dict[str, dict[str, list[str]]] = Field(default_factory=dict)

@@ -324,6 +324,27 @@ def _aa_line(n) -> str:
     return txt
 
 
+def _drift_lines(cmp: Comparison) -> list[str]:
+    """The drifts found in the baseline's values across rounds (none: nothing)."""
+    found = [d for d in cmp.drift if d.found]
+    if not found:
+        return []
+    unbalanced = cmp.order == "sequential"
+    lines = ["## Drift", ""]
+    for d in found:
+        name = (d.label or d.metric).rstrip(":").strip()
+        lines.append(
+            f"- {d.suite} / {name}: the baseline drifts {d.slope_pct:+.2f}%/round (95% interval "
+            f"{d.low_pct:+.2f} to {d.high_pct:+.2f}, p = {d.p:.2g}, {d.n} rounds)"
+            + (
+                "; under this unbalanced schedule its verdicts are inconclusive"
+                if unbalanced
+                else "; the interleaved schedule balances it across the arms"
+            )
+        )
+    return lines + [""]
+
+
 def _health(cmp: Comparison) -> list[str]:
     lines = []
     if cmp.aa_variants:
@@ -337,6 +358,7 @@ def _health(cmp: Comparison) -> list[str]:
         lines += [f"- {_aa_line(n)}" for n in cmp.health.noise]
         lines += [f"- {_esc(x)}" for x in cmp.health.notes]
         lines += [""]
+    lines += _drift_lines(cmp)
     warn = [(s, v, w) for s, per in cmp.cell_warnings.items() for v, ws in per.items() for w in ws]
     if warn:
         lines += ["<details><summary>cell warnings</summary>", ""]
@@ -511,15 +533,22 @@ def _methods(cmp: Comparison) -> list[str]:
         "## Methods",
         "",
         f"- Run-level metrics: repeat k of the baseline paired with repeat k of the variant "
-        f"(interleaved schedule); a verdict needs at least {s.min_repeats} paired repeats. "
+        f"({cmp.order} schedule); a verdict needs at least {s.min_repeats} paired repeats. "
         "Request-level intervals inside one cell are descriptive only.",
         "- Verdicts: improved / regressed when the interval excludes no change; equivalent "
         "when TOST at the same level puts the change inside the margin; inconclusive otherwise.",
         f"- Error control per report: {cmp.design.split or 'no primary tested'}; secondaries "
         "are descriptive.",
+        "- Drift: the baseline's values of each run-level primary, log value on the round index, "
+        "slope t test at 0.01; it changes verdicts only under an unbalanced schedule.",
         "- A/A variants are measurements, outside the family: their run-to-run CV is the sd of "
         "their paired log ratios over sqrt 2 (chi-square interval); they never change a verdict.",
     ]
+    if cmp.order == "sequential":
+        lines.append(
+            "- Schedule: unbalanced (order: sequential, the same order every round): "
+            + _esc(cmp.unbalanced_reason or "no reason recorded")
+        )
     lines += [f"- {name}: {src}" for name, src in cmp.methods.items()]
     return lines + [""]
 

@@ -205,3 +205,72 @@ def test_a_count_is_exact_only_when_shown_exact(tmp_path, monkeypatch, rounds, b
     assert row.verdict == "improved"
     assert f"syncs 4 -> 3 improved ({shown})" in sentence(cmp, "patched")
     assert row.exact_by == ({1: by, 2: "repeats"}[rounds] if by or rounds == 2 else None)
+
+
+# ---------------------------------------------------------------------------------------------
+# balanced schedules and drift (item 4)
+
+
+def _cfg(tmp_path, schedule: str):
+    p = tmp_path / "c.yaml"
+    p.write_text(
+        "name: t\nsglang: 0.5.1.post3\nmodel: {path: .cache/models/tiny-qwen25vl-tf4, tiny: true}\n"
+        "server: {args: [--device=cpu]}\nvariants: {baseline: [], patched: [null-comment]}\n"
+        f"schedule: {schedule}\nsuites: {{serving: {{}}}}\n"
+    )
+    return p
+
+
+def test_an_unbalanced_order_needs_a_reason_for_timed_suites(tmp_path):
+    from patchbench.config import load_config
+    from patchbench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="schedule.unbalanced_reason"):
+        load_config(_cfg(tmp_path, "{repeats: 3, order: sequential}"))
+    cfg = load_config(
+        _cfg(tmp_path, '{repeats: 3, order: sequential, unbalanced_reason: "warm cache study"}')
+    )
+    assert cfg.schedule.unbalanced_reason == "warm cache study"
+
+
+def _drifting(tmp_path, order, reason=None):
+    # the baseline drifts -2 %/round (small noise); the patch is +10 % on top of the same drift
+    noise = [1.0, 1.002, 0.998, 1.001, 0.999, 1.0, 1.002, 0.998]
+    base = [100.0 * 0.98**k * e for k, e in enumerate(noise)]
+    pat = [x * 1.10 * e for x, e in zip(base, reversed(noise), strict=True)]
+    run = make_run(tmp_path, metrics=_serving(baseline=base, patched=pat), order=order)
+    if reason is not None:
+        import json
+
+        man = json.loads((run / "manifest.json").read_text())
+        man["config"]["schedule"]["unbalanced_reason"] = reason
+        (run / "manifest.json").write_text(json.dumps(man))
+    return run
+
+
+def test_drift_is_reported_and_changes_verdicts_only_when_unbalanced(tmp_path):
+    run = _drifting(tmp_path / "i", "interleaved")
+    assert main(["report", str(run)]) == 0
+    cmp = build_comparison(run)
+    (d,) = [x for x in cmp.drift if x.metric == TPUT]
+    assert d.found and d.slope_pct == pytest.approx(-2.0, abs=0.3) and d.alpha == 0.01
+    assert cmp.row("serving", TPUT, "patched").verdict == "improved"
+    text = (run / "report.md").read_text()
+    assert "## Drift" in text and "drifts -2.0" in text and "balances it" in text
+
+    run = _drifting(tmp_path / "s", "sequential", reason="a warm-cache study")
+    assert main(["report", str(run)]) == 0
+    cmp = build_comparison(run)
+    row = cmp.row("serving", TPUT, "patched")
+    assert row.verdict == "inconclusive" and "unbalanced schedule" in row.notes[-1]
+    text = (run / "report.md").read_text()
+    assert "a warm-cache study" in text and "(sequential schedule)" in text
+
+
+def test_no_drift_without_a_trend(tmp_path):
+    base = [100.0, 101.0, 99.0, 100.5, 99.5, 100.2]
+    cmp = build_comparison(
+        make_run(tmp_path, metrics=_serving(baseline=base, patched=[x * 1.1 for x in base]))
+    )
+    (d,) = [x for x in cmp.drift if x.metric == TPUT]
+    assert not d.found and d.n == 6
