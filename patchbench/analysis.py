@@ -232,6 +232,23 @@ def _repeat_values(
     return pairs, bounds, bad
 
 
+def _pooled_cells(cmp: Comparison, suite: str, metric: str):
+    """The cell-shift variance of an accuracy metric pooled over every arm of the run (A/A
+    included): the baseline's parts once, each variant's own (the ``cells`` its suite's pair
+    hook gave; patchbench.stats.pool_cell_variance). None when no arm has two repeats."""
+    from patchbench import stats
+
+    parts, base = [], False
+    for v in cmp.variants:
+        c = (_pair_of(cmp, suite, v).get("accuracy", {}).get(metric) or {}).get("cells") or {}
+        if c.get("baseline") and not base:
+            parts.append(stats.CellVariance(**c["baseline"]))
+            base = True
+        if c.get("variant"):
+            parts.append(stats.CellVariance(**c["variant"]))
+    return stats.pool_cell_variance(parts)
+
+
 def _accuracy_test(cmp: Comparison, row: Row) -> verdicts.Test | None:
     """The paired test of an accuracy row from the per-question correctness its suite's pair hook
     gave (then the row's values are the mean correctness); None with a note without it."""
@@ -241,7 +258,12 @@ def _accuracy_test(cmp: Comparison, row: Row) -> verdicts.Test | None:
         row.n_pairs = len(acc["baseline"])
         row.baseline_value = _mean(acc["baseline"])
         row.variant_value = _mean(acc["variant"])
-        return verdicts.accuracy_test(acc["baseline"], acc["variant"])
+        c = acc.get("cells") or {}
+        reps = (int(c["repeats_baseline"]), int(c["repeats_variant"])) if c else None
+        cells = _pooled_cells(cmp, row.suite, row.metric)
+        test = verdicts.accuracy_test(acc["baseline"], acc["variant"], reps, cells)
+        row.notes.extend(test.notes)
+        return test
     if row.variant in cmp.refusals.get(row.suite, {}):
         row.notes.append(f"pairing refused: {cmp.refusals[row.suite][row.variant]}")
     else:
@@ -349,7 +371,8 @@ def _arm_bound(seen: set[str | None]) -> str | None:
 
 
 def _scale(test: verdicts.Test, x: float) -> float:
-    return 100.0 * x if test.scale == "ratio" or test.method.startswith("Newcombe") else x
+    acc = test.method.startswith(("Newcombe", "paired t on per-question"))
+    return 100.0 * x if test.scale == "ratio" or acc else x
 
 
 #: the kinds of primary the report's alpha covers (tested with a sampling error)

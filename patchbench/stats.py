@@ -73,6 +73,7 @@ __all__ = [
     "sd_interval",
     "CellVariance",
     "cell_variance",
+    "pool_cell_variance",
     "paired_items_t",
     "tost_p",
     "equivalent_by_interval",
@@ -272,9 +273,7 @@ def cell_variance(arms: Sequence[np.ndarray]) -> CellVariance | None:
     part (the mean over items of the across-repeat variance of y, over Q). Arms with one repeat
     carry no information; None when no arm has two repeats. Raises ValueError for a matrix that is
     not 2-D or has fewer than 2 items."""
-    num = den = wsum = 0.0
-    df_b = df_w = 0
-    items = 0.0
+    parts = []
     for y in arms:
         y = np.asarray(y, dtype=float)
         if y.ndim != 2 or y.shape[1] < 2:
@@ -286,17 +285,26 @@ def cell_variance(arms: Sequence[np.ndarray]) -> CellVariance | None:
         ms_r = q * float(((rows - grand) ** 2).sum()) / (r - 1)
         resid = y - rows[:, None] - cols[None, :] + grand
         ms_e = float((resid**2).sum()) / ((r - 1) * (q - 1))
-        num += (r - 1) * ms_r
-        wsum += (r - 1) * (q - 1) * ms_e
-        den += r - 1
-        df_b += r - 1
-        df_w += (r - 1) * (q - 1)
-        items += (r - 1) * q
-    if df_b == 0:
+        parts.append(
+            CellVariance(max(0.0, (ms_r - ms_e) / q), ms_r, ms_e, r - 1, (r - 1) * (q - 1), q)
+        )
+    return pool_cell_variance(parts)
+
+
+def pool_cell_variance(parts: Sequence[CellVariance | None]) -> CellVariance | None:
+    """Pool per-arm :class:`CellVariance` estimates (each from :func:`cell_variance` of one arm;
+    None entries are skipped): mean squares weighted by their degrees of freedom, items weighted
+    by ``df_between``, ``sigma2 = (between - within) / items`` truncated at 0 (the pooling of
+    :func:`cell_variance`). None when no part carries information."""
+    parts = [x for x in parts if x is not None and x.df_between > 0]
+    if not parts:
         return None
-    q_bar = items / den
-    between, within = num / df_b, wsum / df_w
-    return CellVariance(max(0.0, (between - within) / q_bar), between, within, df_b, df_w, q_bar)
+    df_b = sum(x.df_between for x in parts)
+    df_w = sum(x.df_within for x in parts)
+    between = sum(x.between * x.df_between for x in parts) / df_b
+    within = sum(x.within * x.df_within for x in parts) / df_w if df_w else 0.0
+    items = sum(x.items * x.df_between for x in parts) / df_b
+    return CellVariance(max(0.0, (between - within) / items), between, within, df_b, df_w, items)
 
 
 def paired_items_t(

@@ -140,14 +140,10 @@ def test_main_prints_the_tables(cal, capsys):
     assert rc in (0, 1)
     assert "| 3% | 1 | 2 / 0 |" in out
     assert "| fixed 5 (today: every suite in every cell) | 2 / 2 |" in out
-    # the PR config runs MMMU in the first round only: so does every row but today's reference
-    assert "| fixed 6, MMMU in the first round only | 2 / 2 |" in out
-    assert (
-        "| sequential 4..6 step 2 (obrien-fleming), MMMU in the first round only | 2 / 2 |" in out
-    )
-    assert (
-        "| sequential 4..10 step 2 (pocock), MMMU in the first round only | 2 / 2 |" in out
-    )  # shipped
+    # the PR config runs MMMU in the first three rounds: so does every row but today's reference
+    assert "| fixed 6, MMMU in the first 3 rounds | 2 / 2 |" in out
+    assert "| sequential 4..6 step 2 (obrien-fleming), MMMU in the first 3 rounds | 2 / 2 |" in out
+    assert "| sequential 4..10 step 2 (pocock), MMMU in the first 3 rounds | 2 / 2 |" in out
     assert "pr9460-h200.yaml: " in out and " repeats at run CV 3%: " in out
 
 
@@ -273,9 +269,12 @@ def test_mmmu_first_judges_mmmu_on_repeat_0_and_the_rest_on_every_repeat():
     assert designs.Cost(4, 60.0, 79.0, 76.0, 30.0, 4).hours(0.5, True) == pytest.approx(
         (4 * (0.5 * 139 + 0.5 * 76) + 4 * 90) / 3600
     )  # fewer rounds than one: MMMU ran in that share of them
-    # the PR config runs no correctness cell (nothing instrumented); the demo one per variant
-    assert designs.config_schedule(REPO / "configs" / "pr9460-h200.yaml") == (True, 0)
-    assert designs.config_schedule(REPO / "configs" / "demo-cpu.yaml") == (False, 3)
+    # the PR config runs MMMU in its first 3 rounds and no correctness cell (nothing
+    # instrumented); the demo MMMU in every round and one correctness cell per variant
+    assert designs.config_schedule(REPO / "configs" / "pr9460-h200.yaml") == (3, 0)
+    assert designs.config_schedule(REPO / "configs" / "demo-cpu.yaml") == (0, 3)
+    assert designs.mmmu_label(1) == ", MMMU in the first round only"
+    assert designs.mmmu_label(3) == ", MMMU in the first 3 rounds" and designs.mmmu_label(0) == ""
 
 
 def test_config_repeats_reads_a_sequential_schedule(tmp_path):

@@ -70,7 +70,7 @@ def run_data(
     tr: Trial,
     settings: CompareSettings,
     secondaries: bool = False,
-    mmmu_first: bool = False,
+    mmmu_first: int = 0,
     plan: SeqPlan | None = None,
 ) -> RunData:
     """The trial as :class:`patchbench.rundata.RunData` (what ``read_run`` returns for the same
@@ -80,7 +80,7 @@ def run_data(
     suite ran only in the first round (``suites.mmmu.rounds: first``): its summaries and pairing
     hold repeat 0 only, as ``read_run`` finds such a run. plan: a sequential design, written as
     the config's schedule (the analysis then replays its rule on the trial's rounds)."""
-    mmmu_ks = {0} if mmmu_first else set(range(tr.repeats))
+    mmmu_ks = set(range(min(int(mmmu_first), tr.repeats))) if mmmu_first else set(range(tr.repeats))
 
     def ran(s: str, k: int) -> bool:
         return s != "mmmu" or k in mmmu_ks
@@ -128,16 +128,27 @@ def mmmu_accuracy(
     """The pair hook's ``accuracy`` entry for mmmu_overall_acc: per question, its share of
     correct answers over the paired repeats, in each arm (what
     ``patchbench.suites.mmmu.pair_repeats`` computes when no question failed). Ids are
-    ``q0..q{n-1}`` sorted as strings, as the hook sorts them."""
-    a = np.mean([correct[(baseline, k)] for k in repeats], axis=0)
-    b = np.mean([correct[(variant, k)] for k in repeats], axis=0)
+    ``q0..q{n-1}`` sorted as strings, as the hook sorts them; ``cells``: each arm's cell-shift
+    variance parts, as the hook gives them."""
+    from dataclasses import asdict
+
+    from patchbench import stats
+
+    ya = np.array([correct[(baseline, k)] for k in repeats], dtype=float)
+    yb = np.array([correct[(variant, k)] for k in repeats], dtype=float)
+    a, b = ya.mean(axis=0), yb.mean(axis=0)
     ids = sorted(f"q{i}" for i in range(a.size))
     idx = [int(i[1:]) for i in ids]
+    cells: dict = {"repeats_baseline": len(repeats), "repeats_variant": len(repeats)}
+    for arm, y in (("baseline", ya), ("variant", yb)):
+        cv = stats.cell_variance([y]) if len(repeats) >= 2 and a.size >= 2 else None
+        cells[arm] = asdict(cv) if cv is not None else None
     return {
         "mmmu_overall_acc": {
             "ids": ids,
             "baseline": [float(a[i]) for i in idx],
             "variant": [float(b[i]) for i in idx],
+            "cells": cells,
         }
     }
 
@@ -203,12 +214,12 @@ def compare_trial(
     via_folders: bool = False,
     root: Path | None = None,
     secondaries: bool = False,
-    mmmu_first: bool = False,
+    mmmu_first: int = 0,
     plan: SeqPlan | None = None,
 ) -> Comparison:
     """The comparison code's verdicts on one trial: in memory (``build_comparison`` on a
     :class:`RunData` with :func:`memory_suites`) or, with ``via_folders``, from a run folder
-    under ``root`` through ``compare_run``. mmmu_first: MMMU ran in the first round only
+    under ``root`` through ``compare_run``. mmmu_first: MMMU ran in the first N rounds only
     (in memory only). plan: a sequential design (in memory only): the comparison replays its
     rule on the trial's rounds, as the report of such a run does."""
     if via_folders and (mmmu_first or plan is not None):
@@ -275,7 +286,7 @@ def run_row(
     secondaries: bool = False,
     plan: SeqPlan | None = None,
     small_effect: float = 0.05,
-    mmmu_first: bool = False,
+    mmmu_first: int = 0,
 ) -> Counts:
     """Simulate ``trials`` seeded trials of each scenario at ``m.run_cv`` and ``repeats``, run
     the comparison on each and count into ``counts`` (a new :class:`Counts` by default).
@@ -287,7 +298,8 @@ def run_row(
     trials as a fixed row of that many repeats) and compared under that schedule: the analysis
     replays the rule and shows its decisions at the look where it stops (the report of a run
     that stopped there); ``repeats`` is ignored.
-    mmmu_first: MMMU runs in the first round only (``suites.mmmu.rounds: first``); its verdict
+    mmmu_first: MMMU runs in the first N rounds only (``suites.mmmu.rounds``; 0: every round,
+    True: the first round); its verdict
     comes from repeat 0, the other suites' from every repeat."""
     c = counts or Counts()
     if plan is not None:
