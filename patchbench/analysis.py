@@ -766,8 +766,9 @@ def _aa_check(cmp: Comparison) -> None:
     """The A/A variants as a measurement: the run-to-run noise of each run-level primary (the sd
     of the paired log ratios A/A / baseline over sqrt 2, a per-run coefficient of variation, with
     its chi-square interval, :func:`patchbench.stats.sd_interval`) next to the config's
-    ``compare.assumed_cv``; an A/A primary that came out improved or regressed is noted, and no
-    verdict is changed."""
+    ``compare.assumed_cv``. A/A rows are measurements, never improved or regressed (as in the
+    sequential rule, where they are controls): a difference beyond an A/A interval is noted in
+    ``cmp.health`` and the row says it; no other verdict is changed."""
     from patchbench import stats
 
     cmp.health = Health(aa_variants=cmp.aa_variants)
@@ -804,10 +805,15 @@ def _aa_check(cmp: Comparison) -> None:
     cmp.health.ok = not seen
     for r in seen:
         cmp.health.notes.append(
-            f"{r.variant} {r.metric}: {r.verdict} ({r.change:+.1f}{r.change_unit}) between two "
-            f"identical arms; at the {100 * (r.confidence or 0):.4g}% level this happens by chance "
-            "in some healthy runs; no other verdict is changed by it"
+            f"{r.variant} {r.metric}: a difference of {r.change:+.1f}{r.change_unit} between two "
+            f"identical arms (its {100 * (r.confidence or 0):.4g}% interval excludes 0; that "
+            "happens by chance in some healthy runs); no verdict is changed by it"
         )
+        r.notes.append(
+            f"A/A: a measurement, never improved or regressed (its interval excludes 0: "
+            f"{r.verdict} if it were a patch)"
+        )
+        r.verdict, r.within_margin = "inconclusive", False
 
 
 def _cells(data: RunData, cmp: Comparison) -> None:

@@ -252,6 +252,8 @@ class Counts:
     new_power: int = 0  # effect: patch-a output throughput improved
     small: int = 0  # "small" trials run (patch-a +5 %; the design table's --small-effect column)
     small_power: int = 0  # small: patch-a output throughput improved
+    small_equiv: int = 0  # small: patch-a output throughput equivalent (a true effect at the
+    # margin called equivalent)
     equiv: dict[str, int] = field(default_factory=dict)  # metric -> equivalent (null patches)
     equiv_n: dict[str, int] = field(default_factory=dict)  # metric -> rows
     raw_hit: dict[str, int] = field(default_factory=dict)  # metric -> improved/regressed rows of
@@ -350,6 +352,7 @@ def _count(c: Counts, sc: str, tr: Trial, cmp: Comparison) -> None:
         c.small += 1
         row = cmp.row("serving", THR, EFFECT_VARIANT)
         c.small_power += row is not None and row.verdict == "improved"
+        c.small_equiv += row is not None and row.verdict == "equivalent"
         return
     dec = [
         r
