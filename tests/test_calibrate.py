@@ -143,7 +143,7 @@ def test_main_prints_the_tables(cal, capsys):
     # the PR config runs MMMU in the first three rounds: so does every row but today's reference
     assert "| fixed 6, MMMU in the first 3 rounds | 2 / 2 |" in out
     assert "| sequential 4..6 step 2 (obrien-fleming), MMMU in the first 3 rounds | 2 / 2 |" in out
-    assert "| sequential 4..12 step 2 (pocock), MMMU in the first 3 rounds | 2 / 2 |" in out
+    assert "| sequential 4..12 step 2 (obrien-fleming), MMMU in the first 3 rounds | 2 / 2 |" in out
     assert "pr9460-h200.yaml: " in out and " repeats at run CV 3%: " in out
 
 
@@ -166,16 +166,16 @@ def test_sequential_rows_use_the_runners_stopping_rule():
     tr = model.simulate(
         np.random.default_rng(0), quiet, 12, speedup={"patch-a": 0.10}, syncs={}, run_id="q"
     )
-    assert stopping.sequential_stop(tr, plan) == 4
+    assert trials.sequential_stop(tr, plan) == 4
     # 30 % run noise: nothing can be decided by 12 repeats, so the runner's rule stops for
     # futility at the first look; without a futility stop nothing stops before the last look
     loud = model.Model(run_cv=0.30, questions=30)
     tr = model.simulate(np.random.default_rng(1), loud, 12, speedup={}, syncs={}, run_id="l")
-    assert stopping.sequential_stop(tr, plan) == 4
+    assert trials.sequential_stop(tr, plan) == 4
     no_fut = stopping.sequential_plan(
         REPO / "configs" / "pr9460-h200.yaml", stopping.SeqSpec(4, 12, 2, futility=0.0)
     )
-    assert stopping.sequential_stop(tr, no_fut) == 12
+    assert trials.sequential_stop(tr, no_fut) == 12
     cut = model.truncate(tr, 6)
     assert cut.repeats == 6 and max(k for _, k in cut.metrics) == 5
     assert cut.values("aa", "serving", "ttft_median_ms").tolist() == (
@@ -306,7 +306,7 @@ def test_seq_spec_futility_and_an_aa_variant_never_holds_the_run():
         f = math.exp(rng.normal(0.0, 0.3))
         for m in model.PRIMARIES["serving"]:
             tr.metrics[("aa", k)]["serving"][m] *= f
-    assert stopping.sequential_stop(tr, plan) == 4
+    assert trials.sequential_stop(tr, plan) == 4
 
 
 def test_design_only_prints_just_the_design_table(cal, capsys):

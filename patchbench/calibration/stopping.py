@@ -3,10 +3,11 @@
 A :class:`SeqSpec` is a ``schedule.repeats: {min, max, step, boundary}`` to simulate (the option
 ``--sequential MIN:MAX:STEP[:BOUNDARY[:FUTILITY]]``, :func:`parse_seq`);
 :func:`sequential_plan` builds the runner's design for it from a config
-(``patchbench.bench.sequential_design`` / ``sequential_primaries``) and :func:`sequential_stop`
-runs the comparison on a trial drawn with ``max`` repeats under that schedule: the analysis
-replays the rule (``patchbench.analysis.sequential_decision``, the runner's look too) and the
-trial stops where it stops.
+(``patchbench.bench.sequential_design`` / ``sequential_primaries``) and
+``patchbench.calibration.trials.sequential_stop`` runs the comparison on a trial drawn with
+``max`` repeats under that schedule: the analysis replays the rule
+(``patchbench.analysis.sequential_decision``, the runner's look too) and the trial stops where
+it stops.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from patchbench.calibration.model import AA, Trial
+from patchbench.calibration.model import AA
 
 
 @dataclass(frozen=True)
@@ -88,18 +89,6 @@ def schedule_of(plan: SeqPlan) -> dict:
         "boundary": s.boundary,
         "futility": plan.design.futility,
     }
-
-
-def sequential_stop(tr: Trial, plan: SeqPlan, settings=None, mmmu_first: bool = False) -> int:
-    """Rounds the shipped sequential rule runs on this trial: the comparison of the trial under
-    ``plan``'s schedule (the rule the report and the runner's looks replay,
-    ``patchbench.analysis.sequential_decision``; the A/A variant is a control): the look at
-    which it stops, or ``max``."""
-    from patchbench.calibration.trials import compare_trial
-    from patchbench.comparison import CompareSettings
-
-    cmp = compare_trial(tr, settings or CompareSettings(), plan=plan, mmmu_first=mmmu_first)
-    return cmp.design.stopped_after or tr.repeats
 
 
 def parse_seq(text: str) -> SeqSpec:

@@ -274,6 +274,17 @@ def _hit(v: str | None) -> bool:
     return v in ("improved", "regressed")
 
 
+def sequential_stop(
+    tr: Trial, plan: SeqPlan, settings: CompareSettings | None = None, mmmu_first: int = 0
+) -> int:
+    """Rounds the shipped sequential rule runs on this trial: the comparison of the trial under
+    ``plan``'s schedule (the rule the report and the runner's looks replay,
+    ``patchbench.analysis.sequential_decision``; the A/A variant is a control): the look at
+    which it stops, or ``max``."""
+    cmp = compare_trial(tr, settings or CompareSettings(), plan=plan, mmmu_first=mmmu_first)
+    return cmp.design.stopped_after or tr.repeats
+
+
 def run_row(
     m: Model,
     repeats: int,
