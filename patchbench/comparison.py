@@ -37,6 +37,9 @@ class CompareSettings(BaseModel):
     within_cell_intervals: let suites show request-level intervals inside one cell (labelled
     descriptive, never a verdict) (True).
     identity_share_tolerance / retokenized_change_share: read by suites' output-identity checks.
+    assumed_cv: the run-to-run noise the config assumes, as a coefficient of variation in percent
+    per run-level metric (keys as in ``margins``); an A/A variant's measured noise is shown next
+    to it.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -50,6 +53,7 @@ class CompareSettings(BaseModel):
     within_cell_intervals: bool = True
     identity_share_tolerance: float = Field(0.02, ge=0.0, le=1.0)
     retokenized_change_share: float = Field(0.01, ge=0.0, le=1.0)
+    assumed_cv: dict[str, float] = Field(default_factory=dict)
 
     def margin_for(self, suite: str, metric: str, default: float | None) -> float | None:
         """The margin of ``suite.metric``: ``margins["suite.metric"]``, else ``margins[metric]``,
@@ -81,6 +85,11 @@ class Row(BaseModel):
     ({"change_pct", "low_pct", "high_pct", "method"}), never a verdict.
     baseline_bound / variant_bound: "lower" / "upper" when that arm's value is only a bound of
     the true value (the suite said so; deterministic rows), None when exact.
+    exact_by: a deterministic row shown exact: "repeats" (every arm measured at least twice, no
+    spread) or the test the suite names (``MetricInfo.deterministic_by``); None: not shown exact
+    (one measurement in an arm).
+    decided_after: a sequential design's primaries: the rounds after which its rule decided
+    (None: not decided by the rule, or a fixed design).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -117,6 +126,8 @@ class Row(BaseModel):
         "inconclusive"
     )
     verdict_before_health: str | None = None
+    decided_after: int | None = None
+    exact_by: str | None = None
     descriptive: dict[str, Any] | None = None
     notes: list[str] = Field(default_factory=list)
 
@@ -128,15 +139,87 @@ class Row(BaseModel):
         return re.split(r" \(|, ", name, maxsplit=1)[0].strip() or name
 
 
+class DesignSummary(BaseModel):
+    """How the primaries were decided (:func:`patchbench.analysis.primary_family` and the design).
+
+    kind: "fixed" (every planned round, Holm over the family) or "sequential" (the
+    group-sequential rule of :mod:`patchbench.sequential`, replayed on the rounds on disk);
+    alpha: two-sided error per report; family: the primaries it covers (every primary of every
+    non-A/A variant tested with a sampling error; incomplete ones included); split: how alpha is
+    shared over them, in words. Sequential: looks (rounds), boundary, stopped_after (the rounds
+    after which the rule stopped; None: it had not), stop_reason. rounds: the complete rounds
+    the rule used; planned: the rounds the config plans (fixed) or its maximum (sequential).
+    partial: why the run gives no decisive verdict (None: it is finished); resume: the command
+    that continues it.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["fixed", "sequential"] = "fixed"
+    alpha: float = 0.05
+    family: int = 0
+    split: str = ""
+    looks: list[int] = Field(default_factory=list)
+    boundary: str | None = None
+    stopped_after: int | None = None
+    stop_reason: str = ""
+    rounds: int = 0
+    planned: int | None = None
+    partial: str | None = None
+    resume: str | None = None
+
+
+class AANoise(BaseModel):
+    """The run-to-run noise an A/A variant measured on one run-level primary: ``cv_pct`` the
+    coefficient of variation of one run (percent: the sd of the paired log ratios over sqrt 2),
+    ``low_pct`` / ``high_pct`` its 95 % chi-square interval, ``n`` the pairs, ``assumed_pct`` the
+    config's ``compare.assumed_cv`` for the metric (None: not stated)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    variant: str
+    suite: str
+    metric: str
+    label: str = ""
+    n: int = 0
+    cv_pct: float | None = None
+    low_pct: float | None = None
+    high_pct: float | None = None
+    assumed_pct: float | None = None
+
+
+class Drift(BaseModel):
+    """A trend of the baseline arm's values across rounds for one run-level primary (the log
+    value on the round index, least-squares slope with its t test at ``alpha``):
+    ``slope_pct`` the change per round in percent (``100 (exp(slope) - 1)``), ``low_pct`` /
+    ``high_pct`` its 95 % interval, ``p`` the two-sided p-value, ``n`` the rounds, ``found``
+    p < alpha."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    suite: str
+    metric: str
+    label: str = ""
+    n: int = 0
+    slope_pct: float = 0.0
+    low_pct: float = 0.0
+    high_pct: float = 0.0
+    p: float = 1.0
+    alpha: float = 0.01
+    found: bool = False
+
+
 class Health(BaseModel):
-    """A/A health check: ``ok`` False when an A/A variant came out improved/regressed on a
-    primary; then every verdict was downgraded to inconclusive (``notes`` say which)."""
+    """The A/A variants as a measurement: ``noise`` per A/A primary; ``ok`` False when an A/A
+    primary came out improved or regressed (which happens by chance in about alpha of healthy
+    runs); no verdict is ever changed by it (``notes`` say what was seen)."""
 
     model_config = ConfigDict(extra="forbid")
 
     ok: bool = True
     aa_variants: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    noise: list[AANoise] = Field(default_factory=list)
 
 
 class Comparison(BaseModel):
@@ -150,7 +233,11 @@ class Comparison(BaseModel):
     {variant: ["rep<k>: line"]}}; methods: the methods used with their sources;
     correctness_cells: [{"variant", "dir", "status", "error", "suites", "instrumented",
     "instrumentation"}] (the untimed correctness cells that ran); suite_rounds: {suite: the
-    timed rounds it ran in, or "correctness" for a suite that runs only in correctness cells}.
+    timed rounds it ran in, or "correctness" for a suite that runs only in correctness cells};
+    design: :class:`DesignSummary` (the rule that decided the primaries, and whether the run is
+    finished); drift: :class:`Drift` per run-level primary (the baseline's trend across rounds);
+    order / unbalanced_reason: the schedule's order of a round and, when it is the unbalanced
+    "sequential", the config's reason.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -167,6 +254,10 @@ class Comparison(BaseModel):
     pairs: dict[str, dict[str, Any]] = Field(default_factory=dict)
     refusals: dict[str, dict[str, str]] = Field(default_factory=dict)
     health: Health = Field(default_factory=Health)
+    design: DesignSummary = Field(default_factory=DesignSummary)
+    drift: list[Drift] = Field(default_factory=list)
+    order: str = "interleaved"
+    unbalanced_reason: str | None = None
     cells: list[dict[str, Any]] = Field(default_factory=list)
     schedule: list[dict[str, Any]] = Field(default_factory=list)
     cell_warnings: dict[str, dict[str, list[str]]] = Field(default_factory=dict)

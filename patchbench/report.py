@@ -80,8 +80,12 @@ def values_txt(r: Row) -> str:
 
 
 def exactness(r: Row) -> str:
-    """ "exact" for a deterministic row, "a bound" when either value is only a bound."""
-    return "a bound" if r.baseline_bound or r.variant_bound else "exact"
+    """How a deterministic row's values are known: "a bound" when either value is only a bound,
+    "exact" when shown exact (every arm measured at least twice with no spread, or the suite's
+    test proves the value deterministic: ``Row.exact_by``), else "one measurement per arm"."""
+    if r.baseline_bound or r.variant_bound:
+        return "a bound"
+    return "exact" if r.exact_by else "one measurement per arm"
 
 
 def fmt_change(x: float | None, unit: str) -> str:
@@ -379,11 +383,11 @@ def _header(man: runfolder.RunManifest, cmp: Comparison) -> list[str]:
         f"| patchbench commit | `{(man.git_sha or '?')[:12]}` |",
         f"| schedule | {cmp.repeats} timed repeat(s), {order} |",
     ]
-    seq = man.sequential
-    if seq is not None:
-        looks = seq.design.looks
-        most = f" of at most {looks[-1]}" if looks else ""
-        lines.append(f"| sequential | {seq.repeats_run}{most} repeats; {seq.reason} |")
+    d = cmp.design
+    if d.kind == "sequential":
+        most = f" of at most {d.looks[-1]}" if d.looks else ""
+        why = d.stop_reason if d.partial is None else f"partial: {d.partial}"
+        lines.append(f"| sequential | {d.stopped_after or d.rounds}{most} repeats; {why} |")
     suites_txt = ", ".join(
         f"{x} ({_rounds_txt(rounds[x])})" if x in rounds and rounds[x] != "all" else x
         for x in cmp.suites
@@ -428,20 +432,32 @@ def _primaries(cmp: Comparison) -> list[str]:
     rows = [r for r in cmp.rows if r.primary]
     if not rows:
         return ["## Primary metrics", "", "(no suite of this run declares primary metrics)", ""]
-    fam = 100 * cmp.settings.confidence
+    d = cmp.design
+    fam = 100 * (1 - d.alpha)
+    if d.kind == "sequential":
+        intro = (
+            f"Decided by the sequential rule ({d.boundary} boundary, looks after "
+            f"{', '.join(str(n) for n in d.looks)} rounds; family confidence {fam:g}% over the "
+            f"{d.family} primaries of the non-A/A variants): each interval is at the nominal "
+            "level its decision used at its look; an equivalent one is the interval TOST checked."
+        )
+    else:
+        intro = (
+            f"Intervals are at the Holm-adjusted level each verdict used (family confidence "
+            f"{fam:g}% over the {d.family} primaries of the non-A/A variants, one family per "
+            "report); equivalence is TOST at the same level."
+        )
     lines = [
         "## Primary metrics",
         "",
-        f"Intervals are at the Holm-adjusted level each verdict used (family confidence "
-        f"{fam:g}% across each variant's primaries); equivalence is TOST at the same level. "
-        "Baseline and variant are the geometric means of the paired repeats, so their ratio is "
-        "the change (accuracy: the mean over the paired questions; counts: the value).",
+        intro + " Baseline and variant are the geometric means of the paired repeats, so their "
+        "ratio is the change (accuracy: the mean over the paired questions; counts: the value).",
         "",
         "| variant | metric | baseline | variant | change | interval | level | verdict | notes |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        level = f"{100 * r.confidence:.2f}%" if r.confidence else "exact"
+        level = f"{100 * r.confidence:.2f}%" if r.confidence else exactness(r)
         lines.append(
             f"| {r.variant} | {_esc(_name(r))} | {shown_value(r, 'baseline')} | "
             f"{shown_value(r, 'variant')} | {fmt_change(r.change, r.change_unit)} | "
@@ -460,19 +476,74 @@ def _primary_notes(r: Row, min_repeats: int) -> list[str]:
     return list(r.notes) + [x for x in extra if x]
 
 
+def partial_lines(cmp: Comparison) -> list[str]:
+    """What a partial run says (none for a finished one): that it is partial, where it stopped
+    and the command that resumes it."""
+    d = cmp.design
+    if d.partial is None:
+        return []
+    out = [f"Partial run: {d.partial}; no primary verdict is decisive."]
+    if d.resume:
+        out.append(f"Resume with: {d.resume}")
+    return out
+
+
+def _partial(cmp: Comparison) -> list[str]:
+    lines = partial_lines(cmp)
+    if not lines:
+        return []
+    return [f"**{lines[0]}**"] + [f"`{x.split(': ', 1)[1]}`" for x in lines[1:2]] + [""]
+
+
+def _aa_line(n) -> str:
+    name = (n.label or n.metric).rstrip(":").strip()
+    if n.cv_pct is None:
+        txt = f"{n.variant} / {name}: fewer than 2 pairs, no noise estimate"
+    else:
+        txt = (
+            f"{n.variant} / {name}: run-to-run CV {n.cv_pct:.2f}% (95% interval "
+            f"{n.low_pct:.2f}-{n.high_pct:.2f}%, {n.n} pairs)"
+        )
+    if n.assumed_pct is not None:
+        txt += f"; the config assumes {n.assumed_pct:g}%"
+    return txt
+
+
+def _drift_lines(cmp: Comparison) -> list[str]:
+    """The drifts found in the baseline's values across rounds (none: nothing)."""
+    found = [d for d in cmp.drift if d.found]
+    if not found:
+        return []
+    unbalanced = cmp.order == "sequential"
+    lines = ["## Drift", ""]
+    for d in found:
+        name = (d.label or d.metric).rstrip(":").strip()
+        lines.append(
+            f"- {d.suite} / {name}: the baseline drifts {d.slope_pct:+.2f}%/round (95% interval "
+            f"{d.low_pct:+.2f} to {d.high_pct:+.2f}, p = {d.p:.2g}, {d.n} rounds)"
+            + (
+                "; under this unbalanced schedule its verdicts are inconclusive"
+                if unbalanced
+                else "; the interleaved schedule balances it across the arms"
+            )
+        )
+    return lines + [""]
+
+
 def _health(cmp: Comparison) -> list[str]:
     lines = []
     if cmp.aa_variants:
         lines += [
-            "## A/A check",
+            "## A/A noise",
             "",
-            (
-                "passed: every A/A variant came out equivalent or inconclusive"
-                if cmp.health.ok
-                else "**failed**: " + " ".join(cmp.health.notes)
-            ),
+            "A/A variants are measurements of the noise between identical arms; they change no "
+            "verdict.",
             "",
         ]
+        lines += [f"- {_aa_line(n)}" for n in cmp.health.noise]
+        lines += [f"- {_esc(x)}" for x in cmp.health.notes]
+        lines += [""]
+    lines += _drift_lines(cmp)
     warn = [(s, v, w) for s, per in cmp.cell_warnings.items() for v, ws in per.items() for w in ws]
     if warn:
         lines += ["<details><summary>cell warnings</summary>", ""]
@@ -760,15 +831,19 @@ def _methods(cmp: Comparison) -> list[str]:
         "## Methods",
         "",
         f"- Run-level metrics: repeat k of the baseline paired with repeat k of the variant "
-        f"(interleaved schedule); a verdict needs at least {s.min_repeats} paired repeats. "
+        f"({cmp.order} schedule); a verdict needs at least {s.min_repeats} paired repeats. "
         "Request-level intervals inside one cell are descriptive only.",
         "- Values shown: each arm's geometric mean over the paired repeats (their ratio is the "
         "change: exp(mean paired log ratio)); accuracy: mean correctness over the paired "
         "questions; counts: the median.",
         "- Verdicts: improved / regressed when the interval excludes no change; equivalent "
         "when TOST at the same level puts the change inside the margin; inconclusive otherwise.",
-        "- A/A variants are compared like any variant; if one comes out improved or regressed, "
-        "every verdict is downgraded to inconclusive.",
+        f"- Error control per report: {cmp.design.split or 'no primary tested'}; secondaries "
+        "are descriptive.",
+        "- Drift: the baseline's values of each run-level primary, log value on the round index, "
+        "slope t test at 0.01; it changes verdicts only under an unbalanced schedule.",
+        "- A/A variants are measurements, outside the family: their run-to-run CV is the sd of "
+        "their paired log ratios over sqrt 2 (chi-square interval); they never change a verdict.",
         f"- Outlier repeat (named only, never changes a verdict): {OUTLIER_RULE}.",
         f"- Repeats to decide (inconclusive primaries): fewest paired repeats for "
         f"{100 * DECIDE_POWER:g}% power at the verdict's level and the run's sd of paired log "
@@ -776,6 +851,11 @@ def _methods(cmp: Comparison) -> list[str]:
         f"(whichever needs fewer); capped at {DECIDE_CAP}. Accuracy: in questions, sd from the "
         "interval (normal).",
     ]
+    if cmp.order == "sequential":
+        lines.append(
+            "- Schedule: unbalanced (order: sequential, the same order every round): "
+            + _esc(cmp.unbalanced_reason or "no reason recorded")
+        )
     lines += [f"- {name}: {src}" for name, src in cmp.methods.items()]
     return lines + [""]
 
@@ -829,7 +909,8 @@ def render_markdown(
     plots = list(plot_paths or [])
     pr_fig = [p for p in plots if p.stem == PR_FIGURE_STEM]
     lines = _header(manifest, cmp)
-    lines += ["## Answer", ""] + [f"- {sentence(cmp, v)}" for v in cmp.variants] + [""]
+    lines += ["## Answer", ""] + _partial(cmp)
+    lines += [f"- {sentence(cmp, v)}" for v in cmp.variants] + [""]
     lines += (
         _primaries(cmp)
         + _failures(cmp, manifest, run_dir)
@@ -928,11 +1009,15 @@ def console_summary(cmp: Comparison, report: Path | None = None) -> list[str]:
             c.print(t)
         if report is not None:
             c.print(f"report: {report}")
+        for line in partial_lines(cmp):
+            c.print(line, markup=False, highlight=False, soft_wrap=True)
         for line in answer:
             c.print(line, markup=False, highlight=False)
     except ImportError:
         if report is not None:
             print(f"report: {report}")
+        for line in partial_lines(cmp):
+            print(line)
         for line in answer:
             print(line)
     return sents

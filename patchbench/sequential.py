@@ -1,17 +1,20 @@
 """Group-sequential repeats: decide after each step of paired repeats whether to stop.
 
 A run with ``schedule.repeats: {min: 4, max: 12, step: 2}`` looks at its primary metrics after
-4, 6, 8, 10 and 12 paired repeats (whole interleaved rounds). At each look every primary of every
-variant gets one of four decisions:
+4, 6, 8, 10 and 12 paired repeats (whole interleaved rounds). The primaries of every compared
+variant but the ``controls`` (A/A variants) form ONE family per report: m hypotheses "no change",
+``alpha`` (two-sided) for the chance of any false improved/regressed among them over all looks.
+At each look every primary of the family gets one of these decisions:
 
 - ``improved`` / ``regressed``: the paired t-test on the log ratios (variant / baseline, one per
   repeat) rejects "no change" at the look's nominal level, which comes from a group-sequential
-  boundary so that the chance of any false improved/regressed over ALL looks stays at ``alpha``
-  (two-sided). Across the primaries of one variant the levels are Holm step-down levels: the
-  boundary computed for ``alpha / (m - r - i)`` (m primaries, r already rejected at earlier
-  looks, i-th smallest p-value of the rest), the group-sequential Holm procedure of Ye, Li, Jiang
-  and Wang, "A group sequential Holm procedure with multiple primary endpoints", Statistics in
-  Medicine 32 (2013) 1112-1124. A decision, once made, is kept at later looks.
+  boundary for the primary's share of alpha. The shares are Holm step-down shares over the whole
+  family: with r primaries rejected so far (at earlier looks or at this one), every open primary
+  is tested at the boundary for ``alpha / (m - r)``, repeated at the same look while that rejects
+  more (the group-sequential Holm procedure of Ye, Li, Jiang and Wang, "A group sequential Holm
+  procedure with multiple primary endpoints", Statistics in Medicine 32 (2013) 1112-1124; with
+  one boundary for all it is Holm's sorted step-down). A decision, once made, is kept at later
+  looks.
 - ``equivalent``: the two one-sided tests (TOST) against ``+-margin`` both reject at the look's
   nominal level for ``alpha`` (``equivalence_split="bonferroni"``: for ``alpha / m``), i.e. the
   ``1 - 2 * level`` interval lies inside ``(-margin, +margin)``.
@@ -28,9 +31,15 @@ variant gets one of four decisions:
 - ``continue``: none of these, and looks remain. At the last look an undecided metric is
   ``inconclusive``.
 
-The run stops when every primary of every variant but the ``controls`` (A/A variants: health
-checks, not questions; they are decided like the others and recorded, and the final comparison
-analyses them as always) is decided or futile, or at the last look.
+Primaries whose data do not grow with the looks (an accuracy primary whose rounds all ran before
+the first look: :class:`FixedTest`) belong to the same family: such a test has one look, so its
+level is its whole share ``alpha / (m - r)`` at every look (the same data tested again at a
+larger share once others are rejected, as Holm does); they never hold the run open.
+
+Controls (A/A variants) are measurements, not members of the family: each of their primaries is
+``equivalent`` (TOST as above) or stays open and ends ``inconclusive``; never improved or
+regressed, and they never hold the run open. The run stops when every primary of the family that
+can gain from more rounds is decided or futile, or at the last look.
 
 Boundaries (:func:`boundary`): the look statistics ``Z_k`` of a mean of independent increments
 have ``corr(Z_j, Z_k) = sqrt(n_j / n_k)`` (j <= k). The constant is the root of
@@ -43,17 +52,17 @@ spaced looks and two-sided alpha = 0.05 this gives their Table 2.1 (Pocock: 2.17
 checks both and an independent computation with ``scipy.stats.multivariate_normal``.
 The variance is estimated, so a look with n repeats compares the t-statistic's p-value (n - 1
 degrees of freedom) with the nominal level ``2 * (1 - Phi(b_k))`` (the "significance level"
-approach, Jennison and Turnbull section 3.3); scripts/calibrate_nightly.py measures the resulting
+approach, Jennison and Turnbull section 3.3); scripts/calibrate.py measures the resulting
 error rates by simulation.
 
-Everything here is pure (no files, no server). The runner calls :func:`decide` after each step,
-or :func:`replay` on the repeats that exist (a resumed run continues where it stopped).
+Everything here is pure (no files, no server). :func:`replay` runs the looks whose repeats exist
+(the runner after each step, the analysis on a run folder: the same decisions).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Literal
@@ -188,19 +197,17 @@ def _levels_cached(looks: tuple[float, ...], alpha: float, kind: str) -> tuple[f
 @dataclass(frozen=True)
 class Design:
     """A group-sequential design: the looks (repeat counts), the overall two-sided ``alpha`` per
-    report, the boundary shape, and how alpha is split: ``split_variants`` True gives each of the
-    V compared variants ``alpha / V`` (Bonferroni: at most ``alpha`` chance of any false
-    improved/regressed primary in a report), Holm across each variant's primaries within that;
-    equivalence ("none": TOST at the look's nominal level for the variant's alpha;
-    "bonferroni": for that divided by its m primaries). ``futility``: conditional-power
-    threshold in [0, 1) below which an undecided metric is ``futile`` and no longer holds the run
-    open (0: no futility stop, every primary must be decided; see the module docstring)."""
+    report (one family: every primary of every compared variant but the controls, Holm shares
+    over it; see the module docstring), the boundary shape, and the level of equivalence
+    ("none": TOST at the look's nominal level for ``alpha``; "bonferroni": for ``alpha / m``).
+    ``futility``: conditional-power threshold in [0, 1) below which an undecided metric is
+    ``futile`` and no longer holds the run open (0: no futility stop, every primary must be
+    decided; see the module docstring)."""
 
     looks: tuple[int, ...]
     alpha: float = 0.05
     kind: Boundary = "pocock"
     equivalence_split: Literal["none", "bonferroni"] = "none"
-    split_variants: bool = True
     futility: float = 0.0
 
     def __post_init__(self) -> None:
@@ -217,15 +224,31 @@ class Design:
         return nominal_levels(self.looks, alpha, self.kind)[look_index]
 
 
+@dataclass(frozen=True)
+class FixedTest:
+    """A primary tested on data that do not grow with the looks (one look; e.g. accuracy whose
+    rounds all ran before the first look): ``p`` two-sided p-value of no change, ``estimate`` the
+    change (in the test's own unit, e.g. proportions), ``n`` the items it used, ``equivalent``
+    level -> whether TOST shows equivalence at that one-sided level (None: no margin)."""
+
+    p: float
+    estimate: float
+    n: int
+    equivalent: Callable[[float], bool] | None = None
+
+
 @dataclass
 class MetricDecision:
     """One primary of one variant at one look.
 
-    decision: improved | regressed | equivalent | continue | inconclusive (last look, undecided).
-    estimate: mean log ratio (variant / baseline); change_pct: ``100 * (exp(estimate) - 1)``.
-    p_value: two-sided paired t p-value against no change; level: the nominal level it was
-    compared with (Holm step); look: the 0-based look at which it was decided (None: not yet);
-    n: paired repeats used.
+    decision: improved | regressed | equivalent | continue | futile | inconclusive (stopped,
+    undecided). estimate: mean log ratio (variant / baseline; a :class:`FixedTest`'s own
+    estimate); change_pct: ``100 * (exp(estimate) - 1)`` (a FixedTest: ``100 * estimate``, points).
+    p_value: two-sided p-value against no change; level: the two-sided nominal level it was
+    compared with (improved / regressed: the Holm share's boundary level that it met; continue /
+    futile / inconclusive: the one it missed at this look; equivalent: the one-sided TOST level);
+    look: the 0-based look at which it was decided (None: not yet); n: paired repeats used (a
+    FixedTest: its items).
     """
 
     decision: Decision
@@ -240,13 +263,15 @@ class MetricDecision:
 
 @dataclass
 class LookDecision:
-    """The outcome of one look: per (variant, metric) decisions, whether to stop and why."""
+    """The outcome of one look: per (variant, metric) decisions, whether to stop and why, the
+    size of the family (``family``: the primaries the report's alpha covers)."""
 
     look_index: int
     n_repeats: int
     metrics: dict[tuple[str, str], MetricDecision] = field(default_factory=dict)
     stop: bool = False
     reason: str = ""
+    family: int = 0
 
     def to_json(self) -> dict:
         """JSON-ready dict (for the manifest): decisions keyed ``variant/metric``."""
@@ -305,6 +330,9 @@ def conditional_power(
     return min(p_eff, 1.0), max(p_eq, 0.0)
 
 
+Key = tuple[str, str]
+
+
 def decide(
     look_index: int,
     log_ratios: Mapping[str, Mapping[str, Sequence[float]]],
@@ -315,6 +343,7 @@ def decide(
     better: Mapping[str, str] | None = None,
     previous: LookDecision | None = None,
     controls: Collection[str] = (),
+    fixed: Mapping[str, Mapping[str, FixedTest]] | None = None,
 ) -> LookDecision:
     """Decide at look ``look_index`` (0-based index into ``design.looks``).
 
@@ -322,135 +351,157 @@ def decide(
     per repeat, at least ``design.looks[look_index]`` of them (only that many are used);
     margins: metric -> equivalence margin on the log scale (``math.log1p(pct / 100)`` for a
     percent margin; 0 or missing: no equivalence stop for that metric); alpha: overall two-sided
-    level per report, default ``design.alpha`` (split across variants when
-    ``design.split_variants``, controls included); better: metric -> "higher" | "lower"
-    (default "higher"); previous: the decision of the previous look (its decided metrics are
-    kept); controls: variants (A/A) that are decided and recorded like the others but never hold
-    the run open.
+    level per report (the family: every primary of every variant but the controls), default
+    ``design.alpha``; better: metric -> "higher" | "lower" (default "higher"); previous: the
+    decision of the previous look (its decided metrics are kept); controls: variants (A/A) that
+    are measured, not tested (see the module docstring); fixed: variant -> metric ->
+    :class:`FixedTest`, primaries of the family whose data do not grow with the looks.
     Returns a :class:`LookDecision`; raises ValueError when a metric has fewer repeats than the
     look needs or the look index is out of range.
     """
     if not 0 <= look_index < len(design.looks):
         raise ValueError(f"look {look_index} is not one of the design's {len(design.looks)} looks")
-    out = LookDecision(look_index, design.looks[look_index])
-    report_alpha = design.alpha if alpha is None else alpha
-    alpha = report_alpha
-    if design.split_variants and log_ratios:
-        alpha = report_alpha / len(log_ratios)
+    n = design.looks[look_index]
+    out = LookDecision(look_index, n)
+    alpha = design.alpha if alpha is None else alpha
+    better = better or {}
+    fixed = fixed or {}
+    tests: dict[Key, stats.TTest] = {}
     for variant, per_metric in log_ratios.items():
-        kept = {
-            name: prev
-            for name in per_metric
-            if previous is not None
-            and (prev := previous.metrics.get((variant, name))) is not None
-            and prev.decision in DECIDED
-        }
-        decided = _decide_variant(
-            variant, per_metric, margins, alpha, design, look_index, better or {}, kept
-        )
-        out.metrics.update({(variant, name): d for name, d in decided.items()})
-    _stop_or_go(out, look_index == len(design.looks) - 1, controls)
+        for name, series in per_metric.items():
+            d = np.asarray(series, dtype=float)
+            if len(d) < n:
+                raise ValueError(
+                    f"{variant}/{name}: {len(d)} paired repeats, look {look_index} needs {n}"
+                )
+            tests[(variant, name)] = stats.paired_t(d[:n])
+    family = [k for k in tests if k[0] not in controls]
+    family += [(v, x) for v, per in fixed.items() if v not in controls for x in per]
+    out.family = len(family)
+    kept = {
+        k: prev
+        for k in family
+        if previous is not None
+        and (prev := previous.metrics.get(k)) is not None
+        and prev.decision in DECIDED
+    }
+    fam = _Family(design, look_index, alpha, len(family), better, margins)
+    out.metrics.update(fam.decide(family, tests, fixed, kept))
+    for k, t in tests.items():
+        if k[0] in controls:
+            prev = previous.metrics.get(k) if previous is not None else None
+            out.metrics[k] = (
+                prev if prev is not None and prev.decision in DECIDED else (fam.control(t, k))
+            )
+    _stop_or_go(out, look_index == len(design.looks) - 1, controls, set(tests))
     return out
 
 
-def _decide_variant(
-    variant: str,
-    per_metric: Mapping[str, Sequence[float]],
-    margins: Mapping[str, float],
-    alpha: float,
-    design: Design,
-    look_index: int,
-    better: Mapping[str, str],
-    kept: dict[str, MetricDecision],
-) -> dict[str, MetricDecision]:
-    """One variant's primaries at one look (see :func:`decide`), in sorted order: those decided
-    at earlier looks (``kept``) stay; Holm's step-down at the look's sequential levels over the
-    rest decides improved / regressed; then TOST equivalence, else continue / futile /
-    inconclusive."""
-    n = design.looks[look_index]
-    names = sorted(per_metric)
-    m = len(names)
-    done = dict(kept)
-    tests: dict[str, stats.TTest] = {}
-    for name in names:
-        d = np.asarray(per_metric[name], dtype=float)
-        if len(d) < n:
-            raise ValueError(
-                f"{variant}/{name}: {len(d)} paired repeats, look {look_index} needs {n}"
+@dataclass
+class _Family:
+    """The family's decisions at one look (:func:`decide`)."""
+
+    design: Design
+    look: int
+    alpha: float
+    m: int
+    better: Mapping[str, str]
+    margins: Mapping[str, float]
+
+    def share_level(self, share: float, fixed: bool) -> float:
+        """The nominal level of a primary for a share ``share`` of alpha at this look: its
+        boundary's, or the whole share for a one-look (fixed) test."""
+        return share if fixed else self.design.level(self.look, share)
+
+    def decide(
+        self,
+        family: list[Key],
+        tests: Mapping[Key, stats.TTest],
+        fixed: Mapping[str, Mapping[str, FixedTest]],
+        kept: dict[Key, MetricDecision],
+    ) -> dict[Key, MetricDecision]:
+        """Holm shares over the open primaries until no more is rejected, then the rest."""
+        n = self.design.looks[self.look]
+        done = dict(kept)
+        rejected = sum(1 for x in done.values() if x.decision in ("improved", "regressed"))
+
+        def p_of(k: Key) -> float:
+            return tests[k].p_value() if k in tests else fixed[k[0]][k[1]].p
+
+        while True:
+            share = self.alpha / max(self.m - rejected, 1)
+            open_ = [k for k in family if k not in done]
+            now = [k for k in open_ if p_of(k) <= self.share_level(share, k not in tests)]
+            if not now:
+                break
+            for i, k in enumerate(sorted(now, key=p_of)):
+                lvl = self.share_level(share, k not in tests)
+                est = fixed[k[0]][k[1]].estimate if k not in tests else tests[k].mean
+                up = est > 0
+                good = up if self.better.get(k[1], "higher") == "higher" else not up
+                is_fixed = k not in tests
+                done[k] = MetricDecision(
+                    "improved" if good else "regressed",
+                    fixed[k[0]][k[1]].n if is_fixed else n,
+                    est,
+                    100.0 * est if is_fixed else 100.0 * math.expm1(est),
+                    p_of(k),
+                    lvl,
+                    self.look,
+                    f"p = {p_of(k):.3g} <= {lvl:.3g} (Holm share alpha/{self.m - rejected} of "
+                    f"the {self.m} primaries, step {rejected + i + 1}; "
+                    + ("one look" if is_fixed else f"{self.design.kind} boundary")
+                    + f", look {self.look + 1})",
+                )
+            rejected += len(now)
+        share = self.alpha / max(self.m - rejected, 1)
+        eq_alpha = (
+            self.alpha / self.m if self.design.equivalence_split == "bonferroni" else (self.alpha)
+        )
+        for k in family:
+            if k in done:
+                continue
+            if k in tests:
+                done[k] = self.undecided(tests[k], k, share, eq_alpha)
+            else:
+                done[k] = self.undecided_fixed(fixed[k[0]][k[1]], share, eq_alpha)
+        return done
+
+    def undecided(self, t: stats.TTest, key: Key, share: float, eq_alpha: float) -> MetricDecision:
+        """A run-level primary no Holm share rejected: equivalent (TOST at the look's level for
+        ``eq_alpha``), else inconclusive at the last look, else continue, or futile when the
+        conditional power of deciding it by the last look (at the current share) is below
+        ``design.futility``."""
+        design, look = self.design, self.look
+        margin = float(self.margins.get(key[1]) or 0.0)
+        n, n_final = design.looks[look], design.looks[-1]
+        last = look == len(design.looks) - 1
+        mean, p = t.mean, t.p_value()
+        eq_level = design.level(look, eq_alpha)
+        missed = design.level(look, share)
+        if _equivalent(t, margin, eq_level):
+            return MetricDecision(
+                "equivalent",
+                n,
+                mean,
+                100.0 * math.expm1(mean),
+                p,
+                eq_level,
+                look,
+                f"TOST at {eq_level:.3g}: the {100 * (1 - 2 * eq_level):.1f} % interval "
+                f"lies inside +-{100 * math.expm1(margin):.3g} %",
             )
-        tests[name] = stats.paired_t(d[:n])
-    rejected = sum(1 for x in done.values() if x.decision in ("improved", "regressed"))
-    open_ = sorted((tests[x].p_value(), x) for x in names if x not in done)
-    # Holm step-down over the undecided metrics, at the look's sequential levels
-    for i, (p, name) in enumerate(open_):
-        lvl = design.level(look_index, alpha / (m - rejected - i))
-        if p > lvl:
-            break
-        mean = tests[name].mean
-        up = mean > 0
-        good = up if better.get(name, "higher") == "higher" else not up
-        done[name] = MetricDecision(
-            "improved" if good else "regressed",
-            n,
-            mean,
-            100.0 * math.expm1(mean),
-            p,
-            lvl,
-            look_index,
-            f"p = {p:.3g} <= {lvl:.3g} (Holm step {i + 1 + rejected} "
-            f"of {m}, {design.kind} boundary, look {look_index + 1})",
-        )
-    rejected_now = sum(1 for x in done.values() if x.decision in ("improved", "regressed"))
-    eq_alpha = alpha / m if design.equivalence_split == "bonferroni" else alpha
-    return {
-        name: done[name]
-        if name in done
-        else _undecided(
-            tests[name],
-            float(margins.get(name) or 0.0),
-            design,
-            look_index,
-            effect_alpha=alpha / (m - rejected_now),
-            eq_alpha=eq_alpha,
-        )
-        for name in names
-    }
-
-
-def _undecided(
-    t: stats.TTest,
-    margin: float,
-    design: Design,
-    look_index: int,
-    *,
-    effect_alpha: float,
-    eq_alpha: float,
-) -> MetricDecision:
-    """A primary that no Holm step rejected: equivalent (TOST at the look's level for
-    ``eq_alpha``), else inconclusive at the last look, else continue, or futile when the
-    conditional power of deciding it by the last look (its next Holm step there:
-    ``effect_alpha``) is below ``design.futility``."""
-    n, n_final = design.looks[look_index], design.looks[-1]
-    last = look_index == len(design.looks) - 1
-    mean, p = t.mean, t.p_value()
-    eq_level = design.level(look_index, eq_alpha)
-    if _equivalent(t, margin, eq_level):
-        dec: Decision = "equivalent"
-        why = (
-            f"TOST at {eq_level:.3g}: the {100 * (1 - 2 * eq_level):.1f} % interval "
-            f"lies inside +-{100 * math.expm1(margin):.3g} %"
-        )
-    elif last:
-        dec, why = "inconclusive", "neither a change nor equivalence shown at the last look"
-    else:
-        dec, why = "continue", "neither a change nor equivalence shown"
-        if design.futility > 0:
+        dec: Decision = "continue"
+        why = f"neither a change (p = {p:.3g} > {missed:.3g}) nor equivalence shown"
+        if last:
+            dec, why = "inconclusive", why + " at the last look"
+        elif design.futility > 0:
             cp_eff, cp_eq = conditional_power(
                 mean,
                 t.sd,
                 n,
                 n_final,
-                effect_level=design.level(len(design.looks) - 1, effect_alpha),
+                effect_level=design.level(len(design.looks) - 1, share),
                 margin=margin,
                 equivalence_level=design.level(len(design.looks) - 1, eq_alpha),
             )
@@ -461,28 +512,82 @@ def _undecided(
                     f"estimate ({100 * math.expm1(mean):+.2f} %) {cp_eff:.3f} for a "
                     f"change, {cp_eq:.3f} for equivalence, below {design.futility:g}"
                 )
-    eq = dec == "equivalent"
-    return MetricDecision(
-        dec,
-        n,
-        mean,
-        100.0 * math.expm1(mean),
-        p,
-        eq_level if eq else None,
-        look_index if eq else None,
-        why,
-    )
+        return MetricDecision(dec, n, mean, 100.0 * math.expm1(mean), p, missed, None, why)
+
+    def undecided_fixed(self, t: FixedTest, share: float, eq_alpha: float) -> MetricDecision:
+        """A one-look primary no Holm share rejected: equivalent (TOST at ``eq_alpha``) or open
+        (``continue``; it never holds the run open and ends inconclusive)."""
+        if t.equivalent is not None and t.equivalent(eq_alpha):
+            return MetricDecision(
+                "equivalent",
+                t.n,
+                t.estimate,
+                100.0 * t.estimate,
+                t.p,
+                eq_alpha,
+                self.look,
+                f"TOST at {eq_alpha:.3g} (one look): the interval lies inside the margin",
+            )
+        return MetricDecision(
+            "continue",
+            t.n,
+            t.estimate,
+            100.0 * t.estimate,
+            t.p,
+            share,
+            None,
+            f"neither a change (p = {t.p:.3g} > {share:.3g}, one look) nor equivalence shown",
+        )
+
+    def control(self, t: stats.TTest, key: Key) -> MetricDecision:
+        """An A/A primary: a measurement; equivalent by TOST at the look's level for alpha, else
+        open (it never holds the run open and ends inconclusive)."""
+        design, look = self.design, self.look
+        n, mean, p = design.looks[look], t.mean, t.p_value()
+        margin = float(self.margins.get(key[1]) or 0.0)
+        eq_level = design.level(look, self.alpha)
+        if _equivalent(t, margin, eq_level):
+            return MetricDecision(
+                "equivalent",
+                n,
+                mean,
+                100.0 * math.expm1(mean),
+                p,
+                eq_level,
+                look,
+                f"A/A (a measurement): TOST at {eq_level:.3g}: the "
+                f"{100 * (1 - 2 * eq_level):.1f} % interval lies inside "
+                f"+-{100 * math.expm1(margin):.3g} %",
+            )
+        return MetricDecision(
+            "continue",
+            n,
+            mean,
+            100.0 * math.expm1(mean),
+            p,
+            None,
+            None,
+            "A/A (a measurement, never improved or regressed): equivalence not shown",
+        )
 
 
-def _stop_or_go(out: LookDecision, last: bool, controls: Collection[str]) -> None:
-    """Set ``out.stop`` and ``out.reason``: stop when every primary of every variant but the
-    ``controls`` is decided or futile, or at the last look; what is still open then ends
-    inconclusive."""
+def _stop_or_go(
+    out: LookDecision, last: bool, controls: Collection[str], grows: Collection[Key]
+) -> None:
+    """Set ``out.stop`` and ``out.reason``: stop when every primary of the family that gains from
+    more rounds (``grows``: the run-level ones) is decided or futile, or at the last look; what
+    is still open then ends inconclusive."""
     n = out.n_repeats
-    held = [k for k, d in out.metrics.items() if k[0] not in controls and d.decision not in DECIDED]
+    held = [
+        k
+        for k, d in out.metrics.items()
+        if k[0] not in controls and k in grows and d.decision not in DECIDED
+    ]
     undecided = [k for k in held if out.metrics[k].decision != "futile"]
     futile = len(held) - len(undecided)
-    open_total = sum(1 for d in out.metrics.values() if d.decision not in DECIDED)
+    aa_open = sum(
+        1 for k, d in out.metrics.items() if k[0] in controls and d.decision not in DECIDED
+    )
     if not undecided:
         out.stop = True
         out.reason = f"every primary decided after {n} repeats"
@@ -491,9 +596,9 @@ def _stop_or_go(out: LookDecision, last: bool, controls: Collection[str]) -> Non
                 f"every primary decided or futile after {n} repeats; {futile} primary "
                 "metric(s) inconclusive (futile: unlikely to be decided by the last look)"
             )
-        if open_total > futile:
+        if aa_open:
             out.reason += (
-                f"; {open_total - futile} A/A primary metric(s) undecided (A/A variants do not "
+                f"; {aa_open} A/A primary metric(s) undecided (A/A variants do not "
                 "hold the run open)"
             )
     elif last:
@@ -518,6 +623,7 @@ def replay(
     design: Design,
     better: Mapping[str, str] | None = None,
     controls: Collection[str] = (),
+    fixed: Mapping[str, Mapping[str, FixedTest]] | None = None,
 ) -> LookDecision | None:
     """Run :func:`decide` for every look whose repeats exist, stopping where the design stops.
 
@@ -526,6 +632,8 @@ def replay(
     or None when fewer repeats than the first look exist.
     """
     have = min((len(s) for per in log_ratios.values() for s in per.values()), default=0)
+    if not log_ratios:
+        have = design.looks[0]  # nothing grows: the first look decides what there is
     result = None
     for k, n in enumerate(design.looks):
         if n > have:
@@ -539,6 +647,7 @@ def replay(
             better=better,
             previous=result,
             controls=controls,
+            fixed=fixed,
         )
         if result.stop:
             break
@@ -556,6 +665,7 @@ def next_target(design: Design, decision: LookDecision | None) -> int | None:
 
 __all__ = [
     "Design",
+    "FixedTest",
     "LookDecision",
     "MetricDecision",
     "boundary",

@@ -1,4 +1,5 @@
-"""Statistical methods, one copy each: t tests, TOST, Holm, Wilson, Newcombe, request bootstraps.
+"""Statistical methods, one copy each: t tests, TOST, Holm, Wilson, Newcombe, variance components,
+request bootstraps.
 
 The rules that turn these into verdicts live elsewhere and only call this module:
 :mod:`patchbench.verdicts` (a comparison's verdicts), :mod:`patchbench.gates` (nightly gates) and
@@ -7,7 +8,13 @@ The rules that turn these into verdicts live elsewhere and only call this module
 - t tests (:class:`TTest`: estimate, standard error, degrees of freedom; two- and one-sided
   p-values, two-sided intervals, one-sided bounds): :func:`paired_t` on paired differences
   (Student 1908; on :func:`log_ratios` for ratios), :func:`welch_t` (Welch 1947),
-  :func:`prediction_t` (a new mean against K earlier means);
+  :func:`prediction_t` (a new mean against K earlier means), :func:`trend_t` (the slope of a
+  least-squares line: a drift across rounds);
+- :func:`sd_interval`: the chi-square interval of a standard deviation;
+- items paired across two arms with repeated cells (MMMU questions): :func:`cell_variance`
+  (the variance of a cell's shift, ANOVA estimator of a two-way layout, pooled over arms) and
+  :func:`paired_items_t` (the mean per-item difference with that component added,
+  Satterthwaite's degrees of freedom);
 - :func:`tost_p` / :func:`equivalent_by_interval`: equivalence by two one-sided tests
   (Schuirmann 1987), as a p-value or by its interval;
 - :func:`holm`: Holm's (1979) step-down levels for a family of p-values;
@@ -62,6 +69,12 @@ __all__ = [
     "paired_t",
     "welch_t",
     "prediction_t",
+    "trend_t",
+    "sd_interval",
+    "CellVariance",
+    "cell_variance",
+    "pool_cell_variance",
+    "paired_items_t",
     "tost_p",
     "equivalent_by_interval",
     "holm",
@@ -192,6 +205,148 @@ def prediction_t(x: Sequence[float], means: Sequence[float]) -> TTest:
         raise ValueError(f"a prediction t test needs a value and 2 means, got {len(x)} and {k}")
     se = float(np.std(means, ddof=1) * math.sqrt(1.0 + 1.0 / k))
     return TTest(float(np.mean(x) - np.mean(means)), se, k - 1, len(x))
+
+
+def trend_t(y: Sequence[float], x: Sequence[float] | None = None) -> TTest:
+    """The least-squares slope of ``y`` on ``x`` (default ``0, 1, ..., n-1``: a value per round)
+    with its t test: ``mean`` the slope (units of y per unit of x), ``se`` its standard error
+    ``sqrt(s^2 / Sxx)`` with s^2 the residual variance on n - 2 degrees of freedom (e.g.
+    Montgomery, Peck & Vining, "Introduction to Linear Regression Analysis", 2.3). The same slope,
+    standard error and two-sided p-value as ``scipy.stats.linregress(x, y)``. Raises ValueError
+    with fewer than 3 values, lengths that differ or x without spread."""
+    yy = np.asarray(y, dtype=float)
+    xx = np.arange(yy.size, dtype=float) if x is None else np.asarray(x, dtype=float)
+    if yy.ndim != 1 or yy.size < 3 or xx.shape != yy.shape:
+        raise ValueError(f"a trend needs at least 3 (x, y) pairs of equal length, got {yy.size}")
+    sxx = float(((xx - xx.mean()) ** 2).sum())
+    if sxx == 0:
+        raise ValueError("a trend needs x values that differ")
+    slope = float(((xx - xx.mean()) * (yy - yy.mean())).sum() / sxx)
+    resid = yy - yy.mean() - slope * (xx - xx.mean())
+    n = int(yy.size)
+    s2 = float((resid**2).sum()) / (n - 2)
+    return TTest(slope, math.sqrt(s2 / sxx), n - 2, n)
+
+
+def sd_interval(sd: float, df: float, alpha: float = 0.05) -> tuple[float, float]:
+    """Two-sided ``1 - alpha`` interval of a normal standard deviation from a sample standard
+    deviation ``sd`` on ``df`` degrees of freedom: ``sd sqrt(df / chi2_{1-alpha/2, df})`` to
+    ``sd sqrt(df / chi2_{alpha/2, df})`` (e.g. Hahn & Meeker, "Statistical Intervals" (1991),
+    4.2). Raises ValueError for df < 1 or sd < 0."""
+    if df < 1 or sd < 0:
+        raise ValueError(f"an interval of a standard deviation needs df >= 1 and sd >= 0, got {df}")
+    lo = sd * math.sqrt(df / float(sps.chi2.ppf(1 - alpha / 2, df)))
+    hi = sd * math.sqrt(df / float(sps.chi2.ppf(alpha / 2, df)))
+    return lo, hi
+
+
+@dataclass(frozen=True)
+class CellVariance:
+    """The variance of a cell's shift (:func:`cell_variance`): ``sigma2`` the estimate, truncated
+    at 0 (proportions squared: 2.5e-5 is a shift of 0.5 points of accuracy as a standard
+    deviation); its parts for Satterthwaite's degrees of freedom: ``between`` and ``within`` the
+    pooled mean squares of repeats and of the residual (``sigma2 = (between - within) / items``
+    before truncation), on ``df_between`` and ``df_within`` degrees of freedom; ``items`` the
+    number of items (per arm, averaged over the arms that carry information)."""
+
+    sigma2: float
+    between: float
+    within: float
+    df_between: int
+    df_within: int
+    items: float
+
+
+def cell_variance(arms: Sequence[np.ndarray]) -> CellVariance | None:
+    """The variance of a cell's shift, pooled over arms.
+
+    arms: per arm a matrix ``y[r, q]`` (shape (R_a, Q_a): repeat r, item q; correctness 0/1 or any
+    value). Model: ``y[a, r, q] = mu[a, q] + c[a, r] + e[a, r, q]`` with ``c`` a cell's shift
+    (variance ``sigma_c^2``, the same in every arm) and ``e`` independent item noise. Per arm the
+    two-way layout without interaction (repeats x items) gives the mean square of repeats
+    ``MS_R = Q sum_r (ybar_r. - ybar..)^2 / (R - 1)`` and of the residual ``MS_E`` on
+    (R - 1)(Q - 1) degrees of freedom; ``E[MS_R - MS_E] = Q sigma_c^2`` (the ANOVA estimator of a
+    balanced two-way crossed classification: Searle, Casella & McCulloch, "Variance Components"
+    (1992), 4.7). The arms' estimates ``(MS_R - MS_E) / Q`` are pooled with weights ``R_a - 1``
+    (``df_between = sum (R_a - 1)``), and the result truncated at 0. ``MS_R - MS_E`` equals
+    ``Q^2 / (Q - 1)`` times the between-repeat variance of the cell means minus its within-item
+    part (the mean over items of the across-repeat variance of y, over Q). Arms with one repeat
+    carry no information; None when no arm has two repeats. Raises ValueError for a matrix that is
+    not 2-D or has fewer than 2 items."""
+    parts = []
+    for y in arms:
+        y = np.asarray(y, dtype=float)
+        if y.ndim != 2 or y.shape[1] < 2:
+            raise ValueError(f"a cell-variance arm needs a (repeats, items) matrix, got {y.shape}")
+        r, q = y.shape
+        if r < 2:
+            continue
+        rows, cols, grand = y.mean(axis=1), y.mean(axis=0), y.mean()
+        ms_r = q * float(((rows - grand) ** 2).sum()) / (r - 1)
+        resid = y - rows[:, None] - cols[None, :] + grand
+        ms_e = float((resid**2).sum()) / ((r - 1) * (q - 1))
+        parts.append(
+            CellVariance(max(0.0, (ms_r - ms_e) / q), ms_r, ms_e, r - 1, (r - 1) * (q - 1), q)
+        )
+    return pool_cell_variance(parts)
+
+
+def pool_cell_variance(parts: Sequence[CellVariance | None]) -> CellVariance | None:
+    """Pool per-arm :class:`CellVariance` estimates (each from :func:`cell_variance` of one arm;
+    None entries are skipped): mean squares weighted by their degrees of freedom, items weighted
+    by ``df_between``, ``sigma2 = (between - within) / items`` truncated at 0 (the pooling of
+    :func:`cell_variance`). None when no part carries information."""
+    parts = [x for x in parts if x is not None and x.df_between > 0]
+    if not parts:
+        return None
+    df_b = sum(x.df_between for x in parts)
+    df_w = sum(x.df_within for x in parts)
+    between = sum(x.between * x.df_between for x in parts) / df_b
+    within = sum(x.within * x.df_within for x in parts) / df_w if df_w else 0.0
+    items = sum(x.items * x.df_between for x in parts) / df_b
+    return CellVariance(max(0.0, (between - within) / items), between, within, df_b, df_w, items)
+
+
+def paired_items_t(
+    baseline: Sequence[float],
+    variant: Sequence[float],
+    repeats_baseline: int,
+    repeats_variant: int,
+    cells: CellVariance | None,
+) -> TTest:
+    """Mean per-item difference of two arms with repeated cells, the item as the unit.
+
+    baseline / variant: each item's mean over its arm's repeats (shape (Q,), aligned);
+    repeats_*: the repeats behind those means; cells: the cell-shift variance
+    (:func:`cell_variance`; None: not estimable, e.g. one repeat per arm, and then not covered).
+    ``D = mean_q d_q`` with ``d_q = variant_q - baseline_q``;
+    ``Var(D) = s_d^2 / Q + sigma_c^2 (1/R_v + 1/R_b)`` (``s_d`` the sample sd of ``d_q``: the
+    item-level noise; the second term: the cell shifts, common to every item of a cell, do not
+    appear in ``s_d`` but move D). Degrees of freedom by Satterthwaite (1946, "An approximate
+    distribution of estimates of variance components", Biometrics Bulletin 2; Welch 1947) over
+    ``s_d^2 / Q`` (Q - 1 df) and the mean squares of :class:`CellVariance`; Q - 1 when sigma_c^2
+    is 0 or absent. With one repeat per arm and no cell component this is the paired t test of the
+    items (:func:`paired_t`). Raises ValueError for fewer than 2 items, lengths that differ or a
+    repeat count below 1."""
+    b, v = np.asarray(baseline, dtype=float), np.asarray(variant, dtype=float)
+    if b.shape != v.shape:
+        raise ValueError(f"paired items need equal lengths, got {b.size} and {v.size}")
+    if repeats_baseline < 1 or repeats_variant < 1:
+        raise ValueError("each arm needs at least one repeat")
+    t = paired_t(v - b)
+    q = t.n
+    item_var = t.se**2
+    if cells is None or cells.sigma2 <= 0:
+        return t
+    k = 1.0 / repeats_variant + 1.0 / repeats_baseline
+    cell_var = k * cells.sigma2
+    var = item_var + cell_var
+    parts = [(item_var, q - 1)]
+    parts += [(k * cells.between / cells.items, cells.df_between)]
+    parts += [(k * cells.within / cells.items, cells.df_within)]
+    denom = sum(x * x / d for x, d in parts if d > 0)
+    df = var * var / denom if denom > 0 else float(q - 1)
+    return TTest(t.mean, math.sqrt(var), df, q, t.sd)
 
 
 def tost_p(t: TTest, low: float, high: float) -> float:

@@ -73,6 +73,10 @@ class MetricInfo:
     margin: practical-equivalence margin; for kind "run" in percent of the baseline (5.0 = +-5 %),
     for kind "accuracy" in points of accuracy (2.0 = +-2 points), None: no equivalence verdict.
     Configs may override it per metric (``compare.margins``).
+    deterministic_by: kind "deterministic" only: the test (``tests/<file>.py::<name>``) that
+    proves the value is the same in every run of the same code (deterministic by construction);
+    then one measurement per arm is exact. Without it a value is shown exact only when every arm
+    measured it at least twice with no spread.
     """
 
     better: Literal["higher", "lower", "none"]
@@ -81,6 +85,7 @@ class MetricInfo:
     primary: bool = False
     kind: Literal["run", "accuracy", "deterministic", "descriptive"] = "run"
     margin: float | None = None
+    deterministic_by: str | None = None
 
 
 @dataclass

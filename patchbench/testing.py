@@ -45,6 +45,7 @@ def make_run(
     patches_sha: dict[str, list[dict]] | None = None,
     order: str = "interleaved",
     write_cells_in_manifest: bool = True,
+    schedule_repeats: int | dict | None = None,
 ) -> Path:
     """Write a run folder under ``root/run_id`` and return its path.
 
@@ -57,6 +58,9 @@ def make_run(
     warnings[(variant, k, suite)]: summary warnings lines.
     bounds[(variant, k, suite)]: the summary's ``bounds`` ({metric: "lower" | "upper"}).
     requests[(variant, k)]: serving requests.json content; mmmu_records[(variant, k)]: rows.
+    schedule_repeats: the config's ``schedule.repeats`` (default ``repeats``; a mapping
+    ``{min, max, step}`` for a sequential schedule; a count above ``repeats`` for a run that
+    stopped before its planned rounds).
     """
     variants = variants or {"baseline": [], "patched": ["p1"]}
     metrics = metrics or {}
@@ -98,7 +102,10 @@ def make_run(
         "server": {"args": server_args or ["--device", "cpu"]},
         "variants": variants,
         "baseline": baseline,
-        "schedule": {"repeats": repeats, "order": order},
+        "schedule": {
+            "repeats": repeats if schedule_repeats is None else schedule_repeats,
+            "order": order,
+        },
         "suites": {s: (suites_params or {}).get(s, {}) for s in suites},
         "compare": compare or {},
     }

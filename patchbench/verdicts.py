@@ -16,11 +16,16 @@ Kinds (``patchbench.suite.MetricInfo.kind``):
   variant (interleaved schedule) and the paired t-interval on log ratios is used (Student 1908;
   log ratios so that the change is multiplicative). A verdict needs at least
   ``compare.min_repeats`` pairs: one run cannot separate a patch from run-to-run noise.
-- ``accuracy``: items (questions) paired across the arms; each question's correctness is averaged
-  over its repeats first (greedy repeats are near copies; the question is the unit), then the
-  difference of paired proportions gets Newcombe's hybrid score interval (Newcombe 1998, Stat Med
-  17:2635, method 10; with averaged correctness the 2x2 cells are sums of products, the same
-  formula). It is never zero-width: the Wilson intervals it is built from never are.
+- ``accuracy``: items (questions) paired across the arms, the question as the unit: each
+  question's correctness is averaged over its arm's repeats, ``d_q`` = variant - baseline, and
+  the mean difference D gets a t interval with ``Var(D) = s_d^2 / Q + sigma_c^2 (1/R_v + 1/R_b)``
+  (:func:`patchbench.stats.paired_items_t`): ``sigma_c^2`` the variance of a cell's accuracy
+  shift (model ``y[a,r,q] = mu[a,q] + c[a,r] + e[a,r,q]``), estimated by pooling every arm's
+  repeats, A/A included (:func:`patchbench.stats.cell_variance`), Satterthwaite degrees of
+  freedom. With one repeat per arm the cell component cannot be estimated and the row says that
+  cell-level variance is not covered. When fewer than 10 questions differ between the arms
+  (little item variance, e.g. identical answers) Newcombe's hybrid score interval of the paired
+  proportions is used instead (Newcombe 1998, Stat Med 17:2635, method 10), which is never zero-width.
 - ``deterministic``: the same value in every run (e.g. host syncs per call): compared exactly, no
   interval; a value that varies between repeats is not deterministic and gets ``inconclusive``.
 - ``descriptive``: shown, never judged.
@@ -54,6 +59,9 @@ METHOD_SOURCES = {
     "TOST": "Schuirmann (1987), two one-sided tests; statsmodels.stats.weightstats.ttost_paired",
     "Holm": "Holm (1979), step-down; statsmodels.stats.multitest.multipletests(method='holm')",
     "Newcombe paired": "Newcombe (1998) Stat Med 17:2635-2650, method 10 (hybrid score, paired)",
+    "paired t on per-question differences": "the question as the unit, plus the variance of a "
+    "cell's accuracy shift pooled over every arm's repeats (ANOVA estimator, Searle, Casella & "
+    "McCulloch 1992, 4.7); Satterthwaite (1946) degrees of freedom",
     "Wilson": "Wilson (1927) score interval",
     "Welch": "Welch (1947) unpaired t on per-run log values",
     "exact": "deterministic values compared exactly (no sampling error); a value that is only "
@@ -133,12 +141,59 @@ def tost_log_ratio(
 # ---------------------------------------------------------------- accuracy (paired items)
 
 
-def accuracy_test(baseline: Sequence[float], variant: Sequence[float]) -> Test:
-    """Paired-proportion test of per-question correctness (each in [0, 1], averaged over repeats).
-    Interval: :func:`patchbench.stats.newcombe_paired`; p: the smallest alpha whose interval
-    excludes 0 (:func:`patchbench.stats.p_from_interval`)."""
+#: fewer questions whose correctness differs between the arms than this: the t approximation of
+#: a mean of mostly-zero differences is poor, Newcombe's interval is used
+MIN_DISCORDANT = 10
+
+
+def accuracy_test(
+    baseline: Sequence[float],
+    variant: Sequence[float],
+    repeats: tuple[int, int] | None = None,
+    cells: stats.CellVariance | None = None,
+) -> Test:
+    """Paired test of per-question correctness (each in [0, 1], averaged over its arm's repeats),
+    the question as the unit (see the module docstring): :func:`patchbench.stats.paired_items_t`
+    with the pooled cell-shift variance ``cells`` and ``repeats`` = (baseline's, variant's)
+    repeats behind the means (None: unknown, treated as one each: the cell component is then
+    not covered). Fewer than :data:`MIN_DISCORDANT` questions that differ between the arms:
+    Newcombe's paired interval (:func:`patchbench.stats.newcombe_paired`), p the smallest alpha
+    whose interval excludes 0."""
     if len(baseline) == 0:
         return Test(None, None, None, "Newcombe paired", "diff", reason="no paired questions")
+    b, v = np.asarray(baseline, float), np.asarray(variant, float)
+    r_b, r_v = repeats or (1, 1)
+    if int(np.count_nonzero(v - b)) < MIN_DISCORDANT:
+        return _newcombe(baseline, variant)
+    t = stats.paired_items_t(b, v, r_b, r_v, cells)
+
+    def interval(alpha: float, _t=t) -> tuple[float, float]:
+        return _t.interval(alpha)
+
+    if cells is not None and cells.sigma2 > 0:
+        cell = f"cell sd {100 * math.sqrt(cells.sigma2):.2g} pt pooled over {cells.df_between} df"
+    elif cells is not None:
+        cell = f"cell variance estimated 0 over {cells.df_between} df"
+    else:
+        cell = "cell-level variance not covered (one repeat per arm)"
+    test = Test(
+        float(t.mean),
+        t.p_value(),
+        interval,
+        f"paired t on per-question differences (n={b.size} questions, repeats "
+        f"{r_b}/{r_v}; {cell}; df {t.df:.4g})",
+        "diff",
+    )
+    if cells is None:
+        test.notes.append(
+            "one repeat per arm: the cell-to-cell variance of accuracy is not covered by the "
+            "interval (run MMMU in two or more rounds to cover it)"
+        )
+    return test
+
+
+def _newcombe(baseline: Sequence[float], variant: Sequence[float]) -> Test:
+    """Newcombe's paired-proportion interval (the fallback of :func:`accuracy_test`)."""
     a, b, c, d = stats.paired_table(baseline, variant)
 
     def interval(alpha: float, _t=(a, b, c, d)) -> tuple[float, float]:
@@ -151,7 +206,7 @@ def accuracy_test(baseline: Sequence[float], variant: Sequence[float]) -> Test:
         stats.p_from_interval(interval),
         interval,
         f"Newcombe paired-proportion interval (n={len(baseline)} questions, "
-        f"discordant {b:g} / {c:g})",
+        f"discordant {b:g} / {c:g}; fewer than {MIN_DISCORDANT} questions differ)",
         "diff",
     )
 

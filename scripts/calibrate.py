@@ -14,7 +14,9 @@ code; printed, each rate with its 95 % Wilson interval over the trials:
 - the repeat search at ``--target-cv`` when the config's repeats miss the power target;
 - a design table at ``--target-cv`` (printed last, for the README): fixed and ``--sequential``
   designs, error rates, repeats used, primaries decided per report and per H200 hour.
-  ``--design-only`` runs just this table.
+  ``--design-only`` runs just this table;
+- ``--mmmu-only``: the MMMU accuracy interval's width, coverage and false calls at 1, 2, 3 and 5
+  repeats per arm under a cell-level shift (patchbench.calibration.mmmu).
 
 docs/calibration.md holds the rates of the retired verdict rule next to the comparison's.
 
@@ -104,6 +106,24 @@ def _design_options(ap: argparse.ArgumentParser) -> None:
         help="only the design table at --target-cv: no CV rows, no search, no one-repeat row",
     )
     ap.add_argument(
+        "--mmmu-only",
+        action="store_true",
+        help="only the MMMU interval table (patchbench.calibration.mmmu): width, coverage and "
+        "false calls at 1, 2, 3 and 5 repeats per arm, --trials a row",
+    )
+    ap.add_argument(
+        "--mmmu-flip",
+        type=float,
+        default=0.03,
+        help="MMMU table: share of questions whose correctness changes between two runs (0.03)",
+    )
+    ap.add_argument(
+        "--mmmu-cell-sd",
+        type=float,
+        default=0.005,
+        help="MMMU table: sd of a cell's accuracy shift, a proportion (0.005: half a point)",
+    )
+    ap.add_argument(
         "--design-repeats",
         type=int,
         nargs="*",
@@ -126,8 +146,8 @@ def _design_options(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument(
         "--mmmu-rounds",
-        choices=("all", "first"),
-        help="MMMU schedule of every design row but the reference (default: the config's)",
+        help="MMMU schedule of every design row but the reference: all, first or N (the first "
+        "N rounds) (default: the config's)",
     )
     ap.add_argument(
         "--startup-s",
@@ -171,7 +191,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     for add in (_row_options, _design_options, _model_options):
         add(ap)
-    cal = load(ap.parse_args(argv))
+    a = ap.parse_args(argv)
+    if a.mmmu_only:
+        from patchbench.calibration.mmmu import MmmuModel, mmmu_table
+
+        m = MmmuModel(flip=a.mmmu_flip, cell_sd=a.mmmu_cell_sd)
+        print("\n".join(mmmu_table(m, trials=a.trials)))
+        return 0
+    cal = load(a)
     if cal.mmmu_first and cal.a.via_folders:
         ap.error("--via-folders simulates MMMU in every round; add --mmmu-rounds all")
     t0 = time.time()

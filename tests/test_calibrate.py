@@ -140,14 +140,10 @@ def test_main_prints_the_tables(cal, capsys):
     assert rc in (0, 1)
     assert "| 3% | 1 | 2 / 0 |" in out
     assert "| fixed 5 (today: every suite in every cell) | 2 / 2 |" in out
-    # the PR config runs MMMU in the first round only: so does every row but today's reference
-    assert "| fixed 6, MMMU in the first round only | 2 / 2 |" in out
-    assert (
-        "| sequential 4..6 step 2 (obrien-fleming), MMMU in the first round only | 2 / 2 |" in out
-    )
-    assert (
-        "| sequential 4..10 step 2 (pocock), MMMU in the first round only | 2 / 2 |" in out
-    )  # shipped
+    # the PR config runs MMMU in the first three rounds: so does every row but today's reference
+    assert "| fixed 6, MMMU in the first 3 rounds | 2 / 2 |" in out
+    assert "| sequential 4..6 step 2 (obrien-fleming), MMMU in the first 3 rounds | 2 / 2 |" in out
+    assert "| sequential 4..12 step 2 (obrien-fleming), MMMU in the first 3 rounds | 2 / 2 |" in out
     assert "pr9460-h200.yaml: " in out and " repeats at run CV 3%: " in out
 
 
@@ -170,16 +166,16 @@ def test_sequential_rows_use_the_runners_stopping_rule():
     tr = model.simulate(
         np.random.default_rng(0), quiet, 12, speedup={"patch-a": 0.10}, syncs={}, run_id="q"
     )
-    assert stopping.sequential_stop(tr, plan) == 4
+    assert trials.sequential_stop(tr, plan) == 4
     # 30 % run noise: nothing can be decided by 12 repeats, so the runner's rule stops for
     # futility at the first look; without a futility stop nothing stops before the last look
     loud = model.Model(run_cv=0.30, questions=30)
     tr = model.simulate(np.random.default_rng(1), loud, 12, speedup={}, syncs={}, run_id="l")
-    assert stopping.sequential_stop(tr, plan) == 4
+    assert trials.sequential_stop(tr, plan) == 4
     no_fut = stopping.sequential_plan(
         REPO / "configs" / "pr9460-h200.yaml", stopping.SeqSpec(4, 12, 2, futility=0.0)
     )
-    assert stopping.sequential_stop(tr, no_fut) == 12
+    assert trials.sequential_stop(tr, no_fut) == 12
     cut = model.truncate(tr, 6)
     assert cut.repeats == 6 and max(k for _, k in cut.metrics) == 5
     assert cut.values("aa", "serving", "ttft_median_ms").tolist() == (
@@ -273,9 +269,12 @@ def test_mmmu_first_judges_mmmu_on_repeat_0_and_the_rest_on_every_repeat():
     assert designs.Cost(4, 60.0, 79.0, 76.0, 30.0, 4).hours(0.5, True) == pytest.approx(
         (4 * (0.5 * 139 + 0.5 * 76) + 4 * 90) / 3600
     )  # fewer rounds than one: MMMU ran in that share of them
-    # the PR config runs no correctness cell (nothing instrumented); the demo one per variant
-    assert designs.config_schedule(REPO / "configs" / "pr9460-h200.yaml") == (True, 0)
-    assert designs.config_schedule(REPO / "configs" / "demo-cpu.yaml") == (False, 3)
+    # the PR config runs MMMU in its first 3 rounds and no correctness cell (nothing
+    # instrumented); the demo MMMU in every round and one correctness cell per variant
+    assert designs.config_schedule(REPO / "configs" / "pr9460-h200.yaml") == (3, 0)
+    assert designs.config_schedule(REPO / "configs" / "demo-cpu.yaml") == (0, 3)
+    assert designs.mmmu_label(1) == ", MMMU in the first round only"
+    assert designs.mmmu_label(3) == ", MMMU in the first 3 rounds" and designs.mmmu_label(0) == ""
 
 
 def test_config_repeats_reads_a_sequential_schedule(tmp_path):
@@ -288,21 +287,18 @@ def test_config_repeats_reads_a_sequential_schedule(tmp_path):
     assert stopping.parse_seq("4:12:2") == stopping.SeqSpec(4, 12, 2, "pocock")
 
 
-def test_seq_spec_futility_and_the_aa_holds_variant():
-    assert stopping.parse_seq("4:12:2:pocock:0.2") == stopping.SeqSpec(
-        4, 12, 2, "pocock", 0.2, False
-    )
-    holds = stopping.parse_seq("4:12:2:pocock:0:aa")
-    assert holds == stopping.SeqSpec(4, 12, 2, "pocock", 0.0, True)
-    assert holds.label == "sequential 4..12 step 2 (pocock) [no futility, A/A holds]"
-    for bad in ("4:12:2:pocock:1.5", "4:12:2:pocock:x", "4:12:2:pocock:0:bb"):
+def test_seq_spec_futility_and_an_aa_variant_never_holds_the_run():
+    assert stopping.parse_seq("4:12:2:pocock:0.2") == stopping.SeqSpec(4, 12, 2, "pocock", 0.2)
+    spec = stopping.parse_seq("4:12:2:pocock:0")
+    assert spec.label == "sequential 4..12 step 2 (pocock) [no futility]"
+    for bad in ("4:12:2:pocock:1.5", "4:12:2:pocock:x", "4:12:2:pocock:0:aa"):
         with pytest.raises(Exception, match="MIN:MAX:STEP|futility"):
             stopping.parse_seq(bad)
     cfg = REPO / "configs" / "pr9460-h200.yaml"
-    plan = stopping.sequential_plan(cfg, holds)
-    assert plan.design.futility == 0.0 and plan.controls == ()
-    # the A/A variant alone, ambiguous (30 % noise only there), holds the 'A/A holds' design to
-    # the maximum; the runner's rule stops at the first look (the patches are noise-free nulls)
+    plan = stopping.sequential_plan(cfg, spec)
+    assert plan.design.futility == 0.0 and plan.controls == ("aa",)
+    # the A/A variant alone is ambiguous (30 % noise only there): it is a measured control, so
+    # the rule stops at the first look (the patches are noise-free nulls)
     quiet = model.Model(run_cv=1e-4, req_cv=0.0, questions=30)
     tr = model.simulate(np.random.default_rng(0), quiet, 12, speedup={}, syncs={}, run_id="q")
     rng = np.random.default_rng(1)
@@ -310,10 +306,7 @@ def test_seq_spec_futility_and_the_aa_holds_variant():
         f = math.exp(rng.normal(0.0, 0.3))
         for m in model.PRIMARIES["serving"]:
             tr.metrics[("aa", k)]["serving"][m] *= f
-    assert stopping.sequential_stop(tr, plan) == 12
-    assert (
-        stopping.sequential_stop(tr, stopping.sequential_plan(cfg, stopping.SeqSpec(4, 12, 2))) == 4
-    )
+    assert trials.sequential_stop(tr, plan) == 4
 
 
 def test_design_only_prints_just_the_design_table(cal, capsys):

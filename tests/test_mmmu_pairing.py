@@ -253,11 +253,16 @@ def test_answered_accuracy_means_no_failed_request_as_in_each_cell(tmp_path):
     acc = pair_repeats([dirs[("b", 0)], dirs[("b", 1)]], [dirs[("v", 0)], dirs[("v", 1)]])[
         "accuracy"
     ]
-    assert acc["mmmu_answered_acc"] == {
+    answered = acc["mmmu_answered_acc"]
+    assert {k: v for k, v in answered.items() if k != "cells"} == {
         "ids": ["q0", "q1", "q3"],
         "baseline": [1.0, 0.0, 0.0],
         "variant": [1.0, 1.0, 1.0],
     }
+    # the cell-shift variance parts of each arm (2 repeats: 1 df of repeats each)
+    cells = answered["cells"]
+    assert (cells["repeats_baseline"], cells["repeats_variant"]) == (2, 2)
+    assert cells["baseline"]["df_between"] == 1 and cells["variant"]["df_between"] == 1
     # overall: q2 from repeat 0 only (its repeat 1 failed in the baseline)
     assert acc["mmmu_overall_acc"]["ids"] == ["q0", "q1", "q2", "q3"]
     assert acc["mmmu_overall_acc"]["baseline"] == [1.0, 0.0, 1.0, 0.0]

@@ -78,7 +78,7 @@ def test_report_leads_with_sentences_then_primaries_and_links_the_secondaries(tm
     assert "Exploratory: raw 95% intervals" in details
     sec = details[details.index("## Secondary metrics") :]
     assert "🟢" not in sec and "🔴" not in sec and "🔵" not in sec  # no coloured verdicts there
-    assert "aa (A/A) vs baseline" in text and "A/A check" in text and "passed" in text
+    assert "aa (A/A) vs baseline" in text and "## A/A noise" in text and "run-to-run CV" in text
 
 
 def test_console_ends_with_the_same_sentences(tmp_path, capsys):

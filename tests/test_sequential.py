@@ -271,8 +271,8 @@ def test_an_aa_control_never_holds_the_run_open():
     assert out.metrics[("v", "tput")].decision == "improved"
     assert out.metrics[("aa", "tput")].decision == "inconclusive"  # recorded, not waited for
     assert "A/A variants do not hold the run open" in out.reason
-    # the efficacy alpha is still split over both compared variants (unchanged spending)
-    assert out.metrics[("v", "tput")].level == pytest.approx(D.level(0, 0.025))
+    # a control is a measurement, outside the family: v's primary has the whole alpha
+    assert out.metrics[("v", "tput")].level == pytest.approx(D.level(0, 0.05))
     # without the control the A/A's ambiguous sequence holds the run to the maximum
     assert replay(ratios, {"tput": M5}, design=D).n_repeats == 12
 
@@ -280,3 +280,80 @@ def test_an_aa_control_never_holds_the_run_open():
 def test_design_rejects_a_bad_futility_threshold():
     with pytest.raises(ValueError, match="futility"):
         Design.from_schedule(4, 12, 2, futility=1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# one family per report: every primary of every variant but the controls
+
+
+def test_one_holm_family_across_variants():
+    """Two variants with one primary each form one family of 2: the first share is alpha/2 at the
+    look's boundary, and once one is rejected the other is tested at the whole alpha."""
+    lvl_half, lvl_all = D.level(0, 0.025), D.level(0, 0.05)
+    p_mid = math.sqrt(lvl_half * lvl_all)  # between the two levels
+    sd = 0.02
+    base = np.array([-1.0, 1.0, -1.0, 1.0]) * sd * math.sqrt(3) / 2  # sample sd = sd
+    mid = list(base + stats.t.isf(p_mid / 2, 3) * sd / 2)
+    strong = [0.2, 0.21, 0.19, 0.2]
+    out = decide(0, {"v": {"a": strong}, "w": {"a": mid}}, {}, design=D)
+    assert out.family == 2
+    assert out.metrics[("v", "a")].level == pytest.approx(lvl_half)
+    assert out.metrics[("w", "a")].decision == "improved"
+    assert out.metrics[("w", "a")].level == pytest.approx(lvl_all)
+    # without the strong one the mid p-value misses alpha/2
+    out = decide(0, {"v": {"a": [0.1, -0.1, 0.1, -0.1]}, "w": {"a": mid}}, {}, design=D)
+    assert out.metrics[("w", "a")].decision == "continue"
+    assert out.metrics[("w", "a")].level == pytest.approx(lvl_half)
+
+
+def test_a_fixed_test_takes_its_whole_share_and_never_holds_the_run_open():
+    from patchbench.sequential import FixedTest
+
+    acc = FixedTest(p=0.03, estimate=0.02, n=900)
+    null = [0.01, -0.01, 0.005, -0.005, 0.0, 0.0]
+    # family of 2 (one run-level, one fixed): 0.03 > alpha/2, not rejected; the run-level one is
+    # equivalent, so the run stops at the first look with the fixed test inconclusive
+    out = replay({"v": {"tput": null}}, {"tput": M5}, design=D, fixed={"v": {"acc": acc}})
+    assert out.stop and out.n_repeats == 4 and out.family == 2
+    assert out.metrics[("v", "tput")].decision == "equivalent"
+    d = out.metrics[("v", "acc")]
+    assert d.decision == "inconclusive" and d.level == pytest.approx(0.025) and d.n == 900
+    # once the run-level primary is rejected, the fixed test gets the whole alpha: 0.03 < 0.05
+    # is not enough (0.03 > 0.05 is false): rejected
+    strong = [0.2, 0.21, 0.19, 0.2, 0.2, 0.2]
+    out = replay({"v": {"tput": strong}}, {"tput": M5}, design=D, fixed={"v": {"acc": acc}})
+    assert out.metrics[("v", "acc")].decision == "improved"
+    assert out.metrics[("v", "acc")].level == pytest.approx(0.05)
+    assert out.metrics[("v", "acc")].change_pct == pytest.approx(2.0)
+    # a fixed test alone: decided at the first look, the run stops there
+    out = replay({}, {}, design=D, fixed={"v": {"acc": FixedTest(0.001, -0.03, 900)}})
+    assert out.stop and out.n_repeats == 4
+    assert out.metrics[("v", "acc")].decision == "regressed"
+
+
+def test_a_control_is_never_improved_or_regressed():
+    clear = [0.10, 0.11, 0.09, 0.10]
+    out = decide(
+        0, {"aa": {"tput": clear}, "v": {"tput": clear}}, {"tput": M5}, design=D, controls=["aa"]
+    )
+    assert out.family == 1
+    assert out.metrics[("v", "tput")].decision == "improved"
+    assert out.metrics[("aa", "tput")].decision == "inconclusive"  # the run stopped
+    assert "never improved or regressed" in out.metrics[("aa", "tput")].reason
+    flat = [0.001, -0.001, 0.0005, -0.0005]
+    out = decide(
+        0, {"aa": {"tput": flat}, "v": {"tput": clear}}, {"tput": M5}, design=D, controls=["aa"]
+    )
+    assert out.metrics[("aa", "tput")].decision == "equivalent"
+
+
+def test_family_false_positive_rate_by_simulation():
+    """Two variants x four primaries under no effect (Pocock 4..12 by 2): any improved/regressed
+    in the report near or below alpha = 0.05 (independent primaries: the worst case for Holm)."""
+    rng = np.random.default_rng(7)
+    hits = 0
+    for _ in range(1000):
+        x = {v: {m: rng.normal(0, 0.04, 12) for m in "abcd"} for v in ("v", "w")}
+        out = replay(x, dict.fromkeys("abcd", M5), design=D)
+        hits += any(d.decision in ("improved", "regressed") for d in out.metrics.values())
+    assert hits / 1000 <= 0.07

@@ -309,3 +309,79 @@ def test_block_bootstrap_mean_matches_concatenating_reference():
     iv = stats.block_bootstrap_interval(b, v, "mean", n_resamples=500, seed=3)
     assert iv.low == pytest.approx(math.expm1(ref.confidence_interval.low), rel=1e-9)
     assert iv.high == pytest.approx(math.expm1(ref.confidence_interval.high), rel=1e-9)
+
+
+def test_trend_t_matches_scipy_linregress():
+    y = [100.0, 101.5, 101.0, 103.2, 104.0, 103.9, 106.1]
+    t = stats.trend_t(y)
+    ref = sps.linregress(np.arange(len(y)), y)
+    assert t.mean == pytest.approx(ref.slope)
+    assert t.se == pytest.approx(ref.stderr)
+    assert t.p_value() == pytest.approx(ref.pvalue)
+    assert t.df == len(y) - 2
+    with pytest.raises(ValueError, match="at least 3"):
+        stats.trend_t([1.0, 2.0])
+    with pytest.raises(ValueError, match="differ"):
+        stats.trend_t([1.0, 2.0, 3.0], [1.0, 1.0, 1.0])
+
+
+def test_sd_interval_by_chi_square():
+    lo, hi = stats.sd_interval(2.0, 9, 0.05)
+    assert lo == pytest.approx(2.0 * math.sqrt(9 / sps.chi2.ppf(0.975, 9)))
+    assert hi == pytest.approx(2.0 * math.sqrt(9 / sps.chi2.ppf(0.025, 9)))
+    assert lo < 2.0 < hi
+    with pytest.raises(ValueError):
+        stats.sd_interval(1.0, 0)
+
+
+def test_cell_variance_mean_squares_match_statsmodels_anova():
+    """MS_R and MS_E of one arm equal statsmodels' two-way ANOVA (y ~ C(rep) + C(item))."""
+    pd = pytest.importorskip("pandas")
+    smf = pytest.importorskip("statsmodels.formula.api")
+    from statsmodels.stats.anova import anova_lm
+
+    rng = np.random.default_rng(3)
+    y = (rng.random((3, 40)) < 0.5).astype(float)
+    cv = stats.cell_variance([y])
+    df = pd.DataFrame(
+        [(r, q, y[r, q]) for r in range(3) for q in range(40)], columns=["rep", "item", "y"]
+    )
+    tab = anova_lm(smf.ols("y ~ C(rep) + C(item)", df).fit())
+    assert cv.between == pytest.approx(tab.loc["C(rep)", "mean_sq"])
+    assert cv.within == pytest.approx(tab.loc["Residual", "mean_sq"])
+    assert (cv.df_between, cv.df_within) == (2, 2 * 39)
+    assert cv.sigma2 == pytest.approx(max(0.0, (cv.between - cv.within) / 40))
+    # one repeat per arm: no information
+    assert stats.cell_variance([y[:1], y[1:2]]) is None
+
+
+def test_cell_variance_recovers_a_cell_shift_by_simulation():
+    """Cells shifted by N(0, 0.02^2) in accuracy: the pooled estimate averages to 4e-4."""
+    rng = np.random.default_rng(11)
+    q, sig = 400, 0.02
+    est = []
+    for _ in range(200):
+        p = rng.uniform(0.2, 0.8, q)
+        arms = [
+            (rng.random((3, q)) < np.clip(p + rng.normal(0, sig, (3, 1)), 0, 1)).astype(float)
+            for _ in range(3)
+        ]
+        est.append(stats.cell_variance(arms).sigma2)
+    assert np.mean(est) == pytest.approx(sig**2, rel=0.25)
+
+
+def test_paired_items_t_reduces_to_paired_t_and_adds_the_cell_term():
+    rng = np.random.default_rng(5)
+    b, v = rng.random(50), rng.random(50)
+    t0 = stats.paired_items_t(b, v, 1, 1, None)
+    ref = stats.paired_t(v - b)
+    assert (t0.mean, t0.se, t0.df) == (ref.mean, ref.se, ref.df)
+    cells = stats.CellVariance(1e-3, 0.5, 0.1, 4, 400, 50.0)
+    t = stats.paired_items_t(b, v, 3, 3, cells)
+    k = 2 / 3
+    assert t.se**2 == pytest.approx(ref.se**2 + k * 1e-3)
+    parts = [(ref.se**2, 49), (k * 0.5 / 50, 4), (k * 0.1 / 50, 400)]
+    df = (ref.se**2 + k * 1e-3) ** 2 / sum(x * x / d for x, d in parts)
+    assert t.df == pytest.approx(df)
+    with pytest.raises(ValueError, match="equal lengths"):
+        stats.paired_items_t(b, v[:3], 1, 1, None)

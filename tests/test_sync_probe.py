@@ -458,3 +458,53 @@ def test_a_crosscheck_over_zero_calls_reads_not_run():
         _crosscheck_lines("ours", got)
         == "| ours | 2 | 0 / 0 | 0 | 0 | not run (0 calls checked) | 0 |"
     )
+
+
+_PROBE_ONCE = """
+import json, sys
+from pathlib import Path
+from patchbench.suite import SuiteContext, get_suite
+tmp, stock, variant = map(Path, sys.argv[1:4])
+out = tmp / "out"
+out.mkdir()
+ctx = SuiteContext(server=None, out_dir=out, run_dir=tmp, cache_dir=tmp, variant="v", repeat=0,
+    baseline="stock", sglang_version="x", python=sys.executable, stock_env={},
+    variant_sglang_dir=variant, stock_sglang_dir=stock, device="cpu", log=lambda s: None)
+suite = get_suite("sync_probe")
+res = suite.run(ctx, suite.Params(batch_sizes=[1, 8, 32], image_share=0.5))
+print(json.dumps({k: v for k, v in res.metrics.items() if k.endswith("_count")}))
+"""
+
+
+def test_counts_are_identical_in_two_processes(tmp_path):
+    """The probe's counts are deterministic by construction (``MetricInfo.deterministic_by`` of
+    the count metrics names this test): the variant's code on the same seeded batches, probed in
+    two separate processes, gives identical counts (the upstream change: its reads depend on the
+    text-only/image mix of the seeded batches)."""
+    from patchbench.suites.sync_probe import BY_CONSTRUCTION, METRICS
+    from patchbench.suites.sync_probe.mrope import stock_source
+
+    assert BY_CONSTRUCTION.endswith("::test_counts_are_identical_in_two_processes")
+    assert all(
+        m.deterministic_by == BY_CONSTRUCTION
+        for name, m in METRICS.items()
+        if name != "sync_warnings_count" and m.kind == "deterministic"
+    )
+    stock = _pkg(tmp_path, "stock", release_sources("0.5.1.post3")["stock"])
+    for name, src in (("upstream", stock_source("0.5.2rc2")),):
+        variant = _pkg(tmp_path, name, src)
+        got = []
+        for i in range(2):
+            d = tmp_path / f"{name}-{i}"
+            d.mkdir()
+            p = subprocess.run(
+                [sys.executable, "-c", _PROBE_ONCE, str(d), str(stock), str(variant)],
+                capture_output=True,
+                text=True,
+                cwd=REPO,
+                env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
+                timeout=300,
+            )
+            assert p.returncode == 0, p.stderr
+            got.append(json.loads(p.stdout.strip().splitlines()[-1]))
+        assert got[0] == got[1] and got[0]["host_syncs_per_call_count"] > 0, name

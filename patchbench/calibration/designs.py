@@ -33,8 +33,9 @@ from patchbench.comparison import CompareSettings
 from patchbench.stats import wilson_interval
 
 
-def config_schedule(path: Path) -> tuple[bool, int]:
-    """(MMMU runs in the first round only, number of untimed correctness cells) of a config, read
+def config_schedule(path: Path) -> tuple[int, int]:
+    """(MMMU runs in the first N rounds only: N, 0 for every round; number of untimed correctness
+    cells) of a config, read
     as the runner reads it (patchbench.config.load_config: ``suites.mmmu.rounds`` resolved by
     ``Config.rounds_of``; the cells of ``patchbench.bench.plan``: one correctness cell per
     variant when a suite is instrumented or untimed, else none). Raises ConfigError."""
@@ -42,7 +43,16 @@ def config_schedule(path: Path) -> tuple[bool, int]:
     from patchbench.config import load_config
 
     cfg = load_config(path)
-    return cfg.rounds_of("mmmu") == [0], sum(c.kind != "timed" for c in bench.plan(cfg))
+    got, every = cfg.rounds_of("mmmu"), cfg.schedule.max_repeats
+    first = len(got) if got == list(range(len(got))) and len(got) < every else 0
+    return first, sum(c.kind != "timed" for c in bench.plan(cfg))
+
+
+def mmmu_label(first: int) -> str:
+    """ ", MMMU in the first round only" / ", MMMU in the first N rounds" / "" (every round)."""
+    if not first:
+        return ""
+    return ", MMMU in the first round only" if first == 1 else f", MMMU in the first {first} rounds"
 
 
 def config_repeats(path: Path) -> tuple[int | None, SeqSpec | None, CompareSettings]:
@@ -78,9 +88,10 @@ class Cost:
     correctness_s: float
     correctness_cells: int = 0
 
-    def hours(self, rounds: float, mmmu_first: bool) -> float:
-        """H200 hours of a report with ``rounds`` timed rounds (a mean is fine: linear)."""
-        mmmu_rounds = min(1.0, rounds) if mmmu_first else rounds
+    def hours(self, rounds: float, mmmu_first: int) -> float:
+        """H200 hours of a report with ``rounds`` timed rounds (a mean is fine: linear), MMMU in
+        the first ``mmmu_first`` of them (0: every round)."""
+        mmmu_rounds = min(float(mmmu_first), rounds) if mmmu_first else rounds
         timed = self.cells * (
             rounds * (self.startup_s + self.serving_s) + mmmu_rounds * self.mmmu_s
         )
@@ -100,7 +111,7 @@ class Calibration:
     fixed_cfg: int | None
     seq_cfg: SeqSpec | None
     n_corr: int
-    mmmu_first: bool
+    mmmu_first: int
     base: Model
     rows: list[tuple[float, int, Counts]] = field(default_factory=list)
     at: dict[int, Counts] = field(default_factory=dict)
@@ -140,15 +151,19 @@ class Calibration:
 def load(a: argparse.Namespace) -> Calibration:
     """The calibration of the parsed options (scripts/calibrate.py): the config's schedule and
     settings (defaults, 5 repeats, when the file does not exist); ``a.mmmu_rounds`` resolved to
-    "all" or "first". Raises ConfigError (patchbench.errors) when the config does not load."""
+    "all", "first" or a number of first rounds. Raises ConfigError (patchbench.errors) when the config does not load."""
     n_corr, fixed_cfg, seq_cfg, settings = 0, 5, None, CompareSettings()
     if a.config.is_file():
         fixed_cfg, seq_cfg, settings = config_repeats(a.config)
         cfg_mmmu_first, n_corr = config_schedule(a.config)
-        a.mmmu_rounds = a.mmmu_rounds or ("first" if cfg_mmmu_first else "all")
+        a.mmmu_rounds = a.mmmu_rounds or (
+            {0: "all", 1: "first"}.get(cfg_mmmu_first, str(cfg_mmmu_first))
+        )
     a.mmmu_rounds = a.mmmu_rounds or "all"
+    first = {"all": 0, "first": 1}.get(a.mmmu_rounds)
+    first = int(a.mmmu_rounds) if first is None else first
     base = Model(req_cv=a.req_cv, step_share=a.step_share, fragile=a.fragile, questions=a.questions)
-    return Calibration(a, settings, fixed_cfg, seq_cfg, n_corr, a.mmmu_rounds == "first", base)
+    return Calibration(a, settings, fixed_cfg, seq_cfg, n_corr, first, base)
 
 
 def cv_rows(cal: Calibration) -> None:
@@ -190,7 +205,7 @@ def design_rows(cal: Calibration) -> list[tuple[str, Counts, bool]]:
     for the fixed counts (both scenarios; with MMMU in the first round only, every fixed row but
     the reference 'fixed 5, every suite in every cell' again with that schedule, on the same
     trials) and the sequential designs."""
-    a, first = cal.a, ", MMMU in the first round only" if cal.mmmu_first else ""
+    a, first = cal.a, mmmu_label(cal.mmmu_first)
     fixed = sorted({5, cal.reps_cfg, *a.design_repeats})
     scen = ("null", "effect") + (("small",) if a.small_effect is not None else ())
     for n in fixed:
@@ -207,7 +222,11 @@ def design_rows(cal: Calibration) -> list[tuple[str, Counts, bool]]:
     ]
     for n in fixed if cal.mmmu_first else []:
         c = cal.run(
-            a.target_cv, n, f"x {n} repeats, MMMU first round", scenarios=scen, mmmu_first=True
+            a.target_cv,
+            n,
+            f"x {n} repeats, MMMU first {cal.mmmu_first} round(s)",
+            scenarios=scen,
+            mmmu_first=cal.mmmu_first,
         )
         entries.append((f"fixed {n}{first}", c, True))
     seqs = list(dict.fromkeys([*([cal.seq_cfg] if cal.seq_cfg else []), *a.sequential]))

@@ -97,13 +97,20 @@ def design_table(entries: list[tuple[str, Counts, bool]], cv: float, cost: Cost)
     out = [
         f"| design (run CV {100 * cv:g}%) | trials (no effect / +10%) | repeats: mean / p90 "
         "(no effect) | repeats: mean / p90 (+10%) | a no-effect patch shown improved or "
-        "regressed (target <= 5%) | +10% output throughput called improved (target >= 90%) | "
-        + ("+5% output throughput called improved | " if small else "")
+        "regressed (target <= 5%) | a no-effect report (two patches + A/A) with any primary shown "
+        "improved or regressed (target <= 5%) | +10% output throughput called improved (target "
+        ">= 90%) | "
+        + (
+            "+5% output throughput called improved | +5% called equivalent (a true effect at "
+            "the margin: target <= 5%) | "
+            if small
+            else ""
+        )
         + " | ".join(f"real 0 called equivalent: {SHORT[x]}" for x in prim)
         + f" | primaries decided a report, all {n_all} / serving {n_run}: no effect | +10% "
         "| H200 min a report: no effect / +10% | primaries decided per H200 hour, all / "
         "serving: no effect | +10% |",
-        "|---|---|---|---|---|---|" + "---|" * (len(prim) + small) + "---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|" + "---|" * (len(prim) + 2 * small) + "---|---|---|---|---|",
     ]
     for label, c, mmmu_first in entries:
         mins, dec, per_h = [], [], []
@@ -127,8 +134,9 @@ def design_table(entries: list[tuple[str, Counts, bool]], cv: float, cost: Cost)
         out.append(
             f"| {label} | {c.null} / {c.effect} | {reps[0]} | {reps[1]} | "
             f"{fmt(c.new_fp_patch, len(PATCHES) * c.null)} | "
+            f"{fmt(c.new_fp, c.null)} | "
             f"{fmt(c.new_power, c.effect)} | "
-            + (f"{fmt(c.small_power, c.small)} | " if small else "")
+            + (f"{fmt(c.small_power, c.small)} | {fmt(c.small_equiv, c.small)} | " if small else "")
             + " | ".join(fmt(c.equiv.get(x, 0), c.equiv_n.get(x, 0)) for x in prim)
             + f" | {' | '.join(dec)} | {' / '.join(mins)} | {' | '.join(per_h)} |"
         )
@@ -168,11 +176,10 @@ def print_report(cal: Calibration, argv: list[str], wall: float, entries) -> int
         f"(assumed, not measured here) + {a.serving_s:g} s serving (+ {a.mmmu_s:g} s MMMU in the "
         f"rounds it runs in), plus the config's {cal.n_corr} untimed correctness cells of "
         f"{a.startup_s:g} + {a.correctness_s:g} s (assumed). Sequential rows: the runner's "
-        f"stopping rule (patchbench.bench.sequential_design / sequential_primaries, "
-        f"patchbench.sequential.replay; the A/A variant does not hold the run open unless the row "
-        f"says 'A/A holds'; futility: the conditional-power threshold, the runner's own unless the "
-        f"row names one) on the same trials as the fixed row of their maximum, then the "
-        f"comparison on the rounds that ran:\n"
+        f"stopping rule as the report replays it (patchbench.analysis.sequential_decision: one "
+        f"family per report; the A/A variant is a control that holds no run open; futility: the "
+        f"conditional-power threshold, the runner's own unless the row names one) on the same "
+        f"trials as the fixed row of their maximum:\n"
     )
     print("\n".join(design_table(entries, a.target_cv, cost)))
     print(

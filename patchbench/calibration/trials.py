@@ -41,18 +41,21 @@ from patchbench.calibration.model import (
     simulate,
     truncate,
 )
-from patchbench.calibration.stopping import SeqPlan, sequential_stop
+from patchbench.calibration.stopping import SeqPlan, schedule_of
 from patchbench.comparison import CompareSettings, Comparison
 from patchbench.rundata import RunData
 from patchbench.runfolder import CellRecord, RunManifest, SuiteSummary
 
 
-def _config(tr: Trial, settings: CompareSettings) -> dict:
+def _config(tr: Trial, settings: CompareSettings, plan: SeqPlan | None = None) -> dict:
     return {
         "name": "calibration",
         "variants": VARIANTS,
         "baseline": BASELINE,
-        "schedule": {"repeats": tr.repeats, "order": "interleaved"},
+        "schedule": {
+            "repeats": tr.repeats if plan is None else schedule_of(plan),
+            "order": "interleaved",
+        },
         "suites": {s: {} for s in SUITES},
         "compare": settings.model_dump(mode="json"),
     }
@@ -64,15 +67,20 @@ def _summary_metrics(tr: Trial, v: str, k: int, s: str, secondaries: bool) -> di
 
 
 def run_data(
-    tr: Trial, settings: CompareSettings, secondaries: bool = False, mmmu_first: bool = False
+    tr: Trial,
+    settings: CompareSettings,
+    secondaries: bool = False,
+    mmmu_first: int = 0,
+    plan: SeqPlan | None = None,
 ) -> RunData:
     """The trial as :class:`patchbench.rundata.RunData` (what ``read_run`` returns for the same
     run folder: typed manifest, cells, summaries; A/A variants as ``read_run`` finds them).
     secondaries: put every simulated metric in the summaries, not only the primaries (secondary
     rows change no primary verdict and no A/A check; they only cost time). mmmu_first: the MMMU
     suite ran only in the first round (``suites.mmmu.rounds: first``): its summaries and pairing
-    hold repeat 0 only, as ``read_run`` finds such a run."""
-    mmmu_ks = {0} if mmmu_first else set(range(tr.repeats))
+    hold repeat 0 only, as ``read_run`` finds such a run. plan: a sequential design, written as
+    the config's schedule (the analysis then replays its rule on the trial's rounds)."""
+    mmmu_ks = set(range(min(int(mmmu_first), tr.repeats))) if mmmu_first else set(range(tr.repeats))
 
     def ran(s: str, k: int) -> bool:
         return s != "mmmu" or k in mmmu_ks
@@ -81,7 +89,7 @@ def run_data(
     for k in range(tr.repeats):
         order = tr.variants if k % 2 == 0 else list(reversed(tr.variants))
         cells_meta += [{"variant": v, "repeat": k, "status": "ok"} for v in order]
-    man = RunManifest(run_id=tr.run_id, config=_config(tr, settings), cells=cells_meta)
+    man = RunManifest(run_id=tr.run_id, config=_config(tr, settings, plan), cells=cells_meta)
     base = sorted(man.variants[BASELINE])
     aa = [v for v in tr.variants[1:] if sorted(man.variants[v]) == base]
     cells = {
@@ -120,16 +128,27 @@ def mmmu_accuracy(
     """The pair hook's ``accuracy`` entry for mmmu_overall_acc: per question, its share of
     correct answers over the paired repeats, in each arm (what
     ``patchbench.suites.mmmu.pair_repeats`` computes when no question failed). Ids are
-    ``q0..q{n-1}`` sorted as strings, as the hook sorts them."""
-    a = np.mean([correct[(baseline, k)] for k in repeats], axis=0)
-    b = np.mean([correct[(variant, k)] for k in repeats], axis=0)
+    ``q0..q{n-1}`` sorted as strings, as the hook sorts them; ``cells``: each arm's cell-shift
+    variance parts, as the hook gives them."""
+    from dataclasses import asdict
+
+    from patchbench import stats
+
+    ya = np.array([correct[(baseline, k)] for k in repeats], dtype=float)
+    yb = np.array([correct[(variant, k)] for k in repeats], dtype=float)
+    a, b = ya.mean(axis=0), yb.mean(axis=0)
     ids = sorted(f"q{i}" for i in range(a.size))
     idx = [int(i[1:]) for i in ids]
+    cells: dict = {"repeats_baseline": len(repeats), "repeats_variant": len(repeats)}
+    for arm, y in (("baseline", ya), ("variant", yb)):
+        cv = stats.cell_variance([y]) if len(repeats) >= 2 and a.size >= 2 else None
+        cells[arm] = asdict(cv) if cv is not None else None
     return {
         "mmmu_overall_acc": {
             "ids": ids,
             "baseline": [float(a[i]) for i in idx],
             "variant": [float(b[i]) for i in idx],
+            "cells": cells,
         }
     }
 
@@ -195,13 +214,15 @@ def compare_trial(
     via_folders: bool = False,
     root: Path | None = None,
     secondaries: bool = False,
-    mmmu_first: bool = False,
+    mmmu_first: int = 0,
+    plan: SeqPlan | None = None,
 ) -> Comparison:
     """The comparison code's verdicts on one trial: in memory (``build_comparison`` on a
     :class:`RunData` with :func:`memory_suites`) or, with ``via_folders``, from a run folder
-    under ``root`` through ``compare_run``. mmmu_first: MMMU ran in the first round only
-    (in memory only)."""
-    if via_folders and mmmu_first:
+    under ``root`` through ``compare_run``. mmmu_first: MMMU ran in the first N rounds only
+    (in memory only). plan: a sequential design (in memory only): the comparison replays its
+    rule on the trial's rounds, as the report of such a run does."""
+    if via_folders and (mmmu_first or plan is not None):
         raise ValueError("--via-folders does not simulate suites.mmmu.rounds: first")
     if via_folders:
         run = write_folder(tr, root, settings, secondaries)
@@ -210,7 +231,7 @@ def compare_trial(
         finally:
             shutil.rmtree(run, ignore_errors=True)
     return analysis.build_comparison(
-        run_data(tr, settings, secondaries, mmmu_first), settings, suites=memory_suites(tr)
+        run_data(tr, settings, secondaries, mmmu_first, plan), settings, suites=memory_suites(tr)
     )
 
 
@@ -231,6 +252,8 @@ class Counts:
     new_power: int = 0  # effect: patch-a output throughput improved
     small: int = 0  # "small" trials run (patch-a +5 %; the design table's --small-effect column)
     small_power: int = 0  # small: patch-a output throughput improved
+    small_equiv: int = 0  # small: patch-a output throughput equivalent (a true effect at the
+    # margin called equivalent)
     equiv: dict[str, int] = field(default_factory=dict)  # metric -> equivalent (null patches)
     equiv_n: dict[str, int] = field(default_factory=dict)  # metric -> rows
     raw_hit: dict[str, int] = field(default_factory=dict)  # metric -> improved/regressed rows of
@@ -251,6 +274,17 @@ def _hit(v: str | None) -> bool:
     return v in ("improved", "regressed")
 
 
+def sequential_stop(
+    tr: Trial, plan: SeqPlan, settings: CompareSettings | None = None, mmmu_first: int = 0
+) -> int:
+    """Rounds the shipped sequential rule runs on this trial: the comparison of the trial under
+    ``plan``'s schedule (the rule the report and the runner's looks replay,
+    ``patchbench.analysis.sequential_decision``; the A/A variant is a control): the look at
+    which it stops, or ``max``."""
+    cmp = compare_trial(tr, settings or CompareSettings(), plan=plan, mmmu_first=mmmu_first)
+    return cmp.design.stopped_after or tr.repeats
+
+
 def run_row(
     m: Model,
     repeats: int,
@@ -265,7 +299,7 @@ def run_row(
     secondaries: bool = False,
     plan: SeqPlan | None = None,
     small_effect: float = 0.05,
-    mmmu_first: bool = False,
+    mmmu_first: int = 0,
 ) -> Counts:
     """Simulate ``trials`` seeded trials of each scenario at ``m.run_cv`` and ``repeats``, run
     the comparison on each and count into ``counts`` (a new :class:`Counts` by default).
@@ -274,9 +308,11 @@ def run_row(
     scenarios: "null", "effect" (patch-a ``effect``, +10 %) and "small" (patch-a
     ``small_effect``, +5 %: only its power is counted).
     plan: a sequential design; each trial is drawn with ``plan.spec.max`` repeats (the same
-    trials as a fixed row of that many repeats), cut where the runner's stopping rule stops,
-    and the comparison runs on the repeats that remain (``repeats`` is ignored).
-    mmmu_first: MMMU runs in the first round only (``suites.mmmu.rounds: first``); its verdict
+    trials as a fixed row of that many repeats) and compared under that schedule: the analysis
+    replays the rule and shows its decisions at the look where it stops (the report of a run
+    that stopped there); ``repeats`` is ignored.
+    mmmu_first: MMMU runs in the first N rounds only (``suites.mmmu.rounds``; 0: every round,
+    True: the first round); its verdict
     comes from repeat 0, the other suites' from every repeat."""
     c = counts or Counts()
     if plan is not None:
@@ -296,8 +332,6 @@ def run_row(
                 eff = {EFFECT_VARIANT: size} if size is not None else {}
                 syn = {EFFECT_VARIANT: 0} if size is not None else {}
                 tr = simulate(rng, m, repeats, speedup=eff, syncs=syn, run_id=f"t{t}-{sc}")
-                if plan is not None:
-                    tr = truncate(tr, sequential_stop(tr, plan))
                 cmp = compare_trial(
                     tr,
                     settings,
@@ -305,7 +339,16 @@ def run_row(
                     root=root,
                     secondaries=secondaries,
                     mmmu_first=mmmu_first,
+                    plan=plan,
                 )
+                if plan is not None:
+                    # the primaries' decisions are the rule's at its stopping look; the rest of
+                    # the report (secondaries) is what the rounds that ran show
+                    tr = truncate(tr, cmp.design.stopped_after or tr.repeats)
+                    if secondaries and tr.repeats < plan.spec.max:
+                        cmp = compare_trial(
+                            tr, settings, secondaries=True, mmmu_first=mmmu_first, plan=plan
+                        )
                 _count(c, sc, tr, cmp)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -320,6 +363,7 @@ def _count(c: Counts, sc: str, tr: Trial, cmp: Comparison) -> None:
         c.small += 1
         row = cmp.row("serving", THR, EFFECT_VARIANT)
         c.small_power += row is not None and row.verdict == "improved"
+        c.small_equiv += row is not None and row.verdict == "equivalent"
         return
     dec = [
         r

@@ -245,11 +245,30 @@ def load_config(path: str | os.PathLike, *, check_files: bool = True) -> Config:
                 if "allowed keys:" in msg  # an unknown key lists them already
                 else f"{msg}\n  (suite '{name}' accepts: {allowed})"
             )
+    problems += _check_balance(cfg, path, text, known)
     if check_files:
         problems += _check_patches(cfg, path, text)
     if problems:
         raise ConfigError("\n".join(problems))
     return cfg
+
+
+def _check_balance(cfg: Config, path: Path, text: str, known: list[str]) -> list[str]:
+    """``schedule.order: sequential`` (every round runs the variants in the same order: a drift
+    during the run moves later arms more) is refused for timed suites unless
+    ``schedule.unbalanced_reason`` says why."""
+    if cfg.schedule.order != "sequential" or cfg.schedule.unbalanced_reason:
+        return []
+    timed = [s for s in cfg.suites if s in known and _suite_is_timed(s)]
+    if not timed:
+        return []
+    where = line_of(text, ("schedule", "order"))
+    return [
+        f"{path}:{where or ''}: schedule.order: sequential runs the variants in the same order "
+        f"every round, so a drift during the run biases the timed suites ({', '.join(timed)}); "
+        "use order: interleaved, or give the reason in schedule.unbalanced_reason (the report's "
+        "Methods repeat it)"
+    ]
 
 
 def _check_patches(cfg: Config, path: Path, text: str) -> list[str]:

@@ -360,10 +360,14 @@ class ScheduleSpec(_Strict):
 
     ``repeats``: an integer (that many rounds, fixed) or a mapping ``{min, max, step, boundary}``
     (:class:`SequentialRepeats`: stop early once every primary is decided).
+    ``unbalanced_reason``: why ``order: sequential`` (the same order every round) is wanted; a
+    config with timed suites needs it for that order (the report's Methods repeat it, and a drift
+    across rounds then makes the affected verdicts inconclusive).
     """
 
     repeats: int | SequentialRepeats = 1
     order: Literal["interleaved", "sequential"] = "interleaved"
+    unbalanced_reason: str | None = None
 
     @field_validator("repeats", mode="plain")
     @classmethod

@@ -6,7 +6,6 @@ patchbench.sequential.decide on paired log ratios) and the manifest's record of 
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -52,53 +51,35 @@ def sequential_primaries(cfg: Config) -> list[tuple[str, str, Any, float]]:
 
 def sequential_look(cfg: Config, run_dir: Path, design, look_index: int, previous=None):
     """Decide at look ``look_index`` from the timed cells on disk (patchbench.sequential.decide
-    on the paired log ratios ``log(variant / baseline)`` of :func:`sequential_primaries`, for
-    every variant but the baseline; A/A variants (``cfg.is_aa``) are decided and recorded but,
-    as controls, never hold the run open).
+    through patchbench.analysis.look_decision: the report's family and rule on the rows of the
+    run folder as it is; A/A variants are measured controls that never hold the run open).
 
     Returns (LookDecision, None), or (None, why) when a needed pair is missing (a failed cell):
     the run then stops; ``--resume`` re-runs the failed cells and looks again.
     """
+    from patchbench.analysis import look_decision
     from patchbench.rundata import read_run
-    from patchbench.sequential import decide
 
     n = design.looks[look_index]
     data = read_run(run_dir)
-    prim = sequential_primaries(cfg)
-    ratios: dict[str, dict[str, list[float]]] = {}
-    margins: dict[str, float] = {}
-    better: dict[str, str] = {}
     missing: list[str] = []
     for v in data.variants[1:]:
-        for s, m, info, pct in prim:
-            key = f"{s}.{m}"
-            xs: list[float] = []
+        for s, m, _, _ in sequential_primaries(cfg):
             for k in range(n):
                 b, x = data.value(data.baseline, k, s, m), data.value(v, k, s, m)
                 timed = data.timed(data.baseline, k, s) and data.timed(v, k, s)
                 if b is None or x is None or b <= 0 or x <= 0 or not timed:
-                    missing.append(f"{v}/rep{k} {key}")
-                    continue
-                xs.append(math.log(x / b))
-            ratios.setdefault(v, {})[key] = xs
-            margins[key] = math.log1p(pct / 100.0)
-            better[key] = info.better
+                    missing.append(f"{v}/rep{k} {s}.{m}")
     if missing:
         shown = ", ".join(missing[:4]) + (" ..." if len(missing) > 4 else "")
         return None, (
             f"stopped at the look after {n} rounds: no paired value for {shown} "
             "(a failed or incomplete cell); resume the run to re-run it and go on"
         )
-    controls = [v for v in ratios if cfg.is_aa(v)]
-    return decide(
-        look_index,
-        ratios,
-        margins,
-        design=design,
-        better=better,
-        previous=previous,
-        controls=controls,
-    ), None
+    decision, _ = look_decision(run_dir, look_index)
+    if decision is None or decision.look_index != look_index:
+        return None, f"stopped at the look after {n} rounds: the rule could not look"
+    return decision, None
 
 
 def _design_record(cfg: Config, design) -> SequentialDesign:
@@ -107,7 +88,7 @@ def _design_record(cfg: Config, design) -> SequentialDesign:
         alpha=design.alpha,
         boundary=design.kind,
         primaries=[f"{s}.{m}" for s, m, _, _ in sequential_primaries(cfg)],
-        alpha_split="Bonferroni across variants, Holm within each variant",
+        alpha_split="one family per report: Holm shares over every non-A/A primary",
         futility=design.futility,
         controls=[v for v in cfg.variants if cfg.is_aa(v)],
     )

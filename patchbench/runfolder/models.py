@@ -126,11 +126,12 @@ class SequentialSnapshot(_Snapshot):
 
 
 class ScheduleSnapshot(_Snapshot):
-    """``config.schedule``: repeats (a fixed number of rounds, or a sequential schedule) and the
-    order of the cells in a round."""
+    """``config.schedule``: repeats (a fixed number of rounds, or a sequential schedule), the
+    order of the cells in a round and, for an unbalanced order, why."""
 
     repeats: int | SequentialSnapshot = 1
     order: Literal["interleaved", "sequential"] = "interleaved"
+    unbalanced_reason: str | None = None
 
 
 class RunConfig(_Snapshot):

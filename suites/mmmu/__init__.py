@@ -123,7 +123,7 @@ def pair_repeats(baseline_dirs: list[Path], variant_dirs: list[Path]) -> dict[st
     "both_right", "both_wrong", "right_to_wrong", "wrong_to_right" (sums over questions of
     max(a - b, 0) / max(b - a, 0): the usual counts when repeats agree), "flips", "mcnemar_p"
     (exact McNemar on the rounded discordant counts), "identical_share" (mean over repeats of the
-    identical-response share), "accuracy": {metric: {"ids", "baseline", "variant"}} for
+    identical-response share), "accuracy": {metric: {"ids", "baseline", "variant", "cells"}} for
     mmmu_overall_acc, mmmu_answered_acc (questions whose request failed in no used repeat of
     either cell: "answered" as in :class:`.scoring.Tally`, unparsed replies included)
     and each domain, "flipped": [{"id", "subject", "baseline", "variant"}], "subjects":
@@ -168,7 +168,7 @@ def pair_repeats(baseline_dirs: list[Path], variant_dirs: list[Path]) -> dict[st
         "flips": len(flipped),
         "mcnemar_p": p,
         "identical_share": sum(ident) / len(ident) if ident else None,
-        "accuracy": _accuracy(ids, qs, a, b),
+        "accuracy": _accuracy(ids, qs, a, b, used),
         "flipped": flipped,
         "subjects": dict(sorted(subjects.items())),
         "notes": notes,
@@ -230,18 +230,20 @@ def _add_repeat(per_q: dict[str, dict[str, Any]], ra: list[dict], rb: list[dict]
 
 
 def _accuracy(
-    ids: list[str], qs: dict[str, dict[str, Any]], a: list[float], b: list[float]
-) -> dict[str, dict[str, list]]:
+    ids: list[str], qs: dict[str, dict[str, Any]], a: list[float], b: list[float], used: int
+) -> dict[str, dict[str, Any]]:
     """:func:`pair_repeats`' ``accuracy``: per metric the question ids it covers and their
-    per-question correctness in each arm (``a`` / ``b``, aligned with ``ids``); metrics that
-    cover no question left out."""
+    per-question correctness in each arm (``a`` / ``b``, aligned with ``ids``), and ``cells``:
+    the repeats behind those means and each arm's cell-shift variance parts
+    (:func:`_cells`); metrics that cover no question left out."""
 
-    def acc_entry(keep) -> dict[str, list]:
+    def acc_entry(keep) -> dict[str, Any]:
         idx = [j for j, i in enumerate(ids) if keep(i)]
         return {
             "ids": [ids[j] for j in idx],
             "baseline": [a[j] for j in idx],
             "variant": [b[j] for j in idx],
+            "cells": _cells([ids[j] for j in idx], qs, used),
         }
 
     accuracy = {
@@ -253,6 +255,26 @@ def _accuracy(
             lambda i, d=d: SUBJECT_DOMAIN.get(qs[i]["subject"]) == d
         )
     return {m: e for m, e in accuracy.items() if e["ids"]}
+
+
+def _cells(ids: list[str], qs: dict[str, dict[str, Any]], used: int) -> dict[str, Any]:
+    """The repeats of each arm and each arm's cell-shift variance parts
+    (:func:`patchbench.stats.cell_variance` of its repeats x questions matrix, over the questions
+    answered in every used repeat; None with one repeat), as plain dicts for compare.json: the
+    analysis pools them over every arm of the run (patchbench.verdicts.accuracy_test)."""
+    from dataclasses import asdict
+
+    from patchbench import stats
+
+    full = [i for i in ids if len(qs[i]["a"]) == used]
+    out: dict[str, Any] = {"repeats_baseline": used, "repeats_variant": used}
+    for arm, key in (("baseline", "a"), ("variant", "b")):
+        cv = None
+        if used >= 2 and len(full) >= 2:
+            y = [[float(qs[i][key][k]) for i in full] for k in range(used)]
+            cv = stats.cell_variance([y])
+        out[arm] = asdict(cv) if cv is not None else None
+    return out
 
 
 def _by_subject(

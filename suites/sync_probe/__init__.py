@@ -55,6 +55,10 @@ HOOK = Path(__file__).resolve().parent / "instr" / "patchbench_mrope_instr.py"
 INSTR_OUT = "mrope_instr"
 
 _D = "deterministic"
+#: the test that proves the probe's counts deterministic by construction (the variant's code on
+#: the same seeded batches, counted by a TorchFunctionMode): two probes in separate processes
+#: give identical counts
+BY_CONSTRUCTION = "tests/test_sync_probe.py::test_counts_are_identical_in_two_processes"
 #: per-call sums over the configured batch sizes (counts), mean over batch sizes (ms). Counts are
 #: the same in every run of the same code (kind "deterministic": compared exactly, no interval).
 METRICS: dict[str, MetricInfo] = {
@@ -65,15 +69,21 @@ METRICS: dict[str, MetricInfo] = {
         "copies), summed over batch sizes",
         primary=True,
         kind=_D,
+        deterministic_by=BY_CONSTRUCTION,
     ),
     "sync_d2h_reads_count": MetricInfo(
-        "lower", "count", "device-to-host reads per call, summed over batch sizes", kind=_D
+        "lower",
+        "count",
+        "device-to-host reads per call, summed over batch sizes",
+        kind=_D,
+        deterministic_by=BY_CONSTRUCTION,
     ),
     "sync_blocking_h2d_copies_count": MetricInfo(
         "lower",
         "count",
         "blocking host-to-device copies per call, summed over batch sizes",
         kind=_D,
+        deterministic_by=BY_CONSTRUCTION,
     ),
     "sync_warnings_count": MetricInfo(
         "lower", "count", "CUDA sync warnings per call, summed over batch sizes (GPU only)", kind=_D
@@ -85,7 +95,11 @@ METRICS: dict[str, MetricInfo] = {
         kind="run",
     ),
     "positions_mismatch_count": MetricInfo(
-        "lower", "count", "batch sizes whose positions differ from stock", kind=_D
+        "lower",
+        "count",
+        "batch sizes whose positions differ from stock",
+        kind=_D,
+        deterministic_by=BY_CONSTRUCTION,
     ),
 }
 NEEDS_SERVER = False
