@@ -82,6 +82,18 @@ def suite_declarations(name: str, notes: list[str]) -> tuple[Suite | None, dict[
     return obj, dict(obj.metrics)
 
 
+def _run_declarations(
+    data: RunData, suite: str, obj: Any, declared: dict[str, MetricInfo]
+) -> dict[str, MetricInfo]:
+    """The suite's declarations for this run's parameters (its ``declarations`` hook, e.g. the
+    per-point metrics of a load sweep); ``declared`` for a suite object without the hook."""
+    hook = getattr(obj, "declarations", None)
+    if hook is None:
+        return declared
+    cfg = data.manifest.config
+    return hook(_params(obj, (cfg.suites.get(suite) if cfg is not None else None) or {}))
+
+
 def _params(obj: Any, raw: dict) -> Any:
     """The pair hook's params: the manifest's ``suites.<name>`` section (without the core's
     ``rounds`` key) validated by the suite's ``Params``; the raw dict for a suite object without
@@ -545,6 +557,7 @@ def build_comparison(
             obj, declared = suites[suite], dict(getattr(suites[suite], "metrics", {}) or {})
         else:
             obj, declared = suite_declarations(suite, notes)
+        declared = _run_declarations(data, suite, obj, declared)
         tested += _suite_rows(data, s, cmp, suite, obj, declared)
     _holm_levels(tested, data.variants[1:], 1 - s.confidence)
     for row, test in tested:

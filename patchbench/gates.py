@@ -337,11 +337,13 @@ def shown_not_worse(test: TestStat, threshold_pct: float, pass_alpha: float) -> 
 
 @lru_cache(maxsize=256)
 def _suite_metric_info(suite: str, metric: str) -> Any:
-    """The suite's MetricInfo for a metric, or None when the suite or the metric is unknown."""
+    """The suite's MetricInfo for a metric, or None when the suite or the metric is unknown; a
+    per-point metric (``<metric>@<point>``, a load sweep's) has its single-point metric's."""
     try:
         from patchbench.suite import get_suite
 
-        return get_suite(suite).metrics.get(metric)
+        known = get_suite(suite).metrics
+        return known.get(metric) or known.get(metric.split("@", 1)[0])
     except Exception:  # noqa: BLE001 (a suite that does not import must not stop the gates)
         return None
 

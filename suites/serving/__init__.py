@@ -40,6 +40,7 @@ from .validity import images_check, request_checks
 __all__ = [
     "Params",
     "run",
+    "run_point",
     "METRICS",
     "PRIMARY",
     "ServingSuite",
@@ -258,6 +259,16 @@ def _image_probe(
 
 
 def run(ctx: SuiteContext, params: Params) -> SuiteResult:
+    """Run bench_serving against ``ctx.server`` and return the summary: once (:func:`run_point`),
+    or once per point of ``params.sweep`` (:func:`patchbench.suites.serving.points.run_sweep`)."""
+    if params.sweep is not None:
+        from .points import run_sweep
+
+        return run_sweep(ctx, params, run_point, METRICS)
+    return run_point(ctx, params)
+
+
+def run_point(ctx: SuiteContext, params: Params) -> SuiteResult:
     """Run bench_serving once against ``ctx.server`` and return the summary (see module docstring).
 
     Raises SuiteError when the release lacks the dataset/flag/backend, the server dies,
@@ -563,7 +574,20 @@ class ServingSuite(Suite):
         (one paired repeat only)}``. Raises PairingRefused when no repeat's prompts pair."""
         from .pairing import pair_cells
 
+        if isinstance(params, Params) and params.sweep is not None:
+            from .points import pair_points
+
+            return pair_points(list(baseline_dirs), list(variant_dirs), params, list(METRICS))
         return pair_cells(list(baseline_dirs), list(variant_dirs), list(METRICS))
+
+    def declarations(self, params: Any) -> dict[str, MetricInfo]:
+        """:data:`METRICS`, or with a sweep the per-point and curve metrics
+        (:func:`.points.declarations`)."""
+        if not isinstance(params, Params) or params.sweep is None:
+            return dict(METRICS)
+        from .points import declarations
+
+        return declarations(params, METRICS)
 
     def report_section(self, comparison: Any) -> list[str]:
         from .render import report_section
