@@ -273,6 +273,13 @@ def _test(
         return test
     if row.kind != "run":
         return None
+    row.baseline_bound = _arm_bound(bounds[data.baseline])
+    row.variant_bound = _arm_bound(bounds[row.variant])
+    if row.baseline_bound or row.variant_bound:
+        row.notes.append(
+            "a value is only a bound in every repeat of an arm (e.g. a load sweep's highest load "
+            "meeting its SLO beyond the sweep's last point): the change may be larger"
+        )
     if b and (min(b) <= 0 or min(v) <= 0):
         row.change_unit = row.unit or ""
         row.notes.append("values <= 0: no log ratio; compared as differences, descriptive")

@@ -249,3 +249,25 @@ def test_sweep_report_and_plots(tmp_path):
     assert "| patched | 16 |" in text  # one table row per point
     pngs = {p.name for p in (run / "plots").glob("*.png")}
     assert {"pr_figure.png", "curve_latency.png", "curve_change.png", "curve_frontier.png"} <= pngs
+
+
+def test_point_labels_and_bounds_shown(tmp_path):
+    from patchbench.suites.serving.points import point_label
+
+    assert (
+        point_label("Output token throughput (tok/s):", "max_concurrency", 16)
+        == "Output token throughput at concurrency 16 (tok/s):"
+    )
+    assert point_label("Goodput", "request_rate", 2.5) == "Goodput at request rate 2.5"
+    name = "max_concurrency_at_slo_count"
+    run = make_run(
+        tmp_path,
+        metrics={"serving": {name: {"baseline": [64.0] * 3, "patched": [64.0] * 3}}},
+        bounds={
+            (v, k, "serving"): {name: "lower"} for v in ("baseline", "patched") for k in range(3)
+        },
+        suites_params={"serving": {"sweep": {"points": [1, 64]}}},
+    )
+    row = build_comparison(run).row("serving", name, "patched")
+    assert row.baseline_bound == "lower" and row.variant_bound == "lower"
+    assert any("bound" in n for n in row.notes)

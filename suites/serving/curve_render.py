@@ -231,7 +231,7 @@ def plot_latency(comparison: Any, out: Path) -> Path | None:
                         k,
                         (x, y),
                         textcoords="offset points",
-                        xytext=(4, 4 + 9 * j),
+                        xytext=(5, 4 - 12 * j),
                         fontsize=7,
                         color=f"C{j}",
                     )
@@ -340,7 +340,7 @@ def plot_frontier(comparison: Any, out: Path) -> Path | None:
                 k,
                 (u, g),
                 textcoords="offset points",
-                xytext=(4, 4 + 9 * j),
+                xytext=(5, 4 - 12 * j),
                 fontsize=7,
                 color=f"C{j}",
             )

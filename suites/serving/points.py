@@ -79,10 +79,21 @@ def declarations(params: Params, single: dict[str, MetricInfo]) -> dict[str, Met
         ),
     }
     for base, info in [*single.items(), *curve.items()]:
-        for k in sw.keys():
+        for p, k in zip(sw.sorted_points(), sw.keys(), strict=True):
             name = metric_at(base, k)
-            out[name] = dataclasses.replace(info, primary=name in prim)
+            label = point_label(info.label or base, sw.axis, p)
+            out[name] = dataclasses.replace(info, primary=name in prim, label=label)
     return out
+
+
+def point_label(label: str, axis: str, point: float) -> str:
+    """A single-point label with the point: "Output token throughput (tok/s):" at concurrency
+    16 -> "Output token throughput at concurrency 16 (tok/s):"."""
+    where = f" at {'concurrency' if axis == 'max_concurrency' else 'request rate'} {point:g}"
+    head, sep, tail = label.partition(" (")
+    if sep:
+        return f"{head}{where}{sep}{tail}"
+    return label.rstrip(":") + where + (":" if label.endswith(":") else "")
 
 
 def _delivered(sweep: Sweep, point: float, m: dict[str, float]) -> tuple[bool, float | None]:
