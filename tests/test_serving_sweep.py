@@ -271,3 +271,13 @@ def test_point_labels_and_bounds_shown(tmp_path):
     row = build_comparison(run).row("serving", name, "patched")
     assert row.baseline_bound == "lower" and row.variant_bound == "lower"
     assert any("bound" in n for n in row.notes)
+
+
+def test_sweep_config_dry_run_costs():
+    from patchbench.config import load_config
+    from patchbench.run.plan import describe_plan
+
+    text = describe_plan(load_config("configs/pr9460-sweep-h200.yaml"))
+    assert "c1: 32 prompts" in text and "c64: 256 prompts" in text
+    assert "a repeat of the 2 variants" in text
+    assert "serving.output_throughput_tok_s@c64" in text  # the sequential rule sees the sweep

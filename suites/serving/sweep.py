@@ -128,3 +128,48 @@ def point_order(sweep: Sweep, seed: int) -> list[float]:
     pts = sweep.sorted_points()
     random.Random(seed).shuffle(pts)
     return pts
+
+
+#: the H200 cost model of a sweep (an estimate for the dry run, not a measurement). Anchor: the
+#: calibration's serving phase of the PR's single point (scripts/calibrate.py ``--serving-s``
+#: 79 s: 200 mmmu prompts x 1024 tokens at concurrency 16, Qwen2.5-VL-3B on one H200), i.e. a
+#: decode step of 79 / (200 / 16 x 1024) = 6.2 ms at batch 16; assumed to grow linearly with the
+#: batch, step(c) = step(16) x (1 + c / 64) / (1 + 16 / 64); plus ``POINT_OVERHEAD_S`` a point
+#: (the tool's start-up and warmup, the flush) and the calibration's 60 s server start-up a cell.
+ANCHOR_SERVING_S, ANCHOR_PROMPTS, ANCHOR_CONCURRENCY, ANCHOR_OUTPUT_LEN = 79.0, 200, 16, 1024
+POINT_OVERHEAD_S = 10.0
+STARTUP_S = 60.0
+
+
+def point_seconds(concurrency: float, prompts: int, output_len: int) -> float:
+    """Estimated H200 seconds of one point at ``concurrency`` (see the cost model above): waves
+    of requests (prompts / concurrency, at least one) x output_len decode steps x the step time
+    at that batch, plus the point's overhead."""
+    step16 = ANCHOR_SERVING_S / (ANCHOR_PROMPTS / ANCHOR_CONCURRENCY * ANCHOR_OUTPUT_LEN)
+    c = max(1.0, concurrency)
+    step = step16 * (1 + c / 64) / (1 + ANCHOR_CONCURRENCY / 64)
+    waves = max(1.0, prompts / c)
+    return waves * output_len * step + POINT_OVERHEAD_S
+
+
+def cost_lines(sweep: Sweep, num_prompts: int, output_len: int, cells_per_round: int) -> list[str]:
+    """The dry run's lines of a sweep: each point's prompts and estimated seconds, and the
+    estimated H200 minutes of one cell (server start-up included) and of one round of
+    ``cells_per_round`` cells (a repeat of every variant). A request-rate axis is costed at the
+    concurrency its rate reaches at the anchor's latency (an estimate)."""
+    per, total = [], STARTUP_S
+    for p in sweep.sorted_points():
+        n = sweep.num_prompts(p, num_prompts)
+        c = p if sweep.axis == "max_concurrency" else p * ANCHOR_SERVING_S / ANCHOR_PROMPTS * 16
+        s = point_seconds(c, n, output_len)
+        total += s
+        per.append(f"{sweep.key(p)}: {n} prompts ~{s:.0f} s")
+    rnd = total * cells_per_round / 60
+    return [
+        f"sweep ({sweep.axis}, order shuffled per cell): " + ", ".join(per),
+        f"estimated H200 GPU minutes: ~{total / 60:.1f} a cell, ~{rnd:.1f} a repeat of the "
+        f"{cells_per_round} variants (~{120 / rnd:.1f} repeats in 2 H200-hours); server start-up "
+        f"{STARTUP_S:.0f} s a cell included; cost model in suites/serving/sweep.py (the "
+        "calibration's 79 s for the PR's 200 prompts at concurrency 16, step time linear in the "
+        "batch: an estimate, not a measurement)",
+    ]
