@@ -281,3 +281,14 @@ def test_sweep_config_dry_run_costs():
     assert "c1: 32 prompts" in text and "c64: 256 prompts" in text
     assert "a repeat of the 2 variants" in text
     assert "serving.output_throughput_tok_s@c64" in text  # the sequential rule sees the sweep
+
+
+def test_sweep_calibration_rows():
+    from patchbench.calibration.sweep import primaries, sweep_row, sweep_table
+    from patchbench.suites.serving import PRIMARY
+
+    assert sorted(primaries(1)) == sorted(PRIMARY)
+    assert len(primaries(4)) == 10
+    row = sweep_row(4, 8, 0.03, 0.10, 10, seed=7)
+    assert row.improved >= 8 and row.false_calls <= 2
+    assert "| 4 | 10 | 8 | 3% | 10 |" in "\n".join(sweep_table([row], 0.10))
