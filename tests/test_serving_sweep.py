@@ -292,3 +292,25 @@ def test_sweep_calibration_rows():
     row = sweep_row(4, 8, 0.03, 0.10, 10, seed=7)
     assert row.improved >= 8 and row.false_calls <= 2
     assert "| 4 | 10 | 8 | 3% | 10 |" in "\n".join(sweep_table([row], 0.10))
+
+
+def test_gates_name_points_and_curve_metrics():
+    from patchbench.gates import Gate, metric_unit
+
+    g = Gate(metric="serving.output_throughput_tok_s@c16", threshold_pct=5)
+    assert (g.suite, g.metric_name) == ("serving", "output_throughput_tok_s@c16")
+    bare = Gate(metric="ttft_p99_ms@r2.5", threshold_pct=5)
+    assert (bare.suite, bare.metric_name) == (None, "ttft_p99_ms@r2.5")
+    assert Gate(metric="serving.goodput_at_slo_req_s", threshold_pct=5).metric_name == (
+        "goodput_at_slo_req_s"
+    )
+    assert metric_unit("serving", "itl_median_ms@c4") == "ms"
+
+
+def test_history_keeps_per_point_metrics(tmp_path):
+    from patchbench.history import night_from_run
+
+    run = sweep_run(tmp_path, n=3, points=(1, 4))
+    night = night_from_run(run)
+    keys = {m for (_v, s, m) in night.values if s == "serving"}
+    assert {"output_throughput_tok_s@c1", "itl_median_ms@c4", "goodput_at_slo_req_s"} <= keys
