@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import textwrap
 from pathlib import Path
 
@@ -71,6 +72,8 @@ def _curve_panel(ax, cmp: Comparison, suite: str, base: str, points: list[str]) 
         ax.axhspan(-margin, margin, color="tab:blue", alpha=0.08)
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xticks(range(len(points)), points)
+    # a per-point label names its point ("... at concurrency 16 (tok/s):"); the panel has them all
+    label = re.sub(r" at [a-z ]+ [0-9.]+(?= \(|:|$)", "", label)
     ax.set_title(textwrap.fill(f"{label.rstrip(': ')} per load", 30), fontsize=9)
     ax.set_ylabel(f"change ({unit})", fontsize=8)
     ax.tick_params(labelsize=8)

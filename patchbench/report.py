@@ -468,6 +468,13 @@ def _methods(cmp: Comparison) -> list[str]:
         "- A/A variants are compared like any variant; if one comes out improved or regressed, "
         "every verdict is downgraded to inconclusive.",
     ]
+    if any("@" in r.metric for r in cmp.rows):
+        lines.append(
+            "- Load sweep: a metric named `<metric>@<point>` is that metric at one load (`c16`: "
+            "concurrency 16, `r2.5`: 2.5 req/s), paired across repeats at that load; the "
+            "curve's primaries (named by the suite) are in each variant's one Holm family; a "
+            "point whose client did not deliver the load is not judged (docs/serving.md)."
+        )
     lines += [f"- {name}: {src}" for name, src in cmp.methods.items()]
     return lines + [""]
 

@@ -247,6 +247,7 @@ def test_sweep_report_and_plots(tmp_path):
     assert "## Load curve (serving)" in text
     assert "patched: output throughput improved at concurrency 1-4" in text
     assert "| patched | 16 |" in text  # one table row per point
+    assert "- Load sweep: a metric named `<metric>@<point>`" in text  # Methods
     pngs = {p.name for p in (run / "plots").glob("*.png")}
     assert {"pr_figure.png", "curve_latency.png", "curve_change.png", "curve_frontier.png"} <= pngs
 
