@@ -169,6 +169,13 @@ def test_merge_points_marks_undelivered():
     assert out.bounds["max_concurrency_at_slo_count"] == "lower"
     assert out.meta["sweep"]["max_load_at_slo"]["answer"] == "beyond the sweep"
     assert out.metrics["goodput_at_slo_req_s"] == pytest.approx(2.0)
+    # the release's own --goodput (0.5.23) is a cross-check: recorded, a warning when it differs
+    single = get_suite("serving").metrics
+    same = merge_points(p, {1: r1, 8: r8}, {1: recs, 8: recs}, single, {1: 2.0, 8: None})
+    assert same.meta["sweep"]["points"]["c1"]["tool_goodput_req_s"] == 2.0
+    assert not any("--goodput" in w for w in same.warnings)
+    off = merge_points(p, {1: r1, 8: r8}, {1: recs, 8: recs}, single, {1: 0.5})
+    assert any("c1" in w and "--goodput" in w for w in off.warnings)
 
 
 # --- a synthetic run: helps only at low load --------------------------------------------------

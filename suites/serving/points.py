@@ -33,6 +33,8 @@ MAX_LOAD = {
     "max_concurrency": "max_concurrency_at_slo_count",
     "request_rate": "max_request_rate_at_slo_req_s",
 }
+#: how far our goodput may differ from the release's own ``--goodput`` (relative) before a warning
+GOODPUT_REL_TOL = 0.05
 #: per-point curve metrics: goodput, tokens/s per user, output tokens/s per GPU
 POINT_CURVE = ("goodput_req_s", "output_per_user_tok_s", "output_per_gpu_tok_s")
 
@@ -115,9 +117,13 @@ def merge_points(
     results: dict[float, SuiteResult],
     recs: dict[float, dict],
     single: dict[str, MetricInfo],
+    tool_goodput: dict[float, float | None] | None = None,
 ) -> SuiteResult:
     """The suite's result of a sweep from each point's result and requests.json records
-    (``single``: the single-point declarations, which say which metrics are descriptive).
+    (``single``: the single-point declarations, which say which metrics are descriptive;
+    ``tool_goodput``: the release's own ``--goodput`` per point where its bench_serving has it,
+    a cross-check of ours: recorded in ``meta.sweep.points[key].tool_goodput_req_s``, a warning
+    when they differ by more than :data:`GOODPUT_REL_TOL` and one request over the duration).
 
     A point whose client did not deliver the load asked keeps only its descriptive metrics (its
     judged ones are left out: never judged) and gets a warning; a point's errors and warnings are
@@ -142,6 +148,14 @@ def merge_points(
                 m["output_per_user_tok_s"] = u
             if "output_throughput_tok_s" in m:
                 m["output_per_gpu_tok_s"] = m["output_throughput_tok_s"] / params.gpus
+        tg = (tool_goodput or {}).get(p)
+        if tg is not None and "goodput_req_s" in m:
+            slack = max(GOODPUT_REL_TOL * tg, 1.0 / m["duration_s"])
+            if abs(m["goodput_req_s"] - tg) > slack:
+                out.warnings.append(
+                    f"point {k}: our goodput {m['goodput_req_s']:.4g} req/s differs from "
+                    f"bench_serving's --goodput {tg:.4g} req/s"
+                )
         if not ok:
             out.warnings.append(
                 f"point {k}: the client reached {got:.3g} of the {p:g} asked "
@@ -162,6 +176,7 @@ def merge_points(
             "delivered": ok,
             "achieved": got,
             "slo_ratio": ratio,
+            "tool_goodput_req_s": tg,
             "meta": r.meta,
         }
     _curve(sw, out, loads, ratios, goodputs, front)
@@ -206,6 +221,8 @@ def run_sweep(
     order = point_order(sw, seed)
     results: dict[float, SuiteResult] = {}
     recs: dict[float, dict] = {}
+    tool_goodput: dict[float, float | None] = {}
+    slo_args = _tool_goodput_args(ctx, sw)
     for i, p in enumerate(order):
         k = sw.key(p)
         pdir = Path(ctx.out_dir) / "points" / k
@@ -215,6 +232,7 @@ def run_sweep(
                 "sweep": None,
                 sw.axis: int(p) if sw.axis == "max_concurrency" else p,
                 "num_prompts": sw.num_prompts(p, params.num_prompts),
+                "extra_args": list(params.extra_args) + slo_args,
             }
         )
         if i and ctx.server is not None:
@@ -227,9 +245,35 @@ def run_sweep(
         write_json(pdir / "summary.json", r.to_json("serving"))
         results[p] = r
         recs[p] = json.loads((pdir / "requests.json").read_text())
-    out = merge_points(params, results, recs, single)
+        tool_goodput[p] = _read_tool_goodput(pdir) if slo_args else None
+    out = merge_points(params, results, recs, single, tool_goodput)
     out.meta["sweep"].update({"order": [sw.key(p) for p in order], "order_seed": seed})
     return out
+
+
+def _tool_goodput_args(ctx: SuiteContext, sw: Sweep) -> list[str]:
+    """``--goodput ttft:<ms> tpot:<ms>`` when the release's bench_serving has the flag (0.5.23;
+    not 0.5.1.post3), else []."""
+    from .command import tool_info
+
+    try:
+        opts = tool_info(Path(ctx.stock_sglang_dir)).options
+    except (OSError, SyntaxError):
+        return []
+    if "--goodput" not in opts:
+        return []
+    return ["--goodput", f"ttft:{sw.slo.ttft_ms:g}", f"tpot:{sw.slo.tpot_ms:g}"]
+
+
+def _read_tool_goodput(pdir: Path) -> float | None:
+    """The tool's ``request_goodput`` (req/s) in the point's result.jsonl, None when absent."""
+    from .parse import ResultError, read_result_line
+
+    try:
+        v = read_result_line(pdir / "result.jsonl").get("request_goodput")
+    except ResultError:
+        return None
+    return float(v) if isinstance(v, int | float) else None
 
 
 def point_dirs(suite_dirs: list[Path], key: str) -> list[Path]:
