@@ -9,8 +9,9 @@ importable modules, each calling :func:`register` on import).
 
 Required: ``name``, ``Params`` (pydantic, ``extra="forbid"``), ``metrics`` ``{name: MetricInfo}``
 (every name carries its unit: ``_ms``, ``_s``, ``_tok_s``, ``_req_s``, ``_acc``, ``_count``,
-``_share``, ``_us``), ``run(ctx, params) -> SuiteResult``; ``declarations(params)`` when the parameters change which
-metrics exist (default: ``metrics``); ``plan_lines(params)`` for the dry run.
+``_share``, ``_us``), ``run(ctx, params) -> SuiteResult``; ``declarations(params)`` when the
+parameters change which metrics exist (default: ``metrics``); ``plan_lines(params,
+cells_per_round)`` for the dry run.
 Class flags: ``needs_server`` (False: runs against the variant's sglang package, no server);
 ``timed`` (False: the suite perturbs timing, e.g. a profiler, and runs only in the untimed
 correctness cells, never in cells whose timings feed a verdict).
