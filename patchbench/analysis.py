@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import ValidationError
 
 from patchbench import verdicts
@@ -229,6 +230,7 @@ def _repeat_values(
             row.notes.append(f"{where}: an instrumented cell; its timings feed no verdict")
             continue
         pairs.append((vb, vv))
+        row.paired_repeats.append(k)
         for v in (data.baseline, variant):
             bounds[v].add(data.bound(v, k, suite, metric))
     return pairs, bounds, bad
@@ -331,8 +333,7 @@ def _row(
     if not declared:
         row.notes.append("not declared by the suite: direction guessed from the name; secondary")
     pairs, bounds, bad = _repeat_values(data, row)
-    row.baseline_value = _median([x for x in row.baseline_repeats if x is not None])
-    row.variant_value = _median([x for x in row.variant_repeats if x is not None])
+    describe_pairs(row, pairs, s.margin_for(suite, metric, info.margin))
     row.n_pairs = len(pairs)
     test = _test(data, s, cmp, row, pairs, bounds)
     if test is not None:
@@ -345,6 +346,50 @@ def _row(
         row.notes.append("incomplete cells: " + "; ".join(bad))
         row.verdict = "incomplete"
     return row, test
+
+
+# ---------------------------------------------------------------- what a row shows
+
+
+#: the rule that names an outlier repeat (descriptive; it never changes a verdict)
+OUTLIER_RULE = (
+    "a paired log ratio more than 3.5 robust sd (1.4826 x MAD) and more than the margin from "
+    "the row's median (Iglewicz & Hoaglin 1993; 3 pairs or more)"
+)
+OUTLIER_Z = 3.5
+
+
+def describe_pairs(row: Row, pairs: list[tuple[float, float]], margin: float | None) -> None:
+    """Set the values a row shows and describe its paired repeats (never a verdict).
+
+    ``pairs``: the (baseline, variant) values of ``row.paired_repeats``, in that order;
+    ``margin``: the row's equivalence margin in percent (None: none). A run row with pairs and
+    positive values shows the geometric mean of each arm over the pairs, so that variant /
+    baseline = exp(mean paired log ratio) = 1 + change / 100; it gets the sample sd of the
+    paired log ratios (2 pairs or more) and its outlier repeats (:data:`OUTLIER_RULE`: the
+    margin keeps a tight cluster, whose MAD is tiny, from naming ordinary noise; without a
+    margin nothing is named when the MAD is 0). Other rows show each arm's median over its
+    repeats (accuracy rows are set again from the questions by :func:`_accuracy_test`)."""
+    from scipy.stats import median_abs_deviation
+
+    row.baseline_value = _median([x for x in row.baseline_repeats if x is not None])
+    row.variant_value = _median([x for x in row.variant_repeats if x is not None])
+    if row.kind != "run" or not pairs or min(min(p) for p in pairs) <= 0:
+        return
+    logs = np.log(np.asarray(pairs, dtype=float))
+    row.baseline_value = float(np.exp(logs[:, 0].mean()))
+    row.variant_value = float(np.exp(logs[:, 1].mean()))
+    d = logs[:, 1] - logs[:, 0]
+    if len(d) >= 2:
+        row.log_ratio_sd = float(d.std(ddof=1))
+    if len(d) < 3:
+        return
+    limit = OUTLIER_Z * median_abs_deviation(d, scale="normal")
+    if margin is not None:
+        limit = max(limit, float(np.log1p(margin / 100)))
+    if limit > 0:
+        dev = np.abs(d - np.median(d))
+        row.outlier_repeats = [k for k, x in zip(row.paired_repeats, dev, strict=True) if x > limit]
 
 
 def _arm_bound(seen: set[str | None]) -> str | None:

@@ -331,6 +331,12 @@ COMMANDS: list[Command] = [
         lambda a, _raw: importlib.import_module("patchbench.matrix.cli").run_cli(a),
     ),
     Command(
+        "comment",
+        "a pull-request comment from RUN's compare.json; --post keeps one sticky comment",
+        lambda p: importlib.import_module("patchbench.comment").add_arguments(p),
+        lambda a, _raw: importlib.import_module("patchbench.comment").run(a),
+    ),
+    Command(
         "make-tiny-model",
         "build the tiny random Qwen2.5-VL the CPU configs use",
         _args_tiny,

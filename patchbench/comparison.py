@@ -10,6 +10,7 @@ and margin of a row is in the row's ``change_unit``: "%" (relative change of a r
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -63,7 +64,15 @@ class Row(BaseModel):
     """One (suite, metric, variant) comparison.
 
     baseline_repeats / variant_repeats: the metric per repeat (None where the cell is not ok);
-    baseline_value / variant_value: medians over repeats (accuracy: means over questions);
+    baseline_value / variant_value: the values shown, from the estimator of the change: run rows
+    the geometric mean of each arm over the paired repeats (their ratio is 1 + change / 100),
+    accuracy the mean correctness over the paired questions, other rows (and run rows without
+    a paired repeat or with a value <= 0) the median over repeats;
+    paired_repeats: the repeat numbers k whose (baseline, variant) pair fed the row's test;
+    log_ratio_sd: sample standard deviation (n - 1) of the paired log ratios (run rows with at
+    least 2 pairs; natural-log units, 0.05 ~ 5 %);
+    outlier_repeats: paired repeats whose log ratio is an outlier by
+    :data:`patchbench.analysis.OUTLIER_RULE` (descriptive; never changes a verdict);
     change / low / high: the change and its interval at ``confidence`` (the level the verdict
     used: Holm-adjusted for primaries) in ``change_unit``; p_value: two-sided p of "no change";
     margin: practical-equivalence margin in ``change_unit`` (None: no equivalence verdict);
@@ -92,6 +101,9 @@ class Row(BaseModel):
     baseline_bound: Literal["lower", "upper"] | None = None
     variant_bound: Literal["lower", "upper"] | None = None
     n_pairs: int = 0
+    paired_repeats: list[int] = Field(default_factory=list)
+    log_ratio_sd: float | None = None
+    outlier_repeats: list[int] = Field(default_factory=list)
     change: float | None = None
     low: float | None = None
     high: float | None = None
@@ -107,6 +119,13 @@ class Row(BaseModel):
     verdict_before_health: str | None = None
     descriptive: dict[str, Any] | None = None
     notes: list[str] = Field(default_factory=list)
+
+    def short_label(self) -> str:
+        """The label without its parenthetical or trailing qualifier (the metric name without a
+        label): "Output token throughput (tok/s)" -> "Output token throughput", "host syncs per
+        call (device-to-host reads + ...), summed over batch sizes" -> "host syncs per call"."""
+        name = (self.label or self.metric).rstrip(":").strip()
+        return re.split(r" \(|, ", name, maxsplit=1)[0].strip() or name
 
 
 class Health(BaseModel):

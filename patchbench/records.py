@@ -13,7 +13,7 @@ folders. Layout of one run (docs/design.md, "The run folder")::
       <variant>/rep<k>/cell.json                 status of the cell (server start/stop, timings)
       <variant>/rep<k>/<suite>/summary.json      the suite's flat metrics (units in the names)
       <variant>/rep<k>/<suite>/...               the suite's per-item records
-      compare.json  report.md  plots/*.png
+      compare.json  report.md  report-details.md  plots/*.png
 """
 
 from __future__ import annotations

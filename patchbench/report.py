@@ -1,24 +1,35 @@
-"""report.md (GitHub-flavoured, pasteable into a PR), the console summary and ``patchbench report``.
+"""report.md (GitHub-flavoured, pasteable into a PR), report-details.md, the console summary
+and ``patchbench report``.
 
 Renders only from the typed :class:`~patchbench.comparison.Comparison` (and the manifest for the
-header). Layout, in this order:
+header). report.md is what a reviewer reads, in this order:
 
 1. header: config, model, sglang release, each variant's patches with their sha256, GPU, commit,
    run id, repeats, which cells were instrumented;
-2. the answer: one sentence per variant (its primaries with change, interval and verdict);
-3. the primaries table, at the Holm-adjusted level each verdict used (stated);
+2. the answer: one sentence per variant (its primaries with change, interval and verdict; an
+   inconclusive one with about how many repeats would decide);
+3. the primaries table, at the Holm-adjusted level each verdict used (stated); baseline and
+   variant from the estimator of the change (geometric means of the paired repeats), outlier
+   repeats named;
 4. the A/A health check and cell warnings; the GPU block (cells whose GPU was throttled or shared,
    from each cell's NVML summary) and the server-log block (retractions and out-of-memory events
    each suite's server logged, per cell);
-5. suite sections (each suite's ``report_section`` hook), pairing refusals with their reasons;
-6. PR-style blocks (each suite's ``report_block`` hook), Before (baseline) and After (variants);
-7. the folded secondary table (raw intervals, exploratory, no coloured verdicts);
-8. plots, methods with their sources, notes.
+5. suite sections (each suite's ``report_section`` hook; per-cell tables folded with
+   :func:`patchbench.suites.folded`), pairing refusals with their reasons;
+6. the PR figure, a link to the details file, methods with their sources, notes.
+
+report-details.md holds what a reviewer looks up: each primary's values per repeat, the PR-style
+blocks (each suite's ``report_block`` hook, Before (baseline) and After (variants)), the
+secondary table (raw intervals, exploratory, no coloured verdicts) and the other plots.
+
+The verdict words are those of :data:`VERDICT_MARK` in every place (report, console, answer).
 """
 
 from __future__ import annotations
 
+import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from patchbench import logscan, records, runfolder
@@ -51,12 +62,20 @@ def fmt_bounded(x: float | None, bound: str | None) -> str:
     return {"lower": "≥", "upper": "≤"}.get(bound or "", "") + fmt_value(x)
 
 
+def shown_value(r: Row, arm: str) -> str:
+    """The value of ``arm`` ("baseline" or "variant") a table shows, from the estimator of the
+    row's change (:class:`~patchbench.comparison.Row`: geometric means of paired repeats for run
+    rows): accuracy in percent ("41.3%", so that the two values differ by the change in points),
+    other rows by :func:`fmt_bounded`."""
+    x = r.baseline_value if arm == "baseline" else r.variant_value
+    if r.kind == "accuracy" and r.change_unit == "pt" and x is not None:
+        return f"{100 * x:.1f}%"
+    return fmt_bounded(x, r.baseline_bound if arm == "baseline" else r.variant_bound)
+
+
 def values_txt(r: Row) -> str:
     """A deterministic row's two values, bounds marked: "507 -> 90", "507 -> ≥6"."""
-    return (
-        f"{fmt_bounded(r.baseline_value, r.baseline_bound)} -> "
-        f"{fmt_bounded(r.variant_value, r.variant_bound)}"
-    )
+    return f"{shown_value(r, 'baseline')} -> {shown_value(r, 'variant')}"
 
 
 def exactness(r: Row) -> str:
@@ -113,23 +132,175 @@ def _margin_txt(r: Row) -> str:
 
 
 def verdict_text(r: Row) -> str:
-    """The verdict of a row in words: "improved", "improved, within ±5%", "equivalent within
-    ±2 pt", "inconclusive (1 repeat ...)"."""
+    """The verdict of a row in the words of :data:`VERDICT_MARK` (report, console and answer
+    alike): "improved", "improved, within ±5%", "equivalent within ±2 pt", "equivalent" (an
+    equal deterministic count), "inconclusive"."""
     if r.verdict in ("improved", "regressed") and r.within_margin:
         return f"{r.verdict}, within {_margin_txt(r)}"
     if r.verdict == "equivalent":
         margin = _margin_txt(r)
         # a deterministic count with no margin is equivalent only when it is exactly equal
-        return f"equivalent within {margin}" if margin else "unchanged"
+        return f"equivalent within {margin}" if margin else "equivalent"
     return r.verdict
 
 
 def short_name(r: Row) -> str:
-    """A row's label without its parenthetical or trailing qualifier, for the one-line answer:
-    "Output token throughput (tok/s)" -> "Output token throughput", "host syncs per call
-    (device-to-host reads + ...), summed over batch sizes" -> "host syncs per call"."""
-    name = _name(r)
-    return re.split(r" \(|, ", name, maxsplit=1)[0].strip() or name
+    """A row's label without its parenthetical or trailing qualifier, for the one-line answer
+    (:meth:`~patchbench.comparison.Row.short_label`)."""
+    return r.short_label()
+
+
+# ---------------------------------------------------------------- what an inconclusive row needs
+
+#: the chance of a decision that the repeats-to-decide estimate aims at
+DECIDE_POWER = 0.8
+#: paired repeats beyond which the estimate says only "more than"
+DECIDE_CAP = 50
+#: questions beyond this multiple of the row's questions: only "more than"
+DECIDE_QUESTIONS_CAP = 20
+
+
+@dataclass
+class Decide:
+    """How much data would likely decide an inconclusive row: ``n`` paired repeats (``unit``
+    "repeats") or questions ("questions"), None when more than ``cap``; ``what`` the decision
+    that needs the fewest ("the observed -8.8%" or "equivalence within ±5%"); ``sd`` the noise
+    used, as text; ``pairs`` the data it was measured on, as text."""
+
+    n: int | None
+    cap: int
+    unit: str
+    what: str
+    sd: str
+    pairs: str
+
+
+def _n_needed(
+    sd: float,
+    effect: float,
+    margin: float | None,
+    alpha: float,
+    *,
+    t_df: bool,
+    floor: int,
+    cap: int,
+) -> tuple[int | None, str] | None:
+    """The smallest n (``floor`` <= n <= ``cap``) that gives :data:`DECIDE_POWER` to one of two
+    decisions, and which: showing ``effect`` (two-sided, level ``alpha``: n >= ((q(1 - alpha/2)
+    + q(power)) sd / |effect|)^2) or, when |effect| < ``margin``, equivalence by TOST at
+    ``alpha`` assuming the true change is ``effect`` (n >= ((q(1 - alpha) + q(1 - (1 -
+    power)/2)) sd / (margin - |effect|))^2). q: Student's t with n - 1 degrees of freedom when
+    ``t_df``, else the normal. Returns (None, what) when more than ``cap``; None when neither
+    decision can happen (no change seen and no margin)."""
+    from scipy import stats as sps
+
+    goals = []
+    if effect != 0:
+        goals.append(("effect", abs(effect), 1 - alpha / 2, DECIDE_POWER))
+    if margin is not None and abs(effect) < margin:
+        goals.append(("equivalence", margin - abs(effect), 1 - alpha, 1 - (1 - DECIDE_POWER) / 2))
+    best: tuple[int | None, str] | None = None
+    for what, gap, pa, pb in goals:
+        z = (sps.norm.ppf(pa) + sps.norm.ppf(pb)) * sd / gap
+        n = max(floor, math.ceil(z * z))
+        while t_df and n <= cap:
+            q = sps.t.ppf(pa, n - 1) + sps.t.ppf(pb, n - 1)
+            if n * gap * gap >= (q * sd) ** 2:
+                break
+            n += 1
+        got = n if n <= cap else None
+        if best is None or (got is not None and (best[0] is None or got < best[0])):
+            best = (got, what)
+    return best
+
+
+def repeats_to_decide(r: Row, min_repeats: int) -> Decide | None:
+    """How many paired repeats (accuracy: questions) would likely decide an inconclusive
+    primary at the noise this run saw and the level its verdict used (:func:`_n_needed`).
+
+    Run rows: the observed sd of the paired log ratios (2 pairs or more), t quantiles, at least
+    ``min_repeats``. Accuracy rows: the per-question sd the shown interval implies (half-width
+    x sqrt(questions) / z), normal quantiles, in questions (repeats of a greedy run are near
+    copies; the question is the unit). None for other rows and where the noise is unknown."""
+    if r.verdict != "inconclusive" or not r.primary or r.change is None or r.confidence is None:
+        return None
+    alpha = 1 - r.confidence
+    if r.kind == "run" and r.change_unit == "%" and r.log_ratio_sd is not None:
+        effect = math.log1p(r.change / 100)
+        margin = math.log1p(r.margin / 100) if r.margin is not None else None
+        got = _n_needed(
+            r.log_ratio_sd, effect, margin, alpha, t_df=True, floor=min_repeats, cap=DECIDE_CAP
+        )
+        cap, unit, pairs = DECIDE_CAP, "repeats", f"{r.n_pairs} pairs"
+        sd = f"sd of paired log ratios {100 * r.log_ratio_sd:.1f}%"
+    elif r.kind == "accuracy" and r.low is not None and r.high is not None and r.n_pairs:
+        from scipy import stats as sps
+
+        half = (r.high - r.low) / 2
+        sd_q = half * math.sqrt(r.n_pairs) / sps.norm.ppf(1 - alpha / 2)
+        cap = DECIDE_QUESTIONS_CAP * r.n_pairs
+        got = _n_needed(sd_q, r.change, r.margin, alpha, t_df=False, floor=r.n_pairs, cap=cap)
+        unit, sd, pairs = "questions", f"interval ±{half:.1f} pt", f"{r.n_pairs} questions"
+    else:
+        return None
+    if got is None:
+        return None
+    n, what = got
+    what = (
+        f"equivalence within {_margin_txt(r)}"
+        if what == "equivalence"
+        else f"the observed {fmt_change(r.change, r.change_unit)}"
+    )
+    return Decide(n, cap, unit, what, sd, pairs)
+
+
+def decide_text(d: Decide, *, short: bool = False) -> str:
+    """ "about 9 repeats to decide" (``short``, for the answer), or with what and the noise:
+    "about 9 paired repeats would likely decide (80% power to show equivalence within ±5%; sd of
+    paired log ratios 4.3% over 2 pairs)"; "more than 50 ..." past the cap."""
+    if short:
+        return f"{'about' if d.n is not None else 'more than'} {d.n or d.cap} {d.unit} to decide"
+    unit = "paired repeats" if d.unit == "repeats" else d.unit
+    head = (
+        f"about {d.n} {unit} would likely decide"
+        if d.n is not None
+        else f"more than {d.cap} {unit} would be needed to decide"
+    )
+    return f"{head} ({100 * DECIDE_POWER:g}% power to show {d.what}; {d.sd} over {d.pairs})"
+
+
+def decide_note(r: Row, min_repeats: int, *, short: bool = False) -> str | None:
+    """What an inconclusive primary needs to be decided (:func:`decide_text` of
+    :func:`repeats_to_decide`), or why no estimate is given (a run row with fewer than 2 paired
+    repeats has no observed noise); None for a row that is decided or not primary."""
+    d = repeats_to_decide(r, min_repeats)
+    if d is not None:
+        return decide_text(d, short=short)
+    if r.verdict == "inconclusive" and r.primary and r.kind == "run" and r.log_ratio_sd is None:
+        return (
+            "noise unknown"
+            if short
+            else "repeats to decide: not estimated (the noise needs at least 2 paired repeats)"
+        )
+    return None
+
+
+def outlier_text(r: Row) -> str | None:
+    """ "outlier repeat: rep2" (descriptive, :data:`patchbench.analysis.OUTLIER_RULE`), or None."""
+    if not r.outlier_repeats:
+        return None
+    reps = ", ".join(f"rep{k}" for k in r.outlier_repeats)
+    return f"outlier repeat{'s' if len(r.outlier_repeats) > 1 else ''}: {reps} (descriptive)"
+
+
+def _why_no_interval(r: Row) -> str:
+    """A few words on why a row has no interval: the repeat count of its test's reason ("2
+    paired repeats", "1 repeat"), else the start of its first note."""
+    for n in r.notes:
+        m = re.match(r"(\d+ paired repeats?|1 repeat|no paired repeats)\b", n)
+        if m:
+            return m.group(1)
+    return (r.notes[0].split(":")[0] if r.notes else "no interval").strip()
 
 
 def sentence(cmp: Comparison, variant: str) -> str:
@@ -146,9 +317,10 @@ def sentence_parts(cmp: Comparison, variant: str) -> tuple[str, list[str]]:
         if r.kind == "deterministic":
             parts.append(f"{short_name(r)} {values_txt(r)} {verdict_text(r)} ({exactness(r)})")
             continue
+        decide = decide_note(r, cmp.settings.min_repeats, short=True)
         if r.low is None or r.high is None:
             # no interval: say why in a few words instead of "n/a" (the table has the full note)
-            why = (r.notes[0].split(":")[0] if r.notes else "no interval").strip()
+            why = "; ".join(x for x in (_why_no_interval(r), decide) if x)
             parts.append(
                 f"{short_name(r)} {fmt_change(r.change, r.change_unit)} {verdict_text(r)} ({why})"
             )
@@ -156,6 +328,7 @@ def sentence_parts(cmp: Comparison, variant: str) -> tuple[str, list[str]]:
         parts.append(
             f"{short_name(r)} {fmt_change(r.change, r.change_unit)} "
             f"{fmt_ci(r.low, r.high, r.change_unit)} {verdict_text(r)}"
+            + (f" ({decide})" if decide else "")
         )
     for suite, per in cmp.refusals.items():
         if variant in per:
@@ -257,7 +430,9 @@ def _primaries(cmp: Comparison) -> list[str]:
         "## Primary metrics",
         "",
         f"Intervals are at the Holm-adjusted level each verdict used (family confidence "
-        f"{fam:g}% across each variant's primaries); equivalence is TOST at the same level.",
+        f"{fam:g}% across each variant's primaries); equivalence is TOST at the same level. "
+        "Baseline and variant are the geometric means of the paired repeats, so their ratio is "
+        "the change (accuracy: the mean over the paired questions; counts: the value).",
         "",
         "| variant | metric | baseline | variant | change | interval | level | verdict | notes |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -265,13 +440,21 @@ def _primaries(cmp: Comparison) -> list[str]:
     for r in rows:
         level = f"{100 * r.confidence:.2f}%" if r.confidence else "exact"
         lines.append(
-            f"| {r.variant} | {_esc(_name(r))} | {fmt_bounded(r.baseline_value, r.baseline_bound)} | "
-            f"{fmt_bounded(r.variant_value, r.variant_bound)} | {fmt_change(r.change, r.change_unit)} | "
+            f"| {r.variant} | {_esc(_name(r))} | {shown_value(r, 'baseline')} | "
+            f"{shown_value(r, 'variant')} | {fmt_change(r.change, r.change_unit)} | "
             f"{fmt_ci(r.low, r.high, r.change_unit)} | {level} | "
             f"{VERDICT_MARK.get(r.verdict, r.verdict)}"
-            f"{', within ' + _margin_txt(r) if r.within_margin else ''} | {_esc('; '.join(r.notes))} |"
+            f"{', within ' + _margin_txt(r) if r.within_margin else ''} | "
+            f"{_esc('; '.join(_primary_notes(r, cmp.settings.min_repeats)))} |"
         )
     return lines + [""]
+
+
+def _primary_notes(r: Row, min_repeats: int) -> list[str]:
+    """A primary's notes in the table: the row's own, its outlier repeats, and for an
+    inconclusive row how many repeats would likely decide (:func:`decide_note`)."""
+    extra = [outlier_text(r), decide_note(r, min_repeats)]
+    return list(r.notes) + [x for x in extra if x]
 
 
 def _health(cmp: Comparison) -> list[str]:
@@ -427,13 +610,16 @@ def _pr_blocks(cmp: Comparison, run_dir: Path, notes: list[str]) -> list[str]:
 
 
 def _secondary(cmp: Comparison) -> list[str]:
+    """ "## Secondary metrics" of the details file: every non-primary row with its values (the
+    estimator of :func:`shown_value`), change, raw interval and method; no coloured verdicts."""
     rows = [r for r in cmp.rows if not r.primary]
     if not rows:
         return []
     lines = [
-        "<details><summary>Secondary metrics (exploratory: raw "
-        f"{100 * cmp.settings.confidence:g}% intervals, no multiplicity correction, "
-        "not verdicts)</summary>",
+        "## Secondary metrics",
+        "",
+        f"Exploratory: raw {100 * cmp.settings.confidence:g}% intervals, no multiplicity "
+        "correction, not verdicts.",
         "",
         "| variant | suite | metric | baseline | variant | change | interval | method | notes |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -446,16 +632,72 @@ def _secondary(cmp: Comparison) -> list[str]:
                 f"request-level (descriptive only): {fmt_ci(d.get('low_pct'), d.get('high_pct'))}; "
             )
         lines.append(
-            f"| {r.variant} | {r.suite} | `{r.metric}` | "
-            f"{fmt_bounded(r.baseline_value, r.baseline_bound)} | "
-            f"{fmt_bounded(r.variant_value, r.variant_bound)} | {fmt_change(r.change, r.change_unit)} | "
+            f"| {r.variant} | {r.suite} | `{r.metric}` | {shown_value(r, 'baseline')} | "
+            f"{shown_value(r, 'variant')} | {fmt_change(r.change, r.change_unit)} | "
             f"{fmt_ci(r.low, r.high, r.change_unit)} | {_esc(r.method or '')} | "
             f"{_esc(desc + '; '.join(r.notes))} |"
         )
-    return lines + ["", "</details>", ""]
+    return lines + [""]
+
+
+def _repeat_cell(r: Row, i: int, k: int) -> str:
+    """One repeat of a primary in the per-repeat table: "466.9 -> 420.7 (-9.9%)" (accuracy in
+    percent: "41.3% -> 42.9%"), outliers in bold; "-" where an arm has no value."""
+    b = r.baseline_repeats[i] if i < len(r.baseline_repeats) else None
+    v = r.variant_repeats[i] if i < len(r.variant_repeats) else None
+
+    def one(x: float | None) -> str:
+        if x is None:
+            return "-"
+        return f"{100 * x:.1f}%" if r.kind == "accuracy" else fmt_value(x)
+
+    txt = f"{one(b)} -> {one(v)}"
+    if b is not None and v is not None and r.kind == "run" and r.change_unit == "%" and b > 0:
+        txt += f" ({fmt_pct(100 * (v / b - 1))})"
+    return f"**{txt} outlier**" if k in r.outlier_repeats else txt
+
+
+def _per_repeat(cmp: Comparison) -> list[str]:
+    """ "## Primary metrics per repeat": each primary's baseline -> variant value in every timed
+    round its suite ran (a run row's change per pair; outlier repeats in bold)."""
+    rows = [r for r in cmp.rows if r.primary and (r.baseline_repeats or r.variant_repeats)]
+    if not rows:
+        return []
+    lines = [
+        "## Primary metrics per repeat",
+        "",
+        "baseline -> variant in each repeat (run metrics: that pair's change); an outlier "
+        "repeat (rule in the report's Methods) is in bold.",
+        "",
+    ]
+    by_suite: dict[str, list[Row]] = {}
+    for r in rows:
+        by_suite.setdefault(r.suite, []).append(r)
+    for suite, rs in by_suite.items():
+        n = max(max(len(r.baseline_repeats), len(r.variant_repeats)) for r in rs)
+        rounds = cmp.suite_rounds.get(suite)
+        ks = list(rounds) if isinstance(rounds, list) and len(rounds) == n else list(range(n))
+        if rounds == "correctness":
+            heads = ["correctness cell"] * n
+        else:
+            heads = [f"rep{k}" for k in ks]
+        lines += [
+            f"| variant | {suite} metric | " + " | ".join(heads) + " |",
+            "|---|---|" + "---|" * n,
+        ]
+        lines += [
+            f"| {r.variant} | {_esc(short_name(r))} | "
+            + " | ".join(_repeat_cell(r, i, k) for i, k in enumerate(ks))
+            + " |"
+            for r in rs
+        ]
+        lines.append("")
+    return lines
 
 
 def _methods(cmp: Comparison) -> list[str]:
+    from patchbench.analysis import OUTLIER_RULE
+
     s = cmp.settings
     lines = [
         "## Methods",
@@ -463,10 +705,19 @@ def _methods(cmp: Comparison) -> list[str]:
         f"- Run-level metrics: repeat k of the baseline paired with repeat k of the variant "
         f"(interleaved schedule); a verdict needs at least {s.min_repeats} paired repeats. "
         "Request-level intervals inside one cell are descriptive only.",
+        "- Values shown: each arm's geometric mean over the paired repeats (their ratio is the "
+        "change: exp(mean paired log ratio)); accuracy: mean correctness over the paired "
+        "questions; counts: the median.",
         "- Verdicts: improved / regressed when the interval excludes no change; equivalent "
         "when TOST at the same level puts the change inside the margin; inconclusive otherwise.",
         "- A/A variants are compared like any variant; if one comes out improved or regressed, "
         "every verdict is downgraded to inconclusive.",
+        f"- Outlier repeat (named only, never changes a verdict): {OUTLIER_RULE}.",
+        f"- Repeats to decide (inconclusive primaries): fewest paired repeats for "
+        f"{100 * DECIDE_POWER:g}% power at the verdict's level and the run's sd of paired log "
+        "ratios (t, n - 1 df) to show the observed change or, inside the margin, equivalence "
+        f"(whichever needs fewer); capped at {DECIDE_CAP}. Accuracy: in questions, sd from the "
+        "interval (normal).",
     ]
     if any("@" in r.metric for r in cmp.rows):
         lines.append(
@@ -479,15 +730,54 @@ def _methods(cmp: Comparison) -> list[str]:
     return lines + [""]
 
 
+#: the second file of a report: what a reviewer looks up, not what they read first
+DETAILS_NAME = "report-details.md"
+#: the plot report.md shows; the others are in the details file
+PR_FIGURE_STEM = "pr_figure"
+
+
+def _plot_lines(paths: list[Path], run_dir: Path) -> list[str]:
+    lines = []
+    for p in paths:
+        rel = p.relative_to(run_dir) if p.is_relative_to(run_dir) else p
+        lines += [f"![{p.stem}]({rel.as_posix()})", ""]
+    return lines
+
+
+def _details_link(cmp: Comparison, more_plots: int, details: str | None) -> list[str]:
+    """ "## Details": what the details file holds (read from its text ``details`` when given),
+    linked; [] when it holds nothing."""
+    has = {
+        "each primary's values per repeat": "## Primary metrics per repeat",
+        "each suite's PR-style blocks (Before / After)": "### Before (",
+        "the secondary metrics": "## Secondary metrics",
+    }
+    what = [w for w, head in has.items() if details is None or head in details]
+    if details is None and not any(not r.primary for r in cmp.rows):
+        what.remove("the secondary metrics")
+    if more_plots:
+        what.append(f"{more_plots} more plot{'s' if more_plots > 1 else ''}")
+    if not what:
+        return []
+    return ["## Details", "", f"[{DETAILS_NAME}]({DETAILS_NAME}): " + ", ".join(what) + ".", ""]
+
+
 def render_markdown(
     cmp: Comparison,
     manifest: runfolder.RunManifest,
     run_dir: Path,
     plot_paths: list[Path] | None = None,
     extra_notes: list[str] | None = None,
+    *,
+    details: str | None = None,
 ) -> str:
-    """The report.md text of a comparison (sections in the module docstring)."""
+    """The report.md text of a comparison (sections in the module docstring): what a reviewer
+    reads; per-repeat values, PR-style blocks, secondary metrics and every plot but the PR
+    figure are in :func:`render_details`, whose text ``details`` (when given) decides what the
+    link to it lists."""
     notes = list(extra_notes or [])
+    plots = list(plot_paths or [])
+    pr_fig = [p for p in plots if p.stem == PR_FIGURE_STEM]
     lines = _header(manifest, cmp)
     lines += ["## Answer", ""] + [f"- {sentence(cmp, v)}" for v in cmp.variants] + [""]
     lines += (
@@ -496,14 +786,10 @@ def render_markdown(
         + _gpu_block(cmp, run_dir)
         + _server_log_block(cmp, run_dir)
         + _suite_sections(cmp, notes)
-        + _pr_blocks(cmp, run_dir, notes)
     )
-    lines += _secondary(cmp)
-    if plot_paths:
-        lines += ["## Plots", ""]
-        for p in plot_paths:
-            rel = p.relative_to(run_dir) if p.is_relative_to(run_dir) else p
-            lines += [f"![{p.stem}]({rel.as_posix()})", ""]
+    if pr_fig:
+        lines += ["## Plots", ""] + _plot_lines(pr_fig, run_dir)
+    lines += _details_link(cmp, len(plots) - len(pr_fig), details)
     lines += _methods(cmp)
     all_notes = list(cmp.notes) + notes
     if all_notes:
@@ -511,11 +797,35 @@ def render_markdown(
     return "\n".join(lines).rstrip() + "\n"
 
 
+def render_details(
+    cmp: Comparison,
+    run_dir: Path,
+    plot_paths: list[Path] | None = None,
+    notes: list[str] | None = None,
+) -> str:
+    """The report-details.md text: each primary's values per repeat, each suite's PR-style
+    blocks (``report_block`` of the first ok repeat, Before and After), the secondary metrics,
+    and every plot but the PR figure. A ``report_block`` that fails adds a line to ``notes``."""
+    notes = notes if notes is not None else []
+    lines = [
+        f"# patchbench details: {cmp.run_id}",
+        "",
+        "The report is [report.md](report.md); this file holds what it leaves out.",
+        "",
+    ]
+    lines += _per_repeat(cmp) + _pr_blocks(cmp, run_dir, notes) + _secondary(cmp)
+    more = [p for p in plot_paths or [] if p.stem != PR_FIGURE_STEM]
+    if more:
+        lines += ["## Plots", ""] + _plot_lines(more, run_dir)
+    return "\n".join(lines).rstrip() + "\n"
+
+
 def render_run(
     run_dir: str | Path, settings: CompareSettings | None = None, *, plots: bool = True
 ) -> Path:
-    """Build compare.json, plots and report.md of a run folder from its files alone; returns
-    report.md. Raises RunFolderError / SchemaTooNew (exit 2) for an unusable manifest."""
+    """Build compare.json, plots, report.md and report-details.md of a run folder from its files
+    alone; returns report.md. Raises RunFolderError / SchemaTooNew (exit 2) for an unusable
+    manifest."""
     run_dir = Path(run_dir)
     cmp = build_comparison(run_dir, settings)
     write_comparison(run_dir, cmp)
@@ -524,7 +834,10 @@ def render_run(
         from patchbench.plots import make_plots
 
         paths, pnotes = make_plots(cmp, run_dir / "plots")
-    text = render_markdown(cmp, runfolder.read_manifest(run_dir), run_dir, paths, pnotes)
+    details = render_details(cmp, run_dir, paths, pnotes)
+    records.write_text(run_dir / DETAILS_NAME, details)
+    manifest = runfolder.read_manifest(run_dir)
+    text = render_markdown(cmp, manifest, run_dir, paths, pnotes, details=details)
     return records.write_text(run_dir / "report.md", text)
 
 

@@ -1,7 +1,8 @@
 """Built-in suites (installed as ``patchbench.suites``): ``serving``, ``mmmu``, ``sync_probe``,
 ``profile``. Each registers a :class:`patchbench.suite.Suite` subclass on import.
 
-Helpers shared by the suites' ``plots`` hooks (matplotlib imported only when called).
+Helpers shared by the suites' ``plots`` hooks (matplotlib imported only when called) and
+``report_section`` hooks (:func:`folded`).
 """
 
 from __future__ import annotations
@@ -36,3 +37,14 @@ def save_png(fig: Any, path: Path) -> Path:
     fig.savefig(buf, format="png", dpi=DPI)
     plt.close(fig)
     return write_bytes(path, buf.getvalue())
+
+
+def folded(summary: str, body: list[str]) -> list[str]:
+    """Markdown lines that fold ``body`` (markdown lines; tables render) under a one-line
+    ``summary`` (GitHub's ``<details>``): per-cell detail a reviewer opens when needed. [] for
+    an empty body."""
+    while body and not body[-1]:
+        body = body[:-1]
+    if not body:
+        return []
+    return [f"<details><summary>{summary}</summary>", "", *body, "", "</details>", ""]

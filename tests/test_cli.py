@@ -29,6 +29,7 @@ ALL_COMMANDS = [
     "new-patch",
     "score-mmmu",
     "matrix",
+    "comment",
     "make-tiny-model",
     "doctor",
 ]
@@ -42,6 +43,7 @@ MINIMAL_ARGS = {
     "new-patch": ["x", "--from-diff", "x.diff", "--sglang", "0.5.1.post3"],
     "score-mmmu": ["responses", "--answer-key", "key.json"],
     "matrix": ["matrix.yaml"],
+    "comment": ["run"],
     "make-tiny-model": [],
     "doctor": [],
 }

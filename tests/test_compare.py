@@ -72,7 +72,14 @@ def test_verdicts_with_three_repeats(tmp_path):
     est, lo, hi = _t_ci_pct(thr_b, thr_v)  # the only primary: Holm leaves alpha at 0.05
     assert thr.change == pytest.approx(est) and thr.low == pytest.approx(lo)
     assert thr.high == pytest.approx(hi) and thr.confidence == pytest.approx(0.95)
-    assert thr.baseline_value == 100.0 and thr.variant_value == 110.0
+    # the shown values are each arm's geometric mean: their ratio is the change shown
+    assert thr.baseline_value == pytest.approx(statistics.geometric_mean(thr_b))
+    assert thr.variant_value == pytest.approx(statistics.geometric_mean(thr_v))
+    assert 100 * (thr.variant_value / thr.baseline_value - 1) == pytest.approx(thr.change)
+    assert thr.paired_repeats == [0, 1, 2] and thr.outlier_repeats == []
+    assert thr.log_ratio_sd == pytest.approx(
+        statistics.stdev(math.log(y / x) for x, y in zip(thr_b, thr_v, strict=True))
+    )
     assert thr.baseline_repeats == thr_b and thr.variant_repeats == thr_v
     assert thr.verdict == "improved" and thr.method == "paired t on log ratios (n=3)"
     assert thr.unit == "tok/s" and thr.better == "higher" and thr.primary

@@ -1,5 +1,5 @@
 """Golden run folders: ``patchbench report`` on each folder under tests/data/golden/ renders
-compare.json, report.md and the console summary byte for byte as committed.
+compare.json, report.md, report-details.md and the console summary byte for byte as committed.
 
 The folders are real runs of this repository's harness, kept without their rendered outputs
 (compare.json, report.md, plots/) and without the profiler's raw traces (the report does not read
@@ -30,7 +30,7 @@ from patchbench.cli import main
 GOLDEN = Path(__file__).parent / "data" / "golden"
 CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "run").is_dir())
 #: the rendered files compared byte for byte (plots are PNGs whose bytes depend on matplotlib)
-RENDERED = ("compare.json", "report.md")
+RENDERED = ("compare.json", "report.md", "report-details.md")
 
 
 def test_every_golden_case_is_present():

@@ -92,7 +92,7 @@ from patchbench.errors import (  # noqa: E402
 from patchbench.inputs import REPO_ROOT  # noqa: E402
 from patchbench.matrix.cli import add_cli_arguments, run_cli  # noqa: E402
 from patchbench.matrix.driver import describe_matrix, run_matrix  # noqa: E402
-from patchbench.matrix.envs import prepare_python  # noqa: E402
+from patchbench.matrix.envs import node_name, prepare_python  # noqa: E402
 from patchbench.matrix.execute import pack_folder, unpack_folder  # noqa: E402
 from patchbench.matrix.executors import LocalExecutor, make_executor  # noqa: E402
 from patchbench.matrix.spec import is_matrix_file, load_matrix, unit_id  # noqa: E402
@@ -382,6 +382,13 @@ def test_local_matrix_runs_units_and_reports_their_effects(tmp_path):
         assert f"[{u.id}]({u.id}/report.md)" in report
         assert f"patched: **{verdict}** {change:+.2f}% [{low:+.2f}, {high:+.2f}]%" in report
     assert (mdir / "plots" / "matrix-effect.png").stat().st_size > 1000
+    # the environment plan (announced before the units ran) and the timings' columns
+    env = read_json(mdir / "matrix.json")["environments"]
+    assert [(e["pin"], e["source"], e["path"]) for e in env] == [
+        (SGLANG, "current", sys.executable)
+    ]
+    assert f"- sglang {SGLANG} on {node_name()}: this interpreter {sys.executable}" in report
+    assert "| unit | node | queued s | env s | bench s | task s | driver overhead s |" in report
     assert (
         "| unit | gpu type | suites.mx_fake.gains.patched | status | mx_fake.tput_tok_s |" in report
     )
@@ -467,15 +474,10 @@ def test_cli_dry_run_lists_units_and_runs_nothing(tmp_path, capsys):
         run_cli(p.parse_args([str(m), "--env-root", "/x"]))
 
 
-def test_prepare_python_modes(tmp_path, monkeypatch):
-    """ "current" and "auto" (this interpreter holds the pin) use this interpreter; "make" calls
-    `make -C <checkout> setup SGLANG=<pin> VENV=<env root>/sglang-<pin>` (a stand-in make on
-    PATH records its arguments and makes the venv's python); a failing setup is exit 3 with the
-    output's tail."""
-    log = open(tmp_path / "log.txt", "w")
-    spec = {"sglang": SGLANG}
-    assert prepare_python({**spec, "env_setup": "current"}, REPO_ROOT, log) == sys.executable
-    assert prepare_python({**spec, "env_setup": "auto"}, REPO_ROOT, log) == sys.executable
+def fake_make(tmp_path: Path, monkeypatch, checkout: Path) -> Path:
+    """A stand-in ``make`` on PATH: records its arguments in the returned file and makes
+    ``$VENV/bin/python`` a script that prints ``checkout`` (what _install_checkout asks the venv's
+    python: so nothing is installed anywhere); fails with a pip line when MAKE_FAILS is set."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "calls.txt"
@@ -485,29 +487,128 @@ def test_prepare_python_modes(tmp_path, monkeypatch):
         echo "$@" >> {calls}
         for a in "$@"; do case "$a" in VENV=*) v="${{a#VENV=}}";; esac; done
         [ -n "$MAKE_FAILS" ] && {{ echo "pip: no matching distribution"; exit 2; }}
-        mkdir -p "$v/bin" && ln -sf {sys.executable} "$v/bin/python"
+        mkdir -p "$v/bin" && printf '#!/bin/sh\\necho {checkout}\\n' > "$v/bin/python"
+        chmod +x "$v/bin/python"
         """)
     )
     (bin_dir / "make").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return calls
+
+
+def test_prepare_python_modes(tmp_path, monkeypatch):
+    """ "current", and "auto"/"make" when this interpreter holds the pin and imports this checkout,
+    use this interpreter; otherwise the checkout's venv for the pin, then ("make") the node's venv
+    under env_root; a missing one is exit 3 naming the path and size and builds nothing unless
+    build_envs (then `make -C <checkout> setup SGLANG=<pin> VENV=<venv>` under a lock); a failing
+    setup is exit 3 with the output's tail. The checkout is a folder made here, so no shared venv
+    is ever touched."""
+    from patchbench.matrix import envs
+
+    log = open(tmp_path / "log.txt", "w")
+    spec = {"sglang": SGLANG}
+    for mode in ("current", "auto", "make"):
+        assert prepare_python({**spec, "env_setup": mode}, REPO_ROOT, log) == sys.executable
+    co = tmp_path / "checkout"
+    co.mkdir()
+    calls = fake_make(tmp_path, monkeypatch, co.resolve())
     root = tmp_path / "envs"
-    got = prepare_python({**spec, "env_setup": "make", "env_root": str(root)}, REPO_ROOT, log)
+    make = {**spec, "env_setup": "make", "env_root": str(root)}
+    # this interpreter does not import the checkout's suites: a venv is needed, none exists
+    plan = envs.plan_env(make, co)
+    assert (plan.source, plan.path, plan.expected_gb) == (
+        "build",
+        str(root / f"sglang-{SGLANG}"),
+        9,
+    )
+    assert envs.plan_env({**spec, "env_setup": "auto"}, co).path == str(co / ".venv")
+    with pytest.raises(EnvironmentNotReady) as ei:
+        prepare_python(make, co, log)
+    msg = str(ei.value)
+    assert f"sglang {SGLANG} on {envs.node_name()} at {root / f'sglang-{SGLANG}'}" in msg
+    assert "about 9 GB" in msg and "nothing is built without --build-envs" in msg
+    assert ei.value.exit_code == 3 and not calls.exists() and not root.exists()
+    got = prepare_python({**make, "build_envs": True}, co, log)
     assert got == str(root / f"sglang-{SGLANG}" / "bin" / "python")
-    assert calls.read_text().split() == [
-        "-C",
-        str(REPO_ROOT),
-        "setup",
-        f"SGLANG={SGLANG}",
-        f"VENV={root / f'sglang-{SGLANG}'}",
-    ]
+    venv = root / f"sglang-{SGLANG}"
+    assert calls.read_text().split() == ["-C", str(co), "setup", f"SGLANG={SGLANG}", f"VENV={venv}"]
     assert (root / f".lock-sglang-{SGLANG}").exists()
+    # an existing venv is refreshed (make setup is idempotent) without build_envs; the checkout's
+    # own venv comes first
+    assert prepare_python(make, co, log) == got
+    (co / ".venv" / "bin").mkdir(parents=True)
+    (co / ".venv" / "bin" / "python").symlink_to(venv / "bin" / "python")
+    assert envs.plan_env(make, co).source == "checkout"
+    assert prepare_python(make, co, log) == str(co / ".venv" / "bin" / "python")
+    assert calls.read_text().split()[-1] == f"VENV={co / '.venv'}"
     monkeypatch.setenv("MAKE_FAILS", "1")
     with pytest.raises(
         EnvironmentNotReady,
         match=r"setting up sglang .* failed \(exit 2\).*"
         r"no matching distribution",
     ):
-        prepare_python({**spec, "env_setup": "make", "env_root": str(root)}, REPO_ROOT, log)
+        prepare_python(make, co, log)
+
+
+def test_a_matrix_that_would_build_an_environment_is_refused_before_anything_runs(
+    tmp_path, monkeypatch, capsys
+):
+    """The plan is announced (log, --dry-run) and a missing environment stops the matrix with
+    exit 3 before any unit runs or a run folder is made; this interpreter holds the pin and
+    imports this checkout, so it is the plan without the stand-ins."""
+    import argparse
+
+    from patchbench.matrix import envs
+
+    base = write_base(tmp_path)
+    m = write_matrix(tmp_path, f"name: envs\nbase: {base}\naxes: {{gpu_type: [A]}}\n")
+    monkeypatch.setattr(envs, "_interpreter_facts", lambda python: (None, None))
+    monkeypatch.setattr(envs, "pin_venv", lambda workdir, pin: tmp_path / "no-venv")
+    lines: list[str] = []
+    ex = LocalExecutor(command=FAKE_COMMAND)
+    with pytest.raises(EnvironmentNotReady, match="1 environment.s. would be built") as ei:
+        run_matrix(m, executor=ex, results=tmp_path / "r", log=lines.append)
+    assert ei.value.exit_code == 3 and not (tmp_path / "r").exists()
+    assert lines == [
+        f"environment: sglang {SGLANG} on {envs.node_name()}: MISSING: would build "
+        f"{tmp_path / 'no-venv'} (about 9 GB)"
+    ]
+    p = argparse.ArgumentParser()
+    add_cli_arguments(p)
+    assert run_cli(p.parse_args([str(m), "--dry-run"])) == 0
+    out = capsys.readouterr().out
+    assert f"MISSING: would build {tmp_path / 'no-venv'} (about 9 GB)" in out
+    assert "a missing environment is built only with --build-envs" in out
+    monkeypatch.undo()
+    plan = LocalExecutor().plan_envs(load_matrix(m).units)
+    assert [(p.pin, p.source, p.path) for p in plan] == [(SGLANG, "interpreter", sys.executable)]
+
+
+def test_queue_split_and_driver_overhead():
+    """A start delay splits at the last end of another unit of the node that lies between
+    submission and start: before it the unit queued, after it Ray dispatched it; the driver's
+    overhead leaves the queueing out (an older matrix.json without the split counts start_delay
+    whole)."""
+    from patchbench.matrix.executors import queue_split
+    from patchbench.matrix.report import driver_overhead_s
+
+    assert queue_split(100.0, 100.4, []) == (0.0, 0.4)
+    assert queue_split(100.0, 130.5, [99.0, 130.0, 131.0]) == (30.0, 0.5)
+    t = {"start_delay": 30.5, "queued": 30.0, "dispatch": 0.5, "return_delay": 0.25, "get": 0.25}
+    assert driver_overhead_s(t) == 1.0
+    assert driver_overhead_s({"start_delay": 30.5, "get": 0.5}) == 31.0
+
+
+def test_unit_workdir_is_the_drivers_checkout_on_the_drivers_machine(tmp_path, monkeypatch):
+    from patchbench.matrix.envs import machine_key
+    from patchbench.matrix.execute import unit_workdir
+
+    monkeypatch.chdir(tmp_path)
+    home = {"path": str(REPO_ROOT), "machine": machine_key()}
+    assert unit_workdir({"workdir": "cwd", "checkout": home}) == REPO_ROOT
+    other = {**home, "machine": "elsewhere/0"}
+    assert unit_workdir({"workdir": "cwd", "checkout": other}) == tmp_path
+    assert unit_workdir({"workdir": None}) == REPO_ROOT
 
 
 def test_is_matrix_file_tells_a_matrix_from_a_config(tmp_path):

@@ -72,14 +72,8 @@ def cluster():
 
 
 def executor(**kw) -> RayExecutor:
-    return RayExecutor(
-        ship_code=False,
-        env_setup="current",
-        command=tm.FAKE_COMMAND,
-        stop_grace_s=10,
-        log=lambda s: None,
-        **kw,
-    )
+    opts = {"ship_code": False, "env_setup": "current", "command": tm.FAKE_COMMAND}
+    return RayExecutor(**{**opts, "stop_grace_s": 10, "log": lambda s: None, **kw})
 
 
 def files_of(run: Path) -> set[str]:
@@ -140,6 +134,13 @@ def test_units_land_on_their_gpu_type_come_back_and_a_failure_is_kept(cluster, t
         for u in (y, y_fail)
     )
     assert ty[1][0] >= ty[0][1] - 0.5
+    # the later Y unit queued for the node the first one held; the queueing is not overhead
+    later = max((y, y_fail), key=lambda u: u["timings_s"]["start_delay"])
+    for u in (x, y, y_fail):
+        t = u["timings_s"]
+        assert t["queued"] + t["dispatch"] == pytest.approx(t["start_delay"], abs=0.01)
+    assert later["timings_s"]["queued"] >= min(y["timings_s"]["task"], y_fail["timings_s"]["task"])
+    assert "| queued s |" in report
     print(
         f"\nray matrix wall {wall:.1f} s; per unit: "
         + "; ".join(
@@ -173,6 +174,16 @@ def test_units_land_on_their_gpu_type_come_back_and_a_failure_is_kept(cluster, t
         "report.md",
         "plots",
     }
+
+
+def test_env_plan_is_probed_on_each_node_that_may_run_a_unit(cluster, tmp_path):
+    """One probe per node of the units' GPU types; each worker here holds the pin and imports
+    this checkout, so its own interpreter is the plan and nothing would be built."""
+    base = tm.write_base(tmp_path)
+    m = tm.write_matrix(tmp_path, f"name: p\nbase: {base}\naxes: {{gpu_type: [X, Y]}}\n")
+    plans = executor(env_setup="auto").plan_envs(load_matrix(m).units)
+    assert len(plans) == 2 and {p.source for p in plans} == {"interpreter"}
+    assert {p.pin for p in plans} == {tm.SGLANG}
 
 
 def _server_groups(port: int) -> dict[int, list[int]]:

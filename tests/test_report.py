@@ -56,9 +56,10 @@ def _run(tmp_path):
     )
 
 
-def test_report_leads_with_sentences_then_primaries_then_folded_secondaries(tmp_path):
+def test_report_leads_with_sentences_then_primaries_and_links_the_secondaries(tmp_path):
     run = _run(tmp_path)
     text = report.render_run(run, plots=False).read_text()
+    details = (run / "report-details.md").read_text()
     cmp = read_comparison(run)
     thr = cmp.row("bench", "output_throughput_tok_s", "patched")
     # +10 % in every repeat: the log ratio has zero spread; p = 0, interval the point
@@ -68,11 +69,14 @@ def test_report_leads_with_sentences_then_primaries_then_folded_secondaries(tmp_
     )
     assert want in text
     answer, primaries = text.index("## Answer"), text.index("## Primary metrics")
-    secondary = text.index("Secondary metrics (exploratory")
-    assert answer < primaries < secondary
+    link = text.index("[report-details.md](report-details.md): each primary's values per repeat")
+    assert answer < primaries < link
     assert "Holm-adjusted level" in text and "| 97.50% |" in text  # first of 2 primaries: 0.05/2
-    assert "<details><summary>Secondary metrics" in text and "`retokenized_count`" in text
-    sec = text[secondary:]
+    # the secondaries are in the details file, not in report.md
+    assert "`retokenized_count`" not in text and "## Secondary metrics" not in text
+    assert "## Secondary metrics" in details and "`retokenized_count`" in details
+    assert "Exploratory: raw 95% intervals" in details
+    sec = details[details.index("## Secondary metrics") :]
     assert "🟢" not in sec and "🔴" not in sec and "🔵" not in sec  # no coloured verdicts there
     assert "aa (A/A) vs baseline" in text and "A/A check" in text and "passed" in text
 
@@ -184,12 +188,13 @@ def test_cli_compare_two_runs_is_unpaired_welch(tmp_path, capsys):
 
 
 def test_verdict_text_of_an_equal_deterministic_count_names_no_empty_margin():
-    """A deterministic count that did not change has no margin: "unchanged", never "equivalent
-    within " with nothing after it; a run metric names its margin."""
+    """A deterministic count that did not change has no margin: "equivalent" (the verdict's own
+    word, as in the table), never "equivalent within " with nothing after it; a run metric names
+    its margin."""
     from patchbench.comparison import Row
 
     det = Row(suite="s", metric="x_count", variant="v", kind="deterministic", verdict="equivalent")
-    assert report.verdict_text(det) == "unchanged"
+    assert report.verdict_text(det) == "equivalent"
     run = Row(suite="s", metric="t_tok_s", variant="v", verdict="equivalent", margin=5.0)
     assert report.verdict_text(run) == "equivalent within ±5%"
 

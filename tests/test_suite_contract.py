@@ -172,7 +172,9 @@ def test_echo_suite_through_bench_appears_in_compare_report_and_plots(
     assert "- ECHO-SECTION control: 9/9 identical over 3 repeats" in md
     png = run_dir / "plots" / "echo_identical.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "echo_identical.png" in md
+    # a suite's plot is in the details file; report.md shows the PR figure and links the details
+    assert "echo_identical.png" in (run_dir / "report-details.md").read_text()
+    assert "echo_identical.png" not in md and "](report-details.md)" in md
 
 
 # --------------------------------------------------------------------------- MMMU hooks

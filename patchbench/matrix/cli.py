@@ -8,6 +8,7 @@ from typing import Any
 from patchbench.errors import UsageError
 from patchbench.matrix.driver import describe_matrix, run_matrix
 from patchbench.matrix.envs import DEFAULT_ENV_ROOT
+from patchbench.matrix.executors import LocalExecutor
 from patchbench.matrix.spec import load_matrix
 
 
@@ -40,6 +41,12 @@ def add_cli_arguments(p: argparse.ArgumentParser) -> None:
         "Ray: `make setup SGLANG=<pin>` into a persistent venv per pin on each node)",
     )
     p.add_argument(
+        "--build-envs",
+        action="store_true",
+        help="build an environment a unit's pin lacks (`make setup`: about 8-9 GB each; "
+        "without it such a matrix is refused before anything runs, exit 3)",
+    )
+    p.add_argument(
         "--env-root",
         metavar="DIR",
         help=f"where nodes keep those venvs (default {DEFAULT_ENV_ROOT})",
@@ -55,9 +62,17 @@ def add_cli_arguments(p: argparse.ArgumentParser) -> None:
 def run_cli(a: argparse.Namespace) -> int:
     """``patchbench matrix`` from parsed arguments; returns 0 or raises a PatchbenchError."""
     if a.dry_run:
-        print(describe_matrix(load_matrix(a.matrix), a.resume))
+        m = load_matrix(a.matrix)
+        mode = a.env_setup or ("make" if a.on == "ray" else "auto")
+        ex = LocalExecutor(env_setup=mode)
+        if a.env_root:
+            ex.opts["env_root"] = a.env_root
+        note = (
+            "this machine; a Ray node is looked at when the matrix starts" if a.on == "ray" else ""
+        )
+        print(describe_matrix(m, a.resume, ex.plan_envs(m.units), note))
         return 0
-    kw: dict[str, Any] = {}
+    kw: dict[str, Any] = {"build_envs": a.build_envs}
     if a.env_setup:
         kw["env_setup"] = a.env_setup
     if a.on == "ray":

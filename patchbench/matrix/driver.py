@@ -16,8 +16,9 @@ from pathlib import Path
 
 import yaml
 
-from patchbench.errors import ConfigError, Interrupted, RunFailed
+from patchbench.errors import ConfigError, EnvironmentNotReady, Interrupted, RunFailed
 from patchbench.inputs import RESULTS_DIR
+from patchbench.matrix.envs import BUILD_FLAG, EnvPlan, missing_env_message, size_txt
 from patchbench.matrix.executors import Executor, UnitResult, log, make_executor
 from patchbench.matrix.record import (
     MatrixRecord,
@@ -108,9 +109,11 @@ def _open_run(
     address: str | None,
     resume: str | os.PathLike | None,
     results: str | os.PathLike | None,
+    envs: list[EnvPlan],
 ) -> tuple[Path, MatrixRecord, set[str]]:
     """(the matrix run folder, its record, the units done there): a new folder under
-    ``results``, or the folder to ``resume``; each unit's config and matrix.json are written."""
+    ``results``, or the folder to ``resume``; each unit's config and matrix.json (with the
+    environment plan ``envs``) are written."""
     if resume:
         matrix_dir = Path(resume)
         old: MatrixRecord | None = _check_resume(m, matrix_dir)
@@ -122,8 +125,29 @@ def _open_run(
     for u in m.units:
         write_text(matrix_dir / "configs" / f"{u.id}.yaml", u.config_text)
     rec = _new_record(m, executor, address, old, done)
+    rec.environments = envs or None
     write_matrix_record(matrix_dir, rec)
     return matrix_dir, rec, done
+
+
+def check_envs(executor: Executor, units: list, log=log) -> list[EnvPlan]:
+    """Announce, before anything runs, where each pin's python comes from on each node that may
+    run ``units`` (``executor.plan_envs``), and refuse the environments it would build unless
+    the executor may build them. Returns the plans; raises EnvironmentNotReady (exit 3) naming
+    each missing environment, where it would go and about how large it is."""
+    plans = executor.plan_envs(units)
+    for p in plans:
+        log(f"environment: {p.describe()}")
+    builds = [p for p in plans if p.source == "build"]
+    if builds and not executor.build_envs:
+        raise EnvironmentNotReady(missing_env_message(builds))
+    if builds:
+        total = sum(p.expected_gb or 0 for p in builds)
+        log(
+            f"{BUILD_FLAG}: building {len(builds)} environment(s) as their units start "
+            f"({size_txt(total) if total else 'size unknown'} in all)"
+        )
+    return plans
 
 
 def run_matrix(
@@ -148,14 +172,27 @@ def run_matrix(
 
     Each unit's run folder lands in ``<matrix run>/<unit id>/`` as it ends; matrix.json is
     rewritten after every unit; the matrix report is written at the end, also after failures and
-    Ctrl-C. Raises ConfigError (exit 2) for a bad matrix, EnvironmentNotReady (3) for Ray missing,
-    RunFailed (4) when any unit did not end ok (everything else kept), Interrupted (130/143) after
+    Ctrl-C. Before anything runs, where each pin's python comes from is announced
+    (:func:`check_envs`, recorded as matrix.json's ``environments``). Raises ConfigError (exit 2)
+    for a bad matrix, EnvironmentNotReady (3) for Ray missing or for an environment that would be
+    built without ``build_envs`` (nothing runs, no matrix run folder is made), RunFailed (4)
+    when any unit did not end ok (everything else kept), Interrupted (130/143) after
     Ctrl-C/SIGTERM (finished units kept; ``--resume`` runs the rest).
     """
     m = load_matrix(path)
     if executor is None:
         executor = make_executor(on, address=address, resources=m.spec.resources, **executor_kw)
-    matrix_dir, rec, done = _open_run(m, executor, address, resume, results)
+    if resume:
+        _check_resume(m, Path(resume))
+    done = done_units(Path(resume)) if resume else set()
+    try:
+        envs = check_envs(executor, [u for u in m.units if u.id not in done], log)
+    except BaseException:
+        close = getattr(executor, "close", None)
+        if close:
+            close()
+        raise
+    matrix_dir, rec, done = _open_run(m, executor, address, resume, results, envs)
     todo = [u for u in m.units if u.id not in done]
     log(
         f"matrix run folder {matrix_dir}: {len(todo)} of {len(m.units)} units to run on "
@@ -223,9 +260,15 @@ def _execute(
     return interrupted
 
 
-def describe_matrix(m: Matrix, resume: str | os.PathLike | None = None) -> str:
+def describe_matrix(
+    m: Matrix,
+    resume: str | os.PathLike | None = None,
+    envs: list[EnvPlan] | None = None,
+    envs_note: str = "",
+) -> str:
     """The units of a matrix, one line each (id, GPU type, pin, what is set), for ``--dry-run``;
-    with ``resume`` (a matrix run folder) each unit says whether it is done."""
+    with ``resume`` (a matrix run folder) each unit says whether it is done; ``envs``: where
+    each pin's python would come from (:class:`EnvPlan`), under the heading note ``envs_note``."""
     done = done_units(Path(resume)) if resume else set()
     res = m.spec.resources
     lines = [
@@ -246,4 +289,9 @@ def describe_matrix(m: Matrix, resume: str | os.PathLike | None = None) -> str:
             f"{sum(u.id in done for u in m.units)} of {len(m.units)} units done, "
             f"{sum(u.id not in done for u in m.units)} to run"
         )
+    if envs:
+        lines.append(f"environments{' (' + envs_note + ')' if envs_note else ''}:")
+        lines += [f"  {p.describe()}" for p in envs]
+        if any(p.source == "build" for p in envs):
+            lines.append(f"  a missing environment is built only with {BUILD_FLAG}")
     return "\n".join(lines)

@@ -1,32 +1,61 @@
-"""The python a unit's bench runs with: this interpreter, or a venv per sglang pin set up with the
-repository's ``make setup`` (reused by every unit and job on a node).
+"""The python a unit's bench runs with, chosen on the node before anything runs, and built only
+when the user asked for it.
 
-Modes (``spec["env_setup"]`` of :func:`prepare_python`): "current" (this interpreter), "auto" (this
-interpreter when its sglang is the unit's pin, else ``make setup SGLANG=<pin>`` into the
-checkout's venv for the pin, :func:`pin_venv`), "make" (``make setup SGLANG=<pin>
-VENV=<env_root>/sglang-<pin>``: a persistent venv per pin on the node, outside the shipped working
-directory; then this checkout is installed into it when it is not the one installed).
+Modes (``spec["env_setup"]``): "current" (this interpreter, nothing looked up or built), "auto"
+(default locally) and "make" (default on Ray). "auto" and "make" take the first of these that
+exists on the node (:func:`plan_env`):
+
+1. this interpreter, when its sglang is the unit's pin and its ``patchbench.suites`` comes from
+   the checkout bench runs in (so the unit runs the code the driver shipped);
+2. the checkout's venv for the pin (:func:`pin_venv`: ``.venv`` or ``.venv-<pin>``, what
+   ``make setup SGLANG=<pin>`` makes there);
+3. "make" only: ``<env_root>/sglang-<pin>`` (a persistent venv per pin on the node, outside the
+   shipped working directory; :data:`DEFAULT_ENV_ROOT`).
+
+``make setup`` runs on a venv found in 2 or 3 (idempotent: it does nothing when the venv's stamp
+matches, and refreshes the venv when the checkout's requirements changed); in "make" mode the
+checkout is then installed into a venv of 3 when another checkout is installed there. When none
+exists the plan is a *build* (into 2 for "auto", into 3 for "make"), about
+:func:`expected_env_gb` GB; :func:`prepare_python` builds it only when ``spec["build_envs"]`` is
+true and otherwise raises EnvironmentNotReady (exit 3) naming the node, the path and the size.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import re
 import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import IO
+from typing import IO, Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from patchbench.errors import EnvironmentNotReady, UsageError
+from patchbench.inputs import REPO_ROOT
 
 #: where nodes keep one environment per pin, reused across units and jobs
 DEFAULT_ENV_ROOT = "~/.cache/patchbench/envs"
+#: the flag that allows building a missing environment (patchbench matrix)
+BUILD_FLAG = "--build-envs"
 
 
 def node_name() -> str:
     """This machine's host name (how matrix.json names the node a unit ran on)."""
     return socket.gethostname()
+
+
+def machine_key() -> str:
+    """``<host name>/<boot id>``: equal in two processes only when they run on the same machine
+    (containers that share a host name differ in boot id only when their kernels differ, so the
+    host name comes first)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return f"{node_name()}/{boot}"
 
 
 def log_tail(path: Path, n: int = 20) -> str:
@@ -44,62 +73,168 @@ def pin_venv(workdir: Path, pin: str) -> Path:
     return workdir / (".venv" if pin == "0.5.1.post3" else f".venv-{pin}")
 
 
-def _installed_sglang(python: str) -> str | None:
+def expected_env_gb(pin: str, checkout: Path = REPO_ROOT) -> float | None:
+    """About how many GB a new environment of ``pin`` takes on disk: the ``# disk-gb:`` line of
+    ``requirements/cpu-<pin>.txt`` (measured for the CPU profile, which installs the same CUDA
+    build of torch a GPU node gets; a GPU node also installs the CUDA kernels). None for a pin
+    without a CPU profile."""
+    try:
+        text = (checkout / "requirements" / f"cpu-{pin}.txt").read_text()
+    except OSError:
+        return None
+    m = re.search(r"^# disk-gb: *([0-9.]+)", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+EnvSource = Literal["current", "interpreter", "checkout", "env_root", "build"]
+
+
+class EnvPlan(BaseModel):
+    """Where units of one pin get their python on one node (``matrix.json``'s
+    ``environments[]``).
+
+    ``pin``; ``node`` (host name); ``source``: "current" (this interpreter, asked for),
+    "interpreter" (this interpreter holds the pin), "checkout" (the checkout's venv for the pin),
+    "env_root" (the node's persistent venv for the pin), "build" (none exists: would be built at
+    ``path``); ``path``: the interpreter or the venv folder; ``expected_gb``: for a build, about
+    how much disk it takes (None: unknown); ``why``: what was looked at, for messages.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    pin: str
+    node: str
+    source: EnvSource
+    path: str
+    expected_gb: float | None = None
+    why: str = ""
+
+    @property
+    def python(self) -> str:
+        """The python bench runs with."""
+        if self.source in ("current", "interpreter"):
+            return self.path
+        return str(Path(self.path) / "bin" / "python")
+
+    def describe(self) -> str:
+        """One line: ``<pin> on <node>: <what>``."""
+        what = {
+            "current": f"this interpreter {self.path} (--env-setup current)",
+            "interpreter": f"the worker's own interpreter {self.path} (holds the pin)",
+            "checkout": f"the checkout's venv {self.path} (`make setup` only refreshes it)",
+            "env_root": f"the node's venv {self.path} (`make setup` only refreshes it)",
+            "build": f"MISSING: would build {self.path} ({size_txt(self.expected_gb)})",
+        }[self.source]
+        return f"sglang {self.pin} on {self.node}: {what}"
+
+
+def size_txt(gb: float | None) -> str:
+    """ "about 9 GB", or "size unknown"."""
+    return f"about {gb:g} GB" if gb is not None else "size unknown: no CPU profile for the pin"
+
+
+def _interpreter_facts(python: str) -> tuple[str | None, Path | None]:
+    """(the sglang version ``python`` holds, the folder its ``patchbench.suites`` comes from,
+    resolved); None for what it cannot tell. Runs ``python`` from ``/`` with this process's environment
+    (what bench inherits)."""
+    code = (
+        "import importlib.metadata as m, pathlib\n"
+        "try: print(m.version('sglang'))\nexcept Exception: print('')\n"
+        "try:\n import patchbench.suites as s\n"
+        " print(pathlib.Path(s.__file__).resolve().parent)\n"
+        "except Exception: print('')\n"
+    )
     try:
         out = subprocess.run(
-            [python, "-c", "import importlib.metadata as m; print(m.version('sglang'))"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+            [python, "-c", code], capture_output=True, text=True, timeout=120, cwd="/"
+        ).stdout.splitlines()
     except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
+        return None, None
+    out += ["", ""]
+    return (out[0].strip() or None), (Path(out[1].strip()) if out[1].strip() else None)
 
 
-def _venv_for(spec: dict, workdir: Path) -> Path | None:
-    """The venv the unit's pin needs under ``spec["env_setup"]``; None: this interpreter."""
-    mode, pin = spec.get("env_setup", "current"), spec["sglang"]
+def plan_env(spec: dict, workdir: Path) -> EnvPlan:
+    """Where a unit of ``spec["sglang"]`` gets its python on this node under
+    ``spec["env_setup"]`` (the module docstring), bench running in ``workdir``; looks, changes
+    nothing. Raises UsageError for an unknown mode."""
+    mode, pin, node = spec.get("env_setup") or "current", str(spec["sglang"]), node_name()
     if mode == "current":
-        return None
-    if mode == "auto":
-        return None if _installed_sglang(sys.executable) == pin else pin_venv(workdir, pin)
+        return EnvPlan(pin=pin, node=node, source="current", path=sys.executable)
+    if mode not in ("auto", "make"):
+        raise UsageError(f"env_setup must be current, auto or make, not {mode!r}")
+    have, suites_from = _interpreter_facts(sys.executable)
+    own = {(workdir / "suites").resolve(), (workdir / "patchbench" / "suites").resolve()}
+    if have == pin and suites_from in own:
+        return EnvPlan(pin=pin, node=node, source="interpreter", path=sys.executable)
+    looked = [
+        f"this interpreter (sglang {have or 'none'}, its patchbench.suites from {suites_from})"
+    ]
+    cands: list[tuple[EnvSource, Path]] = [("checkout", pin_venv(workdir, pin))]
     if mode == "make":
         root = Path(os.path.expanduser(spec.get("env_root") or DEFAULT_ENV_ROOT))
-        return root / f"sglang-{pin}"
-    raise UsageError(f"env_setup must be current, auto or make, not {mode!r}")
+        cands.append(("env_root", root / f"sglang-{pin}"))
+    for source, venv in cands:
+        if (venv / "bin" / "python").exists():
+            return EnvPlan(pin=pin, node=node, source=source, path=str(venv))
+        looked.append(str(venv))
+    return EnvPlan(
+        pin=pin,
+        node=node,
+        source="build",
+        path=str(cands[-1][1]),
+        expected_gb=expected_env_gb(pin),
+        why="looked at " + "; ".join(looked),
+    )
+
+
+def missing_env_message(plans: list[EnvPlan]) -> str:
+    """Why nothing runs: the environments that would be built (where, about how large) and
+    how to allow it."""
+    total = sum(p.expected_gb or 0 for p in plans)
+    lines = "; ".join(
+        f"sglang {p.pin} on {p.node} at {p.path} ({size_txt(p.expected_gb)})" for p in plans
+    )
+    return (
+        f"{len(plans)} environment(s) would be built ({lines}"
+        + (f"; {total:g} GB in all" if total else "")
+        + f"); nothing is built without {BUILD_FLAG}: pass it to build them, set the pin up "
+        "there first (`make setup SGLANG=<pin>`), or use a pin the node already holds"
+        + (f" ({plans[0].why})" if len(plans) == 1 and plans[0].why else "")
+    )
 
 
 def prepare_python(spec: dict, workdir: Path, log_file: IO[str]) -> str:
-    """The python that runs a unit's bench, setting up its pin's environment first (see the
-    module docstring for ``spec["env_setup"]``; ``spec["sglang"]``: the pin; ``spec["env_root"]``:
-    where "make" keeps its venvs, default :data:`DEFAULT_ENV_ROOT`).
+    """The python that runs a unit's bench (:func:`plan_env`), after ``make setup`` on a venv it
+    found and, with ``spec["build_envs"]``, building a missing one.
 
     ``make setup`` is idempotent; a file lock keeps two units on one node from setting up the
-    same venv at once; its output goes to ``log_file``. Raises EnvironmentNotReady with the setup
+    same venv at once; its output goes to ``log_file``. Raises EnvironmentNotReady (exit 3) for a
+    missing environment without ``spec["build_envs"]`` (nothing is built) or with the setup
     output's tail when setup fails, UsageError for an unknown mode.
     """
-    pin = spec["sglang"]
-    venv = _venv_for(spec, workdir)
-    if venv is None:
-        return sys.executable
+    plan = plan_env(spec, workdir)
+    if plan.source in ("current", "interpreter"):
+        return plan.path
+    if plan.source == "build" and not spec.get("build_envs"):
+        raise EnvironmentNotReady(missing_env_message([plan]))
+    pin, venv = plan.pin, Path(plan.path)
     venv.parent.mkdir(parents=True, exist_ok=True)
-    python = str(venv / "bin" / "python")
     with open(venv.parent / f".lock-sglang-{pin}", "w") as lf:
         fcntl.flock(lf, fcntl.LOCK_EX)
         cmd = ["make", "-C", str(workdir), "setup", f"SGLANG={pin}", f"VENV={venv}"]
         log_file.write(f"$ {' '.join(cmd)}\n")
         log_file.flush()
         code = subprocess.run(cmd, stdout=log_file, stderr=subprocess.STDOUT).returncode
-        if code == 0 and spec.get("env_setup") == "make":
-            code = _install_checkout(python, workdir, log_file)
+        if code == 0 and venv != pin_venv(workdir, pin):
+            code = _install_checkout(plan.python, workdir, log_file)
     if code != 0:
         log_file.flush()
         raise EnvironmentNotReady(
             f"setting up sglang {pin} on {node_name()} failed "
             f"(exit {code}): " + log_tail(Path(log_file.name), 5).replace("\n", " | ")
         )
-    return python
+    return plan.python
 
 
 def _install_checkout(python: str, workdir: Path, log_file: IO[str]) -> int:

@@ -23,7 +23,7 @@ from typing import IO, Any
 
 from patchbench.errors import EnvironmentNotReady
 from patchbench.inputs import REPO_ROOT
-from patchbench.matrix.envs import log_tail, node_name, prepare_python
+from patchbench.matrix.envs import log_tail, machine_key, node_name, prepare_python
 
 #: the bench command a unit runs; {python}, {config}, {results} are filled in
 DEFAULT_COMMAND = ("{python}", "-m", "patchbench", "bench", "{config}", "--results", "{results}")
@@ -103,11 +103,13 @@ def unpack_folder(data: bytes, dest: Path) -> None:
 def execute_unit(spec: dict) -> dict:
     """Run one unit's bench here; the body of both executors (a Ray task calls it on its node).
 
-    ``spec``: {"id", "config_text", "sglang", "env_setup", "env_root", "command" (list with
-    {python}/{config}/{results}), "workdir" (None: this checkout; "cwd": Ray's shipped working
-    directory), "resume_dir" (local) or "resume_archive" (bytes) to continue a unit's run folder,
-    "out_dir" (local: move the run folder there) or none (return it as ``archive``),
-    "stop_grace_s", "env" (extra environment for bench)}.
+    ``spec``: {"id", "config_text", "sglang", "env_setup", "env_root", "build_envs" (build a
+    missing environment; else exit 3), "command" (list with {python}/{config}/{results}),
+    "workdir" (None: this checkout; "cwd": Ray's shipped working directory, or the driver's
+    checkout "checkout" on the driver's machine: :func:`unit_workdir`), "resume_dir" (local) or
+    "resume_archive" (bytes) to continue a unit's run folder, "out_dir" (local: move the run
+    folder there) or none (return it as ``archive``), "stop_grace_s", "env" (extra environment
+    for bench)}.
 
     Returns {"exit_code", "message" (bench's last error line), "log_tail", "node", "archive"
     (bytes or None), "archive_bytes", "has_folder", "timings_s": {"env", "bench", "pack"},
@@ -133,7 +135,7 @@ def execute_unit(spec: dict) -> dict:
         with open(log_path, "w") as log:
             t0 = time.monotonic()
             try:
-                python = prepare_python(spec, _workdir(spec), log)
+                python = prepare_python(spec, unit_workdir(spec), log)
             except EnvironmentNotReady as e:
                 out.update(exit_code=e.exit_code, message=str(e), log_tail=log_tail(log_path))
                 return out
@@ -149,10 +151,15 @@ def execute_unit(spec: dict) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _workdir(spec: dict) -> Path:
-    """Where bench runs: Ray's shipped working directory ("cwd"), a given folder, or this
-    checkout."""
+def unit_workdir(spec: dict) -> Path:
+    """Where bench runs: for "cwd" (Ray shipped this checkout as the working directory), the
+    driver's own checkout when this node is the driver's machine (``spec["checkout"]``:
+    {"path", "machine"}, :func:`patchbench.matrix.envs.machine_key`), so its venvs and caches
+    are found, else Ray's shipped working directory; otherwise a given folder, or this checkout."""
     if spec.get("workdir") == "cwd":
+        home = spec.get("checkout") or {}
+        if home.get("machine") == machine_key() and Path(home.get("path", "")).is_dir():
+            return Path(home["path"])
         return Path.cwd()
     return Path(spec["workdir"]) if spec.get("workdir") else REPO_ROOT
 
@@ -184,7 +191,7 @@ def _start_bench(
     log.flush()
     return subprocess.Popen(
         cmd,
-        cwd=str(_workdir(spec)),
+        cwd=str(unit_workdir(spec)),
         env={**os.environ, **(spec.get("env") or {})},
         stdout=log,
         stderr=subprocess.STDOUT,

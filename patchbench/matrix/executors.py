@@ -15,8 +15,8 @@ from typing import Any
 
 from patchbench.errors import EnvironmentNotReady, UsageError
 from patchbench.inputs import REPO_ROOT
-from patchbench.matrix.envs import node_name
-from patchbench.matrix.execute import execute_unit, pack_folder, unpack_folder
+from patchbench.matrix.envs import EnvPlan, machine_key, node_name, plan_env
+from patchbench.matrix.execute import execute_unit, pack_folder, unit_workdir, unpack_folder
 from patchbench.matrix.record import Status
 from patchbench.matrix.spec import Resources, Unit
 
@@ -56,12 +56,19 @@ class Executor:
     """Runs units. ``run(units, matrix_dir, record)`` calls ``record(UnitResult)`` as each unit
     ends (the driver writes matrix.json there) and returns when all have ended; on Ctrl-C it stops
     what runs, records it, and re-raises KeyboardInterrupt. ``check(units)`` -> {unit id: why
-    no node can take it} before anything runs. ``name``: "local" or "ray"."""
+    no node can take it} before anything runs. ``plan_envs(units)`` -> where each pin's python
+    comes from on each node that may run it (:class:`EnvPlan`; a "build" plan is a missing
+    environment), before anything runs; ``build_envs``: whether a missing one may be built.
+    ``name``: "local" or "ray"."""
 
     name = "?"
+    build_envs = False
 
     def check(self, units: list[Unit]) -> dict[str, str]:
         return {}
+
+    def plan_envs(self, units: list[Unit]) -> list[EnvPlan]:
+        return []
 
     def run(
         self,
@@ -80,6 +87,7 @@ def _unit_spec(u: Unit, matrix_dir: Path, opts: dict) -> dict:
         "sglang": u.sglang,
         "env_setup": opts.get("env_setup"),
         "env_root": opts.get("env_root"),
+        "build_envs": bool(opts.get("build_envs")),
         "command": list(opts["command"]) if opts.get("command") else None,
         "stop_grace_s": opts.get("stop_grace_s", 60),
         "env": opts.get("env") or {},
@@ -113,9 +121,16 @@ def _result_of(uid: str, out: dict) -> UnitResult:
     )
 
 
+def _pin_specs(units: list[Unit], opts: dict) -> dict[str, dict]:
+    """{pin: the environment part of a unit spec} for the distinct pins of ``units``."""
+    keys = ("env_setup", "env_root", "build_envs")
+    return {u.sglang: {"sglang": u.sglang, **{k: opts.get(k) for k in keys}} for u in units}
+
+
 class LocalExecutor(Executor):
     """Runs the units one after another on this machine (no Ray). ``env_setup``: see
-    :func:`prepare_python` ("auto" by default); ``command``: the bench command template
+    :func:`prepare_python` ("auto" by default); ``build_envs``: build a missing environment
+    (otherwise the driver refuses before anything runs); ``command``: the bench command template
     (:data:`DEFAULT_COMMAND`); ``env``: extra environment for bench."""
 
     name = "local"
@@ -124,16 +139,22 @@ class LocalExecutor(Executor):
         self,
         *,
         env_setup: str = "auto",
+        build_envs: bool = False,
         command: list[str] | None = None,
         env: dict[str, str] | None = None,
         stop_grace_s: float = 60,
     ):
+        self.build_envs = build_envs
         self.opts = {
             "env_setup": env_setup,
+            "build_envs": build_envs,
             "command": command,
             "env": env,
             "stop_grace_s": stop_grace_s,
         }
+
+    def plan_envs(self, units):
+        return [plan_env(spec, REPO_ROOT) for spec in _pin_specs(units, self.opts).values()]
 
     def run(self, units, matrix_dir, record, resume):
         for u in units:
@@ -176,14 +197,35 @@ def _ray_unit_task(spec: dict) -> dict:
     return out
 
 
+def _ray_env_probe(specs: list[dict]) -> list[dict]:
+    """The Ray task that looks, on one node, where each pin's python would come from
+    (:func:`plan_env`, as a unit's task would see it); builds nothing."""
+    return [plan_env(s, unit_workdir(s)).model_dump() for s in specs]
+
+
+def queue_split(submitted: float, started: float, ends_on_node: list[float]) -> tuple[float, float]:
+    """(queued, dispatch) seconds of a Ray task's start delay (``started - submitted``).
+
+    ``queued``: the wait for a node that could take it: until the last of ``ends_on_node`` (when
+    the other units of the same node ended) that lies between submission and this unit's start,
+    0 when none does; ``dispatch``: the rest (Ray's scheduling, starting the worker, sending the
+    spec). ``submitted`` is the driver's clock, the others the node's: equal on one machine."""
+    freed = max((e for e in ends_on_node if submitted <= e <= started), default=submitted)
+    return round(max(0.0, freed - submitted), 3), round(max(0.0, started - freed), 3)
+
+
 class RayExecutor(Executor):
     """One Ray task per unit (``max_retries=0``: a benchmark is never silently re-run).
 
     ``address``: the cluster (None: Ray's default, RAY_ADDRESS or a local one); ``ship_code``:
-    send this checkout as the job's ``working_dir`` (without venvs, results, caches; leave it
-    False when every node already holds this checkout at the same path, as in a local cluster);
-    ``env_setup``/``env_root``: see :func:`prepare_python` ("make" by default: a persistent venv
-    per pin on each node); ``command``/``env``/``stop_grace_s``: as :class:`LocalExecutor`;
+    send this checkout as the job's ``working_dir`` (without venvs, results, caches; a node on
+    the driver's own machine runs in the driver's checkout instead; leave it False when every
+    node already holds this checkout at the same path); ``env_setup``/``env_root``: see
+    :func:`prepare_python` ("make" by default: the worker's interpreter when it holds the pin,
+    else the checkout's or the node's persistent venv for the pin); ``build_envs``: build a
+    missing environment (otherwise the driver refuses before anything runs, and a unit that
+    lands on a node without one ends with exit 3); ``command``/``env``/``stop_grace_s``: as
+    :class:`LocalExecutor`;
     ``cancel_wait_s``: how long Ctrl-C waits for cancelled units to stop their servers.
     Resources per unit come from the matrix (``resources``) and the unit's GPU type
     (``accelerator_type:<T>`` custom resource, which Ray sets on GPU nodes it recognises and
@@ -200,6 +242,7 @@ class RayExecutor(Executor):
         ship_code: bool = True,
         env_setup: str = "make",
         env_root: str | None = None,
+        build_envs: bool = False,
         command: list[str] | None = None,
         env: dict[str, str] | None = None,
         stop_grace_s: float = 60,
@@ -209,9 +252,11 @@ class RayExecutor(Executor):
         self.address = address
         self.resources = resources or Resources()
         self.ship_code = ship_code
+        self.build_envs = build_envs
         self.opts = {
             "env_setup": env_setup,
             "env_root": env_root,
+            "build_envs": build_envs,
             "command": command,
             "env": env,
             "stop_grace_s": stop_grace_s,
@@ -235,6 +280,51 @@ class RayExecutor(Executor):
         if self._started:
             _ray().shutdown()
             self._started = False
+
+    def _candidates(self, ray, u: Unit) -> list[dict]:
+        """The alive nodes (ray.nodes() entries) of the unit's GPU type (all for none)."""
+        key = f"accelerator_type:{u.gpu_type}" if u.gpu_type else None
+        return [
+            n
+            for n in ray.nodes()
+            if n.get("Alive") and (key is None or n.get("Resources", {}).get(key, 0) > 0)
+        ]
+
+    def _workdir_spec(self) -> dict:
+        """How a task finds the checkout bench runs in (:func:`unit_workdir`)."""
+        if not self.ship_code:
+            return {"workdir": None}
+        return {"workdir": "cwd", "checkout": {"path": str(REPO_ROOT), "machine": machine_key()}}
+
+    def plan_envs(self, units):
+        """One probe task per node that may run a unit (no CPU asked, pinned to the node):
+        :func:`plan_env` there for each pin its units need. With ``env_setup`` "current", one
+        plan per pin without probing (each worker's own python)."""
+        specs = _pin_specs(units, self.opts)
+        if self.opts["env_setup"] == "current":
+            return [
+                EnvPlan(pin=p, node="every node", source="current", path="the Ray worker's python")
+                for p in specs
+            ]
+        ray = self.connect()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        per_node: dict[str, list[dict]] = {}
+        for u in units:
+            for n in self._candidates(ray, u):
+                todo = per_node.setdefault(n["NodeID"], [])
+                if all(s["sglang"] != u.sglang for s in todo):
+                    todo.append({**specs[u.sglang], **self._workdir_spec()})
+        probe = ray.remote(_ray_env_probe)
+        refs = [
+            probe.options(
+                num_cpus=0,
+                max_retries=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            ).remote(todo)
+            for node_id, todo in per_node.items()
+        ]
+        return [EnvPlan.model_validate(p) for got in ray.get(refs, timeout=300) for p in got]
 
     def _requests(self, units: list[Unit]) -> tuple[dict[str, dict], dict[str, str]]:
         """{unit id: Ray options} for units some alive node can take, {unit id: why not} else."""
@@ -294,11 +384,11 @@ class RayExecutor(Executor):
             record(UnitResult(uid, "unschedulable", None, why))
         task = ray.remote(_ray_unit_task)
         pending: dict[Any, tuple[Unit, float]] = {}
+        self._ran: dict[str, tuple[UnitResult, str, float, float, float]] = {}
         for u in units:
             if u.id not in opts:
                 continue
-            spec = _unit_spec(u, matrix_dir, self.opts)
-            spec["workdir"] = "cwd" if self.ship_code else None
+            spec = {**_unit_spec(u, matrix_dir, self.opts), **self._workdir_spec()}
             if u.id in resume and (matrix_dir / u.id / "manifest.json").exists():
                 spec["resume_archive"] = pack_folder(matrix_dir / u.id)
             t0 = time.time()
@@ -313,6 +403,7 @@ class RayExecutor(Executor):
                 ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
                 for ref in ready:
                     self._collect(ray, ref, *pending.pop(ref), matrix_dir, record)
+            self._resplit(record)
         except KeyboardInterrupt:
             self.log(f"interrupted: cancelling {len(pending)} unit(s); finished units are kept")
             for ref in pending:
@@ -362,10 +453,28 @@ class RayExecutor(Executor):
             wall=round(time.time() - submitted, 3),
         )
         res.node = f"{out.get('node')} ({str(out.get('node_id', ''))[:12]})"
+        node_id = str(out.get("node_id", ""))
+        self._ran[u.id] = (res, node_id, submitted, out["started_at"], out["ended_at"])
+        res.timings_s.update(zip(("queued", "dispatch"), self._split(u.id), strict=True))
         record(res)
         self.log(
             f"unit {u.id}: {res.status} on {res.node}{': ' + res.message if res.message else ''}"
         )
+
+    def _split(self, uid: str) -> tuple[float, float]:
+        """(queued, dispatch) of a collected unit from the units collected so far."""
+        _res, node_id, submitted, started, _ended = self._ran[uid]
+        ends = [e for k, (_r, n, _s, _st, e) in self._ran.items() if n == node_id and k != uid]
+        return queue_split(submitted, started, ends)
+
+    def _resplit(self, record) -> None:
+        """Once every unit is back: split each start delay again (a unit of the same node may
+        have been collected after the one that waited for it) and re-record what changed."""
+        for uid, (res, *_rest) in self._ran.items():
+            queued, dispatch = self._split(uid)
+            if (res.timings_s.get("queued"), res.timings_s.get("dispatch")) != (queued, dispatch):
+                res.timings_s.update(queued=queued, dispatch=dispatch)
+                record(res)
 
 
 def make_executor(
@@ -376,9 +485,8 @@ def make_executor(
     if on == "local":
         if address:
             raise UsageError("--address is for --on ray")
-        return LocalExecutor(
-            **{k: v for k, v in kw.items() if k in ("env_setup", "command", "env", "stop_grace_s")}
-        )
+        keep = ("env_setup", "build_envs", "command", "env", "stop_grace_s")
+        return LocalExecutor(**{k: v for k, v in kw.items() if k in keep})
     if on == "ray":
         _ray()
         return RayExecutor(address, resources=resources, **kw)

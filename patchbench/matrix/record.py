@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from patchbench.matrix.envs import EnvPlan
 from patchbench.records import read_json, write_json
 
 #: version of matrix.json's shape
@@ -38,9 +39,11 @@ class UnitRecord(BaseModel):
     relative to the matrix run folder); ``config_name``; ``status`` (pending until it ends: ok,
     failed (bench exit 4 with a run folder), error, lost, cancelled, interrupted, unschedulable);
     ``exit_code`` (bench's, None when it did not end by itself); ``message`` (bench's error line,
-    or why the unit did not run); ``node``; ``timings_s`` ({step: seconds}: env, bench, pack,
-    task, and on Ray get, unpack, start_delay, return_delay, wall); ``archive_bytes`` (the run
-    folder's gzip'd tar on Ray, 0 locally)."""
+    or why the unit did not run); ``node``; ``timings_s`` ({step: seconds}: env (finding or
+    setting up its python), bench, pack, task, and on Ray get, unpack, start_delay (submission to
+    the task's start) = queued (waiting for a node that could take it: another unit held it) +
+    dispatch (Ray's scheduling, worker start, sending the spec), return_delay, wall);
+    ``archive_bytes`` (the run folder's gzip'd tar on Ray, 0 locally)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -63,8 +66,9 @@ class MatrixRecord(BaseModel):
     ``executor`` ("local" or "ray") and its ``address``, ``axes`` (["config"] for a list of
     units), ``started_at``/``ended_at`` (UTC stamps ``YYYYMMDDTHHMMSSZ``; ended_at None while it
     runs), ``units`` (:class:`UnitRecord`, in matrix order), ``resumes`` (the stamp of each
-    ``--resume``, only when resumed) and ``interrupted`` (only when Ctrl-C / SIGTERM stopped
-    it)."""
+    ``--resume``, only when resumed), ``interrupted`` (only when Ctrl-C / SIGTERM stopped
+    it) and ``environments`` (where each pin's python came from on each node, announced before
+    anything ran: :class:`patchbench.matrix.envs.EnvPlan`; only when known)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -80,6 +84,7 @@ class MatrixRecord(BaseModel):
     units: list[UnitRecord]
     resumes: list[str] | None = None
     interrupted: bool | None = None
+    environments: list[EnvPlan] | None = None
 
     def unit(self, unit_id: str) -> UnitRecord | None:
         """The record of ``unit_id``, or None."""
@@ -93,10 +98,10 @@ def read_matrix_record(matrix_dir: str | os.PathLike) -> MatrixRecord:
 
 
 def write_matrix_record(matrix_dir: str | os.PathLike, record: MatrixRecord) -> Path:
-    """Write ``<matrix_dir>/matrix.json`` atomically (``resumes`` and ``interrupted`` only when
-    set); returns its path."""
+    """Write ``<matrix_dir>/matrix.json`` atomically (``resumes``, ``interrupted`` and
+    ``environments`` only when set); returns its path."""
     data = record.model_dump(mode="json")
-    for key in ("resumes", "interrupted"):
+    for key in ("resumes", "interrupted", "environments"):
         if data[key] is None:
             del data[key]
     return write_json(Path(matrix_dir) / "matrix.json", data)

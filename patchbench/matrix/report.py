@@ -103,7 +103,7 @@ def render_matrix_report(matrix_dir: str | os.PathLike) -> str:
             )
     if (d / FIGURE).exists():
         lines += ["", "## Primary effects across units", "", f"![primary effects]({FIGURE})"]
-    lines += _timings(units)
+    lines += _environments(rec) + _timings(units)
     return "\n".join(lines) + "\n"
 
 
@@ -154,24 +154,49 @@ def _table(
     return lines
 
 
+#: the timings that make up the driver's own overhead per unit (Ray): scheduling and sending the
+#: unit (``dispatch``), packing, returning, fetching and unpacking its run folder
+OVERHEAD_KEYS = ("dispatch", "return_delay", "get", "unpack", "pack")
+
+
+def driver_overhead_s(t: dict[str, float]) -> float:
+    """The driver's own overhead of a unit from its ``timings_s`` (:data:`OVERHEAD_KEYS`; not
+    the time it queued for a node). A matrix.json without ``dispatch`` counts ``start_delay``
+    whole."""
+    keys = OVERHEAD_KEYS if "dispatch" in t else ("start_delay", *OVERHEAD_KEYS[1:])
+    return sum(t.get(k, 0) for k in keys)
+
+
 def _timings(units: list[UnitEffects]) -> list[str]:
-    """Per unit: node, task and bench seconds, the driver's overhead, the archive's size."""
+    """Per unit: node, how long it queued for a node, setting up its python, bench, the whole
+    task, the driver's own overhead, the archive's size."""
     lines = [
         "",
         "## Timings",
         "",
-        "| unit | node | task s | bench s | driver overhead s | archive KiB |",
-        "|---|---|---|---|---|---|",
+        "queued: waiting for a node that could take the unit (another unit held it); driver "
+        "overhead: scheduling and sending the unit, packing, returning and unpacking its run "
+        "folder; env: finding or setting up the pin's python on the node.",
+        "",
+        "| unit | node | queued s | env s | bench s | task s | driver overhead s | archive KiB |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for e in units:
         u, t = e.unit, e.unit.timings_s
-        over = sum(t.get(k, 0) for k in ("start_delay", "return_delay", "get", "unpack", "pack"))
         lines.append(
-            f"| {u.id} | {u.node or '-'} | {t.get('task', '-')} | "
-            f"{t.get('bench', '-')} | {round(over, 2) if t else '-'} | "
+            f"| {u.id} | {u.node or '-'} | {t.get('queued', '-')} | {t.get('env', '-')} | "
+            f"{t.get('bench', '-')} | {t.get('task', '-')} | "
+            f"{round(driver_overhead_s(t), 2) if t else '-'} | "
             f"{round(u.archive_bytes / 1024, 1)} |"
         )
     return lines
+
+
+def _environments(rec: MatrixRecord) -> list[str]:
+    """Where each pin's python came from on each node (announced before the units ran)."""
+    if not rec.environments:
+        return []
+    return ["", "## Environments", ""] + [f"- {p.describe()}" for p in rec.environments]
 
 
 def _cell_value(v: Any) -> str:

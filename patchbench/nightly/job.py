@@ -677,8 +677,9 @@ def nightly_matrix(
     ``nightly``/``compare`` sections. Units that did not end ok are gated on what they left and
     listed as failed.
 
-    Raises ConfigError (exit 2) for a bad matrix, EnvironmentNotReady (3) when Ray is missing,
-    Interrupted (130/143) on Ctrl-C / SIGTERM (finished units kept, nothing gated).
+    Raises ConfigError (exit 2) for a bad matrix, EnvironmentNotReady (3) when Ray is missing
+    or a unit's pin has no environment on a node (built only with ``build_envs=True`` in
+    ``executor_kw``), Interrupted (130/143) on Ctrl-C / SIGTERM (finished units kept, nothing gated).
     """
     from patchbench.matrix.driver import run_matrix
     from patchbench.matrix.spec import load_matrix

@@ -347,19 +347,41 @@ def report_section(comparison: Any) -> list[str]:
                 "",
             ]
         lines += [f"- {v}: {n}" for n in p.get("notes") or []]
+    if pairs and not subject_plot_variants(comparison):
+        lines += [""] if lines[-1] else []
+        lines += ["No subject's accuracy changed and no answer flipped: no per-subject plot.", ""]
     return lines
+
+
+def _subject_moved(d: dict) -> bool:
+    """Whether one subject's entry shows anything: a flip or a change of accuracy."""
+    return bool(
+        d.get("right_to_wrong") or d.get("wrong_to_right") or d.get("acc_a") != d.get("acc_b")
+    )
+
+
+def subject_plot_variants(comparison: Any) -> list[str]:
+    """The variants :func:`plot_subjects` draws: those that are not A/A (all when every variant
+    is A/A) with at least one subject that flipped or changed; [] when none (no plot)."""
+    pairs = suite_pairs(comparison, "mmmu")
+    aa = set(comparison_get(comparison, "aa_variants", []) or [])
+    variants = [v for v in pairs if v not in aa] or list(pairs)
+    return [
+        v
+        for v in variants
+        if any(_subject_moved(d) for d in (pairs[v].get("subjects") or {}).values())
+    ]
 
 
 def plot_subjects(comparison: Any, out: Path) -> Path | None:
     """Per-subject accuracy difference (variant - baseline, percentage points) with the
-    wrong->right / right->wrong flips per subject: one panel per variant that is not A/A (all
-    when every variant is A/A), subjects shared. None without subject data."""
+    wrong->right / right->wrong flips per subject: one panel per variant of
+    :func:`subject_plot_variants`, subjects shared. None (no file) when no subject of any
+    variant flipped or changed: such a plot would be empty."""
     from patchbench.suites import new_figure, save_png
 
     pairs = suite_pairs(comparison, "mmmu")
-    aa = set(comparison_get(comparison, "aa_variants", []) or [])
-    variants = [v for v in pairs if v not in aa] or list(pairs)
-    variants = [v for v in variants if pairs[v].get("subjects")]
+    variants = subject_plot_variants(comparison)
     if not variants:
         return None
     names = list(dict.fromkeys(s for v in variants for s in pairs[v]["subjects"]))

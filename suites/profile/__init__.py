@@ -41,6 +41,7 @@ from patchbench.suite import (
     suite_pairs,
     suite_refusals,
 )
+from patchbench.suites import folded
 
 from . import trace as T
 
@@ -416,7 +417,8 @@ def _num(x) -> str:
 
 def report_section(comparison: Any) -> list[str]:
     """Markdown: per variant, a table of sync counts per decode step by batch size (baseline vs
-    variant) and the step-time medians, from ``pairs["profile"]`` only."""
+    variant) and the step-time medians, from ``pairs["profile"]`` only; the tables folded
+    (:func:`patchbench.suites.folded`)."""
     pairs = suite_pairs(comparison, "profile")
     refused = suite_refusals(comparison, "profile")
     if not pairs and not refused:
@@ -432,8 +434,9 @@ def report_section(comparison: Any) -> list[str]:
     ]
     for var, reason in refused.items():
         lines += [f"**{var}**: not compared: {reason}", ""]
+    body: list[str] = []
     for var, p in pairs.items():
-        lines += [
+        body += [
             f"**{var}** vs {base}",
             "",
             "| batch size | steps (base/var) | syncs per step base → var | mrope syncs per "
@@ -443,13 +446,13 @@ def report_section(comparison: Any) -> list[str]:
         for r in p.get("by_batch_size") or []:
             x, y = r.get("baseline") or {}, r.get("variant") or {}
             eq = "yes" if r.get("syncs_equal") and r.get("mrope_syncs_equal") else "**no**"
-            lines.append(
+            body.append(
                 f"| {r['batch_size']} | {x.get('steps', 0)}/{y.get('steps', 0)} | "
                 f"{_fmt(x.get('syncs'))} → {_fmt(y.get('syncs'))} | "
                 f"{_fmt(x.get('mrope_syncs'))} → {_fmt(y.get('mrope_syncs'))} | {eq} |"
             )
         vals = p.get("values") or {}
-        lines += ["", "| median per cell | baseline | variant |", "|---|---|---|"]
+        body += ["", "| median per cell | baseline | variant |", "|---|---|---|"]
         for name in (
             "host_step_ms_median",
             "gpu_idle_gap_us_median",
@@ -458,12 +461,13 @@ def report_section(comparison: Any) -> list[str]:
         ):
             d = vals.get(name) or {}
             if any(x is not None for x in (d.get("baseline") or []) + (d.get("variant") or [])):
-                lines.append(
+                body.append(
                     f"| {name} | {', '.join(_num(x) for x in d.get('baseline') or [])} | "
                     f"{', '.join(_num(x) for x in d.get('variant') or [])} |"
                 )
-        lines.append("")
-    return lines
+        body.append("")
+    what = "syncs per decode step by batch size, and step-time medians, per variant"
+    return lines + folded(what, body)
 
 
 @register

@@ -45,6 +45,7 @@ from patchbench.suite import (
     suite_pairs,
     suite_refusals,
 )
+from patchbench.suites import folded
 from patchbench.suites.sync_probe.table import format_table, markdown_table
 
 REL = "srt/model_executor/forward_batch_info.py"
@@ -440,15 +441,17 @@ def _crosscheck_lines(name: str, got: dict[str, Any] | None) -> str:
 
 def report_section(comparison: Any) -> list[str]:
     """Markdown: the probe table of the baseline and of each variant, and the in-server
-    cross-check counts, from the comparison's ``pairs["sync_probe"]`` alone."""
+    cross-check counts, from the comparison's ``pairs["sync_probe"]`` alone; the tables folded
+    (:func:`patchbench.suites.folded`: the primaries table carries the totals)."""
     pairs = suite_pairs(comparison, "sync_probe")
     refusals = suite_refusals(comparison, "sync_probe")
     if not pairs and not refusals:
         return []
     base = comparison_get(comparison, "baseline", "baseline")
-    lines = ["## Sync probe", ""]
-    lines += [f"**{v}**: not compared: {r}" for v, r in refusals.items()]
-    lines += [""] if refusals else []
+    head = ["## Sync probe", ""]
+    head += [f"**{v}**: not compared: {r}" for v, r in refusals.items()]
+    head += [""] if refusals else []
+    lines: list[str] = []
     first = next((p for p in pairs.values() if p.get("baseline")), None)
     shown: list[tuple[str, dict | None]] = [(base, first.get("baseline") if first else None)]
     shown += [(v, p.get("variant")) for v, p in pairs.items()]
@@ -481,7 +484,10 @@ def report_section(comparison: Any) -> list[str]:
             "|---|---|---|---|---|---|---|",
         ]
         lines += [_crosscheck_lines(n, c) for n, c in checks] + [""]
-    return lines
+    what = "host syncs per call by batch size, per variant" + (
+        "; the in-server cross-check" if any(c for _, c in checks) else ""
+    )
+    return head + folded(what, lines)
 
 
 # --------------------------------------------------------------------------- the suite
