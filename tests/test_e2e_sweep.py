@@ -72,6 +72,7 @@ def test_sweep_points_metrics_report_and_plots(sweep_run):
     prim = {r["metric"] for r in cmp["rows"] if r["primary"]}
     assert {"output_throughput_tok_s@c2", "itl_median_ms@c8", "goodput_at_slo_req_s"} <= prim
     report = (sweep_run / "report.md").read_text()
-    assert "## Load curve (serving)" in report and "[point c2]" in report
+    details = (sweep_run / "report-details.md").read_text()
+    assert "## Load curve (serving)" in report and "[point c2]" in details
     for png in ("curve_latency.png", "curve_change.png", "curve_frontier.png", "pr_figure.png"):
         assert (sweep_run / "plots" / png).stat().st_size > 10_000
