@@ -349,7 +349,11 @@ def plot_frontier(comparison: Any, out: Path) -> Path | None:
 
         plt.close(fig)
         return None
-    ax.set_xlabel("tokens/s per user (1000 / median TPOT)")
+    xs = [x for line in ax.get_lines() for x in line.get_xdata()]
+    if xs and min(xs) > 0 and max(xs) / min(xs) > 20:  # a wide range (e.g. the CPU engine's)
+        ax.set_xscale("log")
+    scale = ", log scale" if ax.get_xscale() == "log" else ""
+    ax.set_xlabel(f"tokens/s per user (1000 / median TPOT{scale})")
     ax.set_ylabel("output tokens/s per GPU")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
