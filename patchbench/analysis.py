@@ -93,6 +93,18 @@ def suite_declarations(name: str, notes: list[str]) -> tuple[Suite | None, dict[
     return obj, dict(obj.metrics)
 
 
+def _run_declarations(
+    data: RunData, suite: str, obj: Any, declared: dict[str, MetricInfo]
+) -> dict[str, MetricInfo]:
+    """The suite's declarations for this run's parameters (its ``declarations`` hook, e.g. the
+    per-point metrics of a load sweep); ``declared`` for a suite object without the hook."""
+    hook = getattr(obj, "declarations", None)
+    if hook is None:
+        return declared
+    cfg = data.manifest.config
+    return hook(_params(obj, (cfg.suites.get(suite) if cfg is not None else None) or {}))
+
+
 def _params(obj: Any, raw: dict) -> Any:
     """The pair hook's params: the manifest's ``suites.<name>`` section (without the core's
     ``rounds`` key) validated by the suite's ``Params``; the raw dict for a suite object without
@@ -297,6 +309,13 @@ def _test(
         return test
     if row.kind != "run":
         return None
+    row.baseline_bound = _arm_bound(bounds[data.baseline])
+    row.variant_bound = _arm_bound(bounds[row.variant])
+    if row.baseline_bound or row.variant_bound:
+        row.notes.append(
+            "a value is only a bound in every repeat of an arm (e.g. a load sweep's highest load "
+            "meeting its SLO beyond the sweep's last point): the change may be larger"
+        )
     if b and (min(b) <= 0 or min(v) <= 0):
         row.change_unit = row.unit or ""
         row.notes.append("values <= 0: no log ratio; compared as differences, descriptive")
@@ -954,6 +973,7 @@ def _tested(
             obj, declared = suites[suite], dict(getattr(suites[suite], "metrics", {}) or {})
         else:
             obj, declared = suite_declarations(suite, notes)
+        declared = _run_declarations(data, suite, obj, declared)
         tested += _suite_rows(data, s, cmp, suite, obj, declared)
     return tested
 

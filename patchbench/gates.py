@@ -94,7 +94,9 @@ class Gate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     metric: str = Field(
-        description="suite.metric (e.g. serving.itl_median_ms) or a bare metric name"
+        description="suite.metric (e.g. serving.itl_median_ms) or a bare metric name; a load "
+        "sweep's point or curve metric by its name (serving.output_throughput_tok_s@c16, "
+        "serving.goodput_at_slo_req_s)"
     )
     direction: Literal["higher", "lower"] | None = Field(
         None, description="which way is better; default: compare.json / the suite's metrics"
@@ -124,7 +126,7 @@ class Gate(BaseModel):
     @field_validator("metric")
     @classmethod
     def _metric(cls, v: str) -> str:
-        if not re.fullmatch(r"([A-Za-z0-9_-]+\.)?[A-Za-z0-9_.%/-]+", v.strip()):
+        if not re.fullmatch(r"([A-Za-z0-9_-]+\.)?[A-Za-z0-9_.%/@-]+", v.strip()):
             raise ValueError(
                 "write suite.metric (e.g. serving.output_throughput_tok_s) or a metric name"
             )
@@ -132,11 +134,16 @@ class Gate(BaseModel):
 
     @property
     def suite(self) -> str | None:
-        return self.metric.split(".", 1)[0] if "." in self.metric else None
+        return self.metric.split(".", 1)[0] if self._has_suite else None
 
     @property
     def metric_name(self) -> str:
-        return self.metric.split(".", 1)[1] if "." in self.metric else self.metric
+        return self.metric.split(".", 1)[1] if self._has_suite else self.metric
+
+    @property
+    def _has_suite(self) -> bool:
+        """A "." before any point ("@r2.5" is a point's key, not a suite)."""
+        return "." in self.metric.split("@", 1)[0]
 
     @property
     def step_pct(self) -> float:
@@ -428,11 +435,13 @@ def shown_not_worse(test: TestStat, threshold_pct: float, pass_alpha: float) -> 
 
 @lru_cache(maxsize=256)
 def _suite_metric_info(suite: str, metric: str) -> Any:
-    """The suite's MetricInfo for a metric, or None when the suite or the metric is unknown."""
+    """The suite's MetricInfo for a metric, or None when the suite or the metric is unknown; a
+    per-point metric (``<metric>@<point>``, a load sweep's) has its single-point metric's."""
     try:
         from patchbench.suite import get_suite
 
-        return get_suite(suite).metrics.get(metric)
+        known = get_suite(suite).metrics
+        return known.get(metric) or known.get(metric.split("@", 1)[0])
     except Exception:  # noqa: BLE001 (a suite that does not import must not stop the gates)
         return None
 

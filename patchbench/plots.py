@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import textwrap
 from pathlib import Path
 
@@ -232,10 +233,109 @@ def _legend_handles(rows: list[Row]) -> list:
     return handles
 
 
+#: the separator of a per-point metric's name (``output_throughput_tok_s@c16``, docs/CONTRACTS.md)
+POINT_SEP = "@"
+
+
+def _curve_panel(ax, cmp: Comparison, suite: str, base: str, points: list[str]) -> None:
+    """A load sweep's primary ``base`` in one panel: each variant's change (dot) with its
+    interval (bar) at each point (x, lowest load first), coloured by verdict."""
+    nv = max(1, len(cmp.variants))
+    unit, margin, label = "%", None, base
+    for j, v in enumerate(cmp.variants):
+        for i, k in enumerate(points):
+            r = cmp.row(suite, f"{base}{POINT_SEP}{k}", v)
+            if r is None:
+                continue
+            unit, margin, label = r.change_unit, r.margin, (r.label or base)
+            x = i + (j - (nv - 1) / 2) * 0.6 / nv
+            c = COLOURS.get(r.verdict, "tab:gray")
+            if r.low is not None and r.high is not None:
+                ax.plot([x, x], [r.low, r.high], color=c, lw=3, solid_capstyle="butt")
+            if r.change is not None:
+                ax.plot([x], [r.change], "osD^v"[j % 5], color=c, ms=4)
+    if margin is not None and unit in ("%", "pt"):
+        ax.axhspan(-margin, margin, color="tab:blue", alpha=0.08)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xticks(range(len(points)), points)
+    # a per-point label names its point ("... at concurrency 16 (tok/s):"); the panel has them all
+    label = re.sub(r" at [a-z ]+ [0-9.]+(?= \(|:|$)", "", label)
+    ax.set_title(textwrap.fill(f"{label.rstrip(': ')} per load", 30), fontsize=9)
+    ax.set_ylabel(f"change ({unit})", fontsize=8)
+    ax.tick_params(labelsize=8)
+
+
+def _panels(cmp: Comparison) -> list[tuple[str, str, list[str] | None]]:
+    """(suite, metric, None) per primary, and (suite, base metric, [point keys]) once for the
+    per-point primaries of a load sweep (``<base>@<point>``, in the rows' order)."""
+    out: list[tuple[str, str, list[str] | None]] = []
+    curves: dict[tuple[str, str], list[str]] = {}
+    for r in cmp.rows_for(primary=True):
+        if POINT_SEP in r.metric:
+            base, k = r.metric.split(POINT_SEP, 1)
+            if (r.suite, base) not in curves:
+                curves[(r.suite, base)] = []
+                out.append((r.suite, base, curves[(r.suite, base)]))
+            if k not in curves[(r.suite, base)]:
+                curves[(r.suite, base)].append(k)
+        elif (r.suite, r.metric, None) not in out:
+            out.append((r.suite, r.metric, None))
+    return out
+
+
+def _pr_figure_with_curves(cmp: Comparison, panels) -> Figure:
+    """The PR figure of a run with a load sweep: the curve panels, then the other primaries."""
+    ncols = min(len(panels), 2)
+    nrows = math.ceil(len(panels) / ncols)
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(WIDTH_IN, 2.9 * nrows + 0.8), dpi=DPI, squeeze=False
+    )
+    flat = [a for row in axes for a in row]
+    order = sorted(panels, key=lambda p: p[2] is None)
+    for ax, (suite, metric, pts) in zip(flat, order, strict=False):
+        if pts is not None:
+            _curve_panel(ax, cmp, suite, metric, pts)
+            continue
+        names = list(cmp.variants)
+        rows = [(y, cmp.row(suite, metric, v)) for y, v in enumerate(names)]
+        rows = [(y, r) for y, r in rows if r is not None]
+        if not rows:
+            ax.axis("off")
+            continue
+        r0 = rows[0][1]
+        (_draw_counts if r0.kind == "deterministic" else _draw_changes)(ax, rows, r0)
+        ax.set_ylim(len(names) - 0.5, -0.5)
+        ax.set_yticks(range(len(names)), names)
+        ax.set_title(panel_title(r0), fontsize=9, pad=12)
+        ax.tick_params(labelsize=8)
+        ax.grid(axis="x", alpha=0.3)
+    for ax in flat[len(order) :]:
+        ax.axis("off")
+    handles = [plt.Line2D([], [], color=c, lw=3, label=v) for v, c in COLOURS.items()]
+    handles += [
+        plt.Line2D([], [], ls="", marker="osD^v"[j % 5], color="black", label=v)
+        for j, v in enumerate(cmp.variants)
+    ]
+    fig.legend(
+        handles=handles, loc="lower center", ncol=min(len(handles), 6), fontsize=8, frameon=False
+    )
+    fig.suptitle(
+        f"Primary metrics vs {cmp.baseline}: change and interval at the level its verdict used; "
+        "a load sweep's per point",
+        fontsize=10,
+    )
+    fig.tight_layout(rect=(0, 0.07, 1, 0.95))
+    return fig
+
+
 def plot_pr_figure(cmp: Comparison) -> Figure | None:
     """One panel per primary metric (:func:`_draw_changes` or, deterministic, :func:`_draw_counts`),
     the variants on the y axis in the comparison's order; None when the run has no primary
-    metric or no primary has a value to draw."""
+    metric or no primary has a value to draw. A load sweep's per-point primaries of one metric
+    share a panel, change against load (:func:`_pr_figure_with_curves`)."""
+    panels = _panels(cmp)
+    if any(pts is not None for _s, _m, pts in panels):
+        return _pr_figure_with_curves(cmp, panels)
     metrics: list[tuple[str, str]] = []
     for r in cmp.rows_for(primary=True):
         drawable = r.change is not None or r.variant_value is not None

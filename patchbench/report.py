@@ -856,6 +856,13 @@ def _methods(cmp: Comparison) -> list[str]:
             "- Schedule: unbalanced (order: sequential, the same order every round): "
             + _esc(cmp.unbalanced_reason or "no reason recorded")
         )
+    if any("@" in r.metric for r in cmp.rows):
+        lines.append(
+            "- Load sweep: a metric named `<metric>@<point>` is that metric at one load (`c16`: "
+            "concurrency 16, `r2.5`: 2.5 req/s), paired across repeats at that load; the "
+            "curve's primaries (named by the suite) are in the report's one Holm family; a "
+            "point whose client did not deliver the load is not judged (docs/serving.md)."
+        )
     lines += [f"- {name}: {src}" for name, src in cmp.methods.items()]
     return lines + [""]
 

@@ -9,7 +9,9 @@ importable modules, each calling :func:`register` on import).
 
 Required: ``name``, ``Params`` (pydantic, ``extra="forbid"``), ``metrics`` ``{name: MetricInfo}``
 (every name carries its unit: ``_ms``, ``_s``, ``_tok_s``, ``_req_s``, ``_acc``, ``_count``,
-``_share``, ``_us``), ``run(ctx, params) -> SuiteResult``.
+``_share``, ``_us``), ``run(ctx, params) -> SuiteResult``; ``declarations(params)`` when the
+parameters change which metrics exist (default: ``metrics``); ``plan_lines(params,
+cells_per_round)`` for the dry run.
 Class flags: ``needs_server`` (False: runs against the variant's sglang package, no server);
 ``timed`` (False: the suite perturbs timing, e.g. a profiler, and runs only in the untimed
 correctness cells, never in cells whose timings feed a verdict).
@@ -227,6 +229,18 @@ class Suite:
         """Run against ``ctx.server`` (or the variant's package), write records into
         ``ctx.out_dir``, return the summary; raise :class:`SuiteError` for an understood failure."""
         raise NotImplementedError
+
+    def declarations(self, params: Any) -> dict[str, MetricInfo]:
+        """The metric declarations of a run with ``params`` (the config's section, validated;
+        a raw dict when it does not validate): :attr:`metrics` unless the parameters add
+        metrics (e.g. the serving suite's per-point metrics of a load sweep)."""
+        return dict(self.metrics)
+
+    def plan_lines(self, params: BaseModel, cells_per_round: int = 1) -> list[str]:
+        """Lines ``bench --dry-run`` prints under the suite's parameters (e.g. a load sweep's
+        points and its estimated GPU time; ``cells_per_round``: the timed cells of a round, one
+        per variant); [] by default."""
+        return []
 
     def instrumentation(self, ctx: SuiteContext, params: BaseModel) -> Instrumentation | None:
         """In-server instrumentation for this suite's correctness cell (None: none)."""

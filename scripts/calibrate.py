@@ -28,6 +28,11 @@ Usage::
     .venv/bin/python scripts/calibrate.py --design-only --design-repeats 8 --small-effect 0.05 \\
         --sequential 4:12:2:pocock:0:aa 4:12:2:pocock 4:8:2:pocock   # the design table only
     .venv/bin/python scripts/calibrate.py --design-only --mmmu-rounds first   # MMMU in round 1
+    .venv/bin/python scripts/calibrate.py --sweep 4 --repeats 8 --cvs 0.03   # a load sweep's family
+
+``--sweep POINTS`` runs only the load-sweep model (:mod:`patchbench.calibration.sweep`): a
+single point and a POINTS-point sweep, each at every ``--cvs`` and ``--repeats``: false calls
+with no effect, and +10 % output throughput at one point called improved.
 
 Exit status 0 when the targets hold at ``--target-cv`` with the config's schedule (fixed or
 sequential), 1 otherwise.
@@ -183,6 +188,20 @@ def _model_options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--questions", type=int, default=Model.questions)
 
 
+def _sweep(a: argparse.Namespace) -> int:
+    """``--sweep``: the single point and the sweep at each CV and repeat count; prints a table."""
+    from patchbench.calibration.sweep import sweep_row, sweep_table
+
+    rows = [
+        sweep_row(points, n, cv, 0.10, a.trials, seed=1000 * points + n)
+        for cv in a.cvs
+        for n in a.repeats or [8]
+        for points in (1, a.sweep)
+    ]
+    print("\n".join(sweep_table(rows, 0.10)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line (see the module docstring); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -191,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     for add in (_row_options, _design_options, _model_options):
         add(ap)
+    ap.add_argument(
+        "--sweep", type=int, metavar="POINTS", help="only the load-sweep model (POINTS points)"
+    )
     a = ap.parse_args(argv)
     if a.mmmu_only:
         from patchbench.calibration.mmmu import MmmuModel, mmmu_table
@@ -198,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         m = MmmuModel(flip=a.mmmu_flip, cell_sd=a.mmmu_cell_sd)
         print("\n".join(mmmu_table(m, trials=a.trials)))
         return 0
+    if a.sweep:
+        return _sweep(a)
     cal = load(a)
     if cal.mmmu_first and cal.a.via_folders:
         ap.error("--via-folders simulates MMMU in every round; add --mmmu-rounds all")

@@ -43,7 +43,7 @@ def sequential_primaries(cfg: Config) -> list[tuple[str, str, Any, float]]:
         obj = get_suite(s)
         if not obj.timed or cfg.rounds_of(s) != every:
             continue
-        for m, info in obj.metrics.items():
+        for m, info in obj.declarations(cfg.suite_params[s]).items():
             if info.primary and info.kind == "run" and info.better in ("higher", "lower"):
                 out.append((s, m, info, float(cfg.compare.margin_for(s, m, info.margin) or 0.0)))
     return out

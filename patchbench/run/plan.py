@@ -12,6 +12,7 @@ from patchbench.run.looks import sequential_primaries
 from patchbench.run.preflight import resume_manifest
 from patchbench.schedule import Cell, plan_cells
 from patchbench.shims import SITE_DIR
+from patchbench.suite import get_suite
 from patchbench.variants import _pythonpath, stand_in_dirs
 
 
@@ -156,6 +157,7 @@ def _suite_lines(cfg: Config, cells: list[Cell]) -> list[str]:
         r = cfg.suite_rounds.get(sname, "all")
         when = "" if r == "all" else f"  [rounds: {r}]"
         lines.append(f"  {sname}: {params.model_dump(mode='json')}{when}")
+        lines += [f"    {x}" for x in get_suite(sname).plan_lines(params, len(cfg.variants))]
     lines.append("suites per round:")
     corr = [c for c in cells if c.kind == "correctness"]
     if corr:

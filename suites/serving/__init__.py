@@ -40,6 +40,7 @@ from .validity import images_check, output_length_checks, request_checks
 __all__ = [
     "Params",
     "run",
+    "run_point",
     "METRICS",
     "PRIMARY",
     "ServingSuite",
@@ -258,6 +259,16 @@ def _image_probe(
 
 
 def run(ctx: SuiteContext, params: Params) -> SuiteResult:
+    """Run bench_serving against ``ctx.server`` and return the summary: once (:func:`run_point`),
+    or once per point of ``params.sweep`` (:func:`patchbench.suites.serving.points.run_sweep`)."""
+    if params.sweep is not None:
+        from .points import run_sweep
+
+        return run_sweep(ctx, params, run_point, METRICS)
+    return run_point(ctx, params)
+
+
+def run_point(ctx: SuiteContext, params: Params) -> SuiteResult:
     """Run bench_serving once against ``ctx.server`` and return the summary (see module docstring).
 
     Raises SuiteError when the release lacks the dataset/flag/backend, the server dies,
@@ -571,7 +582,29 @@ class ServingSuite(Suite):
         (one paired repeat only)}``. Raises PairingRefused when no repeat's prompts pair."""
         from .pairing import pair_cells
 
+        if isinstance(params, Params) and params.sweep is not None:
+            from .points import pair_points
+
+            return pair_points(list(baseline_dirs), list(variant_dirs), params, list(METRICS))
         return pair_cells(list(baseline_dirs), list(variant_dirs), list(METRICS))
+
+    def plan_lines(self, params: Any, cells_per_round: int = 1) -> list[str]:
+        """A sweep's points, prompts and estimated H200 minutes per cell
+        (:func:`.sweep.cost_lines`); [] without a sweep."""
+        if not isinstance(params, Params) or params.sweep is None:
+            return []
+        from .sweep import cost_lines
+
+        return cost_lines(params.sweep, params.num_prompts, params.output_len, cells_per_round)
+
+    def declarations(self, params: Any) -> dict[str, MetricInfo]:
+        """:data:`METRICS`, or with a sweep the per-point and curve metrics
+        (:func:`.points.declarations`)."""
+        if not isinstance(params, Params) or params.sweep is None:
+            return dict(METRICS)
+        from .points import declarations
+
+        return declarations(params, METRICS)
 
     def report_section(self, comparison: Any) -> list[str]:
         from .render import report_section

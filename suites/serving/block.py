@@ -99,6 +99,13 @@ def report_block(summary_dir: Path) -> str:
     for k, v in metrics.items():
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise ValueError(f"{path}: metrics.{k} = {v!r} is not a number")
+    sweep = meta.get("sweep")
+    if isinstance(sweep, dict) and sweep.get("points"):
+        # a load sweep: one block per point, lowest load first, from each point's own summary
+        keys = sorted(sweep["points"], key=lambda k: float(sweep["points"][k].get("load", 0)))
+        return "\n\n".join(
+            f"[point {k}]\n" + report_block(Path(summary_dir) / "points" / k) for k in keys
+        )
     return render_block(metrics, meta)
 
 

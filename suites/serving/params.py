@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .sweep import Sweep
+
 #: dataset names a config may use (the user's vocabulary). "image" and "random-image" are the same
 #: synthetic image dataset, spelt "random-image" by sglang 0.5.1.post3 and "image" by 0.5.23; we pass
 #: whichever the pinned release knows (see :mod:`patchbench.suites.serving.command`).
@@ -63,6 +65,10 @@ class Params(BaseModel):
       must reach this ratio (None: not checked; useful for mmmu, where images dominate the prompt).
     - recompute_rel_tol / recompute_abs_tol_ms: tolerance for our recomputation of the summary from
       the per-request details (see :mod:`patchbench.suites.serving.recompute`).
+    - sweep: a load sweep (:class:`patchbench.suites.serving.sweep.Sweep`): bench_serving once per
+      point against the cell's server, per-point metrics named ``<metric>@<point>`` and the curve
+      metrics (goodput at the SLO, highest load meeting it); None: one point, these parameters.
+    - gpus: GPUs serving the model (tensor x data parallel), for the throughput-per-GPU frontier.
 
     Offline use: ``mmmu`` loads ``MMMU/MMMU`` with ``datasets.load_dataset`` and the tokenizer (and,
     in 0.5.23, the processor) with ``from_pretrained``. On a machine without the hub, fill the HF
@@ -98,3 +104,5 @@ class Params(BaseModel):
     images_min_prompt_token_ratio: float | None = Field(None, gt=1.0)
     recompute_rel_tol: float = Field(0.05, ge=0.0)
     recompute_abs_tol_ms: float = Field(5.0, ge=0.0)
+    sweep: Sweep | None = None
+    gpus: int = Field(1, ge=1)

@@ -51,10 +51,13 @@ def report_section(comparison: Any) -> list[str]:
     """Markdown "Output identity (serving)": per variant the identical-output share over the
     paired requests with its 95% Wilson interval, where the first difference starts, the
     reference and a flag; refusals and notes instead of numbers where pairing did not happen."""
+    from .curve_render import curve_section
+
+    curve = curve_section(comparison)
     pairs = suite_pairs(comparison, SUITE)
     refusals = suite_refusals(comparison, SUITE)
     if not pairs and not refusals:
-        return []
+        return curve
     flags = identity_flags(comparison)
     lines = [
         "## Output identity (serving)",
@@ -97,7 +100,7 @@ def report_section(comparison: Any) -> list[str]:
     lines.append("")
     if notes:
         lines += [f"- {n}" for n in notes] + [""]
-    return lines
+    return curve + lines
 
 
 def plot_ecdf(comparison: Any, field: str, out: Path) -> Path | None:
@@ -146,8 +149,11 @@ def plot_ecdf(comparison: Any, field: str, out: Path) -> Path | None:
 
 
 def plots(comparison: Any, out_dir: Path) -> list[Path]:
-    """``ecdf_ttft.png`` and ``ecdf_itl.png`` in ``out_dir`` (those that have data)."""
-    out = []
+    """``ecdf_ttft.png`` and ``ecdf_itl.png`` in ``out_dir`` (those that have data; of the
+    lowest load of a sweep), and a sweep's curve figures (:mod:`.curve_render`)."""
+    from .curve_render import curve_plots
+
+    out = curve_plots(comparison, Path(out_dir))
     for field, name in (("ttft_ms", "ecdf_ttft.png"), ("itl_ms", "ecdf_itl.png")):
         p = plot_ecdf(comparison, field, Path(out_dir) / name)
         if p is not None:

@@ -1,0 +1,382 @@
+"""The load curve of a sweep in the report: a section (one row per point, the curve sentence)
+and three figures, rendered only from the comparison's per-point rows (``<metric>@<point>``,
+:mod:`.sweep`) and curve rows.
+
+Figures (``RUN/plots/``): ``curve_latency.png`` (per variant, output throughput against median
+and p99 ITL, a point per load, the repeats' range of throughput as a band), ``curve_change.png``
+(the paired change of output throughput and median ITL at each load with its interval, coloured
+by verdict), ``curve_frontier.png`` (output tok/s per GPU against tok/s per user per variant,
+the Pareto frontier drawn through the points on it).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from patchbench.suite import comparison_get
+
+from .curve import frontier
+from .sweep import POINT_SEP, base_metric, point_of
+
+SUITE = "serving"
+#: the curve's per-point primaries, in the sentence's order
+CURVE_METRICS = ("output_throughput_tok_s", "itl_median_ms")
+_SHORT = {"output_throughput_tok_s": "output throughput", "itl_median_ms": "median ITL"}
+_AXIS_WORD = {"c": "concurrency", "r": "request rate"}
+_COLOURS = {
+    "improved": "tab:green",
+    "regressed": "tab:red",
+    "equivalent": "tab:blue",
+    "inconclusive": "tab:gray",
+    "incomplete": "lightgray",
+}
+
+
+def _rows(comparison: Any) -> list[dict[str, Any]]:
+    """The serving rows as dicts (a typed comparison or its JSON form)."""
+    rows = comparison_get(comparison, "rows", []) or []
+    out = [r.model_dump() if hasattr(r, "model_dump") else dict(r) for r in rows]
+    return [r for r in out if r.get("suite") == SUITE]
+
+
+def _load(key: str) -> float:
+    """The load of a point key (``c16`` -> 16.0, ``r2.5`` -> 2.5)."""
+    return float(key[1:])
+
+
+def point_keys(comparison: Any) -> list[str]:
+    """The sweep's point keys in the comparison, lowest load first ([] without a sweep)."""
+    keys = {point_of(r["metric"]) for r in _rows(comparison) if POINT_SEP in r["metric"]}
+    return sorted((k for k in keys if k and re.fullmatch(r"[cr][0-9.]+", k)), key=_load)
+
+
+def _ranges(keys: list[str]) -> str:
+    """``1-16`` for consecutive keys of a sweep (their loads), ``1, 16`` otherwise."""
+    return (
+        "-".join(f"{_load(k):g}" for k in (keys[0], keys[-1]))
+        if len(keys) > 1
+        else f"{_load(keys[0]):g}"
+    )
+
+
+def curve_sentence(comparison: Any, variant: str) -> str | None:
+    """Where the change helps and where not, per curve metric: "output throughput improved at
+    concurrency 1-4, equivalent at 16-64"; runs of consecutive points with the same verdict are
+    merged. None without a sweep."""
+    keys = point_keys(comparison)
+    if not keys:
+        return None
+    rows = {r["metric"]: r for r in _rows(comparison) if r["variant"] == variant}
+    word = _AXIS_WORD[keys[0][0]]
+    parts = []
+    for m in CURVE_METRICS:
+        runs: list[tuple[str, list[str]]] = []
+        for k in keys:
+            r = rows.get(f"{m}{POINT_SEP}{k}")
+            v = r["verdict"] if r else "not delivered"
+            if runs and runs[-1][0] == v:
+                runs[-1][1].append(k)
+            else:
+                runs.append((v, [k]))
+        said = [
+            f"{v} at {word + ' ' if i == 0 else ''}{_ranges(ks)}" for i, (v, ks) in enumerate(runs)
+        ]
+        parts.append(f"{_SHORT[m]} " + ", ".join(said))
+    return f"{variant}: " + "; ".join(parts)
+
+
+def _fmt(x: float | None, nd: int = 3) -> str:
+    return "n/a" if x is None else f"{x:.{nd}g}"
+
+
+def _change(r: dict[str, Any] | None) -> str:
+    if r is None:
+        return "not delivered"
+    ch, lo, hi = r.get("change"), r.get("low"), r.get("high")
+    iv = f" [{lo:+.1f}, {hi:+.1f}]" if lo is not None and hi is not None else ""
+    return f"{'n/a' if ch is None else f'{ch:+.1f}%'}{iv} {r['verdict']}"
+
+
+def curve_section(comparison: Any) -> list[str]:
+    """Markdown "Load curve (serving)": the curve sentence per variant, the curve metrics with
+    their intervals, then one table row per (variant, point); [] without a sweep."""
+    keys = point_keys(comparison)
+    if not keys:
+        return []
+    rows = _rows(comparison)
+    variants = list(comparison_get(comparison, "variants", []) or [])
+    word = _AXIS_WORD[keys[0][0]]
+    lines = ["## Load curve (serving)", ""]
+    lines += [f"- {s}" for v in variants if (s := curve_sentence(comparison, v))] + [""]
+    curve = [r for r in rows if r["primary"] and POINT_SEP not in r["metric"]]
+    if curve:
+        lines += [
+            "| variant | curve metric | baseline | variant | change [interval] verdict |",
+            "|---|---|---|---|---|",
+        ]
+        for r in curve:
+            bb = " (lower bound)" if r.get("baseline_bound") == "lower" else ""
+            vb = " (lower bound)" if r.get("variant_bound") == "lower" else ""
+            lines.append(
+                f"| {r['variant']} | `{r['metric']}` | {_fmt(r['baseline_value'])}{bb} | "
+                f"{_fmt(r['variant_value'])}{vb} | {_change(r)} |"
+            )
+        lines.append("")
+    by = {(r["variant"], r["metric"]): r for r in rows}
+    head = (
+        f"| variant | {word} | output tok/s (base -> var) | change | "
+        "median ITL ms (base -> var) | change | goodput req/s (base -> var) |"
+    )
+    lines += [head, "|---|---|---|---|---|---|---|"]
+    for v in variants:
+        for k in keys:
+            t = by.get((v, f"output_throughput_tok_s{POINT_SEP}{k}"))
+            i = by.get((v, f"itl_median_ms{POINT_SEP}{k}"))
+            g = by.get((v, f"goodput_req_s{POINT_SEP}{k}"))
+
+            def vals(r):
+                return (
+                    "n/a"
+                    if r is None
+                    else f"{_fmt(r['baseline_value'])} -> {_fmt(r['variant_value'])}"
+                )
+
+            lines.append(
+                f"| {v} | {_load(k):g} | {vals(t)} | {_change(t)} | {vals(i)} | {_change(i)} | {vals(g)} |"
+            )
+    lines += [
+        "",
+        "- Sweep: every point ran against the cell's one server, in an order shuffled per cell "
+        "(seed in the summary's `meta.sweep.order_seed`), the cache flushed between points, the "
+        "same prompts per point for every variant. Primaries (one Holm family with the report's "
+        "other primaries): goodput at the SLO (best point), the highest load meeting the SLO "
+        "(interpolated between points; a lower bound when every point meets it), output "
+        "throughput and median ITL at each point; every other per-point metric is secondary. "
+        "A point whose client did not deliver the load asked is marked not delivered and never "
+        "judged.",
+        "",
+    ]
+    return lines
+
+
+# --- figures ----------------------------------------------------------------------------------
+
+
+def _series(rows: list[dict[str, Any]], metric: str, keys: list[str], arm: str, variant: str):
+    """Per point: the arm's repeats of ``metric@key`` in the row of ``variant`` (None where the
+    point has no row)."""
+    by = {r["metric"]: r for r in rows if r["variant"] == variant}
+    out = []
+    for k in keys:
+        r = by.get(f"{metric}{POINT_SEP}{k}")
+        out.append(None if r is None else [x for x in r[f"{arm}_repeats"] if x is not None] or None)
+    return out
+
+
+def _arms(comparison: Any) -> list[tuple[str, str, str]]:
+    """(label, arm, variant row it comes from) for the baseline and every variant."""
+    variants = list(comparison_get(comparison, "variants", []) or [])
+    if not variants:
+        return []
+    base = comparison_get(comparison, "baseline", "baseline")
+    return [(base, "baseline", variants[0])] + [(v, "variant", v) for v in variants]
+
+
+def _median(xs):
+    import numpy as np
+
+    return float(np.median(xs))
+
+
+def plot_latency(comparison: Any, out: Path) -> Path | None:
+    """``curve_latency.png``: per variant, output throughput (y) against median ITL (x, solid)
+    and p99 ITL (x, dashed) at each load (medians over repeats, the load written at each point),
+    the repeats' range of throughput as a band around the median line. None without a sweep."""
+    from patchbench.suites import new_figure, save_png
+
+    keys = point_keys(comparison)
+    rows = _rows(comparison)
+    if not keys:
+        return None
+    fig, (ax,) = new_figure(5.2)
+    for j, (label, arm, src) in enumerate(_arms(comparison)):
+        thr = _series(rows, "output_throughput_tok_s", keys, arm, src)
+        for stat, ls in (("itl_median_ms", "-"), ("itl_p99_ms", "--")):
+            lat = _series(rows, stat, keys, arm, src)
+            pts = [
+                (_median(x), _median(y), min(y), max(y), k)
+                for x, y, k in zip(lat, thr, keys, strict=True)
+                if x and y
+            ]
+            if not pts:
+                continue
+            pts.sort()
+            xs = [p[0] for p in pts]
+            ax.plot(
+                xs,
+                [p[1] for p in pts],
+                ls,
+                marker="o",
+                color=f"C{j}",
+                label=f"{label} ({'median' if ls == '-' else 'p99'} ITL)",
+            )
+            ax.fill_between(
+                xs, [p[2] for p in pts], [p[3] for p in pts], color=f"C{j}", alpha=0.15, lw=0
+            )
+            if ls == "-":
+                for x, y, *_r, k in pts:
+                    ax.annotate(
+                        k,
+                        (x, y),
+                        textcoords="offset points",
+                        xytext=(5, 4 - 12 * j),
+                        fontsize=7,
+                        color=f"C{j}",
+                    )
+    ax.set_xscale("log")
+    ax.set_xlabel("ITL (ms, log scale): median solid, p99 dashed")
+    ax.set_ylabel("output throughput (tok/s)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title("Throughput against latency per load (band: range over repeats)", fontsize=9)
+    fig.suptitle(
+        f"Load curve per variant   [{comparison_get(comparison, 'run_id', '')}]", fontsize=10
+    )
+    fig.tight_layout()
+    return save_png(fig, out)
+
+
+def plot_change(comparison: Any, out: Path) -> Path | None:
+    """``curve_change.png``: for output throughput and median ITL, each variant's paired change
+    (%) at each load with its interval (the level its verdict used), coloured by verdict; the
+    margin shaded, zero as a line. None without a sweep."""
+    import matplotlib.pyplot as plt
+
+    from patchbench.suites import save_png
+
+    keys = point_keys(comparison)
+    if not keys:
+        return None
+    rows = _rows(comparison)
+    variants = list(comparison_get(comparison, "variants", []) or [])
+    fig, axes = plt.subplots(1, 2, figsize=(9.0, 3.8), dpi=100, squeeze=False)
+    width = 0.6 / max(1, len(variants))
+    for ax, m in zip(axes[0], CURVE_METRICS, strict=True):
+        by = {(r["variant"], r["metric"]): r for r in rows}
+        margin = None
+        for j, v in enumerate(variants):
+            for i, k in enumerate(keys):
+                r = by.get((v, f"{m}{POINT_SEP}{k}"))
+                x = i + (j - (len(variants) - 1) / 2) * width
+                if r is None:
+                    ax.plot([x], [0], "x", color="black")
+                    continue
+                c = _COLOURS.get(r["verdict"], "tab:gray")
+                margin = r.get("margin") if margin is None else margin
+                if r.get("low") is not None and r.get("high") is not None:
+                    ax.plot([x, x], [r["low"], r["high"]], color=c, lw=3, solid_capstyle="butt")
+                if r.get("change") is not None:
+                    ax.plot([x], [r["change"]], ["o", "s", "^", "D"][j % 4], color=c, ms=5)
+        if margin is not None:
+            ax.axhspan(-margin, margin, color="tab:blue", alpha=0.08)
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_xticks(range(len(keys)), [f"{_load(k):g}" for k in keys])
+        ax.set_xlabel(_AXIS_WORD[keys[0][0]])
+        ax.set_ylabel("change vs baseline (%)")
+        better = "higher" if m == "output_throughput_tok_s" else "lower"
+        ax.set_title(f"{_SHORT[m]} ({better} is better)", fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    handles = [plt.Line2D([], [], color=c, lw=3, label=v) for v, c in _COLOURS.items()]
+    handles += [
+        plt.Line2D([], [], ls="", marker=["o", "s", "^", "D"][j % 4], color="black", label=v)
+        for j, v in enumerate(variants)
+    ]
+    handles.append(plt.Line2D([], [], ls="", marker="x", color="black", label="not delivered"))
+    fig.legend(
+        handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=7, frameon=False
+    )
+    fig.suptitle(
+        f"Paired change per load, Holm-adjusted intervals   [{comparison_get(comparison, 'run_id', '')}]",
+        fontsize=10,
+    )
+    fig.tight_layout(rect=(0, 0.12, 1, 0.94))
+    return save_png(fig, out)
+
+
+def plot_frontier(comparison: Any, out: Path) -> Path | None:
+    """``curve_frontier.png``: per variant, output tok/s per GPU (y) against tok/s per user (x),
+    medians over repeats at each load, the Pareto frontier as a line through its points. None
+    without a sweep or without the per-point frontier metrics."""
+    from patchbench.suites import new_figure, save_png
+
+    keys = point_keys(comparison)
+    rows = _rows(comparison)
+    if not keys:
+        return None
+    fig, (ax,) = new_figure(5.0)
+    drawn = 0
+    for j, (label, arm, src) in enumerate(_arms(comparison)):
+        gpu = _series(rows, "output_per_gpu_tok_s", keys, arm, src)
+        user = _series(rows, "output_per_user_tok_s", keys, arm, src)
+        pts = [
+            (_median(g), _median(u), k) for g, u, k in zip(gpu, user, keys, strict=True) if g and u
+        ]
+        if not pts:
+            continue
+        drawn += 1
+        idx = frontier([(g, u) for g, u, _ in pts])
+        ax.scatter([p[1] for p in pts], [p[0] for p in pts], color=f"C{j}", s=18, alpha=0.5)
+        ax.plot(
+            [pts[i][1] for i in idx],
+            [pts[i][0] for i in idx],
+            "-o",
+            color=f"C{j}",
+            label=f"{label} (frontier)",
+        )
+        for g, u, k in pts:
+            ax.annotate(
+                k,
+                (u, g),
+                textcoords="offset points",
+                xytext=(5, 4 - 12 * j),
+                fontsize=7,
+                color=f"C{j}",
+            )
+    if not drawn:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+        return None
+    xs = [x for line in ax.get_lines() for x in line.get_xdata()]
+    if xs and min(xs) > 0 and max(xs) / min(xs) > 20:  # a wide range (e.g. the CPU engine's)
+        ax.set_xscale("log")
+    scale = ", log scale" if ax.get_xscale() == "log" else ""
+    ax.set_xlabel(f"tokens/s per user (1000 / median TPOT{scale})")
+    ax.set_ylabel("output tokens/s per GPU")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Throughput per GPU against speed per user (up and right is better)", fontsize=9)
+    fig.suptitle(
+        f"Pareto frontier per variant   [{comparison_get(comparison, 'run_id', '')}]", fontsize=10
+    )
+    fig.tight_layout()
+    return save_png(fig, out)
+
+
+def curve_plots(comparison: Any, out_dir: Path) -> list[Path]:
+    """The three curve figures in ``out_dir`` (those that have data; [] without a sweep)."""
+    out = []
+    for fn, name in (
+        (plot_latency, "curve_latency.png"),
+        (plot_change, "curve_change.png"),
+        (plot_frontier, "curve_frontier.png"),
+    ):
+        p = fn(comparison, Path(out_dir) / name)
+        if p is not None:
+            out.append(p)
+    return out
+
+
+__all__ = ["curve_section", "curve_sentence", "curve_plots", "point_keys", "base_metric"]

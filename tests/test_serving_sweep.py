@@ -1,0 +1,324 @@
+"""Load sweeps of the serving suite: naming, curve metrics by hand, declarations and the family,
+and a synthetic run folder whose change helps only at low load."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from patchbench.analysis import build_comparison
+from patchbench.suite import SuiteResult, get_suite
+from patchbench.suites.serving.curve import (
+    frontier,
+    goodput_req_s,
+    max_load_at_slo,
+    per_user_tok_s,
+    request_tpot_ms,
+    slo_ratio,
+)
+from patchbench.suites.serving.params import Params
+from patchbench.suites.serving.points import curve_primaries, declarations, merge_points
+from patchbench.suites.serving.sweep import (
+    Slo,
+    Sweep,
+    base_metric,
+    metric_at,
+    point_key,
+    point_of,
+    point_order,
+)
+from patchbench.testing import make_run
+
+
+def _recs(rows):
+    """requests.json from (status, ttft_ms, e2e_ms, output_len) rows."""
+    return {
+        "status": [r[0] for r in rows],
+        "ttft_ms": [r[1] for r in rows],
+        "e2e_ms": [r[2] for r in rows],
+        "output_len": [r[3] for r in rows],
+        "generated_text": ["x"] * len(rows),
+    }
+
+
+# --- naming -----------------------------------------------------------------------------------
+
+
+def test_point_names():
+    assert point_key("max_concurrency", 16) == "c16"
+    assert point_key("max_concurrency", 16.0) == "c16"
+    assert point_key("request_rate", 2.5) == "r2.5"
+    n = metric_at("output_throughput_tok_s", "c16")
+    assert n == "output_throughput_tok_s@c16"
+    assert base_metric(n) == "output_throughput_tok_s" and point_of(n) == "c16"
+    assert point_of("itl_median_ms") is None
+
+
+def test_sweep_validation_and_prompts():
+    sw = Sweep(points=[64, 1, 16, 4], prompts_per_load=4)
+    assert sw.keys() == ["c1", "c4", "c16", "c64"]
+    assert [sw.num_prompts(p, 200) for p in sw.sorted_points()] == [32, 32, 64, 256]
+    assert Sweep(points=[1, 2]).num_prompts(2, 200) == 200
+    for bad in ([1, 1], [0, 4], [1.5]):
+        with pytest.raises(ValidationError):
+            Sweep(points=bad)
+    # the order is a permutation, the same for the same seed, different across seeds
+    orders = {tuple(point_order(sw, s)) for s in range(20)}
+    assert all(sorted(o) == [1, 4, 16, 64] for o in orders) and len(orders) > 1
+    assert point_order(sw, 7) == point_order(sw, 7)
+
+
+# --- curve metrics by hand --------------------------------------------------------------------
+
+
+def test_tpot_goodput_by_hand():
+    # TPOT = (e2e - ttft) / (n - 1): 50, 100, 300 ms; the failed request and n=1 have none
+    recs = _recs(
+        [
+            ("ok", 100.0, 550.0, 10),  # tpot 50: meets both
+            ("ok", 2500.0, 3400.0, 10),  # ttft 2500 > 2000: misses
+            ("ok", 200.0, 2900.0, 10),  # tpot 300 > 200: misses
+            ("failed", None, None, 0),
+            ("ok", 150.0, 150.0, 1),  # one token: judged on TTFT alone: meets
+        ]
+    )
+    assert request_tpot_ms(recs) == [50.0, 100.0, 300.0, None, None]
+    assert goodput_req_s(recs, 2.0, Slo()) == pytest.approx(1.0)  # 2 good in 2 s
+    assert goodput_req_s(recs, 2.0, Slo(ttft_ms=3000, tpot_ms=400)) == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        goodput_req_s(recs, 0.0, Slo())
+    # per user: 1000 / median(50, 100, 300) = 10 tok/s
+    assert per_user_tok_s(recs) == pytest.approx(10.0)
+
+
+def test_slo_ratio_by_hand():
+    # p50 of TTFT (100, 200, 300) = 200 -> 200/400 = 0.5; p50 of TPOT (10, 20, 30) = 20 -> 20/10 = 2
+    recs = _recs([("ok", 100.0, 190.0, 10), ("ok", 200.0, 380.0, 10), ("ok", 300.0, 570.0, 10)])
+    assert slo_ratio(recs, Slo(ttft_ms=400, tpot_ms=10, percentile=50)) == pytest.approx(2.0)
+    assert slo_ratio(recs, Slo(ttft_ms=400, tpot_ms=40, percentile=50)) == pytest.approx(0.5)
+    assert slo_ratio(_recs([("failed", None, None, 0)]), Slo()) is None
+
+
+def test_max_load_interpolation_and_answers():
+    # ratio 0.5 at 4, 1.5 at 16: crosses 1 halfway -> 10
+    got = max_load_at_slo([1, 4, 16, 64], [0.2, 0.5, 1.5, 3.0])
+    assert got.answer == "within the sweep" and got.value == pytest.approx(10.0)
+    got = max_load_at_slo([1, 4], [1.2, 0.5])
+    assert got.answer == "not reached" and got.value is None
+    got = max_load_at_slo([4, 1, 16], [0.5, 0.1, 0.9])
+    assert got.answer == "beyond the sweep" and got.value == 16
+    # meeting it again above a failing point does not count; a point with no measurement fails
+    assert max_load_at_slo([1, 4, 16], [0.5, 2.0, 0.5]).value == pytest.approx(1 + 0.5 / 1.5 * 3)
+    assert max_load_at_slo([1, 4], [0.5, None]).value == 1
+    with pytest.raises(ValueError):
+        max_load_at_slo([1], [])
+
+
+def test_frontier_by_hand():
+    # (per GPU, per user): c1 (10, 100), c4 (35, 90), c16 (30, 50) dominated by c4, c64 (80, 20)
+    pts = [(10.0, 100.0), (35.0, 90.0), (30.0, 50.0), (80.0, 20.0)]
+    assert frontier(pts) == [3, 1, 0]
+    assert frontier([(1.0, 1.0), (1.0, 1.0)]) == [0, 1]  # ties dominate neither
+
+
+# --- declarations, family ---------------------------------------------------------------------
+
+
+def test_declarations_and_family():
+    serving = get_suite("serving")
+    single = Params()
+    assert serving.declarations(single) == dict(serving.metrics)
+    p = Params.model_validate({"sweep": {"points": [1, 4, 16, 64]}})
+    d = serving.declarations(p)
+    prim = [n for n, i in d.items() if i.primary]
+    assert prim == curve_primaries(p.sweep)
+    assert prim[:2] == ["goodput_at_slo_req_s", "max_concurrency_at_slo_count"]
+    assert len(prim) == 2 + 2 * 4
+    assert d["ttft_median_ms@c16"].primary is False and d["ttft_median_ms@c16"].kind == "run"
+    assert d["concurrency@c1"].kind == "descriptive"
+    assert d["goodput_req_s@c4"].better == "higher"
+    rate = declarations(
+        Params.model_validate({"sweep": {"axis": "request_rate", "points": [1]}}), {}
+    )
+    assert "max_request_rate_at_slo_req_s" in rate
+
+
+def test_merge_points_marks_undelivered():
+    p = Params.model_validate(
+        {"sweep": {"points": [1, 8], "slo": {"ttft_ms": 1000, "tpot_ms": 100}}}
+    )
+    recs = _recs([("ok", 100.0, 1000.0, 10)] * 4)  # tpot 100: meets
+    ok = {
+        "output_throughput_tok_s": 40.0,
+        "itl_median_ms": 100.0,
+        "concurrency": 1.0,
+        "duration_s": 2.0,
+        "completed_count": 4.0,
+    }
+    r1 = SuiteResult(metrics=dict(ok))
+    r8 = SuiteResult(metrics=dict(ok, concurrency=2.0))  # 2 of 8 asked: not delivered
+    out = merge_points(p, {1: r1, 8: r8}, {1: recs, 8: recs}, get_suite("serving").metrics)
+    assert out.metrics["output_throughput_tok_s@c1"] == 40.0
+    assert out.metrics["goodput_req_s@c1"] == pytest.approx(2.0)
+    assert "output_throughput_tok_s@c8" not in out.metrics  # never judged
+    assert out.metrics["concurrency@c8"] == 2.0  # descriptive kept
+    assert any("c8" in w and "not delivered" in w for w in out.warnings)
+    assert out.meta["sweep"]["points"]["c8"]["delivered"] is False
+    # only c1 delivered and meets the SLO: beyond the sweep, a lower bound
+    assert out.metrics["max_concurrency_at_slo_count"] == 1
+    assert out.bounds["max_concurrency_at_slo_count"] == "lower"
+    assert out.meta["sweep"]["max_load_at_slo"]["answer"] == "beyond the sweep"
+    assert out.metrics["goodput_at_slo_req_s"] == pytest.approx(2.0)
+    # the release's own --goodput (0.5.23) is a cross-check: recorded, a warning when it differs
+    single = get_suite("serving").metrics
+    same = merge_points(p, {1: r1, 8: r8}, {1: recs, 8: recs}, single, {1: 2.0, 8: None})
+    assert same.meta["sweep"]["points"]["c1"]["tool_goodput_req_s"] == 2.0
+    assert not any("--goodput" in w for w in same.warnings)
+    off = merge_points(p, {1: r1, 8: r8}, {1: recs, 8: recs}, single, {1: 0.5})
+    assert any("c1" in w and "--goodput" in w for w in off.warnings)
+
+
+# --- a synthetic run: helps only at low load --------------------------------------------------
+
+
+def test_change_at_low_load_only(tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    n = 8
+    sweep = {"points": [1, 4, 16, 64]}
+    metrics: dict = {}
+    for k, base in zip(["c1", "c4", "c16", "c64"], [30.0, 100.0, 300.0, 600.0], strict=True):
+        gain = 1.15 if k in ("c1", "c4") else 1.0
+        b = base * np.exp(rng.normal(0, 0.02, n))
+        metrics[f"output_throughput_tok_s@{k}"] = {
+            "baseline": list(b),
+            "patched": list(b * gain * np.exp(rng.normal(0, 0.01, n))),
+        }
+    run = make_run(
+        tmp_path, metrics={"serving": metrics}, suites_params={"serving": {"sweep": sweep}}
+    )
+    cmp = build_comparison(run)
+    v = {r.metric: r.verdict for r in cmp.rows}
+    assert v["output_throughput_tok_s@c1"] == "improved"
+    assert v["output_throughput_tok_s@c4"] == "improved"
+    assert v["output_throughput_tok_s@c16"] != "improved"
+    assert v["output_throughput_tok_s@c64"] != "improved"
+    rows = {r.metric: r for r in cmp.rows}
+    assert all(rows[f"output_throughput_tok_s@{k}"].primary for k in ("c1", "c64"))
+    # four primaries in the family: the lowest p value is judged at 1 - 0.05/4
+    confs = sorted(r.confidence for r in cmp.rows if r.primary)
+    assert confs[-1] == pytest.approx(1 - 0.05 / 4)
+
+
+def sweep_run(root, *, gains=None, n=6, seed=5, points=(1, 4, 16, 64)):
+    """A synthetic sweep run folder: per point throughput, median / p99 ITL, goodput, per-GPU and
+    per-user tok/s, the curve metrics; ``gains[key]``: the variant's throughput factor there."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    gains = gains or {}
+    metrics: dict = {}
+    keys = [f"c{p}" for p in points]
+
+    def put(name, base, factor):
+        b = base * np.exp(rng.normal(0, 0.02, n))
+        metrics[name] = {
+            "baseline": list(b),
+            "patched": list(b * factor * np.exp(rng.normal(0, 0.01, n))),
+        }
+
+    for p, k in zip(points, keys, strict=True):
+        g = gains.get(k, 1.0)
+        thr = 30.0 * p / (1 + p / 24)
+        put(f"output_throughput_tok_s@{k}", thr, g)
+        put(f"output_per_gpu_tok_s@{k}", thr, g)
+        put(f"itl_median_ms@{k}", 30.0 * (1 + p / 24), 1 / g)
+        put(f"itl_p99_ms@{k}", 60.0 * (1 + p / 24), 1 / g)
+        put(f"output_per_user_tok_s@{k}", 1000 / (30.0 * (1 + p / 24)), g)
+        put(f"goodput_req_s@{k}", thr / 64, g)
+    put("goodput_at_slo_req_s", 30.0 * 16 / (1 + 16 / 24) / 64, 1.0)
+    put("max_concurrency_at_slo_count", 40.0, 1.0)
+    return make_run(
+        root,
+        metrics={"serving": metrics},
+        suites_params={"serving": {"sweep": {"points": list(points)}}},
+    )
+
+
+def test_sweep_report_and_plots(tmp_path):
+    from patchbench.report import render_run
+
+    run = sweep_run(tmp_path, gains={"c1": 1.15, "c4": 1.15})
+    text = render_run(run).read_text()
+    assert "## Load curve (serving)" in text
+    assert "patched: output throughput improved at concurrency 1-4" in text
+    assert "| patched | 16 |" in text  # one table row per point
+    assert "- Load sweep: a metric named `<metric>@<point>`" in text  # Methods
+    pngs = {p.name for p in (run / "plots").glob("*.png")}
+    assert {"pr_figure.png", "curve_latency.png", "curve_change.png", "curve_frontier.png"} <= pngs
+
+
+def test_point_labels_and_bounds_shown(tmp_path):
+    from patchbench.suites.serving.points import point_label
+
+    assert (
+        point_label("Output token throughput (tok/s):", "max_concurrency", 16)
+        == "Output token throughput at concurrency 16 (tok/s):"
+    )
+    assert point_label("Goodput", "request_rate", 2.5) == "Goodput at request rate 2.5"
+    name = "max_concurrency_at_slo_count"
+    run = make_run(
+        tmp_path,
+        metrics={"serving": {name: {"baseline": [64.0] * 3, "patched": [64.0] * 3}}},
+        bounds={
+            (v, k, "serving"): {name: "lower"} for v in ("baseline", "patched") for k in range(3)
+        },
+        suites_params={"serving": {"sweep": {"points": [1, 64]}}},
+    )
+    row = build_comparison(run).row("serving", name, "patched")
+    assert row.baseline_bound == "lower" and row.variant_bound == "lower"
+    assert any("bound" in n for n in row.notes)
+
+
+def test_sweep_config_dry_run_costs():
+    from patchbench.config import load_config
+    from patchbench.run.plan import describe_plan
+
+    text = describe_plan(load_config("configs/pr9460-sweep-h200.yaml"))
+    assert "c1: 32 prompts" in text and "c64: 256 prompts" in text
+    assert "a repeat of the 2 variants" in text
+    assert "serving.output_throughput_tok_s@c64" in text  # the sequential rule sees the sweep
+
+
+def test_sweep_calibration_rows():
+    from patchbench.calibration.sweep import primaries, sweep_row, sweep_table
+    from patchbench.suites.serving import PRIMARY
+
+    assert sorted(primaries(1)) == sorted(PRIMARY)
+    assert len(primaries(4)) == 10
+    row = sweep_row(4, 8, 0.03, 0.10, 10, seed=7)
+    assert row.improved >= 8 and row.false_calls <= 2
+    assert "| 4 | 10 | 8 | 3% | 10 |" in "\n".join(sweep_table([row], 0.10))
+
+
+def test_gates_name_points_and_curve_metrics():
+    from patchbench.gates import Gate, metric_unit
+
+    g = Gate(metric="serving.output_throughput_tok_s@c16", threshold_pct=5)
+    assert (g.suite, g.metric_name) == ("serving", "output_throughput_tok_s@c16")
+    bare = Gate(metric="ttft_p99_ms@r2.5", threshold_pct=5)
+    assert (bare.suite, bare.metric_name) == (None, "ttft_p99_ms@r2.5")
+    assert Gate(metric="serving.goodput_at_slo_req_s", threshold_pct=5).metric_name == (
+        "goodput_at_slo_req_s"
+    )
+    assert metric_unit("serving", "itl_median_ms@c4") == "ms"
+
+
+def test_history_keeps_per_point_metrics(tmp_path):
+    from patchbench.history import night_from_run
+
+    run = sweep_run(tmp_path, n=3, points=(1, 4))
+    night = night_from_run(run)
+    keys = {m for (_v, s, m) in night.values if s == "serving"}
+    assert {"output_throughput_tok_s@c1", "itl_median_ms@c4", "goodput_at_slo_req_s"} <= keys
