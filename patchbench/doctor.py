@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 from patchbench import envinfo
 from patchbench.config import load_config
-from patchbench.errors import EXIT_ENV, EXIT_OK
+from patchbench.errors import EXIT_ENV, EXIT_OK, PatchbenchError
 from patchbench.inputs import REPO_ROOT, RESULTS_DIR, is_hub_id
 
 #: the environment facts (:func:`patchbench.envinfo.collect`) of the doctor run in progress, so a
@@ -107,6 +107,24 @@ def _stale_server_checks(results_dir: Path | None = None) -> list[Check]:
     ]
 
 
+def _build_checks(cfg: Any) -> list[Check]:
+    """One check per distinct ``sglang:`` of the config's variants (a release, ``latest``, a
+    wheel or a git checkout): resolved to an environment of this machine, as ``bench`` does
+    (:func:`patchbench.builds.resolve_builds`), or the reason it cannot be and its fix."""
+    from patchbench.builds import resolve_builds
+    from patchbench.config.schema import sglang_label
+
+    labels = sorted({sglang_label(cfg.sglang_of(v)) for v in cfg.variants})
+    try:
+        builds = resolve_builds(cfg)
+    except PatchbenchError as e:
+        return [(f"sglang {', '.join(labels)} has an environment here", False, str(e))]
+    seen: dict[str, Check] = {}
+    for b in builds.values():
+        seen.setdefault(b.spec, (b.describe(), True, ""))
+    return list(seen.values())
+
+
 def checks_for(cfg: Any, info: dict) -> list[Check]:
     """(what, ok, how to fix) for each requirement of ``cfg`` (a loaded Config) in this
     environment; ``info`` is :func:`patchbench.envinfo.collect`'s dict (keys used: sglang,
@@ -116,9 +134,7 @@ def checks_for(cfg: Any, info: dict) -> list[Check]:
     token = _INFO.set(info)
     try:
         out: list[Check] = []
-        have = info.get("sglang")
-        fix = "make setup" if cfg.sglang == "0.5.1.post3" else f"make setup SGLANG={cfg.sglang}"
-        out.append((f"sglang {cfg.sglang} installed (have {have})", have == cfg.sglang, fix))
+        out += _build_checks(cfg)
         if cfg.model.tiny:
             from patchbench.tinymodel import is_built
 

@@ -54,3 +54,22 @@ def test_doctor_auto_finds_no_gpu_on_a_machine_without_a_driver(monkeypatch):
     monkeypatch.setattr(gpu, "open_nvml", lambda module=None: None)
     code, text = _doctor(monkeypatch, "auto")
     assert "no NVIDIA GPU" in text
+
+
+def test_doctor_checks_each_variants_build_against_this_machines_environments(tmp_path):
+    """A config's sglang (for the run or a variant) is checked as ``bench`` resolves it: a
+    release with an environment here is OK and named with its venv; a release without one is
+    MISSING with the ``make setup SGLANG=...`` that makes it (docs: README, Environments)."""
+    from patchbench.config import load_config
+    from patchbench.inputs import REPO_ROOT
+
+    text = (REPO_ROOT / "configs/presets/cpu-demo.yaml").read_text()
+    have = envinfo.environments()[0].sglang
+    ok_cfg = tmp_path / "ok.yaml"
+    ok_cfg.write_text(text.replace("sglang: 0.5.1.post3", f'sglang: "{have}"', 1))
+    [(what, ok, _)] = doctor._build_checks(load_config(ok_cfg))
+    assert ok and what.startswith(f"sglang {have} in ")
+    bad_cfg = tmp_path / "bad.yaml"
+    bad_cfg.write_text(text.replace("sglang: 0.5.1.post3", 'sglang: "0.4.0"', 1))
+    [(what, ok, fix)] = doctor._build_checks(load_config(bad_cfg))
+    assert not ok and "0.4.0" in what and "make setup SGLANG=0.4.0" in fix

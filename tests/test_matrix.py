@@ -250,6 +250,10 @@ def test_explicit_units_list(tmp_path):
             r"duplicate key 'name' at lines 1 and 4",
         ),
         (
+            "name: m\nbase: @BASE@\naxes: {sglang: [latest]}\n",
+            r"unit latest.*sglang latest: a matrix unit runs one release for all its variants",
+        ),
+        (
             "name: m\nbase: /nope/missing.yaml\n",
             r"m.yaml:2: /nope/missing.yaml: no such config file",
         ),

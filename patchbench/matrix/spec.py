@@ -44,6 +44,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from patchbench.config import load_config
+from patchbench.config.schema import LATEST, sglang_label
 from patchbench.errors import ConfigError
 from patchbench.inputs import FOLDER_NAME, REPO_ROOT, line_of, read_yaml_mapping
 
@@ -459,6 +460,18 @@ def _merged_unit(
         cfg = load_config(tmp_cfg)
     except ConfigError as e:
         problems.append(_unit_problem(str(e), tmp_cfg, unit_text, uid, plan, base_text))
+        return None
+    specs = {v: cfg.sglang_of(v) for v in cfg.variants}
+    if (
+        any(not isinstance(x, str) or x == LATEST for x in specs.values())
+        or len(set(map(str, specs.values()))) != 1
+    ):
+        shown = ", ".join(sorted({sglang_label(x) for x in specs.values()}))
+        problems.append(
+            f"{plan.config_path}: unit {uid}: sglang {shown}: a matrix unit runs one release "
+            "for all its variants (environments are made per release); name a release such as "
+            '"0.5.23", or run a git checkout, a wheel, latest or mixed builds with `bench`'
+        )
         return None
     return Unit(
         uid,
