@@ -489,6 +489,25 @@ def _process_created() -> float | None:
         return None
 
 
+#: options whose value is itself a command line (``ab --args-b "--disable-overlap-schedule"``)
+DASH_VALUE_OPTIONS = ("--args-a", "--args-b")
+
+
+def glue_dash_values(argv: list[str]) -> list[str]:
+    """``argv`` with each :data:`DASH_VALUE_OPTIONS` option joined to its value
+    (``["--args-b", "--x 1"]`` -> ``["--args-b=--x 1"]``): argparse reads a separate value that
+    starts with ``-`` as another option."""
+    out: list[str] = []
+    it = iter(argv)
+    for tok in it:
+        if tok in DASH_VALUE_OPTIONS:
+            nxt = next(it, None)
+            out.append(tok if nxt is None else f"{tok}={nxt}")
+        else:
+            out.append(tok)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns its exit code (see :func:`exit_code_table`), never raises."""
     # torch.cuda imports the deprecated pynvml shim that sglang's dependencies install
@@ -498,7 +517,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     global _PROCESS_T0
     if argv is None:  # the command line of a process of its own (not a call from a test)
         _PROCESS_T0 = _process_created()
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = glue_dash_values(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

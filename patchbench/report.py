@@ -434,6 +434,11 @@ def _primaries(cmp: Comparison) -> list[str]:
         return ["## Primary metrics", "", "(no suite of this run declares primary metrics)", ""]
     d = cmp.design
     fam = 100 * (1 - d.alpha)
+    outside = (
+        " Deterministic counts are compared exactly, outside the family."
+        if any(r.kind == "deterministic" for r in rows)
+        else ""
+    )
     if d.kind == "sequential":
         intro = (
             f"Decided by the sequential rule ({d.boundary} boundary, looks after "
@@ -450,8 +455,9 @@ def _primaries(cmp: Comparison) -> list[str]:
     lines = [
         "## Primary metrics",
         "",
-        intro + " Baseline and variant are the geometric means of the paired repeats, so their "
-        "ratio is the change (accuracy: the mean over the paired questions; counts: the value).",
+        intro + outside + " Baseline and variant are the geometric means of the paired repeats, "
+        "so their ratio is the change (accuracy: the mean over the paired questions; counts: the "
+        "value).",
         "",
         "| variant | metric | baseline | variant | change | interval | level | verdict | notes |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -160,3 +160,20 @@ def test_ab_runs_a_branch_against_its_merge_base_end_to_end(checkout, tmp_path):
     assert list(man["overlays"]["B"]["files"]) == [SAMPLING]
     assert man["overlays"]["A"]["files"] == {}
     assert "ab: report " in p.stdout and (run / "report.md").is_file()
+
+
+def test_server_arguments_that_start_with_dashes_parse_as_the_readme_spells_them():
+    """``ab --args-b "--disable-overlap-schedule"`` (README, Commands): argparse alone reads the
+    value as an unknown option and exits 2; the value reaches ``args_b`` whole."""
+    from patchbench.cli import build_parser, glue_dash_values
+
+    argv = ["ab", "--args-b", "--disable-overlap-schedule", "--dry-run"]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(argv)
+    a = build_parser().parse_args(glue_dash_values(argv))
+    assert a.args_b == "--disable-overlap-schedule" and a.dry_run
+    assert glue_dash_values(["ab", "--args-a", "--x", "--args-b"]) == [
+        "ab",
+        "--args-a=--x",
+        "--args-b",
+    ]
