@@ -1,4 +1,4 @@
-"""Robust noise estimates and the checks built on them, for the nightly gates (patchbench/gates.py)
+"""Robust noise estimates and the checks built on them, for the nightly gates (patchbench/gates/)
 and the change-point detector (patchbench/changepoints.py).
 
 Every function works on log values (so a standard deviation is a coefficient of variation, for

@@ -19,7 +19,7 @@ are stable across matrix runs); the matrix night's exit code is the worst unit's
 Modules: :mod:`~patchbench.nightly.job` (the pipeline, exit codes, nightly.json),
 :mod:`~patchbench.nightly.render` (nightly.md), :mod:`~patchbench.nightly.cli` (the command).
 The gates themselves (settings, tests, Holm across the night, outcomes) live in
-patchbench/gates.py; the trend plots in patchbench/trend.py; the SQLite history in
+patchbench/gates/; the trend plots in patchbench/trend.py; the SQLite history in
 patchbench/history.py. docs/nightly.md explains the error budget.
 
 Exit codes (patchbench/errors.py), worst first: 4 the run failed (an exception of the runner,
