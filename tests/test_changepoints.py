@@ -1,5 +1,5 @@
 """Learned noise, the robust gates and change points (patchbench/robust.py, noise.py,
-changepoints.py, gates.py's noise rules, history.py's derived tables): each method against scipy
+changepoints.py, gates/learned.py's noise rules, history.py's derived tables): each method against scipy
 or a hand computation, and the calibration's simulations on a few seeded trials."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Nightly gates (patchbench/gates.py): the tests on nightly values against scipy, Holm across
+"""Nightly gates (patchbench/gates/): the tests on nightly values against scipy, Holm across
 the night, and each outcome (fail, warn, pass, inconclusive, ungated, skipped, missing) on hand-made
 nights."""
 
