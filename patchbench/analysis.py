@@ -2,8 +2,12 @@
 
 Reads the run folder as :class:`~patchbench.rundata.RunData`; asks each suite (through
 :func:`patchbench.suite.get_suite`) for its metric declarations (:class:`MetricInfo`: direction,
-kind, primary, margin) and its ``pair`` hook; applies the rules of :mod:`patchbench.verdicts`.
-Names no suite.
+kind, primary, margin) and its ``pair`` hook; builds each suite's rows with their tests and
+shown values (the outlier rule, :func:`describe_pairs`). The verdicts come from
+:mod:`patchbench.family` (the report's family of primaries, the fixed or sequential design that
+decides them, the rules of :mod:`patchbench.verdicts`); the run's health beside them (drift, A/A
+noise, cells, schedule) from :mod:`patchbench.health`. What other modules import from here is
+listed in ``__all__`` (the moved names re-exported). Names no suite.
 
 What a suite's ``pair`` hook may return besides its own keys (docs/CONTRACTS.md, "Pair hook"):
 
