@@ -18,6 +18,7 @@ from patchbench.rundata import RunData
 
 
 def _scale(test: verdicts.Test, x: float) -> float:
+    """A test's estimate or bound as the row shows it: percent for ratios and accuracy."""
     acc = test.method.startswith(("Newcombe", "paired t on per-question"))
     return 100.0 * x if test.scale == "ratio" or acc else x
 
@@ -25,6 +26,7 @@ def _scale(test: verdicts.Test, x: float) -> float:
 #: the kinds of primary the report's alpha covers (tested with a sampling error)
 FAMILY_KINDS = ("run", "accuracy")
 
+#: rows with their tests (None: untestable), in row order
 Tested = list[tuple[Row, "verdicts.Test | None"]]
 
 
