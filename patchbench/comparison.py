@@ -140,7 +140,7 @@ class Row(BaseModel):
 
 
 class DesignSummary(BaseModel):
-    """How the primaries were decided (:func:`patchbench.analysis.primary_family` and the design).
+    """How the primaries were decided (:func:`patchbench.family.primary_family` and the design).
 
     kind: "fixed" (every planned round, Holm over the family) or "sequential" (the
     group-sequential rule of :mod:`patchbench.sequential`, replayed on the rounds on disk);

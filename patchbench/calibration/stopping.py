@@ -6,7 +6,7 @@ A :class:`SeqSpec` is a ``schedule.repeats: {min, max, step, boundary}`` to simu
 (``patchbench.bench.sequential_design`` / ``sequential_primaries``) and
 ``patchbench.calibration.trials.sequential_stop`` runs the comparison on a trial drawn with
 ``max`` repeats under that schedule: the analysis replays the rule
-(``patchbench.analysis.sequential_decision``, the runner's look too) and the trial stops where
+(``patchbench.family.sequential_decision``, the runner's look too) and the trial stops where
 it stops.
 """
 

@@ -279,7 +279,7 @@ def sequential_stop(
 ) -> int:
     """Rounds the shipped sequential rule runs on this trial: the comparison of the trial under
     ``plan``'s schedule (the rule the report and the runner's looks replay,
-    ``patchbench.analysis.sequential_decision``; the A/A variant is a control): the look at
+    ``patchbench.family.sequential_decision``; the A/A variant is a control): the look at
     which it stops, or ``max``."""
     cmp = compare_trial(tr, settings or CompareSettings(), plan=plan, mmmu_first=mmmu_first)
     return cmp.design.stopped_after or tr.repeats
