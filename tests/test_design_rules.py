@@ -1,4 +1,4 @@
-"""What the report decides per design (issue 23 items 1-3), through the real ``report`` path on
+"""What the report decides per design (docs/design.md, Data flow 5-6), through the real ``report`` path on
 synthetic run folders (patchbench.testing): one family per report, a sequential run's verdicts
 from the sequential rule, and a run that knows whether it is finished."""
 

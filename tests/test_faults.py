@@ -1,4 +1,4 @@
-"""Faults refused where they enter (issue 25): impossible metric values, and (below) the run
+"""Faults refused where they enter (docs/faults.md): impossible metric values, and (below) the run
 folder lock, names, resume identity and exit codes. Fake-server and fast tests only."""
 
 from __future__ import annotations

@@ -215,7 +215,7 @@ def test_aa_improved_is_noted_and_changes_no_verdict(tmp_path, declared):
         variants={"baseline": [], "aa": [], "patched": ["p1"]},
     )
     cmp = build_comparison(run)
-    # the A/A is a measurement (issue 23 item 6): noted, never a veto
+    # the A/A is a measurement: noted, never a veto
     assert not cmp.health.ok and "no verdict is changed" in cmp.health.notes[0]
     assert "too noisy" not in cmp.health.notes[0]
     assert _verdicts(cmp)["thr_tok_s"] == "improved"
