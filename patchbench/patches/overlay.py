@@ -256,19 +256,10 @@ def build_source_overlay(
             fbi_sha256=sha256_file(fbi) if fbi.is_file() else "",
             key=key,
         )
-        write_json(tmp / "overlay.json", ov.to_json())
-        shutil.rmtree(dest, ignore_errors=True)
-        try:
-            os.rename(tmp, dest)
-        except OSError:
-            if _load_cached(dest, key) is None:
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-            return _load_cached(dest, key)
+        return _publish(tmp, dest, key, ov)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return ov
 
 
 def _tree_files(root: Path) -> set[str]:
@@ -312,20 +303,27 @@ def _build(
             fbi_sha256=sha256_file(tmp / FORWARD_BATCH_INFO),
             key=key,
         )
-        write_json(tmp / "overlay.json", ov.to_json())
-        if dest.exists():  # a stale or broken one (failed _load_cached): replace it
-            shutil.rmtree(dest)
-        try:
-            os.rename(tmp, dest)
-        except OSError:
-            # another process finished the same overlay first
-            if _load_cached(dest, key) is None:
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-            return _load_cached(dest, key)
+        return _publish(tmp, dest, key, ov)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _publish(tmp: Path, dest: Path, key: str, ov: Overlay) -> Overlay:
+    """Write ``ov``'s overlay.json into the finished build folder ``tmp`` and rename it to
+    ``dest`` (a stale or broken ``dest`` is replaced); when another process finished the same
+    overlay first, take its copy and drop ``tmp``. Raises OSError when neither happened."""
+    write_json(tmp / "overlay.json", ov.to_json())
+    if dest.exists():
+        shutil.rmtree(dest)
+    try:
+        os.rename(tmp, dest)
+    except OSError:
+        theirs = _load_cached(dest, key)
+        if theirs is None:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        return theirs
     return ov
 
 
