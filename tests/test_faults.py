@@ -236,16 +236,13 @@ def test_an_orphan_of_a_run_outside_the_results_folder_is_found_and_stopped(tmp_
         MARKER_RUN_DIR,
         MARKER_RUNNER_PID,
         MARKER_RUNNER_START,
-        LaunchSpec,
-        SglangServer,
-        free_port,
     )
     from patchbench.stale import find_stale_servers, kill_stale
+    from tests.test_liveness import _server as start_fake_server
 
     elsewhere = tmp_path / "elsewhere" / "run1"
-    env = dict(
-        os.environ,
-        PYTHONPATH=str(HERE / "fake_server"),
+    srv = start_fake_server(
+        tmp_path,
         **{
             MARKER_RUN_DIR: str(elsewhere),
             MARKER_CELL: "baseline/rep0",
@@ -253,22 +250,7 @@ def test_an_orphan_of_a_run_outside_the_results_folder_is_found_and_stopped(tmp_
             MARKER_RUNNER_START: "12345.0",  # it started at another time
         },
     )
-    spec = LaunchSpec(
-        python=sys.executable,
-        model_path="fake",
-        host="127.0.0.1",
-        port=free_port(),
-        args=[],
-        env=env,
-        log_path=tmp_path / "server.log",
-        ready_timeout_s=20,
-        stop_grace_s=3,
-        port_close_timeout_s=10,
-    )
-    srv = SglangServer(spec)
-    srv.start()
     try:
-        srv.wait_ready()
         results = tmp_path / "results"
         results.mkdir()
         assert all(s.pid != srv.pid for s in find_stale_servers(results))

@@ -21,6 +21,8 @@ FAKE = Path(__file__).parent / "fake_server"
 
 
 def _server(tmp_path, **env) -> SglangServer:
+    """A ready fake server (tests/fake_server) with ``env`` added to its environment; stopped
+    again when it does not get ready."""
     e = dict(os.environ)
     e["PYTHONPATH"] = str(FAKE)
     e.update({k: str(v) for k, v in env.items()})
@@ -38,7 +40,11 @@ def _server(tmp_path, **env) -> SglangServer:
     )
     srv = SglangServer(spec)
     srv.start()
-    srv.wait_ready()
+    try:
+        srv.wait_ready()
+    except BaseException:
+        srv.stop()
+        raise
     return srv
 
 
