@@ -412,3 +412,45 @@ def test_client_activity_counts_wakeups_output_and_cpu_not_sleep(tmp_path):
             p.kill()
             p.wait()
     assert client_idle_s(float("inf")) == 0.0 and client_idle_s(0.5) == 40.0
+
+
+# ---------------------------------------------------------------------- the profiler's export
+def test_a_trace_export_longer_than_the_stall_limit_is_not_a_stall_but_has_its_own_limit(tmp_path):
+    """sglang writes the profiler's trace inside the scheduler's loop: the heartbeat goes
+    unanswered for the export's length (2.5 s here, against a 1 s stall limit). The profile
+    suite's wait for the trace announces it (profile.trace_timeout_s): no stall, the trace is
+    found. An export longer than that limit (1.5 s) is a stall naming the export."""
+    import asyncio
+    import json
+    import urllib.request
+    from types import SimpleNamespace
+
+    from patchbench.suites.profile import Params, await_trace
+
+    srv = _server(tmp_path, FAKE_SCHEDULER=1, FAKE_PROFILE_EXPORT_S=2.5)
+    try:
+        w = _watch(srv, 1.0)
+        ctx = SimpleNamespace(server=SimpleNamespace(progress=w.progress, alive=lambda: True))
+
+        def export(raw: Path, limit_s: float) -> Path:
+            body = json.dumps({"output_dir": str(raw), "num_steps": 2}).encode()
+            req = urllib.request.Request(srv.base_url + "/start_profile", data=body, method="POST")
+            assert urllib.request.urlopen(req, timeout=5).status == 200
+            params = Params(trace_timeout_s=limit_s)
+            return asyncio.run(await_trace(ctx, params, raw, 1, time.monotonic() + 30))
+
+        with w.cancel_scope():
+            t0 = time.monotonic()
+            trace = export(tmp_path / "raw1", 10.0)
+            print(
+                f"\n2.5 s trace export at a 1 s stall limit: trace after {time.monotonic() - t0:.1f} s"
+            )
+        assert trace.name == "fake-TP-0.trace.json.gz" and w.lost is None
+        assert w.progress.quiet_window is None
+        lost, took = _lost_in_scope(w, 30, lambda: export(tmp_path / "raw2", 1.5))
+        assert lost.death.kind == "heartbeat"
+        assert "during the profiler's trace export" in lost.death.message()
+        assert "profile.trace_timeout_s = 1.5" in lost.death.message()
+        w.close()
+    finally:
+        srv.stop()
