@@ -129,11 +129,28 @@ def _args_compare(p: argparse.ArgumentParser) -> None:
 
 
 def _run_report(a: argparse.Namespace, _raw: list[str]) -> int:
+    """Render the run folder under its lock (patchbench/run/lock.py): a run writing it is named
+    at once (exit 4), another report is waited for up to ``REPORT_WAIT_S``. A folder without a
+    manifest is left to render_run's own error (exit 2) and gets no lock file."""
     from patchbench.comparison import read_comparison
     from patchbench.report import console_summary, render_run
+    from patchbench.run.lock import REPORT_WAIT_S, acquire, holder_text
 
-    path = render_run(a.run_dir, plots=not a.no_plots)
-    console_summary(read_comparison(a.run_dir), path)
+    lock = None
+    if (Path(a.run_dir) / "manifest.json").is_file():
+        lock = acquire(a.run_dir, purpose="report", wait_s=REPORT_WAIT_S)
+        if lock.previous:
+            print(
+                f"run folder lock: {holder_text(lock.previous)} ended without releasing it "
+                "(it died); taken over",
+                file=sys.stderr,
+            )
+    try:
+        path = render_run(a.run_dir, plots=not a.no_plots)
+        console_summary(read_comparison(a.run_dir), path)
+    finally:
+        if lock is not None:
+            lock.release()
     return EXIT_OK
 
 

@@ -22,7 +22,19 @@ S like a scheduler waiting for work. So :class:`ServerWatch` watches for progres
 - **replies of the suite** (a :class:`ProgressMeter` the suite feeds, e.g. MMMU one tick per
   answer): work outstanding and no reply for ``stall_timeout_s`` is a stall;
 - **stopped processes**: a watched server process, or a client process the suite started, in
-  state T (stopped, or stopped by a tracer) for ``stopped_grace_s`` (2 s) is a stall.
+  state T (stopped, or stopped by a tracer) for ``stopped_grace_s`` (2 s) is a stall;
+- **a client's own activity** (a client the suite names with :meth:`ProgressMeter.watch_client`,
+  e.g. bench_serving, which prints nothing between its start and its result with
+  ``--disable-tqdm``): bytes it reads or writes (``/proc/PID/io`` ``rchar``/``wchar``: every
+  streamed chunk it receives), lines it prints, or CPU it uses (at least
+  :data:`CLIENT_BUSY_CPU_SHARE` of a core). None of these for ``stall_timeout_s`` while the
+  scheduler heartbeat still answers is a stall of kind ``client_silent`` naming the client and its
+  last progress (a client blocked on a dead connection, or a server that accepts a streamed
+  request and never answers it).
+
+A suite may announce a window in which the scheduler is silent on purpose
+(:meth:`ProgressMeter.quiet`: the profiler writing its trace inside the scheduler's loop): the
+heartbeat's limit is then the window's own, and a stall names the window.
 
 When a watched process exits (or turns zombie), or progress stalls, it, in this order:
 
@@ -44,9 +56,11 @@ when the server became ready, except short-lived tools (a compiler or shell that
 only the leader, Python processes and processes titled ``sglang::...`` count. Processes that
 appear later are not watched (they are transient helpers).
 
-What this does not see: a detokenizer that deadlocks without stopping while the scheduler keeps
-answering (the heartbeat passes through the scheduler only); under MMMU the missing replies show
-it, under bench_serving the suite's ``timeout_s`` ends it.
+What this does not see by itself: a detokenizer that deadlocks without stopping while the
+scheduler keeps answering (the heartbeat passes through the scheduler only); under MMMU the missing
+replies show it, under bench_serving the silent client does. A client that keeps waking at least
+twice a second while receiving nothing (a busy poll) is not a silent one: the suite's own
+``timeout_s`` ends it.
 """
 
 from __future__ import annotations
@@ -58,6 +72,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 
@@ -66,6 +81,14 @@ CANCEL_SIGNAL = signal.SIGUSR2
 #: seconds a process may stay stopped (state T) before it counts as a stall: longer than any
 #: profiler's or debugger's pause (py-spy dump stops a process for well under a second)
 STOPPED_GRACE_S = 2.0
+#: CPU seconds per second a watched client must use for its computing alone to count as progress
+#: (an idle asyncio client waiting on sockets uses well under 1 %)
+CLIENT_BUSY_CPU_SHARE = 0.05
+#: voluntary context switches per second (wake-ups: a received chunk wakes the client) that count
+#: as progress of a watched client; one timer firing once a second is not
+CLIENT_WAKEUPS_PER_S = 2.0
+#: seconds between two samples of a watched client's activity
+CLIENT_SAMPLE_S = 1.0
 #: psutil's names of the stopped states (SIGSTOP / SIGTSTP, and a tracer's stop)
 _STOPPED = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
 
@@ -157,7 +180,8 @@ class Stall:
 
     kind: "heartbeat" (no answer to the scheduler round trip), "replies" (work outstanding and
     no reply to the suite), "stopped" (a server process in state T), "client_stopped" (a client
-    process of the suite in state T); what: the sentence that says what was seen; pid / role /
+    process of the suite in state T), "client_silent" (a watched client that read, wrote, printed
+    and computed nothing while the heartbeat answered); what: the sentence that says what was seen; pid / role /
     state: the scheduler (the front end when the server has none; the stopped process for the
     two "stopped" kinds) and its process state when seen (``"S (sleeping)"``); silent_s: seconds
     without progress; detected_after_s: seconds from the watch's start.
@@ -176,6 +200,11 @@ class Stall:
         a stopped client: ``"the suite's client stopped (pid N in state T (stopped)): ..."``."""
         if self.kind == "client_stopped":
             return f"the suite's client stopped (pid {self.pid} in state {self.state}): {self.what}"
+        if self.kind == "client_silent":
+            return (
+                f"the suite's client made no progress ({self.role}, pid {self.pid} in state "
+                f"{self.state}): {self.what}"
+            )
         who = self.role.removeprefix("the sglang ").removeprefix("the ")
         return (
             f"the server stopped answering ({who} pid {self.pid} in state {self.state}): "
@@ -194,6 +223,144 @@ class Stall:
         }
 
 
+@dataclass
+class ClientActivity:
+    """What a watched client process has done, sampled by :class:`ServerWatch` about once a
+    second (:data:`CLIENT_SAMPLE_S`).
+
+    pid: the client (its descendants count too); name: how messages call it; outputs: the files
+    its stdout and stderr go to; idle_s: the longest wait it may have with nothing in flight
+    (its silence limit is the larger of this and the stall limit).
+
+    Progress between two samples is any of:
+
+    - it woke at least :data:`CLIENT_WAKEUPS_PER_S` times a second (voluntary context switches
+      of all its threads, ``/proc/PID/task/*/status``): every streamed chunk it receives wakes
+      it, while a client blocked on a stream that sends nothing sleeps;
+    - the bytes it read or wrote with ``read``/``write`` changed (``/proc/PID/io`` ``rchar`` +
+      ``wchar``: files, pipes, a terminal; a socket's ``recv`` is not counted there);
+    - the sizes of ``outputs`` changed;
+    - its CPU time grew by at least :data:`CLIENT_BUSY_CPU_SHARE` s per second (computing).
+
+    ``last_progress``: ``time.monotonic()`` of the last progress (when the watch began, before
+    the first sample); ``io_bytes``, ``wakeups``, ``cpu_s``, ``sizes``: the last sample's;
+    ``last_line``: the last non-empty line of ``outputs``.
+    """
+
+    pid: int
+    name: str
+    outputs: list[Path]
+    idle_s: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+    last_progress: float = field(default_factory=time.monotonic)
+    last_sample: float | None = None
+    io_bytes: int | None = None
+    wakeups: int = 0
+    cpu_s: float = 0.0
+    sizes: tuple = ()
+    last_line: str = ""
+
+    def _processes(self) -> list[psutil.Process]:
+        try:
+            p = psutil.Process(self.pid)
+            return [p] + p.children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def sample(self, now: float | None = None) -> bool:
+        """Read the client's counters; True when it made progress since the last sample."""
+        now = time.monotonic() if now is None else now
+        io, cpu, io_known, wake = 0, 0.0, False, 0
+        for p in self._processes():
+            wake += _wakeups(p)
+            try:
+                c = p.cpu_times()
+                cpu += c.user + c.system
+                i = p.io_counters()
+                io += int(getattr(i, "read_chars", i.read_bytes)) + int(
+                    getattr(i, "write_chars", i.write_bytes)
+                )
+                io_known = True
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+                continue
+        sizes = tuple(_size(f) for f in self.outputs)
+        first = self.last_sample is None
+        dt = 0.0 if first else now - self.last_sample
+        moved = (
+            (io_known and io != self.io_bytes)
+            or sizes != self.sizes
+            or (not first and cpu - self.cpu_s >= CLIENT_BUSY_CPU_SHARE * dt)
+            or (not first and wake - self.wakeups >= CLIENT_WAKEUPS_PER_S * dt)
+        )
+        if sizes != self.sizes:
+            self.last_line = _last_line(self.outputs) or self.last_line
+        self.io_bytes = io if io_known else self.io_bytes
+        self.cpu_s, self.sizes, self.last_sample, self.wakeups = cpu, sizes, now, wake
+        if moved:
+            self.last_progress = now
+        return moved
+
+    def last_seen(self) -> str:
+        """The client's last progress in words: when (seconds after it was watched) and its last
+        printed line."""
+        line = self.last_line[-200:] if self.last_line else "(nothing printed)"
+        return (
+            f"last progress {self.last_progress - self.started:.1f} s after it started; "
+            f"its last printed line: {line!r}"
+        )
+
+
+def _wakeups(p: psutil.Process) -> int:
+    """Voluntary context switches of every thread of ``p`` (psutil's count is the main
+    thread's only); 0 when it cannot be read."""
+    total, seen = 0, False
+    try:
+        tasks = os.listdir(f"/proc/{p.pid}/task")
+    except OSError:
+        tasks = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{p.pid}/task/{tid}/status") as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        total += int(line.split()[1])
+                        seen = True
+                        break
+        except (OSError, ValueError):
+            continue
+    if seen:
+        return total
+    try:
+        return int(p.num_ctx_switches().voluntary)
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+        return 0
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
+
+
+def _last_line(paths: list[Path]) -> str:
+    """The last non-empty line (a tqdm bar's last ``\\r`` update) of the newest of ``paths``."""
+    best, when = "", -1.0
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 4096))
+                text = f.read().decode("utf-8", "replace")
+            mtime = path.stat().st_mtime
+        except OSError:
+            continue
+        parts = [x.strip() for x in text.replace("\r", "\n").split("\n") if x.strip()]
+        if parts and mtime >= when:
+            best, when = parts[-1], mtime
+    return best
+
+
 class ProgressMeter:
     """Work a suite has outstanding on the server and when it last saw progress (thread-safe).
 
@@ -209,6 +376,8 @@ class ProgressMeter:
         self.last = time.monotonic()
         self.what = "replies"
         self.received = 0
+        self.client: ClientActivity | None = None
+        self.quiet_window: tuple[float, str, str] | None = None
 
     def expect(self, n: int, what: str = "replies") -> None:
         """``n`` more requests are outstanding (the clock starts now when none were)."""
@@ -235,6 +404,38 @@ class ProgressMeter:
         """(requests outstanding, seconds since the last progress)."""
         with self._lock:
             return self.outstanding, time.monotonic() - self.last
+
+    # ------------------------------------------------------------------ a watched client
+    def watch_client(
+        self, pid: int, name: str, outputs: list[Path] | tuple = (), idle_s: float = 0.0
+    ) -> None:
+        """Watch the activity of client process ``pid`` (and its descendants) named ``name``
+        (e.g. "bench_serving"), whose stdout/stderr go to the files ``outputs``: see
+        :class:`ClientActivity`. ``idle_s``: seconds the client may legitimately wait with
+        nothing in flight (e.g. between two sends at a low request rate); its limit is then the
+        larger of this and ``stall_timeout_s``. Replaces a client watched before."""
+        with self._lock:
+            self.client = ClientActivity(pid, name, [Path(p) for p in outputs], idle_s=idle_s)
+
+    def unwatch_client(self) -> None:
+        """The watched client ended (or the suite stopped waiting for it)."""
+        with self._lock:
+            self.client = None
+
+    # ------------------------------------------------------------------ an announced silence
+    @contextmanager
+    def quiet(self, limit_s: float, what: str, setting: str) -> Iterator[None]:
+        """Inside, the scheduler may leave the heartbeat unanswered for up to ``limit_s`` seconds
+        (instead of ``stall_timeout_s``; the larger of the two applies) because of ``what`` (e.g.
+        "the profiler's trace export"), a limit set by ``setting`` (named in a stall's message,
+        e.g. "profile.trace_timeout_s")."""
+        with self._lock:
+            self.quiet_window = (float(limit_s), what, setting)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.quiet_window = None
 
 
 def role_of(name: str, cmdline: list[str], is_leader: bool) -> str:
@@ -522,6 +723,7 @@ class ServerWatch:
                 signal.signal(CANCEL_SIGNAL, old)
             self._suite_started = None
             self.progress.idle()
+            self.progress.unwatch_client()
 
     # ------------------------------------------------------------------ the threads
     def _beat_loop(self) -> None:
@@ -552,7 +754,7 @@ class ServerWatch:
                 if stall is not None:
                     self._stalled(stall)
                     return
-            stall = self._check_progress() or self._check_clients()
+            stall = self._check_progress() or self._check_clients() or self._check_client_activity()
             if stall is not None:
                 self._stalled(stall)
                 return
@@ -591,11 +793,17 @@ class ServerWatch:
             return None
         if self.heartbeat is not None:
             silent = time.monotonic() - self._last_beat
-            if silent > limit:
+            quiet = self.progress.quiet_window
+            beat_limit = max(limit, quiet[0]) if quiet else limit
+            if silent > beat_limit:
+                why = (
+                    f"during {quiet[1]} ({quiet[2]} = {quiet[0]:g})"
+                    if quiet and quiet[0] > limit
+                    else f"(server.stall_timeout_s = {limit:g})"
+                )
                 return self._stall(
                     "heartbeat",
-                    f"no answer to the scheduler heartbeat for {silent:.1f} s "
-                    f"(server.stall_timeout_s = {limit:g})",
+                    f"no answer to the scheduler heartbeat for {silent:.1f} s {why}",
                     silent,
                 )
         n, silent = self.progress.silent_for()
@@ -636,6 +844,45 @@ class ServerWatch:
             if stall is not None:
                 return stall
         return None
+
+    def _check_client_activity(self) -> Stall | None:
+        """A ``client_silent`` stall when the client the suite watches
+        (:meth:`ProgressMeter.watch_client`) made no progress (:class:`ClientActivity`) for
+        ``stall_timeout_s`` while the scheduler heartbeat still answers (when it does not, the
+        heartbeat's stall is the one named)."""
+        limit = self.stall_timeout_s
+        client = self.progress.client
+        if not limit or client is None:
+            return None
+        now = time.monotonic()
+        if client.last_sample is not None and now - client.last_sample < CLIENT_SAMPLE_S:
+            return None
+        client.sample(now)
+        silent = now - client.last_progress
+        own = client.idle_s > limit
+        if silent <= max(limit, client.idle_s):
+            return None
+        beat = ""
+        if self.heartbeat is not None:
+            since_beat = now - self._last_beat
+            if since_beat > 2 * heartbeat_interval(float(limit)) + 1.0:
+                return None  # the server is silent too: the heartbeat's stall names it
+            beat = (
+                f" while the scheduler heartbeat answers (last {since_beat:.1f} s ago): the server "
+                "accepts its requests but sends nothing back, or the client is blocked"
+            )
+        what = (
+            f"it received, printed and computed nothing for {silent:.1f} s "
+            + (
+                f"(its longest expected wait, {client.idle_s:g} s, is longer than "
+                f"server.stall_timeout_s = {limit:g})"
+                if own
+                else f"(server.stall_timeout_s = {limit:g})"
+            )
+            + f"{beat}; {client.last_seen()}"
+        )
+        state = process_state(client.pid)
+        return Stall("client_silent", what, client.pid, client.name, state, silent, now - self._t0)
 
     def _died(self, w: _Watched) -> None:
         rc = None

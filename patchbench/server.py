@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -122,10 +123,22 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+#: the access-log line of an answered liveness heartbeat (:meth:`SglangServer.heartbeat`; uvicorn
+#: writes one per request into server.log), and of its one probe of ``/server_info`` on a release
+#: without it (0.5.1.post3: 404)
+HEARTBEAT_LINE = re.compile(
+    r'"GET /(?:get_)?server_info HTTP/1\.[01]" 200\b|"GET /server_info HTTP/1\.[01]" 404\b'
+)
+
+
 def tail(path: str | os.PathLike, n_lines: int = 40) -> str:
     """Last ``n_lines`` lines of a text file ('' when it does not exist); a run of identical
     lines counts as one, shown once with "(repeated N times)" (a dying server often repeats one
-    line, e.g. a collective's connect message, and would hide what came before)."""
+    line, e.g. a collective's connect message, and would hide what came before).
+
+    The access-log lines of answered liveness heartbeats (:data:`HEARTBEAT_LINE`: one every
+    ``stall_timeout_s / 5`` s, 12 a minute at the default) are left out and counted in a last
+    line, so the lines quoted in an error are the server's own; server.log keeps them all."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -134,15 +147,24 @@ def tail(path: str | os.PathLike, n_lines: int = 40) -> str:
             data = f.read().decode("utf-8", "replace")
     except FileNotFoundError:
         return ""
-    runs: list[list] = []
-    for line in data.splitlines():
-        if runs and runs[-1][0] == line:
+    runs: list[list] = []  # [line, times, its position]
+    beat_at: list[int] = []
+    for i, line in enumerate(data.splitlines()):
+        if HEARTBEAT_LINE.search(line):
+            beat_at.append(i)
+        elif runs and runs[-1][0] == line:
             runs[-1][1] += 1
         else:
-            runs.append([line, 1])
-    return "\n".join(
-        line if k == 1 else f"{line}  (repeated {k} times)" for line, k in runs[-n_lines:]
-    )
+            runs.append([line, 1, i])
+    shown = runs[-n_lines:]
+    lines = [line if k == 1 else f"{line}  (repeated {k} times)" for line, k, _ in shown]
+    beats = sum(1 for i in beat_at if not shown or i > shown[0][2])
+    if beats:
+        lines.append(
+            f"({beats} access-log line{'s' if beats > 1 else ''} of patchbench's scheduler "
+            "heartbeat (GET /server_info) left out of this tail; server.log has them)"
+        )
+    return "\n".join(lines)
 
 
 @dataclass

@@ -177,3 +177,74 @@ def test_server_arguments_that_start_with_dashes_parse_as_the_readme_spells_them
         "--args-a=--x",
         "--args-b",
     ]
+
+
+def _action_steps() -> dict[str, dict]:
+    action = yaml.safe_load((REPO / ".github/actions/patchbench-ab/action.yml").read_text())
+    return {s["name"]: s for s in action["runs"]["steps"]}
+
+
+def _run_step(script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """One composite-action step as the runner runs it: ``bash -e`` with the inputs in env."""
+    return subprocess.run(
+        ["bash", "-e", "-c", script], env={**os.environ, **env}, capture_output=True, text=True
+    )
+
+
+def _outputs(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+
+
+def test_action_ab_step_keeps_the_exit_code_and_finds_the_run_folder_it_made(tmp_path):
+    """The action's `patchbench ab` step, run as the workflow runs it (bash, inputs in env,
+    $GITHUB_OUTPUT): the real command with a checkout that is no git repository exits 2 and the
+    step records rc=2 and no run folder; a stand-in for the command that makes a run folder and
+    exits 1 (a regression) has that folder recorded, not an older one; the step itself exits 0,
+    and the last step re-raises the code (4 when there is none)."""
+    steps = _action_steps()
+    ab_script, keep = steps["patchbench ab"]["run"], steps["Keep the exit code of patchbench ab"]
+    pb_dir = tmp_path / "pb"
+    (pb_dir / "results").mkdir(parents=True)
+    old = pb_dir / "results" / "20000101T000000Z-older"
+    old.mkdir()
+    os.utime(old, (0, 0))
+    not_git = tmp_path / "not-git"
+    not_git.mkdir()
+    out = tmp_path / "github_output"
+    env = {
+        "PB_DIR": str(pb_dir),
+        "PB_PYTHON": sys.executable,
+        "AB_CHECKOUT": str(not_git),
+        "AB_RANGE": "origin/main...HEAD",
+        "AB_PRESET": "cpu-demo",
+        "GITHUB_OUTPUT": str(out),
+        "PYTHONPATH": str(REPO),
+    }
+    r = _run_step(ab_script, env)
+    assert r.returncode == 0, r.stderr
+    assert "not a git checkout" in r.stderr
+    assert _outputs(out) == {"rc": "2", "run_dir": ""}
+    assert "patchbench ab: exit 2; run folder: none" in r.stdout
+    assert _run_step(keep["run"], {"RC": "2"}).returncode == 2
+    assert _run_step(keep["run"], {"RC": ""}).returncode == 4
+
+    stub = tmp_path / "stub-python"
+    stub.write_text(
+        "#!/bin/bash\n"
+        'd="$PWD/results/20991231T000000Z-ab-stub"; mkdir -p "$d"\n'
+        'printf "%s\\n" "$@" > "$d/argv.txt"; exit 1\n'
+    )
+    stub.chmod(0o755)
+    out.write_text("")
+    r = _run_step(ab_script, dict(env, PB_PYTHON=str(stub), AB_CHECKOUT=str(tmp_path)))
+    assert r.returncode == 0, r.stderr
+    made = pb_dir / "results" / "20991231T000000Z-ab-stub"
+    assert _outputs(out) == {"rc": "1", "run_dir": str(made)}
+    argv = (made / "argv.txt").read_text().split("\n")[:-1]
+    assert argv == ["-m", "patchbench", "ab", "--git", str(tmp_path)] + [
+        "--range",
+        "origin/main...HEAD",
+        "--preset",
+        "cpu-demo",
+    ]
+    assert _run_step(keep["run"], {"RC": "1"}).returncode == 1

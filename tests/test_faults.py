@@ -27,6 +27,7 @@ def test_impossible_metric_values_are_refused_where_they_enter():
 
 # ---------------------------------------------------------------------- one writer per run folder
 import importlib.metadata  # noqa: E402
+import json  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
@@ -277,3 +278,105 @@ def test_group_kill_advice_only_for_a_group_of_its_own():
     assert not own_group(1, 1)
     s = StaleServer(4242, me, "/r", None, None, None, "environment")
     assert s.kill_command == "kill -TERM 4242"
+
+
+# ---------------------------------------------------------------------- `patchbench report` and the lock
+GOLDEN_RUN = HERE / "data" / "golden" / "demo-cpu" / "run"
+
+
+def _holder(run: Path, purpose: str, hold_s: float) -> subprocess.Popen:
+    """A process that holds ``run``'s lock as ``purpose`` for ``hold_s`` seconds (it says when)."""
+    code = (
+        "import time;from patchbench.run.lock import acquire;"
+        f"lock=acquire({str(run)!r}, purpose={purpose!r});print('held',flush=True);"
+        f"time.sleep({hold_s});lock.release()"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(HERE.parent)),
+    )
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+def _golden_copy(tmp_path: Path) -> Path:
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(GOLDEN_RUN, run)
+    return run
+
+
+def test_report_while_a_run_writes_the_folder_exits_4_naming_the_run(tmp_path, capsys):
+    from patchbench.cli import main
+
+    run = _golden_copy(tmp_path)
+    p = _holder(run, "run", 60)
+    try:
+        t0 = time.monotonic()
+        assert main(["report", str(run), "--no-plots"]) == 4
+        assert time.monotonic() - t0 < 2.0  # a run is named at once, not waited for
+        err = capsys.readouterr().err
+        assert "run folder busy (exit 4)" in err and f"another run: pid {p.pid} on host" in err
+        assert "before reporting this folder" in err
+        assert not (run / "report.md").exists() and not (run / "compare.json").exists()
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_second_report_waits_for_the_first_and_gives_up_naming_it(tmp_path, capsys, monkeypatch):
+    """A report holding the lock for 1.5 s: the second waits and renders; one that holds it past
+    REPORT_WAIT_S (0.5 s here) is named with the time waited (exit 4)."""
+    from patchbench.cli import main
+    from patchbench.run import lock as lockmod
+
+    run = _golden_copy(tmp_path)
+    p = _holder(run, "report", 1.5)
+    t0 = time.monotonic()
+    assert main(["report", str(run), "--no-plots"]) == 0
+    waited = time.monotonic() - t0
+    print(f"\nsecond report waited {waited:.2f} s for the first")
+    assert p.wait(timeout=10) == 0 and waited > 1.0
+    assert (run / "report.md").is_file()
+    assert json.loads((run / ".lock").read_text() or "null") is None  # released and emptied
+
+    monkeypatch.setattr(lockmod, "REPORT_WAIT_S", 0.5)
+    p = _holder(run, "report", 60)
+    try:
+        capsys.readouterr()
+        assert main(["report", str(run), "--no-plots"]) == 4
+        err = capsys.readouterr().err
+        assert f"another report: pid {p.pid} on host" in err and "(waited 0.5 s)" in err
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_every_file_a_report_writes_is_written_atomically(tmp_path, monkeypatch):
+    """Every file `patchbench report` creates or changes in the run folder (compare.json, the
+    reports, the plots) is put in place by an ``os.replace`` of a finished temporary file
+    (records.write_bytes), so a reader never sees half a file."""
+    from patchbench.cli import main
+
+    run = _golden_copy(tmp_path)
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()}
+    replaced: list[Path] = []
+    real = os.replace
+
+    def spy(src, dst, *a, **kw):
+        replaced.append(Path(dst).resolve())
+        return real(src, dst, *a, **kw)
+
+    monkeypatch.setattr(os, "replace", spy)
+    assert main(["report", str(run)]) == 0
+    changed = {
+        p.resolve()
+        for p in run.rglob("*")
+        if p.is_file() and before.get(p) != p.stat().st_mtime_ns and p.name != ".lock"
+    }
+    assert changed and changed <= set(replaced), sorted(map(str, changed - set(replaced)))
+    assert {"compare.json", "report.md", "report-details.md"} <= {p.name for p in changed}
+    assert any(p.name.startswith("profile_timeline_") for p in changed)

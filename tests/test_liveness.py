@@ -293,3 +293,164 @@ def test_flush_of_a_silent_server_fails_once_within_the_stall_limit(tmp_path):
         assert [e for e in srv.events if e.get("event") == "flush_cache"].__len__() == 1
     finally:
         srv.stop()
+
+
+# ---------------------------------------------------------------------- a client that hangs alive
+def _fake_stop_time(srv, what: str) -> float:
+    """The monotonic time the fake server logged for ``what`` ("stream stops answering")."""
+    for line in srv.spec.log_path.read_text().splitlines():
+        if line.startswith(f"fake: {what} at monotonic="):
+            return float(line.rsplit("=", 1)[1])
+    raise AssertionError(f"the fake server never logged {what!r}")
+
+
+def test_a_client_hung_on_a_stream_the_server_stopped_answering_is_a_stall(tmp_path):
+    """bench_serving's own process state stays S while it waits on a stream the server accepted
+    and stopped answering (the heartbeat still answers). The serving suite's run_tool watches the
+    client's activity: streaming for longer than the limit is progress; once the stream stops the
+    suite ends as a ``client_silent`` stall within the limit + about a second, naming the client
+    and its last progress; its stdout is kept and the client is killed."""
+    from patchbench.suites.serving import run_tool
+
+    srv = _server(tmp_path, FAKE_SCHEDULER=1, FAKE_STREAM_HANG_AFTER=6)
+    out = tmp_path / "serving"
+    out.mkdir()
+    try:
+        w = _watch(srv, 2.0)
+        cmd = [sys.executable, str(FAKE / "stream_client.py"), srv.base_url, "20"]
+        t0 = time.monotonic()
+        with pytest.raises(ServerLost) as ei:
+            with w.cancel_scope():
+                run_tool(
+                    cmd,
+                    env=dict(os.environ),
+                    out_dir=out,
+                    timeout_s=60,
+                    server_alive=lambda: True,
+                    server_log=srv.spec.log_path,
+                    progress=w.progress,
+                )
+        t_end = time.monotonic()
+        t_hang = _fake_stop_time(srv, "stream stops answering")
+        print(
+            f"\n{ei.value.death.message()}\nclient hung on a silent stream: detected "
+            f"{t_end - t_hang:.2f} s after the "
+            f"stream stopped ({t_hang - t0:.1f} s of streaming before it, limit 2 s)"
+        )
+        assert t_hang - t0 > 2.0  # streamed longer than the limit without a stall
+        assert t_end - t_hang < 2.0 + 1.6
+        stall = ei.value.death
+        assert stall.kind == "client_silent" and stall.role == "bench_serving"
+        msg = stall.message()
+        assert msg.startswith("the suite's client made no progress (bench_serving, pid ")
+        assert "while the scheduler heartbeat answers" in msg
+        assert "'Starting main benchmark run...'" in msg
+        assert "server.stall_timeout_s = 2" in msg
+        assert (out / "stdout.txt").read_text().startswith("Starting main benchmark run")
+        assert w.progress.client is None
+        assert not psutil.pid_exists(stall.pid) or (
+            psutil.Process(stall.pid).status() == psutil.STATUS_ZOMBIE
+        )
+        w.close()
+    finally:
+        srv.stop()
+
+
+def test_a_client_that_keeps_streaming_or_computing_is_not_a_stall(tmp_path):
+    """Chunks every 0.25 s for 2 s, then 2 s of pure computing, at a 1.5 s limit: no stall."""
+    from patchbench.liveness import ProgressMeter
+
+    srv = _server(tmp_path, FAKE_SCHEDULER=1, FAKE_STREAM_CHUNKS=8, FAKE_STREAM_CHUNK_S=0.25)
+    try:
+        w = _watch(srv, 1.5)
+        code = (
+            "import subprocess,sys,time;"
+            f"subprocess.run([sys.executable,{str(FAKE / 'stream_client.py')!r},"
+            f"{srv.base_url!r},'1'],check=True);"
+            "t=time.monotonic()\nwhile time.monotonic()-t<2.0: pass"
+        )
+        with w.cancel_scope():
+            client = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+            w.progress.watch_client(client.pid, "test client")
+            assert client.wait(timeout=30) == 0
+        assert w.lost is None, w.lost and w.lost.message()
+        assert isinstance(w.progress, ProgressMeter) and w.progress.client is None
+        w.close()
+    finally:
+        srv.stop()
+
+
+def test_client_activity_counts_wakeups_output_and_cpu_not_sleep(tmp_path):
+    """ClientActivity on three processes, sampled 0.6 s apart: a sleeping one made no progress,
+    one printing twice a second and one computing did; a low request rate allows a long wait."""
+    from patchbench.liveness import ClientActivity
+    from patchbench.suites.serving import client_idle_s
+
+    out = tmp_path / "out.txt"
+    codes = {
+        "sleep": "import time; time.sleep(30)",
+        "print": "import sys, time\nfor i in range(60): print(i, flush=True); time.sleep(0.2)",
+        "busy": "while True: pass",
+    }
+    procs = {}
+    try:
+        for k, code in codes.items():
+            with open(out if k == "print" else os.devnull, "w") as f:
+                procs[k] = subprocess.Popen([sys.executable, "-c", code], stdout=f)
+        time.sleep(0.5)  # past the interpreter's start-up
+        acts = {
+            k: ClientActivity(p.pid, k, [out] if k == "print" else []) for k, p in procs.items()
+        }
+        for a in acts.values():
+            a.sample()
+        time.sleep(0.6)
+        moved = {k: a.sample() for k, a in acts.items()}
+        assert moved == {"sleep": False, "print": True, "busy": True}
+        assert acts["print"].last_line.isdigit()
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
+    assert client_idle_s(float("inf")) == 0.0 and client_idle_s(0.5) == 40.0
+
+
+# ---------------------------------------------------------------------- the profiler's export
+def test_a_trace_export_longer_than_the_stall_limit_is_not_a_stall_but_has_its_own_limit(tmp_path):
+    """sglang writes the profiler's trace inside the scheduler's loop: the heartbeat goes
+    unanswered for the export's length (2.5 s here, against a 1 s stall limit). The profile
+    suite's wait for the trace announces it (profile.trace_timeout_s): no stall, the trace is
+    found. An export longer than that limit (1.5 s) is a stall naming the export."""
+    import asyncio
+    import json
+    import urllib.request
+    from types import SimpleNamespace
+
+    from patchbench.suites.profile import Params, await_trace
+
+    srv = _server(tmp_path, FAKE_SCHEDULER=1, FAKE_PROFILE_EXPORT_S=2.5)
+    try:
+        w = _watch(srv, 1.0)
+        ctx = SimpleNamespace(server=SimpleNamespace(progress=w.progress, alive=lambda: True))
+
+        def export(raw: Path, limit_s: float) -> Path:
+            body = json.dumps({"output_dir": str(raw), "num_steps": 2}).encode()
+            req = urllib.request.Request(srv.base_url + "/start_profile", data=body, method="POST")
+            assert urllib.request.urlopen(req, timeout=5).status == 200
+            params = Params(trace_timeout_s=limit_s)
+            return asyncio.run(await_trace(ctx, params, raw, 1, time.monotonic() + 30))
+
+        with w.cancel_scope():
+            t0 = time.monotonic()
+            trace = export(tmp_path / "raw1", 10.0)
+            print(
+                f"\n2.5 s trace export at a 1 s stall limit: trace after {time.monotonic() - t0:.1f} s"
+            )
+        assert trace.name == "fake-TP-0.trace.json.gz" and w.lost is None
+        assert w.progress.quiet_window is None
+        lost, took = _lost_in_scope(w, 30, lambda: export(tmp_path / "raw2", 1.5))
+        assert lost.death.kind == "heartbeat"
+        assert "during the profiler's trace export" in lost.death.message()
+        assert "profile.trace_timeout_s = 1.5" in lost.death.message()
+        w.close()
+    finally:
+        srv.stop()

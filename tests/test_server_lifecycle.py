@@ -246,3 +246,39 @@ def test_log_tail_shows_a_repeated_line_once(tmp_path):
     log.write_text("loading\nTraceback: boom\n" + "[Gloo] Rank 0 is connected\n" * 3 + "end\n")
     assert tail(log, 3) == ("Traceback: boom\n[Gloo] Rank 0 is connected  (repeated 3 times)\nend")
     assert tail(tmp_path / "missing.log") == ""
+
+
+def test_log_tail_leaves_out_the_heartbeat_access_lines(tmp_path):
+    """uvicorn logs every heartbeat (GET /server_info, 12 a minute at the default stall limit)
+    into server.log; the tail quoted in an error shows the server's own lines and counts the
+    heartbeat lines it left out (only those among the lines shown); a heartbeat that failed is
+    kept, and server.log itself is not changed."""
+    from patchbench.server import tail
+
+    beat = '[t] INFO:     127.0.0.1:{} - "GET /{}server_info HTTP/1.1" {}'
+    text = "\n".join(
+        [
+            "old line",
+            beat.format(1, "", "404 Not Found"),  # 0.5.1.post3's one probe
+            beat.format(2, "get_", "200 OK"),
+            "Decode batch. #running-req: 1",
+            beat.format(3, "get_", "200 OK"),
+            beat.format(4, "", "200 OK"),
+            '[t] INFO:     127.0.0.1:5 - "POST /generate HTTP/1.1" 200 OK',
+            beat.format(6, "", "500 Internal Server Error"),
+            beat.format(7, "", "200 OK"),
+            "Scheduler hit an exception: boom",
+        ]
+    )
+    log = tmp_path / "server.log"
+    log.write_text(text + "\n")
+    got = tail(log, 4).splitlines()
+    assert got == [
+        "Decode batch. #running-req: 1",
+        '[t] INFO:     127.0.0.1:5 - "POST /generate HTTP/1.1" 200 OK',
+        beat.format(6, "", "500 Internal Server Error"),
+        "Scheduler hit an exception: boom",
+        "(3 access-log lines of patchbench's scheduler heartbeat (GET /server_info) left out of "
+        "this tail; server.log has them)",
+    ]
+    assert log.read_text() == text + "\n"

@@ -51,6 +51,12 @@ def add_matrix_arguments(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="a matrix: parent of the matrix run folder (default results/)",
     )
+    p.add_argument(
+        "--build-envs",
+        action="store_true",
+        help="a matrix: build an environment a unit's pin lacks (as `patchbench matrix "
+        "--build-envs`; without it such a matrix is refused before anything runs, exit 3)",
+    )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -168,7 +174,14 @@ def _matrix_cli(a: argparse.Namespace) -> int | None:
         print(f"nightly: {e}", file=sys.stderr)
         return EXIT_USAGE
     matrix_opts = [
-        o for o, v in (("--on", a.on), ("--address", a.address), ("--results", a.results)) if v
+        o
+        for o, v in (
+            ("--on", a.on),
+            ("--address", a.address),
+            ("--results", a.results),
+            ("--build-envs", a.build_envs),
+        )
+        if v
     ]
     if not is_matrix and not matrix_folder:
         if matrix_opts:
@@ -221,6 +234,7 @@ def _matrix_night(
         raise ConfigError(
             f"{a.config} is a matrix file, but {folder} is no matrix run folder (no matrix.json)"
         )
+    kw = {"build_envs": True} if a.build_envs else {}
     return nightly_matrix(
-        a.config, on=a.on or "local", address=a.address, results=a.results, history=a.history
+        a.config, on=a.on or "local", address=a.address, results=a.results, history=a.history, **kw
     ).exit_code

@@ -6,6 +6,12 @@ the file. A second run or resume of the same folder is refused (:class:`RunFolde
 naming the holder. A lock left by a run that died (SIGKILL, a crash, a reboot) is no lock: the
 kernel drops a ``flock`` with its last open file, so the next run takes it and says whose it
 was. On a file system without working ``flock`` (some network mounts) the lock is best effort.
+
+``patchbench report RUN`` takes the same lock (:func:`acquire` with ``purpose="report"``) for
+as long as it reads the folder and writes compare.json, the plots and the reports: a report
+never reads half a folder a run is still writing, and two reports never write the same files
+at once. A report waits up to :data:`REPORT_WAIT_S` for another report to finish; a run (which
+holds the lock for hours) is named at once.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from patchbench.records import ResultsWriteError
 
 #: the lock file's name inside a run folder (a reserved name: patchbench.config refuses it)
 LOCK_NAME = ".lock"
+#: seconds ``patchbench report`` waits for another report of the same folder to finish
+REPORT_WAIT_S = 30.0
 
 
 class RunFolderBusy(RunFailed):
@@ -76,33 +84,54 @@ def _read(fd: int) -> dict | None:
         return None
 
 
-def acquire(run_dir: str | os.PathLike) -> RunLock:
+def _busy(run_dir: str | os.PathLike, holder: dict | None, purpose: str, waited_s: float):
+    if (holder or {}).get("purpose") == "report":
+        who = f"another report: {holder_text(holder)}"
+        after = f" (waited {waited_s:.1f} s)" if waited_s else ""
+    else:
+        who = f"another run: {holder_text(holder)}"
+        after = ""
+    doing = "reporting" if purpose == "report" else "running or resuming"
+    return RunFolderBusy(
+        f"{run_dir} is being written by {who}{after}; wait for it to end (or stop it) before "
+        f"{doing} this folder",
+        Path(run_dir),
+    )
+
+
+def acquire(run_dir: str | os.PathLike, *, purpose: str = "run", wait_s: float = 0.0) -> RunLock:
     """Take ``run_dir``'s lock for this process.
 
-    Returns the :class:`RunLock`. Raises :class:`RunFolderBusy` naming the holder when another
-    live process holds it; ResultsWriteError (exit 4) when the file cannot be created.
+    purpose: "run" (bench, resume) or "report" (written into the file, so a waiting report can
+    tell a report from a run); wait_s: seconds to wait while the holder is a report (a run
+    holding it is refused at once). Returns the :class:`RunLock`. Raises :class:`RunFolderBusy`
+    naming the holder when another live process holds it; ResultsWriteError (exit 4) when the
+    file cannot be created.
     """
     path = Path(run_dir) / LOCK_NAME
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
         raise ResultsWriteError(path, e) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = _read(fd)
-        os.close(fd)
-        raise RunFolderBusy(
-            f"{run_dir} is being written by another run: {holder_text(holder)}; wait for it to "
-            "end (or stop it) before running or resuming this folder",
-            Path(run_dir),
-        ) from None
+    t0 = time.monotonic()
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            holder = _read(fd)
+            waited = time.monotonic() - t0
+            if (holder or {}).get("purpose") != "report" or waited >= wait_s:
+                os.close(fd)
+                raise _busy(run_dir, holder, purpose, waited) from None
+            time.sleep(0.1)
     previous = _read(fd)
     me = {
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "argv": [os.path.basename(sys.argv[0] or "python")] + sys.argv[1:],
+        "purpose": purpose,
     }
     try:
         os.ftruncate(fd, 0)

@@ -213,7 +213,8 @@ class ServerDeath(_Record):
 
 class ServerStall(_Record):
     """The server (or the suite's client) stopped making progress during the cell
-    (patchbench.liveness.Stall): kind heartbeat | replies | stopped | client_stopped."""
+    (patchbench.liveness.Stall): kind heartbeat | replies | stopped | client_stopped |
+    client_silent."""
 
     kind: str
     what: str = ""

@@ -20,6 +20,7 @@ Files in the suite folder: ``trace-c<N>.trace.json.gz`` (the raw trace, open it 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import time
 from pathlib import Path
@@ -153,6 +154,42 @@ def _complete_trace(d: Path) -> Path | None:
     return None
 
 
+#: what a stall during the export is called, and the setting that bounds it
+EXPORT_WHAT = "the profiler's trace export (sglang writes it inside the scheduler's loop)"
+EXPORT_SETTING = "profile.trace_timeout_s"
+
+
+async def await_trace(ctx: SuiteContext, params: Params, raw: Path, c: int, t_end: float) -> Path:
+    """Wait (after ``POST /start_profile`` answered) for the complete trace in ``raw``; returns it.
+
+    sglang runs the ``num_steps`` profiled forward passes, then stops the profiler and writes the
+    trace inside the scheduler's event loop (``stop_profile`` from
+    ``_profile_batch_predicate``, 0.5.1.post3 and 0.5.23): the scheduler answers nothing
+    meanwhile, the liveness heartbeat included, for as long as the export takes (a large GPU
+    trace: longer than ``server.stall_timeout_s``). The wait is therefore announced to the
+    liveness watch (:meth:`patchbench.liveness.ProgressMeter.quiet`): the heartbeat's limit is
+    ``params.trace_timeout_s`` until the trace is there, and a stall then names the export.
+    Raises SuiteError when no complete trace is there by ``t_end`` (monotonic seconds) or the
+    server died."""
+    progress = getattr(ctx.server, "progress", None)
+    quiet = (
+        progress.quiet(params.trace_timeout_s, EXPORT_WHAT, EXPORT_SETTING)
+        if progress is not None
+        else contextlib.nullcontext()
+    )
+    with quiet:
+        while True:
+            found = _complete_trace(raw)
+            if found is not None:
+                return found
+            if time.monotonic() > t_end or not ctx.server.alive():
+                raise SuiteError(
+                    f"concurrency {c}: no complete *.trace.json.gz in {raw} "
+                    f"within {params.trace_timeout_s:g} s of the load's start"
+                )
+            await asyncio.sleep(0.2)
+
+
 async def _profile_level(ctx: SuiteContext, params: Params, c: int, images: list[str]) -> dict:
     import aiohttp
 
@@ -185,15 +222,7 @@ async def _profile_level(ctx: SuiteContext, params: Params, c: int, images: list
                 if r.status != 200:
                     raise SuiteError(f"POST /start_profile answered {r.status}: {text[:300]}")
             t_started = time.monotonic()
-            found = None
-            while found is None:
-                if time.monotonic() > t_end or not ctx.server.alive():
-                    raise SuiteError(
-                        f"concurrency {c}: no complete *.trace.json.gz in {raw} "
-                        f"within {params.trace_timeout_s:g} s of the load's start"
-                    )
-                await asyncio.sleep(0.2)
-                found = _complete_trace(raw)
+            found = await await_trace(ctx, params, raw, c, t_end)
         finally:
             await load.stop()
     dest = Path(ctx.out_dir) / f"trace-c{c}.trace.json.gz"

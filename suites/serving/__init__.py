@@ -162,11 +162,19 @@ def run_tool(
     timeout_s: float,
     server_alive,
     server_log: Path | None,
+    progress=None,
+    idle_s: float = 0.0,
 ) -> tuple[int, float]:
     """Run bench_serving (own process group), stdout/stderr into out_dir/stdout.txt, stderr.txt.
 
     Polls every POLL_S: if the server dies, the tool is stopped at once and SuiteError carries the
-    server log's tail; past timeout_s likewise. Returns (exit code, wall seconds).
+    server log's tail; past timeout_s likewise. ``progress``: the liveness watch's
+    :class:`patchbench.liveness.ProgressMeter` (None without a watch); the tool is watched there
+    (:meth:`~patchbench.liveness.ProgressMeter.watch_client`: bytes it reads and writes, lines it
+    prints, CPU it uses), so a tool that does nothing for ``server.stall_timeout_s`` while the
+    server's heartbeat answers ends the suite as a stall (``ServerLost``), its stdout/stderr kept;
+    ``idle_s``: the longest the tool may wait with nothing in flight (:func:`client_idle_s`).
+    Returns (exit code, wall seconds).
     """
     t0 = time.monotonic()
     with open(out_dir / "stdout.txt", "wb") as so, open(out_dir / "stderr.txt", "wb") as se:
@@ -179,6 +187,13 @@ def run_tool(
             cwd=out_dir,
             start_new_session=True,
         )
+        if progress is not None:
+            progress.watch_client(
+                proc.pid,
+                "bench_serving",
+                [out_dir / "stdout.txt", out_dir / "stderr.txt"],
+                idle_s=idle_s,
+            )
         try:
             while True:
                 try:
@@ -202,7 +217,20 @@ def run_tool(
             if proc.poll() is None:
                 _kill_group(proc)
             raise
+        finally:
+            if progress is not None:
+                progress.unwatch_client()
     return rc, time.monotonic() - t0
+
+
+def client_idle_s(request_rate: float) -> float:
+    """Seconds bench_serving may wait with no request in flight: at a finite ``request_rate``
+    (req/s) it sleeps a random gap between two sends (exponential with mean 1 / rate at the
+    default burstiness 1: longer than ``20 / rate`` with probability e^-20, 2e-9); 0 at an
+    infinite rate (all sent at once)."""
+    if request_rate == float("inf") or request_rate <= 0:
+        return 0.0
+    return 20.0 / request_rate
 
 
 def _server_events(log_path: Path | None, offset: int) -> tuple[dict | None, str | None]:
@@ -311,6 +339,8 @@ def run_point(ctx: SuiteContext, params: Params) -> SuiteResult:
         timeout_s=params.timeout_s,
         server_alive=srv.alive,
         server_log=srv.log_path,
+        progress=srv.progress,
+        idle_s=client_idle_s(params.request_rate),
     )
     row = _tool_result(srv, rc, out, log_offset)
     scan, scan_warning = _server_events(srv.log_path, log_offset)

@@ -19,6 +19,15 @@ FAKE_HANG_GENERATE_AFTER  /generate and /v1/chat/completions calls after this ma
                      and never answered, while /server_info still answers (replies stop, the
                      scheduler heartbeat does not)
 FAKE_BIND_DELAY_S    wait this long before binding the port (another process can take it first)
+FAKE_STREAM_HANG_AFTER  a streamed /generate (``"stream": true``: FAKE_STREAM_CHUNKS chunks,
+                     FAKE_STREAM_CHUNK_S apart, then ``data: [DONE]``) after this many sends two
+                     chunks and then nothing, its connection left open, while /server_info still
+                     answers (logs "fake: stream stops answering at monotonic=T")
+FAKE_PROFILE_EXPORT_S  POST /start_profile answers at once; after FAKE_PROFILE_STEPS_S the
+                     scheduler "exports its trace" for this many seconds: /server_info,
+                     /generate and /flush_cache wait meanwhile; then ``fake-TP-0.trace.json.gz``
+                     is written into the request's output_dir (what sglang's profiler does
+                     inside the scheduler's loop after num_steps forward passes)
 GET /server_info answers 200 (the scheduler heartbeat of patchbench.liveness)
 """
 
@@ -42,14 +51,35 @@ FLUSH_400 = int(os.environ.get("FAKE_FLUSH_400", "0"))
 DIE_AFTER = int(os.environ.get("FAKE_DIE_AFTER_GENERATE", "0"))
 HANG_AFTER = float(os.environ.get("FAKE_HANG_AFTER_S", "0"))
 HANG_GENERATE_AFTER = int(os.environ.get("FAKE_HANG_GENERATE_AFTER", "0"))
-state = {"flush": 0, "generate": 0}
+STREAM_HANG_AFTER = int(os.environ.get("FAKE_STREAM_HANG_AFTER", "0"))
+STREAM_CHUNKS = int(os.environ.get("FAKE_STREAM_CHUNKS", "5"))
+STREAM_CHUNK_S = float(os.environ.get("FAKE_STREAM_CHUNK_S", "0.1"))
+EXPORT_S = float(os.environ.get("FAKE_PROFILE_EXPORT_S", "0"))
+state = {"flush": 0, "generate": 0, "streams": 0}
+EXPORTING = threading.Event()  # set while the "scheduler" writes its trace
 
 
 def hang_if_blocked():
-    """Accept and never answer once FAKE_HANG_AFTER_S has passed."""
+    """Accept and never answer once FAKE_HANG_AFTER_S has passed; wait while a trace is written."""
     if HANG_AFTER and time.monotonic() - T0 >= HANG_AFTER:
         while True:
             time.sleep(3600)
+    while EXPORTING.is_set():
+        time.sleep(0.05)
+
+
+def _export(output_dir):
+    import gzip
+
+    time.sleep(float(os.environ.get("FAKE_PROFILE_STEPS_S", "0.3")))
+    EXPORTING.set()
+    print(f"fake: trace export starts at monotonic={time.monotonic():.3f}", flush=True)
+    time.sleep(EXPORT_S)
+    os.makedirs(output_dir, exist_ok=True)
+    with gzip.open(os.path.join(output_dir, "fake-TP-0.trace.json.gz"), "wt") as f:
+        json.dump({"traceEvents": []}, f)
+    EXPORTING.clear()
+    print(f"fake: trace export ends at monotonic={time.monotonic():.3f}", flush=True)
 
 
 print(f"fake sglang server on {args.host}:{args.port}", flush=True)
@@ -123,11 +153,43 @@ class H(BaseHTTPRequestHandler):
         else:
             self._send(404, {})
 
+    def _stream(self):
+        state["streams"] += 1
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        hang = STREAM_HANG_AFTER and state["streams"] > STREAM_HANG_AFTER
+        for i in range(STREAM_CHUNKS):
+            if hang and i == 2:
+                print(
+                    f"fake: stream stops answering at monotonic={time.monotonic():.3f}", flush=True
+                )
+                while True:
+                    time.sleep(3600)
+            chunk = {"text": "x" * (i + 1), "meta_info": {"completion_tokens": i + 1}}
+            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            self.wfile.flush()
+            time.sleep(STREAM_CHUNK_S)
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+        self.close_connection = True
+
     def do_POST(self):
         n = int(self.headers.get("Content-Length") or 0)
-        self.rfile.read(n)
+        raw = self.rfile.read(n)
         hang_if_blocked()
-        if self.path == "/flush_cache":
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            body = {}
+        if self.path == "/generate" and isinstance(body, dict) and body.get("stream"):
+            self._stream()
+        elif self.path == "/start_profile":
+            threading.Thread(
+                target=_export, args=(body.get("output_dir", "."),), daemon=True
+            ).start()
+            self._send(200, {"message": "Start profiling."})
+        elif self.path == "/flush_cache":
             state["flush"] += 1
             if FLUSH_400 < 0 or state["flush"] <= FLUSH_400:
                 self._send(400, {"message": "pending requests"})
