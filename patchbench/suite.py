@@ -128,7 +128,7 @@ class ServerInfo:
     the config's retry budget, raises SuiteError when it is refused for the whole budget;
     log_path: the server.log of this cell; pid: the server's process-group leader;
     alive(): True while the server process lives; progress: the liveness watch's
-    :class:`patchbench.liveness.ProgressMeter` (None without a watch): a suite that waits for
+    :class:`patchbench.activity.ProgressMeter` (None without a watch): a suite that waits for
     replies calls ``progress.expect(n)`` and ``progress.done()`` per reply, so replies that stop
     coming fail the cell after ``server.stall_timeout_s``.
     """

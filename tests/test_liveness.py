@@ -358,7 +358,7 @@ def test_a_client_hung_on_a_stream_the_server_stopped_answering_is_a_stall(tmp_p
 
 def test_a_client_that_keeps_streaming_or_computing_is_not_a_stall(tmp_path):
     """Chunks every 0.25 s for 2 s, then 2 s of pure computing, at a 1.5 s limit: no stall."""
-    from patchbench.liveness import ProgressMeter
+    from patchbench.activity import ProgressMeter
 
     srv = _server(tmp_path, FAKE_SCHEDULER=1, FAKE_STREAM_CHUNKS=8, FAKE_STREAM_CHUNK_S=0.25)
     try:
@@ -383,7 +383,7 @@ def test_a_client_that_keeps_streaming_or_computing_is_not_a_stall(tmp_path):
 def test_client_activity_counts_wakeups_output_and_cpu_not_sleep(tmp_path):
     """ClientActivity on three processes, sampled 0.6 s apart: a sleeping one made no progress,
     one printing twice a second and one computing did; a low request rate allows a long wait."""
-    from patchbench.liveness import ClientActivity
+    from patchbench.activity import ClientActivity
     from patchbench.suites.serving import client_idle_s
 
     out = tmp_path / "out.txt"
@@ -397,10 +397,18 @@ def test_client_activity_counts_wakeups_output_and_cpu_not_sleep(tmp_path):
         for k, code in codes.items():
             with open(out if k == "print" else os.devnull, "w") as f:
                 procs[k] = subprocess.Popen([sys.executable, "-c", code], stdout=f)
-        time.sleep(0.5)  # past the interpreter's start-up
         acts = {
             k: ClientActivity(p.pid, k, [out] if k == "print" else []) for k, p in procs.items()
         }
+        for a in acts.values():
+            a.sample()
+        # past the interpreters' start-up (imports read files and use CPU): on a loaded machine
+        # that can take seconds, so wait until the sleeper is settled (bounded)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            time.sleep(0.6)
+            if not acts["sleep"].sample():
+                break
         for a in acts.values():
             a.sample()
         time.sleep(0.6)

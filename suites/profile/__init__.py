@@ -167,7 +167,7 @@ async def await_trace(ctx: SuiteContext, params: Params, raw: Path, c: int, t_en
     ``_profile_batch_predicate``, 0.5.1.post3 and 0.5.23): the scheduler answers nothing
     meanwhile, the liveness heartbeat included, for as long as the export takes (a large GPU
     trace: longer than ``server.stall_timeout_s``). The wait is therefore announced to the
-    liveness watch (:meth:`patchbench.liveness.ProgressMeter.quiet`): the heartbeat's limit is
+    liveness watch (:meth:`patchbench.activity.ProgressMeter.quiet`): the heartbeat's limit is
     ``params.trace_timeout_s`` until the trace is there, and a stall then names the export.
     Raises SuiteError when no complete trace is there by ``t_end`` (monotonic seconds) or the
     server died."""

@@ -169,8 +169,8 @@ def run_tool(
 
     Polls every POLL_S: if the server dies, the tool is stopped at once and SuiteError carries the
     server log's tail; past timeout_s likewise. ``progress``: the liveness watch's
-    :class:`patchbench.liveness.ProgressMeter` (None without a watch); the tool is watched there
-    (:meth:`~patchbench.liveness.ProgressMeter.watch_client`: bytes it reads and writes, lines it
+    :class:`patchbench.activity.ProgressMeter` (None without a watch); the tool is watched there
+    (:meth:`~patchbench.activity.ProgressMeter.watch_client`: bytes it reads and writes, lines it
     prints, CPU it uses), so a tool that does nothing for ``server.stall_timeout_s`` while the
     server's heartbeat answers ends the suite as a stall (``ServerLost``), its stdout/stderr kept;
     ``idle_s``: the longest the tool may wait with nothing in flight (:func:`client_idle_s`).
