@@ -10,7 +10,8 @@ The change is one of
 - a diff (``--patch FILE``): stock against the diff applied (``{diff: FILE}``);
 - server arguments (``--args-b "..."``, with ``--args-a "..."`` for the baseline's).
 
-It is run with a preset (``configs/presets/<name>.yaml``: ``cpu-demo``, ``pr-h200``) or a config
+It is run with a preset (``configs/presets/<name>.yaml``: ``cpu-demo``, ``pr-h200``,
+``sweep-h200``) or a config
 file whose variants are replaced (``--config FILE``); the config written for the run lands in the
 run folder like any other, and the bench prints the answer (the primaries' verdicts).
 

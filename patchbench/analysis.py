@@ -261,7 +261,8 @@ def _repeat_values(
         for v, x in ((data.baseline, vb), (variant, vv)):
             if x is None:
                 st = data.suite_status(v, k, suite)
-                bad.append(f"{v}/rep{k}: {'no value' if st == 'ok' else st}")
+                why = data.not_judged(v, k, suite, metric) or "no value"
+                bad.append(f"{v}/rep{k}: {why if st == 'ok' else st}")
         if vb is None or vv is None:
             continue
         if row.kind == "run" and not (

@@ -319,7 +319,7 @@ def _args_ab(p: argparse.ArgumentParser) -> None:
     src.add_argument(
         "--preset",
         default="cpu-demo",
-        help="configs/presets/NAME.yaml: cpu-demo (default), pr-h200",
+        help="configs/presets/NAME.yaml: cpu-demo (default), pr-h200, sweep-h200 (a load curve)",
     )
     src.add_argument("--config", metavar="FILE", help="a config whose variants are replaced")
     p.add_argument("--repeats", type=int, help="override schedule.repeats")

@@ -204,17 +204,30 @@ def _grows(data: RunData, row: Row) -> bool:
     )
 
 
+def withheld(data: RunData, row: Row) -> bool:
+    """Whether a value of the row is missing because its suite left it out on purpose in that
+    cell (:meth:`RunData.not_judged`, e.g. a load sweep's point the client did not deliver): the
+    row is never judged ("incomplete") and never holds a sequential run open or stops it."""
+    arms = ((data.baseline, row.baseline_repeats), (row.variant, row.variant_repeats))
+    return any(
+        x is None and data.not_judged(v, k, row.suite, row.metric)
+        for v, xs in arms
+        for k, x in zip(data.rounds_of(row.suite), xs, strict=False)
+    )
+
+
 def _key(row: Row) -> tuple[str, str]:
     return row.variant, f"{row.suite}.{row.metric}"
 
 
 def _series(data: RunData, tested: Tested) -> tuple[dict[tuple[str, str], list[float]], int]:
     """({key: log ratios per round} of the run-level primaries that grow with the looks, of every
-    variant A/A included; the number of leading rounds in which every one of them pairs)."""
+    variant A/A included; the number of leading rounds in which every one of them pairs). A
+    :func:`withheld` row does not grow: it is a one-look member of the family with p = 1."""
     out: dict[tuple[str, str], list[float]] = {}
     complete = data.repeats
     for r, _ in tested:
-        if not (r.primary and _grows(data, r)):
+        if not (r.primary and _grows(data, r)) or withheld(data, r):
             continue
         xs: list[float] = []
         for b, v in zip(r.baseline_repeats, r.variant_repeats, strict=True):

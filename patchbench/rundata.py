@@ -72,6 +72,16 @@ class RunData:
         x = self.summaries[(v, k, suite)].metrics.get(metric)
         return None if x is None or not math.isfinite(x) else float(x)
 
+    def not_judged(self, v: str, k: int, suite: str, metric: str) -> str | None:
+        """Why the suite left ``metric`` out of this cell on purpose (its summary's
+        ``meta.not_judged``, e.g. a load sweep's point whose client did not deliver the load
+        asked), None when it did not: such a missing value is descriptive, not a failure."""
+        s = self.summaries.get((v, k, suite))
+        if s is None or s.status != "ok":
+            return None
+        why = (s.meta.get("not_judged") or {}).get(metric)
+        return str(why) if why else None
+
     def bound(self, v: str, k: int, suite: str, metric: str) -> str | None:
         """ "lower" / "upper" when the suite marked the value as only a bound of the true value
         (``SuiteSummary.bounds``), None when exact or absent."""

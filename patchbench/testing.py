@@ -32,6 +32,7 @@ def make_run(
     suite_status: dict[tuple[str, int, str], str] | None = None,
     warnings: dict[tuple[str, int, str], list[str]] | None = None,
     bounds: dict[tuple[str, int, str], dict[str, str]] | None = None,
+    meta: dict[tuple[str, int, str], dict] | None = None,
     requests: dict[tuple[str, int], dict] | None = None,
     mmmu_records: dict[tuple[str, int], list[dict]] | None = None,
     compare: dict | None = None,
@@ -57,6 +58,7 @@ def make_run(
     "incomplete"; a cell status "missing" writes no folder at all.
     warnings[(variant, k, suite)]: summary warnings lines.
     bounds[(variant, k, suite)]: the summary's ``bounds`` ({metric: "lower" | "upper"}).
+    meta[(variant, k, suite)]: the summary's ``meta`` (default {}).
     requests[(variant, k)]: serving requests.json content; mmmu_records[(variant, k)]: rows.
     schedule_repeats: the config's ``schedule.repeats`` (default ``repeats``; a mapping
     ``{min, max, step}`` for a sequential schedule; a count above ``repeats`` for a run that
@@ -82,6 +84,7 @@ def make_run(
         "suite_status": suite_status or {},
         "warnings": warnings or {},
         "bounds": bounds or {},
+        "meta": meta or {},
         "requests": requests,
         "mmmu_records": mmmu_records,
     }
@@ -140,6 +143,7 @@ def _write_cell(
     suite_status: dict[tuple[str, int, str], str],
     warnings: dict[tuple[str, int, str], list[str]],
     bounds: dict[tuple[str, int, str], dict[str, str]],
+    meta: dict[tuple[str, int, str], dict],
     requests: dict[tuple[str, int], dict],
     mmmu_records: dict[tuple[str, int], list[dict]],
 ) -> None:
@@ -173,13 +177,68 @@ def _write_cell(
                 "errors": [] if sstat == "ok" else [f"synthetic {sstat}"],
                 "warnings": warnings.get((v, k, suite), []),
                 "bounds": bounds.get((v, k, suite), {}),
-                "meta": {},
+                "meta": meta.get((v, k, suite), {}),
             },
         )
         if suite == "serving" and (v, k) in requests:
             records.write_json(cdir / suite / "requests.json", requests[(v, k)])
         if suite == "mmmu" and (v, k) in mmmu_records:
             records.write_jsonl(cdir / suite / "records.jsonl", mmmu_records[(v, k)])
+
+
+def make_sweep_run(
+    root: str | Path,
+    *,
+    gains: dict[str, float] | None = None,
+    n: int = 6,
+    seed: int = 5,
+    points: tuple[int, ...] = (1, 4, 16, 64),
+    undelivered: dict[tuple[str, int], list[str]] | None = None,
+    **kw: Any,
+) -> Path:
+    """A synthetic serving load sweep over ``max_concurrency`` ``points`` (:func:`make_run`;
+    ``kw`` go to it): per point (key ``c<p>``) output throughput, per-GPU and per-user tok/s,
+    median / p99 ITL and goodput, and the curve metrics, ``n`` repeats of lognormal noise (2 %
+    run, 1 % more for the variant) from ``seed``. ``gains[key]``: the variant's throughput
+    factor at that point (1 / it for ITL). ``undelivered[(variant, k)]``: point keys the client
+    did not deliver in that cell: their metrics are left out and named in the summary's
+    ``meta.not_judged``, as the serving suite does."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    gains = gains or {}
+    metrics: dict[str, dict[str, list[float | None]]] = {}
+    keys = [f"c{p}" for p in points]
+
+    def put(name: str, base: float, factor: float) -> None:
+        b = base * np.exp(rng.normal(0, 0.02, n))
+        metrics[name] = {
+            "baseline": [float(x) for x in b],
+            "patched": [float(x) for x in b * factor * np.exp(rng.normal(0, 0.01, n))],
+        }
+
+    for p, k in zip(points, keys, strict=True):
+        g = gains.get(k, 1.0)
+        thr = 30.0 * p / (1 + p / 24)
+        put(f"output_throughput_tok_s@{k}", thr, g)
+        put(f"output_per_gpu_tok_s@{k}", thr, g)
+        put(f"itl_median_ms@{k}", 30.0 * (1 + p / 24), 1 / g)
+        put(f"itl_p99_ms@{k}", 60.0 * (1 + p / 24), 1 / g)
+        put(f"output_per_user_tok_s@{k}", 1000 / (30.0 * (1 + p / 24)), g)
+        put(f"goodput_req_s@{k}", thr / 64, g)
+    put("goodput_at_slo_req_s", 30.0 * 16 / (1 + 16 / 24) / 64, 1.0)
+    put("max_concurrency_at_slo_count", 40.0, 1.0)
+    meta: dict[tuple[str, int, str], dict] = {}
+    for (v, k), gone in (undelivered or {}).items():
+        why = {}
+        for name, per in metrics.items():
+            if "@" in name and name.split("@", 1)[1] in gone:
+                per[v][k] = None
+                why[name] = "the client reached 1 of the 64 asked (max_concurrency): not delivered"
+        meta[(v, k, "serving")] = {"not_judged": why}
+    params = dict(kw.pop("suites_params", None) or {})
+    params.setdefault("serving", {"sweep": {"points": list(points)}})
+    return make_run(root, metrics={"serving": metrics}, suites_params=params, meta=meta, **kw)
 
 
 def make_requests(

@@ -44,12 +44,30 @@ def test_generic_presets_are_text_only_serving_without_case_suites(path, capsys)
     """configs/presets/: valid configs whose suites are the generic ones (text-only serving of
     random token ids, MMMU optional): the mrope sync probe and the profiler stay in their
     case's configs."""
-    assert {p.stem for p in PRESETS} >= {"cpu-demo", "pr-h200"}
+    assert {p.stem for p in PRESETS} >= {"cpu-demo", "pr-h200", "sweep-h200"}
     cfg = load_config(path)
     assert list(cfg.suites) == ["serving"]
     assert cfg.suite_params["serving"].dataset_name == "random-ids"
     assert cli.main(["bench", str(path), "--dry-run"]) == 0
     assert "nothing is launched" in capsys.readouterr().out
+
+
+def test_sweep_preset_is_a_four_point_concurrency_curve_within_two_h200_hours():
+    """configs/presets/sweep-h200.yaml: pr-h200's model and text-only serving, swept at
+    concurrency 1, 4, 16 and 64 in a sequential schedule whose most rounds fit 2 H200-hours
+    by the dry run's own estimate."""
+    from patchbench.run.plan import describe_plan
+
+    cfg = load_config(CONFIGS[0].parent / "presets" / "sweep-h200.yaml")
+    pr = load_config(CONFIGS[0].parent / "presets" / "pr-h200.yaml")
+    assert cfg.model == pr.model and list(cfg.variants) == ["baseline", "my-change"]
+    sw = cfg.suite_params["serving"].sweep
+    assert sw.axis == "max_concurrency" and sw.keys() == ["c1", "c4", "c16", "c64"]
+    assert cfg.schedule.sequential is not None and cfg.schedule.max_repeats == 8
+    text = describe_plan(cfg)
+    assert "serving.output_throughput_tok_s@c64" in text
+    per_repeat = float(text.split("a cell, ~")[1].split(" a repeat")[0])
+    assert per_repeat * cfg.schedule.max_repeats <= 120
 
 
 def test_demo_compares_stock_upstream_and_ours():

@@ -620,3 +620,55 @@ def test_is_matrix_file_tells_a_matrix_from_a_config(tmp_path):
     m = write_matrix(tmp_path, f"name: a\nbase: {base}\naxes: {{gpu_type: [A]}}\n")
     assert is_matrix_file(m) is True
     assert is_matrix_file(base) is False
+
+
+def test_matrix_report_of_sweep_units_has_per_point_rows_and_curve_metrics(tmp_path):
+    """Units with a load sweep (synthetic run folders): the curve metrics are columns of the
+    main table, the per-point primaries one row per (unit, variant, point) in "Load curves"."""
+    from patchbench.analysis import build_comparison
+    from patchbench.comparison import write_comparison
+    from patchbench.matrix.record import MatrixRecord, UnitRecord, write_matrix_record
+    from patchbench.matrix.report import write_matrix_report
+    from patchbench.testing import make_run, make_sweep_run
+
+    d = tmp_path / "m"
+    d.mkdir()
+    runs = {
+        "flat": make_sweep_run(d, run_id="flat", points=(1, 16)),
+        "low-load": make_sweep_run(d, run_id="low-load", gains={"c1": 1.15}, points=(1, 4, 16)),
+        "one-point": make_run(
+            d,
+            run_id="one-point",
+            metrics={
+                "serving": {
+                    "output_throughput_tok_s": {
+                        "baseline": [100.0, 101.0, 99.0],
+                        "patched": [100.0, 101.0, 99.0],
+                    }
+                }
+            },
+        ),
+    }
+    for run in runs.values():
+        write_comparison(run, build_comparison(run))
+    units = [UnitRecord(id=u, labels={"case": u}, status="ok", exit_code=0) for u in runs]
+    write_matrix_record(
+        d, MatrixRecord(name="sweeps", executor="local", axes=["case"], units=units)
+    )
+    text = write_matrix_report(d).read_text()
+    head = next(x for x in text.splitlines() if x.startswith("| unit | gpu type"))
+    assert "serving.goodput_at_slo_req_s" in head and "serving.max_concurrency_at_slo_count" in head
+    assert "@" not in head  # per-point primaries are not columns
+    assert "serving.output_throughput_tok_s |" in head  # the single-point unit's primary
+    assert "## Load curves" in text
+    assert (
+        "| unit | variant | point | serving.output_throughput_tok_s | serving.itl_median_ms |"
+        in text
+    )
+    rows = [
+        x for x in text.splitlines() if x.startswith(("| low-load | patched", "| flat | patched"))
+    ]
+    assert [x.split(" | ")[2] for x in rows] == ["c1", "c16", "c1", "c4", "c16"]  # load order
+    assert rows[2].startswith("| low-load | patched | c1 | **improved** +")
+    assert not any(x.startswith("| one-point | patched | c") for x in text.splitlines())
+    assert (d / "plots" / "matrix-effect.png").stat().st_size > 1000

@@ -27,7 +27,7 @@ from patchbench.suites.serving.sweep import (
     point_of,
     point_order,
 )
-from patchbench.testing import make_run
+from patchbench.testing import make_run, make_sweep_run
 
 
 def _recs(rows):
@@ -211,39 +211,9 @@ def test_change_at_low_load_only(tmp_path):
     assert confs[-1] == pytest.approx(1 - 0.05 / 4)
 
 
-def sweep_run(root, *, gains=None, n=6, seed=5, points=(1, 4, 16, 64)):
-    """A synthetic sweep run folder: per point throughput, median / p99 ITL, goodput, per-GPU and
-    per-user tok/s, the curve metrics; ``gains[key]``: the variant's throughput factor there."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    gains = gains or {}
-    metrics: dict = {}
-    keys = [f"c{p}" for p in points]
-
-    def put(name, base, factor):
-        b = base * np.exp(rng.normal(0, 0.02, n))
-        metrics[name] = {
-            "baseline": list(b),
-            "patched": list(b * factor * np.exp(rng.normal(0, 0.01, n))),
-        }
-
-    for p, k in zip(points, keys, strict=True):
-        g = gains.get(k, 1.0)
-        thr = 30.0 * p / (1 + p / 24)
-        put(f"output_throughput_tok_s@{k}", thr, g)
-        put(f"output_per_gpu_tok_s@{k}", thr, g)
-        put(f"itl_median_ms@{k}", 30.0 * (1 + p / 24), 1 / g)
-        put(f"itl_p99_ms@{k}", 60.0 * (1 + p / 24), 1 / g)
-        put(f"output_per_user_tok_s@{k}", 1000 / (30.0 * (1 + p / 24)), g)
-        put(f"goodput_req_s@{k}", thr / 64, g)
-    put("goodput_at_slo_req_s", 30.0 * 16 / (1 + 16 / 24) / 64, 1.0)
-    put("max_concurrency_at_slo_count", 40.0, 1.0)
-    return make_run(
-        root,
-        metrics={"serving": metrics},
-        suites_params={"serving": {"sweep": {"points": list(points)}}},
-    )
+def sweep_run(root, **kw):
+    """A synthetic sweep run folder (patchbench.testing.make_sweep_run)."""
+    return make_sweep_run(root, **kw)
 
 
 def test_sweep_report_and_plots(tmp_path):
@@ -322,3 +292,103 @@ def test_history_keeps_per_point_metrics(tmp_path):
     night = night_from_run(run)
     keys = {m for (_v, s, m) in night.values if s == "serving"}
     assert {"output_throughput_tok_s@c1", "itl_median_ms@c4", "goodput_at_slo_req_s"} <= keys
+
+
+# --- an undelivered point is descriptive: never judged, never stops a sequential run ----------
+
+
+def test_merge_points_names_what_it_leaves_out():
+    p = Params.model_validate({"sweep": {"points": [1, 8], "slo": {"ttft_ms": 1, "tpot_ms": 1}}})
+    recs = _recs([("ok", 100.0, 1000.0, 10)] * 4)  # misses the SLO everywhere
+    m = {"output_throughput_tok_s": 40.0, "concurrency": 1.0, "duration_s": 2.0}
+    out = merge_points(
+        p,
+        {1: SuiteResult(metrics=dict(m)), 8: SuiteResult(metrics=dict(m, concurrency=2.0))},
+        {1: recs, 8: recs},
+        get_suite("serving").metrics,
+    )
+    why = out.meta["not_judged"]
+    assert "not delivered" in why["output_throughput_tok_s@c8"]
+    assert "itl_median_ms@c8" in why and "goodput_req_s@c8" in why
+    assert "concurrency@c8" not in why  # descriptive: kept
+    assert not any(k.endswith("@c1") for k in why)
+    assert why["max_concurrency_at_slo_count"].startswith("not reached")
+    ok = merge_points(
+        p,
+        {1: SuiteResult(metrics=dict(m))} | {8: SuiteResult(metrics=dict(m, concurrency=8.0))},
+        {1: _recs([("ok", 0.1, 1.0, 10)] * 4), 8: _recs([("ok", 0.1, 1.0, 10)] * 4)},
+        get_suite("serving").metrics,
+    )
+    assert "not_judged" not in ok.meta  # every point delivered and the SLO met
+
+
+def _config_of(run):
+    """The run's config as the runner holds it (loaded from YAML, model files not checked)."""
+    import yaml
+
+    from patchbench.config import load_config
+    from patchbench.records import read_json
+
+    p = run / "config.yaml"
+    p.write_text(yaml.safe_dump(read_json(run / "manifest.json")["config"]))
+    return load_config(p, check_files=False)
+
+
+def _seq_run(tmp_path, undelivered, n=4):
+    return make_sweep_run(
+        tmp_path,
+        n=n,
+        points=(1, 16),
+        gains={"c1": 1.3, "c16": 1.3},
+        undelivered=undelivered,
+        schedule_repeats={"min": 4, "max": 8, "step": 2},
+    )
+
+
+@pytest.mark.parametrize(
+    "undelivered",
+    [
+        {("patched", 1): ["c16"]},
+        {(v, k): ["c16"] for v in ("baseline", "patched") for k in range(4)},
+    ],
+    ids=["one-cell", "every-cell"],
+)
+def test_an_undelivered_point_never_stops_or_holds_a_sequential_run(tmp_path, undelivered):
+    from patchbench.analysis import look_decision
+    from patchbench.run.looks import sequential_design, sequential_look
+
+    run = _seq_run(tmp_path, undelivered)
+    dec, complete = look_decision(run, 0)
+    assert complete == 4 and dec is not None and dec.look_index == 0
+    got = {m: d.decision for (v, m), d in dec.metrics.items()}
+    for name in ("output_throughput_tok_s@c16", "itl_median_ms@c16"):
+        # never decided (no row at all when no cell delivered the point)
+        assert got.get(f"serving.{name}", "continue") in ("continue", "inconclusive")
+    assert got["serving.output_throughput_tok_s@c1"] == "improved"
+    assert dec.stop  # the delivered point decides; the undelivered one does not hold it open
+    # the runner's look: no "missing pair" stop for a point left out on purpose
+    cfg = _config_of(run)
+    design = sequential_design(cfg)
+    look, why = sequential_look(cfg, run, design, 0)
+    assert why is None and look is not None and look.look_index == 0
+    cmp = build_comparison(run)
+    row = cmp.row("serving", "output_throughput_tok_s@c16", "patched")
+    if len(undelivered) == 1:
+        assert row.verdict == "incomplete" and any("not delivered" in x for x in row.notes)
+    else:
+        assert row is None
+    assert cmp.row("serving", "output_throughput_tok_s@c1", "patched").verdict == "improved"
+
+
+def test_a_failed_cell_still_stops_the_sequential_look(tmp_path):
+    from patchbench.records import read_json
+    from patchbench.run.looks import sequential_design, sequential_look
+
+    run = _seq_run(tmp_path, {})
+    summ = run / "patched" / "rep1" / "serving" / "summary.json"
+    data = read_json(summ)
+    del data["metrics"]["output_throughput_tok_s@c16"]  # gone with no reason: a failure
+    summ.write_text(__import__("json").dumps(data))
+    cfg = _config_of(run)
+    look, why = sequential_look(cfg, run, sequential_design(cfg), 0)
+    assert look is None and "patched/rep1 serving.output_throughput_tok_s@c16" in why

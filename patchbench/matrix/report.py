@@ -8,8 +8,12 @@ Read only through the typed readers: ``matrix.json``
 - the table: unit (linked to its ``report.md``), its GPU type, the value of each axis, status,
   node, then one column per primary metric (``suite.metric``) holding, per variant, the verdict,
   the change and its interval at the level the verdict used;
-- the figure: one panel per primary metric, one line per (unit, variant): the change (dot) and its
-  interval (bar), coloured by verdict (patchbench.plots.COLOURS).
+- a load sweep's per-point primaries (``<metric>@<point>``, docs/CONTRACTS.md) are not columns
+  of that table: "Load curves" has one row per (unit, variant, point), one column per such metric;
+  the curve metrics (goodput at the SLO, the highest load meeting it) stay in the main table;
+- the figure: one panel per primary metric (a per-point one: one panel per metric), one line per
+  (unit, variant[, point]): the change (dot) and its interval (bar), coloured by verdict
+  (patchbench.plots.COLOURS).
 """
 
 from __future__ import annotations
@@ -25,6 +29,35 @@ from patchbench.matrix.record import MatrixRecord, UnitRecord, read_matrix_recor
 from patchbench.records import write_text
 
 FIGURE = "plots/matrix-effect.png"
+#: the separator of a per-point metric's name (patchbench.plots.POINT_SEP)
+POINT_SEP = "@"
+
+
+def split_points(
+    primaries: list[tuple[str, str]],
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]], list[str]]:
+    """(the primaries that are not per point, the per-point ones' (suite, metric) without the
+    point, the points) of :func:`unit_effects`' primaries, in the order first met; the points
+    by axis, then lowest load first (``c4`` before ``c16``)."""
+    whole, bases, points = [], [], []
+    for s, m in primaries:
+        base, sep, point = m.partition(POINT_SEP)
+        if not sep:
+            whole.append((s, m))
+            continue
+        if (s, base) not in bases:
+            bases.append((s, base))
+        if point not in points:
+            points.append(point)
+    return whole, bases, sorted(points, key=_point_order)
+
+
+def _point_order(key: str) -> tuple[str, float]:
+    """A point key's sort key: its axis letter, then its load (a key that is no number: last)."""
+    try:
+        return key[:1], float(key[1:])
+    except ValueError:
+        return key[:1], float("inf")
 
 
 @dataclass
@@ -88,8 +121,10 @@ def render_matrix_report(matrix_dir: str | os.PathLike) -> str:
     d = Path(matrix_dir)
     rec = read_matrix_record(d)
     units, primaries = unit_effects(d)
+    whole, bases, points = split_points(primaries)
     lines = _header(rec, d, units)
-    lines += _table(rec, d, units, primaries)
+    lines += _table(rec, d, units, whole)
+    lines += _curves(units, bases, points)
     problems = [e for e in units if e.unit.status != "ok"]
     if problems:
         lines += ["", "## Units that did not end ok", ""]
@@ -143,14 +178,43 @@ def _table(
         vals = [_cell_value(u.labels.get(a)) for a in axes]
         status = u.status + (f" (exit {u.exit_code})" if u.exit_code not in (0, None) else "")
         cols = [
-            "<br>".join(
-                f"{v}: **{r.verdict}** {_fmt(r.change, r.change_unit)}{_interval(r)}"
-                for v, r in e.rows(s, m)
-            )
-            or "-"
-            for s, m in primaries
+            "<br>".join(f"{v}: {_effect(r)}" for v, r in e.rows(s, m)) or "-" for s, m in primaries
         ]
         lines.append("| " + " | ".join([link, u.gpu_type or "any", *vals, status, *cols]) + " |")
+    return lines
+
+
+def _effect(r: Row) -> str:
+    return f"**{r.verdict}** {_fmt(r.change, r.change_unit)}{_interval(r)}"
+
+
+def _curves(units: list[UnitEffects], bases: list[tuple[str, str]], points: list[str]) -> list[str]:
+    """ "Load curves": one row per (unit, variant, point) of the units with a load sweep, one
+    column per per-point primary (:func:`split_points`); "-" where the unit has no such row (a
+    point it did not sweep or whose client did not deliver the load: never judged)."""
+    if not bases:
+        return []
+    head = ["unit", "variant", "point", *(f"{s}.{m}" for s, m in bases)]
+    lines = [
+        "",
+        "## Load curves",
+        "",
+        "Per point of each unit's load sweep (`<metric>@<point>`: `c16` is concurrency 16, "
+        "`r2.5` a request rate of 2.5 req/s); the curve metrics are in the table above.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for e in units:
+        if e.comparison is None:
+            continue
+        for v in e.comparison.variants:
+            for k in points:
+                found = [dict(e.rows(s, f"{m}{POINT_SEP}{k}")).get(v) for s, m in bases]
+                if all(r is None for r in found):
+                    continue
+                cells = [_effect(r) if r is not None else "-" for r in found]
+                lines.append("| " + " | ".join([e.unit.id, v, k, *cells]) + " |")
     return lines
 
 
@@ -205,13 +269,15 @@ def _cell_value(v: Any) -> str:
 
 
 def plot_matrix_effects(matrix_dir: str | os.PathLike):
-    """The figure: one panel per primary metric, a row per (unit, variant) with the change and
-    its interval, coloured by verdict; None when no unit has a primary row with a change."""
+    """The figure: one panel per primary metric (per-point ones: one panel per metric, a row per
+    point), a row per (unit, variant) with the change and its interval, coloured by verdict;
+    None when no unit has a primary row with a change."""
     from patchbench.plots import COLOURS, DPI, WIDTH_IN, plt
 
     units, primaries = unit_effects(matrix_dir)
+    whole, bases, points = split_points(primaries)
     panels = []
-    for s, m in primaries:
+    for s, m in whole:
         pts = [
             (f"{e.unit.id} · {v}", r)
             for e in units
@@ -220,6 +286,16 @@ def plot_matrix_effects(matrix_dir: str | os.PathLike):
         ]
         if pts:
             panels.append((f"{s}.{m}", pts))
+    for s, m in bases:
+        pts = [
+            (f"{e.unit.id} · {v} · {k}", r)
+            for e in units
+            for k in points
+            for v, r in e.rows(s, f"{m}{POINT_SEP}{k}")
+            if r.change is not None
+        ]
+        if pts:
+            panels.append((f"{s}.{m} per point", pts))
     if not panels:
         return None
     n_rows = max(len(p) for _, p in panels)

@@ -55,8 +55,9 @@ def sequential_look(cfg: Config, run_dir: Path, design, look_index: int, previou
     run folder as it is; A/A variants are measured controls that never hold the run open).
 
     Returns (LookDecision, None), or (None, why) when a needed pair is missing (a failed cell):
-    the run then stops; ``--resume`` re-runs the failed cells and looks again.
-    """
+    the run then stops; ``--resume`` re-runs the failed cells and looks again. A value its suite
+    left out on purpose (``RunData.not_judged``: a load sweep's undelivered point) is not
+    missing: that primary is never judged and neither holds the run open nor stops it."""
     from patchbench.analysis import look_decision
     from patchbench.rundata import read_run
 
@@ -68,6 +69,11 @@ def sequential_look(cfg: Config, run_dir: Path, design, look_index: int, previou
             for k in range(n):
                 b, x = data.value(data.baseline, k, s, m), data.value(v, k, s, m)
                 timed = data.timed(data.baseline, k, s) and data.timed(v, k, s)
+                if any(
+                    y is None and data.not_judged(a, k, s, m)
+                    for a, y in ((data.baseline, b), (v, x))
+                ):
+                    continue  # left out on purpose (never judged): not a failed cell
                 if b is None or x is None or b <= 0 or x <= 0 or not timed:
                     missing.append(f"{v}/rep{k} {s}.{m}")
     if missing:

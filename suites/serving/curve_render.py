@@ -239,7 +239,7 @@ def plot_latency(comparison: Any, out: Path) -> Path | None:
     ax.set_xlabel("ITL (ms, log scale): median solid, p99 dashed")
     ax.set_ylabel("output throughput (tok/s)")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=2, handlelength=4)  # long enough to show p99's dashes
     ax.set_title("Throughput against latency per load (band: range over repeats)", fontsize=9)
     fig.suptitle(
         f"Load curve per variant   [{comparison_get(comparison, 'run_id', '')}]", fontsize=10
@@ -263,6 +263,7 @@ def plot_change(comparison: Any, out: Path) -> Path | None:
     variants = list(comparison_get(comparison, "variants", []) or [])
     fig, axes = plt.subplots(1, 2, figsize=(9.0, 3.8), dpi=100, squeeze=False)
     width = 0.6 / max(1, len(variants))
+    undelivered = False
     for ax, m in zip(axes[0], CURVE_METRICS, strict=True):
         by = {(r["variant"], r["metric"]): r for r in rows}
         margin = None
@@ -272,6 +273,7 @@ def plot_change(comparison: Any, out: Path) -> Path | None:
                 x = i + (j - (len(variants) - 1) / 2) * width
                 if r is None:
                     ax.plot([x], [0], "x", color="black")
+                    undelivered = True
                     continue
                 c = _COLOURS.get(r["verdict"], "tab:gray")
                 margin = r.get("margin") if margin is None else margin
@@ -293,9 +295,10 @@ def plot_change(comparison: Any, out: Path) -> Path | None:
         plt.Line2D([], [], ls="", marker=["o", "s", "^", "D"][j % 4], color="black", label=v)
         for j, v in enumerate(variants)
     ]
-    handles.append(plt.Line2D([], [], ls="", marker="x", color="black", label="not delivered"))
+    if undelivered:
+        handles.append(plt.Line2D([], [], ls="", marker="x", color="black", label="not delivered"))
     fig.legend(
-        handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=7, frameon=False
+        handles=handles, loc="lower center", ncol=min(len(handles), 8), fontsize=7, frameon=False
     )
     fig.suptitle(
         f"Paired change per load, Holm-adjusted intervals   [{comparison_get(comparison, 'run_id', '')}]",

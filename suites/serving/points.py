@@ -126,8 +126,10 @@ def merge_points(
     when they differ by more than :data:`GOODPUT_REL_TOL` and one request over the duration).
 
     A point whose client did not deliver the load asked keeps only its descriptive metrics (its
-    judged ones are left out: never judged) and gets a warning; a point's errors and warnings are
-    prefixed with its key. Raises ValueError when ``params.sweep`` is None."""
+    judged ones are left out: never judged, each named in ``meta.not_judged`` with the reason, so
+    the comparison and the sequential looks tell it from a failed cell) and gets a warning; so
+    does a curve metric without a value ("not reached", no delivered point). A point's errors and
+    warnings are prefixed with its key. Raises ValueError when ``params.sweep`` is None."""
     sw = params.sweep
     if sw is None:
         raise ValueError("merge_points needs a sweep")
@@ -157,11 +159,13 @@ def merge_points(
                     f"bench_serving's --goodput {tg:.4g} req/s"
                 )
         if not ok:
-            out.warnings.append(
-                f"point {k}: the client reached {got:.3g} of the {p:g} asked "
-                f"({sw.axis}): not delivered, never judged"
-            )
+            why = f"the client reached {got:.3g} of the {p:g} asked ({sw.axis}): not delivered"
+            out.warnings.append(f"point {k}: {why}, never judged")
             m = {n: v for n, v in m.items() if n in single and single[n].kind == "descriptive"}
+            out.meta.setdefault("not_judged", {}).update(
+                {metric_at(n, k): why for n, i in single.items() if i.kind != "descriptive"}
+                | {metric_at(n, k): why for n in POINT_CURVE}
+            )
         else:
             loads.append(p)
             ratios.append(ratio)
@@ -186,8 +190,11 @@ def merge_points(
 
 def _curve(sw: Sweep, out: SuiteResult, loads, ratios, goodputs, front) -> None:
     """Add the curve metrics and ``meta.sweep`` answers to ``out`` (delivered points only)."""
+    withheld = out.meta.setdefault("not_judged", {})
     if goodputs:
         out.metrics[GOODPUT] = max(goodputs)
+    else:
+        withheld[GOODPUT] = "no delivered point with request records"
     name = MAX_LOAD[sw.axis]
     if loads:
         ml = max_load_at_slo(loads, ratios)
@@ -197,10 +204,15 @@ def _curve(sw: Sweep, out: SuiteResult, loads, ratios, goodputs, front) -> None:
         if ml.answer == "beyond the sweep":
             out.bounds[name] = "lower"
         elif ml.answer == "not reached":
+            withheld[name] = "not reached: no delivered point meets the SLO"
             out.warnings.append(
                 f"no point meets the SLO (TTFT <= {sw.slo.ttft_ms:g} ms and TPOT <= "
                 f"{sw.slo.tpot_ms:g} ms at p{sw.slo.percentile:g}): {name} not reached"
             )
+    else:
+        withheld[name] = "no delivered point"
+    if not withheld:
+        del out.meta["not_judged"]
     idx = frontier([(x, y) for _, x, y in front])
     out.meta["sweep"]["frontier"] = [front[i][0] for i in idx]
     out.meta["sweep"]["slo"] = sw.slo.model_dump()
