@@ -16,7 +16,6 @@ import re
 import shutil
 import sqlite3
 import threading
-import time
 from pathlib import Path
 from urllib.parse import urljoin, urlparse
 
@@ -105,6 +104,32 @@ def test_night_builds_read_defensively(demo, tmp_path):
     assert s.charts["chart-nightly-cpu-0"]["red night"] == 1
 
 
+def test_a_kept_site_keeps_the_report_of_a_night_whose_folder_is_gone(demo, tmp_path):
+    hist, _site, _s = demo
+    old = tmp_path / "h.sqlite"
+    shutil.copy(hist, old)
+    moved = tmp_path / "runs" / RED_RUN
+    shutil.copytree(hist.parent / "runs" / RED_RUN, moved)
+    con = sqlite3.connect(old)
+    con.execute("UPDATE nights SET run_dir = ? WHERE run_id = ?", (str(moved), RED_RUN))
+    con.commit()
+    con.close()
+    site = tmp_path / "site"
+    assert RED_RUN in build_site(old, site).nights_copied
+    shutil.rmtree(moved)
+    s = build_site(old, site)
+    assert s.nights_kept == [RED_RUN] and (site / f"nights/{RED_RUN}/nightly.html").is_file()
+    assert (
+        f'href="../nights/{RED_RUN}/nightly.html"'
+        in (site / "configs/nightly-cpu.html").read_text()
+    )
+    s = build_site(old, tmp_path / "fresh")  # no earlier copy: named as gone, no link
+    assert (
+        RED_RUN in s.nights_gone
+        and f"nights/{RED_RUN}" not in (tmp_path / "fresh/configs/nightly-cpu.html").read_text()
+    )
+
+
 def test_dashboard_usage_errors(tmp_path, capsys):
     assert main(["dashboard", str(tmp_path / "none.sqlite"), "--out", str(tmp_path / "s")]) == 2
     assert "no such history file" in capsys.readouterr().err
@@ -120,6 +145,7 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
 
 
 @pytest.mark.browser
+@pytest.mark.timeout(120)
 def test_every_page_in_headless_chromium(demo):
     """Every page loads without SEVERE console entries; every chart has its traces with the
     expected points; every link answers 200; the landing view shows the red config red."""
@@ -133,7 +159,6 @@ def test_every_page_in_headless_chromium(demo):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}/"
     driver = browser.start()
-    t0 = time.monotonic()
     try:
         checked: set[str] = set()
         for page in s.pages:
@@ -173,7 +198,6 @@ def test_every_page_in_headless_chromium(demo):
     finally:
         driver.quit()
         server.shutdown()
-    assert time.monotonic() - t0 < 40
 
 
 def _page_of(div_id: str) -> str:

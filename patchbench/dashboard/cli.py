@@ -14,7 +14,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--out",
         required=True,
         metavar="DIR",
-        help="the site's folder (its index.html, configs/, nights/ and assets/ are replaced)",
+        help="the site's folder (kept between nights, it keeps the reports of nights whose run "
+        "folder is gone)",
     )
 
 
@@ -26,6 +27,7 @@ def run(a: argparse.Namespace) -> int:
     print(
         f"dashboard: {s.out / 'index.html'}: {len(s.charts)} chart(s), "
         f"{len(s.nights_copied)} night report(s) copied"
+        + (f", {len(s.nights_kept)} kept from an earlier build" if s.nights_kept else "")
         + (f", {len(s.nights_gone)} night(s) whose run folder is gone" if s.nights_gone else "")
     )
     return EXIT_OK

@@ -106,12 +106,14 @@ def _failing_text(n: NightInfo) -> str:
 @dataclass
 class SiteSummary:
     """What :func:`build_site` wrote: ``pages`` (paths relative to DIR), ``charts``: chart div id
-    -> {trace name: number of points}, ``nights_copied`` / ``nights_gone``: run ids."""
+    -> {trace name: number of points}; run ids: ``nights_copied`` (from their run folders),
+    ``nights_kept`` (run folder gone, an earlier build's copy kept), ``nights_gone`` (neither)."""
 
     out: Path
     pages: list[str] = field(default_factory=list)
     charts: dict[str, dict[str, int]] = field(default_factory=dict)
     nights_copied: list[str] = field(default_factory=list)
+    nights_kept: list[str] = field(default_factory=list)
     nights_gone: list[str] = field(default_factory=list)
 
 
@@ -147,11 +149,13 @@ def _md_to_html(text: str, folder: Path) -> str:
 
 def _copy_night(n: NightInfo, out: Path) -> str | None:
     """Copy night ``n``'s reports into ``out/nights/<run_id>/`` and render them; returns the
-    page to link (relative to DIR), None when the run folder is gone or has no report."""
-    if not n.folder_present:
-        return None
-    src = Path(str(n.run_dir))
+    page to link (relative to DIR). When the run folder is gone, the copy an earlier build left
+    in ``out`` is kept and linked; None when there is none, or the folder has no report."""
     dest = out / "nights" / slug(n.run_id)
+    if not n.folder_present:
+        return _link(out, n)  # copied by an earlier build into the same DIR, else None
+    src = Path(str(n.run_dir))
+    shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True, exist_ok=True)
     for name in ("nightly.md", "report.md", "nightly.json"):
         if (src / name).is_file():
@@ -394,32 +398,39 @@ def _index_page(latest: dict[str, NightInfo], links) -> str:
 def build_site(history: str | Path, out: str | Path) -> SiteSummary:
     """Write the static site of a nightly history into ``out`` (module docstring).
 
-    ``out``'s ``index.html``, ``configs/``, ``nights/`` and ``assets/`` are replaced; nothing
-    else in it is touched. Raises UsageError (exit 2) for a missing history file,
-    :class:`patchbench.history.HistoryError` (exit 3) for an unusable one."""
+    ``out``'s ``index.html``, ``configs/`` and ``assets/`` are replaced, and ``nights/<run>/``
+    for every night whose run folder is present; a night whose run folder is gone keeps the copy
+    an earlier build left in ``out`` (so a site folder kept between nights, e.g. beside the
+    history, keeps every report); nothing else in ``out`` is touched.
+
+    Raises UsageError (exit 2) for a missing history file, :class:`patchbench.history.HistoryError`
+    (exit 3) for an unusable one."""
     import plotly.offline
 
     out = Path(out)
     with open_history(history) as h:
         out.mkdir(parents=True, exist_ok=True)
-        for sub in ("configs", "nights", "assets"):
+        for sub in ("configs", "assets"):
             shutil.rmtree(out / sub, ignore_errors=True)
-        (out / "assets").mkdir()
-        (out / "configs").mkdir()
-        (out / "nights").mkdir()
+        for sub in ("configs", "assets", "nights"):
+            (out / sub).mkdir(exist_ok=True)
         (out / "assets" / "plotly.min.js").write_text(plotly.offline.get_plotlyjs())
         summary = SiteSummary(out)
         latest: dict[str, NightInfo] = {}
+        known: set[str] = set()
         for config in config_names(h):
             infos = night_infos(h, config)
             links = {}
             for n in infos:
                 links[n.run_id] = _copy_night(n, out)
                 if links[n.run_id]:
-                    summary.nights_copied.append(n.run_id)
                     summary.pages.append(links[n.run_id])
+                    (summary.nights_copied if n.folder_present else summary.nights_kept).append(
+                        n.run_id
+                    )
                 elif not n.folder_present:
                     summary.nights_gone.append(n.run_id)
+                known.add(slug(n.run_id))
             page = f"configs/{slug(config)}.html"
             (out / page).write_text(_config_page(h, config, infos, links, summary))
             summary.pages.append(page)
@@ -429,6 +440,9 @@ def build_site(history: str | Path, out: str | Path) -> SiteSummary:
             _index_page(latest, {n.run_id: _link(out, n) for n in latest.values()})
         )
         summary.pages.insert(0, "index.html")
+        for stale in (out / "nights").iterdir():
+            if stale.name not in known:  # a night no longer in the history
+                shutil.rmtree(stale, ignore_errors=True)
     return summary
 
 
