@@ -33,6 +33,7 @@ from patchbench.dashboard.data import (
     series,
     variants_of,
 )
+from patchbench.errors import EnvironmentNotReady
 
 #: outcome word -> colour of its badge (anything else: grey)
 COLOURS = {
@@ -404,8 +405,14 @@ def build_site(history: str | Path, out: str | Path) -> SiteSummary:
     history, keeps every report); nothing else in ``out`` is touched.
 
     Raises UsageError (exit 2) for a missing history file, :class:`patchbench.history.HistoryError`
-    (exit 3) for an unusable one."""
-    import plotly.offline
+    (exit 3) for an unusable one; EnvironmentNotReady (exit 3) without plotly or markdown-it-py."""
+    try:
+        import markdown_it  # noqa: F401
+        import plotly.offline
+    except ImportError as e:
+        raise EnvironmentNotReady(
+            f"the dashboard needs {e.name} (requirements/harness.txt): run make setup"
+        ) from None
 
     out = Path(out)
     with open_history(history) as h:
