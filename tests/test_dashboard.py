@@ -15,6 +15,7 @@ import http.server
 import re
 import shutil
 import sqlite3
+import sys
 import threading
 from pathlib import Path
 from urllib.parse import urljoin, urlparse
@@ -27,6 +28,8 @@ from patchbench.dashboard.data import _night_builds, night_infos, open_history
 from patchbench.dashboard.demo import TPUT, build_demo
 from patchbench.dashboard.site import build_site, slug
 from patchbench.history import read_change_points
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 RED_RUN = "20260112T030000Z-nightly-cpu"
 GONE_RUN = "20260101T030000Z-nightly-cpu-small"
@@ -128,6 +131,27 @@ def test_a_kept_site_keeps_the_report_of_a_night_whose_folder_is_gone(demo, tmp_
         RED_RUN in s.nights_gone
         and f"nights/{RED_RUN}" not in (tmp_path / "fresh/configs/nightly-cpu.html").read_text()
     )
+
+
+def test_site_from_nights_the_nightly_job_wrote(tmp_path):
+    """The page reads what patchbench.nightly writes: two green nights, then a red one."""
+    from test_nightly import JOB, clean, make_night
+
+    from patchbench.nightly.job import nightly_on_run
+
+    h = tmp_path / "h.sqlite"
+    for day in (1, 2):
+        assert nightly_on_run(make_night(tmp_path, day, *clean(day)), JOB, history=h).exit_code == 0
+    red = make_night(tmp_path, 3, [100.0, 101.0, 99.0], [90.0, 91.0, 89.0])
+    assert nightly_on_run(red, JOB, history=h).exit_code == 1
+    s = build_site(h, tmp_path / "site")
+    assert s.charts == {"chart-nightly-test-0": {"baseline": 3, "patched": 3, "red night": 1}}
+    index = (tmp_path / "site/index.html").read_text()
+    assert 'data-outcome="red"' in index and f"serving.{TPUT} (patched, same_run) -10.0 %" in index
+    page = tmp_path / "site/nights" / red.name
+    assert (page / "nightly.html").is_file() and (
+        page / "plots" / f"nightly-serving.{TPUT}.png"
+    ).is_file()
 
 
 def test_dashboard_usage_errors(tmp_path, capsys):
