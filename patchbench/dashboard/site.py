@@ -183,12 +183,13 @@ def _copy_night(n: NightInfo, out: Path) -> str | None:
     return f"nights/{slug(n.run_id)}/{mds[0].replace('.md', '.html')}"
 
 
-def _night_cell(n: NightInfo, links: dict[str, str | None], up: str) -> str:
+def _night_cell(n: NightInfo, links: dict[str, str | None], up: str, label: str = "") -> str:
+    """The night's link (text: ``label`` or its run id), or why it has none."""
     link = links.get(n.run_id)
     if link:
-        return f'<a href="{up}{link}">{_esc(n.run_id)}</a>'
+        return f'<a href="{up}{link}" title="{_esc(n.run_id)}">{_esc(label or n.run_id)}</a>'
     why = "run folder gone" if not n.folder_present else "no report in its run folder"
-    return f'{_esc(n.run_id)} <span class="gone">({why})</span>'
+    return f'{_esc(label or n.run_id)} <span class="gone">({why})</span>'
 
 
 # ---------------------------------------------------------------------------------------- charts
@@ -382,7 +383,7 @@ def _index_page(latest: dict[str, NightInfo], links) -> str:
             f'<tr data-config="{_esc(config)}"><td><a href="configs/{slug(config)}.html">'
             f"{_esc(config)}</a></td><td>{_badge(n.outcome)}</td><td>{_esc(_x(n.night_utc)[:16])}</td>"
             f"<td>{_esc(n.release)}</td><td>{_esc(n.patch_state)}</td>"
-            f'<td class="wrap">{_esc(_failing_text(n))}</td><td>{_night_cell(n, links, "")}</td></tr>'
+            f'<td class="wrap">{_esc(_failing_text(n))}</td><td>{_night_cell(n, links, "", "nightly report")}</td></tr>'
         )
     body = (
         "<h1>patchbench nightly</h1>\n"
