@@ -154,6 +154,22 @@ def test_site_from_nights_the_nightly_job_wrote(tmp_path):
     ).is_file()
 
 
+def test_reports_render_without_raw_html_or_links_out_of_the_copy(tmp_path):
+    from patchbench.dashboard.site import _md_to_html
+
+    (tmp_path / "report.html").touch()
+    (tmp_path / "plots").mkdir()
+    (tmp_path / "plots/a.png").touch()
+    got = _md_to_html(
+        "<script>x()</script>\n\n[r](report.md) [up](../../../../etc/hostname) "
+        "![a](plots/a.png) ![b](plots/b.png)",
+        tmp_path,
+    )
+    assert "<script>" not in got and '<a href="report.html">r</a>' in got
+    assert " up " in got and "hostname" not in got
+    assert '<img src="plots/a.png"' in got and '<span class="gone">[b]</span>' in got
+
+
 def test_dashboard_usage_errors(tmp_path, capsys):
     assert main(["dashboard", str(tmp_path / "none.sqlite"), "--out", str(tmp_path / "s")]) == 2
     assert "no such history file" in capsys.readouterr().err

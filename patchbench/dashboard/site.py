@@ -5,8 +5,9 @@ Layout of ``DIR``::
 
     index.html                     tonight's state per config (the landing view)
     configs/<config>.html          per gated metric a chart, then every night in a table
-    nights/<run_id>/nightly.html   that night's nightly.md rendered (report.html: report.md),
-                                   with the .md files, nightly.json and plots/ copied beside
+    nights/<run_id>/nightly.html   that night's nightly.md rendered (report.html: report.md,
+                                   report-details.html), the .md files, nightly.json and
+                                   plots/ copied beside
     assets/plotly.min.js           from the installed plotly package
 
 Every link is relative and resolves inside ``DIR`` (the site can be published anywhere, e.g.
@@ -45,6 +46,8 @@ COLOURS = {
     "config error": "#6e7781",
 }
 GREY = "#8c959f"
+#: a night's reports, copied and rendered (the first present is the one linked)
+REPORTS = ("nightly.md", "report.md", "report-details.md")
 #: the colours of the variants' traces, in order
 TRACE_COLOURS = ("#0969da", "#8250df", "#1b7c83", "#bc4c00", "#57606a")
 
@@ -127,20 +130,26 @@ def _md_to_html(text: str, folder: Path) -> str:
     becomes its plain text."""
     from markdown_it import MarkdownIt
 
-    body = MarkdownIt("commonmark").enable("table").render(text)
+    # raw HTML in the markdown stays text: a report quotes model outputs and error messages
+    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(text)
+    root = folder.resolve()
+
+    def inside(rel: str) -> bool:
+        p = (folder / rel).resolve()
+        return p.is_file() and root in p.parents
 
     def fix_link(m: re.Match) -> str:
         href, inner = html.unescape(m.group(1)), m.group(2)
         if re.match(r"^[a-z][a-z0-9+.-]*:|^#", href):
             return m.group(0)
         target = re.sub(r"\.md$", ".html", href)
-        if (folder / target).is_file():
+        if inside(target):
             return f'<a href="{html.escape(target)}">{inner}</a>'
         return inner
 
     def fix_img(m: re.Match) -> str:
         src = html.unescape(m.group(1))
-        if re.match(r"^[a-z][a-z0-9+.-]*:", src) or (folder / src).is_file():
+        if re.match(r"^[a-z][a-z0-9+.-]*:", src) or inside(src):
             return m.group(0)
         return f'<span class="gone">[{m.group(2)}]</span>'
 
@@ -158,15 +167,15 @@ def _copy_night(n: NightInfo, out: Path) -> str | None:
     src = Path(str(n.run_dir))
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("nightly.md", "report.md", "nightly.json"):
+    for name in (*REPORTS, "nightly.json"):
         if (src / name).is_file():
             shutil.copy2(src / name, dest / name)
     if (src / "plots").is_dir():
         (dest / "plots").mkdir(exist_ok=True)
         for png in sorted((src / "plots").glob("*.png")):
             shutil.copy2(png, dest / "plots" / png.name)
-    # the .html names exist before any page is rendered, so the two reports link each other
-    mds = [m for m in ("nightly.md", "report.md") if (dest / m).is_file()]
+    # the .html names exist before any page is rendered, so the reports link each other
+    mds = [m for m in REPORTS if (dest / m).is_file()]
     for m in mds:
         (dest / m.replace(".md", ".html")).touch()
     for m in mds:
@@ -455,8 +464,9 @@ def build_site(history: str | Path, out: str | Path) -> SiteSummary:
 
 
 def _link(out: Path, n: NightInfo) -> str | None:
-    for m in ("nightly.html", "report.html"):
-        rel = f"nights/{slug(n.run_id)}/{m}"
+    """The night's page already in ``out`` (relative to it), None when there is none."""
+    for m in REPORTS:
+        rel = f"nights/{slug(n.run_id)}/{m.replace('.md', '.html')}"
         if (out / rel).is_file():
             return rel
     return None
