@@ -10,10 +10,10 @@ RAY     ?= 0
 
 # every supported pin (a CPU profile in requirements/ per pin)
 PINS    := $(patsubst requirements/cpu-%.txt,%,$(wildcard requirements/cpu-*.txt))
-# the unit tests that need neither sglang nor the network (the pull-request workflow)
-LIGHT_MARKERS := not e2e and not needs_sglang and not network
+# the unit tests that need neither sglang, the network nor a browser (the pull-request workflow)
+LIGHT_MARKERS := not e2e and not needs_sglang and not network and not browser
 
-.PHONY: setup setup-ray setup-all setup-light demo bench test test-light nightly lint check-patch doctor \
+.PHONY: setup setup-ray setup-all setup-browser setup-light demo bench test test-light nightly lint check-patch doctor \
         gpu-check check-gpu-profile clean-cache
 
 setup:
@@ -25,6 +25,10 @@ setup-ray:
 	@$(VENV)/bin/python -c "import ray" 2>/dev/null || \
 	    $(VENV)/bin/python -m pip install --disable-pip-version-check --progress-bar off --no-cache-dir \
 	    -r requirements/ray.txt
+
+# headless Chromium for the dashboard's browser test (Debian packages chromium, chromium-driver)
+setup-browser:
+	scripts/setup_browser.sh
 
 # both supported pins (the tests exercise both releases)
 setup-all:
@@ -47,7 +51,7 @@ check-patch: setup
 doctor: setup
 	$(PY) -m patchbench doctor $(DOCTOR_CONFIG)
 
-test: setup-all
+test: setup-all setup-browser
 	$(MAKE) --no-print-directory setup-ray VENV=.venv
 	scripts/run_tests.sh $(PYTEST_ARGS)
 

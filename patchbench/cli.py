@@ -411,6 +411,18 @@ COMMANDS: list[Command] = [
         _run_nightly,
     ),
     Command(
+        "history",
+        "list the nightly history's nights, a metric's series (--metric) or a night's gates (--night)",
+        lambda p: importlib.import_module("patchbench.history_cli").add_arguments(p),
+        lambda a, _raw: importlib.import_module("patchbench.history_cli").run(a),
+    ),
+    Command(
+        "dashboard",
+        "write the nightly history as a static site (charts, change points, reports) into --out",
+        lambda p: importlib.import_module("patchbench.dashboard.cli").add_arguments(p),
+        lambda a, _raw: importlib.import_module("patchbench.dashboard.cli").run(a),
+    ),
+    Command(
         "check-patch",
         "apply every patch to a pristine copy of each release it supports",
         _args_check_patch,

@@ -27,7 +27,8 @@ def plot_trend(
 ):
     """A matplotlib Figure: per variant, the nightly medians of the history, the range of the
     last K nights' runs (the history gate's window), and tonight's point (red edge when a gate
-    failed). x: night (UTC), y: the metric in its unit. The caller saves and closes it."""
+    failed). x: night (UTC; concise dates, the year or month once at the axis' end), y: the
+    metric in its unit; the legend below the axes. The caller saves and closes it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -35,7 +36,7 @@ def plot_trend(
     import matplotlib.pyplot as plt
 
     unit = metric_unit(suite, metric, [tonight, *prior])
-    fig, ax = plt.subplots(figsize=(8, 4.2), dpi=110)
+    fig, ax = plt.subplots(figsize=(8, 5.2), dpi=110)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, variant in enumerate(tonight.variants):
         failed = any(
@@ -47,10 +48,27 @@ def plot_trend(
     ax.set_title(f"{suite}.{metric}: nightly trend ({tonight.config_name})")
     ax.set_xlabel("night (UTC)")
     ax.set_ylabel(f"{metric} [{unit}]" if unit else metric)
-    ax.legend(fontsize=7, loc="best")
+    # the legend below the axes, one column per variant, so it never covers a point
+    ax.legend(
+        fontsize=7,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.2),
+        ncol=max(1, len(tonight.variants)),
+        frameon=False,
+    )
     ax.grid(alpha=0.3)
-    ax.xaxis.set_major_formatter(mdates.DateFormatter("%Y-%m-%d"))
-    fig.autofmt_xdate()
+    locator = mdates.AutoDateLocator(minticks=4, maxticks=9)
+    ax.xaxis.set_major_locator(locator)
+    # day ticks as "Jan 08"; the year once, at the axis' end
+    ax.xaxis.set_major_formatter(
+        mdates.ConciseDateFormatter(
+            locator,
+            formats=["%Y", "%b", "%b %d", "%H:%M", "%H:%M", "%S.%f"],
+            zero_formats=["", "%Y", "%b %d", "%b %d", "%H:%M", "%H:%M"],
+            offset_formats=["", "%Y", "%Y", "%Y-%m-%d", "%Y-%m-%d", "%Y-%m-%d %H:%M"],
+        )
+    )
+    ax.tick_params(axis="x", labelrotation=30)
     fig.text(0.99, 0.01, f"run {tonight.run_id}", ha="right", va="bottom", fontsize=7, color="gray")
     fig.tight_layout()
     return fig
