@@ -205,15 +205,17 @@ def gate_rates(
     step: float = 0.05,
 ) -> GateRates:
     """Simulate ``trials`` histories (module docstring) and gate them; seeded, deterministic."""
-    rng = np.random.default_rng(seed)
     metrics = gate_metrics(settings)
     base = Scenario(abnormal=abnormal)
     green = under = red = nights = 0
     patch = stock = 0
-    for _ in range(trials):
+    for trial in range(trials):
+        # one generator per trial and part: a rule that turns a night red earlier (and so draws
+        # fewer nights) leaves every other trial's nights unchanged, so rules compare paired
+        rngs = [np.random.default_rng([seed, trial, part]) for part in range(3)]
 
-        def mk(i: int, sc: Scenario = base) -> Night:
-            return sim_night(i, rng, metrics, repeats, cv, drift, sc)
+        def mk(i: int, sc: Scenario = base, part: int = 0, rngs: list = rngs) -> Night:
+            return sim_night(i, rngs[part], metrics, repeats, cv, drift, sc)
 
         hist = [mk(i) for i in range(warm)]
         for i in range(warm, warm + quiet):
@@ -227,8 +229,8 @@ def gate_rates(
         s0 = warm + quiet
         ps = Scenario(patch=step, abnormal=abnormal)
         ss = Scenario(stock=step, abnormal=abnormal)
-        patch += _first_red(hist, settings, lambda i, sc=ps: mk(i, sc), horizon, s0)
-        stock += _first_red(hist, settings, lambda i, sc=ss: mk(i, sc), horizon, s0)
+        patch += _first_red(hist, settings, lambda i, sc=ps: mk(i, sc, 1), horizon, s0)
+        stock += _first_red(hist, settings, lambda i, sc=ss: mk(i, sc, 2), horizon, s0)
     return GateRates(
         green / nights,
         under / nights,
