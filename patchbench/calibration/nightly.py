@@ -163,6 +163,28 @@ def computed_repeats(
     return needed_repeats(settings, run * margin, night * margin)
 
 
+def auto_repeats(
+    settings: NightlySettings,
+    cv: float,
+    seed: int,
+    repeats: int,
+    *,
+    drift: float = 0.0,
+    nights: int = 30,
+):
+    """What ``schedule.repeats: auto`` runs after ``nights`` simulated nights of a scenario at
+    ``repeats`` runs a night: :func:`patchbench.gates.planning.plan_repeats` on that history
+    (the job's own choice, capped at ``max_repeats``; a history gate that drift alone makes
+    blind does not raise it). Returns the :class:`patchbench.gates.planning.RepeatsPlan`."""
+    from patchbench.gates.planning import plan_repeats
+
+    rng = np.random.default_rng(seed)
+    metrics = gate_metrics(settings)
+    hist = [sim_night(i, rng, metrics, repeats, cv, drift, Scenario()) for i in range(nights)]
+    better = {(s, m): BETTER.get(m, "lower") for s, m in metrics}
+    return plan_repeats(settings, hist, [BASELINE, VARIANT], BASELINE, better=better)
+
+
 @dataclass
 class GateRates:
     """One calibration row: ``green`` / ``underpowered``: shares of quiet nights;
@@ -249,6 +271,7 @@ __all__ = [
     "gate_metrics",
     "needed_repeats",
     "computed_repeats",
+    "auto_repeats",
     "change_rates",
 ]
 

@@ -50,8 +50,11 @@ def plan_repeats(
     (:func:`patchbench.robust.repeats_needed`, as the Noise table computes them), the noise
     learned from ``prior`` (oldest first; :func:`patchbench.noise.learn`, the prior
     ``run_cv_pct`` while learning). The largest, at least ``min_repeats``, at most
-    ``max_repeats``. ``better``: (suite, metric) -> "higher" / "lower" (default: the gate's
-    direction, else "higher"; the step's size on the log scale barely depends on it).
+    ``max_repeats``. A history test that no count can bring to its target (the night-to-night
+    noise alone hides the step) does not raise the count: it is named in ``why`` and marked
+    ``night_limited`` in ``metrics`` (it may end underpowered). ``better``: (suite, metric) ->
+    "higher" / "lower" (default: the gate's direction, else "higher"; the step's size on the
+    log scale barely depends on it).
 
     Raises ValueError when no noise is known (no ``run_cv_pct`` and too few nights)."""
     tests: list[tuple[Any, str, str]] = []
@@ -67,6 +70,7 @@ def plan_repeats(
     most: int | None = settings.min_repeats
     unreachable = False
     sources: set[str] = set()
+    limited: set[str] = set()
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for g, kind, _v in tests:
         suite, metric = g.suite or "serving", g.metric_name
@@ -107,8 +111,20 @@ def plan_repeats(
         )
         row = rows.setdefault(
             (suite, metric),
-            {"suite": suite, "metric": metric, "source": noise.source, "needed": 0},
+            {
+                "suite": suite,
+                "metric": metric,
+                "source": noise.source,
+                "needed": 0,
+                "night_limited": False,
+            },
         )
+        if need is None and kind == "history" and _night_limited(se, g, bad, level, settings):
+            # no count reaches it: the night-to-night noise alone hides the step; more repeats
+            # only add GPU time (the history test stays underpowered, the others decide)
+            row["night_limited"] = True
+            limited.add(f"{suite}.{metric}")
+            continue
         if need is None:
             unreachable = True
             row["needed"] = None
@@ -119,19 +135,42 @@ def plan_repeats(
             most = max(most, need)
     needed = None if unreachable else most
     source = " and ".join(sorted(sources)) or "prior"
+    note = (
+        f"; the history gate of {', '.join(sorted(limited))} cannot show a step within "
+        f"{settings.detect_nights} nights at the learned night-to-night noise whatever the "
+        "repeats (it may end underpowered)"
+        if limited
+        else ""
+    )
     cap = settings.max_repeats
     if needed is None or needed > cap:
         shown = "more than 64" if needed is None else str(needed)
         why = (
             f"repeats: the targets need {shown} at the {source} noise, capped at {cap} "
-            "(nightly.max_repeats): the night may end underpowered"
+            "(nightly.max_repeats): the night may end underpowered" + note
         )
         return RepeatsPlan(cap, needed, True, source, why, list(rows.values()))
     why = (
         f"repeats: {needed}, what the targets need at the {source} noise (at least min_repeats "
-        f"{settings.min_repeats}, at most max_repeats {cap})"
+        f"{settings.min_repeats}, at most max_repeats {cap})" + note
     )
     return RepeatsPlan(needed, needed, False, source, why, list(rows.values()))
+
+
+def _night_limited(se: Any, g: Any, bad: int, level: float, settings: NightlySettings) -> bool:
+    """True when even endless repeats (the run noise gone) miss the target: the night-to-night
+    noise alone makes the step undetectable within ``detect_nights`` nights."""
+    from patchbench.robust import detect_power
+
+    floor = se(10**9)
+    p = detect_power(
+        floor,
+        abs(_log_threshold(g.step_pct, bad)),
+        abs(_log_threshold(g.threshold_pct, bad)),
+        level,
+        settings.detect_nights,
+    )
+    return p < settings.detect_power
 
 
 __all__ = ["RepeatsPlan", "plan_repeats"]
