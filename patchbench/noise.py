@@ -9,7 +9,9 @@ For one (suite, metric) and the nights recorded before tonight (oldest first):
   this), the same way; what the same-run gate's test rests on;
 - **night** noise: how much a night's level moves beyond its run noise, from the first
   differences of the nightly levels of every variant (:func:`patchbench.robust.sigma_steps`):
-  ``night^2 = max(0, level^2 - run^2 / repeats)``; what the history gate adds to run noise.
+  ``night^2 = max(0, level^2 - run^2 / repeats)``; what the history gate adds to run noise. Its
+  degrees of freedom count the nights, not the nights times the variants (the variants of a
+  night share its drift: :func:`patchbench.robust.sigma_steps` with ``shared``).
 
 With fewer than ``min_nights`` usable nights (at least 2 runs of the metric) the config's
 ``run_cv_pct`` is the prior: run noise ``log(1 + cv)``, pair noise ``sqrt(2)`` times that, night
@@ -155,7 +157,8 @@ def learn(
     levels = [
         [night_level(logs, run.sigma) for logs in series if logs] for series in per_variant.values()
     ]
-    level = sigma_steps(levels)
+    # the variants of a night share its drift: their level series count as one for the df
+    level = sigma_steps(levels, shared=True)
     rep = float(statistics.median(reps)) if reps else math.nan
     night = (
         math.sqrt(max(0.0, level.sigma**2 - run.sigma**2 / rep)) if level.ok and rep else math.nan

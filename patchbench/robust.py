@@ -82,19 +82,27 @@ def sigma_within(groups: Sequence[Sequence[float]]) -> Scale:
     return Scale(float(np.median(d)) / _PAIR_MEDIAN, MAD_EFFICIENCY * dof, int(d.size))
 
 
-def sigma_steps(series: Sequence[Sequence[float]]) -> Scale:
+def sigma_steps(series: Sequence[Sequence[float]], *, shared: bool = False) -> Scale:
     """Sigma of one night's level from the first differences of consecutive nightly levels:
     ``MAD(diff) / sqrt(2)`` (MAD around the median difference, normal scale), the differences of
     every series pooled (e.g. one series per variant). It estimates
     ``sqrt(night-to-night variance + run variance / repeats)``. Returns :data:`NO_SCALE` with
-    fewer than 2 differences in all."""
+    fewer than 2 differences in all.
+
+    ``shared``: the series move together from night to night (the variants of one config share
+    the machine's drift), so their differences are not independent: the degrees of freedom count
+    the differences of the longest series only, ``MAD_EFFICIENCY * (d - 1)``. Pooling them would
+    count each night once per variant and overstate the df of the night-to-night variance by up
+    to the number of series (a test that rests on it then fires too often; docs/nightly.md,
+    "Calibration"). Without ``shared`` every difference counts."""
     diffs = [np.diff(np.asarray(x, dtype=float)) for x in series if len(x) >= 2]
     d = np.concatenate(diffs) if diffs else np.zeros(0)
     d = d[np.isfinite(d)]
     if d.size < 2:
         return NO_SCALE
     s = float(_st.median_abs_deviation(d, scale="normal")) / math.sqrt(2.0)
-    return Scale(s, MAD_EFFICIENCY * (d.size - 1), int(d.size))
+    n = max(int(np.isfinite(x).sum()) for x in diffs) if shared else int(d.size)
+    return Scale(s, MAD_EFFICIENCY * max(n - 1, 0), int(d.size))
 
 
 def outliers(x: Sequence[float], sigma: float, k: float = 3.0, most: int = 1) -> np.ndarray:

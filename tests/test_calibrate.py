@@ -321,3 +321,18 @@ def test_design_only_prints_just_the_design_table(cal, capsys):
     assert "| fixed 6 | 2 / 2 |" in out
     assert "| sequential 4..6 step 2 (pocock) [futility 0.2] | 2 / 2 |" in out
     assert "+5% output throughput called improved" in out
+
+
+def test_nightly_auto_repeats_rows_use_the_jobs_planner():
+    import yaml
+
+    from patchbench.calibration.nightly import auto_repeats
+    from patchbench.gates import NightlySettings
+
+    raw = yaml.safe_load((REPO / "configs" / "nightly-h200.yaml").read_text())
+    s = NightlySettings.model_validate(raw["nightly"])
+    quiet = auto_repeats(s, 0.015, 1, 5)
+    assert quiet.source == "learned" and not quiet.capped
+    assert s.min_repeats <= quiet.repeats <= s.max_repeats
+    noisy = auto_repeats(s, 0.06, 1, 8)
+    assert noisy.capped and noisy.repeats == s.max_repeats and "capped at 12" in noisy.why

@@ -268,6 +268,27 @@ def test_a_bad_night_leaves_the_reference_so_the_next_clean_night_is_green():
         NightlySettings(history_since="last week")
 
 
+def test_a_much_better_night_leaves_the_reference_too():
+    # the rule is symmetric (an unbiased reference under drift): a night far above the others is
+    # left out like a night far below them, so tonight's ordinary level is not judged against it
+    prior = [night(i + 1, {KB: v}) for i, v in enumerate(HIST)]
+    prior.append(night(6, {KB: [120.0, 121.0, 119.0]}))
+    [r] = evaluate(prior, night(28, {KB: [100.0, 100.5, 99.5]}, "tonight"), hist_settings())
+    assert r.status == "pass" and "n06" not in r.window_run_ids
+
+
+def test_night_noise_df_counts_nights_not_variants():
+    from patchbench.robust import MAD_EFFICIENCY, sigma_steps
+
+    rng = np.random.default_rng(3)
+    drift = rng.normal(0.0, 0.02, 11)
+    series = [drift + rng.normal(0.0, 0.001, 11) for _ in range(2)]
+    pooled, shared = sigma_steps(series), sigma_steps(series, shared=True)
+    assert shared.sigma == pooled.sigma and shared.n == pooled.n == 20
+    assert pooled.df == pytest.approx(MAD_EFFICIENCY * 19)
+    assert shared.df == pytest.approx(MAD_EFFICIENCY * 9)  # one series' 10 differences
+
+
 # ---------------------------------------------------------------------------------------------
 # configuration problems
 

@@ -752,3 +752,106 @@ def test_e2e_nightly_on_cpu(tmp_path, monkeypatch):
     ), js["gates"]
     with History(h) as hh:
         assert hh.count_nights(name) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# schedule.repeats: auto (patchbench.gates.planning, patchbench.nightly.job.pick_repeats)
+
+
+def _auto_settings(**kw) -> NightlySettings:
+    return NightlySettings(
+        run_cv_pct=kw.pop("run_cv_pct", 1.5),
+        gates=[Gate(metric=f"serving.{TPUT}", threshold_pct=3, against="both")],
+        **kw,
+    )
+
+
+def _sim_history(cv: float, nights: int = 12, repeats: int = 5, drift: float = 0.0):
+    import numpy as np
+
+    from patchbench.calibration.nightly import Scenario, sim_night
+
+    rng = np.random.default_rng(5)
+    return [
+        sim_night(i, rng, [("serving", TPUT)], repeats, cv, drift, Scenario())
+        for i in range(nights)
+    ]
+
+
+def test_auto_repeats_follow_the_learned_noise_and_the_prior_while_learning():
+    import math as _m
+
+    from patchbench.calibration.nightly import needed_repeats
+    from patchbench.gates.planning import plan_repeats
+
+    s = _auto_settings()
+    quiet = plan_repeats(s, _sim_history(0.01), ["baseline", "patched"], "baseline")
+    noisy = plan_repeats(s, _sim_history(0.025), ["baseline", "patched"], "baseline")
+    assert quiet.source == noisy.source == "learned" and not quiet.capped and not noisy.capped
+    assert s.min_repeats <= quiet.repeats < noisy.repeats <= s.max_repeats
+    assert "learned noise" in noisy.why and noisy.metrics[0]["needed"] == noisy.repeats
+    # no nights yet: the prior run_cv_pct decides, as the calibration computes it
+    prior = plan_repeats(s, [], ["baseline", "patched"], "baseline")
+    assert prior.source == "prior" and prior.repeats == needed_repeats(s, _m.log1p(0.015))
+
+
+def test_auto_repeats_are_capped_and_say_the_night_may_end_underpowered():
+    from patchbench.gates.planning import plan_repeats
+
+    s = _auto_settings(max_repeats=6)
+    p = plan_repeats(s, _sim_history(0.05), ["baseline", "patched"], "baseline")
+    assert p.capped and p.repeats == 6 and (p.needed is None or p.needed > 6)
+    assert "capped at 6" in p.why and "may end underpowered" in p.why
+    # drift alone hides the step from the history gate: more repeats would not help it, so it
+    # does not raise the count (the same-run gate decides) and the plan says so
+    h = _sim_history(0.01, 20, drift=0.06)
+    d = plan_repeats(_auto_settings(), h, ["baseline", "patched"], "baseline")
+    assert not d.capped and d.repeats < 12 and d.metrics[0]["night_limited"]
+    assert f"history gate of serving.{TPUT} cannot show a step" in d.why
+
+
+def test_auto_repeats_config_errors_exit_2_naming_the_key(tmp_path, monkeypatch):
+    def cfg(nightly: dict, name: str) -> Path:
+        p = _write_config(tmp_path, nightly, name)
+        raw = yaml.safe_load(p.read_text())
+        raw["schedule"] = {"repeats": "auto"}
+        p.write_text(yaml.safe_dump(raw))
+        return p
+
+    gates = [{"metric": f"serving.{TPUT}", "threshold_pct": 5}]
+    no_prior = cfg({"gates": gates}, "no-prior")
+    with pytest.raises(ConfigError, match="schedule.repeats: auto needs nightly.run_cv_pct"):
+        load_config(no_prior)
+    _fake_bench(monkeypatch, lambda fake, path: pytest.fail("must not run"))
+    assert cli([str(no_prior)]) == 2
+    for bad, key in (({"max_repeats": 1}, "max_repeats"), ({"max_repeats": "x"}, "max_repeats")):
+        p = cfg({"run_cv_pct": 2, "gates": gates, **bad}, f"bad-{key}-{len(str(bad))}")
+        with pytest.raises(ConfigError, match=key):
+            load_config(p)
+        assert cli([str(p)]) == 2
+    p = cfg({"run_cv_pct": 2, "gates": gates, "min_repeats": 5, "max_repeats": 4}, "low-cap")
+    with pytest.raises(ConfigError, match=r"max_repeats \(4\) is smaller than min_repeats"):
+        load_config(p)
+    ok = load_config(cfg({"run_cv_pct": 2, "gates": gates}, "ok"))
+    assert ok.schedule.auto and ok.schedule.repeats == 3  # a plain bench runs min_repeats
+
+
+def test_cli_auto_repeats_runs_the_computed_count_and_records_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv(HISTORY_ENV, raising=False)
+    cfg = _cli_config(tmp_path)
+    raw = yaml.safe_load(cfg.read_text())
+    raw["schedule"] = {"repeats": "auto"}
+    raw["nightly"]["run_cv_pct"] = 1.5
+    cfg.write_text(yaml.safe_dump(raw))
+    seen = []
+
+    def run(fake, path):
+        seen.append(yaml.safe_load(Path(path).read_text())["schedule"]["repeats"])
+        return make_night(tmp_path, 1, *clean(1))
+
+    _fake_bench(monkeypatch, run)
+    assert cli([str(cfg)]) in (0, 5)
+    out = capsys.readouterr().out
+    doc = json.loads(next(tmp_path.glob("*/nightly.json")).read_text())
+    assert doc["repeats"]["repeats"] == seen[0] and doc["repeats"]["source"] == "prior"
+    assert f"repeats: {seen[0]}, what the targets need at the prior noise" in out

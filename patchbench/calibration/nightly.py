@@ -163,6 +163,28 @@ def computed_repeats(
     return needed_repeats(settings, run * margin, night * margin)
 
 
+def auto_repeats(
+    settings: NightlySettings,
+    cv: float,
+    seed: int,
+    repeats: int,
+    *,
+    drift: float = 0.0,
+    nights: int = 30,
+):
+    """What ``schedule.repeats: auto`` runs after ``nights`` simulated nights of a scenario at
+    ``repeats`` runs a night: :func:`patchbench.gates.planning.plan_repeats` on that history
+    (the job's own choice, capped at ``max_repeats``; a history gate that drift alone makes
+    blind does not raise it). Returns the :class:`patchbench.gates.planning.RepeatsPlan`."""
+    from patchbench.gates.planning import plan_repeats
+
+    rng = np.random.default_rng(seed)
+    metrics = gate_metrics(settings)
+    hist = [sim_night(i, rng, metrics, repeats, cv, drift, Scenario()) for i in range(nights)]
+    better = {(s, m): BETTER.get(m, "lower") for s, m in metrics}
+    return plan_repeats(settings, hist, [BASELINE, VARIANT], BASELINE, better=better)
+
+
 @dataclass
 class GateRates:
     """One calibration row: ``green`` / ``underpowered``: shares of quiet nights;
@@ -205,15 +227,17 @@ def gate_rates(
     step: float = 0.05,
 ) -> GateRates:
     """Simulate ``trials`` histories (module docstring) and gate them; seeded, deterministic."""
-    rng = np.random.default_rng(seed)
     metrics = gate_metrics(settings)
     base = Scenario(abnormal=abnormal)
     green = under = red = nights = 0
     patch = stock = 0
-    for _ in range(trials):
+    for trial in range(trials):
+        # one generator per trial and part: a rule that turns a night red earlier (and so draws
+        # fewer nights) leaves every other trial's nights unchanged, so rules compare paired
+        rngs = [np.random.default_rng([seed, trial, part]) for part in range(3)]
 
-        def mk(i: int, sc: Scenario = base) -> Night:
-            return sim_night(i, rng, metrics, repeats, cv, drift, sc)
+        def mk(i: int, sc: Scenario = base, part: int = 0, rngs: list = rngs) -> Night:
+            return sim_night(i, rngs[part], metrics, repeats, cv, drift, sc)
 
         hist = [mk(i) for i in range(warm)]
         for i in range(warm, warm + quiet):
@@ -227,8 +251,8 @@ def gate_rates(
         s0 = warm + quiet
         ps = Scenario(patch=step, abnormal=abnormal)
         ss = Scenario(stock=step, abnormal=abnormal)
-        patch += _first_red(hist, settings, lambda i, sc=ps: mk(i, sc), horizon, s0)
-        stock += _first_red(hist, settings, lambda i, sc=ss: mk(i, sc), horizon, s0)
+        patch += _first_red(hist, settings, lambda i, sc=ps: mk(i, sc, 1), horizon, s0)
+        stock += _first_red(hist, settings, lambda i, sc=ss: mk(i, sc, 2), horizon, s0)
     return GateRates(
         green / nights,
         under / nights,
@@ -247,6 +271,7 @@ __all__ = [
     "gate_metrics",
     "needed_repeats",
     "computed_repeats",
+    "auto_repeats",
     "change_rates",
 ]
 

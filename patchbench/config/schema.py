@@ -18,6 +18,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_serializer,
     field_validator,
@@ -368,6 +369,26 @@ class ScheduleSpec(_Strict):
     repeats: int | SequentialRepeats = 1
     order: Literal["interleaved", "sequential"] = "interleaved"
     unbalanced_reason: str | None = None
+    #: ``repeats: auto`` (a nightly config): ``patchbench nightly`` runs the repeats its gates
+    #: need at the learned noise (patchbench.gates.planning); ``repeats`` holds the floor
+    #: (``nightly.min_repeats``), what a plain ``bench`` of the config runs
+    _auto: bool = PrivateAttr(False)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _auto_repeats(cls, data, handler):
+        auto = isinstance(data, dict) and data.get("repeats") == "auto"
+        if auto:
+            data = {**data, "repeats": 1}
+        m = handler(data)
+        if auto:
+            m._auto = True
+        return m
+
+    @property
+    def auto(self) -> bool:
+        """``repeats: auto``: the nightly computes the repeats (docs/nightly.md)."""
+        return self._auto
 
     @field_validator("repeats", mode="plain")
     @classmethod
@@ -390,8 +411,9 @@ class ScheduleSpec(_Strict):
         if not isinstance(v, int):
             raise PydanticCustomError(
                 "int_type",
-                "Input should be a valid integer (a fixed number of repeats) or a mapping "
-                "{min: 4, max: 12, step: 2} (sequential repeats)",
+                "Input should be a valid integer (a fixed number of repeats), a mapping "
+                "{min: 4, max: 12, step: 2} (sequential repeats) or auto (a nightly config: "
+                "the repeats its gates need)",
             )
         if not 1 <= v <= 100:
             raise ValueError(f"repeats must be between 1 and 100, got {v}")
@@ -423,6 +445,11 @@ class ScheduleSpec(_Strict):
     def describe(self) -> str:
         """``"3 repeat(s)"`` or ``"sequential 4..12 repeats, step 2 (pocock)"``."""
         s = self.sequential
+        if self.auto:
+            return (
+                f"auto: patchbench nightly runs what its gates need at the learned noise "
+                f"({self.repeats} repeat(s) outside the nightly)"
+            )
         if s is None:
             return f"{self.repeats} repeat(s)"
         looks = ", ".join(str(n) for n in s.looks)
@@ -515,6 +542,17 @@ class Config(_Strict):
     def _dump_variants(self, v: dict[str, VariantSpec]) -> dict:
         # the short list form when a variant only changes patches (what run folders always held)
         return {k: spec.short() for k, spec in v.items()}
+
+    @model_validator(mode="after")
+    def _auto_repeats(self) -> Config:
+        if self.schedule.auto:
+            if self.nightly.run_cv_pct is None:
+                raise ValueError(
+                    "schedule.repeats: auto needs nightly.run_cv_pct (the prior run-to-run CV in "
+                    "%, used to compute the repeats until the history has learned the noise)"
+                )
+            self.schedule.repeats = self.nightly.min_repeats
+        return self
 
     @model_validator(mode="after")
     def _baseline(self) -> Config:

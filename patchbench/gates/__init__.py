@@ -9,11 +9,12 @@ test per variant and kind:
   a one-sided t-test in the metric's bad direction.
 - ``history`` (every variant, the baseline included): tonight's per-run log values against the
   last ``window_nights`` recorded nights of the same config, UNPAIRED (those runs were not
-  interleaved with tonight's); nights that were themselves regressions against the nights before
-  them are left out of the reference. ``history_test: nights`` (default) compares tonight's mean log
-  value with the K per-night means (a prediction t-test with K - 1 degrees of freedom: it counts
-  night-to-night drift as noise); ``history_test: welch`` runs Welch's t-test of tonight's runs
-  against every run of the K nights (more power, but night-to-night drift makes it fire;
+  interleaved with tonight's); nights that were themselves off the nights before them, in either
+  direction, are left out of the reference (symmetric, so drift does not bias it).
+  ``history_test: nights`` (default) compares tonight's mean log value with the K per-night means
+  (a prediction t-test with K - 1 degrees of freedom: it counts night-to-night drift as noise);
+  ``history_test: welch`` runs Welch's t-test of tonight's runs against every run of the K nights
+  (more power, but night-to-night drift makes it fire;
   scripts/calibrate_nightly.py measures both).
 
 Only run-level values count: never a request-level interval inside one cell. A test needs at
@@ -64,8 +65,9 @@ The package's modules: ``settings`` (:class:`NightlySettings`, :class:`Gate`), `
 (:class:`GateResult`, :func:`night_outcome`), ``checks`` (the tests on log values and the
 threshold rules), ``same_run`` and ``history_gate`` (each gate kind's check of one night, the
 outlier set-aside included), ``learned`` (the noise check, Holm, the repeats needed and each
-test's status) and ``evaluation`` (:func:`evaluate`). Every name below is importable from
-``patchbench.gates``.
+test's status), ``evaluation`` (:func:`evaluate`) and ``planning`` (the repeats
+``schedule.repeats: auto`` runs: :func:`patchbench.gates.planning.plan_repeats`, imported from
+its module). Every name below is importable from ``patchbench.gates``.
 """
 
 from patchbench.gates.checks import (

@@ -102,17 +102,32 @@ def _clean_nights(
     noise: Noise | None = None,
     cache: dict | None = None,
 ) -> list[Night]:
-    """The nights (oldest first) that may serve as reference: a night that was itself a
-    regression against the clean nights before it (one-sided p <= the family alpha and worse than
-    the threshold) is left out, so one bad night does not widen the reference and hide the next
-    one, and a clean night after it is judged against clean nights. A step that persists stays red
-    until ``history_since`` is moved past it (accepting the new level)."""
+    """The nights (oldest first) that may serve as reference: a night that was itself off the
+    clean nights before it, in EITHER direction (one-sided p <= the family alpha and beyond the
+    threshold, worse or better), is left out, so one bad night does not widen the reference and
+    hide the next one, and a clean night after it is judged against clean nights. A step that
+    persists stays red until ``history_since`` is moved past it (accepting the new level).
+
+    The rule is symmetric so that it leaves the reference unbiased when nights drift: leaving out
+    only the nights that looked like regressions keeps the good tail of the drift and drops the
+    bad one, which moves the reference mean the good way and makes an ordinary night look like a
+    regression (a trimmed mean must trim both tails to stay unbiased for a symmetric
+    distribution; e.g. Huber & Ronchetti, "Robust Statistics" (2009), 3.3)."""
     kept: list[Night] = []
     for n_ in nights:
         if len(kept) >= settings.min_history_nights:
             c = _history(_vals(n_, key), kept[-settings.window_nights :], key, bad, settings, noise)
             t = c.pick(False) if c is not None else None
-            if t is not None and t.p <= settings.family_alpha and beyond(t, gate.threshold_pct):
+            if t is not None and _off(t, gate.threshold_pct, settings.family_alpha):
                 continue
         kept.append(n_)
     return kept
+
+
+def _off(t: TestStat, threshold_pct: float, alpha: float) -> bool:
+    """A night significantly beyond the threshold in either direction (one-sided at ``alpha``
+    each way)."""
+    if t.p <= alpha and beyond(t, threshold_pct):
+        return True
+    good = TestStat(t.t, -t.bad, t.name)
+    return good.p <= alpha and beyond(good, threshold_pct)

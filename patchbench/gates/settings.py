@@ -150,6 +150,13 @@ class NightlySettings(BaseModel):
         "within this many nights ...",
     )
     detect_power: float = Field(0.9, gt=0, lt=1, description="... with this chance")
+    max_repeats: int = Field(
+        12,
+        ge=2,
+        le=100,
+        description="schedule.repeats: auto runs the repeats the targets need at the learned "
+        "noise (prior: run_cv_pct), at least min_repeats and at most this many",
+    )
     gates: list[Gate] = Field(default_factory=list)
 
     @field_validator("history_since")
@@ -168,6 +175,10 @@ class NightlySettings(BaseModel):
 
     @model_validator(mode="after")
     def _window(self) -> NightlySettings:
+        if self.max_repeats < self.min_repeats:
+            raise ValueError(
+                f"max_repeats ({self.max_repeats}) is smaller than min_repeats ({self.min_repeats})"
+            )
         if self.min_history_nights > self.window_nights:
             raise ValueError(
                 f"min_history_nights ({self.min_history_nights}) is larger than "

@@ -31,8 +31,10 @@ from patchbench.nightly.job import (
     nightly_matrix,
     nightly_on_matrix_run,
     nightly_on_run,
+    pick_repeats,
     record_only,
     record_only_matrix,
+    record_repeats,
     settings_from_manifest,
 )
 
@@ -138,6 +140,14 @@ def _run_and_gate(config: str, cfg: Any, settings: NightlySettings, hpath: Path)
     env_error = getattr(bench, "EnvironmentNotReady", None)
     run_error = getattr(bench, "RunFailed", None)
     run_problems: list[str] = []
+    plan = None
+    if cfg.schedule.auto:
+        try:
+            plan, auto_config = pick_repeats(config, cfg, settings, hpath)
+        except ValueError as e:
+            print(f"nightly: {config}: schedule.repeats: auto: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        config = str(auto_config)
     try:
         run_dir = bench.run_bench(config)
     except KeyboardInterrupt:
@@ -160,6 +170,8 @@ def _run_and_gate(config: str, cfg: Any, settings: NightlySettings, hpath: Path)
     outcome = nightly_on_run(
         run_dir, settings, history=hpath, compare_settings=cfg.compare, run_problems=run_problems
     )
+    if plan is not None:
+        record_repeats(outcome.json_path, plan)
     return outcome.exit_code
 
 
