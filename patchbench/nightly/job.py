@@ -43,10 +43,21 @@ from patchbench.history import (
     Night,
     dump_json,
     night_from_run,
+    read_night_builds,
     record_change_points,
+    record_confirmation,
+    record_night_builds,
     record_noise,
 )
 from patchbench.matrix.record import UnitRecord, read_matrix_record
+from patchbench.nightly.builds import (
+    BuildRow,
+    blocked_line,
+    likely_causes,
+    release_changes,
+    releases_by_night,
+    rows_of_run,
+)
 from patchbench.nightly.outcome import (
     EXIT_ORDER,
     OUTCOME_OF_EXIT,
@@ -130,7 +141,9 @@ class NightUnit:
     ``unit_id``: the matrix unit (its nights are keyed ``<config name>@<unit id>``), None for a
     run outside a matrix; ``config_name``, ``labels``, ``gpu_type``: from matrix.json; ``status``,
     ``run_exit_code``, ``message``: how its run ended ("ok" for a single run);
-    ``run_problems``: failures the runner reported (they make the exit code 4).
+    ``run_problems``: failures the runner reported (they make the exit code 4); ``blocked``:
+    the variants that could not run because a patch of theirs does not apply to tonight's
+    release (:func:`patchbench.nightly.builds.blocked`; they make the exit code 2).
     """
 
     run_dir: Path
@@ -146,6 +159,7 @@ class NightUnit:
     message: str = ""
     settings_error: str | None = None
     run_problems: list[str] = field(default_factory=list)
+    blocked: list[BuildRow] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,6 +320,8 @@ def _gate_run(unit: NightUnit, hpath: Path, record: bool) -> NightlyOutcome:
             problems.append(f"could not store the learned noise and change points: {e}")
     failed_run = bool(unit.run_problems or tonight.problems or cmp_err or not tonight.values)
     code, headline = _exit_of(results, failed_run, bool(hinfo["error"]))
+    builds, causes = _night_builds(unit, tonight, prior, results, points, hpath, hinfo, problems)
+    code, headline = _blocked_exit(code, headline, unit.blocked)
     return NightlyOutcome(
         code,
         results,
@@ -318,6 +334,9 @@ def _gate_run(unit: NightUnit, hpath: Path, record: bool) -> NightlyOutcome:
         settings=settings,
         noise=noise_rows,
         change_points=points,
+        builds=builds,
+        causes=causes,
+        blocked=[blocked_line(r) for r in unit.blocked],
     )
 
 
@@ -400,6 +419,75 @@ def _record_and_read(
     return prior, hinfo
 
 
+def _night_builds(
+    unit: NightUnit,
+    tonight: Night,
+    prior: Sequence[Night],
+    results: Sequence[GateResult],
+    points: Sequence[dict[str, Any]],
+    hpath: Path,
+    hinfo: dict[str, Any],
+    problems: list[str],
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """What each variant ran tonight (:func:`patchbench.nightly.builds.rows_of_run` plus the
+    blocked variants), stored in the history's ``night_builds`` when tonight was recorded, and
+    the release changes that coincide with a step or a failing gate
+    (:func:`patchbench.nightly.builds.likely_causes`); (rows as dicts, cause sentences)."""
+    rows = [*rows_of_run(unit.run_dir), *unit.blocked]
+    dicts = [r.to_json() for r in rows]
+    if hinfo["error"]:
+        return dicts, []
+    stored: list[dict[str, Any]] = []
+    timeout = unit.settings.lock_timeout_s if unit.settings else 10.0
+    try:
+        with History(hpath, timeout_s=timeout) as h:
+            if hinfo["recorded"]:
+                record_night_builds(h, tonight.run_id, dicts)
+            stored = read_night_builds(h, tonight.config_name)
+    except HistoryError as e:
+        problems.append(f"could not store or read the night's builds: {e}")
+    if not any(r["run_id"] == tonight.run_id for r in stored):
+        stored += [{"run_id": tonight.run_id, **r} for r in dicts if r["ran"]]
+    nights = [*prior, tonight]
+    changes = release_changes(nights, releases_by_night(nights, stored))
+    failing = [r for r in results if r.status == "fail"]
+    return dicts, likely_causes(changes, points, failing, tonight.run_id)
+
+
+def _blocked_exit(code: int, headline: str, blocked: Sequence[BuildRow]) -> tuple[int, str]:
+    """A night with a variant whose patch does not apply exits 2 (a patch to port for tonight's
+    release, as :class:`patchbench.errors.PatchError`), unless it failed worse (4 or 3); the
+    headline names the patch and the release."""
+    if not blocked:
+        return code, headline
+    names = ", ".join(f"'{r.patch}' on sglang {r.sglang_release}" for r in blocked)
+    if code in (EXIT_RUN_FAILED, EXIT_ENV):
+        return code, f"{headline}; and patch {names} does not apply"
+    return EXIT_USAGE, f"PATCH DOES NOT APPLY ({names}); stock: {headline}"
+
+
+def add_confirmation(res: NightlyOutcome, conf: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    """Add a confirmation run (``conf``: :meth:`patchbench.nightly.confirm.Confirmation.to_json`,
+    ``rows``: its history rows) to a gated night: rewrite its nightly.md / nightly.json and
+    store the rows in the history (a history problem is added to the night's problems)."""
+    assert res.night is not None and res.settings is not None and res.night.run_dir
+    res.confirmation = conf
+    hpath = res.history_info.get("path")
+    if hpath and rows and res.history_info.get("recorded") and not res.history_info.get("error"):
+        try:
+            with History(hpath, timeout_s=res.settings.lock_timeout_s) as h:
+                record_confirmation(h, res.night.config_name, res.night.run_id, rows)
+        except HistoryError as e:
+            res.problems.append(f"could not store the confirmation run: {e}")
+    run = Path(res.night.run_dir)
+    row = UnitNightly(
+        id=run.name, key=res.night.config_name, labels={}, gpu_type=None, status="ok",
+        run_exit_code=None, exit_code=res.exit_code, outcome=res.outcome, headline=res.headline,
+        failing=[r for r in res.results if r.status == "fail"], gated=res,
+    )  # fmt: skip
+    _write_files(run, row)
+
+
 def _exit_of(results: list[GateResult], failed_run: bool, history_failed: bool) -> tuple[int, str]:
     """(exit code, headline) of one run's night, worst first: the run failed (4), the history
     is unavailable (3), a gate's metric is missing (2), red (1), underpowered (5), green (0)."""
@@ -430,6 +518,24 @@ def _exit_of(results: list[GateResult], failed_run: bool, history_failed: bool) 
 def _write_outputs(run: Path, row: UnitNightly, out: Any) -> None:
     """RUN/nightly.md and RUN/nightly.json of a gated unit (their paths set on ``row.gated``),
     and the console lines: the headline, each regression, each problem."""
+    _write_files(run, row)
+    res = row.gated
+    assert res is not None
+    print(f"nightly: {res.headline} (exit {res.exit_code}); summary {res.summary_path}", file=out)
+    for r in row.failing:
+        print(
+            f"  REGRESSION {r.suite}.{r.metric} [{r.variant}, {r.kind}]: {fmt(r.value)} {r.unit}"
+            f" vs {fmt(r.reference)} {r.unit}: {r.reason}",
+            file=out,
+        )
+    for line in [*res.blocked, *res.causes]:
+        print(f"  {line}", file=out)
+    for p in res.problems:
+        print(f"  problem: {p.splitlines()[0]}", file=out)
+
+
+def _write_files(run: Path, row: UnitNightly) -> None:
+    """RUN/nightly.md and RUN/nightly.json of a gated unit (their paths set on ``row.gated``)."""
     res = row.gated
     assert res is not None and res.night is not None and res.settings is not None
     tonight, settings, failing = res.night, res.settings, row.failing
@@ -455,18 +561,13 @@ def _write_outputs(run: Path, row: UnitNightly, out: Any) -> None:
             "plots": res.plots,
             "noise": res.noise,
             "change_points": res.change_points,
+            "builds": res.builds,
+            "likely_causes": res.causes,
+            "blocked": res.blocked,
+            "confirmation": res.confirmation,
             "night": dump_json(tonight),
         },
     )
-    print(f"nightly: {res.headline} (exit {res.exit_code}); summary {res.summary_path}", file=out)
-    for r in failing:
-        print(
-            f"  REGRESSION {r.suite}.{r.metric} [{r.variant}, {r.kind}]: {fmt(r.value)} {r.unit}"
-            f" vs {fmt(r.reference)} {r.unit}: {r.reason}",
-            file=out,
-        )
-    for p in res.problems:
-        print(f"  problem: {p.splitlines()[0]}", file=out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -483,6 +584,7 @@ def nightly_on_run(
     run_problems: Sequence[str] = (),
     out: Any = None,
     unit_id: str | None = None,
+    blocked: Sequence[BuildRow] = (),
 ) -> NightlyOutcome:
     """Record a finished run folder in the history, evaluate the gates, write the outputs: the
     night of one unit (:func:`run_night`).
@@ -491,7 +593,8 @@ def nightly_on_run(
     :func:`history_path`); compare_settings: for compare_run when compare.json is missing;
     run_problems: failures the runner reported (they make the exit code 4); unit_id: the matrix
     unit this folder is (default: found by :func:`matrix_unit_id`): its nights are keyed
-    ``<config name>@<unit id>`` in the history (:func:`key_night`).
+    ``<config name>@<unit id>`` in the history (:func:`key_night`); blocked: the variants whose
+    patch could not run tonight (:func:`patchbench.nightly.builds.blocked`; exit 2).
     Writes RUN/nightly.md, RUN/nightly.json, RUN/plots/nightly-*.png. Never raises for a history
     problem: the night stays in the folder and ``--record-only RUN_DIR`` appends it later.
     """
@@ -502,6 +605,7 @@ def nightly_on_run(
         compare_settings,
         unit_id=unit_id or matrix_unit_id(run),
         run_problems=list(run_problems),
+        blocked=list(blocked),
     )
     [row] = run_night([unit], history=history, record=record, out=out)
     assert row.gated is not None
