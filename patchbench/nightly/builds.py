@@ -244,13 +244,67 @@ def likely_causes(
     return list(dict.fromkeys(out))
 
 
+def night_builds(
+    rows: Sequence[BuildRow],
+    tonight: Night,
+    prior: Sequence[Night],
+    results: Sequence[Any],
+    points: Sequence[Mapping[str, Any]],
+    hpath: Path | None,
+    timeout_s: float,
+    *,
+    record: bool,
+    problems: list[str],
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Tonight's build ``rows`` (:func:`rows_of_run` plus the blocked variants) stored in the
+    history at ``hpath`` (``record``; None: the history is unavailable), and the release changes
+    over ``prior`` and tonight that coincide with a change point (``points``) or a failing gate
+    of ``results`` (:func:`likely_causes`); (rows as dicts, cause sentences). A history problem
+    is added to ``problems``, never raised."""
+    from patchbench.history import History, HistoryError, read_night_builds, record_night_builds
+
+    dicts = [r.to_json() for r in rows]
+    if hpath is None:
+        return dicts, []
+    stored: list[dict[str, Any]] = []
+    try:
+        with History(hpath, timeout_s=timeout_s) as h:
+            if record:
+                record_night_builds(h, tonight.run_id, dicts)
+            stored = read_night_builds(h, tonight.config_name)
+    except HistoryError as e:
+        problems.append(f"could not store or read the night's builds: {e}")
+    if not any(r["run_id"] == tonight.run_id for r in stored):
+        stored += [{"run_id": tonight.run_id, **r} for r in dicts if r["ran"]]
+    nights = [*prior, tonight]
+    changes = release_changes(nights, releases_by_night(nights, stored))
+    failing = [r for r in results if r.status == "fail"]
+    return dicts, likely_causes(changes, points, failing, tonight.run_id)
+
+
+def blocked_exit(code: int, headline: str, rows: Sequence[BuildRow]) -> tuple[int, str]:
+    """(exit code, headline) of a night with blocked variants (``rows``): 2, the code of a patch
+    that does not apply (:class:`patchbench.errors.PatchError`: someone must port it), unless
+    the night failed worse (4 or 3); the headline names each patch and release."""
+    from patchbench.errors import EXIT_ENV, EXIT_RUN_FAILED, EXIT_USAGE
+
+    if not rows:
+        return code, headline
+    names = ", ".join(f"'{r.patch}' on sglang {r.sglang_release}" for r in rows)
+    if code in (EXIT_RUN_FAILED, EXIT_ENV):
+        return code, f"{headline}; and patch {names} does not apply"
+    return EXIT_USAGE, f"PATCH DOES NOT APPLY ({names}); stock: {headline}"
+
+
 __all__ = [
     "BLOCKING",
     "BuildRow",
     "blocked",
+    "blocked_exit",
     "blocked_line",
     "check_patches",
     "likely_causes",
+    "night_builds",
     "release_changes",
     "releases_by_night",
     "rows_of_run",

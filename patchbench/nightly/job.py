@@ -43,19 +43,16 @@ from patchbench.history import (
     Night,
     dump_json,
     night_from_run,
-    read_night_builds,
     record_change_points,
     record_confirmation,
-    record_night_builds,
     record_noise,
 )
 from patchbench.matrix.record import UnitRecord, read_matrix_record
 from patchbench.nightly.builds import (
     BuildRow,
+    blocked_exit,
     blocked_line,
-    likely_causes,
-    release_changes,
-    releases_by_night,
+    night_builds,
     rows_of_run,
 )
 from patchbench.nightly.outcome import (
@@ -320,8 +317,18 @@ def _gate_run(unit: NightUnit, hpath: Path, record: bool) -> NightlyOutcome:
             problems.append(f"could not store the learned noise and change points: {e}")
     failed_run = bool(unit.run_problems or tonight.problems or cmp_err or not tonight.values)
     code, headline = _exit_of(results, failed_run, bool(hinfo["error"]))
-    builds, causes = _night_builds(unit, tonight, prior, results, points, hpath, hinfo, problems)
-    code, headline = _blocked_exit(code, headline, unit.blocked)
+    builds, causes = night_builds(
+        [*rows_of_run(unit.run_dir), *unit.blocked],
+        tonight,
+        prior,
+        results,
+        points,
+        None if hinfo["error"] else hpath,
+        settings.lock_timeout_s,
+        record=bool(hinfo["recorded"]),
+        problems=problems,
+    )
+    code, headline = blocked_exit(code, headline, unit.blocked)
     return NightlyOutcome(
         code,
         results,
@@ -417,53 +424,6 @@ def _record_and_read(
             f"them later with: patchbench nightly --record-only {run} --history {hpath}"
         )
     return prior, hinfo
-
-
-def _night_builds(
-    unit: NightUnit,
-    tonight: Night,
-    prior: Sequence[Night],
-    results: Sequence[GateResult],
-    points: Sequence[dict[str, Any]],
-    hpath: Path,
-    hinfo: dict[str, Any],
-    problems: list[str],
-) -> tuple[list[dict[str, Any]], list[str]]:
-    """What each variant ran tonight (:func:`patchbench.nightly.builds.rows_of_run` plus the
-    blocked variants), stored in the history's ``night_builds`` when tonight was recorded, and
-    the release changes that coincide with a step or a failing gate
-    (:func:`patchbench.nightly.builds.likely_causes`); (rows as dicts, cause sentences)."""
-    rows = [*rows_of_run(unit.run_dir), *unit.blocked]
-    dicts = [r.to_json() for r in rows]
-    if hinfo["error"]:
-        return dicts, []
-    stored: list[dict[str, Any]] = []
-    timeout = unit.settings.lock_timeout_s if unit.settings else 10.0
-    try:
-        with History(hpath, timeout_s=timeout) as h:
-            if hinfo["recorded"]:
-                record_night_builds(h, tonight.run_id, dicts)
-            stored = read_night_builds(h, tonight.config_name)
-    except HistoryError as e:
-        problems.append(f"could not store or read the night's builds: {e}")
-    if not any(r["run_id"] == tonight.run_id for r in stored):
-        stored += [{"run_id": tonight.run_id, **r} for r in dicts if r["ran"]]
-    nights = [*prior, tonight]
-    changes = release_changes(nights, releases_by_night(nights, stored))
-    failing = [r for r in results if r.status == "fail"]
-    return dicts, likely_causes(changes, points, failing, tonight.run_id)
-
-
-def _blocked_exit(code: int, headline: str, blocked: Sequence[BuildRow]) -> tuple[int, str]:
-    """A night with a variant whose patch does not apply exits 2 (a patch to port for tonight's
-    release, as :class:`patchbench.errors.PatchError`), unless it failed worse (4 or 3); the
-    headline names the patch and the release."""
-    if not blocked:
-        return code, headline
-    names = ", ".join(f"'{r.patch}' on sglang {r.sglang_release}" for r in blocked)
-    if code in (EXIT_RUN_FAILED, EXIT_ENV):
-        return code, f"{headline}; and patch {names} does not apply"
-    return EXIT_USAGE, f"PATCH DOES NOT APPLY ({names}); stock: {headline}"
 
 
 def add_confirmation(res: NightlyOutcome, conf: dict[str, Any], rows: list[dict[str, Any]]) -> None:
