@@ -353,10 +353,10 @@ def test_confirm_config_has_the_two_builds_of_the_failing_variant(tmp_path):
                                   tmp_path / "c.yaml")  # fmt: skip
     got = yaml.safe_load(path.read_text())
     assert got["variants"] == {
-        "last-green": {"patches": ["p"], "sglang": "0.5.1.post3"},
         "tonight": {"patches": ["p"], "sglang": "0.5.23"},
+        "last-green": {"patches": ["p"], "sglang": "0.5.1.post3"},
     }
-    assert got["baseline"] == "last-green" and got["sglang"] == "0.5.1.post3"
+    assert got["baseline"] == "tonight" and got["sglang"] == "0.5.23"  # tonight's clients
     assert got["schedule"] == {"repeats": 2, "order": "interleaved"}
     assert list(got["suites"]) == ["serving"] and "nightly" not in got
     assert got["name"] == "n-confirm"

@@ -6,9 +6,11 @@ Rule (:func:`should_confirm`): ``nightly.confirm.enabled``, the night is red, a 
 exists (the newest earlier night whose nightly.json says green, :func:`last_green`), and the
 builds differ (:func:`build_signature`: each variant's release, patches and their states). Only
 the variant of the first failing gate is confirmed (one run of two variants): ``last-green``
-(that variant's patches on last green's release, the baseline, so its clients run) and
-``tonight`` (the same patches on tonight's release), ``confirm.repeats`` interleaved rounds, the
-suites of the failing metrics only (:func:`confirm_config`). Its cost is stated before it starts
+(that variant's patches on last green's release) and ``tonight`` (the same patches on tonight's
+release; the baseline, so the clients come from tonight's release, which knows both servers:
+0.5.1.post3's clients against a 0.5.23 CPU server lost requests that 0.5.23's served),
+``confirm.repeats`` interleaved rounds, the suites of the failing metrics only
+(:func:`confirm_config`). Its cost is stated before it starts
 (:func:`estimate_minutes`: its cells times tonight's measured minutes per cell).
 
 Verdict (:func:`paired_result`): per failing metric, the paired log ratios tonight / last green
@@ -96,8 +98,9 @@ def confirm_config(
 ) -> Path:
     """Write the confirmation's config to ``dest``: ``raw`` (tonight's config as loaded YAML)
     with two variants, :data:`OLD` (``variant``'s patches, server arguments and environment on
-    ``old_release``; the baseline) and :data:`NEW` (the same on ``new_release``), ``repeats``
-    interleaved rounds, only ``suites``, no ``nightly`` section, name ``<name>-confirm``.
+    ``old_release``) and :data:`NEW` (the same on ``new_release``; the baseline, whose release
+    runs the clients), ``repeats`` interleaved rounds, only ``suites``, no ``nightly`` section,
+    name ``<name>-confirm``.
     Raises KeyError when ``variant`` is not in the config."""
     import yaml
 
@@ -105,9 +108,9 @@ def confirm_config(
     spec = {"patches": list(spec or [])} if not isinstance(spec, dict) else dict(spec)
     cfg = {k: v for k, v in raw.items() if k != "nightly"}
     cfg["name"] = f"{raw.get('name', 'nightly')}-confirm"
-    cfg["sglang"] = old_release
-    cfg["variants"] = {OLD: {**spec, "sglang": old_release}, NEW: {**spec, "sglang": new_release}}
-    cfg["baseline"] = OLD
+    cfg["sglang"] = new_release
+    cfg["variants"] = {NEW: {**spec, "sglang": new_release}, OLD: {**spec, "sglang": old_release}}
+    cfg["baseline"] = NEW
     cfg["schedule"] = {"repeats": int(repeats), "order": "interleaved"}
     want = set(suites)
     cfg["suites"] = {s: v for s, v in (raw.get("suites") or {}).items() if s in want}
