@@ -728,7 +728,8 @@ def dump_json(night: Night) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# derived tables: the learned noise and the change points of each night (for a dashboard page).
+# derived tables: the learned noise, the change points, the builds (sglang release and patch state
+# per variant) and the confirmation runs of each night (for a dashboard page).
 # Created on first write (CREATE TABLE IF NOT EXISTS); they add to schema version 2 without
 # changing its tables, and can be rebuilt from the nights (patchbench/noise.py,
 # patchbench/changepoints.py).
@@ -744,7 +745,17 @@ CREATE TABLE IF NOT EXISTS change_points (
     suite TEXT NOT NULL, metric TEXT NOT NULL, run_id TEXT NOT NULL, start_utc TEXT,
     end_run_id TEXT, end_utc TEXT, nights INTEGER, before REAL, after REAL, size_pct REAL,
     worse INTEGER,
-    PRIMARY KEY (config_name, detected_run_id, variant, suite, metric, run_id))
+    PRIMARY KEY (config_name, detected_run_id, variant, suite, metric, run_id));
+CREATE TABLE IF NOT EXISTS night_builds (
+    run_id TEXT NOT NULL, variant TEXT NOT NULL, sglang_release TEXT, patch TEXT NOT NULL,
+    state TEXT, detail TEXT,
+    PRIMARY KEY (run_id, variant, patch));
+CREATE TABLE IF NOT EXISTS confirmations (
+    config_name TEXT NOT NULL, run_id TEXT NOT NULL, variant TEXT NOT NULL, suite TEXT NOT NULL,
+    metric TEXT NOT NULL, last_green_run_id TEXT, old_release TEXT, new_release TEXT,
+    change_pct REAL, ci_low_pct REAL, ci_high_pct REAL, p_value REAL, alpha REAL,
+    repeats INTEGER, verdict TEXT, confirm_run_dir TEXT,
+    PRIMARY KEY (config_name, run_id, variant, suite, metric))
 """
 
 NOISE_COLUMNS = (
@@ -775,19 +786,43 @@ CHANGE_COLUMNS = (
 )
 
 
+BUILD_COLUMNS = ("run_id", "variant", "sglang_release", "patch", "state", "detail")
+CONFIRM_COLUMNS = (
+    "variant",
+    "suite",
+    "metric",
+    "last_green_run_id",
+    "old_release",
+    "new_release",
+    "change_pct",
+    "ci_low_pct",
+    "ci_high_pct",
+    "p_value",
+    "alpha",
+    "repeats",
+    "verdict",
+    "confirm_run_dir",
+)
+
+
 def _write_derived(
-    h: History, table: str, config_name: str, run_id: str, rows: list[tuple]
+    h: History, table: str, config_name: str | None, run_id: str, rows: list[tuple]
 ) -> None:
-    key = "run_id" if table == "noise" else "detected_run_id"
+    """Replace the rows of night ``run_id`` (and ``config_name``, for tables keyed by it) in
+    ``table`` with ``rows``, creating the derived tables first. One transaction."""
+    key = "detected_run_id" if table == "change_points" else "run_id"
     db = h._db
     try:
         db.execute("BEGIN IMMEDIATE")
         for stmt in _DERIVED.split(";"):
             if stmt.strip():
                 db.execute(stmt)
-        db.execute(
-            f"DELETE FROM {table} WHERE config_name = ? AND {key} = ?", (config_name, run_id)
-        )
+        if config_name is None:
+            db.execute(f"DELETE FROM {table} WHERE {key} = ?", (run_id,))
+        else:
+            db.execute(
+                f"DELETE FROM {table} WHERE config_name = ? AND {key} = ?", (config_name, run_id)
+            )
         if rows:
             marks = ", ".join("?" * len(rows[0]))
             db.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
@@ -869,6 +904,70 @@ def read_change_points(
     )
 
 
+def record_night_builds(h: History, run_id: str, rows: list[dict]) -> None:
+    """Store what each variant of night ``run_id`` ran (dicts with the keys of
+    :data:`BUILD_COLUMNS` but ``run_id``: ``variant``; ``sglang_release``, the resolved release,
+    never "latest"; ``patch``, a patch's name or "" for a variant without patches; ``state``,
+    ``applies`` / ``contained`` / ``conflicts`` / ``unavailable`` or "" without a patch;
+    ``detail``, e.g. the conflicting hunk), replacing what that night had. One transaction;
+    raises :class:`HistoryError`."""
+    _write_derived(
+        h,
+        "night_builds",
+        None,
+        run_id,
+        [
+            (run_id, *(r.get(c) if c != "patch" else r.get(c) or "" for c in BUILD_COLUMNS[1:]))
+            for r in rows
+        ],  # fmt: skip
+    )
+
+
+def read_night_builds(
+    h: History, config_name: str | None = None, run_id: str | None = None
+) -> list[dict]:
+    """The stored build rows (dicts of :data:`BUILD_COLUMNS`) of night ``run_id``, or of every
+    night of ``config_name`` (joined with ``nights``), or all; [] when none were stored. Raises
+    :class:`HistoryError`."""
+    db = h._db
+    cols = ", ".join(f"b.{c}" for c in BUILD_COLUMNS)
+    sql, args = f"SELECT {cols} FROM night_builds b", ()
+    if run_id is not None:
+        sql, args = sql + " WHERE b.run_id = ?", (run_id,)
+    elif config_name is not None:
+        sql += " JOIN nights n ON n.run_id = b.run_id WHERE n.config_name = ?"
+        args = (config_name,)
+    try:
+        if not db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'night_builds'"
+        ).fetchone():
+            return []
+        rows = db.execute(sql + " ORDER BY b.run_id, b.variant, b.patch", args).fetchall()
+    except sqlite3.Error as e:
+        raise h._wrap(e, "read night_builds") from None
+    return [dict(zip(BUILD_COLUMNS, row, strict=True)) for row in rows]
+
+
+def record_confirmation(h: History, config_name: str, run_id: str, rows: list[dict]) -> None:
+    """Store the paired results of night ``run_id``'s confirmation run (dicts with the keys of
+    :data:`CONFIRM_COLUMNS`, :func:`patchbench.nightly.confirm.Confirmation.rows`), replacing
+    what that night had. One transaction; raises :class:`HistoryError`."""
+    _write_derived(
+        h,
+        "confirmations",
+        config_name,
+        run_id,
+        [(config_name, run_id, *(r.get(c) for c in CONFIRM_COLUMNS)) for r in rows],
+    )
+
+
+def read_confirmations(h: History, config_name: str, run_id: str | None = None) -> list[dict]:
+    """The stored confirmation rows of a config (of one night with ``run_id``), dicts with
+    ``config_name``, ``run_id`` and :data:`CONFIRM_COLUMNS`; [] when none were stored."""
+    where, args = (" AND run_id = ?", (run_id,)) if run_id else ("", ())
+    return _read_derived(h, "confirmations", config_name, where, args)
+
+
 __all__ = [
     "SCHEMA_VERSION",
     "History",
@@ -885,4 +984,8 @@ __all__ = [
     "read_noise",
     "record_change_points",
     "read_change_points",
+    "record_night_builds",
+    "read_night_builds",
+    "record_confirmation",
+    "read_confirmations",
 ]

@@ -7,14 +7,26 @@ from pathlib import Path
 import pytest
 
 from patchbench import cli, doctor
+from patchbench.builds import INDEX_URL_ENV
 from patchbench.config import load_config
+from patchbench.matrix.spec import is_matrix_file, load_matrix
 from patchbench.schedule import plan_cells
 
-CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
+ALL = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
+CONFIGS = [p for p in ALL if not is_matrix_file(p)]
+MATRICES = [p for p in ALL if is_matrix_file(p)]
+#: a recorded answer of the package index's JSON API (newest sglang: 0.5.23), so `sglang: latest`
+#: resolves without the network
+INDEX = Path(__file__).resolve().parent / "data" / "pypi-index"
+
+
+@pytest.fixture(autouse=True)
+def _recorded_index(monkeypatch):
+    monkeypatch.setenv(INDEX_URL_ENV, INDEX.as_uri())
 
 
 def test_there_are_configs():
-    names = {p.name for p in CONFIGS}
+    names = {p.name for p in ALL}
     assert {
         "demo-cpu.yaml",
         "demo-cpu-0.5.23.yaml",
@@ -23,7 +35,22 @@ def test_there_are_configs():
         "aa-cpu.yaml",
         "overlap-cpu.yaml",
         "overlap-h200.yaml",
+        "nightly-h200.yaml",
+        "nightly-cpu.yaml",
+        "nightly-matrix-cpu.yaml",
     } <= names
+
+
+def test_cpu_nightly_runs_the_newest_sglang_and_its_matrix_both_pins(capsys):
+    """configs/nightly-cpu.yaml: `sglang: latest` (the recorded index says 0.5.23), gates and a
+    confirmation section; configs/nightly-matrix-cpu.yaml: that config on both installed pins."""
+    cfg = load_config(CONFIGS[0].parent / "nightly-cpu.yaml")
+    assert cfg.sglang == "latest" and cfg.nightly.confirm.repeats == 2
+    assert cli.main(["bench", str(CONFIGS[0].parent / "nightly-cpu.yaml"), "--dry-run"]) == 0
+    assert ".venv-0.5.23/bin/python" in capsys.readouterr().out
+    [m] = [load_matrix(p) for p in MATRICES if p.name == "nightly-matrix-cpu.yaml"]
+    assert sorted(u.config.sglang for u in m.units) == ["0.5.1.post3", "0.5.23"]
+    assert {u.config.name for u in m.units} == {"nightly-cpu"}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)

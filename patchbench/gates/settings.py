@@ -77,6 +77,21 @@ class Gate(BaseModel):
         return self.detect_pct or max(5.0, self.threshold_pct * 5.0 / 3.0)
 
 
+class ConfirmSettings(BaseModel):
+    """``nightly.confirm``: the confirmation run (docs/nightly.md, "Confirmation run"): when a
+    night is red and its sglang release or patch state differs from the last green night's, last
+    green's build and tonight's run interleaved in one run, ``repeats`` rounds, judged at
+    ``alpha``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(True, description="false: never run a confirmation")
+    alpha: float = Field(
+        0.001, gt=0, lt=0.5, description="level of the paired test that confirms a regression"
+    )
+    repeats: int = Field(5, ge=2, le=100, description="interleaved rounds of the two builds")
+
+
 class NightlySettings(BaseModel):
     """The config's ``nightly:`` section (docs/nightly.md has every key)."""
 
@@ -158,6 +173,7 @@ class NightlySettings(BaseModel):
         "noise (prior: run_cv_pct), at least min_repeats and at most this many",
     )
     gates: list[Gate] = Field(default_factory=list)
+    confirm: ConfirmSettings = Field(default_factory=ConfirmSettings)
 
     @field_validator("history_since")
     @classmethod

@@ -17,14 +17,18 @@ are stable across matrix runs); the matrix night's exit code is the worst unit's
 :data:`patchbench.nightly.job.EXIT_ORDER` (a regression first, unlike one config's order below).
 
 Modules: :mod:`~patchbench.nightly.job` (the pipeline, exit codes, nightly.json),
-:mod:`~patchbench.nightly.render` (nightly.md), :mod:`~patchbench.nightly.cli` (the command).
+:mod:`~patchbench.nightly.render` (nightly.md), :mod:`~patchbench.nightly.cli` (the command),
+:mod:`~patchbench.nightly.builds` (each variant's release and patch state per night, a release
+change named as a step's likely cause, a patch that stops applying),
+:mod:`~patchbench.nightly.confirm` (the confirmation run of a red night on a new build).
 The gates themselves (settings, tests, Holm across the night, outcomes) live in
 patchbench/gates/; the trend plots in patchbench/trend.py; the SQLite history in
 patchbench/history.py. docs/nightly.md explains the error budget.
 
 Exit codes (patchbench/errors.py), worst first: 4 the run failed (an exception of the runner,
 failed cells, no comparison), 3 the environment is not ready or the history cannot be used,
-2 bad usage or config (including a gate whose metric the run does not produce), 1 a gate found a
+2 bad usage or config (including a gate whose metric the run does not produce, and a patch
+that does not apply to tonight's release: stock still runs and is gated), 1 a gate found a
 regression (red night), 5 underpowered (nothing failed, but tonight's noise was clearly worse than
 the learned noise, or short of the repeats that noise needs, or too few repeats to gate; with no
 noise known yet: a gated metric stayed inconclusive), 0 green (no regression shown within the

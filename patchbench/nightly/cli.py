@@ -25,8 +25,17 @@ from patchbench.errors import (
 )
 from patchbench.gates import DEFAULT_HISTORY, NightlySettings
 from patchbench.matrix.spec import is_matrix_file, load_matrix
+from patchbench.nightly.builds import (
+    BuildRow,
+    blocked,
+    blocked_line,
+    check_patches,
+    without_variants,
+)
+from patchbench.nightly.confirm import maybe_confirm
 from patchbench.nightly.job import (
     HISTORY_ENV,
+    add_confirmation,
     history_path,
     nightly_matrix,
     nightly_on_matrix_run,
@@ -148,8 +157,12 @@ def _run_and_gate(config: str, cfg: Any, settings: NightlySettings, hpath: Path)
             print(f"nightly: {config}: schedule.repeats: auto: {e}", file=sys.stderr)
             return EXIT_USAGE
         config = str(auto_config)
+    checked = _check_builds(config, cfg)
+    if isinstance(checked, int):
+        return checked
+    run_config, blocked = checked
     try:
-        run_dir = bench.run_bench(config)
+        run_dir = bench.run_bench(run_config)
     except KeyboardInterrupt:
         raise
     except Exception as e:  # noqa: BLE001 (reported, never hides the verdict)
@@ -168,11 +181,55 @@ def _run_and_gate(config: str, cfg: Any, settings: NightlySettings, hpath: Path)
             return EXIT_RUN_FAILED
         run_problems.append(f"the run failed: {type(e).__name__}: {e}")
     outcome = nightly_on_run(
-        run_dir, settings, history=hpath, compare_settings=cfg.compare, run_problems=run_problems
+        run_dir,
+        settings,
+        history=hpath,
+        compare_settings=cfg.compare,
+        run_problems=run_problems,
+        blocked=blocked,
     )
     if plan is not None:
         record_repeats(outcome.json_path, plan)
+    conf = maybe_confirm(run_config, outcome, bench.run_bench)
+    if conf is not None:
+        add_confirmation(outcome, conf.to_json(), conf.rows())
     return outcome.exit_code
+
+
+def _check_builds(config: str, cfg: Any) -> tuple[str, list[BuildRow]] | int:
+    """Before a night runs: resolve each variant's build (``latest`` to a release) and check its
+    patches there (:func:`patchbench.nightly.builds.check_patches`). A variant whose patch
+    conflicts or is already upstream cannot run: the night runs the config without it (a copy in
+    a temporary folder) and says so. Returns (the config to run, the blocked rows), or the exit
+    code when nothing can run (3: no environment / index; 2: the baseline's patch is blocked)."""
+    import tempfile
+
+    from patchbench.builds import resolve_builds
+    from patchbench.cell import is_cpu
+
+    try:
+        resolve_builds(cfg, cpu=is_cpu(cfg))
+    except EnvironmentNotReady as e:
+        print(f"nightly: environment not ready: {e}", file=sys.stderr)
+        return EXIT_ENV
+    except (ConfigError, PatchError) as e:
+        print(f"nightly: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    bad = blocked(check_patches(cfg))
+    if not bad:
+        return config, []
+    for r in bad:
+        print(f"nightly: {blocked_line(r)}", file=sys.stderr)
+    try:
+        path = without_variants(
+            config,
+            sorted({r.variant for r in bad}),
+            Path(tempfile.mkdtemp(prefix="patchbench-nightly-")) / Path(config).name,
+        )
+    except ValueError as e:
+        print(f"nightly: nothing can run tonight: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    return str(path), bad
 
 
 def _matrix_cli(a: argparse.Namespace) -> int | None:

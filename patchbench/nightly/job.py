@@ -45,9 +45,17 @@ from patchbench.history import (
     dump_json,
     night_from_run,
     record_change_points,
+    record_confirmation,
     record_noise,
 )
 from patchbench.matrix.record import UnitRecord, read_matrix_record
+from patchbench.nightly.builds import (
+    BuildRow,
+    blocked_exit,
+    blocked_line,
+    night_builds,
+    rows_of_run,
+)
 from patchbench.nightly.outcome import (
     EXIT_ORDER,
     OUTCOME_OF_EXIT,
@@ -131,7 +139,9 @@ class NightUnit:
     ``unit_id``: the matrix unit (its nights are keyed ``<config name>@<unit id>``), None for a
     run outside a matrix; ``config_name``, ``labels``, ``gpu_type``: from matrix.json; ``status``,
     ``run_exit_code``, ``message``: how its run ended ("ok" for a single run);
-    ``run_problems``: failures the runner reported (they make the exit code 4).
+    ``run_problems``: failures the runner reported (they make the exit code 4); ``blocked``:
+    the variants that could not run because a patch of theirs does not apply to tonight's
+    release (:func:`patchbench.nightly.builds.blocked`; they make the exit code 2).
     """
 
     run_dir: Path
@@ -147,6 +157,7 @@ class NightUnit:
     message: str = ""
     settings_error: str | None = None
     run_problems: list[str] = field(default_factory=list)
+    blocked: list[BuildRow] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,6 +318,18 @@ def _gate_run(unit: NightUnit, hpath: Path, record: bool) -> NightlyOutcome:
             problems.append(f"could not store the learned noise and change points: {e}")
     failed_run = bool(unit.run_problems or tonight.problems or cmp_err or not tonight.values)
     code, headline = _exit_of(results, failed_run, bool(hinfo["error"]))
+    builds, causes = night_builds(
+        [*rows_of_run(unit.run_dir), *unit.blocked],
+        tonight,
+        prior,
+        results,
+        points,
+        None if hinfo["error"] else hpath,
+        settings.lock_timeout_s,
+        record=bool(hinfo["recorded"]),
+        problems=problems,
+    )
+    code, headline = blocked_exit(code, headline, unit.blocked)
     return NightlyOutcome(
         code,
         results,
@@ -319,6 +342,9 @@ def _gate_run(unit: NightUnit, hpath: Path, record: bool) -> NightlyOutcome:
         settings=settings,
         noise=noise_rows,
         change_points=points,
+        builds=builds,
+        causes=causes,
+        blocked=[blocked_line(r) for r in unit.blocked],
     )
 
 
@@ -457,6 +483,28 @@ def _record_and_read(
     return prior, hinfo
 
 
+def add_confirmation(res: NightlyOutcome, conf: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    """Add a confirmation run (``conf``: :meth:`patchbench.nightly.confirm.Confirmation.to_json`,
+    ``rows``: its history rows) to a gated night: rewrite its nightly.md / nightly.json and
+    store the rows in the history (a history problem is added to the night's problems)."""
+    assert res.night is not None and res.settings is not None and res.night.run_dir
+    res.confirmation = conf
+    hpath = res.history_info.get("path")
+    if hpath and rows and res.history_info.get("recorded") and not res.history_info.get("error"):
+        try:
+            with History(hpath, timeout_s=res.settings.lock_timeout_s) as h:
+                record_confirmation(h, res.night.config_name, res.night.run_id, rows)
+        except HistoryError as e:
+            res.problems.append(f"could not store the confirmation run: {e}")
+    run = Path(res.night.run_dir)
+    row = UnitNightly(
+        id=run.name, key=res.night.config_name, labels={}, gpu_type=None, status="ok",
+        run_exit_code=None, exit_code=res.exit_code, outcome=res.outcome, headline=res.headline,
+        failing=[r for r in res.results if r.status == "fail"], gated=res,
+    )  # fmt: skip
+    _write_files(run, row)
+
+
 def _exit_of(results: list[GateResult], failed_run: bool, history_failed: bool) -> tuple[int, str]:
     """(exit code, headline) of one run's night, worst first: the run failed (4), the history
     is unavailable (3), a gate's metric is missing (2), red (1), underpowered (5), green (0)."""
@@ -487,6 +535,24 @@ def _exit_of(results: list[GateResult], failed_run: bool, history_failed: bool) 
 def _write_outputs(run: Path, row: UnitNightly, out: Any) -> None:
     """RUN/nightly.md and RUN/nightly.json of a gated unit (their paths set on ``row.gated``),
     and the console lines: the headline, each regression, each problem."""
+    _write_files(run, row)
+    res = row.gated
+    assert res is not None
+    print(f"nightly: {res.headline} (exit {res.exit_code}); summary {res.summary_path}", file=out)
+    for r in row.failing:
+        print(
+            f"  REGRESSION {r.suite}.{r.metric} [{r.variant}, {r.kind}]: {fmt(r.value)} {r.unit}"
+            f" vs {fmt(r.reference)} {r.unit}: {r.reason}",
+            file=out,
+        )
+    for line in [*res.blocked, *res.causes]:
+        print(f"  {line}", file=out)
+    for p in res.problems:
+        print(f"  problem: {p.splitlines()[0]}", file=out)
+
+
+def _write_files(run: Path, row: UnitNightly) -> None:
+    """RUN/nightly.md and RUN/nightly.json of a gated unit (their paths set on ``row.gated``)."""
     res = row.gated
     assert res is not None and res.night is not None and res.settings is not None
     tonight, settings, failing = res.night, res.settings, row.failing
@@ -512,18 +578,13 @@ def _write_outputs(run: Path, row: UnitNightly, out: Any) -> None:
             "plots": res.plots,
             "noise": res.noise,
             "change_points": res.change_points,
+            "builds": res.builds,
+            "likely_causes": res.causes,
+            "blocked": res.blocked,
+            "confirmation": res.confirmation,
             "night": dump_json(tonight),
         },
     )
-    print(f"nightly: {res.headline} (exit {res.exit_code}); summary {res.summary_path}", file=out)
-    for r in failing:
-        print(
-            f"  REGRESSION {r.suite}.{r.metric} [{r.variant}, {r.kind}]: {fmt(r.value)} {r.unit}"
-            f" vs {fmt(r.reference)} {r.unit}: {r.reason}",
-            file=out,
-        )
-    for p in res.problems:
-        print(f"  problem: {p.splitlines()[0]}", file=out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -540,6 +601,7 @@ def nightly_on_run(
     run_problems: Sequence[str] = (),
     out: Any = None,
     unit_id: str | None = None,
+    blocked: Sequence[BuildRow] = (),
 ) -> NightlyOutcome:
     """Record a finished run folder in the history, evaluate the gates, write the outputs: the
     night of one unit (:func:`run_night`).
@@ -548,7 +610,8 @@ def nightly_on_run(
     :func:`history_path`); compare_settings: for compare_run when compare.json is missing;
     run_problems: failures the runner reported (they make the exit code 4); unit_id: the matrix
     unit this folder is (default: found by :func:`matrix_unit_id`): its nights are keyed
-    ``<config name>@<unit id>`` in the history (:func:`key_night`).
+    ``<config name>@<unit id>`` in the history (:func:`key_night`); blocked: the variants whose
+    patch could not run tonight (:func:`patchbench.nightly.builds.blocked`; exit 2).
     Writes RUN/nightly.md, RUN/nightly.json, RUN/plots/nightly-*.png. Never raises for a history
     problem: the night stays in the folder and ``--record-only RUN_DIR`` appends it later.
     """
@@ -559,6 +622,7 @@ def nightly_on_run(
         compare_settings,
         unit_id=unit_id or matrix_unit_id(run),
         run_problems=list(run_problems),
+        blocked=list(blocked),
     )
     [row] = run_night([unit], history=history, record=record, out=out)
     assert row.gated is not None

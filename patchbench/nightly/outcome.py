@@ -56,8 +56,12 @@ class NightlyOutcome:
     the folder could not be read), the headline, the history's state (``history_info``: path,
     recorded, nights_before, error, already_recorded), the trend plots written (relative to the
     run folder), the settings gated with, the noise each gated metric was judged with
-    (:func:`patchbench.nightly.job.noise_table`) and the change points over the whole history
-    (:func:`patchbench.nightly.job.change_points`)."""
+    (:func:`patchbench.nightly.job.noise_table`), the change points over the whole history
+    (:func:`patchbench.nightly.job.change_points`), what each variant ran (``builds``: rows of
+    :class:`patchbench.nightly.builds.BuildRow` as dicts), the release changes named as likely
+    causes of a step (``causes``), the variants whose patch could not run (``blocked``, one line
+    each) and the confirmation run (``confirmation``: :meth:`patchbench.nightly.confirm.
+    Confirmation.to_json`, None when none was due)."""
 
     exit_code: int
     results: list[GateResult]
@@ -72,6 +76,10 @@ class NightlyOutcome:
     settings: NightlySettings | None = None
     noise: list[dict[str, Any]] = field(default_factory=list)
     change_points: list[dict[str, Any]] = field(default_factory=list)
+    builds: list[dict[str, Any]] = field(default_factory=list)
+    causes: list[str] = field(default_factory=list)
+    blocked: list[str] = field(default_factory=list)
+    confirmation: dict[str, Any] | None = None
 
 
 @dataclass

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from patchbench.gates import UNDERPOWERED, GateResult, NightlySettings
+from patchbench.nightly.confirm import lines as confirm_lines
 from patchbench.nightly.outcome import (
     EXIT_ORDER,
     OUTCOME_OF_EXIT,
@@ -117,6 +118,8 @@ def _run_intro(night: NightSummary, g: NightlyOutcome) -> list[str]:
     ]
     if g.settings is not None:
         lines += [_budget(g.settings), ""]
+    if g.blocked:
+        lines += ["## Patch does not apply", ""] + [f"- **{x}**" for x in g.blocked] + [""]
     if g.problems:
         lines += ["## Problems", ""] + [f"- {p}" for p in g.problems] + [""]
     return lines
@@ -155,6 +158,9 @@ def _run_tail(g: NightlyOutcome) -> list[str]:
     else:
         lines += ["No gates are configured (`nightly.gates` in the config).", ""]
     lines += _noise_lines(g.noise) + _change_lines(g.change_points)
+    lines += _build_lines(g.builds, g.causes)
+    if g.confirmation is not None:
+        lines += confirm_lines(g.confirmation)
     h = g.history_info
     lines.append(
         f"History: `{h.get('path')}` · "
@@ -197,6 +203,27 @@ def _noise_lines(rows: list[dict]) -> list[str]:
         "(`prior`: the config's `run_cv_pct`, until the history holds enough nights).",
         "",
     ]
+    return lines
+
+
+def _build_lines(builds: list[dict], causes: list[str]) -> list[str]:
+    """What each variant ran (release, patch, state; a variant that could not run is marked) and
+    the release changes named as a step's likely cause."""
+    if not builds:
+        return []
+    lines = ["## sglang builds", "", "| variant | sglang | patch | state | detail |"]
+    lines.append("|---|---|---|---|---|")
+    for b in builds:
+        state = b.get("state") or "stock"
+        if not b.get("ran", True):
+            state += " (not run)"
+        lines.append(
+            f"| {_cell(b['variant'])} | {_cell(b.get('sglang_release') or '?')} | "
+            f"{_cell(b.get('patch') or '-')} | {_cell(state)} | {_cell(b.get('detail') or '')} |"
+        )
+    lines.append("")
+    if causes:
+        lines += ["Likely cause:", ""] + [f"- {c}" for c in causes] + [""]
     return lines
 
 

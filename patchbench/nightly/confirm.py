@@ -1,0 +1,405 @@
+"""The confirmation run (as Chromium's Pinpoint confirms a bisect): when a night is red and its
+sglang release or patch state differs from the last green night's, last green's build and
+tonight's run interleaved in ONE run and the failing metrics judged on its paired rounds.
+
+Rule (:func:`should_confirm`): ``nightly.confirm.enabled``, the night is red, a last green night
+exists (the newest earlier night whose nightly.json says green, :func:`last_green`), and the
+builds differ (:func:`build_signature`: each variant's release, patches and their states). Only
+the variant of the first failing gate is confirmed (one run of two variants): ``last-green``
+(that variant's patches on last green's release) and ``tonight`` (the same patches on tonight's
+release; the baseline, so the clients come from tonight's release, which knows both servers:
+0.5.1.post3's clients against a 0.5.23 CPU server lost requests that 0.5.23's served),
+``confirm.repeats`` interleaved rounds, the suites of the failing metrics only
+(:func:`confirm_config`). Its cost is stated before it starts
+(:func:`estimate_minutes`: its cells times tonight's measured minutes per cell).
+
+Verdict (:func:`paired_result`): per failing metric, the paired log ratios tonight / last green
+by round; a one-sided paired t test in the metric's worse direction at ``confirm.alpha``;
+"confirmed" when p < alpha, with the change and its two-sided ``1 - 2 alpha`` interval (the
+interval that excludes 0 exactly when the one-sided test rejects).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from patchbench.history import Night, night_from_run
+from patchbench.stats import paired_t
+
+OLD, NEW = "last-green", "tonight"
+
+
+def last_green(prior: Sequence[Night]) -> Night | None:
+    """The newest of ``prior`` (oldest first) whose ``nightly.json`` in its run folder says
+    outcome green; None when none does (or no folder can be read)."""
+    for n in reversed(prior):
+        if not n.run_dir:
+            continue
+        try:
+            js = json.loads((Path(n.run_dir) / "nightly.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(js, dict) and js.get("outcome") == "green":
+            return n
+    return None
+
+
+def build_signature(rows: Iterable[Mapping[str, Any]]) -> set[tuple[str, str, str, str]]:
+    """{(variant, release, patch, state)} of a night's build rows (detail left out)."""
+    return {
+        (str(r["variant"]), str(r.get("sglang_release")), str(r.get("patch") or ""),
+         str(r.get("state") or ""))
+        for r in rows
+    }  # fmt: skip
+
+
+def should_confirm(
+    outcome: str,
+    tonight_rows: Iterable[Mapping[str, Any]],
+    green: Night | None,
+    green_rows: Iterable[Mapping[str, Any]],
+    enabled: bool = True,
+) -> tuple[bool, str]:
+    """(run a confirmation?, why / why not) by the rule of the module docstring."""
+    if not enabled:
+        return False, "confirmation runs are off (nightly.confirm.enabled: false)"
+    if outcome != "red":
+        return False, f"the night is {outcome}, not red"
+    if green is None:
+        return False, "no earlier green night to confirm against"
+    if build_signature(tonight_rows) == build_signature(green_rows):
+        return False, (
+            f"tonight ran the same sglang release and patch state as the last green night "
+            f"({green.run_id}): nothing to bisect"
+        )
+    return True, f"tonight's build differs from the last green night's ({green.run_id})"
+
+
+def release_of(rows: Iterable[Mapping[str, Any]], variant: str) -> str | None:
+    """The release ``variant`` ran in ``rows`` (None when it has no row)."""
+    return next((r.get("sglang_release") for r in rows if r["variant"] == variant), None)
+
+
+def confirm_config(
+    raw: Mapping[str, Any],
+    variant: str,
+    old_release: str,
+    new_release: str,
+    suites: Iterable[str],
+    repeats: int,
+    dest: Path,
+) -> Path:
+    """Write the confirmation's config to ``dest``: ``raw`` (tonight's config as loaded YAML)
+    with two variants, :data:`OLD` (``variant``'s patches, server arguments and environment on
+    ``old_release``) and :data:`NEW` (the same on ``new_release``; the baseline, whose release
+    runs the clients), ``repeats`` interleaved rounds, only ``suites``, no ``nightly`` section,
+    name ``<name>-confirm``.
+    Raises KeyError when ``variant`` is not in the config."""
+    import yaml
+
+    spec = (raw.get("variants") or {})[variant]
+    spec = {"patches": list(spec or [])} if not isinstance(spec, dict) else dict(spec)
+    cfg = {k: v for k, v in raw.items() if k != "nightly"}
+    cfg["name"] = f"{raw.get('name', 'nightly')}-confirm"
+    cfg["sglang"] = new_release
+    cfg["variants"] = {NEW: {**spec, "sglang": new_release}, OLD: {**spec, "sglang": old_release}}
+    cfg["baseline"] = NEW
+    cfg["schedule"] = {"repeats": int(repeats), "order": "interleaved"}
+    want = set(suites)
+    cfg["suites"] = {s: v for s, v in (raw.get("suites") or {}).items() if s in want}
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
+    return dest
+
+
+def minutes_per_cell(run_dir: str | os.PathLike) -> float | None:
+    """Tonight's measured minutes per cell: (ended_at - started_at) over its cells (manifest);
+    None when unknown."""
+    from patchbench.history import _utc_iso
+    from patchbench.runfolder import RunFolderError, read_manifest
+
+    try:
+        m = read_manifest(Path(run_dir))
+    except RunFolderError:
+        return None
+    start, end = _utc_iso(m.started_at or ""), _utc_iso(m.ended_at or "")
+    if not (start and end and m.cells):
+        return None
+    from datetime import datetime
+
+    fmt = "%Y-%m-%dT%H:%M:%SZ"
+    secs = (datetime.strptime(end, fmt) - datetime.strptime(start, fmt)).total_seconds()
+    return max(secs, 0.0) / 60.0 / len(m.cells)
+
+
+def estimate_minutes(cells: int, per_cell_min: float | None) -> float | None:
+    """The confirmation's machine minutes: ``cells`` times tonight's minutes per cell."""
+    return None if per_cell_min is None else cells * per_cell_min
+
+
+@dataclass
+class Confirmation:
+    """One confirmation run: the variant confirmed, last green's night and release, tonight's
+    release, its settings (alpha, repeats), the stated cost (cells, minutes; None when unknown),
+    its run folder, the paired result of each failing metric (:func:`paired_result`), and why it
+    did not run or failed (``skipped`` / ``error``)."""
+
+    variant: str
+    last_green_run_id: str | None
+    old_release: str | None
+    new_release: str | None
+    alpha: float
+    repeats: int
+    cells: int = 0
+    minutes: float | None = None
+    run_dir: str | None = None
+    results: list[dict[str, Any]] = field(default_factory=list)
+    skipped: str | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field, as nightly.json's ``confirmation``."""
+        return {
+            "variant": self.variant,
+            "last_green_run_id": self.last_green_run_id,
+            "old_release": self.old_release,
+            "new_release": self.new_release,
+            "alpha": self.alpha,
+            "repeats": self.repeats,
+            "cells": self.cells,
+            "minutes": self.minutes,
+            "run_dir": self.run_dir,
+            "results": self.results,
+            "skipped": self.skipped,
+            "error": self.error,
+        }
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The history's ``confirmations`` rows (patchbench.history.CONFIRM_COLUMNS)."""
+        return [
+            {
+                "variant": self.variant,
+                "suite": r["suite"],
+                "metric": r["metric"],
+                "last_green_run_id": self.last_green_run_id,
+                "old_release": self.old_release,
+                "new_release": self.new_release,
+                "change_pct": r.get("change_pct"),
+                "ci_low_pct": r.get("ci_low_pct"),
+                "ci_high_pct": r.get("ci_high_pct"),
+                "p_value": r.get("p_value"),
+                "alpha": self.alpha,
+                "repeats": self.repeats,
+                "verdict": r["verdict"],
+                "confirm_run_dir": self.run_dir,
+            }
+            for r in self.results
+        ]
+
+    def plan_line(self) -> str:
+        """What it will run and cost, stated before it starts."""
+        cost = "n/a" if self.minutes is None else f"{self.minutes:.1f}"
+        return (
+            f"confirmation run: variant '{self.variant}' on sglang {self.old_release} (last "
+            f"green, {self.last_green_run_id}) vs {self.new_release} (tonight), {self.repeats} "
+            f"interleaved rounds, {self.cells} cells, about {cost} machine (GPU) minutes; "
+            f"confirmed at p < {self.alpha:g}"
+        )
+
+
+def paired_result(
+    night: Night,
+    suite: str,
+    metric: str,
+    better: str | None,
+    alpha: float,
+    old_release: str | None,
+    new_release: str | None,
+) -> dict[str, Any]:
+    """The paired result of one metric of a confirmation run's night (variants :data:`OLD` and
+    :data:`NEW`): ``change_pct`` (geometric mean of tonight / last green, %), ``ci_low_pct`` /
+    ``ci_high_pct`` (two-sided ``1 - 2 alpha``), ``p_value`` (one-sided, worse direction),
+    ``n`` pairs, ``verdict`` (confirmed / not confirmed / no data) and ``text``."""
+    old = night.values.get((OLD, suite, metric), [])
+    new = night.values.get((NEW, suite, metric), [])
+    d = [
+        math.log(b / a)
+        for a, b in zip(old, new, strict=False)
+        if a is not None and b is not None and a > 0 and b > 0
+    ]
+    out: dict[str, Any] = {"suite": suite, "metric": metric, "n": len(d), "better": better}
+    if len(d) < 2:
+        out.update(verdict="no data", text=f"{suite}.{metric}: not judged ({len(d)} pair(s))")
+        return out
+    t = paired_t(d)
+    worse = "greater" if better == "lower" else "less"
+    p = t.p_value(worse)
+    lo, hi = t.interval(2 * alpha)
+    pct = [100 * math.expm1(x) for x in (t.mean, lo, hi)]
+    ok = p < alpha
+    out.update(
+        change_pct=pct[0],
+        ci_low_pct=pct[1],
+        ci_high_pct=pct[2],
+        p_value=p,
+        verdict="confirmed" if ok else "not confirmed",
+    )
+    out["text"] = (
+        f"{suite}.{metric}: {'confirmed' if ok else 'not confirmed'}: tonight's "
+        f"{new_release} is {pct[0]:+.1f}% [{pct[1]:+.1f}, {pct[2]:+.1f}] vs last green "
+        f"{old_release}, p={p:.2g} ({len(d)} pairs, one-sided, level {alpha:g})"
+    )
+    return out
+
+
+def judge(
+    conf: Confirmation, run_dir: Path, metrics: Sequence[tuple[str, str, str | None]]
+) -> None:
+    """Fill ``conf.results`` from the confirmation's run folder, one per (suite, metric,
+    better) of ``metrics``; a folder that cannot be read sets ``conf.error``."""
+    conf.run_dir = str(run_dir)
+    try:
+        night = night_from_run(run_dir)
+    except (OSError, ValueError) as e:
+        conf.error = f"the confirmation's run folder cannot be read: {e}"
+        return
+    conf.results = [
+        paired_result(night, s, m, b, conf.alpha, conf.old_release, conf.new_release)
+        for s, m, b in metrics
+    ]
+
+
+def lines(conf: Mapping[str, Any]) -> list[str]:
+    """The confirmation as markdown lines (from :meth:`Confirmation.to_json`)."""
+    out = ["## Confirmation run", ""]
+    if conf.get("skipped"):
+        return out + [f"Not run: {conf['skipped']}", ""]
+    cost = "n/a" if conf.get("minutes") is None else f"{conf['minutes']:.1f}"
+    out.append(
+        f"Variant `{conf['variant']}`: sglang {conf['old_release']} (last green night "
+        f"`{conf['last_green_run_id']}`) vs {conf['new_release']} (tonight), interleaved in one "
+        f"run: {conf['repeats']} rounds, {conf['cells']} cells, about {cost} machine (GPU) "
+        f"minutes; confirmed when the one-sided paired t test gives p < {conf['alpha']:g}."
+    )
+    out.append("")
+    if conf.get("run_dir"):
+        out += [f"Run folder: [{Path(conf['run_dir']).name}]({conf['run_dir']})", ""]
+    if conf.get("error"):
+        out += [f"Failed: {conf['error']}", ""]
+    out += [f"- {r['text']}" for r in conf.get("results") or []]
+    return out + [""]
+
+
+def maybe_confirm(
+    config_path: str | os.PathLike,
+    res: Any,
+    run_bench: Callable[[str], Any],
+    out: Any = None,
+) -> Confirmation | None:
+    """Run the confirmation of a gated night ``res`` (:class:`patchbench.nightly.outcome.
+    NightlyOutcome` of the config at ``config_path``) when :func:`should_confirm` says so, with
+    ``run_bench`` (``patchbench.bench.run_bench``: config path -> run folder); the cost is
+    printed to ``out`` before it starts. None for a night that is not red; a red night that
+    needs none gets a Confirmation with ``skipped`` (why). Never raises for the confirmation's
+    own failure (``error``)."""
+    import tempfile
+
+    import yaml
+
+    from patchbench.history import History, HistoryError, read_night_builds
+    from patchbench.nightly.builds import rows_of_run
+
+    out = out or sys.stdout
+    night, settings = res.night, res.settings
+    if night is None or settings is None or res.outcome != "red":
+        return None
+    cs = settings.confirm
+    failing = [r for r in res.results if r.status == "fail"]
+    variant = next((r.variant for r in failing if r.variant != "*"), night.baseline)
+    conf = Confirmation(variant, None, None, release_of(res.builds, variant), cs.alpha, cs.repeats)
+    green, green_rows = None, []
+    try:
+        with History(res.history_info["path"], timeout_s=settings.lock_timeout_s) as h:
+            prior = h.nights(
+                night.config_name, before_utc=night.night_utc, exclude_run_id=night.run_id
+            )
+            green = last_green(prior)
+            if green is not None:
+                green_rows = read_night_builds(h, run_id=green.run_id)
+    except (HistoryError, KeyError) as e:
+        conf.skipped = f"the history cannot be read: {e}"
+        return conf
+    if green is not None and not green_rows and green.run_dir:
+        green_rows = [r.to_json() for r in rows_of_run(green.run_dir)]
+    ok, why = should_confirm(res.outcome, res.builds, green, green_rows, cs.enabled)
+    if not ok:
+        conf.skipped = why
+        return conf
+    assert green is not None
+    conf.last_green_run_id = green.run_id
+    conf.old_release = release_of(green_rows, variant) or green.sglang_version
+    if not conf.old_release or not conf.new_release:
+        conf.skipped = f"the releases of variant '{variant}' are not known for both nights"
+        return conf
+    metrics = list(
+        dict.fromkeys((r.suite, r.metric, r.better) for r in failing if r.variant == variant)
+    ) or list(dict.fromkeys((r.suite, r.metric, r.better) for r in failing))
+    raw = yaml.safe_load(Path(config_path).read_text(encoding="utf-8"))
+    tmp = Path(tempfile.mkdtemp(prefix="patchbench-confirm-"))
+    path = confirm_config(
+        raw, variant, conf.old_release, conf.new_release, {m[0] for m in metrics}, cs.repeats,
+        tmp / f"{raw.get('name', 'nightly')}-confirm.yaml",
+    )  # fmt: skip
+    conf.cells = _cells(path, cs.repeats)
+    conf.minutes = estimate_minutes(conf.cells, minutes_per_cell(night.run_dir or ""))
+    print(f"nightly: {conf.plan_line()}", file=out, flush=True)
+    from patchbench.errors import PatchbenchError
+
+    try:
+        run_dir = run_bench(str(path))
+    except PatchbenchError as e:
+        conf.error = f"{type(e).__name__}: {e}"
+        run_dir = getattr(e, "run_dir", None)
+        if not run_dir:
+            return conf
+    judge(conf, Path(run_dir), metrics)
+    for r in conf.results:
+        print(f"nightly: confirmation: {r['text']}", file=out)
+    return conf
+
+
+def _cells(path: Path, repeats: int) -> int:
+    """The confirmation's cells as its plan has them (two variants x ``repeats`` when the config
+    cannot be planned here)."""
+    try:
+        from patchbench.config import load_config
+        from patchbench.run.plan import plan
+
+        return len(plan(load_config(path)))
+    except Exception:  # noqa: BLE001 (an estimate only)
+        return 2 * repeats
+
+
+__all__ = [
+    "NEW",
+    "OLD",
+    "Confirmation",
+    "build_signature",
+    "confirm_config",
+    "estimate_minutes",
+    "judge",
+    "last_green",
+    "lines",
+    "maybe_confirm",
+    "minutes_per_cell",
+    "paired_result",
+    "release_of",
+    "should_confirm",
+]
