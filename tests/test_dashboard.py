@@ -69,7 +69,7 @@ def test_site_data_values_change_points_red_nights_and_links(demo):
     assert (site / "assets/plotly.min.js").stat().st_size > 1_000_000
     index = (site / "index.html").read_text()
     row = re.search(r'<tr data-config="nightly-cpu">.*?</tr>', index, re.S).group(0)
-    assert 'data-outcome="red"' in row and "0.5.23" in row and "patched: verified" in row
+    assert 'data-outcome="red"' in row and "0.5.23" in row and "patched: applies (verified)" in row
     assert f"nights/{RED_RUN}/nightly.html" in row and "-10." in row
     small = (site / "configs/nightly-cpu-small.html").read_text()
     assert f"{GONE_RUN} <span" in small and "run folder gone" in small
@@ -91,7 +91,7 @@ def test_site_data_values_change_points_red_nights_and_links(demo):
 def test_night_builds_read_defensively(demo, tmp_path):
     hist, _site, _s = demo
     with open_history(hist) as h:
-        assert [b["state"] for b in _night_builds(h, RED_RUN)] == [None, "verified"]
+        assert [b["state"] for b in _night_builds(h, RED_RUN)] == ["", "applies"]
         assert _night_builds(h, "no-such-night") == []
     old = tmp_path / "old.sqlite"
     shutil.copy(hist, old)

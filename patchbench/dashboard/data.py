@@ -15,10 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from patchbench.errors import UsageError
-from patchbench.history import History, Night, read_change_points
-
-#: the columns of the history's ``night_builds`` table (release and patch state per variant)
-BUILD_COLUMNS = ("run_id", "variant", "sglang_release", "patch", "state", "detail")
+from patchbench.history import (
+    BUILD_COLUMNS,
+    History,
+    Night,
+    read_change_points,
+    read_night_builds,
+)
 
 
 def open_history(path: str | Path) -> History:
@@ -39,21 +42,10 @@ def _rows(h: History, sql: str, args: tuple = ()) -> list[tuple]:
 
 def _night_builds(h: History, run_id: str) -> list[dict[str, Any]]:
     """The release and patch state each variant of night ``run_id`` ran with: dicts with the
-    keys of :data:`BUILD_COLUMNS`, from the history's ``night_builds`` table; [] when the table
-    does not exist (a history written before it) or has no row for the night. Unknown columns
-    are ignored, missing ones read as None."""
-    if not _rows(h, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'night_builds'"):
-        return []
-    try:
-        cur = h._db.execute("SELECT * FROM night_builds WHERE run_id = ?", (run_id,))
-    except sqlite3.Error as e:
-        raise h._wrap(e, "read night_builds") from None
-    cols = [d[0] for d in cur.description]
-    out = []
-    for row in cur.fetchall():
-        got = dict(zip(cols, row, strict=True))
-        out.append({c: got.get(c) for c in BUILD_COLUMNS})
-    return sorted(out, key=lambda b: str(b["variant"]))
+    keys of :data:`patchbench.history.BUILD_COLUMNS`
+    (:func:`patchbench.history.read_night_builds`), sorted by variant; [] for a night recorded
+    without them (a history written before the table existed)."""
+    return sorted(read_night_builds(h, run_id=run_id), key=lambda b: str(b["variant"]))
 
 
 def config_names(h: History) -> list[str]:

@@ -12,7 +12,6 @@ the run folder of the oldest deleted). Each night has ``nightly.json``, ``nightl
 from __future__ import annotations
 
 import shutil
-import sqlite3
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,7 @@ from patchbench import records
 from patchbench.changepoints import detect_history
 from patchbench.comparison import Comparison, Row, write_comparison
 from patchbench.gates.results import GateResult
-from patchbench.history import History, night_from_run, record_change_points
+from patchbench.history import History, night_from_run, record_change_points, record_night_builds
 from patchbench.testing import make_run
 
 TPUT = "output_throughput_tok_s"
@@ -163,7 +162,7 @@ def build_demo(root: str | Path, *, builds: bool = True, seed: int = 7) -> Path:
                 h.record(night)
                 nights.append(night)
                 if builds:
-                    _add_builds(path, run_id, RELEASES[1] if new else RELEASES[0])
+                    _add_builds(h, run_id, RELEASES[1] if new else RELEASES[0])
             keys = [("baseline", "serving", TPUT), ("patched", "serving", TPUT)]
             better = {("serving", TPUT): "higher"}
             points = detect_history(nights, keys, better)
@@ -172,23 +171,29 @@ def build_demo(root: str | Path, *, builds: bool = True, seed: int = 7) -> Path:
     return path
 
 
-def _add_builds(path: Path, run_id: str, release: str) -> None:
-    """One ``night_builds`` row per variant: stock has no patch, patched's applies and is
-    verified."""
-    con = sqlite3.connect(path)
-    with con:
-        con.execute(
-            "CREATE TABLE IF NOT EXISTS night_builds (run_id TEXT, variant TEXT, "
-            "sglang_release TEXT, patch TEXT, state TEXT, detail TEXT)"
-        )
-        con.executemany(
-            "INSERT INTO night_builds VALUES (?, ?, ?, ?, ?, ?)",
-            [
-                (run_id, "baseline", release, None, None, None),
-                (run_id, "patched", release, "mrope-h2d.patch", "verified", None),
-            ],
-        )
-    con.close()
+def _add_builds(h: History, run_id: str, release: str) -> None:
+    """One ``night_builds`` row per variant (:func:`patchbench.history.record_night_builds`):
+    stock has no patch, patched's applies there and was verified in the run."""
+    record_night_builds(
+        h,
+        run_id,
+        [
+            {
+                "variant": "baseline",
+                "sglang_release": release,
+                "patch": "",
+                "state": "",
+                "detail": "",
+            },
+            {
+                "variant": "patched",
+                "sglang_release": release,
+                "patch": "mrope-sync-free",
+                "state": "applies",
+                "detail": "verified",
+            },
+        ],
+    )
 
 
 __all__ = ["DEMO", "build_demo"]
