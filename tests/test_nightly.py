@@ -683,7 +683,7 @@ def _patches_with_slowdown(dest: Path, slow: dict[str, bool]) -> Path:
 
 
 def _e2e_config(folder: Path, name: str) -> Path:
-    """configs/nightly-cpu.yaml (`sglang: latest`, serving only, 8 prompts of 16 tokens) as the
+    """configs/nightly-cpu.yaml (`sglang: latest`, serving only, 8 prompts of 6 tokens) as the
     night series ``name``: variants ``baseline`` and ``candidate`` (the SLOW patch), 2
     interleaved repeats (min_repeats 2), the same-run gate on median ITL only, and a tiny
     confirmation (2 rounds, alpha 0.1).
@@ -699,6 +699,9 @@ def _e2e_config(folder: Path, name: str) -> Path:
     raw["name"] = name
     raw["variants"] = {"baseline": [], "candidate": [SLOW]}
     raw["schedule"] = {"repeats": 2, "order": "interleaved"}
+    # 6 output tokens: 5 inter-token gaps for the median ITL, and a slowed cell waits SLOW_S on
+    # about 7 forward batches instead of 17
+    raw["suites"]["serving"]["output_len"] = 6
     raw["nightly"].update(
         min_repeats=2,
         gates=[{"metric": f"serving.{E2E_METRIC}", "threshold_pct": 300, "against": "same_run"}],
