@@ -85,8 +85,12 @@ def plan_cells(
 ROUNDS_KEY = "rounds"
 
 
-def parse_rounds(value: Any, max_repeats: int, where: str) -> str | list[int]:
+def parse_rounds(
+    value: Any, max_repeats: int, where: str, *, floor: int | None = None
+) -> str | list[int]:
     """Check a ``suites.<name>.rounds`` value against a run of at most ``max_repeats`` rounds.
+    ``floor``: ``schedule.repeats: auto``'s ``nightly.min_repeats`` (a run may have only that
+    many rounds; an index at or above it is refused with a message saying so).
 
     Returns "all", "first" or the sorted list of 0-based round indices. Raises ValueError naming
     ``where`` (the key) for anything else: not "all"/"first"/a list of integers, an empty list,
@@ -109,6 +113,12 @@ def parse_rounds(value: Any, max_repeats: int, where: str) -> str | list[int]:
     if len(set(value)) != len(value):
         raise ValueError(f"{where}: {value} lists a round twice")
     bad = [x for x in value if not 0 <= x < max_repeats]
+    if bad and floor is not None:
+        raise ValueError(
+            f"{where}: round(s) {bad} with schedule.repeats: auto: a night may run only "
+            f"nightly.min_repeats = {floor} round(s), indices 0 to {floor - 1}; list rounds "
+            f"below {floor}, or use first or all"
+        )
     if bad:
         raise ValueError(
             f"{where}: round(s) {bad} do not exist: this run has at most "

@@ -20,6 +20,7 @@ from the PR's phase times (76 s MMMU + 79 s serving per cell) plus --startup-s p
 fixed 5 repeats judged by the same rule at one look.
 
     .venv/bin/python scripts/calibrate_nightly.py [--part 1|2|3|all] [--trials 400] [--startup-s 60]
+    .venv/bin/python scripts/calibrate_nightly.py --quiet-only [--histories 250]
 """
 
 from __future__ import annotations
@@ -100,6 +101,33 @@ def part1(config: Path, trials: int, seed: int, only_drift: bool = False) -> Non
             f"| {100 * cv:g} % | {reps} ({label}) | {'1 on 1/5 of nights' if ab else 'none'} | "
             f"{100 * drift:g} % | {x.green:.0%} | {x.underpowered:.0%} | "
             f"{x.false_red_per_30:.2f} | {x.patch_within:.0%} | {x.stock_within:.0%} |",
+            flush=True,
+        )
+        print(f"<!-- {time.time() - t0:.1f} s -->", file=sys.stderr)
+
+
+QUIET_ROWS = ((0.03, 8, 0.01), (0.03, 8, 0.02), (0.03, 12, 0.01), (0.03, 12, 0.02))
+
+
+def part1_quiet(config: Path, histories: int, seed: int) -> None:
+    """Part 1, quiet nights only, for the drift rows: ``histories`` histories of 10 warm-up
+    and 4 gated quiet nights each (4 x histories quiet nights a row; no steps)."""
+    raw = yaml.safe_load(config.read_text())
+    s = NightlySettings.model_validate(raw["nightly"])
+    print(
+        f"## Nightly gates, quiet nights only: {histories} histories per row, each 10 quiet "
+        f"nights of warm-up, then 4 quiet nights gated ({4 * histories} quiet nights a row)\n"
+    )
+    print(
+        "| run CV | repeats | drift | quiet nights | green | underpowered | false red / 30 nights |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for cv, reps, drift in QUIET_ROWS:
+        t0 = time.time()
+        x = gate_rates(s, reps, cv, histories, seed, drift=drift, warm=10, quiet=4, steps=False)
+        print(
+            f"| {100 * cv:g} % | {reps} | {100 * drift:g} % | {x.nights} | {x.green:.0%} | "
+            f"{x.underpowered:.0%} | {x.false_red_per_30:.2f} |",
             flush=True,
         )
         print(f"<!-- {time.time() - t0:.1f} s -->", file=sys.stderr)
@@ -237,7 +265,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--part", choices=("1", "2", "3", "both", "all"), default="all")
     p.add_argument("--drift-only", action="store_true", help="part 1: only the drift rows")
+    p.add_argument(
+        "--quiet-only",
+        action="store_true",
+        help="part 1: only quiet nights of the drift scenarios (3 %% run noise; 8 and 12 "
+        "repeats; 1 and 2 %% drift), --histories of them a row",
+    )
+    p.add_argument("--histories", type=int, default=250, help="--quiet-only: histories a row")
     a = p.parse_args(argv)
+    if a.quiet_only:
+        part1_quiet(a.config, a.histories, a.seed)
+        return 0
     if a.part in ("1", "both", "all"):
         part1(a.config, a.trials, a.seed, a.drift_only)
     if a.part in ("2", "both", "all"):

@@ -336,3 +336,23 @@ def test_nightly_auto_repeats_rows_use_the_jobs_planner():
     assert s.min_repeats <= quiet.repeats <= s.max_repeats
     noisy = auto_repeats(s, 0.06, 1, 8)
     assert noisy.capped and noisy.repeats == s.max_repeats and "capped at 12" in noisy.why
+
+
+def test_nightly_quiet_only_rows_gate_the_same_quiet_nights_as_the_full_rows():
+    import yaml
+
+    from patchbench.calibration.nightly import gate_rates
+    from patchbench.gates import NightlySettings
+
+    raw = yaml.safe_load((REPO / "configs" / "nightly-h200.yaml").read_text())
+    s = NightlySettings.model_validate(raw["nightly"])
+    kw = {"drift": 0.02, "warm": 6, "quiet": 2}
+    full = gate_rates(s, 8, 0.03, 3, 5, **kw)
+    quiet = gate_rates(s, 8, 0.03, 3, 5, steps=False, **kw)
+    assert (quiet.green, quiet.underpowered, quiet.false_red_per_30, quiet.nights) == (
+        full.green,
+        full.underpowered,
+        full.false_red_per_30,
+        full.nights,
+    )
+    assert math.isnan(quiet.patch_within) and math.isnan(quiet.stock_within)

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 import patchbench
+import patchbench.inputs
 from patchbench import records
 from patchbench.comparison import Comparison, Row, write_comparison
 from patchbench.config import load_config
@@ -890,6 +891,7 @@ def test_auto_repeats_config_errors_exit_2_naming_the_key(tmp_path, monkeypatch)
 
 def test_cli_auto_repeats_runs_the_computed_count_and_records_it(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv(HISTORY_ENV, raising=False)
+    monkeypatch.setattr(patchbench.inputs, "RESULTS_DIR", tmp_path / "results")
     cfg = _cli_config(tmp_path)
     raw = yaml.safe_load(cfg.read_text())
     raw["schedule"] = {"repeats": "auto"}
@@ -898,6 +900,7 @@ def test_cli_auto_repeats_runs_the_computed_count_and_records_it(tmp_path, monke
     seen = []
 
     def run(fake, path):
+        assert Path(path).parent == tmp_path / "results" / "nightly-configs"
         seen.append(yaml.safe_load(Path(path).read_text())["schedule"]["repeats"])
         return make_night(tmp_path, 1, *clean(1))
 

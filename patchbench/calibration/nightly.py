@@ -225,8 +225,11 @@ def gate_rates(
     quiet: int = 3,
     horizon: int = 3,
     step: float = 0.05,
+    steps: bool = True,
 ) -> GateRates:
-    """Simulate ``trials`` histories (module docstring) and gate them; seeded, deterministic."""
+    """Simulate ``trials`` histories (module docstring) and gate them; seeded, deterministic.
+    ``steps=False``: the quiet nights only (``patch_within`` / ``stock_within`` are NaN); the
+    quiet nights are the same as with the steps (their own generator)."""
     metrics = gate_metrics(settings)
     base = Scenario(abnormal=abnormal)
     green = under = red = nights = 0
@@ -248,6 +251,8 @@ def gate_rates(
             red += out == "red"
             nights += 1
             hist.append(t)
+        if not steps:
+            continue
         s0 = warm + quiet
         ps = Scenario(patch=step, abnormal=abnormal)
         ss = Scenario(stock=step, abnormal=abnormal)
@@ -257,8 +262,8 @@ def gate_rates(
         green / nights,
         under / nights,
         30.0 * red / nights,
-        patch / trials,
-        stock / trials,
+        patch / trials if steps else math.nan,
+        stock / trials if steps else math.nan,
         nights,
     )
 

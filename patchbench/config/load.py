@@ -227,7 +227,12 @@ def load_config(path: str | os.PathLike, *, check_files: bool = True) -> Config:
             key = f"suites.{name}.{_sched.ROUNDS_KEY}"
             where = line_of(text, ("suites", name, _sched.ROUNDS_KEY))
             try:
-                cfg.suite_rounds[name] = _sched.parse_rounds(rounds, cfg.schedule.max_repeats, key)
+                cfg.suite_rounds[name] = _sched.parse_rounds(
+                    rounds,
+                    cfg.schedule.max_repeats,
+                    key,
+                    floor=cfg.nightly.min_repeats if cfg.schedule.auto else None,
+                )
                 if cfg.suite_rounds[name] != "all" and not _suite_is_timed(name):
                     raise ValueError(
                         f"{key}: suite '{name}' runs only in the untimed correctness cells "

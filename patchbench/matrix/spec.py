@@ -461,6 +461,14 @@ def _merged_unit(
     except ConfigError as e:
         problems.append(_unit_problem(str(e), tmp_cfg, unit_text, uid, plan, base_text))
         return None
+    if cfg.schedule.auto:
+        at = plan.lines.get("schedule.repeats") or str(plan.config_path)
+        problems.append(
+            f"{at}: unit {uid}: schedule.repeats: auto is for a single nightly config "
+            "(`patchbench nightly CONFIG`); a matrix unit runs a fixed number: set "
+            "schedule.repeats to a number (in the matrix's set or the unit's config)"
+        )
+        return None
     specs = {v: cfg.sglang_of(v) for v in cfg.variants}
     if (
         any(not isinstance(x, str) or x == LATEST for x in specs.values())

@@ -363,12 +363,19 @@ def pick_repeats(
     unreadable history counts as empty: the prior ``run_cv_pct`` decides), computes the repeats
     the gates' targets need (:func:`patchbench.gates.planning.plan_repeats`: the learned noise,
     ``min_repeats`` .. ``max_repeats``), prints the choice and why, and writes the config with
-    ``schedule.repeats`` set to it under ``workdir`` (default: a new temporary folder; relative
-    paths in a config resolve against the repository, so the copy runs as the original).
-    Returns the plan and the copy's path. Raises ValueError when no noise is known."""
-    import tempfile
+    ``schedule.repeats`` set to it under ``workdir`` (default: ``nightly-configs/`` in the
+    results root, :data:`patchbench.inputs.RESULTS_DIR`, beside the run folders, so the run's
+    manifest and its "resume with" line name a file that stays: ``patchbench bench COPY
+    --resume RUN`` reruns the same repeats). The copy is named ``<config stem>.auto-<sha256 of
+    its text, 12 hex>.yaml``: the same choice of the same config is one file, never rewritten
+    with other content. Relative paths in a config resolve against the repository, so the copy
+    runs as the original. Returns the plan and the copy's path. Raises ValueError when no noise
+    is known; OSError when the folder cannot be written."""
+    import hashlib
 
     import yaml
+
+    from patchbench import inputs
 
     out = out or sys.stdout
     prior: list[Night] = []
@@ -382,13 +389,14 @@ def pick_repeats(
     print(f"nightly: {plan.why}", file=out)
     raw = yaml.safe_load(Path(config_path).read_text(encoding="utf-8"))
     raw.setdefault("schedule", {})["repeats"] = plan.repeats
-    folder = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="patchbench-nightly-"))
-    path = folder / Path(config_path).name
-    path.write_text(
-        f"# {config_path} with schedule.repeats: auto -> {plan.repeats} ({plan.why})\n"
-        + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True, default_flow_style=False),
-        encoding="utf-8",
-    )
+    text = f"# {config_path} with schedule.repeats: auto -> {plan.repeats} ({plan.why})\n"
+    text += yaml.safe_dump(raw, sort_keys=False, allow_unicode=True, default_flow_style=False)
+    folder = Path(workdir) if workdir else Path(inputs.RESULTS_DIR) / "nightly-configs"
+    folder.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+    path = folder / f"{Path(config_path).stem}.auto-{digest}.yaml"
+    if not path.is_file():
+        write_text(path, text)
     return plan, path
 
 

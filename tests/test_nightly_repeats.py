@@ -1,0 +1,93 @@
+"""schedule.repeats: auto around the run: the resolved config's home (a resume reruns the same
+repeats), matrix units, ``rounds`` indices (patchbench.nightly.job.pick_repeats,
+patchbench.matrix.spec, patchbench.config.load)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+import yaml
+
+from patchbench import inputs
+from patchbench.config import load_config
+from patchbench.errors import ConfigError
+from patchbench.matrix.spec import load_matrix
+from patchbench.nightly.job import pick_repeats
+
+TPUT = "output_throughput_tok_s"
+
+
+def _auto_config(tmp_path: Path, name: str = "auto-night", **extra) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": name,
+                "sglang": "0.5.1.post3",
+                "model": {"path": "/nonexistent", "tiny": True},
+                "variants": {"baseline": [], "patched": []},
+                "schedule": {"repeats": "auto"},
+                "suites": {},
+                "nightly": {
+                    "run_cv_pct": 1.5,
+                    "gates": [{"metric": f"serving.{TPUT}", "threshold_pct": 5}],
+                },
+                **extra,
+            }
+        )
+    )
+    return path
+
+
+def test_auto_copy_lives_in_the_results_root_and_resumes_with_the_same_repeats(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(inputs, "RESULTS_DIR", tmp_path / "results")
+    src = _auto_config(tmp_path)
+    cfg = load_config(src)
+    out = io.StringIO()
+    plan, copy = pick_repeats(src, cfg, cfg.nightly, tmp_path / "none.sqlite", out=out)
+    assert f"repeats: {plan.repeats}" in out.getvalue()
+    assert copy.parent == tmp_path / "results" / "nightly-configs"
+    assert copy.name.startswith("auto-night.auto-") and copy.suffix == ".yaml"
+    again = load_config(copy)  # what the manifest names and `bench COPY --resume RUN` loads
+    assert not again.schedule.auto and again.schedule.repeats == plan.repeats
+    assert Path(again.source) == copy
+    # the same choice of the same config is the same file, left as written
+    before = copy.stat().st_mtime_ns
+    plan2, copy2 = pick_repeats(src, cfg, cfg.nightly, tmp_path / "none.sqlite", out=out)
+    assert copy2 == copy and plan2.repeats == plan.repeats and copy.stat().st_mtime_ns == before
+
+
+def test_matrix_unit_with_auto_repeats_is_a_config_error_naming_unit_and_key(tmp_path):
+    base = _auto_config(tmp_path, "mxauto")
+    m = tmp_path / "m.yaml"
+    m.write_text(f"name: m\nbase: {base}\naxes: {{gpu_type: [H200]}}\n")
+    with pytest.raises(
+        ConfigError, match=r"unit h200-\w+: schedule.repeats: auto is for a single nightly config"
+    ) as ei:
+        load_matrix(m)
+    assert ei.value.exit_code == 2
+    # a matrix that sets a number runs
+    m.write_text(
+        f"name: m\nbase: {base}\naxes: {{gpu_type: [H200]}}\nset: {{schedule.repeats: 3}}\n"
+    )
+    assert load_matrix(m).units[0].config.schedule.repeats == 3
+
+
+def test_rounds_at_or_above_min_repeats_with_auto_say_why(tmp_path):
+    def cfg(rounds, name):
+        p = _auto_config(tmp_path, name)
+        raw = yaml.safe_load(p.read_text())
+        raw["suites"] = {"serving": {"rounds": rounds}}
+        p.write_text(yaml.safe_dump(raw))
+        return p
+
+    with pytest.raises(
+        ConfigError, match=r"suites.serving.rounds: round\(s\) \[3\] with schedule.repeats: auto"
+    ) as ei:
+        load_config(cfg([0, 3], "high"))
+    assert "nightly.min_repeats = 3" in str(ei.value) and ei.value.exit_code == 2
+    assert load_config(cfg([0, 2], "ok")).rounds_of("serving") == [0, 2]
