@@ -910,3 +910,24 @@ def test_cli_auto_repeats_runs_the_computed_count_and_records_it(tmp_path, monke
     doc = json.loads(next(tmp_path.glob("*/nightly.json")).read_text())
     assert doc["repeats"]["repeats"] == seen[0] and doc["repeats"]["source"] == "prior"
     assert f"repeats: {seen[0]}, what the targets need at the prior noise" in out
+
+
+def test_cli_auto_repeats_with_an_unwritable_results_root_exits_3_without_running(
+    tmp_path, monkeypatch, capsys
+):
+    """The resolved config lives in the results root: when that cannot be written (here a file
+    stands where the folder should be) the night exits 3 naming the problem, runs nothing and
+    prints no traceback."""
+    monkeypatch.delenv(HISTORY_ENV, raising=False)
+    blocker = tmp_path / "results"
+    blocker.write_text("a file, not a folder")
+    monkeypatch.setattr(patchbench.inputs, "RESULTS_DIR", blocker)
+    cfg = _cli_config(tmp_path)
+    raw = yaml.safe_load(cfg.read_text())
+    raw["schedule"] = {"repeats": "auto"}
+    raw["nightly"]["run_cv_pct"] = 1.5
+    cfg.write_text(yaml.safe_dump(raw))
+    _fake_bench(monkeypatch, lambda fake, path: pytest.fail("must not run"))
+    assert cli([str(cfg)]) == 3
+    err = capsys.readouterr().err
+    assert "cannot write the resolved config" in err and "Traceback" not in err

@@ -156,6 +156,13 @@ def _run_and_gate(config: str, cfg: Any, settings: NightlySettings, hpath: Path)
         except ValueError as e:
             print(f"nightly: {config}: schedule.repeats: auto: {e}", file=sys.stderr)
             return EXIT_USAGE
+        except OSError as e:  # the results root cannot hold the resolved config
+            print(
+                f"nightly: {config}: schedule.repeats: auto: cannot write the resolved config "
+                f"({e}); make the results folder writable",
+                file=sys.stderr,
+            )
+            return EXIT_ENV
         config = str(auto_config)
     checked = _check_builds(config, cfg)
     if isinstance(checked, int):
