@@ -5,6 +5,7 @@ or a hand computation, and the calibration's simulations on a few seeded trials.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -179,3 +180,23 @@ def test_calibration_smoke():
     assert r.nights == 6 and 0 <= r.green <= 1 and r.patch_within >= 2 / 3
     c = change_rates(0.015, 5, 3, 1, start=20, horizon=20, quarter=40)
     assert c.detected == 1.0 and c.delay_median <= 14
+
+
+def test_a_smaller_penalty_flags_at_least_as_often_on_the_same_quarters(capsys):
+    """The penalty factor trades false flags for delay: on the same seeded quarters a smaller
+    factor (3) flags more and catches the decline no later than the shipped one (8): the
+    penalized optimum's number of segments does not grow with the penalty.
+    scripts/calibrate_nightly.py --penalties prints that table, one row per factor and noise."""
+    import importlib.util
+
+    lo = change_rates(0.03, 8, 6, 3, beta=3, start=20, horizon=10, quarter=40)
+    hi = change_rates(0.03, 8, 6, 3, beta=8, start=20, horizon=10, quarter=40)
+    assert lo.flags_per_quarter >= hi.flags_per_quarter
+    assert lo.delay_median <= hi.delay_median
+    path = Path(__file__).resolve().parent.parent / "scripts" / "calibrate_nightly.py"
+    spec = importlib.util.spec_from_file_location("calibrate_nightly", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--penalties", "8", "--trials", "1"]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| 8 |")]
+    assert [r.split("|")[2].strip() for r in rows] == ["1.5 %", "3 %"]
