@@ -16,11 +16,13 @@ PR-style "Serving Benchmark Result" block of one cell).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -302,7 +304,8 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
         from .driver import run_points_together
         from .points import run_sweep
 
-        return run_sweep(ctx, params, run_point, METRICS, run_points=run_points_together)
+        together = functools.partial(run_points_together, tool=sys.modules[__name__])
+        return run_sweep(ctx, params, run_point, METRICS, run_points=together)
     return run_point(ctx, params)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from patchbench import logscan
 from patchbench.records import write_json
@@ -31,15 +32,18 @@ TOOL_HEAD = ["-m", "sglang.bench_serving"]
 
 
 def run_points_together(
-    ctx: SuiteContext, plan: list[tuple[str, Path, Params]]
+    ctx: SuiteContext, plan: list[tuple[str, Path, Params]], tool: Any
 ) -> list[SuiteResult]:
     """Run the points ``plan`` ([(key, point folder, the point's params)], in run order) in one
     client process; their results in that order, each point's summary.json written as it
     finishes. Timeout: the sum of the points' ``timeout_s``; idle limit: the largest point's.
     Raises SuiteError naming the point that failed (its tool's exit code and stderr tail, a
     server death or the timeout while it ran); the points before it keep their files; a failed
-    cache flush raises as on the one-process-per-point path."""
-    from . import client_idle_s, finish_point, prepare_point, run_tool
+    cache flush raises as on the one-process-per-point path. ``tool``: the module with the
+    single-point steps ``prepare_point``, ``finish_point``, ``run_tool`` and ``client_idle_s``
+    (:mod:`patchbench.suites.serving`, passed in so this module does not import its package)."""
+    client_idle_s, finish_point = tool.client_idle_s, tool.finish_point
+    prepare_point, run_tool = tool.prepare_point, tool.run_tool
 
     srv = ctx.server
     if srv is None:
