@@ -690,6 +690,7 @@ def _e2e_config(folder: Path, name: str, slow: str | None) -> Path:
     raw["baseline"] = "baseline"
     raw["schedule"] = {"repeats": 3, "order": "interleaved"}
     serving = dict((raw.get("suites") or {}).get("serving") or {})
+    serving.pop("sweep", None)  # the gate names the single-point metric
     serving.update({"num_prompts": 8, "max_concurrency": 8, "output_len": 16})
     raw["suites"] = {"serving": serving}
     raw["nightly"] = {
