@@ -173,11 +173,11 @@ def test_greedy_outputs_identical_between_variants(which, request):
     run_dir = request.getfixturevalue(which)
     cells = _cells(run_dir)
     base = next(c for c in cells if c["variant"] == "baseline" and c["repeat"] == 0)
-    b_req = read_json(run_dir / base["dir"] / "serving" / "requests.json")
+    b_pts = _serving_requests(run_dir / base["dir"])
     b_mmmu = {
         r["id"]: r["response"] for r in read_jsonl(run_dir / base["dir"] / "mmmu" / "records.jsonl")
     }
-    assert len(b_req["generated_text"]) >= 20 and len(b_mmmu) >= 60
+    assert sum(len(r["generated_text"]) for r in b_pts.values()) >= 20 and len(b_mmmu) >= 60
     for c in cells:
         # MMMU: every demo question, token-identical (0.5.23's demo sends them one at a time:
         # its CPU engine's batched decoding is not bit-deterministic, see the config)
@@ -186,16 +186,46 @@ def test_greedy_outputs_identical_between_variants(which, request):
             for r in read_jsonl(run_dir / c["dir"] / "mmmu" / "records.jsonl")
         }
         assert mmmu == b_mmmu, c["dir"]
-        req = read_json(run_dir / c["dir"] / "serving" / "requests.json")
-        same = sum(
-            a == b for a, b in zip(req["generated_text"], b_req["generated_text"], strict=True)
-        )
-        if which == "demo_0513":  # 0.5.1.post3's CPU engine: identical even when batched
-            assert req["generated_text"] == b_req["generated_text"], c["dir"]
-        else:  # batched at concurrency 8 (the decode path under test needs batches)
-            assert same >= 0.9 * len(b_req["generated_text"]), (c["dir"], same)
+        pts = _serving_requests(run_dir / c["dir"])
+        assert set(pts) == set(b_pts), c["dir"]
+        for k, req in pts.items():
+            b_req = b_pts[k]
+            same = sum(
+                a == b for a, b in zip(req["generated_text"], b_req["generated_text"], strict=True)
+            )
+            if which == "demo_0513":  # 0.5.1.post3's CPU engine: identical even when batched
+                assert req["generated_text"] == b_req["generated_text"], (c["dir"], k)
+            else:  # batched at concurrency 8 (the decode path under test needs batches)
+                assert same >= 0.9 * len(b_req["generated_text"]), (c["dir"], k, same)
     ident = read_json(run_dir / "compare.json").get("output_identity", {})
     print(json.dumps(ident)[:1000])
+
+
+def _serving_requests(cell_dir: Path) -> dict[str, dict]:
+    """{point key: requests.json} of a cell's serving suite; key "" without a load sweep."""
+    pts = cell_dir / "serving" / "points"
+    if not pts.is_dir():
+        return {"": read_json(cell_dir / "serving" / "requests.json")}
+    return {d.name: read_json(d / "requests.json") for d in sorted(pts.iterdir())}
+
+
+def test_demo_sweep_points_0513(demo_0513):
+    """The demo's two-point sweep (concurrency 8 with 24 prompts, 1 with 4) in one client process
+    a cell: per-point metrics under their names, both points' records, the primaries compared."""
+    for c in _cells(demo_0513):
+        sdir = demo_0513 / c["dir"] / "serving"
+        summary = read_json(sdir / "summary.json")
+        assert summary["status"] == "ok", summary["errors"]
+        assert sorted(summary["meta"]["sweep"]["order"]) == ["c1", "c8"]
+        for k, n in (("c1", 4), ("c8", 24)):
+            assert len(read_json(sdir / "points" / k / "requests.json")["status"]) == n
+            assert read_json(sdir / "points" / k / "point.json")["rc"] == 0
+            assert summary["metrics"][f"output_throughput_tok_s@{k}"] > 0
+            assert f"itl_median_ms@{k}" in summary["metrics"]
+        assert "output_throughput_tok_s" not in summary["metrics"]
+        assert (sdir / "multi_point" / "stdout.txt").read_text().count("exit 0") == 2
+    prim = {r["metric"] for r in read_json(demo_0513 / "compare.json")["rows"] if r["primary"]}
+    assert {"output_throughput_tok_s@c8", "itl_median_ms@c1", "goodput_at_slo_req_s"} <= prim
 
 
 def _profile_steps(run_dir: Path, variant: str) -> list[dict]:

@@ -51,6 +51,7 @@ def _config(folder: Path, name: str) -> Path:
     raw["baseline"] = "baseline"
     raw["schedule"] = {"repeats": 1, "order": "interleaved"}
     serving = dict(raw["suites"]["serving"])
+    serving.pop("sweep", None)  # one bench_serving process, one point
     serving.update({"num_prompts": 64, "output_len": 256, "max_concurrency": 4})
     raw["suites"] = {"serving": serving}
     folder.mkdir(parents=True, exist_ok=True)

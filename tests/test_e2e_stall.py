@@ -75,6 +75,7 @@ def _config(folder: Path) -> Path:
     raw["schedule"] = {"repeats": 2, "order": "interleaved"}
     raw["server"]["stall_timeout_s"] = STALL_S
     serving = dict(raw["suites"]["serving"])
+    serving.pop("sweep", None)  # one point: the stall lands in the one bench_serving process
     serving.update({"num_prompts": 64, "output_len": 256, "max_concurrency": 4})
     mmmu = dict(raw["suites"]["mmmu"], concurrency=1, limit=40, rounds="first")
     raw["suites"] = {"mmmu": mmmu, "serving": serving}

@@ -27,7 +27,7 @@ def sweep_run(tmp_path_factory) -> Path:
     cfg["server"]["port"] = free_port()
     cfg["variants"] = {"baseline": [], "mrope-sync-free": ["mrope-sync-free"]}
     cfg["schedule"] = {"repeats": 1, "order": "interleaved"}
-    serving = dict(cfg["suites"]["serving"])
+    serving = dict(cfg["suites"]["serving"])  # its own sweep replaces the demo's
     serving["sweep"] = {"points": [2, 8], "prompts_per_load": 3, "min_prompts": 8}
     cfg["suites"] = {"serving": serving}
     path = tmp / "sweep.yaml"

@@ -270,6 +270,7 @@ def test_one_real_cpu_unit_through_ray(tmp_path):  # pragma: no cover - run by t
     raw["name"] = "cpu-e2e-small"
     raw["variants"] = {"baseline": [], "mrope-sync-free": ["mrope-sync-free"]}
     serving = dict(raw["suites"]["serving"], num_prompts=8, output_len=16)
+    serving.pop("sweep", None)  # one point: the smallest unit
     raw["suites"] = {"serving": serving}
     base = tmp_path / "cpu-e2e-small.yaml"
     base.write_text(yaml.safe_dump(raw, sort_keys=False))

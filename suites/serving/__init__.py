@@ -16,12 +16,16 @@ PR-style "Serving Benchmark Result" block of one cell).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +168,8 @@ def run_tool(
     server_log: Path | None,
     progress=None,
     idle_s: float = 0.0,
+    outputs: list[Path] = (),
+    on_poll: Callable[[], None] | None = None,
 ) -> tuple[int, float]:
     """Run bench_serving (own process group), stdout/stderr into out_dir/stdout.txt, stderr.txt.
 
@@ -173,7 +179,9 @@ def run_tool(
     (:meth:`~patchbench.activity.ProgressMeter.watch_client`: bytes it reads and writes, lines it
     prints, CPU it uses), so a tool that does nothing for ``server.stall_timeout_s`` while the
     server's heartbeat answers ends the suite as a stall (``ServerLost``), its stdout/stderr kept;
-    ``idle_s``: the longest the tool may wait with nothing in flight (:func:`client_idle_s`).
+    ``idle_s``: the longest the tool may wait with nothing in flight (:func:`client_idle_s`);
+    ``outputs``: more files the tool writes its output to (watched too); ``on_poll``: called at
+    every poll while the tool runs (an exception it raises stops the tool and propagates).
     Returns (exit code, wall seconds).
     """
     t0 = time.monotonic()
@@ -191,7 +199,7 @@ def run_tool(
             progress.watch_client(
                 proc.pid,
                 "bench_serving",
-                [out_dir / "stdout.txt", out_dir / "stderr.txt"],
+                [out_dir / "stdout.txt", out_dir / "stderr.txt", *outputs],
                 idle_s=idle_s,
             )
         try:
@@ -201,6 +209,8 @@ def run_tool(
                     break
                 except subprocess.TimeoutExpired:
                     pass
+                if on_poll is not None:
+                    on_poll()
                 if not server_alive():
                     _kill_group(proc)
                     raise SuiteError(
@@ -288,11 +298,14 @@ def _image_probe(
 
 def run(ctx: SuiteContext, params: Params) -> SuiteResult:
     """Run bench_serving against ``ctx.server`` and return the summary: once (:func:`run_point`),
-    or once per point of ``params.sweep`` (:func:`patchbench.suites.serving.points.run_sweep`)."""
+    or once per point of ``params.sweep`` (:func:`patchbench.suites.serving.points.run_sweep`;
+    two points or more in one client process, :func:`.driver.run_points_together`)."""
     if params.sweep is not None:
+        from .driver import run_points_together
         from .points import run_sweep
 
-        return run_sweep(ctx, params, run_point, METRICS)
+        together = functools.partial(run_points_together, tool=sys.modules[__name__])
+        return run_sweep(ctx, params, run_point, METRICS, run_points=together)
     return run_point(ctx, params)
 
 
@@ -311,6 +324,44 @@ def run_point(ctx: SuiteContext, params: Params) -> SuiteResult:
     any is non-zero. What the release's bench_serving mis-measures (:mod:`.caveats`: a warmup
     burst above ``max_concurrency``, a non-``sglang`` backend's client) is a warning too.
     """
+    prep = prepare_point(ctx, params)
+    srv = ctx.server
+    ctx.log(
+        f"serving: bench_serving {params.dataset_name} x{params.num_prompts} "
+        f"(concurrency {params.max_concurrency})"
+    )
+    log_offset = logscan.log_size(srv.log_path) if srv.log_path is not None else 0
+    rc, wall_s = run_tool(
+        prep.argv,
+        env=dict(ctx.stock_env),
+        out_dir=Path(ctx.out_dir),
+        timeout_s=params.timeout_s,
+        server_alive=srv.alive,
+        server_log=srv.log_path,
+        progress=srv.progress,
+        idle_s=client_idle_s(params.request_rate),
+    )
+    return finish_point(ctx, params, prep, rc, wall_s, log_offset)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One bench_serving call, ready to run: its argv (``python -m sglang.bench_serving ...``,
+    ``--output-file`` = ``result_file``), the release's :class:`.command.ToolInfo`, the
+    tokenizer, the release's warmup behaviour and the caveat warnings (:func:`_tool_caveats`)."""
+
+    argv: list[str]
+    info: Any
+    tokenizer: str
+    warm: Any
+    caveats: list[str]
+    result_file: Path
+
+
+def prepare_point(ctx: SuiteContext, params: Params) -> Prepared:
+    """Build one call of bench_serving for ``ctx.out_dir`` (created; a stale result.jsonl removed,
+    command.json written). Raises SuiteError without a server, when the release's tool cannot be
+    read or lacks what ``params`` asks for."""
     if ctx.server is None:
         raise SuiteError("the serving suite needs a running server")
     out = Path(ctx.out_dir)
@@ -327,26 +378,23 @@ def run_point(ctx: SuiteContext, params: Params) -> SuiteResult:
         result_file.unlink()  # the tool appends; a re-run of the cell starts clean
     cmd = _command(ctx, params, info, tokenizer, result_file)
     write_json(out / "command.json", {"argv": cmd})
-    ctx.log(
-        f"serving: bench_serving {params.dataset_name} x{params.num_prompts} "
-        f"(concurrency {params.max_concurrency})"
-    )
-    log_offset = logscan.log_size(srv.log_path) if srv.log_path is not None else 0
-    rc, wall_s = run_tool(
-        cmd,
-        env=dict(ctx.stock_env),
-        out_dir=out,
-        timeout_s=params.timeout_s,
-        server_alive=srv.alive,
-        server_log=srv.log_path,
-        progress=srv.progress,
-        idle_s=client_idle_s(params.request_rate),
-    )
+    return Prepared(cmd, info, tokenizer, warm, caveats, result_file)
+
+
+def finish_point(
+    ctx: SuiteContext, params: Params, prep: Prepared, rc: int, wall_s: float, log_offset: int
+) -> SuiteResult:
+    """The result of the call ``prep`` after the tool exited with ``rc`` in ``wall_s`` seconds,
+    its files in ``ctx.out_dir``; ``log_offset``: the server log's size when it started (see
+    :func:`run_point` for what is checked and raised)."""
+    out = Path(ctx.out_dir)
+    srv = ctx.server
+    info, tokenizer, cmd = prep.info, prep.tokenizer, prep.argv
     row = _tool_result(srv, rc, out, log_offset)
     scan, scan_warning = _server_events(srv.log_path, log_offset)
     metrics, recs = _measured(row, scan)
     write_json(out / "requests.json", recs)
-    notes = caveats + ([scan_warning] if scan_warning else [])
+    notes = prep.caveats + ([scan_warning] if scan_warning else [])
     errors, warnings, disagree = _checks(params, row, metrics, recs, notes)
     meta: dict[str, Any] = {
         "backend": params.backend,
@@ -361,7 +409,7 @@ def run_point(ctx: SuiteContext, params: Params) -> SuiteResult:
         "wall_s": wall_s,
         "startup_overhead_s": wall_s - metrics.get("duration_s", 0.0),
         "recompute_disagreements": disagree,
-        "warmup_capped": warm.capped,
+        "warmup_capped": prep.warm.capped,
         "server_log_scan": scan,
     }
     if params.dataset_name in IMAGE_DATASETS and recs["status"].count("ok"):

@@ -223,19 +223,27 @@ def run_sweep(
     params: Params,
     run_point: Callable[[SuiteContext, Params], SuiteResult],
     single: dict[str, MetricInfo],
+    run_points: Callable[[SuiteContext, list[tuple[str, Path, Params]]], list[SuiteResult]]
+    | None = None,
 ) -> SuiteResult:
     """Run every point of ``params.sweep`` against ``ctx.server`` with ``run_point`` (the
     suite's single-point run; ``single``: its declarations), see the module docstring; raises
-    SuiteError like a single-point run (the message names the point)."""
+    SuiteError like a single-point run (the message names the point).
+
+    ``run_points``: runs two points or more at once (:func:`.driver.run_points_together`: one
+    client process), given [(key, point folder, the point's params)] in the cell's order, the
+    cache flushed before each point after the first; returns their results in that order or
+    raises SuiteError naming the point (each finished point's summary.json written either way).
+    None (or a single point): ``run_point`` per point, the
+    harness flushing the cache in between."""
     sw = params.sweep
     assert sw is not None
     seed = order_seed(ctx.variant, ctx.repeat)
     order = point_order(sw, seed)
-    results: dict[float, SuiteResult] = {}
-    recs: dict[float, dict] = {}
     tool_goodput: dict[float, float | None] = {}
     slo_args = _tool_goodput_args(ctx, sw)
-    for i, p in enumerate(order):
+    plan: list[tuple[str, Path, Params]] = []
+    for p in order:
         k = sw.key(p)
         pdir = Path(ctx.out_dir) / "points" / k
         pdir.mkdir(parents=True, exist_ok=True)
@@ -247,14 +255,24 @@ def run_sweep(
                 "extra_args": list(params.extra_args) + slo_args,
             }
         )
-        if i and ctx.server is not None:
-            ctx.server.flush_cache()
-        ctx.log(f"serving: sweep point {k} ({i + 1}/{len(order)})")
-        try:
-            r = run_point(replace(ctx, out_dir=pdir), pp)
-        except SuiteError as e:
-            raise SuiteError(f"sweep point {k}: {e}") from None
-        write_json(pdir / "summary.json", r.to_json("serving"))
+        plan.append((k, pdir, pp))
+    if run_points is not None and len(plan) > 1:
+        got = run_points(ctx, plan)
+    else:
+        got = []
+        for i, (k, pdir, pp) in enumerate(plan):
+            if i and ctx.server is not None:
+                ctx.server.flush_cache()
+            ctx.log(f"serving: sweep point {k} ({i + 1}/{len(order)})")
+            try:
+                r = run_point(replace(ctx, out_dir=pdir), pp)
+            except SuiteError as e:
+                raise SuiteError(f"sweep point {k}: {e}") from None
+            write_json(pdir / "summary.json", r.to_json("serving"))
+            got.append(r)
+    results: dict[float, SuiteResult] = {}
+    recs: dict[float, dict] = {}
+    for p, (_k, pdir, _pp), r in zip(order, plan, got, strict=True):
         results[p] = r
         recs[p] = json.loads((pdir / "requests.json").read_text())
         tool_goodput[p] = _read_tool_goodput(pdir) if slo_args else None

@@ -1,0 +1,121 @@
+"""Every point of a load sweep in ONE client process: ``python multi_point.py <plan.json>``.
+
+Run with the variant's client python (the stock release's, like ``python -m
+sglang.bench_serving``). It imports ``sglang.bench_serving`` once (seconds of CPU: torch,
+transformers), then runs each point of the plan, in the plan's order, exactly as ``python -m
+sglang.bench_serving <argv>`` would: the module's ``__main__`` block re-executed by
+:func:`runpy.run_module` with ``sys.argv`` set to the point's argv, so the release's own parser
+builds the namespace and ``run_benchmark`` seeds ``random`` / ``numpy`` from ``--seed`` as a fresh
+process does (works for 0.5.1.post3, whose parser lives in ``__main__``, and for 0.5.23's shim
+over ``sglang.benchmark.serving.cli_main``).
+
+Plan (JSON): ``{"control_dir": str, "points": [{"key": str, "dir": str, "argv": [str, ...]}]}``
+(argv without ``python -m sglang.bench_serving``). Per point, in ``dir``: the tool's stdout and
+stderr (``stdout.txt``, ``stderr.txt``, file descriptors 1 and 2 redirected while it runs), its
+``--output-file`` as the argv names it, and ``point.json`` ``{"rc": int, "wall_s": float,
+"error": str | null}`` (rc: the tool's exit code, 1 with the traceback in stderr.txt for an
+exception). The first point that fails ends the driver (exit code 1); the earlier points' files
+stay as written.
+
+Cache flush: before every point after the first the driver asks the harness to flush the server's
+cache (the harness owns the flush: retries, events, failures): it creates
+``<control_dir>/flush-<i>.want`` and waits for ``flush-<i>.ok`` (go on) or ``flush-<i>.fail``
+(exit 3). Only the standard library is imported here besides the release's package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+#: the module run as ``python -m`` for every point
+TOOL_MODULE = "sglang.bench_serving"
+#: seconds between looks for the harness's answer to a flush request
+ANSWER_POLL_S = 0.05
+#: exit code when the harness reports a failed flush
+FLUSH_FAILED_RC = 3
+
+
+def wait_flush(control: Path, index: int) -> bool:
+    """Ask the harness to flush the cache before point ``index`` and wait for its answer; True
+    when flushed, False when it failed."""
+    (control / f"flush-{index}.want").write_text("")
+    while True:
+        if (control / f"flush-{index}.ok").exists():
+            return True
+        if (control / f"flush-{index}.fail").exists():
+            return False
+        time.sleep(ANSWER_POLL_S)
+
+
+def run_one(argv: list[str], out_dir: Path) -> tuple[int, str | None]:
+    """Run the tool once with ``argv``, fds 1 and 2 into ``out_dir``/stdout.txt, stderr.txt;
+    (exit code, the exception's last line or None)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    so = open(out_dir / "stdout.txt", "wb")  # closed below, after fds 1 and 2 return
+    se = open(out_dir / "stderr.txt", "wb")
+    os.dup2(so.fileno(), 1)
+    os.dup2(se.fileno(), 2)
+    old_argv = sys.argv
+    rc, err = 0, None
+    try:
+        sys.argv = [TOOL_MODULE, *argv]
+        runpy.run_module(TOOL_MODULE, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        code = e.code
+        rc = code if isinstance(code, int) else (0 if code is None else 1)
+        err = None if rc == 0 else f"SystemExit({code!r})"
+    except BaseException as e:  # noqa: BLE001 (recorded per point; the driver stops there)
+        traceback.print_exc()
+        rc, err = 1, f"{type(e).__name__}: {e}"
+    finally:
+        sys.argv = old_argv
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+        so.close()
+        se.close()
+    return rc, err
+
+
+def main(plan_path: str) -> int:
+    """Run the plan at ``plan_path`` (see the module docstring); the driver's exit code."""
+    plan = json.loads(Path(plan_path).read_text())
+    control = Path(plan["control_dir"])
+    t = time.monotonic()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        __import__(TOOL_MODULE)
+    print(f"multi_point: imported {TOOL_MODULE} in {time.monotonic() - t:.1f} s", flush=True)
+    # runpy warns that the module is already imported: expected, the import above is the point
+    warnings.filterwarnings("ignore", category=RuntimeWarning, module="runpy")
+    for i, pt in enumerate(plan["points"]):
+        if i and not wait_flush(control, i):
+            print(f"multi_point: the cache flush before {pt['key']} failed", flush=True)
+            return FLUSH_FAILED_RC
+        out = Path(pt["dir"])
+        out.mkdir(parents=True, exist_ok=True)
+        print(f"multi_point: point {pt['key']} ({i + 1}/{len(plan['points'])})", flush=True)
+        t = time.monotonic()
+        rc, err = run_one(list(pt["argv"]), out)
+        wall = time.monotonic() - t
+        (out / "point.json").write_text(json.dumps({"rc": rc, "wall_s": wall, "error": err}))
+        print(f"multi_point: point {pt['key']} exit {rc} in {wall:.1f} s", flush=True)
+        if rc != 0:
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
