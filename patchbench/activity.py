@@ -185,6 +185,9 @@ class ProgressMeter:
         self.received = 0
         self.client: ClientActivity | None = None
         self.quiet_window: tuple[float, str, str] | None = None
+        #: the last window that closed, and ``time.monotonic()`` when it did: a silence that
+        #: began inside it is still named after it (the wait may end before the export does)
+        self.last_quiet: tuple[float, str, str, float] | None = None
 
     def expect(self, n: int, what: str = "replies") -> None:
         """``n`` more requests are outstanding (the clock starts now when none were)."""
@@ -243,3 +246,4 @@ class ProgressMeter:
         finally:
             with self._lock:
                 self.quiet_window = None
+                self.last_quiet = (float(limit_s), what, setting, time.monotonic())

@@ -574,9 +574,13 @@ class ServerWatch:
             quiet = self.progress.quiet_window
             beat_limit = max(limit, quiet[0]) if quiet else limit
             if silent > beat_limit:
+                named = quiet
+                last = self.progress.last_quiet
+                if named is None and last is not None and self._last_beat < last[3]:
+                    named = last[:3]  # the silence began inside a window that has closed since
                 why = (
-                    f"during {quiet[1]} ({quiet[2]} = {quiet[0]:g})"
-                    if quiet and quiet[0] > limit
+                    f"during {named[1]} ({named[2]} = {named[0]:g})"
+                    if named and named[0] > limit
                     else f"(server.stall_timeout_s = {limit:g})"
                 )
                 return self._stall(
