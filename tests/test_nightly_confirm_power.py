@@ -172,3 +172,47 @@ def test_table_command(capsys):
         for change, cell in zip((5.0, 10.0), cells, strict=True):
             n = int(cell)
             assert scipy_power(n, change, cv, 0.001) >= 0.9 > scipy_power(n - 1, change, cv, 0.001)
+
+
+def test_maybe_confirm_sizes_the_run_from_the_nights_change_and_noise(tmp_path):
+    """A red night (a ~10x slower candidate) gated with a prior noise: the default ``auto`` runs
+    min_repeats rounds (so large a change needs few), says why in the plan line, writes that many
+    rounds into the confirmation's config and records them in its json."""
+    import io
+
+    import yaml
+
+    from patchbench.nightly.job import nightly_on_run
+    from tests.test_nightly_builds import SAME_RUN, green_nights, make_build_night
+
+    h = tmp_path / "h.sqlite"
+    green_nights(tmp_path / "r", h)
+    run = make_build_night(
+        tmp_path / "r", "2026-11-30T03:00:00Z", "0.5.23",
+        {"baseline": [30.0, 31.0], "candidate": [300.0, 320.0]},
+    )  # fmt: skip
+    settings = SAME_RUN.model_copy(update={"run_cv_pct": 2.0})
+    res = nightly_on_run(run, settings, history=h, out=io.StringIO())
+    assert res.outcome == "red" and res.noise
+    cfg = tmp_path / "nightly-builds.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "name": "nightly-builds", "sglang": "latest",
+        "variants": {"baseline": [], "candidate": ["slow-patch"]},
+        "suites": {"serving": {"num_prompts": 8}},
+    }))  # fmt: skip
+    seen = {}
+
+    def fake_bench(path: str):
+        seen["config"] = yaml.safe_load(open(path).read())
+        raise ConfigError("not run here")
+
+    out = io.StringIO()
+    conf = confirm.maybe_confirm(cfg, res, fake_bench, out)
+    assert conf is not None and conf.rounds is not None and conf.rounds.auto
+    assert seen["config"]["schedule"]["repeats"] == conf.repeats == 3
+    assert conf.rounds.needed is not None and conf.rounds.needed <= 3
+    assert conf.rounds.noise_source == "noise row" and conf.rounds.change_pct > 800
+    text = out.getvalue()
+    assert "3 interleaved rounds" in text and "3 rounds: a +" in text and "90 % power" in text
+    js = conf.to_json()
+    assert (js["rounds"], js["capped"], js["rounds_auto"]) == (3, False, True)

@@ -605,15 +605,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="rounds a confirmation run needs (one-sided paired t test, noncentral t)",
     )
     ap.add_argument("--table", action="store_true", required=True)
-    ap.add_argument("--changes", type=float, nargs="+", default=[5.0, 10.0], help="changes, %%")
+    ap.add_argument(
+        "--changes", type=float, nargs="+", default=[5.0, 10.0], help="changes, %% (- a drop)"
+    )
     ap.add_argument("--noise", type=float, nargs="+", default=[2.0, 4.0], help="pair CV, %%")
     ap.add_argument("--alpha", type=float, default=0.001)
     ap.add_argument("--power", type=float, default=0.9)
     a = ap.parse_args(argv)
     if not (0 < a.alpha < 0.5 and 0 < a.power < 1):
         ap.error("--alpha must be in (0, 0.5) and --power in (0, 1)")
-    if any(x <= 0 for x in [*a.changes, *a.noise]):
-        ap.error("--changes and --noise must be positive")
+    if any(x <= 0 for x in a.noise) or any(x == 0 or x <= -100 for x in a.changes):
+        ap.error("--noise must be positive and --changes non-zero and above -100")
     print(rounds_table(a.changes, a.noise, a.alpha, a.power))
     return 0
 
