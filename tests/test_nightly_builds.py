@@ -14,6 +14,7 @@ import pytest
 from patchbench import records
 from patchbench.comparison import Comparison, Row, write_comparison
 from patchbench.gates import Gate, NightlySettings
+from patchbench.gates.settings import ConfirmSettings
 from patchbench.history import (
     History,
     Night,
@@ -376,7 +377,8 @@ def test_confirmation_is_stated_up_front_run_and_reported_in_the_night(tmp_path,
         tmp_path / "r", "2026-11-30T03:00:00Z", "0.5.23",
         {"baseline": [30.0, 31.0], "candidate": [300.0, 320.0]},
     )  # fmt: skip
-    res = nightly_on_run(run, SAME_RUN.model_copy(update={}), history=h, out=io.StringIO())
+    explicit = SAME_RUN.model_copy(update={"confirm": ConfirmSettings(repeats=5)})
+    res = nightly_on_run(run, explicit, history=h, out=io.StringIO())
     assert res.outcome == "red"
     cfg = tmp_path / "nightly-builds.yaml"
     cfg.write_text(yaml.safe_dump({

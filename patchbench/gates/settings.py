@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -80,8 +80,10 @@ class Gate(BaseModel):
 class ConfirmSettings(BaseModel):
     """``nightly.confirm``: the confirmation run (docs/nightly.md, "Confirmation run"): when a
     night is red and its sglang release or patch state differs from the last green night's, last
-    green's build and tonight's run interleaved in one run, ``repeats`` rounds, judged at
-    ``alpha``."""
+    green's build and tonight's run interleaved in one run, ``repeats`` rounds (a number, or
+    ``auto``: sized by ``power``, ``min_repeats``, ``max_repeats``), judged at ``alpha``.
+    Raises pydantic's ValidationError (a ConfigError when loaded) for ``power`` outside (0, 1) or
+    ``min_repeats`` > ``max_repeats``."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -89,7 +91,25 @@ class ConfirmSettings(BaseModel):
     alpha: float = Field(
         0.001, gt=0, lt=0.5, description="level of the paired test that confirms a regression"
     )
-    repeats: int = Field(5, ge=2, le=100, description="interleaved rounds of the two builds")
+    repeats: Annotated[int, Field(ge=2, le=100)] | Literal["auto"] = Field(
+        "auto",
+        description="interleaved rounds of the two builds; auto: the rounds that confirm "
+        "tonight's observed change at alpha with power, given the learned paired noise "
+        "(patchbench/nightly/confirm.py, plan_rounds), at least min_repeats, at most max_repeats",
+    )
+    power: float = Field(
+        0.9, gt=0, lt=1, description="repeats: auto: chance of confirming tonight's change"
+    )
+    min_repeats: int = Field(3, ge=2, le=100, description="repeats: auto: at least this many")
+    max_repeats: int = Field(12, ge=2, le=100, description="repeats: auto: at most this many")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ConfirmSettings:
+        if self.max_repeats < self.min_repeats:
+            raise ValueError(
+                f"max_repeats ({self.max_repeats}) is smaller than min_repeats ({self.min_repeats})"
+            )
+        return self
 
 
 class NightlySettings(BaseModel):

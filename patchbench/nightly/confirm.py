@@ -13,6 +13,12 @@ release; the baseline, so the clients come from tonight's release, which knows b
 (:func:`confirm_config`). Its cost is stated before it starts
 (:func:`estimate_minutes`: its cells times tonight's measured minutes per cell).
 
+Rounds (:func:`plan_rounds`): ``confirm.repeats: auto`` (the default) runs the rounds at which a
+change the size of tonight's observed one is confirmed at ``alpha`` with ``confirm.power``, given
+the metric's learned paired noise (:func:`rounds_needed`: the noncentral-t power of the one-sided
+paired t test), at least ``confirm.min_repeats`` and at most ``confirm.max_repeats``; a number
+runs that many.
+
 Verdict (:func:`paired_result`): per failing metric, the paired log ratios tonight / last green
 by round; a one-sided paired t test in the metric's worse direction at ``confirm.alpha``;
 "confirmed" when p < alpha, with the change and its two-sided ``1 - 2 alpha`` interval (the
@@ -144,10 +150,171 @@ def estimate_minutes(cells: int, per_cell_min: float | None) -> float | None:
     return None if per_cell_min is None else cells * per_cell_min
 
 
+#: rounds_needed searches no further (a change this hard to confirm is reported as "more than")
+MAX_SEARCH = 100_000
+
+
+def paired_t_power(n: int, effect: float, sigma: float, alpha: float) -> float:
+    """Power of the one-sided paired t test of ``n`` pairs at level ``alpha`` against a true mean
+    paired difference ``effect`` (> 0, in the test's direction) with pair sd ``sigma`` (> 0; both
+    log scale): ``P(T > t_{1-alpha, n-1})`` for T noncentral t with ``n - 1`` degrees of freedom
+    and noncentrality ``effect / sigma * sqrt(n)`` (Cohen 1988, *Statistical Power Analysis for
+    the Behavioral Sciences*, ch. 2: the exact noncentral-t power of the one-sample / paired t
+    test), by scipy.stats.nct. A probability in [0, 1]. Raises ValueError for ``n`` < 2."""
+    from scipy import stats
+
+    if n < 2:
+        raise ValueError(f"a paired t test needs 2 or more pairs, not {n}")
+    df = n - 1
+    crit = stats.t.ppf(1.0 - alpha, df)
+    return float(stats.nct.sf(crit, df, effect / sigma * math.sqrt(n)))
+
+
+def rounds_needed(effect: float, sigma: float, alpha: float, power: float) -> int | None:
+    """The fewest pairs n (>= 2) with :func:`paired_t_power` ``(n, |effect|, sigma, alpha) >=
+    power`` (log scale; the power grows with n); None when even :data:`MAX_SEARCH` pairs do not
+    reach it (e.g. ``effect`` 0)."""
+    effect = abs(effect)
+    if effect == 0 or not math.isfinite(effect / sigma):
+        return None
+    hi = 2
+    while paired_t_power(hi, effect, sigma, alpha) < power:
+        if hi >= MAX_SEARCH:
+            return None
+        hi = min(2 * hi, MAX_SEARCH)
+    lo = max(2, hi // 2)
+    if paired_t_power(lo, effect, sigma, alpha) >= power:
+        return lo
+    while hi - lo > 1:  # power(lo) < power <= power(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if paired_t_power(mid, effect, sigma, alpha) >= power else (mid, hi)
+    return hi
+
+
+def detectable_effect(n: int, sigma: float, alpha: float, power: float) -> float:
+    """The smallest paired effect (log scale, > 0) that ``n`` pairs (>= 2) confirm at ``alpha``
+    with ``power`` (the root of :func:`paired_t_power` = ``power``, by scipy.optimize.brentq)."""
+    from scipy.optimize import brentq
+
+    hi = sigma
+    while paired_t_power(n, hi, sigma, alpha) < power:
+        hi *= 2
+    return float(brentq(lambda e: paired_t_power(n, e, sigma, alpha) - power, 0.0, hi))
+
+
+@dataclass
+class RoundsPlan:
+    """How many rounds a confirmation runs and why (:func:`plan_rounds`).
+
+    rounds: the rounds it runs; auto: chosen by ``repeats: auto``; needed: the rounds the target
+    needs (None: unknown, or more than :data:`MAX_SEARCH`); capped: the target needs more than
+    ``max_repeats``; detectable_pct: the smallest change (%, magnitude on the log scale) that
+    ``rounds`` confirm at ``alpha`` with ``power`` at that noise; metric / change_pct /
+    pair_cv_pct: the failing metric that sized it, its observed change (%) and its paired noise
+    (CV, %); noise_source: "noise row" (the night's noise table) or "run_cv_pct" (the prior
+    ``run_cv_pct * sqrt(2)``); text: the plan line's sentence."""
+
+    rounds: int
+    auto: bool
+    power: float
+    alpha: float
+    needed: int | None = None
+    capped: bool = False
+    detectable_pct: float | None = None
+    metric: str | None = None
+    change_pct: float | None = None
+    pair_cv_pct: float | None = None
+    noise_source: str | None = None
+    text: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """nightly.json's ``confirmation`` keys: rounds, rounds_auto, needed, capped,
+        detectable_pct, power, rounds_metric, rounds_change_pct, rounds_pair_cv_pct,
+        rounds_noise_source, rounds_text."""
+        return {
+            "rounds": self.rounds,
+            "rounds_auto": self.auto,
+            "needed": self.needed,
+            "capped": self.capped,
+            "detectable_pct": self.detectable_pct,
+            "power": self.power,
+            "rounds_metric": self.metric,
+            "rounds_change_pct": self.change_pct,
+            "rounds_pair_cv_pct": self.pair_cv_pct,
+            "rounds_noise_source": self.noise_source,
+            "rounds_text": self.text,
+        }
+
+
+def plan_rounds(
+    cs: Any,
+    changes: Iterable[tuple[str, str, float | None]],
+    noise: Iterable[Mapping[str, Any]] = (),
+    prior_run_cv_pct: float | None = None,
+) -> RoundsPlan:
+    """The confirmation's rounds under ``cs`` (:class:`patchbench.gates.settings.ConfirmSettings`).
+
+    A number in ``cs.repeats`` is run as it is. ``auto``: per failing (suite, metric,
+    change_pct) of ``changes`` (tonight's observed change, %), its pair noise: ``pair_cv_pct`` of
+    its row in ``noise`` (the night's noise table, :func:`patchbench.nightly.job.noise_table`),
+    else ``prior_run_cv_pct * sqrt(2)`` (log scale, as patchbench/noise.py's prior); the rounds
+    :func:`rounds_needed` gives for ``|log(1 + change)|`` at ``cs.alpha`` and ``cs.power``. The
+    metric that needs the most rounds sizes the run (at equal noise: the smallest change),
+    bounded by ``cs.min_repeats`` and ``cs.max_repeats``. No change with a known noise:
+    ``cs.max_repeats``. Never raises for missing data."""
+    if cs.repeats != "auto":
+        r = int(cs.repeats)
+        return RoundsPlan(r, False, cs.power, cs.alpha, text=f"{r} rounds (confirm.repeats)")
+    rows = {(str(r.get("suite")), str(r.get("metric"))): r for r in noise}
+    best: tuple[float, float, str, float, float, str, int | None] | None = None
+    for suite, metric, change in changes:
+        if change is None or not math.isfinite(change) or change <= -100:
+            continue
+        cv = (rows.get((suite, metric)) or {}).get("pair_cv_pct")
+        if cv is not None and cv > 0:
+            sigma, src = math.log1p(cv / 100.0), "noise row"
+        elif prior_run_cv_pct:
+            sigma, src = math.sqrt(2.0) * math.log1p(prior_run_cv_pct / 100.0), "run_cv_pct"
+        else:
+            continue
+        effect = abs(math.log1p(change / 100.0))
+        need = rounds_needed(effect, sigma, cs.alpha, cs.power)
+        key = (math.inf if need is None else float(need), -effect)
+        if best is None or key > best[:2]:
+            best = (*key, f"{suite}.{metric}", change, sigma, src, need)
+    if best is None:
+        return RoundsPlan(
+            cs.max_repeats, True, cs.power, cs.alpha,
+            text=f"{cs.max_repeats} rounds (max_repeats): no observed change with a known "
+            "paired noise (no noise row, no nightly.run_cv_pct) to size them",
+        )  # fmt: skip
+    _, _, name, change, sigma, src, need = best
+    capped = need is None or need > cs.max_repeats
+    rounds = cs.max_repeats if capped else max(cs.min_repeats, need or 0)
+    det = 100.0 * math.expm1(detectable_effect(rounds, sigma, cs.alpha, cs.power))
+    cv = 100.0 * math.expm1(sigma)
+    lvl = f"p < {cs.alpha:g} with {100 * cs.power:g} % power"
+    if capped:
+        text = (
+            f"needs {'more than ' + str(MAX_SEARCH) if need is None else need}, capped at "
+            f"{rounds}: a change smaller than {det:.1f} % cannot be confirmed at this level "
+            f"({lvl}; {name} changed {change:+.1f} % at a paired noise of {cv:.1f} %)"
+        )
+    else:
+        text = (
+            f"{rounds} rounds: a {change:+.1f} % change at a paired noise of {cv:.1f} % is "
+            f"confirmed at {lvl} ({name})"
+        )
+    return RoundsPlan(
+        rounds, True, cs.power, cs.alpha, need, capped, det, name, change, cv, src, text
+    )
+
+
 @dataclass
 class Confirmation:
     """One confirmation run: the variant confirmed, last green's night and release, tonight's
-    release, its settings (alpha, repeats), the stated cost (cells, minutes; None when unknown),
+    release, its settings (alpha, repeats: the rounds it runs), how the rounds were
+    chosen (``rounds``: :func:`plan_rounds`; None before), the stated cost (cells, minutes; None when unknown),
     its run folder, the paired result of each failing metric (:func:`paired_result`), and why it
     did not run or failed (``skipped`` / ``error``)."""
 
@@ -157,6 +324,7 @@ class Confirmation:
     new_release: str | None
     alpha: float
     repeats: int
+    rounds: RoundsPlan | None = None
     cells: int = 0
     minutes: float | None = None
     run_dir: str | None = None
@@ -165,7 +333,8 @@ class Confirmation:
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """Every field, as nightly.json's ``confirmation``."""
+        """Every field, as nightly.json's ``confirmation`` (``rounds``' keys at the top level:
+        :meth:`RoundsPlan.to_json`)."""
         return {
             "variant": self.variant,
             "last_green_run_id": self.last_green_run_id,
@@ -173,6 +342,7 @@ class Confirmation:
             "new_release": self.new_release,
             "alpha": self.alpha,
             "repeats": self.repeats,
+            **(self.rounds.to_json() if self.rounds else {}),
             "cells": self.cells,
             "minutes": self.minutes,
             "run_dir": self.run_dir,
@@ -210,7 +380,11 @@ class Confirmation:
             f"confirmation run: variant '{self.variant}' on sglang {self.old_release} (last "
             f"green, {self.last_green_run_id}) vs {self.new_release} (tonight), {self.repeats} "
             f"interleaved rounds, {self.cells} cells, about {cost} machine (GPU) minutes; "
-            f"confirmed at p < {self.alpha:g}"
+            + (
+                self.rounds.text
+                if self.rounds and self.rounds.auto
+                else f"confirmed at p < {self.alpha:g}"
+            )
         )
 
 
@@ -289,6 +463,8 @@ def lines(conf: Mapping[str, Any]) -> list[str]:
         f"minutes; confirmed when the one-sided paired t test gives p < {conf['alpha']:g}."
     )
     out.append("")
+    if conf.get("rounds_text"):
+        out += [f"Rounds: {conf['rounds_text']}.", ""]
     if conf.get("run_dir"):
         out += [f"Run folder: [{Path(conf['run_dir']).name}]({conf['run_dir']})", ""]
     if conf.get("error"):
@@ -323,7 +499,10 @@ def maybe_confirm(
     cs = settings.confirm
     failing = [r for r in res.results if r.status == "fail"]
     variant = next((r.variant for r in failing if r.variant != "*"), night.baseline)
-    conf = Confirmation(variant, None, None, release_of(res.builds, variant), cs.alpha, cs.repeats)
+    conf = Confirmation(
+        variant, None, None, release_of(res.builds, variant), cs.alpha,
+        cs.repeats if cs.repeats != "auto" else cs.max_repeats,
+    )  # fmt: skip
     green, green_rows = None, []
     try:
         with History(res.history_info["path"], timeout_s=settings.lock_timeout_s) as h:
@@ -351,13 +530,21 @@ def maybe_confirm(
     metrics = list(
         dict.fromkeys((r.suite, r.metric, r.better) for r in failing if r.variant == variant)
     ) or list(dict.fromkeys((r.suite, r.metric, r.better) for r in failing))
+    want = {(s, m) for s, m, _ in metrics}
+    changes = [
+        (r.suite, r.metric, r.change_pct)
+        for r in failing
+        if (r.suite, r.metric) in want and r.variant == variant
+    ] or [(r.suite, r.metric, r.change_pct) for r in failing if (r.suite, r.metric) in want]
+    conf.rounds = plan_rounds(cs, changes, res.noise, settings.run_cv_pct)
+    conf.repeats = conf.rounds.rounds
     raw = yaml.safe_load(Path(config_path).read_text(encoding="utf-8"))
     tmp = Path(tempfile.mkdtemp(prefix="patchbench-confirm-"))
     path = confirm_config(
-        raw, variant, conf.old_release, conf.new_release, {m[0] for m in metrics}, cs.repeats,
+        raw, variant, conf.old_release, conf.new_release, {m[0] for m in metrics}, conf.repeats,
         tmp / f"{raw.get('name', 'nightly')}-confirm.yaml",
     )  # fmt: skip
-    conf.cells = _cells(path, cs.repeats)
+    conf.cells = _cells(path, conf.repeats)
     conf.minutes = estimate_minutes(conf.cells, minutes_per_cell(night.run_dir or ""))
     print(f"nightly: {conf.plan_line()}", file=out, flush=True)
     from patchbench.errors import PatchbenchError
@@ -387,19 +574,75 @@ def _cells(path: Path, repeats: int) -> int:
         return 2 * repeats
 
 
+def rounds_table(
+    changes_pct: Sequence[float] = (5.0, 10.0),
+    pair_cv_pct: Sequence[float] = (2.0, 4.0),
+    alpha: float = 0.001,
+    power: float = 0.9,
+) -> str:
+    """A markdown table of :func:`rounds_needed`: one row per paired noise (CV, %) of
+    ``pair_cv_pct``, one column per change (%) of ``changes_pct``, at ``alpha`` and ``power``
+    (uncapped; "more than MAX_SEARCH" where unreachable)."""
+    head = "| pair noise | " + " | ".join(f"{c:g} % change" for c in changes_pct) + " |"
+    out = [head, "|---" * (len(changes_pct) + 1) + "|"]
+    for cv in pair_cv_pct:
+        sigma = math.log1p(cv / 100.0)
+        cells = []
+        for c in changes_pct:
+            n = rounds_needed(math.log1p(c / 100.0), sigma, alpha, power)
+            cells.append(f"> {MAX_SEARCH}" if n is None else str(n))
+        out.append(f"| {cv:g} % | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m patchbench.nightly.confirm --table [--changes 5 10] [--noise 2 4] [--alpha
+    0.001] [--power 0.9]``: print :func:`rounds_table` (docs/nightly.md, "Confirmation run")."""
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog="python -m patchbench.nightly.confirm",
+        description="rounds a confirmation run needs (one-sided paired t test, noncentral t)",
+    )
+    ap.add_argument("--table", action="store_true", required=True)
+    ap.add_argument(
+        "--changes", type=float, nargs="+", default=[5.0, 10.0], help="changes, %% (- a drop)"
+    )
+    ap.add_argument("--noise", type=float, nargs="+", default=[2.0, 4.0], help="pair CV, %%")
+    ap.add_argument("--alpha", type=float, default=0.001)
+    ap.add_argument("--power", type=float, default=0.9)
+    a = ap.parse_args(argv)
+    if not (0 < a.alpha < 0.5 and 0 < a.power < 1):
+        ap.error("--alpha must be in (0, 0.5) and --power in (0, 1)")
+    if any(x <= 0 for x in a.noise) or any(x == 0 or x <= -100 for x in a.changes):
+        ap.error("--noise must be positive and --changes non-zero and above -100")
+    print(rounds_table(a.changes, a.noise, a.alpha, a.power))
+    return 0
+
+
 __all__ = [
     "NEW",
     "OLD",
     "Confirmation",
+    "RoundsPlan",
     "build_signature",
     "confirm_config",
+    "detectable_effect",
     "estimate_minutes",
     "judge",
     "last_green",
     "lines",
+    "main",
     "maybe_confirm",
     "minutes_per_cell",
     "paired_result",
+    "paired_t_power",
+    "plan_rounds",
     "release_of",
+    "rounds_needed",
+    "rounds_table",
     "should_confirm",
 ]
+
+if __name__ == "__main__":
+    sys.exit(main())
