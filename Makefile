@@ -68,9 +68,12 @@ setup-light:
 	    -r requirements/harness.txt -r requirements/ray.txt
 	.venv-light/bin/python -m pip install --disable-pip-version-check --no-deps -e .
 
-# the unit tests that need no sglang and no network (make test-light PY=.venv-light/bin/python)
+# the unit tests that need no sglang, no network and no browser, in .venv-light (set up first;
+# LIGHT_PY=... runs them with another interpreter that has requirements/harness.txt)
+LIGHT_PY ?= .venv-light/bin/python
 test-light:
-	$(PY) -m pytest -q -p no:cacheprovider -m "$(LIGHT_MARKERS)" $(PYTEST_ARGS)
+	@if [ "$(LIGHT_PY)" = .venv-light/bin/python ]; then $(MAKE) --no-print-directory setup-light; fi
+	$(LIGHT_PY) -m pytest -q -p no:cacheprovider -m "$(LIGHT_MARKERS)" $(PYTEST_ARGS)
 
 # resolve, without installing, what `make setup PROFILE=gpu` installs for every pin (asks the
 # package index, so it is not part of make test)

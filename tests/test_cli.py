@@ -259,6 +259,7 @@ def test_score_mmmu_with_missing_files_exits_2(tmp_path, capsys):
 
 
 # --------------------------------------------------------------------- environment not ready
+@pytest.mark.needs_sglang  # loads a release environment / torch
 def test_bench_on_a_release_without_an_environment_exits_3_before_any_server(tmp_path, capsys):
     """A pin no environment of this machine holds (the running one, .venv, .venv-*) stops the
     run with the `make setup` that makes one; a variant's own pin is checked the same way."""

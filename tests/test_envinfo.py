@@ -1,6 +1,9 @@
 """What the manifest records of the environment."""
 
+import pytest
 
+
+@pytest.mark.needs_sglang  # loads a release environment / torch
 def test_torch_build_info_without_import_matches_torch():
     """The manifest's torch version is read from torch/version.py; it must be what torch says."""
     import subprocess

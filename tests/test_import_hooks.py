@@ -144,6 +144,7 @@ def child(code: str, env: dict, pythonpath: list) -> subprocess.CompletedProcess
     )
 
 
+@pytest.mark.needs_sglang  # loads a release environment / torch
 @pytest.mark.parametrize("order", ["mrope-first", "profile-first"])
 def test_site_hook_imports_both_hooks_with_the_stand_ins(tmp_path, order):
     """In a server-like process (the site folder on PYTHONPATH, the hook files in
@@ -226,6 +227,7 @@ def test_site_hook_chains_to_the_next_sitecustomize_exactly_once(tmp_path):
         assert sorted(log.read_text().split()) == ["hook", "other"], (order, log.read_text())
 
 
+@pytest.mark.needs_sglang  # loads a release environment / torch
 def test_hook_files_and_the_site_folder_are_package_data():
     """Every file the server imports (the site folder, the suites' hook files) is installed."""
     from setuptools.config.pyprojecttoml import read_configuration

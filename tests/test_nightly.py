@@ -554,6 +554,7 @@ def test_matrix_cli_usage_errors(tmp_path):
     assert cli(["--from-run", str(mdir), "--on", "local"]) == 2
 
 
+@pytest.mark.needs_sglang  # loads a release environment
 def test_nightly_over_a_matrix_on_the_fake_server(tmp_path, monkeypatch, capsys):
     """``patchbench nightly MATRIX.yaml``: two units run on the fake server (tests/test_matrix.py's
     mx_fake suite), one green and one red night -> exit 1, both listed, two history keys."""

@@ -144,12 +144,14 @@ def test_rounds_values_by_hand():
         ("[true]", r"suites.fake_rounds.rounds: \[True\] is not a round list"),
     ],
 )
+@pytest.mark.needs_sglang  # loads a release environment / torch
 def test_a_suite_in_no_round_is_an_error_naming_the_key(tmp_path, value, message):
     p = _config(tmp_path, f"fake_rounds: {{rounds: {value}}}")
     with pytest.raises(ConfigError, match=r"cfg.yaml:\d+: " + message):
         load_config(p)
 
 
+@pytest.mark.needs_sglang  # loads a release environment / torch
 def test_an_untimed_suite_cannot_be_scheduled_in_rounds(tmp_path):
     p = _config(tmp_path, "fake_untimed: {rounds: first}")
     with pytest.raises(
@@ -193,6 +195,7 @@ def fake_server(monkeypatch):
     monkeypatch.setattr(cell, "launch_spec", launch_spec)
 
 
+@pytest.mark.needs_sglang  # loads a release environment / torch
 def test_per_suite_rounds_in_plan_cells_manifest_and_comparison(fake_server, tmp_path):
     p = _config(tmp_path, "fake_rounds: {rounds: [0, 2]}")
     cfg = load_config(p)

@@ -40,6 +40,7 @@ def test_sgl_kernel_stand_in_resolves_names_and_raises_with_marker_when_called(t
     assert hits and "sgl_kernel.allreduce" in hits[0]
 
 
+@pytest.mark.needs_sglang  # loads a release environment / torch
 def test_torch_ops_handles_only_for_import_time_names():
     code = (
         "import torch\nf = torch.ops.sgl_kernel.rmsnorm_cpu\nprint('handle ok')\n"
@@ -55,6 +56,7 @@ def test_nothing_happens_without_the_switches():
     assert p.returncode == 0 and p.stdout.strip() == "False"
 
 
+@pytest.mark.needs_sglang  # loads a release environment / torch
 def test_stable_vocab_order_makes_get_vocab_the_same_in_every_process(tmp_path):
     from patchbench.tinymodel import build_tiny_qwen25vl, default_model_dir
 
