@@ -138,11 +138,19 @@ def checks_for(cfg: Any, info: dict) -> list[Check]:
         if cfg.model.tiny:
             from patchbench.tinymodel import is_built
 
+            # not a missing requirement: the first run builds it (``model.tiny``)
+            built = is_built(cfg.model_dir)
             out.append(
                 (
-                    f"tiny model at {cfg.model_dir}",
-                    is_built(cfg.model_dir),
-                    f"built on first run, or: patchbench make-tiny-model {cfg.model_dir}",
+                    f"tiny model at {cfg.model_dir}"
+                    + (
+                        ""
+                        if built
+                        else " (not built yet: the first run builds it; or now: "
+                        f"patchbench make-tiny-model {cfg.model_dir})"
+                    ),
+                    True,
+                    "",
                 )
             )
         else:

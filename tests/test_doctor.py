@@ -4,6 +4,8 @@ and says "no NVIDIA GPU" without one."""
 import io
 import sys
 
+import pytest
+
 from patchbench import doctor, envinfo
 from patchbench.gpu import open_nvml
 from tests.test_gpu import H200, FakeSettings
@@ -73,3 +75,23 @@ def test_doctor_checks_each_variants_build_against_this_machines_environments(tm
     bad_cfg.write_text(text.replace("sglang: 0.5.1.post3", 'sglang: "0.4.0"', 1))
     [(what, ok, fix)] = doctor._build_checks(load_config(bad_cfg))
     assert not ok and "0.4.0" in what and "make setup SGLANG=0.4.0" in fix
+
+
+@pytest.mark.needs_sglang  # loads a release environment
+def test_a_tiny_model_not_built_yet_is_not_a_missing_requirement(tmp_path):
+    """``model.tiny``: the first run builds the model, so doctor lists a model not built yet as
+    OK with how to build it now, never as MISSING (doctor would exit 3 on a fresh clone)."""
+    import yaml
+
+    from patchbench.config import load_config
+    from patchbench.inputs import REPO_ROOT
+
+    raw = yaml.safe_load((REPO_ROOT / "configs/demo-cpu.yaml").read_text())
+    raw["model"]["path"] = str(tmp_path / "no-model-yet")
+    path = tmp_path / "demo.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    info = {"sglang": None, "hub_reachable": False, "gpu": None}
+    rows = [r for r in doctor.checks_for(load_config(path), info) if "tiny model" in r[0]]
+    [(what, ok, _fix)] = rows
+    assert ok and "not built yet: the first run builds it" in what
+    assert f"patchbench make-tiny-model {tmp_path / 'no-model-yet'}" in what
