@@ -239,12 +239,15 @@ def plot_latency(comparison: Any, out: Path) -> Path | None:
     ax.set_xlabel("ITL (ms, log scale): median solid, p99 dashed")
     ax.set_ylabel("output throughput (tok/s)")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7, ncol=2, handlelength=4)  # long enough to show p99's dashes
+    handles, labels = ax.get_legend_handles_labels()
+    # below the axes, never over a point; handles long enough to show p99's dashes
+    fig.legend(handles, labels, loc="lower center", fontsize=7, ncol=3, handlelength=4)
     ax.set_title("Throughput against latency per load (band: range over repeats)", fontsize=9)
     fig.suptitle(
         f"Load curve per variant   [{comparison_get(comparison, 'run_id', '')}]", fontsize=10
     )
-    fig.tight_layout()
+    rows_of_legend = -(-len(labels) // 3)
+    fig.tight_layout(rect=(0, 0.04 + 0.035 * rows_of_legend, 1, 1))
     return save_png(fig, out)
 
 
