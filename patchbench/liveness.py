@@ -570,14 +570,19 @@ class ServerWatch:
         if not limit:
             return None
         if self.heartbeat is not None:
-            silent = time.monotonic() - self._last_beat
+            now = time.monotonic()
+            silent = now - self._last_beat
             quiet = self.progress.quiet_window
             beat_limit = max(limit, quiet[0]) if quiet else limit
-            if silent > beat_limit:
-                named = quiet
-                last = self.progress.last_quiet
-                if named is None and last is not None and self._last_beat < last[3]:
-                    named = last[:3]  # the silence began inside a window that has closed since
+            named, over = quiet, silent
+            last = self.progress.last_quiet
+            if last is not None and self._last_beat < last[3]:
+                # the silence began inside a window that has closed since: the limit in force
+                # now counts from its close (the scheduler needs a beat to answer again), and a
+                # stall outside any window is named after it (its export may still be running)
+                over = now - last[3]
+                named = quiet or last[:3]
+            if over > beat_limit:
                 why = (
                     f"during {named[1]} ({named[2]} = {named[0]:g})"
                     if named and named[0] > limit

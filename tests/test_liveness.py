@@ -462,3 +462,38 @@ def test_a_trace_export_longer_than_the_stall_limit_is_not_a_stall_but_has_its_o
         w.close()
     finally:
         srv.stop()
+
+
+def test_a_closed_window_gives_the_scheduler_the_ordinary_limit_from_its_close():
+    """A heartbeat silence that began inside an announced window (the trace export) is not a
+    stall the moment the window closes: the ordinary limit counts from the close (the scheduler
+    needs a moment to answer again). Past it, the stall is named after the window. Checked on the
+    watch's rule directly (no thread, a heartbeat that never answers)."""
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        w = ServerWatch(proc, proc.pid, stall_timeout_s=1.0, heartbeat=lambda t: False)
+        w._t0 = now = time.monotonic()
+        w._last_beat = now - 5.0  # silent for 5 s, through the export
+        w.progress.last_quiet = (
+            10.0,
+            "the profiler's trace export",
+            "profile.trace_timeout_s",
+            now - 0.4,
+        )
+        assert w._check_progress() is None  # 0.4 s since the window closed < 1 s
+        w.progress.last_quiet = (
+            10.0,
+            "the profiler's trace export",
+            "profile.trace_timeout_s",
+            now - 1.5,
+        )
+        stall = w._check_progress()
+        assert stall is not None and stall.kind == "heartbeat"
+        assert "during the profiler's trace export (profile.trace_timeout_s = 10)" in stall.what
+        w.progress.last_quiet = None  # no window: 5 s of silence is a plain stall
+        assert "(server.stall_timeout_s = 1)" in w._check_progress().what
+    finally:
+        proc.kill()
+        proc.wait()
