@@ -120,6 +120,33 @@ def green_nights(root: Path, h: Path, name: str = "nightly-builds", sglang: str 
     return out
 
 
+def red_night_after_green(tmp_path: Path, release: str, settings=SAME_RUN):
+    """Two green nights on 0.5.1.post3 (:func:`green_nights`), then tonight on ``release``
+    with the candidate ten times slower, gated with ``settings``: (history path, run folder,
+    the night's outcome)."""
+    h = tmp_path / "h.sqlite"
+    green_nights(tmp_path / "r", h)
+    run = make_build_night(
+        tmp_path / "r", "2026-11-30T03:00:00Z", release,
+        {"baseline": [30.0, 31.0], "candidate": [300.0, 320.0]},
+    )  # fmt: skip
+    return h, run, nightly_on_run(run, settings, history=h, out=io.StringIO())
+
+
+def builds_config(tmp_path: Path) -> Path:
+    """The night series' config as the confirmation copies it: `sglang: latest`, the candidate
+    with the slow patch, serving only."""
+    import yaml
+
+    cfg = tmp_path / "nightly-builds.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "name": "nightly-builds", "sglang": "latest",
+        "variants": {"baseline": [], "candidate": ["slow-patch"]},
+        "suites": {"serving": {"num_prompts": 8}},
+    }))  # fmt: skip
+    return cfg
+
+
 # ---------------------------------------------------------------------------------------------
 # the builds of a night
 
@@ -181,15 +208,7 @@ def test_release_change_between_nights_is_named_as_the_steps_likely_cause(tmp_pa
 
 
 def test_red_night_on_a_new_release_names_it_in_the_summary(tmp_path):
-    h = tmp_path / "h.sqlite"
-    green_nights(tmp_path / "r", h)
-    run = make_build_night(
-        tmp_path / "r",
-        "2026-11-30T03:00:00Z",
-        "0.5.23",
-        {"baseline": [30.0, 31.0], "candidate": [300.0, 320.0]},
-    )
-    res = nightly_on_run(run, SAME_RUN, history=h, out=io.StringIO())
+    h, run, res = red_night_after_green(tmp_path, "0.5.23")
     assert res.exit_code == 1
     assert res.causes == [
         "sglang 0.5.1.post3 -> 0.5.23 on 2026-11-30 coincides with tonight's +916.0 % "
@@ -371,21 +390,10 @@ def test_confirmation_is_stated_up_front_run_and_reported_in_the_night(tmp_path,
 
     from patchbench.nightly.job import add_confirmation
 
-    h = tmp_path / "h.sqlite"
-    green_nights(tmp_path / "r", h)
-    run = make_build_night(
-        tmp_path / "r", "2026-11-30T03:00:00Z", "0.5.23",
-        {"baseline": [30.0, 31.0], "candidate": [300.0, 320.0]},
-    )  # fmt: skip
     explicit = SAME_RUN.model_copy(update={"confirm": ConfirmSettings(repeats=5)})
-    res = nightly_on_run(run, explicit, history=h, out=io.StringIO())
+    h, run, res = red_night_after_green(tmp_path, "0.5.23", explicit)
     assert res.outcome == "red"
-    cfg = tmp_path / "nightly-builds.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "name": "nightly-builds", "sglang": "latest",
-        "variants": {"baseline": [], "candidate": ["slow-patch"]},
-        "suites": {"serving": {"num_prompts": 8}},
-    }))  # fmt: skip
+    cfg = builds_config(tmp_path)
     seen = {}
 
     def fake_bench(path: str) -> Path:
@@ -425,13 +433,7 @@ def test_confirmation_is_stated_up_front_run_and_reported_in_the_night(tmp_path,
 
 
 def test_confirmation_skipped_when_tonight_ran_last_greens_build(tmp_path):
-    h = tmp_path / "h.sqlite"
-    green_nights(tmp_path / "r", h)
-    run = make_build_night(
-        tmp_path / "r", "2026-11-30T03:00:00Z", "0.5.1.post3",
-        {"baseline": [30.0, 31.0], "candidate": [300.0, 320.0]},
-    )  # fmt: skip
-    res = nightly_on_run(run, SAME_RUN, history=h, out=io.StringIO())
+    _h, _run, res = red_night_after_green(tmp_path, "0.5.1.post3")
     assert res.outcome == "red" and res.causes == []
 
     def no_bench(path: str) -> Path:

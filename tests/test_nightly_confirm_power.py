@@ -182,24 +182,12 @@ def test_maybe_confirm_sizes_the_run_from_the_nights_change_and_noise(tmp_path):
 
     import yaml
 
-    from patchbench.nightly.job import nightly_on_run
-    from tests.test_nightly_builds import SAME_RUN, green_nights, make_build_night
+    from tests.test_nightly_builds import SAME_RUN, builds_config, red_night_after_green
 
-    h = tmp_path / "h.sqlite"
-    green_nights(tmp_path / "r", h)
-    run = make_build_night(
-        tmp_path / "r", "2026-11-30T03:00:00Z", "0.5.23",
-        {"baseline": [30.0, 31.0], "candidate": [300.0, 320.0]},
-    )  # fmt: skip
     settings = SAME_RUN.model_copy(update={"run_cv_pct": 2.0})
-    res = nightly_on_run(run, settings, history=h, out=io.StringIO())
+    _h, _run, res = red_night_after_green(tmp_path, "0.5.23", settings)
     assert res.outcome == "red" and res.noise
-    cfg = tmp_path / "nightly-builds.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "name": "nightly-builds", "sglang": "latest",
-        "variants": {"baseline": [], "candidate": ["slow-patch"]},
-        "suites": {"serving": {"num_prompts": 8}},
-    }))  # fmt: skip
+    cfg = builds_config(tmp_path)
     seen = {}
 
     def fake_bench(path: str):
