@@ -133,6 +133,14 @@ def needed_repeats(settings: NightlySettings, cv: float, drift: float = 0.0) -> 
     return max(out, settings.min_repeats)
 
 
+def _sim_history(
+    metrics: list, cv: float, seed: int, repeats: int, drift: float, nights: int, sc: Scenario
+) -> list:
+    """``nights`` simulated nights (:func:`sim_night`) of ``repeats`` runs, from ``seed``."""
+    rng = np.random.default_rng(seed)
+    return [sim_night(i, rng, metrics, repeats, cv, drift, sc) for i in range(nights)]
+
+
 def computed_repeats(
     settings: NightlySettings,
     cv: float,
@@ -151,12 +159,8 @@ def computed_repeats(
     None when no count up to 64 reaches the targets."""
     from patchbench.noise import learn
 
-    rng = np.random.default_rng(seed)
     metrics = gate_metrics(settings)
-    hist = [
-        sim_night(i, rng, metrics, repeats, cv, drift, Scenario(abnormal=abnormal))
-        for i in range(nights)
-    ]
+    hist = _sim_history(metrics, cv, seed, repeats, drift, nights, Scenario(abnormal=abnormal))
     got = [x for x in (learn(hist, s, m, min_nights=2) for s, m in metrics) if x is not None]
     run = max(max(x.run.sigma, x.pair.sigma / math.sqrt(2.0)) for x in got)
     night = max((x.night_sigma for x in got if math.isfinite(x.night_sigma)), default=0.0)
@@ -178,9 +182,8 @@ def auto_repeats(
     blind does not raise it). Returns the :class:`patchbench.gates.planning.RepeatsPlan`."""
     from patchbench.gates.planning import plan_repeats
 
-    rng = np.random.default_rng(seed)
     metrics = gate_metrics(settings)
-    hist = [sim_night(i, rng, metrics, repeats, cv, drift, Scenario()) for i in range(nights)]
+    hist = _sim_history(metrics, cv, seed, repeats, drift, nights, Scenario())
     better = {(s, m): BETTER.get(m, "lower") for s, m in metrics}
     return plan_repeats(settings, hist, [BASELINE, VARIANT], BASELINE, better=better)
 
