@@ -284,3 +284,49 @@ def mmmu_rows(
         }
         for i in range(n)
     ]
+
+
+def make_throughput_night(
+    root: str | Path,
+    run_id: str,
+    started_at: str,
+    base: list[float],
+    var: list[float],
+    *,
+    name: str,
+    metrics: dict[str, dict[str, dict[str, list[float | None]]]] | None = None,
+    sglang: str = "0.5.1.post3",
+) -> Path:
+    """A nightly run folder (:func:`make_run`) started at ``started_at`` (UTC ISO), with the
+    serving output throughput per repeat of ``baseline`` (``base``, tok/s) and ``patched``
+    (``var``) in ``compare.json`` as one row; ``metrics``: every suite's values (default: that
+    throughput only). Returns the run folder."""
+    from patchbench.comparison import Comparison, Row, write_comparison
+
+    tput = "output_throughput_tok_s"
+    run = make_run(
+        root,
+        run_id=run_id,
+        name=name,
+        sglang=sglang,
+        metrics=metrics or {"serving": {tput: {"baseline": base, "patched": var}}},
+    )
+    m = records.read_json(run / "manifest.json")
+    m["started_at"] = started_at
+    records.write_json(run / "manifest.json", m)
+    row = Row(
+        suite="serving",
+        metric=tput,
+        unit="tok/s",
+        better="higher",
+        variant="patched",
+        baseline_repeats=base,
+        variant_repeats=var,
+    )
+    write_comparison(
+        run,
+        Comparison(
+            run_id=run_id, baseline="baseline", variants=["baseline", "patched"], rows=[row]
+        ),
+    )
+    return run

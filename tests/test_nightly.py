@@ -22,7 +22,6 @@ import yaml
 import patchbench
 import patchbench.inputs
 from patchbench import records
-from patchbench.comparison import Comparison, Row, write_comparison
 from patchbench.config import load_config
 from patchbench.errors import EXIT_UNDERPOWERED, ConfigError
 from patchbench.gates import DEFAULT_HISTORY, Gate, NightlySettings
@@ -32,7 +31,7 @@ from patchbench.nightly.job import HISTORY_ENV, history_path, nightly_on_run
 from patchbench.trend import plot_trend
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from patchbench.testing import make_run
+from patchbench.testing import make_throughput_night
 
 TPUT = "output_throughput_tok_s"
 
@@ -101,36 +100,10 @@ def make_night(
     root: Path, day: int, base: list[float], var: list[float], name: str = "nightly-test"
 ) -> Path:
     """A run folder for night ``day``: serving throughput per repeat for both variants."""
-    run_id = f"202601{day:02d}T030000Z-{name}"
-    run = make_run(
-        root,
-        run_id=run_id,
+    return make_throughput_night(
+        root, f"202601{day:02d}T030000Z-{name}", f"2026-01-{day:02d}T03:00:00Z", base, var,
         name=name,
-        metrics={"serving": {TPUT: {"baseline": base, "patched": var}}},
-    )
-    m = records.read_json(run / "manifest.json")
-    m["started_at"] = f"2026-01-{day:02d}T03:00:00Z"
-    records.write_json(run / "manifest.json", m)
-    write_comparison(
-        run,
-        Comparison(
-            run_id=run_id,
-            baseline="baseline",
-            variants=["baseline", "patched"],
-            rows=[
-                Row(
-                    suite="serving",
-                    metric=TPUT,
-                    unit="tok/s",
-                    better="higher",
-                    variant="patched",
-                    baseline_repeats=base,
-                    variant_repeats=var,
-                )
-            ],
-        ),
-    )
-    return run
+    )  # fmt: skip
 
 
 JOB = NightlySettings(

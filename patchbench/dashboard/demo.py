@@ -18,10 +18,9 @@ import numpy as np
 
 from patchbench import records
 from patchbench.changepoints import detect_history
-from patchbench.comparison import Comparison, Row, write_comparison
 from patchbench.gates.results import GateResult
 from patchbench.history import History, night_from_run, record_change_points, record_night_builds
-from patchbench.testing import make_run
+from patchbench.testing import make_throughput_night
 
 TPUT = "output_throughput_tok_s"
 TTFT = "ttft_median_ms"
@@ -123,9 +122,12 @@ def build_demo(root: str | Path, *, builds: bool = True, seed: int = 7) -> Path:
                 stock = 100.0 * (0.92 if new else 1.0)
                 patched = stock * (0.9 if i in reds else 1.03)
                 base, var = _values(rng, stock), _values(rng, patched)
-                run = make_run(
+                run = make_throughput_night(
                     root / "runs",
-                    run_id=run_id,
+                    run_id,
+                    f"2026-01-{day:02d}T03:00:00Z",
+                    base,
+                    var,
                     name=config,
                     sglang=RELEASES[1] if new else RELEASES[0],
                     metrics={
@@ -134,28 +136,6 @@ def build_demo(root: str | Path, *, builds: bool = True, seed: int = 7) -> Path:
                             TTFT: {"baseline": _values(rng, 50.0), "patched": _values(rng, 48.0)},
                         }
                     },
-                )
-                m = records.read_json(run / "manifest.json")
-                m["started_at"] = f"2026-01-{day:02d}T03:00:00Z"
-                records.write_json(run / "manifest.json", m)
-                write_comparison(
-                    run,
-                    Comparison(
-                        run_id=run_id,
-                        baseline="baseline",
-                        variants=["baseline", "patched"],
-                        rows=[
-                            Row(
-                                suite="serving",
-                                metric=TPUT,
-                                unit="tok/s",
-                                better="higher",
-                                variant="patched",
-                                baseline_repeats=base,
-                                variant_repeats=var,
-                            )
-                        ],
-                    ),
                 )
                 _write_night_files(run, run_id, config, day, _gates(base, var, i in reds))
                 night = night_from_run(run)
