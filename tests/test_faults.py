@@ -68,17 +68,7 @@ def test_a_second_holder_is_refused_naming_the_first(tmp_path):
 
 
 def test_the_lock_of_a_dead_run_is_taken_over_and_named(tmp_path):
-    code = (
-        "import sys,time;from patchbench.run.lock import acquire;"
-        f"acquire({str(tmp_path)!r});print('held',flush=True);time.sleep(60)"
-    )
-    p = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ, PYTHONPATH=str(HERE.parent)),
-    )
-    assert p.stdout.readline().strip() == "held"
+    p = _holder(tmp_path, "run", 60)
     with pytest.raises(RunFolderBusy, match=rf"pid {p.pid} "):
         acquire(tmp_path)
     p.send_signal(signal.SIGKILL)
