@@ -726,6 +726,7 @@ def test_e2e_nightly_on_cpu(tmp_path, monkeypatch):
     h = tmp_path / "history.sqlite"
     monkeypatch.setenv(HISTORY_ENV, str(h))
     results = tmp_path / "results"
+    monkeypatch.setattr(inputs, "RESULTS_DIR", results)  # the confirmation's kept config
     real_run_bench = bench.run_bench
     from patchbench.server import free_port
 

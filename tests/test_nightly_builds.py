@@ -40,6 +40,14 @@ ITL = "itl_median_ms"
 TPUT = "output_throughput_tok_s"
 
 
+@pytest.fixture(autouse=True)
+def _results_in_tmp(tmp_path, monkeypatch):
+    """Config copies the nightly keeps (nightly.builds.keep_config) go to this test's folder."""
+    import patchbench.inputs
+
+    monkeypatch.setattr(patchbench.inputs, "RESULTS_DIR", tmp_path / "results")
+
+
 def make_build_night(
     root: Path,
     stamp: str,

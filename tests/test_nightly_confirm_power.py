@@ -6,6 +6,7 @@ as config errors, the plan line and nightly.json's keys, and the --table command
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from scipy import stats
@@ -15,6 +16,14 @@ from patchbench.config import load_config
 from patchbench.errors import ConfigError
 from patchbench.gates.settings import ConfirmSettings, NightlySettings
 from patchbench.nightly import confirm
+
+
+@pytest.fixture(autouse=True)
+def _results_in_tmp(tmp_path, monkeypatch):
+    """Config copies the nightly keeps (nightly.builds.keep_config) go to this test's folder."""
+    import patchbench.inputs
+
+    monkeypatch.setattr(patchbench.inputs, "RESULTS_DIR", tmp_path / "results")
 
 
 def scipy_power(n: int, change_pct: float, pair_cv_pct: float, alpha: float) -> float:
@@ -192,12 +201,16 @@ def test_maybe_confirm_sizes_the_run_from_the_nights_change_and_noise(tmp_path):
 
     def fake_bench(path: str):
         seen["config"] = yaml.safe_load(open(path).read())
+        seen["path"] = Path(path)
         raise ConfigError("not run here")
 
     out = io.StringIO()
     conf = confirm.maybe_confirm(cfg, res, fake_bench, out)
     assert conf is not None and conf.rounds is not None and conf.rounds.auto
     assert seen["config"]["schedule"]["repeats"] == conf.repeats == 3
+    # kept beside the run folders (a resume of the confirmation finds it), named by its content
+    assert seen["path"].parent == tmp_path / "results" / "nightly-configs"
+    assert seen["path"].name.startswith("nightly-builds-confirm.confirm-")
     assert conf.rounds.needed is not None and conf.rounds.needed <= 3
     assert conf.rounds.noise_source == "noise row" and conf.rounds.change_pct > 800
     text = out.getvalue()

@@ -147,10 +147,34 @@ def blocked_line(r: BuildRow) -> str:
     )
 
 
-def without_variants(config_path: str | os.PathLike, drop: Sequence[str], dest: Path) -> Path:
+def keep_config(stem: str, tag: str, text: str, folder: str | os.PathLike | None = None) -> Path:
+    """Write a config the nightly derived and runs (``text``, YAML) as
+    ``<stem>.<tag>-<sha256 of the text, 12 hex>.yaml`` in ``folder`` (default
+    ``nightly-configs/`` in the results root, beside the run folders: it lives as long as they
+    do, so a run's manifest and its "resume with" line name a file that stays). The same text is
+    the same file, written once (atomically) and never overwritten. Returns its path; raises
+    OSError when the folder cannot be written."""
+    import hashlib
+
+    from patchbench import inputs
+    from patchbench.records import write_text
+
+    where = Path(folder) if folder else Path(inputs.RESULTS_DIR) / "nightly-configs"
+    where.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+    path = where / f"{stem}.{tag}-{digest}.yaml"
+    if not path.is_file():
+        write_text(path, text)
+    return path
+
+
+def without_variants(
+    config_path: str | os.PathLike, drop: Sequence[str], dest: Path | None = None
+) -> Path:
     """A copy of the config at ``config_path`` without the variants ``drop`` (written to
-    ``dest``; relative paths in a config resolve against the repository root, so the copy runs
-    the same). Raises ValueError when the baseline would be dropped or no variant is left."""
+    ``dest``, by default kept by :func:`keep_config`; relative paths in a config resolve against
+    the repository root, so the copy runs the same). Raises ValueError when the baseline would
+    be dropped or no variant is left."""
     import yaml
 
     raw = yaml.safe_load(Path(config_path).read_text(encoding="utf-8"))
@@ -164,8 +188,11 @@ def without_variants(config_path: str | os.PathLike, drop: Sequence[str], dest: 
         raise ValueError("no variant is left to run")
     raw["variants"] = variants
     raw["baseline"] = base
+    text = yaml.safe_dump(raw, sort_keys=False)
+    if dest is None:
+        return keep_config(Path(config_path).stem, "without", text)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    dest.write_text(text, encoding="utf-8")
     return dest
 
 

@@ -206,11 +206,10 @@ def _run_and_gate(config: str, cfg: Any, settings: NightlySettings, hpath: Path)
 def _check_builds(config: str, cfg: Any) -> tuple[str, list[BuildRow]] | int:
     """Before a night runs: resolve each variant's build (``latest`` to a release) and check its
     patches there (:func:`patchbench.nightly.builds.check_patches`). A variant whose patch
-    conflicts or is already upstream cannot run: the night runs the config without it (a copy in
-    a temporary folder) and says so. Returns (the config to run, the blocked rows), or the exit
-    code when nothing can run (3: no environment / index; 2: the baseline's patch is blocked)."""
-    import tempfile
-
+    conflicts or is already upstream cannot run: the night runs the config without it (a copy
+    kept beside the run folders, :func:`patchbench.nightly.builds.keep_config`) and says so.
+    Returns (the config to run, the blocked rows), or the exit code when nothing can run (3: no
+    environment / index, or the copy cannot be written; 2: the baseline's patch is blocked)."""
     from patchbench.builds import resolve_builds
     from patchbench.cell import is_cpu
 
@@ -228,14 +227,13 @@ def _check_builds(config: str, cfg: Any) -> tuple[str, list[BuildRow]] | int:
     for r in bad:
         print(f"nightly: {blocked_line(r)}", file=sys.stderr)
     try:
-        path = without_variants(
-            config,
-            sorted({r.variant for r in bad}),
-            Path(tempfile.mkdtemp(prefix="patchbench-nightly-")) / Path(config).name,
-        )
+        path = without_variants(config, sorted({r.variant for r in bad}))
     except ValueError as e:
         print(f"nightly: nothing can run tonight: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as e:  # the results root cannot hold the copy
+        print(f"nightly: cannot write the config without {bad[0].variant}: {e}", file=sys.stderr)
+        return EXIT_ENV
     return str(path), bad
 
 

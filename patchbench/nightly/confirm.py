@@ -100,9 +100,10 @@ def confirm_config(
     new_release: str,
     suites: Iterable[str],
     repeats: int,
-    dest: Path,
+    dest: Path | None = None,
 ) -> Path:
-    """Write the confirmation's config to ``dest``: ``raw`` (tonight's config as loaded YAML)
+    """Write the confirmation's config to ``dest`` (by default kept beside the run folders by
+    :func:`patchbench.nightly.builds.keep_config`): ``raw`` (tonight's config as loaded YAML)
     with two variants, :data:`OLD` (``variant``'s patches, server arguments and environment on
     ``old_release``) and :data:`NEW` (the same on ``new_release``; the baseline, whose release
     runs the clients), ``repeats`` interleaved rounds, only ``suites``, no ``nightly`` section,
@@ -120,8 +121,13 @@ def confirm_config(
     cfg["schedule"] = {"repeats": int(repeats), "order": "interleaved"}
     want = set(suites)
     cfg["suites"] = {s: v for s, v in (raw.get("suites") or {}).items() if s in want}
+    text = yaml.safe_dump(cfg, sort_keys=False)
+    if dest is None:
+        from patchbench.nightly.builds import keep_config
+
+        return keep_config(str(cfg["name"]), "confirm", text)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
+    dest.write_text(text, encoding="utf-8")
     return dest
 
 
@@ -485,8 +491,6 @@ def maybe_confirm(
     printed to ``out`` before it starts. None for a night that is not red; a red night that
     needs none gets a Confirmation with ``skipped`` (why). Never raises for the confirmation's
     own failure (``error``)."""
-    import tempfile
-
     import yaml
 
     from patchbench.history import History, HistoryError, read_night_builds
@@ -539,11 +543,14 @@ def maybe_confirm(
     conf.rounds = plan_rounds(cs, changes, res.noise, settings.run_cv_pct)
     conf.repeats = conf.rounds.rounds
     raw = yaml.safe_load(Path(config_path).read_text(encoding="utf-8"))
-    tmp = Path(tempfile.mkdtemp(prefix="patchbench-confirm-"))
-    path = confirm_config(
-        raw, variant, conf.old_release, conf.new_release, {m[0] for m in metrics}, conf.repeats,
-        tmp / f"{raw.get('name', 'nightly')}-confirm.yaml",
-    )  # fmt: skip
+    try:
+        path = confirm_config(
+            raw, variant, conf.old_release, conf.new_release, {m[0] for m in metrics},
+            conf.repeats,
+        )  # fmt: skip
+    except OSError as e:  # the results root cannot hold its config
+        conf.error = f"cannot write the confirmation's config: {e}"
+        return conf
     conf.cells = _cells(path, conf.repeats)
     conf.minutes = estimate_minutes(conf.cells, minutes_per_cell(night.run_dir or ""))
     print(f"nightly: {conf.plan_line()}", file=out, flush=True)

@@ -53,6 +53,7 @@ from patchbench.nightly.builds import (
     BuildRow,
     blocked_exit,
     blocked_line,
+    keep_config,
     night_builds,
     rows_of_run,
 )
@@ -364,18 +365,13 @@ def pick_repeats(
     the gates' targets need (:func:`patchbench.gates.planning.plan_repeats`: the learned noise,
     ``min_repeats`` .. ``max_repeats``), prints the choice and why, and writes the config with
     ``schedule.repeats`` set to it under ``workdir`` (default: ``nightly-configs/`` in the
-    results root, :data:`patchbench.inputs.RESULTS_DIR`, beside the run folders, so the run's
-    manifest and its "resume with" line name a file that stays: ``patchbench bench COPY
-    --resume RUN`` reruns the same repeats). The copy is named ``<config stem>.auto-<sha256 of
-    its text, 12 hex>.yaml``: the same choice of the same config is one file, never rewritten
-    with other content. Relative paths in a config resolve against the repository, so the copy
-    runs as the original. Returns the plan and the copy's path. Raises ValueError when no noise
+    results root, :func:`patchbench.nightly.builds.keep_config`, so the run's manifest and its
+    "resume with" line name a file that stays: ``patchbench bench COPY --resume RUN`` reruns
+    the same repeats), named ``<config stem>.auto-<sha256 of its text, 12 hex>.yaml``.
+    Relative paths in a config resolve against the repository, so the copy runs as the
+    original. Returns the plan and the copy's path. Raises ValueError when no noise
     is known; OSError when the folder cannot be written."""
-    import hashlib
-
     import yaml
-
-    from patchbench import inputs
 
     out = out or sys.stdout
     prior: list[Night] = []
@@ -391,13 +387,7 @@ def pick_repeats(
     raw.setdefault("schedule", {})["repeats"] = plan.repeats
     text = f"# {config_path} with schedule.repeats: auto -> {plan.repeats} ({plan.why})\n"
     text += yaml.safe_dump(raw, sort_keys=False, allow_unicode=True, default_flow_style=False)
-    folder = Path(workdir) if workdir else Path(inputs.RESULTS_DIR) / "nightly-configs"
-    folder.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
-    path = folder / f"{Path(config_path).stem}.auto-{digest}.yaml"
-    if not path.is_file():
-        write_text(path, text)
-    return plan, path
+    return plan, keep_config(Path(config_path).stem, "auto", text, workdir)
 
 
 def record_repeats(json_path: Path | None, plan: RepeatsPlan) -> None:
