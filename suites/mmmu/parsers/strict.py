@@ -18,7 +18,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .strict_refs import LABEL_ANY, Options, clean_text, norm_text, ref_at, ref_list
+from .strict_refs import (
+    LABEL_ANY,
+    Options,
+    clean_text,
+    norm_text,
+    read_references,
+    ref_at,
+    ref_list,
+)
 
 # How a person grades a free-text answer, in order (docs/mmmu.md states the policy):
 #   1. the LAST explicit commitment wins: "Answer: b", "Final answer: \boxed{C}", "the answer is
@@ -53,7 +61,9 @@ class StrictParse:
 _MARKER = re.compile(
     r"\b(?:final\s+(?:answer|choice|option|selection)"
     r"|(?:correct|right|best|only\s+correct|proper|most\s+(?:likely|appropriate|accurate|"
-    r"suitable|plausible|reasonable))\s+(?:answer|option|choice|response|match)s?"
+    r"suitable|plausible|reasonable))\s+(?:answer|option|choice|response|match|one)s?"
+    r"|(?:that|which|this)\s+leaves(?:\s+(?:us\s+with|only))?|leaving(?:\s+only)?"
+    r"|by\s+(?:the\s+process\s+of\s+)?elimination"
     r"|the\s+answer|answer|my\s+(?:final\s+)?(?:answer|choice|pick|selection)"
     r"|i(?:\s+would|'d|\s+will|'ll|\s+must|\s+should)?\s+(?:choose|select|pick|go\s+with|opt\s+for)"
     r"|(?:change|revise|correct)\s+my\s+answer\s+to|(?:choose|select|pick)|i\s+meant"
@@ -467,7 +477,10 @@ _SENTENCE = re.compile(r"[^\n]+?(?:[.!?](?=\s|$)|$)", re.M)
 
 _BRACKET_REF = re.compile(r"\(\s*([A-Z])\s*\)|\[\s*([A-Z])\s*\]")
 _WORD_REF = re.compile(r"\b(?:option|choice)s?\s*:?\s*", re.I)
-_BARE_PAIR = re.compile(r"(?<![\w'])([A-Z])(?:\s*,\s*|\s*,?\s+(?:and|or)\s+)([A-Z])(?![\w'])")
+_BARE_PAIR = re.compile(
+    r"(?<![\w'])([A-Z])(?:\s*,\s*|\s*,?\s+(?:and|or(?:\s+(?:maybe|perhaps|possibly|probably))?)\s+)"
+    r"([A-Z])(?![\w'])"
+)
 _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 _NUMERIC = re.compile(r"[\d.,\s%]+")
 _OPERATOR_AFTER = re.compile(r"^\s*[=+*/^×÷<>]|^\s+-\s")
@@ -580,7 +593,7 @@ def parse_strict_detail(
         return StrictParse(None, NO_ANSWER, "empty")
     opts = Options(all_choices, index2ans)
     # runs of spaces and tabs read as one space: option texts match across them
-    s = re.sub(r"[^\S\n]+", " ", clean_text(str(response)))
+    s = re.sub(r"[^\S\n]+", " ", read_references(clean_text(str(response)), opts))
     if not s.strip():
         return StrictParse(None, NO_ANSWER, "reasoning only")
     echo = _echo_lines(s, opts)

@@ -12,6 +12,48 @@ _REASONING = re.compile(r"<(think|thinking|reasoning)>.*?(?:</\1>|\Z)", re.S | r
 _LATEX_WRAP = re.compile(
     r"\\(?:boxed|text|textbf|textit|textrm|mathrm|mathbf|mathit|mbox|fbox|bf|it)\s*\{([^{}]*)\}"
 )
+_LATEX_FRAC = re.compile(r"\\[dt]?frac\s*(?:\{([^{}]*)\}\s*\{([^{}]*)\}|(\d)(\d))")
+_LATEX_SQRT = re.compile(r"\\sqrt\s*(?:\{([^{}]*)\}|(\w))|\bsqrt\s*\(\s*([\w.]+)\s*\)")
+_LATEX_SUP = re.compile(r"\^\{([^{}]*)\}")
+_LATEX_SYMBOL = {
+    "pi": "π",
+    "times": "×",
+    "cdot": "·",
+    "div": "÷",
+    "circ": "°",
+    "degree": "°",
+    "pm": "±",
+    "%": "%",
+    "$": "$",
+}
+_LATEX_WORD = re.compile(
+    r"\\(pi|times|cdot|div|circ|degree|pm|%|\$)(?![A-Za-z])|\\(?:left|right)(?![A-Za-z])|\\[,;:! ]"
+)
+
+
+def _frac(m: re.Match) -> str:
+    a, b = (m.group(1), m.group(2)) if m.group(1) is not None else (m.group(3), m.group(4))
+    a, b = (x.strip() if re.fullmatch(r"\s*[\w.√π]+\s*", x) else f"({x.strip()})" for x in (a, b))
+    return f"{a}/{b}"
+
+
+def _plain_math(s: str) -> str:
+    """LaTeX math as plain text, the same in an option and a response: ``\\frac{1}{4}`` and
+    ``\\tfrac14`` -> ``1/4``, ``\\sqrt{2}`` and ``sqrt(2)`` -> ``√2``, ``\\pi`` -> ``π``,
+    ``^{2}`` -> ``^2``, ``\\times`` -> ``×``, ``^\\circ`` -> ``°``; ``\\left`` / ``\\right`` and
+    spacing commands dropped."""
+    if "\\" not in s and "sqrt" not in s and "^{" not in s:
+        return s
+    s = _LATEX_WORD.sub(lambda m: _LATEX_SYMBOL.get(m.group(1) or "", ""), s)
+    for _ in range(4):
+        t = _LATEX_SUP.sub(r"^\1", _LATEX_FRAC.sub(_frac, s))
+        t = _LATEX_SQRT.sub(lambda m: "√" + next(g for g in m.groups() if g is not None), t)
+        if t == s:
+            break
+        s = t
+    return s.replace("^°", "°")
+
+
 _LATEX_DELIM = re.compile(r"\\[()\[\]]|\$+")
 _MARKUP = re.compile(r"[*`]+|^[ \t]*#+[ \t]*|^[ \t]*>[ \t]*|(?<!\w)_{1,2}|_{1,2}(?!\w)", re.M)
 _WIDE = str.maketrans(
@@ -24,6 +66,11 @@ _WIDE = str.maketrans(
         "’": "'",
         "“": '"',
         "”": '"',
+        "。": ". ",
+        "，": ", ",
+        "；": "; ",
+        "！": "! ",
+        "？": "? ",
         "\u00a0": " ",
     }
 )
@@ -32,8 +79,9 @@ _WIDE = str.maketrans(
 def clean_text(s: str) -> str:
     """Markup a reader looks through: reasoning blocks dropped (an unclosed one runs to the end),
     ``\\boxed{}``/``\\text{}``-style LaTeX unwrapped, ``$``, ``\\(``, ``\\)``, bold/italic
-    ``*``/``_``, backticks, heading ``#`` and quote ``>`` removed, full-width brackets made ASCII."""
-    s = _REASONING.sub(" ", s).translate(_WIDE)
+    ``*``/``_``, backticks, heading ``#`` and quote ``>`` removed, full-width brackets and CJK
+    punctuation made ASCII, LaTeX math read as plain text (:func:`_plain_math`)."""
+    s = _plain_math(_REASONING.sub(" ", s).translate(_WIDE))
     for _ in range(4):
         t = _LATEX_WRAP.sub(r"\1", s)
         if t == s:
@@ -56,6 +104,14 @@ _OPEN_QUOTE = re.compile(r"([\"'(\[])[ \t]*")
 _CLOSE_QUOTE = {'"': '"', "'": "'", "(": ")", "[": "]"}
 _AFTER_LABEL = re.compile(r"[ \t]*[.:)\-\u2013,]?[ \t]*\(?")
 LABEL_ANY = re.compile(r"(?:\(\s*([A-Za-z])\s*\)|\b([A-Za-z])[.):])\s*")
+
+
+_WORD_HYPHEN = re.compile(r"(?<=[^\W\d_])[-\u2010\u2011](?=[^\W\d_])")
+
+
+def _unhyphen(low: str) -> str:
+    """``low`` with hyphens between letters as spaces (same length: positions carry over)."""
+    return _WORD_HYPHEN.sub(" ", low) if "-" in low or "\u2010" in low or "\u2011" in low else low
 
 
 def _is_word(ch: str) -> bool:
@@ -81,8 +137,11 @@ class Options:
                 texts[k.upper()] = t
         values = list(texts.values())
         self.texts = {k: t for k, t in texts.items() if values.count(t) == 1}
-        # longest first, so "dark red" is taken before "red"
-        self.order = sorted(self.texts.items(), key=lambda kv: -len(kv[1]))
+        # longest first, so "dark red" is taken before "red"; searched with word hyphens as
+        # spaces ("Post-Impressionism" is "post impressionism")
+        self.order = sorted(
+            ((k, _unhyphen(t)) for k, t in self.texts.items()), key=lambda kv: -len(kv[1])
+        )
 
     @staticmethod
     def _bounded(low: str, start: int, end: int) -> bool:
@@ -104,13 +163,14 @@ class Options:
         """``(letter, end)`` when an option's full text starts at ``pos``, else None. An opening
         quote or bracket and an article before the text are skipped; the closing quote or
         bracket after it is part of the reference."""
-        low = s.lower()
+        orig = s.lower()
+        low = _unhyphen(orig)
         q = _OPEN_QUOTE.match(s, pos)
         starts = [pos] + ([q.end()] if q else [])
         starts += [m.end() for p in list(starts) if (m := _ARTICLE.match(s, p))]
         for k, t in self.order:
             for p in starts:
-                if low.startswith(t, p) and self._bounded(low, p, p + len(t)):
+                if low.startswith(t, p) and self._bounded(orig, p, p + len(t)):
                     end = p + len(t)
                     if q and p > pos and s[end : end + 1] == _CLOSE_QUOTE[q.group(1)]:
                         end += 1
@@ -123,9 +183,11 @@ class Options:
         t = self.texts.get(letter)
         if not t:
             return None
+        t = _unhyphen(t)
         p = _AFTER_LABEL.match(s, pos).end()
-        low = s.lower()
-        if low.startswith(t, p) and self._bounded(low, p, p + len(t)):
+        orig = s.lower()
+        low = _unhyphen(orig)
+        if low.startswith(t, p) and self._bounded(orig, p, p + len(t)):
             end = p + len(t)
             return end + 1 if s[end : end + 1] == ")" else end
         return None
@@ -133,20 +195,100 @@ class Options:
     def find_texts(self, s: str) -> list[tuple[int, int, str]]:
         """Every whole-word occurrence of an option text: ``(start, end, letter)``; a longer
         text wins over a shorter one it overlaps."""
-        low = s.lower()
+        orig = s.lower()
+        low = _unhyphen(orig)
         out: list[tuple[int, int, str]] = []
         for k, t in self.order:
             i = low.find(t)
             while i >= 0:
                 e = i + len(t)
-                if self._bounded(low, i, e) and not any(i < b and a < e for a, b, _ in out):
+                if self._bounded(orig, i, e) and not any(i < b and a < e for a, b, _ in out):
                     out.append((i, e, k))
                 i = low.find(t, i + 1)
         return out
 
 
+# answer phrases of other languages, read as their English equivalents (zh, ja, ko, es, pt,
+# fr, de, it, ru); CJK text has no word boundaries, so those patterns stand alone
+_FOREIGN = [
+    (re.compile(p, re.I), r)
+    for p, r in [
+        (r"(?:最终|最后|正确)?(?:的)?答案\s*(?:应该是|应为|应是|是|为|选)", " the answer is "),
+        (r"(?:最终|最后|正确)?(?:的)?答案\s*:", " Answer: "),
+        (r"(?:答えは|正解は|정답은|답은)", " the answer is "),
+        (r"(?:答え|正解|정답)\s*:", " Answer: "),
+        (r"是正确(?:的|答案|选项)?", " is correct"),
+        (r"我(?:认为|觉得)", " I think "),
+        (r"我?选(?:择)?(?=\s*[(\[]?[A-Za-z](?![A-Za-z]))", " I choose "),
+        (r"选项", " option "),
+        (r"或者?", " or "),
+        (r"不是", " not "),
+        (
+            r"\b(?:(?:la|a)\s+)?(?:respuesta|resposta|risposta)(?:\s+(?:correcta|correta|corretta|"
+            r"giusta|final|finale))?\s+(?:es|é|e|è)(?!\w)(?:\s+(?-i:la|a|o|el)(?=\s))?",
+            " the answer is ",
+        ),
+        (
+            r"\b(?:la\s+)?(?:bonne\s+)?réponse(?:\s+(?:correcte|finale))?\s+est(?:\s+(?-i:la|le)(?=\s))?",
+            " the answer is ",
+        ),
+        (r"\b(?:die\s+)?(?:richtige\s+|korrekte\s+)?antwort\s+(?:ist|lautet)\b", " the answer is "),
+        (r"(?<!\w)(?:правильный\s+)?ответ(?:\s+это|\s*[—–-])?(?!\w)", " the answer is "),
+        (r"\b(?:respuesta|resposta|risposta|réponse|antwort)\s*:", " Answer: "),
+        (r"\b(?:opción|opção|opzione)\b", " option "),
+        (r"\b(?:je\s+pense\s+que|creo\s+que|acho\s+que|ich\s+denke|penso\s+che)\b", " I think "),
+        (r"\b(?:je\s+choisis|elijo|escojo|escolho|ich\s+wähle|scelgo)\b", " I choose "),
+    ]
+]
+_ORDINALS = "first second third fourth fifth sixth seventh eighth ninth tenth".split()
+_ORDINAL_REF = re.compile(
+    r"\b(?:the\s+)?(?P<n>" + "|".join(_ORDINALS) + r"|last|1st|2nd|3rd|[4-9]th)"
+    r"\s+(?:option|choice|alternative)\b",
+    re.I,
+)
+_NUMBER_REF = re.compile(
+    r"\b(?P<w>option|choice|alternative)\s*(?:#|no\.|number)?\s*(?P<o>[(\[]?)\s*(?P<n>[1-9])\s*"
+    r"(?P<c>[)\]]?)(?![\w/]|[.,]\d)",
+    re.I,
+)
+
+
+def read_references(s: str, opts: Options) -> str:
+    """``s`` with other languages' answer phrases in English ("答案是 B", "La respuesta correcta es
+    la C", "Antwort: D" -> "the answer is B", ...) and options referred to by position as
+    letters: "the third option" -> "option C", "Option 2" -> "option B" (a number only when no
+    option's text is a number, where "option 2" could mean the text "2")."""
+    for pat, rep in _FOREIGN:
+        s = pat.sub(rep, s)
+    n = len(opts.letters)
+
+    def ordinal(m: re.Match) -> str:
+        w = m.group("n").lower()
+        i = (
+            n - 1
+            if w == "last"
+            else (_ORDINALS.index(w) if w in _ORDINALS else int(re.sub(r"\D", "", w)) - 1)
+        )
+        return f"option {opts.letters[i]}" if 0 <= i < n else m.group(0)
+
+    s = _ORDINAL_REF.sub(ordinal, s)
+    if not any(_NUMERIC_TEXT.fullmatch(t) for t in opts.texts.values()):
+
+        def number(m: re.Match) -> str:
+            i = int(m.group("n")) - 1
+            if not 0 <= i < n or bool(m.group("o")) != bool(m.group("c")):
+                return m.group(0)
+            return f"{m.group('w')} {opts.letters[i]}"
+
+        s = _NUMBER_REF.sub(number, s)
+    return s
+
+
+_NUMERIC_TEXT = re.compile(r"[\d.,\s%]+")
 IMAGE_ONLY = re.compile(r"(?:<image \d+>\s*)+")
-_SEP = re.compile(r"\s*(?:,|;|/|&)?\s*(?:and/or|and|or|&)?\s*", re.I)
+_SEP = re.compile(
+    r"\s*(?:,|;|/|&)?\s*(?:and/or|and|or(?:\s+(?:maybe|perhaps|possibly|probably))?|&)?\s*", re.I
+)
 _REF_WORD = re.compile(
     r"(?:option|choice|letter)\s*:?\s*[(\[]?\s*(?P<l>[A-Za-z])\s*[)\]]?(?![\w'])", re.I
 )
