@@ -66,6 +66,7 @@ _MARKER = re.compile(
     r"|by\s+(?:the\s+process\s+of\s+)?elimination"
     r"|the\s+answer|answer|my\s+(?:final\s+)?(?:answer|choice|pick|selection)"
     r"|i(?:\s+would|'d|\s+will|'ll|\s+must|\s+should)?\s+(?:choose|select|pick|go\s+with|opt\s+for)"
+    r"|i(?:'m|\s+am)\s+(?:going\s+with|choosing|picking|selecting|opting\s+for)"
     r"|(?:change|revise|correct)\s+my\s+answer\s+to|(?:choose|select|pick)|i\s+meant"
     r"|(?:so(?![ \t]+(?:is|are|was|were|does|do|did|has|have|can|could|would)\b)|thus|"
     r"therefore|hence|it\s+is|it's|it\s+must\s+be|this\s+is|that\s+is|"
@@ -286,12 +287,29 @@ def _declared_right(line: str, a: int, opts: Options) -> list[tuple[int, list[st
     return out
 
 
+# a label that opens a line: "(A)", "[A]", "A." / "A)" / "A:" / "A -", "Option D:", "Answer: (B)"
+_LABEL_HEAD = re.compile(
+    r"[ \t]*(?:[-•][ \t]*)?(?:(?:final[ \t]+)?answer[ \t]*[:\-]?[ \t]*)?"
+    r"(?:\([ \t]*(?P<a>[A-Za-z])[ \t]*\)|\[[ \t]*(?P<b>[A-Za-z])[ \t]*\]|(?-i:(?P<c>[A-Z]))[ \t]*[.):\-]"
+    r"|(?:option|choice)[ \t]*[(\[]?[ \t]*(?P<d>[A-Za-z])[ \t]*[)\]]?[ \t]*[.:\-]?)",
+    re.I,
+)
+
+
 def _label_line(line: str, a: int, opts: Options) -> list[tuple[int, list[str], str]]:
-    """A line that is only an option label ("B", "(b)", "**Option C**"), or only several
-    ("(A) and (D)": a multi-option commitment)."""
+    """A line that is only an option label ("B", "(b)", "**Option C**"), a label with that
+    option's own text and nothing else ("(A) Mitochondria", "Option D: Golgi apparatus."; two or
+    more such lines are an echoed list, see :func:`_echo_lines`), or only several labels ("(A)
+    and (D)": a multi-option commitment)."""
     pl = _PURE_LABEL.match(line)
     if pl and pl.group("l").upper() in opts.letters:
         return [(a, [pl.group("l").upper()], "label line")]
+    lh = _LABEL_HEAD.match(line)
+    if lh:
+        letter = next(g for g in lh.groups() if g).upper()
+        end = opts.own_text_after(line, letter, lh.end()) if letter in opts.letters else None
+        if end and re.fullmatch(r"[ \t]*[.!]?[ \t]*", line[end:]):
+            return [(a, [letter], "label line")]
     lead = len(line) - len(line.lstrip(" \t-•"))
     got = ref_list(line, lead, opts) if line.strip() else None
     if got and len(got[0]) > 1 and re.fullmatch(r"[\s.!,;]*", line[got[1] :]):
@@ -472,6 +490,13 @@ _REJECT_AFTER = re.compile(r"^[^.;!?]{0,40}?" + _REJECTS, re.I)
 # a rejection of a leading option: in its own clause, before any comma ("B. I considered red
 # as well, but it fails" rejects red, not B)
 _LEAD_REJECTED = re.compile(r"^[^.;!?,]{0,40}?" + _REJECTS, re.I)
+# an option and what would follow from it: "(B) would show pores", "A ($1,200) would be the
+# total for ten items"; not "B would be correct" (a declaration, see _declared_right)
+_COUNTERFACTUAL = re.compile(
+    r"^[ \t]*[)\]]?[ \t,]*would[ \t]+(?!(?:also[ \t]+|still[ \t]+)?be[ \t]+(?:the[ \t]+)?"
+    r"(?:correct|right|best|answer|true|my)\b)(?:not[ \t]+)?[a-z]",
+    re.I,
+)
 _SENTENCE = re.compile(r"[^\n]+?(?:[.!?](?=\s|$)|$)", re.M)
 
 
@@ -481,10 +506,22 @@ _BARE_PAIR = re.compile(
     r"(?<![\w'])([A-Z])(?:\s*,\s*|\s*,?\s+(?:and|or(?:\s+(?:maybe|perhaps|possibly|probably))?)\s+)"
     r"([A-Z])(?![\w'])"
 )
-_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+_NUMBER = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?")  # "1,200"; not the comma after "1000, "
 _NUMERIC = re.compile(r"[\d.,\s%]+")
 _OPERATOR_AFTER = re.compile(r"^\s*[=+*/^×÷<>]|^\s+-\s")
 _OPERATOR_BEFORE = re.compile(r"[+*/^×÷]\s*$|\s-\s*$")
+
+
+def _merge_label_text(clause: str, spans: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+    """Sorted mention spans with a label and its own option's text side by side ("the nucleus
+    (B)", "(B) the nucleus") joined into one mention, read by what is around both."""
+    out: list[tuple[int, int, str]] = []
+    for s0, e0, k in spans:
+        if out and out[-1][2] == k and re.fullmatch(r"[ \t,:\-–—]*", clause[out[-1][1] : s0]):
+            out[-1] = (out[-1][0], max(e0, out[-1][1]), k)
+        else:
+            out.append((s0, e0, k))
+    return out
 
 
 def _mentions(clause: str, opts: Options) -> tuple[list[str], list[str], list[str], bool]:
@@ -519,13 +556,14 @@ def _mentions(clause: str, opts: Options) -> tuple[list[str], list[str], list[st
         if not _OPERATOR_AFTER.match(clause[t[1] :]) and not _OPERATOR_BEFORE.search(clause[: t[0]])
     ]
     spans.extend(texts)
-    spans = sorted(x for x in spans if x[2] in opts.letters)
+    spans = _merge_label_text(clause, sorted(x for x in spans if x[2] in opts.letters))
     named, rejected, discussed = [], [], []
     for s0, e0, k in spans:
         if _REJECT_BEFORE.search(clause[:s0]) or _REJECT_AFTER.match(clause[e0:]):
             rejected.append(k)
         elif (
             _DESCRIBES.match(clause[e0:])
+            or _COUNTERFACTUAL.match(clause[e0:])
             or _CONSIDERED_AFTER.match(clause[e0:])
             or _HYPOTHETICAL.search(clause[:s0])
             or _CONSIDERED_BEFORE.search(clause[:s0])
