@@ -54,6 +54,45 @@ def _plain_math(s: str) -> str:
     return s.replace("^°", "°")
 
 
+# a quantity's unit as a word or a symbol, with or without a space: "15 meters per second",
+# "15m/s" and "15 m/s" all read "15 m/s"; "50 percent" and "50 %" read "50%"
+_UNIT_WORDS = [
+    (re.compile(r"(?<=\d)[ \t]*" + p + r"(?![\w/])", re.I), r)
+    for p, r in [
+        (r"(?:met(?:er|re)s?|m)[ \t]+per[ \t]+(?:second|sec|s)", " m/s"),
+        (r"(?:kilomet(?:er|re)s?|km)[ \t]+per[ \t]+(?:hour|h)", " km/h"),
+        (r"kilomet(?:er|re)s?", " km"),
+        (r"centimet(?:er|re)s?", " cm"),
+        (r"millimet(?:er|re)s?", " mm"),
+        (r"met(?:er|re)s?", " m"),
+        (r"kilograms?", " kg"),
+        (r"milligrams?", " mg"),
+        (r"grams?", " g"),
+        (r"seconds?", " s"),
+        (r"minutes?", " min"),
+        (r"hours?", " h"),
+        (r"newtons?", " N"),
+        (r"joules?", " J"),
+        (r"watts?", " W"),
+        (r"hertz", " Hz"),
+        (r"(?:percent|per[ \t]+cent|%)", "%"),
+        (r"(?:degrees?|°)", "°"),
+    ]
+]
+_UNIT_SPACE = re.compile(
+    r"(?<=\d)(?=(?:m/s|km/h|km|cm|mm|kg|mg|min|kPa|Pa|Hz|mol|mL|m|g|s|h|N|J|W|L)(?![\w/]))"
+)
+
+
+def _units(s: str) -> str:
+    """Units read one way (see ``_UNIT_WORDS``); only after a digit."""
+    if not any(c.isdigit() for c in s):
+        return s
+    for pat, rep in _UNIT_WORDS:
+        s = pat.sub(rep, s)
+    return _UNIT_SPACE.sub(" ", s)
+
+
 _LATEX_DELIM = re.compile(r"\\[()\[\]]|\$+")
 _MARKUP = re.compile(r"[*`]+|^[ \t]*#+[ \t]*|^[ \t]*>[ \t]*|(?<!\w)_{1,2}|_{1,2}(?!\w)", re.M)
 _WIDE = str.maketrans(
@@ -80,7 +119,8 @@ def clean_text(s: str) -> str:
     """Markup a reader looks through: reasoning blocks dropped (an unclosed one runs to the end),
     ``\\boxed{}``/``\\text{}``-style LaTeX unwrapped, ``$``, ``\\(``, ``\\)``, bold/italic
     ``*``/``_``, backticks, heading ``#`` and quote ``>`` removed, full-width brackets and CJK
-    punctuation made ASCII, LaTeX math read as plain text (:func:`_plain_math`)."""
+    punctuation made ASCII, LaTeX math read as plain text (:func:`_plain_math`), units after a
+    number read one way (:func:`_units`: "15 meters per second" and "15m/s" are "15 m/s")."""
     s = _plain_math(_REASONING.sub(" ", s).translate(_WIDE))
     for _ in range(4):
         t = _LATEX_WRAP.sub(r"\1", s)
@@ -88,7 +128,7 @@ def clean_text(s: str) -> str:
             break
         s = t
     s = _LATEX_DELIM.sub("", s)
-    return _MARKUP.sub("", s)
+    return _units(_MARKUP.sub("", s))
 
 
 @functools.lru_cache(maxsize=8192)
