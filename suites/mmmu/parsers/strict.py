@@ -213,6 +213,9 @@ def _commitments(s: str, opts: Options, echo: set[int]) -> list[tuple[int, list[
             found += _marker_commitments(line, a, opts)
             found += _declared_right(line, a, opts)
             found += _label_line(line, a, opts)
+            text_line = _label_text_line(line, opts)
+            if text_line and not _walk_goes_on(s, spans[i + 1 :], echo, text_line, opts):
+                found.append((a, [text_line], "label line"))
     lead = _first_line_lead(s, spans, opts, echo)
     if lead and not any(p == lead[0] for p, _, _ in found):
         found.append(lead)
@@ -296,20 +299,38 @@ _LABEL_HEAD = re.compile(
 )
 
 
+def _label_text_line(line: str, opts: Options) -> str | None:
+    """The letter of a line that is one label with that option's own text and nothing else
+    ("(A) Mitochondria", "Option D: Golgi apparatus."), else None. Two or more such lines are an
+    echoed list (:func:`_echo_lines`)."""
+    lh = _LABEL_HEAD.match(line)
+    if not lh:
+        return None
+    letter = next(g for g in lh.groups() if g).upper()
+    end = opts.own_text_after(line, letter, lh.end()) if letter in opts.letters else None
+    if end and re.fullmatch(r"[ \t]*[.!]?[ \t]*", line[end:]):
+        return letter
+    return None
+
+
+def _walk_goes_on(s: str, later, echo: set[int], letter: str, opts: Options) -> bool:
+    """True when the next line that opens with a label names the option after ``letter``: the
+    label line heads a per-option walk ("A. Mitochondria" / "B. Nucleus: ..."), not an answer
+    followed by why the others fail ("B. Nucleus" / "A. Mitochondria: ...")."""
+    i = opts.letters.index(letter)
+    for a, b in later:
+        m = _LINE_LABEL.match(s[a:b]) or _LABEL_HEAD.match(s[a:b])
+        if m:
+            return next(g for g in m.groups() if g).upper() in opts.letters[i + 1 : i + 2]
+    return False
+
+
 def _label_line(line: str, a: int, opts: Options) -> list[tuple[int, list[str], str]]:
-    """A line that is only an option label ("B", "(b)", "**Option C**"), a label with that
-    option's own text and nothing else ("(A) Mitochondria", "Option D: Golgi apparatus."; two or
-    more such lines are an echoed list, see :func:`_echo_lines`), or only several labels ("(A)
-    and (D)": a multi-option commitment)."""
+    """A line that is only an option label ("B", "(b)", "**Option C**"), or only several
+    ("(A) and (D)": a multi-option commitment)."""
     pl = _PURE_LABEL.match(line)
     if pl and pl.group("l").upper() in opts.letters:
         return [(a, [pl.group("l").upper()], "label line")]
-    lh = _LABEL_HEAD.match(line)
-    if lh:
-        letter = next(g for g in lh.groups() if g).upper()
-        end = opts.own_text_after(line, letter, lh.end()) if letter in opts.letters else None
-        if end and re.fullmatch(r"[ \t]*[.!]?[ \t]*", line[end:]):
-            return [(a, [letter], "label line")]
     lead = len(line) - len(line.lstrip(" \t-•"))
     got = ref_list(line, lead, opts) if line.strip() else None
     if got and len(got[0]) > 1 and re.fullmatch(r"[\s.!,;]*", line[got[1] :]):
