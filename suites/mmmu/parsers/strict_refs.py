@@ -84,9 +84,12 @@ _UNIT_SPACE = re.compile(
 )
 
 
+_DIGIT = re.compile(r"\d")
+
+
 def _units(s: str) -> str:
     """Units read one way (see ``_UNIT_WORDS``); only after a digit."""
-    if not any(c.isdigit() for c in s):
+    if not _DIGIT.search(s):
         return s
     for pat, rep in _UNIT_WORDS:
         s = pat.sub(rep, s)
@@ -280,6 +283,12 @@ _FOREIGN = [
         (r"\b(?:je\s+choisis|elijo|escojo|escolho|ich\s+wähle|scelgo)\b", " I choose "),
     ]
 ]
+# the words of _FOREIGN that ASCII text can hold: without one, _FOREIGN has nothing to do there
+_FOREIGN_LATIN = re.compile(
+    r"respuesta|resposta|risposta|antwort|opci|opzione|pense|creo|acho|denke|penso|choisis|"
+    r"elijo|escojo|escolho|scelgo",
+    re.I,
+)
 _ORDINALS = "first second third fourth fifth sixth seventh eighth ninth tenth".split()
 _ORDINAL_REF = re.compile(
     r"\b(?:the\s+)?(?P<n>" + "|".join(_ORDINALS) + r"|last|1st|2nd|3rd|[4-9]th)"
@@ -298,8 +307,9 @@ def read_references(s: str, opts: Options) -> str:
     la C", "Antwort: D" -> "the answer is B", ...) and options referred to by position as
     letters: "the third option" -> "option C", "Option 2" -> "option B" (a number only when no
     option's text is a number, where "option 2" could mean the text "2")."""
-    for pat, rep in _FOREIGN:
-        s = pat.sub(rep, s)
+    if not s.isascii() or _FOREIGN_LATIN.search(s):
+        for pat, rep in _FOREIGN:
+            s = pat.sub(rep, s)
     n = len(opts.letters)
 
     def ordinal(m: re.Match) -> str:
