@@ -57,7 +57,7 @@ def _plain_math(s: str) -> str:
 # a quantity's unit as a word or a symbol, with or without a space: "15 meters per second",
 # "15m/s" and "15 m/s" all read "15 m/s"; "50 percent" and "50 %" read "50%"
 _UNIT_WORDS = [
-    (re.compile(r"(?<=\d)[ \t]*" + p + r"(?![\w/])", re.I), r)
+    (p, r)
     for p, r in [
         (r"(?:met(?:er|re)s?|m)[ \t]+per[ \t]+(?:second|sec|s)", " m/s"),
         (r"(?:kilomet(?:er|re)s?|km)[ \t]+per[ \t]+(?:hour|h)", " km/h"),
@@ -79,6 +79,10 @@ _UNIT_WORDS = [
         (r"(?:degrees?|°)", "°"),
     ]
 ]
+# one pattern, a group per unit (in _UNIT_WORDS' order): the group that matched names it
+_UNIT_WORD = re.compile(
+    r"(?<=\d)[ \t]*(?:" + "|".join(f"({p})" for p, _ in _UNIT_WORDS) + r")(?![\w/])", re.I
+)
 _UNIT_SPACE = re.compile(
     r"(?<=\d)(?=(?:m/s|km/h|km|cm|mm|kg|mg|min|kPa|Pa|Hz|mol|mL|m|g|s|h|N|J|W|L)(?![\w/]))"
 )
@@ -91,8 +95,7 @@ def _units(s: str) -> str:
     """Units read one way (see ``_UNIT_WORDS``); only after a digit."""
     if not _DIGIT.search(s):
         return s
-    for pat, rep in _UNIT_WORDS:
-        s = pat.sub(rep, s)
+    s = _UNIT_WORD.sub(lambda m: _UNIT_WORDS[m.lastindex - 1][1], s)
     return _UNIT_SPACE.sub(" ", s)
 
 
