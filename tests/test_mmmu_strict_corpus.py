@@ -142,11 +142,18 @@ STYLES = {"A": "Impressionism", "B": "Post-Impressionism", "C": "Cubism", "D": "
         (CELL, "It is the Golgi apparatus. It is not the nucleus (B), nor the ER (E).", "D"),
         (NUMS, "The total is 1000. B (100) would be the total after one step.", "C"),
         (NUMS, "The value is 1000, not 100.", "C"),
+        (CELL, "I think option B is wrong.", "no_answer"),
         # option texts: hyphen or space alike, units and LaTeX read one way
         (STYLES, "post impressionism", "B"),
         (STYLES, "The painting belongs to Post Impressionism, not Impressionism.", "B"),
         (SPEED, "The answer is 15 meters per second.", "B"),
         (SPEED, "15m/s", "B"),
+        (NUMS, "1,000", "C"),
+        (
+            {"A": "The demand curve shifts left", "B": "The demand curve shifts right"},
+            "demand curve shifts right",
+            "B",
+        ),
         (MATH, "The probability is 1/4.", "B"),
         (MATH, "sqrt(2)", "C"),
         (MATH, "\\(2\\pi\\)", "D"),

@@ -142,6 +142,8 @@ def _commitment_at(s: str, m: re.Match, opts: Options) -> tuple[list[str], int] 
         return None
     if weak and not _SENT_END.match(s, got[1]):
         return None  # "so A pretty ...", "it is C-shaped": not a conclusion
+    if _REJECTED_NEXT.match(s, got[1]):
+        return None  # "I think option B is wrong"
     return got
 
 
@@ -508,6 +510,7 @@ _REJECTS = (
     r"don't|fails?|would\s+not|wouldn't|is\s+too|are\s+too|contradicts|doesn't)\b"
 )
 _REJECT_AFTER = re.compile(r"^[^.;!?]{0,40}?" + _REJECTS, re.I)
+_REJECTED_NEXT = re.compile(r"[ \t]*" + _REJECTS, re.I)
 # a rejection of a leading option: in its own clause, before any comma ("B. I considered red
 # as well, but it fails" rejects red, not B)
 _LEAD_REJECTED = re.compile(r"^[^.;!?,]{0,40}?" + _REJECTS, re.I)

@@ -89,6 +89,9 @@ _UNIT_SPACE = re.compile(
 
 
 _DIGIT = re.compile(r"\d")
+# a number grouped in thousands reads without its commas ("1,000" is "1000"); not a list
+# ("10,100,1000") nor a decimal comma
+_THOUSANDS = re.compile(r"(?<![\d,.])\d{1,3}(?:,\d{3})+(?![\d,])")
 
 
 def _units(s: str) -> str:
@@ -126,7 +129,8 @@ def clean_text(s: str) -> str:
     ``\\boxed{}``/``\\text{}``-style LaTeX unwrapped, ``$``, ``\\(``, ``\\)``, bold/italic
     ``*``/``_``, backticks, heading ``#`` and quote ``>`` removed, full-width brackets and CJK
     punctuation made ASCII, LaTeX math read as plain text (:func:`_plain_math`), units after a
-    number read one way (:func:`_units`: "15 meters per second" and "15m/s" are "15 m/s")."""
+    number read one way (:func:`_units`: "15 meters per second" and "15m/s" are "15 m/s"),
+    numbers grouped in thousands without their commas ("1,000" is "1000")."""
     s = _plain_math(_REASONING.sub(" ", s).translate(_WIDE))
     for _ in range(4):
         t = _LATEX_WRAP.sub(r"\1", s)
@@ -134,7 +138,7 @@ def clean_text(s: str) -> str:
             break
         s = t
     s = _LATEX_DELIM.sub("", s)
-    return _units(_MARKUP.sub("", s))
+    return _units(_THOUSANDS.sub(lambda m: m.group(0).replace(",", ""), _MARKUP.sub("", s)))
 
 
 @functools.lru_cache(maxsize=8192)
@@ -183,11 +187,13 @@ class Options:
                 texts[k.upper()] = t
         values = list(texts.values())
         self.texts = {k: t for k, t in texts.items() if values.count(t) == 1}
-        # longest first, so "dark red" is taken before "red"; searched with word hyphens as
-        # spaces ("Post-Impressionism" is "post impressionism")
-        self.order = sorted(
-            ((k, _unhyphen(t)) for k, t in self.texts.items()), key=lambda kv: -len(kv[1])
-        )
+        # searched with word hyphens as spaces ("Post-Impressionism" is "post impressionism"),
+        # a leading "the" optional ("demand curve shifts right" is "The demand curve shifts
+        # right"); longest first, so "dark red" is taken before "red"
+        forms = [(k, _unhyphen(t)) for k, t in self.texts.items()]
+        bare = [(k, t[4:]) for k, t in forms if t.startswith("the ") and len(t) > 8]
+        forms += [(k, t) for k, t in bare if [u for _, u in forms + bare].count(t) == 1]
+        self.order = sorted(forms, key=lambda kv: -len(kv[1]))
 
     @staticmethod
     def _bounded(low: str, start: int, end: int) -> bool:
