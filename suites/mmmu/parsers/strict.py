@@ -8,7 +8,8 @@ Otherwise a sentence that names exactly one option; lines that merely echo an op
 when A is "red") are ignored; anything else is ``None`` (unparsed). A capital letter inside a word
 or sentence ("A pretty girl", "I don't know", "None of the above") is never an answer. How
 options are found in the text (letters, lists, option texts matched case-insensitively as whole
-words, the longest first) is :mod:`.strict_refs`.
+words, the longest first, LaTeX, units, other languages' answer phrases, "the third option") is
+:mod:`.strict_refs`.
 """
 
 from __future__ import annotations
@@ -31,15 +32,18 @@ from .strict_refs import (
 # How a person grades a free-text answer, in order (docs/mmmu.md states the policy):
 #   1. the LAST explicit commitment wins: "Answer: b", "Final answer: \boxed{C}", "the answer is
 #      (D)", "Option C is correct", "I'd go with (A)", "So the answer is green", a line that is
-#      only a letter label ("B", "(b)", "**Option C**"), a first line that opens with one option
-#      and goes on about others ("B. A and C are too warm", "Mitochondria — the nucleus only
-#      stores DNA"); other options discussed after it ("B is tempting", "(A) would be right for
-#      cities", "But (A) could also be right") never count; a later revision ("Wait, actually
-#      (C) fits better", "so actually the answer is C") overrides it;
+#      only a letter label ("B", "(b)", "**Option C**") or one label with its own text ("(A)
+#      Mitochondria", unless it heads a walk through the options), an elimination ("That
+#      leaves C"), a first line that opens with one option and goes on about others ("B. A and
+#      C are too warm", "Mitochondria — the nucleus only stores DNA"); other options
+#      discussed after it ("B is tempting", "(A) would be right for cities", "But (A) could
+#      also be right") never count; a later revision ("Wait, actually (C) fits better", "so
+#      actually the answer is C") overrides it;
 #   2. otherwise a sentence that names exactly one option, by bracketed letter, "option X", or
 #      that option's full text (case-insensitive, whole words, the longest text first); echoed
 #      option lists, options only discussed ("For option A we have ...", "(A) is tempting") or
-#      rejected ("(A) is incorrect", "not (B)") and questions do not count;
+#      rejected ("(A) is incorrect", "not (B)"), what an option would mean ("(B) would show
+#      pores") and questions do not count; a label beside its own text is one mention;
 #   3. otherwise unparsed: "ambiguous" when several different options are named (or the final
 #      commitment names several: "The correct answer is (B), (C), and (D)."), else "no_answer".
 
@@ -216,7 +220,7 @@ def _commitments(s: str, opts: Options, echo: set[int]) -> list[tuple[int, list[
             found += _declared_right(line, a, opts)
             found += _label_line(line, a, opts)
             text_line = _label_text_line(line, opts)
-            if text_line and not _walk_goes_on(s, spans[i + 1 :], echo, text_line, opts):
+            if text_line and not _walk_goes_on(s, spans[i + 1 :], text_line, opts):
                 found.append((a, [text_line], "label line"))
     lead = _first_line_lead(s, spans, opts, echo)
     if lead and not any(p == lead[0] for p, _, _ in found):
@@ -315,7 +319,7 @@ def _label_text_line(line: str, opts: Options) -> str | None:
     return None
 
 
-def _walk_goes_on(s: str, later, echo: set[int], letter: str, opts: Options) -> bool:
+def _walk_goes_on(s: str, later: list[tuple[int, int]], letter: str, opts: Options) -> bool:
     """True when the next line that opens with a label names the option after ``letter``: the
     label line heads a per-option walk ("A. Mitochondria" / "B. Nucleus: ..."), not an answer
     followed by why the others fail ("B. Nucleus" / "A. Mitochondria: ...")."""

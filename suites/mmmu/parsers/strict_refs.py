@@ -1,6 +1,8 @@
-"""How the strict MMMU parser finds options in a response: the markup a reader looks through,
-option texts (case-insensitive whole words, the longest first), letter references and lists of
-them. The reading policy itself is in :mod:`.strict` (docs/mmmu.md states it)."""
+"""How the strict MMMU parser finds options in a response: the markup a reader looks through
+and what it reads one way (LaTeX math, units, thousands separators), option texts
+(case-insensitive whole words, the longest first), letter references and lists of them, other
+languages' answer phrases and options named by position (:func:`read_references`). The
+reading policy itself is in :mod:`.strict` (docs/mmmu.md states it)."""
 
 from __future__ import annotations
 
@@ -57,27 +59,24 @@ def _plain_math(s: str) -> str:
 # a quantity's unit as a word or a symbol, with or without a space: "15 meters per second",
 # "15m/s" and "15 m/s" all read "15 m/s"; "50 percent" and "50 %" read "50%"
 _UNIT_WORDS = [
-    (p, r)
-    for p, r in [
-        (r"(?:met(?:er|re)s?|m)[ \t]+per[ \t]+(?:second|sec|s)", " m/s"),
-        (r"(?:kilomet(?:er|re)s?|km)[ \t]+per[ \t]+(?:hour|h)", " km/h"),
-        (r"kilomet(?:er|re)s?", " km"),
-        (r"centimet(?:er|re)s?", " cm"),
-        (r"millimet(?:er|re)s?", " mm"),
-        (r"met(?:er|re)s?", " m"),
-        (r"kilograms?", " kg"),
-        (r"milligrams?", " mg"),
-        (r"grams?", " g"),
-        (r"seconds?", " s"),
-        (r"minutes?", " min"),
-        (r"hours?", " h"),
-        (r"newtons?", " N"),
-        (r"joules?", " J"),
-        (r"watts?", " W"),
-        (r"hertz", " Hz"),
-        (r"(?:percent|per[ \t]+cent|%)", "%"),
-        (r"(?:degrees?|°)", "°"),
-    ]
+    (r"(?:met(?:er|re)s?|m)[ \t]+per[ \t]+(?:second|sec|s)", " m/s"),
+    (r"(?:kilomet(?:er|re)s?|km)[ \t]+per[ \t]+(?:hour|h)", " km/h"),
+    (r"kilomet(?:er|re)s?", " km"),
+    (r"centimet(?:er|re)s?", " cm"),
+    (r"millimet(?:er|re)s?", " mm"),
+    (r"met(?:er|re)s?", " m"),
+    (r"kilograms?", " kg"),
+    (r"milligrams?", " mg"),
+    (r"grams?", " g"),
+    (r"seconds?", " s"),
+    (r"minutes?", " min"),
+    (r"hours?", " h"),
+    (r"newtons?", " N"),
+    (r"joules?", " J"),
+    (r"watts?", " W"),
+    (r"hertz", " Hz"),
+    (r"(?:percent|per[ \t]+cent|%)", "%"),
+    (r"(?:degrees?|°)", "°"),
 ]
 # one pattern, a group per unit (in _UNIT_WORDS' order): the group that matched names it
 _UNIT_WORD = re.compile(
