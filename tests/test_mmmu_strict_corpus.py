@@ -149,6 +149,8 @@ STYLES = {"A": "Impressionism", "B": "Post-Impressionism", "C": "Cubism", "D": "
         (SPEED, "The answer is 15 meters per second.", "B"),
         (SPEED, "15m/s", "B"),
         (NUMS, "1,000", "C"),
+        ({"A": "red", "B": "red and blue", "C": "blue"}, "Red & Blue", "B"),
+        ({"A": "red", "B": "blue"}, "A & B", "ambiguous"),
         (
             {"A": "The demand curve shifts left", "B": "The demand curve shifts right"},
             "demand curve shifts right",

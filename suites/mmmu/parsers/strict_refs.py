@@ -88,6 +88,7 @@ _UNIT_SPACE = re.compile(
 
 
 _DIGIT = re.compile(r"\d")
+_AMPERSAND = re.compile(r"[ \t]+&[ \t]+")  # "Red & Blue" is "Red and Blue"; not "AT&T"
 # a number grouped in thousands reads without its commas ("1,000" is "1000"); not a list
 # ("10,100,1000") nor a decimal comma
 _THOUSANDS = re.compile(r"(?<![\d,.])\d{1,3}(?:,\d{3})+(?![\d,])")
@@ -129,7 +130,8 @@ def clean_text(s: str) -> str:
     ``*``/``_``, backticks, heading ``#`` and quote ``>`` removed, full-width brackets and CJK
     punctuation made ASCII, LaTeX math read as plain text (:func:`_plain_math`), units after a
     number read one way (:func:`_units`: "15 meters per second" and "15m/s" are "15 m/s"),
-    numbers grouped in thousands without their commas ("1,000" is "1000")."""
+    numbers grouped in thousands without their commas ("1,000" is "1000"), a spaced ``&`` as
+    "and"."""
     s = _plain_math(_REASONING.sub(" ", s).translate(_WIDE))
     for _ in range(4):
         t = _LATEX_WRAP.sub(r"\1", s)
@@ -137,7 +139,8 @@ def clean_text(s: str) -> str:
             break
         s = t
     s = _LATEX_DELIM.sub("", s)
-    return _units(_THOUSANDS.sub(lambda m: m.group(0).replace(",", ""), _MARKUP.sub("", s)))
+    s = _AMPERSAND.sub(" and ", _MARKUP.sub("", s))
+    return _units(_THOUSANDS.sub(lambda m: m.group(0).replace(",", ""), s))
 
 
 @functools.lru_cache(maxsize=8192)
