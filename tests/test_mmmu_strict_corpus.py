@@ -116,3 +116,72 @@ def test_benchmark_script_runs(capsys):
     out = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in out] == ["corpus", "llava"]
     assert all("40 responses in" in line for line in out)
+
+
+CELL = {
+    "A": "Mitochondria",
+    "B": "Nucleus",
+    "C": "Ribosome",
+    "D": "Golgi apparatus",
+    "E": "Endoplasmic reticulum",
+}
+NUMS = {"A": "10", "B": "100", "C": "1000", "D": "0.1"}
+SPEED = {"A": "5 m/s", "B": "15 m/s", "C": "50 m/s", "D": "0.5 m/s"}
+MATH = {"A": "$\\frac{1}{2}$", "B": "$\\frac{1}{4}$", "C": "$\\sqrt{2}$", "D": "$2\\pi$"}
+STYLES = {"A": "Impressionism", "B": "Post-Impressionism", "C": "Cubism", "D": "Fauvism"}
+
+
+@pytest.mark.parametrize(
+    "opts,resp,want",
+    [
+        # a line of one label and its own text commits; what follows discusses the others
+        (CELL, "(A) Mitochondria\n\n(B) Nucleus would show pores; (C) is too small.", "A"),
+        (CELL, "Option D: Golgi apparatus.\n\nOption A, mitochondria, would show cristae.", "D"),
+        (CELL, "B. Nucleus\n\nA. Mitochondria: would show cristae.\nC. Ribosome: too small.", "B"),
+        # a label beside its own text is one mention; "X would ..." discusses X
+        (CELL, "It is the Golgi apparatus. It is not the nucleus (B), nor the ER (E).", "D"),
+        (NUMS, "The total is 1000. B (100) would be the total after one step.", "C"),
+        (NUMS, "The value is 1000, not 100.", "C"),
+        (CELL, "I think option B is wrong.", "no_answer"),
+        # option texts: hyphen or space alike, units and LaTeX read one way
+        (STYLES, "post impressionism", "B"),
+        (STYLES, "The painting belongs to Post Impressionism, not Impressionism.", "B"),
+        (SPEED, "The answer is 15 meters per second.", "B"),
+        (SPEED, "15m/s", "B"),
+        (NUMS, "1,000", "C"),
+        ({"A": "red", "B": "red and blue", "C": "blue"}, "Red & Blue", "B"),
+        ({"A": "red", "B": "blue"}, "A & B", "ambiguous"),
+        (
+            {"A": "The demand curve shifts left", "B": "The demand curve shifts right"},
+            "demand curve shifts right",
+            "B",
+        ),
+        (MATH, "The probability is 1/4.", "B"),
+        (MATH, "sqrt(2)", "C"),
+        (MATH, "\\(2\\pi\\)", "D"),
+        # answer phrases of other languages
+        (CELL, "正确答案：C", "C"),
+        (CELL, "我选择B，因为图中有核孔。", "B"),
+        (CELL, "A resposta correta é a C.", "C"),
+        (CELL, "La respuesta es A, no B.", "A"),
+        (CELL, "Die Antwort lautet C.", "C"),
+        (CELL, "Правильный ответ: A", "A"),
+        (CELL, "答案是 A 或 B。", "ambiguous"),
+        (CELL, "Die Antwort ist nicht A.", "no_answer"),
+        # options by position; a number only where no option's text is a number
+        (CELL, "I'd go with option #2", "B"),
+        (CELL, "The answer is the second option.", "B"),
+        (CELL, "the last option", "E"),
+        (CELL, "Option 3 is incorrect.", "no_answer"),
+        (NUMS, "Option 3", "no_answer"),
+        # elimination and hedged lists
+        (CELL, "A is wrong; B is wrong; D is wrong. That leaves C.", "C"),
+        (CELL, "Option A is wrong. The correct one is E.", "E"),
+        (CELL, "That leaves C and D.", "ambiguous"),
+        (CELL, "I think it's A or maybe D.", "ambiguous"),
+        (CELL, "I'm going with B. Options A, C and D don't match.", "B"),
+    ],
+)
+def test_rules_beyond_the_corpus(opts, resp, want):
+    r = P.parse_strict_detail(resp, list(opts), opts)
+    assert (r.letter or r.status) == want

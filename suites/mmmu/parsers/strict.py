@@ -8,7 +8,8 @@ Otherwise a sentence that names exactly one option; lines that merely echo an op
 when A is "red") are ignored; anything else is ``None`` (unparsed). A capital letter inside a word
 or sentence ("A pretty girl", "I don't know", "None of the above") is never an answer. How
 options are found in the text (letters, lists, option texts matched case-insensitively as whole
-words, the longest first) is :mod:`.strict_refs`.
+words, the longest first, LaTeX, units, other languages' answer phrases, "the third option") is
+:mod:`.strict_refs`.
 """
 
 from __future__ import annotations
@@ -18,20 +19,31 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .strict_refs import LABEL_ANY, Options, clean_text, norm_text, ref_at, ref_list
+from .strict_refs import (
+    LABEL_ANY,
+    Options,
+    clean_text,
+    norm_text,
+    read_references,
+    ref_at,
+    ref_list,
+)
 
 # How a person grades a free-text answer, in order (docs/mmmu.md states the policy):
 #   1. the LAST explicit commitment wins: "Answer: b", "Final answer: \boxed{C}", "the answer is
 #      (D)", "Option C is correct", "I'd go with (A)", "So the answer is green", a line that is
-#      only a letter label ("B", "(b)", "**Option C**"), a first line that opens with one option
-#      and goes on about others ("B. A and C are too warm", "Mitochondria — the nucleus only
-#      stores DNA"); other options discussed after it ("B is tempting", "(A) would be right for
-#      cities", "But (A) could also be right") never count; a later revision ("Wait, actually
-#      (C) fits better", "so actually the answer is C") overrides it;
+#      only a letter label ("B", "(b)", "**Option C**") or one label with its own text ("(A)
+#      Mitochondria", unless it heads a walk through the options), an elimination ("That
+#      leaves C"), a first line that opens with one option and goes on about others ("B. A and
+#      C are too warm", "Mitochondria — the nucleus only stores DNA"); other options
+#      discussed after it ("B is tempting", "(A) would be right for cities", "But (A) could
+#      also be right") never count; a later revision ("Wait, actually (C) fits better", "so
+#      actually the answer is C") overrides it;
 #   2. otherwise a sentence that names exactly one option, by bracketed letter, "option X", or
 #      that option's full text (case-insensitive, whole words, the longest text first); echoed
 #      option lists, options only discussed ("For option A we have ...", "(A) is tempting") or
-#      rejected ("(A) is incorrect", "not (B)") and questions do not count;
+#      rejected ("(A) is incorrect", "not (B)"), what an option would mean ("(B) would show
+#      pores") and questions do not count; a label beside its own text is one mention;
 #   3. otherwise unparsed: "ambiguous" when several different options are named (or the final
 #      commitment names several: "The correct answer is (B), (C), and (D)."), else "no_answer".
 
@@ -53,9 +65,12 @@ class StrictParse:
 _MARKER = re.compile(
     r"\b(?:final\s+(?:answer|choice|option|selection)"
     r"|(?:correct|right|best|only\s+correct|proper|most\s+(?:likely|appropriate|accurate|"
-    r"suitable|plausible|reasonable))\s+(?:answer|option|choice|response|match)s?"
+    r"suitable|plausible|reasonable))\s+(?:answer|option|choice|response|match|one)s?"
+    r"|(?:that|which|this)\s+leaves(?:\s+(?:us\s+with|only))?|leaving(?:\s+only)?"
+    r"|by\s+(?:the\s+process\s+of\s+)?elimination"
     r"|the\s+answer|answer|my\s+(?:final\s+)?(?:answer|choice|pick|selection)"
     r"|i(?:\s+would|'d|\s+will|'ll|\s+must|\s+should)?\s+(?:choose|select|pick|go\s+with|opt\s+for)"
+    r"|i(?:'m|\s+am)\s+(?:going\s+with|choosing|picking|selecting|opting\s+for)"
     r"|(?:change|revise|correct)\s+my\s+answer\s+to|(?:choose|select|pick)|i\s+meant"
     r"|(?:so(?![ \t]+(?:is|are|was|were|does|do|did|has|have|can|could|would)\b)|thus|"
     r"therefore|hence|it\s+is|it's|it\s+must\s+be|this\s+is|that\s+is|"
@@ -131,6 +146,8 @@ def _commitment_at(s: str, m: re.Match, opts: Options) -> tuple[list[str], int] 
         return None
     if weak and not _SENT_END.match(s, got[1]):
         return None  # "so A pretty ...", "it is C-shaped": not a conclusion
+    if _REJECTED_NEXT.match(s, got[1]):
+        return None  # "I think option B is wrong"
     return got
 
 
@@ -202,6 +219,9 @@ def _commitments(s: str, opts: Options, echo: set[int]) -> list[tuple[int, list[
             found += _marker_commitments(line, a, opts)
             found += _declared_right(line, a, opts)
             found += _label_line(line, a, opts)
+            text_line = _label_text_line(line, opts)
+            if text_line and not _walk_goes_on(s, spans[i + 1 :], text_line, opts):
+                found.append((a, [text_line], "label line"))
     lead = _first_line_lead(s, spans, opts, echo)
     if lead and not any(p == lead[0] for p, _, _ in found):
         found.append(lead)
@@ -274,6 +294,41 @@ def _declared_right(line: str, a: int, opts: Options) -> list[tuple[int, list[st
         ):
             out.append((a + m.start(), [ref[0]], "commitment"))
     return out
+
+
+# a label that opens a line: "(A)", "[A]", "A." / "A)" / "A:" / "A -", "Option D:", "Answer: (B)"
+_LABEL_HEAD = re.compile(
+    r"[ \t]*(?:[-•][ \t]*)?(?:(?:final[ \t]+)?answer[ \t]*[:\-]?[ \t]*)?"
+    r"(?:\([ \t]*(?P<a>[A-Za-z])[ \t]*\)|\[[ \t]*(?P<b>[A-Za-z])[ \t]*\]|(?-i:(?P<c>[A-Z]))[ \t]*[.):\-]"
+    r"|(?:option|choice)[ \t]*[(\[]?[ \t]*(?P<d>[A-Za-z])[ \t]*[)\]]?[ \t]*[.:\-]?)",
+    re.I,
+)
+
+
+def _label_text_line(line: str, opts: Options) -> str | None:
+    """The letter of a line that is one label with that option's own text and nothing else
+    ("(A) Mitochondria", "Option D: Golgi apparatus."), else None. Two or more such lines are an
+    echoed list (:func:`_echo_lines`)."""
+    lh = _LABEL_HEAD.match(line)
+    if not lh:
+        return None
+    letter = next(g for g in lh.groups() if g).upper()
+    end = opts.own_text_after(line, letter, lh.end()) if letter in opts.letters else None
+    if end and re.fullmatch(r"[ \t]*[.!]?[ \t]*", line[end:]):
+        return letter
+    return None
+
+
+def _walk_goes_on(s: str, later: list[tuple[int, int]], letter: str, opts: Options) -> bool:
+    """True when the next line that opens with a label names the option after ``letter``: the
+    label line heads a per-option walk ("A. Mitochondria" / "B. Nucleus: ..."), not an answer
+    followed by why the others fail ("B. Nucleus" / "A. Mitochondria: ...")."""
+    i = opts.letters.index(letter)
+    for a, b in later:
+        m = _LINE_LABEL.match(s[a:b]) or _LABEL_HEAD.match(s[a:b])
+        if m:
+            return next(g for g in m.groups() if g).upper() in opts.letters[i + 1 : i + 2]
+    return False
 
 
 def _label_line(line: str, a: int, opts: Options) -> list[tuple[int, list[str], str]]:
@@ -459,19 +514,42 @@ _REJECTS = (
     r"don't|fails?|would\s+not|wouldn't|is\s+too|are\s+too|contradicts|doesn't)\b"
 )
 _REJECT_AFTER = re.compile(r"^[^.;!?]{0,40}?" + _REJECTS, re.I)
+_REJECTED_NEXT = re.compile(r"[ \t]*" + _REJECTS, re.I)
 # a rejection of a leading option: in its own clause, before any comma ("B. I considered red
 # as well, but it fails" rejects red, not B)
 _LEAD_REJECTED = re.compile(r"^[^.;!?,]{0,40}?" + _REJECTS, re.I)
+# an option and what would follow from it: "(B) would show pores", "A ($1,200) would be the
+# total for ten items"; not "B would be correct" (a declaration, see _declared_right)
+_COUNTERFACTUAL = re.compile(
+    r"^[ \t]*[)\]]?[ \t,]*would[ \t]+(?!(?:also[ \t]+|still[ \t]+)?be[ \t]+(?:the[ \t]+)?"
+    r"(?:correct|right|best|answer|true|my)\b)(?:not[ \t]+)?[a-z]",
+    re.I,
+)
 _SENTENCE = re.compile(r"[^\n]+?(?:[.!?](?=\s|$)|$)", re.M)
 
 
 _BRACKET_REF = re.compile(r"\(\s*([A-Z])\s*\)|\[\s*([A-Z])\s*\]")
 _WORD_REF = re.compile(r"\b(?:option|choice)s?\s*:?\s*", re.I)
-_BARE_PAIR = re.compile(r"(?<![\w'])([A-Z])(?:\s*,\s*|\s*,?\s+(?:and|or)\s+)([A-Z])(?![\w'])")
-_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+_BARE_PAIR = re.compile(
+    r"(?<![\w'])([A-Z])(?:\s*,\s*|\s*,?\s+(?:and|or(?:\s+(?:maybe|perhaps|possibly|probably))?)\s+)"
+    r"([A-Z])(?![\w'])"
+)
+_NUMBER = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?")  # "1,200"; not the comma after "1000, "
 _NUMERIC = re.compile(r"[\d.,\s%]+")
 _OPERATOR_AFTER = re.compile(r"^\s*[=+*/^×÷<>]|^\s+-\s")
 _OPERATOR_BEFORE = re.compile(r"[+*/^×÷]\s*$|\s-\s*$")
+
+
+def _merge_label_text(clause: str, spans: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+    """Sorted mention spans with a label and its own option's text side by side ("the nucleus
+    (B)", "(B) the nucleus") joined into one mention, read by what is around both."""
+    out: list[tuple[int, int, str]] = []
+    for s0, e0, k in spans:
+        if out and out[-1][2] == k and re.fullmatch(r"[ \t,:\-–—]*", clause[out[-1][1] : s0]):
+            out[-1] = (out[-1][0], max(e0, out[-1][1]), k)
+        else:
+            out.append((s0, e0, k))
+    return out
 
 
 def _mentions(clause: str, opts: Options) -> tuple[list[str], list[str], list[str], bool]:
@@ -506,13 +584,14 @@ def _mentions(clause: str, opts: Options) -> tuple[list[str], list[str], list[st
         if not _OPERATOR_AFTER.match(clause[t[1] :]) and not _OPERATOR_BEFORE.search(clause[: t[0]])
     ]
     spans.extend(texts)
-    spans = sorted(x for x in spans if x[2] in opts.letters)
+    spans = _merge_label_text(clause, sorted(x for x in spans if x[2] in opts.letters))
     named, rejected, discussed = [], [], []
     for s0, e0, k in spans:
         if _REJECT_BEFORE.search(clause[:s0]) or _REJECT_AFTER.match(clause[e0:]):
             rejected.append(k)
         elif (
             _DESCRIBES.match(clause[e0:])
+            or _COUNTERFACTUAL.match(clause[e0:])
             or _CONSIDERED_AFTER.match(clause[e0:])
             or _HYPOTHETICAL.search(clause[:s0])
             or _CONSIDERED_BEFORE.search(clause[:s0])
@@ -580,7 +659,7 @@ def parse_strict_detail(
         return StrictParse(None, NO_ANSWER, "empty")
     opts = Options(all_choices, index2ans)
     # runs of spaces and tabs read as one space: option texts match across them
-    s = re.sub(r"[^\S\n]+", " ", clean_text(str(response)))
+    s = re.sub(r"[^\S\n]+", " ", read_references(clean_text(str(response)), opts))
     if not s.strip():
         return StrictParse(None, NO_ANSWER, "reasoning only")
     echo = _echo_lines(s, opts)
