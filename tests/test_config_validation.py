@@ -348,3 +348,48 @@ def test_a_value_the_message_already_quotes_is_not_repeated_and_long_lists_stay_
     )
     got = msg[msg.index("(got ") :]
     assert got.startswith("(got ['--port=1234', ") and got.endswith(", ...])")
+
+
+# ----------------------------------------------------------------------------- unusable values
+@pytest.mark.parametrize(
+    "section, expected",
+    [
+        ("server: {stall_timeout_s: .inf}", "key 'server.stall_timeout_s': inf is not a usable"),
+        ("server: {ready_timeout_s: .inf}", "key 'server.ready_timeout_s': inf is not a usable"),
+        ("server: {flush_pause_s: .inf}", "key 'server.flush_pause_s': inf is not a usable"),
+        (
+            "suites: {serving: {timeout_s: .inf}}",
+            "key 'suites.serving.timeout_s': inf is not a usable",
+        ),
+        (
+            "suites: {mmmu: {request_timeout_s: .inf}}",
+            "key 'suites.mmmu.request_timeout_s': inf is not a usable",
+        ),
+        ('server: {host: ""}', "key 'server.host': server.host is the address"),
+        ('server: {host: "http://x"}', "key 'server.host': server.host is the address"),
+        ('model: {path: " "}', "key 'model.path': the model path is empty"),
+        (
+            'server: {env: {BIG: "' + "z" * 131070 + '"}}',
+            "server.env.BIG: the value has 131070 characters; NAME=value may be at most 131071",
+        ),
+        (
+            'server: {args: ["--x=' + "z" * 131072 + '"]}',
+            "server.args[0]: 131076 characters; a process argument may be at most 131071 bytes",
+        ),
+    ],
+)
+def test_values_a_run_cannot_use_are_refused_at_load(tmp_path, section, expected):
+    """Infinite times or limits (they wait forever), an empty or spaced host, an empty model path
+    (the current folder) and an argument or environment value longer than Linux passes to a
+    process (the launch fails with E2BIG) are refused at load, not after a cell started."""
+    base = "name: t\nsglang: 0.5.1.post3\nvariants:\nVARIANTS\n"
+    if not section.startswith("model"):
+        base += "model: {path: .cache/models/tiny-qwen25vl-tf4, tiny: true}\n"
+    msg = err(tmp_path, "baseline: []\nv: []", base + section + "\n")
+    assert expected in msg, msg
+
+
+def test_infinity_stays_where_it_is_the_default(tmp_path):
+    """``serving.request_rate: .inf`` (all requests at once, the default) is a setting."""
+    p = write(tmp_path, "baseline: []\nv: []", BASE + "suites: {serving: {request_rate: .inf}}\n")
+    assert load_config(p).suite_params["serving"].request_rate == float("inf")
