@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from patchbench import errors
+from patchbench.closed_output import tolerate_closed_output
 from patchbench.errors import EXIT_BUG, EXIT_CODES, EXIT_ENV, EXIT_OK, EXIT_USAGE
 
 PROG = "patchbench"
@@ -546,6 +547,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     global _PROCESS_T0
     if argv is None:  # the command line of a process of its own (not a call from a test)
         _PROCESS_T0 = _process_created()
+        tolerate_closed_output(sys)  # `patchbench CMD | head -1` ends quietly with CMD's code
     argv = glue_dash_values(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     try:

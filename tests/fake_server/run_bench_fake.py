@@ -34,4 +34,6 @@ def _fake(cfg, venv, cdir, port):
 
 
 cell.launch_spec = _fake
-sys.exit(main(["bench", sys.argv[1], "--results", sys.argv[2], *sys.argv[3:]]))
+# main() reads sys.argv as the console script does (a process of its own: its closed-pipe guard)
+sys.argv[:] = ["patchbench", "bench", sys.argv[1], "--results", sys.argv[2], *sys.argv[3:]]
+sys.exit(main())
