@@ -231,7 +231,7 @@ def test_a_200_without_an_answer_is_a_failed_request_never_a_wrong_answer(stub_f
         for t in texts
     ]
     out = asyncio.run(client.send_all(url, bodies, concurrency=4, request_timeout_s=10, retries=2))
-    got = dict(zip(texts, out))
+    got = dict(zip(texts, out, strict=True))
     assert got["ok"].response == "A" and got["eos-first"].response == ""
     assert got["eos-first"].error is None and got["eos-first"].completion_tokens == 1
     for text, (_, error) in NOT_ANSWERS.items():
