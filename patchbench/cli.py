@@ -29,6 +29,7 @@ from pathlib import Path
 from patchbench import errors
 from patchbench.closed_output import tolerate_closed_output
 from patchbench.errors import EXIT_BUG, EXIT_CODES, EXIT_ENV, EXIT_OK, EXIT_USAGE
+from patchbench.signals import restore_handlers
 
 PROG = "patchbench"
 
@@ -545,7 +546,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "ignore", message="The pynvml package is deprecated", category=FutureWarning
     )
     global _PROCESS_T0
-    if argv is None:  # the command line of a process of its own (not a call from a test)
+    own_process = argv is None
+    if own_process:  # the command line of a process of its own (not a call from a test)
         _PROCESS_T0 = _process_created()
         tolerate_closed_output(sys)  # `patchbench CMD | head -1` ends quietly with CMD's code
     argv = glue_dash_values(list(sys.argv[1:] if argv is None else argv))
@@ -559,6 +561,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     raw = argv[argv.index(cmd.name) + 1 :]
+    try:
+        return _run_command(cmd, args, raw)
+    finally:
+        restore_handlers(exiting=own_process)  # a second signal is ignored until here
+
+
+def _run_command(cmd: Command, args: argparse.Namespace, raw: list[str]) -> int:
+    """``cmd.run`` turned into its exit code (see :func:`main`)."""
     try:
         return int(cmd.run(args, raw) or 0)
     except SystemExit as e:  # sys.exit inside a command
