@@ -135,6 +135,7 @@ def _run_report(a: argparse.Namespace, _raw: list[str]) -> int:
     at once (exit 4), another report is waited for up to ``REPORT_WAIT_S``. A folder without a
     manifest is left to render_run's own error (exit 2) and gets no lock file."""
     from patchbench.comparison import read_comparison
+    from patchbench.records import ResultsWriteError
     from patchbench.report import console_summary, render_run
     from patchbench.run.lock import REPORT_WAIT_S, acquire, holder_text
 
@@ -150,6 +151,11 @@ def _run_report(a: argparse.Namespace, _raw: list[str]) -> int:
     try:
         path = render_run(a.run_dir, plots=not a.no_plots)
         console_summary(read_comparison(a.run_dir), path)
+    except ResultsWriteError as e:  # the advice of a bench run (--resume) is not this command's
+        raise e.with_hint(
+            f"nothing measured is lost; free space (or make the folder writable), then run "
+            f"`{PROG} report {a.run_dir}` again"
+        ) from None
     finally:
         if lock is not None:
             lock.release()
