@@ -532,3 +532,25 @@ def test_a_drip_is_not_a_stall_and_its_timeout_says_it_was_still_progressing(tmp
     msg = str(ei.value)
     assert msg.startswith("bench_serving ran past timeout_s=4 while still making progress"), msg
     assert "the server answers, too slowly to finish within timeout_s" in msg
+
+
+def test_the_whole_group_sigkilled_from_outside_is_named_as_such(tmp_path):
+    """The OOM killer (or kill -9) takes the whole server group mid-suite: detected within a
+    poll, named as a SIGKILL from outside with where to look."""
+    srv = _server(tmp_path, FAKE_SCHEDULER=1)
+    try:
+        _scheduler_pid(srv)
+        w = ServerWatch(srv.proc, srv.pgid).start()
+        t0 = time.monotonic()
+        os.killpg(srv.pgid, signal.SIGKILL)
+        assert w.dead.wait(5)
+        assert time.monotonic() - t0 < 1.0
+        msg = w.death.message()
+        assert msg.endswith(
+            "died, killed by signal 9 (SIGKILL, sent from outside: the kernel's "
+            "out-of-memory killer names its victims in `dmesg`, or someone ran "
+            "kill -9)"
+        ), msg
+        w.close()
+    finally:
+        srv.stop()
