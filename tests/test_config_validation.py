@@ -393,3 +393,38 @@ def test_infinity_stays_where_it_is_the_default(tmp_path):
     """``serving.request_rate: .inf`` (all requests at once, the default) is a setting."""
     p = write(tmp_path, "baseline: []\nv: []", BASE + "suites: {serving: {request_rate: .inf}}\n")
     assert load_config(p).suite_params["serving"].request_rate == float("inf")
+
+
+@pytest.mark.parametrize(
+    "variants, section, expected",
+    [
+        ("baseline: []\n'🚀fast': []", "", "variant name '🚀fast': use letters, digits"),
+        ("baseline: []\n'vérsion': []", "", "variant name 'vérsion': use letters, digits"),
+        ("baseline: []\nv: [{diff: patches}]", "", "is a directory, not a diff file"),
+        ("baseline: []\nv: {env: {X: 1}}", "", "Input should be a valid string (got 1; quote it"),
+        ("baseline: []\nv: []", "schedule: {repeats: 0}", "repeats must be between 1 and 100"),
+        ("baseline: []\nv: []", "schedule: {repeats: -2}", "repeats must be between 1 and 100"),
+        ("baseline: []\nv: []", "server: {stall_timeout_s: 0}", "greater than 0 (got 0)"),
+        ("baseline: []\nv: []", "server: {stall_timeout_s: -1}", "greater than 0 (got -1)"),
+        (
+            "baseline: []\nv: []",
+            "suites: {serving: {sweep: {points: [8, 8.0, 1]}}}",
+            "sweep points must be distinct",
+        ),
+        (
+            "baseline: []\nv: []",
+            "suites: {serving: {sweep: {points: [0, 1]}}}",
+            "sweep points must be finite and > 0",
+        ),
+    ],
+)
+def test_names_counts_and_paths_that_cannot_work_are_refused_at_load(
+    tmp_path, variants, section, expected
+):
+    """Non-ASCII variant names (they name folders and report columns), a patch path that is a
+    folder, an environment value that is not a string, zero or negative repeats and stall
+    limits, duplicate or non-positive sweep points: exit 2 at load, naming the key."""
+    base = "name: t\nsglang: 0.5.1.post3\nmodel: {path: .cache/models/tiny-qwen25vl-tf4}\n"
+    base += "variants:\nVARIANTS\n" + section + "\n"
+    msg = err(tmp_path, variants, base)
+    assert expected in msg, msg
