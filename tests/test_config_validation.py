@@ -428,3 +428,35 @@ def test_names_counts_and_paths_that_cannot_work_are_refused_at_load(
     base += "variants:\nVARIANTS\n" + section + "\n"
     msg = err(tmp_path, variants, base)
     assert expected in msg, msg
+
+
+def test_an_input_that_never_ends_is_refused_not_waited_for(tmp_path, monkeypatch):
+    """A config path that is a FIFO nobody writes (its open would block for ever) or a device
+    that never ends (/dev/zero: read whole, it would fill the memory) is refused within
+    ``STREAM_WAIT_S`` or the size bound; a pipe that ends (``bench <(sed ... cfg.yaml)``) is
+    read like a file."""
+    import os
+    import threading
+    import time
+
+    from patchbench import inputs
+
+    monkeypatch.setattr(inputs, "STREAM_WAIT_S", 0.5)
+    fifo = tmp_path / "cfg.yaml"
+    os.mkfifo(fifo)
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=r"not a regular file, and it did not end within 0.5 s"):
+        load_config(fifo)
+    assert time.monotonic() - t0 < 5
+    with pytest.raises(ConfigError, match=r"/dev/zero: not a regular file, and it did not end"):
+        load_config("/dev/zero")
+    good = write(tmp_path, "baseline: []\nv: []", name="good.yaml").read_text()
+
+    def writer():
+        with open(fifo, "w") as f:
+            f.write(good)
+
+    th = threading.Thread(target=writer)
+    th.start()
+    assert load_config(fifo).name == "t"
+    th.join(5)
