@@ -53,6 +53,18 @@ def _report(cmd: str, exc: BaseException, code: int) -> None:
     print(f"{head}: {text}" if text else head, file=sys.stderr)
 
 
+def port_number(text: str) -> int:
+    """argparse type of ``--port``: the range ``server.port`` allows in a config (1024-65535),
+    so the option cannot launch servers on a port the config would refuse."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1024 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port}: a port between 1024 and 65535, as server.port")
+    return port
+
+
 # ----------------------------------------------------------------------------------- commands
 def _args_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="the experiment config (YAML)")
@@ -61,7 +73,7 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--results", metavar="DIR", help="parent folder of the run folder (default results/)"
     )
-    p.add_argument("--port", type=int, help="override server.port")
+    p.add_argument("--port", type=port_number, help="override server.port (1024-65535)")
     p.add_argument(
         "--kill-stale",
         action="store_true",
@@ -332,7 +344,7 @@ def _args_ab(p: argparse.ArgumentParser) -> None:
     src.add_argument("--config", metavar="FILE", help="a config whose variants are replaced")
     p.add_argument("--repeats", type=int, help="override schedule.repeats")
     p.add_argument("--results", metavar="DIR", help="parent folder of the run folder")
-    p.add_argument("--port", type=int, help="override server.port")
+    p.add_argument("--port", type=port_number, help="override server.port (1024-65535)")
     p.add_argument("--dry-run", action="store_true", help="print the plan, launch nothing")
 
 

@@ -537,3 +537,11 @@ def test_a_bench_whose_output_reader_went_away_runs_to_its_end(tmp_path):
     assert (run_dir / "report.md").is_file()
     for v in ("baseline", "control"):
         assert (run_dir / v / "rep0" / "fake" / "summary.json").is_file()
+
+
+@pytest.mark.parametrize("port", ["-1", "0", "80", "99999", "x"])
+@pytest.mark.parametrize("command", [["bench", "cfg.yaml"], ["ab", "--args-b", "--x"]])
+def test_a_port_the_config_would_refuse_is_refused_on_the_command_line(command, port, capsys):
+    """`--port` overrides server.port: the same range (1024-65535), exit 2 before anything."""
+    assert cli.main([*command, "--port", port]) == 2
+    assert "--port" in capsys.readouterr().err
