@@ -135,7 +135,11 @@ def _run_locked(
             raise
         except KeyboardInterrupt as e:
             raise run.interrupted(e) from None
-    run.finish(lambda d: _compare_and_report(d, log=run.say), t_run)
+    with terminate_like_ctrl_c(log=run.console):  # a signal in the report: measured is kept
+        try:
+            run.finish(lambda d: _compare_and_report(d, log=run.say), t_run)
+        except KeyboardInterrupt as e:
+            raise run.interrupted_in_report(e) from None
     for line in run.summary_lines(verbose):
         run.say(line)
     problems = run.problems()

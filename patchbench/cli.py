@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from patchbench import errors
+from patchbench.closed_output import tolerate_closed_output
 from patchbench.errors import EXIT_BUG, EXIT_CODES, EXIT_ENV, EXIT_OK, EXIT_USAGE
+from patchbench.signals import restore_handlers
 
 PROG = "patchbench"
 
@@ -51,6 +53,18 @@ def _report(cmd: str, exc: BaseException, code: int) -> None:
     print(f"{head}: {text}" if text else head, file=sys.stderr)
 
 
+def port_number(text: str) -> int:
+    """argparse type of ``--port``: the range ``server.port`` allows in a config (1024-65535),
+    so the option cannot launch servers on a port the config would refuse."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1024 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port}: a port between 1024 and 65535, as server.port")
+    return port
+
+
 # ----------------------------------------------------------------------------------- commands
 def _args_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="the experiment config (YAML)")
@@ -59,7 +73,7 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--results", metavar="DIR", help="parent folder of the run folder (default results/)"
     )
-    p.add_argument("--port", type=int, help="override server.port")
+    p.add_argument("--port", type=port_number, help="override server.port (1024-65535)")
     p.add_argument(
         "--kill-stale",
         action="store_true",
@@ -133,6 +147,7 @@ def _run_report(a: argparse.Namespace, _raw: list[str]) -> int:
     at once (exit 4), another report is waited for up to ``REPORT_WAIT_S``. A folder without a
     manifest is left to render_run's own error (exit 2) and gets no lock file."""
     from patchbench.comparison import read_comparison
+    from patchbench.records import ResultsWriteError
     from patchbench.report import console_summary, render_run
     from patchbench.run.lock import REPORT_WAIT_S, acquire, holder_text
 
@@ -148,6 +163,11 @@ def _run_report(a: argparse.Namespace, _raw: list[str]) -> int:
     try:
         path = render_run(a.run_dir, plots=not a.no_plots)
         console_summary(read_comparison(a.run_dir), path)
+    except ResultsWriteError as e:  # the advice of a bench run (--resume) is not this command's
+        raise e.with_hint(
+            f"nothing measured is lost; free space (or make the folder writable), then run "
+            f"`{PROG} report {a.run_dir}` again"
+        ) from None
     finally:
         if lock is not None:
             lock.release()
@@ -324,7 +344,7 @@ def _args_ab(p: argparse.ArgumentParser) -> None:
     src.add_argument("--config", metavar="FILE", help="a config whose variants are replaced")
     p.add_argument("--repeats", type=int, help="override schedule.repeats")
     p.add_argument("--results", metavar="DIR", help="parent folder of the run folder")
-    p.add_argument("--port", type=int, help="override server.port")
+    p.add_argument("--port", type=port_number, help="override server.port (1024-65535)")
     p.add_argument("--dry-run", action="store_true", help="print the plan, launch nothing")
 
 
@@ -544,8 +564,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "ignore", message="The pynvml package is deprecated", category=FutureWarning
     )
     global _PROCESS_T0
-    if argv is None:  # the command line of a process of its own (not a call from a test)
+    own_process = argv is None
+    if own_process:  # the command line of a process of its own (not a call from a test)
         _PROCESS_T0 = _process_created()
+        tolerate_closed_output(sys)  # `patchbench CMD | head -1` ends quietly with CMD's code
     argv = glue_dash_values(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     try:
@@ -557,6 +579,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     raw = argv[argv.index(cmd.name) + 1 :]
+    try:
+        return _run_command(cmd, args, raw)
+    finally:
+        restore_handlers(exiting=own_process)  # a second signal is ignored until here
+
+
+def _run_command(cmd: Command, args: argparse.Namespace, raw: list[str]) -> int:
+    """``cmd.run`` turned into its exit code (see :func:`main`)."""
     try:
         return int(cmd.run(args, raw) or 0)
     except SystemExit as e:  # sys.exit inside a command

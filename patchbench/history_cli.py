@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -225,10 +223,7 @@ def run(a: argparse.Namespace) -> int:
             doc = night_gates(h, a.night)
         else:
             doc = list_nights(h, a.config)
-    try:
-        print(json.dumps(doc, indent=1) if a.json else render(doc), flush=True)
-    except BrokenPipeError:  # `patchbench history H | head`: the reader has what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    print(json.dumps(doc, indent=1) if a.json else render(doc), flush=True)
     return EXIT_OK
 
 

@@ -15,7 +15,11 @@ of a key path for messages written after parsing).
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import select
+import stat
+import time
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +141,51 @@ def parse_yaml(text: str) -> Any:
         loader.dispose()
 
 
+#: how long an input that is not a regular file (a pipe such as ``<(...)``, a FIFO, a device)
+#: may take to deliver its bytes and end
+STREAM_WAIT_S = 30.0
+
+
+class _NoEnd(Exception):
+    """An input that is not a regular file did not end in time or in size."""
+
+
+def _read_bounded(path: Path) -> bytes:
+    """At most MAX_CONFIG_BYTES + 1 bytes of ``path``. A regular file is read as it is; anything
+    else (a pipe, a FIFO, a character device) is opened without blocking (a FIFO nobody writes
+    would block the open for ever) and read as its bytes come, for at most STREAM_WAIT_S
+    seconds: ``/dev/zero`` ends at the size bound, a FIFO without a writer reads as empty.
+    Raises OSError, or :class:`_NoEnd` when the bytes keep coming or stop without an end."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.set_blocking(fd, True)
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                return f.read(MAX_CONFIG_BYTES + 1)
+        chunks: list[bytes] = []
+        got, deadline = 0, time.monotonic() + STREAM_WAIT_S
+        while got <= MAX_CONFIG_BYTES:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _NoEnd(
+                    f"not a regular file, and it did not end within {STREAM_WAIT_S:g} s "
+                    f"({got} bytes came)"
+                )
+            if not select.select([fd], [], [], left)[0]:
+                continue
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            got += len(chunk)
+        raise _NoEnd(f"not a regular file, and it did not end after {got} bytes")
+    finally:
+        os.close(fd)
+
+
 def read_text_file(path: Path, error: type[Exception], what: str = "config file") -> str:
     """The UTF-8 text of a small input file (a config, a patch manifest, a diff).
 
@@ -150,13 +199,18 @@ def read_text_file(path: Path, error: type[Exception], what: str = "config file"
         raise error(f"{path}: is a directory, not a {what}")
     if not path.exists():
         raise error(f"{path}: no such {what}")
+    too_big = f"a {what} may hold at most {MAX_CONFIG_BYTES}"
     try:
         size = path.stat().st_size
         if size > MAX_CONFIG_BYTES:
-            raise error(f"{path}: {size} bytes; a {what} may hold at most {MAX_CONFIG_BYTES}")
-        data = path.read_bytes()
+            raise error(f"{path}: {size} bytes; {too_big}")
+        data = _read_bounded(path)
+    except _NoEnd as e:
+        raise error(f"{path}: {e}; {too_big} bytes: give a {what} saved as a file") from None
     except OSError as e:
         raise error(f"{path}: cannot read the {what}: {e.strerror or e}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise error(f"{path}: more than {MAX_CONFIG_BYTES} bytes; {too_big}")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:

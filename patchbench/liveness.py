@@ -149,12 +149,15 @@ class Death:
     def message(self) -> str:
         """``"the sglang scheduler (pid 1234) died"`` (with the exit status when known)."""
         how = ""
-        if self.returncode is not None:
-            how = (
-                f", killed by signal {-self.returncode}"
-                if self.returncode < 0
-                else f", exit code {self.returncode}"
-            )
+        if self.returncode is not None and self.returncode < 0:
+            how = f", killed by signal {-self.returncode}"
+            if -self.returncode == signal.SIGKILL:  # nothing in the process itself sends it
+                how += (
+                    " (SIGKILL, sent from outside: the kernel's out-of-memory killer names "
+                    "its victims in `dmesg`, or someone ran kill -9)"
+                )
+        elif self.returncode is not None:
+            how = f", exit code {self.returncode}"
         return f"{self.role} (pid {self.pid}) died{how}"
 
     def to_json(self) -> dict:

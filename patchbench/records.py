@@ -71,13 +71,18 @@ class ResultsWriteError(RunFailed, OSError):
     the OSError it replaces (``__cause__`` is not set, so no chained traceback is shown).
     """
 
-    def __init__(self, path: str | os.PathLike, err: OSError):
+    def __init__(self, path: str | os.PathLike, err: OSError, hint: str | None = None):
         code = errno.errorcode.get(err.errno or 0, "")
         why = (err.strerror or str(err) or type(err).__name__) + (f" ({code})" if code else "")
-        hint = _HINTS.get(err.errno or 0, "")
+        hint = _HINTS.get(err.errno or 0, "") if hint is None else hint
         RunFailed.__init__(self, f"cannot write {path}: {why}" + (f"; {hint}" if hint else ""))
         self.path = Path(path)
         self.errno, self.strerror, self.filename = err.errno, err.strerror, str(path)
+
+    def with_hint(self, hint: str) -> ResultsWriteError:
+        """The same error with ``hint`` as its advice (the default advice is a ``bench`` run's:
+        ``--results DIR``, ``--resume``; another command names its own way on)."""
+        return ResultsWriteError(self.path, OSError(self.errno, self.strerror), hint)
 
     def __str__(self) -> str:  # OSError's str would print "[Errno N] ..." instead
         return str(self.args[0])

@@ -40,6 +40,7 @@ Endpoints as in docs/FACTS.md section 4 (sglang 0.5.1.post3 .. 0.5.23).
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -99,6 +100,13 @@ class FlushFailed(ServerError):
 
 class StopFailed(ServerError):
     """Processes of the server survived SIGKILL, or the port stayed open."""
+
+
+class NotHttp(ConnectionError):
+    """What came back on the server's port is not an HTTP answer (bytes of another protocol, a
+    status line cut short, a body that broke off: ``http.client.HTTPException``). Raised by the
+    server's own requests (readiness, ``/flush_cache``, the heartbeat) and handled where a
+    dropped connection is: no answer."""
 
 
 def port_answers(host: str, port: int, timeout_s: float = 0.5) -> bool:
@@ -318,7 +326,15 @@ class SglangServer:
             with urllib.request.urlopen(req, timeout=timeout_s) as r:
                 return r.status, r.read().decode("utf-8", "replace")
         except urllib.error.HTTPError as e:
-            return e.code, e.read().decode("utf-8", "replace")
+            try:
+                return e.code, e.read().decode("utf-8", "replace")
+            except (http.client.HTTPException, OSError):  # the error's body broke off
+                return e.code, ""
+        except http.client.HTTPException as e:
+            # bytes that are not HTTP, or a body cut short: no answer, like a dropped connection
+            raise NotHttp(
+                f"{path}: not an HTTP answer ({type(e).__name__}: {str(e).strip()[:100]!r})"
+            ) from e
 
     def wait_ready(self) -> float:
         """Block until /health is 200 and a 1-token generation succeeds; returns seconds waited.
@@ -352,14 +368,18 @@ class SglangServer:
                     f"(server.ready_timeout_s); last answer: {last}",
                     self.log_tail(),
                 )
+            # no single try may outlast the deadline (a hung /generate would add 60 s)
+            left = max(0.5, deadline - time.monotonic())
+            path = s.health_path
             try:
                 if not healthy:
-                    code, text = self._http("GET", s.health_path, timeout_s=5)
+                    code, text = self._http("GET", s.health_path, timeout_s=min(5.0, left))
                     last = f"{s.health_path} {code}"
                     if code == 200:
                         healthy = True
                         self._event("health_200")
                 if healthy:
+                    path = "/generate"
                     code, text = self._http(
                         "POST",
                         "/generate",
@@ -367,7 +387,7 @@ class SglangServer:
                             "text": "Hello",
                             "sampling_params": {"max_new_tokens": 1, "temperature": 0},
                         },
-                        timeout_s=60,
+                        timeout_s=min(60.0, left),
                     )
                     last = f"/generate {code} {text[:200]}"
                     if code == 200:
@@ -376,8 +396,10 @@ class SglangServer:
                         waited = time.monotonic() - self._t0
                         self._event("ready", waited_s=round(waited, 3))
                         return waited
+            except NotHttp as e:
+                last = str(e)
             except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
-                last = f"{type(e).__name__}: {e}"
+                last = f"{path}: {type(e).__name__}: {e}"
             time.sleep(0.2)  # a refused connection costs nothing; a late poll costs the cell
 
     # ------------------------------------------------------------------ ours

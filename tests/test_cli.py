@@ -477,3 +477,71 @@ def test_bench_from_a_process_of_its_own_counts_its_start_up(monkeypatch):
     age = time.time() - psutil.Process().create_time()
     assert cli.main() == 0
     assert age <= got[-1]["python_start_s"] <= age + 5.0
+
+
+# ----------------------------------------------------------------------- a reader that went away
+def _run_with_closed_output(argv: list[str], *, stderr_closed: bool = False, **kw):
+    """``patchbench ARGV | head -0`` made certain: the pipe's read end is closed before the command
+    starts, so its first flush of stdout (and stderr, when ``stderr_closed``) finds no reader."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        return subprocess.run(
+            argv,
+            stdout=w,
+            stderr=w if stderr_closed else subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            timeout=180,
+            **kw,
+        )
+    finally:
+        os.close(w)
+
+
+def test_a_closed_stdout_ends_every_command_quietly_with_its_own_code(tmp_path):
+    """`patchbench report RUN | head -1`, `bench --dry-run CONFIG | head -1`: no traceback, no
+    exit 70; the command finishes and exits as it would have, its files written in full. A
+    closed stderr too: an error still ends with its own code (2)."""
+    golden = REPO / "tests" / "data" / "golden" / "sequential"
+    run = shutil.copytree(golden / "run", tmp_path / "run")
+    py = [sys.executable, "-m", "patchbench"]
+    r = _run_with_closed_output([*py, "report", str(run)])
+    assert (r.returncode, r.stderr) == (0, "")
+    for name in ("compare.json", "report.md"):
+        assert (run / name).read_bytes() == (golden / "expected" / name).read_bytes(), name
+    r = _run_with_closed_output(
+        [*py, "bench", "--dry-run", str(REPO / "configs" / "demo-cpu.yaml")]
+    )
+    assert (r.returncode, r.stderr) == (0, "")
+    r = _run_with_closed_output([*py, "report", str(tmp_path / "none")], stderr_closed=True)
+    assert r.returncode == 2
+
+
+@pytest.mark.needs_sglang
+def test_a_bench_whose_output_reader_went_away_runs_to_its_end(tmp_path):
+    """`patchbench bench CONFIG | head -1` with the fake server: every cell runs, the report is
+    written and the exit code is the run's (0), though nobody reads stdout or stderr."""
+    cfg = write_config(
+        tmp_path,
+        sglang=installed_sglang(),
+        variants="baseline: []\ncontrol: [null-comment]",
+        suites="fake: {n: 1}",
+    )
+    runner = FAKE_SERVER / "run_bench_fake.py"
+    r = _run_with_closed_output(
+        [sys.executable, str(runner), str(cfg), str(tmp_path / "results")], stderr_closed=True
+    )
+    assert r.returncode == 0
+    (run_dir,) = (tmp_path / "results").iterdir()
+    assert (run_dir / "report.md").is_file()
+    for v in ("baseline", "control"):
+        assert (run_dir / v / "rep0" / "fake" / "summary.json").is_file()
+
+
+@pytest.mark.parametrize("port", ["-1", "0", "80", "99999", "x"])
+@pytest.mark.parametrize("command", [["bench", "cfg.yaml"], ["ab", "--args-b", "--x"]])
+def test_a_port_the_config_would_refuse_is_refused_on_the_command_line(command, port, capsys):
+    """`--port` overrides server.port: the same range (1024-65535), exit 2 before anything."""
+    assert cli.main([*command, "--port", port]) == 2
+    assert "--port" in capsys.readouterr().err

@@ -348,3 +348,115 @@ def test_a_value_the_message_already_quotes_is_not_repeated_and_long_lists_stay_
     )
     got = msg[msg.index("(got ") :]
     assert got.startswith("(got ['--port=1234', ") and got.endswith(", ...])")
+
+
+# ----------------------------------------------------------------------------- unusable values
+@pytest.mark.parametrize(
+    "section, expected",
+    [
+        ("server: {stall_timeout_s: .inf}", "key 'server.stall_timeout_s': inf is not a usable"),
+        ("server: {ready_timeout_s: .inf}", "key 'server.ready_timeout_s': inf is not a usable"),
+        ("server: {flush_pause_s: .inf}", "key 'server.flush_pause_s': inf is not a usable"),
+        (
+            "suites: {serving: {timeout_s: .inf}}",
+            "key 'suites.serving.timeout_s': inf is not a usable",
+        ),
+        (
+            "suites: {mmmu: {request_timeout_s: .inf}}",
+            "key 'suites.mmmu.request_timeout_s': inf is not a usable",
+        ),
+        ('server: {host: ""}', "key 'server.host': server.host is the address"),
+        ('server: {host: "http://x"}', "key 'server.host': server.host is the address"),
+        ('model: {path: " "}', "key 'model.path': the model path is empty"),
+        (
+            'server: {env: {BIG: "' + "z" * 131070 + '"}}',
+            "server.env.BIG: the value has 131070 characters; NAME=value may be at most 131071",
+        ),
+        (
+            'server: {args: ["--x=' + "z" * 131072 + '"]}',
+            "server.args[0]: 131076 characters; a process argument may be at most 131071 bytes",
+        ),
+    ],
+)
+def test_values_a_run_cannot_use_are_refused_at_load(tmp_path, section, expected):
+    """Infinite times or limits (they wait forever), an empty or spaced host, an empty model path
+    (the current folder) and an argument or environment value longer than Linux passes to a
+    process (the launch fails with E2BIG) are refused at load, not after a cell started."""
+    base = "name: t\nsglang: 0.5.1.post3\nvariants:\nVARIANTS\n"
+    if not section.startswith("model"):
+        base += "model: {path: .cache/models/tiny-qwen25vl-tf4, tiny: true}\n"
+    msg = err(tmp_path, "baseline: []\nv: []", base + section + "\n")
+    assert expected in msg, msg
+
+
+def test_infinity_stays_where_it_is_the_default(tmp_path):
+    """``serving.request_rate: .inf`` (all requests at once, the default) is a setting."""
+    p = write(tmp_path, "baseline: []\nv: []", BASE + "suites: {serving: {request_rate: .inf}}\n")
+    assert load_config(p).suite_params["serving"].request_rate == float("inf")
+
+
+@pytest.mark.parametrize(
+    "variants, section, expected",
+    [
+        ("baseline: []\n'🚀fast': []", "", "variant name '🚀fast': use letters, digits"),
+        ("baseline: []\n'vérsion': []", "", "variant name 'vérsion': use letters, digits"),
+        ("baseline: []\nv: [{diff: patches}]", "", "is a directory, not a diff file"),
+        ("baseline: []\nv: {env: {X: 1}}", "", "Input should be a valid string (got 1; quote it"),
+        ("baseline: []\nv: []", "schedule: {repeats: 0}", "repeats must be between 1 and 100"),
+        ("baseline: []\nv: []", "schedule: {repeats: -2}", "repeats must be between 1 and 100"),
+        ("baseline: []\nv: []", "server: {stall_timeout_s: 0}", "greater than 0 (got 0)"),
+        ("baseline: []\nv: []", "server: {stall_timeout_s: -1}", "greater than 0 (got -1)"),
+        (
+            "baseline: []\nv: []",
+            "suites: {serving: {sweep: {points: [8, 8.0, 1]}}}",
+            "sweep points must be distinct",
+        ),
+        (
+            "baseline: []\nv: []",
+            "suites: {serving: {sweep: {points: [0, 1]}}}",
+            "sweep points must be finite and > 0",
+        ),
+    ],
+)
+def test_names_counts_and_paths_that_cannot_work_are_refused_at_load(
+    tmp_path, variants, section, expected
+):
+    """Non-ASCII variant names (they name folders and report columns), a patch path that is a
+    folder, an environment value that is not a string, zero or negative repeats and stall
+    limits, duplicate or non-positive sweep points: exit 2 at load, naming the key."""
+    base = "name: t\nsglang: 0.5.1.post3\nmodel: {path: .cache/models/tiny-qwen25vl-tf4}\n"
+    base += "variants:\nVARIANTS\n" + section + "\n"
+    msg = err(tmp_path, variants, base)
+    assert expected in msg, msg
+
+
+def test_an_input_that_never_ends_is_refused_not_waited_for(tmp_path, monkeypatch):
+    """A config path that is a FIFO nobody writes (its open would block for ever) or a device
+    that never ends (/dev/zero: read whole, it would fill the memory) is refused within
+    ``STREAM_WAIT_S`` or the size bound; a pipe that ends (``bench <(sed ... cfg.yaml)``) is
+    read like a file."""
+    import os
+    import threading
+    import time
+
+    from patchbench import inputs
+
+    monkeypatch.setattr(inputs, "STREAM_WAIT_S", 0.5)
+    fifo = tmp_path / "cfg.yaml"
+    os.mkfifo(fifo)
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=r"not a regular file, and it did not end within 0.5 s"):
+        load_config(fifo)
+    assert time.monotonic() - t0 < 5
+    with pytest.raises(ConfigError, match=r"/dev/zero: not a regular file, and it did not end"):
+        load_config("/dev/zero")
+    good = write(tmp_path, "baseline: []\nv: []", name="good.yaml").read_text()
+
+    def writer():
+        with open(fifo, "w") as f:
+            f.write(good)
+
+    th = threading.Thread(target=writer)
+    th.start()
+    assert load_config(fifo).name == "t"
+    th.join(5)

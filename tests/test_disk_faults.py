@@ -352,3 +352,28 @@ def test_every_test_the_fault_table_names_exists():
         if f"def {t}(" not in (Path(__file__).parents[1] / f).read_text()
     ]
     assert missing == []
+
+
+@pytest.mark.parametrize("name", ["compare.json", "report.md"])
+def test_report_into_a_full_disk_exits_4_naming_the_report_command_and_loses_nothing(
+    tmp_path, monkeypatch, capsys, name
+):
+    """`patchbench report RUN` on a full disk: one line naming the file and `patchbench report
+    RUN` (not a bench run's --resume / --results), exit 4; every measured file byte-identical,
+    the report written before kept whole."""
+    import shutil
+
+    golden = Path(__file__).parent / "data" / "golden" / "sequential"
+    run = shutil.copytree(golden / "run", tmp_path / "run")
+    (run / "report.md").write_text("the report written before\n")
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    _disk_full_from(monkeypatch, run, name, only_trigger=True)
+    assert cli.main(["report", str(run), "--no-plots"]) == 4
+    err = capsys.readouterr().err
+    line = next(ln for ln in err.splitlines() if ln.startswith("patchbench report:"))
+    assert "Traceback" not in err and "--resume" not in line
+    assert f"cannot write {run / name}: No space left on device (ENOSPC)" in line
+    assert line.endswith(f"then run `patchbench report {run}` again")
+    for p, data in before.items():
+        assert p.read_bytes() == data, p
+    assert _tmp_files(run) == []

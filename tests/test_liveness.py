@@ -497,3 +497,60 @@ def test_a_closed_window_gives_the_scheduler_the_ordinary_limit_from_its_close()
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_drip_is_not_a_stall_and_its_timeout_says_it_was_still_progressing(tmp_path):
+    """A server that streams one chunk every 0.3 s for ever (progress, far too slow): never a
+    stall at a 1.5 s limit; the suite's ``timeout_s`` (4 s) ends it, and the message says the
+    tool was still making progress (the server answers, too slowly), not that it hung."""
+    from patchbench.suite import SuiteError
+    from patchbench.suites.serving import run_tool
+
+    srv = _server(tmp_path, FAKE_SCHEDULER=1, FAKE_STREAM_CHUNKS=100000, FAKE_STREAM_CHUNK_S=0.3)
+    try:
+        w = _watch(srv, 1.5)
+        out = tmp_path / "tool"
+        out.mkdir()
+        cmd = [sys.executable, str(FAKE / "stream_client.py"), srv.base_url, "1"]
+        t0 = time.monotonic()
+        with w.cancel_scope(), pytest.raises(SuiteError) as ei:
+            run_tool(
+                cmd,
+                env=dict(os.environ),
+                out_dir=out,
+                timeout_s=4.0,
+                server_alive=srv.alive,
+                server_log=srv.spec.log_path,
+                progress=w.progress,
+            )
+        took = time.monotonic() - t0
+        assert w.lost is None, w.lost and w.lost.message()
+        w.close()
+    finally:
+        srv.stop()
+    assert 4.0 <= took < 7.0
+    msg = str(ei.value)
+    assert msg.startswith("bench_serving ran past timeout_s=4 while still making progress"), msg
+    assert "the server answers, too slowly to finish within timeout_s" in msg
+
+
+def test_the_whole_group_sigkilled_from_outside_is_named_as_such(tmp_path):
+    """The OOM killer (or kill -9) takes the whole server group mid-suite: detected within a
+    poll, named as a SIGKILL from outside with where to look."""
+    srv = _server(tmp_path, FAKE_SCHEDULER=1)
+    try:
+        _scheduler_pid(srv)
+        w = ServerWatch(srv.proc, srv.pgid).start()
+        t0 = time.monotonic()
+        os.killpg(srv.pgid, signal.SIGKILL)
+        assert w.dead.wait(5)
+        assert time.monotonic() - t0 < 1.0
+        msg = w.death.message()
+        assert msg.endswith(
+            "died, killed by signal 9 (SIGKILL, sent from outside: the kernel's "
+            "out-of-memory killer names its victims in `dmesg`, or someone ran "
+            "kill -9)"
+        ), msg
+        w.close()
+    finally:
+        srv.stop()

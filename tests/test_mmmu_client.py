@@ -24,7 +24,8 @@ from patchbench.suites.mmmu.demo_data import generate
 
 class Stub:
     """A chat-completions stub in a background thread. ``behaviour(text, n_seen) -> (status,
-    body | None)``; None body = drop the connection. Records every request body."""
+    answer | None)``; None = drop the connection; bytes, or an answer that is not a string (as
+    JSON), are sent as the whole response body. Records every request body."""
 
     def __init__(self, behaviour):
         self.behaviour = behaviour
@@ -58,6 +59,10 @@ class Stub:
             return resp
         if status != 200:
             return web.Response(status=status, text=answer)
+        if isinstance(answer, bytes):  # a whole response body of the test's making
+            return web.Response(body=answer, content_type="application/json")
+        if not isinstance(answer, str):  # the same, as JSON
+            return web.json_response(answer)
         return web.json_response(
             {
                 "choices": [{"message": {"content": answer}, "finish_reason": "stop"}],
@@ -182,6 +187,56 @@ def test_retry_only_before_any_answer_byte(stub_factory):
     # a 200 whose body breaks off: an answer had started, so no retry
     assert out[5].attempts == 1 and out[5].error.startswith("after HTTP 200")
     assert stub.seen["partial"] == 1 and stub.seen["down"] == 3 and stub.seen["bad"] == 1
+
+
+def _choice(content, finish, completion_tokens):
+    usage = {"prompt_tokens": 10, "completion_tokens": completion_tokens}
+    return {"choices": [{"message": {"content": content}, "finish_reason": finish}], "usage": usage}
+
+
+#: HTTP 200 bodies in which the server did not answer, and the error each is recorded with
+NOT_ANSWERS = {
+    "aborted": (_choice("", "abort", 0), "the server aborted the request (finish_reason abort)"),
+    "aborted-partial": (_choice("The ans", "abort", 3), "aborted the request"),
+    "empty-no-tokens": (_choice("", "stop", 0), "an empty answer the server generated no token"),
+    "empty-no-finish": (_choice("", None, None), "an empty answer the server generated no token"),
+    "null-body": (b"null", "HTTP 200 whose body is not an object"),
+    "list-body": ([], "HTTP 200 whose body is not an object"),
+    "choice-not-object": ({"choices": ["A"]}, "HTTP 200 without choices"),
+    "content-number": (_choice(5, "stop", 1), "HTTP 200 whose message content is not text"),
+}
+
+
+def test_a_200_without_an_answer_is_a_failed_request_never_a_wrong_answer(stub_factory):
+    """Empty, aborted or mis-shaped completions are failed requests (left out of the pairing,
+    the suite incomplete), not answers scored wrong; an empty answer the model ended with a stop
+    token is the model's own answer."""
+
+    def behaviour(text, n):
+        if text == "eos-first":
+            return 200, _choice("", "stop", 1)
+        if text in NOT_ANSWERS:
+            return 200, NOT_ANSWERS[text][0]
+        return 200, "A"
+
+    stub, url = stub_factory(behaviour)
+    texts = ["ok", "eos-first", *NOT_ANSWERS]
+    bodies = [
+        client.request_body(
+            [{"role": "user", "content": [{"type": "text", "text": t}]}],
+            model="m",
+            temperature=0,
+            max_tokens=30,
+        )
+        for t in texts
+    ]
+    out = asyncio.run(client.send_all(url, bodies, concurrency=4, request_timeout_s=10, retries=2))
+    got = dict(zip(texts, out, strict=True))
+    assert got["ok"].response == "A" and got["eos-first"].response == ""
+    assert got["eos-first"].error is None and got["eos-first"].completion_tokens == 1
+    for text, (_, error) in NOT_ANSWERS.items():
+        assert got[text].response is None and error in got[text].error, (text, got[text].error)
+        assert got[text].attempts == 1 and stub.seen[text] == 1  # an answer came: no retry
 
 
 def test_run_end_to_end_on_stub(stub_factory, demo_dir, tmp_path):

@@ -282,3 +282,37 @@ def test_log_tail_leaves_out_the_heartbeat_access_lines(tmp_path):
         "this tail; server.log has them)",
     ]
     assert log.read_text() == text + "\n"
+
+
+@pytest.mark.parametrize(
+    "env, last",
+    [
+        ({"FAKE_NOT_HTTP": "/health"}, "/health: not an HTTP answer (BadStatusLine"),
+        ({"FAKE_NOT_HTTP": "/generate"}, "/generate: not an HTTP answer (BadStatusLine"),
+        ({"FAKE_HANG_PATHS": "/generate"}, "/generate: TimeoutError"),
+    ],
+)
+def test_readiness_answered_by_no_http_or_not_at_all_times_out_on_time_naming_it(
+    tmp_path, env, last
+):
+    """A port that answers bytes that are not HTTP (another protocol, a status line cut short) is
+    no answer, not a crash of the run (http.client's BadStatusLine was no OSError); a readiness
+    /generate that never answers does not outlast ``ready_timeout_s`` (one try took 60 s)."""
+    srv = SglangServer(_spec(tmp_path, ready_timeout_s=2.0, **env))
+    srv.start()
+    t = time.monotonic()
+    try:
+        with pytest.raises(ReadyTimeout) as ei:
+            srv.wait_ready()
+    finally:
+        srv.stop()
+    assert time.monotonic() - t < 4.0
+    assert f"last answer: {last}" in str(ei.value)
+    assert "--- server.log (tail) ---" in str(ei.value)
+
+
+def test_a_flush_answered_by_no_http_is_refused_not_a_crash(tmp_path):
+    srv = SglangServer(_spec(tmp_path, FAKE_NOT_HTTP="/flush_cache"))
+    with srv:
+        with pytest.raises(FlushFailed, match=r"refused 4 times.*/flush_cache: not an HTTP answer"):
+            srv.flush_cache()

@@ -120,3 +120,66 @@ def test_sigkilled_runner_leaves_a_server_that_is_found_and_killed(tmp_path):
             os.killpg(srv["pgid"], signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_sigterm_while_the_report_is_written_exits_143_naming_the_report_command(tmp_path):
+    """Every cell measured, the report under way: SIGTERM ends the runner with 143 (it died
+    silently by the signal's default action), the manifest records the report as interrupted,
+    every cell is kept and `patchbench report RUN` writes the report afterwards."""
+    (tmp_path / "model").mkdir()
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(textwrap.dedent(CFG.format(sglang=SGLANG, model=tmp_path / "model", port=31966)))
+    mark = tmp_path / "report.mark"
+    env = dict(os.environ, FAKE_REPORT_MARK=str(mark), FAKE_REPORT_DELAY_S="30")
+    runner = HERE / "fake_server" / "run_bench_fake.py"
+    proc = subprocess.Popen(
+        [sys.executable, str(runner), str(cfg), str(tmp_path / "results")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not mark.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)  # a second one while it stops is only reported
+        out = proc.communicate(timeout=20)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, out
+    (run_dir,) = (tmp_path / "results").iterdir()
+    assert "while the report was written" in out and f"-m patchbench report {run_dir}" in out
+    man = read_json(run_dir / "manifest.json")
+    assert man["report_error"] == "interrupted by SIGTERM while the report was written"
+    assert [c["status"] for c in man["cells"]] == ["ok"] * 4
+    assert not (run_dir / "report.md").exists()
+    from patchbench.cli import main
+
+    assert main(["report", str(run_dir)]) == 0
+    assert (run_dir / "report.md").is_file()
+
+
+def test_ctrl_c_twice_quickly_stops_everything_once_and_exits_130(tmp_path):
+    """A double Ctrl-C during a suite: the first stops the cell, the second (20 ms later) is
+    reported and ignored while the server is stopped and the run recorded; nothing is left."""
+    port = 31967
+    proc = _start(tmp_path, port, FAKE_GENERATE_SLEEP_S=30)
+    run_dir = next((tmp_path / "results").iterdir())
+    running = read_json(run_dir / "control" / "rep0" / "cell.json")
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out and f"--resume {run_dir}" in out
+    assert read_json(run_dir / "control" / "rep0" / "cell.json")["status"] == "interrupted"
+    assert read_json(run_dir / "manifest.json")["interrupted"] is True
+    assert _gone(running["server"]["pid"])
+    assert not port_answers("127.0.0.1", port)
+    assert find_stale_servers(tmp_path / "results") == []

@@ -66,15 +66,30 @@ def _owned_flag(flag: str) -> str | None:
     return hits[0] if hits else None
 
 
+#: the longest single argument or ``NAME=value`` string Linux passes to a new process
+#: (``MAX_ARG_STRLEN``, 32 pages of 4 KiB, with its NUL): a longer one fails the launch (E2BIG)
+MAX_ARG_BYTES = 131072
+
+
+def _too_long(s: str) -> bool:
+    return len(s.encode("utf-8", "surrogateescape")) + 1 > MAX_ARG_BYTES
+
+
 def check_args(args: list[str], where: str) -> None:
     """Refuse malformed or harness-owned server arguments; ``where`` names the key in messages.
 
     Raises ValueError naming the item: a flag and its value in one item (``'--port 31000'``),
-    a harness-owned argument in any spelling, an empty item or one holding a NUL.
+    a harness-owned argument in any spelling, an empty item, one holding a NUL or one longer than
+    the kernel passes to a process (:data:`MAX_ARG_BYTES`).
     """
     for i, a in enumerate(args):
         if not a.strip() or "\x00" in a:
             raise ValueError(f"{where}[{i}]: {a!r} is empty or holds a NUL character")
+        if _too_long(a):
+            raise ValueError(
+                f"{where}[{i}]: {len(a)} characters; a process argument may be at most "
+                f"{MAX_ARG_BYTES - 1} bytes (Linux MAX_ARG_STRLEN: the launch would fail)"
+            )
         first = a.split("=", 1)[0]
         if a.startswith("-") and any(c.isspace() for c in first):
             head = first.split()[0]
@@ -107,8 +122,9 @@ def _owner_hint(flag: str) -> str:
 
 
 def check_env(env: dict[str, str], where: str) -> None:
-    """Refuse environment names that are not POSIX names, values with a NUL character, and the
-    variables the harness sets (PYTHONPATH, PATCHBENCH_*). Raises ValueError naming the entry."""
+    """Refuse environment names that are not POSIX names, values with a NUL character or longer
+    than a process can be given (:data:`MAX_ARG_BYTES`), and the variables the harness sets
+    (PYTHONPATH, PATCHBENCH_*). Raises ValueError naming the entry."""
     for k, v in env.items():
         if not ENV_NAME.match(k):
             raise ValueError(
@@ -117,6 +133,11 @@ def check_env(env: dict[str, str], where: str) -> None:
             )
         if "\x00" in v:
             raise ValueError(f"{where}.{k}: the value holds a NUL character")
+        if _too_long(f"{k}={v}"):
+            raise ValueError(
+                f"{where}.{k}: the value has {len(v)} characters; NAME=value may be at most "
+                f"{MAX_ARG_BYTES - 1} bytes (Linux MAX_ARG_STRLEN: the launch would fail)"
+            )
         if k in HARNESS_ENV or k.startswith(HARNESS_ENV_PREFIX):
             raise ValueError(
                 f"{where}.{k}: set by the harness (the overlay and its checks); remove it"

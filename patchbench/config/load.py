@@ -7,6 +7,7 @@ what was found and what is allowed.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import reprlib
@@ -179,6 +180,34 @@ def _model_at(loc: tuple) -> list[str]:
     return [k for k, f in model.model_fields.items() if not f.exclude]
 
 
+def _infinite_values(model: BaseModel, loc: tuple) -> list[tuple[tuple, float]]:
+    """Every ``(key path, value)`` under ``model`` (nested models, lists and mappings of them)
+    that is an infinite float where the field's own default is not infinite: infinity is a
+    setting only where it is the default's meaning (``serving.request_rate``: all at once);
+    elsewhere (timeouts, stall limits, pauses, temperatures) it waits or counts forever."""
+    out: list[tuple[tuple, float]] = []
+
+    def walk(v: Any, at: tuple, default: Any) -> None:
+        if isinstance(v, float) and math.isinf(v):
+            if not (isinstance(default, float) and math.isinf(default)):
+                out.append((at, v))
+        elif isinstance(v, BaseModel):
+            out.extend(_infinite_values(v, at))
+        elif isinstance(v, (list, tuple)):
+            for i, x in enumerate(v):
+                walk(x, (*at, i), None)
+        elif isinstance(v, dict):  # mappings of models (variants); raw mappings such as
+            for k, x in v.items():  # ``suites`` are checked through their validated models
+                if isinstance(x, BaseModel):
+                    walk(x, (*at, k), None)
+
+    for name, field in type(model).model_fields.items():
+        if field.exclude:
+            continue
+        walk(getattr(model, name, None), (*loc, field.alias or name), field.default)
+    return out
+
+
 def load_config(path: str | os.PathLike, *, check_files: bool = True) -> Config:
     """Load and validate a YAML config.
 
@@ -250,6 +279,14 @@ def load_config(path: str | os.PathLike, *, check_files: bool = True) -> Config:
                 if "allowed keys:" in msg  # an unknown key lists them already
                 else f"{msg}\n  (suite '{name}' accepts: {allowed})"
             )
+    for loc, v in _infinite_values(cfg, ()) + [
+        hit for name, p in cfg.suite_params.items() for hit in _infinite_values(p, ("suites", name))
+    ]:
+        key = ".".join(str(x) for x in loc)
+        problems.append(
+            f"{path}:{line_of(text, loc) or ''}: key '{key}': {v} is not a usable value (an "
+            "infinite time, count or limit never ends); write a finite number"
+        )
     problems += _check_balance(cfg, path, text, known)
     if check_files:
         problems += _check_patches(cfg, path, text)

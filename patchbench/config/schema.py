@@ -52,6 +52,13 @@ class ModelSpec(_Strict):
     tiny: bool = Field(False, description="build the tiny random Qwen2.5-VL at `path` if missing")
     tokenizer: str | None = None
 
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if not v.strip() or "\x00" in v:  # "" would be the current folder (Path(""))
+            raise ValueError("the model path is empty or holds a NUL character")
+        return v
+
 
 #: names a run folder itself uses at its top level: a variant folder must not take one (compared
 #: case-insensitively: some file systems do not tell case apart)
@@ -143,6 +150,16 @@ class ServerSpec(_Strict):
         bad = [x for x in v if x not in have]
         if bad:
             raise ValueError(f"unknown stand-in(s) {bad}; available: {have}")
+        return v
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        if not v or any(c.isspace() or c in "/\x00" for c in v):
+            raise ValueError(
+                "server.host is the address the server binds and readiness asks (127.0.0.1, "
+                "0.0.0.0, a host name): not empty, no spaces, no scheme or path"
+            )
         return v
 
     @field_validator("args")

@@ -8,6 +8,7 @@ atomic), every cell through patchbench.cell.run_cell.
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -211,6 +212,22 @@ class BenchRun:
         return Interrupted(
             f"interrupted by signal {signum_of(e)}; finished cells are kept in "
             f"{self.run_dir}; resume with `{cmd}`",
+            signum=signum_of(e),
+            run_dir=self.run_dir,
+        )
+
+    def interrupted_in_report(self, e: BaseException) -> Interrupted:
+        """A signal stopped the report after every cell was measured: the manifest records it as
+        the report's error (the run itself is not interrupted: nothing is left to run); returns
+        the error to raise (exit 130, 143), naming the command that writes the report."""
+        name = signal.Signals(signum_of(e)).name
+        self.manifest.report_error = f"interrupted by {name} while the report was written"
+        self.save()
+        cmd = f"{PROG} report {self.run_dir}"
+        self.say(f"interrupted during the report; every cell is kept; write it with: {cmd}")
+        return Interrupted(
+            f"interrupted by {name} while the report was written; every cell finished and is "
+            f"kept in {self.run_dir}; write the report with `{cmd}`",
             signum=signum_of(e),
             run_dir=self.run_dir,
         )

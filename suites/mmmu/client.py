@@ -8,7 +8,8 @@ question (the answer is at most ``max_tokens`` tokens, 30 by default).
 Failures are recorded, never dropped: every question gets an :class:`Outcome` (``error`` set when
 it failed). Retries happen only when no byte of an answer arrived: a connection error before the
 response headers, or an HTTP 429/500/502/503/504 status (its body is an error, not an answer). A
-failure after a 200 status (timeout while reading, bad JSON, no choices) is final. Each attempt
+failure after a 200 status (timeout while reading, bad JSON, no answer in it: :func:`answer_of`)
+is final. Each attempt
 has ``request_timeout_s`` (aiohttp ``ClientTimeout(total=...)``); between attempts a pause of
 ``0.5 * 2**attempt`` s.
 """
@@ -66,6 +67,60 @@ class _Retryable(Exception):
     pass
 
 
+def answer_of(data: object, latency_s: float) -> Outcome:
+    """The :class:`Outcome` of one HTTP 200 body ``data`` (parsed JSON) that took ``latency_s``.
+
+    An answer is ``choices[0].message.content``, a string. What a server sends when it did not
+    answer is a failed outcome naming it, never an answer to score: a body that is not an object,
+    no choices, no or non-string content, ``finish_reason`` ``abort`` (sglang aborted the request:
+    a full KV cache, a scheduler error; whatever text it carries was cut off), and an empty
+    content the server generated no token for (``usage.completion_tokens`` 0 or absent, or no
+    finish reason). An empty content that ended at a stop token (``finish_reason`` ``stop`` or
+    ``length``, at least one completion token) is the model's own answer and is scored."""
+    if not isinstance(data, dict):
+        return Outcome(None, f"HTTP 200 whose body is not an object: {str(data)[:300]}", latency_s)
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return Outcome(None, f"HTTP 200 without choices: {str(data)[:300]}", latency_s)
+    choice = choices[0]
+    msg = choice.get("message")
+    content = msg.get("content") if isinstance(msg, dict) else None
+    finish = choice.get("finish_reason")
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    completion = usage.get("completion_tokens")
+    if content is None:
+        return Outcome(None, "HTTP 200 with no message content", latency_s)
+    if not isinstance(content, str):
+        return Outcome(
+            None, f"HTTP 200 whose message content is not text: {str(content)[:300]}", latency_s
+        )
+    if finish == "abort":
+        return Outcome(
+            None,
+            f"the server aborted the request (finish_reason abort) after {completion} "
+            f"completion token(s): {content[:100]!r}",
+            latency_s,
+            finish_reason=finish,
+        )
+    if not content and (finish not in ("stop", "length") or not completion):
+        return Outcome(
+            None,
+            f"HTTP 200 with an empty answer the server generated no token for "
+            f"(finish_reason {finish!r}, completion_tokens {completion!r})",
+            latency_s,
+            finish_reason=finish,
+        )
+    return Outcome(
+        content,
+        None,
+        latency_s,
+        usage.get("prompt_tokens"),
+        completion,
+        1,
+        finish,
+    )
+
+
 async def _attempt(
     session: aiohttp.ClientSession, url: str, body: bytes, timeout_s: float
 ) -> Outcome:
@@ -93,24 +148,7 @@ async def _attempt(
             return Outcome(
                 None, f"after HTTP 200: {type(e).__name__}: {e}", time.perf_counter() - t0
             )
-        latency = time.perf_counter() - t0
-        choices = data.get("choices") or []
-        if not choices:
-            return Outcome(None, f"HTTP 200 without choices: {str(data)[:300]}", latency)
-        msg = choices[0].get("message") or {}
-        content = msg.get("content")
-        if content is None:
-            return Outcome(None, "HTTP 200 with no message content", latency)
-        usage = data.get("usage") or {}
-        return Outcome(
-            content,
-            None,
-            latency,
-            usage.get("prompt_tokens"),
-            usage.get("completion_tokens"),
-            1,
-            choices[0].get("finish_reason"),
-        )
+        return answer_of(data, time.perf_counter() - t0)
     finally:
         await resp_cm.__aexit__(None, None, None)
 

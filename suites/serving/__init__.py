@@ -220,8 +220,8 @@ def run_tool(
                 if time.monotonic() - t0 > timeout_s:
                     _kill_group(proc)
                     raise SuiteError(
-                        f"bench_serving ran past timeout_s={timeout_s:.0f}; server "
-                        f"log tail:\n{_tail(server_log)}"
+                        f"bench_serving ran past timeout_s={timeout_s:.0f}"
+                        f"{_progress_at_timeout(progress)}; server log tail:\n{_tail(server_log)}"
                     )
         except BaseException:
             if proc.poll() is None:
@@ -231,6 +231,22 @@ def run_tool(
             if progress is not None:
                 progress.unwatch_client()
     return rc, time.monotonic() - t0
+
+
+def _progress_at_timeout(progress) -> str:
+    """What the watched client did before its time ran out, for the timeout's message: still
+    making progress (a server that answers, too slowly: a drip is not a stall, so only
+    ``timeout_s`` ends it) or not; empty without a watch."""
+    client = getattr(progress, "client", None)
+    if client is None or client.last_sample is None:
+        return ""
+    ago = time.monotonic() - client.last_progress
+    if ago <= 3.0:  # within two of the watch's samples (one a second) and a poll
+        return (
+            f" while still making progress ({client.last_seen()}): the server answers, too "
+            "slowly to finish within timeout_s; raise timeout_s or find what slows the server"
+        )
+    return f" ({client.last_seen()}; no progress for the last {ago:.0f} s)"
 
 
 def client_idle_s(request_rate: float) -> float:

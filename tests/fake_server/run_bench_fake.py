@@ -1,10 +1,13 @@
 """``python tests/fake_server/run_bench_fake.py CONFIG RESULTS [ARGS...]``: ``patchbench bench`` with every
 server launched as the fake server and the fake suites registered (for tests that signal or kill
 the runner process itself). ``CELLENV_<NAME>=value`` sets NAME on the servers (only on cell
-``CELLENV_FOR``, e.g. "control/rep0", when that is set). Exits with patchbench's exit code."""
+``CELLENV_FOR``, e.g. "control/rep0", when that is set). ``FAKE_REPORT_MARK=<file>``: the report
+at the end of the run first writes that file, then waits ``FAKE_REPORT_DELAY_S`` seconds (tests
+signal the runner while it reports). Exits with patchbench's exit code."""
 
 import os
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -13,7 +16,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(HERE.parent.parent))
 
 import tests.fake_server.fake_suites  # noqa: E402,F401 - registers the fake suites
-from patchbench import cell  # noqa: E402
+from patchbench import bench, cell  # noqa: E402
 from patchbench.cli import main  # noqa: E402
 
 _real = cell.launch_spec
@@ -34,4 +37,17 @@ def _fake(cfg, venv, cdir, port):
 
 
 cell.launch_spec = _fake
-sys.exit(main(["bench", sys.argv[1], "--results", sys.argv[2], *sys.argv[3:]]))
+_real_report = bench._compare_and_report
+
+
+def _slow_report(run_dir, **kw):
+    Path(os.environ["FAKE_REPORT_MARK"]).write_text("reporting")
+    time.sleep(float(os.environ.get("FAKE_REPORT_DELAY_S", "0")))
+    return _real_report(run_dir, **kw)
+
+
+if os.environ.get("FAKE_REPORT_MARK"):
+    bench._compare_and_report = _slow_report
+# main() reads sys.argv as the console script does (a process of its own: its closed-pipe guard)
+sys.argv[:] = ["patchbench", "bench", sys.argv[1], "--results", sys.argv[2], *sys.argv[3:]]
+sys.exit(main())

@@ -28,6 +28,10 @@ FAKE_PROFILE_EXPORT_S  POST /start_profile answers at once; after FAKE_PROFILE_S
                      /generate and /flush_cache wait meanwhile; then ``fake-TP-0.trace.json.gz``
                      is written into the request's output_dir (what sglang's profiler does
                      inside the scheduler's loop after num_steps forward passes)
+FAKE_NOT_HTTP        comma-separated paths answered with bytes that are not HTTP (a status line
+                     no client can read), then the connection closed
+FAKE_HANG_PATHS      comma-separated paths accepted and never answered from the start (other
+                     paths answer as usual)
 GET /server_info answers 200 (the scheduler heartbeat of patchbench.liveness)
 """
 
@@ -55,12 +59,18 @@ STREAM_HANG_AFTER = int(os.environ.get("FAKE_STREAM_HANG_AFTER", "0"))
 STREAM_CHUNKS = int(os.environ.get("FAKE_STREAM_CHUNKS", "5"))
 STREAM_CHUNK_S = float(os.environ.get("FAKE_STREAM_CHUNK_S", "0.1"))
 EXPORT_S = float(os.environ.get("FAKE_PROFILE_EXPORT_S", "0"))
+NOT_HTTP = set(filter(None, os.environ.get("FAKE_NOT_HTTP", "").split(",")))
+HANG_PATHS = set(filter(None, os.environ.get("FAKE_HANG_PATHS", "").split(",")))
 state = {"flush": 0, "generate": 0, "streams": 0}
 EXPORTING = threading.Event()  # set while the "scheduler" writes its trace
 
 
-def hang_if_blocked():
-    """Accept and never answer once FAKE_HANG_AFTER_S has passed; wait while a trace is written."""
+def hang_if_blocked(path=None):
+    """Accept and never answer once FAKE_HANG_AFTER_S has passed, or a path of FAKE_HANG_PATHS;
+    wait while a trace is written."""
+    if path in HANG_PATHS:
+        while True:
+            time.sleep(3600)
     if HANG_AFTER and time.monotonic() - T0 >= HANG_AFTER:
         while True:
             time.sleep(3600)
@@ -141,8 +151,19 @@ class H(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _not_http(self):
+        """True (and the reply sent) when this path is answered with bytes that are not HTTP."""
+        if self.path not in NOT_HTTP:
+            return False
+        self.wfile.write(b"SSH-2.0-not-an-http-server\r\n\r\n")
+        self.wfile.flush()
+        self.close_connection = True
+        return True
+
     def do_GET(self):
-        hang_if_blocked()
+        hang_if_blocked(self.path)
+        if self._not_http():
+            return
         if self.path == "/server_info":
             self._send(200, {"internal_states": [{}]})
         elif self.path == "/health":
@@ -177,7 +198,9 @@ class H(BaseHTTPRequestHandler):
     def do_POST(self):
         n = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(n)
-        hang_if_blocked()
+        hang_if_blocked(self.path)
+        if self._not_http():
+            return
         try:
             body = json.loads(raw or b"{}")
         except ValueError:
