@@ -162,7 +162,13 @@ def load(a: argparse.Namespace) -> Calibration:
     a.mmmu_rounds = a.mmmu_rounds or "all"
     first = {"all": 0, "first": 1}.get(a.mmmu_rounds)
     first = int(a.mmmu_rounds) if first is None else first
-    base = Model(req_cv=a.req_cv, step_share=a.step_share, fragile=a.fragile, questions=a.questions)
+    base = Model(
+        req_cv=a.req_cv,
+        step_share=a.step_share,
+        fragile=a.fragile,
+        questions=a.questions,
+        **getattr(a, "noise_fields", {}),
+    )
     return Calibration(a, settings, fixed_cfg, seq_cfg, n_corr, first, base)
 
 

@@ -155,7 +155,9 @@ def print_report(cal: Calibration, argv: list[str], wall: float, entries) -> int
         f"{100 * base.req_cv:g}% (decode-step share {base.step_share:g}), {base.requests} "
         f"requests x {base.out_len} tokens at concurrency {base.concurrency}; MMMU "
         f"{base.questions} questions, {100 * base.fragile:g}% fragile; variants: baseline, "
-        f"A/A, 2 patches; seed {a.seed}\n"
+        f"A/A, 2 patches; seed {a.seed}"
+        + ("" if base.noise_label == "Gaussian" else f"; run noise: {base.noise_label}")
+        + "\n"
     )
     if cal.rows and not a.design_only:
         print("\n".join(table(sorted(cal.rows, key=lambda r: (r[0], -(r[1] == 1), r[1])))))
