@@ -17,7 +17,7 @@ VS = list(model.VARIANTS)
 
 def _shocks(seed=0, repeats=5000, **kw):
     m = model.Model(**kw)
-    return model.run_shocks(np.random.default_rng(seed), m, VS, repeats)
+    return model.run_shocks(np.random.default_rng(seed), m, VS, repeats)[:2]
 
 
 def test_gaussian_draws_what_it_always_drew():
@@ -25,7 +25,7 @@ def test_gaussian_draws_what_it_always_drew():
     s_d = rng.normal(0.0, 0.03, 4 * 6)
     s_p = 0.5 * s_d + math.sqrt(0.75) * rng.normal(0.0, 0.03, 4 * 6)
     got = model.run_shocks(np.random.default_rng(7), model.Model(), VS, 6)
-    assert np.array_equal(got[0], s_d) and np.array_equal(got[1], s_p)
+    assert np.array_equal(got[0], s_d) and np.array_equal(got[1], s_p) and got[2] is None
 
 
 @pytest.mark.parametrize("df", [3.0, 5.0])
@@ -63,6 +63,12 @@ def test_outlier_one_cell_slow_in_the_stated_share_of_runs():
     plain = _shocks(seed=[3, 1], repeats=8)
     with_o = _shocks(seed=[3, 1], repeats=8, outlier_p=1.0)
     assert np.sum(~np.isclose(plain[0], with_o[0])) == 1
+    # the trial records the abnormal cell: its times are the slow ones
+    m = model.Model(run_cv=1e-12, req_cv=0.0, questions=10, outlier_p=1.0)
+    tr = model.simulate(np.random.default_rng(4), m, 3, speedup={}, syncs={}, run_id="o")
+    thr = {key: x["serving"][model.THR] for key, x in tr.metrics.items()}
+    assert min(thr, key=thr.get) == tr.abnormal
+    assert 1.10 <= max(thr.values()) / thr[tr.abnormal] <= 1.20
 
 
 def test_drift_is_shared_by_the_arms_in_the_interleaved_order():
@@ -105,3 +111,14 @@ def test_parse_noise_and_labels():
     for bad in ("t:2", "laplace", "outlier:x", "outlier:1.5", "unequal:0"):
         with pytest.raises(ValueError):
             model.parse_noise([bad])
+
+
+def test_rows_count_the_abnormal_cell_and_whether_the_report_names_it():
+    from patchbench.calibration.trials import run_row
+    from patchbench.comparison import CompareSettings
+
+    m = model.Model(run_cv=0.01, questions=60, outlier_p=1.0, outlier_slow=(0.5, 0.6))
+    c = run_row(m, 4, 3, 0, CompareSettings())
+    assert c.abnormal == 6 and c.abnormal_named == 6  # 50 % slow: named in every report
+    c = run_row(model.Model(questions=60), 4, 3, 0, CompareSettings())
+    assert c.abnormal == 0 and c.abnormal_named == 0

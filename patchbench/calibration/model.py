@@ -163,14 +163,16 @@ def parse_noise(texts: list[str]) -> dict[str, float]:
 
 @dataclass
 class Trial:
-    """One synthetic run: ``metrics[(variant, k)] = {suite: {metric: value}}`` and per-question
-    correctness ``correct[(variant, k)]`` (bool, shape (questions,))."""
+    """One synthetic run: ``metrics[(variant, k)] = {suite: {metric: value}}``, per-question
+    correctness ``correct[(variant, k)]`` (bool, shape (questions,)) and the abnormal slow cell
+    ``abnormal`` (variant, k) of the outlier noise model (None: none)."""
 
     run_id: str
     repeats: int
     variants: list[str]
     metrics: dict[tuple[str, int], dict[str, dict[str, float]]] = field(default_factory=dict)
     correct: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
+    abnormal: tuple[str, int] | None = None
 
     def values(self, variant: str, suite: str, metric: str) -> np.ndarray:
         """Per-repeat values of one metric, shape (repeats,)."""
@@ -196,11 +198,13 @@ def simulate(
     base_ok = rng.random(m.questions) < m.accuracy
     fragile = rng.random(m.questions) < m.fragile
     scale = np.repeat([1.0 / (1.0 + speedup.get(v, 0.0)) for v in vs], repeats)
-    shocks = run_shocks(rng, m, vs, repeats)
-    cols = _serving_columns(m, *_request_times(rng, m, scale, prompt, shocks))
+    s_d, s_p, abnormal = run_shocks(rng, m, vs, repeats)
+    cols = _serving_columns(m, *_request_times(rng, m, scale, prompt, (s_d, s_p)))
     flips = rng.random((C, m.questions)) < 0.5
     correct = np.where(fragile[None, :], flips, base_ok[None, :])
     tr = Trial(run_id, repeats, vs)
+    if abnormal is not None:
+        tr.abnormal = (vs[abnormal // repeats], abnormal % repeats)
     for i, v in enumerate(vs):
         for k in range(repeats):
             c = i * repeats + k
@@ -233,18 +237,19 @@ def run_position(variants: list[str], repeats: int) -> np.ndarray:
 
 def run_shocks(
     rng: np.random.Generator, m: Model, variants: list[str], repeats: int
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, int | None]:
     """The run-level log shocks of every cell (variant-major, shape (variants x repeats,) each):
-    (decode ``s_d``, prefill ``s_p``); every time of a cell is multiplied by ``exp`` of them (the
-    module docstring has the noise models). The Gaussian model draws exactly what it always drew:
-    ``s_d ~ N(0, run_cv)``, ``s_p = 0.5 s_d + sqrt(0.75) N(0, run_cv)``."""
+    (decode ``s_d``, prefill ``s_p``, the abnormal cell's index or None); every time of a cell is
+    multiplied by ``exp`` of them (the module docstring has the noise models). The Gaussian model
+    draws exactly what it always drew: ``s_d ~ N(0, run_cv)``, ``s_p = 0.5 s_d + sqrt(0.75)
+    N(0, run_cv)``."""
     C = len(variants) * repeats
     s_d = _shock(rng, m, C)
     s_p = m.prefill_corr * s_d + math.sqrt(1 - m.prefill_corr**2) * _shock(rng, m, C)
     if m.noisy_factor != 1.0 and m.noisy_variant in variants:
         f = np.repeat([m.noisy_factor if v == m.noisy_variant else 1.0 for v in variants], repeats)
         s_d, s_p = s_d * f, s_p * f
-    extra = np.zeros(C)
+    extra, abnormal = np.zeros(C), None
     if m.drift:
         extra += math.log1p(m.drift) * run_position(variants, repeats) / len(variants)
     if m.outlier_p:
@@ -252,7 +257,8 @@ def run_shocks(
         hit, cell, slow = aux.random() < m.outlier_p, aux.integers(C), aux.uniform(*m.outlier_slow)
         if hit:
             extra[cell] += math.log1p(slow)
-    return s_d + extra, s_p + extra
+            abnormal = int(cell)
+    return s_d + extra, s_p + extra, abnormal
 
 
 def _request_times(
@@ -316,4 +322,5 @@ def truncate(tr: Trial, n: int) -> Trial:
     out = Trial(tr.run_id, n, tr.variants)
     out.metrics = {key: x for key, x in tr.metrics.items() if key[1] < n}
     out.correct = {key: x for key, x in tr.correct.items() if key[1] < n}
+    out.abnormal = tr.abnormal if tr.abnormal is not None and tr.abnormal[1] < n else None
     return out
