@@ -151,7 +151,9 @@ class Calibration:
 def load(a: argparse.Namespace) -> Calibration:
     """The calibration of the parsed options (scripts/calibrate.py): the config's schedule and
     settings (defaults, 5 repeats, when the file does not exist); ``a.mmmu_rounds`` resolved to
-    "all", "first" or a number of first rounds. Raises ConfigError (patchbench.errors) when the config does not load."""
+    "all", "first" or a number of first rounds; ``a.noise_fields`` (scripts/calibrate.py's parsed
+    ``--noise``, :func:`patchbench.calibration.model.parse_noise`; absent: Gaussian) set the run
+    noise of the model. Raises ConfigError (patchbench.errors) when the config does not load."""
     n_corr, fixed_cfg, seq_cfg, settings = 0, 5, None, CompareSettings()
     if a.config.is_file():
         fixed_cfg, seq_cfg, settings = config_repeats(a.config)
