@@ -229,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         a.noise_fields = parse_noise(a.noise)
     except ValueError as e:
         ap.error(str(e))
+    if a.noise_fields and (a.mmmu_only or a.sweep):
+        ap.error("--noise applies to the comparison's trials, not to --mmmu-only or --sweep")
     if a.mmmu_only:
         from patchbench.calibration.mmmu import MmmuModel, mmmu_table
 

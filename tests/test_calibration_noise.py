@@ -122,3 +122,20 @@ def test_rows_count_the_abnormal_cell_and_whether_the_report_names_it():
     assert c.abnormal == 6 and c.abnormal_named == 6  # 50 % slow: named in every report
     c = run_row(model.Model(questions=60), 4, 3, 0, CompareSettings())
     assert c.abnormal == 0 and c.abnormal_named == 0
+
+
+def test_calibrate_refuses_bad_or_unused_noise(capsys):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "calibrate.py"
+    spec = importlib.util.spec_from_file_location("calibrate_noise_cli", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["calibrate_noise_cli"] = mod
+    spec.loader.exec_module(mod)
+    for argv in (["--noise", "bogus"], ["--noise", "t:1"], ["--sweep", "4", "--noise", "t"]):
+        with pytest.raises(SystemExit) as e:
+            mod.main(argv)
+        assert e.value.code == 2
+    assert "not to --mmmu-only or --sweep" in capsys.readouterr().err
