@@ -29,6 +29,7 @@ Usage::
         --sequential 4:12:2:pocock:0:aa 4:12:2:pocock 4:8:2:pocock   # the design table only
     .venv/bin/python scripts/calibrate.py --design-only --mmmu-rounds first   # MMMU in round 1
     .venv/bin/python scripts/calibrate.py --sweep 4 --repeats 8 --cvs 0.03   # a load sweep's family
+    .venv/bin/python scripts/calibrate.py --design-only --noise t:3 --sequential   # other noise
 
 ``--sweep POINTS`` runs only the load-sweep model (:mod:`patchbench.calibration.sweep`): a
 single point and a POINTS-point sweep, each at every ``--cvs`` and ``--repeats``: false calls
@@ -49,7 +50,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # this checkout's patchbench
 
 from patchbench.calibration.designs import cv_rows, design_rows, load  # noqa: E402
-from patchbench.calibration.model import Model  # noqa: E402
+from patchbench.calibration.model import Model, parse_noise  # noqa: E402
 from patchbench.calibration.stopping import parse_seq  # noqa: E402
 from patchbench.calibration.tables import print_report  # noqa: E402
 
@@ -186,6 +187,16 @@ def _model_options(ap: argparse.ArgumentParser) -> None:
         help="share of MMMU questions right with probability 1/2 in each cell (0.05)",
     )
     ap.add_argument("--questions", type=int, default=Model.questions)
+    ap.add_argument(
+        "--noise",
+        nargs="+",
+        default=[],
+        metavar="NAME[:VALUE]",
+        help="run-level noise beyond the Gaussian (they combine; patchbench.calibration.model): "
+        "t[:DF] Student t shocks scaled to the run CV (3), outlier[:P] one cell 10-20%% slow in "
+        "a share P of the runs (0.2), drift[:RATE] a slow-down per round shared by the arms "
+        "(0.005), unequal[:FACTOR] patch-a's run CV times FACTOR (2); gauss: none (default)",
+    )
 
 
 def _sweep(a: argparse.Namespace) -> int:
@@ -214,6 +225,12 @@ def main(argv: list[str] | None = None) -> int:
         "--sweep", type=int, metavar="POINTS", help="only the load-sweep model (POINTS points)"
     )
     a = ap.parse_args(argv)
+    try:
+        a.noise_fields = parse_noise(a.noise)
+    except ValueError as e:
+        ap.error(str(e))
+    if a.noise_fields and (a.mmmu_only or a.sweep):
+        ap.error("--noise applies to the comparison's trials, not to --mmmu-only or --sweep")
     if a.mmmu_only:
         from patchbench.calibration.mmmu import MmmuModel, mmmu_table
 

@@ -151,7 +151,9 @@ class Calibration:
 def load(a: argparse.Namespace) -> Calibration:
     """The calibration of the parsed options (scripts/calibrate.py): the config's schedule and
     settings (defaults, 5 repeats, when the file does not exist); ``a.mmmu_rounds`` resolved to
-    "all", "first" or a number of first rounds. Raises ConfigError (patchbench.errors) when the config does not load."""
+    "all", "first" or a number of first rounds; ``a.noise_fields`` (scripts/calibrate.py's parsed
+    ``--noise``, :func:`patchbench.calibration.model.parse_noise`; absent: Gaussian) set the run
+    noise of the model. Raises ConfigError (patchbench.errors) when the config does not load."""
     n_corr, fixed_cfg, seq_cfg, settings = 0, 5, None, CompareSettings()
     if a.config.is_file():
         fixed_cfg, seq_cfg, settings = config_repeats(a.config)
@@ -162,7 +164,13 @@ def load(a: argparse.Namespace) -> Calibration:
     a.mmmu_rounds = a.mmmu_rounds or "all"
     first = {"all": 0, "first": 1}.get(a.mmmu_rounds)
     first = int(a.mmmu_rounds) if first is None else first
-    base = Model(req_cv=a.req_cv, step_share=a.step_share, fragile=a.fragile, questions=a.questions)
+    base = Model(
+        req_cv=a.req_cv,
+        step_share=a.step_share,
+        fragile=a.fragile,
+        questions=a.questions,
+        **getattr(a, "noise_fields", {}),
+    )
     return Calibration(a, settings, fixed_cfg, seq_cfg, n_corr, first, base)
 
 

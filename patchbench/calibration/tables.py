@@ -94,6 +94,7 @@ def design_table(entries: list[tuple[str, Counts, bool]], cv: float, cost: Cost)
     n_all = len(PATCHES) * sum(len(x) for x in PRIMARIES.values())
     n_run = len(PATCHES) * len(PRIMARIES["serving"])
     small = any(c.small for _, c, _ in entries)
+    named = any(c.abnormal for _, c, _ in entries)
     out = [
         f"| design (run CV {100 * cv:g}%) | trials (no effect / +10%) | repeats: mean / p90 "
         "(no effect) | repeats: mean / p90 (+10%) | a no-effect patch shown improved or "
@@ -109,8 +110,16 @@ def design_table(entries: list[tuple[str, Counts, bool]], cv: float, cost: Cost)
         + " | ".join(f"real 0 called equivalent: {SHORT[x]}" for x in prim)
         + f" | primaries decided a report, all {n_all} / serving {n_run}: no effect | +10% "
         "| H200 min a report: no effect / +10% | primaries decided per H200 hour, all / "
-        "serving: no effect | +10% |",
-        "|---|---|---|---|---|---|---|" + "---|" * (len(prim) + 2 * small) + "---|---|---|---|---|",
+        "serving: no effect | +10% |"
+        + (
+            " reports with the abnormal slow cell in their rounds (no effect and +10%): its "
+            "repeat named an outlier repeat |"
+            if named
+            else ""
+        ),
+        "|---|---|---|---|---|---|---|"
+        + "---|" * (len(prim) + 2 * small + named)
+        + "---|---|---|---|---|",
     ]
     for label, c, mmmu_first in entries:
         mins, dec, per_h = [], [], []
@@ -139,6 +148,7 @@ def design_table(entries: list[tuple[str, Counts, bool]], cv: float, cost: Cost)
             + (f"{fmt(c.small_power, c.small)} | {fmt(c.small_equiv, c.small)} | " if small else "")
             + " | ".join(fmt(c.equiv.get(x, 0), c.equiv_n.get(x, 0)) for x in prim)
             + f" | {' | '.join(dec)} | {' / '.join(mins)} | {' | '.join(per_h)} |"
+            + (f" {fmt(c.abnormal_named, c.abnormal)} ({c.abnormal} reports) |" if named else "")
         )
     return out
 
@@ -155,7 +165,9 @@ def print_report(cal: Calibration, argv: list[str], wall: float, entries) -> int
         f"{100 * base.req_cv:g}% (decode-step share {base.step_share:g}), {base.requests} "
         f"requests x {base.out_len} tokens at concurrency {base.concurrency}; MMMU "
         f"{base.questions} questions, {100 * base.fragile:g}% fragile; variants: baseline, "
-        f"A/A, 2 patches; seed {a.seed}\n"
+        f"A/A, 2 patches; seed {a.seed}"
+        + ("" if base.noise_label == "Gaussian" else f"; run noise: {base.noise_label}")
+        + "\n"
     )
     if cal.rows and not a.design_only:
         print("\n".join(table(sorted(cal.rows, key=lambda r: (r[0], -(r[1] == 1), r[1])))))

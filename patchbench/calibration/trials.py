@@ -268,6 +268,9 @@ class Counts:
     # the A/A check), summed over the reports
     decided_run: dict[str, int] = field(default_factory=lambda: {"null": 0, "effect": 0})
     # the same, run-level (serving) primaries only
+    abnormal: int = 0  # null and effect reports whose rounds hold the outlier model's slow cell
+    abnormal_named: int = 0  # of those: a primary run row names its repeat an outlier repeat
+    # (patchbench.analysis.OUTLIER_RULE) in a pair that holds the cell
 
 
 def _hit(v: str | None) -> bool:
@@ -359,6 +362,13 @@ def _count(c: Counts, sc: str, tr: Trial, cmp: Comparison) -> None:
     """Count one compared trial of scenario ``sc`` into ``c``."""
     rows = cmp.rows
     c.reps[sc].append(tr.repeats)
+    if tr.abnormal is not None and sc != "small":
+        v, k = tr.abnormal
+        c.abnormal += 1
+        c.abnormal_named += any(
+            r.primary and r.kind == "run" and v in (BASELINE, r.variant) and k in r.outlier_repeats
+            for r in rows
+        )
     if sc == "small":
         c.small += 1
         row = cmp.row("serving", THR, EFFECT_VARIANT)
