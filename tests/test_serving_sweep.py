@@ -306,7 +306,26 @@ def test_sweep_calibration_rows():
     assert len(primaries(4)) == 10
     row = sweep_row(4, 8, 0.03, 0.10, 10, seed=7)
     assert row.improved >= 8 and row.false_calls <= 2
-    assert "| 4 | 10 | 8 | 3% | 10 |" in "\n".join(sweep_table([row], 0.10))
+    assert "| 4 | 10 | fixed 8 | 3% | 10 |" in "\n".join(sweep_table([row], 0.10))
+
+
+def test_sweep_calibration_replays_the_configs_sequential_schedule():
+    """The shipped sweep configs' schedule (4..8 rounds, Pocock, the runner's futility) is
+    read as the runner reads it and replayed on the trials: the rows say how many rounds ran."""
+    from pathlib import Path
+
+    from patchbench.calibration.sweep import config_schedule, sweep_row, sweep_table
+
+    want = {"min": 4, "max": 8, "step": 2, "boundary": "pocock", "futility": 0.2}
+    for cfg in ("configs/pr9460-sweep-h200.yaml", "configs/presets/sweep-h200.yaml"):
+        assert config_schedule(Path(cfg)) == (4, want)
+    with pytest.raises(ValueError, match="no serving.sweep"):
+        config_schedule(Path("configs/pr9460-h200.yaml"))
+    row = sweep_row(4, 0, 0.03, 0.10, 6, seed=7, schedule=want)
+    assert row.repeats == 8 and row.improved >= 4 and row.false_calls <= 1
+    assert 6 * 4 <= row.rounds_null <= 6 * 8 and 6 * 4 <= row.rounds_effect <= 6 * 8
+    line = sweep_table([row], 0.10)[-1]
+    assert line.startswith("| 4 | 10 | sequential 4..8 step 2 (pocock) | 3% | 6 |")
 
 
 def test_gates_name_points_and_curve_metrics():
