@@ -30,10 +30,14 @@ Usage::
     .venv/bin/python scripts/calibrate.py --design-only --mmmu-rounds first   # MMMU in round 1
     .venv/bin/python scripts/calibrate.py --sweep 4 --repeats 8 --cvs 0.03   # a load sweep's family
     .venv/bin/python scripts/calibrate.py --design-only --noise t:3 --sequential   # other noise
+    .venv/bin/python scripts/calibrate.py --sweep 4 --repeats 4 8 --cvs 0.03 \\
+        --config configs/pr9460-sweep-h200.yaml   # ... and the config's sequential schedule
 
 ``--sweep POINTS`` runs only the load-sweep model (:mod:`patchbench.calibration.sweep`): a
-single point and a POINTS-point sweep, each at every ``--cvs`` and ``--repeats``: false calls
-with no effect, and +10 % output throughput at one point called improved.
+single point and a POINTS-point sweep, each at every ``--cvs`` and ``--repeats``, and, when
+``--config`` has a serving sweep and a sequential schedule, a single point and that sweep under
+the config's schedule (the runner's stopping rule replayed): false calls with no effect, +10 %
+output throughput at one point called improved, and the rounds the reports ran.
 
 Exit status 0 when the targets hold at ``--target-cv`` with the config's schedule (fixed or
 sequential), 1 otherwise.
@@ -200,15 +204,30 @@ def _model_options(ap: argparse.ArgumentParser) -> None:
 
 
 def _sweep(a: argparse.Namespace) -> int:
-    """``--sweep``: the single point and the sweep at each CV and repeat count; prints a table."""
-    from patchbench.calibration.sweep import sweep_row, sweep_table
+    """``--sweep``: the single point and the sweep at each CV and fixed repeat count, then the
+    ``--config``'s own sweep under its schedule when it has a serving sweep (the same trials as
+    the fixed row of its ``max`` repeats); prints a table."""
+    from patchbench.calibration.sweep import config_schedule, sweep_row, sweep_table
 
-    rows = [
-        sweep_row(points, n, cv, 0.10, a.trials, seed=1000 * points + n)
-        for cv in a.cvs
-        for n in a.repeats or [8]
-        for points in (1, a.sweep)
-    ]
+    shipped: list[tuple[int, dict]] = []
+    if a.config.is_file():
+        try:
+            pts, sched = config_schedule(a.config)
+        except ValueError:
+            pts, sched = 0, 0
+        if isinstance(sched, dict):
+            shipped = [(1, sched), (pts, sched)]
+    rows = []
+    for cv in a.cvs:
+        rows += [
+            sweep_row(points, n, cv, 0.10, a.trials, seed=1000 * points + n)
+            for n in a.repeats or [8]
+            for points in (1, a.sweep)
+        ]
+        rows += [
+            sweep_row(points, s["max"], cv, 0.10, a.trials, 1000 * points + s["max"], s)
+            for points, s in shipped
+        ]
     print("\n".join(sweep_table(rows, 0.10)))
     return 0
 

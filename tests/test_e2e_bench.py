@@ -4,7 +4,7 @@ One run per release per session (module fixtures), shared by every assertion:
 - sglang 0.5.1.post3 (this environment): configs/demo-cpu.yaml, stock vs the upstream change of
   PR #9460 vs ours, 2 interleaved repeats, all suites;
 - sglang 0.5.23 (.venv-0.5.23, run as a subprocess with that environment's python):
-  configs/demo-cpu-0.5.23.yaml, stock vs ours.
+  configs/demo-cpu-0.5.23.yaml, stock vs ours, its serving point as a one-point sweep.
 What is checked: the results folder (manifest, cells, suite files parse; one untimed correctness
 cell per variant, and timed cells that carry no instrumentation), every server stopped (no process
 of its group alive, port closed), --resume does nothing, the patched decode path ran on batches of
@@ -211,21 +211,80 @@ def _serving_requests(cell_dir: Path) -> dict[str, dict]:
 
 def test_demo_sweep_points_0513(demo_0513):
     """The demo's two-point sweep (concurrency 8 with 24 prompts, 1 with 4) in one client process
-    a cell: per-point metrics under their names, both points' records, the primaries compared."""
+    a cell: the order and its seed, per-point metrics under their names and the curve metrics,
+    both points' records (every request answered), the primaries compared, the load-curve report
+    section and the curve figures."""
     for c in _cells(demo_0513):
         sdir = demo_0513 / c["dir"] / "serving"
         summary = read_json(sdir / "summary.json")
         assert summary["status"] == "ok", summary["errors"]
-        assert sorted(summary["meta"]["sweep"]["order"]) == ["c1", "c8"]
+        sweep = summary["meta"]["sweep"]
+        assert sorted(sweep["order"]) == ["c1", "c8"] and isinstance(sweep["order_seed"], int)
         for k, n in (("c1", 4), ("c8", 24)):
-            assert len(read_json(sdir / "points" / k / "requests.json")["status"]) == n
+            req = read_json(sdir / "points" / k / "requests.json")
+            assert len(req["status"]) == n and set(req["status"]) == {"ok"}, (c["dir"], k)
             assert read_json(sdir / "points" / k / "point.json")["rc"] == 0
             assert summary["metrics"][f"output_throughput_tok_s@{k}"] > 0
+            assert summary["metrics"][f"goodput_req_s@{k}"] >= 0
             assert f"itl_median_ms@{k}" in summary["metrics"]
         assert "output_throughput_tok_s" not in summary["metrics"]
+        assert "goodput_at_slo_req_s" in summary["metrics"]
+        assert sweep["max_load_at_slo"]["answer"] in ("within the sweep", "beyond the sweep")
         assert (sdir / "multi_point" / "stdout.txt").read_text().count("exit 0") == 2
     prim = {r["metric"] for r in read_json(demo_0513 / "compare.json")["rows"] if r["primary"]}
     assert {"output_throughput_tok_s@c8", "itl_median_ms@c1", "goodput_at_slo_req_s"} <= prim
+    report = (demo_0513 / "report.md").read_text()
+    details = (demo_0513 / "report-details.md").read_text()
+    assert "## Load curve (serving)" in report and "[point c1]" in details
+    for png in ("curve_latency.png", "curve_change.png", "curve_frontier.png", "pr_figure.png"):
+        assert (demo_0513 / "plots" / png).stat().st_size > 10_000
+
+
+def test_goodput_matches_the_tools_own_0523(demo_0523):
+    """0.5.23's bench_serving computes goodput itself (``--goodput``, which the serving suite
+    passes at a sweep's points where the release has the flag). Its rule
+    (sglang/benchmark/goodput.py): a request is good when it succeeded, TTFT <= the TTFT bound and
+    TPOT = (latency - TTFT) / (output tokens - 1) <= the TPOT bound (0 for one token); goodput =
+    good requests / the benchmark's duration. Ours (suites/serving/curve.py) is the same rule on
+    our requests.json, except that our E2E is the last token's time (TTFT + the ITLs) while the
+    tool's latency runs to the stream's end, so our TPOT is never larger: TTFT attainment must
+    match exactly, TPOT attainment and goodput exactly unless a request's TPOT lies just under
+    the bound (then ours may only be higher)."""
+    from patchbench.suites.serving.curve import goodput_req_s, request_tpot_ms
+    from patchbench.suites.serving.parse import read_result_line
+    from patchbench.suites.serving.sweep import Slo
+
+    for c in _cells(demo_0523):
+        sdir = demo_0523 / c["dir"] / "serving"
+        summary = read_json(sdir / "summary.json")
+        assert summary["status"] == "ok", summary["errors"]
+        sweep = summary["meta"]["sweep"]
+        slo = Slo.model_validate(sweep["slo"])
+        for k, point in sweep["points"].items():
+            tool = read_result_line(sdir / "points" / k / "result.jsonl")
+            assert tool["goodput_slos_ms"] == {"ttft": slo.ttft_ms, "tpot": slo.tpot_ms}
+            assert point["tool_goodput_req_s"] == tool["request_goodput"]
+            recs = read_json(sdir / "points" / k / "requests.json")
+            # every request streamed tokens: the tool's successes are our "ok" requests
+            assert set(recs["status"]) == {"ok"}, (c["dir"], k)
+            ours = summary["metrics"][f"goodput_req_s@{k}"]
+            assert ours == goodput_req_s(recs, tool["duration"], slo)
+            n_ttft = sum(t <= slo.ttft_ms for t in recs["ttft_ms"])
+            want = tool["slo_attainment_by_metric"]["ttft"] * len(recs["ttft_ms"])
+            assert n_ttft == pytest.approx(want, abs=1e-6), (c["dir"], k)
+            tpot = [0.0 if t is None else t for t in request_tpot_ms(recs)]  # 1 token: 0
+            n_tpot = sum(t <= slo.tpot_ms for t in tpot)
+            tool_tpot = tool["slo_attainment_by_metric"]["tpot"] * len(tpot)
+            borderline = any(0.9 * slo.tpot_ms < t <= slo.tpot_ms for t in tpot)
+            print(c["dir"], k, "goodput", ours, tool["request_goodput"], "TTFT met", n_ttft)
+            print("  TPOT met", n_tpot, tool_tpot, "borderline", borderline)
+            if borderline:  # our TPOT is never larger: only ours may be higher
+                assert n_tpot >= tool_tpot - 1e-6
+                assert ours >= tool["request_goodput"] - 1e-9
+            else:
+                assert n_tpot == pytest.approx(tool_tpot, abs=1e-6), (c["dir"], k)
+                assert ours == pytest.approx(tool["request_goodput"], rel=1e-9)
+            assert not any("--goodput" in w for w in summary["warnings"]), summary["warnings"]
 
 
 def _profile_steps(run_dir: Path, variant: str) -> list[dict]:

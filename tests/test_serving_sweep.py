@@ -229,6 +229,43 @@ def test_sweep_report_and_plots(tmp_path):
     assert {"pr_figure.png", "curve_latency.png", "curve_change.png", "curve_frontier.png"} <= pngs
 
 
+def _label_boxes(points):
+    """(annotations, their window extents) of :func:`label_points` on a log-x figure."""
+    from patchbench.suites import new_figure
+    from patchbench.suites.serving.curve_render import label_points
+
+    fig, (ax,) = new_figure(5.2)
+    for j in {p[3] for p in points}:
+        mine = sorted((x, y) for _k, x, y, jj in points if jj == j)
+        ax.plot(*zip(*mine, strict=True), "-o", color=f"C{j}")
+    ax.set_xscale("log")
+    notes = label_points(ax, points)
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    return notes, [n.get_window_extent(r) for n in notes]
+
+
+def test_curve_latency_labels_never_overlap():
+    """Three variants whose points sit at one spot (no change), a label's width apart (the
+    "c8c8" case) and far apart: one label per load where they crowd, one per point where they
+    do not, and no two labels overlap."""
+    same = [("c1", 30.0, 29.0, j) for j in range(3)] + [("c8", 40.0, 176.0, j) for j in range(3)]
+    notes, boxes = _label_boxes(same)
+    assert [n.get_text() for n in notes] == ["c1", "c8"]  # one per load, dark grey
+    close = [("c8", 40.0 * (1 - 0.015 * j), 176.0 + 3 * j, j) for j in range(3)]
+    close += [("c1", 30.0, 29.0, 0), ("c1", 27.0, 33.0, 1), ("c1", 25.0, 36.0, 2)]
+    notes, boxes = _label_boxes(close)
+    assert sorted(n.get_text() for n in notes).count("c8") == 1
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            assert not a.overlaps(b), [n.get_text() for n in notes]
+    far = [("c4", 30.0, 100.0, 0), ("c4", 45.0, 150.0, 1)]
+    notes, boxes = _label_boxes(far)
+    assert [n.get_text() for n in notes] == ["c4", "c4"]
+    assert [n.get_color() for n in notes] == ["C0", "C1"]
+    assert boxes[0].x1 < boxes[1].x0  # the left point's label on its left side
+
+
 def test_point_labels_and_bounds_shown(tmp_path):
     from patchbench.suites.serving.points import point_label
 
@@ -269,7 +306,26 @@ def test_sweep_calibration_rows():
     assert len(primaries(4)) == 10
     row = sweep_row(4, 8, 0.03, 0.10, 10, seed=7)
     assert row.improved >= 8 and row.false_calls <= 2
-    assert "| 4 | 10 | 8 | 3% | 10 |" in "\n".join(sweep_table([row], 0.10))
+    assert "| 4 | 10 | fixed 8 | 3% | 10 |" in "\n".join(sweep_table([row], 0.10))
+
+
+def test_sweep_calibration_replays_the_configs_sequential_schedule():
+    """The shipped sweep configs' schedule (4..8 rounds, Pocock, the runner's futility) is
+    read as the runner reads it and replayed on the trials: the rows say how many rounds ran."""
+    from pathlib import Path
+
+    from patchbench.calibration.sweep import config_schedule, sweep_row, sweep_table
+
+    want = {"min": 4, "max": 8, "step": 2, "boundary": "pocock", "futility": 0.2}
+    for cfg in ("configs/pr9460-sweep-h200.yaml", "configs/presets/sweep-h200.yaml"):
+        assert config_schedule(Path(cfg)) == (4, want)
+    with pytest.raises(ValueError, match="no serving.sweep"):
+        config_schedule(Path("configs/pr9460-h200.yaml"))
+    row = sweep_row(4, 0, 0.03, 0.10, 6, seed=7, schedule=want)
+    assert row.repeats == 8 and row.improved >= 4 and row.false_calls <= 1
+    assert 6 * 4 <= row.rounds_null <= 6 * 8 and 6 * 4 <= row.rounds_effect <= 6 * 8
+    line = sweep_table([row], 0.10)[-1]
+    assert line.startswith("| 4 | 10 | sequential 4..8 step 2 (pocock) | 3% | 6 |")
 
 
 def test_gates_name_points_and_curve_metrics():

@@ -10,9 +10,13 @@ throughput at ONE point (the lowest load) by ``1 + effect`` and changes nothing 
 judged by the comparison code itself (:func:`patchbench.analysis.build_comparison` on in-memory
 run data, the serving suite's real declarations: one Holm family over the variant's primaries).
 
-:func:`sweep_rows` counts, per scenario: false calls (any primary improved or regressed with no
+:func:`sweep_row` counts, per scenario: false calls (any primary improved or regressed with no
 effect), and the power (the changed point's throughput called improved); ``points=1`` is the
-single-point reference with the suite's four single-point primaries.
+single-point reference with the suite's four single-point primaries. With a sequential
+``schedule`` (a config's ``schedule.repeats`` mapping, :func:`config_schedule`) each trial is
+drawn with ``max`` repeats and the comparison replays the runner's stopping rule on it
+(``patchbench.family.sequential_decision``, as the report of such a run does): the verdicts are
+the rule's at the look where it stops, and the row counts the rounds it ran.
 """
 
 from __future__ import annotations
@@ -65,15 +69,19 @@ def primaries(points: int) -> list[str]:
     return [m for m, i in s.declarations(params).items() if i.primary]
 
 
-def run_data(points: int, repeats: int, cv: float, effect: float, rng) -> RunData:
-    """One trial as in-memory run data (see the module docstring)."""
+def run_data(
+    points: int, repeats: int, cv: float, effect: float, rng, schedule: dict | None = None
+) -> RunData:
+    """One trial as in-memory run data (see the module docstring): ``repeats`` interleaved
+    rounds; the config's ``schedule.repeats`` is ``schedule`` (a sequential mapping, whose
+    ``max`` should be ``repeats``) or ``repeats`` (None)."""
     prim = primaries(points)
     changed = prim[2] if points > 1 else "output_throughput_tok_s"
     cfg = {
         "name": "calibration-sweep",
         "variants": {BASE: [], VAR: ["p"]},
         "baseline": BASE,
-        "schedule": {"repeats": repeats, "order": "interleaved"},
+        "schedule": {"repeats": schedule or repeats, "order": "interleaved"},
         "suites": {"serving": _params(points)},
         "compare": {},
     }
@@ -103,10 +111,30 @@ def run_data(points: int, repeats: int, cv: float, effect: float, rng) -> RunDat
     )
 
 
+def config_schedule(path: Path) -> tuple[int, dict | int]:
+    """(points of the config's serving sweep, its ``schedule.repeats``: a fixed count, or the
+    sequential mapping ``{min, max, step, boundary, futility}`` with the runner's defaults
+    filled in) of a config, read as the runner reads it (patchbench.config.load_config).
+    Raises ConfigError (patchbench.errors) when the config does not load, ValueError when it
+    has no serving sweep."""
+    from patchbench.config import load_config
+
+    cfg = load_config(path)
+    params = cfg.suite_params.get("serving")
+    if params is None or params.sweep is None:
+        raise ValueError(f"{path}: no serving.sweep")
+    seq = cfg.schedule.sequential
+    if seq is None:
+        return len(params.sweep.points), cfg.schedule.max_repeats
+    return len(params.sweep.points), seq.model_dump()
+
+
 @dataclass
 class SweepRow:
-    """One row: the design, the trials, false calls (no effect) and the changed point's
-    throughput called improved (effect), as counts."""
+    """One row: the design (``schedule``: fixed repeats, or a sequential ``schedule.repeats``
+    mapping), the trials, false calls (no effect) and the changed point's throughput called
+    improved (effect), as counts, and the rounds each scenario's reports ran (summed over
+    the trials)."""
 
     points: int
     repeats: int
@@ -114,41 +142,72 @@ class SweepRow:
     trials: int
     false_calls: int
     improved: int
+    schedule: dict | None = None
+    rounds_null: int = 0
+    rounds_effect: int = 0
+
+    @property
+    def design(self) -> str:
+        """``fixed 8`` / ``sequential 4..8 step 2 (pocock)``."""
+        s = self.schedule
+        if s is None:
+            return f"fixed {self.repeats}"
+        return f"sequential {s['min']}..{s['max']} step {s['step']} ({s['boundary']})"
 
 
 def sweep_row(
-    points: int, repeats: int, cv: float, effect: float, trials: int, seed: int
+    points: int,
+    repeats: int,
+    cv: float,
+    effect: float,
+    trials: int,
+    seed: int,
+    schedule: dict | None = None,
 ) -> SweepRow:
-    """Run ``trials`` seeded trials of each scenario (no effect, ``effect`` at one point)."""
+    """Run ``trials`` seeded trials of each scenario (no effect, ``effect`` at one point) with
+    ``repeats`` fixed rounds, or under the sequential ``schedule`` (its ``max`` rounds drawn,
+    the rule replayed; ``repeats`` is ignored). Raises ValueError for a schedule whose looks
+    are invalid (patchbench.sequential.looks_from_schedule)."""
+    from patchbench import sequential
+
+    if schedule is not None:
+        repeats = int(schedule["max"])
+        sequential.looks_from_schedule(schedule["min"], schedule["max"], schedule["step"])
     rng = np.random.default_rng(seed)
     settings = CompareSettings()
     suites = {"serving": _Serving()}
     changed = primaries(points)[2] if points > 1 else "output_throughput_tok_s"
-    fc = imp = 0
+    out = SweepRow(points, repeats, cv, trials, 0, 0, schedule)
     for _ in range(trials):
         cmp = analysis.build_comparison(
-            run_data(points, repeats, cv, 0.0, rng), settings, suites=suites
+            run_data(points, repeats, cv, 0.0, rng, schedule), settings, suites=suites
         )
-        fc += any(r.primary and r.verdict in ("improved", "regressed") for r in cmp.rows)
+        out.false_calls += any(
+            r.primary and r.verdict in ("improved", "regressed") for r in cmp.rows
+        )
+        out.rounds_null += cmp.design.stopped_after or repeats
         cmp = analysis.build_comparison(
-            run_data(points, repeats, cv, effect, rng), settings, suites=suites
+            run_data(points, repeats, cv, effect, rng, schedule), settings, suites=suites
         )
         row = cmp.row("serving", changed, VAR)
-        imp += row is not None and row.verdict == "improved"
-    return SweepRow(points, repeats, cv, trials, fc, imp)
+        out.improved += row is not None and row.verdict == "improved"
+        out.rounds_effect += cmp.design.stopped_after or repeats
+    return out
 
 
 def sweep_table(rows: list[SweepRow], effect: float) -> list[str]:
-    """Markdown rows of :func:`sweep_row` results."""
+    """Markdown rows of :func:`sweep_row` results (rounds: the mean rounds a report ran, no
+    effect / effect)."""
     out = [
-        f"| points | primaries | repeats | run CV | trials | false calls (no effect) | "
-        f"+{effect * 100:g}% throughput at one point called improved |",
-        "|---|---|---|---|---|---|---|",
+        f"| points | primaries | design | run CV | trials | false calls (no effect) | "
+        f"+{effect * 100:g}% throughput at one point called improved | rounds |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         out.append(
-            f"| {r.points} | {len(primaries(r.points))} | {r.repeats} | {r.cv * 100:g}% | {r.trials} | "
-            f"{r.false_calls / r.trials * 100:.1f}% ({r.false_calls}) | "
-            f"{r.improved / r.trials * 100:.1f}% ({r.improved}) |"
+            f"| {r.points} | {len(primaries(r.points))} | {r.design} | {r.cv * 100:g}% | "
+            f"{r.trials} | {r.false_calls / r.trials * 100:.1f}% ({r.false_calls}) | "
+            f"{r.improved / r.trials * 100:.1f}% ({r.improved}) | "
+            f"{r.rounds_null / r.trials:.1f} / {r.rounds_effect / r.trials:.1f} |"
         )
     return out

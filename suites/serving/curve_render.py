@@ -3,7 +3,8 @@ and three figures, rendered only from the comparison's per-point rows (``<metric
 :mod:`.sweep`) and curve rows.
 
 Figures (``RUN/plots/``): ``curve_latency.png`` (per variant, output throughput against median
-and p99 ITL, a point per load, the repeats' range of throughput as a band), ``curve_change.png``
+and p99 ITL, a point per load, the repeats' range of throughput as a band, one load label where
+the variants' points crowd), ``curve_change.png``
 (the paired change of output throughput and median ITL at each load with its interval, coloured
 by verdict), ``curve_frontier.png`` (output tok/s per GPU against tok/s per user per variant,
 the Pareto frontier drawn through the points on it).
@@ -192,8 +193,9 @@ def _median(xs):
 
 def plot_latency(comparison: Any, out: Path) -> Path | None:
     """``curve_latency.png``: per variant, output throughput (y) against median ITL (x, solid)
-    and p99 ITL (x, dashed) at each load (medians over repeats, the load written at each point),
-    the repeats' range of throughput as a band around the median line. None without a sweep."""
+    and p99 ITL (x, dashed) at each load (medians over repeats, the load written by the median
+    points, :func:`label_points`), the repeats' range of throughput as a band around the median
+    line. None without a sweep."""
     from patchbench.suites import new_figure, save_png
 
     keys = point_keys(comparison)
@@ -201,6 +203,7 @@ def plot_latency(comparison: Any, out: Path) -> Path | None:
     if not keys:
         return None
     fig, (ax,) = new_figure(5.2)
+    medians: list[tuple[str, float, float, int]] = []
     for j, (label, arm, src) in enumerate(_arms(comparison)):
         thr = _series(rows, "output_throughput_tok_s", keys, arm, src)
         for stat, ls in (("itl_median_ms", "-"), ("itl_p99_ms", "--")):
@@ -226,16 +229,9 @@ def plot_latency(comparison: Any, out: Path) -> Path | None:
                 xs, [p[2] for p in pts], [p[3] for p in pts], color=f"C{j}", alpha=0.15, lw=0
             )
             if ls == "-":
-                for x, y, *_r, k in pts:
-                    ax.annotate(
-                        k,
-                        (x, y),
-                        textcoords="offset points",
-                        xytext=(5, 4 - 12 * j),
-                        fontsize=7,
-                        color=f"C{j}",
-                    )
+                medians += [(k, x, y, j) for x, y, *_r, k in pts]
     ax.set_xscale("log")
+    label_points(ax, medians)
     ax.set_xlabel("ITL (ms, log scale): median solid, p99 dashed")
     ax.set_ylabel("output throughput (tok/s)")
     ax.grid(alpha=0.3, which="both")
@@ -249,6 +245,56 @@ def plot_latency(comparison: Any, out: Path) -> Path | None:
     rows_of_legend = -(-len(labels) // 3)
     fig.tight_layout(rect=(0, 0.04 + 0.035 * rows_of_legend, 1, 1))
     return save_png(fig, out)
+
+
+#: points of one load closer than this (display pixels) share one label
+NEAR_PX = 28.0
+
+
+def label_points(ax: Any, points: list[tuple[str, float, float, int]]) -> list[Any]:
+    """Write each load's key by its points on ``ax`` (limits and scales already set) so that the
+    labels do not overlap: the points of one load (``(key, x, y, variant index)``, data
+    coordinates) that lie within :data:`NEAR_PX` of each other on screen (single linkage) get
+    ONE dark-grey label centred above the highest of them; a point apart from the rest of its
+    load gets its own label in its variant's colour (``C<index>``), beside it on the side away
+    from the load's other points (the right when alone). Returns the annotations, in the
+    order written (loads as first seen)."""
+    import numpy as np
+
+    ax.autoscale_view()
+    by: dict[str, list[tuple[np.ndarray, float, float, int]]] = {}
+    for k, x, y, j in points:
+        by.setdefault(k, []).append((ax.transData.transform((x, y)), x, y, j))
+    out = []
+    for k, members in by.items():
+        groups: list[list[tuple[np.ndarray, float, float, int]]] = []
+        for m in members:
+            near = [g for g in groups if any(np.hypot(*(m[0] - o[0])) < NEAR_PX for o in g)]
+            groups = [g for g in groups if not any(g is h for h in near)]
+            groups.append([m] + [o for g in near for o in g])
+        centre = float(np.mean([m[0][0] for m in members]))
+        for g in groups:
+            if len(g) > 1:
+                top = max(g, key=lambda o: o[0][1])
+                xy, colour, off, ha = (top[1], top[2]), "0.25", (0, 6), "center"
+            else:
+                ((px, x, y, j),) = g
+                right = len(groups) == 1 or px[0] >= centre
+                xy, colour = (x, y), f"C{j}"
+                off, ha = ((6, 3), "left") if right else ((-6, 3), "right")
+            out.append(
+                ax.annotate(
+                    k,
+                    xy,
+                    textcoords="offset points",
+                    xytext=off,
+                    ha=ha,
+                    va="bottom",
+                    fontsize=7,
+                    color=colour,
+                )
+            )
+    return out
 
 
 def plot_change(comparison: Any, out: Path) -> Path | None:
