@@ -96,9 +96,14 @@ def _run_bench(a: argparse.Namespace, _raw: list[str]) -> int:
             print(note)
         problems = variants.check_patches(cfg)
         failed = any(not p.startswith(" ") and " not checked " not in p for p in problems)
+        unchecked = sum(" not checked " in p for p in problems)
         head = (
             "FAIL"
             if failed
+            else f"{unchecked} variant(s) not checked (below; a real run downloads what is "
+            "missing and checks them before any server starts); the others apply to a pristine "
+            "copy of their release"
+            if unchecked
             else "every patch applies to a pristine copy of its release"
             if any(cfg.patches_of(v) for v in cfg.variants)
             else "(none)"
