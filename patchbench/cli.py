@@ -79,7 +79,7 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
 
 
 def _run_bench(a: argparse.Namespace, _raw: list[str]) -> int:
-    from patchbench import bench, builds, variants
+    from patchbench import bench, builds, envinfo, variants
     from patchbench.cell import is_cpu
     from patchbench.config import load_config
     from patchbench.run.plan import describe_plan
@@ -94,6 +94,11 @@ def _run_bench(a: argparse.Namespace, _raw: list[str]) -> int:
         print(describe_plan(cfg, Path(a.resume) if a.resume else None))
         if note:
             print(note)
+        if not is_cpu(cfg) and envinfo.gpu_info() is None:
+            print(
+                "note: no NVIDIA GPU here, and the config does not run on --device cpu: "
+                f"`patchbench doctor {a.config}` lists what a run still needs"
+            )
         problems = variants.check_patches(cfg)
         failed = any(not p.startswith(" ") and " not checked " not in p for p in problems)
         unchecked = sum(" not checked " in p for p in problems)

@@ -125,6 +125,19 @@ def test_dry_run_with_an_unchecked_patch_does_not_claim_every_patch_applies(monk
     assert "patches    1 variant(s) not checked (below" in out and line in out
 
 
+@pytest.mark.parametrize("gpu", [None, {"gpus": [{"name": "H200"}], "driver": "1"}])
+def test_dry_run_of_a_gpu_config_without_a_gpu_points_at_doctor(monkeypatch, capsys, gpu):
+    """A GPU config's dry run on a machine without an NVIDIA GPU says so and names doctor; with
+    a GPU, or for a CPU config, nothing is added."""
+    from patchbench import envinfo
+
+    monkeypatch.setattr(envinfo, "gpu_info", lambda: gpu)
+    note = "note: no NVIDIA GPU here, and the config does not run on --device cpu"
+    for name, want in (("pr9460-h200.yaml", gpu is None), ("demo-cpu.yaml", False)):
+        assert cli.main(["bench", str(CONFIGS[0].parent / name), "--dry-run"]) == 0
+        assert (note in capsys.readouterr().out) is want
+
+
 def test_demo_compares_stock_upstream_and_ours():
     cfg = load_config(CONFIGS[0].parent / "demo-cpu.yaml")
     assert {v: cfg.patches_of(v) for v in cfg.variants} == {
