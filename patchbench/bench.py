@@ -36,7 +36,7 @@ from patchbench.run.identity import check_resume_identity, variant_identity
 from patchbench.run.lock import RunLock, holder_text
 from patchbench.run.lock import acquire as lock_run_folder
 from patchbench.run.looks import sequential_design, sequential_primaries
-from patchbench.run.loop import BenchRun
+from patchbench.run.loop import PROG, BenchRun
 from patchbench.run.manifest import new_manifest
 from patchbench.run.plan import plan
 from patchbench.runfolder.models import RunTimings
@@ -140,7 +140,14 @@ def _run_locked(
         run.say(line)
     problems = run.problems()
     if problems:
-        raise RunFailed(f"{'; '.join(problems)}; see {run.run_dir}/*/*/cell.json", run.run_dir)
+        again = (
+            f"; to run the failed cells again: {PROG} bench {run.config_path} --resume {run.run_dir}"
+            if run.failed
+            else ""
+        )
+        raise RunFailed(
+            f"{'; '.join(problems)}; see {run.run_dir}/*/*/cell.json{again}", run.run_dir
+        )
     return run.run_dir
 
 

@@ -157,6 +157,8 @@ def test_a_start_that_fails_counts_as_server_start_up_not_harness_overhead(fake_
     failed = next(c for c in man["cells"] if (c["variant"], c["repeat"]) == ("control", 0))
     assert failed["status"] == "failed"
     assert failed["timings_s"]["server_start"] >= 1.0
+    assert "to run the failed cells again: " in str(ei.value)
+    assert str(ei.value).endswith(f"bench {cfg} --resume {ei.value.run_dir}")
 
 
 @register_suite
