@@ -328,3 +328,18 @@ def test_a_suite_whose_every_cell_failed_keeps_its_primaries_as_incomplete(tmp_p
         update={"kind": "deterministic", "baseline_value": None}
     )
     assert exactness(det) == "no values"
+
+
+def test_a_checkout_build_without_patches_is_not_called_stock(tmp_path):
+    """The header names an arm built from a git checkout (or a wheel) "no patches", never
+    "stock": only a release is stock."""
+    run = _run(tmp_path)
+    man = json.loads((run / "manifest.json").read_text())
+    man["builds"] = {
+        "baseline": {"kind": "git", "describe": "git:/co@abc (commit abc, sglang 0.5.1.post3)"},
+        "aa": {"kind": "release", "describe": "sglang 0.5.1.post3 in .venv"},
+    }
+    (run / "manifest.json").write_text(json.dumps(man))
+    text = report.render_run(run, plots=False).read_text()
+    assert "| variant `baseline` (baseline) | no patches; build git:/co@abc" in text
+    assert "| variant `aa` (A/A) | stock; build sglang 0.5.1.post3 in .venv |" in text
