@@ -173,7 +173,8 @@ def _set_up(
     env = preflight.check_environment(cfg, resumed=old)
     check_instrumentation(cfg)  # a conflicting instrumentation argument: exit 2 first
     preflight.ensure_model(cfg)
-    root = Path(results_root) if results_root else RESULTS_DIR
+    # absolute: suites run clients in the cell's folder (cwd) and hand them paths in the run
+    root = Path(results_root).resolve() if results_root else RESULTS_DIR
     preflight.report_stale_servers(
         Path(resume).parent if resume else root, kill=kill_stale, log=run.say
     )
@@ -193,7 +194,7 @@ def _set_up(
         nvml = open_nvml() if not is_cpu(cfg) else None
     run.nvml = nvml
     if resume:
-        run.run_dir = Path(resume)
+        run.run_dir = Path(resume).resolve()
         started = old.started_at or utc_stamp()
     else:
         run.run_dir = new_run_dir(root, utc_stamp(), cfg.name)

@@ -161,6 +161,19 @@ def test_a_start_that_fails_counts_as_server_start_up_not_harness_overhead(fake_
     assert str(ei.value).endswith(f"bench {cfg} --resume {ei.value.run_dir}")
 
 
+def test_relative_results_and_resume_folders_become_absolute(fake_env, tmp_path, monkeypatch):
+    """``--results DIR`` and ``--resume RUN`` given relative to the working directory: the run
+    folder is absolute (a suite's client runs in its cell's folder and reads paths in the run:
+    the serving sweep's plan.json was not found after a relative ``--resume``)."""
+    cfg = write_config(tmp_path, BASIC)
+    monkeypatch.chdir(tmp_path)
+    run_dir = bench.run_bench(cfg, results_root="results")
+    assert run_dir.is_absolute() and run_dir.parent == tmp_path / "results"
+    (run_dir / "control" / "rep1" / "fake" / "summary.json").unlink()
+    again = bench.run_bench(cfg, resume=str(run_dir.relative_to(tmp_path)))
+    assert again == run_dir
+
+
 @register_suite
 class _SecondFake(tests.fake_server.fake_suites.FakeSuite):
     """A second server suite, so a cell has a boundary between two suites."""
