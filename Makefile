@@ -36,11 +36,12 @@ setup-all:
 	scripts/setup.sh 0.5.23 .venv-0.5.23 $(PROFILE)
 
 # the whole A/B pipeline on the CPU: stock vs upstream PR #9460 vs ours, sglang 0.5.1.post3
+# (PORT=N: serve on port N instead of the config's 30100)
 demo: setup
-	$(PY) -m patchbench bench configs/demo-cpu.yaml
+	$(PY) -m patchbench bench configs/demo-cpu.yaml $(if $(PORT),--port $(PORT))
 
 bench: setup
-	$(PY) -m patchbench bench $(CONFIG)
+	$(PY) -m patchbench bench $(CONFIG) $(if $(PORT),--port $(PORT))
 
 nightly: setup
 	$(PY) -m patchbench nightly $(if $(NIGHTLY_CONFIG),$(NIGHTLY_CONFIG),configs/nightly-h200.yaml)

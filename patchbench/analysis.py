@@ -206,9 +206,11 @@ def _metrics_of(
     data: RunData, cmp: Comparison, suite: str, declared: dict[str, MetricInfo]
 ) -> list[tuple[str, MetricInfo, bool]]:
     """(metric, info, declared by the suite) for each row of ``suite``: the declared metrics that
-    a summary holds or (kind "accuracy") that a variant's pair gave, in declaration order; then
-    the undeclared metrics the summaries hold, in the order first seen, info guessed from the
-    name. Reads ``cmp.pairs``: call after the pair hooks."""
+    a summary holds or (kind "accuracy") that a variant's pair gave, and every declared primary
+    when no summary holds any metric of the suite (every cell failed: the primaries stay in the
+    family, incomplete), in declaration order; then the undeclared metrics the summaries hold,
+    in the order first seen, info guessed from the name. Reads ``cmp.pairs``: call after the
+    pair hooks."""
     seen: list[str] = []
     for (_v, _k, x), sm in data.summaries.items():
         if x == suite and sm is not None:
@@ -217,6 +219,7 @@ def _metrics_of(
         (m, i, True)
         for m, i in declared.items()
         if m in seen
+        or (i.primary and not seen)
         or (
             i.kind == "accuracy"
             and any(m in _pair_of(cmp, suite, v).get("accuracy", {}) for v in data.variants[1:])
@@ -384,7 +387,8 @@ def _row(
 ) -> tuple[Row, verdicts.Test | None]:
     """The row of (suite, metric, variant) before its verdict, and its test (None: no
     interval). A metric the suite does not declare is secondary; a missing value makes the row
-    "incomplete" (except accuracy, whose questions pair across the cells that ran)."""
+    "incomplete" (except accuracy, whose questions pair across the cells that ran, unless no
+    question paired)."""
     row = Row(
         suite=suite,
         metric=metric,
@@ -410,7 +414,8 @@ def _row(
             row.notes.append(test.reason)
     row.margin = s.margin_for(suite, metric, info.margin)
     _descriptive(row, s, _pair_of(cmp, suite, variant))
-    if bad and info.kind != "accuracy":
+    no_values = row.baseline_value is None or row.variant_value is None
+    if bad and (info.kind != "accuracy" or no_values):
         row.notes.append("incomplete cells: " + "; ".join(bad))
         row.verdict = "incomplete"
     return row, test

@@ -36,7 +36,7 @@ from patchbench.run.identity import check_resume_identity, variant_identity
 from patchbench.run.lock import RunLock, holder_text
 from patchbench.run.lock import acquire as lock_run_folder
 from patchbench.run.looks import sequential_design, sequential_primaries
-from patchbench.run.loop import BenchRun
+from patchbench.run.loop import PROG, BenchRun
 from patchbench.run.manifest import new_manifest
 from patchbench.run.plan import plan
 from patchbench.runfolder.models import RunTimings
@@ -144,7 +144,14 @@ def _run_locked(
         run.say(line)
     problems = run.problems()
     if problems:
-        raise RunFailed(f"{'; '.join(problems)}; see {run.run_dir}/*/*/cell.json", run.run_dir)
+        again = (
+            f"; to run the failed cells again: {PROG} bench {run.config_path} --resume {run.run_dir}"
+            if run.failed
+            else ""
+        )
+        raise RunFailed(
+            f"{'; '.join(problems)}; see {run.run_dir}/*/*/cell.json{again}", run.run_dir
+        )
     return run.run_dir
 
 
@@ -170,7 +177,8 @@ def _set_up(
     env = preflight.check_environment(cfg, resumed=old)
     check_instrumentation(cfg)  # a conflicting instrumentation argument: exit 2 first
     preflight.ensure_model(cfg)
-    root = Path(results_root) if results_root else RESULTS_DIR
+    # absolute: suites run clients in the cell's folder (cwd) and hand them paths in the run
+    root = Path(results_root).resolve() if results_root else RESULTS_DIR
     preflight.report_stale_servers(
         Path(resume).parent if resume else root, kill=kill_stale, log=run.say
     )
@@ -190,7 +198,7 @@ def _set_up(
         nvml = open_nvml() if not is_cpu(cfg) else None
     run.nvml = nvml
     if resume:
-        run.run_dir = Path(resume)
+        run.run_dir = Path(resume).resolve()
         started = old.started_at or utc_stamp()
     else:
         run.run_dir = new_run_dir(root, utc_stamp(), cfg.name)

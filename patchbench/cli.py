@@ -93,7 +93,7 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
 
 
 def _run_bench(a: argparse.Namespace, _raw: list[str]) -> int:
-    from patchbench import bench, builds, variants
+    from patchbench import bench, builds, envinfo, variants
     from patchbench.cell import is_cpu
     from patchbench.config import load_config
     from patchbench.run.plan import describe_plan
@@ -108,11 +108,21 @@ def _run_bench(a: argparse.Namespace, _raw: list[str]) -> int:
         print(describe_plan(cfg, Path(a.resume) if a.resume else None))
         if note:
             print(note)
+        if not is_cpu(cfg) and envinfo.gpu_info() is None:
+            print(
+                "note: no NVIDIA GPU here, and the config does not run on --device cpu: "
+                f"`patchbench doctor {a.config}` lists what a run still needs"
+            )
         problems = variants.check_patches(cfg)
         failed = any(not p.startswith(" ") and " not checked " not in p for p in problems)
+        unchecked = sum(" not checked " in p for p in problems)
         head = (
             "FAIL"
             if failed
+            else f"{unchecked} variant(s) not checked (below; a real run downloads what is "
+            "missing and checks them before any server starts); the others apply to a pristine "
+            "copy of their release"
+            if unchecked
             else "every patch applies to a pristine copy of its release"
             if any(cfg.patches_of(v) for v in cfg.variants)
             else "(none)"

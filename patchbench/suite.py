@@ -11,7 +11,7 @@ Required: ``name``, ``Params`` (pydantic, ``extra="forbid"``), ``metrics`` ``{na
 (every name carries its unit: ``_ms``, ``_s``, ``_tok_s``, ``_req_s``, ``_acc``, ``_count``,
 ``_share``, ``_us``), ``run(ctx, params) -> SuiteResult``; ``declarations(params)`` when the
 parameters change which metrics exist (default: ``metrics``); ``plan_lines(params,
-cells_per_round)`` for the dry run.
+cells_per_round, cpu)`` for the dry run.
 Class flags: ``needs_server`` (False: runs against the variant's sglang package, no server);
 ``timed`` (False: the suite perturbs timing, e.g. a profiler, and runs only in the untimed
 correctness cells, never in cells whose timings feed a verdict).
@@ -236,10 +236,12 @@ class Suite:
         metrics (e.g. the serving suite's per-point metrics of a load sweep)."""
         return dict(self.metrics)
 
-    def plan_lines(self, params: BaseModel, cells_per_round: int = 1) -> list[str]:
+    def plan_lines(
+        self, params: BaseModel, cells_per_round: int = 1, cpu: bool = False
+    ) -> list[str]:
         """Lines ``bench --dry-run`` prints under the suite's parameters (e.g. a load sweep's
         points and its estimated GPU time; ``cells_per_round``: the timed cells of a round, one
-        per variant); [] by default."""
+        per variant; ``cpu``: the servers run on sglang's CPU engine); [] by default."""
         return []
 
     def instrumentation(self, ctx: SuiteContext, params: BaseModel) -> Instrumentation | None:

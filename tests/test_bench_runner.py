@@ -146,6 +146,34 @@ def test_server_dying_mid_run_fails_that_cell_only_and_resume_reruns_it(fake_env
     assert [(c["variant"], c["repeat"], c["status"]) for c in rerun] == [("control", 0, "ok")]
 
 
+def test_a_start_that_fails_counts_as_server_start_up_not_harness_overhead(fake_env, tmp_path):
+    """A server that exits before it is ready: the seconds waited are the cell's
+    ``server_start`` (the run's harness overhead share leaves them out)."""
+    fake_env["control/rep0"] = {"FAKE_HEALTH_503_S": "30", "FAKE_EXIT_AFTER_S": "1.5"}
+    cfg = write_config(tmp_path, BASIC)
+    with pytest.raises(RunFailed) as ei:
+        bench.run_bench(cfg, results_root=tmp_path / "results")
+    man = read_json(ei.value.run_dir / "manifest.json")
+    failed = next(c for c in man["cells"] if (c["variant"], c["repeat"]) == ("control", 0))
+    assert failed["status"] == "failed"
+    assert failed["timings_s"]["server_start"] >= 1.0
+    assert "to run the failed cells again: " in str(ei.value)
+    assert str(ei.value).endswith(f"bench {cfg} --resume {ei.value.run_dir}")
+
+
+def test_relative_results_and_resume_folders_become_absolute(fake_env, tmp_path, monkeypatch):
+    """``--results DIR`` and ``--resume RUN`` given relative to the working directory: the run
+    folder is absolute (a suite's client runs in its cell's folder and reads paths in the run:
+    the serving sweep's plan.json was not found after a relative ``--resume``)."""
+    cfg = write_config(tmp_path, BASIC)
+    monkeypatch.chdir(tmp_path)
+    run_dir = bench.run_bench(cfg, results_root="results")
+    assert run_dir.is_absolute() and run_dir.parent == tmp_path / "results"
+    (run_dir / "control" / "rep1" / "fake" / "summary.json").unlink()
+    again = bench.run_bench(cfg, resume=str(run_dir.relative_to(tmp_path)))
+    assert again == run_dir
+
+
 @register_suite
 class _SecondFake(tests.fake_server.fake_suites.FakeSuite):
     """A second server suite, so a cell has a boundary between two suites."""

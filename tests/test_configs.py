@@ -97,6 +97,47 @@ def test_sweep_preset_is_a_four_point_concurrency_curve_within_two_h200_hours():
     assert per_repeat * cfg.schedule.max_repeats <= 120
 
 
+def test_cpu_dry_run_quotes_no_gpu_time():
+    """The CPU demo's sweep lists its points and prompts but no H200 estimate (the cost model is
+    an H200's); a GPU config of the same sweep keeps it."""
+    from patchbench.run.plan import describe_plan
+
+    cpu = describe_plan(load_config(CONFIGS[0].parent / "demo-cpu.yaml"))
+    assert "c1: 4 prompts, c8: 24 prompts" in cpu
+    assert "H200 GPU minutes" not in cpu and "no time estimate on the CPU engine" in cpu
+    gpu = describe_plan(load_config(CONFIGS[0].parent / "presets" / "sweep-h200.yaml"))
+    assert "estimated H200 GPU minutes" in gpu
+
+
+def test_dry_run_with_an_unchecked_patch_does_not_claim_every_patch_applies(monkeypatch, capsys):
+    """A variant whose release files are not here (wheels not downloaded) is counted as not
+    checked in the head line, never under "every patch applies"."""
+    from patchbench import variants
+
+    line = (
+        "variant 'pr9460-upstream': not checked on sglang 0.5.1.post3: sglang==0.5.2rc1: its "
+        "wheel is not in .cache/wheels/sglang-0.5.2rc1 (not downloaded: offline check)"
+    )
+    monkeypatch.setattr(variants, "check_patches", lambda cfg: [line])
+    assert cli.main(["bench", str(CONFIGS[0].parent / "demo-cpu.yaml"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "every patch applies" not in out
+    assert "patches    1 variant(s) not checked (below" in out and line in out
+
+
+@pytest.mark.parametrize("gpu", [None, {"gpus": [{"name": "H200"}], "driver": "1"}])
+def test_dry_run_of_a_gpu_config_without_a_gpu_points_at_doctor(monkeypatch, capsys, gpu):
+    """A GPU config's dry run on a machine without an NVIDIA GPU says so and names doctor; with
+    a GPU, or for a CPU config, nothing is added."""
+    from patchbench import envinfo
+
+    monkeypatch.setattr(envinfo, "gpu_info", lambda: gpu)
+    note = "note: no NVIDIA GPU here, and the config does not run on --device cpu"
+    for name, want in (("pr9460-h200.yaml", gpu is None), ("demo-cpu.yaml", False)):
+        assert cli.main(["bench", str(CONFIGS[0].parent / name), "--dry-run"]) == 0
+        assert (note in capsys.readouterr().out) is want
+
+
 def test_demo_compares_stock_upstream_and_ours():
     cfg = load_config(CONFIGS[0].parent / "demo-cpu.yaml")
     assert {v: cfg.patches_of(v) for v in cfg.variants} == {

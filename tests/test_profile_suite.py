@@ -141,7 +141,7 @@ def test_pair_report_and_plot(tmp_path):
         "refusals": {"profile": {"other": "different prompts"}},
     }
     text = "\n".join(report_section(cmp))
-    assert "| 3 | 2/1 | 18 → 12 | 6 → 0 | **no** |" in text
+    assert "| 3 | 2/1 | 18 → 12 | 6 → 0 | no |" in text
     assert "**other**: not compared: different prompts" in text
     pngs = get_suite("profile").plots(cmp, tmp_path / "plots")
     assert [x.name for x in pngs] == ["profile_timeline_ours.png"]

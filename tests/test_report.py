@@ -303,3 +303,43 @@ def test_failed_and_incomplete_cells_have_a_section_and_their_primaries_read_inc
         runfolder.read_manifest(tmp_path / "c" / run.name),
         tmp_path / "c" / run.name,
     )
+
+
+def test_a_suite_whose_every_cell_failed_keeps_its_primaries_as_incomplete(tmp_path):
+    """Every cell of the run failed (e.g. the server port held by another process): the suite's
+    declared primaries are rows, incomplete, in the family; a count with no values says so
+    instead of "one measurement per arm"."""
+    from patchbench.report.fmt import exactness
+
+    cells = {(v, k): "failed" for v in ("baseline", "patched") for k in range(2)}
+    run = make_run(
+        tmp_path,
+        metrics={"bench": {"retokenized_count": {"baseline": [None] * 2, "patched": [None] * 2}}},
+        cell_status=cells,
+    )
+    report.render_run(run, plots=False)
+    cmp = read_comparison(run)
+    rows = {r.metric: r for r in cmp.rows}
+    assert {"output_throughput_tok_s", "mean_ttft_ms"} <= set(rows)
+    assert all(rows[m].primary and rows[m].verdict == "incomplete" for m in DECL if m in rows)
+    text = (run / "report.md").read_text()
+    assert "over the 0 primaries" not in text
+    det = rows["output_throughput_tok_s"].model_copy(
+        update={"kind": "deterministic", "baseline_value": None}
+    )
+    assert exactness(det) == "no values"
+
+
+def test_a_checkout_build_without_patches_is_not_called_stock(tmp_path):
+    """The header names an arm built from a git checkout (or a wheel) "no patches", never
+    "stock": only a release is stock."""
+    run = _run(tmp_path)
+    man = json.loads((run / "manifest.json").read_text())
+    man["builds"] = {
+        "baseline": {"kind": "git", "describe": "git:/co@abc (commit abc, sglang 0.5.1.post3)"},
+        "aa": {"kind": "release", "describe": "sglang 0.5.1.post3 in .venv"},
+    }
+    (run / "manifest.json").write_text(json.dumps(man))
+    text = report.render_run(run, plots=False).read_text()
+    assert "| variant `baseline` (baseline) | no patches; build git:/co@abc" in text
+    assert "| variant `aa` (A/A) | stock; build sglang 0.5.1.post3 in .venv |" in text

@@ -51,7 +51,10 @@ def values_txt(r: Row) -> str:
 def exactness(r: Row) -> str:
     """How a deterministic row's values are known: "a bound" when either value is only a bound,
     "exact" when shown exact (every arm measured at least twice with no spread, or the suite's
-    test proves the value deterministic: ``Row.exact_by``), else "one measurement per arm"."""
+    test proves the value deterministic: ``Row.exact_by``), else "one measurement per arm";
+    "no values" when either arm has none (its cells failed)."""
+    if r.baseline_value is None or r.variant_value is None:
+        return "no values"
     if r.baseline_bound or r.variant_bound:
         return "a bound"
     return "exact" if r.exact_by else "one measurement per arm"

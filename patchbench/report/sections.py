@@ -37,7 +37,10 @@ def _header(man: runfolder.RunManifest, cmp: Comparison) -> list[str]:
     for v in [cmp.baseline] + cmp.variants:
         pats, args, env = variant_parts(cfg.variants_json().get(v))
         ps = man.patches.get(v) or [models.PatchHash(name=p) for p in pats]
-        desc = ", ".join(f"`{p.name}` ({(p.sha256 or '?')[:12]})" for p in ps) or "stock"
+        source = (man.builds.get(v) or {}).get("kind") in ("git", "wheel")
+        desc = ", ".join(f"`{p.name}` ({(p.sha256 or '?')[:12]})" for p in ps) or (
+            "no patches" if source else "stock"  # a checkout or wheel is not the stock release
+        )
         if args:
             desc += "; server args " + " ".join(f"`{a}`" for a in args)
         if env:

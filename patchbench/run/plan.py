@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from patchbench.cell import cell_done, cell_suites, check_instrumentation, needs_correctness_cells
+from patchbench.cell import (
+    cell_done,
+    cell_suites,
+    check_instrumentation,
+    is_cpu,
+    needs_correctness_cells,
+)
 from patchbench.config import Config, patch_label, sglang_label
 from patchbench.run.looks import sequential_primaries
 from patchbench.run.preflight import resume_manifest
@@ -157,7 +163,8 @@ def _suite_lines(cfg: Config, cells: list[Cell]) -> list[str]:
         r = cfg.suite_rounds.get(sname, "all")
         when = "" if r == "all" else f"  [rounds: {r}]"
         lines.append(f"  {sname}: {params.model_dump(mode='json')}{when}")
-        lines += [f"    {x}" for x in get_suite(sname).plan_lines(params, len(cfg.variants))]
+        suite_lines = get_suite(sname).plan_lines(params, len(cfg.variants), cpu=is_cpu(cfg))
+        lines += [f"    {x}" for x in suite_lines]
     lines.append("suites per round:")
     corr = [c for c in cells if c.kind == "correctness"]
     if corr:

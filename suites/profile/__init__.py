@@ -474,7 +474,7 @@ def report_section(comparison: Any) -> list[str]:
         ]
         for r in p.get("by_batch_size") or []:
             x, y = r.get("baseline") or {}, r.get("variant") or {}
-            eq = "yes" if r.get("syncs_equal") and r.get("mrope_syncs_equal") else "**no**"
+            eq = "yes" if r.get("syncs_equal") and r.get("mrope_syncs_equal") else "no"
             body.append(
                 f"| {r['batch_size']} | {x.get('steps', 0)}/{y.get('steps', 0)} | "
                 f"{_fmt(x.get('syncs'))} → {_fmt(y.get('syncs'))} | "

@@ -682,14 +682,16 @@ class ServingSuite(Suite):
             return pair_points(list(baseline_dirs), list(variant_dirs), params, list(METRICS))
         return pair_cells(list(baseline_dirs), list(variant_dirs), list(METRICS))
 
-    def plan_lines(self, params: Any, cells_per_round: int = 1) -> list[str]:
-        """A sweep's points, prompts and estimated H200 minutes per cell
-        (:func:`.sweep.cost_lines`); [] without a sweep."""
+    def plan_lines(self, params: Any, cells_per_round: int = 1, cpu: bool = False) -> list[str]:
+        """A sweep's points, prompts and estimated H200 minutes per cell (none on the CPU
+        engine: :func:`.sweep.cost_lines`); [] without a sweep."""
         if not isinstance(params, Params) or params.sweep is None:
             return []
         from .sweep import cost_lines
 
-        return cost_lines(params.sweep, params.num_prompts, params.output_len, cells_per_round)
+        return cost_lines(
+            params.sweep, params.num_prompts, params.output_len, cells_per_round, cpu=cpu
+        )
 
     def declarations(self, params: Any) -> dict[str, MetricInfo]:
         """:data:`METRICS`, or with a sweep the per-point and curve metrics

@@ -152,18 +152,27 @@ def point_seconds(concurrency: float, prompts: int, output_len: int) -> float:
     return waves * output_len * step + POINT_OVERHEAD_S
 
 
-def cost_lines(sweep: Sweep, num_prompts: int, output_len: int, cells_per_round: int) -> list[str]:
+def cost_lines(
+    sweep: Sweep, num_prompts: int, output_len: int, cells_per_round: int, cpu: bool = False
+) -> list[str]:
     """The dry run's lines of a sweep: each point's prompts and estimated seconds, and the
     estimated H200 minutes of one cell (server start-up included) and of one round of
     ``cells_per_round`` cells (a repeat of every variant). A request-rate axis is costed at the
-    concurrency its rate reaches at the anchor's latency (an estimate)."""
+    concurrency its rate reaches at the anchor's latency (an estimate). With ``cpu`` (a run on
+    sglang's CPU engine) the points and prompts only: the cost model is an H200's."""
     per, total = [], STARTUP_S
     for p in sweep.sorted_points():
         n = sweep.num_prompts(p, num_prompts)
         c = p if sweep.axis == "max_concurrency" else p * ANCHOR_SERVING_S / ANCHOR_PROMPTS * 16
         s = point_seconds(c, n, output_len)
         total += s
-        per.append(f"{sweep.key(p)}: {n} prompts ~{s:.0f} s")
+        per.append(f"{sweep.key(p)}: {n} prompts" + ("" if cpu else f" ~{s:.0f} s"))
+    if cpu:
+        return [
+            f"sweep ({sweep.axis}, order shuffled per cell): " + ", ".join(per),
+            "no time estimate on the CPU engine (the cost model in suites/serving/sweep.py is "
+            "an H200's)",
+        ]
     rnd = total * cells_per_round / 60
     return [
         f"sweep ({sweep.axis}, order shuffled per cell): " + ", ".join(per),
