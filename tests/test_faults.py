@@ -93,11 +93,13 @@ def test_a_resume_while_the_run_still_writes_is_refused(tmp_path):
     mark = tmp_path / "mark.txt"
     results = tmp_path / "results"
     runner = HERE / "fake_server" / "run_bench_fake.py"
+    hold = tmp_path / "hold"  # the first run's cell waits until the second run has been refused
+    hold.write_text("")
     env = dict(
         os.environ,
         FAKE_SUITE_MARK=str(mark),
         CELLENV_FOR="control/rep0",
-        CELLENV_FAKE_GENERATE_SLEEP_S="8",
+        CELLENV_FAKE_GENERATE_HOLD_FILE=str(hold),
     )
     first = subprocess.Popen(
         [sys.executable, str(runner), str(cfg), str(results)],
@@ -122,9 +124,11 @@ def test_a_resume_while_the_run_still_writes_is_refused(tmp_path):
         assert second.returncode == 4, second.stdout + second.stderr
         assert "run folder busy (exit 4)" in second.stderr
         assert f"pid {first.pid} on host" in second.stderr
+        hold.unlink()
         out, _ = first.communicate(timeout=120)
         assert first.returncode == 0, out
     finally:
+        hold.unlink(missing_ok=True)
         if first.poll() is None:
             first.kill()
             first.wait()

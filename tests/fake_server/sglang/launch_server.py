@@ -12,6 +12,8 @@ FAKE_SCHEDULER=1     spawn a child titled ``sglang::scheduler`` (setproctitle), 
                      once it is gone, /generate hangs and /health answers 503 while the HTTP
                      front end stays up (what a real server does when its scheduler dies)
 FAKE_GENERATE_SLEEP_S  each /generate after the first (the readiness check) takes this long
+FAKE_GENERATE_HOLD_FILE  each /generate after the first waits while this file exists (at most
+                     120 s): a test holds a cell open for exactly as long as it needs
 FAKE_HANG_AFTER_S    after this many seconds every request is accepted and never answered (a
                      scheduler whose loop is blocked: /server_info, /generate, /flush_cache all
                      wait), while every process stays alive
@@ -225,6 +227,10 @@ class H(BaseHTTPRequestHandler):
                     time.sleep(3600)
             if state["generate"] > 1:
                 time.sleep(float(os.environ.get("FAKE_GENERATE_SLEEP_S", "0")))
+                hold = os.environ.get("FAKE_GENERATE_HOLD_FILE")
+                until = time.monotonic() + 120
+                while hold and os.path.exists(hold) and time.monotonic() < until:
+                    time.sleep(0.05)
             while scheduler_dead():  # a real front end waits for its scheduler forever
                 time.sleep(0.5)
             if DIE_AFTER and state["generate"] > DIE_AFTER:
