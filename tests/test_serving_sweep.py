@@ -310,15 +310,16 @@ def test_sweep_calibration_rows():
 
 
 def test_sweep_calibration_replays_the_configs_sequential_schedule():
-    """The shipped sweep configs' schedule (4..8 rounds, Pocock, the runner's futility) is
-    read as the runner reads it and replayed on the trials: the rows say how many rounds ran."""
+    """The shipped sweep configs' schedule (4..8 rounds, O'Brien-Fleming, the runner's futility)
+    is read as the runner reads it and replayed on the trials: the rows say how many rounds ran."""
     from pathlib import Path
 
     from patchbench.calibration.sweep import config_schedule, sweep_row, sweep_table
 
-    want = {"min": 4, "max": 8, "step": 2, "boundary": "pocock", "futility": 0.2}
+    shipped = {"min": 4, "max": 8, "step": 2, "boundary": "obrien-fleming", "futility": 0.2}
     for cfg in ("configs/pr9460-sweep-h200.yaml", "configs/presets/sweep-h200.yaml"):
-        assert config_schedule(Path(cfg)) == (4, want)
+        assert config_schedule(Path(cfg)) == (4, shipped)
+    want = dict(shipped, boundary="pocock")
     with pytest.raises(ValueError, match="no serving.sweep"):
         config_schedule(Path("configs/pr9460-h200.yaml"))
     row = sweep_row(4, 0, 0.03, 0.10, 6, seed=7, schedule=want)
