@@ -783,7 +783,7 @@ def test_e2e_nightly_on_cpu(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# schedule.repeats: auto (patchbench.gates.planning, patchbench.nightly.job.pick_repeats)
+# schedule.repeats: auto (patchbench.gates.planning, patchbench.nightly.repeats.pick_repeats)
 
 
 def _auto_settings(**kw) -> NightlySettings:

@@ -1,5 +1,5 @@
 """schedule.repeats: auto around the run: the resolved config's home (a resume reruns the same
-repeats), matrix units, ``rounds`` indices (patchbench.nightly.job.pick_repeats,
+repeats), matrix units, ``rounds`` indices (patchbench.nightly.repeats.pick_repeats,
 patchbench.matrix.spec, patchbench.config.load)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from patchbench import inputs
 from patchbench.config import load_config
 from patchbench.errors import ConfigError
 from patchbench.matrix.spec import load_matrix
-from patchbench.nightly.job import pick_repeats
+from patchbench.nightly.repeats import pick_repeats
 
 TPUT = "output_throughput_tok_s"
 
