@@ -728,7 +728,7 @@ def test_e2e_nightly_on_cpu(tmp_path, monkeypatch):
     results = tmp_path / "results"
     monkeypatch.setattr(inputs, "RESULTS_DIR", results)  # the confirmation's kept config
     real_run_bench = bench.run_bench
-    from patchbench.server import free_port
+    from patchbench.ports import free_port
 
     monkeypatch.setattr(
         bench,
