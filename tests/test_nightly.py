@@ -32,6 +32,7 @@ from patchbench.trend import plot_trend
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from patchbench.testing import make_throughput_night
+from tests.helpers import write_nightly_config
 
 TPUT = "output_throughput_tok_s"
 
@@ -52,20 +53,7 @@ def test_settings_defaults():
 
 
 def _write_config(tmp_path: Path, nightly: dict, name: str = "nightly-test") -> Path:
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "name": name,
-                "sglang": "0.5.1.post3",
-                "model": {"path": "/nonexistent", "tiny": True},
-                "variants": {"baseline": [], "patched": []},
-                "suites": {},
-                "nightly": nightly,
-            }
-        )
-    )
-    return path
+    return write_nightly_config(tmp_path, name, nightly)
 
 
 def test_config_loader_validates_the_nightly_section(tmp_path):
