@@ -49,7 +49,7 @@ from packaging.utils import canonicalize_name
 
 from patchbench import envinfo
 from patchbench.config import Config, GitSource, WheelSource, sglang_label
-from patchbench.config.schema import LATEST
+from patchbench.config.variant import LATEST
 from patchbench.errors import ConfigError, EnvironmentNotReady, PatchError
 from patchbench.inputs import CACHE_DIR
 

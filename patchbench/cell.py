@@ -42,22 +42,18 @@ from patchbench.config import Config
 from patchbench.config.args import check_args, split_args
 from patchbench.errors import ConfigError
 from patchbench.liveness import ServerLost, ServerWatch
-from patchbench.records import ResultsWriteError, make_dir
-from patchbench.runfolder import models
-from patchbench.runfolder.models import CellRecord
-from patchbench.schedule import Cell
-from patchbench.server import (
+from patchbench.ports import (
     MARKER_CELL,
     MARKER_RUN_DIR,
     MARKER_RUNNER_PID,
     MARKER_RUNNER_START,
-    LaunchSpec,
-    ServerError,
-    SglangServer,
     runner_start,
-    scan_log,
-    tail,
 )
+from patchbench.records import ResultsWriteError, make_dir
+from patchbench.runfolder import models
+from patchbench.runfolder.models import CellRecord
+from patchbench.schedule import Cell
+from patchbench.server import LaunchSpec, ServerError, SglangServer, scan_log, tail
 from patchbench.shims import CALLED_MARKER, HOOKS_ENV
 from patchbench.signals import signum_of
 from patchbench.suite import (

@@ -194,14 +194,6 @@ def _run_compare(a: argparse.Namespace, _raw: list[str]) -> int:
     return EXIT_OK
 
 
-def _args_nightly(p: argparse.ArgumentParser) -> None:
-    importlib.import_module("patchbench.nightly.cli").add_arguments(p)
-
-
-def _run_nightly(a: argparse.Namespace, _raw: list[str]) -> int:
-    return int(importlib.import_module("patchbench.nightly.cli").run_args(a))
-
-
 def _args_check_patch(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--sglang",
@@ -371,14 +363,6 @@ def _run_ab(a: argparse.Namespace, _raw: list[str]) -> int:
     return EXIT_OK
 
 
-def _args_score_mmmu(p: argparse.ArgumentParser) -> None:
-    importlib.import_module("patchbench.suites.mmmu.cli").add_arguments(p)
-
-
-def _run_score_mmmu(a: argparse.Namespace, _raw: list[str]) -> int:
-    return int(importlib.import_module("patchbench.suites.mmmu.cli").run_args(a))
-
-
 def _args_tiny(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", nargs="?", help="folder (default: .cache/models/tiny-qwen25vl-tf<N>)")
     p.add_argument("--force", action="store_true", help="rebuild even when complete")
@@ -414,6 +398,23 @@ class Command:
     run: Callable[[argparse.Namespace, list[str]], int]
 
 
+def _lazy(
+    module: str, add: str = "add_arguments", run: str = "run"
+) -> tuple[
+    Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace, list[str]], int]
+]:
+    """A command's (add_args, run) from ``module``, imported only when the command is used:
+    ``module.<add>(parser)`` declares its options, ``module.<run>(args)`` returns its exit code."""
+
+    def add_args(p: argparse.ArgumentParser) -> None:
+        getattr(importlib.import_module(module), add)(p)
+
+    def run_command(a: argparse.Namespace, _raw: list[str]) -> int:
+        return int(getattr(importlib.import_module(module), run)(a))
+
+    return add_args, run_command
+
+
 #: every subcommand, in the order ``--help`` lists them
 COMMANDS: list[Command] = [
     Command(
@@ -437,20 +438,17 @@ COMMANDS: list[Command] = [
     Command(
         "nightly",
         "run a config (or a matrix), append it to the history and apply the regression gates",
-        _args_nightly,
-        _run_nightly,
+        *_lazy("patchbench.nightly.cli", run="run_args"),
     ),
     Command(
         "history",
         "list the nightly history's nights, a metric's series (--metric) or a night's gates (--night)",
-        lambda p: importlib.import_module("patchbench.history_cli").add_arguments(p),
-        lambda a, _raw: importlib.import_module("patchbench.history_cli").run(a),
+        *_lazy("patchbench.history_cli"),
     ),
     Command(
         "dashboard",
         "write the nightly history as a static site (charts, change points, reports) into --out",
-        lambda p: importlib.import_module("patchbench.dashboard.cli").add_arguments(p),
-        lambda a, _raw: importlib.import_module("patchbench.dashboard.cli").run(a),
+        *_lazy("patchbench.dashboard.cli"),
     ),
     Command(
         "check-patch",
@@ -474,20 +472,17 @@ COMMANDS: list[Command] = [
     Command(
         "score-mmmu",
         "re-score saved MMMU responses against an answer key",
-        _args_score_mmmu,
-        _run_score_mmmu,
+        *_lazy("patchbench.suites.mmmu.cli", run="run_args"),
     ),
     Command(
         "matrix",
         "run a matrix of configs (models, pins, GPU types) here or on a Ray cluster; one report",
-        lambda p: importlib.import_module("patchbench.matrix.cli").add_cli_arguments(p),
-        lambda a, _raw: importlib.import_module("patchbench.matrix.cli").run_cli(a),
+        *_lazy("patchbench.matrix.cli", add="add_cli_arguments", run="run_cli"),
     ),
     Command(
         "comment",
         "a pull-request comment from RUN's compare.json; --post keeps one sticky comment",
-        lambda p: importlib.import_module("patchbench.comment").add_arguments(p),
-        lambda a, _raw: importlib.import_module("patchbench.comment").run(a),
+        *_lazy("patchbench.comment"),
     ),
     Command(
         "make-tiny-model",

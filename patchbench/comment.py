@@ -153,20 +153,7 @@ def render_comment(
     if limit < 1000:
         raise ValueError(f"limit {limit} is too small for a comment (at least 1000)")
     links = links or Links()
-    tag = f" ({len(cmp.aa_variants)} A/A)" if cmp.aa_variants else ""
-    head = [
-        marker(key),
-        f"### {title or 'patchbench: ' + cmp.run_id}",
-        "",
-        f"{len(cmp.variants)} variant(s){tag} against `{cmp.baseline}`, {cmp.repeats} "
-        "interleaved repeat(s); intervals at the Holm-adjusted level each verdict used.",
-        "",
-    ]
-    bad = [c for c in cmp.cells if c.get("status") != "ok"]
-    if bad:
-        head += [f"**{len(bad)} of {len(cmp.cells)} timed cells did not end ok.**", ""]
-    if not cmp.health.ok:
-        head += ["**A/A check failed**: " + _esc(" ".join(cmp.health.notes)), ""]
+    head = _head_lines(cmp, key, title)
     answer = [_cut(f"- {sentence(cmp, v)}", ANSWER_LINE_MAX) for v in cmp.variants]
     rows = [_table_row(r) for r in cmp.rows_for(primary=True)]
     table_head = [
@@ -174,15 +161,7 @@ def render_comment(
         "| variant | metric | baseline | variant | change | interval | verdict |",
         "|---|---|---|---|---|---|---|",
     ]
-    tail = [""]
-    if links.figure_url:
-        tail += [f"![PR figure]({links.figure_url})", ""]
-    elif rows:
-        tail += [f"The PR figure is in {links.figure_where}.", ""]
-    if links.report_url:
-        tail.append(f"[Full report]({links.report_url}) · `{cmp.run_id}`")
-    else:
-        tail.append(f"Full report: `report.md` in the run folder `{cmp.run_id}`.")
+    tail = _tail_lines(cmp, links, bool(rows))
 
     def text(n_answer: int, n_rows: int) -> str:
         ans = answer[:n_answer]
@@ -216,6 +195,41 @@ def render_comment(
         note = "\n\n… (cut to fit GitHub's comment limit: see the full report)\n"
         body = body[: limit - len(note)] + note
     return body
+
+
+def _head_lines(cmp: Comparison, key: str, title: str | None) -> list[str]:
+    """The comment's first lines: the sticky marker, the heading, what was compared, and a line
+    each for timed cells that did not end ok and a failed A/A check."""
+    tag = f" ({len(cmp.aa_variants)} A/A)" if cmp.aa_variants else ""
+    head = [
+        marker(key),
+        f"### {title or 'patchbench: ' + cmp.run_id}",
+        "",
+        f"{len(cmp.variants)} variant(s){tag} against `{cmp.baseline}`, {cmp.repeats} "
+        "interleaved repeat(s); intervals at the Holm-adjusted level each verdict used.",
+        "",
+    ]
+    bad = [c for c in cmp.cells if c.get("status") != "ok"]
+    if bad:
+        head += [f"**{len(bad)} of {len(cmp.cells)} timed cells did not end ok.**", ""]
+    if not cmp.health.ok:
+        head += ["**A/A check failed**: " + _esc(" ".join(cmp.health.notes)), ""]
+    return head
+
+
+def _tail_lines(cmp: Comparison, links: Links, has_rows: bool) -> list[str]:
+    """The comment's last lines: the PR figure (or where it is, with a primaries table) and
+    the link to the full report."""
+    tail = [""]
+    if links.figure_url:
+        tail += [f"![PR figure]({links.figure_url})", ""]
+    elif has_rows:
+        tail += [f"The PR figure is in {links.figure_where}.", ""]
+    if links.report_url:
+        tail.append(f"[Full report]({links.report_url}) · `{cmp.run_id}`")
+    else:
+        tail.append(f"Full report: `report.md` in the run folder `{cmp.run_id}`.")
+    return tail
 
 
 def _cut(line: str, n: int) -> str:

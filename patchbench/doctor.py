@@ -112,7 +112,7 @@ def _build_checks(cfg: Any) -> list[Check]:
     wheel or a git checkout): resolved to an environment of this machine, as ``bench`` does
     (:func:`patchbench.builds.resolve_builds`), or the reason it cannot be and its fix."""
     from patchbench.builds import resolve_builds
-    from patchbench.config.schema import sglang_label
+    from patchbench.config.variant import sglang_label
 
     labels = sorted({sglang_label(cfg.sglang_of(v)) for v in cfg.variants})
     try:
@@ -129,7 +129,7 @@ def checks_for(cfg: Any, info: dict) -> list[Check]:
     """(what, ok, how to fix) for each requirement of ``cfg`` (a loaded Config) in this
     environment; ``info`` is :func:`patchbench.envinfo.collect`'s dict (keys used: sglang,
     hub_reachable, gpu)."""
-    from patchbench.server import port_answers
+    from patchbench.ports import port_answers
 
     token = _INFO.set(info)
     try:

@@ -480,17 +480,7 @@ class _Family:
         eq_level = design.level(look, eq_alpha)
         missed = design.level(look, share)
         if _equivalent(t, margin, eq_level):
-            return MetricDecision(
-                "equivalent",
-                n,
-                mean,
-                100.0 * math.expm1(mean),
-                p,
-                eq_level,
-                look,
-                f"TOST at {eq_level:.3g}: the {100 * (1 - 2 * eq_level):.1f} % interval "
-                f"lies inside +-{100 * math.expm1(margin):.3g} %",
-            )
+            return _equivalent_decision(n, mean, p, eq_level, look, margin)
         dec: Decision = "continue"
         why = f"neither a change (p = {p:.3g} > {missed:.3g}) nor equivalence shown"
         if last:
@@ -547,18 +537,7 @@ class _Family:
         margin = float(self.margins.get(key[1]) or 0.0)
         eq_level = design.level(look, self.alpha)
         if _equivalent(t, margin, eq_level):
-            return MetricDecision(
-                "equivalent",
-                n,
-                mean,
-                100.0 * math.expm1(mean),
-                p,
-                eq_level,
-                look,
-                f"A/A (a measurement): TOST at {eq_level:.3g}: the "
-                f"{100 * (1 - 2 * eq_level):.1f} % interval lies inside "
-                f"+-{100 * math.expm1(margin):.3g} %",
-            )
+            return _equivalent_decision(n, mean, p, eq_level, look, margin, "A/A (a measurement): ")
         return MetricDecision(
             "continue",
             n,
@@ -569,6 +548,25 @@ class _Family:
             None,
             "A/A (a measurement, never improved or regressed): equivalence not shown",
         )
+
+
+def _equivalent_decision(
+    n: int, mean: float, p: float, eq_level: float, look: int, margin: float, prefix: str = ""
+) -> MetricDecision:
+    """An "equivalent" decision at ``look``: the TOST at ``eq_level`` put the interval of the
+    mean log ratio ``mean`` (``n`` repeats, two-sided p ``p``) inside +-``margin`` (log scale);
+    ``prefix`` starts the reason."""
+    return MetricDecision(
+        "equivalent",
+        n,
+        mean,
+        100.0 * math.expm1(mean),
+        p,
+        eq_level,
+        look,
+        f"{prefix}TOST at {eq_level:.3g}: the {100 * (1 - 2 * eq_level):.1f} % interval "
+        f"lies inside +-{100 * math.expm1(margin):.3g} %",
+    )
 
 
 def _stop_or_go(

@@ -8,14 +8,14 @@ A server runs in its own session, so it outlives a runner killed with SIGKILL an
   ``server`` record (pid, pgid, create_time) names a live process with the same start time (so a
   reused pid is never taken for the server) and whose ``runner_pid`` no longer lives;
 - live processes carrying the harness's environment markers (``PATCHBENCH_RUN_DIR``,
-  ``PATCHBENCH_RUNNER_PID``, ``PATCHBENCH_RUNNER_START``; patchbench.server) whose runner no
+  ``PATCHBENCH_RUNNER_PID``, ``PATCHBENCH_RUNNER_START``; patchbench.ports) whose runner no
   longer lives (a pid now held by a process that started at another time is not the runner).
   With ``anywhere`` every such process of this user counts, whatever folder its run wrote to
   (``bench --results DIR`` elsewhere); otherwise only runs under the folder given.
 
 ``patchbench doctor`` lists them with the exact command that stops each; ``bench --kill-stale``
 calls :func:`kill_stale`. A process group is signalled only when it is the server's own (led by
-the server's pid, not group 1, not the caller's group: patchbench.server.own_group); otherwise
+the server's pid, not group 1, not the caller's group: patchbench.ports.own_group); otherwise
 only the server's pid is.
 """
 
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import psutil
 
+from patchbench.ports import markers_of, own_group
 from patchbench.runfolder import SchemaTooNew, read_cell, write_cell
-from patchbench.server import markers_of, own_group
 
 
 @dataclass
@@ -49,7 +49,7 @@ class StaleServer:
 
     @property
     def own_group(self) -> bool:
-        """True when its process group is its own (patchbench.server.own_group)."""
+        """True when its process group is its own (patchbench.ports.own_group)."""
         return own_group(self.pid, self.pgid)
 
     @property

@@ -72,11 +72,7 @@ def make_run(
         repeats = max(lens) if lens else 1
     requests = requests or {}
     mmmu_records = mmmu_records or {}
-    suites = list(metrics)
-    if requests and "serving" not in suites:
-        suites.append("serving")
-    if mmmu_records and "mmmu" not in suites:
-        suites.append("mmmu")
+    suites = _suites_of(metrics, requests, mmmu_records)
     run = Path(root) / run_id
     run.mkdir(parents=True, exist_ok=True)
     vnames = [baseline] + [v for v in variants if v != baseline]
@@ -88,16 +84,7 @@ def make_run(
         "requests": requests,
         "mmmu_records": mmmu_records,
     }
-    cells = []
-    for k in range(repeats):
-        names = vnames if (order == "sequential" or k % 2 == 0) else list(reversed(vnames))
-        for v in names:
-            st = (cell_status or {}).get((v, k), "ok")
-            cells.append(
-                {"variant": v, "repeat": k, "status": st, "dir": str(records.cell_dir(run, v, k))}
-            )
-            if st != "missing":
-                _write_cell(run, v, k, st, suites, metrics, **extras)
+    cells = _write_cells(run, vnames, repeats, order, cell_status or {}, suites, metrics, extras)
     config: dict[str, Any] = {
         "name": name,
         "sglang": sglang,
@@ -130,6 +117,42 @@ def make_run(
     }
     records.write_json(run / "manifest.json", manifest)
     return run
+
+
+def _suites_of(metrics: dict, requests: dict, mmmu_records: dict) -> list[str]:
+    """The run's suites: those with metrics, then serving (with ``requests``) and mmmu (with
+    ``mmmu_records``) when not among them."""
+    suites = list(metrics)
+    if requests and "serving" not in suites:
+        suites.append("serving")
+    if mmmu_records and "mmmu" not in suites:
+        suites.append("mmmu")
+    return suites
+
+
+def _write_cells(
+    run: Path,
+    vnames: list[str],
+    repeats: int,
+    order: str,
+    cell_status: dict[tuple[str, int], str],
+    suites: list[str],
+    metrics: dict[str, dict[str, dict[str, list[float | None]]]],
+    extras: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """Every cell's folder in run order (interleaved: the variants reversed every other round;
+    a cell whose status is "missing" gets none); returns the manifest's ``cells`` rows."""
+    cells = []
+    for k in range(repeats):
+        names = vnames if (order == "sequential" or k % 2 == 0) else list(reversed(vnames))
+        for v in names:
+            st = cell_status.get((v, k), "ok")
+            cells.append(
+                {"variant": v, "repeat": k, "status": st, "dir": str(records.cell_dir(run, v, k))}
+            )
+            if st != "missing":
+                _write_cell(run, v, k, st, suites, metrics, **extras)
+    return cells
 
 
 def _write_cell(

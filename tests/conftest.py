@@ -13,7 +13,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from patchbench.server import LaunchSpec, SglangServer, free_port  # noqa: E402
+from patchbench.ports import free_port  # noqa: E402
+from patchbench.server import LaunchSpec, SglangServer  # noqa: E402
 from patchbench.shims import SITE_DIR, stand_in_path  # noqa: E402
 from patchbench.suite import ServerInfo  # noqa: E402
 

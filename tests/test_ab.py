@@ -25,25 +25,12 @@ from patchbench import ab, cli
 from patchbench.errors import UsageError
 from patchbench.patches import wheels
 from patchbench.records import read_json
+from tests.helpers import git
 
 VERSION, SITE = wheels.installed_sglang()
 pytestmark = pytest.mark.skipif(SITE is None, reason="sglang is not installed in this environment")
 REPO = Path(__file__).resolve().parent.parent
 SAMPLING = "sglang/srt/sampling/sampling_params.py"
-
-
-def git(repo: Path, *args: str) -> str:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@example.com",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@example.com",
-    }
-    env.pop("GIT_DIR", None)
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env
-    ).stdout.strip()
 
 
 def pyproject_of_installed() -> str:

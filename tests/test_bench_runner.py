@@ -20,10 +20,10 @@ from patchbench.errors import (
     PatchError,
     RunFailed,
 )
+from patchbench.ports import port_answers
 from patchbench.records import read_json
 from patchbench.run.plan import describe_plan
 from patchbench.run.preflight import ensure_model
-from patchbench.server import port_answers
 from patchbench.suite import register as register_suite
 
 FAKE = Path(__file__).parent / "fake_server"

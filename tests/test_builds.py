@@ -23,6 +23,7 @@ from patchbench import builds, envinfo
 from patchbench.config import load_config
 from patchbench.errors import ConfigError, EnvironmentNotReady
 from patchbench.patches.overlay import build_source_overlay, verify_in_env
+from tests.helpers import git
 
 REQS = ["aiohttp", "numpy<3,>=1.2", 'torch==2.8.0; extra == "srt"']
 PYPROJECT = """[project]
@@ -31,20 +32,6 @@ dependencies = ["aiohttp", "numpy>=1.2,<3"]
 [project.optional-dependencies]
 srt = ["torch==2.8.0"]
 """
-
-
-def git(repo: Path, *args: str) -> str:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@example.com",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@example.com",
-    }
-    env.pop("GIT_DIR", None)
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env
-    ).stdout.strip()
 
 
 def fake_venv(root: Path, version: str, requires: list[str]) -> Path:

@@ -13,9 +13,9 @@ import pytest
 
 from patchbench import bench, cli, records
 from patchbench.errors import RunFailed
+from patchbench.ports import port_answers
 from patchbench.records import ResultsWriteError
 from patchbench.run import loop
-from patchbench.server import port_answers
 from tests.test_bench_runner import BASIC, write_config
 from tests.test_bench_runner import fake_env as fake_env
 

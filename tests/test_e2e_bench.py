@@ -27,8 +27,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from patchbench.ports import port_answers
 from patchbench.records import read_json, read_jsonl
-from patchbench.server import port_answers
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parent.parent

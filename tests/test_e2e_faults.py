@@ -30,8 +30,8 @@ import psutil
 import pytest
 import yaml
 
+from patchbench.ports import free_port, port_answers
 from patchbench.records import read_json
-from patchbench.server import free_port, port_answers
 from patchbench.stale import find_stale_servers
 
 pytestmark = pytest.mark.e2e

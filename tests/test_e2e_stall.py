@@ -31,8 +31,8 @@ import psutil
 import pytest
 import yaml
 
+from patchbench.ports import free_port
 from patchbench.records import read_json
-from patchbench.server import free_port
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parent.parent

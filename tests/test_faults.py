@@ -32,7 +32,6 @@ import os  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
-import textwrap  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -40,21 +39,10 @@ import pytest  # noqa: E402
 
 from patchbench.bench import new_run_dir  # noqa: E402
 from patchbench.run.lock import RunFolderBusy, acquire  # noqa: E402
+from tests.helpers import fake_suite_config  # noqa: E402
 
 HERE = Path(__file__).parent
 SGLANG = importlib.metadata.version("sglang")
-CFG = """\
-    name: lock-test
-    sglang: "{sglang}"
-    model: {{path: "{model}"}}
-    server: {{port: {port}, ready_timeout_s: 30, stop_grace_s: 3}}
-    variants:
-      baseline: []
-      control: []
-    schedule: {{repeats: 1}}
-    suites:
-      fake: {{n: 1}}
-"""
 
 
 def test_a_second_holder_is_refused_naming_the_first(tmp_path):
@@ -89,7 +77,9 @@ def test_a_resume_while_the_run_still_writes_is_refused(tmp_path):
     exits 4 naming the running pid, and the run itself is not disturbed."""
     (tmp_path / "model").mkdir()
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(textwrap.dedent(CFG.format(sglang=SGLANG, model=tmp_path / "model", port=31945)))
+    cfg.write_text(
+        fake_suite_config("lock-test", 1, sglang=SGLANG, model=tmp_path / "model", port=31945)
+    )
     mark = tmp_path / "mark.txt"
     results = tmp_path / "results"
     runner = HERE / "fake_server" / "run_bench_fake.py"
@@ -181,7 +171,8 @@ def test_names_that_cannot_be_files_are_refused_at_load(tmp_path, name, variant,
 def test_a_port_taken_between_the_check_and_the_launch_is_named(tmp_path):
     """Another process binds the port after the launch's check and answers readiness as well
     as ours would: the cell must not measure it (PortTaken names the holder)."""
-    from patchbench.server import LaunchSpec, PortTaken, SglangServer, free_port
+    from patchbench.ports import free_port
+    from patchbench.server import LaunchSpec, PortTaken, SglangServer
 
     fake = HERE / "fake_server"
     port = free_port()
@@ -226,12 +217,7 @@ def test_an_orphan_of_a_run_outside_the_results_folder_is_found_and_stopped(tmp_
     another time: a reused pid), whose run wrote outside results/: `doctor` and `--kill-stale`
     find it by its markers, advise a group kill only for its own group, and stop it."""
     from patchbench.doctor import _stale_server_checks
-    from patchbench.server import (
-        MARKER_CELL,
-        MARKER_RUN_DIR,
-        MARKER_RUNNER_PID,
-        MARKER_RUNNER_START,
-    )
+    from patchbench.ports import MARKER_CELL, MARKER_RUN_DIR, MARKER_RUNNER_PID, MARKER_RUNNER_START
     from patchbench.stale import find_stale_servers, kill_stale
     from tests.test_liveness import _server as start_fake_server
 
@@ -264,7 +250,7 @@ def test_an_orphan_of_a_run_outside_the_results_folder_is_found_and_stopped(tmp_
 
 
 def test_group_kill_advice_only_for_a_group_of_its_own():
-    from patchbench.server import own_group
+    from patchbench.ports import own_group
     from patchbench.stale import StaleServer
 
     me = os.getpgid(0)

@@ -15,7 +15,8 @@ import psutil
 import pytest
 
 from patchbench.liveness import ServerLost, ServerWatch, role_of
-from patchbench.server import LaunchSpec, SglangServer, free_port, port_answers
+from patchbench.ports import free_port, port_answers
+from patchbench.server import LaunchSpec, SglangServer
 
 FAKE = Path(__file__).parent / "fake_server"
 

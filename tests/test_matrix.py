@@ -105,9 +105,9 @@ FAKE_COMMAND = ["{python}", str(Path(__file__).resolve()), "{config}", "--result
 
 def write_base(tmp_path: Path, port: int | None = None, name: str = "mxbase") -> Path:
     """A base config for the fake server: two variants, two repeats, the mx_fake suite; ``port``
-    defaults to a free one (patchbench.server.free_port)."""
+    defaults to a free one (patchbench.ports.free_port)."""
     if port is None:
-        from patchbench.server import free_port
+        from patchbench.ports import free_port
 
         port = free_port()
     model = tmp_path / "model"

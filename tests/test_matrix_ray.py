@@ -15,6 +15,7 @@ import importlib.util
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -209,19 +210,25 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def test_ctrl_c_cancels_running_units_stops_their_servers_and_keeps_finished(cluster, tmp_path):
+def _quick_and_slow(tmp_path: Path, name: str) -> tuple[Path, Any]:
+    """A matrix ``name`` of two units: a quick one (GPU type Y) and one whose every /generate
+    after readiness hangs 60 s (GPU type X); (its file, the loaded matrix)."""
     quick = tm.write_base(tmp_path, name="quick")
     slow = tm.write_base(tmp_path, name="slow")
     m = tm.write_matrix(
         tmp_path,
         f"""\
-        name: cancel
+        name: {name}
         units:
           - {{config: {quick}, gpu_type: Y}}
           - {{config: {slow}, gpu_type: X, set: {{server.env: {{FAKE_GENERATE_SLEEP_S: "60"}}}}}}
         """,
     )
-    mx = load_matrix(m)
+    return m, load_matrix(m)
+
+
+def test_ctrl_c_cancels_running_units_stops_their_servers_and_keeps_finished(cluster, tmp_path):
+    m, mx = _quick_and_slow(tmp_path, "cancel")
     port = mx.units[1].config.server.port
     seen: dict[str, int] = {}
     results = tmp_path / "results"
@@ -293,18 +300,7 @@ def test_a_killed_worker_is_a_lost_unit_and_its_server_still_stops(cluster, tmp_
     """SIGKILL to the Ray worker running a unit (as when a node's worker dies): the unit is
     reported lost, the other unit is kept, and bench (told by the kernel that its parent died)
     stops its server's group."""
-    quick = tm.write_base(tmp_path, name="quick")
-    slow = tm.write_base(tmp_path, name="slow")
-    m = tm.write_matrix(
-        tmp_path,
-        f"""\
-        name: lost
-        units:
-          - {{config: {quick}, gpu_type: Y}}
-          - {{config: {slow}, gpu_type: X, set: {{server.env: {{FAKE_GENERATE_SLEEP_S: "60"}}}}}}
-        """,
-    )
-    mx = load_matrix(m)
+    m, mx = _quick_and_slow(tmp_path, "lost")
     port = mx.units[1].config.server.port
     seen: dict[str, int] = {}
 

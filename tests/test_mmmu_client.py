@@ -20,6 +20,7 @@ from patchbench.suite import ServerInfo, SuiteContext, SuiteError
 from patchbench.suites.mmmu import Params, client, pair, report_block, run
 from patchbench.suites.mmmu.bench import prepare, prepare_key
 from patchbench.suites.mmmu.demo_data import generate
+from tests.helpers import suite_context
 
 
 class Stub:
@@ -133,23 +134,7 @@ def ctx_for(url: str, out: Path, cache: Path) -> SuiteContext:
         flush_cache=lambda: None,
         alive=lambda: True,
     )
-    out.mkdir(parents=True, exist_ok=True)
-    return SuiteContext(
-        server=server,
-        out_dir=out,
-        run_dir=out.parent,
-        cache_dir=cache,
-        variant="baseline",
-        repeat=0,
-        baseline="baseline",
-        sglang_version="x",
-        python="python",
-        stock_env={},
-        variant_sglang_dir=out,
-        stock_sglang_dir=out,
-        device="cpu",
-        log=lambda s: None,
-    )
+    return suite_context(server, out, cache, sglang_version="x", log=lambda s: None)
 
 
 def test_retry_only_before_any_answer_byte(stub_factory):

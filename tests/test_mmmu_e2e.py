@@ -15,28 +15,13 @@ from patchbench.records import read_json, read_jsonl
 from patchbench.suite import SuiteContext
 from patchbench.suites.mmmu import Params, pair, report_block, run
 from patchbench.suites.mmmu.demo_data import generate
+from tests.helpers import suite_context
 
 pytestmark = pytest.mark.e2e
 
 
 def _ctx(server, out: Path, cache: Path) -> SuiteContext:
-    out.mkdir(parents=True, exist_ok=True)
-    return SuiteContext(
-        server=server,
-        out_dir=out,
-        run_dir=out.parent,
-        cache_dir=cache,
-        variant="baseline",
-        repeat=0,
-        baseline="baseline",
-        sglang_version="",
-        python="python",
-        stock_env={},
-        variant_sglang_dir=out,
-        stock_sglang_dir=out,
-        device="cpu",
-        log=print,
-    )
+    return suite_context(server, out, cache)
 
 
 def test_mmmu_suite_on_cpu_server(cpu_server, tmp_path):

@@ -23,6 +23,7 @@ from patchbench.errors import PatchError
 from patchbench.patches import apply, author, diffs, manifest, wheels
 from patchbench.patches.manifest import FORWARD_BATCH_INFO
 from patchbench.patches.overlay import OverlayError, build_overlay, verify_in_env
+from tests.helpers import git_run as git
 
 VERSION, SITE = wheels.installed_sglang()
 pytestmark = pytest.mark.skipif(SITE is None, reason="sglang is not installed in this environment")
@@ -35,20 +36,6 @@ SAMPLING_LINE = "# patchbench test: a second file\n"
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def git(repo: Path, *args: str) -> str:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@example.com",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@example.com",
-    }
-    env.pop("GIT_DIR", None)
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env
-    ).stdout
 
 
 def changed_fbi() -> bytes:

@@ -32,6 +32,7 @@ from patchbench.trend import plot_trend
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from patchbench.testing import make_throughput_night
+from tests.helpers import write_nightly_config
 
 TPUT = "output_throughput_tok_s"
 
@@ -52,20 +53,7 @@ def test_settings_defaults():
 
 
 def _write_config(tmp_path: Path, nightly: dict, name: str = "nightly-test") -> Path:
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "name": name,
-                "sglang": "0.5.1.post3",
-                "model": {"path": "/nonexistent", "tiny": True},
-                "variants": {"baseline": [], "patched": []},
-                "suites": {},
-                "nightly": nightly,
-            }
-        )
-    )
-    return path
+    return write_nightly_config(tmp_path, name, nightly)
 
 
 def test_config_loader_validates_the_nightly_section(tmp_path):
@@ -728,7 +716,7 @@ def test_e2e_nightly_on_cpu(tmp_path, monkeypatch):
     results = tmp_path / "results"
     monkeypatch.setattr(inputs, "RESULTS_DIR", results)  # the confirmation's kept config
     real_run_bench = bench.run_bench
-    from patchbench.server import free_port
+    from patchbench.ports import free_port
 
     monkeypatch.setattr(
         bench,
@@ -783,7 +771,7 @@ def test_e2e_nightly_on_cpu(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# schedule.repeats: auto (patchbench.gates.planning, patchbench.nightly.job.pick_repeats)
+# schedule.repeats: auto (patchbench.gates.planning, patchbench.nightly.repeats.pick_repeats)
 
 
 def _auto_settings(**kw) -> NightlySettings:

@@ -1,5 +1,5 @@
 """schedule.repeats: auto around the run: the resolved config's home (a resume reruns the same
-repeats), matrix units, ``rounds`` indices (patchbench.nightly.job.pick_repeats,
+repeats), matrix units, ``rounds`` indices (patchbench.nightly.repeats.pick_repeats,
 patchbench.matrix.spec, patchbench.config.load)."""
 
 from __future__ import annotations
@@ -14,31 +14,15 @@ from patchbench import inputs
 from patchbench.config import load_config
 from patchbench.errors import ConfigError
 from patchbench.matrix.spec import load_matrix
-from patchbench.nightly.job import pick_repeats
+from patchbench.nightly.repeats import pick_repeats
+from tests.helpers import write_nightly_config
 
 TPUT = "output_throughput_tok_s"
 
 
-def _auto_config(tmp_path: Path, name: str = "auto-night", **extra) -> Path:
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "name": name,
-                "sglang": "0.5.1.post3",
-                "model": {"path": "/nonexistent", "tiny": True},
-                "variants": {"baseline": [], "patched": []},
-                "schedule": {"repeats": "auto"},
-                "suites": {},
-                "nightly": {
-                    "run_cv_pct": 1.5,
-                    "gates": [{"metric": f"serving.{TPUT}", "threshold_pct": 5}],
-                },
-                **extra,
-            }
-        )
-    )
-    return path
+def _auto_config(tmp_path: Path, name: str = "auto-night") -> Path:
+    nightly = {"run_cv_pct": 1.5, "gates": [{"metric": f"serving.{TPUT}", "threshold_pct": 5}]}
+    return write_nightly_config(tmp_path, name, nightly, schedule={"repeats": "auto"})
 
 
 def test_auto_copy_lives_in_the_results_root_and_resumes_with_the_same_repeats(

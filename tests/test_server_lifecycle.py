@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from patchbench.ports import free_port, port_answers
 from patchbench.server import (
     FlushFailed,
     LaunchSpec,
@@ -22,8 +23,6 @@ from patchbench.server import (
     ServerDied,
     SglangServer,
     StopFailed,
-    free_port,
-    port_answers,
 )
 
 FAKE = Path(__file__).parent / "fake_server"

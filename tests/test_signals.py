@@ -6,37 +6,27 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
+from patchbench.ports import port_answers
 from patchbench.records import read_json
-from patchbench.server import port_answers
 from patchbench.stale import find_stale_servers, kill_stale
+from tests.helpers import fake_suite_config
 
 HERE = Path(__file__).parent
 SGLANG = importlib.metadata.version("sglang")
-CFG = """\
-    name: signal-test
-    sglang: "{sglang}"
-    model: {{path: "{model}"}}
-    server: {{port: {port}, ready_timeout_s: 30, stop_grace_s: 3}}
-    variants:
-      baseline: []
-      control: []
-    schedule: {{repeats: 2}}
-    suites:
-      fake: {{n: 1}}
-"""
 
 
 def _start(tmp_path, port, **cellenv):
     (tmp_path / "model").mkdir()
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(textwrap.dedent(CFG.format(sglang=SGLANG, model=tmp_path / "model", port=port)))
+    cfg.write_text(
+        fake_suite_config("signal-test", 2, sglang=SGLANG, model=tmp_path / "model", port=port)
+    )
     mark = tmp_path / "mark.txt"
     env = dict(
         os.environ,
@@ -128,7 +118,9 @@ def test_sigterm_while_the_report_is_written_exits_143_naming_the_report_command
     every cell is kept and `patchbench report RUN` writes the report afterwards."""
     (tmp_path / "model").mkdir()
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(textwrap.dedent(CFG.format(sglang=SGLANG, model=tmp_path / "model", port=31966)))
+    cfg.write_text(
+        fake_suite_config("signal-test", 2, sglang=SGLANG, model=tmp_path / "model", port=31966)
+    )
     mark = tmp_path / "report.mark"
     env = dict(os.environ, FAKE_REPORT_MARK=str(mark), FAKE_REPORT_DELAY_S="30")
     runner = HERE / "fake_server" / "run_bench_fake.py"

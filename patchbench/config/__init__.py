@@ -61,23 +61,21 @@ Errors: :class:`patchbench.errors.ConfigError` (exit 2), whose message names the
 path, the line where the YAML parser knows it, what was found and what is allowed. A local model folder that does not
 exist is :class:`patchbench.errors.EnvironmentNotReady` (exit 3) from :meth:`Config.require_model`.
 
-The package: :mod:`~patchbench.config.schema` (the models), :mod:`~patchbench.config.load`
+The package: :mod:`~patchbench.config.schema` (:class:`Config`, the model and server),
+:mod:`~patchbench.config.variant` (a variant: name, patches, sglang build),
+:mod:`~patchbench.config.schedule` (repeats and order), :mod:`~patchbench.config.load`
 (:func:`load_config` and its messages), :mod:`~patchbench.config.args` (server arguments and
 environment checks). Reading YAML and the repository's paths live in :mod:`patchbench.inputs`.
 Callers import the names below from ``patchbench.config``.
 """
 
 from patchbench.config.load import load_config
-from patchbench.config.schema import (
-    SECTIONS,
-    Config,
+from patchbench.config.schedule import ScheduleSpec, SequentialRepeats
+from patchbench.config.schema import SECTIONS, Config, ModelSpec, ServerSpec
+from patchbench.config.variant import (
     DiffPatch,
     GitSource,
-    ModelSpec,
     PatchEntry,
-    ScheduleSpec,
-    SequentialRepeats,
-    ServerSpec,
     VariantSpec,
     WheelSource,
     patch_label,

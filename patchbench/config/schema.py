@@ -1,4 +1,6 @@
-"""The experiment config's models (pydantic): :class:`Config` and its parts.
+"""The experiment config's models (pydantic): :class:`Config`, :class:`ModelSpec` and
+:class:`ServerSpec`; a variant's models are in :mod:`patchbench.config.variant`, the schedule's in
+:mod:`patchbench.config.schedule`.
 
 See :mod:`patchbench.config` for the YAML shape. The models check each value on its own (types,
 names, harness-owned server arguments, a variant's flags against ``server.args``); what needs the
@@ -11,25 +13,33 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from packaging.version import InvalidVersion, Version
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PrivateAttr,
-    ValidationError,
     field_serializer,
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
 
 from patchbench import errors
 from patchbench import schedule as _sched
 from patchbench.comparison import CompareSettings
 from patchbench.config.args import check_args, check_env, split_args
+from patchbench.config.schedule import ScheduleSpec
+from patchbench.config.variant import (
+    LATEST,
+    DiffPatch,
+    PatchEntry,
+    SglangSpec,
+    VariantSpec,
+    check_release,
+    patch_label,
+    sglang_label,
+    variant_name_problem,
+)
 from patchbench.gates import NightlySettings
 from patchbench.inputs import FOLDER_NAME, REPO_ROOT, is_hub_id, looks_local, sha256_file
 from patchbench.patches import apply, author
@@ -60,41 +70,8 @@ class ModelSpec(_Strict):
         return v
 
 
-#: names a run folder itself uses at its top level: a variant folder must not take one (compared
-#: case-insensitively: some file systems do not tell case apart)
-RUN_FOLDER_NAMES = frozenset(
-    {
-        "manifest.json",
-        "compare.json",
-        "report.md",
-        "plots",
-        "diffs",
-        "nightly.json",
-        "nightly.md",
-        "pr_figure.png",
-    }
-)
-#: longest variant name: it names a folder and is part of plot and diff file names
-MAX_VARIANT_NAME = 64
 #: longest config name: it names the run folder after a 16-character time stamp
 MAX_CONFIG_NAME = 100
-
-
-def variant_name_problem(name: str) -> str | None:
-    """Why ``name`` cannot name a variant (its folder in the run folder), or None: characters
-    other than letters, digits, '.', '_', '-' (or a first character that is not a letter or
-    digit), more than :data:`MAX_VARIANT_NAME` characters, or a name the run folder uses itself
-    (:data:`RUN_FOLDER_NAMES`)."""
-    if not FOLDER_NAME.match(name):
-        return "use letters, digits, '.', '_', '-' (starting with a letter or digit)"
-    if len(name) > MAX_VARIANT_NAME:
-        return f"{len(name)} characters; at most {MAX_VARIANT_NAME} (it names a folder and files)"
-    if name.lower() in RUN_FOLDER_NAMES:
-        return (
-            f"the run folder uses '{name}' itself ({', '.join(sorted(RUN_FOLDER_NAMES))}); "
-            "choose another name"
-        )
-    return None
 
 
 class ServerSpec(_Strict):
@@ -175,304 +152,6 @@ class ServerSpec(_Strict):
         return v
 
 
-class DiffPatch(_Strict):
-    """A patch given as a diff file (``{diff: path/to/change.diff}``); relative paths resolve
-    against the repo root."""
-
-    diff: str
-
-    @field_validator("diff")
-    @classmethod
-    def _nonempty(cls, v: str) -> str:
-        if not v.strip() or "\x00" in v:
-            raise ValueError("name a diff file, e.g. {diff: patches/my-change.diff}")
-        return v
-
-
-PatchEntry = str | DiffPatch
-
-
-class GitSource(_Strict):
-    """An sglang build from a source checkout at a commit: ``{git: PATH, ref: REF}``.
-
-    ``git``: the checkout or a bare repository (``~`` and ``$VARS`` expanded; relative paths
-    against the repo root); ``ref``: anything ``git rev-parse`` takes (a branch, tag or commit;
-    resolved to one commit when the run starts). Only committed files of ``python/sglang`` (and
-    ``python/pyproject.toml`` for its dependencies) are read, never the work tree.
-    """
-
-    git: str
-    ref: str = "HEAD"
-
-    @field_validator("git", "ref")
-    @classmethod
-    def _nonempty(cls, v: str) -> str:
-        if not v.strip() or "\x00" in v or v.startswith("-"):
-            raise ValueError("name a checkout and a ref, e.g. {git: ~/sglang, ref: my-branch}")
-        return v
-
-    def label(self) -> str:
-        """``git:PATH@REF``."""
-        return f"git:{self.git}@{self.ref}"
-
-
-class WheelSource(_Strict):
-    """An sglang build from a wheel file: ``{wheel: PATH}`` (relative paths against the repo
-    root)."""
-
-    wheel: str
-
-    @field_validator("wheel")
-    @classmethod
-    def _is_wheel(cls, v: str) -> str:
-        if not v.strip().endswith(".whl") or "\x00" in v:
-            raise ValueError("name a wheel file, e.g. {wheel: dist/sglang-0.5.23-py3-none-any.whl}")
-        return v
-
-    def label(self) -> str:
-        """``wheel:PATH``."""
-        return f"wheel:{self.wheel}"
-
-
-#: what ``sglang:`` may say (for the run, or for one variant): a release (``"0.5.23"``),
-#: ``latest`` (the newest release on the package index, resolved once per run), a wheel file or
-#: a source checkout at a commit; patchbench.builds resolves it to an environment and an overlay
-SglangSpec = str | GitSource | WheelSource
-
-
-def sglang_label(spec: SglangSpec) -> str:
-    """How an ``sglang:`` value is shown: the release, ``latest``, ``git:PATH@REF`` or
-    ``wheel:PATH``."""
-    return spec if isinstance(spec, str) else spec.label()
-
-
-def _check_release(v):
-    """A release string (or ``latest``) as written; ValueError for anything else."""
-    if isinstance(v, float):  # `sglang: 0.5` reads as a number
-        raise ValueError('quote the release, e.g. sglang: "0.5.1.post3"')
-    if isinstance(v, str) and v != LATEST:
-        try:
-            Version(v)
-        except InvalidVersion:
-            raise ValueError(
-                f"'{v}' is not an sglang release; write a release (\"0.5.23\"), latest, "
-                "{wheel: FILE} or {git: CHECKOUT, ref: REF}"
-            ) from None
-    return v
-
-
-#: the ``sglang:`` value that names the newest release on the package index
-LATEST = "latest"
-
-
-def patch_label(p: PatchEntry) -> str:
-    """How a patch entry is shown: its name, or ``diff:<path>``."""
-    return p if isinstance(p, str) else f"diff:{p.diff}"
-
-
-class VariantSpec(_Strict):
-    """What a variant changes against the plain server: patches applied in order, arguments
-    appended to ``server.args``, variables added to ``server.env``."""
-
-    patches: list[PatchEntry] = Field(default_factory=list)
-    server_args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-    sglang: SglangSpec | None = Field(
-        None, description="this variant's own sglang build (default: the config's `sglang`)"
-    )
-
-    @field_validator("sglang", mode="before")
-    @classmethod
-    def _release(cls, v):
-        return _check_release(v)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _short_form(cls, v):
-        if v is None:
-            return {}
-        if isinstance(v, list):
-            return {"patches": v}
-        return v
-
-    @field_validator("patches")
-    @classmethod
-    def _patches(cls, v: list[PatchEntry]) -> list[PatchEntry]:
-        seen: set[str] = set()
-        for i, p in enumerate(v):
-            if isinstance(p, str) and not FOLDER_NAME.match(p):
-                raise ValueError(
-                    f"patches[{i}]: '{p}' is not a patch name (a folder in patches/: "
-                    "letters, digits, '.', '_', '-'); a diff file is written "
-                    "{diff: path/to/change.diff}"
-                )
-            label = patch_label(p)
-            if label in seen:
-                raise ValueError(f"patches[{i}]: '{label}' is listed twice; a patch applies once")
-            seen.add(label)
-        return v
-
-    @field_validator("server_args")
-    @classmethod
-    def _args(cls, v: list[str]) -> list[str]:
-        check_args(v, "server_args")
-        return v
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        check_env(v, "env")
-        return v
-
-    def short(self) -> list | dict:
-        """JSON form: the list of patches when the variant changes only patches, else a mapping
-        (``sglang`` in it only when the variant names its own build)."""
-        pats = [p if isinstance(p, str) else p.model_dump() for p in self.patches]
-        if not self.server_args and not self.env and self.sglang is None:
-            return pats
-        out: dict = {"patches": pats, "server_args": list(self.server_args), "env": dict(self.env)}
-        if self.sglang is not None:
-            out["sglang"] = (
-                self.sglang if isinstance(self.sglang, str) else self.sglang.model_dump()
-            )
-        return out
-
-
-class SequentialRepeats(_Strict):
-    """``schedule.repeats: {min, max, step}``: group-sequential repeats (patchbench.sequential).
-
-    The run looks at its primary metrics after ``min`` whole interleaved rounds, then after every
-    ``step`` more, up to ``max``, and stops once every primary of every non-A/A variant is
-    decided or futile (conditional power of deciding it by ``max`` below ``futility``;
-    patchbench/sequential.py). ``boundary``: the group-sequential boundary (``pocock``: the same
-    nominal level at every look; ``obrien-fleming``: strict early, near the fixed-sample level at
-    the last look). ``futility``: the non-binding futility threshold (0.2 by default,
-    ``patchbench.sequential.FUTILITY``; 0 turns the futility stop off; it never changes the
-    chance of a false improved/regressed, only how long an undecidable run goes on).
-    """
-
-    min: int = Field(le=100)
-    max: int = Field(le=100)
-    step: int = Field(2, le=100)
-    boundary: Literal["pocock", "obrien-fleming"] = "pocock"
-    futility: float = Field(0.2, ge=0.0, lt=1.0)
-
-    @model_validator(mode="after")
-    def _looks(self) -> SequentialRepeats:
-        # patchbench.sequential imports scipy.stats (seconds): only a sequential schedule pays it
-        from patchbench.sequential import looks_from_schedule
-
-        looks_from_schedule(self.min, self.max, self.step)  # ValueError naming the key
-        return self
-
-    @property
-    def looks(self) -> tuple[int, ...]:
-        """The repeat counts at which the run looks: ``min, min+step, ..., max``."""
-        from patchbench.sequential import looks_from_schedule
-
-        return looks_from_schedule(self.min, self.max, self.step)
-
-
-class ScheduleSpec(_Strict):
-    """Repeats of all variants; interleaved = ABBA, BAAB, ... (each variant once per round).
-
-    ``repeats``: an integer (that many rounds, fixed) or a mapping ``{min, max, step, boundary}``
-    (:class:`SequentialRepeats`: stop early once every primary is decided).
-    ``unbalanced_reason``: why ``order: sequential`` (the same order every round) is wanted; a
-    config with timed suites needs it for that order (the report's Methods repeat it, and a drift
-    across rounds then makes the affected verdicts inconclusive).
-    """
-
-    repeats: int | SequentialRepeats = 1
-    order: Literal["interleaved", "sequential"] = "interleaved"
-    unbalanced_reason: str | None = None
-    #: ``repeats: auto`` (a nightly config): ``patchbench nightly`` runs the repeats its gates
-    #: need at the learned noise (patchbench.gates.planning); ``repeats`` holds the floor
-    #: (``nightly.min_repeats``), what a plain ``bench`` of the config runs
-    _auto: bool = PrivateAttr(False)
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _auto_repeats(cls, data, handler):
-        auto = isinstance(data, dict) and data.get("repeats") == "auto"
-        if auto:
-            data = {**data, "repeats": 1}
-        m = handler(data)
-        if auto:
-            m._auto = True
-        return m
-
-    @property
-    def auto(self) -> bool:
-        """``repeats: auto``: the nightly computes the repeats (docs/nightly.md)."""
-        return self._auto
-
-    @field_validator("repeats", mode="plain")
-    @classmethod
-    def _repeats(cls, v):
-        if isinstance(v, SequentialRepeats):
-            return v
-        if isinstance(v, dict):
-            try:
-                return SequentialRepeats.model_validate(v)
-            except ValidationError as e:
-                err = e.errors()[0]
-                key = ".".join(str(x) for x in err["loc"])
-                msg = err["msg"].removeprefix("Value error, ")
-                where = f"{key}: " if key else ""
-                raise ValueError(
-                    f"{where}{msg} (a sequential schedule is {{min: 4, max: 12, step: 2}})"
-                ) from None
-        if isinstance(v, bool):
-            raise PydanticCustomError("int_type", "Input should be a valid integer")
-        if not isinstance(v, int):
-            raise PydanticCustomError(
-                "int_type",
-                "Input should be a valid integer (a fixed number of repeats), a mapping "
-                "{min: 4, max: 12, step: 2} (sequential repeats) or auto (a nightly config: "
-                "the repeats its gates need)",
-            )
-        if not 1 <= v <= 100:
-            raise ValueError(f"repeats must be between 1 and 100, got {v}")
-        return v
-
-    @field_serializer("repeats")
-    def _dump_repeats(self, v):
-        return v.model_dump(mode="json") if isinstance(v, SequentialRepeats) else v
-
-    @model_validator(mode="after")
-    def _order(self) -> ScheduleSpec:
-        if self.sequential is not None and self.order != "interleaved":
-            raise ValueError(
-                "schedule.order: sequential repeats ({min, max, step}) look after whole "
-                "interleaved rounds; use order: interleaved (or a fixed number of repeats)"
-            )
-        return self
-
-    @property
-    def sequential(self) -> SequentialRepeats | None:
-        """The sequential design, or None for a fixed number of repeats."""
-        return self.repeats if isinstance(self.repeats, SequentialRepeats) else None
-
-    @property
-    def max_repeats(self) -> int:
-        """The most rounds the run may take (the fixed count, or ``max``)."""
-        return self.repeats.max if self.sequential is not None else int(self.repeats)
-
-    def describe(self) -> str:
-        """``"3 repeat(s)"`` or ``"sequential 4..12 repeats, step 2 (pocock)"``."""
-        s = self.sequential
-        if self.auto:
-            return (
-                f"auto: patchbench nightly runs what its gates need at the learned noise "
-                f"({self.repeats} repeat(s) outside the nightly)"
-            )
-        if s is None:
-            return f"{self.repeats} repeat(s)"
-        looks = ", ".join(str(n) for n in s.looks)
-        return f"sequential {s.min}..{s.max} repeats, looks after {looks} ({s.boundary} boundary)"
-
-
 class Config(_Strict):
     """A validated experiment config; see the module docstring for the YAML shape.
 
@@ -508,7 +187,7 @@ class Config(_Strict):
     @field_validator("sglang", mode="before")
     @classmethod
     def _version(cls, v):
-        return _check_release(v)
+        return check_release(v)
 
     @field_serializer("sglang")
     def _dump_sglang(self, v):

@@ -216,16 +216,45 @@ def _chart(
     """One metric's chart: per variant the nightly medians with the repeats' range as error
     bars, red nights, change points and release changes; returns (HTML, {trace: points})."""
     import plotly.graph_objects as go
-    import plotly.io as pio
 
-    info = {i.run_id: i for i in infos}
     unit = next(
         (n.units.get((suite, metric)) for n in reversed(nights) if n.units.get((suite, metric))), ""
     )
     fig = go.Figure()
+    variants = variants_of(nights, suite, metric)
+    counts, medians = _variant_traces(fig, nights, infos, suite, metric, unit, variants, links)
+    counts.update(_red_night_trace(fig, infos, suite, metric, variants, medians, links))
+    counts.update(_change_point_trace(fig, cps, suite, metric, unit))
+    _release_lines(fig, infos)
+    fig.update_layout(
+        title={"text": f"{suite}.{metric}", "x": 0.01},
+        xaxis={"title": {"text": "night (UTC)"}, "type": "date", "tickformat": "%b %d"},
+        yaxis={"title": {"text": f"{metric} [{unit}]" if unit else metric}},
+        legend={"orientation": "h", "y": -0.22},
+        margin={"l": 70, "r": 20, "t": 50, "b": 80},
+        hovermode="closest",
+        template="plotly_white",
+    )
+    return _chart_html(div_id, fig, suite, metric), counts
+
+
+def _variant_traces(
+    fig: Any,
+    nights: list,
+    infos: list[NightInfo],
+    suite: str,
+    metric: str,
+    unit: str,
+    variants: list[str],
+    links: dict[str, str | None],
+) -> tuple[dict[str, int], dict[str, dict[str, float]]]:
+    """One trace per variant on ``fig``: its nightly medians with the repeats' range as error
+    bars; returns ({variant: points}, {variant: {run id: median}})."""
+    import plotly.graph_objects as go
+
+    info = {i.run_id: i for i in infos}
     counts: dict[str, int] = {}
     medians: dict[str, dict[str, float]] = {}
-    variants = variants_of(nights, suite, metric)
     for k, variant in enumerate(variants):
         pts = series(nights, variant, suite, metric)
         medians[variant] = {p.run_id: p.median for p in pts}
@@ -257,49 +286,80 @@ def _chart(
             )
         )
         counts[variant] = len(pts)
+    return counts, medians
+
+
+def _red_night_trace(
+    fig: Any,
+    infos: list[NightInfo],
+    suite: str,
+    metric: str,
+    variants: list[str],
+    medians: dict[str, dict[str, float]],
+    links: dict[str, str | None],
+) -> dict[str, int]:
+    """The red nights' marks on ``fig`` (:func:`_red_y`); returns {"red night": marks} (empty
+    without one)."""
+    import plotly.graph_objects as go
+
     reds = [(i, _red_y(i, suite, metric, variants, medians)) for i in infos if i.outcome == "red"]
     reds = [(i, y) for i, y in reds if y is not None]
-    if reds:
-        fig.add_trace(
-            go.Scatter(
-                x=[_x(i.night_utc) for i, _ in reds],
-                y=[y for _, y in reds],
-                mode="markers",
-                name="red night",
-                marker={"symbol": "x", "size": 14, "color": COLOURS["red"], "line": {"width": 2}},
-                text=[f"{i.run_id}: RED<br>{_esc(_failing_text(i))}" for i, _ in reds],
-                hoverinfo="text",
-                customdata=[links.get(i.run_id) or "" for i, _ in reds],
-            )
+    if not reds:
+        return {}
+    fig.add_trace(
+        go.Scatter(
+            x=[_x(i.night_utc) for i, _ in reds],
+            y=[y for _, y in reds],
+            mode="markers",
+            name="red night",
+            marker={"symbol": "x", "size": 14, "color": COLOURS["red"], "line": {"width": 2}},
+            text=[f"{i.run_id}: RED<br>{_esc(_failing_text(i))}" for i, _ in reds],
+            hoverinfo="text",
+            customdata=[links.get(i.run_id) or "" for i, _ in reds],
         )
-        counts["red night"] = len(reds)
+    )
+    return {"red night": len(reds)}
+
+
+def _change_point_trace(
+    fig: Any, cps: list[dict], suite: str, metric: str, unit: str
+) -> dict[str, int]:
+    """The change points of (suite, metric) on ``fig``: a mark each and a shaded span; returns
+    {"change point": marks} (empty without one)."""
+    import plotly.graph_objects as go
+
     mine = [c for c in cps if (c["suite"], c["metric"]) == (suite, metric) and c.get("start_utc")]
-    if mine:
-        fig.add_trace(
-            go.Scatter(
-                x=[_x(c["start_utc"]) for c in mine],
-                y=[c["after"] for c in mine],
-                mode="markers",
-                name="change point",
-                marker={"symbol": "diamond", "size": 12, "color": "#fb8500"},
-                text=[
-                    f"change point ({c['variant']}): {c['size_pct']:+.1f} % "
-                    f"({c['before']:.4g} → {c['after']:.4g} {unit}), {c['nights']} night(s) "
-                    f"from {c['run_id']}" + (" (worse)" if c.get("worse") else "")
-                    for c in mine
-                ],
-                hoverinfo="text",
-            )
+    if not mine:
+        return {}
+    fig.add_trace(
+        go.Scatter(
+            x=[_x(c["start_utc"]) for c in mine],
+            y=[c["after"] for c in mine],
+            mode="markers",
+            name="change point",
+            marker={"symbol": "diamond", "size": 12, "color": "#fb8500"},
+            text=[
+                f"change point ({c['variant']}): {c['size_pct']:+.1f} % "
+                f"({c['before']:.4g} → {c['after']:.4g} {unit}), {c['nights']} night(s) "
+                f"from {c['run_id']}" + (" (worse)" if c.get("worse") else "")
+                for c in mine
+            ],
+            hoverinfo="text",
         )
-        counts["change point"] = len(mine)
-        for c in mine:
-            fig.add_vrect(
-                x0=_x(c["start_utc"]),
-                x1=_x(c.get("end_utc") or c["start_utc"]),
-                line={"color": "#fb8500", "width": 2, "dash": "dash"},
-                fillcolor="#fb8500",
-                opacity=0.12,
-            )
+    )
+    for c in mine:
+        fig.add_vrect(
+            x0=_x(c["start_utc"]),
+            x1=_x(c.get("end_utc") or c["start_utc"]),
+            line={"color": "#fb8500", "width": 2, "dash": "dash"},
+            fillcolor="#fb8500",
+            opacity=0.12,
+        )
+    return {"change point": len(mine)}
+
+
+def _release_lines(fig: Any, infos: list[NightInfo]) -> None:
+    """A dotted line on ``fig``, labelled with the release, where the sglang release changes."""
     prev = None
     for i in infos:
         if prev is not None and i.release != prev:
@@ -315,17 +375,15 @@ def _chart(
                 font={"size": 11},
             )
         prev = i.release
-    fig.update_layout(
-        title={"text": f"{suite}.{metric}", "x": 0.01},
-        xaxis={"title": {"text": "night (UTC)"}, "type": "date", "tickformat": "%b %d"},
-        yaxis={"title": {"text": f"{metric} [{unit}]" if unit else metric}},
-        legend={"orientation": "h", "y": -0.22},
-        margin={"l": 70, "r": 20, "t": 50, "b": 80},
-        hovermode="closest",
-        template="plotly_white",
-    )
+
+
+def _chart_html(div_id: str, fig: Any, suite: str, metric: str) -> str:
+    """The chart's ``<div>`` and the script that draws ``fig`` there (a click on a point opens
+    its night's report)."""
+    import plotly.io as pio
+
     fig_json = pio.to_json(fig, validate=False)
-    html_ = (
+    return (
         f'<div id="{div_id}" class="chart" data-metric="{_esc(suite)}.{_esc(metric)}"></div>\n'
         f"<script>(function(){{var f={fig_json};"
         f'var d=document.getElementById("{div_id}");'
@@ -333,7 +391,6 @@ def _chart(
         "d.on('plotly_click',function(e){var u=e.points[0].customdata;"
         "if(u){window.location.href='../'+u;}});})();</script>\n"
     )
-    return html_, counts
 
 
 def _red_y(

@@ -221,56 +221,80 @@ def _one(
         sigma = noise.pair.sigma if noise is not None else math.nan
         se_of_n = (lambda m, f=1.0: f * sigma / math.sqrt(m)) if noise is not None else None
     else:
-        res.n = _n_runs(vals)
-        need = gate.consecutive_nights
-        having = [
-            n_
-            for n_ in prior
-            if n_.median(key) is not None
-            and (settings.history_since is None or n_.night_utc >= settings.history_since)
-        ]
-        streak = having[-(need - 1) :] if need > 1 else []
-        cache: dict = {}
-        # the reference is chosen among the last 2 K nights before the streak
-        before = having[: len(having) - len(streak)][-2 * settings.window_nights :]
-        base_nights = _clean_nights(before, key, bad, gate, settings, noise, cache)
-        window = base_nights[-settings.window_nights :]
-        res.n_history = len(window)
-        res.window_run_ids = [n_.run_id for n_ in window]
-        if window:
-            res.reference = statistics.median([n_.median(key) for n_ in window])
-        if len(window) < settings.min_history_nights:
-            res.status = "skipped"
-            res.reason = (
-                f"warming up: {len(window)} night(s) in the history, "
-                f"{settings.min_history_nights} needed"
-            )
+        prepared = _history_test(res, vals, gate, prior, key, bad, settings, noise)
+        if prepared is None:
             return res, None
-        if res.n < settings.min_repeats:
-            res.status = "ungated"
-            res.reason = (
-                f"{res.n} run(s) tonight, {settings.min_repeats} needed: too few runs "
-                f"to compare with earlier nights"
-            )
-            return res, None
-        check = _history(vals, window, key, bad, settings, noise, cache)
-        # each night of a streak is judged against the K nights before the streak
-        earlier = [
-            _history(_vals(n_, key), window, key, bad, settings, noise, cache)
-            for n_ in reversed(streak)
-        ]
-        sigma = noise.run.sigma if noise is not None else math.nan
-        se_of_n = None
-        if noise is not None:
-            sn2 = noise.night_sigma**2 if math.isfinite(noise.night_sigma) else 0.0
-            kk = settings.window_nights
-
-            def se_of_n(m: int, f: float = 1.0) -> float:
-                return f * math.sqrt((sn2 + sigma**2 / m) * (1.0 + 1.0 / kk))
-
+        check, earlier, sigma, se_of_n = prepared
     if check is None or check.pick(False) is None:
         res.status = "ungated"
         res.reason = "no usable values (non-positive or missing)"
         return res, None
     res.set_aside = check.set_aside
     return res, _Pending(res, check, gate, key, noise, sigma, se_of_n, earlier)
+
+
+#: what a history test is judged with: (tonight's check, the earlier nights' checks newest
+#: first, the noise sigma, repeats -> standard error or None)
+_Prepared = tuple[Any, list, float, Any]
+
+
+def _history_test(
+    res: GateResult,
+    vals: list,
+    gate: Gate,
+    prior: Sequence[Night],
+    key: Key,
+    bad: int,
+    settings: NightlySettings,
+    noise: Noise | None,
+) -> _Prepared | None:
+    """A history test: tonight's runs against the window of clean nights before the streak
+    (None, with ``res`` skipped or ungated, while warming up or with too few runs)."""
+    res.n = _n_runs(vals)
+    need = gate.consecutive_nights
+    having = [
+        n_
+        for n_ in prior
+        if n_.median(key) is not None
+        and (settings.history_since is None or n_.night_utc >= settings.history_since)
+    ]
+    streak = having[-(need - 1) :] if need > 1 else []
+    cache: dict = {}
+    # the reference is chosen among the last 2 K nights before the streak
+    before = having[: len(having) - len(streak)][-2 * settings.window_nights :]
+    base_nights = _clean_nights(before, key, bad, gate, settings, noise, cache)
+    window = base_nights[-settings.window_nights :]
+    res.n_history = len(window)
+    res.window_run_ids = [n_.run_id for n_ in window]
+    if window:
+        res.reference = statistics.median([n_.median(key) for n_ in window])
+    if len(window) < settings.min_history_nights:
+        res.status = "skipped"
+        res.reason = (
+            f"warming up: {len(window)} night(s) in the history, "
+            f"{settings.min_history_nights} needed"
+        )
+        return None
+    if res.n < settings.min_repeats:
+        res.status = "ungated"
+        res.reason = (
+            f"{res.n} run(s) tonight, {settings.min_repeats} needed: too few runs "
+            f"to compare with earlier nights"
+        )
+        return None
+    check = _history(vals, window, key, bad, settings, noise, cache)
+    # each night of a streak is judged against the K nights before the streak
+    earlier = [
+        _history(_vals(n_, key), window, key, bad, settings, noise, cache)
+        for n_ in reversed(streak)
+    ]
+    sigma = noise.run.sigma if noise is not None else math.nan
+    se_of_n = None
+    if noise is not None:
+        sn2 = noise.night_sigma**2 if math.isfinite(noise.night_sigma) else 0.0
+        kk = settings.window_nights
+
+        def se_of_n(m: int, f: float = 1.0) -> float:
+            return f * math.sqrt((sn2 + sigma**2 / m) * (1.0 + 1.0 / kk))
+
+    return check, earlier, sigma, se_of_n

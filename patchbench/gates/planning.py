@@ -6,7 +6,7 @@ between ``min_repeats`` and ``max_repeats`` (docs/nightly.md, "Noise learned").
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -57,15 +57,7 @@ def plan_repeats(
     log scale barely depends on it).
 
     Raises ValueError when no noise is known (no ``run_cv_pct`` and too few nights)."""
-    tests: list[tuple[Any, str, str]] = []
-    for g in settings.gates:
-        kinds = ["same_run", "history"] if g.against == "both" else [g.against]
-        listed = [v for v in variants if g.variants is None or v in g.variants]
-        for kind in kinds:
-            for v in listed:
-                if kind == "same_run" and v == baseline:
-                    continue
-                tests.append((g, kind, v))
+    tests = _gate_tests(settings, variants, baseline)
     level = settings.family_alpha / max(len(tests), 1)
     most: int | None = settings.min_repeats
     unreachable = False
@@ -88,19 +80,7 @@ def plan_repeats(
             )
         dirn = g.direction or (better or {}).get((suite, metric)) or "higher"
         bad = -1 if dirn == "higher" else 1
-        if kind == "same_run":
-            sp = noise.pair.sigma
-
-            def se(m: int, sp: float = sp) -> float:
-                return sp / math.sqrt(m)
-        else:
-            sr = noise.run.sigma
-            sn2 = noise.night_sigma**2 if math.isfinite(noise.night_sigma) else 0.0
-            kk = settings.window_nights
-
-            def se(m: int, sr: float = sr, sn2: float = sn2, kk: int = kk) -> float:
-                return math.sqrt((sn2 + sr * sr / m) * (1.0 + 1.0 / kk))
-
+        se = _standard_error(kind, noise, settings.window_nights)
         need = repeats_needed(
             se,
             abs(_log_threshold(g.step_pct, bad)),
@@ -135,6 +115,56 @@ def plan_repeats(
             most = max(most, need)
     needed = None if unreachable else most
     source = " and ".join(sorted(sources)) or "prior"
+    return _plan(settings, needed, source, limited, list(rows.values()))
+
+
+def _gate_tests(
+    settings: NightlySettings, variants: Sequence[str], baseline: str
+) -> list[tuple[Any, str, str]]:
+    """Every test the night's gates run: (gate, "same_run" / "history", variant); a same_run
+    test for each listed variant but the baseline, a history test for each listed variant."""
+    tests: list[tuple[Any, str, str]] = []
+    for g in settings.gates:
+        kinds = ["same_run", "history"] if g.against == "both" else [g.against]
+        listed = [v for v in variants if g.variants is None or v in g.variants]
+        for kind in kinds:
+            for v in listed:
+                if kind == "same_run" and v == baseline:
+                    continue
+                tests.append((g, kind, v))
+    return tests
+
+
+def _standard_error(kind: str, noise: Any, window_nights: int) -> Callable[[int], float]:
+    """The standard error (log scale) of a test's statistic at ``m`` repeats: a same_run test's
+    paired difference (the pair noise), a history test's tonight against the mean of
+    ``window_nights`` nights (the night-to-night noise plus the run noise)."""
+    if kind == "same_run":
+        sp = noise.pair.sigma
+
+        def se(m: int, sp: float = sp) -> float:
+            return sp / math.sqrt(m)
+
+        return se
+    sr = noise.run.sigma
+    sn2 = noise.night_sigma**2 if math.isfinite(noise.night_sigma) else 0.0
+    kk = window_nights
+
+    def se_history(m: int, sr: float = sr, sn2: float = sn2, kk: int = kk) -> float:
+        return math.sqrt((sn2 + sr * sr / m) * (1.0 + 1.0 / kk))
+
+    return se_history
+
+
+def _plan(
+    settings: NightlySettings,
+    needed: int | None,
+    source: str,
+    limited: set[str],
+    rows: list[dict[str, Any]],
+) -> RepeatsPlan:
+    """The plan for ``needed`` repeats (None: unreachable), capped at ``max_repeats``, with the
+    line that says why (naming the ``limited`` history gates)."""
     note = (
         f"; the history gate of {', '.join(sorted(limited))} cannot show a step within "
         f"{settings.detect_nights} nights at the learned night-to-night noise whatever the "
@@ -149,12 +179,12 @@ def plan_repeats(
             f"repeats: the targets need {shown} at the {source} noise, capped at {cap} "
             "(nightly.max_repeats): the night may end underpowered" + note
         )
-        return RepeatsPlan(cap, needed, True, source, why, list(rows.values()))
+        return RepeatsPlan(cap, needed, True, source, why, rows)
     why = (
         f"repeats: {needed}, what the targets need at the {source} noise (at least min_repeats "
         f"{settings.min_repeats}, at most max_repeats {cap})" + note
     )
-    return RepeatsPlan(needed, needed, False, source, why, list(rows.values()))
+    return RepeatsPlan(needed, needed, False, source, why, rows)
 
 
 def _night_limited(se: Any, g: Any, bad: int, level: float, settings: NightlySettings) -> bool:

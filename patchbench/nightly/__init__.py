@@ -14,9 +14,11 @@ one unit; a matrix run is a night of one unit per matrix unit. Each unit with a 
 recorded and gated in its folder (its own ``nightly.md``); a matrix night adds one summary over
 its units. A matrix unit's nights are keyed ``<config name>@<unit id>`` in the history (unit ids
 are stable across matrix runs); the matrix night's exit code is the worst unit's in
-:data:`patchbench.nightly.job.EXIT_ORDER` (a regression first, unlike one config's order below).
+:data:`patchbench.nightly.outcome.EXIT_ORDER` (a regression first, unlike one config's order below).
 
-Modules: :mod:`~patchbench.nightly.job` (the pipeline, exit codes, nightly.json),
+Modules: :mod:`~patchbench.nightly.job` (the pipeline over units, exit codes, nightly.json),
+:mod:`~patchbench.nightly.matrix_night` (a matrix run folder's units and its one summary),
+:mod:`~patchbench.nightly.repeats` (``schedule.repeats: auto``: tonight's repeats from the noise),
 :mod:`~patchbench.nightly.render` (nightly.md), :mod:`~patchbench.nightly.cli` (the command),
 :mod:`~patchbench.nightly.builds` (each variant's release and patch state per night, a release
 change named as a step's likely cause, a patch that stops applying),

@@ -37,15 +37,16 @@ from patchbench.nightly.job import (
     HISTORY_ENV,
     add_confirmation,
     history_path,
-    nightly_matrix,
-    nightly_on_matrix_run,
     nightly_on_run,
-    pick_repeats,
     record_only,
-    record_only_matrix,
-    record_repeats,
     settings_from_manifest,
 )
+from patchbench.nightly.matrix_night import (
+    nightly_matrix,
+    nightly_on_matrix_run,
+    record_only_matrix,
+)
+from patchbench.nightly.repeats import pick_repeats, record_repeats
 
 
 def add_matrix_arguments(p: argparse.ArgumentParser) -> None:

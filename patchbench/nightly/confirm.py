@@ -493,9 +493,6 @@ def maybe_confirm(
     own failure (``error``)."""
     import yaml
 
-    from patchbench.history import History, HistoryError, read_night_builds
-    from patchbench.nightly.builds import rows_of_run
-
     out = out or sys.stdout
     night, settings = res.night, res.settings
     if night is None or settings is None or res.outcome != "red":
@@ -507,20 +504,10 @@ def maybe_confirm(
         variant, None, None, release_of(res.builds, variant), cs.alpha,
         cs.repeats if cs.repeats != "auto" else cs.max_repeats,
     )  # fmt: skip
-    green, green_rows = None, []
-    try:
-        with History(res.history_info["path"], timeout_s=settings.lock_timeout_s) as h:
-            prior = h.nights(
-                night.config_name, before_utc=night.night_utc, exclude_run_id=night.run_id
-            )
-            green = last_green(prior)
-            if green is not None:
-                green_rows = read_night_builds(h, run_id=green.run_id)
-    except (HistoryError, KeyError) as e:
-        conf.skipped = f"the history cannot be read: {e}"
+    green, green_rows, unreadable = _last_green_night(res)
+    if unreadable:
+        conf.skipped = unreadable
         return conf
-    if green is not None and not green_rows and green.run_dir:
-        green_rows = [r.to_json() for r in rows_of_run(green.run_dir)]
     ok, why = should_confirm(res.outcome, res.builds, green, green_rows, cs.enabled)
     if not ok:
         conf.skipped = why
@@ -531,15 +518,7 @@ def maybe_confirm(
     if not conf.old_release or not conf.new_release:
         conf.skipped = f"the releases of variant '{variant}' are not known for both nights"
         return conf
-    metrics = list(
-        dict.fromkeys((r.suite, r.metric, r.better) for r in failing if r.variant == variant)
-    ) or list(dict.fromkeys((r.suite, r.metric, r.better) for r in failing))
-    want = {(s, m) for s, m, _ in metrics}
-    changes = [
-        (r.suite, r.metric, r.change_pct)
-        for r in failing
-        if (r.suite, r.metric) in want and r.variant == variant
-    ] or [(r.suite, r.metric, r.change_pct) for r in failing if (r.suite, r.metric) in want]
+    metrics, changes = _failing_metrics(failing, variant)
     conf.rounds = plan_rounds(cs, changes, res.noise, settings.run_cv_pct)
     conf.repeats = conf.rounds.rounds
     raw = yaml.safe_load(Path(config_path).read_text(encoding="utf-8"))
@@ -567,6 +546,47 @@ def maybe_confirm(
     for r in conf.results:
         print(f"nightly: confirmation: {r['text']}", file=out)
     return conf
+
+
+def _last_green_night(res: Any) -> tuple[Any, list[dict[str, Any]], str | None]:
+    """The last green night before the gated night ``res`` in its history (None without one),
+    its builds' rows (from the history, else from its run folder) and None; (None, [], why)
+    when the history cannot be read."""
+    from patchbench.history import History, HistoryError, read_night_builds
+    from patchbench.nightly.builds import rows_of_run
+
+    night, settings = res.night, res.settings
+    green, green_rows = None, []
+    try:
+        with History(res.history_info["path"], timeout_s=settings.lock_timeout_s) as h:
+            prior = h.nights(
+                night.config_name, before_utc=night.night_utc, exclude_run_id=night.run_id
+            )
+            green = last_green(prior)
+            if green is not None:
+                green_rows = read_night_builds(h, run_id=green.run_id)
+    except (HistoryError, KeyError) as e:
+        return None, [], f"the history cannot be read: {e}"
+    if green is not None and not green_rows and green.run_dir:
+        green_rows = [r.to_json() for r in rows_of_run(green.run_dir)]
+    return green, green_rows, None
+
+
+def _failing_metrics(
+    failing: list[Any], variant: str
+) -> tuple[list[tuple[str, str, str]], list[tuple[str, str, float | None]]]:
+    """What the confirmation measures: the failing gates' (suite, metric, better) of
+    ``variant`` (else of any variant), and their (suite, metric, change %)."""
+    metrics = list(
+        dict.fromkeys((r.suite, r.metric, r.better) for r in failing if r.variant == variant)
+    ) or list(dict.fromkeys((r.suite, r.metric, r.better) for r in failing))
+    want = {(s, m) for s, m, _ in metrics}
+    changes = [
+        (r.suite, r.metric, r.change_pct)
+        for r in failing
+        if (r.suite, r.metric) in want and r.variant == variant
+    ] or [(r.suite, r.metric, r.change_pct) for r in failing if (r.suite, r.metric) in want]
+    return metrics, changes
 
 
 def _cells(path: Path, repeats: int) -> int:

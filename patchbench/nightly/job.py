@@ -2,11 +2,11 @@
 its outputs; for a matrix, one summary over the units.
 
 A night is a list of :class:`NightUnit` (a single run: one unit; a matrix run: one per matrix
-unit, :func:`matrix_units`). :func:`run_night` gates every unit (:func:`gate_unit`) and returns
-one :class:`UnitNightly` per unit; a unit with a run folder gets ``nightly.md``,
-``nightly.json`` and its trend plots there. :func:`nightly_on_run` is the night of one run
-folder; :func:`nightly_on_matrix_run` the night of a matrix run folder, which adds the matrix's
-``nightly.md`` / ``nightly.json``.
+unit, :func:`patchbench.nightly.matrix_night.matrix_units`). :func:`run_night` gates every unit
+(:func:`gate_unit`) and returns one :class:`UnitNightly` per unit; a unit with a run folder gets
+``nightly.md``, ``nightly.json`` and its trend plots there. :func:`nightly_on_run` is the night
+of one run folder; :func:`patchbench.nightly.matrix_night.nightly_on_matrix_run` the night of a
+matrix run folder, which adds the matrix's ``nightly.md`` / ``nightly.json``.
 
 Everything a night reads goes through the typed readers: the run's manifest
 (:func:`patchbench.runfolder.read_manifest`), its comparison
@@ -34,10 +34,8 @@ from patchbench.errors import (
     EXIT_RUN_FAILED,
     EXIT_UNDERPOWERED,
     EXIT_USAGE,
-    RunFailed,
 )
 from patchbench.gates import UNDERPOWERED, GateResult, NightlySettings, evaluate, night_outcome
-from patchbench.gates.planning import RepeatsPlan, plan_repeats
 from patchbench.history import (
     History,
     HistoryError,
@@ -48,19 +46,16 @@ from patchbench.history import (
     record_confirmation,
     record_noise,
 )
-from patchbench.matrix.record import UnitRecord, read_matrix_record
+from patchbench.matrix.record import read_matrix_record
 from patchbench.nightly.builds import (
     BuildRow,
     blocked_exit,
     blocked_line,
-    keep_config,
     night_builds,
     rows_of_run,
 )
 from patchbench.nightly.outcome import (
-    EXIT_ORDER,
     OUTCOME_OF_EXIT,
-    MatrixNightlyOutcome,
     NightlyOutcome,
     NightSummary,
     UnitNightly,
@@ -76,10 +71,6 @@ HISTORY_ENV = "PATCHBENCH_HISTORY"
 NIGHTLY_SCHEMA = 2
 """nightly.json schema: 2 added ``outcome``, per-gate ``p_value``/``level``/``bound_pct``/``test``/``n``
 and removed ``ci_low_pct``/``ci_high_pct``/``band_*`` (version 1)."""
-
-MATRIX_NIGHTLY_SCHEMA = 1
-"""The matrix run folder's nightly.json (``"kind": "matrix"``; each unit's own nightly.json keeps
-:data:`NIGHTLY_SCHEMA`)."""
 
 
 def history_path(settings: NightlySettings, cli_path: str | None = None) -> Path:
@@ -347,59 +338,6 @@ def _gate_run(unit: NightUnit, hpath: Path, record: bool) -> NightlyOutcome:
         causes=causes,
         blocked=[blocked_line(r) for r in unit.blocked],
     )
-
-
-def pick_repeats(
-    config_path: str | os.PathLike,
-    cfg: Any,
-    settings: NightlySettings,
-    hpath: Path,
-    *,
-    out: Any = None,
-    workdir: str | os.PathLike | None = None,
-) -> tuple[RepeatsPlan, Path]:
-    """``schedule.repeats: auto``: the repeats tonight runs, before the run.
-
-    Reads the config's recorded nights from the history at ``hpath`` (read only; an absent or
-    unreadable history counts as empty: the prior ``run_cv_pct`` decides), computes the repeats
-    the gates' targets need (:func:`patchbench.gates.planning.plan_repeats`: the learned noise,
-    ``min_repeats`` .. ``max_repeats``), prints the choice and why, and writes the config with
-    ``schedule.repeats`` set to it under ``workdir`` (default: ``nightly-configs/`` in the
-    results root, :func:`patchbench.nightly.builds.keep_config`, so the run's manifest and its
-    "resume with" line name a file that stays: ``patchbench bench COPY --resume RUN`` reruns
-    the same repeats), named ``<config stem>.auto-<sha256 of its text, 12 hex>.yaml``.
-    Relative paths in a config resolve against the repository, so the copy runs as the
-    original. Returns the plan and the copy's path. Raises ValueError when no noise
-    is known; OSError when the folder cannot be written."""
-    import yaml
-
-    out = out or sys.stdout
-    prior: list[Night] = []
-    if hpath.is_file():
-        try:
-            with History(hpath, timeout_s=settings.lock_timeout_s) as h:
-                prior = h.nights(cfg.name)
-        except HistoryError as e:
-            print(f"nightly: repeats from the prior noise: history unreadable: {e}", file=out)
-    plan = plan_repeats(settings, prior, list(cfg.variants), cfg.baseline)
-    print(f"nightly: {plan.why}", file=out)
-    raw = yaml.safe_load(Path(config_path).read_text(encoding="utf-8"))
-    raw.setdefault("schedule", {})["repeats"] = plan.repeats
-    text = f"# {config_path} with schedule.repeats: auto -> {plan.repeats} ({plan.why})\n"
-    text += yaml.safe_dump(raw, sort_keys=False, allow_unicode=True, default_flow_style=False)
-    return plan, keep_config(Path(config_path).stem, "auto", text, workdir)
-
-
-def record_repeats(json_path: Path | None, plan: RepeatsPlan) -> None:
-    """Add the repeats choice (``"repeats"``: :meth:`RepeatsPlan.to_json`) to a written
-    nightly.json."""
-    import json
-
-    if json_path is None or not Path(json_path).is_file():
-        return
-    doc = json.loads(Path(json_path).read_text(encoding="utf-8"))
-    doc["repeats"] = plan.to_json()
-    write_json(Path(json_path), doc)
 
 
 def noise_table(
@@ -674,213 +612,3 @@ def settings_from_manifest(run_dir: Path) -> NightlySettings | None:
     if cfg is not None and "nightly" in cfg.model_fields_set:
         return NightlySettings.model_validate(cfg.nightly)
     return None
-
-
-# ---------------------------------------------------------------------------------------------
-# a matrix run folder
-
-
-def _unit_section_settings(
-    matrix_dir: Path, uid: str
-) -> tuple[NightlySettings | None, Any, str | None]:
-    """The nightly settings and compare section a unit ran with, from
-    ``configs/<unit id>.yaml`` of the matrix run (else the unit's manifest, else defaults);
-    (settings, compare section, error line)."""
-    import yaml
-    from pydantic import ValidationError
-
-    path = matrix_dir / "configs" / f"{uid}.yaml"
-    raw: Any = None
-    if path.is_file():
-        try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-            return None, None, f"{path}: unreadable: {str(e).splitlines()[0]}"
-    if isinstance(raw, dict):
-        try:
-            return (
-                NightlySettings.model_validate(raw.get("nightly") or {}),
-                raw.get("compare"),
-                None,
-            )
-        except ValidationError as e:
-            err = e.errors()[0]
-            where = ".".join(str(x) for x in ("nightly", *err["loc"]))
-            return None, None, f"{path}: key {where}: {err['msg']}"
-    return settings_from_manifest(matrix_dir / uid) or NightlySettings(), None, None
-
-
-def matrix_units(
-    matrix_dir: Path,
-    units: Sequence[UnitRecord],
-    settings: dict[str, NightlySettings],
-    compare_settings: dict[str, Any],
-) -> list[NightUnit]:
-    """The night's unit of every matrix unit: its folder, its settings (``settings`` /
-    ``compare_settings`` by unit id, else :func:`_unit_section_settings`) and how its run ended
-    (a run that did not end ok carries that as a run problem)."""
-    out = []
-    for u in units:
-        if u.id in settings:
-            s, cmp_section, err = settings[u.id], compare_settings.get(u.id), None
-        else:
-            s, cmp_section, err = _unit_section_settings(matrix_dir, u.id)
-        message = u.message
-        if u.status != "ok":
-            line = f"the unit's run ended {u.status}" + (
-                f" (bench exit {u.exit_code})" if u.exit_code is not None else ""
-            )
-            message = f"{line}: {message}" if message else line
-        out.append(
-            NightUnit(
-                matrix_dir / u.id,
-                s,
-                cmp_section,
-                unit_id=u.id,
-                has_folder=(matrix_dir / u.id / "manifest.json").is_file(),
-                config_name=u.config_name or "?",
-                labels=u.labels,
-                gpu_type=u.gpu_type,
-                status=u.status,
-                run_exit_code=u.exit_code,
-                message=message,
-                settings_error=err,
-                run_problems=[message] if u.status != "ok" else [],
-            )
-        )
-    return out
-
-
-def nightly_on_matrix_run(
-    matrix_dir: str | os.PathLike,
-    *,
-    settings: dict[str, NightlySettings] | None = None,
-    compare_settings: dict[str, Any] | None = None,
-    history: str | os.PathLike | None = None,
-    record: bool = True,
-    out: Any = None,
-) -> MatrixNightlyOutcome:
-    """Run the nightly job on every unit of a finished matrix run folder and write one summary.
-
-    matrix_dir: ``results/<stamp>-<name>/`` (patchbench.matrix: ``matrix.json``, one folder
-    per unit id, ``configs/<unit id>.yaml``). settings / compare_settings: {unit id: value}
-    (default: from each unit's ``configs/<unit id>.yaml``). history: the SQLite path for every
-    unit (default: :func:`history_path` of the unit's settings). Each unit with a run folder gets
-    :func:`gate_unit` (its nightly.md / nightly.json in its folder), keyed
-    ``<config name>@<unit id>`` in the history; a unit whose run did not end ok also counts as a
-    run failure (exit 4, or 3 / 2 when its bench ended so), and one without a folder is listed
-    with its status and message, never left out. Writes MATRIX/nightly.md and
-    MATRIX/nightly.json; the exit code is the worst unit's in :data:`EXIT_ORDER`.
-
-    Raises FileNotFoundError / ValueError when ``matrix.json`` is missing or unreadable.
-    """
-    out = out or sys.stdout
-    mdir = Path(matrix_dir)
-    rec = read_matrix_record(mdir)
-    units = matrix_units(mdir, rec.units, settings or {}, compare_settings or {})
-    rows = run_night(units, history=history, record=record, out=out, announce=True)
-    code, headline = _matrix_verdict(rows)
-    name = rec.name or mdir.name
-    summary = NightSummary(name, code, headline, rows, matrix_dir=mdir)
-    md_path = write_text(mdir / "nightly.md", render_markdown(summary))
-    js = write_json(
-        mdir / "nightly.json",
-        {
-            "schema": MATRIX_NIGHTLY_SCHEMA,
-            "kind": "matrix",
-            "matrix": name,
-            "matrix_dir": str(mdir.resolve()),
-            "exit_code": code,
-            "outcome": OUTCOME_OF_EXIT.get(code, "run failed"),
-            "headline": headline,
-            "exit_order": list(EXIT_ORDER),
-            "units": [r.to_json() for r in rows],
-        },
-    )
-    print(f"nightly matrix {name}: {headline} (exit {code}); summary {md_path}", file=out)
-    return MatrixNightlyOutcome(
-        code, OUTCOME_OF_EXIT.get(code, "run failed"), headline, mdir, rows, md_path, js
-    )
-
-
-def _matrix_verdict(rows: list[UnitNightly]) -> tuple[int, str]:
-    """(exit code, headline) of a matrix night: the worst unit's code in :data:`EXIT_ORDER`,
-    the number of units that have it and a tally of the outcomes."""
-    if not rows:
-        return EXIT_RUN_FAILED, "the matrix run has no units"
-    code = worst_exit([r.rank_code for r in rows])
-    counts: dict[str, int] = {}
-    for r in rows:
-        counts[r.outcome] = counts.get(r.outcome, 0) + 1
-    tally = ", ".join(f"{n} {w}" for w, n in sorted(counts.items(), key=lambda kv: -kv[1]))
-    if code == EXIT_OK:
-        return code, f"no regression in {len(rows)} unit(s)"
-    worst = OUTCOME_OF_EXIT[code].upper() if code != EXIT_REGRESSION else "REGRESSION"
-    n_worst = sum(1 for r in rows if r.rank_code == code)
-    return code, f"{worst} in {n_worst} of {len(rows)} unit(s) ({tally})"
-
-
-def record_only_matrix(
-    matrix_dir: str | os.PathLike, history: str | os.PathLike | None, out: Any = None
-) -> int:
-    """``--record-only MATRIX_RUN_DIR``: append every unit folder of a matrix run to the history,
-    each under its key; the worst exit code of :func:`record_only` (units without a folder are
-    named and count as 4)."""
-    mdir = Path(matrix_dir)
-    codes = []
-    for u in read_matrix_record(mdir).units:
-        if not (mdir / u.id / "manifest.json").is_file():
-            print(f"nightly: unit {u.id}: no run folder to record ({u.status})", file=sys.stderr)
-            codes.append(EXIT_RUN_FAILED)
-            continue
-        s, _, err = _unit_section_settings(mdir, u.id)
-        if s is None:
-            print(f"nightly: unit {u.id}: {err}", file=sys.stderr)
-            codes.append(EXIT_USAGE)
-            continue
-        codes.append(
-            record_only(
-                mdir / u.id, history or history_path(s), s.lock_timeout_s, out, unit_id=u.id
-            )
-        )
-    return worst_exit(codes)
-
-
-def nightly_matrix(
-    path: str | os.PathLike,
-    *,
-    on: str = "local",
-    address: str | None = None,
-    results: str | os.PathLike | None = None,
-    history: str | os.PathLike | None = None,
-    executor: Any = None,
-    out: Any = None,
-    **executor_kw: Any,
-) -> MatrixNightlyOutcome:
-    """``patchbench nightly MATRIX.yaml``: run the matrix
-    (:func:`patchbench.matrix.driver.run_matrix`, ``on`` "local" or "ray" at ``address``, or
-    ``executor``), then :func:`nightly_on_matrix_run` on its folder with each unit's own
-    ``nightly``/``compare`` sections. Units that did not end ok are gated on what they left and
-    listed as failed.
-
-    Raises ConfigError (exit 2) for a bad matrix, EnvironmentNotReady (3) when Ray is missing
-    or a unit's pin has no environment on a node (built only with ``build_envs=True`` in
-    ``executor_kw``), Interrupted (130/143) on Ctrl-C / SIGTERM (finished units kept, nothing gated).
-    """
-    from patchbench.matrix.driver import run_matrix
-    from patchbench.matrix.spec import load_matrix
-
-    m = load_matrix(path)
-    try:
-        mdir = run_matrix(path, on, address, results=results, executor=executor, **executor_kw)
-    except RunFailed as e:
-        if not e.run_dir:
-            raise
-        mdir = Path(e.run_dir)
-    return nightly_on_matrix_run(
-        mdir,
-        settings={u.id: u.config.nightly for u in m.units},
-        compare_settings={u.id: u.config.compare for u in m.units},
-        history=history,
-        out=out,
-    )

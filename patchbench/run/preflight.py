@@ -140,7 +140,7 @@ def port_free_or_raise(host: str, port: int) -> None:
     """Refuse to start a run whose server port already answers (EnvironmentNotReady, exit 3,
     naming the holder): every cell would fail on it. Orphaned patchbench servers were reported
     (or, with --kill-stale, stopped) just before; a port taken later fails only its cell."""
-    from patchbench.server import port_taken_by
+    from patchbench.ports import port_taken_by
 
     holder = port_taken_by(host, port)
     if holder is not None:

@@ -140,6 +140,32 @@ def _mc(options: list[str], answer_index: int) -> tuple[str, str]:
     return repr(options), chr(ord("A") + answer_index)
 
 
+def _choice(
+    question: str, options: str, answer: str, images: list[Image.Image], subfield: str
+) -> dict[str, Any]:
+    """A multiple-choice question's row (``options``, ``answer``: from :func:`_mc`)."""
+    return dict(
+        question=question,
+        options=options,
+        answer=answer,
+        question_type="multiple-choice",
+        images=images,
+        subfield=subfield,
+    )
+
+
+def _open(question: str, answer: str, images: list[Image.Image], subfield: str) -> dict[str, Any]:
+    """An open question's row (no options)."""
+    return dict(
+        question=question,
+        options="[]",
+        answer=answer,
+        question_type="open",
+        images=images,
+        subfield=subfield,
+    )
+
+
 def _ask_colour(k: int, rng: random.Random) -> dict[str, Any]:
     """A shape of one of four colours: which colour (multiple choice)."""
     images: list[Image.Image] = []
@@ -147,14 +173,7 @@ def _ask_colour(k: int, rng: random.Random) -> dict[str, Any]:
     right = rng.randrange(4)
     images.append(shape_image(rng.choice(SHAPES), colours[right]))
     opts, ans = _mc(colours, right)
-    return dict(
-        question="What colour is the shape in <image 1>?",
-        options=opts,
-        answer=ans,
-        question_type="multiple-choice",
-        images=images,
-        subfield="Colour",
-    )
+    return _choice("What colour is the shape in <image 1>?", opts, ans, images, "Colour")
 
 
 def _ask_shape(k: int, rng: random.Random) -> dict[str, Any]:
@@ -163,13 +182,8 @@ def _ask_shape(k: int, rng: random.Random) -> dict[str, Any]:
     right = rng.randrange(4)
     images.append(shape_image(SHAPES[right], rng.choice(sorted(COLOURS))))
     opts, ans = _mc(list(SHAPES), right)
-    return dict(
-        question="<image 1> Which shape is drawn in the picture?",
-        options=opts,
-        answer=ans,
-        question_type="multiple-choice",
-        images=images,
-        subfield="Morphology",
+    return _choice(
+        "<image 1> Which shape is drawn in the picture?", opts, ans, images, "Morphology"
     )
 
 
@@ -181,24 +195,10 @@ def _ask_count(k: int, rng: random.Random) -> dict[str, Any]:
     mode = ["RGB", "L", "RGBA"][k % 3]
     images.append(dots_image(n, rng, mode))
     if k % 2:
-        return dict(
-            question="How many black dots are there in <image 1>?",
-            options="[]",
-            answer=str(n),
-            question_type="open",
-            images=images,
-            subfield="Counting",
-        )
+        return _open("How many black dots are there in <image 1>?", str(n), images, "Counting")
     choices = sorted({n, *rng.sample([x for x in range(1, 10) if x != n], 3)})
     opts, ans = _mc([str(c) for c in choices], choices.index(n))
-    return dict(
-        question="How many black dots are there in <image 1>?",
-        options=opts,
-        answer=ans,
-        question_type="multiple-choice",
-        images=images,
-        subfield="Counting",
-    )
+    return _choice("How many black dots are there in <image 1>?", opts, ans, images, "Counting")
 
 
 def _ask_read(k: int, rng: random.Random) -> dict[str, Any]:
@@ -206,13 +206,8 @@ def _ask_read(k: int, rng: random.Random) -> dict[str, Any]:
     images: list[Image.Image] = []
     word = rng.choice(WORDS)
     images.append(text_image(word))
-    return dict(
-        question="Which word is printed in <image 1>?",
-        options="[]",
-        answer=word,
-        question_type="open",
-        images=images,
-        subfield="Optical character recognition",
+    return _open(
+        "Which word is printed in <image 1>?", word, images, "Optical character recognition"
     )
 
 
@@ -222,15 +217,11 @@ def _ask_add(k: int, rng: random.Random) -> dict[str, Any]:
     a, b = rng.randint(100, 4000), rng.randint(100, 4000)
     images.append(text_image(f"${a}"))
     images.append(text_image(f"${b}"))
-    return dict(
-        question=(
-            "An invoice lists the amounts in <image 1> and <image 2>. What is the total in dollars?"
-        ),
-        options="[]",
-        answer=str(a + b),
-        question_type="open",
-        images=images,
-        subfield="Financial accounting",
+    return _open(
+        "An invoice lists the amounts in <image 1> and <image 2>. What is the total in dollars?",
+        str(a + b),
+        images,
+        "Financial accounting",
     )
 
 
@@ -241,13 +232,8 @@ def _ask_compare(k: int, rng: random.Random) -> dict[str, Any]:
     images.append(dots_image(a, rng))
     images.append(dots_image(b, rng))
     opts, ans = _mc(["<image 1>", "<image 2>"], 0 if a > b else 1)
-    return dict(
-        question="Which image has more black dots? <image 1> <image 2>",
-        options=opts,
-        answer=ans,
-        question_type="multiple-choice",
-        images=images,
-        subfield="Cartography",
+    return _choice(
+        "Which image has more black dots? <image 1> <image 2>", opts, ans, images, "Cartography"
     )
 
 
@@ -265,13 +251,12 @@ def _ask_pick_image(k: int, rng: random.Random) -> dict[str, Any]:
     for colour_index in sorted(range(n_opts), key=lambda i: order[i]):
         images.append(shape_image("square", colours[colour_index]))
     opts, ans = _mc([f"<image {order[i] + 2}>" for i in range(n_opts)], target)
-    return dict(
-        question="<image 1> Which option shows a square of the colour named in the first image?",
-        options=opts,
-        answer=ans,
-        question_type="multiple-choice",
-        images=images,
-        subfield="Music notation",
+    return _choice(
+        "<image 1> Which option shows a square of the colour named in the first image?",
+        opts,
+        ans,
+        images,
+        "Music notation",
     )
 
 

@@ -49,17 +49,7 @@ def run_points_together(
     if srv is None:
         raise SuiteError("the serving suite needs a running server")
     preps = [prepare_point(replace(ctx, out_dir=pdir), pp) for _k, pdir, pp in plan]
-    control = Path(ctx.out_dir) / "multi_point"
-    control.mkdir(parents=True, exist_ok=True)
-    for f in control.glob("flush-*"):
-        f.unlink()
-    points = []
-    for (k, pdir, _pp), prep in zip(plan, preps, strict=True):
-        (pdir / "point.json").unlink(missing_ok=True)
-        if prep.argv[1:3] != TOOL_HEAD:
-            raise SuiteError(f"sweep point {k}: unexpected bench_serving command {prep.argv[:3]}")
-        points.append({"key": k, "dir": str(pdir), "argv": prep.argv[3:]})
-    write_json(control / "plan.json", {"control_dir": str(control), "points": points})
+    control = _write_plan(Path(ctx.out_dir) / "multi_point", plan, preps)
     offsets: list[int] = []
     results: list[SuiteResult] = []
 
@@ -125,3 +115,21 @@ def run_points_together(
             f"finished; its stderr tail:\n{tail}"
         )
     return results
+
+
+def _write_plan(control: Path, plan: list[tuple[str, Path, Params]], preps: list[Any]) -> Path:
+    """The driver's ``plan.json`` in ``control`` (made, its flush files of an earlier try
+    removed): every point's key, folder and bench_serving arguments (each point's stale
+    point.json removed). Returns ``control``. Raises SuiteError for a point whose command is not
+    ``python -m sglang.bench_serving ...``."""
+    control.mkdir(parents=True, exist_ok=True)
+    for f in control.glob("flush-*"):
+        f.unlink()
+    points = []
+    for (k, pdir, _pp), prep in zip(plan, preps, strict=True):
+        (pdir / "point.json").unlink(missing_ok=True)
+        if prep.argv[1:3] != TOOL_HEAD:
+            raise SuiteError(f"sweep point {k}: unexpected bench_serving command {prep.argv[:3]}")
+        points.append({"key": k, "dir": str(pdir), "argv": prep.argv[3:]})
+    write_json(control / "plan.json", {"control_dir": str(control), "points": points})
+    return control

@@ -1,0 +1,244 @@
+"""The nightly job on a matrix run folder: one night unit per matrix unit (:func:`matrix_units`),
+gated by :func:`patchbench.nightly.job.run_night`, and one summary over the units (the matrix
+folder's ``nightly.md`` / ``nightly.json``, :func:`nightly_on_matrix_run`); ``--record-only`` of
+a matrix run (:func:`record_only_matrix`); ``patchbench nightly MATRIX.yaml``
+(:func:`nightly_matrix`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from patchbench.errors import EXIT_OK, EXIT_REGRESSION, EXIT_RUN_FAILED, EXIT_USAGE, RunFailed
+from patchbench.gates import NightlySettings
+from patchbench.matrix.record import UnitRecord, read_matrix_record
+from patchbench.nightly.job import (
+    NightUnit,
+    history_path,
+    record_only,
+    run_night,
+    settings_from_manifest,
+)
+from patchbench.nightly.outcome import (
+    EXIT_ORDER,
+    OUTCOME_OF_EXIT,
+    MatrixNightlyOutcome,
+    NightSummary,
+    UnitNightly,
+    worst_exit,
+)
+from patchbench.nightly.render import render_markdown
+from patchbench.records import write_json, write_text
+
+MATRIX_NIGHTLY_SCHEMA = 1
+"""The matrix run folder's nightly.json (``"kind": "matrix"``; each unit's own nightly.json keeps
+:data:`patchbench.nightly.job.NIGHTLY_SCHEMA`)."""
+
+
+def _unit_section_settings(
+    matrix_dir: Path, uid: str
+) -> tuple[NightlySettings | None, Any, str | None]:
+    """The nightly settings and compare section a unit ran with, from
+    ``configs/<unit id>.yaml`` of the matrix run (else the unit's manifest, else defaults);
+    (settings, compare section, error line)."""
+    import yaml
+    from pydantic import ValidationError
+
+    path = matrix_dir / "configs" / f"{uid}.yaml"
+    raw: Any = None
+    if path.is_file():
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+            return None, None, f"{path}: unreadable: {str(e).splitlines()[0]}"
+    if isinstance(raw, dict):
+        try:
+            return (
+                NightlySettings.model_validate(raw.get("nightly") or {}),
+                raw.get("compare"),
+                None,
+            )
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(x) for x in ("nightly", *err["loc"]))
+            return None, None, f"{path}: key {where}: {err['msg']}"
+    return settings_from_manifest(matrix_dir / uid) or NightlySettings(), None, None
+
+
+def matrix_units(
+    matrix_dir: Path,
+    units: Sequence[UnitRecord],
+    settings: dict[str, NightlySettings],
+    compare_settings: dict[str, Any],
+) -> list[NightUnit]:
+    """The night's unit of every matrix unit: its folder, its settings (``settings`` /
+    ``compare_settings`` by unit id, else :func:`_unit_section_settings`) and how its run ended
+    (a run that did not end ok carries that as a run problem)."""
+    out = []
+    for u in units:
+        if u.id in settings:
+            s, cmp_section, err = settings[u.id], compare_settings.get(u.id), None
+        else:
+            s, cmp_section, err = _unit_section_settings(matrix_dir, u.id)
+        message = u.message
+        if u.status != "ok":
+            line = f"the unit's run ended {u.status}" + (
+                f" (bench exit {u.exit_code})" if u.exit_code is not None else ""
+            )
+            message = f"{line}: {message}" if message else line
+        out.append(
+            NightUnit(
+                matrix_dir / u.id,
+                s,
+                cmp_section,
+                unit_id=u.id,
+                has_folder=(matrix_dir / u.id / "manifest.json").is_file(),
+                config_name=u.config_name or "?",
+                labels=u.labels,
+                gpu_type=u.gpu_type,
+                status=u.status,
+                run_exit_code=u.exit_code,
+                message=message,
+                settings_error=err,
+                run_problems=[message] if u.status != "ok" else [],
+            )
+        )
+    return out
+
+
+def nightly_on_matrix_run(
+    matrix_dir: str | os.PathLike,
+    *,
+    settings: dict[str, NightlySettings] | None = None,
+    compare_settings: dict[str, Any] | None = None,
+    history: str | os.PathLike | None = None,
+    record: bool = True,
+    out: Any = None,
+) -> MatrixNightlyOutcome:
+    """Run the nightly job on every unit of a finished matrix run folder and write one summary.
+
+    matrix_dir: ``results/<stamp>-<name>/`` (patchbench.matrix: ``matrix.json``, one folder
+    per unit id, ``configs/<unit id>.yaml``). settings / compare_settings: {unit id: value}
+    (default: from each unit's ``configs/<unit id>.yaml``). history: the SQLite path for every
+    unit (default: :func:`history_path` of the unit's settings). Each unit with a run folder gets
+    :func:`gate_unit` (its nightly.md / nightly.json in its folder), keyed
+    ``<config name>@<unit id>`` in the history; a unit whose run did not end ok also counts as a
+    run failure (exit 4, or 3 / 2 when its bench ended so), and one without a folder is listed
+    with its status and message, never left out. Writes MATRIX/nightly.md and
+    MATRIX/nightly.json; the exit code is the worst unit's in :data:`EXIT_ORDER`.
+
+    Raises FileNotFoundError / ValueError when ``matrix.json`` is missing or unreadable.
+    """
+    out = out or sys.stdout
+    mdir = Path(matrix_dir)
+    rec = read_matrix_record(mdir)
+    units = matrix_units(mdir, rec.units, settings or {}, compare_settings or {})
+    rows = run_night(units, history=history, record=record, out=out, announce=True)
+    code, headline = _matrix_verdict(rows)
+    name = rec.name or mdir.name
+    summary = NightSummary(name, code, headline, rows, matrix_dir=mdir)
+    md_path = write_text(mdir / "nightly.md", render_markdown(summary))
+    js = write_json(
+        mdir / "nightly.json",
+        {
+            "schema": MATRIX_NIGHTLY_SCHEMA,
+            "kind": "matrix",
+            "matrix": name,
+            "matrix_dir": str(mdir.resolve()),
+            "exit_code": code,
+            "outcome": OUTCOME_OF_EXIT.get(code, "run failed"),
+            "headline": headline,
+            "exit_order": list(EXIT_ORDER),
+            "units": [r.to_json() for r in rows],
+        },
+    )
+    print(f"nightly matrix {name}: {headline} (exit {code}); summary {md_path}", file=out)
+    return MatrixNightlyOutcome(
+        code, OUTCOME_OF_EXIT.get(code, "run failed"), headline, mdir, rows, md_path, js
+    )
+
+
+def _matrix_verdict(rows: list[UnitNightly]) -> tuple[int, str]:
+    """(exit code, headline) of a matrix night: the worst unit's code in :data:`EXIT_ORDER`,
+    the number of units that have it and a tally of the outcomes."""
+    if not rows:
+        return EXIT_RUN_FAILED, "the matrix run has no units"
+    code = worst_exit([r.rank_code for r in rows])
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.outcome] = counts.get(r.outcome, 0) + 1
+    tally = ", ".join(f"{n} {w}" for w, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    if code == EXIT_OK:
+        return code, f"no regression in {len(rows)} unit(s)"
+    worst = OUTCOME_OF_EXIT[code].upper() if code != EXIT_REGRESSION else "REGRESSION"
+    n_worst = sum(1 for r in rows if r.rank_code == code)
+    return code, f"{worst} in {n_worst} of {len(rows)} unit(s) ({tally})"
+
+
+def record_only_matrix(
+    matrix_dir: str | os.PathLike, history: str | os.PathLike | None, out: Any = None
+) -> int:
+    """``--record-only MATRIX_RUN_DIR``: append every unit folder of a matrix run to the history,
+    each under its key; the worst exit code of :func:`record_only` (units without a folder are
+    named and count as 4)."""
+    mdir = Path(matrix_dir)
+    codes = []
+    for u in read_matrix_record(mdir).units:
+        if not (mdir / u.id / "manifest.json").is_file():
+            print(f"nightly: unit {u.id}: no run folder to record ({u.status})", file=sys.stderr)
+            codes.append(EXIT_RUN_FAILED)
+            continue
+        s, _, err = _unit_section_settings(mdir, u.id)
+        if s is None:
+            print(f"nightly: unit {u.id}: {err}", file=sys.stderr)
+            codes.append(EXIT_USAGE)
+            continue
+        codes.append(
+            record_only(
+                mdir / u.id, history or history_path(s), s.lock_timeout_s, out, unit_id=u.id
+            )
+        )
+    return worst_exit(codes)
+
+
+def nightly_matrix(
+    path: str | os.PathLike,
+    *,
+    on: str = "local",
+    address: str | None = None,
+    results: str | os.PathLike | None = None,
+    history: str | os.PathLike | None = None,
+    executor: Any = None,
+    out: Any = None,
+    **executor_kw: Any,
+) -> MatrixNightlyOutcome:
+    """``patchbench nightly MATRIX.yaml``: run the matrix
+    (:func:`patchbench.matrix.driver.run_matrix`, ``on`` "local" or "ray" at ``address``, or
+    ``executor``), then :func:`nightly_on_matrix_run` on its folder with each unit's own
+    ``nightly``/``compare`` sections. Units that did not end ok are gated on what they left and
+    listed as failed.
+
+    Raises ConfigError (exit 2) for a bad matrix, EnvironmentNotReady (3) when Ray is missing
+    or a unit's pin has no environment on a node (built only with ``build_envs=True`` in
+    ``executor_kw``), Interrupted (130/143) on Ctrl-C / SIGTERM (finished units kept, nothing gated).
+    """
+    from patchbench.matrix.driver import run_matrix
+    from patchbench.matrix.spec import load_matrix
+
+    m = load_matrix(path)
+    try:
+        mdir = run_matrix(path, on, address, results=results, executor=executor, **executor_kw)
+    except RunFailed as e:
+        if not e.run_dir:
+            raise
+        mdir = Path(e.run_dir)
+    return nightly_on_matrix_run(
+        mdir,
+        settings={u.id: u.config.nightly for u in m.units},
+        compare_settings={u.id: u.config.compare for u in m.units},
+        history=history,
+        out=out,
+    )

@@ -1,0 +1,102 @@
+"""Helpers several test files share: git in a throw-away repository, a suite's context around a
+server, the fake-suite config the run-folder lock and signal tests start, a nightly config."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from patchbench.suite import SuiteContext
+
+
+def git_run(repo: Path, *args: str) -> str:
+    """``git -C repo ARGS`` with a fixed author and committer (no GIT_DIR from the caller's
+    environment); its stdout as written. Raises CalledProcessError when git fails."""
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+    }
+    env.pop("GIT_DIR", None)
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env
+    ).stdout
+
+
+def git(repo: Path, *args: str) -> str:
+    """:func:`git_run`, its stdout stripped (a commit id, a branch name)."""
+    return git_run(repo, *args).strip()
+
+
+def suite_context(
+    server: Any,
+    out: Path,
+    cache: Path,
+    *,
+    sglang_version: str = "",
+    log: Callable[[str], Any] = print,
+) -> SuiteContext:
+    """A suite's context for the baseline's first repeat against ``server`` (a
+    :class:`patchbench.suite.ServerInfo`), writing into ``out`` (made here) with ``cache``."""
+    out.mkdir(parents=True, exist_ok=True)
+    return SuiteContext(
+        server=server,
+        out_dir=out,
+        run_dir=out.parent,
+        cache_dir=cache,
+        variant="baseline",
+        repeat=0,
+        baseline="baseline",
+        sglang_version=sglang_version,
+        python="python",
+        stock_env={},
+        variant_sglang_dir=out,
+        stock_sglang_dir=out,
+        device="cpu",
+        log=log,
+    )
+
+
+def fake_suite_config(name: str, repeats: int, *, sglang: str, model: Path, port: int) -> str:
+    """A config text of two variants (baseline, control) running the ``fake`` suite
+    (tests/fake_server/fake_suites.py) against the fake server."""
+    return textwrap.dedent(f"""\
+        name: {name}
+        sglang: "{sglang}"
+        model: {{path: "{model}"}}
+        server: {{port: {port}, ready_timeout_s: 30, stop_grace_s: 3}}
+        variants:
+          baseline: []
+          control: []
+        schedule: {{repeats: {repeats}}}
+        suites:
+          fake: {{n: 1}}
+        """)
+
+
+def write_nightly_config(folder: Path, name: str, nightly: dict, **extra: Any) -> Path:
+    """``folder/<name>.yaml``: a config of two variants (baseline, patched) on the tiny model,
+    no suites, the ``nightly`` section given and ``extra`` top-level keys; returns its path."""
+    path = folder / f"{name}.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": name,
+                "sglang": "0.5.1.post3",
+                "model": {"path": "/nonexistent", "tiny": True},
+                "variants": {"baseline": [], "patched": []},
+                "suites": {},
+                "nightly": nightly,
+                **extra,
+            }
+        )
+    )
+    return path
