@@ -89,9 +89,9 @@ def _known_variance(noise: Noise, n: int, sizes: Sequence[int]) -> tuple[float, 
     repeats`` (:mod:`patchbench.noise`), so the variance is ``(1 + 1/K) level^2 + c run^2`` with
     ``c = 1/n + sum(1/n_i)/K^2 - (1 + 1/K)/repeats``, ``level^2`` on ``noise.level.df`` (the
     nights' first differences) and ``run^2`` on ``noise.df``. A night-to-night part that is a
-    small share of ``level^2`` is as uncertain as ``level^2`` itself; giving that share the
-    level's df as if it stood alone, beside the run part's hundreds, claimed far more degrees of
-    freedom than ~10 nights hold and made the test fire too often on a drifting runner
+    small share of ``level^2`` is as uncertain as ``level^2`` itself: counting it on the level's
+    df as if it stood alone, beside the run part's hundreds, would claim far more degrees of
+    freedom than ~10 nights hold, and the test would fire too often on a drifting runner
     (docs/nightly.md, "false red nights under drift"). When the nights move no more than their
     run noise explains (``night`` estimated 0) the test rests on the run noise alone, on its df.
     """
