@@ -968,6 +968,21 @@ def read_confirmations(h: History, config_name: str, run_id: str | None = None) 
     return _read_derived(h, "confirmations", config_name, where, args)
 
 
+def run_dirs(h: History) -> list[str]:
+    """Every run folder the history names, as stored: each night's ``run_dir`` (every config)
+    and each confirmation's ``confirm_run_dir``. Raises :class:`HistoryError`."""
+    db = h._db
+    try:
+        out = [r[0] for r in db.execute("SELECT run_dir FROM nights") if r[0]]
+        if db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'confirmations'"
+        ).fetchone():
+            out += [r[0] for r in db.execute("SELECT confirm_run_dir FROM confirmations") if r[0]]
+    except sqlite3.Error as e:
+        raise h._wrap(e, "read run folders") from None
+    return out
+
+
 __all__ = [
     "SCHEMA_VERSION",
     "History",
@@ -988,4 +1003,5 @@ __all__ = [
     "read_night_builds",
     "record_confirmation",
     "read_confirmations",
+    "run_dirs",
 ]

@@ -10,8 +10,9 @@ For one (suite, metric) and the nights recorded before tonight (oldest first):
 - **night** noise: how much a night's level moves beyond its run noise, from the first
   differences of the nightly levels of every variant (:func:`patchbench.robust.sigma_steps`):
   ``night^2 = max(0, level^2 - run^2 / repeats)``; what the history gate adds to run noise. Its
-  degrees of freedom count the nights, not the nights times the variants (the variants of a
-  night share its drift: :func:`patchbench.robust.sigma_steps` with ``shared``).
+  degrees of freedom: one variant's series' (:func:`patchbench.robust.sigma_steps` with
+  ``shared``) times what the other variants add, which depends on how much of a level's
+  movement is the night's drift, shared by every variant (:func:`_pooled_df`).
 
 With fewer than ``min_nights`` usable nights (at least 2 runs of the metric) the config's
 ``run_cv_pct`` is the prior: run noise ``log(1 + cv)``, pair noise ``sqrt(2)`` times that, night
@@ -163,7 +164,27 @@ def learn(
     night = (
         math.sqrt(max(0.0, level.sigma**2 - run.sigma**2 / rep)) if level.ok and rep else math.nan
     )
+    if level.ok and math.isfinite(night):
+        level = Scale(level.sigma, _pooled_df(level.df, levels, night, level.sigma), level.n)
     return Noise(suite, metric, run, pair, level, night, rep, used, "learned")
+
+
+def _pooled_df(
+    df_one: float, series: Sequence[Sequence[float]], night: float, level: float
+) -> float:
+    """Degrees of freedom of the level variance pooled over the variants' series (``df_one``:
+    one series'). The variants of a night share its drift, so their first differences
+    correlate with ``rho = night^2 / level^2`` (drift over drift plus run noise); the mean of m
+    variance estimates with that correlation has variance ``(2 s^4 / df_one) (1 + (m - 1)
+    rho^2) / m`` (the covariance of two sample variances of a bivariate normal sample is
+    ``2 rho^2 s^4 / df``; Anderson, "An Introduction to Multivariate Statistical Analysis"
+    (2003), 7.3), so ``df = df_one m / (1 + (m - 1) rho^2)``: one series' df when the drift is
+    everything, m times it when the nights do not move beyond their run noise."""
+    m = sum(1 for x in series if len(x) >= 2)
+    if m < 2 or not level > 0:
+        return df_one
+    rho = min(1.0, (night / level) ** 2)
+    return df_one * m / (1.0 + (m - 1) * rho * rho)
 
 
 __all__ = ["Noise", "learn", "night_level", "pair_logs", "LEARN_MIN_NIGHTS"]

@@ -289,6 +289,44 @@ def test_night_noise_df_counts_nights_not_variants():
     assert shared.df == pytest.approx(MAD_EFFICIENCY * 9)  # one series' 10 differences
 
 
+def test_pooled_night_df_grows_with_variants_only_as_far_as_their_run_noise_is_independent():
+    from patchbench.noise import _pooled_df
+
+    two = [[0.0, 0.1, 0.2], [0.0, 0.1, 0.2]]
+    assert _pooled_df(4.0, two, 0.0, 0.01) == pytest.approx(8.0)  # no drift: 2 series' df
+    assert _pooled_df(4.0, two, 0.01, 0.01) == pytest.approx(4.0)  # all drift: one series'
+    # night^2 / level^2 = 0.5: df = 4 * 2 / (1 + 0.25)
+    assert _pooled_df(4.0, two, math.sqrt(0.5), 1.0) == pytest.approx(6.4)
+    assert _pooled_df(4.0, two[:1], 0.0, 0.01) == 4.0  # one series
+
+
+def test_history_test_df_is_satterthwaites_on_what_was_estimated():
+    """The history test's variance is (1 + 1/K) level^2 + c run^2 (night^2 = level^2 - run^2 /
+    repeats): Satterthwaite's df on level^2's and run^2's own df, not the night part's alone."""
+    from patchbench.gates.history_gate import _known_variance
+    from patchbench.noise import Noise
+    from patchbench.robust import Scale
+
+    run, level, k, n, rep = 0.03, 0.0132, 7, 12, 12.0
+    night = math.sqrt(level**2 - run**2 / rep)
+    noise = Noise("s", "m", Scale(run, 150.0, 0), Scale(run, 150.0, 0), Scale(level, 4.0, 0),
+                  night, rep, 13, "learned")  # fmt: skip
+    var, df = _known_variance(noise, n, [n] * k)
+    f = 1 + 1 / k
+    assert var == pytest.approx(f * night**2 + run**2 / n * f)
+    # every night ran `repeats` runs: the run part cancels, the df is level^2's
+    assert df == pytest.approx(4.0)
+    var2, df2 = _known_variance(noise, 6, [n] * k)  # tonight fewer runs: some run df enters
+    rest = run**2 * (1 / 6 + 1 / (k * n) - f / rep)
+    lv = f * level**2
+    assert var2 == pytest.approx(lv + rest)
+    assert df2 == pytest.approx((lv + rest) ** 2 / (lv**2 / 4.0 + rest**2 / 150.0))
+    # no night-to-night part learned: the run noise alone, on its df
+    quiet = Noise("s", "m", Scale(run, 150.0, 0), Scale(run, 150.0, 0), Scale(0.008, 4.0, 0),
+                  0.0, rep, 13, "learned")  # fmt: skip
+    assert _known_variance(quiet, n, [n] * k) == (pytest.approx(run**2 / n * f), 150.0)
+
+
 # ---------------------------------------------------------------------------------------------
 # configuration problems
 

@@ -37,6 +37,13 @@ from tests.helpers import write_nightly_config
 TPUT = "output_throughput_tok_s"
 
 
+@pytest.fixture(autouse=True)
+def _results_in_tmp(tmp_path, monkeypatch):
+    """Config copies the nightly keeps and prunes (nightly.builds.keep_config / prune_configs)
+    live in this test's folder, never in the checkout's results/."""
+    monkeypatch.setattr(patchbench.inputs, "RESULTS_DIR", tmp_path / "results")
+
+
 def test_settings_defaults():
     s = NightlySettings()
     assert s.history_path == DEFAULT_HISTORY == "~/.cache/patchbench/history.sqlite"
@@ -873,6 +880,41 @@ def test_cli_auto_repeats_runs_the_computed_count_and_records_it(tmp_path, monke
     doc = json.loads(next(tmp_path.glob("*/nightly.json")).read_text())
     assert doc["repeats"]["repeats"] == seen[0] and doc["repeats"]["source"] == "prior"
     assert f"repeats: {seen[0]}, what the targets need at the prior noise" in out
+
+
+def test_cli_prunes_config_copies_no_night_names_when_the_night_ends(tmp_path, monkeypatch):
+    """After a night: a copy in nightly-configs/ that no night of the history names and older
+    than a day is deleted; the copy tonight's run names, and a young unnamed one, stay."""
+    import os
+    import time
+
+    monkeypatch.delenv(HISTORY_ENV, raising=False)
+    cfg = _cli_config(tmp_path)
+    raw = yaml.safe_load(cfg.read_text())
+    raw["schedule"] = {"repeats": "auto"}
+    raw["nightly"]["run_cv_pct"] = 1.5
+    cfg.write_text(yaml.safe_dump(raw))
+    kept = tmp_path / "results" / "nightly-configs"
+    kept.mkdir(parents=True)
+    old, young = kept / "old.auto-000000000000.yaml", kept / "young.auto-111111111111.yaml"
+    for p in (old, young):
+        p.write_text("name: x\n")
+    day_ago = time.time() - 2 * 86400
+    os.utime(old, (day_ago, day_ago))
+    ran = []
+
+    def run(fake, path):
+        night = make_night(tmp_path, 1, *clean(1))
+        m = records.read_json(night / "manifest.json")
+        m["config_path"] = str(path)  # as the runner records the copy it ran
+        records.write_json(night / "manifest.json", m)
+        os.utime(path, (day_ago, day_ago))  # old too: kept because the night names it
+        ran.append(Path(path))
+        return night
+
+    _fake_bench(monkeypatch, run)
+    assert cli([str(cfg)]) in (0, 5)
+    assert sorted(p.name for p in kept.iterdir()) == sorted([ran[0].name, young.name])
 
 
 def test_cli_auto_repeats_with_an_unwritable_results_root_exits_3_without_running(

@@ -286,6 +286,30 @@ def test_patch_that_stops_applying_is_recorded_exits_2_and_stock_still_gates(tmp
     assert "hunk 2" in next(r["detail"] for r in rows if r["state"] == "conflicts")
 
 
+def test_prune_configs_keeps_what_a_night_names_and_young_copies(tmp_path):
+    """prune_configs deletes a copy no run folder's manifest names once it is older than the
+    grace; a named copy (however old), a young one and a gone run folder's name behave."""
+    import os
+
+    from patchbench.nightly.builds import keep_config, prune_configs
+
+    named = keep_config("c", "auto", "name: a\n")
+    other = keep_config("c", "confirm", "name: b\n")
+    young = keep_config("c", "without", "name: c\n")
+    for p in (named, other):
+        os.utime(p, (1000.0, 1000.0))
+    os.utime(young, (90000.0, 90000.0))
+    run = make_build_night(tmp_path / "r", "2026-11-27T03:00:00Z", "0.5.23", {"baseline": [1.0]},
+                           variants={"baseline": []})  # fmt: skip
+    m = records.read_json(run / "manifest.json")
+    m["config_path"] = str(named)
+    records.write_json(run / "manifest.json", m)
+    gone = prune_configs([run, tmp_path / "no-such-run"], now=100000.0)
+    assert gone == [other]
+    assert sorted(p.name for p in named.parent.iterdir()) == sorted([named.name, young.name])
+    assert prune_configs([run], tmp_path / "no-such-folder") == []
+
+
 def test_without_variants_drops_the_blocked_variant_but_never_the_baseline(tmp_path):
     src = tmp_path / "c.yaml"
     src.write_text("name: x\nvariants:\n  baseline: []\n  p: [p]\nbaseline: baseline\n")
@@ -459,3 +483,181 @@ def test_confirmation_rows_round_trip_through_the_history(tmp_path):
                                              "verdict": "not confirmed"}])  # fmt: skip
         [row] = read_confirmations(hh, "c")
     assert row["run_id"] == "r1" and row["verdict"] == "not confirmed"
+
+
+# ---------------------------------------------------------------------------------------------
+# a matrix night: the patch check before it runs, a blocked unit, a red unit's confirmation
+
+MX_UNIT = "sglang-0-5-23"
+MX_SETTINGS = {
+    "window_nights": 7, "min_history_nights": 2, "min_repeats": 2,
+    "false_red_nights_per_month": 6, "pass_alpha": 0.2, "confirm": {"repeats": 5},
+    "gates": [{"metric": f"serving.{TPUT}", "threshold_pct": 5, "against": "same_run"}],
+}  # fmt: skip
+
+
+def mx_night(root: Path, day: int, sglang: str, candidate: list[float] | None) -> Path:
+    """A matrix run folder of night ``day`` with one unit (:data:`MX_UNIT`) as patchbench.matrix
+    leaves it: matrix.json, configs/<unit>.yaml (stock and the candidate with slow-patch,
+    serving only, :data:`MX_SETTINGS`) and the unit's run folder on ``sglang`` (throughput per
+    repeat; ``candidate`` None: the candidate did not run)."""
+    import yaml
+
+    mdir = root / f"202611{day:02d}T020000Z-mx"
+    vals = {"baseline": [100.0, 101.0, 100.5]}
+    variants: dict[str, list[str]] = {"baseline": []}
+    if candidate is not None:
+        vals["candidate"], variants["candidate"] = candidate, ["slow-patch"]
+    run = make_build_night(
+        mdir / "_tmp", f"2026-11-{day:02d}T03:00:00Z", sglang, vals, name="mxcfg", metric=TPUT,
+        variants=variants,
+    )  # fmt: skip
+    run.rename(mdir / MX_UNIT)
+    (mdir / "_tmp").rmdir()
+    records.write_text(mdir / "configs" / f"{MX_UNIT}.yaml", yaml.safe_dump({
+        "name": "mxcfg", "sglang": sglang,
+        "variants": {"baseline": [], "candidate": ["slow-patch"]},
+        "suites": {"serving": {"num_prompts": 8}}, "nightly": MX_SETTINGS,
+    }))  # fmt: skip
+    records.write_json(mdir / "matrix.json", {"name": "mx", "units": [{
+        "id": MX_UNIT, "labels": {"sglang": sglang}, "config_name": "mxcfg", "status": "ok",
+        "exit_code": 0, "config": f"configs/{MX_UNIT}.yaml",
+    }]})  # fmt: skip
+    return mdir
+
+
+def _mx_green_then_red(tmp_path: Path, red_release: str) -> tuple[Path, Path]:
+    """Two green matrix nights on 0.5.1.post3, then night 30's matrix run folder on
+    ``red_release`` with the candidate ten percent slower (not gated yet): (history, folder)."""
+    from patchbench.nightly.matrix_night import nightly_on_matrix_run
+
+    h = tmp_path / "h.sqlite"
+    for day in (27, 28):
+        mdir = mx_night(tmp_path, day, "0.5.1.post3", [100.2, 100.9, 100.4])
+        res = nightly_on_matrix_run(mdir, history=h, out=io.StringIO())
+        assert res.exit_code == 0, res.headline
+    return h, mx_night(tmp_path, 30, red_release, [90.0, 91.0, 90.4])
+
+
+def test_matrix_red_unit_on_a_new_build_is_confirmed_like_a_single_night(tmp_path):
+    """A matrix unit red on a release its last green night did not run: the matrix night runs
+    the unit's confirmation (its merged config, last green vs tonight) and reports it in the
+    unit's nightly.md / nightly.json, the history and the matrix summary."""
+    import yaml
+
+    from patchbench.nightly.matrix_night import nightly_on_matrix_run
+
+    h, mdir = _mx_green_then_red(tmp_path, "0.5.23")
+    seen = {}
+
+    def fake_bench(path: str) -> Path:
+        seen["config"] = yaml.safe_load(Path(path).read_text())
+        return make_build_night(
+            tmp_path / "c", "2026-11-30T04:00:00Z", "0.5.23",
+            {"last-green": [100.0, 101.0, 100.5, 100.2, 100.8],
+             "tonight": [90.0, 91.0, 90.5, 90.2, 90.8]},
+            name="mxcfg-confirm", metric=TPUT,
+            variants={"last-green": ["slow-patch"], "tonight": ["slow-patch"]},
+        )  # fmt: skip
+
+    out = io.StringIO()
+    res = nightly_on_matrix_run(
+        mdir, history=h, out=out, confirm=True, run_bench=fake_bench, not_here="unused"
+    )
+    assert res.exit_code == 1
+    assert seen["config"]["variants"]["last-green"]["sglang"] == "0.5.1.post3"
+    assert seen["config"]["variants"]["tonight"]["sglang"] == "0.5.23"
+    assert "confirmation run: variant 'candidate' on sglang 0.5.1.post3" in out.getvalue()
+    unit = json.loads((mdir / MX_UNIT / "nightly.json").read_text())
+    [r] = unit["confirmation"]["results"]
+    assert r["verdict"] == "confirmed" and r["change_pct"] == pytest.approx(-10.0, abs=0.2)
+    js = json.loads((mdir / "nightly.json").read_text())
+    assert js["units"][0]["confirmation"]["results"][0]["verdict"] == "confirmed"
+    md = (mdir / "nightly.md").read_text()
+    assert "## Confirmation runs" in md
+    assert f"- `{MX_UNIT}`: variant `candidate`, sglang 0.5.1.post3 vs 0.5.23: " in md
+    with History(h) as hh:
+        [row] = read_confirmations(hh, f"mxcfg@{MX_UNIT}")
+    assert row["verdict"] == "confirmed" and row["new_release"] == "0.5.23"
+
+
+def test_matrix_confirmation_not_run_here_prints_the_command(tmp_path):
+    """Units that ran elsewhere (Ray): the confirmation is planned, its config kept, and the
+    summary says why it did not run here and what to run; the same build: none is due."""
+    from patchbench.nightly.matrix_night import nightly_on_matrix_run
+
+    h, mdir = _mx_green_then_red(tmp_path, "0.5.23")
+    out = io.StringIO()
+    res = nightly_on_matrix_run(
+        mdir, history=h, out=out, confirm=True, run_bench=None, not_here="the units ran on ray"
+    )
+    assert res.exit_code == 1
+    c = json.loads((mdir / "nightly.json").read_text())["units"][0]["confirmation"]
+    assert c["skipped"].startswith("planned, not run here (the units ran on ray): run it with ")
+    cmd = c["skipped"].split("`")[1]
+    assert cmd.startswith("patchbench bench ") and Path(cmd.split()[-1]).is_file()
+    assert "not run: planned, not run here" in (mdir / "nightly.md").read_text()
+    # the same release as the last green night: nothing to confirm
+    h2, mdir2 = _mx_green_then_red(tmp_path / "same", "0.5.1.post3")
+    nightly_on_matrix_run(mdir2, history=h2, out=io.StringIO(), confirm=True, run_bench=None)
+    c2 = json.loads((mdir2 / "nightly.json").read_text())["units"][0]["confirmation"]
+    assert "same sglang release and patch state" in c2["skipped"]
+
+
+def test_matrix_unit_whose_patch_does_not_apply_runs_stock_and_exits_2(tmp_path, monkeypatch):
+    """Before a matrix night: each unit's patches are checked on its pin and printed; on the pin
+    where the candidate's patch conflicts the unit's config leaves the candidate out, the state
+    is recorded with the unit's night, which exits 2 like a single night; a blocked baseline
+    stops the matrix before anything runs."""
+    import test_matrix
+    import yaml
+
+    from patchbench.errors import ConfigError
+    from patchbench.matrix.spec import load_matrix
+    from patchbench.nightly.matrix_night import check_matrix_patches, nightly_on_matrix_run
+    from patchbench.patches import state as patch_states
+
+    def fake_state(name: str, release: str):
+        if release == "0.5.23":
+            return patch_states.PatchState(
+                f"patch '{name}'", release, "conflicts", file="sglang/x.py", hunk=2
+            )
+        return patch_states.PatchState(f"patch '{name}'", release, "applies")
+
+    monkeypatch.setattr(patch_states, "patch_state", fake_state)
+    base = test_matrix.write_base(tmp_path)
+    m = load_matrix(test_matrix.write_matrix(tmp_path, f"""\
+        name: mx-pins
+        base: {base}
+        axes:
+          sglang: ["0.5.1.post3", "0.5.23"]
+        """))  # fmt: skip
+    old, new = m.units
+    old_text = old.config_text
+    out = io.StringIO()
+    found = check_matrix_patches(m, out)
+    text = out.getvalue()
+    assert f"nightly: unit {old.id}: sglang 0.5.1.post3: null-comment applies" in text
+    assert f"nightly: unit {new.id}: variant 'patched' cannot run: patch 'null-comment' " in text
+    assert list(found) == [new.id] and found[new.id][0].state == "conflicts"
+    assert old.config_text == old_text and list(old.config.variants) == ["baseline", "patched"]
+    assert list(new.config.variants) == ["baseline"]
+    assert list(yaml.safe_load(new.config_text)["variants"]) == ["baseline"]
+    assert new.config_text.startswith("# patchbench matrix unit")
+    # the unit's night: stock ran; the blocked state recorded, exit 2
+    mdir = mx_night(tmp_path / "r", 30, "0.5.23", None)
+    blocked_rows = {MX_UNIT: [BuildRow("candidate", "0.5.23", "slow-patch", "conflicts",
+                                       "conflicts at sglang/x.py hunk 2", ran=False)]}  # fmt: skip
+    h = tmp_path / "h.sqlite"
+    res = nightly_on_matrix_run(mdir, history=h, out=io.StringIO(), blocked=blocked_rows)
+    assert res.exit_code == 2
+    assert res.units[0].headline.startswith("PATCH DOES NOT APPLY ('slow-patch' on sglang 0.5.23)")
+    with History(h) as hh:
+        rows = read_night_builds(hh, run_id=f"20261130T030000Z-mxcfg@{MX_UNIT}")
+    assert ("candidate", "conflicts") in {(r["variant"], r["state"]) for r in rows}
+    # a blocked baseline: nothing of that unit can run, the matrix stops before it starts
+    raw = base.read_text().replace("baseline: []", "baseline: [null-comment]")
+    base.write_text(raw)
+    m2 = load_matrix(tmp_path / "m.yaml")
+    with pytest.raises(ConfigError, match="nothing can run tonight: the baseline 'baseline'"):
+        check_matrix_patches(m2, io.StringIO())

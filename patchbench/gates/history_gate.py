@@ -62,13 +62,10 @@ def _history(
         and math.isfinite(noise.night_sigma)
         and len(levels) >= 2
     ):
-        k, sn2, sr2 = len(levels), noise.night_sigma**2, sr * sr
-        a = sn2 * (1.0 + 1.0 / k)  # night-to-night part (df of the level estimate)
-        b = sr2 / tu.size + sum(sr2 / x.size for x in nights) / (k * k)  # run part
-        df_a = max(noise.level.df, 1.0)
-        df = (a + b) ** 2 / ((a * a) / df_a + (b * b) / noise.df) if a + b > 0 else noise.df
+        var, df = _known_variance(noise, tu.size, [x.size for x in nights])
+        k = len(levels)
         tt = stats.TTest(
-            float(tu.mean()) - float(np.mean(levels)), math.sqrt(a + b), df, int(tu.size)
+            float(tu.mean()) - float(np.mean(levels)), math.sqrt(var), df, int(tu.size)
         )
         known = TestStat(
             tt,
@@ -77,6 +74,39 @@ def _history(
             f"{_cv(noise.night_sigma)} (df={df:.0f})",
         )
     return _Check(known, own, tu, int(mask.sum()))
+
+
+def _known_variance(noise: Noise, n: int, sizes: Sequence[int]) -> tuple[float, float]:
+    """(variance, degrees of freedom) of tonight's mean log value minus the mean of K reference
+    levels (``sizes``: each reference night's runs; ``n``: tonight's runs), from the learned
+    noise (log scale, variance in log units squared):
+    ``night^2 (1 + 1/K) + run^2 / n + sum(run^2 / n_i) / K^2``.
+
+    Its degrees of freedom are Satterthwaite's for a linear combination of independently
+    estimated variances (Satterthwaite, "An approximate distribution of estimates of variance
+    components", Biometrics Bulletin 2 (1946) 110-114), counted on what was estimated: the
+    night-to-night variance is not measured by itself but as ``night^2 = level^2 - run^2 /
+    repeats`` (:mod:`patchbench.noise`), so the variance is ``(1 + 1/K) level^2 + c run^2`` with
+    ``c = 1/n + sum(1/n_i)/K^2 - (1 + 1/K)/repeats``, ``level^2`` on ``noise.level.df`` (the
+    nights' first differences) and ``run^2`` on ``noise.df``. A night-to-night part that is a
+    small share of ``level^2`` is as uncertain as ``level^2`` itself: counting it on the level's
+    df as if it stood alone, beside the run part's hundreds, would claim far more degrees of
+    freedom than ~10 nights hold, and the test would fire too often on a drifting runner
+    (docs/nightly.md, "false red nights under drift"). When the nights move no more than their
+    run noise explains (``night`` estimated 0) the test rests on the run noise alone, on its df.
+    """
+    k = len(sizes)
+    f = 1.0 + 1.0 / k
+    sr2 = noise.run.sigma**2
+    inv = sum(1.0 / m for m in sizes) / (k * k)
+    run_part = sr2 * (1.0 / n + inv)
+    if not noise.night_sigma > 0:
+        return run_part, noise.df
+    level2 = f * noise.level.sigma**2
+    rest = sr2 * (1.0 / n + inv - f / noise.repeats)
+    var = level2 + rest  # = (1 + 1/K) night^2 + run_part
+    den = level2 * level2 / max(noise.level.df, 1.0) + rest * rest / noise.df
+    return var, (var * var / den if den > 0 else noise.df)
 
 
 def _kept_logs(

@@ -159,6 +159,7 @@ def run_matrix(
     results: str | os.PathLike | None = None,
     executor: Executor | None = None,
     log=log,
+    matrix: Matrix | None = None,
     **executor_kw,
 ) -> Path:
     """Run every unit of a matrix; returns the matrix run folder.
@@ -168,7 +169,8 @@ def run_matrix(
     :func:`patchbench.matrix.executors.make_executor`. ``resume``: a matrix run folder: only units
     not ``ok`` there run (a unit with a run folder continues it through ``bench --resume``); a
     unit whose config changed is refused. ``results``: the parent of the matrix run folder
-    (default results/).
+    (default results/). ``matrix``: the loaded matrix of ``path`` to run (default: loaded here;
+    the nightly passes one whose units' configs leave out variants that cannot run).
 
     Each unit's run folder lands in ``<matrix run>/<unit id>/`` as it ends; matrix.json is
     rewritten after every unit; the matrix report is written at the end, also after failures and
@@ -179,7 +181,7 @@ def run_matrix(
     when any unit did not end ok (everything else kept), Interrupted (130/143) after
     Ctrl-C/SIGTERM (finished units kept; ``--resume`` runs the rest).
     """
-    m = load_matrix(path)
+    m = matrix if matrix is not None else load_matrix(path)
     if executor is None:
         executor = make_executor(on, address=address, resources=m.spec.resources, **executor_kw)
     if resume:

@@ -94,33 +94,34 @@ def rows_of_run(run_dir: str | os.PathLike) -> list[BuildRow]:
     return rows
 
 
-def check_patches(cfg: Any) -> list[BuildRow]:
+def check_patches(cfg: Any, release: str | None = None) -> list[BuildRow]:
     """The state of every named patch of every variant of ``cfg`` (a resolved
     :class:`patchbench.config.Config`: ``cfg.builds`` filled by
-    :func:`patchbench.builds.resolve_builds`) on the release the variant runs. Diff-file patches
-    and source builds are not checked. A patch whose state cannot be had (unknown patch, bad
-    manifest) is ``unavailable`` with the reason."""
-    from patchbench.patches.state import patch_state
+    :func:`patchbench.builds.resolve_builds`) on the release the variant runs; ``release``: the
+    one release every variant runs instead (a matrix unit's pin, resolved on its node). Diff-file
+    patches and source builds are not checked. A patch whose state cannot be had (unknown patch,
+    bad manifest) is ``unavailable`` with the reason."""
+    from patchbench.patches import state as patch_states
 
     rows = []
     for v in cfg.variants:
-        release = cfg.release_of(v)
+        release_v = release or cfg.release_of(v)
         names = [p for p in cfg.patches_of(v) if isinstance(p, str)]
         if not names:
-            rows.append(BuildRow(v, release))
+            rows.append(BuildRow(v, release_v))
         for name in names:
-            if release is None:
+            if release_v is None:
                 rows.append(BuildRow(v, None, name, "unavailable", "no release to check against"))
                 continue
             try:
-                st = patch_state(name, release)
+                st = patch_states.patch_state(name, release_v)
             except Exception as e:  # noqa: BLE001 (a state, never a crash of the night)
-                rows.append(BuildRow(v, release, name, "unavailable", str(e).splitlines()[0]))
+                rows.append(BuildRow(v, release_v, name, "unavailable", str(e).splitlines()[0]))
                 continue
             detail = st.summary if st.state == "conflicts" else ""
             if st.detail:
                 detail = f"{detail}: {st.detail}" if detail else st.detail
-            rows.append(BuildRow(v, release, name, st.state, detail))
+            rows.append(BuildRow(v, release_v, name, st.state, detail))
     return rows
 
 
@@ -168,16 +169,78 @@ def keep_config(stem: str, tag: str, text: str, folder: str | os.PathLike | None
     return path
 
 
-def without_variants(
-    config_path: str | os.PathLike, drop: Sequence[str], dest: Path | None = None
-) -> Path:
-    """A copy of the config at ``config_path`` without the variants ``drop`` (written to
-    ``dest``, by default kept by :func:`keep_config`; relative paths in a config resolve against
-    the repository root, so the copy runs the same). Raises ValueError when the baseline would
-    be dropped or no variant is left."""
+#: a config copy younger than this (seconds) is kept whatever the history names: a night that
+#: another process is still running, or one recorded in another history file
+PRUNE_GRACE_S = 86400.0
+
+
+def prune_configs(
+    run_dirs: Iterable[str | os.PathLike],
+    folder: str | os.PathLike | None = None,
+    *,
+    grace_s: float = PRUNE_GRACE_S,
+    now: float | None = None,
+) -> list[Path]:
+    """Delete the config copies of :func:`keep_config` (``*.yaml`` in ``folder``, default
+    ``nightly-configs/`` in the results root) that no run folder of ``run_dirs`` still names
+    (its manifest's ``config_path``: a night's run, or its confirmation's) and that are older
+    than ``grace_s`` seconds (by modification time; ``now``: the clock, for tests). A run folder
+    that is gone or unreadable names nothing. Returns the deleted paths; a copy that cannot be
+    deleted is left (never raises for it)."""
+    import time
+
+    from patchbench import inputs
+
+    where = Path(folder) if folder else Path(inputs.RESULTS_DIR) / "nightly-configs"
+    if not where.is_dir():
+        return []
+    named = set()
+    for d in run_dirs:
+        try:
+            cp = read_manifest(Path(d)).config_path
+        except (RunFolderError, OSError):
+            continue
+        if cp and Path(cp).parent.name == where.name:
+            named.add(Path(cp).name)
+    now = time.time() if now is None else now
+    gone = []
+    for p in sorted(where.glob("*.yaml")):
+        try:
+            if p.name in named or now - p.stat().st_mtime < grace_s:
+                continue
+            p.unlink()
+        except OSError:
+            continue
+        gone.append(p)
+    return gone
+
+
+def prune_after_night(history: str | os.PathLike, lock_timeout_s: float = 10.0) -> str:
+    """When a night ends: :func:`prune_configs` against every run folder the history at
+    ``history`` names (:func:`patchbench.history.run_dirs`). Returns a line for the log ("" when
+    nothing was deleted); a history that cannot be read deletes nothing (the line says why)."""
+    from patchbench.history import History, HistoryError, run_dirs
+
+    try:
+        with History(history, timeout_s=lock_timeout_s) as h:
+            dirs = run_dirs(h)
+    except HistoryError as e:
+        return f"config copies not pruned: {e}"
+    gone = prune_configs(dirs)
+    if not gone:
+        return ""
+    return (
+        f"pruned {len(gone)} config cop{'y' if len(gone) == 1 else 'ies'} in "
+        f"{gone[0].parent} that no night of the history names"
+    )
+
+
+def drop_variants_text(text: str, drop: Sequence[str]) -> str:
+    """A config's YAML ``text`` without the variants ``drop`` (the baseline named explicitly).
+    Raises ValueError when the baseline would be dropped or no variant is left."""
     import yaml
 
-    raw = yaml.safe_load(Path(config_path).read_text(encoding="utf-8"))
+    raw = yaml.safe_load(text)
     variants = dict(raw.get("variants") or {})
     base = raw.get("baseline") or next(iter(variants), None)
     if base in drop:
@@ -188,7 +251,17 @@ def without_variants(
         raise ValueError("no variant is left to run")
     raw["variants"] = variants
     raw["baseline"] = base
-    text = yaml.safe_dump(raw, sort_keys=False)
+    return yaml.safe_dump(raw, sort_keys=False)
+
+
+def without_variants(
+    config_path: str | os.PathLike, drop: Sequence[str], dest: Path | None = None
+) -> Path:
+    """A copy of the config at ``config_path`` without the variants ``drop`` (written to
+    ``dest``, by default kept by :func:`keep_config`; relative paths in a config resolve against
+    the repository root, so the copy runs the same). Raises ValueError when the baseline would
+    be dropped or no variant is left."""
+    text = drop_variants_text(Path(config_path).read_text(encoding="utf-8"), drop)
     if dest is None:
         return keep_config(Path(config_path).stem, "without", text)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -330,8 +403,11 @@ __all__ = [
     "blocked_exit",
     "blocked_line",
     "check_patches",
+    "drop_variants_text",
     "likely_causes",
     "night_builds",
+    "prune_after_night",
+    "prune_configs",
     "release_changes",
     "releases_by_night",
     "rows_of_run",

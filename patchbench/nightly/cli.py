@@ -30,6 +30,7 @@ from patchbench.nightly.builds import (
     blocked,
     blocked_line,
     check_patches,
+    prune_after_night,
     without_variants,
 )
 from patchbench.nightly.confirm import maybe_confirm
@@ -201,6 +202,9 @@ def _run_and_gate(config: str, cfg: Any, settings: NightlySettings, hpath: Path)
     conf = maybe_confirm(run_config, outcome, bench.run_bench)
     if conf is not None:
         add_confirmation(outcome, conf.to_json(), conf.rows())
+    pruned = prune_after_night(hpath, settings.lock_timeout_s)
+    if pruned:
+        print(f"nightly: {pruned}", file=sys.stderr)
     return outcome.exit_code
 
 

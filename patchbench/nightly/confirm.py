@@ -482,15 +482,18 @@ def lines(conf: Mapping[str, Any]) -> list[str]:
 def maybe_confirm(
     config_path: str | os.PathLike,
     res: Any,
-    run_bench: Callable[[str], Any],
+    run_bench: Callable[[str], Any] | None,
     out: Any = None,
+    not_here: str = "",
 ) -> Confirmation | None:
     """Run the confirmation of a gated night ``res`` (:class:`patchbench.nightly.outcome.
     NightlyOutcome` of the config at ``config_path``) when :func:`should_confirm` says so, with
     ``run_bench`` (``patchbench.bench.run_bench``: config path -> run folder); the cost is
     printed to ``out`` before it starts. None for a night that is not red; a red night that
-    needs none gets a Confirmation with ``skipped`` (why). Never raises for the confirmation's
-    own failure (``error``)."""
+    needs none gets a Confirmation with ``skipped`` (why). ``run_bench`` None: the confirmation
+    is planned (its config written, its cost printed) but not run here, ``skipped`` says why
+    (``not_here``) and the command that runs it. Never raises for the confirmation's own
+    failure (``error``)."""
     import yaml
 
     out = out or sys.stdout
@@ -533,6 +536,13 @@ def maybe_confirm(
     conf.cells = _cells(path, conf.repeats)
     conf.minutes = estimate_minutes(conf.cells, minutes_per_cell(night.run_dir or ""))
     print(f"nightly: {conf.plan_line()}", file=out, flush=True)
+    if run_bench is None:
+        conf.skipped = (
+            f"planned, not run here ({not_here or 'no runner'}): run it with "
+            f"`patchbench bench {path}` and compare its two variants"
+        )
+        print(f"nightly: confirmation: {conf.skipped}", file=out)
+        return conf
     from patchbench.errors import PatchbenchError
 
     try:

@@ -12,11 +12,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from patchbench.errors import EXIT_OK, EXIT_REGRESSION, EXIT_RUN_FAILED, EXIT_USAGE, RunFailed
+from patchbench.errors import (
+    EXIT_OK,
+    EXIT_REGRESSION,
+    EXIT_RUN_FAILED,
+    EXIT_USAGE,
+    ConfigError,
+    RunFailed,
+)
 from patchbench.gates import NightlySettings
 from patchbench.matrix.record import UnitRecord, read_matrix_record
+from patchbench.nightly.builds import BuildRow, blocked_line
 from patchbench.nightly.job import (
     NightUnit,
+    add_confirmation,
     history_path,
     record_only,
     run_night,
@@ -73,10 +82,12 @@ def matrix_units(
     units: Sequence[UnitRecord],
     settings: dict[str, NightlySettings],
     compare_settings: dict[str, Any],
+    blocked: dict[str, list[BuildRow]] | None = None,
 ) -> list[NightUnit]:
     """The night's unit of every matrix unit: its folder, its settings (``settings`` /
-    ``compare_settings`` by unit id, else :func:`_unit_section_settings`) and how its run ended
-    (a run that did not end ok carries that as a run problem)."""
+    ``compare_settings`` by unit id, else :func:`_unit_section_settings`), how its run ended
+    (a run that did not end ok carries that as a run problem) and the variants its patches kept
+    from running (``blocked`` by unit id, :func:`check_matrix_patches`)."""
     out = []
     for u in units:
         if u.id in settings:
@@ -104,6 +115,7 @@ def matrix_units(
                 message=message,
                 settings_error=err,
                 run_problems=[message] if u.status != "ok" else [],
+                blocked=list((blocked or {}).get(u.id, [])),
             )
         )
     return out
@@ -117,6 +129,10 @@ def nightly_on_matrix_run(
     history: str | os.PathLike | None = None,
     record: bool = True,
     out: Any = None,
+    blocked: dict[str, list[BuildRow]] | None = None,
+    confirm: bool = False,
+    run_bench: Any = None,
+    not_here: str = "",
 ) -> MatrixNightlyOutcome:
     """Run the nightly job on every unit of a finished matrix run folder and write one summary.
 
@@ -130,13 +146,23 @@ def nightly_on_matrix_run(
     with its status and message, never left out. Writes MATRIX/nightly.md and
     MATRIX/nightly.json; the exit code is the worst unit's in :data:`EXIT_ORDER`.
 
+    blocked: {unit id: the rows of the variants whose patch kept them from running}
+    (:func:`check_matrix_patches`; recorded with the unit's night, which exits 2 as a single
+    night does). confirm: each red unit gets a single night's confirmation
+    (:func:`patchbench.nightly.confirm.maybe_confirm` on its ``configs/<unit id>.yaml``) run
+    with ``run_bench`` (config path -> run folder); ``run_bench`` None plans it and prints the
+    command instead, saying why it is not run here (``not_here``).
+
     Raises FileNotFoundError / ValueError when ``matrix.json`` is missing or unreadable.
     """
     out = out or sys.stdout
     mdir = Path(matrix_dir)
     rec = read_matrix_record(mdir)
-    units = matrix_units(mdir, rec.units, settings or {}, compare_settings or {})
+    units = matrix_units(mdir, rec.units, settings or {}, compare_settings or {}, blocked)
     rows = run_night(units, history=history, record=record, out=out, announce=True)
+    if confirm:
+        for r in rows:
+            _confirm_unit(mdir, r, run_bench, not_here, out)
     code, headline = _matrix_verdict(rows)
     name = rec.name or mdir.name
     summary = NightSummary(name, code, headline, rows, matrix_dir=mdir)
@@ -159,6 +185,66 @@ def nightly_on_matrix_run(
     return MatrixNightlyOutcome(
         code, OUTCOME_OF_EXIT.get(code, "run failed"), headline, mdir, rows, md_path, js
     )
+
+
+def _confirm_unit(mdir: Path, row: UnitNightly, run_bench: Any, not_here: str, out: Any) -> None:
+    """A red unit's confirmation (:func:`patchbench.nightly.confirm.maybe_confirm` with the
+    unit's merged config), added to its own nightly.md / nightly.json and the history, and kept
+    on the row for the matrix summary."""
+    from patchbench.nightly.confirm import maybe_confirm
+
+    res = row.gated
+    if res is None or res.night is None or res.outcome != "red":
+        return
+    print(f"nightly: unit {row.id}: confirmation", file=out)
+    conf = maybe_confirm(mdir / "configs" / f"{row.id}.yaml", res, run_bench, out, not_here)
+    if conf is None:
+        return
+    add_confirmation(res, conf.to_json(), conf.rows())
+    row.confirmation = conf.to_json()
+
+
+def check_matrix_patches(m: Any, out: Any = None) -> dict[str, list[BuildRow]]:
+    """Before a matrix night runs: every unit's named patches checked on its pin
+    (:func:`patchbench.nightly.builds.check_patches`), each state printed to ``out``. A unit
+    variant whose patch conflicts or is already upstream cannot run: the unit's config (``m``'s
+    unit, changed in place) leaves it out, so the unit runs stock and the rest, and its night
+    exits 2 as a single night does. Returns {unit id: its blocked rows}.
+
+    Raises ConfigError (exit 2, before anything runs) when a unit's baseline is blocked:
+    nothing of that unit could run, as a single night with a blocked baseline."""
+    import tempfile
+
+    from patchbench.config import load_config
+    from patchbench.nightly.builds import blocked, check_patches, drop_variants_text
+
+    out = out or sys.stdout
+    found: dict[str, list[BuildRow]] = {}
+    for u in m.units:
+        rows = check_patches(u.config, release=u.sglang)
+        for r in rows:
+            if r.patch:
+                print(f"nightly: unit {u.id}: sglang {u.sglang}: {r.summary}", file=out)
+        bad = blocked(rows)
+        if not bad:
+            continue
+        for r in bad:
+            print(f"nightly: unit {u.id}: {blocked_line(r)}", file=out)
+        drop = sorted({r.variant for r in bad})
+        try:
+            text = drop_variants_text(u.config_text, drop)
+        except ValueError as e:
+            raise ConfigError(
+                f"unit {u.id}: nothing can run tonight: {e} ({blocked_line(bad[0])})"
+            ) from None
+        head = "".join(x + "\n" for x in u.config_text.splitlines() if x.startswith("#"))
+        u.config_text = head + f"# without {', '.join(drop)}: its patch does not apply\n" + text
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / f"{u.id}.yaml"
+            path.write_text(u.config_text, encoding="utf-8")
+            u.config = load_config(path)
+        found[u.id] = bad
+    return found
 
 
 def _matrix_verdict(rows: list[UnitNightly]) -> tuple[int, str]:
@@ -213,32 +299,55 @@ def nightly_matrix(
     history: str | os.PathLike | None = None,
     executor: Any = None,
     out: Any = None,
+    run_bench: Any = None,
     **executor_kw: Any,
 ) -> MatrixNightlyOutcome:
     """``patchbench nightly MATRIX.yaml``: run the matrix
     (:func:`patchbench.matrix.driver.run_matrix`, ``on`` "local" or "ray" at ``address``, or
     ``executor``), then :func:`nightly_on_matrix_run` on its folder with each unit's own
     ``nightly``/``compare`` sections. Units that did not end ok are gated on what they left and
-    listed as failed.
+    listed as failed. Before it runs, every unit's patches are checked on its pin
+    (:func:`check_matrix_patches`: a blocked variant is left out of its unit, which exits 2).
+    A red unit whose build differs from its last green night gets a confirmation run
+    (:func:`nightly_on_matrix_run`): with ``run_bench`` (config path -> run folder), else here
+    with ``patchbench.bench.run_bench`` when the units ran here (``on`` "local", no
+    ``executor``); otherwise it is planned and the command that runs it printed.
 
-    Raises ConfigError (exit 2) for a bad matrix, EnvironmentNotReady (3) when Ray is missing
-    or a unit's pin has no environment on a node (built only with ``build_envs=True`` in
-    ``executor_kw``), Interrupted (130/143) on Ctrl-C / SIGTERM (finished units kept, nothing gated).
+    Raises ConfigError (exit 2) for a bad matrix or a unit whose baseline's patch is blocked,
+    EnvironmentNotReady (3) when Ray is missing or a unit's pin has no environment on a node
+    (built only with ``build_envs=True`` in ``executor_kw``), Interrupted (130/143) on Ctrl-C /
+    SIGTERM (finished units kept, nothing gated).
     """
     from patchbench.matrix.driver import run_matrix
     from patchbench.matrix.spec import load_matrix
 
     m = load_matrix(path)
+    blocked_rows = check_matrix_patches(m, out)
     try:
-        mdir = run_matrix(path, on, address, results=results, executor=executor, **executor_kw)
+        mdir = run_matrix(
+            path, on, address, results=results, executor=executor, matrix=m, **executor_kw
+        )
     except RunFailed as e:
         if not e.run_dir:
             raise
         mdir = Path(e.run_dir)
+    if run_bench is None and on == "local" and executor is None:
+        from patchbench import bench
+
+        def run_bench(p: str) -> Path:
+            return bench.run_bench(p, results_root=results) if results else bench.run_bench(p)
+
     return nightly_on_matrix_run(
         mdir,
         settings={u.id: u.config.nightly for u in m.units},
         compare_settings={u.id: u.config.compare for u in m.units},
         history=history,
         out=out,
+        blocked=blocked_rows,
+        confirm=True,
+        run_bench=run_bench,
+        not_here=(
+            f"the matrix ran its units on {on}; a confirmation runs on one machine of the "
+            "unit's GPU type"
+        ),
     )

@@ -92,7 +92,8 @@ class UnitNightly:
     otherwise the word of ``exit_code`` (:data:`OUTCOME_OF_EXIT`); ``key``: its history key;
     ``failing``: its failing gate results; ``summary``/``report``: paths relative to the matrix
     run folder, None when absent; ``gated``: what gating its run folder found (None when it was
-    not gated)."""
+    not gated); ``confirmation``: its confirmation run
+    (:meth:`patchbench.nightly.confirm.Confirmation.to_json`; None when the unit was not red)."""
 
     id: str
     key: str | None
@@ -108,6 +109,7 @@ class UnitNightly:
     summary: str | None = None
     report: str | None = None
     gated: NightlyOutcome | None = None
+    confirmation: dict[str, Any] | None = None
 
     @property
     def rank_code(self) -> int:
@@ -130,6 +132,7 @@ class UnitNightly:
             "failing": [r.to_json() for r in self.failing],
             "summary": self.summary,
             "report": self.report,
+            "confirmation": self.confirmation,
         }
 
 

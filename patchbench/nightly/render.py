@@ -321,8 +321,23 @@ def _unit_row(r: UnitNightly, label_keys: list[str]) -> str:
 
 
 def _matrix_tail(night: NightSummary) -> list[str]:
-    """The units that did not run ok, and links to the units' reports."""
+    """The units' confirmation runs, the units that did not run ok, and links to the units'
+    reports."""
     lines: list[str] = []
+    confirmed = [r for r in night.units if r.confirmation]
+    if confirmed:
+        lines += ["## Confirmation runs", ""]
+        for r in confirmed:
+            c = r.confirmation or {}
+            head = f"- `{r.id}`: variant `{c.get('variant')}`, sglang {c.get('old_release')} vs "
+            head += f"{c.get('new_release')}: "
+            if c.get("skipped"):
+                lines.append(head + f"not run: {c['skipped']}")
+            elif c.get("error"):
+                lines.append(head + f"failed: {c['error']}")
+            else:
+                lines.append(head + "; ".join(x["text"] for x in c.get("results") or []))
+        lines.append("")
     bad = [r for r in night.units if r.status != "ok" or r.summary is None]
     if bad:
         lines += ["## Units that did not run ok", ""]
