@@ -87,8 +87,8 @@ def _to_pct(y):
 
 
 #: the percent changes a log-ratio axis may tick at
-NICE_PCT = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
-NICE_PCT_DOWN = (1, 2, 5, 10, 20, 50, 80, 90, 95, 99)
+NICE_PCT = (1, 2, 5, 10, 20, 30, 50, 100, 200, 500, 1000)
+NICE_PCT_DOWN = (1, 2, 5, 10, 20, 30, 40, 50, 80, 90, 95, 99)
 
 
 def pct_ticks(lo: float, hi: float, most: int = 6) -> list[float]:
@@ -238,31 +238,73 @@ POINT_SEP = "@"
 
 
 def _curve_panel(ax, cmp: Comparison, suite: str, base: str, points: list[str]) -> None:
-    """A load sweep's primary ``base`` in one panel: each variant's change (dot) with its
-    interval (bar) at each point (x, lowest load first), coloured by verdict."""
+    """A load sweep's primary ``base`` in one panel: each variant's change (marker) with its
+    interval (bar) at each point (x, lowest load first), coloured by verdict; a run metric on
+    the log-ratio axis of :func:`_draw_changes` (ticks in %), the margin band and the better
+    direction labelled."""
     nv = max(1, len(cmp.variants))
-    unit, margin, label = "%", None, base
+    r0: Row | None = None
+    ys = [0.0]
     for j, v in enumerate(cmp.variants):
         for i, k in enumerate(points):
             r = cmp.row(suite, f"{base}{POINT_SEP}{k}", v)
             if r is None:
                 continue
-            unit, margin, label = r.change_unit, r.margin, (r.label or base)
+            r0 = r0 or r
             x = i + (j - (nv - 1) / 2) * 0.6 / nv
             c = COLOURS.get(r.verdict, "tab:gray")
             if r.low is not None and r.high is not None:
                 ax.plot([x, x], [r.low, r.high], color=c, lw=3, solid_capstyle="butt")
+                ys += [r.low, r.high]
             if r.change is not None:
                 ax.plot([x], [r.change], "osD^v"[j % 5], color=c, ms=4)
-    if margin is not None and unit in ("%", "pt"):
-        ax.axhspan(-margin, margin, color="tab:blue", alpha=0.08)
+                ys.append(r.change)
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xticks(range(len(points)), points)
-    # a per-point label names its point ("... at concurrency 16 (tok/s):"); the panel has them all
-    label = re.sub(r" at [a-z ]+ [0-9.]+(?= \(|:|$)", "", label)
-    ax.set_title(textwrap.fill(f"{label.rstrip(': ')} per load", 30), fontsize=9)
-    ax.set_ylabel(f"change ({unit})", fontsize=8)
     ax.tick_params(labelsize=8)
+    if r0 is None:
+        ax.set_title(textwrap.fill(f"{base} per load", TITLE_WIDTH), fontsize=9)
+        return
+    span = _margin_span(r0)
+    if span is not None:
+        ax.axhspan(*span, color=MARGIN_COLOUR, alpha=0.08, lw=0)
+        ax.text(
+            1.0,
+            span[1],
+            f" margin ±{r0.margin:g}{'%' if r0.change_unit == '%' else ' pt'}",
+            transform=ax.get_yaxis_transform(),
+            ha="left",
+            va="center",
+            fontsize=7,
+            color=MARGIN_COLOUR,
+        )
+        ys += list(span)
+    lo, hi = min(ys), max(ys)
+    if r0.change_unit == "%":
+        ax.set_yscale("function", functions=(_to_log_ratio, _to_pct))
+        a, b = math.log1p(max(lo, -99.9) / 100), math.log1p(hi / 100)
+        pad = 0.08 * (b - a or 0.1)
+        ax.set_ylim(100 * math.expm1(a - pad), 100 * math.expm1(b + pad))
+        ax.yaxis.set_major_locator(FixedLocator(pct_ticks(a - pad, b + pad, most=5)))
+        ax.yaxis.set_major_formatter(FuncFormatter(_pct))
+        what = "change (%), log-ratio axis"
+    else:
+        pad = 0.08 * (hi - lo or 1.0)
+        ax.set_ylim(lo - pad, hi + pad)
+        what = f"change ({r0.change_unit or 'difference'})"
+    better = {"higher": " · better ↑", "lower": " · better ↓"}.get(r0.better or "", "")
+    ax.set_ylabel(what + better, fontsize=8)
+    # a per-point label names its point ("... at concurrency 16 (tok/s):"); the panel has them all
+    label = re.sub(r" at [a-z ]+ [0-9.]+(?= \(|:|$)", "", r0.label or base)
+    ax.set_title(
+        textwrap.fill(
+            f"{label.rstrip(': ')} per load",
+            TITLE_WIDTH + 10,
+            max_lines=TITLE_LINES,
+            placeholder=" ...",
+        ),
+        fontsize=9,
+    )
 
 
 def _panels(cmp: Comparison) -> list[tuple[str, str, list[str] | None]]:

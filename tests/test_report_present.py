@@ -248,7 +248,8 @@ def test_pct_ticks_are_round_and_apart():
     assert 0.0 in ticks and all(lo <= math.log1p(t / 100) <= hi for t in ticks)
     pos = sorted(math.log1p(t / 100) for t in ticks)
     assert min(b - a for a, b in zip(pos, pos[1:], strict=False)) >= (hi - lo) / 6 - 1e-12
-    assert set(ticks) <= {0.0, 1, 2, 5, 10, 20, 50, -1, -2, -5, -10, -20}
+    assert set(ticks) <= {0.0, 1, 2, 5, 10, 20, 30, 50, -1, -2, -5, -10, -20, -30}
+    assert -30 in ticks  # a -30 % change is ticked where the axis reaches it
 
 
 def test_pr_figure_axes(demo):

@@ -449,3 +449,30 @@ def test_a_failed_cell_still_stops_the_sequential_look(tmp_path):
     cfg = _config_of(run)
     look, why = sequential_look(cfg, run, sequential_design(cfg), 0)
     assert look is None and "patched/rep1 serving.output_throughput_tok_s@c16" in why
+
+
+def test_pr_figure_curve_panels_use_the_log_ratio_axis(tmp_path):
+    """The PR figure's per-load panels read as its other run panels: a log-ratio axis ticked in
+    %, every change inside the ticked range's ends, the margin band and the better direction
+    labelled, a title of at most two lines."""
+    from patchbench import plots
+    from patchbench.comparison import read_comparison
+    from patchbench.report import render_run
+
+    run = sweep_run(tmp_path, gains={"c1": 1.4, "c4": 1.15})
+    render_run(run)
+    fig = plots.plot_pr_figure(read_comparison(run))
+    curve = [ax for ax in fig.axes if ax.get_title().endswith("per load")]
+    assert len(curve) == 2
+    for ax in curve:
+        assert ax.get_yscale() == "function"
+        assert "log-ratio axis" in ax.get_ylabel() and "better" in ax.get_ylabel()
+        assert any(t.get_text().startswith(" margin ±5") for t in ax.texts)
+        assert ax.get_title().count("\n") <= 1
+        lo, hi = ax.get_ylim()
+        changes = [y for line in ax.lines for y in line.get_ydata() if len(line.get_ydata()) == 1]
+        assert changes and all(lo < y < hi for y in changes)
+    thr = next(ax for ax in curve if "throughput" in ax.get_title().lower())
+    assert "better ↑" in thr.get_ylabel()
+    # +40 % at c1: the ticks reach past +30 % (round values only)
+    assert max(thr.get_yticks()) >= 30
