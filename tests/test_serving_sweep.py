@@ -476,3 +476,31 @@ def test_pr_figure_curve_panels_use_the_log_ratio_axis(tmp_path):
     assert "better ↑" in thr.get_ylabel()
     # +40 % at c1: the ticks reach past +30 % (round values only)
     assert max(thr.get_yticks()) >= 30
+
+
+def test_itl_of_bunched_reads_is_withheld_never_judged():
+    """A median ITL under a tenth of the median TPOT times the client's reads of bunched chunks
+    (a busy client: 0.01 ms gaps beside 20 ms per token), not decode steps: the point's ITL
+    metrics are withheld and named in meta.not_judged; a plausible ITL (8 of 10 ms) is kept."""
+    from patchbench.suites.serving.validity import coalesced_itl
+
+    assert coalesced_itl({"itl_median_ms": 8.0, "tpot_median_ms": 10.0}) is None
+    assert coalesced_itl({"itl_median_ms": 1.0, "tpot_median_ms": 10.0}) is None  # at the floor
+    why = coalesced_itl({"itl_median_ms": 0.01, "tpot_median_ms": 19.8})
+    assert why and "0.01 ms" in why and "19.8 ms" in why
+    assert coalesced_itl({"itl_median_ms": 0.0, "tpot_median_ms": 0.0}) is None  # nothing timed
+    assert coalesced_itl({"tpot_median_ms": 10.0}) is None
+
+    p = Params.model_validate({"sweep": {"points": [1, 8]}})
+    recs = _recs([("ok", 100.0, 1000.0, 10)] * 4)
+    base = {"output_throughput_tok_s": 40.0, "concurrency": 1.0, "duration_s": 2.0}
+    r1 = SuiteResult(
+        metrics=dict(base, tpot_median_ms=19.8),
+        meta={"not_judged": {"itl_median_ms": why, "itl_p99_ms": why}},
+    )
+    r8 = SuiteResult(metrics=dict(base, concurrency=8.0, itl_median_ms=18.0, tpot_median_ms=20.0))
+    out = merge_points(p, {1: r1, 8: r8}, {1: recs, 8: recs}, get_suite("serving").metrics)
+    assert out.meta["not_judged"]["itl_median_ms@c1"] == why
+    assert "itl_p99_ms@c1" in out.meta["not_judged"]
+    assert "itl_median_ms@c1" not in out.metrics and out.metrics["itl_median_ms@c8"] == 18.0
+    assert "itl_median_ms@c8" not in out.meta["not_judged"]

@@ -39,7 +39,7 @@ from .command import ToolMismatch, build_command, effective_seed, tool_info, wan
 from .params import IMAGE_DATASETS, Params
 from .parse import ResultError, read_result_line, request_records, summary_metrics
 from .recompute import compare_with_summary, recompute_from_details
-from .validity import images_check, output_length_checks, request_checks
+from .validity import coalesced_itl, images_check, output_length_checks, request_checks
 
 __all__ = [
     "Params",
@@ -434,6 +434,15 @@ def finish_point(
         meta.update(img)  # images_*_count are diagnostics, kept in meta: on 0.5.1.post3 they come
         # from one probe request per variant with its own random prompt, so a comparison of them
         # between variants would report a change the patch did not make
+    if why := coalesced_itl(metrics):
+        warnings.append(why)
+        gone = sorted(
+            n
+            for n in metrics
+            if n.startswith("itl_") and getattr(METRICS.get(n), "kind", "") == "run"
+        )
+        meta["not_judged"] = {n: why for n in gone}
+        metrics = {n: v for n, v in metrics.items() if n not in gone}
     status = "incomplete" if errors else "ok"
     return SuiteResult(status=status, metrics=metrics, errors=errors, warnings=warnings, meta=meta)
 

@@ -142,6 +142,8 @@ def merge_points(
         out.errors += [f"point {k}: {e}" for e in r.errors]
         out.warnings += [f"point {k}: {w}" for w in r.warnings]
         m = dict(r.metrics)
+        for n, why in (r.meta.get("not_judged") or {}).items():
+            out.meta.setdefault("not_judged", {})[metric_at(n, k)] = why
         rec = recs.get(p)
         ratio = slo_ratio(rec, sw.slo) if rec else None
         if rec and m.get("duration_s"):

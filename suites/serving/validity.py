@@ -19,7 +19,12 @@ when any error is found. Checks:
   count (:func:`output_length_checks`); without ``ignore_eos`` the pairing compares the lengths
   with the baseline's (:mod:`.pairing`);
 - our recomputation from the details disagrees with the tool's summary -> warning (only judged on
-  runs without flagged requests).
+  runs without flagged requests);
+- inter-token gaps that time nothing: a median ITL under :data:`ITL_TPOT_FLOOR` of the median
+  TPOT means the client read the streamed tokens in bunches (a busy or slow client: every gap
+  inside a bunch is ~0), so the ITL statistics measure the client's reads, not the server's
+  decode steps -> the ``itl_*`` metrics are withheld, never judged, with a warning naming both
+  medians (:func:`coalesced_itl`).
 """
 
 from __future__ import annotations
@@ -170,3 +175,25 @@ def retokenized_change(baseline_count: float, variant_count: float, max_share: f
             f"{variant_count:.0f}; threshold {max_share:.1%}): the generated texts differ"
         )
     return None
+
+
+#: the smallest median ITL / median TPOT a measured ITL can have: a decode step's gap is on
+#: average the TPOT, so a median gap below a tenth of it is streamed chunks read together
+ITL_TPOT_FLOOR = 0.1
+
+
+def coalesced_itl(metrics: dict[str, float]) -> str | None:
+    """Why the ITL metrics of one bench_serving run time nothing, or None when they do.
+
+    ``metrics``: the flat summary (``itl_median_ms``, ``tpot_median_ms`` in ms). Returns the
+    reason when the median ITL is below :data:`ITL_TPOT_FLOOR` x the median TPOT (both positive),
+    e.g. "median ITL 0.01 ms is under a tenth of median TPOT 19.8 ms: ...".
+    """
+    itl, tpot = metrics.get("itl_median_ms"), metrics.get("tpot_median_ms")
+    if itl is None or tpot is None or tpot <= 0 or itl >= ITL_TPOT_FLOOR * tpot:
+        return None
+    return (
+        f"median ITL {itl:.3g} ms is under a tenth of median TPOT {tpot:.3g} ms: the client read "
+        "the streamed tokens in bunches, so the gaps time its reads, not decode steps; ITL "
+        "metrics withheld"
+    )
