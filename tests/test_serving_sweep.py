@@ -223,6 +223,8 @@ def test_sweep_report_and_plots(tmp_path):
     text = render_run(run).read_text()
     assert "## Load curve (serving)" in text
     assert "patched: output throughput improved at concurrency 1-4" in text
+    # the SLO the curve metrics are judged at (the sweep's default, MLPerf's llama2-70b server)
+    assert "- SLO: TTFT <= 2000 ms and TPOT <= 200 ms" in text and "at p99)" in text
     assert "| patched | 16 |" in text  # one table row per point
     assert "- Load sweep: a metric named `<metric>@<point>`" in text  # Methods
     pngs = {p.name for p in (run / "plots").glob("*.png")}

@@ -110,7 +110,15 @@ def curve_section(comparison: Any) -> list[str]:
     variants = list(comparison_get(comparison, "variants", []) or [])
     word = _AXIS_WORD[keys[0][0]]
     lines = ["## Load curve (serving)", ""]
-    lines += [f"- {s}" for v in variants if (s := curve_sentence(comparison, v))] + [""]
+    lines += [f"- {s}" for v in variants if (s := curve_sentence(comparison, v))]
+    pairs = (comparison_get(comparison, "pairs", {}) or {}).get("serving") or {}
+    slo = next((p["slo"] for p in pairs.values() if isinstance(p, dict) and p.get("slo")), None)
+    if slo:
+        lines.append(
+            f"- SLO: TTFT <= {slo['ttft_ms']:g} ms and TPOT <= {slo['tpot_ms']:g} ms (a request "
+            f"meets it when both hold; a load, when both hold at p{slo['percentile']:g})"
+        )
+    lines.append("")
     curve = [r for r in rows if r["primary"] and POINT_SEP not in r["metric"]]
     if curve:
         lines += [

@@ -318,7 +318,8 @@ def pair_points(
 ) -> dict[str, Any]:
     """The pair dict of a sweep: the lowest point's pairing (identity, ECDF) as the single-point
     one, ``points``: {key: that point's request pairing and identity}, ``descriptive`` keys of
-    every point named ``<metric>@<key>``. Raises PairingRefused when no point pairs."""
+    every point named ``<metric>@<key>``, ``slo``: the sweep's SLO (``Slo.model_dump()``, for the
+    report). Raises PairingRefused when no point pairs."""
     from patchbench.suite import PairingRefused
 
     from .pairing import pair_cells
@@ -341,6 +342,6 @@ def pair_points(
             out = got
     if out is None:
         raise PairingRefused("; ".join(refused))
-    out = dict(out, points=points, descriptive=desc)
+    out = dict(out, points=points, descriptive=desc, slo=sw.slo.model_dump())
     out["notes"] = list(out.get("notes", [])) + refused
     return out
