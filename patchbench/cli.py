@@ -100,6 +100,8 @@ def _run_bench(a: argparse.Namespace, _raw: list[str]) -> int:
 
     if a.dry_run:
         cfg = load_config(a.config)
+        if a.port:  # the plan shows the port the run would use
+            cfg.server.port = a.port
         note = None
         try:
             builds.resolve_builds(cfg, cpu=is_cpu(cfg))
@@ -357,7 +359,7 @@ def _run_ab(a: argparse.Namespace, _raw: list[str]) -> int:
 
     path = ab.prepare_ab(a)
     if a.dry_run:
-        return main(["bench", str(path), "--dry-run"])
+        return main(["bench", str(path), "--dry-run", *(["--port", str(a.port)] if a.port else [])])
     run_dir = bench.run_bench(path, results_root=a.results, port=a.port)
     print(f"ab: report {run_dir / 'report.md'}")
     return EXIT_OK

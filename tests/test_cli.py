@@ -545,3 +545,16 @@ def test_a_port_the_config_would_refuse_is_refused_on_the_command_line(command, 
     """`--port` overrides server.port: the same range (1024-65535), exit 2 before anything."""
     assert cli.main([*command, "--port", port]) == 2
     assert "--port" in capsys.readouterr().err
+
+
+def test_the_dry_run_shows_the_port_the_run_would_use(capsys):
+    """`bench --dry-run --port N` prints server commands on N, as the run would launch them (the
+    config's server.port otherwise)."""
+    from patchbench.cli import main
+
+    assert main(["bench", "configs/demo-cpu.yaml", "--dry-run", "--port", "30401"]) == 0
+    out = capsys.readouterr().out
+    servers = [line for line in out.splitlines() if "sglang.launch_server" in line]
+    assert servers and all("--port 30401" in line for line in servers), servers
+    assert main(["bench", "configs/demo-cpu.yaml", "--dry-run"]) == 0
+    assert "--port 30401" not in capsys.readouterr().out
