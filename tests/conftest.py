@@ -212,3 +212,22 @@ def mrope_methods():
         for variant, path in release_sources(release).items():
             out[release, variant] = MropeMethods(path, f"{release}/{variant}")
     return out
+
+
+# ------------------------------------------------------------------ a lost server never stops the session
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """A :class:`patchbench.liveness.ServerLost` that escapes a test (a watchdog that fired where
+    the test expected none, e.g. a heartbeat slower than a short stall limit on a loaded machine)
+    fails that test. ServerLost is a KeyboardInterrupt (it must cancel a suite from a signal
+    handler), which pytest would otherwise take as Ctrl-C and end the whole session with."""
+    from patchbench.liveness import ServerLost
+
+    try:
+        return (yield)
+    except ServerLost as e:
+        try:
+            why = str(e)
+        except Exception:  # noqa: BLE001 - a malformed reason still fails the test, never the session
+            why = repr(e.args)
+        raise AssertionError(f"the server watch fired unexpectedly: {why}") from None
