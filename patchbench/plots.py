@@ -123,6 +123,32 @@ def _margin_span(r: Row) -> tuple[float, float] | None:
     return None
 
 
+def _margin_text(r: Row) -> str:
+    """The margin band's label: "margin ±5%", "margin ±2 pt"."""
+    return f"margin ±{r.margin:g}{'%' if r.change_unit == '%' else ' pt'}"
+
+
+def _change_axis(ax, which: str, lo: float, hi: float, unit: str, most: int = 6) -> str:
+    """Scale the ``which`` ("x" or "y") axis of a change from ``lo`` to ``hi`` (padded): a
+    percent change on the log-ratio axis (positions log(1 + x/100), round ticks in percent),
+    anything else linear. Returns the axis label's text (without the better direction)."""
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    set_lim = ax.set_xlim if which == "x" else ax.set_ylim
+    if unit == "%":
+        (ax.set_xscale if which == "x" else ax.set_yscale)(
+            "function", functions=(_to_log_ratio, _to_pct)
+        )
+        a, b = math.log1p(max(lo, -99.9) / 100), math.log1p(hi / 100)
+        pad = 0.08 * (b - a or 0.1)
+        set_lim(100 * math.expm1(a - pad), 100 * math.expm1(b + pad))
+        axis.set_major_locator(FixedLocator(pct_ticks(a - pad, b + pad, most)))
+        axis.set_major_formatter(FuncFormatter(_pct))
+        return "change (%), log-ratio axis"
+    pad = 0.08 * (hi - lo or 1.0)
+    set_lim(lo - pad, hi + pad)
+    return f"change ({unit or 'difference'})"
+
+
 def _draw_changes(ax, rows: list[tuple[int, Row]], r0: Row) -> None:
     """Interval bars and change dots of a run or accuracy panel (y: the variant's index; a
     change without an interval is a hollow dot), the margin band labelled, zero marked."""
@@ -149,7 +175,7 @@ def _draw_changes(ax, rows: list[tuple[int, Row]], r0: Row) -> None:
         ax.text(
             0,
             1.0,
-            f"margin {'±'}{r0.margin:g}{'%' if r0.change_unit == '%' else ' pt'}",
+            _margin_text(r0),
             transform=ax.get_xaxis_transform(),
             ha="center",
             va="bottom",
@@ -158,20 +184,8 @@ def _draw_changes(ax, rows: list[tuple[int, Row]], r0: Row) -> None:
         )
         xs += list(span)
     ax.axvline(0, color="black", lw=0.8)
-    lo, hi = min(xs), max(xs)
-    if r0.change_unit == "%":
-        # the log-ratio axis: positions log(1 + x/100), ticks in percent
-        ax.set_xscale("function", functions=(_to_log_ratio, _to_pct))
-        a, b = math.log1p(max(lo, -99.9) / 100), math.log1p(hi / 100)
-        pad = 0.08 * (b - a or 0.1)
-        ax.set_xlim(100 * math.expm1(a - pad), 100 * math.expm1(b + pad))
-        ax.xaxis.set_major_locator(FixedLocator(pct_ticks(a - pad, b + pad)))
-        ax.xaxis.set_major_formatter(FuncFormatter(_pct))
-        ax.set_xlabel(_better_label(r0, "change (%), log-ratio axis"), fontsize=8)
-    else:
-        pad = 0.08 * (hi - lo or 1.0)
-        ax.set_xlim(lo - pad, hi + pad)
-        ax.set_xlabel(_better_label(r0, f"change ({r0.change_unit or 'difference'})"), fontsize=8)
+    what = _change_axis(ax, "x", min(xs), max(xs), r0.change_unit)
+    ax.set_xlabel(_better_label(r0, what), fontsize=8)
 
 
 def _draw_counts(ax, rows: list[tuple[int, Row]], r0: Row) -> None:
@@ -271,7 +285,7 @@ def _curve_panel(ax, cmp: Comparison, suite: str, base: str, points: list[str]) 
         ax.text(
             1.0,
             span[1],
-            f" margin ±{r0.margin:g}{'%' if r0.change_unit == '%' else ' pt'}",
+            f" {_margin_text(r0)}",
             transform=ax.get_yaxis_transform(),
             ha="left",
             va="center",
@@ -279,19 +293,7 @@ def _curve_panel(ax, cmp: Comparison, suite: str, base: str, points: list[str]) 
             color=MARGIN_COLOUR,
         )
         ys += list(span)
-    lo, hi = min(ys), max(ys)
-    if r0.change_unit == "%":
-        ax.set_yscale("function", functions=(_to_log_ratio, _to_pct))
-        a, b = math.log1p(max(lo, -99.9) / 100), math.log1p(hi / 100)
-        pad = 0.08 * (b - a or 0.1)
-        ax.set_ylim(100 * math.expm1(a - pad), 100 * math.expm1(b + pad))
-        ax.yaxis.set_major_locator(FixedLocator(pct_ticks(a - pad, b + pad, most=5)))
-        ax.yaxis.set_major_formatter(FuncFormatter(_pct))
-        what = "change (%), log-ratio axis"
-    else:
-        pad = 0.08 * (hi - lo or 1.0)
-        ax.set_ylim(lo - pad, hi + pad)
-        what = f"change ({r0.change_unit or 'difference'})"
+    what = _change_axis(ax, "y", min(ys), max(ys), r0.change_unit, most=5)
     better = {"higher": " · better ↑", "lower": " · better ↓"}.get(r0.better or "", "")
     ax.set_ylabel(what + better, fontsize=8)
     # a per-point label names its point ("... at concurrency 16 (tok/s):"); the panel has them all
