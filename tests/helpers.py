@@ -100,3 +100,21 @@ def write_nightly_config(folder: Path, name: str, nightly: dict, **extra: Any) -
         )
     )
     return path
+
+
+#: the runner that runs ``bench`` against the fake server (tests/fake_server/run_bench_fake.py)
+FAKE_RUNNER = Path(__file__).parent / "fake_server" / "run_bench_fake.py"
+
+
+def start_fake_run(cfg: Path, results: Path, env: dict[str, str], *extra: str) -> subprocess.Popen:
+    """``bench CFG`` into ``results`` against the fake server in a child process (``extra``
+    arguments after them, e.g. ``--resume RUN``), stdout and stderr merged into one text pipe."""
+    import sys
+
+    return subprocess.Popen(
+        [sys.executable, str(FAKE_RUNNER), str(cfg), str(results), *extra],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )

@@ -39,7 +39,7 @@ import pytest  # noqa: E402
 
 from patchbench.bench import new_run_dir  # noqa: E402
 from patchbench.run.lock import RunFolderBusy, acquire  # noqa: E402
-from tests.helpers import fake_suite_config  # noqa: E402
+from tests.helpers import fake_suite_config, start_fake_run  # noqa: E402
 
 HERE = Path(__file__).parent
 SGLANG = importlib.metadata.version("sglang")
@@ -91,13 +91,7 @@ def test_a_resume_while_the_run_still_writes_is_refused(tmp_path):
         CELLENV_FOR="control/rep0",
         CELLENV_FAKE_GENERATE_HOLD_FILE=str(hold),
     )
-    first = subprocess.Popen(
-        [sys.executable, str(runner), str(cfg), str(results)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    first = start_fake_run(cfg, results, env)
     try:
         deadline = time.monotonic() + 120
         while not (mark.exists() and "control/0" in mark.read_text()):

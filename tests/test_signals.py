@@ -4,8 +4,6 @@ are found and stopped (patchbench.signals, patchbench.stale), against the fake s
 import importlib.metadata
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import pytest
 from patchbench.ports import port_answers
 from patchbench.records import read_json
 from patchbench.stale import find_stale_servers, kill_stale
-from tests.helpers import fake_suite_config
+from tests.helpers import fake_suite_config, start_fake_run
 
 HERE = Path(__file__).parent
 SGLANG = importlib.metadata.version("sglang")
@@ -34,18 +32,7 @@ def _start(tmp_path, port, **cellenv):
         CELLENV_FOR="control/rep0",
         **{f"CELLENV_{k}": str(v) for k, v in cellenv.items()},
     )
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(HERE / "fake_server" / "run_bench_fake.py"),
-            str(cfg),
-            str(tmp_path / "results"),
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = start_fake_run(cfg, tmp_path / "results", env)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # wait for the second cell's suite (one finished cell)
         if mark.exists() and "control/0" in mark.read_text():
@@ -123,14 +110,7 @@ def test_sigterm_while_the_report_is_written_exits_143_naming_the_report_command
     )
     mark = tmp_path / "report.mark"
     env = dict(os.environ, FAKE_REPORT_MARK=str(mark), FAKE_REPORT_DELAY_S="30")
-    runner = HERE / "fake_server" / "run_bench_fake.py"
-    proc = subprocess.Popen(
-        [sys.executable, str(runner), str(cfg), str(tmp_path / "results")],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = start_fake_run(cfg, tmp_path / "results", env)
     try:
         deadline = time.monotonic() + 120
         while not mark.exists():
