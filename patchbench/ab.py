@@ -4,7 +4,7 @@ The change is one of
 
 - a branch of an sglang checkout (``--git CHECKOUT --range main...my-branch``, or ``--base REF
   --head REF``): the merge base is the baseline and the branch head the variant, each a build
-  of the checkout at that commit (:mod:`patchbench.builds`: an overlay of its ``python/sglang``
+  of the checkout at that commit (:mod:`patchbench.envs.builds`: an overlay of its ``python/sglang``
   on the environment with the same dependencies); files the range changes outside
   ``python/sglang/`` (tests, docs, ...) are listed and ignored;
 - a diff (``--patch FILE``): stock against the diff applied (``{diff: FILE}``);
@@ -16,7 +16,7 @@ file whose variants are replaced (``--config FILE``); the config written for the
 run folder like any other, and the bench prints the answer (the primaries' verdicts).
 
 Errors: :class:`~patchbench.errors.UsageError` (exit 2) for an unknown preset, a bad range or
-arguments; the run's own errors (:func:`patchbench.bench.run_bench`).
+arguments; the run's own errors (:func:`patchbench.run.bench.run_bench`).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def git_range(
     Raises UsageError for a missing or ill-formed range, or one that changes nothing in
     ``python/sglang/``.
     """
-    from patchbench.builds import _git, changed_files, git_commit
+    from patchbench.envs.builds import _git, changed_files, git_commit
     from patchbench.errors import ConfigError, PatchError
     from patchbench.patches.author import git_dir_of
 

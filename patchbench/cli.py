@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from patchbench import errors
-from patchbench.closed_output import tolerate_closed_output
 from patchbench.errors import EXIT_BUG, EXIT_CODES, EXIT_ENV, EXIT_OK, EXIT_USAGE
-from patchbench.signals import restore_handlers
+from patchbench.run.closed_output import tolerate_closed_output
+from patchbench.run.signals import restore_handlers
 
 PROG = "patchbench"
 
@@ -93,9 +93,10 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
 
 
 def _run_bench(a: argparse.Namespace, _raw: list[str]) -> int:
-    from patchbench import bench, builds, envinfo, variants
-    from patchbench.cell import is_cpu
     from patchbench.config import load_config
+    from patchbench.envs import builds, envinfo
+    from patchbench.run import bench, variants
+    from patchbench.run.cell import is_cpu
     from patchbench.run.plan import describe_plan
 
     if a.dry_run:
@@ -158,7 +159,7 @@ def _run_report(a: argparse.Namespace, _raw: list[str]) -> int:
     """Render the run folder under its lock (patchbench/run/lock.py): a run writing it is named
     at once (exit 4), another report is waited for up to ``REPORT_WAIT_S``. A folder without a
     manifest is left to render_run's own error (exit 2) and gets no lock file."""
-    from patchbench.comparison import read_comparison
+    from patchbench.analysis.comparison import read_comparison
     from patchbench.records import ResultsWriteError
     from patchbench.report import console_summary, render_run
     from patchbench.run.lock import REPORT_WAIT_S, acquire, holder_text
@@ -187,7 +188,8 @@ def _run_report(a: argparse.Namespace, _raw: list[str]) -> int:
 
 
 def _run_compare(a: argparse.Namespace, _raw: list[str]) -> int:
-    from patchbench import records, two_runs
+    from patchbench import records
+    from patchbench.analysis import two_runs
 
     res = two_runs.compare_runs(a.run_a, a.run_b, a.variant)
     print(two_runs.format_result(res))
@@ -355,7 +357,8 @@ def _args_ab(p: argparse.ArgumentParser) -> None:
 def _run_ab(a: argparse.Namespace, _raw: list[str]) -> int:
     """Write the A/B config (:func:`patchbench.ab.prepare_ab`), then its dry run or the run; the
     bench prints the answer, then the report's path."""
-    from patchbench import ab, bench
+    from patchbench import ab
+    from patchbench.run import bench
 
     path = ab.prepare_ab(a)
     if a.dry_run:
@@ -371,7 +374,7 @@ def _args_tiny(p: argparse.ArgumentParser) -> None:
 
 
 def _run_tiny(a: argparse.Namespace, _raw: list[str]) -> int:
-    from patchbench.tinymodel import build_tiny_qwen25vl, default_model_dir
+    from patchbench.envs.tinymodel import build_tiny_qwen25vl, default_model_dir
 
     out = Path(a.out) if a.out else default_model_dir()
     build_tiny_qwen25vl(out, force=a.force)
@@ -445,12 +448,12 @@ COMMANDS: list[Command] = [
     Command(
         "history",
         "list the nightly history's nights, a metric's series (--metric) or a night's gates (--night)",
-        *_lazy("patchbench.history_cli"),
+        *_lazy("patchbench.nightly.history_cli"),
     ),
     Command(
         "dashboard",
         "write the nightly history as a static site (charts, change points, reports) into --out",
-        *_lazy("patchbench.dashboard.cli"),
+        *_lazy("patchbench.nightly.dashboard.cli"),
     ),
     Command(
         "check-patch",
@@ -484,7 +487,7 @@ COMMANDS: list[Command] = [
     Command(
         "comment",
         "a pull-request comment from RUN's compare.json; --post keeps one sticky comment",
-        *_lazy("patchbench.comment"),
+        *_lazy("patchbench.report.comment"),
     ),
     Command(
         "make-tiny-model",

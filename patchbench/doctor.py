@@ -2,7 +2,7 @@
 
 Prints GPU, driver, CUDA build, torch, sglang, the pins this repo supports, whether the model hub
 answers, free disk, each GPU's persistence mode and application clocks (NVML:
-:func:`patchbench.gpu.doctor_rows`; "no NVIDIA GPU" without one); with a CONFIG also each
+:func:`patchbench.run.gpu.doctor_rows`; "no NVIDIA GPU" without one); with a CONFIG also each
 requirement of that config with OK / MISSING and the command that fixes it: the sglang pin, the
 model, a GPU, the port, and each suite's own checks
 (:meth:`patchbench.suite.Suite.doctor_checks`; the core names no suite). Exit 0 when nothing is
@@ -16,12 +16,12 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from patchbench import envinfo
 from patchbench.config import load_config
+from patchbench.envs import envinfo
 from patchbench.errors import EXIT_ENV, EXIT_OK, PatchbenchError
 from patchbench.inputs import REPO_ROOT, RESULTS_DIR, is_hub_id
 
-#: the environment facts (:func:`patchbench.envinfo.collect`) of the doctor run in progress, so a
+#: the environment facts (:func:`patchbench.envs.envinfo.collect`) of the doctor run in progress, so a
 #: suite's ``doctor_checks`` can ask (e.g. whether the hub answers) without probing again
 _INFO: contextvars.ContextVar[dict | None] = contextvars.ContextVar("doctor_info", default=None)
 
@@ -84,11 +84,11 @@ def _suite_checks(cfg: Any) -> list[Check]:
 
 
 def _stale_server_checks(results_dir: Path | None = None) -> list[Check]:
-    """sglang servers left by a killed patchbench run (:func:`patchbench.stale.find_stale_servers`
+    """sglang servers left by a killed patchbench run (:func:`patchbench.run.stale.find_stale_servers`
     over ``results_dir``, default results/, and every server of this user that carries the
     harness's markers, wherever its run wrote to), each with the command that stops it."""
     try:
-        from patchbench.stale import find_stale_servers
+        from patchbench.run.stale import find_stale_servers
     except ImportError:  # the module is optional until every environment has it
         return []
     if results_dir is None:
@@ -110,9 +110,9 @@ def _stale_server_checks(results_dir: Path | None = None) -> list[Check]:
 def _build_checks(cfg: Any) -> list[Check]:
     """One check per distinct ``sglang:`` of the config's variants (a release, ``latest``, a
     wheel or a git checkout): resolved to an environment of this machine, as ``bench`` does
-    (:func:`patchbench.builds.resolve_builds`), or the reason it cannot be and its fix."""
-    from patchbench.builds import resolve_builds
+    (:func:`patchbench.envs.builds.resolve_builds`), or the reason it cannot be and its fix."""
     from patchbench.config.variant import sglang_label
+    from patchbench.envs.builds import resolve_builds
 
     labels = sorted({sglang_label(cfg.sglang_of(v)) for v in cfg.variants})
     try:
@@ -127,16 +127,16 @@ def _build_checks(cfg: Any) -> list[Check]:
 
 def checks_for(cfg: Any, info: dict) -> list[Check]:
     """(what, ok, how to fix) for each requirement of ``cfg`` (a loaded Config) in this
-    environment; ``info`` is :func:`patchbench.envinfo.collect`'s dict (keys used: sglang,
+    environment; ``info`` is :func:`patchbench.envs.envinfo.collect`'s dict (keys used: sglang,
     hub_reachable, gpu)."""
-    from patchbench.ports import port_answers
+    from patchbench.run.ports import port_answers
 
     token = _INFO.set(info)
     try:
         out: list[Check] = []
         out += _build_checks(cfg)
         if cfg.model.tiny:
-            from patchbench.tinymodel import is_built
+            from patchbench.envs.tinymodel import is_built
 
             # not a missing requirement: the first run builds it (``model.tiny``)
             built = is_built(cfg.model_dir)
@@ -215,9 +215,9 @@ def environment_rows(info: dict) -> list[tuple[str, str]]:
 
 def gpu_rows(nvml: Any = "auto") -> list[tuple[str, str]]:
     """(label, value) lines of each GPU's persistence mode and application clocks
-    (:func:`patchbench.gpu.doctor_rows`). ``nvml``: a patchbench.gpu.Nvml, None (no GPU), or
+    (:func:`patchbench.run.gpu.doctor_rows`). ``nvml``: a patchbench.run.gpu.Nvml, None (no GPU), or
     "auto" (NVML where a driver and a GPU are present)."""
-    from patchbench import gpu
+    from patchbench.run import gpu
 
     if nvml == "auto":
         nvml = gpu.open_nvml()

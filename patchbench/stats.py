@@ -2,8 +2,8 @@
 request bootstraps.
 
 The rules that turn these into verdicts live elsewhere and only call this module:
-:mod:`patchbench.verdicts` (a comparison's verdicts), :mod:`patchbench.gates` (nightly gates) and
-:mod:`patchbench.sequential` (when a run with sequential repeats stops). What is here:
+:mod:`patchbench.analysis.verdicts` (a comparison's verdicts), :mod:`patchbench.nightly.gates` (nightly gates) and
+:mod:`patchbench.analysis.sequential` (when a run with sequential repeats stops). What is here:
 
 - t tests (:class:`TTest`: estimate, standard error, degrees of freedom; two- and one-sided
   p-values, two-sided intervals, one-sided bounds): :func:`paired_t` on paired differences
@@ -29,11 +29,11 @@ The rules that turn these into verdicts live elsewhere and only call this module
   stationary observations", Ann. Statist. 17(3)); both return an :class:`Interval` of a relative
   change ``variant / baseline - 1`` (fractions: 0.10 = +10 %), estimated on the log scale.
 
-Every method is checked in tests/test_stats.py against scipy / statsmodels called directly (or,
+Every method is checked in tests/analysis/test_stats.py against scipy / statsmodels called directly (or,
 for Newcombe's interval, a published example).
 Functions raise ``ValueError`` for inputs they cannot use (lengths that differ, non-positive
 values where a log is taken, too few values). scipy is imported on first use: ``patchbench
-bench`` imports this module long before it compares anything (patchbench/preload.py loads
+bench`` imports this module long before it compares anything (patchbench/run/preload.py loads
 scipy.stats meanwhile).
 """
 

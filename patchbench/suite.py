@@ -2,7 +2,7 @@
 
 A suite is a subclass of :class:`Suite` registered with :func:`register`. The core (bench,
 compare, report, plots, doctor, nightly) never names a suite: it asks the registry
-(:func:`get_suite`) and calls the hooks below. Built-in suites live in ``suites/<name>/``
+(:func:`get_suite`) and calls the hooks below. Built-in suites live in ``patchbench/suites/<name>/``
 (installed as ``patchbench.suites.<name>``); others are found through the ``patchbench.suites``
 entry-point group or the ``PATCHBENCH_SUITE_MODULES`` environment variable (comma-separated
 importable modules, each calling :func:`register` on import).
@@ -128,7 +128,7 @@ class ServerInfo:
     the config's retry budget, raises SuiteError when it is refused for the whole budget;
     log_path: the server.log of this cell; pid: the server's process-group leader;
     alive(): True while the server process lives; progress: the liveness watch's
-    :class:`patchbench.activity.ProgressMeter` (None without a watch): a suite that waits for
+    :class:`patchbench.run.activity.ProgressMeter` (None without a watch): a suite that waits for
     replies calls ``progress.expect(n)`` and ``progress.done()`` per reply, so replies that stop
     coming fail the cell after ``server.stall_timeout_s``.
     """

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Build the demo nightly history (patchbench.dashboard.demo), render its site and save a
-screenshot of one config's page with headless Chromium (patchbench.dashboard.browser).
+"""Build the demo nightly history (tests.nightly.demo_history), render its site and save a
+screenshot of one config's page with headless Chromium (patchbench.nightly.dashboard.browser).
 
     PYTHONPATH=. .venv/bin/python scripts/dashboard_screenshot.py [--out docs/img/dashboard.png]
 """
@@ -12,9 +12,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from patchbench.dashboard.browser import start
-from patchbench.dashboard.demo import build_demo
-from patchbench.dashboard.site import build_site
+from patchbench.nightly.dashboard.browser import start
+from patchbench.nightly.dashboard.site import build_site
+from tests.nightly.demo_history import build_demo
 
 
 def main() -> int:

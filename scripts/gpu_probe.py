@@ -6,7 +6,7 @@
         0.5.23, variants stock and patched (plus "upstream" = 0.5.2rc2's file, PR #9460, for
         0.5.1.post3), and DIR/sources.json with their sha256; about 0.5 MB.
     gpu_probe.py run --sources DIR [--device cuda|cpu] [--batch-sizes 1,8,32,128] [--json FILE]
-        for every file: extract the ForwardBatch mrope methods (suites/sync_probe/mrope/) and run
+        for every file: extract the ForwardBatch mrope methods (patchbench/suites/sync_probe/mrope/) and run
         them on decode batches; print one table (release, variant, batch size, D2H reads/call,
         blocking H2D copies/call, sync warnings/call, host-blocked ms, positions = stock).
         ``--device cpu``
@@ -15,8 +15,8 @@
 Exit status: 0 when every patched row has equal positions and no read / blocking copy / sync
 warning, 1 otherwise, 2 on bad usage or missing files.
 
-``run`` needs only python3 and torch: it loads the package suites/sync_probe/mrope/ and
-suites/sync_probe/table.py by file path (no ``patchbench`` package, no pydantic, no sglang);
+``run`` needs only python3 and torch: it loads the package patchbench/suites/sync_probe/mrope/ and
+patchbench/suites/sync_probe/table.py by file path (no ``patchbench`` package, no pydantic, no sglang);
 ``prepare`` runs in the project's environment.
 """
 
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SUITE_DIR = REPO / "suites" / "sync_probe"
+SUITE_DIR = REPO / "patchbench" / "suites" / "sync_probe"
 FILE = "forward_batch_info.py"
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Headless Chromium for the dashboard's browser test (tests/test_dashboard.py): the Debian
+# Headless Chromium for the dashboard's browser test (tests/nightly/test_dashboard.py): the Debian
 # packages chromium and chromium-driver (/usr/bin/chromium, /usr/bin/chromedriver). Idempotent;
 # `make test` runs it. As root it installs them with apt-get; otherwise it says what to run and
 # exits 0 (the browser test then fails, naming this script).

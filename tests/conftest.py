@@ -13,8 +13,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from patchbench.ports import free_port  # noqa: E402
-from patchbench.server import LaunchSpec, SglangServer  # noqa: E402
+from patchbench.run.ports import free_port  # noqa: E402
+from patchbench.run.server import LaunchSpec, SglangServer  # noqa: E402
 from patchbench.shims import SITE_DIR, stand_in_path  # noqa: E402
 from patchbench.suite import ServerInfo  # noqa: E402
 
@@ -160,7 +160,7 @@ def cpu_server_env(extra_pythonpath: list[str] | None = None) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """The tiny Qwen2.5-VL for this environment's transformers, built once (a few seconds)."""
-    from patchbench.tinymodel import build_tiny_qwen25vl, default_model_dir
+    from patchbench.envs.tinymodel import build_tiny_qwen25vl, default_model_dir
 
     return build_tiny_qwen25vl(default_model_dir())
 
@@ -217,11 +217,11 @@ def mrope_methods():
 # ------------------------------------------------------------------ a lost server never stops the session
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    """A :class:`patchbench.liveness.ServerLost` that escapes a test (a watchdog that fired where
+    """A :class:`patchbench.run.liveness.ServerLost` that escapes a test (a watchdog that fired where
     the test expected none, e.g. a heartbeat slower than a short stall limit on a loaded machine)
     fails that test. ServerLost is a KeyboardInterrupt (it must cancel a suite from a signal
     handler), which pytest would otherwise take as Ctrl-C and end the whole session with."""
-    from patchbench.liveness import ServerLost
+    from patchbench.run.liveness import ServerLost
 
     try:
         return (yield)

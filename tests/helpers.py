@@ -118,3 +118,21 @@ def start_fake_run(cfg: Path, results: Path, env: dict[str, str], *extra: str) -
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+def json_digits(data: bytes, digits: int = 10) -> Any:
+    """A JSON document with every float rounded to ``digits`` significant digits: compare.json's
+    floats differ in their last bits between CPUs and scipy builds (the golden folders were
+    recorded on another machine), which no reader sees; everything else compares exactly."""
+    import json
+
+    def walk(x: Any) -> Any:
+        if isinstance(x, float):
+            return float(f"{x:.{digits}g}")
+        if isinstance(x, list):
+            return [walk(v) for v in x]
+        if isinstance(x, dict):
+            return {k: walk(v) for k, v in x.items()}
+        return x
+
+    return walk(json.loads(data))

@@ -5,7 +5,7 @@ Shape (every key documented in configs/demo-cpu.yaml)::
     name: demo-cpu                      # names the run folder
     sglang: 0.5.1.post3                 # a release with an environment here (.venv, .venv-*),
                                         # latest, {wheel: FILE} or {git: CHECKOUT, ref: REF}
-                                        # (patchbench.builds); a variant may name its own
+                                        # (patchbench.envs.builds); a variant may name its own
     model:
       path: .cache/models/tiny-qwen25vl # relative paths resolve against the repo root
       tiny: true                        # build the tiny random Qwen2.5-VL there when missing
@@ -37,8 +37,8 @@ Shape (every key documented in configs/demo-cpu.yaml)::
       sync_probe: {}
       mmmu: {rounds: first, ...}        # rounds (core key): all | first | [0, 2]
       serving: {...}
-    compare: {...}                      # patchbench.comparison.CompareSettings
-    nightly: {...}                      # patchbench.gates.NightlySettings (gates)
+    compare: {...}                      # patchbench.analysis.comparison.CompareSettings
+    nightly: {...}                      # patchbench.nightly.gates.NightlySettings (gates)
 
 A patch entry is the name of a folder in ``patches/`` or ``{diff: FILE}``: a unified diff (paths
 ``a/python/sglang/...`` as ``git diff`` in an sglang checkout writes them, or ``a/sglang/...``;

@@ -3,7 +3,7 @@ sets itself (:data:`HARNESS_ARGS`, :data:`HARNESS_ENV`) in any spelling, and the
 an argument list as (flag, value) pairs.
 
 Used by the config models (``server.args``, a variant's ``server_args``) and by the correctness
-cells (a suite's instrumentation arguments, ``patchbench.cell``). Errors are ValueError naming the
+cells (a suite's instrumentation arguments, ``patchbench.run.cell``). Errors are ValueError naming the
 key and item; the models turn them into :class:`patchbench.errors.ConfigError` messages.
 """
 

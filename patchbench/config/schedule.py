@@ -1,8 +1,8 @@
 """The config's ``schedule:`` models: :class:`ScheduleSpec` (repeats and order) and
 :class:`SequentialRepeats` (``repeats: {min, max, step}``, group-sequential looks).
 
-Which rounds a suite runs in (``suites.<name>.rounds``) is :mod:`patchbench.schedule`; the
-looks' boundaries are :mod:`patchbench.sequential`. A model error is a ValueError (pydantic's
+Which rounds a suite runs in (``suites.<name>.rounds``) is :mod:`patchbench.run.order`; the
+looks' boundaries are :mod:`patchbench.analysis.sequential`. A model error is a ValueError (pydantic's
 ValidationError), which the loader turns into :class:`patchbench.errors.ConfigError`.
 """
 
@@ -29,15 +29,15 @@ class _Strict(BaseModel):
 
 
 class SequentialRepeats(_Strict):
-    """``schedule.repeats: {min, max, step}``: group-sequential repeats (patchbench.sequential).
+    """``schedule.repeats: {min, max, step}``: group-sequential repeats (patchbench.analysis.sequential).
 
     The run looks at its primary metrics after ``min`` whole interleaved rounds, then after every
     ``step`` more, up to ``max``, and stops once every primary of every non-A/A variant is
     decided or futile (conditional power of deciding it by ``max`` below ``futility``;
-    patchbench/sequential.py). ``boundary``: the group-sequential boundary (``pocock``: the same
+    patchbench/analysis/sequential.py). ``boundary``: the group-sequential boundary (``pocock``: the same
     nominal level at every look; ``obrien-fleming``: strict early, near the fixed-sample level at
     the last look). ``futility``: the non-binding futility threshold (0.2 by default,
-    ``patchbench.sequential.FUTILITY``; 0 turns the futility stop off; it never changes the
+    ``patchbench.analysis.sequential.FUTILITY``; 0 turns the futility stop off; it never changes the
     chance of a false improved/regressed, only how long an undecidable run goes on).
     """
 
@@ -49,8 +49,8 @@ class SequentialRepeats(_Strict):
 
     @model_validator(mode="after")
     def _looks(self) -> SequentialRepeats:
-        # patchbench.sequential imports scipy.stats (seconds): only a sequential schedule pays it
-        from patchbench.sequential import looks_from_schedule
+        # patchbench.analysis.sequential imports scipy.stats (seconds): only a sequential schedule pays it
+        from patchbench.analysis.sequential import looks_from_schedule
 
         looks_from_schedule(self.min, self.max, self.step)  # ValueError naming the key
         return self
@@ -58,7 +58,7 @@ class SequentialRepeats(_Strict):
     @property
     def looks(self) -> tuple[int, ...]:
         """The repeat counts at which the run looks: ``min, min+step, ..., max``."""
-        from patchbench.sequential import looks_from_schedule
+        from patchbench.analysis.sequential import looks_from_schedule
 
         return looks_from_schedule(self.min, self.max, self.step)
 
@@ -77,7 +77,7 @@ class ScheduleSpec(_Strict):
     order: Literal["interleaved", "sequential"] = "interleaved"
     unbalanced_reason: str | None = None
     #: ``repeats: auto`` (a nightly config): ``patchbench nightly`` runs the repeats its gates
-    #: need at the learned noise (patchbench.gates.planning); ``repeats`` holds the floor
+    #: need at the learned noise (patchbench.nightly.gates.planning); ``repeats`` holds the floor
     #: (``nightly.min_repeats``), what a plain ``bench`` of the config runs
     _auto: bool = PrivateAttr(False)
 

@@ -25,8 +25,7 @@ from pydantic import (
 )
 
 from patchbench import errors
-from patchbench import schedule as _sched
-from patchbench.comparison import CompareSettings
+from patchbench.analysis.comparison import CompareSettings
 from patchbench.config.args import check_args, check_env, split_args
 from patchbench.config.schedule import ScheduleSpec
 from patchbench.config.variant import (
@@ -40,9 +39,10 @@ from patchbench.config.variant import (
     sglang_label,
     variant_name_problem,
 )
-from patchbench.gates import NightlySettings
 from patchbench.inputs import FOLDER_NAME, REPO_ROOT, is_hub_id, looks_local, sha256_file
+from patchbench.nightly.gates import NightlySettings
 from patchbench.patches import apply, author
+from patchbench.run import order as _sched
 from patchbench.shims import available_stand_ins
 
 #: the model of each settings section of a config
@@ -99,7 +99,7 @@ class ServerSpec(_Strict):
         description=(
             "seconds the server may leave the scheduler heartbeat, a suite's replies or a flush "
             "unanswered before the cell fails with 'the server stopped answering' "
-            "(patchbench/liveness.py); far below a suite's timeout_s"
+            "(patchbench/run/liveness.py); far below a suite's timeout_s"
         ),
     )
 
@@ -155,8 +155,8 @@ class ServerSpec(_Strict):
 class Config(_Strict):
     """A validated experiment config; see the module docstring for the YAML shape.
 
-    ``compare`` is a :class:`patchbench.comparison.CompareSettings`, ``nightly`` a
-    :class:`patchbench.gates.NightlySettings` (defaults when the section is absent).
+    ``compare`` is a :class:`patchbench.analysis.comparison.CompareSettings`, ``nightly`` a
+    :class:`patchbench.nightly.gates.NightlySettings` (defaults when the section is absent).
     """
 
     name: str
@@ -168,20 +168,20 @@ class Config(_Strict):
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
     suites: dict[str, dict[str, Any]] = Field(default_factory=dict)
     compare: Any = Field(
-        None, validate_default=True, description="patchbench.comparison.CompareSettings"
+        None, validate_default=True, description="patchbench.analysis.comparison.CompareSettings"
     )
     nightly: Any = Field(
-        None, validate_default=True, description="patchbench.gates.NightlySettings"
+        None, validate_default=True, description="patchbench.nightly.gates.NightlySettings"
     )
     description: str = ""
 
     # filled by load_config
     source: Path | None = Field(None, exclude=True)
     suite_params: dict[str, Any] = Field(default_factory=dict, exclude=True)
-    #: suite -> its ``rounds`` ("all", "first" or round indices; patchbench.schedule)
+    #: suite -> its ``rounds`` ("all", "first" or round indices; patchbench.run.order)
     suite_rounds: dict[str, Any] = Field(default_factory=dict, exclude=True)
 
-    #: {variant: its resolved patchbench.builds.Build}, filled when the run resolves its builds
+    #: {variant: its resolved patchbench.envs.builds.Build}, filled when the run resolves its builds
     builds: dict[str, Any] = Field(default_factory=dict, exclude=True)
 
     @field_validator("sglang", mode="before")
@@ -292,7 +292,7 @@ class Config(_Strict):
     def release_of(self, variant: str) -> str | None:
         """The sglang release whose environment ``variant``'s server runs in: from its resolved
         build (:attr:`builds`), else the release its ``sglang:`` names; None for ``latest``, a
-        wheel or a checkout that is not resolved yet (patchbench.builds.resolve_builds)."""
+        wheel or a checkout that is not resolved yet (patchbench.envs.builds.resolve_builds)."""
         b = self.builds.get(variant)
         if b is not None:
             return b.release

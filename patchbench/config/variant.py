@@ -118,7 +118,7 @@ class WheelSource(_Strict):
 
 #: what ``sglang:`` may say (for the run, or for one variant): a release (``"0.5.23"``),
 #: ``latest`` (the newest release on the package index, resolved once per run), a wheel file or
-#: a source checkout at a commit; patchbench.builds resolves it to an environment and an overlay
+#: a source checkout at a commit; patchbench.envs.builds resolves it to an environment and an overlay
 SglangSpec = str | GitSource | WheelSource
 
 

@@ -6,7 +6,7 @@ server arguments or GPU types are different units. docs/scale-out.md is the user
 
 - :mod:`~patchbench.matrix.spec`: the matrix file, its units and their stable ids;
 - :mod:`~patchbench.matrix.record`: ``matrix.json`` and the matrix run folder's layout;
-- :mod:`~patchbench.matrix.envs`: the python of a unit's pin (this one, or a venv per pin);
+- :mod:`~patchbench.envs.nodes`: the python of a unit's pin (this one, or a venv per pin);
 - :mod:`~patchbench.matrix.execute`: one unit run anywhere (bench in a subprocess, its folder back);
 - :mod:`~patchbench.matrix.executors`: local (one after another) and Ray (a task per unit);
 - :mod:`~patchbench.matrix.driver`: the run of a whole matrix, resume, ``--dry-run``'s listing;

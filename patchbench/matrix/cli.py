@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from patchbench.envs.nodes import DEFAULT_ENV_ROOT
 from patchbench.errors import UsageError
 from patchbench.matrix.driver import describe_matrix, run_matrix
-from patchbench.matrix.envs import DEFAULT_ENV_ROOT
 from patchbench.matrix.executors import LocalExecutor
 from patchbench.matrix.spec import load_matrix
 

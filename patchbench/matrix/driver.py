@@ -16,9 +16,9 @@ from pathlib import Path
 
 import yaml
 
+from patchbench.envs.nodes import BUILD_FLAG, EnvPlan, missing_env_message, size_txt
 from patchbench.errors import ConfigError, EnvironmentNotReady, Interrupted, RunFailed
 from patchbench.inputs import RESULTS_DIR
-from patchbench.matrix.envs import BUILD_FLAG, EnvPlan, missing_env_message, size_txt
 from patchbench.matrix.executors import Executor, UnitResult, log, make_executor
 from patchbench.matrix.record import (
     MatrixRecord,
@@ -202,7 +202,7 @@ def run_matrix(
     )
     interrupted = _execute(executor, todo, matrix_dir, rec, log)
     if interrupted is not None:
-        from patchbench.signals import signum_of
+        from patchbench.run.signals import signum_of
 
         cmd = f"{sys.executable} -m patchbench matrix {path} --on {executor.name} --resume {matrix_dir}"
         raise Interrupted(
@@ -228,7 +228,7 @@ def _execute(
     """Run ``todo`` on ``executor`` (SIGTERM handled like Ctrl-C), recording each unit in
     matrix.json as it ends; then close the executor, stamp the end and write the report.
     Returns the KeyboardInterrupt that stopped the run, or None."""
-    from patchbench.signals import terminate_like_ctrl_c
+    from patchbench.run.signals import terminate_like_ctrl_c
 
     def record(r: UnitResult) -> None:
         unit = rec.unit(r.id)

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from patchbench.envs.nodes import log_tail, machine_key, node_name, prepare_python
 from patchbench.errors import EnvironmentNotReady
 from patchbench.inputs import REPO_ROOT
-from patchbench.matrix.envs import log_tail, machine_key, node_name, prepare_python
 
 #: the bench command a unit runs; {python}, {config}, {results} are filled in
 DEFAULT_COMMAND = ("{python}", "-m", "patchbench", "bench", "{config}", "--results", "{results}")
@@ -46,10 +46,10 @@ def _kill_group(pgid: int, sig: int) -> bool:
 
 def _stop_leftover_servers(run_dir: Path | None) -> list[int]:
     """Stop any server group a cell of ``run_dir`` still records as running whose runner is gone
-    (patchbench.stale); returns the pgids stopped."""
+    (patchbench.run.stale); returns the pgids stopped."""
     if run_dir is None or not run_dir.is_dir():
         return []
-    from patchbench import stale
+    from patchbench.run import stale
 
     found = stale.find_stale_servers(run_dir)
     if found:
@@ -154,7 +154,7 @@ def execute_unit(spec: dict) -> dict:
 def unit_workdir(spec: dict) -> Path:
     """Where bench runs: for "cwd" (Ray shipped this checkout as the working directory), the
     driver's own checkout when this node is the driver's machine (``spec["checkout"]``:
-    {"path", "machine"}, :func:`patchbench.matrix.envs.machine_key`), so its venvs and caches
+    {"path", "machine"}, :func:`patchbench.envs.nodes.machine_key`), so its venvs and caches
     are found, else Ray's shipped working directory; otherwise a given folder, or this checkout."""
     if spec.get("workdir") == "cwd":
         home = spec.get("checkout") or {}

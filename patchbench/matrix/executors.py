@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from patchbench.envs.nodes import EnvPlan, machine_key, node_name, plan_env
 from patchbench.errors import EnvironmentNotReady, UsageError
 from patchbench.inputs import REPO_ROOT
-from patchbench.matrix.envs import EnvPlan, machine_key, node_name, plan_env
 from patchbench.matrix.execute import execute_unit, pack_folder, unit_workdir, unpack_folder
 from patchbench.matrix.record import Status
 from patchbench.matrix.spec import Resources, Unit

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from patchbench.matrix.envs import EnvPlan
+from patchbench.envs.nodes import EnvPlan
 from patchbench.records import read_json, write_json
 
 #: version of matrix.json's shape
@@ -68,7 +68,7 @@ class MatrixRecord(BaseModel):
     runs), ``units`` (:class:`UnitRecord`, in matrix order), ``resumes`` (the stamp of each
     ``--resume``, only when resumed), ``interrupted`` (only when Ctrl-C / SIGTERM stopped
     it) and ``environments`` (where each pin's python came from on each node, announced before
-    anything ran: :class:`patchbench.matrix.envs.EnvPlan`; only when known)."""
+    anything ran: :class:`patchbench.envs.nodes.EnvPlan`; only when known)."""
 
     model_config = ConfigDict(extra="allow")
 

@@ -2,7 +2,7 @@
 
 Read only through the typed readers: ``matrix.json``
 (:func:`patchbench.matrix.record.read_matrix_record`) and each unit's ``compare.json``
-(:func:`patchbench.comparison.read_comparison`). Writes ``report.md`` and
+(:func:`patchbench.analysis.comparison.read_comparison`). Writes ``report.md`` and
 ``plots/matrix-effect.png`` in the matrix run folder:
 
 - the table: unit (linked to its ``report.md``), its GPU type, the value of each axis, status,
@@ -13,7 +13,7 @@ Read only through the typed readers: ``matrix.json``
   the curve metrics (goodput at the SLO, the highest load meeting it) stay in the main table;
 - the figure: one panel per primary metric (a per-point one: one panel per metric), one line per
   (unit, variant[, point]): the change (dot) and its interval (bar), coloured by verdict
-  (patchbench.plots.COLOURS).
+  (patchbench.report.plots.COLOURS).
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from patchbench.comparison import Comparison, Row, read_comparison
+from patchbench.analysis.comparison import Comparison, Row, read_comparison
 from patchbench.matrix.record import MatrixRecord, UnitRecord, read_matrix_record
 from patchbench.records import write_text
 
 FIGURE = "plots/matrix-effect.png"
-#: the separator of a per-point metric's name (patchbench.plots.POINT_SEP)
+#: the separator of a per-point metric's name (patchbench.report.plots.POINT_SEP)
 POINT_SEP = "@"
 
 
@@ -272,7 +272,7 @@ def plot_matrix_effects(matrix_dir: str | os.PathLike):
     """The figure: one panel per primary metric (per-point ones: one panel per metric, a row per
     point), a row per (unit, variant) with the change and its interval, coloured by verdict;
     None when no unit has a primary row with a change."""
-    from patchbench.plots import COLOURS, DPI, WIDTH_IN, plt
+    from patchbench.report.plots import COLOURS, DPI, WIDTH_IN, plt
 
     units, primaries = unit_effects(matrix_dir)
     whole, bases, points = split_points(primaries)
@@ -335,7 +335,7 @@ def write_matrix_report(matrix_dir: str | os.PathLike) -> Path:
     """Write ``report.md`` and ``plots/matrix-effect.png`` (when there is something to plot) in
     a matrix run folder; returns the report's path. Raises OSError / ValueError for an
     unreadable matrix.json."""
-    from patchbench.plots import save_png
+    from patchbench.report.plots import save_png
 
     d = Path(matrix_dir)
     fig = plot_matrix_effects(d)

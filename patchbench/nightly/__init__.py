@@ -24,8 +24,8 @@ Modules: :mod:`~patchbench.nightly.job` (the pipeline over units, exit codes, ni
 change named as a step's likely cause, a patch that stops applying),
 :mod:`~patchbench.nightly.confirm` (the confirmation run of a red night on a new build).
 The gates themselves (settings, tests, Holm across the night, outcomes) live in
-patchbench/gates/; the trend plots in patchbench/trend.py; the SQLite history in
-patchbench/history.py. docs/nightly.md explains the error budget.
+patchbench/nightly/gates/; the trend plots in patchbench/nightly/trend.py; the SQLite history in
+patchbench/nightly/history.py. docs/nightly.md explains the error budget.
 
 Exit codes (patchbench/errors.py), worst first: 4 the run failed (an exception of the runner,
 failed cells, no comparison), 3 the environment is not ready or the history cannot be used,

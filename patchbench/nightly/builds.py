@@ -12,7 +12,7 @@ coincides with.
   in serving.output_throughput_tok_s (baseline)" for each step or red gate that starts on the
   night whose release changed.
 
-The rows go to the history's ``night_builds`` table (:func:`patchbench.history.
+The rows go to the history's ``night_builds`` table (:func:`patchbench.nightly.history.
 record_night_builds`) and to nightly.json / nightly.md.
 """
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from patchbench.history import Night
+from patchbench.nightly.history import Night
 from patchbench.runfolder import RunFolderError, read_manifest
 
 #: states a variant cannot run with (its patch would not apply as configured)
@@ -97,7 +97,7 @@ def rows_of_run(run_dir: str | os.PathLike) -> list[BuildRow]:
 def check_patches(cfg: Any, release: str | None = None) -> list[BuildRow]:
     """The state of every named patch of every variant of ``cfg`` (a resolved
     :class:`patchbench.config.Config`: ``cfg.builds`` filled by
-    :func:`patchbench.builds.resolve_builds`) on the release the variant runs; ``release``: the
+    :func:`patchbench.envs.builds.resolve_builds`) on the release the variant runs; ``release``: the
     one release every variant runs instead (a matrix unit's pin, resolved on its node). Diff-file
     patches and source builds are not checked. A patch whose state cannot be had (unknown patch,
     bad manifest) is ``unavailable`` with the reason."""
@@ -217,9 +217,9 @@ def prune_configs(
 
 def prune_after_night(history: str | os.PathLike, lock_timeout_s: float = 10.0) -> str:
     """When a night ends: :func:`prune_configs` against every run folder the history at
-    ``history`` names (:func:`patchbench.history.run_dirs`). Returns a line for the log ("" when
+    ``history`` names (:func:`patchbench.nightly.history.run_dirs`). Returns a line for the log ("" when
     nothing was deleted); a history that cannot be read deletes nothing (the line says why)."""
-    from patchbench.history import History, HistoryError, run_dirs
+    from patchbench.nightly.history import History, HistoryError, run_dirs
 
     try:
         with History(history, timeout_s=lock_timeout_s) as h:
@@ -317,7 +317,7 @@ def likely_causes(
 ) -> list[str]:
     """One sentence per step that starts on a night whose release changed: a change point
     (``run_id`` its first night) of the same variant, or tonight's failing gate (``failing``:
-    :class:`patchbench.gates.GateResult`, tonight's run id ``tonight_run_id``) of any variant
+    :class:`patchbench.nightly.gates.GateResult`, tonight's run id ``tonight_run_id``) of any variant
     that changed tonight. A variant named ``*`` (a gate over every variant) matches any."""
     out: list[str] = []
     for c in changes:
@@ -361,7 +361,12 @@ def night_builds(
     over ``prior`` and tonight that coincide with a change point (``points``) or a failing gate
     of ``results`` (:func:`likely_causes`); (rows as dicts, cause sentences). A history problem
     is added to ``problems``, never raised."""
-    from patchbench.history import History, HistoryError, read_night_builds, record_night_builds
+    from patchbench.nightly.history import (
+        History,
+        HistoryError,
+        read_night_builds,
+        record_night_builds,
+    )
 
     dicts = [r.to_json() for r in rows]
     if hpath is None:

@@ -23,7 +23,6 @@ from patchbench.errors import (
     PatchError,
     UsageError,
 )
-from patchbench.gates import DEFAULT_HISTORY, NightlySettings
 from patchbench.matrix.spec import is_matrix_file, load_matrix
 from patchbench.nightly.builds import (
     BuildRow,
@@ -34,6 +33,7 @@ from patchbench.nightly.builds import (
     without_variants,
 )
 from patchbench.nightly.confirm import maybe_confirm
+from patchbench.nightly.gates import DEFAULT_HISTORY, NightlySettings
 from patchbench.nightly.job import (
     HISTORY_ENV,
     add_confirmation,
@@ -141,12 +141,14 @@ def run_args(a: argparse.Namespace) -> int:
 
 
 def _run_and_gate(config: str, cfg: Any, settings: NightlySettings, hpath: Path) -> int:
-    """Run the config (patchbench.bench.run_bench), then gate its run folder; a run that fails
+    """Run the config (patchbench.run.bench.run_bench), then gate its run folder; a run that fails
     is gated on the folder it left (exit 4), a config or environment problem exits 2 / 3."""
     try:
-        from patchbench import bench
+        from patchbench.run import bench
     except ImportError as e:
-        print(f"nightly: the runner (patchbench.bench) cannot be imported: {e}", file=sys.stderr)
+        print(
+            f"nightly: the runner (patchbench.run.bench) cannot be imported: {e}", file=sys.stderr
+        )
         return EXIT_RUN_FAILED
     env_error = getattr(bench, "EnvironmentNotReady", None)
     run_error = getattr(bench, "RunFailed", None)
@@ -215,8 +217,8 @@ def _check_builds(config: str, cfg: Any) -> tuple[str, list[BuildRow]] | int:
     kept beside the run folders, :func:`patchbench.nightly.builds.keep_config`) and says so.
     Returns (the config to run, the blocked rows), or the exit code when nothing can run (3: no
     environment / index, or the copy cannot be written; 2: the baseline's patch is blocked)."""
-    from patchbench.builds import resolve_builds
-    from patchbench.cell import is_cpu
+    from patchbench.envs.builds import resolve_builds
+    from patchbench.run.cell import is_cpu
 
     try:
         resolve_builds(cfg, cpu=is_cpu(cfg))

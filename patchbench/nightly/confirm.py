@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from patchbench.history import Night, night_from_run
+from patchbench.nightly.history import Night, night_from_run
 from patchbench.stats import paired_t
 
 OLD, NEW = "last-green", "tonight"
@@ -134,7 +134,7 @@ def confirm_config(
 def minutes_per_cell(run_dir: str | os.PathLike) -> float | None:
     """Tonight's measured minutes per cell: (ended_at - started_at) over its cells (manifest);
     None when unknown."""
-    from patchbench.history import _utc_iso
+    from patchbench.nightly.history import _utc_iso
     from patchbench.runfolder import RunFolderError, read_manifest
 
     try:
@@ -258,12 +258,12 @@ def plan_rounds(
     noise: Iterable[Mapping[str, Any]] = (),
     prior_run_cv_pct: float | None = None,
 ) -> RoundsPlan:
-    """The confirmation's rounds under ``cs`` (:class:`patchbench.gates.settings.ConfirmSettings`).
+    """The confirmation's rounds under ``cs`` (:class:`patchbench.nightly.gates.settings.ConfirmSettings`).
 
     A number in ``cs.repeats`` is run as it is. ``auto``: per failing (suite, metric,
     change_pct) of ``changes`` (tonight's observed change, %), its pair noise: ``pair_cv_pct`` of
     its row in ``noise`` (the night's noise table, :func:`patchbench.nightly.job.noise_table`),
-    else ``prior_run_cv_pct * sqrt(2)`` (log scale, as patchbench/noise.py's prior); the rounds
+    else ``prior_run_cv_pct * sqrt(2)`` (log scale, as patchbench/nightly/noise.py's prior); the rounds
     :func:`rounds_needed` gives for ``|log(1 + change)|`` at ``cs.alpha`` and ``cs.power``. The
     metric that needs the most rounds sizes the run (at equal noise: the smallest change),
     bounded by ``cs.min_repeats`` and ``cs.max_repeats``. No change with a known noise:
@@ -358,7 +358,7 @@ class Confirmation:
         }
 
     def rows(self) -> list[dict[str, Any]]:
-        """The history's ``confirmations`` rows (patchbench.history.CONFIRM_COLUMNS)."""
+        """The history's ``confirmations`` rows (patchbench.nightly.history.CONFIRM_COLUMNS)."""
         return [
             {
                 "variant": self.variant,
@@ -488,7 +488,7 @@ def maybe_confirm(
 ) -> Confirmation | None:
     """Run the confirmation of a gated night ``res`` (:class:`patchbench.nightly.outcome.
     NightlyOutcome` of the config at ``config_path``) when :func:`should_confirm` says so, with
-    ``run_bench`` (``patchbench.bench.run_bench``: config path -> run folder); the cost is
+    ``run_bench`` (``patchbench.run.bench.run_bench``: config path -> run folder); the cost is
     printed to ``out`` before it starts. None for a night that is not red; a red night that
     needs none gets a Confirmation with ``skipped`` (why). ``run_bench`` None: the confirmation
     is planned (its config written, its cost printed) but not run here, ``skipped`` says why
@@ -562,8 +562,8 @@ def _last_green_night(res: Any) -> tuple[Any, list[dict[str, Any]], str | None]:
     """The last green night before the gated night ``res`` in its history (None without one),
     its builds' rows (from the history, else from its run folder) and None; (None, [], why)
     when the history cannot be read."""
-    from patchbench.history import History, HistoryError, read_night_builds
     from patchbench.nightly.builds import rows_of_run
+    from patchbench.nightly.history import History, HistoryError, read_night_builds
 
     night, settings = res.night, res.settings
     green, green_rows = None, []

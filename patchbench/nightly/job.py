@@ -10,8 +10,8 @@ matrix run folder, which adds the matrix's ``nightly.md`` / ``nightly.json``.
 
 Everything a night reads goes through the typed readers: the run's manifest
 (:func:`patchbench.runfolder.read_manifest`), its comparison
-(:func:`patchbench.comparison.read_comparison`), its cells
-(:func:`patchbench.history.night_from_run`) and the matrix's ``matrix.json``
+(:func:`patchbench.analysis.comparison.read_comparison`), its cells
+(:func:`patchbench.nightly.history.night_from_run`) and the matrix's ``matrix.json``
 (:func:`patchbench.matrix.record.read_matrix_record`).
 """
 
@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from patchbench.changepoints import detect_history
-from patchbench.comparison import Comparison, read_comparison
+from patchbench.analysis.comparison import Comparison, read_comparison
 from patchbench.errors import (
     EXIT_ENV,
     EXIT_OK,
@@ -34,17 +33,6 @@ from patchbench.errors import (
     EXIT_RUN_FAILED,
     EXIT_UNDERPOWERED,
     EXIT_USAGE,
-)
-from patchbench.gates import UNDERPOWERED, GateResult, NightlySettings, evaluate, night_outcome
-from patchbench.history import (
-    History,
-    HistoryError,
-    Night,
-    dump_json,
-    night_from_run,
-    record_change_points,
-    record_confirmation,
-    record_noise,
 )
 from patchbench.matrix.record import read_matrix_record
 from patchbench.nightly.builds import (
@@ -54,6 +42,25 @@ from patchbench.nightly.builds import (
     night_builds,
     rows_of_run,
 )
+from patchbench.nightly.changepoints import detect_history
+from patchbench.nightly.gates import (
+    UNDERPOWERED,
+    GateResult,
+    NightlySettings,
+    evaluate,
+    night_outcome,
+)
+from patchbench.nightly.history import (
+    History,
+    HistoryError,
+    Night,
+    dump_json,
+    night_from_run,
+    record_change_points,
+    record_confirmation,
+    record_noise,
+)
+from patchbench.nightly.noise import learn as learn_noise
 from patchbench.nightly.outcome import (
     OUTCOME_OF_EXIT,
     NightlyOutcome,
@@ -62,10 +69,9 @@ from patchbench.nightly.outcome import (
     worst_exit,
 )
 from patchbench.nightly.render import fmt, render_markdown
-from patchbench.noise import learn as learn_noise
+from patchbench.nightly.trend import write_plots
 from patchbench.records import write_json, write_text
 from patchbench.runfolder import RunFolderError, read_manifest
-from patchbench.trend import write_plots
 
 HISTORY_ENV = "PATCHBENCH_HISTORY"
 NIGHTLY_SCHEMA = 2
@@ -127,7 +133,7 @@ class NightUnit:
 
     ``run_dir``: its run folder (``has_folder`` False: the unit left none); ``settings``: its
     ``nightly`` section (None: invalid, ``settings_error`` says why); ``compare_settings``: for
-    :func:`patchbench.analysis.compare_run` when compare.json is missing (None: the run's own);
+    :func:`patchbench.analysis.build.compare_run` when compare.json is missing (None: the run's own);
     ``unit_id``: the matrix unit (its nights are keyed ``<config name>@<unit id>``), None for a
     run outside a matrix; ``config_name``, ``labels``, ``gpu_type``: from matrix.json; ``status``,
     ``run_exit_code``, ``message``: how its run ended ("ok" for a single run);
@@ -239,12 +245,12 @@ def _not_run_code(run_exit_code: int | None) -> int:
 
 
 def _ensure_compare(run_dir: Path, compare_settings: Any) -> tuple[Comparison | None, str | None]:
-    """The run's typed compare.json, made by :func:`patchbench.analysis.compare_run` when
+    """The run's typed compare.json, made by :func:`patchbench.analysis.build.compare_run` when
     missing; (it, None) or (None, why there is none)."""
     path = run_dir / "compare.json"
     if not path.is_file():
-        from patchbench.analysis import compare_run
-        from patchbench.comparison import CompareSettings
+        from patchbench.analysis.build import compare_run
+        from patchbench.analysis.comparison import CompareSettings
 
         try:
             settings = compare_settings  # None: the run's own compare: section
@@ -344,7 +350,7 @@ def noise_table(
     prior: Sequence[Night], results: Sequence[GateResult], settings: NightlySettings
 ) -> list[dict[str, Any]]:
     """The noise of every gated (suite, metric) as the gates used it
-    (:func:`patchbench.noise.learn` on the nights before tonight; :meth:`Noise.to_json`), with
+    (:func:`patchbench.nightly.noise.learn` on the nights before tonight; :meth:`Noise.to_json`), with
     ``repeats_needed`` (the most any of its tests needs; None when one cannot reach the targets)
     and ``repeats`` tonight (the most runs of its tests)."""
     rows = []
@@ -372,7 +378,7 @@ def noise_table(
 def change_points(
     prior: Sequence[Night], tonight: Night, results: Sequence[GateResult]
 ) -> list[dict[str, Any]]:
-    """Change points over the whole history and tonight (:func:`patchbench.changepoints.
+    """Change points over the whole history and tonight (:func:`patchbench.nightly.changepoints.
     detect_history`) of every (variant, suite, metric) a gate looked at."""
     keys = sorted({(r.variant, r.suite, r.metric) for r in results if r.variant != "*"})
     better = {(r.suite, r.metric): r.better for r in results if r.better}

@@ -20,9 +20,9 @@ from patchbench.errors import (
     ConfigError,
     RunFailed,
 )
-from patchbench.gates import NightlySettings
 from patchbench.matrix.record import UnitRecord, read_matrix_record
 from patchbench.nightly.builds import BuildRow, blocked_line
+from patchbench.nightly.gates import NightlySettings
 from patchbench.nightly.job import (
     NightUnit,
     add_confirmation,
@@ -310,7 +310,7 @@ def nightly_matrix(
     (:func:`check_matrix_patches`: a blocked variant is left out of its unit, which exits 2).
     A red unit whose build differs from its last green night gets a confirmation run
     (:func:`nightly_on_matrix_run`): with ``run_bench`` (config path -> run folder), else here
-    with ``patchbench.bench.run_bench`` when the units ran here (``on`` "local", no
+    with ``patchbench.run.bench.run_bench`` when the units ran here (``on`` "local", no
     ``executor``); otherwise it is planned and the command that runs it printed.
 
     Raises ConfigError (exit 2) for a bad matrix or a unit whose baseline's patch is blocked,
@@ -332,7 +332,7 @@ def nightly_matrix(
             raise
         mdir = Path(e.run_dir)
     if run_bench is None and on == "local" and executor is None:
-        from patchbench import bench
+        from patchbench.run import bench
 
         def run_bench(p: str) -> Path:
             return bench.run_bench(p, results_root=results) if results else bench.run_bench(p)

@@ -17,8 +17,8 @@ from patchbench.errors import (
     EXIT_UNDERPOWERED,
     EXIT_USAGE,
 )
-from patchbench.gates import GateResult, NightlySettings
-from patchbench.history import Night
+from patchbench.nightly.gates import GateResult, NightlySettings
+from patchbench.nightly.history import Night
 
 EXIT_ORDER: tuple[int, ...] = (
     EXIT_REGRESSION,

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 
-from patchbench.gates import UNDERPOWERED, GateResult, NightlySettings
 from patchbench.nightly.confirm import lines as confirm_lines
+from patchbench.nightly.gates import UNDERPOWERED, GateResult, NightlySettings
 from patchbench.nightly.outcome import (
     EXIT_ORDER,
     OUTCOME_OF_EXIT,

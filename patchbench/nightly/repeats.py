@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from patchbench.gates import NightlySettings
-from patchbench.gates.planning import RepeatsPlan, plan_repeats
-from patchbench.history import History, HistoryError, Night
 from patchbench.nightly.builds import keep_config
+from patchbench.nightly.gates import NightlySettings
+from patchbench.nightly.gates.planning import RepeatsPlan, plan_repeats
+from patchbench.nightly.history import History, HistoryError, Night
 from patchbench.records import write_json
 
 
@@ -29,7 +29,7 @@ def pick_repeats(
 
     Reads the config's recorded nights from the history at ``hpath`` (read only; an absent or
     unreadable history counts as empty: the prior ``run_cv_pct`` decides), computes the repeats
-    the gates' targets need (:func:`patchbench.gates.planning.plan_repeats`: the learned noise,
+    the gates' targets need (:func:`patchbench.nightly.gates.planning.plan_repeats`: the learned noise,
     ``min_repeats`` .. ``max_repeats``), prints the choice and why, and writes the config with
     ``schedule.repeats`` set to it under ``workdir`` (default: ``nightly-configs/`` in the
     results root, :func:`patchbench.nightly.builds.keep_config`, so the run's manifest and its

@@ -207,7 +207,7 @@ def build_source_overlay(
 ) -> Overlay:
     """The overlay that makes the installed sglang ``version`` (in ``stock_site_dir``) the
     ``sglang/`` package of ``tree`` (a checkout's ``python/sglang`` or a wheel's, extracted by
-    :mod:`patchbench.builds`): a copy of the installed package where every file that differs
+    :mod:`patchbench.envs.builds`): a copy of the installed package where every file that differs
     from ``tree``'s is replaced, files only ``tree`` has are added and files it lacks are
     removed. ``files`` holds the replaced and added files (what :func:`verify_in_env` checks);
     ``patches`` is ``[label]`` and ``patch_hashes`` ``{label: source_id}`` (a commit or the

@@ -7,7 +7,7 @@ repo's git-ignored ``.cache/``)::
     wheels/<name>-<version>/*.whl          pip download --no-deps <name>==<version>
 
 Pristine files come from an installed copy of the release when one of this machine's
-environments holds it (:func:`patchbench.envinfo.environments`), else from its wheel. Inside
+environments holds it (:func:`patchbench.envs.envinfo.environments`), else from its wheel. Inside
 :func:`offline` nothing is downloaded: a wheel that is not in the cache is a :class:`FetchError`
 (``bench --dry-run`` checks what it can without the network).
 
@@ -31,7 +31,8 @@ from pathlib import Path
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from patchbench import envinfo, errors
+from patchbench import errors
+from patchbench.envs import envinfo
 from patchbench.errors import PatchError
 from patchbench.patches.manifest import DEFAULT_CACHE_DIR, pin_of
 
@@ -140,7 +141,7 @@ def pristine_files(
     """Copy the stock files ``rel_paths`` of sglang ``version`` to ``dest_root/<rel>``.
 
     Source: the installed package when its version is ``version`` (this interpreter's, else
-    another environment of this machine that holds it: :func:`patchbench.envinfo.environment_for`),
+    another environment of this machine that holds it: :func:`patchbench.envs.envinfo.environment_for`),
     else the release's wheel (``pip download``, cached). Returns "installed <folder>" or "wheel
     <file name>". Raises :class:`FetchError` / :class:`PatchError` when a file is missing.
     """

@@ -1,7 +1,7 @@
 """report.md (GitHub-flavoured, pasteable into a PR), report-details.md, the console summary
 and ``patchbench report``.
 
-Renders only from the typed :class:`~patchbench.comparison.Comparison` (and the manifest for the
+Renders only from the typed :class:`~patchbench.analysis.comparison.Comparison` (and the manifest for the
 header). report.md is what a reviewer reads, in this order:
 
 1. header: config, model, sglang release, each variant's patches with their sha256, GPU, commit,
@@ -37,7 +37,7 @@ Modules (this package re-exports what the rest of patchbench and the tests use):
 - :mod:`~patchbench.report.console`: the console summary.
 """
 
-from patchbench.analysis import build_comparison
+from patchbench.analysis.build import build_comparison
 from patchbench.report.answer import _primaries, sentence, sentence_parts
 from patchbench.report.console import console_summary
 from patchbench.report.decide import DECIDE_CAP, decide_note, decide_text, repeats_to_decide

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from patchbench.comparison import Comparison, Row
+from patchbench.analysis.comparison import Comparison, Row
 from patchbench.report.decide import decide_note
 from patchbench.report.fmt import (
     VERDICT_MARK,
@@ -23,7 +23,7 @@ from patchbench.report.fmt import (
 
 
 def outlier_text(r: Row) -> str | None:
-    """ "outlier repeat: rep2" (descriptive, :data:`patchbench.analysis.OUTLIER_RULE`), or None."""
+    """ "outlier repeat: rep2" (descriptive, :data:`patchbench.analysis.build.OUTLIER_RULE`), or None."""
     if not r.outlier_repeats:
         return None
     reps = ", ".join(f"rep{k}" for k in r.outlier_repeats)

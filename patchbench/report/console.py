@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from patchbench.comparison import Comparison
+from patchbench.analysis.comparison import Comparison
 from patchbench.report.answer import partial_lines, sentence, sentence_parts
 from patchbench.report.fmt import (
     exactness,

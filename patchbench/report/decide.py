@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from patchbench.comparison import Row
+from patchbench.analysis.comparison import Row
 from patchbench.report.fmt import _margin_txt, fmt_change
 
 #: the chance of a decision that the repeats-to-decide estimate aims at

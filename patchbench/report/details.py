@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from patchbench.comparison import Comparison, Row
+from patchbench.analysis.comparison import Comparison, Row
 from patchbench.report.fmt import (
     _code,
     _esc,

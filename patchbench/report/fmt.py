@@ -6,7 +6,7 @@ verdict words are those of :data:`VERDICT_MARK` in every place.
 
 from __future__ import annotations
 
-from patchbench.comparison import Row
+from patchbench.analysis.comparison import Row
 
 VERDICT_MARK = {
     "regressed": "🔴 regressed",
@@ -34,7 +34,7 @@ def fmt_bounded(x: float | None, bound: str | None) -> str:
 
 def shown_value(r: Row, arm: str) -> str:
     """The value of ``arm`` ("baseline" or "variant") a table shows, from the estimator of the
-    row's change (:class:`~patchbench.comparison.Row`: geometric means of paired repeats for run
+    row's change (:class:`~patchbench.analysis.comparison.Row`: geometric means of paired repeats for run
     rows): accuracy in percent ("41.3%", so that the two values differ by the change in points),
     other rows by :func:`fmt_bounded`."""
     x = r.baseline_value if arm == "baseline" else r.variant_value
@@ -123,5 +123,5 @@ def verdict_text(r: Row) -> str:
 
 def short_name(r: Row) -> str:
     """A row's label without its parenthetical or trailing qualifier, for the one-line answer
-    (:meth:`~patchbench.comparison.Row.short_label`)."""
+    (:meth:`~patchbench.analysis.comparison.Row.short_label`)."""
     return r.short_label()

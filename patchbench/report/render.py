@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from patchbench import records, runfolder
-from patchbench.analysis import build_comparison
-from patchbench.comparison import CompareSettings, Comparison, write_comparison
+from patchbench.analysis.build import build_comparison
+from patchbench.analysis.comparison import CompareSettings, Comparison, write_comparison
 from patchbench.report.answer import _partial, _primaries, sentence
 from patchbench.report.details import DETAILS_NAME, PR_FIGURE_STEM, _plot_lines, render_details
 from patchbench.report.fmt import _esc
@@ -88,7 +88,7 @@ def render_run(
     write_comparison(run_dir, cmp)
     paths, pnotes = [], []
     if plots:
-        from patchbench.plots import make_plots
+        from patchbench.report.plots import make_plots
 
         paths, pnotes = make_plots(cmp, run_dir / "plots")
     details = render_details(cmp, run_dir, paths, pnotes)

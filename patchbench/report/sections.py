@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from patchbench import logscan, records, runfolder
-from patchbench.comparison import Comparison
+from patchbench import records, runfolder
+from patchbench.analysis.comparison import Comparison
+from patchbench.analysis.rundata import variant_parts
 from patchbench.report.decide import DECIDE_CAP, DECIDE_POWER
 from patchbench.report.fmt import _esc
-from patchbench.rundata import variant_parts
+from patchbench.run import logscan
 from patchbench.runfolder import models
 
 
@@ -45,7 +46,7 @@ def _header(man: runfolder.RunManifest, cmp: Comparison) -> list[str]:
             desc += "; server args " + " ".join(f"`{a}`" for a in args)
         if env:
             desc += "; env " + " ".join(f"`{k}={val}`" for k, val in env.items())
-        if v in man.builds:  # the run named builds: each arm's (patchbench.builds)
+        if v in man.builds:  # the run named builds: each arm's (patchbench.envs.builds)
             desc += f"; build {man.builds[v].get('describe', '?')}"
         tag = " (baseline)" if v == cmp.baseline else (" (A/A)" if v in cmp.aa_variants else "")
         lines.append(f"| variant `{v}`{tag} | {desc} |")
@@ -223,8 +224,8 @@ def _cell_record(run_dir: Path, c: dict) -> runfolder.CellRecord | None:
 def _gpu_block(cmp: Comparison, run_dir: Path) -> list[str]:
     """ "## GPU": the cells whose GPU was throttled (a biasing reason) or shared with a foreign
     process, with their flags (each cell's ``cell.json`` ``gpu`` summary:
-    :func:`patchbench.gpu.cell_flags`). Nothing when no cell was sampled (CPU run, no NVML)."""
-    from patchbench.gpu import cell_flags
+    :func:`patchbench.run.gpu.cell_flags`). Nothing when no cell was sampled (CPU run, no NVML)."""
+    from patchbench.run.gpu import cell_flags
 
     sampled, flagged = 0, []
     for c in cmp.cells:
@@ -258,7 +259,7 @@ def _gpu_block(cmp: Comparison, run_dir: Path) -> list[str]:
 def _server_log_block(cmp: Comparison, run_dir: Path) -> list[str]:
     """ "## Server log": per suite, the cells where the server logged retractions or
     out-of-memory events while that suite ran (the suite's ``meta.server_log_scan``:
-    :func:`patchbench.logscan.scan_server_log`); they change what that suite measured."""
+    :func:`patchbench.run.logscan.scan_server_log`); they change what that suite measured."""
     lines = []
     for suite in cmp.suites:
         for c in cmp.cells:
@@ -312,7 +313,7 @@ def _suite_sections(cmp: Comparison, notes: list[str]) -> list[str]:
 
 
 def _methods(cmp: Comparison) -> list[str]:
-    from patchbench.analysis import OUTLIER_RULE
+    from patchbench.analysis.build import OUTLIER_RULE
 
     s = cmp.settings
     lines = [

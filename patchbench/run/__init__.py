@@ -1,4 +1,4 @@
-"""The parts of ``patchbench bench`` (:func:`patchbench.bench.run_bench` strings them together).
+"""The parts of ``patchbench bench`` (:func:`patchbench.run.bench.run_bench` strings them together).
 
 - :mod:`.preflight`: what is checked before any server starts (installed sglang, the model, a
   resumed folder's config, orphaned servers, the port);

@@ -31,7 +31,7 @@ def _h(obj) -> str:
 
 def variant_identity(cfg, venv) -> dict[str, str]:
     """{part: 16-hex sha256} of what variant ``venv.name`` runs (see the module docstring).
-    ``cfg``: the Config; ``venv``: its prepared patchbench.variants.VariantEnv."""
+    ``cfg``: the Config; ``venv``: its prepared patchbench.run.variants.VariantEnv."""
     ov = venv.overlay
     patches = [
         [n, getattr(ov, "patch_hashes", {}).get(o)]

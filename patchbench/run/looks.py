@@ -1,7 +1,7 @@
 """The sequential looks of a ``schedule.repeats: {min, max, step}`` run: the design
 (:func:`sequential_design`), the primaries that decide when it stops
 (:func:`sequential_primaries`), one look at the cells on disk (:func:`sequential_look`,
-patchbench.sequential.decide on paired log ratios) and the manifest's record of the looks
+patchbench.analysis.sequential.decide on paired log ratios) and the manifest's record of the looks
 (:func:`sequential_record`)."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from patchbench.suite import get_suite
 
 
 def sequential_design(cfg: Config):
-    """The patchbench.sequential.Design of a ``schedule.repeats: {min, max, step}`` config (alpha
+    """The patchbench.analysis.sequential.Design of a ``schedule.repeats: {min, max, step}`` config (alpha
     = 1 - ``compare.confidence`` per report; a non-binding futility stop at conditional power
     ``schedule.repeats.futility``); None for a fixed number of repeats."""
     seq = cfg.schedule.sequential
     if seq is None:
         return None
-    from patchbench.sequential import Design
+    from patchbench.analysis.sequential import Design
 
     return Design(
         looks=seq.looks,
@@ -50,16 +50,16 @@ def sequential_primaries(cfg: Config) -> list[tuple[str, str, Any, float]]:
 
 
 def sequential_look(cfg: Config, run_dir: Path, design, look_index: int, previous=None):
-    """Decide at look ``look_index`` from the timed cells on disk (patchbench.sequential.decide
-    through patchbench.analysis.look_decision: the report's family and rule on the rows of the
+    """Decide at look ``look_index`` from the timed cells on disk (patchbench.analysis.sequential.decide
+    through patchbench.analysis.build.look_decision: the report's family and rule on the rows of the
     run folder as it is; A/A variants are measured controls that never hold the run open).
 
     Returns (LookDecision, None), or (None, why) when a needed pair is missing (a failed cell):
     the run then stops; ``--resume`` re-runs the failed cells and looks again. A value its suite
     left out on purpose (``RunData.not_judged``: a load sweep's undelivered point) is not
     missing: that primary is never judged and neither holds the run open nor stops it."""
-    from patchbench.analysis import look_decision
-    from patchbench.rundata import read_run
+    from patchbench.analysis.build import look_decision
+    from patchbench.analysis.rundata import read_run
 
     n = design.looks[look_index]
     data = read_run(run_dir)

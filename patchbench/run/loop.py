@@ -3,7 +3,7 @@ look by look, rewrites the manifest after each cell and look, and records how th
 (finished, stopped by an unwritable results folder, interrupted by a signal).
 
 Every manifest write goes through :meth:`BenchRun.save` (patchbench.runfolder.write_manifest,
-atomic), every cell through patchbench.cell.run_cell.
+atomic), every cell through patchbench.run.cell.run_cell.
 """
 
 from __future__ import annotations
@@ -16,20 +16,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from patchbench.cell import cell_done, run_cell, utc_stamp
 from patchbench.config import Config
 from patchbench.errors import Interrupted
-from patchbench.progress import BenchProgress, stamped
 from patchbench.records import ResultsWriteError
 from patchbench.run import overhead
+from patchbench.run.cell import cell_done, run_cell, utc_stamp
 from patchbench.run.identity import variant_identity
 from patchbench.run.looks import sequential_design, sequential_look, sequential_record
 from patchbench.run.manifest import cell_entry
+from patchbench.run.order import Cell
+from patchbench.run.progress import BenchProgress, stamped
+from patchbench.run.signals import signum_of
+from patchbench.run.variants import VariantEnv
 from patchbench.runfolder import read_cell, write_manifest
 from patchbench.runfolder.models import ManifestCell, RunManifest, RunTimings
-from patchbench.schedule import Cell
-from patchbench.signals import signum_of
-from patchbench.variants import VariantEnv
 
 #: how to run patchbench again from this environment (the venv's console script need not be on PATH)
 PROG = f"{sys.executable} -m patchbench"
@@ -41,7 +41,7 @@ class BenchRun:
 
     ``say``: the console log before the progress bar exists (and for the end-of-run lines);
     ``log``: a caller's log for everything (None: lines go above the progress bar). The fields
-    after ``log`` are set as the run gets to them (:func:`patchbench.bench.run_bench`).
+    after ``log`` are set as the run gets to them (:func:`patchbench.run.bench.run_bench`).
     ``entries``: this invocation's cell entries (also ``manifest.cells``).
     """
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from patchbench.config import Config
 from patchbench.records import write_bytes
+from patchbench.run.order import Cell
+from patchbench.run.variants import CACHE_DIR, VariantEnv, client_release
 from patchbench.runfolder.models import (
     CellRecord,
     CopiedFile,
@@ -19,11 +21,9 @@ from patchbench.runfolder.models import (
     RunManifest,
     RunTimings,
 )
-from patchbench.schedule import Cell
 from patchbench.suite import get_suite
-from patchbench.variants import CACHE_DIR, VariantEnv, client_release
 
-#: the keys of patchbench.envinfo.collect() that ``manifest.host`` repeats
+#: the keys of patchbench.envs.envinfo.collect() that ``manifest.host`` repeats
 HOST_KEYS = ("hostname", "platform", "python", "cpu_count", "memory_total_gib", "transformers")
 
 
@@ -39,7 +39,7 @@ def new_manifest(
     resumed_at: str | None = None,
 ) -> RunManifest:
     """The manifest of a run starting now in ``run_dir`` (no cells yet; the config's files are
-    copied in). ``env``: patchbench.envinfo.collect(); ``variants``: the prepared overlays;
+    copied in). ``env``: patchbench.envs.envinfo.collect(); ``variants``: the prepared overlays;
     ``timings``: this invocation's (the first invocation's stay in ``timings_s``; a resumed
     run's, with ``resumed`` its manifest, go to a new entry of ``resumes`` started at
     ``resumed_at``)."""

@@ -6,25 +6,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from patchbench.cell import (
+from patchbench.config import Config, patch_label, sglang_label
+from patchbench.run.cell import (
     cell_done,
     cell_suites,
     check_instrumentation,
     is_cpu,
     needs_correctness_cells,
 )
-from patchbench.config import Config, patch_label, sglang_label
 from patchbench.run.looks import sequential_primaries
+from patchbench.run.order import Cell, plan_cells
 from patchbench.run.preflight import resume_manifest
-from patchbench.schedule import Cell, plan_cells
+from patchbench.run.variants import _pythonpath, stand_in_dirs
 from patchbench.shims import SITE_DIR
 from patchbench.suite import get_suite
-from patchbench.variants import _pythonpath, stand_in_dirs
 
 
 def plan(cfg: Config) -> list[Cell]:
     """The run's cells: one correctness cell per variant first when a suite is instrumented or
-    untimed (patchbench.cell.needs_correctness_cells), then the timed rounds (as many as the
+    untimed (patchbench.run.cell.needs_correctness_cells), then the timed rounds (as many as the
     schedule may take: a sequential schedule's ``max``; it may stop earlier)."""
     return plan_cells(
         list(cfg.variants),

@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from patchbench import envinfo
 from patchbench.config import Config
+from patchbench.envs import envinfo
 from patchbench.errors import ConfigError, EnvironmentNotReady
-from patchbench.progress import say
+from patchbench.run.progress import say
 from patchbench.runfolder import RunFolderError, RunManifest, SchemaTooNew, read_manifest
 
 _RUN_FOLDER_HINT = (
@@ -24,12 +24,12 @@ _RUN_FOLDER_HINT = (
 
 def check_environment(cfg: Config, resumed: RunManifest | None = None) -> dict:
     """Every variant's ``sglang:`` has an environment here: resolves the builds
-    (:func:`patchbench.builds.resolve_builds`, filling ``cfg.builds``; ``latest`` once); returns
+    (:func:`patchbench.envs.builds.resolve_builds`, filling ``cfg.builds``; ``latest`` once); returns
     envinfo. Raises EnvironmentNotReady (exit 3) naming the ``make setup`` that makes a missing
     environment, or ConfigError (exit 2) for a build that cannot be read or is refused, or that
     resolves to another release, commit or wheel than in the ``resumed`` run's manifest."""
-    from patchbench.builds import resolve_builds
-    from patchbench.cell import is_cpu
+    from patchbench.envs.builds import resolve_builds
+    from patchbench.run.cell import is_cpu
 
     try:
         resolve_builds(cfg, cpu=is_cpu(cfg))
@@ -49,7 +49,7 @@ def check_environment(cfg: Config, resumed: RunManifest | None = None) -> dict:
 def ensure_model(cfg: Config) -> Path:
     """The model folder for ``cfg`` (call before any launch).
 
-    ``model.tiny``: the folder is built (patchbench.tinymodel) when it is missing or incomplete.
+    ``model.tiny``: the folder is built (patchbench.envs.tinymodel) when it is missing or incomplete.
     A hub id (:attr:`Config.model_is_hub`) is left to sglang, which finds it in the HF cache
     (offline) or on the hub. A local model (and tokenizer) folder must exist
     (:meth:`Config.require_model`).
@@ -59,7 +59,7 @@ def ensure_model(cfg: Config) -> Path:
     cfg.require_model()
     d = cfg.model_dir
     if cfg.model.tiny:
-        from patchbench.tinymodel import build_tiny_qwen25vl, is_built
+        from patchbench.envs.tinymodel import build_tiny_qwen25vl, is_built
 
         if not is_built(d):
             say(f"building the tiny Qwen2.5-VL into {d}")
@@ -118,8 +118,8 @@ def config_diffs(a: Any, b: Any, key: str = "") -> list[tuple[str, Any, Any]]:
 def report_stale_servers(results_root: Path, *, kill: bool, log) -> None:
     """Report (or with ``kill`` stop) servers orphaned by an earlier killed run: those recorded
     under ``results_root`` and every server of this user carrying the harness's markers, wherever
-    its run wrote to (patchbench.stale.find_stale_servers with ``anywhere``)."""
-    from patchbench.stale import find_stale_servers, kill_stale
+    its run wrote to (patchbench.run.stale.find_stale_servers with ``anywhere``)."""
+    from patchbench.run.stale import find_stale_servers, kill_stale
 
     found = find_stale_servers(results_root, anywhere=True)
     if not found:
@@ -140,7 +140,7 @@ def port_free_or_raise(host: str, port: int) -> None:
     """Refuse to start a run whose server port already answers (EnvironmentNotReady, exit 3,
     naming the holder): every cell would fail on it. Orphaned patchbench servers were reported
     (or, with --kill-stale, stopped) just before; a port taken later fails only its cell."""
-    from patchbench.ports import port_taken_by
+    from patchbench.run.ports import port_taken_by
 
     holder = port_taken_by(host, port)
     if holder is not None:

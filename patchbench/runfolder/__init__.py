@@ -5,7 +5,7 @@ Layout (docs/CONTRACTS.md, "Run folder")::
     RUN/manifest.json                       RunManifest
     RUN/<variant>/rep<k>/cell.json          CellRecord
     RUN/<variant>/rep<k>/<suite>/summary.json   SuiteSummary
-    RUN/compare.json                        patchbench.comparison.Comparison
+    RUN/compare.json                        patchbench.analysis.comparison.Comparison
 
 The models, the current schema versions and the format history of each file are in
 :mod:`patchbench.runfolder.models`. Every model carries ``schema_version`` and declares every

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
-from patchbench.gpu import GpuSummary
+from patchbench.run.gpu import GpuSummary
 
 # Format history, one line per version (bump together with a step in
 # patchbench.runfolder._MIGRATIONS):
@@ -111,7 +111,7 @@ class VariantMapping(_Snapshot):
     patches: list[PatchRef] = Field(default_factory=list)
     server_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
-    sglang: str | dict[str, str] | None = None  # the variant's own build (patchbench.builds)
+    sglang: str | dict[str, str] | None = None  # the variant's own build (patchbench.envs.builds)
 
 
 class SequentialSnapshot(_Snapshot):
@@ -141,7 +141,7 @@ class RunConfig(_Snapshot):
 
     ``suites``: {suite: its parameters} (each suite's ``Params`` model validates them where they
     are used); ``compare`` / ``nightly``: the settings sections as their models
-    (``patchbench.comparison.CompareSettings``, ``patchbench.gates.NightlySettings``) dumped
+    (``patchbench.analysis.comparison.CompareSettings``, ``patchbench.nightly.gates.NightlySettings``) dumped
     them; their readers validate them and report keys an older version wrote.
     """
 
@@ -177,7 +177,7 @@ class StopBreakdown(_Snapshot):
 
 class ServerRecord(_Record):
     """The server of one cell: pid (process-group leader), pgid, lifecycle events
-    (``[{"t_s": seconds, "event": ...}]`` as patchbench.server records them), the command line;
+    (``[{"t_s": seconds, "event": ...}]`` as patchbench.run.server records them), the command line;
     once started ``create_time`` (epoch seconds, tells a reused pid apart), ``host``, ``port``;
     once stopped ``stop_breakdown_s``."""
 
@@ -194,7 +194,7 @@ class ServerRecord(_Record):
 
 
 class WatchedProcess(_Record):
-    """A process of the server the liveness watch followed (patchbench.liveness)."""
+    """A process of the server the liveness watch followed (patchbench.run.liveness)."""
 
     pid: int
     role: str = ""
@@ -202,7 +202,7 @@ class WatchedProcess(_Record):
 
 
 class ServerDeath(_Record):
-    """The first server process seen dead during the cell (patchbench.liveness.Death)."""
+    """The first server process seen dead during the cell (patchbench.run.liveness.Death)."""
 
     pid: int
     role: str = ""
@@ -213,7 +213,7 @@ class ServerDeath(_Record):
 
 class ServerStall(_Record):
     """The server (or the suite's client) stopped making progress during the cell
-    (patchbench.liveness.Stall): kind heartbeat | replies | stopped | client_stopped |
+    (patchbench.run.liveness.Stall): kind heartbeat | replies | stopped | client_stopped |
     client_silent."""
 
     kind: str
@@ -249,7 +249,7 @@ class CellRecord(_Record):
     suite's collect() returned}; notes: reader notes (e.g. why the record is unreadable) and
     the run's own (a resumed cell, GPU flags). Written when set: runner_pid (the harness
     process), instrumentation_args (server arguments the instrumentation added), liveness, gpu
-    (the NVML summary, patchbench.gpu.GpuSummary).
+    (the NVML summary, patchbench.run.gpu.GpuSummary).
     """
 
     _when_set = (
@@ -363,7 +363,7 @@ class VariantDiff(_Record):
 
 
 class HostInfo(_Record):
-    """The machine the run ran on (patchbench.envinfo): memory in GiB."""
+    """The machine the run ran on (patchbench.envs.envinfo): memory in GiB."""
 
     hostname: str | None = None
     platform: str | None = None
@@ -381,7 +381,7 @@ class GpuDevice(_Record):
 
 
 class HostGpus(_Record):
-    """The machine's NVIDIA GPUs and driver (``patchbench.envinfo.gpu_info``)."""
+    """The machine's NVIDIA GPUs and driver (``patchbench.envs.envinfo.gpu_info``)."""
 
     gpus: list[GpuDevice] = Field(default_factory=list)
     driver: str | None = None
@@ -462,7 +462,7 @@ class SequentialDesign(_Record):
 
 
 class LookMetric(_Record):
-    """One primary of one variant at one look (patchbench.sequential.MetricDecision)."""
+    """One primary of one variant at one look (patchbench.analysis.sequential.MetricDecision)."""
 
     decision: str
     n: int = 0
@@ -475,7 +475,7 @@ class LookMetric(_Record):
 
 
 class SequentialLook(_Record):
-    """One look (patchbench.sequential.LookDecision): {"variant/suite.metric": LookMetric}."""
+    """One look (patchbench.analysis.sequential.LookDecision): {"variant/suite.metric": LookMetric}."""
 
     look_index: int
     n_repeats: int
@@ -506,8 +506,8 @@ class RunManifest(_Record):
     config: :class:`RunConfig` (None when the file held none); patches: {variant: [PatchHash]};
     overlays: {variant: its overlay record (``patchbench.overlay.Overlay.to_json``, versioned by
     its own "schema")}; host / gpu / environment: the machine (``environment``:
-    ``patchbench.envinfo.collect``); builds (written when a variant names its own build or
-    the config's is not a release): {variant: ``patchbench.builds.Build.to_json``}; cells: the
+    ``patchbench.envs.envinfo.collect``); builds (written when a variant names its own build or
+    the config's is not a release): {variant: ``patchbench.envs.builds.Build.to_json``}; cells: the
     schedule's cells as last recorded; started_at / ended_at: UTC stamps (ended_at None while
     running); interrupted: stopped by a signal;
     timings_s: the first invocation's; variants (``variant_diffs`` here): {variant:

@@ -16,8 +16,8 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(HERE.parent.parent))
 
 import tests.fake_server.fake_suites  # noqa: E402,F401 - registers the fake suites
-from patchbench import bench, cell  # noqa: E402
 from patchbench.cli import main  # noqa: E402
+from patchbench.run import bench, cell  # noqa: E402
 
 _real = cell.launch_spec
 

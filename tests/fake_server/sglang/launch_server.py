@@ -34,7 +34,7 @@ FAKE_NOT_HTTP        comma-separated paths answered with bytes that are not HTTP
                      no client can read), then the connection closed
 FAKE_HANG_PATHS      comma-separated paths accepted and never answered from the start (other
                      paths answer as usual)
-GET /server_info answers 200 (the scheduler heartbeat of patchbench.liveness)
+GET /server_info answers 200 (the scheduler heartbeat of patchbench.run.liveness)
 """
 
 import argparse

@@ -1,0 +1,221 @@
+"""A run folder read for the analysis: :class:`RunData` (manifest, cells, suite summaries, the
+rounds each suite ran in, the A/A variants), read only through :mod:`patchbench.runfolder`.
+
+:mod:`patchbench.analysis.build` builds the comparison from it; ``bench``'s sequential looks and
+``patchbench compare RUN_A RUN_B`` (:mod:`patchbench.analysis.two_runs`) read their numbers through it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from patchbench import runfolder
+from patchbench.runfolder import CellRecord, RunManifest, SuiteSummary
+from patchbench.suite import get_suite
+
+
+@dataclass
+class RunData:
+    """A run folder as the analysis reads it: manifest, cells, summaries (all typed)."""
+
+    run_dir: Path
+    manifest: RunManifest
+    baseline: str
+    variants: list[str]  # baseline first
+    aa_variants: list[str]
+    repeats: int
+    suites: list[str]
+    cells: dict[tuple[str, int], CellRecord | None]
+    summaries: dict[tuple[str, int, str], SuiteSummary | None]
+    notes: list[str] = field(default_factory=list)
+    #: suite -> the timed rounds it ran in (``suites.<name>.rounds``; absent: every round)
+    rounds: dict[str, list[int]] = field(default_factory=dict)
+    #: suites that run only in the untimed correctness cells (``Suite.timed`` False): their one
+    #: "repeat" (k = 0) is ``<variant>/correctness``
+    correctness_only: list[str] = field(default_factory=list)
+    #: variant -> its correctness cell (None: none ran)
+    corr_cells: dict[str, CellRecord | None] = field(default_factory=dict)
+
+    def rounds_of(self, suite: str) -> list[int]:
+        """The repeat indices that hold ``suite``'s data ([0] for a correctness-only suite)."""
+        if suite in self.correctness_only:
+            return [0]
+        return [k for k in self.rounds.get(suite, range(self.repeats)) if k < self.repeats]
+
+    def _cell(self, v: str, k: int, suite: str | None = None) -> CellRecord | None:
+        if suite is not None and suite in self.correctness_only:
+            return self.corr_cells.get(v)
+        return self.cells.get((v, k))
+
+    def cell_status(self, v: str, k: int, suite: str | None = None) -> str:
+        c = self._cell(v, k, suite)
+        return "missing" if c is None else c.status
+
+    def suite_status(self, v: str, k: int, suite: str) -> str:
+        cs = self.cell_status(v, k, suite)
+        if cs != "ok":
+            return cs
+        s = self.summaries.get((v, k, suite))
+        return "missing" if s is None else s.status
+
+    def timed(self, v: str, k: int, suite: str | None = None) -> bool:
+        c = self._cell(v, k, suite)
+        return c is None or (c.cell_kind == "timed" and not c.instrumented)
+
+    def value(self, v: str, k: int, suite: str, metric: str) -> float | None:
+        if self.suite_status(v, k, suite) != "ok":
+            return None
+        x = self.summaries[(v, k, suite)].metrics.get(metric)
+        return None if x is None or not math.isfinite(x) else float(x)
+
+    def not_judged(self, v: str, k: int, suite: str, metric: str) -> str | None:
+        """Why the suite left ``metric`` out of this cell on purpose (its summary's
+        ``meta.not_judged``, e.g. a load sweep's point whose client did not deliver the load
+        asked), None when it did not: such a missing value is descriptive, not a failure."""
+        s = self.summaries.get((v, k, suite))
+        if s is None or s.status != "ok":
+            return None
+        why = (s.meta.get("not_judged") or {}).get(metric)
+        return str(why) if why else None
+
+    def bound(self, v: str, k: int, suite: str, metric: str) -> str | None:
+        """ "lower" / "upper" when the suite marked the value as only a bound of the true value
+        (``SuiteSummary.bounds``), None when exact or absent."""
+        s = self.summaries.get((v, k, suite))
+        return None if s is None else s.bounds.get(metric)
+
+    def suite_dir(self, v: str, k: int, suite: str) -> Path:
+        if suite in self.correctness_only:
+            return self.run_dir / v / "correctness" / suite
+        return self.run_dir / v / f"rep{k}" / suite
+
+
+def _patch_label(p: object) -> str:
+    if isinstance(p, dict):
+        return f"diff:{p.get('diff')}" if p.get("diff") else str(p.get("name") or p)
+    return str(p)
+
+
+def variant_parts(raw: object) -> tuple[list[str], list[str], dict[str, str]]:
+    """A variant as written in the manifest's config (a list of patches, or a mapping with
+    ``patches``, ``server_args``, ``env``) as (patch labels, server args, env)."""
+    if isinstance(raw, dict):
+        return (
+            [_patch_label(p) for p in raw.get("patches") or []],
+            [str(a) for a in raw.get("server_args") or []],
+            {str(k): str(v) for k, v in (raw.get("env") or {}).items()},
+        )
+    return [_patch_label(p) for p in raw or []], [], {}
+
+
+def variant_identity(raw: object) -> tuple:
+    """What makes two variants the same run (patches in order, arguments, environment): equal
+    identities mean an A/A pair."""
+    pats, args, env = variant_parts(raw)
+    return tuple(pats), tuple(args), tuple(sorted(env.items()))
+
+
+def read_run(run_dir: str | os.PathLike) -> RunData:
+    """Read a run folder. Raises RunFolderError / SchemaTooNew (exit 2) for the manifest; a
+    missing cell is status "missing", an unreadable one "unreadable" (the report still renders)."""
+    run_dir = Path(run_dir)
+    man = runfolder.read_manifest(run_dir)
+    variants = list(man.variants) or sorted({c.variant for c in man.cells if c.variant})
+    if not variants:
+        raise runfolder.RunFolderError(
+            f"{run_dir / 'manifest.json'}: no variants in config.variants or cells"
+        )
+    baseline = man.baseline if man.baseline in variants else variants[0]
+    variants = [baseline] + [v for v in variants if v != baseline]
+    repeats = man.repeats
+    for v in variants:
+        for d in (run_dir / v).glob("rep*"):
+            m = re.fullmatch(r"rep(\d+)", d.name)
+            if m and d.is_dir():
+                repeats = max(repeats, int(m.group(1)) + 1)
+    suites = man.suites or sorted(
+        {p.parent.name for v in variants for p in (run_dir / v).glob("rep*/*/summary.json")}
+    )
+    data = RunData(
+        run_dir, man, baseline, variants, _aa_variants(man, variants), repeats, suites, {}, {}
+    )
+    data.rounds, data.correctness_only = suite_schedule(man, suites, repeats)
+    _read_cells(data)
+    return data
+
+
+def _aa_variants(man: RunManifest, variants: list[str]) -> list[str]:
+    """The A/A variants (``variants[0]`` is the baseline): what bench recorded
+    (``variants[v].aa``), else the same patches, arguments and environment as the baseline in the
+    config's variant mappings (``man.variants`` keeps only the patches)."""
+    raw = man.config.variants_json() if man.config is not None else {}
+    recorded = man.variant_diffs
+    base = variant_identity(raw.get(variants[0], man.variants.get(variants[0])))
+    return [
+        v
+        for v in variants[1:]
+        if (recorded[v].aa if v in recorded else v in raw and variant_identity(raw[v]) == base)
+    ]
+
+
+def _read_cells(data: RunData) -> None:
+    """Fill ``data``'s cells, correctness cells and summaries from its folder (each suite's
+    summary only in the cells it was scheduled in), collecting their notes."""
+    for v in data.variants:
+        corr = data.run_dir / v / "correctness"
+        cc = data.corr_cells[v] = runfolder.read_cell(corr, variant=v, repeat=0)
+        data.notes += cc.notes if cc is not None else []
+        for s in data.correctness_only:
+            sm = data.summaries[(v, 0, s)] = runfolder.read_summary(corr / s, suite=s)
+            data.notes += sm.notes if sm is not None else []
+        for k in range(data.repeats):
+            cdir = data.run_dir / v / f"rep{k}"
+            c = data.cells[(v, k)] = runfolder.read_cell(cdir, variant=v, repeat=k)
+            data.notes += c.notes if c is not None else []
+            for s in data.suites:
+                if s in data.correctness_only or k not in data.rounds.get(s, range(data.repeats)):
+                    continue
+                sm = data.summaries[(v, k, s)] = runfolder.read_summary(cdir / s, suite=s)
+                data.notes += sm.notes if sm is not None else []
+
+
+def suite_schedule(
+    man: RunManifest, suites: list[str], repeats: int
+) -> tuple[dict[str, list[int]], list[str]]:
+    """({suite: the timed rounds it runs in, below ``repeats``}, [suites that run only in the
+    correctness cells]). Read from the manifest's ``suite_rounds`` (written by ``bench``:
+    round lists, or "correctness"), else from the config's ``suites.<name>.rounds`` and the
+    suite's ``timed`` flag; a suite without either runs in every round."""
+    from patchbench.run.order import resolve_rounds
+
+    recorded = man.suite_rounds
+    cfg_suites = man.config.suites if man.config is not None else {}
+    rounds: dict[str, list[int]] = {}
+    corr: list[str] = []
+    for s in suites:
+        got = recorded.get(s)
+        if got == "correctness" or (got is None and not _suite_timed(s)):
+            corr.append(s)
+            continue
+        if isinstance(got, list):
+            rounds[s] = [int(k) for k in got if int(k) < repeats]
+        else:
+            spec = (
+                (cfg_suites.get(s) or {}).get("rounds")
+                if isinstance(cfg_suites.get(s), dict)
+                else None
+            )
+            rounds[s] = resolve_rounds(spec, repeats)
+    return rounds, corr
+
+
+def _suite_timed(name: str) -> bool:
+    """The registered suite's ``timed`` flag (True for a suite that cannot be loaded)."""
+    try:
+        return bool(get_suite(name).timed)
+    except Exception:  # noqa: BLE001 - an unknown suite is read like a timed one
+        return True

@@ -1,0 +1,440 @@
+"""Each variant's sglang build: the environment its server runs in, and for a source checkout or a
+wheel the ``sglang`` tree that runs as an overlay on that environment.
+
+``sglang:`` (for the run, or per variant; :class:`patchbench.config.Config`) names
+
+- a release (``"0.5.23"``): the environment of this machine that has it installed
+  (:func:`patchbench.envs.envinfo.environments`: the running interpreter's, ``.venv``, ``.venv-*``);
+- ``latest``: the newest release on the package index (its JSON API, ``$PATCHBENCH_INDEX_URL``,
+  default https://pypi.org/pypi), resolved once per run and recorded in the manifest;
+- a wheel (``{wheel: FILE}``) or a source checkout at a commit (``{git: PATH, ref: REF}``, bare
+  or not: only the commit's ``python/sglang`` and ``python/pyproject.toml`` are read with
+  ``git --git-dir``/``git archive``/``git show``, never a work tree). Environments are keyed by
+  their dependency set: the build runs on the environment whose installed sglang declares the
+  same requirements (:func:`requirement_keys`) as an overlay of only the files that differ from
+  that environment's installed package (:func:`patchbench.patches.overlay.build_source_overlay`),
+  so a branch needs no new environment.
+
+On the CPU, two checkouts of one repository (a baseline and a variant at other commits) whose
+range touches compiled code (``sgl-kernel/``, ``csrc/``, C/C++/CUDA sources) or the dependencies
+is refused before anything launches, naming the files.
+
+Errors: :class:`~patchbench.errors.EnvironmentNotReady` (exit 3) for a build no environment of
+this machine can run (naming the ``make setup`` that makes one, or the differing requirements),
+or an index that cannot be read; :class:`~patchbench.errors.ConfigError` (exit 2) for an unknown
+ref, a checkout without ``python/sglang``, a bad wheel, patches on a source build, or a refused
+range.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import urllib.error
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from patchbench.config import Config, GitSource, WheelSource, sglang_label
+from patchbench.config.variant import LATEST
+from patchbench.envs import envinfo
+from patchbench.errors import ConfigError, EnvironmentNotReady, PatchError
+from patchbench.inputs import CACHE_DIR
+
+#: the package index's JSON API (``<url>/sglang/json``) that resolves ``latest``
+INDEX_URL_ENV = "PATCHBENCH_INDEX_URL"
+DEFAULT_INDEX_URL = "https://pypi.org/pypi"
+
+#: paths whose change needs a compiled build (refused on the CPU)
+_COMPILED = re.compile(r"(^|/)(sgl-kernel|csrc)/|\.(cu|cuh|cpp|cc|cxx|c|h|hpp)$")
+_EXTRA = re.compile(r"""extra\s*==\s*["']([^"']+)["']""")
+
+
+@dataclass
+class Build:
+    """One resolved ``sglang:``.
+
+    spec: the value as written (``0.5.23``, ``latest``, ``git:PATH@REF``, ``wheel:PATH``);
+    kind: ``release``, ``git`` or ``wheel``; env: the environment the server runs in; release:
+    its installed sglang; resolved: what the spec stood for at this run (the release, the
+    commit, the wheel's sha256); version: the source's own sglang version (``sglang/version.py``
+    or the wheel's), None for a release; tree: the folder holding the source's ``sglang/``
+    (None for a release).
+    """
+
+    spec: str
+    kind: Literal["release", "git", "wheel"]
+    env: envinfo.Environment
+    resolved: str
+    version: str | None = None
+    tree: Path | None = None
+
+    @property
+    def release(self) -> str:
+        """The installed sglang release of the environment the server runs in."""
+        return self.env.sglang
+
+    @property
+    def python(self) -> str:
+        """The interpreter the server (and, for the baseline, the clients) run with."""
+        return self.env.python
+
+    def describe(self) -> str:
+        """``sglang 0.5.23 (.venv-0.5.23)`` or ``git:PATH@REF (commit 1a2b3c4d5e6f, sglang
+        0.5.24.dev0) on .venv-0.5.23 (sglang 0.5.23)``."""
+        where = self.env.describe()
+        if self.kind == "release":
+            latest = " (latest)" if self.spec == LATEST else ""
+            return f"sglang {self.release}{latest} in {where}"
+        what = "commit" if self.kind == "git" else "sha256"
+        own = f", sglang {self.version}" if self.version else ""
+        return f"{self.spec} ({what} {self.resolved[:12]}{own}) on {where}"
+
+    def to_json(self) -> dict:
+        """JSON-ready record for the run manifest."""
+        return {
+            "spec": self.spec,
+            "kind": self.kind,
+            "resolved": self.resolved,
+            "version": self.version,
+            "release": self.release,
+            "venv": str(self.env.venv),
+            "python": self.python,
+            "describe": self.describe(),
+        }
+
+
+# ------------------------------------------------------------------------------- releases
+def resolve_latest(index_url: str | None = None, *, timeout_s: float = 20) -> str:
+    """The newest sglang release on the package index: ``info.version`` of
+    ``<index_url>/sglang/json`` (the PyPI JSON API; default ``$PATCHBENCH_INDEX_URL``, else
+    https://pypi.org/pypi). Raises EnvironmentNotReady when the index cannot be read."""
+    url = (index_url or os.environ.get(INDEX_URL_ENV) or DEFAULT_INDEX_URL).rstrip("/")
+    try:
+        with urllib.request.urlopen(f"{url}/sglang/json", timeout=timeout_s) as r:
+            version = json.load(r)["info"]["version"]
+    except (OSError, urllib.error.URLError, ValueError, KeyError, TypeError) as e:
+        raise EnvironmentNotReady(
+            f"sglang: latest: cannot read the newest release from {url}/sglang/json ({e}); "
+            f"name a release instead, or set {INDEX_URL_ENV} to a reachable index"
+        ) from None
+    return str(version)
+
+
+def _release_build(spec: str, release: str) -> Build:
+    env = envinfo.environment_for(release)
+    if env is None:
+        have = ", ".join(e.describe() for e in envinfo.environments()) or "none"
+        raise EnvironmentNotReady(
+            f"sglang {release}: no environment of this machine has it (have: {have}); run "
+            f"`{envinfo.setup_command(release)}` (it makes {envinfo.venv_name(release)})"
+        )
+    return Build(spec=spec, kind="release", env=env, resolved=release)
+
+
+# ------------------------------------------------------------------------------- requirements
+def requirement_keys(reqs: list[str] | tuple[str, ...]) -> set[tuple[str, str, str]]:
+    """The dependency set of a list of requirement strings, comparable across a pyproject's
+    ``dependencies``/``optional-dependencies`` and an installed distribution's ``Requires-Dist``:
+    {(canonical name, specifier, extra it belongs to or "")}, names and extras normalized
+    (``runtime_common`` is ``runtime-common``); other markers are ignored."""
+    out = set()
+    for raw in reqs:
+        try:
+            r = Requirement(raw)
+        except InvalidRequirement:
+            continue
+        m = _EXTRA.search(str(r.marker)) if r.marker else None
+        spec = ",".join(sorted(str(s) for s in r.specifier))
+        out.add((canonicalize_name(r.name), spec, canonicalize_name(m.group(1)) if m else ""))
+    return out
+
+
+def pyproject_requirements(text: str) -> list[str]:
+    """The requirement strings of a ``pyproject.toml``: ``project.dependencies`` and every
+    ``project.optional-dependencies`` list (each marked with its extra, as Requires-Dist is)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the parser pip vendors
+        from pip._vendor import tomli as tomllib
+    project = tomllib.loads(text).get("project", {})
+    out = list(project.get("dependencies", []))
+    for extra, reqs in project.get("optional-dependencies", {}).items():
+        out += [f'{r}; extra == "{extra}"' if ";" not in r else f'{r} and extra == "{extra}"'
+                for r in reqs]  # fmt: skip
+    return out
+
+
+def _show_key(k: tuple[str, str, str]) -> str:
+    return f"{k[0]}{k[1]}" + (f" [{k[2]}]" if k[2] else "")
+
+
+def _environment_with(what: str, reqs: list[str], version: str | None) -> envinfo.Environment:
+    """The environment whose installed sglang declares the dependency set of ``reqs`` (the one
+    with sglang ``version`` first). Raises EnvironmentNotReady naming the differences against
+    the closest environment."""
+    want = requirement_keys(reqs)
+    envs = envinfo.environments()
+    same = [e for e in envs if requirement_keys(list(e.requires)) == want]
+    if same:
+        return next((e for e in same if e.sglang == version), same[0])
+    if not envs:
+        raise EnvironmentNotReady(f"{what}: no environment with sglang here; run `make setup`")
+    best = min(envs, key=lambda e: len(requirement_keys(list(e.requires)) ^ want))
+    have = requirement_keys(list(best.requires))
+    added = sorted(_show_key(k) for k in want - have)
+    removed = sorted(_show_key(k) for k in have - want)
+    shown = "; ".join(
+        x
+        for x in (
+            f"needs {', '.join(added[:8])}" + (" ..." if len(added) > 8 else "") if added else "",
+            f"lacks {', '.join(removed[:8])}" + (" ..." if len(removed) > 8 else "")
+            if removed
+            else "",
+        )
+        if x
+    )
+    raise EnvironmentNotReady(
+        f"{what}: its dependencies match no environment of this machine (closest: "
+        f"{best.describe()}: {shown}); a build runs as an overlay only on an environment with "
+        "the same dependencies: make one with `make setup SGLANG=<the release that has them>`"
+    )
+
+
+# ------------------------------------------------------------------------------- git
+def _git(git_dir: Path, *args: str, text: bool = True) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE")}
+    return subprocess.run(
+        ["git", f"--git-dir={git_dir}", *args], capture_output=True, text=text, env=env
+    )
+
+
+def git_commit(git_dir: Path, ref: str) -> str:
+    """The commit ``ref`` names in ``git_dir``. Raises ConfigError for an unknown ref."""
+    r = _git(git_dir, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+    if r.returncode != 0 or not r.stdout.strip():
+        raise ConfigError(f"{git_dir}: '{ref}' names no commit")
+    return r.stdout.strip()
+
+
+def git_show(git_dir: Path, commit: str, path: str) -> str | None:
+    """The text of ``path`` at ``commit`` (None when the commit has no such file)."""
+    r = _git(git_dir, "show", f"{commit}:{path}")
+    return r.stdout if r.returncode == 0 else None
+
+
+def changed_files(git_dir: Path, base: str, head: str) -> list[str]:
+    """The paths that differ between commits ``base`` and ``head`` (``git diff --name-only``)."""
+    r = _git(git_dir, "diff", "--no-renames", "--name-only", base, head, "--")
+    if r.returncode != 0:
+        raise ConfigError(f"{git_dir}: git cannot diff {base} {head}: {r.stderr.strip()[:300]}")
+    return [ln for ln in r.stdout.splitlines() if ln.strip()]
+
+
+def compiled_files(paths: list[str]) -> list[str]:
+    """The paths among ``paths`` that need a compiled build: ``sgl-kernel/``, ``csrc/``, and
+    C/C++/CUDA sources and headers."""
+    return [p for p in paths if _COMPILED.search(p)]
+
+
+def _extract_git_tree(git_dir: Path, commit: str, cache_dir: Path) -> Path:
+    """``python/sglang`` of ``commit`` extracted once into ``<cache_dir>/builds/git-<commit>/``
+    (holds ``sglang/``); ConfigError when the commit has no ``python/sglang``."""
+    dest = cache_dir / "builds" / f"git-{commit}"
+    if (dest / "sglang" / "__init__.py").is_file():
+        return dest
+    r = _git(git_dir, "archive", "--format=tar", commit, "python/sglang", text=False)
+    if r.returncode != 0:
+        raise ConfigError(
+            f"{git_dir}: commit {commit[:12]} has no python/sglang "
+            f"({r.stderr.decode(errors='replace').strip()[:200]})"
+        )
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".git-{commit[:12]}-", dir=dest.parent))
+    try:
+        with tarfile.open(fileobj=io.BytesIO(r.stdout)) as tf:
+            tf.extractall(tmp, filter="data")
+        (tmp / "python" / "sglang").rename(tmp / "sglang")
+        shutil.rmtree(tmp / "python")
+        shutil.rmtree(dest, ignore_errors=True)
+        os.rename(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if (dest / "sglang" / "__init__.py").is_file():  # another process finished it first
+            return dest
+        raise
+    return dest
+
+
+def _source_version(tree: Path) -> str | None:
+    """``__version__`` of ``tree/sglang/version.py`` (None when absent)."""
+    f = tree / "sglang" / "version.py"
+    m = re.search(r"""__version__\s*=\s*["']([^"']+)["']""", f.read_text()) if f.is_file() else None
+    return m.group(1) if m else None
+
+
+def git_build(cfg: Config, spec: GitSource, *, cache_dir: Path = CACHE_DIR) -> Build:
+    """The build of a checkout at a commit: its tree, and the environment with the same
+    dependencies (``python/pyproject.toml`` at that commit)."""
+    from patchbench.patches.author import git_dir_of
+
+    label = sglang_label(spec)
+    try:
+        gd = git_dir_of(cfg.resolve_path(spec.git))
+    except PatchError as e:
+        raise ConfigError(f"sglang: {label}: {e}") from None
+    commit = git_commit(gd, spec.ref)
+    pyproject = git_show(gd, commit, "python/pyproject.toml")
+    if pyproject is None:
+        raise ConfigError(
+            f"sglang: {label}: commit {commit[:12]} has no python/pyproject.toml (the "
+            "dependencies that pick the environment)"
+        )
+    tree = _extract_git_tree(gd, commit, cache_dir)
+    version = _source_version(tree)
+    env = _environment_with(f"sglang: {label}", pyproject_requirements(pyproject), version)
+    return Build(spec=label, kind="git", env=env, resolved=commit, version=version, tree=tree)
+
+
+# ------------------------------------------------------------------------------- wheels
+def wheel_build(cfg: Config, spec: WheelSource, *, cache_dir: Path = CACHE_DIR) -> Build:
+    """The build of a wheel file: its ``sglang/`` extracted once into
+    ``<cache_dir>/builds/wheel-<sha16>/`` and the environment with its Requires-Dist."""
+    label = sglang_label(spec)
+    path = cfg.resolve_path(spec.wheel)
+    if not path.is_file():
+        raise ConfigError(f"sglang: {label}: no such file {path}")
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    dest = cache_dir / "builds" / f"wheel-{sha[:16]}"
+    try:
+        with zipfile.ZipFile(path) as z:
+            meta_name = next(
+                (n for n in z.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)), None
+            )
+            if meta_name is None:
+                raise ConfigError(f"sglang: {label}: not a wheel (no *.dist-info/METADATA)")
+            meta = z.read(meta_name).decode()
+            if not (dest / "sglang" / "__init__.py").is_file():
+                tmp = Path(tempfile.mkdtemp(prefix=".wheel-", dir=_mkdir(dest.parent)))
+                z.extractall(tmp, [n for n in z.namelist() if n.startswith("sglang/")])
+                shutil.rmtree(dest, ignore_errors=True)
+                os.rename(tmp, dest)
+    except (zipfile.BadZipFile, OSError) as e:
+        raise ConfigError(f"sglang: {label}: cannot read the wheel: {e}") from None
+    reqs = [
+        ln.split(":", 1)[1].strip() for ln in meta.splitlines() if ln.startswith("Requires-Dist:")
+    ]
+    version = next(
+        (ln.split(":", 1)[1].strip() for ln in meta.splitlines() if ln.startswith("Version:")), None
+    )
+    env = _environment_with(f"sglang: {label}", reqs, version)
+    return Build(spec=label, kind="wheel", env=env, resolved=sha, version=version, tree=dest)
+
+
+def _mkdir(p: Path) -> Path:
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+# ------------------------------------------------------------------------------- a config
+def resolve_builds(
+    cfg: Config, *, cpu: bool = False, index_url: str | None = None, cache_dir: Path = CACHE_DIR
+) -> dict[str, Build]:
+    """{variant: its :class:`Build`}, each distinct ``sglang:`` resolved once (``latest`` once
+    per run); also stored in ``cfg.builds`` (what :meth:`Config.release_of` reads).
+
+    ``cpu``: refuse, before anything launches, a variant checkout whose range from the
+    baseline's checkout (same repository) touches compiled code or the dependencies. A variant
+    on a source build takes no patches. Raises the errors of the module docstring.
+    """
+    by_label: dict[str, Build] = {}
+    latest: str | None = None
+    out: dict[str, Build] = {}
+    for v in cfg.variants:
+        spec = cfg.sglang_of(v)
+        label = sglang_label(spec)
+        if label not in by_label:
+            if isinstance(spec, GitSource):
+                by_label[label] = git_build(cfg, spec, cache_dir=cache_dir)
+            elif isinstance(spec, WheelSource):
+                by_label[label] = wheel_build(cfg, spec, cache_dir=cache_dir)
+            elif spec == LATEST:
+                latest = latest or resolve_latest(index_url)
+                by_label[label] = _release_build(LATEST, latest)
+            else:
+                by_label[label] = _release_build(spec, spec)
+        out[v] = by_label[label]
+        if out[v].kind != "release" and cfg.patches_of(v):
+            raise ConfigError(
+                f"{cfg.source}: variant '{v}' runs {label} and names patches; a source build "
+                "takes none (commit the change to the branch instead)"
+            )
+    if cpu:
+        _refuse_compiled(cfg, out)
+    cfg.builds = dict(out)
+    return out
+
+
+def _refuse_compiled(cfg: Config, builds: dict[str, Build]) -> None:
+    base_spec = cfg.sglang_of(cfg.baseline)
+    if not isinstance(base_spec, GitSource):
+        return
+    from patchbench.patches.author import git_dir_of
+
+    gd = git_dir_of(cfg.resolve_path(base_spec.git))
+    base = builds[cfg.baseline]
+    for v, b in builds.items():
+        spec = cfg.sglang_of(v)
+        if b.kind != "git" or b.resolved == base.resolved or not isinstance(spec, GitSource):
+            continue
+        if git_dir_of(cfg.resolve_path(spec.git)) != gd:
+            continue
+        names = changed_files(gd, base.resolved, b.resolved)
+        bad = compiled_files(names)
+        if "python/pyproject.toml" in names:
+            reqs = [
+                requirement_keys(pyproject_requirements(git_show(gd, c, "python/pyproject.toml")))
+                for c in (base.resolved, b.resolved)
+            ]
+            if reqs[0] != reqs[1]:
+                bad.append("python/pyproject.toml (its dependencies)")
+        if bad:
+            raise ConfigError(
+                f"variant '{v}' ({b.spec}): its range from the baseline "
+                f"({base.resolved[:12]}..{b.resolved[:12]}) changes compiled code or the "
+                f"dependencies, which the CPU engine cannot run from source: "
+                f"{', '.join(bad[:20])}" + (" ..." if len(bad) > 20 else "")
+            )
+
+
+def describe_builds(cfg: Config) -> list[str]:
+    """One line per variant naming its build (from ``cfg.builds``), for the plan and the log."""
+    return [f"  {v:<24} {b.describe()}" for v, b in cfg.builds.items()]
+
+
+__all__ = [
+    "Build",
+    "DEFAULT_INDEX_URL",
+    "INDEX_URL_ENV",
+    "changed_files",
+    "compiled_files",
+    "describe_builds",
+    "git_build",
+    "pyproject_requirements",
+    "requirement_keys",
+    "resolve_builds",
+    "resolve_latest",
+    "wheel_build",
+]

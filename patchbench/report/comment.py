@@ -1,0 +1,455 @@
+"""``patchbench comment RUN``: a compact pull-request comment from a run's compare.json, and
+``--post``: one sticky comment on the pull request through GitHub's REST API.
+
+The comment holds, in this order: a hidden marker (:func:`marker`) that identifies it, a title,
+the answer (one sentence per variant, as report.md), the primaries table, the PR figure as an
+image and a link to the full report. It is rendered from the typed
+:class:`~patchbench.analysis.comparison.Comparison` alone (no other file of the run is read), and kept
+within GitHub's comment limit (:data:`GITHUB_COMMENT_LIMIT` characters): table rows, then answer
+lines, are left out from the end with a note saying how many, before any hard cut.
+
+The figure: a GitHub comment cannot embed a file of the runner, and an Actions artifact is a zip
+behind a login, so the image is shown only when the run folder is published somewhere a browser
+can fetch it: ``publish_url`` (the figure is ``<publish_url>/plots/pr_figure.png``, the report
+``<publish_url>/report.md``) or an explicit ``figure_url``. Otherwise the comment links the full
+report (``report_url``; in GitHub Actions by default the workflow run's page, whose artifact holds
+the run folder with its plots) and says that the figure is there.
+
+Posting (:func:`post_comment`) uses ``urllib.request``: the command makes two to a few
+synchronous requests, so the standard library's client does it without an event loop (aiohttp)
+or a new dependency; its TLS uses the system's certificates. The token comes from ``GITHUB_TOKEN``,
+the API base from ``GITHUB_API_URL`` (default https://api.github.com; a test points it at a local
+fake), the repository and pull request from options or from the Actions environment
+(``GITHUB_REPOSITORY``, the event payload at ``GITHUB_EVENT_PATH``).
+
+Exit codes: 2 (UsageError) without a token, repository or pull-request number; 3
+(:class:`GitHubRefused`) when GitHub answers 401, 403 or 404, naming the request it refused;
+4 (:class:`GitHubError`) for any other HTTP error or an unreachable API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from patchbench.analysis.comparison import Comparison, Row, read_comparison
+from patchbench.errors import EnvironmentNotReady, RunFailed, UsageError
+from patchbench.report import (
+    VERDICT_MARK,
+    exactness,
+    fmt_bounded,
+    fmt_change,
+    fmt_ci,
+    sentence,
+)
+
+#: the longest body GitHub accepts for an issue or pull-request comment, in characters
+GITHUB_COMMENT_LIMIT = 65_536
+#: the figure's file name inside a run folder's plots/ (patchbench.report.plots.make_plots)
+PR_FIGURE = "plots/pr_figure.png"
+DEFAULT_API = "https://api.github.com"
+DEFAULT_KEY = "patchbench"
+#: seconds one API request may take
+HTTP_TIMEOUT_S = 30
+#: the longest answer line (one variant's sentence) in a comment
+ANSWER_LINE_MAX = 2000
+
+
+class GitHubRefused(EnvironmentNotReady):
+    """GitHub refused a request: 401 (the token is invalid or expired), 403 (the token lacks a
+    permission, or a rate limit) or 404 (no such repository or pull request, or the token cannot
+    see it) (exit 3, kind "environment not ready": the token or its permissions are what is
+    not ready). ``status``: the HTTP status."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+class GitHubError(RunFailed):
+    """Any other failed GitHub request: another HTTP error or an unreachable API (exit 4)."""
+
+
+def marker(key: str = DEFAULT_KEY) -> str:
+    """The hidden HTML comment that identifies the sticky comment of ``key`` (one per key and
+    pull request: e.g. one per preset)."""
+    return f"<!-- patchbench-comment key={key} -->"
+
+
+def _esc(s: str) -> str:
+    """Text safe in a table cell on one line."""
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
+def _table_row(r: Row) -> str:
+    det = r.kind == "deterministic"
+    interval = exactness(r) if det else fmt_ci(r.low, r.high, r.change_unit)
+    verdict = VERDICT_MARK.get(r.verdict, r.verdict)
+    return (
+        f"| {_esc(r.variant)} | {_esc((r.label or r.metric).rstrip(':').strip())} | "
+        f"{fmt_bounded(r.baseline_value, r.baseline_bound)} | "
+        f"{fmt_bounded(r.variant_value, r.variant_bound)} | "
+        f"{fmt_change(r.change, r.change_unit)} | {interval} | {verdict} |"
+    )
+
+
+@dataclass
+class Links:
+    """Where the comment points: ``report_url`` (the full report; None: named only),
+    ``figure_url`` (the PR figure as an image a browser can fetch; None: not embedded) and
+    ``figure_where`` (a few words on where the figure is instead)."""
+
+    report_url: str | None = None
+    figure_url: str | None = None
+    figure_where: str = "the run folder"
+
+
+def resolve_links(
+    publish_url: str | None = None,
+    report_url: str | None = None,
+    figure_url: str | None = None,
+    environ: dict[str, str] | None = None,
+) -> Links:
+    """The comment's links from the options (module docstring): ``publish_url`` gives both;
+    ``report_url`` and ``figure_url`` override it; in GitHub Actions (``GITHUB_RUN_ID`` set) the
+    report link defaults to the workflow run's page."""
+    env = os.environ if environ is None else environ
+    base = publish_url.rstrip("/") if publish_url else None
+    fig = figure_url or (f"{base}/{PR_FIGURE}" if base else None)
+    rep = report_url or (f"{base}/report.md" if base else None)
+    where = ""
+    if rep is None and env.get("GITHUB_RUN_ID") and env.get("GITHUB_REPOSITORY"):
+        server = env.get("GITHUB_SERVER_URL", "https://github.com").rstrip("/")
+        rep = f"{server}/{env['GITHUB_REPOSITORY']}/actions/runs/{env['GITHUB_RUN_ID']}"
+        where = "the workflow run's artifact"
+    if fig is None:
+        where = where or ("the run folder linked below" if rep else "the run folder")
+    return Links(rep, fig, where)
+
+
+def render_comment(
+    cmp: Comparison,
+    links: Links | None = None,
+    *,
+    key: str = DEFAULT_KEY,
+    title: str | None = None,
+    limit: int = GITHUB_COMMENT_LIMIT,
+) -> str:
+    """The comment's Markdown (module docstring), at most ``limit`` characters.
+
+    ``cmp``: the run's comparison; ``links``: :func:`resolve_links`; ``key``: the sticky
+    comment's key (:func:`marker`); ``title``: the heading (default "patchbench: <run id>").
+    Each answer line is cut at :data:`ANSWER_LINE_MAX` characters and the answer takes at most
+    half of ``limit`` (later variants' lines are left out); when the whole text is still too
+    long, primaries-table rows are left out from the end, then answer lines, each with a note;
+    as a last resort the text is cut with a note. Raises ValueError for
+    a ``limit`` too small to hold the marker and the notes (under 1,000)."""
+    if limit < 1000:
+        raise ValueError(f"limit {limit} is too small for a comment (at least 1000)")
+    links = links or Links()
+    head = _head_lines(cmp, key, title)
+    answer = [_cut(f"- {sentence(cmp, v)}", ANSWER_LINE_MAX) for v in cmp.variants]
+    rows = [_table_row(r) for r in cmp.rows_for(primary=True)]
+    table_head = [
+        "",
+        "| variant | metric | baseline | variant | change | interval | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    tail = _tail_lines(cmp, links, bool(rows))
+
+    def text(n_answer: int, n_rows: int) -> str:
+        ans = answer[:n_answer]
+        if n_answer < len(answer):
+            ans.append(f"- … {len(answer) - n_answer} more variant(s): see the full report")
+        tab: list[str] = []
+        if rows:
+            tab = table_head + rows[:n_rows]
+            if n_rows < len(rows):
+                tab.append(
+                    f"| … | {len(rows) - n_rows} more row(s): see the full report | | | | | |"
+                )
+        return "\n".join(head + ans + tab + tail) + "\n"
+
+    n_answer, n_rows = len(answer), len(rows)
+    # the answer takes at most half the comment, the table the rest
+    while n_answer > 0 and sum(len(a) + 1 for a in answer[:n_answer]) > limit // 2:
+        n_answer -= 1
+    body = text(n_answer, n_rows)
+    while len(body) > limit and n_rows > 0:
+        # leave out as many rows as the excess needs at once (each row is one line)
+        excess = len(body) - limit
+        while n_rows > 0 and excess > 0:
+            n_rows -= 1
+            excess -= len(rows[n_rows]) + 1
+        body = text(n_answer, n_rows)
+    while len(body) > limit and n_answer > 0:
+        n_answer -= 1
+        body = text(n_answer, n_rows)
+    if len(body) > limit:
+        note = "\n\n… (cut to fit GitHub's comment limit: see the full report)\n"
+        body = body[: limit - len(note)] + note
+    return body
+
+
+def _head_lines(cmp: Comparison, key: str, title: str | None) -> list[str]:
+    """The comment's first lines: the sticky marker, the heading, what was compared, and a line
+    each for timed cells that did not end ok and a failed A/A check."""
+    tag = f" ({len(cmp.aa_variants)} A/A)" if cmp.aa_variants else ""
+    head = [
+        marker(key),
+        f"### {title or 'patchbench: ' + cmp.run_id}",
+        "",
+        f"{len(cmp.variants)} variant(s){tag} against `{cmp.baseline}`, {cmp.repeats} "
+        "interleaved repeat(s); intervals at the Holm-adjusted level each verdict used.",
+        "",
+    ]
+    bad = [c for c in cmp.cells if c.get("status") != "ok"]
+    if bad:
+        head += [f"**{len(bad)} of {len(cmp.cells)} timed cells did not end ok.**", ""]
+    if not cmp.health.ok:
+        head += ["**A/A check failed**: " + _esc(" ".join(cmp.health.notes)), ""]
+    return head
+
+
+def _tail_lines(cmp: Comparison, links: Links, has_rows: bool) -> list[str]:
+    """The comment's last lines: the PR figure (or where it is, with a primaries table) and
+    the link to the full report."""
+    tail = [""]
+    if links.figure_url:
+        tail += [f"![PR figure]({links.figure_url})", ""]
+    elif has_rows:
+        tail += [f"The PR figure is in {links.figure_where}.", ""]
+    if links.report_url:
+        tail.append(f"[Full report]({links.report_url}) · `{cmp.run_id}`")
+    else:
+        tail.append(f"Full report: `report.md` in the run folder `{cmp.run_id}`.")
+    return tail
+
+
+def _cut(line: str, n: int) -> str:
+    """``line``, cut to ``n`` characters with a closing "…" when longer."""
+    return line if len(line) <= n else line[: n - 1].rstrip() + "…"
+
+
+# ---------------------------------------------------------------------------------- posting
+@dataclass
+class Target:
+    """The pull request to comment on: ``repo`` ("owner/name"), ``pr`` (its number), ``api``
+    (the REST API base, no trailing slash), ``token``."""
+
+    repo: str
+    pr: int
+    api: str
+    token: str
+
+
+def _event_pr(path: str) -> int | None:
+    """The pull-request number of the Actions event payload at ``path``: ``pull_request.number``
+    (pull_request events), ``issue.number`` when the issue is a pull request (issue_comment
+    events), else ``number``; None when it names none."""
+    try:
+        ev = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(ev, dict):
+        return None
+    if isinstance(ev.get("pull_request"), dict) and ev["pull_request"].get("number"):
+        return int(ev["pull_request"]["number"])
+    issue = ev.get("issue")
+    if isinstance(issue, dict) and issue.get("pull_request") and issue.get("number"):
+        return int(issue["number"])
+    return int(ev["number"]) if isinstance(ev.get("number"), int) else None
+
+
+def resolve_target(
+    repo: str | None = None, pr: int | None = None, environ: dict[str, str] | None = None
+) -> Target:
+    """The pull request and credentials for ``--post``: ``repo`` else ``GITHUB_REPOSITORY``;
+    ``pr`` else the event payload (``GITHUB_EVENT_PATH``); token ``GITHUB_TOKEN``; API base
+    ``GITHUB_API_URL``. Raises UsageError (exit 2) naming what is missing."""
+    env = os.environ if environ is None else environ
+    token = env.get("GITHUB_TOKEN", "").strip()
+    if not token:
+        raise UsageError(
+            "--post needs a token in GITHUB_TOKEN (in a workflow: `env: GITHUB_TOKEN: "
+            "${{ github.token }}` with `pull-requests: write`)"
+        )
+    repo = repo or env.get("GITHUB_REPOSITORY") or None
+    if not repo or not re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
+        raise UsageError(
+            f"--post needs the repository as OWNER/NAME (--repo or GITHUB_REPOSITORY), got {repo!r}"
+            if repo
+            else "--post needs the repository: --repo OWNER/NAME (or GITHUB_REPOSITORY)"
+        )
+    if pr is None and env.get("GITHUB_EVENT_PATH"):
+        pr = _event_pr(env["GITHUB_EVENT_PATH"])
+    if pr is None:
+        raise UsageError(
+            "--post needs the pull request's number: --pr N (or a pull_request / issue_comment "
+            "event at GITHUB_EVENT_PATH)"
+        )
+    api = (env.get("GITHUB_API_URL") or DEFAULT_API).rstrip("/")
+    return Target(repo, int(pr), api, token)
+
+
+def _next_link(link: str | None) -> str | None:
+    """The ``rel="next"`` URL of a Link header, or None."""
+    for part in (link or "").split(","):
+        m = re.match(r"\s*<([^>]+)>\s*;(.*)", part)
+        if m and re.search(r'rel="?next"?', m.group(2)):
+            return m.group(1)
+    return None
+
+
+class GitHubClient:
+    """The few REST calls a sticky comment needs, with the token of ``target``."""
+
+    def __init__(self, target: Target):
+        self.t = target
+
+    def _request(self, method: str, url: str, what: str, body: dict | None = None):
+        """(decoded JSON, the Link header) of one request; ``what`` names it in errors."""
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(url, data=data, method=method)
+        req.add_header("Accept", "application/vnd.github+json")
+        req.add_header("Authorization", f"Bearer {self.t.token}")
+        req.add_header("X-GitHub-Api-Version", "2022-11-28")
+        req.add_header("User-Agent", "patchbench")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S) as resp:
+                raw, link = resp.read(), resp.headers.get("Link")
+        except urllib.error.HTTPError as e:
+            raise self._refused(e, what) from None
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise GitHubError(f"{what}: cannot reach {self.t.api} ({reason})") from None
+        try:
+            return (json.loads(raw) if raw else None), link
+        except ValueError:
+            raise GitHubError(f"{what}: {self.t.api} answered with something not JSON") from None
+
+    def _refused(self, e: urllib.error.HTTPError, what: str) -> Exception:
+        try:
+            msg = json.loads(e.read() or b"{}").get("message", "")
+        except (ValueError, AttributeError, OSError):
+            msg = ""
+        said = f": GitHub says {msg!r}" if msg else ""
+        why = {
+            401: "the token in GITHUB_TOKEN was not accepted (invalid or expired)",
+            403: "the token may not do this (it needs `pull-requests: write`, or a rate "
+            "limit was hit)",
+            404: f"{self.t.repo} or its pull request #{self.t.pr} was not found (or the token "
+            "cannot see the repository)",
+        }.get(e.code)
+        if why:
+            return GitHubRefused(f"{what} refused ({e.code}): {why}{said}", e.code)
+        return GitHubError(f"{what} failed ({e.code} {e.reason}){said}")
+
+    def comments(self) -> list[dict]:
+        """Every comment of the pull request's conversation (all pages, 100 a page)."""
+        url = f"{self.t.api}/repos/{self.t.repo}/issues/{self.t.pr}/comments?per_page=100"
+        out: list[dict] = []
+        while url:
+            got, link = self._request(
+                "GET", url, f"listing the comments of {self.t.repo}#{self.t.pr}"
+            )
+            out += got or []
+            url = _next_link(link)
+        return out
+
+    def create(self, body: str) -> dict:
+        url = f"{self.t.api}/repos/{self.t.repo}/issues/{self.t.pr}/comments"
+        got, _ = self._request(
+            "POST", url, f"commenting on {self.t.repo}#{self.t.pr}", {"body": body}
+        )
+        return got or {}
+
+    def update(self, comment_id: int, body: str) -> dict:
+        url = f"{self.t.api}/repos/{self.t.repo}/issues/comments/{comment_id}"
+        got, _ = self._request(
+            "PATCH", url, f"updating comment {comment_id} on {self.t.repo}", {"body": body}
+        )
+        return got or {}
+
+
+def post_comment(body: str, target: Target, key: str = DEFAULT_KEY) -> tuple[str, str]:
+    """Create or update the sticky comment of ``key`` on the pull request: the first comment
+    whose body holds :func:`marker` is edited in place, otherwise a new one is made.
+
+    Returns (what happened: "created", "updated" or "unchanged", the comment's URL). Raises
+    GitHubRefused (exit 3) for 401/403/404, GitHubError (exit 4) otherwise."""
+    gh = GitHubClient(target)
+    mark = marker(key)
+    if mark not in body:
+        body = f"{mark}\n{body}"
+    mine = [c for c in gh.comments() if mark in (c.get("body") or "")]
+    if not mine:
+        got = gh.create(body)
+        return "created", str(got.get("html_url", ""))
+    old = mine[0]
+    if old.get("body") == body:
+        return "unchanged", str(old.get("html_url", ""))
+    got = gh.update(int(old["id"]), body)
+    return "updated", str(got.get("html_url", old.get("html_url", "")))
+
+
+# ------------------------------------------------------------------------------------ command
+def add_arguments(p) -> None:
+    """The options of ``patchbench comment``."""
+    p.add_argument("run", type=Path, help="a run folder, or its compare.json")
+    p.add_argument(
+        "--publish-url",
+        metavar="URL",
+        help="where the run folder is published (a browser can fetch URL/plots/pr_figure.png "
+        "and URL/report.md): embeds the PR figure and links the report",
+    )
+    p.add_argument("--report-url", metavar="URL", help="link to the full report")
+    p.add_argument("--figure-url", metavar="URL", help="the PR figure's image URL")
+    p.add_argument("--title", help="the comment's heading (default: patchbench: <run id>)")
+    p.add_argument(
+        "--key",
+        default=DEFAULT_KEY,
+        help="the sticky comment's key: one comment per key and pull request (default "
+        f"{DEFAULT_KEY})",
+    )
+    p.add_argument("--out", type=Path, help="also write the comment to this file")
+    p.add_argument(
+        "--post",
+        action="store_true",
+        help="create or update the sticky comment on the pull request (token: GITHUB_TOKEN; "
+        "exit 2 without it, 3 when GitHub refuses)",
+    )
+    p.add_argument("--repo", metavar="OWNER/NAME", help="default: GITHUB_REPOSITORY")
+    p.add_argument("--pr", type=int, metavar="N", help="default: from GITHUB_EVENT_PATH")
+    p.add_argument(
+        "--max-chars",
+        type=int,
+        default=GITHUB_COMMENT_LIMIT,
+        help=f"longest comment (default {GITHUB_COMMENT_LIMIT}, GitHub's limit)",
+    )
+
+
+def run(a) -> int:
+    """``patchbench comment`` from parsed arguments: print (or post) the comment; returns 0."""
+    if a.max_chars < 1000 or a.max_chars > GITHUB_COMMENT_LIMIT:
+        raise UsageError(f"--max-chars must be 1000 to {GITHUB_COMMENT_LIMIT}, not {a.max_chars}")
+    target = resolve_target(a.repo, a.pr) if a.post else None
+    cmp = read_comparison(a.run)
+    links = resolve_links(a.publish_url, a.report_url, a.figure_url)
+    body = render_comment(cmp, links, key=a.key, title=a.title, limit=a.max_chars)
+    if a.out:
+        a.out.write_text(body)
+    if target is None:
+        print(body, end="")
+        return 0
+    what, url = post_comment(body, target, a.key)
+    print(f"{what} the comment on {target.repo}#{target.pr}: {url} ({len(body)} characters)")
+    return 0

@@ -1,0 +1,702 @@
+"""Liveness and progress of a whole sglang server while suites run, and stopping a suite at once
+when the server dies or stops answering.
+
+An sglang server is a process group: the HTTP front end (the launched process, which also holds
+the tokenizer manager), one ``sglang::scheduler*`` process per TP rank and a
+``sglang::detokenizer``. When a scheduler dies (OOM killer, a crash in a kernel, ``kill -9``) the
+front end keeps answering connections, and a client waits for its own timeout: bench_serving
+until the suite's ``timeout_s``, MMMU for ``request_timeout_s x (retries + 1)`` per wave. A
+scheduler that is alive but does not answer (its loop blocked or deadlocked, the process stopped
+with SIGSTOP, the whole group stopped) looks like a healthy one to a process check: it is in state
+S like a scheduler waiting for work. So :class:`ServerWatch` watches for progress too.
+
+:class:`ServerWatch` is a thread that polls every watched process of the group with psutil
+(``interval_s``, 0.2 s by default) and, with ``stall_timeout_s`` (the config's
+``server.stall_timeout_s``), three kinds of progress:
+
+- **the scheduler heartbeat** (``heartbeat``, a second thread): one scheduler round trip every
+  :func:`heartbeat_interval` seconds (``GET /server_info``, on releases without it
+  ``/get_server_info``: the front end asks every scheduler for its internal state and waits for
+  the reply; no generation, so no batch of a timed suite changes); no answer for
+  ``stall_timeout_s`` is a stall;
+- **replies of the suite** (a :class:`ProgressMeter` the suite feeds, e.g. MMMU one tick per
+  answer): work outstanding and no reply for ``stall_timeout_s`` is a stall;
+- **stopped processes**: a watched server process, or a client process the suite started, in
+  state T (stopped, or stopped by a tracer) for ``stopped_grace_s`` (2 s) is a stall;
+- **a client's own activity** (a client the suite names with :meth:`ProgressMeter.watch_client`,
+  e.g. bench_serving, which prints nothing between its start and its result with
+  ``--disable-tqdm``): bytes it reads or writes (``/proc/PID/io`` ``rchar``/``wchar``: every
+  streamed chunk it receives), lines it prints, or CPU it uses (at least
+  :data:`patchbench.run.activity.CLIENT_BUSY_CPU_SHARE` of a core). None of these for ``stall_timeout_s`` while the
+  scheduler heartbeat still answers is a stall of kind ``client_silent`` naming the client and its
+  last progress (a client blocked on a dead connection, or a server that accepts a streamed
+  request and never answers it).
+
+A suite may announce a window in which the scheduler is silent on purpose
+(:meth:`ProgressMeter.quiet`: the profiler writing its trace inside the scheduler's loop): the
+heartbeat's limit is then the window's own, and a stall names the window.
+
+When a watched process exits (or turns zombie), or progress stalls, it, in this order:
+
+1. records a :class:`Death` (which process, its role, pid, exit code when known, seconds until it
+   was seen) or a :class:`Stall` (what stopped, the scheduler's pid and process state, seconds
+   without progress) and sets :attr:`ServerWatch.dead` (a ``threading.Event`` suites may poll;
+   :attr:`ServerWatch.lost` is the reason);
+2. kills the client process groups of the running suite: every group registered with
+   :meth:`ServerWatch.register_client` and every descendant of the runner started since the
+   suite began that is not part of the server (bench_serving runs in its own session);
+3. kills the server's group with SIGKILL (its results are already worthless; in-flight requests
+   then fail at once instead of hanging);
+4. when the main thread is inside :meth:`ServerWatch.cancel_scope`, raises :class:`ServerLost`
+   there (delivered with ``SIGUSR2`` to the main thread, so a blocking ``recv`` or
+   ``asyncio`` wait is interrupted as a Ctrl-C would be).
+
+Which processes are watched: the processes of the group (and descendants of the leader) present
+when the server became ready, except short-lived tools (a compiler or shell that a JIT spawned):
+only the leader, Python processes and processes titled ``sglang::...`` count. Processes that
+appear later are not watched (they are transient helpers).
+
+What this does not see by itself: a detokenizer that deadlocks without stopping while the
+scheduler keeps answering (the heartbeat passes through the scheduler only); under MMMU the missing
+replies show it, under bench_serving the silent client does. A client that keeps waking at least
+twice a second while receiving nothing (a busy poll) is not a silent one: the suite's own
+``timeout_s`` ends it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import psutil
+
+from patchbench.run.activity import CLIENT_SAMPLE_S, ProgressMeter
+
+#: the signal the watcher sends to the main thread to cancel a suite (nothing else uses it)
+CANCEL_SIGNAL = signal.SIGUSR2
+#: seconds a process may stay stopped (state T) before it counts as a stall: longer than any
+#: profiler's or debugger's pause (py-spy dump stops a process for well under a second)
+STOPPED_GRACE_S = 2.0
+#: psutil's names of the stopped states (SIGSTOP / SIGTSTP, and a tracer's stop)
+_STOPPED = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+
+
+def heartbeat_interval(stall_timeout_s: float) -> float:
+    """Seconds between two scheduler heartbeats for a stall limit of ``stall_timeout_s``:
+    a fifth of it, between 0.5 and 5 s (12 round trips a minute at the default 60 s)."""
+    return min(5.0, max(0.5, stall_timeout_s / 5.0))
+
+
+def process_state(pid: int | None) -> str:
+    """``"S (sleeping)"``, ``"T (stopped)"``, ... for ``pid`` (psutil's status with the letter
+    ``ps`` shows), ``"gone"`` when it no longer exists, ``"?"`` when it cannot be read."""
+    if pid is None:
+        return "?"
+    try:
+        st = psutil.Process(pid).status()
+    except psutil.NoSuchProcess:
+        return "gone"
+    except (psutil.AccessDenied, OSError):
+        return "?"
+    letter = {
+        psutil.STATUS_RUNNING: "R",
+        psutil.STATUS_SLEEPING: "S",
+        psutil.STATUS_DISK_SLEEP: "D",
+        psutil.STATUS_STOPPED: "T",
+        psutil.STATUS_TRACING_STOP: "t",
+        psutil.STATUS_ZOMBIE: "Z",
+        psutil.STATUS_DEAD: "X",
+        psutil.STATUS_IDLE: "I",
+    }.get(st, "?")
+    return f"{letter} ({st})"
+
+
+class ServerLost(KeyboardInterrupt):
+    """Raised in the main thread when a process of the server died, or the server stopped
+    answering, while a suite ran.
+
+    Derives from KeyboardInterrupt on purpose: every suite already cleans up for Ctrl-C (kills its
+    client, re-raises) and no ``except Exception`` in a suite swallows it. ``death`` is the
+    reason: a :class:`Death` or a :class:`Stall` (both have ``message()`` and ``to_json()``).
+    """
+
+    def __init__(self, reason: Death | Stall):
+        super().__init__(reason.message())
+        self.death = reason
+
+
+@dataclass
+class Death:
+    """One watched process of the server that exited.
+
+    pid: its pid; role: e.g. "the sglang scheduler"; name: its process title (``sglang::scheduler``)
+    or executable name; returncode: exit status when the watcher could read it (the leader only;
+    negative = killed by that signal), else None; detected_after_s: seconds from the watch's start
+    to the moment it was seen dead.
+    """
+
+    pid: int
+    role: str
+    name: str
+    returncode: int | None
+    detected_after_s: float
+
+    def message(self) -> str:
+        """``"the sglang scheduler (pid 1234) died"`` (with the exit status when known)."""
+        how = ""
+        if self.returncode is not None and self.returncode < 0:
+            how = f", killed by signal {-self.returncode}"
+            if -self.returncode == signal.SIGKILL:  # nothing in the process itself sends it
+                how += (
+                    " (SIGKILL, sent from outside: the kernel's out-of-memory killer names "
+                    "its victims in `dmesg`, or someone ran kill -9)"
+                )
+        elif self.returncode is not None:
+            how = f", exit code {self.returncode}"
+        return f"{self.role} (pid {self.pid}) died{how}"
+
+    def to_json(self) -> dict:
+        return {
+            "pid": self.pid,
+            "role": self.role,
+            "name": self.name,
+            "returncode": self.returncode,
+            "detected_after_s": round(self.detected_after_s, 3),
+        }
+
+
+@dataclass
+class Stall:
+    """The server (or a client of the suite) stopped making progress.
+
+    kind: "heartbeat" (no answer to the scheduler round trip), "replies" (work outstanding and
+    no reply to the suite), "stopped" (a server process in state T), "client_stopped" (a client
+    process of the suite in state T), "client_silent" (a watched client that read, wrote, printed
+    and computed nothing while the heartbeat answered); what: the sentence that says what was seen; pid / role /
+    state: the scheduler (the front end when the server has none; the stopped process for the
+    two "stopped" kinds) and its process state when seen (``"S (sleeping)"``); silent_s: seconds
+    without progress; detected_after_s: seconds from the watch's start.
+    """
+
+    kind: str
+    what: str
+    pid: int | None
+    role: str
+    state: str
+    silent_s: float
+    detected_after_s: float
+
+    def message(self) -> str:
+        """``"the server stopped answering (scheduler pid 1234 in state S (sleeping)): ..."``;
+        a stopped client: ``"the suite's client stopped (pid N in state T (stopped)): ..."``."""
+        if self.kind == "client_stopped":
+            return f"the suite's client stopped (pid {self.pid} in state {self.state}): {self.what}"
+        if self.kind == "client_silent":
+            return (
+                f"the suite's client made no progress ({self.role}, pid {self.pid} in state "
+                f"{self.state}): {self.what}"
+            )
+        who = self.role.removeprefix("the sglang ").removeprefix("the ")
+        return (
+            f"the server stopped answering ({who} pid {self.pid} in state {self.state}): "
+            f"{self.what}"
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "kind": self.kind,
+            "what": self.what,
+            "pid": self.pid,
+            "role": self.role,
+            "state": self.state,
+            "silent_s": round(self.silent_s, 3),
+            "detected_after_s": round(self.detected_after_s, 3),
+        }
+
+
+def role_of(name: str, cmdline: list[str], is_leader: bool) -> str:
+    """A human name for a process of an sglang server.
+
+    ``sglang::scheduler_TP0`` -> "the sglang scheduler", ``sglang::detokenizer`` -> "the sglang
+    detokenizer", the launched process -> "the sglang server (HTTP front end)", anything else ->
+    "server process <name>".
+    """
+    title = " ".join(cmdline) if cmdline else name
+    for text in (title, name):  # the title first: psutil's name() is cut at 15 characters
+        if text.startswith("sglang::"):
+            what = text[len("sglang::") :].split()[0]
+            base = what.split("_")[0] if what.startswith("scheduler") else what
+            return f"the sglang {base}"
+    if is_leader:
+        return "the sglang server (HTTP front end)"
+    return f"server process {name or '?'}"
+
+
+def _watchable(p: psutil.Process, leader_pid: int) -> bool:
+    if p.pid == leader_pid:
+        return True
+    try:
+        name = p.name()
+        cmd = p.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+    first = (cmd[0] if cmd else "") or name
+    return (
+        name.startswith("sglang::")
+        or first.startswith("sglang::")
+        or "python" in os.path.basename(first.split()[0] if first else "")
+        or "python" in name
+    )
+
+
+def _status(p: psutil.Process) -> str | None:
+    """psutil's status of ``p``; None when it is gone; "" when it cannot be read."""
+    try:
+        if not p.is_running():
+            return None
+        return p.status()
+    except psutil.NoSuchProcess:
+        return None
+    except psutil.AccessDenied:
+        return ""
+
+
+def _is_dead(p: psutil.Process) -> bool:
+    st = _status(p)
+    return st is None or st == psutil.STATUS_ZOMBIE
+
+
+def group_processes(pgid: int, leader: psutil.Process | None = None) -> list[psutil.Process]:
+    """Live processes whose process group is ``pgid``, plus every descendant of ``leader``
+    (a child may have left the group with setsid). The leader first when it lives."""
+    out: dict[int, psutil.Process] = {}
+    if leader is not None:
+        try:
+            if not _is_dead(leader):
+                out[leader.pid] = leader
+            for c in leader.children(recursive=True):
+                out.setdefault(c.pid, c)
+        except psutil.NoSuchProcess:
+            pass
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) == pgid:
+                out.setdefault(p.pid, p)
+        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+            continue
+    return [p for p in out.values() if not _is_dead(p)]
+
+
+def kill_group(pgid: int, sig: int = signal.SIGKILL) -> bool:
+    """Send ``sig`` to process group ``pgid``; False when the group no longer exists, or when it
+    is not a group this process may kill (group 1, or the caller's own group)."""
+    if pgid <= 1 or pgid == os.getpgid(0):
+        return False
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+
+
+@dataclass
+class _Watched:
+    proc: psutil.Process
+    role: str
+    name: str
+
+
+@dataclass
+class ServerWatch:
+    """Watch the processes and the progress of one server; see the module docstring.
+
+    leader: the launched process (``subprocess.Popen``; its exit code is read from it);
+    pgid: the server's process group; interval_s: poll period in seconds;
+    on_death: called once from the watcher thread with the :class:`Death` or :class:`Stall`
+    (after the kills); stall_timeout_s: seconds without progress that make a stall (None: only
+    deaths are watched); heartbeat: ``heartbeat(timeout_s) -> bool``, one scheduler round trip
+    (True when answered; :meth:`patchbench.run.server.SglangServer.heartbeat`), called every
+    :func:`heartbeat_interval` seconds from a thread of its own; progress: the
+    :class:`ProgressMeter` suites feed; stopped_grace_s: seconds a process may stay stopped.
+    Use :meth:`start` after the server is ready and :meth:`close` before stopping it.
+    """
+
+    leader: object  # subprocess.Popen
+    pgid: int
+    interval_s: float = 0.2
+    on_death: Callable[[Death | Stall], None] | None = None
+    stall_timeout_s: float | None = None
+    heartbeat: Callable[[float], bool] | None = None
+    progress: ProgressMeter = field(default_factory=ProgressMeter)
+    stopped_grace_s: float = STOPPED_GRACE_S
+    dead: threading.Event = field(default_factory=threading.Event)
+    death: Death | None = None
+    stall: Stall | None = None
+    watched: list[_Watched] = field(default_factory=list)
+    killed_clients: list[int] = field(default_factory=list)
+    heartbeats: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _beat_thread: threading.Thread | None = None
+    _t0: float = 0.0
+    _last_beat: float = 0.0
+    _clients: set[int] = field(default_factory=set)
+    _suite_started: float | None = None
+    _before: set = field(default_factory=set)
+    _armed: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stopped_since: dict[int, float] = field(default_factory=dict)
+    _next_client_scan: float = 0.0
+
+    # ------------------------------------------------------------------ set-up
+    def start(self) -> ServerWatch:
+        """Snapshot the server's processes and start polling them (daemon threads)."""
+        leader = None
+        try:
+            leader = psutil.Process(self.leader.pid)
+        except psutil.NoSuchProcess:
+            pass
+        for p in group_processes(self.pgid, leader):
+            if not _watchable(p, self.leader.pid):
+                continue
+            try:
+                name, cmd = p.name(), p.cmdline()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            title = cmd[0] if len(cmd) == 1 else name  # setproctitle leaves one argv entry
+            self.watched.append(_Watched(p, role_of(name, cmd, p.pid == self.leader.pid), title))
+        self._t0 = self._last_beat = time.monotonic()
+        self.progress.idle()
+        self._thread = threading.Thread(
+            target=self._loop, name="patchbench-server-watch", daemon=True
+        )
+        self._thread.start()
+        if self.heartbeat is not None and self.stall_timeout_s:
+            self._beat_thread = threading.Thread(
+                target=self._beat_loop, name="patchbench-heartbeat", daemon=True
+            )
+            self._beat_thread.start()
+        return self
+
+    def describe(self) -> list[dict]:
+        """The watched processes as ``[{"pid", "role", "name"}]`` (for cell.json)."""
+        return [{"pid": w.proc.pid, "role": w.role, "name": w.name} for w in self.watched]
+
+    @property
+    def lost(self) -> Death | Stall | None:
+        """Why the server was given up: the :class:`Death` or :class:`Stall` (None: it wasn't)."""
+        return self.death or self.stall
+
+    def close(self) -> None:
+        """Stop polling (before the server is stopped on purpose). Safe to call twice."""
+        self._stop.set()
+        # the heartbeat thread may wait in a round trip: it is a daemon and ends on its own
+        for t, wait in ((self._thread, 5.0), (self._beat_thread, 0.5)):
+            if t is not None and t is not threading.current_thread():
+                t.join(timeout=wait)
+
+    # ------------------------------------------------------------------ clients
+    def register_client(self, pgid: int) -> None:
+        """A client process group (e.g. bench_serving, started with ``start_new_session``) to kill
+        when the server dies."""
+        with self._lock:
+            self._clients.add(pgid)
+
+    def suite_started(self) -> None:
+        """Mark the start of a suite: runner descendants that appear from now on are its clients
+        (those alive now are remembered and never killed)."""
+        self._before = set()
+        try:
+            self._before = {
+                (p.pid, p.create_time())
+                for p in psutil.Process(os.getpid()).children(recursive=True)
+            }
+        except psutil.NoSuchProcess:
+            pass
+        self.progress.idle()
+        self._suite_started = time.time()
+
+    def _client_processes(self) -> tuple[list[psutil.Process], set[int]]:
+        """(runner descendants that appeared since the suite started and are not server
+        processes; the process groups of the registered clients)."""
+        with self._lock:
+            groups = set(self._clients)
+        if self._suite_started is None:
+            return [], groups
+        try:
+            kids = psutil.Process(os.getpid()).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return [], groups
+        server_pids = {w.proc.pid for w in self.watched}
+        out = []
+        for k in kids:
+            try:
+                if k.pid in server_pids or os.getpgid(k.pid) == self.pgid:
+                    continue
+                if (k.pid, k.create_time()) in self._before:
+                    continue
+            except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+                continue
+            out.append(k)
+        return out, groups
+
+    def kill_clients(self) -> list[int]:
+        """SIGKILL every registered client group and every runner descendant that appeared since
+        :meth:`suite_started` and is not a server process. Returns the pids/pgids killed."""
+        killed: list[int] = []
+        kids, groups = self._client_processes()
+        own = os.getpgid(0)
+        for k in kids:
+            try:
+                pg = os.getpgid(k.pid)
+            except (ProcessLookupError, PermissionError):
+                continue
+            if pg != own:
+                groups.add(pg)
+            else:
+                try:
+                    k.kill()
+                    killed.append(k.pid)
+                except psutil.NoSuchProcess:
+                    pass
+        for g in sorted(groups):
+            if kill_group(g):
+                killed.append(g)
+        self.killed_clients.extend(killed)
+        return killed
+
+    # ------------------------------------------------------------------ cancelling the suite
+    @contextmanager
+    def cancel_scope(self) -> Iterator[None]:
+        """While inside, a death or a stall raises :class:`ServerLost` in the main thread at once.
+
+        Outside the main thread (no signal handlers there) the scope only marks the suite start;
+        the suite then learns of the loss through :attr:`dead` and its client being killed.
+        """
+        self.suite_started()
+        main = threading.current_thread() is threading.main_thread()
+        old = None
+        if main:
+
+            def _handler(signum, frame):
+                if self._armed and self.lost is not None:
+                    self._armed = False
+                    raise ServerLost(self.lost)
+
+            old = signal.signal(CANCEL_SIGNAL, _handler)
+            self._armed = True
+            if self.lost is not None:  # lost before the scope began
+                self._armed = False
+                signal.signal(CANCEL_SIGNAL, old)
+                raise ServerLost(self.lost)
+        try:
+            yield
+        finally:
+            self._armed = False
+            if main:
+                signal.signal(CANCEL_SIGNAL, old)
+            self._suite_started = None
+            self.progress.idle()
+            self.progress.unwatch_client()
+
+    # ------------------------------------------------------------------ the threads
+    def _beat_loop(self) -> None:
+        """One scheduler round trip every :func:`heartbeat_interval` s; an answer is progress."""
+        every = heartbeat_interval(float(self.stall_timeout_s))
+        while not self._stop.is_set() and self.lost is None:
+            t = time.monotonic()
+            try:
+                ok = bool(self.heartbeat(float(self.stall_timeout_s) + 1.0))
+            except Exception:  # noqa: BLE001 - an error is no answer; the stall limit decides
+                ok = False
+            if ok:
+                self._last_beat = time.monotonic()
+                self.heartbeats += 1
+            self._stop.wait(max(0.0, every - (time.monotonic() - t)))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            states = {}
+            for w in self.watched:
+                st = states[w.proc.pid] = _status(w.proc)
+                if st is None or st == psutil.STATUS_ZOMBIE:
+                    self._died(w)
+                    return
+            # a stopped scheduler is named before the other processes of a stopped group
+            for w in sorted(self.watched, key=lambda w: w.role != "the sglang scheduler"):
+                stall = self._stopped(w.proc.pid, states[w.proc.pid], w.role, "stopped")
+                if stall is not None:
+                    self._stalled(stall)
+                    return
+            stall = self._check_progress() or self._check_clients() or self._check_client_activity()
+            if stall is not None:
+                self._stalled(stall)
+                return
+
+    def _scheduler(self) -> tuple[int | None, str]:
+        """(pid, role) of the first scheduler watched, else of the front end."""
+        for w in self.watched:
+            if w.role == "the sglang scheduler":
+                return w.proc.pid, w.role
+        return getattr(self.leader, "pid", None), "the sglang server (HTTP front end)"
+
+    def _stall(self, kind: str, what: str, silent_s: float) -> Stall:
+        pid, role = self._scheduler()
+        return Stall(
+            kind, what, pid, role, process_state(pid), silent_s, time.monotonic() - self._t0
+        )
+
+    def _stopped(self, pid: int, st: str, role: str, kind: str) -> Stall | None:
+        """A stall when ``pid`` (status ``st``) has been stopped for ``stopped_grace_s``."""
+        if st not in _STOPPED:
+            self._stopped_since.pop(pid, None)
+            return None
+        since = self._stopped_since.setdefault(pid, time.monotonic())
+        held = time.monotonic() - since
+        if held < self.stopped_grace_s:
+            return None
+        what = (
+            f"{role} (pid {pid}) has been stopped (state T, SIGSTOP or a tracer) for {held:.1f} s"
+        )
+        return Stall(kind, what, pid, role, process_state(pid), held, time.monotonic() - self._t0)
+
+    def _check_progress(self) -> Stall | None:
+        """A stall when the heartbeat or the suite's replies are older than the stall limit."""
+        limit = self.stall_timeout_s
+        if not limit:
+            return None
+        if self.heartbeat is not None:
+            now = time.monotonic()
+            silent = now - self._last_beat
+            quiet = self.progress.quiet_window
+            beat_limit = max(limit, quiet[0]) if quiet else limit
+            named, over = quiet, silent
+            last = self.progress.last_quiet
+            if last is not None and self._last_beat < last[3]:
+                # the silence began inside a window that has closed since: the limit in force
+                # now counts from its close (the scheduler needs a beat to answer again), and a
+                # stall outside any window is named after it (its export may still be running)
+                over = now - last[3]
+                named = quiet or last[:3]
+            if over > beat_limit:
+                why = (
+                    f"during {named[1]} ({named[2]} = {named[0]:g})"
+                    if named and named[0] > limit
+                    else f"(server.stall_timeout_s = {limit:g})"
+                )
+                return self._stall(
+                    "heartbeat",
+                    f"no answer to the scheduler heartbeat for {silent:.1f} s {why}",
+                    silent,
+                )
+        n, silent = self.progress.silent_for()
+        if n > 0 and silent > limit:
+            return self._stall(
+                "replies",
+                f"no {self.progress.what} for {silent:.1f} s with {n} request(s) outstanding "
+                f"(server.stall_timeout_s = {limit:g})",
+                silent,
+            )
+        return None
+
+    def _check_clients(self) -> Stall | None:
+        """A stall when a client process of the running suite has been stopped (checked about
+        once a second: it walks the runner's descendants)."""
+        now = time.monotonic()
+        if self._suite_started is None or now < self._next_client_scan:
+            return None
+        self._next_client_scan = now + 1.0
+        kids, groups = self._client_processes()
+        seen = {k.pid: k for k in kids}
+        for g in groups:
+            for p in psutil.process_iter(["pid"]):
+                try:
+                    if os.getpgid(p.pid) == g:
+                        seen.setdefault(p.pid, p)
+                except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+                    continue
+        for pid, p in seen.items():
+            st = _status(p)
+            if st is None:
+                continue
+            try:
+                cmd = " ".join(p.cmdline())[:160] or p.name()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                cmd = "?"
+            stall = self._stopped(pid, st, f"the client ({cmd})", "client_stopped")
+            if stall is not None:
+                return stall
+        return None
+
+    def _check_client_activity(self) -> Stall | None:
+        """A ``client_silent`` stall when the client the suite watches
+        (:meth:`ProgressMeter.watch_client`) made no progress (:class:`ClientActivity`) for
+        ``stall_timeout_s`` while the scheduler heartbeat still answers (when it does not, the
+        heartbeat's stall is the one named)."""
+        limit = self.stall_timeout_s
+        client = self.progress.client
+        if not limit or client is None:
+            return None
+        now = time.monotonic()
+        if client.last_sample is not None and now - client.last_sample < CLIENT_SAMPLE_S:
+            return None
+        client.sample(now)
+        silent = now - client.last_progress
+        own = client.idle_s > limit
+        if silent <= max(limit, client.idle_s):
+            return None
+        beat = ""
+        if self.heartbeat is not None:
+            since_beat = now - self._last_beat
+            if since_beat > 2 * heartbeat_interval(float(limit)) + 1.0:
+                return None  # the server is silent too: the heartbeat's stall names it
+            beat = (
+                f" while the scheduler heartbeat answers (last {since_beat:.1f} s ago): the server "
+                "accepts its requests but sends nothing back, or the client is blocked"
+            )
+        what = (
+            f"it received, printed and computed nothing for {silent:.1f} s "
+            + (
+                f"(its longest expected wait, {client.idle_s:g} s, is longer than "
+                f"server.stall_timeout_s = {limit:g})"
+                if own
+                else f"(server.stall_timeout_s = {limit:g})"
+            )
+            + f"{beat}; {client.last_seen()}"
+        )
+        state = process_state(client.pid)
+        return Stall("client_silent", what, client.pid, client.name, state, silent, now - self._t0)
+
+    def _died(self, w: _Watched) -> None:
+        rc = None
+        if w.proc.pid == self.leader.pid:
+            try:
+                rc = self.leader.poll()
+            except Exception:  # noqa: BLE001 - the exit code is a nicety
+                rc = None
+        self.death = Death(w.proc.pid, w.role, w.name, rc, time.monotonic() - self._t0)
+        self._give_up(self.death)
+
+    def _stalled(self, stall: Stall) -> None:
+        self.stall = stall
+        self._give_up(stall)
+
+    def _give_up(self, reason: Death | Stall) -> None:
+        """The server is lost: tell, kill the suite's clients and the server, cancel the suite."""
+        self.dead.set()
+        self.kill_clients()
+        kill_group(self.pgid, signal.SIGKILL)
+        if self._armed:
+            try:
+                signal.pthread_kill(threading.main_thread().ident, CANCEL_SIGNAL)
+            except (ProcessLookupError, OSError):
+                pass
+        if self.on_death is not None:
+            self.on_death(reason)

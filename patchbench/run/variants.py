@@ -1,0 +1,209 @@
+"""What one variant's server gets: its overlay (patches applied to a copy of the sglang files they
+touch), and the environment of the server and of the stock clients (bench_serving).
+
+:func:`prepare_variants` builds and verifies every variant's overlay before any server starts.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from patchbench.config import Config, patch_label
+from patchbench.envs import envinfo
+from patchbench.errors import EnvironmentNotReady, PatchError
+from patchbench.inputs import CACHE_DIR
+from patchbench.patches import apply
+from patchbench.patches import overlay as ov
+from patchbench.shims import HOOKS_ENV, SITE_DIR, stand_in_path
+
+
+@dataclass
+class VariantEnv:
+    """What one variant's server gets: the overlay, the environment of the process and the
+    interpreter it runs with (its build's environment: :mod:`patchbench.envs.builds`)."""
+
+    name: str
+    patches: list[str]
+    overlay: Any  # patchbench.patches.overlay.Overlay
+    sglang_dir: Path
+    server_env: dict[str, str]
+    fbi_sha256: str
+    python: str = sys.executable
+    build: Any = None  # patchbench.envs.builds.Build, None when the run resolved no builds
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _pythonpath(*parts: Path | str | None, inherit: str | None = None) -> str:
+    items = [str(p) for p in parts if p]
+    if inherit:
+        items.append(inherit)
+    return os.pathsep.join(items)
+
+
+def base_env(cfg: Config, variant: str | None = None) -> dict[str, str]:
+    """os.environ + server.env (+ the variant's ``env`` when ``variant`` is given), with the
+    stand-in switch set (no PYTHONPATH yet) and no in-server hooks (a correctness cell adds
+    them)."""
+    env = dict(os.environ)
+    env.pop(HOOKS_ENV, None)
+    env.update(cfg.server_env_of(variant) if variant is not None else cfg.server.env)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if cfg.server.cpu_stand_ins:
+        env["PATCHBENCH_CPU_STAND_INS"] = "1"
+    return env
+
+
+def stand_in_dirs(cfg: Config) -> list[Path]:
+    return [stand_in_path(n) for n in cfg.server.cpu_stand_ins]
+
+
+def stock_client_env(cfg: Config) -> dict[str, str]:
+    """Environment for running the STOCK sglang as a client (bench_serving): stand-ins, no overlay,
+    and the tokenizer vocabulary in id order so that bench_serving's seeded random prompts are the
+    same in every cell (a fast tokenizer's get_vocab() order differs per process)."""
+    env = base_env(cfg)
+    env["PYTHONPATH"] = _pythonpath(
+        SITE_DIR, *stand_in_dirs(cfg), inherit=os.environ.get("PYTHONPATH")
+    )
+    # seeded random prompts must be the same in every cell (see shims/site/sitecustomize.py)
+    env["PATCHBENCH_STABLE_VOCAB_ORDER"] = "1"
+    return env
+
+
+def prepare_variants(cfg: Config, *, log=_log) -> dict[str, VariantEnv]:
+    """Build and verify one overlay per variant (before any server starts).
+
+    Each variant gets its patches (:meth:`Config.overlay_patches`: patch names, and a patch
+    folder made from each diff named directly), and its environment (``server.env`` plus the
+    variant's ``env``, :meth:`Config.server_env_of`). Raises
+    :class:`patchbench.errors.PatchError` (exit 2) naming the variant, patch, file and hunk when a
+    diff does not apply, or when the server's environment would not import the overlay's files.
+    """
+    site = envinfo.stock_site_dir()
+    if site is None and not cfg.builds:
+        raise EnvironmentNotReady("sglang is not importable in this environment")
+    out: dict[str, VariantEnv] = {}
+    for name in cfg.variants:
+        labels = [patch_label(p) for p in cfg.patches_of(name)]
+        build = cfg.builds.get(name)
+        python = build.python if build is not None else sys.executable
+        try:
+            o = _overlay_of(cfg, name, build, site)
+        except PatchError as e:
+            raise PatchError(f"variant '{name}': {e}") from None
+        env = base_env(cfg, name)
+        env["PYTHONPATH"] = _pythonpath(
+            o.root, SITE_DIR, *stand_in_dirs(cfg), inherit=os.environ.get("PYTHONPATH")
+        )
+        try:
+            found = ov.verify_in_env(o, python, env)
+        except ov.OverlayError as e:
+            raise PatchError(f"variant '{name}': {e}") from None
+        sha = found.get("sha256") or o.fbi_sha256
+        extra = cfg.variants[name]
+        log(
+            f"variant {name}: patches {', '.join(labels) or '(none)'}"
+            + (f"; server args {' '.join(extra.server_args)}" if extra.server_args else "")
+            + (f"; env {' '.join(f'{k}={v}' for k, v in extra.env.items())}" if extra.env else "")
+            + (f"; build {build.describe()}" if build is not None and cfg.has_own_builds() else "")
+            + (f" ({len(o.files)} file(s) differ)" if build is not None and build.tree else "")
+            + f"; forward_batch_info {(sha or '?')[:12]} in {o.sglang_dir}"
+        )
+        out[name] = VariantEnv(name, labels, o, Path(o.sglang_dir), env, sha or "", python, build)
+    return out
+
+
+def _overlay_of(cfg: Config, name: str, build: Any, site: Path | None) -> Any:
+    """The overlay of variant ``name``: its patches on its build's environment (the running
+    one when no builds were resolved), or a checkout's/wheel's tree on its environment."""
+    if build is not None and build.tree is not None:
+        return ov.build_source_overlay(
+            build.release,
+            build.tree,
+            label=build.spec,
+            source_id=build.resolved,
+            stock_site_dir=build.env.site_dir,
+            cache_root=CACHE_DIR / "overlays",
+        )
+    release = build.release if build is not None else cfg.sglang
+    return ov.build_overlay(
+        release,
+        cfg.overlay_patches(name, cache_dir=CACHE_DIR),
+        stock_site_dir=build.env.site_dir if build is not None else site,
+        cache_root=CACHE_DIR / "overlays",
+        patch_cache_dir=CACHE_DIR,
+    )
+
+
+def client_python(cfg: Config) -> str:
+    """The interpreter every arm's clients (bench_serving, MMMU) run with: the baseline's
+    build's environment (the running one when no builds were resolved)."""
+    b = cfg.builds.get(cfg.baseline)
+    return b.python if b is not None else sys.executable
+
+
+def client_release(cfg: Config) -> str:
+    """The sglang release of the clients' environment (:func:`client_python`)."""
+    b = cfg.builds.get(cfg.baseline)
+    return b.release if b is not None else str(cfg.sglang)
+
+
+def check_patches(cfg: Config) -> list[str]:
+    """Apply every variant's patches, in order, to a pristine copy of its release's files (what
+    ``bench --dry-run`` checks; nothing is downloaded: :func:`patchbench.patches.wheels.offline`).
+
+    Returns one line per problem (empty: every patch applies): ``variant 'V': <why>``, followed
+    by the failing named patch's state (already contained in the release, or conflicts at FILE
+    hunk N) and next step (:mod:`patchbench.patches.state`). A release whose files cannot be had
+    offline is reported as not checked.
+    """
+    from patchbench.patches import state, wheels
+
+    out: list[str] = []
+    for name in cfg.variants:
+        release = cfg.release_of(name)
+        if not cfg.patches_of(name) or release is None:
+            continue
+        env = envinfo.environment_for(release)
+        with tempfile.TemporaryDirectory(prefix="patchbench-dryrun-") as tmp, wheels.offline():
+            try:
+                patches = cfg.overlay_patches(name, cache_dir=CACHE_DIR)
+                if env is not None:
+                    ov.build_overlay(
+                        release,
+                        patches,
+                        stock_site_dir=env.site_dir,
+                        cache_root=Path(tmp),
+                        patch_cache_dir=CACHE_DIR,
+                    )
+                else:
+                    for p in patches:
+                        if isinstance(p, str):
+                            apply.check_patch(p, release, cache_dir=CACHE_DIR)
+            except wheels.FetchError as e:
+                out.append(f"variant '{name}': not checked on sglang {release}: {e}")
+                continue
+            except PatchError as e:
+                out.append(f"variant '{name}': {e}")
+                bad = next((p for p in patches_named(cfg, name) if p in str(e)), None)
+                if bad is not None:
+                    try:
+                        st = state.patch_state(bad, release, cache_dir=CACHE_DIR)
+                    except PatchError:
+                        continue
+                    if st.state != "applies":
+                        out += [f"  {ln.strip()}" for ln in st.lines()]
+    return out
+
+
+def patches_named(cfg: Config, variant: str) -> list[str]:
+    """The names of ``variant``'s patches that are folders of ``patches/`` (not diff files)."""
+    return [p for p in cfg.patches_of(variant) if isinstance(p, str)]

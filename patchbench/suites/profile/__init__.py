@@ -1,0 +1,545 @@
+"""Profile suite: host syncs per decode step, host step time and GPU idle gaps, read from the live
+server's own torch-profiler trace (docs/profile.md).
+
+Runs only in the untimed correctness cell of each variant (``timed = False``: a profiler changes
+timing). Its :meth:`ProfileSuite.instrumentation` declares the in-server hook
+``instr/patchbench_profile_instr.py`` with ``PATCHBENCH_PROFILE_RANGES=1``: the scheduler's decode
+step and the mrope computation then run in ``patchbench::decode_step bs=N`` /
+``patchbench::mrope MODE bs=N`` ranges. For each concurrency level in ``Params.concurrency``,
+:meth:`ProfileSuite.run` keeps that many streamed image requests decoding (``load.py``), asks the
+server for a trace of ``num_steps`` forward passes (``POST /start_profile``; the same arguments
+on 0.5.1.post3 and 0.5.23: ``output_dir, num_steps, activities, with_stack=false,
+record_shapes=false``), waits for the ``*.trace.json.gz`` the scheduler writes when the passes are
+done, and analyses it (``trace.py``).
+
+Files in the suite folder: ``trace-c<N>.trace.json.gz`` (the raw trace, open it in Perfetto),
+``steps.jsonl`` (one decode step a line, ``trace.Step.record()`` plus ``concurrency``),
+``timeline-c<N>.json`` (a few steps for the figure), ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import time
+from pathlib import Path
+from statistics import median
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from patchbench.records import read_json, read_jsonl, write_json, write_jsonl
+from patchbench.suite import (
+    Instrumentation,
+    MetricInfo,
+    Suite,
+    SuiteContext,
+    SuiteError,
+    SuiteResult,
+    comparison_get,
+    register,
+    suite_pairs,
+    suite_refusals,
+)
+from patchbench.suites import folded
+
+from . import trace as T
+
+#: the in-server hook (Instrumentation.hooks) that names the decode-step and mrope ranges
+HOOK = Path(__file__).resolve().parent / "instr" / "patchbench_profile_instr.py"
+
+METRICS: dict[str, MetricInfo] = {
+    "mrope_syncs_per_decode_step": MetricInfo(
+        "lower",
+        "count",
+        "median host syncs inside the mrope computation per decode step (over the steps of "
+        "every concurrency level)",
+        primary=True,
+        kind="deterministic",
+    ),
+    "syncs_per_decode_step": MetricInfo(
+        "lower",
+        "count",
+        "median host syncs per decode step (over the steps of every concurrency level)",
+        kind="deterministic",
+    ),
+    "gpu_idle_gap_us_median": MetricInfo(
+        "lower", "us", "GPU idle time between consecutive decode steps (median)", kind="run"
+    ),
+    "launch_lead_us_median": MetricInfo(
+        "higher",
+        "us",
+        "end of a step's GPU work minus the next step's first launch (median)",
+        kind="run",
+    ),
+    "host_step_ms_median": MetricInfo(
+        "lower", "ms", "host time per decode step, start to next start (median)", kind="run"
+    ),
+    "host_step_range_ms_median": MetricInfo(
+        "none", "ms", "duration of the decode-step range (median)", kind="descriptive"
+    ),
+    "decode_steps_count": MetricInfo(
+        "none", "count", "decode steps in the traces", kind="descriptive"
+    ),
+    "profiler_step_overhead_share": MetricInfo(
+        "none",
+        "share",
+        "profiled step time / unprofiled inter-token latency - 1",
+        kind="descriptive",
+    ),
+}
+
+
+class Params(BaseModel):
+    """concurrency: one trace per level (the decode batch size it sets); num_steps: forward passes
+    per trace; max_new_tokens: per request (ignore_eos; long enough that no request ends inside a
+    trace); warmup_tokens: tokens every request must have streamed before profiling starts;
+    unprofiled_window_s: how long the unprofiled inter-token latency is read before profiling;
+    activities: profiler activities ("auto": CPU on a CPU server, CPU and GPU on a GPU);
+    image_size: width x height of each prompt's (seeded, random) image; trace_timeout_s: how long
+    to wait for the trace file; timeline_steps: steps shown in the timeline figure."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    concurrency: list[int] = Field(default_factory=lambda: [1, 4])
+    num_steps: int = Field(20, ge=2, le=1000)
+    max_new_tokens: int = Field(1024, ge=8)
+    warmup_tokens: int = Field(4, ge=1)
+    unprofiled_window_s: float = Field(2.0, ge=0.2)
+    activities: Literal["auto", "CPU", "CPU+GPU"] = "auto"
+    image_size: str = Field("112x112", pattern=r"^\d+x\d+$")
+    seed: int = 1
+    trace_timeout_s: float = Field(180.0, gt=0)
+    timeline_steps: int = Field(4, ge=1, le=20)
+
+
+def _activities(params: Params, device: str) -> list[str]:
+    if params.activities == "auto":
+        return ["CPU", "GPU"] if device == "cuda" else ["CPU"]
+    return params.activities.split("+")
+
+
+def profile_request(params: Params, device: str, output_dir: Path) -> dict:
+    """The JSON body of ``POST /start_profile`` (fields both pins' request types declare:
+    0.5.1.post3 ``ProfileReqInput``, 0.5.23 ``ProfileReq``)."""
+    return {
+        "output_dir": str(output_dir),
+        "num_steps": params.num_steps,
+        "activities": _activities(params, device),
+        "with_stack": False,
+        "record_shapes": False,
+    }
+
+
+def _complete_trace(d: Path) -> Path | None:
+    """The scheduler's trace file in ``d`` once it is complete: a non-empty gzip whose content
+    parses as JSON (the profiler creates the file before it has written it: an empty file
+    decompresses without error)."""
+    import gzip
+    import json
+
+    for p in sorted(d.glob("*.trace.json.gz")):
+        try:
+            if p.stat().st_size == 0:
+                continue
+            with gzip.open(p) as f:
+                data = f.read()
+            if not data.strip():
+                continue
+            json.loads(data)
+            return p
+        except (OSError, EOFError, ValueError):
+            continue
+    return None
+
+
+#: what a stall during the export is called, and the setting that bounds it
+EXPORT_WHAT = "the profiler's trace export (sglang writes it inside the scheduler's loop)"
+EXPORT_SETTING = "profile.trace_timeout_s"
+
+
+async def await_trace(ctx: SuiteContext, params: Params, raw: Path, c: int, t_end: float) -> Path:
+    """Wait (after ``POST /start_profile`` answered) for the complete trace in ``raw``; returns it.
+
+    sglang runs the ``num_steps`` profiled forward passes, then stops the profiler and writes the
+    trace inside the scheduler's event loop (``stop_profile`` from
+    ``_profile_batch_predicate``, 0.5.1.post3 and 0.5.23): the scheduler answers nothing
+    meanwhile, the liveness heartbeat included, for as long as the export takes (a large GPU
+    trace: longer than ``server.stall_timeout_s``). The wait is therefore announced to the
+    liveness watch (:meth:`patchbench.run.activity.ProgressMeter.quiet`): the heartbeat's limit is
+    ``params.trace_timeout_s`` until the trace is there, and a stall then names the export.
+    Raises SuiteError when no complete trace is there by ``t_end`` (monotonic seconds) or the
+    server died."""
+    progress = getattr(ctx.server, "progress", None)
+    quiet = (
+        progress.quiet(params.trace_timeout_s, EXPORT_WHAT, EXPORT_SETTING)
+        if progress is not None
+        else contextlib.nullcontext()
+    )
+    with quiet:
+        while True:
+            found = _complete_trace(raw)
+            if found is not None:
+                return found
+            if time.monotonic() > t_end or not ctx.server.alive():
+                raise SuiteError(
+                    f"concurrency {c}: no complete *.trace.json.gz in {raw} "
+                    f"within {params.trace_timeout_s:g} s of the load's start"
+                )
+            await asyncio.sleep(0.2)
+
+
+async def _profile_level(ctx: SuiteContext, params: Params, c: int, images: list[str]) -> dict:
+    import aiohttp
+
+    from .load import DecodeLoad
+
+    raw = Path(ctx.out_dir) / f"raw-c{c}"
+    raw.mkdir(parents=True, exist_ok=True)
+    load = DecodeLoad(ctx.server.base_url, c, params.max_new_tokens, images)
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        await load.start(session)
+        try:
+            t_end = time.monotonic() + params.trace_timeout_s
+            while load.min_tokens() < params.warmup_tokens:
+                if time.monotonic() > t_end or not ctx.server.alive():
+                    raise SuiteError(
+                        f"concurrency {c}: the load did not reach "
+                        f"{params.warmup_tokens} tokens per request within "
+                        f"{params.trace_timeout_s:g} s ({'; '.join(load.errors[:3])})"
+                    )
+                await asyncio.sleep(0.05)
+            t0 = time.monotonic()
+            await asyncio.sleep(params.unprofiled_window_s)
+            t1 = time.monotonic()
+            body = profile_request(params, ctx.device, raw.resolve())
+            async with session.post(
+                ctx.server.base_url.rstrip("/") + "/start_profile", json=body
+            ) as r:
+                text = await r.text()
+                if r.status != 200:
+                    raise SuiteError(f"POST /start_profile answered {r.status}: {text[:300]}")
+            t_started = time.monotonic()
+            found = await await_trace(ctx, params, raw, c, t_end)
+        finally:
+            await load.stop()
+    dest = Path(ctx.out_dir) / f"trace-c{c}.trace.json.gz"
+    shutil.move(str(found), dest)
+    shutil.rmtree(raw, ignore_errors=True)
+    return {
+        "trace": dest,
+        "itl_unprofiled_ms": load.itl_ms(t0, t1),
+        "request": body,
+        "start_profile_s": t_started - t1,
+        "errors": load.errors[:5],
+    }
+
+
+#: profiled step / unprofiled ITL outside this range is a measuring fault, not an overhead
+#: (a step cannot be much shorter than a token's gap; a profiler that slows steps tenfold would
+#: have shown as a stalled load)
+PLAUSIBLE_STEP_TO_ITL = (0.5, 10.0)
+
+
+def overhead_share(step_ms: float | None, itl_ms: float | None) -> tuple[float | None, str | None]:
+    """(profiled step time / unprofiled inter-token latency - 1, None), or (None, why) when
+    either is missing or their ratio lies outside :data:`PLAUSIBLE_STEP_TO_ITL`."""
+    if not step_ms or not itl_ms:
+        return None, None if not step_ms else "no unprofiled inter-token latency"
+    ratio = step_ms / itl_ms
+    lo, hi = PLAUSIBLE_STEP_TO_ITL
+    if not lo <= ratio <= hi:
+        return None, (
+            f"profiled step {step_ms:.3g} ms against an unprofiled inter-token latency of "
+            f"{itl_ms:.3g} ms (ratio {ratio:.3g}, outside [{lo:g}, {hi:g}]): the two do not "
+            "measure the same steps"
+        )
+    return ratio - 1.0, None
+
+
+def run(ctx: SuiteContext, params: Params) -> SuiteResult:
+    """Profile every concurrency level (see the module docstring). Raises :class:`SuiteError`
+    when the server refuses profiling or no trace appears in time."""
+    from .load import image_data_url
+
+    if ctx.server is None:
+        raise SuiteError("the profile suite needs a server")
+    w, h = (int(x) for x in params.image_size.split("x"))
+    images = [image_data_url(params.seed + i, w, h) for i in range(max(params.concurrency))]
+    rows: list[dict] = []
+    levels: dict[str, Any] = {}
+    all_steps: list[T.Step] = []
+    warnings: list[str] = []
+    overheads: list[float] = []
+    for c in params.concurrency:
+        ctx.log(f"profile: concurrency {c}, {params.num_steps} forward passes")
+        got = asyncio.run(_profile_level(ctx, params, c, images))
+        events = T.load_events(got["trace"])
+        a = T.analyze(events)
+        if a.source != "patchbench":
+            warnings.append(
+                f"concurrency {c}: no patchbench::decode_step ranges in the trace "
+                f"(steps from: {a.source}); is the instrumentation on the server's "
+                "PYTHONPATH?"
+            )
+        rows += [dict(s.record(), concurrency=c) for s in a.steps]
+        all_steps += a.steps
+        summ = a.summary()
+        itl = got["itl_unprofiled_ms"]
+        share, why = overhead_share(summ.get("host_step_ms_median"), itl)
+        if share is not None:
+            overheads.append(share)
+        elif why:
+            warnings.append(f"concurrency {c}: no profiler overhead: {why}")
+        tl = T.timeline_excerpt(events, a, n_steps=params.timeline_steps)
+        if tl is not None:
+            write_json(Path(ctx.out_dir) / f"timeline-c{c}.json", tl)
+        levels[str(c)] = {
+            "trace": got["trace"].name,
+            "source": a.source,
+            "summary": summ,
+            "by_batch_size": a.by_batch_size(),
+            "itl_unprofiled_ms": itl,
+            "start_profile_request": got["request"],
+            "client_errors": got["errors"],
+        }
+    write_jsonl(Path(ctx.out_dir) / "steps.jsonl", rows)
+    merged = T.Analysis(steps=all_steps, source="patchbench", has_gpu=False, events=0)
+    metrics = {k: v for k, v in _summary_over_levels(levels, all_steps).items() if v is not None}
+    if overheads:
+        metrics["profiler_step_overhead_share"] = median(overheads)
+    status = "ok" if all_steps else "incomplete"
+    errors = [] if all_steps else ["no decode step found in any trace"]
+    return SuiteResult(
+        status=status,
+        metrics=metrics,
+        errors=errors,
+        warnings=warnings,
+        meta={
+            "levels": levels,
+            "by_batch_size": merged.by_batch_size(),
+            "params": params.model_dump(),
+        },
+    )
+
+
+def _summary_over_levels(levels: dict[str, Any], steps: list[T.Step]) -> dict[str, float | None]:
+    """Medians over every decode step of every level; intervals, gaps and leads are within a
+    level (a step's ``interval_us`` etc. never crosses traces)."""
+    if not steps:
+        return {}
+
+    def med(xs):
+        xs = [x for x in xs if x is not None]
+        return float(median(xs)) if xs else None
+
+    host = med(s.interval_us for s in steps)
+    return {
+        "mrope_syncs_per_decode_step": med(s.mrope_syncs for s in steps),
+        "syncs_per_decode_step": med(s.syncs for s in steps),
+        "host_step_ms_median": None if host is None else host / 1000.0,
+        "host_step_range_ms_median": med(s.host_us for s in steps) / 1000.0,
+        "gpu_idle_gap_us_median": med(s.gpu_idle_gap_us for s in steps),
+        "launch_lead_us_median": med(s.launch_lead_us for s in steps),
+        "decode_steps_count": float(len(steps)),
+    }
+
+
+# --------------------------------------------------------------------------- comparison
+
+
+def _cell(d: Path) -> dict[str, Any]:
+    """steps, summary metrics and timelines of one cell's suite folder ({} parts when missing)."""
+    d = Path(d)
+    try:
+        steps = read_jsonl(d / "steps.jsonl")
+    except (OSError, ValueError):
+        steps = []
+    try:
+        metrics = (read_json(d / "summary.json") or {}).get("metrics") or {}
+    except (OSError, ValueError):
+        metrics = {}
+    timelines = {}
+    for p in sorted(d.glob("timeline-c*.json")):
+        try:
+            timelines[p.stem.split("-c", 1)[1]] = read_json(p)
+        except (OSError, ValueError):
+            pass
+    return {"steps": steps, "metrics": metrics, "timelines": timelines}
+
+
+def _per_bs(steps: list[dict]) -> dict[int, dict[str, list[int]]]:
+    out: dict[int, dict[str, set]] = {}
+    for s in steps:
+        bs = s.get("batch_size")
+        if bs is None:
+            continue
+        row = out.setdefault(int(bs), {"syncs": set(), "mrope_syncs": set(), "steps": 0})
+        row["syncs"].add(s.get("syncs"))
+        row["mrope_syncs"].add(s.get("mrope_syncs"))
+        row["steps"] += 1
+    return {
+        bs: {
+            "syncs": sorted(r["syncs"]),
+            "mrope_syncs": sorted(r["mrope_syncs"]),
+            "steps": r["steps"],
+        }
+        for bs, r in sorted(out.items())
+    }
+
+
+def pair_cells(baseline_dirs: list[Path], variant_dirs: list[Path]) -> dict[str, Any] | None:
+    """Per batch size, the distinct sync counts per decode step of each side (over every repeat)
+    and whether they are equal; per repeat, both sides' summary metrics; the first repeat's
+    timelines of each side (by concurrency). None when neither side has steps."""
+    b = [_cell(d) for d in baseline_dirs]
+    v = [_cell(d) for d in variant_dirs]
+    bsteps = [s for c in b for s in c["steps"]]
+    vsteps = [s for c in v for s in c["steps"]]
+    if not bsteps and not vsteps:
+        return None
+    pb, pv = _per_bs(bsteps), _per_bs(vsteps)
+    rows = []
+    for bs in sorted(set(pb) | set(pv)):
+        x, y = pb.get(bs), pv.get(bs)
+        rows.append(
+            {
+                "batch_size": bs,
+                "baseline": x,
+                "variant": y,
+                "syncs_equal": bool(x and y and x["syncs"] == y["syncs"]),
+                "mrope_syncs_equal": bool(x and y and x["mrope_syncs"] == y["mrope_syncs"]),
+            }
+        )
+    values = {}
+    for name in (
+        "gpu_idle_gap_us_median",
+        "launch_lead_us_median",
+        "host_step_ms_median",
+        "syncs_per_decode_step",
+        "mrope_syncs_per_decode_step",
+        "profiler_step_overhead_share",
+    ):
+        values[name] = {
+            "baseline": [c["metrics"].get(name) for c in b],
+            "variant": [c["metrics"].get(name) for c in v],
+        }
+    first = lambda cells: next((c["timelines"] for c in cells if c["timelines"]), {})  # noqa: E731
+    return {
+        "by_batch_size": rows,
+        "values": values,
+        "timeline": {"baseline": first(b), "variant": first(v)},
+    }
+
+
+def _fmt(xs: list | None) -> str:
+    if not xs:
+        return "–"
+    return "/".join(f"{x:g}" for x in xs)
+
+
+def _num(x) -> str:
+    return "–" if x is None else f"{x:.3g}"
+
+
+def report_section(comparison: Any) -> list[str]:
+    """Markdown: per variant, a table of sync counts per decode step by batch size (baseline vs
+    variant) and the step-time medians, from ``pairs["profile"]`` only; the tables folded
+    (:func:`patchbench.suites.folded`)."""
+    pairs = suite_pairs(comparison, "profile")
+    refused = suite_refusals(comparison, "profile")
+    if not pairs and not refused:
+        return []
+    base = comparison_get(comparison, "baseline", "baseline")
+    lines = [
+        "## Profile (live server, untimed correctness cell)",
+        "",
+        "Host syncs per decode step counted in the server's own torch-profiler trace "
+        "(`patchbench::decode_step` ranges; mrope: inside `patchbench::mrope`). Profiling "
+        "perturbs timing: the times below are for reading the trace, not verdicts.",
+        "",
+    ]
+    for var, reason in refused.items():
+        lines += [f"**{var}**: not compared: {reason}", ""]
+    body: list[str] = []
+    for var, p in pairs.items():
+        body += [
+            f"**{var}** vs {base}",
+            "",
+            "| batch size | steps (base/var) | syncs per step base → var | mrope syncs per "
+            "step base → var | sync counts equal |",
+            "|---|---|---|---|---|",
+        ]
+        for r in p.get("by_batch_size") or []:
+            x, y = r.get("baseline") or {}, r.get("variant") or {}
+            eq = "yes" if r.get("syncs_equal") and r.get("mrope_syncs_equal") else "no"
+            body.append(
+                f"| {r['batch_size']} | {x.get('steps', 0)}/{y.get('steps', 0)} | "
+                f"{_fmt(x.get('syncs'))} → {_fmt(y.get('syncs'))} | "
+                f"{_fmt(x.get('mrope_syncs'))} → {_fmt(y.get('mrope_syncs'))} | {eq} |"
+            )
+        vals = p.get("values") or {}
+        body += ["", "| median per cell | baseline | variant |", "|---|---|---|"]
+        for name in (
+            "host_step_ms_median",
+            "gpu_idle_gap_us_median",
+            "launch_lead_us_median",
+            "profiler_step_overhead_share",
+        ):
+            d = vals.get(name) or {}
+            if any(x is not None for x in (d.get("baseline") or []) + (d.get("variant") or [])):
+                body.append(
+                    f"| {name} | {', '.join(_num(x) for x in d.get('baseline') or [])} | "
+                    f"{', '.join(_num(x) for x in d.get('variant') or [])} |"
+                )
+        body.append("")
+    what = "syncs per decode step by batch size, and step-time medians, per variant"
+    return lines + folded(what, body)
+
+
+@register
+class ProfileSuite(Suite):
+    """Live-server profiler traces of decode steps (see the module docstring)."""
+
+    name = "profile"
+    Params = Params
+    metrics = METRICS
+    needs_server = True
+    timed = False
+
+    def run(self, ctx: SuiteContext, params: Params) -> SuiteResult:
+        return run(ctx, params)
+
+    def instrumentation(self, ctx: SuiteContext, params: Params) -> Instrumentation | None:
+        """The :data:`HOOK` in the server with ``PATCHBENCH_PROFILE_RANGES=1`` (the named ranges);
+        nothing to collect afterwards (the suite reads its own traces)."""
+        return Instrumentation(
+            env={"PATCHBENCH_PROFILE_RANGES": "1"},
+            hooks=[HOOK],
+            out_dir=None,
+            perturbs_timing=True,
+            collect=None,
+            # torch's profiler records CPU ops only of the thread that
+            # started it; the overlap scheduler's forward thread predates it
+            server_args=["--disable-overlap-schedule"],
+        )
+
+    def pair(
+        self, baseline_dirs: list[Path], variant_dirs: list[Path], params: Params
+    ) -> dict | None:
+        """``{"by_batch_size": [{"batch_size", "baseline", "variant": {"syncs", "mrope_syncs"
+        (sorted distinct per-step counts), "steps"} | None, "syncs_equal",
+        "mrope_syncs_equal"}], "values": {metric: {"baseline", "variant": [per repeat]}},
+        "timeline": {"baseline", "variant": {concurrency: timeline_excerpt()}}}``."""
+        return pair_cells(baseline_dirs, variant_dirs)
+
+    def report_section(self, comparison: Any) -> list[str]:
+        return report_section(comparison)
+
+    def plots(self, comparison: Any, out_dir: Path) -> list[Path]:
+        from .timeline import plot_pairs
+
+        base = comparison_get(comparison, "baseline", "baseline")
+        return plot_pairs(suite_pairs(comparison, "profile"), base, Path(out_dir))

@@ -1,0 +1,365 @@
+"""Pairing two serving cells request by request (the suite's ``pair`` hook).
+
+bench_serving sends the same seeded prompts in the same order in every cell, so request i of the
+baseline and request i of a variant are the same prompt, but only if that holds: every repeat is
+checked first (the prompt length ``input_len`` of each request that succeeded in both cells, and
+``prompt_sha256`` where requests.json has it). A repeat that fails the check is not used; when no
+repeat passes, :class:`~patchbench.suite.PairingRefused` says why. Every requests.json is validated
+(:func:`.parse.requests_problem`: equal-length lists, latencies numbers >= 0, known statuses); a
+missing, unreadable, mis-shaped or empty file is a note naming the file (mis-shaped and unreadable
+ones also listed under ``unreadable``) and its repeat is not used; a file that holds fewer requests
+than the other cell's, or than its own summary.json's ``requested_count``, is a note naming the
+file and the requests actually compared, never a silent shrink.
+
+A variant whose outputs are far shorter than the baseline's for the same prompts (streams ended
+early) is a note (:func:`shorter_outputs`).
+
+From the paired repeats: output identity (identical ``generated_text`` share, Wilson interval,
+where the first difference starts), per-request TTFT / ITL values of the first paired repeat for
+the ECDF plot, and, with a single paired repeat, request-level intervals of the latency metrics
+(descriptive only: request-to-request noise inside one cell, never a verdict).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+from pathlib import Path
+from typing import Any
+
+from patchbench import records, stats
+from patchbench.suite import PairingRefused
+
+from .parse import requests_problem
+
+#: at most this many ITL values per arm are kept for the ECDF (evenly spaced order statistics)
+ECDF_MAX_VALUES = 2000
+#: first differences listed
+MAX_DIFFS = 50
+
+_KIND = re.compile(r"^(ttft|itl|e2e_latency)_(mean|median|p90|p95|p99)_ms$")
+
+
+def read_requests(suite_dir: Path) -> tuple[dict | None, str | None]:
+    """(requests.json of one cell, None) or (None, why not: the file named).
+
+    The file is validated (:func:`patchbench.suites.serving.parse.requests_problem`): a missing,
+    unreadable or mis-shaped file is refused with the reason; its data are never partly used."""
+    p = Path(suite_dir) / "requests.json"
+    if not p.is_file():
+        return None, f"{p}: missing"
+    try:
+        data = records.read_json(p)
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        return None, f"{p}: unreadable ({e})"
+    problem = requests_problem(data)
+    if problem:
+        return None, f"{p}: not a valid requests.json ({problem})"
+    return data, None
+
+
+def expected_requests(suite_dir: Path) -> int | None:
+    """The number of requests the cell's run sent, from its ``summary.json``
+    (``metrics.requested_count``, written by the suite together with requests.json); None when the
+    summary or the count cannot be read (then only the other cell's file can show a short one)."""
+    try:
+        m = records.read_json(Path(suite_dir) / "summary.json").get("metrics") or {}
+        v = m.get("requested_count")
+    except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or v < 0 or v != int(v):
+        return None
+    return int(v)
+
+
+def _short_notes(k: int, side: str, suite_dir: Path, held: int) -> list[str]:
+    """A note when ``suite_dir``'s requests.json holds fewer requests than its summary says."""
+    want = expected_requests(suite_dir)
+    if want is None or held >= want:
+        return []
+    return [
+        f"paired repeat {k}: {Path(suite_dir) / 'requests.json'} ({side}) holds {held} requests, "
+        f"its summary.json says {want} were sent: the file is short"
+    ]
+
+
+def request_ok(req: dict, i: int) -> bool:
+    """Request i succeeded: no error and, where the file has ``status``, status "ok"."""
+    errs = req.get("error") or []
+    if i < len(errs) and errs[i]:
+        return False
+    st = req.get("status")
+    return not (st and i < len(st) and st[i] != "ok")
+
+
+def _count(req: dict) -> int:
+    return len(req.get("generated_text") or [])
+
+
+def check_prompts(rb: dict, rv: dict, n: int) -> str | None:
+    """None when request i is the same prompt in both files for every i < n, else the reason.
+
+    Compared: ``prompt_sha256`` at every index where both files have it; ``input_len`` at every
+    index where the request succeeded in both cells (a failed request's length may be missing)."""
+    bad: list[str] = []
+    hb, hv = rb.get("prompt_sha256"), rv.get("prompt_sha256")
+    lb, lv = rb.get("input_len") or [], rv.get("input_len") or []
+    for i in range(n):
+        if hb and hv and i < len(hb) and i < len(hv) and hb[i] != hv[i]:
+            bad.append(f"request {i}: prompt_sha256 differs")
+        elif (
+            request_ok(rb, i)
+            and request_ok(rv, i)
+            and i < len(lb)
+            and i < len(lv)
+            and lb[i] != lv[i]
+        ):
+            bad.append(f"request {i}: prompt length {lb[i]} vs {lv[i]}")
+    if not bad:
+        return None
+    return (
+        f"prompts differ at {len(bad)} of {n} indices (first: {'; '.join(bad[:3])}): "
+        "requests cannot be paired by index"
+    )
+
+
+#: a variant output this much shorter than the baseline's counts as cut short, and this share
+#: of cut-short outputs is flagged (without ignore_eos lengths may differ, not by this much)
+SHORT_OUTPUT_RATIO = 0.5
+SHORT_OUTPUT_SHARE = 0.1
+
+
+def shorter_outputs(rb: dict, rv: dict, idx: list[int]) -> str | None:
+    """The note when more than :data:`SHORT_OUTPUT_SHARE` of the paired requests ``idx`` have a
+    variant output below :data:`SHORT_OUTPUT_RATIO` of the baseline's (``output_len``: the
+    server's token counts), else None: a variant whose streams end early reads as a speed-up."""
+    ob, ov = rb.get("output_len"), rv.get("output_len")
+    if not idx or not isinstance(ob, list) or not isinstance(ov, list):
+        return None
+    short = [i for i in idx if (ob[i] or 0) > 0 and (ov[i] or 0) < SHORT_OUTPUT_RATIO * ob[i]]
+    if len(short) <= SHORT_OUTPUT_SHARE * len(idx):
+        return None
+    return (
+        f"{len(short)} of {len(idx)} variant outputs are less than half as long as the "
+        f"baseline's (server token counts, e.g. request {short[0]}: {ov[short[0]]} vs "
+        f"{ob[short[0]]}): its streams may end early, and its throughput is measured on "
+        "shorter outputs"
+    )
+
+
+def _first_diff(a: str, b: str) -> int:
+    return len(os.path.commonprefix([a, b]))
+
+
+def _thin(values: list[float], cap: int = ECDF_MAX_VALUES) -> list[float]:
+    """``values`` sorted; above ``cap`` values, ``cap`` evenly spaced order statistics (the
+    ECDF drawn from them differs from the full one by at most 1/(cap-1) in height)."""
+    xs = sorted(values)
+    if len(xs) <= cap:
+        return xs
+    return [xs[round(j * (len(xs) - 1) / (cap - 1))] for j in range(cap)]
+
+
+def _ecdf_side(req: dict, idx: list[int]) -> dict[str, Any]:
+    ttft = [
+        req["ttft_ms"][i]
+        for i in idx
+        if i < len(req.get("ttft_ms") or []) and req["ttft_ms"][i] is not None
+    ]
+    itl = [x for i in idx if i < len(req.get("itl_ms") or []) for x in (req["itl_ms"][i] or [])]
+    return {"ttft_ms": sorted(ttft), "itl_ms": _thin(itl), "itl_ms_n": len(itl)}
+
+
+def metric_kind(metric: str) -> tuple[str, str] | None:
+    """("ttft"|"itl"|"e2e", statistic) for a serving latency metric with a request-level
+    interval (``ttft_median_ms`` -> ("ttft", "median")), else None."""
+    m = _KIND.match(metric)
+    if not m:
+        return None
+    return ("e2e" if m.group(1) == "e2e_latency" else m.group(1)), m.group(2)
+
+
+def within_cell_interval(
+    kind: str, stat: str, rb: dict, rv: dict, idx: list[int], settings: Any
+) -> stats.Interval:
+    """Paired-request (ttft, e2e) or request-block (itl) interval of one repeat over the request
+    indices ``idx`` (succeeded in both cells). Raises ValueError when there are too few values."""
+    field = {"ttft": "ttft_ms", "e2e": "e2e_ms", "itl": "itl_ms"}[kind]
+    xb, xv = rb.get(field) or [], rv.get(field) or []
+    idx = [i for i in idx if i < len(xb) and i < len(xv)]
+    if kind == "itl":
+        return stats.block_bootstrap_interval(
+            [xb[i] or [] for i in idx],
+            [xv[i] or [] for i in idx],
+            stat,
+            settings.confidence,
+            n_resamples=settings.bootstrap_resamples,
+            seed=settings.seed,
+        )
+    idx = [i for i in idx if xb[i] is not None and xv[i] is not None and xb[i] > 0 and xv[i] > 0]
+    return stats.paired_request_interval(
+        [xb[i] for i in idx],
+        [xv[i] for i in idx],
+        stat,
+        settings.confidence,
+        n_resamples=settings.bootstrap_resamples,
+        seed=settings.seed,
+        method=settings.bootstrap_method,
+    )
+
+
+def pair_cells(
+    baseline_dirs: list[Path], variant_dirs: list[Path], metrics: list[str], settings: Any = None
+) -> dict[str, Any]:
+    """The serving pair dict of one variant (see :meth:`ServingSuite.pair` for its keys).
+
+    ``metrics``: the latency metrics to give request-level intervals (with one paired repeat);
+    ``settings``: confidence / bootstrap settings (``patchbench.analysis.comparison.CompareSettings``;
+    None: its defaults). Raises PairingRefused when every repeat that has both files fails the
+    prompt check.
+    """
+    if settings is None:
+        from patchbench.analysis.comparison import CompareSettings
+
+        settings = CompareSettings()
+    notes: list[str] = []
+    reps: list[dict[str, Any]] = []
+    refused: list[str] = []
+    used: list[tuple[int, dict, dict, list[int]]] = []
+    unreadable: list[str] = []
+    for k, (db, dv) in enumerate(zip(baseline_dirs, variant_dirs, strict=True)):
+        got = _pair_repeat(k, Path(db), Path(dv), notes, unreadable)
+        if isinstance(got, str):
+            refused.append(f"paired repeat {k}: {got}")
+        elif got is not None:
+            reps.append(got[0])
+            used.append(got[1])
+    if refused and not used:
+        raise PairingRefused("; ".join(refused))
+    notes += refused
+    pairing_reason = "; ".join(refused) if used else "; ".join(notes) or "no paired repeat"
+    out: dict[str, Any] = {
+        "request_pairing": {"ok": bool(used), "reason": pairing_reason},
+        "notes": notes,
+        "unreadable": unreadable,
+        "repeats": [{k: v for k, v in r.items() if k != "diffs"} for r in reps],
+        "identity": _identity(reps),
+    }
+    if used:
+        k, rb, rv, idx = used[0]
+        out["ecdf"] = {
+            "repeat_index": k,
+            "baseline": _ecdf_side(rb, idx),
+            "variant": _ecdf_side(rv, idx),
+        }
+    if len(used) == 1 and getattr(settings, "within_cell_intervals", True):
+        out["descriptive"] = _descriptive(metrics, used[0], settings, notes)
+    return out
+
+
+def _pair_repeat(
+    k: int, db: Path, dv: Path, notes: list[str], unreadable: list[str]
+) -> tuple[dict[str, Any], tuple[int, dict, dict, list[int]]] | str | None:
+    """Pair repeat ``k``'s two cells: (its entry of ``repeats``, with its ``diffs``; (k, baseline
+    requests, variant requests, indices of the requests that succeeded in both)), the prompt
+    check's reason when it refuses the pairing, or None when a file is missing, unreadable or
+    empty. What the repeat shows is appended to ``notes`` (and an unreadable file to
+    ``unreadable``)."""
+    rb, why_b = read_requests(db)
+    rv, why_v = read_requests(dv)
+    if rb is None or rv is None:
+        whys = [w for w in (why_b, why_v) if w]
+        unreadable += [w for w in whys if not w.endswith(": missing")]
+        notes.append(f"paired repeat {k}: not used: " + "; ".join(whys))
+        return None
+    nb, nv = _count(rb), _count(rv)
+    n = min(nb, nv)
+    notes += _short_notes(k, "baseline", db, nb) + _short_notes(k, "variant", dv, nv)
+    if n == 0:
+        empty = [str(d / "requests.json") for d, c in ((db, nb), (dv, nv)) if c == 0]
+        notes.append(f"paired repeat {k}: not used: {' and '.join(empty)} holds no requests")
+        return None
+    if nb != nv:
+        short = db / "requests.json" if nb < nv else dv / "requests.json"
+        notes.append(
+            f"paired repeat {k}: {short} holds {min(nb, nv)} requests, the other cell "
+            f"{max(nb, nv)}: only requests 0..{n - 1} were paired"
+        )
+    reason = check_prompts(rb, rv, n)
+    if reason:
+        return reason
+    idx = [i for i in range(n) if request_ok(rb, i) and request_ok(rv, i)]
+    short = shorter_outputs(rb, rv, idx)
+    if short:
+        notes.append(f"paired repeat {k}: {short}")
+    tb, tv = rb["generated_text"], rv["generated_text"]
+    same = 0
+    diffs: list[dict[str, int]] = []
+    for i in idx:
+        a, b = tb[i] or "", tv[i] or ""
+        if a == b:
+            same += 1
+        else:
+            diffs.append({"repeat": k, "request": i, "char": _first_diff(a, b)})
+    rep = {
+        "repeat_index": k,
+        "baseline_requests": nb,
+        "variant_requests": nv,
+        "baseline_expected": expected_requests(db),
+        "variant_expected": expected_requests(dv),
+        "requests_compared": [0, n - 1],
+        "paired": len(idx),
+        "failed_either": n - len(idx),
+        "identical": same,
+        "share": same / len(idx) if idx else None,
+        "diffs": diffs,
+    }
+    return rep, (k, rb, rv, idx)
+
+
+def _identity(reps: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Output identity over the paired repeats (identical share, its 95 % Wilson interval, the
+    first differences); None when no request was paired."""
+    n = sum(r["paired"] for r in reps)
+    ident = sum(r["identical"] for r in reps)
+    diffs = [d for r in reps for d in r["diffs"]]
+    if not n:
+        return None
+    from statsmodels.stats.proportion import proportion_confint
+
+    lo, hi = proportion_confint(ident, n, alpha=0.05, method="wilson")
+    return {
+        "n": n,
+        "identical": ident,
+        "share": ident / n,
+        "share_ci": [float(lo), float(hi)],
+        "first_diff": diffs[:MAX_DIFFS],
+        "first_diff_char_median": (statistics.median(d["char"] for d in diffs) if diffs else None),
+    }
+
+
+def _descriptive(
+    metrics: list[str], used: tuple[int, dict, dict, list[int]], settings: Any, notes: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Request-level intervals of the latency ``metrics`` in the one paired repeat ``used``
+    (descriptive only); a metric without one gets a note."""
+    _k, rb, rv, idx = used
+    desc: dict[str, dict[str, Any]] = {}
+    for m in metrics:
+        kind = metric_kind(m)
+        if kind is None:
+            continue
+        try:
+            iv = within_cell_interval(kind[0], kind[1], rb, rv, idx, settings)
+        except ValueError as e:
+            notes.append(f"{m}: no request-level interval ({e})")
+            continue
+        if iv.ok:
+            desc[m] = {
+                "change_pct": 100 * iv.estimate,
+                "low_pct": 100 * iv.low,
+                "high_pct": 100 * iv.high,
+                "method": iv.method,
+            }
+    return desc

@@ -1,0 +1,184 @@
+"""A load sweep of the serving suite: the points, their names, their prompts and their order.
+
+A config's ``serving.sweep`` lists the loads of ONE axis (``max_concurrency`` or
+``request_rate``); every point runs bench_serving against the cell's one server, in an order
+shuffled per cell with a recorded seed, with the server's cache flushed between points. The same
+``num_prompts`` and bench_serving ``--seed`` at a point give every variant the same prompt set.
+
+Naming (docs/CONTRACTS.md, "Load sweeps"): a per-point metric is the single-point metric's name,
+``@`` and the point's key: ``output_throughput_tok_s@c16`` (concurrency 16),
+``ttft_p99_ms@r2.5`` (2.5 requests per second). The unit suffix stays before the ``@``, so
+:func:`patchbench.suite.unit_of` of :func:`base_metric` still gives the unit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+#: the character between a metric's name and its point's key
+POINT_SEP = "@"
+#: the key prefix of each axis
+_PREFIX = {"max_concurrency": "c", "request_rate": "r"}
+
+
+class Slo(BaseModel):
+    """The service-level objective of the curve metrics (goodput, highest load meeting it).
+
+    A request meets the SLO when its TTFT <= ``ttft_ms`` AND its TPOT (time per output token
+    after the first, (E2E - TTFT) / (output tokens - 1)) <= ``tpot_ms``; a load meets it when the
+    ``percentile``-th percentile of the successful requests' TTFT and TPOT both do. Defaults:
+    MLPerf Inference's server-scenario latency constraints for Llama-2-70B (TTFT 2 s, TPOT 200 ms,
+    judged at the 99th percentile; MLPerf Inference rules, "llama2-70b" server scenario).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    ttft_ms: float = Field(2000.0, gt=0)
+    tpot_ms: float = Field(200.0, gt=0)
+    percentile: float = Field(99.0, gt=0, le=100)
+
+
+class Sweep(BaseModel):
+    """``serving.sweep``: the points of one load axis.
+
+    axis: ``max_concurrency`` (``--max-concurrency``, request rate as the suite sets it) or
+    ``request_rate`` (``--request-rate`` in req/s, concurrency as the suite sets it).
+    points: the loads, distinct, > 0 (integers for ``max_concurrency``).
+    prompts_per_load / min_prompts: prompts at a point = max(min_prompts, ceil(prompts_per_load x
+    load)) (e.g. 4 and 32: ``max(32, 4 x concurrency)``); prompts_per_load None: the suite's
+    ``num_prompts`` at every point.
+    delivered_share: a point whose client reached less than this share of the load asked
+    (bench_serving's achieved concurrency, or completed requests / duration for a rate) is marked
+    "not delivered" and never judged.
+    slo: the SLO of the curve metrics (:class:`Slo`).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    axis: Literal["max_concurrency", "request_rate"] = "max_concurrency"
+    points: list[float] = Field(min_length=1)
+    prompts_per_load: float | None = Field(None, gt=0)
+    min_prompts: int = Field(32, ge=1)
+    delivered_share: float = Field(0.5, gt=0, le=1)
+    slo: Slo = Field(default_factory=Slo)
+
+    @model_validator(mode="after")
+    def _check_points(self) -> Sweep:
+        if any(p <= 0 or not math.isfinite(p) for p in self.points):
+            raise ValueError("sweep points must be finite and > 0")
+        if len(set(self.points)) != len(self.points):
+            raise ValueError("sweep points must be distinct")
+        if self.axis == "max_concurrency" and any(p != int(p) for p in self.points):
+            raise ValueError("max_concurrency points must be whole numbers")
+        return self
+
+    def sorted_points(self) -> list[float]:
+        """The points from the lowest load to the highest."""
+        return sorted(self.points)
+
+    def key(self, point: float) -> str:
+        """The point's key: ``c16`` (concurrency 16), ``r2.5`` (2.5 req/s)."""
+        return point_key(self.axis, point)
+
+    def keys(self) -> list[str]:
+        """Every point's key, lowest load first."""
+        return [self.key(p) for p in self.sorted_points()]
+
+    def num_prompts(self, point: float, default: int) -> int:
+        """Prompts sent at ``point`` (``default``: the suite's num_prompts)."""
+        if self.prompts_per_load is None:
+            return default
+        return max(self.min_prompts, math.ceil(self.prompts_per_load * point))
+
+
+def point_key(axis: str, point: float) -> str:
+    """``c<int>`` for a concurrency, ``r<number>`` for a request rate (``r2.5``, ``r4``)."""
+    v = int(point) if float(point) == int(point) else point
+    return f"{_PREFIX[axis]}{v}"
+
+
+def metric_at(metric: str, key: str) -> str:
+    """The per-point name: ``output_throughput_tok_s`` at ``c16`` -> ``output_throughput_tok_s@c16``."""
+    return f"{metric}{POINT_SEP}{key}"
+
+
+def base_metric(name: str) -> str:
+    """The single-point name of a per-point metric (the name itself when it has no point)."""
+    return name.split(POINT_SEP, 1)[0]
+
+
+def point_of(name: str) -> str | None:
+    """The point key of a per-point metric name, None for any other name."""
+    return name.split(POINT_SEP, 1)[1] if POINT_SEP in name else None
+
+
+def order_seed(variant: str, repeat: int) -> int:
+    """The seed of a cell's point order: a hash of (variant, repeat), so each cell has its own
+    order and a re-run of the cell the same one."""
+    return int.from_bytes(hashlib.sha256(f"{variant}/{repeat}".encode()).digest()[:4], "big")
+
+
+def point_order(sweep: Sweep, seed: int) -> list[float]:
+    """The points in the order a cell runs them: shuffled with ``random.Random(seed)``."""
+    pts = sweep.sorted_points()
+    random.Random(seed).shuffle(pts)
+    return pts
+
+
+#: the H200 cost model of a sweep (an estimate for the dry run, not a measurement). Anchor: the
+#: calibration's serving phase of the PR's single point (tools/calibrate.py ``--serving-s``
+#: 79 s: 200 mmmu prompts x 1024 tokens at concurrency 16, Qwen2.5-VL-3B on one H200), i.e. a
+#: decode step of 79 / (200 / 16 x 1024) = 6.2 ms at batch 16; assumed to grow linearly with the
+#: batch, step(c) = step(16) x (1 + c / 64) / (1 + 16 / 64); plus ``POINT_OVERHEAD_S`` a point
+#: (the tool's start-up and warmup, the flush) and the calibration's 60 s server start-up a cell.
+ANCHOR_SERVING_S, ANCHOR_PROMPTS, ANCHOR_CONCURRENCY, ANCHOR_OUTPUT_LEN = 79.0, 200, 16, 1024
+POINT_OVERHEAD_S = 10.0
+STARTUP_S = 60.0
+
+
+def point_seconds(concurrency: float, prompts: int, output_len: int) -> float:
+    """Estimated H200 seconds of one point at ``concurrency`` (see the cost model above): waves
+    of requests (prompts / concurrency, at least one) x output_len decode steps x the step time
+    at that batch, plus the point's overhead."""
+    step16 = ANCHOR_SERVING_S / (ANCHOR_PROMPTS / ANCHOR_CONCURRENCY * ANCHOR_OUTPUT_LEN)
+    c = max(1.0, concurrency)
+    step = step16 * (1 + c / 64) / (1 + ANCHOR_CONCURRENCY / 64)
+    waves = max(1.0, prompts / c)
+    return waves * output_len * step + POINT_OVERHEAD_S
+
+
+def cost_lines(
+    sweep: Sweep, num_prompts: int, output_len: int, cells_per_round: int, cpu: bool = False
+) -> list[str]:
+    """The dry run's lines of a sweep: each point's prompts and estimated seconds, and the
+    estimated H200 minutes of one cell (server start-up included) and of one round of
+    ``cells_per_round`` cells (a repeat of every variant). A request-rate axis is costed at the
+    concurrency its rate reaches at the anchor's latency (an estimate). With ``cpu`` (a run on
+    sglang's CPU engine) the points and prompts only: the cost model is an H200's."""
+    per, total = [], STARTUP_S
+    for p in sweep.sorted_points():
+        n = sweep.num_prompts(p, num_prompts)
+        c = p if sweep.axis == "max_concurrency" else p * ANCHOR_SERVING_S / ANCHOR_PROMPTS * 16
+        s = point_seconds(c, n, output_len)
+        total += s
+        per.append(f"{sweep.key(p)}: {n} prompts" + ("" if cpu else f" ~{s:.0f} s"))
+    if cpu:
+        return [
+            f"sweep ({sweep.axis}, order shuffled per cell): " + ", ".join(per),
+            "no time estimate on the CPU engine (the cost model in patchbench/suites/serving/sweep.py is "
+            "an H200's)",
+        ]
+    rnd = total * cells_per_round / 60
+    return [
+        f"sweep ({sweep.axis}, order shuffled per cell): " + ", ".join(per),
+        f"estimated H200 GPU minutes: ~{total / 60:.1f} a cell, ~{rnd:.1f} a repeat of the "
+        f"{cells_per_round} variants (~{120 / rnd:.1f} repeats in 2 H200-hours); server start-up "
+        f"{STARTUP_S:.0f} s a cell included; cost model in patchbench/suites/serving/sweep.py (the "
+        "calibration's 79 s for the PR's 200 prompts at concurrency 16, step time linear in the "
+        "batch: an estimate, not a measurement)",
+    ]

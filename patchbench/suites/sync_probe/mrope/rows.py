@@ -1,0 +1,125 @@
+"""One probe row: a variant's mrope decode path at one batch size, on the CPU probes or CUDA.
+
+:func:`measure_row` is what the sync_probe suite and ``scripts/gpu_probe.py`` tabulate
+(patchbench/suites/sync_probe/table.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .cases import MropeCase, decode_case
+from .cuda import calibrate_sleep_cycles, cuda_host_blocked_ms, cuda_sync_warnings
+from .methods import MropeMethods, run_outcome
+from .probe import probe_call, probe_decode
+from .standins import StandInMultimodalInputs
+
+
+def probe_case(batch_size: int, image_share: float, seed: int, device: str) -> MropeCase:
+    """The decode batch the sync probes use: ``decode_case`` with at least one image request
+    (so every release takes its multimodal path) and ``[1, 1]`` deltas."""
+    case = decode_case(seed, batch_size, image_share=image_share, device=device)
+    if all(m is None for m in case.mm_inputs):
+        case.mm_inputs[0] = StandInMultimodalInputs(torch.tensor([[-100]]))
+    return case
+
+
+def _outcomes_equal(a: tuple[str, Any], b: tuple[str, Any]) -> bool:
+    if a[0] != b[0]:
+        return False
+    if a[0] == "error":
+        return a[1] == b[1]
+    return a[1].dtype == b[1].dtype and torch.equal(a[1].cpu(), b[1].cpu())
+
+
+def measure_row(
+    methods: MropeMethods,
+    stock: MropeMethods | None,
+    batch_size: int,
+    *,
+    device: str = "cpu",
+    image_share: float = 0.5,
+    seed: int = 0,
+    iterations: int = 5,
+    sleep_ms: float = 50.0,
+    sleep_cycles: int | None = None,
+) -> dict:
+    """Probe one variant at one batch size; a flat dict (one table row).
+
+    Always: ``positions_equal_stock`` (None without ``stock``), ``images`` (image requests).
+    device "cpu" (CPU probes; seq_lens on ``meta``): ``strict_error`` (the error of the strict run,
+    e.g. the first meta read), ``d2h_reads_per_call`` and ``blocking_h2d_copies_per_call`` (counting
+    run), ``h2d_copies_per_call``. device "cuda": the same counts from the TorchFunctionMode on real
+    CUDA tensors (reads are real there), ``h2d_copies_pinned`` (all copies from pinned memory),
+    ``sync_warnings_per_call`` (``set_sync_debug_mode("warn")``, mean over ``iterations`` calls)
+    and :func:`cuda_host_blocked_ms`'s numbers with a kernel of about ``sleep_ms``.
+    """
+    case = probe_case(batch_size, image_share, seed, "cpu")
+    row: dict[str, Any] = {
+        "batch_size": batch_size,
+        "device": device,
+        "images": sum(m is not None for m in case.mm_inputs),
+    }
+    if device == "cpu":
+        return row | _cpu_counts(methods, stock, case)
+    gpu_case = case.on(device)
+    mine = run_outcome(methods, gpu_case)
+    if stock is not None:
+        row["positions_equal_stock"] = _outcomes_equal(mine, run_outcome(stock, gpu_case))
+    if mine[0] == "error":
+        row["error"] = mine[1]
+        return row
+    return row | _cuda_counts(methods, gpu_case, iterations, sleep_ms, sleep_cycles)
+
+
+def _cpu_counts(methods: MropeMethods, stock: MropeMethods | None, case: MropeCase) -> dict:
+    """The CPU probes' columns of a row (see :func:`measure_row`)."""
+    row: dict[str, Any] = {}
+    if stock is not None:
+        row["positions_equal_stock"] = _outcomes_equal(
+            run_outcome(methods, case), run_outcome(stock, case)
+        )
+    strict = probe_decode(methods, case)
+    counted = probe_decode(methods, case, placeholder_reads=True)
+    # a read that cannot be answered with a placeholder (a meta tensor read inside a call
+    # whose arguments hold no 0-d meta tensor to swap) ends the counting run: that read is
+    # counted too, the counts are lower bounds (``counts_lower_bound``) and ``stopped_by``
+    # says what stopped it
+    stopped = counted.error
+    row.update(
+        strict_error=strict.error,
+        d2h_reads_per_call=len(counted.reads) + (1 if stopped else 0),
+        blocking_h2d_copies_per_call=len(counted.blocking_copies),
+        h2d_copies_per_call=len(counted.copies),
+        counts_lower_bound=bool(stopped),
+        stopped_by=stopped,
+    )
+    return row
+
+
+def _cuda_counts(
+    methods: MropeMethods,
+    gpu_case: MropeCase,
+    iterations: int,
+    sleep_ms: float,
+    sleep_cycles: int | None,
+) -> dict:
+    """The CUDA columns of a row whose call ran (see :func:`measure_row`)."""
+    rec = probe_call(lambda: methods.compute(gpu_case.fresh()))
+    row: dict[str, Any] = dict(
+        d2h_reads_per_call=len(rec.reads),
+        blocking_h2d_copies_per_call=len(rec.blocking_copies),
+        h2d_copies_per_call=len(rec.copies),
+        h2d_copies_pinned=all(c.pinned for c in rec.copies),
+        error=rec.error,
+    )
+    fresh = [gpu_case.fresh() for _ in range(iterations)]
+    warns = 0
+    for c in fresh:
+        warns += len(cuda_sync_warnings(lambda c=c: methods.compute(c)))
+    row["sync_warnings_per_call"] = warns / iterations
+    cycles = sleep_cycles or calibrate_sleep_cycles(sleep_ms)
+    row.update(cuda_host_blocked_ms(lambda: methods.compute(gpu_case.fresh()), cycles, iterations))
+    return row

@@ -1,0 +1,155 @@
+"""Where the ``forward_batch_info.py`` files come from: a release's stock file and the patched one.
+
+:func:`release_sources` gives the stock file of a release (the installed package when its version
+matches, else unpacked from the release wheel that ``patchbench.patches.wheels.fetch_wheel`` caches) and
+the patched one (the stock file with ``patches/<patch>/<release>.diff`` applied by ``git apply``),
+both checked against the sha256 values in the patch manifest.
+
+Standard library only at import time (PyYAML is imported inside :func:`patch_manifest`, the
+harness inside :func:`stock_source`): the package is loaded by path where only torch exists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import shutil
+import subprocess
+import tempfile
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[4]  # patchbench/suites/sync_probe/mrope/sources.py -> the repository
+#: the target file, relative to site-packages (and to the ``sglang`` folder's parent)
+FBI_REL = "sglang/srt/model_executor/forward_batch_info.py"
+DEFAULT_PATCH = "mrope-sync-free"
+DEFAULT_CACHE = REPO / ".cache" / "mrope-sources"
+
+
+class MropeSourceError(RuntimeError):
+    """A forward_batch_info.py source could not be found, fetched, patched or executed."""
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _installed_sglang() -> tuple[str, Path] | None:
+    try:
+        dist = importlib.metadata.distribution("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    path = Path(dist.locate_file(FBI_REL))
+    return (dist.version, path) if path.is_file() else None
+
+
+def stock_source(
+    version: str, cache_dir: Path = DEFAULT_CACHE, expected_sha256: str | None = None
+) -> Path:
+    """Path of the stock ``forward_batch_info.py`` of sglang ``version``.
+
+    The installed package's file when the installed sglang is ``version``; otherwise the file
+    unpacked from the release's wheel (``patchbench.patches.wheels.fetch_wheel``: the harness's one wheel
+    cache), file in ``cache_dir/<version>/stock/``. With ``expected_sha256`` a file
+    with other bytes raises :class:`MropeSourceError`.
+    """
+    installed = _installed_sglang()
+    if installed and installed[0] == version:
+        path = installed[1]
+    else:
+        path = Path(cache_dir) / version / "stock" / FBI_REL
+        if not path.is_file():
+            # the one wheel cache and download helper of the harness (patchbench.patches.wheels); a
+            # machine with torch alone (scripts/gpu_check.sh) gets prepared files instead
+            try:
+                from patchbench.errors import PatchError
+                from patchbench.patches.wheels import fetch_wheel
+            except ImportError as e:
+                raise MropeSourceError(
+                    f"no stock file for sglang {version} at {path} and no harness to download "
+                    f"its wheel ({e}); run `scripts/gpu_check.sh prepare` where the harness is"
+                ) from None
+            try:
+                wheel = fetch_wheel(f"sglang=={version}")
+            except PatchError as e:
+                raise MropeSourceError(f"cannot get sglang {version}: {e}") from None
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with zipfile.ZipFile(wheel) as zf:
+                data = zf.read(FBI_REL)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(data)
+            tmp.replace(path)
+    if expected_sha256 and sha256_file(path) != expected_sha256:
+        raise MropeSourceError(
+            f"{path}: sha256 {sha256_file(path)} is not the expected "
+            f"{expected_sha256} of stock sglang {version}"
+        )
+    return path
+
+
+def patch_manifest(patch: str = DEFAULT_PATCH) -> dict:
+    """The parsed ``patches/<patch>/manifest.yaml``."""
+    import yaml  # harness dependency; imported here so the GPU probe needs no PyYAML
+
+    return yaml.safe_load((REPO / "patches" / patch / "manifest.yaml").read_text())
+
+
+def patched_source(
+    version: str,
+    patch: str = DEFAULT_PATCH,
+    cache_dir: Path = DEFAULT_CACHE,
+    stock: Path | None = None,
+) -> Path:
+    """Path of ``forward_batch_info.py`` of sglang ``version`` with the patch's diff applied.
+
+    Applies ``patches/<patch>/<diff>`` with ``git apply`` to a copy of the stock file (checked
+    against the manifest's ``before`` hash) and checks the result against ``after``; cached in
+    ``cache_dir/<version>/<patch>/``. Raises :class:`MropeSourceError` when the release has no diff,
+    the diff does not apply, or a hash differs.
+    """
+    manifest = patch_manifest(patch)
+    rel = manifest.get("releases", {}).get(version)
+    if not rel:
+        raise MropeSourceError(
+            f"patch {patch} has no diff for sglang {version}; it supports "
+            f"{', '.join(manifest.get('releases', {}))}"
+        )
+    hashes = rel["files"][FBI_REL]
+    stock = stock or stock_source(version, cache_dir, expected_sha256=hashes["before"])
+    out = Path(cache_dir) / version / patch / FBI_REL
+    if out.is_file() and sha256_file(out) == hashes["after"]:
+        return out
+    with tempfile.TemporaryDirectory() as tmp:
+        target = Path(tmp) / FBI_REL
+        target.parent.mkdir(parents=True)
+        shutil.copyfile(stock, target)
+        proc = subprocess.run(
+            ["git", "apply", "--whitespace=nowarn", str(REPO / "patches" / patch / rel["diff"])],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            raise MropeSourceError(
+                f"{patch} diff does not apply to sglang {version}: {proc.stderr.strip()}"
+            )
+        if sha256_file(target) != hashes["after"]:
+            raise MropeSourceError(
+                f"{patch} on sglang {version}: result sha256 "
+                f"{sha256_file(target)} is not the manifest's {hashes['after']}"
+            )
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(target, out.with_suffix(".tmp"))
+        out.with_suffix(".tmp").replace(out)
+    return out
+
+
+def release_sources(
+    version: str, patch: str = DEFAULT_PATCH, cache_dir: Path = DEFAULT_CACHE
+) -> dict[str, Path]:
+    """``{"stock": path, "patched": path}`` for sglang ``version`` (see the two functions above)."""
+    manifest = patch_manifest(patch)
+    before = manifest["releases"][version]["files"][FBI_REL]["before"]
+    stock = stock_source(version, cache_dir, expected_sha256=before)
+    return {"stock": stock, "patched": patched_source(version, patch, cache_dir, stock)}

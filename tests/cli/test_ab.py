@@ -1,0 +1,237 @@
+"""``patchbench ab``: a branch of an sglang checkout against its merge base, a diff, or server
+arguments, from one command line with a preset.
+
+The checkout is made here from the installed release (.venv: python/sglang is its site-packages
+``sglang`` and python/pyproject.toml declares its dependencies, so it runs as an overlay on
+.venv): main holds the release, branch my-branch two commits (a test file outside
+python/sglang, then a small real change). The end-to-end test (marked e2e) runs it with the
+cpu-demo preset on port 30160 (no other test or config uses it).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from patchbench import ab, cli
+from patchbench.errors import UsageError
+from patchbench.patches import wheels
+from patchbench.records import read_json
+from tests.helpers import git
+
+VERSION, SITE = wheels.installed_sglang()
+pytestmark = pytest.mark.skipif(SITE is None, reason="sglang is not installed in this environment")
+REPO = Path(__file__).resolve().parents[2]
+SAMPLING = "sglang/srt/sampling/sampling_params.py"
+
+
+def pyproject_of_installed() -> str:
+    """A pyproject.toml declaring the installed sglang's Requires-Dist (extras as
+    optional-dependencies, other markers kept)."""
+    deps: list[str] = []
+    extras: dict[str, list[str]] = {}
+    for raw in importlib.metadata.distribution("sglang").requires or []:
+        req, _, marker = raw.partition(";")
+        m = re.search(r"""extra\s*==\s*["']([^"']+)["']""", marker)
+        rest = re.sub(r"""\s*(and\s+)?extra\s*==\s*["'][^"']+["']""", "", marker).strip()
+        rest = re.sub(r"^and\s+", "", rest)
+        text = req.strip() + (f"; {rest}" if rest else "")
+        (extras.setdefault(m.group(1), []) if m else deps).append(text)
+    lines = ['[project]\nname = "sglang"', f"dependencies = {deps!r}".replace("'", '"')]
+    lines.append("[project.optional-dependencies]")
+    lines += [f"{k} = {v!r}".replace("'", '"') for k, v in extras.items()]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory) -> Path:
+    repo = tmp_path_factory.mktemp("ab") / "sglang"
+    shutil.copytree(
+        SITE / "sglang",
+        repo / "python" / "sglang",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+    )
+    (repo / "python" / "pyproject.toml").write_text(pyproject_of_installed())
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", f"sglang {VERSION}")
+    git(repo, "checkout", "-qb", "my-branch")
+    (repo / "test").mkdir()
+    (repo / "test" / "test_sampling.py").write_text("def test_x():\n    pass\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "a test")
+    f = repo / "python" / SAMPLING
+    text = f.read_text()
+    assert "_SAMPLING_EPS = 1e-6\n" in text
+    f.write_text(text.replace("_SAMPLING_EPS = 1e-6\n", "_SAMPLING_EPS = 1e-5\n"))
+    git(repo, "commit", "-qam", "sampling: a larger epsilon")
+    git(repo, "checkout", "-q", "main")
+    return repo
+
+
+def test_range_is_the_merge_base_against_the_branch_head(checkout):
+    r = ab.git_range(checkout, "main...my-branch", None, None)
+    assert r.base == git(checkout, "rev-parse", "main")
+    assert r.head == git(checkout, "rev-parse", "my-branch")
+    assert r.ignored == ["test/test_sampling.py"]
+    same = ab.git_range(checkout, None, "main", "my-branch")
+    assert (same.base, same.head) == (r.base, r.head)
+    with pytest.raises(UsageError, match="changes nothing under python/sglang/"):
+        ab.git_range(checkout, None, "my-branch~1", "my-branch~1")
+    with pytest.raises(UsageError, match="write A...B"):
+        ab.git_range(checkout, "my-branch", None, None)
+    with pytest.raises(UsageError, match="no merge base of 'main' and 'nope'"):
+        ab.git_range(checkout, "main...nope", None, None)
+    with pytest.raises(UsageError, match="'nope' names no commit"):
+        ab.git_range(checkout, "main..nope", None, None)
+
+
+def test_ab_config_for_a_branch_a_diff_and_server_arguments(checkout, tmp_path):
+    r = ab.git_range(checkout, "main...my-branch", None, None)
+    tpl = yaml.safe_load(ab.preset_path("cpu-demo").read_text())
+    cfg = ab.ab_config(tpl, git=r, repeats=1, name="x")
+    assert cfg["sglang"] == {"git": str(checkout), "ref": r.base}
+    assert cfg["variants"]["B"]["sglang"] == {"git": str(checkout), "ref": r.head}
+    assert cfg["baseline"] == "A" and cfg["schedule"]["repeats"] == 1
+    cfg = ab.ab_config(tpl, patch=tmp_path / "c.diff", args_b=["--disable-overlap-schedule"])
+    assert cfg["variants"] == {
+        "A": {"patches": [], "server_args": []},
+        "B": {
+            "patches": [{"diff": str(tmp_path / "c.diff")}],
+            "server_args": ["--disable-overlap-schedule"],
+        },
+    }
+    with pytest.raises(UsageError, match="unknown preset 'nope'; presets: cpu-demo, pr-h200"):
+        ab.preset_path("nope")
+
+
+def test_ab_dry_run_resolves_both_sides_as_builds_on_this_environment(
+    checkout, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(ab, "AB_DIR", tmp_path)
+    argv = ["ab", "--git", str(checkout), "--range", "main...my-branch", "--dry-run"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "ab: ignored (outside python/sglang/): test/test_sampling.py" in out
+    assert f"on .venv (sglang {VERSION})" in out and "(the baseline's build)" in out
+    assert "patches    (none)" in out
+    assert cli.main(["ab", "--patch", "x.diff", "--git", str(checkout)]) == 2
+    assert "give --git or --patch, not both" in capsys.readouterr().err
+    assert cli.main(["ab"]) == 2
+
+
+@pytest.mark.e2e
+def test_ab_runs_a_branch_against_its_merge_base_end_to_end(checkout, tmp_path):
+    """Real servers: the branch's one changed file is the only file of B's overlay, both sides
+    run on .venv, the run folder names each side's commit."""
+    results = tmp_path / "results"
+    argv = [sys.executable, str(REPO / "runner.py"), "ab", "--git", str(checkout)]
+    argv += ["--range", "main...my-branch", "--repeats", "1", "--port", "30160"]
+    argv += ["--results", str(results)]
+    p = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=1500)
+    print(p.stdout[-4000:], p.stderr[-4000:])
+    assert p.returncode == 0, p.stderr[-3000:]
+    (run,) = [d for d in results.iterdir() if (d / "manifest.json").is_file()]
+    man = read_json(run / "manifest.json")
+    head = git(checkout, "rev-parse", "my-branch")
+    assert man["builds"]["B"]["resolved"] == head and man["builds"]["B"]["kind"] == "git"
+    assert man["builds"]["A"]["resolved"] == git(checkout, "rev-parse", "main")
+    assert list(man["overlays"]["B"]["files"]) == [SAMPLING]
+    assert man["overlays"]["A"]["files"] == {}
+    assert "ab: report " in p.stdout and (run / "report.md").is_file()
+
+
+def test_server_arguments_that_start_with_dashes_parse_as_the_readme_spells_them():
+    """``ab --args-b "--disable-overlap-schedule"`` (README, Commands): argparse alone reads the
+    value as an unknown option and exits 2; the value reaches ``args_b`` whole."""
+    from patchbench.cli import build_parser, glue_dash_values
+
+    argv = ["ab", "--args-b", "--disable-overlap-schedule", "--dry-run"]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(argv)
+    a = build_parser().parse_args(glue_dash_values(argv))
+    assert a.args_b == "--disable-overlap-schedule" and a.dry_run
+    assert glue_dash_values(["ab", "--args-a", "--x", "--args-b"]) == [
+        "ab",
+        "--args-a=--x",
+        "--args-b",
+    ]
+
+
+def _action_steps() -> dict[str, dict]:
+    action = yaml.safe_load((REPO / ".github/actions/patchbench-ab/action.yml").read_text())
+    return {s["name"]: s for s in action["runs"]["steps"]}
+
+
+def _run_step(script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """One composite-action step as the runner runs it: ``bash -e`` with the inputs in env."""
+    return subprocess.run(
+        ["bash", "-e", "-c", script], env={**os.environ, **env}, capture_output=True, text=True
+    )
+
+
+def _outputs(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+
+
+def test_action_ab_step_keeps_the_exit_code_and_finds_the_run_folder_it_made(tmp_path):
+    """The action's `patchbench ab` step, run as the workflow runs it (bash, inputs in env,
+    $GITHUB_OUTPUT): the real command with a checkout that is no git repository exits 2 and the
+    step records rc=2 and no run folder; a stand-in for the command that makes a run folder and
+    exits 1 (a regression) has that folder recorded, not an older one; the step itself exits 0,
+    and the last step re-raises the code (4 when there is none)."""
+    steps = _action_steps()
+    ab_script, keep = steps["patchbench ab"]["run"], steps["Keep the exit code of patchbench ab"]
+    pb_dir = tmp_path / "pb"
+    (pb_dir / "results").mkdir(parents=True)
+    old = pb_dir / "results" / "20000101T000000Z-older"
+    old.mkdir()
+    os.utime(old, (0, 0))
+    not_git = tmp_path / "not-git"
+    not_git.mkdir()
+    out = tmp_path / "github_output"
+    env = {
+        "PB_DIR": str(pb_dir),
+        "PB_PYTHON": sys.executable,
+        "AB_CHECKOUT": str(not_git),
+        "AB_RANGE": "origin/main...HEAD",
+        "AB_PRESET": "cpu-demo",
+        "GITHUB_OUTPUT": str(out),
+        "PYTHONPATH": str(REPO),
+    }
+    r = _run_step(ab_script, env)
+    assert r.returncode == 0, r.stderr
+    assert "not a git checkout" in r.stderr
+    assert _outputs(out) == {"rc": "2", "run_dir": ""}
+    assert "patchbench ab: exit 2; run folder: none" in r.stdout
+    assert _run_step(keep["run"], {"RC": "2"}).returncode == 2
+    assert _run_step(keep["run"], {"RC": ""}).returncode == 4
+
+    stub = tmp_path / "stub-python"
+    stub.write_text(
+        "#!/bin/bash\n"
+        'd="$PWD/results/20991231T000000Z-ab-stub"; mkdir -p "$d"\n'
+        'printf "%s\\n" "$@" > "$d/argv.txt"; exit 1\n'
+    )
+    stub.chmod(0o755)
+    out.write_text("")
+    r = _run_step(ab_script, dict(env, PB_PYTHON=str(stub), AB_CHECKOUT=str(tmp_path)))
+    assert r.returncode == 0, r.stderr
+    made = pb_dir / "results" / "20991231T000000Z-ab-stub"
+    assert _outputs(out) == {"rc": "1", "run_dir": str(made)}
+    argv = (made / "argv.txt").read_text().split("\n")[:-1]
+    assert argv == ["-m", "patchbench", "ab", "--git", str(tmp_path)] + [
+        "--range",
+        "origin/main...HEAD",
+        "--preset",
+        "cpu-demo",
+    ]
+    assert _run_step(keep["run"], {"RC": "1"}).returncode == 1

@@ -1,0 +1,291 @@
+"""Builds per variant (patchbench.envs.builds): releases, ``latest`` from a package index served here,
+a git checkout (bare or not) at a commit run as an overlay on the environment with the same
+dependencies, and what is refused (no environment, other dependencies, compiled code on the CPU).
+
+The environments are fake venvs (a small ``sglang`` package and its dist-info) listed through
+PATCHBENCH_VENVS, so nothing here needs a real sglang; the overlay is verified with this
+interpreter the way the server's would be.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from patchbench.config import load_config
+from patchbench.envs import builds, envinfo
+from patchbench.errors import ConfigError, EnvironmentNotReady
+from patchbench.patches.overlay import build_source_overlay, verify_in_env
+from tests.helpers import git
+
+REQS = ["aiohttp", "numpy<3,>=1.2", 'torch==2.8.0; extra == "srt"']
+PYPROJECT = """[project]
+name = "sglang"
+dependencies = ["aiohttp", "numpy>=1.2,<3"]
+[project.optional-dependencies]
+srt = ["torch==2.8.0"]
+"""
+
+
+def fake_venv(root: Path, version: str, requires: list[str]) -> Path:
+    """A venv holding sglang ``version``: sglang/{__init__,version,a,b}.py and its dist-info."""
+    site = root / "lib" / "python3.11" / "site-packages"
+    pkg = site / "sglang"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "version.py").write_text(f'__version__ = "{version}"\n')
+    (pkg / "a.py").write_text("A = 1\n")
+    (pkg / "b.py").write_text("B = 1\n")
+    info = site / f"sglang-{version}.dist-info"
+    info.mkdir()
+    meta = [f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}"]
+    (info / "METADATA").write_text(
+        "\n".join(meta + [f"Requires-Dist: {r}" for r in requires]) + "\n"
+    )
+    (info / "RECORD").write_text("sglang/__init__.py,,\n")
+    (root / "bin").mkdir()
+    (root / "bin" / "python").symlink_to(sys.executable)
+    return site
+
+
+@pytest.fixture
+def envs(tmp_path, monkeypatch):
+    """Two fake environments: 1.0 (REQS) and 2.0 (other dependencies); the running
+    interpreter's own sglang is hidden."""
+    a = fake_venv(tmp_path / ".venv-1.0", "1.0", REQS)
+    fake_venv(tmp_path / ".venv-2.0", "2.0", ["aiohttp", "numpy>=2"])
+    monkeypatch.setenv(envinfo.VENVS_ENV, f"{tmp_path / '.venv-1.0'}:{tmp_path / '.venv-2.0'}")
+    monkeypatch.setattr(envinfo, "stock_site_dir", lambda: None)
+    return a
+
+
+@pytest.fixture
+def checkout(tmp_path, envs) -> Path:
+    """An sglang-like repository: main = release 1.0's package + pyproject (REQS); branch
+    my-branch changes a.py, adds c.py, removes b.py and edits a test outside python/."""
+    repo = tmp_path / "sglang"
+    pkg = repo / "python" / "sglang"
+    pkg.mkdir(parents=True)
+    for f in envs.joinpath("sglang").iterdir():
+        (pkg / f.name).write_bytes(f.read_bytes())
+    (repo / "python" / "pyproject.toml").write_text(PYPROJECT)
+    (repo / "test").mkdir()
+    (repo / "test" / "test_a.py").write_text("")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "release 1.0")
+    git(repo, "checkout", "-qb", "my-branch")
+    (pkg / "a.py").write_text("A = 2\n")
+    (pkg / "c.py").write_text("C = 1\n")
+    (pkg / "b.py").unlink()
+    (repo / "test" / "test_a.py").write_text("# more\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "change")
+    return repo
+
+
+def write_cfg(tmp_path: Path, sglang: str, variants: str) -> Path:
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    p = tmp_path / "cfg.yaml"
+    p.write_text(
+        f"name: t\nsglang: {sglang}\nmodel: {{path: {model}}}\n"
+        "server: {args: [--device=cpu]}\n"
+        f"variants:\n{variants}\nsuites: {{}}\n"
+    )
+    return p
+
+
+def test_requirement_keys_compare_a_pyproject_with_requires_dist():
+    assert builds.requirement_keys(builds.pyproject_requirements(PYPROJECT)) == (
+        builds.requirement_keys(REQS)
+    )
+    assert builds.requirement_keys(["numpy>=2"]) != builds.requirement_keys(["numpy>=1.2,<3"])
+    assert builds.requirement_keys(['sglang[runtime_common]; extra == "srt_cpu"']) == (
+        builds.requirement_keys(['sglang[runtime-common] ; extra == "srt-cpu"'])
+    )
+
+
+def test_a_checkout_runs_as_an_overlay_on_the_environment_with_its_dependencies(checkout, tmp_path):
+    """base (main) and branch of one checkout, the branch through its bare clone: both pick
+    the 1.0 environment by their dependencies; the branch's overlay holds only the files that
+    differ, drops the removed one, and resolves in the server's environment; the CPU check
+    passes (only Python and a test changed)."""
+    bare = tmp_path / "bare.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(checkout), str(bare)], check=True)
+    cfg = load_config(
+        write_cfg(
+            tmp_path,
+            f"{{git: {checkout}, ref: main}}",
+            f"  base: []\n  mine: {{sglang: {{git: {checkout}, ref: my-branch}}}}\n"
+            f"  bare: {{sglang: {{git: {bare}, ref: my-branch}}}}",
+        )
+    )
+    got = builds.resolve_builds(cfg, cpu=True, cache_dir=tmp_path / "cache")
+    assert {v: b.release for v, b in got.items()} == {"base": "1.0", "mine": "1.0", "bare": "1.0"}
+    assert got["mine"].resolved == git(checkout, "rev-parse", "my-branch") == got["bare"].resolved
+    assert cfg.release_of("mine") == "1.0" and cfg.builds == got
+    commit = got["mine"].resolved
+    assert got["mine"].describe() == (
+        f"git:{checkout}@my-branch (commit {commit[:12]}, sglang 1.0) on "
+        f"{tmp_path / '.venv-1.0'} (sglang 1.0)"
+    )
+    b = got["mine"]
+    ov = build_source_overlay(
+        b.release,
+        b.tree,
+        label=b.spec,
+        source_id=b.resolved,
+        stock_site_dir=b.env.site_dir,
+        cache_root=tmp_path / "overlays",
+    )
+    assert sorted(ov.files) == ["sglang/a.py", "sglang/c.py"]
+    assert not (ov.sglang_dir / "b.py").exists() and (ov.sglang_dir / "version.py").is_file()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    found = verify_in_env(ov, sys.executable, ov.env(env))
+    assert Path(found["files"]["sglang/a.py"]["path"]) == ov.sglang_dir / "a.py"
+    same = builds.resolve_builds(cfg, cache_dir=tmp_path / "cache")["base"]
+    ov0 = build_source_overlay(
+        same.release,
+        same.tree,
+        label=same.spec,
+        source_id=same.resolved,
+        stock_site_dir=same.env.site_dir,
+        cache_root=tmp_path / "overlays",
+    )
+    assert ov0.files == {}  # main is the release: nothing differs
+
+
+def test_a_range_with_compiled_code_or_other_dependencies_is_refused(checkout, tmp_path):
+    (checkout / "sgl-kernel" / "csrc").mkdir(parents=True)
+    (checkout / "sgl-kernel" / "csrc" / "k.cu").write_text("// kernel\n")
+    git(checkout, "add", "-A")
+    git(checkout, "commit", "-qm", "kernel")
+    variants = f"  base: []\n  mine: {{sglang: {{git: {checkout}, ref: my-branch}}}}"
+    cfg = load_config(write_cfg(tmp_path, f"{{git: {checkout}, ref: main}}", variants))
+    with pytest.raises(ConfigError, match=r"changes compiled code .*: sgl-kernel/csrc/k\.cu"):
+        builds.resolve_builds(cfg, cpu=True, cache_dir=tmp_path / "cache")
+    builds.resolve_builds(cfg, cpu=False, cache_dir=tmp_path / "cache")  # a GPU builds it
+
+    (checkout / "python" / "pyproject.toml").write_text(PYPROJECT.replace(">=1.2", ">=2"))
+    git(checkout, "commit", "-qam", "deps")
+    with pytest.raises(EnvironmentNotReady) as e:
+        builds.resolve_builds(cfg, cache_dir=tmp_path / "cache")
+    assert "its dependencies match no environment" in str(e.value)
+    assert "needs numpy<3,>=2" in str(e.value) and "lacks numpy<3,>=1.2" in str(e.value)
+
+
+def test_unknown_ref_and_patches_on_a_checkout_are_config_errors(checkout, tmp_path):
+    cfg = load_config(write_cfg(tmp_path, f"{{git: {checkout}, ref: nope}}", "  a: []"))
+    with pytest.raises(ConfigError, match="'nope' names no commit"):
+        builds.resolve_builds(cfg, cache_dir=tmp_path / "cache")
+    cfg = load_config(
+        write_cfg(tmp_path, f"{{git: {checkout}}}", "  a: []\n  b: [null-comment]"),
+        check_files=False,
+    )
+    with pytest.raises(ConfigError, match="variant 'b' runs git:.* and names patches"):
+        builds.resolve_builds(cfg, cache_dir=tmp_path / "cache")
+
+
+class _Index(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"info": {"version": "2.0"}}).encode()
+        code = 200 if self.path == "/pypi/sglang/json" else 404
+        self.send_response(code)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_a):
+        pass
+
+
+def test_latest_is_resolved_once_from_the_package_index(envs, tmp_path, monkeypatch):
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Index)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv(builds.INDEX_URL_ENV, f"http://127.0.0.1:{srv.server_port}/pypi")
+        assert builds.resolve_latest() == "2.0"
+        cfg = load_config(write_cfg(tmp_path, "latest", "  a: []\n  b: {sglang: '1.0'}"))
+        got = builds.resolve_builds(cfg)
+        assert (got["a"].release, got["a"].spec, got["b"].release) == ("2.0", "latest", "1.0")
+        assert got["a"].to_json()["resolved"] == "2.0"
+        with pytest.raises(EnvironmentNotReady, match="cannot read the newest release"):
+            builds.resolve_latest(f"http://127.0.0.1:{srv.server_port}/nothing")
+    finally:
+        srv.shutdown()
+
+
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        ("foo", "key 'sglang': 'foo' is not an sglang release; write a release"),
+        ("0.5", "key 'sglang': quote the release, e.g. sglang: \"0.5.1.post3\""),
+        ("{wheel: a.tar}", "key 'sglang.wheel': name a wheel file"),
+        ("{git: x, refs: y}", "unknown key 'sglang.refs'"),
+    ],
+)
+def test_a_bad_sglang_value_is_a_config_error_naming_the_key(tmp_path, value, says):
+    p = tmp_path / "c.yaml"
+    p.write_text(f"name: t\nsglang: {value}\nmodel: {{path: m}}\nvariants: {{a: []}}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p, check_files=False)
+    assert says in str(e.value)
+
+
+def test_a_wheel_runs_as_an_overlay_on_the_environment_with_its_requirements(envs, tmp_path):
+    import zipfile
+
+    whl = tmp_path / "sglang-1.0.post1-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        for f in envs.joinpath("sglang").iterdir():
+            z.writestr(f"sglang/{f.name}", "A = 3\n" if f.name == "a.py" else f.read_bytes())
+        meta = "Metadata-Version: 2.1\nName: sglang\nVersion: 1.0.post1\n"
+        z.writestr("sglang-1.0.post1.dist-info/METADATA", meta + "".join(
+            f"Requires-Dist: {r}\n" for r in REQS
+        ))  # fmt: skip
+    cfg = load_config(write_cfg(tmp_path, f"{{wheel: {whl}}}", "  a: []"))
+    (b,) = builds.resolve_builds(cfg, cache_dir=tmp_path / "cache").values()
+    assert (b.kind, b.release, b.version) == ("wheel", "1.0", "1.0.post1")
+    ov = build_source_overlay(
+        b.release,
+        b.tree,
+        label=b.spec,
+        source_id=b.resolved,
+        stock_site_dir=b.env.site_dir,
+        cache_root=tmp_path / "overlays",
+    )
+    assert list(ov.files) == ["sglang/a.py"]
+    assert (ov.sglang_dir / "a.py").read_text() == "A = 3\n"
+
+
+def test_patch_state_per_release_is_what_a_nightly_records():
+    """The shipped null-comment patch applies to each release this machine holds."""
+    from patchbench.patches.state import patch_states
+
+    have = [e.sglang for e in envinfo.environments()]
+    if not have:
+        pytest.skip("no sglang environment here")
+    got = patch_states("null-comment", have)
+    assert {r: s.state for r, s in got.items()} == dict.fromkeys(have, "applies")
+    assert got[have[0]].to_json()["state"] == "applies"
+
+
+def test_a_resumed_run_must_resolve_to_the_same_builds(checkout, tmp_path):
+    """A ref that moved (or ``latest`` that changed) since the run started refuses --resume."""
+    from patchbench.run.preflight import check_environment
+    from patchbench.runfolder import RunManifest
+
+    cfg = load_config(write_cfg(tmp_path, f"{{git: {checkout}, ref: my-branch}}", "  a: []"))
+    head = git(checkout, "rev-parse", "my-branch")
+    same = RunManifest(builds={"a": {"resolved": head}})
+    check_environment(cfg, resumed=same)
+    moved = RunManifest(builds={"a": {"resolved": "0" * 40}})
+    with pytest.raises(ConfigError, match=f"is {head} now and was 0000000000000000000000000000"):
+        check_environment(cfg, resumed=moved)

@@ -1,0 +1,202 @@
+"""Learned noise, the robust gates and change points (patchbench/nightly/robust.py, noise.py,
+changepoints.py, gates/learned.py's noise rules, history.py's derived tables): each method against scipy
+or a hand computation, and the calibration's simulations on a few seeded trials."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from patchbench.nightly import changepoints as cp
+from patchbench.nightly import robust
+from patchbench.nightly.gates import Gate, NightlySettings, evaluate, night_outcome
+from patchbench.nightly.history import (
+    History,
+    Night,
+    read_change_points,
+    read_noise,
+    record_change_points,
+    record_noise,
+)
+from patchbench.nightly.noise import learn
+from tools.calibration.nightly import Scenario, change_rates, gate_rates, sim_night
+
+TPUT = ("serving", "output_throughput_tok_s")
+
+
+def test_scales_against_hand_computations():
+    rng = np.random.default_rng(1)
+    groups = [rng.normal(0.0, 0.02, 6) + 0.5 * i for i in range(300)]  # a step every night
+    s = robust.sigma_within(groups)
+    assert s.sigma == pytest.approx(0.02, rel=0.05) and s.df == pytest.approx(0.37 * 1500)
+    # pairwise |x_i - x_j| median over sqrt(2) Phi^-1(0.75), by hand on one group
+    g = [0.0, 0.1, 0.3]
+    assert robust.sigma_within([g]).sigma == pytest.approx(0.2 / (math.sqrt(2) * 0.6744897502))
+    # first differences: a steady decline and one step do not inflate the level sigma
+    x = rng.normal(0.0, 0.01, 200) - 0.003 * np.arange(200)
+    x[100:] -= 0.2
+    assert robust.sigma_steps([x]).sigma == pytest.approx(0.01, rel=0.15)
+    d = np.diff([0.0, 1.0, 3.0, 2.0])
+    assert robust.sigma_steps([[0.0, 1.0, 3.0, 2.0]]).sigma == pytest.approx(
+        stats.median_abs_deviation(d, scale="normal") / math.sqrt(2)
+    )
+
+
+def test_outlier_rule_chi_square_and_power():
+    m = robust.outliers([0.0, 0.01, -0.01, 0.5, 0.0], 0.01, k=3)
+    assert m.tolist() == [False, False, False, True, False]
+    # one at most (by default), never more than (n - 1) // 2, and nothing without a sigma
+    assert robust.outliers([0.0, 1.0, 2.0, 3.0, 9.0], 0.01).tolist() == [0, 0, 0, 0, 1]
+    assert robust.outliers([0.0, 1.0, 2.0, 3.0, 9.0], 0.01, most=5).sum() == 2
+    assert not robust.outliers([0.0, 1.0, 5.0], math.nan).any()
+    x = [0.01, -0.02, 0.03, 0.0]
+    ratio, p = robust.noise_excess(x, 0.01)
+    s2 = np.var(x, ddof=1)
+    assert ratio == pytest.approx(math.sqrt(s2) / 0.01)
+    assert p == pytest.approx(stats.chi2.sf(3 * s2 / 1e-4, 3))
+    assert robust.noise_bound(40, 0.1) == pytest.approx(math.sqrt(40 / stats.chi2.ppf(0.9, 40)))
+    se, step, thr, lvl = 0.01, 0.05, 0.03, 0.005
+    one = stats.norm.sf((max(thr, stats.norm.ppf(1 - lvl) * se) - step) / se)
+    assert robust.detect_power(se, step, thr, lvl, 3) == pytest.approx(1 - (1 - one) ** 3)
+    n = robust.repeats_needed(lambda k: 0.03 / math.sqrt(k), step, thr, lvl)
+    assert robust.detect_power(0.03 / math.sqrt(n - 1), step, thr, lvl, 3) >= 0.9
+    assert robust.detect_power(0.03 / math.sqrt(n - 2), step, thr, lvl, 3) < 0.9
+
+
+def _history(n: int, cv: float, repeats: int, seed: int = 3, **sc) -> list[Night]:
+    rng = np.random.default_rng(seed)
+    return [sim_night(i, rng, [TPUT], repeats, cv, 0.0, Scenario(**sc)) for i in range(n)]
+
+
+def test_noise_is_learned_from_history_and_the_prior_comes_first():
+    hist = _history(30, 0.03, 6)
+    n = learn(hist[:5], *TPUT, prior_cv_pct=1.5)
+    assert n.source == "prior" and n.to_json()["run_cv_pct"] == pytest.approx(1.5)
+    assert learn(hist[:5], *TPUT) is None
+    n = learn(hist, *TPUT, prior_cv_pct=1.5)
+    assert n.source == "learned" and n.nights == 30
+    assert n.run.sigma == pytest.approx(0.03, rel=0.15)
+    assert n.pair.sigma == pytest.approx(0.03 * math.sqrt(2), rel=0.2)
+    assert n.night_sigma < 0.01  # no night-to-night drift simulated
+    # a 10 % step halfway leaves the run noise as it was
+    for h in hist[15:]:
+        for k, v in h.values.items():
+            h.values[k] = [x * 0.9 for x in v]
+    assert learn(hist, *TPUT).run.sigma == pytest.approx(n.run.sigma, rel=1e-9)
+
+
+def _settings(**kw) -> NightlySettings:
+    gates = [
+        Gate(metric="serving.output_throughput_tok_s", threshold_pct=3, against="same_run"),
+        Gate(
+            metric="serving.output_throughput_tok_s",
+            threshold_pct=3,
+            against="history",
+            variants=["baseline"],
+        ),
+    ]
+    return NightlySettings(gates=gates, **kw)
+
+
+def test_quiet_noisy_abnormal_and_short_nights():
+    s = _settings()
+    hist = _history(20, 0.015, 5)
+    rng = np.random.default_rng(9)
+    quiet = sim_night(20, rng, [TPUT], 5, 0.015, 0.0, Scenario())
+    res = evaluate(hist, quiet, s)
+    assert night_outcome(res) == "green", [(r.status, r.reason) for r in res]
+    assert {r.noise_source for r in res} == {"learned"}
+    assert all(r.status in ("pass", "quiet") and r.repeats_needed for r in res)
+    # one run 30 % slower: set aside, never red
+    odd = sim_night(20, rng, [TPUT], 5, 0.015, 0.0, Scenario())
+    odd.values[("baseline", *TPUT)][2] *= 0.7
+    res = evaluate(hist, odd, s)
+    assert night_outcome(res) == "green" and max(r.set_aside for r in res) == 1
+    # every run scattered 4x the learned noise: underpowered (exit 5), not green
+    loud = sim_night(20, rng, [TPUT], 5, 0.06, 0.0, Scenario())
+    res = evaluate(hist, loud, s)
+    assert night_outcome(res) in ("underpowered", "red")
+    assert any(r.status == "underpowered" and "clearly above" in r.reason for r in res)
+    # a 6 % noise history needs more repeats than 5: underpowered, and says how many
+    hist6 = _history(20, 0.06, 5)
+    t = sim_night(20, rng, [TPUT], 5, 0.06, 0.0, Scenario())
+    res = evaluate(hist6, t, s)
+    short = [r for r in res if r.status == "underpowered"]
+    assert short and all(r.repeats_needed is None or r.repeats_needed > 5 for r in short)
+    # a 5 % patch step turns red through the same-run gate only
+    t = sim_night(20, rng, [TPUT], 5, 0.015, 0.0, Scenario(patch=0.05))
+    res = evaluate(hist, t, s)
+    assert {(r.kind, r.status) for r in res if r.status == "fail"} == {("same_run", "fail")}
+    # "bound": the strict rule (inconclusive nights are underpowered)
+    assert _settings(underpowered_on="bound").underpowered_on == "bound"
+
+
+def test_breakpoints_step_and_decline():
+    rng = np.random.default_rng(5)
+    x = rng.normal(0.0, 0.01, 60)
+    assert cp.breakpoints(x, cp.series_sigma(x)) == []
+    y = x.copy()
+    y[40:] += math.log(0.95)
+    [c] = cp.changes(y, cp.series_sigma(y))
+    assert c.start == c.end == 40 and c.size_pct == pytest.approx(-5.0, abs=1.0)
+    z = x.copy()
+    z[30:] -= 0.003 * np.arange(1, 31) * 3
+    [c] = cp.changes(z, cp.series_sigma(z))
+    assert c.after < c.before and 28 <= c.start <= 45
+    assert cp.breakpoints(x[:5], 0.01) == []
+
+
+def test_detect_history_and_derived_tables(tmp_path):
+    hist = _history(40, 0.015, 5)
+    for h in hist[25:]:
+        for k, v in h.values.items():
+            h.values[k] = [x * 0.92 for x in v]
+    pts = cp.detect_history(hist, [("baseline", *TPUT)], {TPUT: "higher"})
+    [p] = pts
+    assert p.run_id == hist[25].run_id and p.worse and p.size_pct == pytest.approx(-8, abs=1)
+    assert p.detected_run_id == hist[-1].run_id and p.nights == 1
+    with History(tmp_path / "h.sqlite") as h:
+        assert read_change_points(h, "sim") == [] and read_noise(h, "sim") == []
+        for n in hist:
+            h.record(n)
+        record_change_points(h, "sim", hist[-1].run_id, [p.to_json()])
+        record_change_points(h, "sim", hist[-1].run_id, [p.to_json()])  # replaces
+        row = learn(hist, *TPUT).to_json() | {"repeats_needed": 4}
+        record_noise(h, "sim", hist[-1].run_id, [row])
+    with History(tmp_path / "h.sqlite") as h:
+        [r] = read_change_points(h, "sim")
+        assert r["run_id"] == p.run_id and r["worse"] == 1 and r["size_pct"] == p.size_pct
+        [n] = read_noise(h, "sim", hist[-1].run_id)
+        assert n["repeats_needed"] == 4 and n["source"] == "learned"
+
+
+def test_calibration_smoke():
+    s = _settings()
+    r = gate_rates(s, 5, 0.015, 3, 1, abnormal=0.2, warm=10, quiet=2)
+    assert r.nights == 6 and 0 <= r.green <= 1 and r.patch_within >= 2 / 3
+    c = change_rates(0.015, 5, 3, 1, start=20, horizon=20, quarter=40)
+    assert c.detected == 1.0 and c.delay_median <= 14
+
+
+def test_a_smaller_penalty_flags_at_least_as_often_on_the_same_quarters(capsys):
+    """The penalty factor trades false flags for delay: on the same seeded quarters a smaller
+    factor (3) flags more and catches the decline no later than the shipped one (8): the
+    penalized optimum's number of segments does not grow with the penalty.
+    tools/calibrate_nightly.py --penalties prints that table, one row per factor and noise."""
+    import importlib.util
+
+    lo = change_rates(0.03, 8, 6, 3, beta=3, start=20, horizon=10, quarter=40)
+    hi = change_rates(0.03, 8, 6, 3, beta=8, start=20, horizon=10, quarter=40)
+    assert lo.flags_per_quarter >= hi.flags_per_quarter
+    assert lo.delay_median <= hi.delay_median
+    path = Path(__file__).resolve().parents[2] / "tools" / "calibrate_nightly.py"
+    spec = importlib.util.spec_from_file_location("calibrate_nightly", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--penalties", "8", "--trials", "1"]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| 8 |")]
+    assert [r.split("|")[2].strip() for r in rows] == ["1.5 %", "3 %"]

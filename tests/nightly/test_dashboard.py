@@ -1,0 +1,243 @@
+"""The nightly dashboard (patchbench/nightly/dashboard/): the site's data on a synthetic history, and every
+page in a real headless Chromium (Selenium; the Debian packages chromium and chromium-driver,
+installed by ``make setup-browser``, which ``make test`` runs). Where the browser is missing the
+browser test FAILS, naming the setup to run; it never skips.
+
+The demo history (tests.nightly.demo_history): ``nightly-cpu``, 12 nights, the release changes
+at night 7 with stock 8 % slower from then on (a change point), the last night red;
+``nightly-cpu-small``, 3 green nights, the oldest one's run folder deleted.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import re
+import shutil
+import sqlite3
+import sys
+import threading
+from pathlib import Path
+from urllib.parse import urljoin, urlparse
+
+import pytest
+
+from patchbench.cli import main
+from patchbench.nightly.dashboard import browser
+from patchbench.nightly.dashboard.data import _night_builds, night_infos, open_history
+from patchbench.nightly.dashboard.site import build_site, slug
+from patchbench.nightly.history import read_change_points
+from tests.nightly.demo_history import TPUT, build_demo
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+RED_RUN = "20260112T030000Z-nightly-cpu"
+GONE_RUN = "20260101T030000Z-nightly-cpu-small"
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """(history path, site folder, SiteSummary) of the demo, built once for the module."""
+    root = tmp_path_factory.mktemp("dashboard")
+    hist = build_demo(root)
+    site = root / "site"
+    assert main(["dashboard", str(hist), "--out", str(site)]) == 0
+    return hist, site, build_site(hist, site)
+
+
+def _hrefs(page: Path) -> list[str]:
+    """Every href / src of ``page`` but inline ``data:`` URLs (the empty favicon)."""
+    refs = re.findall(r'(?:href|src)="([^"]+)"', page.read_text())
+    return [r for r in refs if not r.startswith("data:")]
+
+
+def test_site_data_values_change_points_red_nights_and_links(demo):
+    hist, site, s = demo
+    with open_history(hist) as h:
+        cps = [c for c in read_change_points(h, "nightly-cpu") if c["metric"] == TPUT]
+    assert cps and any(c["run_id"] == "20260107T030000Z-nightly-cpu" for c in cps)
+    assert s.charts == {
+        "chart-nightly-cpu-0": {
+            "baseline": 12,
+            "patched": 12,
+            "red night": 1,
+            "change point": len(cps),
+        },
+        "chart-nightly-cpu-small-0": {"baseline": 3, "patched": 3},
+    }
+    assert s.nights_gone == [GONE_RUN] and len(s.nights_copied) == 14
+    assert (site / "assets/plotly.min.js").stat().st_size > 1_000_000
+    index = (site / "index.html").read_text()
+    row = re.search(r'<tr data-config="nightly-cpu">.*?</tr>', index, re.S).group(0)
+    assert 'data-outcome="red"' in row and "0.5.23" in row and "patched: applies (verified)" in row
+    assert f"nights/{RED_RUN}/nightly.html" in row and "-10." in row
+    small = (site / "configs/nightly-cpu-small.html").read_text()
+    assert f"{GONE_RUN} <span" in small and "run folder gone" in small
+    assert f"nights/{slug(GONE_RUN)}/" not in small
+    page = (site / "configs/nightly-cpu.html").read_text()
+    assert page.count('src="../assets/plotly.min.js"') == 1 and "cdn" not in page.lower()
+    assert "sglang 0.5.23" in page  # the release change's marker
+    # every relative link of every page resolves inside the site
+    for p in site.rglob("*.html"):
+        for ref in _hrefs(p):
+            assert not re.match(r"^[a-z]+:", ref), (p, ref)
+            assert (p.parent / ref.split("#")[0]).resolve().is_file(), (p, ref)
+            assert site.resolve() in (p.parent / ref).resolve().parents, (p, ref)
+    # a night's report: nightly.md rendered, its link to report.md points at report.html
+    night = (site / f"nights/{RED_RUN}/nightly.html").read_text()
+    assert '<a href="report.html">report.md</a>' in night and "<table>" in night
+
+
+def test_night_builds_read_defensively(demo, tmp_path):
+    hist, _site, _s = demo
+    with open_history(hist) as h:
+        assert [b["state"] for b in _night_builds(h, RED_RUN)] == ["", "applies"]
+        assert _night_builds(h, "no-such-night") == []
+    old = tmp_path / "old.sqlite"
+    shutil.copy(hist, old)
+    con = sqlite3.connect(old)
+    con.execute("DROP TABLE night_builds")
+    con.commit()
+    con.close()
+    with open_history(old) as h:
+        assert _night_builds(h, RED_RUN) == []
+        n = night_infos(h, "nightly-cpu")[-1]
+        assert (n.release, n.patch_state, n.outcome) == ("0.5.23", "", "red")
+    s = build_site(old, tmp_path / "site")
+    assert s.charts["chart-nightly-cpu-0"]["red night"] == 1
+
+
+def test_a_kept_site_keeps_the_report_of_a_night_whose_folder_is_gone(demo, tmp_path):
+    hist, _site, _s = demo
+    old = tmp_path / "h.sqlite"
+    shutil.copy(hist, old)
+    moved = tmp_path / "runs" / RED_RUN
+    shutil.copytree(hist.parent / "runs" / RED_RUN, moved)
+    con = sqlite3.connect(old)
+    con.execute("UPDATE nights SET run_dir = ? WHERE run_id = ?", (str(moved), RED_RUN))
+    con.commit()
+    con.close()
+    site = tmp_path / "site"
+    assert RED_RUN in build_site(old, site).nights_copied
+    shutil.rmtree(moved)
+    s = build_site(old, site)
+    assert s.nights_kept == [RED_RUN] and (site / f"nights/{RED_RUN}/nightly.html").is_file()
+    assert (
+        f'href="../nights/{RED_RUN}/nightly.html"'
+        in (site / "configs/nightly-cpu.html").read_text()
+    )
+    s = build_site(old, tmp_path / "fresh")  # no earlier copy: named as gone, no link
+    assert (
+        RED_RUN in s.nights_gone
+        and f"nights/{RED_RUN}" not in (tmp_path / "fresh/configs/nightly-cpu.html").read_text()
+    )
+
+
+def test_site_from_nights_the_nightly_job_wrote(tmp_path):
+    """The page reads what patchbench.nightly writes: two green nights, then a red one."""
+    from patchbench.nightly.job import nightly_on_run
+    from tests.nightly.test_nightly import JOB, clean, make_night
+
+    h = tmp_path / "h.sqlite"
+    for day in (1, 2):
+        assert nightly_on_run(make_night(tmp_path, day, *clean(day)), JOB, history=h).exit_code == 0
+    red = make_night(tmp_path, 3, [100.0, 101.0, 99.0], [90.0, 91.0, 89.0])
+    assert nightly_on_run(red, JOB, history=h).exit_code == 1
+    s = build_site(h, tmp_path / "site")
+    assert s.charts == {"chart-nightly-test-0": {"baseline": 3, "patched": 3, "red night": 1}}
+    index = (tmp_path / "site/index.html").read_text()
+    assert 'data-outcome="red"' in index and f"serving.{TPUT} (patched, same_run) -10.0 %" in index
+    page = tmp_path / "site/nights" / red.name
+    assert (page / "nightly.html").is_file() and (
+        page / "plots" / f"nightly-serving.{TPUT}.png"
+    ).is_file()
+
+
+def test_reports_render_without_raw_html_or_links_out_of_the_copy(tmp_path):
+    from patchbench.nightly.dashboard.site import _md_to_html
+
+    (tmp_path / "report.html").touch()
+    (tmp_path / "plots").mkdir()
+    (tmp_path / "plots/a.png").touch()
+    got = _md_to_html(
+        "<script>x()</script>\n\n[r](report.md) [up](../../../../etc/hostname) "
+        "![a](plots/a.png) ![b](plots/b.png)",
+        tmp_path,
+    )
+    assert "<script>" not in got and '<a href="report.html">r</a>' in got
+    assert " up " in got and "hostname" not in got
+    assert '<img src="plots/a.png"' in got and '<span class="gone">[b]</span>' in got
+
+
+def test_dashboard_usage_errors(tmp_path, capsys):
+    assert main(["dashboard", str(tmp_path / "none.sqlite"), "--out", str(tmp_path / "s")]) == 2
+    assert "no such history file" in capsys.readouterr().err
+    bad = tmp_path / "bad.sqlite"
+    bad.write_bytes(b"not a database at all" * 100)
+    assert main(["dashboard", str(bad), "--out", str(tmp_path / "s")]) == 3
+    assert "Traceback" not in capsys.readouterr().err
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # keep pytest's output clean
+        pass
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(120)
+def test_every_page_in_headless_chromium(demo):
+    """Every page loads without SEVERE console entries; every chart has its traces with the
+    expected points; every link answers 200; the landing view shows the red config red."""
+    why = browser.missing()
+    if why:
+        pytest.fail(f"the dashboard's browser test needs headless Chromium: {why}")
+    _hist, site, s = demo
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(_Quiet, directory=str(site))
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}/"
+    driver = browser.start()
+    try:
+        checked: set[str] = set()
+        for page in s.pages:
+            driver.get(base + page)
+            charts = driver.execute_script(
+                "return Array.from(document.querySelectorAll('div.chart')).map(d => [d.id,"
+                " (d.data || []).map(t => [t.name, t.x.length, t.y.length]),"
+                " d.querySelectorAll('.main-svg .scatterlayer .trace').length])"
+            )
+            for div_id, traces, drawn in charts:
+                want = s.charts[div_id]
+                assert {n: nx for n, nx, _ny in traces} == want, (page, div_id)
+                assert all(nx == ny for _n, nx, ny in traces)
+                assert drawn == len(want), (page, div_id, drawn)  # plotly drew every trace
+            assert len(charts) == sum(1 for c in s.charts if page == _page_of(c))
+            severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+            assert severe == [], (page, severe)
+            for a in driver.find_elements("css selector", "a[href]"):
+                href = a.get_attribute("href")
+                if href in checked:
+                    continue
+                checked.add(href)
+                assert urlparse(href).netloc == urlparse(base).netloc, (page, href)
+                status = driver.execute_script(
+                    "var r = new XMLHttpRequest(); r.open('HEAD', arguments[0], false);"
+                    " r.send(); return r.status;",
+                    href,
+                )
+                assert status == 200, (page, href)
+        driver.get(base + "index.html")
+        row = driver.find_element("css selector", 'tr[data-config="nightly-cpu"] .badge')
+        assert row.text == "red"
+        assert row.value_of_css_property("background-color") == "rgba(207, 34, 46, 1)"
+        green = driver.find_element("css selector", 'tr[data-config="nightly-cpu-small"] .badge')
+        assert green.text == "green"
+        assert urljoin(base, "index.html") == driver.current_url
+    finally:
+        driver.quit()
+        server.shutdown()
+
+
+def _page_of(div_id: str) -> str:
+    return "configs/" + div_id.removeprefix("chart-").rsplit("-", 1)[0] + ".html"

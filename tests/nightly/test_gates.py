@@ -1,0 +1,355 @@
+"""Nightly gates (patchbench/nightly/gates/): the tests on nightly values against scipy, Holm across
+the night, and each outcome (fail, warn, pass, inconclusive, ungated, skipped, missing) on hand-made
+nights."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from patchbench.nightly.gates import (
+    Gate,
+    NightlySettings,
+    evaluate,
+    night_outcome,
+    nights_test,
+    paired_test,
+    welch_test,
+)
+from patchbench.nightly.history import Night
+
+TPUT = "output_throughput_tok_s"
+ITL = "itl_median_ms"
+KB = ("baseline", "serving", TPUT)
+KV = ("patched", "serving", TPUT)
+
+
+def night(i: int, values: dict, run_id: str | None = None) -> Night:
+    return Night(
+        run_id=run_id or f"n{i:02d}",
+        night_utc=f"2026-01-{i:02d}T03:00:00Z",
+        config_name="c",
+        baseline="baseline",
+        values=dict(values),
+        units={("serving", TPUT): "tok/s", ("serving", ITL): "ms"},
+        better={("serving", TPUT): "higher", ("serving", ITL): "lower"},
+    )
+
+
+def settings(**gate_kw) -> NightlySettings:
+    """One gate; no noise is learned (learn_min_nights 365, no run_cv_pct) unless asked: these
+    tests exercise the tests on tonight's own spread and the "bound" rule."""
+    kw = {
+        k: gate_kw.pop(k)
+        for k in list(gate_kw)
+        if k
+        in (
+            "alpha",
+            "min_repeats",
+            "history_test",
+            "pass_alpha",
+            "learn_min_nights",
+            "run_cv_pct",
+            "underpowered_on",
+        )
+    }
+    kw.setdefault("learn_min_nights", 365)
+    gate = dict(metric=f"serving.{TPUT}", threshold_pct=5, against="same_run") | gate_kw
+    return NightlySettings(window_nights=5, min_history_nights=3, gates=[Gate(**gate)], **kw)
+
+
+def only(results, **match):
+    out = [r for r in results if all(getattr(r, k) == v for k, v in match.items())]
+    assert len(out) == 1, out
+    return out[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# the tests themselves, against independent implementations
+
+
+def test_paired_test_matches_scipy_ttest_rel_on_logs():
+    b, v = [100.0, 103.0, 98.0, 101.0], [95.0, 99.0, 96.0, 94.0]
+    t = paired_test(b, v, bad=-1)
+    ref = stats.ttest_rel(np.log(v), np.log(b), alternative="less")
+    assert t.p == pytest.approx(ref.pvalue, rel=1e-9)
+    assert t.mean == pytest.approx(np.mean(np.log(v) - np.log(b)))
+    # the lower-is-better direction tests the other tail
+    assert paired_test(b, v, bad=+1).p == pytest.approx(1 - ref.pvalue, rel=1e-9)
+    # missing repeats drop their pair
+    assert paired_test([100.0, None, 98.0], [95.0, 99.0, 96.0], bad=-1).df == 1
+
+
+def test_welch_test_matches_scipy():
+    tonight, nights = [90.0, 93.0, 91.0], [[100.0, 99.0, 101.0], [98.0, 102.0, 100.0]]
+    t = welch_test(tonight, nights, bad=-1)
+    ref = stats.ttest_ind(
+        np.log(tonight), np.log([x for n in nights for x in n]), equal_var=False, alternative="less"
+    )
+    assert t.p == pytest.approx(ref.pvalue, rel=1e-9)
+
+
+def test_nights_test_by_hand():
+    nights = [[100.0, 101.0], [98.0, 99.0], [102.0, 103.0], [100.0, 100.0]]
+    tonight = [95.0, 96.0]
+    m = [np.mean(np.log(n)) for n in nights]
+    tt = (np.mean(np.log(tonight)) - np.mean(m)) / (np.std(m, ddof=1) * math.sqrt(1 + 1 / 4))
+    t = nights_test(tonight, nights, bad=-1)
+    assert t.df == 3 and t.p == pytest.approx(stats.t.cdf(tt, 3), rel=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------
+# same-run gate
+
+
+def test_clear_regression_fails_with_numbers():
+    t = night(28, {KB: [100.0, 101.0, 99.0], KV: [90.0, 91.0, 89.0]}, "tonight")
+    [r] = evaluate([], t, settings())
+    assert (r.kind, r.variant, r.status) == ("same_run", "patched", "fail")
+    assert r.change_pct == pytest.approx(
+        100 * math.expm1(np.mean(np.log([0.9, 91 / 101, 89 / 99])))
+    )
+    assert r.value == 90.0 and r.reference == 100.0 and r.n == 3
+    assert r.level == pytest.approx(1 / 30)  # one test: the whole budget
+    assert "worse than the 5 % threshold" in r.reason
+
+
+def test_one_repeat_never_gates_even_on_a_large_change():
+    t = night(28, {KB: [100.0], KV: [50.0]}, "tonight")
+    [r] = evaluate([], t, settings())
+    assert r.status == "ungated" and "1 paired repeat(s), 3 needed" in r.reason
+    assert night_outcome([r]) == "underpowered"
+
+
+def test_quiet_night_passes_and_noisy_night_is_inconclusive():
+    t = night(
+        28,
+        {KB: [100.0, 101.0, 99.0, 100.0, 100.0], KV: [100.5, 101.0, 99.2, 100.1, 99.9]},
+        "tonight",
+    )
+    [r] = evaluate([], t, settings())
+    assert r.status == "pass" and r.bound_pct > -5.0
+    t = night(28, {KB: [100.0, 100.0, 100.0], KV: [110.0, 90.0, 100.0]}, "tonight")
+    [r] = evaluate([], t, settings())
+    assert r.status == "inconclusive" and r.bound_pct < -5.0
+    assert night_outcome([r]) == "underpowered"
+
+
+def test_significant_but_within_threshold_is_not_red():
+    t = night(28, {KB: [100.0, 101.0, 99.0, 100.0], KV: [98.0, 99.0, 97.0, 98.0]}, "tonight")
+    [r] = evaluate([], t, settings())  # -2 %, tight: shown not worse than -5 %
+    assert r.status == "pass" and r.change_pct == pytest.approx(-2.0, abs=0.01)
+
+
+def test_lower_is_better_and_explicit_direction():
+    kb, kv = ("baseline", "serving", ITL), ("patched", "serving", ITL)
+    t = night(28, {kb: [50.0, 51.0, 49.0], kv: [56.0, 57.0, 55.0]}, "tonight")
+    [r] = evaluate([], t, settings(metric=ITL))
+    assert r.better == "lower" and r.status == "fail"
+    [r] = evaluate([], t, settings(metric=ITL, direction="higher"))  # slower is "better" now
+    assert r.status == "pass"
+
+
+def test_holm_across_the_nights_tests():
+    # two gates; the ITL one alone would fail at alpha, but not at alpha / 2 (Holm's first step)
+    # while the throughput test is far from significant
+    kb, kv = ("baseline", "serving", ITL), ("patched", "serving", ITL)
+    b = [50.0, 50.0, 50.0, 50.0]
+    d = np.array([0.08, 0.10, 0.06, 0.12])  # +10 % ITL on average, some spread
+    v = list(50.0 * np.exp(d))
+    p = stats.ttest_1samp(d, 0.0, alternative="greater").pvalue
+    alpha = 1.6 * p  # p < alpha but p > alpha / 2
+    vals = {kb: b, kv: v, KB: [100.0, 100.0, 100.0, 100.0], KV: [120.0, 80.0, 101.0, 99.0]}
+    one = NightlySettings(
+        alpha=alpha, gates=[Gate(metric=ITL, threshold_pct=5, against="same_run")]
+    )
+    assert only(evaluate([], night(28, vals, "t"), one), metric=ITL).status == "fail"
+    two = one.model_copy(
+        update={"gates": one.gates + [Gate(metric=TPUT, threshold_pct=5, against="same_run")]}
+    )
+    res = evaluate([], night(28, vals, "t"), two)
+    r = only(res, metric=ITL)
+    assert r.status == "inconclusive" and r.level == pytest.approx(alpha / 2)
+    assert r.p_value == pytest.approx(p, rel=1e-9)
+
+
+def test_consecutive_nights_warn_then_fail():
+    bad = lambda i: night(i, {KB: [100.0, 101.0, 99.0], KV: [90.0, 91.0, 89.0]})  # noqa: E731
+    good = lambda i: night(i, {KB: [100.0, 101.0, 99.0], KV: [100.0, 101.0, 99.5]})  # noqa: E731
+    s = settings(consecutive_nights=2)
+    t = night(28, bad(28).values, "tonight")
+    [r] = evaluate([good(1)], t, s)
+    assert r.status == "warn" and r.nights_held == 1 and "held on 1 of the 2" in r.reason
+    assert night_outcome([r]) == "green"
+    [r] = evaluate([good(1), bad(2)], t, s)
+    assert r.status == "fail" and r.nights_held == 2 and "on 2 nights in a row" in r.reason
+
+
+def test_aa_variants_are_not_gated_against_the_baseline():
+    t = night(28, {KB: [100.0, 101.0, 99.0], KV: [90.0, 91.0, 89.0]}, "tonight")
+    t.aa_variants = ["patched"]
+    assert evaluate([], t, settings()) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# history gate
+
+HIST = [
+    [100.0, 101.0, 99.0],
+    [102.0, 101.0, 100.0],
+    [98.0, 99.0, 100.0],
+    [101.0, 100.0, 102.0],
+    [99.0, 98.0, 100.0],
+]
+
+
+def hist_settings(**kw) -> NightlySettings:
+    return settings(against="history", **kw)
+
+
+def test_history_step_fails_and_steady_passes():
+    prior = [night(i + 1, {KB: v}) for i, v in enumerate(HIST)]
+    [r] = evaluate(prior, night(28, {KB: [90.0, 91.0, 89.0]}, "tonight"), hist_settings())
+    assert (r.kind, r.variant, r.status, r.n_history) == ("history", "baseline", "fail", 5)
+    assert r.p_value == pytest.approx(nights_test([90.0, 91.0, 89.0], HIST, -1).p)
+    assert r.reference == 100.0 and r.window_run_ids == [f"n{i:02d}" for i in range(1, 6)]
+    [r] = evaluate(prior, night(28, {KB: [100.0, 100.5, 99.5]}, "tonight"), hist_settings())
+    assert r.status == "pass"
+
+
+def test_history_window_is_the_last_k_nights_and_later_nights_are_ignored():
+    prior = [night(i + 1, {KB: [200.0, 201.0, 199.0]}) for i in range(2)]
+    prior += [night(i + 3, {KB: v}) for i, v in enumerate(HIST)]
+    prior.append(night(29, {KB: [10.0, 10.0, 10.0]}))  # after tonight
+    [r] = evaluate(prior, night(28, {KB: [100.0, 100.5, 99.5]}, "tonight"), hist_settings())
+    assert r.window_run_ids == [f"n{i:02d}" for i in range(3, 8)] and r.status == "pass"
+
+
+def test_history_warming_up_is_skipped_and_welch_is_selectable():
+    prior = [night(i + 1, {KB: v}) for i, v in enumerate(HIST[:2])]
+    [r] = evaluate(prior, night(28, {KB: [50.0, 50.0, 50.0]}, "tonight"), hist_settings())
+    assert r.status == "skipped" and "warming up: 2 night(s)" in r.reason
+    assert night_outcome([r]) == "green"
+    prior = [night(i + 1, {KB: v}) for i, v in enumerate(HIST)]
+    [r] = evaluate(
+        prior, night(28, {KB: [90.0, 91.0, 89.0]}, "tonight"), hist_settings(history_test="welch")
+    )
+    assert r.status == "fail" and r.test.startswith("Welch")
+    assert r.p_value == pytest.approx(welch_test([90.0, 91.0, 89.0], HIST, -1).p)
+
+
+def test_history_consecutive_judges_the_streak_against_the_nights_before_it():
+    s = hist_settings(consecutive_nights=2)
+    prior = [night(i + 1, {KB: v}) for i, v in enumerate(HIST)]
+    [r] = evaluate(prior, night(28, {KB: [90.0, 91.0, 89.0]}, "tonight"), s)
+    assert r.status == "warn"
+    prior.append(night(6, {KB: [90.0, 90.5, 89.5]}))
+    [r] = evaluate(prior, night(28, {KB: [90.0, 91.0, 89.0]}, "tonight"), s)
+    assert r.status == "fail" and r.n_history == 5 and "n06" not in r.window_run_ids
+
+
+def test_a_bad_night_leaves_the_reference_so_the_next_clean_night_is_green():
+    prior = [night(i + 1, {KB: v}) for i, v in enumerate(HIST)]
+    prior.append(night(6, {KB: [80.0, 81.0, 79.0]}))  # a red night
+    [r] = evaluate(prior, night(28, {KB: [100.0, 100.5, 99.5]}, "tonight"), hist_settings())
+    assert r.status == "pass" and "n06" not in r.window_run_ids
+    # a step that persists stays red until history_since accepts the new level
+    prior += [night(7, {KB: [80.0, 80.5, 79.5]})]
+    [r] = evaluate(prior, night(28, {KB: [80.0, 80.5, 79.5]}, "tonight"), hist_settings())
+    assert r.status == "fail"
+    prior += [night(8, {KB: [80.5, 79.0, 80.0]})]
+    s = hist_settings().model_copy(update={"history_since": "2026-01-06T00:00:00Z"})
+    [r] = evaluate(prior, night(28, {KB: [80.0, 80.5, 79.5]}, "tonight"), s)
+    assert r.status == "pass" and r.window_run_ids == ["n06", "n07", "n08"]
+    with pytest.raises(ValueError, match="ISO-8601"):
+        NightlySettings(history_since="last week")
+
+
+def test_a_much_better_night_leaves_the_reference_too():
+    # the rule is symmetric (an unbiased reference under drift): a night far above the others is
+    # left out like a night far below them, so tonight's ordinary level is not judged against it
+    prior = [night(i + 1, {KB: v}) for i, v in enumerate(HIST)]
+    prior.append(night(6, {KB: [120.0, 121.0, 119.0]}))
+    [r] = evaluate(prior, night(28, {KB: [100.0, 100.5, 99.5]}, "tonight"), hist_settings())
+    assert r.status == "pass" and "n06" not in r.window_run_ids
+
+
+def test_night_noise_df_counts_nights_not_variants():
+    from patchbench.nightly.robust import MAD_EFFICIENCY, sigma_steps
+
+    rng = np.random.default_rng(3)
+    drift = rng.normal(0.0, 0.02, 11)
+    series = [drift + rng.normal(0.0, 0.001, 11) for _ in range(2)]
+    pooled, shared = sigma_steps(series), sigma_steps(series, shared=True)
+    assert shared.sigma == pooled.sigma and shared.n == pooled.n == 20
+    assert pooled.df == pytest.approx(MAD_EFFICIENCY * 19)
+    assert shared.df == pytest.approx(MAD_EFFICIENCY * 9)  # one series' 10 differences
+
+
+def test_pooled_night_df_grows_with_variants_only_as_far_as_their_run_noise_is_independent():
+    from patchbench.nightly.noise import _pooled_df
+
+    two = [[0.0, 0.1, 0.2], [0.0, 0.1, 0.2]]
+    assert _pooled_df(4.0, two, 0.0, 0.01) == pytest.approx(8.0)  # no drift: 2 series' df
+    assert _pooled_df(4.0, two, 0.01, 0.01) == pytest.approx(4.0)  # all drift: one series'
+    # night^2 / level^2 = 0.5: df = 4 * 2 / (1 + 0.25)
+    assert _pooled_df(4.0, two, math.sqrt(0.5), 1.0) == pytest.approx(6.4)
+    assert _pooled_df(4.0, two[:1], 0.0, 0.01) == 4.0  # one series
+
+
+def test_history_test_df_is_satterthwaites_on_what_was_estimated():
+    """The history test's variance is (1 + 1/K) level^2 + c run^2 (night^2 = level^2 - run^2 /
+    repeats): Satterthwaite's df on level^2's and run^2's own df, not the night part's alone."""
+    from patchbench.nightly.gates.history_gate import _known_variance
+    from patchbench.nightly.noise import Noise
+    from patchbench.nightly.robust import Scale
+
+    run, level, k, n, rep = 0.03, 0.0132, 7, 12, 12.0
+    night = math.sqrt(level**2 - run**2 / rep)
+    noise = Noise("s", "m", Scale(run, 150.0, 0), Scale(run, 150.0, 0), Scale(level, 4.0, 0),
+                  night, rep, 13, "learned")  # fmt: skip
+    var, df = _known_variance(noise, n, [n] * k)
+    f = 1 + 1 / k
+    assert var == pytest.approx(f * night**2 + run**2 / n * f)
+    # every night ran `repeats` runs: the run part cancels, the df is level^2's
+    assert df == pytest.approx(4.0)
+    var2, df2 = _known_variance(noise, 6, [n] * k)  # tonight fewer runs: some run df enters
+    rest = run**2 * (1 / 6 + 1 / (k * n) - f / rep)
+    lv = f * level**2
+    assert var2 == pytest.approx(lv + rest)
+    assert df2 == pytest.approx((lv + rest) ** 2 / (lv**2 / 4.0 + rest**2 / 150.0))
+    # no night-to-night part learned: the run noise alone, on its df
+    quiet = Noise("s", "m", Scale(run, 150.0, 0), Scale(run, 150.0, 0), Scale(0.008, 4.0, 0),
+                  0.0, rep, 13, "learned")  # fmt: skip
+    assert _known_variance(quiet, n, [n] * k) == (pytest.approx(run**2 / n * f), 150.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# configuration problems
+
+
+def test_missing_metric_and_unknown_direction():
+    t = night(28, {KB: [100.0, 101.0, 99.0], KV: [90.0, 91.0, 89.0]}, "tonight")
+    res = evaluate([], t, settings(metric="serving.nonexistent_ms", against="both"))
+    assert [(r.kind, r.status) for r in res] == [("same_run", "missing"), ("history", "missing")]
+    assert TPUT in res[0].reason
+    t.values[("baseline", "serving", "weird")] = [1.0]
+    [r] = evaluate([], t, settings(metric="weird"))
+    assert r.status == "missing" and "direction" in r.reason
+
+
+def test_settings_validation_and_budget():
+    s = NightlySettings()
+    assert (s.window_nights, s.min_history_nights, s.min_repeats) == (7, 3, 3)
+    assert s.family_alpha == pytest.approx(1 / 30)
+    assert NightlySettings(false_red_nights_per_month=3).family_alpha == pytest.approx(0.1)
+    assert NightlySettings(alpha=0.01).family_alpha == 0.01
+    with pytest.raises(ValueError, match="require_ci_excludes_zero was removed"):
+        Gate(metric="x_ms", threshold_pct=5, require_ci_excludes_zero=False)
+    with pytest.raises(ValueError, match="min_history_nights"):
+        NightlySettings(window_nights=3, min_history_nights=4)
+    with pytest.raises(ValueError):
+        Gate(metric="x_ms", threshold_pct=0)

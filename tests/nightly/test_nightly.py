@@ -1,0 +1,938 @@
+"""The nightly job (patchbench/nightly/): outputs, exit codes, history glue and the CLI.
+
+The gate rules themselves are tested in tests/nightly/test_gates.py. Everything but the last test runs on
+synthetic run folders (tests.synthetic); the e2e test drives the real runner
+(patchbench.run.bench.run_bench) on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sqlite3
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+
+import patchbench
+import patchbench.inputs
+import patchbench.run
+from patchbench import records
+from patchbench.config import load_config
+from patchbench.errors import EXIT_UNDERPOWERED, ConfigError
+from patchbench.nightly.cli import cli
+from patchbench.nightly.gates import DEFAULT_HISTORY, Gate, NightlySettings
+from patchbench.nightly.history import History
+from patchbench.nightly.job import HISTORY_ENV, history_path, nightly_on_run
+from patchbench.nightly.trend import plot_trend
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.helpers import write_nightly_config
+from tests.synthetic import make_throughput_night
+
+TPUT = "output_throughput_tok_s"
+
+
+@pytest.fixture(autouse=True)
+def _results_in_tmp(tmp_path, monkeypatch):
+    """Config copies the nightly keeps and prunes (nightly.builds.keep_config / prune_configs)
+    live in this test's folder, never in the checkout's results/."""
+    monkeypatch.setattr(patchbench.inputs, "RESULTS_DIR", tmp_path / "results")
+
+
+def test_settings_defaults():
+    s = NightlySettings()
+    assert s.history_path == DEFAULT_HISTORY == "~/.cache/patchbench/history.sqlite"
+    assert (s.window_nights, s.min_history_nights, s.gates) == (7, 3, [])
+    g = Gate(metric="serving.itl_p99_ms", threshold_pct=3)
+    assert (g.suite, g.metric_name, g.against, g.consecutive_nights) == (
+        "serving",
+        "itl_p99_ms",
+        "both",
+        1,
+    )
+    with pytest.raises(ValueError, match="extra"):
+        NightlySettings(gates=[{"metric": "x_ms", "threshold_pct": 1, "treshold": 2}])
+
+
+def _write_config(tmp_path: Path, nightly: dict, name: str = "nightly-test") -> Path:
+    return write_nightly_config(tmp_path, name, nightly)
+
+
+def test_config_loader_validates_the_nightly_section(tmp_path):
+    ok = _write_config(
+        tmp_path, {"window_nights": 3, "gates": [{"metric": f"serving.{TPUT}", "threshold_pct": 5}]}
+    )
+    assert load_config(ok).nightly.window_nights == 3  # typed: NightlySettings
+    bad = _write_config(
+        tmp_path, {"gates": [{"metric": "x_ms", "threshold_pct": 5, "bogus": 1}]}, name="bad"
+    )
+    with pytest.raises(ConfigError, match=r"nightly\.gates\.0\.bogus"):
+        load_config(bad)
+
+
+def test_history_path_precedence(tmp_path, monkeypatch):
+    s = NightlySettings(history_path=str(tmp_path / "from-config.sqlite"))
+    monkeypatch.delenv(HISTORY_ENV, raising=False)
+    assert history_path(s) == tmp_path / "from-config.sqlite"
+    monkeypatch.setenv(HISTORY_ENV, str(tmp_path / "from-env.sqlite"))
+    assert history_path(s) == tmp_path / "from-env.sqlite"
+    assert history_path(s, str(tmp_path / "cli.sqlite")) == tmp_path / "cli.sqlite"
+    monkeypatch.delenv(HISTORY_ENV)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert history_path(NightlySettings()) == tmp_path / ".cache/patchbench/history.sqlite"
+
+
+# ---------------------------------------------------------------------------------------------
+# the job on synthetic run folders
+
+
+def make_night(
+    root: Path, day: int, base: list[float], var: list[float], name: str = "nightly-test"
+) -> Path:
+    """A run folder for night ``day``: serving throughput per repeat for both variants."""
+    return make_throughput_night(
+        root, f"202601{day:02d}T030000Z-{name}", f"2026-01-{day:02d}T03:00:00Z", base, var,
+        name=name,
+    )  # fmt: skip
+
+
+JOB = NightlySettings(
+    window_nights=7, min_history_nights=2, gates=[Gate(metric=f"serving.{TPUT}", threshold_pct=5)]
+)
+
+
+def clean(day: int) -> tuple[list[float], list[float]]:
+    """A quiet night with no change (a small night-to-night wobble)."""
+    d = (day % 3 - 1) * 0.5
+    return [100.0 + d, 101.0 + d, 99.0 + d], [100.0 + d, 101.0 + d, 99.5 + d]
+
+
+def test_job_green_red_red_and_recovery(tmp_path):
+    h = tmp_path / "h.sqlite"
+    for day in (1, 2):
+        out = nightly_on_run(make_night(tmp_path, day, *clean(day)), JOB, history=h)
+        assert out.exit_code == 0 and out.outcome == "green", out.problems
+    # night 3: only the variant slows down -> the same-run gate
+    run3 = make_night(tmp_path, 3, [100.0, 101.0, 99.0], [90.0, 91.0, 89.0])
+    out = nightly_on_run(run3, JOB, history=h)
+    assert out.exit_code == 1 and out.outcome == "red"
+    fail = {(r.kind, r.variant) for r in out.results if r.status == "fail"}
+    assert ("same_run", "patched") in fail and ("history", "baseline") not in fail
+    md = (run3 / "nightly.md").read_text()
+    assert md.startswith("# Nightly nightly-test: REGRESSION")
+    assert f"**serving.{TPUT}** (patched, same-run): 90 tok/s vs 100 tok/s" in md
+    assert "-10.00 %" in md and "Error budget: 1 false red night(s) per 30 nights" in md
+    js = json.loads((run3 / "nightly.json").read_text())
+    assert js["exit_code"] == 1 and js["outcome"] == "red" and js["history"]["recorded"] is True
+    assert js["history"]["nights_before"] == 2 and js["schema"] == 2
+    assert {(f["kind"], f["variant"]) for f in js["failing"]} == fail
+    assert (run3 / f"plots/nightly-serving.{TPUT}.png").stat().st_size > 1000
+    # night 4: baseline and variant both slow; same-run sees nothing -> the history gate
+    run4 = make_night(tmp_path, 4, [80.0, 81.0, 79.0], [80.0, 80.5, 79.5])
+    out = nightly_on_run(run4, JOB, history=h)
+    assert out.exit_code == 1
+    r = next(r for r in out.results if r.kind == "history" and r.variant == "baseline")
+    assert r.status == "fail" and r.value == 80.0 and r.n_history == 3
+    assert next(r for r in out.results if r.kind == "same_run").status == "pass"
+    # night 5: clean again; night 4 does not count as reference
+    out = nightly_on_run(make_night(tmp_path, 5, *clean(5)), JOB, history=h)
+    assert out.exit_code == 0, [(r.kind, r.variant, r.status, r.reason) for r in out.results]
+    r = next(r for r in out.results if r.kind == "history" and r.variant == "baseline")
+    assert "20260104T030000Z-nightly-test" not in r.window_run_ids
+    assert "no regression" in (tmp_path / "20260105T030000Z-nightly-test/nightly.md").read_text()
+    with History(h) as hh:
+        assert hh.count_nights("nightly-test") == 5
+
+
+def test_one_repeat_night_is_not_gated_and_exits_5(tmp_path):
+    run = make_night(tmp_path, 1, [100.0], [50.0])  # a huge change, one repeat
+    out = nightly_on_run(run, JOB, history=tmp_path / "h.sqlite")
+    assert out.exit_code == EXIT_UNDERPOWERED == 5 and out.outcome == "underpowered"
+    [r] = [r for r in out.results if r.kind == "same_run"]
+    assert r.status == "ungated"
+    md = (run / "nightly.md").read_text()
+    assert "UNDERPOWERED" in md and "## Underpowered" in md and "1 paired repeat(s)" in md
+
+
+def test_noisy_night_is_underpowered_not_green(tmp_path):
+    run = make_night(tmp_path, 1, [100.0, 100.0, 100.0], [110.0, 90.0, 100.0])
+    out = nightly_on_run(run, JOB, history=tmp_path / "h.sqlite")
+    assert out.exit_code == 5
+    assert [r.status for r in out.results if r.kind == "same_run"] == ["inconclusive"]
+
+
+def test_rerunning_a_night_does_not_count_it_twice(tmp_path):
+    h = tmp_path / "h.sqlite"
+    run = make_night(tmp_path, 1, *clean(1))
+    nightly_on_run(run, JOB, history=h)
+    out = nightly_on_run(run, JOB, history=h)
+    assert json.loads((run / "nightly.json").read_text())["history"]["already_recorded"] is True
+    assert out.exit_code == 0
+    with History(h) as hh:
+        assert hh.count_nights() == 1
+
+
+def test_locked_history_exits_3_keeps_the_night_and_record_only_appends_it(tmp_path, capsys):
+    h = tmp_path / "h.sqlite"
+    for day in (1, 2):
+        nightly_on_run(make_night(tmp_path, day, *clean(day)), JOB, history=h)
+    run3 = make_night(tmp_path, 3, [100.0, 101.0, 99.0], [90.0, 91.0, 89.0])
+    holder = sqlite3.connect(h, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    settings = JOB.model_copy(update={"lock_timeout_s": 0.2})
+    try:
+        out = nightly_on_run(run3, settings, history=h)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert out.exit_code == 3
+    md = (run3 / "nightly.md").read_text()
+    assert "HISTORY UNAVAILABLE" in md and str(h) in md and "locked" in md
+    assert f"patchbench nightly --record-only {run3} --history {h}" in md
+    assert "and 1 regression(s)" in md  # the same-run gate still ran
+    assert next(r for r in out.results if r.kind == "same_run").status == "fail"
+    with History(h) as hh:
+        assert hh.count_nights() == 2  # nothing half-written
+    rc = cli(["--record-only", str(run3), "--history", str(h)])
+    assert rc == 0 and "recorded 20260103T030000Z-nightly-test" in capsys.readouterr().out
+    with History(h) as hh:
+        assert [n.run_id for n in hh.nights("nightly-test")][-1] == run3.name
+
+
+def test_corrupted_history_exits_3_and_is_left_untouched(tmp_path):
+    h = tmp_path / "h.sqlite"
+    h.write_bytes(b"garbage" * 100)
+    run = make_night(tmp_path, 1, *clean(1))
+    out = nightly_on_run(run, JOB, history=h)
+    assert out.exit_code == 3
+    assert h.read_bytes() == b"garbage" * 100
+    md = (run / "nightly.md").read_text()
+    assert "not a readable SQLite database" in md and str(h) in md
+    js = json.loads((run / "nightly.json").read_text())
+    assert js["history"]["recorded"] is False and js["night"]["values"]
+
+
+def test_failed_cells_exit_4(tmp_path):
+    run = make_night(tmp_path, 1, *clean(1))
+    records.write_json(
+        run / "patched/rep1/cell.json",
+        {"variant": "patched", "repeat": 1, "status": "failed", "error": "server died"},
+    )
+    out = nightly_on_run(run, JOB, history=tmp_path / "h.sqlite")
+    assert out.exit_code == 4
+    assert "server died" in (run / "nightly.md").read_text()
+
+
+def test_gate_config_error_exits_2(tmp_path):
+    run = make_night(tmp_path, 1, *clean(1))
+    s = NightlySettings(gates=[Gate(metric="serving.no_such_ms", threshold_pct=5)])
+    assert nightly_on_run(run, s, history=tmp_path / "h.sqlite").exit_code == 2
+
+
+def test_trend_plot_has_title_units_legend_and_run_id():
+    from patchbench.nightly.gates import evaluate
+    from patchbench.nightly.history import Night
+
+    key = ("baseline", "serving", TPUT)
+
+    def n(i, vals, rid=None):
+        return Night(
+            run_id=rid or f"n{i:02d}",
+            night_utc=f"2026-01-{i:02d}T03:00:00Z",
+            config_name="c",
+            baseline="baseline",
+            values={key: vals},
+            units={("serving", TPUT): "tok/s"},
+            better={("serving", TPUT): "higher"},
+        )
+
+    prior = [n(1, [100.0, 101.0, 99.0]), n(2, [99.0, 100.0, 98.0]), n(3, [102.0, 101.0, 100.0])]
+    t = n(28, [90.0, 91.0, 89.0], "tonight")
+    s = NightlySettings(
+        window_nights=3,
+        min_history_nights=3,
+        gates=[Gate(metric=TPUT, threshold_pct=5, against="history")],
+    )
+    res = evaluate(prior, t, s)
+    assert [r.status for r in res] == ["fail"]
+    fig = plot_trend(prior, t, "serving", TPUT, res, s)
+    ax = fig.axes[0]
+    assert ax.get_title() == f"serving.{TPUT}: nightly trend (c)"
+    assert ax.get_xlabel() == "night (UTC)" and ax.get_ylabel() == f"{TPUT} [tok/s]"
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == [
+        "baseline: nightly median",
+        "baseline: runs of last 3 nights",
+        "baseline: tonight (REGRESSION)",
+    ]
+    assert any(x.get_text() == "run tonight" for x in fig.texts)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+# command line
+
+
+def _fake_bench(monkeypatch, run_bench):
+    fake = types.ModuleType("patchbench.run.bench")
+
+    class EnvironmentNotReady(RuntimeError):
+        pass
+
+    class RunFailed(RuntimeError):
+        pass
+
+    fake.EnvironmentNotReady, fake.RunFailed = EnvironmentNotReady, RunFailed
+    fake.run_bench = lambda path, **kw: run_bench(fake, path)
+    monkeypatch.setitem(sys.modules, "patchbench.run.bench", fake)
+    monkeypatch.setattr(patchbench.run, "bench", fake, raising=False)
+    return fake
+
+
+def _cli_config(tmp_path: Path) -> Path:
+    return _write_config(
+        tmp_path,
+        {
+            "history_path": str(tmp_path / "cfg-history.sqlite"),
+            "gates": [{"metric": f"serving.{TPUT}", "threshold_pct": 5}],
+        },
+    )
+
+
+def test_cli_runs_the_config_records_and_gates(tmp_path, monkeypatch):
+    monkeypatch.delenv(HISTORY_ENV, raising=False)
+    cfg = _cli_config(tmp_path)
+    runs = iter(
+        [make_night(tmp_path, d, *clean(d)) for d in (1, 2)]
+        + [make_night(tmp_path, 3, [100.0, 101.0, 99.0], [90.0, 91.0, 89.0])]
+    )
+    seen = []
+    _fake_bench(monkeypatch, lambda fake, path: seen.append(path) or next(runs))
+    assert [cli([str(cfg)]) for _ in range(3)] == [0, 0, 1]
+    assert seen == [str(cfg)] * 3
+    with History(tmp_path / "cfg-history.sqlite") as h:  # the config's history_path
+        assert h.count_nights("nightly-test") == 3
+
+
+def test_cli_environment_and_run_failures(tmp_path, monkeypatch):
+    cfg = _cli_config(tmp_path)
+
+    def env(fake, path):
+        raise fake.EnvironmentNotReady("sglang 0.5.23 installed, config pins 0.5.1.post3")
+
+    _fake_bench(monkeypatch, env)
+    assert cli([str(cfg), "--history", str(tmp_path / "h.sqlite")]) == 3
+
+    def failed(fake, path):
+        raise fake.RunFailed("every cell failed")
+
+    _fake_bench(monkeypatch, failed)
+    assert cli([str(cfg), "--history", str(tmp_path / "h.sqlite")]) == 4
+
+    partial = make_night(tmp_path, 1, *clean(1))
+
+    def failed_with_folder(fake, path):
+        e = fake.RunFailed("cell patched/rep1 failed")
+        e.run_dir = partial
+        raise e
+
+    _fake_bench(monkeypatch, failed_with_folder)
+    assert cli([str(cfg), "--history", str(tmp_path / "h.sqlite")]) == 4
+    assert "cell patched/rep1 failed" in (partial / "nightly.md").read_text()
+    assert not (tmp_path / "cfg-history.sqlite").exists()  # --history won over the config
+
+
+def test_cli_usage_errors(tmp_path):
+    assert cli([]) == 2
+    assert cli([str(tmp_path / "missing.yaml")]) == 2
+    assert cli(["--record-only", str(tmp_path / "nope")]) == 2
+    assert cli(["--bogus"]) == 2
+
+
+def test_cli_from_run_uses_settings_of_the_run_manifest(tmp_path):
+    run = make_night(tmp_path, 1, *clean(1))
+    m = records.read_json(run / "manifest.json")
+    m["config"]["nightly"] = {
+        "gates": [{"metric": f"serving.{TPUT}", "threshold_pct": 5, "against": "same_run"}]
+    }
+    records.write_json(run / "manifest.json", m)
+    assert cli(["--from-run", str(run), "--history", str(tmp_path / "h.sqlite")]) == 0
+    js = json.loads((run / "nightly.json").read_text())
+    assert [g["kind"] for g in js["gates"]] == ["same_run"]
+
+
+# ---------------------------------------------------------------------------------------------
+# nightly over a matrix (patchbench.matrix run folders)
+
+
+def test_worst_exit_order():
+    from patchbench.nightly.outcome import EXIT_ORDER, worst_exit
+
+    assert EXIT_ORDER == (1, 4, 3, 2, 5, 0)
+    assert worst_exit([0, 5, 3, 4]) == 4
+    assert worst_exit([4, 1, 3]) == 1  # one unit's regression is not hidden by another's failure
+    assert worst_exit([5, 2, 0]) == 2 and worst_exit([5, 0]) == 5 and worst_exit([]) == 0
+    assert worst_exit([70, 5]) == 4  # an unknown code counts as a run failure
+
+
+MX_NIGHTLY = {"min_history_nights": 2, "gates": [{"metric": f"serving.{TPUT}", "threshold_pct": 5}]}
+
+
+def make_matrix_night(root: Path, day: int, units: dict[str, dict]) -> Path:
+    """A matrix run folder of night ``day`` as patchbench.matrix leaves it: matrix.json,
+    configs/<unit>.yaml (config "mxcfg" with :data:`MX_NIGHTLY`) and one run folder per unit
+    given ``vals`` (baseline and patched throughputs). Every unit's run id is the same
+    ``<stamp>-mxcfg`` (two units of one config started in the same second)."""
+    mdir = root / f"202601{day:02d}T020000Z-mx"
+    entries = []
+    for uid, spec in units.items():
+        if spec.get("vals") is not None:
+            run = make_night(mdir / "_tmp", day, *spec["vals"], name="mxcfg")
+            run.rename(mdir / uid)
+        records.write_text(
+            mdir / "configs" / f"{uid}.yaml",
+            yaml.safe_dump({"name": "mxcfg", "nightly": spec.get("nightly", MX_NIGHTLY)}),
+        )
+        entries.append(
+            {
+                "id": uid,
+                "labels": {"gain": uid},
+                "gpu_type": None,
+                "config_name": "mxcfg",
+                "status": spec.get("status", "ok"),
+                "exit_code": spec.get("exit_code", 0),
+                "message": spec.get("message", ""),
+            }
+        )
+    shutil.rmtree(mdir / "_tmp", ignore_errors=True)
+    records.write_json(mdir / "matrix.json", {"name": "mx", "units": entries})
+    return mdir
+
+
+RED = ([100.0, 101.0, 99.0], [90.0, 91.0, 89.0])  # the same-run gate fails (night 1 too)
+
+
+def test_matrix_night_lists_every_unit_and_a_regression_beats_a_lost_unit(tmp_path, capsys):
+    h = tmp_path / "h.sqlite"
+    mdir = make_matrix_night(
+        tmp_path,
+        1,
+        {
+            "green-1": {"vals": clean(1)},
+            "red-2": {"vals": RED},
+            "lost-3": {"status": "lost", "exit_code": None, "message": "node died"},
+        },
+    )
+    assert cli(["--from-run", str(mdir), "--history", str(h)]) == 1
+    js = json.loads((mdir / "nightly.json").read_text())
+    assert (js["kind"], js["exit_code"], js["outcome"]) == ("matrix", 1, "red")
+    got = {u["id"]: (u["outcome"], u["exit_code"], u["key"]) for u in js["units"]}
+    assert got == {
+        "green-1": ("green", 0, "mxcfg@green-1"),
+        "red-2": ("red", 1, "mxcfg@red-2"),
+        "lost-3": ("run failed", 4, "mxcfg@lost-3"),
+    }
+    [fail] = next(u for u in js["units"] if u["id"] == "red-2")["failing"]
+    # the geometric mean of 90/100, 91/101, 89/99: -10.0007 %
+    assert (fail["kind"], fail["variant"]) == ("same_run", "patched")
+    logs = [math.log(v / b) for b, v in zip(*RED, strict=True)]
+    assert fail["change_pct"] == pytest.approx(100 * math.expm1(sum(logs) / 3), abs=1e-9)
+    assert fail["change_pct"] == pytest.approx(-10.0007, abs=1e-4)
+    md = (mdir / "nightly.md").read_text()
+    assert md.startswith("# Nightly matrix mx: REGRESSION in 1 of 3 unit(s)")
+    assert "| [red-2](red-2/nightly.md) | red-2 | any | ok | ❌ red | 1 | `mxcfg@red-2` |" in md
+    assert "| `lost-3` | lost-3 | any | lost | 💥 run failed | 4 | `mxcfg@lost-3` |" in md
+    assert "- `lost-3`: the unit's run ended lost: node died" in md
+    assert f"- `red-2`: **serving.{TPUT}** (patched, same-run): 90 tok/s vs 100 tok/s" in md
+    # each unit's own summary is keyed as the unit
+    assert (mdir / "red-2/nightly.md").read_text().startswith("# Nightly mxcfg@red-2: REGRESSION")
+    with History(h) as hh:  # same run id in both units: still two nights, one per key
+        assert hh.count_nights("mxcfg@green-1") == hh.count_nights("mxcfg@red-2") == 1
+        assert hh.count_nights("mxcfg") == 0 and hh.count_nights() == 2
+    # night 2 without the regression: the lost unit now decides (4), never dropped
+    mdir2 = make_matrix_night(
+        tmp_path,
+        2,
+        {
+            "green-1": {"vals": clean(2)},
+            "red-2": {"vals": clean(2)},
+            "lost-3": {"status": "error", "exit_code": 3, "message": "sglang 0.5.23 missing"},
+        },
+    )
+    assert cli(["--from-run", str(mdir2), "--history", str(h)]) == 3
+    js = json.loads((mdir2 / "nightly.json").read_text())
+    assert [u["outcome"] for u in js["units"]] == ["green", "green", "environment not ready"]
+    with History(h) as hh:  # each unit's series continues under its key
+        assert [n.run_id for n in hh.nights("mxcfg@red-2")] == [
+            "20260101T030000Z-mxcfg@red-2",
+            "20260102T030000Z-mxcfg@red-2",
+        ]
+
+
+def test_matrix_unit_folders_are_keyed_in_record_only_and_from_run(tmp_path, capsys):
+    h = tmp_path / "h.sqlite"
+    mdir = make_matrix_night(
+        tmp_path,
+        1,
+        {"a-1": {"vals": clean(1)}, "b-2": {"vals": clean(1)}, "c-3": {"status": "lost"}},
+    )
+    # one unit folder alone: found to be a unit by its parent's matrix.json
+    assert cli(["--record-only", str(mdir / "a-1"), "--history", str(h)]) == 0
+    # the whole matrix folder: a-1 already there, b-2 added, c-3 has no folder (4)
+    assert cli(["--record-only", str(mdir), "--history", str(h)]) == 4
+    assert "unit c-3: no run folder to record (lost)" in capsys.readouterr().err
+    with History(h) as hh:
+        assert (hh.count_nights("mxcfg@a-1"), hh.count_nights("mxcfg@b-2")) == (1, 1)
+        assert hh.count_nights() == 2
+    # a folder outside a matrix keeps its plain key
+    run = make_night(tmp_path / "plain", 1, *clean(1), name="mxcfg")
+    assert cli(["--record-only", str(run), "--history", str(h)]) == 0
+    with History(h) as hh:
+        assert hh.count_nights("mxcfg") == 1
+
+
+def test_matrix_unit_with_a_bad_nightly_section_is_a_config_error(tmp_path):
+    mdir = make_matrix_night(
+        tmp_path,
+        1,
+        {
+            "ok-1": {"vals": clean(1)},
+            "bad-2": {"vals": clean(1), "nightly": {"min_repeats": 1}},
+        },
+    )
+    assert cli(["--from-run", str(mdir), "--history", str(tmp_path / "h.sqlite")]) == 2
+    js = json.loads((mdir / "nightly.json").read_text())
+    bad = js["units"][1]
+    assert (bad["outcome"], bad["exit_code"]) == ("config error", 2)
+    assert "configs/bad-2.yaml: key nightly.min_repeats:" in bad["message"]
+
+
+def test_matrix_cli_usage_errors(tmp_path):
+    cfg = _cli_config(tmp_path)
+    assert cli([str(cfg), "--on", "ray"]) == 2  # matrix options with a plain config
+    mdir = make_matrix_night(tmp_path, 1, {"a-1": {"vals": clean(1)}})
+    assert cli([str(cfg), "--from-run", str(mdir)]) == 2  # a config with a matrix run folder
+    assert cli(["--from-run", str(mdir), "--on", "local"]) == 2
+
+
+@pytest.mark.needs_sglang  # loads a release environment
+def test_nightly_over_a_matrix_on_the_fake_server(tmp_path, monkeypatch, capsys):
+    """``patchbench nightly MATRIX.yaml``: two units run on the fake server (tests/matrix/test_matrix.py's
+    mx_fake suite), one green and one red night -> exit 1, both listed, two history keys."""
+    import scipy.stats
+
+    from patchbench.matrix import execute
+    from patchbench.matrix.spec import load_matrix
+    from tests.matrix import test_matrix
+
+    monkeypatch.delenv(HISTORY_ENV, raising=False)
+    monkeypatch.setattr(execute, "DEFAULT_COMMAND", tuple(test_matrix.FAKE_COMMAND))
+    base = test_matrix.write_base(tmp_path)
+    m = test_matrix.write_matrix(
+        tmp_path,
+        f"""\
+        name: nightly-mx
+        base: {base}
+        axes:
+          suites.mx_fake.gains.patched: [1.0, 0.8]
+        set:
+          nightly.min_repeats: 2
+          nightly.gates: [{{metric: mx_fake.tput_tok_s, threshold_pct: 5}}]
+        """,
+    )
+    mx = load_matrix(m)
+    h = tmp_path / "h.sqlite"
+    rc = cli([str(m), "--on", "local", "--results", str(tmp_path / "res"), "--history", str(h)])
+    [mdir] = (tmp_path / "res").iterdir()
+    js = json.loads((mdir / "nightly.json").read_text())
+    assert rc == 1 and js["exit_code"] == 1, capsys.readouterr()
+    keys = [f"mxbase@{u.id}" for u in mx.units]
+    assert [(u["id"], u["key"], u["outcome"]) for u in js["units"]] == [
+        (mx.units[0].id, keys[0], "green"),
+        (mx.units[1].id, keys[1], "red"),
+    ]
+    # by hand: the patched/baseline ratio of repeat k is gain + 0.01 k (2 repeats); the gate's
+    # paired one-sided t-test on the log ratios, its change the geometric mean
+    for u, gain in zip(js["units"], (1.0, 0.8), strict=True):
+        logs = [math.log(gain + 0.01 * k) for k in range(2)]
+        gates = json.loads((mdir / u["id"] / "nightly.json").read_text())["gates"]
+        [g] = [g for g in gates if g["kind"] == "same_run"]
+        assert g["change_pct"] == pytest.approx(100 * math.expm1(sum(logs) / 2), abs=1e-6)
+        p = scipy.stats.ttest_1samp(logs, 0.0, alternative="less").pvalue
+        assert g["p_value"] == pytest.approx(p, rel=1e-6)
+        assert g["status"] == ("pass" if gain == 1.0 else "fail")  # p 0.009 < 1/30, -19.5 %
+    md = (mdir / "nightly.md").read_text()
+    assert md.startswith("# Nightly matrix nightly-mx: REGRESSION in 1 of 2 unit(s)")
+    for u in mx.units:
+        assert f"[{u.id}]({u.id}/nightly.md)" in md
+    with History(h) as hh:
+        assert [hh.count_nights(k) for k in keys] == [1, 1] and hh.count_nights() == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# end to end on the CPU (needs the runner and configs/demo-cpu.yaml)
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "configs" / "demo-cpu.yaml"
+FBI = "sglang/srt/model_executor/forward_batch_info.py"
+SLOW_CODE = """
+# patchbench nightly e2e ({tag}): every forward batch waits {seconds} s (a deliberate slowdown)
+import time as _pb_time
+_pb_init_new = ForwardBatch.init_new.__func__
+
+
+def _pb_slow_init_new(cls, *args, **kwargs):
+    _pb_time.sleep({seconds})
+    return _pb_init_new(cls, *args, **kwargs)
+
+
+ForwardBatch.init_new = classmethod(_pb_slow_init_new)
+"""
+SLOW = "nightly-slowdown"
+#: seconds the test patch adds to every forward batch: on the loaded shared machine stock 0.5.23's
+#: median ITL was 77 ms and 421 ms in two cells, so the slowed candidate (>= 3 s a step) is
+#: +300 % or more in every pair and 2 pairs show it
+SLOW_S = 3.0
+E2E_METRIC = "itl_median_ms"
+#: a recorded answer of the package index (newest sglang: 0.5.23): `sglang: latest` offline
+INDEX = REPO / "tests" / "data" / "pypi-index"
+NIGHTLY_CPU = REPO / "configs" / "nightly-cpu.yaml"
+
+
+def _patches_with_slowdown(dest: Path, slow: dict[str, bool]) -> Path:
+    """A copy of patches/ plus the test patch SLOW with one diff per release of ``slow``
+    ({release: slows down?}), each against that release's installed forward_batch_info.py: True
+    appends SLOW_CODE (SLOW_S per forward batch), False a comment only; applied through the
+    normal overlay machinery."""
+    import hashlib
+
+    from patchbench.envs.envinfo import environment_for
+    from patchbench.patches.diffs import unified_diff
+
+    shutil.copytree(REPO / "patches", dest)
+    d = dest / SLOW
+    d.mkdir()
+    releases = {}
+    for version, slows in slow.items():
+        env = environment_for(version)
+        assert env is not None, f"no environment has sglang {version} (make setup SGLANG={version})"
+        old = (env.site_dir / FBI).read_bytes()
+        tail = (
+            SLOW_CODE.format(tag=SLOW, seconds=SLOW_S)
+            if slows
+            else "\n# patchbench nightly e2e: no slowdown\n"
+        )
+        new = old + tail.encode()
+        (d / f"{version}.diff").write_text(unified_diff(FBI, old, new))
+        releases[version] = {
+            "diff": f"{version}.diff",
+            "files": {
+                FBI: {
+                    "before": hashlib.sha256(old).hexdigest(),
+                    "after": hashlib.sha256(new).hexdigest(),
+                }
+            },
+        }
+    (d / "manifest.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": SLOW,
+                "description": "test only: slows every forward batch",
+                "releases": releases,
+            }
+        )
+    )
+    return dest
+
+
+def _e2e_config(folder: Path, name: str) -> Path:
+    """configs/nightly-cpu.yaml (`sglang: latest`, serving only, 8 prompts of 6 tokens) as the
+    night series ``name``: variants ``baseline`` and ``candidate`` (the SLOW patch), 2
+    interleaved repeats (min_repeats 2), the same-run gate on median ITL only, and a tiny
+    confirmation (2 rounds, alpha 0.1).
+
+    Gate: median ITL, +300 %. Why so coarse: on the shared 2-core CI machine, baseline vs
+    null-comment cells measured output throughput -15 %, -60 %, -75 % (TTFT swings of seconds
+    under load) and median ITL +43 % / -73 % (stock 0.5.23: 77 ms and 421 ms in two cells); the
+    slowdown adds SLOW_S to every decode step, far beyond that noise. With 2 repeats
+    of that noise the budget is 6 false red nights a month (family alpha 0.2) and the green claim
+    80 % bounds (pass_alpha 0.2): this night series tests the job's plumbing on real runs, not
+    the H200 calibration (tools/calibrate_nightly.py does that)."""
+    raw = yaml.safe_load(NIGHTLY_CPU.read_text())
+    raw["name"] = name
+    raw["variants"] = {"baseline": [], "candidate": [SLOW]}
+    raw["schedule"] = {"repeats": 2, "order": "interleaved"}
+    # 6 output tokens: 5 inter-token gaps for the median ITL, and a slowed cell waits SLOW_S on
+    # about 7 forward batches instead of 17
+    raw["suites"]["serving"]["output_len"] = 6
+    raw["nightly"].update(
+        min_repeats=2,
+        gates=[{"metric": f"serving.{E2E_METRIC}", "threshold_pct": 300, "against": "same_run"}],
+        confirm={"enabled": True, "alpha": 0.1, "repeats": 2},
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(3600)
+@pytest.mark.skipif(
+    os.environ.get("PATCHBENCH_NIGHTLY_E2E") == "0",
+    reason="one real night and its confirmation (8 server launches); PATCHBENCH_NIGHTLY_E2E=0 "
+    "skips it",
+)
+def test_e2e_nightly_on_cpu(tmp_path, monkeypatch):
+    """One short real night on the newest sglang and its confirmation run.
+
+    `sglang: latest` resolves to 0.5.23 through a recorded index answer. Two earlier nights,
+    synthetic run folders on 0.5.1.post3, are green in the history (the candidate's patch does
+    not slow 0.5.1.post3). Tonight on real servers on 0.5.23 the candidate's patch slows every
+    decode step: the same-run gate turns the night red (exit 1), the release change is named as
+    its likely cause, and the confirmation runs last green's build (0.5.1.post3) against
+    tonight's (0.5.23) interleaved in one run on real servers (2 rounds) and reports the paired
+    result in nightly.md / nightly.json and the history. The green / red / red / recovery
+    sequence, the history gate and the underpowered outcome run on synthetic nights
+    (test_job_green_red_red_and_recovery, test_noisy_night_is_underpowered_not_green)."""
+    import time
+
+    from patchbench.envs.builds import INDEX_URL_ENV
+    from patchbench.nightly.history import read_confirmations, read_night_builds
+    from tests.nightly.test_nightly_builds import green_nights
+
+    bench = pytest.importorskip("patchbench.run.bench")
+    import patchbench.inputs as inputs
+
+    monkeypatch.setenv(INDEX_URL_ENV, INDEX.as_uri())
+    monkeypatch.setattr(
+        inputs,
+        "PATCHES_DIR",
+        _patches_with_slowdown(tmp_path / "patches", {"0.5.1.post3": False, "0.5.23": True}),
+    )
+    h = tmp_path / "history.sqlite"
+    monkeypatch.setenv(HISTORY_ENV, str(h))
+    results = tmp_path / "results"
+    monkeypatch.setattr(inputs, "RESULTS_DIR", results)  # the confirmation's kept config
+    real_run_bench = bench.run_bench
+    from patchbench.run.ports import free_port
+
+    monkeypatch.setattr(
+        bench,
+        "run_bench",
+        lambda path, **kw: real_run_bench(path, results_root=results, port=free_port(), **kw),
+    )
+    name = "nightly-e2e"
+    green_nights(tmp_path / "earlier", h, name=name, sglang="0.5.1.post3")
+
+    t0 = time.monotonic()
+    assert cli([str(_e2e_config(tmp_path / "v", name))]) == 1
+    print(f"e2e nightly: one real night and its confirmation took {time.monotonic() - t0:.0f} s")
+    with History(h) as hh:
+        tonight = hh.nights(name)[-1]
+        builds = read_night_builds(hh, run_id=tonight.run_id)
+        confirmations = read_confirmations(hh, name, tonight.run_id)
+        assert hh.count_nights(name) == 3
+    js = json.loads((Path(tonight.run_dir) / "nightly.json").read_text())
+    assert js["outcome"] == "red"
+    assert any(
+        f["kind"] == "same_run" and f["variant"] == "candidate" and f["metric"] == E2E_METRIC
+        for f in js["failing"]
+    ), js["gates"]
+    # tonight ran the resolved release, never "latest", and the patch applied there
+    assert {(b["variant"], b["sglang_release"], b["patch"], b["state"]) for b in builds} == {
+        ("baseline", "0.5.23", "", ""),
+        ("candidate", "0.5.23", SLOW, "applies"),
+    }
+    assert any(
+        c.startswith("sglang 0.5.1.post3 -> 0.5.23 on ") and "(candidate, same-run gate)" in c
+        for c in js["likely_causes"]
+    ), js["likely_causes"]
+    conf = js["confirmation"]
+    assert conf["skipped"] is None and conf["error"] is None, conf
+    assert (conf["variant"], conf["old_release"], conf["new_release"]) == (
+        "candidate",
+        "0.5.1.post3",
+        "0.5.23",
+    )
+    assert conf["repeats"] == 2 and conf["alpha"] == 0.1 and conf["minutes"] > 0
+    man = json.loads((Path(conf["run_dir"]) / "manifest.json").read_text())
+    assert {v: b["release"] for v, b in man["builds"].items()} == {
+        "last-green": "0.5.1.post3",
+        "tonight": "0.5.23",
+    }
+    [r] = conf["results"]
+    assert r["metric"] == E2E_METRIC and r["verdict"] in ("confirmed", "not confirmed")
+    assert r["change_pct"] > 100, r  # tonight's 0.5.23 decodes far slower
+    md = (Path(tonight.run_dir) / "nightly.md").read_text()
+    assert "## Confirmation run" in md and f"]({conf['run_dir']})" in md
+    assert [c["verdict"] for c in confirmations] == [r["verdict"]]
+
+
+# ---------------------------------------------------------------------------------------------
+# schedule.repeats: auto (patchbench.nightly.gates.planning, patchbench.nightly.repeats.pick_repeats)
+
+
+def _auto_settings(**kw) -> NightlySettings:
+    return NightlySettings(
+        run_cv_pct=kw.pop("run_cv_pct", 1.5),
+        gates=[Gate(metric=f"serving.{TPUT}", threshold_pct=3, against="both")],
+        **kw,
+    )
+
+
+def _sim_history(cv: float, nights: int = 12, repeats: int = 5, drift: float = 0.0):
+    import numpy as np
+
+    from tools.calibration.nightly import Scenario, sim_night
+
+    rng = np.random.default_rng(5)
+    return [
+        sim_night(i, rng, [("serving", TPUT)], repeats, cv, drift, Scenario())
+        for i in range(nights)
+    ]
+
+
+def test_auto_repeats_follow_the_learned_noise_and_the_prior_while_learning():
+    import math as _m
+
+    from patchbench.nightly.gates.planning import plan_repeats
+    from tools.calibration.nightly import needed_repeats
+
+    s = _auto_settings()
+    quiet = plan_repeats(s, _sim_history(0.01), ["baseline", "patched"], "baseline")
+    noisy = plan_repeats(s, _sim_history(0.025), ["baseline", "patched"], "baseline")
+    assert quiet.source == noisy.source == "learned" and not quiet.capped and not noisy.capped
+    assert s.min_repeats <= quiet.repeats < noisy.repeats <= s.max_repeats
+    assert "learned noise" in noisy.why and noisy.metrics[0]["needed"] == noisy.repeats
+    # no nights yet: the prior run_cv_pct decides, as the calibration computes it
+    prior = plan_repeats(s, [], ["baseline", "patched"], "baseline")
+    assert prior.source == "prior" and prior.repeats == needed_repeats(s, _m.log1p(0.015))
+
+
+def test_auto_repeats_are_capped_and_say_the_night_may_end_underpowered():
+    from patchbench.nightly.gates.planning import plan_repeats
+
+    s = _auto_settings(max_repeats=6)
+    p = plan_repeats(s, _sim_history(0.05), ["baseline", "patched"], "baseline")
+    assert p.capped and p.repeats == 6 and (p.needed is None or p.needed > 6)
+    assert "capped at 6" in p.why and "may end underpowered" in p.why
+    # drift alone hides the step from the history gate: more repeats would not help it, so it
+    # does not raise the count (the same-run gate decides) and the plan says so
+    h = _sim_history(0.01, 20, drift=0.06)
+    d = plan_repeats(_auto_settings(), h, ["baseline", "patched"], "baseline")
+    assert not d.capped and d.repeats < 12 and d.metrics[0]["night_limited"]
+    assert f"history gate of serving.{TPUT} cannot show a step" in d.why
+
+
+def test_auto_repeats_config_errors_exit_2_naming_the_key(tmp_path, monkeypatch):
+    def cfg(nightly: dict, name: str) -> Path:
+        p = _write_config(tmp_path, nightly, name)
+        raw = yaml.safe_load(p.read_text())
+        raw["schedule"] = {"repeats": "auto"}
+        p.write_text(yaml.safe_dump(raw))
+        return p
+
+    gates = [{"metric": f"serving.{TPUT}", "threshold_pct": 5}]
+    no_prior = cfg({"gates": gates}, "no-prior")
+    with pytest.raises(ConfigError, match="schedule.repeats: auto needs nightly.run_cv_pct"):
+        load_config(no_prior)
+    _fake_bench(monkeypatch, lambda fake, path: pytest.fail("must not run"))
+    assert cli([str(no_prior)]) == 2
+    for bad, key in (({"max_repeats": 1}, "max_repeats"), ({"max_repeats": "x"}, "max_repeats")):
+        p = cfg({"run_cv_pct": 2, "gates": gates, **bad}, f"bad-{key}-{len(str(bad))}")
+        with pytest.raises(ConfigError, match=key):
+            load_config(p)
+        assert cli([str(p)]) == 2
+    p = cfg({"run_cv_pct": 2, "gates": gates, "min_repeats": 5, "max_repeats": 4}, "low-cap")
+    with pytest.raises(ConfigError, match=r"max_repeats \(4\) is smaller than min_repeats"):
+        load_config(p)
+    ok = load_config(cfg({"run_cv_pct": 2, "gates": gates}, "ok"))
+    assert ok.schedule.auto and ok.schedule.repeats == 3  # a plain bench runs min_repeats
+
+
+def test_cli_auto_repeats_runs_the_computed_count_and_records_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv(HISTORY_ENV, raising=False)
+    monkeypatch.setattr(patchbench.inputs, "RESULTS_DIR", tmp_path / "results")
+    cfg = _cli_config(tmp_path)
+    raw = yaml.safe_load(cfg.read_text())
+    raw["schedule"] = {"repeats": "auto"}
+    raw["nightly"]["run_cv_pct"] = 1.5
+    cfg.write_text(yaml.safe_dump(raw))
+    seen = []
+
+    def run(fake, path):
+        assert Path(path).parent == tmp_path / "results" / "nightly-configs"
+        seen.append(yaml.safe_load(Path(path).read_text())["schedule"]["repeats"])
+        return make_night(tmp_path, 1, *clean(1))
+
+    _fake_bench(monkeypatch, run)
+    assert cli([str(cfg)]) in (0, 5)
+    out = capsys.readouterr().out
+    doc = json.loads(next(tmp_path.glob("*/nightly.json")).read_text())
+    assert doc["repeats"]["repeats"] == seen[0] and doc["repeats"]["source"] == "prior"
+    assert f"repeats: {seen[0]}, what the targets need at the prior noise" in out
+
+
+def test_cli_prunes_config_copies_no_night_names_when_the_night_ends(tmp_path, monkeypatch):
+    """After a night: a copy in nightly-configs/ that no night of the history names and older
+    than a day is deleted; the copy tonight's run names, and a young unnamed one, stay."""
+    import os
+    import time
+
+    monkeypatch.delenv(HISTORY_ENV, raising=False)
+    cfg = _cli_config(tmp_path)
+    raw = yaml.safe_load(cfg.read_text())
+    raw["schedule"] = {"repeats": "auto"}
+    raw["nightly"]["run_cv_pct"] = 1.5
+    cfg.write_text(yaml.safe_dump(raw))
+    kept = tmp_path / "results" / "nightly-configs"
+    kept.mkdir(parents=True)
+    old, young = kept / "old.auto-000000000000.yaml", kept / "young.auto-111111111111.yaml"
+    for p in (old, young):
+        p.write_text("name: x\n")
+    day_ago = time.time() - 2 * 86400
+    os.utime(old, (day_ago, day_ago))
+    ran = []
+
+    def run(fake, path):
+        night = make_night(tmp_path, 1, *clean(1))
+        m = records.read_json(night / "manifest.json")
+        m["config_path"] = str(path)  # as the runner records the copy it ran
+        records.write_json(night / "manifest.json", m)
+        os.utime(path, (day_ago, day_ago))  # old too: kept because the night names it
+        ran.append(Path(path))
+        return night
+
+    _fake_bench(monkeypatch, run)
+    assert cli([str(cfg)]) in (0, 5)
+    assert sorted(p.name for p in kept.iterdir()) == sorted([ran[0].name, young.name])
+
+
+def test_cli_auto_repeats_with_an_unwritable_results_root_exits_3_without_running(
+    tmp_path, monkeypatch, capsys
+):
+    """The resolved config lives in the results root: when that cannot be written (here a file
+    stands where the folder should be) the night exits 3 naming the problem, runs nothing and
+    prints no traceback."""
+    monkeypatch.delenv(HISTORY_ENV, raising=False)
+    blocker = tmp_path / "results"
+    blocker.write_text("a file, not a folder")
+    monkeypatch.setattr(patchbench.inputs, "RESULTS_DIR", blocker)
+    cfg = _cli_config(tmp_path)
+    raw = yaml.safe_load(cfg.read_text())
+    raw["schedule"] = {"repeats": "auto"}
+    raw["nightly"]["run_cv_pct"] = 1.5
+    cfg.write_text(yaml.safe_dump(raw))
+    _fake_bench(monkeypatch, lambda fake, path: pytest.fail("must not run"))
+    assert cli([str(cfg)]) == 3
+    err = capsys.readouterr().err
+    assert "cannot write the resolved config" in err and "Traceback" not in err

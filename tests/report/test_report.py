@@ -1,0 +1,345 @@
+"""report.md, plots and the report command, rendered only from the typed comparison."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from patchbench import records, report, runfolder
+from patchbench.analysis.comparison import Comparison, read_comparison
+from patchbench.suite import MetricInfo
+from tests.synthetic import make_run
+
+OLD_RUN = Path(__file__).parent.parent / "data" / "old-run"
+DECL = {
+    "output_throughput_tok_s": MetricInfo(
+        "higher", "tok/s", label="Output throughput", primary=True, margin=5.0
+    ),
+    "mean_ttft_ms": MetricInfo("lower", "ms", label="Mean TTFT", primary=True, margin=5.0),
+    "retokenized_count": MetricInfo("none", "count"),
+}
+
+
+@pytest.fixture(autouse=True)
+def declared(monkeypatch):
+    from patchbench.analysis import build as analysis
+
+    monkeypatch.setattr(analysis, "suite_declarations", lambda name, notes: (None, dict(DECL)))
+
+
+def _run(tmp_path):
+    return make_run(
+        tmp_path,
+        variants={"baseline": [], "aa": [], "patched": ["p1"]},
+        metrics={
+            "bench": {
+                "output_throughput_tok_s": {
+                    "baseline": [100, 102, 98],
+                    "aa": [100.5, 101.5, 98.4],
+                    "patched": [110, 112.2, 107.8],
+                },
+                "mean_ttft_ms": {
+                    "baseline": [50, 51, 49],
+                    "aa": [50, 51, 49],
+                    "patched": [50.2, 51.2, 49.2],
+                },
+                "retokenized_count": {
+                    "baseline": [10, 10, 10],
+                    "aa": [10, 10, 10],
+                    "patched": [11, 11, 11],
+                },
+            }
+        },
+    )
+
+
+def test_report_leads_with_sentences_then_primaries_and_links_the_secondaries(tmp_path):
+    run = _run(tmp_path)
+    text = report.render_run(run, plots=False).read_text()
+    details = (run / "report-details.md").read_text()
+    cmp = read_comparison(run)
+    thr = cmp.row("bench", "output_throughput_tok_s", "patched")
+    # +10 % in every repeat: the log ratio has zero spread; p = 0, interval the point
+    assert thr.change == pytest.approx(10.0) and thr.verdict == "improved"
+    want = (
+        "patched vs baseline: Output throughput +10.0% [+10.0%, +10.0%] improved; Mean TTFT +0.4% "
+    )
+    assert want in text
+    answer, primaries = text.index("## Answer"), text.index("## Primary metrics")
+    link = text.index("[report-details.md](report-details.md): each primary's values per repeat")
+    assert answer < primaries < link
+    assert "Holm-adjusted level" in text and "| 97.50% |" in text  # first of 2 primaries: 0.05/2
+    # the secondaries are in the details file, not in report.md
+    assert "`retokenized_count`" not in text and "## Secondary metrics" not in text
+    assert "## Secondary metrics" in details and "`retokenized_count`" in details
+    assert "Exploratory: raw 95% intervals" in details
+    sec = details[details.index("## Secondary metrics") :]
+    assert "🟢" not in sec and "🔴" not in sec and "🔵" not in sec  # no coloured verdicts there
+    assert "aa (A/A) vs baseline" in text and "## A/A noise" in text and "run-to-run CV" in text
+
+
+def test_console_ends_with_the_same_sentences(tmp_path, capsys):
+    run = _run(tmp_path)
+    path = report.render_run(run, plots=False)
+    sents = report.console_summary(read_comparison(run), path)
+    out = capsys.readouterr().out
+    text = path.read_text()
+    assert sents and all(f"- {s}" in text for s in sents)
+    # one clause a line, in the sentence's order, the last variant's clauses last
+    head, parts = report.sentence_parts(read_comparison(run), "patched")
+    assert sents[-1] == head + "; ".join(parts)
+    lines = out.rstrip().splitlines()
+    assert lines[-len(parts) - 1 :] == [head.rstrip()] + [f"  - {p}" for p in parts]
+
+
+def test_refusal_shown_instead_of_numbers(tmp_path):
+    run = _run(tmp_path)
+    cmp = read_comparison(report.render_run(run, plots=False).parent)
+    cmp.refusals = {"bench": {"patched": "different prompts at index 3"}}
+    text = report.render_markdown(cmp, runfolder.read_manifest(run), run)
+    assert "bench / patched: not paired** - different prompts at index 3" in text
+    assert "bench not paired: different prompts at index 3" in report.sentence(cmp, "patched")
+
+
+def test_pr_figure_written(tmp_path):
+    run = _run(tmp_path)
+    report.render_run(run, plots=True)
+    png = run / "plots" / "pr_figure.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "![pr_figure](plots/pr_figure.png)" in (run / "report.md").read_text()
+
+
+def test_cli_report_exit_codes(tmp_path):
+    from patchbench import cli
+
+    run = _run(tmp_path)
+    assert cli.main(["report", str(run), "--no-plots"]) == 0
+    assert cli.main(["report", str(tmp_path / "nothing")]) == 2
+    records.write_json(run / "manifest.json", {"schema_version": 99})
+    assert cli.main(["report", str(run)]) == 2
+
+
+def test_committed_old_run_folder_still_renders(tmp_path):
+    run = shutil.copytree(OLD_RUN, tmp_path / "old-run")
+    text = report.render_run(run, plots=False).read_text()
+    cmp = read_comparison(run)
+    row = cmp.row("serving", "output_throughput_tok_s", "patched")
+    # rep0 of the variant ran the old in-server probe: its timings feed no verdict, which leaves
+    # 2 paired repeats, fewer than min_repeats 3
+    assert row.verdict == "inconclusive" and row.n_pairs == 2
+    assert any("rep0: an instrumented cell" in n for n in row.notes)
+    assert "patched vs baseline" in text
+    assert any("noise_floor_from" in n for n in cmp.notes)  # an old setting, dropped with a note
+    man = runfolder.read_manifest(run)
+    assert man.migrated_from == 1
+    assert runfolder.read_cell(run / "patched" / "rep0").instrumented  # old mrope probe cell
+
+
+def test_every_file_the_code_writes_validates(tmp_path):
+    run = _run(tmp_path)
+    report.render_run(run, plots=False)
+    Comparison.model_validate(json.loads((run / "compare.json").read_text()))
+    runfolder.write_manifest(run, runfolder.read_manifest(run))
+    assert (
+        json.loads((run / "manifest.json").read_text())["schema_version"]
+        == runfolder.MANIFEST_SCHEMA
+    )
+    for cj in run.glob("*/rep*/cell.json"):
+        runfolder.write_cell(cj.parent, runfolder.read_cell(cj))
+        assert runfolder.read_cell(cj).status == "ok"
+    for sj in run.glob("*/rep*/*/summary.json"):
+        assert runfolder.read_summary(sj).status == "ok"
+
+
+def test_future_comparison_schema_refused(tmp_path):
+    records.write_json(tmp_path / "compare.json", {"schema_version": 7})
+    with pytest.raises(runfolder.SchemaTooNew, match="version 7"):
+        read_comparison(tmp_path)
+
+
+def test_cli_compare_two_runs_is_unpaired_welch(tmp_path, capsys):
+    """`patchbench compare RUN_A RUN_B`: RUN_A's baseline against RUN_B's variant, unpaired
+    (their repeats were not interleaved): Welch's interval on the per-run log values, checked
+    against scipy; the result is also written as JSON with --out."""
+    import math
+
+    from scipy import stats as sps
+
+    from patchbench import cli
+
+    run_a, run_b = _run(tmp_path / "a"), _run(tmp_path / "b")
+    out = tmp_path / "cmp.json"
+    rc = cli.main(["compare", str(run_a), str(run_b), "--variant", "patched", "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "unpaired" in text.lower() and "welch" in text.lower()
+    res = records.read_json(out)
+    row = next(r for r in res["rows"] if r["metric"] == "output_throughput_tok_s")
+    a = [math.log(x) for x in (100, 102, 98)]
+    b = [math.log(x) for x in (110, 112.2, 107.8)]
+    ci = sps.ttest_ind(b, a, equal_var=False).confidence_interval(0.95)
+    diff = sum(b) / 3 - sum(a) / 3
+    assert row["change_pct"] == pytest.approx(100 * math.expm1(diff), rel=1e-6)
+    assert row["low_pct"] == pytest.approx(100 * math.expm1(ci.low), rel=1e-6)
+    assert row["high_pct"] == pytest.approx(100 * math.expm1(ci.high), rel=1e-6)
+
+
+def test_verdict_text_of_an_equal_deterministic_count_names_no_empty_margin():
+    """A deterministic count that did not change has no margin: "equivalent" (the verdict's own
+    word, as in the table), never "equivalent within " with nothing after it; a run metric names
+    its margin."""
+    from patchbench.analysis.comparison import Row
+
+    det = Row(suite="s", metric="x_count", variant="v", kind="deterministic", verdict="equivalent")
+    assert report.verdict_text(det) == "equivalent"
+    run = Row(suite="s", metric="t_tok_s", variant="v", verdict="equivalent", margin=5.0)
+    assert report.verdict_text(run) == "equivalent within ±5%"
+
+
+def test_a_change_that_rounds_to_zero_never_prints_minus_zero():
+    from patchbench.report import fmt_change
+
+    assert fmt_change(-0.0001, "pt") == "+0.0 pt"
+    assert fmt_change(-0.04, "%") == "+0.0%"
+    assert fmt_change(-0.06, "%") == "-0.1%"
+    assert fmt_change(-0.0, "count") == "+0 count"
+    assert fmt_change(-0.04, "count") == "-0.04 count"  # counts keep their digits
+
+
+def test_a_lower_bound_count_is_never_an_exact_verdict(tmp_path, monkeypatch):
+    """The CPU sync probe of the upstream PR stops on a read it cannot answer, so its host-sync
+    count (6) is only a lower bound: against stock's exact 507 the direction is unknown, and
+    the report says "≥6" and "a bound", never "improved (exact)". A variant whose count is
+    exact (0) in the same run is still improved."""
+    run = make_run(
+        tmp_path,
+        variants={"stock": [], "upstream": ["u"], "ours": ["o"]},
+        metrics={
+            "sync_probe": {
+                "host_syncs_per_call_count": {
+                    "stock": [507.0] * 3,
+                    "upstream": [6.0] * 3,
+                    "ours": [0.0] * 3,
+                }
+            }
+        },
+        bounds={
+            ("upstream", k, "sync_probe"): {"host_syncs_per_call_count": "lower"} for k in range(3)
+        },
+    )
+    from patchbench.analysis import build as analysis
+
+    decl = MetricInfo("lower", "count", label="host syncs", primary=True, kind="deterministic")
+    monkeypatch.setattr(
+        analysis,
+        "suite_declarations",
+        lambda name, notes: (None, {"host_syncs_per_call_count": decl}),
+    )
+    cmp = analysis.build_comparison(run)
+    up = cmp.row("sync_probe", "host_syncs_per_call_count", "upstream")
+    ours = cmp.row("sync_probe", "host_syncs_per_call_count", "ours")
+    assert (up.verdict, up.variant_bound, up.baseline_bound) == ("inconclusive", "lower", None)
+    assert any("at least 6" in n and "[-501, inf]" in n for n in up.notes)
+    assert (ours.verdict, ours.variant_bound) == ("improved", None)
+    assert "host syncs 507 -> ≥6 inconclusive (a bound)" in report.sentence(cmp, "upstream")
+    assert "host syncs 507 -> 0 improved (exact)" in report.sentence(cmp, "ours")
+    table = "\n".join(report._primaries(cmp))
+    assert "| upstream | " in table and "| 507 | ≥6 | -501 count |" in table
+
+
+def test_console_table_of_a_log_does_not_wrap_long_names(tmp_path, capsys, monkeypatch):
+    """Not a terminal (a CI log): the table is 120 columns wide, so a long metric name stays on
+    its row; a deterministic row shows its two values and "exact" instead of "n/a"."""
+    from patchbench.analysis import build as analysis
+
+    long = "host syncs inside the mrope computation per decode step (median)"
+    decl = MetricInfo("lower", "count", label=long, primary=True, kind="deterministic")
+    monkeypatch.setattr(
+        analysis, "suite_declarations", lambda name, notes: (None, {"syncs_count": decl})
+    )
+    run = make_run(
+        tmp_path,
+        metrics={"bench": {"syncs_count": {"baseline": [4.0] * 3, "patched": [0.0] * 3}}},
+    )
+    report.console_summary(analysis.build_comparison(run))
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if "│ patched" in line)
+    assert "host syncs inside the mrope computation per decode step │ 4 -> 0 │ exact" in row
+    assert "improved" in row and "(median)" not in row
+    assert (
+        "  - host syncs inside the mrope computation per decode step 4 -> 0 improved (exact)" in out
+    )
+
+
+def test_failed_and_incomplete_cells_have_a_section_and_their_primaries_read_incomplete(
+    tmp_path,
+):
+    """A failed cell and an incomplete one: the report lists both with their reasons and marks
+    every primary they affect incomplete, never silently missing."""
+    run = _run(tmp_path)
+    man = runfolder.read_manifest(run)
+    for c in man.cells:
+        if (c.variant, c.repeat) == ("patched", 1):
+            c.status, c.error = (
+                "failed",
+                "the server stopped answering (scheduler pid 7 in state S)",
+            )
+            c.suites = {"bench": "failed"}
+        if (c.variant, c.repeat) == ("baseline", 2):
+            c.status, c.suites = "incomplete", {"bench": "incomplete"}
+    runfolder.write_manifest(run, man)
+    text = report.render_markdown(report.build_comparison(run), man, run)
+    assert "## Failed and incomplete cells" in text
+    assert "| patched/rep1 | failed | the server stopped answering (scheduler pid 7" in text
+    assert "| baseline/rep2 | incomplete |" in text
+    for v in ("aa", "patched"):  # a baseline cell affects every variant
+        assert f"- `{v}` bench output_throughput_tok_s: incomplete" in text
+        assert f"- `{v}` bench mean_ttft_ms: incomplete" in text
+    assert "## Failed and incomplete cells" not in report.render_markdown(
+        report.build_comparison(_run(tmp_path / "c")),
+        runfolder.read_manifest(tmp_path / "c" / run.name),
+        tmp_path / "c" / run.name,
+    )
+
+
+def test_a_suite_whose_every_cell_failed_keeps_its_primaries_as_incomplete(tmp_path):
+    """Every cell of the run failed (e.g. the server port held by another process): the suite's
+    declared primaries are rows, incomplete, in the family; a count with no values says so
+    instead of "one measurement per arm"."""
+    from patchbench.report.fmt import exactness
+
+    cells = {(v, k): "failed" for v in ("baseline", "patched") for k in range(2)}
+    run = make_run(
+        tmp_path,
+        metrics={"bench": {"retokenized_count": {"baseline": [None] * 2, "patched": [None] * 2}}},
+        cell_status=cells,
+    )
+    report.render_run(run, plots=False)
+    cmp = read_comparison(run)
+    rows = {r.metric: r for r in cmp.rows}
+    assert {"output_throughput_tok_s", "mean_ttft_ms"} <= set(rows)
+    assert all(rows[m].primary and rows[m].verdict == "incomplete" for m in DECL if m in rows)
+    text = (run / "report.md").read_text()
+    assert "over the 0 primaries" not in text
+    det = rows["output_throughput_tok_s"].model_copy(
+        update={"kind": "deterministic", "baseline_value": None}
+    )
+    assert exactness(det) == "no values"
+
+
+def test_a_checkout_build_without_patches_is_not_called_stock(tmp_path):
+    """The header names an arm built from a git checkout (or a wheel) "no patches", never
+    "stock": only a release is stock."""
+    run = _run(tmp_path)
+    man = json.loads((run / "manifest.json").read_text())
+    man["builds"] = {
+        "baseline": {"kind": "git", "describe": "git:/co@abc (commit abc, sglang 0.5.1.post3)"},
+        "aa": {"kind": "release", "describe": "sglang 0.5.1.post3 in .venv"},
+    }
+    (run / "manifest.json").write_text(json.dumps(man))
+    text = report.render_run(run, plots=False).read_text()
+    assert "| variant `baseline` (baseline) | no patches; build git:/co@abc" in text
+    assert "| variant `aa` (A/A) | stock; build sglang 0.5.1.post3 in .venv |" in text

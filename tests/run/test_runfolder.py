@@ -1,0 +1,216 @@
+"""The typed run-folder model (patchbench/runfolder/): migration, refusal, unreadable files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from patchbench import records, runfolder
+from patchbench.runfolder import CellRecord, SchemaTooNew, models
+
+
+def test_round_trip_cell_and_summary(tmp_path):
+    rec = CellRecord(
+        variant="v",
+        repeat=1,
+        index=3,
+        status="ok",
+        suites={"serving": "ok"},
+        timings_s={"cell": 1.5},
+        cell_kind="correctness",
+        instrumented=True,
+        instrumentation={"sync_probe": {"calls": 2}},
+    )
+    runfolder.write_cell(tmp_path, rec)
+    raw = json.loads((tmp_path / "cell.json").read_text())
+    assert raw["schema_version"] == runfolder.CELL_SCHEMA
+    back = runfolder.read_cell(tmp_path)
+    assert back == rec
+    runfolder.write_summary(
+        tmp_path / "serving",
+        {
+            "suite": "serving",
+            "status": "ok",
+            "metrics": {"x_ms": 1.0},
+            "errors": [],
+            "warnings": [],
+            "meta": {"k": 1},
+        },
+    )
+    s = runfolder.read_summary(tmp_path / "serving")
+    assert s.metrics == {"x_ms": 1.0} and s.meta == {"k": 1} and s.status == "ok"
+
+
+def test_old_cell_is_migrated(tmp_path):
+    records.write_json(
+        tmp_path / "cell.json",
+        {
+            "variant": "b",
+            "repeat": 0,
+            "status": "ok",
+            "error": None,
+            "timings_s": {},
+            "server": {},
+            "mrope_probe": {"host_reads": 4},
+        },
+    )
+    rec = runfolder.read_cell(tmp_path)
+    assert rec.migrated_from == 1 and rec.schema_version == runfolder.CELL_SCHEMA
+    assert rec.instrumented is True and rec.instrumentation == {"sync_probe": {"host_reads": 4}}
+
+
+def test_old_manifest_schema_key_is_migrated(tmp_path):
+    records.write_json(
+        tmp_path / "manifest.json",
+        {
+            "schema": 1,
+            "run_id": "r",
+            "config": {
+                "variants": {"a": [], "b": ["p"]},
+                "schedule": {"repeats": 3},
+                "suites": {"serving": {}},
+            },
+            "unknown_old_key": 5,
+        },
+    )
+    m = runfolder.read_manifest(tmp_path)
+    assert m.migrated_from == 1 and m.baseline == "a" and m.repeats == 3
+    assert m.variants == {"a": [], "b": ["p"]} and m.suites == ["serving"]
+    # a key no version declares is dropped by the migration, never kept on the current model
+    assert "unknown_old_key" not in runfolder._dump(m) and not hasattr(m, "unknown_old_key")
+
+
+@pytest.mark.parametrize(
+    "name,reader,current",
+    [
+        ("cell.json", runfolder.read_cell, runfolder.CELL_SCHEMA),
+        ("summary.json", runfolder.read_summary, runfolder.SUMMARY_SCHEMA),
+        ("manifest.json", runfolder.read_manifest, runfolder.MANIFEST_SCHEMA),
+    ],
+)
+def test_future_schema_refused_naming_file_and_versions(tmp_path, name, reader, current):
+    records.write_json(tmp_path / name, {"schema_version": 99, "variant": "v"})
+    with pytest.raises(SchemaTooNew) as e:
+        reader(tmp_path / name)
+    msg = str(e.value)
+    assert str(tmp_path / name) in msg and "99" in msg and f"version {current}" in msg
+    assert e.value.exit_code == 2
+
+
+def test_unreadable_cell_and_summary_are_records_not_tracebacks(tmp_path):
+    (tmp_path / "cell.json").write_text("{not json")
+    rec = runfolder.read_cell(tmp_path, variant="v", repeat=2)
+    assert rec.status == "unreadable" and rec.variant == "v" and rec.repeat == 2
+    assert str(tmp_path / "cell.json") in rec.notes[0]
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "summary.json").write_text(
+        json.dumps({"status": "ok", "metrics": {"x_ms": "fast"}})
+    )
+    s = runfolder.read_summary(tmp_path / "s")
+    assert s.status == "unreadable" and s.suite == "s" and "metrics.x_ms" in s.notes[0]
+    assert runfolder.read_cell(tmp_path / "nothing") is None
+
+
+def test_unreadable_manifest_raises_config_error(tmp_path):
+    (tmp_path / "manifest.json").write_text("[1, 2]")
+    with pytest.raises(runfolder.RunFolderError, match="manifest.json: expected a JSON object"):
+        runfolder.read_manifest(tmp_path)
+    with pytest.raises(runfolder.RunFolderError, match="missing: no such folder"):
+        runfolder.read_manifest(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(runfolder.RunFolderError, match="no manifest.json"):
+        runfolder.read_manifest(tmp_path / "empty")
+
+
+# ------------------------------------------------------------------ every key declared
+GOLDEN = Path(__file__).parent.parent / "data" / "golden"
+
+
+def _configs() -> list[Path]:
+    """configs/*.yaml but the matrix files (patchbench.matrix: each unit is a config)."""
+    from patchbench.matrix.spec import is_matrix_file
+
+    paths = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
+    return [p for p in paths if not is_matrix_file(p)]
+
+
+@pytest.mark.parametrize("config", _configs(), ids=lambda p: p.name)
+def test_config_snapshot_dumps_what_the_config_dumps(config):
+    """The manifest's typed config (RunConfig) holds Config.model_dump(mode="json") key for key,
+    in order, value for value."""
+    from patchbench.config import load_config
+
+    now = load_config(config).model_dump(mode="json")
+    snap = models.RunConfig.model_validate(now)
+    assert json.dumps(snap.model_dump(mode="json")) == json.dumps(now)
+
+
+@pytest.mark.parametrize("case", ["demo-cpu", "sequential"])
+def test_a_manifest_the_run_wrote_reads_and_writes_back_key_for_key(case, tmp_path):
+    """A schema-2 manifest (golden folders, written by the run before every key was declared)
+    reads into the typed model and writes back with the same keys in the same order and the
+    same values (a float field holds a whole number as 0.0 where the run wrote 0); only the
+    version changes."""
+    raw = json.loads((GOLDEN / case / "run" / "manifest.json").read_text())
+    m = runfolder.read_manifest(GOLDEN / case / "run")
+    assert m.migrated_from == 2
+    m.migrated_from = None
+    runfolder.write_manifest(tmp_path, m)
+    back = json.loads((tmp_path / "manifest.json").read_text())
+    back.pop("migrated_from")
+    assert back.pop("schema_version") == runfolder.MANIFEST_SCHEMA == 3
+    raw.pop("schema_version")
+    assert back == raw and _key_order(back) == _key_order(raw)
+
+
+def _key_order(x):
+    """The keys of every object in ``x``, in order, by path."""
+    if isinstance(x, dict):
+        return [list(x)] + [_key_order(v) for v in x.values()]
+    if isinstance(x, list):
+        return [_key_order(v) for v in x]
+    return None
+
+
+def test_undeclared_keys_are_refused_in_the_current_schema_and_dropped_from_older(tmp_path):
+    base = {"run_id": "r", "config": {"variants": {"a": []}}, "cells": [{"variant": "a"}]}
+    records.write_json(tmp_path / "manifest.json", {**base, "schema_version": 3, "surprise": 1})
+    with pytest.raises(runfolder.RunFolderError, match="manifest.json: key surprise: Extra"):
+        runfolder.read_manifest(tmp_path)
+    old = {**base, "schema_version": 2, "surprise": 1}
+    old["cells"] = [{"variant": "a", "dir": "a/rep0", "old_cell_key": True}]
+    old["config"] = {"variants": {"a": []}, "server": {"args": [], "mrope_probe": True}}
+    records.write_json(tmp_path / "manifest.json", old)
+    m = runfolder.read_manifest(tmp_path)
+    assert m.migrated_from == 2 and m.cells[0].dir == "a/rep0"
+    dumped = runfolder._dump(m)
+    assert "surprise" not in dumped and "old_cell_key" not in dumped["cells"][0]
+    assert dumped["config"] == {"variants": {"a": []}, "server": {"args": []}}
+    with pytest.raises(ValueError, match="Extra inputs are not permitted"):
+        CellRecord(surprise=1)
+    with pytest.raises(ValueError, match="no field|Object has no attribute"):
+        CellRecord().surprise = 1
+
+
+def test_optional_keys_are_written_only_once_set():
+    """An entry of a skipped cell has ``skipped`` and no ``error``; one the run ran has
+    ``error`` (null when none) and no ``skipped``; a cell without a server start has no
+    liveness, gpu or server pid details."""
+    ran = models.ManifestCell(variant="a", error=None).model_dump(mode="json")
+    skipped = models.ManifestCell(variant="a", skipped=True).model_dump(mode="json")
+    assert "error" in ran and ran["error"] is None and "skipped" not in ran
+    assert skipped["skipped"] is True and "error" not in skipped
+    cell = runfolder._dump(CellRecord(variant="a"))
+    assert not {"liveness", "gpu", "runner_pid", "migrated_from"} & set(cell)
+    assert cell["server"] == {"pid": None, "pgid": None, "events": [], "command": None}
+
+
+def test_a_compare_json_with_an_undeclared_key_is_a_run_folder_error(tmp_path):
+    from patchbench.analysis.comparison import Comparison, read_comparison
+
+    d = Comparison(run_id="r").model_dump(mode="json")
+    records.write_json(tmp_path / "compare.json", {**d, "surprise": 1})
+    with pytest.raises(runfolder.RunFolderError, match="compare.json: key surprise"):
+        read_comparison(tmp_path)

@@ -1,0 +1,172 @@
+"""A sweep's points in one client process (patchbench/suites/serving/multi_point.py + driver.py) against the
+one-process-per-point path: the same argv per point, the same parsed results, the flush between
+points, a failing point named and the points before it kept; a fake bench_serving (a real module
+run by the driver with ``runpy``, as the release's is)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from patchbench.records import read_json
+from patchbench.suite import SuiteError
+from patchbench.suites.serving import METRICS, Params, run, run_point
+from patchbench.suites.serving.points import run_sweep
+from patchbench.suites.serving.sweep import Sweep, order_seed, point_order
+from tests.suites.test_serving_run import DATA, FAKE_TOOL, make_ctx
+
+# the fake tool also records the argv it got and fails at a chosen concurrency (FAKE_FAIL_AT:
+# "<concurrency>:exit" exits 5, "<concurrency>:raise" raises)
+TOOL = FAKE_TOOL.replace(
+    '    mode = os.environ["FAKE_BENCH"]\n',
+    """    mode = os.environ["FAKE_BENCH"]
+    import json
+    with open(os.path.join(os.path.dirname(args.output_file), "argv.json"), "w") as f:
+        json.dump(sys.argv[1:], f)
+    at, _, how = os.environ.get("FAKE_FAIL_AT", "").partition(":")
+    if at and args.max_concurrency == int(at):
+        print("point broke", file=sys.stderr)
+        if how == "raise":
+            raise RuntimeError("tool blew up")
+        sys.exit(5)
+""",
+)
+assert TOOL != FAKE_TOOL
+
+REC = DATA / "v0513_random_ids.jsonl"  # 20 requests
+SWEEP = Sweep(points=[4, 1])
+
+
+@pytest.fixture
+def pkg(tmp_path):
+    p = tmp_path / "fakepkg" / "sglang"
+    p.mkdir(parents=True)
+    (p / "__init__.py").write_text("")
+    (p / "bench_serving.py").write_text(TOOL)
+    return p
+
+
+def _ctx(tmp_path, pkg, name, flushes, **env):
+    base = tmp_path / name
+    base.mkdir()
+    ctx = make_ctx(base, pkg, f"copy:{REC}")
+    srv = dataclasses.replace(ctx.server, flush_cache=lambda: flushes.append(time.monotonic()))
+    return dataclasses.replace(ctx, server=srv, stock_env=dict(ctx.stock_env, **env))
+
+
+def _params(**kw):
+    return Params(dataset_name="random-ids", num_prompts=20, sweep=SWEEP, **kw)
+
+
+def _strip(res):
+    """A result without what differs between two runs of the same recording (times, paths)."""
+    d = res.to_json("serving")
+    for pt in d["meta"]["sweep"]["points"].values():
+        for k in ("wall_s", "startup_overhead_s", "argv", "tool_source"):
+            pt["meta"].pop(k, None)
+    return d
+
+
+def test_one_process_gives_the_per_process_results(tmp_path, pkg):
+    flushes_a: list[float] = []
+    flushes_b: list[float] = []
+    a = _ctx(tmp_path, pkg, "together", flushes_a)
+    b = _ctx(tmp_path, pkg, "apart", flushes_b)
+    together = run(a, _params())
+    apart = run_sweep(b, _params(), run_point, METRICS)  # one bench_serving process per point
+    assert together.status == "ok" == apart.status
+    assert _strip(together) == _strip(apart)
+    assert len(flushes_a) == 1 == len(flushes_b)  # between the two points only
+    order = [SWEEP.key(p) for p in point_order(SWEEP, order_seed(a.variant, a.repeat))]
+    assert together.meta["sweep"]["order"] == order
+    for k in order:
+        pa, pb = a.out_dir / "points" / k, b.out_dir / "points" / k
+        # the argv the tool parsed is the single-point command line, minus python -m ...
+        argv = read_json(pa / "command.json")["argv"]
+        assert argv[1:3] == ["-m", "sglang.bench_serving"]
+        assert read_json(pa / "argv.json") == argv[3:]
+        assert read_json(pb / "argv.json") == read_json(pb / "command.json")["argv"][3:]
+        assert [x for x in argv if "/together/" not in x] == [
+            x for x in read_json(pb / "command.json")["argv"] if "/apart/" not in x
+        ]
+        for f in ("result.jsonl", "requests.json", "summary.json"):
+            assert (pa / f).is_file() and (pb / f).is_file()
+        assert (pa / "stdout.txt").read_text().startswith("fake bench_serving")
+        assert read_json(pa / "point.json")["rc"] == 0
+    assert (a.out_dir / "multi_point" / "stdout.txt").read_text().count("multi_point: point") == 4
+
+
+def test_a_single_point_keeps_the_one_process_command(tmp_path, pkg):
+    ctx = _ctx(tmp_path, pkg, "one", [])
+    res = run(ctx, Params(dataset_name="random-ids", num_prompts=20, sweep=Sweep(points=[4])))
+    assert res.status == "ok"
+    assert not (ctx.out_dir / "multi_point").exists()
+    assert (ctx.out_dir / "points" / "c4" / "argv.json").is_file()
+
+
+@pytest.mark.parametrize("how", ["exit", "raise"])
+def test_a_failing_point_is_named_and_the_earlier_points_kept(tmp_path, pkg, how):
+    ctx = _ctx(tmp_path, pkg, "fail", [], FAKE_FAIL_AT=f"1:{how}")
+    order = [SWEEP.key(p) for p in point_order(SWEEP, order_seed(ctx.variant, ctx.repeat))]
+    with pytest.raises(SuiteError, match=r"sweep point c1: (.|\n)*point broke"):
+        run(ctx, _params())
+    pts = ctx.out_dir / "points"
+    got = read_json(pts / "c1" / "point.json")
+    assert got["rc"] == (5 if how == "exit" else 1)
+    if how == "raise":
+        assert "tool blew up" in got["error"]
+        assert "RuntimeError: tool blew up" in (pts / "c1" / "stderr.txt").read_text()
+    if order[0] == "c4":  # the point before the failing one keeps its result
+        assert read_json(pts / "c4" / "summary.json")["status"] == "ok"
+
+
+def test_a_failed_flush_stops_the_client(tmp_path, pkg):
+    ctx = _ctx(tmp_path, pkg, "flush", [])
+
+    def refuse():
+        raise RuntimeError("flush refused")
+
+    ctx = dataclasses.replace(ctx, server=dataclasses.replace(ctx.server, flush_cache=refuse))
+    with pytest.raises(RuntimeError, match="flush refused"):
+        run(ctx, _params())
+    ctl = ctx.out_dir / "multi_point"
+    assert (ctl / "flush-1.fail").exists() and not (ctl / "flush-1.ok").exists()
+    first = point_order(SWEEP, order_seed(ctx.variant, ctx.repeat))[0]
+    assert read_json(ctx.out_dir / "points" / SWEEP.key(first) / "summary.json")["status"] == "ok"
+
+
+def test_the_timeout_covers_every_point(tmp_path, pkg):
+    ctx = _ctx(tmp_path, pkg, "hang", [])
+    ctx = dataclasses.replace(ctx, stock_env=dict(ctx.stock_env, FAKE_BENCH="hang"))
+    t0 = time.monotonic()
+    with pytest.raises(SuiteError, match=r"sweep point c\d+: bench_serving ran past timeout_s=4"):
+        run(ctx, _params(timeout_s=2))
+    assert time.monotonic() - t0 < 30
+
+
+def test_the_driver_runs_alone(tmp_path, pkg, monkeypatch):
+    """multi_point.py with a one-point plan, as the client python runs it."""
+    import subprocess
+
+    out = tmp_path / "p"
+    out.mkdir()
+    plan = tmp_path / "plan.json"
+    argv = ["--dataset-name", "random-ids", "--output-file", str(out / "r.jsonl")]
+    plan.write_text(
+        json.dumps(
+            {"control_dir": str(tmp_path), "points": [{"key": "c1", "dir": str(out), "argv": argv}]}
+        )
+    )
+    script = Path(__file__).parents[2] / "patchbench" / "suites" / "serving" / "multi_point.py"
+    env = {"PYTHONPATH": str(pkg.parent), "FAKE_BENCH": f"copy:{REC}", "PATH": "/usr/bin:/bin"}
+    cp = subprocess.run(
+        [sys.executable, str(script), str(plan)], env=env, capture_output=True, text=True
+    )
+    assert cp.returncode == 0, cp.stderr
+    assert read_json(out / "argv.json") == argv
+    assert (out / "r.jsonl").read_text() == REC.read_text()

@@ -1,0 +1,358 @@
+"""Calibration of the nightly gates on simulated histories (tools/calibrate_nightly.py, part 1).
+
+Model, per night, variant, gated metric and run (log scale):
+``log value = log 100 + drift_night + e``, ``e ~ N(0, cv)``, ``drift_night ~ N(0, drift)`` shared
+by every variant and metric of the night (machine, driver); every gated metric gets independent
+run noise (the worst case for Holm). Scenarios:
+
+- **quiet**: nothing changes. Reported: the share of green nights, false red nights per 30, the
+  share of underpowered nights;
+- **patch step**: the patched variant's throughput 5 % lower from one night on (the same-run
+  gate's job); **stock step**: every variant's throughput 5 % lower (the history gate's job).
+  Reported: the share of histories with a red night within 3 nights of the step;
+- **abnormal runs**: on a fifth of the nights (``abnormal``), one run of one variant (either, at
+  random) is ``abnormal_pct`` slower in every metric (throughput lower, latencies higher,
+  accuracy lower), in every scenario of the row.
+
+Each trial warms the history up with ``warm`` quiet nights, gates ``quiet`` quiet nights one
+after the other (each recorded), then the steps (from the same warmed history).
+:func:`gate_rates` drives :func:`patchbench.nightly.gates.evaluate` exactly as the nightly does (the noise
+learned from the simulated history).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from patchbench.nightly.gates import NightlySettings, evaluate, night_outcome
+from patchbench.nightly.history import Night
+from patchbench.nightly.robust import repeats_needed
+
+BETTER = {"output_throughput_tok_s": "higher", "mmmu_overall_acc": "higher"}
+TPUT = ("serving", "output_throughput_tok_s")
+BASELINE, VARIANT = "baseline", "patched"
+
+
+def gate_metrics(settings: NightlySettings) -> list[tuple[str, str]]:
+    """(suite, metric) of every gate, each once, in the config's order."""
+    out: list[tuple[str, str]] = []
+    for g in settings.gates:
+        k = (g.suite or "serving", g.metric_name)
+        if k not in out:
+            out.append(k)
+    return out
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One simulated night's changes: ``patch`` / ``stock`` the fraction the patched variant's /
+    every variant's throughput is lower; ``abnormal``: the chance that one run of the night is
+    ``abnormal_pct`` % slower in every metric."""
+
+    patch: float = 0.0
+    stock: float = 0.0
+    abnormal: float = 0.0
+    abnormal_pct: float = 15.0
+
+
+def sim_night(
+    i: int,
+    rng: np.random.Generator,
+    metrics: Sequence[tuple[str, str]],
+    repeats: int,
+    cv: float,
+    drift: float,
+    sc: Scenario,
+) -> Night:
+    """Night ``i`` of a simulated history (see the module docstring); run ids ``n0000``..."""
+    d = rng.normal(0.0, drift) if drift > 0 else 0.0
+    odd = None
+    if sc.abnormal and rng.random() < sc.abnormal:
+        odd = (BASELINE if rng.random() < 0.5 else VARIANT, int(rng.integers(repeats)))
+    vals, better = {}, {}
+    for v in (BASELINE, VARIANT):
+        for s, m in metrics:
+            b = BETTER.get(m, "lower")
+            e = rng.normal(0.0, cv, repeats) + d
+            if (s, m) == TPUT:
+                e = e + math.log1p(-sc.stock) + (math.log1p(-sc.patch) if v == VARIANT else 0.0)
+            if odd is not None and odd[0] == v:
+                slow = math.log1p(-sc.abnormal_pct / 100.0)
+                e[odd[1]] += slow if b == "higher" else -slow
+            vals[(v, s, m)] = [float(x) for x in 100.0 * np.exp(e)]
+            better[(s, m)] = b
+    day = f"{2026 + i // 336}-{1 + (i // 28) % 12:02d}-{1 + i % 28:02d}T03:00:00Z"
+    return Night(
+        run_id=f"n{i:04d}",
+        night_utc=day,
+        config_name="sim",
+        baseline=BASELINE,
+        values=vals,
+        better=better,
+    )
+
+
+def needed_repeats(settings: NightlySettings, cv: float, drift: float = 0.0) -> int | None:
+    """The repeats the nightly computes for itself at run noise ``cv`` and night-to-night
+    ``drift`` (log sigmas): the largest :func:`patchbench.nightly.robust.repeats_needed` over the gates'
+    tests at the Bonferroni level of the night's tests (None: no affordable number)."""
+    tests = sum(
+        (1 if g.against != "both" else 2) * (len(g.variants) if g.variants else 1)
+        for g in settings.gates
+    )
+    level = settings.family_alpha / max(tests, 1)
+    out = 0
+    for g in settings.gates:
+        bad = -1 if BETTER.get(g.metric_name, "lower") == "higher" else 1
+
+        def lg(pct: float, bad: int = bad) -> float:
+            return abs(math.log1p(pct / 100.0 * bad))
+
+        k = settings.window_nights
+        kinds = ["same_run", "history"] if g.against == "both" else [g.against]
+        for kind in kinds:
+            if kind == "same_run":
+                se = lambda n: math.sqrt(2.0) * cv / math.sqrt(n)  # noqa: E731
+            else:
+                se = lambda n, k=k: math.sqrt((drift**2 + cv**2 / n) * (1 + 1 / k))  # noqa: E731
+            n = repeats_needed(
+                se,
+                lg(g.step_pct),
+                lg(g.threshold_pct),
+                level,
+                settings.detect_nights,
+                settings.detect_power,
+            )
+            if n is None:
+                return None
+            out = max(out, n)
+    return max(out, settings.min_repeats)
+
+
+def _sim_history(
+    metrics: list, cv: float, seed: int, repeats: int, drift: float, nights: int, sc: Scenario
+) -> list:
+    """``nights`` simulated nights (:func:`sim_night`) of ``repeats`` runs, from ``seed``."""
+    rng = np.random.default_rng(seed)
+    return [sim_night(i, rng, metrics, repeats, cv, drift, sc) for i in range(nights)]
+
+
+def computed_repeats(
+    settings: NightlySettings,
+    cv: float,
+    seed: int,
+    repeats: int,
+    *,
+    abnormal: float = 0.0,
+    drift: float = 0.0,
+    nights: int = 30,
+    margin: float = 1.0,
+) -> int | None:
+    """The repeats the nightly computes for itself in a scenario: a ``nights``-night history at
+    ``repeats`` runs a night is simulated, each gated metric's noise learned from it
+    (:func:`patchbench.nightly.noise.learn`; abnormal runs inflate it a little), and
+    :func:`needed_repeats` taken at the largest run noise (and night noise) times ``margin``.
+    None when no count up to 64 reaches the targets."""
+    from patchbench.nightly.noise import learn
+
+    metrics = gate_metrics(settings)
+    hist = _sim_history(metrics, cv, seed, repeats, drift, nights, Scenario(abnormal=abnormal))
+    got = [x for x in (learn(hist, s, m, min_nights=2) for s, m in metrics) if x is not None]
+    run = max(max(x.run.sigma, x.pair.sigma / math.sqrt(2.0)) for x in got)
+    night = max((x.night_sigma for x in got if math.isfinite(x.night_sigma)), default=0.0)
+    return needed_repeats(settings, run * margin, night * margin)
+
+
+def auto_repeats(
+    settings: NightlySettings,
+    cv: float,
+    seed: int,
+    repeats: int,
+    *,
+    drift: float = 0.0,
+    nights: int = 30,
+):
+    """What ``schedule.repeats: auto`` runs after ``nights`` simulated nights of a scenario at
+    ``repeats`` runs a night: :func:`patchbench.nightly.gates.planning.plan_repeats` on that history
+    (the job's own choice, capped at ``max_repeats``; a history gate that drift alone makes
+    blind does not raise it). Returns the :class:`patchbench.nightly.gates.planning.RepeatsPlan`."""
+    from patchbench.nightly.gates.planning import plan_repeats
+
+    metrics = gate_metrics(settings)
+    hist = _sim_history(metrics, cv, seed, repeats, drift, nights, Scenario())
+    better = {(s, m): BETTER.get(m, "lower") for s, m in metrics}
+    return plan_repeats(settings, hist, [BASELINE, VARIANT], BASELINE, better=better)
+
+
+@dataclass
+class GateRates:
+    """One calibration row: ``green`` / ``underpowered``: shares of quiet nights;
+    ``false_red_per_30``: red quiet nights per 30; ``patch_within`` / ``stock_within``: share of
+    histories with a red night within ``horizon`` nights of a 5 % patch / stock step;
+    ``nights``: quiet nights gated."""
+
+    green: float
+    underpowered: float
+    false_red_per_30: float
+    patch_within: float
+    stock_within: float
+    nights: int
+
+
+def _first_red(
+    hist: list[Night], settings: NightlySettings, make, horizon: int, start: int
+) -> bool:
+    h = list(hist)
+    for k in range(horizon):
+        t = make(start + k)
+        if night_outcome(evaluate(h, t, settings)) == "red":
+            return True
+        h.append(t)
+    return False
+
+
+def gate_rates(
+    settings: NightlySettings,
+    repeats: int,
+    cv: float,
+    trials: int,
+    seed: int,
+    *,
+    drift: float = 0.0,
+    abnormal: float = 0.0,
+    warm: int = 14,
+    quiet: int = 3,
+    horizon: int = 3,
+    step: float = 0.05,
+    steps: bool = True,
+) -> GateRates:
+    """Simulate ``trials`` histories (module docstring) and gate them; seeded, deterministic.
+    ``steps=False``: the quiet nights only (``patch_within`` / ``stock_within`` are NaN); the
+    quiet nights are the same as with the steps (their own generator)."""
+    metrics = gate_metrics(settings)
+    base = Scenario(abnormal=abnormal)
+    green = under = red = nights = 0
+    patch = stock = 0
+    for trial in range(trials):
+        # one generator per trial and part: a rule that turns a night red earlier (and so draws
+        # fewer nights) leaves every other trial's nights unchanged, so rules compare paired
+        rngs = [np.random.default_rng([seed, trial, part]) for part in range(3)]
+
+        def mk(i: int, sc: Scenario = base, part: int = 0, rngs: list = rngs) -> Night:
+            return sim_night(i, rngs[part], metrics, repeats, cv, drift, sc)
+
+        hist = [mk(i) for i in range(warm)]
+        for i in range(warm, warm + quiet):
+            t = mk(i)
+            out = night_outcome(evaluate(hist, t, settings))
+            green += out == "green"
+            under += out == "underpowered"
+            red += out == "red"
+            nights += 1
+            hist.append(t)
+        if not steps:
+            continue
+        s0 = warm + quiet
+        ps = Scenario(patch=step, abnormal=abnormal)
+        ss = Scenario(stock=step, abnormal=abnormal)
+        patch += _first_red(hist, settings, lambda i, sc=ps: mk(i, sc, 1), horizon, s0)
+        stock += _first_red(hist, settings, lambda i, sc=ss: mk(i, sc, 2), horizon, s0)
+    return GateRates(
+        green / nights,
+        under / nights,
+        30.0 * red / nights,
+        patch / trials if steps else math.nan,
+        stock / trials if steps else math.nan,
+        nights,
+    )
+
+
+__all__ = [
+    "Scenario",
+    "GateRates",
+    "gate_rates",
+    "sim_night",
+    "gate_metrics",
+    "needed_repeats",
+    "computed_repeats",
+    "auto_repeats",
+    "change_rates",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# change points (patchbench/nightly/changepoints.py)
+
+
+@dataclass
+class ChangeRates:
+    """One change-point row: ``flags_per_quarter``: distinct flags raised on quiet histories per
+    90 nights, the detector run every night over the whole history so far (a flag within 3
+    nights of an earlier one is the same flag); ``any_flag``: the share of quiet quarters with
+    at least one; ``detected``: the share of declining histories flagged within ``horizon``
+    nights; ``delay_median`` / ``delay_p90``: nights from the decline's start to its first flag
+    (a history never flagged counts as ``horizon + 1``)."""
+
+    flags_per_quarter: float
+    any_flag: float
+    detected: float
+    delay_median: float
+    delay_p90: float
+
+
+def _levels(rng: np.random.Generator, n: int, cv: float, repeats: int, drift: float) -> np.ndarray:
+    """Nightly levels (mean log value of ``repeats`` runs) of a quiet history of n nights."""
+    return rng.normal(0.0, math.sqrt(drift**2 + cv**2 / repeats), n)
+
+
+def change_rates(
+    cv: float,
+    repeats: int,
+    trials: int,
+    seed: int,
+    *,
+    beta: float | None = None,
+    drift: float = 0.0,
+    decline: float = 0.003,
+    start: int = 30,
+    horizon: int = 45,
+    quarter: int = 90,
+) -> ChangeRates:
+    """Quiet quarters and histories that decline by ``decline`` (log) a night from night
+    ``start`` on, the detector (:func:`patchbench.nightly.changepoints.changes`) run as the nightly runs
+    it: every night, over every night so far, sigma learned from the series."""
+    from patchbench.nightly import changepoints as cp
+
+    b = cp.BETA if beta is None else beta
+    rng = np.random.default_rng(seed)
+    flags: list[int] = []
+    delays: list[int] = []
+    for _ in range(trials):
+        x = _levels(rng, quarter, cv, repeats, drift)
+        seen: list[int] = []
+        for t in range(cp.MIN_NIGHTS, quarter + 1):
+            for k in cp.breakpoints(x[:t], cp.series_sigma(x[:t]), b):
+                if not any(abs(k - s) <= 3 for s in seen):
+                    seen.append(k)
+        flags.append(len(seen))
+        y = _levels(rng, start + horizon, cv, repeats, drift)
+        y[start:] -= decline * np.arange(1, horizon + 1)
+        delay = horizon + 1
+        for t in range(start + 1, start + horizon + 1):
+            ch = cp.changes(y[:t], cp.series_sigma(y[:t]), b)
+            if any(c.after < c.before and c.end >= start - 2 for c in ch):
+                delay = t - start
+                break
+        delays.append(delay)
+    f, d = np.asarray(flags), np.asarray(delays)
+    return ChangeRates(
+        float(f.mean()),
+        float((f > 0).mean()),
+        float((d <= horizon).mean()),
+        float(np.median(d)),
+        float(np.percentile(d, 90)),
+    )
