@@ -25,7 +25,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from patchbench.config import load_config
+from patchbench.config import Config, load_config
 from patchbench.errors import EnvironmentNotReady, RunFailed, UsageError
 from patchbench.inputs import RESULTS_DIR
 from patchbench.records import ResultsWriteError, make_dir
@@ -56,7 +56,7 @@ __all__ = [
 
 
 def run_bench(
-    config_path: str | os.PathLike,
+    config: Config | str | os.PathLike,
     *,
     resume: str | os.PathLike | None = None,
     results_root: str | os.PathLike | None = None,
@@ -68,7 +68,9 @@ def run_bench(
     python_start_s: float | None = None,
     restart_variants: list[str] | None = None,
 ) -> Path:
-    """Run a config end to end; returns the run folder.
+    """Run a config end to end; returns the run folder. ``config``: a typed :class:`Config`
+    (e.g. one derived from another with :func:`patchbench.config.derive`) or the path of a
+    config file.
 
     Raises ConfigError / PatchError (exit 2) or EnvironmentNotReady (exit 3) before any server
     starts; RunFolderBusy (exit 4) when another live run writes the folder; RunFailed (exit 4)
@@ -86,7 +88,8 @@ def run_bench(
     """
     t_call = time.monotonic()
     t_run = t_call - (python_start_s or 0.0)  # the run's wall clock starts with the process
-    run = BenchRun(str(config_path), say=log or say, log=log)
+    cfg = config if isinstance(config, Config) else load_config(config)
+    run = BenchRun(str(cfg.source) if cfg.source else "CONFIG", say=log or say, log=log, cfg=cfg)
     run.restart_variants = list(restart_variants or [])
     if run.restart_variants and not resume:
         raise UsageError(
@@ -170,7 +173,7 @@ def _set_up(
     """Everything before the first cell: the checks (nothing slow before the config and a
     resumed folder are known good), the overlays, the run folder and its first manifest, the
     progress bar. Fills ``run``; returns the planned cells."""
-    cfg = run.cfg = load_config(run.config_path)
+    cfg = run.cfg
     old = preflight.resume_manifest(cfg, Path(resume)) if resume else None
     if resume:  # one writer per folder: refused before anything slow or written
         _hold(run, held, lock_run_folder(resume))
