@@ -14,7 +14,7 @@ PINS    := $(patsubst requirements/cpu-%.txt,%,$(wildcard requirements/cpu-*.txt
 LIGHT_MARKERS := not e2e and not needs_sglang and not network and not browser
 
 .PHONY: setup setup-ray setup-all setup-browser setup-light demo bench test test-light nightly lint check-patch doctor \
-        gpu-check check-gpu-profile clean-cache
+        gpu-check check-gpu-profile clean-cache calibrate
 
 setup:
 	scripts/setup.sh $(SGLANG) $(VENV) $(PROFILE)
@@ -83,6 +83,11 @@ check-gpu-profile:
 
 gpu-check:
 	bash scripts/gpu_check.sh
+
+# the verdict calibration on synthetic runs (a tool outside the package; docs/calibration.md):
+# CALIBRATE_ARGS=... passes options, e.g. "--design-only"; tools/calibrate_nightly.py for the gates
+calibrate: setup
+	$(PY) tools/calibrate.py $(CALIBRATE_ARGS)
 
 clean-cache:
 	rm -rf .cache/overlays .cache/patches
