@@ -69,8 +69,7 @@ def run_bench(
     restart_variants: list[str] | None = None,
 ) -> Path:
     """Run a config end to end; returns the run folder. ``config``: a typed :class:`Config`
-    (e.g. one derived from another with :func:`patchbench.config.derive`) or the path of a
-    config file.
+    (e.g. one derived from another with pydantic's ``model_copy``) or the path of a config file.
 
     Raises ConfigError / PatchError (exit 2) or EnvironmentNotReady (exit 3) before any server
     starts; RunFolderBusy (exit 4) when another live run writes the folder; RunFailed (exit 4)
