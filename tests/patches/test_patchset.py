@@ -322,7 +322,7 @@ def test_cli_usage_errors(capsys):
     assert pb_cli.main(["check-patch", "--bogus"]) == EXIT_USAGE
 
 
-def test_cli_without_patch_skips_patches_lacking_the_release(capsys, monkeypatch, tmp_path):
+def test_cli_without_patch_skips_patches_lacking_the_release(capsys, tmp_path):
     pdir = tmp_path / "patches"
     shutil.copytree(inputs.PATCHES_DIR / "null-comment", pdir / "null-comment")
     m = yaml.safe_load((pdir / "null-comment" / "manifest.yaml").read_text())
@@ -336,13 +336,13 @@ def test_cli_without_patch_skips_patches_lacking_the_release(capsys, monkeypatch
         m,
         {f"{INSTALLED_VERSION}.diff": diff_text("null-comment", INSTALLED_VERSION)},
     )
-    monkeypatch.setattr(inputs, "PATCHES_DIR", pdir)
-    assert pb_cli.main(["check-patch", "--sglang", INSTALLED_VERSION]) == EXIT_OK
+    argv = ["check-patch", "--patches-dir", str(pdir), "--sglang", INSTALLED_VERSION]
+    assert pb_cli.main(argv) == EXIT_OK
     out = capsys.readouterr().out
     assert "only-old" in out and "SKIP" in out and "null-comment" in out and " OK " in out
 
 
-def test_cli_diff_that_does_not_apply_exits_2(capsys, monkeypatch, tmp_path):
+def test_cli_diff_that_does_not_apply_exits_2(capsys, tmp_path):
     pdir = tmp_path / "patches"
     body = diff_text("null-comment", INSTALLED_VERSION).replace(
         " # limitations under the License.", " # not the line in the file", 1
@@ -353,14 +353,14 @@ def test_cli_diff_that_does_not_apply_exits_2(capsys, monkeypatch, tmp_path):
         _null_manifest(INSTALLED_VERSION, sha(stock_fbi()), "b" * 64, "broken"),
         {f"{INSTALLED_VERSION}.diff": body},
     )
-    monkeypatch.setattr(inputs, "PATCHES_DIR", pdir)
-    assert pb_cli.main(["check-patch", "--sglang", INSTALLED_VERSION]) == EXIT_USAGE
+    argv = ["check-patch", "--patches-dir", str(pdir), "--sglang", INSTALLED_VERSION]
+    assert pb_cli.main(argv) == EXIT_USAGE
     out = capsys.readouterr().out
     assert "broken" in out and "FAIL" in out and "hunk @@ -11,6 +11,7 @@" in out
     assert "# not the line in the file" in out
 
 
-def test_cli_rejects_a_patch_that_does_not_compile(capsys, monkeypatch, tmp_path):
+def test_cli_rejects_a_patch_that_does_not_compile(capsys, tmp_path):
     pdir = tmp_path / "patches"
     body = diff_text("null-comment", INSTALLED_VERSION).replace(
         "+# patchbench null-comment control patch",
@@ -382,8 +382,8 @@ def test_cli_rejects_a_patch_that_does_not_compile(capsys, monkeypatch, tmp_path
         _null_manifest(INSTALLED_VERSION, sha(stock_fbi()), sha(after), "nocompile"),
         {f"{INSTALLED_VERSION}.diff": body},
     )
-    monkeypatch.setattr(inputs, "PATCHES_DIR", pdir)
-    assert pb_cli.main(["check-patch", "--sglang", INSTALLED_VERSION]) == EXIT_USAGE
+    argv = ["check-patch", "--patches-dir", str(pdir), "--sglang", INSTALLED_VERSION]
+    assert pb_cli.main(argv) == EXIT_USAGE
     assert "does not compile" in capsys.readouterr().out
 
 
