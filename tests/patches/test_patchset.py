@@ -179,12 +179,6 @@ def test_apply_null_comment_gives_the_expected_file(tree):
     assert sha(stock_fbi()) == before  # the installed file was only read
 
 
-def test_check_only_leaves_tree_unchanged(tree):
-    got = apply_to_tree(tree, "null-comment", INSTALLED_VERSION, check_only=True)
-    assert got == {FORWARD_BATCH_INFO: sha(with_null_comment(stock_fbi()))}
-    assert (tree / FORWARD_BATCH_INFO).read_bytes() == stock_fbi()
-
-
 def test_apply_inside_an_enclosing_git_repository(tmp_path):
     """git apply in a subfolder of a repository would resolve paths from the repository's top and
     silently skip them; the overlays live in this repo's .cache/, so this must work."""
