@@ -113,21 +113,6 @@ class RunFailed(PatchbenchError):
         self.run_dir = run_dir
 
 
-class RegressionFound(PatchbenchError):
-    """A gate found a regression (exit 1)."""
-
-    exit_code = EXIT_REGRESSION
-    kind = "regression found"
-
-
-class Underpowered(PatchbenchError):
-    """Nightly: nothing regressed, but the night was too noisy or ran too few repeats (exit 5;
-    docs/nightly.md)."""
-
-    exit_code = EXIT_UNDERPOWERED
-    kind = "underpowered"
-
-
 class Interrupted(PatchbenchError):
     """Stopped by signal ``signum`` (2 SIGINT, 1 SIGHUP: exit 130 "interrupted"; 15 SIGTERM:
     exit 143 "terminated"); ``run_dir`` (may be None) keeps finished cells."""

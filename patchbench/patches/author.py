@@ -105,16 +105,11 @@ def build_patch(
     force: bool = False,
     source: str | None = None,
 ) -> NewPatch:
-    """Make ``<patches_dir>/<name>/`` from a diff ``text`` (``python/sglang/...`` or
-    ``sglang/...`` paths): manifest.yaml with the sha256 of every touched file before and after
-    for each release of ``versions`` it applies to (each patched Python file must compile), and
-    per release a diff regenerated from the pristine and patched files (so it applies without
-    offsets). Written in a temporary folder and renamed into place.
-
-    Raises :class:`PatchError` for a bad name or release, an existing folder (unless ``force``),
-    a diff that cannot be a patch, or one that applies to none of ``versions`` (naming each
-    release's failing file or hunk and its state); FetchError (exit 3) when a wheel cannot be
-    fetched.
+    """Make ``<patches_dir>/<name>/`` from a diff ``text``: for each release of ``versions`` it
+    applies to (patched Python files compiling), the touched files' sha256 before and after and
+    a diff regenerated from the pristine and patched files. Raises :class:`PatchError` for a bad
+    name or release, an existing folder (unless ``force``), a diff that cannot be a patch or
+    applies to none of ``versions`` (each release's failing hunk and state); FetchError (exit 3).
     """
     if not FOLDER_NAME.match(name or ""):
         raise PatchError(
@@ -180,9 +175,8 @@ PRESET = inputs.REPO_ROOT / "configs" / "presets" / "cpu-demo.yaml"
 
 
 def write_preset_config(folder: Path, name: str, release: str, preset: Path = PRESET) -> Path:
-    """Write ``<folder>/cpu.yaml``: the generic CPU preset (``preset``) comparing stock sglang
-    ``release`` with patch ``name`` (variants ``baseline: []`` and ``NAME: [NAME]``), named
-    ``NAME-cpu``. Returns its path; run it with ``patchbench bench <path>``."""
+    """Write and return ``<folder>/cpu.yaml``: ``preset`` comparing stock sglang ``release``
+    (variant ``baseline``) with patch ``name`` (variant ``NAME``), named ``NAME-cpu``."""
     cfg = yaml.safe_load(preset.read_text(encoding="utf-8"))
     cfg.update(
         name=f"{name}-cpu",
@@ -201,8 +195,8 @@ def write_preset_config(folder: Path, name: str, release: str, preset: Path = PR
 
 
 def _write_patch_folder(pdir: Path, name: str, manifest: dict, diffs: dict[str, str]) -> None:
-    """Write ``pdir/name`` (manifest.yaml and ``<version>.diff`` files) in a temporary folder
-    next to it, then rename it into place (replacing an existing one)."""
+    """Write ``pdir/name`` (manifest.yaml, ``<version>.diff``) in a temporary folder, then
+    rename it into place (replacing an existing one)."""
     dest = pdir / name
     pdir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".new-{name}-", dir=pdir))

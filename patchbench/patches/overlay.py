@@ -125,15 +125,10 @@ def build_overlay(
     cache_root: Path,
     patch_cache_dir: Path | None = None,
 ) -> Overlay:
-    """The overlay of sglang ``version`` with ``patches`` applied in order.
-
-    patches: patch names (folders of ``patches/``) or patch folders (``Path``); stock_site_dir:
-    the site-packages holding the installed ``sglang/``; cache_root: where overlays live;
-    patch_cache_dir: wheels and derived diffs (default ``.cache``). No patches: the stock
-    package itself (no copy). Raises :class:`OverlayError` (no sglang there, another version, a
-    patch named twice) or the :class:`~patchbench.errors.PatchError` of a patch that does not
-    apply (nothing is left behind).
-    """
+    """The overlay of sglang ``version`` (installed in ``stock_site_dir``) with ``patches``
+    (names in ``patches/`` or patch folders as ``Path``) applied in order, cached under
+    ``cache_root``; no patches: the stock package itself. Raises :class:`OverlayError` (no
+    sglang there, another version, a patch named twice) or a patch's PatchError."""
     stock_site_dir = Path(stock_site_dir).resolve()
     stock = _stock_package(stock_site_dir)
     if not patches:
@@ -177,12 +172,10 @@ def build_source_overlay(
     cache_root: Path,
 ) -> Overlay:
     """The overlay that makes the installed sglang ``version`` the ``sglang/`` package of
-    ``tree`` (a checkout's ``python/`` or an extracted wheel: :mod:`patchbench.envs.builds`): a
-    copy of the installed package with every file that differs from ``tree``'s replaced, files
-    only ``tree`` has added and files it lacks removed. ``files``: the replaced and added files;
-    ``patches`` ``[label]``; ``patch_hashes`` ``{label: source_id}`` (a commit or the wheel's
-    sha256, part of the cache key). Raises :class:`OverlayError` when either is not an sglang
-    package."""
+    ``tree`` (a checkout's ``python/`` or an extracted wheel): files that differ replaced, new
+    ones added (``files``: both), missing ones removed; ``patches`` ``[label]``,
+    ``patch_hashes`` ``{label: source_id}`` (a commit or the wheel's sha256). Raises
+    :class:`OverlayError` when either is not an sglang package."""
     stock_site_dir = Path(stock_site_dir).resolve()
     stock, src = _stock_package(stock_site_dir), _stock_package(Path(tree))
     key = _cache_key(stock_site_dir, version, {"source": [label, source_id]})
@@ -220,10 +213,9 @@ def _tree_files(root: Path) -> set[str]:
 
 
 def _cached_or_built(dest: Path, key: str, fill: Callable[[Path], Overlay]) -> Overlay:
-    """The overlay cached at ``dest`` (same key, its files intact), else ``fill(tmp)`` built in a
-    temporary folder next to ``dest``, its overlay.json written, renamed to ``dest`` (replacing
-    a stale one; when another process finished it first, theirs is taken). Nothing is left
-    behind when ``fill`` raises."""
+    """The overlay cached at ``dest`` (same key, files intact), else ``fill(tmp)`` in a temporary
+    folder renamed to ``dest`` (another process's finished copy wins); nothing is left behind
+    when ``fill`` raises."""
     cached = _load_cached(dest, key)
     if cached is not None:
         return cached

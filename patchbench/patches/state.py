@@ -12,7 +12,6 @@ state, not an error; a diff that cannot be a patch raises :class:`patchbench.err
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -173,10 +172,3 @@ def patch_state(
             f"{' '.join([*m.releases, release])} --force`"
         )
     return st
-
-
-def patch_states(
-    name: str, releases: Collection[str], *, cache_dir: Path | None = None, patches_dir=None
-) -> dict[str, PatchState]:
-    """{release: :func:`patch_state`} for each of ``releases``."""
-    return {r: patch_state(name, r, cache_dir=cache_dir, patches_dir=patches_dir) for r in releases}

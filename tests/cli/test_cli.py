@@ -139,7 +139,6 @@ def test_ctrl_c_exits_130_in_every_command(command, monkeypatch, capsys):
         (errors.EnvironmentNotReady("no GPU"), 3, "environment not ready (exit 3): no GPU"),
         (errors.RunFailed("1 of 4 cells failed"), 4, "run failed (exit 4): 1 of 4 cells failed"),
         (errors.Interrupted("stopped", signum=15), 143, "terminated (exit 143): stopped"),
-        (errors.RegressionFound("ttft_ms +9 %"), 1, "regression found (exit 1): ttft_ms +9 %"),
     ],
 )
 def test_patchbench_errors_end_with_their_code_and_one_line(exc, code, line, monkeypatch, capsys):

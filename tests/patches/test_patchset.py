@@ -401,3 +401,15 @@ def test_pristine_files_come_from_another_environment_and_offline_fetches_nothin
     with wheels.offline(), pytest.raises(wheels.FetchError, match="offline check"):
         wheels.fetch_wheel("sglang==0.0.1", cache_dir=tmp_path / "cache")
     assert not (tmp_path / "cache").exists()
+
+
+def test_patch_state_per_release_is_what_a_nightly_records():
+    """The shipped null-comment patch applies to each release this machine holds
+    (moved from tests/envs/test_builds.py)."""
+    from patchbench.envs import envinfo
+    from patchbench.patches.state import patch_state
+
+    have = [e.sglang for e in envinfo.environments()]
+    got = {r: patch_state("null-comment", r) for r in have}
+    assert {r: s.state for r, s in got.items()} == dict.fromkeys(have, "applies")
+    assert got[have[0]].to_json()["state"] == "applies"
