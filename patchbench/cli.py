@@ -194,9 +194,7 @@ def _args_check_patch(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--patch", metavar="NAME", help="only this patch (a folder in patches/)")
     _patches_dir(p)
-    p.add_argument(
-        "--cache-dir", type=Path, help="wheels and derived diffs (default: .cache/patches)"
-    )
+    p.add_argument("--cache-dir", type=Path, help="wheels and derived diffs (default: .cache)")
     p.add_argument("--json", action="store_true", help="also print the results as JSON")
 
 
