@@ -1,23 +1,17 @@
 """The one command line: ``patchbench CMD ...`` (also ``python -m patchbench`` and ``runner.py``).
 
-Every subcommand is one row of :data:`COMMANDS` (name, one-line help, its options, the function
-that runs it); ``patchbench --help`` is generated from that table and from the exit-code table
-:data:`patchbench.errors.EXIT_CODES`. Every command ends the same way (:func:`main`):
-
-- it returns an exit code, or raises; an error deriving from
-  :class:`patchbench.errors.PatchbenchError` becomes its documented exit code and a message on
-  stderr that starts with ``patchbench CMD: <kind> (exit N):`` (the error's ``kind``);
-- Ctrl-C (KeyboardInterrupt) exits 130 in every command; :class:`patchbench.errors.Interrupted`
-  exits 130, or 143 for SIGTERM;
-- anything else is a bug: exit 70 with the traceback.
-
-Modules are imported only when their command runs, so ``--help`` works in any environment.
+Every subcommand is one row of :data:`COMMANDS`; ``--help`` is generated from it and from
+:func:`patchbench.errors.exit_code_table`. Every command ends through :func:`main`: its exit code;
+a :class:`patchbench.errors.PatchbenchError` becomes its code and one stderr line
+``patchbench CMD: <kind> (exit N): <message>``; Ctrl-C 130; anything else 70 with the traceback.
+Modules are imported when their command runs, so ``--help`` works in any environment.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 import time
 import traceback
@@ -27,35 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from patchbench import errors
-from patchbench.errors import EXIT_BUG, EXIT_CODES, EXIT_ENV, EXIT_OK, EXIT_USAGE
+from patchbench.errors import EXIT_BUG, EXIT_ENV, EXIT_OK, EXIT_USAGE, exit_code_of
 from patchbench.run.closed_output import tolerate_closed_output
 from patchbench.run.signals import restore_handlers
 
 PROG = "patchbench"
 
 
-# ------------------------------------------------------------------------------ exception table
-def exit_code_of(exc: BaseException) -> int:
-    """The documented exit code of ``exc``: :func:`patchbench.errors.exit_code_of`
-    (KeyboardInterrupt -> 130, SystemExit -> its code, unknown -> 70)."""
-    if isinstance(exc, SystemExit):
-        return (
-            exc.code if isinstance(exc.code, int) else (EXIT_OK if exc.code is None else EXIT_USAGE)
-        )
-    return errors.exit_code_of(exc)
-
-
-def _report(cmd: str, exc: BaseException, code: int) -> None:
-    """Print the error line (and, for a multi-line message, its detail lines) on stderr:
-    ``patchbench CMD: <kind> (exit N): <message>`` (:func:`patchbench.errors.kind_of`)."""
-    text = str(exc).strip()
-    head = f"{PROG} {cmd}: {errors.kind_of(exc)} (exit {code})"
-    print(f"{head}: {text}" if text else head, file=sys.stderr)
-
-
 def port_number(text: str) -> int:
-    """argparse type of ``--port``: the range ``server.port`` allows in a config (1024-65535),
-    so the option cannot launch servers on a port the config would refuse."""
+    """argparse type of ``--port``: 1024-65535, the range ``server.port`` allows."""
     try:
         port = int(text)
     except ValueError:
@@ -65,14 +39,22 @@ def port_number(text: str) -> int:
     return port
 
 
+def _sglang_versions(p: argparse.ArgumentParser, text: str, required: bool = False) -> None:
+    p.add_argument(
+        "--sglang", metavar="VERSION", nargs="+", action="extend", required=required, help=text
+    )
+
+
+def _patches_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--patches-dir", type=Path, metavar="DIR", help="the patch folders (patches/)")
+
+
 # ----------------------------------------------------------------------------------- commands
 def _args_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="the experiment config (YAML)")
     p.add_argument("--dry-run", action="store_true", help="print the resolved plan, launch nothing")
     p.add_argument("--resume", metavar="RUN_DIR", help="run only the cells missing in RUN_DIR")
-    p.add_argument(
-        "--results", metavar="DIR", help="parent folder of the run folder (default results/)"
-    )
+    p.add_argument("--results", metavar="DIR", help="parent folder of the run folder (results/)")
     p.add_argument("--port", type=port_number, help="override server.port (1024-65535)")
     p.add_argument(
         "--kill-stale",
@@ -92,48 +74,11 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _run_bench(a: argparse.Namespace, _raw: list[str]) -> int:
-    from patchbench.config import load_config
-    from patchbench.envs import builds, envinfo
-    from patchbench.run import bench, variants
-    from patchbench.run.cell import is_cpu
-    from patchbench.run.plan import describe_plan
+def _run_bench(a: argparse.Namespace) -> int:
+    from patchbench.run import bench
 
     if a.dry_run:
-        cfg = load_config(a.config)
-        if a.port:  # the plan shows the port the run would use
-            cfg.server.port = a.port
-        note = None
-        try:
-            builds.resolve_builds(cfg, cpu=is_cpu(cfg))
-        except errors.EnvironmentNotReady as e:
-            note = f"note: a real run stops here (exit 3): {e}"
-        print(describe_plan(cfg, Path(a.resume) if a.resume else None))
-        if note:
-            print(note)
-        if not is_cpu(cfg) and envinfo.gpu_info() is None:
-            print(
-                "note: no NVIDIA GPU here, and the config does not run on --device cpu: "
-                f"`patchbench doctor {a.config}` lists what a run still needs"
-            )
-        problems = variants.check_patches(cfg)
-        failed = any(not p.startswith(" ") and " not checked " not in p for p in problems)
-        unchecked = sum(" not checked " in p for p in problems)
-        head = (
-            "FAIL"
-            if failed
-            else f"{unchecked} variant(s) not checked (below; a real run downloads what is "
-            "missing and checks them before any server starts); the others apply to a pristine "
-            "copy of their release"
-            if unchecked
-            else "every patch applies to a pristine copy of its release"
-            if any(cfg.patches_of(v) for v in cfg.variants)
-            else "(none)"
-        )
-        print("\n".join([f"patches    {head}", *problems]))
-        if failed:
-            raise errors.PatchError("a patch does not apply (see the lines under 'patches')")
-        return EXIT_OK
+        return _dry_run(a.config, a.resume, a.port)
     extra: dict = {k: True for k in ("kill_stale", "verbose") if getattr(a, k)}
     if _PROCESS_T0 is not None:  # a process of its own: its start-up and imports count too
         extra["python_start_s"] = max(0.0, time.time() - _PROCESS_T0)
@@ -143,22 +88,60 @@ def _run_bench(a: argparse.Namespace, _raw: list[str]) -> int:
     return EXIT_OK
 
 
+def _dry_run(config: str, resume: str | None, port: int | None) -> int:
+    """Print the plan, what a real run would stop at, and whether every patch applies to a
+    pristine copy of its release; PatchError (exit 2) when one does not."""
+    from patchbench.config import load_config
+    from patchbench.envs import builds, envinfo
+    from patchbench.run import variants
+    from patchbench.run.cell import is_cpu
+    from patchbench.run.plan import describe_plan
+
+    cfg = load_config(config)
+    if port:
+        cfg.server.port = port
+    note = None
+    try:
+        builds.resolve_builds(cfg, cpu=is_cpu(cfg))
+    except errors.EnvironmentNotReady as e:
+        note = f"note: a real run stops here (exit 3): {e}"
+    print(describe_plan(cfg, Path(resume) if resume else None))
+    if note:
+        print(note)
+    if not is_cpu(cfg) and envinfo.gpu_info() is None:
+        print(
+            "note: no NVIDIA GPU here, and the config does not run on --device cpu: "
+            f"`patchbench doctor {config}` lists what a run still needs"
+        )
+    problems = variants.check_patches(cfg)
+    failed = any(not p.startswith(" ") and " not checked " not in p for p in problems)
+    unchecked = sum(" not checked " in p for p in problems)
+    if failed:
+        head = "FAIL"
+    elif unchecked:
+        head = (
+            f"{unchecked} variant(s) not checked (below; a real run downloads what is missing "
+            "and checks them before any server starts); the others apply to a pristine copy of "
+            "their release"
+        )
+    elif any(cfg.patches_of(v) for v in cfg.variants):
+        head = "every patch applies to a pristine copy of its release"
+    else:
+        head = "(none)"
+    print("\n".join([f"patches    {head}", *problems]))
+    if failed:
+        raise errors.PatchError("a patch does not apply (see the lines under 'patches')")
+    return EXIT_OK
+
+
 def _args_report(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path, help="a run folder (holds manifest.json)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
 
 
-def _args_compare(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_a", type=Path, help="run folder whose baseline is compared")
-    p.add_argument("run_b", type=Path, help="run folder whose variant is compared")
-    p.add_argument("--variant", help="variant of RUN_B (default: its first non-baseline variant)")
-    p.add_argument("--out", type=Path, help="also write the result as JSON to this file")
-
-
-def _run_report(a: argparse.Namespace, _raw: list[str]) -> int:
-    """Render the run folder under its lock (patchbench/run/lock.py): a run writing it is named
-    at once (exit 4), another report is waited for up to ``REPORT_WAIT_S``. A folder without a
-    manifest is left to render_run's own error (exit 2) and gets no lock file."""
+def _run_report(a: argparse.Namespace) -> int:
+    """Render the run folder under its lock (patchbench/run/lock.py): a run writing it is exit 4,
+    another report is waited for; a folder without a manifest is render_run's error (exit 2)."""
     from patchbench.analysis.comparison import read_comparison
     from patchbench.records import ResultsWriteError
     from patchbench.report import console_summary, render_run
@@ -187,7 +170,14 @@ def _run_report(a: argparse.Namespace, _raw: list[str]) -> int:
     return EXIT_OK
 
 
-def _run_compare(a: argparse.Namespace, _raw: list[str]) -> int:
+def _args_compare(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_a", type=Path, help="run folder whose baseline is compared")
+    p.add_argument("run_b", type=Path, help="run folder whose variant is compared")
+    p.add_argument("--variant", help="variant of RUN_B (default: its first non-baseline variant)")
+    p.add_argument("--out", type=Path, help="also write the result as JSON to this file")
+
+
+def _run_compare(a: argparse.Namespace) -> int:
     from patchbench import records
     from patchbench.analysis import two_runs
 
@@ -199,21 +189,12 @@ def _run_compare(a: argparse.Namespace, _raw: list[str]) -> int:
 
 
 def _args_check_patch(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--sglang",
-        metavar="VERSION",
-        nargs="+",
-        action="extend",
-        help="only these releases, e.g. --sglang 0.5.1.post3 0.5.23 (default: all in each "
-        "manifest)",
+    _sglang_versions(
+        p, "only these releases, e.g. --sglang 0.5.1.post3 0.5.23 (default: all in each manifest)"
     )
     p.add_argument("--patch", metavar="NAME", help="only this patch (a folder in patches/)")
-    p.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=None,
-        help="wheels and derived diffs (default: .cache/patches)",
-    )
+    _patches_dir(p)
+    p.add_argument("--cache-dir", type=Path, help="wheels and derived diffs (default: .cache)")
     p.add_argument("--json", action="store_true", help="also print the results as JSON")
 
 
@@ -221,44 +202,46 @@ def _args_check_patch(p: argparse.ArgumentParser) -> None:
 _CHECK_ORDER = [EXIT_OK, EXIT_ENV, EXIT_USAGE]
 
 
-def _run_check_patch(a: argparse.Namespace, _raw: list[str]) -> int:
-    """Apply each patch (or ``--patch``) to a pristine copy of each release in its manifest (or
-    ``--sglang``); one line per (patch, release). Exit 0 all OK; 2 a diff that does not apply,
-    does not compile, an invalid manifest or an unknown patch/release; 3 a wheel could not be
-    fetched. A patch without the ``--sglang`` release is SKIP unless it was named. A diff that
-    does not apply is followed by its state (:mod:`patchbench.patches.state`: already contained
-    in the release, or conflicts at FILE hunk N) and the next step."""
-    import json
-
+def _run_check_patch(a: argparse.Namespace) -> int:
+    """One line per (patch, release): OK, SKIP (release not in the manifest, patch not named) or
+    FAIL, and for a diff that does not apply its state and next step
+    (:mod:`patchbench.patches.state`). Exit: the worst of 0, 3 (a wheel could not be fetched)
+    and 2 (anything else)."""
+    from patchbench.inputs import CACHE_DIR, PATCHES_DIR
     from patchbench.patches import apply, manifest, state
 
-    cache = a.cache_dir or manifest.DEFAULT_CACHE_DIR
-    names = [a.patch] if a.patch else manifest.available_patches()
+    cache, pdir = a.cache_dir or CACHE_DIR, a.patches_dir or PATCHES_DIR
+    names = [a.patch] if a.patch else manifest.available_patches(pdir)
     if not names:
-        raise errors.UsageError("no patches found under patches/")
+        raise errors.UsageError(f"no patches found under {pdir}")
     worst, failed, results = EXIT_OK, 0, []
+
+    def fail(name: str, ver: str, e: errors.PatchError) -> None:
+        nonlocal worst, failed
+        print(f"{name:<20} {ver:<12} FAIL  {e}")
+        worst, failed = max(worst, exit_code_of(e), key=_CHECK_ORDER.index), failed + 1
+
     for name in names:
         try:
-            m = manifest.load_manifest(name)
+            m = manifest.load_manifest(name, patches_dir=pdir)
         except errors.PatchError as e:
-            print(f"{name:<20} {'-':<12} FAIL  {e}")
-            worst, failed = max(worst, exit_code_of(e), key=_CHECK_ORDER.index), failed + 1
+            fail(name, "-", e)
             continue
         for ver in a.sglang or list(m.releases):
             if ver not in m.releases and not a.patch:
-                print(
-                    f"{name:<20} {ver:<12} SKIP  no diff for this release (supports "
-                    f"{', '.join(m.releases)})"
-                )
+                supports = ", ".join(m.releases)
+                print(f"{name:<20} {ver:<12} SKIP  no diff for this release (supports {supports})")
                 continue
             try:
-                res = apply.check_patch(name, ver, cache_dir=cache)
+                res = apply.check_patch(name, ver, cache_dir=cache, patches_dir=pdir)
             except errors.PatchError as e:
-                print(f"{name:<20} {ver:<12} FAIL  {e}")
-                worst, failed = max(worst, exit_code_of(e), key=_CHECK_ORDER.index), failed + 1
+                fail(name, ver, e)
                 if exit_code_of(e) == EXIT_USAGE:  # why it does not apply, and what to do
-                    st = _patch_state_or_none(state, name, ver, cache)
-                    if st is not None:
+                    try:
+                        st = state.patch_state(name, ver, cache_dir=cache, patches_dir=pdir)
+                    except errors.PatchError:  # the FAIL line says why
+                        continue
+                    if st.state != "applies":
                         print(f"{'':<33} state: {st.summary}")
                         for line in st.lines()[1:]:
                             print(f"{'':<33} {line.strip()}")
@@ -283,16 +266,6 @@ def _run_check_patch(a: argparse.Namespace, _raw: list[str]) -> int:
     return worst
 
 
-def _patch_state_or_none(state, name: str, ver: str, cache: Path):
-    """:func:`patchbench.patches.state.patch_state`, or None when it cannot be had (the FAIL line
-    above already says why)."""
-    try:
-        st = state.patch_state(name, ver, cache_dir=cache)
-    except errors.PatchError:
-        return None
-    return None if st.state == "applies" else st
-
-
 def _args_new_patch(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", help="the new folder in patches/")
     src = p.add_mutually_exclusive_group(required=True)
@@ -303,36 +276,34 @@ def _args_new_patch(p: argparse.ArgumentParser) -> None:
         metavar=("CHECKOUT", "REV_RANGE"),
         help="an sglang checkout and a range git diff takes (e.g. main...my-branch)",
     )
-    p.add_argument(
-        "--sglang",
-        metavar="VERSION",
-        nargs="+",
-        action="extend",
+    _sglang_versions(
+        p,
+        "the releases the patch is for, e.g. --sglang 0.5.1.post3 0.5.23 (the flag may also be "
+        "repeated)",
         required=True,
-        help="the releases the patch is for, e.g. --sglang 0.5.1.post3 0.5.23 (the flag may "
-        "also be repeated)",
     )
     p.add_argument("--description", default="", help="one paragraph for the manifest")
     p.add_argument("--force", action="store_true", help="replace an existing patch folder")
+    _patches_dir(p)
 
 
-def _run_new_patch(a: argparse.Namespace, _raw: list[str]) -> int:
+def _run_new_patch(a: argparse.Namespace) -> int:
     """Write patches/NAME (manifest with hashes, one diff per release it applies to); exit 2 when
     it applies to none of the releases asked for."""
     from patchbench.patches import author
 
-    opts = {"description": a.description, "force": a.force}
+    opts = {"description": a.description, "force": a.force, "patches_dir": a.patches_dir}
     if a.from_diff:
         res = author.new_patch_from_diff(a.name, a.from_diff, a.sglang, **opts)
     else:
-        res = author.new_patch_from_git(a.name, a.from_git[0], a.from_git[1], a.sglang, **opts)
+        res = author.new_patch_from_git(a.name, *a.from_git, a.sglang, **opts)
     print(res.summary())
-    if not res.applies:
-        raise errors.PatchError(f"patch '{a.name}' applies to none of {', '.join(a.sglang)}")
     return EXIT_OK
 
 
 def _args_ab(p: argparse.ArgumentParser) -> None:
+    from patchbench import ab
+
     g = p.add_argument_group("B: what the change is (one of)")
     g.add_argument("--git", metavar="CHECKOUT", help="an sglang checkout (bare or not)")
     g.add_argument("--range", metavar="A...B", help="main...my-branch: merge base vs branch head")
@@ -345,7 +316,7 @@ def _args_ab(p: argparse.ArgumentParser) -> None:
     src.add_argument(
         "--preset",
         default="cpu-demo",
-        help="configs/presets/NAME.yaml: cpu-demo (default), pr-h200, sweep-h200 (a load curve)",
+        help=f"configs/presets/NAME.yaml: {', '.join(ab.presets())} (default cpu-demo)",
     )
     src.add_argument("--config", metavar="FILE", help="a config whose variants are replaced")
     p.add_argument("--repeats", type=int, help="override schedule.repeats")
@@ -354,15 +325,14 @@ def _args_ab(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the plan, launch nothing")
 
 
-def _run_ab(a: argparse.Namespace, _raw: list[str]) -> int:
-    """Write the A/B config (:func:`patchbench.ab.prepare_ab`), then its dry run or the run; the
-    bench prints the answer, then the report's path."""
+def _run_ab(a: argparse.Namespace) -> int:
+    """Write the A/B config (:func:`patchbench.ab.prepare_ab`), then its dry run or the run."""
     from patchbench import ab
     from patchbench.run import bench
 
     path = ab.prepare_ab(a)
     if a.dry_run:
-        return main(["bench", str(path), "--dry-run", *(["--port", str(a.port)] if a.port else [])])
+        return _dry_run(str(path), None, a.port)
     run_dir = bench.run_bench(path, results_root=a.results, port=a.port)
     print(f"ab: report {run_dir / 'report.md'}")
     return EXIT_OK
@@ -373,7 +343,7 @@ def _args_tiny(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="rebuild even when complete")
 
 
-def _run_tiny(a: argparse.Namespace, _raw: list[str]) -> int:
+def _run_tiny(a: argparse.Namespace) -> int:
     from patchbench.envs.tinymodel import build_tiny_qwen25vl, default_model_dir
 
     out = Path(a.out) if a.out else default_model_dir()
@@ -386,7 +356,7 @@ def _args_doctor(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", help="also check what this config needs")
 
 
-def _run_doctor(a: argparse.Namespace, _raw: list[str]) -> int:
+def _run_doctor(a: argparse.Namespace) -> int:
     from patchbench import doctor
 
     return doctor.run_doctor(a.config)
@@ -394,141 +364,74 @@ def _run_doctor(a: argparse.Namespace, _raw: list[str]) -> int:
 
 @dataclass(frozen=True)
 class Command:
-    """One subcommand: ``name``, one-line ``help``, ``add_args(parser)`` declaring its options and
-    ``run(args, raw_argv) -> exit code`` (raw_argv: the arguments after the command name)."""
+    """One subcommand: ``add_args(parser)`` declares its options, ``run(args)`` returns its exit
+    code."""
 
     name: str
     help: str
     add_args: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace, list[str]], int]
+    run: Callable[[argparse.Namespace], int]
 
 
-def _lazy(
-    module: str, add: str = "add_arguments", run: str = "run"
-) -> tuple[
-    Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace, list[str]], int]
-]:
-    """A command's (add_args, run) from ``module``, imported only when the command is used:
-    ``module.<add>(parser)`` declares its options, ``module.<run>(args)`` returns its exit code."""
-
-    def add_args(p: argparse.ArgumentParser) -> None:
-        getattr(importlib.import_module(module), add)(p)
-
-    def run_command(a: argparse.Namespace, _raw: list[str]) -> int:
-        return int(getattr(importlib.import_module(module), run)(a))
-
-    return add_args, run_command
+def lazy(name: str, text: str, module: str, add: str = "add_arguments", run: str = "run"):
+    """The :class:`Command` whose ``module.<add>(parser)`` and ``module.<run>(args)`` are
+    imported only when it is used."""
+    return Command(
+        name,
+        text,
+        lambda p: getattr(importlib.import_module(module), add)(p),
+        lambda a: int(getattr(importlib.import_module(module), run)(a)),
+    )
 
 
 #: every subcommand, in the order ``--help`` lists them
 COMMANDS: list[Command] = [
-    Command(
-        "bench",
-        "run every variant of CONFIG through its suites; write results/<run>/",
-        _args_bench,
-        _run_bench,
-    ),
-    Command(
-        "report",
-        "re-render a run folder's compare.json, report.md and plots",
-        _args_report,
-        _run_report,
-    ),
-    Command(
-        "compare",
-        "compare the baseline of RUN_A with a variant of RUN_B (two runs)",
-        _args_compare,
-        _run_compare,
-    ),
-    Command(
-        "nightly",
-        "run a config (or a matrix), append it to the history and apply the regression gates",
-        *_lazy("patchbench.nightly.cli", run="run_args"),
-    ),
-    Command(
-        "history",
-        "list the nightly history's nights, a metric's series (--metric) or a night's gates (--night)",
-        *_lazy("patchbench.nightly.history_cli"),
-    ),
-    Command(
-        "dashboard",
-        "write the nightly history as a static site (charts, change points, reports) into --out",
-        *_lazy("patchbench.nightly.dashboard.cli"),
-    ),
-    Command(
-        "check-patch",
-        "apply every patch to a pristine copy of each release it supports",
-        _args_check_patch,
-        _run_check_patch,
-    ),
-    Command(
-        "new-patch",
-        "make patches/NAME from a diff or a git range, with hashes for each release",
-        _args_new_patch,
-        _run_new_patch,
-    ),
-    Command(
-        "ab",
-        "your change against its baseline in one command: a branch (--git CHECKOUT --range "
-        "main...my-branch), a diff (--patch) or server arguments (--args-b), with a preset",
-        _args_ab,
-        _run_ab,
-    ),
-    Command(
-        "score-mmmu",
-        "re-score saved MMMU responses against an answer key",
-        *_lazy("patchbench.suites.mmmu.cli", run="run_args"),
-    ),
-    Command(
-        "matrix",
-        "run a matrix of configs (models, pins, GPU types) here or on a Ray cluster; one report",
-        *_lazy("patchbench.matrix.cli", add="add_cli_arguments", run="run_cli"),
-    ),
-    Command(
-        "comment",
-        "a pull-request comment from RUN's compare.json; --post keeps one sticky comment",
-        *_lazy("patchbench.report.comment"),
-    ),
-    Command(
-        "make-tiny-model",
-        "build the tiny random Qwen2.5-VL the CPU configs use",
-        _args_tiny,
-        _run_tiny,
-    ),
-    Command(
-        "doctor",
-        "what this environment is, and what it lacks for CONFIG",
-        _args_doctor,
-        _run_doctor,
-    ),
-]
-
-
-def exit_code_table() -> str:
-    """The exit codes as help text, one line per code (from patchbench.errors.EXIT_CODES)."""
-    return (
-        "exit codes:\n"
-        + "\n".join(f"  {code:>3}  {text}" for code, text in EXIT_CODES.items())
-        + f"\n  {EXIT_BUG:>3}  internal error (a bug: the traceback is printed)"
-    )
+    Command("bench", "run every variant of CONFIG through its suites; write results/<run>/",
+            _args_bench, _run_bench),
+    Command("report", "re-render a run folder's compare.json, report.md and plots",
+            _args_report, _run_report),
+    Command("compare", "compare the baseline of RUN_A with a variant of RUN_B (two runs)",
+            _args_compare, _run_compare),
+    lazy("nightly", "run a config (or a matrix), append it to the history and apply the "
+         "regression gates", "patchbench.nightly.cli", run="run_args"),
+    lazy("history", "list the nightly history's nights, a metric's series (--metric) or a "
+         "night's gates (--night)", "patchbench.nightly.history_cli"),
+    lazy("dashboard", "write the nightly history as a static site (charts, change points, "
+         "reports) into --out", "patchbench.nightly.dashboard.cli"),
+    Command("check-patch", "apply every patch to a pristine copy of each release it supports",
+            _args_check_patch, _run_check_patch),
+    Command("new-patch", "make patches/NAME from a diff or a git range, with hashes for each "
+            "release", _args_new_patch, _run_new_patch),
+    Command("ab", "your change against its baseline in one command: a branch (--git CHECKOUT "
+            "--range main...my-branch), a diff (--patch) or server arguments (--args-b), with a "
+            "preset", _args_ab, _run_ab),
+    lazy("score-mmmu", "re-score saved MMMU responses against an answer key",
+         "patchbench.suites.mmmu.cli", run="run_args"),
+    lazy("matrix", "run a matrix of configs (models, pins, GPU types) here or on a Ray cluster; "
+         "one report", "patchbench.matrix.cli", add="add_cli_arguments", run="run_cli"),
+    lazy("comment", "a pull-request comment from RUN's compare.json; --post keeps one sticky "
+         "comment", "patchbench.report.comment"),
+    Command("make-tiny-model", "build the tiny random Qwen2.5-VL the CPU configs use",
+            _args_tiny, _run_tiny),
+    Command("doctor", "what this environment is, and what it lacks for CONFIG",
+            _args_doctor, _run_doctor),
+]  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of every command, generated from :data:`COMMANDS`."""
+    raw = argparse.RawDescriptionHelpFormatter
+    codes = errors.exit_code_table()
     ap = argparse.ArgumentParser(
         prog=PROG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=raw,
         description="A/B benchmarking and accuracy-regression suite for sglang patches.",
-        epilog=exit_code_table() + f"\n\n`{PROG} CMD --help` shows the options of one command.",
+        epilog=f"{codes}\n\n`{PROG} CMD --help` shows the options of one command.",
     )
     sub = ap.add_subparsers(dest="command", metavar="CMD", title="commands")
     for c in COMMANDS:
         p = sub.add_parser(
-            c.name,
-            help=c.help,
-            description=c.help,
-            epilog=exit_code_table(),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
+            c.name, help=c.help, description=c.help, epilog=codes, formatter_class=raw
         )
         c.add_args(p)
         p.set_defaults(_command=c)
@@ -537,16 +440,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 #: when this process was created (epoch seconds), set by :func:`main` when it reads sys.argv
 _PROCESS_T0: float | None = None
-
-
-def _process_created() -> float | None:
-    try:
-        import psutil
-
-        return float(psutil.Process().create_time())
-    except Exception:  # noqa: BLE001 - the start-up figure is a courtesy
-        return None
-
 
 #: options whose value is itself a command line (``ab --args-b "--disable-overlap-schedule"``)
 DASH_VALUE_OPTIONS = ("--args-a", "--args-b")
@@ -559,16 +452,14 @@ def glue_dash_values(argv: list[str]) -> list[str]:
     out: list[str] = []
     it = iter(argv)
     for tok in it:
-        if tok in DASH_VALUE_OPTIONS:
-            nxt = next(it, None)
-            out.append(tok if nxt is None else f"{tok}={nxt}")
-        else:
-            out.append(tok)
+        nxt = next(it, None) if tok in DASH_VALUE_OPTIONS else None
+        out.append(tok if nxt is None else f"{tok}={nxt}")
     return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; returns its exit code (see :func:`exit_code_table`), never raises."""
+    """Run one command; returns its exit code (:data:`patchbench.errors.EXIT_CODES`), never
+    raises."""
     # torch.cuda imports the deprecated pynvml shim that sglang's dependencies install
     warnings.filterwarnings(
         "ignore", message="The pynvml package is deprecated", category=FutureWarning
@@ -576,7 +467,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     global _PROCESS_T0
     own_process = argv is None
     if own_process:  # the command line of a process of its own (not a call from a test)
-        _PROCESS_T0 = _process_created()
+        import psutil
+
+        _PROCESS_T0 = psutil.Process().create_time()
         tolerate_closed_output(sys)  # `patchbench CMD | head -1` ends quietly with CMD's code
     argv = glue_dash_values(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
@@ -588,38 +481,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cmd is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    raw = argv[argv.index(cmd.name) + 1 :]
     try:
-        return _run_command(cmd, args, raw)
-    finally:
-        restore_handlers(exiting=own_process)  # a second signal is ignored until here
-
-
-def _run_command(cmd: Command, args: argparse.Namespace, raw: list[str]) -> int:
-    """``cmd.run`` turned into its exit code (see :func:`main`)."""
-    try:
-        return int(cmd.run(args, raw) or 0)
+        return int(cmd.run(args) or 0)
     except SystemExit as e:  # sys.exit inside a command
         return exit_code_of(e)
     except BaseException as e:  # noqa: BLE001 - every way out gets its documented code
-        code = exit_code_of(e)
+        code, text = exit_code_of(e), str(e).strip()
         if code == EXIT_BUG:
             traceback.print_exc()
-            print(
-                f"{PROG} {cmd.name}: internal error (exit {code}): {type(e).__name__}: {e} "
-                "(a bug in patchbench: please report the traceback above)",
-                file=sys.stderr,
+            text = (
+                f"{type(e).__name__}: {e} (a bug in patchbench: please report the traceback above)"
             )
-        else:
-            _report(cmd.name, e, code)
+        head = f"{PROG} {cmd.name}: {errors.kind_of(e)} (exit {code})"
+        print(f"{head}: {text}" if text else head, file=sys.stderr)
         return code
-
-
-__all__ = [
-    "COMMANDS",
-    "Command",
-    "build_parser",
-    "exit_code_of",
-    "exit_code_table",
-    "main",
-]
+    finally:
+        restore_handlers(exiting=own_process)  # a second signal is ignored until here

@@ -1,12 +1,11 @@
 """``patchbench doctor [CONFIG]``: print the environment and what is missing for a config.
 
-Prints GPU, driver, CUDA build, torch, sglang, the pins this repo supports, whether the model hub
-answers, free disk, each GPU's persistence mode and application clocks (NVML:
-:func:`patchbench.run.gpu.doctor_rows`; "no NVIDIA GPU" without one); with a CONFIG also each
-requirement of that config with OK / MISSING and the command that fixes it: the sglang pin, the
-model, a GPU, the port, and each suite's own checks
-(:meth:`patchbench.suite.Suite.doctor_checks`; the core names no suite). Exit 0 when nothing is
-missing, 3 otherwise; an invalid CONFIG raises :class:`patchbench.errors.ConfigError` (exit 2).
+Prints python, GPU, driver, torch, sglang, the supported pins, whether the model hub answers, free
+disk, each GPU's persistence mode and clocks (:func:`patchbench.run.gpu.doctor_rows`) and servers
+left by killed runs; with a CONFIG each of its requirements as OK / MISSING with the fix: its
+sglang builds, the model, a GPU, the port and each suite's own checks
+(:meth:`patchbench.suite.Suite.doctor_checks`). Exit 0 when nothing is missing, 3 otherwise; an
+invalid CONFIG is a :class:`patchbench.errors.ConfigError` (exit 2).
 """
 
 from __future__ import annotations
@@ -21,8 +20,8 @@ from patchbench.envs import envinfo
 from patchbench.errors import EXIT_ENV, EXIT_OK, PatchbenchError
 from patchbench.inputs import REPO_ROOT, RESULTS_DIR, is_hub_id
 
-#: the environment facts (:func:`patchbench.envs.envinfo.collect`) of the doctor run in progress, so a
-#: suite's ``doctor_checks`` can ask (e.g. whether the hub answers) without probing again
+#: :func:`patchbench.envs.envinfo.collect`'s facts of the doctor run in progress, for the suites'
+#: checks (:func:`hub_reachable`)
 _INFO: contextvars.ContextVar[dict | None] = contextvars.ContextVar("doctor_info", default=None)
 
 Check = tuple[str, bool, str]  # (what, ok, how to fix)
@@ -37,19 +36,14 @@ def supported_pins() -> list[str]:
 
 def hub_reachable() -> bool:
     """Whether the Hugging Face hub answers, as this doctor run found it (probed when unknown)."""
-    info = _INFO.get()
-    if info is not None and "hub_reachable" in info:
-        return bool(info["hub_reachable"])
-    return envinfo.hub_reachable()
+    info = _INFO.get() or {}
+    return bool(info["hub_reachable"]) if "hub_reachable" in info else envinfo.hub_reachable()
 
 
 def hf_dataset_check(what: str, repo_id: str, local_path: str | None = None) -> Check:
-    """A check row for a Hugging Face dataset a suite reads: ok when ``local_path`` is set (the
-    suite reads that instead), the hub cache holds ``repo_id``, or the hub answers.
-
-    ``what`` names the requirement, e.g. "suite mmmu: dataset MMMU/MMMU"; the row's text adds
-    where the data was found. For use in a suite's ``doctor_checks``.
-    """
+    """A suite's check row for the Hugging Face dataset ``repo_id`` (``what`` names it, e.g.
+    "suite mmmu: dataset MMMU/MMMU"): ok when ``local_path`` is set, the hub cache holds it or
+    the hub answers."""
     if local_path:
         return f"{what} (local: {local_path})", True, ""
     cached = envinfo.hf_cached(repo_id, "dataset")
@@ -61,38 +55,15 @@ def hf_dataset_check(what: str, repo_id: str, local_path: str | None = None) -> 
         if reachable
         else "not cached, hub unreachable"
     )
-    return (
-        f"{what} ({where})",
-        cached or reachable,
-        "fill the HF cache and set HF_DATASETS_OFFLINE=1, or set dataset_path",
-    )
+    fix = "fill the HF cache and set HF_DATASETS_OFFLINE=1, or set dataset_path"
+    return f"{what} ({where})", cached or reachable, fix
 
 
-def _suite_checks(cfg: Any) -> list[Check]:
-    """Each suite's own ``doctor_checks`` (a suite that does not load is a MISSING row)."""
-    from patchbench.suite import get_suite
+def _stale_server_checks(results_dir: Path = RESULTS_DIR) -> list[Check]:
+    """sglang servers left by a killed patchbench run (of ``results_dir`` or, by their markers,
+    anywhere), each with the command that stops it."""
+    from patchbench.run.stale import find_stale_servers
 
-    out: list[Check] = []
-    for name, params in cfg.suite_params.items():
-        try:
-            suite = get_suite(name)
-        except (KeyError, ImportError) as e:
-            out.append((f"suite {name} loads", False, str(e).strip("'\"")))
-            continue
-        out.extend(suite.doctor_checks(cfg, params))
-    return out
-
-
-def _stale_server_checks(results_dir: Path | None = None) -> list[Check]:
-    """sglang servers left by a killed patchbench run (:func:`patchbench.run.stale.find_stale_servers`
-    over ``results_dir``, default results/, and every server of this user that carries the
-    harness's markers, wherever its run wrote to), each with the command that stops it."""
-    try:
-        from patchbench.run.stale import find_stale_servers
-    except ImportError:  # the module is optional until every environment has it
-        return []
-    if results_dir is None:
-        results_dir = RESULTS_DIR
     stale = find_stale_servers(results_dir, anywhere=True)
     if not stale:
         return [("no sglang server left over by an earlier patchbench run", True, "")]
@@ -108,69 +79,55 @@ def _stale_server_checks(results_dir: Path | None = None) -> list[Check]:
 
 
 def _build_checks(cfg: Any) -> list[Check]:
-    """One check per distinct ``sglang:`` of the config's variants (a release, ``latest``, a
-    wheel or a git checkout): resolved to an environment of this machine, as ``bench`` does
-    (:func:`patchbench.envs.builds.resolve_builds`), or the reason it cannot be and its fix."""
+    """One row per distinct ``sglang:`` of the variants, resolved to an environment of this
+    machine as ``bench`` does (:func:`patchbench.envs.builds.resolve_builds`), or why not."""
     from patchbench.config.variant import sglang_label
     from patchbench.envs.builds import resolve_builds
 
-    labels = sorted({sglang_label(cfg.sglang_of(v)) for v in cfg.variants})
     try:
         builds = resolve_builds(cfg)
     except PatchbenchError as e:
+        labels = sorted({sglang_label(cfg.sglang_of(v)) for v in cfg.variants})
         return [(f"sglang {', '.join(labels)} has an environment here", False, str(e))]
-    seen: dict[str, Check] = {}
-    for b in builds.values():
-        seen.setdefault(b.spec, (b.describe(), True, ""))
-    return list(seen.values())
+    return list({b.spec: (b.describe(), True, "") for b in builds.values()}.values())
+
+
+def _model_check(cfg: Any, info: dict) -> Check:
+    """The model: a tiny model (built by the first run: never missing), a local folder, the hub
+    cache, or a reachable hub."""
+    if cfg.model.tiny:
+        from patchbench.envs.tinymodel import is_built
+
+        what = f"tiny model at {cfg.model_dir}"
+        if not is_built(cfg.model_dir):
+            what += f" (not built yet: the first run builds it; or now: patchbench make-tiny-model {cfg.model_dir})"
+        return what, True, ""
+    if cfg.model_dir.exists():
+        where, ok = "local folder", True
+    elif is_hub_id(cfg.model.path) and envinfo.hf_cached(cfg.model.path):
+        where, ok = "in the HF hub cache", True
+    else:
+        reach = bool(info.get("hub_reachable"))
+        where = "hub reachable" if reach else "not local, not cached, hub unreachable"
+        ok = reach and is_hub_id(cfg.model.path)
+    fix = (
+        "download the weights to a local folder and set model.path, or fill the HF cache "
+        "(huggingface-cli download ID) and set HF_HUB_OFFLINE=1"
+    )
+    return f"model {cfg.model.path} ({where})", ok, fix
 
 
 def checks_for(cfg: Any, info: dict) -> list[Check]:
-    """(what, ok, how to fix) for each requirement of ``cfg`` (a loaded Config) in this
-    environment; ``info`` is :func:`patchbench.envs.envinfo.collect`'s dict (keys used: sglang,
-    hub_reachable, gpu)."""
+    """(what, ok, how to fix) for each requirement of the loaded config ``cfg`` here; ``info``:
+    :func:`patchbench.envs.envinfo.collect`'s dict (keys used: hub_reachable, gpu)."""
+    from patchbench.run.cell import is_cpu
     from patchbench.run.ports import port_answers
+    from patchbench.suite import get_suite
 
     token = _INFO.set(info)
     try:
-        out: list[Check] = []
-        out += _build_checks(cfg)
-        if cfg.model.tiny:
-            from patchbench.envs.tinymodel import is_built
-
-            # not a missing requirement: the first run builds it (``model.tiny``)
-            built = is_built(cfg.model_dir)
-            out.append(
-                (
-                    f"tiny model at {cfg.model_dir}"
-                    + (
-                        ""
-                        if built
-                        else " (not built yet: the first run builds it; or now: "
-                        f"patchbench make-tiny-model {cfg.model_dir})"
-                    ),
-                    True,
-                    "",
-                )
-            )
-        else:
-            if cfg.model_dir.exists():
-                where, ok = "local folder", True
-            elif is_hub_id(cfg.model.path) and envinfo.hf_cached(cfg.model.path):
-                where, ok = "in the HF hub cache", True
-            else:
-                reach = bool(info.get("hub_reachable"))
-                where = "hub reachable" if reach else "not local, not cached, hub unreachable"
-                ok = reach and is_hub_id(cfg.model.path)
-            out.append(
-                (
-                    f"model {cfg.model.path} ({where})",
-                    ok,
-                    "download the weights to a local folder and set model.path, or fill the "
-                    "HF cache (huggingface-cli download ID) and set HF_HUB_OFFLINE=1",
-                )
-            )
-        if not any(a in ("cpu", "--device=cpu") for a in cfg.server.args):
+        out = [*_build_checks(cfg), _model_check(cfg, info)]
+        if not is_cpu(cfg):
             out.append(
                 (
                     "NVIDIA GPU (the config does not run on --device cpu)",
@@ -178,14 +135,19 @@ def checks_for(cfg: Any, info: dict) -> list[Check]:
                     "run on a GPU machine, or use a CPU config (configs/demo-cpu.yaml)",
                 )
             )
+        port = cfg.server.port
         out.append(
             (
-                f"port {cfg.server.port} free",
-                not port_answers(cfg.server.host, cfg.server.port),
+                f"port {port} free",
+                not port_answers(cfg.server.host, port),
                 "stop whatever listens there or change server.port",
             )
         )
-        out.extend(_suite_checks(cfg))
+        for name, params in cfg.suite_params.items():
+            try:
+                out += get_suite(name).doctor_checks(cfg, params)
+            except (KeyError, ImportError) as e:
+                out.append((f"suite {name} loads", False, str(e).strip("'\"")))
         return out
     finally:
         _INFO.reset(token)
@@ -213,30 +175,21 @@ def environment_rows(info: dict) -> list[tuple[str, str]]:
     ]
 
 
-def gpu_rows(nvml: Any = "auto") -> list[tuple[str, str]]:
-    """(label, value) lines of each GPU's persistence mode and application clocks
-    (:func:`patchbench.run.gpu.doctor_rows`). ``nvml``: a patchbench.run.gpu.Nvml, None (no GPU), or
-    "auto" (NVML where a driver and a GPU are present)."""
+def run_doctor(config: str | None = None, out: TextIO | None = None, *, nvml: Any = "auto") -> int:
+    """Print the environment, the GPUs' settings (``nvml``: a patchbench.run.gpu.Nvml, None for
+    no GPU, or "auto"), leftover servers and (with ``config``) its requirements. Returns 0 when
+    nothing is missing, 3 otherwise; ConfigError (exit 2) for an invalid config."""
     from patchbench.run import gpu
 
-    if nvml == "auto":
-        nvml = gpu.open_nvml()
-    return gpu.doctor_rows(nvml)
-
-
-def run_doctor(config: str | None = None, out: TextIO | None = None, *, nvml: Any = "auto") -> int:
-    """Print the environment, the GPUs' settings (``nvml``: see :func:`gpu_rows`), leftover
-    servers (of any run of this user, wherever its results went) and (with ``config``) each
-    requirement of that config. Returns 0 when nothing is missing, 3 (EXIT_ENV) otherwise.
-    Raises ConfigError (exit 2) for an invalid config."""
     out = out or sys.stdout
     info = envinfo.collect(with_torch=True, with_hub=True)
-    for k, v in environment_rows(info) + gpu_rows(nvml):
+    for k, v in environment_rows(info) + gpu.doctor_rows(
+        gpu.open_nvml() if nvml == "auto" else nvml
+    ):
         print(f"{k:<18} {v}", file=out)
     rows = _stale_server_checks()
     if config:
-        cfg = load_config(config)
-        rows = checks_for(cfg, info) + rows
+        rows = checks_for(load_config(config), info) + rows
         print(f"\nfor {config}:", file=out)
     elif rows:
         print("", file=out)

@@ -1,36 +1,22 @@
-"""One table from exception to exit code and message kind, used by every command (README,
-"Exit codes").
+"""The exit codes and the errors that carry them: one table (:data:`EXIT_CODES`) for every
+command, ``patchbench --help`` and the docs.
 
-Every error a command can end with derives from :class:`PatchbenchError` and carries its exit
-code (``exit_code``) and the word the message starts with (``kind``); ``patchbench.cli`` turns it
-into one line on stderr, ``patchbench CMD: <kind> (exit N): <message>``, and that code. Anything
-else escaping a command is a bug (exit 70 with the traceback, so it is reported rather than
-mistaken for a regression).
+Every error a command ends with derives from :class:`PatchbenchError` and carries its exit code
+(``exit_code``) and the words its message starts with (``kind``); ``patchbench.cli`` prints
+``patchbench CMD: <kind> (exit N): <message>`` on stderr and exits N. Anything else escaping a
+command is a bug (exit 70 with the traceback). A subclass that changes ``exit_code`` sets the
+matching ``kind`` too.
 
-| code | class | kind | meaning |
-|---|---|---|---|
-| 0 | - | - | done (nightly: every gate green) |
-| 1 | :class:`RegressionFound` | regression found | a regression (nightly: a gate is red) |
-| 2 | :class:`UsageError` | usage error | bad command-line usage or input file |
-| 2 | :class:`ConfigError` | config error | a config or matrix file (names file, key, line) |
-| 2 | :class:`PatchError` | patch error | a patch is malformed or does not apply |
-| 3 | :class:`EnvironmentNotReady` | environment not ready | wrong sglang, missing model, no GPU |
-| 4 | :class:`RunFailed` | run failed | a cell failed or a timed cell incomplete; no report; folder full |
-| 4 | ``RunFolderBusy`` | run folder busy | another live run writes the run folder (run/lock.py) |
-| 5 | :class:`Underpowered` | underpowered | nightly: no regression shown; night too noisy or too few repeats |
-| 130 | :class:`Interrupted` | interrupted | interrupted by Ctrl-C (SIGINT) or SIGHUP |
-| 143 | :class:`Interrupted` (SIGTERM) | terminated | terminated by SIGTERM (finished cells kept) |
-
-Exit 4 in detail: a cell failed; a timed cell is incomplete (a suite's measurement is invalid:
-failed requests, outputs cut short, impossible values; no verdict comes from it); the report
-could not be written; the results folder is unwritable or full; another run holds the folder.
-
-``nightly`` returns its codes 0, 1 and 5 from its gates rather than raising. Modules subclass
-these classes to add data or a narrower kind (e.g. ``patchbench.runfolder.RunFolderError``,
-"run folder error"); a subclass that changes ``exit_code`` sets the matching ``kind`` too.
+``python -m patchbench.errors [FILE ...]`` prints :data:`EXIT_CODES` as a markdown table, or
+rewrites the table between ``<!-- exit-codes -->`` and ``<!-- /exit-codes -->`` in each FILE
+(tests/cli/test_errors.py fails while docs/design.md's copy differs).
 """
 
 from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
 
 EXIT_OK = 0
 EXIT_REGRESSION = 1
@@ -42,25 +28,52 @@ EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
 EXIT_BUG = 70
 
-#: code -> meaning, rendered into the CLI's help and the README table
+#: code -> meaning, in the order the help and the docs list them
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "done (nightly: no regression)",
     EXIT_REGRESSION: "regression found",
-    EXIT_USAGE: "bad usage, config or patch (the message names the file, key or line)",
-    EXIT_ENV: "environment not ready (wrong sglang, missing model, no GPU where one is needed)",
+    EXIT_USAGE: (
+        "bad usage, config or patch (the message names the file, key or line; a patch that "
+        "does not apply, in bench and check-patch alike)"
+    ),
+    EXIT_ENV: (
+        "environment not ready (wrong sglang for the pin, missing model, no GPU where one is "
+        "needed, history unusable)"
+    ),
     EXIT_RUN_FAILED: (
-        "a run failed: a cell failed, a timed cell is incomplete, or the report could not be "
-        "written (finished cells are kept)"
+        "a run failed: a cell failed, a timed cell is incomplete, the report could not be "
+        "written, the results folder is unwritable or full, or another run holds the run folder "
+        "(finished cells are kept)"
     ),
     EXIT_UNDERPOWERED: "nightly: no regression shown, but the night was too noisy or ran too few repeats",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C or SIGHUP; finished cells are kept)",
     EXIT_TERMINATED: "terminated by SIGTERM (finished cells are kept)",
+    EXIT_BUG: "internal error (a bug: the traceback is printed)",
 }
+
+MARKERS = ("<!-- exit-codes -->", "<!-- /exit-codes -->")
+
+
+def exit_code_table(markdown: bool = False) -> str:
+    """:data:`EXIT_CODES` as the help's ``exit codes:`` lines, or as a markdown table."""
+    if markdown:
+        rows = [f"| {code} | {text} |" for code, text in EXIT_CODES.items()]
+        return "\n".join(["| code | meaning |", "|---|---|", *rows])
+    return "exit codes:\n" + "\n".join(f"  {c:>3}  {t}" for c, t in EXIT_CODES.items())
+
+
+def with_table(text: str, where: str = "text") -> str:
+    """``text`` with the lines between :data:`MARKERS` replaced by the markdown table; ValueError
+    naming ``where`` when the markers are missing."""
+    pattern = re.compile(rf"({re.escape(MARKERS[0])}\n).*?(\n{re.escape(MARKERS[1])})", re.S)
+    if not pattern.search(text):
+        raise ValueError(f"{where}: no {MARKERS[0]} ... {MARKERS[1]} block")
+    return pattern.sub(lambda m: m[1] + exit_code_table(markdown=True) + m[2], text, count=1)
 
 
 class PatchbenchError(Exception):
-    """Base of every error a command ends with: ``exit_code`` is its documented exit code,
-    ``kind`` the words its message line starts with."""
+    """Base of every error a command ends with: ``exit_code`` and the ``kind`` its message
+    line starts with."""
 
     exit_code: int = EXIT_RUN_FAILED
     kind: str = "run failed"
@@ -95,35 +108,14 @@ class EnvironmentNotReady(PatchbenchError):
 class RunFailed(PatchbenchError):
     """A run failed; ``run_dir`` (may be None) keeps everything that finished (exit 4)."""
 
-    exit_code = EXIT_RUN_FAILED
-    kind = "run failed"
-
     def __init__(self, message: str, run_dir=None):
         super().__init__(message)
         self.run_dir = run_dir
 
 
-class RegressionFound(PatchbenchError):
-    """A gate found a regression (exit 1)."""
-
-    exit_code = EXIT_REGRESSION
-    kind = "regression found"
-
-
-class Underpowered(PatchbenchError):
-    """Nightly: nothing regressed, but tonight's noise was clearly worse than the learned noise, or
-    the noise needs more repeats than the night ran (exit 5; docs/nightly.md)."""
-
-    exit_code = EXIT_UNDERPOWERED
-    kind = "underpowered"
-
-
 class Interrupted(PatchbenchError):
-    """Stopped by a signal; ``signum`` is 2 (SIGINT), 1 (SIGHUP) or 15 (SIGTERM).
-
-    Exit 143 ("terminated") for SIGTERM, 130 ("interrupted") otherwise. ``run_dir`` (may be
-    None) keeps finished cells.
-    """
+    """Stopped by signal ``signum`` (2 SIGINT, 1 SIGHUP: exit 130 "interrupted"; 15 SIGTERM:
+    exit 143 "terminated"); ``run_dir`` (may be None) keeps finished cells."""
 
     def __init__(self, message: str = "interrupted", signum: int = 2, run_dir=None):
         super().__init__(message)
@@ -134,19 +126,41 @@ class Interrupted(PatchbenchError):
 
 
 def exit_code_of(exc: BaseException) -> int:
-    """The documented exit code for ``exc`` (KeyboardInterrupt -> 130; unknown -> 70)."""
+    """The documented exit code of ``exc``: its ``exit_code``; KeyboardInterrupt 130; SystemExit
+    its code (0 for None, 2 for a message); anything else 70 (a bug)."""
     if isinstance(exc, PatchbenchError):
         return int(exc.exit_code)
     if isinstance(exc, KeyboardInterrupt):
         return EXIT_INTERRUPTED
+    if isinstance(exc, SystemExit):
+        return (
+            exc.code if isinstance(exc.code, int) else EXIT_OK if exc.code is None else EXIT_USAGE
+        )
     return EXIT_BUG
 
 
 def kind_of(exc: BaseException) -> str:
-    """The words a command's error line starts with: ``exc.kind`` for a :class:`PatchbenchError`,
-    "interrupted" for KeyboardInterrupt, "internal error" for anything else (a bug)."""
+    """The words a command's error line starts with: ``exc.kind``, "interrupted" for
+    KeyboardInterrupt, "internal error" for anything else (a bug)."""
     if isinstance(exc, PatchbenchError):
         return str(exc.kind)
-    if isinstance(exc, KeyboardInterrupt):
-        return "interrupted"
-    return "internal error"
+    return "interrupted" if isinstance(exc, KeyboardInterrupt) else "internal error"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m patchbench.errors [FILE ...]``: print the markdown table, or rewrite it in
+    each FILE between :data:`MARKERS`. Exit 2 naming a file without them."""
+    files = sys.argv[1:] if argv is None else argv
+    if not files:
+        print(exit_code_table(markdown=True))
+    for f in map(Path, files):
+        try:
+            f.write_text(with_table(f.read_text(encoding="utf-8"), str(f)), encoding="utf-8")
+        except (OSError, ValueError) as e:
+            print(e, file=sys.stderr)
+            return EXIT_USAGE
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,15 +1,10 @@
 """Where the repository keeps things, and reading the files a user writes (configs, matrices,
-patch manifests, diffs).
+patch manifests, diffs). A leaf: it imports nothing of patchbench.
 
-A leaf: it imports nothing of patchbench, so the config schema
-(:mod:`patchbench.config`), the patches (:mod:`patchbench.patches`), the matrix, the environment
-probes and the doctor all read files and name paths the same way without importing each other.
-
-YAML is read by :func:`read_yaml_mapping`: UTF-8 (a byte-order mark is accepted), at most
+YAML (:func:`read_yaml_mapping`): UTF-8 (a byte-order mark accepted), at most
 :data:`MAX_CONFIG_BYTES`, duplicate keys refused naming both lines, at most
 :data:`MAX_YAML_ALIASES` aliases and :data:`MAX_YAML_NODES` nodes once aliases are expanded.
-Messages name the file and, where the parser knows it, the line (:func:`line_of` finds the line
-of a key path for messages written after parsing).
+Messages name the file and the line (:func:`line_of` finds the line of a key path).
 """
 
 from __future__ import annotations
@@ -123,11 +118,8 @@ def _expanded_nodes(node, memo: dict) -> int:
 
 
 def parse_yaml(text: str) -> Any:
-    """Parse one YAML document with :class:`_Loader`'s checks and the node bound.
-
-    Raises yaml.YAMLError (its message says the line) for invalid YAML, duplicate keys, too many
-    aliases or too many nodes once aliases are expanded.
-    """
+    """One YAML document, with :class:`_Loader`'s checks and the node bound; yaml.YAMLError
+    (naming the line) otherwise."""
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
@@ -151,11 +143,10 @@ class _NoEnd(Exception):
 
 
 def _read_bounded(path: Path) -> bytes:
-    """At most MAX_CONFIG_BYTES + 1 bytes of ``path``. A regular file is read as it is; anything
-    else (a pipe, a FIFO, a character device) is opened without blocking (a FIFO nobody writes
-    would block the open for ever) and read as its bytes come, for at most STREAM_WAIT_S
-    seconds: ``/dev/zero`` ends at the size bound, a FIFO without a writer reads as empty.
-    Raises OSError, or :class:`_NoEnd` when the bytes keep coming or stop without an end."""
+    """At most MAX_CONFIG_BYTES + 1 bytes of ``path``. Anything but a regular file (a pipe, a
+    FIFO, a device) is opened without blocking (a FIFO without a writer reads as empty) and read
+    for at most STREAM_WAIT_S seconds. Raises OSError, or :class:`_NoEnd` when the bytes keep
+    coming or stop without an end."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         if stat.S_ISREG(os.fstat(fd).st_mode):
@@ -187,13 +178,9 @@ def _read_bounded(path: Path) -> bytes:
 
 
 def read_text_file(path: Path, error: type[Exception], what: str = "config file") -> str:
-    """The UTF-8 text of a small input file (a config, a patch manifest, a diff).
-
-    Raises ``error`` with one line naming the file when it does not exist, is a directory, cannot
-    be read, is larger than MAX_CONFIG_BYTES or is not UTF-8 (with the offset and line of the
-    first bad byte); ``what`` names the kind of file in those lines. A UTF-8 byte-order mark is
-    accepted.
-    """
+    """The UTF-8 text of a small input file (a byte-order mark accepted). Raises ``error`` with
+    one line naming the file (``what``: its kind) when it is missing, a directory, unreadable,
+    larger than MAX_CONFIG_BYTES or not UTF-8 (the offset and line of the first bad byte)."""
     path = Path(path)
     if path.is_dir():
         raise error(f"{path}: is a directory, not a {what}")
@@ -224,13 +211,9 @@ def read_text_file(path: Path, error: type[Exception], what: str = "config file"
 def read_yaml_mapping(
     path: Path, error: type[Exception], keys: str, what: str = "file"
 ) -> tuple[str, dict]:
-    """Text and parsed top-level mapping of a YAML file (configs, matrices, patch manifests).
-
-    Raises ``error`` naming the file (see :func:`read_text_file`; ``what`` names the kind of file,
-    e.g. "config file"), and the line when it is not valid YAML, has a duplicate key or too many
-    aliases or nodes, or its top level is not a mapping (``keys`` lists what the top level should
-    hold).
-    """
+    """(text, top-level mapping) of a YAML file. Raises ``error`` naming the file (and the line)
+    as :func:`read_text_file` does, and for invalid YAML, a duplicate key, too many aliases or
+    nodes, or a top level that is not a mapping (``keys`` lists what it should hold)."""
     text = read_text_file(path, error, what)
     try:
         raw = parse_yaml(text)
@@ -249,8 +232,8 @@ def read_yaml_mapping(
 
 
 def line_of(text: str, loc: tuple) -> int | None:
-    """Best-effort YAML line (1-based) of a key path in ``text`` (``("variants", "v", 0)``),
-    from PyYAML's node marks; None when the text does not parse or the path is not there."""
+    """The 1-based YAML line of a key path (``("variants", "v", 0)``) in ``text``; None when the
+    text does not parse or the path is not there."""
     try:
         node = yaml.compose(text)
     except yaml.YAMLError:

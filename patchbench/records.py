@@ -1,11 +1,9 @@
 """Atomic file writes and the run-folder layout.
 
-Every file the harness writes goes through :func:`write_json` / :func:`write_text` /
-:func:`write_bytes`: a temporary file in the same folder, fsync, then ``os.replace``, so a reader
-(or a crash) never sees half a file. A folder that cannot be written (read-only, no permission,
-disk or quota full) raises :class:`ResultsWriteError` (exit 4): one line naming the file and the
-reason, no temporary file left, the old file untouched; :func:`make_dir` does the same for
-folders. Layout of one run (docs/design.md, "The run folder")::
+Every file the harness writes goes through :func:`write_bytes` (a temporary file in the same
+folder, fsync, ``os.replace``: never half a file). A file or folder that cannot be written raises
+:class:`ResultsWriteError` (exit 4) naming it and the reason, the old file untouched. Layout of
+one run (docs/design.md, "The run folder")::
 
     results/<UTC timestamp>-<config name>/
       manifest.json
@@ -62,14 +60,9 @@ _UMASK = _read_umask()  # read once at import: os.umask can only be read by sett
 
 
 class ResultsWriteError(RunFailed, OSError):
-    """A result file could not be written (folder unwritable, read-only, disk or quota full).
-
-    Exit 4 (a :class:`patchbench.errors.RunFailed`); also an OSError, so code that already handles
-    OSError around a write keeps doing so. ``str()`` is one line naming the path and the reason,
-    e.g. ``cannot write RUN/base/rep1/cell.json: No space left on device (ENOSPC); ...``.
-    ``path``: the file that was being written; ``errno`` / ``strerror`` / ``filename``: those of
-    the OSError it replaces (``__cause__`` is not set, so no chained traceback is shown).
-    """
+    """A result file could not be written (exit 4; also an OSError with the replaced error's
+    ``errno`` / ``strerror``): one line naming ``path``, the reason and what to do, e.g.
+    ``cannot write RUN/base/rep1/cell.json: No space left on device (ENOSPC); ...``."""
 
     def __init__(self, path: str | os.PathLike, err: OSError, hint: str | None = None):
         code = errno.errorcode.get(err.errno or 0, "")
@@ -80,8 +73,7 @@ class ResultsWriteError(RunFailed, OSError):
         self.errno, self.strerror, self.filename = err.errno, err.strerror, str(path)
 
     def with_hint(self, hint: str) -> ResultsWriteError:
-        """The same error with ``hint`` as its advice (the default advice is a ``bench`` run's:
-        ``--results DIR``, ``--resume``; another command names its own way on)."""
+        """The same error with ``hint`` as its advice (the default is a ``bench`` run's)."""
         return ResultsWriteError(self.path, OSError(self.errno, self.strerror), hint)
 
     def __str__(self) -> str:  # OSError's str would print "[Errno N] ..." instead
@@ -99,12 +91,8 @@ _HINTS = {
 
 
 def make_dir(path: str | os.PathLike, *, exist_ok: bool = True) -> Path:
-    """Create folder ``path`` (and its parents); returns it.
-
-    Raises :class:`ResultsWriteError` (exit 4) naming ``path`` when it cannot be created
-    (EACCES, EROFS, ENOSPC, a file in the way, ...); FileExistsError when the folder exists
-    and ``exist_ok`` is False.
-    """
+    """Create folder ``path`` and its parents; returns it. :class:`ResultsWriteError` when it
+    cannot be created; FileExistsError when it exists and ``exist_ok`` is False."""
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=exist_ok)
@@ -116,14 +104,9 @@ def make_dir(path: str | os.PathLike, *, exist_ok: bool = True) -> Path:
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (temp file in the same folder + fsync + rename).
-
-    Creates parent folders. Returns the path. Either the whole new file is in place or the old
-    file (if any) is untouched; no temporary file is left behind.
-
-    Raises :class:`ResultsWriteError` (exit 4, also an OSError) naming ``path`` and the reason
-    when the folder cannot be created or written (EACCES, EROFS, ENOSPC, EDQUOT, ...).
-    """
+    """Write ``data`` to ``path`` atomically (parents created); returns the path. Either the new
+    file is whole or the old one untouched, no temporary file left; :class:`ResultsWriteError`
+    when it cannot be written."""
     path = Path(path)
     tmp: str | None = None
     try:
@@ -153,11 +136,8 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
 
 
 def write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 1) -> Path:
-    """Write ``obj`` as JSON atomically. NaN and infinities become ``null``.
-
-    Paths, pydantic models, numpy arrays and sets are converted; anything else that JSON cannot
-    hold raises TypeError before the file is touched.
-    """
+    """Write ``obj`` as JSON atomically; NaN and infinities become ``null``; paths, pydantic
+    models, numpy arrays and sets are converted; TypeError (file untouched) for anything else."""
     text = json.dumps(_clean_floats(obj), indent=indent, default=_json_default, sort_keys=False)
     return write_text(path, text + "\n")
 

@@ -1,40 +1,12 @@
-"""Statistical methods, one copy each: t tests, TOST, Holm, Wilson, Newcombe, variance components,
-request bootstraps.
+"""Statistical methods, one copy each, each citing its source and tested against scipy /
+statsmodels (or a published example) in tests/analysis/test_stats.py: t tests (:class:`TTest`),
+a standard deviation's interval, cell variance components, TOST, Holm, Wilson and Newcombe
+intervals, and the request-level bootstraps of the serving suite (descriptive only).
 
-The rules that turn these into verdicts live elsewhere and only call this module:
-:mod:`patchbench.analysis.verdicts` (a comparison's verdicts), :mod:`patchbench.nightly.gates` (nightly gates) and
-:mod:`patchbench.analysis.sequential` (when a run with sequential repeats stops). What is here:
-
-- t tests (:class:`TTest`: estimate, standard error, degrees of freedom; two- and one-sided
-  p-values, two-sided intervals, one-sided bounds): :func:`paired_t` on paired differences
-  (Student 1908; on :func:`log_ratios` for ratios), :func:`welch_t` (Welch 1947),
-  :func:`prediction_t` (a new mean against K earlier means), :func:`trend_t` (the slope of a
-  least-squares line: a drift across rounds);
-- :func:`sd_interval`: the chi-square interval of a standard deviation;
-- items paired across two arms with repeated cells (MMMU questions): :func:`cell_variance`
-  (the variance of a cell's shift, ANOVA estimator of a two-way layout, pooled over arms) and
-  :func:`paired_items_t` (the mean per-item difference with that component added,
-  Satterthwaite's degrees of freedom);
-- :func:`tost_p` / :func:`equivalent_by_interval`: equivalence by two one-sided tests
-  (Schuirmann 1987), as a p-value or by its interval;
-- :func:`holm`: Holm's (1979) step-down levels for a family of p-values;
-- proportions: :func:`wilson_interval` (Wilson 1927), :func:`newcombe_paired` (Newcombe 1998,
-  paired difference) with :func:`paired_table`, and :func:`p_from_interval` (a p-value by
-  inverting a family of intervals);
-- request-level intervals inside one cell, descriptive only (never a verdict or a gate), for the
-  serving suite's pair hook: TTFT and E2E with :func:`paired_request_interval` (request i of the
-  baseline pairs with request i of the variant, the prompts being the same under a fixed seed);
-  ITL with :func:`block_bootstrap_interval` (the per-token gaps of one request are correlated, so
-  whole requests are resampled; Kuensch 1989, "The jackknife and the bootstrap for general
-  stationary observations", Ann. Statist. 17(3)); both return an :class:`Interval` of a relative
-  change ``variant / baseline - 1`` (fractions: 0.10 = +10 %), estimated on the log scale.
-
-Every method is checked in tests/analysis/test_stats.py against scipy / statsmodels called directly (or,
-for Newcombe's interval, a published example).
-Functions raise ``ValueError`` for inputs they cannot use (lengths that differ, non-positive
-values where a log is taken, too few values). scipy is imported on first use: ``patchbench
-bench`` imports this module long before it compares anything (patchbench/run/preload.py loads
-scipy.stats meanwhile).
+The rules that turn these into verdicts (:mod:`patchbench.analysis.verdicts`, the nightly's gates,
+:mod:`patchbench.analysis.sequential`) only call this module. Functions raise ValueError for
+inputs they cannot use. scipy is imported on first use (patchbench/run/preload.py loads it while
+the first server starts).
 """
 
 from __future__ import annotations
@@ -42,7 +14,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -63,46 +35,20 @@ _NORMAL = statistics.NormalDist()
 
 Alternative = Literal["two-sided", "greater", "less"]
 
-__all__ = [
-    "TTest",
-    "log_ratios",
-    "paired_t",
-    "welch_t",
-    "prediction_t",
-    "trend_t",
-    "sd_interval",
-    "CellVariance",
-    "cell_variance",
-    "pool_cell_variance",
-    "paired_items_t",
-    "tost_p",
-    "equivalent_by_interval",
-    "holm",
-    "wilson_interval",
-    "newcombe_paired",
-    "paired_table",
-    "p_from_interval",
-    "excludes_zero",
-    "Interval",
-    "statistic_fn",
-    "paired_request_interval",
-    "block_bootstrap_interval",
-]
-
 
 # ---------------------------------------------------------------------------------------------
 # t tests
 
 
 def _stdtr(df: float, t: float) -> float:
-    """Student t CDF at ``t`` (``scipy.special.stdtr``: what ``scipy.stats.t.cdf`` computes)."""
+    """Student t CDF at ``t`` (``scipy.stats.t.cdf``)."""
     from scipy import special
 
     return float(special.stdtr(df, t))
 
 
 def _stdtrit(df: float, q: float) -> float:
-    """Student t quantile at ``q`` (``scipy.special.stdtrit``: ``scipy.stats.t.ppf``)."""
+    """Student t quantile at ``q`` (``scipy.stats.t.ppf``)."""
     from scipy import special
 
     return float(special.stdtrit(df, q))
@@ -110,12 +56,9 @@ def _stdtrit(df: float, q: float) -> float:
 
 @dataclass(frozen=True)
 class TTest:
-    """The parts of a t test: ``mean`` the estimate (a mean difference; log scale for ratios),
-    ``se`` its standard error, ``df`` the degrees of freedom, ``n`` the values it used, ``sd``
-    the sample standard deviation of the paired differences (NaN for the unpaired tests).
-
-    With ``se == 0`` the t statistic is infinite (or 0/0): the p-values, intervals and bounds
-    below take their limits (the estimate is certain)."""
+    """A t test: ``mean`` the estimate (log scale for ratios), ``se`` its standard error, ``df``,
+    ``n`` the values used, ``sd`` of the paired differences (NaN when unpaired). With ``se == 0``
+    the p-values, intervals and bounds take their limits (the estimate is certain)."""
 
     mean: float
     se: float
@@ -124,11 +67,9 @@ class TTest:
     sd: float = math.nan
 
     def p_value(self, alternative: Alternative = "two-sided") -> float:
-        """p-value of "no difference" (mean 0).
-
-        "two-sided": ``2 P(T_df > |mean / se|)``; 1 when se == 0 and mean == 0, else 0 when
-        se == 0. "greater" / "less": the one-sided ``P(T_df > t)`` / ``P(T_df < t)``; with se 0
-        or not finite (infinite values), 0 when the mean lies on the tested side, else 1."""
+        """p-value of mean 0: two-sided ``2 P(T_df > |mean / se|)``, or one-sided ``P(T_df > t)``
+        ("greater") / ``P(T_df < t)`` ("less"); with se 0 (or not finite, one-sided) 0 when the
+        mean lies on the tested side (two-sided: is not 0), else 1."""
         if alternative == "two-sided":
             if self.se == 0:
                 return 1.0 if self.mean == 0 else 0.0
@@ -139,23 +80,21 @@ class TTest:
         return _stdtr(self.df, -side * self.mean / self.se)
 
     def interval(self, alpha: float) -> tuple[float, float]:
-        """Two-sided ``1 - alpha`` interval ``mean -/+ t_{1 - alpha/2, df} se`` (the point when
-        se == 0)."""
+        """Two-sided ``1 - alpha`` interval ``mean -/+ t_{1 - alpha/2, df} se``."""
         q = 0.0 if self.se == 0 else _stdtrit(self.df, 1 - alpha / 2) * self.se
         return self.mean - q, self.mean + q
 
     def bound(self, alpha: float, side: int) -> float:
-        """One-sided ``1 - alpha`` bound: the upper (``side`` +1) or lower (-1) end of
-        ``mean + side t_{1 - alpha, df} se`` (the mean when se == 0)."""
+        """One-sided ``1 - alpha`` bound ``mean + side t_{1 - alpha, df} se`` (``side`` +1 upper,
+        -1 lower)."""
         if self.se == 0.0:
             return self.mean
         return self.mean + side * _stdtrit(self.df, 1.0 - alpha) * self.se
 
 
 def log_ratios(baseline: Sequence[float], variant: Sequence[float]) -> np.ndarray:
-    """``d_k = ln(variant_k) - ln(baseline_k)`` for paired values k (shape (n,)).
-
-    Raises ValueError when the lengths differ or a value is not > 0."""
+    """``ln(variant_k) - ln(baseline_k)`` for paired values k (shape (n,)); ValueError when the
+    lengths differ or a value is not > 0."""
     b, v = np.asarray(baseline, float), np.asarray(variant, float)
     if b.shape != v.shape:
         raise ValueError(f"paired values need equal lengths, got {b.size} and {v.size}")
@@ -165,11 +104,9 @@ def log_ratios(baseline: Sequence[float], variant: Sequence[float]) -> np.ndarra
 
 
 def paired_t(d: Sequence[float]) -> TTest:
-    """Paired t test on the differences ``d`` of n pairs (Student 1908, "The probable error of a
-    mean", Biometrika 6; e.g. Montgomery, "Design and Analysis of Experiments", 2.5.1): mean
-    ``dbar``, ``sd`` (ddof 1), ``se = sd / sqrt(n)``, ``df = n - 1``. On :func:`log_ratios` it is
-    the test of a geometric-mean ratio. The same as ``scipy.stats.ttest_1samp(d, 0)`` /
-    ``ttest_rel``. Raises ValueError with fewer than 2 pairs."""
+    """Paired t test on the differences ``d`` of n >= 2 pairs (Student 1908, Biometrika 6):
+    ``se = sd / sqrt(n)``, ``df = n - 1``; on :func:`log_ratios`, a geometric-mean ratio. As
+    ``scipy.stats.ttest_1samp(d, 0)``."""
     x = np.asarray(d, dtype=float)
     if x.ndim != 1 or x.size < 2:
         raise ValueError(f"a paired t test needs at least 2 pairs, got {x.size}")
@@ -179,12 +116,9 @@ def paired_t(d: Sequence[float]) -> TTest:
 
 
 def welch_t(x: Sequence[float], y: Sequence[float]) -> TTest:
-    """Welch's unpaired t test of ``mean(x) - mean(y)`` with unequal variances (Welch 1947,
-    "The generalization of Student's problem when several different population variances are
-    involved", Biometrika 34): ``se = sqrt(s_x^2/n_x + s_y^2/n_y)`` and the Welch-Satterthwaite
-    degrees of freedom (1 when se == 0, where they are 0/0 and unused). The same as
-    ``scipy.stats.ttest_ind(x, y, equal_var=False)``. Raises ValueError with fewer than 2
-    values in a sample."""
+    """Welch's unpaired t test of ``mean(x) - mean(y)`` (Welch 1947, Biometrika 34):
+    ``se = sqrt(s_x^2/n_x + s_y^2/n_y)``, Welch-Satterthwaite df (1 when se == 0). As
+    ``scipy.stats.ttest_ind(x, y, equal_var=False)``; at least 2 values per sample."""
     a, b = np.asarray(x, float), np.asarray(y, float)
     if a.size < 2 or b.size < 2:
         raise ValueError(f"Welch needs at least 2 values in each sample, got {a.size} and {b.size}")
@@ -195,11 +129,9 @@ def welch_t(x: Sequence[float], y: Sequence[float]) -> TTest:
 
 
 def prediction_t(x: Sequence[float], means: Sequence[float]) -> TTest:
-    """A new sample's mean against K earlier means (a prediction t test: is ``mean(x)`` a draw
-    from the distribution the K means come from? e.g. Hahn & Meeker, "Statistical Intervals"
-    (1991), 4.6): ``mean(x) - mean(means)`` with ``se = sd(means) sqrt(1 + 1/K)`` and K - 1
-    degrees of freedom (the spread between the means, drift included, is the noise). Raises
-    ValueError with no value in ``x`` or fewer than 2 means."""
+    """A new sample's mean against K >= 2 earlier means (prediction t test; Hahn & Meeker,
+    "Statistical Intervals" (1991), 4.6): ``mean(x) - mean(means)``, ``se = sd(means)
+    sqrt(1 + 1/K)``, K - 1 df."""
     k = len(means)
     if len(x) < 1 or k < 2:
         raise ValueError(f"a prediction t test needs a value and 2 means, got {len(x)} and {k}")
@@ -208,12 +140,10 @@ def prediction_t(x: Sequence[float], means: Sequence[float]) -> TTest:
 
 
 def trend_t(y: Sequence[float], x: Sequence[float] | None = None) -> TTest:
-    """The least-squares slope of ``y`` on ``x`` (default ``0, 1, ..., n-1``: a value per round)
-    with its t test: ``mean`` the slope (units of y per unit of x), ``se`` its standard error
-    ``sqrt(s^2 / Sxx)`` with s^2 the residual variance on n - 2 degrees of freedom (e.g.
-    Montgomery, Peck & Vining, "Introduction to Linear Regression Analysis", 2.3). The same slope,
-    standard error and two-sided p-value as ``scipy.stats.linregress(x, y)``. Raises ValueError
-    with fewer than 3 values, lengths that differ or x without spread."""
+    """The least-squares slope of ``y`` on ``x`` (default ``0..n-1``) as a t test: ``mean`` the
+    slope (y per unit of x), ``se = sqrt(s^2 / Sxx)``, n - 2 df (Montgomery, Peck & Vining,
+    "Introduction to Linear Regression Analysis", 2.3); as ``scipy.stats.linregress(x, y)``.
+    ValueError with fewer than 3 values, lengths that differ or x without spread."""
     yy = np.asarray(y, dtype=float)
     xx = np.arange(yy.size, dtype=float) if x is None else np.asarray(x, dtype=float)
     if yy.ndim != 1 or yy.size < 3 or xx.shape != yy.shape:
@@ -229,10 +159,8 @@ def trend_t(y: Sequence[float], x: Sequence[float] | None = None) -> TTest:
 
 
 def sd_interval(sd: float, df: float, alpha: float = 0.05) -> tuple[float, float]:
-    """Two-sided ``1 - alpha`` interval of a normal standard deviation from a sample standard
-    deviation ``sd`` on ``df`` degrees of freedom: ``sd sqrt(df / chi2_{1-alpha/2, df})`` to
-    ``sd sqrt(df / chi2_{alpha/2, df})`` (e.g. Hahn & Meeker, "Statistical Intervals" (1991),
-    4.2). Raises ValueError for df < 1 or sd < 0."""
+    """Two-sided ``1 - alpha`` chi-square interval of a normal standard deviation from ``sd`` on
+    ``df`` >= 1 degrees of freedom (Hahn & Meeker, "Statistical Intervals" (1991), 4.2)."""
     if df < 1 or sd < 0:
         raise ValueError(f"an interval of a standard deviation needs df >= 1 and sd >= 0, got {df}")
     lo = sd * math.sqrt(df / float(sps.chi2.ppf(1 - alpha / 2, df)))
@@ -242,12 +170,9 @@ def sd_interval(sd: float, df: float, alpha: float = 0.05) -> tuple[float, float
 
 @dataclass(frozen=True)
 class CellVariance:
-    """The variance of a cell's shift (:func:`cell_variance`): ``sigma2`` the estimate, truncated
-    at 0 (proportions squared: 2.5e-5 is a shift of 0.5 points of accuracy as a standard
-    deviation); its parts for Satterthwaite's degrees of freedom: ``between`` and ``within`` the
-    pooled mean squares of repeats and of the residual (``sigma2 = (between - within) / items``
-    before truncation), on ``df_between`` and ``df_within`` degrees of freedom; ``items`` the
-    number of items (per arm, averaged over the arms that carry information)."""
+    """The variance of a cell's shift (:func:`cell_variance`): ``sigma2 = (between - within) /
+    items`` truncated at 0, from the pooled mean squares of repeats (``between``, on
+    ``df_between``) and of the residual (``within``, on ``df_within``); ``items`` per arm."""
 
     sigma2: float
     between: float
@@ -258,21 +183,14 @@ class CellVariance:
 
 
 def cell_variance(arms: Sequence[np.ndarray]) -> CellVariance | None:
-    """The variance of a cell's shift, pooled over arms.
+    """The variance of a cell's shift, pooled over arms (each a matrix ``y[r, q]``, shape (R, Q):
+    repeat r, item q, Q >= 2).
 
-    arms: per arm a matrix ``y[r, q]`` (shape (R_a, Q_a): repeat r, item q; correctness 0/1 or any
-    value). Model: ``y[a, r, q] = mu[a, q] + c[a, r] + e[a, r, q]`` with ``c`` a cell's shift
-    (variance ``sigma_c^2``, the same in every arm) and ``e`` independent item noise. Per arm the
-    two-way layout without interaction (repeats x items) gives the mean square of repeats
-    ``MS_R = Q sum_r (ybar_r. - ybar..)^2 / (R - 1)`` and of the residual ``MS_E`` on
-    (R - 1)(Q - 1) degrees of freedom; ``E[MS_R - MS_E] = Q sigma_c^2`` (the ANOVA estimator of a
-    balanced two-way crossed classification: Searle, Casella & McCulloch, "Variance Components"
-    (1992), 4.7). The arms' estimates ``(MS_R - MS_E) / Q`` are pooled with weights ``R_a - 1``
-    (``df_between = sum (R_a - 1)``), and the result truncated at 0. ``MS_R - MS_E`` equals
-    ``Q^2 / (Q - 1)`` times the between-repeat variance of the cell means minus its within-item
-    part (the mean over items of the across-repeat variance of y, over Q). Arms with one repeat
-    carry no information; None when no arm has two repeats. Raises ValueError for a matrix that is
-    not 2-D or has fewer than 2 items."""
+    Model ``y[a, r, q] = mu[a, q] + c[a, r] + e[a, r, q]``, ``c`` the cell shift with variance
+    ``sigma_c^2``. Per arm the two-way layout without interaction gives the mean squares of
+    repeats ``MS_R`` and of the residual ``MS_E``, ``E[MS_R - MS_E] = Q sigma_c^2`` (ANOVA
+    estimator; Searle, Casella & McCulloch, "Variance Components" (1992), 4.7); pooled with
+    weights ``R - 1`` (:func:`pool_cell_variance`). None when no arm has two repeats."""
     parts = []
     for y in arms:
         y = np.asarray(y, dtype=float)
@@ -292,10 +210,8 @@ def cell_variance(arms: Sequence[np.ndarray]) -> CellVariance | None:
 
 
 def pool_cell_variance(parts: Sequence[CellVariance | None]) -> CellVariance | None:
-    """Pool per-arm :class:`CellVariance` estimates (each from :func:`cell_variance` of one arm;
-    None entries are skipped): mean squares weighted by their degrees of freedom, items weighted
-    by ``df_between``, ``sigma2 = (between - within) / items`` truncated at 0 (the pooling of
-    :func:`cell_variance`). None when no part carries information."""
+    """Pool per-arm :class:`CellVariance` estimates (None skipped): mean squares weighted by
+    their df, items by ``df_between``; None when no part carries information."""
     parts = [x for x in parts if x is not None and x.df_between > 0]
     if not parts:
         return None
@@ -316,18 +232,11 @@ def paired_items_t(
 ) -> TTest:
     """Mean per-item difference of two arms with repeated cells, the item as the unit.
 
-    baseline / variant: each item's mean over its arm's repeats (shape (Q,), aligned);
-    repeats_*: the repeats behind those means; cells: the cell-shift variance
-    (:func:`cell_variance`; None: not estimable, e.g. one repeat per arm, and then not covered).
-    ``D = mean_q d_q`` with ``d_q = variant_q - baseline_q``;
-    ``Var(D) = s_d^2 / Q + sigma_c^2 (1/R_v + 1/R_b)`` (``s_d`` the sample sd of ``d_q``: the
-    item-level noise; the second term: the cell shifts, common to every item of a cell, do not
-    appear in ``s_d`` but move D). Degrees of freedom by Satterthwaite (1946, "An approximate
-    distribution of estimates of variance components", Biometrics Bulletin 2; Welch 1947) over
-    ``s_d^2 / Q`` (Q - 1 df) and the mean squares of :class:`CellVariance`; Q - 1 when sigma_c^2
-    is 0 or absent. With one repeat per arm and no cell component this is the paired t test of the
-    items (:func:`paired_t`). Raises ValueError for fewer than 2 items, lengths that differ or a
-    repeat count below 1."""
+    baseline / variant: each item's mean over its arm's repeats (shape (Q,), Q >= 2, aligned);
+    cells: :func:`cell_variance` (None: not estimable). ``Var(D) = s_d^2 / Q + sigma_c^2 (1/R_v
+    + 1/R_b)`` (the cell shifts move D but not ``s_d``); Satterthwaite's df (1946, Biometrics
+    Bulletin 2) over the item term and the cell mean squares. Without a cell component, the
+    paired t test of the items."""
     b, v = np.asarray(baseline, dtype=float), np.asarray(variant, dtype=float)
     if b.shape != v.shape:
         raise ValueError(f"paired items need equal lengths, got {b.size} and {v.size}")
@@ -350,13 +259,9 @@ def paired_items_t(
 
 
 def tost_p(t: TTest, low: float, high: float) -> float:
-    """Two one-sided tests of equivalence, ``low < true mean < high`` (Schuirmann 1987, "A
-    comparison of the two one-sided tests procedure and the power approach for assessing the
-    equivalence of average bioavailability", J Pharmacokinet Biopharm 15): the larger of the
-    one-sided p-values of ``mean <= low`` and ``mean >= high``, as
-    ``statsmodels.stats.weightstats.ttost_paired`` reports it; equivalence at level alpha when
-    it is below alpha (the ``1 - 2 alpha`` interval lies inside (low, high)). With se == 0: 0
-    when the mean lies inside, else 1."""
+    """TOST p-value of ``low < mean < high`` (Schuirmann 1987, J Pharmacokinet Biopharm 15): the
+    larger one-sided p-value, as ``statsmodels...ttost_paired``; with se == 0, 0 when the mean
+    lies inside, else 1."""
     if t.se == 0:
         return 0.0 if low < t.mean < high else 1.0
     p_low = _stdtr(t.df, -((t.mean - low) / t.se))
@@ -367,11 +272,8 @@ def tost_p(t: TTest, low: float, high: float) -> float:
 def equivalent_by_interval(
     interval: Callable[[float], tuple[float, float]], low: float, high: float, alpha: float
 ) -> bool:
-    """TOST in its interval form: equivalence within (low, high) at level ``alpha`` when the
-    ``1 - 2 alpha`` interval ``interval(2 alpha)`` lies inside (Schuirmann 1987; Berger & Hsu
-    1996, "Bioequivalence trials, intersection-union tests and equivalence confidence sets",
-    Statist. Sci. 11). For a t test it agrees with :func:`tost_p` below ``alpha``; it also
-    serves intervals that have no t statistic (Newcombe's)."""
+    """TOST by its interval: equivalent at ``alpha`` when ``interval(2 alpha)`` lies inside
+    (low, high) (Berger & Hsu 1996, Statist. Sci. 11); for intervals without a t statistic."""
     lo, hi = interval(2 * alpha)
     return low < lo and hi < high
 
@@ -381,12 +283,9 @@ def equivalent_by_interval(
 
 
 def holm(p_values: Sequence[float], alpha: float) -> list[tuple[bool, float]]:
-    """Holm's step-down procedure (Holm 1979, "A simple sequentially rejective multiple test
-    procedure", Scand J Statist 6): (rejected, level) per p-value, in input order.
-
-    The i-th smallest p-value (0-based) is compared with its level ``alpha / (m - i)``; rejection
-    stops at the first p-value above its level (every later one is kept). ``rejected`` equals
-    ``statsmodels.stats.multitest.multipletests(p, alpha, method="holm")[0]``."""
+    """Holm's step-down procedure (Holm 1979, Scand J Statist 6): (rejected, level) per p-value
+    in input order, the i-th smallest at ``alpha / (m - i)``; as statsmodels' ``multipletests(p,
+    alpha, method="holm")``."""
     m = len(p_values)
     order = sorted(range(m), key=lambda i: p_values[i])
     out: list[tuple[bool, float]] = [(False, 0.0)] * m
@@ -403,15 +302,9 @@ def holm(p_values: Sequence[float], alpha: float) -> list[tuple[bool, float]]:
 
 
 def wilson_interval(successes: float, n: float, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval of a proportion ``successes / n`` (Wilson 1927, "Probable
-    inference, the law of succession, and statistical inference", JASA 22).
-
-    ``(p + z^2/2n -/+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)`` with ``z`` the normal quantile
-    (``statistics.NormalDist``: the same value as ``scipy.stats.norm.ppf``; equal to statsmodels'
-    ``proportion_confint(method="wilson")``). ``successes`` may be fractional (correctness
-    averaged over repeats). Returns (low, high) as fractions; ValueError when n <= 0 or
-    successes is outside 0..n.
-    """
+    """Wilson score interval (low, high) of ``successes / n`` (Wilson 1927, JASA 22; as
+    statsmodels' ``proportion_confint(method="wilson")``); ``successes`` may be fractional.
+    ValueError when n <= 0 or successes is outside 0..n."""
     if n <= 0 or not 0 <= successes <= n:
         raise ValueError(f"need 0 <= successes <= n and n > 0, got {successes}/{n}")
     z = _NORMAL.inv_cdf(1 - (1 - confidence) / 2)
@@ -425,16 +318,10 @@ def wilson_interval(successes: float, n: float, confidence: float = 0.95) -> tup
 def newcombe_paired(
     a: float, b: float, c: float, d: float, alpha: float
 ) -> tuple[float, float, float]:
-    """Interval of ``p2 - p1`` for a paired 2x2 table: Newcombe (1998), "Improved confidence
-    intervals for the difference between binomial proportions based on paired data", Stat Med
-    17:2635-2650, method 10 (hybrid score: Wilson intervals of each margin, combined with the
-    phi correlation of the table).
-
-    a: both right, b: baseline right / variant wrong, c: baseline wrong / variant right,
-    d: both wrong (counts, may be fractional). p1 = (a+b)/n (baseline), p2 = (a+c)/n (variant).
-    Returns (estimate, low, high) of p2 - p1 at level 1 - alpha, in proportions. Never
-    zero-width (the Wilson intervals never are). Raises ValueError when n = 0.
-    """
+    """(estimate, low, high) of ``p2 - p1`` at level 1 - alpha for a paired 2x2 table (Newcombe
+    1998, Stat Med 17:2635, method 10: Wilson margins with the phi correlation). a: both right,
+    b: only the baseline, c: only the variant, d: neither (counts, may be fractional); p1 =
+    (a+b)/n baseline, p2 = (a+c)/n variant. Never zero-width; ValueError when n = 0."""
     n = a + b + c + d
     if n <= 0:
         raise ValueError("no paired items")
@@ -462,10 +349,8 @@ def newcombe_paired(
 def paired_table(
     baseline: Sequence[float], variant: Sequence[float]
 ) -> tuple[float, float, float, float]:
-    """2x2 cells (a, b, c, d) of :func:`newcombe_paired` from per-item correctness in [0, 1]
-    (e.g. averaged over repeats): a = sum(x*y), b = sum(x*(1-y)), c = sum((1-x)*y),
-    d = sum((1-x)*(1-y)), x baseline, y variant. ValueError for unequal lengths or a value
-    outside [0, 1]."""
+    """The cells (a, b, c, d) of :func:`newcombe_paired` from per-item correctness x (baseline),
+    y (variant) in [0, 1]: sums of xy, x(1-y), (1-x)y, (1-x)(1-y)."""
     x, y = np.asarray(baseline, float), np.asarray(variant, float)
     if x.shape != y.shape:
         raise ValueError(f"paired correctness needs equal lengths, got {x.size} and {y.size}")
@@ -487,10 +372,8 @@ def excludes_zero(interval: tuple[float, float]) -> bool:
 def p_from_interval(
     interval: Callable[[float], tuple[float, float]], *, tol: float = 1e-6
 ) -> float:
-    """The p-value of "no difference" from a family of intervals: the smallest alpha whose
-    ``interval(alpha)`` (level 1 - alpha) excludes 0, by bisection to ``tol`` (test inversion,
-    e.g. Casella & Berger, "Statistical Inference", 9.2.1); 1.0 when none does, 0.0 when even
-    alpha = 1e-12 does."""
+    """The smallest alpha whose ``interval(alpha)`` excludes 0, by bisection to ``tol`` (test
+    inversion; Casella & Berger, "Statistical Inference", 9.2.1)."""
     lo_a, hi_a = 1e-12, 0.999999
     if not excludes_zero(interval(hi_a)):
         return 1.0
@@ -511,13 +394,9 @@ def p_from_interval(
 
 @dataclass(frozen=True)
 class Interval:
-    """A point estimate and two-sided interval of a relative change (fractions, not percent).
-
-    estimate: ``stat(variant) / stat(baseline) - 1``. low / high: interval bounds (NaN when it
-    could not be computed). method: a human-readable name of the method and its sample size,
-    shown in the report (e.g. ``"paired-request bootstrap BCa of median (n=200 requests)"``).
-    n: number of pairs (requests) used.
-    """
+    """A relative change ``stat(variant) / stat(baseline) - 1`` (fractions) with its two-sided
+    interval (NaN bounds when it could not be computed), the ``method`` as the report shows it
+    and ``n`` the pairs (requests) used."""
 
     estimate: float
     low: float
@@ -529,9 +408,6 @@ class Interval:
     def from_log(cls, est: float, low: float, high: float, method: str, n: int) -> Interval:
         """The interval of a change estimated on the log scale, mapped back with ``exp(x) - 1``."""
         return cls(math.expm1(est), math.expm1(low), math.expm1(high), method, n)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
     @property
     def ok(self) -> bool:
@@ -592,11 +468,8 @@ def _bootstrap(
 
 
 def statistic_fn(name: str) -> Callable[..., np.ndarray]:
-    """A reducer ``f(x, axis=-1)`` for a summary statistic name.
-
-    ``"mean"``, ``"median"``, ``"std"``, ``"max"``, ``"min"``, ``"pNN"`` (the NN-th percentile,
-    numpy's default linear interpolation, as bench_serving computes them). ValueError otherwise.
-    """
+    """A reducer ``f(x, axis=-1)`` for ``mean``, ``median``, ``std``, ``max``, ``min`` or
+    ``pNN`` (numpy's percentile, as bench_serving computes it); ValueError otherwise."""
     name = name.lower()
     simple = {"mean": np.mean, "median": np.median, "std": np.std, "max": np.max, "min": np.min}
     if name in simple:
@@ -620,15 +493,10 @@ def paired_request_interval(
     seed: int | None = 0,
     method: str = "BCa",
 ) -> Interval:
-    """Within-cell interval of ``stat(variant) / stat(baseline) - 1`` with requests paired by index.
-
-    baseline, variant: per-request values (e.g. TTFT in ms), shape (n,), request i of both being
-    the same prompt. The bootstrap draws request indices with replacement and applies the *same*
-    draw to both arms (``scipy.stats.bootstrap(..., paired=True)``), so the prompt-to-prompt spread
-    that both arms share cancels out. Statistic: ``ln(stat(v*) / stat(b*))``, mapped back with
-    ``exp(x) - 1``; interval ``method`` BCa by default (Efron 1987, "Better bootstrap confidence
-    intervals", JASA 82), the percentile interval when BCa is degenerate. Values must be > 0.
-    """
+    """Within-cell interval of ``stat(variant) / stat(baseline) - 1``, request i of both arms
+    being the same prompt (per-request values > 0, shape (n,)): the same bootstrap draw of
+    indices for both arms (``scipy.stats.bootstrap(paired=True)``) of ``ln(stat(v*) /
+    stat(b*))``; BCa (Efron 1987, JASA 82), percentile when BCa is degenerate."""
     b = _as_positive(baseline, "baseline")
     v = _as_positive(variant, "variant")
     if b.shape != v.shape:
@@ -670,17 +538,11 @@ def block_bootstrap_interval(
     n_resamples: int = 2000,
     seed: int | None = 0,
 ) -> Interval:
-    """Within-cell interval for values that come in correlated blocks (ITL: one block a request).
-
-    baseline_blocks[i], variant_blocks[i]: the values of request i (ragged lists, ms). A resample
-    draws request indices with replacement (the same indices for both arms, requests pairing by
-    index), concatenates the drawn blocks of each arm and computes ``ln(stat(v*) / stat(b*))``; the
-    percentile interval of that, mapped back with ``exp(x) - 1`` (moving/blocks bootstrap with
-    natural blocks, Kuensch 1989; Davison & Hinkley 1997, section 8.2). Requests whose block is
-    empty in either arm are kept (they add nothing to that arm). Runs ``scipy.stats.bootstrap`` on
-    the index vector, percentile method; ``mean`` is vectorised (sums and counts per block),
-    other statistics concatenate per resample and use at most :data:`MAX_BLOCK_RESAMPLES`.
-    """
+    """Within-cell interval for values in correlated blocks (ITL: ``*_blocks[i]`` the values of
+    request i, ragged, >= 0): resample request indices (the same for both arms), concatenate the
+    drawn blocks, ``ln(stat(v*) / stat(b*))``; percentile interval (block bootstrap with natural
+    blocks: Kuensch 1989, Ann. Statist. 17; Davison & Hinkley 1997, 8.2). ``mean`` is
+    vectorised; other statistics use at most :data:`MAX_BLOCK_RESAMPLES` resamples."""
     if len(baseline_blocks) != len(variant_blocks):
         raise ValueError(
             f"paired requests need equal counts: baseline {len(baseline_blocks)}, "

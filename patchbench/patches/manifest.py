@@ -1,33 +1,20 @@
 """A patch's manifest: ``patches/<name>/manifest.yaml``, validated (:class:`PatchManifest`).
 
-A patch is a folder ``patches/<name>/`` (the data folder :data:`patchbench.inputs.PATCHES_DIR`)
-holding ``manifest.yaml`` and, unless it is derived, one unified diff per supported sglang
-release. Paths in the diffs are relative to site-packages (``a/sglang/srt/...``,
-``b/sglang/srt/...``), so a diff applies with ``git apply -p1`` in the folder that holds the
-``sglang/`` package. Manifest shape::
+A patch folder holds ``manifest.yaml`` and, unless it is derived, one unified diff per supported
+release, paths relative to site-packages (``a/sglang/...``: ``git apply -p1`` in the folder that
+holds ``sglang/``)::
 
-    name: mrope-sync-free                  # must equal the folder name
-    description: |                         # what it changes and why
-      ...
-    upstream: {pr: 9460, url: https://github.com/sgl-project/sglang/pull/9460}   # optional
-    releases:                              # sglang release -> its diff and the files it touches
-      0.5.1.post3:
-        diff: 0.5.1.post3.diff             # relative to the patch folder
-        files:                             # every file the diff touches, sha256 hex of the whole file
-          sglang/srt/model_executor/forward_batch_info.py: {before: <sha256>, after: <sha256>}
-
-or, for a patch derived at run time from two upstream wheels (no upstream code in this repo)::
-
-    name: pr9460-upstream
-    derive: {from: "sglang==0.5.2rc1", to: "sglang==0.5.2rc2",
-             files: [sglang/srt/model_executor/forward_batch_info.py]}
+    name: mrope-sync-free                  # the folder name
+    description: ...
+    upstream: {pr: 9460, url: ...}         # optional
     releases:
-      0.5.1.post3: {files: {sglang/srt/model_executor/forward_batch_info.py: {before: ..., after: ...}}}
+      0.5.1.post3:
+        diff: 0.5.1.post3.diff             # absent when derived
+        files: {sglang/srt/...: {before: <sha256 of the whole file>, after: <sha256>}}
+    derive: {from: "sglang==0.5.2rc1", to: "sglang==0.5.2rc2", files: [sglang/srt/...]}  # optional
 
-Errors: :class:`ManifestError` (a manifest or diff file that cannot be used) and
-:class:`UnsupportedRelease` (no diff for that sglang release), both
-:class:`patchbench.errors.PatchError` (exit 2). Every message names the patch, and where it
-applies, the file, the key and what was expected.
+Errors (:class:`patchbench.errors.PatchError`, exit 2) name the patch, the file, the key and its
+line, and what was expected: :class:`ManifestError`, :class:`UnsupportedRelease`.
 """
 
 from __future__ import annotations
@@ -53,19 +40,18 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class ManifestError(PatchError):
-    """A manifest (or a diff file it names) that is missing or invalid: names file, key, value."""
+    """A manifest (or a diff file it names) that is missing or invalid."""
 
 
 class UnsupportedRelease(PatchError):
-    """The manifest has no entry for the requested sglang release; lists the supported ones."""
+    """The manifest has no entry for the requested release; lists the supported ones."""
 
 
 def sha256_hex(data: bytes) -> str:
-    """sha256 of ``data`` as 64 lowercase hex digits (how manifests and run folders name a diff)."""
+    """sha256 of ``data`` as 64 lowercase hex digits."""
     return hashlib.sha256(data).hexdigest()
 
 
-# --------------------------------------------------------------------------- manifest schema
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -98,7 +84,7 @@ def _rel_path(v: str) -> str:
 class ReleaseSpec(_Strict):
     """One supported sglang release: the diff file (absent for derived patches) and file hashes."""
 
-    diff: str | None = Field(None, description="diff file, relative to the patch folder")
+    diff: str | None = None  # relative to the patch folder
     files: dict[str, FileHashes]
 
     @field_validator("files")
@@ -143,23 +129,16 @@ class Derive(_Strict):
 
 
 class PatchManifest(_Strict):
-    """A validated ``patches/<name>/manifest.yaml`` (see the module docstring for the shape).
-
-    ``folder`` (not in the YAML) is the patch folder the manifest was read from.
-    """
+    """A validated manifest (the module docstring shows its shape); ``folder``, not in the
+    YAML, is the patch folder it was read from."""
 
     name: str
     description: str = ""
     upstream: Upstream | None = None
     derive: Derive | None = None
     releases: dict[str, ReleaseSpec]
-    origin: dict[str, str] | None = Field(
-        None,
-        description=(
-            "where the change came from (informational; written by new-patch): kind diff|git, "
-            "source, range, commits"
-        ),
-    )
+    #: where the change came from (written by new-patch): kind diff|git, source, range, commits
+    origin: dict[str, str] | None = None
     folder: Path | None = Field(None, exclude=True)
 
     @field_validator("releases", mode="before")

@@ -1,18 +1,9 @@
-"""Upstream sglang releases as files: wheels downloaded once, and pristine copies of the files a
-patch touches.
+"""Upstream sglang releases as files: wheels downloaded once into
+``<cache_dir>/wheels/<name>-<version>/``, and pristine copies of the files a patch touches (from
+an environment of this machine that holds the release, else from its wheel).
 
-Cache layout (``cache_dir``, by default :data:`patchbench.patches.manifest.DEFAULT_CACHE_DIR`, the
-repo's git-ignored ``.cache/``)::
-
-    wheels/<name>-<version>/*.whl          pip download --no-deps <name>==<version>
-
-Pristine files come from an installed copy of the release when one of this machine's
-environments holds it (:func:`patchbench.envs.envinfo.environments`), else from its wheel. Inside
-:func:`offline` nothing is downloaded: a wheel that is not in the cache is a :class:`FetchError`
-(``bench --dry-run`` checks what it can without the network).
-
-Errors: :class:`FetchError` (a wheel that could not be downloaded: exit 3, an environment
-problem), and :class:`patchbench.errors.PatchError` for a file a release does not have.
+Inside :func:`offline` nothing is downloaded (``bench --dry-run``). Errors: :class:`FetchError`
+(exit 3), :class:`MissingFile` (a file the release does not have, exit 2).
 """
 
 from __future__ import annotations
@@ -44,13 +35,20 @@ class FetchError(PatchError, errors.EnvironmentNotReady):
     kind = errors.EnvironmentNotReady.kind
 
 
+class MissingFile(PatchError):
+    """The release has no file ``path`` (a path relative to site-packages)."""
+
+    def __init__(self, message: str, path: str):
+        super().__init__(message)
+        self.path = path
+
+
 _OFFLINE: contextvars.ContextVar[bool] = contextvars.ContextVar("patchbench_offline", default=False)
 
 
 @contextlib.contextmanager
 def offline() -> Iterator[None]:
-    """Within this block :func:`fetch_wheel` downloads nothing: a wheel missing from the cache
-    raises :class:`FetchError` at once."""
+    """Within this block a wheel missing from the cache is a :class:`FetchError` at once."""
     token = _OFFLINE.set(True)
     try:
         yield
@@ -59,36 +57,20 @@ def offline() -> Iterator[None]:
 
 
 def fetch_wheel(spec: str, *, cache_dir: Path | None = None) -> Path:
-    """The wheel of a pinned requirement (``sglang==X``), downloaded once into
-    ``<cache_dir>/wheels/<name>-<version>/`` with ``pip download --no-deps --only-binary :all:``.
-
-    Raises :class:`FetchError` with pip's output tail when the download fails.
-    """
+    """The wheel of a pinned requirement (``sglang==X``), downloaded once with ``pip download
+    --no-deps --only-binary :all:``; :class:`FetchError` with pip's output tail when it fails."""
     name, version = pin_of(spec)
     folder = (
         Path(cache_dir or DEFAULT_CACHE_DIR) / "wheels" / f"{canonicalize_name(name)}-{version}"
     )
-    found = _find_wheel(folder, name, version)
-    if found:
+    if found := _find_wheel(folder, name, version):
         return found
     if _OFFLINE.get():
         raise FetchError(f"{spec}: its wheel is not in {folder} (not downloaded: offline check)")
     folder.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary",
-        ":all:",
-        "--disable-pip-version-check",
-        "--progress-bar",
-        "off",
-        "-d",
-        str(folder),
-        f"{name}=={version}",
-    ]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+           "--disable-pip-version-check", "--progress-bar", "off", "-d", str(folder),
+           f"{name}=={version}"]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True)
     found = _find_wheel(folder, name, version)
     if r.returncode != 0 or not found:
@@ -101,9 +83,7 @@ def fetch_wheel(spec: str, *, cache_dir: Path | None = None) -> Path:
 
 
 def _find_wheel(folder: Path, name: str, version: str) -> Path | None:
-    if not folder.is_dir():
-        return None
-    for w in sorted(folder.glob("*.whl")):
+    for w in sorted(folder.glob("*.whl")) if folder.is_dir() else []:
         try:
             wname, wver, _, _ = parse_wheel_filename(w.name)
         except InvalidWheelFilename:
@@ -114,12 +94,12 @@ def _find_wheel(folder: Path, name: str, version: str) -> Path | None:
 
 
 def read_from_wheel(wheel: Path, rel: str) -> bytes:
-    """The bytes of ``rel`` (a path like ``sglang/srt/...``) inside a wheel; PatchError if absent."""
+    """The bytes of ``rel`` (``sglang/srt/...``) inside a wheel; :class:`MissingFile` if absent."""
     with zipfile.ZipFile(wheel) as z:
         try:
             return z.read(rel)
         except KeyError:
-            raise PatchError(f"{wheel.name} holds no file {rel}") from None
+            raise MissingFile(f"{wheel.name} holds no file {rel}", rel) from None
 
 
 def installed_sglang() -> tuple[str | None, Path | None]:
@@ -138,29 +118,19 @@ def installed_sglang() -> tuple[str | None, Path | None]:
 def pristine_files(
     version: str, rel_paths: Collection[str], dest_root: Path, *, cache_dir: Path | None = None
 ) -> str:
-    """Copy the stock files ``rel_paths`` of sglang ``version`` to ``dest_root/<rel>``.
-
-    Source: the installed package when its version is ``version`` (this interpreter's, else
-    another environment of this machine that holds it: :func:`patchbench.envs.envinfo.environment_for`),
-    else the release's wheel (``pip download``, cached). Returns "installed <folder>" or "wheel
-    <file name>". Raises :class:`FetchError` / :class:`PatchError` when a file is missing.
-    """
-    inst_ver, inst_root = installed_sglang()
-    if inst_ver != version or inst_root is None:
-        other = envinfo.environment_for(version)
-        if other is not None:
-            inst_ver, inst_root = other.sglang, other.site_dir
-    dest_root = Path(dest_root)
-    if inst_ver == version and inst_root is not None:
-        for rel in rel_paths:
-            src = inst_root / rel
-            if not src.is_file():
-                raise PatchError(f"the installed sglang {version} ({inst_root}) has no {rel}")
-            (dest_root / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, dest_root / rel)
-        return f"installed {inst_root}"
-    wheel = fetch_wheel(f"sglang=={version}", cache_dir=cache_dir)
+    """Copy the stock files ``rel_paths`` of sglang ``version`` to ``dest_root/<rel>``, from an
+    environment of this machine that holds it (:func:`patchbench.envs.envinfo.environment_for`)
+    or else from its wheel. Returns "installed <site folder>" or "wheel <file name>". Raises
+    :class:`FetchError`, or :class:`MissingFile` for the first file the release lacks."""
+    env = envinfo.environment_for(version)
+    wheel = None if env is not None else fetch_wheel(f"sglang=={version}", cache_dir=cache_dir)
     for rel in rel_paths:
-        (dest_root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (dest_root / rel).write_bytes(read_from_wheel(wheel, rel))
-    return f"wheel {wheel.name}"
+        dest = Path(dest_root) / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if wheel is not None:
+            dest.write_bytes(read_from_wheel(wheel, rel))
+        elif (env.site_dir / rel).is_file():
+            shutil.copyfile(env.site_dir / rel, dest)
+        else:
+            raise MissingFile(f"the installed sglang {version} ({env.site_dir}) has no {rel}", rel)
+    return f"installed {env.site_dir}" if wheel is None else f"wheel {wheel.name}"

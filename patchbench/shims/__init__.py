@@ -1,17 +1,11 @@
-"""Import-time stand-ins and in-server instrumentation (put on the sglang server's PYTHONPATH).
+"""What patchbench puts on the sglang server's PYTHONPATH.
 
-- ``site/``: the site hook, a ``sitecustomize.py`` loaded by every sglang process (sglang spawns
-  its scheduler and detokenizer, so a monkeypatch in the launcher would not reach them). What it
-  does is switched by environment variables the harness sets: ``PATCHBENCH_CPU_STAND_INS=1``
-  (torch compatibility and ``torch.ops.sgl_kernel`` handles for the CPU engine),
-  ``PATCHBENCH_STABLE_VOCAB_ORDER=1``, and :data:`HOOKS_ENV` (the suites' in-server hook files, set
-  in correctness cells only). Beside it, ``patchbench_import_hook.py``: the loader those hooks use
-  to wrap an sglang module when it is imported.
-- ``cpu/<name>/``: stand-in packages for what PyPI lacks on a machine without an NVIDIA GPU
-  (docs/FACTS.md section 5): ``sgl_kernel`` (the CPU build of sgl-kernel is not on PyPI) and ``vllm``
-  (sglang 0.5.1.x imports vllm layers on a CPU without AMX). A config names the ones it needs in
-  ``server.cpu_stand_ins``. Every stand-in function raises when called and prints
-  :data:`CALLED_MARKER` first, so the harness fails the cell when the server log shows it.
+- ``site/sitecustomize.py``: loaded by every server process; switched by environment variables
+  (CPU stand-ins, stable vocabulary order, :data:`HOOKS_ENV`); beside it
+  ``patchbench_import_hook.py``, the loader the suites' in-server hooks use.
+- ``cpu/<name>/``: stand-in packages for what PyPI lacks without an NVIDIA GPU (``sgl_kernel``,
+  ``vllm``: docs/FACTS.md section 5), named in ``server.cpu_stand_ins``. Every stand-in function
+  prints :data:`CALLED_MARKER` and raises when called; the harness fails the cell on the marker.
 """
 
 from pathlib import Path

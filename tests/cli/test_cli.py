@@ -122,7 +122,7 @@ def test_unknown_option_is_a_usage_error_in_every_command(command, capsys):
 
 @pytest.mark.parametrize("command", ALL_COMMANDS)
 def test_ctrl_c_exits_130_in_every_command(command, monkeypatch, capsys):
-    def interrupted(_args, _raw):
+    def interrupted(_args):
         raise KeyboardInterrupt
 
     table = [
@@ -139,11 +139,10 @@ def test_ctrl_c_exits_130_in_every_command(command, monkeypatch, capsys):
         (errors.EnvironmentNotReady("no GPU"), 3, "environment not ready (exit 3): no GPU"),
         (errors.RunFailed("1 of 4 cells failed"), 4, "run failed (exit 4): 1 of 4 cells failed"),
         (errors.Interrupted("stopped", signum=15), 143, "terminated (exit 143): stopped"),
-        (errors.RegressionFound("ttft_ms +9 %"), 1, "regression found (exit 1): ttft_ms +9 %"),
     ],
 )
 def test_patchbench_errors_end_with_their_code_and_one_line(exc, code, line, monkeypatch, capsys):
-    def fails(_args, _raw):
+    def fails(_args):
         raise exc
 
     monkeypatch.setattr(cli, "COMMANDS", [dataclasses.replace(c, run=fails) for c in cli.COMMANDS])
@@ -152,7 +151,7 @@ def test_patchbench_errors_end_with_their_code_and_one_line(exc, code, line, mon
 
 
 def test_a_bug_exits_70_with_the_traceback(monkeypatch, capsys):
-    def bug(_args, _raw):
+    def bug(_args):
         return {}["missing"]
 
     monkeypatch.setattr(cli, "COMMANDS", [dataclasses.replace(c, run=bug) for c in cli.COMMANDS])
@@ -168,14 +167,14 @@ def test_module_errors_map_to_the_documented_codes():
     from patchbench.patches import wheels
     from patchbench.run import server
 
-    assert cli.exit_code_of(errors.ConfigError("x")) == 2
-    assert cli.exit_code_of(errors.PatchError("x")) == 2
-    assert cli.exit_code_of(wheels.FetchError("x")) == 3  # a PatchError that is environmental
-    assert cli.exit_code_of(history.HistoryError(Path("h.sqlite"), "locked")) == 3
-    assert cli.exit_code_of(server.ServerError("x")) == 4
-    assert cli.exit_code_of(KeyboardInterrupt()) == 130
-    assert cli.exit_code_of(SystemExit(2)) == 2
-    assert cli.exit_code_of(RuntimeError("x")) == 70
+    assert errors.exit_code_of(errors.ConfigError("x")) == 2
+    assert errors.exit_code_of(errors.PatchError("x")) == 2
+    assert errors.exit_code_of(wheels.FetchError("x")) == 3  # a PatchError that is environmental
+    assert errors.exit_code_of(history.HistoryError(Path("h.sqlite"), "locked")) == 3
+    assert errors.exit_code_of(server.ServerError("x")) == 4
+    assert errors.exit_code_of(KeyboardInterrupt()) == 130
+    assert errors.exit_code_of(SystemExit(2)) == 2
+    assert errors.exit_code_of(RuntimeError("x")) == 70
 
 
 #: the message kind each exit code's errors start with (exit 2 has several, one per class)
@@ -300,10 +299,18 @@ def test_doctor_without_a_gpu_for_a_gpu_config_exits_3(monkeypatch, capsys):
 
 
 # ------------------------------------------------------------------------ patch does not apply
+def break_diff(text: str) -> str:
+    """A diff whose first context line is in no release of sglang (git apply refuses it)."""
+    lines = text.splitlines(keepends=True)
+    ctx = next(i for i, ln in enumerate(lines) if ln.startswith(" ") and ln.strip())
+    lines[ctx] = " this line is in no release of sglang\n"
+    return "".join(lines)
+
+
 @pytest.fixture
-def broken_patch(tmp_path, monkeypatch):
+def broken_patch(tmp_path):
     """patches/ with null-comment plus "broken": null-comment whose diff context matches no
-    release (git apply refuses it)."""
+    release."""
     from patchbench import inputs
 
     patches = tmp_path / "patches"
@@ -312,20 +319,17 @@ def broken_patch(tmp_path, monkeypatch):
     manifest = patches / "broken" / "manifest.yaml"
     manifest.write_text(manifest.read_text().replace("name: null-comment", "name: broken"))
     for diff in (patches / "broken").glob("*.diff"):
-        lines = diff.read_text().splitlines(keepends=True)
-        ctx = next(i for i, ln in enumerate(lines) if ln.startswith(" ") and ln.strip())
-        lines[ctx] = " this line is in no release of sglang\n"
-        diff.write_text("".join(lines))
-    monkeypatch.setattr(inputs, "PATCHES_DIR", patches)
+        diff.write_text(break_diff(diff.read_text()))
     return patches
 
 
 @pytest.mark.needs_sglang
 def test_check_patch_that_does_not_apply_exits_2(broken_patch, capsys):
     ver = installed_sglang()
-    assert cli.main(["check-patch", "--patch", "null-comment", "--sglang", ver]) == 0
+    argv = ["check-patch", "--patches-dir", str(broken_patch), "--sglang", ver, "--patch"]
+    assert cli.main([*argv, "null-comment"]) == 0
     assert "OK" in capsys.readouterr().out
-    assert cli.main(["check-patch", "--patch", "broken", "--sglang", ver]) == 2
+    assert cli.main([*argv, "broken"]) == 2
     out, err = capsys.readouterr()
     assert f"broken               {ver:<12} FAIL" in out
     assert "patchbench check-patch: 1 check(s) failed (exit 2)" in err
@@ -347,11 +351,9 @@ def test_check_patch_of_an_unknown_patch_exits_2(capsys):
     assert "no-such-patch" in capsys.readouterr().out
 
 
-def test_new_patch_from_a_missing_diff_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys):
-    from patchbench import inputs
-
-    monkeypatch.setattr(inputs, "PATCHES_DIR", tmp_path / "patches")
+def test_new_patch_from_a_missing_diff_exits_2_and_writes_nothing(tmp_path, capsys):
     argv = ["new-patch", "mine", "--from-diff", str(tmp_path / "none.diff"), "--sglang", "0.5.23"]
+    argv += ["--patches-dir", str(tmp_path / "patches")]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("patchbench new-patch: patch error (exit 2): ") and "none.diff" in err
@@ -361,13 +363,17 @@ def test_new_patch_from_a_missing_diff_exits_2_and_writes_nothing(tmp_path, monk
 
 
 @pytest.mark.needs_sglang
-def test_bench_with_a_patch_that_does_not_apply_exits_2_before_any_server(
-    broken_patch, tmp_path, capsys
-):
+def test_bench_with_a_patch_that_does_not_apply_exits_2_before_any_server(tmp_path, capsys):
+    from patchbench import inputs
+
+    broken = tmp_path / "broken.diff"
+    broken.write_text(
+        break_diff((inputs.PATCHES_DIR / "null-comment" / f"{installed_sglang()}.diff").read_text())
+    )
     cfg = write_config(
         tmp_path,
         sglang=installed_sglang(),
-        variants="baseline: []\nbroken: [broken]",
+        variants=f'baseline: []\nbroken: [{{diff: "{broken}"}}]',
         suites="sync_probe: {}",
     )
     assert cli.main(["bench", str(cfg), "--results", str(tmp_path / "results")]) == 2
@@ -377,8 +383,9 @@ def test_bench_with_a_patch_that_does_not_apply_exits_2_before_any_server(
     # the dry run applies every patch to a pristine copy and says the same, with the state
     assert cli.main(["bench", str(cfg), "--dry-run"]) == 2
     out, err = capsys.readouterr()
-    assert "patches    FAIL\nvariant 'broken': patch 'broken'" in out
-    assert f"patch 'broken' on sglang {installed_sglang()}: conflicts at " in out
+    assert "patches    FAIL\nvariant 'broken': patch 'broken-" in out
+    assert f"applies to none of sglang {installed_sglang()}" in out
+    assert "(conflicts at sglang/srt/model_executor/forward_batch_info.py hunk 1) next: " in out
     assert "a patch does not apply" in err
     ok = write_config(
         tmp_path, sglang=installed_sglang(), variants="a: []\nb: [null-comment]", suites="{}"

@@ -179,12 +179,6 @@ def test_apply_null_comment_gives_the_expected_file(tree):
     assert sha(stock_fbi()) == before  # the installed file was only read
 
 
-def test_check_only_leaves_tree_unchanged(tree):
-    got = apply_to_tree(tree, "null-comment", INSTALLED_VERSION, check_only=True)
-    assert got == {FORWARD_BATCH_INFO: sha(with_null_comment(stock_fbi()))}
-    assert (tree / FORWARD_BATCH_INFO).read_bytes() == stock_fbi()
-
-
 def test_apply_inside_an_enclosing_git_repository(tmp_path):
     """git apply in a subfolder of a repository would resolve paths from the repository's top and
     silently skip them; the overlays live in this repo's .cache/, so this must work."""
@@ -322,7 +316,7 @@ def test_cli_usage_errors(capsys):
     assert pb_cli.main(["check-patch", "--bogus"]) == EXIT_USAGE
 
 
-def test_cli_without_patch_skips_patches_lacking_the_release(capsys, monkeypatch, tmp_path):
+def test_cli_without_patch_skips_patches_lacking_the_release(capsys, tmp_path):
     pdir = tmp_path / "patches"
     shutil.copytree(inputs.PATCHES_DIR / "null-comment", pdir / "null-comment")
     m = yaml.safe_load((pdir / "null-comment" / "manifest.yaml").read_text())
@@ -336,13 +330,13 @@ def test_cli_without_patch_skips_patches_lacking_the_release(capsys, monkeypatch
         m,
         {f"{INSTALLED_VERSION}.diff": diff_text("null-comment", INSTALLED_VERSION)},
     )
-    monkeypatch.setattr(inputs, "PATCHES_DIR", pdir)
-    assert pb_cli.main(["check-patch", "--sglang", INSTALLED_VERSION]) == EXIT_OK
+    argv = ["check-patch", "--patches-dir", str(pdir), "--sglang", INSTALLED_VERSION]
+    assert pb_cli.main(argv) == EXIT_OK
     out = capsys.readouterr().out
     assert "only-old" in out and "SKIP" in out and "null-comment" in out and " OK " in out
 
 
-def test_cli_diff_that_does_not_apply_exits_2(capsys, monkeypatch, tmp_path):
+def test_cli_diff_that_does_not_apply_exits_2(capsys, tmp_path):
     pdir = tmp_path / "patches"
     body = diff_text("null-comment", INSTALLED_VERSION).replace(
         " # limitations under the License.", " # not the line in the file", 1
@@ -353,14 +347,14 @@ def test_cli_diff_that_does_not_apply_exits_2(capsys, monkeypatch, tmp_path):
         _null_manifest(INSTALLED_VERSION, sha(stock_fbi()), "b" * 64, "broken"),
         {f"{INSTALLED_VERSION}.diff": body},
     )
-    monkeypatch.setattr(inputs, "PATCHES_DIR", pdir)
-    assert pb_cli.main(["check-patch", "--sglang", INSTALLED_VERSION]) == EXIT_USAGE
+    argv = ["check-patch", "--patches-dir", str(pdir), "--sglang", INSTALLED_VERSION]
+    assert pb_cli.main(argv) == EXIT_USAGE
     out = capsys.readouterr().out
     assert "broken" in out and "FAIL" in out and "hunk @@ -11,6 +11,7 @@" in out
     assert "# not the line in the file" in out
 
 
-def test_cli_rejects_a_patch_that_does_not_compile(capsys, monkeypatch, tmp_path):
+def test_cli_rejects_a_patch_that_does_not_compile(capsys, tmp_path):
     pdir = tmp_path / "patches"
     body = diff_text("null-comment", INSTALLED_VERSION).replace(
         "+# patchbench null-comment control patch",
@@ -382,8 +376,8 @@ def test_cli_rejects_a_patch_that_does_not_compile(capsys, monkeypatch, tmp_path
         _null_manifest(INSTALLED_VERSION, sha(stock_fbi()), sha(after), "nocompile"),
         {f"{INSTALLED_VERSION}.diff": body},
     )
-    monkeypatch.setattr(inputs, "PATCHES_DIR", pdir)
-    assert pb_cli.main(["check-patch", "--sglang", INSTALLED_VERSION]) == EXIT_USAGE
+    argv = ["check-patch", "--patches-dir", str(pdir), "--sglang", INSTALLED_VERSION]
+    assert pb_cli.main(argv) == EXIT_USAGE
     assert "does not compile" in capsys.readouterr().out
 
 
@@ -407,3 +401,15 @@ def test_pristine_files_come_from_another_environment_and_offline_fetches_nothin
     with wheels.offline(), pytest.raises(wheels.FetchError, match="offline check"):
         wheels.fetch_wheel("sglang==0.0.1", cache_dir=tmp_path / "cache")
     assert not (tmp_path / "cache").exists()
+
+
+def test_patch_state_per_release_is_what_a_nightly_records():
+    """The shipped null-comment patch applies to each release this machine holds
+    (moved from tests/envs/test_builds.py)."""
+    from patchbench.envs import envinfo
+    from patchbench.patches.state import patch_state
+
+    have = [e.sglang for e in envinfo.environments()]
+    got = {r: patch_state("null-comment", r) for r in have}
+    assert {r: s.state for r, s in got.items()} == dict.fromkeys(have, "applies")
+    assert got[have[0]].to_json()["state"] == "applies"

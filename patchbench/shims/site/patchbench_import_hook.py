@@ -1,10 +1,6 @@
-"""Run a function on a module right after it is imported (the loader of the in-server hooks).
-
-The hook modules that suites declare (``Instrumentation.hooks``, imported by ``sitecustomize.py``
-beside this file) call :func:`wrap_on_import` to patch an sglang module in every server process,
-whether it is imported before or after them. Standard library only: it sits on the server's
-PYTHONPATH (this folder), so the server's processes need not be able to import ``patchbench``.
-"""
+"""Run a function on a module right after it is imported: the suites' in-server hooks
+(``Instrumentation.hooks``) call :func:`wrap_on_import` to patch an sglang module in every server
+process. Standard library only (the server need not import ``patchbench``)."""
 
 from __future__ import annotations
 
@@ -30,13 +26,9 @@ class _WrappingLoader(importlib.abc.Loader):
 
 
 class WrapOnImport(importlib.abc.MetaPathFinder):
-    """A ``sys.meta_path`` finder for one module name: it finds the module with the finders after
-    itself and runs ``on_exec(module)`` after the module executes.
-
-    Looking only at the finders after itself lets two of these (two suites' hooks, or two copies
-    of this module) wrap the same module: the first finds the spec through the second, each
-    wraps the loader once, and neither asks the other back (no recursion).
-    """
+    """A ``sys.meta_path`` finder for one module: it finds the module with the finders after
+    itself (so two of these wrap the same module once each, without recursion) and runs
+    ``on_exec(module)`` after the module executes."""
 
     def __init__(self, target: str, on_exec):
         self.target, self.on_exec = target, on_exec
@@ -60,11 +52,9 @@ class WrapOnImport(importlib.abc.MetaPathFinder):
 
 
 def wrap_on_import(target: str, on_exec) -> None:
-    """Run ``on_exec(module)`` on module ``target`` (a dotted name): now when it is already in
-    ``sys.modules``, else right after it executes (a :class:`WrapOnImport` put first on
-    ``sys.meta_path``; the same ``(target, on_exec)`` is installed once). ``on_exec`` should be
-    safe to run twice on one module (a module imported again after being dropped from
-    ``sys.modules`` executes again). Exceptions of ``on_exec`` propagate to the importer."""
+    """Run ``on_exec(module)`` on module ``target`` now when it is imported already, else right
+    after it executes (installed once per ``(target, on_exec)``); ``on_exec`` should be safe to
+    run twice on one module; its exceptions propagate to the importer."""
     if target in sys.modules:
         on_exec(sys.modules[target])
         return

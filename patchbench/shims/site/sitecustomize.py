@@ -1,19 +1,16 @@
-"""The site hook: loaded by every Python process of the sglang server (this folder is on its
-PYTHONPATH, after the overlay), and the only file that brings patchbench code into the server.
+"""The site hook, loaded by every Python process of the sglang server (this folder is on its
+PYTHONPATH after the overlay); the only patchbench code in the server. Standard library only
+until a switch needs torch; runs once per process; nothing happens without its switches:
 
-Switched by environment variables the harness sets (nothing happens without them), in this order:
 - PATCHBENCH_CPU_STAND_INS=1: torch compatibility for the CPU engine and handles for the
-  ``torch.ops.sgl_kernel.*_cpu`` ops that sglang takes at import time (0.5.23), each raising
-  with the PATCHBENCH-STAND-IN-CALLED marker when called.
-- PATCHBENCH_STABLE_VOCAB_ORDER=1: tokenizers return their vocabulary in id order (below).
-- PATCHBENCH_SERVER_HOOKS: ``os.pathsep``-separated Python files (the ``Instrumentation.hooks``
-  of the suites of a correctness cell), each imported by path under its file name's stem as a
-  top-level module; they patch sglang through ``patchbench_import_hook`` (beside this file). A
-  hook that fails to import prints its traceback to stderr (the server log); the rest still load.
+  ``torch.ops.sgl_kernel.*_cpu`` ops sglang takes at import time (0.5.23), each raising with the
+  PATCHBENCH-STAND-IN-CALLED marker when called;
+- PATCHBENCH_STABLE_VOCAB_ORDER=1: tokenizers return their vocabulary in id order;
+- PATCHBENCH_SERVER_HOOKS: ``os.pathsep``-separated hook files (the suites'
+  ``Instrumentation.hooks``), each imported by path as a top-level module named after its stem;
+  one that fails prints its traceback to stderr (the server log) and the rest still load.
 
-Then the next sitecustomize.py on ``sys.path`` after this folder runs, as Python would have run it
-without us. The whole file runs once per process: a second execution (another sitecustomize that
-chains back to this one) does nothing. Standard library only until a switch needs torch.
+Then the next sitecustomize.py on ``sys.path`` runs, as Python would have run it without us.
 """
 
 import os
