@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     pkg = Path(a.root) / "patchbench"
     areas: dict[str, Counter] = {}
-    for f in sorted(pkg.rglob("*.py")):
+    for f in sorted(p for p in pkg.rglob("*.py") if not any(s.startswith(".") for s in p.parts)):
         areas.setdefault(area_of(f.relative_to(pkg)), Counter()).update(count_file(f))
     total = sum(areas.values(), Counter())
     top = sorted(p.name for p in pkg.glob("*.py"))

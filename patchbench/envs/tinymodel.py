@@ -19,6 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from patchbench.inputs import CACHE_DIR
+
 SPECIAL_TOKENS = [
     "<|endoftext|>",
     "<|im_start|>",
@@ -96,7 +98,7 @@ def default_model_dir(root: str | os.PathLike | None = None) -> Path:
     under the repo root (or ``root``), one per transformers major version."""
     import transformers
 
-    base = Path(root) if root else Path(__file__).resolve().parent.parent / ".cache" / "models"
+    base = Path(root) if root else CACHE_DIR / "models"
     return base / f"tiny-qwen25vl-tf{transformers.__version__.split('.')[0]}"
 
 
