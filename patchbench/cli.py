@@ -28,8 +28,8 @@ from pathlib import Path
 
 from patchbench import errors
 from patchbench.errors import EXIT_BUG, EXIT_CODES, EXIT_ENV, EXIT_OK, EXIT_USAGE
-from patchbench.run.closed_output import tolerate_closed_output
-from patchbench.run.signals import restore_handlers
+from patchbench.inputs import RESULTS_DIR
+from patchbench.run.signals import restore_handlers, tolerate_closed_output
 
 PROG = "patchbench"
 
@@ -96,8 +96,7 @@ def _run_bench(a: argparse.Namespace, _raw: list[str]) -> int:
     from patchbench.config import load_config
     from patchbench.envs import builds, envinfo
     from patchbench.run import bench, variants
-    from patchbench.run.cell import is_cpu
-    from patchbench.run.plan import describe_plan
+    from patchbench.run.plan import describe_plan, is_cpu
 
     if a.dry_run:
         cfg = load_config(a.config)
@@ -139,7 +138,8 @@ def _run_bench(a: argparse.Namespace, _raw: list[str]) -> int:
         extra["python_start_s"] = max(0.0, time.time() - _PROCESS_T0)
     if a.restart_variant:
         extra["restart_variants"] = list(a.restart_variant)
-    bench.run_bench(a.config, resume=a.resume, results_root=a.results, port=a.port, **extra)
+    root = a.results or RESULTS_DIR
+    bench.run_bench(a.config, resume=a.resume, results_root=root, port=a.port, **extra)
     return EXIT_OK
 
 
@@ -363,7 +363,7 @@ def _run_ab(a: argparse.Namespace, _raw: list[str]) -> int:
     path = ab.prepare_ab(a)
     if a.dry_run:
         return main(["bench", str(path), "--dry-run", *(["--port", str(a.port)] if a.port else [])])
-    run_dir = bench.run_bench(path, results_root=a.results, port=a.port)
+    run_dir = bench.run_bench(path, results_root=a.results or RESULTS_DIR, port=a.port)
     print(f"ab: report {run_dir / 'report.md'}")
     return EXIT_OK
 

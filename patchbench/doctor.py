@@ -84,11 +84,11 @@ def _suite_checks(cfg: Any) -> list[Check]:
 
 
 def _stale_server_checks(results_dir: Path | None = None) -> list[Check]:
-    """sglang servers left by a killed patchbench run (:func:`patchbench.run.stale.find_stale_servers`
+    """sglang servers left by a killed patchbench run (:func:`patchbench.run.ports.find_stale_servers`
     over ``results_dir``, default results/, and every server of this user that carries the
     harness's markers, wherever its run wrote to), each with the command that stops it."""
     try:
-        from patchbench.run.stale import find_stale_servers
+        from patchbench.run.ports import find_stale_servers
     except ImportError:  # the module is optional until every environment has it
         return []
     if results_dir is None:

@@ -1,13 +1,8 @@
-"""The parts of ``patchbench bench`` (:func:`patchbench.run.bench.run_bench` strings them together).
-
-- :mod:`.preflight`: what is checked before any server starts (installed sglang, the model, a
-  resumed folder's config, orphaned servers, the port);
-- :mod:`.plan`: the cells in order and the plan as text (``--dry-run``);
-- :mod:`.manifest`: the run's :class:`patchbench.runfolder.RunManifest` and its cell entries;
-- :mod:`.loop`: running the cells, the manifest rewritten after each, stopping on a signal or an
-  unwritable results folder;
-- :mod:`.looks`: the sequential looks (when a ``{min, max, step}`` schedule stops);
-- :mod:`.overhead`: where the wall time outside the measurements went;
-- :mod:`.lock`: one writer per run folder (``RUN/.lock``);
-- :mod:`.identity`: what each variant runs, recorded per cell, checked on ``--resume``.
+"""Running a config (``patchbench bench``): :func:`patchbench.run.bench.run_bench` and
+:class:`~patchbench.run.bench.BenchRun` (bench), what is checked first (preflight), the cells and
+what each runs (plan), the manifest (manifest), sequential looks (looks), one cell (cell), one
+server's life (server), its watchdogs (liveness: processes and stalls; activity: the progress
+suites report), which server is ours and orphans (ports), signals and a closed output (signals),
+the progress bar (progress), each variant's overlay and identity (variants), one writer per run
+folder (lock), NVML (gpu) and the server log's counts (logscan).
 """

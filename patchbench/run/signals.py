@@ -1,20 +1,30 @@
-"""SIGTERM and SIGHUP behave like Ctrl-C while ``bench`` runs.
+"""How a command ends: SIGTERM and SIGHUP behave like Ctrl-C while ``bench`` runs, and a stdout
+or stderr closed by its reader (``patchbench report RUN | head -1``) is no error.
 
 :func:`terminate_like_ctrl_c` installs handlers that raise :class:`Terminated` (a
 KeyboardInterrupt, so every cleanup written for Ctrl-C runs: the server group is stopped, a
 client such as bench_serving is killed, the cell is marked ``interrupted``). A second signal
 while that cleanup runs, or until the command has ended (:func:`restore_handlers`), is reported
-and ignored (SIGKILL remains the hard stop). ``bench`` then
-raises :class:`patchbench.errors.Interrupted` with the signal number (exit 143 for SIGTERM, 130
+and ignored (SIGKILL remains the hard stop). ``bench`` then raises
+:class:`patchbench.errors.Interrupted` with the signal number (exit 143 for SIGTERM, 130
 otherwise).
+
+:func:`tolerate_closed_output` wraps ``sys.stdout`` and ``sys.stderr`` once, in
+``patchbench.cli.main``: the first write to a pipe whose reader has gone points the stream's
+descriptor at ``/dev/null``, and the command goes on and ends with its own exit code (left alone,
+that write raises BrokenPipeError: a traceback, exit 70, a run stopped mid-cell). Only these two
+streams are covered; a broken socket to a server is still an error.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any, TextIO
 
 
 class Terminated(KeyboardInterrupt):
@@ -82,3 +92,71 @@ def restore_handlers(*, exiting: bool = False) -> None:
     while _kept:
         for s, h in _kept.pop().items():
             signal.signal(s, signal.SIG_IGN if exiting else h)
+
+
+# ------------------------------------------------------------------ a closed output
+
+
+def _closed_pipe(e: OSError) -> bool:
+    return isinstance(e, BrokenPipeError) or e.errno == errno.EPIPE
+
+
+class _Tolerant:
+    """A text stream that forwards everything to ``stream`` and, on the first write or flush that
+    finds the reader gone, points the stream's descriptor at ``/dev/null`` and drops the text."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self.closed_by_reader = False
+
+    def _drop(self) -> None:
+        self.closed_by_reader = True
+        try:
+            fd = self._stream.fileno()
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)  # later writes, the final flush and children inherit /dev/null
+            os.close(null)
+        except (OSError, ValueError):
+            pass
+        try:  # whatever the buffer still holds was meant for the gone reader
+            self._stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def write(self, s: str) -> int:
+        if self.closed_by_reader:
+            return len(s)
+        try:
+            return self._stream.write(s)
+        except OSError as e:
+            if not _closed_pipe(e):
+                raise
+            self._drop()
+            return len(s)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        if self.closed_by_reader:
+            return
+        try:
+            self._stream.flush()
+        except OSError as e:
+            if not _closed_pipe(e):
+                raise
+            self._drop()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def tolerate_closed_output(sys_module: Any) -> None:
+    """Wrap ``sys_module.stdout`` and ``sys_module.stderr`` (module docstring) unless they are
+    already wrapped or absent (``None`` under ``pythonw``). Call once per process, before the
+    command writes anything; a test's captured streams are left alone by not calling it."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys_module, name)
+        if stream is not None and not isinstance(stream, _Tolerant):
+            setattr(sys_module, name, _Tolerant(stream))
