@@ -33,7 +33,7 @@ Every method is checked in tests/analysis/test_stats.py against scipy / statsmod
 for Newcombe's interval, a published example).
 Functions raise ``ValueError`` for inputs they cannot use (lengths that differ, non-positive
 values where a log is taken, too few values). scipy is imported on first use: ``patchbench
-bench`` imports this module long before it compares anything (patchbench/run/preload.py loads
+bench`` imports this module long before it compares anything (patchbench/run/cell.py preloads
 scipy.stats meanwhile).
 """
 

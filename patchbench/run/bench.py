@@ -1,14 +1,8 @@
-"""``patchbench bench CONFIG``: :func:`run_bench`, the data flow of docs/design.md.
-
-Before any server starts: the config, the environment, the model, orphaned servers, the port
-(patchbench.run.preflight) and one verified overlay per variant (patchbench.run.variants). Then
-:class:`BenchRun` runs the planned cells (patchbench.run.plan, patchbench.run.cell) look by look
-for a sequential schedule (patchbench.run.looks), rewriting the manifest atomically after each
-cell, and writes compare.json, the report and the verdict summary.
-
-Nothing measured is lost: a failed cell is recorded and the run goes on; Ctrl-C, SIGTERM and
-SIGHUP stop the server (and any client) and keep what finished; ``--resume RUN_DIR`` runs only
-what is missing.
+"""``patchbench bench CONFIG``: :func:`run_bench` checks everything before any server starts
+(patchbench.run.preflight, patchbench.run.variants), runs the planned cells (:class:`BenchRun`,
+look by look for a sequential schedule), rewrites the manifest atomically after each cell, and
+writes the report. A failed cell is recorded and the run goes on; a signal stops the server and
+keeps what finished; ``--resume RUN_DIR`` runs only what is missing.
 """
 
 from __future__ import annotations
@@ -114,13 +108,12 @@ def run_bench(
         raise UsageError("run_bench needs results_root (where the run folder goes) or resume")
     run = BenchRun(
         cfg,
-        say=log or say,
         log=log,
         launch=cellmod.launch_spec if launch_spec is None else launch_spec,
         restart_variants=list(restart_variants or []),
     )
     try:
-        with terminate_like_ctrl_c(log=run.console):
+        with terminate_like_ctrl_c(log=run.say):
             try:
                 cells = run.set_up(
                     resume, results_root, port, kill_stale, nvml, t_call, python_start_s
@@ -131,7 +124,7 @@ def run_bench(
                 raise
             except KeyboardInterrupt as e:
                 raise run.interrupted(e) from None
-        with terminate_like_ctrl_c(log=run.console):  # a signal in the report: measured is kept
+        with terminate_like_ctrl_c(log=run.say):  # a signal in the report: measured is kept
             try:
                 run.finish(t_call - (python_start_s or 0.0))
             except KeyboardInterrupt as e:
@@ -194,12 +187,10 @@ def _compare_and_report(run_dir: Path, *, log: Callable[[str], None]) -> str | N
 @dataclass
 class BenchRun:
     """One invocation of ``bench``: the config, the run folder, its manifest and how the run
-    ended. ``say``: the console before the progress bar exists (and the end-of-run lines);
-    ``log``: a caller's log for everything (None: lines go above the progress bar); the fields
-    after ``restart_variants`` are set by :meth:`set_up`."""
+    ended. ``log``: a caller's log for every line (None: the console); the fields after
+    ``restart_variants`` are set by :meth:`set_up`."""
 
     cfg: Config
-    say: Callable[[str], None]
     log: Callable[[str], None] | None
     launch: LaunchSpecFn
     restart_variants: list[str]
@@ -227,16 +218,14 @@ class BenchRun:
         m = self.manifest
         return m.resumes[-1].timings_s if self.resumed else m.timings_s
 
-    def cell_log(self, msg: str) -> None:
-        """A line about a cell: to the caller's log, else above the progress bar."""
+    def say(self, msg: str) -> None:
+        """One line: to the caller's log, else stamped on the console (above the progress bar)."""
         if self.log is not None:
             self.log(msg)
-        else:
+        elif self.progress is not None:
             self.progress.log(stamped(msg))
-
-    def console(self, msg: str) -> None:
-        """A line while the run is set up or stopping: above the progress bar when there is one."""
-        (self.progress.log if self.progress is not None else self.say)(msg)
+        else:
+            say(msg)
 
     def save(self) -> None:
         """Write the manifest (atomically); raises ResultsWriteError when it cannot."""
@@ -333,7 +322,7 @@ class BenchRun:
         skipped = cell_done(self.run_dir, cell, self.cfg)
         if skipped:
             rec = read_cell(cell.path(self.run_dir))
-            self.cell_log(f"{cell.label}: done already, skipped")
+            self.say(f"{cell.label}: done already, skipped")
             self.progress.cell_skipped(cell.label)
         else:
             self.progress.cell_started(cell.label)
@@ -343,7 +332,7 @@ class BenchRun:
                 self.variants[cell.variant],
                 self.run_dir,
                 port=self.port,
-                log=self.cell_log,
+                log=self.say,
                 progress=self.progress,
                 nvml=self.nvml,
                 launch=self.launch,
@@ -364,7 +353,7 @@ class BenchRun:
             self.cfg, design, self.manifest.sequential, look_index, n_rounds, decision, why
         )
         self.save()
-        self.cell_log(
+        self.say(
             f"sequential look {look_index + 1} of {len(design.looks)} after {n_rounds} rounds: "
             + self.manifest.sequential.reason
         )

@@ -1,19 +1,9 @@
-"""One cell (one server lifetime of one variant): start, run suites, stop, record
-(:func:`run_cell`; :class:`CellRun` holds the cell's state).
-
-- **start**: the launch spec plus the correctness cell's instrumentation and the markers that tie
-  the server to this run (patchbench.run.ports); the server's pid goes into ``cell.json`` at once
-  (an orphan of a killed runner is found again); readiness; then the liveness watch and, on a
-  GPU, the NVML sampler.
-- **run suites**: suites that need no server first, then the others; between two suites
-  ``/flush_cache``, whose 200 only the scheduler's own reply gives, so it doubles as the health
-  check. A death or a stall of the server (patchbench.run.liveness) stops the suite at once and
-  fails the cell with the server log's tail.
-- **stop**: the watch first (a stop is not a death), then a fast stop of the group.
-- **record**: the instrumentation's ``collect``, status, timings and GPU summary into ``cell.json``.
-
-Never raises for a failure of the server or a suite (the cell fails); an interrupt stops the
-server, marks the cell interrupted and propagates.
+"""One cell, one server lifetime of one variant (:func:`run_cell`): start (launch with the
+correctness cell's instrumentation and the markers of patchbench.run.ports, the pid into
+``cell.json`` at once, readiness, the liveness watch and GPU sampler), run suites (those needing
+no server first; ``/flush_cache`` between two), stop (the watch, then the group), record
+(``cell.json``). A failure of the server or a suite fails the cell and never raises; an
+interrupt stops the server, marks the cell interrupted and propagates.
 """
 
 from __future__ import annotations

@@ -1,35 +1,22 @@
 """Liveness and progress of a whole sglang server while suites run, and stopping a suite at once
 when the server dies or stops answering (docs/faults.md).
 
-An sglang server is a process group: the HTTP front end (the launched process), one
-``sglang::scheduler*`` per TP rank and a ``sglang::detokenizer``. When a scheduler dies the front
-end keeps answering connections and a client waits for its own timeout; a scheduler that is
-alive but blocked (or stopped) looks healthy to a process check. So :class:`ServerWatch`, a
-thread, polls every watched process (every ``interval_s``) and, with ``stall_timeout_s``, watches
-progress:
+A dead scheduler leaves the HTTP front end answering, and a blocked or stopped one looks healthy
+to a process check, so :class:`ServerWatch` (a thread) polls every watched process of the group
+(the leader, Python and ``sglang::`` processes present when the server became ready) and, with
+``stall_timeout_s``, watches progress: the scheduler heartbeat (``GET /server_info`` every
+:func:`heartbeat_interval` s from a second thread; a longer limit inside a window the suite
+announces, :meth:`ProgressMeter.quiet`), the replies the suite reports, processes stopped
+(state T) for ``stopped_grace_s``, and a watched client's activity
+(:class:`patchbench.run.activity.ClientActivity`: a ``client_silent`` stall while the heartbeat
+answers).
 
-- **the scheduler heartbeat** (a second thread): one scheduler round trip (``GET /server_info``,
-  no generation) every :func:`heartbeat_interval` s; no answer for ``stall_timeout_s`` is a
-  stall, or for a longer window a suite announces (:meth:`ProgressMeter.quiet`: the profiler's
-  trace export runs inside the scheduler's loop);
-- **replies of the suite** (the :class:`ProgressMeter` it feeds): work outstanding and no reply
-  for ``stall_timeout_s``;
-- **stopped processes**: a server process, or a client of the suite, in state T for
-  ``stopped_grace_s``;
-- **a watched client's activity** (:class:`patchbench.run.activity.ClientActivity`, e.g.
-  bench_serving, which prints nothing until its result): none for ``stall_timeout_s`` while the
-  heartbeat answers is a ``client_silent`` stall.
-
-On a death or a stall it records a :class:`Death` or :class:`Stall` and sets :attr:`ServerWatch.dead`,
-kills the suite's clients (registered groups and runner descendants started during the suite),
-SIGKILLs the server's group, and inside :meth:`ServerWatch.cancel_scope` raises
-:class:`ServerLost` in the main thread (delivered with ``SIGUSR2``, so a blocking wait is
-interrupted as by Ctrl-C).
-
-Watched: the processes of the group (and the leader's descendants) present when the server became
-ready: the leader, Python processes and ``sglang::`` ones (not a JIT's compiler or shell).
-Not seen: a detokenizer deadlocked while the scheduler answers (the missing replies or the silent
-client show it), and a client busy-polling without receiving (the suite's ``timeout_s`` ends it).
+On a death or a stall it records a :class:`Death` or :class:`Stall`, sets ``dead``, kills the
+suite's clients and the server's group (SIGKILL), and inside :meth:`ServerWatch.cancel_scope`
+raises :class:`ServerLost` in the main thread (sent as ``SIGUSR2``, so a blocking wait is
+interrupted as by Ctrl-C). Not seen: a deadlocked detokenizer while the scheduler answers (the
+missing replies or the silent client show it), a client busy-polling without receiving (the
+suite's ``timeout_s`` ends it).
 """
 
 from __future__ import annotations
@@ -40,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import psutil
 
@@ -123,13 +110,7 @@ class Death:
         return f"{self.role} (pid {self.pid}) died{how}"
 
     def to_json(self) -> dict:
-        return {
-            "pid": self.pid,
-            "role": self.role,
-            "name": self.name,
-            "returncode": self.returncode,
-            "detected_after_s": round(self.detected_after_s, 3),
-        }
+        return _json(self)
 
 
 @dataclass
@@ -165,15 +146,12 @@ class Stall:
         )
 
     def to_json(self) -> dict:
-        return {
-            "kind": self.kind,
-            "what": self.what,
-            "pid": self.pid,
-            "role": self.role,
-            "state": self.state,
-            "silent_s": round(self.silent_s, 3),
-            "detected_after_s": round(self.detected_after_s, 3),
-        }
+        return _json(self)
+
+
+def _json(reason: Death | Stall) -> dict:
+    """A Death's or Stall's fields for cell.json, seconds rounded to the millisecond."""
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(reason).items()}
 
 
 def role_of(name: str, cmdline: list[str], is_leader: bool) -> str:
@@ -191,14 +169,9 @@ def role_of(name: str, cmdline: list[str], is_leader: bool) -> str:
     return f"server process {name or '?'}"
 
 
-def _watchable(p: psutil.Process, leader_pid: int) -> bool:
-    if p.pid == leader_pid:
-        return True
-    try:
-        name = p.name()
-        cmd = p.cmdline()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return False
+def _watchable(name: str, cmd: list[str]) -> bool:
+    """A process worth watching besides the leader: an ``sglang::`` or a Python one (not a JIT's
+    compiler or shell)."""
     first = (cmd[0] if cmd else "") or name
     return (
         name.startswith("sglang::")
@@ -272,11 +245,9 @@ class ServerWatch:
     _beat_thread: threading.Thread | None = None
     _t0: float = 0.0
     _last_beat: float = 0.0
-    _clients: set[int] = field(default_factory=set)
     _suite_started: float | None = None
     _before: set = field(default_factory=set)
     _armed: bool = False
-    _lock: threading.Lock = field(default_factory=threading.Lock)
     _stopped_since: dict[int, float] = field(default_factory=dict)
     _next_client_scan: float = 0.0
 
@@ -289,14 +260,14 @@ class ServerWatch:
         except psutil.NoSuchProcess:
             pass
         for p in group_processes(self.pgid, leader):
-            if not _watchable(p, self.leader.pid):
-                continue
             try:
                 name, cmd = p.name(), p.cmdline()
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
-            title = cmd[0] if len(cmd) == 1 else name  # setproctitle leaves one argv entry
-            self.watched.append(_Watched(p, role_of(name, cmd, p.pid == self.leader.pid), title))
+            is_leader = p.pid == self.leader.pid
+            if is_leader or _watchable(name, cmd):
+                title = cmd[0] if len(cmd) == 1 else name  # setproctitle leaves one argv entry
+                self.watched.append(_Watched(p, role_of(name, cmd, is_leader), title))
         self._t0 = self._last_beat = time.monotonic()
         self.progress.idle()
         self._thread = threading.Thread(
@@ -328,12 +299,6 @@ class ServerWatch:
                 t.join(timeout=wait)
 
     # ------------------------------------------------------------------ clients
-    def register_client(self, pgid: int) -> None:
-        """A client process group (e.g. bench_serving, started with ``start_new_session``) to kill
-        when the server dies."""
-        with self._lock:
-            self._clients.add(pgid)
-
     def suite_started(self) -> None:
         """Mark the start of a suite: runner descendants that appear from now on are its clients
         (those alive now are remembered and never killed)."""
@@ -348,17 +313,15 @@ class ServerWatch:
         self.progress.idle()
         self._suite_started = time.time()
 
-    def _client_processes(self) -> tuple[list[psutil.Process], set[int]]:
-        """(runner descendants that appeared since the suite started and are not server
-        processes; the process groups of the registered clients)."""
-        with self._lock:
-            groups = set(self._clients)
+    def _client_processes(self) -> list[psutil.Process]:
+        """The runner's descendants that appeared since the suite started and are not server
+        processes (bench_serving runs in a session of its own)."""
         if self._suite_started is None:
-            return [], groups
+            return []
         try:
             kids = psutil.Process(os.getpid()).children(recursive=True)
         except psutil.NoSuchProcess:
-            return [], groups
+            return []
         server_pids = {w.proc.pid for w in self.watched}
         out = []
         for k in kids:
@@ -370,15 +333,15 @@ class ServerWatch:
             except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
                 continue
             out.append(k)
-        return out, groups
+        return out
 
     def kill_clients(self) -> list[int]:
-        """SIGKILL every registered client group and every runner descendant that appeared since
-        :meth:`suite_started` and is not a server process. Returns the pids/pgids killed."""
+        """SIGKILL the suite's clients (:meth:`_client_processes`; their group when it is not
+        ours). Returns the pids and pgids killed."""
         killed: list[int] = []
-        kids, groups = self._client_processes()
+        groups: set[int] = set()
         own = os.getpgid(0)
-        for k in kids:
+        for k in self._client_processes():
             try:
                 pg = os.getpgid(k.pid)
             except (ProcessLookupError, PermissionError):
@@ -538,12 +501,7 @@ class ServerWatch:
         if self._suite_started is None or now < self._next_client_scan:
             return None
         self._next_client_scan = now + 1.0
-        kids, groups = self._client_processes()
-        seen = {k.pid: k for k in kids}
-        for g in groups:
-            for p in group_members(g):
-                seen.setdefault(p.pid, p)
-        for pid, p in seen.items():
+        for p in self._client_processes():
             st = _status(p)
             if st is None:
                 continue
@@ -551,7 +509,7 @@ class ServerWatch:
                 cmd = " ".join(p.cmdline())[:160] or p.name()
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 cmd = "?"
-            stall = self._stopped(pid, st, f"the client ({cmd})", "client_stopped")
+            stall = self._stopped(p.pid, st, f"the client ({cmd})", "client_stopped")
             if stall is not None:
                 return stall
         return None

@@ -1,14 +1,11 @@
-"""The run's cells: which, in what order (:func:`plan`), what each runs (:func:`cell_suites`, the
-correctness cell's instrumentation arguments) and the plan as text (:func:`describe_plan`, what
-``bench --dry-run`` prints).
+"""The run's cells: which and in what order (:func:`plan`), what each runs (:func:`cell_suites`,
+the correctness cell's instrumentation arguments) and the plan as text (:func:`describe_plan`,
+``bench --dry-run``).
 
-Interleaved order alternates the direction of each round (ABBA for two variants, ABC CBA ABC for
-three), so a slow drift of the machine hits every variant alike and cancels in paired
-comparisons; sequential order (all repeats of one variant, then the next) is for debugging only.
-When a suite is untimed (``Suite.timed = False``) or declares in-server instrumentation, each
-variant first gets one untimed ``correctness`` cell (folder ``<variant>/correctness``) that runs
-those suites with every instrumentation on; its timings feed no verdict, and timed cells never
-carry instrumentation. ``suites.<name>.rounds`` says which timed rounds run a suite.
+Interleaved order alternates each round's direction (ABBA, ABC CBA) so a slow drift hits every
+variant alike; sequential order is for debugging. An untimed or instrumented suite gives each
+variant one untimed ``correctness`` cell first (``<variant>/correctness``, every
+instrumentation on, no verdict from its timings); ``suites.<name>.rounds`` picks a suite's rounds.
 """
 
 from __future__ import annotations
@@ -23,6 +20,7 @@ from patchbench.config.args import check_args, split_args
 from patchbench.envs import envinfo
 from patchbench.errors import ConfigError
 from patchbench.run.looks import sequential_primaries
+from patchbench.run.server import launch_command
 from patchbench.run.variants import (
     client_python,
     client_release,
@@ -352,18 +350,9 @@ def _server_lines(cfg: Config) -> list[str]:
     lines = []
     for v in cfg.variants:
         b = cfg.builds.get(v)
-        cmd = [
-            b.python if b is not None and cfg.has_own_builds() else "python",
-            "-m",
-            "sglang.launch_server",
-            "--model-path",
-            cfg.model_ref,
-            "--host",
-            cfg.server.host,
-            "--port",
-            str(cfg.server.port),
-            *cfg.server_args_of(v),
-        ]
+        python = b.python if b is not None and cfg.has_own_builds() else "python"
+        s = cfg.server
+        cmd = launch_command(python, cfg.model_ref, s.host, s.port, cfg.server_args_of(v))
         lines.append(f"server     {v}: " + " ".join(cmd))
     env = dict(cfg.server.env)
     if cfg.server.cpu_stand_ins:

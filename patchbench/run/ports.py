@@ -1,14 +1,8 @@
-"""Which server is ours: ports and the processes that hold them, and sglang servers orphaned by a
-killed runner.
-
-Every server the harness launches carries markers in its environment (:func:`server_markers`:
-run folder, cell, the runner's pid and start time), so it can be recognised wherever its run
-folder is. A server runs in its own session, so it outlives a runner killed with SIGKILL and
-keeps its port (and GPU memory). :func:`find_stale_servers` finds such orphans from ``cell.json``
-files still ``"running"`` whose server lives (same start time: a reused pid is never taken for
-it) and from live processes carrying the markers, in both cases with the runner gone.
-``patchbench doctor`` lists them with the command that stops each; ``bench --kill-stale`` calls
-:func:`kill_stale`. A process group is signalled only when it is the server's own
+"""Which server is ours: ports and who holds them, the markers every launched server carries
+(:func:`server_markers`: run folder, cell, the runner's pid and start time), and servers
+orphaned by a killed runner (:func:`find_stale_servers`: from ``cell.json`` files still
+"running" and from the markers, the server alive with the same start time and its runner gone;
+:func:`kill_stale`). A process group is signalled only when it is the server's own
 (:func:`own_group`), else only the server's pid.
 """
 

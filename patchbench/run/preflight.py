@@ -1,9 +1,6 @@
-"""What ``bench`` checks before any server starts: the installed sglang against the pin, the
-model folder (the tiny model is built when missing), a resumed run folder's config, servers
-orphaned by an earlier killed run, and the server port.
-
-Each check raises the error its exit code says (patchbench.errors): ConfigError (2) for a
-resumed folder that does not fit the config, EnvironmentNotReady (3) for the environment.
+"""What ``bench`` checks before any server starts: the builds, the model, a resumed folder's
+config, orphaned servers, the port. ConfigError (exit 2) for a resumed folder that does not fit
+the config, EnvironmentNotReady (exit 3) for the environment.
 """
 
 from __future__ import annotations

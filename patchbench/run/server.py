@@ -1,21 +1,15 @@
 """Lifecycle of one sglang server: launch, readiness, heartbeat, cache flush, stop (docs/cases.md
 L1-L3; endpoints as in docs/FACTS.md section 4, sglang 0.5.1.post3 .. 0.5.23).
 
-- Launch: ``python -m sglang.launch_server ...`` in its own process group, output to
-  ``server.log``; refused when anything answers on the port (never benchmark a stale server).
-- Ready: ``/health`` answers 200 and a 1-token ``/generate`` succeeds (``/v1/models`` answers
-  early on 0.5.23); a process that exits meanwhile fails at once with the log's tail. Then the
-  port must be held by our group: a foreign process that took it between the check and the
-  launch answers readiness as well as ours would, so it is named (:class:`PortTaken`).
+- Launch in its own process group, output to ``server.log``; refused when the port answers.
+- Ready: ``/health`` 200 and a 1-token ``/generate`` (``/v1/models`` answers early on 0.5.23);
+  then the port must be held by our group, else a foreign process that took it between the
+  check and the launch is named (:class:`PortTaken`).
 - Heartbeat: ``GET /server_info`` (``/get_server_info`` on releases without it), one scheduler
-  round trip and no generation; patchbench.run.liveness calls it while suites run.
-- Flush: ``POST /flush_cache``, retried while sglang answers 400 (requests in flight), all tries
-  within ``stall_timeout_s``; a try with no answer at all is not retried.
-- Stop (``stop_mode="fast"``, after every suite wrote its files): SIGTERM to the group, 0.05 s,
-  then SIGKILL to the group and every descendant seen; wait until all are gone, the port refuses
-  and, on a GPU, NVML lists none of them. A longer grace buys nothing: the front end answers
-  SIGTERM only through a watchdog polling every 5 s (docs/FACTS.md section 4).
-  ``"graceful"`` waits ``stop_grace_s``. A survivor, an open port or held GPU memory is an error.
+  round trip, no generation. Flush: ``POST /flush_cache``, retried while sglang answers 400.
+- Stop (``stop_mode="fast"``, after every suite wrote its files): SIGTERM to the group, 0.05 s
+  (the front end answers SIGTERM only through a watchdog polling every 5 s), SIGKILL; wait until
+  all are gone, the port refuses and NVML lists none of them.
 """
 
 from __future__ import annotations
@@ -147,18 +141,15 @@ class LaunchSpec:
     gpu_release_timeout_s: float = 30.0
 
     def command(self) -> list[str]:
-        return [
-            self.python,
-            "-m",
-            "sglang.launch_server",
-            "--model-path",
-            self.model_path,
-            "--host",
-            self.host,
-            "--port",
-            str(self.port),
-            *self.args,
-        ]
+        return launch_command(self.python, self.model_path, self.host, self.port, self.args)
+
+
+def launch_command(
+    python: str, model_path: str, host: str, port: int, args: list[str]
+) -> list[str]:
+    """``python -m sglang.launch_server`` with the model, host, port and ``args``."""
+    where = ["--model-path", model_path, "--host", host, "--port", str(port)]
+    return [python, "-m", "sglang.launch_server", *where, *args]
 
 
 @dataclass

@@ -1,12 +1,8 @@
-"""What one variant's server runs: its overlay (patches applied to a copy of the sglang files they
-touch), its environment, the environment of the stock clients (bench_serving), and its identity.
-
-:func:`prepare_variants` builds and verifies every variant's overlay before any server starts.
-Every cell records the variant's identity (``cell.json`` ``variant_identity``): one short sha256
-per input that decides the server's code or arguments: ``patches`` (names and diff hashes),
-``server_args``, ``env`` (with the CPU stand-ins), ``sglang`` (release and the installed build's
-fingerprint). ``--resume`` refuses (exit 2) a variant whose identity changed since its cells
-(:func:`check_resume_identity`), unless it is started over (``--restart-variant NAME``).
+"""What one variant's server runs: its overlay (patches applied to a copy of the files they
+touch), its environment, the stock clients' environment, and its identity: one short sha256 per
+input that decides the server's code or arguments (``patches``, ``server_args``, ``env``,
+``sglang``), recorded per cell; ``--resume`` refuses a variant whose identity changed
+(:func:`check_resume_identity`, exit 2) unless it starts over (``--restart-variant NAME``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from patchbench.run.plan import plan_cells
-from patchbench.run.progress import BenchProgress, eta_s, fmt_duration
+from patchbench.run.progress import BenchProgress, fmt_duration
 
 
 def test_interleaved_abba_and_correctness_cells_first():
@@ -37,9 +37,11 @@ def test_bad_plans_are_refused(bad):
 
 
 def test_eta_is_the_median_finished_cell_times_cells_left():
-    assert eta_s([], 3) is None
-    assert eta_s([10.0, 30.0, 12.0], 4) == 48.0  # median 12 s x 4
-    assert eta_s([5.0], 0) == 0.0
+    from patchbench.run.progress import eta_by_suite
+
+    assert eta_by_suite([], [[]] * 3) is None
+    assert eta_by_suite([(10.0, {}), (30.0, {}), (12.0, {})], [[]] * 4) == 48.0  # 12 s x 4
+    assert eta_by_suite([(5.0, {})], []) == 0.0
     assert [fmt_duration(x) for x in (None, 42.4, 185, 3720)] == ["?", "42s", "3m05s", "1h02m"]
 
 
