@@ -197,8 +197,7 @@ class ProgressMeter:
     def watch_client(
         self, pid: int, name: str, outputs: list[Path] | tuple = (), idle_s: float = 0.0
     ) -> None:
-        """Watch client ``pid`` (:class:`ClientActivity`; ``name``: e.g. "bench_serving"),
-        replacing a client watched before."""
+        """Watch client ``pid`` (e.g. "bench_serving"), replacing any watched before."""
         with self._lock:
             self.client = ClientActivity(pid, name, [Path(p) for p in outputs], idle_s=idle_s)
 

@@ -61,8 +61,7 @@ PROG = f"{sys.executable} -m patchbench"
 
 
 def resume_command(cfg: Config, run_dir: Path) -> str:
-    """The command that resumes ``run_dir``: with the config's file, or without one for a config
-    built in memory (``--resume`` then rebuilds it from the manifest)."""
+    """The command that resumes ``run_dir`` (no file for a config built in memory)."""
     return f"{PROG} bench{f' {cfg.source}' if cfg.source else ''} --resume {run_dir}"
 
 
@@ -161,8 +160,7 @@ def new_run_dir(root: Path, stamp: str, name: str) -> Path:
 
 
 def _compare_and_report(run_dir: Path, *, log: Callable[[str], None]) -> str | None:
-    """Write compare.json, report.md and plots, then print the verdict summary; returns why the
-    report failed, or None. A failure here never loses the measurements."""
+    """Write compare.json, the report and the verdict summary; returns why it failed, or None."""
     try:
         from patchbench.report import render_run
     except ImportError as e:
@@ -243,8 +241,7 @@ class BenchRun:
     def set_up(
         self, resume, results_root, port, kill_stale, nvml, t_call, python_start_s
     ) -> list[Cell]:
-        """The checks (nothing slow before the config and a resumed folder are known good), the
-        overlays, the run folder and its first manifest, the progress bar; returns the cells."""
+        """Everything before the first cell, checks first; returns the cells."""
         cfg = self.cfg
         old = preflight.resume_manifest(cfg, Path(resume)) if resume else None
         if resume:  # one writer per folder: refused before anything slow or written
@@ -295,8 +292,7 @@ class BenchRun:
 
     # ------------------------------------------------------------------ the cells
     def run_cells(self, cells: list[Cell]) -> None:
-        """Run ``cells`` (those done already are skipped), look by look for a sequential
-        schedule (it stops at the look that decides), then close the progress bar."""
+        """Run ``cells`` (skipping those done), look by look for a sequential schedule."""
         design = sequential_design(self.cfg)
         looks = list(design.looks) if design else [self.cfg.schedule.max_repeats]
         decision = None
@@ -317,8 +313,7 @@ class BenchRun:
         self.progress.close()
 
     def run_or_skip(self, cell: Cell) -> None:
-        """Run ``cell`` and record it (the manifest is rewritten), or record it as skipped when
-        an earlier invocation finished it."""
+        """Run and record ``cell`` (the manifest is rewritten), or record it as done."""
         skipped = cell_done(self.run_dir, cell, self.cfg)
         if skipped:
             rec = read_cell(cell.path(self.run_dir))
@@ -346,8 +341,7 @@ class BenchRun:
             self.save()
 
     def look(self, design, look_index: int, n_rounds: int, previous):
-        """The sequential look after ``n_rounds`` rounds, recorded in the manifest; returns its
-        LookDecision (None: a pair is missing, the run stops)."""
+        """The sequential look after ``n_rounds`` rounds, recorded; None: the run stops."""
         decision, why = sequential_look(self.cfg, self.run_dir, design, look_index, previous)
         self.manifest.sequential = sequential_record(
             self.cfg, design, self.manifest.sequential, look_index, n_rounds, decision, why
@@ -361,8 +355,7 @@ class BenchRun:
 
     # ------------------------------------------------------------------ how it ends
     def problems(self) -> list[str]:
-        """What makes the run exit 4 after the report: failed cells, incomplete timed cells, a
-        report that could not be written."""
+        """Why the run exits 4: failed cells, incomplete timed cells, an unwritten report."""
         out = []
         if self.failed:
             out.append(f"{self.failed} of {len(self.processed)} cells failed")
@@ -384,8 +377,7 @@ class BenchRun:
             self.manifest.ended_at = utc_stamp()
 
     def stopped(self, e: ResultsWriteError) -> None:
-        """The results folder cannot be written: note it in the manifest (if it still can be)
-        and say how to resume."""
+        """The results folder cannot be written: note it, say how to resume."""
         self._end()
         if self.manifest is not None:
             self.manifest.error = str(e)
@@ -401,8 +393,7 @@ class BenchRun:
             )
 
     def interrupted(self, e: BaseException) -> Interrupted:
-        """A signal stopped the run (the cell's server is stopped already): mark the manifest
-        interrupted, say how to resume; returns the error to raise (exit 130, 143)."""
+        """A signal stopped the run: mark the manifest, say how to resume; the error."""
         self._end()
         if self.run_dir is None:
             return Interrupted("interrupted before any cell ran", signum=signum_of(e))
@@ -419,8 +410,7 @@ class BenchRun:
         )
 
     def interrupted_in_report(self, e: BaseException) -> Interrupted:
-        """A signal stopped the report after every cell was measured: the manifest records it as
-        the report's error; returns the error to raise, naming the command that writes it."""
+        """A signal stopped the report: recorded as its error; the error to raise."""
         name = signal.Signals(signum_of(e)).name
         self.manifest.report_error = f"interrupted by {name} while the report was written"
         self.save()
@@ -434,8 +424,7 @@ class BenchRun:
         )
 
     def finish(self, t_run: float) -> None:
-        """The measurements are done: record the end, write the report, then this invocation's
-        timings (``t_run``: ``time.monotonic()`` when the process started) and overhead."""
+        """Record the end, write the report, then this invocation's timings."""
         self.manifest.ended_at = utc_stamp()  # the measurements end here; the report reads it
         self.save()
         t_report = time.monotonic()
@@ -480,8 +469,7 @@ def _inside_s(entries: list[ManifestCell]) -> float:
 
 
 def overhead_share(entries: list[ManifestCell], timings: RunTimings) -> float | None:
-    """Share of ``timings.total`` outside server start-up and the suites of the cells this
-    invocation ran (skipped cells count nothing); None when nothing ran."""
+    """Share of ``timings.total`` outside start-ups and suites of the cells run; None: none ran."""
     if not timings.total or all(e.skipped for e in entries):
         return None
     return round(max(0.0, timings.total - _inside_s(entries)) / timings.total, 4)
@@ -508,8 +496,7 @@ def overhead_breakdown(entries: list[ManifestCell], timings: RunTimings) -> Over
 
 
 def stop_breakdown(run_dir: Path, entries: list[ManifestCell]) -> StopBreakdown:
-    """Seconds of the server stops of the cells this invocation ran, per phase (``exit``,
-    ``port``, ``gpu``), from each ``cell.json``."""
+    """Seconds of this invocation's server stops per phase (exit, port, gpu), from cell.json."""
     out = {"exit": 0.0, "port": 0.0, "gpu": 0.0}
     for e in entries:
         rec = None if e.skipped else read_cell(run_dir / e.dir)

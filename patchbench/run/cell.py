@@ -194,8 +194,7 @@ class CellRun:
         runfolder.write_cell(self.cdir, self.record)
 
     def ctx(self, suite: str, server: ServerInfo | None, *, make: bool = True) -> SuiteContext:
-        """The suite's context in this cell; ``make``: create its folder (not when the suite is
-        only asked for its instrumentation)."""
+        """The suite's context; ``make``: create its folder (not for the hook)."""
         out = self.cdir / suite
         if make:
             make_dir(out)
@@ -309,8 +308,7 @@ class CellRun:
                 raise ServerError(self.watch.lost.message(), self._log_tail())
 
     def _scan_log(self, res: SuiteResult, start_offset: int | None) -> None:
-        """Retractions and out-of-memory lines of the server during this suite into
-        ``meta["server_log_scan"]`` (a suite that scanned its own slice is left alone)."""
+        """Retractions and OOM lines of this suite into ``meta["server_log_scan"]``."""
         if start_offset is None or "server_log_scan" in res.meta:
             return
         path = self.server.spec.log_path
@@ -327,8 +325,7 @@ class CellRun:
         return self.server.log_tail() if self.server is not None else ""
 
     def run_suite(self, name: str) -> None:
-        """Run one suite and write its summary; a failure is recorded, never raised (except an
-        interrupt or an unwritable results folder)."""
+        """Run one suite and write its summary; a failure is recorded, not raised."""
         if self.progress is not None:
             self.progress.suite_started(name)
         t = time.monotonic()

@@ -37,8 +37,7 @@ BIASING = {
 
 
 def open_nvml(module: Any = None) -> Nvml | None:
-    """An initialised :class:`Nvml` over ``module`` (default ``pynvml``), or None without NVML
-    or a GPU."""
+    """An :class:`Nvml` over ``module`` (default pynvml); None without a GPU."""
     if module is None:
         try:
             with warnings.catch_warnings():
@@ -237,8 +236,7 @@ def cell_flags(record: Any) -> list[str] | None:
 
 @dataclass
 class GpuSampler:
-    """Samples every GPU every ``interval_s`` seconds in a thread while a cell runs; ``ours()``:
-    the cell's pids (any other pid on a GPU is foreign)."""
+    """Samples every GPU every ``interval_s`` s; ``ours()``: the cell's pids."""
 
     nvml: Nvml
     ours: Any = lambda: set()

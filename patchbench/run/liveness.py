@@ -44,14 +44,12 @@ _STOPPED = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
 
 
 def heartbeat_interval(stall_timeout_s: float) -> float:
-    """Seconds between two scheduler heartbeats for a stall limit of ``stall_timeout_s``:
-    a fifth of it, between 0.5 and 5 s (12 round trips a minute at the default 60 s)."""
+    """Seconds between heartbeats: a fifth of the stall limit, within 0.5..5 s."""
     return min(5.0, max(0.5, stall_timeout_s / 5.0))
 
 
 def process_state(pid: int | None) -> str:
-    """``"S (sleeping)"``, ``"T (stopped)"``, ... for ``pid`` (psutil's status with the letter
-    ``ps`` shows), ``"gone"`` when it no longer exists, ``"?"`` when it cannot be read."""
+    """``"S (sleeping)"`` and the like; ``"gone"``; ``"?"`` when unreadable."""
     if pid is None:
         return "?"
     try:
@@ -170,8 +168,7 @@ def role_of(name: str, cmdline: list[str], is_leader: bool) -> str:
 
 
 def _watchable(name: str, cmd: list[str]) -> bool:
-    """A process worth watching besides the leader: an ``sglang::`` or a Python one (not a JIT's
-    compiler or shell)."""
+    """Worth watching besides the leader: an ``sglang::`` or Python process."""
     first = (cmd[0] if cmd else "") or name
     return (
         name.startswith("sglang::")
@@ -194,8 +191,7 @@ def _status(p: psutil.Process) -> str | None:
 
 
 def group_processes(pgid: int, leader: psutil.Process | None = None) -> list[psutil.Process]:
-    """Live processes of group ``pgid`` and descendants of ``leader`` (a child may have left the
-    group with setsid), the leader first."""
+    """Live processes of group ``pgid`` and descendants of ``leader`` (first)."""
     out: dict[int, psutil.Process] = {}
     if leader is not None:
         try:
@@ -300,8 +296,7 @@ class ServerWatch:
 
     # ------------------------------------------------------------------ clients
     def suite_started(self) -> None:
-        """Mark the start of a suite: runner descendants that appear from now on are its clients
-        (those alive now are remembered and never killed)."""
+        """A suite starts: runner descendants new from now on are its clients."""
         self._before = set()
         try:
             self._before = {
@@ -314,8 +309,7 @@ class ServerWatch:
         self._suite_started = time.time()
 
     def _client_processes(self) -> list[psutil.Process]:
-        """The runner's descendants that appeared since the suite started and are not server
-        processes (bench_serving runs in a session of its own)."""
+        """The runner's descendants new since the suite started, not the server's."""
         if self._suite_started is None:
             return []
         try:
@@ -336,8 +330,7 @@ class ServerWatch:
         return out
 
     def kill_clients(self) -> list[int]:
-        """SIGKILL the suite's clients (:meth:`_client_processes`; their group when it is not
-        ours). Returns the pids and pgids killed."""
+        """SIGKILL the suite's clients (their group when not ours); pids and pgids."""
         killed: list[int] = []
         groups: set[int] = set()
         own = os.getpgid(0)
@@ -495,8 +488,7 @@ class ServerWatch:
         return None
 
     def _check_clients(self) -> Stall | None:
-        """A stall when a client process of the running suite has been stopped (checked about
-        once a second: it walks the runner's descendants)."""
+        """A stall when a client of the suite is stopped (scanned once a second)."""
         now = time.monotonic()
         if self._suite_started is None or now < self._next_client_scan:
             return None

@@ -44,8 +44,7 @@ class RunLock:
     previous: dict | None = None
 
     def release(self) -> None:
-        """Empty the file (what a later run finds there is a dead holder's), drop the lock, close
-        the file; safe to call twice."""
+        """Empty the file, drop the lock and close it; safe to call twice."""
         if self.fd >= 0:
             try:
                 try:

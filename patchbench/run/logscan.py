@@ -103,8 +103,7 @@ def scan_server_log(
 
 
 class LogScan(BaseModel):
-    """``meta["server_log_scan"]`` of a suite summary: :func:`scan_server_log`'s dict, or
-    ``{"error": why}``."""
+    """``meta["server_log_scan"]``: a scan's dict, or ``{"error": why}``."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -116,8 +116,7 @@ def _correctness_suites(cfg: Config) -> list[str]:
 
 
 def plan(cfg: Config) -> list[Cell]:
-    """The run's cells: the correctness cells when a suite needs them, then as many timed rounds
-    as the schedule may take (a sequential schedule's ``max``; it may stop earlier)."""
+    """The correctness cells when needed, then every round the schedule may take."""
     return plan_cells(
         list(cfg.variants),
         cfg.schedule.max_repeats,
@@ -196,8 +195,7 @@ def instrumentation_args(
 
 
 def check_instrumentation(cfg: Config) -> dict[str, list[str]]:
-    """{variant: the arguments its correctness cell adds}, computed before any server starts so
-    that a conflict is refused first (raises ConfigError, :func:`instrumentation_args`)."""
+    """{variant: what its correctness cell adds}, before any launch."""
     out: dict[str, list[str]] = {}
     for v in cfg.variants:
         wanted = []
@@ -319,8 +317,7 @@ def _stopping_rule(cfg: Config) -> str:
 
 
 def _suite_lines(cfg: Config, cells: list[Cell]) -> list[str]:
-    """Each suite's parameters (and rounds), then the suites of the correctness cells and of
-    each group of consecutive rounds that run the same suites."""
+    """Each suite's parameters, then the suites of each kind of cell and round."""
     lines = ["suites (in this order, cache flushed between them):"]
     for sname, params in cfg.suite_params.items():
         r = cfg.suite_rounds.get(sname, "all")

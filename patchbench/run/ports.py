@@ -58,8 +58,7 @@ def server_markers(run_dir: Path, cell: str) -> dict[str, str]:
 
 
 def alive(pid: int | None, start: float | None = None) -> bool:
-    """True when ``pid`` names a live (not zombie) process and, with ``start`` (epoch seconds),
-    one that started then (a reused pid is another process)."""
+    """True when ``pid`` lives (not a zombie) and, with ``start``, started then."""
     if not isinstance(pid, int) or pid <= 0:
         return False
     try:
@@ -88,8 +87,7 @@ def markers_of(env: dict[str, str]) -> dict:
 
 
 def own_group(pid: int, pgid: int | None) -> bool:
-    """True when ``pgid`` is a group of its own that may be killed as a whole: led by ``pid``,
-    not group 1 and not this process's group."""
+    """True when ``pgid`` is led by ``pid``, not group 1 nor this process's."""
     return bool(pgid) and pgid == pid and pgid > 1 and pgid != os.getpgid(0)
 
 
@@ -116,8 +114,7 @@ def is_live(p: psutil.Process) -> bool:
 
 
 def kill_group(pgid: int, sig: int = signal.SIGKILL) -> bool:
-    """Send ``sig`` to process group ``pgid``; False when it no longer exists or may not be
-    killed (group 1, this process's own group, another user's)."""
+    """Send ``sig`` to group ``pgid``; False when gone or not ours to kill."""
     if pgid <= 1 or pgid == os.getpgid(0):
         return False
     try:
@@ -256,8 +253,7 @@ def _stale_of_cell(run: Path, cj: Path) -> StaleServer | None:
 
 
 def _stale_of_process(p: psutil.Process, root: Path | None) -> StaleServer | None:
-    """A live group leader carrying the markers of a run (under ``root``; None: any run) whose
-    runner is gone."""
+    """A group leader with a run's markers (under ``root``), its runner gone."""
     try:
         if os.getpgid(p.pid) != p.pid:
             return None  # only group leaders (the launched server process)

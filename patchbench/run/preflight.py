@@ -107,8 +107,7 @@ def config_diffs(a: Any, b: Any, key: str = "") -> list[tuple[str, Any, Any]]:
 
 
 def report_stale_servers(results_root: Path, *, kill: bool, log) -> None:
-    """Report (or with ``kill`` stop) servers orphaned by an earlier killed run: those recorded
-    under ``results_root`` and every server of this user carrying the harness's markers."""
+    """Report (or with ``kill`` stop) servers orphaned by a killed run."""
     found = find_stale_servers(results_root, anywhere=True)
     if not found:
         return

@@ -130,8 +130,7 @@ class BenchProgress:
         self._refresh()
 
     def cell_finished(self, status: str, timings_s: dict[str, float] | None = None) -> None:
-        """A cell ended; ``timings_s``: its record's timings (``suite:<name>`` keys feed the
-        per-suite ETA)."""
+        """A cell ended; ``suite:<name>`` keys of ``timings_s`` feed the ETA."""
         took = self.clock() - self._t_cell
         self._finished.append((took, dict(timings_s or {})))
         self.done += 1
@@ -148,8 +147,7 @@ class BenchProgress:
         self._refresh()
 
     def log(self, msg: str) -> None:
-        """Print ``msg`` above the bar; in a log (no live bar) one line, never wrapped at the
-        console's width."""
+        """Print ``msg`` above the bar (one unwrapped line in a log)."""
         self.console.print(msg, highlight=False, markup=False, soft_wrap=not self.live)
 
     def close(self) -> None:

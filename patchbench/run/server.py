@@ -76,8 +76,7 @@ class StopFailed(ServerError):
 
 
 class NotHttp(ConnectionError):
-    """What came back on the server's port is not HTTP (``http.client.HTTPException``): handled
-    as no answer, like a dropped connection."""
+    """Not an HTTP answer on the server's port: handled as no answer."""
 
 
 #: uvicorn's access-log line of an answered heartbeat, and of its one 404 probe on 0.5.1.post3
@@ -370,8 +369,7 @@ class SglangServer:
         )
 
     def check_ours(self) -> None:
-        """Raise :class:`PortTaken` when what answers on the port is not our server's; :meth:`stop`
-        then leaves the foreign holder's port alone."""
+        """Raise :class:`PortTaken` when what answers is not our server."""
         race = self._port_race()
         if race is None:
             return

@@ -93,8 +93,7 @@ def _closed_pipe(e: OSError) -> bool:
 
 
 class _Tolerant:
-    """A text stream that forwards everything to ``stream`` and, on the first write or flush that
-    finds the reader gone, points the stream's descriptor at ``/dev/null`` and drops the text."""
+    """A stream pointed at /dev/null once its reader has gone."""
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream

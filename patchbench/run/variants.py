@@ -132,8 +132,7 @@ def prepare_variants(cfg: Config, *, log) -> dict[str, VariantEnv]:
 
 
 def _overlay_of(cfg: Config, name: str, build: Any, site: Path | None) -> Any:
-    """The overlay of variant ``name``: its patches on its build's environment (the running
-    one when no builds were resolved), or a checkout's/wheel's tree on its environment."""
+    """Variant ``name``'s overlay: its patches, or its build's tree."""
     if build is not None and build.tree is not None:
         return ov.build_source_overlay(
             build.release,
@@ -162,8 +161,7 @@ def is_cpu(cfg: Config) -> bool:
 
 
 def client_python(cfg: Config) -> str:
-    """The interpreter every arm's clients (bench_serving, MMMU) run with: the baseline's
-    build's environment (the running one when no builds were resolved)."""
+    """The clients' interpreter: the baseline's build's (else this one)."""
     b = cfg.builds.get(cfg.baseline)
     return b.python if b is not None else sys.executable
 
