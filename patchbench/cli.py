@@ -22,8 +22,8 @@ from pathlib import Path
 
 from patchbench import errors
 from patchbench.errors import EXIT_BUG, EXIT_ENV, EXIT_OK, EXIT_USAGE, exit_code_of
-from patchbench.run.closed_output import tolerate_closed_output
-from patchbench.run.signals import restore_handlers
+from patchbench.inputs import RESULTS_DIR
+from patchbench.run.signals import restore_handlers, tolerate_closed_output
 
 PROG = "patchbench"
 
@@ -84,7 +84,8 @@ def _run_bench(a: argparse.Namespace) -> int:
         extra["python_start_s"] = max(0.0, time.time() - _PROCESS_T0)
     if a.restart_variant:
         extra["restart_variants"] = list(a.restart_variant)
-    bench.run_bench(a.config, resume=a.resume, results_root=a.results, port=a.port, **extra)
+    root = a.results or RESULTS_DIR
+    bench.run_bench(a.config, resume=a.resume, results_root=root, port=a.port, **extra)
     return EXIT_OK
 
 
@@ -94,8 +95,8 @@ def _dry_run(config: str, resume: str | None, port: int | None) -> int:
     from patchbench.config import load_config
     from patchbench.envs import builds, envinfo
     from patchbench.run import variants
-    from patchbench.run.cell import is_cpu
     from patchbench.run.plan import describe_plan
+    from patchbench.run.variants import is_cpu
 
     cfg = load_config(config)
     if port:
@@ -333,7 +334,7 @@ def _run_ab(a: argparse.Namespace) -> int:
     path = ab.prepare_ab(a)
     if a.dry_run:
         return _dry_run(str(path), None, a.port)
-    run_dir = bench.run_bench(path, results_root=a.results, port=a.port)
+    run_dir = bench.run_bench(path, results_root=a.results or RESULTS_DIR, port=a.port)
     print(f"ab: report {run_dir / 'report.md'}")
     return EXIT_OK
 

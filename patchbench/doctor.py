@@ -62,7 +62,7 @@ def hf_dataset_check(what: str, repo_id: str, local_path: str | None = None) -> 
 def _stale_server_checks(results_dir: Path = RESULTS_DIR) -> list[Check]:
     """sglang servers left by a killed patchbench run (of ``results_dir`` or, by their markers,
     anywhere), each with the command that stops it."""
-    from patchbench.run.stale import find_stale_servers
+    from patchbench.run.ports import find_stale_servers
 
     stale = find_stale_servers(results_dir, anywhere=True)
     if not stale:
@@ -120,8 +120,8 @@ def _model_check(cfg: Any, info: dict) -> Check:
 def checks_for(cfg: Any, info: dict) -> list[Check]:
     """(what, ok, how to fix) for each requirement of the loaded config ``cfg`` here; ``info``:
     :func:`patchbench.envs.envinfo.collect`'s dict (keys used: hub_reachable, gpu)."""
-    from patchbench.run.cell import is_cpu
     from patchbench.run.ports import port_answers
+    from patchbench.run.variants import is_cpu
     from patchbench.suite import get_suite
 
     token = _INFO.set(info)

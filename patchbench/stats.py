@@ -5,7 +5,7 @@ intervals, and the request-level bootstraps of the serving suite (descriptive on
 
 The rules that turn these into verdicts (:mod:`patchbench.analysis.verdicts`, the nightly's gates,
 :mod:`patchbench.analysis.sequential`) only call this module. Functions raise ValueError for
-inputs they cannot use. scipy is imported on first use (patchbench/run/preload.py loads it while
+inputs they cannot use. scipy is imported on first use (patchbench/run/cell.py preloads it while
 the first server starts).
 """
 

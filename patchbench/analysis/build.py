@@ -141,7 +141,7 @@ def _params(obj: Any, raw: dict) -> Any:
     ``rounds`` key) validated by the suite's ``Params``; the raw dict for a suite object without
     ``Params`` (tools/calibrate.py's in-memory suites) or for a section that model refuses (a
     run folder written by another patchbench version)."""
-    from patchbench.run.order import ROUNDS_KEY
+    from patchbench.config.schedule import ROUNDS_KEY
 
     raw = {k: v for k, v in (raw or {}).items() if k != ROUNDS_KEY}
     model = getattr(obj, "Params", None)

@@ -190,7 +190,7 @@ def suite_schedule(
     correctness cells]). Read from the manifest's ``suite_rounds`` (written by ``bench``:
     round lists, or "correctness"), else from the config's ``suites.<name>.rounds`` and the
     suite's ``timed`` flag; a suite without either runs in every round."""
-    from patchbench.run.order import resolve_rounds
+    from patchbench.config.schedule import resolve_rounds
 
     recorded = man.suite_rounds
     cfg_suites = man.config.suites if man.config is not None else {}

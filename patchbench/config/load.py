@@ -17,13 +17,13 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+import patchbench.config.schedule as _sched
 from patchbench import inputs
 from patchbench import suite as _suite
 from patchbench.config.schema import SECTIONS, Config
 from patchbench.errors import ConfigError, PatchError
 from patchbench.inputs import line_of, read_text_file, read_yaml_mapping
 from patchbench.patches import diffs, manifest
-from patchbench.run import order as _sched
 from patchbench.suite import suite_names
 
 

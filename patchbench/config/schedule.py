@@ -1,14 +1,15 @@
 """The config's ``schedule:`` models: :class:`ScheduleSpec` (repeats and order) and
 :class:`SequentialRepeats` (``repeats: {min, max, step}``, group-sequential looks).
 
-Which rounds a suite runs in (``suites.<name>.rounds``) is :mod:`patchbench.run.order`; the
-looks' boundaries are :mod:`patchbench.analysis.sequential`. A model error is a ValueError (pydantic's
-ValidationError), which the loader turns into :class:`patchbench.errors.ConfigError`.
+Which rounds a suite runs in (``suites.<name>.rounds``): :func:`parse_rounds`,
+:func:`resolve_rounds`; the looks' boundaries are :mod:`patchbench.analysis.sequential`. A model
+error is a ValueError (pydantic's ValidationError), which the loader turns into
+:class:`patchbench.errors.ConfigError`.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -161,3 +162,57 @@ class ScheduleSpec(_Strict):
             return f"{self.repeats} repeat(s)"
         looks = ", ".join(str(n) for n in s.looks)
         return f"sequential {s.min}..{s.max} repeats, looks after {looks} ({s.boundary} boundary)"
+
+
+#: the core key of a suite's section that is not one of the suite's own parameters
+ROUNDS_KEY = "rounds"
+
+
+def parse_rounds(
+    value: Any, max_repeats: int, where: str, *, floor: int | None = None
+) -> str | list[int]:
+    """Check a ``suites.<name>.rounds`` value for a run of at most ``max_repeats`` rounds
+    (``floor``: ``schedule.repeats: auto``'s ``nightly.min_repeats``, the rounds a night may
+    have). Returns "all", "first" or the sorted 0-based round indices; raises ValueError naming
+    ``where`` for anything else, an empty list, a repeated index or a round the run never reaches.
+    """
+    if value in ("all", "first"):
+        return value
+    if not isinstance(value, list) or any(
+        isinstance(x, bool) or not isinstance(x, int) for x in value
+    ):
+        raise ValueError(
+            f"{where}: {value!r} is not a round list; use all, first or a list of "
+            f"round indices counted from 0 (e.g. [0, 2])"
+        )
+    if not value:
+        raise ValueError(
+            f"{where}: [] puts the suite in no round; use all, first or a "
+            f"list of round indices from 0 to {max_repeats - 1}"
+        )
+    if len(set(value)) != len(value):
+        raise ValueError(f"{where}: {value} lists a round twice")
+    bad = [x for x in value if not 0 <= x < max_repeats]
+    if bad and floor is not None:
+        raise ValueError(
+            f"{where}: round(s) {bad} with schedule.repeats: auto: a night may run only "
+            f"nightly.min_repeats = {floor} round(s), indices 0 to {floor - 1}; list rounds "
+            f"below {floor}, or use first or all"
+        )
+    if bad:
+        raise ValueError(
+            f"{where}: round(s) {bad} do not exist: this run has at most "
+            f"{max_repeats} round(s), indices 0 to {max_repeats - 1}; a suite "
+            "must run in at least one round that exists"
+        )
+    return sorted(value)
+
+
+def resolve_rounds(value: Any, repeats: int) -> list[int]:
+    """The 0-based rounds (``< repeats``) of a ``rounds`` value from :func:`parse_rounds` (None:
+    "all")."""
+    if value in (None, "all"):
+        return list(range(repeats))
+    if value == "first":
+        return [0] if repeats > 0 else []
+    return [int(x) for x in value if 0 <= int(x) < repeats]

@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+import patchbench.config.schedule as _sched
 from patchbench import errors
 from patchbench.analysis.comparison import CompareSettings
 from patchbench.config.args import check_args, check_env, split_args
@@ -42,7 +43,6 @@ from patchbench.config.variant import (
 from patchbench.inputs import FOLDER_NAME, REPO_ROOT, is_hub_id, looks_local, sha256_file
 from patchbench.nightly.gates import NightlySettings
 from patchbench.patches import apply, author
-from patchbench.run import order as _sched
 from patchbench.shims import available_stand_ins
 
 #: the model of each settings section of a config
@@ -178,7 +178,7 @@ class Config(_Strict):
     # filled by load_config
     source: Path | None = Field(None, exclude=True)
     suite_params: dict[str, Any] = Field(default_factory=dict, exclude=True)
-    #: suite -> its ``rounds`` ("all", "first" or round indices; patchbench.run.order)
+    #: suite -> its ``rounds`` ("all", "first" or round indices; patchbench.config.schedule)
     suite_rounds: dict[str, Any] = Field(default_factory=dict, exclude=True)
 
     #: {variant: its resolved patchbench.envs.builds.Build}, filled when the run resolves its builds

@@ -46,14 +46,14 @@ def _kill_group(pgid: int, sig: int) -> bool:
 
 def _stop_leftover_servers(run_dir: Path | None) -> list[int]:
     """Stop any server group a cell of ``run_dir`` still records as running whose runner is gone
-    (patchbench.run.stale); returns the pgids stopped."""
+    (patchbench.run.ports); returns the pgids stopped."""
     if run_dir is None or not run_dir.is_dir():
         return []
-    from patchbench.run import stale
+    from patchbench.run.ports import find_stale_servers, kill_stale
 
-    found = stale.find_stale_servers(run_dir)
+    found = find_stale_servers(run_dir)
     if found:
-        stale.kill_stale(found)
+        kill_stale(found)
     return [s.pgid for s in found]
 
 

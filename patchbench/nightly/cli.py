@@ -12,6 +12,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from patchbench import inputs
 from patchbench.config import load_config
 from patchbench.errors import (
     EXIT_ENV,
@@ -173,7 +174,7 @@ def _run_and_gate(config: str, cfg: Any, settings: NightlySettings, hpath: Path)
         return checked
     run_config, blocked = checked
     try:
-        run_dir = bench.run_bench(run_config)
+        run_dir = bench.run_bench(run_config, results_root=inputs.RESULTS_DIR)
     except KeyboardInterrupt:
         raise
     except Exception as e:  # noqa: BLE001 (reported, never hides the verdict)
@@ -201,7 +202,9 @@ def _run_and_gate(config: str, cfg: Any, settings: NightlySettings, hpath: Path)
     )
     if plan is not None:
         record_repeats(outcome.json_path, plan)
-    conf = maybe_confirm(run_config, outcome, bench.run_bench)
+    conf = maybe_confirm(
+        run_config, outcome, lambda p: bench.run_bench(p, results_root=inputs.RESULTS_DIR)
+    )
     if conf is not None:
         add_confirmation(outcome, conf.to_json(), conf.rows())
     pruned = prune_after_night(hpath, settings.lock_timeout_s)
@@ -218,7 +221,7 @@ def _check_builds(config: str, cfg: Any) -> tuple[str, list[BuildRow]] | int:
     Returns (the config to run, the blocked rows), or the exit code when nothing can run (3: no
     environment / index, or the copy cannot be written; 2: the baseline's patch is blocked)."""
     from patchbench.envs.builds import resolve_builds
-    from patchbench.run.cell import is_cpu
+    from patchbench.run.variants import is_cpu
 
     try:
         resolve_builds(cfg, cpu=is_cpu(cfg))

@@ -332,10 +332,11 @@ def nightly_matrix(
             raise
         mdir = Path(e.run_dir)
     if run_bench is None and on == "local" and executor is None:
+        from patchbench import inputs
         from patchbench.run import bench
 
         def run_bench(p: str) -> Path:
-            return bench.run_bench(p, results_root=results) if results else bench.run_bench(p)
+            return bench.run_bench(p, results_root=results or inputs.RESULTS_DIR)
 
     return nightly_on_matrix_run(
         mdir,

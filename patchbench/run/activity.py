@@ -1,11 +1,7 @@
-"""Progress a suite reports while it waits on an sglang server, and the activity of a client
-process it starts: what :class:`patchbench.run.liveness.ServerWatch` reads to tell a slow server from
-a stalled one.
-
-:class:`ProgressMeter` is fed by a suite (requests outstanding, replies seen, a client to watch,
-an announced quiet window); :class:`ClientActivity` samples a client process (wake-ups, bytes,
-output, CPU) so that a client that prints nothing until its result (bench_serving with
-``--disable-tqdm``) still shows whether it is receiving anything.
+"""What :class:`patchbench.run.liveness.ServerWatch` reads to tell a slow server from a stalled
+one: the :class:`ProgressMeter` a suite feeds (requests outstanding, replies, a client to watch,
+an announced quiet window) and the :class:`ClientActivity` of a client process that prints
+nothing until its result (bench_serving with ``--disable-tqdm``).
 """
 
 from __future__ import annotations
@@ -32,26 +28,16 @@ CLIENT_SAMPLE_S = 1.0
 
 @dataclass
 class ClientActivity:
-    """What a watched client process has done, sampled by :class:`patchbench.run.liveness.ServerWatch` about once a
-    second (:data:`CLIENT_SAMPLE_S`).
+    """What a watched client (``pid`` and its descendants) has done, sampled about once a
+    second. ``outputs``: the files its stdout and stderr go to; ``idle_s``: the longest wait it
+    may have with nothing in flight (its limit is the larger of this and the stall limit).
 
-    pid: the client (its descendants count too); name: how messages call it; outputs: the files
-    its stdout and stderr go to; idle_s: the longest wait it may have with nothing in flight
-    (its silence limit is the larger of this and the stall limit).
-
-    Progress between two samples is any of:
-
-    - it woke at least :data:`CLIENT_WAKEUPS_PER_S` times a second (voluntary context switches
-      of all its threads, ``/proc/PID/task/*/status``): every streamed chunk it receives wakes
-      it, while a client blocked on a stream that sends nothing sleeps;
-    - the bytes it read or wrote with ``read``/``write`` changed (``/proc/PID/io`` ``rchar`` +
-      ``wchar``: files, pipes, a terminal; a socket's ``recv`` is not counted there);
-    - the sizes of ``outputs`` changed;
-    - its CPU time grew by at least :data:`CLIENT_BUSY_CPU_SHARE` s per second (computing).
-
-    ``last_progress``: ``time.monotonic()`` of the last progress (when the watch began, before
-    the first sample); ``io_bytes``, ``wakeups``, ``cpu_s``, ``sizes``: the last sample's;
-    ``last_line``: the last non-empty line of ``outputs``.
+    Progress between two samples: at least :data:`CLIENT_WAKEUPS_PER_S` wake-ups a second
+    (voluntary context switches of all its threads: each streamed chunk wakes it), a change of
+    the bytes it read or wrote (``/proc/PID/io`` rchar + wchar; a socket's recv is not counted),
+    of the sizes of ``outputs``, or CPU time of at least :data:`CLIENT_BUSY_CPU_SHARE` s a
+    second. ``last_progress``: ``time.monotonic()`` of the last; ``last_line``: the last
+    non-empty line of ``outputs``.
     """
 
     pid: int
@@ -108,8 +94,7 @@ class ClientActivity:
         return moved
 
     def last_seen(self) -> str:
-        """The client's last progress in words: when (seconds after it was watched) and its last
-        printed line."""
+        """When the client last made progress and its last printed line, in words."""
         line = self.last_line[-200:] if self.last_line else "(nothing printed)"
         return (
             f"last progress {self.last_progress - self.started:.1f} s after it started; "
@@ -118,8 +103,7 @@ class ClientActivity:
 
 
 def _wakeups(p: psutil.Process) -> int:
-    """Voluntary context switches of every thread of ``p`` (psutil's count is the main
-    thread's only); 0 when it cannot be read."""
+    """Voluntary context switches of every thread of ``p`` (psutil counts the main thread's)."""
     total, seen = 0, False
     try:
         tasks = os.listdir(f"/proc/{p.pid}/task")
@@ -169,24 +153,19 @@ def _last_line(paths: list[Path]) -> str:
 
 
 class ProgressMeter:
-    """Work a suite has outstanding on the server and when it last saw progress (thread-safe).
-
-    A suite calls :meth:`expect` with the requests it is about to send and :meth:`done` for each
-    reply (or token, or completed request); :meth:`idle` when it stops waiting. While work is
-    outstanding, :class:`ServerWatch` counts a gap of ``stall_timeout_s`` since the last progress
-    (or since the work began) as a stall. ``what`` names the work in the message ("mmmu replies").
-    """
+    """Work a suite has outstanding on the server and when it last saw progress (thread-safe):
+    :meth:`expect` before sending, :meth:`done` per reply, :meth:`idle` when it stops waiting.
+    With work outstanding, ``stall_timeout_s`` without progress is a stall; ``what`` names the
+    work in the message ("mmmu replies")."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.outstanding = 0
         self.last = time.monotonic()
         self.what = "replies"
-        self.received = 0
         self.client: ClientActivity | None = None
         self.quiet_window: tuple[float, str, str] | None = None
-        #: the last window that closed, and ``time.monotonic()`` when it did: a silence that
-        #: began inside it is still named after it (the wait may end before the export does)
+        #: the last window that closed and when: a silence begun inside it is named after it
         self.last_quiet: tuple[float, str, str, float] | None = None
 
     def expect(self, n: int, what: str = "replies") -> None:
@@ -201,7 +180,6 @@ class ProgressMeter:
         """``n`` replies arrived: progress now."""
         with self._lock:
             self.outstanding = max(0, self.outstanding - int(n))
-            self.received += int(n)
             self.last = time.monotonic()
 
     def idle(self) -> None:
@@ -219,11 +197,7 @@ class ProgressMeter:
     def watch_client(
         self, pid: int, name: str, outputs: list[Path] | tuple = (), idle_s: float = 0.0
     ) -> None:
-        """Watch the activity of client process ``pid`` (and its descendants) named ``name``
-        (e.g. "bench_serving"), whose stdout/stderr go to the files ``outputs``: see
-        :class:`ClientActivity`. ``idle_s``: seconds the client may legitimately wait with
-        nothing in flight (e.g. between two sends at a low request rate); its limit is then the
-        larger of this and ``stall_timeout_s``. Replaces a client watched before."""
+        """Watch client ``pid`` (e.g. "bench_serving"), replacing any watched before."""
         with self._lock:
             self.client = ClientActivity(pid, name, [Path(p) for p in outputs], idle_s=idle_s)
 
@@ -236,9 +210,8 @@ class ProgressMeter:
     @contextmanager
     def quiet(self, limit_s: float, what: str, setting: str) -> Iterator[None]:
         """Inside, the scheduler may leave the heartbeat unanswered for up to ``limit_s`` seconds
-        (instead of ``stall_timeout_s``; the larger of the two applies) because of ``what`` (e.g.
-        "the profiler's trace export"), a limit set by ``setting`` (named in a stall's message,
-        e.g. "profile.trace_timeout_s")."""
+        (if longer than ``stall_timeout_s``) because of ``what`` (e.g. "the profiler's trace
+        export"); ``setting`` (e.g. "profile.trace_timeout_s") is named in a stall's message."""
         with self._lock:
             self.quiet_window = (float(limit_s), what, setting)
         try:

@@ -1,35 +1,22 @@
-"""One cell (one server lifetime of one variant) in four named steps: start, run suites, stop,
-record. :func:`run_cell` strings them together; :class:`CellRun` holds the cell's state.
-
-- **start**: the launch spec (the variant's overlay and environment, plus the correctness cell's
-  instrumentation), markers that tie the server to this run (patchbench.run.server), the server's pid
-  and process group written to ``cell.json`` at once (so a server orphaned by a killed runner is
-  found again: patchbench.run.stale), readiness, then the liveness watch (patchbench.run.liveness) and,
-  on a GPU, the NVML sampler (patchbench.run.gpu).
-- **run suites**: suites that need no server first, then the others on the server; between two
-  suites ``/flush_cache`` (its 200 is the scheduler's own answer, so it doubles as the health
-  check: see :meth:`CellRun._between_suites`, bounded by ``server.stall_timeout_s``); during a
-  suite only the liveness watch's scheduler heartbeat (no generation) is sent to the server. A
-  death of any server process, or a stall (no heartbeat answer, no reply of the suite, a stopped
-  server or client process for ``server.stall_timeout_s``), stops the suite at once
-  (``ServerLost``) and fails the cell with "the sglang scheduler (pid N) died" or "the server
-  stopped answering (scheduler pid N in state S)" and the server log's tail.
-- **stop**: the liveness watch first (a stop is not a death), then a fast stop of the group
-  (patchbench.run.server: the results are on disk already).
-- **record**: the instrumentation's ``collect`` results, the cell's status, timings and the GPU
-  summary, written to ``cell.json`` (patchbench.runfolder.CellRecord).
-
-Never raises for a failure of the server or a suite (the cell is marked failed); an interrupt
-(Ctrl-C, SIGTERM, SIGHUP) stops the server, marks the cell interrupted and propagates.
+"""One cell, one server lifetime of one variant (:func:`run_cell`): start (launch with the
+correctness cell's instrumentation and the markers of patchbench.run.ports, the pid into
+``cell.json`` at once, readiness, the liveness watch and GPU sampler), run suites (those needing
+no server first; ``/flush_cache`` between two), stop (the watch, then the group), record
+(``cell.json``). A failure of the server or a suite fails the cell and never raises; an
+interrupt stops the server, marks the cell interrupted and propagates.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
+import importlib
 import math
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -37,25 +24,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from patchbench import runfolder
 from patchbench.config import Config
-from patchbench.config.args import check_args, split_args
 from patchbench.envs import envinfo
-from patchbench.errors import ConfigError
 from patchbench.records import ResultsWriteError, make_dir
-from patchbench.run import logscan, preload
+from patchbench.run import logscan
 from patchbench.run.liveness import ServerLost, ServerWatch
-from patchbench.run.order import Cell
-from patchbench.run.ports import (
-    MARKER_CELL,
-    MARKER_RUN_DIR,
-    MARKER_RUNNER_PID,
-    MARKER_RUNNER_START,
-    runner_start,
-)
-from patchbench.run.server import LaunchSpec, ServerError, SglangServer, scan_log, tail
+from patchbench.run.plan import Cell, cell_suites, instrumentation_args, suite_done
+from patchbench.run.ports import server_markers
+from patchbench.run.server import LaunchSpec, ServerError, SglangServer, scan_log
 from patchbench.run.signals import signum_of
-from patchbench.run.variants import VariantEnv, client_python, client_release, stock_client_env
+from patchbench.run.variants import (
+    VariantEnv,
+    client_python,
+    client_release,
+    is_cpu,
+    stock_client_env,
+)
 from patchbench.runfolder import models
 from patchbench.runfolder.models import CellRecord
 from patchbench.shims import CALLED_MARKER, HOOKS_ENV
@@ -68,27 +55,44 @@ from patchbench.suite import (
     get_suite,
 )
 
-DONE_STATUSES = ("ok", "incomplete")
+#: what the report imports after the last cell (about 2 s on the 2-core CPU machine)
+REPORT_MODULES = (
+    "patchbench.report",
+    "patchbench.report.plots",
+    "patchbench.analysis.build",
+    "scipy.stats",
+    "statsmodels.stats.contingency_tables",
+    "statsmodels.stats.proportion",
+)
 
 
 def utc_stamp() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
-def is_cpu(cfg: Config) -> bool:
-    """True when ``server.args`` asks for ``--device cpu``."""
-    a = cfg.server.args
-    return any(x == "--device=cpu" for x in a) or any(
-        a[i] == "--device" and i + 1 < len(a) and a[i + 1] == "cpu" for i in range(len(a))
-    )
+@functools.cache
+def preload(names: tuple[str, ...] = REPORT_MODULES) -> threading.Thread:
+    """Import ``names`` in a daemon thread, once per process (the same thread for the same
+    names): the first cell starts it while its server starts and joins it once the server is
+    ready, so the imports never overlap a suite. A module that fails to import is left to the
+    report, which imports it again and says what broke."""
+
+    def run() -> None:
+        for name in names:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - the report imports it again
+                continue
+
+    t = threading.Thread(target=run, name="patchbench-preload", daemon=True)
+    t.start()
+    return t
 
 
 def refuse_impossible(res: SuiteResult) -> list[str]:
-    """Refuse metric values that cannot be measurements (NaN, infinite, not a number) where they
-    enter the run: each is removed from ``res.metrics`` (so no mean ever averages it) and named
-    in ``res.errors``; an ``ok`` result becomes ``incomplete`` (no verdict on it). Returns the
-    refused metric names. Suites check their own ranges (e.g. the serving suite's
-    :func:`patchbench.suites.serving.parse.row_problem`)."""
+    """Remove metric values that cannot be measurements (NaN, infinite, not a number) from
+    ``res.metrics``, naming each in ``res.errors``; an ``ok`` result becomes ``incomplete``.
+    Returns the refused names. Suites check their own ranges."""
     bad = []
     for name, v in list(res.metrics.items()):
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
@@ -101,10 +105,9 @@ def refuse_impossible(res: SuiteResult) -> list[str]:
 
 
 def launch_spec(cfg: Config, venv: VariantEnv, cdir: Path, port: int) -> LaunchSpec:
-    """How this variant's server is launched into ``cdir`` (tests replace this function):
-    ``server.args`` followed by the variant's ``server_args`` (:meth:`Config.server_args_of`),
-    the variant's environment (``server.env`` plus its ``env``, the overlay first on PYTHONPATH:
-    :func:`patchbench.run.variants.prepare_variants`) and its build's interpreter."""
+    """How ``venv``'s server is launched into ``cdir``: ``server.args`` then the variant's own,
+    its environment (overlay first on PYTHONPATH) and its build's interpreter. ``run_bench``'s
+    ``launch_spec`` parameter replaces it (tests launch the fake server)."""
     s = cfg.server
     return LaunchSpec(
         python=venv.python,
@@ -123,167 +126,34 @@ def launch_spec(cfg: Config, venv: VariantEnv, cdir: Path, port: int) -> LaunchS
     )
 
 
-def suite_done(path: Path) -> bool:
-    """True when ``path/summary.json`` says ok or incomplete."""
-    s = runfolder.read_summary(path)
-    return s is not None and s.status in DONE_STATUSES
+LaunchSpecFn = Callable[[Config, VariantEnv, Path, int], LaunchSpec]
 
 
-def cell_suites(cfg: Config, cell: Cell) -> list[str]:
-    """The suites a cell runs, in config order. A correctness cell: the untimed suites and those
-    with instrumentation; when none of them talks to the server, also the timed server suites,
-    so that the instrumented server sees traffic. A timed cell of round k: the timed suites whose
-    ``rounds`` include k (:meth:`Config.rounds_of`)."""
-    if cell.kind == "correctness":
-        picked = [
-            s
-            for s in cfg.suites
-            if not get_suite(s).timed
-            or get_suite(s).instrumentation(_placeholder_ctx(cfg, s), cfg.suite_params[s])
-            is not None
-        ]
-        if not any(get_suite(s).needs_server for s in picked):
-            picked = [s for s in cfg.suites if s in picked or get_suite(s).needs_server]
-        return picked
-    return [s for s in cfg.suites if get_suite(s).timed and cell.repeat in cfg.rounds_of(s)]
-
-
-def cell_done(run_dir: Path, cell: Cell, cfg: Config) -> bool:
-    """A cell is done when each of its suites has a summary with status ok/incomplete."""
-    return all(suite_done(cell.path(run_dir) / s) for s in cell_suites(cfg, cell))
-
-
-def needs_correctness_cells(
-    cfg: Config, ctx_for: Callable[[str], SuiteContext] | None = None
-) -> bool:
-    """True when a suite of ``cfg`` is untimed or declares instrumentation (``ctx_for(suite)``
-    gives the context the hook is asked with; a placeholder one by default)."""
-    for name in cfg.suites:
-        s = get_suite(name)
-        if not s.timed:
-            return True
-        ctx = ctx_for(name) if ctx_for else _placeholder_ctx(cfg, name)
-        if s.instrumentation(ctx, cfg.suite_params[name]) is not None:
-            return True
-    return False
-
-
-def _placeholder_ctx(cfg: Config, suite: str, variant: str | None = None) -> SuiteContext:
-    site = envinfo.stock_site_dir()
-    stock = (site / "sglang") if site else Path("sglang")
-    root = Path("/nonexistent-run")
-    return SuiteContext(
-        server=None,
-        out_dir=root / suite,
-        run_dir=root,
-        cache_dir=root / ".cache",
-        variant=variant or cfg.baseline,
-        repeat=0,
-        baseline=cfg.baseline,
-        sglang_version=client_release(cfg),
-        python=client_python(cfg),
-        stock_env={},
-        variant_sglang_dir=stock,
-        stock_sglang_dir=stock,
-        device="cpu" if is_cpu(cfg) else "cuda",
-    )
-
-
-def _show(flag: str, value: str | None) -> str:
-    return flag if value is None else f"{flag} {value}"
-
-
-def instrumentation_args(
-    cfg: Config, variant: str, wanted: list[tuple[str, list[str]]]
-) -> list[str]:
-    """The server arguments a correctness cell of ``variant`` adds for its instrumentation.
-
-    wanted: ``[(suite, Instrumentation.server_args)]`` in config order. A flag the launch
-    command already has with the same value (or a switch already given), or that an earlier
-    suite asked for the same way, is added once. Returns the arguments to append.
-    Raises ConfigError (exit 2) naming both sides when a suite's instrumentation needs a flag
-    that ``server.args``, the variant's ``server_args`` or another suite's instrumentation sets
-    differently, or when it asks for an argument the harness owns.
-    """
-    have: dict[str, tuple[str | None, str]] = {}
-    for key, args in (
-        ("server.args", cfg.server.args),
-        (f"variants.{variant}.server_args", cfg.variants[variant].server_args),
-    ):
-        for _, flag, val in split_args(list(args)):
-            if flag:
-                have[flag] = (val, key)
-    out: list[str] = []
-    for suite, args in wanted:
-        where = f"the {suite} suite's instrumentation"
-        try:
-            check_args(list(args), f"{where} (server_args)")
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        for i, flag, val in split_args(list(args)):
-            if not flag:
-                out.append(val or "")  # not a flag (sglang has no positional arguments)
-                continue
-            if flag in have:
-                old, by = have[flag]
-                if old != val:
-                    raise ConfigError(
-                        f"{where} needs {_show(flag, val)} in the correctness cell of variant "
-                        f"'{variant}', but {by} sets {_show(flag, old)}; remove one of them "
-                        f"(suites.{suite} or {by})"
-                    )
-                continue
-            have[flag] = (val, where)
-            out += [args[i]] if (val is None or "=" in args[i]) else [args[i], val]
-    return out
-
-
-def check_instrumentation(cfg: Config) -> dict[str, list[str]]:
-    """{variant: server arguments its correctness cell adds} (empty lists when none), computed
-    before any server starts so that a conflict is refused first (see
-    :func:`instrumentation_args`; raises ConfigError)."""
-    out: dict[str, list[str]] = {}
-    for v in cfg.variants:
-        wanted = []
-        for name in cfg.suites:
-            ins = get_suite(name).instrumentation(
-                _placeholder_ctx(cfg, name, v), cfg.suite_params[name]
-            )
-            if ins is not None and ins.server_args:
-                wanted.append((name, list(ins.server_args)))
-        out[v] = instrumentation_args(cfg, v, wanted)
-    return out
-
-
-# ---------------------------------------------------------------------------------- the cell
 @dataclass
 class CellRun:
-    """The state of one cell while its steps run; see the module docstring.
-
-    ``record`` is the cell.json being built; ``server`` / ``watch`` exist between start and stop.
-    ``progress``: a patchbench.run.progress.BenchProgress (or None); ``nvml``: a patchbench.run.gpu.Nvml
-    (None: no GPU checks).
-    """
+    """The state of one cell while its steps run (module docstring). ``record``: the cell.json
+    being built; ``server`` / ``watch``: between start and stop; ``progress``: a
+    patchbench.run.progress.BenchProgress or None; ``nvml``: a patchbench.run.gpu.Nvml or None."""
 
     cfg: Config
     cell: Cell
     venv: VariantEnv
     run_dir: Path
     port: int
-    log: Callable[[str], None] = print
-    progress: Any = None
-    nvml: Any = None
+    log: Callable[[str], None]
+    progress: Any
+    nvml: Any
+    launch: LaunchSpecFn
     record: CellRecord = field(init=False)
     server: SglangServer | None = None
     watch: ServerWatch | None = None
     sampler: Any = None
     instrumentation: dict[str, Instrumentation] = field(default_factory=dict)
-    _t0: float = 0.0
 
     def __post_init__(self) -> None:
         self.cdir = self.cell.path(self.run_dir)
         make_dir(self.cdir)
-        self._t0 = time.monotonic()
+        self.t0 = time.monotonic()
         base = self.cfg.builds.get(self.cfg.baseline)
         site = base.env.site_dir if base is not None else envinfo.stock_site_dir()
         self.stock_dir = (site or Path(".")) / "sglang"
@@ -304,8 +174,7 @@ class CellRun:
             instrumented=False,
             runner_pid=os.getpid(),
         )
-        # a resumed cell: the suites an earlier launch finished keep their status in the record
-        # (their summaries stay as they are), and the note says which launch measured them
+        # a resumed cell: suites an earlier launch finished keep their status and summaries
         for s in kept:
             self.record.suites[s] = runfolder.read_summary(self.cdir / s).status
         if kept:
@@ -318,7 +187,6 @@ class CellRun:
                 self.record.notes.append(f"earlier launch's server: pid {earlier.server.pid}")
         self.write()
 
-    # ------------------------------------------------------------------ helpers
     def say(self, msg: str, suite: str | None = None) -> None:
         self.log(f"{self.cell.label}" + (f"/{suite}" if suite else "") + f": {msg}")
 
@@ -326,8 +194,7 @@ class CellRun:
         runfolder.write_cell(self.cdir, self.record)
 
     def ctx(self, suite: str, server: ServerInfo | None, *, make: bool = True) -> SuiteContext:
-        """The suite's context in this cell; ``make``: create its folder (not when the suite is
-        only asked for its instrumentation: a suite that does not run leaves no empty folder)."""
+        """The suite's context; ``make``: create its folder (not for the hook)."""
         out = self.cdir / suite
         if make:
             make_dir(out)
@@ -365,7 +232,7 @@ class CellRun:
 
     # ------------------------------------------------------------------ step 1: start
     def _instrument(self, spec: LaunchSpec) -> None:
-        """Correctness cells only: every suite's instrumentation into the server's environment."""
+        """Correctness cells only: every suite's instrumentation into the server's launch."""
         if self.cell.kind != "correctness":
             return
         hooks: list[str] = []
@@ -393,20 +260,13 @@ class CellRun:
 
     def start(self) -> None:
         """Launch, record the pid, wait until ready, start watching."""
-        spec = launch_spec(self.cfg, self.venv, self.cdir, self.port)
-        spec.env.update(
-            {
-                MARKER_RUN_DIR: str(Path(self.run_dir).resolve()),
-                MARKER_CELL: self.cell.label,
-                MARKER_RUNNER_PID: str(os.getpid()),
-                MARKER_RUNNER_START: repr(runner_start()),
-            }
-        )
+        spec = self.launch(self.cfg, self.venv, self.cdir, self.port)
+        spec.env.update(server_markers(self.run_dir, self.cell.label))
         self._instrument(spec)
         self.server = SglangServer(spec)
         self.say(f"starting server on port {self.port}")
         self.server.start()
-        preload.start()  # the report's imports, while this process waits for the server anyway
+        imports = preload()  # while this process waits for the server anyway
         self.record.server = models.ServerRecord(**self.server.record())
         self.write()  # the pid is on disk before anything can hang
         t0 = time.monotonic()
@@ -416,7 +276,7 @@ class CellRun:
             # a start that failed is still start-up time, not the harness's overhead
             self.record.timings_s["server_start"] = round(time.monotonic() - t0, 3)
             raise
-        preload.wait()  # done before any suite runs
+        imports.join(60.0)  # done before any suite runs
         self.say(f"server ready in {self.record.timings_s['server_start']:.1f} s")
         self.watch = ServerWatch(
             self.server.proc,
@@ -430,44 +290,25 @@ class CellRun:
         if self.nvml is not None:
             from patchbench.run.gpu import GpuSampler
 
-            self.sampler = GpuSampler(self.nvml, ours=self._our_pids).start()
-
-    def _our_pids(self) -> set[int]:
-        import psutil
-
-        pids = {os.getpid()}
-        try:
-            pids |= {p.pid for p in psutil.Process(os.getpid()).children(recursive=True)}
-        except psutil.NoSuchProcess:
-            pass
-        return pids
+            self.sampler = GpuSampler(self.nvml, ours=_runner_and_children).start()
 
     # ------------------------------------------------------------------ step 2: run suites
     def run_suites(self, names: list[str]) -> None:
-        """Run ``names`` in order (on the server when it is started). Raises ServerError when the
-        server died or stopped answering: the remaining suites are then not run."""
+        """Run ``names`` in order. Raises ServerError when the server died or stopped answering
+        (the remaining suites are not run). Between two suites on the server: ``/flush_cache``,
+        whose 200 proves the scheduler answers (docs/FACTS.md section 4), so no ``/health``
+        (sglang's sleeps 1 s); a refused or unanswered flush raises."""
         for i, name in enumerate(names):
             if self.server is not None and i > 0:
-                self._between_suites(name)
+                t = time.monotonic()
+                self.server.flush_cache()
+                self.record.timings_s[f"flush:{name}"] = round(time.monotonic() - t, 3)
             self.run_suite(name)
             if self.watch is not None and self.watch.dead.is_set():
                 raise ServerError(self.watch.lost.message(), self._log_tail())
 
-    def _between_suites(self, name: str) -> None:
-        """Flush the radix cache before ``name``. ``/flush_cache`` answers 200 only with the
-        scheduler's own reply (``TokenizerManager.flush_cache`` awaits the scheduler's
-        ``FlushCacheReqOutput``, sglang 0.5.1.post3 and 0.5.23; docs/FACTS.md section 4), so a
-        200 proves the scheduler answers and no ``/health`` follows: sglang's ``/health`` sleeps
-        1 s before it looks (``health_generate``), a second per timed cell for nothing. A refused
-        or unanswered flush raises (server.FlushFailed / ServerDied)."""
-        t = time.monotonic()
-        self.server.flush_cache()
-        self.record.timings_s[f"flush:{name}"] = round(time.monotonic() - t, 3)
-
     def _scan_log(self, res: SuiteResult, start_offset: int | None) -> None:
-        """Count the server's retractions and out-of-memory lines during this suite
-        (patchbench/run/logscan.py) into ``meta["server_log_scan"]``, with a warning when non-zero;
-        a suite that scanned its own slice already is left as it is."""
+        """Retractions and OOM lines of this suite into ``meta["server_log_scan"]``."""
         if start_offset is None or "server_log_scan" in res.meta:
             return
         path = self.server.spec.log_path
@@ -484,8 +325,7 @@ class CellRun:
         return self.server.log_tail() if self.server is not None else ""
 
     def run_suite(self, name: str) -> None:
-        """Run one suite and write its summary; a failure is recorded, never raised (except an
-        interrupt)."""
+        """Run one suite and write its summary; a failure is recorded, not raised."""
         if self.progress is not None:
             self.progress.suite_started(name)
         t = time.monotonic()
@@ -505,7 +345,7 @@ class CellRun:
         except (SuiteError, ServerError) as e:
             res = SuiteResult(status="failed", errors=[str(e)])
         except (KeyboardInterrupt, ResultsWriteError):
-            raise  # a results folder that cannot be written ends the run (run_cell)
+            raise
         except Exception as e:  # noqa: BLE001 - a suite bug must not lose the other cells
             res = SuiteResult(
                 status="failed", errors=[f"{type(e).__name__}: {e}", traceback.format_exc()]
@@ -547,20 +387,21 @@ class CellRun:
         """Stop watching, then stop the server group; a stop failure fails the cell."""
         if self.watch is not None:
             self.watch.close()
-            live = self.record.liveness
-            if self.watch.death is not None and live is not None:
-                live.death = models.ServerDeath(**self.watch.death.to_json())
-            if self.watch.stall is not None and live is not None:
-                live.stall = models.ServerStall(**self.watch.stall.to_json())
-            if self.watch.lost is not None and live is not None:
-                live.killed_clients = list(self.watch.killed_clients)
+            live, w = self.record.liveness, self.watch
+            if live is not None:
+                if w.death is not None:
+                    live.death = models.ServerDeath(**w.death.to_json())
+                if w.stall is not None:
+                    live.stall = models.ServerStall(**w.stall.to_json())
+                if w.lost is not None:
+                    live.killed_clients = list(w.killed_clients)
         if self.server is None:
             return
         t = time.monotonic()
         try:
             self.server.stop(nvml=self.nvml)
         except ServerError as e:
-            self._fail(str(e))
+            self.fail(str(e))
         self.record.timings_s["server_stop"] = round(time.monotonic() - t, 3)
         self.record.server.events = self.server.events
         self.record.server.stop_breakdown_s = models.StopBreakdown(**self.server.stop_breakdown_s)
@@ -572,9 +413,8 @@ class CellRun:
     # ------------------------------------------------------------------ step 4: record
     def finish(self, *, best_effort: bool = False) -> CellRecord:
         """Collect the instrumentation, settle the status, write cell.json; returns the record.
-
-        ``best_effort``: an error is already on its way out; a cell.json that cannot be written
-        (ResultsWriteError) is then only logged, so that error is the one reported."""
+        ``best_effort``: an error is on its way out already, so a cell.json that cannot be
+        written is only logged."""
         for name, ins in self.instrumentation.items():
             if ins.collect is None or ins.out_dir is None:
                 continue
@@ -582,7 +422,7 @@ class CellRun:
                 self.record.instrumentation[name] = ins.collect(Path(ins.out_dir))
             except Exception as e:  # noqa: BLE001 - one broken collector must not lose the cell
                 self.record.instrumentation[name] = {"error": f"{type(e).__name__}: {e}"}
-        self.record.timings_s["cell"] = round(time.monotonic() - self._t0, 3)
+        self.record.timings_s["cell"] = round(time.monotonic() - self.t0, 3)
         if self.record.status == "running":
             st = set(self.record.suites.values())
             self.record.status = (
@@ -597,14 +437,13 @@ class CellRun:
             self.say(f"cell.json not updated either: {e}")
         return self.record
 
-    # ------------------------------------------------------------------ outcomes
-    def _fail(self, message: str) -> None:
+    def fail(self, message: str) -> None:
         self.record.status = "failed"
         self.record.error = f"{self.record.error or ''}\n{message}".strip()
 
-    def failed(self, e: ServerError) -> None:
-        """The server failed (start, death, health): the cell fails; suites not run are marked."""
-        self._fail(str(e))
+    def server_failed(self, e: ServerError) -> None:
+        """The server failed (start, death, flush): the cell fails; suites not run are marked."""
+        self.fail(str(e))
         for s in self.remote:
             if s not in self.record.suites:
                 runfolder.write_summary(
@@ -616,11 +455,15 @@ class CellRun:
                 self.record.suites[s] = "failed"
         self.say(f"FAILED - {str(e).splitlines()[0]}")
 
-    def interrupted(self, e: BaseException) -> None:
-        import signal as _signal
 
-        self.record.status = "interrupted"
-        self.record.error = f"interrupted by {_signal.Signals(signum_of(e)).name}"
+def _runner_and_children() -> set[int]:
+    """This process and its descendants (the GPU sampler's "ours")."""
+    pids = {os.getpid()}
+    try:
+        pids |= {p.pid for p in psutil.Process(os.getpid()).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        pass
+    return pids
 
 
 def run_cell(
@@ -630,33 +473,33 @@ def run_cell(
     run_dir: Path,
     *,
     port: int,
-    log: Callable[[str], None] = print,
-    progress: Any = None,
-    nvml: Any = None,
-    identity: dict[str, str] | None = None,
+    log: Callable[[str], None],
+    progress: Any,
+    nvml: Any,
+    launch: LaunchSpecFn,
 ) -> CellRecord:
-    """Run one cell's steps (start, run suites, stop, record); returns its record.
-    ``identity``: what the variant runs (patchbench.run.identity.variant_identity), recorded
-    in ``cell.json`` ``variant_identity`` for the resume check.
+    """Run one cell (start, run suites, stop, record); returns its record (with the variant's
+    identity, for the resume check). ``launch``: :func:`launch_spec` or a replacement.
 
     Never raises for a failure of the server or a suite. An interrupt (KeyboardInterrupt, or
     patchbench.run.signals.Terminated) stops the server, records the cell as interrupted and
-    propagates.
+    propagates; so does a ResultsWriteError.
     """
-    c = CellRun(cfg, cell, venv, Path(run_dir), port, log, progress, nvml)
-    c.record.variant_identity = identity
+    c = CellRun(cfg, cell, venv, Path(run_dir), port, log, progress, nvml, launch)
+    c.record.variant_identity = venv.identity or None
     try:
         c.run_suites(c.local)
         if c.remote:
             c.start()
             c.run_suites(c.remote)
     except KeyboardInterrupt as e:
-        c.interrupted(e)
+        c.record.status = "interrupted"
+        c.record.error = f"interrupted by {signal.Signals(signum_of(e)).name}"
         raise
     except ServerError as e:
-        c.failed(e)
+        c.server_failed(e)
     except ResultsWriteError as e:  # results folder unwritable or full: the run ends (exit 4)
-        c._fail(str(e))
+        c.fail(str(e))
         c.say(f"FAILED - {e}")
         raise
     finally:
@@ -664,18 +507,3 @@ def run_cell(
         c.stop()
         c.finish(best_effort=failing)
     return c.record
-
-
-__all__ = [
-    "CellRun",
-    "run_cell",
-    "launch_spec",
-    "cell_done",
-    "cell_suites",
-    "needs_correctness_cells",
-    "suite_done",
-    "is_cpu",
-    "tail",
-    "instrumentation_args",
-    "check_instrumentation",
-]

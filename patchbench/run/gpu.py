@@ -1,14 +1,9 @@
-"""NVML where a GPU exists: is the GPU memory of a stopped server free, and what state was the GPU
-in during a cell (clocks, temperature, power, throttle reasons, processes that are not ours).
-
-Everything goes through :class:`Nvml`, which wraps the ``pynvml`` module (``nvidia-ml-py``) or any
-object with the same functions (tests pass a fake). :func:`open_nvml` returns None where there is
-no NVIDIA driver or GPU, and every caller then skips its check.
-
-- :class:`GpuSampler`: per cell, SM/memory clocks, temperature, power, throttle reasons and the
-  processes on each GPU, summarised as a :class:`GpuSummary` (``cell.json`` ``gpu``) with
-  ``flags`` for a throttled or shared GPU (:func:`cell_flags` reads them back for the report);
-- :func:`doctor_rows`: persistence mode and application clocks of each GPU for ``doctor``.
+"""NVML where a GPU exists: is a stopped server's GPU memory free, and what state was the GPU in
+during a cell. Everything goes through :class:`Nvml` (``pynvml`` or a fake with the same
+functions); :func:`open_nvml` returns None without an NVIDIA driver or GPU, and every caller then
+skips its check. :class:`GpuSampler` summarises a cell (clocks, temperature, power, throttle
+reasons, foreign processes) as ``cell.json`` ``gpu``; :func:`doctor_rows` reports settings that
+bias timings.
 """
 
 from __future__ import annotations
@@ -42,10 +37,7 @@ BIASING = {
 
 
 def open_nvml(module: Any = None) -> Nvml | None:
-    """An initialised :class:`Nvml`, or None when NVML or a GPU is not there.
-
-    ``module``: a pynvml-compatible object (tests); default: ``import pynvml``.
-    """
+    """An :class:`Nvml` over ``module`` (default pynvml); None without a GPU."""
     if module is None:
         try:
             with warnings.catch_warnings():
@@ -89,8 +81,7 @@ class Nvml:
     def wait_released(
         self, pids: list[int], timeout_s: float = 30.0, poll_s: float = 0.1
     ) -> list[int]:
-        """Wait until no GPU lists any of ``pids``; returns those still listed at the timeout
-        ([] when released)."""
+        """Wait until no GPU lists any of ``pids``; returns those still listed at the timeout."""
         deadline = time.monotonic() + timeout_s
         while True:
             held = self.holders(pids)
@@ -128,10 +119,8 @@ class Nvml:
             return None
 
     def settings(self, i: int) -> dict:
-        """The settings of GPU ``i`` that change a timing: ``name``, ``persistence_mode`` (True /
-        False / None: unknown), ``applications_clocks_mhz`` and ``default_applications_clocks_mhz``
-        (``{"sm", "mem"}``, values None where unknown), ``max_clocks_mhz`` (likewise) and
-        ``power_limit_w`` (None where unknown)."""
+        """The settings of GPU ``i`` that change a timing: name, persistence mode, application,
+        default and max clocks (``{"sm", "mem"}`` MHz), power limit (W); None where unknown."""
         nv, h = self.nv, self._h(i)
         name = self._ask("nvmlDeviceGetName", h)
         if isinstance(name, bytes):
@@ -165,9 +154,8 @@ def _mhz(c: dict) -> str:
 
 
 def doctor_rows(nvml: Nvml | None) -> list[tuple[str, str]]:
-    """(label, value) lines for ``patchbench doctor``: per GPU its persistence mode and its
-    application clocks (against the defaults and the maximum), with what to do when they may
-    bias a timing; ``[("GPU settings", "no NVIDIA GPU (NVML not available)")]`` without NVML."""
+    """(label, value) lines for ``patchbench doctor``: per GPU its persistence mode and
+    application clocks (against default and max), with what to do when they bias a timing."""
     if nvml is None:
         return [("GPU settings", "no NVIDIA GPU (NVML not available)")]
     rows = []
@@ -216,10 +204,9 @@ class Spread(_Strict):
 
 
 class GpuStats(_Strict):
-    """One GPU over a cell: clocks (MHz), temperature (degrees C) and power (W) as
-    :class:`Spread`; ``throttle``: {reason: samples it was active in}; ``foreign_pids``: pids of
-    processes that are not the cell's; ``unattributed_pids``: pids that could not be told apart
-    (NVML listed none of the cell's own)."""
+    """One GPU over a cell: clocks (MHz), temperature (C), power (W); ``throttle``: {reason:
+    samples}; ``foreign_pids``: processes not the cell's; ``unattributed_pids``: ones that could
+    not be told apart (NVML listed none of the cell's)."""
 
     index: int
     sm_clock_mhz: Spread
@@ -232,9 +219,8 @@ class GpuStats(_Strict):
 
 
 class GpuSummary(_Strict):
-    """``cell.json`` ``gpu``: what :class:`GpuSampler` saw during one cell. ``flags``: a line per
-    biasing throttle reason or foreign process (the report lists them); ``notes``: lines that
-    are not flags (e.g. unattributed processes)."""
+    """``cell.json`` ``gpu``: what :class:`GpuSampler` saw. ``flags``: a line per biasing
+    throttle reason or foreign process (the report lists them); ``notes``: other lines."""
 
     samples_count: int = 0
     gpus: list[GpuStats] = Field(default_factory=list)
@@ -243,19 +229,14 @@ class GpuSummary(_Strict):
 
 
 def cell_flags(record: Any) -> list[str] | None:
-    """The GPU flags of one cell (a :class:`patchbench.runfolder.CellRecord`): ``gpu.flags``;
-    None when the cell has no GPU summary (CPU run, no NVML, or an older folder)."""
+    """``gpu.flags`` of a CellRecord; None when it has no GPU summary."""
     gpu = getattr(record, "gpu", None)
     return list(gpu.flags) if gpu is not None else None
 
 
 @dataclass
 class GpuSampler:
-    """Samples every GPU every ``interval_s`` seconds in a thread while a cell runs.
-
-    ``ours``: a callable returning the pids that belong to the cell (server processes, clients);
-    any other pid seen on a GPU is a foreign process. :meth:`summary` gives what cell.json keeps.
-    """
+    """Samples every GPU every ``interval_s`` s; ``ours()``: the cell's pids."""
 
     nvml: Nvml
     ours: Any = lambda: set()
@@ -300,10 +281,9 @@ class GpuSampler:
         return self.summary()
 
     def summary(self) -> GpuSummary:
-        """The samples so far as a :class:`GpuSummary`. A flag is raised for a biasing throttle
-        reason seen in any sample and for any foreign process. When NVML listed processes but
-        never one of ours (NVML reports pids of another pid namespace, e.g. inside a container),
-        they cannot be told apart: they go to ``unattributed_pids`` with a note, not a flag."""
+        """The samples so far: a flag per biasing throttle reason and foreign process; when NVML
+        never listed one of ours (another pid namespace, e.g. a container) its processes are
+        ``unattributed_pids`` with a note, not a flag."""
         gpus, flags, notes = [], [], []
         any_ours = any(x.get("ours_seen", True) for r in self.samples for x in r)
         n_gpu = max((len(r) for r in self.samples), default=0)

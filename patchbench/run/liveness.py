@@ -1,66 +1,22 @@
 """Liveness and progress of a whole sglang server while suites run, and stopping a suite at once
-when the server dies or stops answering.
+when the server dies or stops answering (docs/faults.md).
 
-An sglang server is a process group: the HTTP front end (the launched process, which also holds
-the tokenizer manager), one ``sglang::scheduler*`` process per TP rank and a
-``sglang::detokenizer``. When a scheduler dies (OOM killer, a crash in a kernel, ``kill -9``) the
-front end keeps answering connections, and a client waits for its own timeout: bench_serving
-until the suite's ``timeout_s``, MMMU for ``request_timeout_s x (retries + 1)`` per wave. A
-scheduler that is alive but does not answer (its loop blocked or deadlocked, the process stopped
-with SIGSTOP, the whole group stopped) looks like a healthy one to a process check: it is in state
-S like a scheduler waiting for work. So :class:`ServerWatch` watches for progress too.
+A dead scheduler leaves the HTTP front end answering, and a blocked or stopped one looks healthy
+to a process check, so :class:`ServerWatch` (a thread) polls every watched process of the group
+(the leader, Python and ``sglang::`` processes present when the server became ready) and, with
+``stall_timeout_s``, watches progress: the scheduler heartbeat (``GET /server_info`` every
+:func:`heartbeat_interval` s from a second thread; a longer limit inside a window the suite
+announces, :meth:`ProgressMeter.quiet`), the replies the suite reports, processes stopped
+(state T) for ``stopped_grace_s``, and a watched client's activity
+(:class:`patchbench.run.activity.ClientActivity`: a ``client_silent`` stall while the heartbeat
+answers).
 
-:class:`ServerWatch` is a thread that polls every watched process of the group with psutil
-(``interval_s``, 0.2 s by default) and, with ``stall_timeout_s`` (the config's
-``server.stall_timeout_s``), three kinds of progress:
-
-- **the scheduler heartbeat** (``heartbeat``, a second thread): one scheduler round trip every
-  :func:`heartbeat_interval` seconds (``GET /server_info``, on releases without it
-  ``/get_server_info``: the front end asks every scheduler for its internal state and waits for
-  the reply; no generation, so no batch of a timed suite changes); no answer for
-  ``stall_timeout_s`` is a stall;
-- **replies of the suite** (a :class:`ProgressMeter` the suite feeds, e.g. MMMU one tick per
-  answer): work outstanding and no reply for ``stall_timeout_s`` is a stall;
-- **stopped processes**: a watched server process, or a client process the suite started, in
-  state T (stopped, or stopped by a tracer) for ``stopped_grace_s`` (2 s) is a stall;
-- **a client's own activity** (a client the suite names with :meth:`ProgressMeter.watch_client`,
-  e.g. bench_serving, which prints nothing between its start and its result with
-  ``--disable-tqdm``): bytes it reads or writes (``/proc/PID/io`` ``rchar``/``wchar``: every
-  streamed chunk it receives), lines it prints, or CPU it uses (at least
-  :data:`patchbench.run.activity.CLIENT_BUSY_CPU_SHARE` of a core). None of these for ``stall_timeout_s`` while the
-  scheduler heartbeat still answers is a stall of kind ``client_silent`` naming the client and its
-  last progress (a client blocked on a dead connection, or a server that accepts a streamed
-  request and never answers it).
-
-A suite may announce a window in which the scheduler is silent on purpose
-(:meth:`ProgressMeter.quiet`: the profiler writing its trace inside the scheduler's loop): the
-heartbeat's limit is then the window's own, and a stall names the window.
-
-When a watched process exits (or turns zombie), or progress stalls, it, in this order:
-
-1. records a :class:`Death` (which process, its role, pid, exit code when known, seconds until it
-   was seen) or a :class:`Stall` (what stopped, the scheduler's pid and process state, seconds
-   without progress) and sets :attr:`ServerWatch.dead` (a ``threading.Event`` suites may poll;
-   :attr:`ServerWatch.lost` is the reason);
-2. kills the client process groups of the running suite: every group registered with
-   :meth:`ServerWatch.register_client` and every descendant of the runner started since the
-   suite began that is not part of the server (bench_serving runs in its own session);
-3. kills the server's group with SIGKILL (its results are already worthless; in-flight requests
-   then fail at once instead of hanging);
-4. when the main thread is inside :meth:`ServerWatch.cancel_scope`, raises :class:`ServerLost`
-   there (delivered with ``SIGUSR2`` to the main thread, so a blocking ``recv`` or
-   ``asyncio`` wait is interrupted as a Ctrl-C would be).
-
-Which processes are watched: the processes of the group (and descendants of the leader) present
-when the server became ready, except short-lived tools (a compiler or shell that a JIT spawned):
-only the leader, Python processes and processes titled ``sglang::...`` count. Processes that
-appear later are not watched (they are transient helpers).
-
-What this does not see by itself: a detokenizer that deadlocks without stopping while the
-scheduler keeps answering (the heartbeat passes through the scheduler only); under MMMU the missing
-replies show it, under bench_serving the silent client does. A client that keeps waking at least
-twice a second while receiving nothing (a busy poll) is not a silent one: the suite's own
-``timeout_s`` ends it.
+On a death or a stall it records a :class:`Death` or :class:`Stall`, sets ``dead``, kills the
+suite's clients and the server's group (SIGKILL), and inside :meth:`ServerWatch.cancel_scope`
+raises :class:`ServerLost` in the main thread (sent as ``SIGUSR2``, so a blocking wait is
+interrupted as by Ctrl-C). Not seen: a deadlocked detokenizer while the scheduler answers (the
+missing replies or the silent client show it), a client busy-polling without receiving (the
+suite's ``timeout_s`` ends it).
 """
 
 from __future__ import annotations
@@ -71,11 +27,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import psutil
 
 from patchbench.run.activity import CLIENT_SAMPLE_S, ProgressMeter
+from patchbench.run.ports import group_members, is_live, kill_group
 
 #: the signal the watcher sends to the main thread to cancel a suite (nothing else uses it)
 CANCEL_SIGNAL = signal.SIGUSR2
@@ -87,14 +44,12 @@ _STOPPED = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
 
 
 def heartbeat_interval(stall_timeout_s: float) -> float:
-    """Seconds between two scheduler heartbeats for a stall limit of ``stall_timeout_s``:
-    a fifth of it, between 0.5 and 5 s (12 round trips a minute at the default 60 s)."""
+    """Seconds between heartbeats: a fifth of the stall limit, within 0.5..5 s."""
     return min(5.0, max(0.5, stall_timeout_s / 5.0))
 
 
 def process_state(pid: int | None) -> str:
-    """``"S (sleeping)"``, ``"T (stopped)"``, ... for ``pid`` (psutil's status with the letter
-    ``ps`` shows), ``"gone"`` when it no longer exists, ``"?"`` when it cannot be read."""
+    """``"S (sleeping)"`` and the like; ``"gone"``; ``"?"`` when unreadable."""
     if pid is None:
         return "?"
     try:
@@ -117,13 +72,9 @@ def process_state(pid: int | None) -> str:
 
 
 class ServerLost(KeyboardInterrupt):
-    """Raised in the main thread when a process of the server died, or the server stopped
-    answering, while a suite ran.
-
-    Derives from KeyboardInterrupt on purpose: every suite already cleans up for Ctrl-C (kills its
-    client, re-raises) and no ``except Exception`` in a suite swallows it. ``death`` is the
-    reason: a :class:`Death` or a :class:`Stall` (both have ``message()`` and ``to_json()``).
-    """
+    """Raised in the main thread when the server died or stopped answering during a suite; a
+    KeyboardInterrupt so that every suite's Ctrl-C cleanup runs and no ``except Exception``
+    swallows it. ``death``: the :class:`Death` or :class:`Stall`."""
 
     def __init__(self, reason: Death | Stall):
         super().__init__(reason.message())
@@ -132,13 +83,9 @@ class ServerLost(KeyboardInterrupt):
 
 @dataclass
 class Death:
-    """One watched process of the server that exited.
-
-    pid: its pid; role: e.g. "the sglang scheduler"; name: its process title (``sglang::scheduler``)
-    or executable name; returncode: exit status when the watcher could read it (the leader only;
-    negative = killed by that signal), else None; detected_after_s: seconds from the watch's start
-    to the moment it was seen dead.
-    """
+    """A watched server process that exited: ``role`` (e.g. "the sglang scheduler"), ``name``
+    (its title), ``returncode`` (the leader's only; negative: killed by that signal; else None),
+    ``detected_after_s`` (seconds from the watch's start)."""
 
     pid: int
     role: str
@@ -161,27 +108,16 @@ class Death:
         return f"{self.role} (pid {self.pid}) died{how}"
 
     def to_json(self) -> dict:
-        return {
-            "pid": self.pid,
-            "role": self.role,
-            "name": self.name,
-            "returncode": self.returncode,
-            "detected_after_s": round(self.detected_after_s, 3),
-        }
+        return _json(self)
 
 
 @dataclass
 class Stall:
-    """The server (or a client of the suite) stopped making progress.
-
-    kind: "heartbeat" (no answer to the scheduler round trip), "replies" (work outstanding and
-    no reply to the suite), "stopped" (a server process in state T), "client_stopped" (a client
-    process of the suite in state T), "client_silent" (a watched client that read, wrote, printed
-    and computed nothing while the heartbeat answered); what: the sentence that says what was seen; pid / role /
-    state: the scheduler (the front end when the server has none; the stopped process for the
-    two "stopped" kinds) and its process state when seen (``"S (sleeping)"``); silent_s: seconds
-    without progress; detected_after_s: seconds from the watch's start.
-    """
+    """The server (or a client of the suite) stopped making progress. ``kind``: "heartbeat",
+    "replies", "stopped" (a server process in state T), "client_stopped", "client_silent";
+    ``what``: what was seen; ``pid``/``role``/``state``: the scheduler (else the front end; the
+    stopped process or the client for the client kinds) and its process state; ``silent_s``:
+    seconds without progress; ``detected_after_s``: from the watch's start."""
 
     kind: str
     what: str
@@ -208,24 +144,18 @@ class Stall:
         )
 
     def to_json(self) -> dict:
-        return {
-            "kind": self.kind,
-            "what": self.what,
-            "pid": self.pid,
-            "role": self.role,
-            "state": self.state,
-            "silent_s": round(self.silent_s, 3),
-            "detected_after_s": round(self.detected_after_s, 3),
-        }
+        return _json(self)
+
+
+def _json(reason: Death | Stall) -> dict:
+    """A Death's or Stall's fields for cell.json, seconds rounded to the millisecond."""
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(reason).items()}
 
 
 def role_of(name: str, cmdline: list[str], is_leader: bool) -> str:
-    """A human name for a process of an sglang server.
-
-    ``sglang::scheduler_TP0`` -> "the sglang scheduler", ``sglang::detokenizer`` -> "the sglang
-    detokenizer", the launched process -> "the sglang server (HTTP front end)", anything else ->
-    "server process <name>".
-    """
+    """A human name for a process of an sglang server: ``sglang::scheduler_TP0`` -> "the sglang
+    scheduler", the launched process -> "the sglang server (HTTP front end)", else "server
+    process <name>"."""
     title = " ".join(cmdline) if cmdline else name
     for text in (title, name):  # the title first: psutil's name() is cut at 15 characters
         if text.startswith("sglang::"):
@@ -237,14 +167,8 @@ def role_of(name: str, cmdline: list[str], is_leader: bool) -> str:
     return f"server process {name or '?'}"
 
 
-def _watchable(p: psutil.Process, leader_pid: int) -> bool:
-    if p.pid == leader_pid:
-        return True
-    try:
-        name = p.name()
-        cmd = p.cmdline()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return False
+def _watchable(name: str, cmd: list[str]) -> bool:
+    """Worth watching besides the leader: an ``sglang::`` or Python process."""
     first = (cmd[0] if cmd else "") or name
     return (
         name.startswith("sglang::")
@@ -266,44 +190,17 @@ def _status(p: psutil.Process) -> str | None:
         return ""
 
 
-def _is_dead(p: psutil.Process) -> bool:
-    st = _status(p)
-    return st is None or st == psutil.STATUS_ZOMBIE
-
-
 def group_processes(pgid: int, leader: psutil.Process | None = None) -> list[psutil.Process]:
-    """Live processes whose process group is ``pgid``, plus every descendant of ``leader``
-    (a child may have left the group with setsid). The leader first when it lives."""
+    """Live processes of group ``pgid`` and descendants of ``leader`` (first)."""
     out: dict[int, psutil.Process] = {}
     if leader is not None:
         try:
-            if not _is_dead(leader):
-                out[leader.pid] = leader
-            for c in leader.children(recursive=True):
-                out.setdefault(c.pid, c)
+            out = {p.pid: p for p in [leader, *leader.children(recursive=True)]}
         except psutil.NoSuchProcess:
             pass
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if os.getpgid(p.pid) == pgid:
-                out.setdefault(p.pid, p)
-        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
-            continue
-    return [p for p in out.values() if not _is_dead(p)]
-
-
-def kill_group(pgid: int, sig: int = signal.SIGKILL) -> bool:
-    """Send ``sig`` to process group ``pgid``; False when the group no longer exists, or when it
-    is not a group this process may kill (group 1, or the caller's own group)."""
-    if pgid <= 1 or pgid == os.getpgid(0):
-        return False
-    try:
-        os.killpg(pgid, sig)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return False
+    for p in group_members(pgid):
+        out.setdefault(p.pid, p)
+    return [p for p in out.values() if is_live(p)]
 
 
 @dataclass
@@ -315,17 +212,14 @@ class _Watched:
 
 @dataclass
 class ServerWatch:
-    """Watch the processes and the progress of one server; see the module docstring.
+    """Watch the processes and the progress of one server (module docstring).
 
-    leader: the launched process (``subprocess.Popen``; its exit code is read from it);
-    pgid: the server's process group; interval_s: poll period in seconds;
-    on_death: called once from the watcher thread with the :class:`Death` or :class:`Stall`
-    (after the kills); stall_timeout_s: seconds without progress that make a stall (None: only
-    deaths are watched); heartbeat: ``heartbeat(timeout_s) -> bool``, one scheduler round trip
-    (True when answered; :meth:`patchbench.run.server.SglangServer.heartbeat`), called every
-    :func:`heartbeat_interval` seconds from a thread of its own; progress: the
-    :class:`ProgressMeter` suites feed; stopped_grace_s: seconds a process may stay stopped.
-    Use :meth:`start` after the server is ready and :meth:`close` before stopping it.
+    ``leader``: the launched ``subprocess.Popen``; ``pgid``: its process group; ``on_death``:
+    called once from the watcher thread with the Death or Stall (after the kills);
+    ``stall_timeout_s``: seconds without progress that make a stall (None: deaths only);
+    ``heartbeat``: ``heartbeat(timeout_s) -> bool``, one scheduler round trip
+    (:meth:`patchbench.run.server.SglangServer.heartbeat`); ``progress``: what the suites feed.
+    :meth:`start` after the server is ready, :meth:`close` before stopping it.
     """
 
     leader: object  # subprocess.Popen
@@ -347,11 +241,9 @@ class ServerWatch:
     _beat_thread: threading.Thread | None = None
     _t0: float = 0.0
     _last_beat: float = 0.0
-    _clients: set[int] = field(default_factory=set)
     _suite_started: float | None = None
     _before: set = field(default_factory=set)
     _armed: bool = False
-    _lock: threading.Lock = field(default_factory=threading.Lock)
     _stopped_since: dict[int, float] = field(default_factory=dict)
     _next_client_scan: float = 0.0
 
@@ -364,14 +256,14 @@ class ServerWatch:
         except psutil.NoSuchProcess:
             pass
         for p in group_processes(self.pgid, leader):
-            if not _watchable(p, self.leader.pid):
-                continue
             try:
                 name, cmd = p.name(), p.cmdline()
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
-            title = cmd[0] if len(cmd) == 1 else name  # setproctitle leaves one argv entry
-            self.watched.append(_Watched(p, role_of(name, cmd, p.pid == self.leader.pid), title))
+            is_leader = p.pid == self.leader.pid
+            if is_leader or _watchable(name, cmd):
+                title = cmd[0] if len(cmd) == 1 else name  # setproctitle leaves one argv entry
+                self.watched.append(_Watched(p, role_of(name, cmd, is_leader), title))
         self._t0 = self._last_beat = time.monotonic()
         self.progress.idle()
         self._thread = threading.Thread(
@@ -403,15 +295,8 @@ class ServerWatch:
                 t.join(timeout=wait)
 
     # ------------------------------------------------------------------ clients
-    def register_client(self, pgid: int) -> None:
-        """A client process group (e.g. bench_serving, started with ``start_new_session``) to kill
-        when the server dies."""
-        with self._lock:
-            self._clients.add(pgid)
-
     def suite_started(self) -> None:
-        """Mark the start of a suite: runner descendants that appear from now on are its clients
-        (those alive now are remembered and never killed)."""
+        """A suite starts: runner descendants new from now on are its clients."""
         self._before = set()
         try:
             self._before = {
@@ -423,17 +308,14 @@ class ServerWatch:
         self.progress.idle()
         self._suite_started = time.time()
 
-    def _client_processes(self) -> tuple[list[psutil.Process], set[int]]:
-        """(runner descendants that appeared since the suite started and are not server
-        processes; the process groups of the registered clients)."""
-        with self._lock:
-            groups = set(self._clients)
+    def _client_processes(self) -> list[psutil.Process]:
+        """The runner's descendants new since the suite started, not the server's."""
         if self._suite_started is None:
-            return [], groups
+            return []
         try:
             kids = psutil.Process(os.getpid()).children(recursive=True)
         except psutil.NoSuchProcess:
-            return [], groups
+            return []
         server_pids = {w.proc.pid for w in self.watched}
         out = []
         for k in kids:
@@ -445,15 +327,14 @@ class ServerWatch:
             except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
                 continue
             out.append(k)
-        return out, groups
+        return out
 
     def kill_clients(self) -> list[int]:
-        """SIGKILL every registered client group and every runner descendant that appeared since
-        :meth:`suite_started` and is not a server process. Returns the pids/pgids killed."""
+        """SIGKILL the suite's clients (their group when not ours); pids and pgids."""
         killed: list[int] = []
-        kids, groups = self._client_processes()
+        groups: set[int] = set()
         own = os.getpgid(0)
-        for k in kids:
+        for k in self._client_processes():
             try:
                 pg = os.getpgid(k.pid)
             except (ProcessLookupError, PermissionError):
@@ -607,22 +488,12 @@ class ServerWatch:
         return None
 
     def _check_clients(self) -> Stall | None:
-        """A stall when a client process of the running suite has been stopped (checked about
-        once a second: it walks the runner's descendants)."""
+        """A stall when a client of the suite is stopped (scanned once a second)."""
         now = time.monotonic()
         if self._suite_started is None or now < self._next_client_scan:
             return None
         self._next_client_scan = now + 1.0
-        kids, groups = self._client_processes()
-        seen = {k.pid: k for k in kids}
-        for g in groups:
-            for p in psutil.process_iter(["pid"]):
-                try:
-                    if os.getpgid(p.pid) == g:
-                        seen.setdefault(p.pid, p)
-                except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
-                    continue
-        for pid, p in seen.items():
+        for p in self._client_processes():
             st = _status(p)
             if st is None:
                 continue
@@ -630,7 +501,7 @@ class ServerWatch:
                 cmd = " ".join(p.cmdline())[:160] or p.name()
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 cmd = "?"
-            stall = self._stopped(pid, st, f"the client ({cmd})", "client_stopped")
+            stall = self._stopped(p.pid, st, f"the client ({cmd})", "client_stopped")
             if stall is not None:
                 return stall
         return None

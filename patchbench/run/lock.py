@@ -1,17 +1,11 @@
 """One writer per run folder: ``RUN/.lock``, held with ``fcntl.flock`` for the run's life.
 
-A run (or ``--resume``) takes the lock before it writes anything into the folder and keeps the
-file open until it ends; the holder's pid, host, start time and command line are written into
-the file. A second run or resume of the same folder is refused (:class:`RunFolderBusy`, exit 4)
-naming the holder. A lock left by a run that died (SIGKILL, a crash, a reboot) is no lock: the
-kernel drops a ``flock`` with its last open file, so the next run takes it and says whose it
-was. On a file system without working ``flock`` (some network mounts) the lock is best effort.
-
-``patchbench report RUN`` takes the same lock (:func:`acquire` with ``purpose="report"``) for
-as long as it reads the folder and writes compare.json, the plots and the reports: a report
-never reads half a folder a run is still writing, and two reports never write the same files
-at once. A report waits up to :data:`REPORT_WAIT_S` for another report to finish; a run (which
-holds the lock for hours) is named at once.
+A run (or ``--resume``) takes the lock before it writes into the folder and writes its pid,
+host, start time and command line into the file; a second run of the folder is refused
+(:class:`RunFolderBusy`, exit 4) naming the holder. The kernel drops a ``flock`` with its
+holder's last open file, so a run that died leaves no lock (the next run says whose it was).
+``patchbench report RUN`` takes the same lock (``purpose="report"``) while it reads and writes:
+it waits up to :data:`REPORT_WAIT_S` for another report and names a run at once.
 """
 
 from __future__ import annotations
@@ -42,18 +36,15 @@ class RunFolderBusy(RunFailed):
 
 @dataclass
 class RunLock:
-    """The held lock of one run folder: ``path`` (``RUN/.lock``), the open file, and
-    ``previous`` (the holder a run that ended without releasing left in the file: it died;
-    None when there was none). Use :func:`acquire`; :meth:`release` at the end (also released when the process
-    exits)."""
+    """The held lock of one run folder (:func:`acquire`): ``path``, the open file, and
+    ``previous``: the holder a run that died left in the file (None when none)."""
 
     path: Path
     fd: int
     previous: dict | None = None
 
     def release(self) -> None:
-        """Empty the file (so what a later run finds in it is a dead holder's), drop the lock
-        and close the file (safe to call twice)."""
+        """Empty the file, drop the lock and close it; safe to call twice."""
         if self.fd >= 0:
             try:
                 try:
@@ -100,14 +91,10 @@ def _busy(run_dir: str | os.PathLike, holder: dict | None, purpose: str, waited_
 
 
 def acquire(run_dir: str | os.PathLike, *, purpose: str = "run", wait_s: float = 0.0) -> RunLock:
-    """Take ``run_dir``'s lock for this process.
-
-    purpose: "run" (bench, resume) or "report" (written into the file, so a waiting report can
-    tell a report from a run); wait_s: seconds to wait while the holder is a report (a run
-    holding it is refused at once). Returns the :class:`RunLock`. Raises :class:`RunFolderBusy`
-    naming the holder when another live process holds it; ResultsWriteError (exit 4) when the
-    file cannot be created.
-    """
+    """Take ``run_dir``'s lock. ``purpose``: "run" or "report" (written into the file);
+    ``wait_s``: how long to wait while the holder is a report (a run is refused at once).
+    Raises :class:`RunFolderBusy` naming a live holder; ResultsWriteError (exit 4) when the file
+    cannot be created."""
     path = Path(run_dir) / LOCK_NAME
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

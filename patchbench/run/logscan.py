@@ -1,24 +1,13 @@
-"""Count what the server did that changes a measurement: request retractions and out-of-memory
-events, read from a cell's ``server.log`` (or the part of it written after a byte offset, so one
-suite's share of the log can be attributed to that suite).
+"""Count what the server did that changes a measurement, from a cell's ``server.log`` (or the
+part after a byte offset: one suite's share): request retractions and out-of-memory events.
 
-The message texts are those the pinned releases log (read in their installed sources):
-
-- retraction, both releases, ``sglang/srt/managers/scheduler.py``: ``"KV cache pool is full.
-  Retract requests. #retracted_reqs: N, ..."`` (0.5.1.post3: ``logger.info`` in
-  ``update_running_batch``; 0.5.23: ``logger.warning``, and ``"Testing retraction. #retracted_reqs:
-  N, ..."`` when retraction is forced for a test, which retracts requests all the same);
-- sglang's KV-cache allocation failure, ``"Prefill out of memory. Try to lower your batch size."``
-  and ``"Decode out of memory. Try to lower your batch size."`` (0.5.1.post3:
-  ``srt/managers/schedule_batch.py``; 0.5.23: ``srt/mem_cache/allocation.py``). The message is
-  logged with ``logger.error`` and then raised as ``RuntimeError``, so the same event appears a
-  second time in the scheduler's traceback as ``RuntimeError: Decode out of memory. ...``; that
-  echo is not counted again;
-- CUDA's allocator: ``torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ...`` (or
-  ``torch.cuda.OutOfMemoryError``) and the CUDA runtime's ``CUDA error: out of memory``.
-
-A bare "out of memory" is not counted: 0.5.23 logs warnings such as deep_gemm's "... reducing
-max_m to ... to avoid out of memory" that are not an out-of-memory event.
+The texts are those the pinned releases log (their installed sources): retractions
+(``scheduler.py``: "KV cache pool is full. Retract requests. #retracted_reqs: N", and 0.5.23's
+forced "Testing retraction."); sglang's KV-cache allocation failure ("Prefill/Decode out of
+memory. Try to lower your batch size.", logged and then raised, so its traceback's
+``RuntimeError: ...`` echo is not counted again); CUDA's ("CUDA out of memory",
+``OutOfMemoryError``, "CUDA error: out of memory"). A bare "out of memory" is not counted
+(0.5.23's deep_gemm warns "... to avoid out of memory").
 """
 
 from __future__ import annotations
@@ -53,20 +42,14 @@ LINE_CHARS = 300
 def scan_server_log(
     path: str | os.PathLike, start_offset: int = 0, end_offset: int | None = None
 ) -> dict:
-    """Retractions and out-of-memory events in ``path`` from byte ``start_offset`` on.
+    """Retractions and out-of-memory events in ``path`` from byte ``start_offset`` (a line it
+    falls inside belongs to the earlier part) up to ``end_offset`` (lines starting before it are
+    read whole), streamed line by line.
 
-    The file is streamed line by line (constant memory). When ``start_offset`` falls inside a line,
-    that line is skipped: it began before the offset and belongs to the earlier part of the log.
-    ``end_offset`` (bytes, optional): stop there (lines that start before it are read whole).
-
-    Returns ``{"retractions_count": int (retraction events), "retracted_requests_count": int (sum
-    of their #retracted_reqs), "oom_count": int (out-of-memory events, KV cache and CUDA),
-    "first_lines": [str] (the first MAX_FIRST_LINES matching lines, stripped, at most LINE_CHARS
-    characters each), "start_offset": int, "end_offset": int (bytes read up to; the next slice's
-    start)}``.
-
-    Raises OSError (FileNotFoundError, PermissionError, ...) when the file cannot be read and
-    ValueError for a negative ``start_offset``.
+    Returns {"retractions_count", "retracted_requests_count" (sum of #retracted_reqs),
+    "oom_count", "first_lines" (the first MAX_FIRST_LINES matches, LINE_CHARS each),
+    "start_offset", "end_offset" (bytes read up to: the next slice's start)}. Raises OSError when
+    the file cannot be read, ValueError for a negative ``start_offset``.
     """
     if start_offset < 0:
         raise ValueError(f"start_offset must be >= 0, got {start_offset}")
@@ -120,8 +103,7 @@ def scan_server_log(
 
 
 class LogScan(BaseModel):
-    """A scan as a suite keeps it in its summary's ``meta["server_log_scan"]``: the dict
-    :func:`scan_server_log` returns, or ``{"error": why}`` when the log could not be read."""
+    """``meta["server_log_scan"]``: a scan's dict, or ``{"error": why}``."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -135,8 +117,7 @@ class LogScan(BaseModel):
 
 
 def scan_of(meta: dict[str, Any]) -> LogScan | None:
-    """The server-log scan in a suite summary's ``meta`` (``meta["server_log_scan"]``); None
-    when the suite kept none or it does not have the shape of :class:`LogScan`."""
+    """The :class:`LogScan` in a suite summary's ``meta``; None when absent or malformed."""
     raw = meta.get("server_log_scan")
     if not isinstance(raw, dict):
         return None
@@ -147,8 +128,7 @@ def scan_of(meta: dict[str, Any]) -> LogScan | None:
 
 
 def log_size(path: str | os.PathLike) -> int:
-    """The current size of ``path`` in bytes (0 when it does not exist yet): the offset to pass to
-    :func:`scan_server_log` to count only what is written from now on."""
+    """The size of ``path`` in bytes (0 when missing): the offset from which to scan what comes."""
     try:
         return os.path.getsize(path)
     except FileNotFoundError:

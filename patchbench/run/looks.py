@@ -1,8 +1,5 @@
-"""The sequential looks of a ``schedule.repeats: {min, max, step}`` run: the design
-(:func:`sequential_design`), the primaries that decide when it stops
-(:func:`sequential_primaries`), one look at the cells on disk (:func:`sequential_look`,
-patchbench.analysis.sequential.decide on paired log ratios) and the manifest's record of the looks
-(:func:`sequential_record`)."""
+"""The sequential looks of a ``schedule.repeats: {min, max, step}`` run: its design, the primaries
+that decide when it stops, one look at the cells on disk and the manifest's record of the looks."""
 
 from __future__ import annotations
 
@@ -15,9 +12,8 @@ from patchbench.suite import get_suite
 
 
 def sequential_design(cfg: Config):
-    """The patchbench.analysis.sequential.Design of a ``schedule.repeats: {min, max, step}`` config (alpha
-    = 1 - ``compare.confidence`` per report; a non-binding futility stop at conditional power
-    ``schedule.repeats.futility``); None for a fixed number of repeats."""
+    """The patchbench.analysis.sequential.Design of a sequential config (alpha = 1 -
+    ``compare.confidence`` per report; non-binding futility); None for fixed repeats."""
     seq = cfg.schedule.sequential
     if seq is None:
         return None
@@ -32,11 +28,9 @@ def sequential_design(cfg: Config):
 
 
 def sequential_primaries(cfg: Config) -> list[tuple[str, str, Any, float]]:
-    """[(suite, metric, MetricInfo, margin in percent)] of the primaries that decide when a
-    sequential run stops: run-level metrics (kind "run", with a direction) of timed suites that
-    run in every round. Accuracy and deterministic primaries (and suites scheduled in only some
-    rounds) gain nothing from more repeats and do not hold the run up; their verdicts come from
-    the analysis as usual. A margin of 0 means no equivalence stop for that metric."""
+    """[(suite, metric, MetricInfo, margin %)] of the primaries that decide when a sequential run
+    stops: run-level metrics with a direction of timed suites in every round (others gain
+    nothing from more repeats). A margin of 0: no equivalence stop."""
     every = list(range(cfg.schedule.max_repeats))
     out = []
     for s in cfg.suites:
@@ -50,14 +44,10 @@ def sequential_primaries(cfg: Config) -> list[tuple[str, str, Any, float]]:
 
 
 def sequential_look(cfg: Config, run_dir: Path, design, look_index: int, previous=None):
-    """Decide at look ``look_index`` from the timed cells on disk (patchbench.analysis.sequential.decide
-    through patchbench.analysis.build.look_decision: the report's family and rule on the rows of the
-    run folder as it is; A/A variants are measured controls that never hold the run open).
-
-    Returns (LookDecision, None), or (None, why) when a needed pair is missing (a failed cell):
-    the run then stops; ``--resume`` re-runs the failed cells and looks again. A value its suite
-    left out on purpose (``RunData.not_judged``: a load sweep's undelivered point) is not
-    missing: that primary is never judged and neither holds the run open nor stops it."""
+    """Decide at look ``look_index`` from the cells on disk (patchbench.analysis.build.look_decision:
+    the report's family and rule). Returns (LookDecision, None), or (None, why) when a needed
+    pair is missing (a failed cell: the run stops; ``--resume`` re-runs it). A value its suite
+    left out on purpose (``RunData.not_judged``) is not missing."""
     from patchbench.analysis.build import look_decision
     from patchbench.analysis.rundata import read_run
 
@@ -109,9 +99,9 @@ def sequential_record(
     decision,
     why: str | None,
 ) -> SequentialRecord:
-    """The manifest's ``sequential`` record after look ``look_index`` (after ``n_rounds``
-    rounds): the looks before it from ``old``, then this one; ``decision`` None (with ``why``)
-    when a pair was missing, which stops the run there (earlier decisions are kept)."""
+    """The manifest's ``sequential`` record after look ``look_index`` (``n_rounds`` rounds): the
+    earlier looks of ``old``, then this one; ``decision`` None (with ``why``): a pair was
+    missing, the run stops there (earlier decisions are kept)."""
     looks = [x for x in (old.looks if old is not None else []) if x.look_index < look_index]
     if decision is None:
         rec = SequentialRecord(

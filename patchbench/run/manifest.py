@@ -8,7 +8,7 @@ from pathlib import Path
 
 from patchbench.config import Config
 from patchbench.records import write_bytes
-from patchbench.run.order import Cell
+from patchbench.run.plan import Cell
 from patchbench.run.variants import CACHE_DIR, VariantEnv, client_release
 from patchbench.runfolder.models import (
     CellRecord,

@@ -1,52 +1,226 @@
-"""The run's cells in order (:func:`plan`) and the resolved plan as text (:func:`describe_plan`,
-what ``bench --dry-run`` prints): variants, cells, suites per round, the stopping rule of a
-sequential schedule, the server commands and environment, the number of launches."""
+"""The run's cells: which and in what order (:func:`plan`), what each runs (:func:`cell_suites`,
+the correctness cell's instrumentation arguments) and the plan as text (:func:`describe_plan`,
+``bench --dry-run``).
+
+Interleaved order alternates each round's direction (ABBA, ABC CBA) so a slow drift hits every
+variant alike; sequential order is for debugging. An untimed or instrumented suite gives each
+variant one untimed ``correctness`` cell first (``<variant>/correctness``, every
+instrumentation on, no verdict from its timings); ``suites.<name>.rounds`` picks a suite's rounds.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
+from patchbench import runfolder
 from patchbench.config import Config, patch_label, sglang_label
-from patchbench.run.cell import (
-    cell_done,
-    cell_suites,
-    check_instrumentation,
-    is_cpu,
-    needs_correctness_cells,
-)
+from patchbench.config.args import check_args, split_args
+from patchbench.envs import envinfo
+from patchbench.errors import ConfigError
 from patchbench.run.looks import sequential_primaries
-from patchbench.run.order import Cell, plan_cells
-from patchbench.run.preflight import resume_manifest
-from patchbench.run.variants import _pythonpath, stand_in_dirs
+from patchbench.run.server import launch_command
+from patchbench.run.variants import (
+    client_python,
+    client_release,
+    is_cpu,
+    pythonpath,
+    stand_in_dirs,
+)
 from patchbench.shims import SITE_DIR
-from patchbench.suite import get_suite
+from patchbench.suite import SuiteContext, get_suite
+
+CellKind = Literal["timed", "correctness"]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One server lifetime: ``variant`` at round ``repeat`` (0-based; 0 for a correctness cell);
+    ``index``: its position in the run order."""
+
+    index: int
+    variant: str
+    repeat: int
+    kind: CellKind = "timed"
+
+    @property
+    def dirname(self) -> str:
+        return "correctness" if self.kind == "correctness" else f"rep{self.repeat}"
+
+    @property
+    def label(self) -> str:
+        """``variant/rep<k>`` or ``variant/correctness`` (log lines, progress, markers)."""
+        return f"{self.variant}/{self.dirname}"
+
+    def path(self, run_dir: str | Path) -> Path:
+        return Path(run_dir) / self.variant / self.dirname
+
+
+def plan_cells(
+    variants: list[str],
+    repeats: int,
+    order: Literal["interleaved", "sequential"] = "interleaved",
+    *,
+    correctness: bool = False,
+) -> list[Cell]:
+    """The run order of ``variants`` (config order) over ``repeats`` rounds, after one
+    correctness cell per variant with ``correctness``. Raises ValueError for no variants,
+    repeats < 1 or an unknown order."""
+    if not variants:
+        raise ValueError("no variants to schedule")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if order == "interleaved":
+        pairs = [
+            (v, r) for r in range(repeats) for v in (variants if r % 2 == 0 else variants[::-1])
+        ]
+    elif order == "sequential":
+        pairs = [(v, r) for v in variants for r in range(repeats)]
+    else:
+        raise ValueError(f"unknown order '{order}'; allowed: interleaved, sequential")
+    first = [Cell(i, v, 0, "correctness") for i, v in enumerate(variants)] if correctness else []
+    return first + [Cell(len(first) + i, v, r) for i, (v, r) in enumerate(pairs)]
+
+
+def _placeholder_ctx(cfg: Config, suite: str, variant: str | None = None) -> SuiteContext:
+    """The context a suite's ``instrumentation`` hook is asked with before any cell exists."""
+    site = envinfo.stock_site_dir()
+    stock = (site / "sglang") if site else Path("sglang")
+    root = Path("/nonexistent-run")
+    return SuiteContext(
+        server=None,
+        out_dir=root / suite,
+        run_dir=root,
+        cache_dir=root / ".cache",
+        variant=variant or cfg.baseline,
+        repeat=0,
+        baseline=cfg.baseline,
+        sglang_version=client_release(cfg),
+        python=client_python(cfg),
+        stock_env={},
+        variant_sglang_dir=stock,
+        stock_sglang_dir=stock,
+        device="cpu" if is_cpu(cfg) else "cuda",
+    )
+
+
+def _correctness_suites(cfg: Config) -> list[str]:
+    """The suites that need a correctness cell: untimed or instrumented ones, config order."""
+    return [
+        s
+        for s in cfg.suites
+        if not get_suite(s).timed
+        or get_suite(s).instrumentation(_placeholder_ctx(cfg, s), cfg.suite_params[s]) is not None
+    ]
 
 
 def plan(cfg: Config) -> list[Cell]:
-    """The run's cells: one correctness cell per variant first when a suite is instrumented or
-    untimed (patchbench.run.cell.needs_correctness_cells), then the timed rounds (as many as the
-    schedule may take: a sequential schedule's ``max``; it may stop earlier)."""
+    """The correctness cells when needed, then every round the schedule may take."""
     return plan_cells(
         list(cfg.variants),
         cfg.schedule.max_repeats,
         cfg.schedule.order,
-        correctness=needs_correctness_cells(cfg),
+        correctness=bool(_correctness_suites(cfg)),
     )
 
 
-def describe_plan(cfg: Config, resume: Path | None = None) -> str:
-    """The resolved plan as text (``--dry-run``): variants (patches, server arguments,
-    environment), cells in order, the suites of each round, the stopping rule of a sequential
-    schedule, commands.
+def cell_suites(cfg: Config, cell: Cell) -> list[str]:
+    """The suites ``cell`` runs, config order. A correctness cell: the untimed and instrumented
+    suites, plus the timed server suites when none of those talks to the server (so the
+    instrumented server sees traffic). A timed cell of round k: the timed suites whose
+    ``rounds`` include k."""
+    if cell.kind == "correctness":
+        picked = _correctness_suites(cfg)
+        if not any(get_suite(s).needs_server for s in picked):
+            picked = [s for s in cfg.suites if s in picked or get_suite(s).needs_server]
+        return picked
+    return [s for s in cfg.suites if get_suite(s).timed and cell.repeat in cfg.rounds_of(s)]
 
-    With ``resume`` (a run folder, checked by :func:`patchbench.run.preflight.resume_manifest`),
-    cells already done there are marked ``(done)`` and only the rest count as launches. Raises
-    ConfigError for a conflict between an instrumentation's server arguments and the config's.
-    """
+
+def suite_done(path: Path) -> bool:
+    """True when ``path/summary.json`` says ok or incomplete."""
+    s = runfolder.read_summary(path)
+    return s is not None and s.status in ("ok", "incomplete")
+
+
+def cell_done(run_dir: Path, cell: Cell, cfg: Config) -> bool:
+    """True when every suite of ``cell`` has a summary with status ok or incomplete."""
+    return all(suite_done(cell.path(run_dir) / s) for s in cell_suites(cfg, cell))
+
+
+def _show(flag: str, value: str | None) -> str:
+    return flag if value is None else f"{flag} {value}"
+
+
+def instrumentation_args(
+    cfg: Config, variant: str, wanted: list[tuple[str, list[str]]]
+) -> list[str]:
+    """The server arguments a correctness cell of ``variant`` appends for ``wanted``
+    (``[(suite, Instrumentation.server_args)]``, config order); a flag already given the same
+    way is added once. Raises ConfigError naming both sides when a suite needs a flag that
+    ``server.args``, the variant's ``server_args`` or another suite sets differently, or an
+    argument the harness owns."""
+    have: dict[str, tuple[str | None, str]] = {}
+    for key, args in (
+        ("server.args", cfg.server.args),
+        (f"variants.{variant}.server_args", cfg.variants[variant].server_args),
+    ):
+        for _, flag, val in split_args(list(args)):
+            if flag:
+                have[flag] = (val, key)
+    out: list[str] = []
+    for suite, args in wanted:
+        where = f"the {suite} suite's instrumentation"
+        try:
+            check_args(list(args), f"{where} (server_args)")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        for i, flag, val in split_args(list(args)):
+            if not flag:
+                out.append(val or "")  # not a flag (sglang has no positional arguments)
+                continue
+            if flag in have:
+                old, by = have[flag]
+                if old != val:
+                    raise ConfigError(
+                        f"{where} needs {_show(flag, val)} in the correctness cell of variant "
+                        f"'{variant}', but {by} sets {_show(flag, old)}; remove one of them "
+                        f"(suites.{suite} or {by})"
+                    )
+                continue
+            have[flag] = (val, where)
+            out += [args[i]] if (val is None or "=" in args[i]) else [args[i], val]
+    return out
+
+
+def check_instrumentation(cfg: Config) -> dict[str, list[str]]:
+    """{variant: what its correctness cell adds}, before any launch."""
+    out: dict[str, list[str]] = {}
+    for v in cfg.variants:
+        wanted = []
+        for name in cfg.suites:
+            ins = get_suite(name).instrumentation(
+                _placeholder_ctx(cfg, name, v), cfg.suite_params[name]
+            )
+            if ins is not None and ins.server_args:
+                wanted.append((name, list(ins.server_args)))
+        out[v] = instrumentation_args(cfg, v, wanted)
+    return out
+
+
+# ------------------------------------------------------------------------- the plan as text
+def describe_plan(cfg: Config, resume: Path | None = None) -> str:
+    """The resolved plan as text (``--dry-run``): variants, cells in order, suites per round,
+    the stopping rule of a sequential schedule, server commands, launches. With ``resume`` (a
+    run folder, checked by :func:`patchbench.run.preflight.resume_manifest`) the cells done
+    there are marked ``(done)``. Raises ConfigError for an instrumentation conflict."""
     cells = plan(cfg)
     extra_args = check_instrumentation(cfg)
     done: set[Cell] = set()
     if resume is not None:
+        from patchbench.run.preflight import resume_manifest
+
         resume_manifest(cfg, resume)
         done = {c for c in cells if cell_done(resume, c, cfg)}
     lines = [
@@ -67,8 +241,7 @@ def describe_plan(cfg: Config, resume: Path | None = None) -> str:
 
 
 def _build_lines(cfg: Config) -> list[str]:
-    """Each variant's build (environment, interpreter) when the run resolved builds and they are
-    not all the config's one release; the clients' environment."""
+    """Each variant's build when they are not all the config's one release; the clients'."""
     if not cfg.builds or not cfg.has_own_builds():
         return []
     lines = ["builds:"]
@@ -143,21 +316,8 @@ def _stopping_rule(cfg: Config) -> str:
     )
 
 
-def _round_groups(cfg: Config, rounds: int) -> list[tuple[list[int], list[str]]]:
-    """[(consecutive round indices, the timed suites they run)]."""
-    out: list[tuple[list[int], list[str]]] = []
-    for k in range(rounds):
-        here = cell_suites(cfg, Cell(0, cfg.baseline, k))
-        if out and out[-1][1] == here:
-            out[-1][0].append(k)
-        else:
-            out.append(([k], here))
-    return out
-
-
 def _suite_lines(cfg: Config, cells: list[Cell]) -> list[str]:
-    """Each suite's parameters (and rounds), then the suites of the correctness cells and of
-    each group of rounds."""
+    """Each suite's parameters, then the suites of each kind of cell and round."""
     lines = ["suites (in this order, cache flushed between them):"]
     for sname, params in cfg.suite_params.items():
         r = cfg.suite_rounds.get(sname, "all")
@@ -169,7 +329,14 @@ def _suite_lines(cfg: Config, cells: list[Cell]) -> list[str]:
     corr = [c for c in cells if c.kind == "correctness"]
     if corr:
         lines.append(f"  correctness: {', '.join(cell_suites(cfg, corr[0])) or '(none)'}")
-    for ks, here in _round_groups(cfg, cfg.schedule.max_repeats):
+    groups: list[tuple[list[int], list[str]]] = []
+    for k in range(cfg.schedule.max_repeats):
+        here = cell_suites(cfg, Cell(0, cfg.baseline, k))
+        if groups and groups[-1][1] == here:
+            groups[-1][0].append(k)
+        else:
+            groups.append(([k], here))
+    for ks, here in groups:
         which = f"round {ks[0]}" if len(ks) == 1 else f"rounds {ks[0]}-{ks[-1]}"
         lines.append(f"  {which}: {', '.join(here) or '(none)'}")
     return lines
@@ -180,25 +347,14 @@ def _server_lines(cfg: Config) -> list[str]:
     lines = []
     for v in cfg.variants:
         b = cfg.builds.get(v)
-        cmd = [
-            b.python if b is not None and cfg.has_own_builds() else "python",
-            "-m",
-            "sglang.launch_server",
-            "--model-path",
-            cfg.model_ref,
-            "--host",
-            cfg.server.host,
-            "--port",
-            str(cfg.server.port),
-            *cfg.server_args_of(v),
-        ]
+        python = b.python if b is not None and cfg.has_own_builds() else "python"
+        s = cfg.server
+        cmd = launch_command(python, cfg.model_ref, s.host, s.port, cfg.server_args_of(v))
         lines.append(f"server     {v}: " + " ".join(cmd))
     env = dict(cfg.server.env)
     if cfg.server.cpu_stand_ins:
         env["PATCHBENCH_CPU_STAND_INS"] = "1"
-        env["PYTHONPATH"] = "<overlay>:" + _pythonpath(SITE_DIR, *stand_in_dirs(cfg))
-    else:
-        env["PYTHONPATH"] = "<overlay>:" + str(SITE_DIR)
+    env["PYTHONPATH"] = "<overlay>:" + pythonpath(SITE_DIR, *stand_in_dirs(cfg))
     lines.append(
         "server env "
         + " ".join(f"{k}={v}" for k, v in env.items())

@@ -1,22 +1,25 @@
-"""Ports and the processes that hold them: whether something answers on a port
-(:func:`port_answers`), a free port (:func:`free_port`), the process listening there
-(:func:`port_holder`) and one sentence naming it (:func:`describe_port_holder`).
-
-A server the harness launches carries markers in its environment (:data:`MARKER_RUN_DIR`,
-:data:`MARKER_CELL`, :data:`MARKER_RUNNER_PID`, :data:`MARKER_RUNNER_START`; set by
-patchbench.run.cell), so a server left behind by a killed runner can be recognised wherever its run
-folder is (:func:`markers_of`, :mod:`patchbench.run.stale`). Launching, readiness and stopping a
-server are :mod:`patchbench.run.server`.
+"""Which server is ours: ports and who holds them, the markers every launched server carries
+(:func:`server_markers`: run folder, cell, the runner's pid and start time), and servers
+orphaned by a killed runner (:func:`find_stale_servers`: from ``cell.json`` files still
+"running" and from the markers, the server alive with the same start time and its runner gone;
+:func:`kill_stale`). A process group is signalled only when it is the server's own
+(:func:`own_group`), else only the server's pid.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
-#: environment markers set on every server the harness launches (see patchbench.run.cell)
+from patchbench.runfolder import SchemaTooNew, read_cell, write_cell
+
+#: environment markers set on every server the harness launches (:func:`server_markers`)
 MARKER_RUN_DIR = "PATCHBENCH_RUN_DIR"
 MARKER_CELL = "PATCHBENCH_CELL"
 MARKER_RUNNER_PID = "PATCHBENCH_RUNNER_PID"
@@ -33,8 +36,7 @@ def port_answers(host: str, port: int, timeout_s: float = 0.5) -> bool:
 
 
 def port_taken_by(host: str, port: int) -> str | None:
-    """What already answers on (host, port) (:func:`describe_port_holder`), or None when
-    nothing does: the check before every launch, and before a whole run."""
+    """What already answers on (host, port) (:func:`describe_port_holder`), or None."""
     return describe_port_holder(port) if port_answers(host, port) else None
 
 
@@ -45,30 +47,32 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def runner_start() -> float:
-    """This process's start time (epoch seconds), the value of the ``PATCHBENCH_RUNNER_START``
-    marker."""
-    return psutil.Process(os.getpid()).create_time()
+def server_markers(run_dir: Path, cell: str) -> dict[str, str]:
+    """The environment markers of a server this process launches for ``cell`` of ``run_dir``."""
+    return {
+        MARKER_RUN_DIR: str(Path(run_dir).resolve()),
+        MARKER_CELL: cell,
+        MARKER_RUNNER_PID: str(os.getpid()),
+        MARKER_RUNNER_START: repr(psutil.Process(os.getpid()).create_time()),
+    }
 
 
-def runner_alive(pid: int | None, start: float | None = None) -> bool:
-    """True when ``pid`` names a live process and, with ``start`` (epoch seconds, the marker
-    ``PATCHBENCH_RUNNER_START``), one that started then (a reused pid is not the runner)."""
+def alive(pid: int | None, start: float | None = None) -> bool:
+    """True when ``pid`` lives (not a zombie) and, with ``start``, started then."""
     if not isinstance(pid, int) or pid <= 0:
         return False
     try:
         p = psutil.Process(pid)
         if p.status() == psutil.STATUS_ZOMBIE:
             return False
-        return start is None or abs(p.create_time() - start) < 1.0
-    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+        return start is None or abs(p.create_time() - float(start)) < 1.0
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError, TypeError):
         return False
 
 
 def markers_of(env: dict[str, str]) -> dict:
-    """The harness's markers in a server process's environment: ``run_dir``, ``cell``,
-    ``runner_pid``, ``runner_start`` (None where absent), ``runner_alive`` (None without a
-    runner pid)."""
+    """The markers in a process's environment: ``run_dir``, ``cell``, ``runner_pid``,
+    ``runner_start`` (None where absent), ``runner_alive`` (None without a runner pid)."""
     out: dict = {"run_dir": env.get(MARKER_RUN_DIR), "cell": env.get(MARKER_CELL)}
     rp = env.get(MARKER_RUNNER_PID, "")
     out["runner_pid"] = int(rp) if rp.isdigit() else None
@@ -77,27 +81,53 @@ def markers_of(env: dict[str, str]) -> dict:
     except (KeyError, ValueError):
         out["runner_start"] = None
     out["runner_alive"] = (
-        runner_alive(out["runner_pid"], out["runner_start"])
-        if out["runner_pid"] is not None
-        else None
+        alive(out["runner_pid"], out["runner_start"]) if out["runner_pid"] is not None else None
     )
     return out
 
 
 def own_group(pid: int, pgid: int | None) -> bool:
-    """True when ``pgid`` is a process group of its own that may be killed as a whole: led by
-    ``pid`` (a server starts its own session), not group 1 and not this process's group."""
+    """True when ``pgid`` is led by ``pid``, not group 1 nor this process's."""
     return bool(pgid) and pgid == pid and pgid > 1 and pgid != os.getpgid(0)
 
 
-def port_holder(port: int) -> dict | None:
-    """The process listening on TCP ``port`` on this machine, or None when none is visible.
+def group_members(pgid: int) -> list[psutil.Process]:
+    """The processes whose process group is ``pgid`` (zombies included)."""
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) == pgid:
+                out.append(p)
+        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+            continue
+    return out
 
-    Returns {"pid", "pgid", "name", "cmdline": [str], "run_dir", "cell", "runner_pid",
-    "runner_start", "runner_alive"}; the last five come from the markers the harness sets on its
-    servers (None when the process is not a patchbench server or its environment cannot be
-    read). Only processes of this user are visible without privileges.
-    """
+
+def is_live(p: psutil.Process) -> bool:
+    """True while ``p`` runs and is not a zombie (a process it may not read counts as live)."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True
+
+
+def kill_group(pgid: int, sig: int = signal.SIGKILL) -> bool:
+    """Send ``sig`` to group ``pgid``; False when gone or not ours to kill."""
+    if pgid <= 1 or pgid == os.getpgid(0):
+        return False
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def port_holder(port: int) -> dict | None:
+    """The process of this user listening on TCP ``port`` as {"pid", "pgid", "name",
+    "cmdline", and :func:`markers_of`'s keys (None for a process that is not a patchbench
+    server)}; None when none is visible."""
     try:
         conns = psutil.net_connections(kind="tcp")
     except (psutil.AccessDenied, OSError):
@@ -112,17 +142,7 @@ def port_holder(port: int) -> dict | None:
     )
     if pid is None:
         return None
-    out = {
-        "pid": pid,
-        "pgid": None,
-        "name": "?",
-        "cmdline": [],
-        "run_dir": None,
-        "cell": None,
-        "runner_pid": None,
-        "runner_start": None,
-        "runner_alive": None,
-    }
+    out = {"pid": pid, "pgid": None, "name": "?", "cmdline": [], **markers_of({})}
     try:
         p = psutil.Process(pid)
         out["name"], out["cmdline"] = p.name(), p.cmdline()
@@ -135,12 +155,10 @@ def port_holder(port: int) -> dict | None:
 
 
 def describe_port_holder(port: int, *, ours: bool = True) -> str:
-    """One sentence naming what holds ``port``: the pid and command, and for a patchbench server
-    its run folder and cell, whether its runner still lives, and the command that stops it.
-
-    A process-group kill is advised only for a patchbench server leading a group of its own
-    (:func:`own_group`); any other holder is named with its pid alone. ``ours=False`` leaves
-    out the advice (the caller names the holder as foreign)."""
+    """One sentence naming what holds ``port``: pid and command, and for a patchbench server its
+    run folder, cell, whether its runner lives and the command that stops it (a group kill only
+    for a group of its own). ``ours=False`` leaves the advice out (the caller calls the holder
+    foreign)."""
     h = port_holder(port)
     if h is None:
         return "no process of this user is seen listening there (another user's, or a container's)"
@@ -157,3 +175,166 @@ def describe_port_holder(port: int, *, ours: bool = True) -> str:
     elif ours:
         text += f"; not a patchbench server: stop it yourself (pid {h['pid']}) or use another port"
     return text
+
+
+# ------------------------------------------------------------------------------ orphans
+@dataclass
+class StaleServer:
+    """One orphaned server: ``pid``/``pgid`` of its launched process, its run folder and cell
+    (e.g. "control/rep1"), its ``port`` (None when unknown), ``cell_json`` (the record still
+    saying "running", or None) and ``source`` ("cell.json" or "environment")."""
+
+    pid: int
+    pgid: int
+    run_dir: str | None
+    cell: str | None
+    port: int | None
+    cell_json: Path | None
+    source: str
+
+    @property
+    def own_group(self) -> bool:
+        return own_group(self.pid, self.pgid)
+
+    @property
+    def kill_command(self) -> str:
+        """The shell command that stops it: its group when the group is its own, else its pid."""
+        return f"kill -TERM -- -{self.pgid}" if self.own_group else f"kill -TERM {self.pid}"
+
+    def describe(self) -> str:
+        return (
+            f"orphaned sglang server pid {self.pid} (run {self.run_dir}, cell {self.cell}, "
+            f"port {self.port}); stop it with `{self.kill_command}` or `patchbench bench "
+            "--kill-stale`"
+        )
+
+
+def find_stale_servers(
+    results_dir: str | os.PathLike, *, anywhere: bool = False
+) -> list[StaleServer]:
+    """Orphaned servers of the runs in ``results_dir`` (a results root or one run folder); with
+    ``anywhere`` also every orphaned patchbench server of this user, whatever folder its run
+    wrote to. Sorted by pid; an unreadable cell.json is skipped."""
+    root = Path(results_dir).resolve()
+    if (root / "manifest.json").exists():
+        runs = [root]
+    else:
+        try:
+            runs = sorted(d for d in root.iterdir() if (d / "manifest.json").exists())
+        except OSError:
+            runs = []
+    found: dict[int, StaleServer] = {}
+    for run in runs:
+        for cj in sorted(run.glob("*/*/cell.json")):
+            s = _stale_of_cell(run, cj)
+            if s is not None:
+                found[s.pid] = s
+    for p in psutil.process_iter(["pid"]):
+        if p.pid not in found:
+            s = _stale_of_process(p, None if anywhere else root)
+            if s is not None:
+                found[p.pid] = s
+    return [found[k] for k in sorted(found)]
+
+
+def _stale_of_cell(run: Path, cj: Path) -> StaleServer | None:
+    """The server a cell.json still records as running, when it lives and its runner does not."""
+    try:
+        rec = read_cell(cj)
+    except SchemaTooNew:
+        return None
+    if rec is None or rec.status != "running":
+        return None
+    srv = rec.server
+    if not alive(srv.pid, srv.create_time) or alive(rec.runner_pid):
+        return None
+    cell = f"{cj.parent.parent.name}/{cj.parent.name}"
+    return StaleServer(srv.pid, int(srv.pgid or srv.pid), str(run), cell, srv.port, cj, "cell.json")
+
+
+def _stale_of_process(p: psutil.Process, root: Path | None) -> StaleServer | None:
+    """A group leader with a run's markers (under ``root``), its runner gone."""
+    try:
+        if os.getpgid(p.pid) != p.pid:
+            return None  # only group leaders (the launched server process)
+        env = p.environ()
+    except (psutil.Error, ProcessLookupError, PermissionError, OSError):
+        return None
+    m = markers_of(env)
+    run_dir = m["run_dir"]
+    if not run_dir or m["runner_alive"]:
+        return None
+    if root is not None:
+        try:
+            there = Path(run_dir).resolve()
+        except OSError:
+            return None
+        if there != root and root not in there.parents:
+            return None
+    port = None
+    try:
+        port = next(
+            (c.laddr.port for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN),
+            None,
+        )
+    except (psutil.Error, AttributeError):
+        pass
+    return StaleServer(p.pid, p.pid, run_dir, m["cell"], port, None, "environment")
+
+
+def kill_stale(
+    servers: list[StaleServer], *, grace_s: float = 1.0, timeout_s: float = 10.0
+) -> list[tuple[StaleServer, bool]]:
+    """Stop each orphan (SIGTERM, ``grace_s``, SIGKILL; its group when the group is its own,
+    else its pid) and mark its cell.json ``interrupted`` so ``--resume`` runs the cell again.
+    Returns (server, stopped) pairs; stopped is False when a process of it still lives after
+    ``timeout_s``."""
+    out = []
+    for s in servers:
+        group = s.pgid if s.own_group else -1  # never a group that is not the server's own
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, timeout_s)):
+            try:
+                if group > 0:
+                    os.killpg(group, sig)
+                else:
+                    os.kill(s.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+            if _gone(group, s.pid, wait):
+                break
+        ok = _gone(group, s.pid, 0)
+        if ok and s.cell_json is not None:
+            _mark_interrupted(s.cell_json)
+        out.append((s, ok))
+    return out
+
+
+def _mark_interrupted(cell_json: Path) -> None:
+    """A cell.json still "running" becomes "interrupted", its error naming --kill-stale."""
+    try:
+        rec = read_cell(cell_json)
+        if rec is not None and rec.status == "running":
+            rec.status = "interrupted"
+            rec.error = (
+                (rec.error or "")
+                + "\nthe runner was killed; its server was stopped by --kill-stale"
+            ).strip()
+            write_cell(cell_json.parent, rec)
+    except (OSError, ValueError, SchemaTooNew):
+        pass
+
+
+def _gone(pgid: int, pid: int, wait_s: float) -> bool:
+    """True once no process ``pid`` nor of group ``pgid`` (-1: none) lives (``wait_s``)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        procs = group_members(pgid) if pgid > 0 else []
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+        if not any(is_live(p) for p in procs):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)

@@ -1,9 +1,6 @@
-"""What ``bench`` checks before any server starts: the installed sglang against the pin, the
-model folder (the tiny model is built when missing), a resumed run folder's config, servers
-orphaned by an earlier killed run, and the server port.
-
-Each check raises the error its exit code says (patchbench.errors): ConfigError (2) for a
-resumed folder that does not fit the config, EnvironmentNotReady (3) for the environment.
+"""What ``bench`` checks before any server starts: the builds, the model, a resumed folder's
+config, orphaned servers, the port. ConfigError (exit 2) for a resumed folder that does not fit
+the config, EnvironmentNotReady (exit 3) for the environment.
 """
 
 from __future__ import annotations
@@ -14,7 +11,8 @@ from typing import Any
 from patchbench.config import Config
 from patchbench.envs import envinfo
 from patchbench.errors import ConfigError, EnvironmentNotReady
-from patchbench.run.progress import say
+from patchbench.run.ports import find_stale_servers, kill_stale, port_taken_by
+from patchbench.run.variants import is_cpu
 from patchbench.runfolder import RunFolderError, RunManifest, SchemaTooNew, read_manifest
 
 _RUN_FOLDER_HINT = (
@@ -29,7 +27,6 @@ def check_environment(cfg: Config, resumed: RunManifest | None = None) -> dict:
     environment, or ConfigError (exit 2) for a build that cannot be read or is refused, or that
     resolves to another release, commit or wheel than in the ``resumed`` run's manifest."""
     from patchbench.envs.builds import resolve_builds
-    from patchbench.run.cell import is_cpu
 
     try:
         resolve_builds(cfg, cpu=is_cpu(cfg))
@@ -46,23 +43,17 @@ def check_environment(cfg: Config, resumed: RunManifest | None = None) -> dict:
     return envinfo.collect(with_torch=False)
 
 
-def ensure_model(cfg: Config) -> Path:
-    """The model folder for ``cfg`` (call before any launch).
-
-    ``model.tiny``: the folder is built (patchbench.envs.tinymodel) when it is missing or incomplete.
-    A hub id (:attr:`Config.model_is_hub`) is left to sglang, which finds it in the HF cache
-    (offline) or on the hub. A local model (and tokenizer) folder must exist
-    (:meth:`Config.require_model`).
-
-    Raises EnvironmentNotReady (exit 3) for a local folder that does not exist.
-    """
+def ensure_model(cfg: Config, *, log) -> Path:
+    """The model folder for ``cfg``: built (patchbench.envs.tinymodel) for ``model.tiny`` when
+    missing or incomplete; a hub id is left to sglang; a local model (and tokenizer) folder must
+    exist (raises EnvironmentNotReady, exit 3)."""
     cfg.require_model()
     d = cfg.model_dir
     if cfg.model.tiny:
         from patchbench.envs.tinymodel import build_tiny_qwen25vl, is_built
 
         if not is_built(d):
-            say(f"building the tiny Qwen2.5-VL into {d}")
+            log(f"building the tiny Qwen2.5-VL into {d}")
             build_tiny_qwen25vl(d)
     return d
 
@@ -116,11 +107,7 @@ def config_diffs(a: Any, b: Any, key: str = "") -> list[tuple[str, Any, Any]]:
 
 
 def report_stale_servers(results_root: Path, *, kill: bool, log) -> None:
-    """Report (or with ``kill`` stop) servers orphaned by an earlier killed run: those recorded
-    under ``results_root`` and every server of this user carrying the harness's markers, wherever
-    its run wrote to (patchbench.run.stale.find_stale_servers with ``anywhere``)."""
-    from patchbench.run.stale import find_stale_servers, kill_stale
-
+    """Report (or with ``kill`` stop) servers orphaned by a killed run."""
     found = find_stale_servers(results_root, anywhere=True)
     if not found:
         return
@@ -140,8 +127,6 @@ def port_free_or_raise(host: str, port: int) -> None:
     """Refuse to start a run whose server port already answers (EnvironmentNotReady, exit 3,
     naming the holder): every cell would fail on it. Orphaned patchbench servers were reported
     (or, with --kill-stale, stopped) just before; a port taken later fails only its cell."""
-    from patchbench.run.ports import port_taken_by
-
     holder = port_taken_by(host, port)
     if holder is not None:
         raise EnvironmentNotReady(

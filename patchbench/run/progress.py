@@ -1,12 +1,5 @@
 """Overall progress of ``bench``: cells done of total, the current cell and suite, elapsed time
-and an ETA from the cells finished so far (rich on a terminal, one plain line per cell
-otherwise, e.g. in CI logs).
-
-With the plan's suites per cell, the ETA is per suite: a cell left to run is predicted as the
-median fixed part of the finished cells (server start and stop, flushes) plus the median time of
-each of its suites, so the untimed correctness cells that come first (sync probe, profiler) do
-not set the pace for the timed cells after them (serving, MMMU). A suite no finished cell ran
-yet counts as at least the median finished cell.
+and an ETA (a rich bar on a terminal, one plain line per cell otherwise, e.g. in CI logs).
 """
 
 from __future__ import annotations
@@ -29,17 +22,6 @@ def say(msg: str) -> None:
     print(stamped(msg), flush=True)
 
 
-def eta_s(finished_s: list[float], remaining: int) -> float | None:
-    """Seconds left: the median duration of the cells finished in this invocation times the
-    cells remaining (the median, so one cell that failed at once does not halve the estimate).
-    None before any cell finished; 0.0 when nothing remains."""
-    if remaining <= 0:
-        return 0.0
-    if not finished_s:
-        return None
-    return statistics.median(finished_s) * remaining
-
-
 def eta_by_suite(
     finished: list[tuple[float, dict[str, float]]],
     remaining: list[list[str]],
@@ -47,7 +29,11 @@ def eta_by_suite(
 ) -> float | None:
     """Seconds left for the cells ``remaining`` (each its suite names; the first is the cell
     running now, ``in_current_s`` into it) from ``finished`` cells' (duration s, timings_s with
-    ``suite:<name>`` keys). None before any cell finished; 0.0 when nothing remains."""
+    ``suite:<name>`` keys): per cell the median fixed part of the finished cells (start, stop,
+    flushes) plus the median time of each of its suites (so the untimed correctness cells that
+    come first do not set the pace), at least the median finished cell when one of its suites
+    has not run yet; medians, so one cell that failed at once does not halve it. None before any
+    cell finished; 0.0 when nothing remains."""
     if not remaining:
         return 0.0
     if not finished:
@@ -83,14 +69,11 @@ def fmt_duration(s: float | None) -> str:
 
 
 class BenchProgress:
-    """Progress of one ``bench`` invocation over ``total`` cells.
-
-    Call :meth:`cell_started`, :meth:`suite_started`, :meth:`cell_finished` (or
-    :meth:`cell_skipped` for a cell done in an earlier invocation), and :meth:`close` at the end.
-    :meth:`log` prints a line above the live bar. ``console``: a rich Console (default: stdout);
-    ``live``: draw a live bar (default: when the console is a terminal). ``plan``: {cell label:
-    its suites} for the per-suite ETA (:func:`eta_by_suite`; without it, :func:`eta_s`).
-    """
+    """Progress of one ``bench`` invocation over ``total`` cells: :meth:`cell_started`,
+    :meth:`suite_started`, :meth:`cell_finished` (or :meth:`cell_skipped`), :meth:`close`;
+    :meth:`log` prints above the bar. ``live``: draw a live bar (default: on a terminal);
+    ``plan``: {cell label: its suites} for :func:`eta_by_suite` (without it, every cell left is
+    predicted as the median finished one)."""
 
     def __init__(
         self,
@@ -147,8 +130,7 @@ class BenchProgress:
         self._refresh()
 
     def cell_finished(self, status: str, timings_s: dict[str, float] | None = None) -> None:
-        """A cell ended; ``timings_s``: its record's timings (``suite:<name>`` keys feed the
-        per-suite ETA)."""
+        """A cell ended; ``suite:<name>`` keys of ``timings_s`` feed the ETA."""
         took = self.clock() - self._t_cell
         self._finished.append((took, dict(timings_s or {})))
         self.done += 1
@@ -165,8 +147,7 @@ class BenchProgress:
         self._refresh()
 
     def log(self, msg: str) -> None:
-        """Print ``msg`` above the bar; in a log (no live bar) one line, never wrapped at the
-        console's width."""
+        """Print ``msg`` above the bar (one unwrapped line in a log)."""
         self.console.print(msg, highlight=False, markup=False, soft_wrap=not self.live)
 
     def close(self) -> None:
@@ -175,15 +156,10 @@ class BenchProgress:
             self._progress = None
 
     # ------------------------------------------------------------------ text
-    @property
-    def finished_s(self) -> list[float]:
-        """Durations (s) of the cells finished in this invocation."""
-        return [took for took, _ in self._finished]
-
     def eta(self) -> float | None:
-        left = self.total - self.done
-        if self.plan is None or left <= 0:
-            return eta_s(self.finished_s, left)
+        left = max(0, self.total - self.done)
+        if self.plan is None:
+            return eta_by_suite([(took, {}) for took, _ in self._finished], [[]] * left)
         now = [self.plan.get(self.current, [])] if self.current else []
         rest = [v for k, v in self.plan.items() if k not in self._seen]
         in_cell = self.clock() - self._t_cell if self.current else 0.0

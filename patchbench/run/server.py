@@ -1,41 +1,15 @@
-"""Lifecycle of one sglang server: launch, readiness, cache flush, stop (docs/cases.md L1-L3).
+"""Lifecycle of one sglang server: launch, readiness, heartbeat, cache flush, stop (docs/cases.md
+L1-L3; endpoints as in docs/FACTS.md section 4, sglang 0.5.1.post3 .. 0.5.23).
 
-- Launch: ``python -m sglang.launch_server --model-path M --host H --port P <args>`` in its own
-  process group (``start_new_session``), stdout and stderr to ``server.log``. Refused when
-  anything already answers on the port (never benchmark a stale server).
-- Ready: ``GET /health`` answers 200 AND one tiny generation (``POST /generate``, 1 token)
-  succeeds; ``/v1/models`` answering early proves nothing (sglang 0.5.23 answers it while /health
-  still says 503). If the process exits while we wait, fail at once with the log's tail.
-- Ours: once ready, the port must be held by a process of the group we launched (psutil: the
-  listening socket's owner); a foreign process that bound the port between the check and the
-  launch answers readiness as well as ours would, so it is named (:class:`PortTaken`, "another
-  process took port P between the check and the launch: pid N ..."), also when our server then
-  exits with "address already in use" before it is ready.
-- Heartbeat (:meth:`SglangServer.heartbeat`): one scheduler round trip, ``GET /server_info``
-  (``/get_server_info`` on releases without it): the front end asks the scheduler for its
-  internal state and waits for the reply; no generation. patchbench.run.liveness calls it while
-  suites run.
-- Flush: ``POST /flush_cache``; sglang answers 400 while requests are in flight, so retry with a
-  pause, log every answer, and fail after the retry budget; all tries together get at most
-  ``stall_timeout_s``, and a flush that gets no answer at all is not retried (the server stopped
-  answering).
-- Stop (``stop_mode="fast"``, the default; called only after every suite wrote its files): SIGTERM
-  to the process group, ``fast_grace_s`` (0.05 s) for it to exit, then SIGKILL to the group and to
-  every descendant seen (psutil); wait until every process is gone, the port refuses connections
-  and, on a GPU, NVML lists none of the server's processes. The grace is short because a longer
-  one buys nothing: the scheduler and detokenizer keep the default SIGTERM action and are gone at
-  once, while the front end answers SIGTERM only through a watchdog that polls every 5 s
-  (tokenizer_manager.sigterm_watchdog; 3.6-3.9 s measured, docs/FACTS.md section 4), so a 1 s
-  grace ended in SIGKILL anyway, 1 s per cell later. Nothing is lost: the results are on disk
-  before the stop, and the port and GPU memory are checked free before the next server.
-  ``stop_mode="graceful"`` waits ``stop_grace_s`` for the SIGTERM instead. A survivor, an
-  open port or GPU memory still held is an error. ``stop_breakdown_s`` says where the time went.
-- Markers: the cell sets ``PATCHBENCH_RUN_DIR``, ``PATCHBENCH_CELL``, ``PATCHBENCH_RUNNER_PID`` and
-  ``PATCHBENCH_RUNNER_START`` (the runner's start time, so a reused pid is not taken for it) in
-  the server's environment, so a server left behind by a killed runner can be recognised
-  wherever its run folder is (:mod:`patchbench.run.ports`, :mod:`patchbench.run.stale`).
-
-Endpoints as in docs/FACTS.md section 4 (sglang 0.5.1.post3 .. 0.5.23).
+- Launch in its own process group, output to ``server.log``; refused when the port answers.
+- Ready: ``/health`` 200 and a 1-token ``/generate`` (``/v1/models`` answers early on 0.5.23);
+  then the port must be held by our group, else a foreign process that took it between the
+  check and the launch is named (:class:`PortTaken`).
+- Heartbeat: ``GET /server_info`` (``/get_server_info`` on releases without it), one scheduler
+  round trip, no generation. Flush: ``POST /flush_cache``, retried while sglang answers 400.
+- Stop (``stop_mode="fast"``, after every suite wrote its files): SIGTERM to the group, 0.05 s
+  (the front end answers SIGTERM only through a watchdog polling every 5 s), SIGKILL; wait until
+  all are gone, the port refuses and NVML lists none of them.
 """
 
 from __future__ import annotations
@@ -56,12 +30,19 @@ from typing import Literal
 import psutil
 
 from patchbench.errors import RunFailed
-from patchbench.run.ports import describe_port_holder, port_answers, port_holder, port_taken_by
+from patchbench.run.ports import (
+    describe_port_holder,
+    group_members,
+    is_live,
+    kill_group,
+    port_answers,
+    port_holder,
+    port_taken_by,
+)
 
 
 class ServerError(RunFailed):
-    """Base class of server lifecycle failures (exit 4 if one ends a command); ``log_tail`` holds
-    the end of server.log."""
+    """A server lifecycle failure (exit 4 if one ends a command); ``log_tail``: server.log's end."""
 
     def __init__(self, message: str, log_tail: str = ""):
         super().__init__(message + (f"\n--- server.log (tail) ---\n{log_tail}" if log_tail else ""))
@@ -73,8 +54,7 @@ class PortInUse(ServerError):
 
 
 class PortTaken(ServerError):
-    """Another process took the port between the check and the launch (a lost race): what
-    answers there is not the server we launched."""
+    """Another process took the port between the check and the launch."""
 
 
 class ServerDied(ServerError):
@@ -86,8 +66,7 @@ class ReadyTimeout(ServerError):
 
 
 class FlushFailed(ServerError):
-    """/flush_cache refused for the whole retry budget, or not answered within the stall limit
-    (``stalled`` True)."""
+    """/flush_cache refused for the whole retry budget, or unanswered (``stalled``)."""
 
     stalled: bool = False
 
@@ -97,28 +76,19 @@ class StopFailed(ServerError):
 
 
 class NotHttp(ConnectionError):
-    """What came back on the server's port is not an HTTP answer (bytes of another protocol, a
-    status line cut short, a body that broke off: ``http.client.HTTPException``). Raised by the
-    server's own requests (readiness, ``/flush_cache``, the heartbeat) and handled where a
-    dropped connection is: no answer."""
+    """Not an HTTP answer on the server's port: handled as no answer."""
 
 
-#: the access-log line of an answered liveness heartbeat (:meth:`SglangServer.heartbeat`; uvicorn
-#: writes one per request into server.log), and of its one probe of ``/server_info`` on a release
-#: without it (0.5.1.post3: 404)
+#: uvicorn's access-log line of an answered heartbeat, and of its one 404 probe on 0.5.1.post3
 HEARTBEAT_LINE = re.compile(
     r'"GET /(?:get_)?server_info HTTP/1\.[01]" 200\b|"GET /server_info HTTP/1\.[01]" 404\b'
 )
 
 
 def tail(path: str | os.PathLike, n_lines: int = 40) -> str:
-    """Last ``n_lines`` lines of a text file ('' when it does not exist); a run of identical
-    lines counts as one, shown once with "(repeated N times)" (a dying server often repeats one
-    line, e.g. a collective's connect message, and would hide what came before).
-
-    The access-log lines of answered liveness heartbeats (:data:`HEARTBEAT_LINE`: one every
-    ``stall_timeout_s / 5`` s, 12 a minute at the default) are left out and counted in a last
-    line, so the lines quoted in an error are the server's own; server.log keeps them all."""
+    """Last ``n_lines`` lines of a text file ('' when missing): identical consecutive lines
+    shown once with "(repeated N times)"; the heartbeat's access-log lines left out and counted
+    in a last line (server.log keeps them all)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -149,12 +119,8 @@ def tail(path: str | os.PathLike, n_lines: int = 40) -> str:
 
 @dataclass
 class LaunchSpec:
-    """Everything needed to launch one server.
-
-    python: interpreter of the environment; env: the complete environment of the server process
-    (PYTHONPATH with the overlay first); times in seconds (``stall_timeout_s``: the longest the
-    server may leave a heartbeat or a flush unanswered).
-    """
+    """Everything needed to launch one server: ``python`` (the environment's interpreter),
+    ``env`` (the process's whole environment), times in seconds."""
 
     python: str
     model_path: str
@@ -169,33 +135,26 @@ class LaunchSpec:
     flush_retries: int = 5
     flush_pause_s: float = 1.0
     stall_timeout_s: float = 60.0
-    health_path: str = "/health"
     stop_mode: Literal["fast", "graceful"] = "fast"
     fast_grace_s: float = 0.05
     gpu_release_timeout_s: float = 30.0
 
     def command(self) -> list[str]:
-        return [
-            self.python,
-            "-m",
-            "sglang.launch_server",
-            "--model-path",
-            self.model_path,
-            "--host",
-            self.host,
-            "--port",
-            str(self.port),
-            *self.args,
-        ]
+        return launch_command(self.python, self.model_path, self.host, self.port, self.args)
+
+
+def launch_command(
+    python: str, model_path: str, host: str, port: int, args: list[str]
+) -> list[str]:
+    """``python -m sglang.launch_server`` with the model, host, port and ``args``."""
+    where = ["--model-path", model_path, "--host", host, "--port", str(port)]
+    return [python, "-m", "sglang.launch_server", *where, *args]
 
 
 @dataclass
 class SglangServer:
-    """One server process group. Use :meth:`start`, :meth:`wait_ready`, :meth:`flush_cache`,
-    :meth:`stop`; or as a context manager (start + wait_ready, stop on exit).
-
-    ``events`` records what happened, with times relative to start (seconds), for cell.json.
-    """
+    """One server process group: :meth:`start`, :meth:`wait_ready`, :meth:`flush_cache`,
+    :meth:`stop`, or a context manager. ``events``: what happened (seconds from start)."""
 
     spec: LaunchSpec
     proc: subprocess.Popen | None = None
@@ -204,8 +163,7 @@ class SglangServer:
     _t0: float = 0.0
     _seen: dict[int, psutil.Process] = field(default_factory=dict)
     _info_path: str | None = None
-    #: the sentence naming a foreign holder of the port (a lost race): stop() then does not wait
-    #: for the port to close, it is not ours to close
+    #: the sentence naming a foreign holder of the port: stop() leaves that port alone
     foreign_port: str | None = None
 
     @property
@@ -216,14 +174,10 @@ class SglangServer:
     def pid(self) -> int:
         return self.proc.pid if self.proc else -1
 
-    @property
-    def pgid(self) -> int:
-        """The server's process group (``start_new_session``: the leader's pid); -1 before start."""
-        return self.proc.pid if self.proc else -1
+    pgid = pid  # start_new_session: the leader's pid is its group
 
     def record(self) -> dict:
-        """What cell.json keeps of the running server: ``pid``, ``pgid``, ``create_time`` (epoch
-        seconds, to tell a reused pid apart), ``host``, ``port``, ``command``."""
+        """cell.json's record of the server: pid, pgid, create_time (epoch s), host, port, command."""
         ct = None
         if self.proc is not None:
             try:
@@ -309,11 +263,9 @@ class SglangServer:
             ) from e
 
     def wait_ready(self) -> float:
-        """Block until /health is 200 and a 1-token generation succeeds; returns seconds waited.
-
-        Raises ServerDied at once when the process exits, ReadyTimeout after
-        ``ready_timeout_s`` (the server is then left running; call :meth:`stop`).
-        """
+        """Block until ready (module docstring); returns seconds waited. Raises ServerDied when
+        the process exits, PortTaken, or ReadyTimeout after ``ready_timeout_s`` (no single try
+        outlasts it; the server is left running)."""
         s = self.spec
         deadline = self._t0 + s.ready_timeout_s
         healthy = False
@@ -340,13 +292,12 @@ class SglangServer:
                     f"(server.ready_timeout_s); last answer: {last}",
                     self.log_tail(),
                 )
-            # no single try may outlast the deadline (a hung /generate would add 60 s)
             left = max(0.5, deadline - time.monotonic())
-            path = s.health_path
+            path = "/health"
             try:
                 if not healthy:
-                    code, text = self._http("GET", s.health_path, timeout_s=min(5.0, left))
-                    last = f"{s.health_path} {code}"
+                    code, text = self._http("GET", path, timeout_s=min(5.0, left))
+                    last = f"{path} {code}"
                     if code == 200:
                         healthy = True
                         self._event("health_200")
@@ -375,18 +326,17 @@ class SglangServer:
             time.sleep(0.2)  # a refused connection costs nothing; a late poll costs the cell
 
     # ------------------------------------------------------------------ ours
-    def our_pids(self) -> set[int]:
-        """Pids of the launched process, its group and every descendant ever seen (live ones)."""
-        self._remember_descendants()
-        out = {pid for pid, p in self._seen.items() if _is_live(p)}
+    def _live(self) -> dict[int, psutil.Process]:
+        """Live processes of the group and among the descendants ever seen."""
+        live = {pid: p for pid, p in self._seen.items() if is_live(p)}
         if self.proc is not None:
-            for p in psutil.process_iter(["pid"]):
-                try:
-                    if os.getpgid(p.pid) == self.pgid:
-                        out.add(p.pid)
-                except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
-                    continue
-        return out
+            live.update({p.pid: p for p in group_members(self.pgid) if is_live(p)})
+        return live
+
+    def our_pids(self) -> set[int]:
+        """Pids of the live processes of the group and of every descendant ever seen."""
+        self._remember_descendants()
+        return set(self._live())
 
     def listens_here(self) -> bool:
         """True when one of our processes (:meth:`our_pids`) listens on the server's port."""
@@ -403,11 +353,9 @@ class SglangServer:
         return False
 
     def _port_race(self) -> str | None:
-        """The sentence naming a foreign holder of the port, or None when the port is free or
-        ours. While our server lives, a holder is claimed foreign only when psutil sees it (a
-        process outside our group): sockets it cannot attribute (another user's) are not taken
-        for a race, so a server whose connections cannot be read is never refused; once our
-        server has exited, whatever answers is foreign."""
+        """The sentence naming a foreign holder of the port, or None when it is free or ours.
+        While our server lives only a holder psutil sees outside our group is foreign (a socket
+        it cannot attribute never refuses our server); once ours exited, any holder is."""
         s = self.spec
         if not port_answers(s.host, s.port) or self.listens_here():
             return None
@@ -421,9 +369,7 @@ class SglangServer:
         )
 
     def check_ours(self) -> None:
-        """Raise :class:`PortTaken` when what answers on the port is not a process of the server
-        we launched (readiness alone cannot tell a foreign server from ours); the caller stops
-        our server, and :meth:`stop` then leaves the foreign holder's port alone."""
+        """Raise :class:`PortTaken` when what answers is not our server."""
         race = self._port_race()
         if race is None:
             return
@@ -437,8 +383,7 @@ class SglangServer:
 
     # ------------------------------------------------------------------ heartbeat
     def heartbeat(self, timeout_s: float) -> bool:
-        """One scheduler round trip (``GET /server_info``; ``/get_server_info`` where the
-        release answers 404 for it); True when it answered 200 within ``timeout_s`` seconds."""
+        """One scheduler round trip; True when it answered 200 within ``timeout_s`` seconds."""
         paths = [self._info_path] if self._info_path else ["/server_info", "/get_server_info"]
         for path in paths:
             try:
@@ -454,14 +399,10 @@ class SglangServer:
 
     # ------------------------------------------------------------------ flush
     def flush_cache(self) -> None:
-        """POST /flush_cache until 200, at most ``flush_retries`` tries, ``flush_pause_s`` apart,
-        all of them within ``stall_timeout_s`` seconds.
-
-        Every answer is recorded in ``events``. Raises FlushFailed when the budget is spent (the
-        phase fails; it never silently goes on), FlushFailed with ``stalled`` set when a try gets
-        no answer at all (not retried: the server stopped answering), and ServerDied when the
-        process is gone.
-        """
+        """POST /flush_cache until 200: at most ``flush_retries`` tries, ``flush_pause_s`` apart,
+        all within ``stall_timeout_s`` s; every answer goes into ``events``. Raises FlushFailed
+        when the budget is spent, FlushFailed with ``stalled`` when a try got no answer at all,
+        ServerDied when the process is gone."""
         s = self.spec
         last = ""
         deadline = time.monotonic() + s.stall_timeout_s
@@ -499,30 +440,24 @@ class SglangServer:
 
     # ------------------------------------------------------------------ stop
     def stop(self, nvml=None) -> float:
-        """Stop the whole process group and wait until it is gone; returns seconds taken.
-
-        ``stop_mode="fast"``: SIGTERM to the group, up to ``fast_grace_s`` for it to exit, then
-        SIGKILL; ``"graceful"``: up to ``stop_grace_s`` before the SIGKILL. Then wait until no
-        process of the group or of the descendants ever seen lives, the port refuses connections
-        (``port_close_timeout_s``) and, with ``nvml`` (a :class:`patchbench.run.gpu.Nvml`), no GPU
-        lists a server process (``gpu_release_timeout_s``). ``stop_breakdown_s`` holds the
-        seconds of each phase: ``exit`` (signal until every process is gone), ``port``, ``gpu``.
-        Raises StopFailed when a process survives, the port stays open or GPU memory stays held.
-        Safe to call twice.
-        """
+        """Stop the whole group (module docstring) and wait until it is gone, the port refuses
+        (``port_close_timeout_s``) and, with ``nvml`` (a patchbench.run.gpu.Nvml), no GPU lists
+        a server process (``gpu_release_timeout_s``); returns seconds taken, per phase in
+        ``stop_breakdown_s`` (``exit``, ``port``, ``gpu``). Raises StopFailed when a process
+        survives, the port stays open or GPU memory stays held. Safe to call twice."""
         if self.proc is None:
             return 0.0
         t = time.monotonic()
         self._remember_descendants()
         pgid = self.pgid
         pids = sorted(set(self._seen) | {self.proc.pid})
-        self._signal_group(pgid, signal.SIGTERM)
+        kill_group(pgid, signal.SIGTERM)
         self._event("sigterm", mode=self.spec.stop_mode)
         grace = self.spec.fast_grace_s if self.spec.stop_mode == "fast" else self.spec.stop_grace_s
-        survivors = self._survivors(pgid, wait_s=grace)
+        survivors = self._survivors(grace)
         if survivors or self.alive():
             self._event("sigkill", pids=[p.pid for p in survivors])
-            self._signal_group(pgid, signal.SIGKILL)
+            kill_group(pgid, signal.SIGKILL)
             for p in survivors:
                 try:
                     p.kill()
@@ -532,7 +467,7 @@ class SglangServer:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
-        survivors = self._survivors(pgid, wait_s=5.0)
+        survivors = self._survivors(5.0)
         t_exit = time.monotonic()
         deadline = t_exit + self.spec.port_close_timeout_s
         foreign = self.foreign_port is not None  # another process holds it: not ours to close
@@ -579,29 +514,12 @@ class SglangServer:
             )
         return took
 
-    @staticmethod
-    def _signal_group(pgid: int, sig: int) -> None:
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def _survivors(self, pgid: int, wait_s: float) -> list[psutil.Process]:
-        """Live (non-zombie) processes of the group or among the descendants ever seen."""
+    def _survivors(self, wait_s: float) -> list[psutil.Process]:
+        """:meth:`_live` once it is empty or after ``wait_s`` seconds."""
         deadline = time.monotonic() + wait_s
         while True:
-            live = {}
-            for pid, p in self._seen.items():
-                if _is_live(p):
-                    live[pid] = p
-            for p in psutil.process_iter(["pid"]):
-                try:
-                    if os.getpgid(p.pid) == pgid and _is_live(p):
-                        live[p.pid] = p
-                except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
-                    continue
-            if self.proc is not None:
-                self.proc.poll()  # reap the leader so it does not linger as a zombie
+            live = self._live()
+            self.proc.poll()  # reap the leader so it does not linger as a zombie
             if not live or time.monotonic() >= deadline:
                 return list(live.values())
             time.sleep(0.01)
@@ -617,13 +535,6 @@ class SglangServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def _is_live(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _name(p: psutil.Process) -> str:

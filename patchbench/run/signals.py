@@ -1,20 +1,25 @@
-"""SIGTERM and SIGHUP behave like Ctrl-C while ``bench`` runs.
+"""How a command ends: SIGTERM and SIGHUP behave like Ctrl-C while ``bench`` runs, and a stdout
+or stderr closed by its reader (``patchbench report RUN | head -1``) is no error.
 
-:func:`terminate_like_ctrl_c` installs handlers that raise :class:`Terminated` (a
-KeyboardInterrupt, so every cleanup written for Ctrl-C runs: the server group is stopped, a
-client such as bench_serving is killed, the cell is marked ``interrupted``). A second signal
-while that cleanup runs, or until the command has ended (:func:`restore_handlers`), is reported
-and ignored (SIGKILL remains the hard stop). ``bench`` then
-raises :class:`patchbench.errors.Interrupted` with the signal number (exit 143 for SIGTERM, 130
-otherwise).
+:func:`terminate_like_ctrl_c` raises :class:`Terminated` (a KeyboardInterrupt, so every Ctrl-C
+cleanup runs: server group stopped, client killed, cell ``interrupted``); a second signal is
+reported and ignored until the command has ended (:func:`restore_handlers`). ``bench`` then
+raises :class:`patchbench.errors.Interrupted` (exit 143 for SIGTERM, 130 otherwise).
+
+:func:`tolerate_closed_output` (installed by ``patchbench.cli.main``) points a stream whose
+reader has gone at ``/dev/null`` at its first failed write, so the command goes on and ends with
+its own exit code instead of a BrokenPipeError traceback; a broken socket is still an error.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any, TextIO
 
 
 class Terminated(KeyboardInterrupt):
@@ -35,10 +40,9 @@ def terminate_like_ctrl_c(
     log: Callable[[str], None] = print,
     signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT),
 ) -> Iterator[None]:
-    """While inside: the first of ``signals`` raises (SIGINT: KeyboardInterrupt; others:
-    :class:`Terminated`); later ones only log a line. Outside the main thread: does nothing.
-    The previous handlers are restored on exit, or, once a signal fired, by
-    :func:`restore_handlers` when the command has ended."""
+    """Inside: the first of ``signals`` raises (SIGINT: KeyboardInterrupt, others
+    :class:`Terminated`), later ones only log a line; nothing outside the main thread. The old
+    handlers come back on exit, or once a signal fired, by :func:`restore_handlers`."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -72,13 +76,77 @@ _kept: list[dict] = []
 
 
 def restore_handlers(*, exiting: bool = False) -> None:
-    """Put back the handlers :func:`terminate_like_ctrl_c` kept after a signal fired: until
-    then a second signal (a double Ctrl-C, SIGTERM twice) is reported and ignored while the
-    command unwinds (servers stopped, lock released, message printed) instead of killing it by
-    the signal's default action. ``patchbench.cli.main`` calls it as the command ends; with
-    ``exiting`` (a ``patchbench`` process about to exit) those signals are ignored instead: the
-    interpreter's shutdown would put back their default action, and a second signal there
-    would turn the command's exit code into a death by that signal."""
+    """Put back the handlers :func:`terminate_like_ctrl_c` kept after a signal fired (until then
+    a second signal is ignored while the command unwinds). ``patchbench.cli.main`` calls it as
+    the command ends; with ``exiting`` those signals are ignored instead (a second one during
+    the interpreter's shutdown would turn the exit code into a death by it)."""
     while _kept:
         for s, h in _kept.pop().items():
             signal.signal(s, signal.SIG_IGN if exiting else h)
+
+
+# ------------------------------------------------------------------ a closed output
+
+
+def _closed_pipe(e: OSError) -> bool:
+    return isinstance(e, BrokenPipeError) or e.errno == errno.EPIPE
+
+
+class _Tolerant:
+    """A stream pointed at /dev/null once its reader has gone."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self.closed_by_reader = False
+
+    def _drop(self) -> None:
+        self.closed_by_reader = True
+        try:
+            fd = self._stream.fileno()
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)  # later writes, the final flush and children inherit /dev/null
+            os.close(null)
+        except (OSError, ValueError):
+            pass
+        try:  # whatever the buffer still holds was meant for the gone reader
+            self._stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def write(self, s: str) -> int:
+        if self.closed_by_reader:
+            return len(s)
+        try:
+            return self._stream.write(s)
+        except OSError as e:
+            if not _closed_pipe(e):
+                raise
+            self._drop()
+            return len(s)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        if self.closed_by_reader:
+            return
+        try:
+            self._stream.flush()
+        except OSError as e:
+            if not _closed_pipe(e):
+                raise
+            self._drop()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def tolerate_closed_output(sys_module: Any) -> None:
+    """Wrap ``sys_module.stdout`` and ``sys_module.stderr`` (module docstring) unless they are
+    already wrapped or absent (``None`` under ``pythonw``). Call once per process, before the
+    command writes anything; a test's captured streams are left alone by not calling it."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys_module, name)
+        if stream is not None and not isinstance(stream, _Tolerant):
+            setattr(sys_module, name, _Tolerant(stream))

@@ -1,47 +1,54 @@
-"""What one variant's server gets: its overlay (patches applied to a copy of the sglang files they
-touch), and the environment of the server and of the stock clients (bench_serving).
-
-:func:`prepare_variants` builds and verifies every variant's overlay before any server starts.
+"""What one variant's server runs: its overlay (patches applied to a copy of the files they
+touch), its environment, the stock clients' environment, and its identity: one short sha256 per
+input that decides the server's code or arguments (``patches``, ``server_args``, ``env``,
+``sglang``), recorded per cell; ``--resume`` refuses a variant whose identity changed
+(:func:`check_resume_identity`, exit 2) unless it starts over (``--restart-variant NAME``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sys
 import tempfile
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from patchbench.config import Config, patch_label
 from patchbench.envs import envinfo
-from patchbench.errors import EnvironmentNotReady, PatchError
+from patchbench.errors import ConfigError, EnvironmentNotReady, PatchError
 from patchbench.inputs import CACHE_DIR
 from patchbench.patches import apply
 from patchbench.patches import overlay as ov
+from patchbench.runfolder import read_cell
 from patchbench.shims import HOOKS_ENV, SITE_DIR, stand_in_path
+
+#: the parts of an identity, in the order messages name them
+PARTS = ("patches", "server_args", "env", "sglang")
 
 
 @dataclass
 class VariantEnv:
-    """What one variant's server gets: the overlay, the environment of the process and the
-    interpreter it runs with (its build's environment: :mod:`patchbench.envs.builds`)."""
+    """What one variant's server gets: the overlay (a patchbench.patches.overlay.Overlay), the
+    process's environment, its interpreter and build (patchbench.envs.builds.Build; None when the
+    run resolved no builds), and its :func:`variant_identity`."""
 
     name: str
     patches: list[str]
-    overlay: Any  # patchbench.patches.overlay.Overlay
+    overlay: Any
     sglang_dir: Path
     server_env: dict[str, str]
     fbi_sha256: str
     python: str = sys.executable
-    build: Any = None  # patchbench.envs.builds.Build, None when the run resolved no builds
+    build: Any = None
+    identity: dict[str, str] = field(default_factory=dict)
 
 
-def _log(msg: str) -> None:
-    print(msg, flush=True)
-
-
-def _pythonpath(*parts: Path | str | None, inherit: str | None = None) -> str:
+def pythonpath(*parts: Path | str | None, inherit: str | None = None) -> str:
+    """``parts`` (None left out), then ``inherit``, joined as a PYTHONPATH."""
     items = [str(p) for p in parts if p]
     if inherit:
         items.append(inherit)
@@ -70,7 +77,7 @@ def stock_client_env(cfg: Config) -> dict[str, str]:
     and the tokenizer vocabulary in id order so that bench_serving's seeded random prompts are the
     same in every cell (a fast tokenizer's get_vocab() order differs per process)."""
     env = base_env(cfg)
-    env["PYTHONPATH"] = _pythonpath(
+    env["PYTHONPATH"] = pythonpath(
         SITE_DIR, *stand_in_dirs(cfg), inherit=os.environ.get("PYTHONPATH")
     )
     # seeded random prompts must be the same in every cell (see shims/site/sitecustomize.py)
@@ -78,7 +85,7 @@ def stock_client_env(cfg: Config) -> dict[str, str]:
     return env
 
 
-def prepare_variants(cfg: Config, *, log=_log) -> dict[str, VariantEnv]:
+def prepare_variants(cfg: Config, *, log) -> dict[str, VariantEnv]:
     """Build and verify one overlay per variant (before any server starts).
 
     Each variant gets its patches (:meth:`Config.overlay_patches`: patch names, and a patch
@@ -100,7 +107,7 @@ def prepare_variants(cfg: Config, *, log=_log) -> dict[str, VariantEnv]:
         except PatchError as e:
             raise PatchError(f"variant '{name}': {e}") from None
         env = base_env(cfg, name)
-        env["PYTHONPATH"] = _pythonpath(
+        env["PYTHONPATH"] = pythonpath(
             o.root, SITE_DIR, *stand_in_dirs(cfg), inherit=os.environ.get("PYTHONPATH")
         )
         try:
@@ -117,13 +124,15 @@ def prepare_variants(cfg: Config, *, log=_log) -> dict[str, VariantEnv]:
             + (f" ({len(o.files)} file(s) differ)" if build is not None and build.tree else "")
             + f"; forward_batch_info {(sha or '?')[:12]} in {o.sglang_dir}"
         )
-        out[name] = VariantEnv(name, labels, o, Path(o.sglang_dir), env, sha or "", python, build)
+        out[name] = v = VariantEnv(
+            name, labels, o, Path(o.sglang_dir), env, sha or "", python, build
+        )
+        v.identity = variant_identity(cfg, v)
     return out
 
 
 def _overlay_of(cfg: Config, name: str, build: Any, site: Path | None) -> Any:
-    """The overlay of variant ``name``: its patches on its build's environment (the running
-    one when no builds were resolved), or a checkout's/wheel's tree on its environment."""
+    """Variant ``name``'s overlay: its patches, or its build's tree."""
     if build is not None and build.tree is not None:
         return ov.build_source_overlay(
             build.release,
@@ -143,9 +152,16 @@ def _overlay_of(cfg: Config, name: str, build: Any, site: Path | None) -> Any:
     )
 
 
+def is_cpu(cfg: Config) -> bool:
+    """True when ``server.args`` asks for ``--device cpu``."""
+    a = cfg.server.args
+    return "--device=cpu" in a or any(
+        a[i] == "--device" and a[i + 1] == "cpu" for i in range(len(a) - 1)
+    )
+
+
 def client_python(cfg: Config) -> str:
-    """The interpreter every arm's clients (bench_serving, MMMU) run with: the baseline's
-    build's environment (the running one when no builds were resolved)."""
+    """The clients' interpreter: the baseline's build's (else this one)."""
     b = cfg.builds.get(cfg.baseline)
     return b.python if b is not None else sys.executable
 
@@ -207,3 +223,81 @@ def check_patches(cfg: Config) -> list[str]:
 def patches_named(cfg: Config, variant: str) -> list[str]:
     """The names of ``variant``'s patches that are folders of ``patches/`` (not diff files)."""
     return [p for p in cfg.patches_of(variant) if isinstance(p, str)]
+
+
+# ------------------------------------------------------------------ identity
+def _h(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def variant_identity(cfg: Config, venv: VariantEnv) -> dict[str, str]:
+    """{part: 16-hex sha256} of what ``venv`` runs (module docstring)."""
+    ov = venv.overlay
+    patches = [
+        [n, getattr(ov, "patch_hashes", {}).get(o)]
+        for n, o in zip(venv.patches, getattr(ov, "patches", []), strict=False)
+    ]
+    return {
+        "patches": _h(patches),
+        "server_args": _h(cfg.server_args_of(venv.name)),
+        "env": _h([cfg.server_env_of(venv.name), list(cfg.server.cpu_stand_ins)]),
+        "sglang": _h([cfg.sglang, venv.fbi_sha256]),
+    }
+
+
+def _recorded(run_dir: Path, variant: str) -> list[tuple[str, dict[str, str]]]:
+    """(cell folder name, identity) of every cell of ``variant`` in ``run_dir`` that has one."""
+    out = []
+    for cj in sorted((run_dir / variant).glob("*/cell.json")):
+        try:
+            rec = read_cell(cj.parent)
+        except Exception:  # noqa: BLE001 - an unreadable cell runs again anyway
+            continue
+        if rec is not None and rec.variant_identity:
+            out.append((cj.parent.name, dict(rec.variant_identity)))
+    return out
+
+
+def check_resume_identity(
+    run_dir: Path, current: dict[str, dict[str, str]], restart: list[str], *, log
+) -> None:
+    """Refuse a resume whose variants would run other code than the cells already there.
+
+    current: {variant: :func:`variant_identity`}; restart: variants to start over (their cell
+    folders move to ``RUN/.restarted/<variant>-<stamp>``). Raises ConfigError (exit 2) naming the
+    variant, the parts that changed and the cells that ran the old inputs; ConfigError for a
+    restart name that is not a variant.
+    """
+    unknown = [v for v in restart if v not in current]
+    if unknown:
+        raise ConfigError(
+            f"--restart-variant {', '.join(unknown)}: not a variant of this config "
+            f"({', '.join(current)})"
+        )
+    problems = []
+    for v, now in current.items():
+        if v in restart:
+            folder = run_dir / v
+            if folder.is_dir():
+                dest = (
+                    run_dir / ".restarted" / f"{v}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+                )
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(folder, dest)
+                log(f"variant {v}: started over; its earlier cells moved to {dest}")
+            continue
+        changed: dict[str, list[str]] = {}
+        for cell, there in _recorded(run_dir, v):
+            for part in PARTS:
+                if part in there and there[part] != now.get(part):
+                    changed.setdefault(part, []).append(cell)
+        if changed:
+            what = "; ".join(
+                f"{part} differ from what {', '.join(cells)} ran" for part, cells in changed.items()
+            )
+            problems.append(f"variant {v}: {what}")
+    if problems:
+        raise ConfigError(
+            f"--resume {run_dir}: " + " | ".join(problems) + ". One variant's repeats must run one "
+            "version: restore the inputs, or start the variant over with --restart-variant NAME"
+        )

@@ -388,7 +388,7 @@ class HostGpus(_Record):
 
 
 class OverheadBreakdown(_Record):
-    """Where the harness overhead went, in seconds (patchbench.run.overhead)."""
+    """Where the harness overhead went, in seconds (patchbench.run.bench)."""
 
     python_start: float = 0.0
     setup: float = 0.0

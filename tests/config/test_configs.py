@@ -10,7 +10,7 @@ from patchbench import cli, doctor
 from patchbench.config import load_config
 from patchbench.envs.builds import INDEX_URL_ENV
 from patchbench.matrix.spec import is_matrix_file, load_matrix
-from patchbench.run.order import plan_cells
+from patchbench.run.plan import plan_cells
 
 ALL = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 CONFIGS = [p for p in ALL if not is_matrix_file(p)]

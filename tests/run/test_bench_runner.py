@@ -21,31 +21,13 @@ from patchbench.errors import (
     RunFailed,
 )
 from patchbench.records import read_json
-from patchbench.run import bench, cell
+from patchbench.run import bench
 from patchbench.run.plan import describe_plan
 from patchbench.run.ports import port_answers
 from patchbench.run.preflight import ensure_model
 from patchbench.suite import register as register_suite
 
-FAKE = Path(__file__).parent.parent / "fake_server"
 SGLANG = importlib.metadata.version("sglang")
-
-
-@pytest.fixture
-def fake_env(monkeypatch, tmp_path):
-    """Make every launch run the fake server (first on PYTHONPATH); ``faults[variant/rep<k>]``
-    adds environment variables to that cell's server."""
-    real = cell.launch_spec
-    faults = {}
-
-    def launch_spec(cfg, venv, cdir, port):
-        spec = real(cfg, venv, cdir, port)
-        spec.env["PYTHONPATH"] = str(FAKE) + os.pathsep + spec.env["PYTHONPATH"]
-        spec.env.update(faults.get(f"{venv.name}/{cdir.name}", {}))
-        return spec
-
-    monkeypatch.setattr(cell, "launch_spec", launch_spec)
-    return faults
 
 
 def write_config(tmp_path, body: str) -> Path:
@@ -72,7 +54,7 @@ BASIC = """\
 
 def test_run_writes_cells_manifest_and_resume_does_nothing(fake_env, tmp_path):
     cfg = write_config(tmp_path, BASIC)
-    run_dir = bench.run_bench(cfg, results_root=tmp_path / "results")
+    run_dir = bench.run_bench(cfg, launch_spec=fake_env, results_root=tmp_path / "results")
     man = read_json(run_dir / "manifest.json")
     assert [(c["variant"], c["repeat"]) for c in man["cells"]] == [
         ("baseline", 0),
@@ -96,7 +78,7 @@ def test_run_writes_cells_manifest_and_resume_does_nothing(fake_env, tmp_path):
     assert not port_answers("127.0.0.1", 31990)
     # second invocation with --resume: nothing left to do, no server is launched
     before = {p: p.stat().st_mtime_ns for p in run_dir.glob("*/rep*/cell.json")}
-    bench.run_bench(cfg, resume=run_dir)
+    bench.run_bench(cfg, launch_spec=fake_env, resume=run_dir)
     after = {p: p.stat().st_mtime_ns for p in run_dir.glob("*/rep*/cell.json")}
     assert before == after
     assert all(c.get("skipped") for c in read_json(run_dir / "manifest.json")["cells"])
@@ -128,7 +110,7 @@ def test_server_dying_mid_run_fails_that_cell_only_and_resume_reruns_it(fake_env
     fake_env["control/rep0"] = {"FAKE_DIE_AFTER_GENERATE": "1"}
     cfg = write_config(tmp_path, BASIC)
     with pytest.raises(RunFailed) as ei:
-        bench.run_bench(cfg, results_root=tmp_path / "results")
+        bench.run_bench(cfg, launch_spec=fake_env, results_root=tmp_path / "results")
     run_dir = ei.value.run_dir
     cells = {(c["variant"], c["repeat"]): c for c in read_json(run_dir / "manifest.json")["cells"]}
     assert cells[("control", 0)]["status"] == "failed"
@@ -141,7 +123,7 @@ def test_server_dying_mid_run_fails_that_cell_only_and_resume_reruns_it(fake_env
     # the cells after the failure were measured and kept
     assert read_json(run_dir / "baseline" / "rep1" / "fake" / "summary.json")["status"] == "ok"
     fake_env.clear()
-    bench.run_bench(cfg, resume=run_dir)
+    bench.run_bench(cfg, launch_spec=fake_env, resume=run_dir)
     man = read_json(run_dir / "manifest.json")
     rerun = [c for c in man["cells"] if not c.get("skipped")]
     assert [(c["variant"], c["repeat"], c["status"]) for c in rerun] == [("control", 0, "ok")]
@@ -153,7 +135,7 @@ def test_a_start_that_fails_counts_as_server_start_up_not_harness_overhead(fake_
     fake_env["control/rep0"] = {"FAKE_HEALTH_503_S": "30", "FAKE_EXIT_AFTER_S": "1.5"}
     cfg = write_config(tmp_path, BASIC)
     with pytest.raises(RunFailed) as ei:
-        bench.run_bench(cfg, results_root=tmp_path / "results")
+        bench.run_bench(cfg, launch_spec=fake_env, results_root=tmp_path / "results")
     man = read_json(ei.value.run_dir / "manifest.json")
     failed = next(c for c in man["cells"] if (c["variant"], c["repeat"]) == ("control", 0))
     assert failed["status"] == "failed"
@@ -168,10 +150,10 @@ def test_relative_results_and_resume_folders_become_absolute(fake_env, tmp_path,
     the serving sweep's plan.json was not found after a relative ``--resume``)."""
     cfg = write_config(tmp_path, BASIC)
     monkeypatch.chdir(tmp_path)
-    run_dir = bench.run_bench(cfg, results_root="results")
+    run_dir = bench.run_bench(cfg, launch_spec=fake_env, results_root="results")
     assert run_dir.is_absolute() and run_dir.parent == tmp_path / "results"
     (run_dir / "control" / "rep1" / "fake" / "summary.json").unlink()
-    again = bench.run_bench(cfg, resume=str(run_dir.relative_to(tmp_path)))
+    again = bench.run_bench(cfg, launch_spec=fake_env, resume=str(run_dir.relative_to(tmp_path)))
     assert again == run_dir
 
 
@@ -195,7 +177,7 @@ def test_between_suites_a_flush_the_scheduler_refuses_fails_the_cell_and_no_heal
     )
     cfg = write_config(tmp_path, body)
     with pytest.raises(RunFailed) as ei:
-        bench.run_bench(cfg, results_root=tmp_path / "results")
+        bench.run_bench(cfg, launch_spec=fake_env, results_root=tmp_path / "results")
     run_dir = ei.value.run_dir
     bad = read_json(run_dir / "control" / "rep0" / "cell.json")
     assert bad["status"] == "failed"
@@ -211,7 +193,7 @@ def test_between_suites_a_flush_the_scheduler_refuses_fails_the_cell_and_no_heal
     # fake (its summary untouched) and says which launch measured what
     first_summary = (run_dir / "control" / "rep0" / "fake" / "summary.json").read_bytes()
     fake_env.clear()
-    bench.run_bench(cfg, resume=run_dir)
+    bench.run_bench(cfg, launch_spec=fake_env, resume=run_dir)
     again = read_json(run_dir / "control" / "rep0" / "cell.json")
     assert again["status"] == "ok"
     assert again["suites"] == {"fake": "ok", "fake_second": "ok"}
@@ -235,7 +217,7 @@ def test_a_port_busy_before_the_run_stops_it_before_any_cell(fake_env, tmp_path)
         s.bind(("127.0.0.1", 31990))
         s.listen()
         with pytest.raises(EnvironmentNotReady, match=r"port 31990 on 127.0.0.1 already answers"):
-            bench.run_bench(cfg, results_root=tmp_path / "results")
+            bench.run_bench(cfg, launch_spec=fake_env, results_root=tmp_path / "results")
     assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
 
 
@@ -243,7 +225,7 @@ def test_ctrl_c_stops_server_and_keeps_finished_cells(fake_env, tmp_path, monkey
     monkeypatch.setenv("FAKE_SUITE_INTERRUPT", "control/1")
     cfg = write_config(tmp_path, BASIC)
     with pytest.raises(Interrupted) as ei:
-        bench.run_bench(cfg, results_root=tmp_path / "results")
+        bench.run_bench(cfg, launch_spec=fake_env, results_root=tmp_path / "results")
     assert ei.value.signum == 2 and ei.value.exit_code == 130
     assert "--resume" in str(ei.value)
     run_dir = next((tmp_path / "results").iterdir())
@@ -270,7 +252,7 @@ def test_patch_that_does_not_apply_stops_before_any_server(fake_env, tmp_path, m
     with pytest.raises(
         PatchError, match="variant 'baseline'.*null-comment.*forward_batch_info.py.*hunk"
     ):
-        bench.run_bench(cfg, results_root=tmp_path / "results")
+        bench.run_bench(cfg, launch_spec=fake_env, results_root=tmp_path / "results")
     assert not (tmp_path / "results").exists()
 
 
@@ -281,7 +263,7 @@ def test_wrong_sglang_pin_is_environment_error(fake_env, tmp_path):
         EnvironmentNotReady,
         match=f"sglang 0.4.0: no environment .*have: .*sglang {SGLANG}.*make setup SGLANG=0.4.0",
     ):
-        bench.run_bench(cfg, results_root=tmp_path / "results")
+        bench.run_bench(cfg, launch_spec=fake_env, results_root=tmp_path / "results")
     assert cli.main(["bench", str(cfg)]) == 3
 
 
@@ -350,22 +332,22 @@ def test_tiny_model_missing_is_built_where_the_config_says(fake_env, tmp_path, m
     built = []
     monkeypatch.setattr(tm, "build_tiny_qwen25vl", lambda d: built.append(Path(d)) or Path(d))
     cfg = _model_cfg(tmp_path, f"model: {{path: {tmp_path / 'models' / 'tiny'}, tiny: true}}")
-    assert ensure_model(cfg) == tmp_path / "models" / "tiny"
+    assert ensure_model(cfg, log=print) == tmp_path / "models" / "tiny"
     assert built == [tmp_path / "models" / "tiny"]
 
 
 def test_hub_id_is_passed_through_and_missing_local_path_is_an_error(fake_env, tmp_path):
     cfg = _model_cfg(tmp_path, "model: {path: Qwen/Qwen2.5-VL-3B-Instruct}")
-    ensure_model(cfg)  # no error: sglang finds a hub id in the HF cache
+    ensure_model(cfg, log=print)  # no error: sglang finds a hub id in the HF cache
     assert cfg.model_ref == "Qwen/Qwen2.5-VL-3B-Instruct"
     cfg = _model_cfg(tmp_path, "model: {path: ./no-such-model}")
     with pytest.raises(EnvironmentNotReady, match=r"model.path .*no-such-model does not exist"):
-        ensure_model(cfg)
+        ensure_model(cfg, log=print)
 
 
 def test_overhead_share_and_breakdown_by_hand():
     """Two cells ran, one was skipped on resume: 100 s total, 80 s inside start-up and suites."""
-    from patchbench.run.overhead import overhead_breakdown, overhead_share
+    from patchbench.run.bench import overhead_breakdown, overhead_share
     from patchbench.runfolder.models import ManifestCell, RunTimings
 
     records = [
@@ -435,7 +417,7 @@ def test_scheduler_death_fails_the_cell_within_seconds_and_the_run_goes_on(fake_
 
     threading.Thread(target=killer, daemon=True).start()
     with pytest.raises(RunFailed) as ei:
-        bench.run_bench(cfg, results_root=tmp_path / "results")
+        bench.run_bench(cfg, launch_spec=fake_env, results_root=tmp_path / "results")
     run_dir = ei.value.run_dir
     rec = read_json(run_dir / "control" / "rep0" / "cell.json")
     assert rec["status"] == "failed"
@@ -473,7 +455,7 @@ def test_instrumented_or_untimed_suites_get_one_correctness_cell_per_variant(fak
     )
     plan = describe_plan(load_config(cfg))
     assert "correctness baseline#correctness control#correctness" in plan
-    run_dir = bench.run_bench(cfg, results_root=tmp_path / "results")
+    run_dir = bench.run_bench(cfg, launch_spec=fake_env, results_root=tmp_path / "results")
     man = read_json(run_dir / "manifest.json")
     assert [(c["variant"], c["cell_kind"], c["instrumented"]) for c in man["cells"]] == [
         ("baseline", "correctness", True),
@@ -505,7 +487,7 @@ def test_a_correctness_cell_whose_suites_send_no_traffic_also_runs_the_server_su
             "fake: {n: 2}", "fake: {n: 1}\n      fake_instr_offline: {}"
         ),
     )
-    run_dir = bench.run_bench(cfg, results_root=tmp_path / "results")
+    run_dir = bench.run_bench(cfg, launch_spec=fake_env, results_root=tmp_path / "results")
     corr = read_json(run_dir / "control" / "correctness" / "cell.json")
     assert set(corr["suites"]) == {"fake", "fake_instr_offline"}
 
@@ -517,7 +499,7 @@ def test_an_incomplete_timed_cell_and_a_failed_report_exit_4(fake_env, tmp_path,
     cfg = write_config(tmp_path, BASIC.replace("repeats: 2", "repeats: 1"))
     monkeypatch.setenv("FAKE_SUITE_INCOMPLETE", "control/0")
     with pytest.raises(RunFailed) as ei:
-        bench.run_bench(cfg, results_root=tmp_path / "results")
+        bench.run_bench(cfg, launch_spec=fake_env, results_root=tmp_path / "results")
     assert ei.value.exit_code == 4
     assert "1 timed cell(s) incomplete (control/rep0)" in str(ei.value)
     assert "cells failed" not in str(ei.value)
@@ -533,7 +515,7 @@ def test_an_incomplete_timed_cell_and_a_failed_report_exit_4(fake_env, tmp_path,
 
     monkeypatch.setattr(patchbench.report, "render_run", broken)
     with pytest.raises(RunFailed, match=r"the report could not be written \(RuntimeError: plots"):
-        bench.run_bench(cfg, results_root=tmp_path / "results2")
+        bench.run_bench(cfg, launch_spec=fake_env, results_root=tmp_path / "results2")
 
 
 def test_resume_after_an_edited_diff_is_refused_unless_the_variant_starts_over(fake_env, tmp_path):
@@ -550,17 +532,17 @@ def test_resume_after_an_edited_diff_is_refused_unless_the_variant_starts_over(f
         "control: [null-comment]", f"control: [{{diff: {diff}}}]"
     )
     cfg = write_config(tmp_path, body)
-    run_dir = bench.run_bench(cfg, results_root=tmp_path / "results")
+    run_dir = bench.run_bench(cfg, launch_spec=fake_env, results_root=tmp_path / "results")
     ident = read_json(run_dir / "control" / "rep0" / "cell.json")["variant_identity"]
     assert set(ident) == {"patches", "server_args", "env", "sglang"}
     (run_dir / "control" / "rep0" / "fake" / "summary.json").unlink()  # one cell to run again
     diff.write_text(diff.read_text().replace("is the only change.", "is the only change (v2)."))
     with pytest.raises(ConfigError, match=r"variant control: patches differ from what rep0 ran"):
-        bench.run_bench(cfg, resume=run_dir)
+        bench.run_bench(cfg, launch_spec=fake_env, resume=run_dir)
     assert not port_answers("127.0.0.1", 31990)  # refused before any server
     with pytest.raises(ConfigError, match="not a variant"):
-        bench.run_bench(cfg, resume=run_dir, restart_variants=["nope"])
-    bench.run_bench(cfg, resume=run_dir, restart_variants=["control"])
+        bench.run_bench(cfg, launch_spec=fake_env, resume=run_dir, restart_variants=["nope"])
+    bench.run_bench(cfg, launch_spec=fake_env, resume=run_dir, restart_variants=["control"])
     again = read_json(run_dir / "control" / "rep0" / "cell.json")
     assert again["status"] == "ok" and again["variant_identity"]["patches"] != ident["patches"]
     assert len(list((run_dir / ".restarted").iterdir())) == 1

@@ -14,10 +14,9 @@ import pytest
 from patchbench import cli, records
 from patchbench.errors import RunFailed
 from patchbench.records import ResultsWriteError
-from patchbench.run import bench, loop
+from patchbench.run import bench
 from patchbench.run.ports import port_answers
 from tests.run.test_bench_runner import BASIC, write_config
-from tests.run.test_bench_runner import fake_env as fake_env
 
 ROOT = os.geteuid() == 0  # chmod does not stop root: simulate EACCES there
 PORT = 31987  # not test_bench_runner's port, so both files can run at the same time
@@ -171,7 +170,7 @@ def _assert_cell_kept(run_dir: Path, variant: str, repeat: int) -> None:
 
 
 def test_disk_full_mid_cell_exits_4_with_one_line_and_keeps_finished_cells(
-    fake_env, tmp_path, monkeypatch, capsys
+    fake_cli_env, tmp_path, monkeypatch, capsys
 ):
     cfg = write_config(tmp_path, CONFIG)
     root = tmp_path / "results"
@@ -204,7 +203,7 @@ def test_disk_full_mid_cell_exits_4_with_one_line_and_keeps_finished_cells(
 
 
 def test_a_failed_summary_write_leaves_cell_json_final_and_failed(
-    fake_env, tmp_path, monkeypatch, capsys
+    fake_cli_env, tmp_path, monkeypatch, capsys
 ):
     cfg = write_config(tmp_path, CONFIG)
     root = tmp_path / "results"
@@ -249,7 +248,7 @@ def _make_read_only(monkeypatch, folder: Path) -> None:
 
 def _read_only_after(monkeypatch, writes: int) -> dict:
     """The run folder becomes read-only right after bench's ``writes``-th manifest write."""
-    real = loop.write_manifest
+    real = bench.write_manifest
     state = {"n": 0, "run_dir": None}
 
     def write_manifest(run_dir, manifest):
@@ -260,7 +259,7 @@ def _read_only_after(monkeypatch, writes: int) -> dict:
             _make_read_only(monkeypatch, Path(run_dir))
         return out
 
-    monkeypatch.setattr(loop, "write_manifest", write_manifest)
+    monkeypatch.setattr(bench, "write_manifest", write_manifest)
     return state
 
 
@@ -270,11 +269,11 @@ def _writable_again(folder: Path) -> None:
 
 
 def test_results_folder_read_only_after_a_cell_exits_4_naming_the_manifest(
-    fake_env, tmp_path, monkeypatch, capsys
+    fake_cli_env, tmp_path, monkeypatch, capsys
 ):
     cfg = write_config(tmp_path, CONFIG)
     root = tmp_path / "results"
-    real_run_cell = loop.run_cell
+    real_run_cell = bench.run_cell
     calls = []
 
     def run_cell(*a, **k):  # the folder turns read-only as the first cell ends
@@ -283,7 +282,7 @@ def test_results_folder_read_only_after_a_cell_exits_4_naming_the_manifest(
         _make_read_only(monkeypatch, a[3])
         return rec
 
-    monkeypatch.setattr(loop, "run_cell", run_cell)
+    monkeypatch.setattr(bench, "run_cell", run_cell)
     try:
         rc = cli.main(["bench", str(cfg), "--results", str(root)])
         run_dir = next(root.iterdir())
@@ -303,7 +302,7 @@ def test_results_folder_read_only_after_a_cell_exits_4_naming_the_manifest(
 
 
 def test_results_folder_read_only_before_the_next_cell_exits_4(
-    fake_env, tmp_path, monkeypatch, capsys
+    fake_cli_env, tmp_path, monkeypatch, capsys
 ):
     cfg = write_config(tmp_path, CONFIG)
     root = tmp_path / "results"
@@ -322,10 +321,10 @@ def test_results_folder_read_only_before_the_next_cell_exits_4(
 
 
 def test_resume_into_a_read_only_run_folder_exits_4_and_changes_nothing(
-    fake_env, tmp_path, monkeypatch, capsys
+    fake_cli_env, tmp_path, monkeypatch, capsys
 ):
     cfg = write_config(tmp_path, CONFIG.replace("repeats: 2", "repeats: 1"))
-    run_dir = bench.run_bench(cfg, results_root=tmp_path / "results")
+    run_dir = bench.run_bench(cfg, results_root=tmp_path / "results", launch_spec=fake_cli_env)
     (run_dir / "control" / "rep0" / "fake" / "summary.json").unlink()  # one cell left to run
     before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
     _make_read_only(monkeypatch, run_dir)

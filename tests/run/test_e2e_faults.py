@@ -31,8 +31,7 @@ import pytest
 import yaml
 
 from patchbench.records import read_json
-from patchbench.run.ports import free_port, port_answers
-from patchbench.run.stale import find_stale_servers
+from patchbench.run.ports import find_stale_servers, free_port, port_answers
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]

@@ -216,8 +216,9 @@ def test_an_orphan_of_a_run_outside_the_results_folder_is_found_and_stopped(tmp_
         MARKER_RUN_DIR,
         MARKER_RUNNER_PID,
         MARKER_RUNNER_START,
+        find_stale_servers,
+        kill_stale,
     )
-    from patchbench.run.stale import find_stale_servers, kill_stale
     from tests.run.test_liveness import _server as start_fake_server
 
     elsewhere = tmp_path / "elsewhere" / "run1"
@@ -249,8 +250,7 @@ def test_an_orphan_of_a_run_outside_the_results_folder_is_found_and_stopped(tmp_
 
 
 def test_group_kill_advice_only_for_a_group_of_its_own():
-    from patchbench.run.ports import own_group
-    from patchbench.run.stale import StaleServer
+    from patchbench.run.ports import StaleServer, own_group
 
     me = os.getpgid(0)
     assert not own_group(os.getpid(), me)  # the caller's own group

@@ -249,7 +249,6 @@ def test_stopped_client_is_a_stall_and_killed(tmp_path):
             client = subprocess.Popen(
                 [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
             )
-            w.register_client(client.pid)
             os.kill(client.pid, signal.SIGSTOP)
 
         lost, took = _lost_in_scope(w, 30, start_client)

@@ -1,11 +1,11 @@
-"""Cell order (patchbench.run.order) and the progress estimate (patchbench.run.progress)."""
+"""Cell order (patchbench.run.plan) and the progress estimate (patchbench.run.progress)."""
 
 from pathlib import Path
 
 import pytest
 
-from patchbench.run.order import plan_cells
-from patchbench.run.progress import BenchProgress, eta_s, fmt_duration
+from patchbench.run.plan import plan_cells
+from patchbench.run.progress import BenchProgress, fmt_duration
 
 
 def test_interleaved_abba_and_correctness_cells_first():
@@ -37,9 +37,11 @@ def test_bad_plans_are_refused(bad):
 
 
 def test_eta_is_the_median_finished_cell_times_cells_left():
-    assert eta_s([], 3) is None
-    assert eta_s([10.0, 30.0, 12.0], 4) == 48.0  # median 12 s x 4
-    assert eta_s([5.0], 0) == 0.0
+    from patchbench.run.progress import eta_by_suite
+
+    assert eta_by_suite([], [[]] * 3) is None
+    assert eta_by_suite([(10.0, {}), (30.0, {}), (12.0, {})], [[]] * 4) == 48.0  # 12 s x 4
+    assert eta_by_suite([(5.0, {})], []) == 0.0
     assert [fmt_duration(x) for x in (None, 42.4, 185, 3720)] == ["?", "42s", "3m05s", "1h02m"]
 
 
@@ -96,15 +98,14 @@ def test_progress_eta_uses_the_plan_and_skips_seen_cells():
 
 # ---------------------------------------------------------------------------------- per-suite rounds
 import importlib.metadata  # noqa: E402
-import os  # noqa: E402
 import textwrap  # noqa: E402
 
 import tests.fake_server.fake_suites  # noqa: E402,F401 - registers the fake suites
 from patchbench.config import load_config  # noqa: E402
+from patchbench.config.schedule import parse_rounds, resolve_rounds  # noqa: E402
 from patchbench.errors import ConfigError  # noqa: E402
 from patchbench.records import read_json  # noqa: E402
-from patchbench.run import bench, cell  # noqa: E402
-from patchbench.run.order import parse_rounds, resolve_rounds  # noqa: E402
+from patchbench.run import bench  # noqa: E402
 from patchbench.run.plan import describe_plan  # noqa: E402
 from patchbench.suite import MetricInfo, Suite, SuiteResult, register  # noqa: E402
 from tests.fake_server.fake_suites import InstrParams  # noqa: E402
@@ -183,20 +184,8 @@ def _config(tmp_path, suites: str, repeats: str = "3") -> Path:
     return p
 
 
-@pytest.fixture
-def fake_server(monkeypatch):
-    real = cell.launch_spec
-
-    def launch_spec(cfg, venv, cdir, port):
-        spec = real(cfg, venv, cdir, port)
-        spec.env["PYTHONPATH"] = str(FAKE) + os.pathsep + spec.env["PYTHONPATH"]
-        return spec
-
-    monkeypatch.setattr(cell, "launch_spec", launch_spec)
-
-
 @pytest.mark.needs_sglang  # loads a release environment / torch
-def test_per_suite_rounds_in_plan_cells_manifest_and_comparison(fake_server, tmp_path):
+def test_per_suite_rounds_in_plan_cells_manifest_and_comparison(fake_env, tmp_path):
     p = _config(tmp_path, "fake_rounds: {rounds: [0, 2]}")
     cfg = load_config(p)
     assert cfg.rounds_of("fake_rounds") == [0, 2] and cfg.rounds_of("fake") == [0, 1, 2]
@@ -208,7 +197,7 @@ def test_per_suite_rounds_in_plan_cells_manifest_and_comparison(fake_server, tmp
         "suites per round:\n  round 0: fake, fake_rounds\n  round 1: fake\n"
         "  round 2: fake, fake_rounds\n" in plan
     )
-    run_dir = bench.run_bench(p, results_root=tmp_path / "results")
+    run_dir = bench.run_bench(p, results_root=tmp_path / "results", launch_spec=fake_env)
     man = read_json(run_dir / "manifest.json")
     assert man["suite_rounds"] == {"fake": [0, 1, 2], "fake_rounds": [0, 2]}
     ran = {(c["variant"], c["repeat"]): sorted(c["suites"]) for c in man["cells"]}
@@ -229,7 +218,7 @@ def test_per_suite_rounds_in_plan_cells_manifest_and_comparison(fake_server, tmp
     assert "fake_rounds" not in cmp["cell_warnings"]
     # a resume finds every scheduled suite done and launches nothing
     before = {q: q.stat().st_mtime_ns for q in run_dir.glob("*/rep*/cell.json")}
-    bench.run_bench(p, resume=run_dir)
+    bench.run_bench(p, resume=run_dir, launch_spec=fake_env)
     assert {q: q.stat().st_mtime_ns for q in run_dir.glob("*/rep*/cell.json")} == before
 
 

@@ -1,5 +1,5 @@
 """SIGTERM / SIGHUP to the runner behave like Ctrl-C, and servers orphaned by a SIGKILLed runner
-are found and stopped (patchbench.run.signals, patchbench.run.stale), against the fake server."""
+are found and stopped (patchbench.run.signals, patchbench.run.ports), against the fake server."""
 
 import importlib.metadata
 import os
@@ -11,8 +11,7 @@ import psutil
 import pytest
 
 from patchbench.records import read_json
-from patchbench.run.ports import port_answers
-from patchbench.run.stale import find_stale_servers, kill_stale
+from patchbench.run.ports import find_stale_servers, kill_stale, port_answers
 from tests.helpers import fake_suite_config, start_fake_run
 
 HERE = Path(__file__).parent.parent

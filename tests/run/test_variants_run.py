@@ -6,7 +6,6 @@ instrumentation's server arguments and hook files are added to correctness cells
 refused)."""
 
 import importlib.metadata
-import os
 import shutil
 from pathlib import Path
 
@@ -18,8 +17,8 @@ from patchbench.config import load_config
 from patchbench.errors import ConfigError, EnvironmentNotReady
 from patchbench.inputs import sha256_file
 from patchbench.records import read_json
-from patchbench.run import bench, cell
-from patchbench.run.plan import describe_plan
+from patchbench.run import bench
+from patchbench.run.plan import describe_plan, instrumentation_args
 from patchbench.shims import HOOKS_ENV
 from patchbench.suite import Instrumentation, Suite, SuiteResult, register
 from tests.fake_server.fake_suites import InstrParams
@@ -52,22 +51,6 @@ class FakeArgsSuite(Suite):
         )
 
 
-@pytest.fixture
-def launches(monkeypatch):
-    """Every launch runs the fake server; returns {cell label: LaunchSpec} of the launches."""
-    real = cell.launch_spec
-    seen = {}
-
-    def launch_spec(cfg, venv, cdir, port):
-        spec = real(cfg, venv, cdir, port)
-        spec.env["PYTHONPATH"] = str(FAKE) + os.pathsep + spec.env["PYTHONPATH"]
-        seen[f"{venv.name}/{cdir.name}"] = spec
-        return spec
-
-    monkeypatch.setattr(cell, "launch_spec", launch_spec)
-    return seen
-
-
 BASE = """\
     name: variants-test
     sglang: "@SGLANG@"
@@ -85,14 +68,14 @@ BASE = """\
 """
 
 
-def test_server_args_only_variant_differs_exactly_there_and_is_reported(launches, tmp_path):
+def test_server_args_only_variant_differs_exactly_there_and_is_reported(fake_env, tmp_path):
     cfg = write_config(tmp_path, BASE)
-    run_dir = bench.run_bench(cfg, results_root=tmp_path / "results")
+    run_dir = bench.run_bench(cfg, launch_spec=fake_env, results_root=tmp_path / "results")
     base = read_json(run_dir / "baseline" / "rep0" / "cell.json")["server"]["command"]
     var = read_json(run_dir / "no-overlap" / "rep0" / "cell.json")["server"]["command"]
     assert var == base + ["--disable-overlap-schedule"]
     assert base[-1] == "--log-level=info"
-    b_env, v_env = launches["baseline/rep0"].env, launches["no-overlap/rep0"].env
+    b_env, v_env = fake_env.seen["baseline/rep0"].env, fake_env.seen["no-overlap/rep0"].env
     assert v_env["SGLANG_FAKE_FLAG"] == "1" and "SGLANG_FAKE_FLAG" not in b_env
     assert b_env["FAKE_COMMON"] == v_env["FAKE_COMMON"] == "1"
     changed = {k for k in set(b_env) | set(v_env) if b_env.get(k) != v_env.get(k)}
@@ -121,9 +104,9 @@ def test_server_args_only_variant_differs_exactly_there_and_is_reported(launches
     assert "(A/A)" not in line
 
 
-def test_report_header_shows_a_variants_server_args_and_env(launches, tmp_path):
+def test_report_header_shows_a_variants_server_args_and_env(fake_env, tmp_path):
     cfg = write_config(tmp_path, BASE)
-    run_dir = bench.run_bench(cfg, results_root=tmp_path / "results")
+    run_dir = bench.run_bench(cfg, launch_spec=fake_env, results_root=tmp_path / "results")
     line = next(
         x
         for x in (run_dir / "report.md").read_text().splitlines()
@@ -132,7 +115,7 @@ def test_report_header_shows_a_variants_server_args_and_env(launches, tmp_path):
     assert "`--disable-overlap-schedule`" in line and "`SGLANG_FAKE_FLAG=1`" in line
 
 
-def test_dry_run_shows_each_variants_patches_args_and_env(launches, tmp_path, capsys):
+def test_dry_run_shows_each_variants_patches_args_and_env(fake_cli_env, tmp_path, capsys):
     cfg = write_config(tmp_path, BASE)
     assert cli.main(["bench", str(cfg), "--dry-run"]) == 0
     out = capsys.readouterr().out
@@ -144,11 +127,11 @@ def test_dry_run_shows_each_variants_patches_args_and_env(launches, tmp_path, ca
         f"{tmp_path / 'model'} --host 127.0.0.1 --port 31994 --log-level=info "
         "--disable-overlap-schedule\n"
     ) in out
-    assert launches == {}
+    assert fake_cli_env.seen == {}
 
 
 @pytest.mark.parametrize("arg", ["--port", "--port=31000", "--po"])
-def test_per_variant_port_is_refused_naming_the_variant(launches, tmp_path, capsys, arg):
+def test_per_variant_port_is_refused_naming_the_variant(fake_cli_env, tmp_path, capsys, arg):
     body = BASE.replace(
         "server_args: [--disable-overlap-schedule]",
         f"server_args: [--disable-overlap-schedule, {arg}, '31000']"
@@ -161,10 +144,10 @@ def test_per_variant_port_is_refused_naming_the_variant(launches, tmp_path, caps
         load_config(cfg)
     assert cli.main(["bench", str(cfg)]) == 2
     assert "variants.no-overlap.server_args" in capsys.readouterr().err
-    assert launches == {}
+    assert fake_cli_env.seen == {}
 
 
-def test_diff_named_directly_is_copied_into_the_run_folder(launches, tmp_path):
+def test_diff_named_directly_is_copied_into_the_run_folder(fake_env, tmp_path):
     diff = tmp_path / "my-change.diff"
     shutil.copy(REPO / "patches" / "null-comment" / f"{SGLANG}.diff", diff)
     body = BASE.replace(
@@ -173,7 +156,7 @@ def test_diff_named_directly_is_copied_into_the_run_folder(launches, tmp_path):
         f"      mine:\n        patches: [{{diff: {diff}}}]\n",
     )
     cfg = write_config(tmp_path, body)
-    run_dir = bench.run_bench(cfg, results_root=tmp_path / "results")
+    run_dir = bench.run_bench(cfg, launch_spec=fake_env, results_root=tmp_path / "results")
     man = read_json(run_dir / "manifest.json")
     rel = f"diffs/{sha256_file(diff)[:12]}-my-change.diff"
     assert man["copied_files"] == [{"source": str(diff), "path": rel}]
@@ -190,20 +173,20 @@ def test_diff_named_directly_is_copied_into_the_run_folder(launches, tmp_path):
     )
 
 
-def test_missing_local_model_is_exit_3_before_any_launch(launches, tmp_path, capsys):
+def test_missing_local_model_is_exit_3_before_any_launch(fake_cli_env, tmp_path, capsys):
     cfg = write_config(tmp_path, BASE.replace('path: "@MODEL@"', f'path: "{tmp_path}/nope"'))
     with pytest.raises(EnvironmentNotReady, match=r"model.path .*nope does not exist"):
-        bench.run_bench(cfg, results_root=tmp_path / "results")
+        bench.run_bench(cfg, launch_spec=fake_cli_env, results_root=tmp_path / "results")
     assert cli.main(["bench", str(cfg)]) == 3
-    assert launches == {} and not (tmp_path / "results").exists()
+    assert fake_cli_env.seen == {} and not (tmp_path / "results").exists()
 
 
-def test_instrumentation_server_args_go_to_correctness_cells_only(launches, tmp_path):
+def test_instrumentation_server_args_go_to_correctness_cells_only(fake_env, tmp_path):
     body = BASE.replace("fake: {n: 1}", "fake: {n: 1}\n      fake_args: {}")
     cfg = write_config(tmp_path, body)
     plan = describe_plan(load_config(cfg))
     assert ("correctness cell adds: --chunked-prefill-size=64 (instrumentation)") in plan
-    run_dir = bench.run_bench(cfg, results_root=tmp_path / "results")
+    run_dir = bench.run_bench(cfg, launch_spec=fake_env, results_root=tmp_path / "results")
     cmd = {
         k: read_json(run_dir / k / "cell.json")["server"]["command"]
         for k in (
@@ -226,12 +209,12 @@ def test_instrumentation_server_args_go_to_correctness_cells_only(launches, tmp_
         "--disable-overlap-schedule",
         "--chunked-prefill-size=64",
     ]
-    assert launches["baseline/correctness"].env["FAKE_ARGS_INSTR"] == "1"
-    assert "FAKE_ARGS_INSTR" not in launches["baseline/rep0"].env
+    assert fake_env.seen["baseline/correctness"].env["FAKE_ARGS_INSTR"] == "1"
+    assert "FAKE_ARGS_INSTR" not in fake_env.seen["baseline/rep0"].env
     # the hook file is imported by the correctness cells' servers (the site hook), never by a
     # timed cell's server nor by any other process of the run
-    assert launches["baseline/correctness"].env[HOOKS_ENV] == str(FAKE / "fake_hook.py")
-    assert all(HOOKS_ENV not in launches[k].env for k in ("baseline/rep0", "no-overlap/rep0"))
+    assert fake_env.seen["baseline/correctness"].env[HOOKS_ENV] == str(FAKE / "fake_hook.py")
+    assert all(HOOKS_ENV not in fake_env.seen[k].env for k in ("baseline/rep0", "no-overlap/rep0"))
     pids = {
         read_json(run_dir / k / "cell.json")["server"]["pid"]
         for k in ("baseline/correctness", "no-overlap/correctness")
@@ -241,7 +224,9 @@ def test_instrumentation_server_args_go_to_correctness_cells_only(launches, tmp_
     assert timed["instrumented"] is False and "instrumentation_args" not in timed
 
 
-def test_instrumentation_argument_conflict_is_refused_before_any_launch(launches, tmp_path, capsys):
+def test_instrumentation_argument_conflict_is_refused_before_any_launch(
+    fake_cli_env, tmp_path, capsys
+):
     body = BASE.replace("fake: {n: 1}", "fake: {n: 1}\n      fake_args: {}").replace(
         "server_args: [--disable-overlap-schedule]", "server_args: [--chunked-prefill-size, '128']"
     )
@@ -257,12 +242,12 @@ def test_instrumentation_argument_conflict_is_refused_before_any_launch(launches
     assert (
         "variants.no-overlap.server_args sets --chunked-prefill-size 128" in capsys.readouterr().err
     )
-    assert launches == {} and not (tmp_path / "results").exists()
+    assert fake_cli_env.seen == {} and not (tmp_path / "results").exists()
 
 
 def test_instrumentation_args_merge_by_hand(tmp_path):
     cfg = load_config(write_config(tmp_path, BASE))
-    f = cell.instrumentation_args
+    f = instrumentation_args
     assert f(cfg, "baseline", []) == []
     assert f(cfg, "baseline", [("a", ["--x", "1", "--y"]), ("b", ["--y", "--x=1"])]) == [
         "--x",

@@ -30,7 +30,7 @@ other run noise, one :class:`Model` field each (``--noise`` of tools/calibrate.p
   all multiplied by ``1 + U(outlier_slow)`` (10-20 % slower);
 - ``drift``: every time is multiplied by ``(1 + drift) ** (p / V)``, ``p`` the cell's position in
   the run's interleaved order (``baseline, aa, patch-a, patch-b``, reversed in odd rounds, as
-  ``patchbench.run.order`` orders them) and ``V`` the variants: a slow-down of ``drift`` per round
+  ``patchbench.run.plan`` orders them) and ``V`` the variants: a slow-down of ``drift`` per round
   shared by the arms;
 - ``noisy_factor``: the run-level shocks of ``noisy_variant``'s cells are this many times wider
   (2: a patch that doubles the run-to-run CV).
@@ -228,7 +228,7 @@ def _shock(rng: np.random.Generator, m: Model, size: int) -> np.ndarray:
 def run_position(variants: list[str], repeats: int) -> np.ndarray:
     """Each cell's position in the run (variant-major cells, shape (variants x repeats,)): round
     k runs the variants in order when k is even and reversed when odd (the interleaved order of
-    ``patchbench.run.order`` and of the calibration's run folders)."""
+    ``patchbench.run.plan`` and of the calibration's run folders)."""
     V = len(variants)
     k = np.tile(np.arange(repeats), V)
     i = np.repeat(np.arange(V), repeats)
