@@ -358,7 +358,7 @@ def sequential_verdicts(data: RunData, cmp: Comparison, tested: Tested, design: 
         r.decided_after = design.looks[md.look] if v and md.look is not None else None
         r.within_margin = False
         if v in ("improved", "regressed") and r.margin is not None and t is not None:
-            lo_b, hi_b = verdicts._margin_bounds(t, r.margin)
+            lo_b, hi_b = verdicts.margin_bounds(t, r.margin)
             r.within_margin = lo_b < r.low / 100.0 and r.high / 100.0 < hi_b
     if d.partial:
         _partial_rows(cmp, family, d.partial)

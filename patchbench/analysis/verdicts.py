@@ -1,42 +1,19 @@
 """The verdict rules: what a comparison may claim about one metric of one variant.
 
-Four-way verdicts, plus ``incomplete``:
+``improved`` / ``regressed``: the interval at the level the row's test used excludes no change,
+in the metric's good / bad direction (``within_margin`` when the change is still inside the
+margin); ``equivalent``: TOST (Schuirmann 1987) at the same alpha puts the change inside
++-margin; ``inconclusive``: neither; ``incomplete``: a cell the row needs is not ok.
 
-- ``improved`` / ``regressed``: the interval (at the level the row's test used) excludes no
-  change, in the metric's good / bad direction; ``within_margin`` says when the change is
-  nevertheless smaller than the practical margin ("improved, within +-5 %");
-- ``equivalent``: two one-sided tests (TOST; Schuirmann 1987) at the same alpha show the change
-  lies inside +-margin, i.e. the (1 - 2 alpha) interval lies inside the margin;
-- ``inconclusive``: neither (too few repeats, too much noise, no margin declared);
-- ``incomplete``: a cell the row needs is not ok or lacks the value.
-
-Kinds (``patchbench.suite.MetricInfo.kind``):
-
-- ``run``: one value per server run; repeat k of the baseline is paired with repeat k of the
-  variant (interleaved schedule) and the paired t-interval on log ratios is used (Student 1908;
-  log ratios so that the change is multiplicative). A verdict needs at least
-  ``compare.min_repeats`` pairs: one run cannot separate a patch from run-to-run noise.
-- ``accuracy``: items (questions) paired across the arms, the question as the unit: each
-  question's correctness is averaged over its arm's repeats, ``d_q`` = variant - baseline, and
-  the mean difference D gets a t interval with ``Var(D) = s_d^2 / Q + sigma_c^2 (1/R_v + 1/R_b)``
-  (:func:`patchbench.stats.paired_items_t`): ``sigma_c^2`` the variance of a cell's accuracy
-  shift (model ``y[a,r,q] = mu[a,q] + c[a,r] + e[a,r,q]``), estimated by pooling every arm's
-  repeats, A/A included (:func:`patchbench.stats.cell_variance`), Satterthwaite degrees of
-  freedom. With one repeat per arm the cell component cannot be estimated and the row says that
-  cell-level variance is not covered. When fewer than 10 questions differ between the arms
-  (little item variance, e.g. identical answers) Newcombe's hybrid score interval of the paired
-  proportions is used instead (Newcombe 1998, Stat Med 17:2635, method 10), which is never zero-width.
-- ``deterministic``: the same value in every run (e.g. host syncs per call): compared exactly, no
-  interval; a value that varies between repeats is not deterministic and gets ``inconclusive``.
-- ``descriptive``: shown, never judged.
-
-Multiplicity: each variant's primary metrics form one family; Holm's step-down procedure (Holm
-1979, ``statsmodels.stats.multitest.multipletests(method="holm")``) sets each primary's alpha;
-the interval shown and TOST use that adjusted alpha. Secondary metrics keep the raw alpha and are
-exploratory.
-
-The methods themselves (t tests, TOST, Holm, Wilson, Newcombe) are :mod:`patchbench.stats`; this
-module holds what is decided from them.
+By kind (``MetricInfo.kind``): ``run`` rows pair repeat k of each arm and use the paired t
+interval on log ratios (Student 1908), at least ``compare.min_repeats`` pairs; ``accuracy``
+rows pair the questions, each averaged over its arm's repeats, with a t interval whose variance
+adds the cell-to-cell shift pooled over every arm (:func:`patchbench.stats.paired_items_t`;
+Newcombe's paired interval, method 10 of Newcombe 1998, when fewer than
+:data:`MIN_DISCORDANT` questions differ); ``deterministic`` rows are compared exactly;
+``descriptive`` rows are never judged. The primaries form one family per report (Holm 1979 or
+the sequential design: :mod:`patchbench.analysis.family`); secondaries keep the raw alpha. The
+methods themselves are :mod:`patchbench.stats`.
 """
 
 from __future__ import annotations
@@ -292,7 +269,7 @@ def holm_alphas(pvalues: Sequence[float], alpha: float) -> tuple[list[bool], lis
     return [r for r, _ in steps], [level if r else stopped for r, level in steps]
 
 
-def _margin_bounds(test: Test, margin: float) -> tuple[float, float]:
+def margin_bounds(test: Test, margin: float) -> tuple[float, float]:
     """The equivalence region of a margin in the row's display unit (percent for ratios: the
     change lies in [1/(1+m) - 1, m], symmetric on the log scale; points for differences)."""
     m = margin / 100.0
@@ -311,7 +288,7 @@ def verdict(
     iv = test.interval(alpha)
     within = False
     if margin is not None:
-        lo_b, hi_b = _margin_bounds(test, margin)
+        lo_b, hi_b = margin_bounds(test, margin)
         within = lo_b < iv[0] and iv[1] < hi_b
     if stats.excludes_zero(iv) and test.p <= alpha and better in ("higher", "lower"):
         up = iv[0] > 0
@@ -327,7 +304,7 @@ def tost_from_interval(test: Test, margin: float, alpha: float) -> bool:
     [1/(1+m) - 1, m])."""
     if test.interval is None:
         return False
-    return stats.equivalent_by_interval(test.interval, *_margin_bounds(test, margin), alpha)
+    return stats.equivalent_by_interval(test.interval, *margin_bounds(test, margin), alpha)
 
 
 def welch_log(

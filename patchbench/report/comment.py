@@ -40,8 +40,9 @@ from pathlib import Path
 
 from patchbench.analysis.comparison import Comparison, Row, read_comparison
 from patchbench.errors import EnvironmentNotReady, RunFailed, UsageError
-from patchbench.report import (
+from patchbench.report.text import (
     VERDICT_MARK,
+    esc,
     exactness,
     fmt_bounded,
     fmt_change,
@@ -82,17 +83,12 @@ def marker(key: str = DEFAULT_KEY) -> str:
     return f"<!-- patchbench-comment key={key} -->"
 
 
-def _esc(s: str) -> str:
-    """Text safe in a table cell on one line."""
-    return s.replace("|", "\\|").replace("\n", " ")
-
-
 def _table_row(r: Row) -> str:
     det = r.kind == "deterministic"
     interval = exactness(r) if det else fmt_ci(r.low, r.high, r.change_unit)
     verdict = VERDICT_MARK.get(r.verdict, r.verdict)
     return (
-        f"| {_esc(r.variant)} | {_esc((r.label or r.metric).rstrip(':').strip())} | "
+        f"| {esc(r.variant)} | {esc(r.name())} | "
         f"{fmt_bounded(r.baseline_value, r.baseline_bound)} | "
         f"{fmt_bounded(r.variant_value, r.variant_bound)} | "
         f"{fmt_change(r.change, r.change_unit)} | {interval} | {verdict} |"
@@ -213,7 +209,7 @@ def _head_lines(cmp: Comparison, key: str, title: str | None) -> list[str]:
     if bad:
         head += [f"**{len(bad)} of {len(cmp.cells)} timed cells did not end ok.**", ""]
     if not cmp.health.ok:
-        head += ["**A/A check failed**: " + _esc(" ".join(cmp.health.notes)), ""]
+        head += ["**A/A check failed**: " + esc(" ".join(cmp.health.notes)), ""]
     return head
 
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from patchbench.analysis.comparison import Comparison
-from patchbench.report.answer import partial_lines, sentence, sentence_parts
-from patchbench.report.fmt import (
+from patchbench.report.text import (
     exactness,
     fmt_change,
     fmt_ci,
-    short_name,
+    partial_lines,
+    sentence,
+    sentence_parts,
     values_txt,
     verdict_text,
 )
@@ -43,7 +44,7 @@ def console_summary(cmp: Comparison, report: Path | None = None) -> list[str]:
             det = r.kind == "deterministic"
             t.add_row(
                 r.variant,
-                short_name(r),
+                r.short_label(),
                 values_txt(r) if det else fmt_change(r.change, r.change_unit),
                 exactness(r) if det else fmt_ci(r.low, r.high, r.change_unit),
                 verdict_text(r),
