@@ -8,6 +8,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from patchbench.analysis import power
 from patchbench.analysis.comparison import Comparison, Row
 
 VERDICT_MARK = {
@@ -137,21 +138,10 @@ def _fewest(
     if margin is not None and abs(effect) < margin:
         goals.append(("equivalence", margin))
     best: tuple[int | None, str] | None = None
-    from scipy import stats as sps
-
     for what, m in goals:
-        gap = abs(effect) if m is None else m - abs(effect)
-        pa, pb = (
-            (1 - alpha / 2, DECIDE_POWER) if m is None else (1 - alpha, 1 - (1 - DECIDE_POWER) / 2)
+        n = power.n_needed(
+            effect, sd, alpha, DECIDE_POWER, margin=m, dist=dist, floor=floor, cap=cap
         )
-        z = (sps.norm.ppf(pa) + sps.norm.ppf(pb)) * sd / gap
-        n = max(floor, math.ceil(z * z))
-        while dist == "t" and n <= cap:
-            q = sps.t.ppf(pa, n - 1) + sps.t.ppf(pb, n - 1)
-            if n * gap * gap >= (q * sd) ** 2:
-                break
-            n += 1
-        n = n if n <= cap else None
         if best is None or (n is not None and (best[0] is None or n < best[0])):
             best = (n, what)
     return best

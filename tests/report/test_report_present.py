@@ -15,6 +15,7 @@ import pytest
 from scipy import stats as sps
 
 from patchbench import report
+from patchbench.analysis import power
 from patchbench.analysis.build import OUTLIER_Z, describe_pairs, verdicts
 from patchbench.analysis.comparison import Row, read_comparison
 from patchbench.cli import main
@@ -195,17 +196,21 @@ def _inconclusive(**kw) -> Row:
     return Row(**(base | kw))
 
 
-def test_repeats_to_decide_matches_the_t_power_formula():
-    """The effect goal: the smallest n with sqrt(n) |log(1 + change)| / sd >= t(1 - a/2, n-1) +
-    t(0.8, n-1) (normal approximation with t quantiles, the verdict's level)."""
+def _t_power(n: int, effect: float, sd: float, alpha: float) -> float:
+    """Power of the two-sided paired t test, from scipy's noncentral t directly."""
+    df, nc = n - 1, math.sqrt(n) * abs(effect) / sd
+    crit = sps.t.ppf(1 - alpha / 2, df)
+    return sps.nct.sf(crit, df, nc) + sps.nct.cdf(-crit, df, nc)
+
+
+def test_repeats_to_decide_is_the_fewest_reaching_80_percent_power():
+    """The effect goal: the smallest n (at least min_repeats) whose exact power (noncentral t,
+    at the verdict's level) reaches 80 %."""
     sd, change = 0.05, 10.0
     d = rtext.repeats_to_decide(_inconclusive(change=change, log_ratio_sd=sd), 3)
     eff = math.log1p(change / 100)
-    n = next(
-        n
-        for n in range(3, 100)
-        if math.sqrt(n) * eff / sd >= sps.t.ppf(0.975, n - 1) + sps.t.ppf(0.8, n - 1)
-    )
+    n = next(n for n in range(3, 100) if _t_power(n, eff, sd, 0.05) >= 0.8)
+    assert _t_power(n - 1, eff, sd, 0.05) < 0.8 <= _t_power(n, eff, sd, 0.05)
     assert d is not None and d.n == n and d.unit == "repeats" and "+10.0%" in d.what
     assert rtext.decide_text(d, short=True) == f"about {n} repeats to decide"
     assert "80% power to show the observed +10.0%" in rtext.decide_text(d)
@@ -215,6 +220,9 @@ def test_repeats_to_decide_equivalence_and_cap():
     # a small observed change inside the margin: equivalence needs fewer repeats than the effect
     d = rtext.repeats_to_decide(_inconclusive(change=0.5, log_ratio_sd=0.02), 3)
     assert d is not None and d.what == "equivalence within ±5%" and d.n is not None
+    eff, margin = math.log1p(0.005), math.log1p(0.05)
+    assert d.n == 3 or power.tost_power(d.n - 1, eff, margin, 0.02, 0.05) < 0.8
+    assert power.tost_power(d.n, eff, margin, 0.02, 0.05) >= 0.8
     # absurd: "more than" the cap
     d = rtext.repeats_to_decide(_inconclusive(change=0.1, log_ratio_sd=0.5), 3)
     assert d is not None and d.n is None
