@@ -1,16 +1,7 @@
-"""Build the typed :class:`~patchbench.analysis.comparison.Comparison` of one run folder.
-
-Reads the run (:mod:`patchbench.analysis.rundata`), asks each suite for its metric declarations
-and its ``pair`` hook, and builds each suite's rows with their tests and shown values; the
-verdicts come from :mod:`patchbench.analysis.family`, the run's health beside them from
-:mod:`patchbench.analysis.health`. Names no suite.
-
-Keys of a ``pair`` hook's dict that the analysis reads (docs/CONTRACTS.md, "Pair hook"):
-``"accuracy": {metric: {"ids", "baseline", "variant", "cells"}}`` (per-question correctness
-averaged over the paired repeats, for metrics of kind "accuracy"), ``"descriptive": {metric:
-{"change_pct", "low_pct", "high_pct", "method"}}`` (request-level, never a verdict) and
-``"request_pairing": {"ok", "reason"}``.
-"""
+"""Build the typed :class:`~patchbench.analysis.comparison.Comparison` of one run folder: each
+suite's declarations and ``pair`` hook (the keys read from its dict: docs/CONTRACTS.md, "Pair
+hook keys"), its rows with their tests and shown values; the verdicts from
+:mod:`patchbench.analysis.family`, the run's health from :mod:`patchbench.analysis.health`."""
 
 from __future__ import annotations
 
@@ -351,13 +342,9 @@ OUTLIER_Z = 3.5
 
 
 def describe_pairs(row: Row, pairs: list[tuple[float, float]], margin: float | None) -> None:
-    """Set the values a row shows and describe its paired repeats (never a verdict).
-
-    ``pairs``: the (baseline, variant) values of ``row.paired_repeats``; ``margin``: percent. A
-    run row with positive pairs shows each arm's geometric mean over them (so variant / baseline
-    = 1 + change / 100) and gets the sd of the paired log ratios and its outlier repeats
-    (:data:`OUTLIER_RULE`; the margin keeps a tight cluster from naming ordinary noise). Other
-    rows show each arm's median."""
+    """Set the values a row shows (a run row with positive ``pairs``: each arm's geometric mean,
+    else the median) and describe its pairs: the sd of the log ratios and the outlier repeats
+    (:data:`OUTLIER_RULE`; ``margin`` in percent keeps a tight cluster from naming noise)."""
     from scipy.stats import median_abs_deviation
 
     for arm in ("baseline", "variant"):

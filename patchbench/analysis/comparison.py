@@ -27,17 +27,11 @@ class _Model(BaseModel):
 
 
 class CompareSettings(_Model):
-    """The ``compare:`` section of a config (all keys optional).
-
-    confidence: family confidence of the primaries (Holm over the report's family) and raw
-    confidence of every secondary interval. min_repeats: paired repeats a run-level verdict
-    needs. margins: equivalence margin per ``metric`` or ``suite.metric`` (percent for run-level
-    metrics, points for accuracy), overriding the suite's. bootstrap_* / seed /
-    within_cell_intervals: the descriptive request-level intervals of suites' pair hooks.
-    identity_share_tolerance / retokenized_change_share: the suites' output-identity checks.
-    assumed_cv: the run-to-run CV (percent) the config assumes per metric, shown beside an A/A
-    variant's measured noise.
-    """
+    """The ``compare:`` section of a config: ``confidence`` of the primaries' family and of each
+    secondary interval; ``min_repeats`` a run-level verdict needs; ``margins`` per ``metric`` or
+    ``suite.metric`` (percent, accuracy points); ``bootstrap_*``, ``seed``,
+    ``within_cell_intervals``, ``identity_share_tolerance``, ``retokenized_change_share``: read by
+    the suites' pair hooks; ``assumed_cv`` (percent) per metric, shown beside the A/A noise."""
 
     confidence: float = Field(0.95, gt=0.5, lt=1.0)
     min_repeats: int = Field(3, ge=2)
@@ -59,21 +53,14 @@ class CompareSettings(_Model):
 
 
 class Row(_Model):
-    """One (suite, metric, variant) comparison.
+    """One (suite, metric, variant) comparison (docs/CONTRACTS.md, "compare.json").
 
-    baseline_repeats / variant_repeats: the value per repeat (None: cell not ok).
-    baseline_value / variant_value: the values shown, from the change's estimator: run rows the
-    geometric mean of each arm over the paired repeats (their ratio is 1 + change / 100),
-    accuracy the mean correctness over the paired questions, other rows the median.
-    paired_repeats: the repeats whose pair fed the test. log_ratio_sd: sample sd of the paired
-    log ratios (2 pairs or more). outlier_repeats: by :data:`patchbench.analysis.build.OUTLIER_RULE`
-    (descriptive). change / low / high: the change and its interval at ``confidence`` (the level
-    the verdict used) in ``change_unit``; p_value: two-sided, of "no change". margin: equivalence
-    margin in ``change_unit`` (None: no equivalence verdict); within_margin: the interval lies
-    inside it. descriptive: a request-level interval from the pair hook, never a verdict.
-    baseline_bound / variant_bound: "lower" / "upper" when that arm's value is only a bound.
-    exact_by: why a deterministic row is shown exact ("repeats" or the suite's named test).
-    decided_after: a sequential design's rounds at which its rule decided the row.
+    *_repeats: the value per repeat (None: cell not ok); *_value: the values shown (run rows:
+    each arm's geometric mean over the paired repeats, their ratio 1 + change / 100; accuracy:
+    the mean correctness; others: the median); *_bound: "lower" / "upper" for a bound;
+    log_ratio_sd: sample sd of the paired log ratios; change / low / high: in ``change_unit`` at
+    ``confidence``, the level the verdict used; margin: in ``change_unit`` (None: none);
+    exact_by: why a count is shown exact; decided_after: the sequential rule's rounds.
     """
 
     suite: str
@@ -125,13 +112,9 @@ class Row(_Model):
 
 
 class DesignSummary(_Model):
-    """How the primaries were decided: ``kind`` "fixed" (Holm over the family) or "sequential"
-    (:mod:`patchbench.analysis.sequential` replayed on the rounds on disk); ``alpha`` two-sided
-    per report; ``family`` its size; ``split`` how alpha is shared, in words; ``looks``,
-    ``boundary``, ``stopped_after``, ``stop_reason`` of a sequential design; ``rounds`` the
-    complete rounds used; ``planned`` the rounds planned (fixed) or at most (sequential);
-    ``partial`` why no verdict is decisive (None: finished) and ``resume`` the command that
-    continues the run."""
+    """How the primaries were decided: "fixed" (Holm) or "sequential", ``alpha`` two-sided per
+    report over ``family`` primaries, ``split`` in words, the sequential looks and stop, the
+    ``rounds`` used and ``planned``; ``partial``: why no verdict is decisive, ``resume``: how on."""
 
     kind: Literal["fixed", "sequential"] = "fixed"
     alpha: float = 0.05
@@ -239,20 +222,13 @@ class Affected(_Model):
 
 
 class Comparison(_Model):
-    """``RUN/compare.json``: every variant of one run against its baseline.
+    """``RUN/compare.json``: every variant of one run against its baseline (docs/CONTRACTS.md).
 
-    rows: :class:`Row`; pairs: {suite: {variant: the suite's pair hook's dict}}; refusals:
-    {suite: {variant: why it refused to pair}}; cells: the timed cells [{"variant", "repeat",
-    "status", "error", "suites", "cell_kind", "instrumented", "gpu" (the cell's GPU flags; None:
-    not sampled), "server_log" ({suite: the retractions and out-of-memory events its server
-    logged})}]; schedule: the timed cells in the order they ran [{"variant", "repeat",
-    "position", "status"}]; cell_warnings: {suite: {variant: ["rep<k>: line"]}}; methods: {method:
-    its source}; correctness_cells: the untimed correctness cells [{"variant", "dir", "status",
-    "error", "suites", "instrumented", "instrumentation"}]; suite_rounds: {suite: its timed
-    rounds, or "correctness"}; design: :class:`DesignSummary`; drift: :class:`Drift` per
-    run-level primary; order / unbalanced_reason: the schedule's order and the config's reason
-    for "sequential"; run: :class:`RunInfo`; failed_cells / affected: what failed and which
-    primaries it touched.
+    pairs / refusals: {suite: {variant: the pair hook's dict / why it refused}}; cells: the timed
+    cells [{"variant", "repeat", "status", "error", "suites", "cell_kind", "instrumented", "gpu"
+    (GPU flags, None: not sampled), "server_log" ({suite: retractions and OOM events})}];
+    schedule: the timed cells in the order they ran; cell_warnings: {suite: {variant: lines}};
+    methods: {method: its source}; suite_rounds: {suite: rounds or "correctness"}.
     """
 
     schema_version: int = COMPARISON_SCHEMA

@@ -199,6 +199,23 @@ class MetricDecision:
     reason: str
 
 
+def _decision(
+    decision: Decision,
+    n: int,
+    est: float,
+    p: float,
+    level: float | None,
+    look: int | None,
+    reason: str,
+    *,
+    fixed: bool = False,
+) -> MetricDecision:
+    """A :class:`MetricDecision` whose ``change_pct`` follows from ``est`` (a log ratio, or a
+    :class:`FixedTest`'s own unit when ``fixed``)."""
+    pct = 100.0 * (est if fixed else math.expm1(est))
+    return MetricDecision(decision, n, est, pct, p, level, look, reason)
+
+
 @dataclass
 class LookDecision:
     """One look: {(variant, metric): decision}, whether to stop and why, the family's size."""
@@ -362,19 +379,15 @@ class _Family:
                 up = est > 0
                 good = up if self.better.get(k[1], "higher") == "higher" else not up
                 is_fixed = k not in tests
-                done[k] = MetricDecision(
-                    "improved" if good else "regressed",
-                    fixed[k[0]][k[1]].n if is_fixed else n,
-                    est,
-                    100.0 * est if is_fixed else 100.0 * math.expm1(est),
-                    p_of(k),
-                    lvl,
-                    self.look,
+                why = (
                     f"p = {p_of(k):.3g} <= {lvl:.3g} (Holm share alpha/{self.m - rejected} of "
                     f"the {self.m} primaries, step {rejected + i + 1}; "
                     + ("one look" if is_fixed else f"{self.design.kind} boundary")
-                    + f", look {self.look + 1})",
+                    + f", look {self.look + 1})"
                 )
+                nk = fixed[k[0]][k[1]].n if is_fixed else n
+                verdict = "improved" if good else "regressed"
+                done[k] = _decision(verdict, nk, est, p_of(k), lvl, self.look, why, fixed=is_fixed)
             rejected += len(now)
         share = self.alpha / max(self.m - rejected, 1)
         eq_alpha = (
@@ -422,32 +435,18 @@ class _Family:
                     f"estimate ({100 * math.expm1(mean):+.2f} %) {cp_eff:.3f} for a "
                     f"change, {cp_eq:.3f} for equivalence, below {design.futility:g}"
                 )
-        return MetricDecision(dec, n, mean, 100.0 * math.expm1(mean), p, missed, None, why)
+        return _decision(dec, n, mean, p, missed, None, why)
 
     def undecided_fixed(self, t: FixedTest, share: float, eq_alpha: float) -> MetricDecision:
         """A one-look primary no Holm share rejected: equivalent (TOST at ``eq_alpha``) or open
         (``continue``; it never holds the run open and ends inconclusive)."""
         if t.equivalent is not None and t.equivalent(eq_alpha):
-            return MetricDecision(
-                "equivalent",
-                t.n,
-                t.estimate,
-                100.0 * t.estimate,
-                t.p,
-                eq_alpha,
-                self.look,
-                f"TOST at {eq_alpha:.3g} (one look): the interval lies inside the margin",
+            why = f"TOST at {eq_alpha:.3g} (one look): the interval lies inside the margin"
+            return _decision(
+                "equivalent", t.n, t.estimate, t.p, eq_alpha, self.look, why, fixed=True
             )
-        return MetricDecision(
-            "continue",
-            t.n,
-            t.estimate,
-            100.0 * t.estimate,
-            t.p,
-            share,
-            None,
-            f"neither a change (p = {t.p:.3g} > {share:.3g}, one look) nor equivalence shown",
-        )
+        why = f"neither a change (p = {t.p:.3g} > {share:.3g}, one look) nor equivalence shown"
+        return _decision("continue", t.n, t.estimate, t.p, share, None, why, fixed=True)
 
     def control(self, t: stats.TTest, key: Key) -> MetricDecision:
         """An A/A primary: a measurement; equivalent by TOST at the look's level for alpha, else
@@ -458,16 +457,8 @@ class _Family:
         eq_level = design.level(look, self.alpha)
         if _equivalent(t, margin, eq_level):
             return _equivalent_decision(n, mean, p, eq_level, look, margin, "A/A (a measurement): ")
-        return MetricDecision(
-            "continue",
-            n,
-            mean,
-            100.0 * math.expm1(mean),
-            p,
-            None,
-            None,
-            "A/A (a measurement, never improved or regressed): equivalence not shown",
-        )
+        why = "A/A (a measurement, never improved or regressed): equivalence not shown"
+        return _decision("continue", n, mean, p, None, None, why)
 
 
 def _equivalent_decision(
@@ -476,17 +467,11 @@ def _equivalent_decision(
     """An "equivalent" decision at ``look``: the TOST at ``eq_level`` put the interval of the
     mean log ratio ``mean`` (``n`` repeats, two-sided p ``p``) inside +-``margin`` (log scale);
     ``prefix`` starts the reason."""
-    return MetricDecision(
-        "equivalent",
-        n,
-        mean,
-        100.0 * math.expm1(mean),
-        p,
-        eq_level,
-        look,
+    why = (
         f"{prefix}TOST at {eq_level:.3g}: the {100 * (1 - 2 * eq_level):.1f} % interval "
-        f"lies inside +-{100 * math.expm1(margin):.3g} %",
+        f"lies inside +-{100 * math.expm1(margin):.3g} %"
     )
+    return _decision("equivalent", n, mean, p, eq_level, look, why)
 
 
 def _stop_or_go(

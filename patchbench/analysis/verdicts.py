@@ -66,13 +66,8 @@ class Test:
 
 
 def run_test(baseline: Sequence[float], variant: Sequence[float], min_repeats: int) -> Test:
-    """Paired t-test on log ratios of repeat-level values (baseline[k] with variant[k];
-    :func:`patchbench.stats.paired_t` on :func:`patchbench.stats.log_ratios`).
-
-    Fewer than ``min_repeats`` pairs: ``p`` None and the reason. Zero spread of the log ratios
-    with a non-zero mean gives p = 0 only when n >= min_repeats; the interval is then the point
-    (a deterministic run-level metric belongs in kind "deterministic" instead).
-    """
+    """Paired t test on the log ratios of repeat k of each arm (:func:`patchbench.stats.paired_t`);
+    fewer than ``min_repeats`` pairs: p None and the reason."""
     n = len(baseline)
     if n < min_repeats:
         what = (
@@ -129,13 +124,10 @@ def accuracy_test(
     repeats: tuple[int, int] | None = None,
     cells: stats.CellVariance | None = None,
 ) -> Test:
-    """Paired test of per-question correctness (each in [0, 1], averaged over its arm's repeats),
-    the question as the unit (see the module docstring): :func:`patchbench.stats.paired_items_t`
-    with the pooled cell-shift variance ``cells`` and ``repeats`` = (baseline's, variant's)
-    repeats behind the means (None: unknown, treated as one each: the cell component is then
-    not covered). Fewer than :data:`MIN_DISCORDANT` questions that differ between the arms:
-    Newcombe's paired interval (:func:`patchbench.stats.newcombe_paired`), p the smallest alpha
-    whose interval excludes 0."""
+    """Paired test of per-question correctness in [0, 1] (each averaged over its arm's
+    ``repeats``, None: one each, the cell component then not covered) with the pooled cell-shift
+    variance ``cells`` (:func:`patchbench.stats.paired_items_t`); Newcombe's paired interval
+    when fewer than :data:`MIN_DISCORDANT` questions differ."""
     if len(baseline) == 0:
         return Test(None, None, None, "Newcombe paired", "diff", reason="no paired questions")
     b, v = np.asarray(baseline, float), np.asarray(variant, float)
@@ -197,10 +189,8 @@ Bound = Literal["lower", "upper"] | None
 def bounded_difference(
     baseline: float, variant: float, baseline_bound: Bound = None, variant_bound: Bound = None
 ) -> tuple[float, float]:
-    """(low, high) of what the true ``variant - baseline`` can be when a value is only a bound
-    of the true one ("lower": the truth is at least the value; "upper": at most; None: exact).
-    Interval arithmetic: low = (least the variant can be) - (most the baseline can be), high
-    the other way round; unbounded sides are -inf / +inf. Both exact: (diff, diff)."""
+    """(low, high) of the true ``variant - baseline`` when a value is only a "lower" / "upper"
+    bound of the truth (None: exact), by interval arithmetic; unbounded sides are -inf / +inf."""
     v_min = variant if variant_bound in (None, "lower") else -math.inf
     v_max = variant if variant_bound in (None, "upper") else math.inf
     b_min = baseline if baseline_bound in (None, "lower") else -math.inf
@@ -214,11 +204,8 @@ def deterministic_test(
     baseline_bound: Bound = None,
     variant_bound: Bound = None,
 ) -> Test:
-    """Exact comparison: every repeat of each arm must give the same value.
-
-    With a bound on either side (see :func:`bounded_difference`) the interval is what the
-    bounds allow: p 0 when it excludes 0 (the direction is certain), else 1 with a reason; the
-    estimate stays the observed difference."""
+    """Exact comparison (every repeat of an arm must agree). With a bound, the interval is what
+    :func:`bounded_difference` allows: p 0 when it excludes 0, else 1 with a reason."""
     if not baseline or not variant:
         return Test(None, None, None, "exact", "diff", reason="no values")
     if len(set(baseline)) > 1 or len(set(variant)) > 1:
@@ -257,13 +244,9 @@ def deterministic_test(
 
 
 def holm_alphas(pvalues: Sequence[float], alpha: float) -> tuple[list[bool], list[float]]:
-    """Holm's step-down procedure (:func:`patchbench.stats.holm`) and the alpha each test's
-    interval is shown at. Returns (reject, alpha used per test).
-
-    The alpha of the test at sorted rank i is alpha / (m - i) while every earlier test was
-    rejected; from the first test that is not rejected on, every later test keeps that test's
-    alpha (so an interval at that level includes 0 and agrees with "not rejected").
-    """
+    """(reject, alpha used) per test by Holm's step-down (:func:`patchbench.stats.holm`): rank i
+    uses alpha / (m - i) while every earlier test was rejected; from the first one not rejected
+    on, every later test keeps its alpha (its interval then agrees with "not rejected")."""
     steps = stats.holm(pvalues, alpha)
     stopped = min((level for rejected, level in steps if not rejected), default=alpha)
     return [r for r, _ in steps], [level if r else stopped for r, level in steps]
@@ -279,10 +262,8 @@ def margin_bounds(test: Test, margin: float) -> tuple[float, float]:
 def verdict(
     test: Test, *, better: str, alpha: float, margin: float | None, equivalent: bool | None
 ) -> tuple[Verdict, tuple[float, float] | None, bool]:
-    """(verdict, interval at 1 - alpha, within_margin) of one tested row.
-
-    ``equivalent``: TOST's answer at ``alpha`` (None: no margin or not testable). ``margin`` is
-    in the row's display unit (percent for ratios, points for accuracy)."""
+    """(verdict, interval at 1 - alpha, within_margin) of one tested row; ``equivalent``: TOST's
+    answer (None: none); ``margin`` in percent for ratios, points for accuracy."""
     if test.p is None or test.interval is None:
         return "inconclusive", None, False
     iv = test.interval(alpha)
@@ -310,10 +291,9 @@ def tost_from_interval(test: Test, margin: float, alpha: float) -> bool:
 def welch_log(
     a: Sequence[float], b: Sequence[float], alpha: float
 ) -> tuple[float, float, float, float]:
-    """Unpaired Welch t-interval for the ratio of geometric means of ``b`` over ``a`` (per-run
-    values of two runs that were not interleaved; :func:`patchbench.stats.welch_t` on the log
-    values). Returns (change, low, high, p) as fractions. Values must be > 0 (the caller checks).
-    Raises ValueError with fewer than 2 values in an arm."""
+    """Welch's t interval on the log values (:func:`patchbench.stats.welch_t`) for the ratio of
+    the geometric means of ``b`` over ``a`` (> 0): (change, low, high, p), fractions. Raises
+    ValueError with fewer than 2 values in an arm."""
     la, lb = np.log(np.asarray(a, float)), np.log(np.asarray(b, float))
     if la.size < 2 or lb.size < 2:
         raise ValueError("Welch needs at least 2 runs in each arm")

@@ -1,12 +1,13 @@
-"""The report's words and numbers, shared by report.md, report-details.md, the console summary
-and ``patchbench comment``: verdict marks, values, changes and intervals as text, how many
-repeats would decide an inconclusive primary, and the answer's sentences."""
+"""The report's words and numbers, shared by report.md, report-details.md, the PR comment and
+the console: verdict marks, values, changes and intervals as text, how many repeats would
+decide an inconclusive primary, the answer's sentences and the console summary."""
 
 from __future__ import annotations
 
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from patchbench.analysis import power
 from patchbench.analysis.comparison import Comparison, Row
@@ -274,3 +275,45 @@ def partial_lines(cmp: Comparison) -> list[str]:
     return [f"Partial run: {d.partial}; no primary verdict is decisive."] + (
         [f"Resume with: {d.resume}"] if d.resume else []
     )
+
+
+#: the console's width when stdout is not a terminal (rich would use 80)
+CONSOLE_LOG_WIDTH = 120
+
+
+def console_summary(cmp: Comparison, report: Path | None = None) -> list[str]:
+    """Print the primaries table (rich), then the answer's sentences one clause a line and a
+    partial run's resume command; returns the sentences."""
+    sents = [sentence(cmp, v) for v in cmp.variants]
+    answer = []
+    for v in cmp.variants:
+        head, parts = sentence_parts(cmp, v)
+        answer.append(head.rstrip() + ("" if parts else " no primary metric"))
+        answer += [f"  - {p}" for p in parts]
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console()
+    if not c.is_terminal:  # a log file or CI: no terminal width to fit, 80 wraps the table
+        c = Console(width=max(c.width, CONSOLE_LOG_WIDTH))
+    t = Table(title=f"{cmp.run_id}: primaries vs {cmp.baseline}")
+    for h in ("variant", "metric", "change", "interval", "verdict"):
+        t.add_column(h)
+    for r in cmp.rows_for(primary=True):
+        det = r.kind == "deterministic"
+        t.add_row(
+            r.variant,
+            r.short_label(),
+            values_txt(r) if det else fmt_change(r.change, r.change_unit),
+            exactness(r) if det else fmt_ci(r.low, r.high, r.change_unit),
+            verdict_text(r),
+        )
+    if t.row_count:
+        c.print(t)
+    if report is not None:
+        c.print(f"report: {report}")
+    for line in partial_lines(cmp):
+        c.print(line, markup=False, highlight=False, soft_wrap=True)
+    for line in answer:
+        c.print(line, markup=False, highlight=False)
+    return sents
