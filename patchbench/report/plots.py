@@ -139,29 +139,14 @@ def _draw_changes(ax, rows: list[tuple[int, Row]], r0: Row) -> None:
             ax.plot([r.low, r.high], [y, y], color=c, lw=3, solid_capstyle="butt")
             xs += [r.low, r.high]
         if r.change is not None:
-            hollow = r.low is None or r.high is None
-            ax.plot(
-                [r.change],
-                [y],
-                _change_marker(r),
-                color=c,
-                ms=7,
-                markerfacecolor="white" if hollow else c,
-            )
+            face = "white" if r.low is None or r.high is None else c  # hollow: no interval
+            ax.plot([r.change], [y], _change_marker(r), color=c, ms=7, markerfacecolor=face)
             xs.append(r.change)
     span = _margin_span(r0)
     if span is not None:
         ax.axvspan(*span, color=MARGIN_COLOUR, alpha=0.1, lw=0)
-        ax.text(
-            0,
-            1.0,
-            _margin_text(r0),
-            transform=ax.get_xaxis_transform(),
-            ha="center",
-            va="bottom",
-            fontsize=7,
-            color=MARGIN_COLOUR,
-        )
+        at = {"transform": ax.get_xaxis_transform(), "ha": "center", "va": "bottom"}
+        ax.text(0, 1.0, _margin_text(r0), **at, fontsize=7, color=MARGIN_COLOUR)
         xs += list(span)
     ax.axvline(0, color="black", lw=0.8)
     what = _change_axis(ax, "x", min(xs), max(xs), r0.change_unit)
@@ -174,15 +159,8 @@ def _draw_counts(ax, rows: list[tuple[int, Row]], r0: Row) -> None:
     xs = [base] if base is not None else []
     if base is not None:
         ax.axvline(base, color="black", lw=1, ls="--")
-        ax.text(
-            base,
-            1.0,
-            "baseline",
-            transform=ax.get_xaxis_transform(),
-            ha="center",
-            va="bottom",
-            fontsize=7,
-        )
+        at = {"transform": ax.get_xaxis_transform(), "ha": "center", "va": "bottom"}
+        ax.text(base, 1.0, "baseline", **at, fontsize=7)
     for y, r in rows:
         if r.variant_value is None:
             continue
@@ -207,17 +185,8 @@ def _legend_handles(rows: list[Row]) -> list:
     ]
     drawn = [r for r in rows if r.kind != "deterministic" and r.change is not None]
     if any(r.low is None or r.high is None for r in drawn):
-        handles.append(
-            plt.Line2D(
-                [],
-                [],
-                color="tab:gray",
-                marker="o",
-                ls="",
-                markerfacecolor="white",
-                label="no interval",
-            )
-        )
+        hollow = {"marker": "o", "ls": "", "markerfacecolor": "white"}
+        handles.append(plt.Line2D([], [], color="tab:gray", **hollow, label="no interval"))
     if any(_margin_span(r) is not None for r in drawn):
         handles.append(
             plt.Rectangle((0, 0), 1, 1, color=MARGIN_COLOUR, alpha=0.1, label="equivalence margin")
@@ -257,31 +226,17 @@ def _curve_panel(ax, cmp: Comparison, suite: str, base: str, points: list[str]) 
     span = _margin_span(r0)
     if span is not None:
         ax.axhspan(*span, color=MARGIN_COLOUR, alpha=0.08, lw=0)
-        ax.text(
-            1.0,
-            span[1],
-            f" {_margin_text(r0)}",
-            transform=ax.get_yaxis_transform(),
-            ha="left",
-            va="center",
-            fontsize=7,
-            color=MARGIN_COLOUR,
-        )
+        at = {"transform": ax.get_yaxis_transform(), "ha": "left", "va": "center"}
+        ax.text(1.0, span[1], f" {_margin_text(r0)}", **at, fontsize=7, color=MARGIN_COLOUR)
         ys += list(span)
     what = _change_axis(ax, "y", min(ys), max(ys), r0.change_unit, most=5)
     better = {"higher": " · better ↑", "lower": " · better ↓"}.get(r0.better or "", "")
     ax.set_ylabel(what + better, fontsize=8)
     # a per-point label names its point ("... at concurrency 16 (tok/s):"); the panel has them all
     label = re.sub(r" at [a-z ]+ [0-9.]+(?= \(|:|$)", "", r0.label or base)
-    ax.set_title(
-        textwrap.fill(
-            f"{label.rstrip(': ')} per load",
-            TITLE_WIDTH + 10,
-            max_lines=TITLE_LINES,
-            placeholder=" ...",
-        ),
-        fontsize=9,
-    )
+    title = f"{label.rstrip(': ')} per load"
+    title = textwrap.fill(title, TITLE_WIDTH + 10, max_lines=TITLE_LINES, placeholder=" ...")
+    ax.set_title(title, fontsize=9)
 
 
 def _panels(cmp: Comparison) -> list[tuple[str, str, list[str] | None]]:
