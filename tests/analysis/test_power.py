@@ -68,6 +68,8 @@ def test_n_needed_is_the_fewest_reaching_the_target():
     assert power.n_needed(0.001, 0.5, 0.05, 0.8, cap=50) is None  # past the cap
     assert power.n_needed(0.0, 0.5, 0.05, 0.8) is None  # no effect, no margin
     assert power.n_needed(0.06, 0.5, 0.05, 0.8, margin=0.05) is None  # outside the margin
+    assert power.n_needed(0.05, 0.0, 0.05, 0.8, floor=3) == 3  # no noise: the floor decides
+    assert power.n_needed(0.01, 0.0, 0.05, 0.8, margin=0.05, floor=3) == 3
 
 
 def test_detectable_effect_has_the_target_power():
