@@ -21,6 +21,16 @@ from typing import Any
 from patchbench import records
 
 
+def declare_suite(monkeypatch: Any, name: str, metrics: dict[str, Any]) -> None:
+    """Register, for one test, a suite ``name`` (a ``patchbench.suite.Suite`` with no hooks) that
+    declares ``metrics`` ({metric: ``MetricInfo``}); the registry is as before afterwards."""
+    from patchbench import suite
+
+    cls = type("DeclaredSuite", (suite.Suite,), {"name": name, "metrics": metrics})
+    monkeypatch.setitem(suite._REGISTRY, name, cls)
+    monkeypatch.setitem(suite._INSTANCES, name, cls())
+
+
 def make_run(
     root: str | Path,
     *,

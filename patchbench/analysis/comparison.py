@@ -1,10 +1,9 @@
 """The typed comparison of one run (``RUN/compare.json``) and the ``compare:`` config section.
 
-Built by :mod:`patchbench.analysis.build`; :mod:`patchbench.report`, :mod:`patchbench.report.plots`, the
-console summary and the nightly gates render or judge only from it. Units: every change, interval
-and margin of a row is in the row's ``change_unit``: "%" (relative change of a run-level metric,
-+5.0 = 5 % higher), "pt" (accuracy points, +1.0 = one point of accuracy) or the metric's own unit
-(deterministic metrics: exact difference).
+Built by :mod:`patchbench.analysis.build`; the report, the plots, the PR comment, the nightly and
+the matrix read only this. Every change, interval and margin of a row is in its ``change_unit``:
+"%" (run-level relative change, +5.0 = 5 % higher), "pt" (accuracy points) or the metric's own
+unit (deterministic rows: the exact difference).
 """
 
 from __future__ import annotations
@@ -18,31 +17,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from patchbench import records
 from patchbench.runfolder import RunFolderError, SchemaTooNew, why_invalid
+from patchbench.runfolder.models import PatchHash
 
 COMPARISON_SCHEMA = 2
 
 
-class CompareSettings(BaseModel):
-    """The ``compare:`` section of a config (all keys optional).
-
-    confidence: family confidence of each variant's primary metrics (Holm-adjusted across them)
-    and raw confidence of every secondary interval (0.95).
-    min_repeats: paired repeats a run-level verdict needs (3); fewer give ``inconclusive``.
-    margins: practical-equivalence margin per metric, overriding the suite's declaration
-    (``{"output_throughput_tok_s": 3.0}`` or ``{"serving.output_throughput_tok_s": 3.0}``;
-    percent for run-level metrics, points for accuracy).
-    bootstrap_resamples / bootstrap_method / seed: settings of the descriptive within-cell
-    (request-level) intervals that suites' pair hooks may compute; the seed makes them
-    reproducible.
-    within_cell_intervals: let suites show request-level intervals inside one cell (labelled
-    descriptive, never a verdict) (True).
-    identity_share_tolerance / retokenized_change_share: read by suites' output-identity checks.
-    assumed_cv: the run-to-run noise the config assumes, as a coefficient of variation in percent
-    per run-level metric (keys as in ``margins``); an A/A variant's measured noise is shown next
-    to it.
-    """
-
+class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class CompareSettings(_Model):
+    """The ``compare:`` section of a config: ``confidence`` of the primaries' family and of each
+    secondary interval; ``min_repeats`` a run-level verdict needs; ``margins`` per ``metric`` or
+    ``suite.metric`` (percent, accuracy points); ``bootstrap_*``, ``seed``,
+    ``within_cell_intervals``, ``identity_share_tolerance``, ``retokenized_change_share``: read by
+    the suites' pair hooks; ``assumed_cv`` (percent) per metric, shown beside the A/A noise."""
 
     confidence: float = Field(0.95, gt=0.5, lt=1.0)
     min_repeats: int = Field(3, ge=2)
@@ -56,43 +45,23 @@ class CompareSettings(BaseModel):
     assumed_cv: dict[str, float] = Field(default_factory=dict)
 
     def margin_for(self, suite: str, metric: str, default: float | None) -> float | None:
-        """The margin of ``suite.metric``: ``margins["suite.metric"]``, else ``margins[metric]``,
-        else the suite's declared ``default``."""
+        """``margins["suite.metric"]``, else ``margins[metric]``, else ``default``."""
         for key in (f"{suite}.{metric}", metric):
             if key in self.margins:
                 return float(self.margins[key])
         return default
 
 
-class Row(BaseModel):
-    """One (suite, metric, variant) comparison.
+class Row(_Model):
+    """One (suite, metric, variant) comparison (docs/CONTRACTS.md, "compare.json").
 
-    baseline_repeats / variant_repeats: the metric per repeat (None where the cell is not ok);
-    baseline_value / variant_value: the values shown, from the estimator of the change: run rows
-    the geometric mean of each arm over the paired repeats (their ratio is 1 + change / 100),
-    accuracy the mean correctness over the paired questions, other rows (and run rows without
-    a paired repeat or with a value <= 0) the median over repeats;
-    paired_repeats: the repeat numbers k whose (baseline, variant) pair fed the row's test;
-    log_ratio_sd: sample standard deviation (n - 1) of the paired log ratios (run rows with at
-    least 2 pairs; natural-log units, 0.05 ~ 5 %);
-    outlier_repeats: paired repeats whose log ratio is an outlier by
-    :data:`patchbench.analysis.build.OUTLIER_RULE` (descriptive; never changes a verdict);
-    change / low / high: the change and its interval at ``confidence`` (the level the verdict
-    used: Holm-adjusted for primaries) in ``change_unit``; p_value: two-sided p of "no change";
-    margin: practical-equivalence margin in ``change_unit`` (None: no equivalence verdict);
-    within_margin: the interval lies inside +-margin (a significant change may still be within);
-    descriptive: request-level interval inside one cell from the suite's pair hook
-    ({"change_pct", "low_pct", "high_pct", "method"}), never a verdict.
-    baseline_bound / variant_bound: "lower" / "upper" when that arm's value is only a bound of
-    the true value (the suite said so; deterministic rows), None when exact.
-    exact_by: a deterministic row shown exact: "repeats" (every arm measured at least twice, no
-    spread) or the test the suite names (``MetricInfo.deterministic_by``); None: not shown exact
-    (one measurement in an arm).
-    decided_after: a sequential design's primaries: the rounds after which its rule decided
-    (None: not decided by the rule, or a fixed design).
+    *_repeats: the value per repeat (None: cell not ok); *_value: the values shown (run rows:
+    each arm's geometric mean over the paired repeats, their ratio 1 + change / 100; accuracy:
+    the mean correctness; others: the median); *_bound: "lower" / "upper" for a bound;
+    log_ratio_sd: sample sd of the paired log ratios; change / low / high: in ``change_unit`` at
+    ``confidence``, the level the verdict used; margin: in ``change_unit`` (None: none);
+    exact_by: why a count is shown exact; decided_after: the sequential rule's rounds.
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     suite: str
     metric: str
@@ -131,29 +100,21 @@ class Row(BaseModel):
     descriptive: dict[str, Any] | None = None
     notes: list[str] = Field(default_factory=list)
 
+    def name(self) -> str:
+        """The label (else the metric) without its trailing colon."""
+        return (self.label or self.metric).rstrip(":").strip()
+
     def short_label(self) -> str:
-        """The label without its parenthetical or trailing qualifier (the metric name without a
-        label): "Output token throughput (tok/s)" -> "Output token throughput", "host syncs per
-        call (device-to-host reads + ...), summed over batch sizes" -> "host syncs per call"."""
-        name = (self.label or self.metric).rstrip(":").strip()
+        """:meth:`name` without its parenthetical or trailing qualifier: "Output token
+        throughput (tok/s)" -> "Output token throughput"."""
+        name = self.name()
         return re.split(r" \(|, ", name, maxsplit=1)[0].strip() or name
 
 
-class DesignSummary(BaseModel):
-    """How the primaries were decided (:func:`patchbench.analysis.family.primary_family` and the design).
-
-    kind: "fixed" (every planned round, Holm over the family) or "sequential" (the
-    group-sequential rule of :mod:`patchbench.analysis.sequential`, replayed on the rounds on disk);
-    alpha: two-sided error per report; family: the primaries it covers (every primary of every
-    non-A/A variant tested with a sampling error; incomplete ones included); split: how alpha is
-    shared over them, in words. Sequential: looks (rounds), boundary, stopped_after (the rounds
-    after which the rule stopped; None: it had not), stop_reason. rounds: the complete rounds
-    the rule used; planned: the rounds the config plans (fixed) or its maximum (sequential).
-    partial: why the run gives no decisive verdict (None: it is finished); resume: the command
-    that continues it.
-    """
-
-    model_config = ConfigDict(extra="forbid")
+class DesignSummary(_Model):
+    """How the primaries were decided: "fixed" (Holm) or "sequential", ``alpha`` two-sided per
+    report over ``family`` primaries, ``split`` in words, the sequential looks and stop, the
+    ``rounds`` used and ``planned``; ``partial``: why no verdict is decisive, ``resume``: how on."""
 
     kind: Literal["fixed", "sequential"] = "fixed"
     alpha: float = 0.05
@@ -169,13 +130,10 @@ class DesignSummary(BaseModel):
     resume: str | None = None
 
 
-class AANoise(BaseModel):
-    """The run-to-run noise an A/A variant measured on one run-level primary: ``cv_pct`` the
-    coefficient of variation of one run (percent: the sd of the paired log ratios over sqrt 2),
-    ``low_pct`` / ``high_pct`` its 95 % chi-square interval, ``n`` the pairs, ``assumed_pct`` the
-    config's ``compare.assumed_cv`` for the metric (None: not stated)."""
-
-    model_config = ConfigDict(extra="forbid")
+class AANoise(_Model):
+    """An A/A variant's run-to-run noise on one run-level primary: ``cv_pct`` (the sd of the
+    paired log ratios over sqrt 2, percent) with its 95 % chi-square interval, ``n`` pairs,
+    ``assumed_pct`` the config's ``compare.assumed_cv`` (None: not stated)."""
 
     variant: str
     suite: str
@@ -188,14 +146,10 @@ class AANoise(BaseModel):
     assumed_pct: float | None = None
 
 
-class Drift(BaseModel):
-    """A trend of the baseline arm's values across rounds for one run-level primary (the log
-    value on the round index, least-squares slope with its t test at ``alpha``):
-    ``slope_pct`` the change per round in percent (``100 (exp(slope) - 1)``), ``low_pct`` /
-    ``high_pct`` its 95 % interval, ``p`` the two-sided p-value, ``n`` the rounds, ``found``
-    p < alpha."""
-
-    model_config = ConfigDict(extra="forbid")
+class Drift(_Model):
+    """The baseline's trend across rounds on one run-level primary (log value on the round
+    index): ``slope_pct`` per round with its 95 % interval, two-sided ``p``, ``n`` rounds,
+    ``found`` = p < ``alpha``."""
 
     suite: str
     metric: str
@@ -209,12 +163,9 @@ class Drift(BaseModel):
     found: bool = False
 
 
-class Health(BaseModel):
+class Health(_Model):
     """The A/A variants as a measurement: ``noise`` per A/A primary; ``ok`` False when an A/A
-    primary came out improved or regressed (which happens by chance in about alpha of healthy
-    runs); no verdict is ever changed by it (``notes`` say what was seen)."""
-
-    model_config = ConfigDict(extra="forbid")
+    primary came out improved or regressed (``notes`` say so; no verdict changes)."""
 
     ok: bool = True
     aa_variants: list[str] = Field(default_factory=list)
@@ -222,25 +173,63 @@ class Health(BaseModel):
     noise: list[AANoise] = Field(default_factory=list)
 
 
-class Comparison(BaseModel):
-    """``RUN/compare.json``: every variant of one run against its baseline.
+class VariantInfo(_Model):
+    """What a variant ran: its patches with their sha256, server arguments, environment, its
+    build's description (None: the config's release) and whether that build is a checkout or
+    wheel (then "no patches" is not the stock release)."""
 
-    rows: see :class:`Row`; pairs: {suite: {variant: what the suite's pair hook returned}};
-    refusals: {suite: {variant: reason}} where a suite refused to pair (the report shows the
-    reason instead of numbers); cells: [{"variant", "repeat", "status", "error", "suites",
-    "cell_kind", "instrumented"}] (the timed cells); schedule: [{"variant", "repeat",
-    "position", "status"}] (the timed cells in the order they ran); cell_warnings: {suite:
-    {variant: ["rep<k>: line"]}}; methods: the methods used with their sources;
-    correctness_cells: [{"variant", "dir", "status", "error", "suites", "instrumented",
-    "instrumentation"}] (the untimed correctness cells that ran); suite_rounds: {suite: the
-    timed rounds it ran in, or "correctness" for a suite that runs only in correctness cells};
-    design: :class:`DesignSummary` (the rule that decided the primaries, and whether the run is
-    finished); drift: :class:`Drift` per run-level primary (the baseline's trend across rounds);
-    order / unbalanced_reason: the schedule's order of a round and, when it is the unbalanced
-    "sequential", the config's reason.
+    patches: list[PatchHash] = Field(default_factory=list)
+    server_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    build: str | None = None
+    from_source: bool = False
+
+
+class RunInfo(_Model):
+    """The run as the report's header shows it (from the manifest): config name, model (``tiny``:
+    random weights), sglang release, GPU model(s) (None: none), patchbench commit, UTC start and
+    end, and each variant's :class:`VariantInfo`."""
+
+    name: str = ""
+    model: str = "?"
+    tiny: bool = False
+    sglang: str = "?"
+    gpu: str | None = None
+    commit: str = "?"
+    started_at: str | None = None
+    ended_at: str | None = None
+    variants: dict[str, VariantInfo] = Field(default_factory=dict)
+
+
+class FailedCell(_Model):
+    """A cell (timed or correctness) that failed, ended incomplete or was interrupted:
+    ``cell`` "variant/rep1", its status and reason (its error, each incomplete suite's first)."""
+
+    cell: str
+    status: str
+    reason: str
+
+
+class Affected(_Model):
+    """A primary metric that failed cells affect: of ``variant``, the ``cells`` of its suite that
+    failed; ``no_value`` when no row of it could be built."""
+
+    variant: str
+    suite: str
+    metric: str
+    cells: list[str] = Field(default_factory=list)
+    no_value: bool = False
+
+
+class Comparison(_Model):
+    """``RUN/compare.json``: every variant of one run against its baseline (docs/CONTRACTS.md).
+
+    pairs / refusals: {suite: {variant: the pair hook's dict / why it refused}}; cells: the timed
+    cells [{"variant", "repeat", "status", "error", "suites", "cell_kind", "instrumented", "gpu"
+    (GPU flags, None: not sampled), "server_log" ({suite: retractions and OOM events})}];
+    schedule: the timed cells in the order they ran; cell_warnings: {suite: {variant: lines}};
+    methods: {method: its source}; suite_rounds: {suite: rounds or "correctness"}.
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     schema_version: int = COMPARISON_SCHEMA
     run_id: str = ""
@@ -265,6 +254,9 @@ class Comparison(BaseModel):
     notes: list[str] = Field(default_factory=list)
     correctness_cells: list[dict[str, Any]] = Field(default_factory=list)
     suite_rounds: dict[str, list[int] | str] = Field(default_factory=dict)
+    run: RunInfo = Field(default_factory=RunInfo)
+    failed_cells: list[FailedCell] = Field(default_factory=list)
+    affected: list[Affected] = Field(default_factory=list)
 
     def rows_for(
         self, variant: str | None = None, *, primary: bool | None = None, suite: str | None = None
@@ -292,12 +284,9 @@ def write_comparison(run_dir: str | os.PathLike, cmp: Comparison) -> Path:
 
 
 def read_comparison(path: str | os.PathLike) -> Comparison:
-    """Read ``compare.json`` (``path``: the run folder or the file).
-
-    Raises SchemaTooNew for a newer schema, RunFolderError for a missing / unreadable file, one
-    that does not have the shape of :class:`Comparison` (every key declared), or a compare.json
-    of schema 1 (written before the typed comparison; re-run ``patchbench report`` to rebuild it
-    from the run folder)."""
+    """Read ``compare.json`` (``path``: the run folder or the file). Raises SchemaTooNew for a
+    newer schema, RunFolderError for a missing or unreadable file, one without the shape of
+    :class:`Comparison`, or schema 1 (rebuild it with ``patchbench report RUN_DIR``)."""
     p = Path(path)
     p = p / "compare.json" if p.is_dir() else p
     try:

@@ -1,11 +1,6 @@
-"""The report's family of primaries and the design that decides them.
-
-One family per report (:func:`primary_family`: every tested primary of every non-A/A variant);
-each row's verdict from its test (:func:`judge`), at a Holm-adjusted level under a fixed design
-(:func:`holm_levels`, :func:`fixed_finished`) or by the group-sequential rule replayed on the
-run's rows (:func:`sequential_decision`, :func:`sequential_verdicts`). Used by
-:mod:`patchbench.analysis.build`, which builds the rows; names no suite.
-"""
+"""The report's one family of primaries and the design that decides it: each row's verdict
+from its test (:func:`judge`) at a Holm-adjusted level (fixed design) or by the group-sequential
+rule replayed on the run's rows (:func:`sequential_verdicts`)."""
 
 from __future__ import annotations
 
@@ -31,15 +26,9 @@ Tested = list[tuple[Row, "verdicts.Test | None"]]
 
 
 def primary_family(tested: Tested, aa_variants: list[str]) -> Tested:
-    """The report's family of primaries, in row order: every primary of every variant but the
-    A/A ones whose kind is tested with a sampling error (:data:`FAMILY_KINDS`). Incomplete and
-    untestable members keep their place (they count in the family with p = 1 and are never
-    rejected), so a missing value never gives the others a laxer level. Deterministic primaries
-    are compared exactly (no sampling error to control); A/A variants are measurements
-    (docs/design.md). Both designs take their family from here: Holm over it for a fixed design
-    (:func:`holm_levels`), the group-sequential Holm shares for a sequential one
-    (:func:`sequential_decision`). Add a kind of primary here to put it under the report's
-    alpha."""
+    """The family, in row order: every primary of a :data:`FAMILY_KINDS` kind of every non-A/A
+    variant. Incomplete and untestable members count with p = 1, so a missing value never gives
+    the others a laxer level; counts are exact and A/A variants are measurements."""
     aa = set(aa_variants)
     return [
         (r, t) for r, t in tested if r.primary and r.variant not in aa and r.kind in FAMILY_KINDS
@@ -54,8 +43,7 @@ def _p_in_family(row: Row, test: verdicts.Test | None) -> float:
 
 
 def holm_levels(family: Tested, alpha: float) -> None:
-    """Set the confidence of each tested member of the family (:func:`primary_family`) to the
-    Holm-adjusted level its verdict uses: one family per report at level ``1 - alpha``."""
+    """Set each tested member's confidence to its Holm-adjusted level (family level 1 - alpha)."""
     _, used = verdicts.holm_alphas([_p_in_family(r, t) for r, t in family], alpha)
     for (r, t), a in zip(family, used, strict=True):
         if t is not None and t.p is not None:
@@ -63,8 +51,7 @@ def holm_levels(family: Tested, alpha: float) -> None:
 
 
 def _equivalent(row: Row, test: verdicts.Test, alpha: float) -> bool | None:
-    """Whether the row's change is practically nil: exactly for a deterministic row, by TOST
-    within ``row.margin`` otherwise (None: no margin, no equivalence verdict)."""
+    """Exactly nil for a count, else TOST within ``row.margin`` (None: no margin)."""
     if row.kind == "deterministic":
         return test.interval(alpha) == (0, 0)
     if row.margin is None:
@@ -83,9 +70,8 @@ def _equivalent(row: Row, test: verdicts.Test, alpha: float) -> bool | None:
 
 
 def judge(row: Row, test: verdicts.Test | None, confidence: float) -> None:
-    """Set the row's p value, change, interval and verdict from its test, at its own confidence
-    (Holm-adjusted for primaries) or ``confidence``. Without a test, a p value or a direction
-    the row is "inconclusive"; an "incomplete" row keeps that verdict."""
+    """Set the row's p, change, interval and verdict from its test at its own confidence (else
+    ``confidence``): "inconclusive" without a test, p or direction; "incomplete" stays."""
     if row.confidence is None:
         row.confidence = confidence
     a = 1 - row.confidence
@@ -134,9 +120,8 @@ def _resume_cmd(data: RunData) -> str:
 
 
 def design_of(data: RunData, s: CompareSettings) -> tuple[DesignSummary, Any]:
-    """(the design summary, the patchbench.analysis.sequential.Design of a sequential schedule or None)
-    from the run's config (``schedule.repeats``: a count or ``{min, max, step}``) and the
-    confidence of ``s`` (alpha per report)."""
+    """(the design summary, the sequential Design or None for a fixed one) from the config's
+    ``schedule.repeats`` and ``s.confidence``."""
     from patchbench.runfolder.models import SequentialSnapshot
 
     cfg = data.manifest.config
@@ -167,9 +152,8 @@ def _partial_rows(cmp: Comparison, family: Tested, why: str) -> None:
 
 
 def fixed_finished(data: RunData, cmp: Comparison, family: Tested) -> None:
-    """A fixed design is finished when every planned round's timed cells exist (a failed cell is
-    finished: its rows are incomplete); else the run is partial and its family decides
-    nothing."""
+    """A fixed design is partial (its family decides nothing) until every planned round's timed
+    cells exist (a failed cell exists)."""
     d = cmp.design
     d.split = (
         f"Holm (1979) step-down over the {d.family} primaries of the non-A/A variants "
@@ -205,9 +189,8 @@ def _grows(data: RunData, row: Row) -> bool:
 
 
 def withheld(data: RunData, row: Row) -> bool:
-    """Whether a value of the row is missing because its suite left it out on purpose in that
-    cell (:meth:`RunData.not_judged`, e.g. a load sweep's point the client did not deliver): the
-    row is never judged ("incomplete") and never holds a sequential run open or stops it."""
+    """Whether the suite left a value of the row out on purpose (:meth:`RunData.not_judged`):
+    such a row is incomplete and never holds a sequential run open."""
     arms = ((data.baseline, row.baseline_repeats), (row.variant, row.variant_repeats))
     return any(
         x is None and data.not_judged(v, k, row.suite, row.metric)
@@ -221,9 +204,8 @@ def _key(row: Row) -> tuple[str, str]:
 
 
 def _series(data: RunData, tested: Tested) -> tuple[dict[tuple[str, str], list[float]], int]:
-    """({key: log ratios per round} of the run-level primaries that grow with the looks, of every
-    variant A/A included; the number of leading rounds in which every one of them pairs). A
-    :func:`withheld` row does not grow: it is a one-look member of the family with p = 1."""
+    """({key: log ratios per round} of the primaries that grow with the looks, A/A included; the
+    leading rounds in which all of them pair). A :func:`withheld` row does not grow."""
     out: dict[tuple[str, str], list[float]] = {}
     complete = data.repeats
     for r, _ in tested:
@@ -240,19 +222,12 @@ def _series(data: RunData, tested: Tested) -> tuple[dict[tuple[str, str], list[f
 
 
 def sequential_decision(
-    data: RunData,
-    tested: Tested,
-    design: Any,
-    upto: int | None = None,
+    data: RunData, tested: Tested, design: Any, upto: int | None = None
 ) -> tuple[Any, dict[tuple[str, str], list[float]], int]:
-    """The sequential rule (patchbench.analysis.sequential.replay) on a run's rows: the family of
-    :func:`primary_family` (run-level primaries measured every round grow with the looks; the
-    others, e.g. accuracy, are one-look tests of the family, an incomplete one with p = 1),
-    the A/A variants' growing primaries as controls (measured, never in the family).
-
-    upto: the last look to use (the runner's look; None: every look the complete rounds reach).
-    Returns (the LookDecision, or None when the complete rounds do not reach the first look;
-    {key: log ratios}; the complete rounds). Keys are (variant, "suite.metric")."""
+    """:func:`patchbench.analysis.sequential.replay` on the run's rows: the growing primaries of
+    the family, the others as one-look tests, the A/A variants' as controls. ``upto``: the last
+    look (None: every look the complete rounds reach). Returns (the LookDecision or None before
+    the first look, {(variant, "suite.metric"): log ratios}, the complete rounds)."""
     from patchbench.analysis.sequential import FixedTest, replay
 
     series, complete = _series(data, tested)
@@ -289,19 +264,14 @@ def sequential_decision(
     if n < design.looks[0]:
         return None, series, complete
     dec = replay(
-        ratios,
-        margins,
-        design=design,
-        better=better,
-        controls=data.aa_variants,
-        fixed=fixed,
+        ratios, margins, design=design, better=better, controls=data.aa_variants, fixed=fixed
     )
     return dec, series, complete
 
 
 def sequential_verdicts(data: RunData, cmp: Comparison, tested: Tested, design: Any) -> None:
-    """Set the primaries' verdicts, intervals and levels from the sequential rule
-    (:func:`sequential_decision`); the run is partial when the rule had not stopped."""
+    """The primaries' verdicts, intervals and levels from :func:`sequential_decision`; the run
+    is partial when the rule had not stopped."""
     from patchbench import stats
 
     d = cmp.design
@@ -358,7 +328,7 @@ def sequential_verdicts(data: RunData, cmp: Comparison, tested: Tested, design: 
         r.decided_after = design.looks[md.look] if v and md.look is not None else None
         r.within_margin = False
         if v in ("improved", "regressed") and r.margin is not None and t is not None:
-            lo_b, hi_b = verdicts._margin_bounds(t, r.margin)
+            lo_b, hi_b = verdicts.margin_bounds(t, r.margin)
             r.within_margin = lo_b < r.low / 100.0 and r.high / 100.0 < hi_b
     if d.partial:
         _partial_rows(cmp, family, d.partial)

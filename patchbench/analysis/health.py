@@ -1,33 +1,40 @@
-"""The run's health beside its verdicts: baseline drift, A/A noise, cells and schedule.
-
-Filled into a :class:`~patchbench.analysis.comparison.Comparison` whose rows are judged already
-(:func:`patchbench.analysis.build.build_comparison` calls these in order): :func:`check_drift` (a
-trend of the baseline across rounds; under an unbalanced schedule it makes verdicts
-inconclusive), :func:`aa_noise` (the A/A variants as a measurement of run-to-run noise),
-:func:`cell_statuses`, :func:`correctness_cells` and :func:`schedule_of` (what ran, in which
-order, with what warnings).
+"""What ran and how healthy it was, beside the verdicts: the baseline's drift, the A/A noise,
+the cells (status, warnings, GPU flags, server-log events), the schedule, what failed, and the
+run as the report's header shows it. Filled into a judged
+:class:`~patchbench.analysis.comparison.Comparison` by :func:`patchbench.analysis.build.build_comparison`.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from pathlib import Path
 from typing import Any
 
-from patchbench.analysis.comparison import AANoise, Comparison, Drift, Health
-from patchbench.analysis.rundata import RunData
+from patchbench import runfolder
+from patchbench.analysis.comparison import (
+    AANoise,
+    Affected,
+    Comparison,
+    Drift,
+    FailedCell,
+    Health,
+    RunInfo,
+    VariantInfo,
+)
+from patchbench.analysis.rundata import RunData, variant_parts
+from patchbench.runfolder.models import PatchHash
 
 #: the level of the drift test (a trend of the baseline's values across rounds)
 DRIFT_ALPHA = 0.01
 
 
 def check_drift(data: RunData, cmp: Comparison) -> None:
-    """Test the baseline arm's values of every run-level primary for a linear trend across rounds
+    """Test the baseline's values of every run-level primary for a trend across rounds
     (:func:`patchbench.stats.trend_t` of the log value on the round index, at
-    :data:`DRIFT_ALPHA`) into ``cmp.drift``. Under an unbalanced schedule (``order:
-    sequential``: each round runs the arms in the same order, so a drift biases the later ones)
-    a drift found makes that metric's decided verdicts inconclusive; an interleaved schedule
-    balances it and no verdict changes."""
+    :data:`DRIFT_ALPHA`) into ``cmp.drift``. Under ``order: sequential`` (each round runs the
+    arms in the same order, so a drift biases the later ones) a drift found makes that metric's
+    decided verdicts inconclusive; an interleaved schedule balances it."""
     from patchbench import stats
 
     cfg = data.manifest.config
@@ -78,12 +85,10 @@ def check_drift(data: RunData, cmp: Comparison) -> None:
 
 
 def aa_noise(cmp: Comparison) -> None:
-    """The A/A variants as a measurement: the run-to-run noise of each run-level primary (the sd
-    of the paired log ratios A/A / baseline over sqrt 2, a per-run coefficient of variation, with
-    its chi-square interval, :func:`patchbench.stats.sd_interval`) next to the config's
-    ``compare.assumed_cv``. A/A rows are measurements, never improved or regressed (as in the
-    sequential rule, where they are controls): a difference beyond an A/A interval is noted in
-    ``cmp.health`` and the row says it; no other verdict is changed."""
+    """The A/A variants as a measurement: each run-level primary's run-to-run CV (the sd of the
+    paired log ratios over sqrt 2, chi-square interval: :func:`patchbench.stats.sd_interval`)
+    beside ``compare.assumed_cv``. An A/A row is never improved or regressed: one that came out
+    so is noted in ``cmp.health`` and made inconclusive; no other verdict changes."""
     from patchbench import stats
 
     cmp.health = Health(aa_variants=cmp.aa_variants)
@@ -131,9 +136,28 @@ def aa_noise(cmp: Comparison) -> None:
         r.verdict, r.within_margin = "inconclusive", False
 
 
+def _server_log(data: RunData, v: str, k: int) -> dict[str, dict[str, Any]]:
+    """{suite: its server-log scan} of the timed cell (v, k) where the server logged
+    retractions or out-of-memory events (the summary's ``meta.server_log_scan``)."""
+    from patchbench.run import logscan
+
+    out = {}
+    for suite in data.suites:
+        sm = data.summaries.get((v, k, suite)) if suite not in data.correctness_only else None
+        scan = logscan.scan_of(sm.meta) if sm is not None else None
+        if scan is not None and (scan.retractions_count or scan.oom_count):
+            out[suite] = {
+                "retractions": scan.retractions_count,
+                "retracted_requests": scan.retracted_requests_count,
+                "oom": scan.oom_count,
+                "first": (scan.first_lines or [""])[0],
+            }
+    return out
+
+
 def cell_statuses(data: RunData, cmp: Comparison) -> None:
-    """``cmp.cells``: each timed cell's status and its suites' (variant order, then repeat), and
-    ``cmp.cell_warnings``: each suite's warnings, errors and missing summaries per cell."""
+    """``cmp.cells`` (variant order, then repeat) and ``cmp.cell_warnings``: each suite's
+    warnings, errors and missing summaries per cell."""
     vorder = {v: i for i, v in enumerate(data.variants)}
     for (v, k), c in sorted(data.cells.items(), key=lambda x: (vorder[x[0][0]], x[0][1])):
         here = [x for x in data.suites if x not in data.correctness_only and k in data.rounds_of(x)]
@@ -149,6 +173,8 @@ def cell_statuses(data: RunData, cmp: Comparison) -> None:
                 },
                 "cell_kind": c.cell_kind if c else None,
                 "instrumented": c.instrumented if c else False,
+                "gpu": list(c.gpu.flags) if c is not None and c.gpu is not None else None,
+                "server_log": _server_log(data, v, k),
             }
         )
         for x in here:
@@ -165,7 +191,7 @@ def cell_statuses(data: RunData, cmp: Comparison) -> None:
 
 
 def correctness_cells(data: RunData) -> list[dict[str, Any]]:
-    """The untimed correctness cells that ran (instrumented and untimed suites)."""
+    """The untimed correctness cells that ran."""
     return [
         {
             "variant": v,
@@ -182,19 +208,86 @@ def correctness_cells(data: RunData) -> list[dict[str, Any]]:
 
 
 def schedule_of(data: RunData) -> list[dict[str, Any]]:
-    """The timed cells in the order the manifest lists them (the order they ran), with their
-    status."""
+    """The timed cells in the order the manifest lists them (the order they ran)."""
     out = []
     for pos, c in enumerate(data.manifest.cells):
         if c.cell_kind == "correctness":
             continue
         key = (c.variant, c.repeat)
-        out.append(
-            {
-                "variant": key[0],
-                "repeat": key[1],
-                "position": pos,
-                "status": data.cell_status(*key) if key in data.cells else c.status,
-            }
-        )
+        status = data.cell_status(*key) if key in data.cells else c.status
+        out.append({"variant": key[0], "repeat": key[1], "position": pos, "status": status})
     return out
+
+
+def failures(data: RunData, cmp: Comparison, primaries: dict[str, set[str]]) -> None:
+    """``cmp.failed_cells``: every cell that failed, ended incomplete or was interrupted, with its
+    reason; ``cmp.affected``: each primary (``primaries``: {suite: declared primaries}, plus the
+    primary rows) of each variant those cells touch (every variant for a baseline cell)."""
+    hit: dict[tuple[str, str], list[str]] = {}  # (variant, suite) -> cells
+    for c in data.manifest.cells:
+        if c.status not in ("failed", "incomplete", "interrupted"):
+            continue
+        label = f"{c.variant}/{Path(c.dir).name or c.repeat}"
+        reasons = [c.error] if c.error else []
+        for suite, st in c.suites.items():
+            if st not in ("failed", "incomplete"):
+                continue
+            hit.setdefault((c.variant, suite), []).append(label)
+            try:
+                summ = runfolder.read_summary(data.run_dir / c.dir / suite)
+            except Exception:  # noqa: BLE001 - the reason is a courtesy; the status is shown
+                summ = None
+            if summ is not None and summ.errors and not (c.error and c.error in summ.errors[0]):
+                reasons.append(f"{suite}: {summ.errors[0].splitlines()[0]}")
+        text = "; ".join(r.splitlines()[0][:300] for r in reasons) or "(no reason recorded)"
+        cmp.failed_cells.append(FailedCell(cell=label, status=c.status, reason=text))
+    rows = {(r.variant, r.suite, r.metric) for r in cmp.rows if r.primary}
+    for (variant, suite), cells in hit.items():
+        names = primaries.get(suite, set()) | {m for (_v, s, m) in rows if s == suite}
+        for m in sorted(names):
+            for v in cmp.variants if variant == data.baseline else [variant]:
+                no_value = (v, suite, m) not in rows
+                cmp.affected.append(
+                    Affected(variant=v, suite=suite, metric=m, cells=cells, no_value=no_value)
+                )
+
+
+def _gpu_name(gpu: runfolder.models.HostGpus | None) -> str | None:
+    """ "NAME", "NAME xN" for N equal GPUs, or the names; None without a GPU."""
+    if gpu is None:
+        return None
+    names = [g.name or "?" for g in gpu.gpus]
+    if not names:
+        return "?"
+    if len(set(names)) == 1:
+        return names[0] + (f" x{len(names)}" if len(names) > 1 else "")
+    return ", ".join(names)
+
+
+def run_info(data: RunData, run_id: str) -> RunInfo:
+    """The run as the report's header shows it, from the manifest."""
+    man = data.manifest
+    cfg = man.config
+    ref = cfg.model if cfg is not None else None
+    raw = cfg.variants_json() if cfg is not None else {}
+    info = RunInfo(
+        name=(cfg.name if cfg is not None else "") or run_id,
+        model=(ref.path if ref is not None else None) or man.model or "?",
+        tiny=bool(ref is not None and ref.tiny),
+        sglang=man.sglang_version or (cfg.sglang if cfg is not None else None) or "?",
+        gpu=_gpu_name(man.gpu),
+        commit=(man.git_sha or "?")[:12],
+        started_at=man.started_at,
+        ended_at=man.ended_at,
+    )
+    for v in data.variants:
+        pats, args, env = variant_parts(raw.get(v))
+        build = man.builds.get(v) or {}
+        info.variants[v] = VariantInfo(
+            patches=man.patches.get(v) or [PatchHash(name=p) for p in pats],
+            server_args=args,
+            env=env,
+            build=build.get("describe", "?") if v in man.builds else None,
+            from_source=build.get("kind") in ("git", "wheel"),
+        )
+    return info

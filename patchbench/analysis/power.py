@@ -89,17 +89,21 @@ def n_needed(
     """The fewest pairs n (``floor`` <= n <= ``cap``) whose power reaches ``target``: to show
     ``effect`` (:func:`power`) or, with ``margin``, equivalence within it (:func:`tost_power`);
     power grows with n, so a doubling search then bisection. None when ``cap`` pairs do not
-    reach it (e.g. ``effect`` 0 without a margin, or ``|effect|`` at or past the margin)."""
+    reach it, or when it cannot happen (``effect`` 0 without a margin, or ``|effect|`` at or
+    past the margin); ``floor`` when ``sd`` is 0."""
     floor = max(floor, 2 if dist == "t" else 1)
+    impossible = effect == 0 if margin is None else abs(effect) >= margin
+    if impossible:
+        return None
+    if sd == 0:
+        return floor  # no noise: the smallest sample decides
     if margin is None:
-        if effect == 0 or not math.isfinite(effect / sd):
+        if not math.isfinite(effect / sd):
             return None
 
         def ok(n: int) -> bool:
             return power(n, effect, sd, alpha, alternative=alternative, dist=dist) >= target
     else:
-        if abs(effect) >= margin:
-            return None
 
         def ok(n: int) -> bool:
             return tost_power(n, effect, margin, sd, alpha, dist=dist) >= target

@@ -1,9 +1,5 @@
-"""A run folder read for the analysis: :class:`RunData` (manifest, cells, suite summaries, the
-rounds each suite ran in, the A/A variants), read only through :mod:`patchbench.runfolder`.
-
-:mod:`patchbench.analysis.build` builds the comparison from it; ``bench``'s sequential looks and
-``patchbench compare RUN_A RUN_B`` (:mod:`patchbench.analysis.two_runs`) read their numbers through it.
-"""
+"""A run folder read for the analysis (:class:`RunData`: manifest, cells, suite summaries, the
+rounds each suite ran in, the A/A variants), through :mod:`patchbench.runfolder` only."""
 
 from __future__ import annotations
 
@@ -73,9 +69,8 @@ class RunData:
         return None if x is None or not math.isfinite(x) else float(x)
 
     def not_judged(self, v: str, k: int, suite: str, metric: str) -> str | None:
-        """Why the suite left ``metric`` out of this cell on purpose (its summary's
-        ``meta.not_judged``, e.g. a load sweep's point whose client did not deliver the load
-        asked), None when it did not: such a missing value is descriptive, not a failure."""
+        """Why the suite left ``metric`` out of this cell on purpose (``meta.not_judged``, e.g. a
+        load the client did not deliver); None when it did not."""
         s = self.summaries.get((v, k, suite))
         if s is None or s.status != "ok":
             return None
@@ -83,8 +78,7 @@ class RunData:
         return str(why) if why else None
 
     def bound(self, v: str, k: int, suite: str, metric: str) -> str | None:
-        """ "lower" / "upper" when the suite marked the value as only a bound of the true value
-        (``SuiteSummary.bounds``), None when exact or absent."""
+        """ "lower" / "upper" when the summary marks the value a bound; None when exact."""
         s = self.summaries.get((v, k, suite))
         return None if s is None else s.bounds.get(metric)
 
@@ -101,8 +95,7 @@ def _patch_label(p: object) -> str:
 
 
 def variant_parts(raw: object) -> tuple[list[str], list[str], dict[str, str]]:
-    """A variant as written in the manifest's config (a list of patches, or a mapping with
-    ``patches``, ``server_args``, ``env``) as (patch labels, server args, env)."""
+    """A config's variant (a patch list, or a mapping) as (patch labels, server args, env)."""
     if isinstance(raw, dict):
         return (
             [_patch_label(p) for p in raw.get("patches") or []],
@@ -113,8 +106,7 @@ def variant_parts(raw: object) -> tuple[list[str], list[str], dict[str, str]]:
 
 
 def variant_identity(raw: object) -> tuple:
-    """What makes two variants the same run (patches in order, arguments, environment): equal
-    identities mean an A/A pair."""
+    """Patches, arguments and environment: equal identities make an A/A pair."""
     pats, args, env = variant_parts(raw)
     return tuple(pats), tuple(args), tuple(sorted(env.items()))
 
@@ -149,9 +141,8 @@ def read_run(run_dir: str | os.PathLike) -> RunData:
 
 
 def _aa_variants(man: RunManifest, variants: list[str]) -> list[str]:
-    """The A/A variants (``variants[0]`` is the baseline): what bench recorded
-    (``variants[v].aa``), else the same patches, arguments and environment as the baseline in the
-    config's variant mappings (``man.variants`` keeps only the patches)."""
+    """The A/A variants (``variants[0]``: the baseline): as bench recorded them, else those whose
+    config identity equals the baseline's."""
     raw = man.config.variants_json() if man.config is not None else {}
     recorded = man.variant_diffs
     base = variant_identity(raw.get(variants[0], man.variants.get(variants[0])))
@@ -163,8 +154,7 @@ def _aa_variants(man: RunManifest, variants: list[str]) -> list[str]:
 
 
 def _read_cells(data: RunData) -> None:
-    """Fill ``data``'s cells, correctness cells and summaries from its folder (each suite's
-    summary only in the cells it was scheduled in), collecting their notes."""
+    """Fill ``data``'s cells and summaries (a suite's only where it was scheduled) and notes."""
     for v in data.variants:
         corr = data.run_dir / v / "correctness"
         cc = data.corr_cells[v] = runfolder.read_cell(corr, variant=v, repeat=0)
@@ -186,10 +176,8 @@ def _read_cells(data: RunData) -> None:
 def suite_schedule(
     man: RunManifest, suites: list[str], repeats: int
 ) -> tuple[dict[str, list[int]], list[str]]:
-    """({suite: the timed rounds it runs in, below ``repeats``}, [suites that run only in the
-    correctness cells]). Read from the manifest's ``suite_rounds`` (written by ``bench``:
-    round lists, or "correctness"), else from the config's ``suites.<name>.rounds`` and the
-    suite's ``timed`` flag; a suite without either runs in every round."""
+    """({suite: its timed rounds below ``repeats``}, [correctness-only suites]), from the
+    manifest's ``suite_rounds``, else the config's ``suites.<name>.rounds`` and ``Suite.timed``."""
     from patchbench.config.schedule import resolve_rounds
 
     recorded = man.suite_rounds

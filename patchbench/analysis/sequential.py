@@ -1,62 +1,30 @@
-"""Group-sequential repeats: decide after each step of paired repeats whether to stop.
+"""Group-sequential repeats: after each step of paired repeats, decide whether to stop.
 
-A run with ``schedule.repeats: {min: 4, max: 12, step: 2}`` looks at its primary metrics after
-4, 6, 8, 10 and 12 paired repeats (whole interleaved rounds). The primaries of every compared
-variant but the ``controls`` (A/A variants) form ONE family per report: m hypotheses "no change",
-``alpha`` (two-sided) for the chance of any false improved/regressed among them over all looks.
-At each look every primary of the family gets one of these decisions:
+``schedule.repeats: {min: 4, max: 12, step: 2}`` looks after 4, 6, ..., 12 paired repeats. The
+primaries of every variant but the ``controls`` (A/A) form one family per report, ``alpha``
+two-sided over all looks. At each look a primary is:
 
-- ``improved`` / ``regressed``: the paired t-test on the log ratios (variant / baseline, one per
-  repeat) rejects "no change" at the look's nominal level, which comes from a group-sequential
-  boundary for the primary's share of alpha. The shares are Holm step-down shares over the whole
-  family: with r primaries rejected so far (at earlier looks or at this one), every open primary
-  is tested at the boundary for ``alpha / (m - r)``, repeated at the same look while that rejects
-  more (the group-sequential Holm procedure of Ye, Li, Jiang and Wang, "A group sequential Holm
-  procedure with multiple primary endpoints", Statistics in Medicine 32 (2013) 1112-1124; with
-  one boundary for all it is Holm's sorted step-down). A decision, once made, is kept at later
-  looks.
-- ``equivalent``: the two one-sided tests (TOST) against ``+-margin`` both reject at the look's
-  nominal level for ``alpha`` (``equivalence_split="bonferroni"``: for ``alpha / m``), i.e. the
-  ``1 - 2 * level`` interval lies inside ``(-margin, +margin)``.
-- ``futile`` (only with ``Design.futility`` > 0): neither, and even the last look is unlikely to
-  decide it: the conditional power of reaching improved/regressed or equivalent at the last look,
-  computed under the current estimate ("current trend"), is below ``Design.futility``
-  (stochastic curtailment by conditional power: Jennison and Turnbull (2000), chapter 10,
-  section 10.2). It is a non-binding futility stop: the metric no longer holds the run open, but
-  it is looked at again if the run goes on for other metrics (and may still be decided then);
-  the efficacy boundaries are computed without it and are not changed, so the chance of a false
-  improved/regressed of the sequential rule stays at most ``alpha`` (a futility stop only
-  removes chances to cross them). See :func:`conditional_power`. A run that stops with a metric
-  futile reports it ``inconclusive``.
-- ``continue``: none of these, and looks remain. At the last look an undecided metric is
-  ``inconclusive``.
+- ``improved`` / ``regressed``: the paired t test on the log ratios rejects at the look's nominal
+  level of a group-sequential boundary for its Holm share: with r primaries rejected so far,
+  every open one is tested at the boundary for ``alpha / (m - r)``, repeated while that rejects
+  more (Ye, Li, Jiang and Wang, Statistics in Medicine 32 (2013) 1112-1124). Kept at later looks.
+- ``equivalent``: TOST against +-margin at the look's nominal level for ``alpha``
+  (``equivalence_split="bonferroni"``: ``alpha / m``).
+- ``futile`` (``Design.futility`` > 0): the conditional power of deciding it by the last look
+  under the current estimate is below ``futility`` (Jennison and Turnbull 2000, section 10.2);
+  non-binding: it no longer holds the run open, the boundaries are unchanged.
+- ``continue``; at the last look (or once the run stops) ``inconclusive``.
 
-Primaries whose data do not grow with the looks (an accuracy primary whose rounds all ran before
-the first look: :class:`FixedTest`) belong to the same family: such a test has one look, so its
-level is its whole share ``alpha / (m - r)`` at every look (the same data tested again at a
-larger share once others are rejected, as Holm does); they never hold the run open.
+Primaries whose data do not grow with the looks (:class:`FixedTest`, e.g. accuracy) are one-look
+members of the family, tested at their whole share. Controls are measured (equivalent or open),
+never improved or regressed, and never hold the run open.
 
-Controls (A/A variants) are measurements, not members of the family: each of their primaries is
-``equivalent`` (TOST as above) or stays open and ends ``inconclusive``; never improved or
-regressed, and they never hold the run open. The run stops when every primary of the family that
-can gain from more rounds is decided or futile, or at the last look.
-
-Boundaries (:func:`boundary`): the look statistics ``Z_k`` of a mean of independent increments
-have ``corr(Z_j, Z_k) = sqrt(n_j / n_k)`` (j <= k). The constant is the root of
-``P(|Z_k| < b_k for all k) = 1 - alpha``, with ``b_k = c`` (Pocock 1977) or
-``b_k = c * sqrt(n_K / n_k)`` (O'Brien and Fleming 1979), the probability computed by the recursive
-numerical integration of Armitage, McPherson and Rowe (1969) as described in Jennison and Turnbull,
-"Group Sequential Methods with Applications to Clinical Trials" (2000), chapter 19. For K equally
-spaced looks and two-sided alpha = 0.05 this gives their Table 2.1 (Pocock: 2.178, 2.289, 2.361,
-2.413 for K = 2..5) and Table 2.3 (O'Brien-Fleming: 1.977, 2.004, 2.024, 2.040); tests/analysis/test_sequential.py
-checks both and an independent computation with ``scipy.stats.multivariate_normal``.
-The variance is estimated, so a look with n repeats compares the t-statistic's p-value (n - 1
-degrees of freedom) with the nominal level ``2 * (1 - Phi(b_k))`` (the "significance level"
-approach, Jennison and Turnbull section 3.3); tools/calibrate.py measures the resulting
-error rates by simulation.
-
-Everything here is pure (no files, no server). :func:`replay` runs the looks whose repeats exist
-(the runner after each step, the analysis on a run folder: the same decisions).
+Boundaries (:func:`boundary`): ``b_k = c`` (Pocock 1977) or ``c sqrt(n_K / n_k)`` (O'Brien and
+Fleming 1979), c the root of ``P(|Z_k| < b_k for all k) = 1 - alpha`` with
+``corr(Z_j, Z_k) = sqrt(n_j / n_k)``, by the recursive integration of Armitage, McPherson and Rowe
+(1969) (Jennison and Turnbull, chapter 19; tests/analysis/test_sequential.py checks their Tables
+2.1 and 2.3). The variance is estimated: a look compares the t test's p-value with the nominal
+level ``2 (1 - Phi(b_k))`` (Jennison and Turnbull, section 3.3). Everything here is pure.
 """
 
 from __future__ import annotations
@@ -85,16 +53,9 @@ FUTILITY = 0.20
 _GRID = 801  # points per look in the numerical integration (odd: Simpson's rule)
 
 
-# ---------------------------------------------------------------------------------------------
-# boundaries
-
-
 def looks_from_schedule(min_repeats: int, max_repeats: int, step: int) -> tuple[int, ...]:
-    """The repeat counts at which the run looks: ``min, min+step, ..., max`` (max always last).
-
-    Raises ValueError (naming the key) when min < 3 (a run-level verdict needs 3 paired
-    repeats), max < min or step < 1.
-    """
+    """The repeat counts of the looks: ``min, min+step, ..., max`` (max always last). Raises
+    ValueError naming the key for min < 3, max < min or step < 1."""
     if min_repeats < 3:
         raise ValueError(
             f"schedule.repeats.min is {min_repeats}; at least 3 paired repeats are "
@@ -121,13 +82,9 @@ def _simpson_weights(a: float, b: float, m: int) -> tuple[np.ndarray, np.ndarray
 
 
 def continuation_probability(bounds: Sequence[float], info: Sequence[float]) -> float:
-    """P(|Z_k| < bounds[k] for every look k) under no effect.
-
-    info: the information (here: the repeat count) at each look, increasing; Z_k is the
-    standardized mean at look k, ``Z_k = S(info_k) / sqrt(info_k)`` with S a Brownian motion.
-    Computed by recursive numerical integration on a grid (Simpson's rule, 801 points per look);
-    accurate to about 1e-7 for the boundaries used here.
-    """
+    """P(|Z_k| < bounds[k] for every look k) under no effect; ``info``: the repeats at each
+    look, increasing (``Z_k = S(info_k) / sqrt(info_k)``, S a Brownian motion). Recursive
+    integration by Simpson's rule on :data:`_GRID` points per look (about 1e-7)."""
     if len(bounds) != len(info) or not bounds:
         raise ValueError("bounds and info need the same, non-zero length")
     t = np.asarray(info, dtype=float)
@@ -161,13 +118,9 @@ def _boundary_cached(looks: tuple[float, ...], alpha: float, kind: str) -> tuple
 def boundary(
     looks: Sequence[float], alpha: float = 0.05, kind: Boundary = "pocock"
 ) -> tuple[float, ...]:
-    """Two-sided critical values ``b_k`` (standard-normal scale), one per look.
-
-    looks: information at each look (repeat counts, increasing); alpha: two-sided overall level in
-    (0, 1); kind: "pocock" (the same constant at every look) or "obrien-fleming"
-    (``c * sqrt(n_K / n_k)``: strict early, near the fixed-sample value at the end).
-    With one look this is the fixed-sample ``Phi^-1(1 - alpha / 2)``.
-    """
+    """Two-sided critical values ``b_k`` (standard-normal scale), one per look (``looks``:
+    repeat counts, increasing; ``alpha`` in (0, 1)); one look: ``Phi^-1(1 - alpha / 2)``.
+    Raises ValueError for another alpha or kind."""
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
     if kind not in ("pocock", "obrien-fleming"):
@@ -190,19 +143,11 @@ def _levels_cached(looks: tuple[float, ...], alpha: float, kind: str) -> tuple[f
     return tuple(float(2.0 * norm.sf(b)) for b in boundary(looks, alpha, kind))  # type: ignore[arg-type]
 
 
-# ---------------------------------------------------------------------------------------------
-# decisions
-
-
 @dataclass(frozen=True)
 class Design:
-    """A group-sequential design: the looks (repeat counts), the overall two-sided ``alpha`` per
-    report (one family: every primary of every compared variant but the controls, Holm shares
-    over it; see the module docstring), the boundary shape, and the level of equivalence
-    ("none": TOST at the look's nominal level for ``alpha``; "bonferroni": for ``alpha / m``).
-    ``futility``: conditional-power threshold in [0, 1) below which an undecided metric is
-    ``futile`` and no longer holds the run open (0: no futility stop, every primary must be
-    decided; see the module docstring)."""
+    """A group-sequential design: the looks (repeat counts), ``alpha`` two-sided per report,
+    the boundary, the equivalence level ("none": for ``alpha``; "bonferroni": ``alpha / m``) and
+    the futility threshold in [0, 1) (0: none). Raises ValueError for another futility."""
 
     looks: tuple[int, ...]
     alpha: float = 0.05
@@ -226,10 +171,9 @@ class Design:
 
 @dataclass(frozen=True)
 class FixedTest:
-    """A primary tested on data that do not grow with the looks (one look; e.g. accuracy whose
-    rounds all ran before the first look): ``p`` two-sided p-value of no change, ``estimate`` the
-    change (in the test's own unit, e.g. proportions), ``n`` the items it used, ``equivalent``
-    level -> whether TOST shows equivalence at that one-sided level (None: no margin)."""
+    """A primary on data that do not grow with the looks: two-sided ``p``, ``estimate`` in the
+    test's own unit (e.g. proportions), ``n`` items, ``equivalent(level)``: TOST at that
+    one-sided level (None: no margin)."""
 
     p: float
     estimate: float
@@ -239,17 +183,11 @@ class FixedTest:
 
 @dataclass
 class MetricDecision:
-    """One primary of one variant at one look.
-
-    decision: improved | regressed | equivalent | continue | futile | inconclusive (stopped,
-    undecided). estimate: mean log ratio (variant / baseline; a :class:`FixedTest`'s own
-    estimate); change_pct: ``100 * (exp(estimate) - 1)`` (a FixedTest: ``100 * estimate``, points).
-    p_value: two-sided p-value against no change; level: the two-sided nominal level it was
-    compared with (improved / regressed: the Holm share's boundary level that it met; continue /
-    futile / inconclusive: the one it missed at this look; equivalent: the one-sided TOST level);
-    look: the 0-based look at which it was decided (None: not yet); n: paired repeats used (a
-    FixedTest: its items).
-    """
+    """One primary of one variant at one look: ``estimate`` the mean log ratio (a
+    :class:`FixedTest`'s own), ``change_pct`` ``100 (exp(estimate) - 1)`` (a FixedTest's: 100 x
+    estimate), ``level`` the nominal level it met (improved / regressed), missed (open) or the
+    one-sided TOST level (equivalent), ``look`` where it was decided (None: not yet), ``n`` the
+    repeats (items) used."""
 
     decision: Decision
     n: int
@@ -261,10 +199,26 @@ class MetricDecision:
     reason: str
 
 
+def _decision(
+    decision: Decision,
+    n: int,
+    est: float,
+    p: float,
+    level: float | None,
+    look: int | None,
+    reason: str,
+    *,
+    fixed: bool = False,
+) -> MetricDecision:
+    """A :class:`MetricDecision` whose ``change_pct`` follows from ``est`` (a log ratio, or a
+    :class:`FixedTest`'s own unit when ``fixed``)."""
+    pct = 100.0 * (est if fixed else math.expm1(est))
+    return MetricDecision(decision, n, est, pct, p, level, look, reason)
+
+
 @dataclass
 class LookDecision:
-    """The outcome of one look: per (variant, metric) decisions, whether to stop and why, the
-    size of the family (``family``: the primaries the report's alpha covers)."""
+    """One look: {(variant, metric): decision}, whether to stop and why, the family's size."""
 
     look_index: int
     n_repeats: int
@@ -285,8 +239,7 @@ class LookDecision:
 
 
 def _equivalent(t: stats.TTest, margin: float, level: float) -> bool:
-    """TOST at ``level`` against ``+-margin`` (:func:`patchbench.stats.equivalent_by_interval`:
-    the ``1 - 2 level`` interval lies inside); never with no margin."""
+    """TOST at ``level`` against +-``margin`` (never without a margin)."""
     return margin > 0 and stats.equivalent_by_interval(t.interval, -margin, margin, level)
 
 
@@ -300,19 +253,12 @@ def conditional_power(
     margin: float = 0.0,
     equivalence_level: float | None = None,
 ) -> tuple[float, float]:
-    """Chance that the last look decides a metric, given the first ``n`` paired repeats, under
-    the current estimate as the true effect ("current trend"; Jennison and Turnbull (2000),
-    section 10.2).
-
-    mean, sd: mean and sample standard deviation of the ``n`` log ratios so far; n_final: the
-    repeats at the last look (> n); effect_level: the two-sided nominal level improved/regressed
-    needs there; margin, equivalence_level: the equivalence margin (log scale; 0: none) and the
-    one-sided TOST level there. The last look's mean is ``N(mean, sd**2 (N - n) / N**2)``
-    (the n repeats are fixed, the N - n to come have mean ``mean``); its standard error is taken
-    as ``sd / sqrt(N)`` with t quantiles on N - 1 degrees of freedom.
-    Returns (P(improved or regressed at the last look), P(equivalent there)), each in [0, 1].
-    Raises ValueError when n_final <= n or n < 2.
-    """
+    """(P(improved or regressed at the last look), P(equivalent there)) given the first ``n``
+    log ratios (``mean``, sample ``sd``), the current estimate taken as the truth (Jennison and
+    Turnbull 2000, section 10.2). The last look's mean is ``N(mean, sd^2 (N - n) / N^2)``, its
+    standard error ``sd / sqrt(N)`` with t quantiles on N - 1 df; ``effect_level``: the two-sided
+    level a change needs there; ``margin`` (log scale, 0: none) and ``equivalence_level``: the
+    one-sided TOST level there. Raises ValueError unless 2 <= n < n_final."""
     if n < 2 or n_final <= n:
         raise ValueError(f"conditional power needs 2 <= n < n_final, got n={n}, n_final={n_final}")
     se_final = sd / math.sqrt(n_final)
@@ -345,20 +291,14 @@ def decide(
     controls: Collection[str] = (),
     fixed: Mapping[str, Mapping[str, FixedTest]] | None = None,
 ) -> LookDecision:
-    """Decide at look ``look_index`` (0-based index into ``design.looks``).
+    """Decide at look ``look_index`` (0-based).
 
-    log_ratios: variant -> primary metric -> paired log ratios ``log(variant / baseline)``, one
-    per repeat, at least ``design.looks[look_index]`` of them (only that many are used);
-    margins: metric -> equivalence margin on the log scale (``math.log1p(pct / 100)`` for a
-    percent margin; 0 or missing: no equivalence stop for that metric); alpha: overall two-sided
-    level per report (the family: every primary of every variant but the controls), default
-    ``design.alpha``; better: metric -> "higher" | "lower" (default "higher"); previous: the
-    decision of the previous look (its decided metrics are kept); controls: variants (A/A) that
-    are measured, not tested (see the module docstring); fixed: variant -> metric ->
-    :class:`FixedTest`, primaries of the family whose data do not grow with the looks.
-    Returns a :class:`LookDecision`; raises ValueError when a metric has fewer repeats than the
-    look needs or the look index is out of range.
-    """
+    log_ratios: {variant: {metric: paired log ratios, at least the look's repeats}}; margins:
+    {metric: equivalence margin, log scale (0 or absent: none)}; alpha: two-sided per report
+    (default ``design.alpha``); better: {metric: "higher" | "lower"} (default "higher");
+    previous: the previous look (its decisions are kept); controls: A/A variants (measured);
+    fixed: {variant: {metric: FixedTest}}, one-look members of the family. Raises ValueError
+    for a look out of range or a series shorter than the look."""
     if not 0 <= look_index < len(design.looks):
         raise ValueError(f"look {look_index} is not one of the design's {len(design.looks)} looks")
     n = design.looks[look_index]
@@ -409,8 +349,7 @@ class _Family:
     margins: Mapping[str, float]
 
     def share_level(self, share: float, fixed: bool) -> float:
-        """The nominal level of a primary for a share ``share`` of alpha at this look: its
-        boundary's, or the whole share for a one-look (fixed) test."""
+        """The nominal level for a ``share`` of alpha at this look (a one-look test: the share)."""
         return share if fixed else self.design.level(self.look, share)
 
     def decide(
@@ -440,19 +379,15 @@ class _Family:
                 up = est > 0
                 good = up if self.better.get(k[1], "higher") == "higher" else not up
                 is_fixed = k not in tests
-                done[k] = MetricDecision(
-                    "improved" if good else "regressed",
-                    fixed[k[0]][k[1]].n if is_fixed else n,
-                    est,
-                    100.0 * est if is_fixed else 100.0 * math.expm1(est),
-                    p_of(k),
-                    lvl,
-                    self.look,
+                why = (
                     f"p = {p_of(k):.3g} <= {lvl:.3g} (Holm share alpha/{self.m - rejected} of "
                     f"the {self.m} primaries, step {rejected + i + 1}; "
                     + ("one look" if is_fixed else f"{self.design.kind} boundary")
-                    + f", look {self.look + 1})",
+                    + f", look {self.look + 1})"
                 )
+                nk = fixed[k[0]][k[1]].n if is_fixed else n
+                verdict = "improved" if good else "regressed"
+                done[k] = _decision(verdict, nk, est, p_of(k), lvl, self.look, why, fixed=is_fixed)
             rejected += len(now)
         share = self.alpha / max(self.m - rejected, 1)
         eq_alpha = (
@@ -468,10 +403,8 @@ class _Family:
         return done
 
     def undecided(self, t: stats.TTest, key: Key, share: float, eq_alpha: float) -> MetricDecision:
-        """A run-level primary no Holm share rejected: equivalent (TOST at the look's level for
-        ``eq_alpha``), else inconclusive at the last look, else continue, or futile when the
-        conditional power of deciding it by the last look (at the current share) is below
-        ``design.futility``."""
+        """A run-level primary no share rejected: equivalent, else inconclusive at the last look,
+        else futile (conditional power below ``design.futility``) or continue."""
         design, look = self.design, self.look
         margin = float(self.margins.get(key[1]) or 0.0)
         n, n_final = design.looks[look], design.looks[-1]
@@ -502,32 +435,18 @@ class _Family:
                     f"estimate ({100 * math.expm1(mean):+.2f} %) {cp_eff:.3f} for a "
                     f"change, {cp_eq:.3f} for equivalence, below {design.futility:g}"
                 )
-        return MetricDecision(dec, n, mean, 100.0 * math.expm1(mean), p, missed, None, why)
+        return _decision(dec, n, mean, p, missed, None, why)
 
     def undecided_fixed(self, t: FixedTest, share: float, eq_alpha: float) -> MetricDecision:
         """A one-look primary no Holm share rejected: equivalent (TOST at ``eq_alpha``) or open
         (``continue``; it never holds the run open and ends inconclusive)."""
         if t.equivalent is not None and t.equivalent(eq_alpha):
-            return MetricDecision(
-                "equivalent",
-                t.n,
-                t.estimate,
-                100.0 * t.estimate,
-                t.p,
-                eq_alpha,
-                self.look,
-                f"TOST at {eq_alpha:.3g} (one look): the interval lies inside the margin",
+            why = f"TOST at {eq_alpha:.3g} (one look): the interval lies inside the margin"
+            return _decision(
+                "equivalent", t.n, t.estimate, t.p, eq_alpha, self.look, why, fixed=True
             )
-        return MetricDecision(
-            "continue",
-            t.n,
-            t.estimate,
-            100.0 * t.estimate,
-            t.p,
-            share,
-            None,
-            f"neither a change (p = {t.p:.3g} > {share:.3g}, one look) nor equivalence shown",
-        )
+        why = f"neither a change (p = {t.p:.3g} > {share:.3g}, one look) nor equivalence shown"
+        return _decision("continue", t.n, t.estimate, t.p, share, None, why, fixed=True)
 
     def control(self, t: stats.TTest, key: Key) -> MetricDecision:
         """An A/A primary: a measurement; equivalent by TOST at the look's level for alpha, else
@@ -538,16 +457,8 @@ class _Family:
         eq_level = design.level(look, self.alpha)
         if _equivalent(t, margin, eq_level):
             return _equivalent_decision(n, mean, p, eq_level, look, margin, "A/A (a measurement): ")
-        return MetricDecision(
-            "continue",
-            n,
-            mean,
-            100.0 * math.expm1(mean),
-            p,
-            None,
-            None,
-            "A/A (a measurement, never improved or regressed): equivalence not shown",
-        )
+        why = "A/A (a measurement, never improved or regressed): equivalence not shown"
+        return _decision("continue", n, mean, p, None, None, why)
 
 
 def _equivalent_decision(
@@ -556,17 +467,11 @@ def _equivalent_decision(
     """An "equivalent" decision at ``look``: the TOST at ``eq_level`` put the interval of the
     mean log ratio ``mean`` (``n`` repeats, two-sided p ``p``) inside +-``margin`` (log scale);
     ``prefix`` starts the reason."""
-    return MetricDecision(
-        "equivalent",
-        n,
-        mean,
-        100.0 * math.expm1(mean),
-        p,
-        eq_level,
-        look,
+    why = (
         f"{prefix}TOST at {eq_level:.3g}: the {100 * (1 - 2 * eq_level):.1f} % interval "
-        f"lies inside +-{100 * math.expm1(margin):.3g} %",
+        f"lies inside +-{100 * math.expm1(margin):.3g} %"
     )
+    return _decision("equivalent", n, mean, p, eq_level, look, why)
 
 
 def _stop_or_go(
@@ -650,30 +555,3 @@ def replay(
         if result.stop:
             break
     return result
-
-
-def next_target(design: Design, decision: LookDecision | None) -> int | None:
-    """How many repeats the run should have before the next look; None once it stopped."""
-    if decision is None:
-        return design.looks[0]
-    if decision.stop:
-        return None
-    return design.looks[decision.look_index + 1]
-
-
-__all__ = [
-    "Design",
-    "FixedTest",
-    "LookDecision",
-    "MetricDecision",
-    "boundary",
-    "nominal_levels",
-    "continuation_probability",
-    "conditional_power",
-    "FUTILITY",
-    "looks_from_schedule",
-    "decide",
-    "replay",
-    "next_target",
-    "DECIDED",
-]

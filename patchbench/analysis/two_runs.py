@@ -1,11 +1,7 @@
-"""``patchbench compare RUN_A RUN_B``: one variant of one run against the baseline of another.
-
-The two runs were not interleaved, so their repeats do not pair: each run-level metric gets an
-unpaired Welch interval on the per-run log values (:func:`patchbench.analysis.verdicts.welch_log`), and the
-output says so. Configs are compared by their effective (defaults-filled) values, not by their
-spelling: the manifests hold ``Config.model_dump()``, so a default written out and a default left
-out compare equal. The comparison of the variants of one run is :mod:`patchbench.analysis.build`.
-"""
+"""``patchbench compare RUN_A RUN_B``: one run's variant against another run's baseline. The
+repeats of two runs do not pair: each run-level metric gets an unpaired Welch interval on the
+per-run log values (:func:`patchbench.analysis.verdicts.welch_log`), and the output says so.
+Configs are compared by their effective (defaults-filled) values."""
 
 from __future__ import annotations
 

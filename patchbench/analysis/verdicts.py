@@ -1,42 +1,19 @@
 """The verdict rules: what a comparison may claim about one metric of one variant.
 
-Four-way verdicts, plus ``incomplete``:
+``improved`` / ``regressed``: the interval at the level the row's test used excludes no change,
+in the metric's good / bad direction (``within_margin`` when the change is still inside the
+margin); ``equivalent``: TOST (Schuirmann 1987) at the same alpha puts the change inside
++-margin; ``inconclusive``: neither; ``incomplete``: a cell the row needs is not ok.
 
-- ``improved`` / ``regressed``: the interval (at the level the row's test used) excludes no
-  change, in the metric's good / bad direction; ``within_margin`` says when the change is
-  nevertheless smaller than the practical margin ("improved, within +-5 %");
-- ``equivalent``: two one-sided tests (TOST; Schuirmann 1987) at the same alpha show the change
-  lies inside +-margin, i.e. the (1 - 2 alpha) interval lies inside the margin;
-- ``inconclusive``: neither (too few repeats, too much noise, no margin declared);
-- ``incomplete``: a cell the row needs is not ok or lacks the value.
-
-Kinds (``patchbench.suite.MetricInfo.kind``):
-
-- ``run``: one value per server run; repeat k of the baseline is paired with repeat k of the
-  variant (interleaved schedule) and the paired t-interval on log ratios is used (Student 1908;
-  log ratios so that the change is multiplicative). A verdict needs at least
-  ``compare.min_repeats`` pairs: one run cannot separate a patch from run-to-run noise.
-- ``accuracy``: items (questions) paired across the arms, the question as the unit: each
-  question's correctness is averaged over its arm's repeats, ``d_q`` = variant - baseline, and
-  the mean difference D gets a t interval with ``Var(D) = s_d^2 / Q + sigma_c^2 (1/R_v + 1/R_b)``
-  (:func:`patchbench.stats.paired_items_t`): ``sigma_c^2`` the variance of a cell's accuracy
-  shift (model ``y[a,r,q] = mu[a,q] + c[a,r] + e[a,r,q]``), estimated by pooling every arm's
-  repeats, A/A included (:func:`patchbench.stats.cell_variance`), Satterthwaite degrees of
-  freedom. With one repeat per arm the cell component cannot be estimated and the row says that
-  cell-level variance is not covered. When fewer than 10 questions differ between the arms
-  (little item variance, e.g. identical answers) Newcombe's hybrid score interval of the paired
-  proportions is used instead (Newcombe 1998, Stat Med 17:2635, method 10), which is never zero-width.
-- ``deterministic``: the same value in every run (e.g. host syncs per call): compared exactly, no
-  interval; a value that varies between repeats is not deterministic and gets ``inconclusive``.
-- ``descriptive``: shown, never judged.
-
-Multiplicity: each variant's primary metrics form one family; Holm's step-down procedure (Holm
-1979, ``statsmodels.stats.multitest.multipletests(method="holm")``) sets each primary's alpha;
-the interval shown and TOST use that adjusted alpha. Secondary metrics keep the raw alpha and are
-exploratory.
-
-The methods themselves (t tests, TOST, Holm, Wilson, Newcombe) are :mod:`patchbench.stats`; this
-module holds what is decided from them.
+By kind (``MetricInfo.kind``): ``run`` rows pair repeat k of each arm and use the paired t
+interval on log ratios (Student 1908), at least ``compare.min_repeats`` pairs; ``accuracy``
+rows pair the questions, each averaged over its arm's repeats, with a t interval whose variance
+adds the cell-to-cell shift pooled over every arm (:func:`patchbench.stats.paired_items_t`;
+Newcombe's paired interval, method 10 of Newcombe 1998, when fewer than
+:data:`MIN_DISCORDANT` questions differ); ``deterministic`` rows are compared exactly;
+``descriptive`` rows are never judged. The primaries form one family per report (Holm 1979 or
+the sequential design: :mod:`patchbench.analysis.family`); secondaries keep the raw alpha. The
+methods themselves are :mod:`patchbench.stats`.
 """
 
 from __future__ import annotations
@@ -89,13 +66,8 @@ class Test:
 
 
 def run_test(baseline: Sequence[float], variant: Sequence[float], min_repeats: int) -> Test:
-    """Paired t-test on log ratios of repeat-level values (baseline[k] with variant[k];
-    :func:`patchbench.stats.paired_t` on :func:`patchbench.stats.log_ratios`).
-
-    Fewer than ``min_repeats`` pairs: ``p`` None and the reason. Zero spread of the log ratios
-    with a non-zero mean gives p = 0 only when n >= min_repeats; the interval is then the point
-    (a deterministic run-level metric belongs in kind "deterministic" instead).
-    """
+    """Paired t test on the log ratios of repeat k of each arm (:func:`patchbench.stats.paired_t`);
+    fewer than ``min_repeats`` pairs: p None and the reason."""
     n = len(baseline)
     if n < min_repeats:
         what = (
@@ -152,13 +124,10 @@ def accuracy_test(
     repeats: tuple[int, int] | None = None,
     cells: stats.CellVariance | None = None,
 ) -> Test:
-    """Paired test of per-question correctness (each in [0, 1], averaged over its arm's repeats),
-    the question as the unit (see the module docstring): :func:`patchbench.stats.paired_items_t`
-    with the pooled cell-shift variance ``cells`` and ``repeats`` = (baseline's, variant's)
-    repeats behind the means (None: unknown, treated as one each: the cell component is then
-    not covered). Fewer than :data:`MIN_DISCORDANT` questions that differ between the arms:
-    Newcombe's paired interval (:func:`patchbench.stats.newcombe_paired`), p the smallest alpha
-    whose interval excludes 0."""
+    """Paired test of per-question correctness in [0, 1] (each averaged over its arm's
+    ``repeats``, None: one each, the cell component then not covered) with the pooled cell-shift
+    variance ``cells`` (:func:`patchbench.stats.paired_items_t`); Newcombe's paired interval
+    when fewer than :data:`MIN_DISCORDANT` questions differ."""
     if len(baseline) == 0:
         return Test(None, None, None, "Newcombe paired", "diff", reason="no paired questions")
     b, v = np.asarray(baseline, float), np.asarray(variant, float)
@@ -220,10 +189,8 @@ Bound = Literal["lower", "upper"] | None
 def bounded_difference(
     baseline: float, variant: float, baseline_bound: Bound = None, variant_bound: Bound = None
 ) -> tuple[float, float]:
-    """(low, high) of what the true ``variant - baseline`` can be when a value is only a bound
-    of the true one ("lower": the truth is at least the value; "upper": at most; None: exact).
-    Interval arithmetic: low = (least the variant can be) - (most the baseline can be), high
-    the other way round; unbounded sides are -inf / +inf. Both exact: (diff, diff)."""
+    """(low, high) of the true ``variant - baseline`` when a value is only a "lower" / "upper"
+    bound of the truth (None: exact), by interval arithmetic; unbounded sides are -inf / +inf."""
     v_min = variant if variant_bound in (None, "lower") else -math.inf
     v_max = variant if variant_bound in (None, "upper") else math.inf
     b_min = baseline if baseline_bound in (None, "lower") else -math.inf
@@ -237,11 +204,8 @@ def deterministic_test(
     baseline_bound: Bound = None,
     variant_bound: Bound = None,
 ) -> Test:
-    """Exact comparison: every repeat of each arm must give the same value.
-
-    With a bound on either side (see :func:`bounded_difference`) the interval is what the
-    bounds allow: p 0 when it excludes 0 (the direction is certain), else 1 with a reason; the
-    estimate stays the observed difference."""
+    """Exact comparison (every repeat of an arm must agree). With a bound, the interval is what
+    :func:`bounded_difference` allows: p 0 when it excludes 0, else 1 with a reason."""
     if not baseline or not variant:
         return Test(None, None, None, "exact", "diff", reason="no values")
     if len(set(baseline)) > 1 or len(set(variant)) > 1:
@@ -280,19 +244,15 @@ def deterministic_test(
 
 
 def holm_alphas(pvalues: Sequence[float], alpha: float) -> tuple[list[bool], list[float]]:
-    """Holm's step-down procedure (:func:`patchbench.stats.holm`) and the alpha each test's
-    interval is shown at. Returns (reject, alpha used per test).
-
-    The alpha of the test at sorted rank i is alpha / (m - i) while every earlier test was
-    rejected; from the first test that is not rejected on, every later test keeps that test's
-    alpha (so an interval at that level includes 0 and agrees with "not rejected").
-    """
+    """(reject, alpha used) per test by Holm's step-down (:func:`patchbench.stats.holm`): rank i
+    uses alpha / (m - i) while every earlier test was rejected; from the first one not rejected
+    on, every later test keeps its alpha (its interval then agrees with "not rejected")."""
     steps = stats.holm(pvalues, alpha)
     stopped = min((level for rejected, level in steps if not rejected), default=alpha)
     return [r for r, _ in steps], [level if r else stopped for r, level in steps]
 
 
-def _margin_bounds(test: Test, margin: float) -> tuple[float, float]:
+def margin_bounds(test: Test, margin: float) -> tuple[float, float]:
     """The equivalence region of a margin in the row's display unit (percent for ratios: the
     change lies in [1/(1+m) - 1, m], symmetric on the log scale; points for differences)."""
     m = margin / 100.0
@@ -302,16 +262,14 @@ def _margin_bounds(test: Test, margin: float) -> tuple[float, float]:
 def verdict(
     test: Test, *, better: str, alpha: float, margin: float | None, equivalent: bool | None
 ) -> tuple[Verdict, tuple[float, float] | None, bool]:
-    """(verdict, interval at 1 - alpha, within_margin) of one tested row.
-
-    ``equivalent``: TOST's answer at ``alpha`` (None: no margin or not testable). ``margin`` is
-    in the row's display unit (percent for ratios, points for accuracy)."""
+    """(verdict, interval at 1 - alpha, within_margin) of one tested row; ``equivalent``: TOST's
+    answer (None: none); ``margin`` in percent for ratios, points for accuracy."""
     if test.p is None or test.interval is None:
         return "inconclusive", None, False
     iv = test.interval(alpha)
     within = False
     if margin is not None:
-        lo_b, hi_b = _margin_bounds(test, margin)
+        lo_b, hi_b = margin_bounds(test, margin)
         within = lo_b < iv[0] and iv[1] < hi_b
     if stats.excludes_zero(iv) and test.p <= alpha and better in ("higher", "lower"):
         up = iv[0] > 0
@@ -327,16 +285,15 @@ def tost_from_interval(test: Test, margin: float, alpha: float) -> bool:
     [1/(1+m) - 1, m])."""
     if test.interval is None:
         return False
-    return stats.equivalent_by_interval(test.interval, *_margin_bounds(test, margin), alpha)
+    return stats.equivalent_by_interval(test.interval, *margin_bounds(test, margin), alpha)
 
 
 def welch_log(
     a: Sequence[float], b: Sequence[float], alpha: float
 ) -> tuple[float, float, float, float]:
-    """Unpaired Welch t-interval for the ratio of geometric means of ``b`` over ``a`` (per-run
-    values of two runs that were not interleaved; :func:`patchbench.stats.welch_t` on the log
-    values). Returns (change, low, high, p) as fractions. Values must be > 0 (the caller checks).
-    Raises ValueError with fewer than 2 values in an arm."""
+    """Welch's t interval on the log values (:func:`patchbench.stats.welch_t`) for the ratio of
+    the geometric means of ``b`` over ``a`` (> 0): (change, low, high, p), fractions. Raises
+    ValueError with fewer than 2 values in an arm."""
     la, lb = np.log(np.asarray(a, float)), np.log(np.asarray(b, float))
     if la.size < 2 or lb.size < 2:
         raise ValueError("Welch needs at least 2 runs in each arm")

@@ -1,30 +1,13 @@
-"""``patchbench comment RUN``: a compact pull-request comment from a run's compare.json, and
-``--post``: one sticky comment on the pull request through GitHub's REST API.
+"""``patchbench comment RUN``: a pull-request comment from compare.json alone (a hidden marker,
+the title, the answer, the primaries table, the PR figure and a link to the full report, within
+GitHub's :data:`GITHUB_COMMENT_LIMIT`), and ``--post``: one sticky comment through GitHub's REST
+API (``urllib.request``: a few synchronous calls; token ``GITHUB_TOKEN``, base
+``GITHUB_API_URL``). A comment cannot embed a runner's file, so the figure is an image only when
+the run folder is published (``--publish-url`` or ``--figure-url``); otherwise the comment says
+where it is (in Actions: the workflow run's artifact).
 
-The comment holds, in this order: a hidden marker (:func:`marker`) that identifies it, a title,
-the answer (one sentence per variant, as report.md), the primaries table, the PR figure as an
-image and a link to the full report. It is rendered from the typed
-:class:`~patchbench.analysis.comparison.Comparison` alone (no other file of the run is read), and kept
-within GitHub's comment limit (:data:`GITHUB_COMMENT_LIMIT` characters): table rows, then answer
-lines, are left out from the end with a note saying how many, before any hard cut.
-
-The figure: a GitHub comment cannot embed a file of the runner, and an Actions artifact is a zip
-behind a login, so the image is shown only when the run folder is published somewhere a browser
-can fetch it: ``publish_url`` (the figure is ``<publish_url>/plots/pr_figure.png``, the report
-``<publish_url>/report.md``) or an explicit ``figure_url``. Otherwise the comment links the full
-report (``report_url``; in GitHub Actions by default the workflow run's page, whose artifact holds
-the run folder with its plots) and says that the figure is there.
-
-Posting (:func:`post_comment`) uses ``urllib.request``: the command makes two to a few
-synchronous requests, so the standard library's client does it without an event loop (aiohttp)
-or a new dependency; its TLS uses the system's certificates. The token comes from ``GITHUB_TOKEN``,
-the API base from ``GITHUB_API_URL`` (default https://api.github.com; a test points it at a local
-fake), the repository and pull request from options or from the Actions environment
-(``GITHUB_REPOSITORY``, the event payload at ``GITHUB_EVENT_PATH``).
-
-Exit codes: 2 (UsageError) without a token, repository or pull-request number; 3
-(:class:`GitHubRefused`) when GitHub answers 401, 403 or 404, naming the request it refused;
-4 (:class:`GitHubError`) for any other HTTP error or an unreachable API.
+Exit codes: 2 without a token, repository or pull request; 3 (:class:`GitHubRefused`) for 401,
+403 or 404; 4 (:class:`GitHubError`) for another HTTP error or an unreachable API.
 """
 
 from __future__ import annotations
@@ -40,8 +23,9 @@ from pathlib import Path
 
 from patchbench.analysis.comparison import Comparison, Row, read_comparison
 from patchbench.errors import EnvironmentNotReady, RunFailed, UsageError
-from patchbench.report import (
+from patchbench.report.text import (
     VERDICT_MARK,
+    esc,
     exactness,
     fmt_bounded,
     fmt_change,
@@ -62,10 +46,7 @@ ANSWER_LINE_MAX = 2000
 
 
 class GitHubRefused(EnvironmentNotReady):
-    """GitHub refused a request: 401 (the token is invalid or expired), 403 (the token lacks a
-    permission, or a rate limit) or 404 (no such repository or pull request, or the token cannot
-    see it) (exit 3, kind "environment not ready": the token or its permissions are what is
-    not ready). ``status``: the HTTP status."""
+    """GitHub answered 401, 403 or 404 (``status``): the token or its permissions (exit 3)."""
 
     def __init__(self, message: str, status: int):
         super().__init__(message)
@@ -73,18 +54,12 @@ class GitHubRefused(EnvironmentNotReady):
 
 
 class GitHubError(RunFailed):
-    """Any other failed GitHub request: another HTTP error or an unreachable API (exit 4)."""
+    """Another HTTP error or an unreachable API (exit 4)."""
 
 
 def marker(key: str = DEFAULT_KEY) -> str:
-    """The hidden HTML comment that identifies the sticky comment of ``key`` (one per key and
-    pull request: e.g. one per preset)."""
+    """The hidden HTML comment that marks the sticky comment of ``key`` (one per pull request)."""
     return f"<!-- patchbench-comment key={key} -->"
-
-
-def _esc(s: str) -> str:
-    """Text safe in a table cell on one line."""
-    return s.replace("|", "\\|").replace("\n", " ")
 
 
 def _table_row(r: Row) -> str:
@@ -92,7 +67,7 @@ def _table_row(r: Row) -> str:
     interval = exactness(r) if det else fmt_ci(r.low, r.high, r.change_unit)
     verdict = VERDICT_MARK.get(r.verdict, r.verdict)
     return (
-        f"| {_esc(r.variant)} | {_esc((r.label or r.metric).rstrip(':').strip())} | "
+        f"| {esc(r.variant)} | {esc(r.name())} | "
         f"{fmt_bounded(r.baseline_value, r.baseline_bound)} | "
         f"{fmt_bounded(r.variant_value, r.variant_bound)} | "
         f"{fmt_change(r.change, r.change_unit)} | {interval} | {verdict} |"
@@ -101,9 +76,8 @@ def _table_row(r: Row) -> str:
 
 @dataclass
 class Links:
-    """Where the comment points: ``report_url`` (the full report; None: named only),
-    ``figure_url`` (the PR figure as an image a browser can fetch; None: not embedded) and
-    ``figure_where`` (a few words on where the figure is instead)."""
+    """The full report's URL (None: named only), the PR figure's image URL (None: not embedded)
+    and, without it, where the figure is."""
 
     report_url: str | None = None
     figure_url: str | None = None
@@ -116,9 +90,8 @@ def resolve_links(
     figure_url: str | None = None,
     environ: dict[str, str] | None = None,
 ) -> Links:
-    """The comment's links from the options (module docstring): ``publish_url`` gives both;
-    ``report_url`` and ``figure_url`` override it; in GitHub Actions (``GITHUB_RUN_ID`` set) the
-    report link defaults to the workflow run's page."""
+    """The links: ``publish_url`` gives both (``plots/pr_figure.png``, ``report.md`` under it),
+    ``report_url`` / ``figure_url`` override it; in Actions the report defaults to the run's page."""
     env = os.environ if environ is None else environ
     base = publish_url.rstrip("/") if publish_url else None
     fig = figure_url or (f"{base}/{PR_FIGURE}" if base else None)
@@ -141,15 +114,10 @@ def render_comment(
     title: str | None = None,
     limit: int = GITHUB_COMMENT_LIMIT,
 ) -> str:
-    """The comment's Markdown (module docstring), at most ``limit`` characters.
-
-    ``cmp``: the run's comparison; ``links``: :func:`resolve_links`; ``key``: the sticky
-    comment's key (:func:`marker`); ``title``: the heading (default "patchbench: <run id>").
-    Each answer line is cut at :data:`ANSWER_LINE_MAX` characters and the answer takes at most
-    half of ``limit`` (later variants' lines are left out); when the whole text is still too
-    long, primaries-table rows are left out from the end, then answer lines, each with a note;
-    as a last resort the text is cut with a note. Raises ValueError for
-    a ``limit`` too small to hold the marker and the notes (under 1,000)."""
+    """The comment's Markdown, at most ``limit`` characters: answer lines cut at
+    :data:`ANSWER_LINE_MAX` and at most half the limit; then table rows, then answer lines are
+    left out from the end with a note; at last the text is cut. ``title`` defaults to
+    "patchbench: <run id>". Raises ValueError for a ``limit`` under 1,000."""
     if limit < 1000:
         raise ValueError(f"limit {limit} is too small for a comment (at least 1000)")
     links = links or Links()
@@ -198,8 +166,7 @@ def render_comment(
 
 
 def _head_lines(cmp: Comparison, key: str, title: str | None) -> list[str]:
-    """The comment's first lines: the sticky marker, the heading, what was compared, and a line
-    each for timed cells that did not end ok and a failed A/A check."""
+    """The marker, the heading, what was compared, failed cells and a failed A/A check."""
     tag = f" ({len(cmp.aa_variants)} A/A)" if cmp.aa_variants else ""
     head = [
         marker(key),
@@ -213,13 +180,12 @@ def _head_lines(cmp: Comparison, key: str, title: str | None) -> list[str]:
     if bad:
         head += [f"**{len(bad)} of {len(cmp.cells)} timed cells did not end ok.**", ""]
     if not cmp.health.ok:
-        head += ["**A/A check failed**: " + _esc(" ".join(cmp.health.notes)), ""]
+        head += ["**A/A check failed**: " + esc(" ".join(cmp.health.notes)), ""]
     return head
 
 
 def _tail_lines(cmp: Comparison, links: Links, has_rows: bool) -> list[str]:
-    """The comment's last lines: the PR figure (or where it is, with a primaries table) and
-    the link to the full report."""
+    """The PR figure (or where it is) and the link to the full report."""
     tail = [""]
     if links.figure_url:
         tail += [f"![PR figure]({links.figure_url})", ""]
@@ -233,15 +199,14 @@ def _tail_lines(cmp: Comparison, links: Links, has_rows: bool) -> list[str]:
 
 
 def _cut(line: str, n: int) -> str:
-    """``line``, cut to ``n`` characters with a closing "…" when longer."""
+    """``line`` cut to ``n`` characters with a closing "…"."""
     return line if len(line) <= n else line[: n - 1].rstrip() + "…"
 
 
 # ---------------------------------------------------------------------------------- posting
 @dataclass
 class Target:
-    """The pull request to comment on: ``repo`` ("owner/name"), ``pr`` (its number), ``api``
-    (the REST API base, no trailing slash), ``token``."""
+    """The pull request: ``repo`` "owner/name", ``pr`` number, ``api`` base, ``token``."""
 
     repo: str
     pr: int
@@ -250,9 +215,8 @@ class Target:
 
 
 def _event_pr(path: str) -> int | None:
-    """The pull-request number of the Actions event payload at ``path``: ``pull_request.number``
-    (pull_request events), ``issue.number`` when the issue is a pull request (issue_comment
-    events), else ``number``; None when it names none."""
+    """The pull request of the Actions event payload at ``path`` (pull_request or issue_comment
+    events), None when it names none."""
     try:
         ev = json.loads(Path(path).read_text())
     except (OSError, ValueError):
@@ -270,9 +234,8 @@ def _event_pr(path: str) -> int | None:
 def resolve_target(
     repo: str | None = None, pr: int | None = None, environ: dict[str, str] | None = None
 ) -> Target:
-    """The pull request and credentials for ``--post``: ``repo`` else ``GITHUB_REPOSITORY``;
-    ``pr`` else the event payload (``GITHUB_EVENT_PATH``); token ``GITHUB_TOKEN``; API base
-    ``GITHUB_API_URL``. Raises UsageError (exit 2) naming what is missing."""
+    """The pull request and token for ``--post`` (options, else ``GITHUB_REPOSITORY`` and the
+    event at ``GITHUB_EVENT_PATH``). Raises UsageError (exit 2) naming what is missing."""
     env = os.environ if environ is None else environ
     token = env.get("GITHUB_TOKEN", "").strip()
     if not token:
@@ -381,11 +344,8 @@ class GitHubClient:
 
 
 def post_comment(body: str, target: Target, key: str = DEFAULT_KEY) -> tuple[str, str]:
-    """Create or update the sticky comment of ``key`` on the pull request: the first comment
-    whose body holds :func:`marker` is edited in place, otherwise a new one is made.
-
-    Returns (what happened: "created", "updated" or "unchanged", the comment's URL). Raises
-    GitHubRefused (exit 3) for 401/403/404, GitHubError (exit 4) otherwise."""
+    """Create the sticky comment of ``key``, or edit the first comment holding its marker.
+    Returns ("created" | "updated" | "unchanged", its URL); raises GitHubRefused / GitHubError."""
     gh = GitHubClient(target)
     mark = marker(key)
     if mark not in body:

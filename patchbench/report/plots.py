@@ -1,16 +1,8 @@
-"""Plots of a comparison: PNGs legible at a PR's width (900 px), matplotlib Agg.
-
-Rendered only from the typed :class:`~patchbench.analysis.comparison.Comparison`:
-
-- :func:`plot_pr_figure`: the "PR figure": every primary metric (one panel each) with each
-  variant's change and its interval at the level the verdict used, coloured by verdict. Run
-  metrics on a log-ratio axis (ticks in %; the equivalence margin is symmetric there), accuracy
-  in points, deterministic counts on their own scale (the baseline's and each variant's value);
-  the margin band and the better direction labelled;
-- each suite's own figures through its ``plots(comparison, out_dir)`` hook (a suite returns no
-  path for a plot with nothing to show).
-
-:func:`make_plots` saves them under ``RUN/plots/``.
+"""Plots of a comparison, from the typed comparison alone: PNGs legible at a PR's width (900
+px), matplotlib Agg. The PR figure (:func:`plot_pr_figure`): each primary's change and interval
+at the level its verdict used, coloured by verdict, run metrics on a log-ratio axis ticked in %,
+accuracy in points, counts on their own scale, the margin band and the better direction
+labelled; then each suite's ``plots`` hook. :func:`make_plots` saves them under ``RUN/plots/``.
 """
 
 from __future__ import annotations
@@ -44,26 +36,21 @@ MARGIN_COLOUR = "tab:blue"
 #: a panel title's characters per line, and lines at most
 TITLE_WIDTH, TITLE_LINES = 30, 2
 
-__all__ = ["plot_pr_figure", "make_plots", "save_png"]
-
 
 def _change_marker(r) -> str:
-    """ "o" for a change that is exact or estimated; ">" when the true change can only be larger
-    (the variant's value a lower bound or the baseline's an upper one), "<" when only smaller,
-    "x" when unbounded both ways."""
+    """ "o"; ">" / "<" when the true change can only be larger / smaller (a bound); "x" both."""
     up = r.variant_bound == "lower" or r.baseline_bound == "upper"
     down = r.variant_bound == "upper" or r.baseline_bound == "lower"
     return "x" if up and down else ">" if up else "<" if down else "o"
 
 
 def panel_title(r: Row) -> str:
-    """A panel's title: the row's short label (:meth:`Row.short_label`), at most
-    :data:`TITLE_LINES` lines of :data:`TITLE_WIDTH` characters ("..." where cut)."""
+    """The row's short label on at most :data:`TITLE_LINES` lines ("..." where cut)."""
     return textwrap.fill(r.short_label(), TITLE_WIDTH, max_lines=TITLE_LINES, placeholder=" ...")
 
 
 def _better_label(r: Row, what: str) -> str:
-    """The x label with the better direction: "change (%)  ·  better →", "← better  ·  ..."."""
+    """ "change (%)  ·  better →", "← better  ·  ..." or ``what``."""
     if r.better == "higher":
         return f"{what}  ·  better →"
     if r.better == "lower":
@@ -72,17 +59,14 @@ def _better_label(r: Row, what: str) -> str:
 
 
 def _pct(x: float, _pos: object = None) -> str:
-    """A tick of a change in percent: "+10%", "0%", "-4.8%"."""
-    return "0%" if abs(x) < 1e-9 else f"{x:+.3g}%"
+    return "0%" if abs(x) < 1e-9 else f"{x:+.3g}%"  # "+10%", "0%", "-4.8%"
 
 
-def _to_log_ratio(x):
-    """Percent change -> log ratio (the PR figure's axis positions); arrays in, arrays out."""
+def _to_log_ratio(x):  # percent change -> log ratio: the axis positions
     return np.log1p(np.maximum(np.asarray(x, dtype=float), -99.9) / 100)
 
 
 def _to_pct(y):
-    """Log ratio -> percent change (the inverse of :func:`_to_log_ratio`)."""
     return 100 * np.expm1(np.asarray(y, dtype=float))
 
 
@@ -92,9 +76,8 @@ NICE_PCT_DOWN = (1, 2, 5, 10, 20, 30, 40, 50, 80, 90, 95, 99)
 
 
 def pct_ticks(lo: float, hi: float, most: int = 6) -> list[float]:
-    """Ticks in percent for a log-ratio axis from ``lo`` to ``hi`` (log ratios): 0 and round
-    changes (+-1, 2, 5, 10, 20, 50 ... %), taken outward from 0 on each side while they stay at
-    least (hi - lo) / ``most`` apart on the axis, so that no two labels collide."""
+    """Ticks in percent for a log-ratio axis from ``lo`` to ``hi``: 0 and round changes taken
+    outward from 0 while at least (hi - lo) / ``most`` apart (no two labels collide)."""
     sep = (hi - lo) / most
     out = [0.0] if lo <= 0 <= hi else []
     for side in (NICE_PCT, tuple(-x for x in NICE_PCT_DOWN)):
@@ -112,8 +95,8 @@ def pct_ticks(lo: float, hi: float, most: int = 6) -> list[float]:
 
 
 def _margin_span(r: Row) -> tuple[float, float] | None:
-    """The equivalence region of a row in its display unit: [1/(1+m) - 1, m] in percent for a
-    run row (symmetric on the log scale), +-m points for accuracy; None without a margin."""
+    """The equivalence region in the row's unit: [1/(1+m) - 1, m] % for a run row (symmetric
+    in log), +-m points for accuracy; None without a margin."""
     if r.margin is None:
         return None
     if r.change_unit == "%":
@@ -124,14 +107,12 @@ def _margin_span(r: Row) -> tuple[float, float] | None:
 
 
 def _margin_text(r: Row) -> str:
-    """The margin band's label: "margin ±5%", "margin ±2 pt"."""
     return f"margin ±{r.margin:g}{'%' if r.change_unit == '%' else ' pt'}"
 
 
 def _change_axis(ax, which: str, lo: float, hi: float, unit: str, most: int = 6) -> str:
-    """Scale the ``which`` ("x" or "y") axis of a change from ``lo`` to ``hi`` (padded): a
-    percent change on the log-ratio axis (positions log(1 + x/100), round ticks in percent),
-    anything else linear. Returns the axis label's text (without the better direction)."""
+    """Scale the ``which`` ("x" / "y") axis of a change from ``lo`` to ``hi``, padded: percent on
+    the log-ratio axis with round ticks, else linear. Returns the axis label."""
     axis = ax.xaxis if which == "x" else ax.yaxis
     set_lim = ax.set_xlim if which == "x" else ax.set_ylim
     if unit == "%":
@@ -150,8 +131,7 @@ def _change_axis(ax, which: str, lo: float, hi: float, unit: str, most: int = 6)
 
 
 def _draw_changes(ax, rows: list[tuple[int, Row]], r0: Row) -> None:
-    """Interval bars and change dots of a run or accuracy panel (y: the variant's index; a
-    change without an interval is a hollow dot), the margin band labelled, zero marked."""
+    """Interval bars and change dots (hollow without an interval) per variant, the margin band."""
     xs = [0.0]
     for y, r in rows:
         c = COLOURS.get(r.verdict, "tab:gray")
@@ -159,29 +139,14 @@ def _draw_changes(ax, rows: list[tuple[int, Row]], r0: Row) -> None:
             ax.plot([r.low, r.high], [y, y], color=c, lw=3, solid_capstyle="butt")
             xs += [r.low, r.high]
         if r.change is not None:
-            hollow = r.low is None or r.high is None
-            ax.plot(
-                [r.change],
-                [y],
-                _change_marker(r),
-                color=c,
-                ms=7,
-                markerfacecolor="white" if hollow else c,
-            )
+            face = "white" if r.low is None or r.high is None else c  # hollow: no interval
+            ax.plot([r.change], [y], _change_marker(r), color=c, ms=7, markerfacecolor=face)
             xs.append(r.change)
     span = _margin_span(r0)
     if span is not None:
         ax.axvspan(*span, color=MARGIN_COLOUR, alpha=0.1, lw=0)
-        ax.text(
-            0,
-            1.0,
-            _margin_text(r0),
-            transform=ax.get_xaxis_transform(),
-            ha="center",
-            va="bottom",
-            fontsize=7,
-            color=MARGIN_COLOUR,
-        )
+        at = {"transform": ax.get_xaxis_transform(), "ha": "center", "va": "bottom"}
+        ax.text(0, 1.0, _margin_text(r0), **at, fontsize=7, color=MARGIN_COLOUR)
         xs += list(span)
     ax.axvline(0, color="black", lw=0.8)
     what = _change_axis(ax, "x", min(xs), max(xs), r0.change_unit)
@@ -189,21 +154,13 @@ def _draw_changes(ax, rows: list[tuple[int, Row]], r0: Row) -> None:
 
 
 def _draw_counts(ax, rows: list[tuple[int, Row]], r0: Row) -> None:
-    """A deterministic panel on the count's own scale: the baseline's value as a dashed line,
-    each variant's value as a dot (a bound as an arrowhead) joined to it."""
+    """A count on its own scale: the baseline dashed, each variant's value a dot joined to it."""
     base = r0.baseline_value
     xs = [base] if base is not None else []
     if base is not None:
         ax.axvline(base, color="black", lw=1, ls="--")
-        ax.text(
-            base,
-            1.0,
-            "baseline",
-            transform=ax.get_xaxis_transform(),
-            ha="center",
-            va="bottom",
-            fontsize=7,
-        )
+        at = {"transform": ax.get_xaxis_transform(), "ha": "center", "va": "bottom"}
+        ax.text(base, 1.0, "baseline", **at, fontsize=7)
     for y, r in rows:
         if r.variant_value is None:
             continue
@@ -220,8 +177,7 @@ def _draw_counts(ax, rows: list[tuple[int, Row]], r0: Row) -> None:
 
 
 def _legend_handles(rows: list[Row]) -> list:
-    """The PR figure's legend: the verdicts its panels show, a hollow dot when a change has no
-    interval, the margin band when a panel draws one."""
+    """The verdicts shown, "no interval" and the margin band where drawn."""
     handles = [
         plt.Line2D([], [], color=c, lw=3, label=v)
         for v, c in COLOURS.items()
@@ -229,17 +185,8 @@ def _legend_handles(rows: list[Row]) -> list:
     ]
     drawn = [r for r in rows if r.kind != "deterministic" and r.change is not None]
     if any(r.low is None or r.high is None for r in drawn):
-        handles.append(
-            plt.Line2D(
-                [],
-                [],
-                color="tab:gray",
-                marker="o",
-                ls="",
-                markerfacecolor="white",
-                label="no interval",
-            )
-        )
+        hollow = {"marker": "o", "ls": "", "markerfacecolor": "white"}
+        handles.append(plt.Line2D([], [], color="tab:gray", **hollow, label="no interval"))
     if any(_margin_span(r) is not None for r in drawn):
         handles.append(
             plt.Rectangle((0, 0), 1, 1, color=MARGIN_COLOUR, alpha=0.1, label="equivalence margin")
@@ -252,10 +199,7 @@ POINT_SEP = "@"
 
 
 def _curve_panel(ax, cmp: Comparison, suite: str, base: str, points: list[str]) -> None:
-    """A load sweep's primary ``base`` in one panel: each variant's change (marker) with its
-    interval (bar) at each point (x, lowest load first), coloured by verdict; a run metric on
-    the log-ratio axis of :func:`_draw_changes` (ticks in %), the margin band and the better
-    direction labelled."""
+    """A load sweep's primary ``base``: each variant's change and interval at each point."""
     nv = max(1, len(cmp.variants))
     r0: Row | None = None
     ys = [0.0]
@@ -282,36 +226,22 @@ def _curve_panel(ax, cmp: Comparison, suite: str, base: str, points: list[str]) 
     span = _margin_span(r0)
     if span is not None:
         ax.axhspan(*span, color=MARGIN_COLOUR, alpha=0.08, lw=0)
-        ax.text(
-            1.0,
-            span[1],
-            f" {_margin_text(r0)}",
-            transform=ax.get_yaxis_transform(),
-            ha="left",
-            va="center",
-            fontsize=7,
-            color=MARGIN_COLOUR,
-        )
+        at = {"transform": ax.get_yaxis_transform(), "ha": "left", "va": "center"}
+        ax.text(1.0, span[1], f" {_margin_text(r0)}", **at, fontsize=7, color=MARGIN_COLOUR)
         ys += list(span)
     what = _change_axis(ax, "y", min(ys), max(ys), r0.change_unit, most=5)
     better = {"higher": " · better ↑", "lower": " · better ↓"}.get(r0.better or "", "")
     ax.set_ylabel(what + better, fontsize=8)
     # a per-point label names its point ("... at concurrency 16 (tok/s):"); the panel has them all
     label = re.sub(r" at [a-z ]+ [0-9.]+(?= \(|:|$)", "", r0.label or base)
-    ax.set_title(
-        textwrap.fill(
-            f"{label.rstrip(': ')} per load",
-            TITLE_WIDTH + 10,
-            max_lines=TITLE_LINES,
-            placeholder=" ...",
-        ),
-        fontsize=9,
-    )
+    title = f"{label.rstrip(': ')} per load"
+    title = textwrap.fill(title, TITLE_WIDTH + 10, max_lines=TITLE_LINES, placeholder=" ...")
+    ax.set_title(title, fontsize=9)
 
 
 def _panels(cmp: Comparison) -> list[tuple[str, str, list[str] | None]]:
-    """(suite, metric, None) per primary, and (suite, base metric, [point keys]) once for the
-    per-point primaries of a load sweep (``<base>@<point>``, in the rows' order)."""
+    """(suite, metric, None) per primary with a value to draw, and (suite, base metric, [point
+    keys]) once for a load sweep's per-point primaries ``<base>@<point>``, in row order."""
     out: list[tuple[str, str, list[str] | None]] = []
     curves: dict[tuple[str, str], list[str]] = {}
     for r in cmp.rows_for(primary=True):
@@ -322,25 +252,32 @@ def _panels(cmp: Comparison) -> list[tuple[str, str, list[str] | None]]:
                 out.append((r.suite, base, curves[(r.suite, base)]))
             if k not in curves[(r.suite, base)]:
                 curves[(r.suite, base)].append(k)
-        elif (r.suite, r.metric, None) not in out:
+        elif (r.change is not None or r.variant_value is not None) and (
+            (r.suite, r.metric, None) not in out
+        ):
             out.append((r.suite, r.metric, None))
     return out
 
 
-def _pr_figure_with_curves(cmp: Comparison, panels) -> Figure:
-    """The PR figure of a run with a load sweep: the curve panels, then the other primaries."""
-    ncols = min(len(panels), 2)
+def plot_pr_figure(cmp: Comparison) -> Figure | None:
+    """One panel per primary metric with a value (:func:`_draw_changes`, or :func:`_draw_counts`
+    for a count), the variants on the y axis; a load sweep's per-point primaries of one metric
+    share a panel, change against load (:func:`_curve_panel`), first. None when no primary has a
+    value to draw."""
+    panels = sorted(_panels(cmp), key=lambda p: p[2] is None)
+    if not panels:
+        return None
+    curves = panels[0][2] is not None
+    names = list(cmp.variants)
+    ncols = min(len(panels), 2 if curves else 3)
     nrows = math.ceil(len(panels) / ncols)
-    fig, axes = plt.subplots(
-        nrows, ncols, figsize=(WIDTH_IN, 2.9 * nrows + 0.8), dpi=DPI, squeeze=False
-    )
+    height = 2.9 * nrows + 0.8 if curves else (0.4 * len(names) + 1.5) * nrows + 1.1
+    fig, axes = plt.subplots(nrows, ncols, figsize=(WIDTH_IN, height), dpi=DPI, squeeze=False)
     flat = [a for row in axes for a in row]
-    order = sorted(panels, key=lambda p: p[2] is None)
-    for ax, (suite, metric, pts) in zip(flat, order, strict=False):
+    for i, (ax, (suite, metric, pts)) in enumerate(zip(flat, panels, strict=False)):
         if pts is not None:
             _curve_panel(ax, cmp, suite, metric, pts)
             continue
-        names = list(cmp.variants)
         rows = [(y, cmp.row(suite, metric, v)) for y, v in enumerate(names)]
         rows = [(y, r) for y, r in rows if r is not None]
         if not rows:
@@ -349,85 +286,32 @@ def _pr_figure_with_curves(cmp: Comparison, panels) -> Figure:
         r0 = rows[0][1]
         (_draw_counts if r0.kind == "deterministic" else _draw_changes)(ax, rows, r0)
         ax.set_ylim(len(names) - 0.5, -0.5)
-        ax.set_yticks(range(len(names)), names)
+        shown = curves or i % ncols == 0
+        ax.set_yticks(range(len(names)), names if shown else [""] * len(names))
         ax.set_title(panel_title(r0), fontsize=9, pad=12)
         ax.tick_params(labelsize=8)
         ax.grid(axis="x", alpha=0.3)
-    for ax in flat[len(order) :]:
+    for ax in flat[len(panels) :]:
         ax.axis("off")
-    handles = [plt.Line2D([], [], color=c, lw=3, label=v) for v, c in COLOURS.items()]
-    handles += [
-        plt.Line2D([], [], ls="", marker="osD^v"[j % 5], color="black", label=v)
-        for j, v in enumerate(cmp.variants)
-    ]
-    fig.legend(
-        handles=handles, loc="lower center", ncol=min(len(handles), 6), fontsize=8, frameon=False
-    )
-    fig.suptitle(
-        f"Primary metrics vs {cmp.baseline}: change and interval at the level its verdict used; "
-        "a load sweep's per point",
-        fontsize=10,
-    )
-    fig.tight_layout(rect=(0, 0.07, 1, 0.95))
-    return fig
-
-
-def plot_pr_figure(cmp: Comparison) -> Figure | None:
-    """One panel per primary metric (:func:`_draw_changes` or, deterministic, :func:`_draw_counts`),
-    the variants on the y axis in the comparison's order; None when the run has no primary
-    metric or no primary has a value to draw. A load sweep's per-point primaries of one metric
-    share a panel, change against load (:func:`_pr_figure_with_curves`)."""
-    panels = _panels(cmp)
-    if any(pts is not None for _s, _m, pts in panels):
-        return _pr_figure_with_curves(cmp, panels)
-    metrics: list[tuple[str, str]] = []
-    for r in cmp.rows_for(primary=True):
-        drawable = r.change is not None or r.variant_value is not None
-        if drawable and (r.suite, r.metric) not in metrics:
-            metrics.append((r.suite, r.metric))
-    if not metrics:
-        return None
-    names = list(cmp.variants)
-    ncols = min(len(metrics), 3)
-    nrows = math.ceil(len(metrics) / ncols)
-    per_row = 0.4 * len(names) + 1.5
-    fig, axes = plt.subplots(
-        nrows, ncols, figsize=(WIDTH_IN, per_row * nrows + 1.1), dpi=DPI, squeeze=False
-    )
-    flat = [a for row in axes for a in row]
-    for i, (ax, (suite, metric)) in enumerate(zip(flat, metrics, strict=False)):
-        rows = [(y, cmp.row(suite, metric, v)) for y, v in enumerate(names)]
-        rows = [(y, r) for y, r in rows if r is not None]
-        r0 = rows[0][1]
-        if r0.kind == "deterministic":
-            _draw_counts(ax, rows, r0)
-        else:
-            _draw_changes(ax, rows, r0)
-        ax.set_ylim(len(names) - 0.5, -0.5)
-        ax.set_yticks(range(len(names)), names if i % ncols == 0 else [""] * len(names))
-        ax.set_title(panel_title(r0), fontsize=9, pad=12)
-        ax.tick_params(labelsize=8)
-        ax.grid(axis="x", alpha=0.3)
-    for ax in flat[len(metrics) :]:
-        ax.axis("off")
-    fig.legend(
-        handles=_legend_handles(cmp.rows_for(primary=True)),
-        loc="lower center",
-        ncol=6,
-        fontsize=8,
-        frameon=False,
-    )
-    fig.suptitle(
-        f"Primary metrics vs {cmp.baseline}: change (dot) and interval at the level its "
-        "verdict used (bar)",
-        fontsize=10,
-    )
-    fig.tight_layout(rect=(0, 0.05, 1, 0.96))
+    if curves:
+        handles = [plt.Line2D([], [], color=c, lw=3, label=v) for v, c in COLOURS.items()]
+        handles += [
+            plt.Line2D([], [], ls="", marker="osD^v"[j % 5], color="black", label=v)
+            for j, v in enumerate(cmp.variants)
+        ]
+        title = "change and interval at the level its verdict used; a load sweep's per point"
+    else:
+        handles = _legend_handles(cmp.rows_for(primary=True))
+        title = "change (dot) and interval at the level its verdict used (bar)"
+    ncol = min(len(handles), 6) if curves else 6
+    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    fig.suptitle(f"Primary metrics vs {cmp.baseline}: {title}", fontsize=10)
+    fig.tight_layout(rect=(0, 0.07, 1, 0.95) if curves else (0, 0.05, 1, 0.96))
     return fig
 
 
 def save_png(fig: Figure, path: str | Path) -> Path:
-    """Save a figure as PNG (900 px wide at the figure's size) atomically and close it."""
+    """Save a figure as PNG atomically and close it."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI)
     plt.close(fig)
@@ -435,11 +319,8 @@ def save_png(fig: Figure, path: str | Path) -> Path:
 
 
 def make_plots(cmp: Comparison, out_dir: str | Path) -> tuple[list[Path], list[str]]:
-    """Save the PR figure and every suite's plots into ``out_dir`` (usually RUN/plots).
-
-    Returns (saved paths, notes about plots that failed or that had nothing to draw). A failing
-    plot does not stop the others.
-    """
+    """Save the PR figure and every suite's plots into ``out_dir``. Returns (paths, notes on
+    plots that failed or had nothing to draw); a failing plot does not stop the others."""
     from patchbench.suite import get_suite
 
     out_dir = Path(out_dir)

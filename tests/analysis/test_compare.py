@@ -1,7 +1,7 @@
 """compare.json from synthetic run folders with known values (tests.synthetic).
 
-Suite declarations are fixed here (monkeypatched) so that these tests check the comparison
-rules, not whatever a suite currently declares."""
+The metrics are declared by a test suite "bench" registered here, so that these tests check the
+comparison rules, not whatever a built-in suite currently declares."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from scipy import stats as sps
 from patchbench.analysis.build import compare_run, guess_metric_info
 from patchbench.analysis.comparison import CompareSettings, Comparison
 from patchbench.suite import MetricInfo
-from tests.synthetic import make_run
+from tests.synthetic import declare_suite, make_run
 
 DECL = {
     "output_throughput_tok_s": MetricInfo("higher", "tok/s", primary=True, margin=5.0),
@@ -30,9 +30,7 @@ DECL = {
 
 @pytest.fixture(autouse=True)
 def declared(monkeypatch):
-    from patchbench.analysis import build as analysis
-
-    monkeypatch.setattr(analysis, "suite_declarations", lambda name, notes: (None, dict(DECL)))
+    declare_suite(monkeypatch, "bench", DECL)
 
 
 def _row(cmp: Comparison, metric, variant):
@@ -57,7 +55,7 @@ def test_verdicts_with_three_repeats(tmp_path):
     run = make_run(
         tmp_path,
         metrics={
-            "serving": {
+            "bench": {
                 "output_throughput_tok_s": {"baseline": thr_b, "patched": thr_v},
                 "ttft_mean_ms": {"baseline": ttft_b, "patched": ttft_v},
                 "e2e_latency_mean_ms": {"baseline": e2e_b, "patched": e2e_v},
@@ -93,7 +91,7 @@ def test_incomplete_cells(tmp_path):
     run = make_run(
         tmp_path,
         metrics={
-            "serving": {
+            "bench": {
                 "output_throughput_tok_s": {"baseline": [100, 101, 99], "patched": [120, 121, 119]}
             }
         },
@@ -107,10 +105,10 @@ def test_incomplete_cells(tmp_path):
     run2 = make_run(
         tmp_path / "b",
         metrics={
-            "serving": {"output_throughput_tok_s": {"baseline": [100, 101], "patched": [120, 121]}}
+            "bench": {"output_throughput_tok_s": {"baseline": [100, 101], "patched": [120, 121]}}
         },
         cell_status={("baseline", 0): "missing"},
-        suite_status={("patched", 1, "serving"): "incomplete"},
+        suite_status={("patched", 1, "bench"): "incomplete"},
     )
     r2 = _row(compare_run(run2), "output_throughput_tok_s", "patched")
     assert r2.verdict == "incomplete" and r2.n_pairs == 0
@@ -121,7 +119,7 @@ def test_missing_metric_is_incomplete(tmp_path):
     run = make_run(
         tmp_path,
         metrics={
-            "serving": {"output_throughput_tok_s": {"baseline": [100, 101], "patched": [110, None]}}
+            "bench": {"output_throughput_tok_s": {"baseline": [100, 101], "patched": [110, None]}}
         },
     )
     r = _row(compare_run(run), "output_throughput_tok_s", "patched")
@@ -135,7 +133,7 @@ def test_aa_variant_is_compared_like_any_variant_no_floor(tmp_path):
     run = make_run(
         tmp_path,
         variants={"baseline": [], "aa": [], "patched": ["p1"]},
-        metrics={"serving": {"output_throughput_tok_s": {"baseline": b, "aa": aa, "patched": v}}},
+        metrics={"bench": {"output_throughput_tok_s": {"baseline": b, "aa": aa, "patched": v}}},
     )
     cmp = compare_run(run)
     assert cmp.aa_variants == ["aa"] and cmp.health.ok
@@ -154,7 +152,7 @@ def test_unreadable_cell_marks_only_that_cell(tmp_path):
     run = make_run(
         tmp_path,
         metrics={
-            "serving": {
+            "bench": {
                 "output_throughput_tok_s": {"baseline": [100, 101, 99], "patched": [120, 121, 119]}
             }
         },
@@ -198,7 +196,7 @@ def test_deterministic_counts_compared_exactly(tmp_path):
     run = make_run(
         tmp_path,
         metrics={
-            "sync_probe": {
+            "bench": {
                 "sync_d2h_reads_count": {"baseline": [2, 2], "patched": [0, 0]},
                 "positions_mismatch_count": {"baseline": [0, 0], "patched": [0, 0]},
             }

@@ -14,7 +14,7 @@ from statsmodels.stats.weightstats import ttost_paired
 from patchbench.analysis.build import build_comparison, verdicts
 from patchbench.analysis.comparison import CompareSettings
 from patchbench.suite import MetricInfo
-from tests.synthetic import make_run
+from tests.synthetic import declare_suite, make_run
 
 
 def test_tost_matches_statsmodels_ttost_paired_on_log_ratios():
@@ -120,9 +120,7 @@ PRIMARY = {
 
 @pytest.fixture
 def declared(monkeypatch):
-    from patchbench.analysis import build as analysis
-
-    monkeypatch.setattr(analysis, "suite_declarations", lambda name, notes: (None, dict(PRIMARY)))
+    declare_suite(monkeypatch, "bench", PRIMARY)
 
 
 def _run(tmp_path, thr, lat, variants=None):

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from patchbench import records, report, runfolder
+from patchbench.analysis.build import build_comparison
 from patchbench.analysis.comparison import Comparison, read_comparison
+from patchbench.report.text import exactness, fmt_change, sentence_parts, verdict_text
 from patchbench.suite import MetricInfo
-from tests.synthetic import make_run
+from tests.synthetic import declare_suite, make_run
 
 OLD_RUN = Path(__file__).parent.parent / "data" / "old-run"
 DECL = {
@@ -25,9 +27,7 @@ DECL = {
 
 @pytest.fixture(autouse=True)
 def declared(monkeypatch):
-    from patchbench.analysis import build as analysis
-
-    monkeypatch.setattr(analysis, "suite_declarations", lambda name, notes: (None, dict(DECL)))
+    declare_suite(monkeypatch, "bench", DECL)
 
 
 def _run(tmp_path):
@@ -89,7 +89,7 @@ def test_console_ends_with_the_same_sentences(tmp_path, capsys):
     text = path.read_text()
     assert sents and all(f"- {s}" in text for s in sents)
     # one clause a line, in the sentence's order, the last variant's clauses last
-    head, parts = report.sentence_parts(read_comparison(run), "patched")
+    head, parts = sentence_parts(read_comparison(run), "patched")
     assert sents[-1] == head + "; ".join(parts)
     lines = out.rstrip().splitlines()
     assert lines[-len(parts) - 1 :] == [head.rstrip()] + [f"  - {p}" for p in parts]
@@ -99,7 +99,7 @@ def test_refusal_shown_instead_of_numbers(tmp_path):
     run = _run(tmp_path)
     cmp = read_comparison(report.render_run(run, plots=False).parent)
     cmp.refusals = {"bench": {"patched": "different prompts at index 3"}}
-    text = report.render_markdown(cmp, runfolder.read_manifest(run), run)
+    text = report.render_markdown(cmp)
     assert "bench / patched: not paired** - different prompts at index 3" in text
     assert "bench not paired: different prompts at index 3" in report.sentence(cmp, "patched")
 
@@ -194,14 +194,12 @@ def test_verdict_text_of_an_equal_deterministic_count_names_no_empty_margin():
     from patchbench.analysis.comparison import Row
 
     det = Row(suite="s", metric="x_count", variant="v", kind="deterministic", verdict="equivalent")
-    assert report.verdict_text(det) == "equivalent"
+    assert verdict_text(det) == "equivalent"
     run = Row(suite="s", metric="t_tok_s", variant="v", verdict="equivalent", margin=5.0)
-    assert report.verdict_text(run) == "equivalent within ±5%"
+    assert verdict_text(run) == "equivalent within ±5%"
 
 
 def test_a_change_that_rounds_to_zero_never_prints_minus_zero():
-    from patchbench.report import fmt_change
-
     assert fmt_change(-0.0001, "pt") == "+0.0 pt"
     assert fmt_change(-0.04, "%") == "+0.0%"
     assert fmt_change(-0.06, "%") == "-0.1%"
@@ -218,7 +216,7 @@ def test_a_lower_bound_count_is_never_an_exact_verdict(tmp_path, monkeypatch):
         tmp_path,
         variants={"stock": [], "upstream": ["u"], "ours": ["o"]},
         metrics={
-            "sync_probe": {
+            "probe": {
                 "host_syncs_per_call_count": {
                     "stock": [507.0] * 3,
                     "upstream": [6.0] * 3,
@@ -226,45 +224,33 @@ def test_a_lower_bound_count_is_never_an_exact_verdict(tmp_path, monkeypatch):
                 }
             }
         },
-        bounds={
-            ("upstream", k, "sync_probe"): {"host_syncs_per_call_count": "lower"} for k in range(3)
-        },
+        bounds={("upstream", k, "probe"): {"host_syncs_per_call_count": "lower"} for k in range(3)},
     )
-    from patchbench.analysis import build as analysis
-
     decl = MetricInfo("lower", "count", label="host syncs", primary=True, kind="deterministic")
-    monkeypatch.setattr(
-        analysis,
-        "suite_declarations",
-        lambda name, notes: (None, {"host_syncs_per_call_count": decl}),
-    )
-    cmp = analysis.build_comparison(run)
-    up = cmp.row("sync_probe", "host_syncs_per_call_count", "upstream")
-    ours = cmp.row("sync_probe", "host_syncs_per_call_count", "ours")
+    declare_suite(monkeypatch, "probe", {"host_syncs_per_call_count": decl})
+    cmp = build_comparison(run)
+    up = cmp.row("probe", "host_syncs_per_call_count", "upstream")
+    ours = cmp.row("probe", "host_syncs_per_call_count", "ours")
     assert (up.verdict, up.variant_bound, up.baseline_bound) == ("inconclusive", "lower", None)
     assert any("at least 6" in n and "[-501, inf]" in n for n in up.notes)
     assert (ours.verdict, ours.variant_bound) == ("improved", None)
     assert "host syncs 507 -> ≥6 inconclusive (a bound)" in report.sentence(cmp, "upstream")
     assert "host syncs 507 -> 0 improved (exact)" in report.sentence(cmp, "ours")
-    table = "\n".join(report._primaries(cmp))
+    table = report.render_markdown(cmp)
     assert "| upstream | " in table and "| 507 | ≥6 | -501 count |" in table
 
 
 def test_console_table_of_a_log_does_not_wrap_long_names(tmp_path, capsys, monkeypatch):
     """Not a terminal (a CI log): the table is 120 columns wide, so a long metric name stays on
     its row; a deterministic row shows its two values and "exact" instead of "n/a"."""
-    from patchbench.analysis import build as analysis
-
     long = "host syncs inside the mrope computation per decode step (median)"
     decl = MetricInfo("lower", "count", label=long, primary=True, kind="deterministic")
-    monkeypatch.setattr(
-        analysis, "suite_declarations", lambda name, notes: (None, {"syncs_count": decl})
-    )
+    declare_suite(monkeypatch, "bench", {"syncs_count": decl})
     run = make_run(
         tmp_path,
         metrics={"bench": {"syncs_count": {"baseline": [4.0] * 3, "patched": [0.0] * 3}}},
     )
-    report.console_summary(analysis.build_comparison(run))
+    report.console_summary(build_comparison(run))
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if "│ patched" in line)
     assert "host syncs inside the mrope computation per decode step │ 4 -> 0 │ exact" in row
@@ -291,7 +277,7 @@ def test_failed_and_incomplete_cells_have_a_section_and_their_primaries_read_inc
         if (c.variant, c.repeat) == ("baseline", 2):
             c.status, c.suites = "incomplete", {"bench": "incomplete"}
     runfolder.write_manifest(run, man)
-    text = report.render_markdown(report.build_comparison(run), man, run)
+    text = report.render_markdown(build_comparison(run))
     assert "## Failed and incomplete cells" in text
     assert "| patched/rep1 | failed | the server stopped answering (scheduler pid 7" in text
     assert "| baseline/rep2 | incomplete |" in text
@@ -299,9 +285,7 @@ def test_failed_and_incomplete_cells_have_a_section_and_their_primaries_read_inc
         assert f"- `{v}` bench output_throughput_tok_s: incomplete" in text
         assert f"- `{v}` bench mean_ttft_ms: incomplete" in text
     assert "## Failed and incomplete cells" not in report.render_markdown(
-        report.build_comparison(_run(tmp_path / "c")),
-        runfolder.read_manifest(tmp_path / "c" / run.name),
-        tmp_path / "c" / run.name,
+        build_comparison(_run(tmp_path / "c"))
     )
 
 
@@ -309,8 +293,6 @@ def test_a_suite_whose_every_cell_failed_keeps_its_primaries_as_incomplete(tmp_p
     """Every cell of the run failed (e.g. the server port held by another process): the suite's
     declared primaries are rows, incomplete, in the family; a count with no values says so
     instead of "one measurement per arm"."""
-    from patchbench.report.fmt import exactness
-
     cells = {(v, k): "failed" for v in ("baseline", "patched") for k in range(2)}
     run = make_run(
         tmp_path,

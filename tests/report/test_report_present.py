@@ -15,12 +15,15 @@ import pytest
 from scipy import stats as sps
 
 from patchbench import report
+from patchbench.analysis import power
 from patchbench.analysis.build import OUTLIER_Z, describe_pairs, verdicts
 from patchbench.analysis.comparison import Row, read_comparison
 from patchbench.cli import main
 from patchbench.report import plots
+from patchbench.report import text as rtext
+from patchbench.report.markdown import DETAILS_NAME
 from patchbench.suite import MetricInfo
-from tests.synthetic import make_run
+from tests.synthetic import declare_suite, make_run
 
 DEMO = Path(__file__).parent.parent / "data" / "golden" / "demo-cpu" / "run"
 DECL = {
@@ -33,9 +36,7 @@ DECL = {
 
 @pytest.fixture
 def declared(monkeypatch):
-    from patchbench.analysis import build as analysis
-
-    monkeypatch.setattr(analysis, "suite_declarations", lambda name, notes: (None, dict(DECL)))
+    declare_suite(monkeypatch, "bench", DECL)
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +99,7 @@ def test_accuracy_values_differ_by_the_change_in_points(demo):
     for r in read_comparison(run).rows:
         if r.kind == "accuracy" and r.change is not None:
             assert 100 * (r.variant_value - r.baseline_value) == pytest.approx(r.change)
-            assert report.shown_value(r, "baseline") == f"{100 * r.baseline_value:.1f}%"
+            assert rtext.shown_value(r, "baseline") == f"{100 * r.baseline_value:.1f}%"
 
 
 # ------------------------------------------------------------------- outliers
@@ -170,10 +171,10 @@ def test_outlier_rule_needs_three_pairs_spread_and_more_than_the_margin():
 
 def test_console_and_report_use_the_verdict_words(demo):
     run, out = demo
-    words = set(report.VERDICT_MARK)
+    words = set(rtext.VERDICT_MARK)
     assert "unchanged" not in out and "unchanged" not in (run / "report.md").read_text()
     for r in read_comparison(run).rows_for(primary=True):
-        assert report.verdict_text(r).split(",")[0].split(" within")[0] in words
+        assert rtext.verdict_text(r).split(",")[0].split(" within")[0] in words
 
 
 # ------------------------------------------------------------------- repeats to decide
@@ -195,40 +196,47 @@ def _inconclusive(**kw) -> Row:
     return Row(**(base | kw))
 
 
-def test_repeats_to_decide_matches_the_t_power_formula():
-    """The effect goal: the smallest n with sqrt(n) |log(1 + change)| / sd >= t(1 - a/2, n-1) +
-    t(0.8, n-1) (normal approximation with t quantiles, the verdict's level)."""
+def _t_power(n: int, effect: float, sd: float, alpha: float) -> float:
+    """Power of the two-sided paired t test, from scipy's noncentral t directly."""
+    df, nc = n - 1, math.sqrt(n) * abs(effect) / sd
+    crit = sps.t.ppf(1 - alpha / 2, df)
+    return sps.nct.sf(crit, df, nc) + sps.nct.cdf(-crit, df, nc)
+
+
+def test_repeats_to_decide_is_the_fewest_reaching_80_percent_power():
+    """The effect goal: the smallest n (at least min_repeats) whose exact power (noncentral t,
+    at the verdict's level) reaches 80 %."""
     sd, change = 0.05, 10.0
-    d = report.repeats_to_decide(_inconclusive(change=change, log_ratio_sd=sd), 3)
+    d = rtext.repeats_to_decide(_inconclusive(change=change, log_ratio_sd=sd), 3)
     eff = math.log1p(change / 100)
-    n = next(
-        n
-        for n in range(3, 100)
-        if math.sqrt(n) * eff / sd >= sps.t.ppf(0.975, n - 1) + sps.t.ppf(0.8, n - 1)
-    )
+    n = next(n for n in range(3, 100) if _t_power(n, eff, sd, 0.05) >= 0.8)
+    assert _t_power(n - 1, eff, sd, 0.05) < 0.8 <= _t_power(n, eff, sd, 0.05)
     assert d is not None and d.n == n and d.unit == "repeats" and "+10.0%" in d.what
-    assert report.decide_text(d, short=True) == f"about {n} repeats to decide"
-    assert "80% power to show the observed +10.0%" in report.decide_text(d)
+    assert rtext.decide_text(d, short=True) == f"about {n} repeats to decide"
+    assert "80% power to show the observed +10.0%" in rtext.decide_text(d)
 
 
 def test_repeats_to_decide_equivalence_and_cap():
     # a small observed change inside the margin: equivalence needs fewer repeats than the effect
-    d = report.repeats_to_decide(_inconclusive(change=0.5, log_ratio_sd=0.02), 3)
+    d = rtext.repeats_to_decide(_inconclusive(change=0.5, log_ratio_sd=0.02), 3)
     assert d is not None and d.what == "equivalence within ±5%" and d.n is not None
+    eff, margin = math.log1p(0.005), math.log1p(0.05)
+    assert d.n == 3 or power.tost_power(d.n - 1, eff, margin, 0.02, 0.05) < 0.8
+    assert power.tost_power(d.n, eff, margin, 0.02, 0.05) >= 0.8
     # absurd: "more than" the cap
-    d = report.repeats_to_decide(_inconclusive(change=0.1, log_ratio_sd=0.5), 3)
+    d = rtext.repeats_to_decide(_inconclusive(change=0.1, log_ratio_sd=0.5), 3)
     assert d is not None and d.n is None
-    assert report.decide_text(d, short=True) == f"more than {report.DECIDE_CAP} repeats to decide"
+    assert rtext.decide_text(d, short=True) == f"more than {rtext.DECIDE_CAP} repeats to decide"
     # not inconclusive, or no noise seen: nothing to say
-    assert report.repeats_to_decide(_inconclusive(change=5.0, verdict="improved"), 3) is None
-    assert report.repeats_to_decide(_inconclusive(change=5.0, log_ratio_sd=None), 3) is None
+    assert rtext.repeats_to_decide(_inconclusive(change=5.0, verdict="improved"), 3) is None
+    assert rtext.repeats_to_decide(_inconclusive(change=5.0, log_ratio_sd=None), 3) is None
 
 
 def test_one_pair_says_the_noise_is_unknown():
     r = _inconclusive(change=8.0, log_ratio_sd=None, n_pairs=1)
-    assert report.decide_note(r, 3, short=True) == "noise unknown"
-    assert "at least 2 paired repeats" in report.decide_note(r, 3)
-    assert report.decide_note(_inconclusive(change=8.0, verdict="improved"), 3) is None
+    assert rtext.decide_note(r, 3, short=True) == "noise unknown"
+    assert "at least 2 paired repeats" in rtext.decide_note(r, 3)
+    assert rtext.decide_note(_inconclusive(change=8.0, verdict="improved"), 3) is None
 
 
 def test_every_inconclusive_primary_says_what_would_decide(demo):
@@ -315,7 +323,7 @@ def test_mmmu_subject_plot_skipped_when_nothing_moved(tmp_path):
 def test_report_md_leaves_details_to_the_second_file(demo):
     run, _ = demo
     text = (run / "report.md").read_text()
-    details = (run / report.DETAILS_NAME).read_text()
+    details = (run / DETAILS_NAME).read_text()
     assert len(text.encode()) < 16_000  # the golden demo: about 35 KB with everything inline
     assert "![pr_figure](plots/pr_figure.png)" in text
     assert "ecdf_ttft" not in text and "![ecdf_ttft](plots/ecdf_ttft.png)" in details

@@ -196,10 +196,10 @@ def _run_with(tmp_path, monkeypatch, gpu_of: dict, scans: dict | None = None):
 
 
 def _render(run):
-    from patchbench import report, runfolder
+    from patchbench import report
     from patchbench.analysis.build import build_comparison
 
-    return report.render_markdown(build_comparison(run), runfolder.read_manifest(run), run)
+    return report.render_markdown(build_comparison(run))
 
 
 def test_report_lists_the_cells_whose_gpu_was_throttled_or_shared(tmp_path, monkeypatch):

@@ -1,0 +1,319 @@
+"""The report's words and numbers, shared by report.md, report-details.md, the PR comment and
+the console: verdict marks, values, changes and intervals as text, how many repeats would
+decide an inconclusive primary, the answer's sentences and the console summary."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from patchbench.analysis import power
+from patchbench.analysis.comparison import Comparison, Row
+
+VERDICT_MARK = {
+    "regressed": "🔴 regressed",
+    "improved": "🟢 improved",
+    "equivalent": "🔵 equivalent",
+    "inconclusive": "⚪ inconclusive",
+    "incomplete": "⚪ incomplete",
+}
+
+
+def esc(s: str) -> str:
+    """Text safe in a markdown table cell, on one line."""
+    return str(s).replace("|", "\\|").replace("\n", " ")
+
+
+def fmt_value(x: float | None) -> str:
+    """4 significant digits, thousands grouped; "n/a" for None."""
+    if x is None:
+        return "n/a"
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
+
+
+def fmt_bounded(x: float | None, bound: str | None) -> str:
+    """:func:`fmt_value`, with "≥" / "≤" in front of a lower / upper bound."""
+    return {"lower": "≥", "upper": "≤"}.get(bound or "", "") + fmt_value(x)
+
+
+def shown_value(r: Row, arm: str) -> str:
+    """The value of ``arm`` ("baseline" or "variant") a table shows: accuracy in percent
+    ("41.3%", so the two differ by the change in points), else :func:`fmt_bounded`."""
+    x = r.baseline_value if arm == "baseline" else r.variant_value
+    if r.kind == "accuracy" and r.change_unit == "pt" and x is not None:
+        return f"{100 * x:.1f}%"
+    return fmt_bounded(x, r.baseline_bound if arm == "baseline" else r.variant_bound)
+
+
+def values_txt(r: Row) -> str:
+    """A deterministic row's two values: "507 -> 90", "507 -> ≥6"."""
+    return f"{shown_value(r, 'baseline')} -> {shown_value(r, 'variant')}"
+
+
+def exactness(r: Row) -> str:
+    """How a deterministic row's values are known: "no values", "a bound", "exact"
+    (``Row.exact_by``) or "one measurement per arm"."""
+    if r.baseline_value is None or r.variant_value is None:
+        return "no values"
+    if r.baseline_bound or r.variant_bound:
+        return "a bound"
+    return "exact" if r.exact_by else "one measurement per arm"
+
+
+def fmt_change(x: float | None, unit: str) -> str:
+    """ "+20.1%", "+0.1 pt", "-2 count"; "n/a" for None."""
+    if x is None:
+        return "n/a"
+    if x == 0 or (unit in ("%", "pt") and round(x, 1) == 0):
+        x = 0.0  # "+0.0", never "-0.0"
+    if unit == "%":
+        return f"{x:+.1f}%"
+    if unit == "pt":
+        return f"{x:+.1f} pt"
+    return f"{x:+g}" + (f" {unit}" if unit else "")
+
+
+def fmt_ci(lo: float | None, hi: float | None, unit: str = "%") -> str:
+    """ "[+18.3%, +21.9%]", in points "[-0.9, +1.1]"; "n/a" when absent."""
+    if lo is None or hi is None:
+        return "n/a"
+    if unit == "%":
+        return f"[{lo:+.1f}%, {hi:+.1f}%]"
+    return f"[{lo:+.1f}, {hi:+.1f}]"
+
+
+def margin_txt(r: Row) -> str:
+    """ "±5%", "±2 pt"; "" without a margin."""
+    if r.margin is None:
+        return ""
+    return f"±{r.margin:g} pt" if r.change_unit == "pt" else f"±{r.margin:g}%"
+
+
+def verdict_text(r: Row) -> str:
+    """The verdict in the words of :data:`VERDICT_MARK`: "improved", "improved, within ±5%",
+    "equivalent within ±2 pt", "equivalent" (an equal count), "inconclusive"."""
+    if r.verdict in ("improved", "regressed") and r.within_margin:
+        return f"{r.verdict}, within {margin_txt(r)}"
+    if r.verdict == "equivalent":
+        margin = margin_txt(r)  # a count with no margin is equivalent only when exactly equal
+        return f"equivalent within {margin}" if margin else "equivalent"
+    return r.verdict
+
+
+# ---------------------------------------------------------------- repeats to decide
+
+#: the power the repeats-to-decide estimate aims at
+DECIDE_POWER = 0.8
+#: paired repeats beyond which the estimate says only "more than"
+DECIDE_CAP = 50
+#: questions beyond this multiple of the row's questions: only "more than"
+DECIDE_QUESTIONS_CAP = 20
+
+
+@dataclass
+class Decide:
+    """How much data would likely decide an inconclusive row: ``n`` paired repeats or questions
+    (``unit``; None: more than ``cap``), ``what`` it would show, ``sd`` the noise used and
+    ``pairs`` the data it was measured on, as text."""
+
+    n: int | None
+    cap: int
+    unit: str
+    what: str
+    sd: str
+    pairs: str
+
+
+def _fewest(
+    sd: float, effect: float, margin: float | None, alpha: float, dist: str, floor: int, cap: int
+) -> tuple[int | None, str] | None:
+    """(the fewest n, which goal) of two goals, by :func:`patchbench.analysis.power.n_needed` at
+    :data:`DECIDE_POWER`: showing ``effect`` (two-sided at ``alpha``) or, when inside
+    ``margin``, equivalence by TOST at ``alpha``; (None, the first goal) past ``cap``; None when
+    neither can happen (no change seen and no margin)."""
+    goals = []
+    if effect != 0:
+        goals.append(("effect", None))
+    if margin is not None and abs(effect) < margin:
+        goals.append(("equivalence", margin))
+    best: tuple[int | None, str] | None = None
+    for what, m in goals:
+        n = power.n_needed(
+            effect, sd, alpha, DECIDE_POWER, margin=m, dist=dist, floor=floor, cap=cap
+        )
+        if best is None or (n is not None and (best[0] is None or n < best[0])):
+            best = (n, what)
+    return best
+
+
+def repeats_to_decide(r: Row, min_repeats: int) -> Decide | None:
+    """How many paired repeats (accuracy: questions) would likely decide an inconclusive
+    primary at this run's noise and the level its verdict used (:func:`_fewest`). Run rows: the
+    sd of the paired log ratios (2 pairs or more), the t test, at least ``min_repeats``.
+    Accuracy rows: the per-question sd the interval implies (half-width x sqrt(questions) / z),
+    the z test, in questions. None for other rows and where the noise is unknown."""
+    if r.verdict != "inconclusive" or not r.primary or r.change is None or r.confidence is None:
+        return None
+    alpha = 1 - r.confidence
+    if r.kind == "run" and r.change_unit == "%" and r.log_ratio_sd is not None:
+        effect = math.log1p(r.change / 100)
+        margin = math.log1p(r.margin / 100) if r.margin is not None else None
+        cap, unit, pairs = DECIDE_CAP, "repeats", f"{r.n_pairs} pairs"
+        got = _fewest(r.log_ratio_sd, effect, margin, alpha, "t", min_repeats, cap)
+        sd = f"sd of paired log ratios {100 * r.log_ratio_sd:.1f}%"
+    elif r.kind == "accuracy" and r.low is not None and r.high is not None and r.n_pairs:
+        from scipy import stats as sps
+
+        half = (r.high - r.low) / 2
+        sd_q = half * math.sqrt(r.n_pairs) / sps.norm.ppf(1 - alpha / 2)
+        cap = DECIDE_QUESTIONS_CAP * r.n_pairs
+        got = _fewest(sd_q, r.change, r.margin, alpha, "normal", r.n_pairs, cap)
+        unit, sd, pairs = "questions", f"interval ±{half:.1f} pt", f"{r.n_pairs} questions"
+    else:
+        return None
+    if got is None:
+        return None
+    n, what = got
+    what = (
+        f"equivalence within {margin_txt(r)}"
+        if what == "equivalence"
+        else f"the observed {fmt_change(r.change, r.change_unit)}"
+    )
+    return Decide(n, cap, unit, what, sd, pairs)
+
+
+def decide_text(d: Decide, *, short: bool = False) -> str:
+    """ "about 9 repeats to decide" (``short``), or with what and the noise: "about 9 paired
+    repeats would likely decide (80% power to show ...; sd ... over 2 pairs)"; "more than 50
+    ..." past the cap."""
+    if short:
+        return f"{'about' if d.n is not None else 'more than'} {d.n or d.cap} {d.unit} to decide"
+    unit = "paired repeats" if d.unit == "repeats" else d.unit
+    head = (
+        f"about {d.n} {unit} would likely decide"
+        if d.n is not None
+        else f"more than {d.cap} {unit} would be needed to decide"
+    )
+    return f"{head} ({100 * DECIDE_POWER:g}% power to show {d.what}; {d.sd} over {d.pairs})"
+
+
+def decide_note(r: Row, min_repeats: int, *, short: bool = False) -> str | None:
+    """What an inconclusive primary needs to be decided (:func:`decide_text`), or why no
+    estimate is given (a run row with fewer than 2 pairs); None for a decided or secondary row."""
+    d = repeats_to_decide(r, min_repeats)
+    if d is not None:
+        return decide_text(d, short=short)
+    if r.verdict == "inconclusive" and r.primary and r.kind == "run" and r.log_ratio_sd is None:
+        return (
+            "noise unknown"
+            if short
+            else "repeats to decide: not estimated (the noise needs at least 2 paired repeats)"
+        )
+    return None
+
+
+# ---------------------------------------------------------------- the answer
+
+
+def outlier_text(r: Row) -> str | None:
+    """ "outlier repeat: rep2 (descriptive)", or None."""
+    if not r.outlier_repeats:
+        return None
+    reps = ", ".join(f"rep{k}" for k in r.outlier_repeats)
+    return f"outlier repeat{'s' if len(r.outlier_repeats) > 1 else ''}: {reps} (descriptive)"
+
+
+def _why_no_interval(r: Row) -> str:
+    """Why a row has no interval, in a few words: its test's repeat count ("2 paired repeats"),
+    else the start of its first note."""
+    for n in r.notes:
+        m = re.match(r"(\d+ paired repeats?|1 repeat|no paired repeats)\b", n)
+        if m:
+            return m.group(1)
+    return (r.notes[0].split(":")[0] if r.notes else "no interval").strip()
+
+
+def sentence_parts(cmp: Comparison, variant: str) -> tuple[str, list[str]]:
+    """(``"<variant> vs <baseline>: "``, one clause per primary and pairing refusal)."""
+    parts = []
+    for r in cmp.rows_for(variant, primary=True):
+        if r.kind == "deterministic":
+            parts.append(f"{r.short_label()} {values_txt(r)} {verdict_text(r)} ({exactness(r)})")
+            continue
+        decide = decide_note(r, cmp.settings.min_repeats, short=True)
+        change = f"{r.short_label()} {fmt_change(r.change, r.change_unit)}"
+        if r.low is None or r.high is None:  # say why in a few words (the table has the note)
+            why = "; ".join(x for x in (_why_no_interval(r), decide) if x)
+            parts.append(f"{change} {verdict_text(r)} ({why})")
+            continue
+        parts.append(
+            f"{change} {fmt_ci(r.low, r.high, r.change_unit)} {verdict_text(r)}"
+            + (f" ({decide})" if decide else "")
+        )
+    for suite, per in cmp.refusals.items():
+        if variant in per:
+            parts.append(f"{suite} not paired: {per[variant]}")
+    tag = " (A/A)" if variant in cmp.aa_variants else ""
+    return f"{variant}{tag} vs {cmp.baseline}: ", parts
+
+
+def sentence(cmp: Comparison, variant: str) -> str:
+    """One sentence for ``variant``: each primary with its change, interval and verdict, each
+    pairing refusal with its reason."""
+    head, parts = sentence_parts(cmp, variant)
+    return head + ("; ".join(parts) if parts else "no primary metric")
+
+
+def partial_lines(cmp: Comparison) -> list[str]:
+    """What a partial run says: that it is partial and the command that resumes it ([] for a
+    finished run)."""
+    d = cmp.design
+    if d.partial is None:
+        return []
+    return [f"Partial run: {d.partial}; no primary verdict is decisive."] + (
+        [f"Resume with: {d.resume}"] if d.resume else []
+    )
+
+
+#: the console's width when stdout is not a terminal (rich would use 80)
+CONSOLE_LOG_WIDTH = 120
+
+
+def console_summary(cmp: Comparison, report: Path | None = None) -> list[str]:
+    """Print the primaries table (rich), then the answer's sentences one clause a line and a
+    partial run's resume command; returns the sentences."""
+    sents = [sentence(cmp, v) for v in cmp.variants]
+    answer = []
+    for v in cmp.variants:
+        head, parts = sentence_parts(cmp, v)
+        answer.append(head.rstrip() + ("" if parts else " no primary metric"))
+        answer += [f"  - {p}" for p in parts]
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console()
+    if not c.is_terminal:  # a log file or CI: no terminal width to fit, 80 wraps the table
+        c = Console(width=max(c.width, CONSOLE_LOG_WIDTH))
+    t = Table(title=f"{cmp.run_id}: primaries vs {cmp.baseline}")
+    for h in ("variant", "metric", "change", "interval", "verdict"):
+        t.add_column(h)
+    for r in cmp.rows_for(primary=True):
+        det = r.kind == "deterministic"
+        t.add_row(
+            r.variant,
+            r.short_label(),
+            values_txt(r) if det else fmt_change(r.change, r.change_unit),
+            exactness(r) if det else fmt_ci(r.low, r.high, r.change_unit),
+            verdict_text(r),
+        )
+    if t.row_count:
+        c.print(t)
+    if report is not None:
+        c.print(f"report: {report}")
+    for line in partial_lines(cmp):
+        c.print(line, markup=False, highlight=False, soft_wrap=True)
+    for line in answer:
+        c.print(line, markup=False, highlight=False)
+    return sents
