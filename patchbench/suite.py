@@ -1,30 +1,18 @@
 """The suite contract: what a suite declares and which hooks the core calls (docs/design.md).
 
-A suite is a subclass of :class:`Suite` registered with :func:`register`. The core (bench,
-compare, report, plots, doctor, nightly) never names a suite: it asks the registry
-(:func:`get_suite`) and calls the hooks below. Built-in suites live in ``patchbench/suites/<name>/``
-(installed as ``patchbench.suites.<name>``); others are found through the ``patchbench.suites``
-entry-point group or the ``PATCHBENCH_SUITE_MODULES`` environment variable (comma-separated
-importable modules, each calling :func:`register` on import).
-
-Required: ``name``, ``Params`` (pydantic, ``extra="forbid"``), ``metrics`` ``{name: MetricInfo}``
-(every name carries its unit: ``_ms``, ``_s``, ``_tok_s``, ``_req_s``, ``_acc``, ``_count``,
-``_share``, ``_us``), ``run(ctx, params) -> SuiteResult``; ``declarations(params)`` when the
-parameters change which metrics exist (default: ``metrics``); ``plan_lines(params,
-cells_per_round, cpu)`` for the dry run.
-Class flags: ``needs_server`` (False: runs against the variant's sglang package, no server);
-``timed`` (False: the suite perturbs timing, e.g. a profiler, and runs only in the untimed
-correctness cells, never in cells whose timings feed a verdict).
-Optional hooks (defaults do nothing): ``instrumentation`` (environment, in-server hook files and
-server arguments the server needs for this suite; only in untimed correctness cells), ``pair``
-(paired analysis of one baseline cell and one variant cell), ``report_section`` and ``plots``
-(render from the typed comparison only), ``report_block`` (PR-style text block of one cell),
-``doctor_checks``.
+A suite is a subclass of :class:`Suite` registered with :func:`register`; the core never names a
+suite, it asks :func:`get_suite` and calls the hooks. A built-in suite is one folder
+``patchbench/suites/<name>/``, found by that folder and imported on first use; others register on
+import from a module named in ``PATCHBENCH_SUITE_MODULES`` (comma-separated) or through the
+``patchbench.suites`` entry-point group.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import pkgutil
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,31 +42,27 @@ def unit_of(metric: str) -> str:
 
 
 class SuiteError(RunFailed):
-    """A suite failure the suite understood (server died, bench_serving exited non-zero, ...);
-    the cell is marked failed with this message (exit 4 if it ends a command)."""
+    """A failure the suite understood (e.g. bench_serving exited non-zero): the cell fails with
+    this message (exit 4 if it ends a command)."""
 
 
 @dataclass(frozen=True)
 class MetricInfo:
     """What a metric means for a comparison.
 
-    better: "higher" (throughput, accuracy), "lower" (latencies), or "none" (descriptive only,
-    never gets an improved/regressed verdict, e.g. a token count).
-    unit: display unit ("ms", "s", "tok/s", "req/s", "acc", "count", "share", "us").
-    label: the label sglang.bench_serving (or the MMMU script) prints, when there is one.
+    better: "higher", "lower", or "none" (descriptive only, never improved/regressed).
+    unit: display unit (:data:`UNIT_SUFFIXES`). label: what bench_serving prints, if anything.
     primary: a primary metric (verdicts Holm-adjusted across a variant's primaries, shown in the
     headline); every other metric is secondary (exploratory, raw intervals, folded table).
-    kind: how a change is judged. "run": run-level value, paired repeats, t-interval on log ratios;
-    "accuracy": a proportion over items paired across cells (the suite's ``pair`` hook gives the
-    interval of the paired difference); "deterministic": the same in every run (e.g. host syncs per
-    call), compared exactly, no interval; "descriptive": shown, never judged.
+    kind: "run": paired repeats, t-interval on log ratios; "accuracy": a proportion over items
+    paired across cells (the ``pair`` hook's ``accuracy``); "deterministic": the same in every run,
+    compared exactly; "descriptive": shown, never judged.
     margin: practical-equivalence margin; for kind "run" in percent of the baseline (5.0 = +-5 %),
     for kind "accuracy" in points of accuracy (2.0 = +-2 points), None: no equivalence verdict.
     Configs may override it per metric (``compare.margins``).
-    deterministic_by: kind "deterministic" only: the test (``tests/<file>.py::<name>``) that
-    proves the value is the same in every run of the same code (deterministic by construction);
-    then one measurement per arm is exact. Without it a value is shown exact only when every arm
-    measured it at least twice with no spread.
+    deterministic_by: kind "deterministic" only: the test (``tests/<file>.py::<name>``) proving
+    the value is the same in every run, so one measurement per arm is exact; without it a value
+    is exact only when every arm measured it at least twice with no spread.
     """
 
     better: Literal["higher", "lower", "none"]
@@ -213,10 +197,13 @@ class SuiteResult:
 
 
 class Suite:
-    """Base class of every suite (see the module docstring for the contract).
+    """Base class of every suite; one instance per process (:func:`get_suite`), no state kept.
 
-    Subclasses set the class attributes and override :meth:`run`; hooks are optional. One instance
-    is made per process by :func:`get_suite`; suites keep no state between calls.
+    Required: ``name``, ``Params`` (pydantic, ``extra="forbid"``: the config's ``suites.<name>``),
+    ``metrics`` ``{name: MetricInfo}`` (each name ends in its unit, :data:`UNIT_SUFFIXES`) and
+    :meth:`run`. ``needs_server`` False: runs against the variant's sglang package, no server;
+    ``timed`` False: perturbs timing (e.g. a profiler), runs only in the untimed correctness cells.
+    The other hooks are optional and do nothing by default.
     """
 
     name: ClassVar[str] = ""
@@ -323,14 +310,6 @@ def suite_refusals(comparison: Any, suite: str) -> dict[str, str]:
     return {v: str(r) for v, r in _suite_part(comparison, "refusals", suite).items() if r}
 
 
-#: built-in suites: name -> module that registers it
-BUILTIN_SUITES: dict[str, str] = {
-    "mmmu": "patchbench.suites.mmmu",
-    "serving": "patchbench.suites.serving",
-    "sync_probe": "patchbench.suites.sync_probe",
-    "profile": "patchbench.suites.profile",
-}
-
 _REGISTRY: dict[str, type[Suite]] = {}
 _INSTANCES: dict[str, Suite] = {}
 
@@ -341,8 +320,6 @@ def register(cls: type[Suite]) -> type[Suite]:
     Raises ValueError for an empty name, a name without the form ``[a-z][a-z0-9_]*``, or a name
     already registered by another class.
     """
-    import re
-
     if not cls.name or not re.fullmatch(r"[a-z][a-z0-9_]*", cls.name):
         raise ValueError(
             f"suite class {cls.__qualname__}: name must match [a-z][a-z0-9_]*, got {cls.name!r}"
@@ -356,8 +333,6 @@ def register(cls: type[Suite]) -> type[Suite]:
 
 
 def _load_plugins() -> None:
-    import os
-
     for mod in filter(
         None, (m.strip() for m in os.environ.get("PATCHBENCH_SUITE_MODULES", "").split(","))
     ):
@@ -371,10 +346,17 @@ def _load_plugins() -> None:
         pass
 
 
+def _builtin_names() -> set[str]:
+    """The folders under patchbench/suites/: one folder, one suite."""
+    import patchbench.suites
+
+    return {m.name for m in pkgutil.iter_modules(patchbench.suites.__path__) if m.ispkg}
+
+
 def suite_names() -> list[str]:
     """Every suite name known: built-ins plus registered plugins, sorted."""
     _load_plugins()
-    return sorted(set(BUILTIN_SUITES) | set(_REGISTRY))
+    return sorted(_builtin_names() | set(_REGISTRY))
 
 
 def get_suite(name: str) -> Suite:
@@ -384,8 +366,8 @@ def get_suite(name: str) -> Suite:
     """
     if name in _INSTANCES:
         return _INSTANCES[name]
-    if name not in _REGISTRY and name in BUILTIN_SUITES:
-        importlib.import_module(BUILTIN_SUITES[name])
+    if name not in _REGISTRY and name in _builtin_names():
+        importlib.import_module(f"patchbench.suites.{name}")
     if name not in _REGISTRY:
         _load_plugins()
     if name not in _REGISTRY:
