@@ -477,7 +477,7 @@ COMMANDS: list[Command] = [
     Command(
         "score-mmmu",
         "re-score saved MMMU responses against an answer key",
-        *_lazy("patchbench.suites.mmmu.cli", run="run_args"),
+        *_lazy("patchbench.suites.mmmu.scoring", run="run_args"),
     ),
     Command(
         "matrix",

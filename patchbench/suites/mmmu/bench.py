@@ -1,16 +1,6 @@
-"""``run(ctx, params)``: one MMMU cell against a ready sglang server.
-
-Steps: (1) prepare the questions (load, build messages with PNG data URLs, hash them) or reuse the
-prepared file in ``ctx.cache_dir`` (``mmmu/prepared-<key>.jsonl``, key = sha256 of every
-parameter that shapes a prompt), so images are encoded once per run and not once per variant or
-repeat; (2) send every question (``client.send_all``) with a rich progress bar on a terminal;
-(3) parse and score every response (``scoring``) in question order; (4) write into
-``ctx.out_dir``: ``records.jsonl`` (one question a line, docs/CONTRACTS.md), ``answer_sglang.json``
-and ``val_sglang.json`` (the upstream script's shapes), ``scores.json`` (counts, accuracies and
-Wilson intervals per subject / domain / overall); (5) return the summary.
-
-Status: "incomplete" when any request failed (the failed questions count as wrong in the accuracy
-and are listed in ``errors``).
+"""``run(ctx, params)``: one MMMU cell against a ready sglang server: prepare the questions (cached
+per run in ``ctx.cache_dir``), send them, score the responses and write ``records.jsonl``,
+``answer_sglang.json``, ``val_sglang.json`` and ``scores.json`` (docs/mmmu.md, docs/CONTRACTS.md).
 """
 
 from __future__ import annotations
@@ -19,7 +9,6 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import random
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +17,7 @@ import patchbench.suites.mmmu.client as client
 import patchbench.suites.mmmu.scoring as scoring
 from patchbench.records import read_jsonl, write_json, write_jsonl
 from patchbench.suite import SuiteContext, SuiteError, SuiteResult
-from patchbench.suites.mmmu.data import DOMAINS, load_questions
+from patchbench.suites.mmmu.data import DOMAINS, domain_metric, load_questions
 from patchbench.suites.mmmu.params import Params
 from patchbench.suites.mmmu.prompts import (
     PromptError,
@@ -58,9 +47,8 @@ DEMO_DEFAULT_PATH = ".cache/data/mmmu-demo"
 
 
 def dataset_folder(params: Params) -> Path | None:
-    """The local folder to load from. For ``dataset: patchbench/mmmu-demo`` the generated demo
-    questions (MMMU schema, :mod:`patchbench.suites.mmmu.demo_data`) at ``dataset_path`` (default
-    ``.cache/data/mmmu-demo``), generated there first when missing."""
+    """The local folder to load from; for :data:`DEMO_DATASET` the demo questions at
+    ``dataset_path`` (default :data:`DEMO_DEFAULT_PATH`), generated there first when missing."""
     dp = resolve_dataset_path(params.dataset_path)
     if params.dataset != DEMO_DATASET:
         return dp
@@ -91,15 +79,10 @@ def prepare_key(params: Params) -> str:
 
 
 def prepare(params: Params, cache_dir: Path | None = None) -> list[dict[str, Any]]:
-    """The prepared questions: ``[{"id", "subject", "question_type", "gold", "index2ans",
-    "messages", "prompt_sha256", "n_images_sent", "n_images", "images_unreferenced"}]`` in
-    question order; ``images_unreferenced`` lists the images the text never names (sent after the
-    text under protocol ``patchbench``).
-
-    Reads ``cache_dir/mmmu/prepared-<key>.jsonl`` when present, else loads the dataset, builds the
-    messages and writes that file (atomically). Raises DatasetUnavailable / SuiteError for data
-    that cannot be used (naming the question).
-    """
+    """The prepared questions in order: ``[{"id", "subject", "question_type", "gold",
+    "index2ans", "messages", "prompt_sha256", "n_images_sent", "n_images",
+    "images_unreferenced"}]``, read from or written to ``cache_dir/mmmu/prepared-<key>.jsonl``.
+    Raises DatasetUnavailable / SuiteError naming the question for data that cannot be used."""
     cache = (
         Path(cache_dir) / "mmmu" / f"prepared-{prepare_key(params)}.jsonl" if cache_dir else None
     )
@@ -141,18 +124,9 @@ def prepare(params: Params, cache_dir: Path | None = None) -> list[dict[str, Any
 def score_records(
     prepared: list[dict[str, Any]], outcomes: list[client.Outcome], params: Params
 ) -> list[dict[str, Any]]:
-    """One record per question (docs/CONTRACTS.md fields plus ``gold``, ``index2ans``,
-    ``fallback``, ``unparsed_kind``, ``parse_rule``, ``parser``, ``parser_seed``,
-    ``official_fallback``, ``protocol``, ``sampling``, ``n_images``, ``n_images_sent``,
-    ``images_unreferenced`` (the image numbers the text never names), ``attempts``,
-    ``finish_reason``). The official parser's random fallback draws from one
-    ``random.Random(params.seed)`` in question order."""
-    rng = (
-        random.Random(params.seed)
-        if params.parser == "official" and params.official_fallback == "random"
-        else None
-    )
-    seed = params.seed if params.parser == "official" else None
+    """One record per question (docs/CONTRACTS.md, docs/mmmu.md); the official parser's random
+    fallback draws from one ``random.Random(params.seed)`` in question order."""
+    rng = scoring.fallback_rng(params.parser, params.official_fallback, params.seed)
     out = []
     for p, o in zip(prepared, outcomes, strict=True):
         s = scoring.score_response(
@@ -166,43 +140,32 @@ def score_records(
             failed=o.error is not None,
         )
         out.append(
-            {
-                "id": p["id"],
-                "subject": p["subject"],
-                "question_type": p["question_type"],
-                "prompt_sha256": p["prompt_sha256"],
-                "response": o.response,
-                "parsed": s.parsed,
-                "verdict": s.verdict,
-                "latency_s": o.latency_s,
-                "prompt_tokens": o.prompt_tokens,
-                "completion_tokens": o.completion_tokens,
-                "error": o.error,
-                "gold": p["gold"],
-                "index2ans": p["index2ans"],
-                "fallback": s.fallback,
-                "unparsed_kind": s.unparsed_kind,
-                "parse_rule": s.rule,
-                "parser": params.parser,
-                "parser_seed": seed,
-                "official_fallback": (
-                    params.official_fallback if params.parser == "official" else None
-                ),
-                "protocol": params.protocol,
-                "sampling": params.sampling,
-                "n_images": p.get("n_images"),
-                "n_images_sent": p["n_images_sent"],
-                "images_unreferenced": p.get("images_unreferenced", []),
-                "attempts": o.attempts,
-                "finish_reason": o.finish_reason,
-            }
+            scoring.record(
+                p["id"],
+                p["subject"],
+                p["question_type"],
+                o.response,
+                s,
+                gold=p["gold"],
+                index2ans=p["index2ans"],
+                parser=params.parser,
+                seed=params.seed,
+                fallback=params.official_fallback,
+                prompt_sha256=p["prompt_sha256"],
+                latency_s=o.latency_s,
+                prompt_tokens=o.prompt_tokens,
+                completion_tokens=o.completion_tokens,
+                error=o.error,
+                protocol=params.protocol,
+                sampling=params.sampling,
+                n_images=p.get("n_images"),
+                n_images_sent=p["n_images_sent"],
+                images_unreferenced=p.get("images_unreferenced", []),
+                attempts=o.attempts,
+                finish_reason=o.finish_reason,
+            )
         )
     return out
-
-
-def domain_metric(domain: str) -> str:
-    """``"Art and Design"`` -> ``"mmmu_art_and_design_acc"``."""
-    return "mmmu_" + domain.lower().replace(" ", "_") + "_acc"
 
 
 def summarize(
@@ -269,8 +232,7 @@ def _metrics(sc: scoring.Scores, params: Params) -> dict[str, float]:
 
 
 def _warnings(o: scoring.Tally, params: Params) -> list[str]:
-    """What the cell's overall tally ``o`` asks the reader to know: unparsed answers, official
-    fallbacks, images not sent or never named, the PR's protocol."""
+    """What the overall tally ``o`` asks the reader to know (unparsed, fallbacks, images)."""
     warnings = []
     if o.unparsed:
         warnings.append(
@@ -309,7 +271,7 @@ def write_outputs(out_dir: Path, records: list[dict[str, Any]], sc: scoring.Scor
     write_json(out_dir / "scores.json", sc.as_dict())
 
 
-def _progress(total: int, log):
+def _progress(total: int):
     """A rich progress bar on a terminal; a no-op callable (and no bar) otherwise."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -330,8 +292,8 @@ def _progress(total: int, log):
 
 
 def run(ctx: SuiteContext, params: Params) -> SuiteResult:
-    """Run the suite in one cell (see module docstring). Raises SuiteError when there is no
-    server or the questions cannot be loaded."""
+    """One cell; SuiteError without a server or when the questions cannot be loaded. Status
+    "incomplete" when a request failed (counted wrong, listed in ``errors``)."""
     if ctx.server is None:
         raise SuiteError("the mmmu suite needs a running server (ctx.server is None)")
     t0 = time.perf_counter()
@@ -353,13 +315,12 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
         f"mmmu: {len(prepared)} questions, protocol {params.protocol}, parser "
         f"{params.parser}, concurrency {params.concurrency}"
     )
-    prog, tick = _progress(len(bodies), ctx.log)
+    prog, tick = _progress(len(bodies))
     meter = ctx.server.progress  # the liveness watch: replies that stop coming fail the cell
     t1 = time.perf_counter()
 
     def on_done() -> None:
-        if tick is not None:
-            tick()
+        tick()
         if meter is not None:
             meter.done()
 

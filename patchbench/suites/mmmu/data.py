@@ -85,12 +85,9 @@ def subject_of(qid: str) -> str:
     return m.group("subject")
 
 
-def domain_of(subject: str) -> str:
-    """Domain of a subject (``"Art_Theory"`` -> ``"Art and Design"``); KeyError when unknown."""
-    try:
-        return SUBJECT_DOMAIN[subject]
-    except KeyError:
-        raise KeyError(f"unknown MMMU subject {subject!r}; known: {', '.join(SUBJECTS)}") from None
+def domain_metric(domain: str) -> str:
+    """``"Art and Design"`` -> ``"mmmu_art_and_design_acc"``."""
+    return "mmmu_" + domain.lower().replace(" ", "_") + "_acc"
 
 
 def parse_options(raw: Any, qid: str = "?") -> list[str]:
