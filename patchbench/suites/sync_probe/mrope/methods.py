@@ -1,12 +1,7 @@
-"""Run sglang's mrope position methods outside sglang: extraction from a release's source.
-
-sglang's ``ForwardBatch`` computes ``mrope_positions`` (int64, shape ``[3, num_tokens]``) for models
-with multimodal rotary embedding (docs/FACTS.md section 1). Importing the real module needs the whole
-sglang package (Triton kernels, runtime context), which a lent GPU machine does not have, so
-:class:`MropeMethods` takes the *source* of a ``forward_batch_info.py`` (stock or patched, any
-release), extracts the ``ForwardBatch`` methods whose name contains ``mrope`` with :mod:`ast`, and
-executes them against small stand-ins for what they reference (:mod:`.standins`). The real method
-bodies run; only their surroundings are stand-ins.
+"""sglang's mrope position methods run outside sglang: the ``ForwardBatch`` methods whose name
+contains ``mrope``, extracted with :mod:`ast` from a ``forward_batch_info.py`` (stock or patched,
+any release) and run against stand-ins (:mod:`.cases`): importing the real module needs the whole
+sglang package, which a lent GPU machine does not have (docs/FACTS.md section 1).
 """
 
 from __future__ import annotations
@@ -21,9 +16,8 @@ from typing import Any
 
 import torch
 
-from .cases import MropeCase
+from .cases import MropeCase, StandInMode, stand_in_globals
 from .sources import MropeSourceError
-from .standins import StandInMode, stand_in_globals
 
 
 def _free_names(nodes: Sequence[ast.AST]) -> set[str]:

@@ -19,7 +19,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[4]  # patchbench/suites/sync_probe/mrope/sources.py -> the repository
+REPO = (
+    Path(__file__).resolve().parents[4]
+)  # patchbench/suites/sync_probe/mrope/sources.py -> the repository
 #: the target file, relative to site-packages (and to the ``sglang`` folder's parent)
 FBI_REL = "sglang/srt/model_executor/forward_batch_info.py"
 DEFAULT_PATCH = "mrope-sync-free"
