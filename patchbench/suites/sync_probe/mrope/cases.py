@@ -33,12 +33,9 @@ class StandInMode:
 
 @dataclass
 class StandInMultimodalInputs:
-    """The fields of sglang's ``MultimodalInputs`` that the mrope methods read.
-
-    mrope_position_delta: CPU int64 tensor, usually ``[1, 1]`` (k values -> k decode columns on
-    0.5.1.post3, an error on 0.5.23). mrope_positions: ``[3, prompt_len]`` positions of the prompt,
-    or None. mrope_position_delta_repeated_cache: a cache 0.5.23 fills.
-    """
+    """The fields of sglang's ``MultimodalInputs`` the mrope methods read: mrope_position_delta (CPU
+    int64, usually ``[1, 1]``), mrope_positions (``[3, prompt_len]`` or None), and the cache
+    0.5.23 fills."""
 
     mrope_position_delta: torch.Tensor
     mrope_positions: torch.Tensor | None = None
@@ -66,9 +63,9 @@ def _flatten_nested_list(value: Any) -> list:
 
 
 def stand_in_globals(state: SimpleNamespace) -> dict[str, Any]:
-    """The names the extracted methods may reference, besides builtins and their own locals:
-    ``typing``'s names and the stand-ins. ``state.rl_on_policy_target`` is what
-    ``get_exec().deterministic.rl_on_policy_target`` returns at call time (0.5.23 reads it)."""
+    """The names the extracted methods may reference: ``typing``'s and the stand-ins;
+    ``state.rl_on_policy_target`` is what ``get_exec().deterministic.rl_on_policy_target`` returns
+    (0.5.23 reads it)."""
     import typing
 
     names: dict[str, Any] = {name: getattr(typing, name) for name in typing.__all__}
@@ -90,12 +87,10 @@ def stand_in_globals(state: SimpleNamespace) -> dict[str, Any]:
 class MropeCase:
     """One call's inputs, shared by both releases' stand-ins.
 
-    mode: "decode" | "extend". seq_lens: int tensor [B] on the target device (what the GPU holds;
-    may be one step ahead of seq_lens_cpu in overlap mode). seq_lens_cpu: int64 CPU tensor [B].
-    mm_inputs: B entries, None for a text-only request. extend_seq_lens / extend_prefix_lens:
-    B ints (extend only). sessions: per request, a session object or None (0.5.23 extend).
-    device: the model runner's device ("cpu", "cuda", "meta").
-    """
+    mode: "decode" | "extend". seq_lens: int tensor [B] on the target device (one step ahead of
+    seq_lens_cpu in overlap mode); seq_lens_cpu: int64 CPU [B]; mm_inputs: B entries, None for a
+    text-only request; extend_seq_lens / extend_prefix_lens: B ints (extend only); sessions: per
+    request (0.5.23 extend); device: the model runner's ("cpu", "cuda", "meta")."""
 
     mode: str
     seq_lens: torch.Tensor
@@ -158,13 +153,10 @@ def decode_case(
     delta_range: tuple[int, int] = (-4000, 4000),
     device: str = "cpu",
 ) -> MropeCase:
-    """A random decode batch (seeded). Image requests get a ``[1, 1]`` delta in ``delta_range``
-    (zero included), or with probability ``multi_value_share`` a ``[1, k]`` delta (k 2..3);
-    ``precomputed_share`` of image requests carry ``mrope_positions`` covering the whole sequence
-    (0.5.23's precomputed branch); the rest carry prompt positions shorter than the sequence.
-    seq_lens_cpu in 1..4096 (positions may come out negative: plain arithmetic for both variants).
-    ``ahead``: seq_lens = seq_lens_cpu + 1 (overlap mode, where the device copy runs one step
-    ahead of the host one)."""
+    """A seeded random decode batch: image requests get a ``[1, 1]`` delta in ``delta_range`` or,
+    with probability ``multi_value_share``, a ``[1, k]`` one (k 2..3); ``precomputed_share`` of them
+    carry positions covering the whole sequence (0.5.23's precomputed branch). seq_lens_cpu in
+    1..4096; ``ahead``: seq_lens = seq_lens_cpu + 1 (overlap mode)."""
     g = rng if isinstance(rng, torch.Generator) else torch.Generator().manual_seed(int(rng))
 
     def rand(lo: int, hi: int) -> int:

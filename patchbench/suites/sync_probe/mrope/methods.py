@@ -62,9 +62,8 @@ def extract_mrope_nodes(
 def compile_methods(
     nodes: Sequence[ast.FunctionDef], filename: str, namespace: dict[str, Any]
 ) -> dict[str, Callable]:
-    """Execute the method nodes (with ``from __future__ import annotations``, so annotations such
-    as ``ModelRunner`` are never evaluated) against ``namespace`` as their globals; returns
-    ``{name: function}``. Tracebacks point at the original file's line numbers."""
+    """Execute the method nodes (under ``from __future__ import annotations``) with ``namespace`` as
+    their globals; ``{name: function}``, tracebacks at the original file's lines."""
     future = ast.ImportFrom(module="__future__", names=[ast.alias(name="annotations")], level=0)
     module = ast.Module(body=[future, *nodes], type_ignores=[])
     ast.fix_missing_locations(module)
@@ -73,13 +72,9 @@ def compile_methods(
 
 
 class MropeMethods:
-    """The mrope methods of one ``forward_batch_info.py``, runnable with stand-ins.
-
-    ``MropeMethods(path_or_source, label)``; :meth:`compute` runs ``_compute_mrope_positions`` on
-    a stand-in ForwardBatch and returns ``mrope_positions``. ``split_decode`` is True for releases
-    with ``_compute_mrope_positions_decode`` (0.5.18+, and our patched 0.5.1.post3).
-    Raises :class:`MropeSourceError` when the methods reference a name no stand-in covers.
-    """
+    """The mrope methods of one ``forward_batch_info.py`` (a path or its source), runnable with
+    stand-ins: :meth:`compute` runs ``_compute_mrope_positions`` on a stand-in ForwardBatch and
+    returns ``mrope_positions``. MropeSourceError when a method references a name no stand-in covers."""
 
     def __init__(self, source: str | Path, label: str = ""):
         if isinstance(source, Path) or (isinstance(source, str) and "\n" not in source):

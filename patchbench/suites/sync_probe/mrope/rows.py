@@ -18,9 +18,8 @@ from .probe import probe_call, probe_decode
 
 
 def cuda_sync_warnings(fn: Callable[[], Any]) -> list[str]:
-    """Messages of the synchronisation warnings ``torch.cuda.set_sync_debug_mode("warn")`` raises
-    during ``fn()`` (one per synchronising CUDA call: blocking copies, ``.item()`` ...). The debug
-    mode is restored afterwards."""
+    """The synchronisation warnings ``torch.cuda.set_sync_debug_mode("warn")`` raises during
+    ``fn()`` (the mode restored afterwards)."""
     previous = torch.cuda.get_sync_debug_mode()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -46,10 +45,9 @@ def calibrate_sleep_cycles(target_ms: float = 50.0) -> int:
 
 
 def cuda_host_blocked_ms(fn: Callable[[], Any], sleep_cycles: int, repeats: int = 5) -> dict:
-    """Host wall time of ``fn()`` (ms, median of ``repeats``) on an idle GPU and while a long
-    kernel (``torch.cuda._sleep(sleep_cycles)``) is in flight on the current stream;
-    ``host_blocked_ms`` = busy - idle, floored at 0: about the kernel's remaining time when ``fn``
-    waits for the GPU, about 0 when it does not. Also ``kernel_ms``, the kernel's own duration."""
+    """Host wall time of ``fn()`` (ms, median of ``repeats``) on an idle GPU and behind an in-flight
+    ``torch.cuda._sleep(sleep_cycles)``: ``host_blocked_ms`` = busy - idle, floored at 0 (about the
+    kernel's remaining time when ``fn`` waits for the GPU); ``kernel_ms``, the kernel's duration."""
 
     def timed(busy: bool) -> tuple[float, float]:
         torch.cuda.synchronize()
@@ -106,16 +104,13 @@ def measure_row(
     sleep_ms: float = 50.0,
     sleep_cycles: int | None = None,
 ) -> dict:
-    """Probe one variant at one batch size; a flat dict (one table row).
+    """Probe one variant at one batch size: one flat table row.
 
-    Always: ``positions_equal_stock`` (None without ``stock``), ``images`` (image requests).
-    device "cpu" (CPU probes; seq_lens on ``meta``): ``strict_error`` (the error of the strict run,
-    e.g. the first meta read), ``d2h_reads_per_call`` and ``blocking_h2d_copies_per_call`` (counting
-    run), ``h2d_copies_per_call``. device "cuda": the same counts from the TorchFunctionMode on real
-    CUDA tensors (reads are real there), ``h2d_copies_pinned`` (all copies from pinned memory),
-    ``sync_warnings_per_call`` (``set_sync_debug_mode("warn")``, mean over ``iterations`` calls)
-    and :func:`cuda_host_blocked_ms`'s numbers with a kernel of about ``sleep_ms``.
-    """
+    Always ``positions_equal_stock`` (None without ``stock``) and ``images``. "cpu" (seq_lens on
+    ``meta``): ``strict_error``, ``d2h_reads_per_call`` and ``blocking_h2d_copies_per_call`` of the
+    counting run, ``h2d_copies_per_call``. "cuda": the same counts on real tensors,
+    ``h2d_copies_pinned``, ``sync_warnings_per_call`` (mean over ``iterations``) and
+    :func:`cuda_host_blocked_ms`'s numbers behind a kernel of about ``sleep_ms``."""
     case = probe_case(batch_size, image_share, seed, "cpu")
     row: dict[str, Any] = {
         "batch_size": batch_size,
