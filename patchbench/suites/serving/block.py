@@ -95,14 +95,3 @@ def report_block(summary_dir: Path) -> str:
             f"[point {k}]\n" + report_block(Path(summary_dir) / "points" / k) for k in keys
         )
     return render_block(metrics, meta)
-
-
-def tool_block(stdout_text: str) -> str | None:
-    """The block exactly as the release's bench_serving printed it (from its stdout), or None."""
-    lines = stdout_text.splitlines()
-    for i, ln in enumerate(lines):
-        if ln.rstrip() == TITLE:
-            for j in range(i + 1, len(lines)):
-                if lines[j].rstrip() == "=" * 50:
-                    return "\n".join(lines[i : j + 1]) + "\n"
-    return None

@@ -139,38 +139,25 @@ def build_command(
     and ``--output-details``; ToolMismatch when the release lacks the dataset or a flag."""
     dataset = release_dataset_name(params.dataset_name, info)
     rate = params.request_rate
-    cmd = [
-        python,
-        "-m",
-        "sglang.bench_serving",
-        "--backend",
-        params.backend,
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--model",
-        model,
-        "--tokenizer",
-        tokenizer,
-        "--dataset-name",
-        dataset,
-        "--num-prompts",
-        str(params.num_prompts),
-        "--request-rate",
-        "inf" if rate == float("inf") else repr(float(rate)),
-        "--random-input-len",
-        str(params.random_input_len),
-        "--random-output-len",
-        str(params.output_len),
-        "--random-range-ratio",
-        repr(float(params.random_range_ratio)),
-        "--warmup-requests",
-        str(params.warmup_requests),
-        "--output-file",
-        str(output_file),
-        "--output-details",
-    ]
+    options = {
+        "--backend": params.backend,
+        "--host": host,
+        "--port": str(port),
+        "--model": model,
+        "--tokenizer": tokenizer,
+        "--dataset-name": dataset,
+        "--num-prompts": str(params.num_prompts),
+        "--request-rate": "inf" if rate == float("inf") else repr(float(rate)),
+        "--random-input-len": str(params.random_input_len),
+        "--random-output-len": str(params.output_len),
+        "--random-range-ratio": repr(float(params.random_range_ratio)),
+        "--warmup-requests": str(params.warmup_requests),
+        "--output-file": str(output_file),
+    }
+    cmd = [python, "-m", "sglang.bench_serving"]
+    for flag, value in options.items():
+        cmd += [flag, value]
+    cmd.append("--output-details")
     if params.max_concurrency is not None:
         cmd += ["--max-concurrency", str(params.max_concurrency)]
     if params.dataset_path:

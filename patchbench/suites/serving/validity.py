@@ -127,21 +127,6 @@ def images_check(
     return errs, info
 
 
-def retokenized_change(baseline_count: float, variant_count: float, max_share: float) -> str | None:
-    """A warning when the retokenized output count changes between two cells by more than
-    ``max_share`` of the baseline's (under ``ignore_eos`` it is far below the server's by design:
-    only a change between variants means the outputs changed), else None."""
-    if baseline_count <= 0:
-        return None
-    share = (variant_count - baseline_count) / baseline_count
-    if abs(share) > max_share:
-        return (
-            f"retokenized output tokens changed by {share:+.1%} ({baseline_count:.0f} -> "
-            f"{variant_count:.0f}; threshold {max_share:.1%}): the generated texts differ"
-        )
-    return None
-
-
 #: the smallest median ITL / median TPOT a measured ITL can have: a decode step's gap is on
 #: average the TPOT, so a median gap below a tenth of it is streamed chunks read together
 ITL_TPOT_FLOOR = 0.1
