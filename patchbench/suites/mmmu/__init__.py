@@ -12,8 +12,6 @@ from patchbench.records import read_json
 from patchbench.suite import (
     MetricInfo,
     Suite,
-    SuiteContext,
-    SuiteResult,
     comparison_get,
     register,
     suite_pairs,
@@ -214,10 +212,9 @@ class MmmuSuite(Suite):
     name = "mmmu"
     Params = Params
     metrics = METRICS
-    needs_server = True
-
-    def run(self, ctx: SuiteContext, params: Params) -> SuiteResult:
-        return run(ctx, params)
+    run = staticmethod(run)
+    report_section = staticmethod(report_section)
+    report_block = staticmethod(report_block)
 
     def doctor_checks(self, cfg: Any, params: Params) -> list[tuple[str, bool, str]]:
         """MMMU local, in the HF cache or the hub reachable (the demo questions need nothing)."""
@@ -236,15 +233,9 @@ class MmmuSuite(Suite):
     ) -> dict | None:
         return pair_repeats(list(baseline_dirs), list(variant_dirs))
 
-    def report_section(self, comparison: Any) -> list[str]:
-        return report_section(comparison)
-
     def plots(self, comparison: Any, out_dir: Path) -> list[Path]:
         p = plot_subjects(comparison, Path(out_dir) / "mmmu_subjects.png")
         return [p] if p is not None else []
-
-    def report_block(self, suite_dir: Path) -> str | None:
-        return report_block(suite_dir)
 
 
 __all__ = [

@@ -486,11 +486,9 @@ class ProfileSuite(Suite):
     name = "profile"
     Params = Params
     metrics = METRICS
-    needs_server = True
     timed = False
-
-    def run(self, ctx: SuiteContext, params: Params) -> SuiteResult:
-        return run(ctx, params)
+    run = staticmethod(run)
+    report_section = staticmethod(report_section)
 
     def instrumentation(self, ctx: SuiteContext, params: Params) -> Instrumentation | None:
         """The :data:`HOOK` with ``PATCHBENCH_PROFILE_RANGES=1``; nothing to collect afterwards."""
@@ -509,9 +507,6 @@ class ProfileSuite(Suite):
         self, baseline_dirs: list[Path], variant_dirs: list[Path], params: Params
     ) -> dict | None:
         return pair_cells(baseline_dirs, variant_dirs)
-
-    def report_section(self, comparison: Any) -> list[str]:
-        return report_section(comparison)
 
     def plots(self, comparison: Any, out_dir: Path) -> list[Path]:
         from .timeline import plot_pairs

@@ -599,10 +599,8 @@ class ServingSuite(Suite):
     name = "serving"
     Params = Params
     metrics = METRICS
-    needs_server = True
-
-    def run(self, ctx: SuiteContext, params: Params) -> SuiteResult:
-        return run(ctx, params)
+    run = staticmethod(run)
+    report_block = staticmethod(report_block)
 
     def doctor_checks(self, cfg: Any, params: Params) -> list[tuple[str, bool, str]]:
         from patchbench.doctor import hf_dataset_check
@@ -651,6 +649,3 @@ class ServingSuite(Suite):
         from .render import plots
 
         return plots(comparison, out_dir)
-
-    def report_block(self, suite_dir: Path) -> str | None:
-        return report_block(suite_dir)

@@ -483,9 +483,9 @@ class SyncProbeSuite(Suite):
     Params = Params
     metrics = METRICS
     needs_server = False
-
-    def run(self, ctx: SuiteContext, params: Params) -> SuiteResult:
-        return run(ctx, params)
+    run = staticmethod(run)
+    report_section = staticmethod(report_section)
+    report_block = staticmethod(report_block)
 
     def instrumentation(self, ctx: SuiteContext, params: Params) -> Instrumentation | None:
         """With ``server_crosscheck``: :data:`HOOK` in the server, counts written to ``mrope_instr/``,
@@ -508,9 +508,3 @@ class SyncProbeSuite(Suite):
         self, baseline_dirs: list[Path], variant_dirs: list[Path], params: Params
     ) -> dict | None:
         return pair_cells(baseline_dirs, variant_dirs)
-
-    def report_section(self, comparison: Any) -> list[str]:
-        return report_section(comparison)
-
-    def report_block(self, suite_dir: Path) -> str | None:
-        return report_block(suite_dir)
