@@ -9,10 +9,18 @@ from pathlib import Path
 import pytest
 
 from patchbench.suites.mmmu import report_block
-from patchbench.suites.mmmu.bench import summarize, write_outputs
 from patchbench.suites.mmmu.data import DOMAINS, SUBJECT_DOMAIN, SUBJECTS, subject_of
 from patchbench.suites.mmmu.params import Params
-from patchbench.suites.mmmu.scoring import Tally, answer_dict, format_block, tally, val_dict, wilson
+from patchbench.suites.mmmu.scoring import (
+    Tally,
+    answer_dict,
+    format_block,
+    summarize,
+    tally,
+    val_dict,
+    wilson,
+    write_outputs,
+)
 
 
 def recs(subject: str, verdicts: dict[str, int]) -> list[dict]:

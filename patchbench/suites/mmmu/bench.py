@@ -15,9 +15,9 @@ from typing import Any
 
 import patchbench.suites.mmmu.client as client
 import patchbench.suites.mmmu.scoring as scoring
-from patchbench.records import read_jsonl, write_json, write_jsonl
+from patchbench.records import read_jsonl, write_jsonl
 from patchbench.suite import SuiteContext, SuiteError, SuiteResult
-from patchbench.suites.mmmu.data import DOMAINS, domain_metric, load_questions
+from patchbench.suites.mmmu.data import DOMAINS, load_questions
 from patchbench.suites.mmmu.params import Params
 from patchbench.suites.mmmu.prompts import (
     PromptError,
@@ -168,109 +168,6 @@ def score_records(
     return out
 
 
-def summarize(
-    records: list[dict[str, Any]],
-    params: Params,
-    *,
-    duration_s: float | None = None,
-    extra_meta: dict | None = None,
-) -> tuple[SuiteResult, scoring.Scores]:
-    """The suite's summary from scored records (metrics with units; details in meta)."""
-    sc = scoring.tally(records)
-    o = sc.overall
-    metrics = _metrics(sc, params)
-    failed = [r for r in records if r["verdict"] == "failed"]
-    errors = []
-    if failed:
-        errors.append(
-            f"{len(failed)} of {o.asked} MMMU requests failed (counted wrong); first: "
-            f"{failed[0]['id']}: {failed[0].get('error')}"
-        )
-    meta = {
-        "protocol": params.protocol,
-        "parser": params.parser,
-        "parser_seed": params.seed if params.parser == "official" else None,
-        "params": params.model_dump(mode="json"),
-        "duration_s": duration_s,
-        "scores": sc.as_dict(),
-        "val": scoring.val_dict(sc),
-        "accuracy_definition": "correct / asked (failed and unparsed count wrong); "
-        "answered_acc = correct / (asked - failed)",
-        "images_not_sent_questions": o.images_not_sent,
-        "images_unreferenced_questions": o.images_unreferenced,
-        "unparsed_no_answer": o.no_answer,
-        "unparsed_ambiguous": o.ambiguous,
-    }
-    meta.update(extra_meta or {})
-    status = "incomplete" if failed else "ok"
-    return SuiteResult(
-        status=status, metrics=metrics, errors=errors, warnings=_warnings(o, params), meta=meta
-    ), sc
-
-
-def _metrics(sc: scoring.Scores, params: Params) -> dict[str, float]:
-    """The flat metrics of a cell's tally (accuracies NaN when nothing was asked)."""
-    o = sc.overall
-    metrics: dict[str, float] = {
-        "mmmu_overall_acc": o.acc if o.acc is not None else float("nan"),
-        "mmmu_answered_acc": o.answered_acc if o.answered_acc is not None else float("nan"),
-        "mmmu_asked_count": float(o.asked),
-        "mmmu_answered_count": float(o.answered),
-        "mmmu_correct_count": float(o.correct),
-        "mmmu_failed_count": float(o.failed),
-        "mmmu_unparsed_count": float(o.unparsed),
-        "mmmu_no_answer_count": float(o.no_answer),
-        "mmmu_ambiguous_count": float(o.ambiguous),
-        "mmmu_images_unreferenced_count": float(o.images_unreferenced),
-        "mmmu_images_not_sent_count": float(o.images_not_sent),
-    }
-    for d, t in sc.domains.items():
-        metrics[domain_metric(d)] = t.acc
-    if params.parser == "official":
-        metrics["mmmu_fallback_count"] = float(o.fallbacks)
-    return metrics
-
-
-def _warnings(o: scoring.Tally, params: Params) -> list[str]:
-    """What the overall tally ``o`` asks the reader to know (unparsed, fallbacks, images)."""
-    warnings = []
-    if o.unparsed:
-        warnings.append(
-            f"{o.unparsed} of {o.asked} MMMU answers could not be parsed "
-            f"({o.no_answer} no answer, {o.ambiguous} ambiguous; parser "
-            f"{params.parser}; counted wrong)"
-        )
-    if o.fallbacks and params.parser == "official":
-        how = (
-            f"a seeded random letter (seed {params.seed})"
-            if params.official_fallback == "random"
-            else "counted unparsed"
-        )
-        warnings.append(f"{o.fallbacks} answers fell to the official parser's fallback: {how}")
-    if o.images_not_sent:
-        warnings.append(
-            f"{o.images_not_sent} of {o.asked} MMMU questions were sent with fewer images than "
-            "they have"
-        )
-    if o.images_unreferenced:
-        warnings.append(
-            f"{o.images_unreferenced} of {o.asked} MMMU questions have images their "
-            "text never names (sent after the text)"
-        )
-    if params.protocol == "sglang-2025":
-        warnings.append("protocol sglang-2025 (the PR's script): only image_1 is sent")
-    return warnings
-
-
-def write_outputs(out_dir: Path, records: list[dict[str, Any]], sc: scoring.Scores) -> None:
-    """records.jsonl, answer_sglang.json, val_sglang.json, scores.json (atomic writes)."""
-    out_dir = Path(out_dir)
-    write_jsonl(out_dir / "records.jsonl", records)
-    write_json(out_dir / "answer_sglang.json", scoring.answer_dict(records))
-    write_json(out_dir / "val_sglang.json", scoring.val_dict(sc))
-    write_json(out_dir / "scores.json", sc.as_dict())
-
-
 def _progress(total: int):
     """A rich progress bar on a terminal; a no-op callable (and no bar) otherwise."""
     from rich.console import Console
@@ -343,13 +240,13 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
             meter.idle()
     duration = time.perf_counter() - t1
     records = score_records(prepared, outcomes, params)
-    result, sc = summarize(
+    result, sc = scoring.summarize(
         records,
         params,
         duration_s=duration,
         extra_meta={"prepare_s": t_prep, "model": model, "domains": list(DOMAINS)},
     )
-    write_outputs(ctx.out_dir, records, sc)
+    scoring.write_outputs(ctx.out_dir, records, sc)
     ctx.log(
         f"mmmu: overall {result.metrics['mmmu_overall_acc']:.3f} over "
         f"{int(result.metrics['mmmu_asked_count'])} asked "
