@@ -407,7 +407,7 @@ COMMANDS: list[Command] = [
             "--range main...my-branch), a diff (--patch) or server arguments (--args-b), with a "
             "preset", _args_ab, _run_ab),
     lazy("score-mmmu", "re-score saved MMMU responses against an answer key",
-         "patchbench.suites.mmmu.cli", run="run_args"),
+         "patchbench.suites.mmmu.scoring", run="run_args"),
     lazy("matrix", "run a matrix of configs (models, pins, GPU types) here or on a Ray cluster; "
          "one report", "patchbench.matrix.cli", add="add_cli_arguments", run="run_cli"),
     lazy("comment", "a pull-request comment from RUN's compare.json; --post keeps one sticky "

@@ -1,30 +1,18 @@
 """The suite contract: what a suite declares and which hooks the core calls (docs/design.md).
 
-A suite is a subclass of :class:`Suite` registered with :func:`register`. The core (bench,
-compare, report, plots, doctor, nightly) never names a suite: it asks the registry
-(:func:`get_suite`) and calls the hooks below. Built-in suites live in ``patchbench/suites/<name>/``
-(installed as ``patchbench.suites.<name>``); others are found through the ``patchbench.suites``
-entry-point group or the ``PATCHBENCH_SUITE_MODULES`` environment variable (comma-separated
-importable modules, each calling :func:`register` on import).
-
-Required: ``name``, ``Params`` (pydantic, ``extra="forbid"``), ``metrics`` ``{name: MetricInfo}``
-(every name carries its unit: ``_ms``, ``_s``, ``_tok_s``, ``_req_s``, ``_acc``, ``_count``,
-``_share``, ``_us``), ``run(ctx, params) -> SuiteResult``; ``declarations(params)`` when the
-parameters change which metrics exist (default: ``metrics``); ``plan_lines(params,
-cells_per_round, cpu)`` for the dry run.
-Class flags: ``needs_server`` (False: runs against the variant's sglang package, no server);
-``timed`` (False: the suite perturbs timing, e.g. a profiler, and runs only in the untimed
-correctness cells, never in cells whose timings feed a verdict).
-Optional hooks (defaults do nothing): ``instrumentation`` (environment, in-server hook files and
-server arguments the server needs for this suite; only in untimed correctness cells), ``pair``
-(paired analysis of one baseline cell and one variant cell), ``report_section`` and ``plots``
-(render from the typed comparison only), ``report_block`` (PR-style text block of one cell),
-``doctor_checks``.
+A suite is a subclass of :class:`Suite` registered with :func:`register`; the core never names a
+suite, it asks :func:`get_suite` and calls the hooks. A built-in suite is one folder
+``patchbench/suites/<name>/``, found by that folder and imported on first use; others register on
+import from a module named in ``PATCHBENCH_SUITE_MODULES`` (comma-separated) or through the
+``patchbench.suites`` entry-point group.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import pkgutil
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,32 +42,23 @@ def unit_of(metric: str) -> str:
 
 
 class SuiteError(RunFailed):
-    """A suite failure the suite understood (server died, bench_serving exited non-zero, ...);
-    the cell is marked failed with this message (exit 4 if it ends a command)."""
+    """A failure the suite understood (e.g. bench_serving exited non-zero): the cell fails with
+    this message (exit 4 if it ends a command)."""
 
 
 @dataclass(frozen=True)
 class MetricInfo:
     """What a metric means for a comparison.
 
-    better: "higher" (throughput, accuracy), "lower" (latencies), or "none" (descriptive only,
-    never gets an improved/regressed verdict, e.g. a token count).
-    unit: display unit ("ms", "s", "tok/s", "req/s", "acc", "count", "share", "us").
-    label: the label sglang.bench_serving (or the MMMU script) prints, when there is one.
-    primary: a primary metric (verdicts Holm-adjusted across a variant's primaries, shown in the
-    headline); every other metric is secondary (exploratory, raw intervals, folded table).
-    kind: how a change is judged. "run": run-level value, paired repeats, t-interval on log ratios;
-    "accuracy": a proportion over items paired across cells (the suite's ``pair`` hook gives the
-    interval of the paired difference); "deterministic": the same in every run (e.g. host syncs per
-    call), compared exactly, no interval; "descriptive": shown, never judged.
-    margin: practical-equivalence margin; for kind "run" in percent of the baseline (5.0 = +-5 %),
-    for kind "accuracy" in points of accuracy (2.0 = +-2 points), None: no equivalence verdict.
-    Configs may override it per metric (``compare.margins``).
-    deterministic_by: kind "deterministic" only: the test (``tests/<file>.py::<name>``) that
-    proves the value is the same in every run of the same code (deterministic by construction);
-    then one measurement per arm is exact. Without it a value is shown exact only when every arm
-    measured it at least twice with no spread.
-    """
+    better: "higher", "lower" or "none" (never improved/regressed); unit: display unit
+    (:data:`UNIT_SUFFIXES`); label: what the tool prints, if anything; primary: in the variant's
+    Holm family and the headline (else secondary). kind: "run" (paired repeats, t-interval on log
+    ratios), "accuracy" (items paired across cells: the ``pair`` hook's ``accuracy``),
+    "deterministic" (the same in every run, compared exactly) or "descriptive" (never judged).
+    margin: equivalence margin, % of the baseline for "run", points for "accuracy" (None: no
+    equivalence verdict; ``compare.margins`` overrides it). deterministic_by: the test
+    (``tests/<file>.py::<name>``) proving the value the same in every run, so one measurement per
+    arm is exact; without it a value is exact only when every arm measured it twice with no spread."""
 
     better: Literal["higher", "lower", "none"]
     unit: str
@@ -94,22 +73,14 @@ class MetricInfo:
 class Instrumentation:
     """What a suite's ``instrumentation`` hook asks of the server of a correctness cell.
 
-    env: variables added to the server's environment; hooks: Python files imported in every
-    process of the server at interpreter start, before sglang, by the site hook
-    (patchbench/shims/site/sitecustomize.py, through the ``PATCHBENCH_SERVER_HOOKS`` variable),
-    each as a top-level module named after its file (so the name must be unique, e.g.
-    ``patchbench_<suite>_instr.py``); a hook uses only the standard library, torch and
-    ``patchbench_import_hook`` (``wrap_on_import(module_name, fn)`` patches a module when it is
-    imported), and is switched and configured by ``env``. out_dir: the folder the
-    instrumentation writes into (created by the core); perturbs_timing: True for anything that may
-    change timing (such cells are never timed cells). ``collect(out_dir) -> dict`` (optional) is
-    called once after the server stopped and its result is recorded in ``cell.json`` under
-    ``instrumentation[<suite>]``. server_args: extra server arguments the instrumentation needs in
-    the correctness cell (e.g. the profiler's ``--disable-overlap-schedule``: torch's profiler
-    records CPU ops only of the thread that started it, and the overlap scheduler runs the forward
-    pass in a thread that exists before profiling starts); refused if the config already sets the
-    same flag differently.
-    """
+    env: added to the server's environment. hooks: Python files the site hook imports in every
+    server process before sglang (``PATCHBENCH_SERVER_HOOKS``), each as a top-level module named
+    after its file (unique, e.g. ``patchbench_<suite>_instr.py``), using only the standard library,
+    torch and ``patchbench_import_hook.wrap_on_import``. out_dir: where it writes (created by the
+    core); perturbs_timing: never in timed cells. collect(out_dir): called once after the server
+    stopped, its dict recorded in ``cell.json`` under ``instrumentation[<suite>]``. server_args:
+    extra server arguments for the correctness cell, refused when the config sets the flag
+    differently."""
 
     env: dict[str, str] = field(default_factory=dict)
     hooks: list[Path] = field(default_factory=list)
@@ -123,15 +94,11 @@ class Instrumentation:
 class ServerInfo:
     """A ready sglang server as a suite sees it.
 
-    base_url: e.g. "http://127.0.0.1:30000"; model_path: the --model-path given to the server
-    (also the tokenizer unless tokenizer_path says otherwise); flush_cache(): POST /flush_cache with
-    the config's retry budget, raises SuiteError when it is refused for the whole budget;
-    log_path: the server.log of this cell; pid: the server's process-group leader;
-    alive(): True while the server process lives; progress: the liveness watch's
-    :class:`patchbench.run.activity.ProgressMeter` (None without a watch): a suite that waits for
-    replies calls ``progress.expect(n)`` and ``progress.done()`` per reply, so replies that stop
-    coming fail the cell after ``server.stall_timeout_s``.
-    """
+    model_path: the server's --model-path (the tokenizer too unless tokenizer_path differs);
+    flush_cache(): POST /flush_cache within the config's retries (SuiteError when refused);
+    log_path: this cell's server.log; pid: the process-group leader; alive(): the process lives;
+    progress: the liveness watch's ``ProgressMeter`` or None: a suite awaiting replies calls
+    ``progress.expect(n)`` and ``progress.done()`` per reply, so stopped replies fail the cell."""
 
     base_url: str
     host: str
@@ -149,20 +116,11 @@ class ServerInfo:
 class SuiteContext:
     """Everything a suite may use for one (variant, repeat) cell.
 
-    server: None for suites with NEEDS_SERVER = False.
-    out_dir: this suite's folder in the cell (exists, empty on a fresh run).
-    run_dir: the run folder; cache_dir: a per-run cache shared by all cells (e.g. encoded images,
-    so work is done once per run and not once per variant).
-    variant / repeat / baseline: names of the cell and of the run's baseline variant.
-    sglang_version: the installed (pinned) release; python: the interpreter of the environment
-    (sys.executable of the runner).
-    stock_env: environment for running the STOCK sglang package as a client (e.g.
-    bench_serving): PYTHONPATH has the stand-ins (if any) but no overlay.
-    variant_sglang_dir: the ``sglang`` package folder the variant's server imports (an overlay, or
-    the installed package for a variant without patches); stock_sglang_dir: the installed one.
-    device: "cuda" or "cpu" (what the server runs on).
-    log: print a line to the console (prefixed with the cell name).
-    """
+    server: None for a suite with ``needs_server = False``; out_dir: this suite's folder in the
+    cell (exists); cache_dir: a per-run cache shared by all cells; python: the environment's
+    interpreter; stock_env: the environment to run the STOCK sglang package as a client (no
+    overlay on PYTHONPATH); variant_sglang_dir: the ``sglang`` folder the variant's server imports;
+    stock_sglang_dir: the installed one; device: "cuda" or "cpu"; log: a console line."""
 
     server: ServerInfo | None
     out_dir: Path
@@ -182,16 +140,12 @@ class SuiteContext:
 
 @dataclass
 class SuiteResult:
-    """What a suite returns; written by the orchestrator to ``<suite>/summary.json``.
+    """What a suite returns; written to ``<suite>/summary.json``.
 
-    status: "ok"; "incomplete" (ran, but e.g. completed < requested: no verdict later);
-    "failed" is set by the orchestrator when run() raises.
-    metrics: flat {name_with_unit: float}. errors / warnings: human-readable lines shown in the
-    report next to the numbers they taint. meta: anything else worth keeping (protocol, seeds,
-    command lines, dataset sizes). bounds: {metric: "lower" | "upper"} for values that are only
-    a bound of the true value (e.g. a count whose probe was stopped early is at least that
-    many); a deterministic comparison then concludes only what the bounds allow.
-    """
+    status: "ok", "incomplete" (ran, but no verdict later) or "failed" (set when run() raises);
+    metrics: flat {name_with_unit: float}; errors / warnings: lines shown beside the numbers; meta:
+    anything else worth keeping; bounds: {metric: "lower" | "upper"} for values that are only a
+    bound (a deterministic comparison then concludes only what the bound allows)."""
 
     status: Literal["ok", "incomplete", "failed"] = "ok"
     metrics: dict[str, float] = field(default_factory=dict)
@@ -213,10 +167,13 @@ class SuiteResult:
 
 
 class Suite:
-    """Base class of every suite (see the module docstring for the contract).
+    """Base class of every suite; one instance per process (:func:`get_suite`), no state kept.
 
-    Subclasses set the class attributes and override :meth:`run`; hooks are optional. One instance
-    is made per process by :func:`get_suite`; suites keep no state between calls.
+    Required: ``name``, ``Params`` (pydantic, ``extra="forbid"``: the config's ``suites.<name>``),
+    ``metrics`` ``{name: MetricInfo}`` (each name ends in its unit, :data:`UNIT_SUFFIXES`) and
+    :meth:`run`. ``needs_server`` False: runs against the variant's sglang package, no server;
+    ``timed`` False: perturbs timing (e.g. a profiler), runs only in the untimed correctness cells.
+    The other hooks are optional and do nothing by default.
     """
 
     name: ClassVar[str] = ""
@@ -231,17 +188,15 @@ class Suite:
         raise NotImplementedError
 
     def declarations(self, params: Any) -> dict[str, MetricInfo]:
-        """The metric declarations of a run with ``params`` (the config's section, validated;
-        a raw dict when it does not validate): :attr:`metrics` unless the parameters add
-        metrics (e.g. the serving suite's per-point metrics of a load sweep)."""
+        """The metric declarations of a run with ``params`` (validated, or a raw dict when it does not
+        validate): :attr:`metrics` unless the parameters add some (a load sweep's per-point metrics)."""
         return dict(self.metrics)
 
     def plan_lines(
         self, params: BaseModel, cells_per_round: int = 1, cpu: bool = False
     ) -> list[str]:
-        """Lines ``bench --dry-run`` prints under the suite's parameters (e.g. a load sweep's
-        points and its estimated GPU time; ``cells_per_round``: the timed cells of a round, one
-        per variant; ``cpu``: the servers run on sglang's CPU engine); [] by default."""
+        """Lines ``bench --dry-run`` prints under the suite's parameters (``cells_per_round``: the timed
+        cells of a round; ``cpu``: sglang's CPU engine)."""
         return []
 
     def instrumentation(self, ctx: SuiteContext, params: BaseModel) -> Instrumentation | None:
@@ -251,18 +206,14 @@ class Suite:
     def pair(
         self, baseline_dirs: list[Path], variant_dirs: list[Path], params: BaseModel
     ) -> dict | None:
-        """Paired analysis of the baseline's and one variant's cells of this suite.
+        """Paired analysis of this suite's folders in repeat k of the baseline and of one variant
+        (``baseline_dirs[k]``, ``variant_dirs[k]``: repeats where both cells are ok).
 
-        ``baseline_dirs[k]`` and ``variant_dirs[k]`` are this suite's folders in repeat k of each
-        (only repeats where both cells are ok; order = repeat index). Returns a JSON-able dict that
-        the comparison stores under ``pairs[<suite>][<variant>]`` and that this suite's own
-        ``report_section`` / ``plots`` read back; None when the suite has no paired analysis.
-        Keys the analysis reads besides the suite's own: ``"accuracy": {metric: {"ids",
-        "baseline", "variant"}}`` (per-item correctness in [0, 1] averaged over the repeats, for
-        metrics of kind "accuracy"), ``"descriptive": {metric: {"change_pct", "low_pct",
-        "high_pct", "method"}}`` (request-level intervals, never a verdict), ``"request_pairing":
-        {"ok", "reason"}``. Raise :class:`PairingRefused` when the cells must not be paired (the
-        reason is shown in the report instead of numbers)."""
+        A JSON-able dict stored under ``pairs[<suite>][<variant>]`` for the suite's own hooks; keys the
+        analysis reads: ``"accuracy": {metric: {"ids", "baseline", "variant"}}`` (per-item
+        correctness in [0, 1] averaged over repeats), ``"descriptive": {metric: {"change_pct",
+        "low_pct", "high_pct", "method"}}`` (never a verdict), ``"request_pairing": {"ok", "reason"}``.
+        None: no paired analysis. Raise :class:`PairingRefused` when the cells must not be paired."""
         return None
 
     def report_section(self, comparison: Any) -> list[str]:
@@ -284,17 +235,13 @@ class Suite:
 
 
 class PairingRefused(RuntimeError):
-    """Two cells must not be paired (different prompts, parser, seed, question list ...).
-
-    The comparison stores ``str(exc)`` under ``refusals[<suite>][<variant>]`` instead of a pair
-    dict, and the suite's ``report_section`` shows that reason instead of numbers (see
-    :func:`suite_refusals`)."""
+    """Two cells must not be paired; ``str(exc)`` is stored under ``refusals[<suite>][<variant>]``
+    and shown instead of numbers (:func:`suite_refusals`)."""
 
 
 def comparison_get(comparison: Any, key: str, default: Any = None) -> Any:
-    """``comparison.<key>`` of a typed comparison (a pydantic model or any object), or
-    ``comparison[key]`` of its JSON form (a dict, e.g. compare.json read back); ``default`` when
-    absent or None. Hooks use it so they render the same from either form."""
+    """``comparison.<key>`` of a typed comparison, or ``comparison[key]`` of its JSON form;
+    ``default`` when absent or None."""
     if isinstance(comparison, dict):
         val = comparison.get(key)
     else:
@@ -323,26 +270,13 @@ def suite_refusals(comparison: Any, suite: str) -> dict[str, str]:
     return {v: str(r) for v, r in _suite_part(comparison, "refusals", suite).items() if r}
 
 
-#: built-in suites: name -> module that registers it
-BUILTIN_SUITES: dict[str, str] = {
-    "mmmu": "patchbench.suites.mmmu",
-    "serving": "patchbench.suites.serving",
-    "sync_probe": "patchbench.suites.sync_probe",
-    "profile": "patchbench.suites.profile",
-}
-
 _REGISTRY: dict[str, type[Suite]] = {}
 _INSTANCES: dict[str, Suite] = {}
 
 
 def register(cls: type[Suite]) -> type[Suite]:
-    """Class decorator: register a :class:`Suite` subclass under ``cls.name``.
-
-    Raises ValueError for an empty name, a name without the form ``[a-z][a-z0-9_]*``, or a name
-    already registered by another class.
-    """
-    import re
-
+    """Class decorator registering a :class:`Suite` under ``cls.name``; ValueError for a name not
+    ``[a-z][a-z0-9_]*`` or already registered by another class."""
     if not cls.name or not re.fullmatch(r"[a-z][a-z0-9_]*", cls.name):
         raise ValueError(
             f"suite class {cls.__qualname__}: name must match [a-z][a-z0-9_]*, got {cls.name!r}"
@@ -356,8 +290,6 @@ def register(cls: type[Suite]) -> type[Suite]:
 
 
 def _load_plugins() -> None:
-    import os
-
     for mod in filter(
         None, (m.strip() for m in os.environ.get("PATCHBENCH_SUITE_MODULES", "").split(","))
     ):
@@ -371,21 +303,25 @@ def _load_plugins() -> None:
         pass
 
 
+def _builtin_names() -> set[str]:
+    """The folders under patchbench/suites/: one folder, one suite."""
+    import patchbench.suites
+
+    return {m.name for m in pkgutil.iter_modules(patchbench.suites.__path__) if m.ispkg}
+
+
 def suite_names() -> list[str]:
     """Every suite name known: built-ins plus registered plugins, sorted."""
     _load_plugins()
-    return sorted(set(BUILTIN_SUITES) | set(_REGISTRY))
+    return sorted(_builtin_names() | set(_REGISTRY))
 
 
 def get_suite(name: str) -> Suite:
-    """The registered suite ``name`` (imported on first use).
-
-    Raises KeyError naming the allowed suites when ``name`` is unknown.
-    """
+    """The registered suite ``name`` (imported on first use); KeyError naming the allowed suites."""
     if name in _INSTANCES:
         return _INSTANCES[name]
-    if name not in _REGISTRY and name in BUILTIN_SUITES:
-        importlib.import_module(BUILTIN_SUITES[name])
+    if name not in _REGISTRY and name in _builtin_names():
+        importlib.import_module(f"patchbench.suites.{name}")
     if name not in _REGISTRY:
         _load_plugins()
     if name not in _REGISTRY:

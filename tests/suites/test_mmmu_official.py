@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from patchbench.suites.mmmu import parsers as P
-from patchbench.suites.mmmu.cli import cli, load_answer_key, load_responses, score_saved
+from patchbench.suites.mmmu.scoring import cli, load_answer_key, load_responses, score_saved
 
 DATA = Path(__file__).parent.parent / "data" / "mmmu-official"
 KEY = DATA / "answer_dict_val.json"

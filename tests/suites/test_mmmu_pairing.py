@@ -10,7 +10,7 @@ from scipy.stats import binomtest
 from statsmodels.stats.contingency_tables import mcnemar
 
 from patchbench.suite import PairingRefused
-from patchbench.suites.mmmu.pairing import PairingError, pair
+from patchbench.suites.mmmu.pairing import PairingError, check_pairable, pair_records
 
 BASE = {
     "question_type": "multiple-choice",
@@ -36,6 +36,11 @@ def cell(verdicts: list[str], responses: list[str] | None = None, **over) -> lis
     return out
 
 
+def pair(a: list[dict], b: list[dict]) -> dict:
+    """One repeat each."""
+    return pair_records([a], [b])
+
+
 def test_flips_and_mcnemar():
     # 40 questions: 20 both right, 10 both wrong, 8 right->wrong, 2 wrong->right
     a = ["correct"] * 20 + ["wrong"] * 10 + ["correct"] * 8 + ["wrong"] * 2
@@ -52,8 +57,7 @@ def test_flips_and_mcnemar():
     # independently: exact McNemar = two-sided binomial test of 2 successes in 10 at p=0.5
     assert res["mcnemar_p"] == pytest.approx(binomtest(2, 10, 0.5).pvalue)
     assert res["mcnemar_p"] == pytest.approx(112 / 1024)  # 2 * (1+10+45)/2^10, by hand
-    assert res["verdict"] == "no significant change"
-    assert res["changed_count"] == 10 and res["identical_response_share"] == pytest.approx(0.75)
+    assert res["flips"] == 10 and res["identical_share"] == pytest.approx(0.75)
     assert res["acc_a"] == pytest.approx(28 / 40) and res["acc_b"] == pytest.approx(22 / 40)
 
 
@@ -62,37 +66,33 @@ def test_significant_regression_and_improvement():
     b = ["wrong"] * 12 + ["wrong"] * 8
     res = pair(cell(a), cell(b))
     assert res["mcnemar_p"] == pytest.approx(2 / 2**12)
-    assert res["verdict"] == "regressed"
-    assert pair(cell(b), cell(a))["verdict"] == "improved"
+    assert (res["right_to_wrong"], res["wrong_to_right"]) == (12, 0)
+    back = pair(cell(b), cell(a))
+    assert (back["right_to_wrong"], back["wrong_to_right"]) == (0, 12)
+    assert back["mcnemar_p"] == pytest.approx(2 / 2**12)
 
 
 def test_identical_cells():
     a = ["correct", "wrong", "unparsed"]
     res = pair(cell(a), cell(a))
-    assert res["mcnemar_p"] == 1.0 and res["verdict"] == "no significant change"
-    assert res["identical_response_share"] == 1.0 and res["changed"] == []
+    assert res["mcnemar_p"] == 1.0 and res["flips"] == 0 and res["flipped"] == []
+    assert res["identical_share"] == 1.0
 
 
-def test_same_verdict_different_text_is_listed():
+def test_same_verdict_different_text_is_not_identical():
     a = cell(["correct", "correct"], ["B", "B"])
     b = cell(["correct", "correct"], ["B", "Answer: B"])
     res = pair(a, b)
-    assert res["identical_response_share"] == 0.5
-    assert res["changed"] == [
-        {
-            "id": "validation_Art_2",
-            "verdict_a": "correct",
-            "verdict_b": "correct",
-            "response_a": "B",
-            "response_b": "Answer: B",
-        }
-    ]
+    assert res["identical_share"] == 0.5 and res["flips"] == 0
 
 
-def test_failed_questions_make_it_incomplete():
+def test_failed_questions_are_left_out_and_counted():
     res = pair(cell(["correct", "failed", "wrong"]), cell(["correct", "correct", "wrong"]))
-    assert res["n_paired"] == 2 and res["n_failed_either"] == 1
-    assert res["verdict"] == "incomplete"
+    assert res["n"] == 2 and res["n_failed_either"] == 1
+    assert res["notes"] == [
+        "1 questions failed in every paired repeat (in either cell) and are left out"
+    ]
+    assert res["identical_share"] == 1.0  # over the two questions answered in both
 
 
 OFFICIAL = {"parser": "official", "parser_seed": 42, "official_fallback": "random"}
@@ -131,8 +131,8 @@ def test_refusals(base, over, msg):
     a = cell(["correct"] * 3, **base)
     b = cell(["correct"] * 3, **{**base, **over})
     with pytest.raises(PairingError, match=re.escape(msg)):
-        pair(a, b)
-    with pytest.raises(PairingRefused):  # the suite contract's refusal
+        check_pairable(a, b)
+    with pytest.raises(PairingRefused, match="paired repeat 0: cannot pair"):  # the contract's
         pair(a, b)
 
 
@@ -166,68 +166,52 @@ def test_refuses_different_question_lists():
 
 def test_refuses_a_repeat_that_differs():
     a1, a2 = cell(["correct"] * 3), cell(["correct"] * 3, parser_seed=5)
-    with pytest.raises(PairingError, match=r"parser seed differ: a null vs a\[1\] 5"):
-        pair([a1, a2], [cell(["correct"] * 3)])
+    b = cell(["correct"] * 3)
+    with pytest.raises(PairingError, match=r"paired repeat 1: .*parser seed differ: a 5 vs b null"):
+        pair_records([a1, a2], [b, b])
 
 
 def test_repeats_average_per_question():
-    # 4 questions, 3 baseline repeats and 2 variant repeats, verdicts by hand:
-    #   q1: a C,C,W (2/3 right)  b C,C (1)    -> right/right
-    #   q2: a C,C,C (1)          b W,W (0)    -> right_to_wrong
-    #   q3: a W,W,C (1/3)        b C,W (1/2)  -> unstable in b, left out of the table
-    #   q4: a W,W,W (0)          b C,C (1)    -> wrong_to_right
-    va = [
-        ["correct", "correct", "wrong", "wrong"],
-        ["correct", "correct", "wrong", "wrong"],
-        ["wrong", "correct", "correct", "wrong"],
-    ]
+    # 4 questions, 2 repeats each, verdicts by hand (share of correct over the repeats):
+    #   q1: a C,C (1)    b C,C (1)
+    #   q2: a C,C (1)    b W,W (0)    -> right_to_wrong 1
+    #   q3: a W,C (1/2)  b C,W (1/2)  -> half right and half wrong in both
+    #   q4: a W,W (0)    b C,C (1)    -> wrong_to_right 1
+    va = [["correct", "correct", "wrong", "wrong"], ["correct", "correct", "correct", "wrong"]]
     vb = [["correct", "wrong", "correct", "correct"], ["correct", "wrong", "wrong", "correct"]]
-    res = pair([cell(v) for v in va], [cell(v) for v in vb])
-    assert (res["repeats_a"], res["repeats_b"]) == (3, 2)
+    res = pair_records([cell(v) for v in va], [cell(v) for v in vb])
+    assert res["repeats_used"] == 2 and res["n"] == 4
     assert (res["both_right"], res["right_to_wrong"], res["wrong_to_right"], res["both_wrong"]) == (
+        1.5,
         1,
         1,
-        1,
-        0,
+        0.5,
     )
-    assert res["n_paired"] == 3 and res["n_unstable"] == 1 and res["flips"] == 2
+    assert res["flips"] == 2
     assert res["mcnemar_p"] == pytest.approx(1.0)  # 1 vs 1 discordant
-    q = res["questions"]
-    assert q["validation_Art_1"]["acc_a"] == pytest.approx(2 / 3)
-    assert q["validation_Art_3"]["acc_b"] == pytest.approx(0.5)
-    assert res["acc_a"] == pytest.approx((2 / 3 + 1 + 1 / 3 + 0) / 4)
+    assert res["acc_a"] == pytest.approx((1 + 1 + 0.5 + 0) / 4)
     assert res["acc_b"] == pytest.approx((1 + 0 + 0.5 + 1) / 4)
-    assert [(f["id"], f["direction"]) for f in res["flipped"]] == [
-        ("validation_Art_2", "right_to_wrong"),
-        ("validation_Art_4", "wrong_to_right"),
+    assert [(f["id"], f["baseline"], f["variant"]) for f in res["flipped"]] == [
+        ("validation_Art_2", 1.0, 0.0),
+        ("validation_Art_4", 0.0, 1.0),
     ]
     assert res["subjects"]["Art"]["right_to_wrong"] == 1 and res["subjects"]["Art"]["n"] == 4
-    # responses are the verdict strings; aligned repeats 0 and 1 give 8 (question, repeat) pairs,
-    # identical where the verdicts agree: repeat 0 q1; repeat 1 q1 and q3
-    assert res["identical_responses"] == 3
-    assert res["identical_response_share"] == pytest.approx(3 / 8)
-    assert (res["unstable_a"], res["unstable_b"]) == (2, 1)
-
-
-def test_one_repeat_as_list_of_lists_equals_plain():
-    a = ["correct"] * 5 + ["wrong"] * 5
-    b = ["wrong"] * 5 + ["wrong"] * 5
-    assert pair([cell(a)], [cell(b)]) == pair(cell(a), cell(b))
+    # responses are the verdict strings: identical only for q1 in each repeat
+    assert res["identical_share"] == pytest.approx(0.25)
 
 
 def test_significant_regression_over_repeats():
     a = ["correct"] * 12 + ["wrong"] * 8
     b = ["wrong"] * 20
-    res = pair([cell(a)] * 3, [cell(b)] * 3)
+    res = pair_records([cell(a)] * 3, [cell(b)] * 3)
     assert res["right_to_wrong"] == 12 and res["mcnemar_p"] == pytest.approx(2 / 2**12)
-    assert res["verdict"] == "regressed"
 
 
 def test_empty_sides():
     with pytest.raises(ValueError, match="a is empty"):
-        pair([], cell(["correct"]))
-    with pytest.raises(ValueError, match="b has an empty repeat"):
-        pair(cell(["correct"]), [cell(["correct"]), []])
+        check_pairable([], cell(["correct"]))
+    with pytest.raises(PairingError, match=r"paired repeat 1: no MMMU records to pair \(b is"):
+        pair_records([cell(["correct"])] * 2, [cell(["correct"]), []])
 
 
 def test_answered_accuracy_means_no_failed_request_as_in_each_cell(tmp_path):

@@ -204,7 +204,7 @@ def test_unreferenced_images_follow_the_text_in_order():
 
 @pytest.mark.parametrize("protocol,unref,not_sent", [("patchbench", 1, 0), ("sglang-2025", 1, 1)])
 def test_unreferenced_and_not_sent_are_counted(monkeypatch, protocol, unref, not_sent):
-    from patchbench.suites.mmmu import bench
+    from patchbench.suites.mmmu import bench, scoring
     from patchbench.suites.mmmu.client import Outcome
     from patchbench.suites.mmmu.params import Params
 
@@ -226,7 +226,7 @@ def test_unreferenced_and_not_sent_are_counted(monkeypatch, protocol, unref, not
         prepared, [Outcome("A", None, 0.1), Outcome("b", None, 0.1)], params
     )
     assert [r["n_images"] for r in records] == [3, 1]
-    result, sc = bench.summarize(records, params)
+    result, sc = scoring.summarize(records, params)
     assert result.meta["images_unreferenced_questions"] == unref
     assert result.meta["images_not_sent_questions"] == not_sent
     assert result.metrics["mmmu_images_not_sent_count"] == not_sent

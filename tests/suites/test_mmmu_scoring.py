@@ -9,10 +9,18 @@ from pathlib import Path
 import pytest
 
 from patchbench.suites.mmmu import report_block
-from patchbench.suites.mmmu.bench import summarize, write_outputs
-from patchbench.suites.mmmu.data import DOMAINS, SUBJECTS, domain_of, subject_of
+from patchbench.suites.mmmu.data import DOMAINS, SUBJECT_DOMAIN, SUBJECTS, subject_of
 from patchbench.suites.mmmu.params import Params
-from patchbench.suites.mmmu.scoring import Tally, answer_dict, format_block, tally, val_dict, wilson
+from patchbench.suites.mmmu.scoring import (
+    Tally,
+    answer_dict,
+    format_block,
+    summarize,
+    tally,
+    val_dict,
+    wilson,
+    write_outputs,
+)
 
 
 def recs(subject: str, verdicts: dict[str, int]) -> list[dict]:
@@ -51,7 +59,7 @@ def test_subject_and_domain_of_ids():
         == "Diagnostics_and_Laboratory_Medicine"
     )
     assert subject_of("dev_Art_1") == "Art"
-    assert domain_of("Art_Theory") == "Art and Design"
+    assert SUBJECT_DOMAIN["Art_Theory"] == "Art and Design"
     with pytest.raises(ValueError, match="validation_Cooking_1"):
         subject_of("validation_Cooking_1")
     assert len(SUBJECTS) == 30 and sum(len(v) for v in DOMAINS.values()) == 30

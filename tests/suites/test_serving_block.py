@@ -8,7 +8,7 @@ import pytest
 
 from patchbench.records import write_json
 from patchbench.suites.serving import report_block
-from patchbench.suites.serving.block import render_block, tool_block
+from patchbench.suites.serving.block import TITLE, render_block
 from patchbench.suites.serving.parse import read_result_line, summary_metrics
 
 DATA = Path(__file__).parent.parent / "data" / "serving"
@@ -67,6 +67,17 @@ PR_BEFORE_METRICS = {
     "itl_p99_ms": 6.34,
     "itl_max_ms": 38.79,
 }
+
+
+def tool_block(stdout_text: str) -> str | None:
+    """The block exactly as the release's bench_serving printed it (from its stdout), or None."""
+    lines = stdout_text.splitlines()
+    for i, ln in enumerate(lines):
+        if ln.rstrip() == TITLE:
+            for j in range(i + 1, len(lines)):
+                if lines[j].rstrip() == "=" * 50:
+                    return "\n".join(lines[i : j + 1]) + "\n"
+    return None
 
 
 def test_renders_the_prs_block_exactly():

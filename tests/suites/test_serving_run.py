@@ -18,7 +18,7 @@ import pytest
 from patchbench.records import read_json
 from patchbench.suite import ServerInfo, SuiteContext, SuiteError
 from patchbench.suites.serving import Params, report_block, run
-from patchbench.suites.serving.validity import images_check, request_checks, retokenized_change
+from patchbench.suites.serving.validity import images_check, request_checks
 
 DATA = Path(__file__).parent.parent / "data" / "serving"
 
@@ -363,13 +363,6 @@ def test_images_check_on_real_0523_run():
         source="details",
     )
     assert errs == []
-
-
-def test_retokenized_change():
-    assert retokenized_change(124526, 126196, 0.02) is None  # the PR's own pair: +1.3 %
-    w = retokenized_change(1000, 1100, 0.02)
-    assert w and "+10.0%" in w
-    assert retokenized_change(0, 5, 0.02) is None
 
 
 # ---------------------------------------------------------------- the real thing

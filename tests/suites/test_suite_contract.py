@@ -130,6 +130,42 @@ def test_echo_suite_registered_through_the_environment(echo_suite):
     assert s.metrics["echo_wall_ms"].primary and s.Params().n == 3
 
 
+def test_builtin_suites_are_their_folders():
+    folders = {
+        d.name for d in (REPO / "patchbench" / "suites").iterdir() if (d / "__init__.py").is_file()
+    }
+    assert folders == {"mmmu", "profile", "serving", "sync_probe"}
+    assert folders <= set(suite_mod.suite_names())
+
+
+def test_a_new_suite_folder_is_found_without_a_core_change(tmp_path, monkeypatch):
+    """A folder added to patchbench.suites is a suite: found by its name, imported on first use."""
+    import sys
+
+    import patchbench.suites
+
+    (tmp_path / "folder_echo").mkdir()
+    (tmp_path / "folder_echo" / "__init__.py").write_text(
+        "from pydantic import BaseModel\n"
+        "from patchbench.suite import Suite, register\n\n\n"
+        "@register\nclass FolderEcho(Suite):\n"
+        "    name = 'folder_echo'\n    Params = BaseModel\n"
+    )
+    monkeypatch.setattr(patchbench.suites, "__path__", [*patchbench.suites.__path__, str(tmp_path)])
+    try:
+        assert "folder_echo" in suite_mod.suite_names()
+        assert "patchbench.suites.folder_echo" not in sys.modules
+        assert type(suite_mod.get_suite("folder_echo")).__name__ == "FolderEcho"
+    finally:
+        suite_mod._REGISTRY.pop("folder_echo", None)
+        suite_mod._INSTANCES.pop("folder_echo", None)
+        sys.modules.pop("patchbench.suites.folder_echo", None)
+    with pytest.raises(KeyError, match="unknown suite 'nope'; allowed: ") as e:
+        suite_mod.get_suite("nope")
+    allowed = str(e.value).strip("\"'").split("allowed: ")[1].split(", ")
+    assert {"folder_echo", "mmmu", "profile", "serving", "sync_probe"} <= set(allowed)
+
+
 def test_no_core_file_names_the_echo_suite():
     hits = [
         p

@@ -1,16 +1,6 @@
-"""``run(ctx, params)``: one MMMU cell against a ready sglang server.
-
-Steps: (1) prepare the questions (load, build messages with PNG data URLs, hash them) or reuse the
-prepared file in ``ctx.cache_dir`` (``mmmu/prepared-<key>.jsonl``, key = sha256 of every
-parameter that shapes a prompt), so images are encoded once per run and not once per variant or
-repeat; (2) send every question (``client.send_all``) with a rich progress bar on a terminal;
-(3) parse and score every response (``scoring``) in question order; (4) write into
-``ctx.out_dir``: ``records.jsonl`` (one question a line, docs/CONTRACTS.md), ``answer_sglang.json``
-and ``val_sglang.json`` (the upstream script's shapes), ``scores.json`` (counts, accuracies and
-Wilson intervals per subject / domain / overall); (5) return the summary.
-
-Status: "incomplete" when any request failed (the failed questions count as wrong in the accuracy
-and are listed in ``errors``).
+"""``run(ctx, params)``: one MMMU cell against a ready sglang server: prepare the questions (cached
+per run in ``ctx.cache_dir``), send them, score the responses and write ``records.jsonl``,
+``answer_sglang.json``, ``val_sglang.json`` and ``scores.json`` (docs/mmmu.md, docs/CONTRACTS.md).
 """
 
 from __future__ import annotations
@@ -19,14 +9,13 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import random
 import time
 from pathlib import Path
 from typing import Any
 
 import patchbench.suites.mmmu.client as client
 import patchbench.suites.mmmu.scoring as scoring
-from patchbench.records import read_jsonl, write_json, write_jsonl
+from patchbench.records import read_jsonl, write_jsonl
 from patchbench.suite import SuiteContext, SuiteError, SuiteResult
 from patchbench.suites.mmmu.data import DOMAINS, load_questions
 from patchbench.suites.mmmu.params import Params
@@ -58,9 +47,8 @@ DEMO_DEFAULT_PATH = ".cache/data/mmmu-demo"
 
 
 def dataset_folder(params: Params) -> Path | None:
-    """The local folder to load from. For ``dataset: patchbench/mmmu-demo`` the generated demo
-    questions (MMMU schema, :mod:`patchbench.suites.mmmu.demo_data`) at ``dataset_path`` (default
-    ``.cache/data/mmmu-demo``), generated there first when missing."""
+    """The local folder to load from; for :data:`DEMO_DATASET` the demo questions at
+    ``dataset_path`` (default :data:`DEMO_DEFAULT_PATH`), generated there first when missing."""
     dp = resolve_dataset_path(params.dataset_path)
     if params.dataset != DEMO_DATASET:
         return dp
@@ -91,15 +79,10 @@ def prepare_key(params: Params) -> str:
 
 
 def prepare(params: Params, cache_dir: Path | None = None) -> list[dict[str, Any]]:
-    """The prepared questions: ``[{"id", "subject", "question_type", "gold", "index2ans",
-    "messages", "prompt_sha256", "n_images_sent", "n_images", "images_unreferenced"}]`` in
-    question order; ``images_unreferenced`` lists the images the text never names (sent after the
-    text under protocol ``patchbench``).
-
-    Reads ``cache_dir/mmmu/prepared-<key>.jsonl`` when present, else loads the dataset, builds the
-    messages and writes that file (atomically). Raises DatasetUnavailable / SuiteError for data
-    that cannot be used (naming the question).
-    """
+    """The prepared questions in order: ``[{"id", "subject", "question_type", "gold",
+    "index2ans", "messages", "prompt_sha256", "n_images_sent", "n_images",
+    "images_unreferenced"}]``, read from or written to ``cache_dir/mmmu/prepared-<key>.jsonl``.
+    Raises DatasetUnavailable / SuiteError naming the question for data that cannot be used."""
     cache = (
         Path(cache_dir) / "mmmu" / f"prepared-{prepare_key(params)}.jsonl" if cache_dir else None
     )
@@ -141,18 +124,9 @@ def prepare(params: Params, cache_dir: Path | None = None) -> list[dict[str, Any
 def score_records(
     prepared: list[dict[str, Any]], outcomes: list[client.Outcome], params: Params
 ) -> list[dict[str, Any]]:
-    """One record per question (docs/CONTRACTS.md fields plus ``gold``, ``index2ans``,
-    ``fallback``, ``unparsed_kind``, ``parse_rule``, ``parser``, ``parser_seed``,
-    ``official_fallback``, ``protocol``, ``sampling``, ``n_images``, ``n_images_sent``,
-    ``images_unreferenced`` (the image numbers the text never names), ``attempts``,
-    ``finish_reason``). The official parser's random fallback draws from one
-    ``random.Random(params.seed)`` in question order."""
-    rng = (
-        random.Random(params.seed)
-        if params.parser == "official" and params.official_fallback == "random"
-        else None
-    )
-    seed = params.seed if params.parser == "official" else None
+    """One record per question (docs/CONTRACTS.md, docs/mmmu.md); the official parser's random
+    fallback draws from one ``random.Random(params.seed)`` in question order."""
+    rng = scoring.fallback_rng(params.parser, params.official_fallback, params.seed)
     out = []
     for p, o in zip(prepared, outcomes, strict=True):
         s = scoring.score_response(
@@ -166,150 +140,35 @@ def score_records(
             failed=o.error is not None,
         )
         out.append(
-            {
-                "id": p["id"],
-                "subject": p["subject"],
-                "question_type": p["question_type"],
-                "prompt_sha256": p["prompt_sha256"],
-                "response": o.response,
-                "parsed": s.parsed,
-                "verdict": s.verdict,
-                "latency_s": o.latency_s,
-                "prompt_tokens": o.prompt_tokens,
-                "completion_tokens": o.completion_tokens,
-                "error": o.error,
-                "gold": p["gold"],
-                "index2ans": p["index2ans"],
-                "fallback": s.fallback,
-                "unparsed_kind": s.unparsed_kind,
-                "parse_rule": s.rule,
-                "parser": params.parser,
-                "parser_seed": seed,
-                "official_fallback": (
-                    params.official_fallback if params.parser == "official" else None
-                ),
-                "protocol": params.protocol,
-                "sampling": params.sampling,
-                "n_images": p.get("n_images"),
-                "n_images_sent": p["n_images_sent"],
-                "images_unreferenced": p.get("images_unreferenced", []),
-                "attempts": o.attempts,
-                "finish_reason": o.finish_reason,
-            }
+            scoring.record(
+                p["id"],
+                p["subject"],
+                p["question_type"],
+                o.response,
+                s,
+                gold=p["gold"],
+                index2ans=p["index2ans"],
+                parser=params.parser,
+                seed=params.seed,
+                fallback=params.official_fallback,
+                prompt_sha256=p["prompt_sha256"],
+                latency_s=o.latency_s,
+                prompt_tokens=o.prompt_tokens,
+                completion_tokens=o.completion_tokens,
+                error=o.error,
+                protocol=params.protocol,
+                sampling=params.sampling,
+                n_images=p.get("n_images"),
+                n_images_sent=p["n_images_sent"],
+                images_unreferenced=p.get("images_unreferenced", []),
+                attempts=o.attempts,
+                finish_reason=o.finish_reason,
+            )
         )
     return out
 
 
-def domain_metric(domain: str) -> str:
-    """``"Art and Design"`` -> ``"mmmu_art_and_design_acc"``."""
-    return "mmmu_" + domain.lower().replace(" ", "_") + "_acc"
-
-
-def summarize(
-    records: list[dict[str, Any]],
-    params: Params,
-    *,
-    duration_s: float | None = None,
-    extra_meta: dict | None = None,
-) -> tuple[SuiteResult, scoring.Scores]:
-    """The suite's summary from scored records (metrics with units; details in meta)."""
-    sc = scoring.tally(records)
-    o = sc.overall
-    metrics = _metrics(sc, params)
-    failed = [r for r in records if r["verdict"] == "failed"]
-    errors = []
-    if failed:
-        errors.append(
-            f"{len(failed)} of {o.asked} MMMU requests failed (counted wrong); first: "
-            f"{failed[0]['id']}: {failed[0].get('error')}"
-        )
-    meta = {
-        "protocol": params.protocol,
-        "parser": params.parser,
-        "parser_seed": params.seed if params.parser == "official" else None,
-        "params": params.model_dump(mode="json"),
-        "duration_s": duration_s,
-        "scores": sc.as_dict(),
-        "val": scoring.val_dict(sc),
-        "accuracy_definition": "correct / asked (failed and unparsed count wrong); "
-        "answered_acc = correct / (asked - failed)",
-        "images_not_sent_questions": o.images_not_sent,
-        "images_unreferenced_questions": o.images_unreferenced,
-        "unparsed_no_answer": o.no_answer,
-        "unparsed_ambiguous": o.ambiguous,
-    }
-    meta.update(extra_meta or {})
-    status = "incomplete" if failed else "ok"
-    return SuiteResult(
-        status=status, metrics=metrics, errors=errors, warnings=_warnings(o, params), meta=meta
-    ), sc
-
-
-def _metrics(sc: scoring.Scores, params: Params) -> dict[str, float]:
-    """The flat metrics of a cell's tally (accuracies NaN when nothing was asked)."""
-    o = sc.overall
-    metrics: dict[str, float] = {
-        "mmmu_overall_acc": o.acc if o.acc is not None else float("nan"),
-        "mmmu_answered_acc": o.answered_acc if o.answered_acc is not None else float("nan"),
-        "mmmu_asked_count": float(o.asked),
-        "mmmu_answered_count": float(o.answered),
-        "mmmu_correct_count": float(o.correct),
-        "mmmu_failed_count": float(o.failed),
-        "mmmu_unparsed_count": float(o.unparsed),
-        "mmmu_no_answer_count": float(o.no_answer),
-        "mmmu_ambiguous_count": float(o.ambiguous),
-        "mmmu_images_unreferenced_count": float(o.images_unreferenced),
-        "mmmu_images_not_sent_count": float(o.images_not_sent),
-    }
-    for d, t in sc.domains.items():
-        metrics[domain_metric(d)] = t.acc
-    if params.parser == "official":
-        metrics["mmmu_fallback_count"] = float(o.fallbacks)
-    return metrics
-
-
-def _warnings(o: scoring.Tally, params: Params) -> list[str]:
-    """What the cell's overall tally ``o`` asks the reader to know: unparsed answers, official
-    fallbacks, images not sent or never named, the PR's protocol."""
-    warnings = []
-    if o.unparsed:
-        warnings.append(
-            f"{o.unparsed} of {o.asked} MMMU answers could not be parsed "
-            f"({o.no_answer} no answer, {o.ambiguous} ambiguous; parser "
-            f"{params.parser}; counted wrong)"
-        )
-    if o.fallbacks and params.parser == "official":
-        how = (
-            f"a seeded random letter (seed {params.seed})"
-            if params.official_fallback == "random"
-            else "counted unparsed"
-        )
-        warnings.append(f"{o.fallbacks} answers fell to the official parser's fallback: {how}")
-    if o.images_not_sent:
-        warnings.append(
-            f"{o.images_not_sent} of {o.asked} MMMU questions were sent with fewer images than "
-            "they have"
-        )
-    if o.images_unreferenced:
-        warnings.append(
-            f"{o.images_unreferenced} of {o.asked} MMMU questions have images their "
-            "text never names (sent after the text)"
-        )
-    if params.protocol == "sglang-2025":
-        warnings.append("protocol sglang-2025 (the PR's script): only image_1 is sent")
-    return warnings
-
-
-def write_outputs(out_dir: Path, records: list[dict[str, Any]], sc: scoring.Scores) -> None:
-    """records.jsonl, answer_sglang.json, val_sglang.json, scores.json (atomic writes)."""
-    out_dir = Path(out_dir)
-    write_jsonl(out_dir / "records.jsonl", records)
-    write_json(out_dir / "answer_sglang.json", scoring.answer_dict(records))
-    write_json(out_dir / "val_sglang.json", scoring.val_dict(sc))
-    write_json(out_dir / "scores.json", sc.as_dict())
-
-
-def _progress(total: int, log):
+def _progress(total: int):
     """A rich progress bar on a terminal; a no-op callable (and no bar) otherwise."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -330,8 +189,8 @@ def _progress(total: int, log):
 
 
 def run(ctx: SuiteContext, params: Params) -> SuiteResult:
-    """Run the suite in one cell (see module docstring). Raises SuiteError when there is no
-    server or the questions cannot be loaded."""
+    """One cell; SuiteError without a server or when the questions cannot be loaded. Status
+    "incomplete" when a request failed (counted wrong, listed in ``errors``)."""
     if ctx.server is None:
         raise SuiteError("the mmmu suite needs a running server (ctx.server is None)")
     t0 = time.perf_counter()
@@ -353,13 +212,12 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
         f"mmmu: {len(prepared)} questions, protocol {params.protocol}, parser "
         f"{params.parser}, concurrency {params.concurrency}"
     )
-    prog, tick = _progress(len(bodies), ctx.log)
+    prog, tick = _progress(len(bodies))
     meter = ctx.server.progress  # the liveness watch: replies that stop coming fail the cell
     t1 = time.perf_counter()
 
     def on_done() -> None:
-        if tick is not None:
-            tick()
+        tick()
         if meter is not None:
             meter.done()
 
@@ -382,13 +240,13 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
             meter.idle()
     duration = time.perf_counter() - t1
     records = score_records(prepared, outcomes, params)
-    result, sc = summarize(
+    result, sc = scoring.summarize(
         records,
         params,
         duration_s=duration,
         extra_meta={"prepare_s": t_prep, "model": model, "domains": list(DOMAINS)},
     )
-    write_outputs(ctx.out_dir, records, sc)
+    scoring.write_outputs(ctx.out_dir, records, sc)
     ctx.log(
         f"mmmu: overall {result.metrics['mmmu_overall_acc']:.3f} over "
         f"{int(result.metrics['mmmu_asked_count'])} asked "

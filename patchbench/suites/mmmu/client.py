@@ -1,17 +1,8 @@
-"""The MMMU client: chat completions against a running sglang server, bounded concurrency.
+"""The MMMU client: non-streaming ``POST /v1/chat/completions``, bounded concurrency.
 
-Protocol: ``POST {base_url}/v1/chat/completions`` with a JSON body prepared once per question
-(``{"model", "messages", "temperature", "max_tokens", "stream": false}``); the answer is
-``choices[0].message.content``, token counts from ``usage``. Non-streaming: one response body per
-question (the answer is at most ``max_tokens`` tokens, 30 by default).
-
-Failures are recorded, never dropped: every question gets an :class:`Outcome` (``error`` set when
-it failed). Retries happen only when no byte of an answer arrived: a connection error before the
-response headers, or an HTTP 429/500/502/503/504 status (its body is an error, not an answer). A
-failure after a 200 status (timeout while reading, bad JSON, no answer in it: :func:`answer_of`)
-is final. Each attempt
-has ``request_timeout_s`` (aiohttp ``ClientTimeout(total=...)``); between attempts a pause of
-``0.5 * 2**attempt`` s.
+Every question gets an :class:`Outcome`, failures included. Retries only when no byte of an answer
+arrived (a connection error before the headers, HTTP 429/500/502/503/504), after a pause of
+``0.5 * 2**attempt`` s; a failure after a 200 is final. ``request_timeout_s`` is per attempt.
 """
 
 from __future__ import annotations
@@ -29,9 +20,8 @@ RETRY_STATUSES = {429, 500, 502, 503, 504}
 
 @dataclass
 class Outcome:
-    """One question's request: ``response`` (None when failed), ``error`` (None when answered),
-    ``latency_s`` (wall time of the last attempt, seconds), token counts from ``usage`` (None when
-    absent), ``attempts`` (1 + retries made), ``finish_reason``."""
+    """One question's request: ``response`` or ``error``, ``latency_s`` (the last attempt's),
+    token counts from ``usage``, ``attempts``, ``finish_reason``."""
 
     response: str | None
     error: str | None
@@ -68,15 +58,12 @@ class _Retryable(Exception):
 
 
 def answer_of(data: object, latency_s: float) -> Outcome:
-    """The :class:`Outcome` of one HTTP 200 body ``data`` (parsed JSON) that took ``latency_s``.
+    """The :class:`Outcome` of one HTTP 200 body ``data`` (parsed JSON).
 
-    An answer is ``choices[0].message.content``, a string. What a server sends when it did not
-    answer is a failed outcome naming it, never an answer to score: a body that is not an object,
-    no choices, no or non-string content, ``finish_reason`` ``abort`` (sglang aborted the request:
-    a full KV cache, a scheduler error; whatever text it carries was cut off), and an empty
-    content the server generated no token for (``usage.completion_tokens`` 0 or absent, or no
-    finish reason). An empty content that ended at a stop token (``finish_reason`` ``stop`` or
-    ``length``, at least one completion token) is the model's own answer and is scored."""
+    The answer is ``choices[0].message.content``. A body with no answer is a failed outcome naming
+    it, never an answer to score (docs/faults.md): no choices, no text content, ``finish_reason``
+    ``abort``, or an empty content the server generated no token for. An empty content that ended
+    at ``stop`` / ``length`` after at least one completion token is the model's own answer."""
     if not isinstance(data, dict):
         return Outcome(None, f"HTTP 200 whose body is not an object: {str(data)[:300]}", latency_s)
     choices = data.get("choices")
@@ -110,15 +97,7 @@ def answer_of(data: object, latency_s: float) -> Outcome:
             latency_s,
             finish_reason=finish,
         )
-    return Outcome(
-        content,
-        None,
-        latency_s,
-        usage.get("prompt_tokens"),
-        completion,
-        1,
-        finish,
-    )
+    return Outcome(content, None, latency_s, usage.get("prompt_tokens"), completion, 1, finish)
 
 
 async def _attempt(
@@ -126,16 +105,15 @@ async def _attempt(
 ) -> Outcome:
     t0 = time.perf_counter()
     try:
-        resp_cm = session.post(
+        resp = await session.post(
             url,
             data=body,
             headers={"Content-Type": "application/json"},
             timeout=aiohttp.ClientTimeout(total=timeout_s),
         )
-        resp = await resp_cm.__aenter__()
     except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as e:
         raise _Retryable(f"{type(e).__name__}: {e}") from e
-    try:
+    async with resp:
         if resp.status != 200:
             text = (await resp.text(errors="replace"))[:300]
             msg = f"HTTP {resp.status}: {text}"
@@ -149,8 +127,6 @@ async def _attempt(
                 None, f"after HTTP 200: {type(e).__name__}: {e}", time.perf_counter() - t0
             )
         return answer_of(data, time.perf_counter() - t0)
-    finally:
-        await resp_cm.__aexit__(None, None, None)
 
 
 async def _one(
@@ -191,8 +167,8 @@ async def send_all(
     retries: int,
     on_done: Callable[[], None] | None = None,
 ) -> list[Outcome]:
-    """Send every body; ``result[i]`` is the outcome of ``bodies[i]``. At most ``concurrency``
-    requests in flight; ``on_done()`` is called after each question (progress bar)."""
+    """The outcome of every body, in order; at most ``concurrency`` in flight, ``on_done()`` after
+    each."""
     url = base_url.rstrip("/") + "/v1/chat/completions"
     sem = asyncio.Semaphore(concurrency)
     connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)

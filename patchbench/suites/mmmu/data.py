@@ -1,26 +1,7 @@
-"""MMMU questions: subjects, domains, and loading the dataset (hub or a local copy).
-
-Source of the schema: HF ``MMMU/MMMU`` (one config per subject; splits dev 150 / validation 900 /
-test 10500). A row: ``id`` ("validation_<Subject>_<n>"), ``question`` (text with ``<image N>``
-placeholders), ``options`` (a string holding a Python list literal, "[]" for open questions),
-``explanation``, ``image_1`` .. ``image_7`` (PIL images or None), ``img_type``, ``answer`` (a letter,
-or the gold string for open questions), ``topic_difficulty``, ``question_type``
-("multiple-choice" | "open"), ``subfield``. Domains and subject order: sglang's
-``benchmark/mmmu`` (``DOMAIN_CAT2SUB_CAT``), the same as the MMMU repository.
-
-Where questions come from (``load_questions``):
-
-- ``dataset_path`` None: ``datasets.load_dataset(dataset, subject, split=split)`` for each subject
-  (the hub, or its local cache when ``HF_DATASETS_OFFLINE=1``);
-- ``dataset_path`` a folder holding parquet files in the hub's layout
-  ``<Subject>/<split>-*.parquet`` (a ``huggingface-cli download`` of MMMU/MMMU, or the demo
-  questions of :mod:`patchbench.suites.mmmu.demo_data`);
-- ``dataset_path`` a folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``
-  (one dataset holding all subjects, or a DatasetDict keyed by split or by subject);
-- otherwise ``dataset_path`` is used as the ``cache_dir`` of ``load_dataset`` (a filled HF cache).
-
-Errors: :class:`DatasetUnavailable` (a :class:`patchbench.suite.SuiteError`) names the dataset,
-the subject and how to provide a local copy.
+"""MMMU questions: subjects, domains (sglang's ``benchmark/mmmu`` order) and loading the dataset
+from the hub or a local copy (parquet files in the hub layout, a ``save_to_disk`` folder, or a
+filled HF cache; docs/mmmu.md). Errors: :class:`DatasetUnavailable` names the dataset, the
+subject and how to provide a local copy.
 """
 
 from __future__ import annotations
@@ -71,11 +52,7 @@ class DatasetUnavailable(SuiteError):
 
 
 def subject_of(qid: str) -> str:
-    """Subject of an MMMU id: ``"validation_Art_Theory_12"`` -> ``"Art_Theory"``.
-
-    Raises ValueError naming the id when it does not have the ``<split>_<Subject>_<n>`` shape or
-    names an unknown subject.
-    """
+    """``"validation_Art_Theory_12"`` -> ``"Art_Theory"``; ValueError naming a malformed id."""
     m = _ID.match(qid)
     if not m or m.group("subject") not in SUBJECT_DOMAIN:
         raise ValueError(
@@ -85,20 +62,14 @@ def subject_of(qid: str) -> str:
     return m.group("subject")
 
 
-def domain_of(subject: str) -> str:
-    """Domain of a subject (``"Art_Theory"`` -> ``"Art and Design"``); KeyError when unknown."""
-    try:
-        return SUBJECT_DOMAIN[subject]
-    except KeyError:
-        raise KeyError(f"unknown MMMU subject {subject!r}; known: {', '.join(SUBJECTS)}") from None
+def domain_metric(domain: str) -> str:
+    """``"Art and Design"`` -> ``"mmmu_art_and_design_acc"``."""
+    return "mmmu_" + domain.lower().replace(" ", "_") + "_acc"
 
 
 def parse_options(raw: Any, qid: str = "?") -> list[str]:
-    """The options of a question as a list of strings.
-
-    ``raw``: HF MMMU's string holding a Python list literal (``"['$6', '$7']"``), or already a list
-    (the mmmu-samples files). Raises ValueError naming the question id when it is neither.
-    """
+    """The options from HF MMMU's list literal string (``"['$6', '$7']"``) or a list;
+    ValueError naming the question id when it is neither."""
     if isinstance(raw, (list, tuple)):
         return [str(x) for x in raw]
     if isinstance(raw, str):
@@ -118,11 +89,8 @@ def parse_options(raw: Any, qid: str = "?") -> list[str]:
 
 @dataclass
 class Question:
-    """One MMMU question, ready for prompting.
-
-    images: ``{n: PIL.Image}`` for the ``image_n`` fields that are set (1-based, n <= 7).
-    answer: the gold letter (multiple-choice) or gold string / list of strings (open).
-    """
+    """One MMMU question. images: ``{n: PIL.Image}`` of the set ``image_n`` (1..7); answer: the
+    gold letter, or an open question's gold string(s)."""
 
     id: str
     subject: str
@@ -146,8 +114,8 @@ class Question:
 
 
 def question_from_row(row: dict) -> Question:
-    """A :class:`Question` from one dataset row (HF MMMU schema). Raises ValueError naming the id
-    and the field when a required field is missing or malformed."""
+    """A :class:`Question` from one HF MMMU row; ValueError naming the id and a missing or
+    malformed field."""
     qid = row.get("id")
     if not qid:
         raise ValueError(f"MMMU row without an 'id': keys {sorted(row)}")
@@ -228,8 +196,7 @@ def _load_saved(root: Path, split: str):
 
 
 def _hub_unreachable(timeout_s: float = 3.0) -> str | None:
-    """Why the HF hub cannot be reached (a DNS or TCP error), or None when it answers or when
-    offline mode is set (then ``datasets`` reads its cache without network)."""
+    """Why the HF hub cannot be reached, or None (it answers, or offline mode is set)."""
     import os
     import socket
     from urllib.parse import urlparse
@@ -248,11 +215,8 @@ def _hub_unreachable(timeout_s: float = 3.0) -> str | None:
 def iter_rows(
     dataset: str, dataset_path: str | Path | None, split: str, subjects: Iterable[str]
 ) -> Iterable[dict]:
-    """Rows (dicts, HF MMMU schema) of the chosen subjects and split, subject by subject.
-
-    Raises :class:`DatasetUnavailable` naming the dataset/folder, the subject and how to provide
-    a local copy.
-    """
+    """Rows (HF MMMU schema) of the subjects and split, subject by subject; DatasetUnavailable
+    naming the dataset or folder, the subject and how to provide a local copy."""
     import datasets
 
     subjects = list(subjects)
@@ -303,16 +267,9 @@ def load_questions(
     subjects: Iterable[str],
     limit: int | None = None,
 ) -> list[Question]:
-    """The questions of ``subjects``, each subject in dataset order.
-
-    ``limit`` None: all, grouped by subject in the order given. ``limit`` n: at most n questions,
-    taken round-robin over the subjects (first question of each subject, then the second, ...),
-    so a small limit still covers several subjects; the result is then ordered by subject as
-    given, then by dataset order. Deterministic for a given dataset.
-
-    Raises :class:`DatasetUnavailable` (see :func:`iter_rows`; also when nothing matched) and
-    ValueError for an unknown subject or a malformed row, naming its id and field.
-    """
+    """The questions of ``subjects`` (in that order, each in dataset order); ``limit`` n keeps n
+    taken round-robin over the subjects. Raises DatasetUnavailable (also when nothing matched)
+    and ValueError for an unknown subject or a malformed row."""
     subjects = list(subjects)
     unknown = [s for s in subjects if s not in SUBJECT_DOMAIN]
     if unknown:

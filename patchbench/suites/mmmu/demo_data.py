@@ -1,29 +1,11 @@
 """Generated demo questions in the MMMU schema, with rendered images and known answers.
 
-No hub access is needed: ``generate(out_dir)`` draws simple pictures with Pillow (coloured shapes,
-dots to count, printed words and numbers) and writes them as a local dataset in the hub's parquet
-layout, ``<out_dir>/<Subject>/validation-00000-of-00001.parquet``, which the suite loads through
-the same ``dataset_path`` code path as a real local copy of MMMU/MMMU (:mod:`patchbench.suites.mmmu.data`).
-
-Fields are those of HF ``MMMU/MMMU``: ``id`` (``validation_<Subject>_<n>``), ``question``,
-``options`` (a string holding a Python list literal; ``"[]"`` for open questions), ``explanation``,
-``image_1`` .. ``image_7`` (images or None), ``img_type`` (a list literal string), ``answer``,
-``topic_difficulty``, ``question_type`` (``multiple-choice`` / ``open``), ``subfield``.
-
-Kinds of question (one subject each, across all six domains):
-
-- Art (colour, multiple-choice): the colour of one filled shape;
-- Basic_Medical_Science (shape, multiple-choice): which shape is drawn;
-- Math (count): how many dots, multiple-choice and open alternately;
-- Computer_Science (read, open): the word printed in the picture;
-- Accounting (add, open): the sum of two printed amounts;
-- History (compare two images, multiple-choice): which of ``<image 1>`` / ``<image 2>`` has
-  more dots;
-- Music (options that are images): four or five images, the question names ``<image 1>`` and
-  the options are only placeholders (``"<image 3>"``), as in the real five-image Music question.
-
-Deterministic for a given ``(n, seed)``. CLI: ``python -m patchbench.suites.mmmu.demo_data OUT_DIR [--n N]
-[--seed S]``.
+``generate(out_dir)`` draws simple pictures with Pillow (coloured shapes, dots to count, printed
+words and numbers; one kind per subject, the Music kind with images as options, as the real
+five-image question) and writes them in the hub's parquet layout,
+``<out_dir>/<Subject>/validation-00000-of-00001.parquet``, loaded through ``dataset_path`` like a
+local copy of MMMU/MMMU. Deterministic for a given ``(n, seed)``. CLI:
+``python -m patchbench.suites.mmmu.demo_data OUT_DIR [--n N] [--seed S]``.
 """
 
 from __future__ import annotations
@@ -48,20 +30,7 @@ COLOURS = {
     "orange": (240, 130, 20),
 }
 SHAPES = ["circle", "square", "triangle", "diamond"]
-WORDS = [
-    "apple",
-    "river",
-    "stone",
-    "cloud",
-    "piano",
-    "tiger",
-    "lemon",
-    "rocket",
-    "garden",
-    "candle",
-    "mirror",
-    "planet",
-]
+WORDS = "apple river stone cloud piano tiger lemon rocket garden candle mirror planet".split()
 SIZE = 224
 
 SUBJECT_KINDS: list[tuple[str, str]] = [
@@ -136,25 +105,19 @@ def text_image(text: str) -> Image.Image:
     return img
 
 
-def _mc(options: list[str], answer_index: int) -> tuple[str, str]:
-    return repr(options), chr(ord("A") + answer_index)
-
-
-def _choice(
-    question: str, options: str, answer: str, images: list[Image.Image], subfield: str
-) -> dict[str, Any]:
-    """A multiple-choice question's row (``options``, ``answer``: from :func:`_mc`)."""
+def _mc(question: str, options: list[str], right: int, images: list, subfield: str) -> dict:
+    """A multiple-choice question's row; ``right``: the index of the right option."""
     return dict(
         question=question,
-        options=options,
-        answer=answer,
+        options=repr(options),
+        answer=chr(ord("A") + right),
         question_type="multiple-choice",
         images=images,
         subfield=subfield,
     )
 
 
-def _open(question: str, answer: str, images: list[Image.Image], subfield: str) -> dict[str, Any]:
+def _open(question: str, answer: str, images: list, subfield: str) -> dict[str, Any]:
     """An open question's row (no options)."""
     return dict(
         question=question,
@@ -167,102 +130,82 @@ def _open(question: str, answer: str, images: list[Image.Image], subfield: str) 
 
 
 def _ask_colour(k: int, rng: random.Random) -> dict[str, Any]:
-    """A shape of one of four colours: which colour (multiple choice)."""
-    images: list[Image.Image] = []
+    """Which of four colours is the shape."""
     colours = rng.sample(sorted(COLOURS), 4)
     right = rng.randrange(4)
-    images.append(shape_image(rng.choice(SHAPES), colours[right]))
-    opts, ans = _mc(colours, right)
-    return _choice("What colour is the shape in <image 1>?", opts, ans, images, "Colour")
+    img = shape_image(rng.choice(SHAPES), colours[right])
+    return _mc("What colour is the shape in <image 1>?", colours, right, [img], "Colour")
 
 
 def _ask_shape(k: int, rng: random.Random) -> dict[str, Any]:
-    """One of the shapes: which shape (multiple choice)."""
-    images: list[Image.Image] = []
+    """Which shape is drawn."""
     right = rng.randrange(4)
-    images.append(shape_image(SHAPES[right], rng.choice(sorted(COLOURS))))
-    opts, ans = _mc(list(SHAPES), right)
-    return _choice(
-        "<image 1> Which shape is drawn in the picture?", opts, ans, images, "Morphology"
-    )
+    img = shape_image(SHAPES[right], rng.choice(sorted(COLOURS)))
+    return _mc("<image 1> Which shape is drawn in the picture?", SHAPES, right, [img], "Morphology")
 
 
 def _ask_count(k: int, rng: random.Random) -> dict[str, Any]:
-    """Black dots to count (RGB, grayscale or RGBA by ``k``): open for odd ``k``, else multiple
-    choice."""
-    images: list[Image.Image] = []
+    """How many dots (RGB, grayscale or RGBA by ``k``): open for odd ``k``, else multiple choice."""
     n = rng.randint(1, 9)
-    mode = ["RGB", "L", "RGBA"][k % 3]
-    images.append(dots_image(n, rng, mode))
+    images = [dots_image(n, rng, ["RGB", "L", "RGBA"][k % 3])]
+    question = "How many black dots are there in <image 1>?"
     if k % 2:
-        return _open("How many black dots are there in <image 1>?", str(n), images, "Counting")
+        return _open(question, str(n), images, "Counting")
     choices = sorted({n, *rng.sample([x for x in range(1, 10) if x != n], 3)})
-    opts, ans = _mc([str(c) for c in choices], choices.index(n))
-    return _choice("How many black dots are there in <image 1>?", opts, ans, images, "Counting")
+    return _mc(question, [str(c) for c in choices], choices.index(n), images, "Counting")
 
 
 def _ask_read(k: int, rng: random.Random) -> dict[str, Any]:
-    """A printed word to read (open)."""
-    images: list[Image.Image] = []
+    """Which word is printed (open)."""
     word = rng.choice(WORDS)
-    images.append(text_image(word))
     return _open(
-        "Which word is printed in <image 1>?", word, images, "Optical character recognition"
+        "Which word is printed in <image 1>?",
+        word,
+        [text_image(word)],
+        "Optical character recognition",
     )
 
 
 def _ask_add(k: int, rng: random.Random) -> dict[str, Any]:
-    """Two printed dollar amounts to add (open)."""
-    images: list[Image.Image] = []
+    """The sum of two printed dollar amounts (open)."""
     a, b = rng.randint(100, 4000), rng.randint(100, 4000)
-    images.append(text_image(f"${a}"))
-    images.append(text_image(f"${b}"))
     return _open(
         "An invoice lists the amounts in <image 1> and <image 2>. What is the total in dollars?",
         str(a + b),
-        images,
+        [text_image(f"${a}"), text_image(f"${b}")],
         "Financial accounting",
     )
 
 
 def _ask_compare(k: int, rng: random.Random) -> dict[str, Any]:
-    """Two dot images: which has more dots (multiple choice between the images)."""
-    images: list[Image.Image] = []
+    """Which of two images has more dots (the options are the images)."""
     a, b = rng.sample(range(1, 10), 2)
-    images.append(dots_image(a, rng))
-    images.append(dots_image(b, rng))
-    opts, ans = _mc(["<image 1>", "<image 2>"], 0 if a > b else 1)
-    return _choice(
-        "Which image has more black dots? <image 1> <image 2>", opts, ans, images, "Cartography"
-    )
+    images = [dots_image(a, rng), dots_image(b, rng)]
+    question = "Which image has more black dots? <image 1> <image 2>"
+    return _mc(question, ["<image 1>", "<image 2>"], 0 if a > b else 1, images, "Cartography")
 
 
 def _ask_pick_image(k: int, rng: random.Random) -> dict[str, Any]:
-    """A colour's name, then four squares: which image shows that colour (the options are
-    images)."""
-    images: list[Image.Image] = []
+    """Image 1 names a colour; which of four squares (images 2..5, shuffled) shows it."""
     n_opts = 4
     colours = rng.sample(sorted(COLOURS), n_opts)
     target = rng.randrange(n_opts)
-    # image 1: the reference word; images 2..5: the candidate shapes in shuffled order
-    images.append(text_image(colours[target]))
     order = list(range(n_opts))
     rng.shuffle(order)  # option i shows image order[i] + 2
-    for colour_index in sorted(range(n_opts), key=lambda i: order[i]):
-        images.append(shape_image("square", colours[colour_index]))
-    opts, ans = _mc([f"<image {order[i] + 2}>" for i in range(n_opts)], target)
-    return _choice(
+    images = [text_image(colours[target])] + [
+        shape_image("square", colours[i]) for i in sorted(range(n_opts), key=lambda i: order[i])
+    ]
+    return _mc(
         "<image 1> Which option shows a square of the colour named in the first image?",
-        opts,
-        ans,
+        [f"<image {order[i] + 2}>" for i in range(n_opts)],
+        target,
         images,
         "Music notation",
     )
 
 
-#: demo kind -> its question maker ``(k, rng) -> {question, options, answer, question_type,
-#: images, subfield}``
-_MAKERS = {
+#: demo kind -> its question maker ``(k, rng) -> row without id``
+MAKERS = {
     "colour": _ask_colour,
     "shape": _ask_shape,
     "count": _ask_count,
@@ -271,14 +214,6 @@ _MAKERS = {
     "compare": _ask_compare,
     "pick_image": _ask_pick_image,
 }
-
-
-def _make(kind: str, k: int, rng: random.Random) -> dict[str, Any]:
-    """One question of ``kind`` (the ``k``-th of the set): question, options, answer, images,
-    question_type, subfield. Raises ValueError for an unknown kind."""
-    if kind not in _MAKERS:
-        raise ValueError(f"unknown demo kind {kind!r}")
-    return _MAKERS[kind](k, rng)
 
 
 def generate_rows(n: int = 63, seed: int = 0) -> dict[str, list[dict[str, Any]]]:
@@ -291,7 +226,7 @@ def generate_rows(n: int = 63, seed: int = 0) -> dict[str, list[dict[str, Any]]]
     for i in range(n):
         subject, kind = SUBJECT_KINDS[i % len(SUBJECT_KINDS)]
         k = len(rows[subject]) + 1
-        q = _make(kind, k, rng)
+        q = MAKERS[kind](k, rng)
         imgs = q.pop("images")
         row: dict[str, Any] = {
             "id": f"{SPLIT}_{subject}_{k}",
@@ -327,11 +262,8 @@ def features():
 
 
 def generate(out_dir: str | Path, n: int = 63, seed: int = 0) -> dict[str, int]:
-    """Write ``n`` demo questions under ``out_dir`` in the hub's parquet layout.
-
-    Returns ``{subject: question count}``. Existing files of the same subjects are replaced
-    (each written to a temporary name, then renamed). Raises ValueError when ``n < 1``.
-    """
+    """Write ``n`` demo questions under ``out_dir`` (files replaced atomically); returns
+    ``{subject: question count}``. Raises ValueError when ``n < 1``."""
     out = Path(out_dir)
     counts: dict[str, int] = {}
     with quiet_datasets():

@@ -1,41 +1,23 @@
-"""Pairing MMMU cells question by question (did the patch change any answer?): the one MMMU pairing.
-
-``pair(baseline, variant)``: the records (as written to ``records.jsonl``) of the baseline cell and
-of the variant cell, either one repeat each (a list of records) or several repeats each (a list of
-lists of records). Before comparing anything :func:`check_pairable` checks that every repeat of
-both cells is comparable with the first baseline repeat: the same question ids, the same
-``prompt_sha256`` per question, the same parser, official fallback mode (a seeded random pick or
-counted unparsed), parser seed, protocol, temperature, max_tokens and other sampling settings;
-otherwise :class:`PairingError` (a :class:`patchbench.suite.PairingRefused`) names every
-difference, with up to five example questions.
-
-Statistics: a question's correctness in a cell is the share of that cell's repeats in which its
-verdict is ``correct`` (0 or 1 with one repeat). It is "right" when that share is above one half,
-"wrong" below; exactly one half (an even number of repeats, split) is "unstable" and left out of
-the table (counted). Flips: right->wrong (``right_to_wrong``, regressions) and wrong->right
-(``wrong_to_right``, improvements). McNemar's exact test (statsmodels ``mcnemar(table,
-exact=True)``: a two-sided binomial test on the discordant questions) gives the p-value. Verdict:
-"no significant change" unless p < alpha (0.05), then "improved" (more wrong->right) or
-"regressed"; "incomplete" whenever a request failed in any repeat of either cell (no verdict on a
-partial run). Questions that failed anywhere are left out of the table and counted.
-"""
+"""Pairing MMMU cells question by question: the one MMMU pairing (docs/mmmu.md, "Pairing")."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from statistics import mean
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
+from patchbench import stats
+from patchbench.records import read_jsonl
 from patchbench.suite import PairingRefused
-from patchbench.suites.mmmu.data import subject_of
+from patchbench.suites.mmmu.data import DOMAINS, SUBJECT_DOMAIN, domain_metric, subject_of
 
 Record = Mapping[str, Any]
 
 
 class PairingError(PairingRefused, ValueError):
-    """Two cells that must not be paired; the message says what differs (every difference)."""
+    """Two cells that must not be paired; the message names every difference."""
 
 
 def _examples(items: Iterable[Any], k: int = 5) -> str:
@@ -49,9 +31,9 @@ def _values(records: Sequence[Record], get) -> set[str]:
 
 
 def _fallback_mode(records: Sequence[Record]) -> str | None:
-    """The official parser's fallback mode of one cell: ``official_fallback`` where recorded;
-    else read off the records (a fallback with a parsed letter: "random"; without: "unparsed");
-    None for the strict parser or when no record says."""
+    """The official parser's fallback mode of one cell: ``official_fallback`` where recorded, else
+    read off the records (a fallback with a parsed letter: "random"; without: "unparsed"); None
+    for the strict parser or when no record says."""
     modes = {r.get("official_fallback") for r in records if r.get("parser") == "official"}
     modes.discard(None)
     if modes:
@@ -72,7 +54,6 @@ def _sampling(r: Record, key: str | None) -> Any:
 #: (label, getter) of every per-cell setting two paired cells must share
 _SETTINGS = (
     ("parser", lambda r: r.get("parser")),
-    ("official fallback mode", None),
     ("parser seed", lambda r: r.get("parser_seed")),
     ("protocol", lambda r: r.get("protocol")),
     ("temperature", lambda r: _sampling(r, "temperature")),
@@ -81,254 +62,230 @@ _SETTINGS = (
 )
 
 
-def _as_repeats(cell: Sequence[Any], side: str) -> list[list[Record]]:
-    """One repeat (a list of records) or several (a list of lists) -> a list of repeats."""
-    cell = list(cell)
-    if not cell:
-        raise ValueError(f"no MMMU records to pair ({side} is empty)")
-    if all(isinstance(x, Mapping) for x in cell):
-        return [cell]
-    if all(isinstance(x, (list, tuple)) for x in cell):
-        reps = [list(x) for x in cell]
-        if any(not x for x in reps):
-            raise ValueError(f"no MMMU records to pair ({side} has an empty repeat)")
-        return reps
-    raise ValueError(f"{side}: expected a list of records or a list of repeats (lists of records)")
-
-
-def _cell_problems(ref: list[Record], other: list[Record], name: str) -> list[str]:
+def check_pairable(a: Sequence[Record], b: Sequence[Record]) -> None:
+    """Raise :class:`PairingError` naming every difference that forbids pairing the records of
+    cell ``a`` with those of cell ``b``: question lists, prompts (``prompt_sha256``), parser,
+    official fallback mode, parser seed, protocol, sampling. ValueError when a side is empty."""
+    for side, recs in (("a", a), ("b", b)):
+        if not recs:
+            raise ValueError(f"no MMMU records to pair ({side} is empty)")
     problems: list[str] = []
-    ids_r = [r["id"] for r in ref]
-    ids_o = [r["id"] for r in other]
-    if len(set(ids_o)) != len(ids_o):
-        problems.append(f"a question id appears twice in {name}")
-    only_r, only_o = sorted(set(ids_r) - set(ids_o)), sorted(set(ids_o) - set(ids_r))
-    if only_r or only_o:
+    ids_a, ids_b = [r["id"] for r in a], [r["id"] for r in b]
+    for side, ids in (("a", ids_a), ("b", ids_b)):
+        if len(set(ids)) != len(ids):
+            problems.append(f"a question id appears twice in {side}")
+    only_a, only_b = sorted(set(ids_a) - set(ids_b)), sorted(set(ids_b) - set(ids_a))
+    if only_a or only_b:
         problems.append(
-            f"question lists differ: {len(only_r)} only in a ({_examples(only_r)}), "
-            f"{len(only_o)} only in {name} ({_examples(only_o)})"
+            f"question lists differ: {len(only_a)} only in a ({_examples(only_a)}), "
+            f"{len(only_b)} only in b ({_examples(only_b)})"
         )
-    by_o = {r["id"]: r for r in other}
-    diff_prompt = [
+    by_b = {r["id"]: r for r in b}
+    diff = [
         r["id"]
-        for r in ref
-        if r["id"] in by_o and r.get("prompt_sha256") != by_o[r["id"]].get("prompt_sha256")
+        for r in a
+        if r["id"] in by_b and r.get("prompt_sha256") != by_b[r["id"]].get("prompt_sha256")
     ]
-    if diff_prompt:
+    if diff:
         problems.append(
-            f"prompts differ (prompt_sha256) for {len(diff_prompt)} questions: "
-            f"{_examples(diff_prompt)}"
+            f"prompts differ (prompt_sha256) for {len(diff)} questions: {_examples(diff)}"
         )
     for label, get in _SETTINGS:
-        if get is None:
-            fa, fo = _fallback_mode(ref), _fallback_mode(other)
-            if fa != fo and fa is not None and fo is not None:
-                problems.append(f"{label} differ: a {fa!r} vs {name} {fo!r}")
-            continue
-        sa, so = _values(ref, get), _values(other, get)
-        if sa != so:
+        sa, sb = _values(a, get), _values(b, get)
+        if sa != sb:
             problems.append(
-                f"{label} differ: a {', '.join(sorted(sa))} vs {name} {', '.join(sorted(so))}"
+                f"{label} differ: a {', '.join(sorted(sa))} vs b {', '.join(sorted(sb))}"
             )
-    return problems
-
-
-def check_pairable(baseline: Sequence[Any], variant: Sequence[Any]) -> None:
-    """Raise :class:`PairingError` naming every difference that forbids pairing.
-
-    ``baseline`` / ``variant``: one repeat (a list of records) or a list of repeats. Every repeat
-    is checked against the first baseline repeat ("a"); the other side is named "b" (or
-    "a[k]" / "b[k]" for repeat k when there are several).
-    """
-    reps_a, reps_b = _as_repeats(baseline, "a"), _as_repeats(variant, "b")
-    ref = reps_a[0]
-    problems: list[str] = []
-    if len({r["id"] for r in ref}) != len(ref):
-        problems.append("a question id appears twice in a")
-    for k, rep in enumerate(reps_a[1:], start=1):
-        problems += _cell_problems(ref, rep, f"a[{k}]")
-    for k, rep in enumerate(reps_b):
-        problems += _cell_problems(ref, rep, "b" if len(reps_b) == 1 else f"b[{k}]")
+        if label == "parser":  # the fallback mode is named right after the parser
+            fa, fb = _fallback_mode(a), _fallback_mode(b)
+            if fa != fb and fa is not None and fb is not None:
+                problems.append(f"official fallback mode differ: a {fa!r} vs b {fb!r}")
     if problems:
         raise PairingError("cannot pair these MMMU cells: " + "; ".join(problems))
 
 
-def _state(share: float) -> str:
-    return "right" if share > 0.5 else "wrong" if share < 0.5 else "unstable"
+def _read_records(suite_dir: Path) -> tuple[list[dict] | None, str | None]:
+    p = Path(suite_dir) / "records.jsonl"
+    if not p.is_file():
+        return None, f"{p}: missing"
+    try:
+        return read_jsonl(p), None
+    except (OSError, ValueError) as e:
+        return None, f"{p}: unreadable ({e})"
 
 
-def pair(
-    baseline: Sequence[Any], variant: Sequence[Any], *, alpha: float = 0.05, max_changed: int = 200
-) -> dict[str, Any]:
-    """Paired comparison of two MMMU cells over their repeats (see module docstring).
-
-    Args: ``baseline`` and ``variant``: each one repeat (a list of records) or a list of repeats
-    (lists of records, e.g. ``[read_jsonl(d / "records.jsonl") for d in repeat_dirs]``); alpha:
-    the McNemar significance level; max_changed: at most this many ``changed`` entries.
-
-    Returns a dict:
-
-    - ``repeats_a``, ``repeats_b``: repeats on each side;
-    - ``n_paired``: questions in the table (answered in every repeat, not unstable);
-      ``n_failed_either``: questions whose request failed in some repeat of either cell;
-      ``n_unstable``: questions right in exactly half of one cell's repeats;
-    - ``both_right``, ``both_wrong``, ``right_to_wrong``, ``wrong_to_right``: the 2x2 table;
-      ``flips`` = right_to_wrong + wrong_to_right (the discordant count);
-    - ``mcnemar_p``: McNemar exact p over the table (None when it is empty);
-    - ``acc_a``, ``acc_b``: mean per-question correctness (averaged over repeats) over the
-      questions answered everywhere (unstable ones included);
-    - ``questions``: ``{id: {"subject", "acc_a", "acc_b"}}``: per-question correctness averaged
-      over repeats (0..1), every question answered everywhere;
-    - ``flipped``: ``[{"id", "subject", "acc_a", "acc_b", "direction"}]``, the discordant
-      questions (direction "right_to_wrong" | "wrong_to_right");
-    - ``subjects``: ``{subject: {"n", "acc_a", "acc_b", "right_to_wrong", "wrong_to_right"}}``;
-    - ``identical_responses``, ``identical_response_share``: identical response strings over
-      the (question, repeat k) pairs of baseline repeat k and variant repeat k, k below the
-      smaller repeat count (questions answered everywhere);
-    - ``changed``: ``[{"id", "verdict_a", "verdict_b", "response_a", "response_b"}]`` for the
-      questions whose repeat-0 responses differ (responses cut to 200 characters, at most
-      ``max_changed`` entries), ``changed_count`` (all of them);
-    - ``unstable_a``, ``unstable_b``: questions whose verdict differs between repeats of a cell;
-    - ``verdict``: "improved" | "regressed" | "no significant change" | "incomplete";
-      ``alpha``.
-
-    Raises :class:`PairingError` when the cells are not comparable and ValueError when a side
-    is empty or malformed.
-    """
-    reps_a, reps_b = _as_repeats(baseline, "a"), _as_repeats(variant, "b")
-    check_pairable(reps_a, reps_b)
-    maps_a = [{r["id"]: r for r in rep} for rep in reps_a]
-    maps_b = [{r["id"]: r for r in rep} for rep in reps_b]
-    tally = _Tally(n_aligned=min(len(reps_a), len(reps_b)))
-    for qid in (r["id"] for r in reps_a[0]):
-        tally.add(qid, [m[qid] for m in maps_a], [m[qid] for m in maps_b])
-    return tally.result(len(reps_a), len(reps_b), alpha, max_changed)
-
-
-@dataclass
-class _Tally:
-    """The per-question counts of :func:`pair`, added question by question (:meth:`add`)."""
-
-    n_aligned: int  # repeats k compared response by response (baseline k with variant k)
-    table: dict[str, int] = field(
-        default_factory=lambda: dict.fromkeys(
-            ("both_right", "both_wrong", "right_to_wrong", "wrong_to_right"), 0
-        )
-    )
-    failed_either: int = 0
-    unstable: int = 0
-    identical: int = 0
-    compared: int = 0
-    unstable_a: int = 0
-    unstable_b: int = 0
-    questions: dict[str, dict[str, Any]] = field(default_factory=dict)
-    flipped: list[dict[str, Any]] = field(default_factory=list)
-    subjects: dict[str, dict[str, Any]] = field(default_factory=dict)
-    changed: list[dict[str, Any]] = field(default_factory=list)
-
-    def add(self, qid: str, ra: list[Record], rb: list[Record]) -> None:
-        """Count question ``qid``: its record in every baseline repeat (``ra``) and every
-        variant repeat (``rb``)."""
-        va, vb = [r["verdict"] for r in ra], [r["verdict"] for r in rb]
-        if "failed" in va or "failed" in vb:
-            self.failed_either += 1
-            return
-        subject = ra[0].get("subject") or subject_of(qid)
-        share_a = mean(v == "correct" for v in va)
-        share_b = mean(v == "correct" for v in vb)
-        self.unstable_a += len({v == "correct" for v in va}) > 1
-        self.unstable_b += len({v == "correct" for v in vb}) > 1
-        self.questions[qid] = {"subject": subject, "acc_a": share_a, "acc_b": share_b}
-        self._responses(qid, ra, rb)
-        sa, sb = _state(share_a), _state(share_b)
-        sub = self.subjects.setdefault(
-            subject, {"n": 0, "sum_a": 0.0, "sum_b": 0.0, "right_to_wrong": 0, "wrong_to_right": 0}
-        )
-        sub["n"] += 1
-        sub["sum_a"] += share_a
-        sub["sum_b"] += share_b
-        if "unstable" in (sa, sb):
-            self.unstable += 1
-            return
-        if sa == sb:
-            self.table["both_right" if sa == "right" else "both_wrong"] += 1
-            return
-        direction = "right_to_wrong" if sa == "right" else "wrong_to_right"
-        self.table[direction] += 1
-        sub[direction] += 1
-        self.flipped.append(
-            {
-                "id": qid,
-                "subject": subject,
-                "acc_a": share_a,
-                "acc_b": share_b,
-                "direction": direction,
-            }
-        )
-
-    def _responses(self, qid: str, ra: list[Record], rb: list[Record]) -> None:
-        """Identical responses of the aligned repeats, and the question in ``changed`` when its
-        repeat-0 responses differ."""
-        for k in range(self.n_aligned):
-            self.compared += 1
-            self.identical += ra[k].get("response") == rb[k].get("response")
-        a, b = ra[0], rb[0]
-        if a.get("response") != b.get("response"):
-            self.changed.append(
-                {
-                    "id": qid,
-                    "verdict_a": a["verdict"],
-                    "verdict_b": b["verdict"],
-                    "response_a": (a.get("response") or "")[:200],
-                    "response_b": (b.get("response") or "")[:200],
-                }
+def pair_repeats(baseline_dirs: list[Path], variant_dirs: list[Path]) -> dict[str, Any] | None:
+    """The ``records.jsonl`` of repeat k of each cell (``baseline_dirs[k]``, ``variant_dirs[k]``)
+    paired by :func:`pair_records`; a repeat without both files is left out with a note. None
+    when no repeat has both."""
+    reps_a, reps_b, notes = [], [], []
+    for k, (da, db) in enumerate(zip(baseline_dirs, variant_dirs, strict=True)):
+        (ra, why_a), (rb, why_b) = _read_records(da), _read_records(db)
+        if ra is None or rb is None:
+            notes.append(
+                f"paired repeat {k}: not used: " + "; ".join(w for w in (why_a, why_b) if w)
             )
+            continue
+        reps_a.append(ra)
+        reps_b.append(rb)
+    return pair_records(reps_a, reps_b, notes) if reps_a else None
 
-    def result(self, repeats_a: int, repeats_b: int, alpha: float, max_changed: int) -> dict:
-        """:func:`pair`'s dict: the counts, McNemar's exact p and the verdict."""
-        table, questions = self.table, self.questions
-        n = sum(table.values())
-        n11, n10 = table["both_right"], table["right_to_wrong"]
-        n01, n00 = table["wrong_to_right"], table["both_wrong"]
-        from statsmodels.stats.contingency_tables import mcnemar  # 0.8 s: only when compared
 
-        p = float(mcnemar([[n11, n10], [n01, n00]], exact=True).pvalue) if n else None
-        if self.failed_either:
-            verdict = "incomplete"
-        elif p is not None and p < alpha:
-            verdict = "improved" if n01 > n10 else "regressed"
-        else:
-            verdict = "no significant change"
-        nq = len(questions)
-        return {
-            "repeats_a": repeats_a,
-            "repeats_b": repeats_b,
-            "n_paired": n,
-            "n_failed_either": self.failed_either,
-            "n_unstable": self.unstable,
-            **table,
-            "flips": n10 + n01,
-            "mcnemar_p": p,
-            "acc_a": mean(q["acc_a"] for q in questions.values()) if nq else None,
-            "acc_b": mean(q["acc_b"] for q in questions.values()) if nq else None,
-            "questions": questions,
-            "flipped": self.flipped,
-            "subjects": {
-                s: {
-                    "n": v["n"],
-                    "acc_a": v["sum_a"] / v["n"],
-                    "acc_b": v["sum_b"] / v["n"],
-                    "right_to_wrong": v["right_to_wrong"],
-                    "wrong_to_right": v["wrong_to_right"],
-                }
-                for s, v in sorted(self.subjects.items())
+def pair_records(
+    reps_a: list[list[Record]], reps_b: list[list[Record]], notes: list[str] | None = None
+) -> dict[str, Any]:
+    """Question-by-question pairing of the baseline (``reps_a``: the records of each repeat) and
+    one variant (``reps_b``, as many repeats) over every paired repeat.
+
+    Each repeat pair is checked first (:func:`check_pairable`; a refusal raises
+    :class:`PairingError` naming the repeat). A question's correctness in an arm is its share of
+    ``correct`` verdicts over the repeats where it failed in neither cell (the question, not the
+    repeat, is the unit); questions that failed in every repeat are left out and counted.
+
+    Returns ``{"repeats_used", "n" (questions), "n_failed_either", "acc_a", "acc_b",
+    "both_right", "both_wrong", "right_to_wrong", "wrong_to_right" (sums over questions of
+    max(a - b, 0) / max(b - a, 0)), "flips", "mcnemar_p" (exact McNemar on the rounded
+    counts), "identical_share" (mean over repeats of the share of identical responses among the
+    questions that failed in neither cell), "accuracy": {metric: {"ids", "baseline", "variant",
+    "cells"}} (overall, answered: questions whose request failed in no used repeat, and each
+    domain), "flipped": [{"id", "subject", "baseline", "variant"}], "subjects": {subject: {"n",
+    "acc_a", "acc_b", "right_to_wrong", "wrong_to_right"}}, "notes"}``.
+    """
+    from statsmodels.stats.contingency_tables import mcnemar
+
+    notes = list(notes or [])
+    per_q: dict[str, dict[str, Any]] = {}
+    ident: list[float] = []
+    for k, (ra, rb) in enumerate(zip(reps_a, reps_b, strict=True)):
+        try:
+            check_pairable(ra, rb)
+        except (PairingError, ValueError) as e:
+            raise PairingError(f"paired repeat {k}: {e}") from None
+        same = _add_repeat(per_q, ra, rb)
+        if same:
+            ident.append(sum(same) / len(same))
+    used = len(reps_a)
+    qs = {i: q for i, q in per_q.items() if q["a"]}
+    failed = len(per_q) - len(qs)
+    ids = sorted(qs)
+    a = [sum(qs[i]["a"]) / len(qs[i]["a"]) for i in ids]
+    b = [sum(qs[i]["b"]) / len(qs[i]["b"]) for i in ids]
+    r2w = sum(max(x - y, 0.0) for x, y in zip(a, b, strict=True))
+    w2r = sum(max(y - x, 0.0) for x, y in zip(a, b, strict=True))
+    both_r = sum(min(x, y) for x, y in zip(a, b, strict=True))
+    both_w = sum(min(1 - x, 1 - y) for x, y in zip(a, b, strict=True))
+    n = len(ids)
+    table = [[round(both_r), round(r2w)], [round(w2r), round(both_w)]]
+    subjects, flipped = _by_subject(ids, qs, a, b)
+    if failed:
+        notes.append(
+            f"{failed} questions failed in every paired repeat (in either cell) and are left out"
+        )
+    return {
+        "repeats_used": used,
+        "n": n,
+        "n_failed_either": failed,
+        "acc_a": sum(a) / n if n else None,
+        "acc_b": sum(b) / n if n else None,
+        "both_right": both_r,
+        "both_wrong": both_w,
+        "right_to_wrong": r2w,
+        "wrong_to_right": w2r,
+        "flips": len(flipped),
+        "mcnemar_p": float(mcnemar(table, exact=True).pvalue) if n else None,
+        "identical_share": sum(ident) / len(ident) if ident else None,
+        "accuracy": _accuracy(ids, qs, a, b, used),
+        "flipped": flipped,
+        "subjects": dict(sorted(subjects.items())),
+        "notes": notes,
+    }
+
+
+def _add_repeat(per_q: dict[str, dict[str, Any]], ra: list[Record], rb: list[Record]) -> list:
+    """Add one paired repeat's verdicts to ``per_q`` ({id: {"subject", "a" / "b": [correct per
+    used repeat], "answered"}}); returns, per question answered in both cells, whether the two
+    responses are identical."""
+    by_b = {r["id"]: r for r in rb}
+    same = []
+    for r in ra:
+        q = per_q.setdefault(
+            r["id"],
+            {
+                "subject": r.get("subject") or subject_of(r["id"]),
+                "a": [],
+                "b": [],
+                "answered": True,
             },
-            "identical_responses": self.identical,
-            "identical_response_share": (self.identical / self.compared if self.compared else None),
-            "changed_count": len(self.changed),
-            "changed": self.changed[:max_changed],
-            "unstable_a": self.unstable_a,
-            "unstable_b": self.unstable_b,
-            "verdict": verdict,
-            "alpha": alpha,
+        )
+        other = by_b[r["id"]]
+        if r.get("verdict") == "failed" or other.get("verdict") == "failed":
+            q["answered"] = False  # as in each cell's own tally: a reply came back
+            continue
+        q["a"].append(r.get("verdict") == "correct")
+        q["b"].append(other.get("verdict") == "correct")
+        same.append(r.get("response") == other.get("response"))
+    return same
+
+
+def _accuracy(
+    ids: list[str], qs: dict[str, dict[str, Any]], a: list[float], b: list[float], used: int
+) -> dict[str, dict[str, Any]]:
+    """:func:`pair_records`' ``accuracy`` (metrics that cover no question left out)."""
+
+    def entry(keep) -> dict[str, Any]:
+        idx = [j for j, i in enumerate(ids) if keep(i)]
+        return {
+            "ids": [ids[j] for j in idx],
+            "baseline": [a[j] for j in idx],
+            "variant": [b[j] for j in idx],
+            "cells": _cells([ids[j] for j in idx], qs, used),
         }
+
+    accuracy = {
+        "mmmu_overall_acc": entry(lambda i: True),
+        "mmmu_answered_acc": entry(lambda i: qs[i]["answered"]),
+    }
+    for d in DOMAINS:
+        accuracy[domain_metric(d)] = entry(lambda i, d=d: SUBJECT_DOMAIN.get(qs[i]["subject"]) == d)
+    return {m: e for m, e in accuracy.items() if e["ids"]}
+
+
+def _cells(ids: list[str], qs: dict[str, dict[str, Any]], used: int) -> dict[str, Any]:
+    """Each arm's repeats and cell-shift variance parts (:func:`patchbench.stats.cell_variance`
+    of its repeats x questions matrix over the questions answered in every used repeat; None
+    with one repeat), pooled over the run's arms by patchbench.analysis.verdicts.accuracy_test."""
+    full = [i for i in ids if len(qs[i]["a"]) == used]
+    out: dict[str, Any] = {"repeats_baseline": used, "repeats_variant": used}
+    for arm, key in (("baseline", "a"), ("variant", "b")):
+        cv = None
+        if used >= 2 and len(full) >= 2:
+            cv = stats.cell_variance([[[float(qs[i][key][k]) for i in full] for k in range(used)]])
+        out[arm] = asdict(cv) if cv is not None else None
+    return out
+
+
+def _by_subject(
+    ids: list[str], qs: dict[str, dict[str, Any]], a: list[float], b: list[float]
+) -> tuple[dict[str, dict[str, float]], list[dict[str, Any]]]:
+    """(per subject: questions, mean correctness per arm, summed flips; the questions whose
+    correctness differs between the arms)."""
+    subjects: dict[str, dict[str, float]] = {}
+    flipped = []
+    for j, i in enumerate(ids):
+        s = subjects.setdefault(
+            qs[i]["subject"],
+            {"n": 0, "acc_a": 0.0, "acc_b": 0.0, "right_to_wrong": 0.0, "wrong_to_right": 0.0},
+        )
+        s["n"] += 1
+        s["acc_a"] += a[j]
+        s["acc_b"] += b[j]
+        s["right_to_wrong"] += max(a[j] - b[j], 0.0)
+        s["wrong_to_right"] += max(b[j] - a[j], 0.0)
+        if a[j] != b[j]:
+            flipped.append(
+                {"id": i, "subject": qs[i]["subject"], "baseline": a[j], "variant": b[j]}
+            )
+    for s in subjects.values():
+        s["acc_a"] /= s["n"]
+        s["acc_b"] /= s["n"]
+    return subjects, flipped

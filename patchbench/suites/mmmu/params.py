@@ -1,5 +1,4 @@
-"""Parameters of the MMMU suite (the ``suites: mmmu:`` block of a config). All are recorded in
-``summary.json`` meta."""
+"""Parameters of the MMMU suite (the ``suites: mmmu:`` block of a config)."""
 
 from __future__ import annotations
 
@@ -16,22 +15,13 @@ from patchbench.suites.mmmu.prompts import (
 
 
 class Params(BaseModel):
-    """MMMU suite parameters.
+    """MMMU suite parameters, recorded in ``summary.json`` meta.
 
-    dataset: HF dataset id (``MMMU/MMMU``); dataset_path: a local copy (parquet files in the hub
-    layout, a ``save_to_disk`` folder, or an HF cache folder; relative paths resolve against the
-    repository root); split: ``validation`` (900 questions with answers) by default; subjects:
-    all 30 by default; limit: at most this many questions, round-robin over subjects (None: all).
-    protocol: ``patchbench`` (every image at its placeholder) or ``sglang-2025`` (the PR's script:
-    image_1 only, its prefix/suffix split; the parser then defaults to ``official``).
-    parser: ``strict`` | ``official``; default ``strict`` for patchbench, ``official`` for
-    sglang-2025. seed: seed of the official parser's random fallback (``random.Random(seed)``, one
-    draw per fallback in question order); official_fallback: ``random`` (as the official scorer) or
-    ``unparsed`` (count a fallback as not answered, hence wrong).
-    temperature / max_tokens: sampling (the script: 0 and 30); concurrency: requests in flight (16);
-    request_timeout_s: per attempt; retries: extra attempts when no byte of an answer arrived.
-    mc_template / open_template / option_format: the prompt text (``{question}``, ``{options}``;
-    ``{letter}``, ``{text}``). extra_body: merged into every request body (e.g. ``{"top_k": 1}``).
+    dataset_path: a local copy (relative to the repository root); limit: at most this many
+    questions, round-robin over subjects. protocol: ``patchbench`` or ``sglang-2025`` (the PR's
+    script; its parser defaults to ``official``). seed: the official parser's random fallback;
+    official_fallback ``unparsed`` counts a fallback wrong. retries: extra attempts when no byte
+    of an answer arrived. extra_body: merged into every request body.
     """
 
     model_config = ConfigDict(extra="forbid")

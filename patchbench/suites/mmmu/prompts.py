@@ -1,31 +1,11 @@
 """Chat messages for MMMU questions, and their hashes.
 
-Protocols (``Params.protocol``):
-
-- ``"patchbench"`` (default): the prompt text of the MMMU repository's prompt config (also
-  sglang's ``benchmark/mmmu/prompt_format.yaml``): multiple-choice = question, blank line, one
-  ``(A) text`` line per option, blank line, "Answer with the option's letter from the given choices
-  directly."; open = question, blank line, "Answer the question using a single word or phrase.".
-  Every ``<image N>`` placeholder, in the question or in an option, becomes an ``image_url`` part
-  holding image N at that place in the text, in the order the text names them; no placeholder
-  text is left. An option that is only a placeholder becomes ``(A) `` followed by its image.
-  Every image of the question reaches the model: images the text never names (``image_2`` and
-  ``image_3`` when the text only says ``<image 1>``) follow the text, in number order
-  (:func:`unreferenced_images` lists them; the suite counts such questions as
-  ``images_unreferenced``).
-- ``"sglang-2025"``: what sglang's ``benchmark/mmmu/bench_sglang.py`` sent in mid-2025 (the PR's
-  script): the same prompt text, then ``prefix = prompt.split("<")[0]``, image_1 only, and
-  ``suffix = prompt.split(">")[1]`` (so the text between the first ``>`` and the next ``>`` is all
-  that follows the image: the script's own truncation, reproduced on purpose). A prompt without
-  ``<`` or ``>`` is sent as one text part (the script would have crashed on it).
-
-Images are sent as PNG data URLs; RGBA / LA / P / L / other modes are converted to RGB first
-(RGBA composited on white is NOT done: ``Image.convert("RGB")`` drops alpha, as PIL does).
-
-Shapes: :func:`build_messages` returns ``(messages, prompt_sha256, n_images)``, where messages is
-the OpenAI ``messages`` list (one user message whose content is a list of ``{"type": "text",
-"text": ...}`` / ``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}``
-parts) and prompt_sha256 is the hex sha256 of its canonical JSON (sorted keys, no spaces).
+Protocols: ``"patchbench"``: the MMMU repository's prompt text (sglang's
+``benchmark/mmmu/prompt_format.yaml``) with every ``<image N>`` placeholder, in the question or an
+option, replaced by image N at that place; images the text never names follow it in number order.
+``"sglang-2025"``: what the PR's ``bench_sglang.py`` sent: ``prompt.split("<")[0]``, image_1 only,
+``prompt.split(">")[1]`` (its own truncation, reproduced on purpose; a prompt without ``<`` or
+``>`` is one text part). Images are PNG data URLs, converted to RGB (alpha dropped, as PIL does).
 """
 
 from __future__ import annotations
@@ -73,10 +53,7 @@ def prompt_text(
     open_template: str = DEFAULT_OPEN_TEMPLATE,
     option_format: str = DEFAULT_OPTION_FORMAT,
 ) -> str:
-    """The prompt text with its ``<image N>`` placeholders still in it.
-
-    Raises KeyError naming the placeholder when a template uses an unknown field.
-    """
+    """The prompt text, ``<image N>`` placeholders kept; KeyError for an unknown field."""
     if q.is_open:
         return open_template.format(question=q.question)
     lines = "\n".join(
@@ -95,11 +72,8 @@ def _image_part(url: str) -> dict:
 
 
 def split_parts(text: str, q: Question, encode: Callable[[int], str]) -> list[dict]:
-    """``text`` cut at every ``<image N>``: text parts and image N in text order.
-
-    ``encode(n)`` returns image n's data URL. Empty text pieces are dropped. Raises PromptError
-    naming the question and the placeholder when image N is missing.
-    """
+    """``text`` cut at every ``<image N>`` into text parts and image N (``encode(n)``: its data
+    URL) in text order; PromptError naming the question when image N is missing."""
     parts: list[dict] = []
     pos = 0
     for m in IMAGE_TAG.finditer(text):
@@ -132,11 +106,8 @@ def build_messages(
     option_format: str = DEFAULT_OPTION_FORMAT,
     encode: Callable[[Any], str] = png_data_url,
 ) -> tuple[list[dict], str, int]:
-    """``(messages, prompt_sha256, n_images_sent)`` for one question (see module docstring).
-
-    Each distinct image is encoded once per call. Raises PromptError for a missing image or an
-    unknown protocol.
-    """
+    """``(messages, prompt_sha256, n_images_sent)``: one OpenAI user message of text and
+    ``image_url`` parts; PromptError for a missing image or an unknown protocol."""
     text = prompt_text(q, mc_template, open_template, option_format)
     cache: dict[int, str] = {}
 

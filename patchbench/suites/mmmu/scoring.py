@@ -1,38 +1,33 @@
-"""Scoring MMMU answers: verdict per question, counts and accuracies per subject / domain / overall.
+"""Scoring MMMU answers: a verdict per question (``correct`` | ``wrong`` | ``unparsed`` |
+``failed``), tallies per subject / domain / overall, the files of sglang's ``benchmark/mmmu``
+script (``val_sglang.json``, ``answer_sglang.json``), and ``patchbench score-mmmu`` (:func:`cli`).
 
-Verdicts (records.jsonl ``verdict``): ``correct`` | ``wrong`` | ``unparsed`` | ``failed``.
-``failed``: the request failed (no response). ``unparsed``: a response the parser could not place
-(strict parser; official parser with its random pick disabled; an empty open answer); its
-``unparsed_kind`` says why: ``no_answer`` (no option given) or ``ambiguous`` (several options left
-standing, no single commitment; strict parser only). Each is counted per subject, domain and
-overall, as are ``images_unreferenced`` (questions with an image their text never names, sent after
-the text) and ``images_not_sent`` (questions with fewer images sent than they have).
-
-Denominators (docs/cases.md M5): accuracy = correct / asked, where asked counts every question sent,
-failed and unparsed included (a failed request can never raise the score). ``answered_acc`` =
-correct / answered (answered = asked - failed) is reported separately and labelled. Subject,
-domain and overall accuracies are all pooled over questions (domain = its subjects' questions
-together), never means of means. Intervals: Wilson 95 % (statsmodels ``proportion_confint``,
-``method="wilson"``).
-
-File shapes of sglang's ``benchmark/mmmu`` script (``eval_result`` / ``process_result``):
-``val_sglang.json`` ``{"Overall-<domain>": {"num", "acc"}, <subject>: {"num", "acc"}, ...,
-"Overall": {"num", "acc"}}`` with acc rounded to 3 decimals, domains in the script's order, each
-followed by its subjects; ``answer_sglang.json`` ``{id: {"pred_ans", "original_response",
-"ground_truth", "question_type", "judge": "Correct"|"Wrong"}}``.
+Accuracy = correct / asked, failed and unparsed included (docs/cases.md M5); ``answered_acc`` =
+correct / (asked - failed); subject, domain and overall pooled over questions, never means of
+means. Intervals: Wilson 95 %.
 """
 
 from __future__ import annotations
 
+import argparse
+import csv
+import io
+import json
 import pprint
 import random
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import patchbench.suites.mmmu.parsers as P
+from patchbench.errors import EXIT_OK, EXIT_USAGE, UsageError
+from patchbench.records import read_json, read_jsonl, write_json, write_jsonl, write_text
 from patchbench.stats import wilson_interval
-from patchbench.suites.mmmu.data import DOMAINS, subject_of
+from patchbench.suite import SuiteResult
+from patchbench.suites.mmmu.data import DOMAINS, domain_metric, subject_of
+from patchbench.suites.mmmu.params import Params
 
 PARSERS = ("strict", "official")
 VERDICTS = ("correct", "wrong", "unparsed", "failed")
@@ -40,10 +35,10 @@ VERDICTS = ("correct", "wrong", "unparsed", "failed")
 
 @dataclass
 class Scored:
-    """The parse of one response: ``parsed`` (a letter, a list of open-answer values, or None),
-    ``verdict`` (see module docstring), ``fallback`` (True when the official parser found nothing
-    and picked at random, or would have), ``unparsed_kind`` (``"no_answer"`` | ``"ambiguous"`` when
-    the verdict is ``unparsed``, else None), ``rule`` (the strict rule that decided, else None)."""
+    """The parse of one response: ``parsed`` (a letter, open-answer values, or None),
+    ``fallback`` (the official parser found nothing: picked at random, or would have),
+    ``unparsed_kind`` (``"no_answer"`` | ``"ambiguous"`` for an unparsed verdict), ``rule`` (the
+    strict rule that decided)."""
 
     parsed: Any
     verdict: str
@@ -63,13 +58,9 @@ def score_response(
     rng: random.Random | None,
     failed: bool = False,
 ) -> Scored:
-    """Verdict of one response.
-
-    question_type: "multiple-choice", "open" or "short-answer" (open questions always use the
-    official open normalisation, whatever ``parser`` says). parser: "strict" | "official".
-    rng: the official parser's random fallback (one draw per fallback); None counts a fallback
-    as unparsed. Raises ValueError for an unknown parser or question type.
-    """
+    """Verdict of one response. Open questions use the official open normalisation under either
+    ``parser`` ("strict" | "official"); ``rng``: the official random fallback (None: a fallback
+    is unparsed). Raises ValueError for an unknown parser."""
     if parser not in PARSERS:
         raise ValueError(f"parser {parser!r}: expected one of {', '.join(PARSERS)}")
     if failed or response is None:
@@ -88,6 +79,58 @@ def score_response(
     if letter is None:
         return Scored(None, "unparsed", fallback, kind, rule)
     return Scored(letter, "correct" if P.eval_mc(gold, letter) else "wrong", fallback, None, rule)
+
+
+def fallback_rng(parser: str, fallback: str, seed: int | None) -> random.Random | None:
+    """The official parser's random fallback (one ``random.Random(seed)`` drawn in question
+    order), or None where a fallback counts as unparsed."""
+    return random.Random(seed) if parser == "official" and fallback == "random" else None
+
+
+def record(
+    qid: str,
+    subject: str,
+    question_type: str,
+    response: str | None,
+    s: Scored,
+    *,
+    gold: Any,
+    index2ans: Mapping[str, str],
+    parser: str,
+    seed: int | None,
+    fallback: str,
+    prompt_sha256: str | None = None,
+    latency_s: float | None = None,
+    prompt_tokens: int | None = None,
+    completion_tokens: int | None = None,
+    error: str | None = None,
+    **more: Any,
+) -> dict[str, Any]:
+    """One line of ``records.jsonl`` (docs/CONTRACTS.md): the question, its response, its parse
+    ``s`` and the parser's settings; ``more``: what a run adds (protocol, sampling, images)."""
+    official = parser == "official"
+    return {
+        "id": qid,
+        "subject": subject,
+        "question_type": question_type,
+        "prompt_sha256": prompt_sha256,
+        "response": response,
+        "parsed": s.parsed,
+        "verdict": s.verdict,
+        "latency_s": latency_s,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "error": error,
+        "gold": gold,
+        "index2ans": index2ans,
+        "fallback": s.fallback,
+        "unparsed_kind": s.unparsed_kind,
+        "parse_rule": s.rule,
+        "parser": parser,
+        "parser_seed": seed if official else None,
+        "official_fallback": fallback if official else None,
+        **more,
+    }
 
 
 def wilson(k: int, n: int) -> tuple[float | None, float | None]:
@@ -131,8 +174,7 @@ class Tally:
         images_unreferenced: bool = False,
         images_not_sent: bool = False,
     ) -> None:
-        """Count one question. An unparsed verdict without ``unparsed_kind`` (records written
-        before the kinds existed) counts as ``no_answer``. Raises ValueError for an unknown
+        """Count one question (unparsed without a kind: ``no_answer``); ValueError for an unknown
         verdict or kind."""
         if verdict not in VERDICTS:
             raise ValueError(f"verdict {verdict!r}: expected one of {VERDICTS}")
@@ -186,8 +228,8 @@ class Scores:
 
 
 def tally(records: Iterable[Mapping[str, Any]]) -> Scores:
-    """Pool records (each with ``id`` or ``subject``, ``verdict``; optional ``fallback``,
-    ``unparsed_kind``, ``images_unreferenced``, ``n_images`` and ``n_images_sent``)."""
+    """Pool records (``id`` or ``subject``, ``verdict``; optional ``fallback``,
+    ``unparsed_kind``, ``images_unreferenced``, ``n_images``, ``n_images_sent``)."""
     subj: dict[str, Tally] = {}
     for r in records:
         s = r.get("subject") or subject_of(r["id"])
@@ -212,17 +254,7 @@ def tally(records: Iterable[Mapping[str, Any]]) -> Scores:
         for s in present:
             t = subj[s]
             out.subjects[s] = t
-            for name in (
-                "asked",
-                "failed",
-                "unparsed",
-                "correct",
-                "fallbacks",
-                "no_answer",
-                "ambiguous",
-                "images_unreferenced",
-                "images_not_sent",
-            ):
+            for name in Tally.__dataclass_fields__:
                 setattr(d, name, getattr(d, name) + getattr(t, name))
                 setattr(out.overall, name, getattr(out.overall, name) + getattr(t, name))
         out.domains[domain] = d
@@ -230,8 +262,8 @@ def tally(records: Iterable[Mapping[str, Any]]) -> Scores:
 
 
 def val_dict(scores: Scores) -> dict[str, dict[str, Any]]:
-    """``val_sglang.json``: per domain then its subjects, then "Overall"; num = asked, acc over
-    asked rounded to 3 decimals (the script rounds the same way)."""
+    """``val_sglang.json``: ``{"Overall-<domain>" then its subjects: {"num" (asked), "acc"
+    (rounded to 3 decimals, as the script)}, ..., "Overall": {...}}``."""
     out: dict[str, dict[str, Any]] = {}
     for domain, subs in DOMAINS.items():
         if domain not in scores.domains:
@@ -250,8 +282,8 @@ def val_dict(scores: Scores) -> dict[str, dict[str, Any]]:
 
 
 def answer_dict(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """``answer_sglang.json``: pred_ans = the parsed letter (multiple-choice) or the raw response
-    (open, as the script stored it); failed requests kept with pred_ans None and judge "Wrong"."""
+    """``answer_sglang.json``: ``{id: {"pred_ans" (the letter; an open question's raw response),
+    "original_response", "ground_truth", "question_type", "judge": "Correct" | "Wrong"}}``."""
     out = {}
     for r in records:
         open_q = P.is_open(r["question_type"])
@@ -266,9 +298,7 @@ def answer_dict(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any
 
 
 def format_block(val: Mapping[str, Any], *, benchmark_time_s: float | None = None) -> str:
-    """The PR-style "Accuracy Tests" text of one run, as sglang's script printed it: the
-    per-subject dictionary pretty-printed (``pprint``: keys sorted, one per line) and
-    ``Overall accuracy: 0.452``."""
+    """The PR-style "Accuracy Tests" text of one run, as sglang's script printed it."""
     lines = []
     if benchmark_time_s is not None:
         lines.append(f"Benchmark time: {benchmark_time_s}")
@@ -278,3 +308,364 @@ def format_block(val: Mapping[str, Any], *, benchmark_time_s: float | None = Non
     lines.append("eval out saved to ./val_sglang.json")
     lines.append(f"Overall accuracy: {val['Overall']['acc']}")
     return "\n".join(lines)
+
+
+def summarize(
+    records: list[dict[str, Any]],
+    params: Params,
+    *,
+    duration_s: float | None = None,
+    extra_meta: dict | None = None,
+) -> tuple[SuiteResult, Scores]:
+    """The suite's summary from scored records (metrics with units; details in meta)."""
+    sc = tally(records)
+    o = sc.overall
+    metrics = _metrics(sc, params)
+    failed = [r for r in records if r["verdict"] == "failed"]
+    errors = []
+    if failed:
+        errors.append(
+            f"{len(failed)} of {o.asked} MMMU requests failed (counted wrong); first: "
+            f"{failed[0]['id']}: {failed[0].get('error')}"
+        )
+    meta = {
+        "protocol": params.protocol,
+        "parser": params.parser,
+        "parser_seed": params.seed if params.parser == "official" else None,
+        "params": params.model_dump(mode="json"),
+        "duration_s": duration_s,
+        "scores": sc.as_dict(),
+        "val": val_dict(sc),
+        "accuracy_definition": "correct / asked (failed and unparsed count wrong); "
+        "answered_acc = correct / (asked - failed)",
+        "images_not_sent_questions": o.images_not_sent,
+        "images_unreferenced_questions": o.images_unreferenced,
+        "unparsed_no_answer": o.no_answer,
+        "unparsed_ambiguous": o.ambiguous,
+    }
+    meta.update(extra_meta or {})
+    status = "incomplete" if failed else "ok"
+    return SuiteResult(
+        status=status, metrics=metrics, errors=errors, warnings=_warnings(o, params), meta=meta
+    ), sc
+
+
+def _metrics(sc: Scores, params: Params) -> dict[str, float]:
+    """The flat metrics of a cell's tally (accuracies NaN when nothing was asked)."""
+    o = sc.overall
+    metrics: dict[str, float] = {
+        "mmmu_overall_acc": o.acc if o.acc is not None else float("nan"),
+        "mmmu_answered_acc": o.answered_acc if o.answered_acc is not None else float("nan"),
+        "mmmu_asked_count": float(o.asked),
+        "mmmu_answered_count": float(o.answered),
+        "mmmu_correct_count": float(o.correct),
+        "mmmu_failed_count": float(o.failed),
+        "mmmu_unparsed_count": float(o.unparsed),
+        "mmmu_no_answer_count": float(o.no_answer),
+        "mmmu_ambiguous_count": float(o.ambiguous),
+        "mmmu_images_unreferenced_count": float(o.images_unreferenced),
+        "mmmu_images_not_sent_count": float(o.images_not_sent),
+    }
+    for d, t in sc.domains.items():
+        metrics[domain_metric(d)] = t.acc
+    if params.parser == "official":
+        metrics["mmmu_fallback_count"] = float(o.fallbacks)
+    return metrics
+
+
+def _warnings(o: Tally, params: Params) -> list[str]:
+    """What the overall tally ``o`` asks the reader to know (unparsed, fallbacks, images)."""
+    warnings = []
+    if o.unparsed:
+        warnings.append(
+            f"{o.unparsed} of {o.asked} MMMU answers could not be parsed "
+            f"({o.no_answer} no answer, {o.ambiguous} ambiguous; parser "
+            f"{params.parser}; counted wrong)"
+        )
+    if o.fallbacks and params.parser == "official":
+        how = (
+            f"a seeded random letter (seed {params.seed})"
+            if params.official_fallback == "random"
+            else "counted unparsed"
+        )
+        warnings.append(f"{o.fallbacks} answers fell to the official parser's fallback: {how}")
+    if o.images_not_sent:
+        warnings.append(
+            f"{o.images_not_sent} of {o.asked} MMMU questions were sent with fewer images than "
+            "they have"
+        )
+    if o.images_unreferenced:
+        warnings.append(
+            f"{o.images_unreferenced} of {o.asked} MMMU questions have images their "
+            "text never names (sent after the text)"
+        )
+    if params.protocol == "sglang-2025":
+        warnings.append("protocol sglang-2025 (the PR's script): only image_1 is sent")
+    return warnings
+
+
+def write_outputs(out_dir: Path, records: list[dict[str, Any]], sc: Scores) -> None:
+    """records.jsonl, answer_sglang.json, val_sglang.json, scores.json (atomic writes)."""
+    out_dir = Path(out_dir)
+    write_jsonl(out_dir / "records.jsonl", records)
+    write_json(out_dir / "answer_sglang.json", answer_dict(records))
+    write_json(out_dir / "val_sglang.json", val_dict(sc))
+    write_json(out_dir / "scores.json", sc.as_dict())
+
+
+# --------------------------------------------------------------------------- score-mmmu
+
+
+class InputError(UsageError, ValueError):
+    """Responses or answer key that cannot be read; the message names the file and key (exit 2)."""
+
+
+def load_responses(path: str | Path) -> dict[str, dict[str, Any]]:
+    """``{id: {"response", "question_type", "index2ans", "gold"?}}`` from any RESPONSES form."""
+    path = Path(path)
+    items: list[dict] = []
+    if path.is_dir():
+        files = sorted(path.glob("*/output.json"))
+        if not files:
+            raise InputError(f"{path}: no <Subject>/output.json files (official example layout)")
+        for f in files:
+            data = read_json(f)
+            if not isinstance(data, list):
+                raise InputError(f"{f}: expected a list of responses, got {type(data).__name__}")
+            items.extend((f, x) for x in data)  # type: ignore[arg-type]
+    elif path.suffix == ".jsonl":
+        items = [(path, x) for x in read_jsonl(path)]  # type: ignore[misc]
+    elif path.exists():
+        data = read_json(path)
+        if not isinstance(data, list):
+            raise InputError(f"{path}: expected a list of responses or a records.jsonl")
+        items = [(path, x) for x in data]  # type: ignore[misc]
+    else:
+        raise InputError(f"{path}: no such file or folder")
+    out: dict[str, dict[str, Any]] = {}
+    for f, x in items:  # type: ignore[misc]
+        if "id" not in x or "response" not in x:
+            raise InputError(f"{f}: an entry lacks 'id' or 'response' (keys {sorted(x)})")
+        index2ans = x.get("index2ans") or {}
+        out[x["id"]] = {
+            "response": x["response"],
+            "question_type": x.get("question_type"),
+            "index2ans": index2ans,
+            "all_choices": x.get("all_choices") or list(index2ans),
+            "gold": x.get("answer", x.get("gold")),
+        }
+    return out
+
+
+def load_answer_key(path: str | Path) -> dict[str, dict[str, Any]]:
+    """The official answer key ``{id: {"question_type", "ground_truth"}}``."""
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected {{id: {{question_type, ground_truth}}}}")
+    for qid, v in data.items():
+        if not isinstance(v, dict) or "ground_truth" not in v or "question_type" not in v:
+            raise InputError(f"{path}: key {qid!r} lacks question_type / ground_truth")
+    return data
+
+
+def score_saved(
+    responses: dict[str, dict[str, Any]],
+    key: dict[str, dict[str, Any]],
+    *,
+    parser: str,
+    seed: int | None,
+    fallback: str = "random",
+) -> list[dict[str, Any]]:
+    """Records (as the suite writes them) for every question of ``key``, in key order."""
+    rng = fallback_rng(parser, fallback, seed)
+    records = []
+    for qid, k in key.items():
+        r = responses.get(qid)
+        qtype = k["question_type"]
+        index2ans = (r or {}).get("index2ans") or {}
+        all_choices = (r or {}).get("all_choices") or list(index2ans)
+        s = score_response(
+            None if r is None else r["response"],
+            question_type=qtype,
+            gold=k["ground_truth"],
+            all_choices=all_choices,
+            index2ans=index2ans,
+            parser=parser,
+            rng=rng,
+            failed=r is None or r["response"] is None,
+        )
+        records.append(
+            record(
+                qid,
+                subject_of(qid),
+                qtype,
+                None if r is None else r["response"],
+                s,
+                gold=k["ground_truth"],
+                index2ans=index2ans,
+                parser=parser,
+                seed=seed,
+                fallback=fallback,
+                error="no response in the file" if r is None else None,
+            )
+        )
+    return records
+
+
+DISAGREEMENT_COLUMNS = ("id", "subject", "gold", "strict", "strict_rule", "official", "response")
+
+
+def disagreements(
+    responses: dict[str, dict[str, Any]], key: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Multiple-choice questions of ``key`` whose strict and official parses differ, in key order.
+
+    Each row: ``{"id", "subject", "gold", "strict" (a letter, "no_answer" or "ambiguous"),
+    "strict_rule", "official" (a letter, or "fallback" where the official parser would pick at
+    random), "response"}``. Questions without a response are left out.
+    """
+    rows = []
+    for qid, k in key.items():
+        r = responses.get(qid)
+        if r is None or r["response"] is None or P.is_open(k["question_type"]):
+            continue
+        index2ans = r.get("index2ans") or {}
+        choices = r.get("all_choices") or list(index2ans)
+        st = P.parse_strict_detail(r["response"], choices, index2ans)
+        off, _ = P.parse_official_mc(r["response"], choices, index2ans, None)
+        if st.letter != off:
+            rows.append(
+                {
+                    "id": qid,
+                    "subject": subject_of(qid),
+                    "gold": k["ground_truth"],
+                    "strict": st.letter or st.status,
+                    "strict_rule": st.rule,
+                    "official": off or "fallback",
+                    "response": r["response"],
+                }
+            )
+    return rows
+
+
+def _md_cell(v: Any) -> str:
+    return str(v).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ⏎ ").strip()
+
+
+def disagreements_markdown(rows: list[dict[str, Any]], n_mc: int) -> str:
+    """The rows as a markdown table (responses on one line: a line break shows as ⏎), with a
+    heading line counting them among ``n_mc`` multiple-choice responses."""
+    lines = [
+        f"Strict vs official parse: {len(rows)} of {n_mc} multiple-choice responses differ.",
+        "",
+        "| " + " | ".join(DISAGREEMENT_COLUMNS) + " |",
+        "|" + "---|" * len(DISAGREEMENT_COLUMNS),
+    ]
+    for r in rows:
+        lines.append("| " + " | ".join(_md_cell(r[c]) for c in DISAGREEMENT_COLUMNS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def disagreements_csv(rows: list[dict[str, Any]]) -> str:
+    """The rows as CSV (a header line, then one row per disagreement; responses verbatim)."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(DISAGREEMENT_COLUMNS), lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({c: r[c] for c in DISAGREEMENT_COLUMNS})
+    return buf.getvalue()
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options of ``patchbench score-mmmu`` (patchbench/cli.py uses these)."""
+    ap.add_argument("responses", help="<Subject>/output.json folder, records.jsonl or output.json")
+    ap.add_argument("--answer-key", required=True, help="answer_dict_val.json")
+    ap.add_argument("--parser", choices=["strict", "official"], default="strict")
+    ap.add_argument(
+        "--seed",
+        type=int,
+        default=42,
+        help="seed of the official parser's random fallback (default 42)",
+    )
+    ap.add_argument(
+        "--fallback",
+        choices=["random", "unparsed"],
+        default="random",
+        help="official parser: pick a seeded random letter, or count as unparsed",
+    )
+    ap.add_argument("--out", help="folder for records.jsonl, val_sglang.json, ...")
+    ap.add_argument(
+        "--disagreements",
+        action="store_true",
+        help="print the responses where strict and official parses differ (and "
+        "write disagreements.md / .csv to --out)",
+    )
+
+
+def cli(argv: list[str]) -> int:
+    """``patchbench score-mmmu`` (docs/mmmu.md): re-score saved responses against an answer key
+    without a server; the exit code (0 done, 2 bad usage or unreadable input)."""
+    ap = argparse.ArgumentParser(
+        prog="patchbench score-mmmu", description="Re-score saved MMMU responses."
+    )
+    add_arguments(ap)
+    try:
+        a = ap.parse_args(argv)
+    except SystemExit as e:
+        return EXIT_OK if e.code == 0 else EXIT_USAGE
+    return run_args(a)
+
+
+def run_args(a: argparse.Namespace) -> int:
+    """``patchbench score-mmmu`` from parsed arguments (:func:`add_arguments`); the exit code."""
+    try:
+        responses = load_responses(a.responses)
+        key = load_answer_key(a.answer_key)
+        records = score_saved(responses, key, parser=a.parser, seed=a.seed, fallback=a.fallback)
+    except (InputError, FileNotFoundError, json.JSONDecodeError, ValueError) as e:
+        print(f"score-mmmu: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+    params = Params(parser=a.parser, seed=a.seed, official_fallback=a.fallback)
+    result, sc = summarize(
+        records, params, extra_meta={"responses": str(a.responses), "answer_key": str(a.answer_key)}
+    )
+    extra = [k for k in responses if k not in key]
+    # the PR script's block, without its two "saved to ./..." lines (nothing is written there;
+    # --out writes the files, and says where)
+    block = format_block(val_dict(sc)).splitlines()
+    print("\n".join(line for line in block if "saved to" not in line))
+    o = sc.overall
+    fb = (
+        f", fallbacks {o.fallbacks} (seed {a.seed}, {a.fallback})" if a.parser == "official" else ""
+    )
+    print(
+        f"parser {a.parser}: correct {o.correct} / asked {o.asked} = {o.acc:.4f}; answered "
+        f"{o.answered}, failed {o.failed}, unparsed {o.unparsed} (no answer {o.no_answer}, "
+        f"ambiguous {o.ambiguous}){fb}"
+    )
+    rows = None
+    if a.disagreements:
+        rows = disagreements(responses, key)
+        n_mc = sum(
+            1 for q, k in key.items() if q in responses and not P.is_open(k["question_type"])
+        )
+        print()
+        print(disagreements_markdown(rows, n_mc), end="")
+    if extra:
+        print(
+            f"warning: {len(extra)} responses have ids missing from the answer key "
+            f"(ignored), e.g. {extra[0]}",
+            file=sys.stderr,
+        )
+    if a.out:
+        write_outputs(Path(a.out), records, sc)
+        write_json(Path(a.out) / "summary.json", result.to_json("mmmu"))
+        if rows is not None:
+            write_text(Path(a.out) / "disagreements.md", disagreements_markdown(rows, n_mc))
+            write_text(Path(a.out) / "disagreements.csv", disagreements_csv(rows))
+        print(
+            f"wrote records.jsonl, answer_sglang.json, val_sglang.json, summary.json to {a.out}",
+            file=sys.stderr,
+        )
+    return EXIT_OK

@@ -1,21 +1,12 @@
 """Profile suite: host syncs per decode step, host step time and GPU idle gaps, read from the live
 server's own torch-profiler trace (docs/profile.md).
 
-Runs only in the untimed correctness cell of each variant (``timed = False``: a profiler changes
-timing). Its :meth:`ProfileSuite.instrumentation` declares the in-server hook
-``instr/patchbench_profile_instr.py`` with ``PATCHBENCH_PROFILE_RANGES=1``: the scheduler's decode
-step and the mrope computation then run in ``patchbench::decode_step bs=N`` /
-``patchbench::mrope MODE bs=N`` ranges. For each concurrency level in ``Params.concurrency``,
-:meth:`ProfileSuite.run` keeps that many streamed image requests decoding (``load.py``), asks the
-server for a trace of ``num_steps`` forward passes (``POST /start_profile``; the same arguments
-on 0.5.1.post3 and 0.5.23: ``output_dir, num_steps, activities, with_stack=false,
-record_shapes=false``), waits for the ``*.trace.json.gz`` the scheduler writes when the passes are
-done, and analyses it (``trace.py``).
-
-Files in the suite folder: ``trace-c<N>.trace.json.gz`` (the raw trace, open it in Perfetto),
-``steps.jsonl`` (one decode step a line, ``trace.Step.record()`` plus ``concurrency``),
-``timeline-c<N>.json`` (a few steps for the figure), ``summary.json``.
-"""
+Untimed (a profiler changes timing): it runs in each variant's correctness cell with its
+in-server hook naming the decode-step and mrope ranges. Per concurrency level it keeps that many
+streamed image requests decoding (:mod:`.load`), asks for a trace of ``num_steps`` forward passes
+(``POST /start_profile``), waits for the scheduler's ``*.trace.json.gz`` and analyses it
+(:mod:`.trace`). Files: ``trace-c<N>.trace.json.gz``, ``steps.jsonl`` (``Step.record()`` plus
+``concurrency``), ``timeline-c<N>.json``, ``summary.json``."""
 
 from __future__ import annotations
 
@@ -92,13 +83,10 @@ METRICS: dict[str, MetricInfo] = {
 
 
 class Params(BaseModel):
-    """concurrency: one trace per level (the decode batch size it sets); num_steps: forward passes
-    per trace; max_new_tokens: per request (ignore_eos; long enough that no request ends inside a
-    trace); warmup_tokens: tokens every request must have streamed before profiling starts;
-    unprofiled_window_s: how long the unprofiled inter-token latency is read before profiling;
-    activities: profiler activities ("auto": CPU on a CPU server, CPU and GPU on a GPU);
-    image_size: width x height of each prompt's (seeded, random) image; trace_timeout_s: how long
-    to wait for the trace file; timeline_steps: steps shown in the timeline figure."""
+    """concurrency: one trace per level (its decode batch size); num_steps: forward passes per trace;
+    warmup_tokens: tokens every request streams before profiling; unprofiled_window_s: the
+    unprofiled inter-token latency's window; activities "auto": CPU, plus GPU on a GPU; image_size:
+    each prompt's seeded random image; timeline_steps: steps in the timeline figure."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -121,8 +109,8 @@ def _activities(params: Params, device: str) -> list[str]:
 
 
 def profile_request(params: Params, device: str, output_dir: Path) -> dict:
-    """The JSON body of ``POST /start_profile`` (fields both pins' request types declare:
-    0.5.1.post3 ``ProfileReqInput``, 0.5.23 ``ProfileReq``)."""
+    """The JSON body of ``POST /start_profile`` (fields 0.5.1.post3's ``ProfileReqInput`` and
+    0.5.23's ``ProfileReq`` both declare)."""
     return {
         "output_dir": str(output_dir),
         "num_steps": params.num_steps,
@@ -133,9 +121,8 @@ def profile_request(params: Params, device: str, output_dir: Path) -> dict:
 
 
 def _complete_trace(d: Path) -> Path | None:
-    """The scheduler's trace file in ``d`` once it is complete: a non-empty gzip whose content
-    parses as JSON (the profiler creates the file before it has written it: an empty file
-    decompresses without error)."""
+    """The scheduler's trace file in ``d`` once complete: a non-empty gzip of JSON (the profiler
+    creates the file before writing it)."""
     import gzip
     import json
 
@@ -160,17 +147,12 @@ EXPORT_SETTING = "profile.trace_timeout_s"
 
 
 async def await_trace(ctx: SuiteContext, params: Params, raw: Path, c: int, t_end: float) -> Path:
-    """Wait (after ``POST /start_profile`` answered) for the complete trace in ``raw``; returns it.
+    """Wait (after ``POST /start_profile`` answered) for the complete trace in ``raw``.
 
-    sglang runs the ``num_steps`` profiled forward passes, then stops the profiler and writes the
-    trace inside the scheduler's event loop (``stop_profile`` from
-    ``_profile_batch_predicate``, 0.5.1.post3 and 0.5.23): the scheduler answers nothing
-    meanwhile, the liveness heartbeat included, for as long as the export takes (a large GPU
-    trace: longer than ``server.stall_timeout_s``). The wait is therefore announced to the
-    liveness watch (:meth:`patchbench.run.activity.ProgressMeter.quiet`): the heartbeat's limit is
-    ``params.trace_timeout_s`` until the trace is there, and a stall then names the export.
-    Raises SuiteError when no complete trace is there by ``t_end`` (monotonic seconds) or the
-    server died."""
+    sglang writes the trace inside the scheduler's loop, which answers nothing meanwhile (the
+    liveness heartbeat included): the wait is announced to the liveness watch
+    (``ProgressMeter.quiet``), whose heartbeat limit is ``params.trace_timeout_s`` until then.
+    SuiteError when none is there by ``t_end`` (monotonic s) or the server died."""
     progress = getattr(ctx.server, "progress", None)
     quiet = (
         progress.quiet(params.trace_timeout_s, EXPORT_WHAT, EXPORT_SETTING)
@@ -244,8 +226,8 @@ PLAUSIBLE_STEP_TO_ITL = (0.5, 10.0)
 
 
 def overhead_share(step_ms: float | None, itl_ms: float | None) -> tuple[float | None, str | None]:
-    """(profiled step time / unprofiled inter-token latency - 1, None), or (None, why) when
-    either is missing or their ratio lies outside :data:`PLAUSIBLE_STEP_TO_ITL`."""
+    """(profiled step time / unprofiled inter-token latency - 1, None), or (None, why) when either is
+    missing or the ratio lies outside :data:`PLAUSIBLE_STEP_TO_ITL`."""
     if not step_ms or not itl_ms:
         return None, None if not step_ms else "no unprofiled inter-token latency"
     ratio = step_ms / itl_ms
@@ -260,8 +242,8 @@ def overhead_share(step_ms: float | None, itl_ms: float | None) -> tuple[float |
 
 
 def run(ctx: SuiteContext, params: Params) -> SuiteResult:
-    """Profile every concurrency level (see the module docstring). Raises :class:`SuiteError`
-    when the server refuses profiling or no trace appears in time."""
+    """Profile every concurrency level; SuiteError when the server refuses profiling or no trace
+    appears in time."""
     from .load import image_data_url
 
     if ctx.server is None:
@@ -326,8 +308,7 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
 
 
 def _summary_over_levels(levels: dict[str, Any], steps: list[T.Step]) -> dict[str, float | None]:
-    """Medians over every decode step of every level; intervals, gaps and leads are within a
-    level (a step's ``interval_us`` etc. never crosses traces)."""
+    """Medians over every decode step of every level (intervals, gaps and leads never cross traces)."""
     if not steps:
         return {}
 
@@ -351,7 +332,6 @@ def _summary_over_levels(levels: dict[str, Any], steps: list[T.Step]) -> dict[st
 
 
 def _cell(d: Path) -> dict[str, Any]:
-    """steps, summary metrics and timelines of one cell's suite folder ({} parts when missing)."""
     d = Path(d)
     try:
         steps = read_jsonl(d / "steps.jsonl")
@@ -391,9 +371,10 @@ def _per_bs(steps: list[dict]) -> dict[int, dict[str, list[int]]]:
 
 
 def pair_cells(baseline_dirs: list[Path], variant_dirs: list[Path]) -> dict[str, Any] | None:
-    """Per batch size, the distinct sync counts per decode step of each side (over every repeat)
-    and whether they are equal; per repeat, both sides' summary metrics; the first repeat's
-    timelines of each side (by concurrency). None when neither side has steps."""
+    """``{"by_batch_size": [{"batch_size", "baseline", "variant": {"syncs", "mrope_syncs" (sorted
+    distinct per-step counts), "steps"} | None, "syncs_equal", "mrope_syncs_equal"}], "values":
+    {metric: {"baseline", "variant": [per repeat]}}, "timeline": {"baseline", "variant":
+    {concurrency: timeline_excerpt()}}}``; None when neither side has steps."""
     b = [_cell(d) for d in baseline_dirs]
     v = [_cell(d) for d in variant_dirs]
     bsteps = [s for c in b for s in c["steps"]]
@@ -445,9 +426,8 @@ def _num(x) -> str:
 
 
 def report_section(comparison: Any) -> list[str]:
-    """Markdown: per variant, a table of sync counts per decode step by batch size (baseline vs
-    variant) and the step-time medians, from ``pairs["profile"]`` only; the tables folded
-    (:func:`patchbench.suites.folded`)."""
+    """Markdown: per variant the sync counts per decode step by batch size and the step-time medians,
+    folded, from ``pairs["profile"]`` only."""
     pairs = suite_pairs(comparison, "profile")
     refused = suite_refusals(comparison, "profile")
     if not pairs and not refused:
@@ -501,20 +481,17 @@ def report_section(comparison: Any) -> list[str]:
 
 @register
 class ProfileSuite(Suite):
-    """Live-server profiler traces of decode steps (see the module docstring)."""
+    """Live-server profiler traces of decode steps."""
 
     name = "profile"
     Params = Params
     metrics = METRICS
-    needs_server = True
     timed = False
-
-    def run(self, ctx: SuiteContext, params: Params) -> SuiteResult:
-        return run(ctx, params)
+    run = staticmethod(run)
+    report_section = staticmethod(report_section)
 
     def instrumentation(self, ctx: SuiteContext, params: Params) -> Instrumentation | None:
-        """The :data:`HOOK` in the server with ``PATCHBENCH_PROFILE_RANGES=1`` (the named ranges);
-        nothing to collect afterwards (the suite reads its own traces)."""
+        """The :data:`HOOK` with ``PATCHBENCH_PROFILE_RANGES=1``; nothing to collect afterwards."""
         return Instrumentation(
             env={"PATCHBENCH_PROFILE_RANGES": "1"},
             hooks=[HOOK],
@@ -529,14 +506,7 @@ class ProfileSuite(Suite):
     def pair(
         self, baseline_dirs: list[Path], variant_dirs: list[Path], params: Params
     ) -> dict | None:
-        """``{"by_batch_size": [{"batch_size", "baseline", "variant": {"syncs", "mrope_syncs"
-        (sorted distinct per-step counts), "steps"} | None, "syncs_equal",
-        "mrope_syncs_equal"}], "values": {metric: {"baseline", "variant": [per repeat]}},
-        "timeline": {"baseline", "variant": {concurrency: timeline_excerpt()}}}``."""
         return pair_cells(baseline_dirs, variant_dirs)
-
-    def report_section(self, comparison: Any) -> list[str]:
-        return report_section(comparison)
 
     def plots(self, comparison: Any, out_dir: Path) -> list[Path]:
         from .timeline import plot_pairs

@@ -1,11 +1,6 @@
-"""A steady decode load for profiling: fixed concurrency, long outputs, ``ignore_eos``, one image per
-prompt (so the mrope multimodal path runs), streamed through sglang's native ``POST /generate``.
-
-Each of ``concurrency`` workers keeps one request in flight (a new one when it ends) until
-:meth:`DecodeLoad.stop`; every streamed chunk's arrival time is recorded per request
-(``time.monotonic``, s) so that inter-token latencies can be read per time window (the
-profiler's overhead on the step).
-"""
+"""A steady decode load for profiling: ``concurrency`` workers each keep one streamed ``POST
+/generate`` request in flight (one image per prompt, long outputs, ``ignore_eos``) until
+:meth:`DecodeLoad.stop`, recording every chunk's arrival (``time.monotonic``, s) per request."""
 
 from __future__ import annotations
 
@@ -104,14 +99,9 @@ class DecodeLoad:
         return min((sum(len(r) for r in a) for a in self.arrivals), default=0)
 
     def itl_ms(self, t0: float, t1: float) -> float | None:
-        """Mean gap (ms) between consecutive chunks of one request, both arriving in [t0, t1]:
-        the summed span from the first to the last such chunk of each request over the summed
-        number of gaps; None when no request has two chunks in the window.
-
-        A span, not a median of gaps: chunks that reach the client together (several lines in
-        one read get one timestamp) have gaps of ~0, and when most chunks come in such bursts a
-        median of gaps is ~0 however long the decode steps are. Gaps across two requests (the
-        next request's queueing and prefill) are never counted."""
+        """Mean gap (ms) between consecutive chunks of one request arriving in [t0, t1]: the summed span
+        first to last chunk over the summed gaps (not a median of gaps: chunks read together share a
+        timestamp; docs/profile.md); None without a request with two chunks in the window."""
         return itl_from_arrivals(self.arrivals, t0, t1)
 
     async def stop(self) -> None:

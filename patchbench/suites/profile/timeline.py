@@ -1,10 +1,6 @@
-"""The profile suite's timeline figure: a few consecutive decode steps, baseline above variant.
-
-Each side has a host lane (decode-step ranges, mrope ranges, sync points as red ticks, those
-inside mrope ranges as filled triangles) and, when the trace has GPU work, a GPU lane (busy
-intervals of every stream merged; the white between them is GPU idle time). Times in milliseconds
-from the first shown step's start. Input: the ``timeline_excerpt`` dicts that ``pair`` stores.
-"""
+"""The profile suite's timeline figure: a few consecutive decode steps, baseline above variant, each
+a host lane (steps, mrope ranges, sync points) and, with GPU work, a GPU lane (merged busy
+intervals), in ms from the first shown step; from the ``timeline_excerpt`` dicts ``pair`` stores."""
 
 from __future__ import annotations
 
@@ -44,9 +40,7 @@ def _lane(ax, y, tl: dict, label: str) -> list[str]:
 
 
 def legend_labels(base: dict, var: dict) -> list[str]:
-    """The legend entries for what the two excerpts show: the decode step always; mrope ranges,
-    GPU busy intervals (a CUDA trace only), host syncs and syncs inside mrope only when present
-    in either side."""
+    """The legend entries for what either excerpt shows (the decode step always)."""
     both = (base, var)
     syncs = [s for tl in both for s in (tl.get("syncs") or [])]
     shown = ["decode step (host)"]

@@ -1,42 +1,10 @@
 """Decode-step analysis of a torch-profiler Chrome trace (pure: no server, no torch).
 
-Input: a Chrome trace as torch's ``export_chrome_trace`` writes it (``.json`` or ``.json.gz``;
-``{"traceEvents": [...]}`` or a bare list). Only complete events (``ph == "X"``) are used; ``ts`` and
-``dur`` are in microseconds. Categories that matter: ``user_annotation`` (record_function ranges),
-``cpu_op`` (aten ops), ``cuda_runtime`` (``cudaLaunchKernel``, ``cudaMemcpyAsync``,
-``cudaStreamSynchronize``...; ``args.correlation``), ``kernel`` / ``gpu_memcpy`` / ``gpu_memset``
-(GPU work; ``args.stream``, ``args.correlation``).
-
-Decode steps are the ``patchbench::decode_step bs=N`` ranges that this suite's in-server hook
-(``site/patchbench_profile_instr.py``) records around ``TpModelWorker.forward_batch_generation``
-for decode batches; without them (a trace recorded without the hook) sglang 0.5.23's own
-``step[DECODE bs=N ...]`` annotations are used (they start after ``ForwardBatch.init_new``, so they
-miss the mrope work). Syncs inside ``patchbench::mrope`` ranges (around
-``ForwardBatch._compute_mrope_positions``) are also counted separately.
-
-What counts as a host sync (per step, on the step's thread, inside its range):
-
-- events named ``aten::item``, ``aten::_local_scalar_dense``, ``cudaStreamSynchronize``,
-  ``cudaDeviceSynchronize``, ``cudaEventSynchronize``, ``cudaMemcpy``;
-- a ``cudaMemcpyAsync`` whose GPU copy (same correlation id) is ``Memcpy DtoH (Device ->
-  Pageable)`` (kind ``memcpy_dtoh_pageable``);
-- a ``cudaMemcpyAsync`` whose GPU copy is ``Memcpy HtoD (Pageable -> Device)`` directly followed by
-  a ``cudaStreamSynchronize`` (kind ``h2d_blocking``).
-
-``by_kind`` counts every such event (an ``aten::item`` and the ``aten::_local_scalar_dense`` it
-calls are two events); ``syncs`` counts sync points: outermost events only (an event inside another
-sync event is not counted again), and a synchronize directly following a copy of the list above
-(no other candidate in between) joins that copy's point. On a CPU trace the same host reads appear
-as ``aten::item`` / ``aten::_local_scalar_dense`` (they cost nothing there, but are syncs on a GPU).
-
-Per step also: host time (``host_ms``: the range's duration; ``interval_ms``: start to the next
-decode step's start), and on a GPU trace the GPU span of the step's work (GPU events whose
-correlation id is a runtime call made inside the step), the GPU idle time between the end of the
-step's GPU work and the start of the next step's (``gpu_idle_gap_us``: time in that window when no
-GPU event of any stream runs), and the launch lead (``launch_lead_us``: end of this step's GPU work
-minus the start of the next step's first launch call; positive: the host launched the next step
-before the GPU finished this one, i.e. it runs ahead; negative: the GPU waited for the host).
-"""
+Input: complete events (``ph == "X"``, ``ts`` and ``dur`` in microseconds) of an
+``export_chrome_trace`` file. Decode steps are the ``patchbench::decode_step bs=N`` ranges of this
+suite's in-server hook, else sglang 0.5.23's own ``step[DECODE bs=N ...]`` annotations (which
+miss the mrope work). What counts as a host sync, per step and inside ``patchbench::mrope``
+ranges, and the GPU idle gap and launch lead: docs/profile.md, "What is counted"."""
 
 from __future__ import annotations
 
@@ -82,14 +50,11 @@ class TraceError(ValueError):
 class Step:
     """One decode step (times in microseconds unless the name says otherwise).
 
-    index: 0-based order in the trace; batch_size: from the range name (None when absent);
-    ts_us / host_us: the host range; syncs: sync points in the step; by_kind: sync events per
-    kind; mrope_syncs / mrope_by_kind: the same inside ``patchbench::mrope`` ranges;
-    mrope_ranges: how many mrope ranges the step holds; gpu_start_us / gpu_end_us: the step's GPU
-    work (None on a CPU trace); first_launch_us: the step's first runtime call that has GPU work;
-    gpu_idle_gap_us / launch_lead_us: towards the NEXT step (None for the last step or without GPU
-    work); interval_us: start to the next step's start (None for the last).
-    """
+    batch_size: from the range name (None when absent); ts_us / host_us: the host range; syncs:
+    sync points; by_kind: sync events per kind; mrope_*: the same inside mrope ranges;
+    gpu_start_us / gpu_end_us: the step's GPU work (None on a CPU trace); first_launch_us: its
+    first runtime call with GPU work; gpu_idle_gap_us / launch_lead_us / interval_us: towards the
+    NEXT step (None for the last)."""
 
     index: int
     batch_size: int | None
@@ -120,10 +85,8 @@ class Step:
 
 @dataclass
 class Analysis:
-    """All decode steps of one trace plus where the steps came from.
-
-    source: "patchbench" (this suite's ranges), "sglang" (0.5.23's step annotations) or "none".
-    """
+    """All decode steps of one trace; source: "patchbench" (this suite's ranges), "sglang" (0.5.23's
+    step annotations) or "none"."""
 
     steps: list[Step]
     source: str
@@ -131,10 +94,9 @@ class Analysis:
     events: int
 
     def summary(self) -> dict[str, float]:
-        """Summary metrics over the decode steps (empty dict without steps): medians of
-        syncs, mrope syncs, host time (``host_step_ms_median``: step interval, start to next start,
-        falling back to the range duration for a one-step trace) and, on a GPU trace, the idle gap
-        and launch lead; also the step count and the per-batch-size sync counts."""
+        """Medians over the steps (syncs, mrope syncs, host step time: start to next start, the range's
+        duration for a one-step trace; on a GPU the idle gap and launch lead), the step count and the
+        per-batch-size counts; {} without steps."""
         if not self.steps:
             return {}
         out: dict[str, float] = {
@@ -176,11 +138,8 @@ class Analysis:
 
 
 def load_events(path: str | Path) -> list[dict]:
-    """The complete (``ph == "X"``) events of a Chrome trace file, ``.json`` or ``.json.gz``.
-
-    Raises :class:`TraceError` naming the file when it cannot be read or parsed, or when it holds
-    no list of trace events.
-    """
+    """The complete events of a Chrome trace file (``.json`` or ``.json.gz``); TraceError naming the
+    file when it cannot be read or holds no list of trace events."""
     p = Path(path)
     try:
         raw = p.read_bytes()
@@ -319,9 +278,8 @@ def _merged(gpu: list[dict]) -> list[tuple[float, float]]:
 
 
 def analyze(events: list[dict]) -> Analysis:
-    """Segment decode steps and measure them (see the module docstring). ``events``: complete
-    events as :func:`load_events` returns them. Never raises on odd events (they are skipped);
-    an :class:`Analysis` without steps means the trace held no decode step."""
+    """Segment and measure the decode steps of ``events`` (:func:`load_events`); odd events are
+    skipped, never raised on; no steps: the trace held no decode step."""
     events = complete_events(events)
     ranges, source = _step_ranges(events)
     index = _thread_index(events)
@@ -409,13 +367,9 @@ def trim(events: list[dict], first_step: int, n_steps: int) -> list[dict]:
 def timeline_excerpt(
     events: list[dict], analysis: Analysis, *, first_step: int = 1, n_steps: int = 4
 ) -> dict | None:
-    """A small JSON-able picture of ``n_steps`` consecutive decode steps for the timeline figure.
-
-    Times in microseconds relative to the first chosen step's start: ``steps`` [{"ts", "dur",
-    "batch_size"}], ``mrope`` [[ts, dur]] (mrope ranges inside those steps), ``syncs`` [[ts,
-    in_mrope]] (sync points), ``gpu`` [[ts, dur]] (merged GPU busy intervals, all streams, within
-    the steps' window; empty on a CPU trace). None when the trace has no decode step.
-    """
+    """``n_steps`` consecutive decode steps for the timeline figure, microseconds from the first
+    one's start: ``{"steps": [{"ts", "dur", "batch_size"}], "mrope": [[ts, dur]], "syncs": [[ts,
+    in_mrope]], "gpu": [[ts, dur]] (merged busy intervals)}``; None without a decode step."""
     if not analysis.steps:
         return None
     first_step = min(first_step, max(len(analysis.steps) - n_steps, 0))

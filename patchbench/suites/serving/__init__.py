@@ -1,18 +1,10 @@
-"""Serving suite: sglang's own ``python -m sglang.bench_serving`` against the cell's server.
+"""Serving suite: the STOCK package's ``python -m sglang.bench_serving`` of the pinned release (the
+same client for every variant) against the cell's server, once or per point of a load sweep.
 
-``run(ctx, params)`` calls the STOCK package's bench_serving of the pinned release (same client for
-every variant) with ``--output-file <out>/result.jsonl --output-details``, keeps its stdout/stderr,
-parses its summary (both releases' key sets), writes the per-request records (``requests.json``,
-docs/CONTRACTS.md), checks the run's validity, counts the retractions and out-of-memory events the
-server logged meanwhile, flags what the release's tool mis-measures (:mod:`.caveats`) and returns
-the flat metrics. See
-:class:`patchbench.suites.serving.params.Params` for the parameters and offline use.
-
-The registered :class:`ServingSuite` adds the hooks: ``pair`` (request-by-request pairing after a
-prompt check: output identity, ECDF values, request-level intervals; :mod:`.pairing`),
-``report_section`` (output identity table), ``plots`` (TTFT / ITL ECDF), ``report_block`` (the
-PR-style "Serving Benchmark Result" block of one cell).
-"""
+A point keeps the tool's stdout/stderr and result line, writes ``requests.json``
+(docs/CONTRACTS.md), checks the run's validity (:mod:`.validity`), counts what the server logged
+meanwhile (retractions, out-of-memory) and flags what the release's tool mis-measures
+(:mod:`.caveats`). Parameters: docs/serving.md."""
 
 from __future__ import annotations
 
@@ -33,7 +25,7 @@ from patchbench.records import write_json
 from patchbench.run import logscan
 from patchbench.suite import MetricInfo, Suite, SuiteContext, SuiteError, SuiteResult, register
 
-from .block import render_block, report_block, tool_block
+from .block import report_block
 from .caveats import backend_warnings, warmup_behaviour, warmup_warning
 from .command import ToolMismatch, build_command, effective_seed, tool_info, wants_chat_template
 from .params import IMAGE_DATASETS, Params
@@ -41,17 +33,7 @@ from .parse import ResultError, read_result_line, request_records, summary_metri
 from .recompute import compare_with_summary, recompute_from_details
 from .validity import coalesced_itl, images_check, output_length_checks, request_checks
 
-__all__ = [
-    "Params",
-    "run",
-    "run_point",
-    "METRICS",
-    "PRIMARY",
-    "ServingSuite",
-    "report_block",
-    "render_block",
-    "tool_block",
-]
+__all__ = ["METRICS", "PRIMARY", "Params", "ServingSuite", "report_block", "run", "run_point"]
 
 _H, _L, _N = "higher", "lower", "none"
 #: the primary metrics (Holm family of a variant; the headline) and their default margin (%)
@@ -115,12 +97,8 @@ def _metrics() -> dict[str, MetricInfo]:
     return m
 
 
-#: every metric the suite can report; labels are bench_serving's printed labels where it prints
-#: one. Throughputs and latencies: kind "run" (paired repeats), margin 5 %, the four in
-#: :data:`PRIMARY` primary, the rest secondary; counts, spreads, concurrency: descriptive.
-#: ``retractions_count`` / ``retracted_requests_count`` / ``oom_count``: retraction events, the
-#: requests they retracted, and out-of-memory events the server logged while the suite ran
-#: (descriptive, lower is better; a non-zero count adds a warning next to the metrics).
+#: every metric the suite can report, labelled as bench_serving prints it: throughputs and
+#: latencies judged (kind "run", margin 5 %, :data:`PRIMARY` primary), the rest descriptive
 METRICS: dict[str, MetricInfo] = _metrics()
 
 #: seconds between checks of the bench_serving process and the server while it runs
@@ -171,19 +149,14 @@ def run_tool(
     outputs: list[Path] = (),
     on_poll: Callable[[], None] | None = None,
 ) -> tuple[int, float]:
-    """Run bench_serving (own process group), stdout/stderr into out_dir/stdout.txt, stderr.txt.
+    """Run bench_serving in its own process group, stdout/stderr into ``out_dir``; (exit code,
+    wall seconds).
 
-    Polls every POLL_S: if the server dies, the tool is stopped at once and SuiteError carries the
-    server log's tail; past timeout_s likewise. ``progress``: the liveness watch's
-    :class:`patchbench.run.activity.ProgressMeter` (None without a watch); the tool is watched there
-    (:meth:`~patchbench.run.activity.ProgressMeter.watch_client`: bytes it reads and writes, lines it
-    prints, CPU it uses), so a tool that does nothing for ``server.stall_timeout_s`` while the
-    server's heartbeat answers ends the suite as a stall (``ServerLost``), its stdout/stderr kept;
-    ``idle_s``: the longest the tool may wait with nothing in flight (:func:`client_idle_s`);
-    ``outputs``: more files the tool writes its output to (watched too); ``on_poll``: called at
-    every poll while the tool runs (an exception it raises stops the tool and propagates).
-    Returns (exit code, wall seconds).
-    """
+    Polls every :data:`POLL_S`: a dead server or ``timeout_s`` passed stops the tool and raises
+    SuiteError with the server log's tail. ``progress``: the liveness watch's ProgressMeter, which
+    watches the tool (and ``outputs``) so one doing nothing for ``server.stall_timeout_s`` ends the
+    suite as a stall; ``idle_s``: the longest it may wait with nothing in flight
+    (:func:`client_idle_s`); ``on_poll``: called at every poll (an exception stops the tool)."""
     t0 = time.monotonic()
     with open(out_dir / "stdout.txt", "wb") as so, open(out_dir / "stderr.txt", "wb") as se:
         proc = subprocess.Popen(
@@ -234,9 +207,8 @@ def run_tool(
 
 
 def _progress_at_timeout(progress) -> str:
-    """What the watched client did before its time ran out, for the timeout's message: still
-    making progress (a server that answers, too slowly: a drip is not a stall, so only
-    ``timeout_s`` ends it) or not; empty without a watch."""
+    """What the watched client did before its time ran out, for the timeout's message: still making
+    progress (too slow a server: a drip is not a stall) or not; "" without a watch."""
     client = getattr(progress, "client", None)
     if client is None or client.last_sample is None:
         return ""
@@ -250,18 +222,15 @@ def _progress_at_timeout(progress) -> str:
 
 
 def client_idle_s(request_rate: float) -> float:
-    """Seconds bench_serving may wait with no request in flight: at a finite ``request_rate``
-    (req/s) it sleeps a random gap between two sends (exponential with mean 1 / rate at the
-    default burstiness 1: longer than ``20 / rate`` with probability e^-20, 2e-9); 0 at an
-    infinite rate (all sent at once)."""
+    """Seconds bench_serving may wait with nothing in flight: 20 mean gaps at a finite
+    ``request_rate`` (exponential gaps: longer with probability e^-20), 0 at an infinite one."""
     if request_rate == float("inf") or request_rate <= 0:
         return 0.0
     return 20.0 / request_rate
 
 
 def _server_events(log_path: Path | None, offset: int) -> tuple[dict | None, str | None]:
-    """(scan of the server log from ``offset``: :func:`patchbench.run.logscan.scan_server_log`, or
-    None when unreadable; the warning to show, or None)."""
+    """(the server log scanned from ``offset``, or None when unreadable; the warning to show, or None)."""
     if log_path is None:
         return None, "no server log: retractions and out-of-memory events were not counted"
     try:
@@ -283,8 +252,8 @@ def _events_note(log_path: Path | None, offset: int) -> str:
 def _image_probe(
     ctx: SuiteContext, params: Params, tokenizer: str, chat: bool, seed: int
 ) -> dict[str, Any]:
-    """Run image_probe.py against the cell's server; its JSON line, or {"error": ...} naming
-    the probe's last stderr line (its reason) first."""
+    """image_probe.py's JSON line against the cell's server, or {"error": ...} with its last stderr
+    line."""
     script = Path(__file__).with_name("image_probe.py")
     cmd = [
         ctx.python,
@@ -313,9 +282,8 @@ def _image_probe(
 
 
 def run(ctx: SuiteContext, params: Params) -> SuiteResult:
-    """Run bench_serving against ``ctx.server`` and return the summary: once (:func:`run_point`),
-    or once per point of ``params.sweep`` (:func:`patchbench.suites.serving.points.run_sweep`;
-    two points or more in one client process, :func:`.driver.run_points_together`)."""
+    """Run bench_serving against ``ctx.server``: once (:func:`run_point`) or per point of
+    ``params.sweep`` (:func:`.points.run_sweep`, two or more points in one client process)."""
     if params.sweep is not None:
         from .driver import run_points_together
         from .points import run_sweep
@@ -326,20 +294,13 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
 
 
 def run_point(ctx: SuiteContext, params: Params) -> SuiteResult:
-    """Run bench_serving once against ``ctx.server`` and return the summary (see module docstring).
+    """Run bench_serving once against ``ctx.server`` and return the summary.
 
-    Raises SuiteError when the release lacks the dataset/flag/backend, the server dies,
-    bench_serving fails or times out, or its output cannot be read or is refused (details of
-    different lengths, negative latencies, a negative throughput: :func:`.parse.row_problem`). A
-    run that finished but has failed or token-less requests, dropped images, or no valid
-    measurement returns status "incomplete" with the reasons in ``errors``.
-
-    What the server logged while the tool ran (the server log from its size at the start:
-    :func:`patchbench.run.logscan.scan_server_log`) becomes the metrics ``retractions_count``,
-    ``retracted_requests_count`` and ``oom_count``, ``meta["server_log_scan"]``, and a warning when
-    any is non-zero. What the release's bench_serving mis-measures (:mod:`.caveats`: a warmup
-    burst above ``max_concurrency``, a non-``sglang`` backend's client) is a warning too.
-    """
+    Raises SuiteError when the release lacks the dataset, flag or backend, the server dies, the
+    tool fails or times out, or its output is refused (:func:`.parse.row_problem`). Failed or
+    token-less requests, dropped images or no valid measurement: status "incomplete", the reasons
+    in ``errors``. What the server logged meanwhile becomes ``retractions_count``,
+    ``retracted_requests_count``, ``oom_count`` (a warning when non-zero)."""
     prep = prepare_point(ctx, params)
     srv = ctx.server
     ctx.log(
@@ -362,9 +323,7 @@ def run_point(ctx: SuiteContext, params: Params) -> SuiteResult:
 
 @dataclass(frozen=True)
 class Prepared:
-    """One bench_serving call, ready to run: its argv (``python -m sglang.bench_serving ...``,
-    ``--output-file`` = ``result_file``), the release's :class:`.command.ToolInfo`, the
-    tokenizer, the release's warmup behaviour and the caveat warnings (:func:`_tool_caveats`)."""
+    """One bench_serving call, ready to run (:func:`prepare_point`)."""
 
     argv: list[str]
     info: Any
@@ -375,9 +334,9 @@ class Prepared:
 
 
 def prepare_point(ctx: SuiteContext, params: Params) -> Prepared:
-    """Build one call of bench_serving for ``ctx.out_dir`` (created; a stale result.jsonl removed,
-    command.json written). Raises SuiteError without a server, when the release's tool cannot be
-    read or lacks what ``params`` asks for."""
+    """One call of bench_serving for ``ctx.out_dir`` (created, a stale result.jsonl removed,
+    command.json written); SuiteError without a server or when the release's tool cannot be read
+    or lacks what ``params`` asks for."""
     if ctx.server is None:
         raise SuiteError("the serving suite needs a running server")
     out = Path(ctx.out_dir)
@@ -400,9 +359,8 @@ def prepare_point(ctx: SuiteContext, params: Params) -> Prepared:
 def finish_point(
     ctx: SuiteContext, params: Params, prep: Prepared, rc: int, wall_s: float, log_offset: int
 ) -> SuiteResult:
-    """The result of the call ``prep`` after the tool exited with ``rc`` in ``wall_s`` seconds,
-    its files in ``ctx.out_dir``; ``log_offset``: the server log's size when it started (see
-    :func:`run_point` for what is checked and raised)."""
+    """The result of the call ``prep`` after the tool exited with ``rc`` in ``wall_s`` seconds;
+    ``log_offset``: the server log's size when it started (:func:`run_point` says what is checked)."""
     out = Path(ctx.out_dir)
     srv = ctx.server
     info, tokenizer, cmd = prep.info, prep.tokenizer, prep.argv
@@ -448,9 +406,8 @@ def finish_point(
 
 
 def _tool_caveats(params: Params, info) -> tuple[Any, list[str]]:
-    """(the release's warmup behaviour, :func:`.caveats.warmup_behaviour`; the warnings of what
-    its bench_serving mis-measures with ``params``). Raises SuiteError when its source cannot be
-    read or the backend cannot be judged."""
+    """(the release's warmup behaviour; warnings of what its tool mis-measures with ``params``);
+    SuiteError when its source cannot be read or the backend cannot be judged."""
     caveats: list[str] = []
     try:
         warm = warmup_behaviour(info.source)
@@ -469,8 +426,7 @@ def _tool_caveats(params: Params, info) -> tuple[Any, list[str]]:
 def _command(
     ctx: SuiteContext, params: Params, info, tokenizer: str, result_file: Path
 ) -> list[str]:
-    """bench_serving's argv for the cell's server (:func:`.command.build_command`); raises
-    SuiteError when the release's tool lacks what ``params`` asks for."""
+    """bench_serving's argv for the cell's server; SuiteError when the tool lacks what is asked."""
     srv = ctx.server
     try:
         return build_command(
@@ -489,9 +445,8 @@ def _command(
 
 
 def _tool_result(srv, rc: int, out: Path, log_offset: int) -> dict:
-    """The tool's result line after it exited with ``rc``; raises SuiteError (with the server
-    log's tail, the tool's stderr tail and what the server logged meanwhile) when the server
-    died, the tool failed, or its result cannot be read."""
+    """The tool's result line; SuiteError (with the logs' tails) when the server died, the tool
+    failed, or its result cannot be read."""
     if not srv.alive():
         raise SuiteError(
             "the sglang server died during bench_serving; server log tail:\n"
@@ -513,8 +468,8 @@ def _tool_result(srv, rc: int, out: Path, log_offset: int) -> dict:
 
 
 def _measured(row: dict, scan: dict | None) -> tuple[dict[str, float], dict]:
-    """(the flat metrics of the tool's result ``row`` with the request counts, the retokenized
-    share and the server log's event counts; the per-request records, requests.json)."""
+    """(flat metrics with the request counts, retokenized share and server log counts; the
+    per-request records, requests.json)."""
     metrics = summary_metrics(row)
     recs = request_records(row)
     statuses = recs["status"]
@@ -539,11 +494,8 @@ def _measured(row: dict, scan: dict | None) -> tuple[dict[str, float], dict]:
 def _checks(
     params: Params, row: dict, metrics: dict[str, float], recs: dict, notes: list[str]
 ) -> tuple[list[str], list[str], list[str]]:
-    """(errors, warnings, recomputation disagreements) of a finished run: the requests' checks
-    (:func:`.validity.request_checks`), the ``notes`` (warnings already known), a
-    TTFT that timed nothing, and our recomputation from the per-request details against the
-    tool's summary (a warning only when no request was flagged: a flagged request makes the two
-    differ by design)."""
+    """(errors, warnings, recomputation disagreements) of a finished run; a disagreement is a warning
+    only when no request was flagged (a flagged request makes the two differ by design)."""
     statuses = recs["status"]
     errors, warnings = request_checks(
         statuses,
@@ -577,17 +529,10 @@ def _checks(
 def _check_images(
     ctx: SuiteContext, params: Params, row: dict, recs: dict, info, tokenizer: str
 ) -> tuple[list[str], dict[str, Any]]:
-    """Images reached the model? Where the server's prompt token count comes from:
-
-    - releases whose bench_serving records the server's ``meta_info.prompt_tokens`` per request in
-      ``input_lens`` (0.5.23: ``_record_server_prompt_len``): every successful request, against the
-      tool's text-only count ``total_input_text_tokens`` of the same requests. No extra request.
-    - older releases (0.5.1.post3, which records only the client's text count): one probe request
-      after the benchmark, built by the release's own dataset code with the run's chat-template
-      setting (patchbench/suites/serving/image_probe.py), compared with the tool's text count of that prompt.
-      The probe's result is cached in the run's cache_dir per (variant, settings): it costs one
-      import of bench_serving (~20 s on the 2-core CPU demo machine), so it runs once per variant.
-    """
+    """Did the images reach the model? The server's prompt tokens come from bench_serving's
+    ``input_lens`` where the release records them (0.5.23: ``_record_server_prompt_len``), else
+    from one probe request after the run built by the release's own dataset code
+    (image_probe.py), cached per variant and settings."""
     src_text = info.source.read_text(encoding="utf-8")
     succ = [i for i, s in enumerate(recs["status"]) if s != "failed"]
     per_req_images = 1 if params.dataset_name == "mmmu" else params.image_count
@@ -617,10 +562,9 @@ def _check_images(
 
 
 def _cached_image_probe(ctx: SuiteContext, params: Params, info, tokenizer: str) -> dict[str, Any]:
-    """:func:`_image_probe`'s result for the cell's variant and settings, cached in the run's
-    cache_dir (``serving/image-probe-<key>.json``; ``"cached": True`` when read from there): the
-    probe costs one import of bench_serving, so it runs once per (run, variant, settings). An
-    ``{"error": ...}`` result is not cached."""
+    """:func:`_image_probe`'s result cached in ``cache_dir/serving/image-probe-<key>.json`` per
+    (variant, settings) (``"cached": True`` when read back; an error is not cached): the probe
+    costs one import of bench_serving."""
     chat = wants_chat_template(params, ctx.sglang_version)
     seed = effective_seed(params, info)
     seed = 1 if seed is None else seed  # bench_serving's own default
@@ -650,18 +594,15 @@ def _cached_image_probe(ctx: SuiteContext, params: Params, info, tokenizer: str)
 
 @register
 class ServingSuite(Suite):
-    """sglang.bench_serving against the cell's server (see the module docstring)."""
+    """sglang.bench_serving against the cell's server."""
 
     name = "serving"
     Params = Params
     metrics = METRICS
-    needs_server = True
-
-    def run(self, ctx: SuiteContext, params: Params) -> SuiteResult:
-        return run(ctx, params)
+    run = staticmethod(run)
+    report_block = staticmethod(report_block)
 
     def doctor_checks(self, cfg: Any, params: Params) -> list[tuple[str, bool, str]]:
-        """The ``mmmu`` dataset of bench_serving loads MMMU/MMMU from the hub or its cache."""
         from patchbench.doctor import hf_dataset_check
 
         if params.dataset_name != "mmmu":
@@ -671,18 +612,8 @@ class ServingSuite(Suite):
     def pair(
         self, baseline_dirs: list[Path], variant_dirs: list[Path], params: Params
     ) -> dict | None:
-        """Requests paired by index after the prompt check (:mod:`.pairing`).
-
-        Returns ``{"request_pairing": {"ok", "reason"}, "notes": [...], "unreadable": ["<file>:
-        why"], "repeats": [{"repeat_index", "baseline_requests", "variant_requests",
-        "baseline_expected", "variant_expected" (requested_count of the cell's summary.json, or
-        None), "requests_compared" [first, last index], "paired", "failed_either", "identical",
-        "share"}],
-        "identity": {"n", "identical", "share", "share_ci" [low, high] (95% Wilson),
-        "first_diff": [{"repeat", "request", "char"}], "first_diff_char_median"} | None,
-        "ecdf": {"repeat_index", "baseline"/"variant": {"ttft_ms": [...], "itl_ms": [...],
-        "itl_ms_n"}}, "descriptive": {metric: {"change_pct", "low_pct", "high_pct", "method"}}
-        (one paired repeat only)}``. Raises PairingRefused when no repeat's prompts pair."""
+        """Requests paired by index after the prompt check (:func:`.pairing.pair_cells`; a sweep's
+        points: :func:`.points.pair_points`); PairingRefused when no repeat's prompts pair."""
         from .pairing import pair_cells
 
         if isinstance(params, Params) and params.sweep is not None:
@@ -692,8 +623,7 @@ class ServingSuite(Suite):
         return pair_cells(list(baseline_dirs), list(variant_dirs), list(METRICS))
 
     def plan_lines(self, params: Any, cells_per_round: int = 1, cpu: bool = False) -> list[str]:
-        """A sweep's points, prompts and estimated H200 minutes per cell (none on the CPU
-        engine: :func:`.sweep.cost_lines`); [] without a sweep."""
+        """A sweep's points, prompts and estimated minutes per cell (:func:`.sweep.cost_lines`)."""
         if not isinstance(params, Params) or params.sweep is None:
             return []
         from .sweep import cost_lines
@@ -703,8 +633,7 @@ class ServingSuite(Suite):
         )
 
     def declarations(self, params: Any) -> dict[str, MetricInfo]:
-        """:data:`METRICS`, or with a sweep the per-point and curve metrics
-        (:func:`.points.declarations`)."""
+        """:data:`METRICS`, or with a sweep the per-point and curve metrics (:func:`.points.declarations`)."""
         if not isinstance(params, Params) or params.sweep is None:
             return dict(METRICS)
         from .points import declarations
@@ -720,6 +649,3 @@ class ServingSuite(Suite):
         from .render import plots
 
         return plots(comparison, out_dir)
-
-    def report_block(self, suite_dir: Path) -> str | None:
-        return report_block(suite_dir)

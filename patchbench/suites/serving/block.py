@@ -1,12 +1,6 @@
-"""The PR's "Serving Benchmark Result" block, rendered from a cell's summary.json.
-
-Labels, order and formats are those sglang.bench_serving 0.5.1.post3 prints (the release the PR
-used; see ``benchmark()`` there): a centred title in 50 ``=``, each line ``"{:<40} {:<10}"`` (text and
-integers) or ``"{:<40} {:<10.2f}"`` (floats), so values are left-aligned and padded to 10 characters,
-section rules centred in 50 ``-``, and a closing line of 50 ``=``. 0.5.23 prints more lines (P90/P95,
-TPOT, peak throughput); the PR's layout is kept for every release so Before/After blocks line up,
-and the release's own printout stays in the cell's ``stdout.txt`` (:func:`tool_block`).
-"""
+"""The PR's "Serving Benchmark Result" block, rendered from a cell's summary.json with the labels,
+order and formats bench_serving 0.5.1.post3 prints (the PR's release) for every release, so
+Before/After blocks line up; the release's own printout stays in ``stdout.txt``."""
 
 from __future__ import annotations
 
@@ -35,11 +29,8 @@ def _int(v: float | None) -> Any:
 
 
 def render_block(metrics: dict[str, float], meta: dict[str, Any]) -> str:
-    """The block for one cell. metrics: summary.json "metrics" (names of suites.serving.parse);
-    meta: needs "backend", "request_rate" (the tool's printout of it, e.g. "inf") and
-    "max_concurrency" (int or None). Token counts and "Successful requests" are the tool's own
-    numbers (its completed count, which includes token-less responses; the report's validity
-    errors say when they differ from ours)."""
+    """The block for one cell from summary.json's ``metrics`` and ``meta`` ("backend",
+    "request_rate", "max_concurrency"); counts are the tool's own (token-less responses included)."""
     g = metrics.get
     mc = meta.get("max_concurrency")
     lines = [
@@ -84,11 +75,8 @@ def render_block(metrics: dict[str, float], meta: dict[str, Any]) -> str:
 
 
 def report_block(summary_dir: Path) -> str:
-    """The PR-style block of the cell whose serving summary.json lies in ``summary_dir``.
-
-    Raises FileNotFoundError naming the file when there is none, ValueError naming the file and
-    key when it is not JSON or has the wrong shape (metrics must map names to numbers).
-    """
+    """The PR-style block of the cell whose serving summary.json lies in ``summary_dir``;
+    FileNotFoundError naming a missing file, ValueError naming the file and key of a bad one."""
     path = Path(summary_dir) / "summary.json"
     summary = read_json(path)
     if not isinstance(summary, dict):
@@ -107,14 +95,3 @@ def report_block(summary_dir: Path) -> str:
             f"[point {k}]\n" + report_block(Path(summary_dir) / "points" / k) for k in keys
         )
     return render_block(metrics, meta)
-
-
-def tool_block(stdout_text: str) -> str | None:
-    """The block exactly as the release's bench_serving printed it (from its stdout), or None."""
-    lines = stdout_text.splitlines()
-    for i, ln in enumerate(lines):
-        if ln.rstrip() == TITLE:
-            for j in range(i + 1, len(lines)):
-                if lines[j].rstrip() == "=" * 50:
-                    return "\n".join(lines[i : j + 1]) + "\n"
-    return None

@@ -1,45 +1,7 @@
-"""What the pinned release's bench_serving does that changes what is measured, read from its source.
-
-Read with :mod:`ast` from the file :func:`patchbench.suites.serving.command.tool_source` finds
-(no import), so the suite states the caveat of the installed release, not of a release it assumes.
-
-Warmup above the concurrency cap (:func:`warmup_behaviour`, :func:`warmup_warning`).
-``benchmark()`` builds ``limited_request_func`` (a semaphore of ``--max-concurrency``) and then sends
-``--warmup-requests`` copies of the first prompt (at most 32 output tokens) with ``asyncio.gather``:
-
-- 0.5.1.post3, ``sglang/bench_serving.py``: the semaphore at line 1480, ``limited_request_func`` at
-  lines 1482-1486, and the warmup loop at lines 1511-1518 calls ``request_func`` directly: all
-  warmup requests are sent at once, whatever ``--max-concurrency`` says;
-- 0.5.23, ``sglang/benchmark/serving.py``: the semaphore at line 1432 and the warmup loop at lines
-  1487-1501 calls ``limited_request_func`` ("Keep warmup at the same concurrency as the measured
-  run"): capped.
-
-With an uncapped warmup and ``warmup_requests > max_concurrency`` the server gets a burst of
-``warmup_requests`` requests right before the measured run (the warmup itself is not measured, but
-the burst can fill the KV cache and retract requests, and the server log's counts attribute those
-to this suite). The suite records a warning (``warmup_requests <= max_concurrency`` avoids it). It
-does not send its own warmup with ``--warmup-requests 0`` (0.5.1.post3 has the flag, line 2135, and
-accepts 0: its success check at line 1521 is guarded by ``warmup_requests > 0``), because the
-warmup prompt is the release's dataset code's first prompt, which only an import of bench_serving
-can build (about 20 s on the CPU demo machine).
-
-Backends (:func:`backend_warnings`): ``--backend`` picks a request function from the release's
-``ASYNC_REQUEST_FUNCS``. Checked for a backend other than the ``sglang`` one (``POST /generate``):
-
-- an OpenAI chat backend that never reads ``reasoning_content`` (0.5.1.post3's
-  ``async_request_openai_chat_completions``, lines 364-365: ``delta.get("content", "")``; 0.5.23 reads
-  it through ``_combine_openai_chat_content``): with a reasoning parser on the server, the streamed
-  reasoning is not counted: TTFT waits for the first answer token, ITL and the generated text miss
-  the reasoning tokens;
-- a request function that never sends ``ignore_eos`` (0.5.1.post3's chat function), while the
-  suite runs with ``ignore_eos``: outputs stop at EOS, so output lengths differ from
-  ``output_len`` and between variants whose outputs differ;
-- when ``ignore_eos`` is not in effect and the function never asks for ``stream_options``: its
-  output token count is the server's streamed ``usage.completion_tokens`` or, without one, the
-  REQUESTED length (the 0.5.1.post3 server streams usage only when ``stream_options.include_usage``
-  is set; 0.5.23 also when its ``stream_response_default_include_usage`` setting is on), so token
-  totals and throughputs may count tokens that were never generated.
-"""
+"""What the pinned release's bench_serving does that changes what is measured, read with :mod:`ast`
+from the source :func:`.command.tool_source` finds (no import): a warmup burst above the
+concurrency cap, and backends that mis-measure (docs/serving.md, "What the release's
+bench_serving mis-measures", has the releases' lines)."""
 
 from __future__ import annotations
 
@@ -56,9 +18,7 @@ class WarmupBehaviour:
     """How the release's warmup loop sends its requests.
 
     capped: True (through ``limited_request_func``), False (``request_func`` directly: all at
-    once), None (no ``for ... in range(warmup_requests)`` loop found: unknown); line: the loop's
-    line in ``source`` (None when not found).
-    """
+    once), None (no warmup loop found); line: the loop's line in ``source``."""
 
     source: Path
     capped: bool | None
@@ -85,9 +45,8 @@ def _called_names(node: ast.AST) -> set[str]:
 
 
 def warmup_behaviour(source: Path) -> WarmupBehaviour:
-    """Find the warmup loop (``for _ in range(warmup_requests)``) in ``source`` and whether its
-    requests go through ``limited_request_func``. Raises OSError / SyntaxError for an unreadable
-    source."""
+    """The release's warmup loop (``for _ in range(warmup_requests)``) and whether its requests go
+    through ``limited_request_func``; OSError / SyntaxError for an unreadable source."""
     for node in ast.walk(_parse(source)):
         if not (
             isinstance(node, ast.For)
@@ -106,11 +65,8 @@ def warmup_behaviour(source: Path) -> WarmupBehaviour:
 
 
 def warmup_warning(params: Params, behaviour: WarmupBehaviour) -> str | None:
-    """The warning for a warmup burst above the concurrency cap, else None (see module docstring).
-
-    None when the release caps its warmup, when no cap is set (``max_concurrency`` None) or when
-    ``warmup_requests <= max_concurrency``. An unknown behaviour (loop not found) with a warmup
-    above the cap is stated as such."""
+    """The warning for a warmup burst above ``max_concurrency`` (stated as unknown when the loop was
+    not found), else None."""
     cap, n = params.max_concurrency, params.warmup_requests
     if cap is None or n <= cap or behaviour.capped:
         return None
@@ -165,9 +121,9 @@ def _function_text(source: Path, name: str) -> str:
 
 
 def backend_warnings(params: Params, source: Path) -> list[str]:
-    """Warnings for ``params.backend`` where this release's bench_serving mis-measures it (see
-    the module docstring). Empty for the ``sglang`` backend and any backend served by the same
-    request function. Raises ValueError naming the release's backends when it has no such one."""
+    """Warnings for ``params.backend`` where this release's bench_serving mis-measures it ([] for
+    the ``sglang`` backend's request function); ValueError naming the release's backends when it
+    has no such one."""
     funcs = request_functions(source)
     if not funcs:
         return [f"the backends of this release's bench_serving could not be read from {source}"]

@@ -1,11 +1,6 @@
-"""The bench_serving command line for the pinned release.
-
-What the release's tool accepts (its option strings, ``--dataset-name`` choices and defaults) is read
-from its source with :mod:`ast`, without importing it (importing costs seconds and loads torch):
-``sglang/bench_serving.py`` in 0.5.1.post3, ``sglang/benchmark/serving.py`` from 0.5.15 (where
-``bench_serving`` became a shim over it). So the suite spells a flag or dataset the way the installed
-release does, and says clearly when a release lacks one.
-"""
+"""The bench_serving command line for the pinned release, spelt as its tool accepts it: options,
+``--dataset-name`` choices and defaults read with :mod:`ast` from ``sglang/bench_serving.py``
+(0.5.1.post3) or ``sglang/benchmark/serving.py`` (0.5.15 on), without importing it."""
 
 from __future__ import annotations
 
@@ -33,12 +28,8 @@ class ToolMismatch(ValueError):
 
 @dataclass(frozen=True)
 class ToolInfo:
-    """What one release's bench_serving accepts, read from its source.
-
-    source: the file parsed; options: every option string of every ``add_argument`` call;
-    dataset_choices: ``--dataset-name`` choices; defaults: {option: default literal} where the
-    default is a plain literal (e.g. ``--seed`` -> 1 or 42).
-    """
+    """What one release's bench_serving accepts: source (the file parsed), options (every option
+    string), dataset_choices, defaults ({option: default} where it is a plain literal)."""
 
     source: Path
     options: frozenset[str]
@@ -144,45 +135,29 @@ def build_command(
     tokenizer: str,
     output_file: Path,
 ) -> list[str]:
-    """argv of one bench_serving call (``python -m sglang.bench_serving ...``).
-
-    ``--output-file`` gets one JSON line (appended by the tool), ``--output-details`` adds the
-    per-request arrays. Raises ToolMismatch when the release lacks the dataset or a flag.
-    """
+    """argv of one bench_serving call (``python -m sglang.bench_serving ...``) with ``--output-file``
+    and ``--output-details``; ToolMismatch when the release lacks the dataset or a flag."""
     dataset = release_dataset_name(params.dataset_name, info)
     rate = params.request_rate
-    cmd = [
-        python,
-        "-m",
-        "sglang.bench_serving",
-        "--backend",
-        params.backend,
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--model",
-        model,
-        "--tokenizer",
-        tokenizer,
-        "--dataset-name",
-        dataset,
-        "--num-prompts",
-        str(params.num_prompts),
-        "--request-rate",
-        "inf" if rate == float("inf") else repr(float(rate)),
-        "--random-input-len",
-        str(params.random_input_len),
-        "--random-output-len",
-        str(params.output_len),
-        "--random-range-ratio",
-        repr(float(params.random_range_ratio)),
-        "--warmup-requests",
-        str(params.warmup_requests),
-        "--output-file",
-        str(output_file),
-        "--output-details",
-    ]
+    options = {
+        "--backend": params.backend,
+        "--host": host,
+        "--port": str(port),
+        "--model": model,
+        "--tokenizer": tokenizer,
+        "--dataset-name": dataset,
+        "--num-prompts": str(params.num_prompts),
+        "--request-rate": "inf" if rate == float("inf") else repr(float(rate)),
+        "--random-input-len": str(params.random_input_len),
+        "--random-output-len": str(params.output_len),
+        "--random-range-ratio": repr(float(params.random_range_ratio)),
+        "--warmup-requests": str(params.warmup_requests),
+        "--output-file": str(output_file),
+    }
+    cmd = [python, "-m", "sglang.bench_serving"]
+    for flag, value in options.items():
+        cmd += [flag, value]
+    cmd.append("--output-details")
     if params.max_concurrency is not None:
         cmd += ["--max-concurrency", str(params.max_concurrency)]
     if params.dataset_path:

@@ -1,22 +1,5 @@
-"""Curve metrics of a load sweep, from the per-request records (``requests.json``) of each point.
-
-Computed the same way on every pin (from our own records, never from a release's summary):
-
-- TPOT of a request: (E2E - TTFT) / (output tokens - 1) in ms, for a successful request with at
-  least two output tokens (bench_serving's definition; our E2E is TTFT + the sum of its ITLs).
-- goodput at a point: requests per second that succeeded AND met both SLO bounds (TTFT <=
-  ``slo.ttft_ms``, TPOT <= ``slo.tpot_ms``) over the point's duration (the definition of
-  bench_serving's ``--goodput`` in 0.5.23, sglang/benchmark/goodput.py, with TTFT and TPOT bounds).
-- the SLO ratio of a point: max(TTFT p / ttft_ms, TPOT p / tpot_ms) at the SLO's percentile p over
-  the successful requests; the point meets the SLO when the ratio is <= 1.
-- the highest load meeting the SLO (:func:`max_load_at_slo`): walking up from the lowest load, the
-  load where the ratio crosses 1, interpolated linearly between the last point that meets it and
-  the first that does not; "not reached" when the lowest point fails, "beyond the sweep" (a lower
-  bound: the highest point) when every point meets it. A point meeting it again above a failing
-  one does not count (the answer is the highest load up to which every load meets it).
-- the frontier (:func:`frontier`): output tokens/s per GPU against tokens/s per user (1000 /
-  median TPOT), the points not dominated on both.
-"""
+"""Curve metrics of a load sweep, from each point's ``requests.json`` (the same way on every pin;
+definitions in docs/serving.md, "Curve metrics")."""
 
 from __future__ import annotations
 
@@ -31,9 +14,8 @@ Answer = Literal["within the sweep", "beyond the sweep", "not reached"]
 
 
 def request_tpot_ms(recs: dict) -> list[float | None]:
-    """Each request's TPOT in ms (None for a failed request or one with < 2 output tokens).
-
-    recs: a requests.json dict (``status``, ``ttft_ms``, ``e2e_ms``, ``output_len`` lists)."""
+    """Each request's TPOT, (E2E - TTFT) / (output tokens - 1) in ms, from a requests.json dict
+    (None for a failed request or one with < 2 output tokens)."""
     out: list[float | None] = []
     for st, ttft, e2e, n in zip(
         recs["status"], recs["ttft_ms"], recs["e2e_ms"], recs["output_len"], strict=True
@@ -44,10 +26,8 @@ def request_tpot_ms(recs: dict) -> list[float | None]:
 
 
 def goodput_req_s(recs: dict, duration_s: float, slo: Slo) -> float:
-    """Requests per second that succeeded and met TTFT <= slo.ttft_ms and TPOT <= slo.tpot_ms
-    (a request with one output token has no TPOT and is judged on its TTFT alone).
-
-    duration_s: the point's benchmark duration (s, > 0). Raises ValueError for duration_s <= 0."""
+    """Requests per second that succeeded with TTFT <= slo.ttft_ms and TPOT <= slo.tpot_ms (one
+    output token: TTFT alone) over ``duration_s``; ValueError for duration_s <= 0."""
     if duration_s <= 0:
         raise ValueError(f"duration_s must be > 0, got {duration_s}")
     good = 0
@@ -62,8 +42,7 @@ def goodput_req_s(recs: dict, duration_s: float, slo: Slo) -> float:
 
 def slo_ratio(recs: dict, slo: Slo) -> float | None:
     """max(TTFT p / slo.ttft_ms, TPOT p / slo.tpot_ms) at percentile p = slo.percentile over the
-    successful requests (linear interpolation, numpy's default); None without a successful
-    request. A ratio <= 1 meets the SLO."""
+    successful requests (numpy's linear interpolation); None without one. <= 1 meets the SLO."""
     ttft = [t for s, t in zip(recs["status"], recs["ttft_ms"], strict=True) if s == "ok" and t]
     tpot = [t for t in request_tpot_ms(recs) if t is not None]
     if not ttft:
@@ -91,10 +70,12 @@ class MaxLoad:
 
 
 def max_load_at_slo(loads: list[float], ratios: list[float | None]) -> MaxLoad:
-    """The highest load meeting the SLO (see the module docstring).
+    """The highest load meeting the SLO: walking up from the lowest load, where the SLO ratio crosses
+    1, interpolated linearly; "not reached" when the lowest point fails, "beyond the sweep" (the
+    highest load, a lower bound) when every point meets it.
 
-    loads: the points' loads; ratios: their SLO ratios (:func:`slo_ratio`; None: the point has no
-    measurement and counts as failing). Same lengths, >= 1 point; raises ValueError otherwise."""
+    loads / ratios: the points' loads and SLO ratios (None: no measurement, failing); same
+    lengths, >= 1 point, else ValueError."""
     if not loads or len(loads) != len(ratios):
         raise ValueError("loads and ratios must be non-empty and of the same length")
     pts = sorted(zip(loads, ratios, strict=True))
@@ -113,8 +94,7 @@ def max_load_at_slo(loads: list[float], ratios: list[float | None]) -> MaxLoad:
 
 def frontier(points: list[tuple[float, float]]) -> list[int]:
     """Indices of the Pareto frontier of (throughput per GPU, tokens/s per user) points, both
-    higher is better: the points no other point matches or beats on both and beats on one;
-    sorted by tokens/s per user."""
+    higher-better, sorted by tokens/s per user."""
     keep = []
     for i, (x, y) in enumerate(points):
         dominated = any(

@@ -1,14 +1,6 @@
-"""The load curve of a sweep in the report: a section (one row per point, the curve sentence)
-and three figures, rendered only from the comparison's per-point rows (``<metric>@<point>``,
-:mod:`.sweep`) and curve rows.
-
-Figures (``RUN/plots/``): ``curve_latency.png`` (per variant, output throughput against median
-and p99 ITL, a point per load, the repeats' range of throughput as a band, one load label where
-the variants' points crowd), ``curve_change.png``
-(the paired change of output throughput and median ITL at each load with its interval, coloured
-by verdict), ``curve_frontier.png`` (output tok/s per GPU against tok/s per user per variant,
-the Pareto frontier drawn through the points on it).
-"""
+"""The load curve of a sweep in the report: a section (one row per point, the curve sentence) and
+three figures (docs/serving.md, "Figures"), rendered only from the comparison's per-point and
+curve rows."""
 
 from __future__ import annotations
 
@@ -63,9 +55,8 @@ def _ranges(keys: list[str]) -> str:
 
 
 def curve_sentence(comparison: Any, variant: str) -> str | None:
-    """Where the change helps and where not, per curve metric: "output throughput improved at
-    concurrency 1-4, equivalent at 16-64"; runs of consecutive points with the same verdict are
-    merged. None without a sweep."""
+    """Where the change helps, per curve metric ("output throughput improved at concurrency 1-4,
+    equivalent at 16-64"; runs of one verdict merged); None without a sweep."""
     keys = point_keys(comparison)
     if not keys:
         return None
@@ -200,10 +191,9 @@ def _median(xs):
 
 
 def plot_latency(comparison: Any, out: Path) -> Path | None:
-    """``curve_latency.png``: per variant, output throughput (y) against median ITL (x, solid)
-    and p99 ITL (x, dashed) at each load (medians over repeats, the load written by the median
-    points, :func:`label_points`), the repeats' range of throughput as a band around the median
-    line. None without a sweep."""
+    """``curve_latency.png``: per variant, output throughput against median (solid) and p99
+    (dashed) ITL per load, medians over repeats, the repeats' range of throughput as a band; None
+    without a sweep."""
     from patchbench.suites import new_figure, save_png
 
     keys = point_keys(comparison)
@@ -260,13 +250,10 @@ NEAR_PX = 28.0
 
 
 def label_points(ax: Any, points: list[tuple[str, float, float, int]]) -> list[Any]:
-    """Write each load's key by its points on ``ax`` (limits and scales already set) so that the
-    labels do not overlap: the points of one load (``(key, x, y, variant index)``, data
-    coordinates) that lie within :data:`NEAR_PX` of each other on screen (single linkage) get
-    ONE dark-grey label centred above the highest of them; a point apart from the rest of its
-    load gets its own label in its variant's colour (``C<index>``), beside it on the side away
-    from the load's other points (the right when alone). Returns the annotations, in the
-    order written (loads as first seen)."""
+    """Write each load's key by its points ``(key, x, y, variant index)`` on ``ax``: points of one
+    load within :data:`NEAR_PX` of each other on screen get one dark-grey label above the highest,
+    a point apart its own label in its variant's colour, away from its load's other points.
+    Returns the annotations in the order written."""
     import numpy as np
 
     ax.autoscale_view()
@@ -306,9 +293,8 @@ def label_points(ax: Any, points: list[tuple[str, float, float, int]]) -> list[A
 
 
 def plot_change(comparison: Any, out: Path) -> Path | None:
-    """``curve_change.png``: for output throughput and median ITL, each variant's paired change
-    (%) at each load with its interval (the level its verdict used), coloured by verdict; the
-    margin shaded, zero as a line. None without a sweep."""
+    """``curve_change.png``: each variant's paired change (%) of output throughput and median ITL per
+    load with its interval, coloured by verdict, the margin shaded; None without a sweep."""
     import matplotlib.pyplot as plt
 
     from patchbench.suites import save_png
@@ -366,9 +352,8 @@ def plot_change(comparison: Any, out: Path) -> Path | None:
 
 
 def plot_frontier(comparison: Any, out: Path) -> Path | None:
-    """``curve_frontier.png``: per variant, output tok/s per GPU (y) against tok/s per user (x),
-    medians over repeats at each load, the Pareto frontier as a line through its points. None
-    without a sweep or without the per-point frontier metrics."""
+    """``curve_frontier.png``: per variant, output tok/s per GPU against tok/s per user per load and
+    the Pareto frontier; None without a sweep or the frontier metrics."""
     from patchbench.suites import new_figure, save_png
 
     keys = point_keys(comparison)

@@ -1,16 +1,7 @@
-"""The harness side of a sweep run in one client process (``multi_point.py``).
-
-:func:`run_points_together` builds every point's bench_serving call as a single-point run does
-(:func:`patchbench.suites.serving.prepare_point`: the same argv, command.json, result file), hands
-them to ``multi_point.py`` (run with the variant's client python, so ``sglang.bench_serving`` is
-imported once a cell instead of once a point) and watches it like one bench_serving process
-(:func:`patchbench.suites.serving.run_tool`: server death, the whole sweep's timeout, the
-liveness watch). Between two points the driver waits for the harness, which then finishes the
-point just run (:func:`patchbench.suites.serving.finish_point`: its result, requests.json,
-summary.json, the server log scanned over that point only), flushes the server's cache
-(``ctx.server.flush_cache``, as the one-process-per-point path does) and lets the next start.
-The control files live in ``<suite>/multi_point/`` with the driver's own stdout and stderr.
-"""
+"""The harness side of a sweep run in one client process (``multi_point.py``): every point's call
+built as a single-point run builds it, the process watched like one bench_serving, and between
+two points the point just run finished, the cache flushed and the next one let go. The control
+files live in ``<suite>/multi_point/``."""
 
 from __future__ import annotations
 
@@ -34,14 +25,12 @@ TOOL_HEAD = ["-m", "sglang.bench_serving"]
 def run_points_together(
     ctx: SuiteContext, plan: list[tuple[str, Path, Params]], tool: Any
 ) -> list[SuiteResult]:
-    """Run the points ``plan`` ([(key, point folder, the point's params)], in run order) in one
-    client process; their results in that order, each point's summary.json written as it
-    finishes. Timeout: the sum of the points' ``timeout_s``; idle limit: the largest point's.
-    Raises SuiteError naming the point that failed (its tool's exit code and stderr tail, a
-    server death or the timeout while it ran); the points before it keep their files; a failed
-    cache flush raises as on the one-process-per-point path. ``tool``: the module with the
-    single-point steps ``prepare_point``, ``finish_point``, ``run_tool`` and ``client_idle_s``
-    (:mod:`patchbench.suites.serving`, passed in so this module does not import its package)."""
+    """Run the points ``plan`` ([(key, point folder, point params)], in run order) in one client
+    process; their results in that order, each summary.json written as it finishes.
+
+    Timeout: the sum of the points' ``timeout_s``; idle limit: the largest point's. SuiteError
+    names the point that failed (the points before it keep their files). ``tool``: the module with
+    ``prepare_point``, ``finish_point``, ``run_tool`` and ``client_idle_s`` (the package, passed in)."""
     client_idle_s, finish_point = tool.client_idle_s, tool.finish_point
     prepare_point, run_tool = tool.prepare_point, tool.run_tool
 
@@ -118,10 +107,8 @@ def run_points_together(
 
 
 def _write_plan(control: Path, plan: list[tuple[str, Path, Params]], preps: list[Any]) -> Path:
-    """The driver's ``plan.json`` in ``control`` (made, its flush files of an earlier try
-    removed): every point's key, folder and bench_serving arguments (each point's stale
-    point.json removed). Returns ``control``. Raises SuiteError for a point whose command is not
-    ``python -m sglang.bench_serving ...``."""
+    """The driver's ``plan.json`` in ``control`` (stale flush and point files removed); returns
+    ``control``. SuiteError for a command that is not ``python -m sglang.bench_serving ...``."""
     control.mkdir(parents=True, exist_ok=True)
     for f in control.glob("flush-*"):
         f.unlink()

@@ -1,21 +1,13 @@
 """Probe: does the server attach the images of bench_serving's image prompts? (run as a script)
 
-Run by the serving suite with the environment's python and the STOCK package, after the benchmark
-(so it cannot touch the measured numbers), for releases whose bench_serving does not record the
-server's prompt token count (0.5.1.post3). It builds ONE prompt with the release's own dataset code
-(``sample_random_image_requests`` / ``sample_mmmu_requests`` of ``sglang.bench_serving``, with the
-same chat-template setting as the run), sends it to ``POST /generate`` with its images and
-``max_new_tokens=1``, and prints one JSON line: the tool's text-only token count of the prompt
-(``prompt_len``, which excludes image tokens), the server's ``meta_info.prompt_tokens`` and the
-number of images. Only stdlib and what bench_serving itself imports are used.
+For releases whose bench_serving does not record the server's prompt tokens (0.5.1.post3), run
+after the benchmark with the STOCK package: ONE prompt built by the release's own dataset code
+with the run's chat-template setting, sent to ``POST /generate`` with ``max_new_tokens=1``;
+prints one JSON line (the tool's text-only ``prompt_len``, the server's
+``meta_info.prompt_tokens``, the images). A prompt the server refuses (a random id decoding to a
+special token) is retried with the next seed, up to ATTEMPTS times.
 
-A random prompt can hold a special token the server refuses (sglang answers 400, e.g. "No data
-iterator found for token: <|video_pad|>" when a random id decodes to a video token); the probe
-then tries the next seed, up to ATTEMPTS times, and records the refusals. The sampling is seeded
-(``random`` and ``numpy``, as bench_serving seeds them) so the probe's prompt is reproducible.
-
-usage: python image_probe.py URL TOKENIZER DATASET INPUT_LEN IMAGES RESOLUTION CHAT_TEMPLATE(0|1) SEED
-"""
+usage: python image_probe.py URL TOKENIZER DATASET INPUT_LEN IMAGES RESOLUTION CHAT_TEMPLATE(0|1) SEED"""
 
 from __future__ import annotations
 

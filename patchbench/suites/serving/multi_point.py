@@ -1,27 +1,15 @@
 """Every point of a load sweep in ONE client process: ``python multi_point.py <plan.json>``.
 
-Run with the variant's client python (the stock release's, like ``python -m
-sglang.bench_serving``). It imports ``sglang.bench_serving`` once (seconds of CPU: torch,
-transformers), then runs each point of the plan, in the plan's order, exactly as ``python -m
-sglang.bench_serving <argv>`` would: the module's ``__main__`` block re-executed by
-:func:`runpy.run_module` with ``sys.argv`` set to the point's argv, so the release's own parser
-builds the namespace and ``run_benchmark`` seeds ``random`` / ``numpy`` from ``--seed`` as a fresh
-process does (works for 0.5.1.post3, whose parser lives in ``__main__``, and for 0.5.23's shim
-over ``sglang.benchmark.serving.cli_main``).
+Run with the variant's client python: it imports ``sglang.bench_serving`` once, then runs each
+point as ``python -m sglang.bench_serving <argv>`` would (its ``__main__`` re-run by
+:func:`runpy.run_module` with ``sys.argv`` set, so the release's parser and ``--seed``
+reseeding act as in a fresh process; 0.5.1.post3 and 0.5.23's shim alike).
 
-Plan (JSON): ``{"control_dir": str, "points": [{"key": str, "dir": str, "argv": [str, ...]}]}``
-(argv without ``python -m sglang.bench_serving``). Per point, in ``dir``: the tool's stdout and
-stderr (``stdout.txt``, ``stderr.txt``, file descriptors 1 and 2 redirected while it runs), its
-``--output-file`` as the argv names it, and ``point.json`` ``{"rc": int, "wall_s": float,
-"error": str | null}`` (rc: the tool's exit code, 1 with the traceback in stderr.txt for an
-exception). The first point that fails ends the driver (exit code 1); the earlier points' files
-stay as written.
-
-Cache flush: before every point after the first the driver asks the harness to flush the server's
-cache (the harness owns the flush: retries, events, failures): it creates
-``<control_dir>/flush-<i>.want`` and waits for ``flush-<i>.ok`` (go on) or ``flush-<i>.fail``
-(exit 3). Only the standard library is imported here besides the release's package.
-"""
+Plan: ``{"control_dir", "points": [{"key", "dir", "argv"}]}``. Per point, in ``dir``:
+``stdout.txt``, ``stderr.txt`` (fds 1 and 2 redirected), the tool's ``--output-file`` and
+``point.json`` ``{"rc", "wall_s", "error"}``. The first failing point ends the driver (exit 1).
+Before every point after the first it creates ``<control_dir>/flush-<i>.want`` and waits for
+``flush-<i>.ok`` or ``flush-<i>.fail`` (exit 3). Standard library only, besides the release."""
 
 from __future__ import annotations
 

@@ -1,24 +1,12 @@
 """Pairing two serving cells request by request (the suite's ``pair`` hook).
 
-bench_serving sends the same seeded prompts in the same order in every cell, so request i of the
-baseline and request i of a variant are the same prompt, but only if that holds: every repeat is
-checked first (the prompt length ``input_len`` of each request that succeeded in both cells, and
-``prompt_sha256`` where requests.json has it). A repeat that fails the check is not used; when no
-repeat passes, :class:`~patchbench.suite.PairingRefused` says why. Every requests.json is validated
-(:func:`.parse.requests_problem`: equal-length lists, latencies numbers >= 0, known statuses); a
-missing, unreadable, mis-shaped or empty file is a note naming the file (mis-shaped and unreadable
-ones also listed under ``unreadable``) and its repeat is not used; a file that holds fewer requests
-than the other cell's, or than its own summary.json's ``requested_count``, is a note naming the
-file and the requests actually compared, never a silent shrink.
-
-A variant whose outputs are far shorter than the baseline's for the same prompts (streams ended
-early) is a note (:func:`shorter_outputs`).
-
-From the paired repeats: output identity (identical ``generated_text`` share, Wilson interval,
-where the first difference starts), per-request TTFT / ITL values of the first paired repeat for
-the ECDF plot, and, with a single paired repeat, request-level intervals of the latency metrics
-(descriptive only: request-to-request noise inside one cell, never a verdict).
-"""
+bench_serving sends the same seeded prompts in the same order in every cell, so request i of
+both cells is the same prompt, once checked (``input_len`` of the requests that succeeded in
+both, ``prompt_sha256`` where recorded). A repeat whose files fail the check, or are missing,
+mis-shaped (:func:`.parse.requests_problem`) or empty, is not used and named in a note, as is a
+file holding fewer requests than the other cell's or its own summary says: never a silent
+shrink. From the paired repeats: output identity, the first repeat's TTFT / ITL for the ECDF,
+and, with one paired repeat, request-level intervals (descriptive, never a verdict)."""
 
 from __future__ import annotations
 
@@ -42,10 +30,8 @@ _KIND = re.compile(r"^(ttft|itl|e2e_latency)_(mean|median|p90|p95|p99)_ms$")
 
 
 def read_requests(suite_dir: Path) -> tuple[dict | None, str | None]:
-    """(requests.json of one cell, None) or (None, why not: the file named).
-
-    The file is validated (:func:`patchbench.suites.serving.parse.requests_problem`): a missing,
-    unreadable or mis-shaped file is refused with the reason; its data are never partly used."""
+    """(requests.json of one cell, None) or (None, why not, naming the file); a mis-shaped file is
+    never partly used."""
     p = Path(suite_dir) / "requests.json"
     if not p.is_file():
         return None, f"{p}: missing"
@@ -60,9 +46,7 @@ def read_requests(suite_dir: Path) -> tuple[dict | None, str | None]:
 
 
 def expected_requests(suite_dir: Path) -> int | None:
-    """The number of requests the cell's run sent, from its ``summary.json``
-    (``metrics.requested_count``, written by the suite together with requests.json); None when the
-    summary or the count cannot be read (then only the other cell's file can show a short one)."""
+    """``metrics.requested_count`` of the cell's summary.json, or None when it cannot be read."""
     try:
         m = records.read_json(Path(suite_dir) / "summary.json").get("metrics") or {}
         v = m.get("requested_count")
@@ -98,10 +82,7 @@ def _count(req: dict) -> int:
 
 
 def check_prompts(rb: dict, rv: dict, n: int) -> str | None:
-    """None when request i is the same prompt in both files for every i < n, else the reason.
-
-    Compared: ``prompt_sha256`` at every index where both files have it; ``input_len`` at every
-    index where the request succeeded in both cells (a failed request's length may be missing)."""
+    """None when request i is the same prompt in both files for every i < n, else the reason."""
     bad: list[str] = []
     hb, hv = rb.get("prompt_sha256"), rv.get("prompt_sha256")
     lb, lv = rb.get("input_len") or [], rv.get("input_len") or []
@@ -132,8 +113,8 @@ SHORT_OUTPUT_SHARE = 0.1
 
 def shorter_outputs(rb: dict, rv: dict, idx: list[int]) -> str | None:
     """The note when more than :data:`SHORT_OUTPUT_SHARE` of the paired requests ``idx`` have a
-    variant output below :data:`SHORT_OUTPUT_RATIO` of the baseline's (``output_len``: the
-    server's token counts), else None: a variant whose streams end early reads as a speed-up."""
+    variant output below :data:`SHORT_OUTPUT_RATIO` of the baseline's (server token counts), else
+    None: a variant whose streams end early reads as a speed-up."""
     ob, ov = rb.get("output_len"), rv.get("output_len")
     if not idx or not isinstance(ob, list) or not isinstance(ov, list):
         return None
@@ -212,13 +193,18 @@ def within_cell_interval(
 def pair_cells(
     baseline_dirs: list[Path], variant_dirs: list[Path], metrics: list[str], settings: Any = None
 ) -> dict[str, Any]:
-    """The serving pair dict of one variant (see :meth:`ServingSuite.pair` for its keys).
+    """The serving pair dict of one variant: ``{"request_pairing": {"ok", "reason"}, "notes",
+    "unreadable", "repeats": [{"repeat_index", "baseline_requests", "variant_requests",
+    "baseline_expected", "variant_expected", "requests_compared", "paired", "failed_either",
+    "identical", "share"}],
+    "identity": {"n", "identical", "share", "share_ci" (95 % Wilson), "first_diff",
+    "first_diff_char_median"} | None, "ecdf": {"repeat_index", "baseline" / "variant": {"ttft_ms",
+    "itl_ms", "itl_ms_n"}}, "descriptive": {metric: {"change_pct", "low_pct", "high_pct",
+    "method"}}}``.
 
-    ``metrics``: the latency metrics to give request-level intervals (with one paired repeat);
-    ``settings``: confidence / bootstrap settings (``patchbench.analysis.comparison.CompareSettings``;
-    None: its defaults). Raises PairingRefused when every repeat that has both files fails the
-    prompt check.
-    """
+    ``metrics``: the latency metrics given request-level intervals (one paired repeat only);
+    ``settings``: a CompareSettings (None: defaults). PairingRefused when every repeat with both
+    files fails the prompt check."""
     if settings is None:
         from patchbench.analysis.comparison import CompareSettings
 
@@ -261,11 +247,9 @@ def pair_cells(
 def _pair_repeat(
     k: int, db: Path, dv: Path, notes: list[str], unreadable: list[str]
 ) -> tuple[dict[str, Any], tuple[int, dict, dict, list[int]]] | str | None:
-    """Pair repeat ``k``'s two cells: (its entry of ``repeats``, with its ``diffs``; (k, baseline
-    requests, variant requests, indices of the requests that succeeded in both)), the prompt
-    check's reason when it refuses the pairing, or None when a file is missing, unreadable or
-    empty. What the repeat shows is appended to ``notes`` (and an unreadable file to
-    ``unreadable``)."""
+    """Pair repeat ``k``'s two cells: (its ``repeats`` entry; (k, baseline requests, variant requests,
+    indices that succeeded in both)), the prompt check's reason when it refuses, or None when a
+    file is missing, unreadable or empty; notes appended to ``notes`` / ``unreadable``."""
     rb, why_b = read_requests(db)
     rv, why_v = read_requests(dv)
     if rb is None or rv is None:

@@ -1,21 +1,12 @@
 """Reading bench_serving's ``--output-file`` line (with ``--output-details``) for both releases.
 
-One JSON line per call, appended (``Infinity`` for an infinite rate; Python's json reads it). The
-summary keys are the release's ``result`` dict; the details (``--output-details``) are per request,
-in the order the requests were sent: ``input_lens``, ``output_lens`` (0 for a failed request),
-``ttfts`` and ``itls`` (seconds), ``generated_texts``, ``errors`` ("" for a success).
-
-Key sets (read in the released code):
-
-- 0.5.1.post3 writes duration, completed, total_input_tokens, total_output_tokens,
-  total_output_tokens_retokenized, request/input/output_throughput, {mean,median,std,p99} of
-  e2e_latency/ttft/tpot, {mean,median,std,p95,p99}_itl_ms, concurrency, accept_length. No
-  total_throughput (it prints it), no max_itl_ms (prints it).
-- 0.5.23 adds total_throughput, p90/p95 of every latency, total_input_text_tokens /
-  total_input_vision_tokens (its client-side count), max_output_tokens_per_s,
-  max_concurrent_requests, server_info. Still no max_itl_ms. Its ``input_lens`` detail is the
-  SERVER's ``meta_info.prompt_tokens`` per request when the server reports it
-  (``_record_server_prompt_len``), while 0.5.1.post3's is the client's text-token count.
+One JSON line per call, appended. Details are per request in send order: ``input_lens``,
+``output_lens`` (0 for a failure), ``ttfts`` and ``itls`` (seconds), ``generated_texts``,
+``errors``. Key sets, read in the released code: 0.5.1.post3 writes no total_throughput, no p90/p95
+(but p95 ITL) and no max_itl_ms; 0.5.23 adds total_throughput, p90/p95, total_input_text_tokens /
+total_input_vision_tokens, max_output_tokens_per_s, max_concurrent_requests (still no max_itl_ms),
+and its ``input_lens`` is the SERVER's ``meta_info.prompt_tokens`` (``_record_server_prompt_len``)
+where 0.5.1.post3's is the client's text-token count.
 """
 
 from __future__ import annotations
@@ -58,10 +49,8 @@ class ResultError(ValueError):
 
 
 def read_result_line(path: Path) -> dict[str, Any]:
-    """The last JSON line of bench_serving's ``--output-file`` (the tool appends one per call).
-
-    Raises ResultError naming the file when it is missing, empty or not JSON.
-    """
+    """The last JSON line of bench_serving's ``--output-file``; ResultError naming the file when
+    it is missing, empty, not JSON or refused (:func:`row_problem`)."""
     path = Path(path)
     if not path.is_file():
         raise ResultError(f"{path}: bench_serving wrote no output file")
@@ -87,33 +76,16 @@ def read_result_line(path: Path) -> dict[str, Any]:
     return row
 
 
-#: summary keys that are rates or durations: never negative
-_NON_NEGATIVE = (
-    "duration",
-    "completed",
-    "total_input_tokens",
-    "total_output_tokens",
-    "request_throughput",
-    "input_throughput",
-    "output_throughput",
-    "total_throughput",
-    "max_output_tokens_per_s",
-)
-
-
 #: the largest values any hardware can produce: beyond them a number is a bug, not a measurement
 #: (a rate in requests or tokens per second; a latency or duration in ms / s)
 MAX_RATE_PER_S = 1e8
 MAX_LATENCY_MS = 1e8  # about 28 hours
 #: a positive latency below this (ms) is no time a request can take (a picosecond)
 MIN_POSITIVE_LATENCY_MS = 1e-9
-_RATES = (
-    "request_throughput",
-    "input_throughput",
-    "output_throughput",
-    "total_throughput",
-    "max_output_tokens_per_s",
-)
+_RATES = ("request_throughput", "input_throughput", "output_throughput", "total_throughput")
+_RATES += ("max_output_tokens_per_s",)
+#: summary keys that are rates, durations or counts: never negative
+_NON_NEGATIVE = ("duration", "completed", "total_input_tokens", "total_output_tokens", *_RATES)
 
 
 def _impossible(row: dict[str, Any]) -> str | None:
@@ -153,15 +125,10 @@ def _bad_number(v: Any, *, none_ok: bool = False) -> bool:
 
 
 def row_problem(row: dict[str, Any]) -> str | None:
-    """What is wrong with a bench_serving result row, or None.
-
-    Checked: the summary's throughputs, duration and token counts are numbers >= 0 (a negative
-    throughput is refused); every summary latency ``*_ms`` is >= 0 where it is a number (NaN, which
-    the tool writes for a statistic of no values, passes; an infinite one does not); values no
-    hardware can produce are refused (:func:`_impossible`); the per-request details are lists of one
-    length; ``ttfts`` numbers >= 0, ``itls`` lists of numbers >= 0, ``input_lens`` / ``output_lens``
-    numbers >= 0, ``generated_texts`` / ``errors`` strings (or null).
-    """
+    """What is wrong with a bench_serving result row, or None: a negative or non-finite
+    throughput, duration or count; a negative or infinite latency (NaN, the tool's statistic of no
+    values, passes); a value no hardware can produce (:func:`_impossible`); details that are not
+    lists of one length of numbers >= 0 (texts: strings or null)."""
     for k in _NON_NEGATIVE:
         if k in row and _bad_number(row[k], none_ok=True):
             return (
@@ -215,14 +182,9 @@ REQUEST_STATUSES = ("ok", "failed", "no_token")
 
 
 def requests_problem(data: Any) -> str | None:
-    """What is wrong with the shape of a ``requests.json`` (see :func:`request_records`), or None.
-
-    Required: a JSON object with a ``generated_text`` list. Every other field the file has among
-    ``error``, ``status``, ``prompt_sha256``, ``ttft_ms``, ``e2e_ms``, ``itl_ms``, ``input_len``,
-    ``output_len`` must be a list of the same length; elements: texts are strings or null, status
-    one of ok/failed/no_token, ``ttft_ms`` / ``e2e_ms`` numbers >= 0 or null, ``itl_ms`` lists of
-    numbers >= 0 (or null), ``input_len`` / ``output_len`` numbers >= 0 or null.
-    """
+    """What is wrong with the shape of a ``requests.json`` (:func:`request_records`), or None:
+    a ``generated_text`` list is required; each other field present must be a list of the same
+    length whose elements are of its kind in :data:`_REQ_FIELDS`."""
     if not isinstance(data, dict):
         return f"not a JSON object but {type(data).__name__}"
     if not isinstance(data.get("generated_text"), list):
@@ -261,21 +223,15 @@ def _num(v: Any) -> float | None:
     if v is None or isinstance(v, bool):
         return None
     try:
-        f = float(v)
+        return float(v)
     except (TypeError, ValueError):
         return None
-    return f
 
 
 def summary_metrics(row: dict[str, Any]) -> dict[str, float]:
-    """bench_serving's own summary as flat metrics with units in the names.
-
-    Every value is the tool's number, as sglang.bench_serving computes it (0.5.1.post3 or 0.5.23,
-    whichever wrote ``row``), except two that one release does not write and we derive the way the
-    tool computes them for its printout: ``total_throughput_tok_s`` = (total input + total output
-    tokens) / duration (missing in 0.5.1.post3), and ``itl_max_ms`` = max of the per-token ITL values
-    of successful requests in ms (printed by both releases, written by neither). Keys absent from
-    the release's output are absent here (no zeros invented).
+    """bench_serving's own summary as flat metrics with units in the names; keys the release
+    does not write are absent, except two derived as the tool prints them:
+    ``total_throughput_tok_s`` (0.5.1.post3) and ``itl_max_ms`` (max ITL of successful requests).
     """
     m: dict[str, float] = {}
     for key, name in _SCALARS.items():
@@ -299,31 +255,13 @@ def summary_metrics(row: dict[str, Any]) -> dict[str, float]:
 
 
 def request_records(row: dict[str, Any]) -> dict[str, list]:
-    """Per-request arrays for ``<suite>/requests.json`` (docs/CONTRACTS.md), request i = prompt i.
+    """Per-request lists for ``requests.json`` (docs/CONTRACTS.md), request i = prompt i.
 
-    ttft_ms: time to the first streamed chunk with text (ms); itl_ms: the per-token inter-token
-    latencies (ms, one per output token after the first chunk's tokens, as bench_serving records
-    them); e2e_ms: ttft + sum(itl) = time of the last token (ms): the details hold no per-request
-    E2E, and this differs from the tool's E2E by the time between the last token and the stream's
-    end; input_len: the tool's ``input_lens`` (0.5.1.post3: client text tokens, 0.5.23: the
-    server's prompt tokens); output_len: tokens (0 for a failure; the REQUESTED length for a
-    response that streamed no token, as the tool records it); status: "ok", "failed" (error or
-    non-200), or "no_token" (a 200 response that streamed no token: the tool counts it as a
-    success; we count it as failed). ttft_ms / e2e_ms are None for failed and no_token requests.
+    e2e_ms is ttft + sum(itl), the time of the last token (the details hold no per-request E2E);
+    status (:func:`request_status`) "ok", "failed" or "no_token"; ttft_ms / e2e_ms None unless ok.
     """
-    recs: dict[str, list] = {
-        k: []
-        for k in (
-            "ttft_ms",
-            "itl_ms",
-            "e2e_ms",
-            "input_len",
-            "output_len",
-            "generated_text",
-            "error",
-            "status",
-        )
-    }
+    keys = ("ttft_ms", "itl_ms", "e2e_ms", "input_len", "output_len", "generated_text", "error")
+    recs: dict[str, list] = {k: [] for k in (*keys, "status")}
     for inp, out, ttft, itl, text, err in zip(*(row[k] for k in DETAIL_KEYS), strict=False):
         status = request_status(out, ttft, itl, err)
         ok = status == "ok"
@@ -340,13 +278,9 @@ def request_records(row: dict[str, Any]) -> dict[str, list]:
 
 
 def request_status(output_len: int, ttft_s: float, itl_s: list[float], error: str) -> str:
-    """ "failed", "no_token" or "ok" for one request of the details (see :func:`request_records`).
-
-    bench_serving marks a failure with a non-empty error and output length 0 (0.5.1.post3 stores
-    ``response.reason``, which can be empty, so output length 0 alone also means failed). A success
-    whose stream carried no text has TTFT 0.0 (never set) and no ITL values while its output length
-    is the requested one: tokens > 0 with TTFT 0 is not a valid measurement.
-    """
+    """ "failed" (an error, or output length 0: 0.5.1.post3's error can be empty), "no_token" (a
+    success whose stream carried no text: TTFT 0.0 never set, the requested length recorded; the
+    tool counts it a success, we do not) or "ok"."""
     if error or not output_len:
         return "failed"
     if ttft_s <= 0.0:

@@ -1,12 +1,6 @@
-"""The serving suite's load sweep: run every point, merge the points' metrics, declare them.
-
-One cell runs every point of ``params.sweep`` against its one server (:func:`run_sweep`): in the
-cell's shuffled order (seed recorded in ``meta.sweep.order_seed``), the cache flushed before each
-point after the first, each point in ``<suite>/points/<key>/`` with the files of a single-point
-run (command.json, stdout.txt, result.jsonl, requests.json, summary.json). The suite's summary
-holds the per-point metrics (``<metric>@<key>``, :mod:`.sweep`) and the curve metrics
-(:mod:`.curve`); :func:`declarations` declares them for the comparison.
-"""
+"""The serving suite's load sweep: run every point, merge the points' metrics, declare them
+(docs/serving.md, "Load curves"). Each point keeps a single-point run's files in
+``<suite>/points/<key>/``."""
 
 from __future__ import annotations
 
@@ -40,20 +34,17 @@ POINT_CURVE = ("goodput_req_s", "output_per_user_tok_s", "output_per_gpu_tok_s")
 
 
 def curve_primaries(sweep: Sweep) -> list[str]:
-    """The sweep's metrics in the report's one Holm family of primaries (with the other suites'
-    primaries): goodput at the SLO and the highest load meeting it (judged for the curve), then
-    output throughput and median ITL at each point."""
+    """The sweep's primaries (one Holm family with the other suites'): goodput at the SLO and the
+    highest load meeting it, then output throughput and median ITL at each point."""
     return [GOODPUT, MAX_LOAD[sweep.axis]] + [
         metric_at(m, k) for m in POINT_PRIMARY for k in sweep.keys()
     ]
 
 
 def declarations(params: Params, single: dict[str, MetricInfo]) -> dict[str, MetricInfo]:
-    """The metric declarations of a run with ``params`` (``single``: the single-point ones).
-
-    Without a sweep: ``single``. With one: the curve metrics, then every single-point metric at
-    every point (metric by metric, lowest load first), then the per-point curve metrics;
-    primary exactly for :func:`curve_primaries`, the rest keep their kind as secondaries."""
+    """The declarations of a run with ``params``: ``single`` without a sweep; with one the curve
+    metrics, every single-point metric at every point, then the per-point curve metrics, primary
+    exactly for :func:`curve_primaries`."""
     sw = params.sweep
     if sw is None:
         return dict(single)
@@ -99,9 +90,7 @@ def point_label(label: str, axis: str, point: float) -> str:
 
 
 def _delivered(sweep: Sweep, point: float, m: dict[str, float]) -> tuple[bool, float | None]:
-    """(whether the client delivered the load asked at ``point``, what it achieved): achieved
-    concurrency (bench_serving's) or completed requests / duration, against
-    ``sweep.delivered_share`` x the point."""
+    """(whether the client delivered the load asked at ``point``, what it achieved)."""
     if sweep.axis == "max_concurrency":
         got = m.get("concurrency")
     else:
@@ -119,17 +108,13 @@ def merge_points(
     single: dict[str, MetricInfo],
     tool_goodput: dict[float, float | None] | None = None,
 ) -> SuiteResult:
-    """The suite's result of a sweep from each point's result and requests.json records
-    (``single``: the single-point declarations, which say which metrics are descriptive;
-    ``tool_goodput``: the release's own ``--goodput`` per point where its bench_serving has it,
-    a cross-check of ours: recorded in ``meta.sweep.points[key].tool_goodput_req_s``, a warning
-    when they differ by more than :data:`GOODPUT_REL_TOL` and one request over the duration).
+    """The suite's result of a sweep from each point's result and records.
 
-    A point whose client did not deliver the load asked keeps only its descriptive metrics (its
-    judged ones are left out: never judged, each named in ``meta.not_judged`` with the reason, so
-    the comparison and the sequential looks tell it from a failed cell) and gets a warning; so
-    does a curve metric without a value ("not reached", no delivered point). A point's errors and
-    warnings are prefixed with its key. Raises ValueError when ``params.sweep`` is None."""
+    A point whose client did not deliver the load keeps only its descriptive metrics (the rest
+    named in ``meta.not_judged``) and gets a warning, as does a curve metric without a value.
+    ``tool_goodput``: the release's own ``--goodput`` per point, kept in
+    ``meta.sweep.points[key].tool_goodput_req_s`` with a warning beyond :data:`GOODPUT_REL_TOL`.
+    ValueError without ``params.sweep``."""
     sw = params.sweep
     if sw is None:
         raise ValueError("merge_points needs a sweep")
@@ -228,16 +213,12 @@ def run_sweep(
     run_points: Callable[[SuiteContext, list[tuple[str, Path, Params]]], list[SuiteResult]]
     | None = None,
 ) -> SuiteResult:
-    """Run every point of ``params.sweep`` against ``ctx.server`` with ``run_point`` (the
-    suite's single-point run; ``single``: its declarations), see the module docstring; raises
-    SuiteError like a single-point run (the message names the point).
+    """Run every point of ``params.sweep`` in the cell's order with ``run_point`` (``single``: its
+    declarations), the cache flushed before each point after the first; SuiteError naming the point.
 
-    ``run_points``: runs two points or more at once (:func:`.driver.run_points_together`: one
-    client process), given [(key, point folder, the point's params)] in the cell's order, the
-    cache flushed before each point after the first; returns their results in that order or
-    raises SuiteError naming the point (each finished point's summary.json written either way).
-    None (or a single point): ``run_point`` per point, the
-    harness flushing the cache in between."""
+    ``run_points``: runs two points or more in one client process (:func:`.driver.run_points_together`)
+    given [(key, point folder, point params)], each finished point's summary.json written either
+    way; None: ``run_point`` per point."""
     sw = params.sweep
     assert sw is not None
     seed = order_seed(ctx.variant, ctx.repeat)
@@ -316,10 +297,9 @@ def point_dirs(suite_dirs: list[Path], key: str) -> list[Path]:
 def pair_points(
     baseline_dirs: list[Path], variant_dirs: list[Path], params: Params, metrics: list[str]
 ) -> dict[str, Any]:
-    """The pair dict of a sweep: the lowest point's pairing (identity, ECDF) as the single-point
-    one, ``points``: {key: that point's request pairing and identity}, ``descriptive`` keys of
-    every point named ``<metric>@<key>``, ``slo``: the sweep's SLO (``Slo.model_dump()``, for the
-    report). Raises PairingRefused when no point pairs."""
+    """The pair dict of a sweep: the lowest point's pairing as the single-point one, ``points``: {key:
+    its request pairing and identity}, ``descriptive`` per ``<metric>@<key>``, ``slo``;
+    PairingRefused when no point pairs."""
     from patchbench.suite import PairingRefused
 
     from .pairing import pair_cells

@@ -1,23 +1,5 @@
-"""Our recomputation of bench_serving's metrics, from chunks (one request) or from the details.
-
-Two uses:
-
-1. :func:`request_from_chunks` is the per-request rule of sglang.bench_serving's ``sglang`` backend
-   (``async_request_sglang_generate``, same in 0.5.1.post3 and 0.5.23), written out so it can be
-   tested on the failure cases (docs/cases.md S1, S2, S3): TTFT = time of the first chunk with text;
-   every later chunk with text that adds n tokens (by ``meta_info.completion_tokens``) contributes n
-   ITL values of (gap since the previous such chunk) / n; a chunk that adds no token is skipped
-   (it neither adds ITL values nor moves the reference time); the output length is the last
-   ``completion_tokens`` seen with text; E2E = time of the last token (the tool itself uses the
-   time of the last chunk of any kind, e.g. ``[DONE]``).
-2. :func:`recompute_from_details` rebuilds the summary from ``--output-details`` with numpy, the
-   way the tool's ``calculate_metrics`` does, so the tool's summary can be checked against it
-   (:func:`compare_with_summary`). Exact for counts, throughputs, TTFT and ITL statistics (same
-   inputs, same numpy calls); approximate for E2E, TPOT and concurrency because the details hold
-   no per-request E2E: we use ttft + sum(itl) (time of the last token), the tool the time of the
-   stream's last chunk. The tolerance is Params.recompute_rel_tol / recompute_abs_tol_ms (defaults
-   5 % or 5 ms, whichever is larger, per value), exact-match metrics use 1e-9 relative.
-"""
+"""Our recomputation of bench_serving's metrics, from chunks (one request) or from the details
+(docs/serving.md, "Our recomputation"; docs/cases.md S1-S3)."""
 
 from __future__ import annotations
 
@@ -33,9 +15,8 @@ from .parse import DETAIL_KEYS, request_status
 
 @dataclass
 class Chunk:
-    """One streamed chunk: arrival time t_s (seconds after the request was sent), its text (the
-    sglang backend sends the cumulative text; "" for a usage-only or empty chunk) and the
-    cumulative ``completion_tokens`` it reports (None if the chunk has none)."""
+    """One streamed chunk: arrival time t_s (seconds after the request was sent), its cumulative text
+    ("" for a usage-only chunk) and cumulative ``completion_tokens`` (None if it has none)."""
 
     t_s: float
     text: str = ""
@@ -66,13 +47,11 @@ class RequestTiming:
 def request_from_chunks(
     chunks: Iterable[Chunk], *, requested_len: int, http_status: int = 200, reason: str = ""
 ) -> RequestTiming:
-    """Replay bench_serving's per-request bookkeeping on a list of chunks (see module docstring).
+    """Replay bench_serving's per-request bookkeeping on the chunks of one request.
 
-    A non-200 response is a failure (output length 0, the reason kept as the error). A 200 response
-    whose stream carried no text is what the tool counts as a success with ``output_len =
-    requested_len`` and TTFT 0: we return it with ``no_token=True`` and ``success=False`` (docs/cases.md
-    S3: a failure in our records; the difference to the tool is flagged by the validity checks).
-    """
+    A non-200 response is a failure (output length 0, the reason as the error); a 200 whose stream
+    carried no text is ``no_token=True``, ``success=False`` (the tool: a success of the requested
+    length with TTFT 0; docs/cases.md S3)."""
     if http_status != 200:
         return RequestTiming(success=False, error=reason or f"HTTP {http_status}")
     ttft = 0.0
@@ -129,14 +108,9 @@ def _stats(values: list[float], prefix: str, pcts: tuple[int, ...]) -> dict[str,
 
 
 def recompute_from_details(row: dict[str, Any], *, as_tool: bool = True) -> dict[str, float]:
-    """Summary metrics rebuilt from the per-request details of one result line.
-
-    as_tool=True follows sglang.bench_serving's ``calculate_metrics`` (0.5.1.post3 and 0.5.23,
-    non-speculative path): every request the tool counted as a success is in, including responses
-    that streamed no token (TTFT 0). as_tool=False is our clean view: only requests with a streamed
-    token count ("completed_count"), which is the number the report uses. Durations come from the
-    tool's ``duration`` (not derivable from the details). Names as in :mod:`patchbench.suites.serving.parse`.
-    """
+    """Summary metrics (names as :mod:`.parse`) rebuilt from the per-request details of one result
+    line, durations from the tool's ``duration``. ``as_tool``: every request the tool counted a
+    success (``calculate_metrics``, non-speculative path), else only those that streamed a token."""
     dur = float(row["duration"])
     ttfts: list[float] = []
     itls: list[float] = []
@@ -198,12 +172,9 @@ APPROX_REL = ("concurrency",)
 def compare_with_summary(
     tool: dict[str, float], ours: dict[str, float], *, rel_tol: float, abs_tol_ms: float
 ) -> list[str]:
-    """Lines describing every metric where our recomputation disagrees with the tool's summary.
-
-    EXACT metrics must agree to 1e-9 relative (1e-9 absolute near 0); APPROX metrics (ms) within
-    max(rel_tol * value, abs_tol_ms); APPROX_REL within rel_tol. Metrics missing on either side
-    (a release that does not write them) are skipped. Empty list: agreement.
-    """
+    """Lines naming every metric where our recomputation disagrees with the tool's summary ([]:
+    agreement): EXACT within 1e-9 relative, APPROX (ms) within max(rel_tol * value, abs_tol_ms),
+    APPROX_REL within rel_tol; metrics missing on either side are skipped."""
     bad = []
     for name in (*EXACT, *APPROX, *APPROX_REL):
         if name not in tool or name not in ours:

@@ -12,11 +12,9 @@ SUITE = "serving"
 
 
 def identity_flags(comparison: Any) -> dict[str, dict[str, Any]]:
-    """Per variant: ``{"share", "reference_share", "reference", "flag", "reason"}``.
-
-    Reference: the smallest identical share among the A/A variants when the run has any, else
-    100 % (a deterministic engine); ``flag`` when a variant's share is below it by more than the
-    comparison's ``identity_share_tolerance`` (default 0.02)."""
+    """Per variant: ``{"share", "reference_share", "reference", "flag", "reason"}``: flagged when its
+    identical share is below the reference (the smallest A/A share, else 100 %) by more than the
+    comparison's ``identity_share_tolerance``."""
     pairs = suite_pairs(comparison, SUITE)
     aa = set(comparison_get(comparison, "aa_variants", []) or [])
     settings = comparison_get(comparison, "settings", {}) or {}
@@ -48,9 +46,9 @@ def identity_flags(comparison: Any) -> dict[str, dict[str, Any]]:
 
 
 def report_section(comparison: Any) -> list[str]:
-    """Markdown "Output identity (serving)": per variant the identical-output share over the
-    paired requests with its 95% Wilson interval, where the first difference starts, the
-    reference and a flag; refusals and notes instead of numbers where pairing did not happen."""
+    """Markdown "Output identity (serving)": per variant the identical-output share with its Wilson
+    interval, where the first difference starts, the reference and a flag; refusals and notes
+    where pairing did not happen."""
     from .curve_render import curve_section
 
     curve = curve_section(comparison)
@@ -104,9 +102,8 @@ def report_section(comparison: Any) -> list[str]:
 
 
 def plot_ecdf(comparison: Any, field: str, out: Path) -> Path | None:
-    """ECDF of per-request TTFT (``field="ttft_ms"``) or of all ITL values (``"itl_ms"``): the
-    baseline once, then each variant, from the first paired repeat of each pair. None without
-    data."""
+    """ECDF of per-request TTFT (``field="ttft_ms"``) or of all ITL values (``"itl_ms"``) of the first
+    paired repeat, the baseline then each variant; None without data."""
     from patchbench.suites import new_figure, save_png
 
     pairs = {v: p for v, p in suite_pairs(comparison, SUITE).items() if p.get("ecdf")}

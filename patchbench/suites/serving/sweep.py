@@ -1,15 +1,7 @@
-"""A load sweep of the serving suite: the points, their names, their prompts and their order.
+"""A load sweep of the serving suite: its points, names, prompts, order and cost (docs/serving.md).
 
-A config's ``serving.sweep`` lists the loads of ONE axis (``max_concurrency`` or
-``request_rate``); every point runs bench_serving against the cell's one server, in an order
-shuffled per cell with a recorded seed, with the server's cache flushed between points. The same
-``num_prompts`` and bench_serving ``--seed`` at a point give every variant the same prompt set.
-
-Naming (docs/CONTRACTS.md, "Load sweeps"): a per-point metric is the single-point metric's name,
-``@`` and the point's key: ``output_throughput_tok_s@c16`` (concurrency 16),
-``ttft_p99_ms@r2.5`` (2.5 requests per second). The unit suffix stays before the ``@``, so
-:func:`patchbench.suite.unit_of` of :func:`base_metric` still gives the unit.
-"""
+A per-point metric is ``<metric>@<key>`` (docs/CONTRACTS.md, "Load sweeps"):
+``output_throughput_tok_s@c16``, ``ttft_p99_ms@r2.5``; the unit suffix stays before the ``@``."""
 
 from __future__ import annotations
 
@@ -27,14 +19,9 @@ _PREFIX = {"max_concurrency": "c", "request_rate": "r"}
 
 
 class Slo(BaseModel):
-    """The service-level objective of the curve metrics (goodput, highest load meeting it).
-
-    A request meets the SLO when its TTFT <= ``ttft_ms`` AND its TPOT (time per output token
-    after the first, (E2E - TTFT) / (output tokens - 1)) <= ``tpot_ms``; a load meets it when the
-    ``percentile``-th percentile of the successful requests' TTFT and TPOT both do. Defaults:
-    MLPerf Inference's server-scenario latency constraints for Llama-2-70B (TTFT 2 s, TPOT 200 ms,
-    judged at the 99th percentile; MLPerf Inference rules, "llama2-70b" server scenario).
-    """
+    """The service-level objective of the curve metrics: a request meets it with TTFT <= ``ttft_ms``
+    and TPOT <= ``tpot_ms``, a load when the ``percentile``-th percentile of both does. Defaults:
+    MLPerf Inference's Llama-2-70B server-scenario constraints."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -44,19 +31,10 @@ class Slo(BaseModel):
 
 
 class Sweep(BaseModel):
-    """``serving.sweep``: the points of one load axis.
-
-    axis: ``max_concurrency`` (``--max-concurrency``, request rate as the suite sets it) or
-    ``request_rate`` (``--request-rate`` in req/s, concurrency as the suite sets it).
-    points: the loads, distinct, > 0 (integers for ``max_concurrency``).
-    prompts_per_load / min_prompts: prompts at a point = max(min_prompts, ceil(prompts_per_load x
-    load)) (e.g. 4 and 32: ``max(32, 4 x concurrency)``); prompts_per_load None: the suite's
-    ``num_prompts`` at every point.
-    delivered_share: a point whose client reached less than this share of the load asked
-    (bench_serving's achieved concurrency, or completed requests / duration for a rate) is marked
-    "not delivered" and never judged.
-    slo: the SLO of the curve metrics (:class:`Slo`).
-    """
+    """``serving.sweep``: the distinct loads ``points`` of one ``axis`` (integers for
+    ``max_concurrency``; req/s for ``request_rate``). Prompts at a point: max(min_prompts,
+    ceil(prompts_per_load x load)), or ``num_prompts`` when prompts_per_load is None. A point whose
+    client reached less than ``delivered_share`` of its load is never judged."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -142,9 +120,8 @@ STARTUP_S = 60.0
 
 
 def point_seconds(concurrency: float, prompts: int, output_len: int) -> float:
-    """Estimated H200 seconds of one point at ``concurrency`` (see the cost model above): waves
-    of requests (prompts / concurrency, at least one) x output_len decode steps x the step time
-    at that batch, plus the point's overhead."""
+    """Estimated H200 seconds of one point at ``concurrency``: waves of requests x output_len decode
+    steps x the step time at that batch, plus the point's overhead."""
     step16 = ANCHOR_SERVING_S / (ANCHOR_PROMPTS / ANCHOR_CONCURRENCY * ANCHOR_OUTPUT_LEN)
     c = max(1.0, concurrency)
     step = step16 * (1 + c / 64) / (1 + ANCHOR_CONCURRENCY / 64)
@@ -155,11 +132,9 @@ def point_seconds(concurrency: float, prompts: int, output_len: int) -> float:
 def cost_lines(
     sweep: Sweep, num_prompts: int, output_len: int, cells_per_round: int, cpu: bool = False
 ) -> list[str]:
-    """The dry run's lines of a sweep: each point's prompts and estimated seconds, and the
-    estimated H200 minutes of one cell (server start-up included) and of one round of
-    ``cells_per_round`` cells (a repeat of every variant). A request-rate axis is costed at the
-    concurrency its rate reaches at the anchor's latency (an estimate). With ``cpu`` (a run on
-    sglang's CPU engine) the points and prompts only: the cost model is an H200's."""
+    """The dry run's lines of a sweep: each point's prompts and estimated seconds, and the estimated
+    H200 minutes of a cell and of a round of ``cells_per_round`` cells (a rate costed at the
+    concurrency it reaches at the anchor's latency); with ``cpu`` the points and prompts only."""
     per, total = [], STARTUP_S
     for p in sweep.sorted_points():
         n = sweep.num_prompts(p, num_prompts)

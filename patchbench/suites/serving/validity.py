@@ -1,31 +1,7 @@
 """Is a bench_serving run a valid measurement? (docs/cases.md S3)
 
-Each check returns error / warning lines; the suite marks the cell "incomplete" (no verdict later)
-when any error is found. Checks:
-
-- failed requests: completed < requested (the requests the tool sent) -> error, the distinct error
-  messages kept (S3);
-- responses that streamed no token: bench_serving counts them as successes with the requested
-  output length and TTFT 0 ("tokens > 0 with TTFT 0"); we count them as failures -> error, and the
-  difference to the tool's count is stated;
-- images reached the model (image datasets): the server's prompt tokens must exceed the text-only
-  token count by at least ``min_extra_tokens_per_image`` per image sent (and, optionally, reach a
-  ratio) -> else error "images dropped". Where the server's count comes from: see
-  :func:`images_check`;
-- outputs cut short: with ``ignore_eos`` every successful request generates its requested
-  length, so a server token count (bench_serving's ``output_lens``: the ``sglang`` backend's
-  ``meta_info.completion_tokens``, the OpenAI backends' ``usage``) below it is a stream that
-  ended early (bench_serving counts it a success and keeps no finish reason) -> error with the
-  count (:func:`output_length_checks`); without ``ignore_eos`` the pairing compares the lengths
-  with the baseline's (:mod:`.pairing`);
-- our recomputation from the details disagrees with the tool's summary -> warning (only judged on
-  runs without flagged requests);
-- inter-token gaps that time nothing: a median ITL under :data:`ITL_TPOT_FLOOR` of the median
-  TPOT means the client read the streamed tokens in bunches (a busy or slow client: every gap
-  inside a bunch is ~0), so the ITL statistics measure the client's reads, not the server's
-  decode steps -> the ``itl_*`` metrics are withheld, never judged, with a warning naming both
-  medians (:func:`coalesced_itl`).
-"""
+Each check returns error / warning lines; an error makes the cell "incomplete" (no verdict).
+The recomputation from the details (:mod:`.recompute`) is checked by the suite itself."""
 
 from __future__ import annotations
 
@@ -36,11 +12,10 @@ from typing import Any
 def request_checks(
     statuses: list[str], errors: list[str], *, num_prompts: int, tool_completed: int
 ) -> tuple[list[str], list[str]]:
-    """Errors and warnings about failed / token-less requests.
+    """Errors and warnings about requests sent short, failed, or that streamed no token.
 
-    statuses: per request "ok" | "failed" | "no_token" (patchbench.suites.serving.parse.request_status);
-    num_prompts: requests asked for; tool_completed: the tool's "completed" count.
-    """
+    statuses: per request "ok" | "failed" | "no_token" (:func:`.parse.request_status`);
+    num_prompts: requests asked for; tool_completed: the tool's "completed" count."""
     errs: list[str] = []
     warns: list[str] = []
     sent = len(statuses)
@@ -79,16 +54,12 @@ def output_length_checks(
     fixed: bool,
     ignore_eos: bool,
 ) -> list[str]:
-    """Errors for successful requests whose server token count is below what ``ignore_eos``
-    guarantees (a stream cut short), or above the requested maximum.
+    """Errors for successful requests whose server token count (bench_serving's ``output_lens``) is
+    below what ``ignore_eos`` guarantees (a stream cut short, counted a success by the tool) or
+    above the requested maximum; [] without ``ignore_eos``.
 
-    output_lens: per request, the server's output token count (bench_serving's details);
-    statuses: :func:`.parse.request_status` per request; output_len: the requested length
-    (tokens); fixed: every request asks for exactly ``output_len`` (the ``mmmu`` dataset, or
-    ``range_ratio`` 1); otherwise the release draws each length from
-    ``[int(output_len * range_ratio), output_len]`` and only that floor is known here. Returns []
-    without ``ignore_eos`` (an EOS may end an output early on purpose).
-    """
+    fixed: every request asks for exactly ``output_len``; otherwise the release draws each length
+    from ``[int(output_len * range_ratio), output_len]`` and only that floor is known."""
     if not ignore_eos:
         return []
     floor = output_len if fixed else int(output_len * range_ratio)
@@ -122,14 +93,9 @@ def images_check(
     min_ratio: float | None,
     source: str,
 ) -> tuple[list[str], dict[str, Any]]:
-    """Errors ("images dropped") and the numbers behind them.
-
-    server_prompt_tokens: prompt tokens the server counted for the requests (or the probe) that
-    carried ``images_sent`` images; text_prompt_tokens: the tokenizer's count of the same prompts'
-    text (with whatever image placeholder the text carries, but no image tokens). When the server
-    attached the images, each adds its vision tokens (Qwen2.5-VL: at least 4). ``source`` says
-    where the server count came from (shown in the error).
-    """
+    """Errors ("images dropped": the server's prompt tokens exceed the text-only count by fewer than
+    ``min_extra_tokens_per_image`` per image sent, or stay under ``min_ratio``) and the numbers
+    behind them; ``source`` (where the server's count came from) is shown in the error."""
     info = {
         "images_server_prompt_tokens_count": server_prompt_tokens,
         "images_text_prompt_tokens_count": text_prompt_tokens,
@@ -161,34 +127,14 @@ def images_check(
     return errs, info
 
 
-def retokenized_change(baseline_count: float, variant_count: float, max_share: float) -> str | None:
-    """A warning when the retokenized output count changes between two cells by more than
-    ``max_share`` (relative to the baseline), else None. Under ``ignore_eos`` the count is far below
-    the server's by design (special tokens after EOS vanish from the text), so only a change
-    between variants means the outputs changed. For the comparison to call."""
-    if baseline_count <= 0:
-        return None
-    share = (variant_count - baseline_count) / baseline_count
-    if abs(share) > max_share:
-        return (
-            f"retokenized output tokens changed by {share:+.1%} ({baseline_count:.0f} -> "
-            f"{variant_count:.0f}; threshold {max_share:.1%}): the generated texts differ"
-        )
-    return None
-
-
 #: the smallest median ITL / median TPOT a measured ITL can have: a decode step's gap is on
 #: average the TPOT, so a median gap below a tenth of it is streamed chunks read together
 ITL_TPOT_FLOOR = 0.1
 
 
 def coalesced_itl(metrics: dict[str, float]) -> str | None:
-    """Why the ITL metrics of one bench_serving run time nothing, or None when they do.
-
-    ``metrics``: the flat summary (``itl_median_ms``, ``tpot_median_ms`` in ms). Returns the
-    reason when the median ITL is below :data:`ITL_TPOT_FLOOR` x the median TPOT (both positive),
-    e.g. "median ITL 0.01 ms is under a tenth of median TPOT 19.8 ms: ...".
-    """
+    """Why the ITL metrics of one run time nothing, or None: a median ITL under
+    :data:`ITL_TPOT_FLOOR` x the median TPOT means the client read the streamed tokens in bunches."""
     itl, tpot = metrics.get("itl_median_ms"), metrics.get("tpot_median_ms")
     if itl is None or tpot is None or tpot <= 0 or itl >= ITL_TPOT_FLOOR * tpot:
         return None

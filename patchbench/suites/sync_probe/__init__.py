@@ -1,27 +1,16 @@
 """sync_probe suite: does the variant's mrope decode path make the host wait for the GPU?
 
-No server: ``run(ctx, params)`` reads the variant's ``forward_batch_info.py``
-(``ctx.variant_sglang_dir / "srt/model_executor/forward_batch_info.py"``) and the stock one
-(``ctx.stock_sglang_dir``), extracts the ``ForwardBatch`` mrope methods with :mod:`ast` and runs
-them with stand-ins (:mod:`patchbench.suites.sync_probe.mrope`), per batch size:
+No server: ``run`` extracts the ``ForwardBatch`` mrope methods of the variant's and the stock
+``forward_batch_info.py`` with :mod:`ast` and runs them with stand-ins (:mod:`.mrope`), per batch
+size: on CUDA, sync warnings under ``torch.cuda.set_sync_debug_mode("warn")`` and the host's time
+in the call behind a ~``sleep_ms`` in-flight kernel (``host_blocked_ms``), reads and blocking
+copies recorded by a TorchFunctionMode; otherwise the CPU probes (``seq_lens`` on the ``meta``
+device, copies recorded with their ``non_blocking`` flag). Every row checks the variant's
+positions against stock's. Writes ``probe.json`` (docs/CONTRACTS.md).
 
-- on CUDA (``ctx.device == "cuda"`` and a GPU visible): sync warnings per call under
-  ``torch.cuda.set_sync_debug_mode("warn")``, and the host's time in the call while a ~``sleep_ms``
-  GPU kernel is in flight minus its time on an idle GPU (``host_blocked_ms``: stock 0.5.1.post3 and
-  0.5.23 wait for the kernel, the patched path about 0); device-to-host reads and blocking copies
-  recorded by a TorchFunctionMode;
-- otherwise the CPU probes: ``seq_lens`` on the ``meta`` device (reads counted) and the copies to the
-  device recorded with their ``non_blocking`` flag; ``meta.mode`` says "cpu-probes" and why.
-
-Every row also checks that the variant's positions equal stock's on the same batch. Writes
-``probe.json`` (docs/CONTRACTS.md) into ``ctx.out_dir``.
-
-In-server cross-check (``server_crosscheck: true``): the :meth:`SyncProbeSuite.instrumentation`
-hook declares the in-server hook ``instr/patchbench_mrope_instr.py`` for the untimed correctness
-cells; every server process then counts its mrope computations per forward mode and checks each
-against the stock method, writing ``counts.<pid>.json`` files that :func:`merge_counts` merges
-into ``cell.json``.
-"""
+``server_crosscheck``: the in-server hook ``instr/patchbench_mrope_instr.py`` counts every server
+process's mrope computations per forward mode in the untimed correctness cells, checks each
+against the stock method, and writes ``counts.<pid>.json`` (merged by :func:`merge_counts`)."""
 
 from __future__ import annotations
 
@@ -59,34 +48,30 @@ _D = "deterministic"
 #: the same seeded batches, counted by a TorchFunctionMode): two probes in separate processes
 #: give identical counts
 BY_CONSTRUCTION = "tests/suites/test_sync_probe.py::test_counts_are_identical_in_two_processes"
-#: per-call sums over the configured batch sizes (counts), mean over batch sizes (ms). Counts are
-#: the same in every run of the same code (kind "deterministic": compared exactly, no interval).
+
+
+def _count(label: str, **kw: Any) -> MetricInfo:
+    return MetricInfo("lower", "count", label, kind=_D, **kw)
+
+
+#: per-call sums over the configured batch sizes (counts: the same in every run of the same code,
+#: compared exactly), mean over batch sizes (ms)
 METRICS: dict[str, MetricInfo] = {
-    "host_syncs_per_call_count": MetricInfo(
-        "lower",
-        "count",
-        "host syncs per call (device-to-host reads + blocking host-to-device "
-        "copies), summed over batch sizes",
+    "host_syncs_per_call_count": _count(
+        "host syncs per call (device-to-host reads + blocking host-to-device copies), summed "
+        "over batch sizes",
         primary=True,
-        kind=_D,
         deterministic_by=BY_CONSTRUCTION,
     ),
-    "sync_d2h_reads_count": MetricInfo(
-        "lower",
-        "count",
-        "device-to-host reads per call, summed over batch sizes",
-        kind=_D,
-        deterministic_by=BY_CONSTRUCTION,
+    "sync_d2h_reads_count": _count(
+        "device-to-host reads per call, summed over batch sizes", deterministic_by=BY_CONSTRUCTION
     ),
-    "sync_blocking_h2d_copies_count": MetricInfo(
-        "lower",
-        "count",
+    "sync_blocking_h2d_copies_count": _count(
         "blocking host-to-device copies per call, summed over batch sizes",
-        kind=_D,
         deterministic_by=BY_CONSTRUCTION,
     ),
-    "sync_warnings_count": MetricInfo(
-        "lower", "count", "CUDA sync warnings per call, summed over batch sizes (GPU only)", kind=_D
+    "sync_warnings_count": _count(
+        "CUDA sync warnings per call, summed over batch sizes (GPU only)"
     ),
     "host_blocked_ms": MetricInfo(
         "lower",
@@ -94,15 +79,10 @@ METRICS: dict[str, MetricInfo] = {
         "host blocked in the call behind an in-flight kernel, mean over batch sizes (GPU only)",
         kind="run",
     ),
-    "positions_mismatch_count": MetricInfo(
-        "lower",
-        "count",
-        "batch sizes whose positions differ from stock",
-        kind=_D,
-        deterministic_by=BY_CONSTRUCTION,
+    "positions_mismatch_count": _count(
+        "batch sizes whose positions differ from stock", deterministic_by=BY_CONSTRUCTION
     ),
 }
-NEEDS_SERVER = False
 #: the counts a counting run stopped early (``counts_lower_bound``) can only undercount
 LOWER_BOUND_WHEN_STOPPED = (
     "sync_d2h_reads_count",
@@ -112,16 +92,9 @@ LOWER_BOUND_WHEN_STOPPED = (
 
 
 class Params(BaseModel):
-    """sync_probe parameters (YAML ``suites: sync_probe: {...}``).
-
-    batch_sizes: decode batch sizes to probe. image_share: share of image requests in each batch
-    (at least one image request is always present). iterations: calls per measurement on CUDA
-    (medians / means over them). sleep_ms: duration of the in-flight GPU kernel. seed: batch seed.
-    force_cpu: run the CPU probes even on a GPU machine. server_crosscheck: in the untimed
-    correctness cells, count the server's own mrope computations per forward mode and check each
-    against the stock method (the instrumentation hook; it reads results on the host, so never in
-    timed cells).
-    """
+    """sync_probe parameters. image_share: share of image requests in each batch (at least one);
+    iterations: calls per CUDA measurement; sleep_ms: the in-flight GPU kernel; force_cpu: the CPU
+    probes even on a GPU; server_crosscheck: the in-server cross-check (untimed cells only)."""
 
     model_config = ConfigDict(extra="forbid")
     batch_sizes: list[int] = Field(default_factory=lambda: [1, 8, 32, 128])
@@ -134,8 +107,8 @@ class Params(BaseModel):
 
 
 def run(ctx: SuiteContext, params: Params) -> SuiteResult:
-    """Probe the variant (see the module docstring); raises SuiteError when a source file is
-    missing or its mrope methods cannot be run with patchbench's stand-ins."""
+    """Probe the variant; SuiteError when a source file is missing or its mrope methods cannot run
+    with the stand-ins."""
     import torch
 
     from patchbench.records import write_json
@@ -203,8 +176,8 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
 
 
 def _load_methods(ctx: SuiteContext, variant_file: Path, stock_file: Path) -> tuple[Any, Any]:
-    """The variant's and stock's extracted mrope methods (``mrope.MropeMethods``); raises
-    SuiteError when a file is missing or its methods cannot run with the stand-ins."""
+    """The variant's and stock's ``MropeMethods``; SuiteError when a file is missing or its methods
+    cannot run with the stand-ins."""
     from patchbench.suites.sync_probe.mrope import MropeMethods, MropeSourceError
 
     for f in (variant_file, stock_file):
@@ -217,8 +190,8 @@ def _load_methods(ctx: SuiteContext, variant_file: Path, stock_file: Path) -> tu
 
 
 def _measurement_mode(ctx: SuiteContext, params: Params) -> tuple[bool, str, str, list[str]]:
-    """(measure on CUDA, the mode "cuda" | "cpu-probes", the note saying why, the warnings: the
-    note when a GPU run falls back to the CPU probes). One short line goes to the console."""
+    """(measure on CUDA, the mode "cuda" | "cpu-probes", the note saying why, the warnings: the note
+    when a GPU run falls back to the CPU probes)."""
     import torch
 
     warnings: list[str] = []
@@ -249,8 +222,8 @@ def _measurement_mode(ctx: SuiteContext, params: Params) -> tuple[bool, str, str
 def _row_metrics(
     rows: list[dict], cuda: bool
 ) -> tuple[dict[str, float], dict[str, Literal["lower", "upper"]]]:
-    """(the suite's metrics summed or averaged over the batch-size rows (:data:`METRICS`), the
-    bounds of the counts when a counting run was stopped)."""
+    """(:data:`METRICS` summed or averaged over the batch-size rows, the counts' bounds when a
+    counting run was stopped)."""
     metrics: dict[str, float] = {
         "sync_d2h_reads_count": float(sum(r.get("d2h_reads_per_call", 0) for r in rows)),
         "sync_blocking_h2d_copies_count": float(
@@ -277,9 +250,7 @@ def _row_metrics(
 
 
 def report_block(summary_dir: Path) -> str:
-    """The cell's probe table (from ``probe.json`` in ``summary_dir``, the suite's folder):
-    one line per batch size with reads, blocking copies and, on a GPU, sync warnings and
-    host-blocked ms per call."""
+    """The cell's probe table from ``probe.json`` in ``summary_dir``."""
     path = Path(summary_dir) / "probe.json"
     if not path.is_file():
         return f"sync_probe: no probe.json in {summary_dir}"
@@ -299,17 +270,13 @@ MAX_COUNTS = frozenset({"max_decode_batch"})
 
 
 def merge_counts(out_dir: Path) -> dict[str, Any]:
-    """Merge the ``counts.<pid>.json`` files of one server (one per process that imported
-    sglang's forward_batch_info) into one record for ``cell.json``.
+    """Merge the ``counts.<pid>.json`` files of one server into one record for ``cell.json``.
 
     Returns ``{"processes", "replicated", "counts", "per_process": [{"pid", "counts"}],
-    "module_sha256": [...], "crosscheck_ref_sha256": [...], "mismatch_samples": [up to 5],
-    "unreadable": [file names]}``. ``counts``: keys in :data:`MAX_COUNTS` take the maximum; the
-    other counts are summed, except when every process reports the same call counts
-    (``replicated``: tensor-parallel ranks run the same batches, so a sum would count each batch
-    once per rank): then they are the first process's counts. No files: ``processes`` 0 and empty
-    counts (the server never computed mrope positions, or the hook did not load).
-    """
+    "module_sha256", "crosscheck_ref_sha256", "mismatch_samples" (up to 5), "unreadable"}``.
+    ``counts``: :data:`MAX_COUNTS` take the maximum, the rest are summed unless every process
+    reports the same call counts (``replicated``: tensor-parallel ranks run the same batches), then
+    the first process's. No files: ``processes`` 0."""
     per: list[dict[str, Any]] = []
     unreadable: list[str] = []
     samples: list[dict] = []
@@ -356,7 +323,6 @@ def merge_counts(out_dir: Path) -> dict[str, Any]:
 
 
 def _read_probe(suite_dir: Path) -> dict[str, Any] | None:
-    """The compact view of one cell's probe (None without a readable probe.json)."""
     try:
         probe = read_json(Path(suite_dir) / "probe.json")
     except (OSError, ValueError):
@@ -377,9 +343,8 @@ def _summary_metrics(suite_dir: Path) -> dict[str, float]:
 
 
 def _crosscheck_of(suite_dirs: list[Path]) -> dict[str, Any] | None:
-    """The merged in-server counts recorded for this variant: ``cell.json``'s
-    ``instrumentation.sync_probe`` of the given cells first, then of any other cell folder of the
-    same variant (the untimed correctness cell need not be one of the paired repeats)."""
+    """The merged in-server counts of this variant: ``cell.json``'s ``instrumentation.sync_probe``
+    of the given cells, then of the variant's other cells (the correctness cell is no repeat)."""
     seen: list[Path] = []
     for d in suite_dirs:
         cell = Path(d).parent
@@ -404,7 +369,10 @@ def _crosscheck_of(suite_dirs: list[Path]) -> dict[str, Any] | None:
 
 
 def pair_cells(baseline_dirs: list[Path], variant_dirs: list[Path]) -> dict[str, Any] | None:
-    """The sync-probe tables of the baseline and one variant (see :meth:`SyncProbeSuite.pair`)."""
+    """``{"baseline", "variant": {"mode", "note", "variant_sha256", "rows" (one per batch size),
+    "repeat_index"} | None, "metrics": {name: {"baseline": [per repeat], "variant": [...],
+    "same_in_every_repeat"}}, "server_crosscheck": {"baseline", "variant": merge_counts() record |
+    None}}``; None when neither side has a probe.json."""
 
     def side(dirs: list[Path]) -> dict[str, Any] | None:
         for k, d in enumerate(dirs):
@@ -455,9 +423,8 @@ def _crosscheck_lines(name: str, got: dict[str, Any] | None) -> str:
 
 
 def report_section(comparison: Any) -> list[str]:
-    """Markdown: the probe table of the baseline and of each variant, and the in-server
-    cross-check counts, from the comparison's ``pairs["sync_probe"]`` alone; the tables folded
-    (:func:`patchbench.suites.folded`: the primaries table carries the totals)."""
+    """Markdown: the probe table of the baseline and each variant and the in-server cross-check
+    counts, folded, from ``pairs["sync_probe"]`` alone."""
     pairs = suite_pairs(comparison, "sync_probe")
     refusals = suite_refusals(comparison, "sync_probe")
     if not pairs and not refusals:
@@ -510,22 +477,19 @@ def report_section(comparison: Any) -> list[str]:
 
 @register
 class SyncProbeSuite(Suite):
-    """Host syncs of the variant's mrope decode path, measured outside the server (see the
-    module docstring); optional in-server cross-check through :meth:`instrumentation`."""
+    """Host syncs of the variant's mrope decode path, measured outside the server."""
 
     name = "sync_probe"
     Params = Params
     metrics = METRICS
     needs_server = False
-
-    def run(self, ctx: SuiteContext, params: Params) -> SuiteResult:
-        return run(ctx, params)
+    run = staticmethod(run)
+    report_section = staticmethod(report_section)
+    report_block = staticmethod(report_block)
 
     def instrumentation(self, ctx: SuiteContext, params: Params) -> Instrumentation | None:
-        """With ``server_crosscheck``: the :data:`HOOK` in the server, counts written to
-        ``ctx.out_dir / "mrope_instr"``, each computation checked against the stock file
-        ``ctx.stock_sglang_dir / srt/model_executor/forward_batch_info.py``; merged by
-        :func:`merge_counts`. None otherwise."""
+        """With ``server_crosscheck``: :data:`HOOK` in the server, counts written to ``mrope_instr/``,
+        each computation checked against the stock file; merged by :func:`merge_counts`."""
         if not params.server_crosscheck:
             return None
         out = Path(ctx.out_dir) / INSTR_OUT
@@ -543,14 +507,4 @@ class SyncProbeSuite(Suite):
     def pair(
         self, baseline_dirs: list[Path], variant_dirs: list[Path], params: Params
     ) -> dict | None:
-        """``{"baseline", "variant": {"mode", "note", "variant_sha256", "rows" (probe rows, one
-        per batch size), "repeat_index"} | None, "metrics": {name: {"baseline": [per repeat],
-        "variant": [...], "same_in_every_repeat"}}, "server_crosscheck": {"baseline",
-        "variant": merge_counts() record | None}}``; None when neither side has a probe.json."""
         return pair_cells(baseline_dirs, variant_dirs)
-
-    def report_section(self, comparison: Any) -> list[str]:
-        return report_section(comparison)
-
-    def report_block(self, suite_dir: Path) -> str | None:
-        return report_block(suite_dir)

@@ -1,26 +1,15 @@
-"""Answer extraction for MMMU responses: our ``strict`` parser and the ``official`` one.
-
-Two parsers for multiple-choice responses, one normalisation for open (short-answer) questions:
-
-- :func:`parse_official_mc` (:mod:`.official`) re-implements the official MMMU multiple-choice
-  parser, its random fallback seeded by the caller;
-- :func:`parse_strict` (:mod:`.strict`) is ours, deterministic and never random (docs/cases.md
-  M1-M3); :func:`parse_strict_detail` also says why a response is unparsed;
-- open questions go through :func:`parse_open` / :func:`eval_open` (:mod:`.official`) only, the
-  official normalisation; they never pass through a letter parser;
-- :mod:`.common`: option letters and the question type, shared by both.
-
-This module is the package's public interface: the scorer, the MMMU command line and the tests
-use the names below.
+"""Answer extraction for MMMU responses: our deterministic ``strict`` multiple-choice parser
+(:mod:`.strict`, docs/cases.md M1-M3), the ``official`` one with its seeded random fallback, and
+the official normalisation of open questions, under either parser (:mod:`.official`).
 """
 
 from __future__ import annotations
 
-from .common import is_open, option_letters
 from .official import (
     eval_mc,
     eval_open,
     extract_numbers,
+    is_open,
     normalize_str,
     official_mc_candidates,
     parse_official_mc,
@@ -52,5 +41,4 @@ __all__ = [
     "normalize_str",
     "extract_numbers",
     "is_open",
-    "option_letters",
 ]

@@ -24,6 +24,19 @@ from typing import Any
 
 _STRIP_CHARS = [",", ".", "!", "?", ";", ":", "'"]
 
+
+def is_open(question_type: str) -> bool:
+    """True for open questions (HF MMMU ``"open"``, the official key's ``"short-answer"``), False
+    for ``"multiple-choice"``; ValueError for anything else."""
+    if question_type in ("open", "short-answer"):
+        return True
+    if question_type == "multiple-choice":
+        return False
+    raise ValueError(
+        f"question_type {question_type!r}: expected 'multiple-choice', 'open' or 'short-answer'"
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # multiple choice
 # --------------------------------------------------------------------------------------------

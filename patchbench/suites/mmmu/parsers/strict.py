@@ -1,15 +1,5 @@
-"""Our ``strict`` multiple-choice parser: deterministic, never random (docs/cases.md M1-M3).
-
-Reasoning blocks (``<think>...</think>``) are ignored; the last explicit commitment wins ("Answer:
-B", "the answer is (D)", "It's the mitochondria", a bare label line, a first line that opens with
-one option: "B. A and C are too warm", "Mitochondria. The nucleus only stores DNA"), and options
-discussed after it (rejected, weighed, compared) never take its place; only a revision does.
-Otherwise a sentence that names exactly one option; lines that merely echo an option (``(A) red``
-when A is "red") are ignored; anything else is ``None`` (unparsed). A capital letter inside a word
-or sentence ("A pretty girl", "I don't know", "None of the above") is never an answer. How
-options are found in the text (letters, lists, option texts matched case-insensitively as whole
-words, the longest first, LaTeX, units, other languages' answer phrases, "the third option") is
-:mod:`.strict_refs`.
+"""Our ``strict`` multiple-choice parser: deterministic, never random (docs/cases.md M1-M3; its
+policy below and in docs/mmmu.md). How options are found in the text is :mod:`.strict_refs`.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """Named profiler ranges around sglang's decode step and mrope computation (in-server import hook).
 
-One of the profile suite's ``Instrumentation.hooks``: the site hook (patchbench/shims/site/
-sitecustomize.py) imports it in every server process of a correctness cell. With
-``PATCHBENCH_PROFILE_RANGES=1`` it wraps, when sglang's modules execute (in the scheduler process,
-which sglang starts with ``spawn``):
-
-- ``sglang.srt.managers.tp_worker``: ``TpModelWorker.forward_batch_generation`` runs inside
-  ``torch.profiler.record_function("patchbench::decode_step bs=N")`` when its batch is a decode
-  batch (N: the batch's request count). It builds the ``ForwardBatch`` (``ForwardBatch.init_new``,
-  where the mrope positions are computed), runs the model and samples, on the thread that does the
-  step's work (the scheduler's, or the overlap worker thread of 0.5.1.post3), on every release
-  checked (0.5.1.post3: first argument ``model_worker_batch``; 0.5.23: ``batch``, or a
-  ``forward_batch`` keyword when ``batch`` is None).
-- ``sglang.srt.model_executor.forward_batch_info``: ``ForwardBatch._compute_mrope_positions`` (the
-  entry point on every release) runs inside ``record_function("patchbench::mrope MODE bs=N")``.
-
-A range costs a few microseconds when no profiler runs and records nothing then. Only the standard
-library, torch (which sglang imports anyway) and ``patchbench_import_hook`` (beside the site hook)
-are used: the server need not import patchbench.
-"""
+The profile suite's hook, imported by the site hook in every server process of a correctness
+cell. With ``PATCHBENCH_PROFILE_RANGES=1`` it wraps ``TpModelWorker.forward_batch_generation``
+of a decode batch in ``record_function("patchbench::decode_step bs=N")`` (it builds the
+``ForwardBatch``, where mrope positions are computed, runs the model and samples; first argument
+``model_worker_batch`` on 0.5.1.post3, ``batch`` or a ``forward_batch`` keyword on 0.5.23) and
+``ForwardBatch._compute_mrope_positions`` in ``"patchbench::mrope MODE bs=N"``. A range costs a
+few microseconds without a profiler. Standard library, torch and ``patchbench_import_hook`` only."""
 
 from __future__ import annotations
 

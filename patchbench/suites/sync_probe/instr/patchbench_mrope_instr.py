@@ -1,33 +1,21 @@
 """Count (and cross-check) sglang's mrope position computations in every server process.
 
-The sync_probe suite's ``Instrumentation.hooks`` (with ``server_crosscheck``): the site hook
-(patchbench/shims/site/sitecustomize.py) imports it in every server process of a correctness cell.
-With ``PATCHBENCH_MROPE_PROBE_DIR`` set, when ``sglang.srt.model_executor.forward_batch_info`` is
-executed (in the scheduler process, which sglang starts with ``spawn``),
-``ForwardBatch._compute_mrope_positions`` (the entry point on every release; 0.5.18+ split its
-body into ``_compute_mrope_positions_decode`` / ``_extend``, which it calls) is wrapped to count
-per call:
+The sync_probe suite's in-server hook (``server_crosscheck``), imported by the site hook in every
+server process of a correctness cell. With ``PATCHBENCH_MROPE_PROBE_DIR`` set it wraps
+``ForwardBatch._compute_mrope_positions`` (the entry point on every release) when
+``sglang.srt.model_executor.forward_batch_info`` is executed, and counts per call: ``calls``,
+``decode_calls``, ``extend_calls``, ``other_calls``, ``decode_multi_image_calls`` (batch >= 2
+with an image request of non-zero ``mrope_position_delta``: what the patch must get right),
+``decode_image_requests_nonzero``, ``max_decode_batch``. With
+``PATCHBENCH_MROPE_CROSSCHECK_REF=<a stock forward_batch_info.py>`` that file's mrope methods also
+run on a shallow copy of every batch and ``crosscheck_<mode>_equal`` / ``_mismatch`` count
+whether their positions equal the live ones (dtype, shape, values; identical errors are equal);
+it reads results on the host, so it is for correctness cells only.
 
-- ``calls``, ``decode_calls``, ``extend_calls``, ``other_calls``;
-- ``decode_multi_image_calls``: decode calls with batch size >= 2 that include at least one image
-  request with a non-zero ``mrope_position_delta`` (what the patch must get right);
-  ``decode_image_requests_nonzero``: such requests summed over decode calls; ``max_decode_batch``;
-- with ``PATCHBENCH_MROPE_CROSSCHECK_REF=<a stock forward_batch_info.py>``: the reference file's
-  ForwardBatch mrope methods (extracted with :mod:`ast`, compiled against the live module's
-  globals) also run on every batch, on a shallow copy of the ForwardBatch, and
-  ``crosscheck_<mode>_equal`` / ``crosscheck_<mode>_mismatch`` count whether their
-  ``mrope_positions`` equal the live method's (same dtype, shape and values; two identical
-  errors count as equal). The cross-check reads results on the host: it synchronises, so it is
-  for correctness runs, not for timing runs.
-
-After every call the counts go atomically (temp file + rename) to
-``$PATCHBENCH_MROPE_PROBE_DIR/counts.<pid>.json``:
-``{"pid", "module_file", "module_sha256", "crosscheck_ref", "crosscheck_ref_sha256",
-"counts": {...}, "mismatch_samples": [up to 5], "updated_unix_s"}``.
-
-Standard library, torch (which sglang imports anyway) and ``patchbench_import_hook`` (beside the
-site hook) only: the server's processes need not be able to import ``patchbench``.
-"""
+After every call the counts go atomically to ``$PATCHBENCH_MROPE_PROBE_DIR/counts.<pid>.json``:
+``{"pid", "module_file", "module_sha256", "crosscheck_ref", "crosscheck_ref_sha256", "counts",
+"mismatch_samples" (up to 5), "updated_unix_s"}``. Standard library, torch and
+``patchbench_import_hook`` only: the server need not import ``patchbench``."""
 
 from __future__ import annotations
 
@@ -46,9 +34,8 @@ _MAX_SAMPLES = 5
 
 
 def load_reference_methods(path: str, module_globals: dict) -> dict:
-    """The ``ForwardBatch`` methods whose name contains ``mrope`` in the file at ``path``,
-    compiled against a copy of ``module_globals`` (so their references resolve to the live
-    module's names). Raises RuntimeError when the file has no ForwardBatch._compute_mrope_positions."""
+    """The ``ForwardBatch`` mrope methods of the file at ``path``, compiled against a copy of
+    ``module_globals``; RuntimeError without ``ForwardBatch._compute_mrope_positions``."""
     source = open(path, encoding="utf-8").read()
     tree = ast.parse(source, filename=path)
     nodes = []
@@ -120,9 +107,8 @@ def _nonzero_image_requests(batch) -> int:
 
 
 def _own_range():
-    """A ``patchbench::instrumentation`` profiler range around this module's own work (host reads
-    of the counters and the cross-check), so that a profiler running in the same server (the
-    profile suite) can leave our syncs out of sglang's; a no-op without torch's profiler."""
+    """A ``patchbench::instrumentation`` profiler range around this hook's own host reads, so the
+    profile suite can leave them out of sglang's syncs; a no-op without torch's profiler."""
     try:
         from torch.profiler import record_function
     except ImportError:  # pragma: no cover - the server always has torch

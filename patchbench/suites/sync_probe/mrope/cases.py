@@ -1,7 +1,6 @@
-"""One call's inputs to the mrope methods: :class:`MropeCase` and random decode / extend batches.
-
-The same case runs on every release's methods (:mod:`.methods`); :meth:`MropeCase.on` moves it
-to another device (``meta`` for the CPU probes).
+"""One call's inputs to the mrope methods (:class:`MropeCase`, random decode / extend batches)
+and the stand-ins for what the methods reference outside their own bodies (sglang's
+``ForwardMode``, ``MultimodalInputs``, ``MRotaryEmbedding``, helpers: :func:`stand_in_globals`).
 """
 
 from __future__ import annotations
@@ -13,19 +12,85 @@ from typing import Any
 
 import torch
 
-from .standins import StandInMultimodalInputs
+
+class StandInMode:
+    """Stand-in for sglang's ``ForwardMode``: ``"decode"`` or ``"extend"``."""
+
+    def __init__(self, name: str):
+        if name not in ("decode", "extend"):
+            raise ValueError(f"mode must be decode or extend, not {name!r}")
+        self.name = name
+
+    def is_decode(self) -> bool:
+        return self.name == "decode"
+
+    def is_extend(self, include_draft_extend_v2: bool = False) -> bool:
+        return self.name == "extend"
+
+    def __repr__(self) -> str:
+        return f"ForwardMode.{self.name.upper()}"
+
+
+@dataclass
+class StandInMultimodalInputs:
+    """The fields of sglang's ``MultimodalInputs`` the mrope methods read: mrope_position_delta (CPU
+    int64, usually ``[1, 1]``), mrope_positions (``[3, prompt_len]`` or None), and the cache
+    0.5.23 fills."""
+
+    mrope_position_delta: torch.Tensor
+    mrope_positions: torch.Tensor | None = None
+    mrope_position_delta_repeated_cache: torch.Tensor | None = None
+
+
+class _StandInMRotaryEmbedding:
+    @staticmethod
+    def get_next_input_positions(
+        mrope_position_delta: int, context_len: int, seq_len: int
+    ) -> torch.Tensor:
+        """As sglang 0.5.1.post3's ``MRotaryEmbedding.get_next_input_positions`` defines it:
+        int64 ``[3, seq_len - context_len]``, every row ``context_len + delta .. seq_len + delta - 1``."""
+        row = torch.arange(
+            context_len + mrope_position_delta, seq_len + mrope_position_delta, dtype=torch.int64
+        )
+        return row.unsqueeze(0).repeat(3, 1)
+
+
+def _flatten_nested_list(value: Any) -> list:
+    """Depth-first flattening of nested lists (sglang.srt.utils.flatten_nested_list's contract)."""
+    if isinstance(value, list):
+        return [leaf for item in value for leaf in _flatten_nested_list(item)]
+    return [value]
+
+
+def stand_in_globals(state: SimpleNamespace) -> dict[str, Any]:
+    """The names the extracted methods may reference: ``typing``'s and the stand-ins;
+    ``state.rl_on_policy_target`` is what ``get_exec().deterministic.rl_on_policy_target`` returns
+    (0.5.23 reads it)."""
+    import typing
+
+    names: dict[str, Any] = {name: getattr(typing, name) for name in typing.__all__}
+    names.update(
+        torch=torch,
+        MRotaryEmbedding=_StandInMRotaryEmbedding,
+        flatten_nested_list=_flatten_nested_list,
+        get_exec=lambda: SimpleNamespace(
+            deterministic=SimpleNamespace(rl_on_policy_target=state.rl_on_policy_target)
+        ),
+        is_pin_memory_available=lambda: torch.cuda.is_available(),
+        ForwardMode=StandInMode,
+        MultimodalInputs=StandInMultimodalInputs,
+    )
+    return names
 
 
 @dataclass
 class MropeCase:
     """One call's inputs, shared by both releases' stand-ins.
 
-    mode: "decode" | "extend". seq_lens: int tensor [B] on the target device (what the GPU holds;
-    may be one step ahead of seq_lens_cpu in overlap mode). seq_lens_cpu: int64 CPU tensor [B].
-    mm_inputs: B entries, None for a text-only request. extend_seq_lens / extend_prefix_lens:
-    B ints (extend only). sessions: per request, a session object or None (0.5.23 extend).
-    device: the model runner's device ("cpu", "cuda", "meta").
-    """
+    mode: "decode" | "extend". seq_lens: int tensor [B] on the target device (one step ahead of
+    seq_lens_cpu in overlap mode); seq_lens_cpu: int64 CPU [B]; mm_inputs: B entries, None for a
+    text-only request; extend_seq_lens / extend_prefix_lens: B ints (extend only); sessions: per
+    request (0.5.23 extend); device: the model runner's ("cpu", "cuda", "meta")."""
 
     mode: str
     seq_lens: torch.Tensor
@@ -88,13 +153,10 @@ def decode_case(
     delta_range: tuple[int, int] = (-4000, 4000),
     device: str = "cpu",
 ) -> MropeCase:
-    """A random decode batch (seeded). Image requests get a ``[1, 1]`` delta in ``delta_range``
-    (zero included), or with probability ``multi_value_share`` a ``[1, k]`` delta (k 2..3);
-    ``precomputed_share`` of image requests carry ``mrope_positions`` covering the whole sequence
-    (0.5.23's precomputed branch); the rest carry prompt positions shorter than the sequence.
-    seq_lens_cpu in 1..4096 (positions may come out negative: plain arithmetic for both variants).
-    ``ahead``: seq_lens = seq_lens_cpu + 1 (overlap mode, where the device copy runs one step
-    ahead of the host one)."""
+    """A seeded random decode batch: image requests get a ``[1, 1]`` delta in ``delta_range`` or,
+    with probability ``multi_value_share``, a ``[1, k]`` one (k 2..3); ``precomputed_share`` of them
+    carry positions covering the whole sequence (0.5.23's precomputed branch). seq_lens_cpu in
+    1..4096; ``ahead``: seq_lens = seq_lens_cpu + 1 (overlap mode)."""
     g = rng if isinstance(rng, torch.Generator) else torch.Generator().manual_seed(int(rng))
 
     def rand(lo: int, hi: int) -> int:

@@ -1,12 +1,7 @@
-"""Run sglang's mrope position methods outside sglang: extraction from a release's source.
-
-sglang's ``ForwardBatch`` computes ``mrope_positions`` (int64, shape ``[3, num_tokens]``) for models
-with multimodal rotary embedding (docs/FACTS.md section 1). Importing the real module needs the whole
-sglang package (Triton kernels, runtime context), which a lent GPU machine does not have, so
-:class:`MropeMethods` takes the *source* of a ``forward_batch_info.py`` (stock or patched, any
-release), extracts the ``ForwardBatch`` methods whose name contains ``mrope`` with :mod:`ast`, and
-executes them against small stand-ins for what they reference (:mod:`.standins`). The real method
-bodies run; only their surroundings are stand-ins.
+"""sglang's mrope position methods run outside sglang: the ``ForwardBatch`` methods whose name
+contains ``mrope``, extracted with :mod:`ast` from a ``forward_batch_info.py`` (stock or patched,
+any release) and run against stand-ins (:mod:`.cases`): importing the real module needs the whole
+sglang package, which a lent GPU machine does not have (docs/FACTS.md section 1).
 """
 
 from __future__ import annotations
@@ -21,9 +16,8 @@ from typing import Any
 
 import torch
 
-from .cases import MropeCase
+from .cases import MropeCase, StandInMode, stand_in_globals
 from .sources import MropeSourceError
-from .standins import StandInMode, stand_in_globals
 
 
 def _free_names(nodes: Sequence[ast.AST]) -> set[str]:
@@ -68,9 +62,8 @@ def extract_mrope_nodes(
 def compile_methods(
     nodes: Sequence[ast.FunctionDef], filename: str, namespace: dict[str, Any]
 ) -> dict[str, Callable]:
-    """Execute the method nodes (with ``from __future__ import annotations``, so annotations such
-    as ``ModelRunner`` are never evaluated) against ``namespace`` as their globals; returns
-    ``{name: function}``. Tracebacks point at the original file's line numbers."""
+    """Execute the method nodes (under ``from __future__ import annotations``) with ``namespace`` as
+    their globals; ``{name: function}``, tracebacks at the original file's lines."""
     future = ast.ImportFrom(module="__future__", names=[ast.alias(name="annotations")], level=0)
     module = ast.Module(body=[future, *nodes], type_ignores=[])
     ast.fix_missing_locations(module)
@@ -79,13 +72,9 @@ def compile_methods(
 
 
 class MropeMethods:
-    """The mrope methods of one ``forward_batch_info.py``, runnable with stand-ins.
-
-    ``MropeMethods(path_or_source, label)``; :meth:`compute` runs ``_compute_mrope_positions`` on
-    a stand-in ForwardBatch and returns ``mrope_positions``. ``split_decode`` is True for releases
-    with ``_compute_mrope_positions_decode`` (0.5.18+, and our patched 0.5.1.post3).
-    Raises :class:`MropeSourceError` when the methods reference a name no stand-in covers.
-    """
+    """The mrope methods of one ``forward_batch_info.py`` (a path or its source), runnable with
+    stand-ins: :meth:`compute` runs ``_compute_mrope_positions`` on a stand-in ForwardBatch and
+    returns ``mrope_positions``. MropeSourceError when a method references a name no stand-in covers."""
 
     def __init__(self, source: str | Path, label: str = ""):
         if isinstance(source, Path) or (isinstance(source, str) and "\n" not in source):

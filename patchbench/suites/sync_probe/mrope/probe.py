@@ -1,13 +1,5 @@
-"""CPU probes for host syncs: record what a call reads back from the device and copies to it.
-
-:class:`SyncProbeMode` (a ``torch.overrides.TorchFunctionMode``) records device-to-host reads
-(``int()``, ``.item()``, ``.tolist()``, ... of a non-CPU tensor) and host-to-device copies
-(``torch.tensor(data, device=...)``, ``.to(device, non_blocking=...)``, ``.copy_``, ``.cuda``)
-with their ``non_blocking`` flag and whether the source memory is pinned. Run with ``seq_lens``
-on the ``meta`` device (a tensor without data) a read either raises (strict) or is answered with
-a placeholder and counted (counting mode; a call that reads a 0-d meta tensor argument, like
-``torch.full``'s fill value, is counted and run again with a placeholder scalar).
-"""
+"""CPU probes for host syncs: what a call reads back from the device and copies to it, recorded by
+:class:`SyncProbeMode` with ``seq_lens`` on the ``meta`` device (a tensor without data)."""
 
 from __future__ import annotations
 
@@ -40,9 +32,8 @@ _META_READ_MARKERS = ("cannot be called on meta tensors", "Cannot copy out of me
 @dataclass
 class CopyEvent:
     """One host-to-device copy: api ("torch.tensor", "Tensor.to", ...), target device,
-    non_blocking flag, pinned (source memory page-locked; None when unknown or not a tensor),
-    blocking (True when the host waits for the copy, i.e. ``non_blocking`` is False or the API has
-    no such flag, as for ``torch.tensor(data, device=...)``)."""
+    non_blocking, pinned (None when unknown), blocking (the host waits: ``non_blocking`` False or
+    an API without the flag, as ``torch.tensor(data, device=...)``)."""
 
     api: str
     target: str
@@ -96,17 +87,13 @@ def _device_of(value: Any) -> torch.device | None:
 class SyncProbeMode(TorchFunctionMode):
     """Record device-to-host reads and host-to-device copies made under it.
 
-    A read is a scalar / list / host conversion (``int``, ``float``, ``bool``, ``.item()``,
-    ``.tolist()``, ``.numpy()``, ``.cpu()``, ``.to("cpu")``) of a tensor not on the CPU, or any
-    call that fails with PyTorch's meta-tensor read error (e.g. a 0-d device tensor used as
-    ``torch.full``'s fill value). A copy is ``torch.tensor`` / ``torch.as_tensor`` with a non-CPU
-    ``device``, or ``Tensor.to`` / ``.cuda`` / ``.copy_`` from a CPU tensor to a non-CPU device.
-    With ``placeholder_reads`` a read of a ``meta`` tensor returns a placeholder (0, 0.0, False,
-    a list of zeros, a CPU tensor of zeros), and a call that fails on reading a 0-d meta tensor
-    argument (``torch.full((3, 1), seq_lens[i] - 1)``) is counted as one read and run again with
-    that argument as a placeholder scalar, so a call can be counted to its end (its result is then
-    meaningless); otherwise the read raises as PyTorch makes it.
-    """
+    A read: ``int`` / ``float`` / ``bool`` / ``.item()`` / ``.tolist()`` / ``.numpy()`` /
+    ``.cpu()`` / ``.to("cpu")`` of a non-CPU tensor, or a call failing with PyTorch's meta-tensor
+    read error. A copy: ``torch.tensor`` / ``torch.as_tensor`` to a non-CPU device, ``Tensor.to`` /
+    ``.cuda`` / ``.copy_`` from a CPU tensor to one. With ``placeholder_reads`` a meta read returns
+    a placeholder (zeros) and a call failing on a 0-d meta argument (``torch.full((3, 1),
+    seq_lens[i] - 1)``) is counted and run again with a placeholder scalar, so a call is counted to
+    its end (its result meaningless); otherwise the read raises."""
 
     def __init__(self, record: ProbeRecord, placeholder_reads: bool = False):
         super().__init__()
@@ -160,9 +147,7 @@ def _reads_to_host(name: str, args: tuple, kwargs: dict) -> bool:
 def _copy_event(
     func, name: str, self_t: torch.Tensor | None, args: tuple, kwargs: dict
 ) -> CopyEvent | None:
-    """The host-to-device copy a call makes, or None: ``torch.tensor`` / ``torch.as_tensor``
-    with a non-CPU ``device``; ``Tensor.to`` / ``Tensor.cuda`` of a CPU tensor to a non-CPU
-    device; ``Tensor.copy_`` into a non-CPU tensor from a CPU one."""
+    """The host-to-device copy a call makes, or None."""
     if name in ("tensor", "as_tensor") and func in (torch.tensor, torch.as_tensor):
         dev = _device_of(kwargs.get("device"))
         if dev is not None and dev.type != "cpu":
@@ -252,9 +237,8 @@ def probe_decode(
     placeholder_reads: bool = False,
     copy_target: str = "meta",
 ) -> ProbeRecord:
-    """Probe one decode call with ``seq_lens`` on the ``meta`` device and the runner's device
-    ``copy_target`` (``meta``: every copy to it is recorded and costs nothing). Strict
-    (``placeholder_reads=False``): the first read raises and ends the call (``record.error``);
-    counting: every read is answered with a placeholder and counted."""
+    """Probe one decode call with ``seq_lens`` on ``meta`` and the runner's device ``copy_target``.
+    Strict (``placeholder_reads=False``): the first read ends the call (``record.error``);
+    counting: every read answered with a placeholder and counted."""
     meta_case = case.on("meta", copy_target)
     return probe_call(lambda: methods.compute(meta_case), placeholder_reads)

@@ -1,20 +1,78 @@
-"""One probe row: a variant's mrope decode path at one batch size, on the CPU probes or CUDA.
-
-:func:`measure_row` is what the sync_probe suite and ``scripts/gpu_probe.py`` tabulate
-(patchbench/suites/sync_probe/table.py).
+"""One probe row: a variant's mrope decode path at one batch size, on the CPU probes or on a real
+GPU (CUDA's sync warnings, the host's time behind a kernel); the sync_probe suite and
+``scripts/gpu_probe.py`` tabulate it (table.py).
 """
 
 from __future__ import annotations
 
+import time
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .cases import MropeCase, decode_case
-from .cuda import calibrate_sleep_cycles, cuda_host_blocked_ms, cuda_sync_warnings
+from .cases import MropeCase, StandInMultimodalInputs, decode_case
 from .methods import MropeMethods, run_outcome
 from .probe import probe_call, probe_decode
-from .standins import StandInMultimodalInputs
+
+
+def cuda_sync_warnings(fn: Callable[[], Any]) -> list[str]:
+    """The synchronisation warnings ``torch.cuda.set_sync_debug_mode("warn")`` raises during
+    ``fn()`` (the mode restored afterwards)."""
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    return [str(w.message) for w in caught if "synchroniz" in str(w.message).lower()]
+
+
+def calibrate_sleep_cycles(target_ms: float = 50.0) -> int:
+    """GPU clock cycles for ``torch.cuda._sleep`` to keep the current stream busy ~target_ms."""
+    cycles = 10_000_000
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    torch.cuda.synchronize()
+    per_ms = cycles / max(start.elapsed_time(end), 1e-3)
+    return int(per_ms * target_ms)
+
+
+def cuda_host_blocked_ms(fn: Callable[[], Any], sleep_cycles: int, repeats: int = 5) -> dict:
+    """Host wall time of ``fn()`` (ms, median of ``repeats``) on an idle GPU and behind an in-flight
+    ``torch.cuda._sleep(sleep_cycles)``: ``host_blocked_ms`` = busy - idle, floored at 0 (about the
+    kernel's remaining time when ``fn`` waits for the GPU); ``kernel_ms``, the kernel's duration."""
+
+    def timed(busy: bool) -> tuple[float, float]:
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if busy:
+            start.record()
+            torch.cuda._sleep(sleep_cycles)
+            end.record()
+        t0 = time.perf_counter()
+        fn()
+        elapsed = (time.perf_counter() - t0) * 1e3
+        torch.cuda.synchronize()
+        return elapsed, (start.elapsed_time(end) if busy else 0.0)
+
+    timed(False)  # warm-up (allocator, pinned pool)
+    idle = sorted(timed(False)[0] for _ in range(repeats))[repeats // 2]
+    busy_runs = [timed(True) for _ in range(repeats)]
+    busy = sorted(r[0] for r in busy_runs)[repeats // 2]
+    kernel = sorted(r[1] for r in busy_runs)[repeats // 2]
+    return {
+        "host_call_idle_ms": idle,
+        "host_call_busy_ms": busy,
+        "host_blocked_ms": max(busy - idle, 0.0),
+        "kernel_ms": kernel,
+    }
 
 
 def probe_case(batch_size: int, image_share: float, seed: int, device: str) -> MropeCase:
@@ -46,16 +104,13 @@ def measure_row(
     sleep_ms: float = 50.0,
     sleep_cycles: int | None = None,
 ) -> dict:
-    """Probe one variant at one batch size; a flat dict (one table row).
+    """Probe one variant at one batch size: one flat table row.
 
-    Always: ``positions_equal_stock`` (None without ``stock``), ``images`` (image requests).
-    device "cpu" (CPU probes; seq_lens on ``meta``): ``strict_error`` (the error of the strict run,
-    e.g. the first meta read), ``d2h_reads_per_call`` and ``blocking_h2d_copies_per_call`` (counting
-    run), ``h2d_copies_per_call``. device "cuda": the same counts from the TorchFunctionMode on real
-    CUDA tensors (reads are real there), ``h2d_copies_pinned`` (all copies from pinned memory),
-    ``sync_warnings_per_call`` (``set_sync_debug_mode("warn")``, mean over ``iterations`` calls)
-    and :func:`cuda_host_blocked_ms`'s numbers with a kernel of about ``sleep_ms``.
-    """
+    Always ``positions_equal_stock`` (None without ``stock``) and ``images``. "cpu" (seq_lens on
+    ``meta``): ``strict_error``, ``d2h_reads_per_call`` and ``blocking_h2d_copies_per_call`` of the
+    counting run, ``h2d_copies_per_call``. "cuda": the same counts on real tensors,
+    ``h2d_copies_pinned``, ``sync_warnings_per_call`` (mean over ``iterations``) and
+    :func:`cuda_host_blocked_ms`'s numbers behind a kernel of about ``sleep_ms``."""
     case = probe_case(batch_size, image_share, seed, "cpu")
     row: dict[str, Any] = {
         "batch_size": batch_size,

@@ -1,13 +1,7 @@
-"""Where the ``forward_batch_info.py`` files come from: a release's stock file and the patched one.
-
-:func:`release_sources` gives the stock file of a release (the installed package when its version
-matches, else unpacked from the release wheel that ``patchbench.patches.wheels.fetch_wheel`` caches) and
-the patched one (the stock file with ``patches/<patch>/<release>.diff`` applied by ``git apply``),
-both checked against the sha256 values in the patch manifest.
-
-Standard library only at import time (PyYAML is imported inside :func:`patch_manifest`, the
-harness inside :func:`stock_source`): the package is loaded by path where only torch exists.
-"""
+"""Where the ``forward_batch_info.py`` files come from: a release's stock file (the installed
+package, or the release wheel ``patchbench.patches.wheels.fetch_wheel`` caches) and the patched
+one (``patches/<patch>/<release>.diff`` applied by ``git apply``), both checked against the patch
+manifest's sha256. Standard library only at import time (loaded by path where only torch exists)."""
 
 from __future__ import annotations
 
@@ -19,7 +13,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[4]  # patchbench/suites/sync_probe/mrope/sources.py -> the repository
+REPO = (
+    Path(__file__).resolve().parents[4]
+)  # patchbench/suites/sync_probe/mrope/sources.py -> the repository
 #: the target file, relative to site-packages (and to the ``sglang`` folder's parent)
 FBI_REL = "sglang/srt/model_executor/forward_batch_info.py"
 DEFAULT_PATCH = "mrope-sync-free"
@@ -47,13 +43,9 @@ def _installed_sglang() -> tuple[str, Path] | None:
 def stock_source(
     version: str, cache_dir: Path = DEFAULT_CACHE, expected_sha256: str | None = None
 ) -> Path:
-    """Path of the stock ``forward_batch_info.py`` of sglang ``version``.
-
-    The installed package's file when the installed sglang is ``version``; otherwise the file
-    unpacked from the release's wheel (``patchbench.patches.wheels.fetch_wheel``: the harness's one wheel
-    cache), file in ``cache_dir/<version>/stock/``. With ``expected_sha256`` a file
-    with other bytes raises :class:`MropeSourceError`.
-    """
+    """Path of the stock ``forward_batch_info.py`` of sglang ``version``: the installed one when it
+    is that version, else unpacked from its wheel into ``cache_dir/<version>/stock/``;
+    MropeSourceError when its bytes differ from ``expected_sha256``."""
     installed = _installed_sglang()
     if installed and installed[0] == version:
         path = installed[1]
@@ -101,13 +93,9 @@ def patched_source(
     cache_dir: Path = DEFAULT_CACHE,
     stock: Path | None = None,
 ) -> Path:
-    """Path of ``forward_batch_info.py`` of sglang ``version`` with the patch's diff applied.
-
-    Applies ``patches/<patch>/<diff>`` with ``git apply`` to a copy of the stock file (checked
-    against the manifest's ``before`` hash) and checks the result against ``after``; cached in
-    ``cache_dir/<version>/<patch>/``. Raises :class:`MropeSourceError` when the release has no diff,
-    the diff does not apply, or a hash differs.
-    """
+    """Path of sglang ``version``'s ``forward_batch_info.py`` with ``patches/<patch>/<diff>`` applied
+    (cached in ``cache_dir/<version>/<patch>/``); MropeSourceError when the release has no diff, it
+    does not apply, or a hash differs from the manifest's."""
     manifest = patch_manifest(patch)
     rel = manifest.get("releases", {}).get(version)
     if not rel:
