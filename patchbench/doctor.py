@@ -111,7 +111,7 @@ def _build_checks(cfg: Any) -> list[Check]:
     """One check per distinct ``sglang:`` of the config's variants (a release, ``latest``, a
     wheel or a git checkout): resolved to an environment of this machine, as ``bench`` does
     (:func:`patchbench.envs.builds.resolve_builds`), or the reason it cannot be and its fix."""
-    from patchbench.config.variant import sglang_label
+    from patchbench.config import sglang_label
     from patchbench.envs.builds import resolve_builds
 
     labels = sorted({sglang_label(cfg.sglang_of(v)) for v in cfg.variants})

@@ -1,4 +1,5 @@
-"""The typed comparison of one run (``RUN/compare.json``) and the ``compare:`` config section.
+"""The typed comparison of one run (``RUN/compare.json``); its settings are the config's
+``compare:`` section (:class:`patchbench.config.CompareSettings`).
 
 Built by :mod:`patchbench.analysis.build`; :mod:`patchbench.report`, :mod:`patchbench.report.plots`, the
 console summary and the nightly gates render or judge only from it. Units: every change, interval
@@ -17,51 +18,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from patchbench import records
+from patchbench.config.schema import CompareSettings
 from patchbench.runfolder import RunFolderError, SchemaTooNew, why_invalid
 
 COMPARISON_SCHEMA = 2
-
-
-class CompareSettings(BaseModel):
-    """The ``compare:`` section of a config (all keys optional).
-
-    confidence: family confidence of each variant's primary metrics (Holm-adjusted across them)
-    and raw confidence of every secondary interval (0.95).
-    min_repeats: paired repeats a run-level verdict needs (3); fewer give ``inconclusive``.
-    margins: practical-equivalence margin per metric, overriding the suite's declaration
-    (``{"output_throughput_tok_s": 3.0}`` or ``{"serving.output_throughput_tok_s": 3.0}``;
-    percent for run-level metrics, points for accuracy).
-    bootstrap_resamples / bootstrap_method / seed: settings of the descriptive within-cell
-    (request-level) intervals that suites' pair hooks may compute; the seed makes them
-    reproducible.
-    within_cell_intervals: let suites show request-level intervals inside one cell (labelled
-    descriptive, never a verdict) (True).
-    identity_share_tolerance / retokenized_change_share: read by suites' output-identity checks.
-    assumed_cv: the run-to-run noise the config assumes, as a coefficient of variation in percent
-    per run-level metric (keys as in ``margins``); an A/A variant's measured noise is shown next
-    to it.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    confidence: float = Field(0.95, gt=0.5, lt=1.0)
-    min_repeats: int = Field(3, ge=2)
-    margins: dict[str, float] = Field(default_factory=dict)
-    bootstrap_resamples: int = Field(2000, ge=100, le=200_000)
-    bootstrap_method: Literal["BCa", "percentile", "basic"] = "BCa"
-    seed: int = 0
-    within_cell_intervals: bool = True
-    identity_share_tolerance: float = Field(0.02, ge=0.0, le=1.0)
-    retokenized_change_share: float = Field(0.01, ge=0.0, le=1.0)
-    assumed_cv: dict[str, float] = Field(default_factory=dict)
-
-    def margin_for(self, suite: str, metric: str, default: float | None) -> float | None:
-        """The margin of ``suite.metric``: ``margins["suite.metric"]``, else ``margins[metric]``,
-        else the suite's declared ``default``."""
-        for key in (f"{suite}.{metric}", metric):
-            if key in self.margins:
-                return float(self.margins[key])
-        return default
 
 
 class Row(BaseModel):

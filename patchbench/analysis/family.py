@@ -137,17 +137,16 @@ def design_of(data: RunData, s: CompareSettings) -> tuple[DesignSummary, Any]:
     """(the design summary, the patchbench.analysis.sequential.Design of a sequential schedule or None)
     from the run's config (``schedule.repeats``: a count or ``{min, max, step}``) and the
     confidence of ``s`` (alpha per report)."""
-    from patchbench.runfolder.models import SequentialSnapshot
+    from patchbench.config import SequentialRepeats
 
     cfg = data.manifest.config
     rep = cfg.schedule.repeats if cfg is not None else None
     alpha = round(1.0 - s.confidence, 12)
-    if isinstance(rep, SequentialSnapshot) and rep.min and rep.max:
-        from patchbench.analysis.sequential import FUTILITY, Design, looks_from_schedule
+    if isinstance(rep, SequentialRepeats):
+        from patchbench.analysis.sequential import Design
 
-        looks = looks_from_schedule(rep.min, rep.max, rep.step or 2)
-        futility = FUTILITY if rep.futility is None else rep.futility
-        d = Design(looks=looks, alpha=alpha, kind=rep.boundary or "pocock", futility=futility)
+        looks = rep.looks
+        d = Design(looks=looks, alpha=alpha, kind=rep.boundary, futility=rep.futility)
         summary = DesignSummary(
             kind="sequential", alpha=alpha, looks=list(looks), boundary=d.kind, planned=looks[-1]
         )

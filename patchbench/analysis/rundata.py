@@ -152,7 +152,7 @@ def _aa_variants(man: RunManifest, variants: list[str]) -> list[str]:
     """The A/A variants (``variants[0]`` is the baseline): what bench recorded
     (``variants[v].aa``), else the same patches, arguments and environment as the baseline in the
     config's variant mappings (``man.variants`` keeps only the patches)."""
-    raw = man.config.variants_json() if man.config is not None else {}
+    raw = man.variants_json()
     recorded = man.variant_diffs
     base = variant_identity(raw.get(variants[0], man.variants.get(variants[0])))
     return [

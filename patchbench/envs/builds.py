@@ -47,8 +47,7 @@ from typing import Literal
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from patchbench.config import Config, GitSource, WheelSource, sglang_label
-from patchbench.config.variant import LATEST
+from patchbench.config import LATEST, Config, GitSource, WheelSource, sglang_label
 from patchbench.envs import envinfo
 from patchbench.errors import ConfigError, EnvironmentNotReady, PatchError
 from patchbench.inputs import CACHE_DIR
@@ -417,6 +416,27 @@ def _refuse_compiled(cfg: Config, builds: dict[str, Build]) -> None:
                 f"dependencies, which the CPU engine cannot run from source: "
                 f"{', '.join(bad[:20])}" + (" ..." if len(bad) > 20 else "")
             )
+
+
+def overlay_patches(
+    cfg: Config, variant: str, release: str | None, *, cache_dir: Path | None = None
+) -> list[str | Path]:
+    """``variant``'s patches as :func:`patchbench.patches.overlay.build_overlay` takes them for
+    ``release``: patch names, and for each diff named directly a patch folder made from it
+    (hashes from the release's pristine files; cached under ``<cache_dir>/diff-patches/``).
+    Raises :class:`patchbench.errors.PatchError` naming the diff, file and hunk, or when a diff
+    needs a release that is not resolved yet (None)."""
+    from patchbench.patches.author import patch_from_diff_file
+
+    out: list[str | Path] = []
+    for p in cfg.variants[variant].patches:
+        if isinstance(p, str):
+            out.append(p)
+        elif release is None:
+            raise PatchError(f"variant '{variant}': its sglang build is not resolved yet")
+        else:
+            out.append(patch_from_diff_file(cfg.resolve_path(p.diff), release, cache_dir=cache_dir))
+    return out
 
 
 def describe_builds(cfg: Config) -> list[str]:

@@ -44,7 +44,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from patchbench.config import load_config
-from patchbench.config.variant import LATEST, sglang_label
+from patchbench.config import LATEST, sglang_label
 from patchbench.errors import ConfigError
 from patchbench.inputs import FOLDER_NAME, REPO_ROOT, line_of, read_yaml_mapping
 

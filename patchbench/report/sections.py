@@ -9,6 +9,7 @@ from pathlib import Path
 from patchbench import records, runfolder
 from patchbench.analysis.comparison import Comparison
 from patchbench.analysis.rundata import variant_parts
+from patchbench.config import sglang_label
 from patchbench.report.decide import DECIDE_CAP, DECIDE_POWER
 from patchbench.report.fmt import _esc
 from patchbench.run import logscan
@@ -16,12 +17,11 @@ from patchbench.runfolder import models
 
 
 def _header(man: runfolder.RunManifest, cmp: Comparison) -> list[str]:
-    cfg = man.config or models.RunConfig()
-    ref = cfg.model or models.ModelRef()
-    model = ref.path or man.model or "?"
+    cfg = man.config
+    model = (cfg.model.path if cfg else None) or man.model or "?"
     gpu_s = gpu_name(man.gpu) or "none (CPU engine)"
     lines = [
-        f"# patchbench: {cfg.name or cmp.run_id}",
+        f"# patchbench: {cfg.name if cfg else cmp.run_id}",
         "",
         "| | |",
         "|---|---|",
@@ -29,14 +29,14 @@ def _header(man: runfolder.RunManifest, cmp: Comparison) -> list[str]:
         f"| model | `{model}`"
         + (
             " (tiny random weights: accuracy near 0 is expected; this run shows the pipeline)"
-            if ref.tiny
+            if cfg and cfg.model.tiny
             else ""
         )
         + " |",
-        f"| sglang | `{man.sglang_version or cfg.sglang or '?'}` |",
+        f"| sglang | `{man.sglang_version or (sglang_label(cfg.sglang) if cfg else '?')}` |",
     ]
     for v in [cmp.baseline] + cmp.variants:
-        pats, args, env = variant_parts(cfg.variants_json().get(v))
+        pats, args, env = variant_parts(man.variants_json().get(v))
         ps = man.patches.get(v) or [models.PatchHash(name=p) for p in pats]
         source = (man.builds.get(v) or {}).get("kind") in ("git", "wheel")
         desc = ", ".join(f"`{p.name}` ({(p.sha256 or '?')[:12]})" for p in ps) or (
@@ -53,7 +53,7 @@ def _header(man: runfolder.RunManifest, cmp: Comparison) -> list[str]:
     inst = [f"{c['variant']}/rep{c['repeat']}" for c in cmp.cells if c.get("instrumented")]
     corr = [c["dir"] for c in cmp.correctness_cells]
     rounds = cmp.suite_rounds
-    order = cfg.schedule.order
+    order = cfg.schedule.order if cfg else "interleaved"
     lines += [
         f"| GPU | {gpu_s} |",
         f"| patchbench commit | `{(man.git_sha or '?')[:12]}` |",

@@ -65,7 +65,7 @@ aa: {patches: []}""",
     assert cfg.server_args_of("baseline") == ["--device=cpu", "--mem-fraction-static=0.05"]
     assert [v for v in cfg.variants if cfg.is_aa(v)] == ["aa"] == cfg.aa_variants()
     assert not cfg.is_aa("baseline") and not cfg.is_aa("patched")
-    d = cfg.variant_diff("no-overlap", hashes=False)
+    d = cfg.variant_diff("no-overlap")
     assert d["server_args"] == {
         "added": ["--disable-overlap-schedule", "--cuda-graph-max-bs=8"],
         "removed": [],
@@ -87,6 +87,7 @@ aa: {patches: []}""",
 
 def test_variant_diff_patch_hashes_and_changed_args(tmp_path):
     from patchbench.patches.manifest import load_manifest
+    from patchbench.run.manifest import variant_diff
 
     cfg = load_config(
         write(
@@ -96,7 +97,8 @@ baseline: {server_args: [--chunked-prefill-size=512]}
 v: {patches: [null-comment], server_args: [--chunked-prefill-size=1024]}""",
         )
     )
-    d = cfg.variant_diff("v")
+    assert cfg.variant_diff("v")["patches"][0]["sha256"] is None  # the config does no patch I/O
+    d = variant_diff(cfg, "v")
     m = load_manifest("null-comment")
     assert d["patches"] == [
         {
@@ -285,7 +287,7 @@ def test_removed_mrope_probe_says_what_replaces_it(tmp_path):
 
 
 def test_compare_and_nightly_are_typed(tmp_path):
-    from patchbench.analysis.comparison import CompareSettings
+    from patchbench.config import CompareSettings
     from patchbench.nightly.gates import NightlySettings
 
     cfg = load_config(write(tmp_path, "b: []", BASE + "compare: {confidence: 0.9}\n"))
