@@ -67,9 +67,15 @@ def port_number(text: str) -> int:
 
 # ----------------------------------------------------------------------------------- commands
 def _args_bench(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="the experiment config (YAML)")
+    p.add_argument(
+        "config", nargs="?", help="the experiment config (YAML); with --resume: default the run's"
+    )
     p.add_argument("--dry-run", action="store_true", help="print the resolved plan, launch nothing")
-    p.add_argument("--resume", metavar="RUN_DIR", help="run only the cells missing in RUN_DIR")
+    p.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="run only the cells missing in RUN_DIR (its manifest holds the config)",
+    )
     p.add_argument(
         "--results", metavar="DIR", help="parent folder of the run folder (default results/)"
     )
@@ -94,52 +100,68 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
 
 def _run_bench(a: argparse.Namespace, _raw: list[str]) -> int:
     from patchbench.config import load_config
-    from patchbench.envs import builds, envinfo
-    from patchbench.run import bench, variants
-    from patchbench.run.cell import is_cpu
-    from patchbench.run.plan import describe_plan
+    from patchbench.run import bench
+    from patchbench.run.preflight import config_of_run
 
-    if a.dry_run:
-        cfg = load_config(a.config)
-        if a.port:  # the plan shows the port the run would use
-            cfg.server.port = a.port
-        note = None
-        try:
-            builds.resolve_builds(cfg, cpu=is_cpu(cfg))
-        except errors.EnvironmentNotReady as e:
-            note = f"note: a real run stops here (exit 3): {e}"
-        print(describe_plan(cfg, Path(a.resume) if a.resume else None))
-        if note:
-            print(note)
-        if not is_cpu(cfg) and envinfo.gpu_info() is None:
-            print(
-                "note: no NVIDIA GPU here, and the config does not run on --device cpu: "
-                f"`patchbench doctor {a.config}` lists what a run still needs"
-            )
-        problems = variants.check_patches(cfg)
-        failed = any(not p.startswith(" ") and " not checked " not in p for p in problems)
-        unchecked = sum(" not checked " in p for p in problems)
-        head = (
-            "FAIL"
-            if failed
-            else f"{unchecked} variant(s) not checked (below; a real run downloads what is "
-            "missing and checks them before any server starts); the others apply to a pristine "
-            "copy of their release"
-            if unchecked
-            else "every patch applies to a pristine copy of its release"
-            if any(cfg.patches_of(v) for v in cfg.variants)
-            else "(none)"
+    if not (a.config or a.resume):
+        raise errors.UsageError(
+            "give a CONFIG, or --resume RUN_DIR (its manifest holds the config)"
         )
-        print("\n".join([f"patches    {head}", *problems]))
-        if failed:
-            raise errors.PatchError("a patch does not apply (see the lines under 'patches')")
-        return EXIT_OK
+    config = a.config or config_of_run(Path(a.resume))
+    if a.dry_run:
+        return _dry_run(load_config(config) if a.config else config, a.port, a.resume, a.config)
     extra: dict = {k: True for k in ("kill_stale", "verbose") if getattr(a, k)}
     if _PROCESS_T0 is not None:  # a process of its own: its start-up and imports count too
         extra["python_start_s"] = max(0.0, time.time() - _PROCESS_T0)
     if a.restart_variant:
         extra["restart_variants"] = list(a.restart_variant)
-    bench.run_bench(a.config, resume=a.resume, results_root=a.results, port=a.port, **extra)
+    bench.run_bench(config, resume=a.resume, results_root=a.results, port=a.port, **extra)
+    return EXIT_OK
+
+
+def _dry_run(
+    cfg, port: int | None = None, resume: str | None = None, label: str | None = None
+) -> int:
+    """``bench --dry-run``: the plan of ``cfg`` (a patchbench.config.Config; ``label``: its file
+    as given) and whether its patches apply to pristine copies; PatchError (exit 2) when one
+    does not."""
+    from patchbench.envs import builds, envinfo
+    from patchbench.run import variants
+    from patchbench.run.cell import is_cpu
+    from patchbench.run.plan import describe_plan
+
+    if port:  # the plan shows the port the run would use
+        cfg.server.port = port
+    note = None
+    try:
+        builds.resolve_builds(cfg, cpu=is_cpu(cfg))
+    except errors.EnvironmentNotReady as e:
+        note = f"note: a real run stops here (exit 3): {e}"
+    print(describe_plan(cfg, Path(resume) if resume else None))
+    if note:
+        print(note)
+    if not is_cpu(cfg) and envinfo.gpu_info() is None:
+        print(
+            "note: no NVIDIA GPU here, and the config does not run on --device cpu: "
+            f"`patchbench doctor {label or cfg.source or ''}` lists what a run still needs"
+        )
+    problems = variants.check_patches(cfg)
+    failed = any(not p.startswith(" ") and " not checked " not in p for p in problems)
+    unchecked = sum(" not checked " in p for p in problems)
+    head = (
+        "FAIL"
+        if failed
+        else f"{unchecked} variant(s) not checked (below; a real run downloads what is "
+        "missing and checks them before any server starts); the others apply to a pristine "
+        "copy of their release"
+        if unchecked
+        else "every patch applies to a pristine copy of its release"
+        if any(cfg.patches_of(v) for v in cfg.variants)
+        else "(none)"
+    )
+    print("\n".join([f"patches    {head}", *problems]))
+    if failed:
+        raise errors.PatchError("a patch does not apply (see the lines under 'patches')")
     return EXIT_OK
 
 
@@ -355,15 +377,15 @@ def _args_ab(p: argparse.ArgumentParser) -> None:
 
 
 def _run_ab(a: argparse.Namespace, _raw: list[str]) -> int:
-    """Write the A/B config (:func:`patchbench.ab.prepare_ab`), then its dry run or the run; the
+    """Build the A/B config (:func:`patchbench.ab.prepare_ab`), then its dry run or the run; the
     bench prints the answer, then the report's path."""
     from patchbench import ab
     from patchbench.run import bench
 
-    path = ab.prepare_ab(a)
+    cfg = ab.prepare_ab(a)
     if a.dry_run:
-        return main(["bench", str(path), "--dry-run", *(["--port", str(a.port)] if a.port else [])])
-    run_dir = bench.run_bench(path, results_root=a.results, port=a.port)
+        return _dry_run(cfg, a.port)
+    run_dir = bench.run_bench(cfg, results_root=a.results, port=a.port)
     print(f"ab: report {run_dir / 'report.md'}")
     return EXIT_OK
 

@@ -213,7 +213,9 @@ def _environment_with(what: str, reqs: list[str], version: str | None) -> envinf
 
 
 # ------------------------------------------------------------------------------- git
-def _git(git_dir: Path, *args: str, text: bool = True) -> subprocess.CompletedProcess:
+def git(git_dir: Path, *args: str, text: bool = True) -> subprocess.CompletedProcess:
+    """``git --git-dir=GIT_DIR ARGS`` (output captured; GIT_DIR and GIT_WORK_TREE of this process
+    ignored)."""
     env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE")}
     return subprocess.run(
         ["git", f"--git-dir={git_dir}", *args], capture_output=True, text=text, env=env
@@ -222,7 +224,7 @@ def _git(git_dir: Path, *args: str, text: bool = True) -> subprocess.CompletedPr
 
 def git_commit(git_dir: Path, ref: str) -> str:
     """The commit ``ref`` names in ``git_dir``. Raises ConfigError for an unknown ref."""
-    r = _git(git_dir, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+    r = git(git_dir, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
     if r.returncode != 0 or not r.stdout.strip():
         raise ConfigError(f"{git_dir}: '{ref}' names no commit")
     return r.stdout.strip()
@@ -230,13 +232,13 @@ def git_commit(git_dir: Path, ref: str) -> str:
 
 def git_show(git_dir: Path, commit: str, path: str) -> str | None:
     """The text of ``path`` at ``commit`` (None when the commit has no such file)."""
-    r = _git(git_dir, "show", f"{commit}:{path}")
+    r = git(git_dir, "show", f"{commit}:{path}")
     return r.stdout if r.returncode == 0 else None
 
 
 def changed_files(git_dir: Path, base: str, head: str) -> list[str]:
     """The paths that differ between commits ``base`` and ``head`` (``git diff --name-only``)."""
-    r = _git(git_dir, "diff", "--no-renames", "--name-only", base, head, "--")
+    r = git(git_dir, "diff", "--no-renames", "--name-only", base, head, "--")
     if r.returncode != 0:
         raise ConfigError(f"{git_dir}: git cannot diff {base} {head}: {r.stderr.strip()[:300]}")
     return [ln for ln in r.stdout.splitlines() if ln.strip()]
@@ -254,7 +256,7 @@ def _extract_git_tree(git_dir: Path, commit: str, cache_dir: Path) -> Path:
     dest = cache_dir / "builds" / f"git-{commit}"
     if (dest / "sglang" / "__init__.py").is_file():
         return dest
-    r = _git(git_dir, "archive", "--format=tar", commit, "python/sglang", text=False)
+    r = git(git_dir, "archive", "--format=tar", commit, "python/sglang", text=False)
     if r.returncode != 0:
         raise ConfigError(
             f"{git_dir}: commit {commit[:12]} has no python/sglang "

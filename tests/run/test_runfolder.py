@@ -250,3 +250,26 @@ def test_a_compare_json_with_an_undeclared_key_is_a_run_folder_error(tmp_path):
     records.write_json(tmp_path / "compare.json", {**d, "surprise": 1})
     with pytest.raises(runfolder.RunFolderError, match="compare.json: key surprise"):
         read_comparison(tmp_path)
+
+
+def test_resume_without_a_config_rebuilds_it_from_the_manifest(tmp_path, capsys):
+    """``bench --resume RUN`` without CONFIG: the config comes from the run's manifest,
+    validated as a config file is (no source: its resume command names no file); the resumed
+    folder then fits it. Neither CONFIG nor --resume is a usage error (exit 2)."""
+    from patchbench import cli
+    from patchbench.config import load_config
+    from patchbench.run.preflight import config_of_run, resume_manifest
+
+    cfg = load_config(Path(__file__).parents[2] / "configs" / "demo-cpu.yaml")
+    runfolder.write_manifest(tmp_path, models.RunManifest(run_id="r", config=cfg))
+    again = config_of_run(tmp_path)
+    assert again.source is None and again.model_dump(mode="json") == cfg.model_dump(mode="json")
+    assert again.suite_params == cfg.suite_params and again.suite_rounds == cfg.suite_rounds
+    assert resume_manifest(again, tmp_path).config.model_dump() == cfg.model_dump()
+    assert cli.main(["bench", "--resume", str(tmp_path), "--dry-run"]) == 0
+    assert "mrope-sync-free" in capsys.readouterr().out
+    assert cli.main(["bench"]) == 2
+    assert "give a CONFIG, or --resume RUN_DIR" in capsys.readouterr().err
+    runfolder.write_manifest(tmp_path, models.RunManifest(run_id="r"))
+    with pytest.raises(runfolder.ConfigError, match="its manifest holds no config"):
+        config_of_run(tmp_path)
