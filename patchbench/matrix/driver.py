@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from patchbench.config import config_from_mapping
 from patchbench.envs.nodes import BUILD_FLAG, EnvPlan, missing_env_message, size_txt
 from patchbench.errors import ConfigError, EnvironmentNotReady, Interrupted, RunFailed
 from patchbench.inputs import RESULTS_DIR
@@ -27,8 +28,8 @@ from patchbench.matrix.record import (
     read_matrix_record,
     write_matrix_record,
 )
-from patchbench.matrix.spec import Matrix, load_matrix
-from patchbench.records import write_text
+from patchbench.matrix.spec import Matrix, Unit, load_matrix
+from patchbench.records import write_json
 
 
 def _utc_stamp() -> str:
@@ -52,7 +53,7 @@ def _check_resume(m: Matrix, matrix_dir: Path) -> MatrixRecord:
     changed = []
     for u in m.units:
         p = matrix_dir / "configs" / f"{u.id}.yaml"
-        if p.exists() and yaml.safe_load(p.read_text()) != yaml.safe_load(u.config_text):
+        if p.exists() and not _same_config(p, u):
             changed.append(u.id)
     if changed:
         raise ConfigError(
@@ -61,6 +62,16 @@ def _check_resume(m: Matrix, matrix_dir: Path) -> MatrixRecord:
             "resumed matrix must measure the same thing: start a new matrix run"
         )
     return old
+
+
+def _same_config(path: Path, u: Unit) -> bool:
+    """Whether the config recorded at ``path`` (JSON, or the YAML an earlier version wrote)
+    validates to ``u``'s config."""
+    try:
+        old = config_from_mapping(yaml.safe_load(path.read_text()), str(path), check_files=False)
+    except (ConfigError, OSError, yaml.YAMLError, TypeError):
+        return False
+    return old.model_dump(mode="json") == u.config.model_dump(mode="json")
 
 
 def _new_record(
@@ -122,8 +133,8 @@ def _open_run(
         matrix_dir = Path(results or RESULTS_DIR) / f"{_utc_stamp()}-{m.spec.name}"
         matrix_dir.mkdir(parents=True, exist_ok=False)
         old, done = None, set()
-    for u in m.units:
-        write_text(matrix_dir / "configs" / f"{u.id}.yaml", u.config_text)
+    for u in m.units:  # the validated config as JSON (YAML readers read it too)
+        write_json(matrix_dir / "configs" / f"{u.id}.yaml", u.config.model_dump(mode="json"))
     rec = _new_record(m, executor, address, old, done)
     rec.environments = envs or None
     write_matrix_record(matrix_dir, rec)

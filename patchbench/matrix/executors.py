@@ -83,7 +83,7 @@ class Executor:
 def _unit_spec(u: Unit, matrix_dir: Path, opts: dict) -> dict:
     return {
         "id": u.id,
-        "config_text": u.config_text,
+        "config": u.config.model_dump(mode="json"),
         "sglang": u.sglang,
         "env_setup": opts.get("env_setup"),
         "env_root": opts.get("env_root"),

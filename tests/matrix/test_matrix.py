@@ -345,7 +345,7 @@ def check_units_layout(mdir: Path, mx) -> dict:
     man = read_json(mdir / "matrix.json")
     assert [u["id"] for u in man["units"]] == [u.id for u in mx.units]
     for u in mx.units:
-        assert (mdir / "configs" / f"{u.id}.yaml").read_text() == u.config_text
+        assert read_json(mdir / "configs" / f"{u.id}.yaml") == u.config.model_dump(mode="json")
     return {u["id"]: u for u in man["units"]}
 
 
