@@ -11,7 +11,7 @@ wheel the ``sglang`` tree that runs as an overlay on that environment.
   or not: only the commit's ``python/sglang`` and ``python/pyproject.toml`` are read with
   ``git --git-dir``/``git archive``/``git show``, never a work tree). Environments are keyed by
   their dependency set: the build runs on the environment whose installed sglang declares the
-  same requirements (:func:`requirement_keys`) as an overlay of only the files that differ from
+  same requirements (:func:`patchbench.envs.envinfo.requirement_keys`) as an overlay of only the files that differ from
   that environment's installed package (:func:`patchbench.patches.overlay.build_source_overlay`),
   so a branch needs no new environment.
 
@@ -44,9 +44,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
-
 from patchbench.config import LATEST, Config, GitSource, WheelSource, sglang_label
 from patchbench.envs import envinfo
 from patchbench.errors import ConfigError, EnvironmentNotReady, PatchError
@@ -58,7 +55,6 @@ DEFAULT_INDEX_URL = "https://pypi.org/pypi"
 
 #: paths whose change needs a compiled build (refused on the CPU)
 _COMPILED = re.compile(r"(^|/)(sgl-kernel|csrc)/|\.(cu|cuh|cpp|cc|cxx|c|h|hpp)$")
-_EXTRA = re.compile(r"""extra\s*==\s*["']([^"']+)["']""")
 
 
 @dataclass
@@ -135,32 +131,11 @@ def resolve_latest(index_url: str | None = None, *, timeout_s: float = 20) -> st
 def _release_build(spec: str, release: str) -> Build:
     env = envinfo.environment_for(release)
     if env is None:
-        have = ", ".join(e.describe() for e in envinfo.environments()) or "none"
-        raise EnvironmentNotReady(
-            f"sglang {release}: no environment of this machine has it (have: {have}); run "
-            f"`{envinfo.setup_command(release)}` (it makes {envinfo.venv_name(release)})"
-        )
+        raise envinfo.missing_environment(f"sglang {release}", release)
     return Build(spec=spec, kind="release", env=env, resolved=release)
 
 
 # ------------------------------------------------------------------------------- requirements
-def requirement_keys(reqs: list[str] | tuple[str, ...]) -> set[tuple[str, str, str]]:
-    """The dependency set of a list of requirement strings, comparable across a pyproject's
-    ``dependencies``/``optional-dependencies`` and an installed distribution's ``Requires-Dist``:
-    {(canonical name, specifier, extra it belongs to or "")}, names and extras normalized
-    (``runtime_common`` is ``runtime-common``); other markers are ignored."""
-    out = set()
-    for raw in reqs:
-        try:
-            r = Requirement(raw)
-        except InvalidRequirement:
-            continue
-        m = _EXTRA.search(str(r.marker)) if r.marker else None
-        spec = ",".join(sorted(str(s) for s in r.specifier))
-        out.add((canonicalize_name(r.name), spec, canonicalize_name(m.group(1)) if m else ""))
-    return out
-
-
 def pyproject_requirements(text: str) -> list[str]:
     """The requirement strings of a ``pyproject.toml``: ``project.dependencies`` and every
     ``project.optional-dependencies`` list (each marked with its extra, as Requires-Dist is)."""
@@ -176,40 +151,11 @@ def pyproject_requirements(text: str) -> list[str]:
     return out
 
 
-def _show_key(k: tuple[str, str, str]) -> str:
-    return f"{k[0]}{k[1]}" + (f" [{k[2]}]" if k[2] else "")
-
-
 def _environment_with(what: str, reqs: list[str], version: str | None) -> envinfo.Environment:
-    """The environment whose installed sglang declares the dependency set of ``reqs`` (the one
-    with sglang ``version`` first). Raises EnvironmentNotReady naming the differences against
-    the closest environment."""
-    want = requirement_keys(reqs)
-    envs = envinfo.environments()
-    same = [e for e in envs if requirement_keys(list(e.requires)) == want]
-    if same:
-        return next((e for e in same if e.sglang == version), same[0])
-    if not envs:
-        raise EnvironmentNotReady(f"{what}: no environment with sglang here; run `make setup`")
-    best = min(envs, key=lambda e: len(requirement_keys(list(e.requires)) ^ want))
-    have = requirement_keys(list(best.requires))
-    added = sorted(_show_key(k) for k in want - have)
-    removed = sorted(_show_key(k) for k in have - want)
-    shown = "; ".join(
-        x
-        for x in (
-            f"needs {', '.join(added[:8])}" + (" ..." if len(added) > 8 else "") if added else "",
-            f"lacks {', '.join(removed[:8])}" + (" ..." if len(removed) > 8 else "")
-            if removed
-            else "",
-        )
-        if x
-    )
-    raise EnvironmentNotReady(
-        f"{what}: its dependencies match no environment of this machine (closest: "
-        f"{best.describe()}: {shown}); a build runs as an overlay only on an environment with "
-        "the same dependencies: make one with `make setup SGLANG=<the release that has them>`"
-    )
+    env = envinfo.environment_for(version, requires=reqs)
+    if env is None:
+        raise envinfo.missing_environment(what, version, requires=reqs)
+    return env
 
 
 # ------------------------------------------------------------------------------- git
@@ -406,7 +352,9 @@ def _refuse_compiled(cfg: Config, builds: dict[str, Build]) -> None:
         bad = compiled_files(names)
         if "python/pyproject.toml" in names:
             reqs = [
-                requirement_keys(pyproject_requirements(git_show(gd, c, "python/pyproject.toml")))
+                envinfo.requirement_keys(
+                    pyproject_requirements(git_show(gd, c, "python/pyproject.toml"))
+                )
                 for c in (base.resolved, b.resolved)
             ]
             if reqs[0] != reqs[1]:
@@ -455,7 +403,6 @@ __all__ = [
     "describe_builds",
     "git_build",
     "pyproject_requirements",
-    "requirement_keys",
     "resolve_builds",
     "resolve_latest",
     "wheel_build",
