@@ -504,7 +504,7 @@ COMMANDS: list[Command] = [
     Command(
         "matrix",
         "run a matrix of configs (models, pins, GPU types) here or on a Ray cluster; one report",
-        *_lazy("patchbench.matrix.cli", add="add_cli_arguments", run="run_cli"),
+        *_lazy("patchbench.matrix.driver", add="add_cli_arguments", run="run_cli"),
     ),
     Command(
         "comment",

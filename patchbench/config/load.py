@@ -83,12 +83,12 @@ def config_from_mapping(
             try:
                 raw[name] = model.model_validate(raw[name])
             except ValidationError as e:
-                problems.append(_format_errors(at, e, raw, (name,)))
+                problems.append(format_errors(at, e, raw, (name,)))
                 raw[name] = None
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as e:
-        problems.append(_format_errors(at, e, raw))
+        problems.append(format_errors(at, e, raw))
         raise ConfigError("\n".join(problems)) from None
     known = suite_names()
     for name, params in cfg.suites.items():
@@ -177,7 +177,7 @@ def _suite_problems(cfg: Config, name: str, own: dict, at: Where) -> list[str]:
     try:
         cfg.suite_params[name] = model.model_validate(own)
     except ValidationError as e:
-        msg = _format_errors(at, e, own, ("suites", name))
+        msg = format_errors(at, e, own, ("suites", name))
         allowed = ", ".join([*model.model_fields, ROUNDS_KEY])
         problems.append(
             msg if "allowed keys:" in msg else f"{msg}\n  (suite '{name}' accepts: {allowed})"
@@ -306,10 +306,12 @@ def _short_repr(value: Any) -> str:
     return r.repr(value)
 
 
-def _format_errors(at: Where, err: ValidationError, data: Any, prefix: tuple = ()) -> str:
-    """One line per problem of ``err`` (raised validating ``data``, found at key path
-    ``prefix``): where, the key, the message, what was found and, for an unknown key, what is
-    allowed."""
+def format_errors(
+    at: Where, err: ValidationError, data: Any, prefix: tuple = (), model: type = Config
+) -> str:
+    """One line per problem of ``err`` (raised validating ``data`` as ``model``, found at key
+    path ``prefix`` of a config): where, the key, the message, what was found and, for an
+    unknown key, what is allowed."""
     lines: list[str] = []
     for e in err.errors():
         raw_loc = tuple(e["loc"])
@@ -333,7 +335,7 @@ def _format_errors(at: Where, err: ValidationError, data: Any, prefix: tuple = (
             continue
         key = ".".join(str(x) for x in loc) or "(top level)"
         if e["type"] == "extra_forbidden":
-            allowed = _allowed_keys(loc[:-1])
+            allowed = allowed_keys(loc[:-1], model)
             msg = f"unknown key '{key}'" + (
                 f"; allowed keys: {', '.join(allowed)}" if allowed else ""
             )
@@ -353,9 +355,10 @@ def _format_errors(at: Where, err: ValidationError, data: Any, prefix: tuple = (
     return "\n".join(dict.fromkeys(lines))  # a union reports one problem per member
 
 
-def _allowed_keys(loc: tuple) -> list[str]:
-    """The keys allowed at key path ``loc`` (for 'unknown key' messages; [] when unknown)."""
-    if loc[:1] == ("suites",):
+def allowed_keys(loc: tuple, model: Any = Config) -> list[str]:
+    """The keys ``model`` allows at key path ``loc`` (for 'unknown key' messages; [] when
+    unknown); a config's ``suites.<name>`` are the suite's ``Params``."""
+    if model is Config and loc[:1] == ("suites",):
         rest = [k for k in loc[1:] if not isinstance(k, int)]
         if not rest:
             return suite_names()
@@ -369,7 +372,6 @@ def _allowed_keys(loc: tuple) -> list[str]:
                 return []
             model = ann
         return [*model.model_fields] + ([ROUNDS_KEY] if len(rest) == 1 else [])
-    model = Config
     keys = list(loc)
     while keys:
         key = keys.pop(0)
@@ -382,7 +384,9 @@ def _allowed_keys(loc: tuple) -> list[str]:
             model = sections()[key]
             continue
         ann = fields[key].annotation
-        if typing.get_origin(ann) is dict:  # name -> model: skip the name
+        if typing.get_origin(ann) is list:
+            ann = typing.get_args(ann)[0]
+        elif typing.get_origin(ann) is dict:  # name -> model: skip the name
             ann = typing.get_args(ann)[1]
             if not keys:
                 return []

@@ -9,7 +9,7 @@ server arguments or GPU types are different units. docs/scale-out.md is the user
 - :mod:`~patchbench.envs.nodes`: the python of a unit's pin (this one, or a venv per pin);
 - :mod:`~patchbench.matrix.execute`: one unit run anywhere (bench in a subprocess, its folder back);
 - :mod:`~patchbench.matrix.executors`: local (one after another) and Ray (a task per unit);
-- :mod:`~patchbench.matrix.driver`: the run of a whole matrix, resume, ``--dry-run``'s listing;
+- :mod:`~patchbench.matrix.driver`: the run of a whole matrix, resume, ``--dry-run``'s listing, the
+  ``patchbench matrix`` command;
 - :mod:`~patchbench.matrix.report`: ``report.md`` and the figure of the primary effects;
-- :mod:`~patchbench.matrix.cli`: the ``patchbench matrix`` command.
 """

@@ -1,6 +1,7 @@
 """The driver of a matrix run: make (or resume) the matrix run folder, hand the units to an executor,
 record each unit in ``matrix.json`` as it ends (:mod:`patchbench.matrix.record`), and write the
-report at the end, also after failures and Ctrl-C.
+report at the end, also after failures and Ctrl-C; and the ``patchbench matrix`` command
+(:func:`add_cli_arguments`, :func:`run_cli`).
 
 The unit of work is one whole ``bench`` run (every variant and repeat of one config, interleaved,
 on one node): the arms of one comparison are never split across machines.
@@ -8,19 +9,27 @@ on one node): the arms of one comparison are never split across machines.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from patchbench.config import config_from_mapping
-from patchbench.envs.nodes import BUILD_FLAG, EnvPlan, missing_env_message, size_txt
-from patchbench.errors import ConfigError, EnvironmentNotReady, Interrupted, RunFailed
+from patchbench.envs.nodes import (
+    BUILD_FLAG,
+    DEFAULT_ENV_ROOT,
+    EnvPlan,
+    missing_env_message,
+    size_txt,
+)
+from patchbench.errors import ConfigError, EnvironmentNotReady, Interrupted, RunFailed, UsageError
 from patchbench.inputs import RESULTS_DIR
-from patchbench.matrix.executors import Executor, UnitResult, log, make_executor
+from patchbench.matrix.executors import Executor, LocalExecutor, UnitResult, log, make_executor
 from patchbench.matrix.record import (
     MatrixRecord,
     UnitRecord,
@@ -308,3 +317,76 @@ def describe_matrix(
         if any(p.source == "build" for p in envs):
             lines.append(f"  a missing environment is built only with {BUILD_FLAG}")
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------- the command
+def add_cli_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``patchbench matrix`` (an argparse parser)."""
+    p.add_argument("matrix", help="the matrix file (YAML): a base config with axes, or units")
+    p.add_argument(
+        "--on",
+        choices=("local", "ray"),
+        default="local",
+        help="local: one unit after another here (default); ray: one Ray task per unit",
+    )
+    p.add_argument(
+        "--address",
+        help="the Ray cluster (default: RAY_ADDRESS, a running local cluster, or a new local one)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="list the units, run nothing")
+    p.add_argument(
+        "--resume",
+        metavar="MATRIX_RUN_DIR",
+        help="run only the units not finished ok in MATRIX_RUN_DIR",
+    )
+    p.add_argument(
+        "--results", metavar="DIR", help="parent of the matrix run folder (default results/)"
+    )
+    p.add_argument(
+        "--env-setup",
+        choices=("auto", "make", "current"),
+        help="how a unit gets its pin's environment (default: auto locally, make on "
+        "Ray: `make setup SGLANG=<pin>` into a persistent venv per pin on each node)",
+    )
+    p.add_argument(
+        "--build-envs",
+        action="store_true",
+        help="build an environment a unit's pin lacks (`make setup`: about 8-9 GB each; "
+        "without it such a matrix is refused before anything runs, exit 3)",
+    )
+    p.add_argument(
+        "--env-root",
+        metavar="DIR",
+        help=f"where nodes keep those venvs (default {DEFAULT_ENV_ROOT})",
+    )
+    p.add_argument(
+        "--no-ship-code",
+        action="store_true",
+        help="Ray: do not send this checkout "
+        "as the job's working_dir (every node has it at the same path)",
+    )
+
+
+def run_cli(a: argparse.Namespace) -> int:
+    """``patchbench matrix`` from parsed arguments; returns 0 or raises a PatchbenchError."""
+
+    if a.dry_run:
+        m = load_matrix(a.matrix)
+        mode = a.env_setup or ("make" if a.on == "ray" else "auto")
+        ex = LocalExecutor(env_setup=mode)
+        if a.env_root:
+            ex.opts["env_root"] = a.env_root
+        note = (
+            "this machine; a Ray node is looked at when the matrix starts" if a.on == "ray" else ""
+        )
+        print(describe_matrix(m, a.resume, ex.plan_envs(m.units), note))
+        return 0
+    kw: dict[str, Any] = {"build_envs": a.build_envs}
+    if a.env_setup:
+        kw["env_setup"] = a.env_setup
+    if a.on == "ray":
+        kw.update(env_root=a.env_root, ship_code=not a.no_ship_code)
+    elif a.env_root or a.no_ship_code:
+        raise UsageError("--env-root and --no-ship-code are for --on ray")
+    run_matrix(a.matrix, a.on, a.address, resume=a.resume, results=a.results, **kw)
+    return 0

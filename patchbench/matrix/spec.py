@@ -42,7 +42,7 @@ from typing import Any, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from patchbench.config import LATEST, Config, config_from_mapping, sglang_label
-from patchbench.config.load import Where, set_dotted
+from patchbench.config.load import Where, format_errors, set_dotted
 from patchbench.errors import ConfigError
 from patchbench.inputs import FOLDER_NAME, REPO_ROOT, line_of, read_yaml_mapping
 
@@ -214,29 +214,8 @@ def _validated_spec(raw: dict, where) -> MatrixSpec:
     try:
         return MatrixSpec.model_validate(raw)
     except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            loc = tuple(x for x in err["loc"] if not (isinstance(x, str) and "[" in x))
-            key = ".".join(str(x) for x in loc) or "(top level)"
-            if err["type"] == "extra_forbidden":
-                model = (
-                    MatrixSpec
-                    if len(loc) == 1
-                    else (UnitEntry if loc[:1] == ("units",) else Resources)
-                )
-                lines.append(
-                    f"{where(*loc)}: unknown key '{key}'; allowed keys: "
-                    f"{', '.join(model.model_fields)}"
-                )
-            elif err["type"] == "missing":
-                lines.append(f"{where(*loc)}: missing required key '{key}'")
-            else:
-                got = err.get("input")
-                lines.append(
-                    f"{where(*loc)}: key '{key}': {err['msg'].removeprefix('Value error, ')}"
-                    f" (got {repr(got)[:80] if not isinstance(got, dict) else 'a mapping'})"
-                )
-        raise ConfigError("\n".join(dict.fromkeys(lines))) from None
+        msg = format_errors(lambda loc: where(*loc), e, raw, model=MatrixSpec)
+        raise ConfigError(msg) from None
 
 
 def _spec_problems(spec: MatrixSpec, path: Path, where) -> list[str]:

@@ -91,8 +91,7 @@ from patchbench.errors import (  # noqa: E402
     UsageError,
 )
 from patchbench.inputs import REPO_ROOT  # noqa: E402
-from patchbench.matrix.cli import add_cli_arguments, run_cli  # noqa: E402
-from patchbench.matrix.driver import describe_matrix, run_matrix  # noqa: E402
+from patchbench.matrix.driver import add_cli_arguments, describe_matrix, run_cli, run_matrix  # noqa: E402
 from patchbench.matrix.execute import pack_folder, unpack_folder  # noqa: E402
 from patchbench.matrix.executors import LocalExecutor, make_executor  # noqa: E402
 from patchbench.matrix.spec import is_matrix_file, load_matrix, unit_id  # noqa: E402
