@@ -373,9 +373,7 @@ def run_cli(a: argparse.Namespace) -> int:
     if a.dry_run:
         m = load_matrix(a.matrix)
         mode = a.env_setup or ("make" if a.on == "ray" else "auto")
-        ex = LocalExecutor(env_setup=mode)
-        if a.env_root:
-            ex.opts["env_root"] = a.env_root
+        ex = LocalExecutor(env_setup=mode, env_root=a.env_root)
         note = (
             "this machine; a Ray node is looked at when the matrix starts" if a.on == "ray" else ""
         )
