@@ -1,22 +1,14 @@
 """``patchbench ab``: one change against its baseline from one command line, no config to write.
 
-The change is one of
+B is a branch of an sglang checkout (``--git CHECKOUT --range main...my-branch`` or ``--base REF
+--head REF``: the merge base is A; each side a build of the checkout at that commit,
+patchbench.envs.builds; files changed outside ``python/sglang/`` are listed and ignored), a diff
+(``--patch FILE``) or server arguments (``--args-b``, ``--args-a`` for A's). The config is a
+preset (``configs/presets/<name>.yaml``) or ``--config FILE`` with its variants replaced, built
+in memory; its run folder's manifest holds it like any run's.
 
-- a branch of an sglang checkout (``--git CHECKOUT --range main...my-branch``, or ``--base REF
-  --head REF``): the merge base is the baseline and the branch head the variant, each a build
-  of the checkout at that commit (:mod:`patchbench.envs.builds`: an overlay of its ``python/sglang``
-  on the environment with the same dependencies); files the range changes outside
-  ``python/sglang/`` (tests, docs, ...) are listed and ignored;
-- a diff (``--patch FILE``): stock against the diff applied (``{diff: FILE}``);
-- server arguments (``--args-b "..."``, with ``--args-a "..."`` for the baseline's).
-
-It is run with a preset (``configs/presets/<name>.yaml``: ``cpu-demo``, ``pr-h200``,
-``sweep-h200``) or a config
-file whose variants are replaced (``--config FILE``); the config written for the run lands in the
-run folder like any other, and the bench prints the answer (the primaries' verdicts).
-
-Errors: :class:`~patchbench.errors.UsageError` (exit 2) for an unknown preset, a bad range or
-arguments; the run's own errors (:func:`patchbench.run.bench.run_bench`).
+Errors: UsageError (exit 2) for an unknown preset, a bad range or arguments; the run's own
+(:func:`patchbench.run.bench.run_bench`).
 """
 
 from __future__ import annotations

@@ -1,29 +1,18 @@
-"""Each variant's sglang build: the environment its server runs in, and for a source checkout or a
-wheel the ``sglang`` tree that runs as an overlay on that environment.
+"""Each variant's sglang build: the environment its server runs in and, for a source checkout or a
+wheel, the ``sglang`` tree that runs as an overlay on that environment.
 
-``sglang:`` (for the run, or per variant; :class:`patchbench.config.Config`) names
+``sglang:`` names a release (the environment of this machine that has it installed), ``latest``
+(the newest release on the package index's JSON API, ``$PATCHBENCH_INDEX_URL``, resolved once
+per run), a wheel or a checkout at a commit (only the commit's ``python/sglang`` and
+``python/pyproject.toml`` are read, never a work tree). A wheel or checkout runs on the
+environment whose installed sglang declares the same dependencies, as an overlay of the files
+that differ (patchbench.patches.overlay.build_source_overlay): a branch needs no new environment.
+On the CPU, a variant checkout whose range from the baseline's touches compiled code or the
+dependencies is refused before anything launches.
 
-- a release (``"0.5.23"``): the environment of this machine that has it installed
-  (:func:`patchbench.envs.envinfo.environments`: the running interpreter's, ``.venv``, ``.venv-*``);
-- ``latest``: the newest release on the package index (its JSON API, ``$PATCHBENCH_INDEX_URL``,
-  default https://pypi.org/pypi), resolved once per run and recorded in the manifest;
-- a wheel (``{wheel: FILE}``) or a source checkout at a commit (``{git: PATH, ref: REF}``, bare
-  or not: only the commit's ``python/sglang`` and ``python/pyproject.toml`` are read with
-  ``git --git-dir``/``git archive``/``git show``, never a work tree). Environments are keyed by
-  their dependency set: the build runs on the environment whose installed sglang declares the
-  same requirements (:func:`patchbench.envs.envinfo.requirement_keys`) as an overlay of only the files that differ from
-  that environment's installed package (:func:`patchbench.patches.overlay.build_source_overlay`),
-  so a branch needs no new environment.
-
-On the CPU, two checkouts of one repository (a baseline and a variant at other commits) whose
-range touches compiled code (``sgl-kernel/``, ``csrc/``, C/C++/CUDA sources) or the dependencies
-is refused before anything launches, naming the files.
-
-Errors: :class:`~patchbench.errors.EnvironmentNotReady` (exit 3) for a build no environment of
-this machine can run (naming the ``make setup`` that makes one, or the differing requirements),
-or an index that cannot be read; :class:`~patchbench.errors.ConfigError` (exit 2) for an unknown
-ref, a checkout without ``python/sglang``, a bad wheel, patches on a source build, or a refused
-range.
+Errors: EnvironmentNotReady (exit 3) for a build no environment here can run, or an index that
+cannot be read; ConfigError (exit 2) for an unknown ref, a checkout without ``python/sglang``, a
+bad wheel, patches on a source build, or a refused range.
 """
 
 from __future__ import annotations

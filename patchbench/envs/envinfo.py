@@ -306,37 +306,20 @@ def hf_cached(repo_id: str, repo_type: str = "model") -> bool:
 
 
 def torch_build_info() -> dict:
-    """torch version and CUDA build without importing torch (which takes seconds): read from
-    torch/version.py, the file torch's build writes (``__version__``, ``cuda``).
-
-    Returns {"torch": str|None, "cuda_build": str|None}; both None when torch is not installed.
-    """
-    import ast
-    import importlib.util
-
+    """{"torch", "cuda_build"} without importing torch (seconds): the ``__version__`` and
+    ``cuda`` lines of the torch/version.py its build writes; both None without torch."""
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         return {"torch": None, "cuda_build": None}
     out = {"torch": installed_version("torch"), "cuda_build": None}
     try:
-        tree = ast.parse(
-            (Path(list(spec.submodule_search_locations)[0]) / "version.py").read_text()
-        )
-    except (OSError, SyntaxError):
+        text = (Path(list(spec.submodule_search_locations)[0]) / "version.py").read_text()
+    except OSError:
         return out
-    for node in tree.body:
-        target = (
-            node.targets[0]
-            if isinstance(node, ast.Assign)
-            else node.target
-            if isinstance(node, ast.AnnAssign)
-            else None
-        )
-        if isinstance(target, ast.Name) and isinstance(node.value, ast.Constant):
-            if target.id == "__version__":
-                out["torch"] = node.value.value
-            elif target.id == "cuda":
-                out["cuda_build"] = node.value.value
+    for key, name in (("torch", "__version__"), ("cuda_build", "cuda")):
+        m = re.search(rf"^{name}\s*(?::\s*\S+\s*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
+        if m:
+            out[key] = m.group(1)
     return out
 
 

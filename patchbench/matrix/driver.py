@@ -182,24 +182,19 @@ def run_matrix(
     matrix: Matrix | None = None,
     **executor_kw,
 ) -> Path:
-    """Run every unit of a matrix; returns the matrix run folder.
+    """Run every unit of a matrix; returns the matrix run folder (units land in
+    ``<folder>/<unit id>/`` as they end; matrix.json is rewritten after each; the report is
+    written at the end, also after failures and Ctrl-C).
 
-    ``on``: "local" (one after another here, no Ray) or "ray" (one task per unit on the cluster
-    at ``address``); ``executor`` overrides both (tests, other engines); ``executor_kw`` go to
-    :func:`patchbench.matrix.executors.make_executor`. ``resume``: a matrix run folder: only units
-    not ``ok`` there run (a unit with a run folder continues it through ``bench --resume``); a
-    unit whose config changed is refused. ``results``: the parent of the matrix run folder
-    (default results/). ``matrix``: the loaded matrix of ``path`` to run (default: loaded here;
-    the nightly passes one whose units' configs leave out variants that cannot run).
+    ``on``: "local" or "ray" (``address``: the cluster); ``executor`` overrides both;
+    ``executor_kw`` go to :func:`patchbench.matrix.executors.make_executor`. ``resume``: a matrix
+    run folder whose units not ``ok`` run again (a unit's run folder continues through ``bench
+    --resume``; a unit whose config changed is refused). ``results``: the parent folder
+    (default results/). ``matrix``: the loaded matrix to run (default: ``path`` loaded).
 
-    Each unit's run folder lands in ``<matrix run>/<unit id>/`` as it ends; matrix.json is
-    rewritten after every unit; the matrix report is written at the end, also after failures and
-    Ctrl-C. Before anything runs, where each pin's python comes from is announced
-    (:func:`check_envs`, recorded as matrix.json's ``environments``). Raises ConfigError (exit 2)
-    for a bad matrix, EnvironmentNotReady (3) for Ray missing or for an environment that would be
-    built without ``build_envs`` (nothing runs, no matrix run folder is made), RunFailed (4)
-    when any unit did not end ok (everything else kept), Interrupted (130/143) after
-    Ctrl-C/SIGTERM (finished units kept; ``--resume`` runs the rest).
+    Raises ConfigError (2) for a bad matrix; EnvironmentNotReady (3) for Ray missing or an
+    environment that would be built without ``build_envs`` (nothing runs); RunFailed (4) when a
+    unit did not end ok; Interrupted (130/143) after Ctrl-C/SIGTERM (finished units kept).
     """
     m = matrix if matrix is not None else load_matrix(path)
     if executor is None:

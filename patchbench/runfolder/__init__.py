@@ -1,31 +1,18 @@
 """The typed run-folder model: one reader and one writer for every file of a run folder.
 
-Layout (docs/CONTRACTS.md, "Run folder")::
+Layout (docs/CONTRACTS.md, "Run folder"): ``RUN/manifest.json`` (:class:`RunManifest`),
+``RUN/<variant>/rep<k>/cell.json`` (:class:`CellRecord`), ``RUN/<variant>/rep<k>/<suite>/
+summary.json`` (:class:`SuiteSummary`); ``RUN/compare.json`` is patchbench.analysis.comparison's.
+Models, schema versions and the format history are in :mod:`patchbench.runfolder.models`.
 
-    RUN/manifest.json                       RunManifest
-    RUN/<variant>/rep<k>/cell.json          CellRecord
-    RUN/<variant>/rep<k>/<suite>/summary.json   SuiteSummary
-    RUN/compare.json                        patchbench.analysis.comparison.Comparison
-
-The models, the current schema versions and the format history of each file are in
-:mod:`patchbench.runfolder.models`. Every model carries ``schema_version`` and declares every
-key it writes (``extra="forbid"``: an undeclared key is an error, in the code that sets it and in
-a file of the current version). Reading (:func:`read_manifest`, :func:`read_cell`, :func:`read_summary`):
-
-- a file written by an older schema is migrated on read (the returned model has the current
-  version, ``migrated_from`` says which one it was); keys the current version does not declare
-  are dropped by the migration;
-- the manifest's config is validated as a :class:`patchbench.config.Config`; keys of its
-  ``compare`` / ``nightly`` settings that no longer exist are dropped, invalid settings become
-  the defaults, each with a line in ``RunManifest.config_notes``;
-- a file written by a newer schema raises :class:`SchemaTooNew` naming the file and both versions
-  (exit 2: this patchbench is too old for the folder);
-- a cell or summary file that is not JSON or does not have the model's shape gives a record with
-  ``status="unreadable"`` and a note naming the file, so the rest of a report still renders; an
-  unreadable manifest raises :class:`RunFolderError` (nothing can be read without it).
-
-Writing (:func:`write_manifest`, :func:`write_cell`, :func:`write_summary`) always goes through
-:func:`patchbench.records.write_json` (atomic) and stamps the current schema version.
+Reading: a file of an older schema is migrated (``migrated_from`` says which; keys the current
+version does not declare are dropped); the manifest's config is validated as a
+:class:`patchbench.config.Config` (``compare`` / ``nightly`` keys that no longer exist are
+dropped, invalid settings become the defaults, each noted in ``RunManifest.config_notes``); a
+newer schema raises :class:`SchemaTooNew` (exit 2); an unreadable cell or summary is a record
+with ``status="unreadable"`` and a note naming the file, an unreadable manifest a
+:class:`RunFolderError`. Writing goes through :func:`patchbench.records.write_json` (atomic) and
+stamps the current schema version.
 """
 
 from __future__ import annotations
