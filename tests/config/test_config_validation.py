@@ -498,6 +498,6 @@ def test_derive_changes_dotted_keys_and_validates_the_result(tmp_path):
         derive(cfg, {"schedule.repeats": 0})
     with pytest.raises(ConfigError, match="'name' holds str, not a mapping"):
         derive(cfg, {"name.x": 1})
-    auto = load_config(REPO_ROOT / "configs" / "nightly-cpu.yaml")
+    auto = load_config(REPO_ROOT / "configs" / "nightly-h200.yaml")
     assert auto.schedule.auto and derive(auto, {"name": "x"}).schedule.auto
     assert not derive(auto, {"schedule.repeats": 4}).schedule.auto
