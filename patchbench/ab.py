@@ -181,6 +181,3 @@ def prepare_ab(a: Any) -> Config:
     cfg = config_from_mapping(raw, file_where(src, text))
     print(f"ab: config {cfg.name} from {src}", flush=True)
     return cfg
-
-
-__all__ = ["GitRange", "ab_config", "git_range", "preset_path", "presets", "prepare_ab"]

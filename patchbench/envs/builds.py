@@ -376,23 +376,3 @@ def overlay_patches(
         else:
             out.append(patch_from_diff_file(cfg.resolve_path(p.diff), release, cache_dir=cache_dir))
     return out
-
-
-def describe_builds(cfg: Config) -> list[str]:
-    """One line per variant naming its build (from ``cfg.builds``), for the plan and the log."""
-    return [f"  {v:<24} {b.describe()}" for v, b in cfg.builds.items()]
-
-
-__all__ = [
-    "Build",
-    "DEFAULT_INDEX_URL",
-    "INDEX_URL_ENV",
-    "changed_files",
-    "compiled_files",
-    "describe_builds",
-    "git_build",
-    "pyproject_requirements",
-    "resolve_builds",
-    "resolve_latest",
-    "wheel_build",
-]
