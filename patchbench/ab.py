@@ -1,22 +1,14 @@
 """``patchbench ab``: one change against its baseline from one command line, no config to write.
 
-The change is one of
+B is a branch of an sglang checkout (``--git CHECKOUT --range main...my-branch`` or ``--base REF
+--head REF``: the merge base is A; each side a build of the checkout at that commit,
+patchbench.envs.builds; files changed outside ``python/sglang/`` are listed and ignored), a diff
+(``--patch FILE``) or server arguments (``--args-b``, ``--args-a`` for A's). The config is a
+preset (``configs/presets/<name>.yaml``) or ``--config FILE`` with its variants replaced, built
+in memory; its run folder's manifest holds it like any run's.
 
-- a branch of an sglang checkout (``--git CHECKOUT --range main...my-branch``, or ``--base REF
-  --head REF``): the merge base is the baseline and the branch head the variant, each a build
-  of the checkout at that commit (:mod:`patchbench.envs.builds`: an overlay of its ``python/sglang``
-  on the environment with the same dependencies); files the range changes outside
-  ``python/sglang/`` (tests, docs, ...) are listed and ignored;
-- a diff (``--patch FILE``): stock against the diff applied (``{diff: FILE}``);
-- server arguments (``--args-b "..."``, with ``--args-a "..."`` for the baseline's).
-
-It is run with a preset (``configs/presets/<name>.yaml``: ``cpu-demo``, ``pr-h200``,
-``sweep-h200``) or a config
-file whose variants are replaced (``--config FILE``); the config written for the run lands in the
-run folder like any other, and the bench prints the answer (the primaries' verdicts).
-
-Errors: :class:`~patchbench.errors.UsageError` (exit 2) for an unknown preset, a bad range or
-arguments; the run's own errors (:func:`patchbench.run.bench.run_bench`).
+Errors: UsageError (exit 2) for an unknown preset, a bad range or arguments; the run's own
+(:func:`patchbench.run.bench.run_bench`).
 """
 
 from __future__ import annotations
@@ -27,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from patchbench import inputs
-from patchbench.errors import UsageError
+from patchbench.config import Config, config_from_mapping
+from patchbench.config.load import file_where
+from patchbench.errors import ConfigError, UsageError
 
 PRESETS_DIR = inputs.REPO_ROOT / "configs" / "presets"
-#: the folder the generated configs are written to (git-ignored)
-AB_DIR = inputs.CACHE_DIR / "ab"
 
 
 def presets() -> list[str]:
@@ -68,8 +60,8 @@ def git_range(
     Raises UsageError for a missing or ill-formed range, or one that changes nothing in
     ``python/sglang/``.
     """
-    from patchbench.envs.builds import _git, changed_files, git_commit
-    from patchbench.errors import ConfigError, PatchError
+    from patchbench.envs.builds import changed_files, git, git_commit
+    from patchbench.errors import PatchError
     from patchbench.patches.author import git_dir_of
 
     co = Path(checkout).expanduser().resolve()
@@ -82,7 +74,7 @@ def git_range(
     if rng is not None:
         if "..." in rng:
             a, b = rng.split("...", 1)
-            mb = _git(gd, "merge-base", a or "HEAD", b or "HEAD")
+            mb = git(gd, "merge-base", a or "HEAD", b or "HEAD")
             if mb.returncode != 0:
                 raise UsageError(f"{co}: no merge base of '{a}' and '{b}': {mb.stderr.strip()}")
             base, head = mb.stdout.strip(), b or "HEAD"
@@ -137,16 +129,6 @@ def ab_config(
     return cfg
 
 
-def write_config(cfg: dict[str, Any], folder: Path = AB_DIR) -> Path:
-    """Write ``cfg`` as YAML to ``<folder>/<name>.yaml``; the path."""
-    import yaml
-
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{cfg['name']}.yaml"
-    path.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
-    return path
-
-
 def describe(git: GitRange | None, patch: Path | None, args_a, args_b) -> list[str]:
     """What A and B are, one line each (and the ignored files), for the console."""
     if git is not None:
@@ -168,12 +150,10 @@ def describe(git: GitRange | None, patch: Path | None, args_a, args_b) -> list[s
     return lines
 
 
-def prepare_ab(a: Any) -> Path:
-    """The ``ab`` command's config (argparse namespace of ``patchbench.cli._args_ab``): checks
-    the arguments, prints what A and B are, writes the config to :data:`AB_DIR` and returns its
-    path (the command then runs it, or its dry run)."""
-    from patchbench.errors import ConfigError
-
+def prepare_ab(a: Any) -> Config:
+    """The ``ab`` command's config (argparse namespace of ``patchbench ab``), built in memory:
+    checks the arguments, prints what A and B are and returns the validated config (no
+    ``source``: ``bench --resume RUN_DIR`` resumes it from its run folder)."""
     if not (a.git or a.patch or a.args_b):
         raise UsageError("say what B is: --git CHECKOUT --range A...B, --patch FILE or --args-b")
     if a.git and a.patch:
@@ -182,10 +162,12 @@ def prepare_ab(a: Any) -> Path:
         raise UsageError("--range/--base/--head need --git CHECKOUT")
     git = git_range(a.git, a.range, a.base, a.head) if a.git else None
     src = Path(a.config) if a.config else preset_path(a.preset)
-    _, template = inputs.read_yaml_mapping(src, ConfigError, "name, sglang, model, ...", "config")
+    text, template = inputs.read_yaml_mapping(
+        src, ConfigError, "name, sglang, model, ...", "config"
+    )
     args_a, args_b = shlex.split(a.args_a or ""), shlex.split(a.args_b or "")
     patch = Path(a.patch) if a.patch else None
-    cfg = ab_config(
+    raw = ab_config(
         template,
         git=git,
         patch=patch,
@@ -196,9 +178,6 @@ def prepare_ab(a: Any) -> Path:
     )
     for line in describe(git, patch, args_a, args_b):
         print(f"ab: {line}", flush=True)
-    path = write_config(cfg)
-    print(f"ab: config {path} (from {src})", flush=True)
-    return path
-
-
-__all__ = ["GitRange", "ab_config", "git_range", "preset_path", "presets", "prepare_ab"]
+    cfg = config_from_mapping(raw, file_where(src, text))
+    print(f"ab: config {cfg.name} from {src}", flush=True)
+    return cfg

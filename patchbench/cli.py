@@ -51,9 +51,15 @@ def _patches_dir(p: argparse.ArgumentParser) -> None:
 
 # ----------------------------------------------------------------------------------- commands
 def _args_bench(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="the experiment config (YAML)")
+    p.add_argument(
+        "config", nargs="?", help="the experiment config (YAML); with --resume: default the run's"
+    )
     p.add_argument("--dry-run", action="store_true", help="print the resolved plan, launch nothing")
-    p.add_argument("--resume", metavar="RUN_DIR", help="run only the cells missing in RUN_DIR")
+    p.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="run only the cells missing in RUN_DIR (its manifest holds the config)",
+    )
     p.add_argument("--results", metavar="DIR", help="parent folder of the run folder (results/)")
     p.add_argument("--port", type=port_number, help="override server.port (1024-65535)")
     p.add_argument(
@@ -75,31 +81,39 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
 
 
 def _run_bench(a: argparse.Namespace) -> int:
+    from patchbench.config import load_config
     from patchbench.run import bench
+    from patchbench.run.preflight import config_of_run
 
+    if not (a.config or a.resume):
+        raise errors.UsageError(
+            "give a CONFIG, or --resume RUN_DIR (its manifest holds the config)"
+        )
+    config = a.config or config_of_run(Path(a.resume))
     if a.dry_run:
-        return _dry_run(a.config, a.resume, a.port)
+        return _dry_run(load_config(config) if a.config else config, a.port, a.resume, a.config)
     extra: dict = {k: True for k in ("kill_stale", "verbose") if getattr(a, k)}
     if _PROCESS_T0 is not None:  # a process of its own: its start-up and imports count too
         extra["python_start_s"] = max(0.0, time.time() - _PROCESS_T0)
     if a.restart_variant:
         extra["restart_variants"] = list(a.restart_variant)
     root = a.results or RESULTS_DIR
-    bench.run_bench(a.config, resume=a.resume, results_root=root, port=a.port, **extra)
+    bench.run_bench(config, resume=a.resume, results_root=root, port=a.port, **extra)
     return EXIT_OK
 
 
-def _dry_run(config: str, resume: str | None, port: int | None) -> int:
-    """Print the plan, what a real run would stop at, and whether every patch applies to a
-    pristine copy of its release; PatchError (exit 2) when one does not."""
-    from patchbench.config import load_config
+def _dry_run(
+    cfg, port: int | None = None, resume: str | None = None, label: str | None = None
+) -> int:
+    """``bench --dry-run``: the plan of ``cfg`` (a patchbench.config.Config; ``label``: its file
+    as given) and whether its patches apply to pristine copies; PatchError (exit 2) when one
+    does not."""
     from patchbench.envs import builds, envinfo
     from patchbench.run import variants
     from patchbench.run.plan import describe_plan
     from patchbench.run.variants import is_cpu
 
-    cfg = load_config(config)
-    if port:
+    if port:  # the plan shows the port the run would use
         cfg.server.port = port
     note = None
     try:
@@ -112,7 +126,7 @@ def _dry_run(config: str, resume: str | None, port: int | None) -> int:
     if not is_cpu(cfg) and envinfo.gpu_info() is None:
         print(
             "note: no NVIDIA GPU here, and the config does not run on --device cpu: "
-            f"`patchbench doctor {config}` lists what a run still needs"
+            f"`patchbench doctor {label or cfg.source or ''}` lists what a run still needs"
         )
     problems = variants.check_patches(cfg)
     failed = any(not p.startswith(" ") and " not checked " not in p for p in problems)
@@ -327,14 +341,15 @@ def _args_ab(p: argparse.ArgumentParser) -> None:
 
 
 def _run_ab(a: argparse.Namespace) -> int:
-    """Write the A/B config (:func:`patchbench.ab.prepare_ab`), then its dry run or the run."""
+    """Build the A/B config (:func:`patchbench.ab.prepare_ab`), then its dry run or the run; the
+    bench prints the answer, then the report's path."""
     from patchbench import ab
     from patchbench.run import bench
 
-    path = ab.prepare_ab(a)
+    cfg = ab.prepare_ab(a)
     if a.dry_run:
-        return _dry_run(str(path), None, a.port)
-    run_dir = bench.run_bench(path, results_root=a.results or RESULTS_DIR, port=a.port)
+        return _dry_run(cfg, a.port)
+    run_dir = bench.run_bench(cfg, results_root=a.results or RESULTS_DIR, port=a.port)
     print(f"ab: report {run_dir / 'report.md'}")
     return EXIT_OK
 
@@ -409,7 +424,7 @@ COMMANDS: list[Command] = [
     lazy("score-mmmu", "re-score saved MMMU responses against an answer key",
          "patchbench.suites.mmmu.scoring", run="run_args"),
     lazy("matrix", "run a matrix of configs (models, pins, GPU types) here or on a Ray cluster; "
-         "one report", "patchbench.matrix.cli", add="add_cli_arguments", run="run_cli"),
+         "one report", "patchbench.matrix.driver", add="add_cli_arguments", run="run_cli"),
     lazy("comment", "a pull-request comment from RUN's compare.json; --post keeps one sticky "
          "comment", "patchbench.report.comment"),
     Command("make-tiny-model", "build the tiny random Qwen2.5-VL the CPU configs use",

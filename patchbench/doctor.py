@@ -79,9 +79,10 @@ def _stale_server_checks(results_dir: Path = RESULTS_DIR) -> list[Check]:
 
 
 def _build_checks(cfg: Any) -> list[Check]:
-    """One row per distinct ``sglang:`` of the variants, resolved to an environment of this
-    machine as ``bench`` does (:func:`patchbench.envs.builds.resolve_builds`), or why not."""
-    from patchbench.config.variant import sglang_label
+    """One check per distinct ``sglang:`` of the config's variants (a release, ``latest``, a
+    wheel or a git checkout): resolved to an environment of this machine, as ``bench`` does
+    (:func:`patchbench.envs.builds.resolve_builds`), or the reason it cannot be and its fix."""
+    from patchbench.config import sglang_label
     from patchbench.envs.builds import resolve_builds
 
     try:

@@ -45,22 +45,11 @@ def guess_metric_info(name: str) -> MetricInfo:
 
 
 def settings_of(man: RunManifest, notes: list[str] | None = None) -> CompareSettings:
-    """The run's ``compare:`` settings. Keys :class:`CompareSettings` does not define (from an
-    earlier version) are dropped and invalid settings give the defaults, each with a line in
-    ``notes``."""
-    raw = dict(man.config.compare) if man.config is not None else {}
-    known = set(CompareSettings.model_fields)
-    dropped = sorted(k for k in raw if k not in known)
-    if dropped and notes is not None:
-        notes.append(f"compare settings {', '.join(dropped)} are no longer used and were ignored")
-    try:
-        return CompareSettings.model_validate({k: v for k, v in raw.items() if k in known})
-    except ValidationError as e:
-        if notes is not None:
-            notes.append(
-                f"compare settings of the manifest are invalid ({e.errors()[0]['msg']}); defaults used"
-            )
-        return CompareSettings()
+    """The run's ``compare:`` settings (defaults where absent); what reading the manifest dropped
+    from them (keys of an earlier version, invalid settings) is added to ``notes``."""
+    if notes is not None:
+        notes += man.config_notes.get("compare", [])
+    return man.config.compare if man.config is not None else CompareSettings()
 
 
 def suite_declarations(name: str, notes: list[str]) -> tuple[Suite | None, dict[str, MetricInfo]]:
@@ -84,7 +73,7 @@ def _params(data: RunData, suite: str, obj: Any) -> Any:
     """The manifest's ``suites.<suite>`` section without the core's ``rounds`` key, validated by
     the suite's ``Params`` (the raw dict without ``Params`` or when it does not validate: a
     folder of another patchbench version)."""
-    from patchbench.config.schedule import ROUNDS_KEY
+    from patchbench.config.schema import ROUNDS_KEY
 
     cfg = data.manifest.config
     raw = (cfg.suites.get(suite) if cfg is not None else None) or {}

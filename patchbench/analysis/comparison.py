@@ -1,4 +1,5 @@
-"""The typed comparison of one run (``RUN/compare.json``) and the ``compare:`` config section.
+"""The typed comparison of one run (``RUN/compare.json``); its settings are the config's
+``compare:`` section (:class:`patchbench.config.CompareSettings`).
 
 Built by :mod:`patchbench.analysis.build`; the report, the plots, the PR comment, the nightly and
 the matrix read only this. Every change, interval and margin of a row is in its ``change_unit``:
@@ -16,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from patchbench import records
+from patchbench.config.schema import CompareSettings
 from patchbench.runfolder import RunFolderError, SchemaTooNew, why_invalid
 from patchbench.runfolder.models import PatchHash
 
@@ -26,34 +28,8 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class CompareSettings(_Model):
-    """The ``compare:`` section of a config: ``confidence`` of the primaries' family and of each
-    secondary interval; ``min_repeats`` a run-level verdict needs; ``margins`` per ``metric`` or
-    ``suite.metric`` (percent, accuracy points); ``bootstrap_*``, ``seed``,
-    ``within_cell_intervals``, ``identity_share_tolerance``, ``retokenized_change_share``: read by
-    the suites' pair hooks; ``assumed_cv`` (percent) per metric, shown beside the A/A noise."""
-
-    confidence: float = Field(0.95, gt=0.5, lt=1.0)
-    min_repeats: int = Field(3, ge=2)
-    margins: dict[str, float] = Field(default_factory=dict)
-    bootstrap_resamples: int = Field(2000, ge=100, le=200_000)
-    bootstrap_method: Literal["BCa", "percentile", "basic"] = "BCa"
-    seed: int = 0
-    within_cell_intervals: bool = True
-    identity_share_tolerance: float = Field(0.02, ge=0.0, le=1.0)
-    retokenized_change_share: float = Field(0.01, ge=0.0, le=1.0)
-    assumed_cv: dict[str, float] = Field(default_factory=dict)
-
-    def margin_for(self, suite: str, metric: str, default: float | None) -> float | None:
-        """``margins["suite.metric"]``, else ``margins[metric]``, else ``default``."""
-        for key in (f"{suite}.{metric}", metric):
-            if key in self.margins:
-                return float(self.margins[key])
-        return default
-
-
 class Row(_Model):
-    """One (suite, metric, variant) comparison (docs/CONTRACTS.md, "compare.json").
+    """One (suite, metric, variant) comparison.
 
     *_repeats: the value per repeat (None: cell not ok); *_value: the values shown (run rows:
     each arm's geometric mean over the paired repeats, their ratio 1 + change / 100; accuracy:

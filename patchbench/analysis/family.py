@@ -115,24 +115,26 @@ def judge(row: Row, test: verdicts.Test | None, confidence: float) -> None:
 
 
 def _resume_cmd(data: RunData) -> str:
-    cfg = data.manifest.config_path or "CONFIG"
-    return f"patchbench bench {cfg} --resume {data.run_dir}"
+    """The resume command (patchbench.run.bench.resume_command's text): a config built in memory
+    has no file, and ``bench --resume`` rebuilds it from the manifest."""
+    cfg = data.manifest.config_path
+    return f"patchbench bench{f' {cfg}' if cfg else ''} --resume {data.run_dir}"
 
 
 def design_of(data: RunData, s: CompareSettings) -> tuple[DesignSummary, Any]:
-    """(the design summary, the sequential Design or None for a fixed one) from the config's
-    ``schedule.repeats`` and ``s.confidence``."""
-    from patchbench.runfolder.models import SequentialSnapshot
+    """(the design summary, the patchbench.analysis.sequential.Design of a sequential schedule or None)
+    from the run's config (``schedule.repeats``: a count or ``{min, max, step}``) and the
+    confidence of ``s`` (alpha per report)."""
+    from patchbench.config import SequentialRepeats
 
     cfg = data.manifest.config
     rep = cfg.schedule.repeats if cfg is not None else None
     alpha = round(1.0 - s.confidence, 12)
-    if isinstance(rep, SequentialSnapshot) and rep.min and rep.max:
-        from patchbench.analysis.sequential import FUTILITY, Design, looks_from_schedule
+    if isinstance(rep, SequentialRepeats):
+        from patchbench.analysis.sequential import Design
 
-        looks = looks_from_schedule(rep.min, rep.max, rep.step or 2)
-        futility = FUTILITY if rep.futility is None else rep.futility
-        d = Design(looks=looks, alpha=alpha, kind=rep.boundary or "pocock", futility=futility)
+        looks = rep.looks
+        d = Design(looks=looks, alpha=alpha, kind=rep.boundary, futility=rep.futility)
         summary = DesignSummary(
             kind="sequential", alpha=alpha, looks=list(looks), boundary=d.kind, planned=looks[-1]
         )

@@ -23,6 +23,7 @@ from patchbench.analysis.comparison import (
     VariantInfo,
 )
 from patchbench.analysis.rundata import RunData, variant_parts
+from patchbench.config import sglang_label
 from patchbench.runfolder.models import PatchHash
 
 #: the level of the drift test (a trend of the baseline's values across rounds)
@@ -269,12 +270,12 @@ def run_info(data: RunData, run_id: str) -> RunInfo:
     man = data.manifest
     cfg = man.config
     ref = cfg.model if cfg is not None else None
-    raw = cfg.variants_json() if cfg is not None else {}
+    raw = man.variants_json()
     info = RunInfo(
         name=(cfg.name if cfg is not None else "") or run_id,
         model=(ref.path if ref is not None else None) or man.model or "?",
         tiny=bool(ref is not None and ref.tiny),
-        sglang=man.sglang_version or (cfg.sglang if cfg is not None else None) or "?",
+        sglang=man.sglang_version or (sglang_label(cfg.sglang) if cfg is not None else "?"),
         gpu=_gpu_name(man.gpu),
         commit=(man.git_sha or "?")[:12],
         started_at=man.started_at,

@@ -141,9 +141,10 @@ def read_run(run_dir: str | os.PathLike) -> RunData:
 
 
 def _aa_variants(man: RunManifest, variants: list[str]) -> list[str]:
-    """The A/A variants (``variants[0]``: the baseline): as bench recorded them, else those whose
-    config identity equals the baseline's."""
-    raw = man.config.variants_json() if man.config is not None else {}
+    """The A/A variants (``variants[0]`` is the baseline): what bench recorded
+    (``variants[v].aa``), else the same patches, arguments and environment as the baseline in the
+    config's variant mappings (``man.variants`` keeps only the patches)."""
+    raw = man.variants_json()
     recorded = man.variant_diffs
     base = variant_identity(raw.get(variants[0], man.variants.get(variants[0])))
     return [
@@ -178,7 +179,7 @@ def suite_schedule(
 ) -> tuple[dict[str, list[int]], list[str]]:
     """({suite: its timed rounds below ``repeats``}, [correctness-only suites]), from the
     manifest's ``suite_rounds``, else the config's ``suites.<name>.rounds`` and ``Suite.timed``."""
-    from patchbench.config.schedule import resolve_rounds
+    from patchbench.config.schema import resolve_rounds
 
     recorded = man.suite_rounds
     cfg_suites = man.config.suites if man.config is not None else {}

@@ -1,65 +1,93 @@
-"""The experiment config's models (pydantic): :class:`Config`, :class:`ModelSpec` and
-:class:`ServerSpec`; a variant's models are in :mod:`patchbench.config.variant`, the schedule's in
-:mod:`patchbench.config.schedule`.
+"""The experiment config's models (pydantic): :class:`Config` and its parts (model, server,
+variants and their ``sglang:`` builds, schedule, the ``compare:`` settings).
 
-See :mod:`patchbench.config` for the YAML shape. The models check each value on its own (types,
-names, harness-owned server arguments, a variant's flags against ``server.args``); what needs the
-file or the repository (suite parameters, patches on disk, YAML lines in messages) is checked by
-:func:`patchbench.config.load.load_config`. A model error is a ValueError (pydantic's
-ValidationError), which the loader turns into :class:`patchbench.errors.ConfigError`.
+The models check each value on its own (types, names, harness-owned server arguments, a variant's
+flags against ``server.args``); what needs the file or the repository (suite parameters, patches
+on disk, YAML lines in messages) is checked by :mod:`patchbench.config.load`. A model error is a
+ValueError (pydantic's ValidationError), which the loader turns into
+:class:`patchbench.errors.ConfigError`.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from packaging.version import InvalidVersion, Version
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
+    ValidationError,
     field_serializer,
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
-import patchbench.config.schedule as _sched
 from patchbench import errors
-from patchbench.analysis.comparison import CompareSettings
 from patchbench.config.args import check_args, check_env, split_args
-from patchbench.config.schedule import ScheduleSpec
-from patchbench.config.variant import (
-    LATEST,
-    DiffPatch,
-    PatchEntry,
-    SglangSpec,
-    VariantSpec,
-    check_release,
-    patch_label,
-    sglang_label,
-    variant_name_problem,
-)
-from patchbench.inputs import FOLDER_NAME, REPO_ROOT, is_hub_id, looks_local, sha256_file
-from patchbench.nightly.gates import NightlySettings
-from patchbench.patches import apply, author
+from patchbench.inputs import FOLDER_NAME, REPO_ROOT, is_hub_id, looks_local
 from patchbench.shims import available_stand_ins
 
-#: the model of each settings section of a config
-SECTIONS: dict[str, type[BaseModel]] = {"compare": CompareSettings, "nightly": NightlySettings}
 
+class Strict(BaseModel):
+    """Base of the config's models: unknown keys refused; YAML's true is not 1, 1 is not "1"."""
 
-# --------------------------------------------------------------------------- models
-class _Strict(BaseModel):
-    # strict: YAML's true is not 1, 1 is not "1" (quote environment values)
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class ModelSpec(_Strict):
-    """The served model. ``path`` is a local folder (or a hub id where a hub is reachable)."""
+# --------------------------------------------------------------------------- settings sections
+class CompareSettings(BaseModel):
+    """The ``compare:`` section (all keys optional).
+
+    confidence: family confidence of each variant's primaries (Holm-adjusted) and raw confidence
+    of every secondary interval. min_repeats: paired repeats a run-level verdict needs.
+    margins: practical-equivalence margin per metric (``metric`` or ``suite.metric``; percent for
+    run-level metrics, points for accuracy), overriding the suite's. bootstrap_* / seed: the
+    descriptive within-cell intervals of suites' pair hooks. identity_share_tolerance /
+    retokenized_change_share: read by suites' output-identity checks. assumed_cv: the run-to-run
+    CV in percent per run-level metric the config assumes (shown beside an A/A's measured noise).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    confidence: float = Field(0.95, gt=0.5, lt=1.0)
+    min_repeats: int = Field(3, ge=2)
+    margins: dict[str, float] = Field(default_factory=dict)
+    bootstrap_resamples: int = Field(2000, ge=100, le=200_000)
+    bootstrap_method: Literal["BCa", "percentile", "basic"] = "BCa"
+    seed: int = 0
+    within_cell_intervals: bool = True
+    identity_share_tolerance: float = Field(0.02, ge=0.0, le=1.0)
+    retokenized_change_share: float = Field(0.01, ge=0.0, le=1.0)
+    assumed_cv: dict[str, float] = Field(default_factory=dict)
+
+    def margin_for(self, suite: str, metric: str, default: float | None) -> float | None:
+        """``margins["suite.metric"]``, else ``margins[metric]``, else ``default``."""
+        for key in (f"{suite}.{metric}", metric):
+            if key in self.margins:
+                return float(self.margins[key])
+        return default
+
+
+def sections() -> dict[str, type[BaseModel]]:
+    """The model of each settings section of a config: ``compare`` and ``nightly``."""
+    # imported here: the nightly package reads run folders, whose manifest holds a Config
+    from patchbench.nightly.gates.settings import NightlySettings
+
+    return {"compare": CompareSettings, "nightly": NightlySettings}
+
+
+# --------------------------------------------------------------------------- model and server
+class ModelSpec(Strict):
+    """The served model: ``path`` a local folder (or a hub id), ``tiny`` builds the tiny random
+    Qwen2.5-VL at ``path`` when missing, ``tokenizer`` (default: the model's)."""
 
     path: str
-    tiny: bool = Field(False, description="build the tiny random Qwen2.5-VL at `path` if missing")
+    tiny: bool = False
     tokenizer: str | None = None
 
     @field_validator("path")
@@ -74,42 +102,27 @@ class ModelSpec(_Strict):
 MAX_CONFIG_NAME = 100
 
 
-class ServerSpec(_Strict):
-    """How to launch ``python -m sglang.launch_server`` for every variant."""
+class ServerSpec(Strict):
+    """How to launch ``python -m sglang.launch_server`` for every variant (seconds for ``_s``).
+
+    ``cpu_stand_ins``: import-time stand-ins from patchbench/shims/cpu for a machine without an
+    NVIDIA GPU; ``stall_timeout_s``: how long the server may leave the heartbeat, a suite's
+    replies or a flush unanswered before the cell fails (patchbench/run/liveness.py).
+    """
 
     host: str = "127.0.0.1"
     port: int = Field(30000, ge=1024, le=65535)
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
-    cpu_stand_ins: list[str] = Field(
-        default_factory=list,
-        description=(
-            "import-time stand-ins put on the server's PYTHONPATH for a machine without an NVIDIA "
-            "GPU (folders of patchbench/shims/cpu: sgl_kernel, vllm); any call into one fails the cell"
-        ),
-    )
+    cpu_stand_ins: list[str] = Field(default_factory=list)
     ready_timeout_s: float = Field(600.0, gt=0)
     stop_grace_s: float = Field(20.0, gt=0)
     port_close_timeout_s: float = Field(30.0, gt=0)
     flush_retries: int = Field(5, ge=1)
     flush_pause_s: float = Field(1.0, ge=0)
-    stall_timeout_s: float = Field(
-        60.0,
-        gt=0,
-        description=(
-            "seconds the server may leave the scheduler heartbeat, a suite's replies or a flush "
-            "unanswered before the cell fails with 'the server stopped answering' "
-            "(patchbench/run/liveness.py); far below a suite's timeout_s"
-        ),
-    )
-
-    mrope_probe: Any = Field(
-        None,
-        exclude=True,
-        description=(
-            "removed: always None (falsy); the sync_probe suite's instrumentation replaces it"
-        ),
-    )
+    stall_timeout_s: float = Field(60.0, gt=0)
+    #: removed key: refused with what replaces it
+    mrope_probe: Any = Field(None, exclude=True)
 
     @field_validator("mrope_probe", mode="plain")
     @classmethod
@@ -152,11 +165,318 @@ class ServerSpec(_Strict):
         return v
 
 
-class Config(_Strict):
-    """A validated experiment config; see the module docstring for the YAML shape.
+# --------------------------------------------------------------------------- variants
+#: names a run folder uses at its top level: no variant folder may take one (compared
+#: case-insensitively: some file systems do not tell case apart)
+RUN_FOLDER_NAMES = frozenset(
+    {
+        "manifest.json",
+        "compare.json",
+        "report.md",
+        "plots",
+        "diffs",
+        "nightly.json",
+        "nightly.md",
+        "pr_figure.png",
+    }
+)
+#: longest variant name: it names a folder and is part of plot and diff file names
+MAX_VARIANT_NAME = 64
+#: the ``sglang:`` value that names the newest release on the package index
+LATEST = "latest"
 
-    ``compare`` is a :class:`patchbench.analysis.comparison.CompareSettings`, ``nightly`` a
-    :class:`patchbench.nightly.gates.NightlySettings` (defaults when the section is absent).
+
+def variant_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a variant (its folder in the run folder), or None."""
+    if not FOLDER_NAME.match(name):
+        return "use letters, digits, '.', '_', '-' (starting with a letter or digit)"
+    if len(name) > MAX_VARIANT_NAME:
+        return f"{len(name)} characters; at most {MAX_VARIANT_NAME} (it names a folder and files)"
+    if name.lower() in RUN_FOLDER_NAMES:
+        return (
+            f"the run folder uses '{name}' itself ({', '.join(sorted(RUN_FOLDER_NAMES))}); "
+            "choose another name"
+        )
+    return None
+
+
+class DiffPatch(Strict):
+    """A patch given as a diff file: ``{diff: FILE}`` (relative to the repo root)."""
+
+    diff: str
+
+    @field_validator("diff")
+    @classmethod
+    def _nonempty(cls, v: str) -> str:
+        if not v.strip() or "\x00" in v:
+            raise ValueError("name a diff file, e.g. {diff: patches/my-change.diff}")
+        return v
+
+
+#: a patch entry of a variant: a folder name of patches/, or a diff file
+PatchEntry = str | DiffPatch
+
+
+class GitSource(Strict):
+    """An sglang build from a source checkout or bare repository at a commit: ``{git: PATH,
+    ref: REF}`` (``ref``: anything ``git rev-parse`` takes, resolved once per run). Only
+    committed files of ``python/sglang`` and ``python/pyproject.toml`` are read."""
+
+    git: str
+    ref: str = "HEAD"
+
+    @field_validator("git", "ref")
+    @classmethod
+    def _nonempty(cls, v: str) -> str:
+        if not v.strip() or "\x00" in v or v.startswith("-"):
+            raise ValueError("name a checkout and a ref, e.g. {git: ~/sglang, ref: my-branch}")
+        return v
+
+    def label(self) -> str:
+        return f"git:{self.git}@{self.ref}"
+
+
+class WheelSource(Strict):
+    """An sglang build from a wheel file: ``{wheel: PATH}``."""
+
+    wheel: str
+
+    @field_validator("wheel")
+    @classmethod
+    def _is_wheel(cls, v: str) -> str:
+        if not v.strip().endswith(".whl") or "\x00" in v:
+            raise ValueError("name a wheel file, e.g. {wheel: dist/sglang-0.5.23-py3-none-any.whl}")
+        return v
+
+    def label(self) -> str:
+        return f"wheel:{self.wheel}"
+
+
+#: what ``sglang:`` may say (for the run or one variant): a release, ``latest``, a wheel, a
+#: checkout at a commit; patchbench.envs.builds resolves it to an environment and an overlay
+SglangSpec = str | GitSource | WheelSource
+
+
+def sglang_label(spec: SglangSpec) -> str:
+    """An ``sglang:`` value as shown: the release, ``latest``, ``git:PATH@REF``, ``wheel:PATH``."""
+    return spec if isinstance(spec, str) else spec.label()
+
+
+def patch_label(p: PatchEntry) -> str:
+    """A patch entry as shown: its name, or ``diff:<path>``."""
+    return p if isinstance(p, str) else f"diff:{p.diff}"
+
+
+def _check_release(v):
+    """A release string (or ``latest``) as written; ValueError for anything else."""
+    if isinstance(v, float):  # `sglang: 0.5` reads as a number
+        raise ValueError('quote the release, e.g. sglang: "0.5.1.post3"')
+    if isinstance(v, str) and v != LATEST:
+        try:
+            Version(v)
+        except InvalidVersion:
+            raise ValueError(
+                f"'{v}' is not an sglang release; write a release (\"0.5.23\"), latest, "
+                "{wheel: FILE} or {git: CHECKOUT, ref: REF}"
+            ) from None
+    return v
+
+
+def _dump_sglang(v: SglangSpec | None):
+    return v if v is None or isinstance(v, str) else v.model_dump()
+
+
+class VariantSpec(Strict):
+    """What a variant changes against the plain server: patches applied in order, arguments
+    appended to ``server.args``, variables added to ``server.env``, its own ``sglang:`` build.
+    A bare list is the short form of ``{patches: [...]}``."""
+
+    patches: list[PatchEntry] = Field(default_factory=list)
+    server_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    sglang: SglangSpec | None = None
+
+    @field_validator("sglang", mode="before")
+    @classmethod
+    def _release(cls, v):
+        return _check_release(v)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_form(cls, v):
+        if v is None:
+            return {}
+        return {"patches": v} if isinstance(v, list) else v
+
+    @field_validator("patches")
+    @classmethod
+    def _patches(cls, v: list[PatchEntry]) -> list[PatchEntry]:
+        seen: set[str] = set()
+        for i, p in enumerate(v):
+            if isinstance(p, str) and not FOLDER_NAME.match(p):
+                raise ValueError(
+                    f"patches[{i}]: '{p}' is not a patch name (a folder in patches/: "
+                    "letters, digits, '.', '_', '-'); a diff file is written "
+                    "{diff: path/to/change.diff}"
+                )
+            label = patch_label(p)
+            if label in seen:
+                raise ValueError(f"patches[{i}]: '{label}' is listed twice; a patch applies once")
+            seen.add(label)
+        return v
+
+    @field_validator("server_args")
+    @classmethod
+    def _args(cls, v: list[str]) -> list[str]:
+        check_args(v, "server_args")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        check_env(v, "env")
+        return v
+
+    def short(self) -> list | dict:
+        """JSON form: the list of patches when only patches change, else the mapping (with
+        ``sglang`` only when the variant names its own build)."""
+        pats = [p if isinstance(p, str) else p.model_dump() for p in self.patches]
+        if not self.server_args and not self.env and self.sglang is None:
+            return pats
+        out: dict = {"patches": pats, "server_args": list(self.server_args), "env": dict(self.env)}
+        if self.sglang is not None:
+            out["sglang"] = _dump_sglang(self.sglang)
+        return out
+
+
+# --------------------------------------------------------------------------- schedule
+class SequentialRepeats(Strict):
+    """``schedule.repeats: {min, max, step, boundary, futility}``: group-sequential repeats
+    (patchbench.analysis.sequential). The run looks after ``min`` whole rounds, then every
+    ``step`` more up to ``max``, and stops once every primary of every non-A/A variant is decided
+    or futile (conditional power below ``futility``; 0 turns that stop off)."""
+
+    min: int = Field(le=100)
+    max: int = Field(le=100)
+    step: int = Field(2, le=100)
+    boundary: Literal["pocock", "obrien-fleming"] = "pocock"
+    futility: float = Field(0.2, ge=0.0, lt=1.0)
+
+    @model_validator(mode="after")
+    def _looks(self) -> SequentialRepeats:
+        _ = self.looks  # raises ValueError naming the key when min, max, step do not fit
+        return self
+
+    @property
+    def looks(self) -> tuple[int, ...]:
+        """The repeat counts at which the run looks: ``min, min+step, ..., max``."""
+        # imported here: scipy.stats takes seconds, only a sequential schedule pays it
+        from patchbench.analysis.sequential import looks_from_schedule
+
+        return looks_from_schedule(self.min, self.max, self.step)
+
+
+class ScheduleSpec(Strict):
+    """Rounds of all variants (interleaved: ABBA, BAAB, ...; sequential: the same order every
+    round). ``repeats``: a count, a :class:`SequentialRepeats` mapping, or ``auto`` (a nightly
+    config: ``patchbench nightly`` runs what its gates need; ``repeats`` then holds the floor,
+    ``nightly.min_repeats``). ``unbalanced_reason``: why ``order: sequential`` is wanted (a
+    config with timed suites needs one for that order)."""
+
+    repeats: int | SequentialRepeats = 1
+    order: Literal["interleaved", "sequential"] = "interleaved"
+    unbalanced_reason: str | None = None
+    _auto: bool = PrivateAttr(False)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _auto_repeats(cls, data, handler):
+        auto = isinstance(data, dict) and data.get("repeats") == "auto"
+        m = handler({**data, "repeats": 1} if auto else data)
+        if auto:
+            m._auto = True
+        return m
+
+    @property
+    def auto(self) -> bool:
+        """``repeats: auto`` (docs/nightly.md)."""
+        return self._auto
+
+    @field_validator("repeats", mode="plain")
+    @classmethod
+    def _repeats(cls, v):
+        if isinstance(v, SequentialRepeats):
+            return v
+        if isinstance(v, dict):
+            try:
+                return SequentialRepeats.model_validate(v)
+            except ValidationError as e:
+                err = e.errors()[0]
+                key = ".".join(str(x) for x in err["loc"])
+                msg = err["msg"].removeprefix("Value error, ")
+                raise ValueError(
+                    f"{key + ': ' if key else ''}{msg} (a sequential schedule is "
+                    "{min: 4, max: 12, step: 2})"
+                ) from None
+        if isinstance(v, bool):
+            raise PydanticCustomError("int_type", "Input should be a valid integer")
+        if not isinstance(v, int):
+            raise PydanticCustomError(
+                "int_type",
+                "Input should be a valid integer (a fixed number of repeats), a mapping "
+                "{min: 4, max: 12, step: 2} (sequential repeats) or auto (a nightly config: "
+                "the repeats its gates need)",
+            )
+        if not 1 <= v <= 100:
+            raise ValueError(f"repeats must be between 1 and 100, got {v}")
+        return v
+
+    @field_serializer("repeats")
+    def _dump_repeats(self, v):
+        return v.model_dump(mode="json") if isinstance(v, SequentialRepeats) else v
+
+    @model_validator(mode="after")
+    def _order(self) -> ScheduleSpec:
+        if self.sequential is not None and self.order != "interleaved":
+            raise ValueError(
+                "schedule.order: sequential repeats ({min, max, step}) look after whole "
+                "interleaved rounds; use order: interleaved (or a fixed number of repeats)"
+            )
+        return self
+
+    @property
+    def sequential(self) -> SequentialRepeats | None:
+        """The sequential design, or None for a fixed number of repeats."""
+        return self.repeats if isinstance(self.repeats, SequentialRepeats) else None
+
+    @property
+    def max_repeats(self) -> int:
+        """The most rounds the run may take (the fixed count, or ``max``)."""
+        return self.repeats.max if self.sequential is not None else int(self.repeats)
+
+    def describe(self) -> str:
+        """``"3 repeat(s)"``, the sequential looks, or what ``auto`` means."""
+        s = self.sequential
+        if self.auto:
+            return (
+                f"auto: patchbench nightly runs what its gates need at the learned noise "
+                f"({self.repeats} repeat(s) outside the nightly)"
+            )
+        if s is None:
+            return f"{self.repeats} repeat(s)"
+        looks = ", ".join(str(n) for n in s.looks)
+        return f"sequential {s.min}..{s.max} repeats, looks after {looks} ({s.boundary} boundary)"
+
+
+# --------------------------------------------------------------------------- the config
+class Config(Strict):
+    """A validated experiment config (configs/demo-cpu.yaml documents every key).
+
+    ``compare`` is a :class:`CompareSettings`, ``nightly`` a
+    ``patchbench.nightly.gates.NightlySettings`` (defaults when absent). ``source``: the file it
+    was loaded from (None for a config built in memory); ``suite_params`` / ``suite_rounds``:
+    {suite: its validated ``Params``} and {suite: its ``rounds``}, filled by
+    :func:`patchbench.config.load.config_from_mapping`.
     """
 
     name: str
@@ -167,36 +487,29 @@ class Config(_Strict):
     baseline: str | None = None
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
     suites: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    compare: Any = Field(
-        None, validate_default=True, description="patchbench.analysis.comparison.CompareSettings"
-    )
-    nightly: Any = Field(
-        None, validate_default=True, description="patchbench.nightly.gates.NightlySettings"
-    )
+    compare: Any = Field(None, validate_default=True)
+    nightly: Any = Field(None, validate_default=True)
     description: str = ""
 
-    # filled by load_config
     source: Path | None = Field(None, exclude=True)
     suite_params: dict[str, Any] = Field(default_factory=dict, exclude=True)
-    #: suite -> its ``rounds`` ("all", "first" or round indices; patchbench.config.schedule)
     suite_rounds: dict[str, Any] = Field(default_factory=dict, exclude=True)
-
     #: {variant: its resolved patchbench.envs.builds.Build}, filled when the run resolves its builds
     builds: dict[str, Any] = Field(default_factory=dict, exclude=True)
 
     @field_validator("sglang", mode="before")
     @classmethod
-    def _version(cls, v):
-        return check_release(v)
+    def _release(cls, v):
+        return _check_release(v)
 
     @field_serializer("sglang")
     def _dump_sglang(self, v):
-        return v if isinstance(v, str) else v.model_dump()
+        return _dump_sglang(v)
 
     @field_validator("compare", "nightly", mode="plain")
     @classmethod
     def _section(cls, v, info):
-        model = SECTIONS[info.field_name]
+        model = sections()[info.field_name]
         if isinstance(v, model):
             return v
         if v is not None and not isinstance(v, dict):
@@ -220,12 +533,11 @@ class Config(_Strict):
     def _variants(cls, v: dict[str, VariantSpec]) -> dict[str, VariantSpec]:
         if not v:
             raise ValueError("at least one variant is needed, e.g. {baseline: []}")
+        seen: dict[str, str] = {}
         for name in v:
             why = variant_name_problem(name)
             if why:
                 raise ValueError(f"variant name '{name[:80]}': {why}")
-        seen: dict[str, str] = {}
-        for name in v:
             other = seen.setdefault(name.lower(), name)
             if other != name:
                 raise ValueError(
@@ -236,7 +548,6 @@ class Config(_Strict):
 
     @field_serializer("variants")
     def _dump_variants(self, v: dict[str, VariantSpec]) -> dict:
-        # the short list form when a variant only changes patches (what run folders always held)
         return {k: spec.short() for k, spec in v.items()}
 
     @model_validator(mode="after")
@@ -276,12 +587,11 @@ class Config(_Strict):
                     )
         return self
 
-    # ------------------------------------------------------------------ schedule
     def rounds_of(self, suite: str, repeats: int | None = None) -> list[int]:
-        """The 0-based timed rounds ``suite`` runs in (``suites.<suite>.rounds``), out of
-        ``repeats`` rounds (default: the most the schedule may take)."""
+        """The 0-based timed rounds ``suite`` runs in, out of ``repeats`` rounds (default: the
+        most the schedule may take)."""
         n = self.schedule.max_repeats if repeats is None else repeats
-        return _sched.resolve_rounds(self.suite_rounds.get(suite, "all"), n)
+        return resolve_rounds(self.suite_rounds.get(suite, "all"), n)
 
     # ------------------------------------------------------------------ builds
     def sglang_of(self, variant: str) -> SglangSpec:
@@ -290,9 +600,9 @@ class Config(_Strict):
         return self.sglang if own is None else own
 
     def release_of(self, variant: str) -> str | None:
-        """The sglang release whose environment ``variant``'s server runs in: from its resolved
-        build (:attr:`builds`), else the release its ``sglang:`` names; None for ``latest``, a
-        wheel or a checkout that is not resolved yet (patchbench.envs.builds.resolve_builds)."""
+        """The sglang release ``variant``'s server runs in: its resolved build's
+        (:attr:`builds`), else the release its ``sglang:`` names; None for ``latest``, a wheel or
+        a checkout not resolved yet."""
         b = self.builds.get(variant)
         if b is not None:
             return b.release
@@ -307,7 +617,7 @@ class Config(_Strict):
 
     # ------------------------------------------------------------------ variants
     def patches_of(self, variant: str) -> list[PatchEntry]:
-        """The variant's patch entries in order (names, or :class:`DiffPatch`)."""
+        """The variant's patch entries in order."""
         return list(self.variants[variant].patches)
 
     def server_args_of(self, variant: str) -> list[str]:
@@ -315,12 +625,12 @@ class Config(_Strict):
         return list(self.server.args) + list(self.variants[variant].server_args)
 
     def server_env_of(self, variant: str) -> dict[str, str]:
-        """``server.env`` plus the variant's ``env`` (the names never overlap)."""
+        """``server.env`` plus the variant's ``env``."""
         return {**self.server.env, **self.variants[variant].env}
 
     def is_aa(self, variant: str) -> bool:
-        """True when ``variant`` is not the baseline but has the same patches (in order), server
-        arguments, environment and ``sglang:`` build: an A/A copy that measures noise."""
+        """True when ``variant`` is not the baseline but has its patches (in order), server
+        arguments, environment and build: an A/A copy that measures noise."""
         if variant == self.baseline:
             return False
         a, b = self.variants[variant], self.variants[self.baseline]
@@ -335,51 +645,38 @@ class Config(_Strict):
         """The A/A variants, in config order."""
         return [v for v in self.variants if self.is_aa(v)]
 
-    def variant_diff(
-        self, variant: str, *, hashes: bool = True, cache_dir: Path | None = None
-    ) -> dict:
-        """What ``variant`` changes against the baseline, for the report and the run manifest::
+    def variant_diff(self, variant: str) -> dict:
+        """What ``variant`` changes against the baseline (the manifest's ``variants``,
+        patchbench.runfolder.models.VariantDiff; ``sha256`` of each patch None here)::
 
-            {"aa": bool,
-             "patches": [{"name", "kind": "patch"|"diff", "path": diff file or None,
-                          "sha256": sha256 of the diff for this release or None}, ...],
+            {"sglang": [baseline's build, variant's]   # only when they differ
+             "aa": bool, "patches": [{"name", "kind": "patch"|"diff", "path", "sha256"}],
              "patches_added": [labels], "patches_removed": [labels],
-             "server_args": {"added": [flags with values], "removed": [...],
-                             "changed": {flag: [baseline value, variant value]}},
-             "env": {"added": {name: value}, "removed": [names], "changed": {name: [b, v]}},
-             "sglang": [baseline's build, variant's build]}   # only when they differ
-
-        ``hashes``: compute each patch's sha256 for the variant's release (a derived patch needs
-        its wheels, fetched once into ``cache_dir``; a hash that cannot be computed is None).
+             "server_args": {"added": [...], "removed": [...], "changed": {flag: [b, v]}},
+             "env": {"added": {name: value}, "removed": [names], "changed": {name: [b, v]}}}
         """
         spec, base = self.variants[variant], self.variants[self.baseline]
-        release = self.release_of(variant)
-        pats = []
-        for p in spec.patches:
-            sha = None
-            if isinstance(p, str):
-                if hashes and release is not None:
-                    try:
-                        sha = apply.patch_sha256(p, release, cache_dir)
-                    except errors.PatchError:
-                        sha = None
-                pats.append({"name": p, "kind": "patch", "path": None, "sha256": sha})
-            else:
-                f = self.resolve_path(p.diff)
-                if hashes and f.is_file():
-                    sha = sha256_file(f)
-                pats.append({"name": patch_label(p), "kind": "diff", "path": str(f), "sha256": sha})
+        pats = [
+            {"name": p, "kind": "patch", "path": None, "sha256": None}
+            if isinstance(p, str)
+            else {
+                "name": patch_label(p),
+                "kind": "diff",
+                "path": str(self.resolve_path(p.diff)),
+                "sha256": None,
+            }
+            for p in spec.patches
+        ]
         labels = [patch_label(p) for p in spec.patches]
         blabels = [patch_label(p) for p in base.patches]
 
         def flags(args: list[str]) -> dict[str, str | None]:
             return {f or v: (v if f else None) for _, f, v in split_args(args)}
 
-        fa, fb = flags(spec.server_args), flags(base.server_args)
-
         def show(f: str, v: str | None) -> str:
             return f if v is None else f"{f}={v}"
 
+        fa, fb = flags(spec.server_args), flags(base.server_args)
         mine, theirs = (sglang_label(self.sglang_of(v)) for v in (variant, self.baseline))
         return {
             **({"sglang": [theirs, mine]} if mine != theirs else {}),
@@ -403,51 +700,7 @@ class Config(_Strict):
             },
         }
 
-    def diff_files(self) -> dict[str, Path]:
-        """{label (``diff:<path>``): resolved file} of every diff named directly in a variant."""
-        out: dict[str, Path] = {}
-        for spec in self.variants.values():
-            for p in spec.patches:
-                if isinstance(p, DiffPatch):
-                    out[patch_label(p)] = self.resolve_path(p.diff)
-        return out
-
-    def files_to_copy(self) -> list[tuple[Path, str]]:
-        """[(source file, destination relative to the run folder)] the runner copies so that the
-        run can be reproduced: every diff named directly in a variant, as
-        ``diffs/<sha256 first 12>-<file name>``."""
-        out = []
-        for f in self.diff_files().values():
-            out.append((f, f"diffs/{sha256_file(f)[:12]}-{f.name}"))
-        return out
-
-    def overlay_patches(self, variant: str, *, cache_dir: Path | None = None) -> list[str | Path]:
-        """The variant's patches as :func:`patchbench.patches.overlay.build_overlay` takes them: patch
-        names, and for each diff named directly a patch folder made from it for the variant's
-        release (:meth:`release_of`; hashes from the release's pristine files; cached under
-        ``<cache_dir>/diff-patches/``).
-
-        Raises :class:`patchbench.errors.PatchError` (or a subclass) naming the diff, file and
-        hunk.
-        """
-        out: list[str | Path] = []
-        release = self.release_of(variant)
-        for p in self.variants[variant].patches:
-            if isinstance(p, str):
-                out.append(p)
-            else:
-                if release is None:
-                    raise errors.PatchError(
-                        f"variant '{variant}': its sglang build is not resolved yet"
-                    )
-                out.append(
-                    author.patch_from_diff_file(
-                        self.resolve_path(p.diff), release, cache_dir=cache_dir
-                    )
-                )
-        return out
-
-    # ------------------------------------------------------------------ model
+    # ------------------------------------------------------------------ paths and the model
     def resolve_path(self, p: str) -> Path:
         """A config path: ``~`` and ``$VARS`` expanded; relative paths against the repo root."""
         q = Path(os.path.expandvars(os.path.expanduser(p)))
@@ -457,10 +710,6 @@ class Config(_Strict):
     def model_dir(self) -> Path:
         return self.resolve_path(self.model.path)
 
-    @property
-    def tokenizer_dir(self) -> Path:
-        return self.resolve_path(self.model.tokenizer or self.model.path)
-
     def _is_hub(self, p: str) -> bool:
         return (
             not self.model.tiny
@@ -468,11 +717,6 @@ class Config(_Strict):
             and is_hub_id(p)
             and not self.resolve_path(p).exists()
         )
-
-    def _ref(self, p: str) -> str:
-        """A local folder as an absolute path; a hub id (``org/name``, no such local folder)
-        unchanged, for sglang and transformers to find in the HF cache or on the hub."""
-        return p if self._is_hub(p) else str(self.resolve_path(p))
 
     @property
     def model_is_hub(self) -> bool:
@@ -482,19 +726,19 @@ class Config(_Strict):
     @property
     def model_ref(self) -> str:
         """What ``--model-path`` gets: a local folder (absolute) or a hub id."""
-        return self._ref(self.model.path)
+        p = self.model.path
+        return p if self._is_hub(p) else str(self.resolve_path(p))
 
     @property
     def tokenizer_ref(self) -> str:
         """The tokenizer's folder or hub id (defaults to the model's)."""
-        return self._ref(self.model.tokenizer or self.model.path)
+        p = self.model.tokenizer or self.model.path
+        return p if self._is_hub(p) else str(self.resolve_path(p))
 
     def require_model(self) -> None:
-        """Check, before any launch, that a local model (and tokenizer) folder exists.
-
-        A hub id and a ``tiny`` model (built when missing) pass. Raises
-        :class:`patchbench.errors.EnvironmentNotReady` (exit 3) naming the folder otherwise.
-        """
+        """Before any launch: a local model (and tokenizer) folder exists; a hub id and a
+        ``tiny`` model (built when missing) pass. Raises
+        :class:`patchbench.errors.EnvironmentNotReady` (exit 3) naming the folder."""
         if self.model.tiny:
             return
         for key, p in (("model.path", self.model.path), ("model.tokenizer", self.model.tokenizer)):
@@ -507,3 +751,57 @@ class Config(_Strict):
                     "is missing (give an existing folder, a hub id such as "
                     "Qwen/Qwen2.5-VL-3B-Instruct, or tiny: true)"
                 )
+
+
+#: the core key of a suite's section that is not one of the suite's own parameters
+ROUNDS_KEY = "rounds"
+
+
+def parse_rounds(
+    value: Any, max_repeats: int, where: str, *, floor: int | None = None
+) -> str | list[int]:
+    """Check a ``suites.<name>.rounds`` value for a run of at most ``max_repeats`` rounds
+    (``floor``: ``schedule.repeats: auto``'s ``nightly.min_repeats``, the rounds a night may
+    have). Returns "all", "first" or the sorted 0-based round indices; raises ValueError naming
+    ``where`` for anything else, an empty list, a repeated index or a round the run never reaches.
+    """
+    if value in ("all", "first"):
+        return value
+    if not isinstance(value, list) or any(
+        isinstance(x, bool) or not isinstance(x, int) for x in value
+    ):
+        raise ValueError(
+            f"{where}: {value!r} is not a round list; use all, first or a list of "
+            f"round indices counted from 0 (e.g. [0, 2])"
+        )
+    if not value:
+        raise ValueError(
+            f"{where}: [] puts the suite in no round; use all, first or a "
+            f"list of round indices from 0 to {max_repeats - 1}"
+        )
+    if len(set(value)) != len(value):
+        raise ValueError(f"{where}: {value} lists a round twice")
+    bad = [x for x in value if not 0 <= x < max_repeats]
+    if bad and floor is not None:
+        raise ValueError(
+            f"{where}: round(s) {bad} with schedule.repeats: auto: a night may run only "
+            f"nightly.min_repeats = {floor} round(s), indices 0 to {floor - 1}; list rounds "
+            f"below {floor}, or use first or all"
+        )
+    if bad:
+        raise ValueError(
+            f"{where}: round(s) {bad} do not exist: this run has at most "
+            f"{max_repeats} round(s), indices 0 to {max_repeats - 1}; a suite "
+            "must run in at least one round that exists"
+        )
+    return sorted(value)
+
+
+def resolve_rounds(value: Any, repeats: int) -> list[int]:
+    """The 0-based rounds (``< repeats``) of a ``rounds`` value from :func:`parse_rounds` (None:
+    "all")."""
+    if value in (None, "all"):
+        return list(range(repeats))
+    if value == "first":
+        return [0] if repeats > 0 else []
+    return [int(x) for x in value if 0 <= int(x) < repeats]

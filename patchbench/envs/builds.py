@@ -1,29 +1,18 @@
-"""Each variant's sglang build: the environment its server runs in, and for a source checkout or a
-wheel the ``sglang`` tree that runs as an overlay on that environment.
+"""Each variant's sglang build: the environment its server runs in and, for a source checkout or a
+wheel, the ``sglang`` tree that runs as an overlay on that environment.
 
-``sglang:`` (for the run, or per variant; :class:`patchbench.config.Config`) names
+``sglang:`` names a release (the environment of this machine that has it installed), ``latest``
+(the newest release on the package index's JSON API, ``$PATCHBENCH_INDEX_URL``, resolved once
+per run), a wheel or a checkout at a commit (only the commit's ``python/sglang`` and
+``python/pyproject.toml`` are read, never a work tree). A wheel or checkout runs on the
+environment whose installed sglang declares the same dependencies, as an overlay of the files
+that differ (patchbench.patches.overlay.build_source_overlay): a branch needs no new environment.
+On the CPU, a variant checkout whose range from the baseline's touches compiled code or the
+dependencies is refused before anything launches.
 
-- a release (``"0.5.23"``): the environment of this machine that has it installed
-  (:func:`patchbench.envs.envinfo.environments`: the running interpreter's, ``.venv``, ``.venv-*``);
-- ``latest``: the newest release on the package index (its JSON API, ``$PATCHBENCH_INDEX_URL``,
-  default https://pypi.org/pypi), resolved once per run and recorded in the manifest;
-- a wheel (``{wheel: FILE}``) or a source checkout at a commit (``{git: PATH, ref: REF}``, bare
-  or not: only the commit's ``python/sglang`` and ``python/pyproject.toml`` are read with
-  ``git --git-dir``/``git archive``/``git show``, never a work tree). Environments are keyed by
-  their dependency set: the build runs on the environment whose installed sglang declares the
-  same requirements (:func:`requirement_keys`) as an overlay of only the files that differ from
-  that environment's installed package (:func:`patchbench.patches.overlay.build_source_overlay`),
-  so a branch needs no new environment.
-
-On the CPU, two checkouts of one repository (a baseline and a variant at other commits) whose
-range touches compiled code (``sgl-kernel/``, ``csrc/``, C/C++/CUDA sources) or the dependencies
-is refused before anything launches, naming the files.
-
-Errors: :class:`~patchbench.errors.EnvironmentNotReady` (exit 3) for a build no environment of
-this machine can run (naming the ``make setup`` that makes one, or the differing requirements),
-or an index that cannot be read; :class:`~patchbench.errors.ConfigError` (exit 2) for an unknown
-ref, a checkout without ``python/sglang``, a bad wheel, patches on a source build, or a refused
-range.
+Errors: EnvironmentNotReady (exit 3) for a build no environment here can run, or an index that
+cannot be read; ConfigError (exit 2) for an unknown ref, a checkout without ``python/sglang``, a
+bad wheel, patches on a source build, or a refused range.
 """
 
 from __future__ import annotations
@@ -44,11 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
-
-from patchbench.config import Config, GitSource, WheelSource, sglang_label
-from patchbench.config.variant import LATEST
+from patchbench.config import LATEST, Config, GitSource, WheelSource, sglang_label
 from patchbench.envs import envinfo
 from patchbench.errors import ConfigError, EnvironmentNotReady, PatchError
 from patchbench.inputs import CACHE_DIR
@@ -59,7 +44,6 @@ DEFAULT_INDEX_URL = "https://pypi.org/pypi"
 
 #: paths whose change needs a compiled build (refused on the CPU)
 _COMPILED = re.compile(r"(^|/)(sgl-kernel|csrc)/|\.(cu|cuh|cpp|cc|cxx|c|h|hpp)$")
-_EXTRA = re.compile(r"""extra\s*==\s*["']([^"']+)["']""")
 
 
 @dataclass
@@ -136,32 +120,11 @@ def resolve_latest(index_url: str | None = None, *, timeout_s: float = 20) -> st
 def _release_build(spec: str, release: str) -> Build:
     env = envinfo.environment_for(release)
     if env is None:
-        have = ", ".join(e.describe() for e in envinfo.environments()) or "none"
-        raise EnvironmentNotReady(
-            f"sglang {release}: no environment of this machine has it (have: {have}); run "
-            f"`{envinfo.setup_command(release)}` (it makes {envinfo.venv_name(release)})"
-        )
+        raise envinfo.missing_environment(f"sglang {release}", release)
     return Build(spec=spec, kind="release", env=env, resolved=release)
 
 
 # ------------------------------------------------------------------------------- requirements
-def requirement_keys(reqs: list[str] | tuple[str, ...]) -> set[tuple[str, str, str]]:
-    """The dependency set of a list of requirement strings, comparable across a pyproject's
-    ``dependencies``/``optional-dependencies`` and an installed distribution's ``Requires-Dist``:
-    {(canonical name, specifier, extra it belongs to or "")}, names and extras normalized
-    (``runtime_common`` is ``runtime-common``); other markers are ignored."""
-    out = set()
-    for raw in reqs:
-        try:
-            r = Requirement(raw)
-        except InvalidRequirement:
-            continue
-        m = _EXTRA.search(str(r.marker)) if r.marker else None
-        spec = ",".join(sorted(str(s) for s in r.specifier))
-        out.add((canonicalize_name(r.name), spec, canonicalize_name(m.group(1)) if m else ""))
-    return out
-
-
 def pyproject_requirements(text: str) -> list[str]:
     """The requirement strings of a ``pyproject.toml``: ``project.dependencies`` and every
     ``project.optional-dependencies`` list (each marked with its extra, as Requires-Dist is)."""
@@ -177,44 +140,17 @@ def pyproject_requirements(text: str) -> list[str]:
     return out
 
 
-def _show_key(k: tuple[str, str, str]) -> str:
-    return f"{k[0]}{k[1]}" + (f" [{k[2]}]" if k[2] else "")
-
-
 def _environment_with(what: str, reqs: list[str], version: str | None) -> envinfo.Environment:
-    """The environment whose installed sglang declares the dependency set of ``reqs`` (the one
-    with sglang ``version`` first). Raises EnvironmentNotReady naming the differences against
-    the closest environment."""
-    want = requirement_keys(reqs)
-    envs = envinfo.environments()
-    same = [e for e in envs if requirement_keys(list(e.requires)) == want]
-    if same:
-        return next((e for e in same if e.sglang == version), same[0])
-    if not envs:
-        raise EnvironmentNotReady(f"{what}: no environment with sglang here; run `make setup`")
-    best = min(envs, key=lambda e: len(requirement_keys(list(e.requires)) ^ want))
-    have = requirement_keys(list(best.requires))
-    added = sorted(_show_key(k) for k in want - have)
-    removed = sorted(_show_key(k) for k in have - want)
-    shown = "; ".join(
-        x
-        for x in (
-            f"needs {', '.join(added[:8])}" + (" ..." if len(added) > 8 else "") if added else "",
-            f"lacks {', '.join(removed[:8])}" + (" ..." if len(removed) > 8 else "")
-            if removed
-            else "",
-        )
-        if x
-    )
-    raise EnvironmentNotReady(
-        f"{what}: its dependencies match no environment of this machine (closest: "
-        f"{best.describe()}: {shown}); a build runs as an overlay only on an environment with "
-        "the same dependencies: make one with `make setup SGLANG=<the release that has them>`"
-    )
+    env = envinfo.environment_for(version, requires=reqs)
+    if env is None:
+        raise envinfo.missing_environment(what, version, requires=reqs)
+    return env
 
 
 # ------------------------------------------------------------------------------- git
-def _git(git_dir: Path, *args: str, text: bool = True) -> subprocess.CompletedProcess:
+def git(git_dir: Path, *args: str, text: bool = True) -> subprocess.CompletedProcess:
+    """``git --git-dir=GIT_DIR ARGS`` (output captured; GIT_DIR and GIT_WORK_TREE of this process
+    ignored)."""
     env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE")}
     return subprocess.run(
         ["git", f"--git-dir={git_dir}", *args], capture_output=True, text=text, env=env
@@ -223,7 +159,7 @@ def _git(git_dir: Path, *args: str, text: bool = True) -> subprocess.CompletedPr
 
 def git_commit(git_dir: Path, ref: str) -> str:
     """The commit ``ref`` names in ``git_dir``. Raises ConfigError for an unknown ref."""
-    r = _git(git_dir, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+    r = git(git_dir, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
     if r.returncode != 0 or not r.stdout.strip():
         raise ConfigError(f"{git_dir}: '{ref}' names no commit")
     return r.stdout.strip()
@@ -231,13 +167,13 @@ def git_commit(git_dir: Path, ref: str) -> str:
 
 def git_show(git_dir: Path, commit: str, path: str) -> str | None:
     """The text of ``path`` at ``commit`` (None when the commit has no such file)."""
-    r = _git(git_dir, "show", f"{commit}:{path}")
+    r = git(git_dir, "show", f"{commit}:{path}")
     return r.stdout if r.returncode == 0 else None
 
 
 def changed_files(git_dir: Path, base: str, head: str) -> list[str]:
     """The paths that differ between commits ``base`` and ``head`` (``git diff --name-only``)."""
-    r = _git(git_dir, "diff", "--no-renames", "--name-only", base, head, "--")
+    r = git(git_dir, "diff", "--no-renames", "--name-only", base, head, "--")
     if r.returncode != 0:
         raise ConfigError(f"{git_dir}: git cannot diff {base} {head}: {r.stderr.strip()[:300]}")
     return [ln for ln in r.stdout.splitlines() if ln.strip()]
@@ -255,7 +191,7 @@ def _extract_git_tree(git_dir: Path, commit: str, cache_dir: Path) -> Path:
     dest = cache_dir / "builds" / f"git-{commit}"
     if (dest / "sglang" / "__init__.py").is_file():
         return dest
-    r = _git(git_dir, "archive", "--format=tar", commit, "python/sglang", text=False)
+    r = git(git_dir, "archive", "--format=tar", commit, "python/sglang", text=False)
     if r.returncode != 0:
         raise ConfigError(
             f"{git_dir}: commit {commit[:12]} has no python/sglang "
@@ -405,7 +341,9 @@ def _refuse_compiled(cfg: Config, builds: dict[str, Build]) -> None:
         bad = compiled_files(names)
         if "python/pyproject.toml" in names:
             reqs = [
-                requirement_keys(pyproject_requirements(git_show(gd, c, "python/pyproject.toml")))
+                envinfo.requirement_keys(
+                    pyproject_requirements(git_show(gd, c, "python/pyproject.toml"))
+                )
                 for c in (base.resolved, b.resolved)
             ]
             if reqs[0] != reqs[1]:
@@ -419,22 +357,22 @@ def _refuse_compiled(cfg: Config, builds: dict[str, Build]) -> None:
             )
 
 
-def describe_builds(cfg: Config) -> list[str]:
-    """One line per variant naming its build (from ``cfg.builds``), for the plan and the log."""
-    return [f"  {v:<24} {b.describe()}" for v, b in cfg.builds.items()]
+def overlay_patches(
+    cfg: Config, variant: str, release: str | None, *, cache_dir: Path | None = None
+) -> list[str | Path]:
+    """``variant``'s patches as :func:`patchbench.patches.overlay.build_overlay` takes them for
+    ``release``: patch names, and for each diff named directly a patch folder made from it
+    (hashes from the release's pristine files; cached under ``<cache_dir>/diff-patches/``).
+    Raises :class:`patchbench.errors.PatchError` naming the diff, file and hunk, or when a diff
+    needs a release that is not resolved yet (None)."""
+    from patchbench.patches.author import patch_from_diff_file
 
-
-__all__ = [
-    "Build",
-    "DEFAULT_INDEX_URL",
-    "INDEX_URL_ENV",
-    "changed_files",
-    "compiled_files",
-    "describe_builds",
-    "git_build",
-    "pyproject_requirements",
-    "requirement_keys",
-    "resolve_builds",
-    "resolve_latest",
-    "wheel_build",
-]
+    out: list[str | Path] = []
+    for p in cfg.variants[variant].patches:
+        if isinstance(p, str):
+            out.append(p)
+        elif release is None:
+            raise PatchError(f"variant '{variant}': its sglang build is not resolved yet")
+        else:
+            out.append(patch_from_diff_file(cfg.resolve_path(p.diff), release, cache_dir=cache_dir))
+    return out

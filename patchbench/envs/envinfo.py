@@ -1,7 +1,9 @@
-"""What this environment is: recorded in every run manifest and printed by ``runner.py doctor``.
+"""What this machine is and which of its Pythons hold sglang.
 
-Metadata travels with the numbers (pyperf's ``_collect_metadata``), so a comparison can say why
-two runs are not comparable.
+:func:`collect` is recorded in every run manifest and printed by ``patchbench doctor``: metadata
+travels with the numbers (pyperf's ``_collect_metadata``), so a comparison can say why two runs
+are not comparable. :func:`environment_for` is the one finder of an environment that holds an
+sglang release or a dependency set (builds, overlays, patch wheels, matrix nodes).
 """
 
 from __future__ import annotations
@@ -10,18 +12,25 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from patchbench.errors import EnvironmentNotReady
 from patchbench.inputs import REPO_ROOT
 
 #: the venv folders patchbench runs servers from, separated by os.pathsep (default: the
 #: repository's ``.venv`` and ``.venv-*``); the running interpreter's environment always counts
 VENVS_ENV = "PATCHBENCH_VENVS"
+_EXTRA = re.compile(r"""extra\s*==\s*["']([^"']+)["']""")
 
 
 def installed_version(dist: str) -> str | None:
@@ -41,10 +50,10 @@ def stock_site_dir() -> Path | None:
     return Path(list(spec.submodule_search_locations)[0]).resolve().parent
 
 
-def venv_name(version: str) -> str:
-    """The venv ``make setup SGLANG=version`` makes: ``.venv`` for the default pin 0.5.1.post3,
-    ``.venv-<version>`` for any other."""
-    return ".venv" if version == "0.5.1.post3" else f".venv-{version}"
+def venv_dir(version: str, checkout: Path = REPO_ROOT) -> Path:
+    """The venv ``make setup SGLANG=version`` makes in ``checkout`` (the Makefile's VENV rule):
+    ``.venv`` for the default pin 0.5.1.post3, ``.venv-<version>`` for any other."""
+    return checkout / (".venv" if version == "0.5.1.post3" else f".venv-{version}")
 
 
 def setup_command(version: str) -> str:
@@ -108,21 +117,21 @@ def _venv_dirs() -> list[Path]:
     return sorted(p for p in REPO_ROOT.glob(".venv*") if p.is_dir())
 
 
-def environments() -> list[Environment]:
+def environments(venvs: Sequence[Path] | None = None, *, current: bool = True) -> list[Environment]:
     """The environments a server can run from, found without starting any interpreter: the
-    running one first (when it holds sglang), then every venv of :data:`VENVS_ENV` (default: the
-    repository's ``.venv`` and ``.venv-*``) whose ``lib/python*/site-packages`` holds sglang.
-    A venv that is the running environment (the same folder after resolving links) is listed
-    once."""
+    running one first (with ``current``, when it holds sglang), then every venv of ``venvs``
+    (default: those of :data:`VENVS_ENV`, else the repository's ``.venv`` and ``.venv-*``) whose
+    ``lib/python*/site-packages`` holds sglang. A venv that is the running environment (the same
+    folder after resolving links) is listed once."""
     out: list[Environment] = []
     seen: set[Path] = set()
-    site = stock_site_dir()
+    site = stock_site_dir() if current else None
     if site is not None:
         env = _environment_at(Path(sys.prefix), sys.executable, site, current=True)
         if env is not None:
             out.append(env)
             seen.add(Path(sys.prefix).resolve())
-    for venv in _venv_dirs():
+    for venv in _venv_dirs() if venvs is None else venvs:
         if venv.resolve() in seen or not (venv / "bin" / "python").exists():
             continue
         for site in sorted(venv.glob("lib/python*/site-packages")):
@@ -134,10 +143,75 @@ def environments() -> list[Environment]:
     return out
 
 
-def environment_for(version: str) -> Environment | None:
-    """The first of :func:`environments` whose installed sglang is ``version`` (the running one
-    when it is), or None."""
-    return next((e for e in environments() if e.sglang == version), None)
+def requirement_keys(reqs: Sequence[str]) -> set[tuple[str, str, str]]:
+    """The dependency set of requirement strings, comparable across a pyproject's lists and an
+    installed distribution's ``Requires-Dist``: {(canonical name, specifier, extra or "")},
+    names and extras normalized (``runtime_common`` is ``runtime-common``); other markers are
+    ignored."""
+    out = set()
+    for raw in reqs:
+        try:
+            r = Requirement(raw)
+        except InvalidRequirement:
+            continue
+        m = _EXTRA.search(str(r.marker)) if r.marker else None
+        spec = ",".join(sorted(str(s) for s in r.specifier))
+        out.add((canonicalize_name(r.name), spec, canonicalize_name(m.group(1)) if m else ""))
+    return out
+
+
+def environment_for(
+    version: str | None = None,
+    *,
+    requires: Sequence[str] | None = None,
+    venvs: Sequence[Path] | None = None,
+    current: bool = True,
+) -> Environment | None:
+    """The one finder: among :func:`environments` (``venvs``, ``current`` as there), the first
+    whose installed sglang is ``version``; with ``requires``, the first whose installed sglang
+    declares that dependency set (:func:`requirement_keys`; the one with sglang ``version``
+    first). None when none does (:func:`missing_environment` says why)."""
+    envs = environments(venvs, current=current)
+    if requires is None:
+        return next((e for e in envs if e.sglang == version), None)
+    want = requirement_keys(requires)
+    same = [e for e in envs if requirement_keys(e.requires) == want]
+    return next((e for e in same if e.sglang == version), same[0] if same else None)
+
+
+def missing_environment(
+    what: str, version: str | None = None, *, requires: Sequence[str] | None = None
+) -> EnvironmentNotReady:
+    """The error (exit 3) for :func:`environment_for` finding nothing among this machine's
+    environments: the ``make setup`` that makes one for ``version``, or, for ``requires``, how
+    the closest environment's dependencies differ."""
+    envs = environments()
+    if requires is None:
+        have = ", ".join(e.describe() for e in envs) or "none"
+        return EnvironmentNotReady(
+            f"{what}: no environment of this machine has it (have: {have}); run "
+            f"`{setup_command(version)}` (it makes {venv_dir(version).name})"
+        )
+    if not envs:
+        return EnvironmentNotReady(f"{what}: no environment with sglang here; run `make setup`")
+    want = requirement_keys(requires)
+    best = min(envs, key=lambda e: len(requirement_keys(e.requires) ^ want))
+    have_keys = requirement_keys(best.requires)
+
+    def shown(verb: str, keys: set) -> str:
+        names = sorted(f"{k[0]}{k[1]}" + (f" [{k[2]}]" if k[2] else "") for k in keys)
+        return f"{verb} {', '.join(names[:8])}" + (" ..." if len(names) > 8 else "")
+
+    diff = "; ".join(
+        shown(verb, keys)
+        for verb, keys in (("needs", want - have_keys), ("lacks", have_keys - want))
+        if keys
+    )
+    return EnvironmentNotReady(
+        f"{what}: its dependencies match no environment of this machine (closest: "
+        f"{best.describe()}: {diff}); a build runs as an overlay only on an environment with "
+        "the same dependencies: make one with `make setup SGLANG=<the release that has them>`"
+    )
 
 
 def git_sha(repo: Path = REPO_ROOT) -> str | None:
@@ -232,37 +306,20 @@ def hf_cached(repo_id: str, repo_type: str = "model") -> bool:
 
 
 def torch_build_info() -> dict:
-    """torch version and CUDA build without importing torch (which takes seconds): read from
-    torch/version.py, the file torch's build writes (``__version__``, ``cuda``).
-
-    Returns {"torch": str|None, "cuda_build": str|None}; both None when torch is not installed.
-    """
-    import ast
-    import importlib.util
-
+    """{"torch", "cuda_build"} without importing torch (seconds): the ``__version__`` and
+    ``cuda`` lines of the torch/version.py its build writes; both None without torch."""
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         return {"torch": None, "cuda_build": None}
     out = {"torch": installed_version("torch"), "cuda_build": None}
     try:
-        tree = ast.parse(
-            (Path(list(spec.submodule_search_locations)[0]) / "version.py").read_text()
-        )
-    except (OSError, SyntaxError):
+        text = (Path(list(spec.submodule_search_locations)[0]) / "version.py").read_text()
+    except OSError:
         return out
-    for node in tree.body:
-        target = (
-            node.targets[0]
-            if isinstance(node, ast.Assign)
-            else node.target
-            if isinstance(node, ast.AnnAssign)
-            else None
-        )
-        if isinstance(target, ast.Name) and isinstance(node.value, ast.Constant):
-            if target.id == "__version__":
-                out["torch"] = node.value.value
-            elif target.id == "cuda":
-                out["cuda_build"] = node.value.value
+    for key, name in (("torch", "__version__"), ("cuda_build", "cuda")):
+        m = re.search(rf"^{name}\s*(?::\s*\S+\s*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
+        if m:
+            out[key] = m.group(1)
     return out
 
 

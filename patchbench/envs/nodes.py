@@ -1,23 +1,23 @@
-"""The python a unit's bench runs with, chosen on the node before anything runs, and built only
-when the user asked for it.
+"""The python a matrix unit's bench runs with on its node, chosen before anything runs, and built
+only when the user asked for it.
 
 Modes (``spec["env_setup"]``): "current" (this interpreter, nothing looked up or built), "auto"
 (default locally) and "make" (default on Ray). "auto" and "make" take the first of these that
-exists on the node (:func:`plan_env`):
+holds the unit's pin (:func:`plan_env`; :func:`patchbench.envs.envinfo.environment_for`):
 
-1. this interpreter, when its sglang is the unit's pin and its ``patchbench.suites`` comes from
-   the checkout bench runs in (so the unit runs the code the driver shipped);
-2. the checkout's venv for the pin (:func:`pin_venv`: ``.venv`` or ``.venv-<pin>``, what
-   ``make setup SGLANG=<pin>`` makes there);
+1. this interpreter, when its sglang is the pin and its ``patchbench.suites`` comes from the
+   checkout bench runs in (so the unit runs the code the driver shipped);
+2. the checkout's venv for the pin (``.venv`` or ``.venv-<pin>``, what ``make setup
+   SGLANG=<pin>`` makes there: :func:`patchbench.envs.envinfo.venv_dir`);
 3. "make" only: ``<env_root>/sglang-<pin>`` (a persistent venv per pin on the node, outside the
    shipped working directory; :data:`DEFAULT_ENV_ROOT`).
 
-``make setup`` runs on a venv found in 2 or 3 (idempotent: it does nothing when the venv's stamp
-matches, and refreshes the venv when the checkout's requirements changed); in "make" mode the
-checkout is then installed into a venv of 3 when another checkout is installed there. When none
-exists the plan is a *build* (into 2 for "auto", into 3 for "make"), about
-:func:`expected_env_gb` GB; :func:`prepare_python` builds it only when ``spec["build_envs"]`` is
-true and otherwise raises EnvironmentNotReady (exit 3) naming the node, the path and the size.
+``make setup`` runs on a venv found in 2 or 3 (idempotent; it refreshes the venv when the
+checkout's requirements changed); in "make" mode the checkout is then installed into a venv of 3
+when another checkout is installed there. When none holds the pin the plan is a *build* (into 2
+for "auto", into 3 for "make"), about :func:`expected_env_gb` GB; :func:`prepare_python` builds
+it only when ``spec["build_envs"]`` is true and otherwise raises EnvironmentNotReady (exit 3)
+naming the node, the path and the size.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from typing import IO, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from patchbench.envs.envinfo import environment_for, venv_dir
 from patchbench.errors import EnvironmentNotReady, UsageError
 from patchbench.inputs import REPO_ROOT
 
@@ -65,12 +66,6 @@ def log_tail(path: Path, n: int = 20) -> str:
     except OSError:
         return ""
     return "\n".join(lines[-n:])
-
-
-def pin_venv(workdir: Path, pin: str) -> Path:
-    """The venv ``make setup SGLANG=<pin>`` makes inside a checkout (the Makefile's VENV rule:
-    ``.venv`` for 0.5.1.post3, ``.venv-<pin>`` otherwise)."""
-    return workdir / (".venv" if pin == "0.5.1.post3" else f".venv-{pin}")
 
 
 def expected_env_gb(pin: str, checkout: Path = REPO_ROOT) -> float | None:
@@ -170,12 +165,12 @@ def plan_env(spec: dict, workdir: Path) -> EnvPlan:
     looked = [
         f"this interpreter (sglang {have or 'none'}, its patchbench.suites from {suites_from})"
     ]
-    cands: list[tuple[EnvSource, Path]] = [("checkout", pin_venv(workdir, pin))]
+    cands: list[tuple[EnvSource, Path]] = [("checkout", venv_dir(pin, workdir))]
     if mode == "make":
         root = Path(os.path.expanduser(spec.get("env_root") or DEFAULT_ENV_ROOT))
         cands.append(("env_root", root / f"sglang-{pin}"))
     for source, venv in cands:
-        if (venv / "bin" / "python").exists():
+        if environment_for(pin, venvs=[venv], current=False) is not None:
             return EnvPlan(pin=pin, node=node, source=source, path=str(venv))
         looked.append(str(venv))
     return EnvPlan(
@@ -226,7 +221,7 @@ def prepare_python(spec: dict, workdir: Path, log_file: IO[str]) -> str:
         log_file.write(f"$ {' '.join(cmd)}\n")
         log_file.flush()
         code = subprocess.run(cmd, stdout=log_file, stderr=subprocess.STDOUT).returncode
-        if code == 0 and venv != pin_venv(workdir, pin):
+        if code == 0 and venv != venv_dir(pin, workdir):
             code = _install_checkout(plan.python, workdir, log_file)
     if code != 0:
         log_file.flush()

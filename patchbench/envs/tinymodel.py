@@ -93,13 +93,12 @@ REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokeniz
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 
 
-def default_model_dir(root: str | os.PathLike | None = None) -> Path:
-    """Where the tiny model for the current environment lives: ``.cache/models/tiny-qwen25vl-tf<major>``
-    under the repo root (or ``root``), one per transformers major version."""
+def default_model_dir() -> Path:
+    """Where the tiny model of this environment lives: ``.cache/models/tiny-qwen25vl-tf<major>``
+    of the repository, one per transformers major version."""
     import transformers
 
-    base = Path(root) if root else CACHE_DIR / "models"
-    return base / f"tiny-qwen25vl-tf{transformers.__version__.split('.')[0]}"
+    return CACHE_DIR / "models" / f"tiny-qwen25vl-tf{transformers.__version__.split('.')[0]}"
 
 
 def is_built(out: str | os.PathLike) -> bool:
@@ -284,17 +283,3 @@ def _write_model(tmp: Path, config: Any, ids: dict[str, int]) -> None:
     if model.generation_config is not None:
         model.generation_config.eos_token_id = [ids["<|im_end|>"], ids["<|endoftext|>"]]
         model.generation_config.save_pretrained(tmp)
-
-
-def cli(argv: list[str]) -> int:
-    """``runner.py make-tiny-model [OUT] [--force]``: build the tiny model, print its folder."""
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="runner.py make-tiny-model", description=cli.__doc__)
-    ap.add_argument("out", nargs="?", help="folder (default: .cache/models/tiny-qwen25vl-tf<N>)")
-    ap.add_argument("--force", action="store_true", help="rebuild even when complete")
-    args = ap.parse_args(argv)
-    out = Path(args.out) if args.out else default_model_dir()
-    build_tiny_qwen25vl(out, force=args.force)
-    print(out)
-    return 0

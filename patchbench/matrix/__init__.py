@@ -1,15 +1,10 @@
-"""A matrix of whole A/B runs ("units"), run one after another here or as Ray tasks on a cluster.
+"""A matrix of whole A/B runs ("units"), run one after another here or as Ray tasks on a cluster
+(docs/scale-out.md). A unit is one whole ``bench`` run on one node: the arms of a comparison are
+never split across machines.
 
-The unit of work is one whole ``bench`` run (every variant and repeat of one config, interleaved,
-on one node): the arms of one comparison are never split across machines. Different models, pins,
-server arguments or GPU types are different units. docs/scale-out.md is the user's guide.
-
-- :mod:`~patchbench.matrix.spec`: the matrix file, its units and their stable ids;
-- :mod:`~patchbench.matrix.record`: ``matrix.json`` and the matrix run folder's layout;
-- :mod:`~patchbench.envs.nodes`: the python of a unit's pin (this one, or a venv per pin);
-- :mod:`~patchbench.matrix.execute`: one unit run anywhere (bench in a subprocess, its folder back);
-- :mod:`~patchbench.matrix.executors`: local (one after another) and Ray (a task per unit);
-- :mod:`~patchbench.matrix.driver`: the run of a whole matrix, resume, ``--dry-run``'s listing;
-- :mod:`~patchbench.matrix.report`: ``report.md`` and the figure of the primary effects;
-- :mod:`~patchbench.matrix.cli`: the ``patchbench matrix`` command.
+Modules: :mod:`~patchbench.matrix.spec` (the matrix file, its units, their stable ids),
+:mod:`~patchbench.matrix.record` (``matrix.json``, the matrix run folder),
+:mod:`~patchbench.matrix.execute` (one unit run anywhere), :mod:`~patchbench.matrix.executors`
+(local, Ray), :mod:`~patchbench.matrix.driver` (a whole matrix, resume, the ``patchbench
+matrix`` command), :mod:`~patchbench.matrix.report`. A unit's python: patchbench.envs.nodes.
 """

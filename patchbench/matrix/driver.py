@@ -1,6 +1,7 @@
 """The driver of a matrix run: make (or resume) the matrix run folder, hand the units to an executor,
 record each unit in ``matrix.json`` as it ends (:mod:`patchbench.matrix.record`), and write the
-report at the end, also after failures and Ctrl-C.
+report at the end, also after failures and Ctrl-C; and the ``patchbench matrix`` command
+(:func:`add_cli_arguments`, :func:`run_cli`).
 
 The unit of work is one whole ``bench`` run (every variant and repeat of one config, interleaved,
 on one node): the arms of one comparison are never split across machines.
@@ -8,18 +9,27 @@ on one node): the arms of one comparison are never split across machines.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from patchbench.envs.nodes import BUILD_FLAG, EnvPlan, missing_env_message, size_txt
-from patchbench.errors import ConfigError, EnvironmentNotReady, Interrupted, RunFailed
+from patchbench.config import config_from_mapping
+from patchbench.envs.nodes import (
+    BUILD_FLAG,
+    DEFAULT_ENV_ROOT,
+    EnvPlan,
+    missing_env_message,
+    size_txt,
+)
+from patchbench.errors import ConfigError, EnvironmentNotReady, Interrupted, RunFailed, UsageError
 from patchbench.inputs import RESULTS_DIR
-from patchbench.matrix.executors import Executor, UnitResult, log, make_executor
+from patchbench.matrix.executors import Executor, LocalExecutor, UnitResult, log, make_executor
 from patchbench.matrix.record import (
     MatrixRecord,
     UnitRecord,
@@ -27,8 +37,8 @@ from patchbench.matrix.record import (
     read_matrix_record,
     write_matrix_record,
 )
-from patchbench.matrix.spec import Matrix, load_matrix
-from patchbench.records import write_text
+from patchbench.matrix.spec import Matrix, Unit, load_matrix
+from patchbench.records import write_json
 
 
 def _utc_stamp() -> str:
@@ -52,7 +62,7 @@ def _check_resume(m: Matrix, matrix_dir: Path) -> MatrixRecord:
     changed = []
     for u in m.units:
         p = matrix_dir / "configs" / f"{u.id}.yaml"
-        if p.exists() and yaml.safe_load(p.read_text()) != yaml.safe_load(u.config_text):
+        if p.exists() and not _same_config(p, u):
             changed.append(u.id)
     if changed:
         raise ConfigError(
@@ -61,6 +71,16 @@ def _check_resume(m: Matrix, matrix_dir: Path) -> MatrixRecord:
             "resumed matrix must measure the same thing: start a new matrix run"
         )
     return old
+
+
+def _same_config(path: Path, u: Unit) -> bool:
+    """Whether the config recorded at ``path`` (JSON, or the YAML an earlier version wrote)
+    validates to ``u``'s config."""
+    try:
+        old = config_from_mapping(yaml.safe_load(path.read_text()), str(path), check_files=False)
+    except (ConfigError, OSError, yaml.YAMLError, TypeError):
+        return False
+    return old.model_dump(mode="json") == u.config.model_dump(mode="json")
 
 
 def _new_record(
@@ -122,8 +142,8 @@ def _open_run(
         matrix_dir = Path(results or RESULTS_DIR) / f"{_utc_stamp()}-{m.spec.name}"
         matrix_dir.mkdir(parents=True, exist_ok=False)
         old, done = None, set()
-    for u in m.units:
-        write_text(matrix_dir / "configs" / f"{u.id}.yaml", u.config_text)
+    for u in m.units:  # the validated config as JSON (YAML readers read it too)
+        write_json(matrix_dir / "configs" / f"{u.id}.yaml", u.config.model_dump(mode="json"))
     rec = _new_record(m, executor, address, old, done)
     rec.environments = envs or None
     write_matrix_record(matrix_dir, rec)
@@ -162,24 +182,19 @@ def run_matrix(
     matrix: Matrix | None = None,
     **executor_kw,
 ) -> Path:
-    """Run every unit of a matrix; returns the matrix run folder.
+    """Run every unit of a matrix; returns the matrix run folder (units land in
+    ``<folder>/<unit id>/`` as they end; matrix.json is rewritten after each; the report is
+    written at the end, also after failures and Ctrl-C).
 
-    ``on``: "local" (one after another here, no Ray) or "ray" (one task per unit on the cluster
-    at ``address``); ``executor`` overrides both (tests, other engines); ``executor_kw`` go to
-    :func:`patchbench.matrix.executors.make_executor`. ``resume``: a matrix run folder: only units
-    not ``ok`` there run (a unit with a run folder continues it through ``bench --resume``); a
-    unit whose config changed is refused. ``results``: the parent of the matrix run folder
-    (default results/). ``matrix``: the loaded matrix of ``path`` to run (default: loaded here;
-    the nightly passes one whose units' configs leave out variants that cannot run).
+    ``on``: "local" or "ray" (``address``: the cluster); ``executor`` overrides both;
+    ``executor_kw`` go to :func:`patchbench.matrix.executors.make_executor`. ``resume``: a matrix
+    run folder whose units not ``ok`` run again (a unit's run folder continues through ``bench
+    --resume``; a unit whose config changed is refused). ``results``: the parent folder
+    (default results/). ``matrix``: the loaded matrix to run (default: ``path`` loaded).
 
-    Each unit's run folder lands in ``<matrix run>/<unit id>/`` as it ends; matrix.json is
-    rewritten after every unit; the matrix report is written at the end, also after failures and
-    Ctrl-C. Before anything runs, where each pin's python comes from is announced
-    (:func:`check_envs`, recorded as matrix.json's ``environments``). Raises ConfigError (exit 2)
-    for a bad matrix, EnvironmentNotReady (3) for Ray missing or for an environment that would be
-    built without ``build_envs`` (nothing runs, no matrix run folder is made), RunFailed (4)
-    when any unit did not end ok (everything else kept), Interrupted (130/143) after
-    Ctrl-C/SIGTERM (finished units kept; ``--resume`` runs the rest).
+    Raises ConfigError (2) for a bad matrix; EnvironmentNotReady (3) for Ray missing or an
+    environment that would be built without ``build_envs`` (nothing runs); RunFailed (4) when a
+    unit did not end ok; Interrupted (130/143) after Ctrl-C/SIGTERM (finished units kept).
     """
     m = matrix if matrix is not None else load_matrix(path)
     if executor is None:
@@ -297,3 +312,74 @@ def describe_matrix(
         if any(p.source == "build" for p in envs):
             lines.append(f"  a missing environment is built only with {BUILD_FLAG}")
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------- the command
+def add_cli_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``patchbench matrix`` (an argparse parser)."""
+    p.add_argument("matrix", help="the matrix file (YAML): a base config with axes, or units")
+    p.add_argument(
+        "--on",
+        choices=("local", "ray"),
+        default="local",
+        help="local: one unit after another here (default); ray: one Ray task per unit",
+    )
+    p.add_argument(
+        "--address",
+        help="the Ray cluster (default: RAY_ADDRESS, a running local cluster, or a new local one)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="list the units, run nothing")
+    p.add_argument(
+        "--resume",
+        metavar="MATRIX_RUN_DIR",
+        help="run only the units not finished ok in MATRIX_RUN_DIR",
+    )
+    p.add_argument(
+        "--results", metavar="DIR", help="parent of the matrix run folder (default results/)"
+    )
+    p.add_argument(
+        "--env-setup",
+        choices=("auto", "make", "current"),
+        help="how a unit gets its pin's environment (default: auto locally, make on "
+        "Ray: `make setup SGLANG=<pin>` into a persistent venv per pin on each node)",
+    )
+    p.add_argument(
+        "--build-envs",
+        action="store_true",
+        help="build an environment a unit's pin lacks (`make setup`: about 8-9 GB each; "
+        "without it such a matrix is refused before anything runs, exit 3)",
+    )
+    p.add_argument(
+        "--env-root",
+        metavar="DIR",
+        help=f"where nodes keep those venvs (default {DEFAULT_ENV_ROOT})",
+    )
+    p.add_argument(
+        "--no-ship-code",
+        action="store_true",
+        help="Ray: do not send this checkout "
+        "as the job's working_dir (every node has it at the same path)",
+    )
+
+
+def run_cli(a: argparse.Namespace) -> int:
+    """``patchbench matrix`` from parsed arguments; returns 0 or raises a PatchbenchError."""
+
+    if a.dry_run:
+        m = load_matrix(a.matrix)
+        mode = a.env_setup or ("make" if a.on == "ray" else "auto")
+        ex = LocalExecutor(env_setup=mode, env_root=a.env_root)
+        note = (
+            "this machine; a Ray node is looked at when the matrix starts" if a.on == "ray" else ""
+        )
+        print(describe_matrix(m, a.resume, ex.plan_envs(m.units), note))
+        return 0
+    kw: dict[str, Any] = {"build_envs": a.build_envs}
+    if a.env_setup:
+        kw["env_setup"] = a.env_setup
+    if a.on == "ray":
+        kw.update(env_root=a.env_root, ship_code=not a.no_ship_code)
+    elif a.env_root or a.no_ship_code:
+        raise UsageError("--env-root and --no-ship-code are for --on ray")
+    run_matrix(a.matrix, a.on, a.address, resume=a.resume, results=a.results, **kw)
+    return 0

@@ -24,6 +24,7 @@ from typing import IO, Any
 from patchbench.envs.nodes import log_tail, machine_key, node_name, prepare_python
 from patchbench.errors import EnvironmentNotReady
 from patchbench.inputs import REPO_ROOT
+from patchbench.records import write_json
 
 #: the bench command a unit runs; {python}, {config}, {results} are filled in
 DEFAULT_COMMAND = ("{python}", "-m", "patchbench", "bench", "{config}", "--results", "{results}")
@@ -101,23 +102,17 @@ def unpack_folder(data: bytes, dest: Path) -> None:
 
 
 def execute_unit(spec: dict) -> dict:
-    """Run one unit's bench here; the body of both executors (a Ray task calls it on its node).
+    """Run one unit's bench here (the body of both executors; a Ray task calls it on its node).
 
-    ``spec``: {"id", "config_text", "sglang", "env_setup", "env_root", "build_envs" (build a
-    missing environment; else exit 3), "command" (list with {python}/{config}/{results}),
-    "workdir" (None: this checkout; "cwd": Ray's shipped working directory, or the driver's
-    checkout "checkout" on the driver's machine: :func:`unit_workdir`), "resume_dir" (local) or
-    "resume_archive" (bytes) to continue a unit's run folder, "out_dir" (local: move the run
-    folder there) or none (return it as ``archive``), "stop_grace_s", "env" (extra environment
-    for bench)}.
-
-    Returns {"exit_code", "message" (bench's last error line), "log_tail", "node", "archive"
-    (bytes or None), "archive_bytes", "has_folder", "timings_s": {"env", "bench", "pack"},
-    "started_at"/"ended_at" (epoch s)}. Bench runs in its own session; when this function is
-    interrupted (Ctrl-C, a Ray cancellation) it sends bench SIGTERM (bench stops its server's
-    group and keeps its cells), SIGKILLs it after ``stop_grace_s``, stops any server group left
-    behind, moves a local run folder into place, then re-raises. A server group left by a bench
-    that ended any other way is stopped too.
+    ``spec``: {"id", "config" (the unit's config as JSON data), "sglang", "env_setup",
+    "env_root", "build_envs", "command" (with {python}/{config}/{results}), "workdir"
+    (:func:`unit_workdir`), "resume_dir" (local) or "resume_archive" (bytes), "out_dir" (local:
+    the run folder is moved there; else returned as ``archive``), "stop_grace_s", "env"}.
+    Returns {"exit_code", "message" (bench's last error line), "log_tail", "node", "archive",
+    "archive_bytes", "has_folder", "timings_s": {"env", "bench", "pack"}, "started_at",
+    "ended_at" (epoch s)}. Interrupted (Ctrl-C, a Ray cancellation), it sends bench SIGTERM,
+    SIGKILL after ``stop_grace_s``, stops any server group left, moves a local run folder into
+    place and re-raises; a server group left by a bench that ended otherwise is stopped too.
     """
     started = time.time()
     tmp = Path(tempfile.mkdtemp(prefix=f"patchbench-unit-{spec['id']}-"))
@@ -165,10 +160,10 @@ def unit_workdir(spec: dict) -> Path:
 
 
 def _stage(spec: dict, tmp: Path) -> tuple[Path, Path, Path | None]:
-    """(the unit's config file, the results folder bench writes into, the run folder it resumes
-    or None), under ``tmp``; a resume archive is unpacked there."""
-    cfg = tmp / f"{spec['id']}.yaml"
-    cfg.write_text(spec["config_text"], encoding="utf-8")
+    """(the unit's config file (its validated config as JSON, which bench reads as it reads
+    YAML), the results folder bench writes into, the run folder it resumes or None), under
+    ``tmp``; a resume archive is unpacked there."""
+    cfg = write_json(tmp / f"{spec['id']}.json", spec["config"])
     results = tmp / "results"
     results.mkdir()
     resume_dir = Path(spec["resume_dir"]) if spec.get("resume_dir") else None

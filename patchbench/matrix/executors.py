@@ -58,11 +58,35 @@ class Executor:
     what runs, records it, and re-raises KeyboardInterrupt. ``check(units)`` -> {unit id: why
     no node can take it} before anything runs. ``plan_envs(units)`` -> where each pin's python
     comes from on each node that may run it (:class:`EnvPlan`; a "build" plan is a missing
-    environment), before anything runs; ``build_envs``: whether a missing one may be built.
-    ``name``: "local" or "ray"."""
+    environment), before anything runs. ``name``: "local" or "ray".
+
+    Options of every unit: ``env_setup``/``env_root`` (:func:`prepare_python`); ``build_envs``:
+    build a missing environment (otherwise the driver refuses before anything runs);
+    ``command``: the bench command template (:data:`DEFAULT_COMMAND`); ``env``: extra
+    environment for bench; ``stop_grace_s``: how long a stopped bench may take before SIGKILL.
+    """
 
     name = "?"
-    build_envs = False
+
+    def __init__(
+        self,
+        *,
+        env_setup: str = "auto",
+        env_root: str | None = None,
+        build_envs: bool = False,
+        command: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        stop_grace_s: float = 60,
+    ):
+        self.build_envs = build_envs
+        self.opts = {
+            "env_setup": env_setup,
+            "env_root": env_root,
+            "build_envs": build_envs,
+            "command": command,
+            "env": env,
+            "stop_grace_s": stop_grace_s,
+        }
 
     def check(self, units: list[Unit]) -> dict[str, str]:
         return {}
@@ -83,7 +107,7 @@ class Executor:
 def _unit_spec(u: Unit, matrix_dir: Path, opts: dict) -> dict:
     return {
         "id": u.id,
-        "config_text": u.config_text,
+        "config": u.config.model_dump(mode="json"),
         "sglang": u.sglang,
         "env_setup": opts.get("env_setup"),
         "env_root": opts.get("env_root"),
@@ -128,30 +152,10 @@ def _pin_specs(units: list[Unit], opts: dict) -> dict[str, dict]:
 
 
 class LocalExecutor(Executor):
-    """Runs the units one after another on this machine (no Ray). ``env_setup``: see
-    :func:`prepare_python` ("auto" by default); ``build_envs``: build a missing environment
-    (otherwise the driver refuses before anything runs); ``command``: the bench command template
-    (:data:`DEFAULT_COMMAND`); ``env``: extra environment for bench."""
+    """Runs the units one after another on this machine (no Ray; ``env_setup`` "auto" by
+    default)."""
 
     name = "local"
-
-    def __init__(
-        self,
-        *,
-        env_setup: str = "auto",
-        build_envs: bool = False,
-        command: list[str] | None = None,
-        env: dict[str, str] | None = None,
-        stop_grace_s: float = 60,
-    ):
-        self.build_envs = build_envs
-        self.opts = {
-            "env_setup": env_setup,
-            "build_envs": build_envs,
-            "command": command,
-            "env": env,
-            "stop_grace_s": stop_grace_s,
-        }
 
     def plan_envs(self, units):
         return [plan_env(spec, REPO_ROOT) for spec in _pin_specs(units, self.opts).values()]
@@ -220,12 +224,8 @@ class RayExecutor(Executor):
     ``address``: the cluster (None: Ray's default, RAY_ADDRESS or a local one); ``ship_code``:
     send this checkout as the job's ``working_dir`` (without venvs, results, caches; a node on
     the driver's own machine runs in the driver's checkout instead; leave it False when every
-    node already holds this checkout at the same path); ``env_setup``/``env_root``: see
-    :func:`prepare_python` ("make" by default: the worker's interpreter when it holds the pin,
-    else the checkout's or the node's persistent venv for the pin); ``build_envs``: build a
-    missing environment (otherwise the driver refuses before anything runs, and a unit that
-    lands on a node without one ends with exit 3); ``command``/``env``/``stop_grace_s``: as
-    :class:`LocalExecutor`;
+    node already holds this checkout at the same path); ``env_setup``: "make" by default (a unit
+    that lands on a node without its environment and no ``build_envs`` ends with exit 3);
     ``cancel_wait_s``: how long Ctrl-C waits for cancelled units to stop their servers.
     Resources per unit come from the matrix (``resources``) and the unit's GPU type
     (``accelerator_type:<T>`` custom resource, which Ray sets on GPU nodes it recognises and
@@ -241,26 +241,14 @@ class RayExecutor(Executor):
         resources: Resources | None = None,
         ship_code: bool = True,
         env_setup: str = "make",
-        env_root: str | None = None,
-        build_envs: bool = False,
-        command: list[str] | None = None,
-        env: dict[str, str] | None = None,
-        stop_grace_s: float = 60,
         cancel_wait_s: float = 90,
         log=log,
+        **opts,
     ):
+        super().__init__(env_setup=env_setup, **opts)
         self.address = address
         self.resources = resources or Resources()
         self.ship_code = ship_code
-        self.build_envs = build_envs
-        self.opts = {
-            "env_setup": env_setup,
-            "env_root": env_root,
-            "build_envs": build_envs,
-            "command": command,
-            "env": env,
-            "stop_grace_s": stop_grace_s,
-        }
         self.cancel_wait_s = cancel_wait_s
         self.log = log
         self._started = False

@@ -6,7 +6,7 @@ Matrix run folder::
       matrix.json                 MatrixRecord: the units (id, labels, gpu type, status, exit
                                   code, message, node, timings), the matrix file, executor,
                                   start/end
-      configs/<unit id>.yaml      each unit's merged config (what its bench ran)
+      configs/<unit id>.yaml      each unit's validated config as JSON (what its bench ran)
       <unit id>/                  that unit's bench run folder (manifest.json, compare.json, ...)
       report.md  plots/matrix-effect.png   (patchbench.matrix.report)
 

@@ -1,19 +1,9 @@
-"""The report of a matrix run: one table row per unit, one figure of the primary effects.
-
-Read only through the typed readers: ``matrix.json``
-(:func:`patchbench.matrix.record.read_matrix_record`) and each unit's ``compare.json``
-(:func:`patchbench.analysis.comparison.read_comparison`). Writes ``report.md`` and
-``plots/matrix-effect.png`` in the matrix run folder:
-
-- the table: unit (linked to its ``report.md``), its GPU type, the value of each axis, status,
-  node, then one column per primary metric (``suite.metric``) holding, per variant, the verdict,
-  the change and its interval at the level the verdict used;
-- a load sweep's per-point primaries (``<metric>@<point>``, docs/CONTRACTS.md) are not columns
-  of that table: "Load curves" has one row per (unit, variant, point), one column per such metric;
-  the curve metrics (goodput at the SLO, the highest load meeting it) stay in the main table;
-- the figure: one panel per primary metric (a per-point one: one panel per metric), one line per
-  (unit, variant[, point]): the change (dot) and its interval (bar), coloured by verdict
-  (patchbench.report.plots.COLOURS).
+"""The report of a matrix run (``report.md`` and ``plots/matrix-effect.png`` in its folder), read
+from ``matrix.json`` and each unit's ``compare.json`` only: one table row per unit (GPU type, axis
+values, status, then per primary metric each variant's verdict, change and interval); a load
+sweep's per-point primaries (``<metric>@<point>``) in "Load curves", one row per (unit, variant,
+point); one figure panel per primary metric, a line per (unit, variant[, point]) coloured by
+verdict (patchbench.report.plots.COLOURS).
 """
 
 from __future__ import annotations

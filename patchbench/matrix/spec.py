@@ -21,9 +21,9 @@ or an explicit list instead of ``base``/``axes``::
 
 Each unit has a stable id: a readable slug of what distinguishes it plus 8 hex digits of the
 sha256 of those values (``qwen2.5-vl-3b-instruct_h200-1a2b3c4d``); the same matrix gives the same
-ids on every run. Every unit's merged config is validated through
-:func:`patchbench.config.load_config`; an error names the unit and points at the matrix line that
-set the key, or at the base config's line.
+ids on every run. Every unit's config (the base with the unit's keys set) is validated in memory
+by :func:`patchbench.config.config_from_mapping`; an error names the unit and points at the matrix
+line that set the key, or at the base config's line.
 """
 
 from __future__ import annotations
@@ -35,16 +35,14 @@ import itertools
 import json
 import os
 import re
-import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from patchbench.config import load_config
-from patchbench.config.variant import LATEST, sglang_label
+from patchbench.config import LATEST, Config, config_from_mapping, sglang_label
+from patchbench.config.load import Where, format_errors, set_dotted
 from patchbench.errors import ConfigError
 from patchbench.inputs import FOLDER_NAME, REPO_ROOT, line_of, read_yaml_mapping
 
@@ -108,8 +106,8 @@ class Unit:
     ``id``: stable id; ``labels``: what distinguishes it ({axis or "config": value}, shown in the
     report); ``gpu_type``: the Ray ``accelerator_type`` it needs (None: any node);
     ``overrides``: {dotted key: value} set on its config (axes and ``set``); ``config_path``:
-    the base or listed config; ``config_text``: the merged YAML; ``sglang``: its pin;
-    ``config``: the validated :class:`patchbench.config.Config`.
+    the base or listed config; ``config``: the validated config (built in memory; its JSON is
+    what the unit's bench gets, :mod:`patchbench.matrix.execute`).
     """
 
     id: str
@@ -117,9 +115,12 @@ class Unit:
     gpu_type: str | None
     overrides: dict[str, Any]
     config_path: Path
-    config_text: str
-    sglang: str
-    config: Any = field(repr=False, default=None)
+    config: Config
+
+    @property
+    def sglang(self) -> str:
+        """The unit's pin (every variant runs this release)."""
+        return str(self.config.sglang_of(self.config.baseline))
 
 
 @dataclass
@@ -161,62 +162,9 @@ def unit_id(labels: dict[str, Any]) -> str:
     return f"{slug}-{h}"
 
 
-def _split_key(key: str) -> list[str]:
-    return key.split(".")
-
-
-def set_dotted(raw: dict, key: str, value: Any) -> None:
-    """Set ``key`` (``a.b.c``) in the nested mapping ``raw``, creating mappings on the way.
-
-    Raises ValueError when a part on the way holds something other than a mapping.
-    """
-    parts = _split_key(key)
-    if any(not p for p in parts):
-        raise ValueError(f"'{key}' is not a dotted key (empty part)")
-    node = raw
-    for i, p in enumerate(parts[:-1]):
-        nxt = node.get(p)
-        if nxt is None:
-            nxt = node[p] = {}
-        elif not isinstance(nxt, dict):
-            raise ValueError(
-                f"'{'.'.join(parts[: i + 1])}' holds {type(nxt).__name__}, not a "
-                f"mapping, so '{key}' cannot be set"
-            )
-        node = nxt
-    node[parts[-1]] = copy.deepcopy(value)
-
-
 def _resolve(p: str) -> Path:
     q = Path(os.path.expanduser(p))
     return q if q.is_absolute() else REPO_ROOT / q
-
-
-def _key_at_line(text: str, line: int) -> tuple:
-    """The key path whose key (or list item) starts on ``line`` (1-based) of a YAML text."""
-    try:
-        root = yaml.compose(text)
-    except yaml.YAMLError:
-        return ()
-    best: tuple = ()
-
-    def walk(node, path):
-        nonlocal best
-        if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                p = path + (k.value,)
-                if k.start_mark.line + 1 == line and len(p) > len(best):
-                    best = p
-                walk(v, p)
-        elif isinstance(node, yaml.SequenceNode):
-            for i, v in enumerate(node.value):
-                p = path + (i,)
-                if v.start_mark.line + 1 == line and len(p) > len(best):
-                    best = p
-                walk(v, p)
-
-    walk(root, ())
-    return best
 
 
 def is_matrix_file(path: str | os.PathLike) -> bool:
@@ -266,29 +214,8 @@ def _validated_spec(raw: dict, where) -> MatrixSpec:
     try:
         return MatrixSpec.model_validate(raw)
     except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            loc = tuple(x for x in err["loc"] if not (isinstance(x, str) and "[" in x))
-            key = ".".join(str(x) for x in loc) or "(top level)"
-            if err["type"] == "extra_forbidden":
-                model = (
-                    MatrixSpec
-                    if len(loc) == 1
-                    else (UnitEntry if loc[:1] == ("units",) else Resources)
-                )
-                lines.append(
-                    f"{where(*loc)}: unknown key '{key}'; allowed keys: "
-                    f"{', '.join(model.model_fields)}"
-                )
-            elif err["type"] == "missing":
-                lines.append(f"{where(*loc)}: missing required key '{key}'")
-            else:
-                got = err.get("input")
-                lines.append(
-                    f"{where(*loc)}: key '{key}': {err['msg'].removeprefix('Value error, ')}"
-                    f" (got {repr(got)[:80] if not isinstance(got, dict) else 'a mapping'})"
-                )
-        raise ConfigError("\n".join(dict.fromkeys(lines))) from None
+        msg = format_errors(lambda loc: where(*loc), e, raw, model=MatrixSpec)
+        raise ConfigError(msg) from None
 
 
 def _spec_problems(spec: MatrixSpec, path: Path, where) -> list[str]:
@@ -395,50 +322,66 @@ def _units(
     ``problems`` and that unit left out."""
     units: list[Unit] = []
     seen: dict[str, int] = {}
-    base_cache: dict[Path, tuple[str, dict]] = {}
-    with tempfile.TemporaryDirectory(prefix="patchbench-matrix-") as tmp:
-        for n, plan in enumerate(plans):
-            uid = unit_id(plan.labels)
-            if uid in seen:
-                problems.append(
-                    f"{path}: units {seen[uid] + 1} and {n + 1} are the same "
-                    f"({uid}); list each combination once"
+    bases: dict[Path, tuple[str, dict]] = {}
+    for n, plan in enumerate(plans):
+        uid = unit_id(plan.labels)
+        if uid in seen:
+            problems.append(
+                f"{path}: units {seen[uid] + 1} and {n + 1} are the same "
+                f"({uid}); list each combination once"
+            )
+            continue
+        seen[uid] = n
+        if plan.config_path not in bases:
+            try:
+                bases[plan.config_path] = read_yaml_mapping(
+                    plan.config_path,
+                    ConfigError,
+                    "name, sglang, model, variants, suites, ...",
+                    "config file",
                 )
+            except ConfigError as e:
+                key = ("base",) if spec.base else ("units", n, "config")
+                problems.append(f"{where(*key)}: {e}")
+                bases[plan.config_path] = ("", {})
                 continue
-            seen[uid] = n
-            if plan.config_path not in base_cache:
-                try:
-                    base_cache[plan.config_path] = read_yaml_mapping(
-                        plan.config_path,
-                        ConfigError,
-                        "name, sglang, model, variants, suites, ...",
-                        "config file",
-                    )
-                except ConfigError as e:
-                    key = ("base",) if spec.base else ("units", n, "config")
-                    problems.append(f"{where(*key)}: {e}")
-                    base_cache[plan.config_path] = ("", {})
-                    continue
-            base_text, base_raw = base_cache[plan.config_path]
-            if base_raw:
-                unit = _merged_unit(plan, uid, base_text, base_raw, Path(tmp), path, problems)
-                if unit is not None:
-                    units.append(unit)
+        base_text, base_raw = bases[plan.config_path]
+        if base_raw:
+            unit = _merged_unit(plan, uid, base_text, base_raw, path, problems)
+            if unit is not None:
+                units.append(unit)
     return units
 
 
+def _unit_where(plan: _Plan, base_text: str) -> Where:
+    """Where a key of a unit's config is: the matrix line that set it (axes or ``set``), else
+    the line of its base config."""
+
+    def at(loc: tuple) -> str:
+        dotted = ".".join(str(x) for x in loc)
+        src = next(
+            (
+                k
+                for k in sorted(plan.overrides, key=len, reverse=True)
+                if dotted == k
+                or dotted.startswith(k + ".")
+                or (dotted and k.startswith(dotted + "."))
+            ),
+            None,
+        )
+        if src is not None:
+            return f"{plan.lines.get(src, '')} (set by the matrix: {src})"
+        return f"{plan.config_path}:{(line_of(base_text, loc) if loc else None) or ''}"
+
+    return at
+
+
 def _merged_unit(
-    plan: _Plan,
-    uid: str,
-    base_text: str,
-    base_raw: dict,
-    tmp: Path,
-    path: Path,
-    problems: list[str],
+    plan: _Plan, uid: str, base_text: str, base_raw: dict, path: Path, problems: list[str]
 ) -> Unit | None:
-    """The unit of ``plan``: the base config with its overrides set, written under ``tmp`` and
-    validated by :func:`patchbench.config.load_config`; None (its problems added) when a key
-    cannot be set or the merged config does not validate."""
+    """The unit of ``plan``: its base config with its overrides set, validated in memory by
+    :func:`patchbench.config.config_from_mapping` (each problem names the matrix line that set
+    the key, or the base config's line); None, its problems added, when it does not validate."""
     merged = copy.deepcopy(base_raw)
     bad = False
     for k, v in plan.overrides.items():
@@ -449,17 +392,14 @@ def _merged_unit(
             bad = True
     if bad:
         return None
-    unit_text = (
-        f"# patchbench matrix unit {uid}: {plan.config_path} with "
-        f"{json.dumps(plan.overrides, default=str)}\n"
-        + yaml.safe_dump(merged, sort_keys=False, allow_unicode=True, default_flow_style=False)
-    )
-    tmp_cfg = tmp / f"{uid}.yaml"
-    tmp_cfg.write_text(unit_text, encoding="utf-8")
     try:
-        cfg = load_config(tmp_cfg)
+        cfg = config_from_mapping(merged, _unit_where(plan, base_text))
     except ConfigError as e:
-        problems.append(_unit_problem(str(e), tmp_cfg, unit_text, uid, plan, base_text))
+        shown = ", ".join(f"{k}={v}" for k, v in plan.labels.items())
+        problems.append(
+            f"unit {uid} ({shown}): its config does not validate:\n"
+            + "\n".join(f"  {line}" for line in str(e).splitlines())
+        )
         return None
     if cfg.schedule.auto:
         at = plan.lines.get("schedule.repeats") or str(plan.config_path)
@@ -481,69 +421,4 @@ def _merged_unit(
             '"0.5.23", or run a git checkout, a wheel, latest or mixed builds with `bench`'
         )
         return None
-    return Unit(
-        uid,
-        plan.labels,
-        plan.gpu_type,
-        plan.overrides,
-        plan.config_path,
-        unit_text,
-        cfg.sglang,
-        cfg,
-    )
-
-
-def _quoted_override(overrides: dict[str, Any], text: str) -> str | None:
-    """The longest override key (or its first part) that ``text`` quotes, else None."""
-    return next(
-        (
-            k
-            for k in sorted(overrides, key=len, reverse=True)
-            if f"'{k}'" in text or f"'{k.split('.')[0]}'" in text
-        ),
-        None,
-    )
-
-
-def _override_of(dotted: str, overrides: dict[str, Any]) -> str | None:
-    """The longest override key that is ``dotted``, a key above it, or a key inside it."""
-    return next(
-        (
-            k
-            for k in sorted(overrides, key=len, reverse=True)
-            if dotted == k or dotted.startswith(k + ".") or (dotted and k.startswith(dotted + "."))
-        ),
-        None,
-    )
-
-
-def _unit_problem(
-    msg: str, tmp_cfg: Path, unit_text: str, uid: str, plan: _Plan, base_text: str
-) -> str:
-    """Rewrite load_config's message about a merged unit config: each ``TMP:LINE:`` prefix
-    becomes the matrix line that set the key (axes/set) or the base config's line."""
-    shown = ", ".join(f"{k}={v}" for k, v in plan.labels.items())
-    out = []
-    pat = re.compile(re.escape(str(tmp_cfg)) + r":(\d*):?\s*")
-    for line in msg.splitlines():
-        m = pat.match(line)
-        if not m:
-            quoted = _quoted_override(plan.overrides, line)
-            text = line.replace(str(tmp_cfg), str(plan.config_path))
-            if quoted is not None:
-                text = f"{plan.lines.get(quoted, '')} (set by the matrix: {quoted}): " + text
-            out.append("  " + text)
-            continue
-        rest = line[m.end() :]
-        loc = _key_at_line(unit_text, int(m.group(1))) if m.group(1) else ()
-        src = _override_of(".".join(str(x) for x in loc), plan.overrides)
-        if src is None and not loc:
-            # a message without a line (e.g. an unknown top-level key): the key it quotes
-            src = _quoted_override(plan.overrides, rest)
-        if src is not None:
-            at = f"{plan.lines.get(src, '')} (set by the matrix: {src})"
-        else:
-            bl = line_of(base_text, loc) if loc else None
-            at = f"{plan.config_path}:{bl or ''}"
-        out.append(f"  {at}: {rest}")
-    return f"unit {uid} ({shown}): its config does not validate:\n" + "\n".join(out)
+    return Unit(uid, plan.labels, plan.gpu_type, plan.overrides, plan.config_path, cfg)

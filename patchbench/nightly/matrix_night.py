@@ -213,9 +213,11 @@ def check_matrix_patches(m: Any, out: Any = None) -> dict[str, list[BuildRow]]:
 
     Raises ConfigError (exit 2, before anything runs) when a unit's baseline is blocked:
     nothing of that unit could run, as a single night with a blocked baseline."""
-    import tempfile
+    import json
 
-    from patchbench.config import load_config
+    import yaml
+
+    from patchbench.config import config_from_mapping
     from patchbench.nightly.builds import blocked, check_patches, drop_variants_text
 
     out = out or sys.stdout
@@ -232,17 +234,12 @@ def check_matrix_patches(m: Any, out: Any = None) -> dict[str, list[BuildRow]]:
             print(f"nightly: unit {u.id}: {blocked_line(r)}", file=out)
         drop = sorted({r.variant for r in bad})
         try:
-            text = drop_variants_text(u.config_text, drop)
+            text = drop_variants_text(json.dumps(u.config.model_dump(mode="json")), drop)
         except ValueError as e:
             raise ConfigError(
                 f"unit {u.id}: nothing can run tonight: {e} ({blocked_line(bad[0])})"
             ) from None
-        head = "".join(x + "\n" for x in u.config_text.splitlines() if x.startswith("#"))
-        u.config_text = head + f"# without {', '.join(drop)}: its patch does not apply\n" + text
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / f"{u.id}.yaml"
-            path.write_text(u.config_text, encoding="utf-8")
-            u.config = load_config(path)
+        u.config = config_from_mapping(yaml.safe_load(text), f"unit {u.id}")
         found[u.id] = bad
     return found
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from patchbench.config import Config
+from patchbench.config import Config, DiffPatch
+from patchbench.errors import PatchError
+from patchbench.inputs import sha256_file
+from patchbench.patches import apply
 from patchbench.records import write_bytes
 from patchbench.run.plan import Cell
 from patchbench.run.variants import CACHE_DIR, VariantEnv, client_release
@@ -17,7 +20,6 @@ from patchbench.runfolder.models import (
     ManifestCell,
     PatchHash,
     ResumeRecord,
-    RunConfig,
     RunManifest,
     RunTimings,
 )
@@ -45,8 +47,8 @@ def new_manifest(
     ``resumed_at``)."""
     m = RunManifest(
         run_id=run_dir.name,
-        config_path=str(cfg.source),
-        config=RunConfig.model_validate(cfg.model_dump(mode="json")),
+        config_path=str(cfg.source) if cfg.source is not None else None,
+        config=cfg,
         sglang_version=client_release(cfg),
         model=cfg.model_ref,
         patches={
@@ -64,7 +66,7 @@ def new_manifest(
         started_at=started,
         ended_at=None,
         timings_s=timings,
-        variant_diffs={v: cfg.variant_diff(v, cache_dir=CACHE_DIR) for v in cfg.variants},
+        variant_diffs={v: variant_diff(cfg, v, cache_dir=CACHE_DIR) for v in cfg.variants},
         suite_rounds={
             s: (cfg.rounds_of(s) if get_suite(s).timed else "correctness") for s in cfg.suites
         },
@@ -78,14 +80,39 @@ def new_manifest(
     return m
 
 
+def variant_diff(cfg: Config, variant: str, *, cache_dir: Path | None = None) -> dict:
+    """:meth:`Config.variant_diff` with each patch's sha256 for the variant's release (a named
+    patch's diff, a derived patch's from its wheels fetched once into ``cache_dir``; None where
+    it cannot be computed) or of the diff file."""
+    d = cfg.variant_diff(variant)
+    release = cfg.release_of(variant)
+    for p in d["patches"]:
+        if p["kind"] == "diff":
+            p["sha256"] = sha256_file(Path(p["path"])) if Path(p["path"]).is_file() else None
+        elif release is not None:
+            try:
+                p["sha256"] = apply.patch_sha256(p["name"], release, cache_dir)
+            except PatchError:
+                pass
+    return d
+
+
 def copy_config_files(cfg: Config, run_dir: Path) -> list[CopiedFile]:
-    """Copy every file the config names directly (diffs, :meth:`Config.files_to_copy`) into
-    ``run_dir`` (atomically; one already there is kept); returns where each went."""
+    """Copy every diff file a variant names into ``run_dir`` as ``diffs/<sha256 first
+    12>-<file name>`` (atomically; one already there is kept), so the run can be reproduced;
+    returns where each went."""
+    files = {
+        p.diff: cfg.resolve_path(p.diff)
+        for spec in cfg.variants.values()
+        for p in spec.patches
+        if isinstance(p, DiffPatch)
+    }
     out = []
-    for src, rel in cfg.files_to_copy():
+    for src in files.values():
+        rel = f"diffs/{sha256_file(src)[:12]}-{src.name}"
         dest = run_dir / rel
         if not dest.exists():
-            write_bytes(dest, Path(src).read_bytes())
+            write_bytes(dest, src.read_bytes())
         out.append(CopiedFile(source=str(src), path=rel))
     return out
 

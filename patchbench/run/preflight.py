@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from patchbench.config import Config
+from patchbench.config import Config, config_from_mapping
 from patchbench.envs import envinfo
 from patchbench.errors import ConfigError, EnvironmentNotReady
 from patchbench.run.ports import find_stale_servers, kill_stale, port_taken_by
@@ -62,6 +62,33 @@ def ensure_model(cfg: Config, *, log) -> Path:
 _ADDED_SERVER_KEYS = ("stall_timeout_s",)
 
 
+def _resumed(run_dir: Path) -> RunManifest:
+    """The manifest of the run folder ``--resume`` names; ConfigError when there is none."""
+    if not Path(run_dir).is_dir():
+        raise ConfigError(f"--resume {run_dir}: no such folder; {_RUN_FOLDER_HINT}")
+    if not (Path(run_dir) / "manifest.json").is_file():
+        raise ConfigError(f"--resume {run_dir}: no manifest.json there; {_RUN_FOLDER_HINT}")
+    try:
+        return read_manifest(run_dir)
+    except SchemaTooNew:
+        raise
+    except RunFolderError as e:
+        raise ConfigError(f"--resume {run_dir}: {e}") from None
+
+
+def config_of_run(run_dir: Path) -> Config:
+    """The config ``run_dir`` ran with, rebuilt from its manifest and validated as a config file
+    is (``bench --resume RUN`` without CONFIG; no ``source``). Raises ConfigError when the
+    folder has no readable manifest, its manifest no config, or the config no longer validates
+    here (e.g. a patch it names is gone); SchemaTooNew when a newer patchbench wrote it."""
+    old = _resumed(run_dir)
+    if old.config is None:
+        raise ConfigError(f"--resume {run_dir}: its manifest holds no config; give the CONFIG")
+    return config_from_mapping(
+        old.config.model_dump(mode="json"), f"{Path(run_dir) / 'manifest.json'} (config)"
+    )
+
+
 def resume_manifest(cfg: Config, run_dir: Path) -> RunManifest:
     """The manifest of ``run_dir`` for ``--resume``, checked against ``cfg``.
 
@@ -69,27 +96,18 @@ def resume_manifest(cfg: Config, run_dir: Path) -> RunManifest:
     config differs from ``cfg`` (a resumed run must measure the same thing); SchemaTooNew when a
     newer patchbench wrote it.
     """
-    if not Path(run_dir).is_dir():
-        raise ConfigError(f"--resume {run_dir}: no such folder; {_RUN_FOLDER_HINT}")
-    if not (Path(run_dir) / "manifest.json").is_file():
-        raise ConfigError(f"--resume {run_dir}: no manifest.json there; {_RUN_FOLDER_HINT}")
-    try:
-        old = read_manifest(run_dir)
-    except SchemaTooNew:
-        raise
-    except RunFolderError as e:
-        raise ConfigError(f"--resume {run_dir}: {e}") from None
+    old = _resumed(run_dir)
     now = cfg.model_dump(mode="json")
     there = old.config.model_dump(mode="json") if old.config is not None else {}
     for key in _ADDED_SERVER_KEYS:  # a folder written before the key existed ran without it
-        if isinstance(there.get("server"), dict) and there["server"].get(key) is None:
+        if old.config is not None and key not in old.config.server.model_fields_set:
             there["server"].pop(key, None)
-            now.get("server", {}).pop(key, None)
+            now["server"].pop(key, None)
     if there != now:
         diffs = config_diffs(there, now)
         shown = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, a, b in diffs[:5])
         raise ConfigError(
-            f"--resume {run_dir}: its manifest's config differs from {cfg.source} "
+            f"--resume {run_dir}: its manifest's config differs from {cfg.source or 'the config'} "
             f"({shown}{'; ...' if len(diffs) > 5 else ''}); a resumed run must "
             "measure the same thing: resume with that config, or start a new run"
         )

@@ -19,6 +19,7 @@ from typing import Any
 
 from patchbench.config import Config, patch_label
 from patchbench.envs import envinfo
+from patchbench.envs.builds import overlay_patches
 from patchbench.errors import ConfigError, EnvironmentNotReady, PatchError
 from patchbench.inputs import CACHE_DIR
 from patchbench.patches import apply
@@ -88,7 +89,7 @@ def stock_client_env(cfg: Config) -> dict[str, str]:
 def prepare_variants(cfg: Config, *, log) -> dict[str, VariantEnv]:
     """Build and verify one overlay per variant (before any server starts).
 
-    Each variant gets its patches (:meth:`Config.overlay_patches`: patch names, and a patch
+    Each variant gets its patches (:func:`patchbench.envs.builds.overlay_patches`: patch names, and a patch
     folder made from each diff named directly), and its environment (``server.env`` plus the
     variant's ``env``, :meth:`Config.server_env_of`). Raises
     :class:`patchbench.errors.PatchError` (exit 2) naming the variant, patch, file and hunk when a
@@ -145,7 +146,7 @@ def _overlay_of(cfg: Config, name: str, build: Any, site: Path | None) -> Any:
     release = build.release if build is not None else cfg.sglang
     return ov.build_overlay(
         release,
-        cfg.overlay_patches(name, cache_dir=CACHE_DIR),
+        overlay_patches(cfg, name, cfg.release_of(name), cache_dir=CACHE_DIR),
         stock_site_dir=build.env.site_dir if build is not None else site,
         cache_root=CACHE_DIR / "overlays",
         patch_cache_dir=CACHE_DIR,
@@ -191,7 +192,7 @@ def check_patches(cfg: Config) -> list[str]:
         env = envinfo.environment_for(release)
         with tempfile.TemporaryDirectory(prefix="patchbench-dryrun-") as tmp, wheels.offline():
             try:
-                patches = cfg.overlay_patches(name, cache_dir=CACHE_DIR)
+                patches = overlay_patches(cfg, name, release, cache_dir=CACHE_DIR)
                 if env is not None:
                     ov.build_overlay(
                         release,

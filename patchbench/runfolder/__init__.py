@@ -1,28 +1,18 @@
 """The typed run-folder model: one reader and one writer for every file of a run folder.
 
-Layout (docs/CONTRACTS.md, "Run folder")::
+Layout (docs/CONTRACTS.md, "Run folder"): ``RUN/manifest.json`` (:class:`RunManifest`),
+``RUN/<variant>/rep<k>/cell.json`` (:class:`CellRecord`), ``RUN/<variant>/rep<k>/<suite>/
+summary.json`` (:class:`SuiteSummary`); ``RUN/compare.json`` is patchbench.analysis.comparison's.
+Models, schema versions and the format history are in :mod:`patchbench.runfolder.models`.
 
-    RUN/manifest.json                       RunManifest
-    RUN/<variant>/rep<k>/cell.json          CellRecord
-    RUN/<variant>/rep<k>/<suite>/summary.json   SuiteSummary
-    RUN/compare.json                        patchbench.analysis.comparison.Comparison
-
-The models, the current schema versions and the format history of each file are in
-:mod:`patchbench.runfolder.models`. Every model carries ``schema_version`` and declares every
-key it writes (``extra="forbid"``: an undeclared key is an error, in the code that sets it and in
-a file of the current version). Reading (:func:`read_manifest`, :func:`read_cell`, :func:`read_summary`):
-
-- a file written by an older schema is migrated on read (the returned model has the current
-  version, ``migrated_from`` says which one it was); keys the current version does not declare
-  are dropped by the migration;
-- a file written by a newer schema raises :class:`SchemaTooNew` naming the file and both versions
-  (exit 2: this patchbench is too old for the folder);
-- a cell or summary file that is not JSON or does not have the model's shape gives a record with
-  ``status="unreadable"`` and a note naming the file, so the rest of a report still renders; an
-  unreadable manifest raises :class:`RunFolderError` (nothing can be read without it).
-
-Writing (:func:`write_manifest`, :func:`write_cell`, :func:`write_summary`) always goes through
-:func:`patchbench.records.write_json` (atomic) and stamps the current schema version.
+Reading: a file of an older schema is migrated (``migrated_from`` says which; keys the current
+version does not declare are dropped); the manifest's config is validated as a
+:class:`patchbench.config.Config` (``compare`` / ``nightly`` keys that no longer exist are
+dropped, invalid settings become the defaults, each noted in ``RunManifest.config_notes``); a
+newer schema raises :class:`SchemaTooNew` (exit 2); an unreadable cell or summary is a record
+with ``status="unreadable"`` and a note naming the file, an unreadable manifest a
+:class:`RunFolderError`. Writing goes through :func:`patchbench.records.write_json` (atomic) and
+stamps the current schema version.
 """
 
 from __future__ import annotations
@@ -37,6 +27,7 @@ from typing import Any, Union
 from pydantic import BaseModel, ValidationError
 
 from patchbench import records
+from patchbench.config.schema import sections
 from patchbench.errors import ConfigError
 from patchbench.runfolder.models import (
     CELL_SCHEMA,
@@ -102,11 +93,14 @@ def _keys_declared(raw: dict) -> dict:
 
 
 def _declared_only(model: type[BaseModel], raw: Any) -> Any:
-    """``raw`` without the keys that ``model`` (and every model inside it) does not declare."""
+    """``raw`` without the keys that ``model`` (and every model inside it) does not declare or
+    never writes (``exclude``)."""
     if not isinstance(raw, dict):
         return raw
     out = {}
     for name, f in model.model_fields.items():
+        if f.exclude:
+            continue
         key = f.alias or name
         if key in raw:
             out[key] = _fit(f.annotation, raw[key])
@@ -123,11 +117,14 @@ def _fit(tp: Any, value: Any) -> Any:
     if origin is dict and isinstance(value, dict) and len(args) == 2:
         return {k: _fit(args[1], v) for k, v in value.items()}
     if origin in (Union, types.UnionType):
-        for a in args:  # the member of the value's JSON kind
-            if isinstance(value, dict) and isinstance(a, type) and issubclass(a, BaseModel):
-                return _declared_only(a, value)
-            if isinstance(value, list) and typing.get_origin(a) is list:
-                return _fit(a, value)
+        models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+        if isinstance(value, dict) and models:  # the member that declares most of its keys
+            return _declared_only(
+                max(models, key=lambda m: len(set(value) & set(m.model_fields))), value
+            )
+        lists = [a for a in args if typing.get_origin(a) is list]
+        if isinstance(value, list) and lists:
+            return _fit(lists[0], value)
     return value
 
 
@@ -135,7 +132,7 @@ def _fit(tp: Any, value: Any) -> Any:
 _MIGRATIONS: dict[str, tuple[type[BaseModel], dict[int, Any]]] = {
     "cell": (CellRecord, {1: _cell_1_to_2, 2: _keys_declared}),
     "summary": (SuiteSummary, {1: _schema_key_renamed}),
-    "manifest": (RunManifest, {1: _schema_key_renamed, 2: _keys_declared}),
+    "manifest": (RunManifest, {1: _schema_key_renamed, 2: _keys_declared, 3: _keys_declared}),
 }
 _CURRENT = {"cell": CELL_SCHEMA, "summary": SUMMARY_SCHEMA, "manifest": MANIFEST_SCHEMA}
 
@@ -207,10 +204,42 @@ def read_manifest(path: str | os.PathLike) -> RunManifest:
     except (OSError, ValueError) as e:
         raise RunFolderError(f"{p}: {e}") from None
     raw = _upgrade("manifest", raw, p)
+    notes = _fit_settings(raw.get("config"))
     try:
-        return RunManifest.model_validate(raw)
+        m = RunManifest.model_validate(raw)
     except ValidationError as e:
         raise RunFolderError(f"{p}: {why_invalid(e)}") from None
+    m.config_notes = notes
+    return m
+
+
+def _fit_settings(config: Any) -> dict[str, list[str]]:
+    """Fit a stored config's ``compare`` and ``nightly`` settings (in place) to their current
+    models: keys they no longer declare are dropped, invalid settings become the defaults;
+    {section: a note on each}."""
+    notes: dict[str, list[str]] = {}
+    if not isinstance(config, dict):
+        return notes
+    for name, model in sections().items():
+        raw = config.get(name)
+        if not isinstance(raw, dict):
+            continue
+        kept = {k: v for k, v in raw.items() if k in model.model_fields}
+        dropped = sorted(set(raw) - set(kept))
+        if dropped:
+            notes.setdefault(name, []).append(
+                f"{name} settings {', '.join(dropped)} are no longer used and were ignored"
+            )
+        try:
+            model.model_validate(kept)
+        except ValidationError as e:
+            notes.setdefault(name, []).append(
+                f"{name} settings of the manifest are invalid ({e.errors()[0]['msg']}); "
+                "defaults used"
+            )
+            kept = {}
+        config[name] = kept
+    return notes
 
 
 def _validated(p: Path, kind: str, model: type[BaseModel]) -> tuple[Any, str | None]:

@@ -1,12 +1,11 @@
 """The models of a run folder's files (patchbench.runfolder reads and writes them): the
 format history and current schema versions, :class:`CellRecord` (``cell.json``),
-:class:`SuiteSummary` (``summary.json``), :class:`RunManifest` (``manifest.json``) and their
-parts, among them :class:`RunConfig`, the config as the run measured it.
+:class:`SuiteSummary` (``summary.json``), :class:`RunManifest` (``manifest.json``, whose
+``config`` is the typed :class:`patchbench.config.Config` the run measured) and their parts.
 
 Every model declares every key it writes (``extra="forbid"``) and validates assignments; a
-field named in a model's ``_when_set`` is written only once something set it (read back: when
-the file held it), so an optional key stays absent rather than ``null``. A :class:`_Snapshot`
-model writes exactly the keys it was given.
+field named in a model's ``_when_set`` is written only once something set it, so an optional key
+stays absent rather than ``null``. A :class:`_Snapshot` model writes exactly the keys it was given.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
+from patchbench.config import Config
 from patchbench.run.gpu import GpuSummary
 
 # Format history, one line per version (bump together with a step in
@@ -30,7 +30,7 @@ from patchbench.run.gpu import GpuSummary
 #                     gpu; the server's create_time, host, port, stop_breakdown_s) and read
 #                     strictly; older files lose undeclared keys on read.
 #   summary.json   1: no version key.  2: "schema_version" (every key declared, read strictly).
-MANIFEST_SCHEMA = 3
+MANIFEST_SCHEMA = 4
 CELL_SCHEMA = 3
 SUMMARY_SCHEMA = 2
 
@@ -63,103 +63,6 @@ class _Snapshot(_Record):
     def _written_when_set(self, handler):
         out = handler(self)
         return {k: v for k, v in out.items() if k in self.model_fields_set}
-
-
-# -- the config snapshot (manifest.json "config") --------------------------------------------
-
-
-class ModelRef(_Snapshot):
-    """``config.model``: the served model's folder or hub id, whether it is the tiny test model
-    built on demand, the tokenizer (None: the model's own)."""
-
-    path: str | None = None
-    tiny: bool = False
-    tokenizer: str | None = None
-
-
-class ServerSnapshot(_Snapshot):
-    """``config.server``: the launch settings of every variant's server (patchbench.config's
-    ``ServerSpec``; seconds for the ``_s`` keys)."""
-
-    host: str | None = None
-    port: int | None = None
-    args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-    cpu_stand_ins: list[str] = Field(default_factory=list)
-    ready_timeout_s: float | None = None
-    stop_grace_s: float | None = None
-    port_close_timeout_s: float | None = None
-    flush_retries: int | None = None
-    flush_pause_s: float | None = None
-    stall_timeout_s: float | None = None
-
-
-class DiffRef(_Snapshot):
-    """A patch given as a diff file (``{"diff": path}``)."""
-
-    diff: str
-
-
-#: a patch entry of a variant: a patch name (a folder of patches/) or a diff file
-PatchRef = str | DiffRef
-
-
-class VariantMapping(_Snapshot):
-    """A variant that changes more than patches: patches in order, arguments appended to
-    ``server.args``, variables added to ``server.env``."""
-
-    patches: list[PatchRef] = Field(default_factory=list)
-    server_args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-    sglang: str | dict[str, str] | None = None  # the variant's own build (patchbench.envs.builds)
-
-
-class SequentialSnapshot(_Snapshot):
-    """``schedule.repeats`` of a group-sequential schedule (rounds; ``futility``: the
-    conditional-power threshold)."""
-
-    min: int | None = None
-    max: int | None = None
-    step: int | None = None
-    boundary: Literal["pocock", "obrien-fleming"] | None = None
-    futility: float | None = None
-
-
-class ScheduleSnapshot(_Snapshot):
-    """``config.schedule``: repeats (a fixed number of rounds, or a sequential schedule), the
-    order of the cells in a round and, for an unbalanced order, why."""
-
-    repeats: int | SequentialSnapshot = 1
-    order: Literal["interleaved", "sequential"] = "interleaved"
-    unbalanced_reason: str | None = None
-
-
-class RunConfig(_Snapshot):
-    """``manifest.json`` ``config``: the resolved config as the run measured it
-    (``patchbench.config.Config.model_dump(mode="json")``; variants that change only patches in
-    their list form).
-
-    ``suites``: {suite: its parameters} (each suite's ``Params`` model validates them where they
-    are used); ``compare`` / ``nightly``: the settings sections as their models
-    (``patchbench.analysis.comparison.CompareSettings``, ``patchbench.nightly.gates.NightlySettings``) dumped
-    them; their readers validate them and report keys an older version wrote.
-    """
-
-    name: str | None = None
-    sglang: str | dict[str, str] | None = None  # a release, latest, {git, ref} or {wheel}
-    model: ModelRef | None = None
-    server: ServerSnapshot | None = None
-    variants: dict[str, list[PatchRef] | VariantMapping] = Field(default_factory=dict)
-    baseline: str | None = None
-    schedule: ScheduleSnapshot = Field(default_factory=ScheduleSnapshot)
-    suites: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    compare: dict[str, Any] = Field(default_factory=dict)
-    nightly: dict[str, Any] = Field(default_factory=dict)
-    description: str | None = None
-
-    def variants_json(self) -> dict[str, list | dict]:
-        """``variants`` as the file holds them: {variant: [patch entries] or a mapping}."""
-        return self.model_dump(mode="json", include={"variants"}).get("variants", {})
 
 
 # -- cell.json -------------------------------------------------------------------------------
@@ -503,7 +406,8 @@ class SequentialRecord(_Record):
 class RunManifest(_Record):
     """``RUN/manifest.json``: the run as a whole.
 
-    config: :class:`RunConfig` (None when the file held none); patches: {variant: [PatchHash]};
+    config: the :class:`patchbench.config.Config` the run measured (None when the file held
+    none; its ``suites`` hold the raw parameters, ``suite_params`` is empty); patches: {variant: [PatchHash]};
     overlays: {variant: its overlay record (``patchbench.overlay.Overlay.to_json``, versioned by
     its own "schema")}; host / gpu / environment: the machine (``environment``:
     ``patchbench.envs.envinfo.collect``); builds (written when a variant names its own build or
@@ -521,7 +425,7 @@ class RunManifest(_Record):
     schema_version: int = MANIFEST_SCHEMA
     run_id: str = ""
     config_path: str | None = None
-    config: RunConfig | None = None
+    config: Config | None = None
     sglang_version: str | None = None
     model: str | None = None
     patches: dict[str, list[PatchHash]] = Field(default_factory=dict)
@@ -544,13 +448,23 @@ class RunManifest(_Record):
     error: str | None = None
     report_error: str | None = None
     migrated_from: int | None = None
+    #: {"compare" | "nightly": notes on settings of the stored config that were dropped on read}
+    config_notes: dict[str, list[str]] = Field(default_factory=dict, exclude=True)
 
     # -- conveniences used by the analysis (read-only views of ``config``) --------------------
+    def variants_json(self) -> dict[str, list | dict]:
+        """The config's variants as the file holds them: {variant: [patch entries] or a
+        mapping} ({} without a config)."""
+        cfg = self.config
+        return {k: spec.short() for k, spec in cfg.variants.items()} if cfg is not None else {}
+
     @property
     def variants(self) -> dict[str, list[str | dict]]:
         """{variant: patch entries (names, or ``{"diff": path}``)} from the config, in order."""
-        raw = self.config.variants_json() if self.config is not None else {}
-        return {k: list(p.get("patches", []) if isinstance(p, dict) else p) for k, p in raw.items()}
+        return {
+            k: list(p.get("patches", []) if isinstance(p, dict) else p)
+            for k, p in self.variants_json().items()
+        }
 
     @property
     def baseline(self) -> str:
@@ -563,9 +477,7 @@ class RunManifest(_Record):
         """``schedule.repeats`` of the config (1 when absent; for a sequential schedule
         ``{min, max, step}`` its ``min``; the rounds that really ran are read from the cells)."""
         r = self.config.schedule.repeats if self.config is not None else 1
-        if isinstance(r, SequentialSnapshot):
-            r = r.min or 1
-        return int(r or 1)
+        return r if isinstance(r, int) else r.min
 
     @property
     def suites(self) -> list[str]:

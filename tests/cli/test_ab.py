@@ -113,10 +113,7 @@ def test_ab_config_for_a_branch_a_diff_and_server_arguments(checkout, tmp_path):
         ab.preset_path("nope")
 
 
-def test_ab_dry_run_resolves_both_sides_as_builds_on_this_environment(
-    checkout, tmp_path, capsys, monkeypatch
-):
-    monkeypatch.setattr(ab, "AB_DIR", tmp_path)
+def test_ab_dry_run_resolves_both_sides_as_builds_on_this_environment(checkout, capsys):
     argv = ["ab", "--git", str(checkout), "--range", "main...my-branch", "--dry-run"]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out

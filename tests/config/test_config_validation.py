@@ -65,7 +65,7 @@ aa: {patches: []}""",
     assert cfg.server_args_of("baseline") == ["--device=cpu", "--mem-fraction-static=0.05"]
     assert [v for v in cfg.variants if cfg.is_aa(v)] == ["aa"] == cfg.aa_variants()
     assert not cfg.is_aa("baseline") and not cfg.is_aa("patched")
-    d = cfg.variant_diff("no-overlap", hashes=False)
+    d = cfg.variant_diff("no-overlap")
     assert d["server_args"] == {
         "added": ["--disable-overlap-schedule", "--cuda-graph-max-bs=8"],
         "removed": [],
@@ -87,6 +87,7 @@ aa: {patches: []}""",
 
 def test_variant_diff_patch_hashes_and_changed_args(tmp_path):
     from patchbench.patches.manifest import load_manifest
+    from patchbench.run.manifest import variant_diff
 
     cfg = load_config(
         write(
@@ -96,7 +97,8 @@ baseline: {server_args: [--chunked-prefill-size=512]}
 v: {patches: [null-comment], server_args: [--chunked-prefill-size=1024]}""",
         )
     )
-    d = cfg.variant_diff("v")
+    assert cfg.variant_diff("v")["patches"][0]["sha256"] is None  # the config does no patch I/O
+    d = variant_diff(cfg, "v")
     m = load_manifest("null-comment")
     assert d["patches"] == [
         {
@@ -285,7 +287,7 @@ def test_removed_mrope_probe_says_what_replaces_it(tmp_path):
 
 
 def test_compare_and_nightly_are_typed(tmp_path):
-    from patchbench.analysis.comparison import CompareSettings
+    from patchbench.config import CompareSettings
     from patchbench.nightly.gates import NightlySettings
 
     cfg = load_config(write(tmp_path, "b: []", BASE + "compare: {confidence: 0.9}\n"))
@@ -460,3 +462,42 @@ def test_an_input_that_never_ends_is_refused_not_waited_for(tmp_path, monkeypatc
     th.start()
     assert load_config(fifo).name == "t"
     th.join(5)
+
+
+# ----------------------------------------------------------------------------- built in memory
+def test_a_mapping_gets_the_validation_and_messages_of_a_file(tmp_path):
+    """config_from_mapping validates what load_config validates (suite parameters, patches),
+    naming the origin it is given; a valid mapping gives the same config, without a source."""
+    import yaml
+
+    from patchbench.config import config_from_mapping
+
+    path = write(tmp_path, "baseline: []\npatched: [null-comment]")
+    raw = yaml.safe_load(path.read_text())
+    raw["suites"] = {"serving": {"num_prompts": 4}}
+    cfg = config_from_mapping(raw, "in memory")
+    assert cfg.source is None and cfg.suite_params["serving"].num_prompts == 4
+    assert load_config(path).variants == cfg.variants
+    bad = {**raw, "suites": {"serving": {"num_prompts": "x"}}, "variants": {"b": ["nope"]}}
+    with pytest.raises(ConfigError) as e:
+        config_from_mapping(bad, "in memory")
+    msg = str(e.value)
+    assert "in memory: key 'suites.serving.num_prompts'" in msg
+    assert "in memory: variants.b.patches[0]: patch 'nope' not found" in msg
+
+
+def test_derive_changes_dotted_keys_and_validates_the_result(tmp_path):
+    from patchbench.config import derive
+
+    cfg = load_config(write(tmp_path, "baseline: []\npatched: [null-comment]"))
+    two = derive(cfg, {"schedule.repeats": 2, "variants": {"baseline": []}, "name": "t2"})
+    assert (two.schedule.repeats, list(two.variants), two.name) == (2, ["baseline"], "t2")
+    assert two.source is None and cfg.schedule.repeats == 1 and len(cfg.variants) == 2
+    assert two.model_dump(mode="json")["server"] == cfg.model_dump(mode="json")["server"]
+    with pytest.raises(ConfigError, match=r"c.yaml \(with schedule.repeats\): key 'schedule.rep"):
+        derive(cfg, {"schedule.repeats": 0})
+    with pytest.raises(ConfigError, match="'name' holds str, not a mapping"):
+        derive(cfg, {"name.x": 1})
+    auto = load_config(REPO_ROOT / "configs" / "nightly-h200.yaml")
+    assert auto.schedule.auto and derive(auto, {"name": "x"}).schedule.auto
+    assert not derive(auto, {"schedule.repeats": 4}).schedule.auto

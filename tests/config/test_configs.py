@@ -169,7 +169,7 @@ def test_overlap_configs_cross_overlap_with_the_patch(name):
         "mrope-sync-free-no-overlap": (["mrope-sync-free"], True),
     }
     assert cfg.baseline == "baseline" and cfg.aa_variants() == []
-    assert cfg.variant_diff("no-overlap", hashes=False)["server_args"]["added"] == [flag]
+    assert cfg.variant_diff("no-overlap")["server_args"]["added"] == [flag]
 
 
 def test_pr9460_has_an_aa_control():

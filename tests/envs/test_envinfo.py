@@ -130,5 +130,11 @@ def test_environments_lists_each_venv_with_its_sglang_and_requirements(tmp_path,
     assert fake.site_dir == site and fake.python == str(tmp_path / ".venv-9.9" / "bin" / "python")
     assert fake.requires == ("torch==2.0", "numpy") and not fake.current
     assert envinfo.environment_for("9.9") == fake and envinfo.environment_for("0.0") is None
-    assert envinfo.venv_name("9.9") == ".venv-9.9" and envinfo.venv_name("0.5.1.post3") == ".venv"
+    assert envinfo.venv_dir("9.9", tmp_path) == tmp_path / ".venv-9.9"
+    assert envinfo.venv_dir("0.5.1.post3", tmp_path) == tmp_path / ".venv"
+    # the venvs asked about, without the running interpreter
+    assert envinfo.environment_for("9.9", venvs=[tmp_path / "empty"]) is None
+    assert envinfo.environment_for("9.9", venvs=[tmp_path / ".venv-9.9"], current=False) == fake
+    assert envinfo.environment_for(running, current=False, venvs=[]) is None
+    assert envinfo.environment_for(None, requires=["numpy", "torch==2.0"]) == fake
     assert envinfo.setup_command("9.9") == "make setup SGLANG=9.9"

@@ -91,8 +91,7 @@ from patchbench.errors import (  # noqa: E402
     UsageError,
 )
 from patchbench.inputs import REPO_ROOT  # noqa: E402
-from patchbench.matrix.cli import add_cli_arguments, run_cli  # noqa: E402
-from patchbench.matrix.driver import describe_matrix, run_matrix  # noqa: E402
+from patchbench.matrix.driver import add_cli_arguments, describe_matrix, run_cli, run_matrix  # noqa: E402
 from patchbench.matrix.execute import pack_folder, unpack_folder  # noqa: E402
 from patchbench.matrix.executors import LocalExecutor, make_executor  # noqa: E402
 from patchbench.matrix.spec import is_matrix_file, load_matrix, unit_id  # noqa: E402
@@ -345,7 +344,7 @@ def check_units_layout(mdir: Path, mx) -> dict:
     man = read_json(mdir / "matrix.json")
     assert [u["id"] for u in man["units"]] == [u.id for u in mx.units]
     for u in mx.units:
-        assert (mdir / "configs" / f"{u.id}.yaml").read_text() == u.config_text
+        assert read_json(mdir / "configs" / f"{u.id}.yaml") == u.config.model_dump(mode="json")
     return {u["id"]: u for u in man["units"]}
 
 
@@ -481,7 +480,8 @@ def test_cli_dry_run_lists_units_and_runs_nothing(tmp_path, capsys):
 def fake_make(tmp_path: Path, monkeypatch, checkout: Path) -> Path:
     """A stand-in ``make`` on PATH: records its arguments in the returned file and makes
     ``$VENV/bin/python`` a script that prints ``checkout`` (what _install_checkout asks the venv's
-    python: so nothing is installed anywhere); fails with a pip line when MAKE_FAILS is set."""
+    python: so nothing is installed anywhere) and an installed sglang ``$SGLANG`` (its package
+    and METADATA) in the venv; fails with a pip line when MAKE_FAILS is set."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "calls.txt"
@@ -489,10 +489,13 @@ def fake_make(tmp_path: Path, monkeypatch, checkout: Path) -> Path:
         textwrap.dedent(f"""\
         #!/bin/sh
         echo "$@" >> {calls}
-        for a in "$@"; do case "$a" in VENV=*) v="${{a#VENV=}}";; esac; done
+        for a in "$@"; do case "$a" in VENV=*) v="${{a#VENV=}}";; SGLANG=*) p="${{a#SGLANG=}}";; esac; done
         [ -n "$MAKE_FAILS" ] && {{ echo "pip: no matching distribution"; exit 2; }}
         mkdir -p "$v/bin" && printf '#!/bin/sh\\necho {checkout}\\n' > "$v/bin/python"
         chmod +x "$v/bin/python"
+        s="$v/lib/python3/site-packages"; mkdir -p "$s/sglang" "$s/sglang-$p.dist-info"
+        touch "$s/sglang/__init__.py"
+        printf 'Metadata-Version: 2.1\\nName: sglang\\nVersion: %s\\n' "$p" > "$s/sglang-$p.dist-info/METADATA"
         """)
     )
     (bin_dir / "make").chmod(0o755)
@@ -507,6 +510,7 @@ def test_prepare_python_modes(tmp_path, monkeypatch):
     build_envs (then `make -C <checkout> setup SGLANG=<pin> VENV=<venv>` under a lock); a failing
     setup is exit 3 with the output's tail. The checkout is a folder made here, so no shared venv
     is ever touched."""
+    from patchbench.envs import envinfo
     from patchbench.envs import nodes as envs
 
     log = open(tmp_path / "log.txt", "w")
@@ -525,7 +529,9 @@ def test_prepare_python_modes(tmp_path, monkeypatch):
         str(root / f"sglang-{SGLANG}"),
         9,
     )
-    assert envs.plan_env({**spec, "env_setup": "auto"}, co).path == str(co / ".venv")
+    assert envs.plan_env({**spec, "env_setup": "auto"}, co).path == str(
+        envinfo.venv_dir(SGLANG, co)
+    )
     with pytest.raises(EnvironmentNotReady) as ei:
         prepare_python(make, co, log)
     msg = str(ei.value)
@@ -537,14 +543,17 @@ def test_prepare_python_modes(tmp_path, monkeypatch):
     venv = root / f"sglang-{SGLANG}"
     assert calls.read_text().split() == ["-C", str(co), "setup", f"SGLANG={SGLANG}", f"VENV={venv}"]
     assert (root / f".lock-sglang-{SGLANG}").exists()
-    # an existing venv is refreshed (make setup is idempotent) without build_envs; the checkout's
-    # own venv comes first
+    # an existing venv that holds the pin is refreshed (make setup is idempotent) without
+    # build_envs; the checkout's own venv comes first
     assert prepare_python(make, co, log) == got
-    (co / ".venv" / "bin").mkdir(parents=True)
-    (co / ".venv" / "bin" / "python").symlink_to(venv / "bin" / "python")
+    own = envinfo.venv_dir(SGLANG, co)
+    (own / "bin").mkdir(parents=True)
+    assert envs.plan_env(make, co).source == "env_root"  # the own venv lacks the pin
+    (own / "bin" / "python").symlink_to(venv / "bin" / "python")
+    (own / "lib").symlink_to(venv / "lib")
     assert envs.plan_env(make, co).source == "checkout"
-    assert prepare_python(make, co, log) == str(co / ".venv" / "bin" / "python")
-    assert calls.read_text().split()[-1] == f"VENV={co / '.venv'}"
+    assert prepare_python(make, co, log) == str(own / "bin" / "python")
+    assert calls.read_text().split()[-1] == f"VENV={own}"
     monkeypatch.setenv("MAKE_FAILS", "1")
     with pytest.raises(
         EnvironmentNotReady,
@@ -567,7 +576,7 @@ def test_a_matrix_that_would_build_an_environment_is_refused_before_anything_run
     base = write_base(tmp_path)
     m = write_matrix(tmp_path, f"name: envs\nbase: {base}\naxes: {{gpu_type: [A]}}\n")
     monkeypatch.setattr(envs, "_interpreter_facts", lambda python: (None, None))
-    monkeypatch.setattr(envs, "pin_venv", lambda workdir, pin: tmp_path / "no-venv")
+    monkeypatch.setattr(envs, "venv_dir", lambda pin, workdir: tmp_path / "no-venv")
     lines: list[str] = []
     ex = LocalExecutor(command=FAKE_COMMAND)
     with pytest.raises(EnvironmentNotReady, match="1 environment.s. would be built") as ei:

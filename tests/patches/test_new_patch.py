@@ -335,6 +335,8 @@ def test_stored_patch_with_a_mode_change_is_refused_before_applying(tmp_path):
 # ----------------------------------------------------------------------------- diffs in configs
 def test_a_diff_named_in_a_config_is_hashed_applied_and_verified(checkout, tmp_path):
     from patchbench.config import load_config
+    from patchbench.envs.builds import overlay_patches
+    from patchbench.run.manifest import copy_config_files, variant_diff
 
     diff = tmp_path / "my change.diff"
     diff.write_text(git(checkout, "diff", "main...my-branch"))
@@ -344,15 +346,17 @@ def test_a_diff_named_in_a_config_is_hashed_applied_and_verified(checkout, tmp_p
     p.write_text(cfg_text)
     cfg = load_config(p)
     digest = sha(diff.read_bytes())
-    assert cfg.files_to_copy() == [(diff, f"diffs/{digest[:12]}-my change.diff")]
-    d = cfg.variant_diff("mine")
+    (copied,) = copy_config_files(cfg, tmp_path / "run")
+    assert (copied.source, copied.path) == (str(diff), f"diffs/{digest[:12]}-my change.diff")
+    assert (tmp_path / "run" / copied.path).read_bytes() == diff.read_bytes()
+    d = variant_diff(cfg, "mine")
     assert d["patches"] == [
         {"name": f"diff:{diff}", "kind": "diff", "path": str(diff), "sha256": digest}
     ]
     assert d["aa"] is False and d["patches_added"] == [f"diff:{diff}"]
-    folders = cfg.overlay_patches("mine", cache_dir=tmp_path / "cache")
+    folders = overlay_patches(cfg, "mine", VERSION, cache_dir=tmp_path / "cache")
     assert len(folders) == 1 and folders[0].name == f"my-change-{digest[:12]}"
-    assert cfg.overlay_patches("mine", cache_dir=tmp_path / "cache") == folders  # reused
+    assert overlay_patches(cfg, "mine", VERSION, cache_dir=tmp_path / "cache") == folders
     ov = build_overlay(VERSION, folders, stock_site_dir=SITE, cache_root=tmp_path / "ov")
     assert ov.files == {FORWARD_BATCH_INFO: sha(changed_fbi()), SAMPLING: sha(changed_sampling())}
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

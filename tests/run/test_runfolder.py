@@ -10,6 +10,9 @@ import pytest
 from patchbench import records, runfolder
 from patchbench.runfolder import CellRecord, SchemaTooNew, models
 
+#: the smallest config a manifest holds (the typed Config: name, sglang, model, variants)
+CONFIG = {"name": "r", "sglang": "0.5.1.post3", "model": {"path": "m", "tiny": True}}
+
 
 def test_round_trip_cell_and_summary(tmp_path):
     rec = CellRecord(
@@ -68,6 +71,7 @@ def test_old_manifest_schema_key_is_migrated(tmp_path):
             "schema": 1,
             "run_id": "r",
             "config": {
+                **CONFIG,
                 "variants": {"a": [], "b": ["p"]},
                 "schedule": {"repeats": 3},
                 "suites": {"serving": {}},
@@ -137,14 +141,18 @@ def _configs() -> list[Path]:
 
 
 @pytest.mark.parametrize("config", _configs(), ids=lambda p: p.name)
-def test_config_snapshot_dumps_what_the_config_dumps(config):
-    """The manifest's typed config (RunConfig) holds Config.model_dump(mode="json") key for key,
-    in order, value for value."""
+def test_the_manifest_stores_the_typed_config_key_for_key(config, tmp_path):
+    """A manifest written with a Config holds Config.model_dump(mode="json") key for key, in
+    order, value for value, and reads back into an equal Config."""
     from patchbench.config import load_config
 
-    now = load_config(config).model_dump(mode="json")
-    snap = models.RunConfig.model_validate(now)
-    assert json.dumps(snap.model_dump(mode="json")) == json.dumps(now)
+    cfg = load_config(config)
+    runfolder.write_manifest(tmp_path, models.RunManifest(run_id="r", config=cfg))
+    raw = json.loads((tmp_path / "manifest.json").read_text())
+    assert json.dumps(raw["config"]) == json.dumps(cfg.model_dump(mode="json"))
+    back = runfolder.read_manifest(tmp_path).config
+    assert back.model_dump(mode="json") == cfg.model_dump(mode="json")
+    assert back.variants == cfg.variants and back.compare == cfg.compare
 
 
 @pytest.mark.parametrize("case", ["demo-cpu", "sequential"])
@@ -152,7 +160,7 @@ def test_a_manifest_the_run_wrote_reads_and_writes_back_key_for_key(case, tmp_pa
     """A schema-2 manifest (golden folders, written by the run before every key was declared)
     reads into the typed model and writes back with the same keys in the same order and the
     same values (a float field holds a whole number as 0.0 where the run wrote 0); only the
-    version changes."""
+    version changes, and the config gains the keys added since (with their defaults)."""
     raw = json.loads((GOLDEN / case / "run" / "manifest.json").read_text())
     m = runfolder.read_manifest(GOLDEN / case / "run")
     assert m.migrated_from == 2
@@ -160,9 +168,18 @@ def test_a_manifest_the_run_wrote_reads_and_writes_back_key_for_key(case, tmp_pa
     runfolder.write_manifest(tmp_path, m)
     back = json.loads((tmp_path / "manifest.json").read_text())
     back.pop("migrated_from")
-    assert back.pop("schema_version") == runfolder.MANIFEST_SCHEMA == 3
+    assert back.pop("schema_version") == runfolder.MANIFEST_SCHEMA == 4
     raw.pop("schema_version")
+    cfg, raw_cfg = back.pop("config"), raw.pop("config")
     assert back == raw and _key_order(back) == _key_order(raw)
+    # keys added to the config since these runs, with their defaults
+    assert cfg["server"].pop("stall_timeout_s") == 60.0
+    assert cfg["schedule"].pop("unbalanced_reason") is None
+    assert cfg["compare"].pop("assumed_cv") == {}
+    assert list(cfg) == list(raw_cfg)
+    assert {k: v for k, v in cfg.items() if k != "nightly"} == {
+        k: v for k, v in raw_cfg.items() if k != "nightly"
+    }
 
 
 def _key_order(x):
@@ -175,19 +192,38 @@ def _key_order(x):
 
 
 def test_undeclared_keys_are_refused_in_the_current_schema_and_dropped_from_older(tmp_path):
-    base = {"run_id": "r", "config": {"variants": {"a": []}}, "cells": [{"variant": "a"}]}
-    records.write_json(tmp_path / "manifest.json", {**base, "schema_version": 3, "surprise": 1})
+    cfg = {**CONFIG, "variants": {"a": []}}
+    base = {"run_id": "r", "config": cfg, "cells": [{"variant": "a"}]}
+    current = {**base, "schema_version": runfolder.MANIFEST_SCHEMA, "surprise": 1}
+    records.write_json(tmp_path / "manifest.json", current)
     with pytest.raises(runfolder.RunFolderError, match="manifest.json: key surprise: Extra"):
         runfolder.read_manifest(tmp_path)
     old = {**base, "schema_version": 2, "surprise": 1}
     old["cells"] = [{"variant": "a", "dir": "a/rep0", "old_cell_key": True}]
-    old["config"] = {"variants": {"a": []}, "server": {"args": [], "mrope_probe": True}}
+    old["config"] = {**cfg, "server": {"args": [], "mrope_probe": True, "colour": "red"}}
     records.write_json(tmp_path / "manifest.json", old)
     m = runfolder.read_manifest(tmp_path)
     assert m.migrated_from == 2 and m.cells[0].dir == "a/rep0"
     dumped = runfolder._dump(m)
     assert "surprise" not in dumped and "old_cell_key" not in dumped["cells"][0]
-    assert dumped["config"] == {"variants": {"a": []}, "server": {"args": []}}
+    assert dumped["config"]["variants"] == {"a": []} and dumped["config"]["server"]["args"] == []
+    assert not {"mrope_probe", "colour"} & set(dumped["config"]["server"])
+
+
+def test_settings_an_older_version_wrote_are_dropped_with_a_note(tmp_path):
+    """The stored config's compare / nightly keys that no longer exist are dropped, invalid
+    settings become the defaults; each leaves a note (the report lists the compare ones)."""
+    cfg = {**CONFIG, "variants": {"a": []}}
+    cfg["compare"] = {"confidence": 0.9, "noise_floor_from": "ci_bound"}
+    cfg["nightly"] = {"window_nights": -3}
+    records.write_json(tmp_path / "manifest.json", {"run_id": "r", "config": cfg})
+    m = runfolder.read_manifest(tmp_path)
+    assert m.config.compare.confidence == 0.9 and m.config.nightly.window_nights == 7
+    assert m.config_notes["compare"] == [
+        "compare settings noise_floor_from are no longer used and were ignored"
+    ]
+    (note,) = m.config_notes["nightly"]
+    assert note.startswith("nightly settings of the manifest are invalid (") and "defaults" in note
     with pytest.raises(ValueError, match="Extra inputs are not permitted"):
         CellRecord(surprise=1)
     with pytest.raises(ValueError, match="no field|Object has no attribute"):
@@ -214,3 +250,26 @@ def test_a_compare_json_with_an_undeclared_key_is_a_run_folder_error(tmp_path):
     records.write_json(tmp_path / "compare.json", {**d, "surprise": 1})
     with pytest.raises(runfolder.RunFolderError, match="compare.json: key surprise"):
         read_comparison(tmp_path)
+
+
+def test_resume_without_a_config_rebuilds_it_from_the_manifest(tmp_path, capsys):
+    """``bench --resume RUN`` without CONFIG: the config comes from the run's manifest,
+    validated as a config file is (no source: its resume command names no file); the resumed
+    folder then fits it. Neither CONFIG nor --resume is a usage error (exit 2)."""
+    from patchbench import cli
+    from patchbench.config import load_config
+    from patchbench.run.preflight import config_of_run, resume_manifest
+
+    cfg = load_config(Path(__file__).parents[2] / "configs" / "demo-cpu.yaml")
+    runfolder.write_manifest(tmp_path, models.RunManifest(run_id="r", config=cfg))
+    again = config_of_run(tmp_path)
+    assert again.source is None and again.model_dump(mode="json") == cfg.model_dump(mode="json")
+    assert again.suite_params == cfg.suite_params and again.suite_rounds == cfg.suite_rounds
+    assert resume_manifest(again, tmp_path).config.model_dump() == cfg.model_dump()
+    assert cli.main(["bench", "--resume", str(tmp_path), "--dry-run"]) == 0
+    assert "mrope-sync-free" in capsys.readouterr().out
+    assert cli.main(["bench"]) == 2
+    assert "give a CONFIG, or --resume RUN_DIR" in capsys.readouterr().err
+    runfolder.write_manifest(tmp_path, models.RunManifest(run_id="r"))
+    with pytest.raises(runfolder.ConfigError, match="its manifest holds no config"):
+        config_of_run(tmp_path)

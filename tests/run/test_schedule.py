@@ -102,7 +102,7 @@ import textwrap  # noqa: E402
 
 import tests.fake_server.fake_suites  # noqa: E402,F401 - registers the fake suites
 from patchbench.config import load_config  # noqa: E402
-from patchbench.config.schedule import parse_rounds, resolve_rounds  # noqa: E402
+from patchbench.config.schema import parse_rounds, resolve_rounds  # noqa: E402
 from patchbench.errors import ConfigError  # noqa: E402
 from patchbench.records import read_json  # noqa: E402
 from patchbench.run import bench  # noqa: E402

@@ -79,6 +79,8 @@ def run_data(
     changed = prim[2] if points > 1 else "output_throughput_tok_s"
     cfg = {
         "name": "calibration-sweep",
+        "sglang": "0.5.1.post3",
+        "model": {"path": "calibration", "tiny": True},
         "variants": {BASE: [], VAR: ["p"]},
         "baseline": BASE,
         "schedule": {"repeats": schedule or repeats, "order": "interleaved"},

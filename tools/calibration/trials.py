@@ -50,6 +50,8 @@ from tools.calibration.stopping import SeqPlan, schedule_of
 def _config(tr: Trial, settings: CompareSettings, plan: SeqPlan | None = None) -> dict:
     return {
         "name": "calibration",
+        "sglang": "0.5.1.post3",
+        "model": {"path": "calibration", "tiny": True},
         "variants": VARIANTS,
         "baseline": BASELINE,
         "schedule": {
