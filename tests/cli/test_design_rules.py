@@ -117,7 +117,7 @@ def test_sequential_run_interrupted_at_each_round_is_partial(tmp_path, capsys, r
     assert cmp.design.partial is not None and cmp.design.rounds == rounds
     # before the first look the rounds it needs are missing cells: incomplete, never decisive
     assert cmp.row("serving", TPUT, "patched").verdict in ("inconclusive", "incomplete")
-    resume = f"patchbench bench CONFIG --resume {run}"
+    resume = f"patchbench bench --resume {run}"  # no config file: the manifest holds it
     report = (run / "report.md").read_text()
     assert "Partial run" in report and resume in report
     assert "Partial run" in out and resume in out
