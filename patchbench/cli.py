@@ -443,17 +443,17 @@ COMMANDS: list[Command] = [
     Command(
         "nightly",
         "run a config (or a matrix), append it to the history and apply the regression gates",
-        *_lazy("patchbench.nightly.cli", run="run_args"),
+        *_lazy("patchbench.nightly.commands", run="run_args"),
     ),
     Command(
         "history",
         "list the nightly history's nights, a metric's series (--metric) or a night's gates (--night)",
-        *_lazy("patchbench.nightly.history_cli"),
+        *_lazy("patchbench.nightly.commands", "add_history_arguments", "run_history"),
     ),
     Command(
         "dashboard",
         "write the nightly history as a static site (charts, change points, reports) into --out",
-        *_lazy("patchbench.nightly.dashboard.cli"),
+        *_lazy("patchbench.nightly.commands", "add_dashboard_arguments", "run_dashboard"),
     ),
     Command(
         "check-patch",

@@ -130,7 +130,7 @@ def nightly_on_matrix_run(
     record: bool = True,
     out: Any = None,
     blocked: dict[str, list[BuildRow]] | None = None,
-    confirm: bool = False,
+    confirm: dict[str, Any] | None = None,
     run_bench: Any = None,
     not_here: str = "",
 ) -> MatrixNightlyOutcome:
@@ -148,10 +148,10 @@ def nightly_on_matrix_run(
 
     blocked: {unit id: the rows of the variants whose patch kept them from running}
     (:func:`check_matrix_patches`; recorded with the unit's night, which exits 2 as a single
-    night does). confirm: each red unit gets a single night's confirmation
-    (:func:`patchbench.nightly.confirm.maybe_confirm` on its ``configs/<unit id>.yaml``) run
-    with ``run_bench`` (config path -> run folder); ``run_bench`` None plans it and prints the
-    command instead, saying why it is not run here (``not_here``).
+    night does). confirm: {unit id: its :class:`patchbench.config.Config`}: each red unit gets
+    a single night's confirmation (:func:`patchbench.nightly.confirm.maybe_confirm`) run with
+    ``run_bench`` (Config -> run folder); ``run_bench`` None plans it and says what to run
+    instead and why it is not run here (``not_here``).
 
     Raises FileNotFoundError / ValueError when ``matrix.json`` is missing or unreadable.
     """
@@ -160,9 +160,9 @@ def nightly_on_matrix_run(
     rec = read_matrix_record(mdir)
     units = matrix_units(mdir, rec.units, settings or {}, compare_settings or {}, blocked)
     rows = run_night(units, history=history, record=record, out=out, announce=True)
-    if confirm:
-        for r in rows:
-            _confirm_unit(mdir, r, run_bench, not_here, out)
+    for r in rows:
+        if confirm and r.id in confirm:
+            _confirm_unit(confirm[r.id], r, run_bench, not_here, out)
     code, headline = _matrix_verdict(rows)
     name = rec.name or mdir.name
     summary = NightSummary(name, code, headline, rows, matrix_dir=mdir)
@@ -187,17 +187,17 @@ def nightly_on_matrix_run(
     )
 
 
-def _confirm_unit(mdir: Path, row: UnitNightly, run_bench: Any, not_here: str, out: Any) -> None:
+def _confirm_unit(cfg: Any, row: UnitNightly, run_bench: Any, not_here: str, out: Any) -> None:
     """A red unit's confirmation (:func:`patchbench.nightly.confirm.maybe_confirm` with the
-    unit's merged config), added to its own nightly.md / nightly.json and the history, and kept
-    on the row for the matrix summary."""
+    unit's merged config ``cfg``), added to its own nightly.md / nightly.json and the history,
+    and kept on the row for the matrix summary."""
     from patchbench.nightly.confirm import maybe_confirm
 
     res = row.gated
     if res is None or res.night is None or res.outcome != "red":
         return
     print(f"nightly: unit {row.id}: confirmation", file=out)
-    conf = maybe_confirm(mdir / "configs" / f"{row.id}.yaml", res, run_bench, out, not_here)
+    conf = maybe_confirm(cfg, res, run_bench, out, not_here)
     if conf is None:
         return
     add_confirmation(res, conf.to_json(), conf.rows())
@@ -207,16 +207,14 @@ def _confirm_unit(mdir: Path, row: UnitNightly, run_bench: Any, not_here: str, o
 def check_matrix_patches(m: Any, out: Any = None) -> dict[str, list[BuildRow]]:
     """Before a matrix night runs: every unit's named patches checked on its pin
     (:func:`patchbench.nightly.builds.check_patches`), each state printed to ``out``. A unit
-    variant whose patch conflicts or is already upstream cannot run: the unit's config (``m``'s
-    unit, changed in place) leaves it out, so the unit runs stock and the rest, and its night
-    exits 2 as a single night does. Returns {unit id: its blocked rows}.
+    variant whose patch conflicts or is already upstream cannot run: the unit (``m``'s, changed
+    in place: its config and the text the matrix runs it from) leaves it out, so the unit runs
+    stock and the rest, and its night exits 2 as a single night does. Returns {unit id: its
+    blocked rows}. Raises ConfigError (exit 2, before anything runs) when a unit's baseline is
+    blocked."""
+    import yaml
 
-    Raises ConfigError (exit 2, before anything runs) when a unit's baseline is blocked:
-    nothing of that unit could run, as a single night with a blocked baseline."""
-    import tempfile
-
-    from patchbench.config import load_config
-    from patchbench.nightly.builds import blocked, check_patches, drop_variants_text
+    from patchbench.nightly.builds import blocked, check_patches, without_variants
 
     out = out or sys.stdout
     found: dict[str, list[BuildRow]] = {}
@@ -232,17 +230,18 @@ def check_matrix_patches(m: Any, out: Any = None) -> dict[str, list[BuildRow]]:
             print(f"nightly: unit {u.id}: {blocked_line(r)}", file=out)
         drop = sorted({r.variant for r in bad})
         try:
-            text = drop_variants_text(u.config_text, drop)
+            u.config = without_variants(u.config, drop)
         except ValueError as e:
             raise ConfigError(
                 f"unit {u.id}: nothing can run tonight: {e} ({blocked_line(bad[0])})"
             ) from None
+        # the matrix runs a unit from its text (patchbench/matrix/execute.py): drop them there too
+        raw = yaml.safe_load(u.config_text)
+        raw["variants"] = {k: v for k, v in raw["variants"].items() if k not in drop}
+        raw["baseline"] = u.config.baseline
         head = "".join(x + "\n" for x in u.config_text.splitlines() if x.startswith("#"))
-        u.config_text = head + f"# without {', '.join(drop)}: its patch does not apply\n" + text
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / f"{u.id}.yaml"
-            path.write_text(u.config_text, encoding="utf-8")
-            u.config = load_config(path)
+        note = f"# without {', '.join(drop)}: its patch does not apply\n"
+        u.config_text = head + note + yaml.safe_dump(raw, sort_keys=False)
         found[u.id] = bad
     return found
 
@@ -309,7 +308,7 @@ def nightly_matrix(
     listed as failed. Before it runs, every unit's patches are checked on its pin
     (:func:`check_matrix_patches`: a blocked variant is left out of its unit, which exits 2).
     A red unit whose build differs from its last green night gets a confirmation run
-    (:func:`nightly_on_matrix_run`): with ``run_bench`` (config path -> run folder), else here
+    (:func:`nightly_on_matrix_run`): with ``run_bench`` (Config -> run folder), else here
     with ``patchbench.run.bench.run_bench`` when the units ran here (``on`` "local", no
     ``executor``); otherwise it is planned and the command that runs it printed.
 
@@ -334,8 +333,8 @@ def nightly_matrix(
     if run_bench is None and on == "local" and executor is None:
         from patchbench.run import bench
 
-        def run_bench(p: str) -> Path:
-            return bench.run_bench(p, results_root=results) if results else bench.run_bench(p)
+        def run_bench(cfg: Any) -> Path:
+            return bench.run_bench(cfg, results_root=results)
 
     return nightly_on_matrix_run(
         mdir,
@@ -344,7 +343,7 @@ def nightly_matrix(
         history=history,
         out=out,
         blocked=blocked_rows,
-        confirm=True,
+        confirm={u.id: u.config for u in m.units},
         run_bench=run_bench,
         not_here=(
             f"the matrix ran its units on {on}; a confirmation runs on one machine of the "

@@ -61,7 +61,8 @@ class NightlyOutcome:
     :class:`patchbench.nightly.builds.BuildRow` as dicts), the release changes named as likely
     causes of a step (``causes``), the variants whose patch could not run (``blocked``, one line
     each) and the confirmation run (``confirmation``: :meth:`patchbench.nightly.confirm.
-    Confirmation.to_json`, None when none was due)."""
+    Confirmation.to_json`, None when none was due) and the ``schedule.repeats: auto`` choice
+    (``repeats``)."""
 
     exit_code: int
     results: list[GateResult]
@@ -80,6 +81,7 @@ class NightlyOutcome:
     causes: list[str] = field(default_factory=list)
     blocked: list[str] = field(default_factory=list)
     confirmation: dict[str, Any] | None = None
+    repeats: dict[str, Any] | None = None
 
 
 @dataclass
