@@ -15,13 +15,13 @@ rules), :mod:`~patchbench.nightly.noise` (the noise learned from the history),
 (the SQLite store and its readers), :mod:`~patchbench.nightly.changepoints`,
 :mod:`~patchbench.nightly.trend` (plots), :mod:`~patchbench.nightly.builds` (release and patch
 state per night), :mod:`~patchbench.nightly.confirm`, :mod:`~patchbench.nightly.matrix_night`,
-:mod:`~patchbench.nightly.outcome` and :mod:`~patchbench.nightly.render` (what a night found and
-its nightly.md), :mod:`~patchbench.nightly.dashboard` (the static site) and
+:mod:`~patchbench.nightly.render` (what a night found, its nightly.md),
+:mod:`~patchbench.nightly.dashboard` (the static site) and
 :mod:`~patchbench.nightly.commands` (``nightly``, ``history``, ``dashboard``).
 
 Exit codes (patchbench/errors.py), worst first: 4 the run failed, 3 the environment or the
 history cannot be used, 2 bad usage or config (a gate's metric missing, a patch that does not
 apply tonight), 1 a gate found a regression, 5 underpowered (nothing failed, but a gate could
 not show that nothing regressed), 0 green. A matrix night ranks a regression first
-(:data:`patchbench.nightly.outcome.EXIT_ORDER`).
+(:data:`patchbench.nightly.render.EXIT_ORDER`).
 """

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,14 +50,7 @@ class BuildRow:
 
     def to_json(self) -> dict[str, Any]:
         """The row as a dict (the ``night_builds`` columns but ``run_id``, plus ``ran``)."""
-        return {
-            "variant": self.variant,
-            "sglang_release": self.sglang_release,
-            "patch": self.patch,
-            "state": self.state,
-            "detail": self.detail,
-            "ran": self.ran,
-        }
+        return asdict(self)
 
     @property
     def summary(self) -> str:

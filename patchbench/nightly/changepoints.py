@@ -6,7 +6,7 @@ of one night's level learned from the same series (:func:`patchbench.nightly.noi
 differences, MAD-type, so a step or a steady decline does not inflate it), and
 ``ruptures.KernelCPD(kernel="linear", min_size=MIN_SIZE)`` (PELT with the l2 cost, in C) segments it with the penalty
 ``beta * log(nights)``. ``ruptures`` gives no p-values: ``beta`` (:data:`BETA`) is calibrated on
-simulated quiet histories (tools/calibrate_nightly.py --part 3; docs/nightly.md has the table:
+simulated quiet histories (tools/calibrate_nightly.py --part 3; docs/calibration.md has the table:
 the false flags per quiet quarter and the delay until a 0.3 %-a-night decline is flagged).
 
 Consecutive breakpoints in the same direction less than :data:`MERGE_NIGHTS` nights apart are

@@ -415,7 +415,7 @@ def maybe_confirm(
     out: Any = None,
     not_here: str = "",
 ) -> Confirmation | None:
-    """The confirmation of a gated night ``res`` (:class:`patchbench.nightly.outcome.
+    """The confirmation of a gated night ``res`` (:class:`patchbench.nightly.render.
     NightlyOutcome` of the :class:`patchbench.config.Config` ``cfg``) when :func:`should_confirm`
     says so, run with ``run_bench`` (Config -> run folder) after printing its cost to ``out``.
     None for a night that is not red; a red night that needs none gets ``skipped`` (why).

@@ -837,10 +837,11 @@ def _judge(pending: list[_Pending], settings: NightlySettings) -> None:
 
 
 def _repeats(p: _Pending, settings: NightlySettings) -> None:
-    """The repeats the targets need at the test's noise and at its lower 90 % bound."""
+    """The repeats the targets need at the test's noise and at its lower 90 % bound (same_run:
+    the report's paired t test, nothing set aside; history: one run set aside)."""
     if p.noise is None or p.se_of_n is None:
         return
-    g = p.gate
+    g, same = p.gate, p.result.kind == "same_run"
     step, thr = abs(_log_threshold(g.step_pct, p.bad)), abs(_log_threshold(g.threshold_pct, p.bad))
     p.need = tuple(  # type: ignore[assignment]
         repeats_needed(
@@ -850,6 +851,8 @@ def _repeats(p: _Pending, settings: NightlySettings) -> None:
             p.level,
             settings.detect_nights,
             settings.detect_power,
+            0 if same else 1,
+            paired_t=same,
         )
         for f in (1.0, noise_bound(p.noise.df, 0.1))
     )

@@ -1,37 +1,14 @@
-"""The nightly history: every metric of every night, in one SQLite file (stdlib ``sqlite3``).
+"""The nightly history: every metric of every night, in one SQLite file (stdlib ``sqlite3``), and
+what the page and the ``history`` command read from it.
 
-The file lives outside the checkout (CI runners clean their workspace); where exactly is decided
-by :func:`patchbench.nightly.job.history_path`. One night = one run folder. Schema version 2
-(``meta.schema_version``; documented in docs/nightly.md)::
-
-    meta(key TEXT PRIMARY KEY, value TEXT)            schema_version, created_utc
-    nights(run_id TEXT PRIMARY KEY,                   the run folder's name / compare.json run_id
-           night_utc TEXT,                            ISO-8601 UTC start of the run
-           config_name TEXT, git_sha TEXT, sglang_version TEXT, baseline TEXT,
-           status TEXT,                               "ok" | "partial" (some cells failed)
-           run_dir TEXT, recorded_utc TEXT)
-    metric_values(run_id, variant, suite, metric,     one row per metric of a variant in a night
-                  unit TEXT, better TEXT,             "higher" | "lower" | "none" | NULL
-                  median REAL, n_repeats INTEGER)     median over the repeats that finished
-    repeat_values(run_id, variant, suite, metric,     repeat = the run's repeat index (version 1:
-                  repeat INTEGER, value REAL)         position among finished repeats); value NULL:
-                                                      that repeat has no value (failed cell)
-    comparisons(run_id, variant, baseline, suite, metric,     compare.json's same-run effects
-                change_pct REAL, ci_low_pct REAL, ci_high_pct REAL, ci_method TEXT, verdict TEXT)
-
-Versions: a version-1 file is migrated on open (one transaction; only ``meta.schema_version``
-changes: its rows stay valid, their repeat numbers are positions); a newer version is refused.
-
-Each night is appended in ONE transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``): a crash leaves the
-file as it was before the night. Recording a run_id that is already there changes nothing.
-
-Errors are :class:`HistoryError` subclasses whose message names the file: :class:`HistoryLocked`
-(another process holds a lock past the timeout), :class:`HistoryCorrupt` (not an SQLite database, or
-the integrity check fails; the file is never modified or replaced), :class:`HistorySchemaError`
-(written by a newer patchbench, or tables missing).
-
-A night is read from a run folder (:func:`night_from_run`) so a night that could not be recorded
-(locked or corrupt history) can be appended later from its folder alone.
+One night = one run folder (:func:`night_from_run`, so a night that could not be recorded can be
+appended later from its folder). Schema version 2 (``meta.schema_version``; the tables are in
+docs/nightly.md): ``nights``, ``metric_values``, ``repeat_values``, ``comparisons`` (the report's
+verdicts), and the derived ``noise``, ``change_points``, ``night_builds``, ``confirmations``
+created by the first night that writes them. A version-1 file is migrated on open (only
+``meta.schema_version`` changes), a newer one refused. Each night is appended in ONE transaction;
+recording a run_id that is already there changes nothing. Errors are :class:`HistoryError`
+subclasses naming the file (exit 3); the file is never modified or replaced then.
 """
 
 from __future__ import annotations
@@ -133,16 +110,12 @@ class SameRunEffect:
 
 @dataclass
 class Night:
-    """One night's numbers, as recorded (or as read from a run folder before recording).
+    """One night's numbers, as recorded (or read from a run folder before recording).
 
-    values: (variant, suite, metric) -> one value per repeat index (metric units as in the name,
-    e.g. ``output_throughput_tok_s`` in tok/s), None where that repeat has none (failed cell);
-    variants of one night pair by index.
-    units / better: (suite, metric) -> display unit and improving direction, where known.
-    comparisons: (variant, suite, metric) -> :class:`SameRunEffect` (variants other than the
-    baseline).
-    aa_variants: variants that are A/A copies of the baseline (noise measurement).
-    status: "ok", or "partial" when some cells failed (failed cells contribute no values).
+    values: (variant, suite, metric) -> one value per repeat index (the metric's unit), None
+    where that repeat has none; units / better: (suite, metric) -> unit and direction;
+    comparisons: (variant, suite, metric) -> :class:`SameRunEffect`; aa_variants: A/A copies
+    of the baseline; status: "ok", or "partial" when some cells failed.
     """
 
     run_id: str
@@ -226,21 +199,13 @@ def _night_utc(manifest: RunManifest, run: Path) -> str:
 
 
 def night_from_run(run_dir: str | os.PathLike, comparison: Comparison | None = None) -> Night:
-    """Read one night from a run folder (docs/CONTRACTS.md, "Run folder").
-
-    Values come from every ``<variant>/rep<k>/<suite>/summary.json`` with status "ok" of a timed
-    cell that did not fail (patchbench.runfolder reads and migrates every file); ``values[key][k]``
-    is repeat k's value, None where that repeat has none (failed cell, failed suite), so
-    variants pair by repeat index. Effects, units and directions come from the typed
-    ``compare.json`` (:func:`patchbench.analysis.comparison.read_comparison`, or ``comparison`` when
-    given). Time, config name, git SHA and sglang version come from the typed manifest
-    (``started_at``, ``config.name``, ``git_sha``, ``sglang_version``); a folder with only a
-    compare.json (tests) falls back to its name.
-
-    Raises FileNotFoundError when ``run_dir`` is not a folder; ValueError when the night's time
-    cannot be known or compare.json cannot be read; patchbench.runfolder.SchemaTooNew for a
-    newer manifest. Failed cells and suites are listed in ``Night.problems`` and make ``status``
-    "partial".
+    """One night from a run folder: values from every ok ``summary.json`` of a timed cell that did
+    not fail (``values[key][k]`` is repeat k's, None where it has none, so variants pair by
+    index), the report's verdicts, units and directions from compare.json (or ``comparison``),
+    time, config, git SHA and release from the manifest (the folder's name without one).
+    Failed cells and suites go to ``Night.problems`` (status "partial"). Raises
+    FileNotFoundError (no folder), ValueError (no time; an unreadable compare.json),
+    patchbench.runfolder.SchemaTooNew (a newer manifest).
     """
     run = Path(run_dir)
     if not run.is_dir():
@@ -269,32 +234,6 @@ def night_from_run(run_dir: str | os.PathLike, comparison: Comparison | None = N
     )
     _add_cell_values(night, run)
     add_comparison(night, cmp)
-    return night
-
-
-def night_from_compare(
-    comparison: Comparison, *, config_name: str | None = None, night_utc: str | None = None
-) -> Night:
-    """A :class:`Night` from a comparison alone (values: the repeats its rows list).
-
-    ``config_name`` defaults to the run id without its ``<UTC stamp>Z-`` prefix; ``night_utc``
-    (ISO-8601 UTC) to the run id's stamp. Raises ValueError when neither gives the night's
-    time."""
-    run_id = comparison.run_id or "run"
-    when = night_utc or _stamp_utc(run_id)
-    if when is None:
-        raise ValueError(
-            f"compare.json of run {run_id!r}: give night_utc, or a run id that starts with a "
-            f"UTC stamp (YYYYMMDDTHHMMSSZ-): the night's time is unknown"
-        )
-    night = Night(
-        run_id=run_id,
-        night_utc=when,
-        config_name=config_name or _config_of_folder(run_id),
-        baseline=comparison.baseline,
-        aa_variants=list(comparison.aa_variants),
-    )
-    add_comparison(night, comparison)
     return night
 
 
@@ -767,50 +706,18 @@ CREATE TABLE IF NOT EXISTS confirmations (
     PRIMARY KEY (config_name, run_id, variant, suite, metric))
 """
 
-NOISE_COLUMNS = (
-    "suite",
-    "metric",
-    "source",
-    "nights",
-    "repeats",
-    "run_cv_pct",
-    "pair_cv_pct",
-    "night_cv_pct",
-    "df",
-    "repeats_needed",
+NOISE_COLUMNS = tuple(
+    "suite metric source nights repeats run_cv_pct pair_cv_pct night_cv_pct df repeats_needed".split()
 )
-CHANGE_COLUMNS = (
-    "variant",
-    "suite",
-    "metric",
-    "run_id",
-    "start_utc",
-    "end_run_id",
-    "end_utc",
-    "nights",
-    "before",
-    "after",
-    "size_pct",
-    "worse",
+CHANGE_COLUMNS = tuple(
+    "variant suite metric run_id start_utc end_run_id end_utc nights before after size_pct worse".split()
 )
 
 
 BUILD_COLUMNS = ("run_id", "variant", "sglang_release", "patch", "state", "detail")
-CONFIRM_COLUMNS = (
-    "variant",
-    "suite",
-    "metric",
-    "last_green_run_id",
-    "old_release",
-    "new_release",
-    "change_pct",
-    "ci_low_pct",
-    "ci_high_pct",
-    "p_value",
-    "alpha",
-    "repeats",
-    "verdict",
-    "confirm_run_dir",
+CONFIRM_COLUMNS = tuple(
+    "variant suite metric last_green_run_id old_release new_release change_pct ci_low_pct "
+    "ci_high_pct p_value alpha repeats verdict confirm_run_dir".split()
 )
 
 
@@ -1065,21 +972,10 @@ class NightInfo:
         return bool(self.run_dir) and Path(str(self.run_dir)).is_dir()
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "run_id": self.run_id,
-            "night_utc": self.night_utc,
-            "config_name": self.config_name,
-            "status": self.status,
-            "release": self.release,
-            "patch_state": self.patch_state,
-            "outcome": self.outcome,
-            "exit_code": self.exit_code,
-            "headline": self.headline,
-            "run_dir": self.run_dir,
-            "run_folder_present": self.folder_present,
-            "failing": self.failing,
-            "builds": self.builds,
-        }
+        keys = "run_id night_utc config_name status release patch_state outcome exit_code headline"
+        out = {k: getattr(self, k) for k in keys.split()}
+        return out | {"run_dir": self.run_dir, "run_folder_present": self.folder_present,
+                      "failing": self.failing, "builds": self.builds}  # fmt: skip
 
 
 def night_infos(h: History, config_name: str | None = None) -> list[NightInfo]:
@@ -1161,26 +1057,3 @@ def variants_of(nights: list[Night], suite: str, metric: str) -> list[str]:
     got = sorted({v for n in nights for (v, s, m) in n.values if (s, m) == (suite, metric)})
     base = nights[-1].baseline if nights else ""
     return ([base] if base in got else []) + [v for v in got if v != base]
-
-
-__all__ = [
-    "SCHEMA_VERSION",
-    "History",
-    "HistoryError",
-    "HistoryLocked",
-    "HistoryCorrupt",
-    "HistorySchemaError",
-    "Night",
-    "SameRunEffect",
-    "night_from_run",
-    "night_from_compare",
-    "dump_json",
-    "record_noise",
-    "read_noise",
-    "record_change_points",
-    "read_change_points",
-    "record_night_builds",
-    "read_night_builds",
-    "record_confirmation",
-    "read_confirmations",
-]

@@ -1,18 +1,9 @@
-"""The nightly pipeline over units: record each unit's run in the history, evaluate its gates, write
-its outputs; for a matrix, one summary over the units.
-
-A night is a list of :class:`NightUnit` (a single run: one unit; a matrix run: one per matrix
-unit, :func:`patchbench.nightly.matrix_night.matrix_units`). :func:`run_night` gates every unit
-(:func:`gate_unit`) and returns one :class:`UnitNightly` per unit; a unit with a run folder gets
-``nightly.md``, ``nightly.json`` and its trend plots there. :func:`nightly_on_run` is the night
-of one run folder; :func:`patchbench.nightly.matrix_night.nightly_on_matrix_run` the night of a
-matrix run folder, which adds the matrix's ``nightly.md`` / ``nightly.json``.
-
-Everything a night reads goes through the typed readers: the run's manifest
-(:func:`patchbench.runfolder.read_manifest`), its comparison
-(:func:`patchbench.analysis.comparison.read_comparison`), its cells
-(:func:`patchbench.nightly.history.night_from_run`) and the matrix's ``matrix.json``
-(:func:`patchbench.matrix.record.read_matrix_record`).
+"""The nightly pipeline: a night is a list of :class:`NightUnit` (a single run: one; a matrix: one
+per unit, :mod:`patchbench.nightly.matrix_night`); :func:`run_night` records each unit's run
+folder in the history, evaluates its gates and writes its ``nightly.md``, ``nightly.json`` and
+trend plots there. :func:`nightly_on_run` is the night of one run folder, :func:`run_and_gate`
+runs a config first (``patchbench nightly CONFIG``). Everything is read through the typed
+readers (manifest, compare.json, cells, ``matrix.json``).
 """
 
 from __future__ import annotations
@@ -68,14 +59,15 @@ from patchbench.nightly.history import (
     record_noise,
 )
 from patchbench.nightly.noise import learn
-from patchbench.nightly.outcome import (
+from patchbench.nightly.render import (
     OUTCOME_OF_EXIT,
     NightlyOutcome,
     NightSummary,
     UnitNightly,
+    fmt,
+    render_markdown,
     worst_exit,
 )
-from patchbench.nightly.render import fmt, render_markdown
 from patchbench.nightly.trend import write_plots
 from patchbench.records import write_json, write_text
 from patchbench.runfolder import RunFolderError, read_manifest
@@ -136,19 +128,12 @@ def key_night(night: Night, unit_id: str | None) -> Night:
 
 @dataclass
 class NightUnit:
-    """One unit of a night.
-
-    ``run_dir``: its run folder (``has_folder`` False: the unit left none); ``settings``: its
-    ``nightly`` section (None: invalid, ``settings_error`` says why); ``compare_settings``: for
-    :func:`patchbench.analysis.build.compare_run` when compare.json is missing (None: the run's own);
-    ``unit_id``: the matrix unit (its nights are keyed ``<config name>@<unit id>``), None for a
-    run outside a matrix; ``config_name``, ``labels``, ``gpu_type``: from matrix.json; ``status``,
-    ``run_exit_code``, ``message``: how its run ended ("ok" for a single run);
-    ``run_problems``: failures the runner reported (they make the exit code 4); ``blocked``:
-    the variants that could not run because a patch of theirs does not apply to tonight's
-    release (:func:`patchbench.nightly.builds.blocked`; they make the exit code 2);
-    ``repeats``: the ``schedule.repeats: auto`` choice
-    (:meth:`patchbench.nightly.repeats.RepeatsPlan.to_json`), written to nightly.json.
+    """One unit of a night: its run folder (``has_folder`` False: none), ``settings`` (None:
+    invalid, ``settings_error`` says why), ``compare_settings`` (for compare.json when missing;
+    None: the run's own), the matrix ``unit_id`` (keys its nights ``<config>@<unit id>``) with
+    ``config_name``, ``labels``, ``gpu_type``, ``status``, ``run_exit_code``, ``message`` from
+    matrix.json, ``run_problems`` the runner reported (exit 4), the ``blocked`` variants whose
+    patch does not apply (exit 2) and the ``schedule.repeats: auto`` choice (``repeats``).
     """
 
     run_dir: Path
@@ -558,17 +543,10 @@ def nightly_on_run(
     blocked: Sequence[BuildRow] = (),
     repeats: dict[str, Any] | None = None,
 ) -> NightlyOutcome:
-    """Record a finished run folder in the history, evaluate the gates, write the outputs: the
-    night of one unit (:func:`run_night`).
-
-    run_dir: the run folder (docs/CONTRACTS.md); history: the SQLite path (default
-    :func:`history_path`); compare_settings: for compare_run when compare.json is missing;
-    run_problems: failures the runner reported (they make the exit code 4); unit_id: the matrix
-    unit this folder is (default: found by :func:`matrix_unit_id`): its nights are keyed
-    ``<config name>@<unit id>`` in the history (:func:`key_night`); blocked: the variants whose
-    patch could not run tonight (:func:`patchbench.nightly.builds.blocked`; exit 2); repeats:
-    the ``schedule.repeats: auto`` choice, recorded in nightly.json.
-    Writes RUN/nightly.md, RUN/nightly.json, RUN/plots/nightly-*.png. Never raises for a history
+    """The night of one finished run folder (:func:`run_night` of one :class:`NightUnit`):
+    recorded in the history at ``history`` (default :func:`history_path`), gated, RUN/nightly.md,
+    nightly.json and plots/nightly-*.png written. ``unit_id``: default found by
+    :func:`matrix_unit_id`; the other arguments fill the unit. Never raises for a history
     problem: the night stays in the folder and ``--record-only RUN_DIR`` appends it later.
     """
     run = Path(run_dir)

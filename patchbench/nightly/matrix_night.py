@@ -31,15 +31,15 @@ from patchbench.nightly.job import (
     run_night,
     settings_from_manifest,
 )
-from patchbench.nightly.outcome import (
+from patchbench.nightly.render import (
     EXIT_ORDER,
     OUTCOME_OF_EXIT,
     MatrixNightlyOutcome,
     NightSummary,
     UnitNightly,
+    render_markdown,
     worst_exit,
 )
-from patchbench.nightly.render import render_markdown
 from patchbench.records import write_json, write_text
 
 MATRIX_NIGHTLY_SCHEMA = 1
@@ -134,27 +134,18 @@ def nightly_on_matrix_run(
     run_bench: Any = None,
     not_here: str = "",
 ) -> MatrixNightlyOutcome:
-    """Run the nightly job on every unit of a finished matrix run folder and write one summary.
+    """Gate every unit of a finished matrix run folder (``matrix.json``, one folder per unit id,
+    ``configs/<unit id>.yaml``) and write MATRIX/nightly.md and nightly.json; the exit code is the
+    worst unit's in :data:`EXIT_ORDER`.
 
-    matrix_dir: ``results/<stamp>-<name>/`` (patchbench.matrix: ``matrix.json``, one folder
-    per unit id, ``configs/<unit id>.yaml``). settings / compare_settings: {unit id: value}
-    (default: from each unit's ``configs/<unit id>.yaml``). history: the SQLite path for every
-    unit (default: :func:`history_path` of the unit's settings). Each unit with a run folder gets
-    :func:`gate_unit` (its nightly.md / nightly.json in its folder), keyed
-    ``<config name>@<unit id>`` in the history; a unit whose run did not end ok also counts as a
-    run failure (exit 4, or 3 / 2 when its bench ended so), and one without a folder is listed
-    with its status and message, never left out. Writes MATRIX/nightly.md and
-    MATRIX/nightly.json; the exit code is the worst unit's in :data:`EXIT_ORDER`.
-
-    blocked: {unit id: the rows of the variants whose patch kept them from running}
-    (:func:`check_matrix_patches`; recorded with the unit's night, which exits 2 as a single
-    night does). confirm: {unit id: its :class:`patchbench.config.Config`}: each red unit gets
-    a single night's confirmation (:func:`patchbench.nightly.confirm.maybe_confirm`) run with
-    ``run_bench`` (Config -> run folder); ``run_bench`` None plans it and says what to run
-    instead and why it is not run here (``not_here``).
-
-    Raises FileNotFoundError / ValueError when ``matrix.json`` is missing or unreadable.
-    """
+    settings / compare_settings: {unit id: section} (default: each unit's
+    ``configs/<unit id>.yaml``); history: the SQLite path of every unit (default: each unit's
+    :func:`history_path`). A unit is keyed ``<config name>@<unit id>``; one whose run did not
+    end ok also counts as a run failure, one without a folder is listed, never left out.
+    blocked: {unit id: rows of its variants a patch kept from running} (exit 2). confirm: {unit
+    id: its Config}: a red unit's confirmation, run with ``run_bench`` (Config -> run folder) or,
+    with None, planned and said why not here (``not_here``). Raises FileNotFoundError /
+    ValueError when ``matrix.json`` is missing or unreadable."""
     out = out or sys.stdout
     mdir = Path(matrix_dir)
     rec = read_matrix_record(mdir)
@@ -301,22 +292,15 @@ def nightly_matrix(
     run_bench: Any = None,
     **executor_kw: Any,
 ) -> MatrixNightlyOutcome:
-    """``patchbench nightly MATRIX.yaml``: run the matrix
-    (:func:`patchbench.matrix.driver.run_matrix`, ``on`` "local" or "ray" at ``address``, or
-    ``executor``), then :func:`nightly_on_matrix_run` on its folder with each unit's own
-    ``nightly``/``compare`` sections. Units that did not end ok are gated on what they left and
-    listed as failed. Before it runs, every unit's patches are checked on its pin
-    (:func:`check_matrix_patches`: a blocked variant is left out of its unit, which exits 2).
-    A red unit whose build differs from its last green night gets a confirmation run
-    (:func:`nightly_on_matrix_run`): with ``run_bench`` (Config -> run folder), else here
-    with ``patchbench.run.bench.run_bench`` when the units ran here (``on`` "local", no
-    ``executor``); otherwise it is planned and the command that runs it printed.
+    """``patchbench nightly MATRIX.yaml``: check every unit's patches on its pin
+    (:func:`check_matrix_patches`), run the matrix (:func:`patchbench.matrix.driver.run_matrix`
+    ``on`` "local" or "ray" at ``address``, or ``executor``), then :func:`nightly_on_matrix_run`
+    with each unit's sections and configs. Confirmations run with ``run_bench``, else here with
+    ``patchbench.run.bench.run_bench`` when the units ran here; otherwise they are planned.
 
-    Raises ConfigError (exit 2) for a bad matrix or a unit whose baseline's patch is blocked,
-    EnvironmentNotReady (3) when Ray is missing or a unit's pin has no environment on a node
-    (built only with ``build_envs=True`` in ``executor_kw``), Interrupted (130/143) on Ctrl-C /
-    SIGTERM (finished units kept, nothing gated).
-    """
+    Raises ConfigError (exit 2: a bad matrix, a unit whose baseline is blocked),
+    EnvironmentNotReady (3: Ray missing, a pin without environment unless ``build_envs=True``),
+    Interrupted (130/143: finished units kept, nothing gated)."""
     from patchbench.matrix.driver import run_matrix
     from patchbench.matrix.spec import load_matrix
 

@@ -131,16 +131,19 @@ def noise_bound(df: float, q: float) -> float:
     return math.sqrt(df / float(sp.chdtri(df, q)))
 
 
-def detect_power(se: float, step: float, threshold: float, level: float, nights: int) -> float:
+def detect_power(
+    se: float, step: float, threshold: float, level: float, nights: int, n: int | None = None
+) -> float:
     """Chance that a gate turns red within ``nights`` independent nights of a ``step`` (log
     scale, > 0): a night's estimate ``~ N(step, se^2)`` must lie beyond ``threshold`` and be
-    significant at the one-sided ``level``, i.e. pass a one-sided z test at the stricter of
-    ``level`` and the threshold's own level."""
+    significant at the one-sided ``level``: the smaller of the two chances
+    (:func:`patchbench.analysis.power.power`: a z test, or with ``n`` the paired t test of ``n``
+    pairs, exact noncentral t); for the z test that is exact."""
     if not (se > 0):
         return 1.0 if step >= threshold else 0.0
-    alpha = min(level, float(sp.ndtr(-threshold / se)))
-    one = power(1, step, se, alpha, alternative="larger", dist="normal") if alpha > 0 else 0.0
-    return 1.0 - (1.0 - one) ** nights
+    sig = power(n or 1, step, se * math.sqrt(n or 1), level, alternative="larger",
+                dist="t" if n else "normal")  # fmt: skip
+    return 1.0 - (1.0 - min(sig, float(sp.ndtr((step - threshold) / se)))) ** nights
 
 
 def repeats_needed(
@@ -152,12 +155,17 @@ def repeats_needed(
     target: float = 0.9,
     set_aside: int = 1,
     most: int = 64,
+    paired_t: bool = False,
 ) -> int | None:
     """The fewest repeats n with :func:`detect_power` >= ``target`` when the night is judged on
-    ``n - set_aside`` runs (``se_of_n(m)``: a night's standard error from m runs); None when
-    ``most`` do not reach it."""
+    ``n - set_aside`` runs (``se_of_n(m)``: a night's standard error from m runs; ``paired_t``:
+    judged by the paired t test of them); None when ``most`` do not reach it."""
     for n in range(2 + set_aside, most + 1):
-        if detect_power(se_of_n(n - set_aside), step, threshold, level, nights) >= target:
+        m = n - set_aside
+        if (
+            detect_power(se_of_n(m), step, threshold, level, nights, m if paired_t else None)
+            >= target
+        ):
             return n
     return None
 

@@ -48,13 +48,15 @@ def plan_repeats(
     better: dict[tuple[str, str], str] | None = None,
     confidence: float = 0.95,
     noises: dict[tuple[str, str], Noise] | None = None,
+    family: int = 1,
 ) -> RepeatsPlan:
     """The fewest repeats with which, for every gate's test, a ``detect_pct`` step turns a night
     red within ``detect_nights`` nights with chance ``detect_power``
     (:func:`patchbench.nightly.noise.repeats_needed`, one run set aside), at the noise learned
     from ``prior`` (oldest first; the prior ``run_cv_pct`` while learning). A same-run test is
-    the report's paired t test at its level ``1 - confidence`` (Bonferroni over the night's
-    same-run tests, one-sided), a history test at the family alpha over the history tests. The
+    the report's paired t test (exact noncentral t), one-sided at ``(1 - confidence) / 2 /
+    family`` (``family``: the report's primaries, its Holm family's first step), a history test
+    a z test at the family alpha over the history tests, one run set aside. The
     largest, between ``min_repeats`` and ``max_repeats``. A history test no count can bring to
     its target (the night-to-night noise alone hides the step) does not raise the count: it is
     named in ``why``. ``better``: (suite, metric) -> "higher" / "lower" (default: the gate's
@@ -69,7 +71,7 @@ def plan_repeats(
     ]
     n_same = sum(1 for _, k in tests if k == "same_run")
     levels = {
-        "same_run": (1.0 - confidence) / 2.0 / max(n_same, 1),
+        "same_run": (1.0 - confidence) / 2.0 / max(family, 1),
         "history": settings.family_alpha / max(len(tests) - n_same, 1),
     }
     most: int | None = settings.min_repeats
@@ -97,7 +99,11 @@ def plan_repeats(
         )
         se = _standard_error(kind, noise, settings.window_nights)
         args = (_step(g.step_pct, bad), _step(g.threshold_pct, bad), levels[kind])
-        need = repeats_needed(se, *args, settings.detect_nights, settings.detect_power)
+        same = kind == "same_run"  # the report: a paired t, no outlier rule
+        need = repeats_needed(
+            se, *args, settings.detect_nights, settings.detect_power, 0 if same else 1,
+            paired_t=same,
+        )  # fmt: skip
         row = rows.setdefault(
             (suite, metric),
             {"suite": suite, "metric": metric, "source": noise.source, "needed": 0,
@@ -151,6 +157,22 @@ def _standard_error(kind: str, noise: Noise, window_nights: int) -> Callable[[in
     return lambda m: math.sqrt((sn2 + sr * sr / m) * (1.0 + 1.0 / window_nights))
 
 
+def report_family(cfg: Any) -> int:
+    """The size of the report's Holm family for ``cfg``: its suites' primaries of a kind tested
+    with a sampling error, times the variants that are neither baseline nor A/A."""
+    from patchbench.analysis.family import FAMILY_KINDS
+    from patchbench.suite import get_suite
+
+    primaries = sum(
+        1
+        for s in cfg.suites
+        for m in get_suite(s).metrics.values()
+        if m.primary and m.kind in FAMILY_KINDS
+    )
+    variants = sum(1 for v in cfg.variants if v != cfg.baseline and not cfg.is_aa(v))
+    return max(primaries * variants, 1)
+
+
 def pick_repeats(cfg: Any, hpath: Path, *, out: Any = None) -> tuple[RepeatsPlan, Any]:
     """``schedule.repeats: auto`` before the run: the config's nights read from the history at
     ``hpath`` (read only; absent or unreadable: the prior decides), the plan
@@ -167,7 +189,12 @@ def pick_repeats(cfg: Any, hpath: Path, *, out: Any = None) -> tuple[RepeatsPlan
         except HistoryError as e:
             print(f"nightly: repeats from the prior noise: history unreadable: {e}", file=out)
     plan = plan_repeats(
-        settings, prior, list(cfg.variants), cfg.baseline, confidence=cfg.compare.confidence
+        settings,
+        prior,
+        list(cfg.variants),
+        cfg.baseline,
+        confidence=cfg.compare.confidence,
+        family=report_family(cfg),
     )
     print(f"nightly: {plan.why}", file=out)
     # a fresh schedule model: a copy would keep the ``repeats: auto`` mark

@@ -152,6 +152,21 @@ def test_noisy_night_is_underpowered_not_green(tmp_path):
     assert [r.status for r in out.results if r.kind == "same_run"] == ["inconclusive"]
 
 
+def test_a_night_is_never_red_while_its_report_says_inconclusive(tmp_path):
+    """Ratios -1 %, -1 %, -22 % (mean -8 %, beyond the 5 % threshold): the report (compare.json
+    of the run folder) says inconclusive, so the same-run gate does not fail, whatever the
+    nightly's own noise would have said (a 1 % prior: the night is underpowered, not red)."""
+    from patchbench.analysis.comparison import read_comparison
+
+    run = make_night(tmp_path, 1, [100.0, 100.0, 100.0], [99.0, 99.0, 78.0])
+    assert read_comparison(run).row("serving", TPUT, "patched").verdict == "inconclusive"
+    noisy_prior = JOB.model_copy(update={"run_cv_pct": 1.0})
+    out = nightly_on_run(run, noisy_prior, history=tmp_path / "h.sqlite")
+    [r] = [r for r in out.results if r.kind == "same_run"]
+    assert out.outcome == "underpowered" and out.exit_code == 5 and r.status == "underpowered"
+    assert r.reason.startswith("the report says inconclusive")
+
+
 def test_rerunning_a_night_does_not_count_it_twice(tmp_path):
     h = tmp_path / "h.sqlite"
     run = make_night(tmp_path, 1, *clean(1))
@@ -343,7 +358,7 @@ def test_cli_from_run_uses_settings_of_the_run_manifest(tmp_path):
 
 
 def test_worst_exit_order():
-    from patchbench.nightly.outcome import EXIT_ORDER, worst_exit
+    from patchbench.nightly.render import EXIT_ORDER, worst_exit
 
     assert EXIT_ORDER == (1, 4, 3, 2, 5, 0)
     assert worst_exit([0, 5, 3, 4]) == 4
@@ -724,17 +739,21 @@ def _sim_history(cv: float, nights: int = 12, repeats: int = 5, drift: float = 0
 
 
 def _by_hand(cv_pct: float, level: float, history: bool, k: int = 7) -> int:
-    """The fewest runs n (one set aside) with which a 5 % step is red within 3 nights in 90 %:
-    per night P(estimate beyond 3 % and significant at the one-sided ``level``), the estimate
-    ~ N(step, se^2), se from the noise alone (scipy, no patchbench code)."""
-    from scipy.stats import norm
+    """The fewest runs n with which a 5 % step is red within 3 nights in 90 %: per night the
+    smaller of P(estimate beyond 3 %) and P(significant at the one-sided ``level``), the
+    estimate ~ N(step, se^2). Same-run: the report's paired t on n pairs (noncentral t); history:
+    a z test on n - 1 runs (one set aside), se from the run noise alone. scipy, no patchbench."""
+    from scipy.stats import nct, norm, t
 
     s, step, thr = math.log1p(cv_pct / 100), -math.log(0.95), -math.log(0.97)
     for n in range(3, 65):
-        m = n - 1
-        se = s * math.sqrt((1 + 1 / k) / m) if history else math.sqrt(2) * s / math.sqrt(m)
-        one = norm.sf((max(thr, norm.isf(level) * se) - step) / se)
-        if 1 - (1 - one) ** 3 >= 0.9:
+        if history:
+            se = s * math.sqrt((1 + 1 / k) / (n - 1))
+            sig = norm.sf(norm.isf(level) - step / se)
+        else:
+            se = math.sqrt(2) * s / math.sqrt(n)
+            sig = nct.sf(t.isf(level, n - 1), n - 1, step / se)
+        if 1 - (1 - min(sig, norm.cdf((step - thr) / se))) ** 3 >= 0.9:
             return n
     raise AssertionError("unreachable")
 
