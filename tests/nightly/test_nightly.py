@@ -684,14 +684,23 @@ def test_newest_sglang_night_and_its_confirmation_on_the_fake_server(tmp_path, m
 @pytest.mark.e2e
 def test_e2e_nightly_from_a_real_run(demo_0523, tmp_path):
     """The job on a real run folder: the CPU demo's sglang 0.5.23 run (made once per session by
-    the demo_0523 fixture, tests/conftest.py; real servers), gated with `--from-run`. One repeat
-    gates nothing (exit 5, the same-run gate ungated, the history gate warming up); the night is
-    recorded with every real metric, its builds read from the real manifest, its plot drawn."""
+    the demo_0523 fixture, tests/conftest.py; real servers), gated with `--from-run` on its
+    serving output throughput (a sweep point's run-level row, output_throughput_tok_s@c8).
+    One repeat gates nothing (exit 5: the same-run gate ungated, the history gate warming up);
+    the night is recorded with every real metric, its builds read from the real manifest, its
+    plot drawn."""
+    from patchbench.analysis.comparison import read_comparison
+
     run = tmp_path / demo_0523.name
     shutil.copytree(demo_0523, run)
+    runs = [
+        r.metric
+        for r in read_comparison(run).rows
+        if r.suite == "serving" and r.kind == "run" and r.better in ("higher", "lower")
+    ]
+    metric = min(runs, key=lambda m: (not m.startswith("output_throughput_tok_s"), m))
     raw = yaml.safe_load((REPO / "configs" / "demo-cpu-0.5.23.yaml").read_text())
-    gate = {"metric": "serving.output_throughput_tok_s", "threshold_pct": 50}
-    raw["nightly"] = {"gates": [gate]}
+    raw["nightly"] = {"gates": [{"metric": f"serving.{metric}", "threshold_pct": 50}]}
     cfg = tmp_path / "night.yaml"
     cfg.write_text(yaml.safe_dump(raw))
     h = tmp_path / "h.sqlite"
@@ -700,18 +709,16 @@ def test_e2e_nightly_from_a_real_run(demo_0523, tmp_path):
     assert {(g["kind"], g["status"]) for g in js["gates"]} == {
         ("same_run", "ungated"),
         ("history", "skipped"),
-    }
+    }, js["gates"]
     assert {(b["variant"], b["sglang_release"], b["state"]) for b in js["builds"]} == {
         ("baseline", "0.5.23", ""),
         ("mrope-sync-free", "0.5.23", "applies"),
     }
     with History(h) as hh:
         [night] = hh.nights("demo-cpu-0.5.23")
-    assert (
-        night.sglang_version == "0.5.23"
-        and night.values[("baseline", "serving", "output_throughput_tok_s")][0] > 0
-    )
-    assert (run / "plots/nightly-serving.output_throughput_tok_s.png").stat().st_size > 1000
+    assert night.sglang_version == "0.5.23"
+    assert night.values[("baseline", "serving", metric)][0] > 0
+    assert (run / f"plots/nightly-serving.{metric}.png").stat().st_size > 1000
 
 
 # ---------------------------------------------------------------------------------------------
