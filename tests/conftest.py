@@ -158,6 +158,32 @@ def cpu_server_env(extra_pythonpath: list[str] | None = None) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
+def demo_0523(tmp_path_factory) -> Path:
+    """The CPU demo on sglang 0.5.23 (configs/demo-cpu-0.5.23.yaml, real servers, run by
+    .venv-0.5.23's python), once per session: its run folder, read by tests/cli/test_e2e_bench.py
+    and the nightly's end-to-end test."""
+    import subprocess
+
+    python = REPO / ".venv-0.5.23" / "bin" / "python"
+    if not python.exists():
+        pytest.fail(f"{python} missing: run `make setup SGLANG=0.5.23` (make test does)")
+    results = tmp_path_factory.mktemp("demo-0523")
+    cmd = [str(python), str(REPO / "runner.py"), "bench", "configs/demo-cpu-0.5.23.yaml"]
+    p = subprocess.run(
+        [*cmd, "--results", str(results)],
+        cwd=REPO,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        capture_output=True,
+        text=True,
+        timeout=3000,
+    )
+    print(p.stdout[-4000:], p.stderr[-4000:])
+    assert p.returncode == 0, p.stderr[-3000:]
+    [run] = [d for d in results.iterdir() if (d / "manifest.json").exists()]
+    return run
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """The tiny Qwen2.5-VL for this environment's transformers, built once (a few seconds)."""
     from patchbench.envs.tinymodel import build_tiny_qwen25vl, default_model_dir

@@ -29,6 +29,7 @@ from pydantic_core import PydanticCustomError
 
 from patchbench import errors
 from patchbench.config.args import check_args, check_env, split_args
+from patchbench.config.nightly import NightlySettings
 from patchbench.inputs import FOLDER_NAME, REPO_ROOT, is_hub_id, looks_local
 from patchbench.shims import available_stand_ins
 
@@ -75,9 +76,6 @@ class CompareSettings(BaseModel):
 
 def sections() -> dict[str, type[BaseModel]]:
     """The model of each settings section of a config: ``compare`` and ``nightly``."""
-    # imported here: the nightly package reads run folders, whose manifest holds a Config
-    from patchbench.nightly.gates.settings import NightlySettings
-
     return {"compare": CompareSettings, "nightly": NightlySettings}
 
 

@@ -32,7 +32,6 @@ from patchbench.run.ports import port_answers
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
-VENV_0523 = REPO / ".venv-0.5.23" / "bin" / "python"
 
 
 def _run(python: str, config: str, results: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -62,15 +61,7 @@ def demo_0513(tmp_path_factory):
     return _run_dir(results)
 
 
-@pytest.fixture(scope="module")
-def demo_0523(tmp_path_factory):
-    if not VENV_0523.exists():
-        pytest.fail(f"{VENV_0523} missing: run `make setup SGLANG=0.5.23` (make test does)")
-    results = tmp_path_factory.mktemp("demo-0523")
-    p = _run(str(VENV_0523), "configs/demo-cpu-0.5.23.yaml", results)
-    print(p.stdout[-4000:], p.stderr[-4000:])
-    assert p.returncode == 0, p.stderr[-3000:]
-    return _run_dir(results)
+# demo_0523: tests/conftest.py (one run per session, shared with the nightly's end-to-end test)
 
 
 def _cells(run_dir: Path) -> list[dict]:

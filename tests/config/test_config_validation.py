@@ -288,7 +288,7 @@ def test_removed_mrope_probe_says_what_replaces_it(tmp_path):
 
 def test_compare_and_nightly_are_typed(tmp_path):
     from patchbench.config import CompareSettings
-    from patchbench.nightly.gates import NightlySettings
+    from patchbench.config.nightly import NightlySettings
 
     cfg = load_config(write(tmp_path, "b: []", BASE + "compare: {confidence: 0.9}\n"))
     assert isinstance(cfg.compare, CompareSettings) and cfg.compare.confidence == 0.9

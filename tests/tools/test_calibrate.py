@@ -326,7 +326,7 @@ def test_design_only_prints_just_the_design_table(cal, capsys):
 def test_nightly_auto_repeats_rows_use_the_jobs_planner():
     import yaml
 
-    from patchbench.nightly.gates import NightlySettings
+    from patchbench.config.nightly import NightlySettings
     from tools.calibration.nightly import auto_repeats
 
     raw = yaml.safe_load((REPO / "configs" / "nightly-h200.yaml").read_text())
@@ -341,7 +341,7 @@ def test_nightly_auto_repeats_rows_use_the_jobs_planner():
 def test_nightly_quiet_only_rows_gate_the_same_quiet_nights_as_the_full_rows():
     import yaml
 
-    from patchbench.nightly.gates import NightlySettings
+    from patchbench.config.nightly import NightlySettings
     from tools.calibration.nightly import gate_rates
 
     raw = yaml.safe_load((REPO / "configs" / "nightly-h200.yaml").read_text())
