@@ -140,6 +140,8 @@ def with_report(night: Night, compare: CompareSettings | None = None) -> Night:
         _SUITES.setdefault(s, _Declared(s))
     cfg = {
         "name": night.config_name,
+        "sglang": "0.5.1.post3",
+        "model": {"path": "calibration", "tiny": True},
         "variants": {v: [] if v == night.baseline else ["p"] for v in variants},
         "baseline": night.baseline,
         "schedule": {"repeats": reps, "order": "interleaved"},
