@@ -22,8 +22,8 @@ from patchbench.analysis.comparison import (
     RunInfo,
     VariantInfo,
 )
-from patchbench.analysis.rundata import RunData, variant_parts
-from patchbench.config import sglang_label
+from patchbench.analysis.rundata import RunData
+from patchbench.config import patch_label, sglang_label
 from patchbench.runfolder.models import PatchHash
 
 #: the level of the drift test (a trend of the baseline's values across rounds)
@@ -270,7 +270,6 @@ def run_info(data: RunData, run_id: str) -> RunInfo:
     man = data.manifest
     cfg = man.config
     ref = cfg.model if cfg is not None else None
-    raw = man.variants_json()
     info = RunInfo(
         name=(cfg.name if cfg is not None else "") or run_id,
         model=(ref.path if ref is not None else None) or man.model or "?",
@@ -282,12 +281,13 @@ def run_info(data: RunData, run_id: str) -> RunInfo:
         ended_at=man.ended_at,
     )
     for v in data.variants:
-        pats, args, env = variant_parts(raw.get(v))
+        spec = cfg.variants.get(v) if cfg is not None else None
         build = man.builds.get(v) or {}
         info.variants[v] = VariantInfo(
-            patches=man.patches.get(v) or [PatchHash(name=p) for p in pats],
-            server_args=args,
-            env=env,
+            patches=man.patches.get(v)
+            or [PatchHash(name=patch_label(p)) for p in (spec.patches if spec else [])],
+            server_args=list(spec.server_args) if spec else [],
+            env=dict(spec.env) if spec else {},
             build=build.get("describe", "?") if v in man.builds else None,
             from_source=build.get("kind") in ("git", "wheel"),
         )

@@ -1,22 +1,14 @@
 """Liveness and progress of a whole sglang server while suites run, and stopping a suite at once
 when the server dies or stops answering (docs/faults.md).
 
-A dead scheduler leaves the HTTP front end answering, and a blocked or stopped one looks healthy
-to a process check, so :class:`ServerWatch` (a thread) polls every watched process of the group
-(the leader, Python and ``sglang::`` processes present when the server became ready) and, with
-``stall_timeout_s``, watches progress: the scheduler heartbeat (``GET /server_info`` every
-:func:`heartbeat_interval` s from a second thread; a longer limit inside a window the suite
-announces, :meth:`ProgressMeter.quiet`), the replies the suite reports, processes stopped
-(state T) for ``stopped_grace_s``, and a watched client's activity
-(:class:`patchbench.run.activity.ClientActivity`: a ``client_silent`` stall while the heartbeat
-answers).
-
-On a death or a stall it records a :class:`Death` or :class:`Stall`, sets ``dead``, kills the
-suite's clients and the server's group (SIGKILL), and inside :meth:`ServerWatch.cancel_scope`
-raises :class:`ServerLost` in the main thread (sent as ``SIGUSR2``, so a blocking wait is
-interrupted as by Ctrl-C). Not seen: a deadlocked detokenizer while the scheduler answers (the
-missing replies or the silent client show it), a client busy-polling without receiving (the
-suite's ``timeout_s`` ends it).
+:class:`ServerWatch` (a thread) polls every process of the server's group (a dead scheduler
+leaves the HTTP front end answering) and, with ``stall_timeout_s``, watches progress: the
+scheduler heartbeat (``GET /server_info``, a longer limit inside a window the suite announces,
+:meth:`ProgressMeter.quiet`), the replies the suite reports, processes stopped (state T) and a
+watched client's activity (:class:`patchbench.run.activity.ClientActivity`). On a death or stall
+it records a :class:`Death` or :class:`Stall`, SIGKILLs the suite's clients and the server's
+group and, inside :meth:`ServerWatch.cancel_scope`, raises :class:`ServerLost` in the main thread
+(via ``SIGUSR2``, so a blocking wait is interrupted as by Ctrl-C).
 """
 
 from __future__ import annotations
@@ -72,9 +64,9 @@ def process_state(pid: int | None) -> str:
 
 
 class ServerLost(KeyboardInterrupt):
-    """Raised in the main thread when the server died or stopped answering during a suite; a
-    KeyboardInterrupt so that every suite's Ctrl-C cleanup runs and no ``except Exception``
-    swallows it. ``death``: the :class:`Death` or :class:`Stall`."""
+    """The server died or stopped answering during a suite (``death``: the :class:`Death` or
+    :class:`Stall`); a KeyboardInterrupt so that suites' Ctrl-C cleanup runs and no ``except
+    Exception`` swallows it."""
 
     def __init__(self, reason: Death | Stall):
         super().__init__(reason.message())
@@ -83,9 +75,8 @@ class ServerLost(KeyboardInterrupt):
 
 @dataclass
 class Death:
-    """A watched server process that exited: ``role`` (e.g. "the sglang scheduler"), ``name``
-    (its title), ``returncode`` (the leader's only; negative: killed by that signal; else None),
-    ``detected_after_s`` (seconds from the watch's start)."""
+    """A watched server process that exited: ``returncode`` (the leader's only; negative: killed
+    by that signal), ``detected_after_s`` (seconds from the watch's start)."""
 
     pid: int
     role: str
@@ -94,7 +85,6 @@ class Death:
     detected_after_s: float
 
     def message(self) -> str:
-        """``"the sglang scheduler (pid 1234) died"`` (with the exit status when known)."""
         how = ""
         if self.returncode is not None and self.returncode < 0:
             how = f", killed by signal {-self.returncode}"
@@ -114,10 +104,9 @@ class Death:
 @dataclass
 class Stall:
     """The server (or a client of the suite) stopped making progress. ``kind``: "heartbeat",
-    "replies", "stopped" (a server process in state T), "client_stopped", "client_silent";
-    ``what``: what was seen; ``pid``/``role``/``state``: the scheduler (else the front end; the
-    stopped process or the client for the client kinds) and its process state; ``silent_s``:
-    seconds without progress; ``detected_after_s``: from the watch's start."""
+    "replies", "stopped" (state T), "client_stopped", "client_silent"; ``pid``/``role``/``state``:
+    the scheduler (else the front end; the stopped process or the client for the client kinds);
+    seconds without progress, and from the watch's start."""
 
     kind: str
     what: str
@@ -128,8 +117,6 @@ class Stall:
     detected_after_s: float
 
     def message(self) -> str:
-        """``"the server stopped answering (scheduler pid 1234 in state S (sleeping)): ..."``;
-        a stopped client: ``"the suite's client stopped (pid N in state T (stopped)): ..."``."""
         if self.kind == "client_stopped":
             return f"the suite's client stopped (pid {self.pid} in state {self.state}): {self.what}"
         if self.kind == "client_silent":
@@ -153,9 +140,8 @@ def _json(reason: Death | Stall) -> dict:
 
 
 def role_of(name: str, cmdline: list[str], is_leader: bool) -> str:
-    """A human name for a process of an sglang server: ``sglang::scheduler_TP0`` -> "the sglang
-    scheduler", the launched process -> "the sglang server (HTTP front end)", else "server
-    process <name>"."""
+    """``sglang::scheduler_TP0`` -> "the sglang scheduler", the leader -> "the sglang server (HTTP
+    front end)", else "server process <name>"."""
     title = " ".join(cmdline) if cmdline else name
     for text in (title, name):  # the title first: psutil's name() is cut at 15 characters
         if text.startswith("sglang::"):
@@ -212,15 +198,10 @@ class _Watched:
 
 @dataclass
 class ServerWatch:
-    """Watch the processes and the progress of one server (module docstring).
-
-    ``leader``: the launched ``subprocess.Popen``; ``pgid``: its process group; ``on_death``:
-    called once from the watcher thread with the Death or Stall (after the kills);
-    ``stall_timeout_s``: seconds without progress that make a stall (None: deaths only);
-    ``heartbeat``: ``heartbeat(timeout_s) -> bool``, one scheduler round trip
-    (:meth:`patchbench.run.server.SglangServer.heartbeat`); ``progress``: what the suites feed.
-    :meth:`start` after the server is ready, :meth:`close` before stopping it.
-    """
+    """Watch the processes and the progress of one server (module docstring): :meth:`start`
+    after it is ready, :meth:`close` before stopping it. ``leader``: the launched Popen;
+    ``on_death``: called once from the watcher thread after the kills; ``stall_timeout_s``: None
+    watches deaths only; ``heartbeat(timeout_s) -> bool``: one scheduler round trip."""
 
     leader: object  # subprocess.Popen
     pgid: int
@@ -356,11 +337,8 @@ class ServerWatch:
     # ------------------------------------------------------------------ cancelling the suite
     @contextmanager
     def cancel_scope(self) -> Iterator[None]:
-        """While inside, a death or a stall raises :class:`ServerLost` in the main thread at once.
-
-        Outside the main thread (no signal handlers there) the scope only marks the suite start;
-        the suite then learns of the loss through :attr:`dead` and its client being killed.
-        """
+        """While inside, a death or a stall raises :class:`ServerLost` in the main thread at once
+        (in another thread only :attr:`dead` and the killed client tell the suite)."""
         self.suite_started()
         main = threading.current_thread() is threading.main_thread()
         old = None
@@ -507,10 +485,8 @@ class ServerWatch:
         return None
 
     def _check_client_activity(self) -> Stall | None:
-        """A ``client_silent`` stall when the client the suite watches
-        (:meth:`ProgressMeter.watch_client`) made no progress (:class:`ClientActivity`) for
-        ``stall_timeout_s`` while the scheduler heartbeat still answers (when it does not, the
-        heartbeat's stall is the one named)."""
+        """A ``client_silent`` stall when the watched client made no progress for
+        ``stall_timeout_s`` while the scheduler heartbeat still answers."""
         limit = self.stall_timeout_s
         client = self.progress.client
         if not limit or client is None:

@@ -451,26 +451,11 @@ class RunManifest(_Record):
     #: {"compare" | "nightly": notes on settings of the stored config that were dropped on read}
     config_notes: dict[str, list[str]] = Field(default_factory=dict, exclude=True)
 
-    # -- conveniences used by the analysis (read-only views of ``config``) --------------------
-    def variants_json(self) -> dict[str, list | dict]:
-        """The config's variants as the file holds them: {variant: [patch entries] or a
-        mapping} ({} without a config)."""
-        cfg = self.config
-        return {k: spec.short() for k, spec in cfg.variants.items()} if cfg is not None else {}
-
-    @property
-    def variants(self) -> dict[str, list[str | dict]]:
-        """{variant: patch entries (names, or ``{"diff": path}``)} from the config, in order."""
-        return {
-            k: list(p.get("patches", []) if isinstance(p, dict) else p)
-            for k, p in self.variants_json().items()
-        }
-
+    # -- read-only views of ``config`` for the analysis ---------------------------------------
     @property
     def baseline(self) -> str:
-        """Name of the baseline variant (the config's ``baseline``, else the first variant)."""
-        b = self.config.baseline if self.config is not None else None
-        return b or next(iter(self.variants), "baseline")
+        """The config's baseline variant ("baseline" without a config)."""
+        return self.config.baseline if self.config is not None else "baseline"
 
     @property
     def repeats(self) -> int:
