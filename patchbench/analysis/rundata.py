@@ -90,7 +90,7 @@ class RunData:
 
 def read_run(run_dir: str | os.PathLike) -> RunData:
     """Read a run folder. Raises RunFolderError / SchemaTooNew (exit 2) for the manifest; a
-    missing cell is status "missing", an unreadable one "unreadable" (the report still renders)."""
+    missing cell is status "missing", an unreadable one "unreadable"."""
     run_dir = Path(run_dir)
     man = runfolder.read_manifest(run_dir)
     cfg = man.config
@@ -147,8 +147,8 @@ def _read_cells(data: RunData) -> None:
 def suite_schedule(
     man: RunManifest, suites: list[str], repeats: int
 ) -> tuple[dict[str, list[int]], list[str]]:
-    """({suite: its timed rounds below ``repeats``}, [correctness-only suites]), from the
-    manifest's ``suite_rounds``, else the config's ``suites.<name>.rounds`` and ``Suite.timed``."""
+    """({suite: its timed rounds below ``repeats``}, [correctness-only suites]) from the
+    manifest's ``suite_rounds``, else the config."""
     from patchbench.config.schema import resolve_rounds
 
     recorded = man.suite_rounds
