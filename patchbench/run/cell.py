@@ -382,9 +382,9 @@ class CellRun:
             live, w = self.record.liveness, self.watch
             if live is not None:
                 if w.death is not None:
-                    live.death = models.ServerDeath(**w.death.to_json())
+                    live.death = w.death
                 if w.stall is not None:
-                    live.stall = models.ServerStall(**w.stall.to_json())
+                    live.stall = w.stall
                 if w.lost is not None:
                     live.killed_clients = list(w.killed_clients)
         if self.server is None:

@@ -19,12 +19,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import psutil
 
 from patchbench.run.activity import CLIENT_SAMPLE_S, ProgressMeter
 from patchbench.run.ports import group_members, is_live, kill_group
+from patchbench.runfolder.models import ServerDeath, ServerStall
 
 #: the signal the watcher sends to the main thread to cancel a suite (nothing else uses it)
 CANCEL_SIGNAL = signal.SIGUSR2
@@ -73,16 +74,9 @@ class ServerLost(KeyboardInterrupt):
         self.death = reason
 
 
-@dataclass
-class Death:
-    """A watched server process that exited: ``returncode`` (the leader's only; negative: killed
-    by that signal), ``detected_after_s`` (seconds from the watch's start)."""
-
-    pid: int
-    role: str
-    name: str
-    returncode: int | None
-    detected_after_s: float
+class Death(ServerDeath):
+    """A watched server process that exited (``returncode``: the leader's only; negative: killed
+    by that signal), as cell.json records it."""
 
     def message(self) -> str:
         how = ""
@@ -97,24 +91,11 @@ class Death:
             how = f", exit code {self.returncode}"
         return f"{self.role} (pid {self.pid}) died{how}"
 
-    def to_json(self) -> dict:
-        return _json(self)
 
-
-@dataclass
-class Stall:
-    """The server (or a client of the suite) stopped making progress. ``kind``: "heartbeat",
-    "replies", "stopped" (state T), "client_stopped", "client_silent"; ``pid``/``role``/``state``:
-    the scheduler (else the front end; the stopped process or the client for the client kinds);
-    seconds without progress, and from the watch's start."""
-
-    kind: str
-    what: str
-    pid: int | None
-    role: str
-    state: str
-    silent_s: float
-    detected_after_s: float
+class Stall(ServerStall):
+    """The server (or a client of the suite) stopped making progress, as cell.json records it
+    (``pid``/``role``/``state``: the scheduler, else the front end; the stopped process or the
+    client for the client kinds)."""
 
     def message(self) -> str:
         if self.kind == "client_stopped":
@@ -130,13 +111,18 @@ class Stall:
             f"{self.what}"
         )
 
-    def to_json(self) -> dict:
-        return _json(self)
 
-
-def _json(reason: Death | Stall) -> dict:
-    """A Death's or Stall's fields for cell.json, seconds rounded to the millisecond."""
-    return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(reason).items()}
+def _stall(kind: str, what: str, pid: int | None, role: str, silent_s: float, t0: float) -> Stall:
+    """A :class:`Stall` now (seconds rounded to the millisecond, as cell.json keeps them)."""
+    return Stall(
+        kind=kind,
+        what=what,
+        pid=pid,
+        role=role,
+        state=process_state(pid),
+        silent_s=round(silent_s, 3),
+        detected_after_s=round(time.monotonic() - t0, 3),
+    )
 
 
 def role_of(name: str, cmdline: list[str], is_leader: bool) -> str:
@@ -408,9 +394,7 @@ class ServerWatch:
 
     def _stall(self, kind: str, what: str, silent_s: float) -> Stall:
         pid, role = self._scheduler()
-        return Stall(
-            kind, what, pid, role, process_state(pid), silent_s, time.monotonic() - self._t0
-        )
+        return _stall(kind, what, pid, role, silent_s, self._t0)
 
     def _stopped(self, pid: int, st: str, role: str, kind: str) -> Stall | None:
         """A stall when ``pid`` (status ``st``) has been stopped for ``stopped_grace_s``."""
@@ -424,7 +408,7 @@ class ServerWatch:
         what = (
             f"{role} (pid {pid}) has been stopped (state T, SIGSTOP or a tracer) for {held:.1f} s"
         )
-        return Stall(kind, what, pid, role, process_state(pid), held, time.monotonic() - self._t0)
+        return _stall(kind, what, pid, role, held, self._t0)
 
     def _check_progress(self) -> Stall | None:
         """A stall when the heartbeat or the suite's replies are older than the stall limit."""
@@ -518,8 +502,7 @@ class ServerWatch:
             )
             + f"{beat}; {client.last_seen()}"
         )
-        state = process_state(client.pid)
-        return Stall("client_silent", what, client.pid, client.name, state, silent, now - self._t0)
+        return _stall("client_silent", what, client.pid, client.name, silent, self._t0)
 
     def _died(self, w: _Watched) -> None:
         rc = None
@@ -528,7 +511,13 @@ class ServerWatch:
                 rc = self.leader.poll()
             except Exception:  # noqa: BLE001 - the exit code is a nicety
                 rc = None
-        self.death = Death(w.proc.pid, w.role, w.name, rc, time.monotonic() - self._t0)
+        self.death = Death(
+            pid=w.proc.pid,
+            role=w.role,
+            name=w.name,
+            returncode=rc,
+            detected_after_s=round(time.monotonic() - self._t0, 3),
+        )
         self._give_up(self.death)
 
     def _stalled(self, stall: Stall) -> None:
