@@ -96,14 +96,7 @@ def aa_noise(cmp: Comparison) -> None:
             for b, v in zip(r.baseline_repeats, r.variant_repeats, strict=True)
             if b is not None and v is not None and b > 0 and v > 0
         ]
-        assumed = next(
-            (
-                float(cmp.settings.assumed_cv[k])
-                for k in (f"{r.suite}.{r.metric}", r.metric)
-                if k in cmp.settings.assumed_cv
-            ),
-            None,
-        )
+        assumed = cmp.settings.margin_for(r.suite, r.metric, None, "assumed_cv")
         noise = AANoise(
             variant=r.variant,
             suite=r.suite,

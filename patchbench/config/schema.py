@@ -67,11 +67,15 @@ class CompareSettings(BaseModel):
             )
         return data
 
-    def margin_for(self, suite: str, metric: str, default: float | None) -> float | None:
-        """``margins["suite.metric"]``, else ``margins[metric]``, else ``default``."""
+    def margin_for(
+        self, suite: str, metric: str, default: float | None, table: str = "margins"
+    ) -> float | None:
+        """``margins["suite.metric"]``, else ``margins[metric]``, else ``default`` (``table``:
+        "assumed_cv" reads that one alike)."""
+        values = getattr(self, table)
         for key in (f"{suite}.{metric}", metric):
-            if key in self.margins:
-                return float(self.margins[key])
+            if key in values:
+                return float(values[key])
         return default
 
 

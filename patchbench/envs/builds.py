@@ -275,7 +275,7 @@ def _mkdir(p: Path) -> Path:
 def resolve_builds(
     cfg: Config, *, cpu: bool = False, index_url: str | None = None, cache_dir: Path = CACHE_DIR
 ) -> dict[str, Build]:
-    """{variant: its :class:`Build`, each distinct ``sglang:`` resolved once; also stored in
+    """{variant: its :class:`Build`}, each distinct ``sglang:`` resolved once; also stored in
     ``cfg.builds`` (what :meth:`Config.release_of` reads). ``cpu``: refuse a compiled range (module
     docstring). Raises the errors of the module docstring."""
     by_label: dict[str, Build] = {}

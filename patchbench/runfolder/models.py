@@ -95,12 +95,9 @@ class WatchedProcess(_Record):
     name: str = ""
 
 
-class ServerDeath(_Record):
+class ServerDeath(WatchedProcess):
     """The first server process seen dead during the cell (patchbench.run.liveness.Death)."""
 
-    pid: int
-    role: str = ""
-    name: str = ""
     returncode: int | None = None
     detected_after_s: float | None = None
 
