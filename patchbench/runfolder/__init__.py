@@ -203,6 +203,10 @@ def read_manifest(path: str | os.PathLike) -> RunManifest:
     return m
 
 
+#: stored settings keys that were read by nothing (removing them changes no result)
+SILENT_DROPS = {"compare": {"retokenized_change_share"}}
+
+
 def _fit_settings(config: Any) -> dict[str, list[str]]:
     """Fit a stored config's ``compare`` and ``nightly`` settings in place (module docstring);
     {section: notes}."""
@@ -214,7 +218,8 @@ def _fit_settings(config: Any) -> dict[str, list[str]]:
         if not isinstance(raw, dict):
             continue
         kept = {k: v for k, v in raw.items() if k in model.model_fields}
-        dropped = sorted(set(raw) - set(kept))
+        # keys that never changed a result leave without a note
+        dropped = sorted(set(raw) - set(kept) - SILENT_DROPS.get(name, set()))
         if dropped:
             notes.setdefault(name, []).append(
                 f"{name} settings {', '.join(dropped)} are no longer used and were ignored"
