@@ -15,8 +15,8 @@ if str(REPO) not in sys.path:
 
 from patchbench.run.ports import free_port  # noqa: E402
 from patchbench.run.server import LaunchSpec, SglangServer  # noqa: E402
-from patchbench.shims import SITE_DIR, stand_in_path  # noqa: E402
 from patchbench.suite import ServerInfo  # noqa: E402
+from tests.helpers import CPU_SERVER_ARGS, cpu_server_env, sglang_version  # noqa: E402
 
 # ------------------------------------------------------------------ tests that need sglang
 #: test modules that need the sglang environment (sglang, torch, transformers) in every test; they
@@ -113,48 +113,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.needs_sglang)
             if not present:
                 item.add_marker(skip)
-
-
-#: the server flags the CPU configs use (configs/demo-cpu.yaml documents each)
-CPU_SERVER_ARGS = [
-    "--device",
-    "cpu",
-    "--attention-backend",
-    "torch_native",
-    "--max-total-tokens",
-    "8192",
-    "--mem-fraction-static",
-    "0.05",
-    "--disable-fast-image-processor",
-    "--grammar-backend",
-    "none",
-]
-CPU_SERVER_ENV = {
-    "SGLANG_USE_CPU_ENGINE": "1",
-    "TORCHDYNAMO_DISABLE": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "PATCHBENCH_CPU_STAND_INS": "1",
-}
-
-
-def sglang_version() -> str | None:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def cpu_server_env(extra_pythonpath: list[str] | None = None) -> dict[str, str]:
-    """Environment of a CPU sglang server: stand-ins on PYTHONPATH (vllm only for 0.5.1.x)."""
-    env = dict(os.environ)
-    env.update(CPU_SERVER_ENV)
-    names = ["sgl_kernel"] + (["vllm"] if (sglang_version() or "").startswith("0.5.1") else [])
-    parts = (extra_pythonpath or []) + [str(SITE_DIR)] + [str(stand_in_path(n)) for n in names]
-    env["PYTHONPATH"] = os.pathsep.join(parts)
-    return env
 
 
 @pytest.fixture(scope="session")
