@@ -98,7 +98,13 @@ def pytest_report_header(config):
 
 def pytest_collection_modifyitems(config, items):
     """Mark needs_sglang (by module, fixture or e2e) and network (by module); without sglang,
-    skip the needs_sglang tests with a reason."""
+    skip the needs_sglang tests with a reason. Deselect the calibration tests unless ``-m``
+    names calibration (``make test-calibration``)."""
+    if "calibration" not in (config.option.markexpr or ""):
+        slow = [i for i in items if i.get_closest_marker("calibration")]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [i for i in items if not i.get_closest_marker("calibration")]
     skip = pytest.mark.skip(reason="needs sglang, which is not installed here")
     present = have_sglang()
     for item in items:
