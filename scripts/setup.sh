@@ -9,8 +9,7 @@
 # Disk: pip keeps no cache (--no-cache-dir: the CUDA wheels would otherwise sit on disk twice) and
 # torch's large dependencies are installed one per pip call, so a fresh venv needs about its own
 # final size plus one wheel. A fresh CPU venv is refused at once (exit 4) when the disk holding it
-# has less free space than the `# disk-gb:` line of requirements/cpu-PIN.txt states, plus
-# SETUP_ALSO_GB (what the venvs being set up beside it need: make setup-all sets it).
+# has less free space than the `# disk-gb:` line of requirements/cpu-PIN.txt states.
 # SETUP_DRY_RUN=1 (make check-gpu-profile): ask pip to resolve exactly what the gpu profile would
 # install (pip install --dry-run --ignore-installed --report), install nothing, print a summary;
 # VENV is then unused. Exit 0 when it resolves, 1 otherwise.
@@ -72,15 +71,12 @@ fi
 t0=$(date +%s)
 if [ "$PROFILE" = cpu ] && [ ! -x "$VENV/bin/python" ]; then
   need_gb=$(sed -n 's/^# disk-gb: *\([0-9][0-9]*\).*/\1/p' "$REQ" | head -1)
-  also_gb=${SETUP_ALSO_GB:-0}
-  [ -n "$need_gb" ] && need_gb=$((need_gb + also_gb))
   parent=$(dirname "$VENV"); mkdir -p "$parent"
   for dir in "$parent" "${TMPDIR:-/tmp}"; do
     free_gb=$(df -Pk "$dir" | awk 'NR==2 {printf "%d", $4 / 1048576}')
     if [ -n "$need_gb" ] && [ "$free_gb" -lt "$need_gb" ]; then
       echo "setup: sglang $PIN's CPU environment needs about $need_gb GB free on the disk" \
-           "holding $dir ('# disk-gb:' in requirements/cpu-$PIN.txt, + $also_gb GB for the" \
-           "venvs set up beside it); $free_gb GB free there." \
+           "holding $dir ('# disk-gb:' in requirements/cpu-$PIN.txt); $free_gb GB free there." \
            "Free space (old clones, ~/.cache/pip) or make the venv on a larger disk:" \
            "scripts/setup.sh $PIN /larger/disk/venv cpu (TMPDIR too)" >&2
       exit 4
