@@ -98,7 +98,13 @@ def pytest_report_header(config):
 
 def pytest_collection_modifyitems(config, items):
     """Mark needs_sglang (by module, fixture or e2e) and network (by module); without sglang,
-    skip the needs_sglang tests with a reason."""
+    skip the needs_sglang tests with a reason. Deselect the calibration tests unless ``-m``
+    names calibration (``make test-calibration``)."""
+    if "calibration" not in (config.option.markexpr or ""):
+        slow = [i for i in items if i.get_closest_marker("calibration")]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [i for i in items if not i.get_closest_marker("calibration")]
     skip = pytest.mark.skip(reason="needs sglang, which is not installed here")
     present = have_sglang()
     for item in items:
@@ -113,32 +119,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.needs_sglang)
             if not present:
                 item.add_marker(skip)
-
-
-@pytest.fixture(scope="session")
-def demo_0523(tmp_path_factory) -> Path:
-    """The CPU demo on sglang 0.5.23 (configs/demo-cpu-0.5.23.yaml, real servers, run by
-    .venv-0.5.23's python), once per session: its run folder, read by tests/cli/test_e2e_bench.py
-    and the nightly's end-to-end test."""
-    import subprocess
-
-    python = REPO / ".venv-0.5.23" / "bin" / "python"
-    if not python.exists():
-        pytest.fail(f"{python} missing: run `make setup SGLANG=0.5.23` (make test does)")
-    results = tmp_path_factory.mktemp("demo-0523")
-    cmd = [str(python), str(REPO / "runner.py"), "bench", "configs/demo-cpu-0.5.23.yaml"]
-    p = subprocess.run(
-        [*cmd, "--results", str(results)],
-        cwd=REPO,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"),
-        capture_output=True,
-        text=True,
-        timeout=3000,
-    )
-    print(p.stdout[-4000:], p.stderr[-4000:])
-    assert p.returncode == 0, p.stderr[-3000:]
-    [run] = [d for d in results.iterdir() if (d / "manifest.json").exists()]
-    return run
 
 
 @pytest.fixture(scope="session")
@@ -196,6 +176,50 @@ def mrope_methods():
         for variant, path in release_sources(release).items():
             out[release, variant] = MropeMethods(path, f"{release}/{variant}")
     return out
+
+
+# ------------------------------------------------------------------ the real demo runs
+#: the 0.5.23 environment (make setup SGLANG=0.5.23; make test sets it up)
+VENV_0523 = REPO / ".venv-0.5.23" / "bin" / "python"
+
+
+def run_bench_cli(python: str, config: str, results: Path, *extra: str):
+    """``runner.py bench CONFIG --results RESULTS EXTRA`` with ``python``; the CompletedProcess."""
+    import subprocess
+
+    return subprocess.run(
+        [python, str(REPO / "runner.py"), "bench", config, "--results", str(results), *extra],
+        cwd=REPO,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        capture_output=True,
+        text=True,
+        timeout=3000,
+    )
+
+
+def _demo_run(python: str, config: str, results: Path) -> Path:
+    p = run_bench_cli(python, config, results)
+    print(p.stdout[-4000:], p.stderr[-4000:])
+    assert p.returncode == 0, p.stderr[-3000:]
+    (run_dir,) = [d for d in results.iterdir() if (d / "manifest.json").exists()]
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def demo_0513(tmp_path_factory) -> Path:
+    """The run folder of configs/demo-cpu.yaml on real 0.5.1.post3 servers (this environment),
+    run once a session (about 9 server launches)."""
+    return _demo_run(sys.executable, "configs/demo-cpu.yaml", tmp_path_factory.mktemp("demo-0513"))
+
+
+@pytest.fixture(scope="session")
+def demo_0523(tmp_path_factory) -> Path:
+    """The run folder of configs/demo-cpu-0.5.23.yaml on real 0.5.23 servers (.venv-0.5.23's
+    python), run once a session (4 server launches)."""
+    if not VENV_0523.exists():
+        pytest.fail(f"{VENV_0523} missing: run `make setup SGLANG=0.5.23` (make test does)")
+    results = tmp_path_factory.mktemp("demo-0523")
+    return _demo_run(str(VENV_0523), "configs/demo-cpu-0.5.23.yaml", results)
 
 
 # ------------------------------------------------------------------ a lost server never stops the session
