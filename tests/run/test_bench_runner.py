@@ -407,8 +407,13 @@ def test_scheduler_death_fails_the_cell_within_seconds_and_the_run_goes_on(fake_
     def killer():
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            for p in psutil.process_iter(["cmdline"]):
-                if "sglang::scheduler_TP0" in " ".join(p.info["cmdline"] or []):
+            # this test's own servers only (other pytest-xdist workers run fake servers too)
+            for p in psutil.Process().children(recursive=True):
+                try:
+                    cmdline = " ".join(p.cmdline())
+                except psutil.Error:
+                    continue
+                if "sglang::scheduler_TP0" in cmdline:
                     time.sleep(1.5)  # inside the suite's first (1 s) requests
                     killed["pid"], killed["t"] = p.pid, time.monotonic()
                     os.kill(p.pid, signal.SIGKILL)
