@@ -25,7 +25,7 @@ def new_figure(height_in: float = 4.8, ncols: int = 1, width_in: float = 9.0) ->
     return fig, list(axes[0])
 
 
-def save_png(fig: Any, path: Path) -> Path:
+def save_png(fig: Any, path: Path, dpi: int = DPI) -> Path:
     """Write ``fig`` as PNG atomically (patchbench.records.write_bytes), close it, return path."""
     import io
 
@@ -34,7 +34,7 @@ def save_png(fig: Any, path: Path) -> Path:
     from patchbench.records import write_bytes
 
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI)
+    fig.savefig(buf, format="png", dpi=dpi)
     plt.close(fig)
     return write_bytes(path, buf.getvalue())
 

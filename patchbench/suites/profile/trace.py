@@ -118,23 +118,31 @@ class Analysis:
         return out
 
     def by_batch_size(self) -> dict[int, dict[str, Any]]:
-        """{batch size: {"steps", "syncs" (sorted distinct values), "mrope_syncs" (same)}}."""
-        out: dict[int, dict[str, Any]] = {}
-        for s in self.steps:
-            if s.batch_size is None:
-                continue
-            row = out.setdefault(s.batch_size, {"steps": 0, "syncs": set(), "mrope_syncs": set()})
-            row["steps"] += 1
-            row["syncs"].add(s.syncs)
-            row["mrope_syncs"].add(s.mrope_syncs)
-        return {
-            bs: {
-                "steps": r["steps"],
-                "syncs": sorted(r["syncs"]),
-                "mrope_syncs": sorted(r["mrope_syncs"]),
-            }
-            for bs, r in sorted(out.items())
+        """:func:`per_batch_size` of the steps."""
+        return per_batch_size(s.record() for s in self.steps)
+
+
+def per_batch_size(steps: Iterable[dict]) -> dict[int, dict[str, Any]]:
+    """{batch size: {"syncs", "mrope_syncs" (sorted distinct per-step counts), "steps"}} of step
+    records (:meth:`Step.record`, steps.jsonl lines); a step without a batch size left out."""
+    out: dict[int, dict[str, Any]] = {}
+    for s in steps:
+        if s.get("batch_size") is None:
+            continue
+        row = out.setdefault(
+            int(s["batch_size"]), {"syncs": set(), "mrope_syncs": set(), "steps": 0}
+        )
+        row["syncs"].add(s.get("syncs"))
+        row["mrope_syncs"].add(s.get("mrope_syncs"))
+        row["steps"] += 1
+    return {
+        bs: {
+            "syncs": sorted(r["syncs"]),
+            "mrope_syncs": sorted(r["mrope_syncs"]),
+            "steps": r["steps"],
         }
+        for bs, r in sorted(out.items())
+    }
 
 
 def load_events(path: str | Path) -> list[dict]:
@@ -344,24 +352,6 @@ def analyze(events: list[dict]) -> Analysis:
             )
             a.launch_lead_us = a.gpu_end_us - b.first_launch_us
     return Analysis(steps=steps, source=source, has_gpu=bool(gpu), events=len(events))
-
-
-def analyze_file(path: str | Path) -> Analysis:
-    """:func:`analyze` of :func:`load_events` (raises :class:`TraceError` for an unreadable file)."""
-    return analyze(load_events(path))
-
-
-def trim(events: list[dict], first_step: int, n_steps: int) -> list[dict]:
-    """The events overlapping decode steps ``first_step .. first_step + n_steps - 1`` (host events
-    of any thread and GPU events in that time window), for committing a small fixture."""
-    ranges, _ = _step_ranges(complete_events(events))
-    ranges.sort(key=lambda r: r[0]["ts"])
-    sel = ranges[first_step : first_step + n_steps]
-    if not sel:
-        return []
-    a = sel[0][0]["ts"]
-    b = max(r["ts"] + r.get("dur", 0) for r, _ in sel)
-    return [e for e in complete_events(events) if e["ts"] < b and e["ts"] + e.get("dur", 0) > a]
 
 
 def timeline_excerpt(
