@@ -10,6 +10,7 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
+from .command import ToolMismatch
 from .params import Params
 
 
@@ -122,14 +123,14 @@ def _function_text(source: Path, name: str) -> str:
 
 def backend_warnings(params: Params, source: Path) -> list[str]:
     """Warnings for ``params.backend`` where this release's bench_serving mis-measures it ([] for
-    the ``sglang`` backend's request function); ValueError naming the release's backends when it
+    the ``sglang`` backend's request function); ToolMismatch naming the release's backends when it
     has no such one."""
     funcs = request_functions(source)
     if not funcs:
         return [f"the backends of this release's bench_serving could not be read from {source}"]
     fn = funcs.get(params.backend)
     if fn is None:
-        raise ValueError(
+        raise ToolMismatch(
             f"backend '{params.backend}' is not offered by this release's bench_serving "
             f"({source}); it offers: {', '.join(funcs)}"
         )

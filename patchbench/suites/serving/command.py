@@ -11,6 +11,8 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from patchbench.suite import SuiteError
+
 from .params import IMAGE_DATASETS, Params
 
 #: the synthetic image dataset under its two names (0.5.1.post3: random-image, 0.5.23: image)
@@ -22,8 +24,8 @@ _IMAGE_RES_FLAGS = ("--random-image-resolution", "--image-resolution")
 _ALWAYS_TEMPLATED_FROM = Version("0.5.6")
 
 
-class ToolMismatch(ValueError):
-    """The pinned release's bench_serving lacks a dataset or flag the config asks for."""
+class ToolMismatch(SuiteError, ValueError):
+    """The pinned release's bench_serving lacks a dataset, flag or backend the config asks for."""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from patchbench.suite import MetricInfo
+
 #: the release's latency key prefix -> our metric prefix
 _LATENCIES = {"e2e_latency": "e2e_latency", "ttft": "ttft", "tpot": "tpot", "itl": "itl"}
 _STATS = ("mean", "median", "std", "p90", "p95", "p99")
@@ -286,3 +288,64 @@ def request_status(output_len: int, ttft_s: float, itl_s: list[float], error: st
     if ttft_s <= 0.0:
         return "no_token"
     return "ok"
+
+
+#: the primary metrics (Holm family of a variant; the headline) and their default margin (%)
+PRIMARY = ("output_throughput_tok_s", "itl_median_ms", "ttft_median_ms", "e2e_latency_median_ms")
+MARGIN_PCT = 5.0
+
+
+def _metrics() -> dict[str, MetricInfo]:
+    def judged(name: str, better: str, unit: str, label: str) -> None:
+        m[name] = MetricInfo(better, unit, label, name in PRIMARY, "run", MARGIN_PCT)
+
+    def shown(name: str, unit: str, label: str = "", better: str = "none") -> None:
+        m[name] = MetricInfo(better, unit, label, kind="descriptive")
+
+    m: dict[str, MetricInfo] = {}
+    for name, label in (
+        ("request_throughput_req_s", "Request throughput (req/s):"),
+        ("input_throughput_tok_s", "Input token throughput (tok/s):"),
+        ("output_throughput_tok_s", "Output token throughput (tok/s):"),
+        ("total_throughput_tok_s", "Total token throughput (tok/s):"),
+        ("peak_output_throughput_tok_s", "Peak output token throughput (tok/s):"),
+    ):
+        judged(name, "higher", name.rsplit("_", 2)[-2] + "/s", label)
+    for q, lab in (
+        ("e2e_latency", "E2E Latency"),
+        ("ttft", "TTFT"),
+        ("tpot", "TPOT"),
+        ("itl", "ITL"),
+    ):
+        for stat in ("mean", "median", "p90", "p95", "p99"):
+            word = stat.upper() if stat[0] == "p" else stat.title()
+            judged(f"{q}_{stat}_ms", "lower", "ms", f"{word} {lab} (ms):")
+        shown(f"{q}_std_ms", "ms")  # spread, descriptive only
+    judged("itl_max_ms", "lower", "ms", "Max ITL (ms):")
+    shown("concurrency", "req", "Concurrency:")
+    shown("duration_s", "s", "Benchmark duration (s):")
+    shown("accept_length", "tok", "Accept length:")
+    shown("retokenized_output_share", "share")
+    for name, label in (
+        ("requested_count", ""),
+        ("completed_count", ""),
+        ("failed_count", ""),
+        ("no_token_count", ""),
+        ("tool_completed_count", "Successful requests:"),
+        ("total_input_tokens_count", "Total input tokens:"),
+        ("total_input_text_tokens_count", "Total input text tokens:"),
+        ("total_input_vision_tokens_count", "Total input vision tokens:"),
+        ("total_output_tokens_count", "Total generated tokens:"),
+        ("total_output_tokens_retokenized_count", "Total generated tokens (retokenized):"),
+        ("peak_concurrent_requests_count", "Peak concurrent requests:"),
+    ):
+        shown(name, "count", label)
+    # what the server logged during the suite (patchbench.run.logscan): shown, never judged
+    for name in ("retractions_count", "retracted_requests_count", "oom_count"):
+        shown(name, "count", better="lower")
+    return m
+
+
+#: every metric the suite can report, labelled as bench_serving prints it: throughputs and
+#: latencies judged (kind "run", margin 5 %, :data:`PRIMARY` primary), the rest descriptive
+METRICS: dict[str, MetricInfo] = _metrics()

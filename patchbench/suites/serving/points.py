@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from patchbench.records import write_json
-from patchbench.suite import MetricInfo, SuiteContext, SuiteError, SuiteResult
+from patchbench.suite import MetricInfo, PairingRefused, SuiteContext, SuiteError, SuiteResult
 
+from .command import tool_info
 from .curve import frontier, goodput_req_s, max_load_at_slo, per_user_tok_s, slo_ratio
+from .pairing import pair_cells
 from .params import Params
+from .parse import METRICS, ResultError, read_result_line
+from .point import run_point, run_points_together
 from .sweep import Sweep, metric_at, order_seed, point_order
 
 #: the single-point metrics that are primary at every point (the rest are secondary per point)
@@ -41,7 +44,7 @@ def curve_primaries(sweep: Sweep) -> list[str]:
     ]
 
 
-def declarations(params: Params, single: dict[str, MetricInfo]) -> dict[str, MetricInfo]:
+def declarations(params: Params, single: dict[str, MetricInfo] = METRICS) -> dict[str, MetricInfo]:
     """The declarations of a run with ``params``: ``single`` without a sweep; with one the curve
     metrics, every single-point metric at every point, then the per-point curve metrics, primary
     exactly for :func:`curve_primaries`."""
@@ -205,20 +208,11 @@ def _curve(sw: Sweep, out: SuiteResult, loads, ratios, goodputs, front) -> None:
     out.meta["sweep"]["slo"] = sw.slo.model_dump()
 
 
-def run_sweep(
-    ctx: SuiteContext,
-    params: Params,
-    run_point: Callable[[SuiteContext, Params], SuiteResult],
-    single: dict[str, MetricInfo],
-    run_points: Callable[[SuiteContext, list[tuple[str, Path, Params]]], list[SuiteResult]]
-    | None = None,
-) -> SuiteResult:
-    """Run every point of ``params.sweep`` in the cell's order with ``run_point`` (``single``: its
-    declarations), the cache flushed before each point after the first; SuiteError naming the point.
-
-    ``run_points``: runs two points or more in one client process (:func:`.driver.run_points_together`)
-    given [(key, point folder, point params)], each finished point's summary.json written either
-    way; None: ``run_point`` per point."""
+def run_sweep(ctx: SuiteContext, params: Params, together: bool = True) -> SuiteResult:
+    """Run every point of ``params.sweep`` in the cell's order, the cache flushed before each point
+    after the first, each point's summary.json written; SuiteError naming the point. Two points or
+    more run in one client process (:func:`.point.run_points_together`) unless ``together`` is
+    False (one bench_serving process a point)."""
     sw = params.sweep
     assert sw is not None
     seed = order_seed(ctx.variant, ctx.repeat)
@@ -239,8 +233,8 @@ def run_sweep(
             }
         )
         plan.append((k, pdir, pp))
-    if run_points is not None and len(plan) > 1:
-        got = run_points(ctx, plan)
+    if together and len(plan) > 1:
+        got = run_points_together(ctx, plan)
     else:
         got = []
         for i, (k, pdir, pp) in enumerate(plan):
@@ -259,7 +253,7 @@ def run_sweep(
         results[p] = r
         recs[p] = json.loads((pdir / "requests.json").read_text())
         tool_goodput[p] = _read_tool_goodput(pdir) if slo_args else None
-    out = merge_points(params, results, recs, single, tool_goodput)
+    out = merge_points(params, results, recs, METRICS, tool_goodput)
     out.meta["sweep"].update({"order": [sw.key(p) for p in order], "order_seed": seed})
     return out
 
@@ -267,8 +261,6 @@ def run_sweep(
 def _tool_goodput_args(ctx: SuiteContext, sw: Sweep) -> list[str]:
     """``--goodput ttft:<ms> tpot:<ms>`` when the release's bench_serving has the flag (0.5.23;
     not 0.5.1.post3), else []."""
-    from .command import tool_info
-
     try:
         opts = tool_info(Path(ctx.stock_sglang_dir)).options
     except (OSError, SyntaxError):
@@ -280,8 +272,6 @@ def _tool_goodput_args(ctx: SuiteContext, sw: Sweep) -> list[str]:
 
 def _read_tool_goodput(pdir: Path) -> float | None:
     """The tool's ``request_goodput`` (req/s) in the point's result.jsonl, None when absent."""
-    from .parse import ResultError, read_result_line
-
     try:
         v = read_result_line(pdir / "result.jsonl").get("request_goodput")
     except ResultError:
@@ -300,10 +290,6 @@ def pair_points(
     """The pair dict of a sweep: the lowest point's pairing as the single-point one, ``points``: {key:
     its request pairing and identity}, ``descriptive`` per ``<metric>@<key>``, ``slo``;
     PairingRefused when no point pairs."""
-    from patchbench.suite import PairingRefused
-
-    from .pairing import pair_cells
-
     sw = params.sweep
     assert sw is not None
     out: dict[str, Any] | None = None
