@@ -39,6 +39,16 @@ def save_png(fig: Any, path: Path, dpi: int = DPI) -> Path:
     return write_bytes(path, buf.getvalue())
 
 
+def save_titled(fig: Any, path: Path, comparison: Any, title: str, **layout: Any) -> Path:
+    """:func:`save_png` of ``fig`` titled "<title>   [<run id>]" and laid out tightly (``layout``:
+    ``tight_layout``'s keywords)."""
+    from patchbench.suite import comparison_get
+
+    fig.suptitle(f"{title}   [{comparison_get(comparison, 'run_id', '')}]", fontsize=10)
+    fig.tight_layout(**layout)
+    return save_png(fig, path)
+
+
 def folded(summary: str, body: list[str]) -> list[str]:
     """Markdown lines that fold ``body`` (markdown lines; tables render) under a one-line
     ``summary`` (GitHub's ``<details>``): per-cell detail a reviewer opens when needed. [] for

@@ -234,7 +234,7 @@ def test_sweep_report_and_plots(tmp_path):
 def _label_boxes(points):
     """(annotations, their window extents) of :func:`label_points` on a log-x figure."""
     from patchbench.suites import new_figure
-    from patchbench.suites.serving.curve_render import label_points
+    from patchbench.suites.serving.render import label_points
 
     fig, (ax,) = new_figure(5.2)
     for j in {p[3] for p in points}:

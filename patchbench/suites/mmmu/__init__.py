@@ -17,7 +17,7 @@ from patchbench.suite import (
     suite_pairs,
     suite_refusals,
 )
-from patchbench.suites import folded, new_figure, save_png
+from patchbench.suites import folded, new_figure, save_titled
 from patchbench.suites.mmmu.bench import DEMO_DATASET, run
 from patchbench.suites.mmmu.data import DOMAINS, domain_metric
 from patchbench.suites.mmmu.pairing import PairingError, pair_records, pair_repeats
@@ -196,13 +196,8 @@ def plot_subjects(comparison: Any, out: Path) -> Path | None:
             fontsize=9,
         )
         ax.grid(alpha=0.3, axis="x")
-    fig.suptitle(
-        f"MMMU accuracy per subject: {', '.join(variants)} vs {base}   "
-        f"[{comparison_get(comparison, 'run_id', '')}]",
-        fontsize=10,
-    )
-    fig.tight_layout()
-    return save_png(fig, out)
+    title = f"MMMU accuracy per subject: {', '.join(variants)} vs {base}"
+    return save_titled(fig, out, comparison, title)
 
 
 @register
