@@ -127,45 +127,30 @@ def score_records(
     """One record per question (docs/CONTRACTS.md, docs/mmmu.md); the official parser's random
     fallback draws from one ``random.Random(params.seed)`` in question order."""
     rng = scoring.fallback_rng(params.parser, params.official_fallback, params.seed)
-    out = []
-    for p, o in zip(prepared, outcomes, strict=True):
-        s = scoring.score_response(
+    return [
+        scoring.scored_record(
+            p,
             o.response,
-            question_type=p["question_type"],
-            gold=p["gold"],
-            all_choices=list(p["index2ans"]),
-            index2ans=p["index2ans"],
             parser=params.parser,
+            seed=params.seed,
+            fallback=params.official_fallback,
             rng=rng,
             failed=o.error is not None,
+            prompt_sha256=p["prompt_sha256"],
+            latency_s=o.latency_s,
+            prompt_tokens=o.prompt_tokens,
+            completion_tokens=o.completion_tokens,
+            error=o.error,
+            protocol=params.protocol,
+            sampling=params.sampling,
+            n_images=p.get("n_images"),
+            n_images_sent=p["n_images_sent"],
+            images_unreferenced=p.get("images_unreferenced", []),
+            attempts=o.attempts,
+            finish_reason=o.finish_reason,
         )
-        out.append(
-            scoring.record(
-                p["id"],
-                p["subject"],
-                p["question_type"],
-                o.response,
-                s,
-                gold=p["gold"],
-                index2ans=p["index2ans"],
-                parser=params.parser,
-                seed=params.seed,
-                fallback=params.official_fallback,
-                prompt_sha256=p["prompt_sha256"],
-                latency_s=o.latency_s,
-                prompt_tokens=o.prompt_tokens,
-                completion_tokens=o.completion_tokens,
-                error=o.error,
-                protocol=params.protocol,
-                sampling=params.sampling,
-                n_images=p.get("n_images"),
-                n_images_sent=p["n_images_sent"],
-                images_unreferenced=p.get("images_unreferenced", []),
-                attempts=o.attempts,
-                finish_reason=o.finish_reason,
-            )
-        )
-    return out
+        for p, o in zip(prepared, outcomes, strict=True)
+    ]
 
 
 def _progress(total: int):
