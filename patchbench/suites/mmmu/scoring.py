@@ -524,7 +524,8 @@ def disagreements(
         off, _ = P.parse_official_mc(r["response"], choices, index2ans, None)
         if st.letter != off:
             row = (qid, subject_of(qid), k["ground_truth"], st.letter or st.status, st.rule)
-            rows.append(dict(zip(DISAGREEMENT_COLUMNS, (*row, off or "fallback", r["response"]))))
+            row += (off or "fallback", r["response"])
+            rows.append(dict(zip(DISAGREEMENT_COLUMNS, row, strict=True)))
     return rows
 
 
