@@ -20,7 +20,7 @@ from patchbench.suite import (
 from patchbench.suites import folded, new_figure, save_titled
 from patchbench.suites.mmmu.bench import DEMO_DATASET, run
 from patchbench.suites.mmmu.data import DOMAINS, domain_metric
-from patchbench.suites.mmmu.pairing import PairingError, pair_records, pair_repeats
+from patchbench.suites.mmmu.pairing import pair_repeats
 from patchbench.suites.mmmu.params import Params
 from patchbench.suites.mmmu.scoring import format_block
 
@@ -231,15 +231,3 @@ class MmmuSuite(Suite):
     def plots(self, comparison: Any, out_dir: Path) -> list[Path]:
         p = plot_subjects(comparison, Path(out_dir) / "mmmu_subjects.png")
         return [p] if p is not None else []
-
-
-__all__ = [
-    "METRICS",
-    "MmmuSuite",
-    "PairingError",
-    "Params",
-    "pair_records",
-    "pair_repeats",
-    "report_block",
-    "run",
-]
