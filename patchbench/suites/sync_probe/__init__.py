@@ -43,15 +43,14 @@ HOOK = Path(__file__).resolve().parent / "instr" / "patchbench_mrope_instr.py"
 #: the instrumentation's folder inside this suite's folder of a correctness cell
 INSTR_OUT = "mrope_instr"
 
-_D = "deterministic"
 #: the test that proves the probe's counts deterministic by construction (the variant's code on
 #: the same seeded batches, counted by a TorchFunctionMode): two probes in separate processes
 #: give identical counts
 BY_CONSTRUCTION = "tests/suites/test_sync_probe.py::test_counts_are_identical_in_two_processes"
 
 
-def _count(label: str, **kw: Any) -> MetricInfo:
-    return MetricInfo("lower", "count", label, kind=_D, **kw)
+def _count(label: str, primary: bool = False, by: str | None = BY_CONSTRUCTION) -> MetricInfo:
+    return MetricInfo("lower", "count", label, primary, "deterministic", deterministic_by=by)
 
 
 #: per-call sums over the configured batch sizes (counts: the same in every run of the same code,
@@ -61,17 +60,13 @@ METRICS: dict[str, MetricInfo] = {
         "host syncs per call (device-to-host reads + blocking host-to-device copies), summed "
         "over batch sizes",
         primary=True,
-        deterministic_by=BY_CONSTRUCTION,
     ),
-    "sync_d2h_reads_count": _count(
-        "device-to-host reads per call, summed over batch sizes", deterministic_by=BY_CONSTRUCTION
-    ),
+    "sync_d2h_reads_count": _count("device-to-host reads per call, summed over batch sizes"),
     "sync_blocking_h2d_copies_count": _count(
-        "blocking host-to-device copies per call, summed over batch sizes",
-        deterministic_by=BY_CONSTRUCTION,
+        "blocking host-to-device copies per call, summed over batch sizes"
     ),
     "sync_warnings_count": _count(
-        "CUDA sync warnings per call, summed over batch sizes (GPU only)"
+        "CUDA sync warnings per call, summed over batch sizes (GPU only)", by=None
     ),
     "host_blocked_ms": MetricInfo(
         "lower",
@@ -79,9 +74,7 @@ METRICS: dict[str, MetricInfo] = {
         "host blocked in the call behind an in-flight kernel, mean over batch sizes (GPU only)",
         kind="run",
     ),
-    "positions_mismatch_count": _count(
-        "batch sizes whose positions differ from stock", deterministic_by=BY_CONSTRUCTION
-    ),
+    "positions_mismatch_count": _count("batch sizes whose positions differ from stock"),
 }
 #: the counts a counting run stopped early (``counts_lower_bound``) can only undercount
 LOWER_BOUND_WHEN_STOPPED = (
@@ -384,17 +377,16 @@ def pair_cells(baseline_dirs: list[Path], variant_dirs: list[Path]) -> dict[str,
     b, v = side(baseline_dirs), side(variant_dirs)
     if b is None and v is None:
         return None
+    bm, vm = (
+        [_summary_metrics(d) for d in baseline_dirs],
+        [_summary_metrics(d) for d in variant_dirs],
+    )
     metrics: dict[str, dict[str, Any]] = {}
     for name in METRICS:
-        bv = [_summary_metrics(d).get(name) for d in baseline_dirs]
-        vv = [_summary_metrics(d).get(name) for d in variant_dirs]
-        if all(x is None for x in bv + vv):
-            continue
-        metrics[name] = {
-            "baseline": bv,
-            "variant": vv,
-            "same_in_every_repeat": len(set(bv)) <= 1 and len(set(vv)) <= 1,
-        }
+        bv, vv = [m.get(name) for m in bm], [m.get(name) for m in vm]
+        if any(x is not None for x in bv + vv):
+            same = len(set(bv)) <= 1 and len(set(vv)) <= 1
+            metrics[name] = {"baseline": bv, "variant": vv, "same_in_every_repeat": same}
     return {
         "baseline": b,
         "variant": v,
