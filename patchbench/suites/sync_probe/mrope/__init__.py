@@ -8,7 +8,7 @@ path on a machine with only python3 and torch.
 
 from __future__ import annotations
 
-from .cases import MropeCase, StandInMode, StandInMultimodalInputs, decode_case, extend_case
+from .cases import MropeCase, StandInMode, StandInMultimodalInputs, decode_case
 from .methods import MropeMethods, run_outcome
 from .probe import ProbeRecord, probe_call, probe_decode
 from .rows import calibrate_sleep_cycles, cuda_host_blocked_ms, cuda_sync_warnings, measure_row
@@ -25,7 +25,6 @@ __all__ = [
     "cuda_host_blocked_ms",
     "cuda_sync_warnings",
     "decode_case",
-    "extend_case",
     "measure_row",
     "probe_call",
     "probe_decode",

@@ -182,35 +182,3 @@ def decode_case(
         mm.append(StandInMultimodalInputs(delta, positions))
     seq = (seq_cpu + 1 if ahead else seq_cpu).to(seq_dtype).to(device)
     return MropeCase("decode", seq, seq_cpu, mm, device=device)
-
-
-def extend_case(
-    rng: torch.Generator | int, batch_size: int, *, image_share: float = 0.5, device: str = "cpu"
-) -> MropeCase:
-    """A random extend (prefill) batch: per request a prefix length and an extend length with
-    prefix + extend = seq_len; image requests carry prompt positions ``[3, seq_len]``."""
-    g = rng if isinstance(rng, torch.Generator) else torch.Generator().manual_seed(int(rng))
-    ext = torch.randint(1, 300, (batch_size,), generator=g).tolist()
-    pre = torch.randint(0, 300, (batch_size,), generator=g).tolist()
-    seq_cpu = torch.tensor([a + b for a, b in zip(ext, pre, strict=True)], dtype=torch.int64)
-    mm = []
-    for i in range(batch_size):
-        if float(torch.rand(1, generator=g)) >= image_share:
-            mm.append(None)
-        else:
-            s = int(seq_cpu[i])
-            mm.append(
-                StandInMultimodalInputs(
-                    torch.randint(-500, 500, (1, 1), generator=g),
-                    torch.randint(0, 5000, (3, s), generator=g),
-                )
-            )
-    return MropeCase(
-        "extend",
-        seq_cpu.to(device),
-        seq_cpu,
-        mm,
-        device=device,
-        extend_seq_lens=ext,
-        extend_prefix_lens=pre,
-    )
