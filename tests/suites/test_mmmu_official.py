@@ -103,7 +103,7 @@ def test_every_disagreement_is_classified(responses, key):
         if P.is_open(key[qid]["question_type"]):
             continue  # open questions use one normalisation in both modes
         off, _ = P.parse_official_mc(r["response"], r["all_choices"], r["index2ans"], None)
-        st = P.parse_strict(r["response"], r["all_choices"], r["index2ans"])
+        st = P.parse_strict_detail(r["response"], r["all_choices"], r["index2ans"]).letter
         if off != st:
             found[qid] = (off, st)
     assert set(found) == set(DISAGREEMENTS)

@@ -692,10 +692,3 @@ def parse_strict_detail(
     if echo and not named:
         return StrictParse(None, NO_ANSWER, "echoed options only")
     return StrictParse(None, NO_ANSWER, "nothing")
-
-
-def parse_strict(
-    response: str | None, all_choices: Sequence[str], index2ans: Mapping[str, str]
-) -> str | None:
-    """The strict parse's letter (None: unparsed; :func:`parse_strict_detail` says why)."""
-    return parse_strict_detail(response, all_choices, index2ans).letter
