@@ -90,33 +90,6 @@ _RATES += ("max_output_tokens_per_s",)
 _NON_NEGATIVE = ("duration", "completed", "total_input_tokens", "total_output_tokens", *_RATES)
 
 
-def _impossible(row: dict[str, Any]) -> str | None:
-    """A value no hardware can produce: a zero duration or throughput although requests
-    completed, a rate above :data:`MAX_RATE_PER_S`, a latency above :data:`MAX_LATENCY_MS` or
-    positive but below :data:`MIN_POSITIVE_LATENCY_MS`."""
-    done = _num(row.get("completed")) or 0
-    if done > 0:
-        for k in ("duration", "output_throughput", "request_throughput"):
-            v = _num(row.get(k))
-            if v is not None and v <= 0:
-                return (
-                    f"bench_serving reported {k} = {v!r} with {int(done)} requests completed; "
-                    "only a positive value is possible"
-                )
-    for k in _RATES:
-        v = _num(row.get(k))
-        if v is not None and v > MAX_RATE_PER_S:
-            return f"bench_serving reported {k} = {v!r}; no hardware reaches {MAX_RATE_PER_S:g}/s"
-    for k, v in row.items():
-        if k.endswith("_ms") and isinstance(v, int | float) and not isinstance(v, bool):
-            tiny = 0 < v < MIN_POSITIVE_LATENCY_MS and not k.startswith("std_")
-            if math.isfinite(v) and (v > MAX_LATENCY_MS or tiny):
-                return f"bench_serving reported {k} = {v!r} ms; no request takes that long or short"
-            if math.isinf(v):
-                return f"bench_serving reported {k} = {v!r}; a latency must be finite"
-    return None
-
-
 def _bad_number(v: Any, *, none_ok: bool = False) -> bool:
     """True unless ``v`` is a finite number >= 0 (or None when ``none_ok``)."""
     if v is None:
@@ -129,7 +102,7 @@ def _bad_number(v: Any, *, none_ok: bool = False) -> bool:
 def row_problem(row: dict[str, Any]) -> str | None:
     """What is wrong with a bench_serving result row, or None: a negative or non-finite
     throughput, duration or count; a negative or infinite latency (NaN, the tool's statistic of no
-    values, passes); a value no hardware can produce (:func:`_impossible`); details that are not
+    values, passes); a value no hardware can produce; details that are not
     lists of one length of numbers >= 0 (texts: strings or null)."""
     for k in _NON_NEGATIVE:
         if k in row and _bad_number(row[k], none_ok=True):
@@ -137,13 +110,34 @@ def row_problem(row: dict[str, Any]) -> str | None:
                 f"bench_serving reported {k} = {row[k]!r}; a throughput, duration or count must "
                 "be a finite number >= 0"
             )
-    for k, v in row.items():
-        if k.endswith("_ms") and isinstance(v, int | float) and not isinstance(v, bool):
-            if v < 0:
-                return f"bench_serving reported {k} = {v!r}; a latency cannot be negative"
-    impossible = _impossible(row)
-    if impossible:
-        return impossible
+    latencies = {
+        k: v
+        for k, v in row.items()
+        if k.endswith("_ms") and isinstance(v, int | float) and not isinstance(v, bool)
+    }
+    for k, v in latencies.items():
+        if v < 0:
+            return f"bench_serving reported {k} = {v!r}; a latency cannot be negative"
+    # values no hardware produces: zero duration or throughput although requests completed, a
+    # rate above MAX_RATE_PER_S, a latency above MAX_LATENCY_MS or positive below the minimum
+    if (_num(row.get("completed")) or 0) > 0:
+        for k in ("duration", "output_throughput", "request_throughput"):
+            v = _num(row.get(k))
+            if v is not None and v <= 0:
+                return (
+                    f"bench_serving reported {k} = {v!r} with {int(_num(row['completed']))} "
+                    "requests completed; only a positive value is possible"
+                )
+    for k in _RATES:
+        v = _num(row.get(k))
+        if v is not None and v > MAX_RATE_PER_S:
+            return f"bench_serving reported {k} = {v!r}; no hardware reaches {MAX_RATE_PER_S:g}/s"
+    for k, v in latencies.items():
+        tiny = 0 < v < MIN_POSITIVE_LATENCY_MS and not k.startswith("std_")
+        if math.isfinite(v) and (v > MAX_LATENCY_MS or tiny):
+            return f"bench_serving reported {k} = {v!r} ms; no request takes that long or short"
+        if math.isinf(v):
+            return f"bench_serving reported {k} = {v!r}; a latency must be finite"
     lens = {k: len(row[k]) if isinstance(row[k], list) else None for k in DETAIL_KEYS}
     not_lists = [k for k, n in lens.items() if n is None]
     if not_lists:
