@@ -104,8 +104,9 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
     with the stand-ins."""
     import torch
 
+    from patchbench.inputs import sha256_file
     from patchbench.records import write_json
-    from patchbench.suites.sync_probe.mrope import measure_row, sha256_file
+    from patchbench.suites.sync_probe.mrope import measure_row
 
     variant_file, stock_file = Path(ctx.variant_sglang_dir) / REL, Path(ctx.stock_sglang_dir) / REL
     methods, stock = _load_methods(ctx, variant_file, stock_file)

@@ -17,7 +17,10 @@ from typing import Any
 import torch
 
 from .cases import MropeCase, StandInMode, stand_in_globals
-from .sources import MropeSourceError
+
+
+class MropeSourceError(RuntimeError):
+    """A forward_batch_info.py source could not be found, fetched, patched or executed."""
 
 
 def _free_names(nodes: Sequence[ast.AST]) -> set[str]:
