@@ -106,31 +106,19 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
 
     from patchbench.inputs import sha256_file
     from patchbench.records import write_json
-    from patchbench.suites.sync_probe.mrope import measure_row
+    from patchbench.suites.sync_probe.mrope import calibrate_sleep_cycles, measure_row
 
     variant_file, stock_file = Path(ctx.variant_sglang_dir) / REL, Path(ctx.stock_sglang_dir) / REL
     methods, stock = _load_methods(ctx, variant_file, stock_file)
     cuda, mode, note, warnings = _measurement_mode(ctx, params)
-    rows = []
-    sleep_cycles = None
-    if cuda:
-        from patchbench.suites.sync_probe.mrope import calibrate_sleep_cycles
-
-        sleep_cycles = calibrate_sleep_cycles(params.sleep_ms)
-    for bs in params.batch_sizes:
-        rows.append(
-            measure_row(
-                methods,
-                stock,
-                bs,
-                device="cuda" if cuda else "cpu",
-                image_share=params.image_share,
-                seed=params.seed + bs,
-                iterations=params.iterations,
-                sleep_ms=params.sleep_ms,
-                sleep_cycles=sleep_cycles,
-            )
-        )
+    kw = {
+        "device": "cuda" if cuda else "cpu",
+        "image_share": params.image_share,
+        "iterations": params.iterations,
+        "sleep_ms": params.sleep_ms,
+        "sleep_cycles": calibrate_sleep_cycles(params.sleep_ms) if cuda else None,
+    }
+    rows = [measure_row(methods, stock, b, seed=params.seed + b, **kw) for b in params.batch_sizes]
     errors = [f"batch {r['batch_size']}: {r['error']}" for r in rows if r.get("error")]
     warnings += [
         f"batch {r['batch_size']}: counts are lower bounds, the probe was stopped by a "
@@ -194,13 +182,9 @@ def _measurement_mode(ctx: SuiteContext, params: Params) -> tuple[bool, str, str
         mode, note = "cuda", f"CUDA on {torch.cuda.get_device_name()}"
     else:
         mode = "cpu-probes"
-        why = (
-            "force_cpu"
-            if params.force_cpu
-            else "no GPU visible to torch"
-            if ctx.device == "cuda"
-            else "the run is on the CPU"
-        )
+        why = "the run is on the CPU"
+        if params.force_cpu or ctx.device == "cuda":
+            why = "force_cpu" if params.force_cpu else "no GPU visible to torch"
         note = (
             f"no GPU measurement ({why}): ran the CPU probes instead (seq_lens on the meta "
             "device, reads counted; copies to the device recorded with non_blocking); "
