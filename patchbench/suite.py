@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel
 
 from patchbench.errors import RunFailed
+from patchbench.records import read_json
 
 #: metric-name suffix -> display unit (the contract's naming rule; longest suffixes first)
 UNIT_SUFFIXES: tuple[tuple[str, str], ...] = (
@@ -268,6 +269,15 @@ def suite_pairs(comparison: Any, suite: str) -> dict[str, dict]:
 def suite_refusals(comparison: Any, suite: str) -> dict[str, str]:
     """``{variant: reason}`` where ``suite`` refused to pair (``refusals[suite]``), {} if none."""
     return {v: str(r) for v, r in _suite_part(comparison, "refusals", suite).items() if r}
+
+
+def read_or(path: Path, default: Any = None, reader: Callable[[Path], Any] = read_json) -> Any:
+    """``reader(path)`` (a suite reading its own files back for a pair or a report), or ``default``
+    when the file is missing or unreadable."""
+    try:
+        return reader(path)
+    except (OSError, ValueError):
+        return default
 
 
 _REGISTRY: dict[str, type[Suite]] = {}

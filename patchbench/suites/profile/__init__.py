@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from patchbench.records import read_json, read_jsonl, write_json, write_jsonl
+from patchbench.records import read_jsonl, write_json, write_jsonl
 from patchbench.suite import (
     Instrumentation,
     MetricInfo,
@@ -27,6 +27,7 @@ from patchbench.suite import (
     SuiteError,
     SuiteResult,
     comparison_get,
+    read_or,
     register,
     suite_pairs,
     suite_refusals,
@@ -293,20 +294,10 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
 
 def _cell(d: Path) -> dict[str, Any]:
     """A cell's steps.jsonl, summary metrics and timelines ({} / [] for what cannot be read)."""
-
-    def read(path: Path, reader, default):
-        try:
-            return reader(path)
-        except (OSError, ValueError):
-            return default
-
-    timelines = {
-        p.stem.split("-c", 1)[1]: read(p, read_json, None)
-        for p in sorted(d.glob("timeline-c*.json"))
-    }
+    timelines = {p.stem.split("-c", 1)[1]: read_or(p) for p in sorted(d.glob("timeline-c*.json"))}
     return {
-        "steps": read(d / "steps.jsonl", read_jsonl, []),
-        "metrics": (read(d / "summary.json", read_json, None) or {}).get("metrics") or {},
+        "steps": read_or(d / "steps.jsonl", [], read_jsonl),
+        "metrics": (read_or(d / "summary.json") or {}).get("metrics") or {},
         "timelines": {c: t for c, t in timelines.items() if t is not None},
     }
 

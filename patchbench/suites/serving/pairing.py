@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from patchbench import records, stats
-from patchbench.suite import PairingRefused
+from patchbench.suite import PairingRefused, read_or
 
 from .parse import requests_problem
 
@@ -48,11 +48,8 @@ def read_requests(suite_dir: Path) -> tuple[dict | None, str | None]:
 
 def expected_requests(suite_dir: Path) -> int | None:
     """``metrics.requested_count`` of the cell's summary.json, or None when it cannot be read."""
-    try:
-        m = records.read_json(Path(suite_dir) / "summary.json").get("metrics") or {}
-        v = m.get("requested_count")
-    except (OSError, ValueError, UnicodeDecodeError, AttributeError):
-        return None
+    summary = read_or(Path(suite_dir) / "summary.json")
+    v = (summary.get("metrics") or {}).get("requested_count") if isinstance(summary, dict) else None
     if isinstance(v, bool) or not isinstance(v, int | float) or v < 0 or v != int(v):
         return None
     return int(v)

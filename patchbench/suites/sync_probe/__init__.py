@@ -30,6 +30,7 @@ from patchbench.suite import (
     SuiteError,
     SuiteResult,
     comparison_get,
+    read_or,
     register,
     suite_pairs,
     suite_refusals,
@@ -300,26 +301,6 @@ def merge_counts(out_dir: Path) -> dict[str, Any]:
 # --------------------------------------------------------------------------- pairing
 
 
-def _read_probe(suite_dir: Path) -> dict[str, Any] | None:
-    try:
-        probe = read_json(Path(suite_dir) / "probe.json")
-    except (OSError, ValueError):
-        return None
-    return {
-        "mode": probe.get("mode"),
-        "note": probe.get("note"),
-        "variant_sha256": probe.get("variant_sha256"),
-        "rows": probe.get("rows") or [],
-    }
-
-
-def _summary_metrics(suite_dir: Path) -> dict[str, float]:
-    try:
-        return dict(read_json(Path(suite_dir) / "summary.json").get("metrics") or {})
-    except (OSError, ValueError, AttributeError):
-        return {}
-
-
 def _crosscheck_of(suite_dirs: list[Path]) -> dict[str, Any] | None:
     """The merged in-server counts of this variant: ``cell.json``'s ``instrumentation.sync_probe``
     of the given cells, then of the variant's other cells (the correctness cell is no repeat)."""
@@ -334,10 +315,7 @@ def _crosscheck_of(suite_dirs: list[Path]) -> dict[str, Any] | None:
             if p.is_dir() and p != cell and re.fullmatch(r"correctness|rep\d+", p.name)
         )
     for cell in dict.fromkeys(seen):
-        try:
-            rec = read_json(cell / "cell.json")
-        except (OSError, ValueError):
-            continue
+        rec = read_or(cell / "cell.json")
         got = (
             (rec.get("instrumentation") or {}).get("sync_probe") if isinstance(rec, dict) else None
         )
@@ -354,18 +332,20 @@ def pair_cells(baseline_dirs: list[Path], variant_dirs: list[Path]) -> dict[str,
 
     def side(dirs: list[Path]) -> dict[str, Any] | None:
         for k, d in enumerate(dirs):
-            probe = _read_probe(d)
-            if probe is not None:
-                return dict(probe, repeat_index=k)
+            probe = read_or(Path(d) / "probe.json")
+            if isinstance(probe, dict):
+                keep = {n: probe.get(n) for n in ("mode", "note", "variant_sha256")}
+                return dict(keep, rows=probe.get("rows") or [], repeat_index=k)
         return None
+
+    def summary_metrics(d: Path) -> dict[str, float]:
+        summary = read_or(Path(d) / "summary.json")
+        return dict(summary.get("metrics") or {}) if isinstance(summary, dict) else {}
 
     b, v = side(baseline_dirs), side(variant_dirs)
     if b is None and v is None:
         return None
-    bm, vm = (
-        [_summary_metrics(d) for d in baseline_dirs],
-        [_summary_metrics(d) for d in variant_dirs],
-    )
+    bm, vm = [summary_metrics(d) for d in baseline_dirs], [summary_metrics(d) for d in variant_dirs]
     metrics: dict[str, dict[str, Any]] = {}
     for name in METRICS:
         bv, vv = [m.get(name) for m in bm], [m.get(name) for m in vm]
