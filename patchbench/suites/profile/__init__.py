@@ -39,29 +39,23 @@ from . import trace as T
 #: the in-server hook (Instrumentation.hooks) that names the decode-step and mrope ranges
 HOOK = Path(__file__).resolve().parent / "instr" / "patchbench_profile_instr.py"
 
+_ALL_LEVELS = " (over the steps of every concurrency level)"
 METRICS: dict[str, MetricInfo] = {
     "mrope_syncs_per_decode_step": MetricInfo(
         "lower",
         "count",
-        "median host syncs inside the mrope computation per decode step (over the steps of "
-        "every concurrency level)",
-        primary=True,
-        kind="deterministic",
+        "median host syncs inside the mrope computation per decode step" + _ALL_LEVELS,
+        True,
+        "deterministic",
     ),
     "syncs_per_decode_step": MetricInfo(
-        "lower",
-        "count",
-        "median host syncs per decode step (over the steps of every concurrency level)",
-        kind="deterministic",
+        "lower", "count", "median host syncs per decode step" + _ALL_LEVELS, kind="deterministic"
     ),
     "gpu_idle_gap_us_median": MetricInfo(
         "lower", "us", "GPU idle time between consecutive decode steps (median)", kind="run"
     ),
     "launch_lead_us_median": MetricInfo(
-        "higher",
-        "us",
-        "end of a step's GPU work minus the next step's first launch (median)",
-        kind="run",
+        "higher", "us", "end of a step's GPU work minus the next step's first launch (median)"
     ),
     "host_step_ms_median": MetricInfo(
         "lower", "ms", "host time per decode step, start to next start (median)", kind="run"

@@ -279,11 +279,6 @@ def _read_tool_goodput(pdir: Path) -> float | None:
     return float(v) if isinstance(v, int | float) else None
 
 
-def point_dirs(suite_dirs: list[Path], key: str) -> list[Path]:
-    """The folders of point ``key`` inside each cell's suite folder."""
-    return [Path(d) / "points" / key for d in suite_dirs]
-
-
 def pair_points(
     baseline_dirs: list[Path], variant_dirs: list[Path], params: Params, metrics: list[str]
 ) -> dict[str, Any]:
@@ -298,7 +293,11 @@ def pair_points(
     refused: list[str] = []
     for k in sw.keys():
         try:
-            got = pair_cells(point_dirs(baseline_dirs, k), point_dirs(variant_dirs, k), metrics)
+            got = pair_cells(
+                [Path(d) / "points" / k for d in baseline_dirs],
+                [Path(d) / "points" / k for d in variant_dirs],
+                metrics,
+            )
         except PairingRefused as e:
             refused.append(f"point {k}: {e}")
             continue

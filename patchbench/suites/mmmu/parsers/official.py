@@ -42,15 +42,6 @@ def is_open(question_type: str) -> bool:
 # --------------------------------------------------------------------------------------------
 
 
-def _last_index_argmax(values: Sequence[int]) -> int:
-    """``np.argmax``: index of the first maximum."""
-    best = 0
-    for i, v in enumerate(values):
-        if v > values[best]:
-            best = i
-    return best
-
-
 def official_mc_candidates(
     response: str, all_choices: Sequence[str], index2ans: Mapping[str, str]
 ) -> str | None:
@@ -85,7 +76,7 @@ def official_mc_candidates(
             starts = [response.rfind(f" {c} ") for c in candidates]
     else:
         starts = [response.lower().rfind(index2ans[c].lower()) for c in candidates]
-    return candidates[_last_index_argmax(starts)]
+    return candidates[max(range(len(starts)), key=starts.__getitem__)]  # np.argmax: first max
 
 
 def parse_official_mc(
