@@ -17,7 +17,7 @@ import pprint
 import random
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -150,10 +150,10 @@ class Tally:
     asked: int = 0
     failed: int = 0
     unparsed: int = 0
-    correct: int = 0
-    fallbacks: int = 0
     no_answer: int = 0
     ambiguous: int = 0
+    correct: int = 0
+    fallbacks: int = 0
     images_unreferenced: int = 0
     images_not_sent: int = 0
 
@@ -196,22 +196,10 @@ class Tally:
         self.images_not_sent += bool(images_not_sent)
 
     def as_dict(self) -> dict[str, Any]:
-        lo, hi = wilson(self.correct, self.asked)
-        return {
-            "asked": self.asked,
-            "answered": self.answered,
-            "failed": self.failed,
-            "unparsed": self.unparsed,
-            "no_answer": self.no_answer,
-            "ambiguous": self.ambiguous,
-            "correct": self.correct,
-            "fallbacks": self.fallbacks,
-            "images_unreferenced": self.images_unreferenced,
-            "images_not_sent": self.images_not_sent,
-            "acc": self.acc,
-            "acc_ci95": [lo, hi],
-            "answered_acc": self.answered_acc,
-        }
+        d = asdict(self)
+        head = {"asked": d.pop("asked"), "answered": self.answered}
+        ci = list(wilson(self.correct, self.asked))
+        return {**head, **d, "acc": self.acc, "acc_ci95": ci, "answered_acc": self.answered_acc}
 
 
 @dataclass

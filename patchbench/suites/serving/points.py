@@ -17,7 +17,7 @@ from .command import tool_info
 from .curve import frontier, goodput_req_s, max_load_at_slo, per_user_tok_s, slo_ratio
 from .pairing import pair_cells
 from .params import Params
-from .parse import METRICS, ResultError, read_result_line
+from .parse import MARGIN_PCT, METRICS, ResultError, read_result_line
 from .point import run_point, run_points_together
 from .sweep import Sweep, metric_at, order_seed, point_order
 
@@ -52,27 +52,19 @@ def declarations(params: Params, single: dict[str, MetricInfo] = METRICS) -> dic
     if sw is None:
         return dict(single)
     prim = set(curve_primaries(sw))
+
+    def judged(unit: str, label: str, primary: bool = False) -> MetricInfo:
+        return MetricInfo("higher", unit, label, primary, "run", MARGIN_PCT)
+
+    load_unit = "req" if sw.axis == "max_concurrency" else "req/s"
     out: dict[str, MetricInfo] = {
-        GOODPUT: MetricInfo(
-            "higher", "req/s", "Goodput at SLO, best point (req/s)", True, "run", 5.0
-        ),
-        MAX_LOAD[sw.axis]: MetricInfo(
-            "higher",
-            "req" if sw.axis == "max_concurrency" else "req/s",
-            "Highest load meeting the SLO",
-            True,
-            "run",
-            5.0,
-        ),
+        GOODPUT: judged("req/s", "Goodput at SLO, best point (req/s)", True),
+        MAX_LOAD[sw.axis]: judged(load_unit, "Highest load meeting the SLO", True),
     }
     curve = {
-        "goodput_req_s": MetricInfo("higher", "req/s", "Goodput at SLO (req/s)", False, "run", 5.0),
-        "output_per_user_tok_s": MetricInfo(
-            "higher", "tok/s", "Tokens/s per user", False, "run", 5.0
-        ),
-        "output_per_gpu_tok_s": MetricInfo(
-            "higher", "tok/s", "Output tok/s per GPU", False, "run", 5.0
-        ),
+        "goodput_req_s": judged("req/s", "Goodput at SLO (req/s)"),
+        "output_per_user_tok_s": judged("tok/s", "Tokens/s per user"),
+        "output_per_gpu_tok_s": judged("tok/s", "Output tok/s per GPU"),
     }
     for base, info in [*single.items(), *curve.items()]:
         for p, k in zip(sw.sorted_points(), sw.keys(), strict=True):
