@@ -1,5 +1,5 @@
 """bench_serving's per-request bookkeeping (the oracle tests/suites/serving_oracle.py, docs/cases.md S1-S2) and
-our summary recomputation (patchbench.suites.serving.recompute, S3) and the
+our summary recomputation (patchbench.suites.serving.validity, S3) and the
 agreement with bench_serving's own summary on real recorded runs of both releases."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from patchbench.suites.serving.parse import read_result_line, summary_metrics
-from patchbench.suites.serving.recompute import (
+from patchbench.suites.serving.validity import (
     APPROX,
     EXACT,
     compare_with_summary,

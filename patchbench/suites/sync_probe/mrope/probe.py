@@ -11,8 +11,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .cases import MropeCase
-from .methods import MropeMethods
+from .methods import MropeCase, MropeMethods
 
 _READ_METHODS = {
     "__int__",
