@@ -11,7 +11,6 @@ from __future__ import annotations
 import ast
 import builtins
 import dataclasses
-import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -258,9 +257,6 @@ class MropeMethods:
             text = Path(source).read_text()
         else:
             filename, text = f"<{label or 'source'}>", source
-        self.label = label or filename
-        self.filename = filename
-        self.sha256 = hashlib.sha256(text.encode()).hexdigest()
         nodes = extract_mrope_nodes(text, filename)
         self.state = SimpleNamespace(rl_on_policy_target=None)
         namespace = stand_in_globals(self.state)
@@ -272,22 +268,14 @@ class MropeMethods:
             )
         self.methods = compile_methods(nodes, filename, namespace)
         self.forward_batch_cls = type("ForwardBatchStandIn", (), dict(self.methods))
-        self.split_decode = "_compute_mrope_positions_decode" in self.methods
-
-    def make_forward_batch(self, case: MropeCase) -> Any:
-        """A stand-in ForwardBatch holding the case's ``forward_mode``, ``seq_lens`` and
-        ``seq_lens_cpu`` (mrope_positions None)."""
-        fb = self.forward_batch_cls()
-        fb.forward_mode = StandInMode(case.mode)
-        fb.seq_lens = case.seq_lens
-        fb.seq_lens_cpu = case.seq_lens_cpu
-        fb.mrope_positions = None
-        return fb
 
     def compute(self, case: MropeCase) -> torch.Tensor:
-        """Run ``_compute_mrope_positions(model_runner, batch)`` for ``case``; returns the
-        resulting ``mrope_positions`` (whatever the method left there). Errors propagate."""
-        fb = self.make_forward_batch(case)
+        """Run ``_compute_mrope_positions(model_runner, batch)`` for ``case`` on a stand-in
+        ForwardBatch holding its mode and sequence lengths; returns the resulting
+        ``mrope_positions`` (whatever the method left there). Errors propagate."""
+        fb = self.forward_batch_cls()
+        fb.forward_mode = StandInMode(case.mode)
+        fb.seq_lens, fb.seq_lens_cpu, fb.mrope_positions = case.seq_lens, case.seq_lens_cpu, None
         self.state.rl_on_policy_target = case.rl_on_policy_target
         fb._compute_mrope_positions(case.model_runner(), case.batch())
         return fb.mrope_positions

@@ -231,13 +231,10 @@ def probe_call(fn: Callable[[], Any], placeholder_reads: bool = False) -> ProbeR
 
 
 def probe_decode(
-    methods: MropeMethods,
-    case: MropeCase,
-    placeholder_reads: bool = False,
-    copy_target: str = "meta",
+    methods: MropeMethods, case: MropeCase, placeholder_reads: bool = False
 ) -> ProbeRecord:
-    """Probe one decode call with ``seq_lens`` on ``meta`` and the runner's device ``copy_target``.
-    Strict (``placeholder_reads=False``): the first read ends the call (``record.error``);
-    counting: every read answered with a placeholder and counted."""
-    meta_case = case.on("meta", copy_target)
+    """Probe one decode call with ``seq_lens`` (and the runner's device) on ``meta``. Strict
+    (``placeholder_reads=False``): the first read ends the call (``record.error``); counting: every
+    read answered with a placeholder and counted."""
+    meta_case = case.on("meta")
     return probe_call(lambda: methods.compute(meta_case), placeholder_reads)
