@@ -1,6 +1,6 @@
 """MMMU accuracy suite: the PR's "Accuracy Tests" protocol, a strict parser, the official parser
 for comparison with published numbers, and question-by-question pairing of two cells
-(docs/mmmu.md). ``patchbench score-mmmu`` is :func:`.scoring.cli`.
+(docs/mmmu.md). ``patchbench score-mmmu`` is :func:`.scoring.run_args`.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""Generated demo questions in the MMMU schema, with rendered images and known answers.
-
-``generate(out_dir)`` draws simple pictures with Pillow (coloured shapes, dots to count, printed
-words and numbers; one kind per subject, the Music kind with images as options, as the real
-five-image question) and writes them in the hub's parquet layout,
-``<out_dir>/<Subject>/validation-00000-of-00001.parquet``, loaded through ``dataset_path`` like a
-local copy of MMMU/MMMU. Deterministic for a given ``(n, seed)``. CLI:
-``python -m patchbench.suites.mmmu.demo_data OUT_DIR [--n N] [--seed S]``.
+"""Generated demo questions in the MMMU schema with known answers: simple pictures drawn with
+Pillow (one kind per subject; the Music kind has images as options, as the real five-image
+question) in the hub's parquet layout, loaded through ``dataset_path`` like a local copy of
+MMMU/MMMU; deterministic for a given ``(n, seed)``.
+CLI: ``python -m patchbench.suites.mmmu.demo_data OUT_DIR [--n N] [--seed S]``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""Pairing two serving cells request by request (the suite's ``pair`` hook).
-
-bench_serving sends the same seeded prompts in the same order in every cell, so request i of
-both cells is the same prompt, once checked (``input_len`` of the requests that succeeded in
-both, ``prompt_sha256`` where recorded). A repeat whose files fail the check, or are missing,
-mis-shaped (:func:`.parse.requests_problem`) or empty, is not used and named in a note, as is a
-file holding fewer requests than the other cell's or its own summary says: never a silent
+"""Pairing two serving cells request by request (the suite's ``pair`` hook): request i of both
+cells is the same seeded prompt, once checked (``input_len`` of the requests that succeeded in
+both, ``prompt_sha256`` where recorded). A repeat that fails the check, or whose files are
+missing, mis-shaped or empty, is left out and named in a note, as is a short file: never a silent
 shrink. From the paired repeats: output identity, the first repeat's TTFT / ITL for the ECDF,
 and, with one paired repeat, request-level intervals (descriptive, never a verdict)."""
 

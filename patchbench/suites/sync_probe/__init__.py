@@ -1,16 +1,11 @@
 """sync_probe suite: does the variant's mrope decode path make the host wait for the GPU?
 
-No server: ``run`` extracts the ``ForwardBatch`` mrope methods of the variant's and the stock
-``forward_batch_info.py`` with :mod:`ast` and runs them with stand-ins (:mod:`.mrope`), per batch
-size: on CUDA, sync warnings under ``torch.cuda.set_sync_debug_mode("warn")`` and the host's time
-in the call behind a ~``sleep_ms`` in-flight kernel (``host_blocked_ms``), reads and blocking
-copies recorded by a TorchFunctionMode; otherwise the CPU probes (``seq_lens`` on the ``meta``
-device, copies recorded with their ``non_blocking`` flag). Every row checks the variant's
-positions against stock's. Writes ``probe.json`` (docs/CONTRACTS.md).
-
-``server_crosscheck``: the in-server hook ``instr/patchbench_mrope_instr.py`` counts every server
-process's mrope computations per forward mode in the untimed correctness cells, checks each
-against the stock method, and writes ``counts.<pid>.json`` (merged by :func:`merge_counts`)."""
+No server: the variant's and stock's ``ForwardBatch`` mrope methods run with stand-ins
+(:mod:`.mrope`) per batch size, on CUDA (sync warnings, the host's time behind an in-flight
+kernel, reads and blocking copies) or else the CPU probes; every row checks the variant's
+positions against stock's. Writes ``probe.json`` (docs/CONTRACTS.md). ``server_crosscheck``: the
+in-server hook ``instr/patchbench_mrope_instr.py`` counts and checks the server's own mrope
+computations in the untimed correctness cells (merged by :func:`merge_counts`)."""
 
 from __future__ import annotations
 
