@@ -201,8 +201,8 @@ def curve_sentence(comparison: Any, variant: str) -> str | None:
     return f"{variant}: " + "; ".join(parts)
 
 
-def _fmt(x: float | None, nd: int = 3) -> str:
-    return "n/a" if x is None else f"{x:.{nd}g}"
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
 
 
 def _change(r: dict[str, Any] | None) -> str:

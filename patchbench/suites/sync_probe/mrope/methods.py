@@ -157,10 +157,9 @@ def decode_case(
     ahead: bool = False,
     precomputed_share: float = 0.0,
     seq_dtype: torch.dtype = torch.int64,
-    delta_range: tuple[int, int] = (-4000, 4000),
     device: str = "cpu",
 ) -> MropeCase:
-    """A seeded random decode batch: image requests get a ``[1, 1]`` delta in ``delta_range`` or,
+    """A seeded random decode batch: image requests get a ``[1, 1]`` delta in [-4000, 4000] or,
     with probability ``multi_value_share``, a ``[1, k]`` one (k 2..3); ``precomputed_share`` of them
     carry positions covering the whole sequence (0.5.23's precomputed branch). seq_lens_cpu in
     1..4096; ``ahead``: seq_lens = seq_lens_cpu + 1 (overlap mode)."""
@@ -177,7 +176,7 @@ def decode_case(
             continue
         s = int(seq_cpu[i])
         k = rand(2, 3) if float(torch.rand(1, generator=g)) < multi_value_share else 1
-        delta = torch.randint(delta_range[0], delta_range[1] + 1, (1, k), generator=g)
+        delta = torch.randint(-4000, 4001, (1, k), generator=g)
         if rand(0, 9) == 0:
             delta.zero_()
         if float(torch.rand(1, generator=g)) < precomputed_share:
@@ -219,19 +218,16 @@ def _free_names(nodes: Sequence[ast.AST]) -> set[str]:
     return loaded - stored - set(dir(builtins))
 
 
-def extract_mrope_nodes(
-    source: str, filename: str = "<forward_batch_info.py>", class_name: str = "ForwardBatch"
-) -> list[ast.FunctionDef]:
-    """The ``FunctionDef`` nodes (decorators included) of ``class_name``'s methods whose name
+def extract_mrope_nodes(source: str, filename: str) -> list[ast.FunctionDef]:
+    """The ``FunctionDef`` nodes (decorators included) of ``ForwardBatch``'s methods whose name
     contains ``mrope``. Raises :class:`MropeSourceError` when the class or the methods are absent."""
-    tree = ast.parse(source, filename=filename)
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == class_name:
+    for node in ast.parse(source, filename=filename).body:
+        if isinstance(node, ast.ClassDef) and node.name == "ForwardBatch":
             found = [n for n in node.body if isinstance(n, ast.FunctionDef) and "mrope" in n.name]
             if not any(n.name == "_compute_mrope_positions" for n in found):
-                raise MropeSourceError(f"{filename}: {class_name} has no _compute_mrope_positions")
+                raise MropeSourceError(f"{filename}: ForwardBatch has no _compute_mrope_positions")
             return found
-    raise MropeSourceError(f"{filename}: no class {class_name}")
+    raise MropeSourceError(f"{filename}: no class ForwardBatch")
 
 
 def compile_methods(
