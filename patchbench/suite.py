@@ -271,13 +271,22 @@ def suite_refusals(comparison: Any, suite: str) -> dict[str, str]:
     return {v: str(r) for v, r in _suite_part(comparison, "refusals", suite).items() if r}
 
 
-def read_or(path: Path, default: Any = None, reader: Callable[[Path], Any] = read_json) -> Any:
-    """``reader(path)`` (a suite reading its own files back for a pair or a report), or ``default``
-    when the file is missing or unreadable."""
+def read_file(path: Path, reader: Callable[[Path], Any] = read_json) -> tuple[Any, str | None]:
+    """A suite reading its own file back for a pair or a report: (what ``reader`` read, None), or
+    (None, why not: "<path>: missing" or "<path>: unreadable (<error>)")."""
+    path = Path(path)
+    if not path.is_file():
+        return None, f"{path}: missing"
     try:
-        return reader(path)
-    except (OSError, ValueError):
-        return default
+        return reader(path), None
+    except (OSError, ValueError) as e:
+        return None, f"{path}: unreadable ({e})"
+
+
+def read_or(path: Path, default: Any = None, reader: Callable[[Path], Any] = read_json) -> Any:
+    """:func:`read_file`'s data, or ``default`` when the file is missing or unreadable."""
+    got, why = read_file(path, reader)
+    return default if why else got
 
 
 _REGISTRY: dict[str, type[Suite]] = {}

@@ -13,8 +13,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from patchbench import records, stats
-from patchbench.suite import PairingRefused, read_or
+from patchbench import stats
+from patchbench.suite import PairingRefused, read_file, read_or
 
 from .parse import requests_problem
 
@@ -31,12 +31,9 @@ def read_requests(suite_dir: Path) -> tuple[dict | None, str | None]:
     """(requests.json of one cell, None) or (None, why not, naming the file); a mis-shaped file is
     never partly used."""
     p = Path(suite_dir) / "requests.json"
-    if not p.is_file():
-        return None, f"{p}: missing"
-    try:
-        data = records.read_json(p)
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        return None, f"{p}: unreadable ({e})"
+    data, why = read_file(p)
+    if why:
+        return None, why
     problem = requests_problem(data)
     if problem:
         return None, f"{p}: not a valid requests.json ({problem})"
