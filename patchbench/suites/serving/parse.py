@@ -162,19 +162,24 @@ def row_problem(row: dict[str, Any]) -> str | None:
     return None
 
 
-#: requests.json lists (docs/CONTRACTS.md) and what each element must be
-_REQ_FIELDS = {
-    "generated_text": "text",
-    "error": "text",
-    "status": "status",
-    "prompt_sha256": "text",
-    "ttft_ms": "latency",
-    "e2e_ms": "latency",
-    "itl_ms": "latencies",
-    "input_len": "count",
-    "output_len": "count",
-}
 REQUEST_STATUSES = ("ok", "failed", "no_token")
+_TEXT = (lambda v: v is None or isinstance(v, str), "a string or null")
+_NUMBER = (lambda v: not _bad_number(v, none_ok=True), "a number >= 0 or null")
+#: requests.json lists (docs/CONTRACTS.md): (what each element may be, its description)
+_REQ_FIELDS = {
+    "generated_text": _TEXT,
+    "error": _TEXT,
+    "status": (lambda v: v in REQUEST_STATUSES, " / ".join(REQUEST_STATUSES)),
+    "prompt_sha256": _TEXT,
+    "ttft_ms": _NUMBER,
+    "e2e_ms": _NUMBER,
+    "itl_ms": (
+        lambda v: v is None or (isinstance(v, list) and not any(_bad_number(x) for x in v)),
+        "a list of numbers >= 0",
+    ),
+    "input_len": _NUMBER,
+    "output_len": _NUMBER,
+}
 
 
 def requests_problem(data: Any) -> str | None:
@@ -186,7 +191,7 @@ def requests_problem(data: Any) -> str | None:
     if not isinstance(data.get("generated_text"), list):
         return "no generated_text list"
     n = len(data["generated_text"])
-    for key, kind in _REQ_FIELDS.items():
+    for key, (ok, what) in _REQ_FIELDS.items():
         if key not in data:
             continue
         xs = data[key]
@@ -194,24 +199,9 @@ def requests_problem(data: Any) -> str | None:
             return f"{key} is not a list"
         if len(xs) != n:
             return f"{key} holds {len(xs)} values, generated_text {n}"
-        for i, v in enumerate(xs):
-            if kind == "text":
-                bad = v is not None and not isinstance(v, str)
-            elif kind == "status":
-                bad = v not in REQUEST_STATUSES
-            elif kind == "latencies":
-                bad = v is not None and (not isinstance(v, list) or any(_bad_number(x) for x in v))
-            else:
-                bad = _bad_number(v, none_ok=True)
-            if bad:
-                what = {
-                    "text": "a string or null",
-                    "status": " / ".join(REQUEST_STATUSES),
-                    "latencies": "a list of numbers >= 0",
-                    "latency": "a number >= 0 or null",
-                    "count": "a number >= 0 or null",
-                }[kind]
-                return f"{key}[{i}] = {v!r}: expected {what}"
+        bad = next((i for i, v in enumerate(xs) if not ok(v)), None)
+        if bad is not None:
+            return f"{key}[{bad}] = {xs[bad]!r}: expected {what}"
     return None
 
 
