@@ -255,20 +255,16 @@ def tally(records: Iterable[Mapping[str, Any]]) -> Scores:
 def val_dict(scores: Scores) -> dict[str, dict[str, Any]]:
     """``val_sglang.json``: ``{"Overall-<domain>" then its subjects: {"num" (asked), "acc"
     (rounded to 3 decimals, as the script)}, ..., "Overall": {...}}``."""
+
+    def entry(t: Tally) -> dict[str, Any]:
+        return {"num": t.asked, "acc": round(t.acc, 3) if t.asked else 0.0}
+
     out: dict[str, dict[str, Any]] = {}
     for domain, subs in DOMAINS.items():
-        if domain not in scores.domains:
-            continue
-        d = scores.domains[domain]
-        out[f"Overall-{domain}"] = {"num": d.asked, "acc": round(d.acc, 3)}
-        for s in subs:
-            if s in scores.subjects:
-                t = scores.subjects[s]
-                out[s] = {"num": t.asked, "acc": round(t.acc, 3)}
-    out["Overall"] = {
-        "num": scores.overall.asked,
-        "acc": round(scores.overall.acc, 3) if scores.overall.asked else 0.0,
-    }
+        if domain in scores.domains:
+            out[f"Overall-{domain}"] = entry(scores.domains[domain])
+            out |= {s: entry(scores.subjects[s]) for s in subs if s in scores.subjects}
+    out["Overall"] = entry(scores.overall)
     return out
 
 
@@ -290,14 +286,14 @@ def answer_dict(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any
 
 def format_block(val: Mapping[str, Any], *, benchmark_time_s: float | None = None) -> str:
     """The PR-style "Accuracy Tests" text of one run, as sglang's script printed it."""
-    lines = []
-    if benchmark_time_s is not None:
-        lines.append(f"Benchmark time: {benchmark_time_s}")
-    lines.append("answers saved to: ./answer_sglang.json")
-    lines.append("Evaluating...")
-    lines.append(pprint.pformat({k: {"acc": v["acc"], "num": v["num"]} for k, v in val.items()}))
-    lines.append("eval out saved to ./val_sglang.json")
-    lines.append(f"Overall accuracy: {val['Overall']['acc']}")
+    lines = [] if benchmark_time_s is None else [f"Benchmark time: {benchmark_time_s}"]
+    lines += [
+        "answers saved to: ./answer_sglang.json",
+        "Evaluating...",
+        pprint.pformat({k: {"acc": v["acc"], "num": v["num"]} for k, v in val.items()}),
+        "eval out saved to ./val_sglang.json",
+        f"Overall accuracy: {val['Overall']['acc']}",
+    ]
     return "\n".join(lines)
 
 

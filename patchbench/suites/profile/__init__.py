@@ -151,7 +151,7 @@ async def await_trace(ctx: SuiteContext, params: Params, raw: Path, c: int, t_en
 async def _profile_level(ctx: SuiteContext, params: Params, c: int, images: list[str]) -> dict:
     import aiohttp
 
-    from .load import DecodeLoad
+    from .load import DecodeLoad, itl_from_arrivals
 
     raw = Path(ctx.out_dir) / f"raw-c{c}"
     raw.mkdir(parents=True, exist_ok=True)
@@ -187,7 +187,7 @@ async def _profile_level(ctx: SuiteContext, params: Params, c: int, images: list
     shutil.rmtree(raw, ignore_errors=True)
     return {
         "trace": dest,
-        "itl_unprofiled_ms": load.itl_ms(t0, t1),
+        "itl_unprofiled_ms": itl_from_arrivals(load.arrivals, t0, t1),
         "request": body,
         "errors": load.errors[:5],
     }

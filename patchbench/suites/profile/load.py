@@ -87,12 +87,6 @@ class DecodeLoad:
         """The fewest chunks any worker has received so far (over all its requests)."""
         return min((sum(len(r) for r in a) for a in self.arrivals), default=0)
 
-    def itl_ms(self, t0: float, t1: float) -> float | None:
-        """Mean gap (ms) between consecutive chunks of one request arriving in [t0, t1]: the summed span
-        first to last chunk over the summed gaps (not a median of gaps: chunks read together share a
-        timestamp; docs/profile.md); None without a request with two chunks in the window."""
-        return itl_from_arrivals(self.arrivals, t0, t1)
-
     async def stop(self) -> None:
         """Stop the workers (closing their streams aborts the requests in the server)."""
         if self._stop is not None:
@@ -104,7 +98,10 @@ class DecodeLoad:
 
 
 def itl_from_arrivals(arrivals: list[list[list[float]]], t0: float, t1: float) -> float | None:
-    """:meth:`DecodeLoad.itl_ms` on ``arrivals[worker][request] = [chunk times (s)]``."""
+    """Mean gap (ms) between consecutive chunks of one request arriving in [t0, t1]
+    (``arrivals[worker][request] = [chunk times (s)]``): the summed span first to last chunk over
+    the summed gaps (not a median of gaps: chunks read together share a timestamp;
+    docs/profile.md); None without a request with two chunks in the window."""
     span = 0.0
     gaps = 0
     for worker in arrivals:

@@ -263,9 +263,7 @@ def _identity(reps: list[dict[str, Any]]) -> dict[str, Any] | None:
     diffs = [d for r in reps for d in r["diffs"]]
     if not n:
         return None
-    from statsmodels.stats.proportion import proportion_confint
-
-    lo, hi = proportion_confint(ident, n, alpha=0.05, method="wilson")
+    lo, hi = stats.wilson_interval(ident, n, 0.95)
     return {
         "n": n,
         "identical": ident,

@@ -13,18 +13,10 @@ from torch.overrides import TorchFunctionMode
 
 from .methods import MropeCase, MropeMethods
 
-_READ_METHODS = {
-    "__int__",
-    "__index__",
-    "__float__",
-    "__bool__",
-    "__complex__",
-    "item",
-    "tolist",
-    "numpy",
-    "__array__",
-    "cpu",
-}
+#: Tensor methods that bring a value to the host
+_READ_METHODS = frozenset(
+    "__int__ __index__ __float__ __bool__ __complex__ item tolist numpy __array__ cpu".split()
+)
 _META_READ_MARKERS = ("cannot be called on meta tensors", "Cannot copy out of meta tensor")
 
 
