@@ -209,7 +209,6 @@ def run_sweep(ctx: SuiteContext, params: Params, together: bool = True) -> Suite
     assert sw is not None
     seed = order_seed(ctx.variant, ctx.repeat)
     order = point_order(sw, seed)
-    tool_goodput: dict[float, float | None] = {}
     slo_args = _tool_goodput_args(ctx, sw)
     plan: list[tuple[str, Path, Params]] = []
     for p in order:
@@ -239,12 +238,10 @@ def run_sweep(ctx: SuiteContext, params: Params, together: bool = True) -> Suite
                 raise SuiteError(f"sweep point {k}: {e}") from None
             write_json(pdir / "summary.json", r.to_json("serving"))
             got.append(r)
-    results: dict[float, SuiteResult] = {}
-    recs: dict[float, dict] = {}
-    for p, (_k, pdir, _pp), r in zip(order, plan, got, strict=True):
-        results[p] = r
-        recs[p] = json.loads((pdir / "requests.json").read_text())
-        tool_goodput[p] = _read_tool_goodput(pdir) if slo_args else None
+    dirs = {p: pdir for p, (_k, pdir, _pp) in zip(order, plan, strict=True)}
+    recs = {p: json.loads((d / "requests.json").read_text()) for p, d in dirs.items()}
+    tool_goodput = {p: _read_tool_goodput(d) if slo_args else None for p, d in dirs.items()}
+    results = dict(zip(order, got, strict=True))
     out = merge_points(params, results, recs, METRICS, tool_goodput)
     out.meta["sweep"].update({"order": [sw.key(p) for p in order], "order_seed": seed})
     return out
