@@ -1,14 +1,8 @@
-"""``patchbench ab``: one change against its baseline from one command line, no config to write.
-
-B is a branch of an sglang checkout (``--git CHECKOUT --range main...my-branch`` or ``--base REF
---head REF``: the merge base is A; each side a build of the checkout at that commit,
-patchbench.envs.builds; files changed outside ``python/sglang/`` are listed and ignored), a diff
-(``--patch FILE``) or server arguments (``--args-b``, ``--args-a`` for A's). The config is a
-preset (``configs/presets/<name>.yaml``) or ``--config FILE`` with its variants replaced, built
-in memory; its run folder's manifest holds it like any run's.
-
-Errors: UsageError (exit 2) for an unknown preset, a bad range or arguments; the run's own
-(:func:`patchbench.run.bench.run_bench`).
+"""``patchbench ab``: one change against its baseline from one command line. B is a branch of an
+sglang checkout (``--git CHECKOUT --range main...my-branch``; files outside ``python/sglang/``
+ignored), a diff (``--patch FILE``) or server arguments (``--args-b``); the config is a preset or
+``--config FILE`` with its variants replaced, in memory. UsageError (exit 2) for an unknown
+preset, a bad range or arguments.
 """
 
 from __future__ import annotations

@@ -409,11 +409,13 @@ COMMANDS: list[Command] = [
     Command("compare", "compare the baseline of RUN_A with a variant of RUN_B (two runs)",
             _args_compare, _run_compare),
     lazy("nightly", "run a config (or a matrix), append it to the history and apply the "
-         "regression gates", "patchbench.nightly.cli", run="run_args"),
+         "regression gates", "patchbench.nightly.commands", run="run_args"),
     lazy("history", "list the nightly history's nights, a metric's series (--metric) or a "
-         "night's gates (--night)", "patchbench.nightly.history_cli"),
+         "night's gates (--night)", "patchbench.nightly.commands",
+         add="add_history_arguments", run="run_history"),
     lazy("dashboard", "write the nightly history as a static site (charts, change points, "
-         "reports) into --out", "patchbench.nightly.dashboard.cli"),
+         "reports) into --out", "patchbench.nightly.commands",
+         add="add_dashboard_arguments", run="run_dashboard"),
     Command("check-patch", "apply every patch to a pristine copy of each release it supports",
             _args_check_patch, _run_check_patch),
     Command("new-patch", "make patches/NAME from a diff or a git range, with hashes for each "

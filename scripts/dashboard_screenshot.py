@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Build the demo nightly history (tests.nightly.demo_history), render its site and save a
-screenshot of one config's page with headless Chromium (patchbench.nightly.dashboard.browser).
+screenshot of one config's page with headless Chromium (tests/nightly/browser.py).
 
     PYTHONPATH=. .venv/bin/python scripts/dashboard_screenshot.py [--out docs/img/dashboard.png]
 """
@@ -12,8 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from patchbench.nightly.dashboard.browser import start
-from patchbench.nightly.dashboard.site import build_site
+from patchbench.nightly.dashboard import build_site
+from tests.nightly.browser import start
 from tests.nightly.demo_history import build_demo
 
 

@@ -29,9 +29,12 @@ if [ "$PROFILE" = cpu ] && [ ! -f "$REQ" ]; then
        "$(ls "$HERE"/requirements/cpu-*.txt | sed 's/.*cpu-//; s/\.txt$//' | tr '\n' ' ')" >&2
   exit 2
 fi
+# what the venv is made from: pyproject.toml without its test and lint settings ([tool.pytest*],
+# [tool.ruff*]), whose edits need no reinstall
 stamp_inputs() {
   echo "pin=$PIN profile=$PROFILE python=$($PY -c 'import sys;print(sys.version.split()[0])')"
-  cat "$HERE/requirements/harness.txt" "$HERE/pyproject.toml"
+  cat "$HERE/requirements/harness.txt"
+  awk '/^\[/ { skip = /^\[tool\.(pytest|ruff)/ } !skip' "$HERE/pyproject.toml"
   [ "$PROFILE" = cpu ] && cat "$REQ"
   true
 }

@@ -15,8 +15,8 @@ if str(REPO) not in sys.path:
 
 from patchbench.run.ports import free_port  # noqa: E402
 from patchbench.run.server import LaunchSpec, SglangServer  # noqa: E402
-from patchbench.shims import SITE_DIR, stand_in_path  # noqa: E402
 from patchbench.suite import ServerInfo  # noqa: E402
+from tests.helpers import CPU_SERVER_ARGS, cpu_server_env, sglang_version  # noqa: E402
 
 # ------------------------------------------------------------------ tests that need sglang
 #: test modules that need the sglang environment (sglang, torch, transformers) in every test; they
@@ -98,7 +98,13 @@ def pytest_report_header(config):
 
 def pytest_collection_modifyitems(config, items):
     """Mark needs_sglang (by module, fixture or e2e) and network (by module); without sglang,
-    skip the needs_sglang tests with a reason."""
+    skip the needs_sglang tests with a reason. Deselect the calibration tests unless ``-m``
+    names calibration (``make test-calibration``)."""
+    if "calibration" not in (config.option.markexpr or ""):
+        slow = [i for i in items if i.get_closest_marker("calibration")]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [i for i in items if not i.get_closest_marker("calibration")]
     skip = pytest.mark.skip(reason="needs sglang, which is not installed here")
     present = have_sglang()
     for item in items:
@@ -113,48 +119,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.needs_sglang)
             if not present:
                 item.add_marker(skip)
-
-
-#: the server flags the CPU configs use (configs/demo-cpu.yaml documents each)
-CPU_SERVER_ARGS = [
-    "--device",
-    "cpu",
-    "--attention-backend",
-    "torch_native",
-    "--max-total-tokens",
-    "8192",
-    "--mem-fraction-static",
-    "0.05",
-    "--disable-fast-image-processor",
-    "--grammar-backend",
-    "none",
-]
-CPU_SERVER_ENV = {
-    "SGLANG_USE_CPU_ENGINE": "1",
-    "TORCHDYNAMO_DISABLE": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "PATCHBENCH_CPU_STAND_INS": "1",
-}
-
-
-def sglang_version() -> str | None:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def cpu_server_env(extra_pythonpath: list[str] | None = None) -> dict[str, str]:
-    """Environment of a CPU sglang server: stand-ins on PYTHONPATH (vllm only for 0.5.1.x)."""
-    env = dict(os.environ)
-    env.update(CPU_SERVER_ENV)
-    names = ["sgl_kernel"] + (["vllm"] if (sglang_version() or "").startswith("0.5.1") else [])
-    parts = (extra_pythonpath or []) + [str(SITE_DIR)] + [str(stand_in_path(n)) for n in names]
-    env["PYTHONPATH"] = os.pathsep.join(parts)
-    return env
 
 
 @pytest.fixture(scope="session")
@@ -213,6 +177,50 @@ def mrope_methods():
         for variant, path in release_sources(release).items():
             out[release, variant] = MropeMethods(path, f"{release}/{variant}")
     return out
+
+
+# ------------------------------------------------------------------ the real demo runs
+#: the 0.5.23 environment (make setup SGLANG=0.5.23; make test sets it up)
+VENV_0523 = REPO / ".venv-0.5.23" / "bin" / "python"
+
+
+def run_bench_cli(python: str, config: str, results: Path, *extra: str):
+    """``runner.py bench CONFIG --results RESULTS EXTRA`` with ``python``; the CompletedProcess."""
+    import subprocess
+
+    return subprocess.run(
+        [python, str(REPO / "runner.py"), "bench", config, "--results", str(results), *extra],
+        cwd=REPO,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        capture_output=True,
+        text=True,
+        timeout=3000,
+    )
+
+
+def _demo_run(python: str, config: str, results: Path) -> Path:
+    p = run_bench_cli(python, config, results)
+    print(p.stdout[-4000:], p.stderr[-4000:])
+    assert p.returncode == 0, p.stderr[-3000:]
+    (run_dir,) = [d for d in results.iterdir() if (d / "manifest.json").exists()]
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def demo_0513(tmp_path_factory) -> Path:
+    """The run folder of configs/demo-cpu.yaml on real 0.5.1.post3 servers (this environment),
+    run once a session (about 9 server launches)."""
+    return _demo_run(sys.executable, "configs/demo-cpu.yaml", tmp_path_factory.mktemp("demo-0513"))
+
+
+@pytest.fixture(scope="session")
+def demo_0523(tmp_path_factory) -> Path:
+    """The run folder of configs/demo-cpu-0.5.23.yaml on real 0.5.23 servers (.venv-0.5.23's
+    python), run once a session (4 server launches)."""
+    if not VENV_0523.exists():
+        pytest.fail(f"{VENV_0523} missing: run `make setup SGLANG=0.5.23` (make test does)")
+    results = tmp_path_factory.mktemp("demo-0523")
+    return _demo_run(str(VENV_0523), "configs/demo-cpu-0.5.23.yaml", results)
 
 
 # ------------------------------------------------------------------ a lost server never stops the session

@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from patchbench.shims import SITE_DIR, stand_in_path
 from patchbench.suite import SuiteContext
 
 
@@ -136,3 +137,45 @@ def json_digits(data: bytes, digits: int = 10) -> Any:
         return x
 
     return walk(json.loads(data))
+
+
+#: the server flags the CPU configs use (configs/demo-cpu.yaml documents each)
+CPU_SERVER_ARGS = [
+    "--device",
+    "cpu",
+    "--attention-backend",
+    "torch_native",
+    "--max-total-tokens",
+    "8192",
+    "--mem-fraction-static",
+    "0.05",
+    "--disable-fast-image-processor",
+    "--grammar-backend",
+    "none",
+]
+CPU_SERVER_ENV = {
+    "SGLANG_USE_CPU_ENGINE": "1",
+    "TORCHDYNAMO_DISABLE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "PATCHBENCH_CPU_STAND_INS": "1",
+}
+
+
+def sglang_version() -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_server_env(extra_pythonpath: list[str] | None = None) -> dict[str, str]:
+    """Environment of a CPU sglang server: stand-ins on PYTHONPATH (vllm only for 0.5.1.x)."""
+    env = dict(os.environ)
+    env.update(CPU_SERVER_ENV)
+    names = ["sgl_kernel"] + (["vllm"] if (sglang_version() or "").startswith("0.5.1") else [])
+    parts = (extra_pythonpath or []) + [str(SITE_DIR)] + [str(stand_in_path(n)) for n in names]
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    return env

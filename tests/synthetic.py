@@ -332,9 +332,9 @@ def make_throughput_night(
 ) -> Path:
     """A nightly run folder (:func:`make_run`) started at ``started_at`` (UTC ISO), with the
     serving output throughput per repeat of ``baseline`` (``base``, tok/s) and ``patched``
-    (``var``) in ``compare.json`` as one row; ``metrics``: every suite's values (default: that
-    throughput only). Returns the run folder."""
-    from patchbench.analysis.comparison import Comparison, Row, write_comparison
+    (``var``), and its report's compare.json (``compare_run``); ``metrics``: every suite's values
+    (default: that throughput only). Returns the run folder."""
+    from patchbench.analysis.build import compare_run
 
     tput = "output_throughput_tok_s"
     run = make_run(
@@ -347,19 +347,5 @@ def make_throughput_night(
     m = records.read_json(run / "manifest.json")
     m["started_at"] = started_at
     records.write_json(run / "manifest.json", m)
-    row = Row(
-        suite="serving",
-        metric=tput,
-        unit="tok/s",
-        better="higher",
-        variant="patched",
-        baseline_repeats=base,
-        variant_repeats=var,
-    )
-    write_comparison(
-        run,
-        Comparison(
-            run_id=run_id, baseline="baseline", variants=["baseline", "patched"], rows=[row]
-        ),
-    )
+    compare_run(run)
     return run

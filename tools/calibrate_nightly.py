@@ -21,6 +21,7 @@ fixed 5 repeats judged by the same rule at one look.
 
     .venv/bin/python tools/calibrate_nightly.py [--part 1|2|3|all] [--trials 400] [--startup-s 60]
     .venv/bin/python tools/calibrate_nightly.py --quiet-only [--histories 250]
+    .venv/bin/python tools/calibrate_nightly.py --confirm-table [--changes 5 10] [--noise 2 4]
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from patchbench.analysis.sequential import Design, replay  # noqa: E402
+from patchbench.config.nightly import NightlySettings  # noqa: E402
 from patchbench.nightly import changepoints as cp  # noqa: E402
-from patchbench.nightly.gates import NightlySettings  # noqa: E402
-from patchbench.nightly.robust import noise_bound  # noqa: E402
+from patchbench.nightly.noise import noise_bound  # noqa: E402
 from tools.calibration.nightly import (  # noqa: E402
     auto_repeats,
     change_rates,
@@ -275,6 +276,27 @@ def part2(trials: int, seed: int, startup_s: float) -> None:
             print(f"<!-- {time.time() - t0:.1f} s -->", file=sys.stderr)
 
 
+def confirm_table(
+    changes: list[float], noise: list[float], alpha: float = 0.001, power: float = 0.9
+) -> str:
+    """The rounds a confirmation run needs (patchbench.nightly.confirm.plan_rounds, uncapped):
+    one row per paired noise (CV, %), one column per change (%), at ``alpha`` and ``power``."""
+    from patchbench.analysis.power import n_needed
+    from patchbench.nightly.confirm import MAX_SEARCH
+
+    out = ["| pair noise | " + " | ".join(f"{c:g} % change" for c in changes) + " |"]
+    out.append("|---" * (len(changes) + 1) + "|")
+    for cv in noise:
+        sigma = math.log1p(cv / 100.0)
+        cells = []
+        for c in changes:
+            n = n_needed(abs(math.log1p(c / 100.0)), sigma, alpha, power, alternative="larger",
+                         cap=MAX_SEARCH)  # fmt: skip
+            cells.append(f"> {MAX_SEARCH}" if n is None else str(n))
+        out.append(f"| {cv:g} % | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", type=Path, default=REPO / "configs" / "nightly-h200.yaml")
@@ -304,7 +326,19 @@ def main(argv: list[str] | None = None) -> int:
         help="part 3: the change-point penalty factors to compare (e.g. 3 4 5 6 8) instead of "
         "the shipped factor's table",
     )
+    p.add_argument(
+        "--confirm-table",
+        action="store_true",
+        help="the rounds a confirmation run needs: --changes x --noise at --alpha, --power",
+    )
+    p.add_argument("--changes", type=float, nargs="+", default=[5.0, 10.0], help="%% (- a drop)")
+    p.add_argument("--noise", type=float, nargs="+", default=[2.0, 4.0], help="pair CV, %%")
+    p.add_argument("--alpha", type=float, default=0.001)
+    p.add_argument("--power", type=float, default=0.9)
     a = p.parse_args(argv)
+    if a.confirm_table:
+        print(confirm_table(a.changes, a.noise, a.alpha, a.power))
+        return 0
     if a.penalties:
         part3_penalties(a.trials, a.seed, a.penalties)
         return 0

@@ -1,7 +1,6 @@
 """Build the typed :class:`~patchbench.analysis.comparison.Comparison` of one run folder: each
-suite's declarations and ``pair`` hook (the keys read from its dict: docs/CONTRACTS.md, "Pair
-hook keys"), its rows with their tests and shown values; the verdicts from
-:mod:`patchbench.analysis.family`, the run's health from :mod:`patchbench.analysis.health`."""
+suite's ``pair`` hook (docs/CONTRACTS.md, "Pair hook keys") and rows with their tests; verdicts
+by :mod:`patchbench.analysis.family`, health by :mod:`patchbench.analysis.health`."""
 
 from __future__ import annotations
 
@@ -32,9 +31,8 @@ from patchbench.suite import MetricInfo, PairingRefused, Suite, get_suite, unit_
 
 
 def guess_metric_info(name: str) -> MetricInfo:
-    """Direction and unit of a metric no suite declares (always secondary), from its name:
-    ``*_tok_s``, ``*_req_s``, ``*_acc`` higher is better; ``*_ms``, ``*_us``, ``*_s`` lower;
-    anything else has no direction."""
+    """Direction and unit of an undeclared metric from its name (``*_tok_s``, ``*_req_s``,
+    ``*_acc`` higher; ``*_ms``, ``*_us``, ``*_s`` lower; else none)."""
     unit = unit_of(name)
     better = (
         "higher"
@@ -45,16 +43,14 @@ def guess_metric_info(name: str) -> MetricInfo:
 
 
 def settings_of(man: RunManifest, notes: list[str] | None = None) -> CompareSettings:
-    """The run's ``compare:`` settings (defaults where absent); what reading the manifest dropped
-    from them (keys of an earlier version, invalid settings) is added to ``notes``."""
+    """The run's ``compare:`` settings; what reading the manifest dropped goes to ``notes``."""
     if notes is not None:
         notes += man.config_notes.get("compare", [])
     return man.config.compare if man.config is not None else CompareSettings()
 
 
 def suite_declarations(name: str, notes: list[str]) -> tuple[Suite | None, dict[str, MetricInfo]]:
-    """(the registered suite ``name``, its metric declarations); (None, {}) with a line in
-    ``notes`` when it is unknown or fails to import (directions are then guessed)."""
+    """(the suite ``name``, its declarations); (None, {}) with a note when it cannot be loaded."""
     try:
         obj = get_suite(name)
     except KeyError:
@@ -70,9 +66,8 @@ def suite_declarations(name: str, notes: list[str]) -> tuple[Suite | None, dict[
 
 
 def _params(data: RunData, suite: str, obj: Any) -> Any:
-    """The manifest's ``suites.<suite>`` section without the core's ``rounds`` key, validated by
-    the suite's ``Params`` (the raw dict without ``Params`` or when it does not validate: a
-    folder of another patchbench version)."""
+    """The manifest's ``suites.<suite>`` section (without ``rounds``) as the suite's ``Params``
+    (the raw dict when it has none or it does not validate)."""
     from patchbench.config.schema import ROUNDS_KEY
 
     cfg = data.manifest.config
@@ -128,10 +123,8 @@ def _pairs_for(data: RunData, obj: Any, suite: str, variant: str, cmp: Compariso
 def _metrics_of(
     data: RunData, cmp: Comparison, suite: str, declared: dict[str, MetricInfo]
 ) -> list[tuple[str, MetricInfo, bool]]:
-    """(metric, info, declared) per row of ``suite``: the declared metrics a summary holds or
-    (accuracy) a pair gave, every declared primary when no summary holds any metric (they stay
-    in the family, incomplete), in declaration order; then the undeclared metrics seen, info
-    guessed. Call after the pair hooks."""
+    """(metric, info, declared) per row of ``suite``: the declared metrics a summary or pair
+    holds (every declared primary when none holds any), then the undeclared ones seen."""
     seen: list[str] = []
     for (_v, _k, x), sm in data.summaries.items():
         if x == suite and sm is not None:
@@ -153,8 +146,7 @@ def _repeat_values(
     data: RunData, row: Row
 ) -> tuple[list[tuple[float, float]], dict[str, set[str | None]], list[str]]:
     """Fill the row's per-repeat values. Returns (the (baseline, variant) pairs a test uses,
-    {arm: the bounds of its paired values}, "arm/rep<k>: why" per missing value). A run-level
-    pair with an instrumented cell feeds no test (a note says so)."""
+    {arm: the bounds of its values}, "arm/rep<k>: why" per missing value)."""
     suite, metric, variant = row.suite, row.metric, row.variant
     bad, pairs = [], []
     bounds: dict[str, set[str | None]] = {data.baseline: set(), variant: set()}
@@ -184,8 +176,7 @@ def _repeat_values(
 
 
 def _pooled_cells(cmp: Comparison, suite: str, metric: str):
-    """The cell-shift variance of an accuracy metric pooled over every arm (A/A included): the
-    baseline's parts once, each variant's own (:func:`patchbench.stats.pool_cell_variance`)."""
+    """The cell-shift variance of an accuracy metric pooled over every arm (the baseline once)."""
     from patchbench import stats
 
     parts, base = [], False
@@ -200,8 +191,8 @@ def _pooled_cells(cmp: Comparison, suite: str, metric: str):
 
 
 def _accuracy_test(cmp: Comparison, row: Row) -> verdicts.Test | None:
-    """The paired test of an accuracy row from its pair's per-question correctness (the row
-    then shows the mean correctness); None with a note without it."""
+    """The paired test of an accuracy row from its pair's per-question correctness; None with a
+    note without it."""
     acc = _pair_of(cmp, row.suite, row.variant).get("accuracy", {}).get(row.metric)
     row.change_unit = "pt"
     if acc and acc.get("baseline") is not None:
@@ -229,8 +220,8 @@ def _test(
     pairs: list[tuple[float, float]],
     bounds: dict[str, set[str | None]],
 ) -> verdicts.Test | None:
-    """The test of a row by its kind (None: no interval, the notes say why); sets the row's
-    ``change_unit`` where it is not "%" and its arms' bounds."""
+    """The test of a row by its kind (None: no interval, a note says why); sets ``change_unit``
+    and the arms' bounds."""
     b, v = [p[0] for p in pairs], [p[1] for p in pairs]
     if row.kind == "accuracy":
         return _accuracy_test(cmp, row)
@@ -261,8 +252,7 @@ def _test(
 
 
 def _descriptive(row: Row, s: CompareSettings, pair: dict) -> None:
-    """Attach the pair's request-level interval of the row's metric (never a verdict), unless
-    the settings turn them off or the requests do not pair by index."""
+    """Attach the pair's request-level interval of the metric (never a verdict)."""
     desc = (pair.get("descriptive") or {}).get(row.metric)
     if desc is None or not s.within_cell_intervals:
         return
@@ -287,9 +277,8 @@ def _row(
     declared: bool,
     variant: str,
 ) -> tuple[Row, verdicts.Test | None]:
-    """The row of (suite, metric, variant) before its verdict, and its test. An undeclared
-    metric is secondary; a missing value makes the row "incomplete" (accuracy only when no
-    question paired)."""
+    """The row of (suite, metric, variant) before its verdict, and its test; a missing value
+    makes it "incomplete" (accuracy only when no question paired)."""
     row = Row(
         suite=suite,
         metric=metric,
@@ -331,9 +320,9 @@ OUTLIER_Z = 3.5
 
 
 def describe_pairs(row: Row, pairs: list[tuple[float, float]], margin: float | None) -> None:
-    """Set the values a row shows (a run row with positive ``pairs``: each arm's geometric mean,
-    else the median) and describe its pairs: the sd of the log ratios and the outlier repeats
-    (:data:`OUTLIER_RULE`; ``margin`` in percent keeps a tight cluster from naming noise)."""
+    """Set the values a row shows (run rows: each arm's geometric mean over ``pairs``, else the
+    median), the sd of the log ratios and the outlier repeats (:data:`OUTLIER_RULE`; ``margin``
+    in percent)."""
     from scipy.stats import median_abs_deviation
 
     for arm in ("baseline", "variant"):
@@ -365,8 +354,8 @@ def _tested(
     suites: Mapping[str, Any] | None = None,
     primaries: dict[str, set[str]] | None = None,
 ) -> Tested:
-    """Every suite's pair hooks (into ``cmp``), then its rows before their verdicts with their
-    tests; ``primaries`` gets each suite's declared primaries."""
+    """Every suite's pair hooks, then its rows with their tests; ``primaries`` gets each suite's
+    declared primaries."""
     tested: Tested = []
     for suite in data.suites:
         if suites is not None and suite in suites:
@@ -389,9 +378,8 @@ def _tested(
 
 
 def look_decision(run_dir: str | os.PathLike, look_index: int) -> tuple[Any, int]:
-    """The sequential rule at look ``look_index`` on the run folder as it is (the runner's look:
-    the report's rows, family and rule). Returns (the LookDecision or None, the complete
-    rounds); raises ValueError when the config has no sequential schedule."""
+    """The report's sequential rule at look ``look_index`` on the run folder as it is: (the
+    LookDecision or None, the complete rounds). ValueError without a sequential schedule."""
     data = read_run(run_dir)
     notes: list[str] = []
     s = settings_of(data.manifest, notes)
@@ -412,10 +400,9 @@ def build_comparison(
     *,
     suites: Mapping[str, Any] | None = None,
 ) -> Comparison:
-    """The typed comparison of ``run_dir`` (a run folder, or a :class:`RunData` read or built in
-    memory as tools/calibrate.py does); writes nothing. settings: None -> the run's own.
-    suites: {name: suite object} used instead of the registered suites of those names. Raises
-    RunFolderError / SchemaTooNew for an unusable manifest (exit 2)."""
+    """The comparison of ``run_dir`` (a folder, or a :class:`RunData`); writes nothing.
+    ``settings``: None, the run's own; ``suites``: {name: suite object} instead of the
+    registered ones. Raises RunFolderError / SchemaTooNew (exit 2)."""
     data = run_dir if isinstance(run_dir, RunData) else read_run(run_dir)
     notes = list(data.notes)
     s = settings or settings_of(data.manifest, notes)

@@ -1,10 +1,7 @@
-"""The typed comparison of one run (``RUN/compare.json``); its settings are the config's
-``compare:`` section (:class:`patchbench.config.CompareSettings`).
-
-Built by :mod:`patchbench.analysis.build`; the report, the plots, the PR comment, the nightly and
-the matrix read only this. Every change, interval and margin of a row is in its ``change_unit``:
-"%" (run-level relative change, +5.0 = 5 % higher), "pt" (accuracy points) or the metric's own
-unit (deterministic rows: the exact difference).
+"""The typed comparison of one run (``RUN/compare.json``), built by
+:mod:`patchbench.analysis.build`; the report, the nightly and the matrix read only this. A row's
+change, interval and margin are in its ``change_unit``: "%" (+5.0 = 5 % higher), "pt" (accuracy
+points) or the metric's own unit (deterministic rows).
 """
 
 from __future__ import annotations
@@ -29,15 +26,10 @@ class _Model(BaseModel):
 
 
 class Row(_Model):
-    """One (suite, metric, variant) comparison.
-
-    *_repeats: the value per repeat (None: cell not ok); *_value: the values shown (run rows:
-    each arm's geometric mean over the paired repeats, their ratio 1 + change / 100; accuracy:
-    the mean correctness; others: the median); *_bound: "lower" / "upper" for a bound;
-    log_ratio_sd: sample sd of the paired log ratios; change / low / high: in ``change_unit`` at
-    ``confidence``, the level the verdict used; margin: in ``change_unit`` (None: none);
-    exact_by: why a count is shown exact; decided_after: the sequential rule's rounds.
-    """
+    """One (suite, metric, variant) comparison: *_repeats per repeat (None: cell not ok);
+    *_value shown (run rows: geometric means over the paired repeats; accuracy: mean
+    correctness; else the median); change / low / high / margin in ``change_unit`` at
+    ``confidence``; decided_after: the sequential rule's rounds."""
 
     suite: str
     metric: str
@@ -81,16 +73,14 @@ class Row(_Model):
         return (self.label or self.metric).rstrip(":").strip()
 
     def short_label(self) -> str:
-        """:meth:`name` without its parenthetical or trailing qualifier: "Output token
-        throughput (tok/s)" -> "Output token throughput"."""
+        """:meth:`name` without "(...)" or ", ..." at its end."""
         name = self.name()
         return re.split(r" \(|, ", name, maxsplit=1)[0].strip() or name
 
 
 class DesignSummary(_Model):
-    """How the primaries were decided: "fixed" (Holm) or "sequential", ``alpha`` two-sided per
-    report over ``family`` primaries, ``split`` in words, the sequential looks and stop, the
-    ``rounds`` used and ``planned``; ``partial``: why no verdict is decisive, ``resume``: how on."""
+    """How the primaries were decided ("fixed": Holm, or "sequential"), ``alpha`` two-sided over
+    ``family`` primaries; ``partial``: why no verdict is decisive, ``resume``: how on."""
 
     kind: Literal["fixed", "sequential"] = "fixed"
     alpha: float = 0.05
@@ -107,9 +97,8 @@ class DesignSummary(_Model):
 
 
 class AANoise(_Model):
-    """An A/A variant's run-to-run noise on one run-level primary: ``cv_pct`` (the sd of the
-    paired log ratios over sqrt 2, percent) with its 95 % chi-square interval, ``n`` pairs,
-    ``assumed_pct`` the config's ``compare.assumed_cv`` (None: not stated)."""
+    """An A/A variant's run-to-run CV on one run-level primary (sd of the paired log ratios over
+    sqrt 2, percent, 95 % chi-square interval) beside ``compare.assumed_cv``."""
 
     variant: str
     suite: str
@@ -123,9 +112,8 @@ class AANoise(_Model):
 
 
 class Drift(_Model):
-    """The baseline's trend across rounds on one run-level primary (log value on the round
-    index): ``slope_pct`` per round with its 95 % interval, two-sided ``p``, ``n`` rounds,
-    ``found`` = p < ``alpha``."""
+    """The baseline's trend across rounds on one run-level primary: ``slope_pct`` per round with
+    its 95 % interval; ``found`` = p < ``alpha``."""
 
     suite: str
     metric: str
@@ -140,8 +128,8 @@ class Drift(_Model):
 
 
 class Health(_Model):
-    """The A/A variants as a measurement: ``noise`` per A/A primary; ``ok`` False when an A/A
-    primary came out improved or regressed (``notes`` say so; no verdict changes)."""
+    """The A/A variants as a measurement; ``ok`` False when an A/A primary came out improved or
+    regressed."""
 
     ok: bool = True
     aa_variants: list[str] = Field(default_factory=list)
@@ -150,9 +138,8 @@ class Health(_Model):
 
 
 class VariantInfo(_Model):
-    """What a variant ran: its patches with their sha256, server arguments, environment, its
-    build's description (None: the config's release) and whether that build is a checkout or
-    wheel (then "no patches" is not the stock release)."""
+    """What a variant ran (``build``: None for the config's release; ``from_source``: a checkout
+    or wheel)."""
 
     patches: list[PatchHash] = Field(default_factory=list)
     server_args: list[str] = Field(default_factory=list)
@@ -162,9 +149,7 @@ class VariantInfo(_Model):
 
 
 class RunInfo(_Model):
-    """The run as the report's header shows it (from the manifest): config name, model (``tiny``:
-    random weights), sglang release, GPU model(s) (None: none), patchbench commit, UTC start and
-    end, and each variant's :class:`VariantInfo`."""
+    """The run as the report's header shows it (from the manifest)."""
 
     name: str = ""
     model: str = "?"
@@ -178,8 +163,7 @@ class RunInfo(_Model):
 
 
 class FailedCell(_Model):
-    """A cell (timed or correctness) that failed, ended incomplete or was interrupted:
-    ``cell`` "variant/rep1", its status and reason (its error, each incomplete suite's first)."""
+    """A cell that failed, ended incomplete or was interrupted (``cell``: "variant/rep1")."""
 
     cell: str
     status: str
@@ -187,8 +171,7 @@ class FailedCell(_Model):
 
 
 class Affected(_Model):
-    """A primary metric that failed cells affect: of ``variant``, the ``cells`` of its suite that
-    failed; ``no_value`` when no row of it could be built."""
+    """A primary of ``variant`` that failed ``cells`` affect (``no_value``: it has no row)."""
 
     variant: str
     suite: str
@@ -260,9 +243,8 @@ def write_comparison(run_dir: str | os.PathLike, cmp: Comparison) -> Path:
 
 
 def read_comparison(path: str | os.PathLike) -> Comparison:
-    """Read ``compare.json`` (``path``: the run folder or the file). Raises SchemaTooNew for a
-    newer schema, RunFolderError for a missing or unreadable file, one without the shape of
-    :class:`Comparison`, or schema 1 (rebuild it with ``patchbench report RUN_DIR``)."""
+    """Read ``compare.json`` (the run folder or the file). Raises SchemaTooNew, or RunFolderError
+    for a missing, unreadable or mis-shaped file or schema 1."""
     p = Path(path)
     p = p / "compare.json" if p.is_dir() else p
     try:

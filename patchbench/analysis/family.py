@@ -27,8 +27,7 @@ Tested = list[tuple[Row, "verdicts.Test | None"]]
 
 def primary_family(tested: Tested, aa_variants: list[str]) -> Tested:
     """The family, in row order: every primary of a :data:`FAMILY_KINDS` kind of every non-A/A
-    variant. Incomplete and untestable members count with p = 1, so a missing value never gives
-    the others a laxer level; counts are exact and A/A variants are measurements."""
+    variant (incomplete and untestable members count with p = 1)."""
     aa = set(aa_variants)
     return [
         (r, t) for r, t in tested if r.primary and r.variant not in aa and r.kind in FAMILY_KINDS
@@ -71,7 +70,7 @@ def _equivalent(row: Row, test: verdicts.Test, alpha: float) -> bool | None:
 
 def judge(row: Row, test: verdicts.Test | None, confidence: float) -> None:
     """Set the row's p, change, interval and verdict from its test at its own confidence (else
-    ``confidence``): "inconclusive" without a test, p or direction; "incomplete" stays."""
+    ``confidence``); "incomplete" stays."""
     if row.confidence is None:
         row.confidence = confidence
     a = 1 - row.confidence
@@ -115,30 +114,26 @@ def judge(row: Row, test: verdicts.Test | None, confidence: float) -> None:
 
 
 def _resume_cmd(data: RunData) -> str:
-    """The resume command (patchbench.run.bench.resume_command's text): a config built in memory
-    has no file, and ``bench --resume`` rebuilds it from the manifest."""
+    """The resume command (as patchbench.run.bench.resume_command writes it)."""
     cfg = data.manifest.config_path
     return f"patchbench bench{f' {cfg}' if cfg else ''} --resume {data.run_dir}"
 
 
 def design_of(data: RunData, s: CompareSettings) -> tuple[DesignSummary, Any]:
-    """(the design summary, the patchbench.analysis.sequential.Design of a sequential schedule or None)
-    from the run's config (``schedule.repeats``: a count or ``{min, max, step}``) and the
-    confidence of ``s`` (alpha per report)."""
-    from patchbench.config import SequentialRepeats
-
+    """(the design summary, the sequential Design or None) of the run's schedule at the
+    confidence of ``s``."""
     cfg = data.manifest.config
-    rep = cfg.schedule.repeats if cfg is not None else None
     alpha = round(1.0 - s.confidence, 12)
-    if isinstance(rep, SequentialRepeats):
+    if cfg is not None and cfg.schedule.sequential is not None:
         from patchbench.analysis.sequential import Design
 
-        looks = rep.looks
-        d = Design(looks=looks, alpha=alpha, kind=rep.boundary, futility=rep.futility)
+        d = Design.of(cfg.schedule.sequential, s.confidence)
+        looks = list(d.looks)
         summary = DesignSummary(
-            kind="sequential", alpha=alpha, looks=list(looks), boundary=d.kind, planned=looks[-1]
+            kind="sequential", alpha=alpha, looks=looks, boundary=d.kind, planned=looks[-1]
         )
         return summary, d
+    rep = cfg.schedule.repeats if cfg is not None else None
     planned = rep if isinstance(rep, int) and data.manifest.cells else None
     return DesignSummary(kind="fixed", alpha=alpha, planned=planned), None
 
@@ -154,8 +149,7 @@ def _partial_rows(cmp: Comparison, family: Tested, why: str) -> None:
 
 
 def fixed_finished(data: RunData, cmp: Comparison, family: Tested) -> None:
-    """A fixed design is partial (its family decides nothing) until every planned round's timed
-    cells exist (a failed cell exists)."""
+    """A fixed design is partial (decides nothing) until every planned round's cells exist."""
     d = cmp.design
     d.split = (
         f"Holm (1979) step-down over the {d.family} primaries of the non-A/A variants "
@@ -191,8 +185,7 @@ def _grows(data: RunData, row: Row) -> bool:
 
 
 def withheld(data: RunData, row: Row) -> bool:
-    """Whether the suite left a value of the row out on purpose (:meth:`RunData.not_judged`):
-    such a row is incomplete and never holds a sequential run open."""
+    """Whether the suite left a value of the row out on purpose (:meth:`RunData.not_judged`)."""
     arms = ((data.baseline, row.baseline_repeats), (row.variant, row.variant_repeats))
     return any(
         x is None and data.not_judged(v, k, row.suite, row.metric)
@@ -206,8 +199,8 @@ def _key(row: Row) -> tuple[str, str]:
 
 
 def _series(data: RunData, tested: Tested) -> tuple[dict[tuple[str, str], list[float]], int]:
-    """({key: log ratios per round} of the primaries that grow with the looks, A/A included; the
-    leading rounds in which all of them pair). A :func:`withheld` row does not grow."""
+    """({key: log ratios per round} of the primaries that grow with the looks, A/A included;
+    the leading rounds in which all of them pair)."""
     out: dict[tuple[str, str], list[float]] = {}
     complete = data.repeats
     for r, _ in tested:
@@ -226,10 +219,9 @@ def _series(data: RunData, tested: Tested) -> tuple[dict[tuple[str, str], list[f
 def sequential_decision(
     data: RunData, tested: Tested, design: Any, upto: int | None = None
 ) -> tuple[Any, dict[tuple[str, str], list[float]], int]:
-    """:func:`patchbench.analysis.sequential.replay` on the run's rows: the growing primaries of
-    the family, the others as one-look tests, the A/A variants' as controls. ``upto``: the last
-    look (None: every look the complete rounds reach). Returns (the LookDecision or None before
-    the first look, {(variant, "suite.metric"): log ratios}, the complete rounds)."""
+    """:func:`patchbench.analysis.sequential.replay` on the run's rows up to look ``upto``
+    (None: all the complete rounds reach). Returns (the LookDecision or None before the first
+    look, {(variant, "suite.metric"): log ratios}, the complete rounds)."""
     from patchbench.analysis.sequential import FixedTest, replay
 
     series, complete = _series(data, tested)

@@ -1,7 +1,6 @@
 """What ran and how healthy it was, beside the verdicts: the baseline's drift, the A/A noise,
-the cells (status, warnings, GPU flags, server-log events), the schedule, what failed, and the
-run as the report's header shows it. Filled into a judged
-:class:`~patchbench.analysis.comparison.Comparison` by :func:`patchbench.analysis.build.build_comparison`.
+the cells, the schedule, what failed, and the run's header; filled into a judged
+:class:`~patchbench.analysis.comparison.Comparison`.
 """
 
 from __future__ import annotations
@@ -22,8 +21,8 @@ from patchbench.analysis.comparison import (
     RunInfo,
     VariantInfo,
 )
-from patchbench.analysis.rundata import RunData, variant_parts
-from patchbench.config import sglang_label
+from patchbench.analysis.rundata import RunData
+from patchbench.config import patch_label, sglang_label
 from patchbench.runfolder.models import PatchHash
 
 #: the level of the drift test (a trend of the baseline's values across rounds)
@@ -31,11 +30,9 @@ DRIFT_ALPHA = 0.01
 
 
 def check_drift(data: RunData, cmp: Comparison) -> None:
-    """Test the baseline's values of every run-level primary for a trend across rounds
-    (:func:`patchbench.stats.trend_t` of the log value on the round index, at
-    :data:`DRIFT_ALPHA`) into ``cmp.drift``. Under ``order: sequential`` (each round runs the
-    arms in the same order, so a drift biases the later ones) a drift found makes that metric's
-    decided verdicts inconclusive; an interleaved schedule balances it."""
+    """Test the baseline's values of every run-level primary for a trend across rounds (log
+    value on the round index, at :data:`DRIFT_ALPHA`). Under ``order: sequential`` a drift found
+    makes that metric's decided verdicts inconclusive (interleaving balances it)."""
     from patchbench import stats
 
     cfg = data.manifest.config
@@ -86,10 +83,8 @@ def check_drift(data: RunData, cmp: Comparison) -> None:
 
 
 def aa_noise(cmp: Comparison) -> None:
-    """The A/A variants as a measurement: each run-level primary's run-to-run CV (the sd of the
-    paired log ratios over sqrt 2, chi-square interval: :func:`patchbench.stats.sd_interval`)
-    beside ``compare.assumed_cv``. An A/A row is never improved or regressed: one that came out
-    so is noted in ``cmp.health`` and made inconclusive; no other verdict changes."""
+    """The A/A variants as a measurement (:class:`AANoise` per run-level primary). An A/A row
+    that came out improved or regressed is noted in ``cmp.health`` and made inconclusive."""
     from patchbench import stats
 
     cmp.health = Health(aa_variants=cmp.aa_variants)
@@ -101,14 +96,7 @@ def aa_noise(cmp: Comparison) -> None:
             for b, v in zip(r.baseline_repeats, r.variant_repeats, strict=True)
             if b is not None and v is not None and b > 0 and v > 0
         ]
-        assumed = next(
-            (
-                float(cmp.settings.assumed_cv[k])
-                for k in (f"{r.suite}.{r.metric}", r.metric)
-                if k in cmp.settings.assumed_cv
-            ),
-            None,
-        )
+        assumed = cmp.settings.margin_for(r.suite, r.metric, None, "assumed_cv")
         noise = AANoise(
             variant=r.variant,
             suite=r.suite,
@@ -138,8 +126,7 @@ def aa_noise(cmp: Comparison) -> None:
 
 
 def _server_log(data: RunData, v: str, k: int) -> dict[str, dict[str, Any]]:
-    """{suite: its server-log scan} of the timed cell (v, k) where the server logged
-    retractions or out-of-memory events (the summary's ``meta.server_log_scan``)."""
+    """{suite: its server-log scan} of cell (v, k) where the server logged retractions or OOM."""
     from patchbench.run import logscan
 
     out = {}
@@ -221,9 +208,8 @@ def schedule_of(data: RunData) -> list[dict[str, Any]]:
 
 
 def failures(data: RunData, cmp: Comparison, primaries: dict[str, set[str]]) -> None:
-    """``cmp.failed_cells``: every cell that failed, ended incomplete or was interrupted, with its
-    reason; ``cmp.affected``: each primary (``primaries``: {suite: declared primaries}, plus the
-    primary rows) of each variant those cells touch (every variant for a baseline cell)."""
+    """``cmp.failed_cells`` with their reasons; ``cmp.affected``: each primary (``primaries``:
+    {suite: declared primaries}) of each variant those cells touch (all for a baseline cell)."""
     hit: dict[tuple[str, str], list[str]] = {}  # (variant, suite) -> cells
     for c in data.manifest.cells:
         if c.status not in ("failed", "incomplete", "interrupted"):
@@ -270,7 +256,6 @@ def run_info(data: RunData, run_id: str) -> RunInfo:
     man = data.manifest
     cfg = man.config
     ref = cfg.model if cfg is not None else None
-    raw = man.variants_json()
     info = RunInfo(
         name=(cfg.name if cfg is not None else "") or run_id,
         model=(ref.path if ref is not None else None) or man.model or "?",
@@ -282,12 +267,13 @@ def run_info(data: RunData, run_id: str) -> RunInfo:
         ended_at=man.ended_at,
     )
     for v in data.variants:
-        pats, args, env = variant_parts(raw.get(v))
+        spec = cfg.variants.get(v) if cfg is not None else None
         build = man.builds.get(v) or {}
         info.variants[v] = VariantInfo(
-            patches=man.patches.get(v) or [PatchHash(name=p) for p in pats],
-            server_args=args,
-            env=env,
+            patches=man.patches.get(v)
+            or [PatchHash(name=patch_label(p)) for p in (spec.patches if spec else [])],
+            server_args=list(spec.server_args) if spec else [],
+            env=dict(spec.env) if spec else {},
             build=build.get("describe", "?") if v in man.builds else None,
             from_source=build.get("kind") in ("git", "wheel"),
         )

@@ -88,35 +88,15 @@ class RunData:
         return self.run_dir / v / f"rep{k}" / suite
 
 
-def _patch_label(p: object) -> str:
-    if isinstance(p, dict):
-        return f"diff:{p.get('diff')}" if p.get("diff") else str(p.get("name") or p)
-    return str(p)
-
-
-def variant_parts(raw: object) -> tuple[list[str], list[str], dict[str, str]]:
-    """A config's variant (a patch list, or a mapping) as (patch labels, server args, env)."""
-    if isinstance(raw, dict):
-        return (
-            [_patch_label(p) for p in raw.get("patches") or []],
-            [str(a) for a in raw.get("server_args") or []],
-            {str(k): str(v) for k, v in (raw.get("env") or {}).items()},
-        )
-    return [_patch_label(p) for p in raw or []], [], {}
-
-
-def variant_identity(raw: object) -> tuple:
-    """Patches, arguments and environment: equal identities make an A/A pair."""
-    pats, args, env = variant_parts(raw)
-    return tuple(pats), tuple(args), tuple(sorted(env.items()))
-
-
 def read_run(run_dir: str | os.PathLike) -> RunData:
     """Read a run folder. Raises RunFolderError / SchemaTooNew (exit 2) for the manifest; a
-    missing cell is status "missing", an unreadable one "unreadable" (the report still renders)."""
+    missing cell is status "missing", an unreadable one "unreadable"."""
     run_dir = Path(run_dir)
     man = runfolder.read_manifest(run_dir)
-    variants = list(man.variants) or sorted({c.variant for c in man.cells if c.variant})
+    cfg = man.config
+    variants = list(cfg.variants if cfg else []) or sorted(
+        {c.variant for c in man.cells if c.variant}
+    )
     if not variants:
         raise runfolder.RunFolderError(
             f"{run_dir / 'manifest.json'}: no variants in config.variants or cells"
@@ -132,26 +112,16 @@ def read_run(run_dir: str | os.PathLike) -> RunData:
     suites = man.suites or sorted(
         {p.parent.name for v in variants for p in (run_dir / v).glob("rep*/*/summary.json")}
     )
-    data = RunData(
-        run_dir, man, baseline, variants, _aa_variants(man, variants), repeats, suites, {}, {}
-    )
+    recorded = man.variant_diffs  # bench's own record, else the config's identity
+    aa = [
+        v
+        for v in variants[1:]
+        if (recorded[v].aa if v in recorded else cfg is not None and cfg.is_aa(v))
+    ]
+    data = RunData(run_dir, man, baseline, variants, aa, repeats, suites, {}, {})
     data.rounds, data.correctness_only = suite_schedule(man, suites, repeats)
     _read_cells(data)
     return data
-
-
-def _aa_variants(man: RunManifest, variants: list[str]) -> list[str]:
-    """The A/A variants (``variants[0]`` is the baseline): what bench recorded
-    (``variants[v].aa``), else the same patches, arguments and environment as the baseline in the
-    config's variant mappings (``man.variants`` keeps only the patches)."""
-    raw = man.variants_json()
-    recorded = man.variant_diffs
-    base = variant_identity(raw.get(variants[0], man.variants.get(variants[0])))
-    return [
-        v
-        for v in variants[1:]
-        if (recorded[v].aa if v in recorded else v in raw and variant_identity(raw[v]) == base)
-    ]
 
 
 def _read_cells(data: RunData) -> None:
@@ -177,8 +147,8 @@ def _read_cells(data: RunData) -> None:
 def suite_schedule(
     man: RunManifest, suites: list[str], repeats: int
 ) -> tuple[dict[str, list[int]], list[str]]:
-    """({suite: its timed rounds below ``repeats``}, [correctness-only suites]), from the
-    manifest's ``suite_rounds``, else the config's ``suites.<name>.rounds`` and ``Suite.timed``."""
+    """({suite: its timed rounds below ``repeats``}, [correctness-only suites]) from the
+    manifest's ``suite_rounds``, else the config."""
     from patchbench.config.schema import resolve_rounds
 
     recorded = man.suite_rounds

@@ -5,26 +5,21 @@ primaries of every variant but the ``controls`` (A/A) form one family per report
 two-sided over all looks. At each look a primary is:
 
 - ``improved`` / ``regressed``: the paired t test on the log ratios rejects at the look's nominal
-  level of a group-sequential boundary for its Holm share: with r primaries rejected so far,
-  every open one is tested at the boundary for ``alpha / (m - r)``, repeated while that rejects
-  more (Ye, Li, Jiang and Wang, Statistics in Medicine 32 (2013) 1112-1124). Kept at later looks.
-- ``equivalent``: TOST against +-margin at the look's nominal level for ``alpha``
-  (``equivalence_split="bonferroni"``: ``alpha / m``).
-- ``futile`` (``Design.futility`` > 0): the conditional power of deciding it by the last look
-  under the current estimate is below ``futility`` (Jennison and Turnbull 2000, section 10.2);
-  non-binding: it no longer holds the run open, the boundaries are unchanged.
+  level of the boundary for its Holm share ``alpha / (m - r)``, r the primaries rejected so far
+  (Ye, Li, Jiang and Wang, Statistics in Medicine 32 (2013) 1112-1124). Kept at later looks.
+- ``equivalent``: TOST against +-margin at the look's nominal level for ``alpha``.
+- ``futile`` (``Design.futility`` > 0): conditional power of a decision by the last look below
+  ``futility`` (Jennison and Turnbull 2000, section 10.2); non-binding.
 - ``continue``; at the last look (or once the run stops) ``inconclusive``.
 
-Primaries whose data do not grow with the looks (:class:`FixedTest`, e.g. accuracy) are one-look
-members of the family, tested at their whole share. Controls are measured (equivalent or open),
-never improved or regressed, and never hold the run open.
+:class:`FixedTest` primaries (data that do not grow, e.g. accuracy) are one-look members tested
+at their whole share. Controls are measured, never improved or regressed, never hold the run open.
 
 Boundaries (:func:`boundary`): ``b_k = c`` (Pocock 1977) or ``c sqrt(n_K / n_k)`` (O'Brien and
-Fleming 1979), c the root of ``P(|Z_k| < b_k for all k) = 1 - alpha`` with
-``corr(Z_j, Z_k) = sqrt(n_j / n_k)``, by the recursive integration of Armitage, McPherson and Rowe
-(1969) (Jennison and Turnbull, chapter 19; tests/analysis/test_sequential.py checks their Tables
-2.1 and 2.3). The variance is estimated: a look compares the t test's p-value with the nominal
-level ``2 (1 - Phi(b_k))`` (Jennison and Turnbull, section 3.3). Everything here is pure.
+Fleming 1979), c the root of ``P(|Z_k| < b_k for all k) = 1 - alpha`` by the recursive
+integration of Armitage, McPherson and Rowe (1969) (Jennison and Turnbull, chapter 19;
+tests/analysis/test_sequential.py checks their Tables 2.1 and 2.3); a look compares the t test's
+p-value with the nominal level ``2 (1 - Phi(b_k))`` (section 3.3).
 """
 
 from __future__ import annotations
@@ -44,10 +39,7 @@ from patchbench import stats
 Boundary = Literal["pocock", "obrien-fleming"]
 Decision = Literal["improved", "regressed", "equivalent", "futile", "continue", "inconclusive"]
 DECIDED = ("improved", "regressed", "equivalent")
-#: conditional power below which a metric is futile in the runner's designs by default
-#: (``schedule.repeats.futility``, patchbench.config.SequentialRepeats). tools/calibrate.py
-#: --design-only at 3 % run noise, 400 trials: on 4..12 rounds 0.2 gave 2.8 % false calls and
-#: 94.0 % power at +10 % in 10.1 / 10.7 rounds, 0.1 gave 3.0 % and 93.5 % in 10.6 / 10.9
+#: default ``schedule.repeats.futility`` (the calibration behind it: docs/calibration.md)
 FUTILITY = 0.20
 
 _GRID = 801  # points per look in the numerical integration (odd: Simpson's rule)
@@ -145,14 +137,12 @@ def _levels_cached(looks: tuple[float, ...], alpha: float, kind: str) -> tuple[f
 
 @dataclass(frozen=True)
 class Design:
-    """A group-sequential design: the looks (repeat counts), ``alpha`` two-sided per report,
-    the boundary, the equivalence level ("none": for ``alpha``; "bonferroni": ``alpha / m``) and
-    the futility threshold in [0, 1) (0: none). Raises ValueError for another futility."""
+    """A group-sequential design: the looks (repeat counts), ``alpha`` two-sided per report, the
+    boundary and the futility threshold in [0, 1) (0: none; ValueError outside)."""
 
     looks: tuple[int, ...]
     alpha: float = 0.05
     kind: Boundary = "pocock"
-    equivalence_split: Literal["none", "bonferroni"] = "none"
     futility: float = 0.0
 
     def __post_init__(self) -> None:
@@ -163,6 +153,12 @@ class Design:
     def from_schedule(cls, min_repeats: int, max_repeats: int, step: int, **kw) -> Design:
         """The design for ``schedule.repeats: {min, max, step}``."""
         return cls(looks_from_schedule(min_repeats, max_repeats, step), **kw)
+
+    @classmethod
+    def of(cls, seq, confidence: float) -> Design:
+        """The design of a config's ``schedule.repeats`` (a SequentialRepeats), alpha
+        1 - ``compare.confidence``."""
+        return cls(seq.looks, round(1.0 - confidence, 12), seq.boundary, seq.futility)
 
     def level(self, look_index: int, alpha: float) -> float:
         """Two-sided nominal level at look ``look_index`` (0-based) for overall ``alpha``."""
@@ -210,8 +206,7 @@ def _decision(
     *,
     fixed: bool = False,
 ) -> MetricDecision:
-    """A :class:`MetricDecision` whose ``change_pct`` follows from ``est`` (a log ratio, or a
-    :class:`FixedTest`'s own unit when ``fixed``)."""
+    """A :class:`MetricDecision`; ``est`` a log ratio, or a FixedTest's own unit (``fixed``)."""
     pct = 100.0 * (est if fixed else math.expm1(est))
     return MetricDecision(decision, n, est, pct, p, level, look, reason)
 
@@ -254,11 +249,11 @@ def conditional_power(
     equivalence_level: float | None = None,
 ) -> tuple[float, float]:
     """(P(improved or regressed at the last look), P(equivalent there)) given the first ``n``
-    log ratios (``mean``, sample ``sd``), the current estimate taken as the truth (Jennison and
-    Turnbull 2000, section 10.2). The last look's mean is ``N(mean, sd^2 (N - n) / N^2)``, its
-    standard error ``sd / sqrt(N)`` with t quantiles on N - 1 df; ``effect_level``: the two-sided
-    level a change needs there; ``margin`` (log scale, 0: none) and ``equivalence_level``: the
-    one-sided TOST level there. Raises ValueError unless 2 <= n < n_final."""
+    log ratios (``mean``, sample ``sd``) under the current estimate (Jennison and Turnbull 2000,
+    section 10.2): the last look's mean is ``N(mean, sd^2 (N - n) / N^2)``, its standard error
+    ``sd / sqrt(N)`` with t quantiles on N - 1 df. ``effect_level``: the two-sided level a change
+    needs there; ``margin`` (log scale, 0: none) with ``equivalence_level``, the one-sided TOST
+    level. ValueError unless 2 <= n < n_final."""
     if n < 2 or n_final <= n:
         raise ValueError(f"conditional power needs 2 <= n < n_final, got n={n}, n_final={n_final}")
     se_final = sd / math.sqrt(n_final)
@@ -283,7 +278,6 @@ def decide(
     look_index: int,
     log_ratios: Mapping[str, Mapping[str, Sequence[float]]],
     margins: Mapping[str, float],
-    alpha: float | None = None,
     *,
     design: Design,
     better: Mapping[str, str] | None = None,
@@ -294,16 +288,14 @@ def decide(
     """Decide at look ``look_index`` (0-based).
 
     log_ratios: {variant: {metric: paired log ratios, at least the look's repeats}}; margins:
-    {metric: equivalence margin, log scale (0 or absent: none)}; alpha: two-sided per report
-    (default ``design.alpha``); better: {metric: "higher" | "lower"} (default "higher");
-    previous: the previous look (its decisions are kept); controls: A/A variants (measured);
-    fixed: {variant: {metric: FixedTest}}, one-look members of the family. Raises ValueError
-    for a look out of range or a series shorter than the look."""
+    {metric: equivalence margin, log scale (0 or absent: none)}; better: {metric: "higher" |
+    "lower"} (default "higher"); previous: the previous look (its decisions are kept); controls:
+    A/A variants; fixed: {variant: {metric: FixedTest}}. Raises ValueError for a look out of
+    range or a series shorter than the look."""
     if not 0 <= look_index < len(design.looks):
         raise ValueError(f"look {look_index} is not one of the design's {len(design.looks)} looks")
     n = design.looks[look_index]
     out = LookDecision(look_index, n)
-    alpha = design.alpha if alpha is None else alpha
     better = better or {}
     fixed = fixed or {}
     tests: dict[Key, stats.TTest] = {}
@@ -325,7 +317,7 @@ def decide(
         and (prev := previous.metrics.get(k)) is not None
         and prev.decision in DECIDED
     }
-    fam = _Family(design, look_index, alpha, len(family), better, margins)
+    fam = _Family(design, look_index, design.alpha, len(family), better, margins)
     out.metrics.update(fam.decide(family, tests, fixed, kept))
     for k, t in tests.items():
         if k[0] in controls:
@@ -390,16 +382,13 @@ class _Family:
                 done[k] = _decision(verdict, nk, est, p_of(k), lvl, self.look, why, fixed=is_fixed)
             rejected += len(now)
         share = self.alpha / max(self.m - rejected, 1)
-        eq_alpha = (
-            self.alpha / self.m if self.design.equivalence_split == "bonferroni" else (self.alpha)
-        )
         for k in family:
             if k in done:
                 continue
             if k in tests:
-                done[k] = self.undecided(tests[k], k, share, eq_alpha)
+                done[k] = self.undecided(tests[k], k, share, self.alpha)
             else:
-                done[k] = self.undecided_fixed(fixed[k[0]][k[1]], share, eq_alpha)
+                done[k] = self.undecided_fixed(fixed[k[0]][k[1]], share, self.alpha)
         return done
 
     def undecided(self, t: stats.TTest, key: Key, share: float, eq_alpha: float) -> MetricDecision:
@@ -464,9 +453,8 @@ class _Family:
 def _equivalent_decision(
     n: int, mean: float, p: float, eq_level: float, look: int, margin: float, prefix: str = ""
 ) -> MetricDecision:
-    """An "equivalent" decision at ``look``: the TOST at ``eq_level`` put the interval of the
-    mean log ratio ``mean`` (``n`` repeats, two-sided p ``p``) inside +-``margin`` (log scale);
-    ``prefix`` starts the reason."""
+    """An "equivalent" decision at ``look`` (TOST at ``eq_level`` within +-``margin``, log
+    scale); ``prefix`` starts the reason."""
     why = (
         f"{prefix}TOST at {eq_level:.3g}: the {100 * (1 - 2 * eq_level):.1f} % interval "
         f"lies inside +-{100 * math.expm1(margin):.3g} %"
@@ -477,9 +465,8 @@ def _equivalent_decision(
 def _stop_or_go(
     out: LookDecision, last: bool, controls: Collection[str], grows: Collection[Key]
 ) -> None:
-    """Set ``out.stop`` and ``out.reason``: stop when every primary of the family that gains from
-    more rounds (``grows``: the run-level ones) is decided or futile, or at the last look; what
-    is still open then ends inconclusive."""
+    """Stop when every primary that gains from more rounds (``grows``) is decided or futile, or
+    at the last look; what is still open then ends inconclusive."""
     n = out.n_repeats
     held = [
         k
@@ -521,19 +508,14 @@ def _stop_or_go(
 def replay(
     log_ratios: Mapping[str, Mapping[str, Sequence[float]]],
     margins: Mapping[str, float],
-    alpha: float | None = None,
     *,
     design: Design,
     better: Mapping[str, str] | None = None,
     controls: Collection[str] = (),
     fixed: Mapping[str, Mapping[str, FixedTest]] | None = None,
 ) -> LookDecision | None:
-    """Run :func:`decide` for every look whose repeats exist, stopping where the design stops.
-
-    The same arguments as :func:`decide`; the series may be of any length (a resumed run passes
-    what is on disk). Returns the last look's decision (``stop`` False: run up to the next look),
-    or None when fewer repeats than the first look exist.
-    """
+    """:func:`decide` at every look whose repeats exist (the series may be of any length),
+    stopping where the design stops; the last look's decision, or None before the first look."""
     have = min((len(s) for per in log_ratios.values() for s in per.values()), default=0)
     if not log_ratios:
         have = design.looks[0]  # nothing grows: the first look decides what there is
@@ -545,7 +527,6 @@ def replay(
             k,
             log_ratios,
             margins,
-            alpha,
             design=design,
             better=better,
             previous=result,

@@ -1,7 +1,5 @@
-"""``patchbench compare RUN_A RUN_B``: one run's variant against another run's baseline. The
-repeats of two runs do not pair: each run-level metric gets an unpaired Welch interval on the
-per-run log values (:func:`patchbench.analysis.verdicts.welch_log`), and the output says so.
-Configs are compared by their effective (defaults-filled) values."""
+"""``patchbench compare RUN_A RUN_B``: one run's variant against another run's baseline, by an
+unpaired Welch interval on the per-run log values (the repeats of two runs do not pair)."""
 
 from __future__ import annotations
 
@@ -39,11 +37,8 @@ def protocol_differences(a: dict, b: dict) -> list[str]:
 def compare_runs(run_a: Path, run_b: Path, variant: str | None = None, alpha: float = 0.05) -> dict:
     """{"a", "b", "variant", "method", "differences", "rows": [{"suite", "metric", "kind", "n_a",
     "n_b", "change_pct", "low_pct", "high_pct", "p", "note"}]}: A's baseline vs B's ``variant``
-    (default B's first non-baseline variant); changes and intervals in percent, None where the
-    metric is not compared (``note`` says why).
-
-    Raises RunFolderError / SchemaTooNew (exit 2) for a folder that is no readable run or a
-    variant B does not have."""
+    (default: B's first), percent (None: not compared, ``note`` says why). Raises RunFolderError
+    / SchemaTooNew (exit 2)."""
     from patchbench.analysis.verdicts import welch_log
 
     da, db = read_run(run_a), read_run(run_b)
@@ -101,8 +96,7 @@ def compare_runs(run_a: Path, run_b: Path, variant: str | None = None, alpha: fl
 
 
 def format_result(res: dict) -> str:
-    """The console text of :func:`compare_runs`'s result: the method, each protocol difference,
-    one line per metric with its change and interval (percent) and the runs on each side."""
+    """The console text of :func:`compare_runs`'s result."""
     lines = [res["method"]]
     lines += [f"protocol differs: {d}" for d in res["differences"]]
     for r in res["rows"]:

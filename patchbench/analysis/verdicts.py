@@ -1,19 +1,15 @@
 """The verdict rules: what a comparison may claim about one metric of one variant.
 
-``improved`` / ``regressed``: the interval at the level the row's test used excludes no change,
-in the metric's good / bad direction (``within_margin`` when the change is still inside the
-margin); ``equivalent``: TOST (Schuirmann 1987) at the same alpha puts the change inside
-+-margin; ``inconclusive``: neither; ``incomplete``: a cell the row needs is not ok.
+``improved`` / ``regressed``: the row's interval excludes no change, in the metric's good / bad
+direction (``within_margin`` when it is still inside the margin); ``equivalent``: TOST
+(Schuirmann 1987) at the same alpha puts the change inside +-margin; ``inconclusive``: neither;
+``incomplete``: a cell the row needs is not ok.
 
-By kind (``MetricInfo.kind``): ``run`` rows pair repeat k of each arm and use the paired t
-interval on log ratios (Student 1908), at least ``compare.min_repeats`` pairs; ``accuracy``
-rows pair the questions, each averaged over its arm's repeats, with a t interval whose variance
-adds the cell-to-cell shift pooled over every arm (:func:`patchbench.stats.paired_items_t`;
-Newcombe's paired interval, method 10 of Newcombe 1998, when fewer than
+By kind: ``run`` rows pair repeat k of each arm (paired t on log ratios, Student 1908);
+``accuracy`` rows pair the questions with a t interval that adds the pooled cell-to-cell shift
+(:func:`patchbench.stats.paired_items_t`; Newcombe 1998 method 10 when fewer than
 :data:`MIN_DISCORDANT` questions differ); ``deterministic`` rows are compared exactly;
-``descriptive`` rows are never judged. The primaries form one family per report (Holm 1979 or
-the sequential design: :mod:`patchbench.analysis.family`); secondaries keep the raw alpha. The
-methods themselves are :mod:`patchbench.stats`.
+``descriptive`` rows are never judged. Multiplicity: :mod:`patchbench.analysis.family`.
 """
 
 from __future__ import annotations
@@ -48,10 +44,9 @@ METHOD_SOURCES = {
 
 @dataclass
 class Test:
-    """The result of one metric's test before multiplicity: ``p`` two-sided p-value of "no
-    change" (None: not testable), ``interval(alpha)`` -> (low, high) of the change at level
-    1 - alpha (fractions: 0.05 = +5 %, or accuracy points as fractions), ``estimate`` the change,
-    ``method`` with its source, ``scale``: "ratio" (change = variant/baseline - 1) or "diff"."""
+    """One metric's test before multiplicity: two-sided ``p`` of "no change" (None: not
+    testable), ``interval(alpha)`` -> (low, high) at level 1 - alpha in fractions (0.05 = +5 %,
+    or accuracy points / 100), ``scale``: "ratio" (variant/baseline - 1) or "diff"."""
 
     estimate: float | None
     p: float | None
@@ -102,9 +97,8 @@ def run_test(baseline: Sequence[float], variant: Sequence[float], min_repeats: i
 def tost_log_ratio(
     baseline: Sequence[float], variant: Sequence[float], margin_pct: float, alpha: float
 ) -> tuple[float, bool]:
-    """TOST of "variant/baseline within [1/(1+m), 1+m]" on paired log ratios (symmetric in log
-    space: bounds +-log(1 + margin); :func:`patchbench.stats.tost_p`). Returns (p, equivalent
-    at ``alpha``)."""
+    """TOST of "variant/baseline within [1/(1+m), 1+m]" on paired log ratios; (p, equivalent at
+    ``alpha``)."""
     bound = math.log1p(margin_pct / 100.0)
     p = stats.tost_p(stats.paired_t(stats.log_ratios(baseline, variant)), -bound, bound)
     return p, p < alpha
@@ -124,10 +118,8 @@ def accuracy_test(
     repeats: tuple[int, int] | None = None,
     cells: stats.CellVariance | None = None,
 ) -> Test:
-    """Paired test of per-question correctness in [0, 1] (each averaged over its arm's
-    ``repeats``, None: one each, the cell component then not covered) with the pooled cell-shift
-    variance ``cells`` (:func:`patchbench.stats.paired_items_t`); Newcombe's paired interval
-    when fewer than :data:`MIN_DISCORDANT` questions differ."""
+    """Paired test of per-question correctness in [0, 1], each averaged over its arm's
+    ``repeats`` (None: one each), with the pooled cell-shift variance ``cells``."""
     if len(baseline) == 0:
         return Test(None, None, None, "Newcombe paired", "diff", reason="no paired questions")
     b, v = np.asarray(baseline, float), np.asarray(variant, float)
@@ -190,7 +182,7 @@ def bounded_difference(
     baseline: float, variant: float, baseline_bound: Bound = None, variant_bound: Bound = None
 ) -> tuple[float, float]:
     """(low, high) of the true ``variant - baseline`` when a value is only a "lower" / "upper"
-    bound of the truth (None: exact), by interval arithmetic; unbounded sides are -inf / +inf."""
+    bound (None: exact), by interval arithmetic; unbounded sides are -inf / +inf."""
     v_min = variant if variant_bound in (None, "lower") else -math.inf
     v_max = variant if variant_bound in (None, "upper") else math.inf
     b_min = baseline if baseline_bound in (None, "lower") else -math.inf
@@ -244,17 +236,17 @@ def deterministic_test(
 
 
 def holm_alphas(pvalues: Sequence[float], alpha: float) -> tuple[list[bool], list[float]]:
-    """(reject, alpha used) per test by Holm's step-down (:func:`patchbench.stats.holm`): rank i
-    uses alpha / (m - i) while every earlier test was rejected; from the first one not rejected
-    on, every later test keeps its alpha (its interval then agrees with "not rejected")."""
+    """(reject, alpha used) per test by Holm's step-down: rank i uses alpha / (m - i) while every
+    earlier test was rejected; from the first one not rejected on, the later ones keep its
+    alpha."""
     steps = stats.holm(pvalues, alpha)
     stopped = min((level for rejected, level in steps if not rejected), default=alpha)
     return [r for r, _ in steps], [level if r else stopped for r, level in steps]
 
 
 def margin_bounds(test: Test, margin: float) -> tuple[float, float]:
-    """The equivalence region of a margin in the row's display unit (percent for ratios: the
-    change lies in [1/(1+m) - 1, m], symmetric on the log scale; points for differences)."""
+    """The equivalence region of a margin as fractions: [1/(1+m) - 1, m] for ratios (symmetric
+    on the log scale), [-m, m] for differences."""
     m = margin / 100.0
     return (1 / (1 + m) - 1, m) if test.scale == "ratio" else (-m, m)
 
@@ -280,9 +272,7 @@ def verdict(
 
 
 def tost_from_interval(test: Test, margin: float, alpha: float) -> bool:
-    """Equivalence within +-margin at ``alpha`` from the row's interval: the (1 - 2 alpha)
-    interval lies inside the margin (the TOST duality; for ratios the bounds are
-    [1/(1+m) - 1, m])."""
+    """Equivalence at ``alpha``: the (1 - 2 alpha) interval lies inside :func:`margin_bounds`."""
     if test.interval is None:
         return False
     return stats.equivalent_by_interval(test.interval, *margin_bounds(test, margin), alpha)
@@ -291,9 +281,8 @@ def tost_from_interval(test: Test, margin: float, alpha: float) -> bool:
 def welch_log(
     a: Sequence[float], b: Sequence[float], alpha: float
 ) -> tuple[float, float, float, float]:
-    """Welch's t interval on the log values (:func:`patchbench.stats.welch_t`) for the ratio of
-    the geometric means of ``b`` over ``a`` (> 0): (change, low, high, p), fractions. Raises
-    ValueError with fewer than 2 values in an arm."""
+    """Welch's t on the log values for the ratio of the geometric means of ``b`` over ``a``:
+    (change, low, high, p), fractions. ValueError with fewer than 2 values in an arm."""
     la, lb = np.log(np.asarray(a, float)), np.log(np.asarray(b, float))
     if la.size < 2 or lb.size < 2:
         raise ValueError("Welch needs at least 2 runs in each arm")

@@ -1,11 +1,6 @@
-"""Server arguments and environment variables in a config: the checks that refuse what the harness
-sets itself (:data:`HARNESS_ARGS`, :data:`HARNESS_ENV`) in any spelling, and the parser that reads
-an argument list as (flag, value) pairs.
-
-Used by the config models (``server.args``, a variant's ``server_args``) and by the correctness
-cells (a suite's instrumentation arguments, ``patchbench.run.cell``). Errors are ValueError naming the
-key and item; the models turn them into :class:`patchbench.errors.ConfigError` messages.
-"""
+"""Server arguments and environment variables of a config: refusing what the harness sets itself
+(:data:`HARNESS_ARGS`, :data:`HARNESS_ENV`) in any spelling, and reading an argument list as
+(flag, value) pairs. Errors are ValueError naming the key and item."""
 
 from __future__ import annotations
 
@@ -22,12 +17,10 @@ HARNESS_ENV_PREFIX = "PATCHBENCH_"
 
 
 def split_args(args: list[str]) -> list[tuple[int, str, str | None]]:
-    """``server.args``-style list -> [(index of the flag item, flag, value or None)].
-
-    ``--flag=value`` and ``--flag value`` (value: the next item when it does not start with ``-``,
-    or is a negative number) both give (i, "--flag", "value"); a switch gives (i, "--flag", None).
-    Items that are neither a flag nor a flag's value are returned as (i, "", item).
-    """
+    """``server.args``-style list -> [(index of the flag item, flag, value or None)]:
+    ``--flag=value`` and ``--flag value`` (the next item when it does not start with ``-`` or is a
+    negative number) give (i, "--flag", "value"), a switch (i, "--flag", None), anything else
+    (i, "", item)."""
     out: list[tuple[int, str, str | None]] = []
     i = 0
     while i < len(args):
@@ -75,13 +68,10 @@ def _too_long(s: str) -> bool:
     return len(s.encode("utf-8", "surrogateescape")) + 1 > MAX_ARG_BYTES
 
 
-def check_args(args: list[str], where: str) -> None:
-    """Refuse malformed or harness-owned server arguments; ``where`` names the key in messages.
-
-    Raises ValueError naming the item: a flag and its value in one item (``'--port 31000'``),
-    a harness-owned argument in any spelling, an empty item, one holding a NUL or one longer than
-    the kernel passes to a process (:data:`MAX_ARG_BYTES`).
-    """
+def check_args(args: list[str], where: str) -> list[str]:
+    """``args``, or ValueError naming the item (``where[i]``): a flag and its value in one item,
+    a harness-owned argument in any spelling, an empty item, a NUL, one over
+    :data:`MAX_ARG_BYTES`."""
     for i, a in enumerate(args):
         if not a.strip() or "\x00" in a:
             raise ValueError(f"{where}[{i}]: {a!r} is empty or holds a NUL character")
@@ -111,6 +101,7 @@ def check_args(args: list[str], where: str) -> None:
             raise ValueError(
                 f"{where}[{i}]: {shown} is set by the harness ({_owner_hint(owned)}); remove it"
             )
+    return args
 
 
 def _owner_hint(flag: str) -> str:
@@ -121,10 +112,9 @@ def _owner_hint(flag: str) -> str:
     }.get(flag, "from model.path")
 
 
-def check_env(env: dict[str, str], where: str) -> None:
-    """Refuse environment names that are not POSIX names, values with a NUL character or longer
-    than a process can be given (:data:`MAX_ARG_BYTES`), and the variables the harness sets
-    (PYTHONPATH, PATCHBENCH_*). Raises ValueError naming the entry."""
+def check_env(env: dict[str, str], where: str) -> dict[str, str]:
+    """``env``, or ValueError naming the entry: not a POSIX name, a NUL or over
+    :data:`MAX_ARG_BYTES` in the value, a variable the harness sets (PYTHONPATH, PATCHBENCH_*)."""
     for k, v in env.items():
         if not ENV_NAME.match(k):
             raise ValueError(
@@ -142,3 +132,4 @@ def check_env(env: dict[str, str], where: str) -> None:
             raise ValueError(
                 f"{where}.{k}: set by the harness (the overlay and its checks); remove it"
             )
+    return env

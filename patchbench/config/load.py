@@ -1,10 +1,8 @@
-"""Building a :class:`~patchbench.config.schema.Config`: from a YAML file (:func:`load_config`),
-from a mapping (:func:`config_from_mapping`: a preset changed in memory, a matrix unit, a run
-folder's manifest), or from another config (:func:`derive`). Each validates the models, every
-suite's parameters against the suite's ``Params`` and the patches the variants name against
-``patches/``, and turns every problem into one line of a :class:`patchbench.errors.ConfigError`
-naming where (file and line), the key path, what was found and what is allowed.
-"""
+"""Building a :class:`~patchbench.config.schema.Config` from a YAML file (:func:`load_config`),
+a mapping (:func:`config_from_mapping`) or another config (:func:`derive`): the models, each
+suite's ``Params`` and the named patches are validated, every problem one line of a
+:class:`patchbench.errors.ConfigError` naming file and line, key path, what was found and what
+is allowed."""
 
 from __future__ import annotations
 
@@ -49,9 +47,8 @@ def file_where(path: Path, text: str) -> Where:
 
 
 def load_config(path: str | os.PathLike, *, check_files: bool = True) -> Config:
-    """Load and validate a YAML config (:func:`patchbench.inputs.read_yaml_mapping` bounds the
-    file; :func:`config_from_mapping` the rest). ``source`` of the result is the file.
-    Raises :class:`ConfigError` naming the file, key and line for any problem."""
+    """Load and validate a YAML config (its ``source`` is the file); :class:`ConfigError` naming
+    the file, key and line for any problem."""
     path = Path(path)
     text, raw = read_yaml_mapping(
         path, ConfigError, "name, sglang, model, variants, suites, ...", "config file"
@@ -64,15 +61,11 @@ def load_config(path: str | os.PathLike, *, check_files: bool = True) -> Config:
 def config_from_mapping(
     raw: dict[str, Any], where: str | Where = "config", *, check_files: bool = True
 ) -> Config:
-    """Validate a config mapping as :func:`load_config` validates a file: the models, the
-    ``compare`` and ``nightly`` sections, every suite's parameters (``suite_params``) and
-    ``rounds`` (``suite_rounds``), no infinite value where a finite one is needed, a balanced
-    order for timed suites, and (``check_files``) every named patch (``patches/<name>/`` with a
-    manifest supporting the release) and diff file (:func:`patchbench.patches.diffs.inspect_diff`).
-
-    ``where`` names the origin in messages: a name, or a :data:`Where`. The result has no
-    ``source``. Raises :class:`ConfigError`, one line per problem.
-    """
+    """Validate a config mapping as :func:`load_config` validates a file: the models, every
+    suite's parameters and ``rounds``, no infinite value where a finite one is needed, a balanced
+    order for timed suites and (``check_files``) every named patch and diff file. ``where``: the
+    origin in messages (a name or a :data:`Where`). Raises :class:`ConfigError`, one line per
+    problem."""
     at: Where = (lambda loc: str(where)) if isinstance(where, (str, os.PathLike)) else where
     raw = dict(raw)
     problems: list[str] = []
@@ -201,8 +194,8 @@ def _balance_problems(cfg: Config, at: Where) -> list[str]:
 
 
 def _patch_problems(cfg: Config, raw: dict, at: Where) -> list[str]:
-    """Problems with the patches the variants name: missing, invalid manifest, no diff for the
-    config's release, a diff file that is missing or changes what no patch may."""
+    """Problems of the patches the variants name: missing, invalid manifest, no diff for the
+    release, a diff file that is missing or changes what no patch may."""
     problems = []
     for variant, spec in cfg.variants.items():
         long_form = isinstance((raw.get("variants") or {}).get(variant), dict)

@@ -1,21 +1,17 @@
-"""The experiment config's models (pydantic): :class:`Config` and its parts (model, server,
-variants and their ``sglang:`` builds, schedule, the ``compare:`` settings).
-
-The models check each value on its own (types, names, harness-owned server arguments, a variant's
-flags against ``server.args``); what needs the file or the repository (suite parameters, patches
-on disk, YAML lines in messages) is checked by :mod:`patchbench.config.load`. A model error is a
-ValueError (pydantic's ValidationError), which the loader turns into
-:class:`patchbench.errors.ConfigError`.
-"""
+"""The experiment config's models (pydantic): :class:`Config` and its parts. They check each
+value on its own; what needs the file or the repository (suite parameters, patches on disk, YAML
+lines) is checked by :mod:`patchbench.config.load`, which turns pydantic's ValidationError into
+:class:`patchbench.errors.ConfigError`."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from packaging.version import InvalidVersion, Version
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -29,6 +25,7 @@ from pydantic_core import PydanticCustomError
 
 from patchbench import errors
 from patchbench.config.args import check_args, check_env, split_args
+from patchbench.config.nightly import NightlySettings
 from patchbench.inputs import FOLDER_NAME, REPO_ROOT, is_hub_id, looks_local
 from patchbench.shims import available_stand_ins
 
@@ -43,13 +40,11 @@ class Strict(BaseModel):
 class CompareSettings(BaseModel):
     """The ``compare:`` section (all keys optional).
 
-    confidence: family confidence of each variant's primaries (Holm-adjusted) and raw confidence
-    of every secondary interval. min_repeats: paired repeats a run-level verdict needs.
-    margins: practical-equivalence margin per metric (``metric`` or ``suite.metric``; percent for
-    run-level metrics, points for accuracy), overriding the suite's. bootstrap_* / seed: the
-    descriptive within-cell intervals of suites' pair hooks. identity_share_tolerance /
-    retokenized_change_share: read by suites' output-identity checks. assumed_cv: the run-to-run
-    CV in percent per run-level metric the config assumes (shown beside an A/A's measured noise).
+    confidence: family confidence of the primaries (Holm-adjusted), raw confidence of the
+    secondaries. min_repeats: paired repeats a run-level verdict needs. margins: equivalence
+    margin per ``metric`` or ``suite.metric`` (percent for run-level metrics, points for
+    accuracy). bootstrap_* / seed: suites' within-cell intervals. identity_share_tolerance: read
+    by suites' output-identity checks. assumed_cv: run-to-run CV (%) per run-level metric.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -62,23 +57,39 @@ class CompareSettings(BaseModel):
     seed: int = 0
     within_cell_intervals: bool = True
     identity_share_tolerance: float = Field(0.02, ge=0.0, le=1.0)
-    retokenized_change_share: float = Field(0.01, ge=0.0, le=1.0)
     assumed_cv: dict[str, float] = Field(default_factory=dict)
 
-    def margin_for(self, suite: str, metric: str, default: float | None) -> float | None:
-        """``margins["suite.metric"]``, else ``margins[metric]``, else ``default``."""
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "retokenized_change_share" in data:
+            raise ValueError(
+                "compare.retokenized_change_share was removed (no check read it); delete the key"
+            )
+        return data
+
+    def margin_for(
+        self, suite: str, metric: str, default: float | None, table: str = "margins"
+    ) -> float | None:
+        """``margins["suite.metric"]``, else ``margins[metric]``, else ``default`` (``table``:
+        "assumed_cv" reads that one alike)."""
+        values = getattr(self, table)
         for key in (f"{suite}.{metric}", metric):
-            if key in self.margins:
-                return float(self.margins[key])
+            if key in values:
+                return float(values[key])
         return default
 
 
 def sections() -> dict[str, type[BaseModel]]:
     """The model of each settings section of a config: ``compare`` and ``nightly``."""
-    # imported here: the nightly package reads run folders, whose manifest holds a Config
-    from patchbench.nightly.gates.settings import NightlySettings
-
     return {"compare": CompareSettings, "nightly": NightlySettings}
+
+
+#: server arguments and environment variables, checked by patchbench.config.args
+ServerArgs = Annotated[list[str], AfterValidator(lambda v: check_args(v, "server.args"))]
+ServerEnv = Annotated[dict[str, str], AfterValidator(lambda v: check_env(v, "server.env"))]
+VariantArgs = Annotated[list[str], AfterValidator(lambda v: check_args(v, "server_args"))]
+VariantVars = Annotated[dict[str, str], AfterValidator(lambda v: check_env(v, "env"))]
 
 
 # --------------------------------------------------------------------------- model and server
@@ -112,8 +123,8 @@ class ServerSpec(Strict):
 
     host: str = "127.0.0.1"
     port: int = Field(30000, ge=1024, le=65535)
-    args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    args: ServerArgs = Field(default_factory=list)
+    env: ServerEnv = Field(default_factory=dict)
     cpu_stand_ins: list[str] = Field(default_factory=list)
     ready_timeout_s: float = Field(600.0, gt=0)
     stop_grace_s: float = Field(20.0, gt=0)
@@ -150,18 +161,6 @@ class ServerSpec(Strict):
                 "server.host is the address the server binds and readiness asks (127.0.0.1, "
                 "0.0.0.0, a host name): not empty, no spaces, no scheme or path"
             )
-        return v
-
-    @field_validator("args")
-    @classmethod
-    def _args(cls, v: list[str]) -> list[str]:
-        check_args(v, "server.args")
-        return v
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        check_env(v, "server.env")
         return v
 
 
@@ -292,8 +291,8 @@ class VariantSpec(Strict):
     A bare list is the short form of ``{patches: [...]}``."""
 
     patches: list[PatchEntry] = Field(default_factory=list)
-    server_args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    server_args: VariantArgs = Field(default_factory=list)
+    env: VariantVars = Field(default_factory=dict)
     sglang: SglangSpec | None = None
 
     @field_validator("sglang", mode="before")
@@ -323,18 +322,6 @@ class VariantSpec(Strict):
             if label in seen:
                 raise ValueError(f"patches[{i}]: '{label}' is listed twice; a patch applies once")
             seen.add(label)
-        return v
-
-    @field_validator("server_args")
-    @classmethod
-    def _args(cls, v: list[str]) -> list[str]:
-        check_args(v, "server_args")
-        return v
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        check_env(v, "env")
         return v
 
     def short(self) -> list | dict:
@@ -470,13 +457,9 @@ class ScheduleSpec(Strict):
 
 # --------------------------------------------------------------------------- the config
 class Config(Strict):
-    """A validated experiment config (configs/demo-cpu.yaml documents every key).
-
-    ``compare`` is a :class:`CompareSettings`, ``nightly`` a
-    ``patchbench.nightly.gates.NightlySettings`` (defaults when absent). ``source``: the file it
-    was loaded from (None for a config built in memory); ``suite_params`` / ``suite_rounds``:
-    {suite: its validated ``Params``} and {suite: its ``rounds``}, filled by
-    :func:`patchbench.config.load.config_from_mapping`.
+    """A validated experiment config (configs/demo-cpu.yaml documents every key). ``source``: the
+    file it was loaded from (None: built in memory); ``suite_params`` / ``suite_rounds``: {suite:
+    its validated ``Params`` / ``rounds``}, filled by :func:`patchbench.config.load.config_from_mapping`.
     """
 
     name: str
@@ -717,11 +700,6 @@ class Config(Strict):
             and is_hub_id(p)
             and not self.resolve_path(p).exists()
         )
-
-    @property
-    def model_is_hub(self) -> bool:
-        """True when ``model.path`` is a hub id (``org/name``, no such local folder, not tiny)."""
-        return self._is_hub(self.model.path)
 
     @property
     def model_ref(self) -> str:

@@ -1,14 +1,11 @@
 """Each variant's sglang build: the environment its server runs in and, for a source checkout or a
 wheel, the ``sglang`` tree that runs as an overlay on that environment.
 
-``sglang:`` names a release (the environment of this machine that has it installed), ``latest``
-(the newest release on the package index's JSON API, ``$PATCHBENCH_INDEX_URL``, resolved once
-per run), a wheel or a checkout at a commit (only the commit's ``python/sglang`` and
-``python/pyproject.toml`` are read, never a work tree). A wheel or checkout runs on the
-environment whose installed sglang declares the same dependencies, as an overlay of the files
-that differ (patchbench.patches.overlay.build_source_overlay): a branch needs no new environment.
-On the CPU, a variant checkout whose range from the baseline's touches compiled code or the
-dependencies is refused before anything launches.
+``sglang:`` names a release (an environment here has it), ``latest`` (the package index's newest,
+resolved once per run), a wheel or a checkout at a commit (only its ``python/sglang`` and
+``python/pyproject.toml``). A wheel or checkout runs as an overlay on the environment whose sglang
+declares the same dependencies. On the CPU, a variant checkout whose range from the baseline's
+touches compiled code or the dependencies is refused before anything launches.
 
 Errors: EnvironmentNotReady (exit 3) for a build no environment here can run, or an index that
 cannot be read; ConfigError (exit 2) for an unknown ref, a checkout without ``python/sglang``, a
@@ -48,15 +45,9 @@ _COMPILED = re.compile(r"(^|/)(sgl-kernel|csrc)/|\.(cu|cuh|cpp|cc|cxx|c|h|hpp)$"
 
 @dataclass
 class Build:
-    """One resolved ``sglang:``.
-
-    spec: the value as written (``0.5.23``, ``latest``, ``git:PATH@REF``, ``wheel:PATH``);
-    kind: ``release``, ``git`` or ``wheel``; env: the environment the server runs in; release:
-    its installed sglang; resolved: what the spec stood for at this run (the release, the
-    commit, the wheel's sha256); version: the source's own sglang version (``sglang/version.py``
-    or the wheel's), None for a release; tree: the folder holding the source's ``sglang/``
-    (None for a release).
-    """
+    """One resolved ``sglang:`` (``spec`` as written): ``resolved``: the release, commit or the
+    wheel's sha256; ``version``: a source's own sglang version and ``tree`` the folder holding
+    its ``sglang/`` (None for a release)."""
 
     spec: str
     kind: Literal["release", "git", "wheel"]
@@ -102,9 +93,8 @@ class Build:
 
 # ------------------------------------------------------------------------------- releases
 def resolve_latest(index_url: str | None = None, *, timeout_s: float = 20) -> str:
-    """The newest sglang release on the package index: ``info.version`` of
-    ``<index_url>/sglang/json`` (the PyPI JSON API; default ``$PATCHBENCH_INDEX_URL``, else
-    https://pypi.org/pypi). Raises EnvironmentNotReady when the index cannot be read."""
+    """``info.version`` of ``<index_url>/sglang/json`` (default ``$PATCHBENCH_INDEX_URL``, else
+    PyPI); EnvironmentNotReady when the index cannot be read."""
     url = (index_url or os.environ.get(INDEX_URL_ENV) or DEFAULT_INDEX_URL).rstrip("/")
     try:
         with urllib.request.urlopen(f"{url}/sglang/json", timeout=timeout_s) as r:
@@ -126,8 +116,8 @@ def _release_build(spec: str, release: str) -> Build:
 
 # ------------------------------------------------------------------------------- requirements
 def pyproject_requirements(text: str) -> list[str]:
-    """The requirement strings of a ``pyproject.toml``: ``project.dependencies`` and every
-    ``project.optional-dependencies`` list (each marked with its extra, as Requires-Dist is)."""
+    """The requirement strings of a ``pyproject.toml``, optional ones marked with their extra (as
+    Requires-Dist is)."""
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10: the parser pip vendors
@@ -149,8 +139,7 @@ def _environment_with(what: str, reqs: list[str], version: str | None) -> envinf
 
 # ------------------------------------------------------------------------------- git
 def git(git_dir: Path, *args: str, text: bool = True) -> subprocess.CompletedProcess:
-    """``git --git-dir=GIT_DIR ARGS`` (output captured; GIT_DIR and GIT_WORK_TREE of this process
-    ignored)."""
+    """``git --git-dir=GIT_DIR ARGS``, output captured."""
     env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE")}
     return subprocess.run(
         ["git", f"--git-dir={git_dir}", *args], capture_output=True, text=text, env=env
@@ -180,14 +169,13 @@ def changed_files(git_dir: Path, base: str, head: str) -> list[str]:
 
 
 def compiled_files(paths: list[str]) -> list[str]:
-    """The paths among ``paths`` that need a compiled build: ``sgl-kernel/``, ``csrc/``, and
-    C/C++/CUDA sources and headers."""
+    """The paths that need a compiled build (``sgl-kernel/``, ``csrc/``, C/C++/CUDA files)."""
     return [p for p in paths if _COMPILED.search(p)]
 
 
 def _extract_git_tree(git_dir: Path, commit: str, cache_dir: Path) -> Path:
-    """``python/sglang`` of ``commit`` extracted once into ``<cache_dir>/builds/git-<commit>/``
-    (holds ``sglang/``); ConfigError when the commit has no ``python/sglang``."""
+    """``python/sglang`` of ``commit`` extracted once into ``<cache_dir>/builds/git-<commit>/``;
+    ConfigError when it has none."""
     dest = cache_dir / "builds" / f"git-{commit}"
     if (dest / "sglang" / "__init__.py").is_file():
         return dest
@@ -222,8 +210,7 @@ def _source_version(tree: Path) -> str | None:
 
 
 def git_build(cfg: Config, spec: GitSource, *, cache_dir: Path = CACHE_DIR) -> Build:
-    """The build of a checkout at a commit: its tree, and the environment with the same
-    dependencies (``python/pyproject.toml`` at that commit)."""
+    """The build of a checkout at a commit, on the environment with its dependencies."""
     from patchbench.patches.author import git_dir_of
 
     label = sglang_label(spec)
@@ -246,8 +233,8 @@ def git_build(cfg: Config, spec: GitSource, *, cache_dir: Path = CACHE_DIR) -> B
 
 # ------------------------------------------------------------------------------- wheels
 def wheel_build(cfg: Config, spec: WheelSource, *, cache_dir: Path = CACHE_DIR) -> Build:
-    """The build of a wheel file: its ``sglang/`` extracted once into
-    ``<cache_dir>/builds/wheel-<sha16>/`` and the environment with its Requires-Dist."""
+    """The build of a wheel file (extracted once under ``<cache_dir>/builds/``), on the
+    environment with its Requires-Dist."""
     label = sglang_label(spec)
     path = cfg.resolve_path(spec.wheel)
     if not path.is_file():
@@ -288,13 +275,9 @@ def _mkdir(p: Path) -> Path:
 def resolve_builds(
     cfg: Config, *, cpu: bool = False, index_url: str | None = None, cache_dir: Path = CACHE_DIR
 ) -> dict[str, Build]:
-    """{variant: its :class:`Build`}, each distinct ``sglang:`` resolved once (``latest`` once
-    per run); also stored in ``cfg.builds`` (what :meth:`Config.release_of` reads).
-
-    ``cpu``: refuse, before anything launches, a variant checkout whose range from the
-    baseline's checkout (same repository) touches compiled code or the dependencies. A variant
-    on a source build takes no patches. Raises the errors of the module docstring.
-    """
+    """{variant: its :class:`Build`}, each distinct ``sglang:`` resolved once; also stored in
+    ``cfg.builds`` (what :meth:`Config.release_of` reads). ``cpu``: refuse a compiled range (module
+    docstring). Raises the errors of the module docstring."""
     by_label: dict[str, Build] = {}
     latest: str | None = None
     out: dict[str, Build] = {}
@@ -360,11 +343,9 @@ def _refuse_compiled(cfg: Config, builds: dict[str, Build]) -> None:
 def overlay_patches(
     cfg: Config, variant: str, release: str | None, *, cache_dir: Path | None = None
 ) -> list[str | Path]:
-    """``variant``'s patches as :func:`patchbench.patches.overlay.build_overlay` takes them for
-    ``release``: patch names, and for each diff named directly a patch folder made from it
-    (hashes from the release's pristine files; cached under ``<cache_dir>/diff-patches/``).
-    Raises :class:`patchbench.errors.PatchError` naming the diff, file and hunk, or when a diff
-    needs a release that is not resolved yet (None)."""
+    """``variant``'s patches for ``release`` as the overlay takes them: patch names, and a patch
+    folder made from each diff file. Raises :class:`patchbench.errors.PatchError` naming the
+    diff, file and hunk, or when a diff needs a release not resolved yet (None)."""
     from patchbench.patches.author import patch_from_diff_file
 
     out: list[str | Path] = []

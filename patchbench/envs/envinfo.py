@@ -1,9 +1,6 @@
-"""What this machine is and which of its Pythons hold sglang.
-
-:func:`collect` is recorded in every run manifest and printed by ``patchbench doctor``: metadata
-travels with the numbers (pyperf's ``_collect_metadata``), so a comparison can say why two runs
-are not comparable. :func:`environment_for` is the one finder of an environment that holds an
-sglang release or a dependency set (builds, overlays, patch wheels, matrix nodes).
+"""What this machine is (:func:`collect`, recorded in every manifest and printed by ``patchbench
+doctor``) and which of its Pythons hold sglang (:func:`environment_for`, the one finder of an
+environment for a release or a dependency set).
 """
 
 from __future__ import annotations
@@ -42,8 +39,7 @@ def installed_version(dist: str) -> str | None:
 
 
 def stock_site_dir() -> Path | None:
-    """The site-packages folder holding the installed ``sglang`` package (found without importing
-    it: importing sglang pulls torch and takes seconds)."""
+    """The site-packages folder holding ``sglang``, found without importing it (seconds)."""
     spec = importlib.util.find_spec("sglang")
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -51,8 +47,8 @@ def stock_site_dir() -> Path | None:
 
 
 def venv_dir(version: str, checkout: Path = REPO_ROOT) -> Path:
-    """The venv ``make setup SGLANG=version`` makes in ``checkout`` (the Makefile's VENV rule):
-    ``.venv`` for the default pin 0.5.1.post3, ``.venv-<version>`` for any other."""
+    """The venv ``make setup SGLANG=version`` makes in ``checkout``: ``.venv`` for the default
+    pin 0.5.1.post3, ``.venv-<version>`` for any other."""
     return checkout / (".venv" if version == "0.5.1.post3" else f".venv-{version}")
 
 
@@ -63,13 +59,9 @@ def setup_command(version: str) -> str:
 
 @dataclass(frozen=True)
 class Environment:
-    """A Python environment holding an installed sglang release (where a server can run).
-
-    venv: the environment's folder (``sys.prefix`` for the running one); python: its
-    interpreter; sglang: the installed release; site_dir: the site-packages folder holding
-    ``sglang/``; requires: the installed release's declared requirements (its METADATA
-    ``Requires-Dist`` lines, markers included); current: the interpreter running patchbench.
-    """
+    """A Python environment holding an installed sglang release (``venv``: ``sys.prefix`` for
+    the running one; ``requires``: the release's ``Requires-Dist`` lines; ``current``: the
+    interpreter running patchbench)."""
 
     venv: Path
     python: str
@@ -79,8 +71,7 @@ class Environment:
     current: bool = False
 
     def describe(self) -> str:
-        """``".venv-0.5.23 (sglang 0.5.23)"``: the folder (relative to the repository when
-        inside it) and the release."""
+        """``".venv-0.5.23 (sglang 0.5.23)"`` (relative to the repository when inside it)."""
         try:
             shown = str(self.venv.relative_to(REPO_ROOT))
         except ValueError:
@@ -118,11 +109,9 @@ def _venv_dirs() -> list[Path]:
 
 
 def environments(venvs: Sequence[Path] | None = None, *, current: bool = True) -> list[Environment]:
-    """The environments a server can run from, found without starting any interpreter: the
-    running one first (with ``current``, when it holds sglang), then every venv of ``venvs``
-    (default: those of :data:`VENVS_ENV`, else the repository's ``.venv`` and ``.venv-*``) whose
-    ``lib/python*/site-packages`` holds sglang. A venv that is the running environment (the same
-    folder after resolving links) is listed once."""
+    """The environments holding sglang, found without starting an interpreter: the running one
+    (with ``current``), then each venv of ``venvs`` (default: :data:`VENVS_ENV`, else the
+    repository's ``.venv*``), each once."""
     out: list[Environment] = []
     seen: set[Path] = set()
     site = stock_site_dir() if current else None
@@ -144,10 +133,8 @@ def environments(venvs: Sequence[Path] | None = None, *, current: bool = True) -
 
 
 def requirement_keys(reqs: Sequence[str]) -> set[tuple[str, str, str]]:
-    """The dependency set of requirement strings, comparable across a pyproject's lists and an
-    installed distribution's ``Requires-Dist``: {(canonical name, specifier, extra or "")},
-    names and extras normalized (``runtime_common`` is ``runtime-common``); other markers are
-    ignored."""
+    """{(canonical name, specifier, extra or "")} of requirement strings (a pyproject's or
+    ``Requires-Dist``), names and extras normalized, other markers ignored."""
     out = set()
     for raw in reqs:
         try:
@@ -167,10 +154,9 @@ def environment_for(
     venvs: Sequence[Path] | None = None,
     current: bool = True,
 ) -> Environment | None:
-    """The one finder: among :func:`environments` (``venvs``, ``current`` as there), the first
-    whose installed sglang is ``version``; with ``requires``, the first whose installed sglang
-    declares that dependency set (:func:`requirement_keys`; the one with sglang ``version``
-    first). None when none does (:func:`missing_environment` says why)."""
+    """The first of :func:`environments` whose sglang is ``version`` or, with ``requires``, whose
+    sglang declares that dependency set (``version`` first); None when none does
+    (:func:`missing_environment` says why)."""
     envs = environments(venvs, current=current)
     if requires is None:
         return next((e for e in envs if e.sglang == version), None)
@@ -182,9 +168,8 @@ def environment_for(
 def missing_environment(
     what: str, version: str | None = None, *, requires: Sequence[str] | None = None
 ) -> EnvironmentNotReady:
-    """The error (exit 3) for :func:`environment_for` finding nothing among this machine's
-    environments: the ``make setup`` that makes one for ``version``, or, for ``requires``, how
-    the closest environment's dependencies differ."""
+    """The error (exit 3) when :func:`environment_for` finds nothing: the ``make setup`` for
+    ``version``, or how the closest environment's dependencies differ from ``requires``."""
     envs = environments()
     if requires is None:
         have = ", ".join(e.describe() for e in envs) or "none"
@@ -286,12 +271,8 @@ def hub_reachable(timeout_s: float = 3.0) -> bool:
 
 
 def hf_cached(repo_id: str, repo_type: str = "model") -> bool:
-    """True when the Hugging Face hub cache holds a snapshot of ``repo_id``.
-
-    Looks for ``<HF_HUB_CACHE>/<repo_type>s--<org>--<name>/snapshots/*`` (the hub cache layout of
-    huggingface_hub, which transformers, sglang and datasets read offline). ``repo_type`` is
-    "model" or "dataset". Does not check that every file is there.
-    """
+    """True when the Hugging Face hub cache holds a snapshot of ``repo_id`` (``repo_type``:
+    "model" or "dataset"; its files are not checked)."""
     try:
         from huggingface_hub import constants
     except ImportError:
@@ -306,8 +287,7 @@ def hf_cached(repo_id: str, repo_type: str = "model") -> bool:
 
 
 def torch_build_info() -> dict:
-    """{"torch", "cuda_build"} without importing torch (seconds): the ``__version__`` and
-    ``cuda`` lines of the torch/version.py its build writes; both None without torch."""
+    """{"torch", "cuda_build"} from torch/version.py, without importing torch (None without)."""
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         return {"torch": None, "cuda_build": None}
@@ -324,11 +304,8 @@ def torch_build_info() -> dict:
 
 
 def collect(*, with_torch: bool = True, with_hub: bool = False) -> dict:
-    """Everything worth recording about this machine and environment (a JSON-able dict).
-
-    ``with_torch`` imports torch to ask whether CUDA is available (seconds); without it the torch
-    version and CUDA build still come from torch/version.py. ``with_hub`` tries huggingface.co.
-    """
+    """This machine and environment as a JSON-able dict (``with_torch``: import torch to ask
+    for CUDA, seconds; ``with_hub``: try huggingface.co)."""
     du = shutil.disk_usage(REPO_ROOT)
     info = {
         "python": sys.version.split()[0],
@@ -344,12 +321,9 @@ def collect(*, with_torch: bool = True, with_hub: bool = False) -> dict:
         "disk_free_gib": round(du.free / 2**30, 1),
         "hf_hub_offline": os.environ.get("HF_HUB_OFFLINE"),
     }
-    try:
-        import psutil
+    import psutil
 
-        info["memory_total_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
-    except ImportError:
-        pass
+    info["memory_total_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
     if with_torch:
         info.update(torch_info())
     else:

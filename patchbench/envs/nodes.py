@@ -1,23 +1,17 @@
 """The python a matrix unit's bench runs with on its node, chosen before anything runs, and built
 only when the user asked for it.
 
-Modes (``spec["env_setup"]``): "current" (this interpreter, nothing looked up or built), "auto"
-(default locally) and "make" (default on Ray). "auto" and "make" take the first of these that
-holds the unit's pin (:func:`plan_env`; :func:`patchbench.envs.envinfo.environment_for`):
+Modes (``spec["env_setup"]``): "current" (this interpreter), "auto" (default locally) and "make"
+(default on Ray), which take the first that holds the unit's pin (:func:`plan_env`):
 
 1. this interpreter, when its sglang is the pin and its ``patchbench.suites`` comes from the
-   checkout bench runs in (so the unit runs the code the driver shipped);
-2. the checkout's venv for the pin (``.venv`` or ``.venv-<pin>``, what ``make setup
-   SGLANG=<pin>`` makes there: :func:`patchbench.envs.envinfo.venv_dir`);
-3. "make" only: ``<env_root>/sglang-<pin>`` (a persistent venv per pin on the node, outside the
-   shipped working directory; :data:`DEFAULT_ENV_ROOT`).
+   checkout bench runs in;
+2. the checkout's venv for the pin (:func:`patchbench.envs.envinfo.venv_dir`);
+3. "make" only: ``<env_root>/sglang-<pin>``, a persistent venv per pin on the node.
 
-``make setup`` runs on a venv found in 2 or 3 (idempotent; it refreshes the venv when the
-checkout's requirements changed); in "make" mode the checkout is then installed into a venv of 3
-when another checkout is installed there. When none holds the pin the plan is a *build* (into 2
-for "auto", into 3 for "make"), about :func:`expected_env_gb` GB; :func:`prepare_python` builds
-it only when ``spec["build_envs"]`` is true and otherwise raises EnvironmentNotReady (exit 3)
-naming the node, the path and the size.
+``make setup`` (idempotent) refreshes a venv found in 2 or 3. When none holds the pin the plan
+is a *build*, done only with ``spec["build_envs"]`` (else EnvironmentNotReady, exit 3, naming
+the node, the path and the size).
 """
 
 from __future__ import annotations
@@ -49,9 +43,7 @@ def node_name() -> str:
 
 
 def machine_key() -> str:
-    """``<host name>/<boot id>``: equal in two processes only when they run on the same machine
-    (containers that share a host name differ in boot id only when their kernels differ, so the
-    host name comes first)."""
+    """``<host name>/<boot id>``: equal in two processes only on the same machine."""
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
@@ -69,10 +61,8 @@ def log_tail(path: Path, n: int = 20) -> str:
 
 
 def expected_env_gb(pin: str, checkout: Path = REPO_ROOT) -> float | None:
-    """About how many GB a new environment of ``pin`` takes on disk: the ``# disk-gb:`` line of
-    ``requirements/cpu-<pin>.txt`` (measured for the CPU profile, which installs the same CUDA
-    build of torch a GPU node gets; a GPU node also installs the CUDA kernels). None for a pin
-    without a CPU profile."""
+    """About how many GB a new environment of ``pin`` takes: the ``# disk-gb:`` line of
+    ``requirements/cpu-<pin>.txt`` (None without one)."""
     try:
         text = (checkout / "requirements" / f"cpu-{pin}.txt").read_text()
     except OSError:
@@ -86,14 +76,8 @@ EnvSource = Literal["current", "interpreter", "checkout", "env_root", "build"]
 
 class EnvPlan(BaseModel):
     """Where units of one pin get their python on one node (``matrix.json``'s
-    ``environments[]``).
-
-    ``pin``; ``node`` (host name); ``source``: "current" (this interpreter, asked for),
-    "interpreter" (this interpreter holds the pin), "checkout" (the checkout's venv for the pin),
-    "env_root" (the node's persistent venv for the pin), "build" (none exists: would be built at
-    ``path``); ``path``: the interpreter or the venv folder; ``expected_gb``: for a build, about
-    how much disk it takes (None: unknown); ``why``: what was looked at, for messages.
-    """
+    ``environments[]``): ``source`` (module docstring; "build": none exists, would be built at
+    ``path``), ``path`` (the interpreter or the venv), ``why``: what was looked at."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -129,9 +113,8 @@ def size_txt(gb: float | None) -> str:
 
 
 def _interpreter_facts(python: str) -> tuple[str | None, Path | None]:
-    """(the sglang version ``python`` holds, the folder its ``patchbench.suites`` comes from,
-    resolved); None for what it cannot tell. Runs ``python`` from ``/`` with this process's environment
-    (what bench inherits)."""
+    """(the sglang version ``python`` holds, the folder its ``patchbench.suites`` comes from);
+    None for what it cannot tell."""
     code = (
         "import importlib.metadata as m, pathlib\n"
         "try: print(m.version('sglang'))\nexcept Exception: print('')\n"
@@ -150,9 +133,8 @@ def _interpreter_facts(python: str) -> tuple[str | None, Path | None]:
 
 
 def plan_env(spec: dict, workdir: Path) -> EnvPlan:
-    """Where a unit of ``spec["sglang"]`` gets its python on this node under
-    ``spec["env_setup"]`` (the module docstring), bench running in ``workdir``; looks, changes
-    nothing. Raises UsageError for an unknown mode."""
+    """Where a unit of ``spec["sglang"]`` gets its python on this node (module docstring);
+    changes nothing. UsageError for an unknown mode."""
     mode, pin, node = spec.get("env_setup") or "current", str(spec["sglang"]), node_name()
     if mode == "current":
         return EnvPlan(pin=pin, node=node, source="current", path=sys.executable)
@@ -184,8 +166,7 @@ def plan_env(spec: dict, workdir: Path) -> EnvPlan:
 
 
 def missing_env_message(plans: list[EnvPlan]) -> str:
-    """Why nothing runs: the environments that would be built (where, about how large) and
-    how to allow it."""
+    """Why nothing runs: the environments that would be built and how to allow it."""
     total = sum(p.expected_gb or 0 for p in plans)
     lines = "; ".join(
         f"sglang {p.pin} on {p.node} at {p.path} ({size_txt(p.expected_gb)})" for p in plans
@@ -200,14 +181,10 @@ def missing_env_message(plans: list[EnvPlan]) -> str:
 
 
 def prepare_python(spec: dict, workdir: Path, log_file: IO[str]) -> str:
-    """The python that runs a unit's bench (:func:`plan_env`), after ``make setup`` on a venv it
-    found and, with ``spec["build_envs"]``, building a missing one.
-
-    ``make setup`` is idempotent; a file lock keeps two units on one node from setting up the
-    same venv at once; its output goes to ``log_file``. Raises EnvironmentNotReady (exit 3) for a
-    missing environment without ``spec["build_envs"]`` (nothing is built) or with the setup
-    output's tail when setup fails, UsageError for an unknown mode.
-    """
+    """The python that runs a unit's bench, after ``make setup`` (under a file lock, output to
+    ``log_file``) on the venv :func:`plan_env` found or, with ``spec["build_envs"]``, a new one.
+    Raises EnvironmentNotReady (exit 3) for a missing environment without ``build_envs`` or a
+    failed setup (with its output's tail), UsageError for an unknown mode."""
     plan = plan_env(spec, workdir)
     if plan.source in ("current", "interpreter"):
         return plan.path
@@ -233,9 +210,8 @@ def prepare_python(spec: dict, workdir: Path, log_file: IO[str]) -> str:
 
 
 def _install_checkout(python: str, workdir: Path, log_file: IO[str]) -> int:
-    """Install ``workdir`` (editable, no dependencies) into the venv of ``python`` unless that
-    checkout is the one it already imports patchbench from; the exit code (0 when nothing to
-    do)."""
+    """Install ``workdir`` (editable, no dependencies) into ``python``'s venv unless it imports
+    patchbench from there already; the exit code."""
     where = subprocess.run(
         [
             python,

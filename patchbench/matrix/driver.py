@@ -1,10 +1,6 @@
-"""The driver of a matrix run: make (or resume) the matrix run folder, hand the units to an executor,
-record each unit in ``matrix.json`` as it ends (:mod:`patchbench.matrix.record`), and write the
-report at the end, also after failures and Ctrl-C; and the ``patchbench matrix`` command
-(:func:`add_cli_arguments`, :func:`run_cli`).
-
-The unit of work is one whole ``bench`` run (every variant and repeat of one config, interleaved,
-on one node): the arms of one comparison are never split across machines.
+"""The driver of a matrix run (make or resume the folder, hand the units to an executor, record
+each as it ends, write the report also after failures and Ctrl-C) and the ``patchbench matrix``
+command.
 """
 
 from __future__ import annotations
@@ -29,7 +25,7 @@ from patchbench.envs.nodes import (
 )
 from patchbench.errors import ConfigError, EnvironmentNotReady, Interrupted, RunFailed, UsageError
 from patchbench.inputs import RESULTS_DIR
-from patchbench.matrix.executors import Executor, LocalExecutor, UnitResult, log, make_executor
+from patchbench.matrix.executors import Executor, LocalExecutor, log, make_executor
 from patchbench.matrix.record import (
     MatrixRecord,
     UnitRecord,
@@ -46,8 +42,8 @@ def _utc_stamp() -> str:
 
 
 def _check_resume(m: Matrix, matrix_dir: Path) -> MatrixRecord:
-    """The record of the matrix run folder to resume; ConfigError when it is no matrix run folder
-    or a unit's config differs from what ran there."""
+    """The record of the folder to resume; ConfigError when it is none or a unit's config
+    changed."""
     if not matrix_dir.is_dir():
         raise ConfigError(
             f"--resume {matrix_dir}: no such folder (give a matrix run folder, "
@@ -74,8 +70,7 @@ def _check_resume(m: Matrix, matrix_dir: Path) -> MatrixRecord:
 
 
 def _same_config(path: Path, u: Unit) -> bool:
-    """Whether the config recorded at ``path`` (JSON, or the YAML an earlier version wrote)
-    validates to ``u``'s config."""
+    """Whether the config recorded at ``path`` (JSON or YAML) validates to ``u``'s config."""
     try:
         old = config_from_mapping(yaml.safe_load(path.read_text()), str(path), check_files=False)
     except (ConfigError, OSError, yaml.YAMLError, TypeError):
@@ -90,8 +85,7 @@ def _new_record(
     old: MatrixRecord | None,
     done: set[str],
 ) -> MatrixRecord:
-    """The record a run starts with: every unit pending, except the ``done`` units of the resumed
-    run ``old`` (kept as recorded there)."""
+    """The record a run starts with: every unit pending but the ``done`` ones of ``old``."""
     units = []
     for u in m.units:
         prev = old.unit(u.id) if old is not None and u.id in done else None
@@ -131,9 +125,8 @@ def _open_run(
     results: str | os.PathLike | None,
     envs: list[EnvPlan],
 ) -> tuple[Path, MatrixRecord, set[str]]:
-    """(the matrix run folder, its record, the units done there): a new folder under
-    ``results``, or the folder to ``resume``; each unit's config and matrix.json (with the
-    environment plan ``envs``) are written."""
+    """(the matrix run folder, new or resumed, its record, the units done there), with each
+    unit's config and matrix.json written."""
     if resume:
         matrix_dir = Path(resume)
         old: MatrixRecord | None = _check_resume(m, matrix_dir)
@@ -151,10 +144,8 @@ def _open_run(
 
 
 def check_envs(executor: Executor, units: list, log=log) -> list[EnvPlan]:
-    """Announce, before anything runs, where each pin's python comes from on each node that may
-    run ``units`` (``executor.plan_envs``), and refuse the environments it would build unless
-    the executor may build them. Returns the plans; raises EnvironmentNotReady (exit 3) naming
-    each missing environment, where it would go and about how large it is."""
+    """Announce where each pin's python comes from on each node; returns the plans. Raises
+    EnvironmentNotReady (exit 3) naming each missing environment the executor may not build."""
     plans = executor.plan_envs(units)
     for p in plans:
         log(f"environment: {p.describe()}")
@@ -182,19 +173,16 @@ def run_matrix(
     matrix: Matrix | None = None,
     **executor_kw,
 ) -> Path:
-    """Run every unit of a matrix; returns the matrix run folder (units land in
-    ``<folder>/<unit id>/`` as they end; matrix.json is rewritten after each; the report is
-    written at the end, also after failures and Ctrl-C).
+    """Run every unit of a matrix; returns the matrix run folder.
 
     ``on``: "local" or "ray" (``address``: the cluster); ``executor`` overrides both;
-    ``executor_kw`` go to :func:`patchbench.matrix.executors.make_executor`. ``resume``: a matrix
-    run folder whose units not ``ok`` run again (a unit's run folder continues through ``bench
-    --resume``; a unit whose config changed is refused). ``results``: the parent folder
-    (default results/). ``matrix``: the loaded matrix to run (default: ``path`` loaded).
+    ``executor_kw`` go to :func:`patchbench.matrix.executors.make_executor`. ``resume``: a
+    matrix run folder whose units not ``ok`` run again (through ``bench --resume``).
+    ``results``: the parent folder (default results/). ``matrix``: the loaded matrix.
 
     Raises ConfigError (2) for a bad matrix; EnvironmentNotReady (3) for Ray missing or an
-    environment that would be built without ``build_envs`` (nothing runs); RunFailed (4) when a
-    unit did not end ok; Interrupted (130/143) after Ctrl-C/SIGTERM (finished units kept).
+    environment it may not build; RunFailed (4) when a unit did not end ok; Interrupted
+    (130/143) after Ctrl-C/SIGTERM (finished units kept).
     """
     m = matrix if matrix is not None else load_matrix(path)
     if executor is None:
@@ -240,16 +228,15 @@ def run_matrix(
 def _execute(
     executor: Executor, todo: list, matrix_dir: Path, rec: MatrixRecord, log
 ) -> BaseException | None:
-    """Run ``todo`` on ``executor`` (SIGTERM handled like Ctrl-C), recording each unit in
-    matrix.json as it ends; then close the executor, stamp the end and write the report.
-    Returns the KeyboardInterrupt that stopped the run, or None."""
+    """Run ``todo`` on ``executor`` (SIGTERM like Ctrl-C), then close it, stamp the end and write
+    the report; returns the KeyboardInterrupt that stopped the run, or None."""
     from patchbench.run.signals import terminate_like_ctrl_c
 
-    def record(r: UnitResult) -> None:
-        unit = rec.unit(r.id)
-        assert unit is not None, r.id
-        unit.status, unit.exit_code, unit.message = r.status, r.exit_code, r.message
-        unit.node, unit.timings_s, unit.archive_bytes = r.node, r.timings_s, r.archive_bytes
+    def record(uid: str, **fields: Any) -> None:
+        unit = rec.unit(uid)
+        assert unit is not None, uid
+        for k, v in fields.items():
+            setattr(unit, k, v)
         write_matrix_record(matrix_dir, rec)
 
     partial = {u.id for u in todo if (matrix_dir / u.id / "manifest.json").exists()}
@@ -283,9 +270,8 @@ def describe_matrix(
     envs: list[EnvPlan] | None = None,
     envs_note: str = "",
 ) -> str:
-    """The units of a matrix, one line each (id, GPU type, pin, what is set), for ``--dry-run``;
-    with ``resume`` (a matrix run folder) each unit says whether it is done; ``envs``: where
-    each pin's python would come from (:class:`EnvPlan`), under the heading note ``envs_note``."""
+    """The units of a matrix, one line each, for ``--dry-run`` (with ``resume``: which are done;
+    ``envs``: where each pin's python would come from)."""
     done = done_units(Path(resume)) if resume else set()
     res = m.spec.resources
     lines = [

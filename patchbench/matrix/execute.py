@@ -1,9 +1,7 @@
-"""One unit, anywhere: set up its pin's environment, run ``patchbench bench`` in a subprocess in its own
-session, stop the server's process group whatever happens, and hand back the run folder (moved
-into place locally, a gzip'd tar through the object store on Ray).
-
-:func:`execute_unit` is the body of both executors (:mod:`patchbench.matrix.executors`); a Ray task
-calls it on its node. It takes and returns plain dicts (they cross the Ray object store).
+"""One unit, anywhere (:func:`execute_unit`, the body of both executors): set up its pin's
+environment, run ``patchbench bench`` in its own session, stop the server's process group
+whatever happens, and hand back the run folder (moved into place locally, a gzip'd tar through
+Ray's object store). It takes and returns plain dicts.
 """
 
 from __future__ import annotations
@@ -37,17 +35,9 @@ def _pdeathsig() -> None:  # pragma: no cover - runs in the child between fork a
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _kill_group(pgid: int, sig: int) -> bool:
-    try:
-        os.killpg(pgid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
 def _stop_leftover_servers(run_dir: Path | None) -> list[int]:
-    """Stop any server group a cell of ``run_dir`` still records as running whose runner is gone
-    (patchbench.run.ports); returns the pgids stopped."""
+    """Stop any server group a cell of ``run_dir`` still records as running whose runner is gone;
+    returns the pgids stopped."""
     if run_dir is None or not run_dir.is_dir():
         return []
     from patchbench.run.ports import find_stale_servers, kill_stale
@@ -59,13 +49,14 @@ def _stop_leftover_servers(run_dir: Path | None) -> list[int]:
 
 
 def _stop_bench(proc: subprocess.Popen, grace_s: float) -> None:
-    """SIGTERM to bench's group (bench stops its server and exits 143), SIGKILL after
-    ``grace_s``."""
-    _kill_group(proc.pid, signal.SIGTERM)
+    """SIGTERM to bench's group (bench stops its server, exits 143), SIGKILL after ``grace_s``."""
+    from patchbench.run.ports import kill_group
+
+    kill_group(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
-        _kill_group(proc.pid, signal.SIGKILL)
+        kill_group(proc.pid, signal.SIGKILL)
         proc.wait()
 
 
@@ -85,9 +76,8 @@ def pack_folder(folder: Path) -> bytes:
 
 
 def unpack_folder(data: bytes, dest: Path) -> None:
-    """Unpack :func:`pack_folder`'s bytes into ``dest`` (replaced as a whole: unpacked next to it,
-    then renamed into place). Members that would land outside ``dest``, links and devices are
-    refused (tarfile's "data" filter)."""
+    """Unpack :func:`pack_folder`'s bytes into ``dest``, replaced as a whole (tarfile's "data"
+    filter refuses members outside it, links and devices)."""
     dest = Path(dest)
     tmp = dest.parent / f".{dest.name}.unpack-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -102,17 +92,15 @@ def unpack_folder(data: bytes, dest: Path) -> None:
 
 
 def execute_unit(spec: dict) -> dict:
-    """Run one unit's bench here (the body of both executors; a Ray task calls it on its node).
+    """Run one unit's bench here.
 
-    ``spec``: {"id", "config" (the unit's config as JSON data), "sglang", "env_setup",
-    "env_root", "build_envs", "command" (with {python}/{config}/{results}), "workdir"
-    (:func:`unit_workdir`), "resume_dir" (local) or "resume_archive" (bytes), "out_dir" (local:
-    the run folder is moved there; else returned as ``archive``), "stop_grace_s", "env"}.
-    Returns {"exit_code", "message" (bench's last error line), "log_tail", "node", "archive",
-    "archive_bytes", "has_folder", "timings_s": {"env", "bench", "pack"}, "started_at",
-    "ended_at" (epoch s)}. Interrupted (Ctrl-C, a Ray cancellation), it sends bench SIGTERM,
-    SIGKILL after ``stop_grace_s``, stops any server group left, moves a local run folder into
-    place and re-raises; a server group left by a bench that ended otherwise is stopped too.
+    ``spec``: {"id", "config" (JSON data), "sglang", "env_setup", "env_root", "build_envs",
+    "command" (with {python}/{config}/{results}), "workdir" (:func:`unit_workdir`), "resume_dir"
+    or "resume_archive" (bytes), "out_dir" (local: the run folder goes there, else it is returned
+    as ``archive``), "stop_grace_s", "env"}. Returns {"exit_code", "message", "log_tail", "node",
+    "archive", "archive_bytes", "has_folder", "timings_s", "started_at", "ended_at" (epoch s)}.
+    Interrupted, it stops bench (SIGTERM, SIGKILL after ``stop_grace_s``) and any server group
+    left, moves a local run folder into place and re-raises.
     """
     started = time.time()
     tmp = Path(tempfile.mkdtemp(prefix=f"patchbench-unit-{spec['id']}-"))
@@ -147,10 +135,9 @@ def execute_unit(spec: dict) -> dict:
 
 
 def unit_workdir(spec: dict) -> Path:
-    """Where bench runs: for "cwd" (Ray shipped this checkout as the working directory), the
-    driver's own checkout when this node is the driver's machine (``spec["checkout"]``:
-    {"path", "machine"}, :func:`patchbench.envs.nodes.machine_key`), so its venvs and caches
-    are found, else Ray's shipped working directory; otherwise a given folder, or this checkout."""
+    """Where bench runs: for "cwd" (Ray shipped this checkout), the driver's own checkout on the
+    driver's machine (``spec["checkout"]``: {"path", "machine"}), else the shipped one; otherwise
+    the given folder, or this checkout."""
     if spec.get("workdir") == "cwd":
         home = spec.get("checkout") or {}
         if home.get("machine") == machine_key() and Path(home.get("path", "")).is_dir():
@@ -160,9 +147,8 @@ def unit_workdir(spec: dict) -> Path:
 
 
 def _stage(spec: dict, tmp: Path) -> tuple[Path, Path, Path | None]:
-    """(the unit's config file (its validated config as JSON, which bench reads as it reads
-    YAML), the results folder bench writes into, the run folder it resumes or None), under
-    ``tmp``; a resume archive is unpacked there."""
+    """(the unit's config file (JSON), the results folder, the run folder it resumes or None)
+    under ``tmp``; a resume archive is unpacked there."""
     cfg = write_json(tmp / f"{spec['id']}.json", spec["config"])
     results = tmp / "results"
     results.mkdir()
@@ -197,7 +183,7 @@ def _start_bench(
 
 
 def _wait_bench(proc: subprocess.Popen, spec: dict, results: Path, resume_dir: Path | None) -> None:
-    """Wait for bench in short steps (a Ray cancellation lands between them). When interrupted:
+    """Wait for bench in short steps (a Ray cancellation lands between them); when interrupted,
     stop bench and any server it left, move a local run folder into place, re-raise."""
     try:
         while proc.poll() is None:
@@ -215,8 +201,8 @@ def _wait_bench(proc: subprocess.Popen, spec: dict, results: Path, resume_dir: P
 def _finish(
     out: dict[str, Any], code: int, spec: dict, run_dir: Path | None, log_path: Path
 ) -> None:
-    """Fill ``out`` after bench ended with ``code``: stop a server group it left, then move the
-    run folder into ``spec["out_dir"]`` or pack it as ``out["archive"]``."""
+    """Fill ``out`` after bench ended: stop a server group it left, move the run folder into
+    ``spec["out_dir"]`` or pack it as ``out["archive"]``."""
     _stop_leftover_servers(run_dir)
     out["exit_code"] = code
     out["log_tail"] = log_tail(log_path)

@@ -1,7 +1,7 @@
-"""Executors: what runs the units of a matrix. :class:`LocalExecutor` runs them one after another on
-this machine (no Ray); :class:`RayExecutor` submits one Ray task per unit (``num_gpus``,
-``accelerator_type:<T>`` resource, ``max_retries=0``). Both run the same
-:func:`patchbench.matrix.execute.execute_unit`. Ray is imported only by :class:`RayExecutor`.
+"""Executors: what runs the units of a matrix. :class:`LocalExecutor` runs them one after another
+on this machine; :class:`RayExecutor` submits one Ray task per unit (``num_gpus``,
+``accelerator_type:<T>`` resource, ``max_retries=0``). Both run
+:func:`patchbench.matrix.execute.execute_unit`; Ray is imported only by :class:`RayExecutor`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,6 @@ from patchbench.envs.nodes import EnvPlan, machine_key, node_name, plan_env
 from patchbench.errors import EnvironmentNotReady, UsageError
 from patchbench.inputs import REPO_ROOT
 from patchbench.matrix.execute import execute_unit, pack_folder, unit_workdir, unpack_folder
-from patchbench.matrix.record import Status
 from patchbench.matrix.spec import Resources, Unit
 
 #: what ``runtime_env.working_dir`` leaves out when the repo is shipped to Ray nodes
@@ -39,31 +37,21 @@ def log(msg: str) -> None:
     print(f"[patchbench matrix {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-@dataclass
-class UnitResult:
-    """What the driver records for one unit (``matrix.json``'s ``units[]``)."""
-
-    id: str
-    status: Status = "pending"
-    exit_code: int | None = None
-    message: str = ""
-    node: str | None = None
-    timings_s: dict[str, float] = field(default_factory=dict)
-    archive_bytes: int = 0
+#: ``record(unit id, **fields)``: the driver sets those fields of the unit's
+#: patchbench.matrix.record.UnitRecord (status, exit_code, message, node, timings_s,
+#: archive_bytes) and rewrites matrix.json
+Record = Callable[..., None]
 
 
 class Executor:
-    """Runs units. ``run(units, matrix_dir, record)`` calls ``record(UnitResult)`` as each unit
-    ends (the driver writes matrix.json there) and returns when all have ended; on Ctrl-C it stops
-    what runs, records it, and re-raises KeyboardInterrupt. ``check(units)`` -> {unit id: why
-    no node can take it} before anything runs. ``plan_envs(units)`` -> where each pin's python
-    comes from on each node that may run it (:class:`EnvPlan`; a "build" plan is a missing
-    environment), before anything runs. ``name``: "local" or "ray".
+    """Runs units: ``run(units, matrix_dir, record, resume)`` records each unit as it ends and
+    returns when all have ended (Ctrl-C: stops what runs, records it, re-raises). Before anything
+    runs: ``check(units)`` -> {unit id: why no node can take it}; ``plan_envs(units)`` -> where
+    each pin's python comes from on each node (:class:`EnvPlan`).
 
-    Options of every unit: ``env_setup``/``env_root`` (:func:`prepare_python`); ``build_envs``:
-    build a missing environment (otherwise the driver refuses before anything runs);
-    ``command``: the bench command template (:data:`DEFAULT_COMMAND`); ``env``: extra
-    environment for bench; ``stop_grace_s``: how long a stopped bench may take before SIGKILL.
+    Options: ``env_setup``/``env_root`` (patchbench.envs.nodes.prepare_python); ``build_envs``:
+    build a missing environment; ``command``: the bench command template; ``env``: extra
+    environment for bench; ``stop_grace_s``: before a stopped bench gets SIGKILL.
     """
 
     name = "?"
@@ -98,7 +86,7 @@ class Executor:
         self,
         units: list[Unit],
         matrix_dir: Path,
-        record: Callable[[UnitResult], None],
+        record: Record,
         resume: set[str],
     ) -> None:
         raise NotImplementedError
@@ -118,31 +106,26 @@ def _unit_spec(u: Unit, matrix_dir: Path, opts: dict) -> dict:
     }
 
 
-def _result_of(uid: str, out: dict) -> UnitResult:
+def _result_of(out: dict) -> dict[str, Any]:
+    """The unit's record fields from :func:`execute_unit`'s result."""
     code = out.get("exit_code")
-    status: Status = (
-        "ok"
-        if code == 0
-        else (
-            "failed"
-            if code == 4 and out.get("has_folder")
-            else "interrupted"
-            if code in (130, 143)
-            else "error"
-        )
-    )
+    if code == 0:
+        status = "ok"
+    elif code == 4 and out.get("has_folder"):
+        status = "failed"
+    else:
+        status = "interrupted" if code in (130, 143) else "error"
     t = dict(out.get("timings_s") or {})
     if out.get("ended_at") and out.get("started_at"):
         t["task"] = round(out["ended_at"] - out["started_at"], 3)
-    return UnitResult(
-        uid,
-        status,
-        code,
-        out.get("message") or "",
-        out.get("node"),
-        t,
-        int(out.get("archive_bytes") or 0),
-    )
+    return {
+        "status": status,
+        "exit_code": code,
+        "message": out.get("message") or "",
+        "node": out.get("node"),
+        "timings_s": t,
+        "archive_bytes": int(out.get("archive_bytes") or 0),
+    }
 
 
 def _pin_specs(units: list[Unit], opts: dict) -> dict[str, dict]:
@@ -152,8 +135,7 @@ def _pin_specs(units: list[Unit], opts: dict) -> dict[str, dict]:
 
 
 class LocalExecutor(Executor):
-    """Runs the units one after another on this machine (no Ray; ``env_setup`` "auto" by
-    default)."""
+    """Runs the units one after another on this machine."""
 
     name = "local"
 
@@ -171,15 +153,12 @@ class LocalExecutor(Executor):
             try:
                 out = execute_unit(spec)
             except KeyboardInterrupt:
-                record(
-                    UnitResult(
-                        u.id, "interrupted", 130, "interrupted; finished cells kept", node_name()
-                    )
-                )
+                msg = "interrupted; finished cells kept"
+                record(u.id, status="interrupted", exit_code=130, message=msg, node=node_name())
                 raise
-            res = _result_of(u.id, out)
-            record(res)
-            log(f"unit {u.id}: {res.status}{': ' + res.message if res.message else ''}")
+            res = _result_of(out)
+            record(u.id, **res)
+            log(f"unit {u.id}: {res['status']}{': ' + res['message'] if res['message'] else ''}")
 
 
 def _ray():
@@ -208,12 +187,9 @@ def _ray_env_probe(specs: list[dict]) -> list[dict]:
 
 
 def queue_split(submitted: float, started: float, ends_on_node: list[float]) -> tuple[float, float]:
-    """(queued, dispatch) seconds of a Ray task's start delay (``started - submitted``).
-
-    ``queued``: the wait for a node that could take it: until the last of ``ends_on_node`` (when
-    the other units of the same node ended) that lies between submission and this unit's start,
-    0 when none does; ``dispatch``: the rest (Ray's scheduling, starting the worker, sending the
-    spec). ``submitted`` is the driver's clock, the others the node's: equal on one machine."""
+    """(queued, dispatch) seconds of a Ray task's start delay (``started - submitted``):
+    ``queued`` until the last of ``ends_on_node`` (the other units of its node ending) between
+    submission and start, ``dispatch`` the rest (Ray's scheduling, the worker's start)."""
     freed = max((e for e in ends_on_node if submitted <= e <= started), default=submitted)
     return round(max(0.0, freed - submitted), 3), round(max(0.0, started - freed), 3)
 
@@ -221,15 +197,11 @@ def queue_split(submitted: float, started: float, ends_on_node: list[float]) -> 
 class RayExecutor(Executor):
     """One Ray task per unit (``max_retries=0``: a benchmark is never silently re-run).
 
-    ``address``: the cluster (None: Ray's default, RAY_ADDRESS or a local one); ``ship_code``:
-    send this checkout as the job's ``working_dir`` (without venvs, results, caches; a node on
-    the driver's own machine runs in the driver's checkout instead; leave it False when every
-    node already holds this checkout at the same path); ``env_setup``: "make" by default (a unit
-    that lands on a node without its environment and no ``build_envs`` ends with exit 3);
+    ``address``: the cluster (None: Ray's default); ``ship_code``: send this checkout as the
+    job's ``working_dir`` (a node on the driver's machine runs in the driver's checkout);
     ``cancel_wait_s``: how long Ctrl-C waits for cancelled units to stop their servers.
-    Resources per unit come from the matrix (``resources``) and the unit's GPU type
-    (``accelerator_type:<T>`` custom resource, which Ray sets on GPU nodes it recognises and
-    ``ray start --resources`` can set by hand).
+    Resources per unit: the matrix's ``resources`` and the ``accelerator_type:<T>`` resource of
+    the unit's GPU type.
     """
 
     name = "ray"
@@ -285,9 +257,8 @@ class RayExecutor(Executor):
         return {"workdir": "cwd", "checkout": {"path": str(REPO_ROOT), "machine": machine_key()}}
 
     def plan_envs(self, units):
-        """One probe task per node that may run a unit (no CPU asked, pinned to the node):
-        :func:`plan_env` there for each pin its units need. With ``env_setup`` "current", one
-        plan per pin without probing (each worker's own python)."""
+        """:func:`plan_env` on each node that may run a unit (a probe task pinned there), per pin
+        (``env_setup`` "current": no probe, each worker's own python)."""
         specs = _pin_specs(units, self.opts)
         if self.opts["env_setup"] == "current":
             return [
@@ -369,10 +340,10 @@ class RayExecutor(Executor):
         ray = self.connect()
         opts, bad = self._requests(units)
         for uid, why in bad.items():
-            record(UnitResult(uid, "unschedulable", None, why))
+            record(uid, status="unschedulable", message=why)
         task = ray.remote(_ray_unit_task)
         pending: dict[Any, tuple[Unit, float]] = {}
-        self._ran: dict[str, tuple[UnitResult, str, float, float, float]] = {}
+        self._ran: dict[str, tuple[dict, str, float, float, float]] = {}
         for u in units:
             if u.id not in opts:
                 continue
@@ -402,7 +373,7 @@ class RayExecutor(Executor):
                 for ref in ready:
                     self._collect(ray, ref, *pending.pop(ref), matrix_dir, record)
             for u, _ in pending.values():
-                record(UnitResult(u.id, "cancelled", None, "cancelled before it ended"))
+                record(u.id, status="cancelled", message="cancelled before it ended")
             raise
 
     def _collect(self, ray, ref, u: Unit, submitted: float, matrix_dir: Path, record) -> None:
@@ -411,43 +382,43 @@ class RayExecutor(Executor):
         try:
             out = ray.get(ref)
         except ray.exceptions.TaskCancelledError:
-            record(UnitResult(u.id, "cancelled", None, "cancelled"))
+            record(u.id, status="cancelled", message="cancelled")
             self.log(f"unit {u.id}: cancelled")
             return
         except ray.exceptions.RayTaskError as e:
             cause = e.cause if isinstance(getattr(e, "cause", None), BaseException) else e
             if isinstance(cause, (ray.exceptions.TaskCancelledError, KeyboardInterrupt)):
-                record(UnitResult(u.id, "cancelled", None, "cancelled"))
+                record(u.id, status="cancelled", message="cancelled")
                 self.log(f"unit {u.id}: cancelled")
                 return
             msg = f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}"
-            record(UnitResult(u.id, "error", getattr(cause, "exit_code", None), msg))
+            record(u.id, status="error", exit_code=getattr(cause, "exit_code", None), message=msg)
             self.log(f"unit {u.id}: error: {msg}")
             return
         except ray.exceptions.RayError as e:  # worker or node died, object lost
-            record(UnitResult(u.id, "lost", None, f"{type(e).__name__}: {str(e).splitlines()[0]}"))
+            msg = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+            record(u.id, status="lost", message=msg)
             self.log(f"unit {u.id}: lost ({type(e).__name__})")
             return
         get_s = time.monotonic() - t0
-        res = _result_of(u.id, out)
+        res = _result_of(out)
         t1 = time.monotonic()
         if out.get("archive"):
             unpack_folder(out["archive"], matrix_dir / u.id)
-        res.timings_s.update(
+        res["timings_s"].update(
             get=round(get_s, 3),
             unpack=round(time.monotonic() - t1, 3),
             start_delay=round(out["started_at"] - submitted, 3),
             return_delay=round(max(0.0, ready_at - out["ended_at"]), 3),
             wall=round(time.time() - submitted, 3),
         )
-        res.node = f"{out.get('node')} ({str(out.get('node_id', ''))[:12]})"
         node_id = str(out.get("node_id", ""))
+        res["node"] = f"{out.get('node')} ({node_id[:12]})"
         self._ran[u.id] = (res, node_id, submitted, out["started_at"], out["ended_at"])
-        res.timings_s.update(zip(("queued", "dispatch"), self._split(u.id), strict=True))
-        record(res)
-        self.log(
-            f"unit {u.id}: {res.status} on {res.node}{': ' + res.message if res.message else ''}"
-        )
+        res["timings_s"].update(zip(("queued", "dispatch"), self._split(u.id), strict=True))
+        record(u.id, **res)
+        msg = f": {res['message']}" if res["message"] else ""
+        self.log(f"unit {u.id}: {res['status']} on {res['node']}{msg}")
 
     def _split(self, uid: str) -> tuple[float, float]:
         """(queued, dispatch) of a collected unit from the units collected so far."""
@@ -459,10 +430,11 @@ class RayExecutor(Executor):
         """Once every unit is back: split each start delay again (a unit of the same node may
         have been collected after the one that waited for it) and re-record what changed."""
         for uid, (res, *_rest) in self._ran.items():
+            t = res["timings_s"]
             queued, dispatch = self._split(uid)
-            if (res.timings_s.get("queued"), res.timings_s.get("dispatch")) != (queued, dispatch):
-                res.timings_s.update(queued=queued, dispatch=dispatch)
-                record(res)
+            if (t.get("queued"), t.get("dispatch")) != (queued, dispatch):
+                t.update(queued=queued, dispatch=dispatch)
+                record(uid, **res)
 
 
 def make_executor(

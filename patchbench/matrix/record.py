@@ -1,17 +1,10 @@
-"""``matrix.json``: the record of a matrix run, read and written only through :class:`MatrixRecord`.
+"""``matrix.json``, the record of a matrix run folder, read and written only here::
 
-Matrix run folder::
-
-    results/<UTC stamp>-<name>/
-      matrix.json                 MatrixRecord: the units (id, labels, gpu type, status, exit
-                                  code, message, node, timings), the matrix file, executor,
-                                  start/end
-      configs/<unit id>.yaml      each unit's validated config as JSON (what its bench ran)
-      <unit id>/                  that unit's bench run folder (manifest.json, compare.json, ...)
-      report.md  plots/matrix-effect.png   (patchbench.matrix.report)
-
-The driver (:mod:`patchbench.matrix.driver`) rewrites matrix.json after every unit; the report
-and the nightly job read it through :func:`read_matrix_record`.
+results/<UTC stamp>-<name>/
+  matrix.json                 MatrixRecord (rewritten by the driver after every unit)
+  configs/<unit id>.yaml      each unit's validated config as JSON (what its bench ran)
+  <unit id>/                  that unit's bench run folder
+  report.md  plots/matrix-effect.png   (patchbench.matrix.report)
 """
 
 from __future__ import annotations
@@ -34,16 +27,12 @@ Status = Literal[
 
 
 class UnitRecord(BaseModel):
-    """One unit of ``matrix.json``: ``id``; ``labels`` (what distinguishes it: {axis or "config":
-    value}); ``gpu_type`` (None: any node); ``sglang`` (its pin); ``config`` (its merged config,
-    relative to the matrix run folder); ``config_name``; ``status`` (pending until it ends: ok,
-    failed (bench exit 4 with a run folder), error, lost, cancelled, interrupted, unschedulable);
-    ``exit_code`` (bench's, None when it did not end by itself); ``message`` (bench's error line,
-    or why the unit did not run); ``node``; ``timings_s`` ({step: seconds}: env (finding or
-    setting up its python), bench, pack, task, and on Ray get, unpack, start_delay (submission to
-    the task's start) = queued (waiting for a node that could take it: another unit held it) +
-    dispatch (Ray's scheduling, worker start, sending the spec), return_delay, wall);
-    ``archive_bytes`` (the run folder's gzip'd tar on Ray, 0 locally)."""
+    """One unit of ``matrix.json``: ``labels`` ({axis or "config": value}); ``gpu_type`` (None:
+    any node); ``config``: its config relative to the folder; ``status`` (failed: bench exit 4
+    with a run folder); ``exit_code`` (None: bench did not end by itself); ``message``: bench's
+    error line or why the unit did not run; ``timings_s`` ({step: seconds}: env, bench, pack,
+    task; on Ray also get, unpack, start_delay = queued + dispatch, return_delay, wall);
+    ``archive_bytes`` (the run folder's tar on Ray, 0 locally)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -62,13 +51,10 @@ class UnitRecord(BaseModel):
 
 
 class MatrixRecord(BaseModel):
-    """``matrix.json``: ``name`` (the matrix's), ``matrix`` (the matrix file), ``description``,
-    ``executor`` ("local" or "ray") and its ``address``, ``axes`` (["config"] for a list of
-    units), ``started_at``/``ended_at`` (UTC stamps ``YYYYMMDDTHHMMSSZ``; ended_at None while it
-    runs), ``units`` (:class:`UnitRecord`, in matrix order), ``resumes`` (the stamp of each
-    ``--resume``, only when resumed), ``interrupted`` (only when Ctrl-C / SIGTERM stopped
-    it) and ``environments`` (where each pin's python came from on each node, announced before
-    anything ran: :class:`patchbench.envs.nodes.EnvPlan`; only when known)."""
+    """``matrix.json``: ``axes`` (["config"] for a list of units), UTC stamps (ended_at None
+    while it runs), ``units`` in matrix order; written only when set: ``resumes`` (each
+    ``--resume``'s stamp), ``interrupted``, ``environments`` (where each pin's python came from
+    on each node)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -92,14 +78,12 @@ class MatrixRecord(BaseModel):
 
 
 def read_matrix_record(matrix_dir: str | os.PathLike) -> MatrixRecord:
-    """``<matrix_dir>/matrix.json``. Raises OSError when it is missing or unreadable, ValueError
-    (pydantic's ValidationError included) when it is not JSON or has no ``units`` list."""
+    """``<matrix_dir>/matrix.json``; OSError when unreadable, ValueError when mis-shaped."""
     return MatrixRecord.model_validate(read_json(Path(matrix_dir) / "matrix.json"))
 
 
 def write_matrix_record(matrix_dir: str | os.PathLike, record: MatrixRecord) -> Path:
-    """Write ``<matrix_dir>/matrix.json`` atomically (``resumes``, ``interrupted`` and
-    ``environments`` only when set); returns its path."""
+    """Write ``<matrix_dir>/matrix.json`` atomically; returns its path."""
     data = record.model_dump(mode="json")
     for key in ("resumes", "interrupted", "environments"):
         if data[key] is None:
@@ -108,8 +92,7 @@ def write_matrix_record(matrix_dir: str | os.PathLike, record: MatrixRecord) -> 
 
 
 def done_units(matrix_dir: str | os.PathLike) -> set[str]:
-    """Ids of the units of a matrix run folder that ended ok and whose run folder is there (none
-    when matrix.json cannot be read)."""
+    """Ids of the units that ended ok and whose run folder is there (none without matrix.json)."""
     d = Path(matrix_dir)
     try:
         rec = read_matrix_record(d)

@@ -1,9 +1,6 @@
-"""The report of a matrix run (``report.md`` and ``plots/matrix-effect.png`` in its folder), read
-from ``matrix.json`` and each unit's ``compare.json`` only: one table row per unit (GPU type, axis
-values, status, then per primary metric each variant's verdict, change and interval); a load
-sweep's per-point primaries (``<metric>@<point>``) in "Load curves", one row per (unit, variant,
-point); one figure panel per primary metric, a line per (unit, variant[, point]) coloured by
-verdict (patchbench.report.plots.COLOURS).
+"""The report of a matrix run (``report.md``, ``plots/matrix-effect.png``) from ``matrix.json`` and
+each unit's ``compare.json``: one table row per unit, a load sweep's per-point primaries
+(``<metric>@<point>``) in "Load curves", one figure panel per primary metric.
 """
 
 from __future__ import annotations
@@ -26,9 +23,8 @@ POINT_SEP = "@"
 def split_points(
     primaries: list[tuple[str, str]],
 ) -> tuple[list[tuple[str, str]], list[tuple[str, str]], list[str]]:
-    """(the primaries that are not per point, the per-point ones' (suite, metric) without the
-    point, the points) of :func:`unit_effects`' primaries, in the order first met; the points
-    by axis, then lowest load first (``c4`` before ``c16``)."""
+    """(the primaries not per point, the per-point ones' (suite, metric) without the point, the
+    points by axis and load: ``c4`` before ``c16``), in the order first met."""
     whole, bases, points = [], [], []
     for s, m in primaries:
         base, sep, point = m.partition(POINT_SEP)
@@ -52,9 +48,7 @@ def _point_order(key: str) -> tuple[str, float]:
 
 @dataclass
 class UnitEffects:
-    """One unit of a matrix run with its comparison: ``unit`` (its matrix.json record),
-    ``comparison`` (its compare.json, None when absent or unreadable) and ``error`` (why it could
-    not be read, or "")."""
+    """One unit with its comparison (None when absent or unreadable; ``error`` says why)."""
 
     unit: UnitRecord
     comparison: Comparison | None = None
@@ -83,9 +77,8 @@ def _interval(row: Row) -> str:
 
 
 def unit_effects(matrix_dir: str | os.PathLike) -> tuple[list[UnitEffects], list[tuple[str, str]]]:
-    """Every unit of ``matrix.json`` with its comparison (:class:`UnitEffects`), and every primary
-    (suite, metric) in the order first met. Raises OSError / ValueError for an unreadable
-    matrix.json."""
+    """Every unit with its comparison, and every primary (suite, metric) in the order first met;
+    OSError / ValueError for an unreadable matrix.json."""
     d = Path(matrix_dir)
     out, primaries = [], []
     for u in read_matrix_record(d).units:
@@ -179,9 +172,8 @@ def _effect(r: Row) -> str:
 
 
 def _curves(units: list[UnitEffects], bases: list[tuple[str, str]], points: list[str]) -> list[str]:
-    """ "Load curves": one row per (unit, variant, point) of the units with a load sweep, one
-    column per per-point primary (:func:`split_points`); "-" where the unit has no such row (a
-    point it did not sweep or whose client did not deliver the load: never judged)."""
+    """ "Load curves": one row per (unit, variant, point), one column per per-point primary ("-":
+    not swept or never judged)."""
     if not bases:
         return []
     head = ["unit", "variant", "point", *(f"{s}.{m}" for s, m in bases)]
@@ -214,16 +206,14 @@ OVERHEAD_KEYS = ("dispatch", "return_delay", "get", "unpack", "pack")
 
 
 def driver_overhead_s(t: dict[str, float]) -> float:
-    """The driver's own overhead of a unit from its ``timings_s`` (:data:`OVERHEAD_KEYS`; not
-    the time it queued for a node). A matrix.json without ``dispatch`` counts ``start_delay``
-    whole."""
+    """The driver's own overhead of a unit (:data:`OVERHEAD_KEYS`; without ``dispatch``,
+    ``start_delay`` whole)."""
     keys = OVERHEAD_KEYS if "dispatch" in t else ("start_delay", *OVERHEAD_KEYS[1:])
     return sum(t.get(k, 0) for k in keys)
 
 
 def _timings(units: list[UnitEffects]) -> list[str]:
-    """Per unit: node, how long it queued for a node, setting up its python, bench, the whole
-    task, the driver's own overhead, the archive's size."""
+    """The timings table, one row per unit."""
     lines = [
         "",
         "## Timings",
@@ -259,9 +249,8 @@ def _cell_value(v: Any) -> str:
 
 
 def plot_matrix_effects(matrix_dir: str | os.PathLike):
-    """The figure: one panel per primary metric (per-point ones: one panel per metric, a row per
-    point), a row per (unit, variant) with the change and its interval, coloured by verdict;
-    None when no unit has a primary row with a change."""
+    """One panel per primary metric, a row per (unit, variant[, point]) with the change and its
+    interval coloured by verdict; None when there is nothing to plot."""
     from patchbench.report.plots import COLOURS, DPI, WIDTH_IN, plt
 
     units, primaries = unit_effects(matrix_dir)
@@ -322,9 +311,7 @@ def plot_matrix_effects(matrix_dir: str | os.PathLike):
 
 
 def write_matrix_report(matrix_dir: str | os.PathLike) -> Path:
-    """Write ``report.md`` and ``plots/matrix-effect.png`` (when there is something to plot) in
-    a matrix run folder; returns the report's path. Raises OSError / ValueError for an
-    unreadable matrix.json."""
+    """Write ``report.md`` and the figure in a matrix run folder; returns the report's path."""
     from patchbench.report.plots import save_png
 
     d = Path(matrix_dir)

@@ -19,11 +19,8 @@ or an explicit list instead of ``base``/``axes``::
       - {config: configs/pr9460-h200.yaml, gpu_type: H200}
       - {config: configs/aa-h200.yaml, gpu_type: H200, set: {schedule.repeats: 4}}
 
-Each unit has a stable id: a readable slug of what distinguishes it plus 8 hex digits of the
-sha256 of those values (``qwen2.5-vl-3b-instruct_h200-1a2b3c4d``); the same matrix gives the same
-ids on every run. Every unit's config (the base with the unit's keys set) is validated in memory
-by :func:`patchbench.config.config_from_mapping`; an error names the unit and points at the matrix
-line that set the key, or at the base config's line.
+Each unit has a stable id (:func:`unit_id`). Every unit's config is validated in memory; an error
+names the unit and the matrix line that set the key, or the base config's line.
 """
 
 from __future__ import annotations
@@ -55,8 +52,8 @@ class _Strict(BaseModel):
 
 
 class Resources(_Strict):
-    """What one unit asks of a node: ``num_gpus``/``num_cpus`` a count, or "node" (every GPU/CPU
-    of the smallest node that can take the unit: a timing run owns its node)."""
+    """What one unit asks of a node: a count, or "node" (every GPU/CPU of the smallest node that
+    can take it: a timing run owns its node)."""
 
     num_gpus: int | float | Literal["node"] = "node"
     num_cpus: int | float | Literal["node"] = "node"
@@ -101,14 +98,9 @@ class MatrixSpec(_Strict):
 
 @dataclass
 class Unit:
-    """One expanded unit.
-
-    ``id``: stable id; ``labels``: what distinguishes it ({axis or "config": value}, shown in the
-    report); ``gpu_type``: the Ray ``accelerator_type`` it needs (None: any node);
-    ``overrides``: {dotted key: value} set on its config (axes and ``set``); ``config_path``:
-    the base or listed config; ``config``: the validated config (built in memory; its JSON is
-    what the unit's bench gets, :mod:`patchbench.matrix.execute`).
-    """
+    """One expanded unit: ``labels`` ({axis or "config": value}); ``gpu_type``: the Ray
+    ``accelerator_type`` it needs (None: any); ``overrides``: {dotted key: value} set on the
+    base or listed config at ``config_path``; ``config``: the validated result."""
 
     id: str
     labels: dict[str, Any]
@@ -148,12 +140,8 @@ def _slug_part(v: Any) -> str:
 
 
 def unit_id(labels: dict[str, Any]) -> str:
-    """The stable id of a unit from what distinguishes it: ``<slug>-<8 hex>``.
-
-    ``labels``: {axis or "config": value} (JSON values). The slug (at most 60 characters) is made
-    of the values in the order given; the hash is the sha256 of the canonical JSON of ``labels``
-    (sorted keys), so the id changes exactly when a distinguishing value changes.
-    """
+    """``<slug of the values>-<8 hex of the sha256 of the canonical JSON of labels>``, e.g.
+    ``qwen2.5-vl-3b-instruct_h200-1a2b3c4d``: the same exactly when the labels are."""
     canon = json.dumps(
         labels, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str
     )
@@ -168,9 +156,8 @@ def _resolve(p: str) -> Path:
 
 
 def is_matrix_file(path: str | os.PathLike) -> bool:
-    """True when ``path`` is a YAML mapping with ``axes``, ``units`` or ``base`` at the top and no
-    ``variants`` (a matrix file rather than a config: how ``nightly`` can tell them apart).
-    Raises ConfigError for an unreadable or invalid YAML file (naming it)."""
+    """True for a YAML mapping with ``axes``, ``units`` or ``base`` and no ``variants`` (a matrix
+    rather than a config). ConfigError for an unreadable or invalid YAML file."""
     _, raw = read_yaml_mapping(Path(path), ConfigError, "a config or a matrix", "config file")
     return "variants" not in raw and any(k in raw for k in ("axes", "units", "base"))
 
@@ -181,15 +168,9 @@ def _where(path: Path, text: str, *loc: str | int) -> str:
 
 
 def load_matrix(path: str | os.PathLike) -> Matrix:
-    """Load, expand and validate a matrix file.
-
-    Returns a :class:`Matrix` whose units are in file order (axes: the first axis varies
-    slowest). Raises :class:`patchbench.errors.ConfigError` (exit 2) naming the file, key and
-    line for a bad matrix file (unknown key, wrong type, empty or duplicate axis values, both or
-    neither of ``axes``/``units``, an ``exclude`` entry that matches nothing, a key that cannot be
-    set), and naming the unit plus the matrix or base config line for a unit whose merged config
-    does not validate (every problem of every unit is listed).
-    """
+    """Load, expand and validate a matrix file; units in file order (the first axis slowest).
+    Raises :class:`patchbench.errors.ConfigError` (exit 2) listing every problem with its file,
+    key and line (for a unit's config: the unit and the matrix or base config line)."""
     path = Path(path)
     text, raw = read_yaml_mapping(path, ConfigError, "name, base, axes, set, units, ...")
     where = functools.partial(_where, path, text)
@@ -209,8 +190,7 @@ def load_matrix(path: str | os.PathLike) -> Matrix:
 
 
 def _validated_spec(raw: dict, where) -> MatrixSpec:
-    """``raw`` as a :class:`MatrixSpec`; ConfigError with one line per problem (file:line, key,
-    what is allowed) otherwise."""
+    """``raw`` as a :class:`MatrixSpec`, else ConfigError with one line per problem."""
     try:
         return MatrixSpec.model_validate(raw)
     except ValidationError as e:
@@ -219,9 +199,7 @@ def _validated_spec(raw: dict, where) -> MatrixSpec:
 
 
 def _spec_problems(spec: MatrixSpec, path: Path, where) -> list[str]:
-    """What is wrong with a schema-valid matrix file as a whole: both or neither of base/axes and
-    units, empty or repeated axis values, GPU types that are not names, ``set.gpu_type``, an
-    ``exclude`` entry naming something that is not an axis value."""
+    """What is wrong with a schema-valid matrix file as a whole."""
     problems: list[str] = []
     if spec.units and (spec.base or spec.axes):
         problems.append(f"{where('units')}: give either base/axes or units, not both")
@@ -278,9 +256,7 @@ class _Plan(NamedTuple):
 
 
 def _plans(spec: MatrixSpec, where, problems: list[str]) -> list[_Plan]:
-    """The units of the matrix in file order (axes: every combination not excluded, the first
-    axis slowest; or the listed units). An ``exclude`` entry that matches no combination is
-    added to ``problems``."""
+    """The units in file order: every combination not excluded, or the listed units."""
     set_lines = {k: where("set", k) for k in spec.set}
     if not spec.base:
         plans = []
@@ -317,9 +293,7 @@ def _plans(spec: MatrixSpec, where, problems: list[str]) -> list[_Plan]:
 def _units(
     path: Path, spec: MatrixSpec, plans: list[_Plan], where, problems: list[str]
 ) -> list[Unit]:
-    """The validated unit of every plan; every problem (a repeated unit, an unreadable base
-    config, a key that cannot be set, a merged config that does not validate) is added to
-    ``problems`` and that unit left out."""
+    """The validated unit of every plan; a unit with a problem is left out, its problem added."""
     units: list[Unit] = []
     seen: dict[str, int] = {}
     bases: dict[Path, tuple[str, dict]] = {}
@@ -379,9 +353,8 @@ def _unit_where(plan: _Plan, base_text: str) -> Where:
 def _merged_unit(
     plan: _Plan, uid: str, base_text: str, base_raw: dict, path: Path, problems: list[str]
 ) -> Unit | None:
-    """The unit of ``plan``: its base config with its overrides set, validated in memory by
-    :func:`patchbench.config.config_from_mapping` (each problem names the matrix line that set
-    the key, or the base config's line); None, its problems added, when it does not validate."""
+    """The unit of ``plan`` (its base config with its overrides set, validated); None, its
+    problems added, when it does not validate."""
     merged = copy.deepcopy(base_raw)
     bad = False
     for k, v in plan.overrides.items():

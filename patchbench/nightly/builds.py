@@ -7,7 +7,7 @@ coincides with.
 - :func:`check_patches`: before a night runs, the state of every variant's named patches on the
   release that variant will run (:func:`patchbench.patches.state.patch_state`); a variant with a
   patch that conflicts or is already contained cannot run as configured (:func:`blocked`).
-- :func:`without_variants`: the config a night runs when some variants cannot.
+- :func:`without_variants`: the config a night runs when some variants cannot (a copy).
 - :func:`likely_causes`: "sglang 0.5.22 -> 0.5.23 on 2026-11-30 coincides with the -6.0 % step
   in serving.output_throughput_tok_s (baseline)" for each step or red gate that starts on the
   night whose release changed.
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,14 +50,7 @@ class BuildRow:
 
     def to_json(self) -> dict[str, Any]:
         """The row as a dict (the ``night_builds`` columns but ``run_id``, plus ``ran``)."""
-        return {
-            "variant": self.variant,
-            "sglang_release": self.sglang_release,
-            "patch": self.patch,
-            "state": self.state,
-            "detail": self.detail,
-            "ran": self.ran,
-        }
+        return asdict(self)
 
     @property
     def summary(self) -> str:
@@ -148,125 +141,16 @@ def blocked_line(r: BuildRow) -> str:
     )
 
 
-def keep_config(stem: str, tag: str, text: str, folder: str | os.PathLike | None = None) -> Path:
-    """Write a config the nightly derived and runs (``text``, YAML) as
-    ``<stem>.<tag>-<sha256 of the text, 12 hex>.yaml`` in ``folder`` (default
-    ``nightly-configs/`` in the results root, beside the run folders: it lives as long as they
-    do, so a run's manifest and its "resume with" line name a file that stays). The same text is
-    the same file, written once (atomically) and never overwritten. Returns its path; raises
-    OSError when the folder cannot be written."""
-    import hashlib
-
-    from patchbench import inputs
-    from patchbench.records import write_text
-
-    where = Path(folder) if folder else Path(inputs.RESULTS_DIR) / "nightly-configs"
-    where.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
-    path = where / f"{stem}.{tag}-{digest}.yaml"
-    if not path.is_file():
-        write_text(path, text)
-    return path
-
-
-#: a config copy younger than this (seconds) is kept whatever the history names: a night that
-#: another process is still running, or one recorded in another history file
-PRUNE_GRACE_S = 86400.0
-
-
-def prune_configs(
-    run_dirs: Iterable[str | os.PathLike],
-    folder: str | os.PathLike | None = None,
-    *,
-    grace_s: float = PRUNE_GRACE_S,
-    now: float | None = None,
-) -> list[Path]:
-    """Delete the config copies of :func:`keep_config` (``*.yaml`` in ``folder``, default
-    ``nightly-configs/`` in the results root) that no run folder of ``run_dirs`` still names
-    (its manifest's ``config_path``: a night's run, or its confirmation's) and that are older
-    than ``grace_s`` seconds (by modification time; ``now``: the clock, for tests). A run folder
-    that is gone or unreadable names nothing. Returns the deleted paths; a copy that cannot be
-    deleted is left (never raises for it)."""
-    import time
-
-    from patchbench import inputs
-
-    where = Path(folder) if folder else Path(inputs.RESULTS_DIR) / "nightly-configs"
-    if not where.is_dir():
-        return []
-    named = set()
-    for d in run_dirs:
-        try:
-            cp = read_manifest(Path(d)).config_path
-        except (RunFolderError, OSError):
-            continue
-        if cp and Path(cp).parent.name == where.name:
-            named.add(Path(cp).name)
-    now = time.time() if now is None else now
-    gone = []
-    for p in sorted(where.glob("*.yaml")):
-        try:
-            if p.name in named or now - p.stat().st_mtime < grace_s:
-                continue
-            p.unlink()
-        except OSError:
-            continue
-        gone.append(p)
-    return gone
-
-
-def prune_after_night(history: str | os.PathLike, lock_timeout_s: float = 10.0) -> str:
-    """When a night ends: :func:`prune_configs` against every run folder the history at
-    ``history`` names (:func:`patchbench.nightly.history.run_dirs`). Returns a line for the log ("" when
-    nothing was deleted); a history that cannot be read deletes nothing (the line says why)."""
-    from patchbench.nightly.history import History, HistoryError, run_dirs
-
-    try:
-        with History(history, timeout_s=lock_timeout_s) as h:
-            dirs = run_dirs(h)
-    except HistoryError as e:
-        return f"config copies not pruned: {e}"
-    gone = prune_configs(dirs)
-    if not gone:
-        return ""
-    return (
-        f"pruned {len(gone)} config cop{'y' if len(gone) == 1 else 'ies'} in "
-        f"{gone[0].parent} that no night of the history names"
-    )
-
-
-def drop_variants_text(text: str, drop: Sequence[str]) -> str:
-    """A config's YAML ``text`` without the variants ``drop`` (the baseline named explicitly).
-    Raises ValueError when the baseline would be dropped or no variant is left."""
-    import yaml
-
-    raw = yaml.safe_load(text)
-    variants = dict(raw.get("variants") or {})
-    base = raw.get("baseline") or next(iter(variants), None)
-    if base in drop:
-        raise ValueError(f"the baseline '{base}' cannot run")
-    for v in drop:
-        variants.pop(v, None)
+def without_variants(cfg: Any, drop: Sequence[str]) -> Any:
+    """A copy of the :class:`patchbench.config.Config` ``cfg`` without the variants ``drop`` (the
+    baseline named explicitly), built in memory. Raises ValueError when the baseline would be
+    dropped or no variant is left."""
+    if cfg.baseline in drop:
+        raise ValueError(f"the baseline '{cfg.baseline}' cannot run")
+    variants = {k: v for k, v in cfg.variants.items() if k not in drop}
     if not variants:
         raise ValueError("no variant is left to run")
-    raw["variants"] = variants
-    raw["baseline"] = base
-    return yaml.safe_dump(raw, sort_keys=False)
-
-
-def without_variants(
-    config_path: str | os.PathLike, drop: Sequence[str], dest: Path | None = None
-) -> Path:
-    """A copy of the config at ``config_path`` without the variants ``drop`` (written to
-    ``dest``, by default kept by :func:`keep_config`; relative paths in a config resolve against
-    the repository root, so the copy runs the same). Raises ValueError when the baseline would
-    be dropped or no variant is left."""
-    text = drop_variants_text(Path(config_path).read_text(encoding="utf-8"), drop)
-    if dest is None:
-        return keep_config(Path(config_path).stem, "without", text)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(text, encoding="utf-8")
-    return dest
+    return cfg.model_copy(update={"variants": variants})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -399,22 +283,3 @@ def blocked_exit(code: int, headline: str, rows: Sequence[BuildRow]) -> tuple[in
     if code in (EXIT_RUN_FAILED, EXIT_ENV):
         return code, f"{headline}; and patch {names} does not apply"
     return EXIT_USAGE, f"PATCH DOES NOT APPLY ({names}); stock: {headline}"
-
-
-__all__ = [
-    "BLOCKING",
-    "BuildRow",
-    "blocked",
-    "blocked_exit",
-    "blocked_line",
-    "check_patches",
-    "drop_variants_text",
-    "likely_causes",
-    "night_builds",
-    "prune_after_night",
-    "prune_configs",
-    "release_changes",
-    "releases_by_night",
-    "rows_of_run",
-    "without_variants",
-]

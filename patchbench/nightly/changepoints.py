@@ -2,11 +2,11 @@
 
 A series is one (variant, suite, metric): each night's level (the mean log value of its runs after
 the outlier rule, :func:`patchbench.nightly.noise.night_level`), oldest first. It is divided by the sigma
-of one night's level learned from the same series (:func:`patchbench.nightly.robust.sigma_steps`: first
+of one night's level learned from the same series (:func:`patchbench.nightly.noise.sigma_steps`: first
 differences, MAD-type, so a step or a steady decline does not inflate it), and
 ``ruptures.KernelCPD(kernel="linear", min_size=MIN_SIZE)`` (PELT with the l2 cost, in C) segments it with the penalty
 ``beta * log(nights)``. ``ruptures`` gives no p-values: ``beta`` (:data:`BETA`) is calibrated on
-simulated quiet histories (tools/calibrate_nightly.py --part 3; docs/nightly.md has the table:
+simulated quiet histories (tools/calibrate_nightly.py --part 3; docs/calibration.md has the table:
 the false flags per quiet quarter and the delay until a 0.3 %-a-night decline is flagged).
 
 Consecutive breakpoints in the same direction less than :data:`MERGE_NIGHTS` nights apart are
@@ -24,8 +24,7 @@ from typing import Any
 import numpy as np
 
 from patchbench.nightly.history import Key, Night
-from patchbench.nightly.noise import night_level
-from patchbench.nightly.robust import sigma_steps, sigma_within
+from patchbench.nightly.noise import night_level, sigma_steps, sigma_within
 
 #: penalty factor: pen = BETA * log(nights) on the series in units of one night's sigma
 #: (tools/calibrate_nightly.py --part 3: about 0.15 false flags per simulated quiet quarter,
@@ -95,7 +94,7 @@ def changes(levels: Sequence[float], sigma: float, beta: float = BETA) -> list[C
 
 
 def series_sigma(levels: Sequence[float]) -> float:
-    """Sigma of one night's level of a series: :func:`patchbench.nightly.robust.sigma_steps`."""
+    """Sigma of one night's level of a series: :func:`patchbench.nightly.noise.sigma_steps`."""
     return sigma_steps([levels]).sigma
 
 
@@ -137,7 +136,7 @@ def detect_history(
     """Change points of every key's series over ``nights`` (oldest first, tonight last).
 
     The run sigma for the outlier rule is learned from the same nights
-    (:func:`patchbench.nightly.robust.sigma_within`). better: (suite, metric) -> "higher" / "lower".
+    (:func:`patchbench.nightly.noise.sigma_within`). better: (suite, metric) -> "higher" / "lower".
     Returns the changes, oldest first per key."""
     out: list[ChangePoint] = []
     better = better or {}

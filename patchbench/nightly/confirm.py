@@ -1,28 +1,13 @@
-"""The confirmation run (as Chromium's Pinpoint confirms a bisect): when a night is red and its
-sglang release or patch state differs from the last green night's, last green's build and
-tonight's run interleaved in ONE run and the failing metrics judged on its paired rounds.
+"""The confirmation run (as Chromium's Pinpoint confirms a bisect): a red night whose sglang release
+or patch state differs from the last green night's is re-measured in ONE run, last green's build
+and tonight's interleaved, and each failing metric judged on its paired rounds.
 
 Rule (:func:`should_confirm`): ``nightly.confirm.enabled``, the night is red, a last green night
-exists (the newest earlier night whose nightly.json says green, :func:`last_green`), and the
-builds differ (:func:`build_signature`: each variant's release, patches and their states). Only
-the variant of the first failing gate is confirmed (one run of two variants): ``last-green``
-(that variant's patches on last green's release) and ``tonight`` (the same patches on tonight's
-release; the baseline, so the clients come from tonight's release, which knows both servers:
-0.5.1.post3's clients against a 0.5.23 CPU server lost requests that 0.5.23's served),
-``confirm.repeats`` interleaved rounds, the suites of the failing metrics only
-(:func:`confirm_config`). Its cost is stated before it starts
-(:func:`estimate_minutes`: its cells times tonight's measured minutes per cell).
-
-Rounds (:func:`plan_rounds`): ``confirm.repeats: auto`` (the default) runs the rounds at which a
-change the size of tonight's observed one is confirmed at ``alpha`` with ``confirm.power``, given
-the metric's learned paired noise (:func:`rounds_needed`: the noncentral-t power of the one-sided
-paired t test), at least ``confirm.min_repeats`` and at most ``confirm.max_repeats``; a number
-runs that many.
-
-Verdict (:func:`paired_result`): per failing metric, the paired log ratios tonight / last green
-by round; a one-sided paired t test in the metric's worse direction at ``confirm.alpha``;
-"confirmed" when p < alpha, with the change and its two-sided ``1 - 2 alpha`` interval (the
-interval that excludes 0 exactly when the one-sided test rejects).
+exists (:func:`last_green`) and the builds differ (:func:`build_signature`). The variant of the
+first failing gate runs twice: :data:`OLD` (its patches on last green's release) and :data:`NEW`
+(on tonight's; the baseline, so the clients come from tonight's release), only the suites of the
+failing metrics (:func:`confirm_config`, a copy of tonight's config). Rounds: :func:`plan_rounds`.
+Verdict: :func:`paired_result`, a one-sided paired t test at ``confirm.alpha``.
 """
 
 from __future__ import annotations
@@ -36,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from patchbench.nightly.history import Night, night_from_run
+from patchbench.analysis.power import detectable_effect, n_needed
+from patchbench.config.nightly import NightlySettings
+from patchbench.nightly.history import Night, night_from_run, utc_iso
 from patchbench.stats import paired_t
 
 OLD, NEW = "last-green", "tonight"
@@ -94,54 +81,45 @@ def release_of(rows: Iterable[Mapping[str, Any]], variant: str) -> str | None:
 
 
 def confirm_config(
-    raw: Mapping[str, Any],
-    variant: str,
-    old_release: str,
-    new_release: str,
-    suites: Iterable[str],
-    repeats: int,
-    dest: Path | None = None,
-) -> Path:
-    """Write the confirmation's config to ``dest`` (by default kept beside the run folders by
-    :func:`patchbench.nightly.builds.keep_config`): ``raw`` (tonight's config as loaded YAML)
-    with two variants, :data:`OLD` (``variant``'s patches, server arguments and environment on
-    ``old_release``) and :data:`NEW` (the same on ``new_release``; the baseline, whose release
-    runs the clients), ``repeats`` interleaved rounds, only ``suites``, no ``nightly`` section,
-    name ``<name>-confirm``.
+    cfg: Any, variant: str, old_release: str, new_release: str, suites: Iterable[str], repeats: int
+) -> Any:
+    """The confirmation's config, a copy of tonight's :class:`patchbench.config.Config` (built in
+    memory): two variants, :data:`OLD` (``variant``'s patches, arguments and environment on
+    ``old_release``) and :data:`NEW` (the same on ``new_release``; the baseline), ``repeats``
+    interleaved rounds, only ``suites``, default nightly settings, name ``<name>-confirm``.
     Raises KeyError when ``variant`` is not in the config."""
-    import yaml
-
-    spec = (raw.get("variants") or {})[variant]
-    spec = {"patches": list(spec or [])} if not isinstance(spec, dict) else dict(spec)
-    cfg = {k: v for k, v in raw.items() if k != "nightly"}
-    cfg["name"] = f"{raw.get('name', 'nightly')}-confirm"
-    cfg["sglang"] = new_release
-    cfg["variants"] = {NEW: {**spec, "sglang": new_release}, OLD: {**spec, "sglang": old_release}}
-    cfg["baseline"] = NEW
-    cfg["schedule"] = {"repeats": int(repeats), "order": "interleaved"}
+    spec = cfg.variants[variant]
     want = set(suites)
-    cfg["suites"] = {s: v for s, v in (raw.get("suites") or {}).items() if s in want}
-    text = yaml.safe_dump(cfg, sort_keys=False)
-    if dest is None:
-        from patchbench.nightly.builds import keep_config
-
-        return keep_config(str(cfg["name"]), "confirm", text)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(text, encoding="utf-8")
-    return dest
+    schedule = type(cfg.schedule).model_validate({"repeats": int(repeats), "order": "interleaved"})
+    return cfg.model_copy(
+        update={
+            "name": f"{cfg.name}-confirm",
+            "sglang": new_release,
+            "variants": {
+                NEW: spec.model_copy(update={"sglang": new_release}),
+                OLD: spec.model_copy(update={"sglang": old_release}),
+            },
+            "baseline": NEW,
+            "schedule": schedule,
+            "suites": {k: v for k, v in cfg.suites.items() if k in want},
+            "suite_params": {k: v for k, v in cfg.suite_params.items() if k in want},
+            "suite_rounds": {k: v for k, v in cfg.suite_rounds.items() if k in want},
+            "nightly": NightlySettings(),
+            "builds": {},
+        }
+    )
 
 
 def minutes_per_cell(run_dir: str | os.PathLike) -> float | None:
     """Tonight's measured minutes per cell: (ended_at - started_at) over its cells (manifest);
     None when unknown."""
-    from patchbench.nightly.history import _utc_iso
     from patchbench.runfolder import RunFolderError, read_manifest
 
     try:
         m = read_manifest(Path(run_dir))
     except RunFolderError:
         return None
-    start, end = _utc_iso(m.started_at or ""), _utc_iso(m.ended_at or "")
+    start, end = utc_iso(m.started_at or ""), utc_iso(m.ended_at or "")
     if not (start and end and m.cells):
         return None
     from datetime import datetime
@@ -156,56 +134,8 @@ def estimate_minutes(cells: int, per_cell_min: float | None) -> float | None:
     return None if per_cell_min is None else cells * per_cell_min
 
 
-#: rounds_needed searches no further (a change this hard to confirm is reported as "more than")
+#: the confirmation's rounds are searched no further (a change this hard is "more than")
 MAX_SEARCH = 100_000
-
-
-def paired_t_power(n: int, effect: float, sigma: float, alpha: float) -> float:
-    """Power of the one-sided paired t test of ``n`` pairs at level ``alpha`` against a true mean
-    paired difference ``effect`` (> 0, in the test's direction) with pair sd ``sigma`` (> 0; both
-    log scale): ``P(T > t_{1-alpha, n-1})`` for T noncentral t with ``n - 1`` degrees of freedom
-    and noncentrality ``effect / sigma * sqrt(n)`` (Cohen 1988, *Statistical Power Analysis for
-    the Behavioral Sciences*, ch. 2: the exact noncentral-t power of the one-sample / paired t
-    test), by scipy.stats.nct. A probability in [0, 1]. Raises ValueError for ``n`` < 2."""
-    from scipy import stats
-
-    if n < 2:
-        raise ValueError(f"a paired t test needs 2 or more pairs, not {n}")
-    df = n - 1
-    crit = stats.t.ppf(1.0 - alpha, df)
-    return float(stats.nct.sf(crit, df, effect / sigma * math.sqrt(n)))
-
-
-def rounds_needed(effect: float, sigma: float, alpha: float, power: float) -> int | None:
-    """The fewest pairs n (>= 2) with :func:`paired_t_power` ``(n, |effect|, sigma, alpha) >=
-    power`` (log scale; the power grows with n); None when even :data:`MAX_SEARCH` pairs do not
-    reach it (e.g. ``effect`` 0)."""
-    effect = abs(effect)
-    if effect == 0 or not math.isfinite(effect / sigma):
-        return None
-    hi = 2
-    while paired_t_power(hi, effect, sigma, alpha) < power:
-        if hi >= MAX_SEARCH:
-            return None
-        hi = min(2 * hi, MAX_SEARCH)
-    lo = max(2, hi // 2)
-    if paired_t_power(lo, effect, sigma, alpha) >= power:
-        return lo
-    while hi - lo > 1:  # power(lo) < power <= power(hi)
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if paired_t_power(mid, effect, sigma, alpha) >= power else (mid, hi)
-    return hi
-
-
-def detectable_effect(n: int, sigma: float, alpha: float, power: float) -> float:
-    """The smallest paired effect (log scale, > 0) that ``n`` pairs (>= 2) confirm at ``alpha``
-    with ``power`` (the root of :func:`paired_t_power` = ``power``, by scipy.optimize.brentq)."""
-    from scipy.optimize import brentq
-
-    hi = sigma
-    while paired_t_power(n, hi, sigma, alpha) < power:
-        hi *= 2
-    return float(brentq(lambda e: paired_t_power(n, e, sigma, alpha) - power, 0.0, hi))
 
 
 @dataclass
@@ -258,15 +188,14 @@ def plan_rounds(
     noise: Iterable[Mapping[str, Any]] = (),
     prior_run_cv_pct: float | None = None,
 ) -> RoundsPlan:
-    """The confirmation's rounds under ``cs`` (:class:`patchbench.nightly.gates.settings.ConfirmSettings`).
+    """The confirmation's rounds under ``cs`` (:class:`patchbench.nightly.gates.ConfirmSettings`).
 
-    A number in ``cs.repeats`` is run as it is. ``auto``: per failing (suite, metric,
-    change_pct) of ``changes`` (tonight's observed change, %), its pair noise: ``pair_cv_pct`` of
-    its row in ``noise`` (the night's noise table, :func:`patchbench.nightly.job.noise_table`),
-    else ``prior_run_cv_pct * sqrt(2)`` (log scale, as patchbench/nightly/noise.py's prior); the rounds
-    :func:`rounds_needed` gives for ``|log(1 + change)|`` at ``cs.alpha`` and ``cs.power``. The
-    metric that needs the most rounds sizes the run (at equal noise: the smallest change),
-    bounded by ``cs.min_repeats`` and ``cs.max_repeats``. No change with a known noise:
+    A number in ``cs.repeats`` runs as it is. ``auto``: per failing (suite, metric, change_pct)
+    of ``changes``, its paired noise (``pair_cv_pct`` of its row in ``noise``, the night's noise
+    table; else ``sqrt(2)`` times ``prior_run_cv_pct``) and the fewest rounds whose one-sided
+    paired t test confirms ``|log(1 + change)|`` at ``cs.alpha`` with ``cs.power``
+    (:func:`patchbench.analysis.power.n_needed`, exact noncentral t). The metric needing the
+    most sizes the run, within ``cs.min_repeats`` .. ``cs.max_repeats``; nothing known:
     ``cs.max_repeats``. Never raises for missing data."""
     if cs.repeats != "auto":
         r = int(cs.repeats)
@@ -284,7 +213,7 @@ def plan_rounds(
         else:
             continue
         effect = abs(math.log1p(change / 100.0))
-        need = rounds_needed(effect, sigma, cs.alpha, cs.power)
+        need = n_needed(effect, sigma, cs.alpha, cs.power, alternative="larger", cap=MAX_SEARCH)
         key = (math.inf if need is None else float(need), -effect)
         if best is None or key > best[:2]:
             best = (*key, f"{suite}.{metric}", change, sigma, src, need)
@@ -480,22 +409,18 @@ def lines(conf: Mapping[str, Any]) -> list[str]:
 
 
 def maybe_confirm(
-    config_path: str | os.PathLike,
+    cfg: Any,
     res: Any,
-    run_bench: Callable[[str], Any] | None,
+    run_bench: Callable[[Any], Any] | None,
     out: Any = None,
     not_here: str = "",
 ) -> Confirmation | None:
-    """Run the confirmation of a gated night ``res`` (:class:`patchbench.nightly.outcome.
-    NightlyOutcome` of the config at ``config_path``) when :func:`should_confirm` says so, with
-    ``run_bench`` (``patchbench.run.bench.run_bench``: config path -> run folder); the cost is
-    printed to ``out`` before it starts. None for a night that is not red; a red night that
-    needs none gets a Confirmation with ``skipped`` (why). ``run_bench`` None: the confirmation
-    is planned (its config written, its cost printed) but not run here, ``skipped`` says why
-    (``not_here``) and the command that runs it. Never raises for the confirmation's own
-    failure (``error``)."""
-    import yaml
-
+    """The confirmation of a gated night ``res`` (:class:`patchbench.nightly.render.
+    NightlyOutcome` of the :class:`patchbench.config.Config` ``cfg``) when :func:`should_confirm`
+    says so, run with ``run_bench`` (Config -> run folder) after printing its cost to ``out``.
+    None for a night that is not red; a red night that needs none gets ``skipped`` (why).
+    ``run_bench`` None: planned and not run (``skipped`` says why, ``not_here``, and what to run).
+    Never raises for the confirmation's own failure (``error``)."""
     out = out or sys.stdout
     night, settings = res.night, res.settings
     if night is None or settings is None or res.outcome != "red":
@@ -524,29 +449,25 @@ def maybe_confirm(
     metrics, changes = _failing_metrics(failing, variant)
     conf.rounds = plan_rounds(cs, changes, res.noise, settings.run_cv_pct)
     conf.repeats = conf.rounds.rounds
-    raw = yaml.safe_load(Path(config_path).read_text(encoding="utf-8"))
-    try:
-        path = confirm_config(
-            raw, variant, conf.old_release, conf.new_release, {m[0] for m in metrics},
-            conf.repeats,
-        )  # fmt: skip
-    except OSError as e:  # the results root cannot hold its config
-        conf.error = f"cannot write the confirmation's config: {e}"
-        return conf
-    conf.cells = _cells(path, conf.repeats)
+    suites = {m[0] for m in metrics}
+    ccfg = confirm_config(cfg, variant, conf.old_release, conf.new_release, suites, conf.repeats)
+    conf.cells = _cells(ccfg, conf.repeats)
     conf.minutes = estimate_minutes(conf.cells, minutes_per_cell(night.run_dir or ""))
     print(f"nightly: {conf.plan_line()}", file=out, flush=True)
     if run_bench is None:
         conf.skipped = (
-            f"planned, not run here ({not_here or 'no runner'}): run it with "
-            f"`patchbench bench {path}` and compare its two variants"
+            f"planned, not run here ({not_here or 'no runner'}): run `patchbench bench "
+            f"{cfg.source}` with variants {NEW} (sglang {conf.new_release}, the baseline) and "
+            f"{OLD} (sglang {conf.old_release}), both with variant '{variant}''s patches, "
+            f"{conf.repeats} interleaved rounds of suites {', '.join(sorted(suites))}, and compare "
+            "its two variants"
         )
         print(f"nightly: confirmation: {conf.skipped}", file=out)
         return conf
     from patchbench.errors import PatchbenchError
 
     try:
-        run_dir = run_bench(str(path))
+        run_dir = run_bench(ccfg)
     except PatchbenchError as e:
         conf.error = f"{type(e).__name__}: {e}"
         run_dir = getattr(e, "run_dir", None)
@@ -599,87 +520,12 @@ def _failing_metrics(
     return metrics, changes
 
 
-def _cells(path: Path, repeats: int) -> int:
-    """The confirmation's cells as its plan has them (two variants x ``repeats`` when the config
-    cannot be planned here)."""
+def _cells(cfg: Any, repeats: int) -> int:
+    """The confirmation's cells as its plan has them (two variants x ``repeats`` when it cannot
+    be planned here)."""
     try:
-        from patchbench.config import load_config
         from patchbench.run.plan import plan
 
-        return len(plan(load_config(path)))
+        return len(plan(cfg))
     except Exception:  # noqa: BLE001 (an estimate only)
         return 2 * repeats
-
-
-def rounds_table(
-    changes_pct: Sequence[float] = (5.0, 10.0),
-    pair_cv_pct: Sequence[float] = (2.0, 4.0),
-    alpha: float = 0.001,
-    power: float = 0.9,
-) -> str:
-    """A markdown table of :func:`rounds_needed`: one row per paired noise (CV, %) of
-    ``pair_cv_pct``, one column per change (%) of ``changes_pct``, at ``alpha`` and ``power``
-    (uncapped; "more than MAX_SEARCH" where unreachable)."""
-    head = "| pair noise | " + " | ".join(f"{c:g} % change" for c in changes_pct) + " |"
-    out = [head, "|---" * (len(changes_pct) + 1) + "|"]
-    for cv in pair_cv_pct:
-        sigma = math.log1p(cv / 100.0)
-        cells = []
-        for c in changes_pct:
-            n = rounds_needed(math.log1p(c / 100.0), sigma, alpha, power)
-            cells.append(f"> {MAX_SEARCH}" if n is None else str(n))
-        out.append(f"| {cv:g} % | " + " | ".join(cells) + " |")
-    return "\n".join(out)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m patchbench.nightly.confirm --table [--changes 5 10] [--noise 2 4] [--alpha
-    0.001] [--power 0.9]``: print :func:`rounds_table` (docs/nightly.md, "Confirmation run")."""
-    import argparse
-
-    ap = argparse.ArgumentParser(
-        prog="python -m patchbench.nightly.confirm",
-        description="rounds a confirmation run needs (one-sided paired t test, noncentral t)",
-    )
-    ap.add_argument("--table", action="store_true", required=True)
-    ap.add_argument(
-        "--changes", type=float, nargs="+", default=[5.0, 10.0], help="changes, %% (- a drop)"
-    )
-    ap.add_argument("--noise", type=float, nargs="+", default=[2.0, 4.0], help="pair CV, %%")
-    ap.add_argument("--alpha", type=float, default=0.001)
-    ap.add_argument("--power", type=float, default=0.9)
-    a = ap.parse_args(argv)
-    if not (0 < a.alpha < 0.5 and 0 < a.power < 1):
-        ap.error("--alpha must be in (0, 0.5) and --power in (0, 1)")
-    if any(x <= 0 for x in a.noise) or any(x == 0 or x <= -100 for x in a.changes):
-        ap.error("--noise must be positive and --changes non-zero and above -100")
-    print(rounds_table(a.changes, a.noise, a.alpha, a.power))
-    return 0
-
-
-__all__ = [
-    "NEW",
-    "OLD",
-    "Confirmation",
-    "RoundsPlan",
-    "build_signature",
-    "confirm_config",
-    "detectable_effect",
-    "estimate_minutes",
-    "judge",
-    "last_green",
-    "lines",
-    "main",
-    "maybe_confirm",
-    "minutes_per_cell",
-    "paired_result",
-    "paired_t_power",
-    "plan_rounds",
-    "release_of",
-    "rounds_needed",
-    "rounds_table",
-    "should_confirm",
-]
-
-if __name__ == "__main__":
-    sys.exit(main())

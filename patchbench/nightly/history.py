@@ -1,41 +1,19 @@
-"""The nightly history: every metric of every night, in one SQLite file (stdlib ``sqlite3``).
+"""The nightly history: every metric of every night, in one SQLite file (stdlib ``sqlite3``), and
+what the page and the ``history`` command read from it.
 
-The file lives outside the checkout (CI runners clean their workspace); where exactly is decided
-by :func:`patchbench.nightly.job.history_path`. One night = one run folder. Schema version 2
-(``meta.schema_version``; documented in docs/nightly.md)::
-
-    meta(key TEXT PRIMARY KEY, value TEXT)            schema_version, created_utc
-    nights(run_id TEXT PRIMARY KEY,                   the run folder's name / compare.json run_id
-           night_utc TEXT,                            ISO-8601 UTC start of the run
-           config_name TEXT, git_sha TEXT, sglang_version TEXT, baseline TEXT,
-           status TEXT,                               "ok" | "partial" (some cells failed)
-           run_dir TEXT, recorded_utc TEXT)
-    metric_values(run_id, variant, suite, metric,     one row per metric of a variant in a night
-                  unit TEXT, better TEXT,             "higher" | "lower" | "none" | NULL
-                  median REAL, n_repeats INTEGER)     median over the repeats that finished
-    repeat_values(run_id, variant, suite, metric,     repeat = the run's repeat index (version 1:
-                  repeat INTEGER, value REAL)         position among finished repeats); value NULL:
-                                                      that repeat has no value (failed cell)
-    comparisons(run_id, variant, baseline, suite, metric,     compare.json's same-run effects
-                change_pct REAL, ci_low_pct REAL, ci_high_pct REAL, ci_method TEXT, verdict TEXT)
-
-Versions: a version-1 file is migrated on open (one transaction; only ``meta.schema_version``
-changes: its rows stay valid, their repeat numbers are positions); a newer version is refused.
-
-Each night is appended in ONE transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``): a crash leaves the
-file as it was before the night. Recording a run_id that is already there changes nothing.
-
-Errors are :class:`HistoryError` subclasses whose message names the file: :class:`HistoryLocked`
-(another process holds a lock past the timeout), :class:`HistoryCorrupt` (not an SQLite database, or
-the integrity check fails; the file is never modified or replaced), :class:`HistorySchemaError`
-(written by a newer patchbench, or tables missing).
-
-A night is read from a run folder (:func:`night_from_run`) so a night that could not be recorded
-(locked or corrupt history) can be appended later from its folder alone.
+One night = one run folder (:func:`night_from_run`, so a night that could not be recorded can be
+appended later from its folder). Schema version 2 (``meta.schema_version``; the tables are in
+docs/nightly.md): ``nights``, ``metric_values``, ``repeat_values``, ``comparisons`` (the report's
+verdicts), and the derived ``noise``, ``change_points``, ``night_builds``, ``confirmations``
+created by the first night that writes them. A version-1 file is migrated on open (only
+``meta.schema_version`` changes), a newer one refused. Each night is appended in ONE transaction;
+recording a run_id that is already there changes nothing. Errors are :class:`HistoryError`
+subclasses naming the file (exit 3); the file is never modified or replaced then.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sqlite3
@@ -47,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from patchbench.analysis.comparison import Comparison, read_comparison
-from patchbench.errors import EnvironmentNotReady
+from patchbench.errors import EnvironmentNotReady, UsageError
 from patchbench.runfolder import RunFolderError, RunManifest, read_cell, read_manifest, read_summary
 
 SCHEMA_VERSION = 2
@@ -103,14 +81,14 @@ class HistorySchemaError(HistoryError):
 
 @dataclass
 class SameRunEffect:
-    """One same-run effect from compare.json (a :class:`patchbench.analysis.comparison.Row`): the variant
-    vs the baseline of the same run.
+    """The report's verdict on one (variant, suite, metric) of a night (a row of compare.json,
+    :class:`patchbench.analysis.comparison.Row`) against the night's baseline.
 
-    change_pct / ci_low_pct / ci_high_pct: the row's change and interval in percent,
-    (variant - baseline) / baseline * 100, at the level its verdict used; None when the row has
-    none (e.g. one repeat) or its change is not in percent (accuracy points, exact differences);
-    ci_method: the row's method; verdict: the row's verdict.
-    """
+    Stored: ``change_pct`` / ``ci_low_pct`` / ``ci_high_pct`` (the change and its interval at the
+    level the verdict used, in %; None when the row has none or its change is not in %),
+    ``ci_method``, ``verdict``. Tonight's only (not stored): ``p_value`` (two-sided),
+    ``confidence`` (the interval's level) and ``relative``: (change, low, high) in % of the
+    baseline's value whatever the row's unit (accuracy points, exact differences)."""
 
     baseline: str
     change_pct: float | None
@@ -118,20 +96,26 @@ class SameRunEffect:
     ci_high_pct: float | None
     ci_method: str | None = None
     verdict: str | None = None
+    p_value: float | None = field(default=None, compare=False)
+    confidence: float | None = field(default=None, compare=False)
+    relative: tuple[float | None, float | None, float | None] | None = field(
+        default=None, compare=False
+    )
+
+    @property
+    def pct(self) -> tuple[float | None, float | None, float | None]:
+        """(change, low, high) in %: :attr:`relative`, else the stored percent numbers."""
+        return self.relative or (self.change_pct, self.ci_low_pct, self.ci_high_pct)
 
 
 @dataclass
 class Night:
-    """One night's numbers, as recorded (or as read from a run folder before recording).
+    """One night's numbers, as recorded (or read from a run folder before recording).
 
-    values: (variant, suite, metric) -> one value per repeat index (metric units as in the name,
-    e.g. ``output_throughput_tok_s`` in tok/s), None where that repeat has none (failed cell);
-    variants of one night pair by index.
-    units / better: (suite, metric) -> display unit and improving direction, where known.
-    comparisons: (variant, suite, metric) -> :class:`SameRunEffect` (variants other than the
-    baseline).
-    aa_variants: variants that are A/A copies of the baseline (noise measurement).
-    status: "ok", or "partial" when some cells failed (failed cells contribute no values).
+    values: (variant, suite, metric) -> one value per repeat index (the metric's unit), None
+    where that repeat has none; units / better: (suite, metric) -> unit and direction;
+    comparisons: (variant, suite, metric) -> :class:`SameRunEffect`; aa_variants: A/A copies
+    of the baseline; status: "ok", or "partial" when some cells failed.
     """
 
     run_id: str
@@ -169,7 +153,7 @@ class Night:
 # reading a run folder
 
 
-def _utc_iso(value: str) -> str | None:
+def utc_iso(value: str) -> str | None:
     """``YYYY-MM-DDTHH:MM:SSZ`` from an ISO-8601 stamp (any offset; naive = UTC), else None."""
     try:
         dt = datetime.fromisoformat(str(value).strip().replace("Z", "+00:00"))
@@ -197,7 +181,7 @@ def _night_utc(manifest: RunManifest, run: Path) -> str:
     it, the ``<UTC stamp>Z-<config>`` folder name that ``bench`` gives every run. Raises
     ValueError naming the file and the key when neither gives a time."""
     if manifest.started_at:
-        got = _utc_iso(manifest.started_at)
+        got = utc_iso(manifest.started_at)
         if got is None:
             raise ValueError(
                 f"{run / 'manifest.json'}: started_at is {manifest.started_at!r}, "
@@ -215,21 +199,13 @@ def _night_utc(manifest: RunManifest, run: Path) -> str:
 
 
 def night_from_run(run_dir: str | os.PathLike, comparison: Comparison | None = None) -> Night:
-    """Read one night from a run folder (docs/CONTRACTS.md, "Run folder").
-
-    Values come from every ``<variant>/rep<k>/<suite>/summary.json`` with status "ok" of a timed
-    cell that did not fail (patchbench.runfolder reads and migrates every file); ``values[key][k]``
-    is repeat k's value, None where that repeat has none (failed cell, failed suite), so
-    variants pair by repeat index. Effects, units and directions come from the typed
-    ``compare.json`` (:func:`patchbench.analysis.comparison.read_comparison`, or ``comparison`` when
-    given). Time, config name, git SHA and sglang version come from the typed manifest
-    (``started_at``, ``config.name``, ``git_sha``, ``sglang_version``); a folder with only a
-    compare.json (tests) falls back to its name.
-
-    Raises FileNotFoundError when ``run_dir`` is not a folder; ValueError when the night's time
-    cannot be known or compare.json cannot be read; patchbench.runfolder.SchemaTooNew for a
-    newer manifest. Failed cells and suites are listed in ``Night.problems`` and make ``status``
-    "partial".
+    """One night from a run folder: values from every ok ``summary.json`` of a timed cell that did
+    not fail (``values[key][k]`` is repeat k's, None where it has none, so variants pair by
+    index), the report's verdicts, units and directions from compare.json (or ``comparison``),
+    time, config, git SHA and release from the manifest (the folder's name without one).
+    Failed cells and suites go to ``Night.problems`` (status "partial"). Raises
+    FileNotFoundError (no folder), ValueError (no time; an unreadable compare.json),
+    patchbench.runfolder.SchemaTooNew (a newer manifest).
     """
     run = Path(run_dir)
     if not run.is_dir():
@@ -257,33 +233,7 @@ def night_from_run(run_dir: str | os.PathLike, comparison: Comparison | None = N
         aa_variants=list(cmp.aa_variants),
     )
     _add_cell_values(night, run)
-    _add_comparison(night, cmp)
-    return night
-
-
-def night_from_compare(
-    comparison: Comparison, *, config_name: str | None = None, night_utc: str | None = None
-) -> Night:
-    """A :class:`Night` from a comparison alone (values: the repeats its rows list).
-
-    ``config_name`` defaults to the run id without its ``<UTC stamp>Z-`` prefix; ``night_utc``
-    (ISO-8601 UTC) to the run id's stamp. Raises ValueError when neither gives the night's
-    time."""
-    run_id = comparison.run_id or "run"
-    when = night_utc or _stamp_utc(run_id)
-    if when is None:
-        raise ValueError(
-            f"compare.json of run {run_id!r}: give night_utc, or a run id that starts with a "
-            f"UTC stamp (YYYYMMDDTHHMMSSZ-): the night's time is unknown"
-        )
-    night = Night(
-        run_id=run_id,
-        night_utc=when,
-        config_name=config_name or _config_of_folder(run_id),
-        baseline=comparison.baseline,
-        aa_variants=list(comparison.aa_variants),
-    )
-    _add_comparison(night, comparison)
+    add_comparison(night, cmp)
     return night
 
 
@@ -330,15 +280,18 @@ def _add_cell_values(night: Night, run: Path) -> None:
         night.status = "partial"
 
 
-def _add_comparison(night: Night, cmp: Comparison) -> None:
-    """The comparison's rows into ``night``: units, directions, same-run effects (percent
-    numbers for rows whose change is in %), and the repeats of a (variant, suite, metric) the
-    summaries did not give (a run folder without summaries, or a comparison alone)."""
+def add_comparison(night: Night, cmp: Comparison) -> None:
+    """The comparison's rows into ``night``: units, directions, the report's verdicts, and the
+    repeats of a (variant, suite, metric) the summaries did not give (a run folder without
+    summaries, or a comparison alone)."""
     for r in cmp.rows:
         if r.unit:
             night.units[(r.suite, r.metric)] = r.unit
         night.better[(r.suite, r.metric)] = r.better
         pct = r.change_unit == "%"
+        per = 1.0 if pct else None
+        if not pct and r.baseline_value:  # points and exact differences as % of the baseline
+            per = (1.0 if r.change_unit == "pt" else 100.0) / abs(r.baseline_value)
         night.comparisons[(r.variant, r.suite, r.metric)] = SameRunEffect(
             baseline=cmp.baseline or night.baseline,
             change_pct=r.change if pct else None,
@@ -346,6 +299,11 @@ def _add_comparison(night: Night, cmp: Comparison) -> None:
             ci_high_pct=r.high if pct else None,
             ci_method=r.method,
             verdict=r.verdict,
+            p_value=r.p_value,
+            confidence=r.confidence,
+            relative=None
+            if per is None
+            else tuple(None if x is None else x * per for x in (r.change, r.low, r.high)),
         )
         for who, reps in ((night.baseline, r.baseline_repeats), (r.variant, r.variant_repeats)):
             if who and reps and (who, r.suite, r.metric) not in night.values:
@@ -503,16 +461,6 @@ class History:
         return int(row[0])
 
     # -- writing -------------------------------------------------------------------------------
-
-    def has_run(self, run_id: str) -> bool:
-        """True when this run_id is already recorded."""
-        try:
-            return (
-                self._db.execute("SELECT 1 FROM nights WHERE run_id = ?", (run_id,)).fetchone()
-                is not None
-            )
-        except sqlite3.Error as e:
-            raise self._wrap(e, "read") from None
 
     def record(self, night: Night) -> bool:
         """Append one night in one transaction.
@@ -758,50 +706,18 @@ CREATE TABLE IF NOT EXISTS confirmations (
     PRIMARY KEY (config_name, run_id, variant, suite, metric))
 """
 
-NOISE_COLUMNS = (
-    "suite",
-    "metric",
-    "source",
-    "nights",
-    "repeats",
-    "run_cv_pct",
-    "pair_cv_pct",
-    "night_cv_pct",
-    "df",
-    "repeats_needed",
+NOISE_COLUMNS = tuple(
+    "suite metric source nights repeats run_cv_pct pair_cv_pct night_cv_pct df repeats_needed".split()
 )
-CHANGE_COLUMNS = (
-    "variant",
-    "suite",
-    "metric",
-    "run_id",
-    "start_utc",
-    "end_run_id",
-    "end_utc",
-    "nights",
-    "before",
-    "after",
-    "size_pct",
-    "worse",
+CHANGE_COLUMNS = tuple(
+    "variant suite metric run_id start_utc end_run_id end_utc nights before after size_pct worse".split()
 )
 
 
 BUILD_COLUMNS = ("run_id", "variant", "sglang_release", "patch", "state", "detail")
-CONFIRM_COLUMNS = (
-    "variant",
-    "suite",
-    "metric",
-    "last_green_run_id",
-    "old_release",
-    "new_release",
-    "change_pct",
-    "ci_low_pct",
-    "ci_high_pct",
-    "p_value",
-    "alpha",
-    "repeats",
-    "verdict",
-    "confirm_run_dir",
+CONFIRM_COLUMNS = tuple(
+    "variant suite metric last_green_run_id old_release new_release change_pct ci_low_pct "
+    "ci_high_pct p_value alpha repeats verdict confirm_run_dir".split()
 )
 
 
@@ -968,40 +884,176 @@ def read_confirmations(h: History, config_name: str, run_id: str | None = None) 
     return _read_derived(h, "confirmations", config_name, where, args)
 
 
-def run_dirs(h: History) -> list[str]:
-    """Every run folder the history names, as stored: each night's ``run_dir`` (every config)
-    and each confirmation's ``confirm_run_dir``. Raises :class:`HistoryError`."""
-    db = h._db
+# ---------------------------------------------------------------------------------------------
+# reading for the page and the history command (no HTML here): the history and each night's
+# run folder nightly.json
+
+
+def open_history(path: str | Path) -> History:
+    """Open an existing history file. Raises UsageError (exit 2) when ``path`` is not a file,
+    :class:`patchbench.nightly.history.HistoryError` (exit 3) when it is not a usable history."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise UsageError(f"{p}: no such history file (PATCHBENCH_HISTORY or the nightly's path)")
+    return History(p)
+
+
+def _rows(h: History, sql: str, args: tuple = ()) -> list[tuple]:
     try:
-        out = [r[0] for r in db.execute("SELECT run_dir FROM nights") if r[0]]
-        if db.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'confirmations'"
-        ).fetchone():
-            out += [r[0] for r in db.execute("SELECT confirm_run_dir FROM confirmations") if r[0]]
+        return h._db.execute(sql, args).fetchall()
     except sqlite3.Error as e:
-        raise h._wrap(e, "read run folders") from None
+        raise h._wrap(e, "read") from None
+
+
+def night_builds_of(h: History, run_id: str) -> list[dict[str, Any]]:
+    """The release and patch state each variant of night ``run_id`` ran with: dicts with the
+    keys of :data:`patchbench.nightly.history.BUILD_COLUMNS`
+    (:func:`patchbench.nightly.history.read_night_builds`), sorted by variant; [] for a night recorded
+    without them (a history written before the table existed)."""
+    return sorted(read_night_builds(h, run_id=run_id), key=lambda b: str(b["variant"]))
+
+
+def config_names(h: History) -> list[str]:
+    """Every config (history key) with a recorded night, sorted."""
+    return [r[0] for r in _rows(h, "SELECT DISTINCT config_name FROM nights ORDER BY config_name")]
+
+
+def read_nightly_json(run_dir: str | None) -> dict[str, Any] | None:
+    """A run folder's ``nightly.json`` as a dict, or None when the folder or file is gone or
+    unreadable."""
+    if not run_dir:
+        return None
+    path = Path(run_dir) / "nightly.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+@dataclass
+class NightInfo:
+    """One recorded night as the page and the history command show it.
+
+    outcome: ``nightly.json``'s outcome ("green", "red", "underpowered", "run failed", ...), None
+    when the run folder or its nightly.json is gone; exit_code / headline likewise; failing /
+    gates: its GateResult dicts (patchbench/nightly/gates.py); builds: :func:`night_builds_of`;
+    release: the sglang release(s) the night ran, ``/``-joined when variants differ."""
+
+    run_id: str
+    night_utc: str
+    config_name: str
+    status: str
+    sglang_version: str | None
+    run_dir: str | None
+    outcome: str | None = None
+    exit_code: int | None = None
+    headline: str = ""
+    failing: list[dict[str, Any]] = field(default_factory=list)
+    gates: list[dict[str, Any]] = field(default_factory=list)
+    builds: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def release(self) -> str:
+        rel = sorted({str(b["sglang_release"]) for b in self.builds if b.get("sglang_release")})
+        return "/".join(rel) if rel else (self.sglang_version or "?")
+
+    @property
+    def patch_state(self) -> str:
+        """``variant: state`` per variant with a patch state recorded, "" when none is."""
+        return ", ".join(
+            f"{b['variant']}: {b['state']}" + (f" ({b['detail']})" if b.get("detail") else "")
+            for b in self.builds
+            if b.get("state")
+        )
+
+    @property
+    def folder_present(self) -> bool:
+        return bool(self.run_dir) and Path(str(self.run_dir)).is_dir()
+
+    def to_json(self) -> dict[str, Any]:
+        keys = "run_id night_utc config_name status release patch_state outcome exit_code headline"
+        out = {k: getattr(self, k) for k in keys.split()}
+        return out | {"run_dir": self.run_dir, "run_folder_present": self.folder_present,
+                      "failing": self.failing, "builds": self.builds}  # fmt: skip
+
+
+def night_infos(h: History, config_name: str | None = None) -> list[NightInfo]:
+    """Every recorded night (of one config), oldest first, with its nightly.json's outcome."""
+    sql = "SELECT run_id, night_utc, config_name, status, sglang_version, run_dir FROM nights"
+    args: tuple = ()
+    if config_name is not None:
+        sql += " WHERE config_name = ?"
+        args = (config_name,)
+    out = []
+    for row in _rows(h, sql + " ORDER BY night_utc, run_id", args):
+        n = NightInfo(*row)
+        js = read_nightly_json(n.run_dir)
+        if js is not None:
+            n.outcome = js.get("outcome")
+            n.exit_code = js.get("exit_code")
+            n.headline = str(js.get("headline") or "")
+            n.failing = list(js.get("failing") or [])
+            n.gates = list(js.get("gates") or [])
+        n.builds = night_builds_of(h, n.run_id)
+        out.append(n)
     return out
 
 
-__all__ = [
-    "SCHEMA_VERSION",
-    "History",
-    "HistoryError",
-    "HistoryLocked",
-    "HistoryCorrupt",
-    "HistorySchemaError",
-    "Night",
-    "SameRunEffect",
-    "night_from_run",
-    "night_from_compare",
-    "dump_json",
-    "record_noise",
-    "read_noise",
-    "record_change_points",
-    "read_change_points",
-    "record_night_builds",
-    "read_night_builds",
-    "record_confirmation",
-    "read_confirmations",
-    "run_dirs",
-]
+@dataclass
+class Point:
+    """One night of a series: the median of its repeats and their spread (metric unit)."""
+
+    run_id: str
+    night_utc: str
+    median: float
+    low: float
+    high: float
+    n: int
+
+    @property
+    def spread_pct(self) -> float | None:
+        """(high - low) / median in percent; None for a zero median."""
+        return 100.0 * (self.high - self.low) / self.median if self.median else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "night_utc": self.night_utc,
+            "median": self.median,
+            "min": self.low,
+            "max": self.high,
+            "spread_pct": self.spread_pct,
+            "n": self.n,
+        }
+
+
+def series(nights: list[Night], variant: str, suite: str, metric: str) -> list[Point]:
+    """The nightly series of (variant, suite, metric): one :class:`Point` per night with at
+    least one value, oldest first (``nights`` as :meth:`History.nights` gives them)."""
+    out = []
+    for n in nights:
+        vals = [v for v in n.values.get((variant, suite, metric), []) if v is not None]
+        if vals:
+            out.append(
+                Point(
+                    n.run_id, n.night_utc, statistics.median(vals), min(vals), max(vals), len(vals)
+                )
+            )
+    return out
+
+
+def metrics_of(nights: list[Night], infos: list[NightInfo]) -> list[tuple[str, str]]:
+    """The (suite, metric) pairs a config's page shows: the gated ones (any night's
+    ``nightly.json`` gates), else every metric recorded."""
+    have = {(s, m) for n in nights for (_v, s, m) in n.values}
+    gated = {(g.get("suite"), g.get("metric")) for i in infos for g in i.gates}
+    shown = sorted(have & gated)
+    return shown or sorted(have)
+
+
+def variants_of(nights: list[Night], suite: str, metric: str) -> list[str]:
+    """Variants with values of (suite, metric), the baseline of the latest night first."""
+    got = sorted({v for n in nights for (v, s, m) in n.values if (s, m) == (suite, metric)})
+    base = nights[-1].baseline if nights else ""
+    return ([base] if base in got else []) + [v for v in got if v != base]

@@ -1,18 +1,9 @@
-"""The nightly pipeline over units: record each unit's run in the history, evaluate its gates, write
-its outputs; for a matrix, one summary over the units.
-
-A night is a list of :class:`NightUnit` (a single run: one unit; a matrix run: one per matrix
-unit, :func:`patchbench.nightly.matrix_night.matrix_units`). :func:`run_night` gates every unit
-(:func:`gate_unit`) and returns one :class:`UnitNightly` per unit; a unit with a run folder gets
-``nightly.md``, ``nightly.json`` and its trend plots there. :func:`nightly_on_run` is the night
-of one run folder; :func:`patchbench.nightly.matrix_night.nightly_on_matrix_run` the night of a
-matrix run folder, which adds the matrix's ``nightly.md`` / ``nightly.json``.
-
-Everything a night reads goes through the typed readers: the run's manifest
-(:func:`patchbench.runfolder.read_manifest`), its comparison
-(:func:`patchbench.analysis.comparison.read_comparison`), its cells
-(:func:`patchbench.nightly.history.night_from_run`) and the matrix's ``matrix.json``
-(:func:`patchbench.matrix.record.read_matrix_record`).
+"""The nightly pipeline: a night is a list of :class:`NightUnit` (a single run: one; a matrix: one
+per unit, :mod:`patchbench.nightly.matrix_night`); :func:`run_night` records each unit's run
+folder in the history, evaluates its gates and writes its ``nightly.md``, ``nightly.json`` and
+trend plots there. :func:`nightly_on_run` is the night of one run folder, :func:`run_and_gate`
+runs a config first (``patchbench nightly CONFIG``). Everything is read through the typed
+readers (manifest, compare.json, cells, ``matrix.json``).
 """
 
 from __future__ import annotations
@@ -20,12 +11,13 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from patchbench.analysis.comparison import Comparison, read_comparison
+from patchbench.config.nightly import NightlySettings
 from patchbench.errors import (
     EXIT_ENV,
     EXIT_OK,
@@ -33,23 +25,24 @@ from patchbench.errors import (
     EXIT_RUN_FAILED,
     EXIT_UNDERPOWERED,
     EXIT_USAGE,
+    ConfigError,
+    EnvironmentNotReady,
+    PatchError,
+    RunFailed,
 )
 from patchbench.matrix.record import read_matrix_record
 from patchbench.nightly.builds import (
     BuildRow,
+    blocked,
     blocked_exit,
     blocked_line,
+    check_patches,
     night_builds,
     rows_of_run,
+    without_variants,
 )
 from patchbench.nightly.changepoints import detect_history
-from patchbench.nightly.gates import (
-    UNDERPOWERED,
-    GateResult,
-    NightlySettings,
-    evaluate,
-    night_outcome,
-)
+from patchbench.nightly.gates import UNDERPOWERED, GateResult, evaluate, night_outcome
 from patchbench.nightly.history import (
     History,
     HistoryError,
@@ -60,15 +53,16 @@ from patchbench.nightly.history import (
     record_confirmation,
     record_noise,
 )
-from patchbench.nightly.noise import learn as learn_noise
-from patchbench.nightly.outcome import (
+from patchbench.nightly.noise import learn
+from patchbench.nightly.render import (
     OUTCOME_OF_EXIT,
     NightlyOutcome,
     NightSummary,
     UnitNightly,
+    fmt,
+    render_markdown,
     worst_exit,
 )
-from patchbench.nightly.render import fmt, render_markdown
 from patchbench.nightly.trend import write_plots
 from patchbench.records import write_json, write_text
 from patchbench.runfolder import RunFolderError, read_manifest
@@ -129,17 +123,12 @@ def key_night(night: Night, unit_id: str | None) -> Night:
 
 @dataclass
 class NightUnit:
-    """One unit of a night.
-
-    ``run_dir``: its run folder (``has_folder`` False: the unit left none); ``settings``: its
-    ``nightly`` section (None: invalid, ``settings_error`` says why); ``compare_settings``: for
-    :func:`patchbench.analysis.build.compare_run` when compare.json is missing (None: the run's own);
-    ``unit_id``: the matrix unit (its nights are keyed ``<config name>@<unit id>``), None for a
-    run outside a matrix; ``config_name``, ``labels``, ``gpu_type``: from matrix.json; ``status``,
-    ``run_exit_code``, ``message``: how its run ended ("ok" for a single run);
-    ``run_problems``: failures the runner reported (they make the exit code 4); ``blocked``:
-    the variants that could not run because a patch of theirs does not apply to tonight's
-    release (:func:`patchbench.nightly.builds.blocked`; they make the exit code 2).
+    """One unit of a night: its run folder (``has_folder`` False: none), ``settings`` (None:
+    invalid, ``settings_error`` says why), ``compare_settings`` (for compare.json when missing;
+    None: the run's own), the matrix ``unit_id`` (keys its nights ``<config>@<unit id>``) with
+    ``config_name``, ``labels``, ``gpu_type``, ``status``, ``run_exit_code``, ``message`` from
+    matrix.json, ``run_problems`` the runner reported (exit 4), the ``blocked`` variants whose
+    patch does not apply (exit 2) and the ``schedule.repeats: auto`` choice (``repeats``).
     """
 
     run_dir: Path
@@ -156,6 +145,7 @@ class NightUnit:
     settings_error: str | None = None
     run_problems: list[str] = field(default_factory=list)
     blocked: list[BuildRow] = field(default_factory=list)
+    repeats: dict[str, Any] | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -343,6 +333,7 @@ def _gate_run(unit: NightUnit, hpath: Path, record: bool) -> NightlyOutcome:
         builds=builds,
         causes=causes,
         blocked=[blocked_line(r) for r in unit.blocked],
+        repeats=unit.repeats,
     )
 
 
@@ -355,7 +346,7 @@ def noise_table(
     and ``repeats`` tonight (the most runs of its tests)."""
     rows = []
     for suite, metric in sorted({(r.suite, r.metric) for r in results if r.status != "missing"}):
-        n = learn_noise(
+        n = learn(
             prior,
             suite,
             metric,
@@ -525,7 +516,8 @@ def _write_files(run: Path, row: UnitNightly) -> None:
             "blocked": res.blocked,
             "confirmation": res.confirmation,
             "night": dump_json(tonight),
-        },
+        }
+        | ({"repeats": res.repeats} if res.repeats is not None else {}),
     )
 
 
@@ -544,17 +536,12 @@ def nightly_on_run(
     out: Any = None,
     unit_id: str | None = None,
     blocked: Sequence[BuildRow] = (),
+    repeats: dict[str, Any] | None = None,
 ) -> NightlyOutcome:
-    """Record a finished run folder in the history, evaluate the gates, write the outputs: the
-    night of one unit (:func:`run_night`).
-
-    run_dir: the run folder (docs/CONTRACTS.md); history: the SQLite path (default
-    :func:`history_path`); compare_settings: for compare_run when compare.json is missing;
-    run_problems: failures the runner reported (they make the exit code 4); unit_id: the matrix
-    unit this folder is (default: found by :func:`matrix_unit_id`): its nights are keyed
-    ``<config name>@<unit id>`` in the history (:func:`key_night`); blocked: the variants whose
-    patch could not run tonight (:func:`patchbench.nightly.builds.blocked`; exit 2).
-    Writes RUN/nightly.md, RUN/nightly.json, RUN/plots/nightly-*.png. Never raises for a history
+    """The night of one finished run folder (:func:`run_night` of one :class:`NightUnit`):
+    recorded in the history at ``history`` (default :func:`history_path`), gated, RUN/nightly.md,
+    nightly.json and plots/nightly-*.png written. ``unit_id``: default found by
+    :func:`matrix_unit_id`; the other arguments fill the unit. Never raises for a history
     problem: the night stays in the folder and ``--record-only RUN_DIR`` appends it later.
     """
     run = Path(run_dir)
@@ -565,6 +552,7 @@ def nightly_on_run(
         unit_id=unit_id or matrix_unit_id(run),
         run_problems=list(run_problems),
         blocked=list(blocked),
+        repeats=repeats,
     )
     [row] = run_night([unit], history=history, record=record, out=out)
     assert row.gated is not None
@@ -618,3 +606,98 @@ def settings_from_manifest(run_dir: Path) -> NightlySettings | None:
     if cfg is not None and "nightly" in cfg.model_fields_set:
         return NightlySettings.model_validate(cfg.nightly)
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# a config: run it, then gate it
+
+
+def run_and_gate(
+    cfg: Any, *, history: Path, run_bench: Callable[[Any], Path], out: Any = None
+) -> int:
+    """``patchbench nightly CONFIG``: resolve the builds and check the patches
+    (:func:`check_builds`), choose the repeats (``schedule.repeats: auto``,
+    :func:`patchbench.nightly.repeats.pick_repeats`), run the config with ``run_bench``
+    (:class:`patchbench.config.Config` -> run folder, e.g. ``patchbench.run.bench.run_bench``),
+    gate the run folder with the history at ``history``, and run the confirmation of a red night
+    on a new build. A run that fails is gated on the folder it left (exit 4); a config or
+    environment problem exits 2 / 3 before anything runs. Returns the exit code."""
+    from patchbench.nightly.confirm import maybe_confirm
+    from patchbench.nightly.repeats import pick_repeats
+
+    out = out or sys.stdout
+    settings: NightlySettings = cfg.nightly
+    plan = None
+    if cfg.schedule.auto:
+        try:
+            plan, cfg = pick_repeats(cfg, history, out=out)
+        except ValueError as e:
+            print(f"nightly: {cfg.source}: schedule.repeats: auto: {e}", file=sys.stderr)
+            return EXIT_USAGE
+    checked = check_builds(cfg)
+    if isinstance(checked, int):
+        return checked
+    cfg, blocked_rows = checked
+    run_problems: list[str] = []
+    try:
+        run_dir = run_bench(cfg)
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # noqa: BLE001 (reported, never hides the verdict)
+        if isinstance(e, EnvironmentNotReady):
+            print(f"nightly: environment not ready: {e}", file=sys.stderr)
+            return EXIT_ENV
+        if isinstance(e, (ConfigError, PatchError)):
+            print(f"nightly: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"nightly: the run failed: {type(e).__name__}: {e}", file=sys.stderr)
+        if not isinstance(e, RunFailed):
+            traceback.print_exc()
+        run_dir = getattr(e, "run_dir", None)
+        if not run_dir or not Path(run_dir).is_dir():
+            return EXIT_RUN_FAILED
+        run_problems.append(f"the run failed: {type(e).__name__}: {e}")
+    outcome = nightly_on_run(
+        run_dir,
+        settings,
+        history=history,
+        compare_settings=cfg.compare,
+        run_problems=run_problems,
+        out=out,
+        blocked=blocked_rows,
+        repeats=plan.to_json() if plan is not None else None,
+    )
+    conf = maybe_confirm(cfg, outcome, run_bench, out)
+    if conf is not None:
+        add_confirmation(outcome, conf.to_json(), conf.rows())
+    return outcome.exit_code
+
+
+def check_builds(cfg: Any) -> tuple[Any, list[BuildRow]] | int:
+    """Before a night runs: resolve each variant's build (``latest`` to a release) and check its
+    patches there (:func:`patchbench.nightly.builds.check_patches`). A variant whose patch
+    conflicts or is already upstream cannot run: the night runs a copy of the config without it
+    (:func:`patchbench.nightly.builds.without_variants`) and says so. Returns (the config to run,
+    the blocked rows), or the exit code when nothing can run (3: no environment or index; 2: a
+    config error, or the baseline's patch is blocked)."""
+    from patchbench.envs.builds import resolve_builds
+    from patchbench.run.variants import is_cpu
+
+    try:
+        resolve_builds(cfg, cpu=is_cpu(cfg))
+    except EnvironmentNotReady as e:
+        print(f"nightly: environment not ready: {e}", file=sys.stderr)
+        return EXIT_ENV
+    except (ConfigError, PatchError) as e:
+        print(f"nightly: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    bad = blocked(check_patches(cfg))
+    if not bad:
+        return cfg, []
+    for r in bad:
+        print(f"nightly: {blocked_line(r)}", file=sys.stderr)
+    try:
+        return without_variants(cfg, sorted({r.variant for r in bad})), bad
+    except ValueError as e:
+        print(f"nightly: nothing can run tonight: {e}", file=sys.stderr)
+        return EXIT_USAGE

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from patchbench.config.nightly import NightlySettings
 from patchbench.errors import (
     EXIT_OK,
     EXIT_REGRESSION,
@@ -22,7 +23,6 @@ from patchbench.errors import (
 )
 from patchbench.matrix.record import UnitRecord, read_matrix_record
 from patchbench.nightly.builds import BuildRow, blocked_line
-from patchbench.nightly.gates import NightlySettings
 from patchbench.nightly.job import (
     NightUnit,
     add_confirmation,
@@ -31,15 +31,15 @@ from patchbench.nightly.job import (
     run_night,
     settings_from_manifest,
 )
-from patchbench.nightly.outcome import (
+from patchbench.nightly.render import (
     EXIT_ORDER,
     OUTCOME_OF_EXIT,
     MatrixNightlyOutcome,
     NightSummary,
     UnitNightly,
+    render_markdown,
     worst_exit,
 )
-from patchbench.nightly.render import render_markdown
 from patchbench.records import write_json, write_text
 
 MATRIX_NIGHTLY_SCHEMA = 1
@@ -130,39 +130,30 @@ def nightly_on_matrix_run(
     record: bool = True,
     out: Any = None,
     blocked: dict[str, list[BuildRow]] | None = None,
-    confirm: bool = False,
+    confirm: dict[str, Any] | None = None,
     run_bench: Any = None,
     not_here: str = "",
 ) -> MatrixNightlyOutcome:
-    """Run the nightly job on every unit of a finished matrix run folder and write one summary.
+    """Gate every unit of a finished matrix run folder (``matrix.json``, one folder per unit id,
+    ``configs/<unit id>.yaml``) and write MATRIX/nightly.md and nightly.json; the exit code is the
+    worst unit's in :data:`EXIT_ORDER`.
 
-    matrix_dir: ``results/<stamp>-<name>/`` (patchbench.matrix: ``matrix.json``, one folder
-    per unit id, ``configs/<unit id>.yaml``). settings / compare_settings: {unit id: value}
-    (default: from each unit's ``configs/<unit id>.yaml``). history: the SQLite path for every
-    unit (default: :func:`history_path` of the unit's settings). Each unit with a run folder gets
-    :func:`gate_unit` (its nightly.md / nightly.json in its folder), keyed
-    ``<config name>@<unit id>`` in the history; a unit whose run did not end ok also counts as a
-    run failure (exit 4, or 3 / 2 when its bench ended so), and one without a folder is listed
-    with its status and message, never left out. Writes MATRIX/nightly.md and
-    MATRIX/nightly.json; the exit code is the worst unit's in :data:`EXIT_ORDER`.
-
-    blocked: {unit id: the rows of the variants whose patch kept them from running}
-    (:func:`check_matrix_patches`; recorded with the unit's night, which exits 2 as a single
-    night does). confirm: each red unit gets a single night's confirmation
-    (:func:`patchbench.nightly.confirm.maybe_confirm` on its ``configs/<unit id>.yaml``) run
-    with ``run_bench`` (config path -> run folder); ``run_bench`` None plans it and prints the
-    command instead, saying why it is not run here (``not_here``).
-
-    Raises FileNotFoundError / ValueError when ``matrix.json`` is missing or unreadable.
-    """
+    settings / compare_settings: {unit id: section} (default: each unit's
+    ``configs/<unit id>.yaml``); history: the SQLite path of every unit (default: each unit's
+    :func:`history_path`). A unit is keyed ``<config name>@<unit id>``; one whose run did not
+    end ok also counts as a run failure, one without a folder is listed, never left out.
+    blocked: {unit id: rows of its variants a patch kept from running} (exit 2). confirm: {unit
+    id: its Config}: a red unit's confirmation, run with ``run_bench`` (Config -> run folder) or,
+    with None, planned and said why not here (``not_here``). Raises FileNotFoundError /
+    ValueError when ``matrix.json`` is missing or unreadable."""
     out = out or sys.stdout
     mdir = Path(matrix_dir)
     rec = read_matrix_record(mdir)
     units = matrix_units(mdir, rec.units, settings or {}, compare_settings or {}, blocked)
     rows = run_night(units, history=history, record=record, out=out, announce=True)
-    if confirm:
-        for r in rows:
-            _confirm_unit(mdir, r, run_bench, not_here, out)
+    for r in rows:
+        if confirm and r.id in confirm:
+            _confirm_unit(confirm[r.id], r, run_bench, not_here, out)
     code, headline = _matrix_verdict(rows)
     name = rec.name or mdir.name
     summary = NightSummary(name, code, headline, rows, matrix_dir=mdir)
@@ -187,17 +178,17 @@ def nightly_on_matrix_run(
     )
 
 
-def _confirm_unit(mdir: Path, row: UnitNightly, run_bench: Any, not_here: str, out: Any) -> None:
+def _confirm_unit(cfg: Any, row: UnitNightly, run_bench: Any, not_here: str, out: Any) -> None:
     """A red unit's confirmation (:func:`patchbench.nightly.confirm.maybe_confirm` with the
-    unit's merged config), added to its own nightly.md / nightly.json and the history, and kept
-    on the row for the matrix summary."""
+    unit's merged config ``cfg``), added to its own nightly.md / nightly.json and the history,
+    and kept on the row for the matrix summary."""
     from patchbench.nightly.confirm import maybe_confirm
 
     res = row.gated
     if res is None or res.night is None or res.outcome != "red":
         return
     print(f"nightly: unit {row.id}: confirmation", file=out)
-    conf = maybe_confirm(mdir / "configs" / f"{row.id}.yaml", res, run_bench, out, not_here)
+    conf = maybe_confirm(cfg, res, run_bench, out, not_here)
     if conf is None:
         return
     add_confirmation(res, conf.to_json(), conf.rows())
@@ -207,18 +198,12 @@ def _confirm_unit(mdir: Path, row: UnitNightly, run_bench: Any, not_here: str, o
 def check_matrix_patches(m: Any, out: Any = None) -> dict[str, list[BuildRow]]:
     """Before a matrix night runs: every unit's named patches checked on its pin
     (:func:`patchbench.nightly.builds.check_patches`), each state printed to ``out``. A unit
-    variant whose patch conflicts or is already upstream cannot run: the unit's config (``m``'s
-    unit, changed in place) leaves it out, so the unit runs stock and the rest, and its night
-    exits 2 as a single night does. Returns {unit id: its blocked rows}.
-
-    Raises ConfigError (exit 2, before anything runs) when a unit's baseline is blocked:
-    nothing of that unit could run, as a single night with a blocked baseline."""
-    import json
-
-    import yaml
-
-    from patchbench.config import config_from_mapping
-    from patchbench.nightly.builds import blocked, check_patches, drop_variants_text
+    variant whose patch conflicts or is already upstream cannot run: the unit (``m``'s, changed
+    in place: its config) leaves it out, so the unit runs
+    stock and the rest, and its night exits 2 as a single night does. Returns {unit id: its
+    blocked rows}. Raises ConfigError (exit 2, before anything runs) when a unit's baseline is
+    blocked."""
+    from patchbench.nightly.builds import blocked, check_patches, without_variants
 
     out = out or sys.stdout
     found: dict[str, list[BuildRow]] = {}
@@ -234,12 +219,11 @@ def check_matrix_patches(m: Any, out: Any = None) -> dict[str, list[BuildRow]]:
             print(f"nightly: unit {u.id}: {blocked_line(r)}", file=out)
         drop = sorted({r.variant for r in bad})
         try:
-            text = drop_variants_text(json.dumps(u.config.model_dump(mode="json")), drop)
+            u.config = without_variants(u.config, drop)
         except ValueError as e:
             raise ConfigError(
                 f"unit {u.id}: nothing can run tonight: {e} ({blocked_line(bad[0])})"
             ) from None
-        u.config = config_from_mapping(yaml.safe_load(text), f"unit {u.id}")
         found[u.id] = bad
     return found
 
@@ -299,22 +283,15 @@ def nightly_matrix(
     run_bench: Any = None,
     **executor_kw: Any,
 ) -> MatrixNightlyOutcome:
-    """``patchbench nightly MATRIX.yaml``: run the matrix
-    (:func:`patchbench.matrix.driver.run_matrix`, ``on`` "local" or "ray" at ``address``, or
-    ``executor``), then :func:`nightly_on_matrix_run` on its folder with each unit's own
-    ``nightly``/``compare`` sections. Units that did not end ok are gated on what they left and
-    listed as failed. Before it runs, every unit's patches are checked on its pin
-    (:func:`check_matrix_patches`: a blocked variant is left out of its unit, which exits 2).
-    A red unit whose build differs from its last green night gets a confirmation run
-    (:func:`nightly_on_matrix_run`): with ``run_bench`` (config path -> run folder), else here
-    with ``patchbench.run.bench.run_bench`` when the units ran here (``on`` "local", no
-    ``executor``); otherwise it is planned and the command that runs it printed.
+    """``patchbench nightly MATRIX.yaml``: check every unit's patches on its pin
+    (:func:`check_matrix_patches`), run the matrix (:func:`patchbench.matrix.driver.run_matrix`
+    ``on`` "local" or "ray" at ``address``, or ``executor``), then :func:`nightly_on_matrix_run`
+    with each unit's sections and configs. Confirmations run with ``run_bench``, else here with
+    ``patchbench.run.bench.run_bench`` when the units ran here; otherwise they are planned.
 
-    Raises ConfigError (exit 2) for a bad matrix or a unit whose baseline's patch is blocked,
-    EnvironmentNotReady (3) when Ray is missing or a unit's pin has no environment on a node
-    (built only with ``build_envs=True`` in ``executor_kw``), Interrupted (130/143) on Ctrl-C /
-    SIGTERM (finished units kept, nothing gated).
-    """
+    Raises ConfigError (exit 2: a bad matrix, a unit whose baseline is blocked),
+    EnvironmentNotReady (3: Ray missing, a pin without environment unless ``build_envs=True``),
+    Interrupted (130/143: finished units kept, nothing gated)."""
     from patchbench.matrix.driver import run_matrix
     from patchbench.matrix.spec import load_matrix
 
@@ -332,8 +309,8 @@ def nightly_matrix(
         from patchbench import inputs
         from patchbench.run import bench
 
-        def run_bench(p: str) -> Path:
-            return bench.run_bench(p, results_root=results or inputs.RESULTS_DIR)
+        def run_bench(cfg: Any) -> Path:
+            return bench.run_bench(cfg, results_root=results or inputs.RESULTS_DIR)
 
     return nightly_on_matrix_run(
         mdir,
@@ -342,7 +319,7 @@ def nightly_matrix(
         history=history,
         out=out,
         blocked=blocked_rows,
-        confirm=True,
+        confirm={u.id: u.config for u in m.units},
         run_bench=run_bench,
         not_here=(
             f"the matrix ran its units on {on}; a confirmation runs on one machine of the "

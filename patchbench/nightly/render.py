@@ -1,25 +1,153 @@
-"""``nightly.md``: one renderer for every night (:func:`render_markdown` of a :class:`NightSummary`).
-
-A run folder's page (one unit): the verdict, the error budget, problems, the regressions with
-their numbers, the underpowered gates, every gate in a table, the history's state and the trend
-plots. A matrix's page (a unit per matrix unit): the verdict, one row per unit (outcome, exit
-code, history key, link to its own page), the regressions of every unit, the units that did not
-run ok. Both list a regression the same way (:func:`gate_line`).
+"""What a night found and its ``nightly.md``: per run folder (:class:`NightlyOutcome`), per unit
+(:class:`UnitNightly`), per matrix (:class:`MatrixNightlyOutcome`), the exit-code order over
+units (:data:`EXIT_ORDER`), and one renderer for every night (:func:`render_markdown` of a
+:class:`NightSummary`): a run folder's page (the verdict, the budget, problems, regressions with
+their numbers, underpowered gates, every gate, noise, change points, builds, the confirmation,
+the history, the plots) or a matrix's page (one row per unit, the regressions of every unit, the
+units that did not run ok).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
 
-from patchbench.nightly.confirm import lines as confirm_lines
-from patchbench.nightly.gates import UNDERPOWERED, GateResult, NightlySettings
-from patchbench.nightly.outcome import (
-    EXIT_ORDER,
-    OUTCOME_OF_EXIT,
-    NightlyOutcome,
-    NightSummary,
-    UnitNightly,
+from patchbench.config.nightly import NightlySettings
+from patchbench.errors import (
+    EXIT_ENV,
+    EXIT_OK,
+    EXIT_REGRESSION,
+    EXIT_RUN_FAILED,
+    EXIT_UNDERPOWERED,
+    EXIT_USAGE,
 )
+from patchbench.nightly.confirm import lines as confirm_lines
+from patchbench.nightly.gates import UNDERPOWERED, GateResult
+from patchbench.nightly.history import Night
+
+EXIT_ORDER: tuple[int, ...] = (
+    EXIT_REGRESSION,
+    EXIT_RUN_FAILED,
+    EXIT_ENV,
+    EXIT_USAGE,
+    EXIT_UNDERPOWERED,
+    EXIT_OK,
+)
+"""Worst first: the exit code of a matrix night is the first of these that any unit has. A
+regression in one unit comes before a run failure in another: the units are independent runs, so
+one lost node or flaky cell must not turn a night that found a regression into a runner
+problem (the summary still lists the failed units). The rest keep the single-config order."""
+
+OUTCOME_OF_EXIT: dict[int, str] = {
+    EXIT_REGRESSION: "red",
+    EXIT_RUN_FAILED: "run failed",
+    EXIT_ENV: "environment not ready",
+    EXIT_USAGE: "config error",
+    EXIT_UNDERPOWERED: "underpowered",
+    EXIT_OK: "green",
+}
+
+
+def worst_exit(codes: Sequence[int]) -> int:
+    """The worst of ``codes`` in :data:`EXIT_ORDER` (0 for none); a code not in it counts as 4."""
+    known = [c if c in EXIT_ORDER else EXIT_RUN_FAILED for c in codes]
+    return min(known, key=EXIT_ORDER.index) if known else EXIT_OK
+
+
+@dataclass
+class NightlyOutcome:
+    """What gating one run folder found: exit code, gate results, the night (None when the folder
+    could not be read), files written, problems, outcome (red / underpowered / green, "failed"),
+    headline, the history's state (``history_info``: path, recorded, already_recorded,
+    nights_before, error), plots (relative to the run folder), settings, and as nightly.json
+    has them the noise table, change points, builds, likely causes, blocked variants, the
+    confirmation and the ``schedule.repeats: auto`` choice."""
+
+    exit_code: int
+    results: list[GateResult]
+    night: Night | None
+    summary_path: Path | None = None
+    json_path: Path | None = None
+    problems: list[str] = field(default_factory=list)
+    outcome: str = "green"
+    headline: str = ""
+    history_info: dict[str, Any] = field(default_factory=dict)
+    plots: list[str] = field(default_factory=list)
+    settings: NightlySettings | None = None
+    noise: list[dict[str, Any]] = field(default_factory=list)
+    change_points: list[dict[str, Any]] = field(default_factory=list)
+    builds: list[dict[str, Any]] = field(default_factory=list)
+    causes: list[str] = field(default_factory=list)
+    blocked: list[str] = field(default_factory=list)
+    confirmation: dict[str, Any] | None = None
+    repeats: dict[str, Any] | None = None
+
+
+@dataclass
+class UnitNightly:
+    """One unit of a night (a row of the matrix nightly.md, ``units[]`` of its json): its run
+    from matrix.json (``status``, ``run_exit_code``, ``message``), its nightly ``exit_code``
+    (4, or 3 / 2 when its bench ended so, for a unit that did not run), ``outcome`` (red when
+    a gate failed, else the word of the code), history ``key``, ``failing`` results, paths
+    relative to the matrix folder (``summary``, ``report``), what gating found (``gated``) and
+    its ``confirmation``."""
+
+    id: str
+    key: str | None
+    labels: dict[str, Any]
+    gpu_type: str | None
+    status: str
+    run_exit_code: int | None
+    exit_code: int
+    outcome: str
+    headline: str
+    message: str = ""
+    failing: list[GateResult] = field(default_factory=list)
+    summary: str | None = None
+    report: str | None = None
+    gated: NightlyOutcome | None = None
+    confirmation: dict[str, Any] | None = None
+
+    @property
+    def rank_code(self) -> int:
+        """The code this unit adds to the matrix's: 1 when a gate failed, else ``exit_code``."""
+        return EXIT_REGRESSION if self.outcome == "red" else self.exit_code
+
+    def to_json(self) -> dict[str, Any]:
+        """The unit's entry in the matrix nightly.json (every field but ``gated``)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "gated"}
+        return out | {"failing": [r.to_json() for r in self.failing]}
+
+
+@dataclass
+class MatrixNightlyOutcome:
+    """What :func:`nightly_on_matrix_run` did: the matrix exit code (:func:`worst_exit` over
+    the units), its outcome word, headline, every unit, and the files it wrote."""
+
+    exit_code: int
+    outcome: str
+    headline: str
+    matrix_dir: Path
+    units: list[UnitNightly]
+    summary_path: Path | None = None
+    json_path: Path | None = None
+
+
+@dataclass
+class NightSummary:
+    """What one ``nightly.md`` shows: the night's ``name`` (config or matrix), ``exit_code`` and
+    ``headline``, its ``units``, and ``matrix_dir``: None for a run folder's page (one unit,
+    its gates in full), the matrix run folder for a matrix's page (one row per unit)."""
+
+    name: str
+    exit_code: int
+    headline: str
+    units: list[UnitNightly]
+    matrix_dir: Path | None = None
+
 
 _MARK = {
     "fail": "❌ fail",

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-from patchbench.nightly.gates import GateResult, NightlySettings, metric_unit
+from patchbench.config.nightly import NightlySettings
+from patchbench.nightly.gates import GateResult, metric_unit
 from patchbench.nightly.history import Key, Night
 
 

@@ -1,7 +1,6 @@
 """What :class:`patchbench.run.liveness.ServerWatch` reads to tell a slow server from a stalled
-one: the :class:`ProgressMeter` a suite feeds (requests outstanding, replies, a client to watch,
-an announced quiet window) and the :class:`ClientActivity` of a client process that prints
-nothing until its result (bench_serving with ``--disable-tqdm``).
+one: the :class:`ProgressMeter` a suite feeds and the :class:`ClientActivity` of a client that
+prints nothing until its result.
 """
 
 from __future__ import annotations
@@ -28,16 +27,12 @@ CLIENT_SAMPLE_S = 1.0
 
 @dataclass
 class ClientActivity:
-    """What a watched client (``pid`` and its descendants) has done, sampled about once a
-    second. ``outputs``: the files its stdout and stderr go to; ``idle_s``: the longest wait it
-    may have with nothing in flight (its limit is the larger of this and the stall limit).
+    """What a watched client (``pid`` and its descendants) has done, sampled about once a second.
+    ``outputs``: the files its stdout and stderr go to; ``idle_s``: its longest expected wait.
 
-    Progress between two samples: at least :data:`CLIENT_WAKEUPS_PER_S` wake-ups a second
-    (voluntary context switches of all its threads: each streamed chunk wakes it), a change of
-    the bytes it read or wrote (``/proc/PID/io`` rchar + wchar; a socket's recv is not counted),
-    of the sizes of ``outputs``, or CPU time of at least :data:`CLIENT_BUSY_CPU_SHARE` s a
-    second. ``last_progress``: ``time.monotonic()`` of the last; ``last_line``: the last
-    non-empty line of ``outputs``.
+    Progress between two samples: :data:`CLIENT_WAKEUPS_PER_S` wake-ups a second (voluntary
+    context switches: each streamed chunk wakes it), a change of its read/written bytes or of
+    the sizes of ``outputs``, or :data:`CLIENT_BUSY_CPU_SHARE` CPU seconds a second.
     """
 
     pid: int
@@ -154,9 +149,7 @@ def _last_line(paths: list[Path]) -> str:
 
 class ProgressMeter:
     """Work a suite has outstanding on the server and when it last saw progress (thread-safe):
-    :meth:`expect` before sending, :meth:`done` per reply, :meth:`idle` when it stops waiting.
-    With work outstanding, ``stall_timeout_s`` without progress is a stall; ``what`` names the
-    work in the message ("mmmu replies")."""
+    :meth:`expect` before sending, :meth:`done` per reply, :meth:`idle` when it stops waiting."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -209,9 +202,8 @@ class ProgressMeter:
     # ------------------------------------------------------------------ an announced silence
     @contextmanager
     def quiet(self, limit_s: float, what: str, setting: str) -> Iterator[None]:
-        """Inside, the scheduler may leave the heartbeat unanswered for up to ``limit_s`` seconds
-        (if longer than ``stall_timeout_s``) because of ``what`` (e.g. "the profiler's trace
-        export"); ``setting`` (e.g. "profile.trace_timeout_s") is named in a stall's message."""
+        """Inside, the heartbeat may stay unanswered for up to ``limit_s`` seconds because of
+        ``what``; ``setting`` (e.g. "profile.trace_timeout_s") is named in a stall's message."""
         with self._lock:
             self.quiet_window = (float(limit_s), what, setting)
         try:

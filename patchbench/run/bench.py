@@ -1,8 +1,7 @@
-"""``patchbench bench CONFIG``: :func:`run_bench` checks everything before any server starts
-(patchbench.run.preflight, patchbench.run.variants), runs the planned cells (:class:`BenchRun`,
-look by look for a sequential schedule), rewrites the manifest atomically after each cell, and
-writes the report. A failed cell is recorded and the run goes on; a signal stops the server and
-keeps what finished; ``--resume RUN_DIR`` runs only what is missing.
+"""``patchbench bench CONFIG``: :func:`run_bench` checks everything before any server starts,
+runs the planned cells (look by look for a sequential schedule), rewrites the manifest after each
+cell and writes the report. A failed cell is recorded and the run goes on; a signal stops the
+server and keeps what finished; ``--resume RUN_DIR`` runs only what is missing.
 """
 
 from __future__ import annotations
@@ -79,23 +78,19 @@ def run_bench(
     restart_variants: list[str] | None = None,
     launch_spec: LaunchSpecFn | None = None,
 ) -> Path:
-    """Run a config end to end; returns the run folder.
+    """Run a config (a Config or a file's path) end to end; returns the run folder.
 
-    ``config``: a typed Config (e.g. derived with ``model_copy``) or a config file's path;
-    ``results_root``: the folder the new run folder goes into (needed unless ``resume``, a run
-    folder to complete); ``port``: instead of ``server.port``; ``kill_stale``: stop servers
-    orphaned by a killed run first (else they are only reported); ``verbose``: print the timing
-    breakdown; ``log``: where every line goes (None: the console, above the progress bar);
-    ``nvml``: a patchbench.run.gpu.Nvml, None (no GPU checks) or "auto"; ``python_start_s``:
-    seconds this process spent before the call (counted in the total and the overhead);
-    ``restart_variants``: with ``resume``, variants to start over; ``launch_spec``: builds each
-    cell's LaunchSpec (default :func:`patchbench.run.cell.launch_spec`).
+    ``results_root``: where the new run folder goes (unless ``resume``, a run folder to
+    complete); ``kill_stale``: stop servers orphaned by a killed run (else only reported);
+    ``log``: where every line goes (None: the console); ``nvml``: an Nvml, None or "auto";
+    ``python_start_s``: seconds spent before the call (counted in the overhead);
+    ``restart_variants``: with ``resume``, variants to start over; ``launch_spec``: replaces
+    :func:`patchbench.run.cell.launch_spec`.
 
     Raises ConfigError / PatchError / UsageError (exit 2) or EnvironmentNotReady (exit 3) before
     any server starts; RunFolderBusy (exit 4) when another live run writes the folder; RunFailed
-    (exit 4) after the run when a cell failed, a timed cell is incomplete or the report could not
-    be written; Interrupted (exit 130, 143 for SIGTERM) after a signal, once the server and any
-    client are stopped. Everything that finished is kept on disk.
+    (exit 4) when a cell failed, a timed cell is incomplete or the report was not written;
+    Interrupted (exit 130, 143 for SIGTERM) after a signal. What finished is kept on disk.
     """
     t_call = time.monotonic()
     cfg = config if isinstance(config, Config) else load_config(config)
@@ -147,8 +142,7 @@ def run_bench(
 
 
 def new_run_dir(root: Path, stamp: str, name: str) -> Path:
-    """Create and return a new run folder ``root/<stamp>-<name>`` (``-2``, ``-3``, ... when a
-    run of the same config started in the same second took it; created atomically). Raises
+    """Create a new run folder ``root/<stamp>-<name>`` (``-2``, ``-3``, ... when taken); raises
     ResultsWriteError (exit 4) when it cannot be created."""
     for k in range(1, 1000):
         path = root / (f"{stamp}-{name}" if k == 1 else f"{stamp}-{name}-{k}")
@@ -184,9 +178,8 @@ def _compare_and_report(run_dir: Path, *, log: Callable[[str], None]) -> str | N
 
 @dataclass
 class BenchRun:
-    """One invocation of ``bench``: the config, the run folder, its manifest and how the run
-    ended. ``log``: a caller's log for every line (None: the console); the fields after
-    ``restart_variants`` are set by :meth:`set_up`."""
+    """One invocation of ``bench``; the fields after ``restart_variants`` are set by
+    :meth:`set_up`."""
 
     cfg: Config
     log: Callable[[str], None] | None
@@ -476,9 +469,8 @@ def overhead_share(entries: list[ManifestCell], timings: RunTimings) -> float | 
 
 
 def overhead_breakdown(entries: list[ManifestCell], timings: RunTimings) -> OverheadBreakdown:
-    """The harness overhead in seconds: ``python_start`` (start-up and imports before the call),
-    ``setup``, ``server_stop`` (SIGTERM until the port closes), ``flush``, ``report`` and
-    ``other`` (the rest of the wall time outside server start-up and the suites)."""
+    """The harness overhead in seconds per part (``other``: the rest of the wall time outside
+    server start-ups and the suites)."""
     ran = [e.timings_s for e in entries if not e.skipped]
     stop = sum(t.get("server_stop") or 0.0 for t in ran)
     flush = sum(v or 0.0 for t in ran for k, v in t.items() if k.startswith("flush:"))

@@ -1,9 +1,6 @@
-"""One cell, one server lifetime of one variant (:func:`run_cell`): start (launch with the
-correctness cell's instrumentation and the markers of patchbench.run.ports, the pid into
+"""One cell, one server lifetime of one variant (:func:`run_cell`): start (the pid into
 ``cell.json`` at once, readiness, the liveness watch and GPU sampler), run suites (those needing
-no server first; ``/flush_cache`` between two), stop (the watch, then the group), record
-(``cell.json``). A failure of the server or a suite fails the cell and never raises; an
-interrupt stops the server, marks the cell interrupted and propagates.
+no server first; ``/flush_cache`` between two), stop, record ``cell.json``.
 """
 
 from __future__ import annotations
@@ -72,10 +69,9 @@ def utc_stamp() -> str:
 
 @functools.cache
 def preload(names: tuple[str, ...] = REPORT_MODULES) -> threading.Thread:
-    """Import ``names`` in a daemon thread, once per process (the same thread for the same
-    names): the first cell starts it while its server starts and joins it once the server is
-    ready, so the imports never overlap a suite. A module that fails to import is left to the
-    report, which imports it again and says what broke."""
+    """Import ``names`` in a daemon thread, once per process: the first cell starts it while its
+    server starts and joins it once ready, so the imports never overlap a suite (a module that
+    fails is left to the report)."""
 
     def run() -> None:
         for name in names:
@@ -90,9 +86,8 @@ def preload(names: tuple[str, ...] = REPORT_MODULES) -> threading.Thread:
 
 
 def refuse_impossible(res: SuiteResult) -> list[str]:
-    """Remove metric values that cannot be measurements (NaN, infinite, not a number) from
-    ``res.metrics``, naming each in ``res.errors``; an ``ok`` result becomes ``incomplete``.
-    Returns the refused names. Suites check their own ranges."""
+    """Remove metric values that are not finite numbers from ``res.metrics``, naming each in
+    ``res.errors`` (``ok`` becomes ``incomplete``); returns the refused names."""
     bad = []
     for name, v in list(res.metrics.items()):
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
@@ -105,9 +100,8 @@ def refuse_impossible(res: SuiteResult) -> list[str]:
 
 
 def launch_spec(cfg: Config, venv: VariantEnv, cdir: Path, port: int) -> LaunchSpec:
-    """How ``venv``'s server is launched into ``cdir``: ``server.args`` then the variant's own,
-    its environment (overlay first on PYTHONPATH) and its build's interpreter. ``run_bench``'s
-    ``launch_spec`` parameter replaces it (tests launch the fake server)."""
+    """How ``venv``'s server is launched into ``cdir`` (``run_bench``'s ``launch_spec`` parameter
+    replaces it: tests launch the fake server)."""
     s = cfg.server
     return LaunchSpec(
         python=venv.python,
@@ -131,9 +125,8 @@ LaunchSpecFn = Callable[[Config, VariantEnv, Path, int], LaunchSpec]
 
 @dataclass
 class CellRun:
-    """The state of one cell while its steps run (module docstring). ``record``: the cell.json
-    being built; ``server`` / ``watch``: between start and stop; ``progress``: a
-    patchbench.run.progress.BenchProgress or None; ``nvml``: a patchbench.run.gpu.Nvml or None."""
+    """The state of one cell while its steps run (module docstring); ``record``: the cell.json
+    being built; ``progress`` / ``nvml``: a BenchProgress / Nvml or None."""
 
     cfg: Config
     cell: Cell
@@ -294,10 +287,9 @@ class CellRun:
 
     # ------------------------------------------------------------------ step 2: run suites
     def run_suites(self, names: list[str]) -> None:
-        """Run ``names`` in order. Raises ServerError when the server died or stopped answering
-        (the remaining suites are not run). Between two suites on the server: ``/flush_cache``,
-        whose 200 proves the scheduler answers (docs/FACTS.md section 4), so no ``/health``
-        (sglang's sleeps 1 s); a refused or unanswered flush raises."""
+        """Run ``names`` in order, ``/flush_cache`` between two (its 200 proves the scheduler
+        answers). Raises ServerError when the server died, stopped answering or refused the
+        flush."""
         for i, name in enumerate(names):
             if self.server is not None and i > 0:
                 t = time.monotonic()
@@ -390,9 +382,9 @@ class CellRun:
             live, w = self.record.liveness, self.watch
             if live is not None:
                 if w.death is not None:
-                    live.death = models.ServerDeath(**w.death.to_json())
+                    live.death = w.death
                 if w.stall is not None:
-                    live.stall = models.ServerStall(**w.stall.to_json())
+                    live.stall = w.stall
                 if w.lost is not None:
                     live.killed_clients = list(w.killed_clients)
         if self.server is None:
@@ -412,9 +404,8 @@ class CellRun:
 
     # ------------------------------------------------------------------ step 4: record
     def finish(self, *, best_effort: bool = False) -> CellRecord:
-        """Collect the instrumentation, settle the status, write cell.json; returns the record.
-        ``best_effort``: an error is on its way out already, so a cell.json that cannot be
-        written is only logged."""
+        """Collect the instrumentation, settle the status, write cell.json (``best_effort``: a
+        write error is only logged, another error is on its way out); returns the record."""
         for name, ins in self.instrumentation.items():
             if ins.collect is None or ins.out_dir is None:
                 continue
@@ -478,13 +469,9 @@ def run_cell(
     nvml: Any,
     launch: LaunchSpecFn,
 ) -> CellRecord:
-    """Run one cell (start, run suites, stop, record); returns its record (with the variant's
-    identity, for the resume check). ``launch``: :func:`launch_spec` or a replacement.
-
-    Never raises for a failure of the server or a suite. An interrupt (KeyboardInterrupt, or
-    patchbench.run.signals.Terminated) stops the server, records the cell as interrupted and
-    propagates; so does a ResultsWriteError.
-    """
+    """Run one cell; returns its record. Never raises for a failure of the server or a suite; an
+    interrupt (KeyboardInterrupt, Terminated) or a ResultsWriteError stops the server, is recorded
+    and propagates."""
     c = CellRun(cfg, cell, venv, Path(run_dir), port, log, progress, nvml, launch)
     c.record.variant_identity = venv.identity or None
     try:

@@ -1,9 +1,7 @@
-"""NVML where a GPU exists: is a stopped server's GPU memory free, and what state was the GPU in
-during a cell. Everything goes through :class:`Nvml` (``pynvml`` or a fake with the same
-functions); :func:`open_nvml` returns None without an NVIDIA driver or GPU, and every caller then
-skips its check. :class:`GpuSampler` summarises a cell (clocks, temperature, power, throttle
-reasons, foreign processes) as ``cell.json`` ``gpu``; :func:`doctor_rows` reports settings that
-bias timings.
+"""NVML where a GPU exists (:class:`Nvml` over ``pynvml`` or a fake; :func:`open_nvml` None without
+a GPU, and callers skip their checks): a stopped server's GPU memory freed, a cell's GPU state
+(:class:`GpuSampler`, ``cell.json`` ``gpu``) and the settings that bias timings
+(:func:`doctor_rows`).
 """
 
 from __future__ import annotations
@@ -26,14 +24,8 @@ THROTTLE_BITS = {
     0x0000000000000040: "hw_thermal_slowdown",
     0x0000000000000080: "hw_power_brake_slowdown",
 }
-#: reasons that bias a timing (idle and the application-clock setting do not)
-BIASING = {
-    "sw_power_cap",
-    "hw_slowdown",
-    "sw_thermal_slowdown",
-    "hw_thermal_slowdown",
-    "hw_power_brake_slowdown",
-}
+#: reasons that bias a timing (the application-clock setting holds for both arms)
+BIASING = set(THROTTLE_BITS.values()) - {"applications_clocks_setting"}
 
 
 def open_nvml(module: Any = None) -> Nvml | None:
@@ -119,8 +111,8 @@ class Nvml:
             return None
 
     def settings(self, i: int) -> dict:
-        """The settings of GPU ``i`` that change a timing: name, persistence mode, application,
-        default and max clocks (``{"sm", "mem"}`` MHz), power limit (W); None where unknown."""
+        """The settings of GPU ``i`` that change a timing (clocks ``{"sm", "mem"}`` MHz, power
+        limit W; None where unknown)."""
         nv, h = self.nv, self._h(i)
         name = self._ask("nvmlDeviceGetName", h)
         if isinstance(name, bytes):
@@ -204,9 +196,8 @@ class Spread(_Strict):
 
 
 class GpuStats(_Strict):
-    """One GPU over a cell: clocks (MHz), temperature (C), power (W); ``throttle``: {reason:
-    samples}; ``foreign_pids``: processes not the cell's; ``unattributed_pids``: ones that could
-    not be told apart (NVML listed none of the cell's)."""
+    """One GPU over a cell (MHz, C, W); ``throttle``: {reason: samples}; ``unattributed_pids``:
+    processes not told apart from the cell's (NVML listed none of the cell's)."""
 
     index: int
     sm_clock_mhz: Spread
@@ -219,19 +210,12 @@ class GpuStats(_Strict):
 
 
 class GpuSummary(_Strict):
-    """``cell.json`` ``gpu``: what :class:`GpuSampler` saw. ``flags``: a line per biasing
-    throttle reason or foreign process (the report lists them); ``notes``: other lines."""
+    """``cell.json`` ``gpu``; ``flags``: a line per biasing throttle reason or foreign process."""
 
     samples_count: int = 0
     gpus: list[GpuStats] = Field(default_factory=list)
     flags: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
-
-
-def cell_flags(record: Any) -> list[str] | None:
-    """``gpu.flags`` of a CellRecord; None when it has no GPU summary."""
-    gpu = getattr(record, "gpu", None)
-    return list(gpu.flags) if gpu is not None else None
 
 
 @dataclass
@@ -281,9 +265,8 @@ class GpuSampler:
         return self.summary()
 
     def summary(self) -> GpuSummary:
-        """The samples so far: a flag per biasing throttle reason and foreign process; when NVML
-        never listed one of ours (another pid namespace, e.g. a container) its processes are
-        ``unattributed_pids`` with a note, not a flag."""
+        """The samples so far; when NVML never listed one of ours (another pid namespace) the
+        other processes are ``unattributed_pids`` with a note, not a flag."""
         gpus, flags, notes = [], [], []
         any_ours = any(x.get("ours_seen", True) for r in self.samples for x in r)
         n_gpu = max((len(r) for r in self.samples), default=0)

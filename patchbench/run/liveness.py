@@ -1,22 +1,14 @@
 """Liveness and progress of a whole sglang server while suites run, and stopping a suite at once
 when the server dies or stops answering (docs/faults.md).
 
-A dead scheduler leaves the HTTP front end answering, and a blocked or stopped one looks healthy
-to a process check, so :class:`ServerWatch` (a thread) polls every watched process of the group
-(the leader, Python and ``sglang::`` processes present when the server became ready) and, with
-``stall_timeout_s``, watches progress: the scheduler heartbeat (``GET /server_info`` every
-:func:`heartbeat_interval` s from a second thread; a longer limit inside a window the suite
-announces, :meth:`ProgressMeter.quiet`), the replies the suite reports, processes stopped
-(state T) for ``stopped_grace_s``, and a watched client's activity
-(:class:`patchbench.run.activity.ClientActivity`: a ``client_silent`` stall while the heartbeat
-answers).
-
-On a death or a stall it records a :class:`Death` or :class:`Stall`, sets ``dead``, kills the
-suite's clients and the server's group (SIGKILL), and inside :meth:`ServerWatch.cancel_scope`
-raises :class:`ServerLost` in the main thread (sent as ``SIGUSR2``, so a blocking wait is
-interrupted as by Ctrl-C). Not seen: a deadlocked detokenizer while the scheduler answers (the
-missing replies or the silent client show it), a client busy-polling without receiving (the
-suite's ``timeout_s`` ends it).
+:class:`ServerWatch` (a thread) polls every process of the server's group (a dead scheduler
+leaves the HTTP front end answering) and, with ``stall_timeout_s``, watches progress: the
+scheduler heartbeat (``GET /server_info``, a longer limit inside a window the suite announces,
+:meth:`ProgressMeter.quiet`), the replies the suite reports, processes stopped (state T) and a
+watched client's activity (:class:`patchbench.run.activity.ClientActivity`). On a death or stall
+it records a :class:`Death` or :class:`Stall`, SIGKILLs the suite's clients and the server's
+group and, inside :meth:`ServerWatch.cancel_scope`, raises :class:`ServerLost` in the main thread
+(via ``SIGUSR2``, so a blocking wait is interrupted as by Ctrl-C).
 """
 
 from __future__ import annotations
@@ -27,12 +19,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import psutil
 
 from patchbench.run.activity import CLIENT_SAMPLE_S, ProgressMeter
 from patchbench.run.ports import group_members, is_live, kill_group
+from patchbench.runfolder.models import ServerDeath, ServerStall
 
 #: the signal the watcher sends to the main thread to cancel a suite (nothing else uses it)
 CANCEL_SIGNAL = signal.SIGUSR2
@@ -72,29 +65,20 @@ def process_state(pid: int | None) -> str:
 
 
 class ServerLost(KeyboardInterrupt):
-    """Raised in the main thread when the server died or stopped answering during a suite; a
-    KeyboardInterrupt so that every suite's Ctrl-C cleanup runs and no ``except Exception``
-    swallows it. ``death``: the :class:`Death` or :class:`Stall`."""
+    """The server died or stopped answering during a suite (``death``: the :class:`Death` or
+    :class:`Stall`); a KeyboardInterrupt so that suites' Ctrl-C cleanup runs and no ``except
+    Exception`` swallows it."""
 
     def __init__(self, reason: Death | Stall):
         super().__init__(reason.message())
         self.death = reason
 
 
-@dataclass
-class Death:
-    """A watched server process that exited: ``role`` (e.g. "the sglang scheduler"), ``name``
-    (its title), ``returncode`` (the leader's only; negative: killed by that signal; else None),
-    ``detected_after_s`` (seconds from the watch's start)."""
-
-    pid: int
-    role: str
-    name: str
-    returncode: int | None
-    detected_after_s: float
+class Death(ServerDeath):
+    """A watched server process that exited (``returncode``: the leader's only; negative: killed
+    by that signal), as cell.json records it."""
 
     def message(self) -> str:
-        """``"the sglang scheduler (pid 1234) died"`` (with the exit status when known)."""
         how = ""
         if self.returncode is not None and self.returncode < 0:
             how = f", killed by signal {-self.returncode}"
@@ -107,29 +91,13 @@ class Death:
             how = f", exit code {self.returncode}"
         return f"{self.role} (pid {self.pid}) died{how}"
 
-    def to_json(self) -> dict:
-        return _json(self)
 
-
-@dataclass
-class Stall:
-    """The server (or a client of the suite) stopped making progress. ``kind``: "heartbeat",
-    "replies", "stopped" (a server process in state T), "client_stopped", "client_silent";
-    ``what``: what was seen; ``pid``/``role``/``state``: the scheduler (else the front end; the
-    stopped process or the client for the client kinds) and its process state; ``silent_s``:
-    seconds without progress; ``detected_after_s``: from the watch's start."""
-
-    kind: str
-    what: str
-    pid: int | None
-    role: str
-    state: str
-    silent_s: float
-    detected_after_s: float
+class Stall(ServerStall):
+    """The server (or a client of the suite) stopped making progress, as cell.json records it
+    (``pid``/``role``/``state``: the scheduler, else the front end; the stopped process or the
+    client for the client kinds)."""
 
     def message(self) -> str:
-        """``"the server stopped answering (scheduler pid 1234 in state S (sleeping)): ..."``;
-        a stopped client: ``"the suite's client stopped (pid N in state T (stopped)): ..."``."""
         if self.kind == "client_stopped":
             return f"the suite's client stopped (pid {self.pid} in state {self.state}): {self.what}"
         if self.kind == "client_silent":
@@ -143,19 +111,23 @@ class Stall:
             f"{self.what}"
         )
 
-    def to_json(self) -> dict:
-        return _json(self)
 
-
-def _json(reason: Death | Stall) -> dict:
-    """A Death's or Stall's fields for cell.json, seconds rounded to the millisecond."""
-    return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(reason).items()}
+def _stall(kind: str, what: str, pid: int | None, role: str, silent_s: float, t0: float) -> Stall:
+    """A :class:`Stall` now (seconds rounded to the millisecond, as cell.json keeps them)."""
+    return Stall(
+        kind=kind,
+        what=what,
+        pid=pid,
+        role=role,
+        state=process_state(pid),
+        silent_s=round(silent_s, 3),
+        detected_after_s=round(time.monotonic() - t0, 3),
+    )
 
 
 def role_of(name: str, cmdline: list[str], is_leader: bool) -> str:
-    """A human name for a process of an sglang server: ``sglang::scheduler_TP0`` -> "the sglang
-    scheduler", the launched process -> "the sglang server (HTTP front end)", else "server
-    process <name>"."""
+    """``sglang::scheduler_TP0`` -> "the sglang scheduler", the leader -> "the sglang server (HTTP
+    front end)", else "server process <name>"."""
     title = " ".join(cmdline) if cmdline else name
     for text in (title, name):  # the title first: psutil's name() is cut at 15 characters
         if text.startswith("sglang::"):
@@ -212,15 +184,10 @@ class _Watched:
 
 @dataclass
 class ServerWatch:
-    """Watch the processes and the progress of one server (module docstring).
-
-    ``leader``: the launched ``subprocess.Popen``; ``pgid``: its process group; ``on_death``:
-    called once from the watcher thread with the Death or Stall (after the kills);
-    ``stall_timeout_s``: seconds without progress that make a stall (None: deaths only);
-    ``heartbeat``: ``heartbeat(timeout_s) -> bool``, one scheduler round trip
-    (:meth:`patchbench.run.server.SglangServer.heartbeat`); ``progress``: what the suites feed.
-    :meth:`start` after the server is ready, :meth:`close` before stopping it.
-    """
+    """Watch the processes and the progress of one server (module docstring): :meth:`start`
+    after it is ready, :meth:`close` before stopping it. ``leader``: the launched Popen;
+    ``on_death``: called once from the watcher thread after the kills; ``stall_timeout_s``: None
+    watches deaths only; ``heartbeat(timeout_s) -> bool``: one scheduler round trip."""
 
     leader: object  # subprocess.Popen
     pgid: int
@@ -356,11 +323,8 @@ class ServerWatch:
     # ------------------------------------------------------------------ cancelling the suite
     @contextmanager
     def cancel_scope(self) -> Iterator[None]:
-        """While inside, a death or a stall raises :class:`ServerLost` in the main thread at once.
-
-        Outside the main thread (no signal handlers there) the scope only marks the suite start;
-        the suite then learns of the loss through :attr:`dead` and its client being killed.
-        """
+        """While inside, a death or a stall raises :class:`ServerLost` in the main thread at once
+        (in another thread only :attr:`dead` and the killed client tell the suite)."""
         self.suite_started()
         main = threading.current_thread() is threading.main_thread()
         old = None
@@ -430,9 +394,7 @@ class ServerWatch:
 
     def _stall(self, kind: str, what: str, silent_s: float) -> Stall:
         pid, role = self._scheduler()
-        return Stall(
-            kind, what, pid, role, process_state(pid), silent_s, time.monotonic() - self._t0
-        )
+        return _stall(kind, what, pid, role, silent_s, self._t0)
 
     def _stopped(self, pid: int, st: str, role: str, kind: str) -> Stall | None:
         """A stall when ``pid`` (status ``st``) has been stopped for ``stopped_grace_s``."""
@@ -446,7 +408,7 @@ class ServerWatch:
         what = (
             f"{role} (pid {pid}) has been stopped (state T, SIGSTOP or a tracer) for {held:.1f} s"
         )
-        return Stall(kind, what, pid, role, process_state(pid), held, time.monotonic() - self._t0)
+        return _stall(kind, what, pid, role, held, self._t0)
 
     def _check_progress(self) -> Stall | None:
         """A stall when the heartbeat or the suite's replies are older than the stall limit."""
@@ -507,10 +469,8 @@ class ServerWatch:
         return None
 
     def _check_client_activity(self) -> Stall | None:
-        """A ``client_silent`` stall when the client the suite watches
-        (:meth:`ProgressMeter.watch_client`) made no progress (:class:`ClientActivity`) for
-        ``stall_timeout_s`` while the scheduler heartbeat still answers (when it does not, the
-        heartbeat's stall is the one named)."""
+        """A ``client_silent`` stall when the watched client made no progress for
+        ``stall_timeout_s`` while the scheduler heartbeat still answers."""
         limit = self.stall_timeout_s
         client = self.progress.client
         if not limit or client is None:
@@ -542,8 +502,7 @@ class ServerWatch:
             )
             + f"{beat}; {client.last_seen()}"
         )
-        state = process_state(client.pid)
-        return Stall("client_silent", what, client.pid, client.name, state, silent, now - self._t0)
+        return _stall("client_silent", what, client.pid, client.name, silent, self._t0)
 
     def _died(self, w: _Watched) -> None:
         rc = None
@@ -552,7 +511,13 @@ class ServerWatch:
                 rc = self.leader.poll()
             except Exception:  # noqa: BLE001 - the exit code is a nicety
                 rc = None
-        self.death = Death(w.proc.pid, w.role, w.name, rc, time.monotonic() - self._t0)
+        self.death = Death(
+            pid=w.proc.pid,
+            role=w.role,
+            name=w.name,
+            returncode=rc,
+            detected_after_s=round(time.monotonic() - self._t0, 3),
+        )
         self._give_up(self.death)
 
     def _stalled(self, stall: Stall) -> None:

@@ -1,11 +1,7 @@
-"""One writer per run folder: ``RUN/.lock``, held with ``fcntl.flock`` for the run's life.
-
-A run (or ``--resume``) takes the lock before it writes into the folder and writes its pid,
-host, start time and command line into the file; a second run of the folder is refused
-(:class:`RunFolderBusy`, exit 4) naming the holder. The kernel drops a ``flock`` with its
-holder's last open file, so a run that died leaves no lock (the next run says whose it was).
-``patchbench report RUN`` takes the same lock (``purpose="report"``) while it reads and writes:
-it waits up to :data:`REPORT_WAIT_S` for another report and names a run at once.
+"""One writer per run folder: ``RUN/.lock``, held with ``fcntl.flock`` (the kernel drops it with
+a run that died) and holding the holder's pid, host, start and command line. A second run is
+refused (:class:`RunFolderBusy`, exit 4, naming the holder); ``patchbench report RUN`` takes the
+same lock and waits up to :data:`REPORT_WAIT_S` for another report.
 """
 
 from __future__ import annotations
@@ -36,8 +32,7 @@ class RunFolderBusy(RunFailed):
 
 @dataclass
 class RunLock:
-    """The held lock of one run folder (:func:`acquire`): ``path``, the open file, and
-    ``previous``: the holder a run that died left in the file (None when none)."""
+    """The held lock of one run folder (``previous``: the holder a dead run left, or None)."""
 
     path: Path
     fd: int
@@ -91,10 +86,9 @@ def _busy(run_dir: str | os.PathLike, holder: dict | None, purpose: str, waited_
 
 
 def acquire(run_dir: str | os.PathLike, *, purpose: str = "run", wait_s: float = 0.0) -> RunLock:
-    """Take ``run_dir``'s lock. ``purpose``: "run" or "report" (written into the file);
-    ``wait_s``: how long to wait while the holder is a report (a run is refused at once).
-    Raises :class:`RunFolderBusy` naming a live holder; ResultsWriteError (exit 4) when the file
-    cannot be created."""
+    """Take ``run_dir``'s lock (``purpose``: "run" or "report"; ``wait_s``: how long to wait for
+    a report holder). Raises :class:`RunFolderBusy` naming a live holder; ResultsWriteError
+    (exit 4) when the file cannot be created."""
     path = Path(run_dir) / LOCK_NAME
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

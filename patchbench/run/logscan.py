@@ -1,13 +1,7 @@
-"""Count what the server did that changes a measurement, from a cell's ``server.log`` (or the
-part after a byte offset: one suite's share): request retractions and out-of-memory events.
-
-The texts are those the pinned releases log (their installed sources): retractions
-(``scheduler.py``: "KV cache pool is full. Retract requests. #retracted_reqs: N", and 0.5.23's
-forced "Testing retraction."); sglang's KV-cache allocation failure ("Prefill/Decode out of
-memory. Try to lower your batch size.", logged and then raised, so its traceback's
-``RuntimeError: ...`` echo is not counted again); CUDA's ("CUDA out of memory",
-``OutOfMemoryError``, "CUDA error: out of memory"). A bare "out of memory" is not counted
-(0.5.23's deep_gemm warns "... to avoid out of memory").
+"""Request retractions and out-of-memory events in a cell's ``server.log`` (or one suite's part
+of it), as the pinned releases log them: a KV-cache allocation failure is logged and raised, so
+its traceback's echo is not counted again; a bare "out of memory" is not counted (0.5.23's
+deep_gemm warns "... to avoid out of memory").
 """
 
 from __future__ import annotations
@@ -42,15 +36,10 @@ LINE_CHARS = 300
 def scan_server_log(
     path: str | os.PathLike, start_offset: int = 0, end_offset: int | None = None
 ) -> dict:
-    """Retractions and out-of-memory events in ``path`` from byte ``start_offset`` (a line it
-    falls inside belongs to the earlier part) up to ``end_offset`` (lines starting before it are
-    read whole), streamed line by line.
-
-    Returns {"retractions_count", "retracted_requests_count" (sum of #retracted_reqs),
-    "oom_count", "first_lines" (the first MAX_FIRST_LINES matches, LINE_CHARS each),
-    "start_offset", "end_offset" (bytes read up to: the next slice's start)}. Raises OSError when
-    the file cannot be read, ValueError for a negative ``start_offset``.
-    """
+    """Retractions and out-of-memory events in ``path`` between byte offsets (a line belongs to
+    the part it starts in). Returns {"retractions_count", "retracted_requests_count",
+    "oom_count", "first_lines", "start_offset", "end_offset" (the next part's start)}. Raises
+    OSError, or ValueError for a negative ``start_offset``."""
     if start_offset < 0:
         raise ValueError(f"start_offset must be >= 0, got {start_offset}")
     retractions = retracted = oom = 0

@@ -12,19 +12,12 @@ from patchbench.suite import get_suite
 
 
 def sequential_design(cfg: Config):
-    """The patchbench.analysis.sequential.Design of a sequential config (alpha = 1 -
-    ``compare.confidence`` per report; non-binding futility); None for fixed repeats."""
-    seq = cfg.schedule.sequential
-    if seq is None:
+    """The patchbench.analysis.sequential.Design of a sequential config; None for fixed repeats."""
+    if cfg.schedule.sequential is None:
         return None
     from patchbench.analysis.sequential import Design
 
-    return Design(
-        looks=seq.looks,
-        alpha=round(1.0 - cfg.compare.confidence, 12),
-        kind=seq.boundary,
-        futility=seq.futility,
-    )
+    return Design.of(cfg.schedule.sequential, cfg.compare.confidence)
 
 
 def sequential_primaries(cfg: Config) -> list[tuple[str, str, Any, float]]:

@@ -1,11 +1,9 @@
-"""The run's cells: which and in what order (:func:`plan`), what each runs (:func:`cell_suites`,
-the correctness cell's instrumentation arguments) and the plan as text (:func:`describe_plan`,
-``bench --dry-run``).
+"""The run's cells in order (:func:`plan`), what each runs (:func:`cell_suites`, the correctness
+cell's instrumentation arguments) and the plan as text (:func:`describe_plan`, ``--dry-run``).
 
 Interleaved order alternates each round's direction (ABBA, ABC CBA) so a slow drift hits every
-variant alike; sequential order is for debugging. An untimed or instrumented suite gives each
-variant one untimed ``correctness`` cell first (``<variant>/correctness``, every
-instrumentation on, no verdict from its timings); ``suites.<name>.rounds`` picks a suite's rounds.
+variant alike. An untimed or instrumented suite gives each variant one untimed ``correctness``
+cell first (every instrumentation on, no verdict from its timings).
 """
 
 from __future__ import annotations
@@ -64,9 +62,8 @@ def plan_cells(
     *,
     correctness: bool = False,
 ) -> list[Cell]:
-    """The run order of ``variants`` (config order) over ``repeats`` rounds, after one
-    correctness cell per variant with ``correctness``. Raises ValueError for no variants,
-    repeats < 1 or an unknown order."""
+    """The run order of ``variants`` over ``repeats`` rounds, after one correctness cell per
+    variant with ``correctness``. ValueError for no variants, repeats < 1 or an unknown order."""
     if not variants:
         raise ValueError("no variants to schedule")
     if repeats < 1:
@@ -126,10 +123,9 @@ def plan(cfg: Config) -> list[Cell]:
 
 
 def cell_suites(cfg: Config, cell: Cell) -> list[str]:
-    """The suites ``cell`` runs, config order. A correctness cell: the untimed and instrumented
-    suites, plus the timed server suites when none of those talks to the server (so the
-    instrumented server sees traffic). A timed cell of round k: the timed suites whose
-    ``rounds`` include k."""
+    """The suites ``cell`` runs, config order: a correctness cell the untimed and instrumented
+    ones (plus the timed server suites when none of those talks to the server), a timed cell of
+    round k the timed suites whose ``rounds`` include k."""
     if cell.kind == "correctness":
         picked = _correctness_suites(cfg)
         if not any(get_suite(s).needs_server for s in picked):
@@ -156,11 +152,10 @@ def _show(flag: str, value: str | None) -> str:
 def instrumentation_args(
     cfg: Config, variant: str, wanted: list[tuple[str, list[str]]]
 ) -> list[str]:
-    """The server arguments a correctness cell of ``variant`` appends for ``wanted``
-    (``[(suite, Instrumentation.server_args)]``, config order); a flag already given the same
-    way is added once. Raises ConfigError naming both sides when a suite needs a flag that
-    ``server.args``, the variant's ``server_args`` or another suite sets differently, or an
-    argument the harness owns."""
+    """The server arguments a correctness cell of ``variant`` appends for ``wanted`` ([(suite,
+    its instrumentation's server_args)]), each flag once. ConfigError naming both sides when
+    ``server.args``, the variant or another suite sets a flag differently, or for an argument
+    the harness owns."""
     have: dict[str, tuple[str | None, str]] = {}
     for key, args in (
         ("server.args", cfg.server.args),
@@ -211,9 +206,7 @@ def check_instrumentation(cfg: Config) -> dict[str, list[str]]:
 
 # ------------------------------------------------------------------------- the plan as text
 def describe_plan(cfg: Config, resume: Path | None = None) -> str:
-    """The resolved plan as text (``--dry-run``): variants, cells in order, suites per round,
-    the stopping rule of a sequential schedule, server commands, launches. With ``resume`` (a
-    run folder, checked by :func:`patchbench.run.preflight.resume_manifest`) the cells done
+    """The resolved plan as text (``--dry-run``); with ``resume`` (a run folder) the cells done
     there are marked ``(done)``. Raises ConfigError for an instrumentation conflict."""
     cells = plan(cfg)
     extra_args = check_instrumentation(cfg)

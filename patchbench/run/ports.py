@@ -1,9 +1,7 @@
 """Which server is ours: ports and who holds them, the markers every launched server carries
-(:func:`server_markers`: run folder, cell, the runner's pid and start time), and servers
-orphaned by a killed runner (:func:`find_stale_servers`: from ``cell.json`` files still
-"running" and from the markers, the server alive with the same start time and its runner gone;
-:func:`kill_stale`). A process group is signalled only when it is the server's own
-(:func:`own_group`), else only the server's pid.
+(:func:`server_markers`), and servers orphaned by a killed runner (:func:`find_stale_servers`,
+from ``cell.json`` files still "running" and from the markers; :func:`kill_stale`). A process
+group is signalled only when it is the server's own (:func:`own_group`).
 """
 
 from __future__ import annotations
@@ -125,9 +123,8 @@ def kill_group(pgid: int, sig: int = signal.SIGKILL) -> bool:
 
 
 def port_holder(port: int) -> dict | None:
-    """The process of this user listening on TCP ``port`` as {"pid", "pgid", "name",
-    "cmdline", and :func:`markers_of`'s keys (None for a process that is not a patchbench
-    server)}; None when none is visible."""
+    """The process of this user listening on TCP ``port`` as {"pid", "pgid", "name", "cmdline",
+    and :func:`markers_of`'s keys}; None when none is visible."""
     try:
         conns = psutil.net_connections(kind="tcp")
     except (psutil.AccessDenied, OSError):
@@ -155,10 +152,8 @@ def port_holder(port: int) -> dict | None:
 
 
 def describe_port_holder(port: int, *, ours: bool = True) -> str:
-    """One sentence naming what holds ``port``: pid and command, and for a patchbench server its
-    run folder, cell, whether its runner lives and the command that stops it (a group kill only
-    for a group of its own). ``ours=False`` leaves the advice out (the caller calls the holder
-    foreign)."""
+    """One sentence naming what holds ``port`` (for a patchbench server its run, cell, runner and
+    how to stop it; ``ours=False``: no advice)."""
     h = port_holder(port)
     if h is None:
         return "no process of this user is seen listening there (another user's, or a container's)"
@@ -180,9 +175,8 @@ def describe_port_holder(port: int, *, ours: bool = True) -> str:
 # ------------------------------------------------------------------------------ orphans
 @dataclass
 class StaleServer:
-    """One orphaned server: ``pid``/``pgid`` of its launched process, its run folder and cell
-    (e.g. "control/rep1"), its ``port`` (None when unknown), ``cell_json`` (the record still
-    saying "running", or None) and ``source`` ("cell.json" or "environment")."""
+    """One orphaned server (``cell_json``: the record still saying "running", or None;
+    ``source``: "cell.json" or "environment")."""
 
     pid: int
     pgid: int
@@ -212,9 +206,8 @@ class StaleServer:
 def find_stale_servers(
     results_dir: str | os.PathLike, *, anywhere: bool = False
 ) -> list[StaleServer]:
-    """Orphaned servers of the runs in ``results_dir`` (a results root or one run folder); with
-    ``anywhere`` also every orphaned patchbench server of this user, whatever folder its run
-    wrote to. Sorted by pid; an unreadable cell.json is skipped."""
+    """Orphaned servers of the runs in ``results_dir`` (a results root or one run folder; with
+    ``anywhere`` every one of this user), sorted by pid."""
     root = Path(results_dir).resolve()
     if (root / "manifest.json").exists():
         runs = [root]
@@ -285,10 +278,8 @@ def _stale_of_process(p: psutil.Process, root: Path | None) -> StaleServer | Non
 def kill_stale(
     servers: list[StaleServer], *, grace_s: float = 1.0, timeout_s: float = 10.0
 ) -> list[tuple[StaleServer, bool]]:
-    """Stop each orphan (SIGTERM, ``grace_s``, SIGKILL; its group when the group is its own,
-    else its pid) and mark its cell.json ``interrupted`` so ``--resume`` runs the cell again.
-    Returns (server, stopped) pairs; stopped is False when a process of it still lives after
-    ``timeout_s``."""
+    """Stop each orphan (SIGTERM, ``grace_s``, SIGKILL) and mark its cell.json ``interrupted``;
+    (server, stopped) pairs (False: a process of it lives after ``timeout_s``)."""
     out = []
     for s in servers:
         group = s.pgid if s.own_group else -1  # never a group that is not the server's own

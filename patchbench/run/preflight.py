@@ -16,16 +16,14 @@ from patchbench.run.variants import is_cpu
 from patchbench.runfolder import RunFolderError, RunManifest, SchemaTooNew, read_manifest
 
 _RUN_FOLDER_HINT = (
-    "give a run folder that `runner.py bench` wrote (results/<UTC stamp>-<config name>)"
+    "give a run folder that `patchbench bench` wrote (results/<UTC stamp>-<config name>)"
 )
 
 
 def check_environment(cfg: Config, resumed: RunManifest | None = None) -> dict:
-    """Every variant's ``sglang:`` has an environment here: resolves the builds
-    (:func:`patchbench.envs.builds.resolve_builds`, filling ``cfg.builds``; ``latest`` once); returns
-    envinfo. Raises EnvironmentNotReady (exit 3) naming the ``make setup`` that makes a missing
-    environment, or ConfigError (exit 2) for a build that cannot be read or is refused, or that
-    resolves to another release, commit or wheel than in the ``resumed`` run's manifest."""
+    """Resolve the builds (filling ``cfg.builds``); returns envinfo. Raises EnvironmentNotReady
+    (exit 3) naming the ``make setup`` for a missing environment, ConfigError (exit 2) for a
+    build refused or resolving otherwise than in the ``resumed`` run."""
     from patchbench.envs.builds import resolve_builds
 
     try:
@@ -44,9 +42,8 @@ def check_environment(cfg: Config, resumed: RunManifest | None = None) -> dict:
 
 
 def ensure_model(cfg: Config, *, log) -> Path:
-    """The model folder for ``cfg``: built (patchbench.envs.tinymodel) for ``model.tiny`` when
-    missing or incomplete; a hub id is left to sglang; a local model (and tokenizer) folder must
-    exist (raises EnvironmentNotReady, exit 3)."""
+    """The model folder, built for ``model.tiny`` when missing; EnvironmentNotReady (exit 3) for
+    a missing local folder."""
     cfg.require_model()
     d = cfg.model_dir
     if cfg.model.tiny:
@@ -77,10 +74,9 @@ def _resumed(run_dir: Path) -> RunManifest:
 
 
 def config_of_run(run_dir: Path) -> Config:
-    """The config ``run_dir`` ran with, rebuilt from its manifest and validated as a config file
-    is (``bench --resume RUN`` without CONFIG; no ``source``). Raises ConfigError when the
-    folder has no readable manifest, its manifest no config, or the config no longer validates
-    here (e.g. a patch it names is gone); SchemaTooNew when a newer patchbench wrote it."""
+    """The config ``run_dir`` ran with, from its manifest (``bench --resume RUN``). Raises
+    ConfigError when there is no readable manifest or config, or it no longer validates;
+    SchemaTooNew."""
     old = _resumed(run_dir)
     if old.config is None:
         raise ConfigError(f"--resume {run_dir}: its manifest holds no config; give the CONFIG")
@@ -90,12 +86,8 @@ def config_of_run(run_dir: Path) -> Config:
 
 
 def resume_manifest(cfg: Config, run_dir: Path) -> RunManifest:
-    """The manifest of ``run_dir`` for ``--resume``, checked against ``cfg``.
-
-    Raises ConfigError when ``run_dir`` holds no readable manifest.json or when the manifest's
-    config differs from ``cfg`` (a resumed run must measure the same thing); SchemaTooNew when a
-    newer patchbench wrote it.
-    """
+    """The manifest of ``run_dir`` for ``--resume``. Raises ConfigError when there is no
+    readable manifest.json or its config differs from ``cfg``; SchemaTooNew."""
     old = _resumed(run_dir)
     now = cfg.model_dump(mode="json")
     there = old.config.model_dump(mode="json") if old.config is not None else {}
@@ -142,9 +134,7 @@ def report_stale_servers(results_root: Path, *, kill: bool, log) -> None:
 
 
 def port_free_or_raise(host: str, port: int) -> None:
-    """Refuse to start a run whose server port already answers (EnvironmentNotReady, exit 3,
-    naming the holder): every cell would fail on it. Orphaned patchbench servers were reported
-    (or, with --kill-stale, stopped) just before; a port taken later fails only its cell."""
+    """EnvironmentNotReady (exit 3) naming the holder when the server port already answers."""
     holder = port_taken_by(host, port)
     if holder is not None:
         raise EnvironmentNotReady(

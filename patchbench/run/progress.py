@@ -27,13 +27,10 @@ def eta_by_suite(
     remaining: list[list[str]],
     in_current_s: float = 0.0,
 ) -> float | None:
-    """Seconds left for the cells ``remaining`` (each its suite names; the first is the cell
-    running now, ``in_current_s`` into it) from ``finished`` cells' (duration s, timings_s with
-    ``suite:<name>`` keys): per cell the median fixed part of the finished cells (start, stop,
-    flushes) plus the median time of each of its suites (so the untimed correctness cells that
-    come first do not set the pace), at least the median finished cell when one of its suites
-    has not run yet; medians, so one cell that failed at once does not halve it. None before any
-    cell finished; 0.0 when nothing remains."""
+    """Seconds left for the cells ``remaining`` (each its suite names; the first running for
+    ``in_current_s``) from ``finished`` cells' (duration s, timings_s): per cell the median
+    fixed part plus the median time of each of its suites (at least the median cell when a
+    suite has not run yet). None before any cell finished; 0.0 when nothing remains."""
     if not remaining:
         return 0.0
     if not finished:
@@ -69,11 +66,8 @@ def fmt_duration(s: float | None) -> str:
 
 
 class BenchProgress:
-    """Progress of one ``bench`` invocation over ``total`` cells: :meth:`cell_started`,
-    :meth:`suite_started`, :meth:`cell_finished` (or :meth:`cell_skipped`), :meth:`close`;
-    :meth:`log` prints above the bar. ``live``: draw a live bar (default: on a terminal);
-    ``plan``: {cell label: its suites} for :func:`eta_by_suite` (without it, every cell left is
-    predicted as the median finished one)."""
+    """Progress of one ``bench`` invocation over ``total`` cells (``live``: a bar, default on a
+    terminal; ``plan``: {cell label: its suites} for :func:`eta_by_suite`)."""
 
     def __init__(
         self,

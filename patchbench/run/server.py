@@ -1,15 +1,12 @@
-"""Lifecycle of one sglang server: launch, readiness, heartbeat, cache flush, stop (docs/cases.md
-L1-L3; endpoints as in docs/FACTS.md section 4, sglang 0.5.1.post3 .. 0.5.23).
+"""Lifecycle of one sglang server (docs/cases.md L1-L3; endpoints: docs/FACTS.md section 4).
 
 - Launch in its own process group, output to ``server.log``; refused when the port answers.
-- Ready: ``/health`` 200 and a 1-token ``/generate`` (``/v1/models`` answers early on 0.5.23);
-  then the port must be held by our group, else a foreign process that took it between the
-  check and the launch is named (:class:`PortTaken`).
-- Heartbeat: ``GET /server_info`` (``/get_server_info`` on releases without it), one scheduler
-  round trip, no generation. Flush: ``POST /flush_cache``, retried while sglang answers 400.
-- Stop (``stop_mode="fast"``, after every suite wrote its files): SIGTERM to the group, 0.05 s
-  (the front end answers SIGTERM only through a watchdog polling every 5 s), SIGKILL; wait until
-  all are gone, the port refuses and NVML lists none of them.
+- Ready: ``/health`` 200 and a 1-token ``/generate``; then the port must be held by our group
+  (else :class:`PortTaken` names the foreign holder).
+- Heartbeat: ``GET /server_info`` (``/get_server_info`` on older releases), one scheduler round
+  trip. Flush: ``POST /flush_cache``, retried while sglang answers 400.
+- Stop (``stop_mode="fast"``): SIGTERM to the group, 0.05 s (the front end answers SIGTERM only
+  through a 5 s watchdog), SIGKILL; wait until all are gone, the port refuses and NVML lists none.
 """
 
 from __future__ import annotations
@@ -86,9 +83,8 @@ HEARTBEAT_LINE = re.compile(
 
 
 def tail(path: str | os.PathLike, n_lines: int = 40) -> str:
-    """Last ``n_lines`` lines of a text file ('' when missing): identical consecutive lines
-    shown once with "(repeated N times)"; the heartbeat's access-log lines left out and counted
-    in a last line (server.log keeps them all)."""
+    """Last ``n_lines`` lines of a text file ('' when missing), repeated lines shown once with
+    "(repeated N times)", the heartbeat's access-log lines only counted."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -119,8 +115,7 @@ def tail(path: str | os.PathLike, n_lines: int = 40) -> str:
 
 @dataclass
 class LaunchSpec:
-    """Everything needed to launch one server: ``python`` (the environment's interpreter),
-    ``env`` (the process's whole environment), times in seconds."""
+    """Everything needed to launch one server (``env``: the whole environment; times in s)."""
 
     python: str
     model_path: str
@@ -177,7 +172,7 @@ class SglangServer:
     pgid = pid  # start_new_session: the leader's pid is its group
 
     def record(self) -> dict:
-        """cell.json's record of the server: pid, pgid, create_time (epoch s), host, port, command."""
+        """cell.json's record of the server (create_time: epoch s)."""
         ct = None
         if self.proc is not None:
             try:
@@ -263,9 +258,8 @@ class SglangServer:
             ) from e
 
     def wait_ready(self) -> float:
-        """Block until ready (module docstring); returns seconds waited. Raises ServerDied when
-        the process exits, PortTaken, or ReadyTimeout after ``ready_timeout_s`` (no single try
-        outlasts it; the server is left running)."""
+        """Block until ready (module docstring); returns seconds waited. Raises ServerDied,
+        PortTaken, or ReadyTimeout after ``ready_timeout_s`` (the server is left running)."""
         s = self.spec
         deadline = self._t0 + s.ready_timeout_s
         healthy = False
@@ -353,9 +347,8 @@ class SglangServer:
         return False
 
     def _port_race(self) -> str | None:
-        """The sentence naming a foreign holder of the port, or None when it is free or ours.
-        While our server lives only a holder psutil sees outside our group is foreign (a socket
-        it cannot attribute never refuses our server); once ours exited, any holder is."""
+        """The sentence naming a foreign holder of the port, or None when it is free or ours
+        (while ours lives, only a holder psutil sees outside our group is foreign)."""
         s = self.spec
         if not port_answers(s.host, s.port) or self.listens_here():
             return None
@@ -400,9 +393,8 @@ class SglangServer:
     # ------------------------------------------------------------------ flush
     def flush_cache(self) -> None:
         """POST /flush_cache until 200: at most ``flush_retries`` tries, ``flush_pause_s`` apart,
-        all within ``stall_timeout_s`` s; every answer goes into ``events``. Raises FlushFailed
-        when the budget is spent, FlushFailed with ``stalled`` when a try got no answer at all,
-        ServerDied when the process is gone."""
+        within ``stall_timeout_s``. Raises FlushFailed (``stalled``: a try got no answer) or
+        ServerDied."""
         s = self.spec
         last = ""
         deadline = time.monotonic() + s.stall_timeout_s
@@ -441,9 +433,8 @@ class SglangServer:
     # ------------------------------------------------------------------ stop
     def stop(self, nvml=None) -> float:
         """Stop the whole group (module docstring) and wait until it is gone, the port refuses
-        (``port_close_timeout_s``) and, with ``nvml`` (a patchbench.run.gpu.Nvml), no GPU lists
-        a server process (``gpu_release_timeout_s``); returns seconds taken, per phase in
-        ``stop_breakdown_s`` (``exit``, ``port``, ``gpu``). Raises StopFailed when a process
+        and, with ``nvml`` (patchbench.run.gpu.Nvml), no GPU lists a server process; returns
+        seconds taken (per phase in ``stop_breakdown_s``). Raises StopFailed when a process
         survives, the port stays open or GPU memory stays held. Safe to call twice."""
         if self.proc is None:
             return 0.0

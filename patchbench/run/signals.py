@@ -1,14 +1,9 @@
-"""How a command ends: SIGTERM and SIGHUP behave like Ctrl-C while ``bench`` runs, and a stdout
-or stderr closed by its reader (``patchbench report RUN | head -1``) is no error.
-
-:func:`terminate_like_ctrl_c` raises :class:`Terminated` (a KeyboardInterrupt, so every Ctrl-C
-cleanup runs: server group stopped, client killed, cell ``interrupted``); a second signal is
-reported and ignored until the command has ended (:func:`restore_handlers`). ``bench`` then
-raises :class:`patchbench.errors.Interrupted` (exit 143 for SIGTERM, 130 otherwise).
-
-:func:`tolerate_closed_output` (installed by ``patchbench.cli.main``) points a stream whose
-reader has gone at ``/dev/null`` at its first failed write, so the command goes on and ends with
-its own exit code instead of a BrokenPipeError traceback; a broken socket is still an error.
+"""How a command ends: SIGTERM and SIGHUP behave like Ctrl-C while ``bench`` runs
+(:func:`terminate_like_ctrl_c` raises :class:`Terminated`, a KeyboardInterrupt, so every Ctrl-C
+cleanup runs; a second signal is reported and ignored; exit 143 for SIGTERM, 130 otherwise), and
+a stdout or stderr closed by its reader (``patchbench report RUN | head -1``) is no error
+(:func:`tolerate_closed_output`: the stream goes to ``/dev/null`` and the command keeps its exit
+code).
 """
 
 from __future__ import annotations
@@ -76,10 +71,8 @@ _kept: list[dict] = []
 
 
 def restore_handlers(*, exiting: bool = False) -> None:
-    """Put back the handlers :func:`terminate_like_ctrl_c` kept after a signal fired (until then
-    a second signal is ignored while the command unwinds). ``patchbench.cli.main`` calls it as
-    the command ends; with ``exiting`` those signals are ignored instead (a second one during
-    the interpreter's shutdown would turn the exit code into a death by it)."""
+    """Put back the handlers :func:`terminate_like_ctrl_c` kept after a signal fired (``exiting``:
+    ignore those signals instead, so one during shutdown cannot change the exit code)."""
     while _kept:
         for s, h in _kept.pop().items():
             signal.signal(s, signal.SIG_IGN if exiting else h)

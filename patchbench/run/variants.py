@@ -1,8 +1,7 @@
-"""What one variant's server runs: its overlay (patches applied to a copy of the files they
-touch), its environment, the stock clients' environment, and its identity: one short sha256 per
-input that decides the server's code or arguments (``patches``, ``server_args``, ``env``,
-``sglang``), recorded per cell; ``--resume`` refuses a variant whose identity changed
-(:func:`check_resume_identity`, exit 2) unless it starts over (``--restart-variant NAME``).
+"""What one variant's server runs: its overlay, its environment, the stock clients'
+environment, and its identity (a short sha256 per input: ``patches``, ``server_args``, ``env``,
+``sglang``), recorded per cell; ``--resume`` refuses a variant whose identity changed (exit 2)
+unless it starts over (``--restart-variant NAME``).
 """
 
 from __future__ import annotations
@@ -33,9 +32,7 @@ PARTS = ("patches", "server_args", "env", "sglang")
 
 @dataclass
 class VariantEnv:
-    """What one variant's server gets: the overlay (a patchbench.patches.overlay.Overlay), the
-    process's environment, its interpreter and build (patchbench.envs.builds.Build; None when the
-    run resolved no builds), and its :func:`variant_identity`."""
+    """What one variant's server gets (``build``: None when the run resolved no builds)."""
 
     name: str
     patches: list[str]
@@ -57,9 +54,8 @@ def pythonpath(*parts: Path | str | None, inherit: str | None = None) -> str:
 
 
 def base_env(cfg: Config, variant: str | None = None) -> dict[str, str]:
-    """os.environ + server.env (+ the variant's ``env`` when ``variant`` is given), with the
-    stand-in switch set (no PYTHONPATH yet) and no in-server hooks (a correctness cell adds
-    them)."""
+    """os.environ + server.env (+ ``variant``'s ``env``), the stand-in switch set, no PYTHONPATH
+    and no in-server hooks yet."""
     env = dict(os.environ)
     env.pop(HOOKS_ENV, None)
     env.update(cfg.server_env_of(variant) if variant is not None else cfg.server.env)
@@ -74,27 +70,21 @@ def stand_in_dirs(cfg: Config) -> list[Path]:
 
 
 def stock_client_env(cfg: Config) -> dict[str, str]:
-    """Environment for running the STOCK sglang as a client (bench_serving): stand-ins, no overlay,
-    and the tokenizer vocabulary in id order so that bench_serving's seeded random prompts are the
-    same in every cell (a fast tokenizer's get_vocab() order differs per process)."""
+    """Environment of the STOCK sglang as a client (bench_serving): stand-ins, no overlay, the
+    vocabulary in id order (seeded random prompts the same in every cell)."""
     env = base_env(cfg)
     env["PYTHONPATH"] = pythonpath(
         SITE_DIR, *stand_in_dirs(cfg), inherit=os.environ.get("PYTHONPATH")
     )
-    # seeded random prompts must be the same in every cell (see shims/site/sitecustomize.py)
+    # see shims/site/sitecustomize.py
     env["PATCHBENCH_STABLE_VOCAB_ORDER"] = "1"
     return env
 
 
 def prepare_variants(cfg: Config, *, log) -> dict[str, VariantEnv]:
-    """Build and verify one overlay per variant (before any server starts).
-
-    Each variant gets its patches (:func:`patchbench.envs.builds.overlay_patches`: patch names, and a patch
-    folder made from each diff named directly), and its environment (``server.env`` plus the
-    variant's ``env``, :meth:`Config.server_env_of`). Raises
+    """Build and verify one overlay per variant (before any server starts). Raises
     :class:`patchbench.errors.PatchError` (exit 2) naming the variant, patch, file and hunk when a
-    diff does not apply, or when the server's environment would not import the overlay's files.
-    """
+    diff does not apply, or when the server's environment would not import the overlay."""
     site = envinfo.stock_site_dir()
     if site is None and not cfg.builds:
         raise EnvironmentNotReady("sglang is not importable in this environment")
@@ -174,14 +164,9 @@ def client_release(cfg: Config) -> str:
 
 
 def check_patches(cfg: Config) -> list[str]:
-    """Apply every variant's patches, in order, to a pristine copy of its release's files (what
-    ``bench --dry-run`` checks; nothing is downloaded: :func:`patchbench.patches.wheels.offline`).
-
-    Returns one line per problem (empty: every patch applies): ``variant 'V': <why>``, followed
-    by the failing named patch's state (already contained in the release, or conflicts at FILE
-    hunk N) and next step (:mod:`patchbench.patches.state`). A release whose files cannot be had
-    offline is reported as not checked.
-    """
+    """Apply every variant's patches to a pristine copy of its release's files, offline
+    (``bench --dry-run``). One line per problem (``variant 'V': <why>``, then the failing
+    patch's state and next step); a release not at hand offline is reported as not checked."""
     from patchbench.patches import state, wheels
 
     out: list[str] = []
@@ -262,13 +247,10 @@ def _recorded(run_dir: Path, variant: str) -> list[tuple[str, dict[str, str]]]:
 def check_resume_identity(
     run_dir: Path, current: dict[str, dict[str, str]], restart: list[str], *, log
 ) -> None:
-    """Refuse a resume whose variants would run other code than the cells already there.
-
-    current: {variant: :func:`variant_identity`}; restart: variants to start over (their cell
-    folders move to ``RUN/.restarted/<variant>-<stamp>``). Raises ConfigError (exit 2) naming the
-    variant, the parts that changed and the cells that ran the old inputs; ConfigError for a
-    restart name that is not a variant.
-    """
+    """Refuse a resume whose variants would run other code than the cells already there
+    (``current``: {variant: :func:`variant_identity`}); ``restart``: variants to start over
+    (their folders move to ``RUN/.restarted/<variant>-<stamp>``). Raises ConfigError (exit 2)
+    naming the variant, the changed parts and the cells, or an unknown restart name."""
     unknown = [v for v in restart if v not in current]
     if unknown:
         raise ConfigError(

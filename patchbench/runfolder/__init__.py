@@ -1,18 +1,11 @@
-"""The typed run-folder model: one reader and one writer for every file of a run folder.
+"""One reader and one writer for every file of a run folder (layout: docs/CONTRACTS.md, "Run
+folder"; models: :mod:`patchbench.runfolder.models`).
 
-Layout (docs/CONTRACTS.md, "Run folder"): ``RUN/manifest.json`` (:class:`RunManifest`),
-``RUN/<variant>/rep<k>/cell.json`` (:class:`CellRecord`), ``RUN/<variant>/rep<k>/<suite>/
-summary.json`` (:class:`SuiteSummary`); ``RUN/compare.json`` is patchbench.analysis.comparison's.
-Models, schema versions and the format history are in :mod:`patchbench.runfolder.models`.
-
-Reading: a file of an older schema is migrated (``migrated_from`` says which; keys the current
-version does not declare are dropped); the manifest's config is validated as a
-:class:`patchbench.config.Config` (``compare`` / ``nightly`` keys that no longer exist are
-dropped, invalid settings become the defaults, each noted in ``RunManifest.config_notes``); a
-newer schema raises :class:`SchemaTooNew` (exit 2); an unreadable cell or summary is a record
-with ``status="unreadable"`` and a note naming the file, an unreadable manifest a
-:class:`RunFolderError`. Writing goes through :func:`patchbench.records.write_json` (atomic) and
-stamps the current schema version.
+Reading migrates an older schema (``migrated_from``; undeclared keys dropped) and fits the
+manifest's ``compare`` / ``nightly`` settings (removed keys dropped, invalid settings defaulted,
+each noted in ``RunManifest.config_notes``); a newer schema raises :class:`SchemaTooNew` (exit
+2); an unreadable cell or summary is a record with ``status="unreadable"``, an unreadable manifest
+a :class:`RunFolderError`. Writing is atomic and stamps the current schema version.
 """
 
 from __future__ import annotations
@@ -183,11 +176,8 @@ def _path(p: str | os.PathLike, name: str) -> Path:
 
 
 def read_manifest(path: str | os.PathLike) -> RunManifest:
-    """The manifest of a run folder (``path`` = the folder or its ``manifest.json``).
-
-    Raises RunFolderError naming the file when it is missing, not JSON or mis-shaped;
-    SchemaTooNew when it was written by a newer patchbench.
-    """
+    """The manifest of a run folder (the folder or its ``manifest.json``). Raises RunFolderError
+    naming the file when it is missing, not JSON or mis-shaped; SchemaTooNew."""
     if not Path(path).exists():
         raise RunFolderError(
             f"{path}: no such folder; a run folder is what `patchbench bench` writes "
@@ -213,10 +203,13 @@ def read_manifest(path: str | os.PathLike) -> RunManifest:
     return m
 
 
+#: stored settings keys that were read by nothing (removing them changes no result)
+SILENT_DROPS = {"compare": {"retokenized_change_share"}}
+
+
 def _fit_settings(config: Any) -> dict[str, list[str]]:
-    """Fit a stored config's ``compare`` and ``nightly`` settings (in place) to their current
-    models: keys they no longer declare are dropped, invalid settings become the defaults;
-    {section: a note on each}."""
+    """Fit a stored config's ``compare`` and ``nightly`` settings in place (module docstring);
+    {section: notes}."""
     notes: dict[str, list[str]] = {}
     if not isinstance(config, dict):
         return notes
@@ -225,7 +218,8 @@ def _fit_settings(config: Any) -> dict[str, list[str]]:
         if not isinstance(raw, dict):
             continue
         kept = {k: v for k, v in raw.items() if k in model.model_fields}
-        dropped = sorted(set(raw) - set(kept))
+        # keys that never changed a result leave without a note
+        dropped = sorted(set(raw) - set(kept) - SILENT_DROPS.get(name, set()))
         if dropped:
             notes.setdefault(name, []).append(
                 f"{name} settings {', '.join(dropped)} are no longer used and were ignored"
@@ -256,12 +250,9 @@ def _validated(p: Path, kind: str, model: type[BaseModel]) -> tuple[Any, str | N
 
 
 def read_cell(path: str | os.PathLike, *, variant: str = "", repeat: int = 0) -> CellRecord | None:
-    """The record of one cell (``path`` = the cell folder or its ``cell.json``).
-
-    None when the file does not exist. A file that is not JSON or not shaped like a CellRecord
-    gives ``CellRecord(status="unreadable", notes=[<file and why>])`` with ``variant`` /
-    ``repeat`` from the arguments. Raises SchemaTooNew for a newer schema.
-    """
+    """The record of one cell (the folder or its ``cell.json``); None when absent; an unreadable
+    one is ``status="unreadable"`` with a note (``variant`` / ``repeat`` from the arguments).
+    Raises SchemaTooNew."""
     p = _path(path, "cell.json")
     if not p.exists():
         return None
@@ -278,12 +269,8 @@ def read_cell(path: str | os.PathLike, *, variant: str = "", repeat: int = 0) ->
 
 
 def read_summary(path: str | os.PathLike, *, suite: str = "") -> SuiteSummary | None:
-    """One suite's summary in one cell (``path`` = the suite folder or its ``summary.json``).
-
-    None when the file does not exist; ``status="unreadable"`` with a note naming the file when
-    it is not JSON or mis-shaped (a metric that is not a number, an unknown status ...). Raises
-    SchemaTooNew for a newer schema.
-    """
+    """One suite's summary in one cell (the folder or its ``summary.json``); None when absent; an
+    unreadable one is ``status="unreadable"`` with a note. Raises SchemaTooNew."""
     p = _path(path, "summary.json")
     if not p.exists():
         return None
@@ -306,8 +293,8 @@ def _dump(model: BaseModel) -> dict:
 
 
 def write_manifest(run_dir: str | os.PathLike, manifest: RunManifest) -> Path:
-    """Write ``RUN/manifest.json`` atomically (stamped with the current schema version);
-    returns its path. Raises patchbench.records.ResultsWriteError when it cannot be written."""
+    """Write ``RUN/manifest.json`` atomically; returns its path (ResultsWriteError when it
+    cannot)."""
     manifest.schema_version = MANIFEST_SCHEMA
     return records.write_json(Path(run_dir) / "manifest.json", _dump(manifest))
 
@@ -319,16 +306,15 @@ def write_cell(cell_dir: str | os.PathLike, record: CellRecord) -> Path:
 
 
 def write_summary(suite_dir: str | os.PathLike, summary: SuiteSummary | dict) -> Path:
-    """Validate and write ``<suite_dir>/summary.json`` atomically; returns its path.
-    Accepts a SuiteSummary or a dict such as ``SuiteResult.to_json(suite)`` (raises
-    pydantic.ValidationError for one of the wrong shape, before anything is written)."""
+    """Validate and write ``<suite_dir>/summary.json`` atomically (a SuiteSummary or a dict;
+    ValidationError before anything is written); returns its path."""
     s = summary if isinstance(summary, SuiteSummary) else SuiteSummary.model_validate(summary)
     s.schema_version = SUMMARY_SCHEMA
     return records.write_json(Path(suite_dir) / "summary.json", _dump(s))
 
 
 def json_schemas() -> dict[str, dict]:
-    """JSON Schema of each run-folder model (docs/CONTRACTS.md is checked against these)."""
+    """JSON Schema of each run-folder model (docs/CONTRACTS.md)."""
     return {
         "manifest.json": RunManifest.model_json_schema(),
         "cell.json": CellRecord.model_json_schema(),

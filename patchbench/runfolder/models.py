@@ -1,11 +1,7 @@
-"""The models of a run folder's files (patchbench.runfolder reads and writes them): the
-format history and current schema versions, :class:`CellRecord` (``cell.json``),
-:class:`SuiteSummary` (``summary.json``), :class:`RunManifest` (``manifest.json``, whose
-``config`` is the typed :class:`patchbench.config.Config` the run measured) and their parts.
-
-Every model declares every key it writes (``extra="forbid"``) and validates assignments; a
-field named in a model's ``_when_set`` is written only once something set it, so an optional key
-stays absent rather than ``null``. A :class:`_Snapshot` model writes exactly the keys it was given.
+"""The models of a run folder's files (:class:`CellRecord`, :class:`SuiteSummary`,
+:class:`RunManifest`), their schema versions and format history. Every model declares every key
+it writes; a field named in ``_when_set`` is written only once something set it (absent rather
+than ``null``); a :class:`_Snapshot` writes exactly the keys it was given.
 """
 
 from __future__ import annotations
@@ -39,8 +35,7 @@ SuiteStatus = Literal["ok", "incomplete", "failed", "unreadable"]
 
 
 class _Record(BaseModel):
-    """Base of the run-folder models: undeclared keys are refused, assignments validated, and
-    the fields named in ``_when_set`` are left out of the dump until something sets them."""
+    """Base of the run-folder models (module docstring)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
     _when_set: ClassVar[tuple[str, ...]] = ()
@@ -56,8 +51,7 @@ class _Record(BaseModel):
 
 
 class _Snapshot(_Record):
-    """A record of what a file held: every field is written only when set, so a snapshot read
-    from a file dumps back to the keys that file had."""
+    """A record that dumps back to exactly the keys it was given."""
 
     @model_serializer(mode="wrap")
     def _written_when_set(self, handler):
@@ -69,9 +63,8 @@ class _Snapshot(_Record):
 
 
 class StopBreakdown(_Snapshot):
-    """Seconds of a server stop per phase: ``exit`` (signal until every process is gone),
-    ``port`` (until the port refused), ``gpu`` (until NVML listed no server process; None
-    without NVML). Empty for a server that never started."""
+    """Seconds of a server stop per phase: ``exit`` (until every process is gone), ``port``
+    (until it refused), ``gpu`` (until NVML listed none; None without NVML)."""
 
     exit: float | None = None
     port: float | None = None
@@ -79,10 +72,8 @@ class StopBreakdown(_Snapshot):
 
 
 class ServerRecord(_Record):
-    """The server of one cell: pid (process-group leader), pgid, lifecycle events
-    (``[{"t_s": seconds, "event": ...}]`` as patchbench.run.server records them), the command line;
-    once started ``create_time`` (epoch seconds, tells a reused pid apart), ``host``, ``port``;
-    once stopped ``stop_breakdown_s``."""
+    """The server of one cell: lifecycle ``events`` (``[{"t_s": seconds, "event": ...}]``);
+    ``create_time`` (epoch s) tells a reused pid apart."""
 
     _when_set = ("create_time", "host", "port", "stop_breakdown_s")
 
@@ -104,20 +95,17 @@ class WatchedProcess(_Record):
     name: str = ""
 
 
-class ServerDeath(_Record):
+class ServerDeath(WatchedProcess):
     """The first server process seen dead during the cell (patchbench.run.liveness.Death)."""
 
-    pid: int
-    role: str = ""
-    name: str = ""
     returncode: int | None = None
     detected_after_s: float | None = None
 
 
 class ServerStall(_Record):
     """The server (or the suite's client) stopped making progress during the cell
-    (patchbench.run.liveness.Stall): kind heartbeat | replies | stopped | client_stopped |
-    client_silent."""
+    (patchbench.run.liveness.Stall): kind heartbeat | replies | stopped (state T) |
+    client_stopped | client_silent; seconds without progress and from the watch's start."""
 
     kind: str
     what: str = ""
@@ -129,8 +117,8 @@ class ServerStall(_Record):
 
 
 class Liveness(_Record):
-    """``cell.json`` ``liveness``: the watched processes; when one died, ``death``, when the
-    server stopped answering, ``stall``, and the client process groups killed because of it."""
+    """``cell.json`` ``liveness``: the watched processes, a ``death`` or ``stall``, and the
+    client process groups killed because of it."""
 
     _when_set = ("death", "stall", "killed_clients")
 
@@ -141,18 +129,12 @@ class Liveness(_Record):
 
 
 class CellRecord(_Record):
-    """``RUN/<variant>/rep<k>/cell.json``: what happened in one (variant, repeat) cell.
+    """``RUN/<variant>/rep<k>/cell.json``: one (variant, repeat) cell.
 
-    index: position in the run's schedule (None in old folders); status: ok | failed | incomplete
-    | interrupted | running | unreadable; suites: {suite: its summary status}; timings_s:
-    {step: seconds} (``server_start``, ``suite:<name>``, ``flush:<name>``, ``server_stop``,
-    ``cell``); started_at / ended_at: UTC stamps; instrumented: in-server instrumentation ran
-    in this cell (its timings feed no verdict); cell_kind: "timed" (timings feed verdicts) or
-    "correctness" (instrumented / untimed suites only); instrumentation: {suite: what that
-    suite's collect() returned}; notes: reader notes (e.g. why the record is unreadable) and
-    the run's own (a resumed cell, GPU flags). Written when set: runner_pid (the harness
-    process), instrumentation_args (server arguments the instrumentation added), liveness, gpu
-    (the NVML summary, patchbench.run.gpu.GpuSummary).
+    index: position in the schedule (None in old folders); suites: {suite: its summary status};
+    timings_s: {step: seconds} (``server_start``, ``suite:<name>``, ``flush:<name>``,
+    ``server_stop``, ``cell``); instrumented: its timings feed no verdict; instrumentation:
+    {suite: what its collect() returned}; notes: the reader's (why unreadable) and the run's.
     """
 
     _when_set = (
@@ -191,12 +173,8 @@ class CellRecord(_Record):
 
 
 class SuiteSummary(_Record):
-    """``RUN/<variant>/rep<k>/<suite>/summary.json``: one suite's result in one cell.
-
-    status: ok | incomplete | failed | unreadable; metrics: {name_with_unit: float or None};
-    errors / warnings: lines for the report; meta: anything else the suite kept; bounds:
-    {metric: "lower" | "upper"} for values that only bound the true value (absent: exact).
-    """
+    """``RUN/<variant>/rep<k>/<suite>/summary.json``: one suite's result in one cell; bounds:
+    {metric: "lower" | "upper"} for values that only bound the truth (absent: exact)."""
 
     _when_set = ("migrated_from",)
 
@@ -223,8 +201,7 @@ class PatchHash(_Record):
 
 
 class VariantPatch(_Record):
-    """A patch of a variant in ``variants``: name (or ``diff:<path>``), kind, the diff file of
-    a ``diff`` patch, the sha256 of its diff (None when it could not be computed)."""
+    """A patch of a variant in ``variants`` (name or ``diff:<path>``; sha256 None: unknown)."""
 
     name: str
     kind: Literal["patch", "diff"] = "patch"
@@ -233,8 +210,7 @@ class VariantPatch(_Record):
 
 
 class ArgsDiff(_Record):
-    """Server arguments of a variant against the baseline: flags (with values) added, removed,
-    and {flag: [baseline value, variant value]} changed."""
+    """Server arguments against the baseline (changed: {flag: [baseline's, variant's]})."""
 
     added: list[str] = Field(default_factory=list)
     removed: list[str] = Field(default_factory=list)
@@ -242,8 +218,7 @@ class ArgsDiff(_Record):
 
 
 class EnvDiff(_Record):
-    """Environment of a variant against the baseline: {name: value} added, names removed,
-    {name: [baseline value, variant value]} changed."""
+    """Environment against the baseline (changed: {name: [baseline's, variant's]})."""
 
     added: dict[str, str] = Field(default_factory=dict)
     removed: list[str] = Field(default_factory=list)
@@ -302,12 +277,9 @@ class OverheadBreakdown(_Record):
 
 
 class RunTimings(_Snapshot):
-    """``timings_s`` of one invocation, seconds: ``setup`` (config to the first cell),
-    ``python_start`` (interpreter start-up and imports, when the command line measured it),
-    ``report``, ``total``; ``harness_overhead_share`` (share of wall time outside server
-    start-up and the suites; None when no cell ran), ``overhead_breakdown_s``,
-    ``server_stop_breakdown_s`` (summed over the cells this invocation ran). Keys appear as the
-    run gets to them (an interrupted run has only ``setup``)."""
+    """``timings_s`` of one invocation in seconds, keys as the run gets to them:
+    ``harness_overhead_share``: share of wall time outside server start-ups and suites (None:
+    no cell ran); the breakdowns sum this invocation's cells."""
 
     setup: float | None = None
     python_start: float | None = None
@@ -319,9 +291,8 @@ class RunTimings(_Snapshot):
 
 
 class ManifestCell(_Record):
-    """One entry of ``manifest.cells``: a cell as last recorded (``dir`` relative to the run
-    folder). ``error``: first line of the cell's error (cells this invocation ran);
-    ``skipped``: done by an earlier invocation (``--resume``)."""
+    """One entry of ``manifest.cells`` (``error``: its first line; ``skipped``: done by an
+    earlier invocation)."""
 
     _when_set = ("error", "skipped")
 
@@ -388,9 +359,8 @@ class SequentialLook(_Record):
 
 
 class SequentialRecord(_Record):
-    """``manifest.sequential``: the design, each look, the rounds run, ``stopped_at`` (rounds
-    when it stopped, None while going on), why, and the latest decision per
-    "variant/suite.metric" (written once a look decided)."""
+    """``manifest.sequential``: the design, each look, ``stopped_at`` (None while going on), why,
+    and the latest decision per "variant/suite.metric"."""
 
     _when_set = ("decisions",)
 
@@ -406,18 +376,12 @@ class SequentialRecord(_Record):
 class RunManifest(_Record):
     """``RUN/manifest.json``: the run as a whole.
 
-    config: the :class:`patchbench.config.Config` the run measured (None when the file held
-    none; its ``suites`` hold the raw parameters, ``suite_params`` is empty); patches: {variant: [PatchHash]};
-    overlays: {variant: its overlay record (``patchbench.overlay.Overlay.to_json``, versioned by
-    its own "schema")}; host / gpu / environment: the machine (``environment``:
-    ``patchbench.envs.envinfo.collect``); builds (written when a variant names its own build or
-    the config's is not a release): {variant: ``patchbench.envs.builds.Build.to_json``}; cells: the
-    schedule's cells as last recorded; started_at / ended_at: UTC stamps (ended_at None while
-    running); interrupted: stopped by a signal;
-    timings_s: the first invocation's; variants (``variant_diffs`` here): {variant:
-    VariantDiff}; suite_rounds: {suite: [timed rounds] or "correctness"}; copied_files. Written
-    when set: resumes (each ``--resume``), sequential, error (why the run stopped: an unwritable
-    results folder), report_error (why compare.json / report.md were not written).
+    config: the :class:`patchbench.config.Config` it measured (None when the file held none);
+    overlays: {variant: ``Overlay.to_json()``}; environment: ``envinfo.collect()``; builds
+    (when a variant names its own or the config's is not a release): {variant:
+    ``Build.to_json()``}; timings_s: the first invocation's (``resumes``: the others');
+    variants: {variant: VariantDiff}; error: why the run stopped; report_error: why
+    compare.json / report.md were not written.
     """
 
     _when_set = ("resumes", "sequential", "error", "report_error", "migrated_from", "builds")
@@ -451,26 +415,11 @@ class RunManifest(_Record):
     #: {"compare" | "nightly": notes on settings of the stored config that were dropped on read}
     config_notes: dict[str, list[str]] = Field(default_factory=dict, exclude=True)
 
-    # -- conveniences used by the analysis (read-only views of ``config``) --------------------
-    def variants_json(self) -> dict[str, list | dict]:
-        """The config's variants as the file holds them: {variant: [patch entries] or a
-        mapping} ({} without a config)."""
-        cfg = self.config
-        return {k: spec.short() for k, spec in cfg.variants.items()} if cfg is not None else {}
-
-    @property
-    def variants(self) -> dict[str, list[str | dict]]:
-        """{variant: patch entries (names, or ``{"diff": path}``)} from the config, in order."""
-        return {
-            k: list(p.get("patches", []) if isinstance(p, dict) else p)
-            for k, p in self.variants_json().items()
-        }
-
+    # -- read-only views of ``config`` for the analysis ---------------------------------------
     @property
     def baseline(self) -> str:
-        """Name of the baseline variant (the config's ``baseline``, else the first variant)."""
-        b = self.config.baseline if self.config is not None else None
-        return b or next(iter(self.variants), "baseline")
+        """The config's baseline variant ("baseline" without a config)."""
+        return self.config.baseline if self.config is not None else "baseline"
 
     @property
     def repeats(self) -> int:

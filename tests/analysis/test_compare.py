@@ -211,13 +211,25 @@ def test_deterministic_counts_compared_exactly(tmp_path):
 
 
 def test_aa_detection_reads_mapping_variants():
-    """A variant written as a mapping is A/A only when patches, arguments and environment all
-    equal the baseline's; the list form is its patches alone."""
-    from patchbench.analysis.rundata import variant_identity
+    """A variant is A/A only when patches, arguments and environment all equal the baseline's;
+    the list form is its patches alone (the analysis reads Config.is_aa for an old manifest)."""
+    from patchbench.config import config_from_mapping
 
-    stock = variant_identity([])
-    assert variant_identity({"patches": [], "server_args": [], "env": {}}) == stock
-    assert variant_identity({"patches": [], "server_args": ["--disable-overlap-schedule"]}) != stock
-    assert variant_identity({"env": {"SGLANG_X": "1"}}) != stock
-    assert variant_identity(["p"]) == variant_identity({"patches": ["p"]})
-    assert variant_identity({"patches": [{"diff": "a.diff"}]}) != variant_identity(["a.diff"])
+    variants = {
+        "stock": [],
+        "same": {"patches": [], "server_args": [], "env": {}},
+        "args": {"patches": [], "server_args": ["--disable-overlap-schedule"]},
+        "env": {"env": {"SGLANG_X": "1"}},
+        "p": ["p"],
+        "p_long": {"patches": ["p"]},
+        "diff": {"patches": [{"diff": "a.diff"}]},
+        "name": ["a.diff"],
+    }
+    raw = {"name": "x", "sglang": "0.5.23", "model": {"path": "m"}, "variants": variants}
+    cfg = config_from_mapping(raw, check_files=False)
+    assert cfg.aa_variants() == ["same"]
+    assert config_from_mapping({**raw, "baseline": "p"}, check_files=False).aa_variants() == [
+        "p_long"
+    ]
+    diff_base = config_from_mapping({**raw, "baseline": "diff"}, check_files=False)
+    assert "name" not in diff_base.aa_variants()

@@ -286,9 +286,15 @@ def test_removed_mrope_probe_says_what_replaces_it(tmp_path):
     assert "sync_probe" in msg
 
 
+def test_removed_retokenized_change_share_is_refused_with_what_to_do(tmp_path):
+    msg = err(tmp_path, "b: []", BASE + "compare: {retokenized_change_share: 0.01}\n")
+    assert "c.yaml:9: key 'compare': compare.retokenized_change_share was removed" in msg
+    assert "delete the key" in msg
+
+
 def test_compare_and_nightly_are_typed(tmp_path):
     from patchbench.config import CompareSettings
-    from patchbench.nightly.gates import NightlySettings
+    from patchbench.config.nightly import NightlySettings
 
     cfg = load_config(write(tmp_path, "b: []", BASE + "compare: {confidence: 0.9}\n"))
     assert isinstance(cfg.compare, CompareSettings) and cfg.compare.confidence == 0.9
@@ -305,7 +311,6 @@ def test_missing_local_model_is_environment_not_ready(tmp_path, path):
         "{path: .cache/models/tiny-qwen25vl-tf4, tiny: true}", f"{{path: '{path}'}}"
     )
     cfg = load_config(write(tmp_path, "b: []", base))
-    assert not cfg.model_is_hub
     assert cfg.model_ref == str(cfg.resolve_path(path))
     with pytest.raises(errors.EnvironmentNotReady) as e:
         cfg.require_model()
@@ -318,14 +323,14 @@ def test_hub_id_and_tiny_model_pass(tmp_path):
         "{path: .cache/models/tiny-qwen25vl-tf4, tiny: true}", "{path: Qwen/Qwen2.5-VL-3B-Instruct}"
     )
     cfg = load_config(write(tmp_path, "b: []", base))
-    assert cfg.model_is_hub and cfg.model_ref == "Qwen/Qwen2.5-VL-3B-Instruct"
+    assert cfg.model_ref == "Qwen/Qwen2.5-VL-3B-Instruct"  # a hub id: passed as it is
     cfg.require_model()
     tiny = load_config(
         write(
             tmp_path, "b: []", BASE.replace(".cache/models/tiny-qwen25vl-tf4", "/nonexistent/tiny")
         )
     )
-    assert not tiny.model_is_hub
+    assert tiny.model_ref == "/nonexistent/tiny"  # tiny: a local folder, never a hub id
     tiny.require_model()  # built when missing
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from patchbench import records
 from patchbench.nightly.changepoints import detect_history
-from patchbench.nightly.gates.results import GateResult
+from patchbench.nightly.gates import GateResult
 from patchbench.nightly.history import (
     History,
     night_from_run,

@@ -1,6 +1,6 @@
-"""Learned noise, the robust gates and change points (patchbench/nightly/robust.py, noise.py,
-changepoints.py, gates/learned.py's noise rules, history.py's derived tables): each method against scipy
-or a hand computation, and the calibration's simulations on a few seeded trials."""
+"""Learned noise, the noise rules of the gates and change points (patchbench/nightly/noise.py,
+changepoints.py, gates.py, history.py's derived tables): each method against scipy or a hand
+computation, and the calibration's simulations on a few seeded trials."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from patchbench.config.nightly import Gate, NightlySettings
 from patchbench.nightly import changepoints as cp
-from patchbench.nightly import robust
-from patchbench.nightly.gates import Gate, NightlySettings, evaluate, night_outcome
+from patchbench.nightly import noise as robust
+from patchbench.nightly.gates import evaluate, night_outcome
 from patchbench.nightly.history import (
     History,
     Night,
@@ -23,7 +24,7 @@ from patchbench.nightly.history import (
     record_noise,
 )
 from patchbench.nightly.noise import learn
-from tools.calibration.nightly import Scenario, change_rates, gate_rates, sim_night
+from tools.calibration.nightly import Scenario, change_rates, gate_rates, sim_night, with_report
 
 TPUT = ("serving", "output_throughput_tok_s")
 
@@ -80,7 +81,7 @@ def test_noise_is_learned_from_history_and_the_prior_comes_first():
     n = learn(hist, *TPUT, prior_cv_pct=1.5)
     assert n.source == "learned" and n.nights == 30
     assert n.run.sigma == pytest.approx(0.03, rel=0.15)
-    assert n.pair.sigma == pytest.approx(0.03 * math.sqrt(2), rel=0.2)
+    assert n.pair_sigma == pytest.approx(n.run.sigma * math.sqrt(2), rel=1e-12)
     assert n.night_sigma < 0.01  # no night-to-night drift simulated
     # a 10 % step halfway leaves the run noise as it was
     for h in hist[15:]:
@@ -106,29 +107,41 @@ def test_quiet_noisy_abnormal_and_short_nights():
     s = _settings()
     hist = _history(20, 0.015, 5)
     rng = np.random.default_rng(9)
-    quiet = sim_night(20, rng, [TPUT], 5, 0.015, 0.0, Scenario())
+    quiet = with_report(sim_night(20, rng, [TPUT], 5, 0.015, 0.0, Scenario()))
     res = evaluate(hist, quiet, s)
     assert night_outcome(res) == "green", [(r.status, r.reason) for r in res]
     assert {r.noise_source for r in res} == {"learned"}
     assert all(r.status in ("pass", "quiet") and r.repeats_needed for r in res)
-    # one run 30 % slower: set aside, never red
+    # one run 30 % slower: never red; the history gate sets it aside, the same-run gate (the
+    # report's paired t, no outlier rule) sees a pair far noisier than learned: underpowered
     odd = sim_night(20, rng, [TPUT], 5, 0.015, 0.0, Scenario())
     odd.values[("baseline", *TPUT)][2] *= 0.7
+    odd = with_report(odd)
     res = evaluate(hist, odd, s)
-    assert night_outcome(res) == "green" and max(r.set_aside for r in res) == 1
+    assert night_outcome(res) == "underpowered"
+    by = {r.kind: r for r in res}
+    assert by["history"].set_aside == 1 and by["history"].status in ("pass", "quiet")
+    assert by["same_run"].status == "underpowered" and "clearly above" in by["same_run"].reason
     # every run scattered 4x the learned noise: underpowered (exit 5), not green
-    loud = sim_night(20, rng, [TPUT], 5, 0.06, 0.0, Scenario())
+    loud = with_report(sim_night(20, rng, [TPUT], 5, 0.06, 0.0, Scenario()))
     res = evaluate(hist, loud, s)
     assert night_outcome(res) in ("underpowered", "red")
     assert any(r.status == "underpowered" and "clearly above" in r.reason for r in res)
     # a 6 % noise history needs more repeats than 5: underpowered, and says how many
+    # (over 8 nights: never quiet, since the noise needs more than 5)
     hist6 = _history(20, 0.06, 5)
-    t = sim_night(20, rng, [TPUT], 5, 0.06, 0.0, Scenario())
-    res = evaluate(hist6, t, s)
+    res = [
+        r
+        for _ in range(8)
+        for r in evaluate(
+            hist6, with_report(sim_night(20, rng, [TPUT], 5, 0.06, 0.0, Scenario())), s
+        )
+    ]
     short = [r for r in res if r.status == "underpowered"]
     assert short and all(r.repeats_needed is None or r.repeats_needed > 5 for r in short)
+    assert not any(r.status == "quiet" for r in res)
     # a 5 % patch step turns red through the same-run gate only
-    t = sim_night(20, rng, [TPUT], 5, 0.015, 0.0, Scenario(patch=0.05))
+    t = with_report(sim_night(20, rng, [TPUT], 5, 0.015, 0.0, Scenario(patch=0.05)))
     res = evaluate(hist, t, s)
     assert {(r.kind, r.status) for r in res if r.status == "fail"} == {("same_run", "fail")}
     # "bound": the strict rule (inconclusive nights are underpowered)

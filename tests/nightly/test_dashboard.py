@@ -1,4 +1,4 @@
-"""The nightly dashboard (patchbench/nightly/dashboard/): the site's data on a synthetic history, and every
+"""The nightly dashboard (patchbench/nightly/dashboard.py): the site's data on a synthetic history, and every
 page in a real headless Chromium (Selenium; the Debian packages chromium and chromium-driver,
 installed by ``make setup-browser``, which ``make test`` runs). Where the browser is missing the
 browser test FAILS, naming the setup to run; it never skips.
@@ -23,10 +23,14 @@ from urllib.parse import urljoin, urlparse
 import pytest
 
 from patchbench.cli import main
-from patchbench.nightly.dashboard import browser
-from patchbench.nightly.dashboard.data import _night_builds, night_infos, open_history
-from patchbench.nightly.dashboard.site import build_site, slug
-from patchbench.nightly.history import read_change_points
+from patchbench.nightly.dashboard import build_site, slug
+from patchbench.nightly.history import (
+    night_builds_of,
+    night_infos,
+    open_history,
+    read_change_points,
+)
+from tests.nightly import browser
 from tests.nightly.demo_history import TPUT, build_demo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -91,8 +95,8 @@ def test_site_data_values_change_points_red_nights_and_links(demo):
 def test_night_builds_read_defensively(demo, tmp_path):
     hist, _site, _s = demo
     with open_history(hist) as h:
-        assert [b["state"] for b in _night_builds(h, RED_RUN)] == ["", "applies"]
-        assert _night_builds(h, "no-such-night") == []
+        assert [b["state"] for b in night_builds_of(h, RED_RUN)] == ["", "applies"]
+        assert night_builds_of(h, "no-such-night") == []
     old = tmp_path / "old.sqlite"
     shutil.copy(hist, old)
     con = sqlite3.connect(old)
@@ -100,7 +104,7 @@ def test_night_builds_read_defensively(demo, tmp_path):
     con.commit()
     con.close()
     with open_history(old) as h:
-        assert _night_builds(h, RED_RUN) == []
+        assert night_builds_of(h, RED_RUN) == []
         n = night_infos(h, "nightly-cpu")[-1]
         assert (n.release, n.patch_state, n.outcome) == ("0.5.23", "", "red")
     s = build_site(old, tmp_path / "site")
@@ -154,7 +158,7 @@ def test_site_from_nights_the_nightly_job_wrote(tmp_path):
 
 
 def test_reports_render_without_raw_html_or_links_out_of_the_copy(tmp_path):
-    from patchbench.nightly.dashboard.site import _md_to_html
+    from patchbench.nightly.dashboard import _md_to_html
 
     (tmp_path / "report.html").touch()
     (tmp_path / "plots").mkdir()

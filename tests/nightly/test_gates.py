@@ -1,6 +1,7 @@
-"""Nightly gates (patchbench/nightly/gates/): the tests on nightly values against scipy, Holm across
-the night, and each outcome (fail, warn, pass, inconclusive, ungated, skipped, missing) on hand-made
-nights."""
+"""Nightly gates (patchbench/nightly/gates.py): the same-run gate as the report's verdict mapped onto
+threshold and consecutive nights, the history tests against scipy or by hand, Holm across the
+night's history tests, and each outcome (fail, warn, pass, quiet, inconclusive, underpowered,
+ungated, skipped, missing) on hand-made nights."""
 
 from __future__ import annotations
 
@@ -10,16 +11,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from patchbench.nightly.gates import (
-    Gate,
-    NightlySettings,
-    evaluate,
-    night_outcome,
-    nights_test,
-    paired_test,
-    welch_test,
-)
+from patchbench.config.nightly import Gate, NightlySettings
+from patchbench.nightly.gates import evaluate, night_outcome
 from patchbench.nightly.history import Night
+from tools.calibration.nightly import with_report
 
 TPUT = "output_throughput_tok_s"
 ITL = "itl_median_ms"
@@ -28,20 +23,22 @@ KV = ("patched", "serving", TPUT)
 
 
 def night(i: int, values: dict, run_id: str | None = None) -> Night:
-    return Night(
-        run_id=run_id or f"n{i:02d}",
-        night_utc=f"2026-01-{i:02d}T03:00:00Z",
-        config_name="c",
-        baseline="baseline",
-        values=dict(values),
-        units={("serving", TPUT): "tok/s", ("serving", ITL): "ms"},
-        better={("serving", TPUT): "higher", ("serving", ITL): "lower"},
+    """Night ``i`` with its report's verdicts (tools.calibration.nightly.with_report)."""
+    return with_report(
+        Night(
+            run_id=run_id or f"n{i:02d}",
+            night_utc=f"2026-01-{i:02d}T03:00:00Z",
+            config_name="c",
+            baseline="baseline",
+            values=dict(values),
+            units={("serving", TPUT): "tok/s", ("serving", ITL): "ms"},
+            better={("serving", TPUT): "higher", ("serving", ITL): "lower"},
+        )
     )
 
 
 def settings(**gate_kw) -> NightlySettings:
-    """One gate; no noise is learned (learn_min_nights 365, no run_cv_pct) unless asked: these
-    tests exercise the tests on tonight's own spread and the "bound" rule."""
+    """One gate; no noise is learned (learn_min_nights 365, no run_cv_pct) unless asked."""
     kw = {
         k: gate_kw.pop(k)
         for k in list(gate_kw)
@@ -68,53 +65,26 @@ def only(results, **match):
 
 
 # ---------------------------------------------------------------------------------------------
-# the tests themselves, against independent implementations
+# same-run gate: the report's verdict
 
 
-def test_paired_test_matches_scipy_ttest_rel_on_logs():
-    b, v = [100.0, 103.0, 98.0, 101.0], [95.0, 99.0, 96.0, 94.0]
-    t = paired_test(b, v, bad=-1)
-    ref = stats.ttest_rel(np.log(v), np.log(b), alternative="less")
-    assert t.p == pytest.approx(ref.pvalue, rel=1e-9)
-    assert t.mean == pytest.approx(np.mean(np.log(v) - np.log(b)))
-    # the lower-is-better direction tests the other tail
-    assert paired_test(b, v, bad=+1).p == pytest.approx(1 - ref.pvalue, rel=1e-9)
-    # missing repeats drop their pair
-    assert paired_test([100.0, None, 98.0], [95.0, 99.0, 96.0], bad=-1).df == 1
+def _logs(b: list[float], v: list[float]) -> np.ndarray:
+    return np.log(np.asarray(v)) - np.log(np.asarray(b))
 
 
-def test_welch_test_matches_scipy():
-    tonight, nights = [90.0, 93.0, 91.0], [[100.0, 99.0, 101.0], [98.0, 102.0, 100.0]]
-    t = welch_test(tonight, nights, bad=-1)
-    ref = stats.ttest_ind(
-        np.log(tonight), np.log([x for n in nights for x in n]), equal_var=False, alternative="less"
-    )
-    assert t.p == pytest.approx(ref.pvalue, rel=1e-9)
-
-
-def test_nights_test_by_hand():
-    nights = [[100.0, 101.0], [98.0, 99.0], [102.0, 103.0], [100.0, 100.0]]
-    tonight = [95.0, 96.0]
-    m = [np.mean(np.log(n)) for n in nights]
-    tt = (np.mean(np.log(tonight)) - np.mean(m)) / (np.std(m, ddof=1) * math.sqrt(1 + 1 / 4))
-    t = nights_test(tonight, nights, bad=-1)
-    assert t.df == 3 and t.p == pytest.approx(stats.t.cdf(tt, 3), rel=1e-9)
-
-
-# ---------------------------------------------------------------------------------------------
-# same-run gate
-
-
-def test_clear_regression_fails_with_numbers():
-    t = night(28, {KB: [100.0, 101.0, 99.0], KV: [90.0, 91.0, 89.0]}, "tonight")
+def test_clear_regression_fails_with_the_reports_numbers():
+    b, v = [100.0, 101.0, 99.0], [90.0, 91.0, 89.0]
+    t = night(28, {KB: b, KV: v}, "tonight")
     [r] = evaluate([], t, settings())
     assert (r.kind, r.variant, r.status) == ("same_run", "patched", "fail")
-    assert r.change_pct == pytest.approx(
-        100 * math.expm1(np.mean(np.log([0.9, 91 / 101, 89 / 99])))
-    )
+    d = _logs(b, v)
+    assert r.change_pct == pytest.approx(100 * math.expm1(d.mean()))
+    assert r.p_value == pytest.approx(stats.ttest_1samp(d, 0.0).pvalue, rel=1e-9)  # two-sided
+    lo = d.mean() - stats.t.ppf(0.975, 2) * d.std(ddof=1) / math.sqrt(3)
+    assert r.bound_pct == pytest.approx(100 * math.expm1(lo))  # the 95 % interval's worse end
     assert r.value == 90.0 and r.reference == 100.0 and r.n == 3
-    assert r.level == pytest.approx(1 / 30)  # one test: the whole budget
-    assert "worse than the 5 % threshold" in r.reason
+    assert r.level == pytest.approx(0.05)  # one primary: the report's whole alpha
+    assert "the report says regressed" in r.reason and "worse than the 5 % threshold" in r.reason
 
 
 def test_one_repeat_never_gates_even_on_a_large_change():
@@ -140,7 +110,8 @@ def test_quiet_night_passes_and_noisy_night_is_inconclusive():
 
 def test_significant_but_within_threshold_is_not_red():
     t = night(28, {KB: [100.0, 101.0, 99.0, 100.0], KV: [98.0, 99.0, 97.0, 98.0]}, "tonight")
-    [r] = evaluate([], t, settings())  # -2 %, tight: shown not worse than -5 %
+    assert t.comparisons[KV].verdict == "regressed"  # the report: -2 %, significant
+    [r] = evaluate([], t, settings())  # tight: shown not worse than -5 %
     assert r.status == "pass" and r.change_pct == pytest.approx(-2.0, abs=0.01)
 
 
@@ -153,27 +124,50 @@ def test_lower_is_better_and_explicit_direction():
     assert r.status == "pass"
 
 
-def test_holm_across_the_nights_tests():
-    # two gates; the ITL one alone would fail at alpha, but not at alpha / 2 (Holm's first step)
-    # while the throughput test is far from significant
+def test_the_reports_family_sets_the_level():
+    """One family: the report's (Holm over the variant's primaries), not one of the nightly's.
+    ITL alone is significant at 0.05; beside a throughput far from significant its Holm level is
+    0.025, where the report calls it inconclusive, and so does the gate."""
     kb, kv = ("baseline", "serving", ITL), ("patched", "serving", ITL)
+    d = np.array([0.08, 0.10, 0.03, 0.15])  # +9 % ITL, some spread
+    p = stats.ttest_1samp(d, 0.0).pvalue
+    assert 0.025 < p < 0.05
     b = [50.0, 50.0, 50.0, 50.0]
-    d = np.array([0.08, 0.10, 0.06, 0.12])  # +10 % ITL on average, some spread
-    v = list(50.0 * np.exp(d))
-    p = stats.ttest_1samp(d, 0.0, alternative="greater").pvalue
-    alpha = 1.6 * p  # p < alpha but p > alpha / 2
-    vals = {kb: b, kv: v, KB: [100.0, 100.0, 100.0, 100.0], KV: [120.0, 80.0, 101.0, 99.0]}
-    one = NightlySettings(
-        alpha=alpha, gates=[Gate(metric=ITL, threshold_pct=5, against="same_run")]
-    )
-    assert only(evaluate([], night(28, vals, "t"), one), metric=ITL).status == "fail"
-    two = one.model_copy(
-        update={"gates": one.gates + [Gate(metric=TPUT, threshold_pct=5, against="same_run")]}
-    )
-    res = evaluate([], night(28, vals, "t"), two)
-    r = only(res, metric=ITL)
-    assert r.status == "inconclusive" and r.level == pytest.approx(alpha / 2)
+    itl = {kb: b, kv: list(50.0 * np.exp(d))}
+    gates = settings(metric=ITL)
+    [r] = evaluate([], night(28, itl, "t"), gates)
+    assert r.status == "fail" and r.level == pytest.approx(0.05)
+    both = {**itl, KB: [100.0, 100.0, 100.0, 100.0], KV: [120.0, 80.0, 101.0, 99.0]}
+    [r] = evaluate([], night(28, both, "t"), gates)
+    assert r.status == "inconclusive" and r.level == pytest.approx(0.025)
     assert r.p_value == pytest.approx(p, rel=1e-9)
+
+
+def test_never_red_while_the_report_says_inconclusive():
+    """Ratios -1 %, -1 %, -22 % (mean -8 %): a one-sided test on a known 1.5 % run noise would
+    call it a regression; the report (paired t on its own spread) says inconclusive, so the
+    night is not red: with the noise known it is underpowered (tonight far noisier than it)."""
+    t = night(28, {KB: [100.0, 100.0, 100.0], KV: [99.0, 99.0, 78.0]}, "tonight")
+    assert t.comparisons[KV].verdict == "inconclusive"
+    for kw in ({}, {"run_cv_pct": 1.5}, {"run_cv_pct": 1.5, "alpha": 0.5, "threshold_pct": 1}):
+        res = evaluate([], t, settings(**kw))
+        assert night_outcome(res) != "red" and [r.status for r in res] != ["fail"]
+    [r] = evaluate([], t, settings(run_cv_pct=1.5))
+    assert r.status == "underpowered" and "clearly above the prior noise" in r.reason
+
+
+def test_quiet_when_the_noise_is_known_and_the_repeats_suffice():
+    """The report is inconclusive (its 95 % interval reaches -10 %, and it is not within the 5 %
+    margin); at a known 3 % run noise tonight's spread is ordinary and 3 pairs meet the targets
+    of a 10 % threshold: quiet (green). Known to be 1 %, the same night is far noisier than
+    that: underpowered."""
+    t = night(28, {KB: [100.0, 100.0, 100.0], KV: [95.5, 104.0, 99.0]}, "tonight")
+    assert t.comparisons[KV].verdict == "inconclusive"
+    [r] = evaluate([], t, settings(run_cv_pct=3.0, threshold_pct=10))
+    assert r.status == "quiet" and r.bound_pct < -10 and r.repeats_needed <= 3, r.reason
+    assert night_outcome([r]) == "green"
+    [r] = evaluate([], t, settings(run_cv_pct=1.0, threshold_pct=10))
+    assert r.status == "underpowered" and "clearly above" in r.reason
 
 
 def test_consecutive_nights_warn_then_fail():
@@ -214,7 +208,10 @@ def test_history_step_fails_and_steady_passes():
     prior = [night(i + 1, {KB: v}) for i, v in enumerate(HIST)]
     [r] = evaluate(prior, night(28, {KB: [90.0, 91.0, 89.0]}, "tonight"), hist_settings())
     assert (r.kind, r.variant, r.status, r.n_history) == ("history", "baseline", "fail", 5)
-    assert r.p_value == pytest.approx(nights_test([90.0, 91.0, 89.0], HIST, -1).p)
+    # the prediction t by hand: tonight's mean log value against the 5 nightly means
+    m = [np.mean(np.log(n)) for n in HIST]
+    tt = (np.mean(np.log([90.0, 91.0, 89.0])) - np.mean(m)) / (np.std(m, ddof=1) * math.sqrt(1.2))
+    assert r.p_value == pytest.approx(stats.t.cdf(tt, 4), rel=1e-9)
     assert r.reference == 100.0 and r.window_run_ids == [f"n{i:02d}" for i in range(1, 6)]
     [r] = evaluate(prior, night(28, {KB: [100.0, 100.5, 99.5]}, "tonight"), hist_settings())
     assert r.status == "pass"
@@ -238,7 +235,10 @@ def test_history_warming_up_is_skipped_and_welch_is_selectable():
         prior, night(28, {KB: [90.0, 91.0, 89.0]}, "tonight"), hist_settings(history_test="welch")
     )
     assert r.status == "fail" and r.test.startswith("Welch")
-    assert r.p_value == pytest.approx(welch_test([90.0, 91.0, 89.0], HIST, -1).p)
+    ref = stats.ttest_ind(
+        np.log([90.0, 91.0, 89.0]), np.log(sum(HIST, [])), equal_var=False, alternative="less"
+    )
+    assert r.p_value == pytest.approx(ref.pvalue, rel=1e-9)
 
 
 def test_history_consecutive_judges_the_streak_against_the_nights_before_it():
@@ -278,7 +278,7 @@ def test_a_much_better_night_leaves_the_reference_too():
 
 
 def test_night_noise_df_counts_nights_not_variants():
-    from patchbench.nightly.robust import MAD_EFFICIENCY, sigma_steps
+    from patchbench.nightly.noise import MAD_EFFICIENCY, sigma_steps
 
     rng = np.random.default_rng(3)
     drift = rng.normal(0.0, 0.02, 11)
@@ -303,14 +303,12 @@ def test_pooled_night_df_grows_with_variants_only_as_far_as_their_run_noise_is_i
 def test_history_test_df_is_satterthwaites_on_what_was_estimated():
     """The history test's variance is (1 + 1/K) level^2 + c run^2 (night^2 = level^2 - run^2 /
     repeats): Satterthwaite's df on level^2's and run^2's own df, not the night part's alone."""
-    from patchbench.nightly.gates.history_gate import _known_variance
-    from patchbench.nightly.noise import Noise
-    from patchbench.nightly.robust import Scale
+    from patchbench.nightly.gates import _known_variance
+    from patchbench.nightly.noise import Noise, Scale
 
     run, level, k, n, rep = 0.03, 0.0132, 7, 12, 12.0
     night = math.sqrt(level**2 - run**2 / rep)
-    noise = Noise("s", "m", Scale(run, 150.0, 0), Scale(run, 150.0, 0), Scale(level, 4.0, 0),
-                  night, rep, 13, "learned")  # fmt: skip
+    noise = Noise("s", "m", Scale(run, 150.0, 0), Scale(level, 4.0, 0), night, rep, 13, "learned")
     var, df = _known_variance(noise, n, [n] * k)
     f = 1 + 1 / k
     assert var == pytest.approx(f * night**2 + run**2 / n * f)
@@ -322,8 +320,7 @@ def test_history_test_df_is_satterthwaites_on_what_was_estimated():
     assert var2 == pytest.approx(lv + rest)
     assert df2 == pytest.approx((lv + rest) ** 2 / (lv**2 / 4.0 + rest**2 / 150.0))
     # no night-to-night part learned: the run noise alone, on its df
-    quiet = Noise("s", "m", Scale(run, 150.0, 0), Scale(run, 150.0, 0), Scale(0.008, 4.0, 0),
-                  0.0, rep, 13, "learned")  # fmt: skip
+    quiet = Noise("s", "m", Scale(run, 150.0, 0), Scale(0.008, 4.0, 0), 0.0, rep, 13, "learned")
     assert _known_variance(quiet, n, [n] * k) == (pytest.approx(run**2 / n * f), 150.0)
 
 

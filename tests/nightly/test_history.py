@@ -22,7 +22,6 @@ from patchbench.nightly.history import (
     HistorySchemaError,
     Night,
     SameRunEffect,
-    night_from_compare,
     night_from_run,
 )
 
@@ -343,22 +342,3 @@ def test_compare_json_of_the_old_untyped_schema_is_refused_naming_the_file(tmp_p
     records.write_json(run / "compare.json", {"schema": 1, "metrics": []})
     with pytest.raises(ValueError, match=r"compare\.json: schema version 1"):
         night_from_run(run)
-
-
-def test_night_from_compare_alone_carries_the_repeats(tmp_path):
-    cmp = read_comparison(_run(tmp_path))
-    night = night_from_compare(cmp)
-    assert (night.run_id, night.night_utc, night.config_name, night.run_dir) == (
-        "20260101T000000Z-nightly-test",
-        "2026-01-01T00:00:00Z",
-        "nightly-test",
-        None,
-    )
-    assert night.values[("baseline", "serving", TPUT)] == [100.0, 104.0, 98.0]
-    assert night.values[("patched", "serving", TPUT)] == [90.0, 92.0, 91.0]
-    assert night.comparisons[("patched", "serving", TPUT)].change_pct == -9.0
-    named = night_from_compare(cmp, config_name="c", night_utc="2026-02-01T00:00:00Z")
-    assert (named.config_name, named.night_utc) == ("c", "2026-02-01T00:00:00Z")
-    cmp.run_id = "no-stamp"
-    with pytest.raises(ValueError, match="night's time is unknown"):
-        night_from_compare(cmp)

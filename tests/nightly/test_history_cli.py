@@ -1,4 +1,4 @@
-"""``patchbench history`` (patchbench/nightly/history_cli.py): the nights, a metric's series and a night's
+"""``patchbench history`` (patchbench/nightly/commands.py): the nights, a metric's series and a night's
 gates, as a table and as JSON; bad input is a usage error (exit 2), never a traceback.
 
 The history is written directly (patchbench.nightly.history.Night, no run folders but each night's

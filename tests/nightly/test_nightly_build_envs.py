@@ -4,7 +4,7 @@ refused with a plain config (exit 2) like the other matrix options."""
 
 from __future__ import annotations
 
-from patchbench.nightly import cli as nightly_cli
+from patchbench.nightly import commands as nightly_cli
 from tests.matrix import test_matrix
 
 

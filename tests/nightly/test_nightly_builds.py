@@ -1,7 +1,8 @@
 """The newest sglang every night: the release and patch state per night (history ``night_builds``),
 a release change named as a step's likely cause, a patch that stops applying, and the
 confirmation run's rule and verdict, on synthetic run folders (tests.synthetic). The
-confirmation on real servers is test_nightly.py's test_e2e_nightly_on_cpu."""
+confirmation on the fake server: test_nightly.py's
+test_newest_sglang_night_and_its_confirmation_on_the_fake_server."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from patchbench import records
-from patchbench.analysis.comparison import Comparison, Row, write_comparison
+from patchbench.analysis.build import compare_run
+from patchbench.config import load_config
+from patchbench.config.nightly import ConfirmSettings, Gate, NightlySettings
 from patchbench.nightly import confirm
 from patchbench.nightly.builds import (
     BuildRow,
@@ -23,8 +26,6 @@ from patchbench.nightly.builds import (
     rows_of_run,
     without_variants,
 )
-from patchbench.nightly.gates import Gate, NightlySettings
-from patchbench.nightly.gates.settings import ConfirmSettings
 from patchbench.nightly.history import (
     History,
     Night,
@@ -40,14 +41,6 @@ ITL = "itl_median_ms"
 TPUT = "output_throughput_tok_s"
 
 
-@pytest.fixture(autouse=True)
-def _results_in_tmp(tmp_path, monkeypatch):
-    """Config copies the nightly keeps (nightly.builds.keep_config) go to this test's folder."""
-    import patchbench.inputs
-
-    monkeypatch.setattr(patchbench.inputs, "RESULTS_DIR", tmp_path / "results")
-
-
 def make_build_night(
     root: Path,
     stamp: str,
@@ -60,7 +53,7 @@ def make_build_night(
 ) -> Path:
     """A run folder started at ``stamp`` (``2026-11-28T03:00:00Z``) on sglang ``sglang``:
     serving ``metric`` per repeat of each variant (``values``; ``baseline`` first), with its
-    compare.json (ITL lower is better, throughput higher)."""
+    report's compare.json (2 pairs decide: ``compare.min_repeats`` 2)."""
     variants = variants or {"baseline": [], "candidate": ["slow-patch"]}
     run_id = stamp.replace("-", "").replace(":", "") + f"-{name}"
     run = make_run(
@@ -70,34 +63,13 @@ def make_build_night(
         sglang=sglang,
         variants=variants,
         metrics={"serving": {metric: values}},
+        compare={"min_repeats": 2},
     )
     m = records.read_json(run / "manifest.json")
     m["started_at"] = stamp
     m["ended_at"] = stamp.replace("T03:00", "T03:10")
     records.write_json(run / "manifest.json", m)
-    better, unit = ("lower", "ms") if metric == ITL else ("higher", "tok/s")
-    base = [v for v in variants][0]
-    write_comparison(
-        run,
-        Comparison(
-            run_id=run_id,
-            baseline=base,
-            variants=list(variants),
-            rows=[
-                Row(
-                    suite="serving",
-                    metric=metric,
-                    unit=unit,
-                    better=better,
-                    variant=v,
-                    baseline_repeats=values[base],
-                    variant_repeats=values[v],
-                )
-                for v in variants
-                if v != base
-            ],  # fmt: skip
-        ),
-    )
+    compare_run(run)
     return run
 
 
@@ -141,18 +113,18 @@ def red_night_after_green(tmp_path: Path, release: str, settings=SAME_RUN):
     return h, run, nightly_on_run(run, settings, history=h, out=io.StringIO())
 
 
-def builds_config(tmp_path: Path) -> Path:
-    """The night series' config as the confirmation copies it: `sglang: latest`, the candidate
-    with the slow patch, serving only."""
+def builds_config(tmp_path: Path):
+    """The night series' config (a :class:`patchbench.config.Config`) as the confirmation copies
+    it: `sglang: latest`, the candidate with the slow patch, serving and MMMU."""
     import yaml
 
     cfg = tmp_path / "nightly-builds.yaml"
     cfg.write_text(yaml.safe_dump({
-        "name": "nightly-builds", "sglang": "latest",
+        "name": "nightly-builds", "sglang": "latest", "model": {"path": str(tmp_path)},
         "variants": {"baseline": [], "candidate": ["slow-patch"]},
-        "suites": {"serving": {"num_prompts": 8}},
+        "suites": {"serving": {"num_prompts": 8}, "mmmu": {}}, "nightly": {"gates": []},
     }))  # fmt: skip
-    return cfg
+    return load_config(cfg, check_files=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,39 +258,13 @@ def test_patch_that_stops_applying_is_recorded_exits_2_and_stock_still_gates(tmp
     assert "hunk 2" in next(r["detail"] for r in rows if r["state"] == "conflicts")
 
 
-def test_prune_configs_keeps_what_a_night_names_and_young_copies(tmp_path):
-    """prune_configs deletes a copy no run folder's manifest names once it is older than the
-    grace; a named copy (however old), a young one and a gone run folder's name behave."""
-    import os
-
-    from patchbench.nightly.builds import keep_config, prune_configs
-
-    named = keep_config("c", "auto", "name: a\n")
-    other = keep_config("c", "confirm", "name: b\n")
-    young = keep_config("c", "without", "name: c\n")
-    for p in (named, other):
-        os.utime(p, (1000.0, 1000.0))
-    os.utime(young, (90000.0, 90000.0))
-    run = make_build_night(tmp_path / "r", "2026-11-27T03:00:00Z", "0.5.23", {"baseline": [1.0]},
-                           variants={"baseline": []})  # fmt: skip
-    m = records.read_json(run / "manifest.json")
-    m["config_path"] = str(named)
-    records.write_json(run / "manifest.json", m)
-    gone = prune_configs([run, tmp_path / "no-such-run"], now=100000.0)
-    assert gone == [other]
-    assert sorted(p.name for p in named.parent.iterdir()) == sorted([named.name, young.name])
-    assert prune_configs([run], tmp_path / "no-such-folder") == []
-
-
 def test_without_variants_drops_the_blocked_variant_but_never_the_baseline(tmp_path):
-    src = tmp_path / "c.yaml"
-    src.write_text("name: x\nvariants:\n  baseline: []\n  p: [p]\nbaseline: baseline\n")
-    out = without_variants(src, ["p"], tmp_path / "o" / "c.yaml")
-    import yaml
-
-    assert yaml.safe_load(out.read_text())["variants"] == {"baseline": []}
+    cfg = builds_config(tmp_path)
+    out = without_variants(cfg, ["candidate"])
+    assert list(out.variants) == ["baseline"] and list(cfg.variants) == ["baseline", "candidate"]
+    assert out.source == cfg.source and out.baseline == "baseline"
     with pytest.raises(ValueError, match="baseline"):
-        without_variants(src, ["baseline"], tmp_path / "o2.yaml")
+        without_variants(cfg, ["baseline"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -390,35 +336,27 @@ def test_confirmation_verdict_text_confirmed_and_not_confirmed():
 
 
 def test_confirm_config_has_the_two_builds_of_the_failing_variant(tmp_path):
-    import yaml
-
-    raw = {
-        "name": "n",
-        "sglang": "latest",
-        "variants": {"baseline": [], "candidate": ["p"]},
-        "baseline": "baseline",
-        "schedule": {"repeats": 3},
-        "suites": {"serving": {"num_prompts": 8}, "mmmu": {}},
-        "nightly": {"gates": []},
+    cfg = builds_config(tmp_path)
+    got = confirm.confirm_config(cfg, "candidate", "0.5.1.post3", "0.5.23", {"serving"}, 2)
+    assert {v: (s.patches, s.sglang) for v, s in got.variants.items()} == {
+        "tonight": (["slow-patch"], "0.5.23"),
+        "last-green": (["slow-patch"], "0.5.1.post3"),
     }
-    path = confirm.confirm_config(raw, "candidate", "0.5.1.post3", "0.5.23", {"serving"}, 2,
-                                  tmp_path / "c.yaml")  # fmt: skip
-    got = yaml.safe_load(path.read_text())
-    assert got["variants"] == {
-        "tonight": {"patches": ["p"], "sglang": "0.5.23"},
-        "last-green": {"patches": ["p"], "sglang": "0.5.1.post3"},
-    }
-    assert got["baseline"] == "tonight" and got["sglang"] == "0.5.23"  # tonight's clients
-    assert got["schedule"] == {"repeats": 2, "order": "interleaved"}
-    assert list(got["suites"]) == ["serving"] and "nightly" not in got
-    assert got["name"] == "n-confirm"
+    assert got.baseline == "tonight" and got.sglang == "0.5.23"  # tonight's clients
+    assert (got.schedule.repeats, got.schedule.order, got.schedule.auto) == (
+        2,
+        "interleaved",
+        False,
+    )
+    assert list(got.suites) == list(got.suite_params) == ["serving"] and got.nightly.gates == []
+    assert got.name == "nightly-builds-confirm" and got.builds == {}
+    assert list(cfg.variants) == ["baseline", "candidate"]  # tonight's config is unchanged
 
 
 def test_confirmation_is_stated_up_front_run_and_reported_in_the_night(tmp_path, monkeypatch):
     """A red night on a new release: the job states the confirmation's cost, runs it (a fake
     bench writing a synthetic run folder), reports the paired result in nightly.md / nightly.json
     and the history, and links its run folder."""
-    import yaml
 
     from patchbench.nightly.job import add_confirmation
 
@@ -428,8 +366,8 @@ def test_confirmation_is_stated_up_front_run_and_reported_in_the_night(tmp_path,
     cfg = builds_config(tmp_path)
     seen = {}
 
-    def fake_bench(path: str) -> Path:
-        seen["config"] = yaml.safe_load(Path(path).read_text())
+    def fake_bench(c) -> Path:
+        seen["config"] = c
         return make_build_night(
             tmp_path / "c", "2026-11-30T04:00:00Z", "0.5.1.post3",
             {"last-green": [30.0, 31.0, 30.5, 30.2, 30.9],
@@ -441,8 +379,8 @@ def test_confirmation_is_stated_up_front_run_and_reported_in_the_night(tmp_path,
     out = io.StringIO()
     conf = confirm.maybe_confirm(cfg, res, fake_bench, out)
     assert conf is not None and conf.skipped is None and conf.error is None
-    assert seen["config"]["variants"]["tonight"]["sglang"] == "0.5.23"
-    assert seen["config"]["variants"]["last-green"]["sglang"] == "0.5.1.post3"
+    assert seen["config"].variants["tonight"].sglang == "0.5.23"
+    assert seen["config"].variants["last-green"].sglang == "0.5.1.post3"
     text = out.getvalue()
     assert text.index("confirmation run: variant 'candidate' on sglang 0.5.1.post3") < text.index(
         "confirmation: serving."
@@ -468,10 +406,10 @@ def test_confirmation_skipped_when_tonight_ran_last_greens_build(tmp_path):
     _h, _run, res = red_night_after_green(tmp_path, "0.5.1.post3")
     assert res.outcome == "red" and res.causes == []
 
-    def no_bench(path: str) -> Path:
+    def no_bench(c) -> Path:
         raise AssertionError("no confirmation is due")
 
-    conf = confirm.maybe_confirm(tmp_path / "unused.yaml", res, no_bench)
+    conf = confirm.maybe_confirm(builds_config(tmp_path), res, no_bench)
     assert conf is not None and "same sglang release and patch state" in (conf.skipped or "")
     assert confirm.lines(conf.to_json())[2].startswith("Not run: tonight ran the same")
 
@@ -515,7 +453,7 @@ def mx_night(root: Path, day: int, sglang: str, candidate: list[float] | None) -
     run.rename(mdir / MX_UNIT)
     (mdir / "_tmp").rmdir()
     records.write_text(mdir / "configs" / f"{MX_UNIT}.yaml", yaml.safe_dump({
-        "name": "mxcfg", "sglang": sglang,
+        "name": "mxcfg", "sglang": sglang, "model": {"path": str(root)},
         "variants": {"baseline": [], "candidate": ["slow-patch"]},
         "suites": {"serving": {"num_prompts": 8}}, "nightly": MX_SETTINGS,
     }))  # fmt: skip
@@ -524,6 +462,11 @@ def mx_night(root: Path, day: int, sglang: str, candidate: list[float] | None) -
         "exit_code": 0, "config": f"configs/{MX_UNIT}.yaml",
     }]})  # fmt: skip
     return mdir
+
+
+def _unit_config(mdir: Path) -> dict:
+    """{unit id: its config} of a matrix night, as ``nightly MATRIX.yaml`` passes them."""
+    return {MX_UNIT: load_config(mdir / "configs" / f"{MX_UNIT}.yaml", check_files=False)}
 
 
 def _mx_green_then_red(tmp_path: Path, red_release: str) -> tuple[Path, Path]:
@@ -543,15 +486,14 @@ def test_matrix_red_unit_on_a_new_build_is_confirmed_like_a_single_night(tmp_pat
     """A matrix unit red on a release its last green night did not run: the matrix night runs
     the unit's confirmation (its merged config, last green vs tonight) and reports it in the
     unit's nightly.md / nightly.json, the history and the matrix summary."""
-    import yaml
 
     from patchbench.nightly.matrix_night import nightly_on_matrix_run
 
     h, mdir = _mx_green_then_red(tmp_path, "0.5.23")
     seen = {}
 
-    def fake_bench(path: str) -> Path:
-        seen["config"] = yaml.safe_load(Path(path).read_text())
+    def fake_bench(c) -> Path:
+        seen["config"] = c
         return make_build_night(
             tmp_path / "c", "2026-11-30T04:00:00Z", "0.5.23",
             {"last-green": [100.0, 101.0, 100.5, 100.2, 100.8],
@@ -562,11 +504,12 @@ def test_matrix_red_unit_on_a_new_build_is_confirmed_like_a_single_night(tmp_pat
 
     out = io.StringIO()
     res = nightly_on_matrix_run(
-        mdir, history=h, out=out, confirm=True, run_bench=fake_bench, not_here="unused"
-    )
+        mdir, history=h, out=out, confirm=_unit_config(mdir), run_bench=fake_bench,
+        not_here="unused",
+    )  # fmt: skip
     assert res.exit_code == 1
-    assert seen["config"]["variants"]["last-green"]["sglang"] == "0.5.1.post3"
-    assert seen["config"]["variants"]["tonight"]["sglang"] == "0.5.23"
+    assert seen["config"].variants["last-green"].sglang == "0.5.1.post3"
+    assert seen["config"].variants["tonight"].sglang == "0.5.23"
     assert "confirmation run: variant 'candidate' on sglang 0.5.1.post3" in out.getvalue()
     unit = json.loads((mdir / MX_UNIT / "nightly.json").read_text())
     [r] = unit["confirmation"]["results"]
@@ -582,24 +525,32 @@ def test_matrix_red_unit_on_a_new_build_is_confirmed_like_a_single_night(tmp_pat
 
 
 def test_matrix_confirmation_not_run_here_prints_the_command(tmp_path):
-    """Units that ran elsewhere (Ray): the confirmation is planned, its config kept, and the
-    summary says why it did not run here and what to run; the same build: none is due."""
+    """Units that ran elsewhere (Ray): the confirmation is planned, and the summary says why it
+    did not run here and what to run (the unit's config with two builds); the same build: none
+    is due."""
     from patchbench.nightly.matrix_night import nightly_on_matrix_run
 
     h, mdir = _mx_green_then_red(tmp_path, "0.5.23")
     out = io.StringIO()
     res = nightly_on_matrix_run(
-        mdir, history=h, out=out, confirm=True, run_bench=None, not_here="the units ran on ray"
-    )
+        mdir, history=h, out=out, confirm=_unit_config(mdir), run_bench=None,
+        not_here="the units ran on ray",
+    )  # fmt: skip
     assert res.exit_code == 1
     c = json.loads((mdir / "nightly.json").read_text())["units"][0]["confirmation"]
-    assert c["skipped"].startswith("planned, not run here (the units ran on ray): run it with ")
+    assert c["skipped"].startswith("planned, not run here (the units ran on ray): run `")
     cmd = c["skipped"].split("`")[1]
-    assert cmd.startswith("patchbench bench ") and Path(cmd.split()[-1]).is_file()
+    assert cmd == f"patchbench bench {mdir / 'configs' / f'{MX_UNIT}.yaml'}"
+    assert (
+        "variants tonight (sglang 0.5.23, the baseline) and last-green (sglang 0.5.1.post3)"
+        in (c["skipped"])
+    )
     assert "not run: planned, not run here" in (mdir / "nightly.md").read_text()
     # the same release as the last green night: nothing to confirm
     h2, mdir2 = _mx_green_then_red(tmp_path / "same", "0.5.1.post3")
-    nightly_on_matrix_run(mdir2, history=h2, out=io.StringIO(), confirm=True, run_bench=None)
+    nightly_on_matrix_run(
+        mdir2, history=h2, out=io.StringIO(), confirm=_unit_config(mdir2), run_bench=None
+    )
     c2 = json.loads((mdir2 / "nightly.json").read_text())["units"][0]["confirmation"]
     assert "same sglang release and patch state" in c2["skipped"]
 

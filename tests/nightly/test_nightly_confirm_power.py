@@ -1,7 +1,8 @@
 """The confirmation run's rounds (patchbench/nightly/confirm.py, plan_rounds): ``repeats: auto``
-sizes them by the noncentral-t power of the one-sided paired t test (checked against scipy
-directly), the cap and the change it can still confirm, an explicit number as it is, bad settings
-as config errors, the plan line and nightly.json's keys, and the --table command. No server runs."""
+sizes them by the noncentral-t power of the one-sided paired t test
+(patchbench.analysis.power, checked against scipy directly), the cap and the change it can still
+confirm, an explicit number as it is, bad settings as config errors, the plan line and
+nightly.json's keys, and tools/calibrate_nightly.py's --confirm-table. No server runs."""
 
 from __future__ import annotations
 
@@ -12,18 +13,20 @@ import pytest
 from scipy import stats
 
 from patchbench import errors
+from patchbench.analysis.power import n_needed, power
 from patchbench.config import load_config
+from patchbench.config.nightly import ConfirmSettings, NightlySettings
 from patchbench.errors import ConfigError
 from patchbench.nightly import confirm
-from patchbench.nightly.gates.settings import ConfirmSettings, NightlySettings
 
 
-@pytest.fixture(autouse=True)
-def _results_in_tmp(tmp_path, monkeypatch):
-    """Config copies the nightly keeps (nightly.builds.keep_config) go to this test's folder."""
-    import patchbench.inputs
+def rounds_needed(effect: float, sigma: float, alpha: float, target: float) -> int | None:
+    """The confirmation's rounds (one-sided, exact noncentral t), as plan_rounds asks for them."""
+    return n_needed(abs(effect), sigma, alpha, target, alternative="larger", cap=confirm.MAX_SEARCH)
 
-    monkeypatch.setattr(patchbench.inputs, "RESULTS_DIR", tmp_path / "results")
+
+def paired_t_power(n: int, effect: float, sigma: float, alpha: float) -> float:
+    return power(n, effect, sigma, alpha, alternative="larger")
 
 
 def scipy_power(n: int, change_pct: float, pair_cv_pct: float, alpha: float) -> float:
@@ -42,21 +45,23 @@ def test_defaults_are_auto_with_power_and_bounds():
 @pytest.mark.parametrize("change,cv", [(-6.1, 3.2), (-5.0, 2.0), (10.0, 4.0), (-3.0, 1.0)])
 def test_rounds_needed_is_the_first_n_with_the_power(change, cv):
     alpha, power = 0.001, 0.9
-    n = confirm.rounds_needed(math.log1p(change / 100), math.log1p(cv / 100), alpha, power)
+    n = rounds_needed(math.log1p(change / 100), math.log1p(cv / 100), alpha, power)
     assert n is not None and n >= 3
     assert scipy_power(n, change, cv, alpha) >= power > scipy_power(n - 1, change, cv, alpha)
 
 
 def test_a_known_case_by_hand():
     # -6.1 % at a pair CV of 3.2 %: d = 0.0629 / 0.0315 = 2.0; 10 pairs: nc 6.3 against t 4.30
-    n = confirm.rounds_needed(math.log(0.939), math.log(1.032), 0.001, 0.9)
+    n = rounds_needed(math.log(0.939), math.log(1.032), 0.001, 0.9)
     assert n == 10
-    assert confirm.paired_t_power(10, -math.log(0.939), math.log(1.032), 0.001) == pytest.approx(
+    assert paired_t_power(10, -math.log(0.939), math.log(1.032), 0.001) == pytest.approx(
         scipy_power(10, -6.1, 3.2, 0.001), rel=1e-12
     )
-    assert confirm.rounds_needed(0.0, 0.03, 0.001, 0.9) is None
+    assert rounds_needed(0.0, 0.03, 0.001, 0.9) is None
     with pytest.raises(ValueError):
-        confirm.paired_t_power(1, 0.05, 0.03, 0.001)
+        paired_t_power(1, 0.05, 0.03, 0.001)
+    # the cap: a change this small at this noise needs more pairs than it searches
+    assert rounds_needed(1e-6, 0.03, 0.001, 0.9) is None
 
 
 def test_auto_plan_line_and_json():
@@ -76,7 +81,7 @@ def test_auto_plan_line_and_json():
     # detectable at the rounds run: just reaches the power, and no larger than the change
     assert 0 < plan.detectable_pct <= 100 * (1 / 0.939 - 1)
     d = math.log1p(plan.detectable_pct / 100)
-    assert confirm.paired_t_power(10, d, math.log(1.032), 0.001) == pytest.approx(0.9, abs=1e-6)
+    assert paired_t_power(10, d, math.log(1.032), 0.001) == pytest.approx(0.9, abs=1e-6)
     conf = confirm.Confirmation("v", "g", "0.5.22", "0.5.23", 0.001, plan.rounds, rounds=plan)
     js = conf.to_json()
     assert (js["rounds"], js["needed"], js["capped"], js["repeats"]) == (10, 10, False, 10)
@@ -172,7 +177,13 @@ def test_good_values_load(tmp_path):
 
 
 def test_table_command(capsys):
-    assert confirm.main(["--table"]) == 0
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "tools" / "calibrate_nightly.py"
+    spec = importlib.util.spec_from_file_location("calibrate_nightly", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--confirm-table"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "| pair noise | 5 % change | 10 % change |"
     rows = {ln.split(" | ")[0]: ln for ln in out[2:]}
@@ -185,11 +196,9 @@ def test_table_command(capsys):
 
 def test_maybe_confirm_sizes_the_run_from_the_nights_change_and_noise(tmp_path):
     """A red night (a ~10x slower candidate) gated with a prior noise: the default ``auto`` runs
-    min_repeats rounds (so large a change needs few), says why in the plan line, writes that many
-    rounds into the confirmation's config and records them in its json."""
+    min_repeats rounds (so large a change needs few), says why in the plan line, gives that many
+    rounds to the confirmation's config and records them in its json."""
     import io
-
-    import yaml
 
     from tests.nightly.test_nightly_builds import SAME_RUN, builds_config, red_night_after_green
 
@@ -199,18 +208,15 @@ def test_maybe_confirm_sizes_the_run_from_the_nights_change_and_noise(tmp_path):
     cfg = builds_config(tmp_path)
     seen = {}
 
-    def fake_bench(path: str):
-        seen["config"] = yaml.safe_load(open(path).read())
-        seen["path"] = Path(path)
+    def fake_bench(c):
+        seen["config"] = c
         raise ConfigError("not run here")
 
     out = io.StringIO()
     conf = confirm.maybe_confirm(cfg, res, fake_bench, out)
     assert conf is not None and conf.rounds is not None and conf.rounds.auto
-    assert seen["config"]["schedule"]["repeats"] == conf.repeats == 3
-    # kept beside the run folders (a resume of the confirmation finds it), named by its content
-    assert seen["path"].parent == tmp_path / "results" / "nightly-configs"
-    assert seen["path"].name.startswith("nightly-builds-confirm.confirm-")
+    assert seen["config"].schedule.repeats == conf.repeats == 3  # built in memory
+    assert seen["config"].name == "nightly-builds-confirm" and conf.error.startswith("ConfigError")
     assert conf.rounds.needed is not None and conf.rounds.needed <= 3
     assert conf.rounds.noise_source == "noise row" and conf.rounds.change_pct > 800
     text = out.getvalue()

@@ -1,6 +1,6 @@
-"""schedule.repeats: auto around the run: the resolved config's home (a resume reruns the same
-repeats), matrix units, ``rounds`` indices (patchbench.nightly.repeats.pick_repeats,
-patchbench.matrix.spec, patchbench.config.load)."""
+"""schedule.repeats: auto around the run: the night's config built in memory, matrix units,
+``rounds`` indices (patchbench.nightly.repeats.pick_repeats, patchbench.matrix.spec,
+patchbench.config.load)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from patchbench import inputs
 from patchbench.config import load_config
 from patchbench.errors import ConfigError
 from patchbench.matrix.spec import load_matrix
@@ -25,24 +24,16 @@ def _auto_config(tmp_path: Path, name: str = "auto-night") -> Path:
     return write_nightly_config(tmp_path, name, nightly, schedule={"repeats": "auto"})
 
 
-def test_auto_copy_lives_in_the_results_root_and_resumes_with_the_same_repeats(
-    tmp_path, monkeypatch
-):
-    monkeypatch.setattr(inputs, "RESULTS_DIR", tmp_path / "results")
+def test_auto_repeats_give_a_copy_of_the_config_with_that_many(tmp_path):
     src = _auto_config(tmp_path)
     cfg = load_config(src)
     out = io.StringIO()
-    plan, copy = pick_repeats(src, cfg, cfg.nightly, tmp_path / "none.sqlite", out=out)
-    assert f"repeats: {plan.repeats}" in out.getvalue()
-    assert copy.parent == tmp_path / "results" / "nightly-configs"
-    assert copy.name.startswith("auto-night.auto-") and copy.suffix == ".yaml"
-    again = load_config(copy)  # what the manifest names and `bench COPY --resume RUN` loads
-    assert not again.schedule.auto and again.schedule.repeats == plan.repeats
-    assert Path(again.source) == copy
-    # the same choice of the same config is the same file, left as written
-    before = copy.stat().st_mtime_ns
-    plan2, copy2 = pick_repeats(src, cfg, cfg.nightly, tmp_path / "none.sqlite", out=out)
-    assert copy2 == copy and plan2.repeats == plan.repeats and copy.stat().st_mtime_ns == before
+    plan, night = pick_repeats(cfg, tmp_path / "none.sqlite", out=out)
+    assert f"repeats: {plan.repeats}" in out.getvalue() and plan.source == "prior"
+    assert not night.schedule.auto and night.schedule.repeats == plan.repeats
+    assert night.source == cfg.source == src and night.schedule.order == cfg.schedule.order
+    assert cfg.schedule.auto and cfg.schedule.repeats == 3  # the loaded config is unchanged
+    assert not (tmp_path / "results").exists()  # nothing written
 
 
 def test_matrix_unit_with_auto_repeats_is_a_config_error_naming_unit_and_key(tmp_path):

@@ -2,7 +2,7 @@
 throttle reasons, processes that cannot be attributed, and the flags read back per cell."""
 
 from patchbench.run import gpu
-from patchbench.run.gpu import GpuSampler, Nvml, cell_flags, doctor_rows, open_nvml
+from patchbench.run.gpu import GpuSampler, Nvml, doctor_rows, open_nvml
 from tests.envs.test_envinfo import FakeNvmlModule
 
 
@@ -156,10 +156,9 @@ def test_cell_flags_read_back_from_a_record():
     rec = CellRecord(
         variant="a", gpu={"flags": ["GPU 0: throttled (sw_power_cap) in 2 of 9 samples"]}
     )
-    assert cell_flags(rec) == ["GPU 0: throttled (sw_power_cap) in 2 of 9 samples"]
-    assert cell_flags(CellRecord(gpu={"flags": []})) == []
-    assert cell_flags(CellRecord(status="ok")) is None and cell_flags(CellRecord()) is None
-    assert gpu.BIASING <= set(gpu.THROTTLE_BITS.values())
+    assert rec.gpu.flags == ["GPU 0: throttled (sw_power_cap) in 2 of 9 samples"]
+    assert CellRecord(gpu={"flags": []}).gpu.flags == [] and CellRecord(status="ok").gpu is None
+    assert gpu.BIASING == set(gpu.THROTTLE_BITS.values()) - {"applications_clocks_setting"}
 
 
 # ----------------------------------------------------------------------------- report.md

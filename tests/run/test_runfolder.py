@@ -81,7 +81,8 @@ def test_old_manifest_schema_key_is_migrated(tmp_path):
     )
     m = runfolder.read_manifest(tmp_path)
     assert m.migrated_from == 1 and m.baseline == "a" and m.repeats == 3
-    assert m.variants == {"a": [], "b": ["p"]} and m.suites == ["serving"]
+    assert {v: s.short() for v, s in m.config.variants.items()} == {"a": [], "b": ["p"]}
+    assert m.suites == ["serving"]
     # a key no version declares is dropped by the migration, never kept on the current model
     assert "unknown_old_key" not in runfolder._dump(m) and not hasattr(m, "unknown_old_key")
 
@@ -176,6 +177,10 @@ def test_a_manifest_the_run_wrote_reads_and_writes_back_key_for_key(case, tmp_pa
     assert cfg["server"].pop("stall_timeout_s") == 60.0
     assert cfg["schedule"].pop("unbalanced_reason") is None
     assert cfg["compare"].pop("assumed_cv") == {}
+    # a key removed since that nothing ever read: dropped on read, without a note (no result
+    # depended on it)
+    assert raw_cfg["compare"].pop("retokenized_change_share") == 0.01
+    assert "compare" not in m.config_notes
     assert list(cfg) == list(raw_cfg)
     assert {k: v for k, v in cfg.items() if k != "nightly"} == {
         k: v for k, v in raw_cfg.items() if k != "nightly"

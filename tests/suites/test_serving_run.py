@@ -19,6 +19,7 @@ from patchbench.records import read_json
 from patchbench.suite import ServerInfo, SuiteContext, SuiteError
 from patchbench.suites.serving import Params, report_block, run
 from patchbench.suites.serving.validity import images_check, request_checks
+from tests.helpers import cpu_server_env, sglang_version
 
 DATA = Path(__file__).parent.parent / "data" / "serving"
 
@@ -369,7 +370,6 @@ def test_images_check_on_real_0523_run():
 @pytest.mark.e2e
 def test_real_bench_serving_against_cpu_server(cpu_server, tmp_path):
     import sglang
-    from conftest import cpu_server_env, sglang_version
 
     pkg = Path(sglang.__file__).parent
     p = Params(

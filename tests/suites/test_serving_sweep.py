@@ -331,7 +331,8 @@ def test_sweep_calibration_replays_the_configs_sequential_schedule():
 
 
 def test_gates_name_points_and_curve_metrics():
-    from patchbench.nightly.gates import Gate, metric_unit
+    from patchbench.config.nightly import Gate
+    from patchbench.nightly.gates import metric_unit
 
     g = Gate(metric="serving.output_throughput_tok_s@c16", threshold_pct=5)
     assert (g.suite, g.metric_name) == ("serving", "output_throughput_tok_s@c16")

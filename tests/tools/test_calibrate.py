@@ -1,7 +1,8 @@
 """tools/calibrate.py and tools.calibration: its rates come from the comparison code
 (patchbench.analysis.build), its in-memory shortcut gives the same verdicts as run folders through
 compare_run, and its noise model and sequential rows do what the docstrings say. A few trials each
-(a smoke test, not the calibration itself)."""
+(a smoke test, not the calibration itself). The slow ones are marked ``calibration``: left out of
+the default run, run by ``make test-calibration`` and the daily CI job."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ def _trial(seed, repeats, speedup=None, run_cv=0.03, run_id="t"):
     )
 
 
+@pytest.mark.calibration
 def test_in_memory_verdicts_equal_run_folder_verdicts(tmp_path):
     s = CompareSettings()
     for seed, speedup in ((1, {}), (2, {"patch-a": 0.10}), (3, {"patch-b": -0.08})):
@@ -131,6 +133,20 @@ def test_noise_model_run_cv_without_request_noise():
     assert np.corrcoef(np.log(e2e), np.log(itl))[0, 1] > 0.95  # one server: one speed
 
 
+def test_calibrate_smoke_design_table_of_a_fixed_config(cal, capsys):
+    """The default run's smoke test of tools/calibrate.py (the slow rows: -m calibration): one
+    trial of the design table for a fixed-repeat config prints its row and the verdict line."""
+    argv = ["--config", str(REPO / "configs" / "demo-cpu.yaml"), "--design-only", "--trials", "1"]
+    rc = cal.main(argv + ["--design-repeats", "--sequential"])
+    out = capsys.readouterr().out
+    assert rc == 1  # 2 repeats cannot reach the power target
+    assert "| fixed 2 | 1 / 1 | 2.0 / 2 | 2.0 / 2 |" in out
+    assert "| fixed 5 (today: every suite in every cell) | 1 / 1 |" in out
+    assert not [ln for ln in out.splitlines() if ln.startswith("| sequential")]  # none asked
+    assert "demo-cpu.yaml: fixed 2 repeats at run CV 3%: " in out and "(NOT met)" in out
+
+
+@pytest.mark.calibration
 def test_main_prints_the_tables(cal, capsys):
     rc = cal.main(
         ["--trials", "2", "--cvs", "0.03", "--search-max", "5", "--design-repeats", "6"]
@@ -147,6 +163,7 @@ def test_main_prints_the_tables(cal, capsys):
     assert "pr9460-h200.yaml: " in out and " repeats at run CV 3%: " in out
 
 
+@pytest.mark.calibration
 def test_sequential_rows_use_the_runners_stopping_rule():
     from patchbench.analysis.sequential import FUTILITY, Design, looks_from_schedule
 
@@ -183,6 +200,7 @@ def test_sequential_rows_use_the_runners_stopping_rule():
     )
 
 
+@pytest.mark.calibration
 def test_sequential_row_counts_the_rounds_that_ran():
     plan = stopping.sequential_plan(
         REPO / "configs" / "pr9460-h200.yaml", stopping.SeqSpec(4, 8, 2)
@@ -309,6 +327,7 @@ def test_seq_spec_futility_and_an_aa_variant_never_holds_the_run():
     assert trials.sequential_stop(tr, plan) == 4
 
 
+@pytest.mark.calibration
 def test_design_only_prints_just_the_design_table(cal, capsys):
     rc = cal.main(
         ["--design-only", "--trials", "2", "--design-repeats", "6", "--small-effect", "0.05"]
@@ -326,7 +345,7 @@ def test_design_only_prints_just_the_design_table(cal, capsys):
 def test_nightly_auto_repeats_rows_use_the_jobs_planner():
     import yaml
 
-    from patchbench.nightly.gates import NightlySettings
+    from patchbench.config.nightly import NightlySettings
     from tools.calibration.nightly import auto_repeats
 
     raw = yaml.safe_load((REPO / "configs" / "nightly-h200.yaml").read_text())
@@ -341,7 +360,7 @@ def test_nightly_auto_repeats_rows_use_the_jobs_planner():
 def test_nightly_quiet_only_rows_gate_the_same_quiet_nights_as_the_full_rows():
     import yaml
 
-    from patchbench.nightly.gates import NightlySettings
+    from patchbench.config.nightly import NightlySettings
     from tools.calibration.nightly import gate_rates
 
     raw = yaml.safe_load((REPO / "configs" / "nightly-h200.yaml").read_text())

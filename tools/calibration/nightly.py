@@ -16,8 +16,11 @@ run noise (the worst case for Holm). Scenarios:
 
 Each trial warms the history up with ``warm`` quiet nights, gates ``quiet`` quiet nights one
 after the other (each recorded), then the steps (from the same warmed history).
-:func:`gate_rates` drives :func:`patchbench.nightly.gates.evaluate` exactly as the nightly does (the noise
-learned from the simulated history).
+:func:`gate_rates` drives :func:`patchbench.nightly.gates.evaluate` as the nightly does: the noise
+learned from the simulated history, each gated night's same-run verdicts from its report
+(:func:`with_report`: ``patchbench.analysis.build.build_comparison`` on the night's values in
+memory, the suites' real declarations; without per-question data an accuracy row has no test, so
+an MMMU same-run gate is left to the noise rule).
 """
 
 from __future__ import annotations
@@ -25,14 +28,30 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from patchbench.nightly.gates import NightlySettings, evaluate, night_outcome
-from patchbench.nightly.history import Night
-from patchbench.nightly.robust import repeats_needed
+from patchbench.analysis.build import build_comparison
+from patchbench.analysis.comparison import CompareSettings
+from patchbench.analysis.rundata import RunData
+from patchbench.config.nightly import NightlySettings
+from patchbench.nightly.gates import evaluate, night_outcome
+from patchbench.nightly.history import Night, add_comparison
+from patchbench.nightly.noise import Noise, Scale
+from patchbench.runfolder import CellRecord, RunManifest, SuiteSummary
+from patchbench.suite import get_suite
 
 BETTER = {"output_throughput_tok_s": "higher", "mmmu_overall_acc": "higher"}
+#: the report's Holm family of a simulated night: the 4 simulated primaries of the patched variant
+FAMILY = 4
+#: (suite, metric) -> direction, for every simulated metric of the shipped gates
+BETTER_OF = {
+    (s, m): BETTER.get(m, "lower")
+    for s, m in (("serving", "output_throughput_tok_s"), ("serving", "itl_median_ms"),
+                 ("serving", "ttft_median_ms"), ("mmmu", "mmmu_overall_acc"))
+}  # fmt: skip
 TPUT = ("serving", "output_throughput_tok_s")
 BASELINE, VARIANT = "baseline", "patched"
 
@@ -96,41 +115,81 @@ def sim_night(
     )
 
 
+class _Declared:
+    """A registered suite's metric declarations with a pair hook that finds nothing (no request
+    or question files in memory): the report's rows from the per-run values alone."""
+
+    def __init__(self, name: str):
+        self.name, self.metrics = name, dict(get_suite(name).metrics)
+
+    def pair(self, *_args: Any) -> None:
+        return None
+
+
+_SUITES: dict[str, _Declared] = {}
+
+
+def with_report(night: Night, compare: CompareSettings | None = None) -> Night:
+    """``night`` with its report's verdicts in ``comparisons`` (what compare.json of its run
+    folder would say: ``build_comparison`` on the values in memory, interleaved rounds, every
+    cell ok); variants other than the baseline carry a patch. Returns ``night``."""
+    variants = night.variants
+    reps = max(len(v) for v in night.values.values())
+    suites = sorted({s for (_v, s, _m) in night.values})
+    for s in suites:
+        _SUITES.setdefault(s, _Declared(s))
+    cfg = {
+        "name": night.config_name,
+        "sglang": "0.5.1.post3",
+        "model": {"path": "calibration", "tiny": True},
+        "variants": {v: [] if v == night.baseline else ["p"] for v in variants},
+        "baseline": night.baseline,
+        "schedule": {"repeats": reps, "order": "interleaved"},
+        "suites": {s: {} for s in suites},
+        "compare": (compare or CompareSettings()).model_dump(mode="json"),
+    }
+    man = RunManifest(run_id=night.run_id, config=cfg)
+    sums: dict[tuple[str, int, str], SuiteSummary] = {}
+    for (v, s, m), vals in night.values.items():
+        for k, x in enumerate(vals):
+            got = sums.setdefault((v, k, s), SuiteSummary(suite=s, status="ok", metrics={}))
+            if x is not None:
+                got.metrics[m] = x
+    cells = {
+        (v, k): CellRecord(variant=v, repeat=k, status="ok") for v in variants for k in range(reps)
+    }
+    data = RunData(
+        Path("/nonexistent-nightly") / night.run_id, man, night.baseline, variants,
+        [], reps, suites, cells, sums,
+    )  # fmt: skip
+    add_comparison(night, build_comparison(data, compare, suites={s: _SUITES[s] for s in suites}))
+    return night
+
+
 def needed_repeats(settings: NightlySettings, cv: float, drift: float = 0.0) -> int | None:
-    """The repeats the nightly computes for itself at run noise ``cv`` and night-to-night
-    ``drift`` (log sigmas): the largest :func:`patchbench.nightly.robust.repeats_needed` over the gates'
-    tests at the Bonferroni level of the night's tests (None: no affordable number)."""
-    tests = sum(
-        (1 if g.against != "both" else 2) * (len(g.variants) if g.variants else 1)
-        for g in settings.gates
+    """The repeats the nightly computes for itself (:func:`patchbench.nightly.repeats.plan_repeats`,
+    uncapped) at run noise ``cv`` and night-to-night ``drift`` (log sigmas), learned from many
+    nights; None: no affordable number."""
+    from patchbench.nightly.repeats import plan_repeats
+
+    rep = 5.0
+    noises = {
+        m: Noise(
+            *m,
+            Scale(cv, 200.0, 0),
+            Scale(math.hypot(drift, cv / math.sqrt(rep)), 200.0, 0),
+            drift,
+            rep,
+            30,
+            "learned",
+        )  # fmt: skip
+        for m in gate_metrics(settings)
+    }
+    uncapped = settings.model_copy(update={"max_repeats": 100})
+    plan = plan_repeats(
+        uncapped, [], [BASELINE, VARIANT], BASELINE, BETTER_OF, noises=noises, family=FAMILY
     )
-    level = settings.family_alpha / max(tests, 1)
-    out = 0
-    for g in settings.gates:
-        bad = -1 if BETTER.get(g.metric_name, "lower") == "higher" else 1
-
-        def lg(pct: float, bad: int = bad) -> float:
-            return abs(math.log1p(pct / 100.0 * bad))
-
-        k = settings.window_nights
-        kinds = ["same_run", "history"] if g.against == "both" else [g.against]
-        for kind in kinds:
-            if kind == "same_run":
-                se = lambda n: math.sqrt(2.0) * cv / math.sqrt(n)  # noqa: E731
-            else:
-                se = lambda n, k=k: math.sqrt((drift**2 + cv**2 / n) * (1 + 1 / k))  # noqa: E731
-            n = repeats_needed(
-                se,
-                lg(g.step_pct),
-                lg(g.threshold_pct),
-                level,
-                settings.detect_nights,
-                settings.detect_power,
-            )
-            if n is None:
-                return None
-            out = max(out, n)
-    return max(out, settings.min_repeats)
+    return plan.needed
 
 
 def _sim_history(
@@ -162,7 +221,7 @@ def computed_repeats(
     metrics = gate_metrics(settings)
     hist = _sim_history(metrics, cv, seed, repeats, drift, nights, Scenario(abnormal=abnormal))
     got = [x for x in (learn(hist, s, m, min_nights=2) for s, m in metrics) if x is not None]
-    run = max(max(x.run.sigma, x.pair.sigma / math.sqrt(2.0)) for x in got)
+    run = max(x.run.sigma for x in got)
     night = max((x.night_sigma for x in got if math.isfinite(x.night_sigma)), default=0.0)
     return needed_repeats(settings, run * margin, night * margin)
 
@@ -177,15 +236,15 @@ def auto_repeats(
     nights: int = 30,
 ):
     """What ``schedule.repeats: auto`` runs after ``nights`` simulated nights of a scenario at
-    ``repeats`` runs a night: :func:`patchbench.nightly.gates.planning.plan_repeats` on that history
+    ``repeats`` runs a night: :func:`patchbench.nightly.repeats.plan_repeats` on that history
     (the job's own choice, capped at ``max_repeats``; a history gate that drift alone makes
-    blind does not raise it). Returns the :class:`patchbench.nightly.gates.planning.RepeatsPlan`."""
-    from patchbench.nightly.gates.planning import plan_repeats
+    blind does not raise it). Returns the :class:`patchbench.nightly.repeats.RepeatsPlan`."""
+    from patchbench.nightly.repeats import plan_repeats
 
     metrics = gate_metrics(settings)
     hist = _sim_history(metrics, cv, seed, repeats, drift, nights, Scenario())
     better = {(s, m): BETTER.get(m, "lower") for s, m in metrics}
-    return plan_repeats(settings, hist, [BASELINE, VARIANT], BASELINE, better=better)
+    return plan_repeats(settings, hist, [BASELINE, VARIANT], BASELINE, better, family=FAMILY)
 
 
 @dataclass
@@ -209,7 +268,7 @@ def _first_red(
     h = list(hist)
     for k in range(horizon):
         t = make(start + k)
-        if night_outcome(evaluate(h, t, settings)) == "red":
+        if night_outcome(evaluate(h, with_report(t), settings)) == "red":
             return True
         h.append(t)
     return False
@@ -247,7 +306,7 @@ def gate_rates(
 
         hist = [mk(i) for i in range(warm)]
         for i in range(warm, warm + quiet):
-            t = mk(i)
+            t = with_report(mk(i))
             out = night_outcome(evaluate(hist, t, settings))
             green += out == "green"
             under += out == "underpowered"
@@ -278,6 +337,7 @@ __all__ = [
     "sim_night",
     "gate_metrics",
     "needed_repeats",
+    "with_report",
     "computed_repeats",
     "auto_repeats",
     "change_rates",

@@ -92,8 +92,7 @@ def run_data(
         order = tr.variants if k % 2 == 0 else list(reversed(tr.variants))
         cells_meta += [{"variant": v, "repeat": k, "status": "ok"} for v in order]
     man = RunManifest(run_id=tr.run_id, config=_config(tr, settings, plan), cells=cells_meta)
-    base = sorted(man.variants[BASELINE])
-    aa = [v for v in tr.variants[1:] if sorted(man.variants[v]) == base]
+    aa = [v for v in tr.variants[1:] if man.config.is_aa(v)]
     cells = {
         (v, k): CellRecord(
             variant=v, repeat=k, status="ok", suites={s: "ok" for s in SUITES if ran(s, k)}

@@ -1,10 +1,13 @@
-"""The config's ``nightly:`` section: :class:`NightlySettings` and its :class:`Gate` list
-(docs/nightly.md explains every key; patchbench/nightly/gates/__init__.py the rules they set).
+"""The config's ``nightly:`` section (docs/nightly.md): :class:`NightlySettings`, its
+:class:`Gate` list and :class:`ConfirmSettings`. The rules the settings drive are
+:mod:`patchbench.nightly.gates`; a model error is pydantic's ValidationError, which the config
+loader turns into :class:`patchbench.errors.ConfigError` naming file, key and line.
 """
 
 from __future__ import annotations
 
 import re
+from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -14,14 +17,14 @@ NIGHTS_PER_MONTH = 30.0
 
 
 class Gate(BaseModel):
-    """One gate of the ``nightly.gates`` list (docs/nightly.md)."""
+    """One gate of ``nightly.gates``. Raises pydantic's ValidationError for a bad metric name,
+    a threshold outside (0, 1000] or the removed ``require_ci_excludes_zero``."""
 
     model_config = ConfigDict(extra="forbid")
 
     metric: str = Field(
         description="suite.metric (e.g. serving.itl_median_ms) or a bare metric name; a load "
-        "sweep's point or curve metric by its name (serving.output_throughput_tok_s@c16, "
-        "serving.goodput_at_slo_req_s)"
+        "sweep's point or curve metric by its name (serving.output_throughput_tok_s@c16)"
     )
     direction: Literal["higher", "lower"] | None = Field(
         None, description="which way is better; default: compare.json / the suite's metrics"
@@ -31,10 +34,7 @@ class Gate(BaseModel):
     against: Literal["same_run", "history", "both"] = "both"
     variants: list[str] | None = Field(None, description="only these variants (default: all)")
     detect_pct: float | None = Field(
-        None,
-        gt=0,
-        le=1000,
-        description="the step the repeats target is for (%); default max(5, 5/3 threshold_pct)",
+        None, gt=0, le=1000, description="the step the repeats target is for (%)"
     )
 
     @model_validator(mode="before")
@@ -72,36 +72,28 @@ class Gate(BaseModel):
 
     @property
     def step_pct(self) -> float:
-        """The step (%) the repeats target is for: ``detect_pct``, else
-        ``max(5, 5/3 threshold_pct)`` (a 3 % threshold is for a 5 % step)."""
+        """The step (%) the repeats target: ``detect_pct``, else ``max(5, 5/3 threshold_pct)``."""
         return self.detect_pct or max(5.0, self.threshold_pct * 5.0 / 3.0)
+
+    def kinds(self) -> list[str]:
+        return ["same_run", "history"] if self.against == "both" else [self.against]
 
 
 class ConfirmSettings(BaseModel):
-    """``nightly.confirm``: the confirmation run (docs/nightly.md, "Confirmation run"): when a
-    night is red and its sglang release or patch state differs from the last green night's, last
-    green's build and tonight's run interleaved in one run, ``repeats`` rounds (a number, or
-    ``auto``: sized by ``power``, ``min_repeats``, ``max_repeats``), judged at ``alpha``.
-    Raises pydantic's ValidationError (a ConfigError when loaded) for ``power`` outside (0, 1) or
-    ``min_repeats`` > ``max_repeats``."""
+    """``nightly.confirm``: the confirmation run of a red night on a new build
+    (:mod:`patchbench.nightly.confirm`). Raises pydantic's ValidationError for ``power`` outside
+    (0, 1) or ``min_repeats`` > ``max_repeats``."""
 
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = Field(True, description="false: never run a confirmation")
-    alpha: float = Field(
-        0.001, gt=0, lt=0.5, description="level of the paired test that confirms a regression"
-    )
+    alpha: float = Field(0.001, gt=0, lt=0.5, description="level of the confirming paired test")
     repeats: Annotated[int, Field(ge=2, le=100)] | Literal["auto"] = Field(
-        "auto",
-        description="interleaved rounds of the two builds; auto: the rounds that confirm "
-        "tonight's observed change at alpha with power, given the learned paired noise "
-        "(patchbench/nightly/confirm.py, plan_rounds), at least min_repeats, at most max_repeats",
+        "auto", description="interleaved rounds; auto: sized by power, min_repeats, max_repeats"
     )
-    power: float = Field(
-        0.9, gt=0, lt=1, description="repeats: auto: chance of confirming tonight's change"
-    )
-    min_repeats: int = Field(3, ge=2, le=100, description="repeats: auto: at least this many")
-    max_repeats: int = Field(12, ge=2, le=100, description="repeats: auto: at most this many")
+    power: float = Field(0.9, gt=0, lt=1, description="auto: chance of confirming tonight's change")
+    min_repeats: int = Field(3, ge=2, le=100)
+    max_repeats: int = Field(12, ge=2, le=100)
 
     @model_validator(mode="after")
     def _bounds(self) -> ConfirmSettings:
@@ -113,7 +105,8 @@ class ConfirmSettings(BaseModel):
 
 
 class NightlySettings(BaseModel):
-    """The config's ``nightly:`` section (docs/nightly.md has every key)."""
+    """The config's ``nightly:`` section (docs/nightly.md has every key). Raises pydantic's
+    ValidationError for a bad value (the config loader names the key, exit 2)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -121,77 +114,26 @@ class NightlySettings(BaseModel):
     window_nights: int = Field(7, ge=2, le=365, description="K: nights the history gate uses")
     min_history_nights: int = Field(3, ge=2, le=365)
     lock_timeout_s: float = Field(10.0, gt=0, le=3600)
-    min_repeats: int = Field(
-        3, ge=2, le=100, description="runs (pairs) per variant tonight before a gate judges"
-    )
+    min_repeats: int = Field(3, ge=2, le=100, description="runs (pairs) before a gate judges")
     false_red_nights_per_month: float = Field(
-        1.0, gt=0, le=30, description="error budget: false red nights per 30 nights"
+        1.0, gt=0, le=30, description="the history gates' budget: false red nights per 30"
     )
     alpha: float | None = Field(
-        None,
-        gt=0,
-        lt=1,
-        description="per-night family level (Holm across every gate test); "
-        "default false_red_nights_per_month / 30",
+        None, gt=0, lt=1, description="Holm level of the night's history tests"
     )
-    pass_alpha: float = Field(
-        0.05, gt=0, lt=0.5, description="one-sided level of the 'not regressed' claim"
-    )
+    pass_alpha: float = Field(0.05, gt=0, lt=0.5, description="history: 'not regressed' level")
     history_test: Literal["nights", "welch"] = "nights"
-    history_since: str | None = Field(
-        None,
-        description="ignore nights before this UTC time (ISO-8601, e.g. "
-        "2026-03-01T00:00:00Z): accepts a new level after a known change",
-    )
+    history_since: str | None = Field(None, description="ignore nights before this UTC time")
     run_cv_pct: float | None = Field(
-        None,
-        gt=0,
-        le=100,
-        description="run-to-run CV (%) from an A/A run: the prior noise, used until the history "
-        "holds learn_min_nights nights (patchbench/nightly/noise.py)",
+        None, gt=0, le=100, description="prior run-to-run CV (%) until the noise is learned"
     )
-    underpowered_on: Literal["noise", "bound"] = Field(
-        "noise",
-        description="noise: a night is underpowered only when its noise is clearly worse than "
-        "the learned (or prior) noise, or that noise needs more repeats than it ran; bound: "
-        "whenever a test's bound cannot exclude the threshold (also the rule while no noise "
-        "is known)",
-    )
-    noise_alpha: float = Field(
-        0.01,
-        gt=0,
-        lt=0.5,
-        description="level of 'tonight is noisier than learned' (chi-square, Bonferroni "
-        "across the night's tests)",
-    )
-    outlier_k: float = Field(
-        3.0,
-        ge=2,
-        le=100,
-        description="a run farther than k learned sigmas from its night's "
-        "median is set aside (at most one a night)",
-    )
-    learn_min_nights: int = Field(
-        7,
-        ge=2,
-        le=365,
-        description="nights with 2+ runs before the learned noise replaces run_cv_pct",
-    )
-    detect_nights: int = Field(
-        3,
-        ge=1,
-        le=60,
-        description="target: a step of a gate's detect_pct turns a night red "
-        "within this many nights ...",
-    )
-    detect_power: float = Field(0.9, gt=0, lt=1, description="... with this chance")
-    max_repeats: int = Field(
-        12,
-        ge=2,
-        le=100,
-        description="schedule.repeats: auto runs the repeats the targets need at the learned "
-        "noise (prior: run_cv_pct), at least min_repeats and at most this many",
-    )
+    underpowered_on: Literal["noise", "bound"] = "noise"
+    noise_alpha: float = Field(0.01, gt=0, lt=0.5)
+    outlier_k: float = Field(3.0, ge=2, le=100)
+    learn_min_nights: int = Field(7, ge=2, le=365)
+    detect_nights: int = Field(3, ge=1, le=60)
+    detect_power: float = Field(0.9, gt=0, lt=1)
+    max_repeats: int = Field(12, ge=2, le=100, description="schedule.repeats: auto at most")
     gates: list[Gate] = Field(default_factory=list)
     confirm: ConfirmSettings = Field(default_factory=ConfirmSettings)
 
@@ -200,8 +142,6 @@ class NightlySettings(BaseModel):
     def _since(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        from datetime import datetime, timezone
-
         try:
             dt = datetime.fromisoformat(str(v).strip().replace("Z", "+00:00"))
         except ValueError:
@@ -224,7 +164,7 @@ class NightlySettings(BaseModel):
 
     @property
     def family_alpha(self) -> float:
-        """Per-night Holm level: ``alpha``, else ``false_red_nights_per_month / 30``."""
+        """The history tests' Holm level: ``alpha``, else ``false_red_nights_per_month / 30``."""
         return (
             self.alpha
             if self.alpha is not None

@@ -1,5 +1,6 @@
-"""The static site of :func:`build_site`: plain HTML pages from string templates, one plotly chart
-per (config, metric), plotly's JavaScript once in ``assets/``; no server and no CDN at view time.
+"""The nightly history as a static site (``patchbench dashboard HISTORY --out DIR``,
+:func:`build_site`): plain HTML pages from string templates, one plotly chart per (config,
+metric), plotly's JavaScript once in ``assets/``; no server and no CDN at view time.
 
 Layout of ``DIR``::
 
@@ -25,13 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from patchbench.errors import EnvironmentNotReady
-from patchbench.nightly.dashboard.data import (
+from patchbench.nightly.history import (
     NightInfo,
-    change_points,
     config_names,
     metrics_of,
     night_infos,
     open_history,
+    read_change_points,
     series,
     variants_of,
 )
@@ -412,7 +413,7 @@ def _red_y(
 
 def _config_page(h, config: str, infos: list[NightInfo], links, summary: SiteSummary) -> str:
     nights = h.nights(config)
-    cps = change_points(h, config)
+    cps = read_change_points(h, config)
     parts = [
         '<p class="note"><a href="../index.html">all configs</a></p>',
         f"<h1>{_esc(config)}</h1>",

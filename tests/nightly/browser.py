@@ -1,6 +1,6 @@
-"""Headless Chromium through Selenium, for the dashboard's test and screenshot: the Debian
-packages ``chromium`` and ``chromium-driver`` (installed by ``make setup-browser``, which
-``make test`` runs)."""
+"""Headless Chromium through Selenium, for the page's test and scripts/dashboard_screenshot.py:
+the Debian packages ``chromium`` and ``chromium-driver`` (installed by ``make setup-browser``,
+which ``make test`` runs)."""
 
 from __future__ import annotations
 
