@@ -23,6 +23,8 @@ from pydantic import BaseModel
 from patchbench.errors import RunFailed
 from patchbench.records import read_json
 
+#: the built-in suites' folder (patchbench/suites/<name>/)
+SUITES_DIR = Path(__file__).parent / "suites"
 #: metric-name suffix -> display unit (the contract's naming rule; longest suffixes first)
 UNIT_SUFFIXES: tuple[tuple[str, str], ...] = (
     ("_tok_s", "tok/s"),
@@ -230,8 +232,10 @@ class Suite:
         """The PR-style text block of one cell (None: the suite has none)."""
         return None
 
-    def doctor_checks(self, cfg: Any, params: BaseModel) -> list[tuple[str, bool, str]]:
-        """(what, ok, detail) lines for ``patchbench doctor CONFIG``."""
+    def hf_datasets(self, params: BaseModel) -> list[tuple[str, str, str | None]]:
+        """The Hugging Face datasets these parameters read, as (what, repo id, local path or
+        None) for ``patchbench doctor CONFIG`` to find (e.g. ("suite mmmu: dataset MMMU/MMMU",
+        "MMMU/MMMU", None)); none by default."""
         return []
 
 
@@ -323,10 +327,9 @@ def _load_plugins() -> None:
 
 
 def _builtin_names() -> set[str]:
-    """The folders under patchbench/suites/: one folder, one suite."""
-    import patchbench.suites
-
-    return {m.name for m in pkgutil.iter_modules(patchbench.suites.__path__) if m.ispkg}
+    """The folders under patchbench/suites/: one folder, one suite (plugins of this contract,
+    imported by name only when used)."""
+    return {m.name for m in pkgutil.iter_modules([str(SUITES_DIR)]) if m.ispkg}
 
 
 def suite_names() -> list[str]:

@@ -211,17 +211,11 @@ class MmmuSuite(Suite):
     report_section = staticmethod(report_section)
     report_block = staticmethod(report_block)
 
-    def doctor_checks(self, cfg: Any, params: Params) -> list[tuple[str, bool, str]]:
-        """MMMU local, in the HF cache or the hub reachable (the demo questions need nothing)."""
-        from patchbench.doctor import hf_dataset_check
-
+    def hf_datasets(self, params: Params) -> list[tuple[str, str, str | None]]:
+        """MMMU from the hub or ``dataset_path`` (the demo questions need nothing)."""
         if params.dataset == DEMO_DATASET:
             return []
-        return [
-            hf_dataset_check(
-                f"suite mmmu: dataset {params.dataset}", params.dataset, params.dataset_path
-            )
-        ]
+        return [(f"suite mmmu: dataset {params.dataset}", params.dataset, params.dataset_path)]
 
     def pair(
         self, baseline_dirs: list[Path], variant_dirs: list[Path], params: Params

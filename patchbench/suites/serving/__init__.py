@@ -50,12 +50,11 @@ class ServingSuite(Suite):
     report_section = staticmethod(report_section)
     plots = staticmethod(plots)
 
-    def doctor_checks(self, cfg: Any, params: Params) -> list[tuple[str, bool, str]]:
-        from patchbench.doctor import hf_dataset_check
-
+    def hf_datasets(self, params: Params) -> list[tuple[str, str, str | None]]:
+        """bench_serving's mmmu dataset reads MMMU/MMMU from the hub."""
         if params.dataset_name != "mmmu":
             return []
-        return [hf_dataset_check(f"suite serving: dataset {params.dataset_name}", "MMMU/MMMU")]
+        return [(f"suite serving: dataset {params.dataset_name}", "MMMU/MMMU", None)]
 
     def pair(
         self, baseline_dirs: list[Path], variant_dirs: list[Path], params: Params
