@@ -4,7 +4,7 @@ Prints python, GPU, driver, torch, sglang, the supported pins, whether the model
 disk, each GPU's persistence mode and clocks (:func:`patchbench.run.gpu.doctor_rows`) and servers
 left by killed runs; with a CONFIG each of its requirements as OK / MISSING with the fix: its
 sglang builds, the model, a GPU, the port and each suite's own checks
-(:meth:`patchbench.suite.Suite.doctor_checks`). Exit 0 when nothing is missing, 3 otherwise; an
+(the datasets of :meth:`patchbench.suite.Suite.hf_datasets`). Exit 0 when nothing is missing, 3 otherwise; an
 invalid CONFIG is a :class:`patchbench.errors.ConfigError` (exit 2).
 """
 
@@ -146,7 +146,8 @@ def checks_for(cfg: Any, info: dict) -> list[Check]:
         )
         for name, params in cfg.suite_params.items():
             try:
-                out += get_suite(name).doctor_checks(cfg, params)
+                datasets = get_suite(name).hf_datasets(params)
+                out += [hf_dataset_check(*d) for d in datasets]
             except (KeyError, ImportError) as e:
                 out.append((f"suite {name} loads", False, str(e).strip("'\"")))
         return out

@@ -21,7 +21,10 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel
 
 from patchbench.errors import RunFailed
+from patchbench.records import read_json
 
+#: the built-in suites' folder (patchbench/suites/<name>/)
+SUITES_DIR = Path(__file__).parent / "suites"
 #: metric-name suffix -> display unit (the contract's naming rule; longest suffixes first)
 UNIT_SUFFIXES: tuple[tuple[str, str], ...] = (
     ("_tok_s", "tok/s"),
@@ -229,8 +232,10 @@ class Suite:
         """The PR-style text block of one cell (None: the suite has none)."""
         return None
 
-    def doctor_checks(self, cfg: Any, params: BaseModel) -> list[tuple[str, bool, str]]:
-        """(what, ok, detail) lines for ``patchbench doctor CONFIG``."""
+    def hf_datasets(self, params: BaseModel) -> list[tuple[str, str, str | None]]:
+        """The Hugging Face datasets these parameters read, as (what, repo id, local path or
+        None) for ``patchbench doctor CONFIG`` to find (e.g. ("suite mmmu: dataset MMMU/MMMU",
+        "MMMU/MMMU", None)); none by default."""
         return []
 
 
@@ -270,6 +275,24 @@ def suite_refusals(comparison: Any, suite: str) -> dict[str, str]:
     return {v: str(r) for v, r in _suite_part(comparison, "refusals", suite).items() if r}
 
 
+def read_file(path: Path, reader: Callable[[Path], Any] = read_json) -> tuple[Any, str | None]:
+    """A suite reading its own file back for a pair or a report: (what ``reader`` read, None), or
+    (None, why not: "<path>: missing" or "<path>: unreadable (<error>)")."""
+    path = Path(path)
+    if not path.is_file():
+        return None, f"{path}: missing"
+    try:
+        return reader(path), None
+    except (OSError, ValueError) as e:
+        return None, f"{path}: unreadable ({e})"
+
+
+def read_or(path: Path, default: Any = None, reader: Callable[[Path], Any] = read_json) -> Any:
+    """:func:`read_file`'s data, or ``default`` when the file is missing or unreadable."""
+    got, why = read_file(path, reader)
+    return default if why else got
+
+
 _REGISTRY: dict[str, type[Suite]] = {}
 _INSTANCES: dict[str, Suite] = {}
 
@@ -304,10 +327,9 @@ def _load_plugins() -> None:
 
 
 def _builtin_names() -> set[str]:
-    """The folders under patchbench/suites/: one folder, one suite."""
-    import patchbench.suites
-
-    return {m.name for m in pkgutil.iter_modules(patchbench.suites.__path__) if m.ispkg}
+    """The folders under patchbench/suites/: one folder, one suite (plugins of this contract,
+    imported by name only when used)."""
+    return {m.name for m in pkgutil.iter_modules([str(SUITES_DIR)]) if m.ispkg}
 
 
 def suite_names() -> list[str]:

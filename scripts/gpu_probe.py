@@ -52,7 +52,8 @@ def load_by_path(name: str, path: Path):
 
 def prepare(out: Path) -> int:
     """Write the source files and sources.json into ``out`` (replacing what was there)."""
-    from patchbench.suites.sync_probe.mrope import release_sources, stock_source
+    sys.path.insert(0, str(REPO))
+    from tools.mrope_sources import release_sources, stock_source
 
     files = {}
     for release in ("0.5.1.post3", "0.5.23"):

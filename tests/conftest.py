@@ -169,7 +169,8 @@ def cpu_server(tiny_model_dir, tmp_path_factory) -> ServerInfo:
 def mrope_methods():
     """{(release, "stock"|"patched"): MropeMethods} for 0.5.1.post3 and 0.5.23: the real mrope
     methods extracted from each forward_batch_info.py (patchbench.suites.sync_probe.mrope), built once."""
-    from patchbench.suites.sync_probe.mrope import MropeMethods, release_sources
+    from patchbench.suites.sync_probe.mrope import MropeMethods
+    from tools.mrope_sources import release_sources
 
     out = {}
     for release in ("0.5.1.post3", "0.5.23"):

@@ -2,12 +2,15 @@
 
 Written from the semantics in docs/FACTS.md section 1 and the releases' code as read (not from their
 code): plain Python over the case's numbers, no tensor arithmetic shared with the methods.
-Returns ("ok", list of 3 equal-length rows) or ("error", "<Type>: <message>").
+Returns ("ok", list of 3 equal-length rows) or ("error", "<Type>: <message>"). Also the random
+extend (prefill) batches the tests check it on (:func:`extend_case`).
 """
 
 from __future__ import annotations
 
-from patchbench.suites.sync_probe.mrope import MropeCase
+import torch
+
+from patchbench.suites.sync_probe.mrope import MropeCase, StandInMultimodalInputs
 
 
 def _flat(t) -> list[int]:
@@ -63,3 +66,35 @@ def expected(case: MropeCase, release: str) -> tuple[str, object]:
     else:
         raise ValueError(release)
     return "ok", [[c[r] for c in cols] for r in range(3)]
+
+
+def extend_case(
+    rng: torch.Generator | int, batch_size: int, *, image_share: float = 0.5, device: str = "cpu"
+) -> MropeCase:
+    """A random extend (prefill) batch: per request a prefix length and an extend length with
+    prefix + extend = seq_len; image requests carry prompt positions ``[3, seq_len]``."""
+    g = rng if isinstance(rng, torch.Generator) else torch.Generator().manual_seed(int(rng))
+    ext = torch.randint(1, 300, (batch_size,), generator=g).tolist()
+    pre = torch.randint(0, 300, (batch_size,), generator=g).tolist()
+    seq_cpu = torch.tensor([a + b for a, b in zip(ext, pre, strict=True)], dtype=torch.int64)
+    mm = []
+    for i in range(batch_size):
+        if float(torch.rand(1, generator=g)) >= image_share:
+            mm.append(None)
+        else:
+            s = int(seq_cpu[i])
+            mm.append(
+                StandInMultimodalInputs(
+                    torch.randint(-500, 500, (1, 1), generator=g),
+                    torch.randint(0, 5000, (3, s), generator=g),
+                )
+            )
+    return MropeCase(
+        "extend",
+        seq_cpu.to(device),
+        seq_cpu,
+        mm,
+        device=device,
+        extend_seq_lens=ext,
+        extend_prefix_lens=pre,
+    )

@@ -127,12 +127,12 @@ def aa_noise(cmp: Comparison) -> None:
 
 def _server_log(data: RunData, v: str, k: int) -> dict[str, dict[str, Any]]:
     """{suite: its server-log scan} of cell (v, k) where the server logged retractions or OOM."""
-    from patchbench.run import logscan
+    from patchbench.run.logscan import scan_of
 
     out = {}
     for suite in data.suites:
         sm = data.summaries.get((v, k, suite)) if suite not in data.correctness_only else None
-        scan = logscan.scan_of(sm.meta) if sm is not None else None
+        scan = scan_of(sm.meta) if sm is not None else None
         if scan is not None and (scan.retractions_count or scan.oom_count):
             out[suite] = {
                 "retractions": scan.retractions_count,

@@ -25,7 +25,7 @@ def new_figure(height_in: float = 4.8, ncols: int = 1, width_in: float = 9.0) ->
     return fig, list(axes[0])
 
 
-def save_png(fig: Any, path: Path) -> Path:
+def save_png(fig: Any, path: Path, dpi: int = DPI) -> Path:
     """Write ``fig`` as PNG atomically (patchbench.records.write_bytes), close it, return path."""
     import io
 
@@ -34,9 +34,18 @@ def save_png(fig: Any, path: Path) -> Path:
     from patchbench.records import write_bytes
 
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI)
+    fig.savefig(buf, format="png", dpi=dpi)
     plt.close(fig)
     return write_bytes(path, buf.getvalue())
+
+
+def save_titled(fig: Any, path: Path, comparison: Any, title: str, **layout: Any) -> Path:
+    """:func:`save_png` of ``fig`` titled "<title>   [<run id of the comparison>]" and laid out
+    tightly (``layout``: ``tight_layout``'s keywords); ``comparison``: typed or its JSON form."""
+    run_id = comparison.get("run_id") if isinstance(comparison, dict) else comparison.run_id
+    fig.suptitle(f"{title}   [{run_id or ''}]", fontsize=10)
+    fig.tight_layout(**layout)
+    return save_png(fig, path)
 
 
 def folded(summary: str, body: list[str]) -> list[str]:

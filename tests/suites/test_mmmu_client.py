@@ -17,9 +17,10 @@ from aiohttp import web
 
 from patchbench.records import read_json, read_jsonl
 from patchbench.suite import ServerInfo, SuiteContext, SuiteError
-from patchbench.suites.mmmu import Params, client, pair_records, report_block, run
+from patchbench.suites.mmmu import Params, client, report_block, run
 from patchbench.suites.mmmu.bench import prepare, prepare_key
 from patchbench.suites.mmmu.demo_data import generate
+from patchbench.suites.mmmu.pairing import pair_records
 from tests.helpers import suite_context
 
 

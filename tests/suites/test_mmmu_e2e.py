@@ -13,8 +13,9 @@ import pytest
 
 from patchbench.records import read_json, read_jsonl
 from patchbench.suite import SuiteContext
-from patchbench.suites.mmmu import Params, pair_records, report_block, run
+from patchbench.suites.mmmu import Params, report_block, run
 from patchbench.suites.mmmu.demo_data import generate
+from patchbench.suites.mmmu.pairing import pair_records
 from tests.helpers import suite_context
 
 pytestmark = pytest.mark.e2e

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from patchbench.cli import main
 from patchbench.suites.mmmu import parsers as P
-from patchbench.suites.mmmu.scoring import cli, load_answer_key, load_responses, score_saved
+from patchbench.suites.mmmu.scoring import load_answer_key, load_responses, score_saved
 
 DATA = Path(__file__).parent.parent / "data" / "mmmu-official"
 KEY = DATA / "answer_dict_val.json"
@@ -102,7 +103,7 @@ def test_every_disagreement_is_classified(responses, key):
         if P.is_open(key[qid]["question_type"]):
             continue  # open questions use one normalisation in both modes
         off, _ = P.parse_official_mc(r["response"], r["all_choices"], r["index2ans"], None)
-        st = P.parse_strict(r["response"], r["all_choices"], r["index2ans"])
+        st = P.parse_strict_detail(r["response"], r["all_choices"], r["index2ans"]).letter
         if off != st:
             found[qid] = (off, st)
     assert set(found) == set(DISAGREEMENTS)
@@ -135,11 +136,16 @@ def test_strict_score_on_the_900(responses, key):
     assert sum(r["verdict"] == "unparsed" for r in recs) == 1
 
 
+def score_mmmu(argv: list[str]) -> int:
+    """``patchbench score-mmmu ARGV``; its exit code."""
+    return main(["score-mmmu", *argv])
+
+
 def test_cli_on_official_layout_and_determinism(tmp_path, capsys):
     argv = [str(RESP), "--answer-key", str(KEY), "--parser", "official", "--seed", "3"]
-    assert cli(argv + ["--out", str(tmp_path / "a")]) == 0
+    assert score_mmmu(argv + ["--out", str(tmp_path / "a")]) == 0
     out1 = capsys.readouterr().out
-    assert cli(argv + ["--out", str(tmp_path / "b")]) == 0
+    assert score_mmmu(argv + ["--out", str(tmp_path / "b")]) == 0
     out2 = capsys.readouterr().out
     assert out1 == out2
     assert "Overall accuracy: 0.36" in out1 and "'Overall': {'acc': 0.36" in out1
@@ -149,12 +155,12 @@ def test_cli_on_official_layout_and_determinism(tmp_path, capsys):
 
 
 def test_cli_errors(tmp_path, capsys):
-    assert cli([str(tmp_path), "--answer-key", str(KEY)]) == 2
+    assert score_mmmu([str(tmp_path), "--answer-key", str(KEY)]) == 2
     assert "no <Subject>/output.json" in capsys.readouterr().err
-    assert cli([str(RESP)]) == 2  # --answer-key is required
+    assert score_mmmu([str(RESP)]) == 2  # --answer-key is required
     bad = tmp_path / "key.json"
     bad.write_text(json.dumps({"validation_Art_1": {"question_type": "multiple-choice"}}))
-    assert cli([str(RESP), "--answer-key", str(bad)]) == 2
+    assert score_mmmu([str(RESP), "--answer-key", str(bad)]) == 2
     assert "validation_Art_1" in capsys.readouterr().err
 
 
@@ -163,7 +169,7 @@ def test_cli_missing_responses_count_as_failed(tmp_path, capsys):
     sub.mkdir()
     data = json.loads((RESP / "Art" / "output.json").read_text())[:10]
     (sub / "output.json").write_text(json.dumps(data))
-    assert cli([str(tmp_path), "--answer-key", str(KEY), "--out", str(tmp_path / "o")]) == 0
+    assert score_mmmu([str(tmp_path), "--answer-key", str(KEY), "--out", str(tmp_path / "o")]) == 0
     out = capsys.readouterr().out
     assert "asked 900" in out and "failed 890" in out
 
@@ -178,7 +184,7 @@ def test_cli_disagreements_table(tmp_path, capsys):
     import csv
 
     argv = [str(RESP), "--answer-key", str(KEY), "--disagreements", "--out", str(tmp_path)]
-    assert cli(argv) == 0
+    assert score_mmmu(argv) == 0
     out = capsys.readouterr().out
     assert "Strict vs official parse: 3 of 847 multiple-choice responses differ." in out
     assert (

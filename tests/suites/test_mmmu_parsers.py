@@ -19,7 +19,7 @@ CH = list(OPTS)
 
 
 def strict(resp: str, opts: dict = OPTS) -> str | None:
-    return P.parse_strict(resp, list(opts), opts)
+    return P.parse_strict_detail(resp, list(opts), opts).letter
 
 
 def official(resp: str, opts: dict = OPTS) -> str | None:

@@ -97,7 +97,7 @@ def test_rejected_and_discussed_options_get_no_credit():
         "(B) can be ruled out.",
         "It is not (B).",
     ]:
-        assert P.parse_strict(resp, list(COLORS), COLORS) is None, resp
+        assert P.parse_strict_detail(resp, list(COLORS), COLORS).letter is None, resp
 
 
 def test_deterministic():

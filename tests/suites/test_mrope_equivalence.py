@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mrope_oracle import expected
+from mrope_oracle import expected, extend_case
 
 from patchbench.suites.sync_probe.mrope import (
     MropeCase,
     MropeMethods,
     StandInMultimodalInputs,
     decode_case,
-    extend_case,
     run_outcome,
 )
 

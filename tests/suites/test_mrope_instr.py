@@ -22,8 +22,8 @@ from patchbench.suites.sync_probe.mrope import (
     MropeMethods,
     StandInMode,
     StandInMultimodalInputs,
-    release_sources,
 )
+from tools.mrope_sources import release_sources
 
 HOOK = (
     Path(__file__).resolve().parents[2]

@@ -24,8 +24,8 @@ from patchbench.suites.sync_probe.mrope import (
     StandInMultimodalInputs,
     decode_case,
     probe_decode,
-    stock_source,
 )
+from tools.mrope_sources import stock_source
 
 RELEASES = ["0.5.1.post3", "0.5.23"]
 META_READ = "RuntimeError: Tensor.item() cannot be called on meta tensors"

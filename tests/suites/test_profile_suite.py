@@ -31,7 +31,7 @@ HOOK = (
     ],
 )
 def test_real_cpu_traces(tag, bs, mrope, total):
-    a = T.analyze_file(DATA / f"cpu-0.5.1.post3-{tag}-c{bs}.trace.json.gz")
+    a = T.analyze(T.load_events(DATA / f"cpu-0.5.1.post3-{tag}-c{bs}.trace.json.gz"))
     assert a.source == "patchbench" and not a.has_gpu and len(a.steps) == 3
     for s in a.steps:
         assert s.batch_size == bs and s.mrope_ranges == 1
@@ -93,7 +93,7 @@ def test_ranges_under_a_real_profiler(tmp_path, monkeypatch):
             assert w.forward_batch_generation(batch(n)) == "ok"
     out = tmp_path / "t.json"
     p.export_chrome_trace(str(out))
-    a = T.analyze_file(out)
+    a = T.analyze(T.load_events(out))
     assert [s.batch_size for s in a.steps] == [1, 2, 4]
     assert [s.mrope_syncs for s in a.steps] == [2, 4, 8]
     assert [s.syncs for s in a.steps] == [2, 4, 8]

@@ -146,7 +146,7 @@ def test_load_events_json_and_gzip(tmp_path):
     gz = tmp_path / "t.trace.json.gz"
     gz.write_bytes(gzip.compress(json.dumps(cpu_trace()).encode()))
     assert len(T.load_events(plain)) == len(T.load_events(gz)) == len(cpu_trace()) - 1
-    assert T.analyze_file(gz).steps[0].syncs == 3
+    assert T.analyze(T.load_events(gz)).steps[0].syncs == 3
 
 
 def test_load_events_bad_files(tmp_path):
@@ -160,14 +160,6 @@ def test_load_events_bad_files(tmp_path):
         T.load_events(wrong)
     with pytest.raises(T.TraceError, match="missing.json"):
         T.load_events(tmp_path / "missing.json")
-
-
-def test_trim_keeps_the_chosen_steps():
-    evs = T.trim(gpu_trace(), 1, 1)  # step 1: 60..90
-    names = {e["name"] for e in evs}
-    assert "cudaGraphLaunch" not in names and "k1" not in names
-    assert {"k4", "cudaLaunchKernel", T.HTOD_PAGEABLE}.issubset(names)
-    assert len(T.analyze(evs).steps) == 1
 
 
 def test_syncs_of_the_harness_own_instrumentation_are_not_counted():

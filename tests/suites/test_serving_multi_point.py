@@ -15,7 +15,7 @@ import pytest
 
 from patchbench.records import read_json
 from patchbench.suite import SuiteError
-from patchbench.suites.serving import METRICS, Params, run, run_point
+from patchbench.suites.serving import Params, run
 from patchbench.suites.serving.points import run_sweep
 from patchbench.suites.serving.sweep import Sweep, order_seed, point_order
 from tests.suites.test_serving_run import DATA, FAKE_TOOL, make_ctx
@@ -78,7 +78,7 @@ def test_one_process_gives_the_per_process_results(tmp_path, pkg):
     a = _ctx(tmp_path, pkg, "together", flushes_a)
     b = _ctx(tmp_path, pkg, "apart", flushes_b)
     together = run(a, _params())
-    apart = run_sweep(b, _params(), run_point, METRICS)  # one bench_serving process per point
+    apart = run_sweep(b, _params(), together=False)  # one bench_serving process per point
     assert together.status == "ok" == apart.status
     assert _strip(together) == _strip(apart)
     assert len(flushes_a) == 1 == len(flushes_b)  # between the two points only

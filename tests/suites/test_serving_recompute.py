@@ -1,4 +1,5 @@
-"""Our per-request and summary recomputation (patchbench.suites.serving.recompute): docs/cases.md S1-S3 and the
+"""bench_serving's per-request bookkeeping (the oracle tests/suites/serving_oracle.py, docs/cases.md S1-S2) and
+our summary recomputation (patchbench.suites.serving.validity, S3) and the
 agreement with bench_serving's own summary on real recorded runs of both releases."""
 
 from __future__ import annotations
@@ -8,14 +9,13 @@ from pathlib import Path
 import pytest
 
 from patchbench.suites.serving.parse import read_result_line, summary_metrics
-from patchbench.suites.serving.recompute import (
+from patchbench.suites.serving.validity import (
     APPROX,
     EXACT,
-    Chunk,
     compare_with_summary,
     recompute_from_details,
-    request_from_chunks,
 )
+from tests.suites.serving_oracle import Chunk, request_from_chunks
 
 DATA = Path(__file__).parent.parent / "data" / "serving"
 RECORDED = sorted(DATA.glob("v*.jsonl"))

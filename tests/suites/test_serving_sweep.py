@@ -21,7 +21,6 @@ from patchbench.suites.serving.points import curve_primaries, declarations, merg
 from patchbench.suites.serving.sweep import (
     Slo,
     Sweep,
-    base_metric,
     metric_at,
     point_key,
     point_of,
@@ -50,7 +49,7 @@ def test_point_names():
     assert point_key("request_rate", 2.5) == "r2.5"
     n = metric_at("output_throughput_tok_s", "c16")
     assert n == "output_throughput_tok_s@c16"
-    assert base_metric(n) == "output_throughput_tok_s" and point_of(n) == "c16"
+    assert n.split("@")[0] == "output_throughput_tok_s" and point_of(n) == "c16"
     assert point_of("itl_median_ms") is None
 
 
@@ -234,7 +233,7 @@ def test_sweep_report_and_plots(tmp_path):
 def _label_boxes(points):
     """(annotations, their window extents) of :func:`label_points` on a log-x figure."""
     from patchbench.suites import new_figure
-    from patchbench.suites.serving.curve_render import label_points
+    from patchbench.suites.serving.render import label_points
 
     fig, (ax,) = new_figure(5.2)
     for j in {p[3] for p in points}:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from patchbench.suite import SuiteContext, get_suite
-from patchbench.suites.sync_probe.mrope import release_sources
+from tools.mrope_sources import release_sources
 
 REPO = Path(__file__).resolve().parents[2]
 RELEASES = ["0.5.1.post3", "0.5.23"]
@@ -345,7 +345,7 @@ def test_suite_upstream_pr9460_reads_are_counted_exactly(tmp_path):
     torch.full reads (one sync per text-only request; image requests take a non-blocking copy).
     The CPU probe answers that read with a placeholder and counts on, so the counts are exact:
     reads = text-only requests (batch size - image requests), no blocking copy, no lower bound."""
-    from patchbench.suites.sync_probe.mrope import stock_source
+    from tools.mrope_sources import stock_source
 
     suite = get_suite("sync_probe")
     stock_dir = _pkg(tmp_path, "stock", release_sources("0.5.1.post3")["stock"])
@@ -485,7 +485,7 @@ def test_counts_are_identical_in_two_processes(tmp_path):
     two separate processes, gives identical counts (the upstream change: its reads depend on the
     text-only/image mix of the seeded batches)."""
     from patchbench.suites.sync_probe import BY_CONSTRUCTION, METRICS
-    from patchbench.suites.sync_probe.mrope import stock_source
+    from tools.mrope_sources import stock_source
 
     assert BY_CONSTRUCTION.endswith("::test_counts_are_identical_in_two_processes")
     assert all(

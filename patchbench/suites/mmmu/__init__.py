@@ -1,6 +1,6 @@
 """MMMU accuracy suite: the PR's "Accuracy Tests" protocol, a strict parser, the official parser
 for comparison with published numbers, and question-by-question pairing of two cells
-(docs/mmmu.md). ``patchbench score-mmmu`` is :func:`.scoring.cli`.
+(docs/mmmu.md). ``patchbench score-mmmu`` is :func:`.scoring.run_args`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from patchbench.suite import (
     suite_pairs,
     suite_refusals,
 )
-from patchbench.suites import folded, new_figure, save_png
+from patchbench.suites import folded, new_figure, save_titled
 from patchbench.suites.mmmu.bench import DEMO_DATASET, run
 from patchbench.suites.mmmu.data import DOMAINS, domain_metric
-from patchbench.suites.mmmu.pairing import PairingError, pair_records, pair_repeats
+from patchbench.suites.mmmu.pairing import pair_repeats
 from patchbench.suites.mmmu.params import Params
 from patchbench.suites.mmmu.scoring import format_block
 
@@ -196,13 +196,8 @@ def plot_subjects(comparison: Any, out: Path) -> Path | None:
             fontsize=9,
         )
         ax.grid(alpha=0.3, axis="x")
-    fig.suptitle(
-        f"MMMU accuracy per subject: {', '.join(variants)} vs {base}   "
-        f"[{comparison_get(comparison, 'run_id', '')}]",
-        fontsize=10,
-    )
-    fig.tight_layout()
-    return save_png(fig, out)
+    title = f"MMMU accuracy per subject: {', '.join(variants)} vs {base}"
+    return save_titled(fig, out, comparison, title)
 
 
 @register
@@ -216,17 +211,11 @@ class MmmuSuite(Suite):
     report_section = staticmethod(report_section)
     report_block = staticmethod(report_block)
 
-    def doctor_checks(self, cfg: Any, params: Params) -> list[tuple[str, bool, str]]:
-        """MMMU local, in the HF cache or the hub reachable (the demo questions need nothing)."""
-        from patchbench.doctor import hf_dataset_check
-
+    def hf_datasets(self, params: Params) -> list[tuple[str, str, str | None]]:
+        """MMMU from the hub or ``dataset_path`` (the demo questions need nothing)."""
         if params.dataset == DEMO_DATASET:
             return []
-        return [
-            hf_dataset_check(
-                f"suite mmmu: dataset {params.dataset}", params.dataset, params.dataset_path
-            )
-        ]
+        return [(f"suite mmmu: dataset {params.dataset}", params.dataset, params.dataset_path)]
 
     def pair(
         self, baseline_dirs: list[Path], variant_dirs: list[Path], params: Params
@@ -236,15 +225,3 @@ class MmmuSuite(Suite):
     def plots(self, comparison: Any, out_dir: Path) -> list[Path]:
         p = plot_subjects(comparison, Path(out_dir) / "mmmu_subjects.png")
         return [p] if p is not None else []
-
-
-__all__ = [
-    "METRICS",
-    "MmmuSuite",
-    "PairingError",
-    "Params",
-    "pair_records",
-    "pair_repeats",
-    "report_block",
-    "run",
-]

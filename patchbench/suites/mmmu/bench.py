@@ -6,7 +6,6 @@ per run in ``ctx.cache_dir``), send them, score the responses and write ``record
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import time
@@ -15,6 +14,7 @@ from typing import Any
 
 import patchbench.suites.mmmu.client as client
 import patchbench.suites.mmmu.scoring as scoring
+from patchbench.inputs import CACHE_DIR, REPO_ROOT
 from patchbench.records import read_jsonl, write_jsonl
 from patchbench.suite import SuiteContext, SuiteError, SuiteResult
 from patchbench.suites.mmmu.data import DOMAINS, load_questions
@@ -27,32 +27,22 @@ from patchbench.suites.mmmu.prompts import (
 )
 
 PREPARED_VERSION = 2  # 2: images the text does not name are sent after it
-
-
-def _repo_root() -> Path:
-    return Path(__file__).resolve().parents[3]
+#: ``dataset`` value that selects the generated demo questions (patchbench.suites.mmmu.demo_data)
+DEMO_DATASET = "patchbench/mmmu-demo"
 
 
 def resolve_dataset_path(p: str | None) -> Path | None:
     """``dataset_path`` with ``~`` expanded; a relative path resolves against the repo root."""
-    if p is None:
-        return None
-    q = Path(p).expanduser()
-    return q if q.is_absolute() else _repo_root() / q
-
-
-#: ``dataset`` value that selects the generated demo questions (patchbench.suites.mmmu.demo_data)
-DEMO_DATASET = "patchbench/mmmu-demo"
-DEMO_DEFAULT_PATH = ".cache/data/mmmu-demo"
+    return None if p is None else REPO_ROOT / Path(p).expanduser()
 
 
 def dataset_folder(params: Params) -> Path | None:
     """The local folder to load from; for :data:`DEMO_DATASET` the demo questions at
-    ``dataset_path`` (default :data:`DEMO_DEFAULT_PATH`), generated there first when missing."""
+    ``dataset_path`` (default ``.cache/data/mmmu-demo``), generated there first when missing."""
     dp = resolve_dataset_path(params.dataset_path)
     if params.dataset != DEMO_DATASET:
         return dp
-    dp = dp or resolve_dataset_path(DEMO_DEFAULT_PATH)
+    dp = dp or CACHE_DIR / "data" / "mmmu-demo"
     if not any(dp.glob(f"*/{params.split}-*.parquet")):
         from patchbench.suites.mmmu.demo_data import generate
 
@@ -127,65 +117,30 @@ def score_records(
     """One record per question (docs/CONTRACTS.md, docs/mmmu.md); the official parser's random
     fallback draws from one ``random.Random(params.seed)`` in question order."""
     rng = scoring.fallback_rng(params.parser, params.official_fallback, params.seed)
-    out = []
-    for p, o in zip(prepared, outcomes, strict=True):
-        s = scoring.score_response(
+    return [
+        scoring.scored_record(
+            p,
             o.response,
-            question_type=p["question_type"],
-            gold=p["gold"],
-            all_choices=list(p["index2ans"]),
-            index2ans=p["index2ans"],
             parser=params.parser,
+            seed=params.seed,
+            fallback=params.official_fallback,
             rng=rng,
             failed=o.error is not None,
+            prompt_sha256=p["prompt_sha256"],
+            latency_s=o.latency_s,
+            prompt_tokens=o.prompt_tokens,
+            completion_tokens=o.completion_tokens,
+            error=o.error,
+            protocol=params.protocol,
+            sampling=params.sampling,
+            n_images=p.get("n_images"),
+            n_images_sent=p["n_images_sent"],
+            images_unreferenced=p.get("images_unreferenced", []),
+            attempts=o.attempts,
+            finish_reason=o.finish_reason,
         )
-        out.append(
-            scoring.record(
-                p["id"],
-                p["subject"],
-                p["question_type"],
-                o.response,
-                s,
-                gold=p["gold"],
-                index2ans=p["index2ans"],
-                parser=params.parser,
-                seed=params.seed,
-                fallback=params.official_fallback,
-                prompt_sha256=p["prompt_sha256"],
-                latency_s=o.latency_s,
-                prompt_tokens=o.prompt_tokens,
-                completion_tokens=o.completion_tokens,
-                error=o.error,
-                protocol=params.protocol,
-                sampling=params.sampling,
-                n_images=p.get("n_images"),
-                n_images_sent=p["n_images_sent"],
-                images_unreferenced=p.get("images_unreferenced", []),
-                attempts=o.attempts,
-                finish_reason=o.finish_reason,
-            )
-        )
-    return out
-
-
-def _progress(total: int):
-    """A rich progress bar on a terminal; a no-op callable (and no bar) otherwise."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    console = Console(stderr=True)
-    if not console.is_terminal:
-        return None, lambda: None
-    prog = Progress(
-        TextColumn("mmmu"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    )
-    task = prog.add_task("mmmu", total=total)
-    return prog, lambda: prog.advance(task)
+        for p, o in zip(prepared, outcomes, strict=True)
+    ]
 
 
 def run(ctx: SuiteContext, params: Params) -> SuiteResult:
@@ -212,19 +167,25 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
         f"mmmu: {len(prepared)} questions, protocol {params.protocol}, parser "
         f"{params.parser}, concurrency {params.concurrency}"
     )
-    prog, tick = _progress(len(bodies))
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)  # a bar on a terminal only
+    cols = (TextColumn("mmmu"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    bar = Progress(*cols, console=console, transient=True, disable=not console.is_terminal)
+    task = bar.add_task("mmmu", total=len(bodies))
     meter = ctx.server.progress  # the liveness watch: replies that stop coming fail the cell
     t1 = time.perf_counter()
 
     def on_done() -> None:
-        tick()
+        bar.advance(task)
         if meter is not None:
             meter.done()
 
     if meter is not None:
         meter.expect(len(bodies), "mmmu replies")
     try:
-        with prog if prog is not None else contextlib.nullcontext():
+        with bar:
             outcomes = asyncio.run(
                 client.send_all(
                     base_url,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import itertools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -281,14 +282,9 @@ def load_questions(
         for row in iter_rows(dataset, dataset_path, split, subjects):
             q = question_from_row(dict(row))
             by_subject.setdefault(q.subject, []).append(q)
-    if limit is not None:
-        keep: set[str] = set()
-        depth = 0
-        while len(keep) < limit and any(len(v) > depth for v in by_subject.values()):
-            for s in subjects:
-                if len(keep) < limit and len(by_subject[s]) > depth:
-                    keep.add(by_subject[s][depth].id)
-            depth += 1
+    if limit is not None:  # round-robin over the subjects
+        turns = itertools.zip_longest(*(by_subject[s] for s in subjects))
+        keep = {q.id for q in [q for turn in turns for q in turn if q is not None][:limit]}
         by_subject = {s: [q for q in qs if q.id in keep] for s, qs in by_subject.items()}
     out = [q for s in subjects for q in by_subject.get(s, [])]
     if not out:

@@ -1,16 +1,14 @@
-"""Generated demo questions in the MMMU schema, with rendered images and known answers.
-
-``generate(out_dir)`` draws simple pictures with Pillow (coloured shapes, dots to count, printed
-words and numbers; one kind per subject, the Music kind with images as options, as the real
-five-image question) and writes them in the hub's parquet layout,
-``<out_dir>/<Subject>/validation-00000-of-00001.parquet``, loaded through ``dataset_path`` like a
-local copy of MMMU/MMMU. Deterministic for a given ``(n, seed)``. CLI:
-``python -m patchbench.suites.mmmu.demo_data OUT_DIR [--n N] [--seed S]``.
+"""Generated demo questions in the MMMU schema with known answers: simple pictures drawn with
+Pillow (one kind per subject; the Music kind has images as options, as the real five-image
+question) in the hub's parquet layout, loaded through ``dataset_path`` like a local copy of
+MMMU/MMMU; deterministic for a given ``(n, seed)``.
+CLI: ``python -m patchbench.suites.mmmu.demo_data OUT_DIR [--n N] [--seed S]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 from pathlib import Path
@@ -105,31 +103,21 @@ def text_image(text: str) -> Image.Image:
     return img
 
 
-def _mc(question: str, options: list[str], right: int, images: list, subfield: str) -> dict:
-    """A multiple-choice question's row; ``right``: the index of the right option."""
-    return dict(
-        question=question,
-        options=repr(options),
-        answer=chr(ord("A") + right),
-        question_type="multiple-choice",
-        images=images,
-        subfield=subfield,
-    )
+#: what a question maker returns: (question, options literal, answer, question_type, images, subfield)
+Made = tuple[str, str, str, str, list, str]
 
 
-def _open(question: str, answer: str, images: list, subfield: str) -> dict[str, Any]:
-    """An open question's row (no options)."""
-    return dict(
-        question=question,
-        options="[]",
-        answer=answer,
-        question_type="open",
-        images=images,
-        subfield=subfield,
-    )
+def _mc(question: str, options: list[str], right: int, images: list, subfield: str) -> Made:
+    """A multiple-choice question; ``right``: the index of the right option."""
+    return question, repr(options), chr(ord("A") + right), "multiple-choice", images, subfield
 
 
-def _ask_colour(k: int, rng: random.Random) -> dict[str, Any]:
+def _open(question: str, answer: str, images: list, subfield: str) -> Made:
+    """An open question (no options)."""
+    return question, "[]", answer, "open", images, subfield
+
+
+def _ask_colour(k: int, rng: random.Random) -> Made:
     """Which of four colours is the shape."""
     colours = rng.sample(sorted(COLOURS), 4)
     right = rng.randrange(4)
@@ -137,14 +125,14 @@ def _ask_colour(k: int, rng: random.Random) -> dict[str, Any]:
     return _mc("What colour is the shape in <image 1>?", colours, right, [img], "Colour")
 
 
-def _ask_shape(k: int, rng: random.Random) -> dict[str, Any]:
+def _ask_shape(k: int, rng: random.Random) -> Made:
     """Which shape is drawn."""
     right = rng.randrange(4)
     img = shape_image(SHAPES[right], rng.choice(sorted(COLOURS)))
     return _mc("<image 1> Which shape is drawn in the picture?", SHAPES, right, [img], "Morphology")
 
 
-def _ask_count(k: int, rng: random.Random) -> dict[str, Any]:
+def _ask_count(k: int, rng: random.Random) -> Made:
     """How many dots (RGB, grayscale or RGBA by ``k``): open for odd ``k``, else multiple choice."""
     n = rng.randint(1, 9)
     images = [dots_image(n, rng, ["RGB", "L", "RGBA"][k % 3])]
@@ -155,7 +143,7 @@ def _ask_count(k: int, rng: random.Random) -> dict[str, Any]:
     return _mc(question, [str(c) for c in choices], choices.index(n), images, "Counting")
 
 
-def _ask_read(k: int, rng: random.Random) -> dict[str, Any]:
+def _ask_read(k: int, rng: random.Random) -> Made:
     """Which word is printed (open)."""
     word = rng.choice(WORDS)
     return _open(
@@ -166,7 +154,7 @@ def _ask_read(k: int, rng: random.Random) -> dict[str, Any]:
     )
 
 
-def _ask_add(k: int, rng: random.Random) -> dict[str, Any]:
+def _ask_add(k: int, rng: random.Random) -> Made:
     """The sum of two printed dollar amounts (open)."""
     a, b = rng.randint(100, 4000), rng.randint(100, 4000)
     return _open(
@@ -177,7 +165,7 @@ def _ask_add(k: int, rng: random.Random) -> dict[str, Any]:
     )
 
 
-def _ask_compare(k: int, rng: random.Random) -> dict[str, Any]:
+def _ask_compare(k: int, rng: random.Random) -> Made:
     """Which of two images has more dots (the options are the images)."""
     a, b = rng.sample(range(1, 10), 2)
     images = [dots_image(a, rng), dots_image(b, rng)]
@@ -185,7 +173,7 @@ def _ask_compare(k: int, rng: random.Random) -> dict[str, Any]:
     return _mc(question, ["<image 1>", "<image 2>"], 0 if a > b else 1, images, "Cartography")
 
 
-def _ask_pick_image(k: int, rng: random.Random) -> dict[str, Any]:
+def _ask_pick_image(k: int, rng: random.Random) -> Made:
     """Image 1 names a colour; which of four squares (images 2..5, shuffled) shows it."""
     n_opts = 4
     colours = rng.sample(sorted(COLOURS), n_opts)
@@ -226,25 +214,21 @@ def generate_rows(n: int = 63, seed: int = 0) -> dict[str, list[dict[str, Any]]]
     for i in range(n):
         subject, kind = SUBJECT_KINDS[i % len(SUBJECT_KINDS)]
         k = len(rows[subject]) + 1
-        q = MAKERS[kind](k, rng)
-        imgs = q.pop("images")
+        question, options, answer, qtype, imgs, subfield = MAKERS[kind](k, rng)
         row: dict[str, Any] = {
             "id": f"{SPLIT}_{subject}_{k}",
-            "question": q["question"],
-            "options": q["options"],
+            "question": question,
+            "options": options,
             "explanation": "",
         }
-        for j in range(1, 8):
-            row[f"image_{j}"] = imgs[j - 1] if j <= len(imgs) else None
-        row.update(
-            {
-                "img_type": repr(["Diagrams"]),
-                "answer": q["answer"],
-                "topic_difficulty": ["Easy", "Medium", "Hard"][k % 3],
-                "question_type": q["question_type"],
-                "subfield": q["subfield"],
-            }
-        )
+        row |= {f"image_{j}": imgs[j - 1] if j <= len(imgs) else None for j in range(1, 8)}
+        row |= {
+            "img_type": repr(["Diagrams"]),
+            "answer": answer,
+            "topic_difficulty": ["Easy", "Medium", "Hard"][k % 3],
+            "question_type": qtype,
+            "subfield": subfield,
+        }
         rows[subject].append(row)
     return {s: r for s, r in rows.items() if r}
 
@@ -264,27 +248,20 @@ def features():
 def generate(out_dir: str | Path, n: int = 63, seed: int = 0) -> dict[str, int]:
     """Write ``n`` demo questions under ``out_dir`` (files replaced atomically); returns
     ``{subject: question count}``. Raises ValueError when ``n < 1``."""
-    out = Path(out_dir)
-    counts: dict[str, int] = {}
-    with quiet_datasets():
-        _write(out, generate_rows(n, seed), counts)
-    return counts
-
-
-def _write(out: Path, by_subject: dict[str, list[dict[str, Any]]], counts: dict[str, int]) -> None:
-    import os
-
     import datasets
 
-    for subject, rows in by_subject.items():
-        cols = {k: [r[k] for r in rows] for k in rows[0]}
-        ds = datasets.Dataset.from_dict(cols, features=features())
-        target = out / subject / f"{SPLIT}-00000-of-00001.parquet"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp")
-        ds.to_parquet(str(tmp))
-        os.replace(tmp, target)
-        counts[subject] = len(rows)
+    counts: dict[str, int] = {}
+    with quiet_datasets():
+        for subject, rows in generate_rows(n, seed).items():
+            cols = {k: [r[k] for r in rows] for k in rows[0]}
+            ds = datasets.Dataset.from_dict(cols, features=features())
+            target = Path(out_dir) / subject / f"{SPLIT}-00000-of-00001.parquet"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.tmp")
+            ds.to_parquet(str(tmp))
+            os.replace(tmp, target)
+            counts[subject] = len(rows)
+    return counts
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@ from typing import Any
 
 from patchbench import stats
 from patchbench.records import read_jsonl
-from patchbench.suite import PairingRefused
+from patchbench.suite import PairingRefused, read_file
 from patchbench.suites.mmmu.data import DOMAINS, SUBJECT_DOMAIN, domain_metric, subject_of
 
 Record = Mapping[str, Any]
@@ -104,23 +104,15 @@ def check_pairable(a: Sequence[Record], b: Sequence[Record]) -> None:
         raise PairingError("cannot pair these MMMU cells: " + "; ".join(problems))
 
 
-def _read_records(suite_dir: Path) -> tuple[list[dict] | None, str | None]:
-    p = Path(suite_dir) / "records.jsonl"
-    if not p.is_file():
-        return None, f"{p}: missing"
-    try:
-        return read_jsonl(p), None
-    except (OSError, ValueError) as e:
-        return None, f"{p}: unreadable ({e})"
-
-
 def pair_repeats(baseline_dirs: list[Path], variant_dirs: list[Path]) -> dict[str, Any] | None:
     """The ``records.jsonl`` of repeat k of each cell (``baseline_dirs[k]``, ``variant_dirs[k]``)
     paired by :func:`pair_records`; a repeat without both files is left out with a note. None
     when no repeat has both."""
     reps_a, reps_b, notes = [], [], []
     for k, (da, db) in enumerate(zip(baseline_dirs, variant_dirs, strict=True)):
-        (ra, why_a), (rb, why_b) = _read_records(da), _read_records(db)
+        (ra, why_a), (rb, why_b) = (
+            read_file(Path(d) / "records.jsonl", read_jsonl) for d in (da, db)
+        )
         if ra is None or rb is None:
             notes.append(
                 f"paired repeat {k}: not used: " + "; ".join(w for w in (why_a, why_b) if w)

@@ -104,7 +104,6 @@ def build_messages(
     mc_template: str = DEFAULT_MC_TEMPLATE,
     open_template: str = DEFAULT_OPEN_TEMPLATE,
     option_format: str = DEFAULT_OPTION_FORMAT,
-    encode: Callable[[Any], str] = png_data_url,
 ) -> tuple[list[dict], str, int]:
     """``(messages, prompt_sha256, n_images_sent)``: one OpenAI user message of text and
     ``image_url`` parts; PromptError for a missing image or an unknown protocol."""
@@ -113,7 +112,7 @@ def build_messages(
 
     def enc(n: int) -> str:
         if n not in cache:
-            cache[n] = encode(q.images[n])
+            cache[n] = png_data_url(q.images[n])
         return cache[n]
 
     if protocol == "patchbench":

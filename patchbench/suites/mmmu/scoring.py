@@ -1,6 +1,6 @@
 """Scoring MMMU answers: a verdict per question (``correct`` | ``wrong`` | ``unparsed`` |
 ``failed``), tallies per subject / domain / overall, the files of sglang's ``benchmark/mmmu``
-script (``val_sglang.json``, ``answer_sglang.json``), and ``patchbench score-mmmu`` (:func:`cli`).
+script (``val_sglang.json``, ``answer_sglang.json``), and ``patchbench score-mmmu`` (:func:`run_args`).
 
 Accuracy = correct / asked, failed and unparsed included (docs/cases.md M5); ``answered_acc`` =
 correct / (asked - failed); subject, domain and overall pooled over questions, never means of
@@ -17,7 +17,7 @@ import pprint
 import random
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -87,42 +87,45 @@ def fallback_rng(parser: str, fallback: str, seed: int | None) -> random.Random 
     return random.Random(seed) if parser == "official" and fallback == "random" else None
 
 
-def record(
-    qid: str,
-    subject: str,
-    question_type: str,
+def scored_record(
+    q: Mapping[str, Any],
     response: str | None,
-    s: Scored,
     *,
-    gold: Any,
-    index2ans: Mapping[str, str],
     parser: str,
     seed: int | None,
     fallback: str,
-    prompt_sha256: str | None = None,
-    latency_s: float | None = None,
-    prompt_tokens: int | None = None,
-    completion_tokens: int | None = None,
-    error: str | None = None,
+    rng: random.Random | None,
+    failed: bool = False,
     **more: Any,
 ) -> dict[str, Any]:
-    """One line of ``records.jsonl`` (docs/CONTRACTS.md): the question, its response, its parse
-    ``s`` and the parser's settings; ``more``: what a run adds (protocol, sampling, images)."""
+    """One line of ``records.jsonl`` (docs/CONTRACTS.md): question ``q`` (``id``, ``subject``,
+    ``question_type``, ``gold``, ``index2ans``, optional ``all_choices``), its ``response`` parsed
+    (:func:`score_response`) and the parser's settings; ``more``: what a run adds (prompt hash,
+    latency, tokens, error, protocol, sampling, images)."""
+    s = score_response(
+        response,
+        question_type=q["question_type"],
+        gold=q["gold"],
+        all_choices=q.get("all_choices") or list(q["index2ans"]),
+        index2ans=q["index2ans"],
+        parser=parser,
+        rng=rng,
+        failed=failed,
+    )
     official = parser == "official"
+    head = {k: q[k] for k in ("id", "subject", "question_type")}
+    timing = {
+        k: more.pop(k, None) for k in ("latency_s", "prompt_tokens", "completion_tokens", "error")
+    }
     return {
-        "id": qid,
-        "subject": subject,
-        "question_type": question_type,
-        "prompt_sha256": prompt_sha256,
+        **head,
+        "prompt_sha256": more.pop("prompt_sha256", None),
         "response": response,
         "parsed": s.parsed,
         "verdict": s.verdict,
-        "latency_s": latency_s,
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "error": error,
-        "gold": gold,
-        "index2ans": index2ans,
+        **timing,
+        "gold": q["gold"],
+        "index2ans": q["index2ans"],
         "fallback": s.fallback,
         "unparsed_kind": s.unparsed_kind,
         "parse_rule": s.rule,
@@ -147,10 +150,10 @@ class Tally:
     asked: int = 0
     failed: int = 0
     unparsed: int = 0
-    correct: int = 0
-    fallbacks: int = 0
     no_answer: int = 0
     ambiguous: int = 0
+    correct: int = 0
+    fallbacks: int = 0
     images_unreferenced: int = 0
     images_not_sent: int = 0
 
@@ -193,22 +196,10 @@ class Tally:
         self.images_not_sent += bool(images_not_sent)
 
     def as_dict(self) -> dict[str, Any]:
-        lo, hi = wilson(self.correct, self.asked)
-        return {
-            "asked": self.asked,
-            "answered": self.answered,
-            "failed": self.failed,
-            "unparsed": self.unparsed,
-            "no_answer": self.no_answer,
-            "ambiguous": self.ambiguous,
-            "correct": self.correct,
-            "fallbacks": self.fallbacks,
-            "images_unreferenced": self.images_unreferenced,
-            "images_not_sent": self.images_not_sent,
-            "acc": self.acc,
-            "acc_ci95": [lo, hi],
-            "answered_acc": self.answered_acc,
-        }
+        d = asdict(self)
+        head = {"asked": d.pop("asked"), "answered": self.answered}
+        ci = list(wilson(self.correct, self.asked))
+        return {**head, **d, "acc": self.acc, "acc_ci95": ci, "answered_acc": self.answered_acc}
 
 
 @dataclass
@@ -264,20 +255,16 @@ def tally(records: Iterable[Mapping[str, Any]]) -> Scores:
 def val_dict(scores: Scores) -> dict[str, dict[str, Any]]:
     """``val_sglang.json``: ``{"Overall-<domain>" then its subjects: {"num" (asked), "acc"
     (rounded to 3 decimals, as the script)}, ..., "Overall": {...}}``."""
+
+    def entry(t: Tally) -> dict[str, Any]:
+        return {"num": t.asked, "acc": round(t.acc, 3) if t.asked else 0.0}
+
     out: dict[str, dict[str, Any]] = {}
     for domain, subs in DOMAINS.items():
-        if domain not in scores.domains:
-            continue
-        d = scores.domains[domain]
-        out[f"Overall-{domain}"] = {"num": d.asked, "acc": round(d.acc, 3)}
-        for s in subs:
-            if s in scores.subjects:
-                t = scores.subjects[s]
-                out[s] = {"num": t.asked, "acc": round(t.acc, 3)}
-    out["Overall"] = {
-        "num": scores.overall.asked,
-        "acc": round(scores.overall.acc, 3) if scores.overall.asked else 0.0,
-    }
+        if domain in scores.domains:
+            out[f"Overall-{domain}"] = entry(scores.domains[domain])
+            out |= {s: entry(scores.subjects[s]) for s in subs if s in scores.subjects}
+    out["Overall"] = entry(scores.overall)
     return out
 
 
@@ -299,14 +286,14 @@ def answer_dict(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any
 
 def format_block(val: Mapping[str, Any], *, benchmark_time_s: float | None = None) -> str:
     """The PR-style "Accuracy Tests" text of one run, as sglang's script printed it."""
-    lines = []
-    if benchmark_time_s is not None:
-        lines.append(f"Benchmark time: {benchmark_time_s}")
-    lines.append("answers saved to: ./answer_sglang.json")
-    lines.append("Evaluating...")
-    lines.append(pprint.pformat({k: {"acc": v["acc"], "num": v["num"]} for k, v in val.items()}))
-    lines.append("eval out saved to ./val_sglang.json")
-    lines.append(f"Overall accuracy: {val['Overall']['acc']}")
+    lines = [] if benchmark_time_s is None else [f"Benchmark time: {benchmark_time_s}"]
+    lines += [
+        "answers saved to: ./answer_sglang.json",
+        "Evaluating...",
+        pprint.pformat({k: {"acc": v["acc"], "num": v["num"]} for k, v in val.items()}),
+        "eval out saved to ./val_sglang.json",
+        f"Overall accuracy: {val['Overall']['acc']}",
+    ]
     return "\n".join(lines)
 
 
@@ -356,16 +343,11 @@ def _metrics(sc: Scores, params: Params) -> dict[str, float]:
     metrics: dict[str, float] = {
         "mmmu_overall_acc": o.acc if o.acc is not None else float("nan"),
         "mmmu_answered_acc": o.answered_acc if o.answered_acc is not None else float("nan"),
-        "mmmu_asked_count": float(o.asked),
-        "mmmu_answered_count": float(o.answered),
-        "mmmu_correct_count": float(o.correct),
-        "mmmu_failed_count": float(o.failed),
-        "mmmu_unparsed_count": float(o.unparsed),
-        "mmmu_no_answer_count": float(o.no_answer),
-        "mmmu_ambiguous_count": float(o.ambiguous),
-        "mmmu_images_unreferenced_count": float(o.images_unreferenced),
-        "mmmu_images_not_sent_count": float(o.images_not_sent),
     }
+    for k in ("asked", "answered", "correct", "failed", "unparsed", "no_answer", "ambiguous"):
+        metrics[f"mmmu_{k}_count"] = float(getattr(o, k))
+    for k in ("images_unreferenced", "images_not_sent"):
+        metrics[f"mmmu_{k}_count"] = float(getattr(o, k))
     for d, t in sc.domains.items():
         metrics[domain_metric(d)] = t.acc
     if params.parser == "official":
@@ -423,27 +405,24 @@ class InputError(UsageError, ValueError):
 def load_responses(path: str | Path) -> dict[str, dict[str, Any]]:
     """``{id: {"response", "question_type", "index2ans", "gold"?}}`` from any RESPONSES form."""
     path = Path(path)
-    items: list[dict] = []
     if path.is_dir():
         files = sorted(path.glob("*/output.json"))
         if not files:
             raise InputError(f"{path}: no <Subject>/output.json files (official example layout)")
-        for f in files:
-            data = read_json(f)
-            if not isinstance(data, list):
-                raise InputError(f"{f}: expected a list of responses, got {type(data).__name__}")
-            items.extend((f, x) for x in data)  # type: ignore[arg-type]
-    elif path.suffix == ".jsonl":
-        items = [(path, x) for x in read_jsonl(path)]  # type: ignore[misc]
-    elif path.exists():
-        data = read_json(path)
-        if not isinstance(data, list):
-            raise InputError(f"{path}: expected a list of responses or a records.jsonl")
-        items = [(path, x) for x in data]  # type: ignore[misc]
-    else:
+    elif not path.exists():
         raise InputError(f"{path}: no such file or folder")
+    else:
+        files = [path]
+    items: list[tuple[Path, dict]] = []
+    for f in files:
+        data = read_jsonl(f) if f.suffix == ".jsonl" else read_json(f)
+        if not isinstance(data, list):
+            raise InputError(
+                f"{f}: expected a list of responses or a records.jsonl, got {type(data).__name__}"
+            )
+        items += [(f, x) for x in data]
     out: dict[str, dict[str, Any]] = {}
-    for f, x in items:  # type: ignore[misc]
+    for f, x in items:
         if "id" not in x or "response" not in x:
             raise InputError(f"{f}: an entry lacks 'id' or 'response' (keys {sorted(x)})")
         index2ans = x.get("index2ans") or {}
@@ -480,33 +459,27 @@ def score_saved(
     rng = fallback_rng(parser, fallback, seed)
     records = []
     for qid, k in key.items():
-        r = responses.get(qid)
-        qtype = k["question_type"]
-        index2ans = (r or {}).get("index2ans") or {}
-        all_choices = (r or {}).get("all_choices") or list(index2ans)
-        s = score_response(
-            None if r is None else r["response"],
-            question_type=qtype,
-            gold=k["ground_truth"],
-            all_choices=all_choices,
-            index2ans=index2ans,
-            parser=parser,
-            rng=rng,
-            failed=r is None or r["response"] is None,
-        )
+        r = responses.get(qid) or {}
+        q = {
+            "id": qid,
+            "subject": subject_of(qid),
+            "question_type": k["question_type"],
+            "gold": k["ground_truth"],
+            "index2ans": r.get("index2ans") or {},
+            "all_choices": r.get("all_choices"),
+        }
+        response = r.get("response")
+        error = None if r else "no response in the file"
         records.append(
-            record(
-                qid,
-                subject_of(qid),
-                qtype,
-                None if r is None else r["response"],
-                s,
-                gold=k["ground_truth"],
-                index2ans=index2ans,
+            scored_record(
+                q,
+                response,
                 parser=parser,
                 seed=seed,
                 fallback=fallback,
-                error="no response in the file" if r is None else None,
+                rng=rng,
+                failed=response is None,
+                error=error,
             )
         )
     return records
@@ -534,17 +507,9 @@ def disagreements(
         st = P.parse_strict_detail(r["response"], choices, index2ans)
         off, _ = P.parse_official_mc(r["response"], choices, index2ans, None)
         if st.letter != off:
-            rows.append(
-                {
-                    "id": qid,
-                    "subject": subject_of(qid),
-                    "gold": k["ground_truth"],
-                    "strict": st.letter or st.status,
-                    "strict_rule": st.rule,
-                    "official": off or "fallback",
-                    "response": r["response"],
-                }
-            )
+            row = (qid, subject_of(qid), k["ground_truth"], st.letter or st.status, st.rule)
+            row += (off or "fallback", r["response"])
+            rows.append(dict(zip(DISAGREEMENT_COLUMNS, row, strict=True)))
     return rows
 
 
@@ -571,8 +536,7 @@ def disagreements_csv(rows: list[dict[str, Any]]) -> str:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=list(DISAGREEMENT_COLUMNS), lineterminator="\n")
     w.writeheader()
-    for r in rows:
-        w.writerow({c: r[c] for c in DISAGREEMENT_COLUMNS})
+    w.writerows(rows)
     return buf.getvalue()
 
 
@@ -600,20 +564,6 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         help="print the responses where strict and official parses differ (and "
         "write disagreements.md / .csv to --out)",
     )
-
-
-def cli(argv: list[str]) -> int:
-    """``patchbench score-mmmu`` (docs/mmmu.md): re-score saved responses against an answer key
-    without a server; the exit code (0 done, 2 bad usage or unreadable input)."""
-    ap = argparse.ArgumentParser(
-        prog="patchbench score-mmmu", description="Re-score saved MMMU responses."
-    )
-    add_arguments(ap)
-    try:
-        a = ap.parse_args(argv)
-    except SystemExit as e:
-        return EXIT_OK if e.code == 0 else EXIT_USAGE
-    return run_args(a)
 
 
 def run_args(a: argparse.Namespace) -> int:

@@ -1,10 +1,8 @@
 """Profile suite: host syncs per decode step, host step time and GPU idle gaps, read from the live
-server's own torch-profiler trace (docs/profile.md).
+server's own torch-profiler trace (docs/profile.md). Untimed: it runs in the correctness cells.
 
-Untimed (a profiler changes timing): it runs in each variant's correctness cell with its
-in-server hook naming the decode-step and mrope ranges. Per concurrency level it keeps that many
-streamed image requests decoding (:mod:`.load`), asks for a trace of ``num_steps`` forward passes
-(``POST /start_profile``), waits for the scheduler's ``*.trace.json.gz`` and analyses it
+Per concurrency level it keeps that many streamed image requests decoding (:mod:`.load`), asks
+for a trace of ``num_steps`` forward passes (``POST /start_profile``) and analyses it
 (:mod:`.trace`). Files: ``trace-c<N>.trace.json.gz``, ``steps.jsonl`` (``Step.record()`` plus
 ``concurrency``), ``timeline-c<N>.json``, ``summary.json``."""
 
@@ -20,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from patchbench.records import read_json, read_jsonl, write_json, write_jsonl
+from patchbench.records import read_jsonl, write_json, write_jsonl
 from patchbench.suite import (
     Instrumentation,
     MetricInfo,
@@ -29,6 +27,7 @@ from patchbench.suite import (
     SuiteError,
     SuiteResult,
     comparison_get,
+    read_or,
     register,
     suite_pairs,
     suite_refusals,
@@ -40,29 +39,23 @@ from . import trace as T
 #: the in-server hook (Instrumentation.hooks) that names the decode-step and mrope ranges
 HOOK = Path(__file__).resolve().parent / "instr" / "patchbench_profile_instr.py"
 
+_ALL_LEVELS = " (over the steps of every concurrency level)"
 METRICS: dict[str, MetricInfo] = {
     "mrope_syncs_per_decode_step": MetricInfo(
         "lower",
         "count",
-        "median host syncs inside the mrope computation per decode step (over the steps of "
-        "every concurrency level)",
-        primary=True,
-        kind="deterministic",
+        "median host syncs inside the mrope computation per decode step" + _ALL_LEVELS,
+        True,
+        "deterministic",
     ),
     "syncs_per_decode_step": MetricInfo(
-        "lower",
-        "count",
-        "median host syncs per decode step (over the steps of every concurrency level)",
-        kind="deterministic",
+        "lower", "count", "median host syncs per decode step" + _ALL_LEVELS, kind="deterministic"
     ),
     "gpu_idle_gap_us_median": MetricInfo(
         "lower", "us", "GPU idle time between consecutive decode steps (median)", kind="run"
     ),
     "launch_lead_us_median": MetricInfo(
-        "higher",
-        "us",
-        "end of a step's GPU work minus the next step's first launch (median)",
-        kind="run",
+        "higher", "us", "end of a step's GPU work minus the next step's first launch (median)"
     ),
     "host_step_ms_median": MetricInfo(
         "lower", "ms", "host time per decode step, start to next start (median)", kind="run"
@@ -102,42 +95,25 @@ class Params(BaseModel):
     timeline_steps: int = Field(4, ge=1, le=20)
 
 
-def _activities(params: Params, device: str) -> list[str]:
-    if params.activities == "auto":
-        return ["CPU", "GPU"] if device == "cuda" else ["CPU"]
-    return params.activities.split("+")
-
-
 def profile_request(params: Params, device: str, output_dir: Path) -> dict:
     """The JSON body of ``POST /start_profile`` (fields 0.5.1.post3's ``ProfileReqInput`` and
     0.5.23's ``ProfileReq`` both declare)."""
+    auto = ["CPU", "GPU"] if device == "cuda" else ["CPU"]
     return {
         "output_dir": str(output_dir),
         "num_steps": params.num_steps,
-        "activities": _activities(params, device),
+        "activities": auto if params.activities == "auto" else params.activities.split("+"),
         "with_stack": False,
         "record_shapes": False,
     }
 
 
 def _complete_trace(d: Path) -> Path | None:
-    """The scheduler's trace file in ``d`` once complete: a non-empty gzip of JSON (the profiler
-    creates the file before writing it)."""
-    import gzip
-    import json
-
+    """The scheduler's trace file in ``d`` once complete (the profiler creates it before writing)."""
     for p in sorted(d.glob("*.trace.json.gz")):
-        try:
-            if p.stat().st_size == 0:
-                continue
-            with gzip.open(p) as f:
-                data = f.read()
-            if not data.strip():
-                continue
-            json.loads(data)
+        with contextlib.suppress(T.TraceError):
+            T.load_events(p)
             return p
-        except (OSError, EOFError, ValueError):
-            continue
     return None
 
 
@@ -175,7 +151,7 @@ async def await_trace(ctx: SuiteContext, params: Params, raw: Path, c: int, t_en
 async def _profile_level(ctx: SuiteContext, params: Params, c: int, images: list[str]) -> dict:
     import aiohttp
 
-    from .load import DecodeLoad
+    from .load import DecodeLoad, itl_from_arrivals
 
     raw = Path(ctx.out_dir) / f"raw-c{c}"
     raw.mkdir(parents=True, exist_ok=True)
@@ -203,7 +179,6 @@ async def _profile_level(ctx: SuiteContext, params: Params, c: int, images: list
                 text = await r.text()
                 if r.status != 200:
                     raise SuiteError(f"POST /start_profile answered {r.status}: {text[:300]}")
-            t_started = time.monotonic()
             found = await await_trace(ctx, params, raw, c, t_end)
         finally:
             await load.stop()
@@ -212,9 +187,8 @@ async def _profile_level(ctx: SuiteContext, params: Params, c: int, images: list
     shutil.rmtree(raw, ignore_errors=True)
     return {
         "trace": dest,
-        "itl_unprofiled_ms": load.itl_ms(t0, t1),
+        "itl_unprofiled_ms": itl_from_arrivals(load.arrivals, t0, t1),
         "request": body,
-        "start_profile_s": t_started - t1,
         "errors": load.errors[:5],
     }
 
@@ -266,7 +240,8 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
                 f"(steps from: {a.source}); is the instrumentation on the server's "
                 "PYTHONPATH?"
             )
-        rows += [dict(s.record(), concurrency=c) for s in a.steps]
+        level_rows = [dict(s.record(), concurrency=c) for s in a.steps]
+        rows += level_rows
         all_steps += a.steps
         summ = a.summary()
         itl = got["itl_unprofiled_ms"]
@@ -282,92 +257,54 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
             "trace": got["trace"].name,
             "source": a.source,
             "summary": summ,
-            "by_batch_size": a.by_batch_size(),
+            "by_batch_size": T.per_batch_size(level_rows),
             "itl_unprofiled_ms": itl,
             "start_profile_request": got["request"],
             "client_errors": got["errors"],
         }
     write_jsonl(Path(ctx.out_dir) / "steps.jsonl", rows)
-    merged = T.Analysis(steps=all_steps, source="patchbench", has_gpu=False, events=0)
-    metrics = {k: v for k, v in _summary_over_levels(levels, all_steps).items() if v is not None}
+    # medians over every step of every level (intervals, gaps and leads never cross traces); the
+    # host step time only from intervals
+    metrics = T.Analysis(all_steps, "patchbench", False, 0).summary()
+    if all(s.interval_us is None for s in all_steps):
+        metrics.pop("host_step_ms_median", None)
     if overheads:
         metrics["profiler_step_overhead_share"] = median(overheads)
-    status = "ok" if all_steps else "incomplete"
-    errors = [] if all_steps else ["no decode step found in any trace"]
     return SuiteResult(
-        status=status,
+        status="ok" if all_steps else "incomplete",
         metrics=metrics,
-        errors=errors,
+        errors=[] if all_steps else ["no decode step found in any trace"],
         warnings=warnings,
         meta={
             "levels": levels,
-            "by_batch_size": merged.by_batch_size(),
+            "by_batch_size": T.per_batch_size(rows),
             "params": params.model_dump(),
         },
     )
-
-
-def _summary_over_levels(levels: dict[str, Any], steps: list[T.Step]) -> dict[str, float | None]:
-    """Medians over every decode step of every level (intervals, gaps and leads never cross traces)."""
-    if not steps:
-        return {}
-
-    def med(xs):
-        xs = [x for x in xs if x is not None]
-        return float(median(xs)) if xs else None
-
-    host = med(s.interval_us for s in steps)
-    return {
-        "mrope_syncs_per_decode_step": med(s.mrope_syncs for s in steps),
-        "syncs_per_decode_step": med(s.syncs for s in steps),
-        "host_step_ms_median": None if host is None else host / 1000.0,
-        "host_step_range_ms_median": med(s.host_us for s in steps) / 1000.0,
-        "gpu_idle_gap_us_median": med(s.gpu_idle_gap_us for s in steps),
-        "launch_lead_us_median": med(s.launch_lead_us for s in steps),
-        "decode_steps_count": float(len(steps)),
-    }
 
 
 # --------------------------------------------------------------------------- comparison
 
 
 def _cell(d: Path) -> dict[str, Any]:
-    d = Path(d)
-    try:
-        steps = read_jsonl(d / "steps.jsonl")
-    except (OSError, ValueError):
-        steps = []
-    try:
-        metrics = (read_json(d / "summary.json") or {}).get("metrics") or {}
-    except (OSError, ValueError):
-        metrics = {}
-    timelines = {}
-    for p in sorted(d.glob("timeline-c*.json")):
-        try:
-            timelines[p.stem.split("-c", 1)[1]] = read_json(p)
-        except (OSError, ValueError):
-            pass
-    return {"steps": steps, "metrics": metrics, "timelines": timelines}
-
-
-def _per_bs(steps: list[dict]) -> dict[int, dict[str, list[int]]]:
-    out: dict[int, dict[str, set]] = {}
-    for s in steps:
-        bs = s.get("batch_size")
-        if bs is None:
-            continue
-        row = out.setdefault(int(bs), {"syncs": set(), "mrope_syncs": set(), "steps": 0})
-        row["syncs"].add(s.get("syncs"))
-        row["mrope_syncs"].add(s.get("mrope_syncs"))
-        row["steps"] += 1
+    """A cell's steps.jsonl, summary metrics and timelines ({} / [] for what cannot be read)."""
+    timelines = {p.stem.split("-c", 1)[1]: read_or(p) for p in sorted(d.glob("timeline-c*.json"))}
     return {
-        bs: {
-            "syncs": sorted(r["syncs"]),
-            "mrope_syncs": sorted(r["mrope_syncs"]),
-            "steps": r["steps"],
-        }
-        for bs, r in sorted(out.items())
+        "steps": read_or(d / "steps.jsonl", [], read_jsonl),
+        "metrics": (read_or(d / "summary.json") or {}).get("metrics") or {},
+        "timelines": {c: t for c, t in timelines.items() if t is not None},
     }
+
+
+#: the per-cell medians a pair lists, in the report's order after the sync counts
+VALUES = (
+    "gpu_idle_gap_us_median",
+    "launch_lead_us_median",
+    "host_step_ms_median",
+    "syncs_per_decode_step",
+    "mrope_syncs_per_decode_step",
+    "profiler_step_overhead_share",
+)
 
 
 def pair_cells(baseline_dirs: list[Path], variant_dirs: list[Path]) -> dict[str, Any] | None:
@@ -375,13 +312,12 @@ def pair_cells(baseline_dirs: list[Path], variant_dirs: list[Path]) -> dict[str,
     distinct per-step counts), "steps"} | None, "syncs_equal", "mrope_syncs_equal"}], "values":
     {metric: {"baseline", "variant": [per repeat]}}, "timeline": {"baseline", "variant":
     {concurrency: timeline_excerpt()}}}``; None when neither side has steps."""
-    b = [_cell(d) for d in baseline_dirs]
-    v = [_cell(d) for d in variant_dirs]
-    bsteps = [s for c in b for s in c["steps"]]
-    vsteps = [s for c in v for s in c["steps"]]
-    if not bsteps and not vsteps:
+    b = [_cell(Path(d)) for d in baseline_dirs]
+    v = [_cell(Path(d)) for d in variant_dirs]
+    pb = T.per_batch_size(s for c in b for s in c["steps"])
+    pv = T.per_batch_size(s for c in v for s in c["steps"])
+    if not any(c["steps"] for c in b + v):
         return None
-    pb, pv = _per_bs(bsteps), _per_bs(vsteps)
     rows = []
     for bs in sorted(set(pb) | set(pv)):
         x, y = pb.get(bs), pv.get(bs)
@@ -394,35 +330,24 @@ def pair_cells(baseline_dirs: list[Path], variant_dirs: list[Path]) -> dict[str,
                 "mrope_syncs_equal": bool(x and y and x["mrope_syncs"] == y["mrope_syncs"]),
             }
         )
-    values = {}
-    for name in (
-        "gpu_idle_gap_us_median",
-        "launch_lead_us_median",
-        "host_step_ms_median",
-        "syncs_per_decode_step",
-        "mrope_syncs_per_decode_step",
-        "profiler_step_overhead_share",
-    ):
-        values[name] = {
-            "baseline": [c["metrics"].get(name) for c in b],
-            "variant": [c["metrics"].get(name) for c in v],
-        }
-    first = lambda cells: next((c["timelines"] for c in cells if c["timelines"]), {})  # noqa: E731
     return {
         "by_batch_size": rows,
-        "values": values,
-        "timeline": {"baseline": first(b), "variant": first(v)},
+        "values": {
+            n: {
+                "baseline": [c["metrics"].get(n) for c in b],
+                "variant": [c["metrics"].get(n) for c in v],
+            }
+            for n in VALUES
+        },
+        "timeline": {
+            arm: next((c["timelines"] for c in cells if c["timelines"]), {})
+            for arm, cells in (("baseline", b), ("variant", v))
+        },
     }
 
 
 def _fmt(xs: list | None) -> str:
-    if not xs:
-        return "–"
-    return "/".join(f"{x:g}" for x in xs)
-
-
-def _num(x) -> str:
-    return "–" if x is None else f"{x:.3g}"
+    return "/".join(f"{x:g}" for x in xs) if xs else "–"
 
 
 def report_section(comparison: Any) -> list[str]:
@@ -460,20 +385,13 @@ def report_section(comparison: Any) -> list[str]:
                 f"{_fmt(x.get('syncs'))} → {_fmt(y.get('syncs'))} | "
                 f"{_fmt(x.get('mrope_syncs'))} → {_fmt(y.get('mrope_syncs'))} | {eq} |"
             )
-        vals = p.get("values") or {}
         body += ["", "| median per cell | baseline | variant |", "|---|---|---|"]
-        for name in (
-            "host_step_ms_median",
-            "gpu_idle_gap_us_median",
-            "launch_lead_us_median",
-            "profiler_step_overhead_share",
-        ):
-            d = vals.get(name) or {}
-            if any(x is not None for x in (d.get("baseline") or []) + (d.get("variant") or [])):
-                body.append(
-                    f"| {name} | {', '.join(_num(x) for x in d.get('baseline') or [])} | "
-                    f"{', '.join(_num(x) for x in d.get('variant') or [])} |"
-                )
+        for name in ("host_step_ms_median", *VALUES[:2], VALUES[-1]):
+            d = (p.get("values") or {}).get(name) or {}
+            arms = [d.get("baseline") or [], d.get("variant") or []]
+            if any(x is not None for xs in arms for x in xs):
+                cols = [", ".join("–" if x is None else f"{x:.3g}" for x in xs) for xs in arms]
+                body.append(f"| {name} | {cols[0]} | {cols[1]} |")
         body.append("")
     what = "syncs per decode step by batch size, and step-time medians, per variant"
     return lines + folded(what, body)

@@ -44,21 +44,8 @@ class DecodeLoad:
     image_urls: list[str]
     arrivals: list[list[list[float]]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-    requests_done: int = 0
     _stop: asyncio.Event | None = None
     _tasks: list[asyncio.Task] = field(default_factory=list)
-
-    def payload(self, worker: int) -> dict:
-        return {
-            "text": PROMPT,
-            "image_data": self.image_urls[worker % len(self.image_urls)],
-            "stream": True,
-            "sampling_params": {
-                "temperature": 0.0,
-                "max_new_tokens": self.max_new_tokens,
-                "ignore_eos": True,
-            },
-        }
 
     async def start(self, session: aiohttp.ClientSession) -> None:
         """Start the workers (returns at once)."""
@@ -70,9 +57,12 @@ class DecodeLoad:
 
     async def _worker(self, session: aiohttp.ClientSession, i: int) -> None:
         url = self.base_url.rstrip("/") + "/generate"
+        sampling = {"temperature": 0.0, "max_new_tokens": self.max_new_tokens, "ignore_eos": True}
+        image = self.image_urls[i % len(self.image_urls)]
+        body = {"text": PROMPT, "image_data": image, "stream": True, "sampling_params": sampling}
         while not self._stop.is_set():
             try:
-                async with session.post(url, json=self.payload(i)) as r:
+                async with session.post(url, json=body) as r:
                     if r.status != 200:
                         self.errors.append(f"HTTP {r.status}: {(await r.text())[:300]}")
                         await asyncio.sleep(0.5)
@@ -87,7 +77,6 @@ class DecodeLoad:
                         times.append(time.monotonic())
                         if self._stop.is_set():
                             return
-                    self.requests_done += 1
             except asyncio.CancelledError:
                 raise
             except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as e:
@@ -97,12 +86,6 @@ class DecodeLoad:
     def min_tokens(self) -> int:
         """The fewest chunks any worker has received so far (over all its requests)."""
         return min((sum(len(r) for r in a) for a in self.arrivals), default=0)
-
-    def itl_ms(self, t0: float, t1: float) -> float | None:
-        """Mean gap (ms) between consecutive chunks of one request arriving in [t0, t1]: the summed span
-        first to last chunk over the summed gaps (not a median of gaps: chunks read together share a
-        timestamp; docs/profile.md); None without a request with two chunks in the window."""
-        return itl_from_arrivals(self.arrivals, t0, t1)
 
     async def stop(self) -> None:
         """Stop the workers (closing their streams aborts the requests in the server)."""
@@ -115,7 +98,10 @@ class DecodeLoad:
 
 
 def itl_from_arrivals(arrivals: list[list[list[float]]], t0: float, t1: float) -> float | None:
-    """:meth:`DecodeLoad.itl_ms` on ``arrivals[worker][request] = [chunk times (s)]``."""
+    """Mean gap (ms) between consecutive chunks of one request arriving in [t0, t1]
+    (``arrivals[worker][request] = [chunk times (s)]``): the summed span first to last chunk over
+    the summed gaps (not a median of gaps: chunks read together share a timestamp;
+    docs/profile.md); None without a request with two chunks in the window."""
     span = 0.0
     gaps = 0
     for worker in arrivals:

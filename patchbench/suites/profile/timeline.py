@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from patchbench.records import write_bytes
-
 
 def _lane(ax, y, tl: dict, label: str) -> list[str]:
     labels = []
@@ -58,17 +56,13 @@ def legend_labels(base: dict, var: dict) -> list[str]:
 def plot_timeline(
     base: dict, var: dict, base_name: str, var_name: str, out: Path, title: str = ""
 ) -> Path:
-    """Write one PNG (about 1200 x 480 px) comparing two timeline excerpts; returns its path."""
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Write one PNG (1200 x 480 px) comparing two timeline excerpts; returns its path."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    fig, ax = plt.subplots(figsize=(10, 4), dpi=120)
+    from patchbench.suites import new_figure, save_png
+
+    fig, (ax,) = new_figure(4.0, width_in=10.0)
     ticks = _lane(ax, 1.2, base, base_name) + _lane(ax, 0.0, var, var_name)
     ax.set_yticks([t for t, _ in ticks], [n for _, n in ticks], fontsize=8)
     span = max(base.get("span_us", 0), var.get("span_us", 0)) * 1e-3
@@ -93,11 +87,7 @@ def plot_timeline(
     )
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    write_bytes(out, buf.getvalue())
-    return out
+    return save_png(fig, out, dpi=120)
 
 
 def plot_pairs(pairs: dict[str, dict], base_name: str, out_dir: Path) -> list[Path]:

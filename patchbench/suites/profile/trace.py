@@ -26,19 +26,12 @@ INSTR_PREFIX = "patchbench::instrumentation"
 _BS_RE = re.compile(r"\bbs=(\d+)")
 _SGL_STEP_RE = re.compile(r"^step\[DECODE bs=(\d+)")
 
-#: host events that are a sync by name -> kind
-SYNC_NAMES = {
-    "aten::item": "aten::item",
-    "aten::_local_scalar_dense": "aten::_local_scalar_dense",
-    "cudaStreamSynchronize": "cudaStreamSynchronize",
-    "cudaDeviceSynchronize": "cudaDeviceSynchronize",
-    "cudaEventSynchronize": "cudaEventSynchronize",
-    "cudaMemcpy": "cudaMemcpy",
-}
+_SYNC_CALLS = {"cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize"}
+#: host events that are a sync by name (the name is the kind)
+SYNC_NAMES = {"aten::item", "aten::_local_scalar_dense", "cudaMemcpy", *_SYNC_CALLS}
 DTOH_PAGEABLE = "Memcpy DtoH (Device -> Pageable)"
 HTOD_PAGEABLE = "Memcpy HtoD (Pageable -> Device)"
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
-_SYNC_CALLS = {"cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize"}
 _COPY_KINDS = {"memcpy_dtoh_pageable", "h2d_blocking", "cudaMemcpy"}
 
 
@@ -118,23 +111,31 @@ class Analysis:
         return out
 
     def by_batch_size(self) -> dict[int, dict[str, Any]]:
-        """{batch size: {"steps", "syncs" (sorted distinct values), "mrope_syncs" (same)}}."""
-        out: dict[int, dict[str, Any]] = {}
-        for s in self.steps:
-            if s.batch_size is None:
-                continue
-            row = out.setdefault(s.batch_size, {"steps": 0, "syncs": set(), "mrope_syncs": set()})
-            row["steps"] += 1
-            row["syncs"].add(s.syncs)
-            row["mrope_syncs"].add(s.mrope_syncs)
-        return {
-            bs: {
-                "steps": r["steps"],
-                "syncs": sorted(r["syncs"]),
-                "mrope_syncs": sorted(r["mrope_syncs"]),
-            }
-            for bs, r in sorted(out.items())
+        """:func:`per_batch_size` of the steps."""
+        return per_batch_size(s.record() for s in self.steps)
+
+
+def per_batch_size(steps: Iterable[dict]) -> dict[int, dict[str, Any]]:
+    """{batch size: {"syncs", "mrope_syncs" (sorted distinct per-step counts), "steps"}} of step
+    records (:meth:`Step.record`, steps.jsonl lines); a step without a batch size left out."""
+    out: dict[int, dict[str, Any]] = {}
+    for s in steps:
+        if s.get("batch_size") is None:
+            continue
+        row = out.setdefault(
+            int(s["batch_size"]), {"syncs": set(), "mrope_syncs": set(), "steps": 0}
+        )
+        row["syncs"].add(s.get("syncs"))
+        row["mrope_syncs"].add(s.get("mrope_syncs"))
+        row["steps"] += 1
+    return {
+        bs: {
+            "syncs": sorted(r["syncs"]),
+            "mrope_syncs": sorted(r["mrope_syncs"]),
+            "steps": r["steps"],
         }
+        for bs, r in sorted(out.items())
+    }
 
 
 def load_events(path: str | Path) -> list[dict]:
@@ -205,7 +206,7 @@ def _sync_candidates(host: list[dict], gpu_by_corr: dict) -> list[tuple[dict, st
     for i, e in enumerate(host):
         name = e.get("name", "")
         if name in SYNC_NAMES:
-            out.append((e, SYNC_NAMES[name]))
+            out.append((e, name))
         elif name == "cudaMemcpyAsync":
             gnames = {g.get("name") for g in gpu_by_corr.get(_corr(e), [])}
             if DTOH_PAGEABLE in gnames:
@@ -240,7 +241,7 @@ def _count(cands: list[tuple[dict, str]]) -> tuple[int, dict[str, int], list[flo
 
 
 def _step_ranges(events: list[dict]) -> tuple[list[tuple[dict, int | None]], str]:
-    ours = [e for e in events if str(e.get("name", "")).startswith(STEP_PREFIX)]
+    ours = _named(events, STEP_PREFIX)
     if ours:
         return [(e, _batch_size(e["name"])) for e in ours], "patchbench"
     sgl = []
@@ -277,6 +278,17 @@ def _merged(gpu: list[dict]) -> list[tuple[float, float]]:
     return [(s, e) for s, e in out]
 
 
+def _named(events: list[dict], prefix: str) -> list[dict]:
+    return [e for e in events if str(e.get("name", "")).startswith(prefix)]
+
+
+def _within(e: dict, ranges: list[dict]) -> bool:
+    """``e`` lies inside one of ``ranges``."""
+    return any(
+        m["ts"] <= e["ts"] and e["ts"] + e.get("dur", 0) <= m["ts"] + m["dur"] for m in ranges
+    )
+
+
 def analyze(events: list[dict]) -> Analysis:
     """Segment and measure the decode steps of ``events`` (:func:`load_events`); odd events are
     skipped, never raised on; no steps: the trace held no decode step."""
@@ -303,29 +315,13 @@ def analyze(events: list[dict]) -> Analysis:
             pid=r.get("pid"),
             tid=r.get("tid"),
         )
-        cands = _sync_candidates(host, gpu_by_corr)
-        ours = [e for e in host if str(e.get("name", "")).startswith(INSTR_PREFIX)]
-        if ours:
-            cands = [
-                (e, k)
-                for e, k in cands
-                if not any(
-                    m["ts"] <= e["ts"] and e["ts"] + e.get("dur", 0) <= m["ts"] + m["dur"]
-                    for m in ours
-                )
-            ]
+        ours, mropes = _named(host, INSTR_PREFIX), _named(host, MROPE_PREFIX)
+        cands = [(e, k) for e, k in _sync_candidates(host, gpu_by_corr) if not _within(e, ours)]
         step.syncs, step.by_kind, step.sync_ts_us = _count(cands)
-        mropes = [e for e in host if str(e.get("name", "")).startswith(MROPE_PREFIX)]
         step.mrope_ranges = len(mropes)
-        in_mrope = [
-            (e, k)
-            for e, k in cands
-            if any(
-                m["ts"] <= e["ts"] and e["ts"] + e.get("dur", 0) <= m["ts"] + m["dur"]
-                for m in mropes
-            )
-        ]
-        step.mrope_syncs, step.mrope_by_kind, _ = _count(in_mrope)
+        step.mrope_syncs, step.mrope_by_kind, _ = _count(
+            [c for c in cands if _within(c[0], mropes)]
+        )
         launches = [e for e in host if e.get("cat") == "cuda_runtime" and _corr(e) in gpu_by_corr]
         work = [g for e in launches for g in gpu_by_corr[_corr(e)]]
         if work:
@@ -344,24 +340,6 @@ def analyze(events: list[dict]) -> Analysis:
             )
             a.launch_lead_us = a.gpu_end_us - b.first_launch_us
     return Analysis(steps=steps, source=source, has_gpu=bool(gpu), events=len(events))
-
-
-def analyze_file(path: str | Path) -> Analysis:
-    """:func:`analyze` of :func:`load_events` (raises :class:`TraceError` for an unreadable file)."""
-    return analyze(load_events(path))
-
-
-def trim(events: list[dict], first_step: int, n_steps: int) -> list[dict]:
-    """The events overlapping decode steps ``first_step .. first_step + n_steps - 1`` (host events
-    of any thread and GPU events in that time window), for committing a small fixture."""
-    ranges, _ = _step_ranges(complete_events(events))
-    ranges.sort(key=lambda r: r[0]["ts"])
-    sel = ranges[first_step : first_step + n_steps]
-    if not sel:
-        return []
-    a = sel[0][0]["ts"]
-    b = max(r["ts"] + r.get("dur", 0) for r, _ in sel)
-    return [e for e in complete_events(events) if e["ts"] < b and e["ts"] + e.get("dur", 0) > a]
 
 
 def timeline_excerpt(
@@ -383,7 +361,7 @@ def timeline_excerpt(
     mrope, syncs = [], []
     for s in chosen:
         host = _inside(index, (s.pid, s.tid), s.ts_us, s.ts_us + s.host_us)
-        ms = [e for e in host if str(e.get("name", "")).startswith(MROPE_PREFIX)]
+        ms = _named(host, MROPE_PREFIX)
         mrope += [[e["ts"] - t0, e.get("dur", 0)] for e in ms]
         for ts in s.sync_ts_us:
             in_m = any(m["ts"] <= ts <= m["ts"] + m.get("dur", 0) for m in ms)

@@ -10,68 +10,54 @@ from typing import Any
 from patchbench.records import read_json
 
 TITLE = "{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="=")
-
-
-def _rule(title: str) -> str:
-    return "{s:{c}^{n}}".format(s=title, n=50, c="-")
-
-
-def _txt(label: str, value: Any) -> str:
-    return f"{label:<40} {value:<10}"
-
-
-def _f2(label: str, value: float) -> str:
-    return f"{label:<40} {value:<10.2f}"
-
-
-def _int(v: float | None) -> Any:
-    return int(round(v)) if v is not None else "n/a"
+#: the block after its head: (label, metric) with the value as the tool prints it (a count as an
+#: integer, the rest with two decimals), or (rule title, None); accept length only when set
+LINES = [
+    ("Successful requests:", "tool_completed_count"),
+    ("Benchmark duration (s):", "duration_s"),
+    ("Total input tokens:", "total_input_tokens_count"),
+    ("Total generated tokens:", "total_output_tokens_count"),
+    ("Total generated tokens (retokenized):", "total_output_tokens_retokenized_count"),
+    ("Request throughput (req/s):", "request_throughput_req_s"),
+    ("Input token throughput (tok/s):", "input_throughput_tok_s"),
+    ("Output token throughput (tok/s):", "output_throughput_tok_s"),
+    ("Total token throughput (tok/s):", "total_throughput_tok_s"),
+    ("Concurrency:", "concurrency"),
+    ("Accept length:", "accept_length"),
+    ("End-to-End Latency", None),
+    ("Mean E2E Latency (ms):", "e2e_latency_mean_ms"),
+    ("Median E2E Latency (ms):", "e2e_latency_median_ms"),
+    ("Time to First Token", None),
+    ("Mean TTFT (ms):", "ttft_mean_ms"),
+    ("Median TTFT (ms):", "ttft_median_ms"),
+    ("P99 TTFT (ms):", "ttft_p99_ms"),
+    ("Inter-Token Latency", None),
+    ("Mean ITL (ms):", "itl_mean_ms"),
+    ("Median ITL (ms):", "itl_median_ms"),
+    ("P95 ITL (ms):", "itl_p95_ms"),
+    ("P99 ITL (ms):", "itl_p99_ms"),
+    ("Max ITL (ms):", "itl_max_ms"),
+]
 
 
 def render_block(metrics: dict[str, float], meta: dict[str, Any]) -> str:
     """The block for one cell from summary.json's ``metrics`` and ``meta`` ("backend",
     "request_rate", "max_concurrency"); counts are the tool's own (token-less responses included)."""
-    g = metrics.get
-    mc = meta.get("max_concurrency")
-    lines = [
-        TITLE,
-        _txt("Backend:", meta.get("backend", "sglang")),
-        _txt("Traffic request rate:", meta.get("request_rate", "inf")),
-        _txt("Max request concurrency:", mc if mc else "not set"),
-        _txt("Successful requests:", _int(g("tool_completed_count"))),
-        _f2("Benchmark duration (s):", g("duration_s", float("nan"))),
-        _txt("Total input tokens:", _int(g("total_input_tokens_count"))),
-        _txt("Total generated tokens:", _int(g("total_output_tokens_count"))),
-        _txt(
-            "Total generated tokens (retokenized):",
-            _int(g("total_output_tokens_retokenized_count")),
-        ),
-        _f2("Request throughput (req/s):", g("request_throughput_req_s", float("nan"))),
-        _f2("Input token throughput (tok/s):", g("input_throughput_tok_s", float("nan"))),
-        _f2("Output token throughput (tok/s):", g("output_throughput_tok_s", float("nan"))),
-        _f2("Total token throughput (tok/s):", g("total_throughput_tok_s", float("nan"))),
-        _f2("Concurrency:", g("concurrency", float("nan"))),
+    head = [
+        ("Backend:", meta.get("backend", "sglang")),
+        ("Traffic request rate:", meta.get("request_rate", "inf")),
+        ("Max request concurrency:", meta.get("max_concurrency") or "not set"),
     ]
-    if g("accept_length"):
-        lines.append(_f2("Accept length:", g("accept_length")))
-    nan = float("nan")
-    lines += [
-        _rule("End-to-End Latency"),
-        _f2("Mean E2E Latency (ms):", g("e2e_latency_mean_ms", nan)),
-        _f2("Median E2E Latency (ms):", g("e2e_latency_median_ms", nan)),
-        _rule("Time to First Token"),
-        _f2("Mean TTFT (ms):", g("ttft_mean_ms", nan)),
-        _f2("Median TTFT (ms):", g("ttft_median_ms", nan)),
-        _f2("P99 TTFT (ms):", g("ttft_p99_ms", nan)),
-        _rule("Inter-Token Latency"),
-        _f2("Mean ITL (ms):", g("itl_mean_ms", nan)),
-        _f2("Median ITL (ms):", g("itl_median_ms", nan)),
-        _f2("P95 ITL (ms):", g("itl_p95_ms", nan)),
-        _f2("P99 ITL (ms):", g("itl_p99_ms", nan)),
-        _f2("Max ITL (ms):", g("itl_max_ms", nan)),
-        "=" * 50,
-    ]
-    return "\n".join(lines) + "\n"
+    lines = [TITLE] + [f"{label:<40} {v:<10}" for label, v in head]
+    for label, key in LINES:
+        v = metrics.get(key)
+        if key is None:
+            lines.append("{s:{c}^{n}}".format(s=label, n=50, c="-"))
+        elif key.endswith("_count"):
+            lines.append(f"{label:<40} {'n/a' if v is None else int(round(v)):<10}")
+        elif key != "accept_length" or v:
+            lines.append(f"{label:<40} {float('nan') if v is None else v:<10.2f}")
+    return "\n".join([*lines, "=" * 50]) + "\n"
 
 
 def report_block(summary_dir: Path) -> str:

@@ -6,10 +6,10 @@ bench_serving mis-measures", has the releases' lines)."""
 from __future__ import annotations
 
 import ast
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 
+from .command import ToolMismatch, source_tree
 from .params import Params
 
 
@@ -25,17 +25,6 @@ class WarmupBehaviour:
     line: int | None
 
 
-@functools.lru_cache(maxsize=8)
-def _tree(path: str, mtime_ns: int, size: int) -> ast.Module:
-    return ast.parse(Path(path).read_text(encoding="utf-8"), filename=path)
-
-
-def _parse(source: Path) -> ast.Module:
-    """The parsed source, cached per (path, modification time, size)."""
-    st = Path(source).stat()
-    return _tree(str(source), st.st_mtime_ns, st.st_size)
-
-
 def _called_names(node: ast.AST) -> set[str]:
     return {
         n.func.id
@@ -47,7 +36,7 @@ def _called_names(node: ast.AST) -> set[str]:
 def warmup_behaviour(source: Path) -> WarmupBehaviour:
     """The release's warmup loop (``for _ in range(warmup_requests)``) and whether its requests go
     through ``limited_request_func``; OSError / SyntaxError for an unreadable source."""
-    for node in ast.walk(_parse(source)):
+    for node in ast.walk(source_tree(source)):
         if not (
             isinstance(node, ast.For)
             and isinstance(node.iter, ast.Call)
@@ -88,7 +77,7 @@ def warmup_warning(params: Params, behaviour: WarmupBehaviour) -> str | None:
 def request_functions(source: Path) -> dict[str, str]:
     """``{backend: request function name}`` from the release's ``ASYNC_REQUEST_FUNCS`` literal
     (empty when it is not found)."""
-    for node in ast.walk(_parse(source)):
+    for node in ast.walk(source_tree(source)):
         if (
             isinstance(node, ast.Assign)
             and any(isinstance(t, ast.Name) and t.id == "ASYNC_REQUEST_FUNCS" for t in node.targets)
@@ -105,7 +94,7 @@ def request_functions(source: Path) -> dict[str, str]:
 def _function_text(source: Path, name: str) -> str:
     """The source of module-level function ``name`` plus that of the module-level functions it
     calls directly (one level: helpers such as 0.5.23's ``_combine_openai_chat_content``)."""
-    tree = _parse(source)
+    tree = source_tree(source)
     text = Path(source).read_text(encoding="utf-8")
     funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
     fn = funcs.get(name)
@@ -122,14 +111,14 @@ def _function_text(source: Path, name: str) -> str:
 
 def backend_warnings(params: Params, source: Path) -> list[str]:
     """Warnings for ``params.backend`` where this release's bench_serving mis-measures it ([] for
-    the ``sglang`` backend's request function); ValueError naming the release's backends when it
+    the ``sglang`` backend's request function); ToolMismatch naming the release's backends when it
     has no such one."""
     funcs = request_functions(source)
     if not funcs:
         return [f"the backends of this release's bench_serving could not be read from {source}"]
     fn = funcs.get(params.backend)
     if fn is None:
-        raise ValueError(
+        raise ToolMismatch(
             f"backend '{params.backend}' is not offered by this release's bench_serving "
             f"({source}); it offers: {', '.join(funcs)}"
         )

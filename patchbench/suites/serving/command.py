@@ -11,6 +11,8 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from patchbench.suite import SuiteError
+
 from .params import IMAGE_DATASETS, Params
 
 #: the synthetic image dataset under its two names (0.5.1.post3: random-image, 0.5.23: image)
@@ -22,8 +24,8 @@ _IMAGE_RES_FLAGS = ("--random-image-resolution", "--image-resolution")
 _ALWAYS_TEMPLATED_FROM = Version("0.5.6")
 
 
-class ToolMismatch(ValueError):
-    """The pinned release's bench_serving lacks a dataset or flag the config asks for."""
+class ToolMismatch(SuiteError, ValueError):
+    """The pinned release's bench_serving lacks a dataset, flag or backend the config asks for."""
 
 
 @dataclass(frozen=True)
@@ -52,12 +54,23 @@ def tool_source(sglang_dir: Path) -> Path:
 
 
 @functools.lru_cache(maxsize=8)
-def _tool_info_cached(path: str, mtime: float) -> ToolInfo:
-    tree = ast.parse(Path(path).read_text(encoding="utf-8"), filename=path)
+def _tree(path: str, mtime_ns: int, size: int) -> ast.Module:
+    return ast.parse(Path(path).read_text(encoding="utf-8"), filename=path)
+
+
+def source_tree(source: Path) -> ast.Module:
+    """The parsed source, cached per (path, modification time, size); OSError / SyntaxError."""
+    st = Path(source).stat()
+    return _tree(str(source), st.st_mtime_ns, st.st_size)
+
+
+def tool_info(sglang_dir: Path) -> ToolInfo:
+    """The release's bench_serving arguments (see :class:`ToolInfo`), read from its source."""
+    src = tool_source(sglang_dir)
     options: set[str] = set()
     choices: tuple[str, ...] = ()
     defaults: dict[str, object] = {}
-    for node in ast.walk(tree):
+    for node in ast.walk(source_tree(src)):
         if not (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
@@ -79,15 +92,7 @@ def _tool_info_cached(path: str, mtime: float) -> ToolInfo:
                     choices = tuple(ast.literal_eval(kw.value))
                 except ValueError:
                     pass
-    return ToolInfo(
-        source=Path(path), options=frozenset(options), dataset_choices=choices, defaults=defaults
-    )
-
-
-def tool_info(sglang_dir: Path) -> ToolInfo:
-    """Parse (and cache) the release's bench_serving arguments; see :class:`ToolInfo`."""
-    src = tool_source(sglang_dir)
-    return _tool_info_cached(str(src), src.stat().st_mtime)
+    return ToolInfo(src, frozenset(options), choices, defaults)
 
 
 def release_dataset_name(name: str, info: ToolInfo) -> str:

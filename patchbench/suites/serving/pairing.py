@@ -1,10 +1,7 @@
-"""Pairing two serving cells request by request (the suite's ``pair`` hook).
-
-bench_serving sends the same seeded prompts in the same order in every cell, so request i of
-both cells is the same prompt, once checked (``input_len`` of the requests that succeeded in
-both, ``prompt_sha256`` where recorded). A repeat whose files fail the check, or are missing,
-mis-shaped (:func:`.parse.requests_problem`) or empty, is not used and named in a note, as is a
-file holding fewer requests than the other cell's or its own summary says: never a silent
+"""Pairing two serving cells request by request (the suite's ``pair`` hook): request i of both
+cells is the same seeded prompt, once checked (``input_len`` of the requests that succeeded in
+both, ``prompt_sha256`` where recorded). A repeat that fails the check, or whose files are
+missing, mis-shaped or empty, is left out and named in a note, as is a short file: never a silent
 shrink. From the paired repeats: output identity, the first repeat's TTFT / ITL for the ECDF,
 and, with one paired repeat, request-level intervals (descriptive, never a verdict)."""
 
@@ -16,8 +13,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from patchbench import records, stats
-from patchbench.suite import PairingRefused
+from patchbench import stats
+from patchbench.suite import PairingRefused, read_file, read_or
 
 from .parse import requests_problem
 
@@ -26,6 +23,7 @@ ECDF_MAX_VALUES = 2000
 #: first differences listed
 MAX_DIFFS = 50
 
+#: a latency metric with a request-level interval: (quantity, statistic)
 _KIND = re.compile(r"^(ttft|itl|e2e_latency)_(mean|median|p90|p95|p99)_ms$")
 
 
@@ -33,12 +31,9 @@ def read_requests(suite_dir: Path) -> tuple[dict | None, str | None]:
     """(requests.json of one cell, None) or (None, why not, naming the file); a mis-shaped file is
     never partly used."""
     p = Path(suite_dir) / "requests.json"
-    if not p.is_file():
-        return None, f"{p}: missing"
-    try:
-        data = records.read_json(p)
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        return None, f"{p}: unreadable ({e})"
+    data, why = read_file(p)
+    if why:
+        return None, why
     problem = requests_problem(data)
     if problem:
         return None, f"{p}: not a valid requests.json ({problem})"
@@ -47,11 +42,8 @@ def read_requests(suite_dir: Path) -> tuple[dict | None, str | None]:
 
 def expected_requests(suite_dir: Path) -> int | None:
     """``metrics.requested_count`` of the cell's summary.json, or None when it cannot be read."""
-    try:
-        m = records.read_json(Path(suite_dir) / "summary.json").get("metrics") or {}
-        v = m.get("requested_count")
-    except (OSError, ValueError, UnicodeDecodeError, AttributeError):
-        return None
+    summary = read_or(Path(suite_dir) / "summary.json")
+    v = (summary.get("metrics") or {}).get("requested_count") if isinstance(summary, dict) else None
     if isinstance(v, bool) or not isinstance(v, int | float) or v < 0 or v != int(v):
         return None
     return int(v)
@@ -69,33 +61,21 @@ def _short_notes(k: int, side: str, suite_dir: Path, held: int) -> list[str]:
 
 
 def request_ok(req: dict, i: int) -> bool:
-    """Request i succeeded: no error and, where the file has ``status``, status "ok"."""
-    errs = req.get("error") or []
-    if i < len(errs) and errs[i]:
-        return False
-    st = req.get("status")
-    return not (st and i < len(st) and st[i] != "ok")
-
-
-def _count(req: dict) -> int:
-    return len(req.get("generated_text") or [])
+    """Request i succeeded: no error and, where the file has ``status``, status "ok" (``req``: a
+    checked requests.json, :func:`read_requests`)."""
+    err, st = req.get("error"), req.get("status")
+    return not (err and err[i]) and not (st and st[i] != "ok")
 
 
 def check_prompts(rb: dict, rv: dict, n: int) -> str | None:
     """None when request i is the same prompt in both files for every i < n, else the reason."""
     bad: list[str] = []
     hb, hv = rb.get("prompt_sha256"), rv.get("prompt_sha256")
-    lb, lv = rb.get("input_len") or [], rv.get("input_len") or []
+    lb, lv = rb.get("input_len"), rv.get("input_len")
     for i in range(n):
-        if hb and hv and i < len(hb) and i < len(hv) and hb[i] != hv[i]:
+        if hb and hv and hb[i] != hv[i]:
             bad.append(f"request {i}: prompt_sha256 differs")
-        elif (
-            request_ok(rb, i)
-            and request_ok(rv, i)
-            and i < len(lb)
-            and i < len(lv)
-            and lb[i] != lv[i]
-        ):
+        elif lb and lv and lb[i] != lv[i] and request_ok(rb, i) and request_ok(rv, i):
             bad.append(f"request {i}: prompt length {lb[i]} vs {lv[i]}")
     if not bad:
         return None
@@ -129,10 +109,6 @@ def shorter_outputs(rb: dict, rv: dict, idx: list[int]) -> str | None:
     )
 
 
-def _first_diff(a: str, b: str) -> int:
-    return len(os.path.commonprefix([a, b]))
-
-
 def _thin(values: list[float], cap: int = ECDF_MAX_VALUES) -> list[float]:
     """``values`` sorted; above ``cap`` values, ``cap`` evenly spaced order statistics (the
     ECDF drawn from them differs from the full one by at most 1/(cap-1) in height)."""
@@ -143,22 +119,10 @@ def _thin(values: list[float], cap: int = ECDF_MAX_VALUES) -> list[float]:
 
 
 def _ecdf_side(req: dict, idx: list[int]) -> dict[str, Any]:
-    ttft = [
-        req["ttft_ms"][i]
-        for i in idx
-        if i < len(req.get("ttft_ms") or []) and req["ttft_ms"][i] is not None
-    ]
-    itl = [x for i in idx if i < len(req.get("itl_ms") or []) for x in (req["itl_ms"][i] or [])]
-    return {"ttft_ms": sorted(ttft), "itl_ms": _thin(itl), "itl_ms_n": len(itl)}
-
-
-def metric_kind(metric: str) -> tuple[str, str] | None:
-    """("ttft"|"itl"|"e2e", statistic) for a serving latency metric with a request-level
-    interval (``ttft_median_ms`` -> ("ttft", "median")), else None."""
-    m = _KIND.match(metric)
-    if not m:
-        return None
-    return ("e2e" if m.group(1) == "e2e_latency" else m.group(1)), m.group(2)
+    tt, it = req.get("ttft_ms"), req.get("itl_ms")
+    ttft = sorted(tt[i] for i in idx if tt[i] is not None) if tt else []
+    itl = [x for i in idx for x in (it[i] or [])] if it else []
+    return {"ttft_ms": ttft, "itl_ms": _thin(itl), "itl_ms_n": len(itl)}
 
 
 def within_cell_interval(
@@ -169,25 +133,14 @@ def within_cell_interval(
     field = {"ttft": "ttft_ms", "e2e": "e2e_ms", "itl": "itl_ms"}[kind]
     xb, xv = rb.get(field) or [], rv.get(field) or []
     idx = [i for i in idx if i < len(xb) and i < len(xv)]
+    kw = {"n_resamples": settings.bootstrap_resamples, "seed": settings.seed}
     if kind == "itl":
-        return stats.block_bootstrap_interval(
-            [xb[i] or [] for i in idx],
-            [xv[i] or [] for i in idx],
-            stat,
-            settings.confidence,
-            n_resamples=settings.bootstrap_resamples,
-            seed=settings.seed,
-        )
+        b, v = [xb[i] or [] for i in idx], [xv[i] or [] for i in idx]
+        return stats.block_bootstrap_interval(b, v, stat, settings.confidence, **kw)
     idx = [i for i in idx if xb[i] is not None and xv[i] is not None and xb[i] > 0 and xv[i] > 0]
-    return stats.paired_request_interval(
-        [xb[i] for i in idx],
-        [xv[i] for i in idx],
-        stat,
-        settings.confidence,
-        n_resamples=settings.bootstrap_resamples,
-        seed=settings.seed,
-        method=settings.bootstrap_method,
-    )
+    b, v = [xb[i] for i in idx], [xv[i] for i in idx]
+    method = settings.bootstrap_method
+    return stats.paired_request_interval(b, v, stat, settings.confidence, method=method, **kw)
 
 
 def pair_cells(
@@ -257,7 +210,7 @@ def _pair_repeat(
         unreadable += [w for w in whys if not w.endswith(": missing")]
         notes.append(f"paired repeat {k}: not used: " + "; ".join(whys))
         return None
-    nb, nv = _count(rb), _count(rv)
+    nb, nv = len(rb["generated_text"]), len(rv["generated_text"])
     n = min(nb, nv)
     notes += _short_notes(k, "baseline", db, nb) + _short_notes(k, "variant", dv, nv)
     if n == 0:
@@ -285,7 +238,7 @@ def _pair_repeat(
         if a == b:
             same += 1
         else:
-            diffs.append({"repeat": k, "request": i, "char": _first_diff(a, b)})
+            diffs.append({"repeat": k, "request": i, "char": len(os.path.commonprefix([a, b]))})
     rep = {
         "repeat_index": k,
         "baseline_requests": nb,
@@ -310,9 +263,7 @@ def _identity(reps: list[dict[str, Any]]) -> dict[str, Any] | None:
     diffs = [d for r in reps for d in r["diffs"]]
     if not n:
         return None
-    from statsmodels.stats.proportion import proportion_confint
-
-    lo, hi = proportion_confint(ident, n, alpha=0.05, method="wilson")
+    lo, hi = stats.wilson_interval(ident, n, 0.95)
     return {
         "n": n,
         "identical": ident,
@@ -331,11 +282,12 @@ def _descriptive(
     _k, rb, rv, idx = used
     desc: dict[str, dict[str, Any]] = {}
     for m in metrics:
-        kind = metric_kind(m)
+        kind = _KIND.match(m)  # ttft_median_ms -> ("ttft", "median")
         if kind is None:
             continue
+        what = "e2e" if kind.group(1) == "e2e_latency" else kind.group(1)
         try:
-            iv = within_cell_interval(kind[0], kind[1], rb, rv, idx, settings)
+            iv = within_cell_interval(what, kind.group(2), rb, rv, idx, settings)
         except ValueError as e:
             notes.append(f"{m}: no request-level interval ({e})")
             continue

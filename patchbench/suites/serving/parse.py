@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from patchbench.suite import MetricInfo
+
 #: the release's latency key prefix -> our metric prefix
 _LATENCIES = {"e2e_latency": "e2e_latency", "ttft": "ttft", "tpot": "tpot", "itl": "itl"}
 _STATS = ("mean", "median", "std", "p90", "p95", "p99")
@@ -88,33 +90,6 @@ _RATES += ("max_output_tokens_per_s",)
 _NON_NEGATIVE = ("duration", "completed", "total_input_tokens", "total_output_tokens", *_RATES)
 
 
-def _impossible(row: dict[str, Any]) -> str | None:
-    """A value no hardware can produce: a zero duration or throughput although requests
-    completed, a rate above :data:`MAX_RATE_PER_S`, a latency above :data:`MAX_LATENCY_MS` or
-    positive but below :data:`MIN_POSITIVE_LATENCY_MS`."""
-    done = _num(row.get("completed")) or 0
-    if done > 0:
-        for k in ("duration", "output_throughput", "request_throughput"):
-            v = _num(row.get(k))
-            if v is not None and v <= 0:
-                return (
-                    f"bench_serving reported {k} = {v!r} with {int(done)} requests completed; "
-                    "only a positive value is possible"
-                )
-    for k in _RATES:
-        v = _num(row.get(k))
-        if v is not None and v > MAX_RATE_PER_S:
-            return f"bench_serving reported {k} = {v!r}; no hardware reaches {MAX_RATE_PER_S:g}/s"
-    for k, v in row.items():
-        if k.endswith("_ms") and isinstance(v, int | float) and not isinstance(v, bool):
-            tiny = 0 < v < MIN_POSITIVE_LATENCY_MS and not k.startswith("std_")
-            if math.isfinite(v) and (v > MAX_LATENCY_MS or tiny):
-                return f"bench_serving reported {k} = {v!r} ms; no request takes that long or short"
-            if math.isinf(v):
-                return f"bench_serving reported {k} = {v!r}; a latency must be finite"
-    return None
-
-
 def _bad_number(v: Any, *, none_ok: bool = False) -> bool:
     """True unless ``v`` is a finite number >= 0 (or None when ``none_ok``)."""
     if v is None:
@@ -127,7 +102,7 @@ def _bad_number(v: Any, *, none_ok: bool = False) -> bool:
 def row_problem(row: dict[str, Any]) -> str | None:
     """What is wrong with a bench_serving result row, or None: a negative or non-finite
     throughput, duration or count; a negative or infinite latency (NaN, the tool's statistic of no
-    values, passes); a value no hardware can produce (:func:`_impossible`); details that are not
+    values, passes); a value no hardware can produce; details that are not
     lists of one length of numbers >= 0 (texts: strings or null)."""
     for k in _NON_NEGATIVE:
         if k in row and _bad_number(row[k], none_ok=True):
@@ -135,13 +110,34 @@ def row_problem(row: dict[str, Any]) -> str | None:
                 f"bench_serving reported {k} = {row[k]!r}; a throughput, duration or count must "
                 "be a finite number >= 0"
             )
-    for k, v in row.items():
-        if k.endswith("_ms") and isinstance(v, int | float) and not isinstance(v, bool):
-            if v < 0:
-                return f"bench_serving reported {k} = {v!r}; a latency cannot be negative"
-    impossible = _impossible(row)
-    if impossible:
-        return impossible
+    latencies = {
+        k: v
+        for k, v in row.items()
+        if k.endswith("_ms") and isinstance(v, int | float) and not isinstance(v, bool)
+    }
+    for k, v in latencies.items():
+        if v < 0:
+            return f"bench_serving reported {k} = {v!r}; a latency cannot be negative"
+    # values no hardware produces: zero duration or throughput although requests completed, a
+    # rate above MAX_RATE_PER_S, a latency above MAX_LATENCY_MS or positive below the minimum
+    if (_num(row.get("completed")) or 0) > 0:
+        for k in ("duration", "output_throughput", "request_throughput"):
+            v = _num(row.get(k))
+            if v is not None and v <= 0:
+                return (
+                    f"bench_serving reported {k} = {v!r} with {int(_num(row['completed']))} "
+                    "requests completed; only a positive value is possible"
+                )
+    for k in _RATES:
+        v = _num(row.get(k))
+        if v is not None and v > MAX_RATE_PER_S:
+            return f"bench_serving reported {k} = {v!r}; no hardware reaches {MAX_RATE_PER_S:g}/s"
+    for k, v in latencies.items():
+        tiny = 0 < v < MIN_POSITIVE_LATENCY_MS and not k.startswith("std_")
+        if math.isfinite(v) and (v > MAX_LATENCY_MS or tiny):
+            return f"bench_serving reported {k} = {v!r} ms; no request takes that long or short"
+        if math.isinf(v):
+            return f"bench_serving reported {k} = {v!r}; a latency must be finite"
     lens = {k: len(row[k]) if isinstance(row[k], list) else None for k in DETAIL_KEYS}
     not_lists = [k for k, n in lens.items() if n is None]
     if not_lists:
@@ -166,19 +162,24 @@ def row_problem(row: dict[str, Any]) -> str | None:
     return None
 
 
-#: requests.json lists (docs/CONTRACTS.md) and what each element must be
-_REQ_FIELDS = {
-    "generated_text": "text",
-    "error": "text",
-    "status": "status",
-    "prompt_sha256": "text",
-    "ttft_ms": "latency",
-    "e2e_ms": "latency",
-    "itl_ms": "latencies",
-    "input_len": "count",
-    "output_len": "count",
-}
 REQUEST_STATUSES = ("ok", "failed", "no_token")
+_TEXT = (lambda v: v is None or isinstance(v, str), "a string or null")
+_NUMBER = (lambda v: not _bad_number(v, none_ok=True), "a number >= 0 or null")
+#: requests.json lists (docs/CONTRACTS.md): (what each element may be, its description)
+_REQ_FIELDS = {
+    "generated_text": _TEXT,
+    "error": _TEXT,
+    "status": (lambda v: v in REQUEST_STATUSES, " / ".join(REQUEST_STATUSES)),
+    "prompt_sha256": _TEXT,
+    "ttft_ms": _NUMBER,
+    "e2e_ms": _NUMBER,
+    "itl_ms": (
+        lambda v: v is None or (isinstance(v, list) and not any(_bad_number(x) for x in v)),
+        "a list of numbers >= 0",
+    ),
+    "input_len": _NUMBER,
+    "output_len": _NUMBER,
+}
 
 
 def requests_problem(data: Any) -> str | None:
@@ -190,7 +191,7 @@ def requests_problem(data: Any) -> str | None:
     if not isinstance(data.get("generated_text"), list):
         return "no generated_text list"
     n = len(data["generated_text"])
-    for key, kind in _REQ_FIELDS.items():
+    for key, (ok, what) in _REQ_FIELDS.items():
         if key not in data:
             continue
         xs = data[key]
@@ -198,24 +199,9 @@ def requests_problem(data: Any) -> str | None:
             return f"{key} is not a list"
         if len(xs) != n:
             return f"{key} holds {len(xs)} values, generated_text {n}"
-        for i, v in enumerate(xs):
-            if kind == "text":
-                bad = v is not None and not isinstance(v, str)
-            elif kind == "status":
-                bad = v not in REQUEST_STATUSES
-            elif kind == "latencies":
-                bad = v is not None and (not isinstance(v, list) or any(_bad_number(x) for x in v))
-            else:
-                bad = _bad_number(v, none_ok=True)
-            if bad:
-                what = {
-                    "text": "a string or null",
-                    "status": " / ".join(REQUEST_STATUSES),
-                    "latencies": "a list of numbers >= 0",
-                    "latency": "a number >= 0 or null",
-                    "count": "a number >= 0 or null",
-                }[kind]
-                return f"{key}[{i}] = {v!r}: expected {what}"
+        bad = next((i for i, v in enumerate(xs) if not ok(v)), None)
+        if bad is not None:
+            return f"{key}[{bad}] = {xs[bad]!r}: expected {what}"
     return None
 
 
@@ -286,3 +272,64 @@ def request_status(output_len: int, ttft_s: float, itl_s: list[float], error: st
     if ttft_s <= 0.0:
         return "no_token"
     return "ok"
+
+
+#: the primary metrics (Holm family of a variant; the headline) and their default margin (%)
+PRIMARY = ("output_throughput_tok_s", "itl_median_ms", "ttft_median_ms", "e2e_latency_median_ms")
+MARGIN_PCT = 5.0
+
+
+def _metrics() -> dict[str, MetricInfo]:
+    def judged(name: str, better: str, unit: str, label: str) -> None:
+        m[name] = MetricInfo(better, unit, label, name in PRIMARY, "run", MARGIN_PCT)
+
+    def shown(name: str, unit: str, label: str = "", better: str = "none") -> None:
+        m[name] = MetricInfo(better, unit, label, kind="descriptive")
+
+    m: dict[str, MetricInfo] = {}
+    for name, label in (
+        ("request_throughput_req_s", "Request throughput (req/s):"),
+        ("input_throughput_tok_s", "Input token throughput (tok/s):"),
+        ("output_throughput_tok_s", "Output token throughput (tok/s):"),
+        ("total_throughput_tok_s", "Total token throughput (tok/s):"),
+        ("peak_output_throughput_tok_s", "Peak output token throughput (tok/s):"),
+    ):
+        judged(name, "higher", name.rsplit("_", 2)[-2] + "/s", label)
+    for q, lab in (
+        ("e2e_latency", "E2E Latency"),
+        ("ttft", "TTFT"),
+        ("tpot", "TPOT"),
+        ("itl", "ITL"),
+    ):
+        for stat in ("mean", "median", "p90", "p95", "p99"):
+            word = stat.upper() if stat[0] == "p" else stat.title()
+            judged(f"{q}_{stat}_ms", "lower", "ms", f"{word} {lab} (ms):")
+        shown(f"{q}_std_ms", "ms")  # spread, descriptive only
+    judged("itl_max_ms", "lower", "ms", "Max ITL (ms):")
+    shown("concurrency", "req", "Concurrency:")
+    shown("duration_s", "s", "Benchmark duration (s):")
+    shown("accept_length", "tok", "Accept length:")
+    shown("retokenized_output_share", "share")
+    for name, label in (
+        ("requested_count", ""),
+        ("completed_count", ""),
+        ("failed_count", ""),
+        ("no_token_count", ""),
+        ("tool_completed_count", "Successful requests:"),
+        ("total_input_tokens_count", "Total input tokens:"),
+        ("total_input_text_tokens_count", "Total input text tokens:"),
+        ("total_input_vision_tokens_count", "Total input vision tokens:"),
+        ("total_output_tokens_count", "Total generated tokens:"),
+        ("total_output_tokens_retokenized_count", "Total generated tokens (retokenized):"),
+        ("peak_concurrent_requests_count", "Peak concurrent requests:"),
+    ):
+        shown(name, "count", label)
+    # what the server logged during the suite (patchbench.run.logscan): shown, never judged
+    for name in ("retractions_count", "retracted_requests_count", "oom_count"):
+        shown(name, "count", better="lower")
+    return m
+
+
+#: every metric the suite can report, labelled as bench_serving prints it: throughputs and
+#: latencies judged (kind "run", margin 5 %, :data:`PRIMARY` primary), the rest descriptive
+METRICS: dict[str, MetricInfo] = _metrics()

@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from patchbench.records import write_json
-from patchbench.suite import MetricInfo, SuiteContext, SuiteError, SuiteResult
+from patchbench.suite import MetricInfo, PairingRefused, SuiteContext, SuiteError, SuiteResult
 
+from .command import tool_info
 from .curve import frontier, goodput_req_s, max_load_at_slo, per_user_tok_s, slo_ratio
+from .pairing import pair_cells
 from .params import Params
+from .parse import MARGIN_PCT, METRICS, ResultError, read_result_line
+from .point import run_point, run_points_together
 from .sweep import Sweep, metric_at, order_seed, point_order
 
 #: the single-point metrics that are primary at every point (the rest are secondary per point)
@@ -41,7 +44,7 @@ def curve_primaries(sweep: Sweep) -> list[str]:
     ]
 
 
-def declarations(params: Params, single: dict[str, MetricInfo]) -> dict[str, MetricInfo]:
+def declarations(params: Params, single: dict[str, MetricInfo] = METRICS) -> dict[str, MetricInfo]:
     """The declarations of a run with ``params``: ``single`` without a sweep; with one the curve
     metrics, every single-point metric at every point, then the per-point curve metrics, primary
     exactly for :func:`curve_primaries`."""
@@ -49,27 +52,19 @@ def declarations(params: Params, single: dict[str, MetricInfo]) -> dict[str, Met
     if sw is None:
         return dict(single)
     prim = set(curve_primaries(sw))
+
+    def judged(unit: str, label: str, primary: bool = False) -> MetricInfo:
+        return MetricInfo("higher", unit, label, primary, "run", MARGIN_PCT)
+
+    load_unit = "req" if sw.axis == "max_concurrency" else "req/s"
     out: dict[str, MetricInfo] = {
-        GOODPUT: MetricInfo(
-            "higher", "req/s", "Goodput at SLO, best point (req/s)", True, "run", 5.0
-        ),
-        MAX_LOAD[sw.axis]: MetricInfo(
-            "higher",
-            "req" if sw.axis == "max_concurrency" else "req/s",
-            "Highest load meeting the SLO",
-            True,
-            "run",
-            5.0,
-        ),
+        GOODPUT: judged("req/s", "Goodput at SLO, best point (req/s)", True),
+        MAX_LOAD[sw.axis]: judged(load_unit, "Highest load meeting the SLO", True),
     }
     curve = {
-        "goodput_req_s": MetricInfo("higher", "req/s", "Goodput at SLO (req/s)", False, "run", 5.0),
-        "output_per_user_tok_s": MetricInfo(
-            "higher", "tok/s", "Tokens/s per user", False, "run", 5.0
-        ),
-        "output_per_gpu_tok_s": MetricInfo(
-            "higher", "tok/s", "Output tok/s per GPU", False, "run", 5.0
-        ),
+        "goodput_req_s": judged("req/s", "Goodput at SLO (req/s)"),
+        "output_per_user_tok_s": judged("tok/s", "Tokens/s per user"),
+        "output_per_gpu_tok_s": judged("tok/s", "Output tok/s per GPU"),
     }
     for base, info in [*single.items(), *curve.items()]:
         for p, k in zip(sw.sorted_points(), sw.keys(), strict=True):
@@ -205,25 +200,15 @@ def _curve(sw: Sweep, out: SuiteResult, loads, ratios, goodputs, front) -> None:
     out.meta["sweep"]["slo"] = sw.slo.model_dump()
 
 
-def run_sweep(
-    ctx: SuiteContext,
-    params: Params,
-    run_point: Callable[[SuiteContext, Params], SuiteResult],
-    single: dict[str, MetricInfo],
-    run_points: Callable[[SuiteContext, list[tuple[str, Path, Params]]], list[SuiteResult]]
-    | None = None,
-) -> SuiteResult:
-    """Run every point of ``params.sweep`` in the cell's order with ``run_point`` (``single``: its
-    declarations), the cache flushed before each point after the first; SuiteError naming the point.
-
-    ``run_points``: runs two points or more in one client process (:func:`.driver.run_points_together`)
-    given [(key, point folder, point params)], each finished point's summary.json written either
-    way; None: ``run_point`` per point."""
+def run_sweep(ctx: SuiteContext, params: Params, together: bool = True) -> SuiteResult:
+    """Run every point of ``params.sweep`` in the cell's order, the cache flushed before each point
+    after the first, each point's summary.json written; SuiteError naming the point. Two points or
+    more run in one client process (:func:`.point.run_points_together`) unless ``together`` is
+    False (one bench_serving process a point)."""
     sw = params.sweep
     assert sw is not None
     seed = order_seed(ctx.variant, ctx.repeat)
     order = point_order(sw, seed)
-    tool_goodput: dict[float, float | None] = {}
     slo_args = _tool_goodput_args(ctx, sw)
     plan: list[tuple[str, Path, Params]] = []
     for p in order:
@@ -239,8 +224,8 @@ def run_sweep(
             }
         )
         plan.append((k, pdir, pp))
-    if run_points is not None and len(plan) > 1:
-        got = run_points(ctx, plan)
+    if together and len(plan) > 1:
+        got = run_points_together(ctx, plan)
     else:
         got = []
         for i, (k, pdir, pp) in enumerate(plan):
@@ -253,13 +238,11 @@ def run_sweep(
                 raise SuiteError(f"sweep point {k}: {e}") from None
             write_json(pdir / "summary.json", r.to_json("serving"))
             got.append(r)
-    results: dict[float, SuiteResult] = {}
-    recs: dict[float, dict] = {}
-    for p, (_k, pdir, _pp), r in zip(order, plan, got, strict=True):
-        results[p] = r
-        recs[p] = json.loads((pdir / "requests.json").read_text())
-        tool_goodput[p] = _read_tool_goodput(pdir) if slo_args else None
-    out = merge_points(params, results, recs, single, tool_goodput)
+    dirs = {p: pdir for p, (_k, pdir, _pp) in zip(order, plan, strict=True)}
+    recs = {p: json.loads((d / "requests.json").read_text()) for p, d in dirs.items()}
+    tool_goodput = {p: _read_tool_goodput(d) if slo_args else None for p, d in dirs.items()}
+    results = dict(zip(order, got, strict=True))
+    out = merge_points(params, results, recs, METRICS, tool_goodput)
     out.meta["sweep"].update({"order": [sw.key(p) for p in order], "order_seed": seed})
     return out
 
@@ -267,8 +250,6 @@ def run_sweep(
 def _tool_goodput_args(ctx: SuiteContext, sw: Sweep) -> list[str]:
     """``--goodput ttft:<ms> tpot:<ms>`` when the release's bench_serving has the flag (0.5.23;
     not 0.5.1.post3), else []."""
-    from .command import tool_info
-
     try:
         opts = tool_info(Path(ctx.stock_sglang_dir)).options
     except (OSError, SyntaxError):
@@ -280,18 +261,11 @@ def _tool_goodput_args(ctx: SuiteContext, sw: Sweep) -> list[str]:
 
 def _read_tool_goodput(pdir: Path) -> float | None:
     """The tool's ``request_goodput`` (req/s) in the point's result.jsonl, None when absent."""
-    from .parse import ResultError, read_result_line
-
     try:
         v = read_result_line(pdir / "result.jsonl").get("request_goodput")
     except ResultError:
         return None
     return float(v) if isinstance(v, int | float) else None
-
-
-def point_dirs(suite_dirs: list[Path], key: str) -> list[Path]:
-    """The folders of point ``key`` inside each cell's suite folder."""
-    return [Path(d) / "points" / key for d in suite_dirs]
 
 
 def pair_points(
@@ -300,10 +274,6 @@ def pair_points(
     """The pair dict of a sweep: the lowest point's pairing as the single-point one, ``points``: {key:
     its request pairing and identity}, ``descriptive`` per ``<metric>@<key>``, ``slo``;
     PairingRefused when no point pairs."""
-    from patchbench.suite import PairingRefused
-
-    from .pairing import pair_cells
-
     sw = params.sweep
     assert sw is not None
     out: dict[str, Any] | None = None
@@ -312,7 +282,11 @@ def pair_points(
     refused: list[str] = []
     for k in sw.keys():
         try:
-            got = pair_cells(point_dirs(baseline_dirs, k), point_dirs(variant_dirs, k), metrics)
+            got = pair_cells(
+                [Path(d) / "points" / k for d in baseline_dirs],
+                [Path(d) / "points" / k for d in variant_dirs],
+                metrics,
+            )
         except PairingRefused as e:
             refused.append(f"point {k}: {e}")
             continue

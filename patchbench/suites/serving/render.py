@@ -1,14 +1,32 @@
-"""The serving suite's report section (output identity) and plots (TTFT / ITL ECDF), rendered
-only from the comparison's serving pairs (:mod:`.pairing` wrote them)."""
+"""The serving suite's report: output identity and the TTFT / ITL ECDF (from the pairs
+:mod:`.pairing` wrote), and a sweep's load curve: a section (one row per point, the curve sentence)
+and three figures (docs/serving.md, "Figures"), from the comparison's per-point and curve rows."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 from patchbench.suite import comparison_get, suite_pairs, suite_refusals
+from patchbench.suites import new_figure, save_titled
+
+from .curve import frontier
+from .sweep import POINT_SEP, point_of
 
 SUITE = "serving"
+#: the curve's per-point primaries, in the sentence's order
+CURVE_METRICS = ("output_throughput_tok_s", "itl_median_ms")
+_SHORT = {"output_throughput_tok_s": "output throughput", "itl_median_ms": "median ITL"}
+_AXIS_WORD = {"c": "concurrency", "r": "request rate"}
+_COLOURS = {
+    "improved": "tab:green",
+    "regressed": "tab:red",
+    "equivalent": "tab:blue",
+    "inconclusive": "tab:gray",
+    "incomplete": "lightgray",
+}
+_MARKERS = ["o", "s", "^", "D"]
 
 
 def identity_flags(comparison: Any) -> dict[str, dict[str, Any]]:
@@ -17,12 +35,7 @@ def identity_flags(comparison: Any) -> dict[str, dict[str, Any]]:
     comparison's ``identity_share_tolerance``."""
     pairs = suite_pairs(comparison, SUITE)
     aa = set(comparison_get(comparison, "aa_variants", []) or [])
-    settings = comparison_get(comparison, "settings", {}) or {}
-    tol = float(
-        settings.get("identity_share_tolerance", 0.02)
-        if isinstance(settings, dict)
-        else getattr(settings, "identity_share_tolerance", 0.02)
-    )
+    tol = float(comparison_get(comparison, "settings", {}).get("identity_share_tolerance", 0.02))
     share = {v: (p.get("identity") or {}).get("share") for v, p in pairs.items()}
     aa_shares = [share[v] for v in pairs if v in aa and share[v] is not None]
     out = {}
@@ -33,24 +46,21 @@ def identity_flags(comparison: Any) -> dict[str, dict[str, Any]]:
             ref, name = min(aa_shares), f"A/A share {min(aa_shares) * 100:.1f}%"
         s = share[v]
         flag = s is not None and s < ref - tol
+        reason = f"{s * 100:.1f}% of requests identical (reference: {name})" if flag else None
         out[v] = {
             "share": s,
             "reference_share": ref,
             "reference": name,
             "flag": flag,
-            "reason": (
-                f"{s * 100:.1f}% of requests identical (reference: {name})" if flag else None
-            ),
+            "reason": reason,
         }
     return out
 
 
 def report_section(comparison: Any) -> list[str]:
-    """Markdown "Output identity (serving)": per variant the identical-output share with its Wilson
-    interval, where the first difference starts, the reference and a flag; refusals and notes
-    where pairing did not happen."""
-    from .curve_render import curve_section
-
+    """Markdown: a sweep's "Load curve (serving)", then "Output identity (serving)": per variant
+    the identical-output share with its Wilson interval, where the first difference starts, the
+    reference and a flag; refusals and notes where pairing did not happen."""
     curve = curve_section(comparison)
     pairs = suite_pairs(comparison, SUITE)
     refusals = suite_refusals(comparison, SUITE)
@@ -104,55 +114,370 @@ def report_section(comparison: Any) -> list[str]:
 def plot_ecdf(comparison: Any, field: str, out: Path) -> Path | None:
     """ECDF of per-request TTFT (``field="ttft_ms"``) or of all ITL values (``"itl_ms"``) of the first
     paired repeat, the baseline then each variant; None without data."""
-    from patchbench.suites import new_figure, save_png
-
     pairs = {v: p for v, p in suite_pairs(comparison, SUITE).items() if p.get("ecdf")}
     if not pairs:
         return None
     base = comparison_get(comparison, "baseline", "baseline")
-    curves = [(base, next(iter(pairs.values()))["ecdf"]["baseline"], None)]
-    curves += [(v, p["ecdf"]["variant"], p["ecdf"].get("repeat_index")) for v, p in pairs.items()]
-    fig, (ax,) = new_figure(4.8)
-    drawn = 0
-    for j, (name, side, _k) in enumerate(curves):
-        xs = side.get(field) or []
-        if not xs:
-            continue
-        n = side.get("itl_ms_n", len(xs)) if field == "itl_ms" else len(xs)
-        ax.ecdf(xs, label=f"{name} (n={n})", color=f"C{j}")
-        drawn += 1
-    if not drawn:
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
+    curves = [(base, next(iter(pairs.values()))["ecdf"]["baseline"])]
+    curves += [(v, p["ecdf"]["variant"]) for v, p in pairs.items()]
+    curves = [(j, name, side) for j, (name, side) in enumerate(curves) if side.get(field)]
+    if not curves:
         return None
-    what = "TTFT" if field == "ttft_ms" else "ITL"
+    fig, (ax,) = new_figure(4.8)
+    itl = field == "itl_ms"
+    for j, name, side in curves:
+        n = side.get("itl_ms_n", len(side[field])) if itl else len(side[field])
+        ax.ecdf(side[field], label=f"{name} (n={n})", color=f"C{j}")
+    what = "ITL" if itl else "TTFT"
     ax.set_xlabel(f"{what} (ms)")
-    ax.set_ylabel("fraction of requests <= x" if field != "itl_ms" else "fraction of tokens <= x")
-    ax.set_title(
-        f"ECDF of {what}"
-        + (" per request" if field != "itl_ms" else " (all tokens)")
-        + ", first paired repeat",
-        fontsize=9,
-    )
+    ax.set_ylabel("fraction of tokens <= x" if itl else "fraction of requests <= x")
+    per = " (all tokens)" if itl else " per request"
+    ax.set_title(f"ECDF of {what}{per}, first paired repeat", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(title="variant", fontsize=8)
-    fig.suptitle(
-        f"{what} distribution per variant   [{comparison_get(comparison, 'run_id', '')}]",
-        fontsize=10,
-    )
-    fig.tight_layout()
-    return save_png(fig, out)
+    return save_titled(fig, out, comparison, f"{what} distribution per variant")
 
 
 def plots(comparison: Any, out_dir: Path) -> list[Path]:
-    """``ecdf_ttft.png`` and ``ecdf_itl.png`` in ``out_dir`` (those that have data; of the
-    lowest load of a sweep), and a sweep's curve figures (:mod:`.curve_render`)."""
-    from .curve_render import curve_plots
+    """A sweep's curve figures (``curve_latency.png``, ``curve_change.png``,
+    ``curve_frontier.png``), then ``ecdf_ttft.png`` and ``ecdf_itl.png`` (of the lowest load of a
+    sweep), those that have data, in ``out_dir``."""
+    out_dir = Path(out_dir)
+    got = [
+        plot_latency(comparison, out_dir / "curve_latency.png"),
+        plot_change(comparison, out_dir / "curve_change.png"),
+        plot_frontier(comparison, out_dir / "curve_frontier.png"),
+        plot_ecdf(comparison, "ttft_ms", out_dir / "ecdf_ttft.png"),
+        plot_ecdf(comparison, "itl_ms", out_dir / "ecdf_itl.png"),
+    ]
+    return [p for p in got if p is not None]
 
-    out = curve_plots(comparison, Path(out_dir))
-    for field, name in (("ttft_ms", "ecdf_ttft.png"), ("itl_ms", "ecdf_itl.png")):
-        p = plot_ecdf(comparison, field, Path(out_dir) / name)
-        if p is not None:
-            out.append(p)
+
+# --- the load curve of a sweep -----------------------------------------------------------------
+
+
+def _rows(comparison: Any) -> list[dict[str, Any]]:
+    """The serving rows as dicts (a typed comparison or its JSON form)."""
+    rows = comparison_get(comparison, "rows", []) or []
+    out = [r.model_dump() if hasattr(r, "model_dump") else dict(r) for r in rows]
+    return [r for r in out if r.get("suite") == SUITE]
+
+
+def _load(key: str) -> float:
+    """The load of a point key (``c16`` -> 16.0, ``r2.5`` -> 2.5)."""
+    return float(key[1:])
+
+
+def point_keys(comparison: Any) -> list[str]:
+    """The sweep's point keys in the comparison, lowest load first ([] without a sweep)."""
+    keys = {point_of(r["metric"]) for r in _rows(comparison) if POINT_SEP in r["metric"]}
+    return sorted((k for k in keys if k and re.fullmatch(r"[cr][0-9.]+", k)), key=_load)
+
+
+def curve_sentence(comparison: Any, variant: str) -> str | None:
+    """Where the change helps, per curve metric ("output throughput improved at concurrency 1-4,
+    equivalent at 16-64"; runs of one verdict merged); None without a sweep."""
+    keys = point_keys(comparison)
+    if not keys:
+        return None
+    rows = {r["metric"]: r for r in _rows(comparison) if r["variant"] == variant}
+    word = _AXIS_WORD[keys[0][0]]
+    parts = []
+    for m in CURVE_METRICS:
+        runs: list[tuple[str, list[str]]] = []
+        for k in keys:
+            r = rows.get(f"{m}{POINT_SEP}{k}")
+            v = r["verdict"] if r else "not delivered"
+            if runs and runs[-1][0] == v:
+                runs[-1][1].append(k)
+            else:
+                runs.append((v, [k]))
+        said = [
+            f"{v} at {word + ' ' if i == 0 else ''}"
+            + "-".join(dict.fromkeys(f"{_load(k):g}" for k in (ks[0], ks[-1])))
+            for i, (v, ks) in enumerate(runs)
+        ]
+        parts.append(f"{_SHORT[m]} " + ", ".join(said))
+    return f"{variant}: " + "; ".join(parts)
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+def _change(r: dict[str, Any] | None) -> str:
+    if r is None:
+        return "not delivered"
+    ch, lo, hi = r.get("change"), r.get("low"), r.get("high")
+    iv = f" [{lo:+.1f}, {hi:+.1f}]" if lo is not None and hi is not None else ""
+    return f"{'n/a' if ch is None else f'{ch:+.1f}%'}{iv} {r['verdict']}"
+
+
+def _values(r: dict[str, Any] | None) -> str:
+    return "n/a" if r is None else f"{_fmt(r['baseline_value'])} -> {_fmt(r['variant_value'])}"
+
+
+def curve_section(comparison: Any) -> list[str]:
+    """Markdown "Load curve (serving)": the curve sentence per variant, the curve metrics with
+    their intervals, then one table row per (variant, point); [] without a sweep."""
+    keys = point_keys(comparison)
+    if not keys:
+        return []
+    rows = _rows(comparison)
+    variants = list(comparison_get(comparison, "variants", []) or [])
+    lines = ["## Load curve (serving)", ""]
+    lines += [f"- {s}" for v in variants if (s := curve_sentence(comparison, v))]
+    pairs = (comparison_get(comparison, "pairs", {}) or {}).get(SUITE) or {}
+    slo = next((p["slo"] for p in pairs.values() if isinstance(p, dict) and p.get("slo")), None)
+    if slo:
+        lines.append(
+            f"- SLO: TTFT <= {slo['ttft_ms']:g} ms and TPOT <= {slo['tpot_ms']:g} ms (a request "
+            f"meets it when both hold; a load, when both hold at p{slo['percentile']:g})"
+        )
+    lines.append("")
+    curve = [r for r in rows if r["primary"] and POINT_SEP not in r["metric"]]
+    if curve:
+        lines += [
+            "| variant | curve metric | baseline | variant | change [interval] verdict |",
+            "|---|---|---|---|---|",
+        ]
+        for r in curve:
+            bb = " (lower bound)" if r.get("baseline_bound") == "lower" else ""
+            vb = " (lower bound)" if r.get("variant_bound") == "lower" else ""
+            lines.append(
+                f"| {r['variant']} | `{r['metric']}` | {_fmt(r['baseline_value'])}{bb} | "
+                f"{_fmt(r['variant_value'])}{vb} | {_change(r)} |"
+            )
+        lines.append("")
+    by = {(r["variant"], r["metric"]): r for r in rows}
+    lines += [
+        f"| variant | {_AXIS_WORD[keys[0][0]]} | output tok/s (base -> var) | change | "
+        "median ITL ms (base -> var) | change | goodput req/s (base -> var) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for v in variants:
+        for k in keys:
+            t, i, g = (
+                by.get((v, f"{m}{POINT_SEP}{k}"))
+                for m in ("output_throughput_tok_s", "itl_median_ms", "goodput_req_s")
+            )
+            lines.append(
+                f"| {v} | {_load(k):g} | {_values(t)} | {_change(t)} | {_values(i)} | "
+                f"{_change(i)} | {_values(g)} |"
+            )
+    lines += [
+        "",
+        "- Sweep: every point ran against the cell's one server, in an order shuffled per cell "
+        "(seed in the summary's `meta.sweep.order_seed`), the cache flushed between points, the "
+        "same prompts per point for every variant. Primaries (one Holm family with the report's "
+        "other primaries): goodput at the SLO (best point), the highest load meeting the SLO "
+        "(interpolated between points; a lower bound when every point meets it), output "
+        "throughput and median ITL at each point; every other per-point metric is secondary. "
+        "A point whose client did not deliver the load asked is marked not delivered and never "
+        "judged.",
+        "",
+    ]
+    return lines
+
+
+def _series(rows: list[dict[str, Any]], metric: str, keys: list[str], arm: str, variant: str):
+    """Per point: the arm's repeats of ``metric@key`` in the row of ``variant`` (None where the
+    point has no row)."""
+    by = {r["metric"]: r for r in rows if r["variant"] == variant}
+    out = []
+    for k in keys:
+        r = by.get(f"{metric}{POINT_SEP}{k}")
+        out.append(None if r is None else [x for x in r[f"{arm}_repeats"] if x is not None] or None)
     return out
+
+
+def _arms(comparison: Any) -> list[tuple[str, str, str]]:
+    """(label, arm, variant row it comes from) for the baseline and every variant."""
+    variants = list(comparison_get(comparison, "variants", []) or [])
+    if not variants:
+        return []
+    base = comparison_get(comparison, "baseline", "baseline")
+    return [(base, "baseline", variants[0])] + [(v, "variant", v) for v in variants]
+
+
+def _median(xs):
+    import numpy as np
+
+    return float(np.median(xs))
+
+
+def plot_latency(comparison: Any, out: Path) -> Path | None:
+    """``curve_latency.png``: per variant, output throughput against median (solid) and p99
+    (dashed) ITL per load, medians over repeats, the repeats' range of throughput as a band; None
+    without a sweep."""
+    keys = point_keys(comparison)
+    rows = _rows(comparison)
+    if not keys:
+        return None
+    fig, (ax,) = new_figure(5.2)
+    medians: list[tuple[str, float, float, int]] = []
+    for j, (label, arm, src) in enumerate(_arms(comparison)):
+        thr = _series(rows, "output_throughput_tok_s", keys, arm, src)
+        for stat, ls in (("itl_median_ms", "-"), ("itl_p99_ms", "--")):
+            lat = _series(rows, stat, keys, arm, src)
+            pts = sorted(
+                (_median(x), _median(y), min(y), max(y), k)
+                for x, y, k in zip(lat, thr, keys, strict=True)
+                if x and y
+            )
+            if not pts:
+                continue
+            xs = [p[0] for p in pts]
+            which = "median" if ls == "-" else "p99"
+            ax.plot(
+                xs,
+                [p[1] for p in pts],
+                ls,
+                marker="o",
+                color=f"C{j}",
+                label=f"{label} ({which} ITL)",
+            )
+            band = ([p[2] for p in pts], [p[3] for p in pts])
+            ax.fill_between(xs, *band, color=f"C{j}", alpha=0.15, lw=0)
+            if ls == "-":
+                medians += [(k, x, y, j) for x, y, *_r, k in pts]
+    ax.set_xscale("log")
+    label_points(ax, medians)
+    ax.set_xlabel("ITL (ms, log scale): median solid, p99 dashed")
+    ax.set_ylabel("output throughput (tok/s)")
+    ax.grid(alpha=0.3, which="both")
+    handles, labels = ax.get_legend_handles_labels()
+    # below the axes, never over a point; handles long enough to show p99's dashes
+    fig.legend(handles, labels, loc="lower center", fontsize=7, ncol=3, handlelength=4)
+    ax.set_title("Throughput against latency per load (band: range over repeats)", fontsize=9)
+    rows_of_legend = -(-len(labels) // 3)
+    rect = (0, 0.04 + 0.035 * rows_of_legend, 1, 1)
+    return save_titled(fig, out, comparison, "Load curve per variant", rect=rect)
+
+
+#: points of one load closer than this (display pixels) share one label
+NEAR_PX = 28.0
+
+
+def label_points(ax: Any, points: list[tuple[str, float, float, int]]) -> list[Any]:
+    """Write each load's key by its points ``(key, x, y, variant index)`` on ``ax``: points of one
+    load within :data:`NEAR_PX` of each other on screen get one dark-grey label above the highest,
+    a point apart its own label in its variant's colour, away from its load's other points.
+    Returns the annotations in the order written."""
+    import numpy as np
+
+    ax.autoscale_view()
+    by: dict[str, list[tuple[np.ndarray, float, float, int]]] = {}
+    for k, x, y, j in points:
+        by.setdefault(k, []).append((ax.transData.transform((x, y)), x, y, j))
+    out = []
+    for k, members in by.items():
+        groups: list[list[tuple[np.ndarray, float, float, int]]] = []
+        for m in members:
+            near = [g for g in groups if any(np.hypot(*(m[0] - o[0])) < NEAR_PX for o in g)]
+            groups = [g for g in groups if not any(g is h for h in near)]
+            groups.append([m] + [o for g in near for o in g])
+        centre = float(np.mean([m[0][0] for m in members]))
+        for g in groups:
+            if len(g) > 1:
+                top = max(g, key=lambda o: o[0][1])
+                xy, colour, off, ha = (top[1], top[2]), "0.25", (0, 6), "center"
+            else:
+                ((px, x, y, j),) = g
+                right = len(groups) == 1 or px[0] >= centre
+                xy, colour = (x, y), f"C{j}"
+                off, ha = ((6, 3), "left") if right else ((-6, 3), "right")
+            kw = {"textcoords": "offset points", "va": "bottom", "fontsize": 7}
+            out.append(ax.annotate(k, xy, xytext=off, ha=ha, color=colour, **kw))
+    return out
+
+
+def plot_change(comparison: Any, out: Path) -> Path | None:
+    """``curve_change.png``: each variant's paired change (%) of output throughput and median ITL per
+    load with its interval, coloured by verdict, the margin shaded; None without a sweep."""
+    from matplotlib.lines import Line2D
+
+    keys = point_keys(comparison)
+    if not keys:
+        return None
+    by = {(r["variant"], r["metric"]): r for r in _rows(comparison)}
+    variants = list(comparison_get(comparison, "variants", []) or [])
+    fig, axes = new_figure(3.8, ncols=2)
+    width = 0.6 / max(1, len(variants))
+    undelivered = False
+    for ax, m in zip(axes, CURVE_METRICS, strict=True):
+        margin = None
+        for j, v in enumerate(variants):
+            for i, k in enumerate(keys):
+                r = by.get((v, f"{m}{POINT_SEP}{k}"))
+                x = i + (j - (len(variants) - 1) / 2) * width
+                if r is None:
+                    ax.plot([x], [0], "x", color="black")
+                    undelivered = True
+                    continue
+                c = _COLOURS.get(r["verdict"], "tab:gray")
+                margin = r.get("margin") if margin is None else margin
+                if r.get("low") is not None and r.get("high") is not None:
+                    ax.plot([x, x], [r["low"], r["high"]], color=c, lw=3, solid_capstyle="butt")
+                if r.get("change") is not None:
+                    ax.plot([x], [r["change"]], _MARKERS[j % 4], color=c, ms=5)
+        if margin is not None:
+            ax.axhspan(-margin, margin, color="tab:blue", alpha=0.08)
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_xticks(range(len(keys)), [f"{_load(k):g}" for k in keys])
+        ax.set_xlabel(_AXIS_WORD[keys[0][0]])
+        ax.set_ylabel("change vs baseline (%)")
+        better = "higher" if m == "output_throughput_tok_s" else "lower"
+        ax.set_title(f"{_SHORT[m]} ({better} is better)", fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    handles = [Line2D([], [], color=c, lw=3, label=v) for v, c in _COLOURS.items()]
+    handles += [
+        Line2D([], [], ls="", marker=_MARKERS[j % 4], color="black", label=v)
+        for j, v in enumerate(variants)
+    ]
+    if undelivered:
+        handles.append(Line2D([], [], ls="", marker="x", color="black", label="not delivered"))
+    fig.legend(
+        handles=handles, loc="lower center", ncol=min(len(handles), 8), fontsize=7, frameon=False
+    )
+    title = "Paired change per load, Holm-adjusted intervals"
+    return save_titled(fig, out, comparison, title, rect=(0, 0.12, 1, 0.94))
+
+
+def plot_frontier(comparison: Any, out: Path) -> Path | None:
+    """``curve_frontier.png``: per variant, output tok/s per GPU against tok/s per user per load and
+    the Pareto frontier; None without a sweep or the frontier metrics."""
+    keys = point_keys(comparison)
+    rows = _rows(comparison)
+    if not keys:
+        return None
+    drawn = []
+    for j, (label, arm, src) in enumerate(_arms(comparison)):
+        gpu = _series(rows, "output_per_gpu_tok_s", keys, arm, src)
+        user = _series(rows, "output_per_user_tok_s", keys, arm, src)
+        pts = [
+            (_median(g), _median(u), k) for g, u, k in zip(gpu, user, keys, strict=True) if g and u
+        ]
+        if pts:
+            drawn.append((j, label, pts))
+    if not drawn:
+        return None
+    fig, (ax,) = new_figure(5.0)
+    for j, label, pts in drawn:
+        idx = frontier([(g, u) for g, u, _ in pts])
+        ax.scatter([p[1] for p in pts], [p[0] for p in pts], color=f"C{j}", s=18, alpha=0.5)
+        front = ([pts[i][1] for i in idx], [pts[i][0] for i in idx])
+        ax.plot(*front, "-o", color=f"C{j}", label=f"{label} (frontier)")
+        for g, u, k in pts:
+            kw = {"textcoords": "offset points", "fontsize": 7, "color": f"C{j}"}
+            ax.annotate(k, (u, g), xytext=(5, 4 - 12 * j), **kw)
+    xs = [x for line in ax.get_lines() for x in line.get_xdata()]
+    if xs and min(xs) > 0 and max(xs) / min(xs) > 20:  # a wide range (e.g. the CPU engine's)
+        ax.set_xscale("log")
+    scale = ", log scale" if ax.get_xscale() == "log" else ""
+    ax.set_xlabel(f"tokens/s per user (1000 / median TPOT{scale})")
+    ax.set_ylabel("output tokens/s per GPU")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Throughput per GPU against speed per user (up and right is better)", fontsize=9)
+    return save_titled(fig, out, comparison, "Pareto frontier per variant")

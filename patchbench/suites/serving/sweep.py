@@ -85,11 +85,6 @@ def metric_at(metric: str, key: str) -> str:
     return f"{metric}{POINT_SEP}{key}"
 
 
-def base_metric(name: str) -> str:
-    """The single-point name of a per-point metric (the name itself when it has no point)."""
-    return name.split(POINT_SEP, 1)[0]
-
-
 def point_of(name: str) -> str | None:
     """The point key of a per-point metric name, None for any other name."""
     return name.split(POINT_SEP, 1)[1] if POINT_SEP in name else None
@@ -142,15 +137,16 @@ def cost_lines(
         s = point_seconds(c, n, output_len)
         total += s
         per.append(f"{sweep.key(p)}: {n} prompts" + ("" if cpu else f" ~{s:.0f} s"))
+    head = f"sweep ({sweep.axis}, order shuffled per cell): " + ", ".join(per)
     if cpu:
         return [
-            f"sweep ({sweep.axis}, order shuffled per cell): " + ", ".join(per),
+            head,
             "no time estimate on the CPU engine (the cost model in patchbench/suites/serving/sweep.py is "
             "an H200's)",
         ]
     rnd = total * cells_per_round / 60
     return [
-        f"sweep ({sweep.axis}, order shuffled per cell): " + ", ".join(per),
+        head,
         f"estimated H200 GPU minutes: ~{total / 60:.1f} a cell, ~{rnd:.1f} a repeat of the "
         f"{cells_per_round} variants (~{120 / rnd:.1f} repeats in 2 H200-hours); server start-up "
         f"{STARTUP_S:.0f} s a cell included; cost model in patchbench/suites/serving/sweep.py (the "

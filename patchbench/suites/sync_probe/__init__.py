@@ -1,16 +1,11 @@
 """sync_probe suite: does the variant's mrope decode path make the host wait for the GPU?
 
-No server: ``run`` extracts the ``ForwardBatch`` mrope methods of the variant's and the stock
-``forward_batch_info.py`` with :mod:`ast` and runs them with stand-ins (:mod:`.mrope`), per batch
-size: on CUDA, sync warnings under ``torch.cuda.set_sync_debug_mode("warn")`` and the host's time
-in the call behind a ~``sleep_ms`` in-flight kernel (``host_blocked_ms``), reads and blocking
-copies recorded by a TorchFunctionMode; otherwise the CPU probes (``seq_lens`` on the ``meta``
-device, copies recorded with their ``non_blocking`` flag). Every row checks the variant's
-positions against stock's. Writes ``probe.json`` (docs/CONTRACTS.md).
-
-``server_crosscheck``: the in-server hook ``instr/patchbench_mrope_instr.py`` counts every server
-process's mrope computations per forward mode in the untimed correctness cells, checks each
-against the stock method, and writes ``counts.<pid>.json`` (merged by :func:`merge_counts`)."""
+No server: the variant's and stock's ``ForwardBatch`` mrope methods run with stand-ins
+(:mod:`.mrope`) per batch size, on CUDA (sync warnings, the host's time behind an in-flight
+kernel, reads and blocking copies) or else the CPU probes; every row checks the variant's
+positions against stock's. Writes ``probe.json`` (docs/CONTRACTS.md). ``server_crosscheck``: the
+in-server hook ``instr/patchbench_mrope_instr.py`` counts and checks the server's own mrope
+computations in the untimed correctness cells (merged by :func:`merge_counts`)."""
 
 from __future__ import annotations
 
@@ -30,6 +25,7 @@ from patchbench.suite import (
     SuiteError,
     SuiteResult,
     comparison_get,
+    read_or,
     register,
     suite_pairs,
     suite_refusals,
@@ -43,15 +39,14 @@ HOOK = Path(__file__).resolve().parent / "instr" / "patchbench_mrope_instr.py"
 #: the instrumentation's folder inside this suite's folder of a correctness cell
 INSTR_OUT = "mrope_instr"
 
-_D = "deterministic"
 #: the test that proves the probe's counts deterministic by construction (the variant's code on
 #: the same seeded batches, counted by a TorchFunctionMode): two probes in separate processes
 #: give identical counts
 BY_CONSTRUCTION = "tests/suites/test_sync_probe.py::test_counts_are_identical_in_two_processes"
 
 
-def _count(label: str, **kw: Any) -> MetricInfo:
-    return MetricInfo("lower", "count", label, kind=_D, **kw)
+def _count(label: str, primary: bool = False, by: str | None = BY_CONSTRUCTION) -> MetricInfo:
+    return MetricInfo("lower", "count", label, primary, "deterministic", deterministic_by=by)
 
 
 #: per-call sums over the configured batch sizes (counts: the same in every run of the same code,
@@ -61,17 +56,13 @@ METRICS: dict[str, MetricInfo] = {
         "host syncs per call (device-to-host reads + blocking host-to-device copies), summed "
         "over batch sizes",
         primary=True,
-        deterministic_by=BY_CONSTRUCTION,
     ),
-    "sync_d2h_reads_count": _count(
-        "device-to-host reads per call, summed over batch sizes", deterministic_by=BY_CONSTRUCTION
-    ),
+    "sync_d2h_reads_count": _count("device-to-host reads per call, summed over batch sizes"),
     "sync_blocking_h2d_copies_count": _count(
-        "blocking host-to-device copies per call, summed over batch sizes",
-        deterministic_by=BY_CONSTRUCTION,
+        "blocking host-to-device copies per call, summed over batch sizes"
     ),
     "sync_warnings_count": _count(
-        "CUDA sync warnings per call, summed over batch sizes (GPU only)"
+        "CUDA sync warnings per call, summed over batch sizes (GPU only)", by=None
     ),
     "host_blocked_ms": MetricInfo(
         "lower",
@@ -79,9 +70,7 @@ METRICS: dict[str, MetricInfo] = {
         "host blocked in the call behind an in-flight kernel, mean over batch sizes (GPU only)",
         kind="run",
     ),
-    "positions_mismatch_count": _count(
-        "batch sizes whose positions differ from stock", deterministic_by=BY_CONSTRUCTION
-    ),
+    "positions_mismatch_count": _count("batch sizes whose positions differ from stock"),
 }
 #: the counts a counting run stopped early (``counts_lower_bound``) can only undercount
 LOWER_BOUND_WHEN_STOPPED = (
@@ -111,32 +100,21 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
     with the stand-ins."""
     import torch
 
+    from patchbench.inputs import sha256_file
     from patchbench.records import write_json
-    from patchbench.suites.sync_probe.mrope import measure_row, sha256_file
+    from patchbench.suites.sync_probe.mrope import calibrate_sleep_cycles, measure_row
 
     variant_file, stock_file = Path(ctx.variant_sglang_dir) / REL, Path(ctx.stock_sglang_dir) / REL
     methods, stock = _load_methods(ctx, variant_file, stock_file)
     cuda, mode, note, warnings = _measurement_mode(ctx, params)
-    rows = []
-    sleep_cycles = None
-    if cuda:
-        from patchbench.suites.sync_probe.mrope import calibrate_sleep_cycles
-
-        sleep_cycles = calibrate_sleep_cycles(params.sleep_ms)
-    for bs in params.batch_sizes:
-        rows.append(
-            measure_row(
-                methods,
-                stock,
-                bs,
-                device="cuda" if cuda else "cpu",
-                image_share=params.image_share,
-                seed=params.seed + bs,
-                iterations=params.iterations,
-                sleep_ms=params.sleep_ms,
-                sleep_cycles=sleep_cycles,
-            )
-        )
+    kw = {
+        "device": "cuda" if cuda else "cpu",
+        "image_share": params.image_share,
+        "iterations": params.iterations,
+        "sleep_ms": params.sleep_ms,
+        "sleep_cycles": calibrate_sleep_cycles(params.sleep_ms) if cuda else None,
+    }
+    rows = [measure_row(methods, stock, b, seed=params.seed + b, **kw) for b in params.batch_sizes]
     errors = [f"batch {r['batch_size']}: {r['error']}" for r in rows if r.get("error")]
     warnings += [
         f"batch {r['batch_size']}: counts are lower bounds, the probe was stopped by a "
@@ -200,13 +178,9 @@ def _measurement_mode(ctx: SuiteContext, params: Params) -> tuple[bool, str, str
         mode, note = "cuda", f"CUDA on {torch.cuda.get_device_name()}"
     else:
         mode = "cpu-probes"
-        why = (
-            "force_cpu"
-            if params.force_cpu
-            else "no GPU visible to torch"
-            if ctx.device == "cuda"
-            else "the run is on the CPU"
-        )
+        why = "the run is on the CPU"
+        if params.force_cpu or ctx.device == "cuda":
+            why = "force_cpu" if params.force_cpu else "no GPU visible to torch"
         note = (
             f"no GPU measurement ({why}): ran the CPU probes instead (seq_lens on the meta "
             "device, reads counted; copies to the device recorded with non_blocking); "
@@ -322,26 +296,6 @@ def merge_counts(out_dir: Path) -> dict[str, Any]:
 # --------------------------------------------------------------------------- pairing
 
 
-def _read_probe(suite_dir: Path) -> dict[str, Any] | None:
-    try:
-        probe = read_json(Path(suite_dir) / "probe.json")
-    except (OSError, ValueError):
-        return None
-    return {
-        "mode": probe.get("mode"),
-        "note": probe.get("note"),
-        "variant_sha256": probe.get("variant_sha256"),
-        "rows": probe.get("rows") or [],
-    }
-
-
-def _summary_metrics(suite_dir: Path) -> dict[str, float]:
-    try:
-        return dict(read_json(Path(suite_dir) / "summary.json").get("metrics") or {})
-    except (OSError, ValueError, AttributeError):
-        return {}
-
-
 def _crosscheck_of(suite_dirs: list[Path]) -> dict[str, Any] | None:
     """The merged in-server counts of this variant: ``cell.json``'s ``instrumentation.sync_probe``
     of the given cells, then of the variant's other cells (the correctness cell is no repeat)."""
@@ -356,10 +310,7 @@ def _crosscheck_of(suite_dirs: list[Path]) -> dict[str, Any] | None:
             if p.is_dir() and p != cell and re.fullmatch(r"correctness|rep\d+", p.name)
         )
     for cell in dict.fromkeys(seen):
-        try:
-            rec = read_json(cell / "cell.json")
-        except (OSError, ValueError):
-            continue
+        rec = read_or(cell / "cell.json")
         got = (
             (rec.get("instrumentation") or {}).get("sync_probe") if isinstance(rec, dict) else None
         )
@@ -376,25 +327,26 @@ def pair_cells(baseline_dirs: list[Path], variant_dirs: list[Path]) -> dict[str,
 
     def side(dirs: list[Path]) -> dict[str, Any] | None:
         for k, d in enumerate(dirs):
-            probe = _read_probe(d)
-            if probe is not None:
-                return dict(probe, repeat_index=k)
+            probe = read_or(Path(d) / "probe.json")
+            if isinstance(probe, dict):
+                keep = {n: probe.get(n) for n in ("mode", "note", "variant_sha256")}
+                return dict(keep, rows=probe.get("rows") or [], repeat_index=k)
         return None
+
+    def summary_metrics(d: Path) -> dict[str, float]:
+        summary = read_or(Path(d) / "summary.json")
+        return dict(summary.get("metrics") or {}) if isinstance(summary, dict) else {}
 
     b, v = side(baseline_dirs), side(variant_dirs)
     if b is None and v is None:
         return None
+    bm, vm = [summary_metrics(d) for d in baseline_dirs], [summary_metrics(d) for d in variant_dirs]
     metrics: dict[str, dict[str, Any]] = {}
     for name in METRICS:
-        bv = [_summary_metrics(d).get(name) for d in baseline_dirs]
-        vv = [_summary_metrics(d).get(name) for d in variant_dirs]
-        if all(x is None for x in bv + vv):
-            continue
-        metrics[name] = {
-            "baseline": bv,
-            "variant": vv,
-            "same_in_every_repeat": len(set(bv)) <= 1 and len(set(vv)) <= 1,
-        }
+        bv, vv = [m.get(name) for m in bm], [m.get(name) for m in vm]
+        if any(x is not None for x in bv + vv):
+            same = len(set(bv)) <= 1 and len(set(vv)) <= 1
+            metrics[name] = {"baseline": bv, "variant": vv, "same_in_every_repeat": same}
     return {
         "baseline": b,
         "variant": v,

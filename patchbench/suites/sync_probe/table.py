@@ -20,16 +20,20 @@ TABLE_COLUMNS = [
 ]
 
 
-def format_table(rows: list[dict], lead: Sequence[tuple[str, str]] = ()) -> str:
-    """A plain-text table of probe rows (``measure_row`` dicts; columns absent from every row are
-    left out); ``lead``: extra leading (key, header) columns such as release and variant."""
+def _cells(rows: list[dict], lead: Sequence[tuple[str, str]]) -> list[list[str]]:
+    """The header, then each row's cells, of the lead columns and those some row has."""
     cols = [(k, h, "{}") for k, h in lead] + [
         c for c in TABLE_COLUMNS if any(c[0] in r for r in rows)
     ]
-    cells = [[h for _, h, _ in cols]]
-    for r in rows:
-        cells.append(["-" if r.get(k) is None else fmt.format(r[k]) for k, _, fmt in cols])
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
+    body = [["-" if r.get(k) is None else fmt.format(r[k]) for k, _, fmt in cols] for r in rows]
+    return [[h for _, h, _ in cols], *body]
+
+
+def format_table(rows: list[dict], lead: Sequence[tuple[str, str]] = ()) -> str:
+    """A plain-text table of probe rows (``measure_row`` dicts; columns absent from every row are
+    left out); ``lead``: extra leading (key, header) columns such as release and variant."""
+    cells = _cells(rows, lead)
+    widths = [max(len(c) for c in col) for col in zip(*cells, strict=True)]
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
@@ -37,17 +41,9 @@ def format_table(rows: list[dict], lead: Sequence[tuple[str, str]] = ()) -> str:
 
 def markdown_table(rows: list[dict], lead: Sequence[tuple[str, str]] = ()) -> list[str]:
     """The same columns as :func:`format_table` as markdown table lines."""
-    cols = [(k, h, "{}") for k, h in lead] + [
-        c for c in TABLE_COLUMNS if any(c[0] in r for r in rows)
+    head, *body = _cells(rows, lead)
+    lines = [
+        "| " + " | ".join(row) + " |"
+        for row in [head] + [[c.replace("|", "\\|") for c in r] for r in body]
     ]
-    out = ["| " + " | ".join(h for _, h, _ in cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        out.append(
-            "| "
-            + " | ".join(
-                "-" if r.get(k) is None else fmt.format(r[k]).replace("|", "\\|")
-                for k, _, fmt in cols
-            )
-            + " |"
-        )
-    return out
+    return lines[:1] + ["|" + "---|" * len(head)] + lines[1:]

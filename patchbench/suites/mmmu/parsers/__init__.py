@@ -21,14 +21,12 @@ from .strict import (
     UNPARSED_KINDS,
     StrictParse,
     clean_text,
-    parse_strict,
     parse_strict_detail,
 )
 
 __all__ = [
     "parse_official_mc",
     "official_mc_candidates",
-    "parse_strict",
     "parse_strict_detail",
     "StrictParse",
     "NO_ANSWER",

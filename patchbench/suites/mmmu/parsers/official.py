@@ -1,18 +1,9 @@
-"""The official MMMU parsing: the multiple-choice parser, its letter check, and open questions.
-
-- :func:`parse_official_mc` re-implements the official MMMU multiple-choice parser
-  (MMMU-Benchmark/MMMU, ``mmmu/utils/eval_utils.py``, ``parse_multi_choice_response``; also copied
-  into sglang's ``benchmark/mmmu/eval_utils.py``): strip ``,.!?;:'`` from both ends, pad with spaces,
-  look for ``(X)``; if none, for `` X ``; if none and the response has more than 5 words, for option
-  texts (case-insensitive substring); among several candidates the one whose LAST occurrence is
-  latest wins (``np.argmax`` semantics: the first candidate on ties); no candidate -> a random letter.
-  Our version takes the random generator as an argument (``random.Random(seed)``), so the pick is
-  seeded and recorded; with ``rng=None`` it returns ``None`` instead of picking (the "fallback
-  counted wrong" convention of tests/data/mmmu-official).
-- Open questions (HF ``question_type == "open"``, the official key's ``"short-answer"``) go through
-  :func:`parse_open` / :func:`eval_open` only: the official normalisation (key sub-responses after
-  "is ", "answer ", "=" ...; numbers extracted, commas dropped, rounded to 2 decimals; strings
-  lower-cased and matched as substrings). They never pass through a letter parser.
+"""The official MMMU parsing (MMMU-Benchmark/MMMU ``mmmu/utils/eval_utils.py``, copied into
+sglang's ``benchmark/mmmu/eval_utils.py``; its rules: docs/mmmu.md, "Two parsers"): the
+multiple-choice parser with its random fallback drawn from a given ``random.Random`` (seeded and
+recorded; ``rng=None``: no pick, the "fallback counted wrong" convention of
+tests/data/mmmu-official), its letter check, and the normalisation of open questions (HF
+``question_type == "open"``, the key's ``"short-answer"``), which never pass a letter parser.
 """
 
 from __future__ import annotations
@@ -40,15 +31,6 @@ def is_open(question_type: str) -> bool:
 # --------------------------------------------------------------------------------------------
 # multiple choice
 # --------------------------------------------------------------------------------------------
-
-
-def _last_index_argmax(values: Sequence[int]) -> int:
-    """``np.argmax``: index of the first maximum."""
-    best = 0
-    for i, v in enumerate(values):
-        if v > values[best]:
-            best = i
-    return best
 
 
 def official_mc_candidates(
@@ -85,7 +67,7 @@ def official_mc_candidates(
             starts = [response.rfind(f" {c} ") for c in candidates]
     else:
         starts = [response.lower().rfind(index2ans[c].lower()) for c in candidates]
-    return candidates[_last_index_argmax(starts)]
+    return candidates[max(range(len(starts)), key=starts.__getitem__)]  # np.argmax: first max
 
 
 def parse_official_mc(

@@ -19,23 +19,10 @@ from .strict_refs import (
     ref_list,
 )
 
-# How a person grades a free-text answer, in order (docs/mmmu.md states the policy):
-#   1. the LAST explicit commitment wins: "Answer: b", "Final answer: \boxed{C}", "the answer is
-#      (D)", "Option C is correct", "I'd go with (A)", "So the answer is green", a line that is
-#      only a letter label ("B", "(b)", "**Option C**") or one label with its own text ("(A)
-#      Mitochondria", unless it heads a walk through the options), an elimination ("That
-#      leaves C"), a first line that opens with one option and goes on about others ("B. A and
-#      C are too warm", "Mitochondria — the nucleus only stores DNA"); other options
-#      discussed after it ("B is tempting", "(A) would be right for cities", "But (A) could
-#      also be right") never count; a later revision ("Wait, actually (C) fits better", "so
-#      actually the answer is C") overrides it;
-#   2. otherwise a sentence that names exactly one option, by bracketed letter, "option X", or
-#      that option's full text (case-insensitive, whole words, the longest text first); echoed
-#      option lists, options only discussed ("For option A we have ...", "(A) is tempting") or
-#      rejected ("(A) is incorrect", "not (B)"), what an option would mean ("(B) would show
-#      pores") and questions do not count; a label beside its own text is one mention;
-#   3. otherwise unparsed: "ambiguous" when several different options are named (or the final
-#      commitment names several: "The correct answer is (B), (C), and (D)."), else "no_answer".
+# How a person grades a free-text answer, in order (docs/mmmu.md, "Strict parser policy", gives
+# the cases): 1. the LAST explicit commitment wins (:func:`_commitments`), unless a later revision
+# names another option; 2. otherwise a sentence that names exactly one option (:func:`_sentences`);
+# 3. otherwise unparsed: "ambiguous" when several options are named, else "no_answer".
 
 NO_ANSWER = "no_answer"
 AMBIGUOUS = "ambiguous"
@@ -692,10 +679,3 @@ def parse_strict_detail(
     if echo and not named:
         return StrictParse(None, NO_ANSWER, "echoed options only")
     return StrictParse(None, NO_ANSWER, "nothing")
-
-
-def parse_strict(
-    response: str | None, all_choices: Sequence[str], index2ans: Mapping[str, str]
-) -> str | None:
-    """The strict parse's letter (None: unparsed; :func:`parse_strict_detail` says why)."""
-    return parse_strict_detail(response, all_choices, index2ans).letter

@@ -17,17 +17,9 @@ _LATEX_WRAP = re.compile(
 _LATEX_FRAC = re.compile(r"\\[dt]?frac\s*(?:\{([^{}]*)\}\s*\{([^{}]*)\}|(\d)(\d))")
 _LATEX_SQRT = re.compile(r"\\sqrt\s*(?:\{([^{}]*)\}|(\w))|\bsqrt\s*\(\s*([\w.]+)\s*\)")
 _LATEX_SUP = re.compile(r"\^\{([^{}]*)\}")
-_LATEX_SYMBOL = {
-    "pi": "π",
-    "times": "×",
-    "cdot": "·",
-    "div": "÷",
-    "circ": "°",
-    "degree": "°",
-    "pm": "±",
-    "%": "%",
-    "$": "$",
-}
+_LATEX_SYMBOL = dict(
+    zip(["pi", "times", "cdot", "div", "circ", "degree", "pm", "%", "$"], "π×·÷°°±%$", strict=True)
+)
 _LATEX_WORD = re.compile(
     r"\\(pi|times|cdot|div|circ|degree|pm|%|\$)(?![A-Za-z])|\\(?:left|right)(?![A-Za-z])|\\[,;:! ]"
 )
@@ -104,23 +96,10 @@ def _units(s: str) -> str:
 
 _LATEX_DELIM = re.compile(r"\\[()\[\]]|\$+")
 _MARKUP = re.compile(r"[*`]+|^[ \t]*#+[ \t]*|^[ \t]*>[ \t]*|(?<!\w)_{1,2}|_{1,2}(?!\w)", re.M)
+# full-width brackets and CJK punctuation as ASCII (sentence punctuation with its space)
 _WIDE = str.maketrans(
-    {
-        "（": "(",
-        "）": ")",
-        "：": ":",
-        "【": "[",
-        "】": "]",
-        "’": "'",
-        "“": '"',
-        "”": '"',
-        "。": ". ",
-        "，": ", ",
-        "；": "; ",
-        "！": "! ",
-        "？": "? ",
-        "\u00a0": " ",
-    }
+    dict(zip("（）：【】’“”\u00a0", '():[]\'"" ', strict=True))
+    | {c: f"{a} " for c, a in zip("。，；！？", ".,;!?", strict=True)}
 )
 
 
@@ -325,11 +304,7 @@ def read_references(s: str, opts: Options) -> str:
 
     def ordinal(m: re.Match) -> str:
         w = m.group("n").lower()
-        i = (
-            n - 1
-            if w == "last"
-            else (_ORDINALS.index(w) if w in _ORDINALS else int(re.sub(r"\D", "", w)) - 1)
-        )
+        i = _ORDINALS.index(w) if w in _ORDINALS else int(re.sub(r"\D", "", w) or n) - 1
         return f"option {opts.letters[i]}" if 0 <= i < n else m.group(0)
 
     s = _ORDINAL_REF.sub(ordinal, s)

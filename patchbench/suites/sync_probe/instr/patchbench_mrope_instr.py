@@ -152,19 +152,11 @@ def wrap_forward_batch(module, probe_dir: str, ref_path: str | None = None) -> M
         try:
             result = live(self, model_runner, batch, *args, **kwargs)
         except Exception as exc:
+            err = f"{type(exc).__name__}: {exc}"
             with _own_range():
                 counter.add(f"{mode}_live_errors")
                 if ref is not None:
-                    _crosscheck(
-                        counter,
-                        ref,
-                        self,
-                        model_runner,
-                        batch,
-                        mode,
-                        None,
-                        f"{type(exc).__name__}: {exc}",
-                    )
+                    _crosscheck(counter, ref, self, model_runner, batch, mode, None, err)
                 counter.write()
             raise
         with _own_range():
@@ -203,19 +195,12 @@ def _crosscheck(counter, ref, fb, model_runner, batch, mode, mine, my_error) -> 
     if not equal and len(counter.samples) < _MAX_SAMPLES:
 
         def show(t, err):
-            return (
-                err
-                if err
-                else {"dtype": str(t.dtype), "shape": list(t.shape), "head": t[:, :8].tolist()}
-            )
+            return err or {"dtype": str(t.dtype), "shape": list(t.shape), "head": t[:, :8].tolist()}
 
+        bs = int(fb.seq_lens.shape[0])
+        live, reference = show(mine, my_error), show(theirs, their_error)
         counter.samples.append(
-            {
-                "mode": mode,
-                "batch_size": int(fb.seq_lens.shape[0]),
-                "live": show(mine, my_error),
-                "reference": show(theirs, their_error),
-            }
+            {"mode": mode, "batch_size": bs, "live": live, "reference": reference}
         )
 
 

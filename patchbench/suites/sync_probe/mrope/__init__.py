@@ -1,6 +1,6 @@
-"""Run sglang's mrope position methods outside sglang and probe them for host syncs: the source
-files (:mod:`.sources`), the extracted methods (:mod:`.methods`), one call's inputs and stand-ins
-(:mod:`.cases`), the CPU probes (:mod:`.probe`) and one table row, CPU or CUDA (:mod:`.rows`).
+"""Run sglang's mrope position methods outside sglang and probe them for host syncs: the extracted
+methods and their inputs (:mod:`.methods`), the CPU probes (:mod:`.probe`) and one table row, CPU
+or CUDA (:mod:`.rows`).
 
 Standard library and torch only at import time: ``scripts/gpu_probe.py`` loads this folder by
 path on a machine with only python3 and torch.
@@ -8,11 +8,17 @@ path on a machine with only python3 and torch.
 
 from __future__ import annotations
 
-from .cases import MropeCase, StandInMode, StandInMultimodalInputs, decode_case, extend_case
-from .methods import MropeMethods, run_outcome
+from .methods import (
+    MropeCase,
+    MropeMethods,
+    MropeSourceError,
+    StandInMode,
+    StandInMultimodalInputs,
+    decode_case,
+    run_outcome,
+)
 from .probe import ProbeRecord, probe_call, probe_decode
 from .rows import calibrate_sleep_cycles, cuda_host_blocked_ms, cuda_sync_warnings, measure_row
-from .sources import MropeSourceError, release_sources, sha256_file, stock_source
 
 __all__ = [
     "MropeCase",
@@ -25,12 +31,8 @@ __all__ = [
     "cuda_host_blocked_ms",
     "cuda_sync_warnings",
     "decode_case",
-    "extend_case",
     "measure_row",
     "probe_call",
     "probe_decode",
-    "release_sources",
     "run_outcome",
-    "sha256_file",
-    "stock_source",
 ]

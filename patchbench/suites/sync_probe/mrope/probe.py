@@ -11,21 +11,12 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .cases import MropeCase
-from .methods import MropeMethods
+from .methods import MropeCase, MropeMethods
 
-_READ_METHODS = {
-    "__int__",
-    "__index__",
-    "__float__",
-    "__bool__",
-    "__complex__",
-    "item",
-    "tolist",
-    "numpy",
-    "__array__",
-    "cpu",
-}
+#: Tensor methods that bring a value to the host
+_READ_METHODS = frozenset(
+    "__int__ __index__ __float__ __bool__ __complex__ item tolist numpy __array__ cpu".split()
+)
 _META_READ_MARKERS = ("cannot be called on meta tensors", "Cannot copy out of meta tensor")
 
 
@@ -232,13 +223,10 @@ def probe_call(fn: Callable[[], Any], placeholder_reads: bool = False) -> ProbeR
 
 
 def probe_decode(
-    methods: MropeMethods,
-    case: MropeCase,
-    placeholder_reads: bool = False,
-    copy_target: str = "meta",
+    methods: MropeMethods, case: MropeCase, placeholder_reads: bool = False
 ) -> ProbeRecord:
-    """Probe one decode call with ``seq_lens`` on ``meta`` and the runner's device ``copy_target``.
-    Strict (``placeholder_reads=False``): the first read ends the call (``record.error``);
-    counting: every read answered with a placeholder and counted."""
-    meta_case = case.on("meta", copy_target)
+    """Probe one decode call with ``seq_lens`` (and the runner's device) on ``meta``. Strict
+    (``placeholder_reads=False``): the first read ends the call (``record.error``); counting: every
+    read answered with a placeholder and counted."""
+    meta_case = case.on("meta")
     return probe_call(lambda: methods.compute(meta_case), placeholder_reads)

@@ -12,8 +12,7 @@ from typing import Any
 
 import torch
 
-from .cases import MropeCase, StandInMultimodalInputs, decode_case
-from .methods import MropeMethods, run_outcome
+from .methods import MropeCase, MropeMethods, StandInMultimodalInputs, decode_case, run_outcome
 from .probe import probe_call, probe_decode
 
 

@@ -1,11 +1,11 @@
-"""Where the ``forward_batch_info.py`` files come from: a release's stock file (the installed
-package, or the release wheel ``patchbench.patches.wheels.fetch_wheel`` caches) and the patched
-one (``patches/<patch>/<release>.diff`` applied by ``git apply``), both checked against the patch
-manifest's sha256. Standard library only at import time (loaded by path where only torch exists)."""
+"""The ``forward_batch_info.py`` files the sync probe's tests and ``scripts/gpu_probe.py prepare``
+run: a release's stock file (the installed package, or the release wheel
+``patchbench.patches.wheels.fetch_wheel`` caches) and the patched one
+(``patches/<patch>/<release>.diff`` applied by ``git apply``), both checked against the patch
+manifest's sha256."""
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import shutil
 import subprocess
@@ -13,22 +13,18 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-REPO = (
-    Path(__file__).resolve().parents[4]
-)  # patchbench/suites/sync_probe/mrope/sources.py -> the repository
+import yaml
+
+from patchbench.errors import PatchError
+from patchbench.inputs import REPO_ROOT as REPO
+from patchbench.inputs import sha256_file
+from patchbench.patches.wheels import fetch_wheel
+from patchbench.suites.sync_probe.mrope import MropeSourceError
+
 #: the target file, relative to site-packages (and to the ``sglang`` folder's parent)
 FBI_REL = "sglang/srt/model_executor/forward_batch_info.py"
 DEFAULT_PATCH = "mrope-sync-free"
 DEFAULT_CACHE = REPO / ".cache" / "mrope-sources"
-
-
-class MropeSourceError(RuntimeError):
-    """A forward_batch_info.py source could not be found, fetched, patched or executed."""
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def _installed_sglang() -> tuple[str, Path] | None:
@@ -52,16 +48,6 @@ def stock_source(
     else:
         path = Path(cache_dir) / version / "stock" / FBI_REL
         if not path.is_file():
-            # the one wheel cache and download helper of the harness (patchbench.patches.wheels); a
-            # machine with torch alone (scripts/gpu_check.sh) gets prepared files instead
-            try:
-                from patchbench.errors import PatchError
-                from patchbench.patches.wheels import fetch_wheel
-            except ImportError as e:
-                raise MropeSourceError(
-                    f"no stock file for sglang {version} at {path} and no harness to download "
-                    f"its wheel ({e}); run `scripts/gpu_check.sh prepare` where the harness is"
-                ) from None
             try:
                 wheel = fetch_wheel(f"sglang=={version}")
             except PatchError as e:
@@ -82,8 +68,6 @@ def stock_source(
 
 def patch_manifest(patch: str = DEFAULT_PATCH) -> dict:
     """The parsed ``patches/<patch>/manifest.yaml``."""
-    import yaml  # harness dependency; imported here so the GPU probe needs no PyYAML
-
     return yaml.safe_load((REPO / "patches" / patch / "manifest.yaml").read_text())
 
 
