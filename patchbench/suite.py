@@ -23,8 +23,9 @@ from pydantic import BaseModel
 from patchbench.errors import RunFailed
 from patchbench.records import read_json
 
-#: the built-in suites' folder (patchbench/suites/<name>/)
-SUITES_DIR = Path(__file__).parent / "suites"
+#: the package of the built-in suites: one folder (patchbench/suites/<name>/), one suite. It is
+#: imported by this name, as each suite is, so the contract imports no suite
+SUITES_PACKAGE = "patchbench.suites"
 #: metric-name suffix -> display unit (the contract's naming rule; longest suffixes first)
 UNIT_SUFFIXES: tuple[tuple[str, str], ...] = (
     ("_tok_s", "tok/s"),
@@ -327,9 +328,9 @@ def _load_plugins() -> None:
 
 
 def _builtin_names() -> set[str]:
-    """The folders under patchbench/suites/: one folder, one suite (plugins of this contract,
-    imported by name only when used)."""
-    return {m.name for m in pkgutil.iter_modules([str(SUITES_DIR)]) if m.ispkg}
+    """The folders of :data:`SUITES_PACKAGE` (its ``__path__``): one folder, one suite."""
+    package = importlib.import_module(SUITES_PACKAGE)
+    return {m.name for m in pkgutil.iter_modules(package.__path__) if m.ispkg}
 
 
 def suite_names() -> list[str]:
@@ -343,7 +344,7 @@ def get_suite(name: str) -> Suite:
     if name in _INSTANCES:
         return _INSTANCES[name]
     if name not in _REGISTRY and name in _builtin_names():
-        importlib.import_module(f"patchbench.suites.{name}")
+        importlib.import_module(f"{SUITES_PACKAGE}.{name}")
     if name not in _REGISTRY:
         _load_plugins()
     if name not in _REGISTRY:
