@@ -75,8 +75,18 @@ def _args_bench(p: argparse.ArgumentParser) -> None:
         help="with --resume: run every cell of variant NAME again (its earlier cells are moved "
         "to RUN/.restarted/); needed when what the variant runs changed since those cells",
     )
+    _make_env(p)
     p.add_argument(
         "-v", "--verbose", action="store_true", help="print the timing breakdown at the end"
+    )
+
+
+def _make_env(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--make-env",
+        action="store_true",
+        help="make the environment of an sglang build no environment here has, once, as a layer "
+        "over the closest one (with --dry-run: say what it would install and download)",
     )
 
 
@@ -91,8 +101,9 @@ def _run_bench(a: argparse.Namespace) -> int:
         )
     config = a.config or config_of_run(Path(a.resume))
     if a.dry_run:
-        return _dry_run(load_config(config) if a.config else config, a.port, a.resume, a.config)
-    extra: dict = {k: True for k in ("kill_stale", "verbose") if getattr(a, k)}
+        cfg = load_config(config) if a.config else config
+        return _dry_run(cfg, a.port, a.resume, a.config, make_env=a.make_env)
+    extra: dict = {k: True for k in ("kill_stale", "verbose", "make_env") if getattr(a, k)}
     if _PROCESS_T0 is not None:  # a process of its own: its start-up and imports count too
         extra["python_start_s"] = max(0.0, time.time() - _PROCESS_T0)
     if a.restart_variant:
@@ -103,7 +114,12 @@ def _run_bench(a: argparse.Namespace) -> int:
 
 
 def _dry_run(
-    cfg, port: int | None = None, resume: str | None = None, label: str | None = None
+    cfg,
+    port: int | None = None,
+    resume: str | None = None,
+    label: str | None = None,
+    *,
+    make_env: bool = False,
 ) -> int:
     """``bench --dry-run``: the plan of ``cfg`` (a patchbench.config.Config; ``label``: its file
     as given) and whether its patches apply to pristine copies; PatchError (exit 2) when one
@@ -117,7 +133,7 @@ def _dry_run(
         cfg.server.port = port
     note = None
     try:
-        builds.resolve_builds(cfg, cpu=is_cpu(cfg))
+        builds.resolve_builds(cfg, cpu=is_cpu(cfg), make="plan" if make_env else "no")
     except errors.EnvironmentNotReady as e:
         note = f"note: a real run stops here (exit 3): {e}"
     print(describe_plan(cfg, Path(resume) if resume else None))
@@ -338,6 +354,7 @@ def _args_ab(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results", metavar="DIR", help="parent folder of the run folder")
     p.add_argument("--port", type=port_number, help="override server.port (1024-65535)")
     p.add_argument("--dry-run", action="store_true", help="print the plan, launch nothing")
+    _make_env(p)
 
 
 def _run_ab(a: argparse.Namespace) -> int:
@@ -348,8 +365,10 @@ def _run_ab(a: argparse.Namespace) -> int:
 
     cfg = ab.prepare_ab(a)
     if a.dry_run:
-        return _dry_run(cfg, a.port)
-    run_dir = bench.run_bench(cfg, results_root=a.results or RESULTS_DIR, port=a.port)
+        return _dry_run(cfg, a.port, make_env=a.make_env)
+    run_dir = bench.run_bench(
+        cfg, results_root=a.results or RESULTS_DIR, port=a.port, make_env=a.make_env
+    )
     print(f"ab: report {run_dir / 'report.md'}")
     return EXIT_OK
 

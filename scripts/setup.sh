@@ -24,10 +24,14 @@ if [ "$PROFILE" = auto ]; then
 fi
 case "$PROFILE" in cpu|gpu) ;; *) echo "setup.sh: profile must be cpu, gpu or auto, not '$PROFILE'" >&2; exit 2;; esac
 REQ="$HERE/requirements/cpu-$PIN.txt"
-if [ "$PROFILE" = cpu ] && [ ! -f "$REQ" ]; then
-  echo "setup.sh: no CPU profile for sglang $PIN (expected $REQ); supported:" \
-       "$(ls "$HERE"/requirements/cpu-*.txt | sed 's/.*cpu-//; s/\.txt$//' | tr '\n' ' ')" >&2
-  exit 2
+if [ "$PROFILE" = cpu ] && [ ! -f "$REQ" ] && [ "${SETUP_DRY_RUN:-0}" != 1 ]; then
+  # any other release: a layer over the default environment, from the release's own declared
+  # dependencies with the CUDA-only ones left out by rule (patchbench/envs/layers.py); VENV
+  # becomes a link to it
+  DEFAULT="$HERE/.venv"
+  [ -x "$DEFAULT/bin/python" ] || "$0" 0.5.1.post3 "$DEFAULT" cpu
+  echo "setup: sglang $PIN has no CPU profile in requirements/: making it as a layer over .venv"
+  exec "$DEFAULT/bin/python" -m patchbench.envs.layers "$PIN" --link "$VENV"
 fi
 # what the venv is made from: pyproject.toml without its test and lint settings ([tool.pytest*],
 # [tool.ruff*]), whose edits need no reinstall
@@ -116,7 +120,7 @@ PYEOF
 fi
 "${PIP[@]}" --no-deps -e "$HERE"
 # a file that does not compile (a package's Python 2 test data) is skipped, as pip skips it
-"$VENV/bin/python" -m compileall -q -j 0 "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null || true
+"$VENV/bin/python" -m compileall -q -j 0 "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null 2>&1 || true
 got=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("sglang"))')
 if [ "$got" != "$PIN" ]; then echo "setup: expected sglang $PIN in $VENV, found $got" >&2; exit 3; fi
 echo "$want" > "$VENV/.patchbench-setup"

@@ -1,11 +1,14 @@
 """Each variant's sglang build: the environment its server runs in and, for a source checkout or a
 wheel, the ``sglang`` tree that runs as an overlay on that environment.
 
-``sglang:`` names a release (an environment here has it), ``latest`` (the package index's newest,
+``sglang:`` names a release (any on the package index), ``latest`` (the package index's newest,
 resolved once per run), a wheel or a checkout at a commit (only its ``python/sglang`` and
 ``python/pyproject.toml``). A wheel or checkout runs as an overlay on the environment whose sglang
-declares the same dependencies. On the CPU, a variant checkout whose range from the baseline's
-touches compiled code or the dependencies is refused before anything launches.
+declares the same dependencies. With ``make="yes"`` a build whose release or dependency set no
+environment here has gets one made once as a layer over the closest environment
+(:mod:`patchbench.envs.layers`); ``make="plan"`` only says what that would install. On the CPU,
+a variant checkout whose range from the baseline's touches compiled code is refused before
+anything launches (a range that changes the dependencies gets its own environment).
 
 Errors: EnvironmentNotReady (exit 3) for a build no environment here can run, or an index that
 cannot be read; ConfigError (exit 2) for an unknown ref, a checkout without ``python/sglang``, a
@@ -21,6 +24,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 import tempfile
 import urllib.error
@@ -31,10 +35,13 @@ from pathlib import Path
 from typing import Literal
 
 from patchbench.config import LATEST, Config, GitSource, WheelSource, sglang_label
-from patchbench.envs import envinfo
+from patchbench.envs import envinfo, layers
 from patchbench.errors import ConfigError, EnvironmentNotReady, PatchError
 from patchbench.inputs import CACHE_DIR
 
+#: what resolving does for a build no environment here has: refuse it (exit 3), plan the layer
+#: it would make (a dry run) or make it
+MakeMode = Literal["no", "plan", "yes"]
 #: the package index's JSON API (``<url>/sglang/json``) that resolves ``latest``
 INDEX_URL_ENV = "PATCHBENCH_INDEX_URL"
 DEFAULT_INDEX_URL = "https://pypi.org/pypi"
@@ -55,6 +62,7 @@ class Build:
     resolved: str
     version: str | None = None
     tree: Path | None = None
+    plan: layers.LayerPlan | None = None
 
     @property
     def release(self) -> str:
@@ -70,6 +78,8 @@ class Build:
         """``sglang 0.5.23 (.venv-0.5.23)`` or ``git:PATH@REF (commit 1a2b3c4d5e6f, sglang
         0.5.24.dev0) on .venv-0.5.23 (sglang 0.5.23)``."""
         where = self.env.describe()
+        if self.plan is not None:
+            where = f"an environment a real run makes first ({self.plan.describe()})"
         if self.kind == "release":
             latest = " (latest)" if self.spec == LATEST else ""
             return f"sglang {self.release}{latest} in {where}"
@@ -107,11 +117,37 @@ def resolve_latest(index_url: str | None = None, *, timeout_s: float = 20) -> st
     return str(version)
 
 
-def _release_build(spec: str, release: str) -> Build:
-    env = envinfo.environment_for(release)
-    if env is None:
-        raise envinfo.missing_environment(f"sglang {release}", release)
-    return Build(spec=spec, kind="release", env=env, resolved=release)
+@dataclass
+class Making:
+    """How resolving treats a build no environment has (:data:`MakeMode`, on the CPU or not;
+    ``log`` shows a make's progress)."""
+
+    mode: MakeMode = "no"
+    cpu: bool = False
+    log: object = print
+
+    def environment(
+        self, what: str, reqs: list[str] | None, version: str | None, *, release: bool
+    ) -> tuple[envinfo.Environment, layers.LayerPlan | None]:
+        """(the environment, the plan while it is still to be made) for a release (``release``:
+        ``version`` is installed into it) or a dependency set ``reqs``. Raises
+        EnvironmentNotReady (mode "no": the ``make setup`` or how the closest differs)."""
+        env = envinfo.environment_for(version, requires=None if release else reqs)
+        if env is not None:
+            return env, None
+        if self.mode == "no":
+            raise envinfo.missing_environment(what, version, requires=None if release else reqs)
+        if reqs is None:
+            reqs = layers.release_requires(str(version), sys.executable)
+        plan = layers.plan_layer(what, reqs, version if release else None, cpu=self.cpu)
+        if self.mode == "plan":
+            return plan.base, plan
+        return layers.make_layer(plan, log=self.log), None
+
+
+def _release_build(spec: str, release: str, making: Making) -> Build:
+    env, plan = making.environment(f"sglang {release}", None, release, release=True)
+    return Build(spec=spec, kind="release", env=env, resolved=release, plan=plan)
 
 
 # ------------------------------------------------------------------------------- requirements
@@ -128,13 +164,6 @@ def pyproject_requirements(text: str) -> list[str]:
         out += [f'{r}; extra == "{extra}"' if ";" not in r else f'{r} and extra == "{extra}"'
                 for r in reqs]  # fmt: skip
     return out
-
-
-def _environment_with(what: str, reqs: list[str], version: str | None) -> envinfo.Environment:
-    env = envinfo.environment_for(version, requires=reqs)
-    if env is None:
-        raise envinfo.missing_environment(what, version, requires=reqs)
-    return env
 
 
 # ------------------------------------------------------------------------------- git
@@ -209,7 +238,9 @@ def _source_version(tree: Path) -> str | None:
     return m.group(1) if m else None
 
 
-def git_build(cfg: Config, spec: GitSource, *, cache_dir: Path = CACHE_DIR) -> Build:
+def git_build(
+    cfg: Config, spec: GitSource, *, cache_dir: Path = CACHE_DIR, making: Making | None = None
+) -> Build:
     """The build of a checkout at a commit, on the environment with its dependencies."""
     from patchbench.patches.author import git_dir_of
 
@@ -227,12 +258,16 @@ def git_build(cfg: Config, spec: GitSource, *, cache_dir: Path = CACHE_DIR) -> B
         )
     tree = _extract_git_tree(gd, commit, cache_dir)
     version = _source_version(tree)
-    env = _environment_with(f"sglang: {label}", pyproject_requirements(pyproject), version)
-    return Build(spec=label, kind="git", env=env, resolved=commit, version=version, tree=tree)
+    env, plan = (making or Making()).environment(
+        f"sglang: {label}", pyproject_requirements(pyproject), version, release=False
+    )
+    return Build(label, "git", env, commit, version=version, tree=tree, plan=plan)
 
 
 # ------------------------------------------------------------------------------- wheels
-def wheel_build(cfg: Config, spec: WheelSource, *, cache_dir: Path = CACHE_DIR) -> Build:
+def wheel_build(
+    cfg: Config, spec: WheelSource, *, cache_dir: Path = CACHE_DIR, making: Making | None = None
+) -> Build:
     """The build of a wheel file (extracted once under ``<cache_dir>/builds/``), on the
     environment with its Requires-Dist."""
     label = sglang_label(spec)
@@ -262,8 +297,8 @@ def wheel_build(cfg: Config, spec: WheelSource, *, cache_dir: Path = CACHE_DIR) 
     version = next(
         (ln.split(":", 1)[1].strip() for ln in meta.splitlines() if ln.startswith("Version:")), None
     )
-    env = _environment_with(f"sglang: {label}", reqs, version)
-    return Build(spec=label, kind="wheel", env=env, resolved=sha, version=version, tree=dest)
+    env, plan = (making or Making()).environment(f"sglang: {label}", reqs, version, release=False)
+    return Build(label, "wheel", env, sha, version=version, tree=dest, plan=plan)
 
 
 def _mkdir(p: Path) -> Path:
@@ -273,11 +308,20 @@ def _mkdir(p: Path) -> Path:
 
 # ------------------------------------------------------------------------------- a config
 def resolve_builds(
-    cfg: Config, *, cpu: bool = False, index_url: str | None = None, cache_dir: Path = CACHE_DIR
+    cfg: Config,
+    *,
+    cpu: bool = False,
+    index_url: str | None = None,
+    cache_dir: Path = CACHE_DIR,
+    make: MakeMode = "no",
+    log=print,
 ) -> dict[str, Build]:
     """{variant: its :class:`Build`}, each distinct ``sglang:`` resolved once; also stored in
-    ``cfg.builds`` (what :meth:`Config.release_of` reads). ``cpu``: refuse a compiled range (module
-    docstring). Raises the errors of the module docstring."""
+    ``cfg.builds`` (what :meth:`Config.release_of` reads). ``cpu``: refuse a compiled range and
+    leave CUDA-only packages out of a made environment (module docstring); ``make``: what to do
+    for a build no environment has (:data:`MakeMode`; ``log`` shows a make's progress). Raises
+    the errors of the module docstring."""
+    making = Making(make, cpu, log)
     by_label: dict[str, Build] = {}
     latest: str | None = None
     out: dict[str, Build] = {}
@@ -286,14 +330,14 @@ def resolve_builds(
         label = sglang_label(spec)
         if label not in by_label:
             if isinstance(spec, GitSource):
-                by_label[label] = git_build(cfg, spec, cache_dir=cache_dir)
+                by_label[label] = git_build(cfg, spec, cache_dir=cache_dir, making=making)
             elif isinstance(spec, WheelSource):
-                by_label[label] = wheel_build(cfg, spec, cache_dir=cache_dir)
+                by_label[label] = wheel_build(cfg, spec, cache_dir=cache_dir, making=making)
             elif spec == LATEST:
                 latest = latest or resolve_latest(index_url)
-                by_label[label] = _release_build(LATEST, latest)
+                by_label[label] = _release_build(LATEST, latest, making)
             else:
-                by_label[label] = _release_build(spec, spec)
+                by_label[label] = _release_build(spec, spec, making)
         out[v] = by_label[label]
         if out[v].kind != "release" and cfg.patches_of(v):
             raise ConfigError(
@@ -322,20 +366,11 @@ def _refuse_compiled(cfg: Config, builds: dict[str, Build]) -> None:
             continue
         names = changed_files(gd, base.resolved, b.resolved)
         bad = compiled_files(names)
-        if "python/pyproject.toml" in names:
-            reqs = [
-                envinfo.requirement_keys(
-                    pyproject_requirements(git_show(gd, c, "python/pyproject.toml"))
-                )
-                for c in (base.resolved, b.resolved)
-            ]
-            if reqs[0] != reqs[1]:
-                bad.append("python/pyproject.toml (its dependencies)")
         if bad:
             raise ConfigError(
                 f"variant '{v}' ({b.spec}): its range from the baseline "
-                f"({base.resolved[:12]}..{b.resolved[:12]}) changes compiled code or the "
-                f"dependencies, which the CPU engine cannot run from source: "
+                f"({base.resolved[:12]}..{b.resolved[:12]}) changes compiled code, "
+                f"which the CPU engine cannot run from source: "
                 f"{', '.join(bad[:20])}" + (" ..." if len(bad) > 20 else "")
             )
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
 import os
 import platform
 import re
@@ -22,12 +23,22 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from patchbench.errors import EnvironmentNotReady
-from patchbench.inputs import REPO_ROOT
+from patchbench.inputs import CACHE_DIR, REPO_ROOT
 
 #: the venv folders patchbench runs servers from, separated by os.pathsep (default: the
 #: repository's ``.venv`` and ``.venv-*``); the running interpreter's environment always counts
 VENVS_ENV = "PATCHBENCH_VENVS"
 _EXTRA = re.compile(r"""extra\s*==\s*["']([^"']+)["']""")
+#: where environments for other sglang builds are made (patchbench.envs.layers)
+LAYERS_DIR = CACHE_DIR / "envs"
+#: how to have patchbench make a missing environment (patchbench.envs.layers)
+MAKE_HINT = (
+    "add --make-env to make one as a layer over the closest environment (with --dry-run it "
+    "says what it would install and download first)"
+)
+#: the file that marks a finished layer: {"sglang", "requires", "server_requirements", "base",
+#: "installed", "source_build"}
+STAMP = "patchbench-env.json"
 
 
 def installed_version(dist: str) -> str | None:
@@ -101,11 +112,36 @@ def _environment_at(venv: Path, python: str, site: Path, *, current: bool) -> En
     )
 
 
+def is_layer(venv: Path) -> bool:
+    """Whether ``venv`` is a finished layer (its :data:`STAMP` exists)."""
+    return (venv / STAMP).is_file()
+
+
+def layer_environment(venv: Path) -> Environment | None:
+    """A finished layer as an Environment: its python, the sglang of its stamp, its own
+    site-packages and the Requires-Dist it was made for; None when ``venv`` is no layer."""
+    try:
+        stamp = json.loads((venv / STAMP).read_text())
+    except (OSError, ValueError):
+        return None
+    sites = sorted(venv.glob("lib/python*/site-packages"))
+    if not sites or not isinstance(stamp, dict) or "sglang" not in stamp:
+        return None
+    return Environment(
+        venv=venv,
+        python=str(venv / "bin" / "python"),
+        sglang=str(stamp["sglang"]),
+        site_dir=sites[0],
+        requires=tuple(stamp.get("requires") or ()),
+    )
+
+
 def _venv_dirs() -> list[Path]:
     raw = os.environ.get(VENVS_ENV)
     if raw is not None:
         return [Path(p).expanduser() for p in raw.split(os.pathsep) if p.strip()]
-    return sorted(p for p in REPO_ROOT.glob(".venv*") if p.is_dir())
+    layers = sorted(LAYERS_DIR.glob("sglang-*")) if LAYERS_DIR.is_dir() else []
+    return sorted(p for p in REPO_ROOT.glob(".venv*") if p.is_dir()) + layers
 
 
 def environments(venvs: Sequence[Path] | None = None, *, current: bool = True) -> list[Environment]:
@@ -122,6 +158,12 @@ def environments(venvs: Sequence[Path] | None = None, *, current: bool = True) -
             seen.add(Path(sys.prefix).resolve())
     for venv in _venv_dirs() if venvs is None else venvs:
         if venv.resolve() in seen or not (venv / "bin" / "python").exists():
+            continue
+        if is_layer(venv):
+            env = layer_environment(venv)
+            if env is not None:
+                out.append(env)
+                seen.add(venv.resolve())
             continue
         for site in sorted(venv.glob("lib/python*/site-packages")):
             env = _environment_at(venv, str(venv / "bin" / "python"), site, current=False)
@@ -175,7 +217,7 @@ def missing_environment(
         have = ", ".join(e.describe() for e in envs) or "none"
         return EnvironmentNotReady(
             f"{what}: no environment of this machine has it (have: {have}); run "
-            f"`{setup_command(version)}` (it makes {venv_dir(version).name})"
+            f"`{setup_command(version)}` (it makes {venv_dir(version).name}), or {MAKE_HINT}"
         )
     if not envs:
         return EnvironmentNotReady(f"{what}: no environment with sglang here; run `make setup`")
@@ -195,7 +237,7 @@ def missing_environment(
     return EnvironmentNotReady(
         f"{what}: its dependencies match no environment of this machine (closest: "
         f"{best.describe()}: {diff}); a build runs as an overlay only on an environment with "
-        "the same dependencies: make one with `make setup SGLANG=<the release that has them>`"
+        f"the same dependencies: {MAKE_HINT}"
     )
 
 

@@ -77,6 +77,7 @@ def run_bench(
     python_start_s: float | None = None,
     restart_variants: list[str] | None = None,
     launch_spec: LaunchSpecFn | None = None,
+    make_env: bool = False,
 ) -> Path:
     """Run a config (a Config or a file's path) end to end; returns the run folder.
 
@@ -85,7 +86,8 @@ def run_bench(
     ``log``: where every line goes (None: the console); ``nvml``: an Nvml, None or "auto";
     ``python_start_s``: seconds spent before the call (counted in the overhead);
     ``restart_variants``: with ``resume``, variants to start over; ``launch_spec``: replaces
-    :func:`patchbench.run.cell.launch_spec`.
+    :func:`patchbench.run.cell.launch_spec`; ``make_env``: make the environment of a build
+    no environment here has (:mod:`patchbench.envs.layers`) instead of refusing it.
 
     Raises ConfigError / PatchError / UsageError (exit 2) or EnvironmentNotReady (exit 3) before
     any server starts; RunFolderBusy (exit 4) when another live run writes the folder; RunFailed
@@ -105,6 +107,7 @@ def run_bench(
         log=log,
         launch=cellmod.launch_spec if launch_spec is None else launch_spec,
         restart_variants=list(restart_variants or []),
+        make_env=make_env,
     )
     try:
         with terminate_like_ctrl_c(log=run.say):
@@ -185,6 +188,7 @@ class BenchRun:
     log: Callable[[str], None] | None
     launch: LaunchSpecFn
     restart_variants: list[str]
+    make_env: bool = False
     locks: list[RunLock] = field(default_factory=list)
     run_dir: Path | None = None
     manifest: RunManifest | None = None
@@ -239,7 +243,8 @@ class BenchRun:
         old = preflight.resume_manifest(cfg, Path(resume)) if resume else None
         if resume:  # one writer per folder: refused before anything slow or written
             self.hold(lock_run_folder(resume))
-        env = preflight.check_environment(cfg, resumed=old)
+        make = "yes" if self.make_env else "no"
+        env = preflight.check_environment(cfg, resumed=old, make=make, log=self.say)
         check_instrumentation(cfg)  # a conflicting instrumentation argument: exit 2 first
         preflight.ensure_model(cfg, log=self.say)
         # absolute: suites run clients in the cell's folder (cwd) and hand them paths in the run

@@ -10,6 +10,7 @@ from typing import Any
 
 from patchbench.config import Config, config_from_mapping
 from patchbench.envs import envinfo
+from patchbench.envs.builds import MakeMode
 from patchbench.errors import ConfigError, EnvironmentNotReady
 from patchbench.run.ports import find_stale_servers, kill_stale, port_taken_by
 from patchbench.run.variants import is_cpu
@@ -20,14 +21,18 @@ _RUN_FOLDER_HINT = (
 )
 
 
-def check_environment(cfg: Config, resumed: RunManifest | None = None) -> dict:
-    """Resolve the builds (filling ``cfg.builds``); returns envinfo. Raises EnvironmentNotReady
-    (exit 3) naming the ``make setup`` for a missing environment, ConfigError (exit 2) for a
-    build refused or resolving otherwise than in the ``resumed`` run."""
+def check_environment(
+    cfg: Config, resumed: RunManifest | None = None, *, make: MakeMode = "no", log=print
+) -> dict:
+    """Resolve the builds (filling ``cfg.builds``); with ``make="yes"`` the environment of a
+    build no environment here has is made (once, its progress through ``log``); returns envinfo.
+    Raises EnvironmentNotReady (exit 3) for a build without an environment (or whose environment
+    cannot be made), ConfigError (exit 2) for a build refused or resolving otherwise than in the
+    ``resumed`` run."""
     from patchbench.envs.builds import resolve_builds
 
     try:
-        resolve_builds(cfg, cpu=is_cpu(cfg))
+        resolve_builds(cfg, cpu=is_cpu(cfg), make=make, log=log)
     except EnvironmentNotReady as e:
         raise EnvironmentNotReady(f"{cfg.source}: {e}") from None
     for v, old in (resumed.builds if resumed is not None else {}).items():

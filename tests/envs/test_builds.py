@@ -169,7 +169,7 @@ def test_a_range_with_compiled_code_or_other_dependencies_is_refused(checkout, t
     git(checkout, "commit", "-qm", "kernel")
     variants = f"  base: []\n  mine: {{sglang: {{git: {checkout}, ref: my-branch}}}}"
     cfg = load_config(write_cfg(tmp_path, f"{{git: {checkout}, ref: main}}", variants))
-    with pytest.raises(ConfigError, match=r"changes compiled code .*: sgl-kernel/csrc/k\.cu"):
+    with pytest.raises(ConfigError, match=r"changes compiled code, .*: sgl-kernel/csrc/k\.cu"):
         builds.resolve_builds(cfg, cpu=True, cache_dir=tmp_path / "cache")
     builds.resolve_builds(cfg, cpu=False, cache_dir=tmp_path / "cache")  # a GPU builds it
 
