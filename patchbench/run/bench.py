@@ -35,7 +35,7 @@ from patchbench.run.plan import Cell, cell_done, cell_suites, check_instrumentat
 from patchbench.run.progress import BenchProgress, say, stamped
 from patchbench.run.signals import signum_of, terminate_like_ctrl_c
 from patchbench.run.variants import VariantEnv, check_resume_identity, is_cpu, prepare_variants
-from patchbench.runfolder import read_cell, write_manifest
+from patchbench.runfolder import read_cell, resume_command, write_manifest
 from patchbench.runfolder.models import (
     ManifestCell,
     OverheadBreakdown,
@@ -57,11 +57,6 @@ __all__ = [
 
 #: how to run patchbench again from this environment (the venv's console script need not be on PATH)
 PROG = f"{sys.executable} -m patchbench"
-
-
-def resume_command(cfg: Config, run_dir: Path) -> str:
-    """The command that resumes ``run_dir`` (no file for a config built in memory)."""
-    return f"{PROG} bench{f' {cfg.source}' if cfg.source else ''} --resume {run_dir}"
 
 
 def run_bench(
@@ -127,11 +122,7 @@ def run_bench(
             run.say(line)
         problems = run.problems()
         if problems:
-            again = (
-                f"; to run the failed cells again: {resume_command(cfg, run.run_dir)}"
-                if run.failed
-                else ""
-            )
+            again = f"; to run the failed cells again: {run.resume_command()}" if run.failed else ""
             raise RunFailed(
                 f"{'; '.join(problems)}; see {run.run_dir}/*/*/cell.json{again}", run.run_dir
             )
@@ -191,6 +182,8 @@ class BenchRun:
     progress: BenchProgress | None = None
     variants: dict[str, VariantEnv] = field(default_factory=dict)
     port: int = 0
+    #: the --port given (a resume without one keeps its run's), None: server.port
+    given_port: int | None = None
     nvml: Any = None
     resumed: bool = False
     failed: int = 0
@@ -222,6 +215,10 @@ class BenchRun:
         """Write the manifest (atomically); raises ResultsWriteError when it cannot."""
         write_manifest(self.run_dir, self.manifest)
 
+    def resume_command(self) -> str:
+        """The command that resumes this run (:func:`patchbench.runfolder.resume_command`)."""
+        return resume_command(self.run_dir, self.cfg.source, self.given_port, PROG)
+
     def hold(self, lock: RunLock) -> None:
         self.locks.append(lock)
         if lock.previous:
@@ -237,6 +234,7 @@ class BenchRun:
         """Everything before the first cell, checks first; returns the cells."""
         cfg = self.cfg
         old = preflight.resume_manifest(cfg, Path(resume)) if resume else None
+        self.given_port = port or (old.port if old is not None else None)
         if resume:  # one writer per folder: refused before anything slow or written
             self.hold(lock_run_folder(resume))
         env = preflight.check_environment(cfg, resumed=old)
@@ -249,7 +247,7 @@ class BenchRun:
         if resume:  # every variant runs what its cells already there ran, or starts over
             current = {v: ve.identity for v, ve in self.variants.items()}
             check_resume_identity(Path(resume), current, self.restart_variants, log=self.say)
-        self.port = port or cfg.server.port
+        self.port = self.given_port or cfg.server.port
         preflight.port_free_or_raise(cfg.server.host, self.port)
         if nvml == "auto":
             from patchbench.run.gpu import open_nvml
@@ -276,6 +274,8 @@ class BenchRun:
             resumed=old,
             resumed_at=utc_stamp(),
         )
+        if self.given_port:
+            self.manifest.port = self.given_port
         self.save()
         self.say(f"run folder {self.run_dir}")
         self.progress = BenchProgress(
@@ -382,7 +382,7 @@ class BenchRun:
             e.run_dir = self.run_dir
             self.say(
                 f"stopped: {e}; finished cells are kept in {self.run_dir}; once it is writable, "
-                f"resume with: {resume_command(self.cfg, self.run_dir)}"
+                f"resume with: {self.resume_command()}"
             )
 
     def interrupted(self, e: BaseException) -> Interrupted:
@@ -393,7 +393,7 @@ class BenchRun:
         if self.manifest is not None:
             self.manifest.interrupted = True
             self.save()
-        cmd = resume_command(self.cfg, self.run_dir)
+        cmd = self.resume_command()
         self.say(f"interrupted; finished cells are kept in {self.run_dir}; resume with: {cmd}")
         return Interrupted(
             f"interrupted by signal {signum_of(e)}; finished cells are kept in "

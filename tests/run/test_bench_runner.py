@@ -238,6 +238,46 @@ def test_ctrl_c_stops_server_and_keeps_finished_cells(fake_env, tmp_path, monkey
     assert read_json(run_dir / "baseline" / "rep0" / "fake" / "summary.json")["status"] == "ok"
 
 
+def test_the_printed_resume_command_keeps_the_port_and_resumes_as_printed(
+    fake_cli_env, tmp_path, monkeypatch, capsys
+):
+    """``bench CONFIG --port N --results DIR``, interrupted: the command it prints names
+    ``--port N`` (``--results`` is the run folder's parent); the CLI's own parser reads it back,
+    and run as printed it finishes the run on port N. The partial run's report prints the same
+    command (``patchbench`` for the interpreter)."""
+    import shlex
+
+    from patchbench.run.ports import free_port
+
+    port = free_port()
+    monkeypatch.setenv("FAKE_SUITE_INTERRUPT", "control/1")
+    cfg = write_config(tmp_path, BASIC)
+    results = tmp_path / "results"
+    assert cli.main(["bench", str(cfg), "--port", str(port), "--results", str(results)]) == 130
+    err = capsys.readouterr().err
+    [run_dir] = results.iterdir()
+    want = f"bench {cfg} --resume {run_dir} --port {port}"
+    assert f"resume with `{bench.PROG} {want}`" in err
+    assert read_json(run_dir / "manifest.json")["port"] == port
+    assert cli.main(["report", str(run_dir), "--no-plots"]) == 0
+    assert f"\n`patchbench {want}`\n" in (run_dir / "report.md").read_text()
+
+    monkeypatch.delenv("FAKE_SUITE_INTERRUPT")
+    fake_cli_env.seen.clear()
+    printed = err.split("resume with `")[1].split("`")[0]
+    argv = shlex.split(printed.removeprefix(f"{bench.PROG} "))
+    args = cli.build_parser().parse_args(argv)
+    assert (args.config, args.resume, args.port) == (str(cfg), str(run_dir), port)
+    assert cli.main(argv) == 0
+    assert {k: s.port for k, s in fake_cli_env.seen.items()} == {
+        "control/rep1": port,
+        "baseline/rep1": port,
+    }
+    man = read_json(run_dir / "manifest.json")
+    assert [c["status"] for c in man["cells"]] == ["ok"] * 4 and man["port"] == port
+    assert not port_answers("127.0.0.1", port)
+
+
 def test_patch_that_does_not_apply_stops_before_any_server(fake_env, tmp_path, monkeypatch):
     from patchbench.patches import overlay
 
