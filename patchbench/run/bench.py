@@ -32,6 +32,7 @@ from patchbench.run.looks import (
 )
 from patchbench.run.manifest import cell_entry, new_manifest
 from patchbench.run.plan import Cell, cell_done, cell_suites, check_instrumentation, plan
+from patchbench.run.ports import port_taken_by
 from patchbench.run.progress import BenchProgress, say, stamped
 from patchbench.run.signals import signum_of, terminate_like_ctrl_c
 from patchbench.run.variants import VariantEnv, check_resume_identity, is_cpu, prepare_variants
@@ -84,8 +85,10 @@ def run_bench(
 
     Raises ConfigError / PatchError / UsageError (exit 2) or EnvironmentNotReady (exit 3) before
     any server starts; RunFolderBusy (exit 4) when another live run writes the folder; RunFailed
-    (exit 4) when a cell failed, a timed cell is incomplete or the report was not written;
-    Interrupted (exit 130, 143 for SIGTERM) after a signal. What finished is kept on disk.
+    (exit 4) when a cell failed, a timed cell is incomplete or the report was not written, or
+    (alone: the run stopped after that cell) a failed cell left the server port to another
+    process; Interrupted (exit 130, 143 for SIGTERM) after a signal. What finished is kept on
+    disk.
     """
     t_call = time.monotonic()
     cfg = config if isinstance(config, Config) else load_config(config)
@@ -120,6 +123,8 @@ def run_bench(
                 raise run.interrupted_in_report(e) from None
         for line in run.summary_lines(verbose):
             run.say(line)
+        if run.port_busy:
+            raise RunFailed(run.port_busy, run.run_dir)
         problems = run.problems()
         if problems:
             again = f"; to run the failed cells again: {run.resume_command()}" if run.failed else ""
@@ -190,6 +195,8 @@ class BenchRun:
     #: timed cells (run now or earlier) whose record says incomplete (the run exits 4)
     incomplete: list[str] = field(default_factory=list)
     processed: set[int] = field(default_factory=set)
+    #: set when a failed cell left the server port held by another process: the run stops
+    port_busy: str | None = None
 
     @property
     def entries(self) -> list[ManifestCell]:
@@ -297,6 +304,10 @@ class BenchRun:
                     continue
                 self.processed.add(cell.index)
                 self.run_or_skip(cell)
+                if self.port_busy:
+                    break
+            if self.port_busy:
+                break
             if design is None:
                 continue
             decision = self.look(design, li, n_rounds, decision)
@@ -327,11 +338,26 @@ class BenchRun:
             )
             self.progress.cell_finished(rec.status, rec.timings_s)
             self.failed += rec.status == "failed"
+            if rec.status == "failed":
+                self.check_port(cell)
         if cell.kind == "timed" and rec is not None and rec.status == "incomplete":
             self.incomplete.append(cell.label)
         self.entries.append(cell_entry(cell, self.run_dir, rec, skipped=skipped))
         if not skipped:
             self.save()
+
+    def check_port(self, cell: Cell) -> None:
+        """After a failed ``cell``: when another process answers on the server port, every
+        later cell would fail on it, so :attr:`port_busy` says why the run stops and how on."""
+        host = self.cfg.server.host
+        holder = port_taken_by(host, self.port)
+        if holder is not None:
+            self.port_busy = (
+                f"port {self.port} on {host} is taken by another process: {holder}; the run "
+                f"stopped after cell {cell.label} (finished cells are kept in {self.run_dir}); "
+                f"free it and resume with `{self.resume_command()}`, or resume on another port "
+                "(--port N, or server.port in the config)"
+            )
 
     def look(self, design, look_index: int, n_rounds: int, previous):
         """The sequential look after ``n_rounds`` rounds, recorded; None: the run stops."""

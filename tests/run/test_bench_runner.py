@@ -221,6 +221,69 @@ def test_a_port_busy_before_the_run_stops_it_before_any_cell(fake_env, tmp_path)
     assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
 
 
+@pytest.mark.parametrize("when", ["after the checks", "after the first cell"])
+def test_a_port_taken_during_the_run_stops_it_after_that_cell_with_one_message(
+    fake_env, tmp_path, monkeypatch, when
+):
+    """Another process starts listening on server.port after the checks before any server
+    started, or once the first cell has finished: the next cell fails on it and the run stops
+    there (exit 4, one error naming the port, its holder and --port); the finished cell is
+    kept, no other cell is started and the partial run's report is written."""
+    import socket
+
+    from patchbench.run import preflight
+
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+    def take_port():
+        if listener.getsockname()[1] != 31990:  # once
+            listener.bind(("127.0.0.1", 31990))
+            listener.listen()
+
+    if when == "after the checks":
+        checked = preflight.port_free_or_raise
+        monkeypatch.setattr(
+            preflight, "port_free_or_raise", lambda h, p: (checked(h, p), take_port())
+        )
+    else:
+        real = bench.run_cell
+
+        def run_then_take(*a, **kw):
+            rec = real(*a, **kw)
+            take_port()
+            return rec
+
+        monkeypatch.setattr(bench, "run_cell", run_then_take)
+    cfg = write_config(tmp_path, BASIC)
+    with listener, pytest.raises(RunFailed) as ei:
+        bench.run_bench(cfg, launch_spec=fake_env, results_root=tmp_path / "results")
+    msg, run_dir = str(ei.value), ei.value.run_dir
+    assert ei.value.exit_code == 4
+    stopped = "baseline/rep0" if when == "after the checks" else "control/rep0"
+    assert msg.startswith(
+        f"port 31990 on 127.0.0.1 is taken by another process: pid {os.getpid()} "
+    )
+    assert f"the run stopped after cell {stopped} (finished cells are kept in {run_dir})" in msg
+    assert f"resume with `{bench.PROG} bench {cfg} --resume {run_dir}`" in msg
+    assert "resume on another port (--port N, or server.port in the config)" in msg
+    assert list(fake_env.seen) == (
+        ["baseline/rep0"] if stopped == "baseline/rep0" else ["baseline/rep0", "control/rep0"]
+    )
+    cells = read_json(run_dir / "manifest.json")["cells"]
+    want = (
+        [("baseline/rep0", "failed")]
+        if stopped == "baseline/rep0"
+        else [("baseline/rep0", "ok"), ("control/rep0", "failed")]
+    )
+    assert [(f"{c['variant']}/rep{c['repeat']}", c["status"]) for c in cells] == want
+    assert (
+        "something already answers on 127.0.0.1:31990"
+        in read_json(run_dir / stopped / "cell.json")["error"]
+    )
+    assert (run_dir / "report.md").is_file()
+
+
 def test_ctrl_c_stops_server_and_keeps_finished_cells(fake_env, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_SUITE_INTERRUPT", "control/1")
     cfg = write_config(tmp_path, BASIC)
