@@ -221,6 +221,40 @@ def test_a_port_busy_before_the_run_stops_it_before_any_cell(fake_env, tmp_path)
     assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
 
 
+def test_an_ab_run_resumes_from_its_own_folder_after_another_ab(
+    fake_cli_env, tmp_path, monkeypatch, capsys
+):
+    """``ab`` builds its config in memory and writes no shared file a later ``ab`` could
+    overwrite: an interrupted ab run prints ``bench --resume RUN`` (no CONFIG: its manifest holds
+    the config); after another ab with other server arguments (a dry run, then a run), that
+    command, as printed, finishes the first run with its own arguments."""
+    import shlex
+
+    cfg = write_config(tmp_path, BASIC)
+    results = tmp_path / "results"
+    ab = ["ab", "--config", str(cfg), "--results", str(results), "--args-b"]
+    monkeypatch.setenv("FAKE_SUITE_INTERRUPT", "B/1")
+    assert cli.main([*ab, "--disable-overlap-schedule"]) == 130
+    err = capsys.readouterr().err
+    [run_dir] = results.iterdir()
+    assert f"resume with `{bench.PROG} bench --resume {run_dir}`" in err
+    monkeypatch.delenv("FAKE_SUITE_INTERRUPT")
+    assert cli.main([*ab, "--enable-mixed-chunk", "--dry-run"]) == 0
+    assert cli.main([*ab, "--enable-mixed-chunk"]) == 0
+    assert len(list(results.iterdir())) == 2  # a folder of its own
+
+    fake_cli_env.seen.clear()
+    printed = err.split("resume with `")[1].split("`")[0]
+    assert cli.main(shlex.split(printed.removeprefix(f"{bench.PROG} "))) == 0
+    args = {k: s.args for k, s in fake_cli_env.seen.items()}
+    assert sorted(args) == ["A/rep1", "B/rep1"]
+    assert "--disable-overlap-schedule" in args["B/rep1"]
+    assert "--enable-mixed-chunk" not in args["B/rep1"] + args["A/rep1"]
+    assert "--disable-overlap-schedule" not in args["A/rep1"]
+    man = read_json(run_dir / "manifest.json")
+    assert [c["status"] for c in man["cells"]] == ["ok"] * 4 and man["config_path"] is None
+
+
 @pytest.mark.parametrize("when", ["after the checks", "after the first cell"])
 def test_a_port_taken_during_the_run_stops_it_after_that_cell_with_one_message(
     fake_env, tmp_path, monkeypatch, when
