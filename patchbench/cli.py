@@ -122,8 +122,10 @@ def _dry_run(
     make_env: bool = False,
 ) -> int:
     """``bench --dry-run``: the plan of ``cfg`` (a patchbench.config.Config; ``label``: its file
-    as given) and whether its patches apply to pristine copies; PatchError (exit 2) when one
-    does not."""
+    as given) and whether its patches apply to pristine copies; returns 0. Raises, after printing
+    the whole plan, what the real run would stop with: EnvironmentNotReady (exit 3) when a build
+    is not ready (the run stops there first), else PatchError (exit 2) when a patch does not
+    apply."""
     from patchbench.envs import builds, envinfo
     from patchbench.run import variants
     from patchbench.run.plan import describe_plan
@@ -131,14 +133,14 @@ def _dry_run(
 
     if port:  # the plan shows the port the run would use
         cfg.server.port = port
-    note = None
+    not_ready = None
     try:
         builds.resolve_builds(cfg, cpu=is_cpu(cfg), make="plan" if make_env else "no")
     except errors.EnvironmentNotReady as e:
-        note = f"note: a real run stops here (exit 3): {e}"
+        not_ready = e
     print(describe_plan(cfg, Path(resume) if resume else None))
-    if note:
-        print(note)
+    if not_ready is not None:
+        print(f"note: a real run stops here (exit 3): {not_ready}")
     if not is_cpu(cfg) and envinfo.gpu_info() is None:
         print(
             "note: no NVIDIA GPU here, and the config does not run on --device cpu: "
@@ -160,6 +162,8 @@ def _dry_run(
     else:
         head = "(none)"
     print("\n".join([f"patches    {head}", *problems]))
+    if not_ready is not None:
+        raise not_ready
     if failed:
         raise errors.PatchError("a patch does not apply (see the lines under 'patches')")
     return EXIT_OK

@@ -10,6 +10,7 @@ from typing import Any
 from patchbench.analysis import verdicts
 from patchbench.analysis.comparison import CompareSettings, Comparison, DesignSummary, Row
 from patchbench.analysis.rundata import RunData
+from patchbench.runfolder import resume_command
 
 
 def _scale(test: verdicts.Test, x: float) -> float:
@@ -114,9 +115,8 @@ def judge(row: Row, test: verdicts.Test | None, confidence: float) -> None:
 
 
 def _resume_cmd(data: RunData) -> str:
-    """The resume command (as patchbench.run.bench.resume_command writes it)."""
-    cfg = data.manifest.config_path
-    return f"patchbench bench{f' {cfg}' if cfg else ''} --resume {data.run_dir}"
+    m = data.manifest
+    return resume_command(data.run_dir, m.config_path, m.port)
 
 
 def design_of(data: RunData, s: CompareSettings) -> tuple[DesignSummary, Any]:

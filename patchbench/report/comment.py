@@ -30,6 +30,7 @@ from patchbench.report.text import (
     fmt_bounded,
     fmt_change,
     fmt_ci,
+    local_paths,
     sentence,
 )
 
@@ -117,7 +118,9 @@ def render_comment(
     """The comment's Markdown, at most ``limit`` characters: answer lines cut at
     :data:`ANSWER_LINE_MAX` and at most half the limit; then table rows, then answer lines are
     left out from the end with a note; at last the text is cut. ``title`` defaults to
-    "patchbench: <run id>". Raises ValueError for a ``limit`` under 1,000."""
+    "patchbench: <run id>". This machine's paths are made portable
+    (:func:`patchbench.report.text.local_paths`). Raises ValueError for a ``limit`` under
+    1,000."""
     if limit < 1000:
         raise ValueError(f"limit {limit} is too small for a comment (at least 1000)")
     links = links or Links()
@@ -142,7 +145,7 @@ def render_comment(
                 tab.append(
                     f"| … | {len(rows) - n_rows} more row(s): see the full report | | | | | |"
                 )
-        return "\n".join(head + ans + tab + tail) + "\n"
+        return local_paths("\n".join(head + ans + tab + tail) + "\n")
 
     n_answer, n_rows = len(answer), len(rows)
     # the answer takes at most half the comment, the table the rest

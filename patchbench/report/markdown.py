@@ -25,6 +25,7 @@ from patchbench.report.text import (
     fmt_change,
     fmt_ci,
     fmt_value,
+    local_paths,
     margin_txt,
     outlier_text,
     partial_lines,
@@ -339,7 +340,8 @@ def render_markdown(
 ) -> str:
     """The report.md text of a comparison. ``plots``: the plot paths (relative to the run
     folder); ``notes``: extra notes; ``details``: the details file's text, whose sections the
-    link to it lists (None: what the comparison would give it)."""
+    link to it lists (None: what the comparison would give it). This machine's paths are made
+    portable (:func:`patchbench.report.text.local_paths`)."""
     notes = list(notes or [])
     plots = list(plots or [])
     pr_fig = [p for p in plots if p.stem == PR_FIGURE_STEM]
@@ -365,7 +367,7 @@ def render_markdown(
     all_notes = list(cmp.notes) + notes
     if all_notes:
         lines += ["## Notes", ""] + [f"- {esc(n)}" for n in all_notes] + [""]
-    return "\n".join(lines).rstrip() + "\n"
+    return local_paths("\n".join(lines).rstrip() + "\n")
 
 
 # ---------------------------------------------------------------- report-details.md
@@ -491,7 +493,8 @@ def render_details(
     cmp: Comparison, run_dir: Path, plots: list[Path] | None = None, notes: list[str] | None = None
 ) -> str:
     """The report-details.md text (``plots`` relative to ``run_dir``, whose cells the suites'
-    ``report_block`` hooks read). A ``report_block`` that fails adds a line to ``notes``."""
+    ``report_block`` hooks read). A ``report_block`` that fails adds a line to ``notes``. This
+    machine's paths are made portable (:func:`patchbench.report.text.local_paths`)."""
     notes = notes if notes is not None else []
     lines = [
         f"# patchbench details: {cmp.run_id}",
@@ -503,7 +506,7 @@ def render_details(
     more = [p for p in plots or [] if p.stem != PR_FIGURE_STEM]
     if more:
         lines += ["## Plots", ""] + _plot_lines(more)
-    return "\n".join(lines).rstrip() + "\n"
+    return local_paths("\n".join(lines).rstrip() + "\n")
 
 
 def render_run(run_dir: str | Path, settings=None, *, plots: bool = True) -> Path:

@@ -1,16 +1,19 @@
 """The report's words and numbers, shared by report.md, report-details.md, the PR comment and
 the console: verdict marks, values, changes and intervals as text, how many repeats would
-decide an inconclusive primary, the answer's sentences and the console summary."""
+decide an inconclusive primary, the answer's sentences and the console summary; the paths of
+this machine made portable for what leaves it (:func:`local_paths`)."""
 
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from patchbench.analysis import power
 from patchbench.analysis.comparison import Comparison, Row
+from patchbench.inputs import REPO_ROOT
 
 VERDICT_MARK = {
     "regressed": "🔴 regressed",
@@ -24,6 +27,18 @@ VERDICT_MARK = {
 def esc(s: str) -> str:
     """Text safe in a markdown table cell, on one line."""
     return str(s).replace("|", "\\|").replace("\n", " ")
+
+
+def local_paths(text: str, *, repo: Path = REPO_ROOT, home: str | None = None) -> str:
+    """``text`` without this machine's absolute paths, for report.md, report-details.md and the
+    PR comment: a path inside ``repo`` (the repository) relative to it (``/repo/results/R`` ->
+    ``results/R``), then one under ``home`` (default: the user's, ``~``) from ``~``
+    (``/home/me/m`` -> ``~/m``). A root matches only where a path starts, before a ``/``."""
+    home = os.path.expanduser("~") if home is None else home
+    for root, short in ((str(repo), ""), (home, "~/")):
+        if root.startswith("/") and root.rstrip("/"):  # not "/", not an unexpanded "~"
+            text = re.sub(rf"(?<![\w.~/-]){re.escape(root.rstrip('/'))}/", short, text)
+    return text
 
 
 def fmt_value(x: float | None) -> str:

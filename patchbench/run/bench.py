@@ -32,10 +32,11 @@ from patchbench.run.looks import (
 )
 from patchbench.run.manifest import cell_entry, new_manifest
 from patchbench.run.plan import Cell, cell_done, cell_suites, check_instrumentation, plan
+from patchbench.run.ports import port_taken_by
 from patchbench.run.progress import BenchProgress, say, stamped
 from patchbench.run.signals import signum_of, terminate_like_ctrl_c
 from patchbench.run.variants import VariantEnv, check_resume_identity, is_cpu, prepare_variants
-from patchbench.runfolder import read_cell, write_manifest
+from patchbench.runfolder import read_cell, resume_command, write_manifest
 from patchbench.runfolder.models import (
     ManifestCell,
     OverheadBreakdown,
@@ -57,11 +58,6 @@ __all__ = [
 
 #: how to run patchbench again from this environment (the venv's console script need not be on PATH)
 PROG = f"{sys.executable} -m patchbench"
-
-
-def resume_command(cfg: Config, run_dir: Path) -> str:
-    """The command that resumes ``run_dir`` (no file for a config built in memory)."""
-    return f"{PROG} bench{f' {cfg.source}' if cfg.source else ''} --resume {run_dir}"
 
 
 def run_bench(
@@ -91,8 +87,10 @@ def run_bench(
 
     Raises ConfigError / PatchError / UsageError (exit 2) or EnvironmentNotReady (exit 3) before
     any server starts; RunFolderBusy (exit 4) when another live run writes the folder; RunFailed
-    (exit 4) when a cell failed, a timed cell is incomplete or the report was not written;
-    Interrupted (exit 130, 143 for SIGTERM) after a signal. What finished is kept on disk.
+    (exit 4) when a cell failed, a timed cell is incomplete or the report was not written, or
+    (alone: the run stopped after that cell) a failed cell left the server port to another
+    process; Interrupted (exit 130, 143 for SIGTERM) after a signal. What finished is kept on
+    disk.
     """
     t_call = time.monotonic()
     cfg = config if isinstance(config, Config) else load_config(config)
@@ -128,13 +126,11 @@ def run_bench(
                 raise run.interrupted_in_report(e) from None
         for line in run.summary_lines(verbose):
             run.say(line)
+        if run.port_busy:
+            raise RunFailed(run.port_busy, run.run_dir)
         problems = run.problems()
         if problems:
-            again = (
-                f"; to run the failed cells again: {resume_command(cfg, run.run_dir)}"
-                if run.failed
-                else ""
-            )
+            again = f"; to run the failed cells again: {run.resume_command()}" if run.failed else ""
             raise RunFailed(
                 f"{'; '.join(problems)}; see {run.run_dir}/*/*/cell.json{again}", run.run_dir
             )
@@ -195,12 +191,16 @@ class BenchRun:
     progress: BenchProgress | None = None
     variants: dict[str, VariantEnv] = field(default_factory=dict)
     port: int = 0
+    #: the --port given (a resume without one keeps its run's), None: server.port
+    given_port: int | None = None
     nvml: Any = None
     resumed: bool = False
     failed: int = 0
     #: timed cells (run now or earlier) whose record says incomplete (the run exits 4)
     incomplete: list[str] = field(default_factory=list)
     processed: set[int] = field(default_factory=set)
+    #: set when a failed cell left the server port held by another process: the run stops
+    port_busy: str | None = None
 
     @property
     def entries(self) -> list[ManifestCell]:
@@ -226,6 +226,10 @@ class BenchRun:
         """Write the manifest (atomically); raises ResultsWriteError when it cannot."""
         write_manifest(self.run_dir, self.manifest)
 
+    def resume_command(self) -> str:
+        """The command that resumes this run (:func:`patchbench.runfolder.resume_command`)."""
+        return resume_command(self.run_dir, self.cfg.source, self.given_port, PROG)
+
     def hold(self, lock: RunLock) -> None:
         self.locks.append(lock)
         if lock.previous:
@@ -241,6 +245,7 @@ class BenchRun:
         """Everything before the first cell, checks first; returns the cells."""
         cfg = self.cfg
         old = preflight.resume_manifest(cfg, Path(resume)) if resume else None
+        self.given_port = port or (old.port if old is not None else None)
         if resume:  # one writer per folder: refused before anything slow or written
             self.hold(lock_run_folder(resume))
         make = "yes" if self.make_env else "no"
@@ -254,7 +259,7 @@ class BenchRun:
         if resume:  # every variant runs what its cells already there ran, or starts over
             current = {v: ve.identity for v, ve in self.variants.items()}
             check_resume_identity(Path(resume), current, self.restart_variants, log=self.say)
-        self.port = port or cfg.server.port
+        self.port = self.given_port or cfg.server.port
         preflight.port_free_or_raise(cfg.server.host, self.port)
         if nvml == "auto":
             from patchbench.run.gpu import open_nvml
@@ -281,6 +286,8 @@ class BenchRun:
             resumed=old,
             resumed_at=utc_stamp(),
         )
+        if self.given_port:
+            self.manifest.port = self.given_port
         self.save()
         self.say(f"run folder {self.run_dir}")
         self.progress = BenchProgress(
@@ -302,6 +309,10 @@ class BenchRun:
                     continue
                 self.processed.add(cell.index)
                 self.run_or_skip(cell)
+                if self.port_busy:
+                    break
+            if self.port_busy:
+                break
             if design is None:
                 continue
             decision = self.look(design, li, n_rounds, decision)
@@ -332,11 +343,26 @@ class BenchRun:
             )
             self.progress.cell_finished(rec.status, rec.timings_s)
             self.failed += rec.status == "failed"
+            if rec.status == "failed":
+                self.check_port(cell)
         if cell.kind == "timed" and rec is not None and rec.status == "incomplete":
             self.incomplete.append(cell.label)
         self.entries.append(cell_entry(cell, self.run_dir, rec, skipped=skipped))
         if not skipped:
             self.save()
+
+    def check_port(self, cell: Cell) -> None:
+        """After a failed ``cell``: when another process answers on the server port, every
+        later cell would fail on it, so :attr:`port_busy` says why the run stops and how on."""
+        host = self.cfg.server.host
+        holder = port_taken_by(host, self.port)
+        if holder is not None:
+            self.port_busy = (
+                f"port {self.port} on {host} is taken by another process: {holder}; the run "
+                f"stopped after cell {cell.label} (finished cells are kept in {self.run_dir}); "
+                f"free it and resume with `{self.resume_command()}`, or resume on another port "
+                "(--port N, or server.port in the config)"
+            )
 
     def look(self, design, look_index: int, n_rounds: int, previous):
         """The sequential look after ``n_rounds`` rounds, recorded; None: the run stops."""
@@ -387,7 +413,7 @@ class BenchRun:
             e.run_dir = self.run_dir
             self.say(
                 f"stopped: {e}; finished cells are kept in {self.run_dir}; once it is writable, "
-                f"resume with: {resume_command(self.cfg, self.run_dir)}"
+                f"resume with: {self.resume_command()}"
             )
 
     def interrupted(self, e: BaseException) -> Interrupted:
@@ -398,7 +424,7 @@ class BenchRun:
         if self.manifest is not None:
             self.manifest.interrupted = True
             self.save()
-        cmd = resume_command(self.cfg, self.run_dir)
+        cmd = self.resume_command()
         self.say(f"interrupted; finished cells are kept in {self.run_dir}; resume with: {cmd}")
         return Interrupted(
             f"interrupted by signal {signum_of(e)}; finished cells are kept in "

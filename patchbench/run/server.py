@@ -206,8 +206,8 @@ class SglangServer:
         if holder is not None:
             raise PortInUse(
                 f"something already answers on {s.host}:{s.port}: "
-                f"{holder}; stop it (or choose another "
-                "server.port) - a stale server must never be benchmarked"
+                f"{holder}; stop it (or choose another port: --port, or server.port) - a stale "
+                "server must never be benchmarked"
             )
         s.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._t0 = time.monotonic()

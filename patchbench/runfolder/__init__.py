@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import types
 import typing
 from pathlib import Path
@@ -201,6 +202,21 @@ def read_manifest(path: str | os.PathLike) -> RunManifest:
         raise RunFolderError(f"{p}: {why_invalid(e)}") from None
     m.config_notes = notes
     return m
+
+
+def resume_command(
+    run_dir: str | os.PathLike,
+    config_path: str | os.PathLike | None = None,
+    port: int | None = None,
+    prog: str = "patchbench",
+) -> str:
+    """The one command line that resumes ``run_dir``: ``PROG bench [CONFIG] --resume RUN [--port
+    N]``. ``config_path``: the config's file (None for a config built in memory, as ``ab``'s: the
+    manifest holds it); ``port``: the ``--port`` the run was given (``RunManifest.port``); the
+    results folder is the run folder's parent. Paths are quoted for a POSIX shell."""
+    words = ["bench", *([str(config_path)] if config_path else []), "--resume", str(run_dir)]
+    words += ["--port", str(port)] if port else []
+    return f"{prog} {shlex.join(words)}"
 
 
 #: stored settings keys that were read by nothing (removing them changes no result)

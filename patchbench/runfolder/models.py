@@ -381,15 +381,25 @@ class RunManifest(_Record):
     (when a variant names its own or the config's is not a release): {variant:
     ``Build.to_json()``}; timings_s: the first invocation's (``resumes``: the others');
     variants: {variant: VariantDiff}; error: why the run stopped; report_error: why
-    compare.json / report.md were not written.
+    compare.json / report.md were not written; port: the ``--port`` of the last invocation
+    (written only when one was given; a resume without ``--port`` keeps it).
     """
 
-    _when_set = ("resumes", "sequential", "error", "report_error", "migrated_from", "builds")
+    _when_set = (
+        "resumes",
+        "sequential",
+        "error",
+        "report_error",
+        "migrated_from",
+        "builds",
+        "port",
+    )
 
     schema_version: int = MANIFEST_SCHEMA
     run_id: str = ""
     config_path: str | None = None
     config: Config | None = None
+    port: int | None = None
     sglang_version: str | None = None
     model: str | None = None
     patches: dict[str, list[PatchHash]] = Field(default_factory=dict)

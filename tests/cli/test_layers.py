@@ -74,4 +74,7 @@ def test_the_checker_finds_a_climb_and_a_module_left_out():
         "patchbench.errors": set(),
         "patchbench.extra": set(),
     }
-    assert violations(graph, rows) == (["patchbench.extra"], ["patchbench.report -> patchbench.cli"])
+    assert violations(graph, rows) == (
+        ["patchbench.extra"],
+        ["patchbench.report -> patchbench.cli"],
+    )

@@ -53,6 +53,21 @@ def test_cpu_nightly_runs_the_newest_sglang_and_its_matrix_both_pins(capsys):
     assert {u.config.name for u in m.units} == {"nightly-cpu"}
 
 
+def test_a_dry_run_that_predicts_exit_3_prints_the_whole_plan_and_exits_3(
+    monkeypatch, tmp_path, capsys
+):
+    """`sglang: latest` with an index that is not there: the real run would stop at exit 3
+    before any server starts, so its dry run prints the plan, the note and the patches, and
+    exits 3 with the environment's error line."""
+    monkeypatch.setenv(INDEX_URL_ENV, (tmp_path / "no-index").as_uri())
+    assert cli.main(["bench", str(CONFIGS[0].parent / "nightly-cpu.yaml"), "--dry-run"]) == 3
+    out, err = capsys.readouterr()
+    assert "name       nightly-cpu" in out and "nothing is launched" in out
+    assert "note: a real run stops here (exit 3): sglang: latest" in out
+    assert "\npatches    " in out  # printed after the note: the whole plan
+    assert err.startswith("patchbench bench: environment not ready (exit 3): sglang: latest")
+
+
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_config_validates_and_dry_runs(path, capsys):
     cfg = load_config(path)

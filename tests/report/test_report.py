@@ -325,3 +325,39 @@ def test_a_checkout_build_without_patches_is_not_called_stock(tmp_path):
     text = report.render_run(run, plots=False).read_text()
     assert "| variant `baseline` (baseline) | no patches; build git:/co@abc" in text
     assert "| variant `aa` (A/A) | stock; build sglang 0.5.1.post3 in .venv |" in text
+
+
+def test_local_paths_relative_to_the_repository_and_from_home():
+    """A path inside the repository becomes relative to it, one under home starts with ``~``;
+    a root inside a longer path, the root alone and a home of ``/`` are left alone."""
+    from patchbench.report.text import local_paths
+
+    text = "see /r/results/x, `/h/me/m`, /mnt/r/results/y, /h/med/z and /r alone"
+    assert local_paths(text, repo=Path("/r"), home="/h/me") == (
+        "see results/x, `~/m`, /mnt/r/results/y, /h/med/z and /r alone"
+    )
+    inside = "/h/me/repo/results/x /h/me/other"
+    assert local_paths(inside, repo=Path("/h/me/repo"), home="/h/me") == "results/x ~/other"
+    assert local_paths("/h/x", repo=Path("/r"), home="/") == "/h/x"
+
+
+def test_report_and_comment_show_no_absolute_path_of_this_machine(tmp_path, monkeypatch):
+    """A run folder under the user's home: report.md, report-details.md and the PR comment name
+    its files from ``~`` (the golden schema-1 run's refusals name its requests.json files; the
+    comment's sentence is given one); compare.json keeps them whole."""
+    from patchbench.report.comment import render_comment
+
+    home = tmp_path / "home"
+    run = home / "runs" / "r1"
+    shutil.copytree(Path(__file__).parent.parent / "data" / "golden" / "schema1" / "run", run)
+    monkeypatch.setenv("HOME", str(home))
+    report.render_run(run, plots=False)
+    texts = {n: (run / n).read_text() for n in ("report.md", "report-details.md")}
+    cmp = read_comparison(run)
+    cmp.refusals = {"serving": {"patched": f"{run}/patched/rep0/serving/requests.json: missing"}}
+    texts["comment"] = render_comment(cmp)
+    assert "~/runs/r1/baseline/rep0/serving/requests.json: missing" in texts["report.md"]
+    assert "serving not paired: ~/runs/r1/patched/rep0/serving/requests.json" in texts["comment"]
+    for name, text in texts.items():
+        assert str(tmp_path) not in text, name
+    assert f"{run}/baseline/rep0/serving/requests.json" in (run / "compare.json").read_text()

@@ -221,6 +221,103 @@ def test_a_port_busy_before_the_run_stops_it_before_any_cell(fake_env, tmp_path)
     assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
 
 
+def test_an_ab_run_resumes_from_its_own_folder_after_another_ab(
+    fake_cli_env, tmp_path, monkeypatch, capsys
+):
+    """``ab`` builds its config in memory and writes no shared file a later ``ab`` could
+    overwrite: an interrupted ab run prints ``bench --resume RUN`` (no CONFIG: its manifest holds
+    the config); after another ab with other server arguments (a dry run, then a run), that
+    command, as printed, finishes the first run with its own arguments."""
+    import shlex
+
+    cfg = write_config(tmp_path, BASIC)
+    results = tmp_path / "results"
+    ab = ["ab", "--config", str(cfg), "--results", str(results), "--args-b"]
+    monkeypatch.setenv("FAKE_SUITE_INTERRUPT", "B/1")
+    assert cli.main([*ab, "--disable-overlap-schedule"]) == 130
+    err = capsys.readouterr().err
+    [run_dir] = results.iterdir()
+    assert f"resume with `{bench.PROG} bench --resume {run_dir}`" in err
+    monkeypatch.delenv("FAKE_SUITE_INTERRUPT")
+    assert cli.main([*ab, "--enable-mixed-chunk", "--dry-run"]) == 0
+    assert cli.main([*ab, "--enable-mixed-chunk"]) == 0
+    assert len(list(results.iterdir())) == 2  # a folder of its own
+
+    fake_cli_env.seen.clear()
+    printed = err.split("resume with `")[1].split("`")[0]
+    assert cli.main(shlex.split(printed.removeprefix(f"{bench.PROG} "))) == 0
+    args = {k: s.args for k, s in fake_cli_env.seen.items()}
+    assert sorted(args) == ["A/rep1", "B/rep1"]
+    assert "--disable-overlap-schedule" in args["B/rep1"]
+    assert "--enable-mixed-chunk" not in args["B/rep1"] + args["A/rep1"]
+    assert "--disable-overlap-schedule" not in args["A/rep1"]
+    man = read_json(run_dir / "manifest.json")
+    assert [c["status"] for c in man["cells"]] == ["ok"] * 4 and man["config_path"] is None
+
+
+@pytest.mark.parametrize("when", ["after the checks", "after the first cell"])
+def test_a_port_taken_during_the_run_stops_it_after_that_cell_with_one_message(
+    fake_env, tmp_path, monkeypatch, when
+):
+    """Another process starts listening on server.port after the checks before any server
+    started, or once the first cell has finished: the next cell fails on it and the run stops
+    there (exit 4, one error naming the port, its holder and --port); the finished cell is
+    kept, no other cell is started and the partial run's report is written."""
+    import socket
+
+    from patchbench.run import preflight
+
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+    def take_port():
+        if listener.getsockname()[1] != 31990:  # once
+            listener.bind(("127.0.0.1", 31990))
+            listener.listen()
+
+    if when == "after the checks":
+        checked = preflight.port_free_or_raise
+        monkeypatch.setattr(
+            preflight, "port_free_or_raise", lambda h, p: (checked(h, p), take_port())
+        )
+    else:
+        real = bench.run_cell
+
+        def run_then_take(*a, **kw):
+            rec = real(*a, **kw)
+            take_port()
+            return rec
+
+        monkeypatch.setattr(bench, "run_cell", run_then_take)
+    cfg = write_config(tmp_path, BASIC)
+    with listener, pytest.raises(RunFailed) as ei:
+        bench.run_bench(cfg, launch_spec=fake_env, results_root=tmp_path / "results")
+    msg, run_dir = str(ei.value), ei.value.run_dir
+    assert ei.value.exit_code == 4
+    stopped = "baseline/rep0" if when == "after the checks" else "control/rep0"
+    assert msg.startswith(
+        f"port 31990 on 127.0.0.1 is taken by another process: pid {os.getpid()} "
+    )
+    assert f"the run stopped after cell {stopped} (finished cells are kept in {run_dir})" in msg
+    assert f"resume with `{bench.PROG} bench {cfg} --resume {run_dir}`" in msg
+    assert "resume on another port (--port N, or server.port in the config)" in msg
+    assert list(fake_env.seen) == (
+        ["baseline/rep0"] if stopped == "baseline/rep0" else ["baseline/rep0", "control/rep0"]
+    )
+    cells = read_json(run_dir / "manifest.json")["cells"]
+    want = (
+        [("baseline/rep0", "failed")]
+        if stopped == "baseline/rep0"
+        else [("baseline/rep0", "ok"), ("control/rep0", "failed")]
+    )
+    assert [(f"{c['variant']}/rep{c['repeat']}", c["status"]) for c in cells] == want
+    assert (
+        "something already answers on 127.0.0.1:31990"
+        in read_json(run_dir / stopped / "cell.json")["error"]
+    )
+    assert (run_dir / "report.md").is_file()
+
+
 def test_ctrl_c_stops_server_and_keeps_finished_cells(fake_env, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_SUITE_INTERRUPT", "control/1")
     cfg = write_config(tmp_path, BASIC)
@@ -236,6 +333,46 @@ def test_ctrl_c_stops_server_and_keeps_finished_cells(fake_env, tmp_path, monkey
     rec = read_json(run_dir / "control" / "rep1" / "cell.json")
     assert rec["status"] == "interrupted" and rec["error"] == "interrupted by SIGINT"
     assert read_json(run_dir / "baseline" / "rep0" / "fake" / "summary.json")["status"] == "ok"
+
+
+def test_the_printed_resume_command_keeps_the_port_and_resumes_as_printed(
+    fake_cli_env, tmp_path, monkeypatch, capsys
+):
+    """``bench CONFIG --port N --results DIR``, interrupted: the command it prints names
+    ``--port N`` (``--results`` is the run folder's parent); the CLI's own parser reads it back,
+    and run as printed it finishes the run on port N. The partial run's report prints the same
+    command (``patchbench`` for the interpreter)."""
+    import shlex
+
+    from patchbench.run.ports import free_port
+
+    port = free_port()
+    monkeypatch.setenv("FAKE_SUITE_INTERRUPT", "control/1")
+    cfg = write_config(tmp_path, BASIC)
+    results = tmp_path / "results"
+    assert cli.main(["bench", str(cfg), "--port", str(port), "--results", str(results)]) == 130
+    err = capsys.readouterr().err
+    [run_dir] = results.iterdir()
+    want = f"bench {cfg} --resume {run_dir} --port {port}"
+    assert f"resume with `{bench.PROG} {want}`" in err
+    assert read_json(run_dir / "manifest.json")["port"] == port
+    assert cli.main(["report", str(run_dir), "--no-plots"]) == 0
+    assert f"\n`patchbench {want}`\n" in (run_dir / "report.md").read_text()
+
+    monkeypatch.delenv("FAKE_SUITE_INTERRUPT")
+    fake_cli_env.seen.clear()
+    printed = err.split("resume with `")[1].split("`")[0]
+    argv = shlex.split(printed.removeprefix(f"{bench.PROG} "))
+    args = cli.build_parser().parse_args(argv)
+    assert (args.config, args.resume, args.port) == (str(cfg), str(run_dir), port)
+    assert cli.main(argv) == 0
+    assert {k: s.port for k, s in fake_cli_env.seen.items()} == {
+        "control/rep1": port,
+        "baseline/rep1": port,
+    }
+    man = read_json(run_dir / "manifest.json")
+    assert [c["status"] for c in man["cells"]] == ["ok"] * 4 and man["port"] == port
+    assert not port_answers("127.0.0.1", port)
 
 
 def test_patch_that_does_not_apply_stops_before_any_server(fake_env, tmp_path, monkeypatch):
