@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import textwrap
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -179,3 +180,21 @@ def cpu_server_env(extra_pythonpath: list[str] | None = None) -> dict[str, str]:
     parts = (extra_pythonpath or []) + [str(SITE_DIR)] + [str(stand_in_path(n)) for n in names]
     env["PYTHONPATH"] = os.pathsep.join(parts)
     return env
+
+
+def toy_wheel(folder: Path, version: str) -> Path:
+    """A pure-Python wheel of ``pbtoy`` ``version`` (pbtoy.VERSION is the version)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"pbtoy-{version}-py3-none-any.whl"
+    info = f"pbtoy-{version}.dist-info"
+    files = {
+        "pbtoy/__init__.py": f'VERSION = "{version}"\n',
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: pbtoy\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{n},,\n" for n in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    return path

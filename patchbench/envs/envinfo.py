@@ -118,8 +118,9 @@ def is_layer(venv: Path) -> bool:
 
 
 def layer_environment(venv: Path) -> Environment | None:
-    """A finished layer as an Environment: its python, the sglang of its stamp, its own
-    site-packages and the Requires-Dist it was made for; None when ``venv`` is no layer."""
+    """A finished layer as an Environment: its python, the sglang of its stamp, the
+    site-packages holding that sglang (its own, or for a source build's layer its base's) and
+    the Requires-Dist it was made for; None when ``venv`` is no layer."""
     try:
         stamp = json.loads((venv / STAMP).read_text())
     except (OSError, ValueError):
@@ -127,11 +128,12 @@ def layer_environment(venv: Path) -> Environment | None:
     sites = sorted(venv.glob("lib/python*/site-packages"))
     if not sites or not isinstance(stamp, dict) or "sglang" not in stamp:
         return None
+    site = Path(stamp["base_site"]) if stamp.get("source_build") else sites[0]
     return Environment(
         venv=venv,
         python=str(venv / "bin" / "python"),
         sglang=str(stamp["sglang"]),
-        site_dir=sites[0],
+        site_dir=site,
         requires=tuple(stamp.get("requires") or ()),
     )
 

@@ -267,6 +267,7 @@ def _build(plan: LayerPlan, log: Callable[[str], None]) -> None:
         "requires": plan.declared,
         "server_requirements": plan.server,
         "base": str(plan.base.venv),
+        "base_site": str(plan.base.site_dir),
         "installed": pins,
     }
     tmp = plan.dest / (STAMP + ".tmp")

@@ -219,6 +219,9 @@ def _model_config(ids: dict[str, int], vocab_size: int) -> Any:
 
     hidden = 64
     text_cfg = dict(
+        # transformers 4.57 reads a Qwen2.5-VL config's attributes from its text config first
+        # (sglang 0.5.6 reads hf_config.architectures): name it there too
+        architectures=["Qwen2_5_VLForConditionalGeneration"],
         vocab_size=((vocab_size + 63) // 64) * 64,
         hidden_size=hidden,
         intermediate_size=128,
@@ -276,10 +279,18 @@ def _write_model(tmp: Path, config: Any, ids: dict[str, int]) -> None:
     """Initialise the model of ``config`` randomly (torch's global generator, seeded by the
     caller) in bfloat16 and write its weights, config and generation config into ``tmp``."""
     import torch
+    import transformers
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     model = Qwen2_5_VLForConditionalGeneration(config).to(torch.bfloat16)
     model.save_pretrained(tmp, safe_serialization=True)
+    path = tmp / "config.json"
+    saved = json.loads(path.read_text())
+    if transformers.__version__.startswith("4.") and "text_config" in saved:
+        # transformers 4.57 reads the text config's attributes first: its model_type
+        # ("qwen2_5_vl_text") would hide the model's, which sglang 0.5.6 dispatches on
+        saved["text_config"].pop("model_type", None)
+        path.write_text(json.dumps(saved, indent=2))
     if model.generation_config is not None:
         model.generation_config.eos_token_id = [ids["<|im_end|>"], ids["<|endoftext|>"]]
         model.generation_config.save_pretrained(tmp)

@@ -4,8 +4,9 @@ arguments, from one command line with a preset.
 The checkout is made here from the installed release (.venv: python/sglang is its site-packages
 ``sglang`` and python/pyproject.toml declares its dependencies, so it runs as an overlay on
 .venv): main holds the release, branch my-branch two commits (a test file outside
-python/sglang, then a small real change). The end-to-end test (marked e2e) runs it with the
-cpu-demo preset on port 30160 (no other test or config uses it).
+python/sglang, then a small real change), deps-branch one more (a new dependency the change
+imports). The end-to-end test (marked e2e) runs deps-branch with the cpu-demo preset on port
+30160 (no other test or config uses it).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from patchbench import ab, cli
 from patchbench.errors import UsageError
 from patchbench.patches import wheels
 from patchbench.records import read_json
-from tests.helpers import git
+from tests.helpers import git, toy_wheel
 
 VERSION, SITE = wheels.installed_sglang()
 pytestmark = pytest.mark.skipif(SITE is None, reason="sglang is not installed in this environment")
@@ -73,6 +74,15 @@ def checkout(tmp_path_factory) -> Path:
     assert "_SAMPLING_EPS = 1e-6\n" in text
     f.write_text(text.replace("_SAMPLING_EPS = 1e-6\n", "_SAMPLING_EPS = 1e-5\n"))
     git(repo, "commit", "-qam", "sampling: a larger epsilon")
+    # deps-branch: my-branch plus a dependency no environment here has (pbtoy 2.0, a local
+    # wheel), imported by the changed module, so B needs an environment of its own
+    git(repo, "checkout", "-qb", "deps-branch")
+    pyproject = repo / "python" / "pyproject.toml"
+    pyproject.write_text(
+        pyproject.read_text().replace("dependencies = [", 'dependencies = ["pbtoy==2.0", ', 1)
+    )
+    f.write_text(f.read_text() + "\nimport pbtoy  # noqa: E402\n\nPBTOY = pbtoy.VERSION\n")
+    git(repo, "commit", "-qam", "sampling: needs pbtoy 2.0")
     git(repo, "checkout", "-q", "main")
     return repo
 
@@ -126,24 +136,52 @@ def test_ab_dry_run_resolves_both_sides_as_builds_on_this_environment(checkout, 
 
 
 @pytest.mark.e2e
-def test_ab_runs_a_branch_against_its_merge_base_end_to_end(checkout, tmp_path):
-    """Real servers: the branch's one changed file is the only file of B's overlay, both sides
-    run on .venv, the run folder names each side's commit."""
-    results = tmp_path / "results"
+def test_ab_on_a_branch_with_a_new_dependency_makes_its_environment_once(checkout, tmp_path):
+    """Real servers: B's range adds a dependency no environment has (pbtoy 2.0, served as a
+    local wheel: pip runs offline). Without --make-env the dry run says how to get one (exit 3);
+    with it, B runs on a layer over .venv that holds only pbtoy, made once (a second dry run
+    finds it), A on .venv; the branch's one changed file under python/sglang is the only file
+    of B's overlay, and the run folder names each side's commit."""
+    wheels = tmp_path / "wheels"
+    toy_wheel(wheels, "2.0")
+    env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels)}
     argv = [sys.executable, str(REPO / "runner.py"), "ab", "--git", str(checkout)]
-    argv += ["--range", "main...my-branch", "--repeats", "1", "--port", "30160"]
-    argv += ["--results", str(results)]
-    p = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=1500)
-    print(p.stdout[-4000:], p.stderr[-4000:])
+    argv += ["--range", "main...deps-branch", "--repeats", "1", "--port", "30160"]
+    argv += ["--results", str(tmp_path / "results")]
+
+    def ab_run(*extra: str) -> subprocess.CompletedProcess:
+        p = subprocess.run(
+            [*argv, *extra], cwd=REPO, env=env, capture_output=True, text=True, timeout=1500
+        )
+        print(p.stdout[-4000:], p.stderr[-4000:])
+        return p
+
+    p = ab_run("--dry-run")
+    assert p.returncode == 3 and "needs pbtoy==2.0" in p.stdout + p.stderr
+    assert "add --make-env" in p.stdout + p.stderr
+    p = ab_run("--dry-run", "--make-env")
+    assert p.returncode == 0
+    assert re.search(
+        r"1 package\(s\) that differ, about \d+ MB to download \(pbtoy 2\.0\)", p.stdout
+    )
+    p = ab_run("--make-env")
     assert p.returncode == 0, p.stderr[-3000:]
-    (run,) = [d for d in results.iterdir() if (d / "manifest.json").is_file()]
+    (run,) = [d for d in (tmp_path / "results").iterdir() if (d / "manifest.json").is_file()]
     man = read_json(run / "manifest.json")
-    head = git(checkout, "rev-parse", "my-branch")
-    assert man["builds"]["B"]["resolved"] == head and man["builds"]["B"]["kind"] == "git"
-    assert man["builds"]["A"]["resolved"] == git(checkout, "rev-parse", "main")
+    venv = Path(man["builds"]["B"]["venv"])
+    assert (
+        venv.parent == REPO / ".cache" / "envs" and Path(man["builds"]["A"]["venv"]).name == ".venv"
+    )
+    site = next(venv.glob("lib/python*/site-packages"))
+    assert sorted(d.name for d in site.glob("*.dist-info")) == ["pbtoy-2.0.dist-info"]
     assert list(man["overlays"]["B"]["files"]) == [SAMPLING]
     assert man["overlays"]["A"]["files"] == {}
+    head = git(checkout, "rev-parse", "deps-branch")
+    assert man["builds"]["B"]["resolved"] == head and man["builds"]["B"]["kind"] == "git"
+    assert man["builds"]["A"]["resolved"] == git(checkout, "rev-parse", "main")
     assert "ab: report " in p.stdout and (run / "report.md").is_file()
+    p = ab_run("--dry-run", "--make-env")
+    assert p.returncode == 0 and "makes first" not in p.stdout and str(venv.name) in p.stdout
 
 
 def test_server_arguments_that_start_with_dashes_parse_as_the_readme_spells_them():

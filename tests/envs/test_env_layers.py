@@ -7,13 +7,13 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 
 from patchbench.envs import envinfo, layers
 from patchbench.errors import EnvironmentNotReady
+from tests.helpers import toy_wheel
 
 
 def test_server_requirements_keep_the_servers_and_leave_cuda_out_by_rule():
@@ -52,24 +52,6 @@ def test_the_key_follows_the_set_not_its_order():
     a = layers.layer_key(["b", "a"], "0.5.6")
     assert a == layers.layer_key(["a", "b"], "0.5.6")
     assert a != layers.layer_key(["a", "b", "c"], "0.5.6") != layers.layer_key(["a", "b"], None)
-
-
-def toy_wheel(folder: Path, version: str) -> Path:
-    """A pure-Python wheel of ``pbtoy`` ``version`` (pbtoy.VERSION is the version)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"pbtoy-{version}-py3-none-any.whl"
-    info = f"pbtoy-{version}.dist-info"
-    files = {
-        "pbtoy/__init__.py": f'VERSION = "{version}"\n',
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: pbtoy\nVersion: {version}\n",
-        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-        "Tag: py3-none-any\n",
-    }
-    files[f"{info}/RECORD"] = "".join(f"{n},,\n" for n in [*files, f"{info}/RECORD"])
-    with zipfile.ZipFile(path, "w") as z:
-        for name, text in files.items():
-            z.writestr(name, text)
-    return path
 
 
 def run_py(python: str, code: str) -> str:
