@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from patchbench import inputs
-from patchbench.config import Config, config_from_mapping
+from patchbench.config import Config, commit_name, config_from_mapping
 from patchbench.config.load import file_where
 from patchbench.errors import ConfigError, UsageError
 
@@ -36,13 +36,16 @@ def preset_path(name: str) -> Path:
 @dataclass
 class GitRange:
     """A checkout's two sides: ``base`` and ``head`` commits, the range as given, the files it
-    changes outside ``python/sglang/`` (ignored)."""
+    changes outside ``python/sglang/`` (ignored) and each side's commit subject (None when git
+    cannot read it)."""
 
     checkout: Path
     base: str
     head: str
     given: str
     ignored: list[str] = field(default_factory=list)
+    base_subject: str | None = None
+    head_subject: str | None = None
 
 
 def git_range(
@@ -54,7 +57,13 @@ def git_range(
     Raises UsageError for a missing or ill-formed range, or one that changes nothing in
     ``python/sglang/``.
     """
-    from patchbench.envs.builds import changed_files, git, git_commit
+    from patchbench.envs.builds import (
+        changed_files,
+        git,
+        git_commit,
+        git_subject,
+        outside_source,
+    )
     from patchbench.errors import PatchError
     from patchbench.patches.author import git_dir_of
 
@@ -83,14 +92,14 @@ def git_range(
         names = changed_files(gd, b0, b1)
     except ConfigError as e:
         raise UsageError(str(e)) from None
-    inside = [n for n in names if n.startswith("python/sglang/")]
-    if not inside:
+    ignored = outside_source(names)
+    if len(ignored) == len(names):
         raise UsageError(
             f"{co}: {rng or f'{base}..{head}'} changes nothing under python/sglang/"
             + (f" (only {', '.join(names[:10])})" if names else "")
         )
-    ignored = [n for n in names if n not in inside]
-    return GitRange(co, b0, b1, rng or f"{base}..{head}", ignored)
+    given = rng or f"{base}..{head}"
+    return GitRange(co, b0, b1, given, ignored, git_subject(gd, b0), git_subject(gd, b1))
 
 
 def ab_config(
@@ -126,11 +135,12 @@ def ab_config(
 def describe(git: GitRange | None, patch: Path | None, args_a, args_b) -> list[str]:
     """What A and B are, one line each (and the ignored files), for the console."""
     if git is not None:
+        a_name = commit_name(git.base, git.base_subject)
         lines = [
-            f"A: {git.checkout} at {git.base[:12]} (the merge base of {git.given})"
+            f"A: {git.checkout} at {a_name} (the merge base of {git.given})"
             if "..." in git.given
-            else f"A: {git.checkout} at {git.base[:12]}",
-            f"B: {git.checkout} at {git.head[:12]}",
+            else f"A: {git.checkout} at {a_name}",
+            f"B: {git.checkout} at {commit_name(git.head, git.head_subject)}",
         ]
         if git.ignored:
             shown = ", ".join(git.ignored[:10]) + (" ..." if len(git.ignored) > 10 else "")

@@ -57,6 +57,7 @@ def make_run(
     order: str = "interleaved",
     write_cells_in_manifest: bool = True,
     schedule_repeats: int | dict | None = None,
+    builds: dict[str, dict] | None = None,
 ) -> Path:
     """Write a run folder under ``root/run_id`` and return its path.
 
@@ -73,6 +74,7 @@ def make_run(
     schedule_repeats: the config's ``schedule.repeats`` (default ``repeats``; a mapping
     ``{min, max, step}`` for a sequential schedule; a count above ``repeats`` for a run that
     stopped before its planned rounds).
+    builds: the manifest's ``builds`` ({variant: a ``Build.to_json()`` record}; default none).
     """
     variants = variants or {"baseline": [], "patched": ["p1"]}
     metrics = metrics or {}
@@ -125,6 +127,8 @@ def make_run(
         "ended_at": "2026-01-01T01:00:00Z",
         "timings_s": {},
     }
+    if builds is not None:
+        manifest["builds"] = builds
     records.write_json(run / "manifest.json", manifest)
     return run
 

@@ -11,10 +11,10 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
 from patchbench import records
-from patchbench.config.schema import CompareSettings
+from patchbench.config.schema import CompareSettings, changes_text, commit_name
 from patchbench.runfolder import RunFolderError, SchemaTooNew, why_invalid
 from patchbench.runfolder.models import PatchHash
 
@@ -137,15 +137,61 @@ class Health(_Model):
     noise: list[AANoise] = Field(default_factory=list)
 
 
+class ChangedFiles(_Model):
+    """The paths a git build changes against the baseline's commit ``base``: ``count`` of them,
+    ``files`` the first few (patchbench.config.CHANGES_SHOWN), ``outside`` how many lie outside
+    ``python/sglang/`` (not run)."""
+
+    base: str = ""
+    count: int = 0
+    files: list[str] = Field(default_factory=list)
+    outside: int = 0
+
+    def describe(self) -> str:
+        """``2 files: a.py, b.py (1 outside python/sglang/, not run)``, ``and N more`` past the
+        files named (patchbench.config.changes_text)."""
+        return changes_text(self.count, self.files, self.outside)
+
+
+class BuildInfo(_Model):
+    """A variant's resolved build as the manifest's ``builds`` entry records it: ``version``:
+    its sglang version as built (a source's own, a release's number; None: unknown),
+    ``release``: its environment's; for a git build ``commit`` (full), ``subject`` (None in
+    folders from before it was recorded) and ``changes`` (None for the baseline or without a
+    range)."""
+
+    kind: Literal["release", "git", "wheel"] = "release"
+    version: str | None = None
+    release: str | None = None
+    commit: str | None = None
+    subject: str | None = None
+    changes: ChangedFiles | None = None
+
+    def name(self) -> str | None:
+        """A git build's ``8af4974fdfbe "its subject"`` (patchbench.config.commit_name); None
+        for a release or a wheel."""
+        return (
+            commit_name(self.commit, self.subject) if self.kind == "git" and self.commit else None
+        )
+
+
 class VariantInfo(_Model):
     """What a variant ran (``build``: None for the config's release; ``from_source``: a checkout
-    or wheel)."""
+    or wheel; ``built``: the manifest's ``builds`` entry, None without one, then not written)."""
 
     patches: list[PatchHash] = Field(default_factory=list)
     server_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     build: str | None = None
     from_source: bool = False
+    built: BuildInfo | None = None
+
+    @model_serializer(mode="wrap")
+    def _built_when_set(self, handler):
+        out = handler(self)
+        if self.built is None:
+            out.pop("built", None)
+        return out
 
 
 class RunInfo(_Model):

@@ -10,10 +10,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from patchbench import runfolder
 from patchbench.analysis.comparison import (
     AANoise,
     Affected,
+    BuildInfo,
+    ChangedFiles,
     Comparison,
     Drift,
     FailedCell,
@@ -251,6 +255,30 @@ def _gpu_name(gpu: runfolder.models.HostGpus | None) -> str | None:
     return ", ".join(names)
 
 
+def build_info(entry: dict[str, Any]) -> BuildInfo:
+    """The :class:`BuildInfo` of a manifest's ``builds`` entry (``Build.to_json()``; keys a
+    folder's entry lacks, or holds with another type, are None). Never raises."""
+
+    def text(key: str) -> str | None:
+        x = entry.get(key)
+        return x if isinstance(x, str) else None
+
+    kind = entry.get("kind") if entry.get("kind") in ("release", "git", "wheel") else "release"
+    changes = entry.get("changes")
+    try:
+        changed = ChangedFiles.model_validate(changes) if isinstance(changes, dict) else None
+    except ValidationError:
+        changed = None
+    return BuildInfo(
+        kind=kind,
+        version=text("version") if kind != "release" else (text("release") or text("resolved")),
+        release=text("release"),
+        commit=text("resolved") if kind == "git" else None,
+        subject=text("subject"),
+        changes=changed,
+    )
+
+
 def run_info(data: RunData, run_id: str) -> RunInfo:
     """The run as the report's header shows it, from the manifest."""
     man = data.manifest
@@ -276,5 +304,6 @@ def run_info(data: RunData, run_id: str) -> RunInfo:
             env=dict(spec.env) if spec else {},
             build=build.get("describe", "?") if v in man.builds else None,
             from_source=build.get("kind") in ("git", "wheel"),
+            built=build_info(build) if v in man.builds else None,
         )
     return info

@@ -10,6 +10,7 @@ missing local model folder is :class:`patchbench.errors.EnvironmentNotReady` (ex
 
 from patchbench.config.load import config_from_mapping, derive, load_config
 from patchbench.config.schema import (
+    CHANGES_SHOWN,
     LATEST,
     CompareSettings,
     Config,
@@ -22,11 +23,14 @@ from patchbench.config.schema import (
     ServerSpec,
     VariantSpec,
     WheelSource,
+    changes_text,
+    commit_name,
     patch_label,
     sglang_label,
 )
 
 __all__ = [
+    "CHANGES_SHOWN",
     "LATEST",
     "CompareSettings",
     "Config",
@@ -39,6 +43,8 @@ __all__ = [
     "ServerSpec",
     "VariantSpec",
     "WheelSource",
+    "changes_text",
+    "commit_name",
     "config_from_mapping",
     "derive",
     "load_config",

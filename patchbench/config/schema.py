@@ -261,6 +261,30 @@ def sglang_label(spec: SglangSpec) -> str:
     return spec if isinstance(spec, str) else spec.label()
 
 
+#: how many of the paths a range changes are named (the count says the rest)
+CHANGES_SHOWN = 8
+
+
+def commit_name(commit: str, subject: str | None) -> str:
+    """A git build as a reader names it: the commit's first 12 hex digits and its subject (the
+    message's first line) in quotes, ``8af4974fdfbe "sampling: a larger epsilon"``; the hash
+    alone when the subject is None."""
+    return commit[:12] + (f' "{subject}"' if subject is not None else "")
+
+
+def changes_text(count: int, files: list[str], outside: int = 0) -> str:
+    """What a range changes, on one line: ``2 files: a.py, b.py``, at most
+    :data:`CHANGES_SHOWN` of ``files`` named and ``and N more`` for the rest of ``count``;
+    ``outside``: how many lie outside ``python/sglang/`` (not run)."""
+    shown = files[:CHANGES_SHOWN]
+    text = f"{count} file{'s' if count != 1 else ''}" + (": " + ", ".join(shown) if shown else "")
+    if count > len(shown) and shown:
+        text += f" and {count - len(shown)} more"
+    if outside:
+        text += f" ({outside} outside python/sglang/, not run)"
+    return text
+
+
 def patch_label(p: PatchEntry) -> str:
     """A patch entry as shown: its name, or ``diff:<path>``."""
     return p if isinstance(p, str) else f"diff:{p.diff}"

@@ -34,7 +34,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from patchbench.config import LATEST, Config, GitSource, WheelSource, sglang_label
+from patchbench.config import (
+    CHANGES_SHOWN,
+    LATEST,
+    Config,
+    GitSource,
+    WheelSource,
+    changes_text,
+    commit_name,
+    sglang_label,
+)
 from patchbench.envs import envinfo, layers
 from patchbench.errors import ConfigError, EnvironmentNotReady, PatchError
 from patchbench.inputs import CACHE_DIR
@@ -48,13 +57,45 @@ DEFAULT_INDEX_URL = "https://pypi.org/pypi"
 
 #: paths whose change needs a compiled build (refused on the CPU)
 _COMPILED = re.compile(r"(^|/)(sgl-kernel|csrc)/|\.(cu|cuh|cpp|cc|cxx|c|h|hpp)$")
+#: the folder of a checkout a source build runs (a range's other paths are not run)
+SOURCE_DIR = "python/sglang/"
+
+
+@dataclass
+class RangeChanges:
+    """The paths (``files``, in git's order) that a git build changes against the baseline's
+    commit ``base`` of the same checkout (``git diff --name-only``)."""
+
+    base: str
+    files: list[str]
+
+    @property
+    def outside(self) -> list[str]:
+        """The paths outside ``python/sglang/`` (:func:`outside_source`)."""
+        return outside_source(self.files)
+
+    def describe(self) -> str:
+        """``2 files: a.py, b.py (1 outside python/sglang/, not run)`` (at most
+        :data:`~patchbench.config.CHANGES_SHOWN` named, then ``and N more``)."""
+        return changes_text(len(self.files), self.files, len(self.outside))
+
+    def to_json(self) -> dict:
+        """``{"base": commit, "count": n, "files": the first CHANGES_SHOWN, "outside": n}``."""
+        return {
+            "base": self.base,
+            "count": len(self.files),
+            "files": self.files[:CHANGES_SHOWN],
+            "outside": len(self.outside),
+        }
 
 
 @dataclass
 class Build:
     """One resolved ``sglang:`` (``spec`` as written): ``resolved``: the release, commit or the
     wheel's sha256; ``version``: a source's own sglang version and ``tree`` the folder holding
-    its ``sglang/`` (None for a release)."""
+    its ``sglang/`` (None for a release); for a git build ``subject``: the commit's first line,
+    and ``changes``: what it changes against the baseline's commit (None for the baseline, a
+    build at its commit or of another checkout)."""
 
     spec: str
     kind: Literal["release", "git", "wheel"]
@@ -63,6 +104,8 @@ class Build:
     version: str | None = None
     tree: Path | None = None
     plan: layers.LayerPlan | None = None
+    subject: str | None = None
+    changes: RangeChanges | None = None
 
     @property
     def release(self) -> str:
@@ -74,22 +117,33 @@ class Build:
         """The interpreter the server (and, for the baseline, the clients) run with."""
         return self.env.python
 
+    def name(self) -> str | None:
+        """A git build as a reader names it (``8af4974fdfbe "its subject"``,
+        :func:`~patchbench.config.commit_name`); None for a release or a wheel."""
+        return commit_name(self.resolved, self.subject) if self.kind == "git" else None
+
+    @property
+    def built_version(self) -> str:
+        """The sglang version as built: a source's own (else "?"), a release's number."""
+        return self.release if self.kind == "release" else (self.version or "?")
+
     def describe(self) -> str:
-        """``sglang 0.5.23 (.venv-0.5.23)`` or ``git:PATH@REF (commit 1a2b3c4d5e6f, sglang
-        0.5.24.dev0) on .venv-0.5.23 (sglang 0.5.23)``."""
+        """``sglang 0.5.23 (.venv-0.5.23)`` or ``git:PATH@REF (commit 1a2b3c4d5e6f "its
+        subject", sglang 0.5.24.dev0) on .venv-0.5.23 (sglang 0.5.23)``."""
         where = self.env.describe()
         if self.plan is not None:
             where = f"an environment a real run makes first ({self.plan.describe()})"
         if self.kind == "release":
             latest = " (latest)" if self.spec == LATEST else ""
             return f"sglang {self.release}{latest} in {where}"
-        what = "commit" if self.kind == "git" else "sha256"
+        what = f"commit {self.name()}" if self.kind == "git" else f"sha256 {self.resolved[:12]}"
         own = f", sglang {self.version}" if self.version else ""
-        return f"{self.spec} ({what} {self.resolved[:12]}{own}) on {where}"
+        return f"{self.spec} ({what}{own}) on {where}"
 
     def to_json(self) -> dict:
-        """JSON-ready record for the run manifest."""
-        return {
+        """JSON-ready record for the run manifest's ``builds``; a git build's also holds
+        ``subject`` and ``changes`` (:meth:`RangeChanges.to_json`, None without a range)."""
+        out = {
             "spec": self.spec,
             "kind": self.kind,
             "resolved": self.resolved,
@@ -99,6 +153,10 @@ class Build:
             "python": self.python,
             "describe": self.describe(),
         }
+        if self.kind == "git":
+            out["subject"] = self.subject
+            out["changes"] = self.changes.to_json() if self.changes is not None else None
+        return out
 
 
 # ------------------------------------------------------------------------------- releases
@@ -197,6 +255,19 @@ def changed_files(git_dir: Path, base: str, head: str) -> list[str]:
     return [ln for ln in r.stdout.splitlines() if ln.strip()]
 
 
+def outside_source(paths: list[str]) -> list[str]:
+    """The paths outside :data:`SOURCE_DIR` (``python/sglang/``): a source build does not run
+    them."""
+    return [p for p in paths if not p.startswith(SOURCE_DIR)]
+
+
+def git_subject(git_dir: Path, commit: str) -> str | None:
+    """The first line of ``commit``'s message (``git log -1 --format=%s``); None when git
+    cannot read it."""
+    r = git(git_dir, "log", "-1", "--format=%s", commit, "--")
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
 def compiled_files(paths: list[str]) -> list[str]:
     """The paths that need a compiled build (``sgl-kernel/``, ``csrc/``, C/C++/CUDA files)."""
     return [p for p in paths if _COMPILED.search(p)]
@@ -261,7 +332,8 @@ def git_build(
     env, plan = (making or Making()).environment(
         f"sglang: {label}", pyproject_requirements(pyproject), version, release=False
     )
-    return Build(label, "git", env, commit, version=version, tree=tree, plan=plan)
+    subject = git_subject(gd, commit)
+    return Build(label, "git", env, commit, version=version, tree=tree, plan=plan, subject=subject)
 
 
 # ------------------------------------------------------------------------------- wheels
@@ -344,13 +416,14 @@ def resolve_builds(
                 f"{cfg.source}: variant '{v}' runs {label} and names patches; a source build "
                 "takes none (commit the change to the branch instead)"
             )
-    if cpu:
-        _refuse_compiled(cfg, out)
+    _add_ranges(cfg, out, cpu)
     cfg.builds = dict(out)
     return out
 
 
-def _refuse_compiled(cfg: Config, builds: dict[str, Build]) -> None:
+def _add_ranges(cfg: Config, builds: dict[str, Build], cpu: bool) -> None:
+    """Set ``changes`` of each git build of the baseline's checkout at another commit; on the
+    CPU refuse (ConfigError) a range that changes compiled code."""
     base_spec = cfg.sglang_of(cfg.baseline)
     if not isinstance(base_spec, GitSource):
         return
@@ -364,8 +437,9 @@ def _refuse_compiled(cfg: Config, builds: dict[str, Build]) -> None:
             continue
         if git_dir_of(cfg.resolve_path(spec.git)) != gd:
             continue
-        names = changed_files(gd, base.resolved, b.resolved)
-        bad = compiled_files(names)
+        if b.changes is None:
+            b.changes = RangeChanges(base.resolved, changed_files(gd, base.resolved, b.resolved))
+        bad = compiled_files(b.changes.files) if cpu else []
         if bad:
             raise ConfigError(
                 f"variant '{v}' ({b.spec}): its range from the baseline "

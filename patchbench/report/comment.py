@@ -25,6 +25,7 @@ from patchbench.analysis.comparison import Comparison, Row, read_comparison
 from patchbench.errors import EnvironmentNotReady, RunFailed, UsageError
 from patchbench.report.text import (
     VERDICT_MARK,
+    build_names,
     esc,
     exactness,
     fmt_bounded,
@@ -179,6 +180,9 @@ def _head_lines(cmp: Comparison, key: str, title: str | None) -> list[str]:
         "interleaved repeat(s); intervals at the Holm-adjusted level each verdict used.",
         "",
     ]
+    names = build_names(cmp)
+    if names:
+        head += [_cut(f"- {esc(n)}", ANSWER_LINE_MAX) for n in names] + [""]
     bad = [c for c in cmp.cells if c.get("status") != "ok"]
     if bad:
         head += [f"**{len(bad)} of {len(cmp.cells)} timed cells did not end ok.**", ""]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from patchbench import records
 from patchbench.analysis.comparison import Comparison, Row
+from patchbench.config import changes_text
 from patchbench.report.text import (
     DECIDE_CAP,
     DECIDE_POWER,
@@ -52,13 +53,14 @@ def _header(cmp: Comparison) -> list[str]:
         "|---|---|",
         f"| run | `{cmp.run_id}` |",
         f"| model | `{run.model}`{tiny if run.tiny else ''} |",
-        f"| sglang | `{run.sglang}` |",
+        _sglang_row(cmp),
     ]
     for v in [cmp.baseline] + cmp.variants:
         info = run.variants.get(v)
         if info is None:
             continue
-        desc = ", ".join(f"`{p.name}` ({(p.sha256 or '?')[:12]})" for p in info.patches) or (
+        desc = _source_cell(cmp, v)
+        desc += ", ".join(f"`{p.name}` ({(p.sha256 or '?')[:12]})" for p in info.patches) or (
             "no patches" if info.from_source else "stock"
         )
         if info.server_args:
@@ -66,7 +68,7 @@ def _header(cmp: Comparison) -> list[str]:
         if info.env:
             desc += "; env " + " ".join(f"`{k}={val}`" for k, val in info.env.items())
         if info.build is not None:
-            desc += f"; build {info.build}"
+            desc += f"; build {esc(info.build)}"
         tag = " (baseline)" if v == cmp.baseline else (" (A/A)" if v in cmp.aa_variants else "")
         lines.append(f"| variant `{v}`{tag} | {desc} |")
     lines += [
@@ -100,6 +102,36 @@ def _header(cmp: Comparison) -> list[str]:
     if run.started_at:
         lines.append(f"| time | {run.started_at} to {run.ended_at or '(unfinished)'} |")
     return lines + [""]
+
+
+def _sglang_row(cmp: Comparison) -> str:
+    """The header's sglang row: the run's release, or each arm's version as built when the
+    manifest records builds (and the environments' releases where a source build's differs)."""
+    run = cmp.run
+    built = {v: run.variants[v].built for v in [cmp.baseline] + cmp.variants if v in run.variants}
+    built = {v: b for v, b in built.items() if b is not None}
+    if not built:
+        return f"| sglang | `{run.sglang}` |"
+    arms = ", ".join(f"`{v}` `{b.version or '?'}`" for v, b in built.items())
+    if all(b.version == b.release for b in built.values()):  # releases, each in its own
+        return f"| sglang | {arms} |"
+    envs = list(dict.fromkeys(b.release or "?" for b in built.values()))
+    return f"| sglang | as built: {arms} (environment: {', '.join(f'`{e}`' for e in envs)}) |"
+
+
+def _source_cell(cmp: Comparison, variant: str) -> str:
+    """A git build's name and the files its range changes, as the start of its header cell
+    ("" for any other arm)."""
+    b = cmp.run.variants[variant].built
+    name = b.name() if b is not None else None
+    if b is None or name is None:
+        return ""
+    out = esc(name) + "; "
+    if b.changes is not None:
+        c = b.changes
+        files = changes_text(c.count, [f"`{esc(f)}`" for f in c.files], c.outside)
+        out += f"changes from `{cmp.baseline}`: {files}; "
+    return out
 
 
 def _answer(cmp: Comparison) -> list[str]:

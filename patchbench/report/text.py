@@ -281,6 +281,22 @@ def sentence(cmp: Comparison, variant: str) -> str:
     return head + ("; ".join(parts) if parts else "no primary metric")
 
 
+def build_names(cmp: Comparison) -> list[str]:
+    """One line per arm built from git, the baseline first: ``B = 8af4974fdfbe "its subject"``,
+    then ``; changes from A: 2 files: ...`` for a range (the console and the PR comment); []
+    when no arm is."""
+    out = []
+    for v in [cmp.baseline] + cmp.variants:
+        info = cmp.run.variants.get(v)
+        b = info.built if info is not None else None
+        name = b.name() if b is not None else None
+        if b is None or name is None:
+            continue
+        more = f"; changes from {cmp.baseline}: {b.changes.describe()}" if b.changes else ""
+        out.append(f"{v} = {name}{more}")
+    return out
+
+
 def partial_lines(cmp: Comparison) -> list[str]:
     """What a partial run says: that it is partial and the command that resumes it ([] for a
     finished run)."""
@@ -327,6 +343,8 @@ def console_summary(cmp: Comparison, report: Path | None = None) -> list[str]:
         c.print(t)
     if report is not None:
         c.print(f"report: {report}")
+    for line in build_names(cmp):
+        c.print(line, markup=False, highlight=False, soft_wrap=True)
     for line in partial_lines(cmp):
         c.print(line, markup=False, highlight=False, soft_wrap=True)
     for line in answer:

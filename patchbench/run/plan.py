@@ -238,7 +238,10 @@ def _build_lines(cfg: Config) -> list[str]:
     if not cfg.builds or not cfg.has_own_builds():
         return []
     lines = ["builds:"]
-    lines += [f"  {v:<24} {b.describe()}" for v, b in cfg.builds.items()]
+    for v, b in cfg.builds.items():
+        lines.append(f"  {v:<24} {b.describe()}")
+        if b.changes is not None and v != cfg.baseline:
+            lines.append(f"  {'':<24} changes from {cfg.baseline}: {b.changes.describe()}")
     base = cfg.builds[cfg.baseline]
     lines.append(f"  {'(clients)':<24} {base.python} (the baseline's build)")
     return lines
@@ -249,7 +252,11 @@ def _variant_lines(cfg: Config, extra_args: dict[str, list[str]]) -> list[str]:
     for v, spec in cfg.variants.items():
         tag = " (baseline)" if v == cfg.baseline else (" (A/A)" if cfg.is_aa(v) else "")
         names = [patch_label(p) for p in spec.patches]
-        lines.append(f"  {v:<24} patches: {', '.join(names) or '(stock)'}{tag}")
+        what = f"patches: {', '.join(names) or '(stock)'}"
+        source = _source_name(cfg, v)
+        if source is not None:
+            what = f"{source}, patches: {', '.join(names) or 'none'}"
+        lines.append(f"  {v:<24} {what}{tag}")
         if spec.server_args:
             lines.append(f"  {'':<24} server args: {' '.join(spec.server_args)}")
         if spec.env:
@@ -259,6 +266,18 @@ def _variant_lines(cfg: Config, extra_args: dict[str, list[str]]) -> list[str]:
                 f"  {'':<24} correctness cell adds: {' '.join(extra_args[v])} (instrumentation)"
             )
     return lines
+
+
+def _source_name(cfg: Config, variant: str) -> str | None:
+    """A source build's name (a git build's commit and subject, a wheel's sha256), its
+    ``sglang:`` as written while not resolved; None for a release."""
+    b = cfg.builds.get(variant)
+    if b is not None:
+        if b.kind == "release":
+            return None
+        return b.name() or f"wheel sha256 {b.resolved[:12]}"
+    spec = cfg.sglang_of(variant)
+    return None if isinstance(spec, str) else sglang_label(spec)
 
 
 def _cell_lines(cfg: Config, cells: list[Cell], done: set[Cell], resume: Path | None) -> list[str]:

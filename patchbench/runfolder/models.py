@@ -20,6 +20,10 @@ from patchbench.run.gpu import GpuSummary
 #                  3: the keys of 2, each declared and typed (config snapshot, cell entries,
 #                     timings, sequential record) and read strictly: a version-3 file with an
 #                     undeclared key is unreadable; older files lose such keys on read.
+#                  4: "config" holds the typed Config. A "builds" entry (free-form,
+#                     Build.to_json()) of a git build may also hold "subject" and "changes"
+#                     (no version bump: an entry without them reads as before, the report
+#                     then names the commit alone and lists no files).
 #   cell.json      1: no version key; the mrope probe's counts under "mrope_probe".
 #                  2: "schema_version"; "instrumented" and "instrumentation" replace "mrope_probe".
 #                  3: the keys of 2, each declared (runner_pid, instrumentation_args, liveness,
@@ -379,7 +383,8 @@ class RunManifest(_Record):
     config: the :class:`patchbench.config.Config` it measured (None when the file held none);
     overlays: {variant: ``Overlay.to_json()``}; environment: ``envinfo.collect()``; builds
     (when a variant names its own or the config's is not a release): {variant:
-    ``Build.to_json()``}; timings_s: the first invocation's (``resumes``: the others');
+    ``Build.to_json()``, a git build's with its commit's subject and the files its range
+    changes}; timings_s: the first invocation's (``resumes``: the others');
     variants: {variant: VariantDiff}; error: why the run stopped; report_error: why
     compare.json / report.md were not written; port: the ``--port`` of the last invocation
     (written only when one was given; a resume without ``--port`` keeps it).

@@ -130,6 +130,20 @@ def test_ab_dry_run_resolves_both_sides_as_builds_on_this_environment(checkout, 
     assert "ab: ignored (outside python/sglang/): test/test_sampling.py" in out
     assert f"on .venv (sglang {VERSION})" in out and "(the baseline's build)" in out
     assert "patches    (none)" in out
+    # each side named by its commit and subject (the fixture's), the range's files listed
+    main, head = (
+        git(checkout, "rev-parse", "main")[:12],
+        git(checkout, "rev-parse", "my-branch")[:12],
+    )
+    assert f'ab: B: {checkout} at {head} "sampling: a larger epsilon"' in out
+    assert f'  {"A":<24} {main} "sglang {VERSION}", patches: none (baseline)' in out
+    assert f'  {"B":<24} {head} "sampling: a larger epsilon", patches: none' in out
+    assert f'(commit {head} "sampling: a larger epsilon", sglang {VERSION}) on .venv' in out
+    assert (
+        "changes from A: 2 files: python/sglang/srt/sampling/sampling_params.py, "
+        "test/test_sampling.py (1 outside python/sglang/, not run)"
+    ) in out
+    assert "(stock)" not in out
     assert cli.main(["ab", "--patch", "x.diff", "--git", str(checkout)]) == 2
     assert "give --git or --patch, not both" in capsys.readouterr().err
     assert cli.main(["ab"]) == 2

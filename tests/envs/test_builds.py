@@ -133,7 +133,7 @@ def test_a_checkout_runs_as_an_overlay_on_the_environment_with_its_dependencies(
     assert cfg.release_of("mine") == "1.0" and cfg.builds == got
     commit = got["mine"].resolved
     assert got["mine"].describe() == (
-        f"git:{checkout}@my-branch (commit {commit[:12]}, sglang 1.0) on "
+        f'git:{checkout}@my-branch (commit {commit[:12]} "change", sglang 1.0) on '
         f"{tmp_path / '.venv-1.0'} (sglang 1.0)"
     )
     b = got["mine"]
@@ -160,6 +160,52 @@ def test_a_checkout_runs_as_an_overlay_on_the_environment_with_its_dependencies(
         cache_root=tmp_path / "overlays",
     )
     assert ov0.files == {}  # main is the release: nothing differs
+
+
+def test_a_git_build_records_its_commit_subject_version_and_the_files_its_range_changes(
+    checkout, tmp_path
+):
+    """The manifest's record of a git build names its commit, its subject (the message's first
+    line), its own sglang version and, against the baseline's commit, the files the range
+    changes (the fixture's: a.py, b.py, c.py and a test outside python/sglang/); the
+    baseline's has no range. Nine more files show "and N more" past the first eight."""
+    variants = f"  base: []\n  mine: {{sglang: {{git: {checkout}, ref: my-branch}}}}"
+    cfg = load_config(write_cfg(tmp_path, f"{{git: {checkout}, ref: main}}", variants))
+    got = builds.resolve_builds(cfg, cache_dir=tmp_path / "cache")
+    main, head = git(checkout, "rev-parse", "main"), git(checkout, "rev-parse", "my-branch")
+    rec = got["mine"].to_json()
+    assert rec["resolved"] == head and rec["subject"] == "change" and rec["version"] == "1.0"
+    assert got["mine"].name() == f'{head[:12]} "change"'
+    assert rec["changes"] == {
+        "base": main,
+        "count": 4,
+        "files": [
+            "python/sglang/a.py",
+            "python/sglang/b.py",
+            "python/sglang/c.py",
+            "test/test_a.py",
+        ],
+        "outside": 1,
+    }
+    assert got["mine"].changes.describe() == (
+        "4 files: python/sglang/a.py, python/sglang/b.py, python/sglang/c.py, test/test_a.py "
+        "(1 outside python/sglang/, not run)"
+    )
+    base = got["base"].to_json()
+    assert base["subject"] == "release 1.0" and base["changes"] is None
+    assert base["resolved"] == main and got["base"].name() == f'{main[:12]} "release 1.0"'
+
+    git(checkout, "checkout", "-q", "my-branch")
+    for i in range(9):
+        (checkout / "python" / "sglang" / f"m{i}.py").write_text("")
+    git(checkout, "add", "-A")
+    git(checkout, "commit", "-qm", "nine more\n\nthe body is not the subject")
+    b = builds.resolve_builds(cfg, cache_dir=tmp_path / "cache")["mine"]
+    assert b.subject == "nine more" and b.to_json()["changes"]["count"] == 13
+    assert len(b.to_json()["changes"]["files"]) == 8
+    assert b.changes.describe().endswith(
+        "python/sglang/m4.py and 5 more (1 outside python/sglang/, not run)"
+    )
 
 
 def test_a_range_with_compiled_code_or_other_dependencies_is_refused(checkout, tmp_path):

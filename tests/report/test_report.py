@@ -325,6 +325,64 @@ def test_a_checkout_build_without_patches_is_not_called_stock(tmp_path):
     text = report.render_run(run, plots=False).read_text()
     assert "| variant `baseline` (baseline) | no patches; build git:/co@abc" in text
     assert "| variant `aa` (A/A) | stock; build sglang 0.5.1.post3 in .venv |" in text
+    man["builds"] = {  # two releases: each arm's, no environment apart
+        "baseline": {"kind": "release", "release": "0.5.1.post3", "describe": "x"},
+        "aa": {"kind": "release", "release": "0.5.23", "describe": "y"},
+    }
+    (run / "manifest.json").write_text(json.dumps(man))
+    text = report.render_run(run, plots=False).read_text()
+    assert "| sglang | `baseline` `0.5.1.post3`, `aa` `0.5.23` |" in text
+
+
+def test_git_builds_are_named_by_commit_and_subject_with_their_range_and_versions(tmp_path, capsys):
+    """A run whose manifest records two git builds (as ``Build.to_json()`` writes them): the
+    header names each arm by its short hash and subject, lists the files B's range changes
+    (eight, then "and 2 more") and each arm's sglang version as built; the console and the PR
+    comment name both arms the same way."""
+    from patchbench.report.comment import render_comment
+
+    a, b = "1a2b3c4d5e6f" + "0" * 28, "8af4974fdfbe" + "1" * 28
+    files = [f"python/sglang/m{i}.py" for i in range(7)] + ["test/t.py"]
+    common = {"kind": "git", "release": "0.5.1.post3", "venv": ".venv", "python": "python"}
+    builds = {
+        "A": {**common, "spec": "git:/co@main", "resolved": a, "version": "0.5.7.dev0",
+              "subject": "sglang 0.5.7", "changes": None, "describe": "git:/co@main (...)"},
+        "B": {**common, "spec": "git:/co@b", "resolved": b, "version": "0.5.7.dev1",
+              "subject": "sampling: a | larger epsilon", "describe": "git:/co@b (...)",
+              "changes": {"base": a, "count": 10, "files": files, "outside": 1}},
+    }  # fmt: skip
+    values = {"A": [100, 102, 98], "B": [110, 112.2, 107.8]}
+    run = make_run(
+        tmp_path,
+        variants={"A": [], "B": []},
+        metrics={"bench": {"output_throughput_tok_s": values}},
+        builds=builds,
+    )
+    man = json.loads((run / "manifest.json").read_text())  # as `ab --git` writes the config
+    man["config"]["sglang"] = {"git": "/co", "ref": a}
+    man["config"]["variants"]["B"] = {"sglang": {"git": "/co", "ref": b}}
+    (run / "manifest.json").write_text(json.dumps(man))
+    text = report.render_run(run, plots=False).read_text()
+    named = "`python/sglang/m0.py`, `python/sglang/m1.py`"
+    assert '| variant `A` (baseline) | 1a2b3c4d5e6f "sglang 0.5.7"; no patches; build' in text
+    assert (
+        '| variant `B` | 8af4974fdfbe "sampling: a \\| larger epsilon"; changes from `A`: '
+        f"10 files: {named}, "
+    ) in text
+    assert "`test/t.py` and 2 more (1 outside python/sglang/, not run); no patches" in text
+    assert (
+        "| sglang | as built: `A` `0.5.7.dev0`, `B` `0.5.7.dev1` (environment: `0.5.1.post3`) |"
+    ) in text
+    cmp = read_comparison(run)
+    assert cmp.run.variants["B"].built.subject == "sampling: a | larger epsilon"
+    capsys.readouterr()
+    report.console_summary(cmp)
+    out = capsys.readouterr().out
+    assert 'A = 1a2b3c4d5e6f "sglang 0.5.7"\n' in out
+    assert 'B = 8af4974fdfbe "sampling: a | larger epsilon"; changes from A: 10 files: ' in out
+    body = render_comment(cmp)
+    assert '- A = 1a2b3c4d5e6f "sglang 0.5.7"\n' in body
+    assert '- B = 8af4974fdfbe "sampling: a \\| larger epsilon"; changes from A: 10 ' in body
 
 
 def test_local_paths_relative_to_the_repository_and_from_home():
