@@ -1,6 +1,6 @@
 """The answer line per variant (patchbench/report/text.py): what the run can and cannot decide,
-what would decide it and at what cost; bounds never get repeats to decide. Expected values
-computed by hand in the comments."""
+what would decide it and at what cost; bounds never get repeats to decide; a one-point sweep's
+goodput stays out of the family. Expected values computed by hand in the comments."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from patchbench.analysis import power
 from patchbench.analysis.build import build_comparison
 from patchbench.report.text import decide_note, repeats_to_decide, sentence
 from patchbench.suite import MetricInfo
-from tests.synthetic import declare_suite, make_run
+from tests.synthetic import declare_suite, make_run, make_sweep_run
 
 THR = MetricInfo("higher", "tok/s", label="Output throughput", primary=True, margin=5.0)
 TTFT = MetricInfo("lower", "ms", label="Mean TTFT", primary=True, margin=5.0)
@@ -116,3 +116,20 @@ def test_a_bound_never_gets_repeats_to_decide(tmp_path, monkeypatch):
     assert "(a bound: more repeats cannot decide it)" in s and "≥" in s
     assert "to decide" not in s.replace("cannot decide", "") and "repeats:" not in s
     assert "repeats to decide" not in report.render_markdown(cmp)
+
+
+def test_one_point_sweep_keeps_goodput_out_of_the_family(tmp_path):
+    # one point: goodput at the SLO is that point's goodput (the throughput in req/s): secondary;
+    # the family is the highest load, throughput and median ITL at c16, per variant: 3
+    cmp = build_comparison(make_sweep_run(tmp_path / "one", points=(16,)))
+    assert not cmp.row("serving", "goodput_at_slo_req_s", "patched").primary
+    assert {r.metric for r in cmp.rows_for("patched", primary=True)} == {
+        "max_concurrency_at_slo_count",
+        "output_throughput_tok_s@c16",
+        "itl_median_ms@c16",
+    }
+    assert cmp.design.family == 3
+    # two points: goodput at the SLO is the best of two, a primary of its own: 2 + 2 x 2
+    two = build_comparison(make_sweep_run(tmp_path / "two", points=(1, 16)))
+    assert two.row("serving", "goodput_at_slo_req_s", "patched").primary
+    assert two.design.family == 6
