@@ -1,6 +1,7 @@
 """The answer line per variant (patchbench/report/text.py): what the run can and cannot decide,
 what would decide it and at what cost; bounds never get repeats to decide; a one-point sweep's
-goodput stays out of the family. Expected values computed by hand in the comments."""
+goodput stays out of the family; a negative profiler overhead is never shown as a number.
+Expected values computed by hand in the comments."""
 
 from __future__ import annotations
 
@@ -133,3 +134,16 @@ def test_one_point_sweep_keeps_goodput_out_of_the_family(tmp_path):
     two = build_comparison(make_sweep_run(tmp_path / "two", points=(1, 16)))
     assert two.row("serving", "goodput_at_slo_req_s", "patched").primary
     assert two.design.family == 6
+
+
+def test_negative_profiler_overhead_reads_within_noise():
+    from patchbench.analysis.comparison import Comparison
+    from patchbench.suites.profile import report_section
+
+    values = {"profiler_step_overhead_share": {"baseline": [-0.0502], "variant": [0.146]}}
+    cmp = Comparison(
+        baseline="baseline", variants=["v"], pairs={"profile": {"v": {"values": values}}}
+    )
+    text = "\n".join(report_section(cmp))
+    assert "| profiler_step_overhead_share | within noise | 0.146 |" in text
+    assert "-0.05" not in text and "-5" not in text
