@@ -231,9 +231,11 @@ class Comparison(_Model):
 
     pairs / refusals: {suite: {variant: the pair hook's dict / why it refused}}; cells: the timed
     cells [{"variant", "repeat", "status", "error", "suites", "cell_kind", "instrumented", "gpu"
-    (GPU flags, None: not sampled), "server_log" ({suite: retractions and OOM events})}];
-    schedule: the timed cells in the order they ran; cell_warnings: {suite: {variant: lines}};
-    methods: {method: its source}; suite_rounds: {suite: rounds or "correctness"}.
+    (GPU flags, None: not sampled), "server_log" ({suite: retractions and OOM events}),
+    "seconds" (the cell's wall time, None: not recorded)}]; correctness_cells: the untimed cells,
+    "seconds" too; schedule: the timed cells in the order they ran; cell_warnings: {suite:
+    {variant: lines}}; methods: {method: its source}; suite_rounds: {suite: rounds or
+    "correctness"}.
     """
 
     schema_version: int = COMPARISON_SCHEMA

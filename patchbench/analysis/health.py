@@ -167,6 +167,7 @@ def cell_statuses(data: RunData, cmp: Comparison) -> None:
                 "instrumented": c.instrumented if c else False,
                 "gpu": list(c.gpu.flags) if c is not None and c.gpu is not None else None,
                 "server_log": _server_log(data, v, k),
+                "seconds": c.timings_s.get("cell") if c else None,
             }
         )
         for x in here:
@@ -193,6 +194,7 @@ def correctness_cells(data: RunData) -> list[dict[str, Any]]:
             "suites": dict(c.suites),
             "instrumented": c.instrumented,
             "instrumentation": sorted(c.instrumentation),
+            "seconds": c.timings_s.get("cell"),
         }
         for v, c in data.corr_cells.items()
         if c is not None

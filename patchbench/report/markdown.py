@@ -1,12 +1,12 @@
 """report.md and report-details.md, each section rendered from the typed comparison alone, and
 :func:`render_run` (compare.json, plots and both files of a run folder).
 
-report.md, what a reviewer reads in order: the header (what ran), the answer (one sentence per
-variant), the primaries table at the level each verdict used, failed cells, A/A noise, drift and
-cell warnings, the GPU and server-log blocks, each suite's ``report_section``, the PR figure, a
-link to the details, the Methods with their sources and the notes. report-details.md: each
-primary per repeat, each suite's ``report_block`` (Before / After), the secondary metrics and
-the other plots.
+report.md, what a reviewer reads in order: the answer (one line per variant: what the run can
+and cannot decide), the header (what ran), the primaries table at the level each verdict used,
+failed cells, A/A noise, drift and cell warnings, the GPU and server-log blocks, each suite's
+``report_section``, the PR figure, a link to the details, the Methods with their sources and the
+notes. report-details.md: each primary per repeat, each suite's ``report_block`` (Before /
+After), the secondary metrics and the other plots.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _header(cmp: Comparison) -> list[str]:
     run = cmp.run
     tiny = " (tiny random weights: accuracy near 0 is expected; this run shows the pipeline)"
     lines = [
-        f"# patchbench: {run.name}",
+        "## What ran",
         "",
         "| | |",
         "|---|---|",
@@ -340,8 +340,14 @@ def _methods(cmp: Comparison) -> list[str]:
         f"- Repeats to decide (inconclusive primaries): fewest paired repeats for "
         f"{100 * DECIDE_POWER:g}% power at the verdict's level and the run's sd of paired log "
         "ratios (t, n - 1 df) to show the observed change or, inside the margin, equivalence "
-        f"(whichever needs fewer); capped at {DECIDE_CAP}. Accuracy: in questions, sd from the "
-        "interval (normal).",
+        f"(whichever needs fewer); capped at {DECIDE_CAP}; never for a bound (more repeats "
+        "cannot move it). Accuracy: in questions, sd from the interval (normal).",
+        "- The answer: output identity and accuracy first, then the decided primaries, then "
+        "what is undecided; run-level primaries with fewer paired repeats than a verdict needs "
+        "are one clause with the run-to-run noise (the median of their sd of paired log ratios); "
+        "to decide: the most repeats any undecided run-level primary needs, and the minutes a "
+        "run with that many would take here (each arm's mean timed cell per round, plus the "
+        "correctness cells).",
     ]
     if cmp.order == "sequential":
         lines.append(
@@ -377,7 +383,14 @@ def render_markdown(
     notes = list(notes or [])
     plots = list(plots or [])
     pr_fig = [p for p in plots if p.stem == PR_FIGURE_STEM]
-    lines = _header(cmp) + _answer(cmp) + _primaries(cmp) + _failures(cmp) + _health(cmp)
+    lines = (
+        [f"# patchbench: {cmp.run.name}", ""]
+        + _answer(cmp)
+        + _header(cmp)
+        + _primaries(cmp)
+        + _failures(cmp)
+        + _health(cmp)
+    )
     lines += _gpu(cmp) + _server_log(cmp) + _suite_sections(cmp, notes)
     if pr_fig:
         lines += ["## Plots", ""] + _plot_lines(pr_fig)

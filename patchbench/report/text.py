@@ -127,6 +127,13 @@ DECIDE_CAP = 50
 DECIDE_QUESTIONS_CAP = 20
 
 
+def is_bound(r: Row) -> bool:
+    """Whether an arm's value is only a bound (e.g. a load sweep's highest load meeting its SLO
+    beyond the sweep's last point): the sweep's range limits it, so more repeats cannot decide
+    it."""
+    return bool(r.baseline_bound or r.variant_bound)
+
+
 @dataclass
 class Decide:
     """How much data would likely decide an inconclusive row: ``n`` paired repeats or questions
@@ -168,8 +175,11 @@ def repeats_to_decide(r: Row, min_repeats: int) -> Decide | None:
     primary at this run's noise and the level its verdict used (:func:`_fewest`). Run rows: the
     sd of the paired log ratios (2 pairs or more), the t test, at least ``min_repeats``.
     Accuracy rows: the per-question sd the interval implies (half-width x sqrt(questions) / z),
-    the z test, in questions. None for other rows and where the noise is unknown."""
+    the z test, in questions. None for other rows, where the noise is unknown and for a bound
+    (:func:`is_bound`: more repeats cannot decide it)."""
     if r.verdict != "inconclusive" or not r.primary or r.change is None or r.confidence is None:
+        return None
+    if is_bound(r):
         return None
     alpha = 1 - r.confidence
     if r.kind == "run" and r.change_unit == "%" and r.log_ratio_sd is not None:
@@ -220,7 +230,13 @@ def decide_note(r: Row, min_repeats: int, *, short: bool = False) -> str | None:
     d = repeats_to_decide(r, min_repeats)
     if d is not None:
         return decide_text(d, short=short)
-    if r.verdict == "inconclusive" and r.primary and r.kind == "run" and r.log_ratio_sd is None:
+    if (
+        r.verdict == "inconclusive"
+        and r.primary
+        and r.kind == "run"
+        and r.log_ratio_sd is None
+        and not is_bound(r)
+    ):
         return (
             "noise unknown"
             if short
@@ -250,33 +266,131 @@ def _why_no_interval(r: Row) -> str:
     return (r.notes[0].split(":")[0] if r.notes else "no interval").strip()
 
 
-def sentence_parts(cmp: Comparison, variant: str) -> tuple[str, list[str]]:
-    """(``"<variant> vs <baseline>: "``, one clause per primary and pairing refusal)."""
+def _row_clause(r: Row, decide: str | None = None) -> str:
+    """One primary in a few words: a count's two values, else its change and interval (or why
+    it has none), then its verdict; ``decide``: what would decide it, in the parentheses."""
+    if r.kind == "deterministic":
+        return f"{r.short_label()} {values_txt(r)} {verdict_text(r)} ({exactness(r)})"
+    change = f"{r.short_label()} {fmt_change(r.change, r.change_unit)}"
+    if is_bound(r):
+        change = f"{r.short_label()} {values_txt(r)}"
+        decide = "a bound: more repeats cannot decide it"
+    if r.low is None or r.high is None:  # say why in a few words (the table has the note)
+        why = "; ".join(x for x in (_why_no_interval(r), decide) if x)
+        return f"{change} {verdict_text(r)} ({why})"
+    ci = fmt_ci(r.low, r.high, r.change_unit)
+    return f"{change} {ci} {verdict_text(r)}" + (f" ({decide})" if decide else "")
+
+
+def identity_clauses(cmp: Comparison, variant: str) -> list[str]:
+    """ "outputs identical 48/48": the output-identity count each suite's pair holds for
+    ``variant`` (``pairs[suite][variant]["identity"]`` with ints ``n`` and ``identical``, the
+    serving suite's); [] without one."""
+    out = []
+    for per in cmp.pairs.values():
+        ident = (per.get(variant) or {}).get("identity")
+        if isinstance(ident, dict) and ident.get("n"):
+            out.append(f"outputs identical {ident.get('identical', 0)}/{ident['n']}")
+    return out
+
+
+def run_minutes(cmp: Comparison, repeats: int) -> float | None:
+    """Minutes a run of this config with ``repeats`` timed rounds would take on this host, from
+    this run's cell times (``cells[*]["seconds"]``): ``repeats`` x the sum over the arms of each
+    arm's mean ok timed cell, plus the correctness cells once. None when an arm has no timed
+    cell time."""
+    rnd = 0.0
+    for v in [cmp.baseline, *cmp.variants]:
+        xs = [
+            c["seconds"]
+            for c in cmp.cells
+            if c["variant"] == v and c["status"] == "ok" and c.get("seconds") is not None
+        ]
+        if not xs:
+            return None
+        rnd += sum(xs) / len(xs)
+    once = sum(c.get("seconds") or 0.0 for c in cmp.correctness_cells)
+    return (repeats * rnd + once) / 60
+
+
+def _noise_txt(rows: list[Row]) -> str:
+    """ "run-to-run noise ±33% on this host": the median, over ``rows``, of the sd of their paired
+    log ratios (percent of the log scale); "noise unknown" without one."""
+    sds = sorted(100 * r.log_ratio_sd for r in rows if r.log_ratio_sd is not None)
+    if not sds:
+        return "run-to-run noise unknown (it needs 2 paired repeats)"
+    mid = (sds[(len(sds) - 1) // 2] + sds[len(sds) // 2]) / 2
+    return f"run-to-run noise ±{mid:.2g}% on this host"
+
+
+def to_decide(cmp: Comparison, rows: list[Row]) -> str | None:
+    """What would decide the undecided run-level primaries ``rows`` (no bound among them): a new
+    run of the config with ``schedule.repeats: M`` (M: the most :func:`repeats_to_decide` any
+    of them needs within :data:`DECIDE_CAP`; the noise unknown: ``compare.min_repeats``), its
+    minutes here (:func:`run_minutes`), how many need more than the cap; on a CPU run, a GPU.
+    None when nothing is estimated on a GPU run."""
+    need = [d for d in (repeats_to_decide(r, cmp.settings.min_repeats) for r in rows) if d]
+    finite = [d.n for d in need if d.n is not None]
+    beyond = len(need) - len(finite)
+    m = max(finite) if finite else None
+    if not need and all(r.log_ratio_sd is None for r in rows):
+        m = cmp.settings.min_repeats  # no noise known: at least the repeats a verdict needs
     parts = []
-    for r in cmp.rows_for(variant, primary=True):
-        if r.kind == "deterministic":
-            parts.append(f"{r.short_label()} {values_txt(r)} {verdict_text(r)} ({exactness(r)})")
-            continue
-        decide = decide_note(r, cmp.settings.min_repeats, short=True)
-        change = f"{r.short_label()} {fmt_change(r.change, r.change_unit)}"
-        if r.low is None or r.high is None:  # say why in a few words (the table has the note)
-            why = "; ".join(x for x in (_why_no_interval(r), decide) if x)
-            parts.append(f"{change} {verdict_text(r)} ({why})")
-            continue
+    if m is not None:
+        mins = run_minutes(cmp, m)
+        more = [f"about {mins:.0f} minutes here, from this run's cell times"] if mins else []
+        if beyond:
+            more.append(
+                f"{beyond} of {len(rows)} need{'s' if beyond == 1 else ''} more than {DECIDE_CAP}"
+            )
         parts.append(
-            f"{change} {fmt_ci(r.low, r.high, r.change_unit)} {verdict_text(r)}"
-            + (f" ({decide})" if decide else "")
+            f"run config {cmp.run.name or cmp.run_id} again with schedule.repeats: {m}"
+            + (f" ({'; '.join(more)})" if more else "")
         )
+    elif beyond:
+        parts.append(f"more than {DECIDE_CAP} repeats here")
+    if cmp.run.gpu is None:
+        parts.append("on a GPU (`patchbench ab --preset pr-h200`)")
+    return "to decide: " + " or ".join(parts) if parts else None
+
+
+def sentence_parts(cmp: Comparison, variant: str) -> tuple[str, list[str]]:
+    """(``"<variant> vs <baseline>: "``, the clauses of its answer in order): correctness first
+    (output identity, accuracy), then the decided primaries, then what is undecided: run-level
+    primaries with fewer paired repeats than a verdict needs as one "not decidable here" clause
+    with the run's noise, the others each with their interval, then what would decide them
+    (:func:`to_decide`) and each pairing refusal."""
+    first, decided, undecided, speed, open_ = identity_clauses(cmp, variant), [], [], [], []
+    min_n = cmp.settings.min_repeats
+    for r in cmp.rows_for(variant, primary=True):
+        run = r.kind == "run" and not is_bound(r) and r.verdict == "inconclusive"
+        if run and r.n_pairs < min_n:
+            speed.append(r)
+            open_.append(r)
+        elif r.kind == "accuracy":
+            first.append(_row_clause(r, decide_note(r, min_n, short=True)))
+        elif r.verdict in ("improved", "regressed", "equivalent"):
+            decided.append(_row_clause(r))
+        else:
+            undecided.append(_row_clause(r))
+            open_ += [r] if run else []
+    if speed:
+        n = max(r.n_pairs for r in speed)
+        undecided.append(
+            f"speed: not decidable here ({n} paired repeat{'s' if n != 1 else ''}, fewer than "
+            f"the {min_n} a verdict needs; {_noise_txt(speed)})"
+        )
+    decide = to_decide(cmp, open_) if open_ else None
+    undecided += [decide] if decide else []
     for suite, per in cmp.refusals.items():
         if variant in per:
-            parts.append(f"{suite} not paired: {per[variant]}")
+            undecided.append(f"{suite} not paired: {per[variant]}")
     tag = " (A/A)" if variant in cmp.aa_variants else ""
-    return f"{variant}{tag} vs {cmp.baseline}: ", parts
+    return f"{variant}{tag} vs {cmp.baseline}: ", first + decided + undecided
 
 
 def sentence(cmp: Comparison, variant: str) -> str:
-    """One sentence for ``variant``: each primary with its change, interval and verdict, each
-    pairing refusal with its reason."""
+    """The answer for ``variant``, one line (:func:`sentence_parts`, clauses joined by "; ")."""
     head, parts = sentence_parts(cmp, variant)
     return head + ("; ".join(parts) if parts else "no primary metric")
 
@@ -313,14 +427,9 @@ CONSOLE_LOG_WIDTH = 120
 
 
 def console_summary(cmp: Comparison, report: Path | None = None) -> list[str]:
-    """Print the primaries table (rich), then the answer's sentences one clause a line and a
-    partial run's resume command; returns the sentences."""
+    """Print the primaries table (rich), the report's path, a partial run's resume command,
+    then the answer: one line per variant (:func:`sentence`), printed once; returns them."""
     sents = [sentence(cmp, v) for v in cmp.variants]
-    answer = []
-    for v in cmp.variants:
-        head, parts = sentence_parts(cmp, v)
-        answer.append(head.rstrip() + ("" if parts else " no primary metric"))
-        answer += [f"  - {p}" for p in parts]
     from rich.console import Console
     from rich.table import Table
 
@@ -347,6 +456,6 @@ def console_summary(cmp: Comparison, report: Path | None = None) -> list[str]:
         c.print(line, markup=False, highlight=False, soft_wrap=True)
     for line in partial_lines(cmp):
         c.print(line, markup=False, highlight=False, soft_wrap=True)
-    for line in answer:
-        c.print(line, markup=False, highlight=False)
+    for line in sents:
+        c.print(line, markup=False, highlight=False, soft_wrap=True)
     return sents

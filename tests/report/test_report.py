@@ -88,11 +88,13 @@ def test_console_ends_with_the_same_sentences(tmp_path, capsys):
     out = capsys.readouterr().out
     text = path.read_text()
     assert sents and all(f"- {s}" in text for s in sents)
-    # one clause a line, in the sentence's order, the last variant's clauses last
+    # the answer once: one line per variant, in variant order, last; nothing else repeats it
     head, parts = sentence_parts(read_comparison(run), "patched")
     assert sents[-1] == head + "; ".join(parts)
     lines = out.rstrip().splitlines()
-    assert lines[-len(parts) - 1 :] == [head.rstrip()] + [f"  - {p}" for p in parts]
+    assert lines[-len(sents) :] == sents
+    assert all(out.count(s) == 1 for s in sents)
+    assert not any(line.startswith("  - ") for line in lines)
 
 
 def test_refusal_shown_instead_of_numbers(tmp_path):
@@ -255,9 +257,8 @@ def test_console_table_of_a_log_does_not_wrap_long_names(tmp_path, capsys, monke
     row = next(line for line in out.splitlines() if "│ patched" in line)
     assert "host syncs inside the mrope computation per decode step │ 4 -> 0 │ exact" in row
     assert "improved" in row and "(median)" not in row
-    assert (
-        "  - host syncs inside the mrope computation per decode step 4 -> 0 improved (exact)" in out
-    )
+    once = "patched vs baseline: host syncs inside the mrope computation per decode step 4 -> 0 "
+    assert once + "improved (exact)" in out
 
 
 def test_failed_and_incomplete_cells_have_a_section_and_their_primaries_read_incomplete(

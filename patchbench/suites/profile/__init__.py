@@ -350,6 +350,17 @@ def _fmt(xs: list | None) -> str:
     return "/".join(f"{x:g}" for x in xs) if xs else "–"
 
 
+def _cell_value(name: str, x: float | None) -> str:
+    """One cell's median as the table shows it: 3 significant digits, "–" for none; a profiler
+    overhead below 0 (the profiled step faster than the unprofiled token gap: noise, never a
+    speed-up) reads "within noise"."""
+    if x is None:
+        return "–"
+    if name == "profiler_step_overhead_share" and x < 0:
+        return "within noise"
+    return f"{x:.3g}"
+
+
 def report_section(comparison: Any) -> list[str]:
     """Markdown: per variant the sync counts per decode step by batch size and the step-time medians,
     folded, from ``pairs["profile"]`` only."""
@@ -390,7 +401,7 @@ def report_section(comparison: Any) -> list[str]:
             d = (p.get("values") or {}).get(name) or {}
             arms = [d.get("baseline") or [], d.get("variant") or []]
             if any(x is not None for xs in arms for x in xs):
-                cols = [", ".join("–" if x is None else f"{x:.3g}" for x in xs) for xs in arms]
+                cols = [", ".join(_cell_value(name, x) for x in xs) for xs in arms]
                 body.append(f"| {name} | {cols[0]} | {cols[1]} |")
         body.append("")
     what = "syncs per decode step by batch size, and step-time medians, per variant"

@@ -1,0 +1,149 @@
+"""The answer line per variant (patchbench/report/text.py): what the run can and cannot decide,
+what would decide it and at what cost; bounds never get repeats to decide; a one-point sweep's
+goodput stays out of the family; a negative profiler overhead is never shown as a number.
+Expected values computed by hand in the comments."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from patchbench import records, report
+from patchbench.analysis import power
+from patchbench.analysis.build import build_comparison
+from patchbench.report.text import decide_note, repeats_to_decide, sentence
+from patchbench.suite import MetricInfo
+from tests.synthetic import declare_suite, make_run, make_sweep_run
+
+THR = MetricInfo("higher", "tok/s", label="Output throughput", primary=True, margin=5.0)
+TTFT = MetricInfo("lower", "ms", label="Mean TTFT", primary=True, margin=5.0)
+GPU = " or on a GPU (`patchbench ab --preset pr-h200`)"
+
+
+@pytest.fixture(autouse=True)
+def declared(monkeypatch):
+    declare_suite(monkeypatch, "bench", {"thr": THR, "ttft": TTFT})
+
+
+def _timed(run, seconds: dict[str, float]):
+    """Give every cell of each variant the wall time ``seconds[variant]`` (cell.json)."""
+    for c in records.read_json(run / "manifest.json")["cells"]:
+        p = run / c["dir"] / "cell.json"
+        cell = records.read_json(p)
+        cell["timings_s"] = {"cell": seconds[c["variant"]]}
+        records.write_json(p, cell)
+    return run
+
+
+def test_two_repeats_are_not_decidable_and_say_the_noise(tmp_path):
+    # log ratios ln 1.1 and ln 1.21 = 2 ln 1.1: sd (ddof 1) = ln 1.1 / sqrt 2 = 0.0674 -> ±6.7 %
+    run = make_run(
+        tmp_path, metrics={"bench": {"thr": {"baseline": [100, 100], "patched": [110, 121]}}}
+    )
+    cmp = build_comparison(run)
+    assert cmp.row("bench", "thr", "patched").log_ratio_sd == pytest.approx(math.log(1.1) / 2**0.5)
+    s = sentence(cmp, "patched")
+    assert s.startswith(
+        "patched vs baseline: speed: not decidable here (2 paired repeats, fewer than the 3 a "
+        "verdict needs; run-to-run noise ±6.7% on this host); to decide: "
+    )
+    assert "inconclusive" not in s and "n/a" not in s
+
+
+def test_to_decide_names_the_repeats_and_minutes_from_the_cell_times(tmp_path):
+    # baseline cells 60 s, patched 100 s: a round is 160 s. Log ratios ln 1.10 and ln 1.101: the
+    # sd (0.00064) is tiny against the effect (0.096), so the floor, 3 repeats, decides it:
+    # 3 x 160 s = 480 s = 8 minutes
+    run = make_run(
+        tmp_path / "a",
+        metrics={"bench": {"thr": {"baseline": [100, 100], "patched": [110, 110.1]}}},
+    )
+    cmp = build_comparison(_timed(run, {"baseline": 60.0, "patched": 100.0}))
+    assert sentence(cmp, "patched").endswith(
+        "; to decide: run config synthetic again with schedule.repeats: 3 (about 8 minutes here, "
+        "from this run's cell times)" + GPU
+    )
+    # noisier: log ratios ln 1.05 and ln 1.15 (sd 0.0643, mean 0.0943, outside the ±5 % margin):
+    # the t test's n at 80 % power, alpha 0.05; minutes n x 160 / 60
+    run = make_run(
+        tmp_path / "b", metrics={"bench": {"thr": {"baseline": [100, 100], "patched": [105, 115]}}}
+    )
+    cmp = build_comparison(_timed(run, {"baseline": 60.0, "patched": 100.0}))
+    lr = [math.log(1.05), math.log(1.15)]
+    sd, effect = abs(lr[1] - lr[0]) / 2**0.5, sum(lr) / 2
+    n = power.n_needed(effect, sd, 0.05, 0.8, floor=3, cap=50)
+    assert n is not None and 3 < n < 50
+    assert f"schedule.repeats: {n} (about {n * 160 / 60:.0f} minutes here," in sentence(
+        cmp, "patched"
+    )
+
+
+def test_verdicts_keep_their_words_in_order_identity_decided_undecided(tmp_path):
+    # 3 repeats: +10 % in every repeat (improved); TTFT +10 %, -10 %, +2 %: inconclusive
+    run = make_run(
+        tmp_path,
+        metrics={
+            "bench": {
+                "thr": {"baseline": [100, 102, 98], "patched": [110, 112.2, 107.8]},
+                "ttft": {"baseline": [50, 50, 50], "patched": [55, 45, 51]},
+            }
+        },
+    )
+    cmp = build_comparison(run)
+    cmp.pairs = {"serving": {"patched": {"identity": {"n": 48, "identical": 47}}}}
+    parts = sentence(cmp, "patched").split("; ")
+    assert parts[0] == "patched vs baseline: outputs identical 47/48"
+    assert parts[1] == "Output throughput +10.0% [+10.0%, +10.0%] improved"
+    assert parts[2].startswith("Mean TTFT +0.3% [") and parts[2].endswith("] inconclusive")
+    assert parts[3].startswith("to decide: run config synthetic again with schedule.repeats: ")
+    assert "not decidable here" not in sentence(cmp, "patched")
+
+
+def test_a_bound_never_gets_repeats_to_decide(tmp_path, monkeypatch):
+    # the variant's value is a lower bound in every repeat (the sweep's highest load met the SLO)
+    load = MetricInfo("higher", "req", label="Highest load meeting the SLO", primary=True)
+    declare_suite(monkeypatch, "bench", {"max_load": load})
+    run = make_run(
+        tmp_path,
+        metrics={"bench": {"max_load": {"baseline": [40, 44, 38], "patched": [41, 40, 44]}}},
+        bounds={("patched", k, "bench"): {"max_load": "lower"} for k in range(3)},
+    )
+    cmp = build_comparison(run)
+    row = cmp.row("bench", "max_load", "patched")
+    assert row.variant_bound == "lower" and row.verdict == "inconclusive"
+    assert repeats_to_decide(row, 3) is None and decide_note(row, 3) is None
+    s = sentence(cmp, "patched")
+    assert "(a bound: more repeats cannot decide it)" in s and "≥" in s
+    assert "to decide" not in s.replace("cannot decide", "") and "repeats:" not in s
+    assert "repeats to decide" not in report.render_markdown(cmp)
+
+
+def test_one_point_sweep_keeps_goodput_out_of_the_family(tmp_path):
+    # one point: goodput at the SLO is that point's goodput (the throughput in req/s): secondary;
+    # the family is the highest load, throughput and median ITL at c16, per variant: 3
+    cmp = build_comparison(make_sweep_run(tmp_path / "one", points=(16,)))
+    assert not cmp.row("serving", "goodput_at_slo_req_s", "patched").primary
+    assert {r.metric for r in cmp.rows_for("patched", primary=True)} == {
+        "max_concurrency_at_slo_count",
+        "output_throughput_tok_s@c16",
+        "itl_median_ms@c16",
+    }
+    assert cmp.design.family == 3
+    # two points: goodput at the SLO is the best of two, a primary of its own: 2 + 2 x 2
+    two = build_comparison(make_sweep_run(tmp_path / "two", points=(1, 16)))
+    assert two.row("serving", "goodput_at_slo_req_s", "patched").primary
+    assert two.design.family == 6
+
+
+def test_negative_profiler_overhead_reads_within_noise():
+    from patchbench.analysis.comparison import Comparison
+    from patchbench.suites.profile import report_section
+
+    values = {"profiler_step_overhead_share": {"baseline": [-0.0502], "variant": [0.146]}}
+    cmp = Comparison(
+        baseline="baseline", variants=["v"], pairs={"profile": {"v": {"values": values}}}
+    )
+    text = "\n".join(report_section(cmp))
+    assert "| profiler_step_overhead_share | within noise | 0.146 |" in text
+    assert "-0.05" not in text and "-5" not in text
