@@ -15,6 +15,7 @@ accuracy); ``alpha`` is the test's level (two-sided for ``alternative="two-sided
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Literal
 
@@ -74,6 +75,7 @@ def tost_power(
     return float(min(1.0, integrate.quad(given, 0.0, upper, limit=200)[0]))
 
 
+@functools.lru_cache(maxsize=4096)  # pure; a report asks the same rows once per rendering
 def n_needed(
     effect: float,
     sd: float,
