@@ -201,11 +201,22 @@ def test_every_page_in_headless_chromium(demo):
     )
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}/"
+    from selenium.webdriver.support.ui import WebDriverWait
+
     driver = browser.start()
     try:
         checked: set[str] = set()
         for page in s.pages:
             driver.get(base + page)
+            # a loaded machine (pytest-xdist's other worker) once read a page before its
+            # charts were there: wait (up to 60 s) until the page is complete with its charts
+            n_charts = sum(1 for c in s.charts if page == _page_of(c))
+            WebDriverWait(driver, 60).until(
+                lambda d, n=n_charts: (
+                    d.execute_script("return document.readyState") == "complete"
+                    and len(d.find_elements("css selector", "div.chart")) == n
+                )
+            )
             charts = driver.execute_script(
                 "return Array.from(document.querySelectorAll('div.chart')).map(d => [d.id,"
                 " (d.data || []).map(t => [t.name, t.x.length, t.y.length]),"
@@ -216,7 +227,7 @@ def test_every_page_in_headless_chromium(demo):
                 assert {n: nx for n, nx, _ny in traces} == want, (page, div_id)
                 assert all(nx == ny for _n, nx, ny in traces)
                 assert drawn == len(want), (page, div_id, drawn)  # plotly drew every trace
-            assert len(charts) == sum(1 for c in s.charts if page == _page_of(c))
+            assert len(charts) == n_charts
             severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
             assert severe == [], (page, severe)
             for a in driver.find_elements("css selector", "a[href]"):
