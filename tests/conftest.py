@@ -184,73 +184,43 @@ def mrope_methods():
 VENV_0523 = REPO / ".venv-0.5.23" / "bin" / "python"
 
 
-#: the demo runs tests read: fixture name -> (python, config); each serves on its config's port
-DEMOS = {
-    "demo_0513": (sys.executable, "configs/demo-cpu.yaml"),
-    "demo_0523": (str(VENV_0523), "configs/demo-cpu-0.5.23.yaml"),
-}
+def run_bench_cli(python: str, config: str, results: Path, *extra: str):
+    """``runner.py bench CONFIG --results RESULTS EXTRA`` with ``python``; the CompletedProcess."""
+    import subprocess
+
+    return subprocess.run(
+        [python, str(REPO / "runner.py"), "bench", config, "--results", str(results), *extra],
+        cwd=REPO,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        capture_output=True,
+        text=True,
+        timeout=3000,
+    )
 
 
-class DemoRuns:
-    """The demo runs the session's selected tests need, started side by side (``bench CONFIG
-    --results DIR`` with each demo's python; output to files): on 2 cores the two runs overlap
-    their servers' start-ups and idle waits. :meth:`run_dir` waits for one and returns its run
-    folder, failing the test (with the run's output tail) when it did not exit 0."""
-
-    def __init__(self, names: list[str], root: Path) -> None:
-        import subprocess
-
-        self.procs: dict[str, tuple[subprocess.Popen, Path]] = {}
-        for name in names:
-            python, config = DEMOS[name]
-            if not Path(python).exists():
-                pytest.fail(f"{python} missing: run `make setup SGLANG=0.5.23` (make test does)")
-            out = root / name
-            out.mkdir(parents=True)
-            with open(out / "output.txt", "w") as log:
-                cmd = [python, str(REPO / "runner.py"), "bench", config, "--results", str(out)]
-                env = dict(os.environ, PYTHONUNBUFFERED="1")
-                proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log)
-            self.procs[name] = (proc, out)
-
-    def run_dir(self, name: str) -> Path:
-        proc, out = self.procs[name]
-        code = proc.wait(timeout=3000)
-        tail = (out / "output.txt").read_text(errors="replace")[-6000:]
-        print(tail)
-        assert code == 0, tail
-        (run_dir,) = [d for d in out.iterdir() if (d / "manifest.json").exists()]
-        return run_dir
-
-    def stop(self) -> None:
-        for proc, _ in self.procs.values():
-            if proc.poll() is None:
-                proc.terminate()  # bench stops its servers on SIGTERM
-                proc.wait(timeout=120)
+def _demo_run(python: str, config: str, results: Path) -> Path:
+    p = run_bench_cli(python, config, results)
+    print(p.stdout[-4000:], p.stderr[-4000:])
+    assert p.returncode == 0, p.stderr[-3000:]
+    (run_dir,) = [d for d in results.iterdir() if (d / "manifest.json").exists()]
+    return run_dir
 
 
 @pytest.fixture(scope="session")
-def demo_runs(request, tmp_path_factory):
-    """Every demo run the selected tests use (:data:`DEMOS`), started together at the first
-    test that needs one."""
-    needed = {f for i in request.session.items for f in getattr(i, "fixturenames", ())}
-    runs = DemoRuns(sorted(needed & set(DEMOS)), tmp_path_factory.mktemp("demos"))
-    yield runs
-    runs.stop()
-
-
-@pytest.fixture(scope="session")
-def demo_0513(demo_runs) -> Path:
+def demo_0513(tmp_path_factory) -> Path:
     """The run folder of configs/demo-cpu.yaml on real 0.5.1.post3 servers (this environment),
-    run once a session (9 server launches)."""
-    return demo_runs.run_dir("demo_0513")
+    run once a session (about 9 server launches)."""
+    return _demo_run(sys.executable, "configs/demo-cpu.yaml", tmp_path_factory.mktemp("demo-0513"))
 
 
 @pytest.fixture(scope="session")
-def demo_0523(demo_runs) -> Path:
+def demo_0523(tmp_path_factory) -> Path:
     """The run folder of configs/demo-cpu-0.5.23.yaml on real 0.5.23 servers (.venv-0.5.23's
     python), run once a session (4 server launches)."""
-    return demo_runs.run_dir("demo_0523")
+    if not VENV_0523.exists():
+        pytest.fail(f"{VENV_0523} missing: run `make setup SGLANG=0.5.23` (make test does)")
+    results = tmp_path_factory.mktemp("demo-0523")
+    return _demo_run(str(VENV_0523), "configs/demo-cpu-0.5.23.yaml", results)
 
 
 # ------------------------------------------------------------------ a lost server never stops the session
