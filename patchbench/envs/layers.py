@@ -102,11 +102,8 @@ class LayerPlan:
 
     def describe(self) -> str:
         """One line: what, over which base, how many packages and about how much to download."""
-        size = (
-            f", about {self.download_bytes / 1e6:,.0f} MB to download"
-            if self.download_bytes is not None
-            else ""
-        )
+        n = self.download_bytes
+        size = "" if n is None else f", about {_bytes(n)} to download"
         names = ", ".join(f"{n} {v}" for n, v in self.install[:6])
         more = f" and {len(self.install) - 6} more" if len(self.install) > 6 else ""
         return (
@@ -114,6 +111,11 @@ class LayerPlan:
             f"{_shown(self.dest)}: {len(self.install)} package(s) that differ{size}"
             + (f" ({names}{more})" if names else "")
         )
+
+
+def _bytes(n: float) -> str:
+    """``n`` bytes as "1,247 MB" or, under a megabyte, "35 kB"."""
+    return f"{n / 1e6:,.0f} MB" if n >= 1e6 else f"{max(1, round(n / 1e3))} kB"
 
 
 def _shown(p: Path) -> str:
@@ -228,8 +230,10 @@ def make_layer(plan: LayerPlan, *, log: Callable[[str], None] = print) -> envinf
         except BaseException:
             shutil.rmtree(plan.dest, ignore_errors=True)
             raise
-        mb = sum(f.stat().st_size for f in plan.dest.rglob("*") if f.is_file()) / 1e6
-        log(f"made {_shown(plan.dest)} in {time.monotonic() - t0:.0f} s, {mb:,.0f} MB")
+        size = sum(
+            f.stat().st_size for f in plan.dest.rglob("*") if f.is_file() and not f.is_symlink()
+        )
+        log(f"made {_shown(plan.dest)} in {time.monotonic() - t0:.0f} s, {_bytes(size)}")
     env = layer_environment(plan.dest)
     if env is None:
         raise EnvironmentNotReady(f"{plan.what}: {_shown(plan.dest)} has no usable stamp")

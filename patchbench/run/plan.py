@@ -217,7 +217,7 @@ def describe_plan(cfg: Config, resume: Path | None = None) -> str:
         resume_manifest(cfg, resume)
         done = {c for c in cells if cell_done(resume, c, cfg)}
     lines = [
-        f"config     {cfg.source}",
+        f"config     {cfg.source or '(built in memory: its manifest keeps it)'}",
         f"name       {cfg.name}",
         f"sglang     {sglang_label(cfg.sglang)}",
         *_build_lines(cfg),
