@@ -142,9 +142,13 @@ def describe(git: GitRange | None, patch: Path | None, args_a, args_b) -> list[s
             else f"A: {git.checkout} at {a_name}",
             f"B: {git.checkout} at {commit_name(git.head, git.head_subject)}",
         ]
-        if git.ignored:
-            shown = ", ".join(git.ignored[:10]) + (" ..." if len(git.ignored) > 10 else "")
+        deps = [f for f in git.ignored if f == "python/pyproject.toml"]
+        rest = [f for f in git.ignored if f not in deps]
+        if rest:
+            shown = ", ".join(rest[:10]) + (" ..." if len(rest) > 10 else "")
             lines.append(f"ignored (outside python/sglang/): {shown}")
+        if deps:
+            lines.append("python/pyproject.toml changes: its dependencies pick B's environment")
     else:
         lines = ["A: stock", f"B: stock + {patch}" if patch else "B: stock"]
     if args_a:

@@ -282,3 +282,12 @@ def test_action_ab_step_keeps_the_exit_code_and_finds_the_run_folder_it_made(tmp
         "cpu-demo",
     ]
     assert _run_step(keep["run"], {"RC": "1"}).returncode == 1
+
+
+def test_ab_says_a_changed_pyproject_picks_the_environment(checkout, capsys):
+    argv = ["ab", "--git", str(checkout), "--range", "main...deps-branch", "--dry-run"]
+    # 3 where no environment has pbtoy yet (the e2e test makes one), 0 where it does
+    assert cli.main(argv) in (0, 3)
+    out = capsys.readouterr().out
+    assert "ab: ignored (outside python/sglang/): test/test_sampling.py\n" in out
+    assert "ab: python/pyproject.toml changes: its dependencies pick B's environment" in out
