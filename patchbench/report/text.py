@@ -343,10 +343,13 @@ def to_decide(cmp: Comparison, rows: list[Row]) -> str | None:
             more.append(
                 f"{beyond} of {len(rows)} need{'s' if beyond == 1 else ''} more than {DECIDE_CAP}"
             )
-        parts.append(
-            f"run config {cmp.run.name or cmp.run_id} again with schedule.repeats: {m}"
-            + (f" ({'; '.join(more)})" if more else "")
+        # patchbench/ab.py names its in-memory configs "ab-<preset>": its user reruns ab
+        again = (
+            f"run the ab command again with --repeats {m}"
+            if cmp.run.name.startswith("ab-")
+            else f"run config {cmp.run.name or cmp.run_id} again with schedule.repeats: {m}"
         )
+        parts.append(again + (f" ({'; '.join(more)})" if more else ""))
     elif beyond:
         parts.append(f"more than {DECIDE_CAP} repeats here")
     if cmp.run.gpu is None:

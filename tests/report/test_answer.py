@@ -77,6 +77,11 @@ def test_to_decide_names_the_repeats_and_minutes_from_the_cell_times(tmp_path):
     assert f"schedule.repeats: {n} (about {n * 160 / 60:.0f} minutes here," in sentence(
         cmp, "patched"
     )
+    # an ab run (its config "ab-<preset>", built in memory): rerun ab with --repeats
+    cmp.run.name = "ab-cpu-demo"
+    assert f"to decide: run the ab command again with --repeats {n} (about" in sentence(
+        cmp, "patched"
+    )
 
 
 def test_verdicts_keep_their_words_in_order_identity_decided_undecided(tmp_path):
