@@ -30,6 +30,7 @@ import tempfile
 import urllib.error
 import urllib.request
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -182,7 +183,7 @@ class Making:
 
     mode: MakeMode = "no"
     cpu: bool = False
-    log: object = print
+    log: Callable[[str], None] = print
 
     def environment(
         self, what: str, reqs: list[str] | None, version: str | None, *, release: bool

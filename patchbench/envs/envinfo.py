@@ -83,11 +83,15 @@ class Environment:
 
     def describe(self) -> str:
         """``".venv-0.5.23 (sglang 0.5.23)"`` (relative to the repository when inside it)."""
-        try:
-            shown = str(self.venv.relative_to(REPO_ROOT))
-        except ValueError:
-            shown = str(self.venv)
-        return f"{shown} (sglang {self.sglang})"
+        return f"{shown_path(self.venv)} (sglang {self.sglang})"
+
+
+def shown_path(p: Path) -> str:
+    """``p`` relative to the repository when inside it, else as given."""
+    try:
+        return str(p.relative_to(REPO_ROOT))
+    except ValueError:
+        return str(p)
 
 
 def _sglang_dist(site: Path):

@@ -18,6 +18,7 @@ environment with sglang exists to build on.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
@@ -36,9 +37,14 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from patchbench.envs import envinfo
-from patchbench.envs.envinfo import LAYERS_DIR, STAMP, is_layer, layer_environment
+from patchbench.envs.envinfo import (
+    LAYERS_DIR,
+    STAMP,
+    is_layer,
+    layer_environment,
+    shown_path,
+)
 from patchbench.errors import EnvironmentNotReady
-from patchbench.inputs import CACHE_DIR
 
 #: packages a CPU server runs without (canonical names): CUDA-only kernels and libraries
 #: (flashinfer, sgl-kernel / sglang-kernel, flash-attn, DeepEP/DeepGEMM, cuda-python, the nvidia-*
@@ -102,13 +108,13 @@ class LayerPlan:
 
     def describe(self) -> str:
         """One line: what, over which base, how many packages and about how much to download."""
-        n = self.download_bytes
-        size = "" if n is None else f", about {_bytes(n)} to download"
+        nbytes = self.download_bytes
+        size = "" if nbytes is None else f", about {_bytes(nbytes)} to download"
         names = ", ".join(f"{n} {v}" for n, v in self.install[:6])
         more = f" and {len(self.install) - 6} more" if len(self.install) > 6 else ""
         return (
             f"{self.what}: an environment made over {self.base.describe()} in "
-            f"{_shown(self.dest)}: {len(self.install)} package(s) that differ{size}"
+            f"{shown_path(self.dest)}: {len(self.install)} package(s) that differ{size}"
             + (f" ({names}{more})" if names else "")
         )
 
@@ -116,13 +122,6 @@ class LayerPlan:
 def _bytes(n: float) -> str:
     """``n`` bytes as "1,247 MB" or, under a megabyte, "35 kB"."""
     return f"{n / 1e6:,.0f} MB" if n >= 1e6 else f"{max(1, round(n / 1e3))} kB"
-
-
-def _shown(p: Path) -> str:
-    try:
-        return str(p.relative_to(CACHE_DIR.parent))
-    except ValueError:
-        return str(p)
 
 
 def closest(envs: Sequence[envinfo.Environment], reqs: Sequence[str], *, cpu: bool):
@@ -137,12 +136,6 @@ def closest(envs: Sequence[envinfo.Environment], reqs: Sequence[str], *, cpu: bo
             envinfo.requirement_keys(server_requirements(e.requires, cpu=cpu)) ^ want
         ),
     )
-
-
-def _dists(site: Path):
-    import importlib.metadata
-
-    return importlib.metadata.distributions(path=[str(site)])
 
 
 def _pip(python: str, *args: str) -> list[str]:
@@ -202,7 +195,10 @@ def plan_layer(
         if sglang:
             items += json.loads((Path(tmp) / "sglang.json").read_text())["install"]
     if cpu:  # a CUDA library the base has in another version: the CPU needs only its soname
-        have = {canonicalize_name(d.metadata["Name"] or "") for d in _dists(base.site_dir)}
+        have = {
+            canonicalize_name(d.metadata["Name"] or "")
+            for d in importlib.metadata.distributions(path=[str(base.site_dir)])
+        }
         items = [
             i
             for i in items
@@ -220,7 +216,7 @@ def make_layer(plan: LayerPlan, *, log: Callable[[str], None] = print) -> envinf
     """Make the layer ``plan`` describes (once: a finished one is reused) and return it as an
     Environment. Prints the plan before it starts and the time and disk after; pip's output
     streams through ``log``. A failed make leaves nothing behind. Raises EnvironmentNotReady
-    when pip fails (its last lines quoted) or the layer's server requirements do not import."""
+    when pip fails (its last lines quoted) or the finished layer has no readable stamp."""
     if not is_layer(plan.dest):
         log(f"making {plan.describe()}")
         shutil.rmtree(plan.dest, ignore_errors=True)
@@ -233,10 +229,10 @@ def make_layer(plan: LayerPlan, *, log: Callable[[str], None] = print) -> envinf
         size = sum(
             f.stat().st_size for f in plan.dest.rglob("*") if f.is_file() and not f.is_symlink()
         )
-        log(f"made {_shown(plan.dest)} in {time.monotonic() - t0:.0f} s, {_bytes(size)}")
+        log(f"made {shown_path(plan.dest)} in {time.monotonic() - t0:.0f} s, {_bytes(size)}")
     env = layer_environment(plan.dest)
     if env is None:
-        raise EnvironmentNotReady(f"{plan.what}: {_shown(plan.dest)} has no usable stamp")
+        raise EnvironmentNotReady(f"{plan.what}: {shown_path(plan.dest)} has no usable stamp")
     return env
 
 
@@ -344,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             a.link.unlink()
         if not a.link.exists():
             a.link.symlink_to(env.venv.resolve(), target_is_directory=True)
-            print(f"{a.link} -> {_shown(env.venv)}")
+            print(f"{a.link} -> {shown_path(env.venv)}")
     return 0
 
 
