@@ -15,6 +15,7 @@ from typing import Any
 from patchbench import inputs
 from patchbench.config import Config, commit_name, config_from_mapping
 from patchbench.config.load import file_where
+from patchbench.config.schema import AB_NAME_PREFIX
 from patchbench.errors import ConfigError, UsageError
 
 PRESETS_DIR = inputs.REPO_ROOT / "configs" / "presets"
@@ -182,7 +183,7 @@ def prepare_ab(a: Any) -> Config:
         args_a=args_a,
         args_b=args_b,
         repeats=a.repeats,
-        name=f"ab-{src.stem}",
+        name=f"{AB_NAME_PREFIX}{src.stem}",
     )
     for line in describe(git, patch, args_a, args_b):
         print(f"ab: {line}", flush=True)

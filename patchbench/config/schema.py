@@ -265,6 +265,10 @@ def sglang_label(spec: SglangSpec) -> str:
 CHANGES_SHOWN = 8
 
 
+#: the name ``patchbench ab`` gives the config it builds in memory: ``ab-<preset or file stem>``
+AB_NAME_PREFIX = "ab-"
+
+
 def commit_name(commit: str, subject: str | None) -> str:
     """A git build as a reader names it: the commit's first 12 hex digits and its subject (the
     message's first line) in quotes, ``8af4974fdfbe "sampling: a larger epsilon"``; the hash

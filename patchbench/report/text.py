@@ -13,6 +13,7 @@ from pathlib import Path
 
 from patchbench.analysis import power
 from patchbench.analysis.comparison import Comparison, Row
+from patchbench.config.schema import AB_NAME_PREFIX
 from patchbench.inputs import REPO_ROOT
 
 VERDICT_MARK = {
@@ -343,10 +344,10 @@ def to_decide(cmp: Comparison, rows: list[Row]) -> str | None:
             more.append(
                 f"{beyond} of {len(rows)} need{'s' if beyond == 1 else ''} more than {DECIDE_CAP}"
             )
-        # patchbench/ab.py names its in-memory configs "ab-<preset>": its user reruns ab
+        # an ab run's config is built in memory (AB_NAME_PREFIX): its user reruns ab
         again = (
             f"run the ab command again with --repeats {m}"
-            if cmp.run.name.startswith("ab-")
+            if cmp.run.name.startswith(AB_NAME_PREFIX)
             else f"run config {cmp.run.name or cmp.run_id} again with schedule.repeats: {m}"
         )
         parts.append(again + (f" ({'; '.join(more)})" if more else ""))
