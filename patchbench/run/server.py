@@ -76,9 +76,13 @@ class NotHttp(ConnectionError):
     """Not an HTTP answer on the server's port: handled as no answer."""
 
 
-#: uvicorn's access-log line of an answered heartbeat, and of its one 404 probe on 0.5.1.post3
+#: a whole access-log line of an answered heartbeat (uvicorn's ``[time] INFO:  host:port -
+#: "GET /get_server_info HTTP/1.1" 200 OK``), or of its one 404 probe on 0.5.1.post3; a line
+#: where another process's output ran into the record is not one (it is kept in the tail)
 HEARTBEAT_LINE = re.compile(
-    r'"GET /(?:get_)?server_info HTTP/1\.[01]" 200\b|"GET /server_info HTTP/1\.[01]" 404\b'
+    r'(?:\[[^\]]*\]\s*)?(?:[A-Za-z]+:\s+)?(?:\S+\s+-\s+)?'
+    r'"GET /(?:(?:get_)?server_info HTTP/1\.[01]" 200|server_info HTTP/1\.[01]" 404)'
+    r'(?: [A-Za-z ]+| -)?\s*'
 )
 
 
@@ -96,7 +100,7 @@ def tail(path: str | os.PathLike, n_lines: int = 40) -> str:
     runs: list[list] = []  # [line, times, its position]
     beat_at: list[int] = []
     for i, line in enumerate(data.splitlines()):
-        if HEARTBEAT_LINE.search(line):
+        if HEARTBEAT_LINE.fullmatch(line):
             beat_at.append(i)
         elif runs and runs[-1][0] == line:
             runs[-1][1] += 1

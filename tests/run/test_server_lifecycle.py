@@ -281,6 +281,19 @@ def test_log_tail_leaves_out_the_heartbeat_access_lines(tmp_path):
         "this tail; server.log has them)",
     ]
     assert log.read_text() == text + "\n"
+    # two threads or processes printing at once run into one line: the server's own words stay
+    # (a CI run lost "dying mid-run" this way); a bare record with another client's format goes
+    mixed = [
+        'fake: "GET /server_info HTTP/1.1" 200 -fake: dying mid-run',
+        'fake: dying mid-runfake: "GET /server_info HTTP/1.1" 200 -',
+        'fake: "GET /server_info HTTP/1.1" 200 -',
+    ]
+    log.write_text("\n".join(mixed) + "\n")
+    assert tail(log, 5).splitlines() == [
+        *mixed[:2],
+        "(1 access-log line of patchbench's scheduler heartbeat (GET /server_info) left out of "
+        "this tail; server.log has them)",
+    ]
 
 
 @pytest.mark.parametrize(
