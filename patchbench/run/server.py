@@ -80,9 +80,9 @@ class NotHttp(ConnectionError):
 #: "GET /get_server_info HTTP/1.1" 200 OK``), or of its one 404 probe on 0.5.1.post3; a line
 #: where another process's output ran into the record is not one (it is kept in the tail)
 HEARTBEAT_LINE = re.compile(
-    r'(?:\[[^\]]*\]\s*)?(?:[A-Za-z]+:\s+)?(?:\S+\s+-\s+)?'
+    r"(?:\[[^\]]*\]\s*)?(?:[A-Za-z]+:\s+)?(?:\S+\s+-\s+)?"
     r'"GET /(?:(?:get_)?server_info HTTP/1\.[01]" 200|server_info HTTP/1\.[01]" 404)'
-    r'(?: [A-Za-z ]+| -)?\s*'
+    r"(?: [A-Za-z ]+| -)?\s*"
 )
 
 
