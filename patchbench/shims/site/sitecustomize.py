@@ -23,6 +23,9 @@ _RAN = "_patchbench_site_hook_ran"
 
 
 def _cpu_stand_ins() -> None:
+    # sglang 0.5.6-0.5.x refuse to start when torch's cuDNN has a known conv3d bug: a GPU check
+    # that a CPU server must skip (inherited by the scheduler processes)
+    os.environ.setdefault("SGLANG_DISABLE_CUDNN_CHECK", "1")
     import torch
 
     # torch >= 2.9 dropped this; sglang 0.5.1.post3's utils.cpu_has_amx_support() calls it.
