@@ -1,10 +1,13 @@
-"""``patchbench comment RUN``: a pull-request comment from compare.json alone (a hidden marker,
-the title, the answer, the primaries table, the PR figure and a link to the full report, within
-GitHub's :data:`GITHUB_COMMENT_LIMIT`), and ``--post``: one sticky comment through GitHub's REST
-API (``urllib.request``: a few synchronous calls; token ``GITHUB_TOKEN``, base
-``GITHUB_API_URL``). A comment cannot embed a runner's file, so the figure is an image only when
-the run folder is published (``--publish-url`` or ``--figure-url``); otherwise the comment says
-where it is (in Actions: the workflow run's artifact).
+"""``patchbench comment RUN``: a pull-request comment from compare.json alone, within GitHub's
+:data:`GITHUB_COMMENT_LIMIT`, and ``--post``: one sticky comment through GitHub's REST API
+(``urllib.request``: a few synchronous calls; token ``GITHUB_TOKEN``, base ``GITHUB_API_URL``).
+
+The comment, in order: a hidden marker; a heading naming what was compared (each git build by
+commit and subject); the report's answer per variant (:func:`patchbench.report.text.answer`: a
+lead sentence and its clauses as bullets); one caveats line (hardware, model, repeats, sglang);
+output identity; a table of the primaries whose figures the answer does not give; then links,
+only to URLs given (``--figure-url``, ``--report-url``, ``--publish-url``): a comment cannot
+open a file of the runner, so without a URL it names none. Each fact is said once.
 
 Exit codes: 2 without a token, repository or pull request; 3 (:class:`GitHubRefused`) for 401,
 403 or 404; 4 (:class:`GitHubError`) for another HTTP error or an unreachable API.
@@ -25,14 +28,16 @@ from patchbench.analysis.comparison import Comparison, Row, read_comparison
 from patchbench.errors import EnvironmentNotReady, RunFailed, UsageError
 from patchbench.report.text import (
     VERDICT_MARK,
+    answer,
     build_names,
     esc,
     exactness,
-    fmt_bounded,
     fmt_change,
     fmt_ci,
+    identity_counts,
     local_paths,
-    sentence,
+    partial_lines,
+    shown_value,
 )
 
 #: the longest body GitHub accepts for an issue or pull-request comment, in characters
@@ -43,8 +48,10 @@ DEFAULT_API = "https://api.github.com"
 DEFAULT_KEY = "patchbench"
 #: seconds one API request may take
 HTTP_TIMEOUT_S = 30
-#: the longest answer line (one variant's sentence) in a comment
+#: the longest line of the answer (one clause) in a comment
 ANSWER_LINE_MAX = 2000
+#: units a value is shown without (a count is a number; accuracy is shown in percent)
+_BARE_UNITS = ("", "count", "acc", "share")
 
 
 class GitHubRefused(EnvironmentNotReady):
@@ -64,48 +71,125 @@ def marker(key: str = DEFAULT_KEY) -> str:
     return f"<!-- patchbench-comment key={key} -->"
 
 
-def _table_row(r: Row) -> str:
-    det = r.kind == "deterministic"
-    interval = exactness(r) if det else fmt_ci(r.low, r.high, r.change_unit)
-    verdict = VERDICT_MARK.get(r.verdict, r.verdict)
-    return (
-        f"| {esc(r.variant)} | {esc(r.name())} | "
-        f"{fmt_bounded(r.baseline_value, r.baseline_bound)} | "
-        f"{fmt_bounded(r.variant_value, r.variant_bound)} | "
-        f"{fmt_change(r.change, r.change_unit)} | {interval} | {verdict} |"
-    )
-
-
 @dataclass
 class Links:
-    """The full report's URL (None: named only), the PR figure's image URL (None: not embedded)
-    and, without it, where the figure is."""
+    """The full report's URL and the PR figure's image URL; None: not in the comment."""
 
     report_url: str | None = None
     figure_url: str | None = None
-    figure_where: str = "the run folder"
 
 
 def resolve_links(
-    publish_url: str | None = None,
-    report_url: str | None = None,
-    figure_url: str | None = None,
-    environ: dict[str, str] | None = None,
+    publish_url: str | None = None, report_url: str | None = None, figure_url: str | None = None
 ) -> Links:
-    """The links: ``publish_url`` gives both (``plots/pr_figure.png``, ``report.md`` under it),
-    ``report_url`` / ``figure_url`` override it; in Actions the report defaults to the run's page."""
-    env = os.environ if environ is None else environ
+    """The links: ``publish_url`` (where the run folder is published) gives both
+    (``plots/pr_figure.png`` and ``report.md`` under it); ``report_url`` / ``figure_url``
+    override it. Only URLs given: nothing is guessed."""
     base = publish_url.rstrip("/") if publish_url else None
     fig = figure_url or (f"{base}/{PR_FIGURE}" if base else None)
     rep = report_url or (f"{base}/report.md" if base else None)
-    where = ""
-    if rep is None and env.get("GITHUB_RUN_ID") and env.get("GITHUB_REPOSITORY"):
-        server = env.get("GITHUB_SERVER_URL", "https://github.com").rstrip("/")
-        rep = f"{server}/{env['GITHUB_REPOSITORY']}/actions/runs/{env['GITHUB_RUN_ID']}"
-        where = "the workflow run's artifact"
-    if fig is None:
-        where = where or ("the run folder linked below" if rep else "the run folder")
-    return Links(rep, fig, where)
+    return Links(rep, fig)
+
+
+def hardware_text(gpu: str | None) -> str:
+    """The hardware from ``RunInfo.gpu`` ("NAME", "NAME xN", "A, B"; None: no GPU): "CPU (no
+    GPU)", "1 GPU: NAME", "N GPUs: NAME"."""
+    if gpu is None:
+        return "CPU (no GPU)"
+    m = re.fullmatch(r"(.+) x(\d+)", gpu)
+    name, n = (m.group(1), int(m.group(2))) if m else (gpu, len(gpu.split(", ")))
+    return f"{n} GPU{'s' if n > 1 else ''}: {name}"
+
+
+def model_text(cmp: Comparison) -> str:
+    """The model's name (a local path's last part; a hub id as it is), with "tiny random
+    weights" for the tiny test model (``RunInfo.tiny``)."""
+    m = cmp.run.model
+    name = Path(m).name if m.startswith(("/", "~", ".")) else m
+    return f"`{name}`" + (" (tiny random weights)" if cmp.run.tiny else "")
+
+
+def sglang_text(cmp: Comparison) -> str:
+    """ "sglang 0.5.1.post3", or each arm's version as built where they differ (an arm without
+    a build record: the run's release)."""
+    versions = {}
+    for v in [cmp.baseline] + cmp.variants:
+        info = cmp.run.variants.get(v)
+        b = info.built if info is not None else None
+        versions[v] = (b.version if b is not None else None) or cmp.run.sglang
+    if len(set(versions.values())) > 1:
+        return "sglang " + ", ".join(f"{ver} (`{v}`)" for v, ver in versions.items())
+    return f"sglang {cmp.run.sglang if not versions else next(iter(versions.values()))}"
+
+
+def caveats_line(cmp: Comparison) -> str:
+    """What the numbers hold for, in one line: hardware, model, repeats, sglang."""
+    n = cmp.repeats
+    parts = [
+        f"Ran on {hardware_text(cmp.run.gpu)}",
+        f"model {model_text(cmp)}",
+        f"{n} paired repeat{'s' if n != 1 else ''}",
+        sglang_text(cmp),
+    ]
+    return " · ".join(parts)
+
+
+def identity_line(cmp: Comparison) -> str:
+    """ "Outputs identical to `baseline`: `B` 48/48, `C` 47/48" (:func:`identity_counts`)."""
+    got = {v: identity_counts(cmp, v) for v in cmp.variants}
+    shown = [
+        f"`{v}` " + ", ".join(f"{same}/{n}" for same, n in counts)
+        for v, counts in got.items()
+        if counts
+    ]
+    if not shown:
+        return "Output identity: not measured by this run's suites."
+    missing = [f"`{v}` not measured" for v, counts in got.items() if not counts]
+    return f"Outputs identical to `{cmp.baseline}`: " + ", ".join(shown + missing) + "."
+
+
+def _with_unit(r: Row, arm: str) -> str:
+    """An arm's value as the report's table shows it, with the row's unit."""
+    x = shown_value(r, arm)
+    return x if r.unit in _BARE_UNITS or x == "n/a" else f"{x} {r.unit}"
+
+
+def _cell(r: Row) -> str:
+    """A variant's cell: its value with unit, the change, the interval where there is one, and
+    the verdict where it is not inconclusive."""
+    out = f"{_with_unit(r, 'variant')} ({fmt_change(r.change, r.change_unit)}"
+    interval = exactness(r) if r.kind == "deterministic" else fmt_ci(r.low, r.high, r.change_unit)
+    out += f" {interval})" if interval != "n/a" else ")"
+    return out + (
+        f" {VERDICT_MARK.get(r.verdict, r.verdict)}" if r.verdict != "inconclusive" else ""
+    )
+
+
+def table_lines(cmp: Comparison) -> list[str]:
+    """The primaries the answer gives no figures for (``Answer.unstated``: the speed it cannot
+    decide here), one row per metric: the baseline's value once, then each variant's value,
+    change and interval; [] when the answer states every primary's figures."""
+    by_metric: dict[tuple[str, str], dict[str, Row]] = {}
+    for v in cmp.variants:
+        for r in answer(cmp, v).unstated:
+            by_metric.setdefault((r.suite, r.metric), {})[v] = r
+    if not by_metric:
+        return []
+    arms = [v for v in cmp.variants if any(v in per for per in by_metric.values())]
+    lines = [
+        f"Speed (geometric means of the paired repeats; change vs `{esc(cmp.baseline)}`):",
+        "",
+        "| metric | "
+        + " | ".join([f"`{esc(cmp.baseline)}`"] + [f"`{esc(v)}`" for v in arms])
+        + " |",
+        "|" + "---|" * (len(arms) + 2),
+    ]
+    for per in by_metric.values():
+        first = next(iter(per.values()))
+        cells = [esc(first.short_label()), _with_unit(first, "baseline")]
+        cells += [_cell(per[v]) if v in per else "" for v in arms]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def render_comment(
@@ -116,93 +200,116 @@ def render_comment(
     title: str | None = None,
     limit: int = GITHUB_COMMENT_LIMIT,
 ) -> str:
-    """The comment's Markdown, at most ``limit`` characters: answer lines cut at
-    :data:`ANSWER_LINE_MAX` and at most half the limit; then table rows, then answer lines are
-    left out from the end with a note; at last the text is cut. ``title`` defaults to
-    "patchbench: <run id>". This machine's paths are made portable
+    """The comment's Markdown (the module's order), at most ``limit`` characters: answer lines
+    cut at :data:`ANSWER_LINE_MAX`; past the limit the table's rows, then the answer's blocks
+    are left out from the end with a note; at last the text is cut. ``title`` defaults to
+    "patchbench: <variants> vs <baseline>". This machine's paths are made portable
     (:func:`patchbench.report.text.local_paths`). Raises ValueError for a ``limit`` under
     1,000."""
     if limit < 1000:
         raise ValueError(f"limit {limit} is too small for a comment (at least 1000)")
     links = links or Links()
     head = _head_lines(cmp, key, title)
-    answer = [_cut(f"- {sentence(cmp, v)}", ANSWER_LINE_MAX) for v in cmp.variants]
-    rows = [_table_row(r) for r in cmp.rows_for(primary=True)]
-    table_head = [
-        "",
-        "| variant | metric | baseline | variant | change | interval | verdict |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    tail = _tail_lines(cmp, links, bool(rows))
+    blocks = _answer_blocks(cmp)
+    table = table_lines(cmp)
+    rows, table_head = table[4:], table[:4]
+    more = ": see the full report" if links.report_url else ""
+    tail = _link_lines(links)
 
-    def text(n_answer: int, n_rows: int) -> str:
-        ans = answer[:n_answer]
-        if n_answer < len(answer):
-            ans.append(f"- … {len(answer) - n_answer} more variant(s): see the full report")
+    def text(n_blocks: int, n_rows: int) -> str:
+        ans = [line for b in blocks[:n_blocks] for line in b]
+        if n_blocks < len(blocks):
+            ans += [f"… {len(blocks) - n_blocks} more part(s) of the answer left out{more}", ""]
+        notes = [caveats_line(cmp), identity_line(cmp), ""] + _warning_lines(cmp)
         tab: list[str] = []
-        if rows:
+        if rows and n_rows == 0:
+            tab = [f"… the speed table ({len(rows)} rows) left out{more}", ""]
+        elif rows:
             tab = table_head + rows[:n_rows]
             if n_rows < len(rows):
-                tab.append(
-                    f"| … | {len(rows) - n_rows} more row(s): see the full report | | | | | |"
-                )
-        return local_paths("\n".join(head + ans + tab + tail) + "\n")
+                tab.append(f"| … {len(rows) - n_rows} more row(s) left out{more} |")
+            tab.append("")
+        return local_paths("\n".join(head + ans + notes + tab + tail).rstrip("\n") + "\n")
 
-    n_answer, n_rows = len(answer), len(rows)
-    # the answer takes at most half the comment, the table the rest
-    while n_answer > 0 and sum(len(a) + 1 for a in answer[:n_answer]) > limit // 2:
-        n_answer -= 1
-    body = text(n_answer, n_rows)
+    n_blocks, n_rows = len(blocks), len(rows)
+    body = text(n_blocks, n_rows)
     while len(body) > limit and n_rows > 0:
         # leave out as many rows as the excess needs at once (each row is one line)
         excess = len(body) - limit
         while n_rows > 0 and excess > 0:
             n_rows -= 1
             excess -= len(rows[n_rows]) + 1
-        body = text(n_answer, n_rows)
-    while len(body) > limit and n_answer > 0:
-        n_answer -= 1
-        body = text(n_answer, n_rows)
+        body = text(n_blocks, n_rows)
+    while len(body) > limit and n_blocks > 0:
+        n_blocks -= 1
+        body = text(n_blocks, n_rows)
     if len(body) > limit:
-        note = "\n\n… (cut to fit GitHub's comment limit: see the full report)\n"
+        note = "\n\n… (cut to fit GitHub's comment limit)\n"
         body = body[: limit - len(note)] + note
     return body
 
 
 def _head_lines(cmp: Comparison, key: str, title: str | None) -> list[str]:
-    """The marker, the heading, what was compared, failed cells and a failed A/A check."""
-    tag = f" ({len(cmp.aa_variants)} A/A)" if cmp.aa_variants else ""
-    head = [
-        marker(key),
-        f"### {title or 'patchbench: ' + cmp.run_id}",
-        "",
-        f"{len(cmp.variants)} variant(s){tag} against `{cmp.baseline}`, {cmp.repeats} "
-        "interleaved repeat(s); intervals at the Holm-adjusted level each verdict used.",
-        "",
-    ]
+    """The marker, the heading (what was compared), each git build's commit and subject, and a
+    partial run's state."""
+    compared = f"{', '.join(cmp.variants) or 'no variant'} vs {cmp.baseline}"
+    head = [marker(key), f"### {title or 'patchbench: ' + compared}", ""]
     names = build_names(cmp)
     if names:
         head += [_cut(f"- {esc(n)}", ANSWER_LINE_MAX) for n in names] + [""]
-    bad = [c for c in cmp.cells if c.get("status") != "ok"]
-    if bad:
-        head += [f"**{len(bad)} of {len(cmp.cells)} timed cells did not end ok.**", ""]
-    if not cmp.health.ok:
-        head += ["**A/A check failed**: " + esc(" ".join(cmp.health.notes)), ""]
+    partial = partial_lines(cmp)
+    if partial:
+        head += [f"**{partial[0]}**"] + [f"`{x.split(': ', 1)[1]}`" for x in partial[1:]] + [""]
     return head
 
 
-def _tail_lines(cmp: Comparison, links: Links, has_rows: bool) -> list[str]:
-    """The PR figure (or where it is) and the link to the full report."""
-    tail = [""]
+def _answer_blocks(cmp: Comparison) -> list[list[str]]:
+    """The answer (:func:`patchbench.report.text.answer`) as blocks: a lead sentence and
+    bullets. With several variants the clauses every one of them has, word for word, come once
+    in a first block ("Both variants vs baseline"); then each variant's own. The output-identity
+    clauses are the identity line's."""
+    per = {}
+    for v in cmp.variants:
+        a = answer(cmp, v)
+        per[a.head.strip()] = a.clauses[len(a.identity) :]
+    common: list[str] = []
+    if len(per) > 1:
+        lists = list(per.values())
+        common = [c for c in lists[0] if all(c in other for other in lists[1:])]
+    blocks = []
+    if common:
+        who = "Both variants" if len(per) == 2 else f"All {len(per)} variants"
+        blocks.append(_block(f"{who} vs {cmp.baseline}:", common))
+    for lead, clauses in per.items():
+        own = [c for c in clauses if c not in common]
+        if own or not common:
+            blocks.append(_block(lead, own or ["no primary metric"]))
+    return blocks
+
+
+def _block(lead: str, clauses: list[str]) -> list[str]:
+    return [f"**{esc(lead)}**"] + [_cut(f"- {c}", ANSWER_LINE_MAX) for c in clauses] + [""]
+
+
+def _warning_lines(cmp: Comparison) -> list[str]:
+    """Failed cells and a failed A/A check, one bold line each ([] when neither)."""
+    out = []
+    bad = [c for c in cmp.cells if c.get("status") != "ok"]
+    if bad:
+        out += [f"**{len(bad)} of {len(cmp.cells)} timed cells did not end ok.**", ""]
+    if not cmp.health.ok:
+        out += ["**A/A check failed**: " + esc(" ".join(cmp.health.notes)), ""]
+    return out
+
+
+def _link_lines(links: Links) -> list[str]:
+    """The PR figure as an image and the full report as a link, each only with its URL."""
+    out = []
     if links.figure_url:
-        tail += [f"![PR figure]({links.figure_url})", ""]
-    elif has_rows:
-        tail += [f"The PR figure is in {links.figure_where}.", ""]
+        out += [f"![PR figure]({links.figure_url})", ""]
     if links.report_url:
-        tail.append(f"[Full report]({links.report_url}) · `{cmp.run_id}`")
-    else:
-        tail.append(f"Full report: `report.md` in the run folder `{cmp.run_id}`.")
-    return tail
+        out += [f"[Full report]({links.report_url})", ""]
+    return out
 
 
 def _cut(line: str, n: int) -> str:
@@ -378,9 +485,21 @@ def add_arguments(p) -> None:
         help="where the run folder is published (a browser can fetch URL/plots/pr_figure.png "
         "and URL/report.md): embeds the PR figure and links the report",
     )
-    p.add_argument("--report-url", metavar="URL", help="link to the full report")
-    p.add_argument("--figure-url", metavar="URL", help="the PR figure's image URL")
-    p.add_argument("--title", help="the comment's heading (default: patchbench: <run id>)")
+    p.add_argument(
+        "--report-url",
+        metavar="URL",
+        help="link the full report at URL (without it, or --publish-url, the comment names no "
+        "report)",
+    )
+    p.add_argument(
+        "--figure-url",
+        metavar="URL",
+        help="embed the PR figure from URL as an image (without it, or --publish-url, no figure)",
+    )
+    p.add_argument(
+        "--title",
+        help="the comment's heading (default: patchbench: <variants> vs <baseline>)",
+    )
     p.add_argument(
         "--key",
         default=DEFAULT_KEY,

@@ -283,16 +283,21 @@ def _row_clause(r: Row, decide: str | None = None) -> str:
     return f"{change} {ci} {verdict_text(r)}" + (f" ({decide})" if decide else "")
 
 
-def identity_clauses(cmp: Comparison, variant: str) -> list[str]:
-    """ "outputs identical 48/48": the output-identity count each suite's pair holds for
-    ``variant`` (``pairs[suite][variant]["identity"]`` with ints ``n`` and ``identical``, the
-    serving suite's); [] without one."""
+def identity_counts(cmp: Comparison, variant: str) -> list[tuple[int, int]]:
+    """(identical, n) of each output-identity count a suite's pair holds for ``variant``
+    (``pairs[suite][variant]["identity"]`` with ints ``n`` and ``identical``, the serving
+    suite's); [] without one."""
     out = []
     for per in cmp.pairs.values():
         ident = (per.get(variant) or {}).get("identity")
         if isinstance(ident, dict) and ident.get("n"):
-            out.append(f"outputs identical {ident.get('identical', 0)}/{ident['n']}")
+            out.append((int(ident.get("identical", 0)), int(ident["n"])))
     return out
+
+
+def identity_clauses(cmp: Comparison, variant: str) -> list[str]:
+    """ "outputs identical 48/48": each of :func:`identity_counts`; [] without one."""
+    return [f"outputs identical {same}/{n}" for same, n in identity_counts(cmp, variant)]
 
 
 def run_minutes(cmp: Comparison, repeats: int) -> float | None:
@@ -358,13 +363,26 @@ def to_decide(cmp: Comparison, rows: list[Row]) -> str | None:
     return "to decide: " + " or ".join(parts) if parts else None
 
 
-def sentence_parts(cmp: Comparison, variant: str) -> tuple[str, list[str]]:
-    """(``"<variant> vs <baseline>: "``, the clauses of its answer in order): correctness first
-    (output identity, accuracy), then the decided primaries, then what is undecided: run-level
-    primaries with fewer paired repeats than a verdict needs as one "not decidable here" clause
-    with the run's noise, the others each with their interval, then what would decide them
-    (:func:`to_decide`) and each pairing refusal."""
-    first, decided, undecided, speed, open_ = identity_clauses(cmp, variant), [], [], [], []
+@dataclass
+class Answer:
+    """One variant's answer: ``head`` ``"<variant> vs <baseline>: "``, its ``clauses`` in order
+    (the first ``identity`` of them its output-identity clauses) and ``unstated``: the primaries
+    no clause gives figures for (summed up in the "speed: not decidable here" clause)."""
+
+    head: str
+    clauses: list[str]
+    identity: list[str]
+    unstated: list[Row]
+
+
+def answer(cmp: Comparison, variant: str) -> Answer:
+    """The answer for ``variant``: correctness first (output identity, accuracy), then the
+    decided primaries, then what is undecided: run-level primaries with fewer paired repeats
+    than a verdict needs as one "not decidable here" clause with the run's noise, the others
+    each with their interval, then what would decide them (:func:`to_decide`) and each pairing
+    refusal."""
+    ident = identity_clauses(cmp, variant)
+    first, decided, undecided, speed, open_ = list(ident), [], [], [], []
     min_n = cmp.settings.min_repeats
     for r in cmp.rows_for(variant, primary=True):
         run = r.kind == "run" and not is_bound(r) and r.verdict == "inconclusive"
@@ -390,7 +408,13 @@ def sentence_parts(cmp: Comparison, variant: str) -> tuple[str, list[str]]:
         if variant in per:
             undecided.append(f"{suite} not paired: {per[variant]}")
     tag = " (A/A)" if variant in cmp.aa_variants else ""
-    return f"{variant}{tag} vs {cmp.baseline}: ", first + decided + undecided
+    return Answer(f"{variant}{tag} vs {cmp.baseline}: ", first + decided + undecided, ident, speed)
+
+
+def sentence_parts(cmp: Comparison, variant: str) -> tuple[str, list[str]]:
+    """(``"<variant> vs <baseline>: "``, the clauses of its answer in order): :func:`answer`."""
+    a = answer(cmp, variant)
+    return a.head, a.clauses
 
 
 def sentence(cmp: Comparison, variant: str) -> str:

@@ -16,13 +16,14 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from patchbench import cli
-from patchbench.analysis.comparison import read_comparison
+from patchbench.analysis.comparison import BuildInfo, read_comparison
 from patchbench.errors import UsageError
 from patchbench.report.comment import (
     GITHUB_COMMENT_LIMIT,
     GitHubError,
     GitHubRefused,
     Links,
+    hardware_text,
     marker,
     post_comment,
     render_comment,
@@ -122,51 +123,129 @@ def gh():
     fake.server.server_close()
 
 
-def test_golden_comment_holds_the_answer_the_primaries_and_the_links():
+def _lines(body: str) -> list[str]:
+    return [ln for ln in body.splitlines() if ln]
+
+
+def test_golden_comment_reads_in_order_and_says_each_thing_once():
+    """The golden demo run (CPU, tiny random model, 2 repeats, two variants): heading, the
+    report's answer as bullets (what both variants share once), one caveats line, output
+    identity, the speed figures the answer does not give, and no link without a URL."""
     cmp = read_comparison(GOLDEN)
     body = render_comment(cmp)
+    lines = _lines(body)
+    assert lines[:3] == [
+        marker(),
+        "### patchbench: pr9460-upstream, mrope-sync-free vs baseline",
+        "**Both variants vs baseline:**",
+    ]
+    # the report's answer, every clause but output identity, each once: the shared block, then
+    # each variant's own (507 syncs -> 90 for the upstream change, -> 0 for ours)
+    blocks = body.split("\n\n")
+    both = blocks[1].splitlines()
+    assert both[1:] == [
+        "- Overall accuracy +0.0 pt [-11.1, +11.1] inconclusive (more than 1260 questions to "
+        "decide)",
+        "- median host syncs inside the mrope computation per decode step 4 -> 0 improved (one "
+        "measurement per arm)",
+    ]
     report = (GOLDEN / "report.md").read_text()
     answer = report.split("## Answer\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
-    assert body.startswith(marker() + "\n### patchbench: 20261201T212402Z-demo-cpu\n")
-    assert all(line in body.splitlines() for line in answer) and len(answer) == 2
-    rows = [ln for ln in body.splitlines() if ln.startswith("| pr9460") or ln.startswith("| mrope")]
-    assert len(rows) == len(cmp.rows_for(primary=True)) == 14
-    # the comment shows what the report's table shows (geometric means of the paired repeats:
-    # 258.4 / 236.9 = 1.0908, the +9.1% change)
-    shown = "| pr9460-upstream | Output token throughput (tok/s) | 236.9 | 258.4 | +9.1% |"
-    assert shown in body and any(ln.startswith(shown) for ln in report.splitlines())
-    assert "The PR figure is in the run folder." in body and "![" not in body
-    print(f"\ngolden demo-cpu comment: {len(body)} characters")
-    assert len(body) < 4000
-    # published: the figure is an image, the report a link
-    links = resolve_links("https://ci.example/runs/x/", environ={})
+    for block, line in zip(blocks[2:4], answer, strict=True):
+        head, *own = block.splitlines()
+        variant = line[2:].split(" vs ")[0]
+        assert head == f"**{variant} vs baseline:**"
+        clauses = ["outputs identical 48/48"] + [b[2:] for b in both[1:] + own]
+        # the report's line holds each clause, and nothing else: "- V vs baseline: " + clauses
+        # joined by "; "
+        assert all(c in line for c in clauses)
+        assert len(line) == len(f"- {variant} vs baseline: ") + len("; ".join(clauses))
+    assert "- host syncs per call 507 -> 90 improved (exact)" in blocks[2].splitlines()
+    assert "- host syncs per call 507 -> 0 improved (exact)" in blocks[3].splitlines()
+    assert blocks[4].splitlines() == [
+        "Ran on CPU (no GPU) · model `tiny-qwen25vl-tf4` (tiny random weights) · 2 paired "
+        "repeats · sglang 0.5.1.post3",
+        "Outputs identical to `baseline`: `pr9460-upstream` 48/48, `mrope-sync-free` 48/48.",
+    ]
+    # the speed rows: the baseline's value once; 258.4 / 236.9 = 1.0908 (+9.1%), 225.7 / 236.9
+    # = 0.9527 (-4.7%); ITL 16.45 / 18.04 = 0.9119 (-8.8%), 21.27 / 18.04 = 1.1790 (+17.9%)
+    table = blocks[6].splitlines()
+    assert table[0] == "| metric | `baseline` | `pr9460-upstream` | `mrope-sync-free` |"
+    assert table[2] == (
+        "| Output token throughput | 236.9 tok/s | 258.4 tok/s (+9.1%) | 225.7 tok/s (-4.7%) |"
+    )
+    assert table[5] == "| Median ITL | 18.04 ms | 16.45 ms (-8.8%) | 21.27 ms (+17.9%) |"
+    assert len(table) == 2 + 4 and len(blocks) == 7
+    # no link, image or file a reviewer cannot open
+    assert "](" not in body and "run folder" not in body and "report.md" not in body
+    assert len(set(lines)) == len(lines)
+    assert len(body) < 3000
+
+
+def test_links_only_where_a_url_is_given():
+    cmp = read_comparison(GOLDEN)
+    links = resolve_links(report_url="https://ci.example/r", figure_url="https://ci.example/f.png")
     body = render_comment(cmp, links, key="pr-h200", title="A/B of #7")
     assert body.startswith("<!-- patchbench-comment key=pr-h200 -->\n### A/B of #7\n")
-    assert "![PR figure](https://ci.example/runs/x/plots/pr_figure.png)" in body
-    assert "[Full report](https://ci.example/runs/x/report.md)" in body
-    # in GitHub Actions without a published folder: the workflow run's page (its artifact)
-    env = {"GITHUB_RUN_ID": "42", "GITHUB_REPOSITORY": "o/r"}
-    assert resolve_links(environ=env) == Links(
-        "https://github.com/o/r/actions/runs/42", None, "the workflow run's artifact"
+    assert body.count("![") == 1 and body.count("](") == 2
+    assert body.endswith(
+        "\n![PR figure](https://ci.example/f.png)\n\n[Full report](https://ci.example/r)\n"
     )
+    lines = _lines(body)
+    assert len(set(lines)) == len(lines)
+    # a published run folder gives both; one URL gives only its own
+    pub = resolve_links("https://ci.example/runs/x/")
+    assert pub == Links(
+        "https://ci.example/runs/x/report.md", "https://ci.example/runs/x/plots/pr_figure.png"
+    )
+    body = render_comment(cmp, Links(report_url="https://ci.example/r"))
+    assert body.count("](") == 1 and "![" not in body
+
+
+def test_caveats_name_the_gpu_the_builds_and_each_arms_sglang():
+    """A run on GPUs whose arms were built from git: the heading names each build by commit and
+    subject, the caveats line the GPUs and each arm's sglang, a hub model by its id."""
+    cmp = read_comparison(GOLDEN)
+    run = cmp.run.model_copy(deep=True)
+    run.gpu, run.tiny, run.model = "NVIDIA H200 x2", False, "Qwen/Qwen2.5-VL-7B-Instruct"
+    run.variants["baseline"].built = BuildInfo(kind="git", version="0.5.1", commit="a" * 40)
+    run.variants["pr9460-upstream"].built = BuildInfo(
+        kind="git", version="0.5.2", commit="8af4974fdfbe" + "0" * 28, subject="mrope: no sync"
+    )
+    body = render_comment(cmp.model_copy(update={"run": run}))
+    lines = _lines(body)
+    assert lines[1:4] == [
+        "### patchbench: pr9460-upstream, mrope-sync-free vs baseline",
+        "- baseline = aaaaaaaaaaaa",
+        '- pr9460-upstream = 8af4974fdfbe "mrope: no sync"',
+    ]
+    assert (
+        "Ran on 2 GPUs: NVIDIA H200 · model `Qwen/Qwen2.5-VL-7B-Instruct` · 2 paired repeats · "
+        "sglang 0.5.1 (`baseline`), 0.5.2 (`pr9460-upstream`), 0.5.1.post3 (`mrope-sync-free`)"
+    ) in lines
+    assert hardware_text("NVIDIA H100") == "1 GPU: NVIDIA H100"
+    assert hardware_text("A, B") == "2 GPUs: A, B"
 
 
 def test_a_comment_too_long_leaves_rows_then_answers_out_with_a_note():
     cmp = read_comparison(GOLDEN)
     full = render_comment(cmp)
-    body = render_comment(cmp, limit=2000)
-    assert len(body) <= 2000 and body.startswith(marker())
-    n = len(re.findall(r"^\| (pr9460|mrope)", body, re.M))
-    assert 0 < n < 14 and f"| … | {14 - n} more row(s): see the full report |" in body
+    # 1,750 characters: the table's last rows go first (ITL's, 65 characters with its newline,
+    # then TTFT's: the note takes a line), the answer stays whole
+    body = render_comment(cmp, limit=1700)
+    assert len(body) <= 1700 < len(full) and body.startswith(marker())
+    n = len(re.findall(r"^\| Median", body, re.M))
+    assert n == 1 and "| … 2 more row(s) left out |" in body
+    assert "**mrope-sync-free vs baseline:**" in body
     body = render_comment(cmp, limit=1000)
-    assert len(body) <= 1000 and "more variant(s): see the full report" in body
-    assert len(full) <= GITHUB_COMMENT_LIMIT
-    # GitHub's limit itself: a run with many primaries is cut to fit
+    assert len(body) <= 1000 and "… 1 more part(s) of the answer left out" in body
+    assert "… the speed table (4 rows) left out" in body and "| metric |" not in body
+    # with a report to see: the note points to it
+    body = render_comment(cmp, Links(report_url="https://r"), limit=1000)
+    assert "left out: see the full report" in body
+    # GitHub's limit itself: a run with many primaries still fits
     many = cmp.model_copy(update={"rows": cmp.rows_for(primary=True) * 400})
-    body = render_comment(many)
-    assert GITHUB_COMMENT_LIMIT - 200 < len(body) <= GITHUB_COMMENT_LIMIT
-    assert "more row(s): see the full report" in body
-    assert sum(len(ln) for ln in body.splitlines() if ln.startswith("- ")) == 2 * 2000
+    assert len(render_comment(many)) <= GITHUB_COMMENT_LIMIT
 
 
 def test_post_creates_then_updates_one_sticky_comment_across_pages(gh, tmp_path):
@@ -272,8 +351,7 @@ def test_action_comment_step_posts_and_the_example_runs_only_on_demand(gh, tmp_p
     body = gh.comments[0]["body"]
     assert body.startswith("<!-- patchbench-comment key=pr-h200 -->\n")
     assert "### patchbench A/B (pr-h200): origin/main...HEAD" in body
-    assert "[Full report](https://github.com/o/r/actions/runs/42)" in body
-    assert "The PR figure is in the workflow run's artifact." in body
+    assert "[Full report](https://github.com/o/r/actions/runs/42)" in body and "![" not in body
     env["PUBLISH_URL"] = "https://ci.example/runs/{run}"
     r = subprocess.run(["bash", "-e", "-c", script], env=env, capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.startswith("updated the comment on o/r#7"), r.stderr
