@@ -1,8 +1,10 @@
 """Plots of a comparison, from the typed comparison alone: PNGs legible at a PR's width (900
 px), matplotlib Agg. The PR figure (:func:`plot_pr_figure`): each primary's change and interval
-at the level its verdict used, coloured by verdict, run metrics on a log-ratio axis ticked in %,
-accuracy in points, counts on their own scale, the margin band and the better direction
-labelled; then each suite's ``plots`` hook. :func:`make_plots` saves them under ``RUN/plots/``.
+at the level its verdict used, coloured by verdict (hollow grey without an interval), its
+baseline -> variant values beside it, run metrics on a log-ratio axis ticked in %, accuracy in
+points, counts on their own scale, the margin band (behind points with an interval only) and the
+better direction labelled, the run's subtitle (:mod:`patchbench.report.figtext`); then each
+suite's ``plots`` hook. :func:`make_plots` saves them under ``RUN/plots/``.
 """
 
 from __future__ import annotations
