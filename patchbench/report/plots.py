@@ -1,8 +1,10 @@
 """Plots of a comparison, from the typed comparison alone: PNGs legible at a PR's width (900
 px), matplotlib Agg. The PR figure (:func:`plot_pr_figure`): each primary's change and interval
-at the level its verdict used, coloured by verdict, run metrics on a log-ratio axis ticked in %,
-accuracy in points, counts on their own scale, the margin band and the better direction
-labelled; then each suite's ``plots`` hook. :func:`make_plots` saves them under ``RUN/plots/``.
+at the level its verdict used, coloured by verdict (hollow grey without an interval), its
+baseline -> variant values beside it, run metrics on a log-ratio axis ticked in %, accuracy in
+points, counts on their own scale, the margin band (behind points with an interval only) and the
+better direction labelled, the run's subtitle (:mod:`patchbench.report.figtext`); then each
+suite's ``plots`` hook. :func:`make_plots` saves them under ``RUN/plots/``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator
 
 from patchbench import records
 from patchbench.analysis.comparison import Comparison, Row
+from patchbench.report import figtext
 
 WIDTH_IN, DPI = 9.0, 100  # 900 px wide
 COLOURS = {
@@ -130,21 +133,45 @@ def _change_axis(ax, which: str, lo: float, hi: float, unit: str, most: int = 6)
     return f"change ({unit or 'difference'})"
 
 
+#: half the height of a row's equivalence band (rows are 1 apart)
+BAND_HALF = 0.4
+NO_INTERVAL_COLOUR = "tab:gray"
+
+
+def _point_style(r: Row) -> dict:
+    """A change dot's colour and face: its verdict's colour, filled, with an interval; hollow
+    grey without one (nothing was decided around it)."""
+    if figtext.has_interval(r):
+        c = COLOURS.get(r.verdict, "tab:gray")
+        return {"color": c, "markerfacecolor": c}
+    return {"color": NO_INTERVAL_COLOUR, "markerfacecolor": "white"}
+
+
 def _draw_changes(ax, rows: list[tuple[int, Row]], r0: Row) -> None:
-    """Interval bars and change dots (hollow without an interval) per variant, the margin band."""
+    """Interval bars and change dots per variant (hollow grey without an interval), each
+    variant's absolute values beside its change, the margin band behind the points with an
+    interval only (:func:`patchbench.report.figtext.band_points`)."""
     xs = [0.0]
     for y, r in rows:
         c = COLOURS.get(r.verdict, "tab:gray")
-        if r.low is not None and r.high is not None:
+        if figtext.has_interval(r):
             ax.plot([r.low, r.high], [y, y], color=c, lw=3, solid_capstyle="butt")
             xs += [r.low, r.high]
         if r.change is not None:
-            face = "white" if r.low is None or r.high is None else c  # hollow: no interval
-            ax.plot([r.change], [y], _change_marker(r), color=c, ms=7, markerfacecolor=face)
+            ax.plot([r.change], [y], _change_marker(r), ms=7, **_point_style(r))
             xs.append(r.change)
+        shown = figtext.values_text(r)
+        if shown:
+            at = {"transform": ax.get_yaxis_transform(), "ha": "center", "va": "bottom"}
+            box = {"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1}
+            ax.text(0.5, y - 0.12, shown, **at, fontsize=7, color="0.25", bbox=box)
     span = _margin_span(r0)
-    if span is not None:
-        ax.axvspan(*span, color=MARGIN_COLOUR, alpha=0.1, lw=0)
+    banded = figtext.band_points(rows)
+    if span is not None and banded:
+        for y in banded:
+            ax.fill_betweenx(
+                [y - BAND_HALF, y + BAND_HALF], *span, color=MARGIN_COLOUR, alpha=0.1, lw=0
+            )
         at = {"transform": ax.get_xaxis_transform(), "ha": "center", "va": "bottom"}
         ax.text(0, 1.0, _margin_text(r0), **at, fontsize=7, color=MARGIN_COLOUR)
         xs += list(span)
@@ -176,18 +203,23 @@ def _draw_counts(ax, rows: list[tuple[int, Row]], r0: Row) -> None:
     ax.set_xlabel(_better_label(r0, f"{r0.unit or 'value'} (its own scale)"), fontsize=8)
 
 
-def _legend_handles(rows: list[Row]) -> list:
-    """The verdicts shown, "no interval" and the margin band where drawn."""
+def _legend_handles(rows: list[Row], min_repeats: int = 3) -> list:
+    """The verdicts shown, one hollow grey entry per reason a point has no interval ("no
+    interval: n < 3") and the margin band where one is drawn."""
+    drawn = [r for r in rows if r.kind != "deterministic" and r.change is not None]
     handles = [
         plt.Line2D([], [], color=c, lw=3, label=v)
         for v, c in COLOURS.items()
-        if any(r.verdict == v for r in rows)
+        if any(
+            r.verdict == v and (r.kind == "deterministic" or figtext.has_interval(r)) for r in rows
+        )
     ]
-    drawn = [r for r in rows if r.kind != "deterministic" and r.change is not None]
-    if any(r.low is None or r.high is None for r in drawn):
-        hollow = {"marker": "o", "ls": "", "markerfacecolor": "white"}
-        handles.append(plt.Line2D([], [], color="tab:gray", **hollow, label="no interval"))
-    if any(_margin_span(r) is not None for r in drawn):
+    hollow = {"marker": "o", "ls": "", "markerfacecolor": "white", "color": NO_INTERVAL_COLOUR}
+    labels = [
+        figtext.no_interval_label(r, min_repeats) for r in drawn if not figtext.has_interval(r)
+    ]
+    handles += [plt.Line2D([], [], **hollow, label=t) for t in dict.fromkeys(labels)]
+    if any(_margin_span(r) is not None for r in drawn if figtext.band_points([(0, r)])):
         handles.append(
             plt.Rectangle((0, 0), 1, 1, color=MARGIN_COLOUR, alpha=0.1, label="equivalence margin")
         )
@@ -203,6 +235,7 @@ def _curve_panel(ax, cmp: Comparison, suite: str, base: str, points: list[str]) 
     nv = max(1, len(cmp.variants))
     r0: Row | None = None
     ys = [0.0]
+    placed: list[tuple[float, Row]] = []
     for j, v in enumerate(cmp.variants):
         for i, k in enumerate(points):
             r = cmp.row(suite, f"{base}{POINT_SEP}{k}", v)
@@ -210,12 +243,13 @@ def _curve_panel(ax, cmp: Comparison, suite: str, base: str, points: list[str]) 
                 continue
             r0 = r0 or r
             x = i + (j - (nv - 1) / 2) * 0.6 / nv
+            placed.append((x, r))
             c = COLOURS.get(r.verdict, "tab:gray")
-            if r.low is not None and r.high is not None:
+            if figtext.has_interval(r):
                 ax.plot([x, x], [r.low, r.high], color=c, lw=3, solid_capstyle="butt")
                 ys += [r.low, r.high]
             if r.change is not None:
-                ax.plot([x], [r.change], "osD^v"[j % 5], color=c, ms=4)
+                ax.plot([x], [r.change], "osD^v"[j % 5], ms=4, **_point_style(r))
                 ys.append(r.change)
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xticks(range(len(points)), points)
@@ -224,8 +258,11 @@ def _curve_panel(ax, cmp: Comparison, suite: str, base: str, points: list[str]) 
         ax.set_title(textwrap.fill(f"{base} per load", TITLE_WIDTH), fontsize=9)
         return
     span = _margin_span(r0)
-    if span is not None:
-        ax.axhspan(*span, color=MARGIN_COLOUR, alpha=0.08, lw=0)
+    banded = figtext.band_points(placed)
+    if span is not None and banded:
+        half = 0.3 / nv
+        for x in banded:
+            ax.fill_between([x - half, x + half], *span, color=MARGIN_COLOUR, alpha=0.08, lw=0)
         at = {"transform": ax.get_yaxis_transform(), "ha": "left", "va": "center"}
         ax.text(1.0, span[1], f" {_margin_text(r0)}", **at, fontsize=7, color=MARGIN_COLOUR)
         ys += list(span)
@@ -293,20 +330,21 @@ def plot_pr_figure(cmp: Comparison) -> Figure | None:
         ax.grid(axis="x", alpha=0.3)
     for ax in flat[len(panels) :]:
         ax.axis("off")
+    primaries = cmp.rows_for(primary=True)
+    handles = _legend_handles(primaries, cmp.settings.min_repeats)
     if curves:
-        handles = [plt.Line2D([], [], color=c, lw=3, label=v) for v, c in COLOURS.items()]
         handles += [
             plt.Line2D([], [], ls="", marker="osD^v"[j % 5], color="black", label=v)
             for j, v in enumerate(cmp.variants)
         ]
-        title = "change and interval at the level its verdict used; a load sweep's per point"
-    else:
-        handles = _legend_handles(cmp.rows_for(primary=True))
-        title = "change (dot) and interval at the level its verdict used (bar)"
-    ncol = min(len(handles), 6) if curves else 6
+    judged = [r for r in primaries if r.kind != "deterministic" and r.change is not None]
+    words = figtext.change_title(sum(map(figtext.has_interval, judged)), len(judged))
+    ncol = min(len(handles), 6)
     fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
-    fig.suptitle(f"Primary metrics vs {cmp.baseline}: {title}", fontsize=10)
-    fig.tight_layout(rect=(0, 0.07, 1, 0.95) if curves else (0, 0.05, 1, 0.96))
+    fig.suptitle(
+        figtext.figure_title(f"Primary metrics vs {cmp.baseline}: {words}", cmp), fontsize=10
+    )
+    fig.tight_layout(rect=(0, 0.07, 1, 0.93) if curves else (0, 0.05, 1, 0.94))
     return fig
 
 

@@ -40,10 +40,13 @@ def save_png(fig: Any, path: Path, dpi: int = DPI) -> Path:
 
 
 def save_titled(fig: Any, path: Path, comparison: Any, title: str, **layout: Any) -> Path:
-    """:func:`save_png` of ``fig`` titled "<title>   [<run id of the comparison>]" and laid out
-    tightly (``layout``: ``tight_layout``'s keywords); ``comparison``: typed or its JSON form."""
-    run_id = comparison.get("run_id") if isinstance(comparison, dict) else comparison.run_id
-    fig.suptitle(f"{title}   [{run_id or ''}]", fontsize=10)
+    """:func:`save_png` of ``fig`` titled "<title>   [<run id>]" over the run's one-line subtitle
+    (model, hardware, sglang version, paired repeats: patchbench.report.figtext.figure_title) and
+    laid out tightly (``layout``: ``tight_layout``'s keywords); ``comparison``: typed or its JSON
+    form."""
+    from patchbench.report.figtext import figure_title
+
+    fig.suptitle(figure_title(title, comparison), fontsize=10)
     fig.tight_layout(**layout)
     return save_png(fig, path)
 

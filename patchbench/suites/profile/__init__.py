@@ -438,7 +438,10 @@ class ProfileSuite(Suite):
         return pair_cells(baseline_dirs, variant_dirs)
 
     def plots(self, comparison: Any, out_dir: Path) -> list[Path]:
+        from patchbench.report.figtext import figure_title
+
         from .timeline import plot_pairs
 
         base = comparison_get(comparison, "baseline", "baseline")
-        return plot_pairs(suite_pairs(comparison, "profile"), base, Path(out_dir))
+        sub = figure_title("Profiled decode steps", comparison)
+        return plot_pairs(suite_pairs(comparison, "profile"), base, Path(out_dir), sub)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from patchbench.report.figtext import timeline_title
+
 
 def _lane(ax, y, tl: dict, label: str) -> list[str]:
     labels = []
@@ -54,9 +56,16 @@ def legend_labels(base: dict, var: dict) -> list[str]:
 
 
 def plot_timeline(
-    base: dict, var: dict, base_name: str, var_name: str, out: Path, title: str = ""
+    base: dict,
+    var: dict,
+    base_name: str,
+    var_name: str,
+    out: Path,
+    title: str = "",
+    suptitle: str = "",
 ) -> Path:
-    """Write one PNG (1200 x 480 px) comparing two timeline excerpts; returns its path."""
+    """Write one PNG (1200 x 480 px) comparing two timeline excerpts, ``title`` over the axes and
+    ``suptitle`` (the run's subtitle) over the figure; returns its path."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -86,13 +95,18 @@ def plot_timeline(
         framealpha=0.9,
     )
     ax.grid(axis="x", alpha=0.3)
+    if suptitle:
+        fig.suptitle(suptitle, fontsize=9)
     fig.tight_layout()
     return save_png(fig, out, dpi=120)
 
 
-def plot_pairs(pairs: dict[str, dict], base_name: str, out_dir: Path) -> list[Path]:
+def plot_pairs(
+    pairs: dict[str, dict], base_name: str, out_dir: Path, subtitle: str = ""
+) -> list[Path]:
     """One ``profile_timeline_<variant>.png`` per variant whose pair holds timelines of both sides
-    (the highest concurrency both have)."""
+    (the highest concurrency both have), titled "profiled, untimed"
+    (patchbench.report.figtext.timeline_title) over ``subtitle``."""
     out = []
     for var, p in pairs.items():
         tls = (p or {}).get("timeline") or {}
@@ -109,8 +123,8 @@ def plot_pairs(pairs: dict[str, dict], base_name: str, out_dir: Path) -> list[Pa
                 base_name,
                 var,
                 Path(out_dir) / f"profile_timeline_{var}.png",
-                title=f"{len(b[c].get('steps', []))} consecutive decode steps, "
-                f"concurrency {c} (batch size {bs})",
+                title=timeline_title(len(b[c].get("steps", [])), c, bs),
+                suptitle=subtitle,
             )
         )
     return out

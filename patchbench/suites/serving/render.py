@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from patchbench.report import figtext
 from patchbench.suite import comparison_get, suite_pairs, suite_refusals
 from patchbench.suites import new_figure, save_titled
 
@@ -111,14 +112,47 @@ def report_section(comparison: Any) -> list[str]:
     return curve + lines
 
 
+#: the headline metric whose paired change an ECDF field's one repeat is set against
+ECDF_HEADLINE = {"ttft_ms": "ttft_median_ms", "itl_ms": "itl_median_ms"}
+
+
+def _headline_row(comparison: Any, field: str, variant: str) -> dict[str, Any] | None:
+    """The variant's row of the field's headline metric: the plain metric, else its lowest
+    load's (``itl_median_ms@c1``: the ECDF is of a sweep's lowest load)."""
+    metric = ECDF_HEADLINE[field]
+    by = {r["metric"]: r for r in _rows(comparison) if r["variant"] == variant}
+    keys = point_keys(comparison)
+    return by.get(metric) or (by.get(f"{metric}{POINT_SEP}{keys[0]}") if keys else None)
+
+
+def ecdf_opposite_notes(comparison: Any, field: str) -> list[str]:
+    """Per variant whose one repeat's median shift (variant - baseline, of the values its ECDF
+    draws) points opposite to the paired estimate of the headline metric's change: the note the
+    figure carries (patchbench.report.figtext.repeat_shift_note)."""
+    notes = []
+    for v, p in suite_pairs(comparison, SUITE).items():
+        e = p.get("ecdf") or {}
+        mb = figtext.median((e.get("baseline") or {}).get(field) or [])
+        mv = figtext.median((e.get("variant") or {}).get(field) or [])
+        row = _headline_row(comparison, field, v)
+        if mb is None or mv is None or row is None:
+            continue
+        if figtext.opposite(mv - mb, row.get("change")):
+            notes.append(figtext.repeat_shift_note(v, mv - mb, "ms", row["change"]))
+    return notes
+
+
 def plot_ecdf(comparison: Any, field: str, out: Path) -> Path | None:
-    """ECDF of per-request TTFT (``field="ttft_ms"``) or of all ITL values (``"itl_ms"``) of the first
-    paired repeat, the baseline then each variant; None without data."""
+    """ECDF of per-request TTFT (``field="ttft_ms"``) or of all ITL values (``"itl_ms"``) of one
+    paired repeat, the baseline then each variant, labelled "one repeat" and noting each variant
+    whose shift there is opposite to the paired estimate (:func:`ecdf_opposite_notes`); None
+    without data."""
     pairs = {v: p for v, p in suite_pairs(comparison, SUITE).items() if p.get("ecdf")}
     if not pairs:
         return None
     base = comparison_get(comparison, "baseline", "baseline")
-    curves = [(base, next(iter(pairs.values()))["ecdf"]["baseline"])]
+    first = next(iter(pairs.values()))["ecdf"]
+    curves = [(base, first["baseline"])]
     curves += [(v, p["ecdf"]["variant"]) for v, p in pairs.items()]
     curves = [(j, name, side) for j, (name, side) in enumerate(curves) if side.get(field)]
     if not curves:
@@ -132,10 +166,17 @@ def plot_ecdf(comparison: Any, field: str, out: Path) -> Path | None:
     ax.set_xlabel(f"{what} (ms)")
     ax.set_ylabel("fraction of tokens <= x" if itl else "fraction of requests <= x")
     per = " (all tokens)" if itl else " per request"
-    ax.set_title(f"ECDF of {what}{per}, first paired repeat", fontsize=9)
+    rep = first.get("repeat_index")
+    which = f"one repeat (paired repeat {rep})" if rep is not None else "one repeat"
+    ax.set_title(f"ECDF of {what}{per}, {which}: not the paired estimate", fontsize=9)
+    notes = ecdf_opposite_notes(comparison, field)
+    if notes:
+        at = {"transform": ax.transAxes, "ha": "right", "va": "bottom", "fontsize": 7}
+        box = {"facecolor": "white", "edgecolor": "tab:red", "alpha": 0.9}
+        ax.text(0.99, 0.03, "\n".join(notes), **at, color="tab:red", bbox=box)
     ax.grid(alpha=0.3)
-    ax.legend(title="variant", fontsize=8)
-    return save_titled(fig, out, comparison, f"{what} distribution per variant")
+    ax.legend(title="variant", fontsize=8, loc="center right")
+    return save_titled(fig, out, comparison, f"{what} distribution per variant, one repeat")
 
 
 def plots(comparison: Any, out_dir: Path) -> list[Path]:
@@ -405,8 +446,9 @@ def plot_change(comparison: Any, out: Path) -> Path | None:
     fig, axes = new_figure(3.8, ncols=2)
     width = 0.6 / max(1, len(variants))
     undelivered = False
+    shown: list[dict[str, Any]] = []
     for ax, m in zip(axes, CURVE_METRICS, strict=True):
-        margin = None
+        placed: list[tuple[float, dict[str, Any]]] = []
         for j, v in enumerate(variants):
             for i, k in enumerate(keys):
                 r = by.get((v, f"{m}{POINT_SEP}{k}"))
@@ -415,14 +457,20 @@ def plot_change(comparison: Any, out: Path) -> Path | None:
                     ax.plot([x], [0], "x", color="black")
                     undelivered = True
                     continue
+                placed.append((x, r))
                 c = _COLOURS.get(r["verdict"], "tab:gray")
-                margin = r.get("margin") if margin is None else margin
-                if r.get("low") is not None and r.get("high") is not None:
+                if figtext.has_interval(r):
                     ax.plot([x, x], [r["low"], r["high"]], color=c, lw=3, solid_capstyle="butt")
+                    face = c
+                else:  # hollow grey: nothing was decided around it
+                    c, face = "tab:gray", "white"
                 if r.get("change") is not None:
-                    ax.plot([x], [r["change"]], _MARKERS[j % 4], color=c, ms=5)
-        if margin is not None:
-            ax.axhspan(-margin, margin, color="tab:blue", alpha=0.08)
+                    ax.plot([x], [r["change"]], _MARKERS[j % 4], color=c, mfc=face, ms=5)
+                    shown.append(r)
+        for x in figtext.band_points(placed):  # the margin only behind a point with an interval
+            margin = dict(placed)[x]["margin"]
+            band = ([x - width / 2, x + width / 2], -margin, margin)
+            ax.fill_between(*band, color="tab:blue", alpha=0.08, lw=0)
         ax.axhline(0, color="black", lw=0.8)
         ax.set_xticks(range(len(keys)), [f"{_load(k):g}" for k in keys])
         ax.set_xlabel(_AXIS_WORD[keys[0][0]])
@@ -435,18 +483,24 @@ def plot_change(comparison: Any, out: Path) -> Path | None:
         Line2D([], [], ls="", marker=_MARKERS[j % 4], color="black", label=v)
         for j, v in enumerate(variants)
     ]
+    hollow = {"ls": "", "marker": "o", "color": "tab:gray", "mfc": "white"}
+    reasons = [figtext.no_interval_label(r) for r in shown if not figtext.has_interval(r)]
+    handles += [Line2D([], [], **hollow, label=t) for t in dict.fromkeys(reasons)]
     if undelivered:
         handles.append(Line2D([], [], ls="", marker="x", color="black", label="not delivered"))
     fig.legend(
         handles=handles, loc="lower center", ncol=min(len(handles), 8), fontsize=7, frameon=False
     )
-    title = "Paired change per load, Holm-adjusted intervals"
+    drawn = sum(figtext.has_interval(r) for r in shown)
+    words = figtext.change_title(drawn, len(shown))
+    title = f"{words[0].upper()}{words[1:]} per load"
     return save_titled(fig, out, comparison, title, rect=(0, 0.12, 1, 0.94))
 
 
 def plot_frontier(comparison: Any, out: Path) -> Path | None:
-    """``curve_frontier.png``: per variant, output tok/s per GPU against tok/s per user per load and
-    the Pareto frontier; None without a sweep or the frontier metrics."""
+    """``curve_frontier.png``: per variant, output tok/s per GPU (per server on a CPU run:
+    patchbench.report.figtext.per_device) against tok/s per user per load and the Pareto
+    frontier; None without a sweep or the frontier metrics."""
     keys = point_keys(comparison)
     rows = _rows(comparison)
     if not keys:
@@ -476,8 +530,9 @@ def plot_frontier(comparison: Any, out: Path) -> Path | None:
         ax.set_xscale("log")
     scale = ", log scale" if ax.get_xscale() == "log" else ""
     ax.set_xlabel(f"tokens/s per user (1000 / median TPOT{scale})")
-    ax.set_ylabel("output tokens/s per GPU")
+    per = figtext.per_device(comparison)
+    ax.set_ylabel(f"output tokens/s {per}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title("Throughput per GPU against speed per user (up and right is better)", fontsize=9)
+    ax.set_title(f"Throughput {per} against speed per user (up and right is better)", fontsize=9)
     return save_titled(fig, out, comparison, "Pareto frontier per variant")
