@@ -202,8 +202,12 @@ def _accuracy_test(cmp: Comparison, row: Row) -> verdicts.Test | None:
         c = acc.get("cells") or {}
         reps = (int(c["repeats_baseline"]), int(c["repeats_variant"])) if c else None
         cells = _pooled_cells(cmp, row.suite, row.metric)
-        test = verdicts.accuracy_test(acc["baseline"], acc["variant"], reps, cells)
+        alpha = 1.0 - cmp.settings.confidence
+        test = verdicts.accuracy_test(
+            acc["baseline"], acc["variant"], reps, cells, margin_pt=row.margin, alpha=alpha
+        )
         row.notes.extend(test.notes)
+        row.undecided = test.undecided
         return test
     if row.variant in cmp.refusals.get(row.suite, {}):
         row.notes.append(f"pairing refused: {cmp.refusals[row.suite][row.variant]}")

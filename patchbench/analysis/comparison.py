@@ -67,6 +67,16 @@ class Row(_Model):
     exact_by: str | None = None
     descriptive: dict[str, Any] | None = None
     notes: list[str] = Field(default_factory=list)
+    #: why the row may never decide (e.g. accuracy in one run per arm, with the rounds that
+    #: would: patchbench.analysis.verdicts.accuracy_rule); written only when set
+    undecided: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _undecided_when_set(self, handler):
+        out = handler(self)
+        if self.undecided is None:
+            out.pop("undecided", None)
+        return out
 
     def name(self) -> str:
         """The label (else the metric) without its trailing colon."""
@@ -94,6 +104,15 @@ class DesignSummary(_Model):
     planned: int | None = None
     partial: str | None = None
     resume: str | None = None
+    #: the deciding primaries (``suite.metric``) of ``schedule.repeats.decide_on``; [] every one
+    decide_on: list[str] = Field(default_factory=list)
+
+    @model_serializer(mode="wrap")
+    def _decide_on_when_set(self, handler):
+        out = handler(self)
+        if not self.decide_on:  # written only when the config names them: goldens unchanged
+            out.pop("decide_on", None)
+        return out
 
 
 class AANoise(_Model):

@@ -28,10 +28,16 @@ Tested = list[tuple[Row, "verdicts.Test | None"]]
 
 def primary_family(tested: Tested, aa_variants: list[str]) -> Tested:
     """The family, in row order: every primary of a :data:`FAMILY_KINDS` kind of every non-A/A
-    variant (incomplete and untestable members count with p = 1)."""
+    variant (incomplete and untestable members count with p = 1), except a row whose test may
+    never decide (``Test.undecided``, e.g. accuracy in one run per arm: it spends no alpha)."""
     aa = set(aa_variants)
     return [
-        (r, t) for r, t in tested if r.primary and r.variant not in aa and r.kind in FAMILY_KINDS
+        (r, t)
+        for r, t in tested
+        if r.primary
+        and r.variant not in aa
+        and r.kind in FAMILY_KINDS
+        and not (t is not None and t.undecided)
     ]
 
 
@@ -278,6 +284,7 @@ def sequential_verdicts(data: RunData, cmp: Comparison, tested: Tested, design: 
     )
     dec, series, complete = sequential_decision(data, tested, design)
     d.rounds = complete
+    d.decide_on = sorted({k[1] for k in series if design.decide_on and design.deciding(k[1])})
     if dec is None:
         d.partial = (
             f"{complete} complete round(s): the sequential rule looks first after "

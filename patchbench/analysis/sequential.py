@@ -12,6 +12,14 @@ two-sided over all looks. At each look a primary is:
   ``futility`` (Jennison and Turnbull 2000, section 10.2); non-binding.
 - ``continue``; at the last look (or once the run stops) ``inconclusive``.
 
+The run stops once every *deciding* primary (``Design.decide_on``; default every one whose data
+grow) of every non-control variant is decided or futile. The other primaries stay in the Holm
+family and are tested at each look that ran; one still open when the run stops ends inconclusive.
+Each primary's boundaries are fixed in advance, so a stopping time that depends on other data
+only removes looks: its chance of crossing at some look that ran is at most that over all looks
+(the closed-testing argument of Ye et al. 2013 holds look by look; tests/analysis/
+test_sequential.py simulates the per-report error with deciding primaries).
+
 :class:`FixedTest` primaries (data that do not grow, e.g. accuracy) are one-look members tested
 at their whole share. Controls are measured, never improved or regressed, never hold the run open.
 
@@ -138,12 +146,16 @@ def _levels_cached(looks: tuple[float, ...], alpha: float, kind: str) -> tuple[f
 @dataclass(frozen=True)
 class Design:
     """A group-sequential design: the looks (repeat counts), ``alpha`` two-sided per report, the
-    boundary and the futility threshold in [0, 1) (0: none; ValueError outside)."""
+    boundary, the futility threshold in [0, 1) (0: none; ValueError outside) and the deciding
+    primaries ``decide_on`` (``metric`` or ``suite.metric``; empty: every primary that grows
+    with the looks): the run stops once these are decided or futile in every non-control
+    variant (:func:`deciding`)."""
 
     looks: tuple[int, ...]
     alpha: float = 0.05
     kind: Boundary = "pocock"
     futility: float = 0.0
+    decide_on: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.futility < 1.0:
@@ -158,7 +170,15 @@ class Design:
     def of(cls, seq, confidence: float) -> Design:
         """The design of a config's ``schedule.repeats`` (a SequentialRepeats), alpha
         1 - ``compare.confidence``."""
-        return cls(seq.looks, round(1.0 - confidence, 12), seq.boundary, seq.futility)
+        decide_on = tuple(getattr(seq, "decide_on", ()) or ())
+        return cls(seq.looks, round(1.0 - confidence, 12), seq.boundary, seq.futility, decide_on)
+
+    def deciding(self, metric: str) -> bool:
+        """Whether ``metric`` (``suite.metric``) is one of the deciding primaries: named in
+        ``decide_on`` as ``suite.metric`` or ``metric``, or ``decide_on`` empty."""
+        if not self.decide_on:
+            return True
+        return metric in self.decide_on or metric.split(".", 1)[-1] in self.decide_on
 
     def level(self, look_index: int, alpha: float) -> float:
         """Two-sided nominal level at look ``look_index`` (0-based) for overall ``alpha``."""
@@ -325,7 +345,10 @@ def decide(
             out.metrics[k] = (
                 prev if prev is not None and prev.decision in DECIDED else (fam.control(t, k))
             )
-    _stop_or_go(out, look_index == len(design.looks) - 1, controls, set(tests))
+    deciding = {k for k in tests if design.deciding(k[1])}
+    _stop_or_go(
+        out, look_index == len(design.looks) - 1, controls, deciding, bool(design.decide_on)
+    )
     return out
 
 
@@ -463,10 +486,17 @@ def _equivalent_decision(
 
 
 def _stop_or_go(
-    out: LookDecision, last: bool, controls: Collection[str], grows: Collection[Key]
+    out: LookDecision,
+    last: bool,
+    controls: Collection[str],
+    grows: Collection[Key],
+    named: bool = False,
 ) -> None:
-    """Stop when every primary that gains from more rounds (``grows``) is decided or futile, or
-    at the last look; what is still open then ends inconclusive."""
+    """Stop when every deciding primary that gains from more rounds (``grows``: those of
+    ``Design.decide_on``, ``named`` when it names them) is decided or futile, or at the last
+    look; what is still open then ends inconclusive (a primary outside ``grows`` was tested at
+    every look that ran: stopping only takes looks away, so its error rate stays within its
+    share)."""
     n = out.n_repeats
     held = [
         k
@@ -478,13 +508,24 @@ def _stop_or_go(
     aa_open = sum(
         1 for k, d in out.metrics.items() if k[0] in controls and d.decision not in DECIDED
     )
+    which = "every deciding primary" if named else "every primary"
     if not undecided:
         out.stop = True
-        out.reason = f"every primary decided after {n} repeats"
+        out.reason = f"{which} decided after {n} repeats"
         if futile:
             out.reason = (
-                f"every primary decided or futile after {n} repeats; {futile} primary "
+                f"{which} decided or futile after {n} repeats; {futile} primary "
                 "metric(s) inconclusive (futile: unlikely to be decided by the last look)"
+            )
+        others = [
+            k
+            for k, d in out.metrics.items()
+            if k[0] not in controls and k not in grows and d.decision not in DECIDED
+        ]
+        if named and others and not last:
+            out.reason += (
+                f"; {len(others)} other primary metric(s) open at this look end inconclusive "
+                "(schedule.repeats.decide_on names the deciding ones)"
             )
         if aa_open:
             out.reason += (

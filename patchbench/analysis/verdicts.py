@@ -55,6 +55,9 @@ class Test:
     scale: Literal["ratio", "diff"] = "ratio"
     reason: str | None = None
     notes: list[str] = field(default_factory=list)
+    #: why the test may never decide (improved / regressed / equivalent), None: it may; such a
+    #: row is inconclusive and outside the family (:func:`accuracy_rule`)
+    undecided: str | None = None
 
 
 # ---------------------------------------------------------------- run-level (paired repeats)
@@ -111,15 +114,83 @@ def tost_log_ratio(
 #: a mean of mostly-zero differences is poor, Newcombe's interval is used
 MIN_DISCORDANT = 10
 
+#: runs per arm an accuracy row needs to decide: with one, the shift of a whole run's accuracy
+#: (server to server) is not estimated and the interval does not cover it (docs/mmmu.md: 85 %
+#: coverage at 900 questions and a 0.5-point shift; no-effect rows called changed in 15 %)
+MIN_ACCURACY_RUNS = 2
+#: the assumed sd of a run's accuracy shift, in accuracy points (docs/mmmu.md: the 0.5-point
+#: cell sd the PR config was calibrated at; not measured on a GPU)
+ASSUMED_RUN_SD_PT = 0.5
+#: the power :func:`accuracy_rule`'s rounds aim at
+ACCURACY_ROUNDS_POWER = 0.8
+
+
+def accuracy_rule(
+    runs: tuple[int, int],
+    item_se: float,
+    margin_pt: float | None,
+    alpha: float,
+    run_sd_pt: float = ASSUMED_RUN_SD_PT,
+) -> str | None:
+    """The one rule of whether an accuracy row may decide: None with at least
+    :data:`MIN_ACCURACY_RUNS` runs in each arm (``runs``: baseline, variant), else what it
+    cannot separate and the rounds that would.
+
+    Two runs' shifts differ by ``N(0, 2 run_sd^2)``: about ``+-z sqrt(2) run_sd`` points at
+    level ``alpha`` (z the two-sided normal quantile). One round pair's accuracy difference has
+    variance ``item_se^2 + 2 run_sd^2`` (``item_se``: the questions' standard error of the
+    difference in one run per arm, a fraction; the model of docs/mmmu.md), so R rounds are a
+    paired test of R round differences: R from :func:`patchbench.analysis.power.n_needed` (the
+    paired t's power, Cohen 1988 ch. 2) for a change of ``margin_pt`` (else 2 points) at
+    ``alpha`` with power :data:`ACCURACY_ROUNDS_POWER`, at least :data:`MIN_ACCURACY_RUNS`."""
+    if min(runs) >= MIN_ACCURACY_RUNS:
+        return None
+    from scipy.stats import norm
+
+    from patchbench.analysis import power
+
+    sd_run = run_sd_pt / 100.0
+    spread = 100.0 * float(norm.ppf(1 - alpha / 2)) * math.sqrt(2.0) * sd_run
+    sd_round = math.sqrt(item_se**2 + 2.0 * sd_run**2)
+    effect = (margin_pt if margin_pt else 2.0) / 100.0
+    n = power.n_needed(effect, sd_round, alpha, ACCURACY_ROUNDS_POWER, floor=MIN_ACCURACY_RUNS)
+    rounds = f"{max(n, MIN_ACCURACY_RUNS)} rounds would" if n else "many rounds would be needed"
+    return (
+        f"one run per arm cannot separate a change from server-to-server variation of about "
+        f"±{spread:.1f} points; {rounds} (run sd {run_sd_pt:g} pt assumed, docs/mmmu.md; "
+        f"{100 * ACCURACY_ROUNDS_POWER:g}% power for ±{effect * 100:g} pt)"
+    )
+
 
 def accuracy_test(
     baseline: Sequence[float],
     variant: Sequence[float],
     repeats: tuple[int, int] | None = None,
     cells: stats.CellVariance | None = None,
+    *,
+    margin_pt: float | None = None,
+    alpha: float = 0.05,
 ) -> Test:
     """Paired test of per-question correctness in [0, 1], each averaged over its arm's
-    ``repeats`` (None: one each), with the pooled cell-shift variance ``cells``."""
+    ``repeats`` (None: one each), with the pooled cell-shift variance ``cells``; ``undecided``
+    set by :func:`accuracy_rule` (``margin_pt``: the row's margin, points; ``alpha``: the
+    report's level)."""
+    test = _accuracy_test(baseline, variant, repeats, cells)
+    if len(baseline) > 1:
+        d = np.asarray(variant, float) - np.asarray(baseline, float)
+        item_se = float(np.std(d, ddof=1) / math.sqrt(d.size))
+        test.undecided = accuracy_rule(repeats or (1, 1), item_se, margin_pt, alpha)
+    if test.undecided:
+        test.notes.append(test.undecided)
+    return test
+
+
+def _accuracy_test(
+    baseline: Sequence[float],
+    variant: Sequence[float],
+    repeats: tuple[int, int] | None,
+    cells: stats.CellVariance | None,
+) -> Test:
     if len(baseline) == 0:
         return Test(None, None, None, "Newcombe paired", "diff", reason="no paired questions")
     b, v = np.asarray(baseline, float), np.asarray(variant, float)
@@ -259,6 +330,8 @@ def verdict(
     if test.p is None or test.interval is None:
         return "inconclusive", None, False
     iv = test.interval(alpha)
+    if test.undecided:  # e.g. one run per arm (accuracy_rule): shown, never decided
+        return "inconclusive", iv, False
     within = False
     if margin is not None:
         lo_b, hi_b = margin_bounds(test, margin)

@@ -99,6 +99,7 @@ def config_from_mapping(
             "infinite time, count or limit never ends); write a finite number"
         )
     problems += _balance_problems(cfg, at)
+    problems += _decide_on_problems(cfg, at)
     if check_files:
         problems += _patch_problems(cfg, raw, at)
     if problems:
@@ -141,6 +142,50 @@ def set_dotted(raw: dict, key: str, value: Any) -> None:
             )
         node = nxt
     node[parts[-1]] = copy.deepcopy(value)
+
+
+# ----------------------------------------------------------------------------- sequential looks
+def sequential_primaries(cfg: Config) -> list[tuple[str, str, Any, float]]:
+    """[(suite, metric, MetricInfo, margin %)] of the primaries that grow with a sequential run's
+    looks: run-level metrics with a direction of timed suites in every round (others gain
+    nothing from more repeats). A margin of 0: no equivalence stop. Unknown suites are skipped
+    (their own problem)."""
+    every = list(range(cfg.schedule.max_repeats))
+    out = []
+    for s in cfg.suites:
+        if s not in suite_names() or s not in cfg.suite_params:
+            continue
+        obj = get_suite(s)
+        if not obj.timed or cfg.rounds_of(s) != every:
+            continue
+        for m, info in obj.declarations(cfg.suite_params[s]).items():
+            if info.primary and info.kind == "run" and info.better in ("higher", "lower"):
+                out.append((s, m, info, float(cfg.compare.margin_for(s, m, info.margin) or 0.0)))
+    return out
+
+
+def _decide_on_problems(cfg: Config, at: Where) -> list[str]:
+    """``schedule.repeats.decide_on``: each name (``metric`` or ``suite.metric``) must be one of
+    :func:`sequential_primaries`, named once."""
+    seq = cfg.schedule.sequential
+    if seq is None or not seq.decide_on:
+        return []
+    prim = sequential_primaries(cfg)
+    names = {m for _, m, _, _ in prim} | {f"{s}.{m}" for s, m, _, _ in prim}
+    allowed = ", ".join(m for _, m, _, _ in prim) or "none (no run-level primary in every round)"
+    problems = []
+    loc = ("schedule", "repeats", "decide_on")
+    for i, x in enumerate(seq.decide_on):
+        if x not in names:
+            problems.append(
+                f"{at(loc)}: schedule.repeats.decide_on[{i}]: '{x}' is not a run-level primary "
+                f"measured in every round; allowed: {allowed} (or suite.metric)"
+            )
+    matched = [{f"{s}.{m}" for s, m, _, _ in prim if x in (m, f"{s}.{m}")} for x in seq.decide_on]
+    flat = [k for ks in matched for k in ks]
+    if len(flat) != len(set(flat)):
+        problems.append(f"{at(loc)}: schedule.repeats.decide_on names a primary twice")
+    return problems
 
 
 # ----------------------------------------------------------------------------- suites

@@ -19,6 +19,7 @@ from pydantic import (
     ValidationError,
     field_serializer,
     field_validator,
+    model_serializer,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -368,14 +369,25 @@ class VariantSpec(Strict):
 class SequentialRepeats(Strict):
     """``schedule.repeats: {min, max, step, boundary, futility}``: group-sequential repeats
     (patchbench.analysis.sequential). The run looks after ``min`` whole rounds, then every
-    ``step`` more up to ``max``, and stops once every primary of every non-A/A variant is decided
-    or futile (conditional power below ``futility``; 0 turns that stop off)."""
+    ``step`` more up to ``max``, and stops once every deciding primary of every non-A/A variant
+    is decided or futile (conditional power below ``futility``; 0 turns that stop off).
+    ``decide_on``: the deciding primaries (``metric`` or ``suite.metric``, run-level primaries
+    measured in every round; checked by patchbench.config.load); empty: every such primary.
+    The others are tested at the looks that ran and end inconclusive when still open."""
 
     min: int = Field(le=100)
     max: int = Field(le=100)
     step: int = Field(2, le=100)
     boundary: Literal["pocock", "obrien-fleming"] = "pocock"
     futility: float = Field(0.2, ge=0.0, lt=1.0)
+    decide_on: list[str] = Field(default_factory=list)
+
+    @model_serializer(mode="wrap")
+    def _decide_on_when_set(self, handler):
+        out = handler(self)
+        if not self.decide_on:  # older manifests and goldens stay byte for byte
+            out.pop("decide_on", None)
+        return out
 
     @model_validator(mode="after")
     def _looks(self) -> SequentialRepeats:

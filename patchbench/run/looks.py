@@ -4,11 +4,10 @@ that decide when it stops, one look at the cells on disk and the manifest's reco
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from patchbench.config import Config
+from patchbench.config.load import sequential_primaries
 from patchbench.runfolder.models import SequentialDesign, SequentialLook, SequentialRecord
-from patchbench.suite import get_suite
 
 
 def sequential_design(cfg: Config):
@@ -18,22 +17,6 @@ def sequential_design(cfg: Config):
     from patchbench.analysis.sequential import Design
 
     return Design.of(cfg.schedule.sequential, cfg.compare.confidence)
-
-
-def sequential_primaries(cfg: Config) -> list[tuple[str, str, Any, float]]:
-    """[(suite, metric, MetricInfo, margin %)] of the primaries that decide when a sequential run
-    stops: run-level metrics with a direction of timed suites in every round (others gain
-    nothing from more repeats). A margin of 0: no equivalence stop."""
-    every = list(range(cfg.schedule.max_repeats))
-    out = []
-    for s in cfg.suites:
-        obj = get_suite(s)
-        if not obj.timed or cfg.rounds_of(s) != every:
-            continue
-        for m, info in obj.declarations(cfg.suite_params[s]).items():
-            if info.primary and info.kind == "run" and info.better in ("higher", "lower"):
-                out.append((s, m, info, float(cfg.compare.margin_for(s, m, info.margin) or 0.0)))
-    return out
 
 
 def sequential_look(cfg: Config, run_dir: Path, design, look_index: int, previous=None):

@@ -152,3 +152,52 @@ def test_negative_profiler_overhead_reads_within_noise():
     text = "\n".join(report_section(cmp))
     assert "| profiler_step_overhead_share | within noise | 0.146 |" in text
     assert "-0.05" not in text and "-5" not in text
+
+
+def test_a_run_stopped_by_its_deciding_primaries_says_so_and_the_minutes_saved(tmp_path):
+    # throughput +10 % with little noise decides at the first look (4 rounds of at most 8);
+    # TTFT (+-30 %) is not deciding (decide_on: [thr]) and ends inconclusive at that look.
+    # Cells: baseline 60 s, patched 100 s: a round 160 s; 4 rounds not run: 640 s = 10.7 min
+    thr_b, thr_p = [100, 101, 99, 100], [110, 111.2, 108.8, 110.1]
+    run = make_run(
+        tmp_path,
+        metrics={
+            "bench": {
+                "thr": {"baseline": thr_b, "patched": thr_p},
+                "ttft": {"baseline": [100, 100, 100, 100], "patched": [130, 75, 120, 80]},
+            }
+        },
+        repeats=4,
+        schedule_repeats={"min": 4, "max": 8, "step": 2, "decide_on": ["thr"]},
+    )
+    cmp = build_comparison(_timed(run, {"baseline": 60, "patched": 100}))
+    assert cmp.design.stopped_after == 4 and cmp.design.decide_on == ["bench.thr"]
+    assert cmp.row("bench", "thr", "patched").verdict == "improved"
+    assert cmp.row("bench", "ttft", "patched").verdict == "inconclusive"
+    assert sentence(cmp, "patched").endswith(
+        "stopped after 4 of 8 rounds: thr decided; saved about 11 minutes"
+    )
+
+
+def test_an_accuracy_row_in_one_run_per_arm_says_what_would_decide_it():
+    from patchbench.analysis.comparison import Row
+
+    r = Row(
+        suite="mmmu",
+        metric="mmmu_overall_acc",
+        variant="v",
+        primary=True,
+        kind="accuracy",
+        verdict="inconclusive",
+        change=0.4,
+        confidence=0.95,
+        low=-1.0,
+        high=1.8,
+        undecided="one run per arm cannot separate a change from server-to-server variation "
+        "of about ±1.4 points; 4 rounds would (run sd 0.5 pt assumed)",
+    )
+    assert repeats_to_decide(r, 3) is None  # no questions-to-decide for a one-run row
+    assert decide_note(r, 3, short=True) == (
+        "one run per arm cannot separate a change from server-to-server variation of about "
+        "±1.4 points; 4 rounds would"
+    )
