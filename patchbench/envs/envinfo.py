@@ -351,6 +351,33 @@ def torch_build_info() -> dict:
     return out
 
 
+def usable_cpus() -> int | None:
+    """How many logical CPUs this process may run on (its scheduler affinity,
+    ``os.sched_getaffinity``; psutil where the os module lacks it); None when unknown."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        pass
+    import psutil
+
+    try:
+        return len(psutil.Process().cpu_affinity())
+    except (AttributeError, psutil.Error, OSError):
+        return None
+
+
+def load_avg_1m() -> float | None:
+    """The host's 1-minute load average now: runnable (and uninterruptible) processes averaged
+    over the last minute, the whole machine's, not only this run's (``psutil.getloadavg``,
+    2 decimals); None when the system gives none."""
+    import psutil
+
+    try:
+        return round(psutil.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
 def collect(*, with_torch: bool = True, with_hub: bool = False) -> dict:
     """This machine and environment as a JSON-able dict (``with_torch``: import torch to ask
     for CUDA, seconds; ``with_hub``: try huggingface.co)."""
@@ -362,6 +389,7 @@ def collect(*, with_torch: bool = True, with_hub: bool = False) -> dict:
         "machine": platform.machine(),
         "hostname": socket.gethostname(),
         "cpu_count": os.cpu_count(),
+        "cpu_usable": usable_cpus(),
         "sglang": installed_version("sglang"),
         "transformers": installed_version("transformers"),
         "git_sha": git_sha(),

@@ -1,6 +1,7 @@
 """One cell, one server lifetime of one variant (:func:`run_cell`): start (the pid into
 ``cell.json`` at once, readiness, the liveness watch and GPU sampler), run suites (those needing
-no server first; ``/flush_cache`` between two), stop, record ``cell.json``.
+no server first; ``/flush_cache`` between two; the host's load average as the first starts and
+after each), stop, record ``cell.json``.
 """
 
 from __future__ import annotations
@@ -320,6 +321,8 @@ class CellRun:
         """Run one suite and write its summary; a failure is recorded, not raised."""
         if self.progress is not None:
             self.progress.suite_started(name)
+        if self.record.load_avg_1m is None:  # the host's load as the cell's first suite starts
+            self.record.load_avg_1m = models.LoadAverage(start=envinfo.load_avg_1m())
         t = time.monotonic()
         info = self.server_info() if self.server is not None else None
         log_off = logscan.log_size(self.server.spec.log_path) if self.server is not None else None
@@ -351,6 +354,7 @@ class CellRun:
         runfolder.write_summary(self.cdir / name, res.to_json(name))
         self.record.suites[name] = res.status
         self.record.timings_s[f"suite:{name}"] = round(dt, 3)
+        self.record.load_avg_1m.end = envinfo.load_avg_1m()  # the last suite's is kept
         self.say(
             res.status + (f" - {res.errors[0].splitlines()[0][:200]}" if res.errors else ""), name
         )

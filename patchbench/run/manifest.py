@@ -26,7 +26,15 @@ from patchbench.runfolder.models import (
 from patchbench.suite import get_suite
 
 #: the keys of patchbench.envs.envinfo.collect() that ``manifest.host`` repeats
-HOST_KEYS = ("hostname", "platform", "python", "cpu_count", "memory_total_gib", "transformers")
+HOST_KEYS = (
+    "hostname",
+    "platform",
+    "python",
+    "cpu_count",
+    "cpu_usable",
+    "memory_total_gib",
+    "transformers",
+)
 
 
 def new_manifest(

@@ -86,6 +86,12 @@ def _keys_declared(raw: dict) -> dict:
     return raw
 
 
+def _optional_keys_added(raw: dict) -> dict:
+    """Optional keys added (manifest 5: ``host.cpu_usable``; cell 4: ``load_avg_1m``): an older
+    file reads as it is, without them."""
+    return raw
+
+
 def _declared_only(model: type[BaseModel], raw: Any) -> Any:
     """``raw`` without the keys that ``model`` (and every model inside it) does not declare or
     never writes (``exclude``)."""
@@ -124,9 +130,12 @@ def _fit(tp: Any, value: Any) -> Any:
 
 #: {kind: (model, {version: step to version + 1})}; older versions then lose undeclared keys
 _MIGRATIONS: dict[str, tuple[type[BaseModel], dict[int, Any]]] = {
-    "cell": (CellRecord, {1: _cell_1_to_2, 2: _keys_declared}),
+    "cell": (CellRecord, {1: _cell_1_to_2, 2: _keys_declared, 3: _optional_keys_added}),
     "summary": (SuiteSummary, {1: _schema_key_renamed}),
-    "manifest": (RunManifest, {1: _schema_key_renamed, 2: _keys_declared, 3: _keys_declared}),
+    "manifest": (
+        RunManifest,
+        {1: _schema_key_renamed, 2: _keys_declared, 3: _keys_declared, 4: _optional_keys_added},
+    ),
 }
 _CURRENT = {"cell": CELL_SCHEMA, "summary": SUMMARY_SCHEMA, "manifest": MANIFEST_SCHEMA}
 

@@ -24,14 +24,18 @@ from patchbench.run.gpu import GpuSummary
 #                     Build.to_json()) of a git build may also hold "subject" and "changes"
 #                     (no version bump: an entry without them reads as before, the report
 #                     then names the commit alone and lists no files).
+#                  5: "host" holds "cpu_usable" (the CPUs this process may run on); a
+#                     version-4 file reads with it None.
 #   cell.json      1: no version key; the mrope probe's counts under "mrope_probe".
 #                  2: "schema_version"; "instrumented" and "instrumentation" replace "mrope_probe".
 #                  3: the keys of 2, each declared (runner_pid, instrumentation_args, liveness,
 #                     gpu; the server's create_time, host, port, stop_breakdown_s) and read
 #                     strictly; older files lose undeclared keys on read.
+#                  4: "load_avg_1m" (the host's load average at the start and end of the
+#                     cell's suites); a version-3 file reads without it.
 #   summary.json   1: no version key.  2: "schema_version" (every key declared, read strictly).
-MANIFEST_SCHEMA = 4
-CELL_SCHEMA = 3
+MANIFEST_SCHEMA = 5
+CELL_SCHEMA = 4
 SUMMARY_SCHEMA = 2
 
 CellStatus = Literal["ok", "failed", "incomplete", "interrupted", "running", "unreadable"]
@@ -132,13 +136,23 @@ class Liveness(_Record):
     killed_clients: list[int] = Field(default_factory=list)
 
 
+class LoadAverage(_Record):
+    """The host's 1-minute load average (runnable processes of the whole machine, averaged over
+    a minute; ``patchbench.envs.envinfo.load_avg_1m``) when the cell's first suite started and
+    when its last suite ended; None: the system gave none."""
+
+    start: float | None = None
+    end: float | None = None
+
+
 class CellRecord(_Record):
     """``RUN/<variant>/rep<k>/cell.json``: one (variant, repeat) cell.
 
     index: position in the schedule (None in old folders); suites: {suite: its summary status};
     timings_s: {step: seconds} (``server_start``, ``suite:<name>``, ``flush:<name>``,
     ``server_stop``, ``cell``); instrumented: its timings feed no verdict; instrumentation:
-    {suite: what its collect() returned}; notes: the reader's (why unreadable) and the run's.
+    {suite: what its collect() returned}; notes: the reader's (why unreadable) and the run's;
+    load_avg_1m: the host's load around the suites (None in folders from before it was recorded).
     """
 
     _when_set = (
@@ -148,6 +162,7 @@ class CellRecord(_Record):
         "gpu",
         "migrated_from",
         "variant_identity",
+        "load_avg_1m",
     )
 
     schema_version: int = CELL_SCHEMA
@@ -171,6 +186,7 @@ class CellRecord(_Record):
     gpu: GpuSummary | None = None
     migrated_from: int | None = None
     variant_identity: dict[str, str] | None = None
+    load_avg_1m: LoadAverage | None = None
 
 
 # -- summary.json ----------------------------------------------------------------------------
@@ -245,12 +261,15 @@ class VariantDiff(_Record):
 
 
 class HostInfo(_Record):
-    """The machine the run ran on (patchbench.envs.envinfo): memory in GiB."""
+    """The machine the run ran on (patchbench.envs.envinfo): ``cpu_count`` logical CPUs,
+    ``cpu_usable`` those this process may run on (its affinity; None before schema 5), memory
+    in GiB."""
 
     hostname: str | None = None
     platform: str | None = None
     python: str | None = None
     cpu_count: int | None = None
+    cpu_usable: int | None = None
     memory_total_gib: float | None = None
     transformers: str | None = None
 

@@ -8,6 +8,7 @@ import os
 import textwrap
 from pathlib import Path
 
+import psutil
 import pytest
 
 import tests.fake_server.fake_suites  # registers the fake suites (and is subclassed below)
@@ -67,10 +68,13 @@ def test_run_writes_cells_manifest_and_resume_does_nothing(fake_env, tmp_path):
     assert man["patches"]["control"][0]["name"] == "null-comment"
     assert len(man["patches"]["control"][0]["sha256"]) == 64
     assert man["overlays"]["baseline"]["root"] is None
+    assert man["host"]["cpu_usable"] == len(psutil.Process().cpu_affinity())
     for v in ("baseline", "control"):
         for r in (0, 1):
             cell = read_json(run_dir / v / f"rep{r}" / "cell.json")
             assert cell["status"] == "ok"
+            # the host's load around the suites: a number of runnable processes, never negative
+            assert min(cell["load_avg_1m"]["start"], cell["load_avg_1m"]["end"]) >= 0
             assert read_json(run_dir / v / f"rep{r}" / "fake" / "summary.json")["metrics"] == {
                 "requests_count": 2.0
             }

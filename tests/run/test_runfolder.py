@@ -161,7 +161,8 @@ def test_a_manifest_the_run_wrote_reads_and_writes_back_key_for_key(case, tmp_pa
     """A schema-2 manifest (golden folders, written by the run before every key was declared)
     reads into the typed model and writes back with the same keys in the same order and the
     same values (a float field holds a whole number as 0.0 where the run wrote 0); only the
-    version changes, and the config gains the keys added since (with their defaults)."""
+    version changes, and the config and the host gain the keys added since (with their
+    defaults)."""
     raw = json.loads((GOLDEN / case / "run" / "manifest.json").read_text())
     m = runfolder.read_manifest(GOLDEN / case / "run")
     assert m.migrated_from == 2
@@ -169,8 +170,10 @@ def test_a_manifest_the_run_wrote_reads_and_writes_back_key_for_key(case, tmp_pa
     runfolder.write_manifest(tmp_path, m)
     back = json.loads((tmp_path / "manifest.json").read_text())
     back.pop("migrated_from")
-    assert back.pop("schema_version") == runfolder.MANIFEST_SCHEMA == 4
+    assert back.pop("schema_version") == runfolder.MANIFEST_SCHEMA == 5
     raw.pop("schema_version")
+    # a key added to the host since (manifest 5): unknown in these runs
+    assert back["host"].pop("cpu_usable") is None
     cfg, raw_cfg = back.pop("config"), raw.pop("config")
     assert back == raw and _key_order(back) == _key_order(raw)
     # keys added to the config since these runs, with their defaults
@@ -278,3 +281,29 @@ def test_resume_without_a_config_rebuilds_it_from_the_manifest(tmp_path, capsys)
     runfolder.write_manifest(tmp_path, models.RunManifest(run_id="r"))
     with pytest.raises(runfolder.ConfigError, match="its manifest holds no config"):
         config_of_run(tmp_path)
+
+
+def test_the_host_facts_added_later_read_as_unknown_in_older_files_and_round_trip(tmp_path):
+    """cell.json 4 adds ``load_avg_1m``, manifest.json 5 ``host.cpu_usable``: a version-3 cell
+    and a version-4 manifest read without them; a current cell writes them and reads back."""
+    records.write_json(
+        tmp_path / "cell.json", {"schema_version": 3, "variant": "a", "repeat": 0, "server": {}}
+    )
+    old = runfolder.read_cell(tmp_path)
+    assert old.migrated_from == 3 and old.load_avg_1m is None
+    old.load_avg_1m = models.LoadAverage(start=1.5, end=6.25)
+    runfolder.write_cell(tmp_path, old)
+    raw = json.loads((tmp_path / "cell.json").read_text())
+    assert raw["load_avg_1m"] == {"start": 1.5, "end": 6.25}
+    assert runfolder.read_cell(tmp_path).load_avg_1m == models.LoadAverage(start=1.5, end=6.25)
+    records.write_json(
+        tmp_path / "manifest.json",
+        {
+            "schema_version": 4,
+            "run_id": "r",
+            "config": {**CONFIG, "variants": {"a": []}},
+            "host": {"cpu_count": 8},
+        },
+    )
+    m = runfolder.read_manifest(tmp_path)
+    assert m.migrated_from == 4 and (m.host.cpu_count, m.host.cpu_usable) == (8, None)
