@@ -213,8 +213,47 @@ class VariantInfo(_Model):
         return out
 
 
+class CellLoad(_Model):
+    """The host's 1-minute load average (runnable processes) as one timed cell's first suite
+    started and as its last ended (None: not recorded)."""
+
+    variant: str
+    repeat: int
+    start: float | None = None
+    end: float | None = None
+
+
+class HostLoad(_Model):
+    """The host a run measured on (the manifest's ``host``) and how busy it was: ``cpu_count``
+    logical CPUs, ``cpu_usable`` those the run could use (None in older folders),
+    ``memory_total_gib``; ``cells``: each timed cell's load (those that recorded one, in the
+    order they ran); ``warnings``: when the load or the noise made the speed rows unreliable
+    (patchbench.analysis.hostload, one sentence each)."""
+
+    cpu_count: int | None = None
+    cpu_usable: int | None = None
+    memory_total_gib: float | None = None
+    cells: list[CellLoad] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+
+    def cores(self) -> int | None:
+        """The CPUs the run could use (``cpu_usable``, else ``cpu_count``)."""
+        return self.cpu_usable or self.cpu_count
+
+    def readings(self, variant: str | None = None) -> list[float]:
+        """Every recorded load (start and end) of the timed cells of ``variant`` (None: all)."""
+        return [
+            x
+            for c in self.cells
+            if variant is None or c.variant == variant
+            for x in (c.start, c.end)
+            if x is not None
+        ]
+
+
 class RunInfo(_Model):
-    """The run as the report's header shows it (from the manifest)."""
+    """The run as the report's header shows it (from the manifest; ``host`` None in a
+    compare.json from before it was recorded)."""
 
     name: str = ""
     model: str = "?"
@@ -225,6 +264,7 @@ class RunInfo(_Model):
     started_at: str | None = None
     ended_at: str | None = None
     variants: dict[str, VariantInfo] = Field(default_factory=dict)
+    host: HostLoad | None = None
 
 
 class FailedCell(_Model):

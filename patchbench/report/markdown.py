@@ -26,6 +26,8 @@ from patchbench.report.text import (
     fmt_change,
     fmt_ci,
     fmt_value,
+    host_text,
+    host_warnings,
     local_paths,
     margin_txt,
     outlier_text,
@@ -71,6 +73,8 @@ def _header(cmp: Comparison) -> list[str]:
             desc += f"; build {esc(info.build)}"
         tag = " (baseline)" if v == cmp.baseline else (" (A/A)" if v in cmp.aa_variants else "")
         lines.append(f"| variant `{v}`{tag} | {desc} |")
+    host = host_text(cmp, gpu=False)
+    lines += [f"| host | {esc(host)} |"] if host else []
     lines += [
         f"| GPU | {run.gpu or 'none (CPU engine)'} |",
         f"| patchbench commit | `{run.commit}` |",
@@ -139,6 +143,9 @@ def _answer(cmp: Comparison) -> list[str]:
     partial = partial_lines(cmp)
     if partial:
         lines += [f"**{partial[0]}**"] + [f"`{x.split(': ', 1)[1]}`" for x in partial[1:]] + [""]
+    warn = host_warnings(cmp)
+    if warn:
+        lines += [f"**{w}**" for w in warn] + [""]
     return lines + [f"- {sentence(cmp, v)}" for v in cmp.variants] + [""]
 
 

@@ -496,13 +496,44 @@ def partial_lines(cmp: Comparison) -> list[str]:
     )
 
 
+def host_text(cmp: Comparison, *, gpu: bool = True) -> str | None:
+    """The host in one line: "2 CPUs, 7.7 GiB, no GPU; 1-minute load average 1.2-6.8 (timed
+    cells, start and end)" (``gpu``: name the GPU too); None when the comparison knows nothing
+    of its host."""
+    h = cmp.run.host
+    loads = h.readings() if h is not None else []
+    if h is None or (h.cpu_count is None and h.memory_total_gib is None and not loads):
+        return None
+    parts = []
+    if h.cpu_count is not None:
+        usable = h.cpu_usable is not None and h.cpu_usable != h.cpu_count
+        parts.append(f"{h.cpu_count} CPUs" + (f" ({h.cpu_usable} usable)" if usable else ""))
+    if h.memory_total_gib is not None:
+        parts.append(f"{h.memory_total_gib:g} GiB")
+    if gpu:
+        parts.append(cmp.run.gpu or "no GPU")
+    load = (
+        f"1-minute load average {min(loads):.1f}-{max(loads):.1f} (timed cells, start and end)"
+        if loads
+        else "load average not recorded"
+    )
+    return ", ".join(parts) + "; " + load
+
+
+def host_warnings(cmp: Comparison) -> list[str]:
+    """ "Warning (host): ..." per warning of the comparison's host (patchbench.analysis.hostload)."""
+    h = cmp.run.host
+    return [f"Warning (host): {w}." for w in (h.warnings if h is not None else [])]
+
+
 #: the console's width when stdout is not a terminal (rich would use 80)
 CONSOLE_LOG_WIDTH = 120
 
 
 def console_summary(cmp: Comparison, report: Path | None = None) -> list[str]:
-    """Print the primaries table (rich), the report's path, a partial run's resume command,
-    then the answer: one line per variant (:func:`sentence`), printed once; returns them."""
+    """Print the primaries table (rich), the report's path, a partial run's resume command, the
+    host and its warnings, then the answer: one line per variant (:func:`sentence`), printed
+    once; returns them."""
     sents = [sentence(cmp, v) for v in cmp.variants]
     from rich.console import Console
     from rich.table import Table
@@ -529,6 +560,9 @@ def console_summary(cmp: Comparison, report: Path | None = None) -> list[str]:
     for line in build_names(cmp):
         c.print(line, markup=False, highlight=False, soft_wrap=True)
     for line in partial_lines(cmp):
+        c.print(line, markup=False, highlight=False, soft_wrap=True)
+    host = host_text(cmp)
+    for line in ([f"host: {host}"] if host else []) + host_warnings(cmp):
         c.print(line, markup=False, highlight=False, soft_wrap=True)
     for line in sents:
         c.print(line, markup=False, highlight=False, soft_wrap=True)
