@@ -115,9 +115,7 @@ def survey(version: str, port: int, drop: bool) -> dict:
         cfg = Path(tmp) / "survey.yaml"
         tag = version.replace(".", "-")
         cfg.write_text(
-            CONFIG.format(
-                tag=tag, version=version, model=model, port=port, stand_ins=stand_ins
-            )
+            CONFIG.format(tag=tag, version=version, model=model, port=port, stand_ins=stand_ins)
         )
         t1 = time.monotonic()
         run = subprocess.run(
