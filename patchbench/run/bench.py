@@ -31,7 +31,14 @@ from patchbench.run.looks import (
     sequential_record,
 )
 from patchbench.run.manifest import cell_entry, new_manifest
-from patchbench.run.plan import Cell, cell_done, cell_suites, check_instrumentation, plan
+from patchbench.run.plan import (
+    Cell,
+    cell_done,
+    cell_suites,
+    check_instrumentation,
+    plan,
+    too_few_repeats,
+)
 from patchbench.run.ports import port_taken_by
 from patchbench.run.progress import BenchProgress, say, stamped
 from patchbench.run.signals import signum_of, terminate_like_ctrl_c
@@ -290,6 +297,9 @@ class BenchRun:
             self.manifest.port = self.given_port
         self.save()
         self.say(f"run folder {self.run_dir}")
+        short = too_few_repeats(cfg)
+        if short:
+            self.say(f"speed: {short}")
         self.progress = BenchProgress(
             len(cells), plan={c.label: cell_suites(cfg, c) for c in cells}
         )

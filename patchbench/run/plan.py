@@ -302,6 +302,9 @@ def _cell_lines(cfg: Config, cells: list[Cell], done: set[Cell], resume: Path | 
     )
     if cfg.schedule.sequential is not None:
         lines.append(_stopping_rule(cfg))
+    short = too_few_repeats(cfg)
+    if short:
+        lines.append(f"speed      {short}")
     if resume is not None:
         lines.append(
             f"resume     {resume}: {len(done)} of {len(cells)} cells done, "
@@ -310,12 +313,33 @@ def _cell_lines(cfg: Config, cells: list[Cell], done: set[Cell], resume: Path | 
     return lines
 
 
+def too_few_repeats(cfg: Config) -> str | None:
+    """What a fixed schedule of fewer paired repeats than ``compare.min_repeats`` cannot decide,
+    said before the run (None when it has enough, or is sequential or has no variant to compare).
+    """
+    n, need = cfg.schedule.repeats, cfg.compare.min_repeats
+    if not isinstance(n, int) or cfg.schedule.auto or n >= need:
+        return None
+    if len(cfg.variants) < 2 or "serving" not in cfg.suite_params:
+        return None
+    return (
+        f"{n} paired repeat(s) cannot decide a speed change (a verdict needs "
+        f"compare.min_repeats = {need}); this run shows output identity, accuracy and the "
+        f"pipeline; speed needs schedule.repeats: {need} or more (ab: --repeats {need}), the report says how many"
+    )
+
+
 def _stopping_rule(cfg: Config) -> str:
     """The ``sequential`` line: when a sequential schedule stops, and on which primaries."""
     seq = cfg.schedule.sequential
     prim = sequential_primaries(cfg)
+    which = (
+        f"the deciding primaries ({', '.join(seq.decide_on)}) of every non-A/A variant are"
+        if seq.decide_on
+        else "every primary of every non-A/A variant is"
+    )
     return (
-        f"sequential stop when every primary of every non-A/A variant is decided or futile "
+        f"sequential stop when {which} decided or futile "
         f"(improved/regressed at the {seq.boundary} boundary, or equivalent within "
         f"its margin; futile: conditional power < {seq.futility:g} at max), else after {seq.max} rounds; "
         f"primaries: "
