@@ -462,7 +462,9 @@ def add_dashboard_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_dashboard(a: argparse.Namespace) -> int:
-    """Build the site; prints what it wrote. Exit 2 for a missing history, 3 for an unusable one."""
+    """Build the site; prints what it wrote and what it left out (``note:`` lines). Exit 2 for
+    a missing history or an ``--out`` folder the dashboard does not own, 3 for an unusable
+    history."""
     from patchbench.nightly.dashboard import build_site
 
     s = build_site(a.history, a.out)
@@ -472,4 +474,6 @@ def run_dashboard(a: argparse.Namespace) -> int:
         + (f", {len(s.nights_kept)} kept from an earlier build" if s.nights_kept else "")
         + (f", {len(s.nights_gone)} night(s) whose run folder is gone" if s.nights_gone else "")
     )
+    for note in s.notes:
+        print(f"dashboard: note: {note}")
     return EXIT_OK

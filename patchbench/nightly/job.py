@@ -567,8 +567,9 @@ def record_only(
     unit_id: str | None = None,
 ) -> int:
     """Append a finished run folder to the history (no gates). Exit 0, or 3 (history error),
-    4 (the folder holds no metrics). A matrix unit's folder (``unit_id``, default found by
-    :func:`matrix_unit_id`) is keyed ``<config name>@<unit id>`` as :func:`nightly_on_run` does."""
+    2 (a run id that cannot name a folder), 4 (the folder holds no metrics). A matrix unit's
+    folder (``unit_id``, default found by :func:`matrix_unit_id`) is keyed
+    ``<config name>@<unit id>`` as :func:`nightly_on_run` does."""
     out = out or sys.stdout
     try:
         night = night_from_run(run_dir)
@@ -586,8 +587,9 @@ def record_only(
         with History(history, timeout_s=timeout_s) as h:
             added = h.record(night)
     except HistoryError as e:
-        print(f"nightly: history unavailable: {e}", file=sys.stderr)
-        return EXIT_ENV
+        what = "history unavailable" if e.exit_code == EXIT_ENV else e.kind
+        print(f"nightly: {what} (exit {e.exit_code}): {e}", file=sys.stderr)
+        return e.exit_code
     print(
         f"nightly: {'recorded' if added else 'already recorded'} {night.run_id} "
         f"({len(night.values)} metric series) in {history}",
