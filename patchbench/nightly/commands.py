@@ -24,6 +24,7 @@ from patchbench.errors import (
     EXIT_USAGE,
     ConfigError,
     EnvironmentNotReady,
+    PatchbenchError,
     UsageError,
 )
 from patchbench.matrix.spec import is_matrix_file, load_matrix
@@ -38,6 +39,7 @@ from patchbench.nightly.history import (
 from patchbench.nightly.job import (
     HISTORY_ENV,
     history_path,
+    hold_finished_run,
     nightly_on_run,
     record_only,
     run_and_gate,
@@ -128,13 +130,22 @@ def run_args(a: argparse.Namespace, *, run_bench: Callable[[Any], Path] | None =
         if not Path(folder).is_dir():
             print(f"nightly: {folder}: no such run folder", file=sys.stderr)
             return EXIT_USAGE
-        settings = settings or settings_from_manifest(Path(folder)) or NightlySettings()
-        hpath = history_path(settings, a.history)
-        if a.record_only:
-            return record_only(folder, hpath, settings.lock_timeout_s)
-        return nightly_on_run(
-            folder, settings, history=hpath, compare_settings=cfg.compare if cfg else None
-        ).exit_code
+        try:  # one writer: no run (or report) may write the folder while it is gated
+            lock = hold_finished_run(Path(folder))
+        except PatchbenchError as e:
+            print(f"nightly: {e.kind} (exit {e.exit_code}): {e}", file=sys.stderr)
+            return e.exit_code
+        try:
+            settings = settings or settings_from_manifest(Path(folder)) or NightlySettings()
+            hpath = history_path(settings, a.history)
+            if a.record_only:
+                return record_only(folder, hpath, settings.lock_timeout_s)
+            return nightly_on_run(
+                folder, settings, history=hpath, compare_settings=cfg.compare if cfg else None
+            ).exit_code
+        finally:
+            if lock is not None:
+                lock.release()
     if not a.config:
         print(
             "patchbench nightly: give a CONFIG (or --from-run / --record-only RUN_DIR)",
