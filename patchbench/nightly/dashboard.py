@@ -92,7 +92,9 @@ def slug(name: str) -> str:
 
 
 def _esc(x: Any) -> str:
-    return html.escape("" if x is None else str(x))
+    """``x`` as HTML text: terminal controls removed (:func:`patchbench.records.printable`),
+    escaped."""
+    return html.escape(records.printable("" if x is None else str(x)))
 
 
 def _badge(outcome: str | None) -> str:
@@ -274,7 +276,7 @@ def _md_to_html(text: str, folder: Path) -> str:
     from markdown_it import MarkdownIt
 
     # raw HTML in the markdown stays text: a report quotes model outputs and error messages
-    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(text)
+    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(records.printable(text))
     root = folder.resolve()
 
     def inside(rel: str) -> bool:
