@@ -10,6 +10,10 @@ STARTED := $(shell date +%s)
 # RAY=1: also install the optional Ray extra (patchbench matrix --on ray); make test always does
 RAY     ?= 0
 
+# q: one value as one shell word, whatever it holds (spaces, quotes, $, ;): every variable a
+# user can set on the command line reaches a recipe through it
+q = '$(subst ','\'',$(1))'
+
 # every supported pin (a CPU profile in requirements/ per pin)
 PINS    := $(patsubst requirements/cpu-%.txt,%,$(wildcard requirements/cpu-*.txt))
 # the unit tests that need neither sglang, the network nor a browser (the pull-request workflow)
@@ -19,13 +23,13 @@ LIGHT_MARKERS := not e2e and not needs_sglang and not network and not browser
         gpu-check check-gpu-profile clean-cache calibrate test-calibration
 
 setup:
-	scripts/setup.sh $(SGLANG) $(VENV) $(PROFILE)
-	@if [ "$(RAY)" = 1 ]; then $(MAKE) --no-print-directory setup-ray VENV=$(VENV); fi
+	scripts/setup.sh $(call q,$(SGLANG)) $(call q,$(VENV)) $(call q,$(PROFILE))
+	@if [ $(call q,$(RAY)) = 1 ]; then $(MAKE) --no-print-directory setup-ray VENV=$(call q,$(VENV)); fi
 
 # the optional Ray extra, into $(VENV) (idempotent)
 setup-ray:
-	@$(VENV)/bin/python -c "import ray" 2>/dev/null || \
-	    $(VENV)/bin/python -m pip install --disable-pip-version-check --progress-bar off --no-cache-dir \
+	@$(call q,$(VENV)/bin/python) -c "import ray" 2>/dev/null || \
+	    $(call q,$(VENV)/bin/python) -m pip install --disable-pip-version-check --progress-bar off --no-cache-dir \
 	    -r requirements/ray.txt
 
 # headless Chromium for the dashboard's browser test (Debian packages chromium, chromium-driver)
@@ -35,25 +39,25 @@ setup-browser:
 # both supported pins (the tests exercise both releases), one after the other: side by side
 # took as long on the 2-core machine (from scratch: 381 s side by side, 385 s one after the other)
 setup-all:
-	scripts/setup.sh 0.5.1.post3 .venv $(PROFILE)
-	scripts/setup.sh 0.5.23 .venv-0.5.23 $(PROFILE)
+	scripts/setup.sh 0.5.1.post3 .venv $(call q,$(PROFILE))
+	scripts/setup.sh 0.5.23 .venv-0.5.23 $(call q,$(PROFILE))
 
 # the whole A/B pipeline on the CPU: stock vs upstream PR #9460 vs ours, sglang 0.5.1.post3
 # (PORT=N: serve on port N instead of the config's 30100)
 demo: setup
-	$(PY) -m patchbench bench configs/demo-cpu.yaml $(if $(PORT),--port $(PORT))
+	$(call q,$(PY)) -m patchbench bench configs/demo-cpu.yaml $(if $(PORT),--port $(call q,$(PORT)))
 
 bench: setup
-	$(PY) -m patchbench bench $(CONFIG) $(if $(PORT),--port $(PORT))
+	$(call q,$(PY)) -m patchbench bench $(call q,$(CONFIG)) $(if $(PORT),--port $(call q,$(PORT)))
 
 nightly: setup
-	$(PY) -m patchbench nightly $(if $(NIGHTLY_CONFIG),$(NIGHTLY_CONFIG),configs/nightly-h200.yaml)
+	$(call q,$(PY)) -m patchbench nightly $(call q,$(if $(NIGHTLY_CONFIG),$(NIGHTLY_CONFIG),configs/nightly-h200.yaml))
 
 check-patch: setup
-	$(PY) -m patchbench check-patch
+	$(call q,$(PY)) -m patchbench check-patch
 
 doctor: setup
-	$(PY) -m patchbench doctor $(DOCTOR_CONFIG)
+	$(call q,$(PY)) -m patchbench doctor $(if $(DOCTOR_CONFIG),$(call q,$(DOCTOR_CONFIG)))
 
 # everything (what .ci/run runs): both venvs (with the Ray extra in .venv) and Chromium, then
 # scripts/run_tests.sh (unit tests, then end to end); prints the time of each part and the total

@@ -20,6 +20,7 @@ import errno
 import json
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,26 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             raise ResultsWriteError(path, e) from None
         raise
     return path
+
+
+#: what :func:`printable` removes: ANSI escape sequences (CSI ``ESC [ ... final``, OSC
+#: ``ESC ] ... BEL/ST``, ``ESC x`` with its intermediate bytes), then any other C0 control but tab and newline, DEL
+#: and the C1 controls (U+0080-U+009F, one of them is CSI on its own)
+_ESCAPES = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"
+    r"|\x1b[ -/]*[0-~]"
+    r"|[\x00-\x08\x0b-\x1f\x7f\x80-\x9f]"
+)
+
+
+def printable(text: str) -> str:
+    """``text`` without terminal control: escape sequences, control characters (but tab and
+    newline; a carriage return too, so a line cannot overwrite itself) and C1 controls removed.
+    Everything rendered into report.md, report-details.md, nightly.md or the dashboard's pages
+    passes here: a model's output, a server's error or a branch name must not drive the
+    terminal of whoever cats the file."""
+    return _ESCAPES.sub("", text)
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:

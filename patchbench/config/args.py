@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 #: POSIX environment variable name
@@ -62,6 +63,38 @@ def _owned_flag(flag: str) -> str | None:
 #: the longest single argument or ``NAME=value`` string Linux passes to a new process
 #: (``MAX_ARG_STRLEN``, 32 pages of 4 KiB, with its NUL): a longer one fails the launch (E2BIG)
 MAX_ARG_BYTES = 131072
+
+
+def exec_bytes(argv: list[str], env: dict[str, str]) -> int:
+    """The bytes a new process's arguments and environment take of the kernel's limit
+    (``os.sysconf("SC_ARG_MAX")``): each string with its NUL, plus a pointer to each and the
+    two NULL pointers that end the lists."""
+    strings = sum(len(a.encode("utf-8", "surrogateescape")) + 1 for a in argv)
+    strings += sum(len(f"{k}={v}".encode("utf-8", "surrogateescape")) + 1 for k, v in env.items())
+    return strings + 8 * (len(argv) + len(env) + 2)
+
+
+def arg_max() -> int:
+    """This system's limit on a new process's arguments plus environment in bytes
+    (``SC_ARG_MAX``; 131072, the POSIX floor Linux never goes below, when it cannot be read)."""
+    try:
+        n = os.sysconf("SC_ARG_MAX")
+    except (ValueError, OSError):
+        n = -1
+    return n if n > 0 else 131072
+
+
+def launch_size_problem(argv: list[str], env: dict[str, str]) -> str | None:
+    """Why ``argv`` with ``env`` cannot start a process here (over :func:`arg_max`), or None."""
+    need, limit = exec_bytes(argv, env), arg_max()
+    if need <= limit:
+        return None
+    big = sorted(env.items(), key=lambda kv: -len(kv[1]))[:3]
+    return (
+        f"the server's arguments and environment take {need} bytes, over this system's "
+        f"{limit} (getconf ARG_MAX; the launch would fail with E2BIG); the largest environment "
+        "values: " + ", ".join(f"{k} ({len(v)} bytes)" for k, v in big)
+    )
 
 
 def _too_long(s: str) -> bool:

@@ -186,12 +186,27 @@ MAX_VARIANT_NAME = 64
 LATEST = "latest"
 
 
-def variant_name_problem(name: str) -> str | None:
-    """Why ``name`` cannot name a variant (its folder in the run folder), or None."""
+#: longest run id a nightly history records: ``<UTC stamp>-<config name>[-k]``, with
+#: ``@<unit id>`` for a matrix unit (it names a folder of the dashboard's site)
+MAX_RUN_ID = 256
+
+
+def folder_name_problem(name: str, limit: int) -> str | None:
+    """Why ``name`` cannot name a folder patchbench makes (a variant's, a night's), or None:
+    letters, digits, '.', '_', '-', starting with a letter or digit (so never ``.``, ``..``,
+    a path or an empty name), at most ``limit`` characters."""
     if not FOLDER_NAME.match(name):
         return "use letters, digits, '.', '_', '-' (starting with a letter or digit)"
-    if len(name) > MAX_VARIANT_NAME:
-        return f"{len(name)} characters; at most {MAX_VARIANT_NAME} (it names a folder and files)"
+    if len(name) > limit:
+        return f"{len(name)} characters; at most {limit} (it names a folder and files)"
+    return None
+
+
+def variant_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a variant (its folder in the run folder), or None."""
+    problem = folder_name_problem(name, MAX_VARIANT_NAME)
+    if problem:
+        return problem
     if name.lower() in RUN_FOLDER_NAMES:
         return (
             f"the run folder uses '{name}' itself ({', '.join(sorted(RUN_FOLDER_NAMES))}); "
@@ -268,6 +283,22 @@ CHANGES_SHOWN = 8
 
 #: the name ``patchbench ab`` gives the config it builds in memory: ``ab-<preset or file stem>``
 AB_NAME_PREFIX = "ab-"
+
+
+def run_id_problem(run_id: str) -> str | None:
+    """Why ``run_id`` cannot be a night's run id in the nightly history (it names the night's
+    folder in the dashboard's site), or None: the variant names' rule
+    (:func:`folder_name_problem`) for each ``@``-separated part (a matrix unit's night is
+    ``<run id>@<unit id>``), :data:`MAX_RUN_ID` characters in all."""
+    if not isinstance(run_id, str) or not run_id:
+        return "empty"
+    if len(run_id) > MAX_RUN_ID:
+        return f"{len(run_id)} characters; at most {MAX_RUN_ID}"
+    for part in run_id.split("@"):
+        problem = folder_name_problem(part, MAX_RUN_ID)
+        if problem:
+            return problem + (" in each '@'-separated part" if "@" in run_id else "")
+    return None
 
 
 def commit_name(commit: str, subject: str | None) -> str:

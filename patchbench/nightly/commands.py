@@ -24,6 +24,7 @@ from patchbench.errors import (
     EXIT_USAGE,
     ConfigError,
     EnvironmentNotReady,
+    PatchbenchError,
     UsageError,
 )
 from patchbench.matrix.spec import is_matrix_file, load_matrix
@@ -38,6 +39,7 @@ from patchbench.nightly.history import (
 from patchbench.nightly.job import (
     HISTORY_ENV,
     history_path,
+    hold_finished_run,
     nightly_on_run,
     record_only,
     run_and_gate,
@@ -128,13 +130,22 @@ def run_args(a: argparse.Namespace, *, run_bench: Callable[[Any], Path] | None =
         if not Path(folder).is_dir():
             print(f"nightly: {folder}: no such run folder", file=sys.stderr)
             return EXIT_USAGE
-        settings = settings or settings_from_manifest(Path(folder)) or NightlySettings()
-        hpath = history_path(settings, a.history)
-        if a.record_only:
-            return record_only(folder, hpath, settings.lock_timeout_s)
-        return nightly_on_run(
-            folder, settings, history=hpath, compare_settings=cfg.compare if cfg else None
-        ).exit_code
+        try:  # one writer: no run (or report) may write the folder while it is gated
+            lock = hold_finished_run(Path(folder))
+        except PatchbenchError as e:
+            print(f"nightly: {e.kind} (exit {e.exit_code}): {e}", file=sys.stderr)
+            return e.exit_code
+        try:
+            settings = settings or settings_from_manifest(Path(folder)) or NightlySettings()
+            hpath = history_path(settings, a.history)
+            if a.record_only:
+                return record_only(folder, hpath, settings.lock_timeout_s)
+            return nightly_on_run(
+                folder, settings, history=hpath, compare_settings=cfg.compare if cfg else None
+            ).exit_code
+        finally:
+            if lock is not None:
+                lock.release()
     if not a.config:
         print(
             "patchbench nightly: give a CONFIG (or --from-run / --record-only RUN_DIR)",
@@ -462,7 +473,9 @@ def add_dashboard_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_dashboard(a: argparse.Namespace) -> int:
-    """Build the site; prints what it wrote. Exit 2 for a missing history, 3 for an unusable one."""
+    """Build the site; prints what it wrote and what it left out (``note:`` lines). Exit 2 for
+    a missing history or an ``--out`` folder the dashboard does not own, 3 for an unusable
+    history."""
     from patchbench.nightly.dashboard import build_site
 
     s = build_site(a.history, a.out)
@@ -472,4 +485,6 @@ def run_dashboard(a: argparse.Namespace) -> int:
         + (f", {len(s.nights_kept)} kept from an earlier build" if s.nights_kept else "")
         + (f", {len(s.nights_gone)} night(s) whose run folder is gone" if s.nights_gone else "")
     )
+    for note in s.notes:
+        print(f"dashboard: note: {note}")
     return EXIT_OK

@@ -18,14 +18,18 @@ GitHub Pages); a night whose run folder is gone is named as such, without a link
 from __future__ import annotations
 
 import html
+import json
+import os
 import re
-import shutil
+import stat
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from patchbench.errors import EnvironmentNotReady
+from patchbench import records
+from patchbench.config.schema import run_id_problem
+from patchbench.errors import EnvironmentNotReady, UsageError
 from patchbench.nightly.history import (
     NightInfo,
     config_names,
@@ -49,6 +53,13 @@ COLOURS = {
 GREY = "#8c959f"
 #: a night's reports, copied and rendered (the first present is the one linked)
 REPORTS = ("nightly.md", "report.md", "report-details.md")
+#: the marker file of a site folder the dashboard wrote: JSON with every file it wrote there
+#: (relative paths); only those are ever replaced or removed
+MARKER = ".patchbench-dashboard"
+#: what a folder the dashboard adopts without a marker may hold (a site written before markers)
+LEGACY_ENTRIES = frozenset({"index.html", "configs", "assets", "nights"})
+#: the largest file copied from a run folder into the site (a larger one is left out, noted)
+MAX_COPY_BYTES = 8 << 20
 #: the colours of the variants' traces, in order
 TRACE_COLOURS = ("#0969da", "#8250df", "#1b7c83", "#bc4c00", "#57606a")
 
@@ -81,7 +92,9 @@ def slug(name: str) -> str:
 
 
 def _esc(x: Any) -> str:
-    return html.escape("" if x is None else str(x))
+    """``x`` as HTML text: terminal controls removed (:func:`patchbench.records.printable`),
+    escaped."""
+    return html.escape(records.printable("" if x is None else str(x)))
 
 
 def _badge(outcome: str | None) -> str:
@@ -112,7 +125,9 @@ def _failing_text(n: NightInfo) -> str:
 class SiteSummary:
     """What :func:`build_site` wrote: ``pages`` (paths relative to DIR), ``charts``: chart div id
     -> {trace name: number of points}; run ids: ``nights_copied`` (from their run folders),
-    ``nights_kept`` (run folder gone, an earlier build's copy kept), ``nights_gone`` (neither)."""
+    ``nights_kept`` (run folder gone, an earlier build's copy kept), ``nights_gone`` (neither);
+    ``notes``: what was left out and why (a symbolic link, a file outside its run folder, a run
+    id that cannot name a folder); ``written``: every file written (relative to DIR)."""
 
     out: Path
     pages: list[str] = field(default_factory=list)
@@ -120,6 +135,135 @@ class SiteSummary:
     nights_copied: list[str] = field(default_factory=list)
     nights_kept: list[str] = field(default_factory=list)
     nights_gone: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    written: set[str] = field(default_factory=set)
+
+
+class SiteFolderRefused(UsageError):
+    """``dashboard --out DIR`` names a folder the dashboard does not own: not empty and without
+    its :data:`MARKER` (nothing was written; exit 2, "site folder refused")."""
+
+    kind = "site folder refused"
+
+
+@dataclass
+class _Site:
+    """The site folder being written: ``old`` the files an earlier build wrote (its marker),
+    ``summary`` what this build wrote."""
+
+    out: Path
+    old: set[str]
+    summary: SiteSummary
+
+    def write(self, rel: str, data: str | bytes) -> None:
+        """Write ``DIR/rel`` atomically (never through a link out of DIR) and note it."""
+        path = self.out / rel
+        root = self.out.resolve()
+        parent = path.parent
+        parent.mkdir(parents=True, exist_ok=True)
+        if parent.resolve() != root and root not in parent.resolve().parents:
+            raise SiteFolderRefused(f"{parent}: leads out of the site folder {self.out}")
+        if path.is_symlink():
+            path.unlink()
+        records.write_bytes(path, data.encode() if isinstance(data, str) else data)
+        self.summary.written.add(rel)
+
+    def keep(self, prefix: str) -> None:
+        """Keep the files an earlier build wrote under ``prefix`` (a night whose folder is gone)."""
+        self.summary.written.update(r for r in self.old if r.startswith(prefix))
+
+    def drop(self, prefix: str) -> None:
+        """Remove the files an earlier build wrote under ``prefix`` (a night copied again)."""
+        for rel in sorted(r for r in self.old if r.startswith(prefix)):
+            _remove(self.out, rel)
+            self.old.discard(rel)
+
+
+def _remove(out: Path, rel: str) -> None:
+    """Remove ``DIR/rel`` (a file or link, never followed) and the folders it leaves empty."""
+    path = out / rel
+    try:
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+    except OSError:
+        return
+    parent = path.parent
+    while parent != out and out in parent.parents:
+        try:
+            parent.rmdir()  # only an empty one
+        except OSError:
+            break
+        parent = parent.parent
+
+
+def _open_site(out: Path) -> set[str]:
+    """The files an earlier build wrote into ``out`` (its :data:`MARKER`); an empty set for a
+    new or empty folder or a site written before markers. Raises :class:`SiteFolderRefused` for
+    anything else that is not empty."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise SiteFolderRefused(f"{out}: not a folder; give a new or empty folder for the site")
+    if not out.exists():
+        return set()
+    marker = out / MARKER
+    if marker.is_file() and not marker.is_symlink():
+        try:
+            doc = json.loads(marker.read_text(encoding="utf-8"))
+            files = doc["files"]
+            if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+                raise ValueError("files is not a list of names")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SiteFolderRefused(
+                f"{marker}: unreadable ({e}); remove the folder or give another --out"
+            ) from None
+        return {f for f in files if _inside_rel(f)}
+    entries = {p.name for p in out.iterdir()}
+    if not entries:
+        return set()
+    if entries <= LEGACY_ENTRIES and (out / "assets" / "plotly.min.js").is_file():
+        return set()  # a site written before markers: adopted, nothing of it removed
+    shown = ", ".join(sorted(entries)[:5]) + (", ..." if len(entries) > 5 else "")
+    raise SiteFolderRefused(
+        f"{out} is not empty ({shown}) and holds no {MARKER}: it is not a site the dashboard "
+        "wrote, and the build would replace what is there; give a new or empty folder (--out)"
+    )
+
+
+def _inside_rel(rel: str) -> bool:
+    """``rel`` is a plain relative path below the site folder (no ``..``, not absolute)."""
+    parts = Path(rel).parts
+    return bool(parts) and not Path(rel).is_absolute() and ".." not in parts
+
+
+def _read_own(root: Path, rel: str, notes: list[str], what: str) -> bytes | None:
+    """The bytes of ``root/rel`` when it is a regular file of the run folder ``root`` (resolved)
+    itself, no larger than :data:`MAX_COPY_BYTES`; None when absent, and a note in ``notes``
+    when it is a symbolic link, not a regular file, outside ``root`` or too large."""
+    path = root / rel
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    why = None
+    if stat.S_ISLNK(st.st_mode):
+        why = "a symbolic link (never followed)"
+    elif not stat.S_ISREG(st.st_mode):
+        why = "not a regular file"
+    elif root not in path.resolve().parents:
+        why = "outside its run folder"
+    elif st.st_size > MAX_COPY_BYTES:
+        why = f"{st.st_size} bytes, over the {MAX_COPY_BYTES} a copied file may have"
+    if why is None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as e:
+            why = f"unreadable ({e.strerror})"
+        else:
+            with os.fdopen(fd, "rb") as f:
+                if stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    return f.read(MAX_COPY_BYTES + 1)[:MAX_COPY_BYTES]
+            why = "not a regular file"
+    notes.append(f"{what}: {path} left out: {why}")
+    return None
 
 
 # ---------------------------------------------------------------------------------------- nights
@@ -132,7 +276,7 @@ def _md_to_html(text: str, folder: Path) -> str:
     from markdown_it import MarkdownIt
 
     # raw HTML in the markdown stays text: a report quotes model outputs and error messages
-    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(text)
+    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(records.printable(text))
     root = folder.resolve()
 
     def inside(rel: str) -> bool:
@@ -158,39 +302,55 @@ def _md_to_html(text: str, folder: Path) -> str:
     return re.sub(r'<img src="([^"]*)" alt="([^"]*)"[^>]*>', fix_img, body)
 
 
-def _copy_night(n: NightInfo, out: Path) -> str | None:
+def _copy_night(n: NightInfo, site: _Site) -> str | None:
     """Copy night ``n``'s reports into ``out/nights/<run_id>/`` and render them; returns the
-    page to link (relative to DIR). When the run folder is gone, the copy an earlier build left
-    in ``out`` is kept and linked; None when there is none, or the folder has no report."""
-    dest = out / "nights" / slug(n.run_id)
+    page to link (relative to DIR). Only regular files of the run folder itself are copied: a
+    symbolic link, or a file whose real path is outside the run folder, is left out with a note
+    (:func:`_read_own`). When the run folder is gone, the copy an earlier build left in ``out``
+    is kept and linked; None when there is none, or the folder has no report."""
+    out, notes = site.out, site.summary.notes
+    prefix = f"nights/{slug(n.run_id)}/"
     if not n.folder_present:
+        site.keep(prefix)
         return _link(out, n)  # copied by an earlier build into the same DIR, else None
     src = Path(str(n.run_dir))
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True, exist_ok=True)
+    if src.is_symlink():
+        notes.append(f"night {n.run_id}: its run folder {src} is a symbolic link: not copied")
+        return None
+    root = src.resolve()
+    site.drop(prefix)
+    copied: dict[str, bytes] = {}
     for name in (*REPORTS, "nightly.json"):
-        if (src / name).is_file():
-            shutil.copy2(src / name, dest / name)
-    if (src / "plots").is_dir():
-        (dest / "plots").mkdir(exist_ok=True)
-        for png in sorted((src / "plots").glob("*.png")):
-            shutil.copy2(png, dest / "plots" / png.name)
+        data = _read_own(root, name, notes, f"night {n.run_id}")
+        if data is not None:
+            copied[name] = data
+    plots = root / "plots"
+    if plots.is_symlink():
+        notes.append(f"night {n.run_id}: {plots} left out: a symbolic link (never followed)")
+    elif plots.is_dir():
+        for png in sorted(p.name for p in plots.iterdir() if p.name.endswith(".png")):
+            data = _read_own(root, f"plots/{png}", notes, f"night {n.run_id}")
+            if data is not None:
+                copied[f"plots/{png}"] = data
+    for rel, data in copied.items():
+        site.write(prefix + rel, data)
+    dest = out / prefix
     # the .html names exist before any page is rendered, so the reports link each other
-    mds = [m for m in REPORTS if (dest / m).is_file()]
+    mds = [m for m in REPORTS if m in copied]
     for m in mds:
-        (dest / m.replace(".md", ".html")).touch()
+        site.write(prefix + m.replace(".md", ".html"), b"")
     for m in mds:
-        body = _md_to_html((dest / m).read_text(errors="replace"), dest)
+        body = _md_to_html(copied[m].decode(errors="replace"), dest)
         back = (
             f'<p class="note"><a href="../../index.html">all configs</a> · '
             f'<a href="../../configs/{slug(n.config_name)}.html">{_esc(n.config_name)}</a> · '
             f'raw: <a href="{m}">{m}</a></p>'
         )
         page = _page(f"{n.run_id}: {m}", back + body, depth=2)
-        (dest / m.replace(".md", ".html")).write_text(page)
+        site.write(prefix + m.replace(".md", ".html"), page)
     if not mds:
         return None
-    return f"nights/{slug(n.run_id)}/{mds[0].replace('.md', '.html')}"
+    return f"{prefix}{mds[0].replace('.md', '.html')}"
 
 
 def _night_cell(n: NightInfo, links: dict[str, str | None], up: str, label: str = "") -> str:
@@ -412,7 +572,7 @@ def _red_y(
 
 
 def _config_page(h, config: str, infos: list[NightInfo], links, summary: SiteSummary) -> str:
-    nights = h.nights(config)
+    nights = [x for x in h.nights(config) if not run_id_problem(x.run_id)]
     cps = read_change_points(h, config)
     parts = [
         '<p class="note"><a href="../index.html">all configs</a></p>',
@@ -467,13 +627,19 @@ def _index_page(latest: dict[str, NightInfo], links) -> str:
 def build_site(history: str | Path, out: str | Path) -> SiteSummary:
     """Write the static site of a nightly history into ``out`` (module docstring).
 
-    ``out``'s ``index.html``, ``configs/`` and ``assets/`` are replaced, and ``nights/<run>/``
-    for every night whose run folder is present; a night whose run folder is gone keeps the copy
-    an earlier build left in ``out`` (so a site folder kept between nights, e.g. beside the
-    history, keeps every report); nothing else in ``out`` is touched.
+    ``out`` must be new, empty, or a site the dashboard wrote (its :data:`MARKER` lists every
+    file it wrote; a site written before markers, holding only the site's own entries, is
+    adopted). The build writes ``index.html``, ``configs/``, ``assets/`` and ``nights/<run>/``
+    for every night whose run folder is present, then removes only the files the earlier build
+    wrote that this one did not; a night whose run folder is gone keeps the copy an earlier build
+    left (so a site folder kept between nights, e.g. beside the history, keeps every report);
+    nothing else in ``out`` is touched. A night whose run id cannot name a folder
+    (:func:`patchbench.config.schema.run_id_problem`) is left out with a note.
 
-    Raises UsageError (exit 2) for a missing history file, :class:`patchbench.nightly.history.HistoryError`
-    (exit 3) for an unusable one; EnvironmentNotReady (exit 3) without plotly or markdown-it-py."""
+    Raises UsageError (exit 2) for a missing history file, :class:`SiteFolderRefused` (exit 2)
+    for an ``out`` that is not the dashboard's, :class:`patchbench.nightly.history.HistoryError`
+    (exit 3) for an unusable history; EnvironmentNotReady (exit 3) without plotly or
+    markdown-it-py."""
     try:
         import markdown_it  # noqa: F401
         import plotly.offline
@@ -484,20 +650,17 @@ def build_site(history: str | Path, out: str | Path) -> SiteSummary:
 
     out = Path(out)
     with open_history(history) as h:
+        old = _open_site(out)
         out.mkdir(parents=True, exist_ok=True)
-        for sub in ("configs", "assets"):
-            shutil.rmtree(out / sub, ignore_errors=True)
-        for sub in ("configs", "assets", "nights"):
-            (out / sub).mkdir(exist_ok=True)
-        (out / "assets" / "plotly.min.js").write_text(plotly.offline.get_plotlyjs())
         summary = SiteSummary(out)
+        site = _Site(out, set(old), summary)
+        site.write("assets/plotly.min.js", plotly.offline.get_plotlyjs())
         latest: dict[str, NightInfo] = {}
-        known: set[str] = set()
         for config in config_names(h):
-            infos = night_infos(h, config)
+            infos = _valid(night_infos(h, config), summary.notes)
             links = {}
             for n in infos:
-                links[n.run_id] = _copy_night(n, out)
+                links[n.run_id] = _copy_night(n, site)
                 if links[n.run_id]:
                     summary.pages.append(links[n.run_id])
                     (summary.nights_copied if n.folder_present else summary.nights_kept).append(
@@ -505,20 +668,35 @@ def build_site(history: str | Path, out: str | Path) -> SiteSummary:
                     )
                 elif not n.folder_present:
                     summary.nights_gone.append(n.run_id)
-                known.add(slug(n.run_id))
             page = f"configs/{slug(config)}.html"
-            (out / page).write_text(_config_page(h, config, infos, links, summary))
+            site.write(page, _config_page(h, config, infos, links, summary))
             summary.pages.append(page)
             if infos:
                 latest[config] = infos[-1]
-        (out / "index.html").write_text(
-            _index_page(latest, {n.run_id: _link(out, n) for n in latest.values()})
+        site.write(
+            "index.html", _index_page(latest, {n.run_id: _link(out, n) for n in latest.values()})
         )
         summary.pages.insert(0, "index.html")
-        for stale in (out / "nights").iterdir():
-            if stale.name not in known:  # a night no longer in the history
-                shutil.rmtree(stale, ignore_errors=True)
+        for stale in sorted(site.old - summary.written):  # written before, not now: ours to remove
+            _remove(out, stale)
+        marker = {"written_by": "patchbench dashboard", "files": sorted(summary.written)}
+        records.write_json(out / MARKER, marker)
     return summary
+
+
+def _valid(infos: list[NightInfo], notes: list[str]) -> list[NightInfo]:
+    """The nights whose run id can name a folder of the site; a note for each other one."""
+    keep = []
+    for n in infos:
+        problem = run_id_problem(n.run_id)
+        if problem:
+            notes.append(
+                f"night {n.run_id!r} ({n.config_name}) left out: its run id cannot name a "
+                f"folder: {problem}"
+            )
+        else:
+            keep.append(n)
+    return keep
 
 
 def _link(out: Path, n: NightInfo) -> str | None:
@@ -530,4 +708,4 @@ def _link(out: Path, n: NightInfo) -> str | None:
     return None
 
 
-__all__ = ["COLOURS", "SiteSummary", "build_site", "slug"]
+__all__ = ["COLOURS", "MARKER", "SiteFolderRefused", "SiteSummary", "build_site", "slug"]

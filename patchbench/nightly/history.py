@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from patchbench.analysis.comparison import Comparison, read_comparison
-from patchbench.errors import EnvironmentNotReady, UsageError
+from patchbench.config.schema import run_id_problem
+from patchbench.errors import EXIT_USAGE, EnvironmentNotReady, UsageError
 from patchbench.runfolder import RunFolderError, RunManifest, read_cell, read_manifest, read_summary
 
 SCHEMA_VERSION = 2
@@ -65,6 +66,15 @@ class HistoryError(EnvironmentNotReady):
     def __init__(self, path: Path, message: str):
         super().__init__(f"{path}: {message}")
         self.path = path
+
+
+class RunIdRefused(HistoryError):
+    """A night's run id cannot be recorded: it must name a folder (``..``, ``/`` or an empty id
+    would make the dashboard write or delete outside its own folder); nothing was written
+    (exit 2, "run id refused")."""
+
+    exit_code = EXIT_USAGE
+    kind = "run id refused"
 
 
 class HistoryLocked(HistoryError):
@@ -466,9 +476,18 @@ class History:
         """Append one night in one transaction.
 
         Returns True when it was appended, False when its run_id was already there (nothing
-        changed). Raises :class:`HistoryLocked` (the transaction could not start or commit within
-        the timeout) or another :class:`HistoryError`; either way the file holds none of the night.
+        changed). Raises :class:`RunIdRefused` (exit 2) for a run id that cannot name a folder
+        (:func:`patchbench.config.schema.run_id_problem`), :class:`HistoryLocked` (the
+        transaction could not start or commit within the timeout) or another
+        :class:`HistoryError`; either way the file holds none of the night.
         """
+        problem = run_id_problem(night.run_id)
+        if problem:
+            raise RunIdRefused(
+                self.path,
+                f"night {night.run_id!r} (run folder {night.run_dir}) not recorded: its run id "
+                f"names a folder of the dashboard's site: {problem}",
+            )
         rows_values, rows_repeats, rows_cmp = _rows_of(night)
         try:
             self._db.execute("BEGIN IMMEDIATE")

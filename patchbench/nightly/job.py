@@ -64,7 +64,8 @@ from patchbench.nightly.render import (
     worst_exit,
 )
 from patchbench.nightly.trend import write_plots
-from patchbench.records import write_json, write_text
+from patchbench.records import printable, write_json, write_text
+from patchbench.run.lock import RunLock
 from patchbench.runfolder import RunFolderError, read_manifest
 
 HISTORY_ENV = "PATCHBENCH_HISTORY"
@@ -490,7 +491,7 @@ def _write_files(run: Path, row: UnitNightly) -> None:
     assert res is not None and res.night is not None and res.settings is not None
     tonight, settings, failing = res.night, res.settings, row.failing
     page = NightSummary(tonight.config_name, res.exit_code, res.headline, [row])
-    res.summary_path = write_text(run / "nightly.md", render_markdown(page))
+    res.summary_path = write_text(run / "nightly.md", printable(render_markdown(page)))
     res.json_path = write_json(
         run / "nightly.json",
         {
@@ -567,8 +568,9 @@ def record_only(
     unit_id: str | None = None,
 ) -> int:
     """Append a finished run folder to the history (no gates). Exit 0, or 3 (history error),
-    4 (the folder holds no metrics). A matrix unit's folder (``unit_id``, default found by
-    :func:`matrix_unit_id`) is keyed ``<config name>@<unit id>`` as :func:`nightly_on_run` does."""
+    2 (a run id that cannot name a folder), 4 (the folder holds no metrics). A matrix unit's
+    folder (``unit_id``, default found by :func:`matrix_unit_id`) is keyed
+    ``<config name>@<unit id>`` as :func:`nightly_on_run` does."""
     out = out or sys.stdout
     try:
         night = night_from_run(run_dir)
@@ -586,14 +588,57 @@ def record_only(
         with History(history, timeout_s=timeout_s) as h:
             added = h.record(night)
     except HistoryError as e:
-        print(f"nightly: history unavailable: {e}", file=sys.stderr)
-        return EXIT_ENV
+        what = "history unavailable" if e.exit_code == EXIT_ENV else e.kind
+        print(f"nightly: {what} (exit {e.exit_code}): {e}", file=sys.stderr)
+        return e.exit_code
     print(
         f"nightly: {'recorded' if added else 'already recorded'} {night.run_id} "
         f"({len(night.values)} metric series) in {history}",
         file=out,
     )
     return EXIT_OK
+
+
+class RunNotFinished(RunFailed):
+    """``--record-only`` / ``--from-run`` of a run folder whose run has not ended: its manifest
+    has no ``ended_at`` (a run still going, or one killed before its end: resume it first), or
+    there is no manifest (exit 4, "run not finished")."""
+
+    kind = "run not finished"
+
+
+def hold_finished_run(run_dir: Path) -> RunLock | None:
+    """Take ``run_dir``'s lock (:func:`patchbench.run.lock.acquire`, purpose "nightly": a report
+    holding it is waited for) and check that its run ended (the manifest's ``ended_at``, which
+    ``bench`` writes when its measurements end, after a signal or a write failure too); the
+    lock, to release once the night is recorded and gated, or None for a folder this user
+    cannot write (an archive: no run can write it either). Raises RunFolderBusy (exit 4) naming
+    a live run or report that holds it, :class:`RunNotFinished` (exit 4)."""
+    from patchbench.run.lock import REPORT_WAIT_S, acquire
+
+    lock = (
+        acquire(run_dir, purpose="nightly", wait_s=REPORT_WAIT_S)
+        if os.access(run_dir, os.W_OK)
+        else None
+    )
+    try:
+        if not (run_dir / "manifest.json").is_file():
+            raise RunNotFinished(f"{run_dir}: no manifest.json: not a run folder bench wrote")
+        try:
+            ended = read_manifest(run_dir).ended_at
+        except RunFolderError as e:
+            raise RunNotFinished(f"{run_dir}: its manifest is unreadable: {e}") from None
+        if not ended:
+            raise RunNotFinished(
+                f"{run_dir}: the run has not ended (its manifest has no ended_at): it was killed "
+                f"before its end; finish it with `patchbench bench CONFIG --resume {run_dir}`, "
+                "then record or gate it"
+            )
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    return lock
 
 
 def settings_from_manifest(run_dir: Path) -> NightlySettings | None:

@@ -40,7 +40,7 @@ from patchbench.nightly.render import (
     render_markdown,
     worst_exit,
 )
-from patchbench.records import write_json, write_text
+from patchbench.records import printable, write_json, write_text
 
 MATRIX_NIGHTLY_SCHEMA = 1
 """The matrix run folder's nightly.json (``"kind": "matrix"``; each unit's own nightly.json keeps
@@ -157,7 +157,7 @@ def nightly_on_matrix_run(
     code, headline = _matrix_verdict(rows)
     name = rec.name or mdir.name
     summary = NightSummary(name, code, headline, rows, matrix_dir=mdir)
-    md_path = write_text(mdir / "nightly.md", render_markdown(summary))
+    md_path = write_text(mdir / "nightly.md", printable(render_markdown(summary)))
     js = write_json(
         mdir / "nightly.json",
         {

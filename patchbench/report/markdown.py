@@ -576,6 +576,6 @@ def render_run(run_dir: str | Path, settings=None, *, plots: bool = True) -> Pat
         paths, notes = make_plots(cmp, run_dir / "plots")
     rel = [p.relative_to(run_dir) if p.is_relative_to(run_dir) else p for p in paths]
     details = render_details(cmp, run_dir, rel, notes)
-    records.write_text(run_dir / DETAILS_NAME, details)
+    records.write_text(run_dir / DETAILS_NAME, records.printable(details))
     text = render_markdown(cmp, rel, notes, details=details)
-    return records.write_text(run_dir / "report.md", text)
+    return records.write_text(run_dir / "report.md", records.printable(text))

@@ -22,7 +22,13 @@ from patchbench.records import ResultsWriteError, make_dir
 from patchbench.run import cell as cellmod
 from patchbench.run import preflight
 from patchbench.run.cell import LaunchSpecFn, run_cell, utc_stamp
-from patchbench.run.lock import RunLock, holder_text
+from patchbench.run.lock import (
+    RunFolderGone,
+    RunLock,
+    check_folder,
+    folder_identity,
+    holder_text,
+)
 from patchbench.run.lock import acquire as lock_run_folder
 from patchbench.run.looks import (
     sequential_design,
@@ -124,6 +130,9 @@ def run_bench(
             except ResultsWriteError as e:  # results folder unwritable or full: exit 4
                 run.stopped(e)
                 raise
+            except RunFolderGone:  # deleted under the run: nothing more is written (exit 4)
+                run.end_quietly()
+                raise
             except KeyboardInterrupt as e:
                 raise run.interrupted(e) from None
         with terminate_like_ctrl_c(log=run.say):  # a signal in the report: measured is kept
@@ -208,6 +217,9 @@ class BenchRun:
     processed: set[int] = field(default_factory=set)
     #: set when a failed cell left the server port held by another process: the run stops
     port_busy: str | None = None
+    #: the run folder's identity once it is ours (:func:`patchbench.run.lock.folder_identity`),
+    #: checked before every write: a folder deleted under the run stops it (RunFolderGone)
+    folder_id: tuple[int, int] | None = None
 
     @property
     def entries(self) -> list[ManifestCell]:
@@ -230,7 +242,9 @@ class BenchRun:
             say(msg)
 
     def save(self) -> None:
-        """Write the manifest (atomically); raises ResultsWriteError when it cannot."""
+        """Write the manifest (atomically); raises ResultsWriteError when it cannot,
+        RunFolderGone when the run folder was deleted under the run."""
+        check_folder(self.run_dir, self.folder_id)
         write_manifest(self.run_dir, self.manifest)
 
     def resume_command(self) -> str:
@@ -255,9 +269,12 @@ class BenchRun:
         self.given_port = port or (old.port if old is not None else None)
         if resume:  # one writer per folder: refused before anything slow or written
             self.hold(lock_run_folder(resume))
+            # the lock is free, so the run before this one is gone: stop what it left running
+            preflight.stop_orphans_of(Path(resume), log=self.say)
         make = "yes" if self.make_env else "no"
         env = preflight.check_environment(cfg, resumed=old, make=make, log=self.say)
         check_instrumentation(cfg)  # a conflicting instrumentation argument: exit 2 first
+        preflight.launch_fits_or_raise(cfg, self.given_port or cfg.server.port)
         preflight.ensure_model(cfg, log=self.say)
         # absolute: suites run clients in the cell's folder (cwd) and hand them paths in the run
         root = Path(resume).parent if resume else Path(results_root).resolve()
@@ -278,6 +295,7 @@ class BenchRun:
         else:
             self.run_dir = new_run_dir(root, utc_stamp(), cfg.name)
             self.hold(lock_run_folder(self.run_dir))
+        self.folder_id = folder_identity(self.run_dir)
         cells = plan(cfg)
         timings = RunTimings(setup=round(time.monotonic() - t_call, 3))
         if python_start_s is not None:
@@ -350,6 +368,7 @@ class BenchRun:
                 progress=self.progress,
                 nvml=self.nvml,
                 launch=self.launch,
+                folder_id=self.folder_id,
             )
             self.progress.cell_finished(rec.status, rec.timings_s)
             self.failed += rec.status == "failed"
@@ -409,6 +428,10 @@ class BenchRun:
             self.progress.close()
         if self.manifest is not None:
             self.manifest.ended_at = utc_stamp()
+
+    def end_quietly(self) -> None:
+        """The run folder is gone: close the progress bar, write nothing."""
+        self._end()
 
     def stopped(self, e: ResultsWriteError) -> None:
         """The results folder cannot be written: note it, say how to resume."""

@@ -30,6 +30,7 @@ from patchbench.envs import envinfo
 from patchbench.records import ResultsWriteError, make_dir
 from patchbench.run import logscan
 from patchbench.run.liveness import ServerLost, ServerWatch
+from patchbench.run.lock import RunFolderGone, check_folder
 from patchbench.run.plan import Cell, cell_suites, instrumentation_args, suite_done
 from patchbench.run.ports import server_markers
 from patchbench.run.server import LaunchSpec, ServerError, SglangServer, scan_log
@@ -143,9 +144,13 @@ class CellRun:
     watch: ServerWatch | None = None
     sampler: Any = None
     instrumentation: dict[str, Instrumentation] = field(default_factory=dict)
+    #: the run folder's identity at the run's start (:func:`patchbench.run.lock.folder_identity`;
+    #: None: not checked): every write of the cell checks it first
+    folder_id: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         self.cdir = self.cell.path(self.run_dir)
+        self.guard()
         make_dir(self.cdir)
         self.t0 = time.monotonic()
         base = self.cfg.builds.get(self.cfg.baseline)
@@ -184,13 +189,19 @@ class CellRun:
     def say(self, msg: str, suite: str | None = None) -> None:
         self.log(f"{self.cell.label}" + (f"/{suite}" if suite else "") + f": {msg}")
 
+    def guard(self) -> None:
+        """RunFolderGone (exit 4) when the run folder is no longer the one the run started in."""
+        check_folder(self.run_dir, self.folder_id)
+
     def write(self) -> None:
+        self.guard()
         runfolder.write_cell(self.cdir, self.record)
 
     def ctx(self, suite: str, server: ServerInfo | None, *, make: bool = True) -> SuiteContext:
         """The suite's context; ``make``: create its folder (not for the hook)."""
         out = self.cdir / suite
         if make:
+            self.guard()
             make_dir(out)
         return SuiteContext(
             server=server,
@@ -351,6 +362,7 @@ class CellRun:
             self._scan_log(res, log_off)
         dt = time.monotonic() - t
         res.meta.setdefault("duration_s", round(dt, 3))
+        self.guard()
         runfolder.write_summary(self.cdir / name, res.to_json(name))
         self.record.suites[name] = res.status
         self.record.timings_s[f"suite:{name}"] = round(dt, 3)
@@ -426,7 +438,7 @@ class CellRun:
         self.record.ended_at = utc_stamp()
         try:
             self.write()
-        except ResultsWriteError as e:
+        except (ResultsWriteError, RunFolderGone) as e:
             if not best_effort:
                 raise
             self.say(f"cell.json not updated either: {e}")
@@ -441,6 +453,7 @@ class CellRun:
         self.fail(str(e))
         for s in self.remote:
             if s not in self.record.suites:
+                self.guard()
                 runfolder.write_summary(
                     self.cdir / s,
                     SuiteResult(
@@ -472,11 +485,16 @@ def run_cell(
     progress: Any,
     nvml: Any,
     launch: LaunchSpecFn,
+    folder_id: tuple[int, int] | None = None,
 ) -> CellRecord:
     """Run one cell; returns its record. Never raises for a failure of the server or a suite; an
     interrupt (KeyboardInterrupt, Terminated) or a ResultsWriteError stops the server, is recorded
-    and propagates."""
-    c = CellRun(cfg, cell, venv, Path(run_dir), port, log, progress, nvml, launch)
+    and propagates; ``folder_id``: the run folder's identity at the run's start, checked before
+    every write (RunFolderGone, exit 4, when it was deleted: the server is stopped, nothing
+    recreated)."""
+    c = CellRun(
+        cfg, cell, venv, Path(run_dir), port, log, progress, nvml, launch, folder_id=folder_id
+    )
     c.record.variant_identity = venv.identity or None
     try:
         c.run_suites(c.local)

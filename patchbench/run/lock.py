@@ -1,7 +1,10 @@
 """One writer per run folder: ``RUN/.lock``, held with ``fcntl.flock`` (the kernel drops it with
 a run that died) and holding the holder's pid, host, start and command line. A second run is
-refused (:class:`RunFolderBusy`, exit 4, naming the holder); ``patchbench report RUN`` takes the
-same lock and waits up to :data:`REPORT_WAIT_S` for another report.
+refused (:class:`RunFolderBusy`, exit 4, naming the holder); ``patchbench report RUN`` and
+``patchbench nightly --record-only / --from-run RUN`` take the same lock and wait up to
+:data:`REPORT_WAIT_S` for a report. A run records its folder's identity (:func:`folder_identity`)
+and checks it before each write (:func:`check_folder`): a folder deleted under it stops the run
+(:class:`RunFolderGone`, exit 4) instead of being made again.
 """
 
 from __future__ import annotations
@@ -22,6 +25,42 @@ from patchbench.records import ResultsWriteError
 LOCK_NAME = ".lock"
 #: seconds ``patchbench report`` waits for another report of the same folder to finish
 REPORT_WAIT_S = 30.0
+
+
+class RunFolderGone(RunFailed):
+    """The run folder was deleted (or replaced by another folder) while a run wrote it: the run
+    stops instead of making it again (exit 4, "run folder gone")."""
+
+    kind = "run folder gone"
+
+
+def folder_identity(path: str | os.PathLike) -> tuple[int, int]:
+    """``(st_dev, st_ino)`` of folder ``path``: what :func:`check_folder` compares."""
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def check_folder(path: str | os.PathLike, identity: tuple[int, int] | None) -> None:
+    """Raise :class:`RunFolderGone` when ``path`` is no longer the folder whose
+    :func:`folder_identity` was ``identity`` (None: nothing to check)."""
+    if identity is None:
+        return
+    try:
+        now: tuple[int, int] | None = folder_identity(path)
+    except OSError:
+        now = None
+    if now != identity:
+        what = (
+            ""
+            if now is None
+            else " (the folder there now is another one: made again by a write the cell then "
+            "running had under way, or by another process; the run wrote nothing more into it)"
+        )
+        raise RunFolderGone(
+            f"{path} was deleted while this run wrote it{what}: the run stopped here (its "
+            "server was stopped); start a new run",
+            Path(path),
+        )
 
 
 class RunFolderBusy(RunFailed):
@@ -77,7 +116,9 @@ def _busy(run_dir: str | os.PathLike, holder: dict | None, purpose: str, waited_
     else:
         who = f"another run: {holder_text(holder)}"
         after = ""
-    doing = "reporting" if purpose == "report" else "running or resuming"
+    doing = {"report": "reporting", "nightly": "recording or gating"}.get(
+        purpose, "running or resuming"
+    )
     return RunFolderBusy(
         f"{run_dir} is being written by {who}{after}; wait for it to end (or stop it) before "
         f"{doing} this folder",

@@ -8,6 +8,7 @@ cell first (every instrumentation on, no verdict from its timings).
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -258,12 +259,12 @@ def _variant_lines(cfg: Config, extra_args: dict[str, list[str]]) -> list[str]:
             what = f"{source}, patches: {', '.join(names) or 'none'}"
         lines.append(f"  {v:<24} {what}{tag}")
         if spec.server_args:
-            lines.append(f"  {'':<24} server args: {' '.join(spec.server_args)}")
+            lines.append(f"  {'':<24} server args: {shlex.join(spec.server_args)}")
         if spec.env:
-            lines.append(f"  {'':<24} env: " + " ".join(f"{k}={x}" for k, x in spec.env.items()))
+            lines.append(f"  {'':<24} env: " + _env_words(spec.env))
         if extra_args.get(v):
             lines.append(
-                f"  {'':<24} correctness cell adds: {' '.join(extra_args[v])} (instrumentation)"
+                f"  {'':<24} correctness cell adds: {shlex.join(extra_args[v])} (instrumentation)"
             )
     return lines
 
@@ -378,6 +379,11 @@ def _suite_lines(cfg: Config, cells: list[Cell]) -> list[str]:
     return lines
 
 
+def _env_words(env: dict[str, str]) -> str:
+    """``NAME=value`` words a shell reads back as they are (each value shell-quoted)."""
+    return " ".join(f"{k}={shlex.quote(x)}" for k, x in env.items())
+
+
 def _server_lines(cfg: Config) -> list[str]:
     """Each variant's server command, then the server environment."""
     lines = []
@@ -386,15 +392,13 @@ def _server_lines(cfg: Config) -> list[str]:
         python = b.python if b is not None and cfg.has_own_builds() else "python"
         s = cfg.server
         cmd = launch_command(python, cfg.model_ref, s.host, s.port, cfg.server_args_of(v))
-        lines.append(f"server     {v}: " + " ".join(cmd))
+        lines.append(f"server     {v}: " + shlex.join(cmd))
     env = dict(cfg.server.env)
     if cfg.server.cpu_stand_ins:
         env["PATCHBENCH_CPU_STAND_INS"] = "1"
     env["PYTHONPATH"] = "<overlay>:" + pythonpath(SITE_DIR, *stand_in_dirs(cfg))
     lines.append(
-        "server env "
-        + " ".join(f"{k}={v}" for k, v in env.items())
-        + "  (plus each variant's own env, when it sets one)"
+        "server env " + _env_words(env) + "  (plus each variant's own env, when it sets one)"
     )
     return lines
 

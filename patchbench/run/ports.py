@@ -275,6 +275,17 @@ def _stale_of_process(p: psutil.Process, root: Path | None) -> StaleServer | Non
     return StaleServer(p.pid, p.pid, run_dir, m["cell"], port, None, "environment")
 
 
+def marked_for(pid: int, run_dir: str | os.PathLike) -> bool:
+    """Whether process ``pid``'s environment marks it as a server of run folder ``run_dir``
+    (:data:`MARKER_RUN_DIR`, compared resolved); False when it cannot be read."""
+    try:
+        env = psutil.Process(pid).environ()
+        there = env.get(MARKER_RUN_DIR)
+        return bool(there) and Path(there).resolve() == Path(run_dir).resolve()
+    except (psutil.Error, OSError):
+        return False
+
+
 def kill_stale(
     servers: list[StaleServer], *, grace_s: float = 1.0, timeout_s: float = 10.0
 ) -> list[tuple[StaleServer, bool]]:

@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from patchbench.config import Config, config_from_mapping
+from patchbench.config.args import launch_size_problem
 from patchbench.envs import envinfo
 from patchbench.envs.builds import MakeMode
 from patchbench.errors import ConfigError, EnvironmentNotReady
-from patchbench.run.ports import find_stale_servers, kill_stale, port_taken_by
-from patchbench.run.variants import is_cpu
+from patchbench.run.ports import find_stale_servers, kill_stale, marked_for, port_taken_by
+from patchbench.run.server import launch_command
+from patchbench.run.variants import base_env, is_cpu
 from patchbench.runfolder import RunFolderError, RunManifest, SchemaTooNew, read_manifest
 
 _RUN_FOLDER_HINT = (
@@ -136,6 +138,49 @@ def report_stale_servers(results_root: Path, *, kill: bool, log) -> None:
         return
     for s in found:
         log(s.describe())
+
+
+def stop_orphans_of(run_dir: Path, *, log) -> None:
+    """A resumed run, once it holds the folder's lock (so the run before it is gone): stop the
+    servers that run left (:func:`patchbench.run.ports.find_stale_servers` of ``run_dir``: a
+    cell.json still "running" whose server lives, by pid and start time, or a group leader
+    carrying the folder's markers, its runner gone), each only when its own environment marks it
+    as a server of ``run_dir``; each is named. One that cannot be read is named, not touched.
+    Raises EnvironmentNotReady (exit 3) when one outlives SIGKILL."""
+    found = find_stale_servers(run_dir)
+    mine = [s for s in found if marked_for(s.pid, run_dir)]
+    for s in found:
+        if s not in mine:
+            log(f"{s.describe()}: its environment does not name {run_dir}, so it is left alone")
+    for s, ok in kill_stale(mine):
+        if not ok:
+            raise EnvironmentNotReady(
+                f"the server pid {s.pid} the run before this one left ({s.cell}) outlived "
+                f"SIGKILL; stop it (`{s.kill_command}`), then resume again"
+            )
+        log(
+            f"stopped server pid {s.pid} (cell {s.cell}, port {s.port}) that the killed run "
+            f"before this one left running"
+        )
+
+
+def launch_fits_or_raise(cfg: Config, port: int) -> None:
+    """ConfigError (exit 2), before any process is started for a variant (the overlay check
+    runs its interpreter with the same environment), when a variant's server command and
+    environment are over this system's limit on them
+    (:func:`patchbench.config.args.launch_size_problem`; the overlay's PYTHONPATH, a few hundred
+    bytes, comes on top: :class:`patchbench.run.server.LaunchRefused` names it at the launch)."""
+    import sys
+
+    for name in cfg.variants:
+        b = cfg.builds.get(name)
+        python = b.python if b is not None and b.python else sys.executable
+        argv = launch_command(
+            str(python), cfg.model_ref, cfg.server.host, port, cfg.server_args_of(name)
+        )
+        problem = launch_size_problem(argv, base_env(cfg, name))
+        if problem:
+            raise ConfigError(f"{cfg.source}: variant {name}: {problem}")
 
 
 def port_free_or_raise(host: str, port: int) -> None:

@@ -26,6 +26,7 @@ from typing import Literal
 
 import psutil
 
+from patchbench.config.args import launch_size_problem
 from patchbench.errors import RunFailed
 from patchbench.run.ports import (
     describe_port_holder,
@@ -44,6 +45,12 @@ class ServerError(RunFailed):
     def __init__(self, message: str, log_tail: str = ""):
         super().__init__(message + (f"\n--- server.log (tail) ---\n{log_tail}" if log_tail else ""))
         self.log_tail = log_tail
+
+
+class LaunchRefused(ServerError):
+    """The server cannot be started at all: its arguments and environment are over the
+    system's limit (E2BIG), or the interpreter cannot be executed (exit 4 in a cell; ``bench``
+    refuses the first case before any launch, exit 2)."""
 
 
 class PortInUse(ServerError):
@@ -204,7 +211,9 @@ class SglangServer:
 
     # ------------------------------------------------------------------ launch
     def start(self) -> None:
-        """Launch the server. Raises PortInUse when the port already answers."""
+        """Launch the server. Raises PortInUse when the port already answers, LaunchRefused
+        when its arguments and environment are over the system's limit or it cannot be
+        executed."""
         s = self.spec
         holder = port_taken_by(s.host, s.port)
         if holder is not None:
@@ -213,6 +222,9 @@ class SglangServer:
                 f"{holder}; stop it (or choose another port: --port, or server.port) - a stale "
                 "server must never be benchmarked"
             )
+        too_big = launch_size_problem(s.command(), s.env)
+        if too_big:
+            raise LaunchRefused(f"server not started: {too_big}")
         s.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._t0 = time.monotonic()
         log = open(s.log_path, "ab")
@@ -225,6 +237,10 @@ class SglangServer:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
+        except OSError as e:  # E2BIG past the estimate, ENOENT / EACCES for the interpreter
+            raise LaunchRefused(
+                f"server not started: {s.command()[0]}: {e.strerror or e} (errno {e.errno})"
+            ) from None
         finally:
             log.close()
         self._event("launched", pid=self.proc.pid, command=s.command())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import json
 import re
 import shutil
 import sqlite3
@@ -256,3 +257,133 @@ def test_every_page_in_headless_chromium(demo):
 
 def _page_of(div_id: str) -> str:
     return "configs/" + div_id.removeprefix("chart-").rsplit("-", 1)[0] + ".html"
+
+
+def _own_copy(hist: Path, tmp_path: Path, run_id: str) -> tuple[Path, Path]:
+    """A copy of the demo history whose night ``run_id`` points at a copy of its run folder
+    (this test's to change); (history, run folder)."""
+    h = tmp_path / "h.sqlite"
+    shutil.copy(hist, h)
+    run = tmp_path / "runs" / run_id
+    shutil.copytree(hist.parent / "runs" / run_id, run)
+    con = sqlite3.connect(h)
+    con.execute("UPDATE nights SET run_dir = ? WHERE run_id = ?", (str(run), run_id))
+    con.commit()
+    con.close()
+    return h, run
+
+
+def test_links_in_a_run_folder_are_never_followed_into_the_site(demo, tmp_path, capsys):
+    """A report-details.md linked to a file outside the run folder (as /etc/passwd), a plot
+    linked out and a plots folder that is a link are left out with a note, never copied."""
+    hist, _site, _s = demo
+    h, run = _own_copy(hist, tmp_path, RED_RUN)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("root:x:0:0:SECRET-4711\n")
+    (run / "report-details.md").unlink(missing_ok=True)
+    (run / "report-details.md").symlink_to(secret)
+    (run / "plots").mkdir(exist_ok=True)
+    (run / "plots/leak.png").symlink_to(secret)
+    (run / "plots/ok.png").write_bytes(b"\x89PNG fine")
+    site = tmp_path / "site"
+    assert main(["dashboard", str(h), "--out", str(site)]) == 0
+    out = capsys.readouterr().out
+    assert "report-details.md left out: a symbolic link (never followed)" in out
+    assert "leak.png left out: a symbolic link (never followed)" in out
+    night = site / "nights" / RED_RUN
+    assert sorted(p.name for p in (night / "plots").iterdir()) == ["ok.png"]
+    assert not (night / "report-details.md").exists()
+    assert not any(b"SECRET-4711" in p.read_bytes() for p in site.rglob("*") if p.is_file())
+    # a plots folder that is itself a link out of the run folder
+    shutil.rmtree(run / "plots")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    shutil.copy(secret, outside / "x.png")
+    (run / "plots").symlink_to(outside)
+    s = build_site(h, site)
+    assert any(n.endswith("plots left out: a symbolic link (never followed)") for n in s.notes)
+    assert not (night / "plots").exists()  # the earlier build's ok.png is gone with its night
+    assert not any(b"SECRET-4711" in p.read_bytes() for p in site.rglob("*") if p.is_file())
+
+
+def test_a_folder_the_dashboard_did_not_write_is_refused_and_only_its_files_are_cleaned(
+    demo, tmp_path, capsys
+):
+    hist, _site, _s = demo
+    theirs = tmp_path / "theirs"
+    (theirs / "configs").mkdir(parents=True)
+    (theirs / "configs/mine.html").write_text("keep me")
+    assert main(["dashboard", str(hist), "--out", str(theirs)]) == 2
+    err = capsys.readouterr().err
+    assert "site folder refused (exit 2)" in err and ".patchbench-dashboard" in err
+    assert [p.name for p in theirs.rglob("*")] == ["configs", "mine.html"]  # untouched
+    # the dashboard's own folder: files it did not write stay; a file it wrote and no longer
+    # writes goes
+    site = tmp_path / "site"
+    build_site(hist, site)
+    marker = json.loads((site / ".patchbench-dashboard").read_text())
+    assert "index.html" in marker["files"] and "assets/plotly.min.js" in marker["files"]
+    assert f"nights/{RED_RUN}/nightly.html" in marker["files"]
+    (site / "configs/mine.html").write_text("keep me")
+    (site / "nights/not-a-night").mkdir()
+    (site / "nights/not-a-night/notes.txt").write_text("keep me too")
+    (site / "configs/gone-config.html").write_text("old page")
+    marker["files"].append("configs/gone-config.html")
+    marker["files"].append("../outside.txt")  # a tampered marker names nothing outside
+    (tmp_path / "outside.txt").write_text("not the site's")
+    (site / ".patchbench-dashboard").write_text(json.dumps(marker))
+    build_site(hist, site)
+    assert (site / "configs/mine.html").read_text() == "keep me"
+    assert (site / "nights/not-a-night/notes.txt").read_text() == "keep me too"
+    assert not (site / "configs/gone-config.html").exists()
+    assert (tmp_path / "outside.txt").is_file()
+    # a site written before markers (only the site's own entries) is adopted
+    (site / ".patchbench-dashboard").unlink()
+    assert build_site(hist, site).pages[0] == "index.html"
+    assert (site / ".patchbench-dashboard").is_file()
+
+
+def test_a_run_id_that_is_no_folder_name_is_refused_at_record_and_left_out_of_the_page(
+    demo, tmp_path, capsys
+):
+    """A run id of ``..`` once made the next build delete the whole site (exit 70)."""
+    from patchbench.nightly.history import History, RunIdRefused, night_from_run
+    from patchbench.nightly.job import record_only
+
+    hist, _site, _s = demo
+    h, run = _own_copy(hist, tmp_path, RED_RUN)
+    night = night_from_run(run)
+    for bad in ("..", ".", "a/b", "", "x@..", "x@"):
+        night.run_id = bad
+        with History(h) as hh, pytest.raises(RunIdRefused) as e:
+            hh.record(night)
+        assert e.value.exit_code == 2
+    cmp = (
+        json.loads((run / "compare.json").read_text()) if (run / "compare.json").is_file() else None
+    )
+    man = json.loads((run / "manifest.json").read_text())
+    man["run_id"] = ".."
+    (run / "manifest.json").write_text(json.dumps(man))
+    if cmp is not None:
+        cmp["run_id"] = ".."
+        (run / "compare.json").write_text(json.dumps(cmp))
+    assert record_only(run, tmp_path / "new.sqlite") == 2
+    assert "run id refused (exit 2)" in capsys.readouterr().err
+    # a history that already holds one (written before the check): the build leaves it out
+    con = sqlite3.connect(h)
+    con.execute("UPDATE nights SET run_id = '..' WHERE run_id = ?", (RED_RUN,))
+    con.commit()
+    con.close()
+    site = tmp_path / "site"
+    build_site(h, site)
+    s = build_site(h, site)  # the second build deleted the whole site before
+    assert (site / "index.html").is_file() and (site / ".patchbench-dashboard").is_file()
+    assert (
+        s.notes
+        == [
+            "night '..' (nightly-cpu) left out: its run id cannot name a folder: use letters, "
+            "digits, '.', '_', '-' (starting with a letter or digit)"
+        ]
+        * 1
+    )
+    assert len(s.nights_copied) == 13
