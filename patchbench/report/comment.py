@@ -9,23 +9,19 @@ output identity; a table of the primaries whose figures the answer does not give
 only to URLs given (``--figure-url``, ``--report-url``, ``--publish-url``): a comment cannot
 open a file of the runner, so without a URL it names none. Each fact is said once.
 
-Exit codes: 2 without a token, repository or pull request; 3 (:class:`GitHubRefused`) for 401,
-403 or 404; 4 (:class:`GitHubError`) for another HTTP error or an unreachable API.
+The posting itself (origin, pages, whose comment is edited, exit codes) is
+:mod:`patchbench.report.github`.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from patchbench.analysis.comparison import Comparison, Row, read_comparison
-from patchbench.errors import EnvironmentNotReady, RunFailed, UsageError
+from patchbench.errors import UsageError
+from patchbench.report.github import post_comment, resolve_target
 from patchbench.report.text import (
     VERDICT_MARK,
     answer,
@@ -44,26 +40,11 @@ from patchbench.report.text import (
 GITHUB_COMMENT_LIMIT = 65_536
 #: the figure's file name inside a run folder's plots/ (patchbench.report.plots.make_plots)
 PR_FIGURE = "plots/pr_figure.png"
-DEFAULT_API = "https://api.github.com"
 DEFAULT_KEY = "patchbench"
-#: seconds one API request may take
-HTTP_TIMEOUT_S = 30
 #: the longest line of the answer (one clause) in a comment
 ANSWER_LINE_MAX = 2000
 #: units a value is shown without (a count is a number; accuracy is shown in percent)
 _BARE_UNITS = ("", "count", "acc", "share")
-
-
-class GitHubRefused(EnvironmentNotReady):
-    """GitHub answered 401, 403 or 404 (``status``): the token or its permissions (exit 3)."""
-
-    def __init__(self, message: str, status: int):
-        super().__init__(message)
-        self.status = status
-
-
-class GitHubError(RunFailed):
-    """Another HTTP error or an unreachable API (exit 4)."""
 
 
 def marker(key: str = DEFAULT_KEY) -> str:
@@ -317,164 +298,6 @@ def _cut(line: str, n: int) -> str:
     return line if len(line) <= n else line[: n - 1].rstrip() + "…"
 
 
-# ---------------------------------------------------------------------------------- posting
-@dataclass
-class Target:
-    """The pull request: ``repo`` "owner/name", ``pr`` number, ``api`` base, ``token``."""
-
-    repo: str
-    pr: int
-    api: str
-    token: str
-
-
-def _event_pr(path: str) -> int | None:
-    """The pull request of the Actions event payload at ``path`` (pull_request or issue_comment
-    events), None when it names none."""
-    try:
-        ev = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(ev, dict):
-        return None
-    if isinstance(ev.get("pull_request"), dict) and ev["pull_request"].get("number"):
-        return int(ev["pull_request"]["number"])
-    issue = ev.get("issue")
-    if isinstance(issue, dict) and issue.get("pull_request") and issue.get("number"):
-        return int(issue["number"])
-    return int(ev["number"]) if isinstance(ev.get("number"), int) else None
-
-
-def resolve_target(
-    repo: str | None = None, pr: int | None = None, environ: dict[str, str] | None = None
-) -> Target:
-    """The pull request and token for ``--post`` (options, else ``GITHUB_REPOSITORY`` and the
-    event at ``GITHUB_EVENT_PATH``). Raises UsageError (exit 2) naming what is missing."""
-    env = os.environ if environ is None else environ
-    token = env.get("GITHUB_TOKEN", "").strip()
-    if not token:
-        raise UsageError(
-            "--post needs a token in GITHUB_TOKEN (in a workflow: `env: GITHUB_TOKEN: "
-            "${{ github.token }}` with `pull-requests: write`)"
-        )
-    repo = repo or env.get("GITHUB_REPOSITORY") or None
-    if not repo or not re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
-        raise UsageError(
-            f"--post needs the repository as OWNER/NAME (--repo or GITHUB_REPOSITORY), got {repo!r}"
-            if repo
-            else "--post needs the repository: --repo OWNER/NAME (or GITHUB_REPOSITORY)"
-        )
-    if pr is None and env.get("GITHUB_EVENT_PATH"):
-        pr = _event_pr(env["GITHUB_EVENT_PATH"])
-    if pr is None:
-        raise UsageError(
-            "--post needs the pull request's number: --pr N (or a pull_request / issue_comment "
-            "event at GITHUB_EVENT_PATH)"
-        )
-    api = (env.get("GITHUB_API_URL") or DEFAULT_API).rstrip("/")
-    return Target(repo, int(pr), api, token)
-
-
-def _next_link(link: str | None) -> str | None:
-    """The ``rel="next"`` URL of a Link header, or None."""
-    for part in (link or "").split(","):
-        m = re.match(r"\s*<([^>]+)>\s*;(.*)", part)
-        if m and re.search(r'rel="?next"?', m.group(2)):
-            return m.group(1)
-    return None
-
-
-class GitHubClient:
-    """The few REST calls a sticky comment needs, with the token of ``target``."""
-
-    def __init__(self, target: Target):
-        self.t = target
-
-    def _request(self, method: str, url: str, what: str, body: dict | None = None):
-        """(decoded JSON, the Link header) of one request; ``what`` names it in errors."""
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(url, data=data, method=method)
-        req.add_header("Accept", "application/vnd.github+json")
-        req.add_header("Authorization", f"Bearer {self.t.token}")
-        req.add_header("X-GitHub-Api-Version", "2022-11-28")
-        req.add_header("User-Agent", "patchbench")
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S) as resp:
-                raw, link = resp.read(), resp.headers.get("Link")
-        except urllib.error.HTTPError as e:
-            raise self._refused(e, what) from None
-        except (urllib.error.URLError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            raise GitHubError(f"{what}: cannot reach {self.t.api} ({reason})") from None
-        try:
-            return (json.loads(raw) if raw else None), link
-        except ValueError:
-            raise GitHubError(f"{what}: {self.t.api} answered with something not JSON") from None
-
-    def _refused(self, e: urllib.error.HTTPError, what: str) -> Exception:
-        try:
-            msg = json.loads(e.read() or b"{}").get("message", "")
-        except (ValueError, AttributeError, OSError):
-            msg = ""
-        said = f": GitHub says {msg!r}" if msg else ""
-        why = {
-            401: "the token in GITHUB_TOKEN was not accepted (invalid or expired)",
-            403: "the token may not do this (it needs `pull-requests: write`, or a rate "
-            "limit was hit)",
-            404: f"{self.t.repo} or its pull request #{self.t.pr} was not found (or the token "
-            "cannot see the repository)",
-        }.get(e.code)
-        if why:
-            return GitHubRefused(f"{what} refused ({e.code}): {why}{said}", e.code)
-        return GitHubError(f"{what} failed ({e.code} {e.reason}){said}")
-
-    def comments(self) -> list[dict]:
-        """Every comment of the pull request's conversation (all pages, 100 a page)."""
-        url = f"{self.t.api}/repos/{self.t.repo}/issues/{self.t.pr}/comments?per_page=100"
-        out: list[dict] = []
-        while url:
-            got, link = self._request(
-                "GET", url, f"listing the comments of {self.t.repo}#{self.t.pr}"
-            )
-            out += got or []
-            url = _next_link(link)
-        return out
-
-    def create(self, body: str) -> dict:
-        url = f"{self.t.api}/repos/{self.t.repo}/issues/{self.t.pr}/comments"
-        got, _ = self._request(
-            "POST", url, f"commenting on {self.t.repo}#{self.t.pr}", {"body": body}
-        )
-        return got or {}
-
-    def update(self, comment_id: int, body: str) -> dict:
-        url = f"{self.t.api}/repos/{self.t.repo}/issues/comments/{comment_id}"
-        got, _ = self._request(
-            "PATCH", url, f"updating comment {comment_id} on {self.t.repo}", {"body": body}
-        )
-        return got or {}
-
-
-def post_comment(body: str, target: Target, key: str = DEFAULT_KEY) -> tuple[str, str]:
-    """Create the sticky comment of ``key``, or edit the first comment holding its marker.
-    Returns ("created" | "updated" | "unchanged", its URL); raises GitHubRefused / GitHubError."""
-    gh = GitHubClient(target)
-    mark = marker(key)
-    if mark not in body:
-        body = f"{mark}\n{body}"
-    mine = [c for c in gh.comments() if mark in (c.get("body") or "")]
-    if not mine:
-        got = gh.create(body)
-        return "created", str(got.get("html_url", ""))
-    old = mine[0]
-    if old.get("body") == body:
-        return "unchanged", str(old.get("html_url", ""))
-    got = gh.update(int(old["id"]), body)
-    return "updated", str(got.get("html_url", old.get("html_url", "")))
-
-
 # ------------------------------------------------------------------------------------ command
 def add_arguments(p) -> None:
     """The options of ``patchbench comment``."""
@@ -536,6 +359,6 @@ def run(a) -> int:
     if target is None:
         print(body, end="")
         return 0
-    what, url = post_comment(body, target, a.key)
+    what, url = post_comment(body, target, marker(a.key))
     print(f"{what} the comment on {target.repo}#{target.pr}: {url} ({len(body)} characters)")
     return 0

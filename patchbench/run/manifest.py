@@ -52,11 +52,13 @@ def new_manifest(
     copied in). ``env``: patchbench.envs.envinfo.collect(); ``variants``: the prepared overlays;
     ``timings``: this invocation's (the first invocation's stay in ``timings_s``; a resumed
     run's, with ``resumed`` its manifest, go to a new entry of ``resumes`` started at
-    ``resumed_at``)."""
+    ``resumed_at``). The config it keeps has its secret values redacted (:meth:`Config.redacted`);
+    so have the variants' differences."""
+    shown = cfg.redacted()
     m = RunManifest(
         run_id=run_dir.name,
         config_path=str(cfg.source) if cfg.source is not None else None,
-        config=cfg,
+        config=shown,
         sglang_version=client_release(cfg),
         model=cfg.model_ref,
         patches={
@@ -74,7 +76,7 @@ def new_manifest(
         started_at=started,
         ended_at=None,
         timings_s=timings,
-        variant_diffs={v: variant_diff(cfg, v, cache_dir=CACHE_DIR) for v in cfg.variants},
+        variant_diffs={v: variant_diff(shown, v, cache_dir=CACHE_DIR) for v in cfg.variants},
         suite_rounds={
             s: (cfg.rounds_of(s) if get_suite(s).timed else "correctness") for s in cfg.suites
         },

@@ -261,7 +261,7 @@ def _variant_lines(cfg: Config, extra_args: dict[str, list[str]]) -> list[str]:
         if spec.server_args:
             lines.append(f"  {'':<24} server args: {shlex.join(spec.server_args)}")
         if spec.env:
-            lines.append(f"  {'':<24} env: " + _env_words(spec.env))
+            lines.append(f"  {'':<24} env: " + _env_words(cfg.shown_env(spec.env)))
         if extra_args.get(v):
             lines.append(
                 f"  {'':<24} correctness cell adds: {shlex.join(extra_args[v])} (instrumentation)"
@@ -393,7 +393,7 @@ def _server_lines(cfg: Config) -> list[str]:
         s = cfg.server
         cmd = launch_command(python, cfg.model_ref, s.host, s.port, cfg.server_args_of(v))
         lines.append(f"server     {v}: " + shlex.join(cmd))
-    env = dict(cfg.server.env)
+    env = cfg.shown_env(cfg.server.env)
     if cfg.server.cpu_stand_ins:
         env["PATCHBENCH_CPU_STAND_INS"] = "1"
     env["PYTHONPATH"] = "<overlay>:" + pythonpath(SITE_DIR, *stand_in_dirs(cfg))

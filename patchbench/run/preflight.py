@@ -13,6 +13,7 @@ from patchbench.config.args import launch_size_problem
 from patchbench.envs import envinfo
 from patchbench.envs.builds import MakeMode
 from patchbench.errors import ConfigError, EnvironmentNotReady
+from patchbench.redact import has_redacted
 from patchbench.run.ports import find_stale_servers, kill_stale, marked_for, port_taken_by
 from patchbench.run.server import launch_command
 from patchbench.run.variants import base_env, is_cpu
@@ -63,7 +64,7 @@ def ensure_model(cfg: Config, *, log) -> Path:
 
 
 #: server keys added after manifests were first written: absent in an older folder's config
-_ADDED_SERVER_KEYS = ("stall_timeout_s",)
+_ADDED_SERVER_KEYS = ("stall_timeout_s", "secret_env")
 
 
 def _resumed(run_dir: Path) -> RunManifest:
@@ -87,6 +88,16 @@ def config_of_run(run_dir: Path) -> Config:
     old = _resumed(run_dir)
     if old.config is None:
         raise ConfigError(f"--resume {run_dir}: its manifest holds no config; give the CONFIG")
+    gone = [f"server.env.{k}" for k in has_redacted(old.config.server.env)] + [
+        f"variants.{v}.env.{k}"
+        for v, spec in old.config.variants.items()
+        for k in has_redacted(spec.env)
+    ]
+    if gone:
+        raise ConfigError(
+            f"--resume {run_dir}: its manifest keeps {', '.join(gone)} redacted (a secret is "
+            "never written to a run folder); give the CONFIG it ran with: bench CONFIG --resume RUN"
+        )
     return config_from_mapping(
         old.config.model_dump(mode="json"), f"{Path(run_dir) / 'manifest.json'} (config)"
     )
@@ -96,7 +107,7 @@ def resume_manifest(cfg: Config, run_dir: Path) -> RunManifest:
     """The manifest of ``run_dir`` for ``--resume``. Raises ConfigError when there is no
     readable manifest.json or its config differs from ``cfg``; SchemaTooNew."""
     old = _resumed(run_dir)
-    now = cfg.model_dump(mode="json")
+    now = cfg.redacted().model_dump(mode="json")  # the manifest keeps secrets redacted
     there = old.config.model_dump(mode="json") if old.config is not None else {}
     for key in _ADDED_SERVER_KEYS:  # a folder written before the key existed ran without it
         if old.config is not None and key not in old.config.server.model_fields_set:

@@ -110,7 +110,11 @@ def prepare_variants(cfg: Config, *, log) -> dict[str, VariantEnv]:
         log(
             f"variant {name}: patches {', '.join(labels) or '(none)'}"
             + (f"; server args {' '.join(extra.server_args)}" if extra.server_args else "")
-            + (f"; env {' '.join(f'{k}={v}' for k, v in extra.env.items())}" if extra.env else "")
+            + (
+                f"; env {' '.join(f'{k}={v}' for k, v in cfg.shown_env(extra.env).items())}"
+                if extra.env
+                else ""
+            )
             + (f"; build {build.describe()}" if build is not None and cfg.has_own_builds() else "")
             + (f" ({len(o.files)} file(s) differ)" if build is not None and build.tree else "")
             + f"; forward_batch_info {(sha or '?')[:12]} in {o.sglang_dir}"

@@ -20,16 +20,13 @@ from patchbench.analysis.comparison import BuildInfo, read_comparison
 from patchbench.errors import UsageError
 from patchbench.report.comment import (
     GITHUB_COMMENT_LIMIT,
-    GitHubError,
-    GitHubRefused,
     Links,
     hardware_text,
     marker,
-    post_comment,
     render_comment,
     resolve_links,
-    resolve_target,
 )
+from patchbench.report.github import GitHubError, GitHubRefused, post_comment, resolve_target
 
 GOLDEN = Path(__file__).parent.parent / "data" / "golden" / "demo-cpu" / "expected"
 TOKEN = "t0ken"
@@ -39,7 +36,8 @@ class FakeGitHub:
     """The issue-comment endpoints of one repository ``o/r``: comments live in ``self.comments``
     ({"id", "body", "html_url"}); pages of ``per_page`` with a Link header; requests without
     ``Bearer t0ken`` get 401; ``self.refuse`` {method: status} answers that method so;
-    ``self.log`` records (method, path)."""
+    ``self.log`` records (method, path). The token is the user ``pb-bot`` (``GET /user``); the
+    comments it makes carry that ``user``."""
 
     def __init__(self):
         self.comments: list[dict] = []
@@ -71,6 +69,8 @@ class FakeGitHub:
                     return self._send(fake.refuse[method], {"message": msg})
                 n = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(n)) if n else None
+                if url.path == "/user" and method == "GET":
+                    return self._send(200, {"login": "pb-bot", "type": "User"})
                 m = re.fullmatch(r"/repos/o/r/issues/(\d+)/comments", url.path)
                 if m and m.group(1) != "7":
                     return self._send(404, {"message": "Not Found"})
@@ -86,6 +86,7 @@ class FakeGitHub:
                 if m and method == "POST":
                     cid = 1000 + len(fake.comments)
                     c = {"id": cid, "body": body["body"], "html_url": f"https://gh/c/{cid}"}
+                    c["user"] = {"login": "pb-bot", "type": "User"}
                     fake.comments.append(c)
                     return self._send(201, c)
                 m = re.fullmatch(r"/repos/o/r/issues/comments/(\d+)", url.path)
@@ -251,17 +252,17 @@ def test_a_comment_too_long_leaves_rows_then_answers_out_with_a_note():
 def test_post_creates_then_updates_one_sticky_comment_across_pages(gh, tmp_path):
     target = resolve_target("o/r", 7, gh.env())
     gh.comments += [{"id": i, "body": f"other {i}", "html_url": "x"} for i in range(150)]
-    assert post_comment("first", target) == ("created", "https://gh/c/1150")
+    assert post_comment("first", target, marker()) == ("created", "https://gh/c/1150")
     assert gh.comments[-1]["body"] == marker() + "\nfirst"
     # the marker comment is on the second page (100 a page): found and edited in place
-    assert post_comment(marker() + "\nsecond", target) == ("updated", "https://gh/c/1150")
-    assert post_comment(marker() + "\nsecond", target)[0] == "unchanged"
+    assert post_comment(marker() + "\nsecond", target, marker()) == ("updated", "https://gh/c/1150")
+    assert post_comment(marker() + "\nsecond", target, marker())[0] == "unchanged"
     assert [c["body"] for c in gh.comments if marker() in c["body"]] == [marker() + "\nsecond"]
     assert len(gh.comments) == 151
     gets = [p for m, p in gh.log if m == "GET"]
-    assert len(gets) == 6  # two pages per post
+    assert len(gets) == 9  # the token's identity, then two pages per post
     # another key is another comment
-    assert post_comment("x", target, key="sweep")[0] == "created" and len(gh.comments) == 152
+    assert post_comment("x", target, marker("sweep"))[0] == "created" and len(gh.comments) == 152
 
 
 def test_cli_posts_from_the_actions_environment_and_names_what_was_refused(
@@ -291,8 +292,8 @@ def test_cli_posts_from_the_actions_environment_and_names_what_was_refused(
     assert "pull-requests: write" in err and "Resource not accessible" in err
     # 401: a bad token; 404: another pull request
     monkeypatch.setenv("GITHUB_TOKEN", "wrong")
-    with pytest.raises(GitHubRefused, match=r"listing the comments of o/r#7 refused \(401\)"):
-        post_comment("x", resolve_target())
+    with pytest.raises(GitHubRefused, match=r"reading the token.s identity refused \(401\)"):
+        post_comment("x", resolve_target(), marker())
     monkeypatch.setenv("GITHUB_TOKEN", TOKEN)
     assert cli.main(["comment", run, "--post", "--pr", "8"]) == 3
     assert "o/r or its pull request #8 was not found" in capsys.readouterr().err
@@ -306,15 +307,15 @@ def test_cli_posts_from_the_actions_environment_and_names_what_was_refused(
         resolve_target("o/r", None, {"GITHUB_TOKEN": TOKEN})
     # an API nobody answers: exit 4
     down = resolve_target("o/r", 7, {"GITHUB_TOKEN": TOKEN, "GITHUB_API_URL": "http://127.0.0.1:9"})
-    with pytest.raises(GitHubError, match=r"listing the comments of o/r#7: cannot reach") as ei:
-        post_comment("x", down)
+    with pytest.raises(GitHubError, match=r"reading the token.s identity: cannot reach") as ei:
+        post_comment("x", down, marker())
     assert ei.value.exit_code == 4
 
 
 def test_action_comment_step_posts_and_the_example_runs_only_on_demand(gh, tmp_path):
     """The composite action's comment step, run as the runner would (bash, inputs in env) against
-    the fake API; the action runs `patchbench ab` with the agreed spelling; the example
-    workflow is triggered by a label or a comment, never by every pull-request event."""
+    the fake API; the action runs `patchbench ab` with the agreed spelling (the example
+    workflow's jobs: tests/cli/test_workflows.py)."""
     import os
     import shutil
     import subprocess
@@ -357,16 +358,3 @@ def test_action_comment_step_posts_and_the_example_runs_only_on_demand(gh, tmp_p
     assert r.returncode == 0 and r.stdout.startswith("updated the comment on o/r#7"), r.stderr
     fig = "https://ci.example/runs/20261201T212402Z-demo-cpu/plots/pr_figure.png"
     assert len(gh.comments) == 1 and f"![PR figure]({fig})" in gh.comments[0]["body"]
-
-    wf = yaml.safe_load((repo / ".github/workflows/pr-ab-example.yml").read_text())
-    assert wf[True] == {
-        "pull_request": {"types": ["labeled"]},
-        "issue_comment": {"types": ["created"]},
-    }
-    job = wf["jobs"]["ab"]
-    assert "github.event.label.name == 'patchbench-ab'" in job["if"]
-    assert "startsWith(github.event.comment.body, '/patchbench ab')" in job["if"]
-    assert "self-hosted" in job["runs-on"]
-    uses = next(s for s in job["steps"] if "uses" in s and "patchbench-ab" in s["uses"])
-    assert (repo / uses["uses"].removeprefix("./patchbench/") / "action.yml").exists()
-    assert uses["with"]["range"].endswith("...HEAD")
