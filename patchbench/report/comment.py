@@ -15,7 +15,7 @@ The posting itself (origin, pages, whose comment is edited, exit codes) is
 
 from __future__ import annotations
 
-import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
