@@ -23,9 +23,9 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator
 
+import patchbench.report.figtext as figtext
 from patchbench import records
 from patchbench.analysis.comparison import Comparison, Row
-from patchbench.report import figtext
 
 WIDTH_IN, DPI = 9.0, 100  # 900 px wide
 COLOURS = {

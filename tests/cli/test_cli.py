@@ -180,9 +180,16 @@ def test_module_errors_map_to_the_documented_codes():
 #: the message kind each exit code's errors start with (exit 2 has several, one per class)
 KIND_OF_CODE = {
     1: {"regression found"},
-    2: {"usage error", "config error", "patch error", "run folder error"},
+    2: {
+        "usage error",
+        "config error",
+        "patch error",
+        "run folder error",
+        "site folder refused",
+        "run id refused",
+    },
     3: {"environment not ready"},
-    4: {"run failed", "run folder busy"},
+    4: {"run failed", "run folder busy", "run folder gone", "run not finished"},
     5: {"underpowered"},
     130: {"interrupted"},
     143: {"terminated"},

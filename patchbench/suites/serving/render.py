@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from patchbench.report import figtext
+import patchbench.report.figtext as figtext
 from patchbench.suite import comparison_get, suite_pairs, suite_refusals
 from patchbench.suites import new_figure, save_titled
 
