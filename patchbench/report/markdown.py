@@ -11,6 +11,7 @@ After), the secondary metrics and the other plots.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from patchbench import records
@@ -47,7 +48,12 @@ FOLD_LINES = 15
 
 def _header(cmp: Comparison) -> list[str]:
     run = cmp.run
-    tiny = " (tiny random weights: accuracy near 0 is expected; this run shows the pipeline)"
+    acc = any(r.metric.endswith("_acc") for r in cmp.rows)
+    tiny = (
+        " (tiny random weights: accuracy near 0 is expected; this run shows the pipeline)"
+        if acc
+        else " (tiny random weights: this run shows the pipeline, not a model's speed)"
+    )
     lines = [
         "## What ran",
         "",
@@ -61,15 +67,19 @@ def _header(cmp: Comparison) -> list[str]:
         info = run.variants.get(v)
         if info is None:
             continue
-        desc = _source_cell(cmp, v)
-        desc += ", ".join(f"`{p.name}` ({(p.sha256 or '?')[:12]})" for p in info.patches) or (
-            "no patches" if info.from_source else "stock"
-        )
+        src = _source_cell(cmp, v)
+        patches = ", ".join(f"`{p.name}` ({(p.sha256 or '?')[:12]})" for p in info.patches)
+        desc = src + (patches or ("no patches" if info.from_source else "stock"))
         if info.server_args:
             desc += "; server args " + " ".join(f"`{a}`" for a in info.server_args)
         if info.env:
             desc += "; env " + " ".join(f"`{k}={val}`" for k, val in info.env.items())
-        if info.build is not None:
+        if info.build is not None and src:
+            # a git build: its commit and changes lead the cell, its version is the sglang row;
+            # only the environment is left to say (the checkout's path stays on this machine)
+            env = re.search(r" on (\S+) \(sglang", info.build)
+            desc += f"; environment `{esc(env.group(1))}`" if env else ""
+        elif info.build is not None:
             desc += f"; build {esc(info.build)}"
         tag = " (baseline)" if v == cmp.baseline else (" (A/A)" if v in cmp.aa_variants else "")
         lines.append(f"| variant `{v}`{tag} | {desc} |")
