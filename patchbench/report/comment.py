@@ -72,11 +72,12 @@ def resolve_links(
     return Links(rep, fig)
 
 
-def hardware_text(gpu: str | None) -> str:
-    """The hardware from ``RunInfo.gpu`` ("NAME", "NAME xN", "A, B"; None: no GPU): "CPU (no
-    GPU)", "1 GPU: NAME", "N GPUs: NAME"."""
+def hardware_text(gpu: str | None, cores: int | None = None) -> str:
+    """The hardware from ``RunInfo.gpu`` ("NAME", "NAME xN", "A, B"; None: no GPU) and the
+    CPUs the run could use (``HostLoad.cores``): "CPU (no GPU)" or "CPU (2 cores, no GPU)",
+    "1 GPU: NAME", "N GPUs: NAME"."""
     if gpu is None:
-        return "CPU (no GPU)"
+        return f"CPU ({cores} core{'s' if cores > 1 else ''}, no GPU)" if cores else "CPU (no GPU)"
     m = re.fullmatch(r"(.+) x(\d+)", gpu)
     name, n = (m.group(1), int(m.group(2))) if m else (gpu, len(gpu.split(", ")))
     return f"{n} GPU{'s' if n > 1 else ''}: {name}"
@@ -107,7 +108,7 @@ def caveats_line(cmp: Comparison) -> str:
     """What the numbers hold for, in one line: hardware, model, repeats, sglang."""
     n = cmp.repeats
     parts = [
-        f"Ran on {hardware_text(cmp.run.gpu)}",
+        f"Ran on {hardware_text(cmp.run.gpu, cmp.run.host.cores() if cmp.run.host else None)}",
         f"model {model_text(cmp)}",
         f"{n} paired repeat{'s' if n != 1 else ''}",
         sglang_text(cmp),

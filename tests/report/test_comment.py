@@ -164,7 +164,7 @@ def test_golden_comment_reads_in_order_and_says_each_thing_once():
     assert "- host syncs per call 507 -> 90 improved (exact)" in blocks[2].splitlines()
     assert "- host syncs per call 507 -> 0 improved (exact)" in blocks[3].splitlines()
     assert blocks[4].splitlines() == [
-        "Ran on CPU (no GPU) · model `tiny-qwen25vl-tf4` (tiny random weights) · 2 paired "
+        "Ran on CPU (2 cores, no GPU) · model `tiny-qwen25vl-tf4` (tiny random weights) · 2 paired "
         "repeats · sglang 0.5.1.post3",
         "Outputs identical to `baseline`: `pr9460-upstream` 48/48, `mrope-sync-free` 48/48.",
     ]
@@ -226,23 +226,26 @@ def test_caveats_name_the_gpu_the_builds_and_each_arms_sglang():
     ) in lines
     assert hardware_text("NVIDIA H100") == "1 GPU: NVIDIA H100"
     assert hardware_text("A, B") == "2 GPUs: A, B"
+    assert hardware_text(None, 2) == "CPU (2 cores, no GPU)"
+    assert hardware_text(None, 1) == "CPU (1 core, no GPU)"
+    assert hardware_text("NVIDIA H100", 16) == "1 GPU: NVIDIA H100"
 
 
 def test_a_comment_too_long_leaves_rows_then_answers_out_with_a_note():
     cmp = read_comparison(GOLDEN)
     full = render_comment(cmp)
-    # 1,750 characters: the table's last rows go first (ITL's, 65 characters with its newline,
+    # 1,759 characters: the table's last rows go first (ITL's, 65 characters with its newline,
     # then TTFT's: the note takes a line), the answer stays whole
     body = render_comment(cmp, limit=1700)
     assert len(body) <= 1700 < len(full) and body.startswith(marker())
     n = len(re.findall(r"^\| Median", body, re.M))
     assert n == 1 and "| … 2 more row(s) left out |" in body
     assert "**mrope-sync-free vs baseline:**" in body
-    body = render_comment(cmp, limit=1000)
-    assert len(body) <= 1000 and "… 1 more part(s) of the answer left out" in body
+    body = render_comment(cmp, limit=1009)  # 1000 before the caveats named 2 cores (+9)
+    assert len(body) <= 1009 and "… 1 more part(s) of the answer left out" in body
     assert "… the speed table (4 rows) left out" in body and "| metric |" not in body
     # with a report to see: the note points to it
-    body = render_comment(cmp, Links(report_url="https://r"), limit=1000)
+    body = render_comment(cmp, Links(report_url="https://r"), limit=1009)
     assert "left out: see the full report" in body
     # GitHub's limit itself: a run with many primaries still fits
     many = cmp.model_copy(update={"rows": cmp.rows_for(primary=True) * 400})
