@@ -549,7 +549,7 @@ def console_summary(cmp: Comparison, report: Path | None = None) -> list[str]:
         t.add_row(
             r.variant,
             r.short_label(),
-            values_txt(r) if det else fmt_change(r.change, r.change_unit),
+            values_txt(r) if det or is_bound(r) else fmt_change(r.change, r.change_unit),
             exactness(r) if det else fmt_ci(r.low, r.high, r.change_unit),
             verdict_text(r),
         )

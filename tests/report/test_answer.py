@@ -12,7 +12,7 @@ import pytest
 from patchbench import records, report
 from patchbench.analysis import power
 from patchbench.analysis.build import build_comparison
-from patchbench.report.text import decide_note, repeats_to_decide, sentence
+from patchbench.report.text import console_summary, decide_note, repeats_to_decide, sentence
 from patchbench.suite import MetricInfo
 from tests.synthetic import declare_suite, make_run, make_sweep_run
 
@@ -105,7 +105,7 @@ def test_verdicts_keep_their_words_in_order_identity_decided_undecided(tmp_path)
     assert "not decidable here" not in sentence(cmp, "patched")
 
 
-def test_a_bound_never_gets_repeats_to_decide(tmp_path, monkeypatch):
+def test_a_bound_never_gets_repeats_to_decide(tmp_path, monkeypatch, capsys):
     # the variant's value is a lower bound in every repeat (the sweep's highest load met the SLO)
     load = MetricInfo("higher", "req", label="Highest load meeting the SLO", primary=True)
     declare_suite(monkeypatch, "bench", {"max_load": load})
@@ -122,6 +122,11 @@ def test_a_bound_never_gets_repeats_to_decide(tmp_path, monkeypatch):
     assert "(a bound: more repeats cannot decide it)" in s and "≥" in s
     assert "to decide" not in s.replace("cannot decide", "") and "repeats:" not in s
     assert "repeats to decide" not in report.render_markdown(cmp)
+    # the console shows the bound's values as report.md does (geometric means 40.59 -> >=41.63),
+    # never a change in percent (a bound has none)
+    console_summary(cmp)
+    table = capsys.readouterr().out
+    assert "40.59 -> ≥41.63" in table and "+2.6%" not in table
 
 
 def test_one_point_sweep_keeps_goodput_out_of_the_family(tmp_path):
