@@ -106,7 +106,7 @@ def judge(row: Row, test: verdicts.Test | None, confidence: float) -> None:
             row.method = "exact comparison of one measurement per arm"
             row.notes.append(
                 "one measurement per arm: not shown deterministic (measure it in two rounds, or "
-                "the suite names a test that proves it, MetricInfo.deterministic_by)"
+                "have the suite name the test that proves it)"
             )
         row.confidence = None
         within = False
