@@ -1,23 +1,45 @@
-"""Change points over a metric's whole nightly history (``ruptures``' PELT, penalty calibrated).
+"""Change points over a metric's whole nightly history: since when, and how big.
 
 A series is one (variant, suite, metric): each night's level (the mean log value of its runs after
-the outlier rule, :func:`patchbench.nightly.noise.night_level`), oldest first. It is divided by the sigma
-of one night's level learned from the same series (:func:`patchbench.nightly.noise.sigma_steps`: first
-differences, MAD-type, so a step or a steady decline does not inflate it), and
-``ruptures.KernelCPD(kernel="linear", min_size=MIN_SIZE)`` (PELT with the l2 cost, in C) segments it with the penalty
-``beta * log(nights)``. ``ruptures`` gives no p-values: ``beta`` (:data:`BETA`) is calibrated on
-simulated quiet histories (tools/calibrate_nightly.py --part 3; docs/calibration.md has the table:
-the false flags per quiet quarter and the delay until a 0.3 %-a-night decline is flagged).
+the outlier rule, :func:`patchbench.nightly.noise.night_level`), oldest first, and sigma, one
+night's level sigma learned from the same series (:func:`patchbench.nightly.noise.sigma_steps`:
+first differences, MAD-type, so a step, a steady decline or a lone spike does not inflate it).
+Three steps (:func:`analyse`):
 
-Consecutive breakpoints in the same direction less than :data:`MERGE_NIGHTS` nights apart are
-one change (a slow decline shows as a staircase): it spans from the first to the last of them,
-and its size is the level after the last minus the level before the first.
+1. **One-night excursions are outliers, not changes.** A night (not the newest) is set aside when
+   it is more than :data:`OUTLIER_K` sigmas from the median of the :data:`OUTLIER_WINDOW` nights
+   before it *and* from the median of those after it, on the same side (the Hampel identifier,
+   a moving-window median rule: Hampel 1974, JASA 69:383; Pearson 2002, IEEE Trans. Control
+   Syst. Technol. 10:55; here its window split into the two one-sided halves, so the first night
+   of a step, which sits at the level of the nights after it, is never set aside). A spike of one
+   or two nights that returns to the level is thereby left out of the segmentation.
+2. **Segments** of the remaining nights: PELT (Killick, Fearnhead & Eckley 2012, JASA 107:1590)
+   with the l2 cost, ``ruptures.KernelCPD(kernel="linear", min_size=MIN_SIZE)`` (Truong, Oudre &
+   Vayatis 2020, Signal Processing 167:107299), on the series in units of sigma, penalty
+   ``BETA * log(nights)``. Segments of :data:`MIN_SIZE` = 2 nights let a step two nights old (its
+   night and one later night that agrees) be found where it happened.
+3. **The newest night** cannot be confirmed by a later one: when it is more than :data:`NEW_K`
+   sigmas from the median of its segment's other nights (``NEW_K * sqrt(2)`` from the one other
+   night of a two-night segment), the segmentation is redone without it and it is reported as a
+   change *new tonight, unconfirmed* (``confirmed=False``): the next night confirms it (a step)
+   or sets it aside (a spike), or tonight's confirmation run confirms it
+   (:func:`confirm_by_run`).
+
+Sizes are the medians of the segments (before the first and after the last breakpoint of a
+change), so a spike inside a segment moves neither the size nor the marker. Consecutive
+confirmed breakpoints in the same direction less than :data:`MERGE_NIGHTS` nights apart are one
+change (a slow decline shows as a staircase): it spans from the first to the last of them.
+
+``ruptures`` gives no p-values: :data:`BETA`, :data:`OUTLIER_K` and :data:`NEW_K` are calibrated
+on seeded synthetic histories (``tools/changepoint_calibration.py``; docs/nightly.md has the
+table: steps located within one night and sized within a third, false change points per quarter).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -27,15 +49,20 @@ from patchbench.nightly.history import Key, Night
 from patchbench.nightly.noise import night_level, sigma_steps, sigma_within
 
 #: penalty factor: pen = BETA * log(nights) on the series in units of one night's sigma
-#: (tools/calibrate_nightly.py --part 3: about 0.15 false flags per simulated quiet quarter,
-#: a 0.3 %-a-night decline flagged within 10 nights at 1.5 % run noise and 14 at 3 %, p90)
-BETA = 8.0
-#: fewest nights of a segment
-MIN_SIZE = 3
-#: breakpoints in the same direction closer than this are one change
+#: (tools/changepoint_calibration.py: false confirmed change points per quiet quarter under 0.1)
+BETA = 6.0
+#: fewest nights of a segment (a step is confirmed by one later night at its level)
+MIN_SIZE = 2
+#: confirmed breakpoints in the same direction closer than this many nights are one change
 MERGE_NIGHTS = 10
 #: fewest nights before the detector runs
 MIN_NIGHTS = 10
+#: a night this many sigmas from the medians on both sides is an outlier (Hampel identifier)
+OUTLIER_K = 4.0
+#: nights on each side whose median the outlier rule compares with
+OUTLIER_WINDOW = 3
+#: the newest night this many sigmas off its segment's median is a new, unconfirmed change
+NEW_K = 4.0
 
 
 @dataclass
@@ -43,58 +70,123 @@ class Change:
     """One change of level in a series.
 
     start / end: indices (in the series) of the first night at a new level for the first and the
-    last breakpoint of the change (equal for a step); before / after: the mean log level of the
-    segment before ``start`` and after ``end``; size_pct: ``100 * (exp(after - before) - 1)``."""
+    last breakpoint of the change (equal for a step); before / after: the median log level of the
+    segment before ``start`` and after ``end`` (outlier nights left out); size_pct:
+    ``100 * (exp(after - before) - 1)`` (percent); confirmed: False for a change on the newest
+    night that no later night has confirmed yet."""
 
     start: int
     end: int
     before: float
     after: float
+    confirmed: bool = True
 
     @property
     def size_pct(self) -> float:
         return 100.0 * math.expm1(self.after - self.before)
 
 
-def breakpoints(levels: Sequence[float], sigma: float, beta: float = BETA) -> list[int]:
-    """Indices of the first night of each new segment (PELT, l2 cost, ``pen = beta * log n`` on
-    ``levels / sigma``). Empty with fewer than :data:`MIN_NIGHTS` levels or no usable sigma.
-    levels: log levels, oldest first (NaN not allowed)."""
+@dataclass
+class Segmentation:
+    """What :func:`analyse` found in a series: ``outliers``, indices of the nights set aside (one-
+    or two-night excursions); ``edges``, the first night of each segment of the remaining nights
+    and the series' length (``[0, ..., n]``; the newest night alone when it is a new change);
+    ``changes``, the changes; ``new``: the newest night is a new, unconfirmed change."""
+
+    outliers: list[int]
+    edges: list[int]
+    changes: list[Change]
+    new: bool = False
+
+
+def outlier_nights(
+    levels: Sequence[float], sigma: float, k: float = OUTLIER_K, window: int = OUTLIER_WINDOW
+) -> np.ndarray:
+    """The one-night-excursion rule (module docstring, step 1): a boolean mask, True for a night
+    more than ``k * sigma`` above (or below) both the median of the ``window`` nights before it
+    and the median of the ``window`` nights after it (only the side that exists for the first
+    night). The newest night is never an outlier (no night after it). levels: log levels."""
+    x = np.asarray(levels, dtype=float)
+    n = x.size
+    if n < 2 or not (math.isfinite(sigma) and sigma > 0):
+        return np.zeros(n, dtype=bool)
+    pad = np.full(window, np.nan)
+    win = np.lib.stride_tricks.sliding_window_view(np.concatenate([pad, x, pad]), window)
+    with warnings.catch_warnings():  # the first night has no night before it
+        warnings.simplefilter("ignore", RuntimeWarning)
+        before = x - np.nanmedian(win[:n], axis=1)
+    after = x[:-1] - np.nanmedian(win[window + 1 : window + n], axis=1)
+    before = np.where(np.isnan(before[:-1]), after, before[:-1])
+    out = (np.minimum(abs(after), abs(before)) > k * sigma) & (after * before > 0)
+    return np.append(out, False)
+
+
+def _pelt(z: np.ndarray, pen: float) -> list[int]:
+    """PELT (l2) breakpoints of ``z`` (first index of each new segment), none when too short."""
     import ruptures as rpt
 
-    x = np.asarray(levels, dtype=float)
-    if x.size < MIN_NIGHTS or not (math.isfinite(sigma) and sigma > 0):
+    if z.size < 2 * MIN_SIZE:
         return []
-    z = ((x - np.median(x)) / sigma).reshape(-1, 1)
-    algo = rpt.KernelCPD(kernel="linear", min_size=MIN_SIZE, jump=1).fit(z)
-    return [int(b) for b in algo.predict(pen=beta * math.log(x.size))[:-1]]
+    algo = rpt.KernelCPD(kernel="linear", min_size=MIN_SIZE, jump=1).fit(z.reshape(-1, 1))
+    return [int(b) for b in algo.predict(pen=pen)[:-1]]
+
+
+def analyse(levels: Sequence[float], sigma: float, beta: float = BETA) -> Segmentation:
+    """Outliers, segments and changes of a series (module docstring). levels: log levels, oldest
+    first (NaN not allowed); sigma: one night's level sigma (log). Nothing with fewer than
+    :data:`MIN_NIGHTS` levels or no usable sigma."""
+    x = np.asarray(levels, dtype=float)
+    n = x.size
+    if n < MIN_NIGHTS or not (math.isfinite(sigma) and sigma > 0):
+        return Segmentation([], [0, n], [])
+    out = outlier_nights(x, sigma)
+    kept = np.flatnonzero(~out)
+    y = x[kept]
+    z = (y - np.median(y)) / sigma
+    pen = beta * math.log(n)
+    bk = _pelt(z, pen)
+    a = bk[-1] if bk else 0
+    if y.size - a >= 3:
+        new = abs(y[-1] - np.median(y[a:-1])) > NEW_K * sigma
+    else:
+        new = abs(y[-1] - y[-2]) > NEW_K * math.sqrt(2.0) * sigma
+    if new:
+        bk = [*_pelt(z[:-1], pen), y.size - 1]
+    edges = [0, *bk, y.size]
+    med = [float(np.median(y[s:e])) for s, e in zip(edges[:-1], edges[1:], strict=True)]
+    changes: list[Change] = []
+    for i, b in enumerate(bk):
+        night = int(kept[b])
+        up = med[i + 1] > med[i]
+        last = changes[-1] if changes else None
+        if new and i == len(bk) - 1:
+            changes.append(Change(night, night, med[i], med[i + 1], confirmed=False))
+        elif (
+            last is not None
+            and night - last.end < MERGE_NIGHTS
+            and (last.after > last.before) == up
+        ):
+            last.end, last.after = night, med[i + 1]
+        else:
+            changes.append(Change(night, night, med[i], med[i + 1]))
+    night_edges = [0, *(int(kept[b]) for b in bk), n]
+    return Segmentation([int(i) for i in np.flatnonzero(out)], night_edges, changes, bool(new))
+
+
+def breakpoints(levels: Sequence[float], sigma: float, beta: float = BETA) -> list[int]:
+    """Indices of the first night of each new segment (:func:`analyse`; the newest night when it
+    is a new, unconfirmed change). Empty with fewer than :data:`MIN_NIGHTS` levels or no usable
+    sigma. levels: log levels, oldest first (NaN not allowed)."""
+    return analyse(levels, sigma, beta).edges[1:-1]
 
 
 def changes(levels: Sequence[float], sigma: float, beta: float = BETA) -> list[Change]:
-    """The changes of a series (module docstring): breakpoints merged into changes."""
-    x = np.asarray(levels, dtype=float)
-    bk = breakpoints(x, sigma, beta)
-    if not bk:
-        return []
-    edges = [0, *bk, x.size]
-    means = [float(x[a:b].mean()) for a, b in zip(edges[:-1], edges[1:], strict=True)]
-    out: list[Change] = []
-    for i, b in enumerate(bk):
-        sign = 1 if means[i + 1] > means[i] else -1
-        last = out[-1] if out else None
-        if (
-            last is not None
-            and b - last.end < MERGE_NIGHTS
-            and (1 if last.after > last.before else -1) == sign
-        ):
-            last.end, last.after = b, means[i + 1]
-        else:
-            out.append(Change(b, b, means[i], means[i + 1]))
-    return out
+    """The changes of a series (:func:`analyse`), oldest first."""
+    return analyse(levels, sigma, beta).changes
 
 
 def series_sigma(levels: Sequence[float]) -> float:
-    """Sigma of one night's level of a series: :func:`patchbench.nightly.noise.sigma_steps`."""
+    """Sigma of one night's level of a series (log): :func:`patchbench.nightly.noise.sigma_steps`."""
     return sigma_steps([levels]).sigma
 
 
@@ -105,9 +197,13 @@ class ChangePoint:
 
     run_id: the first night at the new level (first breakpoint); start_utc / end_utc: the nights
     the change spans (first night at a new level of its first and last breakpoint); nights: how
-    many nights that is; before / after: the levels (metric unit, geometric means of the runs)
-    before and after; size_pct: the change in percent; worse: True when it goes in the metric's
-    bad direction (None: direction unknown); detected_run_id: the night whose run found it."""
+    many nights that is (1 for a step); before / after: the medians (metric unit) of the nights'
+    median values in the segment before and after (outlier nights left out: a level some night
+    had); size_pct: the change in percent of ``before``; change_abs: ``after - before`` (metric
+    unit); worse: True when it goes in the metric's bad direction (None: direction unknown);
+    detected_run_id: the night whose run found it; confirmed: False for a change on the newest
+    night alone ("new tonight, unconfirmed") until a later night or a confirmation run confirms
+    it; outliers: how many nights of the key's series were set aside as one-night excursions."""
 
     variant: str
     suite: str
@@ -122,9 +218,21 @@ class ChangePoint:
     size_pct: float
     worse: bool | None
     detected_run_id: str
+    confirmed: bool = True
+    outliers: int = 0
+
+    @property
+    def change_abs(self) -> float:
+        return self.after - self.before
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return asdict(self) | {"change_abs": self.change_abs}
+
+
+def _median_value(nights: Sequence[Night], key: Key) -> float:
+    """The median over ``nights`` of each night's median value of ``key`` (metric unit)."""
+    vals = [v for v in (n.median(key) for n in nights) if v is not None]
+    return float(np.median(vals)) if vals else math.nan
 
 
 def detect_history(
@@ -152,9 +260,17 @@ def detect_history(
             continue
         rs = sigma_within([lg for _, lg in have]).sigma
         levels = [night_level(lg, rs) for _, lg in have]
+        seg = analyse(levels, series_sigma(levels), beta)
+        kept = [h for i, (h, _) in enumerate(have) if i not in set(seg.outliers)]
+        pos = {id(h): j for j, h in enumerate(kept)}
+        # segments over the kept nights, for the medians in the metric's unit
+        bounds = [0, *(pos[id(have[e][0])] for e in seg.edges[1:-1]), len(kept)]
         b = better.get(key[1:])
-        for c in changes(levels, series_sigma(levels), beta):
+        for c in seg.changes:
             first, last = have[c.start][0], have[c.end][0]
+            i0, i1 = bounds.index(pos[id(first)]), bounds.index(pos[id(last)])
+            before = _median_value(kept[bounds[i0 - 1] : bounds[i0]], key)
+            after = _median_value(kept[bounds[i1] : bounds[i1 + 1]], key)
             out.append(
                 ChangePoint(
                     *key,
@@ -163,14 +279,33 @@ def detect_history(
                     end_run_id=last.run_id,
                     end_utc=last.night_utc,
                     nights=c.end - c.start + 1,
-                    before=math.exp(c.before),
-                    after=math.exp(c.after),
-                    size_pct=c.size_pct,
-                    worse=None if b is None else ((c.after < c.before) == (b == "higher")),
+                    before=before,
+                    after=after,
+                    size_pct=100.0 * (after / before - 1.0),
+                    worse=None if b is None else ((after < before) == (b == "higher")),
                     detected_run_id=detected,
+                    confirmed=c.confirmed,
+                    outliers=len(seg.outliers),
                 )
             )
     return out
+
+
+def confirm_by_run(
+    points: Iterable[dict[str, Any]], rows: Iterable[Mapping[str, Any]], run_id: str
+) -> int:
+    """Mark as confirmed (in place) each unconfirmed change point (``ChangePoint.to_json`` dicts)
+    that starts on night ``run_id`` and whose (variant, suite, metric) tonight's confirmation run
+    confirmed (``rows``: its history rows, :meth:`patchbench.nightly.confirm.Confirmation.rows`,
+    verdict "confirmed"); returns how many it marked."""
+    ok = {(r["variant"], r["suite"], r["metric"]) for r in rows if r.get("verdict") == "confirmed"}
+    marked = 0
+    for p in points:
+        if not p.get("confirmed", True) and p.get("run_id") == run_id:
+            if (p["variant"], p["suite"], p["metric"]) in ok:
+                p["confirmed"] = True
+                marked += 1
+    return marked
 
 
 __all__ = [
@@ -178,10 +313,17 @@ __all__ = [
     "MIN_SIZE",
     "MERGE_NIGHTS",
     "MIN_NIGHTS",
+    "OUTLIER_K",
+    "OUTLIER_WINDOW",
+    "NEW_K",
     "Change",
     "ChangePoint",
+    "Segmentation",
+    "analyse",
     "breakpoints",
     "changes",
+    "confirm_by_run",
+    "outlier_nights",
     "series_sigma",
     "detect_history",
 ]

@@ -502,7 +502,9 @@ def _change_point_trace(
             text=[
                 f"change point ({c['variant']}): {c['size_pct']:+.1f} % "
                 f"({c['before']:.4g} → {c['after']:.4g} {unit}), {c['nights']} night(s) "
-                f"from {c['run_id']}" + (" (worse)" if c.get("worse") else "")
+                f"from {c['run_id']}"
+                + (" (worse)" if c.get("worse") else "")
+                + (", new tonight, unconfirmed" if c.get("confirmed") == 0 else "")
                 for c in mine
             ],
             hoverinfo="text",

@@ -711,7 +711,7 @@ CREATE TABLE IF NOT EXISTS change_points (
     config_name TEXT NOT NULL, detected_run_id TEXT NOT NULL, variant TEXT NOT NULL,
     suite TEXT NOT NULL, metric TEXT NOT NULL, run_id TEXT NOT NULL, start_utc TEXT,
     end_run_id TEXT, end_utc TEXT, nights INTEGER, before REAL, after REAL, size_pct REAL,
-    worse INTEGER,
+    worse INTEGER, confirmed INTEGER,
     PRIMARY KEY (config_name, detected_run_id, variant, suite, metric, run_id));
 CREATE TABLE IF NOT EXISTS night_builds (
     run_id TEXT NOT NULL, variant TEXT NOT NULL, sglang_release TEXT, patch TEXT NOT NULL,
@@ -729,8 +729,12 @@ NOISE_COLUMNS = tuple(
     "suite metric source nights repeats run_cv_pct pair_cv_pct night_cv_pct df repeats_needed".split()
 )
 CHANGE_COLUMNS = tuple(
-    "variant suite metric run_id start_utc end_run_id end_utc nights before after size_pct worse".split()
+    "variant suite metric run_id start_utc end_run_id end_utc nights before after size_pct worse "
+    "confirmed".split()
 )
+#: columns added to a derived table after it was first written: (table, column, type); a table
+#: without one gets it (ALTER TABLE ... ADD COLUMN) before the next write, its older rows NULL
+_ADDED_COLUMNS = (("change_points", "confirmed", "INTEGER"),)
 
 
 BUILD_COLUMNS = ("run_id", "variant", "sglang_release", "patch", "state", "detail")
@@ -752,6 +756,9 @@ def _write_derived(
         for stmt in _DERIVED.split(";"):
             if stmt.strip():
                 db.execute(stmt)
+        for tab, col, typ in _ADDED_COLUMNS:
+            if col not in {r[1] for r in db.execute(f"PRAGMA table_info({tab})")}:
+                db.execute(f"ALTER TABLE {tab} ADD COLUMN {col} {typ}")
         if config_name is None:
             db.execute(f"DELETE FROM {table} WHERE {key} = ?", (run_id,))
         else:
@@ -790,7 +797,10 @@ def record_change_points(h: History, config_name: str, run_id: str, points: list
         (
             config_name,
             run_id,
-            *(int(p[c]) if c == "worse" and p[c] is not None else p[c] for c in CHANGE_COLUMNS),
+            *(
+                int(p[c]) if c in ("worse", "confirmed") and p.get(c) is not None else p.get(c)
+                for c in CHANGE_COLUMNS
+            ),
         )
         for p in points
     ]
@@ -825,7 +835,8 @@ def read_change_points(
 ) -> list[dict]:
     """The change points of a config as found by the night ``detected_run_id`` (default: the
     latest night that stored any), dicts with ``config_name``, ``detected_run_id`` and
-    :data:`CHANGE_COLUMNS` (``worse`` 1 / 0 / None); [] when none were stored."""
+    :data:`CHANGE_COLUMNS` (``worse`` and ``confirmed`` 1 / 0 / None, ``confirmed`` None in rows
+    stored before it existed); [] when none were stored."""
     if detected_run_id is None:
         rows = _read_derived(h, "change_points", config_name, "", ())
         if not rows:

@@ -41,7 +41,7 @@ from patchbench.nightly.builds import (
     rows_of_run,
     without_variants,
 )
-from patchbench.nightly.changepoints import detect_history
+from patchbench.nightly.changepoints import confirm_by_run, detect_history
 from patchbench.nightly.gates import UNDERPOWERED, GateResult, evaluate, night_outcome
 from patchbench.nightly.history import (
     History,
@@ -423,11 +423,17 @@ def add_confirmation(res: NightlyOutcome, conf: dict[str, Any], rows: list[dict[
     store the rows in the history (a history problem is added to the night's problems)."""
     assert res.night is not None and res.settings is not None and res.night.run_dir
     res.confirmation = conf
+    # a change on tonight alone is confirmed by the confirmation run that confirmed its metric
+    marked = confirm_by_run(res.change_points, rows, res.night.run_id)
     hpath = res.history_info.get("path")
     if hpath and rows and res.history_info.get("recorded") and not res.history_info.get("error"):
         try:
             with History(hpath, timeout_s=res.settings.lock_timeout_s) as h:
                 record_confirmation(h, res.night.config_name, res.night.run_id, rows)
+                if marked:
+                    record_change_points(
+                        h, res.night.config_name, res.night.run_id, res.change_points
+                    )
         except HistoryError as e:
             res.problems.append(f"could not store the confirmation run: {e}")
     run = Path(res.night.run_dir)

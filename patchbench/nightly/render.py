@@ -366,10 +366,13 @@ def _change_lines(points: list[dict]) -> list[str]:
             if p["nights"] == 1
             else f"nights {p['start_utc']} .. {p['end_utc']} ({p['nights']} nights)"
         )
+        if p.get("confirmed") is not None and not p["confirmed"]:
+            span += ", new tonight, unconfirmed"
         what = {True: "worse", False: "better", None: "changed"}[p.get("worse")]
+        d = p["after"] - p["before"]
         lines.append(
             f"- {p['suite']}.{p['metric']} ({p['variant']}): {what} by {_pct(p['size_pct'])} "
-            f"({fmt(p['before'])} -> {fmt(p['after'])}), {span}"
+            f"({fmt(p['before'])} -> {fmt(p['after'])}, {'+' if d >= 0 else ''}{fmt(d)}), {span}"
         )
     return lines + [""]
 
