@@ -1,8 +1,10 @@
 """``patchbench ab``: one change against its baseline from one command line. B is a branch of an
 sglang checkout (``--git CHECKOUT --range main...my-branch``; files outside ``python/sglang/``
-ignored), a diff (``--patch FILE``) or server arguments (``--args-b``); the config is a preset or
-``--config FILE`` with its variants replaced, in memory. UsageError (exit 2) for an unknown
-preset, a bad range or arguments.
+ignored, but compiled code no build here compiles is refused on every preset unless
+``--allow-uncompiled`` says to measure the Python part only: patchbench.envs.builds), a diff
+(``--patch FILE``) or server arguments (``--args-b``); the config is a preset or ``--config
+FILE`` with its variants replaced, in memory. UsageError (exit 2) for an unknown preset, a bad
+range or arguments.
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ def preset_path(name: str) -> Path:
 @dataclass
 class GitRange:
     """A checkout's two sides: ``base`` and ``head`` commits, the range as given, the files it
-    changes outside ``python/sglang/`` (ignored) and each side's commit subject (None when git
-    cannot read it)."""
+    changes outside ``python/sglang/`` (ignored, or for compiled code refused unless allowed)
+    and each side's commit subject (None when git cannot read it)."""
 
     checkout: Path
     base: str
@@ -112,16 +114,20 @@ def ab_config(
     args_b: list[str] | None = None,
     repeats: int | None = None,
     name: str | None = None,
+    allow_uncompiled: bool = False,
 ) -> dict[str, Any]:
     """``template`` (a preset's or a config's mapping) with two variants, ``A`` (the baseline)
-    and ``B``: the checkout at ``git.base`` / ``git.head``, stock / ``{diff: patch}``, and each
-    side's server arguments. ``repeats`` replaces ``schedule.repeats``."""
+    and ``B``: the checkout at ``git.base`` / ``git.head`` (``allow_uncompiled``: B's range may
+    leave compiled code out), stock / ``{diff: patch}``, and each side's server arguments.
+    ``repeats`` replaces ``schedule.repeats``."""
     cfg = dict(template)
     a: dict[str, Any] = {"patches": [], "server_args": list(args_a or [])}
     b: dict[str, Any] = {"patches": [], "server_args": list(args_b or [])}
     if git is not None:
         cfg["sglang"] = {"git": str(git.checkout), "ref": git.base}
         b["sglang"] = {"git": str(git.checkout), "ref": git.head}
+        if allow_uncompiled:
+            b["sglang"]["allow_uncompiled"] = True
     if patch is not None:
         b["patches"] = [{"diff": str(Path(patch).expanduser().resolve())}]
     cfg["variants"] = {"A": a, "B": b}
@@ -134,7 +140,11 @@ def ab_config(
 
 
 def describe(git: GitRange | None, patch: Path | None, args_a, args_b) -> list[str]:
-    """What A and B are, one line each (and the ignored files), for the console."""
+    """What A and B are, one line each (and the ignored files: compiled code is left to
+    :func:`patchbench.envs.builds.resolve_builds`, which refuses it or says it is left out),
+    for the console."""
+    from patchbench.envs.builds import compiled_files
+
     if git is not None:
         a_name = commit_name(git.base, git.base_subject)
         lines = [
@@ -144,7 +154,8 @@ def describe(git: GitRange | None, patch: Path | None, args_a, args_b) -> list[s
             f"B: {git.checkout} at {commit_name(git.head, git.head_subject)}",
         ]
         deps = [f for f in git.ignored if f == "python/pyproject.toml"]
-        rest = [f for f in git.ignored if f not in deps]
+        compiled = set(compiled_files(git.ignored))
+        rest = [f for f in git.ignored if f not in deps and f not in compiled]
         if rest:
             shown = ", ".join(rest[:10]) + (" ..." if len(rest) > 10 else "")
             lines.append(f"ignored (outside python/sglang/): {shown}")
@@ -184,6 +195,7 @@ def prepare_ab(a: Any) -> Config:
         args_b=args_b,
         repeats=a.repeats,
         name=f"{AB_NAME_PREFIX}{src.stem}",
+        allow_uncompiled=a.allow_uncompiled,
     )
     for line in describe(git, patch, args_a, args_b):
         print(f"ab: {line}", flush=True)

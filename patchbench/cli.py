@@ -358,6 +358,14 @@ def _args_ab(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results", metavar="DIR", help="parent folder of the run folder")
     p.add_argument("--port", type=port_number, help="override server.port (1024-65535)")
     p.add_argument("--dry-run", action="store_true", help="print the plan, launch nothing")
+    p.add_argument(
+        "--allow-uncompiled",
+        action="store_true",
+        help="run a range that changes compiled code no build here compiles (sgl-kernel/, "
+        "csrc/, *.cu, *.cpp, CMake, the Rust router; on the CPU preset also such files under "
+        "python/sglang/), measuring its Python part only; the manifest, report, compare.json "
+        "and PR comment say what was left out (without it such a range is refused, exit 2)",
+    )
     _make_env(p)
 
 

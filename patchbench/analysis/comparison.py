@@ -156,15 +156,31 @@ class Health(_Model):
     noise: list[AANoise] = Field(default_factory=list)
 
 
+class FileNames(_Model):
+    """``count`` paths, ``files`` the first few of them (patchbench.config.CHANGES_SHOWN)."""
+
+    count: int = 0
+    files: list[str] = Field(default_factory=list)
+
+
 class ChangedFiles(_Model):
     """The paths a git build changes against the baseline's commit ``base``: ``count`` of them,
     ``files`` the first few (patchbench.config.CHANGES_SHOWN), ``outside`` how many lie outside
-    ``python/sglang/`` (not run)."""
+    ``python/sglang/`` (not run); ``uncompiled``: the compiled code no build here compiled, left
+    out of the run (``ab --allow-uncompiled``; None, and not written, when nothing was)."""
 
     base: str = ""
     count: int = 0
     files: list[str] = Field(default_factory=list)
     outside: int = 0
+    uncompiled: FileNames | None = None
+
+    @model_serializer(mode="wrap")
+    def _uncompiled_when_set(self, handler):
+        out = handler(self)
+        if self.uncompiled is None:
+            out.pop("uncompiled", None)
+        return out
 
     def describe(self) -> str:
         """``2 files: a.py, b.py (1 outside python/sglang/, not run)``, ``and N more`` past the
@@ -176,8 +192,9 @@ class BuildInfo(_Model):
     """A variant's resolved build as the manifest's ``builds`` entry records it: ``version``:
     its sglang version as built (a source's own, a release's number; None: unknown),
     ``release``: its environment's; for a git build ``commit`` (full), ``subject`` (None in
-    folders from before it was recorded) and ``changes`` (None for the baseline or without a
-    range)."""
+    folders from before it was recorded), ``changes`` (None for the baseline or without a
+    range) and ``uncommitted``: the checkout's uncommitted edits, not measured (None, and not
+    written, when it had none)."""
 
     kind: Literal["release", "git", "wheel"] = "release"
     version: str | None = None
@@ -185,6 +202,14 @@ class BuildInfo(_Model):
     commit: str | None = None
     subject: str | None = None
     changes: ChangedFiles | None = None
+    uncommitted: FileNames | None = None
+
+    @model_serializer(mode="wrap")
+    def _uncommitted_when_set(self, handler):
+        out = handler(self)
+        if self.uncommitted is None:
+            out.pop("uncommitted", None)
+        return out
 
     def name(self) -> str | None:
         """A git build's ``8af4974fdfbe "its subject"`` (patchbench.config.commit_name); None

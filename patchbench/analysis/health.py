@@ -21,6 +21,7 @@ from patchbench.analysis.comparison import (
     Comparison,
     Drift,
     FailedCell,
+    FileNames,
     Health,
     RunInfo,
     VariantInfo,
@@ -271,6 +272,11 @@ def build_info(entry: dict[str, Any]) -> BuildInfo:
         changed = ChangedFiles.model_validate(changes) if isinstance(changes, dict) else None
     except ValidationError:
         changed = None
+    edits = entry.get("uncommitted")
+    try:
+        uncommitted = FileNames.model_validate(edits) if isinstance(edits, dict) else None
+    except ValidationError:
+        uncommitted = None
     return BuildInfo(
         kind=kind,
         version=text("version") if kind != "release" else (text("release") or text("resolved")),
@@ -278,6 +284,7 @@ def build_info(entry: dict[str, Any]) -> BuildInfo:
         commit=text("resolved") if kind == "git" else None,
         subject=text("subject"),
         changes=changed,
+        uncommitted=uncommitted,
     )
 
 

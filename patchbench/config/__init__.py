@@ -27,6 +27,8 @@ from patchbench.config.schema import (
     commit_name,
     patch_label,
     sglang_label,
+    uncommitted_text,
+    uncompiled_text,
 )
 
 __all__ = [
@@ -50,4 +52,6 @@ __all__ = [
     "load_config",
     "patch_label",
     "sglang_label",
+    "uncommitted_text",
+    "uncompiled_text",
 ]

@@ -250,10 +250,22 @@ PatchEntry = str | DiffPatch
 class GitSource(Strict):
     """An sglang build from a source checkout or bare repository at a commit: ``{git: PATH,
     ref: REF}`` (``ref``: anything ``git rev-parse`` takes, resolved once per run). Only
-    committed files of ``python/sglang`` and ``python/pyproject.toml`` are read."""
+    committed files of ``python/sglang`` and ``python/pyproject.toml`` are read.
+    ``allow_uncompiled``: run a range from the baseline that changes compiled code no build
+    here compiles (patchbench.envs.builds.uncompiled_files), measuring its Python part only
+    (``patchbench ab --allow-uncompiled``); without it such a range is refused. Written only
+    when true."""
 
     git: str
     ref: str = "HEAD"
+    allow_uncompiled: bool = False
+
+    @model_serializer(mode="wrap")
+    def _allow_when_set(self, handler):
+        out = handler(self)
+        if not self.allow_uncompiled:
+            out.pop("allow_uncompiled", None)
+        return out
 
     @field_validator("git", "ref")
     @classmethod
@@ -334,6 +346,29 @@ def changes_text(count: int, files: list[str], outside: int = 0) -> str:
     if outside:
         text += f" ({outside} outside python/sglang/, not run)"
     return text
+
+
+def uncompiled_text(count: int, files: list[str]) -> str:
+    """What a variant's range left out, as its answer says it: ``left out: 3 compiled files
+    (sgl-kernel/csrc/a.cu, ...): not built here, this measures the Python part only`` (at most
+    :data:`CHANGES_SHOWN` of ``files`` named, ``and N more`` for the rest of ``count``)."""
+    shown = files[:CHANGES_SHOWN]
+    more = f" and {count - len(shown)} more" if count > len(shown) and shown else ""
+    named = f" ({', '.join(shown)}{more})" if shown else ""
+    return (
+        f"left out: {count} compiled file{'s' if count != 1 else ''}{named}: not built here, "
+        "this measures the Python part only"
+    )
+
+
+def uncommitted_text(count: int, files: list[str]) -> str:
+    """A checkout's uncommitted edits, as the console and the report's header say them: ``the
+    checkout has uncommitted edits (2 files: a.py, b.py); they are not measured: the builds are
+    the commits`` (:func:`changes_text` names the files)."""
+    return (
+        f"the checkout has uncommitted edits ({changes_text(count, files)}); they are not "
+        "measured: the builds are the commits"
+    )
 
 
 def patch_label(p: PatchEntry) -> str:

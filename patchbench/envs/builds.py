@@ -6,9 +6,14 @@ resolved once per run), a wheel or a checkout at a commit (only its ``python/sgl
 ``python/pyproject.toml``). A wheel or checkout runs as an overlay on the environment whose sglang
 declares the same dependencies. With ``make="yes"`` a build whose release or dependency set no
 environment here has gets one made once as a layer over the closest environment
-(:mod:`patchbench.envs.layers`); ``make="plan"`` only says what that would install. On the CPU,
-a variant checkout whose range from the baseline's touches compiled code is refused before
-anything launches (a range that changes the dependencies gets its own environment).
+(:mod:`patchbench.envs.layers`); ``make="plan"`` only says what that would install. A variant
+checkout whose range from the baseline's changes compiled code no build here compiles
+(:func:`uncompiled_files`: sgl-kernel, the router, C/C++/CUDA, CMake, Rust; on the CPU also such
+files under ``python/sglang/``) is refused before any environment is looked for, on every engine,
+unless its ``sglang:`` says ``allow_uncompiled: true`` (``patchbench ab --allow-uncompiled``):
+then its ``changes`` record what was left out. A range that changes the dependencies gets its own
+environment. A checkout's uncommitted edits are named (``log`` and each git build's
+``uncommitted``), never measured: the builds are the commits.
 
 Errors: EnvironmentNotReady (exit 3) for a build no environment here can run, or an index that
 cannot be read; ConfigError (exit 2) for an unknown ref, a checkout without ``python/sglang``, a
@@ -31,7 +36,7 @@ import urllib.error
 import urllib.request
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -44,6 +49,8 @@ from patchbench.config import (
     changes_text,
     commit_name,
     sglang_label,
+    uncommitted_text,
+    uncompiled_text,
 )
 from patchbench.envs import envinfo, layers
 from patchbench.errors import ConfigError, EnvironmentNotReady, PatchError
@@ -56,8 +63,12 @@ MakeMode = Literal["no", "plan", "yes"]
 INDEX_URL_ENV = "PATCHBENCH_INDEX_URL"
 DEFAULT_INDEX_URL = "https://pypi.org/pypi"
 
-#: paths whose change needs a compiled build (refused on the CPU)
-_COMPILED = re.compile(r"(^|/)(sgl-kernel|csrc)/|\.(cu|cuh|cpp|cc|cxx|c|h|hpp)$")
+#: paths whose change needs a compiled build: the kernel package, C/C++/CUDA sources, CMake, the
+#: Rust router (sgl-router, later sgl-model-gateway) and its Cargo files
+_COMPILED = re.compile(
+    r"(^|/)(sgl-kernel|csrc|sgl-router|sgl-model-gateway)/"
+    r"|\.(cu|cuh|cpp|cc|cxx|c|h|hpp|rs|cmake)$|(^|/)(CMakeLists\.txt|Cargo\.(toml|lock))$"
+)
 #: the folder of a checkout a source build runs (a range's other paths are not run)
 SOURCE_DIR = "python/sglang/"
 
@@ -65,10 +76,12 @@ SOURCE_DIR = "python/sglang/"
 @dataclass
 class RangeChanges:
     """The paths (``files``, in git's order) that a git build changes against the baseline's
-    commit ``base`` of the same checkout (``git diff --name-only``)."""
+    commit ``base`` of the same checkout (``git diff --name-only``); ``uncompiled``: those no
+    build here compiles, left out of the run (empty unless the variant allows them)."""
 
     base: str
     files: list[str]
+    uncompiled: list[str] = field(default_factory=list)
 
     @property
     def outside(self) -> list[str]:
@@ -81,13 +94,23 @@ class RangeChanges:
         return changes_text(len(self.files), self.files, len(self.outside))
 
     def to_json(self) -> dict:
-        """``{"base": commit, "count": n, "files": the first CHANGES_SHOWN, "outside": n}``."""
-        return {
+        """``{"base": commit, "count": n, "files": the first CHANGES_SHOWN, "outside": n}``,
+        and ``"uncompiled": {"count": n, "files": the first CHANGES_SHOWN}`` when some were left
+        out."""
+        out = {
             "base": self.base,
             "count": len(self.files),
             "files": self.files[:CHANGES_SHOWN],
             "outside": len(self.outside),
         }
+        if self.uncompiled:
+            out["uncompiled"] = _names_json(self.uncompiled)
+        return out
+
+
+def _names_json(paths: list[str]) -> dict:
+    """``{"count": n, "files": the first CHANGES_SHOWN}``."""
+    return {"count": len(paths), "files": paths[:CHANGES_SHOWN]}
 
 
 @dataclass
@@ -95,8 +118,9 @@ class Build:
     """One resolved ``sglang:`` (``spec`` as written): ``resolved``: the release, commit or the
     wheel's sha256; ``version``: a source's own sglang version and ``tree`` the folder holding
     its ``sglang/`` (None for a release); for a git build ``subject``: the commit's first line,
-    and ``changes``: what it changes against the baseline's commit (None for the baseline, a
-    build at its commit or of another checkout)."""
+    ``changes``: what it changes against the baseline's commit (None for the baseline, a
+    build at its commit or of another checkout) and ``uncommitted``: the checkout's
+    uncommitted edits (:func:`uncommitted_edits`; not measured)."""
 
     spec: str
     kind: Literal["release", "git", "wheel"]
@@ -107,6 +131,7 @@ class Build:
     plan: layers.LayerPlan | None = None
     subject: str | None = None
     changes: RangeChanges | None = None
+    uncommitted: list[str] = field(default_factory=list)
 
     @property
     def release(self) -> str:
@@ -143,7 +168,8 @@ class Build:
 
     def to_json(self) -> dict:
         """JSON-ready record for the run manifest's ``builds``; a git build's also holds
-        ``subject`` and ``changes`` (:meth:`RangeChanges.to_json`, None without a range)."""
+        ``subject`` and ``changes`` (:meth:`RangeChanges.to_json`, None without a range), and
+        ``uncommitted`` (``{"count", "files"}``) when its checkout had uncommitted edits."""
         out = {
             "spec": self.spec,
             "kind": self.kind,
@@ -157,6 +183,8 @@ class Build:
         if self.kind == "git":
             out["subject"] = self.subject
             out["changes"] = self.changes.to_json() if self.changes is not None else None
+            if self.uncommitted:
+                out["uncommitted"] = _names_json(self.uncommitted)
         return out
 
 
@@ -270,8 +298,39 @@ def git_subject(git_dir: Path, commit: str) -> str | None:
 
 
 def compiled_files(paths: list[str]) -> list[str]:
-    """The paths that need a compiled build (``sgl-kernel/``, ``csrc/``, C/C++/CUDA files)."""
+    """The paths that need a compiled build (``sgl-kernel/``, ``csrc/``, C/C++/CUDA files,
+    CMake, the Rust router)."""
     return [p for p in paths if _COMPILED.search(p)]
+
+
+def uncompiled_files(paths: list[str], *, cpu: bool) -> list[str]:
+    """The paths of a range that no build here compiles, so a run leaves them out: compiled code
+    outside ``python/sglang/`` (a source build runs that folder only; nothing builds sgl-kernel
+    or the router) and, on the CPU (``cpu``), compiled code inside it too (the CPU engine runs
+    no kernel)."""
+    return [p for p in compiled_files(paths) if cpu or not p.startswith(SOURCE_DIR)]
+
+
+def uncommitted_edits(checkout: Path) -> list[str]:
+    """The checkout's uncommitted edits (``git status --porcelain``): tracked files changed,
+    staged or not, anywhere, and untracked files under ``python/``; [] for a bare repository or
+    when git cannot tell."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE")}
+    r = subprocess.run(
+        ["git", "-C", str(checkout), "status", "--porcelain", "-z", "--no-renames"]
+        + ["--untracked-files=all"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    if r.returncode != 0:
+        return []
+    out = []
+    for entry in r.stdout.split("\0"):
+        state, path = entry[:2], entry[3:]
+        if path and (state != "??" or path.startswith("python/")):
+            out.append(path)
+    return out
 
 
 def _extract_git_tree(git_dir: Path, commit: str, cache_dir: Path) -> Path:
@@ -334,7 +393,9 @@ def git_build(
         f"sglang: {label}", pyproject_requirements(pyproject), version, release=False
     )
     subject = git_subject(gd, commit)
-    return Build(label, "git", env, commit, version=version, tree=tree, plan=plan, subject=subject)
+    b = Build(label, "git", env, commit, version=version, tree=tree, plan=plan, subject=subject)
+    b.uncommitted = uncommitted_edits(cfg.resolve_path(spec.git))
+    return b
 
 
 # ------------------------------------------------------------------------------- wheels
@@ -390,10 +451,13 @@ def resolve_builds(
     log=print,
 ) -> dict[str, Build]:
     """{variant: its :class:`Build`}, each distinct ``sglang:`` resolved once; also stored in
-    ``cfg.builds`` (what :meth:`Config.release_of` reads). ``cpu``: refuse a compiled range and
-    leave CUDA-only packages out of a made environment (module docstring); ``make``: what to do
-    for a build no environment has (:data:`MakeMode`; ``log`` shows a make's progress). Raises
-    the errors of the module docstring."""
+    ``cfg.builds`` (what :meth:`Config.release_of` reads). ``cpu``: the CPU engine (compiled code
+    under ``python/sglang/`` is left out too, :func:`uncompiled_files`) and CUDA-only packages
+    left out of a made environment; ``make``: what to do for a build no environment has
+    (:data:`MakeMode`; ``log`` shows a make's progress, what a range leaves out and a checkout's
+    uncommitted edits). A range with compiled code is refused before any environment is looked
+    for (module docstring). Raises the errors of the module docstring."""
+    ranges = _ranges(cfg, cpu)
     making = Making(make, cpu, log)
     by_label: dict[str, Build] = {}
     latest: str | None = None
@@ -417,37 +481,68 @@ def resolve_builds(
                 f"{cfg.source}: variant '{v}' runs {label} and names patches; a source build "
                 "takes none (commit the change to the branch instead)"
             )
-    _add_ranges(cfg, out, cpu)
+        if v in ranges and out[v].changes is None:
+            out[v].changes = ranges[v]
+    named: set[str] = set()
+    for v, b in out.items():
+        if b.changes is not None and b.changes.uncompiled and v in ranges:
+            c = b.changes.uncompiled
+            log(f"sglang: variant '{v}' ({b.spec}): {uncompiled_text(len(c), c)}")
+        where = str(cfg.resolve_path(cfg.sglang_of(v).git)) if b.kind == "git" else ""
+        if b.uncommitted and where not in named:
+            named.add(where)
+            text = uncommitted_text(len(b.uncommitted), b.uncommitted)
+            log(f"sglang: {where}: {text}")
     cfg.builds = dict(out)
     return out
 
 
-def _add_ranges(cfg: Config, builds: dict[str, Build], cpu: bool) -> None:
-    """Set ``changes`` of each git build of the baseline's checkout at another commit; on the
-    CPU refuse (ConfigError) a range that changes compiled code."""
+def _ranges(cfg: Config, cpu: bool) -> dict[str, RangeChanges]:
+    """{variant: what it changes} for each git build of the baseline's checkout at another
+    commit, from the commits alone (before any environment). Raises ConfigError for a range
+    with compiled code no build here compiles (:func:`uncompiled_files`) unless the variant's
+    ``sglang:`` allows it (``allow_uncompiled``), naming the files and the flag; ConfigError
+    (an unknown ref) as :func:`git_commit`."""
     base_spec = cfg.sglang_of(cfg.baseline)
     if not isinstance(base_spec, GitSource):
-        return
+        return {}
     from patchbench.patches.author import git_dir_of
 
-    gd = git_dir_of(cfg.resolve_path(base_spec.git))
-    base = builds[cfg.baseline]
-    for v, b in builds.items():
+    try:
+        gd = git_dir_of(cfg.resolve_path(base_spec.git))
+    except PatchError as e:
+        raise ConfigError(f"sglang: {sglang_label(base_spec)}: {e}") from None
+    base = git_commit(gd, base_spec.ref)
+    out: dict[str, RangeChanges] = {}
+    for v in cfg.variants:
         spec = cfg.sglang_of(v)
-        if b.kind != "git" or b.resolved == base.resolved or not isinstance(spec, GitSource):
+        if not isinstance(spec, GitSource):
             continue
-        if git_dir_of(cfg.resolve_path(spec.git)) != gd:
+        try:
+            same = git_dir_of(cfg.resolve_path(spec.git)) == gd
+        except PatchError:
+            continue  # git_build names it
+        commit = git_commit(gd, spec.ref) if same else base
+        if commit == base:
             continue
-        if b.changes is None:
-            b.changes = RangeChanges(base.resolved, changed_files(gd, base.resolved, b.resolved))
-        bad = compiled_files(b.changes.files) if cpu else []
-        if bad:
+        files = changed_files(gd, base, commit)
+        left = uncompiled_files(files, cpu=cpu)
+        if left and not spec.allow_uncompiled:
+            shown = ", ".join(left[:20]) + (f" and {len(left) - 20} more" if len(left) > 20 else "")
+            inside = any(f.startswith(SOURCE_DIR) for f in left)
+            where = " (the CPU engine runs no kernel, not even one under python/sglang/)"
+            where = where if inside else ""
             raise ConfigError(
-                f"variant '{v}' ({b.spec}): its range from the baseline "
-                f"({base.resolved[:12]}..{b.resolved[:12]}) changes compiled code, "
-                f"which the CPU engine cannot run from source: "
-                f"{', '.join(bad[:20])}" + (" ..." if len(bad) > 20 else "")
+                f"variant '{v}' ({sglang_label(spec)}): its range from the baseline "
+                f"({base[:12]}..{commit[:12]}) changes compiled code that no build here "
+                f"compiles{where}: {shown}. A source build runs python/sglang/ only, so a run "
+                "would measure the Python part and read as the whole change. To measure the "
+                "Python part anyway, stating what is left out: `patchbench ab ... "
+                "--allow-uncompiled` (in a config: `allow_uncompiled: true` in the variant's "
+                "sglang: {git: ..., ref: ...})"
             )
+        out[v] = RangeChanges(base, files, left)
+    return out
 
 
 def overlay_patches(

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from patchbench import records
 from patchbench.analysis.comparison import Comparison, Row
-from patchbench.config import changes_text
+from patchbench.config import changes_text, uncommitted_text, uncompiled_text
 from patchbench.report.text import (
     DECIDE_CAP,
     DECIDE_POWER,
@@ -83,6 +83,7 @@ def _header(cmp: Comparison) -> list[str]:
             desc += f"; build {esc(info.build)}"
         tag = " (baseline)" if v == cmp.baseline else (" (A/A)" if v in cmp.aa_variants else "")
         lines.append(f"| variant `{v}`{tag} | {desc} |")
+    lines += _uncommitted_rows(cmp)
     host = host_text(cmp, gpu=False)
     lines += [f"| host | {esc(host)} |"] if host else []
     lines += [
@@ -133,9 +134,26 @@ def _sglang_row(cmp: Comparison) -> str:
     return f"| sglang | as built: {arms} (environment: {', '.join(f'`{e}`' for e in envs)}) |"
 
 
+def _uncommitted_rows(cmp: Comparison) -> list[str]:
+    """One header row per distinct set of uncommitted edits the arms' checkouts had (a git
+    build's ``uncommitted``; patchbench.config.uncommitted_text), naming the arms; [] when none
+    had any."""
+    seen: dict[tuple, list[str]] = {}
+    for v in [cmp.baseline] + cmp.variants:
+        info = cmp.run.variants.get(v)
+        u = info.built.uncommitted if info is not None and info.built is not None else None
+        if u is not None and u.count:
+            seen.setdefault((u.count, tuple(u.files)), []).append(v)
+    return [
+        f"| uncommitted edits | {', '.join(f'`{v}`' for v in arms)}: "
+        f"{esc(uncommitted_text(n, list(files)))} |"
+        for (n, files), arms in seen.items()
+    ]
+
+
 def _source_cell(cmp: Comparison, variant: str) -> str:
-    """A git build's name and the files its range changes, as the start of its header cell
-    ("" for any other arm)."""
+    """A git build's name, the files its range changes and what it left out, as the start of
+    its header cell ("" for any other arm)."""
     b = cmp.run.variants[variant].built
     name = b.name() if b is not None else None
     if b is None or name is None:
@@ -145,6 +163,8 @@ def _source_cell(cmp: Comparison, variant: str) -> str:
         c = b.changes
         files = changes_text(c.count, [f"`{esc(f)}`" for f in c.files], c.outside)
         out += f"changes from `{cmp.baseline}`: {files}; "
+        if c.uncompiled is not None and c.uncompiled.count:
+            out += esc(uncompiled_text(c.uncompiled.count, c.uncompiled.files)) + "; "
     return out
 
 

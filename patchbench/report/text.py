@@ -13,7 +13,7 @@ from pathlib import Path
 
 from patchbench.analysis import power
 from patchbench.analysis.comparison import Comparison, Row
-from patchbench.config.schema import AB_NAME_PREFIX
+from patchbench.config.schema import AB_NAME_PREFIX, uncompiled_text
 from patchbench.inputs import REPO_ROOT
 
 VERDICT_MARK = {
@@ -419,14 +419,26 @@ class Answer:
     unstated: list[Row]
 
 
+def left_out_clause(cmp: Comparison, variant: str) -> str | None:
+    """What ``variant``'s git range left out of the run (compiled code no build here compiles,
+    ``ab --allow-uncompiled``), as one clause (patchbench.config.uncompiled_text); None when
+    nothing was."""
+    info = cmp.run.variants.get(variant)
+    b = info.built if info is not None else None
+    u = b.changes.uncompiled if b is not None and b.changes is not None else None
+    return uncompiled_text(u.count, u.files) if u is not None and u.count else None
+
+
 def answer(cmp: Comparison, variant: str) -> Answer:
-    """The answer for ``variant``: correctness first (output identity, accuracy), then the
-    decided primaries, then what is undecided: run-level primaries with fewer paired repeats
-    than a verdict needs as one "not decidable here" clause with the run's noise, the others
-    each with their interval, then what would decide them (:func:`to_decide`) and each pairing
-    refusal."""
+    """The answer for ``variant``: output identity first, then what its range left out of the
+    run (:func:`left_out_clause`), accuracy, the decided primaries, then what is undecided:
+    run-level primaries with fewer paired repeats than a verdict needs as one "not decidable
+    here" clause with the run's noise, the others each with their interval, then what would
+    decide them (:func:`to_decide`) and each pairing refusal."""
     ident = identity_clauses(cmp, variant)
     first, decided, undecided, speed, open_ = list(ident), [], [], [], []
+    left = left_out_clause(cmp, variant)
+    first += [left] if left else []
     min_n = cmp.settings.min_repeats
     for r in cmp.rows_for(variant, primary=True):
         run = r.kind == "run" and not is_bound(r) and r.verdict == "inconclusive"

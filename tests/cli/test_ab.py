@@ -291,3 +291,75 @@ def test_ab_says_a_changed_pyproject_picks_the_environment(checkout, capsys):
     out = capsys.readouterr().out
     assert "ab: ignored (outside python/sglang/): test/test_sampling.py\n" in out
     assert "ab: python/pyproject.toml changes: its dependencies pick B's environment" in out
+
+
+@pytest.fixture
+def kernel_checkout(checkout, tmp_path) -> Path:
+    """A clone of the checkout whose branch kernel-branch is my-branch plus a CUDA file under
+    sgl-kernel/csrc/ (compiled code no build here compiles); main is checked out."""
+    repo = tmp_path / "sglang"
+    subprocess.run(["git", "clone", "-q", str(checkout), str(repo)], check=True)
+    git(repo, "checkout", "-qb", "kernel-branch", "origin/my-branch")
+    (repo / "sgl-kernel" / "csrc").mkdir(parents=True)
+    (repo / "sgl-kernel" / "csrc" / "k.cu").write_text("// a faster kernel\n")
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "kernel: faster")
+    git(repo, "checkout", "-q", "main")
+    return repo
+
+
+@pytest.mark.parametrize("preset", ["cpu-demo", "pr-h200"])
+def test_a_range_with_compiled_code_is_refused_on_every_preset(kernel_checkout, preset, capsys):
+    """Issue 34: on a GPU preset the kernel file was only "ignored" on the console and the run
+    measured the Python part as if it were the change; now every preset refuses it (exit 2),
+    naming the file and the flag, before any environment is looked for."""
+    argv = ["ab", "--git", str(kernel_checkout), "--range", "main...kernel-branch"]
+    assert cli.main([*argv, "--preset", preset, "--dry-run"]) == 2
+    cap = capsys.readouterr()
+    assert "ignored (outside python/sglang/): test/test_sampling.py\n" in cap.out
+    assert "k.cu" not in cap.out
+    assert "config error (exit 2): variant 'B' (git:" in cap.err
+    assert "changes compiled code that no build here compiles: sgl-kernel/csrc/k.cu." in cap.err
+    assert "--allow-uncompiled" in cap.err and "Traceback" not in cap.err
+
+
+def test_allow_uncompiled_runs_the_python_part_and_records_what_was_left_out(
+    kernel_checkout, capsys
+):
+    """With --allow-uncompiled the GPU preset's dry run goes on; B's sglang carries the
+    allowance (so a resumed run keeps it), the console says what is left out, and B's build
+    record (the manifest's ``builds`` entry) holds it."""
+    from patchbench.cli import build_parser
+    from patchbench.envs import builds
+
+    argv = ["ab", "--git", str(kernel_checkout), "--range", "main...kernel-branch"]
+    argv += ["--preset", "pr-h200", "--allow-uncompiled", "--dry-run"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    head = git(kernel_checkout, "rev-parse", "kernel-branch")
+    assert (
+        f"sglang: variant 'B' (git:{kernel_checkout}@{head}): "
+        "left out: 1 compiled file (sgl-kernel/csrc/k.cu): not built here, this measures the "
+        "Python part only\n"
+    ) in out
+    cfg = ab.prepare_ab(build_parser().parse_args(argv))
+    assert cfg.sglang_of("B").allow_uncompiled and not cfg.sglang_of("A").allow_uncompiled
+    entry = builds.resolve_builds(cfg, log=lambda _: None)["B"].to_json()
+    assert entry["changes"]["uncompiled"] == {"count": 1, "files": ["sgl-kernel/csrc/k.cu"]}
+    assert entry["changes"]["count"] == 3 and entry["changes"]["outside"] == 2
+
+
+def test_uncommitted_edits_are_named_at_the_start_and_not_measured(kernel_checkout, capsys):
+    """An edited tracked file and a new file under python/ are named before the plan; the
+    builds are the commits (B's overlay is the branch's one changed file)."""
+    (kernel_checkout / "python" / SAMPLING).write_text("# not committed\n")
+    (kernel_checkout / "python" / "sglang" / "scratch.py").write_text("")
+    argv = ["ab", "--git", str(kernel_checkout), "--range", "main...origin/my-branch", "--dry-run"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    line = (
+        f"sglang: {kernel_checkout}: the checkout has uncommitted edits (2 files: "
+        f"python/{SAMPLING}, python/sglang/scratch.py); they are not measured: the builds are "
+        "the commits\n"
+    )
+    assert out.count(line) == 1 and out.index(line) < out.index("patches    (none)")

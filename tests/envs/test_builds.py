@@ -208,23 +208,130 @@ def test_a_git_build_records_its_commit_subject_version_and_the_files_its_range_
     )
 
 
-def test_a_range_with_compiled_code_or_other_dependencies_is_refused(checkout, tmp_path):
+def test_compiled_code_is_what_no_source_build_compiles():
+    """sgl-kernel, csrc, C/C++/CUDA, CMake and the Rust router are compiled code; a source build
+    runs python/sglang/ only, so such files outside it are left out everywhere, and on the CPU
+    (no kernel runs) those inside it too."""
+    paths = [
+        "python/sglang/srt/a.py",
+        "python/sglang/jit_kernel/k.cuh",
+        "sgl-kernel/csrc/attention/x.cu",
+        "sgl-kernel/python/sgl_kernel/ops.py",
+        "sgl-kernel/CMakeLists.txt",
+        "sgl-router/src/lib.rs",
+        "sgl-model-gateway/Cargo.toml",
+        "csrc/y.cpp",
+        "cmake/flags.cmake",
+        "test/test_a.py",
+        "docs/kernels.md",
+        "python/pyproject.toml",
+    ]
+    gpu = [
+        "sgl-kernel/csrc/attention/x.cu",
+        "sgl-kernel/python/sgl_kernel/ops.py",
+        "sgl-kernel/CMakeLists.txt",
+        "sgl-router/src/lib.rs",
+        "sgl-model-gateway/Cargo.toml",
+        "csrc/y.cpp",
+        "cmake/flags.cmake",
+    ]
+    assert builds.uncompiled_files(paths, cpu=False) == gpu
+    assert builds.uncompiled_files(paths, cpu=True) == ["python/sglang/jit_kernel/k.cuh", *gpu]
+
+
+def test_a_range_with_compiled_code_is_refused_on_every_engine_unless_allowed(checkout, tmp_path):
+    """Issue 34: a GPU run took a kernel change's Python part for the whole change (the CPU
+    alone refused it). Now every engine refuses, naming the files and the flag, before any
+    environment is looked for; allowed, the build records what was left out and says it."""
     (checkout / "sgl-kernel" / "csrc").mkdir(parents=True)
     (checkout / "sgl-kernel" / "csrc" / "k.cu").write_text("// kernel\n")
+    (checkout / "python" / "sglang" / "k.cuh").write_text("// jit\n")
     git(checkout, "add", "-A")
     git(checkout, "commit", "-qm", "kernel")
+    main, head = git(checkout, "rev-parse", "main"), git(checkout, "rev-parse", "my-branch")
     variants = f"  base: []\n  mine: {{sglang: {{git: {checkout}, ref: my-branch}}}}"
     cfg = load_config(write_cfg(tmp_path, f"{{git: {checkout}, ref: main}}", variants))
-    with pytest.raises(ConfigError, match=r"changes compiled code, .*: sgl-kernel/csrc/k\.cu"):
-        builds.resolve_builds(cfg, cpu=True, cache_dir=tmp_path / "cache")
-    builds.resolve_builds(cfg, cpu=False, cache_dir=tmp_path / "cache")  # a GPU builds it
+    for cpu, left, why in [
+        (False, "sgl-kernel/csrc/k.cu", ""),
+        (
+            True,
+            "python/sglang/k.cuh, sgl-kernel/csrc/k.cu",
+            " (the CPU engine runs no kernel, not even one under python/sglang/)",
+        ),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            builds.resolve_builds(cfg, cpu=cpu, cache_dir=tmp_path / "cache")
+        assert str(e.value).startswith(
+            f"variant 'mine' (git:{checkout}@my-branch): its range from the baseline "
+            f"({main[:12]}..{head[:12]}) changes compiled code that no build here compiles"
+            f"{why}: {left}. A source build runs python/sglang/ only"
+        )
+        assert "`patchbench ab ... --allow-uncompiled`" in str(e.value)
+        assert "`allow_uncompiled: true` in the variant's sglang:" in str(e.value)
+        assert not (tmp_path / "cache" / "builds").exists()  # refused before any build
 
+    allowed = variants.replace("ref: my-branch}", "ref: my-branch, allow_uncompiled: true}")
+    cfg = load_config(write_cfg(tmp_path, f"{{git: {checkout}, ref: main}}", allowed))
+    said: list[str] = []
+    b = builds.resolve_builds(cfg, cache_dir=tmp_path / "cache", log=said.append)["mine"]
+    assert b.changes.uncompiled == ["sgl-kernel/csrc/k.cu"]
+    assert b.to_json()["changes"]["uncompiled"] == {"count": 1, "files": ["sgl-kernel/csrc/k.cu"]}
+    assert said == [
+        f"sglang: variant 'mine' (git:{checkout}@my-branch): left out: 1 compiled file "
+        "(sgl-kernel/csrc/k.cu): not built here, this measures the Python part only"
+    ]
+    b = builds.resolve_builds(cfg, cpu=True, cache_dir=tmp_path / "cache", log=said.append)
+    assert b["mine"].changes.uncompiled == ["python/sglang/k.cuh", "sgl-kernel/csrc/k.cu"]
+    assert b["base"].changes is None and "uncompiled" not in str(b["base"].to_json())
+    # the allowance is written in the config only where it is given
+    assert cfg.sglang_of("mine").model_dump()["allow_uncompiled"] is True
+    assert cfg.sglang_of("base").model_dump() == {"git": str(checkout), "ref": "main"}
+
+
+def test_a_range_with_other_dependencies_needs_their_environment(checkout, tmp_path):
+    variants = f"  base: []\n  mine: {{sglang: {{git: {checkout}, ref: my-branch}}}}"
+    cfg = load_config(write_cfg(tmp_path, f"{{git: {checkout}, ref: main}}", variants))
     (checkout / "python" / "pyproject.toml").write_text(PYPROJECT.replace(">=1.2", ">=2"))
     git(checkout, "commit", "-qam", "deps")
     with pytest.raises(EnvironmentNotReady) as e:
         builds.resolve_builds(cfg, cache_dir=tmp_path / "cache")
     assert "its dependencies match no environment" in str(e.value)
     assert "needs numpy<3,>=2" in str(e.value) and "lacks numpy<3,>=1.2" in str(e.value)
+
+
+def test_uncommitted_edits_of_the_checkout_are_named_once_and_recorded(checkout, tmp_path):
+    """The builds are the commits: a tracked file changed (staged or not) and a new file under
+    python/ are named, on the console once per checkout and in each git build's record; an
+    untracked file elsewhere is not; a clean checkout records nothing."""
+    variants = f"  base: []\n  mine: {{sglang: {{git: {checkout}, ref: my-branch}}}}"
+    cfg = load_config(write_cfg(tmp_path, f"{{git: {checkout}, ref: main}}", variants))
+    said: list[str] = []
+    got = builds.resolve_builds(cfg, cache_dir=tmp_path / "cache", log=said.append)
+    assert said == [] and "uncommitted" not in got["mine"].to_json()
+
+    (checkout / "python" / "sglang" / "a.py").write_text("A = 3\n")
+    (checkout / "test" / "test_a.py").write_text("# staged\n")
+    git(checkout, "add", "test/test_a.py")
+    (checkout / "python" / "sglang" / "new.py").write_text("")
+    (checkout / "notes.txt").write_text("")
+    assert builds.uncommitted_edits(checkout) == [
+        "python/sglang/a.py",
+        "test/test_a.py",
+        "python/sglang/new.py",
+    ]
+    got = builds.resolve_builds(cfg, cache_dir=tmp_path / "cache", log=said.append)
+    assert said == [
+        f"sglang: {checkout}: the checkout has uncommitted edits (3 files: python/sglang/a.py, "
+        "test/test_a.py, python/sglang/new.py); they are not measured: the builds are the commits"
+    ]
+    for v in ("base", "mine"):
+        assert got[v].to_json()["uncommitted"] == {
+            "count": 3,
+            "files": ["python/sglang/a.py", "test/test_a.py", "python/sglang/new.py"],
+        }
+    bare = tmp_path / "bare.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(checkout), str(bare)], check=True)
+    assert builds.uncommitted_edits(bare) == []
 
 
 def test_unknown_ref_and_patches_on_a_checkout_are_config_errors(checkout, tmp_path):

@@ -388,6 +388,80 @@ def test_git_builds_are_named_by_commit_and_subject_with_their_range_and_version
     assert '- B = 8af4974fdfbe "sampling: a \\| larger epsilon"; changes from A: 10 ' in body
 
 
+def _as_ab_writes_it(run: Path, a: str, b: str) -> None:
+    """The manifest's config with A and B at commits ``a`` and ``b`` of /co, as ``ab --git``."""
+    man = json.loads((run / "manifest.json").read_text())
+    man["config"]["sglang"] = {"git": "/co", "ref": a}
+    man["config"]["variants"]["B"] = {"sglang": {"git": "/co", "ref": b}}
+    (run / "manifest.json").write_text(json.dumps(man))
+
+
+def test_what_a_range_left_out_and_uncommitted_edits_reach_compare_json_report_and_comment(
+    tmp_path,
+):
+    """Issue 34: a kernel change run with ``ab --allow-uncompiled`` read as "equivalent" with no
+    word of the kernel. The manifest's builds (as ``Build.to_json()`` writes them: B's range
+    left 3 compiled files out, the checkout had 2 uncommitted edits) reach compare.json, whose
+    answer, header and PR comment say both; a run without them writes neither key."""
+    from patchbench.report.comment import render_comment
+    from patchbench.report.text import sentence
+
+    a, b = "1a2b3c4d5e6f" + "0" * 28, "8af4974fdfbe" + "1" * 28
+    kernel = ["sgl-kernel/csrc/a.cu", "sgl-kernel/csrc/b.cu", "sgl-kernel/CMakeLists.txt"]
+    edits = {"count": 2, "files": ["python/sglang/x.py", "python/sglang/new.py"]}
+    common = {"kind": "git", "release": "0.5.1.post3", "venv": ".venv", "python": "python"}
+    builds = {
+        "A": {**common, "spec": "git:/co@main", "resolved": a, "subject": "base",
+              "changes": None, "uncommitted": edits, "describe": "x"},
+        "B": {**common, "spec": "git:/co@b", "resolved": b, "subject": "kernel: faster",
+              "describe": "y", "uncommitted": edits,
+              "changes": {"base": a, "count": 4, "files": ["python/sglang/k.py", *kernel],
+                          "outside": 3, "uncompiled": {"count": 3, "files": kernel}}},
+    }  # fmt: skip
+    values = {"A": [100, 102, 98], "B": [100.2, 101.8, 98.1]}
+    run = make_run(
+        tmp_path,
+        variants={"A": [], "B": []},
+        metrics={"bench": {"output_throughput_tok_s": values}},
+        builds=builds,
+    )
+    _as_ab_writes_it(run, a, b)
+    text = report.render_run(run, plots=False).read_text()
+    raw = json.loads((run / "compare.json").read_text())["run"]["variants"]
+    assert raw["B"]["built"]["changes"]["uncompiled"] == {"count": 3, "files": kernel}
+    assert raw["A"]["built"]["uncommitted"] == edits and raw["B"]["built"]["uncommitted"] == edits
+    assert "uncompiled" not in raw["A"]["built"]
+    left = (
+        "left out: 3 compiled files (sgl-kernel/csrc/a.cu, sgl-kernel/csrc/b.cu, "
+        "sgl-kernel/CMakeLists.txt): not built here, this measures the Python part only"
+    )
+    cmp = read_comparison(run)
+    assert sentence(cmp, "B").startswith(f"B vs A: {left}; ")
+    assert f"- B vs A: {left}; " in text
+    assert (
+        "| uncommitted edits | `A`, `B`: the checkout has uncommitted edits (2 files: "
+        "python/sglang/x.py, python/sglang/new.py); they are not measured: the builds are the "
+        "commits |"
+    ) in text
+    assert f"(3 outside python/sglang/, not run); {left}; no patches" in text
+    assert f"- {left}\n" in render_comment(cmp)
+
+    builds["B"]["changes"].pop("uncompiled")
+    for v in builds.values():
+        v.pop("uncommitted")
+    again = make_run(
+        tmp_path / "clean",
+        variants={"A": [], "B": []},
+        metrics={"bench": {"output_throughput_tok_s": values}},
+        builds=builds,
+    )
+    _as_ab_writes_it(again, a, b)
+    text = report.render_run(again, plots=False).read_text()
+    raw = (again / "compare.json").read_text()
+    assert "uncompiled" not in raw and "uncommitted" not in raw
+    assert "left out" not in text and "uncommitted" not in text
+
+
 def test_local_paths_relative_to_the_repository_and_from_home():
     """A path inside the repository becomes relative to it, one under home starts with ``~``;
     a root inside a longer path, the root alone and a home of ``/`` are left alone."""
