@@ -158,7 +158,11 @@ def _repeat_values(
         for v, x in ((data.baseline, vb), (variant, vv)):
             if x is None:
                 st = data.suite_status(v, k, suite)
-                why = data.not_judged(v, k, suite, metric) or "no value"
+                why = (
+                    data.not_judged(v, k, suite, metric)
+                    or data.left_out.get((v, k, suite, metric))
+                    or "no value"
+                )
                 bad.append(f"{v}/rep{k}: {why if st == 'ok' else st}")
         if vb is None or vv is None:
             continue

@@ -11,7 +11,43 @@ from pathlib import Path
 
 from patchbench import runfolder
 from patchbench.runfolder import CellRecord, RunManifest, SuiteSummary
-from patchbench.suite import get_suite
+from patchbench.suite import get_suite, unit_of
+
+#: the values no measurement can give, by the unit a metric's name declares (its suffix; a
+#: sweep point's ``name@key`` by its name): (lowest, highest), both allowed. A rate is 0 (nothing
+#: finished in time: a goodput) or at least one in 11.6 days (1e-6 per s, longer than any run's
+#: timeout) and at most 1e9 per s (no server comes near); a latency or duration lies in
+#: [0, 1e7] ms (2.8 h: no request outlives a suite's timeout), [0, 1e10] us, [0, 1e7] s; an
+#: accuracy in [0, 1]; a count is never negative. Shares and percentages are left as they are
+#: (an overhead share may be below 0). A value outside, or not a finite number, is left out of
+#: the analysis with a note naming it and its file (:func:`impossible`).
+PLAUSIBLE: dict[str, tuple[float, float]] = {
+    "tok/s": (1e-6, 1e9),
+    "req/s": (1e-6, 1e9),
+    "ms": (0.0, 1e7),
+    "us": (0.0, 1e10),
+    "s": (0.0, 1e7),
+    "acc": (0.0, 1.0),
+    "count": (0.0, math.inf),
+}
+
+
+def impossible(metric: str, x: float | None) -> str | None:
+    """Why ``x`` cannot be a measured value of ``metric`` (:data:`PLAUSIBLE`); None when it can
+    (or is None: no value)."""
+    if x is None:
+        return None
+    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
+        return "not a finite number"
+    unit = unit_of(metric.split("@", 1)[0])
+    lo, hi = PLAUSIBLE.get(unit, (-math.inf, math.inf))
+    if unit in ("tok/s", "req/s") and x == 0:
+        return None
+    if x < lo:
+        return f"below {lo:g} {unit}"
+    if x > hi:
+        return f"above {hi:g} {unit}"
+    return None
 
 
 @dataclass
@@ -35,6 +71,8 @@ class RunData:
     correctness_only: list[str] = field(default_factory=list)
     #: variant -> its correctness cell (None: none ran)
     corr_cells: dict[str, CellRecord | None] = field(default_factory=dict)
+    #: (variant, repeat, suite, metric) -> why its value was left out (:func:`impossible`)
+    left_out: dict[tuple[str, int, str, str], str] = field(default_factory=dict)
 
     def rounds_of(self, suite: str) -> list[int]:
         """The repeat indices that hold ``suite``'s data ([0] for a correctness-only suite)."""
@@ -133,6 +171,7 @@ def _read_cells(data: RunData) -> None:
         for s in data.correctness_only:
             sm = data.summaries[(v, 0, s)] = runfolder.read_summary(corr / s, suite=s)
             data.notes += sm.notes if sm is not None else []
+            _leave_out_impossible(data, v, 0, s, corr / s)
         for k in range(data.repeats):
             cdir = data.run_dir / v / f"rep{k}"
             c = data.cells[(v, k)] = runfolder.read_cell(cdir, variant=v, repeat=k)
@@ -142,6 +181,23 @@ def _read_cells(data: RunData) -> None:
                     continue
                 sm = data.summaries[(v, k, s)] = runfolder.read_summary(cdir / s, suite=s)
                 data.notes += sm.notes if sm is not None else []
+                _leave_out_impossible(data, v, k, s, cdir / s)
+
+
+def _leave_out_impossible(data: RunData, v: str, k: int, suite: str, sdir: Path) -> None:
+    """Drop the impossible values of one summary (:func:`impossible`) from its metrics, with a
+    note in ``data.notes`` and the reason in ``data.left_out`` (the rows say it)."""
+    sm = data.summaries.get((v, k, suite))
+    if sm is None:
+        return
+    for metric, x in list(sm.metrics.items()):
+        why = impossible(metric, x)
+        if why is None:
+            continue
+        del sm.metrics[metric]
+        note = f"impossible value {metric} = {x!r} ({why}) in {sdir / 'summary.json'}; left out"
+        data.left_out[(v, k, suite, metric)] = note
+        data.notes.append(note)
 
 
 def suite_schedule(

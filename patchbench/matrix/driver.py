@@ -70,12 +70,13 @@ def _check_resume(m: Matrix, matrix_dir: Path) -> MatrixRecord:
 
 
 def _same_config(path: Path, u: Unit) -> bool:
-    """Whether the config recorded at ``path`` (JSON or YAML) validates to ``u``'s config."""
+    """Whether the config recorded at ``path`` (JSON or YAML) validates to ``u``'s config, both
+    with their secrets redacted (:meth:`Config.redacted`: the record keeps no secret)."""
     try:
         old = config_from_mapping(yaml.safe_load(path.read_text()), str(path), check_files=False)
     except (ConfigError, OSError, yaml.YAMLError, TypeError):
         return False
-    return old.model_dump(mode="json") == u.config.model_dump(mode="json")
+    return old.redacted().model_dump(mode="json") == u.config.redacted().model_dump(mode="json")
 
 
 def _new_record(
@@ -135,8 +136,12 @@ def _open_run(
         matrix_dir = Path(results or RESULTS_DIR) / f"{_utc_stamp()}-{m.spec.name}"
         matrix_dir.mkdir(parents=True, exist_ok=False)
         old, done = None, set()
-    for u in m.units:  # the validated config as JSON (YAML readers read it too)
-        write_json(matrix_dir / "configs" / f"{u.id}.yaml", u.config.model_dump(mode="json"))
+    # the validated config as JSON (YAML readers read it too), its secrets redacted: a record
+    # only. The unit gets its real config from the executor's spec (in memory, or Ray's object
+    # store) and writes it into its own private temporary folder (execute.py, mkdtemp: mode 0700)
+    for u in m.units:
+        cfg = u.config.redacted().model_dump(mode="json")
+        write_json(matrix_dir / "configs" / f"{u.id}.yaml", cfg)
     rec = _new_record(m, executor, address, old, done)
     rec.environments = envs or None
     write_matrix_record(matrix_dir, rec)

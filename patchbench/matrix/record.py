@@ -2,7 +2,7 @@
 
 results/<UTC stamp>-<name>/
   matrix.json                 MatrixRecord (rewritten by the driver after every unit)
-  configs/<unit id>.yaml      each unit's validated config as JSON (what its bench ran)
+  configs/<unit id>.yaml      each unit's validated config as JSON, secrets redacted
   <unit id>/                  that unit's bench run folder
   report.md  plots/matrix-effect.png   (patchbench.matrix.report)
 """

@@ -87,6 +87,18 @@ class ReleaseSpec(_Strict):
     diff: str | None = None  # relative to the patch folder
     files: dict[str, FileHashes]
 
+    @field_validator("diff")
+    @classmethod
+    def _diff_inside(cls, v: str | None) -> str | None:
+        # A manifest is data from someone else: its diff stays in its own folder (a symlink
+        # pointing out is refused by load_manifest, which knows the folder).
+        if v is not None and (not str(v).strip() or Path(v).is_absolute() or ".." in Path(v).parts):
+            raise ValueError(
+                "must name a file inside the patch folder, relative to it (no '..', not "
+                "absolute), e.g. 0.5.1.post3.diff"
+            )
+        return v
+
     @field_validator("files")
     @classmethod
     def _files(cls, v: dict[str, FileHashes]) -> dict[str, FileHashes]:
@@ -258,8 +270,19 @@ def load_manifest(name: str, *, patches_dir: Path | None = None) -> PatchManifes
             f"{path}: key 'name' is '{m.name}' but the folder is '{name}'; they must match"
         )
     m.folder = path.parent
+    inside = m.folder.resolve()
     for ver, rel in m.releases.items():
-        if rel.diff is not None and not (m.folder / rel.diff).is_file():
+        if rel.diff is None:
+            continue
+        target = (m.folder / rel.diff).resolve()
+        if not target.is_relative_to(inside):
+            line = line_of(text, ("releases", ver, "diff"))
+            raise ManifestError(
+                f"{path}{f':{line}' if line else ''}: key 'releases.{ver}.diff' is '{rel.diff}', a link that "
+                f"points outside the patch folder (to {target}); keep the diff itself in "
+                f"{m.folder}"
+            )
+        if not (m.folder / rel.diff).is_file():
             raise ManifestError(
                 f"{path}: releases.{ver}.diff names '{rel.diff}', but "
                 f"{m.folder / rel.diff} does not exist"

@@ -344,7 +344,8 @@ def check_units_layout(mdir: Path, mx) -> dict:
     man = read_json(mdir / "matrix.json")
     assert [u["id"] for u in man["units"]] == [u.id for u in mx.units]
     for u in mx.units:
-        assert read_json(mdir / "configs" / f"{u.id}.yaml") == u.config.model_dump(mode="json")
+        kept = u.config.redacted().model_dump(mode="json")
+        assert read_json(mdir / "configs" / f"{u.id}.yaml") == kept
     return {u["id"]: u for u in man["units"]}
 
 
@@ -400,6 +401,47 @@ def test_local_matrix_runs_units_and_reports_their_effects(tmp_path):
     run_matrix(m, executor=ex, resume=mdir, log=lambda s: None)
     assert {p: p.stat().st_mtime_ns for p in mdir.glob("*/manifest.json")} == before
     assert "2 of 2 units done, 0 to run" in describe_matrix(mx, mdir)
+
+
+def test_a_matrix_folder_keeps_no_secret_and_its_unit_runs_with_the_real_value(tmp_path):
+    """configs/<unit>.yaml is a record with the secrets redacted; the unit gets the real value
+    through the executor's spec (its run's manifest holds the redacted form of the real value,
+    not of a redacted one); a resume compares the redacted forms."""
+    from patchbench.redact import redacted
+
+    secret = "hf_matrix_secret_0123456789"
+    base = write_base(tmp_path)
+    text = base.read_text().replace(
+        "flush_pause_s: 0.05}", f'flush_pause_s: 0.05, env: {{HF_TOKEN: "{secret}"}}}}'
+    )
+    assert secret in text
+    base.write_text(text)
+    m = write_matrix(
+        tmp_path,
+        f"""\
+        name: secret
+        base: {base}
+        axes:
+          suites.mx_fake.gains.patched: [1.10]
+        """,
+    )
+    mx = load_matrix(m)
+    (u,) = mx.units
+    assert u.config.server.env["HF_TOKEN"] == secret
+    ex = LocalExecutor(env_setup="current", command=FAKE_COMMAND)
+    mdir = run_matrix(m, executor=ex, results=tmp_path / "results", log=lambda s: None)
+    kept = read_json(mdir / "configs" / f"{u.id}.yaml")
+    assert kept["server"]["env"]["HF_TOKEN"] == redacted(secret)
+    assert redacted(secret).startswith("<redacted sha256:")
+    man = read_json(mdir / u.id / "manifest.json")
+    assert man["config"]["server"]["env"]["HF_TOKEN"] == redacted(secret)
+    assert read_json(mdir / "matrix.json")["units"][0]["status"] == "ok"
+    files = [p for p in mdir.rglob("*") if p.is_file()]
+    assert len(files) > 10
+    assert [p for p in files if secret.encode() in p.read_bytes()] == []
+    # a resume with the same config is accepted (and runs nothing)
+    run_matrix(m, executor=ex, resume=mdir, log=lambda s: None)
+    assert "1 of 1 units done, 0 to run" in describe_matrix(mx, mdir)
 
 
 def test_local_failed_unit_is_reported_others_kept_and_resume_reruns_it(tmp_path):

@@ -132,7 +132,15 @@ def make_ctx(tmp_path, pkg, mode, *, alive=lambda: True, version="0.5.1.post3"):
 def test_clean_run_writes_records_and_metrics(tmp_path, fake_pkg):
     rec = DATA / "v0513_random_ids.jsonl"
     ctx = make_ctx(tmp_path, fake_pkg, f"copy:{rec}")
-    res = run(ctx, Params(dataset_name="random-ids", num_prompts=20, max_concurrency=4))
+    # the recording's lengths: every request asked for 16 tokens
+    params = Params(
+        dataset_name="random-ids",
+        num_prompts=20,
+        max_concurrency=4,
+        output_len=16,
+        random_range_ratio=1.0,
+    )
+    res = run(ctx, params)
     row = json.loads(rec.read_text())
     assert res.status == "ok" and res.errors == []
     assert res.metrics["output_throughput_tok_s"] == pytest.approx(row["output_throughput"])

@@ -27,6 +27,7 @@ from .command import build_command, effective_seed, tool_info, wants_chat_templa
 from .params import IMAGE_DATASETS, Params
 from .parse import METRICS, ResultError, read_result_line, request_records, summary_metrics
 from .validity import (
+    asked_output_lens,
     coalesced_itl,
     compare_with_summary,
     images_check,
@@ -261,7 +262,11 @@ def finish_point(
     metrics, recs = _measured(row, scan)
     write_json(out / "requests.json", recs)
     notes = prep.caveats + ([scan_warning] if scan_warning else [])
-    errors, warnings, disagree = _checks(params, row, metrics, recs, notes)
+    so = out / "stdout.txt"
+    stdout = so.read_text(encoding="utf-8", errors="replace") if so.is_file() else ""
+    errors, warnings, disagree = _checks(
+        params, row, metrics, recs, notes, asked=_asked(params, prep, stdout)
+    )
     meta: dict[str, Any] = {
         "backend": params.backend,
         "request_rate": "{}".format(row.get("request_rate", params.request_rate)),
@@ -314,11 +319,33 @@ def _measured(row: dict, scan: dict | None) -> tuple[dict[str, float], dict]:
     return metrics, recs
 
 
+def _asked(params: Params, prep: Prepared, tool_stdout: str) -> list[int] | None:
+    """Each request's asked output length where the release drew it at random
+    (:func:`.validity.asked_output_lens`); None for a fixed length or when it cannot be known."""
+    if params.dataset_name == "mmmu" or params.random_range_ratio >= 1.0:
+        return None
+    return asked_output_lens(
+        tool_stdout,
+        output_len=params.output_len,
+        input_len=params.random_input_len,
+        range_ratio=params.random_range_ratio,
+        num_prompts=params.num_prompts,
+        seed=effective_seed(params, prep.info),
+    )
+
+
 def _checks(
-    params: Params, row: dict, metrics: dict[str, float], recs: dict, notes: list[str]
+    params: Params,
+    row: dict,
+    metrics: dict[str, float],
+    recs: dict,
+    notes: list[str],
+    asked: list[int] | None = None,
 ) -> tuple[list[str], list[str], list[str]]:
     """(errors, warnings, recomputation disagreements) of a finished run; a disagreement is a warning
-    only when no request was flagged (a flagged request makes the two differ by design)."""
+    only when no request was flagged (a flagged request makes the two differ by design). asked:
+    each request's asked output length (None: only the range's floor is checked, with a warning
+    when lengths were drawn)."""
     statuses = recs["status"]
     errors, warnings = request_checks(
         statuses,
@@ -334,7 +361,15 @@ def _checks(
         range_ratio=params.random_range_ratio,
         fixed=params.dataset_name == "mmmu" or params.random_range_ratio >= 1.0,
         ignore_eos=not params.disable_ignore_eos,
+        asked=asked,
     )
+    drawn = params.dataset_name != "mmmu" and params.random_range_ratio < 1.0
+    if drawn and asked is None and not params.disable_ignore_eos:
+        warnings.append(
+            "each request's asked output length could not be replayed from the release's draw "
+            "(no seed, or its '#Output tokens' line does not match): outputs were checked only "
+            f"against the floor int({params.output_len} x {params.random_range_ratio:g})"
+        )
     if metrics.get("total_output_tokens_count", 0) > 0 and metrics.get("ttft_mean_ms", 0) == 0:
         errors.append("invalid: output tokens > 0 but every TTFT is 0 (no streamed token timed)")
     ours = recompute_from_details(row, as_tool=True)
