@@ -27,6 +27,7 @@ from .command import build_command, effective_seed, tool_info, wants_chat_templa
 from .params import IMAGE_DATASETS, Params
 from .parse import METRICS, ResultError, read_result_line, request_records, summary_metrics
 from .validity import (
+    bunched_check,
     coalesced_itl,
     compare_with_summary,
     images_check,
@@ -335,6 +336,7 @@ def _checks(
         fixed=params.dataset_name == "mmmu" or params.random_range_ratio >= 1.0,
         ignore_eos=not params.disable_ignore_eos,
     )
+    errors += bunched_check(recs["ttft_ms"], recs["e2e_ms"], recs["output_len"], statuses)
     if metrics.get("total_output_tokens_count", 0) > 0 and metrics.get("ttft_mean_ms", 0) == 0:
         errors.append("invalid: output tokens > 0 but every TTFT is 0 (no streamed token timed)")
     ours = recompute_from_details(row, as_tool=True)
