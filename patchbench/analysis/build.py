@@ -163,7 +163,7 @@ def _repeat_values(
                     or data.left_out.get((v, k, suite, metric))
                     or "no value"
                 )
-                bad.append(f"{v}/rep{k}: {why if st == 'ok' else st}")
+                bad.append(f"{v}/rep{k}: {why if st == 'ok' else data.why_not_ok(v, k, suite)}")
         if vb is None or vv is None:
             continue
         if row.kind == "run" and not (

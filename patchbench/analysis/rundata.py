@@ -115,6 +115,17 @@ class RunData:
         why = (s.meta.get("not_judged") or {}).get(metric)
         return str(why) if why else None
 
+    def why_not_ok(self, v: str, k: int, suite: str) -> str:
+        """The cell's or suite's status when it is not "ok", with the suite's first error up to
+        its first " (" (e.g. "incomplete: bunched: 20 of 20 requests got all tokens in one
+        read"): its values feed no verdict; "ok" when it is ok."""
+        st = self.suite_status(v, k, suite)
+        s = self.summaries.get((v, k, suite))
+        if st == "ok" or s is None or not s.errors or self.cell_status(v, k, suite) != "ok":
+            return st
+        head = (s.errors[0].strip().splitlines() or [""])[0].split(" (")[0]
+        return f"{st}: {head[:120]}" if head else st
+
     def bound(self, v: str, k: int, suite: str, metric: str) -> str | None:
         """ "lower" / "upper" when the summary marks the value a bound; None when exact."""
         s = self.summaries.get((v, k, suite))

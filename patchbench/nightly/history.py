@@ -2,13 +2,21 @@
 what the page and the ``history`` command read from it.
 
 One night = one run folder (:func:`night_from_run`, so a night that could not be recorded can be
-appended later from its folder). Schema version 2 (``meta.schema_version``; the tables are in
+appended later from its folder). Schema version 3 (``meta.schema_version``; the tables are in
 docs/nightly.md): ``nights``, ``metric_values``, ``repeat_values``, ``comparisons`` (the report's
 verdicts), and the derived ``noise``, ``change_points``, ``night_builds``, ``confirmations``
-created by the first night that writes them. A version-1 file is migrated on open (only
-``meta.schema_version`` changes), a newer one refused. Each night is appended in ONE transaction;
-recording a run_id that is already there changes nothing. Errors are :class:`HistoryError`
-subclasses naming the file (exit 3); the file is never modified or replaced then.
+created by the first night that writes them. A version-1 or -2 file is migrated on open, a newer
+one refused.
+
+Only valid values are read back: a repeat value a suite marked (its summary incomplete or failed,
+the metric withheld in ``meta.not_judged``) is stored with its ``status`` and ``reason`` and read
+as None in :attr:`Night.values`, its own entry in :attr:`Night.set_aside`. That is the ONE filter
+(:func:`night_from_run` for tonight, :meth:`History.nights` for the nights before): every gate,
+reference, noise estimate, change point, trend and page reads ``Night.values``.
+
+Each night is appended in ONE transaction; recording a run_id that is already there changes
+nothing. Errors are :class:`HistoryError` subclasses naming the file (exit 3); the file is never
+modified or replaced then.
 """
 
 from __future__ import annotations
@@ -29,9 +37,12 @@ from patchbench.config.schema import run_id_problem
 from patchbench.errors import EXIT_USAGE, EnvironmentNotReady, UsageError
 from patchbench.runfolder import RunFolderError, RunManifest, read_cell, read_manifest, read_summary
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: versions this code migrates on open (``version -> what changed``)
-_MIGRATABLE = {1: "repeat_values.repeat became the run's repeat index; NULL values allowed"}
+_MIGRATABLE = {
+    1: "repeat_values.repeat became the run's repeat index; NULL values allowed",
+    2: "repeat_values.status and .reason: a value a suite marked not valid (NULL: valid)",
+}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -46,7 +57,7 @@ CREATE TABLE IF NOT EXISTS metric_values (
     PRIMARY KEY (run_id, variant, suite, metric));
 CREATE TABLE IF NOT EXISTS repeat_values (
     run_id TEXT NOT NULL REFERENCES nights(run_id), variant TEXT NOT NULL, suite TEXT NOT NULL,
-    metric TEXT NOT NULL, repeat INTEGER NOT NULL, value REAL,
+    metric TEXT NOT NULL, repeat INTEGER NOT NULL, value REAL, status TEXT, reason TEXT,
     PRIMARY KEY (run_id, variant, suite, metric, repeat));
 CREATE TABLE IF NOT EXISTS comparisons (
     run_id TEXT NOT NULL REFERENCES nights(run_id), variant TEXT NOT NULL, baseline TEXT NOT NULL,
@@ -58,6 +69,22 @@ _TABLES = ("meta", "nights", "metric_values", "repeat_values", "comparisons")
 
 Key = tuple[str, str, str]
 """(variant, suite, metric)"""
+
+#: what a set-aside value's ``status`` says: the suite's summary status ("incomplete": its
+#: checks found the run invalid, e.g. streams a stall bunched; "failed"), or "withheld" (the
+#: suite left the metric out of an ok run on purpose, ``meta.not_judged``)
+SET_ASIDE = ("incomplete", "failed", "withheld")
+
+
+@dataclass(frozen=True)
+class SetAside:
+    """A repeat value that is stored but never read as a measurement: ``status`` (one of
+    :data:`SET_ASIDE`), ``value`` (the metric's unit; None when the suite wrote none) and
+    ``reason`` (the suite's first error, or why it withheld the metric)."""
+
+    status: str
+    value: float | None
+    reason: str
 
 
 class HistoryError(EnvironmentNotReady):
@@ -122,10 +149,12 @@ class SameRunEffect:
 class Night:
     """One night's numbers, as recorded (or read from a run folder before recording).
 
-    values: (variant, suite, metric) -> one value per repeat index (the metric's unit), None
-    where that repeat has none; units / better: (suite, metric) -> unit and direction;
-    comparisons: (variant, suite, metric) -> :class:`SameRunEffect`; aa_variants: A/A copies
-    of the baseline; status: "ok", or "partial" when some cells failed.
+    values: (variant, suite, metric) -> one VALID value per repeat index (the metric's unit),
+    None where that repeat has none or its value is set aside; set_aside: (variant, suite,
+    metric) -> {repeat index: :class:`SetAside`}, the values a suite marked not valid (never in
+    ``values``); units / better: (suite, metric) -> unit and direction; comparisons: (variant,
+    suite, metric) -> :class:`SameRunEffect`; aa_variants: A/A copies of the baseline; status:
+    "ok", or "partial" when some cells failed or a suite marked a run.
     """
 
     run_id: str
@@ -137,6 +166,7 @@ class Night:
     status: str = "ok"
     run_dir: str | None = None
     values: dict[Key, list[float | None]] = field(default_factory=dict)
+    set_aside: dict[Key, dict[int, SetAside]] = field(default_factory=dict)
     units: dict[tuple[str, str], str] = field(default_factory=dict)
     better: dict[tuple[str, str], str] = field(default_factory=dict)
     comparisons: dict[Key, SameRunEffect] = field(default_factory=dict)
@@ -252,10 +282,22 @@ def _config_of_folder(name: str) -> str:
     return re.sub(r"^\d{8}T\d{6}Z-", "", name) or name
 
 
+def _numbers(metrics: dict[str, Any]) -> dict[str, float]:
+    """The numeric values of a summary's ``metrics``."""
+    return {
+        m: float(v)
+        for m, v in metrics.items()
+        if not isinstance(v, bool) and isinstance(v, (int, float))
+    }
+
+
 def _add_cell_values(night: Night, run: Path) -> None:
-    """Every timed, not failed cell's ok summaries into ``night.values`` (by repeat index);
-    failed cells and suites into ``night.problems`` (the night is then "partial")."""
+    """Every timed, not failed cell's ok summaries into ``night.values`` (by repeat index), the
+    values a suite marked into ``night.set_aside`` (a summary not ok: each of its metrics; an ok
+    one: each metric of its ``meta.not_judged``, "withheld"); failed cells and suites not ok
+    into ``night.problems`` (the night is then "partial")."""
     found: dict[Key, dict[int, float]] = {}
+    aside: dict[Key, dict[int, SetAside]] = {}
     for cell_dir in sorted(
         run.glob("*/rep*"), key=lambda p: (p.parent.name, _rep_index(p.name) or 0)
     ):
@@ -274,18 +316,29 @@ def _add_cell_values(night: Night, run: Path) -> None:
             summary = read_summary(summary_path, suite=suite)
             if summary is None:
                 continue
+            numbers = _numbers(summary.metrics)
             if summary.status != "ok":
-                night.problems.append(
-                    f"{variant}/rep{rep}/{suite}: {summary.status}: "
-                    f"{'; '.join(summary.errors) or 'no reason given'}"
-                )
+                why = "; ".join(summary.errors) or "no reason given"
+                night.problems.append(f"{variant}/rep{rep}/{suite}: {summary.status}: {why}")
+                first = summary.errors[0].splitlines()[0] if summary.errors else why
+                for metric, value in numbers.items():
+                    aside.setdefault((variant, suite, metric), {})[rep] = SetAside(
+                        summary.status, value, first
+                    )
                 continue
-            for metric, value in summary.metrics.items():
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    continue
-                found.setdefault((variant, suite, metric), {})[rep] = float(value)
-    for key, by_rep in found.items():
-        night.values[key] = [by_rep.get(k) for k in range(max(by_rep) + 1)]
+            withheld = summary.meta.get("not_judged")
+            withheld = withheld if isinstance(withheld, dict) else {}
+            for metric in withheld:
+                aside.setdefault((variant, suite, str(metric)), {})[rep] = SetAside(
+                    "withheld", numbers.get(metric), str(withheld[metric])
+                )
+            for metric, value in numbers.items():
+                if metric not in withheld:
+                    found.setdefault((variant, suite, metric), {})[rep] = value
+    for key in sorted(found.keys() | aside.keys()):
+        reps = found.get(key, {}).keys() | aside.get(key, {}).keys()
+        night.values[key] = [found.get(key, {}).get(k) for k in range(max(reps) + 1)]
+    night.set_aside = aside
     if night.problems:
         night.status = "partial"
 
@@ -449,9 +502,14 @@ class History:
 
     def _migrate(self, version: int) -> None:
         """Bring a file of an older schema version to :data:`SCHEMA_VERSION` in one
-        transaction (a crash leaves the old version)."""
+        transaction (a crash leaves the old version): ``repeat_values`` gets its ``status`` and
+        ``reason`` columns (NULL: every value recorded before was read as valid)."""
         self._db.execute("BEGIN IMMEDIATE")
         try:
+            have = {r[1] for r in self._db.execute("PRAGMA table_info(repeat_values)")}
+            for col in ("status", "reason"):
+                if col not in have:
+                    self._db.execute(f"ALTER TABLE repeat_values ADD COLUMN {col} TEXT")
             self._db.executemany(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
                 [
@@ -518,7 +576,9 @@ class History:
                 "INSERT INTO metric_values VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows_values
             )
             self._db.executemany(
-                "INSERT INTO repeat_values VALUES (?, ?, ?, ?, ?, ?)", rows_repeats
+                "INSERT INTO repeat_values (run_id, variant, suite, metric, repeat, value, "
+                "status, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                rows_repeats,
             )
             self._db.executemany(
                 "INSERT INTO comparisons VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows_cmp
@@ -586,12 +646,20 @@ class History:
                     n.units[(suite, metric)] = unit
                 if better:
                     n.better[(suite, metric)] = better
-            for variant, suite, metric, _rep, value in self._db.execute(
-                "SELECT variant, suite, metric, repeat, value FROM repeat_values "
+            for variant, suite, metric, rep, value, status, reason in self._db.execute(
+                "SELECT variant, suite, metric, repeat, value, status, reason FROM repeat_values "
                 "WHERE run_id = ? ORDER BY variant, suite, metric, repeat",
                 (n.run_id,),
             ):
-                n.values.setdefault((variant, suite, metric), []).append(value)
+                # THE filter: a value a suite marked is never read as a measurement
+                vals = n.values.setdefault((variant, suite, metric), [])
+                vals += [None] * (rep + 1 - len(vals))
+                if status is None:
+                    vals[rep] = value
+                else:
+                    n.set_aside.setdefault((variant, suite, metric), {})[rep] = SetAside(
+                        status, value, reason or ""
+                    )
             for variant, baseline, suite, metric, chg, lo, hi, method, verdict in self._db.execute(
                 "SELECT variant, baseline, suite, metric, change_pct, ci_low_pct, ci_high_pct, "
                 "ci_method, verdict FROM comparisons WHERE run_id = ?",
@@ -639,7 +707,8 @@ def _rows_of(night: Night) -> tuple[list[tuple], list[tuple], list[tuple]]:
     """The rows one night adds to metric_values, repeat_values and comparisons."""
     rows_values = []
     rows_repeats = []
-    for (variant, suite, metric), vals in sorted(night.values.items()):
+    for variant, suite, metric in sorted(night.values.keys() | night.set_aside.keys()):
+        vals = night.values.get((variant, suite, metric), [])
         rows_values.append(
             (
                 night.run_id,
@@ -652,7 +721,12 @@ def _rows_of(night: Night) -> tuple[list[tuple], list[tuple], list[tuple]]:
                 sum(1 for v in vals if v is not None),
             )
         )
-        rows_repeats += [(night.run_id, variant, suite, metric, i, v) for i, v in enumerate(vals)]
+        aside = night.set_aside.get((variant, suite, metric), {})
+        for i in range(max(len(vals), max(aside, default=-1) + 1)):
+            a = aside.get(i)
+            v = vals[i] if i < len(vals) else None
+            row = (v, None, None) if a is None else (a.value, a.status, a.reason)
+            rows_repeats.append((night.run_id, variant, suite, metric, i, *row))
     rows_cmp = [
         (
             night.run_id,
@@ -672,7 +746,8 @@ def _rows_of(night: Night) -> tuple[list[tuple], list[tuple], list[tuple]]:
 
 
 def dump_json(night: Night) -> dict:
-    """A JSON-ready view of a night (for nightly.json): values keyed ``variant/suite/metric``."""
+    """A JSON-ready view of a night (for nightly.json): values keyed ``variant/suite/metric``, and
+    the values set aside (:class:`SetAside`) by repeat index."""
     return {
         "run_id": night.run_id,
         "night_utc": night.night_utc,
@@ -690,6 +765,13 @@ def dump_json(night: Night) -> dict:
                 "unit": night.units.get((s, m)),
             }
             for (v, s, m), vals in sorted(night.values.items())
+        },
+        "set_aside": {
+            f"{v}/{s}/{m}": {
+                str(k): {"status": a.status, "value": a.value, "reason": a.reason}
+                for k, a in sorted(by_rep.items())
+            }
+            for (v, s, m), by_rep in sorted(night.set_aside.items())
         },
     }
 

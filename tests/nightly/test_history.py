@@ -75,12 +75,12 @@ def _run(tmp_path: Path, run_id: str = "20260101T000000Z-nightly-test", **kw) ->
 def test_new_file_gets_versioned_schema(tmp_path):
     path = tmp_path / "sub" / "history.sqlite"
     with History(path) as h:
-        assert h.schema_version == SCHEMA_VERSION == 2
+        assert h.schema_version == SCHEMA_VERSION == 3
         assert h.count_nights() == 0
     con = sqlite3.connect(path)
     tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"meta", "nights", "metric_values", "repeat_values", "comparisons"} <= tables
-    assert con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("2",)
+    assert con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("3",)
     con.close()
 
 
@@ -227,7 +227,7 @@ def test_schema_version_from_the_future_is_refused(tmp_path):
     con.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
     con.commit()
     con.close()
-    with pytest.raises(HistorySchemaError, match=r"schema version 99.*reads version 2.*newer"):
+    with pytest.raises(HistorySchemaError, match=r"schema version 99.*reads version 3.*newer"):
         History(path)
 
 
@@ -277,7 +277,7 @@ def test_version_1_file_is_migrated_on_open(tmp_path):
     con.commit()
     con.close()
     with History(path) as h:
-        assert h.schema_version == 2
+        assert h.schema_version == 3
         [n] = h.nights("c")
         assert n.values[("b", "s", "x_ms")] == [3.0]
     con = sqlite3.connect(path)

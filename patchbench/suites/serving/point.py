@@ -28,6 +28,7 @@ from .params import IMAGE_DATASETS, Params
 from .parse import METRICS, ResultError, read_result_line, request_records, summary_metrics
 from .validity import (
     asked_output_lens,
+    bunched_check,
     coalesced_itl,
     compare_with_summary,
     images_check,
@@ -370,6 +371,7 @@ def _checks(
             "(no seed, or its '#Output tokens' line does not match): outputs were checked only "
             f"against the floor int({params.output_len} x {params.random_range_ratio:g})"
         )
+    errors += bunched_check(recs["ttft_ms"], recs["e2e_ms"], recs["output_len"], statuses)
     if metrics.get("total_output_tokens_count", 0) > 0 and metrics.get("ttft_mean_ms", 0) == 0:
         errors.append("invalid: output tokens > 0 but every TTFT is 0 (no streamed token timed)")
     ours = recompute_from_details(row, as_tool=True)

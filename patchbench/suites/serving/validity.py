@@ -216,6 +216,50 @@ def coalesced_itl(metrics: dict[str, float]) -> str | None:
     )
 
 
+#: a request's decode time per token after the first, (E2E - TTFT) / (tokens - 1) in ms, below
+#: which its tokens were not streamed: 0.05 ms a token is 20,000 tokens/s for ONE request, 100
+#: times a fast GPU's decode step (an H200 streams a token every ~5 ms; the CPU demo's tiny model
+#: every 5 ms to about a second) and still 4 times below a speculative step of 1 ms that yields 5 tokens (the
+#: tool spreads a chunk's gap over its tokens). What is this fast is the client parsing lines
+#: that were already waiting (6-30 us each in the recorded runs): the decode steps happened
+#: before the first token was delivered
+BUNCHED_TPOT_MS = 0.05
+#: the share of requests (with 2 tokens or more) whose tokens came in one read at which a run is
+#: invalid: from half on, the median TPOT and ITL time the client's reads, not decode steps, and
+#: the ITL check (:data:`ITL_TPOT_FLOOR`) cannot see it, since the TPOT is bunched too. Recorded
+#: real CPU runs of sglang 0.5.1.post3 had up to 7 of 20 such requests (its front end lagging
+#: behind a 5 ms decode step): a minority, whose medians stay those of the streamed requests
+BUNCHED_SHARE = 0.5
+
+
+def bunched_check(
+    ttft_ms: list[float | None],
+    e2e_ms: list[float | None],
+    output_lens: list[int],
+    statuses: list[str],
+) -> list[str]:
+    """The error of a run where at least :data:`BUNCHED_SHARE` of the successful requests with 2
+    output tokens or more got every token after the first in one read (their (E2E - TTFT) /
+    (tokens - 1) under :data:`BUNCHED_TPOT_MS` ms; [] otherwise): a server that stalled, then
+    flushed the whole stream. Per request: ``ttft_ms`` and ``e2e_ms`` (ms, the time of the last
+    token: :func:`.parse.request_records`), ``output_lens`` (tokens), ``statuses``."""
+    per_token = [
+        (e2e - ttft) / (n - 1)
+        for ttft, e2e, n, s in zip(ttft_ms, e2e_ms, output_lens, statuses, strict=False)
+        if s == "ok" and ttft is not None and e2e is not None and n >= 2
+    ]
+    bunched = [x for x in per_token if x < BUNCHED_TPOT_MS]
+    if not per_token or len(bunched) < BUNCHED_SHARE * len(per_token):
+        return []
+    return [
+        f"bunched: {len(bunched)} of {len(per_token)} requests got all tokens in one read "
+        f"(after the first token, under {BUNCHED_TPOT_MS:g} ms a token, {1000 / BUNCHED_TPOT_MS:,.0f} tokens/s: no "
+        "server streams that fast; it stalled, then flushed each stream; median TPOT "
+        f"{float(np.median(per_token)):.3g} ms): TPOT and ITL time the client's reads, not "
+        "decode steps, the measurement is invalid"
+    ]
+
+
 def _stats(values: list[float], prefix: str, pcts: tuple[int, ...]) -> dict[str, float]:
     # the tool's convention: np.mean(xs or 0) etc. (0 when there are no values), times 1000
     xs = values or 0
