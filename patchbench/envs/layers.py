@@ -7,7 +7,8 @@ declared dependencies (:func:`server_requirements`): the unconditional ``Require
 those of the server's extras (``srt``, ``runtime_common``: sglang[srt] before 0.5.2); other extras
 ([test], [blackwell], [diffusion], ...) are left out, and on the CPU so is every package that
 :data:`CPU_LEFT_OUT` matches (CUDA-only kernels and libraries, video decoders the server imports
-only on use). A layer is made once under ``.cache/envs/sglang-<version>-<key>``, keyed by its
+only on use; decord stays: 0.5.9's Qwen-VL processor imports it at start, and it has CPU
+wheels). A layer is made once under ``.cache/envs/sglang-<version>-<key>``, keyed by its
 requirement set and Python version, and :func:`patchbench.envs.envinfo.environments` finds it
 afterwards by its stamp file (:data:`STAMP`).
 
@@ -48,13 +49,13 @@ from patchbench.errors import EnvironmentNotReady
 
 #: packages a CPU server runs without (canonical names): CUDA-only kernels and libraries
 #: (flashinfer, sgl-kernel / sglang-kernel, flash-attn, DeepEP/DeepGEMM, cuda-python, the nvidia-*
-#: and *-kernels wheels, tilelang, TVM FFI, torch_memory_saver), torchaudio / torchcodec / av /
-#: decord (audio and video decoding, imported on use) and recipe packages; patchbench/shims'
+#: and *-kernels wheels, tilelang, TVM FFI, torch_memory_saver), torchaudio / torchcodec / av
+#: (audio and video decoding, imported on use) and recipe packages; patchbench/shims'
 #: stand-ins cover what the server imports from them at start
 CPU_LEFT_OUT = re.compile(
     r"nvidia-.*|cuda-.*|nvshmem.*|flashinfer.*|flash-attn.*|sgl-.*|sglang-kernel|.*-kernels|"
     r"kernels|tilelang|apache-tvm-ffi|torch-memory-saver|torchaudio|torchcodec|xformers|av|"
-    r"decord2?|deepseek-recipe|tml-renderers"
+    r"deepseek-recipe|tml-renderers"
 )
 #: extras that hold the server's own dependencies in older releases (sglang[srt])
 SERVER_EXTRAS = ("srt", "runtime-common")
