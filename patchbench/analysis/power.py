@@ -132,3 +132,15 @@ def detectable_effect(
 
     d = TTestPower().solve_power(nobs=n, alpha=alpha, power=target, alternative=alternative)
     return float(d) * sd
+
+
+def detectable_shift(
+    se: float, df: float, alpha: float, target: float, *, alternative: Alternative = "larger"
+) -> float:
+    """The smallest shift (> 0, the scale of ``se``) that a t test whose estimate has standard
+    error ``se`` on ``df`` degrees of freedom (any df > 0, e.g. Satterthwaite's) shows at
+    ``alpha`` with power ``target``: the exact noncentral t (Cohen 1988, ch. 2), as
+    :func:`detectable_effect` of ``df + 1`` pairs whose sd is ``se sqrt(df + 1)`` (the same
+    noncentrality ``shift / se`` and the same df)."""
+    m = df + 1.0
+    return detectable_effect(m, se * math.sqrt(m), alpha, target, alternative=alternative)  # type: ignore[arg-type]

@@ -134,6 +134,27 @@ class NightlySettings(BaseModel):
     detect_nights: int = Field(3, ge=1, le=60)
     detect_power: float = Field(0.9, gt=0, lt=1)
     max_repeats: int = Field(12, ge=2, le=100, description="schedule.repeats: auto at most")
+    hold_while_learning: bool = Field(
+        True,
+        description="while the noise is learned (fewer than learn_min_nights nights), a failing "
+        "gate says 'learning' instead of red unless the change is beyond doubt",
+    )
+    beyond_doubt_pct: float = Field(
+        50.0, gt=0, le=1000, description="while learning: red only for a change at least this large"
+    )
+    beyond_doubt_alpha: float = Field(
+        0.001,
+        gt=0,
+        lt=0.5,
+        description="while learning: red only when the test's p is at most this",
+    )
+    schedule_hours: float = Field(
+        24.0,
+        gt=0,
+        le=24 * 366,
+        description="how often the config runs; the page says 'stale' "
+        "when its last night is older than 1.5 times this",
+    )
     gates: list[Gate] = Field(default_factory=list)
     confirm: ConfirmSettings = Field(default_factory=ConfirmSettings)
 

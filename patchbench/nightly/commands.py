@@ -302,8 +302,23 @@ def list_nights(h, config: str | None) -> dict[str, Any]:
     """Every night (of ``config``), as rows for the table and the JSON."""
     if config is not None:
         config = _pick_config(h, config)
-    nights = [n.to_json() for n in night_infos(h, config)]
-    return {"history": str(h.path), "config": config, "nights": nights}
+    infos = night_infos(h, config)
+    latest: dict[str, Any] = {}
+    for n in infos:
+        latest[n.config_name] = n
+    can_see = [
+        {"config": c, "run_id": n.run_id, "story": (n.story or {}).get("summary") or "", **g}
+        for c, n in sorted(latest.items())
+        for g in _mde_rows(n.gates)
+    ]
+    nights = [n.to_json() for n in infos]
+    return {"history": str(h.path), "config": config, "nights": nights, "can_see": can_see}
+
+
+def _mde_rows(gates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The gates with a minimum detectable change (``mde_pct``, 80 % power) as short rows."""
+    keys = ("gate", "kind", "variant", "n", "mde_pct", "threshold_pct")
+    return [{k: g.get(k) for k in keys} for g in gates if g.get("mde_pct") is not None]
 
 
 def metric_series(h, config: str | None, metric: str, variant: str | None) -> dict[str, Any]:
@@ -358,6 +373,7 @@ def night_gates(h, run_id: str) -> dict[str, Any]:
         "exit_code": js.get("exit_code"),
         "headline": js.get("headline"),
         "gates": list(js.get("gates") or []),
+        "story": js.get("story"),
     }
 
 
@@ -379,7 +395,28 @@ def render(doc: dict[str, Any]) -> str:
             ]
             for n in doc["nights"]
         ]
-        return table(["night (UTC)", "config", "sglang", "status", "outcome", "run folder"], rows)
+        out = table(["night (UTC)", "config", "sglang", "status", "outcome", "run folder"], rows)
+        see = [
+            [
+                g["config"],
+                g["gate"],
+                g["kind"],
+                g["variant"],
+                g["n"],
+                f"{g['mde_pct']:.1f} %",
+                f"{_fmt(g['threshold_pct'])} %",
+            ]
+            for g in doc.get("can_see") or []
+        ]
+        if see:
+            out += (
+                "\n\nWhat the gates can see (each config's latest night: the smallest change "
+                "its test shows with 80 % power at that night's noise and repeats)\n"
+                + table(
+                    ["config", "gate", "kind", "variant", "n", "smallest change", "threshold"], see
+                )
+            )
+        return out
     if "series" in doc:
         out = []
         for v, pts in doc["series"].items():
@@ -406,6 +443,7 @@ def render(doc: dict[str, Any]) -> str:
             g.get("status"),
             _pct(g.get("change_pct")),
             _pct(g.get("bound_pct")),
+            f"{g['mde_pct']:.1f} %" if isinstance(g.get("mde_pct"), (int, float)) else "-",
             g.get("p_value"),
             g.get("level"),
             f"{_fmt(g.get('value'))} vs {_fmt(g.get('reference'))} {g.get('unit') or ''}".strip(),
@@ -417,6 +455,8 @@ def render(doc: dict[str, Any]) -> str:
         f"{doc['run_id']} ({doc['config']}, sglang {doc['release']}): {doc['headline']} "
         f"(exit {_fmt(doc['exit_code'])})"
     )
+    for x in (doc.get("story") or {}).get("lines") or []:
+        head += f"\n  {x['text']}"
     return (
         head
         + "\n"
@@ -428,6 +468,7 @@ def render(doc: dict[str, Any]) -> str:
                 "status",
                 "change",
                 "bound",
+                "can see",
                 "p",
                 "level",
                 "value vs ref",

@@ -23,7 +23,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ COLOURS = {
     "green": "#1a7f37",
     "red": "#cf222e",
     "underpowered": "#bf8700",
+    "learning": "#0969da",
     "run failed": "#6e7781",
     "environment not ready": "#6e7781",
     "config error": "#6e7781",
@@ -584,6 +585,8 @@ def _config_page(h, config: str, infos: list[NightInfo], links, summary: SiteSum
         "release. Error bars: the range of the night's repeats. Click a point to open its "
         "night's report.</p>",
     ]
+    if infos:
+        parts.append(_blind_html(infos[-1]))
     for k, (suite, metric) in enumerate(metrics_of(nights, infos)):
         div_id = f"chart-{slug(config)}-{k}"
         chart, counts = _chart(div_id, nights, infos, cps, suite, metric, links)
@@ -605,12 +608,71 @@ def _config_page(h, config: str, infos: list[NightInfo], links, summary: SiteSum
     return _page(f"patchbench nightly: {config}", "\n".join(parts), depth=1, plotly=True)
 
 
-def _index_page(latest: dict[str, NightInfo], links) -> str:
+def stale_text(n: NightInfo, now: datetime) -> str:
+    """ "stale: last night N days ago" when ``n`` (a config's latest night) is older than 1.5
+    times its schedule (``nightly.schedule_hours``, default daily: 36 h), else ""."""
+    every = n.schedule_hours or 24.0
+    age_h = (now - datetime.strptime(n.night_utc, "%Y-%m-%dT%H:%M:%SZ")).total_seconds() / 3600
+    if age_h <= 1.5 * every:
+        return ""
+    days = age_h / 24.0
+    ago = f"{days:.0f} days" if days >= 1.95 else f"{age_h:.0f} h"
+    return f"stale: last night {ago} ago (it runs every {every:g} h)"
+
+
+def index_order(latest: dict[str, NightInfo]) -> list[str]:
+    """The index's rows: configs whose latest night has a new problem first (the newest night
+    first), then the other red ones, then the rest by name."""
+
+    def rank(config: str) -> tuple:
+        n = latest[config]
+        red = (n.story or {}).get("red")
+        group = 0 if red == "new" else (1 if n.outcome == "red" else 2)
+        return (group, "" if group == 2 else _newest_first(n.night_utc), config)
+
+    return sorted(latest, key=rank)
+
+
+def _newest_first(night_utc: str) -> str:
+    """A sort key that puts later nights first (digits complemented)."""
+    return "".join(chr(ord("9") - ord(c) + ord("0")) if c.isdigit() else c for c in night_utc)
+
+
+def _blind_html(n: NightInfo) -> str:
+    """The latest night's story and what its gates can see (``mde_pct``, 80 % power)."""
+    out = []
+    summary = (n.story or {}).get("summary")
+    if summary:
+        out.append(f'<p class="note" data-story>Latest night: {_esc(summary)}</p>')
+    rows = [
+        f"<tr><td>{_esc(g.get('suite'))}.{_esc(g.get('metric'))} ({_esc(g.get('kind'))})</td>"
+        f"<td>{_esc(g.get('variant'))}</td><td>{_esc(g.get('n'))}</td>"
+        f"<td data-mde>{g['mde_pct']:.1f} %</td><td>{_esc(g.get('threshold_pct'))} %</td></tr>"
+        for g in n.gates
+        if isinstance(g.get("mde_pct"), (int, float))
+    ]
+    if rows:
+        out.append(
+            '<h2>What the gates can see</h2>\n<p class="note">The smallest change each gate\'s '
+            "test shows with 80 % power at the latest night's noise and repeats; below it the "
+            "gate is blind, whatever its threshold.</p>\n<table><tr><th>gate</th><th>variant</th>"
+            "<th>repeats</th><th>smallest change seen</th><th>threshold</th></tr>\n"
+            + "\n".join(rows)
+            + "\n</table>"
+        )
+    return "\n".join(out)
+
+
+def _index_page(latest: dict[str, NightInfo], links, now: datetime | None = None) -> str:
+    now = now or datetime.now(timezone.utc).replace(tzinfo=None)
     rows = []
-    for config, n in latest.items():
+    for config in index_order(latest):
+        n = latest[config]
+        story = "; ".join(x for x in ((n.story or {}).get("summary"), stale_text(n, now)) if x)
         rows.append(
             f'<tr data-config="{_esc(config)}"><td><a href="configs/{slug(config)}.html">'
             f"{_esc(config)}</a></td><td>{_badge(n.outcome)}</td><td>{_esc(_x(n.night_utc)[:16])}</td>"
+            f'<td class="wrap" data-story>{_esc(story)}</td>'
             f"<td>{_esc(n.release)}</td><td>{_esc(n.patch_state)}</td>"
             f'<td class="wrap">{_esc(_failing_text(n))}</td><td>{_night_cell(n, links, "", "nightly report")}</td></tr>'
         )
@@ -618,7 +680,8 @@ def _index_page(latest: dict[str, NightInfo], links) -> str:
         "<h1>patchbench nightly</h1>\n"
         '<p class="note">Tonight\'s state per config: its latest night. Colours: '
         + " ".join(_badge(w) for w in ("green", "red", "underpowered", "run failed"))
-        + "</p>\n<table><tr><th>config</th><th>outcome</th><th>night (UTC)</th><th>sglang</th>"
+        + " (the newest new problem first)</p>\n<table><tr><th>config</th><th>outcome</th>"
+        "<th>night (UTC)</th><th>since when</th><th>sglang</th>"
         "<th>patch state</th><th>failing gates</th><th>report</th></tr>\n"
         + "\n".join(rows)
         + "\n</table>"
@@ -626,7 +689,7 @@ def _index_page(latest: dict[str, NightInfo], links) -> str:
     return _page("patchbench nightly", body, depth=0)
 
 
-def build_site(history: str | Path, out: str | Path) -> SiteSummary:
+def build_site(history: str | Path, out: str | Path, *, now: datetime | None = None) -> SiteSummary:
     """Write the static site of a nightly history into ``out`` (module docstring).
 
     ``out`` must be new, empty, or a site the dashboard wrote (its :data:`MARKER` lists every
@@ -641,7 +704,7 @@ def build_site(history: str | Path, out: str | Path) -> SiteSummary:
     Raises UsageError (exit 2) for a missing history file, :class:`SiteFolderRefused` (exit 2)
     for an ``out`` that is not the dashboard's, :class:`patchbench.nightly.history.HistoryError`
     (exit 3) for an unusable history; EnvironmentNotReady (exit 3) without plotly or
-    markdown-it-py."""
+    markdown-it-py. ``now`` (naive UTC; default the clock): when a config is stale."""
     try:
         import markdown_it  # noqa: F401
         import plotly.offline
@@ -676,7 +739,8 @@ def build_site(history: str | Path, out: str | Path) -> SiteSummary:
             if infos:
                 latest[config] = infos[-1]
         site.write(
-            "index.html", _index_page(latest, {n.run_id: _link(out, n) for n in latest.values()})
+            "index.html",
+            _index_page(latest, {n.run_id: _link(out, n) for n in latest.values()}, now),
         )
         summary.pages.insert(0, "index.html")
         for stale in sorted(site.old - summary.written):  # written before, not now: ours to remove

@@ -40,6 +40,7 @@ from typing import Any, Literal
 import numpy as np
 
 from patchbench import stats
+from patchbench.analysis.power import detectable_shift
 from patchbench.config.nightly import (
     Gate,
     NightlySettings,
@@ -53,13 +54,23 @@ from patchbench.nightly.noise import (
     noise_excess,
     outliers,
     repeats_needed,
+    usable_nights,
 )
 
 # ---------------------------------------------------------------------------------------------
 # what the gates yield
 
 Status = Literal[
-    "fail", "warn", "pass", "quiet", "inconclusive", "underpowered", "ungated", "skipped", "missing"
+    "fail",
+    "warn",
+    "pass",
+    "quiet",
+    "inconclusive",
+    "underpowered",
+    "ungated",
+    "skipped",
+    "missing",
+    "learning",
 ]
 #: statuses that make a night underpowered (exit 5)
 UNDERPOWERED = ("inconclusive", "underpowered", "ungated")
@@ -76,7 +87,10 @@ class GateResult:
     ``n``: runs (pairs) tonight; ``n_history``: nights in the window. Noise: ``noise_source``
     ("learned" / "prior"), ``noise_cv_pct`` (one paired ratio for same_run, one run for
     history), ``tonight_cv_pct``, ``noise_p`` (chi-square), ``set_aside`` (runs the outlier
-    rule left out), ``repeats_needed`` (None: more than affordable)."""
+    rule left out), ``repeats_needed`` (None: more than affordable). ``mde_pct``: the smallest
+    change (%, in the bad direction) the test shows with 80 % power at tonight's noise and
+    repeats (:func:`minimum_detectable`); ``learning_nights``: while the noise is being learned,
+    the nights it is learned from so far (status ``learning``: it would have failed)."""
 
     gate: str
     kind: Literal["same_run", "history"]
@@ -106,18 +120,22 @@ class GateResult:
     noise_p: float | None = None
     set_aside: int = 0
     repeats_needed: int | None = None
+    mde_pct: float | None = None
+    learning_nights: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def night_outcome(results: Sequence[GateResult]) -> str:
-    """ "red" (a gate failed), "underpowered" (else a test is in :data:`UNDERPOWERED`) or
-    "green"."""
+    """ "red" (a gate failed), "underpowered" (else a test is in :data:`UNDERPOWERED`),
+    "learning" (else a gate would have failed while the noise is learned) or "green"."""
     if any(r.status == "fail" for r in results):
         return "red"
     if any(r.status in UNDERPOWERED for r in results):
         return "underpowered"
+    if any(r.status == "learning" for r in results):
+        return "learning"
     return "green"
 
 
@@ -440,7 +458,60 @@ def evaluate(
                     if p is not None:
                         pending.append(p)
     _judge(pending, settings)
+    if settings.hold_while_learning:
+        for r in results:
+            noise = learned.get((r.suite, r.metric))
+            if noise is None or noise.source != "learned":
+                hold_while_learning(r, usable_nights(prior, r.suite, r.metric), settings)
     return results
+
+
+#: the power at which :func:`minimum_detectable` states the smallest change a gate can see
+MDE_POWER = 0.8
+
+
+def beyond_doubt(r: GateResult, settings: NightlySettings) -> bool:
+    """A change no noise explains, so a gate fails even while the noise is learned: its test's
+    p (same_run: the report's two-sided p; history: the one-sided p) is at most
+    ``beyond_doubt_alpha`` (0.001) AND the change is at least ``beyond_doubt_pct`` (50 %) in the
+    bad direction. A CPU config's run noise of 36 % CV gives a paired ratio a sigma of about
+    0.43 (log): a 50 % slowdown (log 0.69) is 1.6 such sigmas for ONE pair, and the p bound
+    asks the night's own test to see it too."""
+    if r.p_value is None or r.change_pct is None or r.better not in ("higher", "lower"):
+        return False
+    bad = -1 if r.better == "higher" else 1
+    return r.p_value <= settings.beyond_doubt_alpha and _pct_beyond(
+        r.change_pct, settings.beyond_doubt_pct, bad
+    )
+
+
+def hold_while_learning(r: GateResult, nights: int, settings: NightlySettings) -> None:
+    """While a metric's noise is not learned yet (fewer than ``learn_min_nights`` usable nights),
+    a ``fail`` or ``warn`` that is not :func:`beyond_doubt` becomes ``learning``: the night says
+    "learning (k of n nights)" instead of red (its own spread and a few nights cannot tell a
+    small change from noise). Every result of such a metric records ``learning_nights``."""
+    r.learning_nights = nights
+    if r.status not in ("fail", "warn") or beyond_doubt(r, settings):
+        return
+    r.reason = (
+        f"learning ({nights} of {settings.learn_min_nights} nights): would have been {r.status}: "
+        f"{r.reason}; red while learning only beyond doubt (p <= "
+        f"{settings.beyond_doubt_alpha:g} and at least {settings.beyond_doubt_pct:g} % worse)"
+    )
+    r.status = "learning"
+
+
+def minimum_detectable(
+    se: float, df: float, alpha: float, bad: int, alternative: str = "larger"
+) -> float | None:
+    """The smallest change (%, as a positive size in the bad direction) that a t test on log
+    values with standard error ``se`` and ``df`` degrees of freedom shows at ``alpha`` with
+    80 % power (:data:`MDE_POWER`; the exact noncentral t, Cohen 1988, ch. 2, through
+    :func:`patchbench.analysis.power.detectable_shift`); None when ``se`` is unknown."""
+    if not (se > 0 and math.isfinite(se) and df > 0 and 0 < alpha < 1):
+        return None
+    d = detectable_shift(se, df, alpha, MDE_POWER, alternative=alternative)  # type: ignore[arg-type]
+    return abs(100.0 * math.expm1(bad * d))
 
 
 def _missing(
@@ -643,6 +714,7 @@ def _judge(pending: list[_Pending], settings: NightlySettings) -> None:
         r.bound_pct = 100.0 * math.expm1(p.test.bound(settings.pass_alpha))
     for p in pending:
         _repeats(p, settings)
+        _mde(p)
     steps = stats.holm([p.test.p for p in hist], alpha)  # type: ignore[union-attr]
     for p, (rejected, level) in zip(hist, steps, strict=True):
         t, r, thr = p.test, p.result, p.gate.threshold_pct
@@ -696,6 +768,24 @@ def _repeats(p: _Pending, settings: NightlySettings) -> None:
     )
     p.result.repeats_needed = p.need[0]
     p.result.noise_cv_pct = 100.0 * math.expm1(p.sigma)
+
+
+def _mde(p: _Pending) -> None:
+    """The smallest change the test can see tonight (:func:`minimum_detectable`). same_run: the
+    report's paired t on tonight's ``n`` pairs (df ``n - 1``) at its two-sided level, with the
+    learned (or prior) pair noise, or tonight's own spread when tonight is noisier or none is
+    known; history: the test tonight used (its standard error and df) at the Bonferroni level
+    ``alpha / m`` of the night's history tests."""
+    r = p.result
+    if r.kind == "same_run":
+        n = p.check.kept.size
+        if n < 2 or r.level is None:
+            return
+        own = float(np.std(p.check.kept, ddof=1))
+        sd = own if (p.noisy or not p.sigma > 0) else p.sigma
+        r.mde_pct = minimum_detectable(sd / math.sqrt(n), n - 1, r.level, p.bad, "two-sided")
+    elif p.test is not None:
+        r.mde_pct = minimum_detectable(p.test.t.se, p.test.t.df, p.level, p.bad)
 
 
 def _fail_or_warn(r: GateResult, held: int, gate: Gate, what: str) -> None:

@@ -804,7 +804,12 @@ CREATE TABLE IF NOT EXISTS confirmations (
     metric TEXT NOT NULL, last_green_run_id TEXT, old_release TEXT, new_release TEXT,
     change_pct REAL, ci_low_pct REAL, ci_high_pct REAL, p_value REAL, alpha REAL,
     repeats INTEGER, verdict TEXT, confirm_run_dir TEXT,
-    PRIMARY KEY (config_name, run_id, variant, suite, metric))
+    PRIMARY KEY (config_name, run_id, variant, suite, metric));
+CREATE TABLE IF NOT EXISTS red_gates (
+    config_name TEXT NOT NULL, run_id TEXT NOT NULL, gate TEXT NOT NULL, kind TEXT NOT NULL,
+    variant TEXT NOT NULL, suite TEXT NOT NULL, metric TEXT NOT NULL, level REAL,
+    change_pct REAL, new INTEGER, since_run_id TEXT, since_utc TEXT,
+    PRIMARY KEY (config_name, run_id, gate, kind, variant, suite, metric))
 """
 
 NOISE_COLUMNS = tuple(
@@ -989,6 +994,36 @@ def record_confirmation(h: History, config_name: str, run_id: str, rows: list[di
     )
 
 
+RED_COLUMNS = tuple(
+    "gate kind variant suite metric level change_pct new since_run_id since_utc".split()
+)
+
+
+def record_red(h: History, config_name: str, run_id: str, rows: list[dict]) -> None:
+    """Store the gates that failed on night ``run_id`` with their story (dicts with the keys of
+    :data:`RED_COLUMNS`, :meth:`patchbench.nightly.story.RedLine.row`), replacing what that
+    night had. One transaction; raises :class:`HistoryError`."""
+    _write_derived(
+        h,
+        "red_gates",
+        config_name,
+        run_id,
+        [
+            (config_name, run_id, *(int(r[c]) if c == "new" else r.get(c) for c in RED_COLUMNS))
+            for r in rows
+        ],
+    )
+
+
+def read_red(h: History, config_name: str) -> dict[str, list[dict]]:
+    """Every stored failing gate of a config: run id -> its rows (dicts with ``config_name``,
+    ``run_id`` and :data:`RED_COLUMNS`); {} when none were stored."""
+    out: dict[str, list[dict]] = {}
+    for r in _read_derived(h, "red_gates", config_name, "", ()):
+        out.setdefault(r["run_id"], []).append(r)
+    return out
+
+
 def read_confirmations(h: History, config_name: str, run_id: str | None = None) -> list[dict]:
     """The stored confirmation rows of a config (of one night with ``run_id``), dicts with
     ``config_name``, ``run_id`` and :data:`CONFIRM_COLUMNS`; [] when none were stored."""
@@ -1050,7 +1085,9 @@ class NightInfo:
     outcome: ``nightly.json``'s outcome ("green", "red", "underpowered", "run failed", ...), None
     when the run folder or its nightly.json is gone; exit_code / headline likewise; failing /
     gates: its GateResult dicts (patchbench/nightly/gates.py); builds: :func:`night_builds_of`;
-    release: the sglang release(s) the night ran, ``/``-joined when variants differ."""
+    release: the sglang release(s) the night ran, ``/``-joined when variants differ; story:
+    nightly.json's ``story`` (:class:`patchbench.nightly.story.Story`), schedule_hours: its
+    ``settings.schedule_hours``."""
 
     run_id: str
     night_utc: str
@@ -1064,6 +1101,8 @@ class NightInfo:
     failing: list[dict[str, Any]] = field(default_factory=list)
     gates: list[dict[str, Any]] = field(default_factory=list)
     builds: list[dict[str, Any]] = field(default_factory=list)
+    story: dict[str, Any] | None = None
+    schedule_hours: float | None = None
 
     @property
     def release(self) -> str:
@@ -1107,6 +1146,9 @@ def night_infos(h: History, config_name: str | None = None) -> list[NightInfo]:
             n.headline = str(js.get("headline") or "")
             n.failing = list(js.get("failing") or [])
             n.gates = list(js.get("gates") or [])
+            n.story = js.get("story") if isinstance(js.get("story"), dict) else None
+            hours = (js.get("settings") or {}).get("schedule_hours")
+            n.schedule_hours = float(hours) if isinstance(hours, (int, float)) else None
         n.builds = night_builds_of(h, n.run_id)
         out.append(n)
     return out

@@ -48,10 +48,13 @@ from patchbench.nightly.history import (
     HistoryError,
     Night,
     dump_json,
+    night_builds_of,
     night_from_run,
+    read_red,
     record_change_points,
     record_confirmation,
     record_noise,
+    record_red,
 )
 from patchbench.nightly.noise import learn
 from patchbench.nightly.render import (
@@ -63,6 +66,7 @@ from patchbench.nightly.render import (
     render_markdown,
     worst_exit,
 )
+from patchbench.nightly.story import Story, tell
 from patchbench.nightly.trend import write_plots
 from patchbench.records import printable, write_json, write_text
 from patchbench.run.lock import RunLock
@@ -223,6 +227,8 @@ def gate_unit(
     row.exit_code = code
     row.failing = [r for r in res.results if r.status == "fail"]
     row.outcome = "red" if row.failing else OUTCOME_OF_EXIT.get(code, "run failed")
+    if row.outcome == "green" and res.outcome == "learning":
+        row.outcome = "learning"
     row.headline = res.headline
     if res.night is not None:
         row.key = res.night.config_name
@@ -318,6 +324,9 @@ def _gate_run(unit: NightUnit, hpath: Path, record: bool) -> NightlyOutcome:
         record=bool(hinfo["recorded"]),
         problems=problems,
     )
+    story = _story(results, tonight, prior, noise_rows, builds, hpath, settings, hinfo, problems)
+    if story.lines or (story.learning and code == EXIT_OK):
+        headline += f": {story.summary()}"
     code, headline = blocked_exit(code, headline, unit.blocked)
     return NightlyOutcome(
         code,
@@ -335,7 +344,48 @@ def _gate_run(unit: NightUnit, hpath: Path, record: bool) -> NightlyOutcome:
         causes=causes,
         blocked=[blocked_line(r) for r in unit.blocked],
         repeats=unit.repeats,
+        story=story.to_json(),
     )
+
+
+def _story(
+    results: list[GateResult],
+    tonight: Night,
+    prior: Sequence[Night],
+    noise_rows: list[dict[str, Any]],
+    builds: list[dict[str, Any]],
+    hpath: Path,
+    settings: NightlySettings,
+    hinfo: dict[str, Any],
+    problems: list[str],
+) -> Story:
+    """Tonight's red story (:func:`patchbench.nightly.story.tell`) from the failing gates the
+    history holds, and tonight's failing gates stored there (when tonight was recorded). A
+    history problem is added to ``problems``; the story then starts tonight."""
+    red: dict[str, list[dict]] = {}
+    yesterday: list[dict] = []
+    ok = not hinfo["error"]
+    if ok:
+        try:
+            with History(hpath, timeout_s=settings.lock_timeout_s) as h:
+                red = read_red(h, tonight.config_name)
+                if prior:
+                    yesterday = night_builds_of(h, prior[-1].run_id)
+        except HistoryError as e:
+            problems.append(f"could not read the earlier red nights: {e}")
+            ok = False
+    night_cv = {(r["suite"], r["metric"]): r.get("night_cv_pct") for r in noise_rows}
+    story = tell(
+        results, tonight, prior, red, night_cv_pct=night_cv, builds=builds,
+        builds_yesterday=yesterday, learn_min_nights=settings.learn_min_nights,
+    )  # fmt: skip
+    if ok and hinfo["recorded"]:
+        try:
+            with History(hpath, timeout_s=settings.lock_timeout_s) as h:
+                record_red(h, tonight.config_name, tonight.run_id, [x.row() for x in story.lines])
+        except HistoryError as e:
+            problems.append(f"could not store tonight's red gates: {e}")
+    return story
 
 
 def noise_table(
@@ -458,6 +508,13 @@ def _exit_of(results: list[GateResult], failed_run: bool, history_failed: bool) 
         code, headline = EXIT_USAGE, "GATE CONFIG ERROR"
     elif outcome == "red":
         code, headline = EXIT_REGRESSION, f"REGRESSION ({len(failing)} gate result(s) failed)"
+    elif outcome == "learning":
+        held = [r for r in results if r.status == "learning"]
+        code = EXIT_OK
+        headline = (
+            f"LEARNING (no red until the noise is learned, unless beyond doubt; {len(held)} "
+            f"gate result(s) would have failed)"
+        )
     elif outcome == "underpowered":
         n = sum(1 for r in results if r.status in UNDERPOWERED)
         code = EXIT_UNDERPOWERED
@@ -485,6 +542,8 @@ def _write_outputs(run: Path, row: UnitNightly, out: Any) -> None:
             f" vs {fmt(r.reference)} {r.unit}: {r.reason}",
             file=out,
         )
+    for x in (res.story or {}).get("lines") or []:
+        print(f"  {x['text']}", file=out)
     for line in [*res.blocked, *res.causes]:
         print(f"  {line}", file=out)
     for p in res.problems:
@@ -522,6 +581,7 @@ def _write_files(run: Path, row: UnitNightly) -> None:
             "likely_causes": res.causes,
             "blocked": res.blocked,
             "confirmation": res.confirmation,
+            "story": res.story,
             "night": dump_json(tonight),
         }
         | ({"repeats": res.repeats} if res.repeats is not None else {}),

@@ -227,6 +227,19 @@ def night_level(x: Sequence[float], run_sigma: float) -> float:
     return float(np.mean(a[~outliers(a, run_sigma)]))
 
 
+def usable_nights(nights: Sequence[Night], suite: str, metric: str) -> int:
+    """The nights :func:`learn` learns (suite, metric)'s noise from: those with 2+ positive
+    values of it in some variant."""
+    return sum(
+        any(
+            len(logs(vals)) >= 2
+            for (_v, s, m), vals in n.values.items()
+            if (s, m) == (suite, metric)
+        )
+        for n in nights
+    )
+
+
 def learn(
     nights: Sequence[Night],
     suite: str,
@@ -240,18 +253,15 @@ def learn(
     else None."""
     groups: list[list[float]] = []
     per_variant: dict[str, list[list[float]]] = {}
-    used = 0
     for n in nights:
-        usable = False
         for (v, s, m), vals in n.values.items():
             if (s, m) != (suite, metric):
                 continue
             x = logs(vals)
             if len(x) >= 2:
-                usable = True
                 groups.append(x)
             per_variant.setdefault(v, []).append(x)
-        used += usable
+    used = usable_nights(nights, suite, metric)
     if used < min_nights:
         if prior_cv_pct is None:
             return None

@@ -64,7 +64,8 @@ class NightlyOutcome:
     headline, the history's state (``history_info``: path, recorded, already_recorded,
     nights_before, error), plots (relative to the run folder), settings, and as nightly.json
     has them the noise table, change points, builds, likely causes, blocked variants, the
-    confirmation and the ``schedule.repeats: auto`` choice."""
+    confirmation, the ``schedule.repeats: auto`` choice and the red story
+    (:meth:`patchbench.nightly.story.Story.to_json`)."""
 
     exit_code: int
     results: list[GateResult]
@@ -84,6 +85,7 @@ class NightlyOutcome:
     blocked: list[str] = field(default_factory=list)
     confirmation: dict[str, Any] | None = None
     repeats: dict[str, Any] | None = None
+    story: dict[str, Any] | None = None
 
 
 @dataclass
@@ -159,6 +161,7 @@ _MARK = {
     "ungated": "➖ ungated",
     "skipped": "⏳ skipped",
     "missing": "⛔ missing",
+    "learning": "📚 learning",
 }
 
 _UNIT_MARK = {
@@ -167,6 +170,7 @@ _UNIT_MARK = {
     "environment not ready": "🔧 environment not ready",
     "config error": "⛔ config error",
     "underpowered": "❔ underpowered",
+    "learning": "📚 learning",
     "green": "✅ green",
 }
 
@@ -250,7 +254,66 @@ def _run_intro(night: NightSummary, g: NightlyOutcome) -> list[str]:
         lines += ["## Patch does not apply", ""] + [f"- **{x}**" for x in g.blocked] + [""]
     if g.problems:
         lines += ["## Problems", ""] + [f"- {p}" for p in g.problems] + [""]
-    return lines
+    return lines + story_lines(g.story)
+
+
+def story_lines(story: dict[str, Any] | None) -> list[str]:
+    """The red night's story (patchbench.nightly.story): the new failures first, then since when
+    each gate is red and whether the cause is yesterday's; "learning (k of n nights)"."""
+    if not story or not (story.get("lines") or story.get("learning")):
+        return []
+    lines = ["## Since when", ""] + [f"- {x['text']}" for x in story.get("lines") or []]
+    if story.get("lines"):
+        cause = (
+            "same cause as yesterday"
+            if story.get("same_as_yesterday")
+            else (
+                "not the same cause as yesterday" if story.get("yesterday") else "the first night"
+            )
+        )
+        lines.append(f"- red since {str(story.get('since_utc'))[:10]}: {cause}")
+    if story.get("learning"):
+        k, n = story["learning"]["nights"], story["learning"]["needed"]
+        lines.append(
+            f"- learning ({k} of {n} nights): the noise is not learned yet, so a gate is red only "
+            "for a change beyond doubt"
+        )
+    return lines + [""]
+
+
+def mde_lines(results: Sequence[GateResult] | Sequence[dict[str, Any]]) -> list[str]:
+    """What each gate can see: the smallest change its test shows with 80 % power at tonight's
+    noise and repeats (``mde_pct``), and whether its threshold is below that (blind there)."""
+    rows = []
+    for r in results:
+        g = r if isinstance(r, dict) else r.to_json()
+        if g.get("mde_pct") is None:
+            continue
+        thr = g.get("threshold_pct")
+        blind = (
+            f"blind to changes between {thr:g} % and {g['mde_pct']:.1f} %"
+            if isinstance(thr, (int, float)) and g["mde_pct"] > thr
+            else "sees its threshold"
+        )
+        rows.append(
+            f"| {g['suite']}.{g['metric']} ({str(g['kind']).replace('_', '-')}) | {g['variant']} "
+            f"| {g.get('n')} | {g['mde_pct']:.1f} % | {fmt(thr)} % | {blind} |"
+        )
+    if not rows:
+        return []
+    return [
+        "## What the gates can see",
+        "",
+        "| gate | variant | repeats | smallest change seen (80 % power) | threshold | |",
+        "|---|---|---:|---:|---:|---|",
+        *rows,
+        "",
+        "The minimum detectable change of each test at tonight's noise (the learned one, or "
+        "tonight's spread when it is larger or none is known) and repeats, at the test's level "
+        "(same-run: the report's, two-sided; history: alpha / the night's history tests): the "
+        "exact noncentral t (Cohen 1988, ch. 2; statsmodels).",
+        "",
+    ]
 
 
 def _budget(s: NightlySettings) -> str:
@@ -282,7 +345,7 @@ def _run_tail(g: NightlyOutcome) -> list[str]:
         ]
         lines.append("")
     if results:
-        lines += _gate_table(results)
+        lines += _gate_table(results) + mde_lines(results)
     else:
         lines += ["No gates are configured (`nightly.gates` in the config).", ""]
     lines += _noise_lines(g.noise) + _change_lines(g.change_points)

@@ -38,7 +38,8 @@ def night(i: int, values: dict, run_id: str | None = None) -> Night:
 
 
 def settings(**gate_kw) -> NightlySettings:
-    """One gate; no noise is learned (learn_min_nights 365, no run_cv_pct) unless asked."""
+    """One gate; no noise is learned (learn_min_nights 365, no run_cv_pct) and no learning hold
+    (hold_while_learning false) unless asked."""
     kw = {
         k: gate_kw.pop(k)
         for k in list(gate_kw)
@@ -51,9 +52,11 @@ def settings(**gate_kw) -> NightlySettings:
             "learn_min_nights",
             "run_cv_pct",
             "underpowered_on",
+            "hold_while_learning",
         )
     }
     kw.setdefault("learn_min_nights", 365)
+    kw.setdefault("hold_while_learning", False)  # these tests judge the rule itself
     gate = dict(metric=f"serving.{TPUT}", threshold_pct=5, against="same_run") | gate_kw
     return NightlySettings(window_nights=5, min_history_nights=3, gates=[Gate(**gate)], **kw)
 

@@ -88,7 +88,10 @@ def make_night(
 
 
 JOB = NightlySettings(
-    window_nights=7, min_history_nights=2, gates=[Gate(metric=f"serving.{TPUT}", threshold_pct=5)]
+    window_nights=7,
+    min_history_nights=2,
+    hold_while_learning=False,  # red in a young history: these tests judge the pipeline
+    gates=[Gate(metric=f"serving.{TPUT}", threshold_pct=5)],
 )
 
 
@@ -257,6 +260,7 @@ def test_trend_plot_has_title_units_legend_and_run_id():
     s = NightlySettings(
         window_nights=3,
         min_history_nights=3,
+        hold_while_learning=False,
         gates=[Gate(metric=TPUT, threshold_pct=5, against="history")],
     )
     res = evaluate(prior, t, s)
@@ -286,6 +290,7 @@ def _cli_config(tmp_path: Path) -> Path:
         tmp_path,
         {
             "history_path": str(tmp_path / "cfg-history.sqlite"),
+            "hold_while_learning": False,
             "gates": [{"metric": f"serving.{TPUT}", "threshold_pct": 5}],
         },
     )
@@ -367,7 +372,11 @@ def test_worst_exit_order():
     assert worst_exit([70, 5]) == 4  # an unknown code counts as a run failure
 
 
-MX_NIGHTLY = {"min_history_nights": 2, "gates": [{"metric": f"serving.{TPUT}", "threshold_pct": 5}]}
+MX_NIGHTLY = {
+    "min_history_nights": 2,
+    "hold_while_learning": False,
+    "gates": [{"metric": f"serving.{TPUT}", "threshold_pct": 5}],
+}
 
 
 def make_matrix_night(root: Path, day: int, units: dict[str, dict]) -> Path:
@@ -530,6 +539,7 @@ def test_nightly_over_a_matrix_on_the_fake_server(tmp_path, monkeypatch, capsys)
           suites.mx_fake.gains.patched: [1.0, 0.8]
         set:
           nightly.min_repeats: 2
+          nightly.hold_while_learning: false
           nightly.gates: [{{metric: mx_fake.tput_tok_s, threshold_pct: 5}}]
         """,
     )
@@ -622,6 +632,7 @@ def test_newest_sglang_night_and_its_confirmation_on_the_fake_server(tmp_path, m
     raw["suites"] = {"mx_fake": {"gains": {"patched": 0.8, "tonight": 0.8}}}
     raw["nightly"] = {
         "min_history_nights": 2,
+        "hold_while_learning": False,
         "gates": [{"metric": f"mx_fake.{FAKE_METRIC}", "threshold_pct": 5, "against": "same_run"}],
         "confirm": {"alpha": 0.1, "repeats": 2},
     }

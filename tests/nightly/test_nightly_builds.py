@@ -74,6 +74,7 @@ def make_build_night(
 
 
 SAME_RUN = NightlySettings(
+    hold_while_learning=False,  # red in a young history: these tests judge the builds
     window_nights=7,
     min_history_nights=2,
     min_repeats=2,
@@ -212,6 +213,7 @@ def test_patch_that_stops_applying_is_recorded_exits_2_and_stock_still_gates(tmp
     patch, which hunk, which release; stock's history gate still judges."""
     h = tmp_path / "h.sqlite"
     settings = NightlySettings(
+        hold_while_learning=False,
         window_nights=7,
         min_history_nights=2,
         min_repeats=2,
@@ -428,7 +430,7 @@ def test_confirmation_rows_round_trip_through_the_history(tmp_path):
 
 MX_UNIT = "sglang-0-5-23"
 MX_SETTINGS = {
-    "window_nights": 7, "min_history_nights": 2, "min_repeats": 2,
+    "window_nights": 7, "min_history_nights": 2, "min_repeats": 2, "hold_while_learning": False,
     "false_red_nights_per_month": 6, "pass_alpha": 0.2, "confirm": {"repeats": 5},
     "gates": [{"metric": f"serving.{TPUT}", "threshold_pct": 5, "against": "same_run"}],
 }  # fmt: skip
