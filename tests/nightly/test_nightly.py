@@ -312,6 +312,26 @@ def _cli_config(tmp_path: Path) -> Path:
     )
 
 
+def test_cli_puts_a_single_configs_run_into_results_dir(tmp_path, monkeypatch):
+    """``nightly CONFIG --results DIR`` (once refused: "only for a matrix file") runs the
+    config's bench into DIR; --on stays a matrix's."""
+    import patchbench.run.bench
+
+    monkeypatch.delenv(HISTORY_ENV, raising=False)
+    cfg = _cli_config(tmp_path)
+    night = make_night(tmp_path, 1, *clean(1))
+    roots = []
+
+    def fake_bench(c, *, results_root=None, **kw):
+        roots.append(Path(results_root))
+        return night
+
+    monkeypatch.setattr(patchbench.run.bench, "run_bench", fake_bench)
+    assert cli([str(cfg), "--results", str(tmp_path / "nightly-runs")]) == 0
+    assert roots == [tmp_path / "nightly-runs"]
+    assert cli([str(cfg), "--on", "local"]) == 2
+
+
 def test_cli_runs_the_config_records_and_gates(tmp_path, monkeypatch):
     monkeypatch.delenv(HISTORY_ENV, raising=False)
     cfg = _cli_config(tmp_path)
