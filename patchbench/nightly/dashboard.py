@@ -5,11 +5,13 @@ metric), plotly's JavaScript once in ``assets/``; no server and no CDN at view t
 Layout of ``DIR``::
 
     index.html                     tonight's state per config (the landing view)
-    configs/<config>.html          per gated metric a chart, then every night in a table
+    configs/<config>.html          a table of contents, per metric a chart (primaries first),
+                                   the latest nights in a table
+    configs/<config>-nights-K.html older nights, 500 a page (page 1 the oldest)
     nights/<run_id>/nightly.html   that night's nightly.md rendered (report.html: report.md,
-                                   report-details.html), the .md files, nightly.json and
-                                   plots/ copied beside
-    assets/plotly.min.js           from the installed plotly package
+                                   report-details.html, figures.html: its plots), the .md
+                                   files, nightly.json and plots/ copied beside
+    assets/plotly.min.js           plotly.js's partial basic bundle (:func:`plotly_bundle`)
 
 Every link is relative and resolves inside ``DIR`` (the site can be published anywhere, e.g.
 GitHub Pages); a night whose run folder is gone is named as such, without a link.
