@@ -9,6 +9,7 @@ stderr as one line with their code, never as a traceback.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -67,7 +68,7 @@ def add_matrix_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--results",
         metavar="DIR",
-        help="a matrix: parent of the matrix run folder (default results/)",
+        help="parent of the run folder (a matrix: of the matrix run folder; default results/)",
     )
     p.add_argument(
         "--build-envs",
@@ -153,16 +154,17 @@ def run_args(a: argparse.Namespace, *, run_bench: Callable[[Any], Path] | None =
         )
         return EXIT_USAGE
     assert settings is not None and cfg is not None
-    runner = run_bench or _default_runner
+    runner = run_bench or functools.partial(_default_runner, results=a.results)
     return run_and_gate(cfg, history=history_path(settings, a.history), run_bench=runner)
 
 
-def _default_runner(cfg: Any) -> Path:
-    """``bench`` on ``cfg`` into the repository's results/ folder."""
+def _default_runner(cfg: Any, results: str | None = None) -> Path:
+    """``bench`` on ``cfg`` into ``results`` (``--results DIR``), else the repository's
+    results/ folder."""
     from patchbench.inputs import RESULTS_DIR
     from patchbench.run.bench import run_bench
 
-    return run_bench(cfg, results_root=RESULTS_DIR)
+    return run_bench(cfg, results_root=Path(results) if results else RESULTS_DIR)
 
 
 def _matrix_cli(a: argparse.Namespace, run_bench: Any) -> int | None:
@@ -186,6 +188,8 @@ def _matrix_cli(a: argparse.Namespace, run_bench: Any) -> int | None:
         if v
     ]
     if not is_matrix and not matrix_folder:
+        if a.config and not folder:  # a single config's run goes into --results DIR too
+            matrix_opts = [o for o in matrix_opts if o != "--results"]
         if matrix_opts:
             print(
                 f"nightly: {', '.join(matrix_opts)}: only for a matrix file (a config with "

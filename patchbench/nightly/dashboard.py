@@ -5,11 +5,13 @@ metric), plotly's JavaScript once in ``assets/``; no server and no CDN at view t
 Layout of ``DIR``::
 
     index.html                     tonight's state per config (the landing view)
-    configs/<config>.html          per gated metric a chart, then every night in a table
+    configs/<config>.html          a table of contents, per metric a chart (primaries first),
+                                   the latest nights in a table
+    configs/<config>-nights-K.html older nights, 500 a page (page 1 the oldest)
     nights/<run_id>/nightly.html   that night's nightly.md rendered (report.html: report.md,
-                                   report-details.html), the .md files, nightly.json and
-                                   plots/ copied beside
-    assets/plotly.min.js           from the installed plotly package
+                                   report-details.html, figures.html: its plots), the .md
+                                   files, nightly.json and plots/ copied beside
+    assets/plotly.min.js           plotly.js's partial basic bundle (:func:`plotly_bundle`)
 
 Every link is relative and resolves inside ``DIR`` (the site can be published anywhere, e.g.
 GitHub Pages); a night whose run folder is gone is named as such, without a link.
@@ -17,6 +19,7 @@ GitHub Pages); a night whose run folder is gone is named as such, without a link
 
 from __future__ import annotations
 
+import hashlib
 import html
 import json
 import os
@@ -30,6 +33,8 @@ from typing import Any
 from patchbench import records
 from patchbench.config.schema import run_id_problem
 from patchbench.errors import EnvironmentNotReady, UsageError
+from patchbench.nightly import chartdata
+from patchbench.nightly.gates import metric_unit
 from patchbench.nightly.history import (
     NightInfo,
     config_names,
@@ -37,9 +42,11 @@ from patchbench.nightly.history import (
     night_infos,
     open_history,
     read_change_points,
+    read_noise,
     series,
     variants_of,
 )
+from patchbench.report.text import local_paths
 
 #: outcome word -> colour of its badge (anything else: grey)
 COLOURS = {
@@ -61,6 +68,16 @@ MARKER = ".patchbench-dashboard"
 LEGACY_ENTRIES = frozenset({"index.html", "configs", "assets", "nights"})
 #: the largest file copied from a run folder into the site (a larger one is left out, noted)
 MAX_COPY_BYTES = 8 << 20
+#: the vendored partial plotly.js bundle (:func:`plotly_bundle`)
+VENDOR = Path(__file__).resolve().parent / "vendor"
+#: the version of a night's copy: a change of how nights are rendered copies every night again
+NIGHT_FORMAT = 2
+#: emoji a report may use -> coloured text (a browser without an emoji font shows boxes)
+MARKS = {
+    "✅": ("#1a7f37", "✓"), "❌": ("#cf222e", "✗"), "🔴": ("#cf222e", "●"),
+    "🟢": ("#1a7f37", "●"), "🔵": ("#0969da", "●"), "⚪": ("#8c959f", "○"),
+    "⚠️": ("#bf8700", "!"), "⚠": ("#bf8700", "!"),
+}  # fmt: skip
 #: the colours of the variants' traces, in order
 TRACE_COLOURS = ("#0969da", "#8250df", "#1b7c83", "#bc4c00", "#57606a")
 
@@ -72,6 +89,7 @@ text-align:left;vertical-align:top;white-space:nowrap}td.wrap{white-space:normal
 .badge{display:inline-block;padding:.1em .6em;border-radius:1em;color:#fff;font-weight:600}
 .gone{color:#6e7781;font-style:italic}.chart{width:100%;max-width:1100px;height:420px}
 .note{color:#57606a;font-size:.9em}pre{background:#f6f8fa;padding:.6em;overflow-x:auto}
+.toc{font-size:.9em;columns:2;max-width:1100px}.toc ul{margin:.2em 0}img{max-width:100%}
 """
 
 
@@ -150,34 +168,56 @@ class SiteFolderRefused(UsageError):
 @dataclass
 class _Site:
     """The site folder being written: ``old`` the files an earlier build wrote (its marker),
-    ``summary`` what this build wrote."""
+    ``summary`` what this build wrote; ``fingerprints`` the earlier build's night copies
+    (``nights/<run>/`` -> fingerprint), ``fingerprints_now`` this build's; ``history`` the
+    history file's path (a page names it by its file name only)."""
 
     out: Path
     old: set[str]
     summary: SiteSummary
+    fingerprints: dict[str, str] = field(default_factory=dict)
+    history: str = ""
+    fingerprints_now: dict[str, str] = field(default_factory=dict)
 
     def write(self, rel: str, data: str | bytes) -> None:
-        """Write ``DIR/rel`` atomically (never through a link out of DIR) and note it."""
+        """Write ``DIR/rel`` atomically (never through a link out of DIR) and note it; a file an
+        earlier build wrote with the same bytes is left as it is."""
         path = self.out / rel
         root = self.out.resolve()
         parent = path.parent
         parent.mkdir(parents=True, exist_ok=True)
         if parent.resolve() != root and root not in parent.resolve().parents:
             raise SiteFolderRefused(f"{parent}: leads out of the site folder {self.out}")
+        raw = data.encode() if isinstance(data, str) else data
+        if rel in self.old and not path.is_symlink() and path.is_file():
+            try:
+                if path.stat().st_size == len(raw) and path.read_bytes() == raw:
+                    self.summary.written.add(rel)
+                    return
+            except OSError:
+                pass
         if path.is_symlink():
             path.unlink()
-        records.write_bytes(path, data.encode() if isinstance(data, str) else data)
+        records.write_bytes(path, raw)
         self.summary.written.add(rel)
 
     def keep(self, prefix: str) -> None:
         """Keep the files an earlier build wrote under ``prefix`` (a night whose folder is gone)."""
         self.summary.written.update(r for r in self.old if r.startswith(prefix))
+        if prefix in self.fingerprints:
+            self.fingerprints_now[prefix] = self.fingerprints[prefix]
 
     def drop(self, prefix: str) -> None:
         """Remove the files an earlier build wrote under ``prefix`` (a night copied again)."""
         for rel in sorted(r for r in self.old if r.startswith(prefix)):
             _remove(self.out, rel)
             self.old.discard(rel)
+
+    def pages_of(self, n: NightInfo) -> dict[str, str]:
+        """The pages of night ``n`` this build keeps (file name -> path relative to DIR)."""
+        prefix = f"nights/{slug(n.run_id)}/"
+        names = ("nightly.html", "report.html", "report-details.html", "figures.html")
+        return {m: prefix + m for m in names if prefix + m in self.summary.written}
 
 
 def _remove(out: Path, rel: str) -> None:
@@ -197,14 +237,14 @@ def _remove(out: Path, rel: str) -> None:
         parent = parent.parent
 
 
-def _open_site(out: Path) -> set[str]:
-    """The files an earlier build wrote into ``out`` (its :data:`MARKER`); an empty set for a
-    new or empty folder or a site written before markers. Raises :class:`SiteFolderRefused` for
-    anything else that is not empty."""
+def _open_site(out: Path) -> tuple[set[str], dict[str, str]]:
+    """The files an earlier build wrote into ``out`` (its :data:`MARKER`) and its nights'
+    fingerprints; empty for a new or empty folder or a site written before markers. Raises
+    :class:`SiteFolderRefused` for anything else that is not empty."""
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise SiteFolderRefused(f"{out}: not a folder; give a new or empty folder for the site")
     if not out.exists():
-        return set()
+        return set(), {}
     marker = out / MARKER
     if marker.is_file() and not marker.is_symlink():
         try:
@@ -216,12 +256,14 @@ def _open_site(out: Path) -> set[str]:
             raise SiteFolderRefused(
                 f"{marker}: unreadable ({e}); remove the folder or give another --out"
             ) from None
-        return {f for f in files if _inside_rel(f)}
+        nights = doc.get("nights") if isinstance(doc.get("nights"), dict) else {}
+        fps = {k: v for k, v in nights.items() if isinstance(v, str) and _inside_rel(k)}
+        return {f for f in files if _inside_rel(f)}, fps
     entries = {p.name for p in out.iterdir()}
     if not entries:
-        return set()
+        return set(), {}
     if entries <= LEGACY_ENTRIES and (out / "assets" / "plotly.min.js").is_file():
-        return set()  # a site written before markers: adopted, nothing of it removed
+        return set(), {}  # a site written before markers: adopted, nothing of it removed
     shown = ", ".join(sorted(entries)[:5]) + (", ..." if len(entries) > 5 else "")
     raise SiteFolderRefused(
         f"{out} is not empty ({shown}) and holds no {MARKER}: it is not a site the dashboard "
@@ -303,12 +345,40 @@ def _md_to_html(text: str, folder: Path) -> str:
     return re.sub(r'<img src="([^"]*)" alt="([^"]*)"[^>]*>', fix_img, body)
 
 
+def _fingerprint(root: Path) -> str:
+    """What a night's copy depends on: the name, size and modification time of each file of
+    the run folder it reads, and :data:`NIGHT_FORMAT`."""
+    parts = [str(NIGHT_FORMAT)]
+    names = [*REPORTS, "nightly.json"]
+    plots = root / "plots"
+    if plots.is_dir() and not plots.is_symlink():
+        names += sorted(f"plots/{p.name}" for p in plots.iterdir() if p.name.endswith(".png"))
+    for name in names:
+        try:
+            st = os.lstat(root / name)
+        except OSError:
+            continue
+        parts.append(f"{name}:{st.st_size}:{st.st_mtime_ns}:{st.st_mode}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
+
+
+def _marks(body: str) -> str:
+    """The emoji of :data:`MARKS` as coloured text."""
+    for emoji, (colour, text) in MARKS.items():
+        body = body.replace(emoji, f'<span style="color:{colour};font-weight:700">{text}</span>')
+    return body
+
+
 def _copy_night(n: NightInfo, site: _Site) -> str | None:
-    """Copy night ``n``'s reports into ``out/nights/<run_id>/`` and render them; returns the
-    page to link (relative to DIR). Only regular files of the run folder itself are copied: a
-    symbolic link, or a file whose real path is outside the run folder, is left out with a note
-    (:func:`_read_own`). When the run folder is gone, the copy an earlier build left in ``out``
-    is kept and linked; None when there is none, or the folder has no report."""
+    """Copy night ``n``'s reports into ``out/nights/<run_id>/`` and render them (each page with
+    links to the night's other pages and a ``figures.html`` of its plots); returns the page to
+    link (relative to DIR). Only regular files of the run folder itself are copied: a symbolic
+    link, or a file whose real path is outside the run folder, is left out with a note
+    (:func:`_read_own`). A run folder unchanged since the earlier build (its
+    :func:`_fingerprint`) keeps its copy unread. When the run folder is gone, the copy an
+    earlier build left in ``out`` is kept and linked; None when there is none, or the folder has
+    no report. A runner's absolute paths become names relative to the site
+    (:func:`patchbench.nightly.chartdata.site_text`)."""
     out, notes = site.out, site.summary.notes
     prefix = f"nights/{slug(n.run_id)}/"
     if not n.folder_present:
@@ -319,7 +389,14 @@ def _copy_night(n: NightInfo, site: _Site) -> str | None:
         notes.append(f"night {n.run_id}: its run folder {src} is a symbolic link: not copied")
         return None
     root = src.resolve()
+    fp = _fingerprint(root)
+    if site.fingerprints.get(prefix) == fp and all(
+        (out / r).is_file() for r in site.old if r.startswith(prefix)
+    ):
+        site.keep(prefix)
+        return _link(out, n)
     site.drop(prefix)
+    site.fingerprints_now[prefix] = fp
     copied: dict[str, bytes] = {}
     for name in (*REPORTS, "nightly.json"):
         data = _read_own(root, name, notes, f"night {n.run_id}")
@@ -333,25 +410,54 @@ def _copy_night(n: NightInfo, site: _Site) -> str | None:
             data = _read_own(root, f"plots/{png}", notes, f"night {n.run_id}")
             if data is not None:
                 copied[f"plots/{png}"] = data
+    roots = {str(src): ".", str(root): ".", site.history: Path(site.history).name}
+    if site.history:
+        roots[str(Path(site.history).parent)] = "…"
     for rel, data in copied.items():
+        if rel.endswith(".md"):
+            data = local_paths(chartdata.site_text(data.decode(errors="replace"), roots)).encode()
         site.write(prefix + rel, data)
     dest = out / prefix
     # the .html names exist before any page is rendered, so the reports link each other
     mds = [m for m in REPORTS if m in copied]
+    pngs = [r for r in copied if r.startswith("plots/")]
     for m in mds:
         site.write(prefix + m.replace(".md", ".html"), b"")
+    nav = _night_nav(n, [m.replace(".md", ".html") for m in mds], bool(pngs))
     for m in mds:
-        body = _md_to_html(copied[m].decode(errors="replace"), dest)
-        back = (
-            f'<p class="note"><a href="../../index.html">all configs</a> · '
-            f'<a href="../../configs/{slug(n.config_name)}.html">{_esc(n.config_name)}</a> · '
-            f'raw: <a href="{m}">{m}</a></p>'
-        )
-        page = _page(f"{n.run_id}: {m}", back + body, depth=2)
+        body = _marks(_md_to_html(copied_text(site, prefix + m), dest))
+        raw = f' · raw: <a href="{m}">{m}</a></p>'
+        page = _page(f"{n.run_id}: {m}", nav.replace("</p>", raw, 1) + body, depth=2)
         site.write(prefix + m.replace(".md", ".html"), page)
+    if pngs:
+        figs = "\n".join(
+            f'<h2>{_esc(p.removeprefix("plots/"))}</h2>\n<a href="{_esc(p)}">'
+            f'<img src="{_esc(p)}" alt="{_esc(p)}"></a>'
+            for p in pngs
+        )
+        site.write(prefix + "figures.html", _page(f"{n.run_id}: figures", nav + figs, depth=2))
     if not mds:
         return None
     return f"{prefix}{mds[0].replace('.md', '.html')}"
+
+
+def copied_text(site: _Site, rel: str) -> str:
+    """The text of a file this build wrote into the site (its copy, paths made relative)."""
+    return (site.out / rel).read_text(errors="replace")
+
+
+def _night_nav(n: NightInfo, pages: list[str], figures: bool) -> str:
+    """The links at the head of a night's page: back, and the night's pages."""
+    words = {"nightly.html": "nightly", "report.html": "A/B report",
+             "report-details.html": "details"}  # fmt: skip
+    own = [f'<a href="{p}">{words[p]}</a>' for p in words if p in pages]
+    if figures:
+        own.append('<a href="figures.html">figures</a>')
+    return (
+        f'<p class="note"><a href="../../index.html">all configs</a> · '
+        f'<a href="../../configs/{slug(n.config_name)}.html">{_esc(n.config_name)}</a> · '
+        f"{_esc(n.run_id)}: {' · '.join(own)}</p>"
+    )
 
 
 def _night_cell(n: NightInfo, links: dict[str, str | None], up: str, label: str = "") -> str:
@@ -366,187 +472,352 @@ def _night_cell(n: NightInfo, links: dict[str, str | None], up: str, label: str 
 # ---------------------------------------------------------------------------------------- charts
 
 
-def _chart(
-    div_id: str,
-    nights: list,
-    infos: list[NightInfo],
-    cps: list[dict],
-    suite: str,
-    metric: str,
-    links: dict[str, str | None],
-) -> tuple[str, dict[str, int]]:
-    """One metric's chart: per variant the nightly medians with the repeats' range as error
-    bars, red nights, change points and release changes; returns (HTML, {trace: points})."""
-    import plotly.graph_objects as go
+@dataclass
+class _ChartCtx:
+    """What every chart of a config page shares: the nights (history rows and infos), the
+    night axis, the links, the change points, the latest night's gates and learned noise."""
 
-    unit = next(
-        (n.units.get((suite, metric)) for n in reversed(nights) if n.units.get((suite, metric))), ""
-    )
-    fig = go.Figure()
+    nights: list
+    infos: list[NightInfo]
+    index: dict[str, int]
+    links: dict[str, str | None]
+    cps: list[dict]
+    gates: list[dict]
+    noise: list[dict]
+    left_out: set[str]
+
+
+def _num(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def _chart(div_id: str, ctx: _ChartCtx, suite: str, metric: str) -> tuple[str, dict[str, int]]:
+    """One metric's chart (plain plotly JSON, no plotly Python objects): per variant the change
+    of its nightly medians against the reference in percent (:func:`chartdata.reference_of`;
+    a log axis of the ratio where the range is wide) with the repeats' range, on the night axis
+    (weekly medians before the last :data:`chartdata.FULL_NIGHTS`); the threshold line and the
+    learned noise band; red nights as rings around the failing variant's point, change points
+    and release changes. Returns (HTML, {trace: points})."""
+    nights, infos = ctx.nights, ctx.infos
+    unit = metric_unit(suite, metric, list(reversed(nights[-5:])))
+    better = next(
+        (n.better.get((suite, metric)) for n in reversed(nights) if n.better.get((suite, metric))),
+        None,
+    ) or next((g.get("better") for g in ctx.gates if g.get("metric") == metric), None)
     variants = variants_of(nights, suite, metric)
-    counts, medians = _variant_traces(fig, nights, infos, suite, metric, unit, variants, links)
-    counts.update(_red_night_trace(fig, infos, suite, metric, variants, medians, links))
-    counts.update(_change_point_trace(fig, cps, suite, metric, unit))
-    _release_lines(fig, infos)
-    fig.update_layout(
-        title={"text": f"{suite}.{metric}", "x": 0.01},
-        xaxis={"title": {"text": "night (UTC)"}, "type": "date", "tickformat": "%b %d"},
-        yaxis={"title": {"text": f"{metric} [{unit}]" if unit else metric}},
-        legend={"orientation": "h", "y": -0.22},
-        margin={"l": 70, "r": 20, "t": 50, "b": 80},
-        hovermode="closest",
-        template="plotly_white",
+    base = variants[0] if variants else ""
+    base_pts = series(nights, base, suite, metric)
+    hist_gate = next(
+        (
+            g
+            for g in ctx.gates
+            if (g.get("kind"), g.get("variant"), g.get("suite"), g.get("metric"))
+            == ("history", base, suite, metric)
+        ),
+        None,
     )
-    return _chart_html(div_id, fig, suite, metric), counts
+    ref, ref_runs = chartdata.reference_of(
+        {p.run_id: p.median for p in base_pts},
+        [p.run_id for p in base_pts],
+        (hist_gate or {}).get("window_run_ids") or None,
+        ctx.left_out,
+    )
+    if ref is None and base_pts:
+        ref = base_pts[-1].median
+    per_variant = {v: series(nights, v, suite, metric) for v in variants}
+    pcts = [
+        x
+        for pts in per_variant.values()
+        for p in pts
+        if (x := chartdata.pct_change(p.median, ref)) is not None
+    ]
+    log = chartdata.log_axis(pcts)
 
+    def ypct(c: float | None) -> float | None:
+        """Where a change of ``c`` percent lies on the y axis (the ratio on a log axis)."""
+        if c is None:
+            return None
+        return round(1 + c / 100, 5) if log else round(c, 3)
 
-def _variant_traces(
-    fig: Any,
-    nights: list,
-    infos: list[NightInfo],
-    suite: str,
-    metric: str,
-    unit: str,
-    variants: list[str],
-    links: dict[str, str | None],
-) -> tuple[dict[str, int], dict[str, dict[str, float]]]:
-    """One trace per variant on ``fig``: its nightly medians with the repeats' range as error
-    bars; returns ({variant: points}, {variant: {run id: median}})."""
-    import plotly.graph_objects as go
+    def y(v: float) -> float | None:
+        return ypct(chartdata.pct_change(v, ref))
 
     info = {i.run_id: i for i in infos}
-    counts: dict[str, int] = {}
-    medians: dict[str, dict[str, float]] = {}
+    traces, counts = [], {}
     for k, variant in enumerate(variants):
-        pts = series(nights, variant, suite, metric)
-        medians[variant] = {p.run_id: p.median for p in pts}
-        hover = [
-            f"{p.run_id}<br>median {p.median:.4g} {unit} (n={p.n}, range {p.low:.4g}–{p.high:.4g})"
-            f"<br>sglang {info[p.run_id].release if p.run_id in info else '?'}"
-            f"<br>{(info[p.run_id].outcome if p.run_id in info else None) or 'no report'}"
-            for p in pts
-        ]
-        fig.add_trace(
-            go.Scatter(
-                x=[_x(p.night_utc) for p in pts],
-                y=[p.median for p in pts],
-                error_y={
+        cps = chartdata.downsample(per_variant[variant], ctx.index)
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines+markers",
+                "name": variant,
+                "x": [round(c.x, 2) for c in cps],
+                "y": [y(c.median) for c in cps],
+                "error_y": {
                     "type": "data",
                     "symmetric": False,
-                    "array": [p.high - p.median for p in pts],
-                    "arrayminus": [p.median - p.low for p in pts],
+                    "array": [round(abs((y(c.high) or 0) - (y(c.median) or 0)), 4) for c in cps],
+                    "arrayminus": [
+                        round(abs((y(c.median) or 0) - (y(c.low) or 0)), 4) for c in cps
+                    ],
                     "thickness": 1,
-                    "width": 3,
+                    "width": 2,
                 },
-                mode="lines+markers",
-                name=variant,
-                line={"color": TRACE_COLOURS[k % len(TRACE_COLOURS)], "width": 1.5},
-                marker={"size": 6},
-                text=hover,
-                hoverinfo="text",
-                customdata=[links.get(p.run_id) or "" for p in pts],
-            )
+                "line": {"color": TRACE_COLOURS[k % len(TRACE_COLOURS)], "width": 1.5},
+                "marker": {"size": 5},
+                "text": [_hover(c, variant, unit, ref, info) for c in cps],
+                "hoverinfo": "text",
+                "customdata": [
+                    (ctx.links.get(c.run_ids[0]) or "") if len(c.run_ids) == 1 else "" for c in cps
+                ],
+            }
         )
-        counts[variant] = len(pts)
-    return counts, medians
+        counts[variant] = len(cps)
+    medians = {v: {p.run_id: p.median for p in pts} for v, pts in per_variant.items()}
+    red = _red_night_trace(ctx, suite, metric, variants, medians, y)
+    if red:
+        traces.append(red)
+        counts["red night"] = len(red["x"])
+    cp = _change_point_trace(ctx, suite, metric, unit, y)
+    if cp:
+        traces.append(cp)
+        counts["change point"] = len(cp["x"])
+    shapes, notes = _threshold_and_band(ctx, suite, metric, better, ypct)
+    rel_shapes, rel_notes = _release_lines(ctx)
+    words = chartdata.metric_words(suite, metric)
+    head = f"{words} [{unit}]" if unit else words
+    way = f"{better} is better" if better in ("higher", "lower") else "direction unknown"
+    older = len(ctx.index) > chartdata.FULL_NIGHTS
+    sub = (
+        f"change vs the reference {_num(ref)} {unit} (the {base} median over "
+        f"{len(ref_runs) or 1} night(s){' the gate used' if hist_gate else ''})"
+        if ref is not None
+        else "no reference"
+    ) + (f"; before the last {chartdata.FULL_NIGHTS} nights: weekly medians" if older else "")
+    layout = {
+        "title": {
+            "text": f"<b>{_esc(head)}</b>: {way}<br><span style='font-size:11px'>{_esc(sub)}</span>",
+            "x": 0.01,
+            "font": {"size": 14},
+        },
+        "xaxis": {
+            "title": {"text": "night (one point per recorded run; ticks: its date, UTC)"},
+            "tickmode": "array",
+            **_ticks(ctx),
+            "zeroline": False,
+            "gridcolor": "#eaeef2",
+        },
+        "yaxis": {
+            "title": {"text": "change vs reference [%]" + (" (log scale)" if log else "")},
+            "gridcolor": "#eaeef2",
+            "zerolinecolor": "#8c959f",
+            **(_log_ticks(pcts) if log else {"ticksuffix": " %"}),
+        },
+        "shapes": shapes + rel_shapes,
+        "annotations": notes + rel_notes,
+        "legend": {"orientation": "h", "y": -0.28},
+        "margin": {"l": 70, "r": 20, "t": 60, "b": 90},
+        "hovermode": "closest",
+        "plot_bgcolor": "#fff",
+        "paper_bgcolor": "#fff",
+    }
+    return _chart_html(div_id, {"data": traces, "layout": layout}, suite, metric), counts
 
 
-def _red_night_trace(
-    fig: Any,
-    infos: list[NightInfo],
-    suite: str,
-    metric: str,
-    variants: list[str],
-    medians: dict[str, dict[str, float]],
-    links: dict[str, str | None],
-) -> dict[str, int]:
-    """The red nights' marks on ``fig`` (:func:`_red_y`); returns {"red night": marks} (empty
-    without one)."""
-    import plotly.graph_objects as go
-
-    reds = [(i, _red_y(i, suite, metric, variants, medians)) for i in infos if i.outcome == "red"]
-    reds = [(i, y) for i, y in reds if y is not None]
-    if not reds:
-        return {}
-    fig.add_trace(
-        go.Scatter(
-            x=[_x(i.night_utc) for i, _ in reds],
-            y=[y for _, y in reds],
-            mode="markers",
-            name="red night",
-            marker={"symbol": "x", "size": 14, "color": COLOURS["red"], "line": {"width": 2}},
-            text=[f"{i.run_id}: RED<br>{_esc(_failing_text(i))}" for i, _ in reds],
-            hoverinfo="text",
-            customdata=[links.get(i.run_id) or "" for i, _ in reds],
-        )
+def _hover(c: chartdata.ChartPoint, variant: str, unit: str, ref, info: dict) -> str:
+    """A point's hover text: its night(s), value and change, release and outcome as coloured
+    text."""
+    chg = chartdata.pct_change(c.median, ref)
+    val = f"{variant}: {_num(c.median)} {unit}" + (f" ({chg:+.1f} %)" if chg is not None else "")
+    if len(c.run_ids) > 1:
+        return f"{_esc(c.label)}<br>{_esc(val)}<br>range {_num(c.low)}–{_num(c.high)}"
+    i = info.get(c.run_ids[0])
+    word = (i.outcome if i else None) or "no report"
+    when = _x(i.night_utc)[:16] if i else ""
+    return (
+        f"{_esc(c.run_ids[0])} ({when})<br>{_esc(val)}<br>repeats {_num(c.low)}–{_num(c.high)}"
+        f"<br>sglang {_esc(i.release if i else '?')} · "
+        f"<span style='color:{COLOURS.get(word, GREY)}'><b>{_esc(word)}</b></span>"
     )
-    return {"red night": len(reds)}
 
 
-def _change_point_trace(
-    fig: Any, cps: list[dict], suite: str, metric: str, unit: str
-) -> dict[str, int]:
-    """The change points of (suite, metric) on ``fig``: a mark each and a shaded span; returns
-    {"change point": marks} (empty without one)."""
-    import plotly.graph_objects as go
+def _ticks(ctx: _ChartCtx) -> dict[str, Any]:
+    """About eight ticks on the night axis, each labelled with its night's date."""
+    infos = ctx.infos
+    if not infos:
+        return {"tickvals": [], "ticktext": []}
+    step = max(1, len(infos) // 8)
+    picks = list(range(0, len(infos), step))
+    if picks[-1] != len(infos) - 1:
+        picks.append(len(infos) - 1)
+    return {
+        "tickvals": picks,
+        "ticktext": [_x(infos[i].night_utc)[:10] for i in picks],
+        "range": [-0.8, len(infos) - 0.2],
+    }
 
-    mine = [c for c in cps if (c["suite"], c["metric"]) == (suite, metric) and c.get("start_utc")]
+
+def _log_ticks(pcts: list[float]) -> dict[str, Any]:
+    """A log axis of the ratio, its ticks labelled as changes in percent."""
+    lo, hi = min(1 + p / 100 for p in pcts), max(1 + p / 100 for p in pcts)
+    nice = [0.1, 0.2, 0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 3, 4, 5, 10, 20]
+    vals = [v for v in nice if lo / 1.3 <= v <= hi * 1.3]
+    return {
+        "type": "log",
+        "tickvals": vals,
+        "ticktext": [f"{100 * (v - 1):+.0f} %" if v != 1 else "0 %" for v in vals],
+    }
+
+
+def _red_night_trace(ctx, suite, metric, variants, medians, y) -> dict | None:
+    """The red nights' marks: an open red ring around the point of the variant whose gate on
+    this metric failed (else the baseline's), so the point stays visible inside it."""
+    xs, ys, texts, urls = [], [], [], []
+    for i in ctx.infos:
+        if i.outcome != "red" or i.run_id not in ctx.index:
+            continue
+        v = _red_y(i, suite, metric, variants, medians)
+        if v is None:
+            continue
+        xs.append(ctx.index[i.run_id])
+        ys.append(y(v))
+        texts.append(
+            f"{_esc(i.run_id)}: <span style='color:{COLOURS['red']}'><b>red</b></span>"
+            f"<br>{_esc(_failing_text(i))}"
+        )
+        urls.append(ctx.links.get(i.run_id) or "")
+    if not xs:
+        return None
+    return {
+        "type": "scatter",
+        "mode": "markers",
+        "name": "red night",
+        "x": xs,
+        "y": ys,
+        "marker": {
+            "symbol": "circle-open",
+            "size": 16,
+            "color": COLOURS["red"],
+            "line": {"width": 2.5},
+        },
+        "text": texts,
+        "hoverinfo": "text",
+        "customdata": urls,
+    }
+
+
+def _night_at(ctx: _ChartCtx, utc: str) -> int | None:
+    """The place on the night axis of the first night at or after ``utc``."""
+    for i in ctx.infos:
+        if i.night_utc >= utc and i.run_id in ctx.index:
+            return ctx.index[i.run_id]
+    return None
+
+
+def _change_point_trace(ctx, suite, metric, unit, y) -> dict | None:
+    """The change points of (suite, metric): a mark each (its span is a shaded band)."""
+    mine = [
+        c
+        for c in ctx.cps
+        if (c["suite"], c["metric"]) == (suite, metric)
+        and c.get("start_utc")
+        and _night_at(ctx, c["start_utc"]) is not None
+    ]
     if not mine:
-        return {}
-    fig.add_trace(
-        go.Scatter(
-            x=[_x(c["start_utc"]) for c in mine],
-            y=[c["after"] for c in mine],
-            mode="markers",
-            name="change point",
-            marker={"symbol": "diamond", "size": 12, "color": "#fb8500"},
-            text=[
-                f"change point ({c['variant']}): {c['size_pct']:+.1f} % "
-                f"({c['before']:.4g} → {c['after']:.4g} {unit}), {c['nights']} night(s) "
-                f"from {c['run_id']}"
-                + (" (worse)" if c.get("worse") else "")
-                + (", new tonight, unconfirmed" if c.get("confirmed") == 0 else "")
-                for c in mine
-            ],
-            hoverinfo="text",
-        )
+        return None
+    return {
+        "type": "scatter",
+        "mode": "markers",
+        "name": "change point",
+        "x": [_night_at(ctx, c["start_utc"]) for c in mine],
+        "y": [y(c["after"]) for c in mine],
+        "marker": {"symbol": "diamond", "size": 11, "color": "#fb8500"},
+        "text": [
+            f"change point ({_esc(c['variant'])}): {c['size_pct']:+.1f} % "
+            f"({c['before']:.4g} → {c['after']:.4g} {_esc(unit)}), {c['nights']} night(s) "
+            f"from {_esc(c['run_id'])}"
+            + (" (worse)" if c.get("worse") else "")
+            + (", new tonight, unconfirmed" if c.get("confirmed") == 0 else "")
+            for c in mine
+        ],
+        "hoverinfo": "text",
+    }
+
+
+def _threshold_and_band(ctx, suite, metric, better, ypct) -> tuple[list[dict], list[dict]]:
+    """The gate's threshold as a red dashed line on the bad side of the reference, and the
+    learned noise band (±2 sigma of a night's median, night-to-night) around it; each with its
+    label. Change-point spans are shaded too."""
+    shapes: list[dict] = []
+    notes: list[dict] = []
+    thr = next(
+        (
+            g.get("threshold_pct")
+            for g in ctx.gates
+            if (g.get("suite"), g.get("metric")) == (suite, metric) and g.get("threshold_pct")
+        ),
+        None,
     )
-    for c in mine:
-        fig.add_vrect(
-            x0=_x(c["start_utc"]),
-            x1=_x(c.get("end_utc") or c["start_utc"]),
-            line={"color": "#fb8500", "width": 2, "dash": "dash"},
-            fillcolor="#fb8500",
-            opacity=0.12,
-        )
-    return {"change point": len(mine)}
+    if thr and better in ("higher", "lower"):
+        yy = ypct(thr if better == "lower" else -thr)
+        shapes.append(_hline(yy, {"color": COLOURS["red"], "width": 1.5, "dash": "dash"}))
+        notes.append(_label(yy, f"threshold {'+' if better == 'lower' else '−'}{thr:g} %"))
+    row = next((r for r in ctx.noise if (r.get("suite"), r.get("metric")) == (suite, metric)), None)
+    cv = (row or {}).get("night_cv_pct") or (row or {}).get("run_cv_pct")
+    if cv:
+        lo, hi = ypct(-2 * cv), ypct(2 * cv)
+        shapes.append(
+            {"type": "rect", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": lo, "y1": hi,
+             "fillcolor": "#8c959f", "opacity": 0.15, "line": {"width": 0}, "layer": "below"}
+        )  # fmt: skip
+        notes.append(_label(hi, f"noise ±2σ ({(row or {}).get('source') or 'learned'})"))
+    for c in ctx.cps:
+        if (c["suite"], c["metric"]) != (suite, metric) or not c.get("start_utc"):
+            continue
+        x0 = _night_at(ctx, c["start_utc"])
+        x1 = _night_at(ctx, c.get("end_utc") or c["start_utc"])
+        if x0 is not None:
+            shapes.append(
+                {"type": "rect", "xref": "x", "x0": x0 - 0.5, "x1": (x1 if x1 is not None else x0) + 0.5,
+                 "yref": "paper", "y0": 0, "y1": 1, "fillcolor": "#fb8500", "opacity": 0.12,
+                 "line": {"color": "#fb8500", "width": 1, "dash": "dash"}}
+            )  # fmt: skip
+    return shapes, notes
 
 
-def _release_lines(fig: Any, infos: list[NightInfo]) -> None:
-    """A dotted line on ``fig``, labelled with the release, where the sglang release changes."""
+def _hline(yy, line: dict) -> dict:
+    return {"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": yy, "y1": yy,
+            "line": line}  # fmt: skip
+
+
+def _label(yy, text: str) -> dict:
+    return {"xref": "paper", "x": 1, "xanchor": "right", "yref": "y", "y": yy, "yanchor": "bottom",
+            "text": _esc(text), "showarrow": False, "font": {"size": 10, "color": "#57606a"}}  # fmt: skip
+
+
+def _release_lines(ctx: _ChartCtx) -> tuple[list[dict], list[dict]]:
+    """A dotted line where the sglang release changes, labelled with the release."""
+    shapes, notes = [], []
     prev = None
-    for i in infos:
-        if prev is not None and i.release != prev:
-            fig.add_vline(x=_x(i.night_utc), line={"color": "#57606a", "width": 1, "dash": "dot"})
-            fig.add_annotation(
-                x=_x(i.night_utc),
-                y=1.0,
-                yref="paper",
-                text=f"sglang {_esc(i.release)}",
-                showarrow=False,
-                xanchor="left",
-                yanchor="bottom",
-                font={"size": 11},
-            )
+    for i in ctx.infos:
+        if prev is not None and i.release != prev and i.run_id in ctx.index:
+            x = ctx.index[i.run_id] - 0.5
+            shapes.append(
+                {"type": "line", "xref": "x", "x0": x, "x1": x, "yref": "paper", "y0": 0, "y1": 1,
+                 "line": {"color": "#57606a", "width": 1, "dash": "dot"}}
+            )  # fmt: skip
+            notes.append(
+                {"x": x, "y": 1.0, "yref": "paper", "text": f"sglang {_esc(i.release)}",
+                 "showarrow": False, "xanchor": "left", "yanchor": "bottom", "font": {"size": 10}}
+            )  # fmt: skip
         prev = i.release
+    return shapes, notes
 
 
-def _chart_html(div_id: str, fig: Any, suite: str, metric: str) -> str:
+def _chart_html(div_id: str, fig: dict, suite: str, metric: str) -> str:
     """The chart's ``<div>`` and the script that draws ``fig`` there (a click on a point opens
     its night's report)."""
-    import plotly.io as pio
-
-    fig_json = pio.to_json(fig, validate=False)
+    fig_json = json.dumps(fig, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
     return (
         f'<div id="{div_id}" class="chart" data-metric="{_esc(suite)}.{_esc(metric)}"></div>\n'
         f"<script>(function(){{var f={fig_json};"
@@ -574,38 +845,126 @@ def _red_y(
 # ----------------------------------------------------------------------------------------- pages
 
 
-def _config_page(h, config: str, infos: list[NightInfo], links, summary: SiteSummary) -> str:
+def _primaries(suite: str) -> set[str]:
+    """The suite's primary metrics (none when it does not import)."""
+    try:
+        from patchbench.suite import get_suite
+
+        return {m for m, i in get_suite(suite).metrics.items() if getattr(i, "primary", False)}
+    except Exception:  # noqa: BLE001 (a suite that does not import has no primaries)
+        return set()
+
+
+def _night_row(n: NightInfo, links, pages: dict[str, dict[str, str]], up: str) -> str:
+    """One row of a nights table: time, the night's pages (nightly, A/B report, figures),
+    outcome, release, the patch state short (full on hover), failing gates."""
+    full = n.patch_state
+    return (
+        f"<tr><td>{_esc(_x(n.night_utc)[:16])}</td><td>{_night_cell(n, links, up)}"
+        f"{_evidence(pages.get(n.run_id, {}), up)}</td>"
+        f"<td>{_badge(n.outcome)}</td><td>{_esc(n.release)}</td>"
+        f'<td title="{_esc(full)}">{_esc(chartdata.short_patch(n.builds))}</td>'
+        f'<td class="wrap">{_esc(_failing_text(n))}</td></tr>'
+    )
+
+
+def _evidence(pages: dict[str, str], up: str) -> str:
+    """The links to a night's A/B report, its details and its figures (those it has)."""
+    words = (("report.html", "A/B report"), ("report-details.html", "details"),
+             ("figures.html", "figures"))  # fmt: skip
+    got = [f'<a href="{up}{pages[k]}">{w}</a>' for k, w in words if k in pages]
+    return f'<br><span class="note">{" · ".join(got)}</span>' if got else ""
+
+
+_NIGHTS_HEAD = (
+    "<table><tr><th>night (UTC)</th><th>run (reports)</th><th>outcome</th><th>sglang</th>"
+    "<th>patch state</th><th>failing gates</th></tr>\n"
+)
+
+
+def _config_page(h, config: str, infos: list[NightInfo], links, pages, site: _Site) -> None:
+    """Write the config's page (a table of contents, primaries first, then a chart per metric
+    and its latest nights) and the pages of its older nights."""
+    summary = site.summary
     nights = [x for x in h.nights(config) if not run_id_problem(x.run_id)]
-    cps = read_change_points(h, config)
+    valid = {i.run_id for i in infos}
+    nights = [x for x in nights if x.run_id in valid]
+    latest = infos[-1] if infos else None
+    gated = {(g.get("suite"), g.get("metric")) for i in infos for g in i.gates}
+    metrics = metrics_of(nights, infos)
+    have = {(s, m) for n in nights for (_v, s, m) in n.values}
+    if not (set(metrics) & gated):
+        metrics = sorted(have)
+    primary = {(s, m) for s, m in metrics if m.split("@", 1)[0] in _primaries(s)}
+    ordered = chartdata.metric_order(metrics, gated, primary)
+    ctx = _ChartCtx(
+        nights=nights,
+        infos=infos,
+        index=chartdata.night_index([(i.run_id, i.night_utc) for i in infos]),
+        links=links,
+        cps=read_change_points(h, config),
+        gates=latest.gates if latest else [],
+        noise=read_noise(h, config, latest.run_id) if latest else [],
+        left_out={
+            i.run_id for i in infos if i.outcome in ("red", "run failed") or i.status != "ok"
+        },
+    )
+    me = f"{slug(config)}.html"
+    toc, charts = [], []
+    group = None
+    for k, (grp, (suite, metric)) in enumerate(ordered):
+        div_id = f"chart-{slug(config)}-{k}"
+        chart, counts = _chart(div_id, ctx, suite, metric)
+        summary.charts[div_id] = counts
+        charts.append(chart)
+        if grp != group:
+            toc.append(f"{'</ul>' if group else ''}<li><b>{grp}</b><ul>")
+            group = grp
+        toc.append(
+            f'<li><a href="{me}#{div_id}">{_esc(chartdata.metric_words(suite, metric))}</a> '
+            f'<span class="note">{_esc(suite)}.{_esc(metric)}</span></li>'
+        )
+    shown, older = chartdata.night_pages(len(infos))
+    older_links = " · ".join(
+        f'<a href="{slug(config)}-nights-{k + 1}.html">{_esc(_x(infos[r[0]].night_utc)[:10])} to '
+        f"{_esc(_x(infos[r[-1]].night_utc)[:10])}</a>"
+        for k, r in reversed(list(enumerate(older)))
+    )
     parts = [
         '<p class="note"><a href="../index.html">all configs</a></p>',
         f"<h1>{_esc(config)}</h1>",
-        f'<p class="note">{len(infos)} night(s); change points as found by the latest night '
-        "that looked (dashed, orange); red nights: red ×; a dotted line marks a new sglang "
-        "release. Error bars: the range of the night's repeats. Click a point to open its "
-        "night's report.</p>",
+        f'<p class="note">{len(infos)} night(s). Each chart: the change of every variant\'s '
+        "nightly median against the reference (the baseline's median over the nights the gate "
+        "used) in percent, the gate's threshold (red, dashed), the learned noise band (grey), "
+        "red nights (red ring around the failing variant), change points (orange), a new "
+        "sglang release (dotted). Error bars: the range of the night's repeats. One point per "
+        "recorded run (a rerun is its own point); before the last "
+        f"{chartdata.FULL_NIGHTS} nights weekly medians. Click a point to open its night.</p>",
+        *([_blind_html(infos[-1])] if infos else []),
+        f'<nav class="toc"><b>Metrics</b><ul>{"".join(toc)}{"</ul></li>" if toc else ""}'
+        f'</ul><a href="{me}#nights">nights</a></nav>',
+        *charts,
+        f'<h2 id="nights">Nights (latest {len(shown)}, tonight first)</h2>',
+        _NIGHTS_HEAD
+        + "\n".join(_night_row(infos[i], links, pages, "../") for i in reversed(shown))
+        + "\n</table>",
     ]
-    if infos:
-        parts.append(_blind_html(infos[-1]))
-    for k, (suite, metric) in enumerate(metrics_of(nights, infos)):
-        div_id = f"chart-{slug(config)}-{k}"
-        chart, counts = _chart(div_id, nights, infos, cps, suite, metric, links)
-        summary.charts[div_id] = counts
-        parts.append(chart)
-    rows = []
-    for n in reversed(infos):
-        rows.append(
-            f"<tr><td>{_esc(_x(n.night_utc)[:16])}</td><td>{_night_cell(n, links, '../')}</td>"
-            f"<td>{_badge(n.outcome)}</td><td>{_esc(n.release)}</td>"
-            f'<td>{_esc(n.patch_state)}</td><td class="wrap">{_esc(_failing_text(n))}</td></tr>'
+    if older_links:
+        parts.append(f"<p>Older nights: {older_links}</p>")
+    page = f"configs/{me}"
+    site.write(page, _page(f"patchbench nightly: {config}", "\n".join(parts), depth=1, plotly=True))
+    summary.pages.append(page)
+    for k, r in enumerate(older):
+        rel = f"configs/{slug(config)}-nights-{k + 1}.html"
+        body = (
+            f'<p class="note"><a href="../index.html">all configs</a> · <a href="{me}">{_esc(config)}</a></p>'
+            f"<h1>{_esc(config)}: nights {r[0] + 1} to {r[-1] + 1} (newest first)</h1>\n"
+            + _NIGHTS_HEAD
+            + "\n".join(_night_row(infos[i], links, pages, "../") for i in reversed(r))
+            + "\n</table>"
         )
-    parts.append(
-        "<h2>Nights</h2>\n<table><tr><th>night (UTC)</th><th>run (report)</th><th>outcome</th>"
-        "<th>sglang</th><th>patch state</th><th>failing gates</th></tr>\n"
-        + "\n".join(rows)
-        + "\n</table>"
-    )
-    return _page(f"patchbench nightly: {config}", "\n".join(parts), depth=1, plotly=True)
+        site.write(rel, _page(f"{config}: older nights", body, depth=1))
+        summary.pages.append(rel)
 
 
 def stale_text(n: NightInfo, now: datetime) -> str:
@@ -663,7 +1022,7 @@ def _blind_html(n: NightInfo) -> str:
     return "\n".join(out)
 
 
-def _index_page(latest: dict[str, NightInfo], links, now: datetime | None = None) -> str:
+def _index_page(latest: dict[str, NightInfo], links, pages, now: datetime | None = None) -> str:
     now = now or datetime.now(timezone.utc).replace(tzinfo=None)
     rows = []
     for config in index_order(latest):
@@ -673,8 +1032,10 @@ def _index_page(latest: dict[str, NightInfo], links, now: datetime | None = None
             f'<tr data-config="{_esc(config)}"><td><a href="configs/{slug(config)}.html">'
             f"{_esc(config)}</a></td><td>{_badge(n.outcome)}</td><td>{_esc(_x(n.night_utc)[:16])}</td>"
             f'<td class="wrap" data-story>{_esc(story)}</td>'
-            f"<td>{_esc(n.release)}</td><td>{_esc(n.patch_state)}</td>"
-            f'<td class="wrap">{_esc(_failing_text(n))}</td><td>{_night_cell(n, links, "", "nightly report")}</td></tr>'
+            f'<td>{_esc(n.release)}</td><td title="{_esc(n.patch_state)}">'
+            f"{_esc(chartdata.short_patch(n.builds))}</td>"
+            f'<td class="wrap">{_esc(_failing_text(n))}</td>'
+            f"<td>{_night_cell(n, links, '', 'nightly report')}{_evidence(pages.get(n.run_id, {}), '')}</td></tr>"
         )
     body = (
         "<h1>patchbench nightly</h1>\n"
@@ -689,17 +1050,37 @@ def _index_page(latest: dict[str, NightInfo], links, now: datetime | None = None
     return _page("patchbench nightly", body, depth=0)
 
 
+def plotly_bundle() -> tuple[bytes, str]:
+    """The plotly.js the site loads and which: the partial bundle ``plotly-basic`` (scatter,
+    bar, pie: all the charts draw; vendored under patchbench/nightly/vendor/) when it is the
+    version of the installed plotly's full bundle, else that full bundle."""
+    import plotly.offline
+
+    full = plotly.offline.get_plotlyjs()
+    want = re.search(r"plotly\.js v(\S+)", full[:300])
+    basic = VENDOR / "plotly-basic.min.js"
+    if want and basic.is_file():
+        data = basic.read_bytes()
+        got = re.search(rb"plotly\.js \(basic - minified\) v(\S+)", data[:300])
+        if got and got.group(1).decode() == want.group(1):
+            return data, "basic"
+    return full.encode(), "full"
+
+
 def build_site(history: str | Path, out: str | Path, *, now: datetime | None = None) -> SiteSummary:
     """Write the static site of a nightly history into ``out`` (module docstring).
 
     ``out`` must be new, empty, or a site the dashboard wrote (its :data:`MARKER` lists every
-    file it wrote; a site written before markers, holding only the site's own entries, is
-    adopted). The build writes ``index.html``, ``configs/``, ``assets/`` and ``nights/<run>/``
-    for every night whose run folder is present, then removes only the files the earlier build
-    wrote that this one did not; a night whose run folder is gone keeps the copy an earlier build
-    left (so a site folder kept between nights, e.g. beside the history, keeps every report);
-    nothing else in ``out`` is touched. A night whose run id cannot name a folder
-    (:func:`patchbench.config.schema.run_id_problem`) is left out with a note.
+    file it wrote and a fingerprint of each night's copy; a site written before markers, holding
+    only the site's own entries, is adopted). The build writes ``index.html``, ``configs/``,
+    ``assets/`` and ``nights/<run>/`` for every night whose run folder is present (a night whose
+    run folder is unchanged since the earlier build, by its fingerprint, keeps its copy without
+    being read again; a file whose bytes are unchanged is not rewritten), then removes only the
+    files the earlier build wrote that this one did not; a night whose run folder is gone keeps
+    the copy an earlier build left (so a site folder kept between nights, e.g. beside the
+    history, keeps every report); nothing else in ``out`` is touched. A night whose run id
+    cannot name a folder (:func:`patchbench.config.schema.run_id_problem`) is left out with a
+    note.
 
     Raises UsageError (exit 2) for a missing history file, :class:`SiteFolderRefused` (exit 2)
     for an ``out`` that is not the dashboard's, :class:`patchbench.nightly.history.HistoryError`
@@ -707,7 +1088,7 @@ def build_site(history: str | Path, out: str | Path, *, now: datetime | None = N
     markdown-it-py. ``now`` (naive UTC; default the clock): when a config is stale."""
     try:
         import markdown_it  # noqa: F401
-        import plotly.offline
+        import plotly.offline  # noqa: F401
     except ImportError as e:
         raise EnvironmentNotReady(
             f"the dashboard needs {e.name} (requirements/harness.txt): run make setup"
@@ -715,17 +1096,19 @@ def build_site(history: str | Path, out: str | Path, *, now: datetime | None = N
 
     out = Path(out)
     with open_history(history) as h:
-        old = _open_site(out)
+        old, fingerprints = _open_site(out)
         out.mkdir(parents=True, exist_ok=True)
         summary = SiteSummary(out)
-        site = _Site(out, set(old), summary)
-        site.write("assets/plotly.min.js", plotly.offline.get_plotlyjs())
+        site = _Site(out, set(old), summary, fingerprints, history=str(Path(history).resolve()))
+        site.write("assets/plotly.min.js", plotly_bundle()[0])
         latest: dict[str, NightInfo] = {}
+        pages: dict[str, dict[str, str]] = {}
         for config in config_names(h):
             infos = _valid(night_infos(h, config), summary.notes)
             links = {}
             for n in infos:
                 links[n.run_id] = _copy_night(n, site)
+                pages[n.run_id] = site.pages_of(n)
                 if links[n.run_id]:
                     summary.pages.append(links[n.run_id])
                     (summary.nights_copied if n.folder_present else summary.nights_kept).append(
@@ -733,19 +1116,21 @@ def build_site(history: str | Path, out: str | Path, *, now: datetime | None = N
                     )
                 elif not n.folder_present:
                     summary.nights_gone.append(n.run_id)
-            page = f"configs/{slug(config)}.html"
-            site.write(page, _config_page(h, config, infos, links, summary))
-            summary.pages.append(page)
+            _config_page(h, config, infos, links, pages, site)
             if infos:
                 latest[config] = infos[-1]
         site.write(
             "index.html",
-            _index_page(latest, {n.run_id: _link(out, n) for n in latest.values()}, now),
+            _index_page(latest, {n.run_id: _link(out, n) for n in latest.values()}, pages, now),
         )
         summary.pages.insert(0, "index.html")
         for stale in sorted(site.old - summary.written):  # written before, not now: ours to remove
             _remove(out, stale)
-        marker = {"written_by": "patchbench dashboard", "files": sorted(summary.written)}
+        marker = {
+            "written_by": "patchbench dashboard",
+            "files": sorted(summary.written),
+            "nights": dict(sorted(site.fingerprints_now.items())),
+        }
         records.write_json(out / MARKER, marker)
     return summary
 

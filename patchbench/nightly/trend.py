@@ -27,7 +27,8 @@ def plot_trend(
     settings: NightlySettings,
 ):
     """A matplotlib Figure: per variant, the nightly medians of the history, the range of the
-    last K nights' runs (the history gate's window), and tonight's point (red edge when a gate
+    runs of the nights the history gate used (:func:`gate_window`: red and off nights it left
+    out are not in the band; without a history gate the last K nights), and tonight's point (red edge when a gate
     failed). x: night (UTC; concise dates, the year or month once at the axis' end), y: the
     metric in its unit; the legend below the axes. The caller saves and closes it."""
     import matplotlib
@@ -45,7 +46,8 @@ def plot_trend(
             for r in results
         )
         col = colors[i % len(colors)]
-        _plot_variant(ax, prior, tonight, (variant, suite, metric), col, failed, settings)
+        used = gate_window(results, (variant, suite, metric))
+        _plot_variant(ax, prior, tonight, (variant, suite, metric), col, failed, settings, used)
     ax.set_title(f"{suite}.{metric}: nightly trend ({tonight.config_name})")
     ax.set_xlabel("night (UTC)")
     ax.set_ylabel(f"{metric} [{unit}]" if unit else metric)
@@ -75,6 +77,30 @@ def plot_trend(
     return fig
 
 
+def gate_window(results: Sequence[GateResult], key: Key) -> list[str] | None:
+    """The run ids of the nights the history gate of ``key`` (variant, suite, metric) compared
+    tonight with (its ``window_run_ids``: the clean nights, red or off nights left out); None
+    when no history gate tested ``key``."""
+    variant, suite, metric = key
+    for r in results:
+        if (r.kind, r.variant, r.suite, r.metric) == ("history", variant, suite, metric):
+            return list(r.window_run_ids)
+    return None
+
+
+def band_nights(
+    prior: Sequence[Night], key: Key, used: list[str] | None, window_nights: int
+) -> list[Night]:
+    """The nights whose runs make ``key``'s band: those the gate used (``used``, from
+    :func:`gate_window`), else (no history gate) the last ``window_nights`` nights with a
+    value."""
+    hist = [n for n in prior if n.median(key) is not None]
+    if used is None:
+        return hist[-window_nights:]
+    ids = set(used)
+    return [n for n in hist if n.run_id in ids]
+
+
 def _plot_variant(
     ax,
     prior: Sequence[Night],
@@ -83,8 +109,10 @@ def _plot_variant(
     col: str,
     failed: bool,
     settings: NightlySettings,
+    used: list[str] | None = None,
 ) -> None:
-    """One variant on ``ax``: its nightly medians, the range of the window's runs, tonight."""
+    """One variant on ``ax``: its nightly medians, the range of the band's runs
+    (:func:`band_nights`), tonight."""
     variant = key[0]
     hist = [n for n in prior if n.median(key) is not None]
     if hist:
@@ -98,7 +126,7 @@ def _plot_variant(
             alpha=0.8,
             label=f"{variant}: nightly median",
         )
-    window = hist[-settings.window_nights :]
+    window = band_nights(prior, key, used, settings.window_nights)
     vals = [v for n in window for v in n.values.get(key, []) if v is not None]
     if window and vals:
         x0, x1 = _dt(window[0].night_utc), _dt(tonight.night_utc)
@@ -108,7 +136,8 @@ def _plot_variant(
             [max(vals)] * 2,
             color=col,
             alpha=0.15,
-            label=f"{variant}: runs of last {len(window)} nights",
+            label=f"{variant}: runs of the {len(window)} nights "
+            + ("the gate used" if used is not None else "before"),
         )
     value = tonight.median(key)
     if value is not None:
@@ -157,4 +186,4 @@ def write_plots(
     return done, problems
 
 
-__all__ = ["plot_trend", "write_plots"]
+__all__ = ["band_nights", "gate_window", "plot_trend", "write_plots"]

@@ -387,3 +387,23 @@ def test_a_run_id_that_is_no_folder_name_is_refused_at_record_and_left_out_of_th
         * 1
     )
     assert len(s.nights_copied) == 13
+
+
+def test_night_links_evidence_no_runner_paths_and_a_lean_bundle(demo):
+    """Each night links its A/B report and figures; no page holds the runner's absolute
+    paths (the demo's tmp folder); the plotly bundle is the partial one."""
+    from patchbench.nightly.dashboard import plotly_bundle
+
+    hist, site, _s = demo
+    page = (site / "configs/nightly-cpu.html").read_text()
+    assert f'href="../nights/{RED_RUN}/report.html">A/B report</a>' in page
+    assert 'class="toc"' in page
+    assert "higher is better" in page and "change vs reference [%]" in page
+    index = (site / "index.html").read_text()
+    row = re.search(r'<tr data-config="nightly-cpu">.*?</tr>', index, re.S).group(0)
+    assert f'href="nights/{RED_RUN}/report.html">A/B report</a>' in row
+    tmp = str(hist.parent.resolve())
+    leaks = [p for p in site.rglob("*") if p.is_file() and tmp.encode() in p.read_bytes()]
+    assert leaks == []
+    assert plotly_bundle()[1] == "basic"
+    assert (site / "assets/plotly.min.js").stat().st_size < 1_500_000

@@ -21,7 +21,7 @@ from patchbench.config import load_config
 from patchbench.config.nightly import DEFAULT_HISTORY, Gate, NightlySettings
 from patchbench.errors import EXIT_UNDERPOWERED, ConfigError, EnvironmentNotReady, RunFailed
 from patchbench.nightly.commands import cli
-from patchbench.nightly.history import History
+from patchbench.nightly.history import History, Night
 from patchbench.nightly.job import HISTORY_ENV, history_path, nightly_on_run
 from patchbench.nightly.trend import plot_trend
 from tests.helpers import write_nightly_config
@@ -272,13 +272,34 @@ def test_trend_plot_has_title_units_legend_and_run_id():
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert labels == [
         "baseline: nightly median",
-        "baseline: runs of last 3 nights",
+        "baseline: runs of the 3 nights the gate used",
         "baseline: tonight (REGRESSION)",
     ]
     assert any(x.get_text() == "run tonight" for x in fig.texts)
     import matplotlib.pyplot as plt
 
     plt.close(fig)
+
+
+def test_trend_band_is_made_of_the_nights_the_gate_used():
+    """A red night the gate left out of its window is not in the trend plot's band."""
+    from patchbench.nightly.gates import GateResult
+    from patchbench.nightly.trend import band_nights, gate_window
+
+    key = ("baseline", "serving", TPUT)
+
+    def n(day: int, v: float) -> Night:
+        return Night(f"r{day}", f"2026-01-0{day}T03:00:00Z", "c", "baseline", values={key: [v]})
+
+    prior = [n(1, 100.0), n(2, 60.0), n(3, 101.0), n(4, 99.0)]
+    hist = GateResult("g", "history", "baseline", "serving", TPUT, "pass", "",
+                      window_run_ids=["r1", "r3", "r4"])  # fmt: skip
+    used = gate_window([hist], key)
+    assert used == ["r1", "r3", "r4"]
+    assert [x.run_id for x in band_nights(prior, key, used, 3)] == ["r1", "r3", "r4"]
+    # no history gate on the key: the last K nights, as before
+    assert gate_window([hist], ("patched", "serving", TPUT)) is None
+    assert [x.run_id for x in band_nights(prior, key, None, 3)] == ["r2", "r3", "r4"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,6 +315,26 @@ def _cli_config(tmp_path: Path) -> Path:
             "gates": [{"metric": f"serving.{TPUT}", "threshold_pct": 5}],
         },
     )
+
+
+def test_cli_puts_a_single_configs_run_into_results_dir(tmp_path, monkeypatch):
+    """``nightly CONFIG --results DIR`` (once refused: "only for a matrix file") runs the
+    config's bench into DIR; --on stays a matrix's."""
+    import patchbench.run.bench
+
+    monkeypatch.delenv(HISTORY_ENV, raising=False)
+    cfg = _cli_config(tmp_path)
+    night = make_night(tmp_path, 1, *clean(1))
+    roots = []
+
+    def fake_bench(c, *, results_root=None, **kw):
+        roots.append(Path(results_root))
+        return night
+
+    monkeypatch.setattr(patchbench.run.bench, "run_bench", fake_bench)
+    assert cli([str(cfg), "--results", str(tmp_path / "nightly-runs")]) == 0
+    assert roots == [tmp_path / "nightly-runs"]
+    assert cli([str(cfg), "--on", "local"]) == 2
 
 
 def test_cli_runs_the_config_records_and_gates(tmp_path, monkeypatch):
