@@ -28,6 +28,7 @@ import psutil
 
 from patchbench.config.args import launch_size_problem
 from patchbench.errors import RunFailed
+from patchbench.run.logcap import read_lines
 from patchbench.run.ports import (
     describe_port_holder,
     group_members,
@@ -94,14 +95,15 @@ HEARTBEAT_LINE = re.compile(
 
 
 def tail(path: str | os.PathLike, n_lines: int = 40) -> str:
-    """Last ``n_lines`` lines of a text file ('' when missing), repeated lines shown once with
-    "(repeated N times)", the heartbeat's access-log lines only counted."""
+    """Last ``n_lines`` lines of a text file ('' when missing) from its last 64 KiB, repeated
+    lines shown once with "(repeated N times)", the heartbeat's access-log lines only counted,
+    NUL bytes (a capped log's hole) left out."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
             f.seek(max(0, size - 64 * 1024))
-            data = f.read().decode("utf-8", "replace")
+            data = f.read().replace(b"\0", b"").decode("utf-8", "replace")
     except FileNotFoundError:
         return ""
     runs: list[list] = []  # [line, times, its position]
@@ -556,9 +558,16 @@ def _name(p: psutil.Process) -> str:
 
 
 def scan_log(path: str | os.PathLike, marker: str) -> list[str]:
-    """Lines of ``path`` that contain ``marker`` (e.g. a stand-in that was called)."""
+    """Lines of ``path`` that contain ``marker`` (e.g. a stand-in that was called), a capped
+    log's hole skipped; a line ends at ``\\n``, ``\\r\\n`` or ``\\r``, as text mode reads it."""
+    want = marker.encode()
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return [line.rstrip("\n") for line in f if marker in line]
+        with open(path, "rb") as f:
+            hits = [raw for _, raw, _ in read_lines(f.fileno()) if want in raw]
     except FileNotFoundError:
         return []
+    out = []
+    for raw in hits:
+        text = raw.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+        out += [piece for piece in text.split("\n") if marker in piece]
+    return out
