@@ -1,5 +1,6 @@
 """server.log's disk use held at server.log_max_mb (patchbench/run/logcap.py): the middle punched
-out as a hole, head and tail kept, a note line where the middle was; every reader skips the hole."""
+out as a hole, head and tail kept, a note line where the middle was; every reader skips the hole.
+Fake server port 31911."""
 
 from __future__ import annotations
 
@@ -11,12 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from patchbench.run import logcap
+import tests.fake_server.fake_suites  # noqa: F401 (registers the fake suites)
+from patchbench.config import load_config
+from patchbench.records import read_json
+from patchbench.run import bench, logcap
 from patchbench.run.logcap import BLOCK, LogCap, PunchUnsupported, allocated_bytes, read_lines
 from patchbench.run.logscan import scan_server_log
 from patchbench.run.server import scan_log, tail
+from tests.run.test_bench_runner import write_config
 
 MIB = 1 << 20
+PORT = 31911
 RETRACT = b"KV cache pool is full. Retract requests. #retracted_reqs: 2"
 KV_OOM = b"Decode out of memory. Try to lower your batch size"
 CUDA_OOM = b"CUDA out of memory"
@@ -174,3 +180,59 @@ def test_read_lines_yields_offsets_and_lines_without_nul_bytes(tmp_path):
         got = list(read_lines(f.fileno(), chunk_bytes=4))
         assert list(read_lines(f.fileno(), start=3)) == got[1:]
     assert got == [(0, b"ab", 3), (3, b"cde", 9), (9, b"fg", 14)]
+
+
+def test_log_max_mb_is_a_whole_number_of_mib_at_least_0(tmp_path):
+    body = """\
+        name: cap
+        sglang: "@SGLANG@"
+        model: {path: "@MODEL@"}
+        server: {port: 31911, log_max_mb: @CAP@}
+        variants: {baseline: []}
+        suites: {fake: {n: 1}}
+    """
+    assert load_config(write_config(tmp_path, body.replace("@CAP@", "0"))).server.log_max_mb == 0
+    default = body.replace(", log_max_mb: @CAP@", "")
+    assert load_config(write_config(tmp_path, default)).server.log_max_mb == 64
+    for bad in ("-1", "1.5", "true"):
+        with pytest.raises(Exception, match="log_max_mb"):
+            load_config(write_config(tmp_path, body.replace("@CAP@", bad)))
+
+
+def test_a_server_flooding_its_output_keeps_its_log_under_the_cap(fake_env, tmp_path):
+    cfg = load_config(
+        write_config(
+            tmp_path,
+            f"""\
+            name: flood
+            sglang: "@SGLANG@"
+            model: {{path: "@MODEL@"}}
+            server: {{port: {PORT}, ready_timeout_s: 30, stop_grace_s: 3, log_max_mb: 1}}
+            variants:
+              baseline: []
+            schedule: {{repeats: 1}}
+            suites:
+              fake: {{n: 2}}
+            """,
+        )
+    )
+    fake_env["baseline/rep0"] = {"FAKE_FLOOD_STDOUT_MB": "40"}
+    run_dir = bench.run_bench(cfg, launch_spec=fake_env, results_root=tmp_path / "results")
+    cdir = run_dir / "baseline" / "rep0"
+    rec = read_json(cdir / "cell.json")
+    log = cdir / "server.log"
+    size, on_disk = log.stat().st_size, allocated_bytes(log)
+    print(f"\nflood of 40 MiB, cap 1 MiB: size {size} bytes, on disk {on_disk} bytes")
+    notes = [n for n in rec["notes"] if "server.log_max_mb" in n]
+    if notes and "not capped" in notes[0]:
+        pytest.skip(notes[0])
+    assert rec["status"] == "ok", rec
+    assert size > 40 * MIB
+    assert on_disk <= MIB + 2 * BLOCK
+    assert len(notes) == 1 and notes[0].startswith("server.log capped at server.log_max_mb = 1")
+    note = scan_log(log, "[patchbench: bytes 262144-")
+    assert len(note) == 1 and note[0].endswith(
+        "of server.log dropped (server.log_max_mb = 1); what follows is the log's end]"
+    )
+    assert len(scan_log(log, "fake: flood head")) == 1
+    assert len(scan_log(log, "fake: flood tail")) == 1
