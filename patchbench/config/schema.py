@@ -120,7 +120,9 @@ class ServerSpec(Strict):
 
     ``cpu_stand_ins``: import-time stand-ins from patchbench/shims/cpu for a machine without an
     NVIDIA GPU; ``stall_timeout_s``: how long the server may leave the heartbeat, a suite's
-    replies or a flush unanswered before the cell fails (patchbench/run/liveness.py).
+    replies or a flush unanswered before the cell fails (patchbench/run/liveness.py);
+    ``log_max_mb``: the most disk a cell's server.log may take, in MiB (0: no cap), at least 1
+    so that the kept tail (three quarters) holds the 64 KiB a failure's log tail shows.
     """
 
     host: str = "127.0.0.1"
@@ -137,6 +139,10 @@ class ServerSpec(Strict):
     flush_retries: int = Field(5, ge=1)
     flush_pause_s: float = Field(1.0, ge=0)
     stall_timeout_s: float = Field(60.0, gt=0)
+    #: the most disk each cell's server.log may take, in MiB (2**20 bytes): past it the log's
+    #: middle is dropped, its first quarter and its last three quarters kept with a note line
+    #: between (patchbench/run/logcap.py); 0: no cap
+    log_max_mb: int = Field(64, ge=0)
     #: removed key: refused with what replaces it
     mrope_probe: Any = Field(None, exclude=True)
 

@@ -119,6 +119,7 @@ def launch_spec(cfg: Config, venv: VariantEnv, cdir: Path, port: int) -> LaunchS
         flush_retries=s.flush_retries,
         flush_pause_s=s.flush_pause_s,
         stall_timeout_s=s.stall_timeout_s,
+        log_max_mb=s.log_max_mb,
     )
 
 
@@ -411,6 +412,9 @@ class CellRun:
         except ServerError as e:
             self.fail(str(e))
         self.record.timings_s["server_stop"] = round(time.monotonic() - t, 3)
+        cap = self.server.log_cap
+        if cap is not None and cap.note:
+            self.record.notes.append(cap.note)
         self.record.server.events = self.server.events
         self.record.server.stop_breakdown_s = models.StopBreakdown(**self.server.stop_breakdown_s)
         if self.sampler is not None:

@@ -1,7 +1,8 @@
 """Request retractions and out-of-memory events in a cell's ``server.log`` (or one suite's part
 of it), as the pinned releases log them: a KV-cache allocation failure is logged and raised, so
 its traceback's echo is not counted again; a bare "out of memory" is not counted (0.5.23's
-deep_gemm warns "... to avoid out of memory").
+deep_gemm warns "... to avoid out of memory"). A log capped by :class:`patchbench.run.logcap.LogCap`
+is read without its hole.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from patchbench.run.logcap import read_lines
 
 #: a retraction event; group 1: the number of requests it retracted
 RETRACT_RE = re.compile(
@@ -46,18 +49,20 @@ def scan_server_log(
     first: list[str] = []
     echo_pending: dict[str, int] = {}  # phase -> logged events whose traceback is still due
     with open(Path(path), "rb") as f:
-        size = os.fstat(f.fileno()).st_size
+        fd = f.fileno()
+        size = os.fstat(fd).st_size
         start = min(start_offset, size)
         pos = start
-        f.seek(start)
-        if start > 0:
-            f.seek(start - 1)
-            if f.read(1) != b"\n":
-                pos += len(f.readline())  # the rest of a line that began before the offset
-        for raw in f:
-            if end_offset is not None and pos >= end_offset:
+        # a line that began before the offset belongs to the part before (a NUL byte before
+        # it: the offset is in a hole of a capped log, and what follows it is a line's rest)
+        skip = start > 0 and os.pread(fd, 1, start - 1) != b"\n"
+        for at, raw, after in read_lines(fd, start, size):
+            if skip:
+                pos, skip = after, False
+                continue
+            if end_offset is not None and at >= end_offset:
                 break
-            pos += len(raw)
+            pos = after
             if not any(k in raw for k in _KEYWORDS):
                 continue  # most lines: a byte search instead of three regular expressions
             line = raw.decode("utf-8", "replace")

@@ -1,6 +1,8 @@
 """Lifecycle of one sglang server (docs/cases.md L1-L3; endpoints: docs/FACTS.md section 4).
 
 - Launch in its own process group, output to ``server.log``; refused when the port answers.
+  The log's disk use is held at ``log_max_mb`` MiB while the server runs
+  (:class:`patchbench.run.logcap.LogCap`: its head and tail kept, a note where the middle was).
 - Ready: ``/health`` 200 and a 1-token ``/generate``; then the port must be held by our group
   (else :class:`PortTaken` names the foreign holder).
 - Heartbeat: ``GET /server_info`` (``/get_server_info`` on older releases), one scheduler round
@@ -28,6 +30,7 @@ import psutil
 
 from patchbench.config.args import launch_size_problem
 from patchbench.errors import RunFailed
+from patchbench.run.logcap import LogCap, read_lines
 from patchbench.run.ports import (
     describe_port_holder,
     group_members,
@@ -94,14 +97,15 @@ HEARTBEAT_LINE = re.compile(
 
 
 def tail(path: str | os.PathLike, n_lines: int = 40) -> str:
-    """Last ``n_lines`` lines of a text file ('' when missing), repeated lines shown once with
-    "(repeated N times)", the heartbeat's access-log lines only counted."""
+    """Last ``n_lines`` lines of a text file ('' when missing) from its last 64 KiB, repeated
+    lines shown once with "(repeated N times)", the heartbeat's access-log lines only counted,
+    NUL bytes (a capped log's hole) left out."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
             f.seek(max(0, size - 64 * 1024))
-            data = f.read().decode("utf-8", "replace")
+            data = f.read().replace(b"\0", b"").decode("utf-8", "replace")
     except FileNotFoundError:
         return ""
     runs: list[list] = []  # [line, times, its position]
@@ -144,6 +148,8 @@ class LaunchSpec:
     stop_mode: Literal["fast", "graceful"] = "fast"
     fast_grace_s: float = 0.05
     gpu_release_timeout_s: float = 30.0
+    #: the most disk ``log_path`` may take, in MiB (0: no cap; patchbench.run.logcap)
+    log_max_mb: int = 64
 
     def command(self) -> list[str]:
         return launch_command(self.python, self.model_path, self.host, self.port, self.args)
@@ -171,6 +177,8 @@ class SglangServer:
     _info_path: str | None = None
     #: the sentence naming a foreign holder of the port: stop() leaves that port alone
     foreign_port: str | None = None
+    #: what holds server.log's disk use at ``spec.log_max_mb`` (from start() on)
+    log_cap: LogCap | None = None
 
     @property
     def base_url(self) -> str:
@@ -244,6 +252,8 @@ class SglangServer:
         finally:
             log.close()
         self._event("launched", pid=self.proc.pid, command=s.command())
+        if s.log_max_mb:
+            self.log_cap = LogCap(s.log_path, s.log_max_mb).start()
 
     def _remember_descendants(self) -> None:
         if not self.alive():
@@ -479,6 +489,8 @@ class SglangServer:
         except subprocess.TimeoutExpired:
             pass
         survivors = self._survivors(5.0)
+        if self.log_cap is not None:
+            self.log_cap.close()  # its last check, once the server wrote all it will
         t_exit = time.monotonic()
         deadline = t_exit + self.spec.port_close_timeout_s
         foreign = self.foreign_port is not None  # another process holds it: not ours to close
@@ -556,9 +568,16 @@ def _name(p: psutil.Process) -> str:
 
 
 def scan_log(path: str | os.PathLike, marker: str) -> list[str]:
-    """Lines of ``path`` that contain ``marker`` (e.g. a stand-in that was called)."""
+    """Lines of ``path`` that contain ``marker`` (e.g. a stand-in that was called), a capped
+    log's hole skipped; a line ends at ``\\n``, ``\\r\\n`` or ``\\r``, as text mode reads it."""
+    want = marker.encode()
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return [line.rstrip("\n") for line in f if marker in line]
+        with open(path, "rb") as f:
+            hits = [raw for _, raw, _ in read_lines(f.fileno()) if want in raw]
     except FileNotFoundError:
         return []
+    out = []
+    for raw in hits:
+        text = raw.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+        out += [piece for piece in text.split("\n") if marker in piece]
+    return out

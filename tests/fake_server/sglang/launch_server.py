@@ -34,6 +34,9 @@ FAKE_NOT_HTTP        comma-separated paths answered with bytes that are not HTTP
                      no client can read), then the connection closed
 FAKE_HANG_PATHS      comma-separated paths accepted and never answered from the start (other
                      paths answer as usual)
+FAKE_FLOOD_STDOUT_MB  print this many MiB of numbered lines (100 bytes each) at start, before
+                     binding the port (a server flooding its log); its first line holds
+                     "fake: flood head" and its last "fake: flood tail"
 GET /server_info answers 200 (the scheduler heartbeat of patchbench.run.liveness)
 """
 
@@ -95,6 +98,15 @@ def _export(output_dir):
 
 
 print(f"fake sglang server on {args.host}:{args.port}", flush=True)
+
+FLOOD_MB = float(os.environ.get("FAKE_FLOOD_STDOUT_MB", "0"))
+if FLOOD_MB:
+    n = int(FLOOD_MB * 2**20) // 100
+    out = sys.stdout.buffer
+    for i in range(n):
+        what = "flood head" if i == 0 else "flood tail" if i == n - 1 else "flood"
+        out.write(f"fake: {what} {i:012d} ".ljust(99, ".").encode() + b"\n")
+    out.flush()
 
 if os.environ.get("FAKE_IGNORE_SIGTERM") == "1":
     signal.signal(signal.SIGTERM, lambda *a: print("fake: ignoring SIGTERM", flush=True))
