@@ -94,7 +94,7 @@ CONFIG = """\
     name: contract-test
     sglang: "@SGLANG@"
     model: {path: "@MODEL@"}
-    server: {port: 31994, ready_timeout_s: 30, stop_grace_s: 3, flush_retries: 2, flush_pause_s: 0.1}
+    server: {port: 31995, ready_timeout_s: 30, stop_grace_s: 3, flush_retries: 2, flush_pause_s: 0.1}
     variants:
       baseline: []
       control: [null-comment]
