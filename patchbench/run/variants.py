@@ -71,13 +71,15 @@ def stand_in_dirs(cfg: Config) -> list[Path]:
 
 def stock_client_env(cfg: Config) -> dict[str, str]:
     """Environment of the STOCK sglang as a client (bench_serving): stand-ins, no overlay, the
-    vocabulary in id order (seeded random prompts the same in every cell)."""
+    vocabulary in id order (seeded random prompts the same in every cell), an error the server
+    streams failing its request with the text."""
     env = base_env(cfg)
     env["PYTHONPATH"] = pythonpath(
         SITE_DIR, *stand_in_dirs(cfg), inherit=os.environ.get("PYTHONPATH")
     )
     # see shims/site/sitecustomize.py
     env["PATCHBENCH_STABLE_VOCAB_ORDER"] = "1"
+    env["PATCHBENCH_STREAM_ERRORS"] = "1"
     return env
 
 

@@ -6,6 +6,9 @@ until a switch needs torch; runs once per process; nothing happens without its s
   ``torch.ops.sgl_kernel.*_cpu`` ops sglang takes at import time (0.5.23), each raising with the
   PATCHBENCH-STAND-IN-CALLED marker when called;
 - PATCHBENCH_STABLE_VOCAB_ORDER=1: tokenizers return their vocabulary in id order;
+- PATCHBENCH_STREAM_ERRORS=1 (bench_serving, the client): an ``{"error": ...}`` chunk that a
+  server streams inside a 200 answer fails that request with the server's text (the tool skipped
+  such a chunk as one without text and counted the request a success);
 - PATCHBENCH_SERVER_HOOKS: ``os.pathsep``-separated hook files (the suites'
   ``Instrumentation.hooks``), each imported by path as a top-level module named after its stem;
   one that fails prints its traceback to stderr (the server log) and the rest still load.
@@ -144,12 +147,44 @@ def _chain() -> None:
             return
 
 
+def _stream_errors() -> None:
+    # bench_serving's sglang request functions (async_request_*) parse each streamed chunk with
+    # json.loads (0.5.1.post3) or orjson.loads (0.5.23) and skip a chunk without "text": a chunk
+    # that is the server's error is dropped. Called from such a function, a chunk that is an
+    # error raises instead; the tool's own except block then records the text as the request's
+    # error and fails it. Every other caller gets what it got before.
+    import json
+
+    def wrap(loads):
+        def checked(*args, **kwargs):
+            data = loads(*args, **kwargs)
+            if isinstance(data, dict) and data.get("error") and not data.get("text"):
+                caller = sys._getframe(1).f_code.co_name
+                if caller.startswith("async_request_"):
+                    raise ValueError(f"the server streamed an error: {data['error']}")
+            return data
+
+        return checked
+
+    json.loads = wrap(json.loads)
+    try:
+        import orjson
+    except ImportError:
+        return
+    try:
+        orjson.loads = wrap(orjson.loads)
+    except (AttributeError, TypeError):  # a read-only extension module: 0.5.23's chunks pass
+        pass
+
+
 if not getattr(sys, _RAN, False):
     setattr(sys, _RAN, True)
     if os.environ.get("PATCHBENCH_CPU_STAND_INS") == "1":
         _cpu_stand_ins()
     if os.environ.get("PATCHBENCH_STABLE_VOCAB_ORDER") == "1":
         _stable_vocab_order()
+    if os.environ.get("PATCHBENCH_STREAM_ERRORS") == "1":
+        _stream_errors()
     if os.environ.get("PATCHBENCH_SERVER_HOOKS"):
         _import_hooks(os.environ["PATCHBENCH_SERVER_HOOKS"])
     _chain()
