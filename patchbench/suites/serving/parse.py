@@ -162,7 +162,7 @@ def row_problem(row: dict[str, Any]) -> str | None:
     return None
 
 
-REQUEST_STATUSES = ("ok", "failed", "no_token")
+REQUEST_STATUSES = ("ok", "failed", "no_token", "asked_zero")
 _TEXT = (lambda v: v is None or isinstance(v, str), "a string or null")
 _NUMBER = (lambda v: not _bad_number(v, none_ok=True), "a number >= 0 or null")
 #: requests.json lists (docs/CONTRACTS.md): (what each element may be, its description)
@@ -315,6 +315,7 @@ def _metrics() -> dict[str, MetricInfo]:
         ("completed_count", ""),
         ("failed_count", ""),
         ("no_token_count", ""),
+        ("asked_zero_count", ""),
         ("tool_completed_count", "Successful requests:"),
         ("total_input_tokens_count", "Total input tokens:"),
         ("total_input_text_tokens_count", "Total input text tokens:"),

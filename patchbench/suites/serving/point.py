@@ -28,6 +28,7 @@ from .params import IMAGE_DATASETS, Params
 from .parse import METRICS, ResultError, read_result_line, request_records, summary_metrics
 from .validity import (
     asked_output_lens,
+    asked_zero,
     bunched_check,
     coalesced_itl,
     compare_with_summary,
@@ -261,13 +262,23 @@ def finish_point(
             f"{e}; bench_serving stderr tail:\n{_tail(out / 'stderr.txt', 25)}"
         ) from None
     metrics, recs = _measured(row, scan)
-    write_json(out / "requests.json", recs)
-    notes = prep.caveats + ([scan_warning] if scan_warning else [])
     so = out / "stdout.txt"
     stdout = so.read_text(encoding="utf-8", errors="replace") if so.is_file() else ""
-    errors, warnings, disagree = _checks(
-        params, row, metrics, recs, notes, asked=_asked(params, prep, stdout)
-    )
+    asked = _asked(params, prep, stdout)
+    notes = prep.caveats + ([scan_warning] if scan_warning else [])
+    zero = asked_zero(recs["status"], recs["output_len"], recs["error"], asked)
+    if zero:
+        for i in zero:
+            recs["status"][i] = "asked_zero"
+        metrics["failed_count"] -= len(zero)
+        metrics["asked_zero_count"] = float(len(zero))
+        notes.append(
+            f"{len(zero)} of {len(recs['status'])} requests asked for 0 output tokens (the "
+            f"release's draw at random_range_ratio {params.random_range_ratio:g}) and got none: "
+            "neither failed nor timed; random_range_ratio above 0 asks at least one token"
+        )
+    write_json(out / "requests.json", recs)
+    errors, warnings, disagree = _checks(params, row, metrics, recs, notes, asked=asked)
     meta: dict[str, Any] = {
         "backend": params.backend,
         "request_rate": "{}".format(row.get("request_rate", params.request_rate)),

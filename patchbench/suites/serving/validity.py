@@ -16,12 +16,30 @@ import numpy as np
 from .parse import DETAIL_KEYS, request_status
 
 
+def asked_zero(
+    statuses: list[str], output_lens: list[int], errors: list[str], asked: list[int] | None
+) -> list[int]:
+    """The requests that asked for no output token and got none, without an error: the release's
+    random draw at ``random_range_ratio`` 0 can ask 0 (``asked``: :func:`asked_output_lens`),
+    the tool counts them successes and a server from 0.5.6 on answers them with no token. Their
+    status (``"failed"`` by :func:`.parse.request_status`, which cannot know what was asked) is
+    theirs to correct to ``"asked_zero"``: not a failure, and no latency to time."""
+    if asked is None:
+        return []
+    return [
+        i
+        for i, (s, n, e) in enumerate(zip(statuses, output_lens, errors, strict=False))
+        if s == "failed" and i < len(asked) and asked[i] == 0 and not n and not (e or "").strip()
+    ]
+
+
 def request_checks(
     statuses: list[str], errors: list[str], *, num_prompts: int, tool_completed: int
 ) -> tuple[list[str], list[str]]:
     """Errors and warnings about requests sent short, failed, or that streamed no token.
 
-    statuses: per request "ok" | "failed" | "no_token" (:func:`.parse.request_status`);
+    statuses: per request "ok" | "failed" | "no_token" (:func:`.parse.request_status`) |
+    "asked_zero" (:func:`asked_zero`: neither a failure nor a measurement);
     num_prompts: requests asked for; tool_completed: the tool's "completed" count."""
     errs: list[str] = []
     warns: list[str] = []
