@@ -30,6 +30,7 @@ from patchbench.report.text import (
     exactness,
     fmt_change,
     fmt_ci,
+    host_warnings,
     identity_counts,
     local_paths,
     partial_lines,
@@ -125,6 +126,8 @@ def identity_line(cmp: Comparison) -> str:
         if counts
     ]
     if not shown:
+        if any(c.get("status") != "ok" for c in cmp.cells):
+            return "Output identity: not known (the cells that compare outputs did not end ok)."
         return "Output identity: not measured by this run's suites."
     missing = [f"`{v}` not measured" for v, counts in got.items() if not counts]
     return f"Outputs identical to `{cmp.baseline}`: " + ", ".join(shown + missing) + "."
@@ -159,7 +162,8 @@ def table_lines(cmp: Comparison) -> list[str]:
         return []
     arms = [v for v in cmp.variants if any(v in per for per in by_metric.values())]
     lines = [
-        f"Speed (geometric means of the paired repeats; change vs `{esc(cmp.baseline)}`):",
+        f"Speed, not decided here (geometric means of the paired repeats; change vs "
+        f"`{esc(cmp.baseline)}`):",
         "",
         "| metric | "
         + " | ".join([f"`{esc(cmp.baseline)}`"] + [f"`{esc(v)}`" for v in arms])
@@ -274,13 +278,15 @@ def _block(lead: str, clauses: list[str]) -> list[str]:
 
 
 def _warning_lines(cmp: Comparison) -> list[str]:
-    """Failed cells and a failed A/A check, one bold line each ([] when neither)."""
+    """Failed cells, a failed A/A check and the host's warnings (report.md's), one bold line
+    each ([] when none)."""
     out = []
     bad = [c for c in cmp.cells if c.get("status") != "ok"]
     if bad:
         out += [f"**{len(bad)} of {len(cmp.cells)} timed cells did not end ok.**", ""]
     if not cmp.health.ok:
         out += ["**A/A check failed**: " + esc(" ".join(cmp.health.notes)), ""]
+    out += [x for w in host_warnings(cmp) for x in (f"**{esc(w)}**", "")]
     return out
 
 

@@ -391,7 +391,8 @@ def to_decide(cmp: Comparison, rows: list[Row]) -> str | None:
         more = [f"about {mins:.0f} minutes here, from this run's cell times"] if mins else []
         if beyond:
             more.append(
-                f"{beyond} of {len(rows)} need{'s' if beyond == 1 else ''} more than {DECIDE_CAP}"
+                f"that decides {len(finite)} of the {len(rows)} undecided; the other {beyond} "
+                f"need more than {DECIDE_CAP} repeats"
             )
         # an ab run's config is built in memory (AB_NAME_PREFIX): its user reruns ab
         again = (

@@ -22,6 +22,7 @@ from patchbench.report.comment import (
     GITHUB_COMMENT_LIMIT,
     Links,
     hardware_text,
+    identity_line,
     marker,
     render_comment,
     resolve_links,
@@ -234,18 +235,21 @@ def test_caveats_name_the_gpu_the_builds_and_each_arms_sglang():
 def test_a_comment_too_long_leaves_rows_then_answers_out_with_a_note():
     cmp = read_comparison(GOLDEN)
     full = render_comment(cmp)
-    # 1,759 characters: the table's last rows go first (ITL's, 65 characters with its newline,
+    # 1,873 characters: the table's last rows go first (ITL's, 65 characters with its newline,
     # then TTFT's: the note takes a line), the answer stays whole
-    body = render_comment(cmp, limit=1700)
-    assert len(body) <= 1700 < len(full) and body.startswith(marker())
+    body = render_comment(cmp, limit=1850)
+    assert len(body) <= 1850 < len(full) and body.startswith(marker())
     n = len(re.findall(r"^\| Median", body, re.M))
-    assert n == 1 and "| … 2 more row(s) left out |" in body
+    assert n == 2 and "| … 1 more row(s) left out |" in body
+    body = render_comment(cmp, limit=1800)
+    assert len(re.findall(r"^\| Median", body, re.M)) == 1 and "| … 2 more row(s)" in body
     assert "**mrope-sync-free vs baseline:**" in body
-    body = render_comment(cmp, limit=1009)  # 1000 before the caveats named 2 cores (+9)
-    assert len(body) <= 1009 and "… 1 more part(s) of the answer left out" in body
+    # no table at all still too long: the answer's last block goes, with a note
+    body = render_comment(cmp, limit=1100)
+    assert len(body) <= 1100 and "… 1 more part(s) of the answer left out" in body
     assert "… the speed table (4 rows) left out" in body and "| metric |" not in body
     # with a report to see: the note points to it
-    body = render_comment(cmp, Links(report_url="https://r"), limit=1009)
+    body = render_comment(cmp, Links(report_url="https://r"), limit=1100)
     assert "left out: see the full report" in body
     # GitHub's limit itself: a run with many primaries still fits
     many = cmp.model_copy(update={"rows": cmp.rows_for(primary=True) * 400})
@@ -361,3 +365,19 @@ def test_action_comment_step_posts_and_the_example_runs_only_on_demand(gh, tmp_p
     assert r.returncode == 0 and r.stdout.startswith("updated the comment on o/r#7"), r.stderr
     fig = "https://ci.example/runs/20261201T212402Z-demo-cpu/plots/pr_figure.png"
     assert len(gh.comments) == 1 and f"![PR figure]({fig})" in gh.comments[0]["body"]
+
+
+def test_the_comment_carries_the_host_warning_and_says_why_identity_is_unknown():
+    """A reviewer reads the comment, not report.md: the host warning that opens the report's
+    answer is in it too; with cells that did not end ok, output identity is "not known", not
+    "not measured" (fresh-user trial)."""
+    cmp = read_comparison(GOLDEN)
+    host = cmp.run.host.model_copy(update={"warnings": ["the host was oversubscribed"]})
+    busy = cmp.model_copy(update={"run": cmp.run.model_copy(update={"host": host})})
+    assert "**Warning (host): the host was oversubscribed.**" in render_comment(busy).splitlines()
+    failed = cmp.model_copy(
+        update={"cells": [{**c, "status": "failed"} for c in cmp.cells], "pairs": {}}
+    )
+    assert identity_line(failed) == (
+        "Output identity: not known (the cells that compare outputs did not end ok)."
+    )
