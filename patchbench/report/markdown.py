@@ -131,7 +131,8 @@ def _sglang_row(cmp: Comparison) -> str:
     if all(b.version == b.release for b in built.values()):  # releases, each in its own
         return f"| sglang | {arms} |"
     envs = list(dict.fromkeys(b.release or "?" for b in built.values()))
-    return f"| sglang | as built: {arms} (environment: {', '.join(f'`{e}`' for e in envs)}) |"
+    envs_txt = ", ".join(f"`{e}`" for e in envs)
+    return f"| sglang | as built: {arms} (over an environment whose own sglang is {envs_txt}) |"
 
 
 def _uncommitted_rows(cmp: Comparison) -> list[str]:

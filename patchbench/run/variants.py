@@ -118,7 +118,11 @@ def prepare_variants(cfg: Config, *, log) -> dict[str, VariantEnv]:
                 else ""
             )
             + (f"; build {build.describe()}" if build is not None and cfg.has_own_builds() else "")
-            + (f" ({len(o.files)} file(s) differ)" if build is not None and build.tree else "")
+            + (
+                f" (the checkout's sglang replaces {len(o.files)} file(s) of the environment's)"
+                if build is not None and build.tree
+                else ""
+            )
             + f"; forward_batch_info {(sha or '?')[:12]} in {o.sglang_dir}"
         )
         out[name] = v = VariantEnv(

@@ -374,7 +374,8 @@ def test_git_builds_are_named_by_commit_and_subject_with_their_range_and_version
     ) in text
     assert "`test/t.py` and 2 more (1 outside python/sglang/, not run); no patches" in text
     assert (
-        "| sglang | as built: `A` `0.5.7.dev0`, `B` `0.5.7.dev1` (environment: `0.5.1.post3`) |"
+        "| sglang | as built: `A` `0.5.7.dev0`, `B` `0.5.7.dev1` (over an environment whose own "
+        "sglang is `0.5.1.post3`) |"
     ) in text
     cmp = read_comparison(run)
     assert cmp.run.variants["B"].built.subject == "sampling: a | larger epsilon"
