@@ -180,6 +180,11 @@ def environments(venvs: Sequence[Path] | None = None, *, current: bool = True) -
     return out
 
 
+#: extras that hold the server's own dependencies in older releases (sglang[srt]); other extras
+#: ([test], [diffusion], [blackwell], ...) are never installed for a server
+SERVER_EXTRAS = ("srt", "runtime-common")
+
+
 def requirement_keys(reqs: Sequence[str]) -> set[tuple[str, str, str]]:
     """{(canonical name, specifier, extra or "")} of requirement strings (a pyproject's or
     ``Requires-Dist``), names and extras normalized, other markers ignored."""
@@ -231,14 +236,20 @@ def missing_environment(
     best = min(envs, key=lambda e: len(requirement_keys(e.requires) ^ want))
     have_keys = requirement_keys(best.requires)
 
-    def shown(verb: str, keys: set) -> str:
-        names = sorted(f"{k[0]}{k[1]}" + (f" [{k[2]}]" if k[2] else "") for k in keys)
-        return f"{verb} {', '.join(names[:8])}" + (" ..." if len(names) > 8 else "")
+    def shown(keys: set) -> str:
+        names = sorted(
+            f"{k[0]}{k[1]}" + (f" [{k[2]}]" if k[2] else "")
+            for k in keys
+            if k[2] in ("", *SERVER_EXTRAS)  # extras a server never installs are not named
+        )
+        return ", ".join(names[:8]) + (" ..." if len(names) > 8 else "")
 
-    diff = "; ".join(
-        shown(verb, keys)
-        for verb, keys in (("needs", want - have_keys), ("lacks", have_keys - want))
-        if keys
+    words = (
+        ("the build declares {} and the environment does not", want - have_keys),
+        ("the environment has {}, which the build does not declare", have_keys - want),
+    )
+    diff = "; ".join(w.format(shown(keys)) for w, keys in words if shown(keys)) or (
+        "they differ only in extras a server does not install"
     )
     return EnvironmentNotReady(
         f"{what}: its dependencies match no environment of this machine (closest: "

@@ -40,6 +40,7 @@ from packaging.utils import canonicalize_name
 from patchbench.envs import envinfo
 from patchbench.envs.envinfo import (
     LAYERS_DIR,
+    SERVER_EXTRAS,
     STAMP,
     is_layer,
     layer_environment,
@@ -57,8 +58,6 @@ CPU_LEFT_OUT = re.compile(
     r"kernels|tilelang|apache-tvm-ffi|torch-memory-saver|torchaudio|torchcodec|xformers|av|"
     r"deepseek-recipe|tml-renderers"
 )
-#: extras that hold the server's own dependencies in older releases (sglang[srt])
-SERVER_EXTRAS = ("srt", "runtime-common")
 
 
 def server_requirements(requires: Sequence[str], *, cpu: bool) -> list[str]:
