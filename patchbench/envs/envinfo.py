@@ -236,17 +236,19 @@ def missing_environment(
     best = min(envs, key=lambda e: len(requirement_keys(e.requires) ^ want))
     have_keys = requirement_keys(best.requires)
 
-    def shown(keys: set) -> str:
-        names = sorted(
-            f"{k[0]}{k[1]}" + (f" [{k[2]}]" if k[2] else "")
-            for k in keys
-            if k[2] in ("", *SERVER_EXTRAS)  # extras a server never installs are not named
-        )
-        return ", ".join(names[:8]) + (" ..." if len(names) > 8 else "")
+    def server(keys: set) -> set[str]:
+        # what a server installs: no extra or a server extra (one name whichever it is under)
+        return {f"{k[0]}{k[1]}" for k in keys if k[2] in ("", *SERVER_EXTRAS)}
+
+    def shown(names: set[str]) -> str:
+        return ", ".join(sorted(names)[:8]) + (" ..." if len(names) > 8 else "")
 
     words = (
-        ("the build declares {} and the environment does not", want - have_keys),
-        ("the environment has {}, which the build does not declare", have_keys - want),
+        ("the build declares {} and the environment does not", server(want) - server(have_keys)),
+        (
+            "the environment has {}, which the build does not declare",
+            server(have_keys) - server(want),
+        ),
     )
     diff = "; ".join(w.format(shown(keys)) for w, keys in words if shown(keys)) or (
         "they differ only in extras a server does not install"
