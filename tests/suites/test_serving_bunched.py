@@ -21,7 +21,7 @@ def test_the_stalled_night_is_flagged():
     (err,) = bunched_check([2600.0] * 200, [STALL_E2E_MS] * 200, [1024] * 200, ["ok"] * 200)
     assert err.startswith("bunched: 200 of 200 requests got all tokens in one read")
     assert "20,000 tokens/s" in err and "median TPOT 0.011 ms" in err
-    assert err.endswith("the measurement is invalid")
+    assert err.endswith("TPOT and ITL metrics withheld")
 
 
 def test_gpu_and_cpu_like_runs_are_not_flagged():
@@ -64,9 +64,11 @@ def test_a_recorded_cpu_run_with_a_lagging_front_end_is_not_flagged():
     assert bunched_check(recs["ttft_ms"], recs["e2e_ms"], recs["output_len"], recs["status"]) == []
 
 
-def test_the_suite_marks_a_stalled_run_incomplete(tmp_path, fake_pkg):  # noqa: F811
+def test_the_suite_withholds_tpot_and_itl_of_a_stalled_run(tmp_path, fake_pkg):  # noqa: F811
     """The recorded run with every request stalled (TTFT 2.6 s, then 15 tokens 0.011 ms apart):
-    status incomplete with the bunched error, so its values feed no verdict and no history."""
+    its TPOT and ITL metrics are withheld with the bunched reason (not judged, never stored as
+    measurements); TTFT and E2E, what the user waited, stay. The CPU demo's real server bunches
+    every stream at one request at a time too (0.5.1.post3, a CI run), so the cell is not failed."""
     row = json.loads((DATA / "v0513_random_ids.jsonl").read_text())
     row["ttfts"] = [2.6] * 20
     row["itls"] = [[0.011e-3] * 15 for _ in range(20)]
@@ -76,7 +78,11 @@ def test_the_suite_marks_a_stalled_run_incomplete(tmp_path, fake_pkg):  # noqa: 
         make_ctx(tmp_path, fake_pkg, f"copy:{rec}"),
         Params(dataset_name="random-ids", num_prompts=20, max_concurrency=4, output_len=16),
     )
-    assert res.status == "incomplete"
-    (err,) = [e for e in res.errors if e.startswith("bunched:")]
+    assert res.status == "ok"
+    assert not any(k.startswith(("itl_", "tpot_")) for k in res.metrics)
+    assert "ttft_median_ms" in res.metrics and "e2e_latency_median_ms" in res.metrics
+    withheld = res.meta["not_judged"]
+    assert {"itl_median_ms", "tpot_median_ms"} <= set(withheld)
+    (err,) = {withheld["itl_median_ms"]}
     assert err.startswith("bunched: 20 of 20 requests got all tokens in one read")
     assert "median TPOT 0.011 ms" in err

@@ -301,10 +301,16 @@ def finish_point(
         meta.update(img)  # images_*_count are diagnostics, kept in meta: on 0.5.1.post3 they come
         # from one probe request per variant with its own random prompt, so a comparison of them
         # between variants would report a change the patch did not make
-    if why := coalesced_itl(metrics):
+    bunched = bunched_check(recs["ttft_ms"], recs["e2e_ms"], recs["output_len"], recs["status"])
+    why = bunched[0] if bunched else coalesced_itl(metrics)
+    if why:
         warnings.append(why)
+        # bunched: TPOT and ITL time the client's reads; coalesced: ITL only
+        timed = ("itl_", "tpot_") if bunched else ("itl_",)
         gone = sorted(
-            n for n in metrics if n.startswith("itl_") and n in METRICS and METRICS[n].kind == "run"
+            n
+            for n in metrics
+            if n.startswith(timed) and (bunched or (n in METRICS and METRICS[n].kind == "run"))
         )
         meta["not_judged"] = {n: why for n in gone}
         metrics = {n: v for n, v in metrics.items() if n not in gone}
@@ -382,7 +388,6 @@ def _checks(
             "(no seed, or its '#Output tokens' line does not match): outputs were checked only "
             f"against the floor int({params.output_len} x {params.random_range_ratio:g})"
         )
-    errors += bunched_check(recs["ttft_ms"], recs["e2e_ms"], recs["output_len"], statuses)
     if metrics.get("total_output_tokens_count", 0) > 0 and metrics.get("ttft_mean_ms", 0) == 0:
         errors.append("invalid: output tokens > 0 but every TTFT is 0 (no streamed token timed)")
     ours = recompute_from_details(row, as_tool=True)

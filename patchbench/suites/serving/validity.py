@@ -272,9 +272,9 @@ def bunched_check(
     return [
         f"bunched: {len(bunched)} of {len(per_token)} requests got all tokens in one read "
         f"(after the first token, under {BUNCHED_TPOT_MS:g} ms a token, {1000 / BUNCHED_TPOT_MS:,.0f} tokens/s: no "
-        "server streams that fast; it stalled, then flushed each stream; median TPOT "
+        "server streams that fast: it stalled or lagged, then flushed each stream; median TPOT "
         f"{float(np.median(per_token)):.3g} ms): TPOT and ITL time the client's reads, not "
-        "decode steps, the measurement is invalid"
+        "decode steps; TPOT and ITL metrics withheld"
     ]
 
 
