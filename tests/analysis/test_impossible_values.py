@@ -1,7 +1,7 @@
 """`patchbench report` re-checks what a run folder holds: a value no measurement can give (not
 finite, a negative time, a rate above 1e9 per second or a positive one below 1e-6, an accuracy
 outside [0, 1]) is left out of every verdict with a note naming it and its file, never rendered
-as a change (issue 34 item 7b)."""
+as a change."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A metric whose cells a suite found invalid (issue 35): the report's row leaves those cells
+"""A metric whose cells a suite found invalid: the report's row leaves those cells
 out, says why, and never prints an interval the invalid values would have made (the stalled
 night: ITL 0.011 ms against 5 ms gave [-100 %, +2,072,803,908 %]). Synthetic run folders."""
 

@@ -287,7 +287,7 @@ def test_changepoint_calibration_meets_its_targets():
     """tools/changepoint_calibration.py on fewer seeded histories (docs/nightly.md has the full
     table): steps of 10 % and more found (on their night, within a third of their size) in at
     least 90 % at 1.5 % night-level noise, of 20 % and more at 3 %; at most 0.1 false change
-    points per quiet quarter with spikes; and the detector before issue 35 fails the spikes."""
+    points per quiet quarter with spikes; and the earlier detector (plain PELT) fails the spikes."""
     from tools.changepoint_calibration import calibrate
 
     for noise, big in ((0.015, 10), (0.03, 20)):

@@ -1,4 +1,4 @@
-"""Nothing invalid enters the history's readers (issue 35): a value a suite marked (its run
+"""Nothing invalid enters the history's readers: a value a suite marked (its run
 incomplete, e.g. streams a stall bunched; a metric withheld) is stored with its status and read
 as no value, so gates, references, the learned noise, the trend plot and the page's error bars
 are computed from the valid values only. Synthetic run folders; nothing starts a server."""

@@ -1,5 +1,5 @@
-"""A patch manifest is data from someone else: the diff it names stays inside its own folder
-(issue 34 item 7c). No sglang needed: the manifests are written here."""
+"""A patch manifest is data from someone else: the diff it names stays inside its own folder.
+No sglang needed: the manifests are written here."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Figures that cannot be misread (issue 33, item 6): each rule's decision as a pure function of
+"""Figures that cannot be misread: each rule's decision as a pure function of
 :mod:`patchbench.report.figtext` checked on hand-made inputs, then every figure rendered (Agg)
 from the golden demo comparison or a synthetic sweep, its texts read off the Figure and Axes
 objects (no pixel goldens)."""

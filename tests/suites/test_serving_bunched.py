@@ -1,6 +1,6 @@
-"""A stalled server that flushes every stream at once (issue 35): the serving suite marks the run
-invalid ("bunched"), so neither the report nor the nightly history ever sees its TPOT or ITL;
-real GPU-like and CPU-like runs, and the recorded CPU runs, are not flagged."""
+"""A stalled server that flushes every stream at once: the serving suite withholds the run's
+TPOT and ITL ("bunched"), so neither the report nor the nightly history ever sees them; real
+GPU-like and CPU-like runs, and the recorded CPU runs, are not flagged."""
 
 from __future__ import annotations
 

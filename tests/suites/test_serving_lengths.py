@@ -1,5 +1,5 @@
-"""Each request's output held to the length it asked for, at any ``random_range_ratio``
-(issue 34 item 7d): the release draws the lengths from a seeded numpy generator and prints their
+"""Each request's output held to the length it asked for, at any ``random_range_ratio``:
+the release draws the lengths from a seeded numpy generator and prints their
 sum; the suite replays the draw (checked against that sum) and flags a stream cut short even when
 it is above the range's floor."""
 
