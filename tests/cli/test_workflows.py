@@ -140,3 +140,34 @@ def test_the_pin_step_runs_only_the_commit_the_maintainer_saw(
     assert said in got
     if rc:
         assert not out.exists()
+
+
+def _actionlint() -> str:
+    import sysconfig
+
+    exe = Path(sysconfig.get_path("scripts")) / "actionlint"
+    if not exe.exists():
+        pytest.skip("no actionlint in this environment (requirements/harness.txt installs it)")
+    return str(exe)
+
+
+def test_actionlint_passes_the_workflows_and_catches_a_broken_one(tmp_path):
+    """The repository's workflows have zero findings; the same run over a workflow with an
+    unknown runner label and a misspelt context fails and names both, so the lint can fail."""
+    exe = _actionlint()
+    ok = subprocess.run(
+        [exe, *map(str, WORKFLOWS)], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    bad = tmp_path / ".github" / "workflows" / "bad.yml"
+    bad.parent.mkdir(parents=True)
+    bad.write_text(
+        "on: push\npermissions: {}\njobs:\n  a:\n    runs-on: [self-hosted, h100-unknown]\n"
+        "    steps:\n      - run: echo ${{ github.shaa }}\n"
+    )
+    (tmp_path / ".github" / "actionlint.yaml").write_text(
+        (REPO / ".github" / "actionlint.yaml").read_text()
+    )
+    out = subprocess.run([exe, str(bad)], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "h100-unknown" in out.stdout and "shaa" in out.stdout, out.stdout
