@@ -104,10 +104,11 @@ def make_dir(path: str | os.PathLike, *, exist_ok: bool = True) -> Path:
     return path
 
 
-def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+def write_bytes(path: str | os.PathLike, data: bytes, *, durable: bool = True) -> Path:
     """Write ``data`` to ``path`` atomically (parents created); returns the path. Either the new
     file is whole or the old one untouched, no temporary file left; :class:`ResultsWriteError`
-    when it cannot be written."""
+    when it cannot be written. ``durable`` False skips the fsync (files rebuilt from others,
+    e.g. the dashboard's pages: still whole or absent, but maybe lost on a power cut)."""
     path = Path(path)
     tmp: str | None = None
     try:
@@ -117,7 +118,8 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; results are for others to read
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as e:
         if tmp is not None:

@@ -19,12 +19,15 @@ GitHub Pages); a night whose run folder is gone is named as such, without a link
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import html
 import json
 import os
+import posixpath
 import re
 import stat
+import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -36,15 +39,14 @@ from patchbench.errors import EnvironmentNotReady, UsageError
 from patchbench.nightly import chartdata
 from patchbench.nightly.gates import metric_unit
 from patchbench.nightly.history import (
+    Night,
     NightInfo,
+    Point,
     config_names,
-    metrics_of,
     night_infos,
     open_history,
     read_change_points,
     read_noise,
-    series,
-    variants_of,
 )
 from patchbench.report.text import local_paths
 
@@ -178,16 +180,20 @@ class _Site:
     fingerprints: dict[str, str] = field(default_factory=dict)
     history: str = ""
     fingerprints_now: dict[str, str] = field(default_factory=dict)
+    checked: set[Path] = field(default_factory=set)  # folders known to lie inside ``out``
+    by_night: dict[str, list[str]] | None = None  # ``old`` by ``nights/<run>/`` (old_under)
 
     def write(self, rel: str, data: str | bytes) -> None:
         """Write ``DIR/rel`` atomically (never through a link out of DIR) and note it; a file an
         earlier build wrote with the same bytes is left as it is."""
         path = self.out / rel
-        root = self.out.resolve()
         parent = path.parent
-        parent.mkdir(parents=True, exist_ok=True)
-        if parent.resolve() != root and root not in parent.resolve().parents:
-            raise SiteFolderRefused(f"{parent}: leads out of the site folder {self.out}")
+        if parent not in self.checked:
+            root = self.out.resolve()
+            parent.mkdir(parents=True, exist_ok=True)
+            if parent.resolve() != root and root not in parent.resolve().parents:
+                raise SiteFolderRefused(f"{parent}: leads out of the site folder {self.out}")
+            self.checked.add(parent)
         raw = data.encode() if isinstance(data, str) else data
         if rel in self.old and not path.is_symlink() and path.is_file():
             try:
@@ -198,20 +204,31 @@ class _Site:
                 pass
         if path.is_symlink():
             path.unlink()
-        records.write_bytes(path, raw)
+        records.write_bytes(path, raw, durable=False)  # rebuilt from the history if lost
         self.summary.written.add(rel)
+
+    def old_under(self, prefix: str) -> list[str]:
+        """The files an earlier build wrote under ``prefix`` (``nights/<run>/``)."""
+        if self.by_night is None:
+            self.by_night = {}
+            for r in self.old:
+                parts = r.split("/", 2)
+                if len(parts) == 3 and parts[0] == "nights":
+                    self.by_night.setdefault(f"nights/{parts[1]}/", []).append(r)
+        return [r for r in self.by_night.get(prefix, []) if r in self.old]
 
     def keep(self, prefix: str) -> None:
         """Keep the files an earlier build wrote under ``prefix`` (a night whose folder is gone)."""
-        self.summary.written.update(r for r in self.old if r.startswith(prefix))
+        self.summary.written.update(self.old_under(prefix))
         if prefix in self.fingerprints:
             self.fingerprints_now[prefix] = self.fingerprints[prefix]
 
     def drop(self, prefix: str) -> None:
         """Remove the files an earlier build wrote under ``prefix`` (a night copied again)."""
-        for rel in sorted(r for r in self.old if r.startswith(prefix)):
+        for rel in sorted(self.old_under(prefix)):
             _remove(self.out, rel)
             self.old.discard(rel)
+            self.checked.discard((self.out / rel).parent)
 
     def pages_of(self, n: NightInfo) -> dict[str, str]:
         """The pages of night ``n`` this build keeps (file name -> path relative to DIR)."""
@@ -312,19 +329,22 @@ def _read_own(root: Path, rel: str, notes: list[str], what: str) -> bytes | None
 # ---------------------------------------------------------------------------------------- nights
 
 
-def _md_to_html(text: str, folder: Path) -> str:
-    """Markdown rendered (markdown-it, CommonMark + tables); a relative link to ``X.md`` points
-    at its rendered ``X.html``; a relative link or image whose target is not in ``folder``
-    becomes its plain text."""
+@functools.cache
+def _markdown():
     from markdown_it import MarkdownIt
 
     # raw HTML in the markdown stays text: a report quotes model outputs and error messages
-    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(records.printable(text))
-    root = folder.resolve()
+    return MarkdownIt("commonmark", {"html": False}).enable("table")
+
+
+def _md_to_html(text: str, present: set[str]) -> str:
+    """Markdown rendered (markdown-it, CommonMark + tables); a relative link to ``X.md`` points
+    at its rendered ``X.html``; a relative link or image whose target is not one of the files
+    ``present`` in the night's folder (paths relative to it) becomes its plain text."""
+    body = _markdown().render(records.printable(text))
 
     def inside(rel: str) -> bool:
-        p = (folder / rel).resolve()
-        return p.is_file() and root in p.parents
+        return posixpath.normpath(rel) in present
 
     def fix_link(m: re.Match) -> str:
         href, inner = html.unescape(m.group(1)), m.group(2)
@@ -391,7 +411,7 @@ def _copy_night(n: NightInfo, site: _Site) -> str | None:
     root = src.resolve()
     fp = _fingerprint(root)
     if site.fingerprints.get(prefix) == fp and all(
-        (out / r).is_file() for r in site.old if r.startswith(prefix)
+        (out / r).is_file() for r in site.old_under(prefix)
     ):
         site.keep(prefix)
         return _link(out, n)
@@ -416,16 +436,14 @@ def _copy_night(n: NightInfo, site: _Site) -> str | None:
     for rel, data in copied.items():
         if rel.endswith(".md"):
             data = local_paths(chartdata.site_text(data.decode(errors="replace"), roots)).encode()
+            copied[rel] = data
         site.write(prefix + rel, data)
-    dest = out / prefix
-    # the .html names exist before any page is rendered, so the reports link each other
     mds = [m for m in REPORTS if m in copied]
     pngs = [r for r in copied if r.startswith("plots/")]
-    for m in mds:
-        site.write(prefix + m.replace(".md", ".html"), b"")
+    present = {*copied, *(m.replace(".md", ".html") for m in mds)}
     nav = _night_nav(n, [m.replace(".md", ".html") for m in mds], bool(pngs))
     for m in mds:
-        body = _marks(_md_to_html(copied_text(site, prefix + m), dest))
+        body = _marks(_md_to_html(copied[m].decode(errors="replace"), present))
         raw = f' · raw: <a href="{m}">{m}</a></p>'
         page = _page(f"{n.run_id}: {m}", nav.replace("</p>", raw, 1) + body, depth=2)
         site.write(prefix + m.replace(".md", ".html"), page)
@@ -439,11 +457,6 @@ def _copy_night(n: NightInfo, site: _Site) -> str | None:
     if not mds:
         return None
     return f"{prefix}{mds[0].replace('.md', '.html')}"
-
-
-def copied_text(site: _Site, rel: str) -> str:
-    """The text of a file this build wrote into the site (its copy, paths made relative)."""
-    return (site.out / rel).read_text(errors="replace")
 
 
 def _night_nav(n: NightInfo, pages: list[str], figures: bool) -> str:
@@ -473,11 +486,62 @@ def _night_cell(n: NightInfo, links: dict[str, str | None], up: str, label: str 
 
 
 @dataclass
-class _ChartCtx:
-    """What every chart of a config page shares: the nights (history rows and infos), the
-    night axis, the links, the change points, the latest night's gates and learned noise."""
+class _Series:
+    """What a config page keeps of its recorded nights: per charted (variant, suite, metric)
+    one :class:`patchbench.nightly.history.Point` per night, the newest nights whole (their
+    units), the (suite, metric) pairs recorded, each metric's direction (the newest night's
+    that states one) and the newest night's baseline."""
 
-    nights: list
+    points: dict[tuple[str, str, str], list[Point]] = field(default_factory=dict)
+    recent: list[Night] = field(default_factory=list)
+    have: set[tuple[str, str]] = field(default_factory=set)
+    better: dict[tuple[str, str], str] = field(default_factory=dict)
+    baseline: str = ""
+
+    def variants(self, suite: str, metric: str) -> list[str]:
+        """Variants with points of (suite, metric), the baseline first."""
+        got = sorted({v for (v, s, m) in self.points if (s, m) == (suite, metric)})
+        return ([self.baseline] if self.baseline in got else []) + [
+            v for v in got if v != self.baseline
+        ]
+
+
+def _read_series(h, config: str, valid: set[str], gated: set[tuple[str, str]]) -> _Series:
+    """The :class:`_Series` of a config's nights whose run id is in ``valid``, read one night at
+    a time (memory grows with the charted points, not every repeat): the points of the
+    ``gated`` metrics, or of every metric when no gated one was recorded."""
+
+    def read(charted) -> _Series:
+        out = _Series()
+        for n in h.each_night(config):
+            if n.run_id not in valid:
+                continue
+            out.recent = [*out.recent[-4:], n]
+            out.baseline = n.baseline
+            out.better.update(n.better)
+            for key, vals in n.values.items():
+                out.have.add(key[1:])
+                got = [v for v in vals if v is not None]
+                if got and charted(key[1:]):
+                    out.points.setdefault(key, []).append(
+                        Point(
+                            n.run_id, n.night_utc, statistics.median(got), min(got), max(got),
+                            len(got),
+                        )
+                    )  # fmt: skip
+            n.values = {}  # only the newest nights' units and directions are read later
+        return out
+
+    got = read(lambda sm: sm in gated)
+    return got if got.have & gated else read(lambda sm: True)
+
+
+@dataclass
+class _ChartCtx:
+    """What every chart of a config page shares: the nights (their charted points and infos),
+    the night axis, the links, the change points, the latest night's gates and learned noise."""
+
+    nights: _Series
     infos: list[NightInfo]
     index: dict[str, int]
     links: dict[str, str | None]
@@ -499,14 +563,13 @@ def _chart(div_id: str, ctx: _ChartCtx, suite: str, metric: str) -> tuple[str, d
     learned noise band; red nights as rings around the failing variant's point, change points
     and release changes. Returns (HTML, {trace: points})."""
     nights, infos = ctx.nights, ctx.infos
-    unit = metric_unit(suite, metric, list(reversed(nights[-5:])))
-    better = next(
-        (n.better.get((suite, metric)) for n in reversed(nights) if n.better.get((suite, metric))),
-        None,
-    ) or next((g.get("better") for g in ctx.gates if g.get("metric") == metric), None)
-    variants = variants_of(nights, suite, metric)
+    unit = metric_unit(suite, metric, list(reversed(nights.recent)))
+    better = nights.better.get((suite, metric)) or next(
+        (g.get("better") for g in ctx.gates if g.get("metric") == metric), None
+    )
+    variants = nights.variants(suite, metric)
     base = variants[0] if variants else ""
-    base_pts = series(nights, base, suite, metric)
+    base_pts = nights.points.get((base, suite, metric), [])
     hist_gate = next(
         (
             g
@@ -524,7 +587,7 @@ def _chart(div_id: str, ctx: _ChartCtx, suite: str, metric: str) -> tuple[str, d
     )
     if ref is None and base_pts:
         ref = base_pts[-1].median
-    per_variant = {v: series(nights, v, suite, metric) for v in variants}
+    per_variant = {v: nights.points.get((v, suite, metric), []) for v in variants}
     pcts = [
         x
         for pts in per_variant.values()
@@ -886,15 +949,10 @@ def _config_page(h, config: str, infos: list[NightInfo], links, pages, site: _Si
     """Write the config's page (a table of contents, primaries first, then a chart per metric
     and its latest nights) and the pages of its older nights."""
     summary = site.summary
-    nights = [x for x in h.nights(config) if not run_id_problem(x.run_id)]
-    valid = {i.run_id for i in infos}
-    nights = [x for x in nights if x.run_id in valid]
     latest = infos[-1] if infos else None
-    gated = {(g.get("suite"), g.get("metric")) for i in infos for g in i.gates}
-    metrics = metrics_of(nights, infos)
-    have = {(s, m) for n in nights for (_v, s, m) in n.values}
-    if not (set(metrics) & gated):
-        metrics = sorted(have)
+    gated = {pair for i in infos for pair in i.gated}
+    nights = _read_series(h, config, {i.run_id for i in infos}, gated)
+    metrics = sorted(nights.have & gated) or sorted(nights.have)
     primary = {(s, m) for s, m in metrics if m.split("@", 1)[0] in _primaries(s)}
     ordered = chartdata.metric_order(metrics, gated, primary)
     ctx = _ChartCtx(
@@ -1104,7 +1162,7 @@ def build_site(history: str | Path, out: str | Path, *, now: datetime | None = N
         latest: dict[str, NightInfo] = {}
         pages: dict[str, dict[str, str]] = {}
         for config in config_names(h):
-            infos = _valid(night_infos(h, config), summary.notes)
+            infos = _valid(night_infos(h, config, slim=True), summary.notes)
             links = {}
             for n in infos:
                 links[n.run_id] = _copy_night(n, site)

@@ -612,6 +612,14 @@ class History:
         except sqlite3.Error as e:
             raise self._wrap(e, "read") from None
 
+    def each_night(self, config_name: str) -> Iterator[Night]:
+        """:meth:`nights` of one config one at a time, oldest first (a long history read
+        without holding every repeat of every night)."""
+        try:
+            yield from self._nights(config_name, None, None, None)
+        except sqlite3.Error as e:
+            raise self._wrap(e, "read") from None
+
     def _nights(
         self,
         config_name: str,
@@ -1103,6 +1111,7 @@ class NightInfo:
     builds: list[dict[str, Any]] = field(default_factory=list)
     story: dict[str, Any] | None = None
     schedule_hours: float | None = None
+    gated: frozenset[tuple[str, str]] = frozenset()  # (suite, metric) of its gates
 
     @property
     def release(self) -> str:
@@ -1129,14 +1138,19 @@ class NightInfo:
                       "failing": self.failing, "builds": self.builds}  # fmt: skip
 
 
-def night_infos(h: History, config_name: str | None = None) -> list[NightInfo]:
-    """Every recorded night (of one config), oldest first, with its nightly.json's outcome."""
+def night_infos(
+    h: History, config_name: str | None = None, *, slim: bool = False
+) -> list[NightInfo]:
+    """Every recorded night (of one config), oldest first, with its nightly.json's outcome.
+    ``slim``: every night but the newest keeps no gate dicts, only :attr:`NightInfo.gated` (a
+    page over thousands of nights)."""
     sql = "SELECT run_id, night_utc, config_name, status, sglang_version, run_dir FROM nights"
     args: tuple = ()
     if config_name is not None:
         sql += " WHERE config_name = ?"
         args = (config_name,)
-    out = []
+    out: list[NightInfo] = []
+    gated_sets: dict[frozenset, frozenset] = {}
     for row in _rows(h, sql + " ORDER BY night_utc, run_id", args):
         n = NightInfo(*row)
         js = read_nightly_json(n.run_dir)
@@ -1150,6 +1164,10 @@ def night_infos(h: History, config_name: str | None = None) -> list[NightInfo]:
             hours = (js.get("settings") or {}).get("schedule_hours")
             n.schedule_hours = float(hours) if isinstance(hours, (int, float)) else None
         n.builds = night_builds_of(h, n.run_id)
+        pairs = frozenset((g.get("suite"), g.get("metric")) for g in n.gates)
+        n.gated = gated_sets.setdefault(pairs, pairs)  # one object per distinct set
+        if slim and out:
+            out[-1].gates = []
         out.append(n)
     return out
 
@@ -1195,15 +1213,6 @@ def series(nights: list[Night], variant: str, suite: str, metric: str) -> list[P
                 )
             )
     return out
-
-
-def metrics_of(nights: list[Night], infos: list[NightInfo]) -> list[tuple[str, str]]:
-    """The (suite, metric) pairs a config's page shows: the gated ones (any night's
-    ``nightly.json`` gates), else every metric recorded."""
-    have = {(s, m) for n in nights for (_v, s, m) in n.values}
-    gated = {(g.get("suite"), g.get("metric")) for i in infos for g in i.gates}
-    shown = sorted(have & gated)
-    return shown or sorted(have)
 
 
 def variants_of(nights: list[Night], suite: str, metric: str) -> list[str]:

@@ -161,17 +161,15 @@ def test_site_from_nights_the_nightly_job_wrote(tmp_path):
 def test_reports_render_without_raw_html_or_links_out_of_the_copy(tmp_path):
     from patchbench.nightly.dashboard import _md_to_html
 
-    (tmp_path / "report.html").touch()
-    (tmp_path / "plots").mkdir()
-    (tmp_path / "plots/a.png").touch()
     got = _md_to_html(
         "<script>x()</script>\n\n[r](report.md) [up](../../../../etc/hostname) "
-        "![a](plots/a.png) ![b](plots/b.png)",
-        tmp_path,
+        "![a](plots/a.png) ![b](plots/b.png) ![c](plots/../plots/a.png)",
+        {"report.html", "plots/a.png"},
     )
     assert "<script>" not in got and '<a href="report.html">r</a>' in got
     assert " up " in got and "hostname" not in got
     assert '<img src="plots/a.png"' in got and '<span class="gone">[b]</span>' in got
+    assert '<img src="plots/../plots/a.png"' in got
 
 
 def test_dashboard_usage_errors(tmp_path, capsys):
