@@ -405,3 +405,20 @@ def test_history_gates_compare_nights_of_the_same_machine_only():
     st = tell([r], t, prior, {}, learn_min_nights=4)
     assert st.summary() == "learning on this machine (3 of 4 nights)" and st.machine == "C"
     assert st.to_json()["learning"] == {"nights": 3, "needed": 4, "machine": "C"}
+
+
+def test_the_calibrations_machines_and_heavy_tailed_noise():
+    """tools/calibration/nightly.py: a slower machine's serving metrics are worse by its share;
+    Student-t noise (3 df) is scaled to the SD asked, so its median |e| is cv / sqrt 3 times
+    t_3's 75 % quantile (scipy)."""
+    from tools.calibration.nightly import Scenario, sim_night
+
+    kbi = ("baseline", "serving", ITL)
+    n = sim_night(0, np.random.default_rng(1), [("serving", TPUT), ("serving", ITL)], 3, 0.0,
+                  0.0, Scenario(), machine="B", slow=0.08)  # fmt: skip
+    assert n.machine == "B" and n.values[KB] == pytest.approx([92.0] * 3)
+    assert n.values[kbi] == pytest.approx([100.0 / 0.92] * 3)
+    t3 = sim_night(0, np.random.default_rng(2), [("serving", TPUT)], 20000, 0.03, 0.0,
+                   Scenario(), dist="t3")  # fmt: skip
+    e = np.log(np.asarray(t3.values[KB]) / 100.0)
+    assert np.median(np.abs(e)) == pytest.approx(0.03 / 3**0.5 * stats.t(3).ppf(0.75), rel=0.03)
