@@ -22,6 +22,8 @@ fixed 5 repeats judged by the same rule at one look.
     .venv/bin/python tools/calibrate_nightly.py [--part 1|2|3|all] [--trials 400] [--startup-s 60]
     .venv/bin/python tools/calibrate_nightly.py --quiet-only [--histories 250]
     .venv/bin/python tools/calibrate_nightly.py --confirm-table [--changes 5 10] [--noise 2 4]
+    .venv/bin/python tools/calibrate_nightly.py --noise-models [--trials 50] [--seed 7]
+    .venv/bin/python tools/calibrate_nightly.py --pool [--trials 50] [--seed 7]
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from tools.calibration.nightly import (  # noqa: E402
     change_rates,
     computed_repeats,
     gate_rates,
+    pool_rates,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -105,6 +108,59 @@ def part1(config: Path, trials: int, seed: int, only_drift: bool = False) -> Non
             flush=True,
         )
         print(f"<!-- {time.time() - t0:.1f} s -->", file=sys.stderr)
+
+
+def noise_models(config: Path, trials: int, seed: int) -> None:
+    """Part 1's gates at 3 % run noise under other noise models: Gaussian or Student's t (3
+    degrees of freedom, the same SD), with and without 1 % night-to-night drift."""
+    s = NightlySettings.model_validate(yaml.safe_load(config.read_text())["nightly"])
+    print(
+        f"## Nightly gates under other noise models: 3 % run noise (SD), {trials} histories "
+        f"per row, seed {seed}; each 10 quiet nights of warm-up, 4 gated, then the 5 % steps\n"
+    )
+    print(
+        "| run noise | repeats | drift | green (quiet) | underpowered (quiet) | false red / 30 "
+        "nights | patch step red within 3 nights | stock step red within 3 nights |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for dist, drift in (("normal", 0.0), ("t3", 0.0), ("normal", 0.01), ("t3", 0.01)):
+        for reps in (8, 11):
+            t0 = time.time()
+            x = gate_rates(s, reps, 0.03, trials, seed, drift=drift, warm=10, quiet=4, dist=dist)
+            name = "Gaussian" if dist == "normal" else "Student t, 3 df"
+            print(
+                f"| {name} | {reps} | {100 * drift:g} % | {x.green:.0%} | {x.underpowered:.0%} | "
+                f"{x.false_red_per_30:.2f} | {x.patch_within:.0%} | {x.stock_within:.0%} |",
+                flush=True,
+            )
+            print(f"<!-- {time.time() - t0:.1f} s -->", file=sys.stderr)
+
+
+def pool(config: Path, trials: int, seed: int) -> None:
+    """Two machines, B 8 % slower, at 3 % run noise: nights told apart by machine or not."""
+    s = NightlySettings.model_validate(yaml.safe_load(config.read_text())["nightly"])
+    print(
+        f"## A pool of two machines (B 8 % slower) at 3 % run noise: {trials} histories per "
+        f"row, seed {seed}; each warmed up until each machine has {s.learn_min_nights + 1} "
+        f"nights, then 10 quiet nights gated, then a 5 % stock step on every machine\n"
+    )
+    print(
+        "| machines | nights compared | repeats | green (quiet) | underpowered (quiet) | false "
+        "red / 30 nights | stock step red within 3 nights of its machine |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for reps in (8, 11):
+        for pick in ("alternate", "random"):
+            for identity in (False, True):
+                t0 = time.time()
+                x = pool_rates(s, reps, 0.03, trials, seed, pick=pick, identity=identity)
+                how = "per machine" if identity else "all together (no identity)"
+                print(
+                    f"| {pick} | {how} | {reps} | {x.green:.0%} | {x.underpowered:.0%} | "
+                    f"{x.false_red_per_30:.2f} | {x.stock_within:.0%} |",
+                    flush=True,
+                )
+                print(f"<!-- {time.time() - t0:.1f} s -->", file=sys.stderr)
 
 
 QUIET_ROWS = ((0.03, 8, 0.01), (0.03, 8, 0.02), (0.03, 12, 0.01), (0.03, 12, 0.02))
@@ -335,7 +391,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--noise", type=float, nargs="+", default=[2.0, 4.0], help="pair CV, %%")
     p.add_argument("--alpha", type=float, default=0.001)
     p.add_argument("--power", type=float, default=0.9)
+    p.add_argument("--noise-models", action="store_true", help="part 1 under t noise and drift")
+    p.add_argument("--pool", action="store_true", help="part 1 on a pool of two machines")
     a = p.parse_args(argv)
+    if a.noise_models or a.pool:
+        (noise_models if a.noise_models else pool)(a.config, a.trials, a.seed)
+        return 0
     if a.confirm_table:
         print(confirm_table(a.changes, a.noise, a.alpha, a.power))
         return 0

@@ -309,6 +309,19 @@ def gpu_info() -> dict | None:
     return {"gpus": gpus, "driver": driver}
 
 
+def cpu_model() -> str | None:
+    """The CPU's model name: the first ``model name`` of /proc/cpuinfo (Linux), else
+    ``platform.processor()``, else None."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 def torch_info() -> dict:
     """torch version and the CUDA it was built with (imports torch, about a second)."""
     try:

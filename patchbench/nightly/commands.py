@@ -373,6 +373,7 @@ def night_gates(h, run_id: str) -> dict[str, Any]:
         "config": n.config_name,
         "night_utc": n.night_utc,
         "release": n.release,
+        "machine": n.machine,
         "outcome": js.get("outcome"),
         "exit_code": js.get("exit_code"),
         "headline": js.get("headline"),
@@ -393,13 +394,15 @@ def render(doc: dict[str, Any]) -> str:
                 n["night_utc"],
                 n["config_name"],
                 n["release"],
+                n["machine"] or "unknown",
                 n["status"],
                 f"{n['outcome'] or '-'} ({_fmt(n['exit_code'])})",
                 n["run_dir"] if n["run_folder_present"] else f"(gone) {n['run_dir']}",
             ]
             for n in doc["nights"]
         ]
-        out = table(["night (UTC)", "config", "sglang", "status", "outcome", "run folder"], rows)
+        head = ["night (UTC)", "config", "sglang", "machine", "status", "outcome", "run folder"]
+        out = table(head, rows)
         see = [
             [
                 g["config"],
@@ -456,7 +459,8 @@ def render(doc: dict[str, Any]) -> str:
         for g in doc["gates"]
     ]
     head = (
-        f"{doc['run_id']} ({doc['config']}, sglang {doc['release']}): {doc['headline']} "
+        f"{doc['run_id']} ({doc['config']}, sglang {doc['release']}, machine "
+        f"{doc['machine'] or 'unknown'}): {doc['headline']} "
         f"(exit {_fmt(doc['exit_code'])})"
     )
     for x in (doc.get("story") or {}).get("lines") or []:

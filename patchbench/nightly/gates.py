@@ -10,7 +10,8 @@ Each gate names a metric and a threshold and yields one :class:`GateResult` per 
   threshold; otherwise undecided (below). A night is never red on a same-run gate while its own
   report says inconclusive.
 - ``history`` (every listed variant, stock included): tonight's runs against the levels of the
-  last ``window_nights`` clean nights of the same config, unpaired, on the noise learned from the
+  last ``window_nights`` clean nights of the same config on the same machine
+  (:func:`same_machine`; its noise learned from those nights alone), unpaired, on the noise learned from the
   history (:mod:`patchbench.nightly.noise`: run and night-to-night noise, a run beyond
   ``outlier_k`` sigmas from its night's median set aside) or, while none is known, on tonight's
   spread (``history_test``: a prediction t on the K levels, or Welch). A night that was itself
@@ -403,10 +404,12 @@ def evaluate(
     run lacks. Raises :class:`patchbench.nightly.history.HistoryError` when the history cannot
     be read."""
     prior = _prior_of(history, tonight)
+    mine = same_machine(prior, tonight)
     nights_all = [tonight, *reversed(prior)]
     results: list[GateResult] = []
     pending: list[_Pending] = []
-    learned: dict[tuple[str, str], Noise | None] = {}
+    learned: dict[tuple[bool, str, str], Noise | None] = {}
+    scoped: list[tuple[GateResult, Noise | None, list[Night]]] = []
     have = sorted({(s, m) for (_v, s, m) in tonight.values})
     for gate in settings.gates:
         kinds = gate.kinds()
@@ -429,17 +432,20 @@ def evaluate(
                 )
                 results += _missing(gate, kinds, suite, metric, reason, unit=unit)
                 continue
-            if (suite, metric) not in learned:
-                learned[(suite, metric)] = learn(
-                    prior,
-                    suite,
-                    metric,
-                    prior_cv_pct=settings.run_cv_pct,
-                    min_nights=settings.learn_min_nights,
-                )
-            noise = learned[(suite, metric)]
             bad = -1 if better == "higher" else 1
             for kind in kinds:
+                # the history gates judge tonight against this machine's nights only
+                nights = mine if kind == "history" else prior
+                lk = (len(nights) < len(prior), suite, metric)
+                if lk not in learned:
+                    learned[lk] = learn(
+                        nights,
+                        suite,
+                        metric,
+                        prior_cv_pct=settings.run_cv_pct,
+                        min_nights=settings.learn_min_nights,
+                    )
+                noise = learned[lk]
                 for v in tonight.variants:
                     if gate.variants is not None and v not in gate.variants:
                         continue
@@ -453,17 +459,26 @@ def evaluate(
                         noise_source=noise.source if noise is not None else None,
                     )  # fmt: skip
                     check = _same_run if kind == "same_run" else _history_gate
-                    p = check(res, tonight, prior, key, bad, gate, settings, noise)
+                    p = check(res, tonight, nights, key, bad, gate, settings, noise)
                     results.append(res)
+                    scoped.append((res, noise, nights))
                     if p is not None:
                         pending.append(p)
     _judge(pending, settings)
     if settings.hold_while_learning:
-        for r in results:
-            noise = learned.get((r.suite, r.metric))
+        for r, noise, nights in scoped:
             if noise is None or noise.source != "learned":
-                hold_while_learning(r, usable_nights(prior, r.suite, r.metric), settings)
+                where = " on this machine" if r.kind == "history" and tonight.machine else ""
+                hold_while_learning(r, usable_nights(nights, r.suite, r.metric), settings, where)
     return results
+
+
+def same_machine(nights: Sequence[Night], tonight: Night) -> list[Night]:
+    """The nights that ran on tonight's machine (equal :attr:`Night.machine`; an unknown
+    machine matches only unknown ones): the history gates' only reference, and what their noise
+    and the change points are learned from (a pool of mixed machines is then neither red on a
+    slower machine nor blind from the spread between machines)."""
+    return [n for n in nights if n.machine == tonight.machine]
 
 
 #: the power at which :func:`minimum_detectable` states the smallest change a gate can see
@@ -485,16 +500,20 @@ def beyond_doubt(r: GateResult, settings: NightlySettings) -> bool:
     )
 
 
-def hold_while_learning(r: GateResult, nights: int, settings: NightlySettings) -> None:
+def hold_while_learning(
+    r: GateResult, nights: int, settings: NightlySettings, where: str = ""
+) -> None:
     """While a metric's noise is not learned yet (fewer than ``learn_min_nights`` usable nights),
     a ``fail`` or ``warn`` that is not :func:`beyond_doubt` becomes ``learning``: the night says
     "learning (k of n nights)" instead of red (its own spread and a few nights cannot tell a
-    small change from noise). Every result of such a metric records ``learning_nights``."""
+    small change from noise); ``where``: " on this machine" for a history gate's (its nights are
+    this machine's). Every result of such a metric records ``learning_nights``."""
     r.learning_nights = nights
     if r.status not in ("fail", "warn") or beyond_doubt(r, settings):
         return
     r.reason = (
-        f"learning ({nights} of {settings.learn_min_nights} nights): would have been {r.status}: "
+        f"learning{where} ({nights} of {settings.learn_min_nights} nights): would have been "
+        f"{r.status}: "
         f"{r.reason}; red while learning only beyond doubt (p <= "
         f"{settings.beyond_doubt_alpha:g} and at least {settings.beyond_doubt_pct:g} % worse)"
     )
@@ -660,7 +679,8 @@ def _history_gate(
     if len(window) < settings.min_history_nights:
         res.status = "skipped"
         res.reason = (
-            f"warming up: {len(window)} night(s) in the history, "
+            f"warming up: {len(window)} night(s) in the history"
+            f"{' on this machine' if tonight.machine else ''}, "
             f"{settings.min_history_nights} needed"
         )
         return None

@@ -2,11 +2,11 @@
 what the page and the ``history`` command read from it.
 
 One night = one run folder (:func:`night_from_run`, so a night that could not be recorded can be
-appended later from its folder). Schema version 3 (``meta.schema_version``; the tables are in
+appended later from its folder). Schema version 4 (``meta.schema_version``; the tables are in
 docs/nightly.md): ``nights``, ``metric_values``, ``repeat_values``, ``comparisons`` (the report's
 verdicts), and the derived ``noise``, ``change_points``, ``night_builds``, ``confirmations``
-created by the first night that writes them. A version-1 or -2 file is migrated on open, a newer
-one refused.
+created by the first night that writes them. A version-1 to -3 file is migrated on open (its
+nights' ``machine`` NULL: unknown), a newer one refused.
 
 Only valid values are read back: a repeat value a suite marked (its summary incomplete or failed,
 the metric withheld in ``meta.not_judged``) is stored with its ``status`` and ``reason`` and read
@@ -37,11 +37,12 @@ from patchbench.config.schema import run_id_problem
 from patchbench.errors import EXIT_USAGE, EnvironmentNotReady, UsageError
 from patchbench.runfolder import RunFolderError, RunManifest, read_cell, read_manifest, read_summary
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: versions this code migrates on open (``version -> what changed``)
 _MIGRATABLE = {
     1: "repeat_values.repeat became the run's repeat index; NULL values allowed",
     2: "repeat_values.status and .reason: a value a suite marked not valid (NULL: valid)",
+    3: "nights.machine: the machine identity the night ran on (NULL: unknown)",
 }
 
 _SCHEMA = """
@@ -49,7 +50,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS nights (
     run_id TEXT PRIMARY KEY, night_utc TEXT NOT NULL, config_name TEXT NOT NULL,
     git_sha TEXT, sglang_version TEXT, baseline TEXT NOT NULL, status TEXT NOT NULL,
-    run_dir TEXT, recorded_utc TEXT NOT NULL);
+    run_dir TEXT, recorded_utc TEXT NOT NULL, machine TEXT);
 CREATE INDEX IF NOT EXISTS nights_by_config ON nights (config_name, night_utc);
 CREATE TABLE IF NOT EXISTS metric_values (
     run_id TEXT NOT NULL REFERENCES nights(run_id), variant TEXT NOT NULL, suite TEXT NOT NULL,
@@ -154,7 +155,8 @@ class Night:
     metric) -> {repeat index: :class:`SetAside`}, the values a suite marked not valid (never in
     ``values``); units / better: (suite, metric) -> unit and direction; comparisons: (variant,
     suite, metric) -> :class:`SameRunEffect`; aa_variants: A/A copies of the baseline; status:
-    "ok", or "partial" when some cells failed or a suite marked a run.
+    "ok", or "partial" when some cells failed or a suite marked a run; machine: the identity of
+    the machine it ran on (:attr:`patchbench.runfolder.models.MachineInfo.key`; None: unknown).
     """
 
     run_id: str
@@ -165,6 +167,7 @@ class Night:
     sglang_version: str | None = None
     status: str = "ok"
     run_dir: str | None = None
+    machine: str | None = None
     values: dict[Key, list[float | None]] = field(default_factory=dict)
     set_aside: dict[Key, dict[int, SetAside]] = field(default_factory=dict)
     units: dict[tuple[str, str], str] = field(default_factory=dict)
@@ -270,6 +273,7 @@ def night_from_run(run_dir: str | os.PathLike, comparison: Comparison | None = N
         git_sha=manifest.git_sha,
         sglang_version=manifest.sglang_version or (cfg.sglang if cfg else None),
         run_dir=str(run.resolve()),
+        machine=manifest.machine.key if manifest.machine is not None else None,
         aa_variants=list(cmp.aa_variants),
     )
     _add_cell_values(night, run)
@@ -503,13 +507,14 @@ class History:
     def _migrate(self, version: int) -> None:
         """Bring a file of an older schema version to :data:`SCHEMA_VERSION` in one
         transaction (a crash leaves the old version): ``repeat_values`` gets its ``status`` and
-        ``reason`` columns (NULL: every value recorded before was read as valid)."""
+        ``reason`` columns (NULL: every value recorded before was read as valid), ``nights`` its
+        ``machine`` (NULL: unknown, a reference only for nights of unknown machine)."""
         self._db.execute("BEGIN IMMEDIATE")
         try:
-            have = {r[1] for r in self._db.execute("PRAGMA table_info(repeat_values)")}
-            for col in ("status", "reason"):
-                if col not in have:
-                    self._db.execute(f"ALTER TABLE repeat_values ADD COLUMN {col} TEXT")
+            for tab, col in (("repeat_values", "status"), ("repeat_values", "reason"),
+                             ("nights", "machine")):  # fmt: skip
+                if col not in {r[1] for r in self._db.execute(f"PRAGMA table_info({tab})")}:
+                    self._db.execute(f"ALTER TABLE {tab} ADD COLUMN {col} TEXT")
             self._db.executemany(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
                 [
@@ -559,7 +564,8 @@ class History:
                 return False
             self._db.execute(
                 "INSERT INTO nights (run_id, night_utc, config_name, git_sha, sglang_version, "
-                "baseline, status, run_dir, recorded_utc) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "baseline, status, run_dir, recorded_utc, machine) VALUES "
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     night.run_id,
                     night.night_utc,
@@ -570,6 +576,7 @@ class History:
                     night.status,
                     night.run_dir,
                     _now_utc(),
+                    night.machine,
                 ),
             )
             self._db.executemany(
@@ -629,7 +636,7 @@ class History:
     ) -> Iterator[Night]:
         q = (
             "SELECT run_id, night_utc, config_name, baseline, git_sha, sglang_version, status, "
-            "run_dir FROM nights WHERE config_name = ?"
+            "run_dir, machine FROM nights WHERE config_name = ?"
         )
         args: list[Any] = [config_name]
         if before_utc is not None:
@@ -764,6 +771,7 @@ def dump_json(night: Night) -> dict:
         "sglang_version": night.sglang_version,
         "baseline": night.baseline,
         "status": night.status,
+        "machine": night.machine,
         "problems": night.problems,
         "values": {
             f"{v}/{s}/{m}": {
@@ -1093,7 +1101,8 @@ class NightInfo:
     outcome: ``nightly.json``'s outcome ("green", "red", "underpowered", "run failed", ...), None
     when the run folder or its nightly.json is gone; exit_code / headline likewise; failing /
     gates: its GateResult dicts (patchbench/nightly/gates.py); builds: :func:`night_builds_of`;
-    release: the sglang release(s) the night ran, ``/``-joined when variants differ; story:
+    release: the sglang release(s) the night ran, ``/``-joined when variants differ; machine:
+    the identity of the machine it ran on (None: unknown); story:
     nightly.json's ``story`` (:class:`patchbench.nightly.story.Story`), schedule_hours: its
     ``settings.schedule_hours``."""
 
@@ -1103,6 +1112,7 @@ class NightInfo:
     status: str
     sglang_version: str | None
     run_dir: str | None
+    machine: str | None = None
     outcome: str | None = None
     exit_code: int | None = None
     headline: str = ""
@@ -1132,7 +1142,10 @@ class NightInfo:
         return bool(self.run_dir) and Path(str(self.run_dir)).is_dir()
 
     def to_json(self) -> dict[str, Any]:
-        keys = "run_id night_utc config_name status release patch_state outcome exit_code headline"
+        keys = (
+            "run_id night_utc config_name status release machine patch_state outcome exit_code "
+            "headline"
+        )
         out = {k: getattr(self, k) for k in keys.split()}
         return out | {"run_dir": self.run_dir, "run_folder_present": self.folder_present,
                       "failing": self.failing, "builds": self.builds}  # fmt: skip
@@ -1144,7 +1157,10 @@ def night_infos(
     """Every recorded night (of one config), oldest first, with its nightly.json's outcome.
     ``slim``: every night but the newest keeps no gate dicts, only :attr:`NightInfo.gated` (a
     page over thousands of nights)."""
-    sql = "SELECT run_id, night_utc, config_name, status, sglang_version, run_dir FROM nights"
+    sql = (
+        "SELECT run_id, night_utc, config_name, status, sglang_version, run_dir, machine FROM "
+        "nights"
+    )
     args: tuple = ()
     if config_name is not None:
         sql += " WHERE config_name = ?"

@@ -42,7 +42,13 @@ from patchbench.nightly.builds import (
     without_variants,
 )
 from patchbench.nightly.changepoints import confirm_by_run, detect_history
-from patchbench.nightly.gates import UNDERPOWERED, GateResult, evaluate, night_outcome
+from patchbench.nightly.gates import (
+    UNDERPOWERED,
+    GateResult,
+    evaluate,
+    night_outcome,
+    same_machine,
+)
 from patchbench.nightly.history import (
     History,
     HistoryError,
@@ -298,9 +304,10 @@ def _gate_run(unit: NightUnit, hpath: Path, record: bool) -> NightlyOutcome:
         write_plots(run, prior, tonight, results, settings) if results else ([], [])
     )
     problems += plot_problems
-    noise_rows = noise_table(prior, results, settings)
+    # the history gates' noise and the change points: this machine's nights only
+    noise_rows = noise_table(same_machine(prior, tonight), results, settings)
     try:
-        points = change_points(prior, tonight, results)
+        points = change_points(same_machine(prior, tonight), tonight, results)
     except ImportError as e:  # ruptures missing from this environment
         points = []
         problems.append(f"change points not computed: {e} (make setup installs ruptures)")

@@ -245,7 +245,7 @@ def _run_intro(night: NightSummary, g: NightlyOutcome) -> list[str]:
     lines = [
         f"Run `{t.run_id}` · night {t.night_utc} · commit "
         f"`{(t.git_sha or 'unknown')[:12]}` · sglang {t.sglang_version or '?'}"
-        f" · exit code {night.exit_code}",
+        f" · machine {t.machine or 'unknown'} · exit code {night.exit_code}",
         "",
     ]
     if g.settings is not None:

@@ -1,6 +1,7 @@
 """Red that tells its story (docs/nightly.md, "A red night's story"): for every gate that failed
 tonight, since when it is red and whether it is new tonight; for the night, whether the cause is
-the same as yesterday's; and, while the noise is learned, "learning (k of n nights)".
+the same as yesterday's; and, while the noise is learned, "learning (k of n nights)" ("learning on
+this machine" while a history gate's nights on tonight's machine are too few).
 
 - A gate's **streak** is the run of nights, ending tonight, on which the same (gate, kind,
   variant, suite, metric) failed; **since** is its first night. The failing gates of every night
@@ -110,13 +111,16 @@ class RedLine:
 @dataclass
 class Story:
     """A night's story: ``lines`` (new ones first, the newest problem first), ``same_as_yesterday``,
-    ``yesterday`` (its run id, None for the first night), ``learning`` ({"nights", "needed"}
-    while a gated metric's noise is learned, else None)."""
+    ``yesterday`` (its run id, None for the first night), ``learning`` ({"nights", "needed",
+    "machine"} while a gated metric's noise is learned, else None; "machine": tonight's, when
+    the fewest nights are a history gate's on that machine), ``machine`` tonight's (None:
+    unknown)."""
 
     lines: list[RedLine] = field(default_factory=list)
     same_as_yesterday: bool = False
     yesterday: str | None = None
-    learning: dict[str, int] | None = None
+    learning: dict[str, Any] | None = None
+    machine: str | None = None
 
     @property
     def new(self) -> list[RedLine]:
@@ -144,8 +148,9 @@ class Story:
             elif self.yesterday is not None and self.lines:
                 parts.append(cause)
         if self.learning:
+            where = " on this machine" if self.learning.get("machine") else ""
             parts.append(
-                f"learning ({self.learning['nights']} of {self.learning['needed']} nights)"
+                f"learning{where} ({self.learning['nights']} of {self.learning['needed']} nights)"
             )
         return "; ".join(parts)
 
@@ -157,6 +162,7 @@ class Story:
             "same_as_yesterday": self.same_as_yesterday,
             "yesterday": self.yesterday,
             "learning": self.learning,
+            "machine": self.machine,
             "lines": [x.row() | {"text": x.text} for x in self.lines],
         }
 
@@ -203,12 +209,15 @@ def tell(
     (:func:`patchbench.nightly.history.read_red`); ``night_cv_pct``: (suite, metric) -> the
     learned night-to-night CV (the noise table's); ``builds`` / ``builds_yesterday``: the
     variants' builds tonight and yesterday (for "its environment changed")."""
-    story = Story(yesterday=prior[-1].run_id if prior else None)
+    story = Story(yesterday=prior[-1].run_id if prior else None, machine=tonight.machine)
     held = [r for r in results if r.learning_nights is not None]
     if held:
+        k = min(r.learning_nights or 0 for r in held)
+        mine = any(r.kind == "history" and r.learning_nights == k for r in held)
         story.learning = {
-            "nights": min(r.learning_nights or 0 for r in held),
+            "nights": k,
             "needed": learn_min_nights,
+            "machine": tonight.machine if mine else None,
         }
     failing = [r for r in results if r.status == "fail"]
     for r in failing:

@@ -310,6 +310,7 @@ class BenchRun:
             started=(old.started_at if old is not None else None) or utc_stamp(),
             resumed=old,
             resumed_at=utc_stamp(),
+            nvml=self.nvml,
         )
         if self.given_port:
             self.manifest.port = self.given_port

@@ -110,6 +110,27 @@ class Nvml:
         except Exception:  # noqa: BLE001 - NVMLError_NotSupported and kin: not known here
             return None
 
+    def devices(self, visible: str | None = None) -> list[tuple[str, str]]:
+        """(model name, NVML UUID) of the GPUs a process sees: ``visible`` is
+        ``CUDA_VISIBLE_DEVICES`` (indices in NVML's order, which is CUDA's on a machine of one GPU
+        model; or UUIDs or their prefixes; None or "": every GPU); a GPU whose UUID is not
+        reported, or an index NVML does not know, is left out."""
+        found = []
+        for i in range(self.count()):
+            got = [self._ask(f, self._h(i)) for f in ("nvmlDeviceGetName", "nvmlDeviceGetUUID")]
+            name, uuid = (x.decode(errors="replace") if isinstance(x, bytes) else x for x in got)
+            if uuid:
+                found.append((str(i), str(name or "?"), str(uuid)))
+        if not visible:
+            return [(n, u) for _i, n, u in found]
+        want = [w.strip() for w in visible.split(",") if w.strip()]
+        return [
+            (n, u)
+            for w in want
+            for i, n, u in found
+            if w == i or (not w.isdigit() and u.startswith(w))
+        ]
+
     def settings(self, i: int) -> dict:
         """The settings of GPU ``i`` that change a timing (clocks ``{"sm", "mem"}`` MHz, power
         limit W; None where unknown)."""

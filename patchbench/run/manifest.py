@@ -4,9 +4,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 from patchbench.config import Config, DiffPatch
+from patchbench.envs.envinfo import cpu_model
 from patchbench.errors import PatchError
 from patchbench.inputs import sha256_file
 from patchbench.patches import apply
@@ -17,6 +20,7 @@ from patchbench.runfolder.models import (
     CellRecord,
     CopiedFile,
     HostInfo,
+    MachineInfo,
     ManifestCell,
     PatchHash,
     ResumeRecord,
@@ -47,12 +51,14 @@ def new_manifest(
     started: str,
     resumed: RunManifest | None = None,
     resumed_at: str | None = None,
+    nvml: Any = None,
 ) -> RunManifest:
     """The manifest of a run starting now in ``run_dir`` (no cells yet; the config's files are
     copied in). ``env``: patchbench.envs.envinfo.collect(); ``variants``: the prepared overlays;
     ``timings``: this invocation's (the first invocation's stay in ``timings_s``; a resumed
     run's, with ``resumed`` its manifest, go to a new entry of ``resumes`` started at
-    ``resumed_at``). The config it keeps has its secret values redacted (:meth:`Config.redacted`);
+    ``resumed_at``); ``nvml``: the run's :class:`patchbench.run.gpu.Nvml` (None: a CPU run), for
+    its :func:`machine_info`. The config it keeps has its secret values redacted (:meth:`Config.redacted`);
     so have the variants' differences."""
     shown = cfg.redacted()
     m = RunManifest(
@@ -72,6 +78,11 @@ def new_manifest(
         git_sha=env.get("git_sha"),
         host=HostInfo(**{k: env.get(k) for k in HOST_KEYS}),
         gpu=env.get("gpu"),
+        machine=machine_info(
+            nvml,
+            cfg.server.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES")),
+            env.get("hostname"),
+        ),
         environment=env,
         started_at=started,
         ended_at=None,
@@ -88,6 +99,19 @@ def new_manifest(
         m.timings_s = resumed.timings_s
         m.resumes = [*resumed.resumes, ResumeRecord(started_at=resumed_at, timings_s=timings)]
     return m
+
+
+def machine_info(nvml: Any, visible: str | None, hostname: str | None) -> MachineInfo:
+    """The machine the nightly compares a run's nights by: with ``nvml`` the model and NVML UUIDs
+    of the GPUs the server sees (``visible``: its ``CUDA_VISIBLE_DEVICES``, the config's
+    ``server.env`` before this process's; :meth:`patchbench.run.gpu.Nvml.devices`); without
+    one, or when NVML names none, the CPU's model name and ``hostname``."""
+    if nvml is not None:
+        gpus = nvml.devices(visible)
+        if gpus:
+            models = "/".join(sorted({name for name, _u in gpus}))
+            return MachineInfo(model=models, gpu_uuids=[u for _n, u in gpus])
+    return MachineInfo(model=cpu_model(), hostname=hostname)
 
 
 def variant_diff(cfg: Config, variant: str, *, cache_dir: Path | None = None) -> dict:

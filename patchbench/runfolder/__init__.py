@@ -87,7 +87,8 @@ def _keys_declared(raw: dict) -> dict:
 
 
 def _optional_keys_added(raw: dict) -> dict:
-    """Optional keys added (manifest 5: ``host.cpu_usable``; cell 4: ``load_avg_1m``): an older
+    """Optional keys added (manifest 5: ``host.cpu_usable``, 6: ``machine``; cell 4:
+    ``load_avg_1m``): an older
     file reads as it is, without them."""
     return raw
 
@@ -134,7 +135,13 @@ _MIGRATIONS: dict[str, tuple[type[BaseModel], dict[int, Any]]] = {
     "summary": (SuiteSummary, {1: _schema_key_renamed}),
     "manifest": (
         RunManifest,
-        {1: _schema_key_renamed, 2: _keys_declared, 3: _keys_declared, 4: _optional_keys_added},
+        {
+            1: _schema_key_renamed,
+            2: _keys_declared,
+            3: _keys_declared,
+            4: _optional_keys_added,
+            5: _optional_keys_added,
+        },  # fmt: skip
     ),
 }
 _CURRENT = {"cell": CELL_SCHEMA, "summary": SUMMARY_SCHEMA, "manifest": MANIFEST_SCHEMA}

@@ -26,6 +26,8 @@ from patchbench.run.gpu import GpuSummary
 #                     then names the commit alone and lists no files).
 #                  5: "host" holds "cpu_usable" (the CPUs this process may run on); a
 #                     version-4 file reads with it None.
+#                  6: "machine" (MachineInfo: the identity the nightly compares nights by);
+#                     a version-5 file reads without it (unknown).
 #   cell.json      1: no version key; the mrope probe's counts under "mrope_probe".
 #                  2: "schema_version"; "instrumented" and "instrumentation" replace "mrope_probe".
 #                  3: the keys of 2, each declared (runner_pid, instrumentation_args, liveness,
@@ -34,7 +36,7 @@ from patchbench.run.gpu import GpuSummary
 #                  4: "load_avg_1m" (the host's load average at the start and end of the
 #                     cell's suites); a version-3 file reads without it.
 #   summary.json   1: no version key.  2: "schema_version" (every key declared, read strictly).
-MANIFEST_SCHEMA = 5
+MANIFEST_SCHEMA = 6
 CELL_SCHEMA = 4
 SUMMARY_SCHEMA = 2
 
@@ -274,6 +276,24 @@ class HostInfo(_Record):
     transformers: str | None = None
 
 
+class MachineInfo(_Record):
+    """The machine a run ran on, as the nightly tells nights apart: ``model`` the GPUs' model
+    (a GPU run) or the CPU's model name (a CPU run), ``gpu_uuids`` the NVML UUIDs of the GPUs
+    the run could use (``CUDA_VISIBLE_DEVICES``, else every GPU), ``hostname`` (CPU runs only:
+    a GPU's UUID names its machine already)."""
+
+    model: str | None = None
+    gpu_uuids: list[str] = Field(default_factory=list)
+    hostname: str | None = None
+
+    @property
+    def key(self) -> str:
+        """One string naming it: ``MODEL [UUID, ...]`` or ``MODEL on HOSTNAME``."""
+        if self.gpu_uuids:
+            return f"{self.model or '?'} [{', '.join(self.gpu_uuids)}]"
+        return f"{self.model or '?'} on {self.hostname or '?'}"
+
+
 class GpuDevice(_Record):
     """One NVIDIA GPU as nvidia-smi names it; memory in MiB."""
 
@@ -403,10 +423,11 @@ class RunManifest(_Record):
     overlays: {variant: ``Overlay.to_json()``}; environment: ``envinfo.collect()``; builds
     (when a variant names its own or the config's is not a release): {variant:
     ``Build.to_json()``, a git build's with its commit's subject and the files its range
-    changes}; timings_s: the first invocation's (``resumes``: the others');
-    variants: {variant: VariantDiff}; error: why the run stopped; report_error: why
-    compare.json / report.md were not written; port: the ``--port`` of the last invocation
-    (written only when one was given; a resume without ``--port`` keeps it).
+    changes}; machine: :class:`MachineInfo` (None: unknown, before schema 6); timings_s: the
+    first invocation's (``resumes``: the others'); variants: {variant: VariantDiff}; error: why
+    the run stopped; report_error: why compare.json / report.md were not written; port: the
+    ``--port`` of the last invocation (written only when one was given; a resume without
+    ``--port`` keeps it).
     """
 
     _when_set = (
@@ -417,6 +438,7 @@ class RunManifest(_Record):
         "migrated_from",
         "builds",
         "port",
+        "machine",
     )
 
     schema_version: int = MANIFEST_SCHEMA
@@ -432,6 +454,7 @@ class RunManifest(_Record):
     git_sha: str | None = None
     host: HostInfo = Field(default_factory=HostInfo)
     gpu: HostGpus | None = None
+    machine: MachineInfo | None = None
     environment: dict[str, Any] = Field(default_factory=dict)
     cells: list[ManifestCell] = Field(default_factory=list)
     started_at: str | None = None

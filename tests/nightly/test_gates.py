@@ -353,3 +353,72 @@ def test_settings_validation_and_budget():
         NightlySettings(window_nights=3, min_history_nights=4)
     with pytest.raises(ValueError):
         Gate(metric="x_ms", threshold_pct=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# machines: the history gates compare a night with its own machine's nights
+
+
+def _on(i: int, level: float, machine: str | None) -> Night:
+    n = night(i, {KB: [level, level + 1, level - 1], KV: [level, level + 1.5, level - 1.5]})
+    n.machine = machine
+    return n
+
+
+def test_history_gates_compare_nights_of_the_same_machine_only():
+    """Two machines alternate, B 8 % slower than A. Unknown machines (None): the clean-nights
+    rule keeps A's levels, and a quiet night on B fails at -6.45 % (a red every B night).
+    Known: each night against its own machine's 4 nights, +0.00 %. A third machine, C, is
+    learning on its own nights: skipped with none, held (not red) with 3 of 4."""
+    from patchbench.nightly.story import tell
+
+    s = settings(
+        against="history", variants=["baseline"], threshold_pct=3, learn_min_nights=4,
+        run_cv_pct=1.5, hold_while_learning=True,
+    )  # fmt: skip
+    blind = [_on(i, 100.0 if i % 2 else 92.0, None) for i in range(1, 9)]
+    [r] = evaluate(blind, _on(9, 92.0, None), s)
+    assert r.status == "fail" and r.reference == 100.0
+    assert r.window_run_ids == ["n01", "n02", "n03", "n05", "n07"]
+    lv = {x: np.mean(np.log([x, x + 1, x - 1])) for x in (92.0, 100.0)}  # a night's level
+    assert r.change_pct == pytest.approx(100 * math.expm1(0.8 * (lv[92.0] - lv[100.0])))
+    prior = [_on(i, 100.0 if i % 2 else 92.0, "A" if i % 2 else "B") for i in range(1, 9)]
+    for level, m, ids in ((100.0, "A", ["n01", "n03", "n05", "n07"]),
+                          (92.0, "B", ["n02", "n04", "n06", "n08"])):  # fmt: skip
+        [r] = evaluate(prior, _on(9, level, m), s)
+        assert (r.status, r.reference, r.window_run_ids) == ("pass", level, ids)
+        assert r.change_pct == pytest.approx(0.0, abs=1e-9) and r.noise_source == "learned"
+    t = _on(9, 80.0, "C")
+    [r] = evaluate(prior, t, s)
+    assert r.status == "skipped" and r.learning_nights == 0
+    assert r.reason == "warming up: 0 night(s) in the history on this machine, 3 needed"
+    assert tell([r], t, prior, {}, learn_min_nights=4).summary() == (
+        "learning on this machine (0 of 4 nights)"
+    )
+    prior += [_on(i, 80.0, "C") for i in (9, 10, 11)]
+    t = _on(12, 60.0, "C")  # 25 % slower: held, p > 0.001 on 3 nights' prediction t
+    [r] = evaluate(prior, t, s)
+    assert r.status == "learning" and r.learning_nights == 3
+    lv = {x: np.mean(np.log([x, x + 1, x - 1])) for x in (60.0, 80.0)}
+    assert r.change_pct == pytest.approx(100 * math.expm1(lv[60.0] - lv[80.0]))  # -25.003 %
+    assert r.reason.startswith("learning on this machine (3 of 4 nights): would have been fail")
+    st = tell([r], t, prior, {}, learn_min_nights=4)
+    assert st.summary() == "learning on this machine (3 of 4 nights)" and st.machine == "C"
+    assert st.to_json()["learning"] == {"nights": 3, "needed": 4, "machine": "C"}
+
+
+def test_the_calibrations_machines_and_heavy_tailed_noise():
+    """tools/calibration/nightly.py: a slower machine's serving metrics are worse by its share;
+    Student-t noise (3 df) is scaled to the SD asked, so its median |e| is cv / sqrt 3 times
+    t_3's 75 % quantile (scipy)."""
+    from tools.calibration.nightly import Scenario, sim_night
+
+    kbi = ("baseline", "serving", ITL)
+    n = sim_night(0, np.random.default_rng(1), [("serving", TPUT), ("serving", ITL)], 3, 0.0,
+                  0.0, Scenario(), machine="B", slow=0.08)  # fmt: skip
+    assert n.machine == "B" and n.values[KB] == pytest.approx([92.0] * 3)
+    assert n.values[kbi] == pytest.approx([100.0 / 0.92] * 3)
+    t3 = sim_night(0, np.random.default_rng(2), [("serving", TPUT)], 20000, 0.03, 0.0,
+                   Scenario(), dist="t3")  # fmt: skip
+    e = np.log(np.asarray(t3.values[KB]) / 100.0)
+    assert np.median(np.abs(e)) == pytest.approx(0.03 / 3**0.5 * stats.t(3).ppf(0.75), rel=0.03)

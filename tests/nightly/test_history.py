@@ -24,6 +24,8 @@ from patchbench.nightly.history import (
     SameRunEffect,
     night_from_run,
 )
+from patchbench.runfolder import read_manifest, write_manifest
+from patchbench.runfolder.models import MachineInfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.synthetic import make_run
@@ -75,12 +77,12 @@ def _run(tmp_path: Path, run_id: str = "20260101T000000Z-nightly-test", **kw) ->
 def test_new_file_gets_versioned_schema(tmp_path):
     path = tmp_path / "sub" / "history.sqlite"
     with History(path) as h:
-        assert h.schema_version == SCHEMA_VERSION == 3
+        assert h.schema_version == SCHEMA_VERSION == 4
         assert h.count_nights() == 0
     con = sqlite3.connect(path)
     tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"meta", "nights", "metric_values", "repeat_values", "comparisons"} <= tables
-    assert con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("3",)
+    assert con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("4",)
     con.close()
 
 
@@ -227,7 +229,7 @@ def test_schema_version_from_the_future_is_refused(tmp_path):
     con.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
     con.commit()
     con.close()
-    with pytest.raises(HistorySchemaError, match=r"schema version 99.*reads version 3.*newer"):
+    with pytest.raises(HistorySchemaError, match=r"schema version 99.*reads version 4.*newer"):
         History(path)
 
 
@@ -277,7 +279,7 @@ def test_version_1_file_is_migrated_on_open(tmp_path):
     con.commit()
     con.close()
     with History(path) as h:
-        assert h.schema_version == 3
+        assert h.schema_version == 4
         [n] = h.nights("c")
         assert n.values[("b", "s", "x_ms")] == [3.0]
     con = sqlite3.connect(path)
@@ -342,3 +344,32 @@ def test_compare_json_of_the_old_untyped_schema_is_refused_naming_the_file(tmp_p
     records.write_json(run / "compare.json", {"schema": 1, "metrics": []})
     with pytest.raises(ValueError, match=r"compare\.json: schema version 1"):
         night_from_run(run)
+
+
+def test_the_machine_goes_from_the_manifest_to_the_history_and_a_version_3_file_migrates(
+    tmp_path,
+):
+    """A manifest's machine (schema 6) is the night's; an older manifest's night has none
+    (unknown). A version-3 history gains nights.machine, its nights unknown (NULL)."""
+    run = _run(tmp_path)
+    assert night_from_run(run).machine is None  # make_run writes no machine: unknown
+    m = read_manifest(run)
+    m.machine = MachineInfo(model="NVIDIA H200", gpu_uuids=["GPU-a1", "GPU-b2"])
+    write_manifest(run, m)
+    assert records.read_json(run / "manifest.json")["schema_version"] == 6
+    tonight = night_from_run(run)
+    assert tonight.machine == "NVIDIA H200 [GPU-a1, GPU-b2]"
+    path = tmp_path / "h.sqlite"
+    with History(path) as h:
+        h.record(_night("r1", "2026-01-01T00:00:00Z"))
+    con = sqlite3.connect(path)
+    con.executescript(
+        "ALTER TABLE nights DROP COLUMN machine; UPDATE meta SET value = '3' WHERE key = "
+        "'schema_version';"
+    )
+    con.close()
+    with History(path) as h:
+        assert h.schema_version == 4
+        h.record(tonight)
+        old, new = h.nights("c") + h.nights("nightly-test")
+    assert (old.machine, new.machine) == (None, "NVIDIA H200 [GPU-a1, GPU-b2]")

@@ -64,6 +64,7 @@ def hist(tmp_path):
                     baseline="baseline",
                     sglang_version="0.5.23",
                     run_dir=str(run),
+                    machine="NVIDIA H200 [GPU-a1]" if day == 3 else None,
                     values={KEY_B: [100.0, 102.0, 98.0], KEY_P: [100.0, 101.0, None]},
                     units={("serving", TPUT): "tok/s"},
                 )
@@ -88,17 +89,20 @@ def test_lists_nights_with_outcome_release_and_gone_folders(hist, capsys):
         "(UTC)",
         "config",
         "sglang",
+        "machine",
         "status",
         "outcome",
         "run",
         "folder",
     ]
     assert len(out) == 2 + 4
+    assert "NVIDIA H200 [GPU-a1]" in out[5] and "unknown" in out[4]
     assert "(gone)" in out[2] and "20260101T030000Z-c" in out[2]
     assert "red (1)" in out[5] and "0.5.23" in out[5] and " d " in out[3]
     assert main(["history", str(hist), "--config", "c", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [n["outcome"] for n in doc["nights"]] == [None, "green", "red"]
+    assert [n["machine"] for n in doc["nights"]] == [None, None, "NVIDIA H200 [GPU-a1]"]
     assert doc["nights"][2]["failing"][0]["change_pct"] == -10.0
 
 
@@ -121,7 +125,9 @@ def test_metric_series_median_spread_n(hist, capsys):
 def test_night_gates_from_nightly_json(hist, capsys):
     assert main(["history", str(hist), "--night", "20260103T030000Z-c"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("20260103T030000Z-c (c, sglang 0.5.23): REGRESSION (exit 1)")
+    assert out.startswith(
+        "20260103T030000Z-c (c, sglang 0.5.23, machine NVIDIA H200 [GPU-a1]): REGRESSION (exit 1)"
+    )
     row = out.splitlines()[3].split()
     assert row[:8] == [
         f"serving.{TPUT}",

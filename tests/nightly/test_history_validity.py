@@ -149,7 +149,7 @@ def test_a_version_2_file_gains_the_status_columns(tmp_path):
     )
     con.close()
     with History(path) as h:
-        assert h.schema_version == 3
+        assert h.schema_version == 4
         h.record(_night(tmp_path, 2, [5.1, 0.012], incomplete=[1]))
         n1, n2 = h.nights("nightly-test")
     assert n1.values[KEY] == [5.0, 5.1, 5.2] and n1.set_aside == {}

@@ -901,3 +901,46 @@ def test_cli_auto_repeats_runs_the_computed_count_and_records_it(tmp_path, monke
     doc = json.loads(next(tmp_path.glob("*/nightly.json")).read_text())
     assert doc["repeats"]["repeats"] == ran.schedule.repeats and doc["repeats"]["source"] == "prior"
     assert f"repeats: {ran.schedule.repeats}, what the targets need at the prior noise" in out
+
+
+def test_job_compares_a_night_with_its_own_machines_nights(tmp_path):
+    """Nights 1-3 on machine A, night 4 on B (10 % slower), night 5 on A: B's first night is
+    warming up on its machine, not red, and says so; A's next night is judged on A's nights
+    alone, with the noise learned from them (3 nights); the machine is named in nightly.md."""
+    from patchbench.runfolder import read_manifest, write_manifest
+    from patchbench.runfolder.models import MachineInfo
+
+    job = NightlySettings(
+        window_nights=3, min_history_nights=2, learn_min_nights=2,
+        gates=[Gate(metric=f"serving.{TPUT}", threshold_pct=3, against="history",
+                    variants=["baseline"])],
+    )  # fmt: skip
+    h, outs = tmp_path / "h.sqlite", {}
+    for day, m in ((1, "a"), (2, "a"), (3, "a"), (4, "b"), (5, "a")):
+        base, var = clean(day)
+        if m == "b":
+            base, var = [x * 0.9 for x in base], [x * 0.9 for x in var]
+        run = make_night(tmp_path, day, base, var)
+        man = read_manifest(run)
+        man.machine = MachineInfo(model="NVIDIA H200", gpu_uuids=[f"GPU-{m}"])
+        write_manifest(run, man)
+        outs[day] = nightly_on_run(run, job, history=h)
+    b, a = outs[4], outs[5]
+    [r] = b.results
+    assert (b.outcome, r.status, b.exit_code) == ("green", "skipped", 0)
+    assert r.reason == "warming up: 0 night(s) in the history on this machine, 2 needed"
+    js = json.loads((tmp_path / "20260104T030000Z-nightly-test/nightly.json").read_text())
+    assert js["night"]["machine"] == js["story"]["machine"] == "NVIDIA H200 [GPU-b]"
+    assert js["story"]["summary"] == "learning on this machine (0 of 2 nights)"
+    assert js["noise"] == [] and js["change_points"] == []  # B has no nights of its own yet
+    md = (tmp_path / "20260104T030000Z-nightly-test/nightly.md").read_text()
+    assert "· machine NVIDIA H200 [GPU-b] ·" in md
+    [r] = a.results
+    assert (a.outcome, r.status, r.noise_source, r.reference) == (
+        "green",
+        "quiet",
+        "learned",
+        100.0,
+    )
+    assert r.window_run_ids == [f"2026010{d}T030000Z-nightly-test" for d in (1, 2, 3)]
+    assert [(x["metric"], x["nights"]) for x in a.noise] == [(TPUT, 3)]

@@ -149,7 +149,7 @@ def test_night_builds_table_is_created_on_first_write_and_read_per_config(tmp_pa
     h = tmp_path / "h.sqlite"
     green_nights(tmp_path / "r", h)
     with History(h) as hh:
-        assert hh.schema_version == 3
+        assert hh.schema_version == 4
         rows = read_night_builds(hh, "nightly-builds")
         assert {r["sglang_release"] for r in rows} == {"0.5.1.post3"} and len(rows) == 4
         assert set(rows[0]) == {"run_id", "variant", "sglang_release", "patch", "state", "detail"}

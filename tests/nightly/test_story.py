@@ -202,3 +202,61 @@ def test_minimum_detectable_change_is_the_noncentral_t_at_the_noise_and_repeats(
     se = sd_l * math.sqrt(1 + 1 / 4)
     d = TTestPower().solve_power(nobs=4, alpha=hs.family_alpha, power=0.8, alternative="larger")
     assert r.mde_pct == pytest.approx(100 * (1 - math.exp(-d * se * 2)), rel=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# the whole night (job, history, story, index) on synthetic run folders
+
+
+def test_a_variant_25x_slower_while_stock_is_red_fails_and_leads_the_index(tmp_path):
+    """A release step makes stock and the variant 20 % slower (nights 6-7: stock's history gate
+    red); night 8 the variant is also 2.5x slower than stock in the same run (paired ratios
+    0.426, 0.4, 0.375: two-sided p 0.0016, by hand t = -log 0.4 / (0.0636 / sqrt 3) = 25.0,
+    df 2). Its same-run gate fails on the learned noise (p above beyond_doubt_alpha, so no
+    learning rule could have let it through), its story line comes first as new tonight, and
+    the index ranks the config first, ahead of a config red on yesterday's cause only."""
+    from patchbench.config.nightly import Gate, NightlySettings
+    from patchbench.nightly.history import History, night_infos
+    from patchbench.nightly.job import nightly_on_run
+    from tests.synthetic import make_throughput_night
+
+    job = NightlySettings(
+        window_nights=5, min_history_nights=3, learn_min_nights=4, run_cv_pct=1.5,
+        gates=[Gate(metric=G, threshold_pct=3, against="same_run"),
+               Gate(metric=G, threshold_pct=3, against="history", variants=["baseline"])],
+    )  # fmt: skip
+    h = tmp_path / "h.sqlite"
+    ratios = (0.42624885, 0.4, 0.37536758)
+    for day in range(1, 9):
+        level = 100.0 if day < 6 else 80.0
+        base = [level, level + 1.0, level - 1.0]
+        var = [level, level + 1.5, level - 1.5]
+        if day == 8:
+            var = [x * r for x, r in zip(base, ratios, strict=True)]
+        run = make_throughput_night(
+            tmp_path, f"202601{day:02d}T030000Z-c", f"2026-01-{day:02d}T03:00:00Z", base, var,
+            name="c",
+        )  # fmt: skip
+        out = nightly_on_run(run, job, history=h)
+        assert out.outcome == ("green" if day < 6 else "red"), (day, out.headline)
+    same = only(out.results, kind="same_run")
+    assert same.status == "fail" and same.noise_source == "learned"
+    assert same.p_value == pytest.approx(0.0016, rel=1e-4) and same.p_value > 0.001
+    assert same.change_pct == pytest.approx(-60.0, abs=1e-4)
+    assert only(out.results, kind="history").status == "fail"
+    assert [x["text"] for x in out.story["lines"]] == [
+        "new tonight: serving.output_throughput_tok_s (patched, same-run) -60.0 %",
+        "serving.output_throughput_tok_s (baseline, history) -20.0 %: red since 2026-01-06 "
+        "(3 nights)",
+    ]
+    assert out.story["red"] == "new" and out.story["summary"] == (
+        "new tonight: serving.output_throughput_tok_s (patched, same-run) -60.0 %; red since "
+        "2026-01-06 (3 nights), not the same cause as yesterday"
+    )
+    with History(h) as hh:
+        infos = night_infos(hh, "c")
+    yesterday, tonight = infos[-2], infos[-1]
+    assert yesterday.story["summary"] == "red since 2026-01-06 (2 nights), same cause as yesterday"
+    other = _info("other", "2026-01-08T04:00:00Z", "red", "persisting")  # red, an hour newer
+    assert index_order({"c": tonight, "other": other}) == ["c", "other"]
+    assert index_order({"c": yesterday, "other": other}) == ["other", "c"]

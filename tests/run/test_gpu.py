@@ -50,6 +50,9 @@ class FakeSettings:
     def nvmlDeviceGetEnforcedPowerLimit(self, h):
         return self._get(h, "limit_mw")
 
+    def nvmlDeviceGetUUID(self, h):
+        return self._get(h, "uuid")
+
 
 H200 = {
     "name": b"NVIDIA H200",
@@ -255,3 +258,22 @@ def test_report_shows_each_suites_server_log_taint_per_cell(tmp_path, monkeypatc
     assert "## Server log" not in _render(
         _run_with(tmp_path / "q", monkeypatch, {}, {("patched", 0): quiet})
     )
+
+
+def test_the_machine_is_the_gpus_the_run_sees_else_the_cpu_and_its_host():
+    from patchbench.envs.envinfo import cpu_model
+    from patchbench.run.manifest import machine_info
+
+    a, b = dict(H200, uuid="GPU-aaaa-1"), dict(H200, uuid=b"GPU-bbbb-2")
+    nv = open_nvml(FakeSettings(a, b, {"name": "NVIDIA H200"}))  # the third: no UUID reported
+    both = [("NVIDIA H200", "GPU-aaaa-1"), ("NVIDIA H200", "GPU-bbbb-2")]
+    assert nv.devices() == nv.devices("") == both
+    assert nv.devices("1") == [both[1]] and nv.devices("GPU-bbbb, 0, 7") == [both[1], both[0]]
+    m = machine_info(nv, "1", "node-7")
+    assert (m.model, m.gpu_uuids, m.hostname) == ("NVIDIA H200", ["GPU-bbbb-2"], None)
+    assert m.key == "NVIDIA H200 [GPU-bbbb-2]"
+    assert machine_info(nv, None, "node-7").key == "NVIDIA H200 [GPU-aaaa-1, GPU-bbbb-2]"
+    cpu = machine_info(None, "1", "node-7")
+    assert (cpu.model, cpu.gpu_uuids, cpu.hostname) == (cpu_model(), [], "node-7")
+    assert cpu.key == f"{cpu_model()} on node-7"
+    assert machine_info(nv, "5", "node-7").key == cpu.key  # NVML names none it sees

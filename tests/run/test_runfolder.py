@@ -170,7 +170,8 @@ def test_a_manifest_the_run_wrote_reads_and_writes_back_key_for_key(case, tmp_pa
     runfolder.write_manifest(tmp_path, m)
     back = json.loads((tmp_path / "manifest.json").read_text())
     back.pop("migrated_from")
-    assert back.pop("schema_version") == runfolder.MANIFEST_SCHEMA == 5
+    assert back.pop("schema_version") == runfolder.MANIFEST_SCHEMA == 6
+    assert "machine" not in back  # unknown in these runs (manifest 6): not written
     raw.pop("schema_version")
     # a key added to the host since (manifest 5): unknown in these runs
     assert back["host"].pop("cpu_usable") is None

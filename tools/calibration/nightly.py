@@ -1,7 +1,8 @@
 """Calibration of the nightly gates on simulated histories (tools/calibrate_nightly.py, part 1).
 
 Model, per night, variant, gated metric and run (log scale):
-``log value = log 100 + drift_night + e``, ``e ~ N(0, cv)``, ``drift_night ~ N(0, drift)`` shared
+``log value = log 100 + drift_night + e``, ``e ~ N(0, cv)`` (``dist="t3"``: Student's t with 3
+degrees of freedom scaled to the same SD, heavy tails), ``drift_night ~ N(0, drift)`` shared
 by every variant and metric of the night (machine, driver); every gated metric gets independent
 run noise (the worst case for Holm). Scenarios:
 
@@ -86,8 +87,14 @@ def sim_night(
     cv: float,
     drift: float,
     sc: Scenario,
+    *,
+    dist: str = "normal",
+    machine: str | None = None,
+    slow: float = 0.0,
 ) -> Night:
-    """Night ``i`` of a simulated history (see the module docstring); run ids ``n0000``..."""
+    """Night ``i`` of a simulated history (see the module docstring); run ids ``n0000``...
+    ``machine``: the night's :attr:`Night.machine`, ``slow`` how much slower it is (a fraction:
+    every serving metric worse by it, accuracy alike on every machine)."""
     d = rng.normal(0.0, drift) if drift > 0 else 0.0
     odd = None
     if sc.abnormal and rng.random() < sc.abnormal:
@@ -96,7 +103,12 @@ def sim_night(
     for v in (BASELINE, VARIANT):
         for s, m in metrics:
             b = BETTER.get(m, "lower")
-            e = rng.normal(0.0, cv, repeats) + d
+            if dist == "t3":
+                e = rng.standard_t(3, repeats) * cv / math.sqrt(3.0) + d
+            else:
+                e = rng.normal(0.0, cv, repeats) + d
+            if s == "serving" and slow:
+                e = e + (1 if b == "higher" else -1) * math.log1p(-slow)
             if (s, m) == TPUT:
                 e = e + math.log1p(-sc.stock) + (math.log1p(-sc.patch) if v == VARIANT else 0.0)
             if odd is not None and odd[0] == v:
@@ -110,6 +122,7 @@ def sim_night(
         night_utc=day,
         config_name="sim",
         baseline=BASELINE,
+        machine=machine,
         values=vals,
         better=better,
     )
@@ -288,10 +301,12 @@ def gate_rates(
     horizon: int = 3,
     step: float = 0.05,
     steps: bool = True,
+    dist: str = "normal",
 ) -> GateRates:
     """Simulate ``trials`` histories (module docstring) and gate them; seeded, deterministic.
     ``steps=False``: the quiet nights only (``patch_within`` / ``stock_within`` are NaN); the
-    quiet nights are the same as with the steps (their own generator)."""
+    quiet nights are the same as with the steps (their own generator); ``dist``: the run
+    noise's distribution (:func:`sim_night`)."""
     metrics = gate_metrics(settings)
     base = Scenario(abnormal=abnormal)
     green = under = red = nights = 0
@@ -302,7 +317,7 @@ def gate_rates(
         rngs = [np.random.default_rng([seed, trial, part]) for part in range(3)]
 
         def mk(i: int, sc: Scenario = base, part: int = 0, rngs: list = rngs) -> Night:
-            return sim_night(i, rngs[part], metrics, repeats, cv, drift, sc)
+            return sim_night(i, rngs[part], metrics, repeats, cv, drift, sc, dist=dist)
 
         hist = [mk(i) for i in range(warm)]
         for i in range(warm, warm + quiet):
@@ -330,7 +345,73 @@ def gate_rates(
     )
 
 
+def pool_rates(
+    settings: NightlySettings,
+    repeats: int,
+    cv: float,
+    trials: int,
+    seed: int,
+    *,
+    pick: str = "alternate",
+    identity: bool = True,
+    slow: float = 0.08,
+    quiet: int = 10,
+    horizon: int = 3,
+    step: float = 0.05,
+) -> GateRates:
+    """A runner pool of two machines, B ``slow`` slower than A, ``pick``: "alternate" (A, B,
+    A, ...) or "random" (either, evenly, each night). Each trial warms up until each machine
+    has ``learn_min_nights`` + 1 nights, gates ``quiet`` quiet nights, then (from the warmed
+    history) a ``step`` stock step on every machine: red within ``horizon`` nights of the
+    machine that ran the first night after it (a red on the other machine in between counts).
+    ``identity=False``: every night's machine unknown (None), as before nights were told
+    apart. ``patch_within`` is NaN."""
+    metrics = gate_metrics(settings)
+    green = under = red = nights = stock = 0
+    for trial in range(trials):
+        rng = np.random.default_rng([seed, trial])
+        walk = np.random.default_rng([seed, trial, 1])
+
+        def mk(i: int, m: str, sc: Scenario = Scenario(), rng=rng) -> Night:
+            return sim_night(i, rng, metrics, repeats, cv, 0.0, sc, slow=slow if m == "B" else 0.0,
+                             machine=m if identity else None)  # fmt: skip
+
+        def machine(i: int, walk=walk) -> str:
+            return ("A", "B")[i % 2 if pick == "alternate" else int(walk.integers(2))]
+
+        hist: list[Night] = []
+        seen = {"A": 0, "B": 0}
+        while min(seen.values()) <= settings.learn_min_nights:
+            m = machine(len(hist))
+            hist.append(mk(len(hist), m))
+            seen[m] += 1
+        for _ in range(quiet):
+            t = with_report(mk(len(hist), machine(len(hist))))
+            out = night_outcome(evaluate(hist, t, settings))
+            green += out == "green"
+            under += out == "underpowered"
+            red += out == "red"
+            nights += 1
+            hist.append(t)
+        first, on_first = None, 0
+        for i in range(len(hist), len(hist) + 8 * horizon):
+            m = machine(i)
+            first = first or m
+            t = with_report(mk(i, m, Scenario(stock=step)))
+            if night_outcome(evaluate(hist, t, settings)) == "red":
+                stock += 1
+                break
+            on_first += m == first
+            if on_first >= horizon:
+                break
+            hist.append(t)
+    return GateRates(
+        green / nights, under / nights, 30.0 * red / nights, math.nan, stock / trials, nights
+    )
+
+
 __all__ = [
+    "pool_rates",
     "Scenario",
     "GateRates",
     "gate_rates",
