@@ -926,9 +926,24 @@ def _night_row(n: NightInfo, links, pages: dict[str, dict[str, str]], up: str) -
         f"<tr><td>{_esc(_x(n.night_utc)[:16])}</td><td>{_night_cell(n, links, up)}"
         f"{_evidence(pages.get(n.run_id, {}), up)}</td>"
         f"<td>{_badge(n.outcome)}</td><td>{_esc(n.release)}</td>"
+        f'<td title="{_esc(n.machine or "unknown")}">{_esc(short_machine(n.machine))}</td>'
         f'<td title="{_esc(full)}">{_esc(chartdata.short_patch(n.builds))}</td>'
         f'<td class="wrap">{_esc(_failing_text(n))}</td></tr>'
     )
+
+
+def short_machine(key: str | None) -> str:
+    """A machine's identity (:attr:`patchbench.runfolder.models.MachineInfo.key`) short enough
+    for a table cell: the model and the first GPU's UUID cut to 12 characters (``+k`` more
+    GPUs), or the CPU model and host; "unknown" for None."""
+    if not key:
+        return "unknown"
+    model, _, rest = key.partition(" [")
+    if rest:
+        uuids = rest.rstrip("]").split(", ")
+        more = f" +{len(uuids) - 1}" if len(uuids) > 1 else ""
+        return f"{model} [{uuids[0][:12]}…{more}]"
+    return key if len(key) <= 48 else key[:47] + "…"
 
 
 def _evidence(pages: dict[str, str], up: str) -> str:
@@ -941,7 +956,7 @@ def _evidence(pages: dict[str, str], up: str) -> str:
 
 _NIGHTS_HEAD = (
     "<table><tr><th>night (UTC)</th><th>run (reports)</th><th>outcome</th><th>sglang</th>"
-    "<th>patch state</th><th>failing gates</th></tr>\n"
+    "<th>machine</th><th>patch state</th><th>failing gates</th></tr>\n"
 )
 
 

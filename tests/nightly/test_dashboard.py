@@ -405,3 +405,13 @@ def test_night_links_evidence_no_runner_paths_and_a_lean_bundle(demo):
     assert leaks == []
     assert plotly_bundle()[1] == "basic"
     assert (site / "assets/plotly.min.js").stat().st_size < 1_500_000
+
+
+def test_a_night_row_names_its_machine_short_with_the_whole_identity_on_hover():
+    from patchbench.nightly.dashboard import short_machine
+
+    gpu = "NVIDIA H200 [GPU-0a1b2c3d-1111-2222-3333-444455556666, GPU-ffff0000-1111-2222-3333-4]"
+    assert short_machine(gpu) == "NVIDIA H200 [GPU-0a1b2c3d…" + " +1]"
+    assert short_machine("Intel Xeon on runner-7") == "Intel Xeon on runner-7"
+    assert short_machine(None) == "unknown"
+    assert len(short_machine("x" * 60)) == 48
