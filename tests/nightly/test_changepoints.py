@@ -185,6 +185,11 @@ def test_detect_history_and_derived_tables(tmp_path):
         assert r["run_id"] == p.run_id and r["worse"] == 1 and r["size_pct"] == p.size_pct
         [n] = read_noise(h, "sim", hist[-1].run_id)
         assert n["repeats_needed"] == 4 and n["source"] == "learned"
+        # an older night found the change; the latest night looked (its noise) and found none
+        record_change_points(h, "sim", hist[-2].run_id, [p.to_json()])
+        record_change_points(h, "sim", hist[-1].run_id, [])
+        assert read_change_points(h, "sim") == []
+        assert len(read_change_points(h, "sim", hist[-2].run_id)) == 1
 
 
 def test_calibration_smoke():
