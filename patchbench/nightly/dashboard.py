@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import html
 import json
+import math
 import os
 import re
 import stat
@@ -583,6 +584,8 @@ def _chart(div_id: str, ctx: _ChartCtx, suite: str, metric: str) -> tuple[str, d
         traces.append(cp)
         counts["change point"] = len(cp["x"])
     shapes, notes = _threshold_and_band(ctx, suite, metric, better, ypct)
+    if log:  # plotly places an annotation on a log axis at the log10 of its value
+        notes = [n | {"y": round(math.log10(n["y"]), 5)} for n in notes]
     rel_shapes, rel_notes = _release_lines(ctx)
     words = chartdata.metric_words(suite, metric)
     head = f"{words} [{unit}]" if unit else words
