@@ -4,7 +4,7 @@ A series is one (variant, suite, metric): each night's level (the mean log value
 the outlier rule, :func:`patchbench.nightly.noise.night_level`), oldest first, and sigma, one
 night's level sigma learned from the same series (:func:`patchbench.nightly.noise.sigma_steps`:
 first differences, MAD-type, so a step, a steady decline or a lone spike does not inflate it).
-Three steps (:func:`analyse`), run twice:
+Three steps (:func:`analyse`), run again once when the second pass (below) raises sigma:
 
 1. **One-night excursions are outliers, not changes.** A night (not the newest) is set aside when
    it is more than :data:`OUTLIER_K` sigmas from the median of the :data:`OUTLIER_WINDOW` nights
