@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Calibrate the nightly change points (patchbench/nightly/changepoints.py) on seeded synthetic
-histories, and compare them with the detector before issue 35 (``--detector legacy``).
+histories, and compare them with plain PELT (``--detector legacy``: no outlier rule, means).
 
 A history is 90 nights (a quarter) of nightly levels (log), lognormal noise of ``noise`` (the
 sigma of one night's level: 1.5 % and 3 %; 5 runs of 1.5 % run noise give 0.67 %, so this is the
@@ -16,10 +16,11 @@ The detector runs once on the whole history (tonight's view). A step counts as f
 change starts within one night of it and its size (percent) is within a third of the true
 step's. False change points per quarter: confirmed changes on a quiet history (tonight's view),
 and, with ``--nightly``, the distinct confirmed changes over every night's run of the quarter
-(as the job records them) plus the "new tonight" alerts on nights that were neither a step nor a
-spike.
+(as the job records them; a change within one night of one already counted is the same) plus
+the "new tonight" alerts on nights that were neither a step nor a spike, and how many of those
+false changes were first seen on a history of at most :data:`EARLY` nights.
 
-    .venv/bin/python tools/changepoint_calibration.py [--series 300] [--seed 35]
+    .venv/bin/python tools/changepoint_calibration.py [--series 200] [--seed 35]
         [--detector new|legacy|both] [--nightly] [--beta B] [--noise 1.5 3]
 """
 
@@ -43,6 +44,8 @@ NIGHTS = 90
 SIZES_PCT = (3, 5, 10, 20, 35, 50)
 NOISES = (0.015, 0.03)
 SPIKES = (2.0, 3.0, 4.0, 5.0, 6.0)
+#: a false change first seen on a history this short or shorter counts as early
+EARLY = 20
 
 
 @dataclass
@@ -82,7 +85,7 @@ def make_history(
 
 
 def legacy_changes(levels: np.ndarray, sigma: float) -> list[cp.Change]:
-    """The detector before issue 35, for the before/after table: PELT (l2) with penalty
+    """Plain PELT, the nightly detector's first form, for comparison: PELT (l2) with penalty
     ``8 log n``, segments of 3+ nights, same-direction breakpoints under 10 nights apart merged,
     sizes from the segments' means."""
     import ruptures as rpt
@@ -129,16 +132,18 @@ class Row:
     signs, every position); ``found_all``; ``found_last``: of steps on the newest night, and the
     share of those reported unconfirmed; ``false_quiet``: confirmed changes per quiet quarter;
     ``false_nightly``: distinct confirmed changes over every night's run of a quiet quarter;
+    ``early``: the share of those first seen on a history of at most :data:`EARLY` nights;
     ``alerts``: "new tonight" alerts per quiet quarter on nights with no spike; ``drift``: share
     of drifting histories with a change starting in the drift (None where not run)."""
 
     noise: float
-    found: dict[int, float]
+    found: dict[float, float]
     found_all: float
     found_last: float
     last_unconfirmed: float
     false_quiet: float
     false_nightly: float | None
+    early: float | None
     alerts: float | None
     drift: float
 
@@ -151,12 +156,14 @@ def calibrate(
     *,
     nightly: bool = False,
     beta: float | None = None,
+    sizes: tuple[float, ...] = SIZES_PCT,
 ) -> Row:
-    """``series`` step histories per size and ``series`` quiet and drift histories at ``noise``."""
+    """``series`` step histories per size (percent) and ``series`` quiet and drift histories at
+    ``noise``."""
     rng = np.random.default_rng(seed)
-    hits: dict[int, list[bool]] = {s: [] for s in SIZES_PCT}
+    hits: dict[float, list[bool]] = {s: [] for s in sizes}
     last, last_unc = [], []
-    for size in SIZES_PCT:
+    for size in sizes:
         for _ in range(series):
             sign = float(rng.choice([-1.0, 1.0]))
             h = make_history(rng, noise, step_pct=sign * size, spikes=int(rng.integers(0, 3)))
@@ -165,7 +172,7 @@ def calibrate(
             if h.at == NIGHTS - 1:
                 last.append(hits[size][-1])
                 last_unc.append(any(c.start == h.at and not c.confirmed for c in ch))
-    false_q, false_n, alerts, drift = [], [], [], []
+    false_q, false_n, first, alerts, drift = [], [], [], [], []
     for _ in range(series):
         h = make_history(rng, noise, spikes=int(rng.integers(0, 4)))
         false_q.append(sum(c.confirmed for c in detect(h.levels, detector, beta)))
@@ -178,11 +185,12 @@ def calibrate(
                         alert += c.start == t - 1 and c.start not in h.spikes
                     elif not any(abs(c.start - s) <= 1 for s in seen):
                         seen.append(c.start)
+                        first.append(t)
             false_n.append(len(seen))
             alerts.append(alert)
         d = make_history(rng, noise, drift=0.003, spikes=int(rng.integers(0, 3)))
         drift.append(any(c.end >= NIGHTS - 31 for c in detect(d.levels, detector, beta)))
-    every = [v for s in SIZES_PCT for v in hits[s]]
+    every = [v for s in sizes for v in hits[s]]
     return Row(
         noise,
         {s: float(np.mean(v)) for s, v in hits.items()},
@@ -191,6 +199,7 @@ def calibrate(
         float(np.mean(last_unc)) if last_unc else math.nan,
         float(np.mean(false_q)),
         float(np.mean(false_n)) if nightly else None,
+        float(np.mean(np.array(first) <= EARLY)) if first else None,
         float(np.mean(alerts)) if nightly else None,
         float(np.mean(drift)),
     )
@@ -200,7 +209,7 @@ def table(rows: list[tuple[str, Row]]) -> str:
     """The markdown table of ``rows`` ((detector, Row))."""
     head = (
         "| detector | noise | "
-        + " | ".join(f"{s} %" for s in SIZES_PCT)
+        + " | ".join(f"{s:g} %" for s in rows[0][1].found)
         + " | all steps | newest night (unconfirmed) | false / quiet quarter | "
         "false / quarter, every night | new-tonight alerts / quarter | drift flagged |"
     )
@@ -213,7 +222,7 @@ def table(rows: list[tuple[str, Row]]) -> str:
         )
         lines.append(
             f"| {name} | {100 * r.noise:g} % | "
-            + " | ".join(f"{100 * r.found[s]:.0f} %" for s in SIZES_PCT)
+            + " | ".join(f"{100 * v:.0f} %" for v in r.found.values())
             + f" | {100 * r.found_all:.1f} % | {100 * r.found_last:.0f} % "
             f"({100 * r.last_unconfirmed:.0f} %) | {r.false_quiet:.3f} | {opt[0]} | {opt[1]} | "
             f"{100 * r.drift:.0f} % |"
@@ -223,18 +232,26 @@ def table(rows: list[tuple[str, Row]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--series", type=int, default=300, help="histories per step size and kind")
+    ap.add_argument("--series", type=int, default=200, help="histories per step size and kind")
     ap.add_argument("--seed", type=int, default=35)
     ap.add_argument("--detector", choices=("new", "legacy", "both"), default="both")
     ap.add_argument("--nightly", action="store_true", help="also run every night of quiet quarters")
     ap.add_argument("--beta", type=float, default=None, help="penalty factor (default: shipped)")
+    ap.add_argument(
+        "--sizes", type=float, nargs="+", default=SIZES_PCT, help="step sizes, %% (both signs)"
+    )
     ap.add_argument(
         "--noise", type=float, nargs="+", default=[100 * v for v in NOISES], help="level noise, %%"
     )
     a = ap.parse_args(argv)
     names = ("legacy", "new") if a.detector == "both" else (a.detector,)
     rows = [
-        (name, calibrate(noise, a.series, a.seed, name, nightly=a.nightly, beta=a.beta))
+        (
+            name,
+            calibrate(
+                noise, a.series, a.seed, name, nightly=a.nightly, beta=a.beta, sizes=tuple(a.sizes)
+            ),
+        )
         for name in names
         for noise in [v / 100 for v in a.noise]
     ]
@@ -243,6 +260,15 @@ def main(argv: list[str] | None = None) -> int:
         f"per size and kind, seed {a.seed}, beta {cp.BETA if a.beta is None else a.beta}\n"
     )
     print(table(rows))
+    for noise in a.noise:
+        steps = ", ".join(f"{s:g} % = {math.log1p(s / 100) / noise * 100:.1f}" for s in a.sizes)
+        print(f"\nthe steps in night sigmas at {noise:g} %: {steps}")
+    for name, r in rows:
+        if r.early is not None:
+            print(
+                f"\n{name}, {100 * r.noise:g} %: {100 * r.early:.0f} % of the every-night false "
+                f"changes were first seen on a history of at most {EARLY} nights"
+            )
     return 0
 
 

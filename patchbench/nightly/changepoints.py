@@ -4,7 +4,7 @@ A series is one (variant, suite, metric): each night's level (the mean log value
 the outlier rule, :func:`patchbench.nightly.noise.night_level`), oldest first, and sigma, one
 night's level sigma learned from the same series (:func:`patchbench.nightly.noise.sigma_steps`:
 first differences, MAD-type, so a step, a steady decline or a lone spike does not inflate it).
-Three steps (:func:`analyse`):
+Three steps (:func:`analyse`), run again once when the second pass (below) raises sigma:
 
 1. **One-night excursions are outliers, not changes.** A night (not the newest) is set aside when
    it is more than :data:`OUTLIER_K` sigmas from the median of the :data:`OUTLIER_WINDOW` nights
@@ -25,14 +25,24 @@ Three steps (:func:`analyse`):
    or sets it aside (a spike), or tonight's confirmation run confirms it
    (:func:`confirm_by_run`).
 
+**The second pass.** Sigma from a few first differences (MAD-type, a third as efficient as a
+standard deviation) can come out far too small on a short history, and PELT then cuts ordinary
+noise: most false change points of a quarter run every night were found on its first 20 nights.
+After the first pass the nights' scatter about their segments' medians (outliers left out; a
+standard deviation on nights minus segments degrees of freedom) gives a second estimate; its
+upper :data:`SIGMA_BOUND` chi-square bound (:func:`patchbench.nightly.noise.noise_bound`: 1.11
+times the estimate on 88 degrees of freedom, 1.51 on 8), when above sigma, replaces it and the
+three steps run again.
+
 Sizes are the medians of the segments (before the first and after the last breakpoint of a
 change), so a spike inside a segment moves neither the size nor the marker. Consecutive
 confirmed breakpoints in the same direction less than :data:`MERGE_NIGHTS` nights apart are one
 change (a slow decline shows as a staircase): it spans from the first to the last of them.
 
-``ruptures`` gives no p-values: :data:`BETA`, :data:`OUTLIER_K` and :data:`NEW_K` are calibrated
-on seeded synthetic histories (``tools/changepoint_calibration.py``; docs/nightly.md has the
-table: steps located within one night and sized within a third, false change points per quarter).
+``ruptures`` gives no p-values: :data:`BETA`, :data:`SIGMA_BOUND`, :data:`OUTLIER_K` and
+:data:`NEW_K` are calibrated on seeded synthetic histories (``tools/changepoint_calibration.py``;
+docs/nightly.md has the table: steps located within one night and sized within a third, false
+change points per quarter, in tonight's view and over every night's run).
 """
 
 from __future__ import annotations
@@ -46,11 +56,15 @@ from typing import Any
 import numpy as np
 
 from patchbench.nightly.history import Key, Night
-from patchbench.nightly.noise import night_level, sigma_steps, sigma_within
+from patchbench.nightly.noise import night_level, noise_bound, sigma_steps, sigma_within
 
 #: penalty factor: pen = BETA * log(nights) on the series in units of one night's sigma
-#: (tools/changepoint_calibration.py: false confirmed change points per quiet quarter under 0.1)
-BETA = 6.0
+#: (tools/changepoint_calibration.py: false confirmed change points per quiet quarter, the
+#: detector run every night, under 0.1)
+BETA = 5.0
+#: the second pass's sigma is at least this one-sided chi-square bound (0.9: the upper 90 % bound)
+#: of the scatter about the first pass's segments
+SIGMA_BOUND = 0.9
 #: fewest nights of a segment (a step is confirmed by one later night at its level)
 MIN_SIZE = 2
 #: confirmed breakpoints in the same direction closer than this many nights are one change
@@ -91,12 +105,14 @@ class Segmentation:
     """What :func:`analyse` found in a series: ``outliers``, indices of the nights set aside (one-
     or two-night excursions); ``edges``, the first night of each segment of the remaining nights
     and the series' length (``[0, ..., n]``; the newest night alone when it is a new change);
-    ``changes``, the changes; ``new``: the newest night is a new, unconfirmed change."""
+    ``changes``, the changes; ``new``: the newest night is a new, unconfirmed change; ``sigma``:
+    the sigma (log) it segmented with (the second pass's, module docstring)."""
 
     outliers: list[int]
     edges: list[int]
     changes: list[Change]
     new: bool = False
+    sigma: float = math.nan
 
 
 def outlier_nights(
@@ -132,13 +148,39 @@ def _pelt(z: np.ndarray, pen: float) -> list[int]:
 
 
 def analyse(levels: Sequence[float], sigma: float, beta: float = BETA) -> Segmentation:
-    """Outliers, segments and changes of a series (module docstring). levels: log levels, oldest
+    """Outliers, segments and changes of a series (module docstring: three steps, and again with
+    a larger sigma when the scatter about the segments says so). levels: log levels, oldest
     first (NaN not allowed); sigma: one night's level sigma (log). Nothing with fewer than
     :data:`MIN_NIGHTS` levels or no usable sigma."""
     x = np.asarray(levels, dtype=float)
+    if x.size < MIN_NIGHTS or not (math.isfinite(sigma) and sigma > 0):
+        return Segmentation([], [0, x.size], [])
+    seg = _segment(x, sigma, beta)
+    bound = residual_sigma(x, seg)
+    return _segment(x, bound, beta) if bound > sigma else seg
+
+
+def residual_sigma(levels: Sequence[float], seg: Segmentation, q: float = SIGMA_BOUND) -> float:
+    """The upper ``q`` chi-square bound of the nights' scatter about their segments' medians
+    (``seg.edges``; ``seg.outliers`` left out): ``sqrt(sum r^2 / df) * noise_bound(df, q)``, df
+    the nights kept minus the segments; NaN when df < 1. levels: log levels."""
+    x = np.asarray(levels, dtype=float)
+    kept = np.ones(x.size, dtype=bool)
+    kept[seg.outliers] = False
+    r = [
+        x[a:b][kept[a:b]] - np.median(x[a:b][kept[a:b]])
+        for a, b in zip(seg.edges[:-1], seg.edges[1:], strict=True)
+        if kept[a:b].any()
+    ]
+    df = int(kept.sum()) - len(r)
+    if df < 1:
+        return math.nan
+    return math.sqrt(float(np.sum(np.concatenate(r) ** 2)) / df) * noise_bound(df, q)
+
+
+def _segment(x: np.ndarray, sigma: float, beta: float) -> Segmentation:
+    """One pass of the three steps (module docstring) with ``sigma``."""
     n = x.size
-    if n < MIN_NIGHTS or not (math.isfinite(sigma) and sigma > 0):
-        return Segmentation([], [0, n], [])
     out = outlier_nights(x, sigma)
     kept = np.flatnonzero(~out)
     y = x[kept]
@@ -170,7 +212,8 @@ def analyse(levels: Sequence[float], sigma: float, beta: float = BETA) -> Segmen
         else:
             changes.append(Change(night, night, med[i], med[i + 1]))
     night_edges = [0, *(int(kept[b]) for b in bk), n]
-    return Segmentation([int(i) for i in np.flatnonzero(out)], night_edges, changes, bool(new))
+    outliers = [int(i) for i in np.flatnonzero(out)]
+    return Segmentation(outliers, night_edges, changes, bool(new), sigma)
 
 
 def breakpoints(levels: Sequence[float], sigma: float, beta: float = BETA) -> list[int]:
@@ -310,6 +353,7 @@ def confirm_by_run(
 
 __all__ = [
     "BETA",
+    "SIGMA_BOUND",
     "MIN_SIZE",
     "MERGE_NIGHTS",
     "MIN_NIGHTS",
@@ -324,6 +368,7 @@ __all__ = [
     "changes",
     "confirm_by_run",
     "outlier_nights",
+    "residual_sigma",
     "series_sigma",
     "detect_history",
 ]

@@ -23,6 +23,7 @@ import functools
 import hashlib
 import html
 import json
+import math
 import os
 import posixpath
 import re
@@ -646,6 +647,8 @@ def _chart(div_id: str, ctx: _ChartCtx, suite: str, metric: str) -> tuple[str, d
         traces.append(cp)
         counts["change point"] = len(cp["x"])
     shapes, notes = _threshold_and_band(ctx, suite, metric, better, ypct)
+    if log:  # plotly places an annotation on a log axis at the log10 of its value
+        notes = [n | {"y": round(math.log10(n["y"]), 5)} for n in notes]
     rel_shapes, rel_notes = _release_lines(ctx)
     words = chartdata.metric_words(suite, metric)
     head = f"{words} [{unit}]" if unit else words
@@ -711,7 +714,8 @@ def _ticks(ctx: _ChartCtx) -> dict[str, Any]:
         return {"tickvals": [], "ticktext": []}
     step = max(1, len(infos) // 8)
     picks = list(range(0, len(infos), step))
-    if picks[-1] != len(infos) - 1:
+    if picks[-1] != len(infos) - 1:  # the newest night's tick replaces one too close to it
+        picks = picks[:-1] if len(infos) - 1 - picks[-1] < step else picks
         picks.append(len(infos) - 1)
     return {
         "tickvals": picks,
@@ -723,7 +727,7 @@ def _ticks(ctx: _ChartCtx) -> dict[str, Any]:
 def _log_ticks(pcts: list[float]) -> dict[str, Any]:
     """A log axis of the ratio, its ticks labelled as changes in percent."""
     lo, hi = min(1 + p / 100 for p in pcts), max(1 + p / 100 for p in pcts)
-    nice = [0.1, 0.2, 0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 3, 4, 5, 10, 20]
+    nice = [0.1, 0.2, 0.25, 0.4, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 3, 4, 5, 10, 20]
     vals = [v for v in nice if lo / 1.3 <= v <= hi * 1.3]
     return {
         "type": "log",

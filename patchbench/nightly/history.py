@@ -937,7 +937,9 @@ def read_change_points(
     h: History, config_name: str, detected_run_id: str | None = None
 ) -> list[dict]:
     """The change points of a config as found by the night ``detected_run_id`` (default: the
-    latest night that stored any), dicts with ``config_name``, ``detected_run_id`` and
+    latest night that looked, one that stored change points or noise: the job stores both
+    together, so a night that found none hides an older night's), dicts with ``config_name``,
+    ``detected_run_id`` and
     :data:`CHANGE_COLUMNS` (``worse`` and ``confirmed`` 1 / 0 / None, ``confirmed`` None in rows
     stored before it existed); [] when none were stored."""
     if detected_run_id is None:
@@ -945,9 +947,10 @@ def read_change_points(
         if not rows:
             return []
         nights = {r.run_id: r.night_utc for r in h.nights(config_name)}
-        detected_run_id = max(
-            {r["detected_run_id"] for r in rows}, key=lambda x: (nights.get(x, ""), x)
-        )
+        looked = {r["detected_run_id"] for r in rows} | {
+            r["run_id"] for r in read_noise(h, config_name)
+        }
+        detected_run_id = max(looked, key=lambda x: (nights.get(x, ""), x))
     return _read_derived(
         h, "change_points", config_name, " AND detected_run_id = ?", (detected_run_id,)
     )

@@ -415,3 +415,65 @@ def test_a_night_row_names_its_machine_short_with_the_whole_identity_on_hover():
     assert short_machine("Intel Xeon on runner-7") == "Intel Xeon on runner-7"
     assert short_machine(None) == "unknown"
     assert len(short_machine("x" * 60)) == 48
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(120)
+def test_config_page_screenshot_shows_the_chart_the_red_ring_and_the_new_red(tmp_path):
+    """The config page of a history the nightly job wrote (tests.nightly.scenarios: stock 10 %
+    slower since a release change, red since; tonight the patched variant 2.5x slower), as
+    Chromium paints it: a PNG of the viewport's size; the plot area is not blank; the red
+    ring's colour (#cf222e) lies on a ring of radius 6 to 10 px around tonight's point, where
+    plotly's own axes put it, and not around the first night's; the story's "new tonight" line
+    is above the fold."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from tests.nightly.scenarios import CONFIG, build_scenario
+
+    why = browser.missing()
+    if why:
+        pytest.fail(f"the dashboard's browser test needs headless Chromium: {why}")
+    build_site(build_scenario(tmp_path, "new-while-red", nights=12), tmp_path / "site")
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = browser.start(1200, 900)
+    try:
+        driver.get((tmp_path / "site/configs" / f"{CONFIG}.html").as_uri())
+        WebDriverWait(driver, 60).until(
+            lambda d: d.execute_script("return !!document.querySelector('div.chart .main-svg')")
+        )
+        geo = driver.execute_script(
+            "var d = document.querySelector('div.chart'), r = d.getBoundingClientRect(),"
+            " L = d._fullLayout, s = L._size, t = d.data.find(t => t.name === 'red night'),"
+            " b = d.data[0], at = (x, y) => [r.left + s.l + L.xaxis.d2p(x),"
+            " r.top + s.t + L.yaxis.d2p(y)], st = document.querySelector('[data-story]');"
+            " return {view: [innerWidth, innerHeight, devicePixelRatio],"
+            " plot: [r.left + s.l, r.top + s.t, s.w, s.h],"
+            " ring: at(t.x[t.x.length - 1], t.y[t.y.length - 1]), first: at(b.x[0], b.y[0]),"
+            " story: [st.textContent, st.getBoundingClientRect().top,"
+            " st.getBoundingClientRect().bottom]};"
+        )
+        png = driver.get_screenshot_as_png()
+    finally:
+        driver.quit()
+    img = np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(int)
+    w, h, dpr = geo["view"]
+    assert img.shape == (round(h * dpr), round(w * dpr), 3)
+    x0, y0, pw, ph = (round(v * dpr) for v in geo["plot"])
+    assert y0 + ph <= img.shape[0], "the plot area is below the fold"
+    assert img[y0 : y0 + ph, x0 : x0 + pw].std() > 10  # a white plot area has 0
+
+    def red_on_ring(cx: float, cy: float) -> int:
+        yy, xx = np.mgrid[0 : img.shape[0], 0 : img.shape[1]]
+        r = np.hypot(xx - cx * dpr, yy - cy * dpr)
+        ring = (r >= 6 * dpr) & (r <= 10 * dpr)
+        red = (abs(img - np.array([0xCF, 0x22, 0x2E])) <= 40).all(axis=2)
+        return int((ring & red).sum())
+
+    assert red_on_ring(*geo["ring"]) >= 20
+    assert red_on_ring(*geo["first"]) == 0
+    text, top, bottom = geo["story"]
+    assert "new tonight" in text and 0 <= top and bottom <= h
