@@ -1,7 +1,5 @@
 """What :class:`patchbench.run.liveness.ServerWatch` reads to tell a slow server from a stalled
-one: the :class:`ProgressMeter` a suite feeds and the :class:`ClientActivity` of a client that
-prints nothing until its result.
-"""
+one: a suite's :class:`ProgressMeter`, a silent client's :class:`ClientActivity`."""
 
 from __future__ import annotations
 

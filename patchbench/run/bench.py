@@ -1,8 +1,4 @@
-"""``patchbench bench CONFIG``: :func:`run_bench` checks everything before any server starts,
-runs the planned cells (look by look for a sequential schedule), rewrites the manifest after each
-cell and writes the report. A failed cell is recorded and the run goes on; a signal stops the
-server and keeps what finished; ``--resume RUN_DIR`` runs only what is missing.
-"""
+"""``patchbench bench CONFIG``: :func:`run_bench` (docs/design.md, "Data flow of one run")."""
 
 from __future__ import annotations
 

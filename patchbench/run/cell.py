@@ -1,8 +1,4 @@
-"""One cell, one server lifetime of one variant (:func:`run_cell`): start (the pid into
-``cell.json`` at once, readiness, the liveness watch and GPU sampler), run suites (those needing
-no server first; ``/flush_cache`` between two; the host's load average as the first starts and
-after each), stop, record ``cell.json``.
-"""
+"""One cell, one server lifetime of one variant (:func:`run_cell`; docs/design.md step 5)."""
 
 from __future__ import annotations
 
@@ -128,7 +124,7 @@ LaunchSpecFn = Callable[[Config, VariantEnv, Path, int], LaunchSpec]
 
 @dataclass
 class CellRun:
-    """The state of one cell while its steps run (module docstring); ``record``: the cell.json
+    """The state of one cell while its steps run; ``record``: the cell.json
     being built; ``progress`` / ``nvml``: a BenchProgress / Nvml or None."""
 
     cfg: Config

@@ -1,19 +1,8 @@
-"""``server.log``'s disk use held at ``server.log_max_mb`` (MiB) while the server runs, and the
-one way to read such a log line by line.
-
-A server that floods its output would otherwise fill the run folder. :class:`LogCap` (a thread
-beside the server, one check every :data:`CHECK_INTERVAL_S` seconds and one when the server
-stops) punches the log's middle out once its allocated size (``st_blocks * 512``) passes the
-cap: ``fallocate(PUNCH_HOLE | KEEP_SIZE)`` frees the blocks between the first quarter of the cap
-(the head) and the last three quarters (the tail), both aligned to :data:`BLOCK` bytes. The file
-keeps its size and only grows (every byte offset a reader took stays valid; the server appends
-at its end as before); the punched bytes read as NUL bytes, the first of them overwritten with
-one line saying what was dropped. Where punching is not supported (another OS, a file system
-without it: ``EOPNOTSUPP``) nothing is dropped and :attr:`LogCap.note` says so once.
-
-:func:`read_lines` reads such a file without reading a hole into memory: it jumps over holes
-(``SEEK_DATA``) and leaves NUL bytes out of the lines it yields.
-"""
+"""``server.log``'s disk use held at ``server.log_max_mb`` MiB while the server runs
+(:class:`LogCap`: ``fallocate(PUNCH_HOLE | KEEP_SIZE)`` frees the middle between the cap's first
+quarter and last three quarters; sizes and offsets stay, the hole reads as NUL bytes, its first
+line says what was dropped; docs/faults.md), and :func:`read_lines`, which reads such a log
+without its hole."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""What ``bench`` checks before any server starts: the builds, the model, a resumed folder's
-config, orphaned servers, the port. ConfigError (exit 2) for a resumed folder that does not fit
-the config, EnvironmentNotReady (exit 3) for the environment.
-"""
+"""What ``bench`` checks before any server starts: builds, model, a resumed folder's config,
+orphaned servers, the port (ConfigError exit 2, EnvironmentNotReady exit 3)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""How a command ends: SIGTERM and SIGHUP behave like Ctrl-C while ``bench`` runs
-(:func:`terminate_like_ctrl_c` raises :class:`Terminated`, a KeyboardInterrupt, so every Ctrl-C
-cleanup runs; a second signal is reported and ignored; exit 143 for SIGTERM, 130 otherwise), and
-a stdout or stderr closed by its reader (``patchbench report RUN | head -1``) is no error
-(:func:`tolerate_closed_output`: the stream goes to ``/dev/null`` and the command keeps its exit
-code).
-"""
+"""How a command ends: SIGTERM and SIGHUP behave like Ctrl-C (:func:`terminate_like_ctrl_c`;
+exit 143 for SIGTERM, 130 otherwise); a closed stdout or stderr is no error
+(:func:`tolerate_closed_output`)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""What one variant's server runs: its overlay, its environment, the stock clients'
-environment, and its identity (a short sha256 per input: ``patches``, ``server_args``, ``env``,
-``sglang``), recorded per cell; ``--resume`` refuses a variant whose identity changed (exit 2)
-unless it starts over (``--restart-variant NAME``).
-"""
+"""What one variant's server runs: its overlay, its environment, the stock clients' environment,
+and its identity (:func:`variant_identity`), which ``--resume`` checks."""
 
 from __future__ import annotations
 
