@@ -1,8 +1,6 @@
-"""The typed comparison of one run (``RUN/compare.json``), built by
-:mod:`patchbench.analysis.build`; the report, the nightly and the matrix read only this. A row's
-change, interval and margin are in its ``change_unit``: "%" (+5.0 = 5 % higher), "pt" (accuracy
-points) or the metric's own unit (deterministic rows).
-"""
+"""The typed comparison of one run (``RUN/compare.json``), built by :mod:`patchbench.analysis.build`.
+A row's change, interval and margin are in its ``change_unit``: "%", "pt" (accuracy points) or
+the metric's own unit (deterministic rows)."""
 
 from __future__ import annotations
 

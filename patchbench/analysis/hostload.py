@@ -1,11 +1,6 @@
 """The host a run measured on and whether its load made the speed rows unreliable
-(:func:`host_load`, the comparison's ``run.host``; the rule: :func:`load_warnings`).
-
-Each timed cell records the host's 1-minute load average (runnable processes of the whole
-machine, averaged over a minute) as its first suite starts and as its last ends
-(``cell.json`` ``load_avg_1m``). The load counts the run's own server and client too, so the
-limits leave room for them; docs/design.md, "The host in the report", states the rule.
-"""
+(:func:`host_load`; the rule, :func:`load_warnings`, is stated in docs/design.md, "The host in
+the report")."""
 
 from __future__ import annotations
 

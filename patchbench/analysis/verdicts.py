@@ -1,12 +1,6 @@
-"""The verdict rules: what a comparison may claim about one metric of one variant.
-
-``improved`` / ``regressed``: the row's interval excludes no change, in the metric's good / bad
-direction (``within_margin`` when it is still inside the margin); ``equivalent``: TOST
-(Schuirmann 1987) at the same alpha puts the change inside +-margin; ``inconclusive``: neither;
-``incomplete``: a cell the row needs is not ok.
-
-By kind: ``run`` rows pair repeat k of each arm (paired t on log ratios, Student 1908);
-``accuracy`` rows pair the questions with a t interval that adds the pooled cell-to-cell shift
+"""The verdict rules of one metric of one variant (equivalent: TOST, Schuirmann 1987). By kind:
+``run`` rows pair repeat k of each arm (paired t on log ratios, Student 1908); ``accuracy`` rows
+pair the questions with a t interval that adds the pooled cell-to-cell shift
 (:func:`patchbench.stats.paired_items_t`; Newcombe 1998 method 10 when fewer than
 :data:`MIN_DISCORDANT` questions differ); ``deterministic`` rows are compared exactly;
 ``descriptive`` rows are never judged. Multiplicity: :mod:`patchbench.analysis.family`.
