@@ -1,19 +1,11 @@
 """Each variant's sglang build: the environment its server runs in and, for a source checkout or a
 wheel, the ``sglang`` tree that runs as an overlay on that environment.
 
-``sglang:`` names a release (any on the package index), ``latest`` (the package index's newest,
-resolved once per run), a wheel or a checkout at a commit (only its ``python/sglang`` and
-``python/pyproject.toml``). A wheel or checkout runs as an overlay on the environment whose sglang
-declares the same dependencies. With ``make="yes"`` a build whose release or dependency set no
-environment here has gets one made once as a layer over the closest environment
-(:mod:`patchbench.envs.layers`); ``make="plan"`` only says what that would install. A variant
-checkout whose range from the baseline's changes compiled code no build here compiles
-(:func:`uncompiled_files`: sgl-kernel, the router, C/C++/CUDA, CMake, Rust; on the CPU also such
-files under ``python/sglang/``) is refused before any environment is looked for, on every engine,
-unless its ``sglang:`` says ``allow_uncompiled: true`` (``patchbench ab --allow-uncompiled``):
-then its ``changes`` record what was left out. A range that changes the dependencies gets its own
-environment. A checkout's uncommitted edits are named (``log`` and each git build's
-``uncommitted``), never measured: the builds are the commits.
+A wheel or checkout runs as an overlay on the environment whose sglang declares the same
+dependencies (docs/guide.md). A variant checkout whose range from the baseline's changes compiled
+code (:func:`uncompiled_files`) is refused before any environment is looked for unless its
+``sglang:`` says ``allow_uncompiled: true``. A checkout's uncommitted edits are named, never
+measured: the builds are the commits.
 
 Errors: EnvironmentNotReady (exit 3) for a build no environment here can run, or an index that
 cannot be read; ConfigError (exit 2) for an unknown ref, a checkout without ``python/sglang``, a

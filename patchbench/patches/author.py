@@ -1,12 +1,6 @@
-"""Authoring patches: ``patchbench new-patch`` (a patch folder from a diff file or a git range,
-with the hashes of every release it applies to) and the patch folder made from a diff a config
-names directly.
-
-Every new patch is checked (:func:`patchbench.patches.diffs.inspect_diff`) and applied to a
-pristine copy of each release asked for. Errors: :class:`patchbench.errors.PatchError` naming the
-patch, the release and the failing file or hunk; :class:`~patchbench.patches.wheels.FetchError`
-(exit 3) when a release's wheel cannot be fetched.
-"""
+"""Authoring patches: ``patchbench new-patch`` (from a diff file or a git range) and the patch
+folder made from a diff a config names. Errors: PatchError naming the patch, the release and the
+failing file or hunk; FetchError (exit 3)."""
 
 from __future__ import annotations
 
