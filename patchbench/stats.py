@@ -2,11 +2,7 @@
 statsmodels (or a published example) in tests/analysis/test_stats.py: t tests (:class:`TTest`),
 a standard deviation's interval, cell variance components, TOST, Holm, Wilson and Newcombe
 intervals, and the request-level bootstraps of the serving suite (descriptive only).
-
-The rules that turn these into verdicts (:mod:`patchbench.analysis.verdicts`, the nightly's gates,
-:mod:`patchbench.analysis.sequential`) only call this module. Functions raise ValueError for
-inputs they cannot use. scipy is imported on first use (patchbench/run/cell.py preloads it while
-the first server starts).
+Functions raise ValueError for inputs they cannot use; scipy is imported on first use.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The suite contract: what a suite declares and which hooks the core calls (docs/design.md).
-
-A suite is a subclass of :class:`Suite` registered with :func:`register`; the core never names a
-suite, it asks :func:`get_suite` and calls the hooks. A built-in suite is one folder
-``patchbench/suites/<name>/``, found by that folder and imported on first use; others register on
-import from a module named in ``PATCHBENCH_SUITE_MODULES`` (comma-separated) or through the
-``patchbench.suites`` entry-point group.
+"""The suite contract (docs/design.md, "The suite contract"). Besides the built-in suites, one
+registers on import from a module named in ``PATCHBENCH_SUITE_MODULES`` (comma-separated) or
+through the ``patchbench.suites`` entry-point group.
 """
 
 from __future__ import annotations
