@@ -1,10 +1,6 @@
 """Profile suite: host syncs per decode step, host step time and GPU idle gaps, read from the live
-server's own torch-profiler trace (docs/profile.md). Untimed: it runs in the correctness cells.
-
-Per concurrency level it keeps that many streamed image requests decoding (:mod:`.load`), asks
-for a trace of ``num_steps`` forward passes (``POST /start_profile``) and analyses it
-(:mod:`.trace`). Files: ``trace-c<N>.trace.json.gz``, ``steps.jsonl`` (``Step.record()`` plus
-``concurrency``), ``timeline-c<N>.json``, ``summary.json``."""
+server's own torch-profiler trace (docs/profile.md): :mod:`.load` keeps the requests decoding,
+:mod:`.trace` analyses the trace."""
 
 from __future__ import annotations
 

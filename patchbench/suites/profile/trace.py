@@ -1,10 +1,8 @@
 """Decode-step analysis of a torch-profiler Chrome trace (pure: no server, no torch).
 
-Input: complete events (``ph == "X"``, ``ts`` and ``dur`` in microseconds) of an
-``export_chrome_trace`` file. Decode steps are the ``patchbench::decode_step bs=N`` ranges of this
-suite's in-server hook, else sglang 0.5.23's own ``step[DECODE bs=N ...]`` annotations (which
-miss the mrope work). What counts as a host sync, per step and inside ``patchbench::mrope``
-ranges, and the GPU idle gap and launch lead: docs/profile.md, "What is counted"."""
+Decode steps are the ``patchbench::decode_step bs=N`` ranges of this suite's in-server hook, else
+sglang 0.5.23's own ``step[DECODE bs=N ...]`` annotations (which miss the mrope work); what is
+counted: docs/profile.md, "What is counted"."""
 
 from __future__ import annotations
 

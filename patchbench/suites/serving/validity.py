@@ -1,8 +1,5 @@
-"""Is a bench_serving run a valid measurement? (docs/cases.md S3)
-
-Each check returns error / warning lines; an error makes the cell "incomplete" (no verdict). Our
-recomputation of the tool's summary from its per-request details (docs/serving.md, "Our
-recomputation") checks the tool itself."""
+"""Is a bench_serving run a valid measurement? (docs/cases.md S3.) Each check returns error /
+warning lines; an error makes the cell "incomplete" (no verdict)."""
 
 from __future__ import annotations
 
