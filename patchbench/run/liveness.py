@@ -58,8 +58,7 @@ def process_state(pid: int | None) -> str:
 
 class ServerLost(KeyboardInterrupt):
     """The server died or stopped answering during a suite (``death``: the :class:`Death` or
-    :class:`Stall`); a KeyboardInterrupt so that suites' Ctrl-C cleanup runs and no ``except
-    Exception`` swallows it."""
+    :class:`Stall`); a KeyboardInterrupt, so no ``except Exception`` swallows it."""
 
     def __init__(self, reason: Death | Stall):
         super().__init__(reason.message())
@@ -176,7 +175,7 @@ class _Watched:
 
 @dataclass
 class ServerWatch:
-    """Watch the processes and the progress of one server (module docstring): :meth:`start`
+    """Watch the processes and the progress of one server: :meth:`start`
     after it is ready, :meth:`close` before stopping it. ``leader``: the launched Popen;
     ``on_death``: called once from the watcher thread after the kills; ``stall_timeout_s``: None
     watches deaths only; ``heartbeat(timeout_s) -> bool``: one scheduler round trip."""

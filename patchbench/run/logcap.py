@@ -74,14 +74,10 @@ def _align_down(n: int) -> int:
 
 
 class LogCap:
-    """Hold the disk use of the log at ``path`` near ``max_mb`` MiB (module docstring):
-    :meth:`start` the thread, :meth:`close` it (a last check) once the server has stopped, or
-    call :meth:`check`. ``dropped``: (first byte dropped, first byte kept after) of the hole,
-    None until one was punched; ``note``: a sentence for the cell's notes, or None.
-
-    After each check the log takes at most the cap plus two blocks (the note's and the tail's
-    alignment); between two checks it grows by what the server writes in
-    :data:`CHECK_INTERVAL_S` seconds."""
+    """Hold the disk use of the log at ``path`` near ``max_mb`` MiB (at most the cap plus two
+    blocks after each check): :meth:`start` the thread, :meth:`close` it (a last check) once the
+    server has stopped, or call :meth:`check`. ``dropped``: (first byte dropped, first byte kept
+    after) of the hole, None until one was punched; ``note``: a sentence for the cell's notes."""
 
     def __init__(self, path: str | os.PathLike, max_mb: int, interval_s: float = CHECK_INTERVAL_S):
         self.path = Path(path)
@@ -208,9 +204,8 @@ def read_lines(
 ) -> Iterator[tuple[int, bytes, int]]:
     """(offset where the line starts, the line without its ``\\n`` and without NUL bytes, offset
     of the next line) for every line of the open file ``fd`` from byte ``start`` up to ``size``
-    (its size now when None); the last line may have had no ``\\n``. Holes are jumped over and
-    NUL bytes are nothing: a punched log (:class:`LogCap`) is read without its hole, in
-    ``chunk_bytes`` at a time plus the longest line."""
+    (its size now when None); the last line may have had no ``\\n``. Holes are jumped over
+    (``SEEK_DATA``); reads ``chunk_bytes`` at a time plus the longest line."""
     if size is None:
         size = os.fstat(fd).st_size
     pos = line_start = start

@@ -132,9 +132,9 @@ class _Tolerant:
 
 
 def tolerate_closed_output(sys_module: Any) -> None:
-    """Wrap ``sys_module.stdout`` and ``sys_module.stderr`` (module docstring) unless they are
-    already wrapped or absent (``None`` under ``pythonw``). Call once per process, before the
-    command writes anything; a test's captured streams are left alone by not calling it."""
+    """Wrap ``sys_module.stdout`` and ``sys_module.stderr`` (unless already wrapped or None) so
+    that once their reader closes them they go to ``/dev/null`` and the command keeps its exit
+    code. Call once per process, before the command writes anything."""
     for name in ("stdout", "stderr"):
         stream = getattr(sys_module, name)
         if stream is not None and not isinstance(stream, _Tolerant):
