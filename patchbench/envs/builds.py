@@ -447,8 +447,7 @@ def resolve_builds(
     under ``python/sglang/`` is left out too, :func:`uncompiled_files`) and CUDA-only packages
     left out of a made environment; ``make``: what to do for a build no environment has
     (:data:`MakeMode`; ``log`` shows a make's progress, what a range leaves out and a checkout's
-    uncommitted edits). A range with compiled code is refused before any environment is looked
-    for (module docstring). Raises the errors of the module docstring."""
+    uncommitted edits). Raises the errors of the module docstring."""
     ranges = _ranges(cfg, cpu)
     making = Making(make, cpu, log)
     by_label: dict[str, Build] = {}
