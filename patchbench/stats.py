@@ -365,17 +365,15 @@ def excludes_zero(interval: tuple[float, float]) -> bool:
     return interval[0] > 0 or interval[1] < 0
 
 
-def p_from_interval(
-    interval: Callable[[float], tuple[float, float]], *, tol: float = 1e-6
-) -> float:
-    """The smallest alpha whose ``interval(alpha)`` excludes 0, by bisection to ``tol`` (test
+def p_from_interval(interval: Callable[[float], tuple[float, float]]) -> float:
+    """The smallest alpha whose ``interval(alpha)`` excludes 0, by bisection to 1e-6 (test
     inversion; Casella & Berger, "Statistical Inference", 9.2.1)."""
     lo_a, hi_a = 1e-12, 0.999999
     if not excludes_zero(interval(hi_a)):
         return 1.0
     if excludes_zero(interval(lo_a)):
         return 0.0
-    while hi_a - lo_a > tol:
+    while hi_a - lo_a > 1e-6:
         mid = (lo_a + hi_a) / 2
         if excludes_zero(interval(mid)):
             hi_a = mid

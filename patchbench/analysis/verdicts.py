@@ -120,11 +120,7 @@ ACCURACY_ROUNDS_POWER = 0.8
 
 
 def accuracy_rule(
-    runs: tuple[int, int],
-    item_se: float,
-    margin_pt: float | None,
-    alpha: float,
-    run_sd_pt: float = ASSUMED_RUN_SD_PT,
+    runs: tuple[int, int], item_se: float, margin_pt: float | None, alpha: float
 ) -> str | None:
     """The one rule of whether an accuracy row may decide: None with at least
     :data:`MIN_ACCURACY_RUNS` runs in each arm (``runs``: baseline, variant), else what it
@@ -143,6 +139,7 @@ def accuracy_rule(
 
     from patchbench.analysis import power
 
+    run_sd_pt = ASSUMED_RUN_SD_PT
     sd_run = run_sd_pt / 100.0
     spread = 100.0 * float(norm.ppf(1 - alpha / 2)) * math.sqrt(2.0) * sd_run
     sd_round = math.sqrt(item_se**2 + 2.0 * sd_run**2)

@@ -289,9 +289,7 @@ print("PATCHBENCH-PROBE " + json.dumps(out))
 """
 
 
-def verify_in_env(
-    overlay: Overlay, python: str, env: dict[str, str], *, timeout_s: float = 60
-) -> dict:
+def verify_in_env(overlay: Overlay, python: str, env: dict[str, str]) -> dict:
     """Check with ``python -c`` in ``env`` (the server's environment) that the ``sglang`` package
     is ``overlay.sglang_dir`` and that every file the patches touch (stock: forward_batch_info.py
     with its stock hash) resolves inside it with its sha256; modules are located with
@@ -314,7 +312,7 @@ def verify_in_env(
             env=env,
             capture_output=True,
             text=True,
-            timeout=timeout_s,
+            timeout=60,
         )
     except (OSError, subprocess.TimeoutExpired) as e:
         raise OverlayError(f"could not run {python} to check the overlay: {e}") from None

@@ -27,11 +27,8 @@ def signum_of(exc: BaseException) -> int:
 
 
 @contextmanager
-def terminate_like_ctrl_c(
-    log: Callable[[str], None] = print,
-    signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT),
-) -> Iterator[None]:
-    """Inside: the first of ``signals`` raises (SIGINT: KeyboardInterrupt, others
+def terminate_like_ctrl_c(log: Callable[[str], None] = print) -> Iterator[None]:
+    """Inside: the first SIGTERM, SIGHUP or SIGINT raises (SIGINT: KeyboardInterrupt, others
     :class:`Terminated`), later ones only log a line; nothing outside the main thread. The old
     handlers come back on exit, or once a signal fired, by :func:`restore_handlers`."""
     if threading.current_thread() is not threading.main_thread():
@@ -51,7 +48,7 @@ def terminate_like_ctrl_c(
             raise KeyboardInterrupt
         raise Terminated(signum)
 
-    old = {s: signal.signal(s, handler) for s in signals}
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     try:
         yield
     finally:

@@ -232,18 +232,12 @@ def coalesced_itl(metrics: dict[str, float]) -> str | None:
 
 
 #: a request's decode time per token after the first, (E2E - TTFT) / (tokens - 1) in ms, below
-#: which its tokens were not streamed: 0.05 ms a token is 20,000 tokens/s for ONE request, 100
-#: times a fast GPU's decode step (an H200 streams a token every ~5 ms; the CPU demo's tiny model
-#: every 5 ms to about a second) and still 4 times below a speculative step of 1 ms that yields 5 tokens (the
-#: tool spreads a chunk's gap over its tokens). What is this fast is the client parsing lines
-#: that were already waiting (6-30 us each in the recorded runs): the decode steps happened
-#: before the first token was delivered
+#: which its tokens were not streamed but read together: 20,000 tokens/s for ONE request, 100
+#: times an H200's decode step and 4 times below a speculative 1 ms step yielding 5 tokens
 BUNCHED_TPOT_MS = 0.05
 #: the share of requests (with 2 tokens or more) whose tokens came in one read at which a run is
-#: invalid: from half on, the median TPOT and ITL time the client's reads, not decode steps, and
-#: the ITL check (:data:`ITL_TPOT_FLOOR`) cannot see it, since the TPOT is bunched too. Recorded
-#: real CPU runs of sglang 0.5.1.post3 had up to 7 of 20 such requests (its front end lagging
-#: behind a 5 ms decode step): a minority, whose medians stay those of the streamed requests
+#: invalid: from half on, the median TPOT and ITL time the client's reads, not decode steps
+#: (recorded real CPU runs of 0.5.1.post3 had up to 7 of 20 such requests)
 BUNCHED_SHARE = 0.5
 
 
