@@ -1,9 +1,6 @@
-"""A change's state on one sglang release: it applies, the release already contains it, or it
-conflicts at a named file and hunk; each with the next step (``check-patch``, ``new-patch``, the
-nightly's patch check).
-``git apply --check`` on pristine files, forward then in reverse; a conflict is split per file,
-then per hunk. A diff that cannot be a patch raises PatchError.
-"""
+"""A change's state on one sglang release (applies, contained, conflicts at a file and hunk) with
+the next step, from ``git apply --check`` on pristine files, forward then in reverse; a diff that
+cannot be a patch raises PatchError."""
 
 from __future__ import annotations
 
