@@ -86,9 +86,7 @@ class RangeChanges:
         return changes_text(len(self.files), self.files, len(self.outside))
 
     def to_json(self) -> dict:
-        """``{"base": commit, "count": n, "files": the first CHANGES_SHOWN, "outside": n}``,
-        and ``"uncompiled": {"count": n, "files": the first CHANGES_SHOWN}`` when some were left
-        out."""
+        """The manifest's ``changes`` of a git build (docs/CONTRACTS.md, ``builds``)."""
         out = {
             "base": self.base,
             "count": len(self.files),
@@ -159,9 +157,7 @@ class Build:
         return f"{self.spec} ({what}{own}) on {where}"
 
     def to_json(self) -> dict:
-        """JSON-ready record for the run manifest's ``builds``; a git build's also holds
-        ``subject`` and ``changes`` (:meth:`RangeChanges.to_json`, None without a range), and
-        ``uncommitted`` (``{"count", "files"}``) when its checkout had uncommitted edits."""
+        """The run manifest's ``builds`` entry (docs/CONTRACTS.md, ``builds``)."""
         out = {
             "spec": self.spec,
             "kind": self.kind,
