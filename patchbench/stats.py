@@ -32,8 +32,7 @@ _NORMAL = statistics.NormalDist()
 Alternative = Literal["two-sided", "greater", "less"]
 
 
-# ---------------------------------------------------------------------------------------------
-# t tests
+# --------------------------------------------------------------------------------------- t tests
 
 
 def _stdtr(df: float, t: float) -> float:
@@ -274,8 +273,7 @@ def equivalent_by_interval(
     return low < lo and hi < high
 
 
-# ---------------------------------------------------------------------------------------------
-# multiplicity
+# ---------------------------------------------------------------------------------- multiplicity
 
 
 def holm(p_values: Sequence[float], alpha: float) -> list[tuple[bool, float]]:
@@ -293,8 +291,7 @@ def holm(p_values: Sequence[float], alpha: float) -> list[tuple[bool, float]]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# proportions
+# ----------------------------------------------------------------------------------- proportions
 
 
 def wilson_interval(successes: float, n: float, confidence: float = 0.95) -> tuple[float, float]:
@@ -382,8 +379,7 @@ def p_from_interval(interval: Callable[[float], tuple[float, float]]) -> float:
     return hi_a
 
 
-# ---------------------------------------------------------------------------------------------
-# request-level intervals inside one cell (descriptive)
+# ----------------------------------------- request-level intervals inside one cell (descriptive)
 
 
 @dataclass(frozen=True)
