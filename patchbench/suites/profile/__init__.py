@@ -119,12 +119,9 @@ EXPORT_SETTING = "profile.trace_timeout_s"
 
 
 async def await_trace(ctx: SuiteContext, params: Params, raw: Path, c: int, t_end: float) -> Path:
-    """Wait (after ``POST /start_profile`` answered) for the complete trace in ``raw``.
-
-    sglang writes the trace inside the scheduler's loop, which answers nothing meanwhile (the
-    liveness heartbeat included): the wait is announced to the liveness watch
-    (``ProgressMeter.quiet``), whose heartbeat limit is ``params.trace_timeout_s`` until then.
-    SuiteError when none is there by ``t_end`` (monotonic s) or the server died."""
+    """Wait (after ``POST /start_profile`` answered) for the complete trace in ``raw``, the wait
+    announced to the liveness watch (docs/profile.md, "How it runs"). SuiteError when none is
+    there by ``t_end`` (monotonic s) or the server died."""
     progress = getattr(ctx.server, "progress", None)
     quiet = (
         progress.quiet(params.trace_timeout_s, EXPORT_WHAT, EXPORT_SETTING)
