@@ -131,11 +131,8 @@ _ESCAPES = re.compile(
 
 
 def printable(text: str) -> str:
-    """``text`` without terminal control: escape sequences, control characters (but tab and
-    newline; a carriage return too, so a line cannot overwrite itself) and C1 controls removed.
-    Everything rendered into report.md, report-details.md, nightly.md or the dashboard's pages
-    passes here: a model's output, a server's error or a branch name must not drive the
-    terminal of whoever cats the file."""
+    """``text`` without terminal control (:data:`_ESCAPES`; a carriage return goes too, so a line
+    cannot overwrite itself); everything rendered passes here (docs/faults.md)."""
     return _ESCAPES.sub("", text)
 
 
