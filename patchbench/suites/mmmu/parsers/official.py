@@ -1,9 +1,7 @@
 """The official MMMU parsing (MMMU-Benchmark/MMMU ``mmmu/utils/eval_utils.py``, copied into
-sglang's ``benchmark/mmmu/eval_utils.py``; its rules: docs/mmmu.md, "Two parsers"): the
-multiple-choice parser with its random fallback drawn from a given ``random.Random`` (seeded and
-recorded; ``rng=None``: no pick, the "fallback counted wrong" convention of
-tests/data/mmmu-official), its letter check, and the normalisation of open questions (HF
-``question_type == "open"``, the key's ``"short-answer"``), which never pass a letter parser.
+sglang's ``benchmark/mmmu/eval_utils.py``; docs/mmmu.md, "Two parsers"): the multiple-choice
+parser, its letter check and the normalisation of open questions (HF ``question_type ==
+"open"``, the key's ``"short-answer"``), which never pass a letter parser.
 """
 
 from __future__ import annotations
