@@ -49,12 +49,9 @@ class GitRange:
 def git_range(
     checkout: str | Path, rng: str | None, base: str | None, head: str | None
 ) -> GitRange:
-    """Resolve ``--range A...B`` (the merge base of A and B, and B), ``--range A..B`` (A and B)
-    or ``--base``/``--head`` in ``checkout`` (bare or not) to two commits.
-
-    Raises UsageError for a missing or ill-formed range, or one that changes nothing in
-    ``python/sglang/``.
-    """
+    """``--range A...B`` / ``A..B`` or ``--base``/``--head`` in ``checkout`` as two commits
+    (docs/patches.md). Raises UsageError for a missing or ill-formed range, or one that changes
+    nothing in ``python/sglang/``."""
     from patchbench.envs.builds import (
         changed_files,
         git,
