@@ -1,5 +1,1 @@
-"""patchbench: A/B benchmarking and accuracy-regression suite for sglang patches.
-
-One command line, ``patchbench CMD`` (patchbench/cli.py; also ``python -m patchbench`` and
-``runner.py``). Exit codes and error kinds: :mod:`patchbench.errors`.
-"""
+"""patchbench: A/B benchmarking and accuracy-regression suite for sglang patches (docs/design.md)."""

@@ -1,11 +1,6 @@
-"""``patchbench ab``: one change against its baseline from one command line. B is a branch of an
-sglang checkout (``--git CHECKOUT --range main...my-branch``; files outside ``python/sglang/``
-ignored, but compiled code no build here compiles is refused on every preset unless
-``--allow-uncompiled`` says to measure the Python part only: patchbench.envs.builds), a diff
-(``--patch FILE``) or server arguments (``--args-b``); the config is a preset or ``--config
-FILE`` with its variants replaced, in memory. UsageError (exit 2) for an unknown preset, a bad
-range or arguments.
-"""
+"""``patchbench ab``: one change (a checkout's range, a diff or server arguments) against its
+baseline, in a config built in memory from a preset or ``--config FILE``. UsageError (exit 2) for
+an unknown preset, a bad range or arguments."""
 
 from __future__ import annotations
 
@@ -54,12 +49,9 @@ class GitRange:
 def git_range(
     checkout: str | Path, rng: str | None, base: str | None, head: str | None
 ) -> GitRange:
-    """Resolve ``--range A...B`` (the merge base of A and B, and B), ``--range A..B`` (A and B)
-    or ``--base``/``--head`` in ``checkout`` (bare or not) to two commits.
-
-    Raises UsageError for a missing or ill-formed range, or one that changes nothing in
-    ``python/sglang/``.
-    """
+    """``--range A...B`` / ``A..B`` or ``--base``/``--head`` in ``checkout`` as two commits
+    (docs/patches.md). Raises UsageError for a missing or ill-formed range, or one that changes
+    nothing in ``python/sglang/``."""
     from patchbench.envs.builds import (
         changed_files,
         git,

@@ -1,11 +1,6 @@
-"""The one command line: ``patchbench CMD ...`` (also ``python -m patchbench`` and ``runner.py``).
-
-Every subcommand is one row of :data:`COMMANDS`; ``--help`` is generated from it and from
-:func:`patchbench.errors.exit_code_table`. Every command ends through :func:`main`: its exit code;
-a :class:`patchbench.errors.PatchbenchError` becomes its code and one stderr line
-``patchbench CMD: <kind> (exit N): <message>``; Ctrl-C 130; anything else 70 with the traceback.
-Modules are imported when their command runs, so ``--help`` works in any environment.
-"""
+"""The one command line, ``patchbench CMD ...``: one row of :data:`COMMANDS` per subcommand, each
+ending through :func:`main` with its exit code (:mod:`patchbench.errors`). Modules are imported
+when their command runs, so ``--help`` works in any environment."""
 
 from __future__ import annotations
 

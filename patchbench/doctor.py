@@ -1,12 +1,5 @@
-"""``patchbench doctor [CONFIG]``: print the environment and what is missing for a config.
-
-Prints python, GPU, driver, torch, sglang, the supported pins, whether the model hub answers, free
-disk, each GPU's persistence mode and clocks (:func:`patchbench.run.gpu.doctor_rows`) and servers
-left by killed runs; with a CONFIG each of its requirements as OK / MISSING with the fix: its
-sglang builds, the model, a GPU, the port and each suite's own checks
-(the datasets of :meth:`patchbench.suite.Suite.hf_datasets`). Exit 0 when nothing is missing, 3 otherwise; an
-invalid CONFIG is a :class:`patchbench.errors.ConfigError` (exit 2).
-"""
+"""``patchbench doctor [CONFIG]``: the environment, and with a CONFIG each requirement as OK /
+MISSING with its fix. Exit 0 when nothing is missing, 3 otherwise; ConfigError (exit 2)."""
 
 from __future__ import annotations
 

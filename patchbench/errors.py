@@ -1,11 +1,6 @@
 """The exit codes and the errors that carry them: one table (:data:`EXIT_CODES`) for every
-command, ``patchbench --help`` and the docs.
-
-Every error a command ends with derives from :class:`PatchbenchError` and carries its exit code
-(``exit_code``) and the words its message starts with (``kind``); ``patchbench.cli`` prints
-``patchbench CMD: <kind> (exit N): <message>`` on stderr and exits N. Anything else escaping a
-command is a bug (exit 70 with the traceback). A subclass that changes ``exit_code`` sets the
-matching ``kind`` too.
+command, ``patchbench --help`` and the docs. ``patchbench.cli`` prints ``patchbench CMD: <kind>
+(exit N): <message>`` for a :class:`PatchbenchError`; anything else is a bug (exit 70).
 
 ``python -m patchbench.errors [FILE ...]`` prints :data:`EXIT_CODES` as a markdown table, or
 rewrites the table between ``<!-- exit-codes -->`` and ``<!-- /exit-codes -->`` in each FILE

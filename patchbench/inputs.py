@@ -1,10 +1,5 @@
 """Where the repository keeps things, and reading the files a user writes (configs, matrices,
-patch manifests, diffs). A leaf: it imports nothing of patchbench.
-
-YAML (:func:`read_yaml_mapping`): UTF-8 (a byte-order mark accepted), at most
-:data:`MAX_CONFIG_BYTES`, duplicate keys refused naming both lines, at most
-:data:`MAX_YAML_ALIASES` aliases and :data:`MAX_YAML_NODES` nodes once aliases are expanded.
-Messages name the file and the line (:func:`line_of` finds the line of a key path).
+patch manifests, diffs; YAML: :func:`read_yaml_mapping`). A leaf: it imports nothing of patchbench.
 """
 
 from __future__ import annotations

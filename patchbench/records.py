@@ -1,18 +1,6 @@
-"""Atomic file writes and the run-folder layout.
-
-Every file the harness writes goes through :func:`write_bytes` (a temporary file in the same
-folder, fsync, ``os.replace``: never half a file). A file or folder that cannot be written raises
-:class:`ResultsWriteError` (exit 4) naming it and the reason, the old file untouched. Layout of
-one run (docs/design.md, "The run folder")::
-
-    results/<UTC timestamp>-<config name>/
-      manifest.json
-      <variant>/rep<k>/server.log
-      <variant>/rep<k>/cell.json                 status of the cell (server start/stop, timings)
-      <variant>/rep<k>/<suite>/summary.json      the suite's flat metrics (units in the names)
-      <variant>/rep<k>/<suite>/...               the suite's per-item records
-      compare.json  report.md  report-details.md  plots/*.png
-"""
+"""Atomic file writes (:func:`write_bytes`: a temporary file, fsync, ``os.replace``) and JSON
+helpers; a file that cannot be written raises :class:`ResultsWriteError` (exit 4), the old file
+untouched. The run folder's layout: docs/design.md, "The run folder"."""
 
 from __future__ import annotations
 
@@ -145,11 +133,8 @@ _ESCAPES = re.compile(
 
 
 def printable(text: str) -> str:
-    """``text`` without terminal control: escape sequences, control characters (but tab and
-    newline; a carriage return too, so a line cannot overwrite itself) and C1 controls removed.
-    Everything rendered into report.md, report-details.md, nightly.md or the dashboard's pages
-    passes here: a model's output, a server's error or a branch name must not drive the
-    terminal of whoever cats the file."""
+    """``text`` without terminal control (:data:`_ESCAPES`; a carriage return goes too, so a line
+    cannot overwrite itself); everything rendered passes here (docs/faults.md)."""
     return _ESCAPES.sub("", text)
 
 

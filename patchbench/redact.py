@@ -1,14 +1,7 @@
-"""One redaction of secrets for everything patchbench writes or prints: the value of an
-environment variable whose name looks like a secret is shown as ``<redacted sha256:1a2b3c4d>``
-(the first 8 hex digits of the value's sha256, so two runs with different tokens can be told
-apart, and nothing of the value can be read back). The real value still reaches the server's
-process environment: only what is written (manifest.json, compare.json, the report, the comment)
-and printed (the console, ``bench --dry-run``) is redacted.
-
-A name looks like a secret when it holds one of :data:`SECRET_WORDS` (case-insensitive:
-``HF_TOKEN``, ``api_key``, ``DB_PASSWORD``), or is one of the names a config adds with
-``server.secret_env``.
-"""
+"""One redaction of secrets for everything patchbench writes or prints (never for the server's
+own environment): the value of a variable whose name holds one of :data:`SECRET_WORDS`
+(case-insensitive) or is listed in ``server.secret_env`` is shown as ``<redacted sha256:1a2b3c4d>``
+(the first 8 hex digits of the value's sha256)."""
 
 from __future__ import annotations
 

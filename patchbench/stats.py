@@ -2,11 +2,7 @@
 statsmodels (or a published example) in tests/analysis/test_stats.py: t tests (:class:`TTest`),
 a standard deviation's interval, cell variance components, TOST, Holm, Wilson and Newcombe
 intervals, and the request-level bootstraps of the serving suite (descriptive only).
-
-The rules that turn these into verdicts (:mod:`patchbench.analysis.verdicts`, the nightly's gates,
-:mod:`patchbench.analysis.sequential`) only call this module. Functions raise ValueError for
-inputs they cannot use. scipy is imported on first use (patchbench/run/cell.py preloads it while
-the first server starts).
+Functions raise ValueError for inputs they cannot use; scipy is imported on first use.
 """
 
 from __future__ import annotations
@@ -36,8 +32,7 @@ _NORMAL = statistics.NormalDist()
 Alternative = Literal["two-sided", "greater", "less"]
 
 
-# ---------------------------------------------------------------------------------------------
-# t tests
+# --------------------------------------------------------------------------------------- t tests
 
 
 def _stdtr(df: float, t: float) -> float:
@@ -278,8 +273,7 @@ def equivalent_by_interval(
     return low < lo and hi < high
 
 
-# ---------------------------------------------------------------------------------------------
-# multiplicity
+# ---------------------------------------------------------------------------------- multiplicity
 
 
 def holm(p_values: Sequence[float], alpha: float) -> list[tuple[bool, float]]:
@@ -297,8 +291,7 @@ def holm(p_values: Sequence[float], alpha: float) -> list[tuple[bool, float]]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# proportions
+# ----------------------------------------------------------------------------------- proportions
 
 
 def wilson_interval(successes: float, n: float, confidence: float = 0.95) -> tuple[float, float]:
@@ -369,17 +362,15 @@ def excludes_zero(interval: tuple[float, float]) -> bool:
     return interval[0] > 0 or interval[1] < 0
 
 
-def p_from_interval(
-    interval: Callable[[float], tuple[float, float]], *, tol: float = 1e-6
-) -> float:
-    """The smallest alpha whose ``interval(alpha)`` excludes 0, by bisection to ``tol`` (test
+def p_from_interval(interval: Callable[[float], tuple[float, float]]) -> float:
+    """The smallest alpha whose ``interval(alpha)`` excludes 0, by bisection to 1e-6 (test
     inversion; Casella & Berger, "Statistical Inference", 9.2.1)."""
     lo_a, hi_a = 1e-12, 0.999999
     if not excludes_zero(interval(hi_a)):
         return 1.0
     if excludes_zero(interval(lo_a)):
         return 0.0
-    while hi_a - lo_a > tol:
+    while hi_a - lo_a > 1e-6:
         mid = (lo_a + hi_a) / 2
         if excludes_zero(interval(mid)):
             hi_a = mid
@@ -388,8 +379,7 @@ def p_from_interval(
     return hi_a
 
 
-# ---------------------------------------------------------------------------------------------
-# request-level intervals inside one cell (descriptive)
+# ----------------------------------------- request-level intervals inside one cell (descriptive)
 
 
 @dataclass(frozen=True)

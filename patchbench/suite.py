@@ -1,10 +1,6 @@
-"""The suite contract: what a suite declares and which hooks the core calls (docs/design.md).
-
-A suite is a subclass of :class:`Suite` registered with :func:`register`; the core never names a
-suite, it asks :func:`get_suite` and calls the hooks. A built-in suite is one folder
-``patchbench/suites/<name>/``, found by that folder and imported on first use; others register on
-import from a module named in ``PATCHBENCH_SUITE_MODULES`` (comma-separated) or through the
-``patchbench.suites`` entry-point group.
+"""The suite contract (docs/design.md, "The suite contract"). Besides the built-in suites, one
+registers on import from a module named in ``PATCHBENCH_SUITE_MODULES`` (comma-separated) or
+through the ``patchbench.suites`` entry-point group.
 """
 
 from __future__ import annotations
@@ -52,17 +48,9 @@ class SuiteError(RunFailed):
 
 @dataclass(frozen=True)
 class MetricInfo:
-    """What a metric means for a comparison.
-
-    better: "higher", "lower" or "none" (never improved/regressed); unit: display unit
-    (:data:`UNIT_SUFFIXES`); label: what the tool prints, if anything; primary: in the variant's
-    Holm family and the headline (else secondary). kind: "run" (paired repeats, t-interval on log
-    ratios), "accuracy" (items paired across cells: the ``pair`` hook's ``accuracy``),
-    "deterministic" (the same in every run, compared exactly) or "descriptive" (never judged).
-    margin: equivalence margin, % of the baseline for "run", points for "accuracy" (None: no
-    equivalence verdict; ``compare.margins`` overrides it). deterministic_by: the test
-    (``tests/<file>.py::<name>``) proving the value the same in every run, so one measurement per
-    arm is exact; without it a value is exact only when every arm measured it twice with no spread."""
+    """What a metric means for a comparison (docs/CONTRACTS.md, "Suites"); without
+    ``deterministic_by`` a deterministic value is exact only when every arm measured it twice
+    with no spread."""
 
     better: Literal["higher", "lower", "none"]
     unit: str
@@ -75,16 +63,9 @@ class MetricInfo:
 
 @dataclass
 class Instrumentation:
-    """What a suite's ``instrumentation`` hook asks of the server of a correctness cell.
-
-    env: added to the server's environment. hooks: Python files the site hook imports in every
-    server process before sglang (``PATCHBENCH_SERVER_HOOKS``), each as a top-level module named
-    after its file (unique, e.g. ``patchbench_<suite>_instr.py``), using only the standard library,
-    torch and ``patchbench_import_hook.wrap_on_import``. out_dir: where it writes (created by the
-    core); perturbs_timing: never in timed cells. collect(out_dir): called once after the server
-    stopped, its dict recorded in ``cell.json`` under ``instrumentation[<suite>]``. server_args:
-    extra server arguments for the correctness cell, refused when the config sets the flag
-    differently."""
+    """What a suite's ``instrumentation`` hook asks of the server of a correctness cell
+    (docs/CONTRACTS.md, "Suites"): ``out_dir`` is created by the core; ``collect(out_dir)`` runs
+    once after the server stopped, its dict recorded in ``cell.json`` ``instrumentation``."""
 
     env: dict[str, str] = field(default_factory=dict)
     hooks: list[Path] = field(default_factory=list)
@@ -171,14 +152,8 @@ class SuiteResult:
 
 
 class Suite:
-    """Base class of every suite; one instance per process (:func:`get_suite`), no state kept.
-
-    Required: ``name``, ``Params`` (pydantic, ``extra="forbid"``: the config's ``suites.<name>``),
-    ``metrics`` ``{name: MetricInfo}`` (each name ends in its unit, :data:`UNIT_SUFFIXES`) and
-    :meth:`run`. ``needs_server`` False: runs against the variant's sglang package, no server;
-    ``timed`` False: perturbs timing (e.g. a profiler), runs only in the untimed correctness cells.
-    The other hooks are optional and do nothing by default.
-    """
+    """Base class of every suite (docs/CONTRACTS.md, "Suites"); one instance per process
+    (:func:`get_suite`), no state kept; the optional hooks do nothing by default."""
 
     name: ClassVar[str] = ""
     Params: ClassVar[type[BaseModel]]
@@ -210,14 +185,10 @@ class Suite:
     def pair(
         self, baseline_dirs: list[Path], variant_dirs: list[Path], params: BaseModel
     ) -> dict | None:
-        """Paired analysis of this suite's folders in repeat k of the baseline and of one variant
-        (``baseline_dirs[k]``, ``variant_dirs[k]``: repeats where both cells are ok).
-
-        A JSON-able dict stored under ``pairs[<suite>][<variant>]`` for the suite's own hooks; keys the
-        analysis reads: ``"accuracy": {metric: {"ids", "baseline", "variant"}}`` (per-item
-        correctness in [0, 1] averaged over repeats), ``"descriptive": {metric: {"change_pct",
-        "low_pct", "high_pct", "method"}}`` (never a verdict), ``"request_pairing": {"ok", "reason"}``.
-        None: no paired analysis. Raise :class:`PairingRefused` when the cells must not be paired."""
+        """Paired analysis of repeat k's folders (``baseline_dirs[k]``, ``variant_dirs[k]``: repeats
+        where both cells are ok): a JSON-able dict stored under ``pairs[<suite>][<variant>]`` (the
+        keys the core reads: docs/CONTRACTS.md, "Pair hook keys"), None for none; raise
+        :class:`PairingRefused` when the cells must not be paired."""
         return None
 
     def report_section(self, comparison: Any) -> list[str]:

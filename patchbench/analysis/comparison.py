@@ -1,8 +1,6 @@
-"""The typed comparison of one run (``RUN/compare.json``), built by
-:mod:`patchbench.analysis.build`; the report, the nightly and the matrix read only this. A row's
-change, interval and margin are in its ``change_unit``: "%" (+5.0 = 5 % higher), "pt" (accuracy
-points) or the metric's own unit (deterministic rows).
-"""
+"""The typed comparison of one run (``RUN/compare.json``), built by :mod:`patchbench.analysis.build`.
+A row's change, interval and margin are in its ``change_unit``: "%", "pt" (accuracy points) or
+the metric's own unit (deterministic rows)."""
 
 from __future__ import annotations
 
@@ -26,10 +24,7 @@ class _Model(BaseModel):
 
 
 class Row(_Model):
-    """One (suite, metric, variant) comparison: *_repeats per repeat (None: cell not ok);
-    *_value shown (run rows: geometric means over the paired repeats; accuracy: mean
-    correctness; else the median); change / low / high / margin in ``change_unit`` at
-    ``confidence``; decided_after: the sequential rule's rounds."""
+    """One (suite, metric, variant) comparison (its keys: docs/CONTRACTS.md, compare.json)."""
 
     suite: str
     metric: str
@@ -164,10 +159,8 @@ class FileNames(_Model):
 
 
 class ChangedFiles(_Model):
-    """The paths a git build changes against the baseline's commit ``base``: ``count`` of them,
-    ``files`` the first few (patchbench.config.CHANGES_SHOWN), ``outside`` how many lie outside
-    ``python/sglang/`` (not run); ``uncompiled``: the compiled code no build here compiled, left
-    out of the run (``ab --allow-uncompiled``; None, and not written, when nothing was)."""
+    """The paths a git build changes against the baseline's commit ``base`` (``files``: the first
+    CHANGES_SHOWN; ``uncompiled`` written only when set; docs/CONTRACTS.md)."""
 
     base: str = ""
     count: int = 0
@@ -189,12 +182,8 @@ class ChangedFiles(_Model):
 
 
 class BuildInfo(_Model):
-    """A variant's resolved build as the manifest's ``builds`` entry records it: ``version``:
-    its sglang version as built (a source's own, a release's number; None: unknown),
-    ``release``: its environment's; for a git build ``commit`` (full), ``subject`` (None in
-    folders from before it was recorded), ``changes`` (None for the baseline or without a
-    range) and ``uncommitted``: the checkout's uncommitted edits, not measured (None, and not
-    written, when it had none)."""
+    """A variant's resolved build as the manifest's ``builds`` entry records it (docs/CONTRACTS.md;
+    ``uncommitted`` written only when set)."""
 
     kind: Literal["release", "git", "wheel"] = "release"
     version: str | None = None
@@ -249,11 +238,8 @@ class CellLoad(_Model):
 
 
 class HostLoad(_Model):
-    """The host a run measured on (the manifest's ``host``) and how busy it was: ``cpu_count``
-    logical CPUs, ``cpu_usable`` those the run could use (None in older folders),
-    ``memory_total_gib``; ``cells``: each timed cell's load (those that recorded one, in the
-    order they ran); ``warnings``: when the load or the noise made the speed rows unreliable
-    (patchbench.analysis.hostload, one sentence each)."""
+    """The host a run measured on and how busy it was (patchbench.analysis.hostload;
+    docs/CONTRACTS.md, ``run.host``)."""
 
     cpu_count: int | None = None
     cpu_usable: int | None = None
@@ -311,16 +297,8 @@ class Affected(_Model):
 
 
 class Comparison(_Model):
-    """``RUN/compare.json``: every variant of one run against its baseline (docs/CONTRACTS.md).
-
-    pairs / refusals: {suite: {variant: the pair hook's dict / why it refused}}; cells: the timed
-    cells [{"variant", "repeat", "status", "error", "suites", "cell_kind", "instrumented", "gpu"
-    (GPU flags, None: not sampled), "server_log" ({suite: retractions and OOM events}),
-    "seconds" (the cell's wall time, None: not recorded)}]; correctness_cells: the untimed cells,
-    "seconds" too; schedule: the timed cells in the order they ran; cell_warnings: {suite:
-    {variant: lines}}; methods: {method: its source}; suite_rounds: {suite: rounds or
-    "correctness"}.
-    """
+    """``RUN/compare.json``: every variant of one run against its baseline (its keys:
+    docs/CONTRACTS.md)."""
 
     schema_version: int = COMPARISON_SCHEMA
     run_id: str = ""

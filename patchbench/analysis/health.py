@@ -1,7 +1,5 @@
-"""What ran and how healthy it was, beside the verdicts: the baseline's drift, the A/A noise,
-the cells, the schedule, what failed, and the run's header; filled into a judged
-:class:`~patchbench.analysis.comparison.Comparison`.
-"""
+"""What ran and how healthy it was, beside the verdicts (drift, A/A noise, cells, schedule,
+failures, the run's header), filled into a judged Comparison."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
 """The host a run measured on and whether its load made the speed rows unreliable
-(:func:`host_load`, the comparison's ``run.host``; the rule: :func:`load_warnings`).
-
-Each timed cell records the host's 1-minute load average (runnable processes of the whole
-machine, averaged over a minute) as its first suite starts and as its last ends
-(``cell.json`` ``load_avg_1m``). The load counts the run's own server and client too, so the
-limits leave room for them; docs/design.md, "The host in the report", states the rule.
-"""
+(:func:`host_load`; the rule, :func:`load_warnings`, is stated in docs/design.md, "The host in
+the report")."""
 
 from __future__ import annotations
 
@@ -15,11 +10,9 @@ import statistics
 from patchbench.analysis.comparison import CellLoad, Comparison, HostLoad, Row
 from patchbench.analysis.rundata import RunData
 
-#: oversubscribed: a timed cell's load above this many runnable processes per usable CPU (each
-#: then waited for a CPU about as long as it ran; the run's own server and client fit below it)
+#: busy: a timed cell's load above this many runnable processes per usable CPU
 BUSY_LOAD_PER_CPU = 2.0
-#: the arms differ: their mean loads apart by more than this share of the usable CPUs, the
-#: busier one above one runnable process per CPU (so its cells waited for a CPU)
+#: uneven: the arms' mean loads apart by more than this share of the usable CPUs
 UNEVEN_LOAD_SHARE = 0.5
 
 
@@ -59,17 +52,8 @@ def speed_rows(cmp: Comparison) -> list[Row]:
 
 
 def load_warnings(host: HostLoad, cmp: Comparison) -> list[str]:
-    """One sentence per condition that makes the speed rows of ``cmp`` unreliable, [] when none:
-
-    - busy: the highest load of a timed cell is above :data:`BUSY_LOAD_PER_CPU` x the usable
-      CPUs (``host.cores()``);
-    - uneven: the mean load of the baseline's timed cells and of a variant's differ by more
-      than :data:`UNEVEN_LOAD_SHARE` x the usable CPUs and the busier arm's is above the usable
-      CPUs (a bias of one arm, which interleaving did not spread);
-    - noisy: the run-to-run CV of the speed rows (:func:`speed_rows`; the median of their sd of
-      paired log ratios over sqrt 2, as for an A/A variant) is above the median of their
-      margins.
-    """
+    """One sentence per condition that makes the speed rows of ``cmp`` unreliable (busy, uneven,
+    noisy: docs/design.md, "The host in the report"), [] when none."""
     out = []
     cores = host.cores()
     loads = host.readings()

@@ -1,6 +1,5 @@
 """Power and sample size, one copy each: how many paired repeats (or questions) a test needs, and
-what a given number of them can show. Used by the report's "repeats to decide", the nightly's
-``schedule.repeats: auto`` and the confirmation run's rounds.
+what a given number of them can show.
 
 - The paired t test (and the one-sample z test, ``dist="normal"``): statsmodels'
   ``TTestPower`` / ``normal_power``, the exact noncentral t (Cohen 1988, *Statistical Power

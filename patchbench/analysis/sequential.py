@@ -1,8 +1,7 @@
 """Group-sequential repeats: after each step of paired repeats, decide whether to stop.
 
-``schedule.repeats: {min: 4, max: 12, step: 2}`` looks after 4, 6, ..., 12 paired repeats. The
-primaries of every variant but the ``controls`` (A/A) form one family per report, ``alpha``
-two-sided over all looks. At each look a primary is:
+``schedule.repeats: {min: 4, max: 12, step: 2}`` looks after 4, 6, ..., 12 paired repeats; the
+rule as a whole: docs/design.md step 5 and 6. At each look a primary is:
 
 - ``improved`` / ``regressed``: the paired t test on the log ratios rejects at the look's nominal
   level of the boundary for its Holm share ``alpha / (m - r)``, r the primaries rejected so far
@@ -12,16 +11,9 @@ two-sided over all looks. At each look a primary is:
   ``futility`` (Jennison and Turnbull 2000, section 10.2); non-binding.
 - ``continue``; at the last look (or once the run stops) ``inconclusive``.
 
-The run stops once every *deciding* primary (``Design.decide_on``; default every one whose data
-grow) of every non-control variant is decided or futile. The other primaries stay in the Holm
-family and are tested at each look that ran; one still open when the run stops ends inconclusive.
 Each primary's boundaries are fixed in advance, so a stopping time that depends on other data
-only removes looks: its chance of crossing at some look that ran is at most that over all looks
-(the closed-testing argument of Ye et al. 2013 holds look by look; tests/analysis/
-test_sequential.py simulates the per-report error with deciding primaries).
-
-:class:`FixedTest` primaries (data that do not grow, e.g. accuracy) are one-look members tested
-at their whole share. Controls are measured, never improved or regressed, never hold the run open.
+only removes looks (the closed-testing argument of Ye et al. 2013 holds look by look;
+tests/analysis/test_sequential.py simulates the per-report error with deciding primaries).
 
 Boundaries (:func:`boundary`): ``b_k = c`` (Pocock 1977) or ``c sqrt(n_K / n_k)`` (O'Brien and
 Fleming 1979), c the root of ``P(|Z_k| < b_k for all k) = 1 - alpha`` by the recursive

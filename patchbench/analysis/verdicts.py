@@ -1,12 +1,6 @@
-"""The verdict rules: what a comparison may claim about one metric of one variant.
-
-``improved`` / ``regressed``: the row's interval excludes no change, in the metric's good / bad
-direction (``within_margin`` when it is still inside the margin); ``equivalent``: TOST
-(Schuirmann 1987) at the same alpha puts the change inside +-margin; ``inconclusive``: neither;
-``incomplete``: a cell the row needs is not ok.
-
-By kind: ``run`` rows pair repeat k of each arm (paired t on log ratios, Student 1908);
-``accuracy`` rows pair the questions with a t interval that adds the pooled cell-to-cell shift
+"""The verdict rules of one metric of one variant (equivalent: TOST, Schuirmann 1987). By kind:
+``run`` rows pair repeat k of each arm (paired t on log ratios, Student 1908); ``accuracy`` rows
+pair the questions with a t interval that adds the pooled cell-to-cell shift
 (:func:`patchbench.stats.paired_items_t`; Newcombe 1998 method 10 when fewer than
 :data:`MIN_DISCORDANT` questions differ); ``deterministic`` rows are compared exactly;
 ``descriptive`` rows are never judged. Multiplicity: :mod:`patchbench.analysis.family`.
@@ -126,11 +120,7 @@ ACCURACY_ROUNDS_POWER = 0.8
 
 
 def accuracy_rule(
-    runs: tuple[int, int],
-    item_se: float,
-    margin_pt: float | None,
-    alpha: float,
-    run_sd_pt: float = ASSUMED_RUN_SD_PT,
+    runs: tuple[int, int], item_se: float, margin_pt: float | None, alpha: float
 ) -> str | None:
     """The one rule of whether an accuracy row may decide: None with at least
     :data:`MIN_ACCURACY_RUNS` runs in each arm (``runs``: baseline, variant), else what it
@@ -149,6 +139,7 @@ def accuracy_rule(
 
     from patchbench.analysis import power
 
+    run_sd_pt = ASSUMED_RUN_SD_PT
     sd_run = run_sd_pt / 100.0
     spread = 100.0 * float(norm.ppf(1 - alpha / 2)) * math.sqrt(2.0) * sd_run
     sd_round = math.sqrt(item_se**2 + 2.0 * sd_run**2)

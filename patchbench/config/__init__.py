@@ -1,12 +1,5 @@
-"""The experiment config: a leaf schema (:mod:`~patchbench.config.schema`), its builders from a
-file, a mapping or another config (:mod:`~patchbench.config.load`) and the server argument checks
-(:mod:`~patchbench.config.args`). configs/demo-cpu.yaml documents every key; relative paths
-resolve against the repo root.
-
-Errors: :class:`patchbench.errors.ConfigError` (exit 2) naming the file, key path and line; a
-missing local model folder is :class:`patchbench.errors.EnvironmentNotReady` (exit 3, from
-:meth:`Config.require_model`).
-"""
+"""The experiment config (configs/demo-cpu.yaml documents every key; relative paths resolve
+against the repo root). Errors: ConfigError (exit 2) naming the file, key path and line."""
 
 from patchbench.config.load import config_from_mapping, derive, load_config
 from patchbench.config.schema import (
@@ -16,12 +9,7 @@ from patchbench.config.schema import (
     Config,
     DiffPatch,
     GitSource,
-    ModelSpec,
-    PatchEntry,
     ScheduleSpec,
-    SequentialRepeats,
-    ServerSpec,
-    VariantSpec,
     WheelSource,
     changes_text,
     commit_name,
@@ -38,12 +26,7 @@ __all__ = [
     "Config",
     "DiffPatch",
     "GitSource",
-    "ModelSpec",
-    "PatchEntry",
     "ScheduleSpec",
-    "SequentialRepeats",
-    "ServerSpec",
-    "VariantSpec",
     "WheelSource",
     "changes_text",
     "commit_name",

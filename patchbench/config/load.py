@@ -1,8 +1,6 @@
-"""Building a :class:`~patchbench.config.schema.Config` from a YAML file (:func:`load_config`),
-a mapping (:func:`config_from_mapping`) or another config (:func:`derive`): the models, each
-suite's ``Params`` and the named patches are validated, every problem one line of a
-:class:`patchbench.errors.ConfigError` naming file and line, key path, what was found and what
-is allowed."""
+"""Building a Config from a YAML file (:func:`load_config`), a mapping (:func:`config_from_mapping`)
+or another config (:func:`derive`); every problem one line of a ConfigError naming file and line,
+key path, what was found and what is allowed."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The config's ``nightly:`` section (docs/nightly.md): :class:`NightlySettings`, its
-:class:`Gate` list and :class:`ConfirmSettings`. The rules the settings drive are
-:mod:`patchbench.nightly.gates`; a model error is pydantic's ValidationError, which the config
-loader turns into :class:`patchbench.errors.ConfigError` naming file, key and line.
-"""
+"""The config's ``nightly:`` section (docs/nightly.md); the rules it drives:
+:mod:`patchbench.nightly.gates`."""
 
 from __future__ import annotations
 

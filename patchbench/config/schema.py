@@ -1,7 +1,5 @@
-"""The experiment config's models (pydantic): :class:`Config` and its parts. They check each
-value on its own; what needs the file or the repository (suite parameters, patches on disk, YAML
-lines) is checked by :mod:`patchbench.config.load`, which turns pydantic's ValidationError into
-:class:`patchbench.errors.ConfigError`."""
+"""The experiment config's models (pydantic): :class:`Config` and its parts, each value checked
+on its own; what needs the file or the repository is checked by :mod:`patchbench.config.load`."""
 
 from __future__ import annotations
 
@@ -120,9 +118,7 @@ class ServerSpec(Strict):
 
     ``cpu_stand_ins``: import-time stand-ins from patchbench/shims/cpu for a machine without an
     NVIDIA GPU; ``stall_timeout_s``: how long the server may leave the heartbeat, a suite's
-    replies or a flush unanswered before the cell fails (patchbench/run/liveness.py);
-    ``log_max_mb``: the most disk a cell's server.log may take, in MiB (0: no cap), at least 1
-    so that the kept tail (three quarters) holds the 64 KiB a failure's log tail shows.
+    replies or a flush unanswered before the cell fails (patchbench/run/liveness.py).
     """
 
     host: str = "127.0.0.1"
@@ -139,9 +135,8 @@ class ServerSpec(Strict):
     flush_retries: int = Field(5, ge=1)
     flush_pause_s: float = Field(1.0, ge=0)
     stall_timeout_s: float = Field(60.0, gt=0)
-    #: the most disk each cell's server.log may take, in MiB (2**20 bytes): past it the log's
-    #: middle is dropped, its first quarter and its last three quarters kept with a note line
-    #: between (patchbench/run/logcap.py); 0: no cap
+    #: the most disk each cell's server.log may take, in MiB (patchbench/run/logcap.py); 0: no
+    #: cap, else at least 1 so the kept tail holds the 64 KiB a failure's log tail shows
     log_max_mb: int = Field(64, ge=0)
     #: removed key: refused with what replaces it
     mrope_probe: Any = Field(None, exclude=True)
@@ -257,10 +252,8 @@ class GitSource(Strict):
     """An sglang build from a source checkout or bare repository at a commit: ``{git: PATH,
     ref: REF}`` (``ref``: anything ``git rev-parse`` takes, resolved once per run). Only
     committed files of ``python/sglang`` and ``python/pyproject.toml`` are read.
-    ``allow_uncompiled``: run a range from the baseline that changes compiled code no build
-    here compiles (patchbench.envs.builds.uncompiled_files), measuring its Python part only
-    (``patchbench ab --allow-uncompiled``); without it such a range is refused. Written only
-    when true."""
+    ``allow_uncompiled``: measure the Python part of a range that changes compiled code
+    (patchbench.envs.builds.uncompiled_files), else refused; written only when true."""
 
     git: str
     ref: str = "HEAD"
@@ -454,13 +447,10 @@ class VariantSpec(Strict):
 
 # --------------------------------------------------------------------------- schedule
 class SequentialRepeats(Strict):
-    """``schedule.repeats: {min, max, step, boundary, futility}``: group-sequential repeats
-    (patchbench.analysis.sequential). The run looks after ``min`` whole rounds, then every
-    ``step`` more up to ``max``, and stops once every deciding primary of every non-A/A variant
-    is decided or futile (conditional power below ``futility``; 0 turns that stop off).
-    ``decide_on``: the deciding primaries (``metric`` or ``suite.metric``, run-level primaries
-    measured in every round; checked by patchbench.config.load); empty: every such primary.
-    The others are tested at the looks that ran and end inconclusive when still open."""
+    """``schedule.repeats: {min, max, step, boundary, futility, decide_on}``: group-sequential
+    repeats (docs/design.md step 5). ``futility`` 0 turns that stop off; ``decide_on``: the
+    deciding primaries (``metric`` or ``suite.metric``; checked by patchbench.config.load), empty:
+    every run-level primary measured in every round."""
 
     min: int = Field(le=100)
     max: int = Field(le=100)

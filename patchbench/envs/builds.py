@@ -1,19 +1,11 @@
 """Each variant's sglang build: the environment its server runs in and, for a source checkout or a
 wheel, the ``sglang`` tree that runs as an overlay on that environment.
 
-``sglang:`` names a release (any on the package index), ``latest`` (the package index's newest,
-resolved once per run), a wheel or a checkout at a commit (only its ``python/sglang`` and
-``python/pyproject.toml``). A wheel or checkout runs as an overlay on the environment whose sglang
-declares the same dependencies. With ``make="yes"`` a build whose release or dependency set no
-environment here has gets one made once as a layer over the closest environment
-(:mod:`patchbench.envs.layers`); ``make="plan"`` only says what that would install. A variant
-checkout whose range from the baseline's changes compiled code no build here compiles
-(:func:`uncompiled_files`: sgl-kernel, the router, C/C++/CUDA, CMake, Rust; on the CPU also such
-files under ``python/sglang/``) is refused before any environment is looked for, on every engine,
-unless its ``sglang:`` says ``allow_uncompiled: true`` (``patchbench ab --allow-uncompiled``):
-then its ``changes`` record what was left out. A range that changes the dependencies gets its own
-environment. A checkout's uncommitted edits are named (``log`` and each git build's
-``uncommitted``), never measured: the builds are the commits.
+A wheel or checkout runs as an overlay on the environment whose sglang declares the same
+dependencies (docs/guide.md). A variant checkout whose range from the baseline's changes compiled
+code (:func:`uncompiled_files`) is refused before any environment is looked for unless its
+``sglang:`` says ``allow_uncompiled: true``. A checkout's uncommitted edits are named, never
+measured: the builds are the commits.
 
 Errors: EnvironmentNotReady (exit 3) for a build no environment here can run, or an index that
 cannot be read; ConfigError (exit 2) for an unknown ref, a checkout without ``python/sglang``, a
@@ -94,9 +86,7 @@ class RangeChanges:
         return changes_text(len(self.files), self.files, len(self.outside))
 
     def to_json(self) -> dict:
-        """``{"base": commit, "count": n, "files": the first CHANGES_SHOWN, "outside": n}``,
-        and ``"uncompiled": {"count": n, "files": the first CHANGES_SHOWN}`` when some were left
-        out."""
+        """The manifest's ``changes`` of a git build (docs/CONTRACTS.md, ``builds``)."""
         out = {
             "base": self.base,
             "count": len(self.files),
@@ -167,9 +157,7 @@ class Build:
         return f"{self.spec} ({what}{own}) on {where}"
 
     def to_json(self) -> dict:
-        """JSON-ready record for the run manifest's ``builds``; a git build's also holds
-        ``subject`` and ``changes`` (:meth:`RangeChanges.to_json`, None without a range), and
-        ``uncommitted`` (``{"count", "files"}``) when its checkout had uncommitted edits."""
+        """The run manifest's ``builds`` entry (docs/CONTRACTS.md, ``builds``)."""
         out = {
             "spec": self.spec,
             "kind": self.kind,
@@ -455,8 +443,7 @@ def resolve_builds(
     under ``python/sglang/`` is left out too, :func:`uncompiled_files`) and CUDA-only packages
     left out of a made environment; ``make``: what to do for a build no environment has
     (:data:`MakeMode`; ``log`` shows a make's progress, what a range leaves out and a checkout's
-    uncommitted edits). A range with compiled code is refused before any environment is looked
-    for (module docstring). Raises the errors of the module docstring."""
+    uncommitted edits). Raises the errors of the module docstring."""
     ranges = _ranges(cfg, cpu)
     making = Making(make, cpu, log)
     by_label: dict[str, Build] = {}

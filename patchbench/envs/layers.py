@@ -1,16 +1,9 @@
 """An environment for an sglang that no environment here has: a layer over the closest one.
 
-A layer is a venv whose site-packages holds only the packages that differ from its base
-environment's and a ``.pth`` line that appends the base's site-packages, so a third release costs
-the packages it changes, not another full install. What it installs comes from that sglang's own
-declared dependencies (:func:`server_requirements`): the unconditional ``Requires-Dist`` lines and
-those of the server's extras (``srt``, ``runtime_common``: sglang[srt] before 0.5.2); other extras
-([test], [blackwell], [diffusion], ...) are left out, and on the CPU so is every package that
-:data:`CPU_LEFT_OUT` matches (CUDA-only kernels and libraries, video decoders the server imports
-only on use; decord stays: 0.5.9's Qwen-VL processor imports it at start, and it has CPU
-wheels). A layer is made once under ``.cache/envs/sglang-<version>-<key>``, keyed by its
-requirement set and Python version, and :func:`patchbench.envs.envinfo.environments` finds it
-afterwards by its stamp file (:data:`STAMP`).
+A layer (docs/guide.md, "Any other release") is a venv holding only the packages that differ
+from its base's, which it sees through a ``.pth`` line; it installs :func:`server_requirements`
+(on the CPU without :data:`CPU_LEFT_OUT`; decord stays: 0.5.9's Qwen-VL processor imports it at
+start) and is found again by its stamp file (:data:`STAMP`).
 
 Errors: EnvironmentNotReady (exit 3) when pip cannot resolve or install the set, or no
 environment with sglang exists to build on.

@@ -75,9 +75,8 @@ EnvSource = Literal["current", "interpreter", "checkout", "env_root", "build"]
 
 
 class EnvPlan(BaseModel):
-    """Where units of one pin get their python on one node (``matrix.json``'s
-    ``environments[]``): ``source`` (module docstring; "build": none exists, would be built at
-    ``path``), ``path`` (the interpreter or the venv), ``why``: what was looked at."""
+    """Where units of one pin get their python on one node (``matrix.json``'s ``environments[]``):
+    ``source`` (module docstring; "build": would be built at ``path``), ``path``, ``why``."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -1,9 +1,5 @@
-"""Build a tiny, randomly initialised Qwen2.5-VL checkpoint entirely offline.
-
-What sglang serves in tests and the CPU demo (docs/FACTS.md section 5): hidden 64, 2 layers, 4 heads /
-2 KV heads (head_dim 16), mrope_section [2, 3, 3], a 2-block vision tower; a byte-level BPE
-tokenizer trained here on a small corpus, carrying Qwen's special tokens and chat template; an
-image processor and (transformers 5) a video processor. About 0.4 M parameters, built in seconds.
+"""Build a tiny, randomly initialised Qwen2.5-VL checkpoint entirely offline (what sglang serves
+in tests and the CPU demo; its shape: docs/FACTS.md section 5).
 
 The tokenizer class written to tokenizer_config.json depends on the installed transformers:
 4.x's Qwen2_5_VLProcessor insists on ``Qwen2TokenizerFast``; 5.x loads ``PreTrainedTokenizerFast``.

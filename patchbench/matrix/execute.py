@@ -1,8 +1,4 @@
-"""One unit, anywhere (:func:`execute_unit`, the body of both executors): set up its pin's
-environment, run ``patchbench bench`` in its own session, stop the server's process group
-whatever happens, and hand back the run folder (moved into place locally, a gzip'd tar through
-Ray's object store). It takes and returns plain dicts.
-"""
+"""One unit, anywhere (:func:`execute_unit`, the body of both executors)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Executors: what runs the units of a matrix. :class:`LocalExecutor` runs them one after another
-on this machine; :class:`RayExecutor` submits one Ray task per unit (``num_gpus``,
-``accelerator_type:<T>`` resource, ``max_retries=0``). Both run
-:func:`patchbench.matrix.execute.execute_unit`; Ray is imported only by :class:`RayExecutor`.
-"""
+"""What runs the units of a matrix: :class:`LocalExecutor` (one after another here) or
+:class:`RayExecutor` (one Ray task per unit; Ray imported only there)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""``matrix.json``, the record of a matrix run folder, read and written only here::
-
-results/<UTC stamp>-<name>/
-  matrix.json                 MatrixRecord (rewritten by the driver after every unit)
-  configs/<unit id>.yaml      each unit's validated config as JSON, secrets redacted
-  <unit id>/                  that unit's bench run folder
-  report.md  plots/matrix-effect.png   (patchbench.matrix.report)
-"""
+"""``matrix.json``, the record of a matrix run folder (docs/scale-out.md), read and written only
+here; the driver rewrites it after every unit."""
 
 from __future__ import annotations
 

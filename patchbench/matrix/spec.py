@@ -1,27 +1,6 @@
-"""The matrix file: its schema, its expansion into units with stable ids, and their configs.
-
-Matrix file (YAML, validated like a config: every error names the file, the key and the line)::
-
-    name: qwen-sizes                      # names the matrix run folder
-    base: configs/pr9460-h200.yaml        # relative paths resolve against the repo root
-    axes:                                 # dotted config keys -> values; every combination is a unit
-      model.path: [Qwen/Qwen2.5-VL-3B-Instruct, Qwen/Qwen2.5-VL-7B-Instruct]
-      sglang: ["0.5.1.post3", "0.5.23"]
-      gpu_type: [H100, H200]              # not a config key: routes the unit (Ray accelerator_type)
-    set: {schedule.repeats: 3}            # dotted keys set in every unit
-    exclude:                              # combinations to leave out (every key given must match)
-      - {model.path: Qwen/Qwen2.5-VL-7B-Instruct, gpu_type: H100}
-    resources: {num_gpus: node, num_cpus: node}   # per unit; "node": every GPU/CPU of the node
-
-or an explicit list instead of ``base``/``axes``::
-
-    units:
-      - {config: configs/pr9460-h200.yaml, gpu_type: H200}
-      - {config: configs/aa-h200.yaml, gpu_type: H200, set: {schedule.repeats: 4}}
-
-Each unit has a stable id (:func:`unit_id`). Every unit's config is validated in memory; an error
-names the unit and the matrix line that set the key, or the base config's line.
-"""
+"""The matrix file (docs/scale-out.md, "The matrix file"): its schema, its expansion into units
+with stable ids (:func:`unit_id`), and their configs, validated in memory; an error names the unit
+and the matrix line that set the key, or the base config's line."""
 
 from __future__ import annotations
 

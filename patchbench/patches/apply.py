@@ -1,10 +1,6 @@
 """Applying a patch: its diff for one release (stored, or derived from two wheels and cached under
-``<cache_dir>/patches/``), applied to a tree of sglang files with every hash checked, and the
-``check-patch`` check on a pristine copy.
-
-Errors: :class:`patchbench.errors.PatchError` naming the patch, the release, the file and the
-failing hunk or the expected and found hash; the manifest's and the wheels' errors before that.
-"""
+``<cache_dir>/patches/``) applied with every hash checked, and ``check-patch``. Errors: PatchError
+naming the patch, the release, the file and the failing hunk or the expected and found hash."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""Authoring patches: ``patchbench new-patch`` (a patch folder from a diff file or a git range,
-with the hashes of every release it applies to) and the patch folder made from a diff a config
-names directly.
-
-Every new patch is checked (:func:`patchbench.patches.diffs.inspect_diff`) and applied to a
-pristine copy of each release asked for. Errors: :class:`patchbench.errors.PatchError` naming the
-patch, the release and the failing file or hunk; :class:`~patchbench.patches.wheels.FetchError`
-(exit 3) when a release's wheel cannot be fetched.
-"""
+"""Authoring patches: ``patchbench new-patch`` (from a diff file or a git range) and the patch
+folder made from a diff a config names. Errors: PatchError naming the patch, the release and the
+failing file or hunk; FetchError (exit 3)."""
 
 from __future__ import annotations
 
@@ -105,12 +99,10 @@ def build_patch(
     force: bool = False,
     source: str | None = None,
 ) -> NewPatch:
-    """Make ``<patches_dir>/<name>/`` from a diff ``text``: for each release of ``versions`` it
-    applies to (patched Python files compiling), the touched files' sha256 before and after and
-    a diff regenerated from the pristine and patched files. Raises :class:`PatchError` for a bad
-    name or release, an existing folder (unless ``force``), a diff that cannot be a patch or
-    applies to none of ``versions`` (each release's failing hunk and state); FetchError (exit 3).
-    """
+    """Make ``<patches_dir>/<name>/`` from a diff ``text`` for the releases of ``versions`` it
+    applies to (docs/patches.md). Raises :class:`PatchError` for a bad name or release, an existing
+    folder (unless ``force``), a diff that cannot be a patch or applies to none of ``versions``
+    (each release's failing hunk and state); FetchError (exit 3)."""
     if not FOLDER_NAME.match(name or ""):
         raise PatchError(
             f"patch name '{name}': use letters, digits, '.', '_' and '-' (it names the folder in "
@@ -256,15 +248,10 @@ _GIT_DIFF = "diff --no-color --no-ext-diff --no-textconv -M --src-prefix=a/ --ds
 def new_patch_from_git(
     name: str, checkout: str | os.PathLike, rev_range: str, versions: Collection[str], **opts
 ) -> NewPatch:
-    """``new-patch NAME --from-git CHECKOUT REV_RANGE --sglang V ...``: :func:`build_patch` of
-    the range's diff (``opts``: its keyword arguments).
-
-    ``checkout``: a work tree or a bare repository (only commits are read). ``rev_range``: what
-    ``git diff`` takes (``main...my-branch``, ``A..B``), or one commit (its own change). Raises
-    PatchError when ``checkout`` is not a git repository, the range is unknown, changes nothing
-    or changes files outside ``python/sglang/`` (named, with the command that writes a diff of
-    the package alone).
-    """
+    """``new-patch NAME --from-git CHECKOUT REV_RANGE --sglang V ...`` (docs/patches.md):
+    :func:`build_patch` of the range's diff (``opts``: its keyword arguments). Raises PatchError
+    when ``checkout`` is not a git repository, the range is unknown, changes nothing or changes
+    files outside ``python/sglang/`` (named, with the command that diffs the package alone)."""
     co = Path(checkout)
     gd = f"--git-dir={git_dir_of(co)}"
     if rev_range.startswith("-"):

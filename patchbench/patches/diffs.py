@@ -1,10 +1,6 @@
 """Unified diffs as text: checking a diff a user gives (:func:`inspect_diff`), rewriting its paths
 to the site-packages layout, making one from two versions of a file, and naming failed hunks.
-
-A patch may only change the contents of existing files of the ``sglang`` package; its paths are
-``python/sglang/...`` (a ``git diff`` in an sglang checkout) or ``sglang/...`` (site-packages).
-Errors are :class:`patchbench.errors.PatchError` naming the diff's source and every problem.
-"""
+Errors: PatchError naming the diff's source and every problem."""
 
 from __future__ import annotations
 

@@ -1,20 +1,6 @@
-"""A patch's manifest: ``patches/<name>/manifest.yaml``, validated (:class:`PatchManifest`).
-
-A patch folder holds ``manifest.yaml`` and, unless it is derived, one unified diff per supported
-release, paths relative to site-packages (``a/sglang/...``: ``git apply -p1`` in the folder that
-holds ``sglang/``)::
-
-    name: mrope-sync-free                  # the folder name
-    description: ...
-    upstream: {pr: 9460, url: ...}         # optional
-    releases:
-      0.5.1.post3:
-        diff: 0.5.1.post3.diff             # absent when derived
-        files: {sglang/srt/...: {before: <sha256 of the whole file>, after: <sha256>}}
-    derive: {from: "sglang==0.5.2rc1", to: "sglang==0.5.2rc2", files: [sglang/srt/...]}  # optional
-
-Errors (:class:`patchbench.errors.PatchError`, exit 2) name the patch, the file, the key and its
-line, and what was expected: :class:`ManifestError`, :class:`UnsupportedRelease`.
+"""A patch's manifest, ``patches/<name>/manifest.yaml`` (:class:`PatchManifest`; the layout:
+docs/patches.md); diff paths are relative to site-packages (``a/sglang/...``). Errors
+(:class:`ManifestError`, :class:`UnsupportedRelease`, exit 2) name the patch, file, key and line.
 """
 
 from __future__ import annotations

@@ -2,16 +2,9 @@
 server's ``PYTHONPATH`` (sglang spawns its scheduler and workers, so a monkeypatch in the launcher
 would not reach them).
 
-Cached per (release, installed package, patches and their diff hashes)::
-
-    <cache_root>/<version>-<key16>/sglang/...       the patched package (no __pycache__)
-    <cache_root>/<version>-<key16>/overlay.json     Overlay.to_json
-
-built in a temporary folder and renamed into place; the installed package is only read. A stock
-variant's Overlay is the installed package itself (``root`` None). :func:`verify_in_env` checks in
-the server's environment, without importing sglang, that every touched file resolves to the
-overlay's copy with its sha256. Errors: :class:`OverlayError` and the patches'
-:class:`patchbench.errors.PatchError`, naming the patches, paths and expected vs found hashes.
+Cached per (release, installed package, patches and their diff hashes) as
+``<cache_root>/<version>-<key16>/`` (``sglang/`` and ``overlay.json``). Errors: :class:`OverlayError`
+and PatchError, naming the patches, paths and expected vs found hashes.
 """
 
 from __future__ import annotations
@@ -296,9 +289,7 @@ print("PATCHBENCH-PROBE " + json.dumps(out))
 """
 
 
-def verify_in_env(
-    overlay: Overlay, python: str, env: dict[str, str], *, timeout_s: float = 60
-) -> dict:
+def verify_in_env(overlay: Overlay, python: str, env: dict[str, str]) -> dict:
     """Check with ``python -c`` in ``env`` (the server's environment) that the ``sglang`` package
     is ``overlay.sglang_dir`` and that every file the patches touch (stock: forward_batch_info.py
     with its stock hash) resolves inside it with its sha256; modules are located with
@@ -321,7 +312,7 @@ def verify_in_env(
             env=env,
             capture_output=True,
             text=True,
-            timeout=timeout_s,
+            timeout=60,
         )
     except (OSError, subprocess.TimeoutExpired) as e:
         raise OverlayError(f"could not run {python} to check the overlay: {e}") from None

@@ -1,13 +1,6 @@
-"""A change's state on one sglang release: it applies, the release already contains it, or it
-conflicts at a named file and hunk; each with the next step (``check-patch``, ``new-patch``, the
-nightly's patch check).
-
-``git apply --check`` runs on a pristine copy of the touched files
-(:func:`patchbench.patches.wheels.pristine_files`), forward and then in reverse (a change whose
-reverse applies is already in the release); a change that is neither is split per file, then the
-first file that is neither per hunk (1-based, in diff order). A change that does not apply is a
-state, not an error; a diff that cannot be a patch raises :class:`patchbench.errors.PatchError`.
-"""
+"""A change's state on one sglang release (applies, contained, conflicts at a file and hunk) with
+the next step, from ``git apply --check`` on pristine files, forward then in reverse; a diff that
+cannot be a patch raises PatchError."""
 
 from __future__ import annotations
 

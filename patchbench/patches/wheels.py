@@ -1,9 +1,6 @@
-"""Upstream sglang releases as files: wheels downloaded once into
-``<cache_dir>/wheels/<name>-<version>/``, and pristine copies of the files a patch touches (from
-an environment of this machine that holds the release, else from its wheel).
-
-Inside :func:`offline` nothing is downloaded (``bench --dry-run``). Errors: :class:`FetchError`
-(exit 3), :class:`MissingFile` (a file the release does not have, exit 2).
+"""Upstream sglang releases as files: wheels downloaded once into ``<cache_dir>/wheels/``, and
+pristine copies of the files a patch touches. Inside :func:`offline` nothing is downloaded.
+Errors: :class:`FetchError` (exit 3), :class:`MissingFile` (exit 2).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """What :class:`patchbench.run.liveness.ServerWatch` reads to tell a slow server from a stalled
-one: the :class:`ProgressMeter` a suite feeds and the :class:`ClientActivity` of a client that
-prints nothing until its result.
-"""
+one: a suite's :class:`ProgressMeter`, a silent client's :class:`ClientActivity`."""
 
 from __future__ import annotations
 
@@ -27,13 +25,9 @@ CLIENT_SAMPLE_S = 1.0
 
 @dataclass
 class ClientActivity:
-    """What a watched client (``pid`` and its descendants) has done, sampled about once a second.
-    ``outputs``: the files its stdout and stderr go to; ``idle_s``: its longest expected wait.
-
-    Progress between two samples: :data:`CLIENT_WAKEUPS_PER_S` wake-ups a second (voluntary
-    context switches: each streamed chunk wakes it), a change of its read/written bytes or of
-    the sizes of ``outputs``, or :data:`CLIENT_BUSY_CPU_SHARE` CPU seconds a second.
-    """
+    """What a watched client (``pid`` and its descendants) has done, sampled about once a second
+    (what counts as progress: docs/faults.md). ``outputs``: the files its stdout and stderr go to;
+    ``idle_s``: its longest expected wait."""
 
     pid: int
     name: str

@@ -1,8 +1,4 @@
-"""``patchbench bench CONFIG``: :func:`run_bench` checks everything before any server starts,
-runs the planned cells (look by look for a sequential schedule), rewrites the manifest after each
-cell and writes the report. A failed cell is recorded and the run goes on; a signal stops the
-server and keeps what finished; ``--resume RUN_DIR`` runs only what is missing.
-"""
+"""``patchbench bench CONFIG``: :func:`run_bench` (docs/design.md, "Data flow of one run")."""
 
 from __future__ import annotations
 
@@ -58,8 +54,6 @@ from patchbench.runfolder.models import (
     StopBreakdown,
 )
 
-# EnvironmentNotReady and RunFailed are what run_bench raises (patchbench.nightly reads them
-# here); plan, sequential_design and sequential_primaries are read here by tools/calibrate.py
 __all__ = [
     "run_bench",
     "plan",
@@ -99,11 +93,9 @@ def run_bench(
     no environment here has (:mod:`patchbench.envs.layers`) instead of refusing it.
 
     Raises ConfigError / PatchError / UsageError (exit 2) or EnvironmentNotReady (exit 3) before
-    any server starts; RunFolderBusy (exit 4) when another live run writes the folder; RunFailed
-    (exit 4) when a cell failed, a timed cell is incomplete or the report was not written, or
-    (alone: the run stopped after that cell) a failed cell left the server port to another
-    process; Interrupted (exit 130, 143 for SIGTERM) after a signal. What finished is kept on
-    disk.
+    any server starts; RunFolderBusy (exit 4); RunFailed (exit 4) when a cell failed, a timed cell
+    is incomplete, the report was not written or a failed cell left the server port to another
+    process (the run stops there); Interrupted (exit 130, 143 for SIGTERM). What finished is kept.
     """
     t_call = time.monotonic()
     cfg = config if isinstance(config, Config) else load_config(config)

@@ -1,8 +1,4 @@
-"""One cell, one server lifetime of one variant (:func:`run_cell`): start (the pid into
-``cell.json`` at once, readiness, the liveness watch and GPU sampler), run suites (those needing
-no server first; ``/flush_cache`` between two; the host's load average as the first starts and
-after each), stop, record ``cell.json``.
-"""
+"""One cell, one server lifetime of one variant (:func:`run_cell`; docs/design.md step 5)."""
 
 from __future__ import annotations
 
@@ -71,9 +67,8 @@ def utc_stamp() -> str:
 
 @functools.cache
 def preload(names: tuple[str, ...] = REPORT_MODULES) -> threading.Thread:
-    """Import ``names`` in a daemon thread, once per process: the first cell starts it while its
-    server starts and joins it once ready, so the imports never overlap a suite (a module that
-    fails is left to the report)."""
+    """Import ``names`` in a daemon thread, once per process (a module that fails is left to the
+    report)."""
 
     def run() -> None:
         for name in names:
@@ -128,7 +123,7 @@ LaunchSpecFn = Callable[[Config, VariantEnv, Path, int], LaunchSpec]
 
 @dataclass
 class CellRun:
-    """The state of one cell while its steps run (module docstring); ``record``: the cell.json
+    """The state of one cell while its steps run; ``record``: the cell.json
     being built; ``progress`` / ``nvml``: a BenchProgress / Nvml or None."""
 
     cfg: Config
@@ -300,9 +295,8 @@ class CellRun:
 
     # ------------------------------------------------------------------ step 2: run suites
     def run_suites(self, names: list[str]) -> None:
-        """Run ``names`` in order, ``/flush_cache`` between two (its 200 proves the scheduler
-        answers). Raises ServerError when the server died, stopped answering or refused the
-        flush."""
+        """Run ``names`` in order, ``/flush_cache`` between two. Raises ServerError when the server
+        died, stopped answering or refused the flush."""
         for i, name in enumerate(names):
             if self.server is not None and i > 0:
                 t = time.monotonic()

@@ -1,8 +1,5 @@
-"""NVML where a GPU exists (:class:`Nvml` over ``pynvml`` or a fake; :func:`open_nvml` None without
-a GPU, and callers skip their checks): a stopped server's GPU memory freed, a cell's GPU state
-(:class:`GpuSampler`, ``cell.json`` ``gpu``) and the settings that bias timings
-(:func:`doctor_rows`).
-"""
+"""NVML where a GPU exists (:func:`open_nvml` None without one): freed memory, a cell's GPU state
+(:class:`GpuSampler`), the settings that bias timings (:func:`doctor_rows`)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
 """Liveness and progress of a whole sglang server while suites run, and stopping a suite at once
-when the server dies or stops answering (docs/faults.md).
-
-:class:`ServerWatch` (a thread) polls every process of the server's group (a dead scheduler
-leaves the HTTP front end answering) and, with ``stall_timeout_s``, watches progress: the
-scheduler heartbeat (``GET /server_info``, a longer limit inside a window the suite announces,
-:meth:`ProgressMeter.quiet`), the replies the suite reports, processes stopped (state T) and a
-watched client's activity (:class:`patchbench.run.activity.ClientActivity`). On a death or stall
-it records a :class:`Death` or :class:`Stall`, SIGKILLs the suite's clients and the server's
-group and, inside :meth:`ServerWatch.cancel_scope`, raises :class:`ServerLost` in the main thread
-(via ``SIGUSR2``, so a blocking wait is interrupted as by Ctrl-C).
-"""
+when the server dies or stops answering (:class:`ServerWatch`; the faults it catches:
+docs/faults.md). Inside :meth:`ServerWatch.cancel_scope` a death or stall raises
+:class:`ServerLost` in the main thread via ``SIGUSR2``, so a blocking wait is interrupted."""
 
 from __future__ import annotations
 
@@ -66,8 +58,7 @@ def process_state(pid: int | None) -> str:
 
 class ServerLost(KeyboardInterrupt):
     """The server died or stopped answering during a suite (``death``: the :class:`Death` or
-    :class:`Stall`); a KeyboardInterrupt so that suites' Ctrl-C cleanup runs and no ``except
-    Exception`` swallows it."""
+    :class:`Stall`); a KeyboardInterrupt, so no ``except Exception`` swallows it."""
 
     def __init__(self, reason: Death | Stall):
         super().__init__(reason.message())
@@ -184,7 +175,7 @@ class _Watched:
 
 @dataclass
 class ServerWatch:
-    """Watch the processes and the progress of one server (module docstring): :meth:`start`
+    """Watch the processes and the progress of one server: :meth:`start`
     after it is ready, :meth:`close` before stopping it. ``leader``: the launched Popen;
     ``on_death``: called once from the watcher thread after the kills; ``stall_timeout_s``: None
     watches deaths only; ``heartbeat(timeout_s) -> bool``: one scheduler round trip."""

@@ -1,11 +1,6 @@
-"""One writer per run folder: ``RUN/.lock``, held with ``fcntl.flock`` (the kernel drops it with
-a run that died) and holding the holder's pid, host, start and command line. A second run is
-refused (:class:`RunFolderBusy`, exit 4, naming the holder); ``patchbench report RUN`` and
-``patchbench nightly --record-only / --from-run RUN`` take the same lock and wait up to
-:data:`REPORT_WAIT_S` for a report. A run records its folder's identity (:func:`folder_identity`)
-and checks it before each write (:func:`check_folder`): a folder deleted under it stops the run
-(:class:`RunFolderGone`, exit 4) instead of being made again.
-"""
+"""One writer per run folder: ``RUN/.lock`` held with ``fcntl.flock`` (docs/faults.md): a second
+run is refused (:class:`RunFolderBusy`, exit 4); a folder deleted under a run stops it
+(:func:`check_folder`, :class:`RunFolderGone`, exit 4)."""
 
 from __future__ import annotations
 

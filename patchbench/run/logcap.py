@@ -1,19 +1,8 @@
-"""``server.log``'s disk use held at ``server.log_max_mb`` (MiB) while the server runs, and the
-one way to read such a log line by line.
-
-A server that floods its output would otherwise fill the run folder. :class:`LogCap` (a thread
-beside the server, one check every :data:`CHECK_INTERVAL_S` seconds and one when the server
-stops) punches the log's middle out once its allocated size (``st_blocks * 512``) passes the
-cap: ``fallocate(PUNCH_HOLE | KEEP_SIZE)`` frees the blocks between the first quarter of the cap
-(the head) and the last three quarters (the tail), both aligned to :data:`BLOCK` bytes. The file
-keeps its size and only grows (every byte offset a reader took stays valid; the server appends
-at its end as before); the punched bytes read as NUL bytes, the first of them overwritten with
-one line saying what was dropped. Where punching is not supported (another OS, a file system
-without it: ``EOPNOTSUPP``) nothing is dropped and :attr:`LogCap.note` says so once.
-
-:func:`read_lines` reads such a file without reading a hole into memory: it jumps over holes
-(``SEEK_DATA``) and leaves NUL bytes out of the lines it yields.
-"""
+"""``server.log``'s disk use held at ``server.log_max_mb`` MiB while the server runs
+(:class:`LogCap`: ``fallocate(PUNCH_HOLE | KEEP_SIZE)`` frees the middle between the cap's first
+quarter and last three quarters; sizes and offsets stay, the hole reads as NUL bytes, its first
+line says what was dropped; docs/faults.md), and :func:`read_lines`, which reads such a log
+without its hole."""
 
 from __future__ import annotations
 
@@ -85,14 +74,10 @@ def _align_down(n: int) -> int:
 
 
 class LogCap:
-    """Hold the disk use of the log at ``path`` near ``max_mb`` MiB (module docstring):
-    :meth:`start` the thread, :meth:`close` it (a last check) once the server has stopped, or
-    call :meth:`check`. ``dropped``: (first byte dropped, first byte kept after) of the hole,
-    None until one was punched; ``note``: a sentence for the cell's notes, or None.
-
-    After each check the log takes at most the cap plus two blocks (the note's and the tail's
-    alignment); between two checks it grows by what the server writes in
-    :data:`CHECK_INTERVAL_S` seconds."""
+    """Hold the disk use of the log at ``path`` near ``max_mb`` MiB (at most the cap plus two
+    blocks after each check): :meth:`start` the thread, :meth:`close` it (a last check) once the
+    server has stopped, or call :meth:`check`. ``dropped``: (first byte dropped, first byte kept
+    after) of the hole, None until one was punched; ``note``: a sentence for the cell's notes."""
 
     def __init__(self, path: str | os.PathLike, max_mb: int, interval_s: float = CHECK_INTERVAL_S):
         self.path = Path(path)
@@ -219,9 +204,8 @@ def read_lines(
 ) -> Iterator[tuple[int, bytes, int]]:
     """(offset where the line starts, the line without its ``\\n`` and without NUL bytes, offset
     of the next line) for every line of the open file ``fd`` from byte ``start`` up to ``size``
-    (its size now when None); the last line may have had no ``\\n``. Holes are jumped over and
-    NUL bytes are nothing: a punched log (:class:`LogCap`) is read without its hole, in
-    ``chunk_bytes`` at a time plus the longest line."""
+    (its size now when None); the last line may have had no ``\\n``. Holes are jumped over
+    (``SEEK_DATA``); reads ``chunk_bytes`` at a time plus the longest line."""
     if size is None:
         size = os.fstat(fd).st_size
     pos = line_start = start

@@ -54,12 +54,11 @@ def new_manifest(
     nvml: Any = None,
 ) -> RunManifest:
     """The manifest of a run starting now in ``run_dir`` (no cells yet; the config's files are
-    copied in). ``env``: patchbench.envs.envinfo.collect(); ``variants``: the prepared overlays;
-    ``timings``: this invocation's (the first invocation's stay in ``timings_s``; a resumed
-    run's, with ``resumed`` its manifest, go to a new entry of ``resumes`` started at
-    ``resumed_at``); ``nvml``: the run's :class:`patchbench.run.gpu.Nvml` (None: a CPU run), for
-    its :func:`machine_info`. The config it keeps has its secret values redacted (:meth:`Config.redacted`);
-    so have the variants' differences."""
+    copied in, its secret values redacted). ``env``: patchbench.envs.envinfo.collect();
+    ``variants``: the prepared overlays; ``timings``: this invocation's (a resumed run's, with
+    ``resumed`` its manifest, go to a new entry of ``resumes`` started at ``resumed_at``);
+    ``nvml``: the run's :class:`patchbench.run.gpu.Nvml` (None: a CPU run), for
+    :func:`machine_info`."""
     shown = cfg.redacted()
     m = RunManifest(
         run_id=run_dir.name,
@@ -133,8 +132,7 @@ def variant_diff(cfg: Config, variant: str, *, cache_dir: Path | None = None) ->
 
 def copy_config_files(cfg: Config, run_dir: Path) -> list[CopiedFile]:
     """Copy every diff file a variant names into ``run_dir`` as ``diffs/<sha256 first
-    12>-<file name>`` (atomically; one already there is kept), so the run can be reproduced;
-    returns where each went."""
+    12>-<file name>`` (atomically; one already there is kept); returns where each went."""
     files = {
         p.diff: cfg.resolve_path(p.diff)
         for spec in cfg.variants.values()

@@ -1,10 +1,5 @@
-"""The run's cells in order (:func:`plan`), what each runs (:func:`cell_suites`, the correctness
-cell's instrumentation arguments) and the plan as text (:func:`describe_plan`, ``--dry-run``).
-
-Interleaved order alternates each round's direction (ABBA, ABC CBA) so a slow drift hits every
-variant alike. An untimed or instrumented suite gives each variant one untimed ``correctness``
-cell first (every instrumentation on, no verdict from its timings).
-"""
+"""The run's cells in order (:func:`plan`; docs/design.md step 4), what each runs
+(:func:`cell_suites`) and the plan as text (:func:`describe_plan`, ``--dry-run``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Which server is ours: ports and who holds them, the markers every launched server carries
-(:func:`server_markers`), and servers orphaned by a killed runner (:func:`find_stale_servers`,
-from ``cell.json`` files still "running" and from the markers; :func:`kill_stale`). A process
-group is signalled only when it is the server's own (:func:`own_group`).
-"""
+"""Which server is ours: ports and their holders, the markers every launched server carries
+(:func:`server_markers`), orphans of a killed runner (:func:`find_stale_servers`); a process group
+is signalled only when it is the server's own (:func:`own_group`)."""
 
 from __future__ import annotations
 

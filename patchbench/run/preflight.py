@@ -1,7 +1,5 @@
-"""What ``bench`` checks before any server starts: the builds, the model, a resumed folder's
-config, orphaned servers, the port. ConfigError (exit 2) for a resumed folder that does not fit
-the config, EnvironmentNotReady (exit 3) for the environment.
-"""
+"""What ``bench`` checks before any server starts: builds, model, a resumed folder's config,
+orphaned servers, the port (ConfigError exit 2, EnvironmentNotReady exit 3)."""
 
 from __future__ import annotations
 
@@ -152,12 +150,10 @@ def report_stale_servers(results_root: Path, *, kill: bool, log) -> None:
 
 
 def stop_orphans_of(run_dir: Path, *, log) -> None:
-    """A resumed run, once it holds the folder's lock (so the run before it is gone): stop the
-    servers that run left (:func:`patchbench.run.ports.find_stale_servers` of ``run_dir``: a
-    cell.json still "running" whose server lives, by pid and start time, or a group leader
-    carrying the folder's markers, its runner gone), each only when its own environment marks it
-    as a server of ``run_dir``; each is named. One that cannot be read is named, not touched.
-    Raises EnvironmentNotReady (exit 3) when one outlives SIGKILL."""
+    """A resumed run, once it holds the folder's lock: stop and name the servers the run before it
+    left (:func:`patchbench.run.ports.find_stale_servers`), each only when its own environment
+    marks it as a server of ``run_dir``; one that cannot be read is named, not touched. Raises
+    EnvironmentNotReady (exit 3) when one outlives SIGKILL."""
     found = find_stale_servers(run_dir)
     mine = [s for s in found if marked_for(s.pid, run_dir)]
     for s in found:
@@ -176,11 +172,9 @@ def stop_orphans_of(run_dir: Path, *, log) -> None:
 
 
 def launch_fits_or_raise(cfg: Config, port: int) -> None:
-    """ConfigError (exit 2), before any process is started for a variant (the overlay check
-    runs its interpreter with the same environment), when a variant's server command and
-    environment are over this system's limit on them
-    (:func:`patchbench.config.args.launch_size_problem`; the overlay's PYTHONPATH, a few hundred
-    bytes, comes on top: :class:`patchbench.run.server.LaunchRefused` names it at the launch)."""
+    """ConfigError (exit 2), before any process is started for a variant, when its server command
+    and environment are over this system's limit (:func:`patchbench.config.args.launch_size_problem`).
+    """
     import sys
 
     for name in cfg.variants:

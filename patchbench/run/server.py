@@ -1,14 +1,6 @@
-"""Lifecycle of one sglang server (docs/cases.md L1-L3; endpoints: docs/FACTS.md section 4).
-
-- Launch in its own process group, output to ``server.log``; refused when the port answers.
-  The log's disk use is held at ``log_max_mb`` MiB while the server runs
-  (:class:`patchbench.run.logcap.LogCap`: its head and tail kept, a note where the middle was).
-- Ready: ``/health`` 200 and a 1-token ``/generate``; then the port must be held by our group
-  (else :class:`PortTaken` names the foreign holder).
-- Heartbeat: ``GET /server_info`` (``/get_server_info`` on older releases), one scheduler round
-  trip. Flush: ``POST /flush_cache``, retried while sglang answers 400.
-- Stop (``stop_mode="fast"``): SIGTERM to the group, 0.05 s (the front end answers SIGTERM only
-  through a 5 s watchdog), SIGKILL; wait until all are gone, the port refuses and NVML lists none.
+"""Lifecycle of one sglang server: launch in its own process group (output to ``server.log``),
+ready (``/health`` and a 1-token ``/generate``, the port held by our group), heartbeat, flush,
+stop (SIGTERM, 0.05 s, SIGKILL). Cases: docs/cases.md L1-L3; endpoints: docs/FACTS.md section 4.
 """
 
 from __future__ import annotations

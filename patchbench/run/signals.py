@@ -1,10 +1,6 @@
-"""How a command ends: SIGTERM and SIGHUP behave like Ctrl-C while ``bench`` runs
-(:func:`terminate_like_ctrl_c` raises :class:`Terminated`, a KeyboardInterrupt, so every Ctrl-C
-cleanup runs; a second signal is reported and ignored; exit 143 for SIGTERM, 130 otherwise), and
-a stdout or stderr closed by its reader (``patchbench report RUN | head -1``) is no error
-(:func:`tolerate_closed_output`: the stream goes to ``/dev/null`` and the command keeps its exit
-code).
-"""
+"""How a command ends: SIGTERM and SIGHUP behave like Ctrl-C (:func:`terminate_like_ctrl_c`;
+exit 143 for SIGTERM, 130 otherwise); a closed stdout or stderr is no error
+(:func:`tolerate_closed_output`)."""
 
 from __future__ import annotations
 
@@ -31,11 +27,8 @@ def signum_of(exc: BaseException) -> int:
 
 
 @contextmanager
-def terminate_like_ctrl_c(
-    log: Callable[[str], None] = print,
-    signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT),
-) -> Iterator[None]:
-    """Inside: the first of ``signals`` raises (SIGINT: KeyboardInterrupt, others
+def terminate_like_ctrl_c(log: Callable[[str], None] = print) -> Iterator[None]:
+    """Inside: the first SIGTERM, SIGHUP or SIGINT raises (SIGINT: KeyboardInterrupt, others
     :class:`Terminated`), later ones only log a line; nothing outside the main thread. The old
     handlers come back on exit, or once a signal fired, by :func:`restore_handlers`."""
     if threading.current_thread() is not threading.main_thread():
@@ -55,7 +48,7 @@ def terminate_like_ctrl_c(
             raise KeyboardInterrupt
         raise Terminated(signum)
 
-    old = {s: signal.signal(s, handler) for s in signals}
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     try:
         yield
     finally:
@@ -136,9 +129,9 @@ class _Tolerant:
 
 
 def tolerate_closed_output(sys_module: Any) -> None:
-    """Wrap ``sys_module.stdout`` and ``sys_module.stderr`` (module docstring) unless they are
-    already wrapped or absent (``None`` under ``pythonw``). Call once per process, before the
-    command writes anything; a test's captured streams are left alone by not calling it."""
+    """Wrap ``sys_module.stdout`` and ``sys_module.stderr`` (unless already wrapped or None) so
+    that once their reader closes them they go to ``/dev/null`` and the command keeps its exit
+    code. Call once per process, before the command writes anything."""
     for name in ("stdout", "stderr"):
         stream = getattr(sys_module, name)
         if stream is not None and not isinstance(stream, _Tolerant):

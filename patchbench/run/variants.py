@@ -1,8 +1,5 @@
-"""What one variant's server runs: its overlay, its environment, the stock clients'
-environment, and its identity (a short sha256 per input: ``patches``, ``server_args``, ``env``,
-``sglang``), recorded per cell; ``--resume`` refuses a variant whose identity changed (exit 2)
-unless it starts over (``--restart-variant NAME``).
-"""
+"""What one variant's server runs: its overlay, its environment, the stock clients' environment,
+and its identity (:func:`variant_identity`), which ``--resume`` checks."""
 
 from __future__ import annotations
 
@@ -71,8 +68,7 @@ def stand_in_dirs(cfg: Config) -> list[Path]:
 
 def stock_client_env(cfg: Config) -> dict[str, str]:
     """Environment of the STOCK sglang as a client (bench_serving): stand-ins, no overlay, the
-    vocabulary in id order (seeded random prompts the same in every cell), an error the server
-    streams failing its request with the text."""
+    site hook's client switches (patchbench/shims/site/sitecustomize.py)."""
     env = base_env(cfg)
     env["PYTHONPATH"] = pythonpath(
         SITE_DIR, *stand_in_dirs(cfg), inherit=os.environ.get("PYTHONPATH")

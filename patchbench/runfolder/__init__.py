@@ -1,12 +1,6 @@
-"""One reader and one writer for every file of a run folder (layout: docs/CONTRACTS.md, "Run
-folder"; models: :mod:`patchbench.runfolder.models`).
-
-Reading migrates an older schema (``migrated_from``; undeclared keys dropped) and fits the
-manifest's ``compare`` / ``nightly`` settings (removed keys dropped, invalid settings defaulted,
-each noted in ``RunManifest.config_notes``); a newer schema raises :class:`SchemaTooNew` (exit
-2); an unreadable cell or summary is a record with ``status="unreadable"``, an unreadable manifest
-a :class:`RunFolderError`. Writing is atomic and stamps the current schema version.
-"""
+"""One reader and one writer for every file of a run folder (docs/design.md, "The run folder";
+docs/CONTRACTS.md). Reading migrates older schemas and fits the manifest's settings (each fix
+noted in ``RunManifest.config_notes``); a newer schema raises :class:`SchemaTooNew` (exit 2)."""
 
 from __future__ import annotations
 

@@ -148,14 +148,7 @@ class LoadAverage(_Record):
 
 
 class CellRecord(_Record):
-    """``RUN/<variant>/rep<k>/cell.json``: one (variant, repeat) cell.
-
-    index: position in the schedule (None in old folders); suites: {suite: its summary status};
-    timings_s: {step: seconds} (``server_start``, ``suite:<name>``, ``flush:<name>``,
-    ``server_stop``, ``cell``); instrumented: its timings feed no verdict; instrumentation:
-    {suite: what its collect() returned}; notes: the reader's (why unreadable) and the run's;
-    load_avg_1m: the host's load around the suites (None in folders from before it was recorded).
-    """
+    """``RUN/<variant>/rep<k>/cell.json``: one (variant, repeat) cell (its keys: docs/CONTRACTS.md)."""
 
     _when_set = (
         "runner_pid",
@@ -417,18 +410,9 @@ class SequentialRecord(_Record):
 
 
 class RunManifest(_Record):
-    """``RUN/manifest.json``: the run as a whole.
-
-    config: the :class:`patchbench.config.Config` it measured (None when the file held none);
-    overlays: {variant: ``Overlay.to_json()``}; environment: ``envinfo.collect()``; builds
-    (when a variant names its own or the config's is not a release): {variant:
-    ``Build.to_json()``, a git build's with its commit's subject and the files its range
-    changes}; machine: :class:`MachineInfo` (None: unknown, before schema 6); timings_s: the
-    first invocation's (``resumes``: the others'); variants: {variant: VariantDiff}; error: why
-    the run stopped; report_error: why compare.json / report.md were not written; port: the
-    ``--port`` of the last invocation (written only when one was given; a resume without
-    ``--port`` keeps it).
-    """
+    """``RUN/manifest.json``: the run as a whole (its keys: docs/CONTRACTS.md; ``machine``:
+    :class:`MachineInfo`, None before schema 6); ``port``: the ``--port`` of the last
+    invocation, written only when one was given."""
 
     _when_set = (
         "resumes",

@@ -1,9 +1,5 @@
-"""Built-in suites (installed as ``patchbench.suites``): ``serving``, ``mmmu``, ``sync_probe``,
-``profile``. Each registers a :class:`patchbench.suite.Suite` subclass on import.
-
-Helpers shared by the suites' ``plots`` hooks (matplotlib imported only when called) and
-``report_section`` hooks (:func:`folded`).
-"""
+"""Built-in suites, one folder each, and helpers their ``plots`` and ``report_section`` hooks
+share (matplotlib imported only when called)."""
 
 from __future__ import annotations
 

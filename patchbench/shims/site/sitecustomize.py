@@ -80,12 +80,8 @@ def _cpu_stand_ins() -> None:
 
 
 def _stable_vocab_order() -> None:
-    # sglang.bench_serving's random / random-image / image datasets draw prompt tokens with
-    # random.choices(list(tokenizer.get_vocab().values())). A fast tokenizer's get_vocab() comes
-    # from a Rust HashMap whose order differs from process to process, so --seed alone does not
-    # give the same prompts in two runs (seen here: 0 of 24 prompts equal between two cells).
-    # Returning the vocabulary in id order makes the seeded draw the same in every process; it
-    # changes which random tokens a prompt holds, not how anything is measured.
+    # bench_serving's random datasets draw prompt tokens from tokenizer.get_vocab(), whose order
+    # (a Rust HashMap's) differs from process to process: in id order the seeded draw is the same
     try:
         import transformers as tf
     except ImportError:
@@ -148,11 +144,9 @@ def _chain() -> None:
 
 
 def _stream_errors() -> None:
-    # bench_serving's sglang request functions (async_request_*) parse each streamed chunk with
-    # json.loads (0.5.1.post3) or orjson.loads (0.5.23) and skip a chunk without "text": a chunk
-    # that is the server's error is dropped. Called from such a function, a chunk that is an
-    # error raises instead; the tool's own except block then records the text as the request's
-    # error and fails it. Every other caller gets what it got before.
+    # bench_serving's async_request_* parse each streamed chunk with json.loads (0.5.1.post3) or
+    # orjson.loads (0.5.23) and skip a chunk without "text": called from there, an error chunk
+    # raises instead, so the tool fails the request with its text; other callers are untouched.
     import json
 
     def wrap(loads):

@@ -58,12 +58,9 @@ class _Retryable(Exception):
 
 
 def answer_of(data: object, latency_s: float) -> Outcome:
-    """The :class:`Outcome` of one HTTP 200 body ``data`` (parsed JSON).
-
-    The answer is ``choices[0].message.content``. A body with no answer is a failed outcome naming
-    it, never an answer to score (docs/faults.md): no choices, no text content, ``finish_reason``
-    ``abort``, or an empty content the server generated no token for. An empty content that ended
-    at ``stop`` / ``length`` after at least one completion token is the model's own answer."""
+    """The :class:`Outcome` of one HTTP 200 body ``data`` (parsed JSON): ``choices[0].message.content``,
+    or a failed outcome naming why the body holds no answer (docs/faults.md); an empty content after
+    at least one completion token is the model's own answer."""
     if not isinstance(data, dict):
         return Outcome(None, f"HTTP 200 whose body is not an object: {str(data)[:300]}", latency_s)
     choices = data.get("choices")

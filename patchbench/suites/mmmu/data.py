@@ -1,7 +1,5 @@
 """MMMU questions: subjects, domains (sglang's ``benchmark/mmmu`` order) and loading the dataset
-from the hub or a local copy (parquet files in the hub layout, a ``save_to_disk`` folder, or a
-filled HF cache; docs/mmmu.md). Errors: :class:`DatasetUnavailable` names the dataset, the
-subject and how to provide a local copy.
+from the hub or a local copy (docs/mmmu.md); :class:`DatasetUnavailable` says how to provide one.
 """
 
 from __future__ import annotations

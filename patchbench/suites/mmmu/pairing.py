@@ -127,22 +127,16 @@ def pair_records(
     reps_a: list[list[Record]], reps_b: list[list[Record]], notes: list[str] | None = None
 ) -> dict[str, Any]:
     """Question-by-question pairing of the baseline (``reps_a``: the records of each repeat) and
-    one variant (``reps_b``, as many repeats) over every paired repeat.
-
-    Each repeat pair is checked first (:func:`check_pairable`; a refusal raises
-    :class:`PairingError` naming the repeat). A question's correctness in an arm is its share of
-    ``correct`` verdicts over the repeats where it failed in neither cell (the question, not the
-    repeat, is the unit); questions that failed in every repeat are left out and counted.
-
-    Returns ``{"repeats_used", "n" (questions), "n_failed_either", "acc_a", "acc_b",
-    "both_right", "both_wrong", "right_to_wrong", "wrong_to_right" (sums over questions of
-    max(a - b, 0) / max(b - a, 0)), "flips", "mcnemar_p" (exact McNemar on the rounded
-    counts), "identical_share" (mean over repeats of the share of identical responses among the
-    questions that failed in neither cell), "accuracy": {metric: {"ids", "baseline", "variant",
-    "cells"}} (overall, answered: questions whose request failed in no used repeat, and each
-    domain), "flipped": [{"id", "subject", "baseline", "variant"}], "subjects": {subject: {"n",
-    "acc_a", "acc_b", "right_to_wrong", "wrong_to_right"}}, "notes"}``.
-    """
+    one variant (``reps_b``, as many repeats) over every paired repeat (docs/mmmu.md, "Pairing";
+    :class:`PairingError` names a refused repeat). Returns ``{"repeats_used", "n" (questions),
+    "n_failed_either", "acc_a", "acc_b", "both_right", "both_wrong", "right_to_wrong",
+    "wrong_to_right" (sums over questions of max(a - b, 0) / max(b - a, 0)), "flips",
+    "mcnemar_p" (exact McNemar on the rounded counts), "identical_share" (mean over repeats of
+    the share of identical responses among the questions that failed in neither cell),
+    "accuracy": {metric: {"ids", "baseline", "variant", "cells"}} (overall, answered: questions
+    whose request failed in no used repeat, and each domain), "flipped": [{"id", "subject",
+    "baseline", "variant"}], "subjects": {subject: {"n", "acc_a", "acc_b", "right_to_wrong",
+    "wrong_to_right"}}, "notes"}``."""
     from statsmodels.stats.contingency_tables import mcnemar
 
     notes = list(notes or [])

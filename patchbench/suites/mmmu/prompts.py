@@ -1,8 +1,7 @@
 """Chat messages for MMMU questions, and their hashes.
 
 Protocols: ``"patchbench"``: the MMMU repository's prompt text (sglang's
-``benchmark/mmmu/prompt_format.yaml``) with every ``<image N>`` placeholder, in the question or an
-option, replaced by image N at that place; images the text never names follow it in number order.
+``benchmark/mmmu/prompt_format.yaml``), images placed as docs/mmmu.md, "Images", states.
 ``"sglang-2025"``: what the PR's ``bench_sglang.py`` sent: ``prompt.split("<")[0]``, image_1 only,
 ``prompt.split(">")[1]`` (its own truncation, reproduced on purpose; a prompt without ``<`` or
 ``>`` is one text part). Images are PNG data URLs, converted to RGB (alpha dropped, as PIL does).

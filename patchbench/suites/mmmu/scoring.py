@@ -1,10 +1,6 @@
-"""Scoring MMMU answers: a verdict per question (``correct`` | ``wrong`` | ``unparsed`` |
-``failed``), tallies per subject / domain / overall, the files of sglang's ``benchmark/mmmu``
-script (``val_sglang.json``, ``answer_sglang.json``), and ``patchbench score-mmmu`` (:func:`run_args`).
-
-Accuracy = correct / asked, failed and unparsed included (docs/cases.md M5); ``answered_acc`` =
-correct / (asked - failed); subject, domain and overall pooled over questions, never means of
-means. Intervals: Wilson 95 %.
+"""Scoring MMMU answers: a verdict per question, tallies per subject / domain / overall (pooled
+over questions; accuracy = correct / asked: docs/cases.md M5), the files of sglang's
+``benchmark/mmmu`` script, and ``patchbench score-mmmu`` (:func:`run_args`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """Profile suite: host syncs per decode step, host step time and GPU idle gaps, read from the live
-server's own torch-profiler trace (docs/profile.md). Untimed: it runs in the correctness cells.
-
-Per concurrency level it keeps that many streamed image requests decoding (:mod:`.load`), asks
-for a trace of ``num_steps`` forward passes (``POST /start_profile``) and analyses it
-(:mod:`.trace`). Files: ``trace-c<N>.trace.json.gz``, ``steps.jsonl`` (``Step.record()`` plus
-``concurrency``), ``timeline-c<N>.json``, ``summary.json``."""
+server's own torch-profiler trace (docs/profile.md): :mod:`.load` keeps the requests decoding,
+:mod:`.trace` analyses the trace."""
 
 from __future__ import annotations
 
@@ -123,12 +119,9 @@ EXPORT_SETTING = "profile.trace_timeout_s"
 
 
 async def await_trace(ctx: SuiteContext, params: Params, raw: Path, c: int, t_end: float) -> Path:
-    """Wait (after ``POST /start_profile`` answered) for the complete trace in ``raw``.
-
-    sglang writes the trace inside the scheduler's loop, which answers nothing meanwhile (the
-    liveness heartbeat included): the wait is announced to the liveness watch
-    (``ProgressMeter.quiet``), whose heartbeat limit is ``params.trace_timeout_s`` until then.
-    SuiteError when none is there by ``t_end`` (monotonic s) or the server died."""
+    """Wait (after ``POST /start_profile`` answered) for the complete trace in ``raw``, the wait
+    announced to the liveness watch (docs/profile.md, "How it runs"). SuiteError when none is
+    there by ``t_end`` (monotonic s) or the server died."""
     progress = getattr(ctx.server, "progress", None)
     quiet = (
         progress.quiet(params.trace_timeout_s, EXPORT_WHAT, EXPORT_SETTING)

@@ -1,10 +1,8 @@
 """Decode-step analysis of a torch-profiler Chrome trace (pure: no server, no torch).
 
-Input: complete events (``ph == "X"``, ``ts`` and ``dur`` in microseconds) of an
-``export_chrome_trace`` file. Decode steps are the ``patchbench::decode_step bs=N`` ranges of this
-suite's in-server hook, else sglang 0.5.23's own ``step[DECODE bs=N ...]`` annotations (which
-miss the mrope work). What counts as a host sync, per step and inside ``patchbench::mrope``
-ranges, and the GPU idle gap and launch lead: docs/profile.md, "What is counted"."""
+Decode steps are the ``patchbench::decode_step bs=N`` ranges of this suite's in-server hook, else
+sglang 0.5.23's own ``step[DECODE bs=N ...]`` annotations (which miss the mrope work); what is
+counted: docs/profile.md, "What is counted"."""
 
 from __future__ import annotations
 
@@ -342,15 +340,13 @@ def analyze(events: list[dict]) -> Analysis:
     return Analysis(steps=steps, source=source, has_gpu=bool(gpu), events=len(events))
 
 
-def timeline_excerpt(
-    events: list[dict], analysis: Analysis, *, first_step: int = 1, n_steps: int = 4
-) -> dict | None:
-    """``n_steps`` consecutive decode steps for the timeline figure, microseconds from the first
-    one's start: ``{"steps": [{"ts", "dur", "batch_size"}], "mrope": [[ts, dur]], "syncs": [[ts,
-    in_mrope]], "gpu": [[ts, dur]] (merged busy intervals)}``; None without a decode step."""
+def timeline_excerpt(events: list[dict], analysis: Analysis, *, n_steps: int = 4) -> dict | None:
+    """``n_steps`` consecutive decode steps (from the second) for the timeline figure, microseconds
+    from the first one's start: ``{"steps": [{"ts", "dur", "batch_size"}], "mrope": [[ts, dur]],
+    "syncs": [[ts, in_mrope]], "gpu": [[ts, dur]] (merged busy intervals)}``; None without a step."""
     if not analysis.steps:
         return None
-    first_step = min(first_step, max(len(analysis.steps) - n_steps, 0))
+    first_step = min(1, max(len(analysis.steps) - n_steps, 0))
     chosen = analysis.steps[first_step : first_step + n_steps]
     t0 = chosen[0].ts_us
     t1 = max(s.ts_us + s.host_us for s in chosen)

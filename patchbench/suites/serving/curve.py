@@ -70,12 +70,9 @@ class MaxLoad:
 
 
 def max_load_at_slo(loads: list[float], ratios: list[float | None]) -> MaxLoad:
-    """The highest load meeting the SLO: walking up from the lowest load, where the SLO ratio crosses
-    1, interpolated linearly; "not reached" when the lowest point fails, "beyond the sweep" (the
-    highest load, a lower bound) when every point meets it.
-
-    loads / ratios: the points' loads and SLO ratios (None: no measurement, failing); same
-    lengths, >= 1 point, else ValueError."""
+    """The highest load meeting the SLO (docs/serving.md, "Curve metrics"). loads / ratios: the
+    points' loads and SLO ratios (None: no measurement, failing); same lengths, >= 1 point, else
+    ValueError."""
     if not loads or len(loads) != len(ratios):
         raise ValueError("loads and ratios must be non-empty and of the same length")
     pts = sorted(zip(loads, ratios, strict=True))

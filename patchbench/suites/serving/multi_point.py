@@ -1,9 +1,7 @@
 """Every point of a load sweep in ONE client process: ``python multi_point.py <plan.json>``.
 
-Run with the variant's client python: it imports ``sglang.bench_serving`` once, then runs each
-point as ``python -m sglang.bench_serving <argv>`` would (its ``__main__`` re-run by
-:func:`runpy.run_module` with ``sys.argv`` set, so the release's parser and ``--seed``
-reseeding act as in a fresh process; 0.5.1.post3 and 0.5.23's shim alike).
+Run with the variant's client python (docs/serving.md, "How a cell runs a sweep"); each point's
+``__main__`` is re-run by :func:`runpy.run_module` with ``sys.argv`` set.
 
 Plan: ``{"control_dir", "points": [{"key", "dir", "argv"}]}``. Per point, in ``dir``:
 ``stdout.txt``, ``stderr.txt`` (fds 1 and 2 redirected), the tool's ``--output-file`` and

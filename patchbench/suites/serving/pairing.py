@@ -1,9 +1,5 @@
-"""Pairing two serving cells request by request (the suite's ``pair`` hook): request i of both
-cells is the same seeded prompt, once checked (``input_len`` of the requests that succeeded in
-both, ``prompt_sha256`` where recorded). A repeat that fails the check, or whose files are
-missing, mis-shaped or empty, is left out and named in a note, as is a short file: never a silent
-shrink. From the paired repeats: output identity, the first repeat's TTFT / ITL for the ECDF,
-and, with one paired repeat, request-level intervals (descriptive, never a verdict)."""
+"""Pairing two serving cells request by request (the suite's ``pair`` hook); a repeat that fails
+the prompt check, or whose files cannot be read, is left out and named in a note."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """Reading bench_serving's ``--output-file`` line (with ``--output-details``) for both releases.
 
-One JSON line per call, appended. Details are per request in send order: ``input_lens``,
-``output_lens`` (0 for a failure), ``ttfts`` and ``itls`` (seconds), ``generated_texts``,
-``errors``. Key sets, read in the released code: 0.5.1.post3 writes no total_throughput, no p90/p95
+The file's keys: docs/FACTS.md section 2. 0.5.1.post3 writes no total_throughput, no p90/p95
 (but p95 ITL) and no max_itl_ms; 0.5.23 adds total_throughput, p90/p95, total_input_text_tokens /
 total_input_vision_tokens, max_output_tokens_per_s, max_concurrent_requests (still no max_itl_ms),
 and its ``input_lens`` is the SERVER's ``meta_info.prompt_tokens`` (``_record_server_prompt_len``)

@@ -1,8 +1,6 @@
-"""One point of the serving suite: the STOCK package's ``python -m sglang.bench_serving`` of the
-pinned release against the cell's server, watched while it runs; its files (``requests.json``:
-docs/CONTRACTS.md), validity (:mod:`.validity`), the server log's events meanwhile and what the
-release's tool mis-measures (:mod:`.caveats`). A sweep's points can run in one client process
-(:func:`run_points_together`; the client side is ``multi_point.py``)."""
+"""One point of the serving suite: the STOCK package's ``python -m sglang.bench_serving`` against
+the cell's server, watched while it runs, and its result; a sweep's points in one client process:
+:func:`run_points_together`."""
 
 from __future__ import annotations
 

@@ -37,11 +37,8 @@ POINT_CURVE = ("goodput_req_s", "output_per_user_tok_s", "output_per_gpu_tok_s")
 
 
 def curve_primaries(sweep: Sweep) -> list[str]:
-    """The sweep's primaries (one Holm family with the other suites'): goodput at the SLO and the
-    highest load meeting it, then output throughput and median ITL at each point. With one point
-    goodput at the SLO is that point's goodput, the same requests per second as its throughput
-    (every request meeting the SLO) or a share of it: a duplicate of a primary, so it stays a
-    secondary. Fixed by the config before any data, so the family stays the report's one."""
+    """The sweep's primaries, fixed by the config before any data (docs/serving.md, "Verdicts":
+    goodput at the SLO only with two points or more)."""
     curve = ([GOODPUT] if len(sweep.points) > 1 else []) + [MAX_LOAD[sweep.axis]]
     return curve + [metric_at(m, k) for m in POINT_PRIMARY for k in sweep.keys()]
 
@@ -105,12 +102,8 @@ def merge_points(
     single: dict[str, MetricInfo],
     tool_goodput: dict[float, float | None] | None = None,
 ) -> SuiteResult:
-    """The suite's result of a sweep from each point's result and records.
-
-    A point whose client did not deliver the load keeps only its descriptive metrics (the rest
-    named in ``meta.not_judged``) and gets a warning, as does a curve metric without a value.
-    ``tool_goodput``: the release's own ``--goodput`` per point, kept in
-    ``meta.sweep.points[key].tool_goodput_req_s`` with a warning beyond :data:`GOODPUT_REL_TOL`.
+    """The suite's result of a sweep from each point's result and records (undelivered points and
+    the tool's own goodput, ``tool_goodput``: docs/serving.md, "Verdicts" and "Curve metrics").
     ValueError without ``params.sweep``."""
     sw = params.sweep
     if sw is None:

@@ -348,9 +348,7 @@ def _median(xs):
 
 
 def plot_latency(comparison: Any, out: Path) -> Path | None:
-    """``curve_latency.png``: per variant, output throughput against median (solid) and p99
-    (dashed) ITL per load, medians over repeats, the repeats' range of throughput as a band; None
-    without a sweep."""
+    """``curve_latency.png`` (docs/serving.md, "Figures"); None without a sweep."""
     keys = point_keys(comparison)
     rows = _rows(comparison)
     if not keys:
@@ -401,10 +399,8 @@ NEAR_PX = 28.0
 
 
 def label_points(ax: Any, points: list[tuple[str, float, float, int]]) -> list[Any]:
-    """Write each load's key by its points ``(key, x, y, variant index)`` on ``ax``: points of one
-    load within :data:`NEAR_PX` of each other on screen get one dark-grey label above the highest,
-    a point apart its own label in its variant's colour, away from its load's other points.
-    Returns the annotations in the order written."""
+    """Write each load's key by its points ``(key, x, y, variant index)`` on ``ax`` as
+    docs/serving.md, "Figures", says (crowded: within :data:`NEAR_PX`); the annotations in order."""
     import numpy as np
 
     ax.autoscale_view()
@@ -434,8 +430,7 @@ def label_points(ax: Any, points: list[tuple[str, float, float, int]]) -> list[A
 
 
 def plot_change(comparison: Any, out: Path) -> Path | None:
-    """``curve_change.png``: each variant's paired change (%) of output throughput and median ITL per
-    load with its interval, coloured by verdict, the margin shaded; None without a sweep."""
+    """``curve_change.png`` (docs/serving.md, "Figures"); None without a sweep."""
     from matplotlib.lines import Line2D
 
     keys = point_keys(comparison)
@@ -498,9 +493,8 @@ def plot_change(comparison: Any, out: Path) -> Path | None:
 
 
 def plot_frontier(comparison: Any, out: Path) -> Path | None:
-    """``curve_frontier.png``: per variant, output tok/s per GPU (per server on a CPU run:
-    patchbench.report.figtext.per_device) against tok/s per user per load and the Pareto
-    frontier; None without a sweep or the frontier metrics."""
+    """``curve_frontier.png`` (docs/serving.md, "Figures"; per device:
+    patchbench.report.figtext.per_device); None without a sweep or the frontier metrics."""
     keys = point_keys(comparison)
     rows = _rows(comparison)
     if not keys:

@@ -19,9 +19,7 @@ _PREFIX = {"max_concurrency": "c", "request_rate": "r"}
 
 
 class Slo(BaseModel):
-    """The service-level objective of the curve metrics: a request meets it with TTFT <= ``ttft_ms``
-    and TPOT <= ``tpot_ms``, a load when the ``percentile``-th percentile of both does. Defaults:
-    MLPerf Inference's Llama-2-70B server-scenario constraints."""
+    """The service-level objective of the curve metrics (docs/serving.md, "Curve metrics")."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -31,10 +29,8 @@ class Slo(BaseModel):
 
 
 class Sweep(BaseModel):
-    """``serving.sweep``: the distinct loads ``points`` of one ``axis`` (integers for
-    ``max_concurrency``; req/s for ``request_rate``). Prompts at a point: max(min_prompts,
-    ceil(prompts_per_load x load)), or ``num_prompts`` when prompts_per_load is None. A point whose
-    client reached less than ``delivered_share`` of its load is never judged."""
+    """``serving.sweep`` (docs/serving.md, "Load curves"): ``points`` integers for
+    ``max_concurrency``, req/s for ``request_rate``; ``num_prompts`` when prompts_per_load is None."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -103,12 +99,8 @@ def point_order(sweep: Sweep, seed: int) -> list[float]:
     return pts
 
 
-#: the H200 cost model of a sweep (an estimate for the dry run, not a measurement). Anchor: the
-#: calibration's serving phase of the PR's single point (tools/calibrate.py ``--serving-s``
-#: 79 s: 200 mmmu prompts x 1024 tokens at concurrency 16, Qwen2.5-VL-3B on one H200), i.e. a
-#: decode step of 79 / (200 / 16 x 1024) = 6.2 ms at batch 16; assumed to grow linearly with the
-#: batch, step(c) = step(16) x (1 + c / 64) / (1 + 16 / 64); plus ``POINT_OVERHEAD_S`` a point
-#: (the tool's start-up and warmup, the flush) and the calibration's 60 s server start-up a cell.
+#: the H200 cost model of a sweep, an estimate for the dry run (docs/serving.md, "Cost"): a decode
+#: step of 79 / (200 / 16 x 1024) s at batch 16, step(c) = step(16) x (1 + c / 64) / (1 + 16 / 64)
 ANCHOR_SERVING_S, ANCHOR_PROMPTS, ANCHOR_CONCURRENCY, ANCHOR_OUTPUT_LEN = 79.0, 200, 16, 1024
 POINT_OVERHEAD_S = 10.0
 STARTUP_S = 60.0

@@ -1,8 +1,5 @@
-"""Is a bench_serving run a valid measurement? (docs/cases.md S3)
-
-Each check returns error / warning lines; an error makes the cell "incomplete" (no verdict). Our
-recomputation of the tool's summary from its per-request details (docs/serving.md, "Our
-recomputation") checks the tool itself."""
+"""Is a bench_serving run a valid measurement? (docs/cases.md S3.) Each check returns error /
+warning lines; an error makes the cell "incomplete" (no verdict)."""
 
 from __future__ import annotations
 
@@ -85,16 +82,9 @@ def asked_output_lens(
     num_prompts: int,
     seed: int | None,
 ) -> list[int] | None:
-    """Each request's asked output length (request i = prompt i), or None when it cannot be
-    known for sure.
-
-    Both pins seed numpy's global generator with ``--seed`` (``np.random.seed``) and then draw,
-    for the random and image datasets, ``input_lens = randint(max(int(input_len * r), 1),
-    input_len + 1, size=n)`` and then ``output_lens = randint(lo, output_len + 1, size=n)``, where
-    ``lo`` is ``int(output_len * r)`` on 0.5.1.post3 and ``max(int(output_len * r), 1)`` on 0.5.23
-    (``compute_random_lens``). numpy's legacy generator is stable across versions (NEP 19), so the
-    draw is replayed here; a replay counts only when its sum equals the ``#Output tokens: N`` the
-    release printed (a flag in ``extra_args`` or a release that draws differently gives None)."""
+    """Each request's asked output length (request i = prompt i), the release's seeded draw
+    replayed (docs/cases.md S4; numpy's legacy generator is stable across versions, NEP 19), or
+    None when the replay's sum is not the ``#Output tokens: N`` the release printed."""
     sums = _ASKED_SUM.findall(tool_stdout)
     if seed is None or len(sums) != 1:
         return None
@@ -120,13 +110,9 @@ def output_length_checks(
     asked: list[int] | None = None,
 ) -> list[str]:
     """Errors for successful requests whose server token count (bench_serving's ``output_lens``) is
-    below what ``ignore_eos`` guarantees (a stream cut short, counted a success by the tool) or
-    above the requested maximum; [] without ``ignore_eos``.
-
-    asked: each request's asked length (:func:`asked_output_lens`): every request is held to its
-    own, at any ``range_ratio``. Without it, fixed: every request asks for exactly
-    ``output_len``; otherwise the release draws each length from ``[int(output_len *
-    range_ratio), output_len]`` and only that floor is known."""
+    below what ``ignore_eos`` guarantees or above the requested maximum (docs/cases.md S4); []
+    without ``ignore_eos``. ``asked``: :func:`asked_output_lens` (None: only the floor of
+    ``[int(output_len * range_ratio), output_len]`` is known)."""
     if not ignore_eos:
         return []
     ok = [(i, n) for i, (n, s) in enumerate(zip(output_lens, statuses, strict=False)) if s == "ok"]
@@ -234,19 +220,10 @@ def coalesced_itl(metrics: dict[str, float]) -> str | None:
     )
 
 
-#: a request's decode time per token after the first, (E2E - TTFT) / (tokens - 1) in ms, below
-#: which its tokens were not streamed: 0.05 ms a token is 20,000 tokens/s for ONE request, 100
-#: times a fast GPU's decode step (an H200 streams a token every ~5 ms; the CPU demo's tiny model
-#: every 5 ms to about a second) and still 4 times below a speculative step of 1 ms that yields 5 tokens (the
-#: tool spreads a chunk's gap over its tokens). What is this fast is the client parsing lines
-#: that were already waiting (6-30 us each in the recorded runs): the decode steps happened
-#: before the first token was delivered
+#: (E2E - TTFT) / (tokens - 1) in ms below which a request's tokens were read together, and the
+#: share of such requests that withholds a run's TPOT and ITL (docs/serving.md, "Streams read in
+#: bunches")
 BUNCHED_TPOT_MS = 0.05
-#: the share of requests (with 2 tokens or more) whose tokens came in one read at which a run is
-#: invalid: from half on, the median TPOT and ITL time the client's reads, not decode steps, and
-#: the ITL check (:data:`ITL_TPOT_FLOOR`) cannot see it, since the TPOT is bunched too. Recorded
-#: real CPU runs of sglang 0.5.1.post3 had up to 7 of 20 such requests (its front end lagging
-#: behind a 5 ms decode step): a minority, whose medians stay those of the streamed requests
 BUNCHED_SHARE = 0.5
 
 
@@ -256,10 +233,8 @@ def bunched_check(
     output_lens: list[int],
     statuses: list[str],
 ) -> list[str]:
-    """The error of a run where at least :data:`BUNCHED_SHARE` of the successful requests with 2
-    output tokens or more got every token after the first in one read (their (E2E - TTFT) /
-    (tokens - 1) under :data:`BUNCHED_TPOT_MS` ms; [] otherwise): a server that stalled, then
-    flushed the whole stream. Per request: ``ttft_ms`` and ``e2e_ms`` (ms, the time of the last
+    """The line of a run whose streams came in bunches (docs/serving.md, "Streams read in
+    bunches"), [] otherwise. Per request: ``ttft_ms`` and ``e2e_ms`` (ms, the time of the last
     token: :func:`.parse.request_records`), ``output_lens`` (tokens), ``statuses``."""
     per_token = [
         (e2e - ttft) / (n - 1)

@@ -1,11 +1,6 @@
-"""sync_probe suite: does the variant's mrope decode path make the host wait for the GPU?
-
-No server: the variant's and stock's ``ForwardBatch`` mrope methods run with stand-ins
-(:mod:`.mrope`) per batch size, on CUDA (sync warnings, the host's time behind an in-flight
-kernel, reads and blocking copies) or else the CPU probes; every row checks the variant's
-positions against stock's. Writes ``probe.json`` (docs/CONTRACTS.md). ``server_crosscheck``: the
-in-server hook ``instr/patchbench_mrope_instr.py`` counts and checks the server's own mrope
-computations in the untimed correctness cells (merged by :func:`merge_counts`)."""
+"""sync_probe suite: does the variant's mrope decode path make the host wait for the GPU? No
+server: the variant's and stock's mrope methods run with stand-ins (:mod:`.mrope`) per batch size;
+``server_crosscheck`` adds the in-server hook (:func:`merge_counts`)."""
 
 from __future__ import annotations
 

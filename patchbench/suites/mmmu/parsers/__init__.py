@@ -19,8 +19,6 @@ from .strict import (
     AMBIGUOUS,
     NO_ANSWER,
     UNPARSED_KINDS,
-    StrictParse,
-    clean_text,
     parse_strict_detail,
 )
 
@@ -28,11 +26,9 @@ __all__ = [
     "parse_official_mc",
     "official_mc_candidates",
     "parse_strict_detail",
-    "StrictParse",
     "NO_ANSWER",
     "AMBIGUOUS",
     "UNPARSED_KINDS",
-    "clean_text",
     "parse_open",
     "eval_open",
     "eval_mc",

@@ -1,9 +1,7 @@
 """The official MMMU parsing (MMMU-Benchmark/MMMU ``mmmu/utils/eval_utils.py``, copied into
-sglang's ``benchmark/mmmu/eval_utils.py``; its rules: docs/mmmu.md, "Two parsers"): the
-multiple-choice parser with its random fallback drawn from a given ``random.Random`` (seeded and
-recorded; ``rng=None``: no pick, the "fallback counted wrong" convention of
-tests/data/mmmu-official), its letter check, and the normalisation of open questions (HF
-``question_type == "open"``, the key's ``"short-answer"``), which never pass a letter parser.
+sglang's ``benchmark/mmmu/eval_utils.py``; docs/mmmu.md, "Two parsers"): the multiple-choice
+parser, its letter check and the normalisation of open questions (HF ``question_type ==
+"open"``, the key's ``"short-answer"``), which never pass a letter parser.
 """
 
 from __future__ import annotations
@@ -28,9 +26,7 @@ def is_open(question_type: str) -> bool:
     )
 
 
-# --------------------------------------------------------------------------------------------
-# multiple choice
-# --------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------- multiple choice
 
 
 def official_mc_candidates(
@@ -99,9 +95,7 @@ def eval_mc(gold: str | list[str], pred: str | None) -> bool:
     return gold == pred
 
 
-# --------------------------------------------------------------------------------------------
-# open questions
-# --------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------- open questions
 
 
 def _check_is_number(s: str) -> bool:

@@ -1,8 +1,5 @@
-"""How the strict MMMU parser finds options in a response: the markup a reader looks through
-and what it reads one way (LaTeX math, units, thousands separators), option texts
-(case-insensitive whole words, the longest first), letter references and lists of them, other
-languages' answer phrases and options named by position (:func:`read_references`). The
-reading policy itself is in :mod:`.strict` (docs/mmmu.md states it)."""
+"""How the strict MMMU parser finds options in a response (docs/mmmu.md, "Strict parser policy",
+its first paragraph); the reading policy itself is in :mod:`.strict`."""
 
 from __future__ import annotations
 
@@ -104,13 +101,8 @@ _WIDE = str.maketrans(
 
 
 def clean_text(s: str) -> str:
-    """Markup a reader looks through: reasoning blocks dropped (an unclosed one runs to the end),
-    ``\\boxed{}``/``\\text{}``-style LaTeX unwrapped, ``$``, ``\\(``, ``\\)``, bold/italic
-    ``*``/``_``, backticks, heading ``#`` and quote ``>`` removed, full-width brackets and CJK
-    punctuation made ASCII, LaTeX math read as plain text (:func:`_plain_math`), units after a
-    number read one way (:func:`_units`: "15 meters per second" and "15m/s" are "15 m/s"),
-    numbers grouped in thousands without their commas ("1,000" is "1000"), a spaced ``&`` as
-    "and"."""
+    """``s`` with the markup a reader looks through removed and what may be written several ways
+    written one way (docs/mmmu.md, "Strict parser policy": :func:`_plain_math`, :func:`_units`)."""
     s = _plain_math(_REASONING.sub(" ", s).translate(_WIDE))
     for _ in range(4):
         t = _LATEX_WRAP.sub(r"\1", s)
@@ -150,13 +142,10 @@ def _is_word(ch: str) -> bool:
 
 
 class Options:
-    """The options of one question, prepared for matching (letters upper-case, texts cleaned and
-    lower-cased; plain string search, no per-question regex: the parser stays fast).
-
-    An option text matches in any case, as whole words: a hyphen joins words ("ribosome-like" is
-    not "ribosome", "acidic" is not "acid"); where texts overlap the longest wins ("amino acid"
-    over "acid", "Paris, Texas" over "Paris"). Texts that are only an image placeholder or one
-    letter, and texts two options share, are left out."""
+    """The options of one question, prepared for matching as docs/mmmu.md states it (letters
+    upper-case, texts cleaned and lower-cased; plain string search, no per-question regex: the
+    parser stays fast). Texts that are only an image placeholder or one letter, and texts two
+    options share, are left out."""
 
     def __init__(self, all_choices: Sequence[str], index2ans: Mapping[str, str]):
         self.letters = [c.upper() for c in all_choices]
@@ -293,10 +282,8 @@ _NUMBER_REF = re.compile(
 
 
 def read_references(s: str, opts: Options) -> str:
-    """``s`` with other languages' answer phrases in English ("答案是 B", "La respuesta correcta es
-    la C", "Antwort: D" -> "the answer is B", ...) and options referred to by position as
-    letters: "the third option" -> "option C", "Option 2" -> "option B" (a number only when no
-    option's text is a number, where "option 2" could mean the text "2")."""
+    """``s`` with other languages' answer phrases in English ("答案是 B" -> "the answer is B") and
+    options named by position as letters ("the third option" -> "option C"; docs/mmmu.md)."""
     if not s.isascii() or _FOREIGN_LATIN.search(s):
         for pat, rep in _FOREIGN:
             s = pat.sub(rep, s)

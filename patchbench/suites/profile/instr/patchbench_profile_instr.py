@@ -1,12 +1,7 @@
-"""Named profiler ranges around sglang's decode step and mrope computation (in-server import hook).
-
-The profile suite's hook, imported by the site hook in every server process of a correctness
-cell. With ``PATCHBENCH_PROFILE_RANGES=1`` it wraps ``TpModelWorker.forward_batch_generation``
-of a decode batch in ``record_function("patchbench::decode_step bs=N")`` (it builds the
-``ForwardBatch``, where mrope positions are computed, runs the model and samples; first argument
-``model_worker_batch`` on 0.5.1.post3, ``batch`` or a ``forward_batch`` keyword on 0.5.23) and
-``ForwardBatch._compute_mrope_positions`` in ``"patchbench::mrope MODE bs=N"``. A range costs a
-few microseconds without a profiler. Standard library, torch and ``patchbench_import_hook`` only."""
+"""Named profiler ranges around sglang's decode step and mrope computation: the profile suite's
+in-server hook (docs/profile.md, "How it runs"). ``forward_batch_generation``'s batch is its first
+argument ``model_worker_batch`` on 0.5.1.post3, ``batch`` or a ``forward_batch`` keyword on
+0.5.23. Standard library, torch and ``patchbench_import_hook`` only."""
 
 from __future__ import annotations
 
