@@ -48,3 +48,21 @@ def test_console_script_is_the_cli_main():
     from patchbench import cli
 
     assert callable(cli.main)
+
+
+def test_the_repository_tracks_no_symbolic_link_and_ignores_local_environments():
+    """A tracked link (e.g. a worktree's ``.cache`` pointing at another checkout) breaks a clean
+    clone and, on checkout, replaces the real folder; the local environments and caches are
+    ignored as folders and as links."""
+    import subprocess
+
+    staged = subprocess.run(
+        ["git", "ls-files", "-s"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    assert [line for line in staged.splitlines() if line.startswith("120000")] == []
+    names = [".cache", ".venv", ".venv-0.5.23", ".venv-x"]
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", *names],
+        cwd=REPO, capture_output=True, text=True,
+    ).stdout.split()  # fmt: skip
+    assert ignored == names
