@@ -10,6 +10,8 @@ from typing import Any
 from patchbench.suite import MetricInfo, Suite, SuiteContext, SuiteResult, register
 
 from .block import report_block
+from .capacity import declarations as capacity_declarations
+from .capacity import run_capacity
 from .pairing import pair_cells
 from .params import Params
 from .parse import METRICS, PRIMARY
@@ -32,9 +34,11 @@ __all__ = [
 
 def run(ctx: SuiteContext, params: Params) -> SuiteResult:
     """Run bench_serving against ``ctx.server``: once (:func:`.point.run_point`) or per point of
-    ``params.sweep`` (:func:`.points.run_sweep`)."""
+    ``params.sweep`` (:func:`.points.run_sweep`), or a capacity search (:func:`.capacity.run_capacity`)."""
     if params.sweep is not None:
         return run_sweep(ctx, params)
+    if params.capacity is not None:
+        return run_capacity(ctx, params)
     return run_point(ctx, params)
 
 
@@ -60,7 +64,10 @@ class ServingSuite(Suite):
         self, baseline_dirs: list[Path], variant_dirs: list[Path], params: Params
     ) -> dict | None:
         """Requests paired by index after the prompt check (:func:`.pairing.pair_cells`; a sweep's
-        points: :func:`.points.pair_points`); PairingRefused when no repeat's prompts pair."""
+        points: :func:`.points.pair_points`; a capacity search: its SLO in words, its probes differ per
+        arm); PairingRefused when no repeat's prompts pair."""
+        if isinstance(params, Params) and params.capacity is not None:
+            return {"slo_definition": params.capacity.slo.definition()}
         if isinstance(params, Params) and params.sweep is not None:
             return pair_points(list(baseline_dirs), list(variant_dirs), params, list(METRICS))
         return pair_cells(list(baseline_dirs), list(variant_dirs), list(METRICS))
@@ -74,4 +81,6 @@ class ServingSuite(Suite):
 
     def declarations(self, params: Any) -> dict[str, MetricInfo]:
         """:data:`METRICS`, or with a sweep the per-point and curve metrics (:func:`.points.declarations`)."""
+        if isinstance(params, Params) and params.capacity is not None:
+            return capacity_declarations(params.capacity)
         return declarations(params) if isinstance(params, Params) else dict(METRICS)

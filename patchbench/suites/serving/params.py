@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .capsearch import Capacity
 from .sweep import Sweep
 
 #: dataset names a config may use (the user's vocabulary). "image" and "random-image" are the same
@@ -51,4 +52,11 @@ class Params(BaseModel):
     recompute_rel_tol: float = Field(0.05, ge=0.0)
     recompute_abs_tol_ms: float = Field(5.0, ge=0.0)
     sweep: Sweep | None = None
+    capacity: Capacity | None = None
     gpus: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _one_load_plan(self) -> Params:
+        if self.sweep is not None and self.capacity is not None:
+            raise ValueError("set either sweep or capacity, not both")
+        return self

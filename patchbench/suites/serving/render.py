@@ -12,6 +12,7 @@ import patchbench.report.figtext as figtext
 from patchbench.suite import comparison_get, suite_pairs, suite_refusals
 from patchbench.suites import new_figure, save_titled
 
+from .capacity import report_lines
 from .curve import frontier
 from .sweep import POINT_SEP, point_of
 
@@ -59,11 +60,15 @@ def identity_flags(comparison: Any) -> dict[str, dict[str, Any]]:
 
 
 def report_section(comparison: Any) -> list[str]:
-    """Markdown: a sweep's "Load curve (serving)", then "Output identity (serving)": per variant
+    """Markdown: a capacity search's section (:func:`.capacity.report_lines`) alone, else a sweep's
+    "Load curve (serving)", then "Output identity (serving)": per variant
     the identical-output share with its Wilson interval, where the first difference starts, the
     reference and a flag; refusals and notes where pairing did not happen."""
     curve = curve_section(comparison)
     pairs = suite_pairs(comparison, SUITE)
+    slo = {v: p["slo_definition"] for v, p in pairs.items() if "slo_definition" in p}
+    if slo:
+        return report_lines(comparison, slo)
     refusals = suite_refusals(comparison, SUITE)
     if not pairs and not refusals:
         return curve

@@ -1,0 +1,227 @@
+"""The capacity search of one cell against its server (docs/serving.md, "Capacity at the SLO"):
+each probe is one bench_serving point (:func:`.point.run_point`) in ``<suite>/probes/c<N>/``,
+judged by :mod:`.attainment`, steered by :func:`.capsearch.search`; its metrics and the
+report's capacity lines."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from patchbench.records import write_json
+from patchbench.suite import MetricInfo, SuiteContext, SuiteError, SuiteResult, comparison_get
+
+from .attainment import attainment
+from .capsearch import Capacity, search
+from .params import Params
+from .parse import MARGIN_PCT
+from .point import run_point
+
+#: the capacity: the highest concurrency meeting the SLO (interpolated in a smooth bracket)
+CAPACITY = "capacity_at_slo_count"
+#: descriptive: the bracket's ends, the probes run, 1 when the bracket is a cliff
+MET, FAILED, PROBES, CLIFF = (
+    "capacity_met_count",
+    "capacity_failed_count",
+    "capacity_probes_count",
+    "capacity_cliff_count",
+)
+
+
+def declarations(cap: Capacity) -> dict[str, MetricInfo]:
+    """The metrics of a capacity run: the capacity (primary when ``cap.primary``; paired t on log
+    ratios across rounds like every run-level metric), the bracket's ends, probes and cliffs."""
+
+    def shown(label: str) -> MetricInfo:
+        return MetricInfo("none", "count", label, kind="descriptive")
+
+    return {
+        CAPACITY: MetricInfo(
+            "higher",
+            "count",
+            "Load carried at the SLO (concurrency)",
+            cap.primary,
+            "run",
+            MARGIN_PCT,
+        ),
+        MET: shown("Highest concurrency probed meeting the SLO"),
+        FAILED: shown("Lowest concurrency probed failing the SLO"),
+        PROBES: shown("Probes of the capacity search"),
+        CLIFF: shown("Capacity bracket is a cliff (1) or smooth (0)"),
+    }
+
+
+def round_seed(seed: int | None, repeat: int) -> int:
+    """bench_serving's ``--seed`` of every probe of round ``repeat``: the same for both arms and
+    every concurrency of the round (common random numbers), a new one each round (a hash of the
+    config's seed and the round)."""
+    return int.from_bytes(hashlib.sha256(f"capacity/{seed}/{repeat}".encode()).digest()[:4], "big")
+
+
+def round_dither(seed: int) -> float:
+    """The round's dither of the search's first probe in [-1, 1) (:func:`.capsearch.search`),
+    from its seed: the same for both arms."""
+    return (seed % 10_000) / 5_000 - 1
+
+
+def previous_bracket(out_dir: Path, repeat: int) -> tuple[float | None, float | None] | None:
+    """The (lo, hi) bracket of this arm's latest earlier round with one (``rep<k>/<suite>/
+    summary.json`` beside this cell's), None when there is none."""
+    cell = Path(out_dir)
+    for k in range(repeat - 1, -1, -1):
+        f = cell.parent.parent / f"rep{k}" / cell.name / "summary.json"
+        try:
+            got = json.loads(f.read_text())["meta"]["capacity"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if got.get("lo") is not None or got.get("hi") is not None:
+            return got.get("lo"), got.get("hi")
+    return None
+
+
+def run_capacity(ctx: SuiteContext, params: Params) -> SuiteResult:
+    """Search this cell's capacity: probes at concurrencies the search picks, the cache flushed
+    before each probe after the first, every probe with the round's seed; SuiteError naming the
+    probe when bench_serving fails. The capacity is withheld (``meta.not_judged``) when it is
+    beyond the range (">= max") or never met."""
+    cap = params.capacity
+    assert cap is not None
+    seed = round_seed(params.seed, ctx.repeat)
+    prior = previous_bracket(ctx.out_dir, ctx.repeat)
+    out = SuiteResult()
+    probes: list[dict[str, Any]] = []
+
+    def attain(c: float) -> float:
+        k = f"c{int(c)}"
+        pdir = Path(ctx.out_dir) / "probes" / k
+        pdir.mkdir(parents=True, exist_ok=True)
+        if probes and ctx.server is not None:
+            ctx.server.flush_cache()
+        ctx.log(f"serving: capacity probe {k} ({len(probes) + 1})")
+        update = {"capacity": None, "max_concurrency": int(c), "seed": seed}
+        pp = params.model_copy(update=update | {"num_prompts": cap.num_prompts(c)})
+        try:
+            r = run_point(replace(ctx, out_dir=pdir), pp)
+        except SuiteError as e:
+            raise SuiteError(f"capacity probe {k}: {e}") from None
+        write_json(pdir / "summary.json", r.to_json("serving"))
+        out.errors.extend(f"probe {k}: {e}" for e in r.errors)
+        out.warnings.extend(f"probe {k}: {w}" for w in r.warnings)
+        a = attainment(json.loads((pdir / "requests.json").read_text()), cap.slo)
+        probes.append(
+            {"load": int(c), "score": a.score, "meets": a.meets, "per_bound": a.per_bound}
+            | {"judged": a.judged, "met": a.met, "errored": a.errored, "excluded": a.excluded}
+            | {"achieved_concurrency": r.metrics.get("concurrency")}
+        )
+        return a.score
+
+    s = search(
+        attain,
+        target=cap.slo.target,
+        start=cap.start,
+        maximum=cap.max,
+        minimum=cap.min,
+        precision=cap.precision,
+        prior=prior,
+        cliff_drop=cap.cliff_drop,
+        dither=round_dither(seed),
+    )
+    out.metrics[PROBES] = float(len(s.probes))
+    out.metrics |= {n: float(v) for n, v in ((MET, s.lo), (FAILED, s.hi)) if v is not None}
+    if s.value is not None:
+        out.metrics[CAPACITY] = float(s.value)
+        out.metrics[CLIFF] = float(s.answer == "cliff")
+    else:
+        why = (
+            f">= {cap.max}: the SLO is met at the search's maximum (a bound, not a value)"
+            if s.answer == "beyond"
+            else f"never met: the SLO fails at concurrency {cap.min}"
+        )
+        out.meta["not_judged"] = {CAPACITY: why}
+        out.warnings.append(f"capacity {why}")
+    out.meta["capacity"] = {
+        "answer": s.answer,
+        "lo": s.lo,
+        "hi": s.hi,
+        "value": s.value,
+        "seed": seed,
+        "dither": round_dither(seed),
+        "prior": list(prior) if prior else None,
+        "slo": cap.slo.model_dump() | {"definition": cap.slo.definition()},
+        "probes": probes,
+    }
+    out.status = "incomplete" if out.errors else "ok"
+    return out
+
+
+def arm_interval(
+    values: list[float], confidence: float
+) -> tuple[float, float | None, float | None]:
+    """(geometric mean, low, high) of one arm's capacities over its rounds: a t interval on the
+    log values (Student 1908, as :func:`patchbench.stats.paired_t`), None ends with < 2 values.
+    ValueError for no value or a value <= 0."""
+    from patchbench import stats
+
+    if not values or min(values) <= 0:
+        raise ValueError(f"capacities must be > 0, got {values}")
+    logs = [math.log(v) for v in values]
+    gm = math.exp(sum(logs) / len(logs))
+    if len(logs) < 2:
+        return gm, None, None
+    lo, hi = stats.paired_t(logs).interval(1 - confidence)
+    return gm, math.exp(lo), math.exp(hi)
+
+
+def report_lines(comparison: Any, definitions: dict[str, str]) -> list[str]:
+    """Markdown "Capacity at the SLO (serving)": per variant the lead ("carries +X % [lo, hi] more
+    load at the SLO", the capacity row's paired change and verdict), each arm's capacity with its
+    interval (:func:`arm_interval`), the rounds whose bracket is a cliff, the rounds without a
+    value (a bound or never met) and the SLO's definition (``definitions``: {variant: text})."""
+    from patchbench.report.text import fmt_ci
+
+    conf = float((comparison_get(comparison, "settings", {}) or {}).get("confidence", 0.95))
+    rows = [
+        r.model_dump() if hasattr(r, "model_dump") else r
+        for r in comparison_get(comparison, "rows", [])
+    ]
+    mine = {(r["metric"], r["variant"]): r for r in rows if r["suite"] == "serving"}
+    lines = ["## Capacity at the SLO (serving)", ""]
+    for (m, v), r in mine.items():
+        if m != CAPACITY:
+            continue
+        if r.get("change") is not None and r.get("low") is not None:
+            ci = fmt_ci(r["low"], r["high"], r.get("change_unit") or "%")
+            lines.append(
+                f"- {v} carries {r['change']:+.1f} % {ci} more load at the SLO ({r['verdict']})."
+            )
+        else:
+            lines.append(
+                f"- {v}: no paired interval of the load carried at the SLO ({r['verdict']})."
+            )
+        for arm, vals in (("baseline", r["baseline_repeats"]), (v, r["variant_repeats"])):
+            got = [x for x in vals if x is not None]
+            if got:
+                gm, lo, hi = arm_interval(got, conf)
+                ci = (
+                    ""
+                    if lo is None
+                    else f" [{lo:.1f}, {hi:.1f}] ({conf * 100:g} % t interval on logs)"
+                )
+                lines.append(f"  - {arm}: capacity {gm:.1f}{ci} over {len(got)} rounds")
+        cliff = mine.get((CLIFF, v)) or {}
+        met, failed = mine.get((MET, v)) or {}, mine.get((FAILED, v)) or {}
+        for side, key in (("baseline", "baseline_repeats"), (v, "variant_repeats")):
+            for k, c in enumerate(cliff.get(key) or []):
+                if c:
+                    lo, hi = met[key][k], failed[key][k]
+                    lines.append(
+                        f"  - {side} rep{k}: a cliff between concurrency {lo:g} and {hi:g} (the bracket, no root)"
+                    )
+        lines += [f"  - {n}" for n in r.get("notes", []) if n.startswith("incomplete cells")]
+        if v in definitions:
+            lines.append(f"  - SLO: {definitions[v]}")
+    return lines + [""] if len(lines) > 2 else []
