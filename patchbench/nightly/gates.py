@@ -130,7 +130,10 @@ class GateResult:
 
 def night_outcome(results: Sequence[GateResult]) -> str:
     """ "red" (a gate failed), "underpowered" (else a test is in :data:`UNDERPOWERED`),
-    "learning" (else a gate would have failed while the noise is learned) or "green"."""
+    "learning" (else a gate would have failed while the noise is learned), "green", or "no
+    gates" when there is no result (nothing was checked)."""
+    if not results:
+        return "no gates"
     if any(r.status == "fail" for r in results):
         return "red"
     if any(r.status in UNDERPOWERED for r in results):

@@ -233,8 +233,8 @@ def gate_unit(
     row.exit_code = code
     row.failing = [r for r in res.results if r.status == "fail"]
     row.outcome = "red" if row.failing else OUTCOME_OF_EXIT.get(code, "run failed")
-    if row.outcome == "green" and res.outcome == "learning":
-        row.outcome = "learning"
+    if row.outcome == "green" and res.outcome in ("learning", "no gates"):
+        row.outcome = res.outcome
     row.headline = res.headline
     if res.night is not None:
         row.key = res.night.config_name
@@ -529,6 +529,8 @@ def _exit_of(results: list[GateResult], failed_run: bool, history_failed: bool) 
             f"UNDERPOWERED (no regression shown, {n} gate result(s) underpowered, "
             f"inconclusive or ungated)"
         )
+    elif outcome == "no gates":
+        code, headline = EXIT_OK, "NO GATES (nothing was checked: nightly.gates in the config)"
     else:
         code, headline = EXIT_OK, "no regression"
     if failing and code != EXIT_REGRESSION:

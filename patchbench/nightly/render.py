@@ -172,6 +172,7 @@ _UNIT_MARK = {
     "underpowered": "❔ underpowered",
     "learning": "📚 learning",
     "green": "✅ green",
+    "no gates": "⚪ no gates",
 }
 
 

@@ -166,7 +166,7 @@ def describe_port_holder(port: int, *, ours: bool = True) -> str:
         if ours and own_group(h["pid"], h["pgid"]):
             text += f"; `kill -TERM -- -{h['pgid']}` stops its process group"
     elif ours:
-        text += f"; not a patchbench server: stop it yourself (pid {h['pid']}) or use another port"
+        text += ", not a patchbench server"
     return text
 
 

@@ -422,3 +422,12 @@ def test_the_calibrations_machines_and_heavy_tailed_noise():
                    Scenario(), dist="t3")  # fmt: skip
     e = np.log(np.asarray(t3.values[KB]) / 100.0)
     assert np.median(np.abs(e)) == pytest.approx(0.03 / 3**0.5 * stats.t(3).ppf(0.75), rel=0.03)
+
+
+def test_a_night_without_gates_is_not_green():
+    """Nothing checked is said as such: outcome "no gates", exit 0, a headline naming the key."""
+    from patchbench.nightly.job import _exit_of
+
+    assert night_outcome([]) == "no gates"
+    code, headline = _exit_of([], failed_run=False, history_failed=False)
+    assert code == 0 and headline.startswith("NO GATES") and "nightly.gates" in headline
