@@ -252,24 +252,27 @@ def _head_lines(cmp: Comparison, key: str, title: str | None) -> list[str]:
 def _answer_blocks(cmp: Comparison) -> list[list[str]]:
     """The answer (:func:`patchbench.report.text.answer`) as blocks: a lead sentence and
     bullets. With several variants the clauses every one of them has, word for word, come once
-    in a first block ("Both variants vs baseline"); then each variant's own. The output-identity
-    clauses are the identity line's."""
-    per = {}
+    in a block of their own ("Both variants vs baseline"): first when one of them is a decided
+    result, else after each variant's own. The output-identity clauses are the identity line's."""
+    per, leading = {}, set()
     for v in cmp.variants:
         a = answer(cmp, v)
         per[a.head.strip()] = a.clauses[len(a.identity) :]
+        leading.update(a.clauses[len(a.identity) : a.decided])
     common: list[str] = []
     if len(per) > 1:
         lists = list(per.values())
         common = [c for c in lists[0] if all(c in other for other in lists[1:])]
     blocks = []
-    if common:
-        who = "Both variants" if len(per) == 2 else f"All {len(per)} variants"
-        blocks.append(_block(f"{who} vs {cmp.baseline}:", common))
     for lead, clauses in per.items():
         own = [c for c in clauses if c not in common]
         if own or not common:
             blocks.append(_block(lead, own or ["no primary metric"]))
+    if common:
+        who = "Both variants" if len(per) == 2 else f"All {len(per)} variants"
+        shared = _block(f"{who} vs {cmp.baseline}:", common)
+        # shared decided results lead; shared undecided ones follow each variant's own
+        blocks.insert(0, shared) if leading & set(common) else blocks.append(shared)
     return blocks
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from patchbench.analysis import power
 from patchbench.analysis.comparison import Comparison, Row
+from patchbench.analysis.sequential import DECIDED
 from patchbench.config.schema import AB_NAME_PREFIX, uncompiled_text
 from patchbench.inputs import REPO_ROOT
 
@@ -418,6 +419,7 @@ class Answer:
     clauses: list[str]
     identity: list[str]
     unstated: list[Row]
+    decided: int = 0  # how many clauses lead: identity, what was left out, the decided rows
 
 
 def left_out_clause(cmp: Comparison, variant: str) -> str | None:
@@ -446,9 +448,13 @@ def answer(cmp: Comparison, variant: str) -> Answer:
         if run and r.n_pairs < min_n:
             speed.append(r)
             open_.append(r)
-        elif r.kind == "accuracy":
-            first.append(_row_clause(r, decide_note(r, min_n, short=True)))
-        elif r.verdict in ("improved", "regressed", "equivalent"):
+        elif r.kind == "accuracy":  # the decided first, an undecided one after them
+            clause = _row_clause(r, decide_note(r, min_n, short=True))
+            if r.verdict in DECIDED:
+                first.append(clause)
+            else:
+                undecided.insert(0, clause)
+        elif r.verdict in DECIDED:
             decided.append(_row_clause(r))
         else:
             undecided.append(_row_clause(r))
@@ -467,7 +473,13 @@ def answer(cmp: Comparison, variant: str) -> Answer:
         if variant in per:
             undecided.append(f"{suite} not paired: {per[variant]}")
     tag = " (A/A)" if variant in cmp.aa_variants else ""
-    return Answer(f"{variant}{tag} vs {cmp.baseline}: ", first + decided + undecided, ident, speed)
+    return Answer(
+        f"{variant}{tag} vs {cmp.baseline}: ",
+        first + decided + undecided,
+        ident,
+        speed,
+        len(first) + len(decided),
+    )
 
 
 def sentence_parts(cmp: Comparison, variant: str) -> tuple[str, list[str]]:

@@ -145,11 +145,11 @@ def test_golden_comment_reads_in_order_and_says_each_thing_once():
     # each variant's own (507 syncs -> 90 for the upstream change, -> 0 for ours)
     blocks = body.split("\n\n")
     both = blocks[1].splitlines()
-    assert both[1:] == [
-        "- Overall accuracy +0.0 pt [-11.1, +11.1] inconclusive (more than 1260 questions to "
-        "decide)",
+    assert both[1:] == [  # the decided result first, an undecided accuracy after it
         "- median host syncs inside the mrope computation per decode step 4 -> 0 improved (one "
         "measurement per arm)",
+        "- Overall accuracy +0.0 pt [-11.1, +11.1] inconclusive (more than 1260 questions to "
+        "decide)",
     ]
     report = (GOLDEN / "report.md").read_text()
     answer = report.split("## Answer\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
