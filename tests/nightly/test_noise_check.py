@@ -107,3 +107,18 @@ def test_heavy_tailed_quiet_nights_are_green_and_a_3x_night_underpowered():
     assert len(undecided) == 3  # the others' 95 % intervals exclude the 5 % threshold
     for r in undecided:
         assert r.status == "underpowered" and "bootstrap p" in r.reason, r.reason
+
+
+def test_the_calibrations_abnormal_run_is_one_run_only():
+    """tools/calibration/nightly.py: with no run noise, an abnormal night has exactly one run of
+    one variant 15 % worse in every metric (throughput x0.85, ITL / 0.85); every other value is
+    100."""
+    from tools.calibration.nightly import Scenario, sim_night
+
+    itl = ("serving", "itl_median_ms")
+    n = sim_night(0, np.random.default_rng(3), [("serving", TPUT), itl], 5, 0.0, 0.0,
+                  Scenario(abnormal=1.0))  # fmt: skip
+    odd = [(k, i) for k, v in n.values.items() for i, x in enumerate(v) if x != pytest.approx(100)]
+    assert len(odd) == 2 and odd[0][0][0] == odd[1][0][0] and odd[0][1] == odd[1][1]
+    assert n.values[odd[0][0]][odd[0][1]] == pytest.approx(85.0)
+    assert n.values[odd[1][0]][odd[1][1]] == pytest.approx(100.0 / 0.85)
