@@ -21,11 +21,12 @@ Each gate names a metric and a threshold and yields one :class:`GateResult` per 
   the one-sided ``1 - pass_alpha`` bound excludes the threshold, else undecided.
 
 An undecided test is, with a noise known and ``underpowered_on: noise``: ``underpowered`` when
-tonight's spread is clearly above it (chi-square, Bonferroni at ``noise_alpha`` over the night's
-tests) or tonight ran fewer repeats than even the noise's lower 90 % bound needs for the targets
-(a ``detect_pct`` step red within ``detect_nights`` nights with chance ``detect_power``), else
-``quiet`` (green); otherwise ``inconclusive``. ``ungated``: fewer than ``min_repeats`` runs
-(pairs); ``skipped``: the history is warming up; ``missing``: the run lacks the metric or its
+tonight's spread is clearly above it (:func:`noise_excess`: a bootstrap on the learned runs'
+own residuals, heavy tails included, or a chi-square on a prior; Bonferroni at ``noise_alpha``
+over the night's tests) or tonight ran fewer repeats than even the noise's lower 90 % bound
+needs for the targets (a ``detect_pct`` step red within ``detect_nights`` nights with chance
+``detect_power``), else ``quiet`` (green); otherwise ``inconclusive``. ``ungated``: fewer than
+``min_repeats`` runs (pairs); ``skipped``: the history is warming up; ``missing``: the run lacks the metric or its
 direction is unknown (a config error). underpowered, inconclusive and ungated make a night exit 5.
 """
 
@@ -87,7 +88,7 @@ class GateResult:
     report's two-sided p and Holm level, history the one-sided p and its Holm level tonight;
     ``n``: runs (pairs) tonight; ``n_history``: nights in the window. Noise: ``noise_source``
     ("learned" / "prior"), ``noise_cv_pct`` (one paired ratio for same_run, one run for
-    history), ``tonight_cv_pct``, ``noise_p`` (chi-square), ``set_aside`` (runs the outlier
+    history), ``tonight_cv_pct``, ``noise_p`` (:func:`noise_excess`), ``set_aside`` (runs the outlier
     rule left out), ``repeats_needed`` (None: more than affordable). ``mde_pct``: the smallest
     change (%, in the bad direction) the test shows with 80 % power at tonight's noise and
     repeats (:func:`minimum_detectable`); ``learning_nights``: while the noise is being learned,
@@ -722,7 +723,10 @@ def _judge(pending: list[_Pending], settings: NightlySettings) -> None:
     history tests at the family alpha, the repeats each test needs, then each status."""
     checked = [p for p in pending if p.noise is not None and p.check.kept.size >= 2]
     for p in checked:
-        ratio, pn = noise_excess(p.check.kept, p.sigma)
+        shape = p.noise.shape  # type: ignore[union-attr]
+        same = p.result.kind == "same_run"
+        trim = None if same else (p.check.kept.size + p.check.set_aside, settings.outlier_k)
+        ratio, pn = noise_excess(p.check.kept, p.sigma, shape, same, trim)
         p.result.noise_p = pn
         p.result.tonight_cv_pct = 100.0 * math.expm1(ratio * p.sigma)
         p.noisy = pn < settings.noise_alpha / len(checked)
@@ -834,10 +838,11 @@ def _undecided(p: _Pending, settings: NightlySettings, n_checked: int) -> None:
         return
     src = f"{p.noise.source} noise {_cv(p.sigma)}"
     if p.noisy:
+        test = "chi-square" if p.noise.shape is None else "bootstrap"
         r.status = "underpowered"
         r.reason += (
             f"; tonight's spread {_pct(r.tonight_cv_pct)[1:]} CV is clearly above the {src} "
-            f"(chi-square p = {r.noise_p:.2g} < {settings.noise_alpha:g}/{n_checked}): "
+            f"({test} p = {r.noise_p:.2g} < {settings.noise_alpha:g}/{n_checked}): "
             "tonight's runs could hide a regression"
         )
     elif p.need[1] is None or r.n < p.need[1]:

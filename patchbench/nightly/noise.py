@@ -9,7 +9,9 @@ slow decline does not inflate it:
 - **level** noise (:func:`sigma_steps`): the first differences of the nightly levels, around their
   median; ``night^2 = max(0, level^2 - run^2 / repeats)`` is what a night adds to its runs' noise
   (the history gate's share);
-- a paired ratio of one round has ``sqrt(2)`` times the run noise.
+- a paired ratio of one round has ``sqrt(2)`` times the run noise;
+- the **shape** of the run noise: the within-night residuals in run sigmas, the null against
+  which :func:`noise_excess` tests tonight's spread (so heavy tails are the runner's, not news).
 
 With fewer than ``min_nights`` usable nights the config's ``run_cv_pct`` is the prior (night
 noise unknown); without it nothing is known. :func:`repeats_needed` turns a noise into the repeats
@@ -112,14 +114,57 @@ def outliers(x: Sequence[float], sigma: float, k: float = 3.0, most: int = 1) ->
     return mask
 
 
-def noise_excess(x: Sequence[float], sigma: float) -> tuple[float, float]:
-    """Is the spread of ``x`` larger than ``sigma``? (``s / sigma``, the upper-tail p of
-    ``(n - 1) s^2 / sigma^2 ~ chi2(n - 1)``); (NaN, 1.0) with fewer than 2 values or no sigma."""
+def residuals(groups: Sequence[Sequence[float]]) -> np.ndarray:
+    """Every group's values minus the group's mean, times ``sqrt(m / (m - 1))`` (m: its values;
+    each then has the run variance); groups with fewer than 2 finite values give none."""
+    out = [np.zeros(0)]
+    for g in groups:
+        x = np.asarray([v for v in g if v is not None and math.isfinite(v)], dtype=float)
+        if x.size >= 2:
+            out.append((x - x.mean()) * math.sqrt(x.size / (x.size - 1)))
+    return np.concatenate(out)
+
+
+#: bootstrap draws of :func:`noise_excess` (p resolves to 1e-4, below a Bonferroni noise_alpha)
+DRAWS = 9999
+#: fewest residuals a learned noise keeps as its shape (fewer: None, the chi-square)
+MIN_SHAPE = 30
+
+
+def noise_excess(
+    x: Sequence[float],
+    sigma: float,
+    shape: np.ndarray | None = None,
+    paired: bool = False,
+    trim: tuple[int, float] | None = None,
+) -> tuple[float, float]:
+    """Is the spread of ``x`` larger than ``sigma``? ``(s / sigma, upper-tail p)``, s the SD.
+
+    With ``shape`` (the runner's residuals in run sigmas) the null is the residual bootstrap
+    (Boos & Brownie, "Bootstrap methods for testing homogeneity of variances", Technometrics 31
+    (1989) 69-82), which assumes no normal tails: s of ``len(x)`` draws from ``sigma * shape``
+    (``paired``: differences of two draws over ``sqrt 2``, x being paired ratios and sigma their
+    noise; ``trim = (n, k)``: x is what :func:`outliers` at k sigmas kept of n values, and so are
+    the draws), :data:`DRAWS` draws from a fixed seed, ``p = (1 + #{s* >= s}) / (1 + DRAWS)``
+    (Davison & Hinkley, "Bootstrap Methods and their Application" (1997), 4.11). Without it,
+    ``(n - 1) s^2 / sigma^2 ~ chi2(n - 1)``. (NaN, 1.0) with fewer than 2 values or no sigma."""
     a = np.asarray(x, dtype=float)
     if a.size < 2 or not (math.isfinite(sigma) and sigma > 0):
         return math.nan, 1.0
-    s = float(np.std(a, ddof=1))
-    return s / sigma, float(sp.chdtrc(a.size - 1, (a.size - 1) * s * s / (sigma * sigma)))
+    r = float(np.std(a, ddof=1)) / sigma
+    if shape is None:
+        return r, float(sp.chdtrc(a.size - 1, (a.size - 1) * r * r))
+    rng = np.random.default_rng(0)
+    n, k = trim or (a.size, math.inf)
+    draw = rng.choice(shape, (DRAWS, n))
+    if paired:
+        draw = (draw - rng.choice(shape, (DRAWS, n))) / math.sqrt(2.0)
+    if n >= 3 and math.isfinite(k):  # the outlier rule: the farthest beyond k from the median
+        dev = np.abs(draw - np.median(draw, axis=1, keepdims=True))
+        rows, far = np.arange(DRAWS), np.argmax(dev, axis=1)
+        drop = dev[rows, far] > k
+        draw[rows[drop], far[drop]] = np.nan
+    return r, (1.0 + float(np.sum(np.nanstd(draw, axis=1, ddof=1) >= r))) / (1.0 + DRAWS)
 
 
 def noise_bound(df: float, q: float) -> float:
@@ -179,7 +224,8 @@ class Noise:
     """A metric's noise (log scale): ``run`` one run's and ``level`` one night's level
     (:class:`Scale`), ``night_sigma`` what a night adds beyond its runs (NaN: unknown),
     ``repeats`` the median runs a night, ``nights`` learned from, ``source`` "learned" or
-    "prior" (the config's run_cv_pct)."""
+    "prior" (the config's run_cv_pct), ``shape`` the within-night residuals in run sigmas
+    (:func:`residuals`; None: prior, or fewer than :data:`MIN_SHAPE`)."""
 
     suite: str
     metric: str
@@ -189,6 +235,7 @@ class Noise:
     repeats: float
     nights: int
     source: Literal["learned", "prior"]
+    shape: np.ndarray | None = None
 
     @property
     def pair_sigma(self) -> float:
@@ -274,7 +321,9 @@ def learn(
     night = math.sqrt(max(0.0, level.sigma**2 - run.sigma**2 / rep)) if level.ok else math.nan
     if level.ok:
         level = Scale(level.sigma, _pooled_df(level.df, levels, night, level.sigma), level.n)
-    return Noise(suite, metric, run, level, night, rep, used, "learned")
+    res = residuals(groups)
+    shape = res / run.sigma if run.sigma > 0 and res.size >= MIN_SHAPE else None
+    return Noise(suite, metric, run, level, night, rep, used, "learned", shape)
 
 
 def _pooled_df(

@@ -112,8 +112,8 @@ def sim_night(
             if (s, m) == TPUT:
                 e = e + math.log1p(-sc.stock) + (math.log1p(-sc.patch) if v == VARIANT else 0.0)
             if odd is not None and odd[0] == v:
-                slow = math.log1p(-sc.abnormal_pct / 100.0)
-                e[odd[1]] += slow if b == "higher" else -slow
+                worse = math.log1p(-sc.abnormal_pct / 100.0)
+                e[odd[1]] += worse if b == "higher" else -worse
             vals[(v, s, m)] = [float(x) for x in 100.0 * np.exp(e)]
             better[(s, m)] = b
     day = f"{2026 + i // 336}-{1 + (i // 28) % 12:02d}-{1 + i % 28:02d}T03:00:00Z"
