@@ -6,7 +6,9 @@ new-while-red), cropped from the page's title to the bottom of its first chart.
 
     PYTHONPATH=. .venv/bin/python scripts/dashboard_screenshot.py [--out docs/img/dashboard.png]
     PYTHONPATH=. .venv/bin/python scripts/dashboard_screenshot.py --scenario spike \\
-        --out docs/img/nightly-spike.png
+        --out docs/img/nightly-spike.png [--page index.html] [--keep DIR]
+
+``--keep DIR`` builds the history and the site in DIR and keeps them (open DIR/site/index.html).
 """
 
 from __future__ import annotations
@@ -41,9 +43,11 @@ def capture(page: Path, out: Path, *, crop: bool, width: int = 1200, height: int
         WebDriverWait(driver, 60).until(
             lambda d: d.execute_script(
                 "return document.readyState === 'complete' && "
-                "document.querySelectorAll('div.chart .main-svg').length > 0"
+                "document.querySelectorAll('div.chart').length === "
+                "document.querySelectorAll('div.chart .main-svg').length"
             )
         )
+        crop = crop and bool(driver.execute_script("return !!document.querySelector('div.chart')"))
         top, bottom = driver.execute_script(CROP_JS) if crop else (0, height)
         out.parent.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(out))
@@ -57,12 +61,14 @@ def capture(page: Path, out: Path, *, crop: bool, width: int = 1200, height: int
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--out", default="docs/img/dashboard.png", help="the PNG to write")
     ap.add_argument("--scenario", choices=SCENARIOS, help="a history the nightly job wrote")
     ap.add_argument("--page", default=None, help="the page to capture (default: the config's)")
+    ap.add_argument("--keep", metavar="DIR", help="build the history and the site in DIR, kept")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="patchbench-demo-") as tmp:
+        tmp = a.keep or tmp
         site = Path(tmp) / "site"
         if a.scenario:
             build_site(build_scenario(tmp, a.scenario), site)
@@ -72,6 +78,8 @@ def main() -> int:
             page = a.page or "configs/nightly-cpu.html"
         out = capture(site / page, Path(a.out), crop=bool(a.scenario))
     print(f"dashboard screenshot: {out} ({out.stat().st_size // 1024} KiB)")
+    if a.keep:
+        print(f"dashboard site: {Path(a.keep) / 'site' / 'index.html'}")
     return 0
 
 
