@@ -168,6 +168,7 @@ def build(history: str, out: str) -> dict:
     t = time.monotonic()
     build_site(history, out)
     took = time.monotonic() - t
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before walking the site
     files = [p for p in Path(out).rglob("*") if p.is_file()]
     big = max(files, key=lambda p: p.stat().st_size)
     pages = [p for p in files if p.suffix == ".html"]
@@ -176,7 +177,7 @@ def build(history: str, out: str) -> dict:
     mb = 2**20
     return {
         "build_s": round(took, 1),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "peak_rss_mb": round(peak),
         "largest_file": str(big.relative_to(out)),
         "largest_mb": round(big.stat().st_size / mb, 2),
         "largest_page": str(big_page.relative_to(out)),
