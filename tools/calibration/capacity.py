@@ -22,16 +22,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from patchbench.analysis import build as analysis
 from patchbench.analysis.comparison import CompareSettings
 from patchbench.analysis.rundata import RunData
-from patchbench.runfolder import CellRecord, RunManifest, SuiteSummary
 from patchbench.suites.serving.capacity import CAPACITY
 from patchbench.suites.serving.capsearch import Capacity, search
+from tools.calibration.sweep import serving_run_data
 
 BASE, VAR = "baseline", "patched"
 
@@ -104,38 +103,14 @@ def run_data(
     string: the reason it was withheld (``meta.not_judged``, e.g. ">= 256"). ``cap``: the
     ``serving.capacity`` mapping; ``schedule``: ``schedule.repeats`` (a count or a sequential
     mapping)."""
-    cfg = {
-        "name": "calibration-capacity",
-        "sglang": "0.5.1.post3",
-        "model": {"path": "calibration", "tiny": True},
-        "variants": {BASE: [], VAR: ["p"]},
-        "baseline": BASE,
-        "schedule": {"repeats": schedule, "order": "interleaved"},
-        "suites": {"serving": {"capacity": cap}},
-        "compare": {},
-    }
-    meta, cells, sums = [], {}, {}
-    for k in range(repeats):
-        for v in (BASE, VAR) if k % 2 == 0 else (VAR, BASE):
-            meta.append({"variant": v, "repeat": k, "status": "ok"})
-            cells[(v, k)] = CellRecord(variant=v, repeat=k, status="ok", suites={"serving": "ok"})
-            x = values[(v, k)]
-            m, nj = ({CAPACITY: float(x)}, {}) if not isinstance(x, str) else ({}, {CAPACITY: x})
-            sums[(v, k, "serving")] = SuiteSummary(
-                suite="serving", status="ok", metrics=m, meta={"not_judged": nj} if nj else {}
-            )
-    man = RunManifest(run_id="capacity-trial", config=cfg, cells=meta)
-    return RunData(
-        Path("/nonexistent-calibration/capacity-trial"),
-        man,
-        BASE,
-        [BASE, VAR],
-        [],
-        repeats,
-        ["serving"],
-        cells,
-        sums,
-    )
+
+    def cell(v: str, k: int) -> tuple[dict, dict]:
+        x = values[(v, k)]
+        if isinstance(x, str):
+            return {}, {"not_judged": {CAPACITY: x}}
+        return {CAPACITY: float(x)}, {}
+
+    return serving_run_data("capacity", {"capacity": cap}, repeats, schedule, cell)
 
 
 @dataclass

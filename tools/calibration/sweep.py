@@ -69,22 +69,19 @@ def primaries(points: int) -> list[str]:
     return [m for m, i in s.declarations(params).items() if i.primary]
 
 
-def run_data(
-    points: int, repeats: int, cv: float, effect: float, rng, schedule: dict | None = None
-) -> RunData:
-    """One trial as in-memory run data (see the module docstring): ``repeats`` interleaved
-    rounds; the config's ``schedule.repeats`` is ``schedule`` (a sequential mapping, whose
-    ``max`` should be ``repeats``) or ``repeats`` (None)."""
-    prim = primaries(points)
-    changed = prim[2] if points > 1 else "output_throughput_tok_s"
+def serving_run_data(name: str, serving: dict, repeats: int, schedule, cell) -> RunData:
+    """In-memory run data of a two-arm serving run: config ``calibration-<name>`` with
+    ``suites.serving`` = ``serving`` and ``schedule.repeats`` = ``schedule``; ``repeats``
+    interleaved rounds (baseline first in even rounds), each cell's serving summary from
+    ``cell(variant, round)`` -> (metrics, meta), called in that order."""
     cfg = {
-        "name": "calibration-sweep",
+        "name": f"calibration-{name}",
         "sglang": "0.5.1.post3",
         "model": {"path": "calibration", "tiny": True},
         "variants": {BASE: [], VAR: ["p"]},
         "baseline": BASE,
-        "schedule": {"repeats": schedule or repeats, "order": "interleaved"},
-        "suites": {"serving": _params(points)},
+        "schedule": {"repeats": schedule, "order": "interleaved"},
+        "suites": {"serving": serving},
         "compare": {},
     }
     cells_meta, cells, sums = [], {}, {}
@@ -92,16 +89,13 @@ def run_data(
         for v in (BASE, VAR) if k % 2 == 0 else (VAR, BASE):
             cells_meta.append({"variant": v, "repeat": k, "status": "ok"})
             cells[(v, k)] = CellRecord(variant=v, repeat=k, status="ok", suites={"serving": "ok"})
-            vals = {}
-            for m in prim:
-                x = _typical(m) * float(np.exp(rng.normal(0.0, cv)))
-                if v == VAR and m == changed:
-                    x *= 1 + effect
-                vals[m] = x
-            sums[(v, k, "serving")] = SuiteSummary(suite="serving", status="ok", metrics=vals)
-    man = RunManifest(run_id="sweep-trial", config=cfg, cells=cells_meta)
+            metrics, meta = cell(v, k)
+            sums[(v, k, "serving")] = SuiteSummary(
+                suite="serving", status="ok", metrics=metrics, meta=meta
+            )
+    man = RunManifest(run_id=f"{name}-trial", config=cfg, cells=cells_meta)
     return RunData(
-        Path("/nonexistent-calibration/sweep-trial"),
+        Path(f"/nonexistent-calibration/{name}-trial"),
         man,
         BASE,
         [BASE, VAR],
@@ -111,6 +105,27 @@ def run_data(
         cells,
         sums,
     )
+
+
+def run_data(
+    points: int, repeats: int, cv: float, effect: float, rng, schedule: dict | None = None
+) -> RunData:
+    """One trial as in-memory run data (see the module docstring): ``repeats`` interleaved
+    rounds; the config's ``schedule.repeats`` is ``schedule`` (a sequential mapping, whose
+    ``max`` should be ``repeats``) or ``repeats`` (None)."""
+    prim = primaries(points)
+    changed = prim[2] if points > 1 else "output_throughput_tok_s"
+
+    def cell(v: str, _k: int) -> tuple[dict, dict]:
+        vals = {}
+        for m in prim:
+            x = _typical(m) * float(np.exp(rng.normal(0.0, cv)))
+            if v == VAR and m == changed:
+                x *= 1 + effect
+            vals[m] = x
+        return vals, {}
+
+    return serving_run_data("sweep", _params(points), repeats, schedule or repeats, cell)
 
 
 def config_schedule(path: Path) -> tuple[int, dict | int]:
