@@ -29,7 +29,7 @@ from patchbench.analysis import build as analysis
 from patchbench.analysis.comparison import CompareSettings
 from patchbench.analysis.rundata import RunData
 from patchbench.suites.serving.capacity import CAPACITY
-from patchbench.suites.serving.capsearch import Capacity, search
+from patchbench.suites.serving.capsearch import Capacity
 from tools.calibration.sweep import serving_run_data
 
 BASE, VAR = "baseline", "patched"
@@ -83,17 +83,7 @@ def cell_capacity(
         n = cap.num_prompts(c)
         return float(rng.binomial(n, p)) / n
 
-    return search(
-        attain,
-        target=t,
-        start=cap.start,
-        maximum=cap.max,
-        minimum=cap.min,
-        precision=cap.precision,
-        prior=prior,
-        cliff_drop=cap.cliff_drop,
-        dither=dither,
-    )
+    return cap.search(attain, prior=prior, dither=dither)
 
 
 def run_data(

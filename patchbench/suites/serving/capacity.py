@@ -16,7 +16,7 @@ from patchbench.records import write_json
 from patchbench.suite import MetricInfo, SuiteContext, SuiteError, SuiteResult, comparison_get
 
 from .attainment import attainment
-from .capsearch import Capacity, search
+from .capsearch import Capacity
 from .params import Params
 from .parse import MARGIN_PCT
 from .point import run_point
@@ -119,17 +119,7 @@ def run_capacity(ctx: SuiteContext, params: Params) -> SuiteResult:
         )
         return a.score
 
-    s = search(
-        attain,
-        target=cap.slo.target,
-        start=cap.start,
-        maximum=cap.max,
-        minimum=cap.min,
-        precision=cap.precision,
-        prior=prior,
-        cliff_drop=cap.cliff_drop,
-        dither=round_dither(seed),
-    )
+    s = cap.search(attain, prior=prior, dither=round_dither(seed))
     out.metrics[PROBES] = float(len(s.probes))
     out.metrics |= {n: float(v) for n, v in ((MET, s.lo), (FAILED, s.hi)) if v is not None}
     if s.value is not None:

@@ -160,3 +160,23 @@ class Capacity(BaseModel):
     def num_prompts(self, load: float) -> int:
         """Prompts sent by the probe at ``load``."""
         return max(self.min_prompts, math.ceil(self.prompts_per_load * load))
+
+    def search(
+        self,
+        attain: Callable[[float], float],
+        *,
+        prior: tuple[float | None, float | None] | None = None,
+        dither: float = 0.0,
+    ) -> Search:
+        """:func:`search` with these settings (target: the SLO's)."""
+        return search(
+            attain,
+            target=self.slo.target,
+            start=self.start,
+            maximum=self.max,
+            minimum=self.min,
+            precision=self.precision,
+            prior=prior,
+            cliff_drop=self.cliff_drop,
+            dither=dither,
+        )
