@@ -30,7 +30,7 @@ setup:
 # the optional Ray extra, into $(VENV) (idempotent)
 setup-ray:
 	@$(call q,$(VENV)/bin/python) -c "import ray" 2>/dev/null || \
-	    $(call q,$(VENV)/bin/python) -m pip install --disable-pip-version-check --progress-bar off --no-cache-dir \
+	    $(call q,$(VENV)/bin/python) -m pip install --quiet --disable-pip-version-check --progress-bar off --no-cache-dir \
 	    -r requirements/ray.txt
 
 # headless Chromium for the dashboard's browser test (Debian packages chromium, chromium-driver)
@@ -91,9 +91,9 @@ lint-workflows:
 # a light venv without sglang (harness only): what the pull-request workflow installs
 setup-light:
 	[ -x .venv-light/bin/python ] || python3 -m venv .venv-light
-	.venv-light/bin/python -m pip install --disable-pip-version-check --progress-bar off --no-cache-dir \
+	.venv-light/bin/python -m pip install --quiet --disable-pip-version-check --progress-bar off --no-cache-dir \
 	    -r requirements/harness.txt -r requirements/ray.txt
-	.venv-light/bin/python -m pip install --disable-pip-version-check --no-deps -e .
+	.venv-light/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 
 # the unit tests that need no sglang, no network and no browser, in .venv-light (set up first;
 # LIGHT_PY=... runs them with another interpreter that has requirements/harness.txt)

@@ -47,6 +47,7 @@ gpu_spec() {
 }
 if [ "${SETUP_DRY_RUN:-0}" = 1 ]; then
   [ "$PROFILE" = gpu ] || { echo "setup.sh: SETUP_DRY_RUN=1 resolves the gpu profile only" >&2; exit 2; }
+  step "resolving $TORCH"
   report=$(mktemp --suffix=.json)
   t0=$(date +%s)
   echo "check-gpu-profile: resolving $(gpu_spec) -r requirements/harness.txt with $($PY --version)"
@@ -92,8 +93,11 @@ echo "setup: creating $VENV for sglang $PIN ($PROFILE profile)"
 # --no-compile, then compileall on every core: pip compiles the bytecode one file at a time (about
 # a third of a fresh venv's setup); the bytecode must exist: where PYTHONDONTWRITEBYTECODE is set (as
 # on this project's machines) every server start would compile torch in memory again
-PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off --no-cache-dir --no-compile)
+# --quiet: pip's errors and warnings still print; the steps below say what is being installed
+PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --progress-bar off --no-cache-dir --no-compile)
+step() { echo "setup: $* ($(( $(date +%s) - t0 )) s so far)"; }
 if [ "$PROFILE" = gpu ]; then
+  step "installing sglang $PIN (gpu profile) and the harness"
   "${PIP[@]}" "$(gpu_spec)" -r "$HERE/requirements/harness.txt"
 else
   TORCH=$(grep -E '^(torch|torchvision)==' "$REQ" | tr '\n' ' ')
@@ -101,8 +105,9 @@ else
   # every wheel of one call before unpacking any (torch with its CUDA libraries: ~3.5 GB of
   # wheels, ~7 GB unpacked), so resolve once, then install torch, triton and the CUDA packages
   # one per call (--no-deps, exact versions), then the same request again to check the set.
+  step "resolving $TORCH"
   report=$(mktemp --suffix=.json)
-  "${PIP[@]}" --dry-run --quiet --ignore-installed --report "$report" $TORCH
+  "${PIP[@]}" --dry-run --ignore-installed --report "$report" $TORCH
   for spec in $("$VENV/bin/python" - "$report" <<'PYEOF'
 import json, re, sys
 for item in json.load(open(sys.argv[1]))["install"]:
@@ -111,14 +116,18 @@ for item in json.load(open(sys.argv[1]))["install"]:
         print(f"{name}=={version}")
 PYEOF
   ); do
-    "${PIP[@]}" --quiet --no-deps "$spec"
+    step "installing $spec"
+    "${PIP[@]}" --no-deps "$spec"
   done
   rm -f "$report"
   "${PIP[@]}" $TORCH
+  step "installing sglang $PIN"
   "${PIP[@]}" --no-deps "sglang==$PIN"
+  step "installing sglang's requirements and the harness's"
   "${PIP[@]}" -r "$REQ" -r "$HERE/requirements/harness.txt"
 fi
 "${PIP[@]}" --no-deps -e "$HERE"
+step "compiling bytecode"
 # a file that does not compile (a package's Python 2 test data) is skipped, as pip skips it
 "$VENV/bin/python" -m compileall -q -j 0 "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null 2>&1 || true
 got=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("sglang"))')
