@@ -289,20 +289,18 @@ def _health(cmp: Comparison) -> list[str]:
 
 
 def _gpu(cmp: Comparison) -> list[str]:
-    """The cells whose GPU was throttled or shared (each cell's ``gpu`` flags); nothing when no
-    cell was sampled."""
+    """The cells whose GPU was throttled or shared (each cell's ``gpu`` flags), then how the
+    timed cells' GPUs differ (``run.host.gpu_warnings``); nothing when no cell was sampled."""
     sampled = [c for c in cmp.cells if c.get("gpu") is not None]
     flagged = [c for c in sampled if c["gpu"]]
     if not sampled:
         return []
+    h = cmp.run.host
+    differ = [f"**{esc(w[0].upper() + w[1:])}.**" for w in (h.gpu_warnings if h else [])]
     if not flagged:
         n = len(sampled)
-        return [
-            "## GPU",
-            "",
-            f"no throttling and no foreign process in the {n} sampled cell(s)",
-            "",
-        ]
+        lines = ["## GPU", "", f"no throttling and no foreign process in the {n} sampled cell(s)"]
+        return lines + [x for d in differ for x in ("", d)] + [""]
     lines = [
         "## GPU",
         "",
@@ -311,7 +309,7 @@ def _gpu(cmp: Comparison) -> list[str]:
         "",
     ]
     lines += [f"- {c['variant']}/rep{c['repeat']}: {esc('; '.join(c['gpu']))}" for c in flagged]
-    return lines + [""]
+    return lines + [""] + [x for d in differ for x in (d, "")]
 
 
 def _server_log(cmp: Comparison) -> list[str]:
