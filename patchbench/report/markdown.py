@@ -277,7 +277,7 @@ def _health(cmp: Comparison) -> list[str]:
                 + (
                     "; under this unbalanced schedule its verdicts are inconclusive"
                     if cmp.order == "sequential"
-                    else "; the interleaved schedule balances it across the arms"
+                    else f"; the {cmp.order} schedule balances it across the arms"
                 )
             )
         lines.append("")
@@ -389,6 +389,11 @@ def _methods(cmp: Comparison) -> list[str]:
         lines.append(
             "- Schedule: unbalanced (order: sequential, the same order every round): "
             + esc(cmp.unbalanced_reason or "no reason recorded")
+        )
+    elif cmp.order == "randomized":
+        lines.append(
+            "- Schedule: each round's order drawn from the seed in the manifest's config, every "
+            "variant once in every position of each block of as many rounds as variants."
         )
     if any("@" in r.metric for r in cmp.rows):
         lines.append(
