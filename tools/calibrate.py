@@ -16,7 +16,10 @@ code; printed, each rate with its 95 % Wilson interval over the trials:
   designs, error rates, repeats used, primaries decided per report and per H200 hour.
   ``--design-only`` runs just this table;
 - ``--mmmu-only``: the MMMU accuracy interval's width, coverage and false calls at 1, 2, 3 and 5
-  repeats per arm under a cell-level shift (tools.calibration.mmmu).
+  repeats per arm under a cell-level shift (tools.calibration.mmmu);
+- ``--order-only``: false calls of the interleaved and the randomized order under a periodic
+  disturbance, one row per ``--periods`` (tools.calibration.order), at ``--target-cv`` and
+  the first ``--repeats`` (8).
 
 docs/calibration.md holds the rates of the retired verdict rule next to the comparison's.
 
@@ -30,6 +33,7 @@ Usage::
     .venv/bin/python tools/calibrate.py --design-only --mmmu-rounds first   # MMMU in round 1
     .venv/bin/python tools/calibrate.py --sweep 4 --repeats 8 --cvs 0.03   # a load sweep's family
     .venv/bin/python tools/calibrate.py --design-only --noise t:3 --sequential   # other noise
+    .venv/bin/python tools/calibrate.py --order-only --repeats 12   # the order table
     .venv/bin/python tools/calibrate.py --sweep 4 --repeats 4 8 --cvs 0.03 \\
         --config configs/pr9460-sweep-h200.yaml   # ... and the config's sequential schedule
 
@@ -120,6 +124,25 @@ def _design_options(ap: argparse.ArgumentParser) -> None:
         action="store_true",
         help="only the MMMU interval table (tools.calibration.mmmu): width, coverage and "
         "false calls at 1, 2, 3 and 5 repeats per arm, --trials a row",
+    )
+    ap.add_argument(
+        "--order-only",
+        action="store_true",
+        help="only the order table (tools.calibration.order): interleaved vs randomized under a "
+        "periodic disturbance, --trials a row",
+    )
+    ap.add_argument(
+        "--periods",
+        type=int,
+        nargs="+",
+        default=[0, 2, 3, 4, 8],
+        help="order table: periods of the disturbance in cells, 0: none (0 2 3 4 8)",
+    )
+    ap.add_argument(
+        "--period-slow",
+        type=float,
+        default=0.10,
+        help="order table: how much slower a disturbed cell is (0.10)",
     )
     ap.add_argument(
         "--mmmu-flip",
@@ -232,6 +255,20 @@ def _sweep(a: argparse.Namespace) -> int:
     return 0
 
 
+def _order(a: argparse.Namespace) -> int:
+    """``--order-only``: the order table on the config's compare settings; prints it."""
+    import dataclasses
+
+    from tools.calibration.order import order_rows, order_table
+
+    cal = load(a)
+    n = (a.repeats or [8])[0]
+    base = dataclasses.replace(cal.model(a.target_cv), period_slow=a.period_slow)
+    rows = order_rows(base, n, a.periods, a.trials, a.seed, cal.settings)
+    print("\n".join(order_table(rows, base, n)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line (see the module docstring); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -258,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.sweep:
         return _sweep(a)
+    if a.order_only:
+        return _order(a)
     cal = load(a)
     if cal.mmmu_first and cal.a.via_folders:
         ap.error("--via-folders simulates MMMU in every round; add --mmmu-rounds all")

@@ -443,6 +443,7 @@ def build_comparison(
     health.failures(data, cmp, primaries)
     cmp.run = health.run_info(data, cmp.run_id)
     cmp.run.host = hostload.host_load(data, cmp)
+    cmp.run.host.gpu_warnings = health.gpu_warnings(data)
     cmp.correctness_cells = health.correctness_cells(data)
     cmp.suite_rounds = {
         x: ("correctness" if x in data.correctness_only else data.rounds_of(x)) for x in data.suites

@@ -239,13 +239,22 @@ class CellLoad(_Model):
 
 class HostLoad(_Model):
     """The host a run measured on and how busy it was (patchbench.analysis.hostload;
-    docs/CONTRACTS.md, ``run.host``)."""
+    docs/CONTRACTS.md, ``run.host``); ``gpu_warnings``: how the timed cells' GPUs differ
+    (patchbench.analysis.health.gpu_warnings; written only when there is one)."""
 
     cpu_count: int | None = None
     cpu_usable: int | None = None
     memory_total_gib: float | None = None
     cells: list[CellLoad] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
+    gpu_warnings: list[str] = Field(default_factory=list)
+
+    @model_serializer(mode="wrap")
+    def _gpu_warnings_when_set(self, handler):
+        out = handler(self)
+        if not self.gpu_warnings:
+            out.pop("gpu_warnings", None)
+        return out
 
     def cores(self) -> int | None:
         """The CPUs the run could use (``cpu_usable``, else ``cpu_count``)."""

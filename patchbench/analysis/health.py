@@ -182,6 +182,44 @@ def cell_statuses(data: RunData, cmp: Comparison) -> None:
                 cmp.cell_warnings.setdefault(x, {}).setdefault(v, []).append(f"rep{k}: {line}")
 
 
+def _cells_text(labels: list[str]) -> str:
+    """ "a/rep0, b/rep1" (the first three, then how many more)."""
+    more = f" and {len(labels) - 3} more" if len(labels) > 3 else ""
+    return ", ".join(labels[:3]) + more
+
+
+def gpu_warnings(data: RunData) -> list[str]:
+    """One sentence each when the timed cells ran on different GPUs (by the NVML UUIDs of the
+    GPUs each used, cell.json ``gpu.devices``), and per GPU that ran with different power limits
+    or application clocks in different cells; [] when they agree or no cell recorded its GPUs
+    (a CPU run, a cell.json from before they were recorded)."""
+    on: dict[tuple[str, ...], list[str]] = {}
+    settings: dict[str, dict[str, list[str]]] = {}
+    for (v, k), c in sorted(data.cells.items(), key=lambda x: (x[0][1], x[0][0])):
+        devs = c.gpu.devices if c is not None and c.gpu is not None else []
+        ids = tuple(d.uuid or f"GPU {d.index}" for d in devs)
+        for i, d in zip(ids, devs, strict=True):
+            settings.setdefault(i, {}).setdefault(d.settings(), []).append(f"{v}/rep{k}")
+        if ids:
+            on.setdefault(ids, []).append(f"{v}/rep{k}")
+    out = []
+    if len(on) > 1:
+        where = "; ".join(f"{_cells_text(c)} on {', '.join(i)}" for i, c in on.items())
+        out.append(
+            f"the timed cells ran on different GPUs ({where}): GPUs of one model differ by "
+            "several percent, so speed rows compare GPUs as much as the change; pin the run to "
+            "one GPU (CUDA_VISIBLE_DEVICES)"
+        )
+    for i, by in settings.items():
+        if len(by) > 1:
+            how = "; ".join(f"{s} in {_cells_text(c)}" for s, c in by.items())
+            out.append(
+                f"{i} ran with different power limits or application clocks ({how}): speed "
+                "rows compare the settings as much as the change; keep them fixed during a run"
+            )
+    return out
+
+
 def correctness_cells(data: RunData) -> list[dict[str, Any]]:
     """The untimed correctness cells that ran."""
     return [

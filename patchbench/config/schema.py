@@ -3,6 +3,7 @@ on its own; what needs the file or the repository is checked by :mod:`patchbench
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -482,15 +483,30 @@ class SequentialRepeats(Strict):
 
 class ScheduleSpec(Strict):
     """Rounds of all variants (interleaved: ABBA, BAAB, ...; sequential: the same order every
-    round). ``repeats``: a count, a :class:`SequentialRepeats` mapping, or ``auto`` (a nightly
-    config: ``patchbench nightly`` runs what its gates need; ``repeats`` then holds the floor,
-    ``nightly.min_repeats``). ``unbalanced_reason``: why ``order: sequential`` is wanted (a
-    config with timed suites needs one for that order)."""
+    round; randomized: each round's order drawn from ``seed``, balanced over blocks of rounds,
+    :func:`patchbench.run.plan.randomized_rounds`). ``repeats``: a count, a
+    :class:`SequentialRepeats` mapping, or ``auto`` (a nightly config: ``patchbench nightly``
+    runs what its gates need; ``repeats`` then holds the floor, ``nightly.min_repeats``).
+    ``unbalanced_reason``: why ``order: sequential`` is wanted (a config with timed suites needs
+    one for that order). ``seed``: a randomized order's (absent: derived from the config's name
+    and variants, :meth:`Config._seed`; written only when set)."""
 
     repeats: int | SequentialRepeats = 1
-    order: Literal["interleaved", "sequential"] = "interleaved"
+    order: Literal["interleaved", "sequential", "randomized"] = "interleaved"
     unbalanced_reason: str | None = None
+    seed: int | None = Field(None, ge=0)
     _auto: bool = PrivateAttr(False)
+
+    @model_serializer(mode="wrap")
+    def _seed_when_set(self, handler):
+        out = handler(self)
+        if self.seed is None:
+            out.pop("seed", None)
+        return out
+
+    def order_text(self) -> str:
+        """``"interleaved"``, ``"sequential"`` or ``"randomized (seed N)"``."""
+        return self.order + (f" (seed {self.seed})" if self.order == "randomized" else "")
 
     @model_validator(mode="wrap")
     @classmethod
@@ -541,10 +557,11 @@ class ScheduleSpec(Strict):
 
     @model_validator(mode="after")
     def _order(self) -> ScheduleSpec:
-        if self.sequential is not None and self.order != "interleaved":
+        if self.sequential is not None and self.order == "sequential":
             raise ValueError(
                 "schedule.order: sequential repeats ({min, max, step}) look after whole "
-                "interleaved rounds; use order: interleaved (or a fixed number of repeats)"
+                "rounds of every variant; use order: interleaved or randomized (or a fixed "
+                "number of repeats)"
             )
         return self
 
@@ -659,6 +676,15 @@ class Config(Strict):
                     "%, used to compute the repeats until the history has learned the noise)"
                 )
             self.schedule.repeats = self.nightly.min_repeats
+        return self
+
+    @model_validator(mode="after")
+    def _seed(self) -> Config:
+        """A randomized order without ``schedule.seed`` gets one from the config's name and
+        variants (the same config plans the same order; the manifest's config keeps it)."""
+        if self.schedule.order == "randomized" and self.schedule.seed is None:
+            text = "\0".join([self.name, *self.variants])
+            self.schedule.seed = int(hashlib.sha256(text.encode()).hexdigest()[:8], 16)
         return self
 
     @model_validator(mode="after")

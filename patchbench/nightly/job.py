@@ -282,6 +282,8 @@ def _gate_run(unit: NightUnit, hpath: Path, record: bool) -> NightlyOutcome:
     comparison, cmp_err = _ensure_compare(run, unit.compare_settings)
     if cmp_err:
         problems.append(cmp_err)
+    host = comparison.run.host if comparison is not None else None
+    problems += [f"GPU: {w}" for w in (host.gpu_warnings if host is not None else [])]
     try:
         tonight = night_from_run(run, comparison)
     except (OSError, ValueError) as e:

@@ -277,7 +277,7 @@ def _health(cmp: Comparison) -> list[str]:
                 + (
                     "; under this unbalanced schedule its verdicts are inconclusive"
                     if cmp.order == "sequential"
-                    else "; the interleaved schedule balances it across the arms"
+                    else f"; the {cmp.order} schedule balances it across the arms"
                 )
             )
         lines.append("")
@@ -289,20 +289,18 @@ def _health(cmp: Comparison) -> list[str]:
 
 
 def _gpu(cmp: Comparison) -> list[str]:
-    """The cells whose GPU was throttled or shared (each cell's ``gpu`` flags); nothing when no
-    cell was sampled."""
+    """The cells whose GPU was throttled or shared (each cell's ``gpu`` flags), then how the
+    timed cells' GPUs differ (``run.host.gpu_warnings``); nothing when no cell was sampled."""
     sampled = [c for c in cmp.cells if c.get("gpu") is not None]
     flagged = [c for c in sampled if c["gpu"]]
     if not sampled:
         return []
+    h = cmp.run.host
+    differ = [f"**{esc(w[0].upper() + w[1:])}.**" for w in (h.gpu_warnings if h else [])]
     if not flagged:
         n = len(sampled)
-        return [
-            "## GPU",
-            "",
-            f"no throttling and no foreign process in the {n} sampled cell(s)",
-            "",
-        ]
+        lines = ["## GPU", "", f"no throttling and no foreign process in the {n} sampled cell(s)"]
+        return lines + [x for d in differ for x in ("", d)] + [""]
     lines = [
         "## GPU",
         "",
@@ -311,7 +309,7 @@ def _gpu(cmp: Comparison) -> list[str]:
         "",
     ]
     lines += [f"- {c['variant']}/rep{c['repeat']}: {esc('; '.join(c['gpu']))}" for c in flagged]
-    return lines + [""]
+    return lines + [""] + [x for d in differ for x in (d, "")]
 
 
 def _server_log(cmp: Comparison) -> list[str]:
@@ -391,6 +389,11 @@ def _methods(cmp: Comparison) -> list[str]:
         lines.append(
             "- Schedule: unbalanced (order: sequential, the same order every round): "
             + esc(cmp.unbalanced_reason or "no reason recorded")
+        )
+    elif cmp.order == "randomized":
+        lines.append(
+            "- Schedule: each round's order drawn from the seed in the manifest's config, every "
+            "variant once in every position of each block of as many rounds as variants."
         )
     if any("@" in r.metric for r in cmp.rows):
         lines.append(

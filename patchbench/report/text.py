@@ -546,9 +546,14 @@ def host_text(cmp: Comparison, *, gpu: bool = True) -> str | None:
 
 
 def host_warnings(cmp: Comparison) -> list[str]:
-    """ "Warning (host): ..." per warning of the comparison's host (patchbench.analysis.hostload)."""
+    """ "Warning (host): ..." per warning of the comparison's host (patchbench.analysis.hostload),
+    then "Warning (GPU): ..." per difference of the timed cells' GPUs (``gpu_warnings``)."""
     h = cmp.run.host
-    return [f"Warning (host): {w}." for w in (h.warnings if h is not None else [])]
+    if h is None:
+        return []
+    return [f"Warning (host): {w}." for w in h.warnings] + [
+        f"Warning (GPU): {w}." for w in h.gpu_warnings
+    ]
 
 
 #: the console's width when stdout is not a terminal (rich would use 80)

@@ -291,7 +291,9 @@ class CellRun:
         if self.nvml is not None:
             from patchbench.run.gpu import GpuSampler
 
-            self.sampler = GpuSampler(self.nvml, ours=_runner_and_children).start()
+            self.sampler = GpuSampler(
+                self.nvml, ours=_runner_and_children, visible=spec.env.get("CUDA_VISIBLE_DEVICES")
+            ).start()
 
     # ------------------------------------------------------------------ step 2: run suites
     def run_suites(self, names: list[str]) -> None:

@@ -107,8 +107,13 @@ class Nvml:
         except Exception:  # noqa: BLE001 - NVMLError_NotSupported and kin: not known here
             return None
 
-    def devices(self, visible: str | None = None) -> list[tuple[str, str]]:
-        """(model name, NVML UUID) of the GPUs a process sees: ``visible`` is
+    def driver(self) -> str | None:
+        """The driver's version ("550.54.15"), None when not reported."""
+        v = self._ask("nvmlSystemGetDriverVersion")
+        return v.decode(errors="replace") if isinstance(v, bytes) else v
+
+    def devices(self, visible: str | None = None) -> list[tuple[int, str, str]]:
+        """(NVML index, model name, NVML UUID) of the GPUs a process sees: ``visible`` is
         ``CUDA_VISIBLE_DEVICES`` (indices in NVML's order, which is CUDA's on a machine of one GPU
         model; or UUIDs or their prefixes; None or "": every GPU); a GPU whose UUID is not
         reported, or an index NVML does not know, is left out."""
@@ -119,10 +124,10 @@ class Nvml:
             if uuid:
                 found.append((str(i), str(name or "?"), str(uuid)))
         if not visible:
-            return [(n, u) for _i, n, u in found]
+            return [(int(i), n, u) for i, n, u in found]
         want = [w.strip() for w in visible.split(",") if w.strip()]
         return [
-            (n, u)
+            (int(i), n, u)
             for w in want
             for i, n, u in found
             if w == i or (not w.isdigit() and u.startswith(w))
@@ -154,6 +159,15 @@ class Nvml:
             "max_clocks_mhz": clocks("nvmlDeviceGetMaxClockInfo"),
             "power_limit_w": None if limit is None else round(limit / 1000.0, 1),
         }
+
+    def identity(self, i: int) -> GpuIdentity:
+        """GPU ``i`` as a cell records it (:class:`GpuIdentity`)."""
+        uuid = self._ask("nvmlDeviceGetUUID", self._h(i))
+        s = self.settings(i)
+        return GpuIdentity(
+            uuid=uuid.decode(errors="replace") if isinstance(uuid, bytes) else uuid,
+            **{k: s[k] for k in GpuIdentity.model_fields if k in s},
+        )
 
 
 def _mhz(c: dict) -> str:
@@ -227,22 +241,46 @@ class GpuStats(_Strict):
     unattributed_pids: list[int] = Field(default_factory=list)
 
 
+class GpuIdentity(_Strict):
+    """One GPU a cell used: NVML ``index`` and ``uuid``, model ``name``, application and max
+    clocks ``{"sm", "mem"}`` MHz, enforced power limit W (None: not reported)."""
+
+    index: int
+    uuid: str | None = None
+    name: str | None = None
+    applications_clocks_mhz: dict[str, int | None] = Field(default_factory=dict)
+    max_clocks_mhz: dict[str, int | None] = Field(default_factory=dict)
+    power_limit_w: float | None = None
+
+    def settings(self) -> str:
+        """The settings that change a timing, as text ("700.0 W, SM 1980 MHz, memory 3201 MHz";
+        "?" where not reported)."""
+        w = "? W" if self.power_limit_w is None else f"{self.power_limit_w:g} W"
+        return f"{w}, {_mhz(self.applications_clocks_mhz)}"
+
+
 class GpuSummary(_Strict):
-    """``cell.json`` ``gpu``; ``flags``: a line per biasing throttle reason or foreign process."""
+    """``cell.json`` ``gpu``; ``flags``: a line per biasing throttle reason or foreign process;
+    ``driver`` and ``devices``: the driver and the GPUs the cell used (:meth:`GpuSampler.summary`;
+    empty in a cell.json from before they were recorded)."""
 
     samples_count: int = 0
     gpus: list[GpuStats] = Field(default_factory=list)
     flags: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    driver: str | None = None
+    devices: list[GpuIdentity] = Field(default_factory=list)
 
 
 @dataclass
 class GpuSampler:
-    """Samples every GPU every ``interval_s`` s; ``ours()``: the cell's pids."""
+    """Samples every GPU every ``interval_s`` s; ``ours()``: the cell's pids; ``visible``: the
+    server's ``CUDA_VISIBLE_DEVICES``."""
 
     nvml: Nvml
     ours: Any = lambda: set()
     interval_s: float = 1.0
+    visible: str | None = None
     samples: list[list[dict]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -284,7 +322,8 @@ class GpuSampler:
 
     def summary(self) -> GpuSummary:
         """The samples so far; when NVML never listed one of ours (another pid namespace) the
-        other processes are ``unattributed_pids`` with a note, not a flag."""
+        other processes are ``unattributed_pids`` with a note, not a flag. ``devices``: the GPUs
+        NVML listed one of ours on, else those ``visible`` names (:meth:`Nvml.devices`)."""
         gpus, flags, notes = [], [], []
         any_ours = any(x.get("ours_seen", True) for r in self.samples for x in r)
         n_gpu = max((len(r) for r in self.samples), default=0)
@@ -324,4 +363,13 @@ class GpuSampler:
                     flags.append(f"GPU {i}: throttled ({n}) in {c} of {len(rows)} samples")
             if foreign:
                 flags.append(f"GPU {i}: foreign process(es) {foreign} used the GPU during the cell")
-        return GpuSummary(samples_count=len(self.samples), gpus=gpus, flags=flags, notes=notes)
+        used = sorted({i for r in self.samples for i, x in enumerate(r) if x.get("ours_seen")})
+        used = used or [i for i, _n, _u in self.nvml.devices(self.visible)]
+        return GpuSummary(
+            samples_count=len(self.samples),
+            gpus=gpus,
+            flags=flags,
+            notes=notes,
+            driver=self.nvml.driver(),
+            devices=[self.nvml.identity(i) for i in used],
+        )

@@ -104,12 +104,14 @@ def machine_info(nvml: Any, visible: str | None, hostname: str | None) -> Machin
     """The machine the nightly compares a run's nights by: with ``nvml`` the model and NVML UUIDs
     of the GPUs the server sees (``visible``: its ``CUDA_VISIBLE_DEVICES``, the config's
     ``server.env`` before this process's; :meth:`patchbench.run.gpu.Nvml.devices`); without
-    one, or when NVML names none, the CPU's model name and ``hostname``."""
+    one, or when NVML names none, the CPU's model name and ``hostname``; ``driver``: NVML's."""
     if nvml is not None:
         gpus = nvml.devices(visible)
         if gpus:
-            models = "/".join(sorted({name for name, _u in gpus}))
-            return MachineInfo(model=models, gpu_uuids=[u for _n, u in gpus])
+            models = "/".join(sorted({name for _i, name, _u in gpus}))
+            return MachineInfo(
+                model=models, gpu_uuids=[u for _i, _n, u in gpus], driver=nvml.driver()
+            )
     return MachineInfo(model=cpu_model(), hostname=hostname)
 
 

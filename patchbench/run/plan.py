@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import random
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,15 +52,32 @@ class Cell:
         return Path(run_dir) / self.variant / self.dirname
 
 
+def randomized_rounds(variants: list[str], repeats: int, seed: int) -> list[list[str]]:
+    """The variants' order in each of ``repeats`` rounds under ``order: randomized``: the rounds
+    come in blocks of V = len(variants); block b is a Latin square drawn from ``seed`` and b (the
+    variants in a random order, its V rotations in a random order), so every variant runs once in
+    every position of a round in each whole block. Only ``random.random`` draws it (its sequence
+    for a seed is stable across Python versions), so a resumed run plans the same order."""
+    out: list[list[str]] = []
+    for b in range(-(-repeats // len(variants))):
+        rng = random.Random(f"{seed}:{b}")
+        perm = sorted(variants, key=lambda _v: rng.random())
+        for s in sorted(range(len(perm)), key=lambda _s: rng.random()):
+            out.append(perm[s:] + perm[:s])
+    return out[:repeats]
+
+
 def plan_cells(
     variants: list[str],
     repeats: int,
-    order: Literal["interleaved", "sequential"] = "interleaved",
+    order: Literal["interleaved", "sequential", "randomized"] = "interleaved",
     *,
     correctness: bool = False,
+    seed: int = 0,
 ) -> list[Cell]:
     """The run order of ``variants`` over ``repeats`` rounds, after one correctness cell per
-    variant with ``correctness``. ValueError for no variants, repeats < 1 or an unknown order."""
+    variant with ``correctness``; ``seed`` draws a randomized order (:func:`randomized_rounds`).
+    ValueError for no variants, repeats < 1 or an unknown order."""
     if not variants:
         raise ValueError("no variants to schedule")
     if repeats < 1:
@@ -70,8 +88,11 @@ def plan_cells(
         ]
     elif order == "sequential":
         pairs = [(v, r) for v in variants for r in range(repeats)]
+    elif order == "randomized":
+        rounds = randomized_rounds(variants, repeats, seed)
+        pairs = [(v, r) for r, vs in enumerate(rounds) for v in vs]
     else:
-        raise ValueError(f"unknown order '{order}'; allowed: interleaved, sequential")
+        raise ValueError(f"unknown order '{order}'; allowed: interleaved, sequential, randomized")
     first = [Cell(i, v, 0, "correctness") for i, v in enumerate(variants)] if correctness else []
     return first + [Cell(len(first) + i, v, r) for i, (v, r) in enumerate(pairs)]
 
@@ -115,6 +136,7 @@ def plan(cfg: Config) -> list[Cell]:
         cfg.schedule.max_repeats,
         cfg.schedule.order,
         correctness=bool(_correctness_suites(cfg)),
+        seed=cfg.schedule.seed or 0,
     )
 
 
@@ -293,7 +315,7 @@ def _cell_lines(cfg: Config, cells: list[Cell], done: set[Cell], resume: Path | 
             + "  (untimed: instrumented and untimed suites; feed no timing verdict)"
         )
     lines.append(
-        f"schedule   {cfg.schedule.describe()}, {cfg.schedule.order}: "
+        f"schedule   {cfg.schedule.describe()}, {cfg.schedule.order_text()}: "
         + " ".join(name(c) for c in cells if c.kind == "timed")
     )
     if cfg.schedule.sequential is not None:

@@ -81,8 +81,8 @@ def _keys_declared(raw: dict) -> dict:
 
 
 def _optional_keys_added(raw: dict) -> dict:
-    """Optional keys added (manifest 5: ``host.cpu_usable``, 6: ``machine``; cell 4:
-    ``load_avg_1m``): an older
+    """Optional keys added (manifest 5: ``host.cpu_usable``, 6: ``machine``, 7:
+    ``machine.driver``; cell 4: ``load_avg_1m``, 5: ``gpu.driver``, ``gpu.devices``): an older
     file reads as it is, without them."""
     return raw
 
@@ -125,7 +125,10 @@ def _fit(tp: Any, value: Any) -> Any:
 
 #: {kind: (model, {version: step to version + 1})}; older versions then lose undeclared keys
 _MIGRATIONS: dict[str, tuple[type[BaseModel], dict[int, Any]]] = {
-    "cell": (CellRecord, {1: _cell_1_to_2, 2: _keys_declared, 3: _optional_keys_added}),
+    "cell": (
+        CellRecord,
+        {1: _cell_1_to_2, 2: _keys_declared, 3: _optional_keys_added, 4: _optional_keys_added},
+    ),
     "summary": (SuiteSummary, {1: _schema_key_renamed}),
     "manifest": (
         RunManifest,
@@ -135,6 +138,7 @@ _MIGRATIONS: dict[str, tuple[type[BaseModel], dict[int, Any]]] = {
             3: _keys_declared,
             4: _optional_keys_added,
             5: _optional_keys_added,
+            6: _optional_keys_added,
         },  # fmt: skip
     ),
 }

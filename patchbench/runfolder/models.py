@@ -28,6 +28,8 @@ from patchbench.run.gpu import GpuSummary
 #                     version-4 file reads with it None.
 #                  6: "machine" (MachineInfo: the identity the nightly compares nights by);
 #                     a version-5 file reads without it (unknown).
+#                  7: "machine" holds "driver" (NVML's driver version); a version-6 file reads
+#                     with it None.
 #   cell.json      1: no version key; the mrope probe's counts under "mrope_probe".
 #                  2: "schema_version"; "instrumented" and "instrumentation" replace "mrope_probe".
 #                  3: the keys of 2, each declared (runner_pid, instrumentation_args, liveness,
@@ -35,9 +37,11 @@ from patchbench.run.gpu import GpuSummary
 #                     strictly; older files lose undeclared keys on read.
 #                  4: "load_avg_1m" (the host's load average at the start and end of the
 #                     cell's suites); a version-3 file reads without it.
+#                  5: "gpu" holds "driver" and "devices" (the GPUs the cell used: UUID, name,
+#                     clocks, power limit); a version-4 file reads with them None and [].
 #   summary.json   1: no version key.  2: "schema_version" (every key declared, read strictly).
-MANIFEST_SCHEMA = 6
-CELL_SCHEMA = 4
+MANIFEST_SCHEMA = 7
+CELL_SCHEMA = 5
 SUMMARY_SCHEMA = 2
 
 CellStatus = Literal["ok", "failed", "incomplete", "interrupted", "running", "unreadable"]
@@ -273,11 +277,13 @@ class MachineInfo(_Record):
     """The machine a run ran on, as the nightly tells nights apart: ``model`` the GPUs' model
     (a GPU run) or the CPU's model name (a CPU run), ``gpu_uuids`` the NVML UUIDs of the GPUs
     the run could use (``CUDA_VISIBLE_DEVICES``, else every GPU), ``hostname`` (CPU runs only:
-    a GPU's UUID names its machine already)."""
+    a GPU's UUID names its machine already), ``driver`` (GPU runs: NVML's driver version; not
+    in :attr:`key`, so a driver update keeps a machine's nights together)."""
 
     model: str | None = None
     gpu_uuids: list[str] = Field(default_factory=list)
     hostname: str | None = None
+    driver: str | None = None
 
     @property
     def key(self) -> str:

@@ -506,3 +506,24 @@ def test_derive_changes_dotted_keys_and_validates_the_result(tmp_path):
     auto = load_config(REPO_ROOT / "configs" / "nightly-h200.yaml")
     assert auto.schedule.auto and derive(auto, {"name": "x"}).schedule.auto
     assert not derive(auto, {"schedule.repeats": 4}).schedule.auto
+
+
+def test_a_randomized_order_keeps_its_seed_and_may_look_sequentially(tmp_path):
+    from patchbench.config import config_from_mapping
+
+    raw = {"name": "t", "sglang": "0.5.1.post3", "model": {"path": "m", "tiny": True}}
+    raw["variants"] = {"a": [], "b": []}
+    plain = config_from_mapping(raw, check_files=False)
+    assert plain.schedule.seed is None and "seed" not in plain.model_dump(mode="json")["schedule"]
+    seq = {"min": 4, "max": 8, "step": 2}
+    cfg = config_from_mapping(
+        {**raw, "schedule": {"order": "randomized", "seed": 7, "repeats": seq}}, check_files=False
+    )
+    assert cfg.schedule.model_dump(mode="json")["seed"] == 7
+    assert cfg.schedule.order_text() == "randomized (seed 7)"
+    for bad, says in (
+        ({"order": "randomized", "seed": -1}, "schedule.seed"),
+        ({"order": "sequential", "repeats": seq}, "use order: interleaved or randomized"),
+    ):
+        with pytest.raises(ConfigError, match=says):
+            config_from_mapping({**raw, "schedule": bad}, check_files=False)

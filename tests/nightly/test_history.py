@@ -354,11 +354,11 @@ def test_the_machine_goes_from_the_manifest_to_the_history_and_a_version_3_file_
     run = _run(tmp_path)
     assert night_from_run(run).machine is None  # make_run writes no machine: unknown
     m = read_manifest(run)
-    m.machine = MachineInfo(model="NVIDIA H200", gpu_uuids=["GPU-a1", "GPU-b2"])
+    m.machine = MachineInfo(model="NVIDIA H200", gpu_uuids=["GPU-a1", "GPU-b2"], driver="550.1")
     write_manifest(run, m)
-    assert records.read_json(run / "manifest.json")["schema_version"] == 6
+    assert records.read_json(run / "manifest.json")["schema_version"] == 7
     tonight = night_from_run(run)
-    assert tonight.machine == "NVIDIA H200 [GPU-a1, GPU-b2]"
+    assert tonight.machine == "NVIDIA H200 [GPU-a1, GPU-b2]"  # the driver is not the machine
     path = tmp_path / "h.sqlite"
     with History(path) as h:
         h.record(_night("r1", "2026-01-01T00:00:00Z"))

@@ -944,3 +944,28 @@ def test_job_compares_a_night_with_its_own_machines_nights(tmp_path):
     )
     assert r.window_run_ids == [f"2026010{d}T030000Z-nightly-test" for d in (1, 2, 3)]
     assert [(x["metric"], x["nights"]) for x in a.noise] == [(TPUT, 3)]
+
+
+def test_a_night_whose_cells_ran_on_different_gpus_says_so(tmp_path):
+    """The report's GPU warning (patchbench.analysis.health.gpu_warnings) is a problem of the
+    night: listed in nightly.md and nightly.json; the gates' outcome is unchanged."""
+    from patchbench import records
+
+    run = make_night(tmp_path, 1, *clean(1))
+    for (v, k), uuid in {("baseline", 0): "GPU-a", ("patched", 0): "GPU-b"}.items():
+        p = records.cell_dir(run, v, k) / "cell.json"
+        rec = records.read_json(p)
+        rec["gpu"] = {"devices": [{"index": 0, "uuid": uuid, "power_limit_w": 700.0}]}
+        records.write_json(p, rec)
+    (run / "compare.json").unlink(missing_ok=True)
+    out = nightly_on_run(run, JOB, history=tmp_path / "h.sqlite")
+    said = (
+        "GPU: the timed cells ran on different GPUs (baseline/rep0 on GPU-a; patched/rep0 on "
+        "GPU-b): GPUs of one model differ"
+    )
+    assert [p for p in out.problems if p.startswith("GPU: ")][0].startswith(said)
+    assert out.exit_code == 0 and out.outcome == "green"
+    assert said in (run / "nightly.md").read_text()
+    assert any(
+        p.startswith(said) for p in json.loads((run / "nightly.json").read_text())["problems"]
+    )

@@ -425,7 +425,7 @@ def test_dry_run_prints_plan_and_launches_nothing(fake_env, tmp_path, capsys):
             BASIC.replace(
                 "    schedule: {repeats: 2}\n", "    schedule: {repeats: 2, order: zigzag}\n"
             ),
-            r"cfg.yaml:\d+: key 'schedule.order': Input should be 'interleaved' or 'sequential'",
+            r"cfg.yaml:\d+: key 'schedule.order': Input should be 'interleaved', 'sequential' or 'randomized'",
         ),
         (
             BASIC.replace("    schedule: {repeats: 2}\n", "    schedule: {repeats: two}\n"),

@@ -266,14 +266,123 @@ def test_the_machine_is_the_gpus_the_run_sees_else_the_cpu_and_its_host():
 
     a, b = dict(H200, uuid="GPU-aaaa-1"), dict(H200, uuid=b"GPU-bbbb-2")
     nv = open_nvml(FakeSettings(a, b, {"name": "NVIDIA H200"}))  # the third: no UUID reported
-    both = [("NVIDIA H200", "GPU-aaaa-1"), ("NVIDIA H200", "GPU-bbbb-2")]
+    both = [(0, "NVIDIA H200", "GPU-aaaa-1"), (1, "NVIDIA H200", "GPU-bbbb-2")]
     assert nv.devices() == nv.devices("") == both
     assert nv.devices("1") == [both[1]] and nv.devices("GPU-bbbb, 0, 7") == [both[1], both[0]]
     m = machine_info(nv, "1", "node-7")
     assert (m.model, m.gpu_uuids, m.hostname) == ("NVIDIA H200", ["GPU-bbbb-2"], None)
-    assert m.key == "NVIDIA H200 [GPU-bbbb-2]"
+    assert m.key == "NVIDIA H200 [GPU-bbbb-2]" and m.driver is None  # not reported
+    nv.nv.nvmlSystemGetDriverVersion = lambda: b"550.54.15"
+    m = machine_info(nv, "1", "node-7")
+    # the driver is recorded but not part of the key: an update keeps the machine's nights
+    assert m.driver == "550.54.15" and m.key == "NVIDIA H200 [GPU-bbbb-2]"
     assert machine_info(nv, None, "node-7").key == "NVIDIA H200 [GPU-aaaa-1, GPU-bbbb-2]"
     cpu = machine_info(None, "1", "node-7")
     assert (cpu.model, cpu.gpu_uuids, cpu.hostname) == (cpu_model(), [], "node-7")
     assert cpu.key == f"{cpu_model()} on node-7"
     assert machine_info(nv, "5", "node-7").key == cpu.key  # NVML names none it sees
+
+
+class FakeGpus(FakeSettings):
+    """:class:`FakeSettings` that also samples: every reading the same, each GPU's processes
+    its dict's ``pids``, the driver 550.54.15."""
+
+    NVML_TEMPERATURE_GPU = 0
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h):
+        return 0
+
+    def nvmlDeviceGetClockInfo(self, h, kind):
+        return 1980
+
+    def nvmlDeviceGetTemperature(self, h, _):
+        return 50
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return 400000
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return [type("P", (), {"pid": p})() for p in h.get("pids", [])]
+
+    def nvmlSystemGetDriverVersion(self):
+        return b"550.54.15"
+
+
+def test_a_cell_records_the_gpus_it_used_with_driver_clocks_and_power_limit():
+    a = dict(H200, uuid="GPU-aaaa-1", pids=[90001])
+    b = dict(H200, uuid="GPU-bbbb-2", pids=[41], app={1: 1500, 2: 3201}, limit_mw=500000)
+    c = {"name": "NVIDIA H200", "uuid": "GPU-cccc-3"}  # reports neither clocks nor power limit
+    s = GpuSampler(open_nvml(FakeGpus(a, b, c)), ours=lambda: {41})
+    s.sample_once()
+    out = s.summary()
+    assert out.driver == "550.54.15"
+    assert [d.model_dump() for d in out.devices] == [
+        {
+            "index": 1,
+            "uuid": "GPU-bbbb-2",
+            "name": "NVIDIA H200",
+            "applications_clocks_mhz": {"sm": 1500, "mem": 3201},
+            "max_clocks_mhz": {"sm": 1980, "mem": 3201},
+            "power_limit_w": 500.0,
+        }
+    ]
+    assert out.devices[0].settings() == "500 W, SM 1500 MHz, memory 3201 MHz"
+    # NVML never lists one of ours (another pid namespace): the GPUs the server sees
+    s = GpuSampler(open_nvml(FakeGpus(a, b, c)), ours=lambda: {7}, visible="GPU-cccc")
+    s.sample_once()
+    (d,) = s.summary().devices
+    assert (d.index, d.uuid, d.power_limit_w) == (2, "GPU-cccc-3", None)
+    assert d.settings() == "? W, SM ? MHz, memory ? MHz"
+    s.visible = None
+    assert [d.index for d in s.summary().devices] == [0, 1, 2]
+
+
+def _devices(uuid="GPU-aaaa-1", watts=700.0, sm=1980):
+    return {
+        "samples_count": 3,
+        "driver": "550.54.15",
+        "devices": [
+            {
+                "index": 0,
+                "uuid": uuid,
+                "name": "NVIDIA H200",
+                "applications_clocks_mhz": {"sm": sm, "mem": 3201},
+                "max_clocks_mhz": {"sm": 1980, "mem": 3201},
+                "power_limit_w": watts,
+            }
+        ],
+    }
+
+
+def test_report_flags_cells_on_different_gpus_or_gpu_settings(tmp_path, monkeypatch):
+    from patchbench.analysis.build import build_comparison
+
+    same = {(v, k): _devices() for v in ("baseline", "patched") for k in (0, 1)}
+    cmp = build_comparison(_run_with(tmp_path / "same", monkeypatch, same))
+    assert cmp.run.host.gpu_warnings == []
+    assert "gpu_warnings" not in cmp.model_dump(mode="json")["run"]["host"]
+    moved = dict(same)
+    moved[("patched", 1)] = _devices(uuid="GPU-bbbb-2")
+    moved[("baseline", 1)] = _devices(watts=500.0, sm=1500)
+    cmp = build_comparison(_run_with(tmp_path / "moved", monkeypatch, moved))
+    assert cmp.run.host.gpu_warnings == [
+        "the timed cells ran on different GPUs (baseline/rep0, patched/rep0, baseline/rep1 on "
+        "GPU-aaaa-1; patched/rep1 on GPU-bbbb-2): GPUs of one model differ by several percent, "
+        "so speed rows compare GPUs as much as the change; pin the run to one GPU "
+        "(CUDA_VISIBLE_DEVICES)",
+        "GPU-aaaa-1 ran with different power limits or application clocks (700 W, SM 1980 MHz, "
+        "memory 3201 MHz in baseline/rep0, patched/rep0; 500 W, SM 1500 MHz, memory 3201 MHz in "
+        "baseline/rep1): speed rows compare the settings as much as the change; keep them fixed "
+        "during a run",
+    ]
+    text = _render(_run_with(tmp_path / "moved2", monkeypatch, moved))
+    answer = text.split("## Answer\n", 1)[1].split("\n## ", 1)[0]
+    assert "**Warning (GPU): the timed cells ran on different GPUs (baseline/rep0," in answer
+    assert "**Warning (GPU): GPU-aaaa-1 ran with different power limits" in answer
+    block = text.split("## GPU\n", 1)[1].split("\n## ", 1)[0]
+    assert (
+        block.strip().splitlines()[0]
+        == "no throttling and no foreign process in the 4 sampled cell(s)"
+    )
+    assert "**The timed cells ran on different GPUs (" in block
+    assert "**GPU-aaaa-1 ran with different power limits" in block

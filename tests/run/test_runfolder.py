@@ -170,7 +170,7 @@ def test_a_manifest_the_run_wrote_reads_and_writes_back_key_for_key(case, tmp_pa
     runfolder.write_manifest(tmp_path, m)
     back = json.loads((tmp_path / "manifest.json").read_text())
     back.pop("migrated_from")
-    assert back.pop("schema_version") == runfolder.MANIFEST_SCHEMA == 6
+    assert back.pop("schema_version") == runfolder.MANIFEST_SCHEMA == 7
     assert "machine" not in back  # unknown in these runs (manifest 6): not written
     raw.pop("schema_version")
     # a key added to the host since (manifest 5): unknown in these runs
@@ -310,3 +310,24 @@ def test_the_host_facts_added_later_read_as_unknown_in_older_files_and_round_tri
     )
     m = runfolder.read_manifest(tmp_path)
     assert m.migrated_from == 4 and (m.host.cpu_count, m.host.cpu_usable) == (8, None)
+
+
+def test_the_gpu_identity_added_later_reads_as_unknown_in_older_files(tmp_path):
+    """cell.json 5 adds ``gpu.driver`` and ``gpu.devices``, manifest.json 7 ``machine.driver``:
+    a version-4 cell and a version-6 manifest read with them unknown."""
+    gpu = {"samples_count": 2, "gpus": [], "flags": [], "notes": []}
+    records.write_json(
+        tmp_path / "cell.json",
+        {"schema_version": 4, "variant": "a", "repeat": 0, "server": {}, "gpu": gpu},
+    )
+    old = runfolder.read_cell(tmp_path)
+    assert old.migrated_from == 4 and (old.gpu.driver, old.gpu.devices) == (None, [])
+    machine = {"model": "NVIDIA H200", "gpu_uuids": ["GPU-aaaa-1"], "hostname": None}
+    records.write_json(
+        tmp_path / "manifest.json",
+        {"schema_version": 6, "run_id": "r", "config": {**CONFIG, "variants": {"a": []}}}
+        | {"machine": machine},
+    )
+    m = runfolder.read_manifest(tmp_path)
+    assert m.migrated_from == 6 and m.machine.driver is None
+    assert m.machine.key == "NVIDIA H200 [GPU-aaaa-1]"

@@ -36,6 +36,33 @@ def test_bad_plans_are_refused(bad):
         plan_cells(**bad)
 
 
+@pytest.mark.parametrize("variants", [["a", "b"], ["a", "b", "c"], list("abcde")])
+def test_randomized_rounds_put_each_variant_once_in_each_position_per_block(variants):
+    from patchbench.run.plan import randomized_rounds
+
+    V = len(variants)
+    orders = set()
+    for seed in range(20):
+        rounds = randomized_rounds(variants, 3 * V + 1, seed)
+        assert all(sorted(r) == variants for r in rounds)
+        for b in range(3):
+            block = rounds[b * V : (b + 1) * V]
+            assert all(sorted(col) == variants for col in zip(*block, strict=True))
+        # a prefix is the same plan: a sequential run that stops early, a resume
+        assert randomized_rounds(variants, 2, seed) == rounds[:2]
+        orders.add(tuple(map(tuple, rounds)))
+    assert len(orders) > 5  # the seed draws the order (V = 2, 7 rounds: 16 orders possible)
+    # pinned: a resumed run must plan the order its first invocation planned
+    assert randomized_rounds(["a", "b", "c"], 4, 5) == [
+        ["b", "c", "a"],
+        ["c", "a", "b"],
+        ["a", "b", "c"],
+        ["a", "b", "c"],
+    ]
+    cells = plan_cells(["a", "b"], 2, "randomized", seed=0)
+    assert [f"{c.variant}{c.repeat}" for c in cells] == ["a0", "b0", "b1", "a1"]
+
+
 def test_eta_is_the_median_finished_cell_times_cells_left():
     from patchbench.run.progress import eta_by_suite
 
@@ -97,7 +124,9 @@ def test_progress_eta_uses_the_plan_and_skips_seen_cells():
 
 
 # ---------------------------------------------------------------------------------- per-suite rounds
+import hashlib  # noqa: E402
 import importlib.metadata  # noqa: E402
+import shutil  # noqa: E402
 import textwrap  # noqa: E402
 
 import tests.fake_server.fake_suites  # noqa: E402,F401 - registers the fake suites
@@ -106,7 +135,7 @@ from patchbench.config.schema import parse_rounds, resolve_rounds  # noqa: E402
 from patchbench.errors import ConfigError  # noqa: E402
 from patchbench.records import read_json  # noqa: E402
 from patchbench.run import bench  # noqa: E402
-from patchbench.run.plan import describe_plan  # noqa: E402
+from patchbench.run.plan import describe_plan, randomized_rounds  # noqa: E402
 from patchbench.suite import MetricInfo, Suite, SuiteResult, register  # noqa: E402
 from tests.fake_server.fake_suites import InstrParams  # noqa: E402
 
@@ -232,3 +261,44 @@ def test_progress_log_lines_are_not_wrapped_in_a_log():
     )
     p.log(msg)
     assert con.export_text().splitlines() == [msg]
+
+
+@pytest.mark.needs_sglang  # loads a release environment / torch
+def test_a_randomized_run_records_its_seed_runs_the_plan_and_resumes_it(fake_env, tmp_path):
+    from patchbench.run.plan import plan
+
+    model = tmp_path / "model"
+    model.mkdir()
+    p = tmp_path / "cfg.yaml"
+    p.write_text(
+        textwrap.dedent(f"""\
+        name: random-test
+        sglang: "{importlib.metadata.version("sglang")}"
+        model: {{path: "{model}"}}
+        server: {{port: 31993, ready_timeout_s: 30, stop_grace_s: 3, flush_retries: 2,
+                  flush_pause_s: 0.1}}
+        variants: {{baseline: [], b: [], c: []}}
+        schedule: {{repeats: 3, order: randomized}}
+        suites: {{fake: {{n: 1}}}}
+        """)
+    )
+    cfg = load_config(p)
+    seed = cfg.schedule.seed  # derived from the name and the variants
+    assert seed == int(hashlib.sha256(b"random-test\0baseline\0b\0c").hexdigest()[:8], 16)
+    order = [(c.variant, c.repeat) for c in plan(cfg)]
+    assert order == [
+        (v, k) for k, r in enumerate(randomized_rounds(["baseline", "b", "c"], 3, seed)) for v in r
+    ]
+    assert f"schedule   3 repeat(s), randomized (seed {seed}): " in describe_plan(cfg)
+    run_dir = bench.run_bench(p, results_root=tmp_path / "results", launch_spec=fake_env)
+    man = read_json(run_dir / "manifest.json")
+    assert man["config"]["schedule"]["seed"] == seed
+    assert [(c["variant"], c["repeat"]) for c in man["cells"]] == order
+    assert list(fake_env.seen) == [f"{v}/rep{k}" for v, k in order]
+    assert read_json(run_dir / "compare.json")["order"] == "randomized"
+    # a resume runs only the missing cell, under the same seed
+    v, k = order[4]
+    shutil.rmtree(run_dir / v / f"rep{k}")
+    fake_env.seen.clear()
+    bench.run_bench(p, resume=run_dir, launch_spec=fake_env)
+    assert list(fake_env.seen) == [f"{v}/rep{k}"]

@@ -378,3 +378,27 @@ def test_nightly_quiet_only_rows_gate_the_same_quiet_nights_as_the_full_rows():
         full.nights,
     )
     assert math.isnan(quiet.patch_within) and math.isnan(quiet.stock_within)
+
+
+def test_order_table_interleaved_misleads_under_a_period_of_two_rounds(cal, capsys):
+    """Every 8th cell 10 % slow at a tiny run CV, 4 variants: interleaved slows the baseline
+    in every even round (it opens them), so the A/A variant looks faster in every trial; the
+    table prints one row per period and order."""
+    rc = cal.main(
+        [
+            "--order-only",
+            "--periods",
+            "8",
+            "--repeats",
+            "8",
+            "--trials",
+            "2",
+            "--target-cv",
+            "0.001",
+        ]
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 0 and out[0] == "Run CV 0.1%, 8 repeats, every P-th cell 10% slower:"
+    assert out[-2].startswith("| 8 | interleaved | 2 | ")
+    assert out[-2].split(" | ")[4].startswith("100.0% [")  # the A/A variant
+    assert out[-1].startswith("| 8 | randomized | 2 | ")

@@ -92,6 +92,29 @@ def test_drift_is_shared_by_the_arms_in_the_interleaved_order():
     assert d.sum() == pytest.approx(0.0, abs=1e-9)
 
 
+def test_the_periodic_disturbance_slows_every_pth_cell_of_the_runs_order():
+    n, slow = 4, math.log1p(0.10)
+    for order, seed in (("interleaved", 0), ("randomized", 11)):
+        m = model.Model(run_cv=1e-12, period=3, period_slow=0.10, order=order)
+        s_d, s_p, _ = model.run_shocks(np.random.default_rng(0), m, VS, n, seed)
+        pos = model.run_position(VS, n, order, seed)
+        np.testing.assert_allclose(s_d, slow * (pos % 3 == 0), atol=1e-9)
+        np.testing.assert_allclose(s_p, s_d, atol=1e-9)
+    # interleaved, period 8 (two rounds of four): the baseline opens every even round, so it
+    # alone is slowed (rounds 0 and 2); randomized slows two different variants in each block
+    # of four rounds (a variant opens one round of a block)
+    m = model.Model(run_cv=1e-12, period=8, period_slow=0.10)
+    s_d = model.run_shocks(np.random.default_rng(0), m, VS, n)[0].reshape(len(VS), n)
+    assert [round(float(x.sum() / slow), 6) for x in s_d] == [2.0, 0.0, 0.0, 0.0]
+    hit = model.run_position(VS, 8, "randomized", 3).reshape(len(VS), 8) % 8 == 0
+    for b in (0, 1):
+        assert sorted(hit[:, 4 * b : 4 * b + 4].sum(axis=1).tolist()) == [0, 0, 1, 1]
+    assert model.parse_noise(["period:3"]) == {"period": 3}
+    for bad in ("period:0", "period:2.5"):
+        with pytest.raises(ValueError, match="whole number of cells"):
+            model.parse_noise([bad])
+
+
 def test_unequal_noise_doubles_the_noisy_variants_run_cv():
     s_d, _ = _shocks(repeats=20000, run_cv=0.03, noisy_factor=2.0)
     sd = {v: np.std(s_d[i * 20000 : (i + 1) * 20000]) for i, v in enumerate(VS)}

@@ -33,7 +33,14 @@ other run noise, one :class:`Model` field each (``--noise`` of tools/calibrate.p
   ``patchbench.run.plan`` orders them) and ``V`` the variants: a slow-down of ``drift`` per round
   shared by the arms;
 - ``noisy_factor``: the run-level shocks of ``noisy_variant``'s cells are this many times wider
-  (2: a patch that doubles the run-to-run CV).
+  (2: a patch that doubles the run-to-run CV);
+- ``period``: a periodic disturbance: every time of the cells at positions 0, ``period``,
+  2 ``period``, ... of the run's order is multiplied by ``1 + period_slow`` (a job on the host
+  that recurs every ``period`` cells).
+
+The run's order is ``order`` (``schedule.order``: interleaved, or randomized with a seed drawn
+per trial from its seed sequence, :func:`patchbench.run.plan.plan_cells`); it moves the drift
+and the periodic disturbance only.
 
 The abnormal cell and its size are drawn from a child of the trial's seed sequence, so the rest
 of the trial is the same draw as without it.
@@ -109,6 +116,9 @@ class Model:
     drift: float = 0.0
     noisy_variant: str = EFFECT_VARIANT
     noisy_factor: float = 1.0
+    period: int = 0
+    period_slow: float = 0.05
+    order: str = "interleaved"
 
     @property
     def noise_label(self) -> str:
@@ -123,6 +133,8 @@ class Model:
             parts.append(f"drift {100 * self.drift:+g}%/round")
         if self.noisy_factor != 1.0:
             parts.append(f"{self.noisy_variant} run CV x{self.noisy_factor:g}")
+        if self.period:
+            parts.append(f"every {self.period:g}th cell {100 * self.period_slow:g}% slow")
         return ", ".join(parts)
 
 
@@ -132,6 +144,7 @@ NOISE = {
     "outlier": ("outlier_p", 0.2),
     "drift": ("drift", 0.005),
     "unequal": ("noisy_factor", 2.0),
+    "period": ("period", 2),
 }
 
 
@@ -157,6 +170,10 @@ def parse_noise(texts: list[str]) -> dict[str, float]:
             raise ValueError(f"{text!r}: the outlier chance lies in [0, 1]")
         if name == "unequal" and not x > 0:
             raise ValueError(f"{text!r}: the CV factor must be positive")
+        if name == "period":
+            if not (x >= 1 and x == int(x)):
+                raise ValueError(f"{text!r}: the period is a whole number of cells >= 1")
+            x = int(x)
         out[field_] = x
     return out
 
@@ -173,6 +190,8 @@ class Trial:
     metrics: dict[tuple[str, int], dict[str, dict[str, float]]] = field(default_factory=dict)
     correct: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
     abnormal: tuple[str, int] | None = None
+    order: str = "interleaved"
+    order_seed: int = 0
 
     def values(self, variant: str, suite: str, metric: str) -> np.ndarray:
         """Per-repeat values of one metric, shape (repeats,)."""
@@ -198,11 +217,12 @@ def simulate(
     base_ok = rng.random(m.questions) < m.accuracy
     fragile = rng.random(m.questions) < m.fragile
     scale = np.repeat([1.0 / (1.0 + speedup.get(v, 0.0)) for v in vs], repeats)
-    s_d, s_p, abnormal = run_shocks(rng, m, vs, repeats)
+    seed = order_seed(rng) if m.order == "randomized" else 0
+    s_d, s_p, abnormal = run_shocks(rng, m, vs, repeats, seed)
     cols = _serving_columns(m, *_request_times(rng, m, scale, prompt, (s_d, s_p)))
     flips = rng.random((C, m.questions)) < 0.5
     correct = np.where(fragile[None, :], flips, base_ok[None, :])
-    tr = Trial(run_id, repeats, vs)
+    tr = Trial(run_id, repeats, vs, order=m.order, order_seed=seed)
     if abnormal is not None:
         tr.abnormal = (vs[abnormal // repeats], abnormal % repeats)
     for i, v in enumerate(vs):
@@ -225,22 +245,31 @@ def _shock(rng: np.random.Generator, m: Model, size: int) -> np.ndarray:
     return rng.standard_t(m.tail_df, size) * m.run_cv / math.sqrt(m.tail_df / (m.tail_df - 2))
 
 
-def run_position(variants: list[str], repeats: int) -> np.ndarray:
-    """Each cell's position in the run (variant-major cells, shape (variants x repeats,)): round
-    k runs the variants in order when k is even and reversed when odd (the interleaved order of
-    ``patchbench.run.plan`` and of the calibration's run folders)."""
-    V = len(variants)
-    k = np.tile(np.arange(repeats), V)
-    i = np.repeat(np.arange(V), repeats)
-    return k * V + np.where(k % 2 == 0, i, V - 1 - i)
+def order_seed(rng: np.random.Generator) -> int:
+    """A randomized order's seed for the trial drawn by ``rng``: from its seed sequence, so no
+    draw of the trial changes."""
+    return int(rng.bit_generator.seed_seq.generate_state(1)[0])
+
+
+def run_position(
+    variants: list[str], repeats: int, order: str = "interleaved", seed: int = 0
+) -> np.ndarray:
+    """Each cell's position in the run (variant-major cells, shape (variants x repeats,)) in
+    ``patchbench.run.plan``'s ``order`` (interleaved: round k runs the variants in order when k
+    is even and reversed when odd; randomized: drawn from ``seed``)."""
+    from patchbench.run.plan import plan_cells
+
+    pos = {(c.variant, c.repeat): c.index for c in plan_cells(variants, repeats, order, seed=seed)}
+    return np.array([pos[(v, k)] for v in variants for k in range(repeats)])
 
 
 def run_shocks(
-    rng: np.random.Generator, m: Model, variants: list[str], repeats: int
+    rng: np.random.Generator, m: Model, variants: list[str], repeats: int, seed: int = 0
 ) -> tuple[np.ndarray, np.ndarray, int | None]:
     """The run-level log shocks of every cell (variant-major, shape (variants x repeats,) each):
     (decode ``s_d``, prefill ``s_p``, the abnormal cell's index or None); every time of a cell is
-    multiplied by ``exp`` of them (the module docstring has the noise models). The Gaussian model
+    multiplied by ``exp`` of them (the module docstring has the noise models; ``seed``: a
+    randomized order's). The Gaussian model
     draws exactly what it always drew: ``s_d ~ N(0, run_cv)``, ``s_p = 0.5 s_d + sqrt(0.75)
     N(0, run_cv)``."""
     C = len(variants) * repeats
@@ -250,8 +279,11 @@ def run_shocks(
         f = np.repeat([m.noisy_factor if v == m.noisy_variant else 1.0 for v in variants], repeats)
         s_d, s_p = s_d * f, s_p * f
     extra, abnormal = np.zeros(C), None
+    pos = run_position(variants, repeats, m.order, seed) if m.drift or m.period else None
     if m.drift:
-        extra += math.log1p(m.drift) * run_position(variants, repeats) / len(variants)
+        extra += math.log1p(m.drift) * pos / len(variants)
+    if m.period:
+        extra += math.log1p(m.period_slow) * (pos % m.period == 0)
     if m.outlier_p:
         aux = np.random.default_rng(rng.bit_generator.seed_seq.spawn(1)[0])
         hit, cell, slow = aux.random() < m.outlier_p, aux.integers(C), aux.uniform(*m.outlier_slow)
@@ -323,4 +355,5 @@ def truncate(tr: Trial, n: int) -> Trial:
     out.metrics = {key: x for key, x in tr.metrics.items() if key[1] < n}
     out.correct = {key: x for key, x in tr.correct.items() if key[1] < n}
     out.abnormal = tr.abnormal if tr.abnormal is not None and tr.abnormal[1] < n else None
+    out.order, out.order_seed = tr.order, tr.order_seed
     return out

@@ -29,6 +29,7 @@ from patchbench import suite as suite_mod
 from patchbench.analysis import build as analysis
 from patchbench.analysis.comparison import CompareSettings, Comparison
 from patchbench.analysis.rundata import RunData
+from patchbench.run.plan import plan_cells
 from patchbench.runfolder import CellRecord, RunManifest, SuiteSummary
 from tools.calibration.model import (
     BASELINE,
@@ -56,7 +57,8 @@ def _config(tr: Trial, settings: CompareSettings, plan: SeqPlan | None = None) -
         "baseline": BASELINE,
         "schedule": {
             "repeats": tr.repeats if plan is None else schedule_of(plan),
-            "order": "interleaved",
+            "order": tr.order,
+            **({"seed": tr.order_seed} if tr.order == "randomized" else {}),
         },
         "suites": {s: {} for s in SUITES},
         "compare": settings.model_dump(mode="json"),
@@ -87,10 +89,8 @@ def run_data(
     def ran(s: str, k: int) -> bool:
         return s != "mmmu" or k in mmmu_ks
 
-    cells_meta = []
-    for k in range(tr.repeats):
-        order = tr.variants if k % 2 == 0 else list(reversed(tr.variants))
-        cells_meta += [{"variant": v, "repeat": k, "status": "ok"} for v in order]
+    cells = plan_cells(tr.variants, tr.repeats, tr.order, seed=tr.order_seed)
+    cells_meta = [{"variant": c.variant, "repeat": c.repeat, "status": "ok"} for c in cells]
     man = RunManifest(run_id=tr.run_id, config=_config(tr, settings, plan), cells=cells_meta)
     aa = [v for v in tr.variants[1:] if man.config.is_aa(v)]
     cells = {
