@@ -161,7 +161,10 @@ def test_plan_shares_the_concurrency_and_keeps_one_prompt_list(tmp_path):
     )
     assert a1[a1.index("--output-file") + 1] == str(tmp_path / "client1" / "result.jsonl")
     assert a0[:4] == a1[:4] == ["--num-prompts", "8", "--seed", "1"]
-    assert outputs == [tmp_path / "client1" / "stdout.txt", tmp_path / "client1" / "stderr.txt"]
+    assert outputs == [
+        tmp_path / f"client{k}" / f for k in (0, 1) for f in ("stdout.txt", "stderr.txt")
+    ]
+    assert cl.plan(argv, tmp_path, 1)[1] == []  # one process: run_tool's own stdout and stderr
     with pytest.raises(ValueError, match="unexpected bench_serving command"):
         cl.plan(["py", "x.py"], tmp_path, 1)
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from patchbench.records import write_json
+from patchbench.records import write_json, write_jsonl
 
-from .parse import DETAIL_KEYS
+from .parse import DETAIL_KEYS, read_result_line
 from .validity import recompute_from_details
 
 #: the client-side script that runs and watches bench_serving
@@ -43,8 +43,8 @@ def plan(argv: list[str], out_dir: Path, n: int) -> tuple[list[str], list[Path]]
     """Write ``out_dir``/clients.json, the plan of ``clientwatch.py`` for the bench_serving
     command ``argv`` (``python -m sglang.bench_serving ...``) run by ``n`` processes (each its
     share of ``--max-concurrency`` and its own ``--output-file`` in ``out_dir``/client<k>/ when
-    ``n`` > 1); (the command that runs it, the files its processes write besides stdout/stderr).
-    ValueError for another command."""
+    ``n`` > 1); (the command that runs it, the processes' own stdout and stderr files when
+    ``n`` > 1). ValueError for another command."""
     if argv[1:3] != ["-m", "sglang.bench_serving"]:
         raise ValueError(f"unexpected bench_serving command {argv[:3]}")
     args = list(argv[3:])
@@ -69,8 +69,8 @@ def plan(argv: list[str], out_dir: Path, n: int) -> tuple[list[str], list[Path]]
             clients.append({"argv": a, "dir": str(d)})
     path = out_dir / "clients.json"
     write_json(path, {"module": argv[2], "barrier": str(barrier), "clients": clients})
-    outputs = [Path(c["dir"]) / f for c in clients[1:] for f in ("stdout.txt", "stderr.txt")]
-    return [argv[0], str(SCRIPT), str(path)], outputs
+    outputs = [Path(c["dir"]) / f for c in clients for f in ("stdout.txt", "stderr.txt")]
+    return [argv[0], str(SCRIPT), str(path)], outputs if n > 1 else []
 
 
 def records(out_dir: Path, n: int) -> list[dict] | None:
@@ -109,13 +109,12 @@ def process_state(rec: dict, concurrency: int | None, rate: float) -> dict[str, 
     lags = np.array(send_lags(rec["requests"], rec["gaps_s"], concurrency, rate)) * 1000
     sent = sorted(r[1] for r in rec["requests"] if r[1] is not None)
     loop = np.array(rec["loop_lag_s"] or [0.0]) * 1000
+    gap = (sent[-1] - sent[0]) / (len(sent) - 1) * 1000 if len(sent) > 1 else None
     st: dict[str, Any] = {
         "requests": len(rec["requests"]),
         "send_lag_median_ms": float(np.median(lags)) if lags.size else None,
         "send_lag_p99_ms": float(np.percentile(lags, 99)) if lags.size else None,
-        "send_gap_mean_ms": (sent[-1] - sent[0]) / (len(sent) - 1) * 1000
-        if len(sent) > 1
-        else None,
+        "send_gap_mean_ms": gap,
         "loop_lag_median_ms": float(np.median(loop)),
         "loop_lag_p99_ms": float(np.percentile(loop, 99)),
         "loop_lag_max_ms": float(loop.max()),
@@ -125,7 +124,7 @@ def process_state(rec: dict, concurrency: int | None, rate: float) -> dict[str, 
     }
     why = []
     burst = math.isinf(rate) and concurrency is None
-    lag, gap = st["send_lag_median_ms"], st["send_gap_mean_ms"]
+    lag = st["send_lag_median_ms"]
     if not burst and lag is not None and gap and lag > SEND_LAG_SHARE * gap:
         why.append(
             f"median send lag {lag:.3g} ms above {SEND_LAG_SHARE:.0%} of the mean gap between "
@@ -156,6 +155,16 @@ def client_state(recs: list[dict], concurrency: int | None, rate: float) -> dict
     starts = [r["start"] for r in recs]
     out["start_skew_ms"] = (max(starts) - min(starts)) * 1000
     return out
+
+
+def merge_point(out_dir: Path, n: int) -> None:
+    """``out_dir``/result.jsonl merged (:func:`merge_rows`) from the ``n`` processes' files in
+    ``out_dir``/client<k>/; ValueError (a :class:`.parse.ResultError` too) naming what is missing."""
+    recs = records(out_dir, n)
+    if recs is None:
+        raise ValueError("a client process wrote no client.json")
+    rows = [read_result_line(Path(out_dir) / f"client{k}" / "result.jsonl") for k in range(n)]
+    write_jsonl(Path(out_dir) / "result.jsonl", [merge_rows(rows, recs)])
 
 
 def merge_rows(rows: list[dict], recs: list[dict]) -> dict[str, Any]:

@@ -1,20 +1,11 @@
-"""The client's own state during bench_serving's measured run, recorded from inside its process:
+"""The client's own state during bench_serving's measured run, recorded inside its process:
 ``python clientwatch.py <plan.json> [<client>]`` (docs/serving.md, "Is the client the bottleneck?").
 
-Run with the variant's client python; standard library only, besides the release's asyncio client
-(aiohttp). Nothing of sglang is edited: :func:`watch` wraps ``asyncio.run`` (a ``benchmark(...)``
-coroutine gets a task factory, a loop-lag monitor and, for client ``k`` of ``n``, its slice
-``input_requests[k::n]`` of the one sampled prompt list), ``asyncio.sleep`` (the gaps the
-release's ``get_request`` draws) and ``aiohttp.ClientSession`` (a trace of each request's start).
-The measured run starts at the first step of ``get_request`` (after the warmup; several clients
-wait there for each other) and its requests are the ``limited_request_func`` tasks made after it.
-
-Plan: ``{"module", "barrier", "clients": [{"argv", "dir"}]}``. One client runs in this process
-(its fds as given); with several, this process starts one child per client (fds 1 and 2 into its
-``dir``/stdout.txt, stderr.txt), waits for all and exits with the first non-zero code (the others
-stopped). Each client writes ``dir``/client.json: ``{"part": [k, n], "indices", "requests":
-[[created, sent, done] s after the start], "gaps_s", "loop_lag_s", "cpu_s", "wall_s", "start",
-"burn_ms"}`` (``start``: CLOCK_MONOTONIC seconds, shared by the processes of one machine)."""
+Standard library only, besides the release's aiohttp; sglang is not edited. Plan: ``{"module",
+"barrier", "clients": [{"argv", "dir"}]}``: one client runs in this process; with several, one
+child each (fds 1 and 2 into its ``dir``), the exit code the first non-zero one. Each client
+writes ``dir``/client.json: ``{"part": [k, n], "indices", "requests": [[made, sent, ended] s after
+the start], "gaps_s", "loop_lag_s", "cpu_s", "wall_s", "start" (CLOCK_MONOTONIC s), "burn_ms"}``."""
 
 from __future__ import annotations
 
@@ -38,21 +29,20 @@ BARRIER_TIMEOUT_S = 600.0
 
 
 class Watch:
-    """The records of one client (see the module docstring); ``part`` = (k, n)."""
+    """One client's records (the module docstring); ``part`` = (k, n) of the plan's clients."""
 
     def __init__(self, part: tuple[int, int] = (0, 1), barrier: Path | None = None) -> None:
         self.part, self.barrier = part, barrier
         self.start: float | None = None
-        self.cpu0 = self.cpu1 = self.end = 0.0
+        self.indices: list[int] | None = None
         self.requests: list[list[float | None]] = []
         self.by_task: dict[asyncio.Task, list[float | None]] = {}
-        self.gaps: list[float] = []
+        self.gaps_s: list[float] = []
         self.lags: list[tuple[float, float]] = []
-        self.indices: list[int] | None = None
         self.burn_ms = float(os.environ.get(BURN_ENV) or 0)
 
     def begin(self) -> None:
-        """The measured run starts: wait for the other clients, then note time and CPU."""
+        """The measured run starts: wait for the other clients, then note the time and CPU."""
         k, n = self.part
         if self.barrier is not None and n > 1:
             self.barrier.mkdir(parents=True, exist_ok=True)
@@ -60,8 +50,8 @@ class Watch:
             until = time.monotonic() + BARRIER_TIMEOUT_S
             while len(list(self.barrier.glob("ready-*"))) < n and time.monotonic() < until:
                 time.sleep(0.002)
-        self.start, self.cpu0 = time.monotonic(), time.process_time()
-        self.end, self.cpu1 = self.start, self.cpu0
+        self.start = self.end = time.monotonic()
+        self.cpu0 = self.cpu1 = time.process_time()
 
     def task(self, loop, coro, **kw):
         """The loop's task factory: a measured request's coroutine is timed."""
@@ -122,24 +112,24 @@ class Watch:
                 h.cancel()
 
     def record(self) -> dict:
-        """client.json's content (the module docstring)."""
-        return {
-            "part": list(self.part),
-            "indices": self.indices,
-            "requests": self.requests,
-            "gaps_s": self.gaps,
-            "loop_lag_s": [lag for t, lag in self.lags if t <= self.end],
+        """client.json's content."""
+        lags = [lag for t, lag in self.lags if t <= self.end]
+        keys = ("part", "indices", "requests", "gaps_s", "start", "burn_ms")
+        return {k: getattr(self, k) for k in keys} | {
+            "loop_lag_s": lags,
             "cpu_s": self.cpu1 - self.cpu0,
             "wall_s": self.end - self.start,
-            "start": self.start,
-            "burn_ms": self.burn_ms,
         }
 
 
 @contextlib.contextmanager
 def watch(out: Path, part: tuple[int, int] = (0, 1), barrier: Path | None = None):
-    """Inside, a bench_serving run of this process is watched (the module docstring); at the
-    end ``out`` is written when a measured run started (else nothing: no benchmark ran)."""
+    """Inside, bench_serving in this process is watched: ``asyncio.run`` of its ``benchmark``
+    coroutine gets the task factory and the monitor (client k of n keeps ``input_requests[k::n]``),
+    ``asyncio.sleep`` notes the gaps ``get_request`` draws, every ``aiohttp.ClientSession`` traces
+    its requests' start. The measured run starts at the first step of ``get_request`` (after the
+    warmup; the clients wait for each other there); its requests are the ``limited_request_func``
+    tasks made from then on. At the end ``out`` is written if a measured run started."""
     w = Watch(part, barrier)
     run, sleep = asyncio.run, asyncio.sleep
 
@@ -156,7 +146,7 @@ def watch(out: Path, part: tuple[int, int] = (0, 1), barrier: Path | None = None
 
     def gap_sleep(delay, result=None):
         if sys._getframe(1).f_code.co_name == "get_request":
-            w.gaps.append(float(delay))
+            w.gaps_s.append(float(delay))
         return sleep(delay, result)
 
     asyncio.run, asyncio.sleep = watched_run, gap_sleep

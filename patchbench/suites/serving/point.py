@@ -14,14 +14,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from patchbench.records import write_json, write_jsonl
+from patchbench.records import write_json
 from patchbench.run.logscan import log_size, scan_server_log, taint_warning
 from patchbench.run.ports import kill_group
 from patchbench.run.server import tail
 from patchbench.suite import SuiteContext, SuiteError, SuiteResult
 
 from .caveats import WarmupBehaviour, backend_warnings, warmup_behaviour, warmup_warning
-from .clients import client_state, merge_rows, records
+from .clients import client_state, merge_point, records
 from .clients import plan as client_plan
 from .command import build_command, effective_seed, tool_info, wants_chat_template
 from .params import IMAGE_DATASETS, Params
@@ -196,15 +196,10 @@ def run_point(ctx: SuiteContext, params: Params) -> SuiteResult:
         outputs=outputs,
     )
     if rc == 0 and params.clients > 1:
-        n = params.clients
-        recs = records(out, n)
         try:
-            rows = [read_result_line(out / f"client{k}" / "result.jsonl") for k in range(n)]
-            if recs is None:
-                raise ResultError("a client process wrote no client.json")
-            write_jsonl(out / "result.jsonl", [merge_rows(rows, recs)])
-        except (ResultError, ValueError, KeyError) as e:
-            raise SuiteError(f"cannot merge the {n} client processes' results: {e}") from None
+            merge_point(out, params.clients)
+        except (ValueError, KeyError) as e:
+            raise SuiteError(f"cannot merge the client processes' results: {e}") from None
     return finish_point(ctx, params, prep, rc, wall_s, log_offset)
 
 
