@@ -178,9 +178,8 @@ def test_a_client_bound_sweep_point_is_withheld_like_an_undelivered_one():
     keep = {"output_throughput_tok_s": 10.0, "concurrency": 1.0, "completed_count": 4.0}
     fine = SuiteResult(metrics=dict(keep), meta={"client": {"bound": None}})
     why = "the client process used 95% of a core (> 90%)"
-    bound = SuiteResult(
-        metrics={"completed_count": 4.0, "concurrency": 4.0}, meta={"client": {"bound": why}}
-    )
+    # without an achieved concurrency the point counts as delivered: only its client withholds it
+    bound = SuiteResult(metrics={"completed_count": 4.0}, meta={"client": {"bound": why}})
     out = merge_points(params, {1.0: fine, 4.0: bound}, {}, METRICS)
     assert out.meta["sweep"]["points"]["c4"]["client_bound"] is True
     assert out.meta["sweep"]["points"]["c1"]["client_bound"] is False

@@ -137,10 +137,10 @@ def merge_points(
                 )
         bound = (r.meta.get("client") or {}).get("bound")
         if not ok or bound:
-            why = f"the client reached {got:.3g} of the {p:g} asked ({sw.axis}): not delivered"
             if ok:  # its warning is the point's own (.point.finish_point)
                 why = f"client-bound: {bound}"
             else:
+                why = f"the client reached {got:.3g} of the {p:g} asked ({sw.axis}): not delivered"
                 out.warnings.append(f"point {k}: {why}, never judged")
             m = {n: v for n, v in m.items() if n in single and single[n].kind == "descriptive"}
             out.meta.setdefault("not_judged", {}).update(
