@@ -67,6 +67,8 @@ def plan(argv: list[str], out_dir: Path, n: int) -> tuple[list[str], list[Path]]
             d.mkdir(parents=True, exist_ok=True)
             (d / "result.jsonl").unlink(missing_ok=True)
             clients.append({"argv": a, "dir": str(d)})
+    for c in clients:  # a re-run's tool may write none
+        (Path(c["dir"]) / "client.json").unlink(missing_ok=True)
     path = out_dir / "clients.json"
     write_json(path, {"module": argv[2], "barrier": str(barrier), "clients": clients})
     outputs = [Path(c["dir"]) / f for c in clients for f in ("stdout.txt", "stderr.txt")]

@@ -150,25 +150,20 @@ def watch(out: Path, part: tuple[int, int] = (0, 1), barrier: Path | None = None
         return sleep(delay, result)
 
     asyncio.run, asyncio.sleep = watched_run, gap_sleep
-    session = None
-    with contextlib.suppress(ImportError):
-        import aiohttp
+    import aiohttp  # the release's client library
 
-        session = aiohttp.ClientSession
-        trace = aiohttp.TraceConfig()
-        trace.on_request_start.append(w.on_request_start)
+    session, trace = aiohttp.ClientSession, aiohttp.TraceConfig()
+    trace.on_request_start.append(w.on_request_start)
 
-        def traced(*a, **kw):
-            kw["trace_configs"] = [*(kw.get("trace_configs") or []), trace]
-            return session(*a, **kw)
+    def traced(*a, **kw):
+        kw["trace_configs"] = [*(kw.get("trace_configs") or []), trace]
+        return session(*a, **kw)
 
-        aiohttp.ClientSession = traced
+    aiohttp.ClientSession = traced
     try:
         yield w
     finally:
-        asyncio.run, asyncio.sleep = run, sleep
-        if session is not None:
-            aiohttp.ClientSession = session
+        asyncio.run, asyncio.sleep, aiohttp.ClientSession = run, sleep, session
         if w.start is not None:
             Path(out).write_text(json.dumps(w.record()))
 

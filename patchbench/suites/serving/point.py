@@ -516,7 +516,8 @@ def run_points_together(
         f.unlink()
     points = []
     for (k, pdir, _pp), prep in zip(plan, preps, strict=True):
-        (pdir / "point.json").unlink(missing_ok=True)
+        for f in ("point.json", "client.json"):
+            (pdir / f).unlink(missing_ok=True)
         if prep.argv[1:3] != ["-m", "sglang.bench_serving"]:
             raise SuiteError(f"sweep point {k}: unexpected bench_serving command {prep.argv[:3]}")
         points.append({"key": k, "dir": str(pdir), "argv": prep.argv[3:]})
