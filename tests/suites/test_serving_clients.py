@@ -350,6 +350,8 @@ def test_two_processes_merge_to_the_one_process_numbers(
     assert r2["input_len"] == r1["input_len"] and r2["output_len"] == r1["output_len"] == [5] * 8
     # at low load the fake server answers both alike: 50 ms a chunk
     assert m["itl_median_ms"] == pytest.approx(one.metrics["itl_median_ms"], rel=0.2)
-    assert m["output_throughput_tok_s"] == pytest.approx(
-        one.metrics["output_throughput_tok_s"], rel=0.25
-    )
+    # the two processes overlap (sum of E2E / the span above 1 request in flight; a span summed
+    # over the processes would give under 1), within their 2 slots; each keeps its 4 prompts, so
+    # a slow request leaves the other's slot idle at the end (1.6 seen here), where one process's
+    # 2 slots take whichever prompt is next: throughputs are not compared on a shared host
+    assert 1.0 < m["concurrency"] <= 2.0
