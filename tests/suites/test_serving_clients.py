@@ -268,10 +268,10 @@ def _real(tmp_path, server, tiny_model_dir, name, **env):
 
 
 def _params(**kw):
+    kw.setdefault("max_concurrency", 2)
     return Params(
         dataset_name="random-ids",
         num_prompts=8,
-        max_concurrency=2,
         output_len=5,
         random_input_len=8,
         random_range_ratio=1.0,
@@ -306,12 +306,14 @@ def test_an_unthrottled_client_is_not_client_bound(one_process):
 def test_a_throttled_client_is_client_bound(tmp_path, fake_server, tiny_model_dir):
     # 200 ms of CPU burnt in the client's event loop at every turn of a burner task
     ctx = _real(tmp_path, fake_server, tiny_model_dir, "hot", PATCHBENCH_CLIENT_BURN_MS="200")
-    res = run(ctx, _params())
+    res = run(ctx, _params(max_concurrency=4))
     c = res.meta["client"]
-    # every wake-up waits for a burn: a slot freed is taken about 100-200 ms late, against a
-    # mean gap of about 4 x 5 such waits / 2 slots (the CPU share depends on what else this
-    # machine runs: a busy loop descheduled gets less than a core)
+    # every turn of the loop waits for a burn: a request is sent one or two burns after it is
+    # due, and a request's stream takes about seven turns, four of them in flight: the mean gap
+    # between sends is about two burns (the CPU share depends on what else this machine runs: a
+    # busy loop descheduled gets less than a core)
     assert c["bound"] and c["bound"].startswith("median send lag"), c
+    assert c["send_lag_median_ms"] > 0.3 * c["send_gap_mean_ms"], c
     assert c["send_lag_median_ms"] > 100 and c["loop_lag_max_ms"] > 100, c
     assert "output_throughput_tok_s" not in res.metrics
     assert res.meta["not_judged"]["output_throughput_tok_s"].startswith("client-bound: ")
