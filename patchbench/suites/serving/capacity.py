@@ -83,11 +83,16 @@ def previous_bracket(out_dir: Path, repeat: int) -> tuple[float | None, float | 
     return None
 
 
+class ClientBound(Exception):
+    """A probe was client-bound (:mod:`.clients`): the search stops at its load (``args[0]``)."""
+
+
 def run_capacity(ctx: SuiteContext, params: Params) -> SuiteResult:
     """Search this cell's capacity: probes at concurrencies the search picks, the cache flushed
     before each probe after the first, every probe with the round's seed; SuiteError naming the
     probe when bench_serving fails. The capacity is withheld (``meta.not_judged``) when it is
-    beyond the range (">= max") or never met."""
+    beyond the range (">= max"), never met, or a probe was client-bound (answer "client-bound":
+    the search stops there; ``lo`` the highest load met below it)."""
     cap = params.capacity
     assert cap is not None
     seed = round_seed(params.seed, ctx.repeat)
@@ -111,6 +116,9 @@ def run_capacity(ctx: SuiteContext, params: Params) -> SuiteResult:
         write_json(pdir / "summary.json", r.to_json("serving"))
         out.errors.extend(f"probe {k}: {e}" for e in r.errors)
         out.warnings.extend(f"probe {k}: {w}" for w in r.warnings)
+        if bound := (r.meta.get("client") or {}).get("bound"):
+            probes.append({"load": int(c), "score": None, "meets": None, "client_bound": bound})
+            raise ClientBound(int(c))
         a = attainment(json.loads((pdir / "requests.json").read_text()), cap.slo)
         probes.append(
             {"load": int(c), "score": a.score, "meets": a.meets, "per_bound": a.per_bound}
@@ -119,25 +127,33 @@ def run_capacity(ctx: SuiteContext, params: Params) -> SuiteResult:
         )
         return a.score
 
-    s = cap.search(attain, prior=prior, dither=round_dither(seed))
-    out.metrics[PROBES] = float(len(s.probes))
-    out.metrics |= {n: float(v) for n, v in ((MET, s.lo), (FAILED, s.hi)) if v is not None}
-    if s.value is not None:
-        out.metrics[CAPACITY] = float(s.value)
-        out.metrics[CLIFF] = float(s.answer == "cliff")
+    try:
+        s = cap.search(attain, prior=prior, dither=round_dither(seed))
+        answer, lo, hi, value = s.answer, s.lo, s.hi, s.value
+    except ClientBound as e:  # the search stops there; the loads met below it stay
+        answer, hi, value = "client-bound", None, None
+        lo = max((p["load"] for p in probes if p["meets"]), default=None)
+        bound_at = e.args[0]
+    out.metrics[PROBES] = float(len(probes))
+    out.metrics |= {n: float(v) for n, v in ((MET, lo), (FAILED, hi)) if v is not None}
+    if value is not None:
+        out.metrics[CAPACITY] = float(value)
+        out.metrics[CLIFF] = float(answer == "cliff")
     else:
-        why = (
-            f">= {cap.max}: the SLO is met at the search's maximum (a bound, not a value)"
-            if s.answer == "beyond"
-            else f"never met: the SLO fails at concurrency {cap.min}"
+        why = {
+            "beyond": f">= {cap.max}: the SLO is met at the search's maximum (a bound, not a value)",
+            "never": f"never met: the SLO fails at concurrency {cap.min}",
+        }.get(answer) or (
+            f"not searched past concurrency {bound_at}: its probe was client-bound (neither "
+            "meets nor fails the SLO)" + (f"; the SLO is met at {lo:g}" if lo is not None else "")
         )
         out.meta["not_judged"] = {CAPACITY: why}
         out.warnings.append(f"capacity {why}")
     out.meta["capacity"] = {
-        "answer": s.answer,
-        "lo": s.lo,
-        "hi": s.hi,
-        "value": s.value,
+        "answer": answer,
+        "lo": lo,
+        "hi": hi,
+        "value": value,
         "seed": seed,
         "dither": round_dither(seed),
         "prior": list(prior) if prior else None,

@@ -4,8 +4,9 @@ Run with the variant's client python (docs/serving.md, "How a cell runs a sweep"
 ``__main__`` is re-run by :func:`runpy.run_module` with ``sys.argv`` set.
 
 Plan: ``{"control_dir", "points": [{"key", "dir", "argv"}]}``. Per point, in ``dir``:
-``stdout.txt``, ``stderr.txt`` (fds 1 and 2 redirected), the tool's ``--output-file`` and
-``point.json`` ``{"rc", "wall_s", "error"}``. The first failing point ends the driver (exit 1).
+``stdout.txt``, ``stderr.txt`` (fds 1 and 2 redirected), the tool's ``--output-file``,
+``client.json`` (clientwatch.py) and ``point.json`` ``{"rc", "wall_s", "error"}``. The first
+failing point ends the driver (exit 1).
 Before every point after the first it creates ``<control_dir>/flush-<i>.want`` and waits for
 ``flush-<i>.ok`` or ``flush-<i>.fail`` (exit 3). Standard library only, besides the release."""
 
@@ -13,12 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import runpy
 import sys
 import time
-import traceback
 import warnings
 from pathlib import Path
+
+import clientwatch  # this script's folder is sys.path[0]
 
 #: the module run as ``python -m`` for every point
 TOOL_MODULE = "sglang.bench_serving"
@@ -41,8 +42,9 @@ def wait_flush(control: Path, index: int) -> bool:
 
 
 def run_one(argv: list[str], out_dir: Path) -> tuple[int, str | None]:
-    """Run the tool once with ``argv``, fds 1 and 2 into ``out_dir``/stdout.txt, stderr.txt;
-    (exit code, the exception's last line or None)."""
+    """Run the tool once with ``argv``, watched (``clientwatch.watch``: ``out_dir``/client.json),
+    fds 1 and 2 into ``out_dir``/stdout.txt, stderr.txt; (exit code, the exception's last line or
+    None)."""
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
@@ -50,20 +52,10 @@ def run_one(argv: list[str], out_dir: Path) -> tuple[int, str | None]:
     se = open(out_dir / "stderr.txt", "wb")
     os.dup2(so.fileno(), 1)
     os.dup2(se.fileno(), 2)
-    old_argv = sys.argv
-    rc, err = 0, None
     try:
-        sys.argv = [TOOL_MODULE, *argv]
-        runpy.run_module(TOOL_MODULE, run_name="__main__", alter_sys=True)
-    except SystemExit as e:
-        code = e.code
-        rc = code if isinstance(code, int) else (0 if code is None else 1)
-        err = None if rc == 0 else f"SystemExit({code!r})"
-    except BaseException as e:  # noqa: BLE001 (recorded per point; the driver stops there)
-        traceback.print_exc()
-        rc, err = 1, f"{type(e).__name__}: {e}"
+        with clientwatch.watch(out_dir / "client.json"):
+            return clientwatch.run_module(TOOL_MODULE, argv)
     finally:
-        sys.argv = old_argv
         sys.stdout.flush()
         sys.stderr.flush()
         os.dup2(saved[0], 1)
@@ -72,7 +64,6 @@ def run_one(argv: list[str], out_dir: Path) -> tuple[int, str | None]:
         os.close(saved[1])
         so.close()
         se.close()
-    return rc, err
 
 
 def main(plan_path: str) -> int:

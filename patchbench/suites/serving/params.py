@@ -54,9 +54,23 @@ class Params(BaseModel):
     sweep: Sweep | None = None
     capacity: Capacity | None = None
     gpus: int = Field(1, ge=1)
+    clients: int = Field(1, ge=1)
 
     @model_validator(mode="after")
     def _one_load_plan(self) -> Params:
         if self.sweep is not None and self.capacity is not None:
             raise ValueError("set either sweep or capacity, not both")
+        n, sw, cap = self.clients, self.sweep, self.capacity
+        if n == 1:
+            return self
+        if self.request_rate != float("inf") or (sw and sw.axis == "request_rate"):
+            raise ValueError("clients > 1 share a concurrency: not with a request rate")
+        lows = [self.num_prompts, self.max_concurrency or n]
+        lows += [min(sw.points), sw.min_prompts] if sw else []
+        lows += [cap.min, cap.min_prompts] if cap else []
+        if min(lows) < n:
+            raise ValueError(
+                f"clients: {n} needs at least {n} prompts and a concurrency of at least {n} at "
+                "every point (each process its share)"
+            )
         return self

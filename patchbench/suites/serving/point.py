@@ -21,6 +21,8 @@ from patchbench.run.server import tail
 from patchbench.suite import SuiteContext, SuiteError, SuiteResult
 
 from .caveats import WarmupBehaviour, backend_warnings, warmup_behaviour, warmup_warning
+from .clients import client_state, merge_point, records
+from .clients import plan as client_plan
 from .command import build_command, effective_seed, tool_info, wants_chat_template
 from .params import IMAGE_DATASETS, Params
 from .parse import METRICS, ResultError, read_result_line, request_records, summary_metrics
@@ -162,7 +164,8 @@ def _log_offset(ctx: SuiteContext) -> int:
 
 
 def run_point(ctx: SuiteContext, params: Params) -> SuiteResult:
-    """Run bench_serving once against ``ctx.server`` and return the summary.
+    """Run bench_serving once against ``ctx.server`` (in ``params.clients`` processes, their
+    records merged: :mod:`.clients`) and return the summary.
 
     Raises SuiteError when the release lacks the dataset, flag or backend, the server dies, the
     tool fails or times out, or its output is refused (:func:`.parse.row_problem`). Failed or
@@ -175,17 +178,28 @@ def run_point(ctx: SuiteContext, params: Params) -> SuiteResult:
         f"serving: bench_serving {params.dataset_name} x{params.num_prompts} "
         f"(concurrency {params.max_concurrency})"
     )
+    out = Path(ctx.out_dir)
+    try:
+        cmd, outputs = client_plan(prep.argv, out, params.clients)
+    except ValueError as e:
+        raise SuiteError(str(e)) from None
     log_offset = _log_offset(ctx)
     rc, wall_s = run_tool(
-        prep.argv,
+        cmd,
         env=dict(ctx.stock_env),
-        out_dir=Path(ctx.out_dir),
+        out_dir=out,
         timeout_s=params.timeout_s,
         server_alive=srv.alive,
         server_log=srv.log_path,
         progress=srv.progress,
         idle_s=client_idle_s(params.request_rate),
+        outputs=outputs,
     )
+    if rc == 0 and params.clients > 1:
+        try:
+            merge_point(out, params.clients)
+        except (ValueError, KeyError) as e:
+            raise SuiteError(f"cannot merge the client processes' results: {e}") from None
     return finish_point(ctx, params, prep, rc, wall_s, log_offset)
 
 
@@ -260,7 +274,7 @@ def finish_point(
             f"{e}; bench_serving stderr tail:\n{_tail(out / 'stderr.txt', 25)}"
         ) from None
     metrics, recs = _measured(row, scan)
-    so = out / "stdout.txt"
+    so = out / ("client0/stdout.txt" if params.clients > 1 else "stdout.txt")
     stdout = so.read_text(encoding="utf-8", errors="replace") if so.is_file() else ""
     asked = _asked(params, prep, stdout)
     notes = prep.caveats + ([scan_warning] if scan_warning else [])
@@ -312,6 +326,19 @@ def finish_point(
         )
         meta["not_judged"] = {n: why for n in gone}
         metrics = {n: v for n, v in metrics.items() if n not in gone}
+    recs = records(out, params.clients)
+    meta["client"] = (
+        client_state(recs, params.max_concurrency, params.request_rate) if recs else None
+    )
+    if meta["client"] and meta["client"]["bound"]:
+        why = f"client-bound: {meta['client']['bound']}"
+        warnings.append(f"{why}; never judged")
+        meta.setdefault("not_judged", {}).update(
+            {n: why for n, i in METRICS.items() if i.kind != "descriptive"}
+        )
+        metrics = {
+            n: v for n, v in metrics.items() if n in METRICS and METRICS[n].kind == "descriptive"
+        }
     status = "incomplete" if errors else "ok"
     return SuiteResult(status=status, metrics=metrics, errors=errors, warnings=warnings, meta=meta)
 
@@ -489,7 +516,8 @@ def run_points_together(
         f.unlink()
     points = []
     for (k, pdir, _pp), prep in zip(plan, preps, strict=True):
-        (pdir / "point.json").unlink(missing_ok=True)
+        for f in ("point.json", "client.json"):
+            (pdir / f).unlink(missing_ok=True)
         if prep.argv[1:3] != ["-m", "sglang.bench_serving"]:
             raise SuiteError(f"sweep point {k}: unexpected bench_serving command {prep.argv[:3]}")
         points.append({"key": k, "dir": str(pdir), "argv": prep.argv[3:]})

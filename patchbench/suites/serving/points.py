@@ -135,9 +135,13 @@ def merge_points(
                     f"point {k}: our goodput {m['goodput_req_s']:.4g} req/s differs from "
                     f"bench_serving's --goodput {tg:.4g} req/s"
                 )
-        if not ok:
-            why = f"the client reached {got:.3g} of the {p:g} asked ({sw.axis}): not delivered"
-            out.warnings.append(f"point {k}: {why}, never judged")
+        bound = (r.meta.get("client") or {}).get("bound")
+        if not ok or bound:
+            if ok:  # its warning is the point's own (.point.finish_point)
+                why = f"client-bound: {bound}"
+            else:
+                why = f"the client reached {got:.3g} of the {p:g} asked ({sw.axis}): not delivered"
+                out.warnings.append(f"point {k}: {why}, never judged")
             m = {n: v for n, v in m.items() if n in single and single[n].kind == "descriptive"}
             out.meta.setdefault("not_judged", {}).update(
                 {metric_at(n, k): why for n, i in single.items() if i.kind != "descriptive"}
@@ -155,6 +159,7 @@ def merge_points(
             "load": p,
             "status": r.status,
             "delivered": ok,
+            "client_bound": bool(bound),
             "achieved": got,
             "slo_ratio": ratio,
             "tool_goodput_req_s": tg,
@@ -199,7 +204,7 @@ def run_sweep(ctx: SuiteContext, params: Params, together: bool = True) -> Suite
     """Run every point of ``params.sweep`` in the cell's order, the cache flushed before each point
     after the first, each point's summary.json written; SuiteError naming the point. Two points or
     more run in one client process (:func:`.point.run_points_together`) unless ``together`` is
-    False (one bench_serving process a point)."""
+    False or ``params.clients`` > 1 (bench_serving processes of their own a point)."""
     sw = params.sweep
     assert sw is not None
     seed = order_seed(ctx.variant, ctx.repeat)
@@ -219,7 +224,7 @@ def run_sweep(ctx: SuiteContext, params: Params, together: bool = True) -> Suite
             }
         )
         plan.append((k, pdir, pp))
-    if together and len(plan) > 1:
+    if together and len(plan) > 1 and params.clients == 1:
         got = run_points_together(ctx, plan)
     else:
         got = []
