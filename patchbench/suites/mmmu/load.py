@@ -46,13 +46,10 @@ def declarations(params: Any, metrics: dict[str, MetricInfo]) -> dict[str, Metri
 
 def changed(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> int:
     """Questions answered in both record lists (no failed request) whose responses differ."""
-    by_b = {r["id"]: r for r in b}
+    got = {r["id"]: r.get("response") for r in b if r.get("verdict") != "failed"}
     return sum(
-        1
+        r["id"] in got and r.get("verdict") != "failed" and r.get("response") != got[r["id"]]
         for r in a
-        if r["id"] in by_b
-        and "failed" not in (r.get("verdict"), by_b[r["id"]].get("verdict"))
-        and r.get("response") != by_b[r["id"]].get("response")
     )
 
 
@@ -113,14 +110,6 @@ def instrumentation(ctx: SuiteContext, params: Params) -> Instrumentation | None
     return Instrumentation(server_args=[FLAG])
 
 
-def control_records(suite_dir: Path) -> tuple[list[dict[str, Any]] | None, str | None]:
-    """The control's records beside a timed cell's suite folder ``<variant>/rep<k>/mmmu``:
-    ``<variant>/correctness/mmmu/records.jsonl``; (None, why) when missing."""
-    return read_file(
-        Path(suite_dir).parent.parent / "correctness" / "mmmu" / "records.jsonl", read_jsonl
-    )
-
-
 def attribute(pair: dict[str, Any], ctrl_a: list[dict], ctrl_b: list[dict]) -> None:
     """Give each flipped question of ``pair`` its ``cause``: "patch" when the arms' answers
     under the deterministic mode are right and wrong as in the flip, else "batching"; counts in
@@ -140,10 +129,11 @@ def attribute(pair: dict[str, Any], ctrl_a: list[dict], ctrl_b: list[dict]) -> N
 def pair(baseline_dirs: list[Path], variant_dirs: list[Path], params: Params) -> dict | None:
     """The pairing of each concurrency (``by_concurrency``: {``c<N>``: :func:`pair_repeats`'
     dict without ``accuracy``}, ``accuracy`` keyed ``<metric>@c<N>``; one concurrency: today's
-    dict); with the control, each flip's cause (:func:`attribute`) or a note why not."""
+    dict); with the control (``<variant>/correctness/mmmu/records.jsonl`` beside each arm's
+    ``<variant>/rep<k>/mmmu``), each flip's cause (:func:`attribute`) or a note why not."""
     params = params if isinstance(params, Params) else Params()  # a config that no longer validates
     keys = params.loads or [None]
-    out: dict[str, Any] = {"by_concurrency": {}, "accuracy": {}, "notes": []}
+    out: dict[str, Any] = {"by_concurrency": {}, "accuracy": {}}
     for key in keys:
         a, b = ([Path(d) / (key or "") for d in ds] for ds in (baseline_dirs, variant_dirs))
         p = pair_repeats(a, b)
@@ -151,7 +141,8 @@ def pair(baseline_dirs: list[Path], variant_dirs: list[Path], params: Params) ->
             continue
         if params.deterministic_control:
             (ca, why_a), (cb, why_b) = (
-                control_records(ds[0]) for ds in (baseline_dirs, variant_dirs)
+                read_file(Path(ds[0]).parents[1] / "correctness/mmmu/records.jsonl", read_jsonl)
+                for ds in (baseline_dirs, variant_dirs)
             )
             if ca is None or cb is None:
                 p["notes"].append(
