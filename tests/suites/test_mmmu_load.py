@@ -194,3 +194,16 @@ def test_a_run_judges_each_concurrency(tmp_path):
     text = "\n".join(report_section(cmp))
     assert "| patched | 8 | 1 | 60 | 0.500 | 0.450 | 3 | 0 |" in text
     assert "(same cell), per repeat: baseline 0.5; patched 0.5" in text
+
+
+def test_one_concurrency_with_the_control_keeps_todays_pair(tmp_path):
+    for v, recs in (("baseline", ["correct", "wrong"]), ("patched", ["wrong", "wrong"])):
+        _write(tmp_path, v, "rep0/mmmu", cell(recs))
+        _write(tmp_path, v, "correctness/mmmu", cell(recs))
+    dirs = [[tmp_path / v / "rep0" / "mmmu"] for v in ("baseline", "patched")]
+    p = MmmuSuite().pair(*dirs, Params(concurrency=8, deterministic_control=True))
+    assert "by_concurrency" not in p and p["accuracy"]["mmmu_overall_acc"]["variant"] == [0.0, 0.0]
+    assert (p["flips_patch"], p["flips_batching"]) == (1, 0)
+    cmp = {"baseline": "baseline", "pairs": {"mmmu": {"patched": p}}, "aa_variants": []}
+    text = "\n".join(report_section(cmp))
+    assert "- patched: flips by cause (deterministic-mode control): 1 the patch's, 0 " in text
