@@ -136,18 +136,13 @@ def test_greedy_outputs_identical_between_variants(which, request):
     cells = _cells(run_dir)
     base = next(c for c in cells if c["variant"] == "baseline" and c["repeat"] == 0)
     b_pts = _serving_requests(run_dir / base["dir"])
-    b_mmmu = {
-        r["id"]: r["response"] for r in read_jsonl(run_dir / base["dir"] / "mmmu" / "records.jsonl")
-    }
-    assert sum(len(r["generated_text"]) for r in b_pts.values()) >= 20 and len(b_mmmu) >= 60
+    b_mmmu = _mmmu_responses(run_dir / base["dir"])
+    assert sum(len(r["generated_text"]) for r in b_pts.values()) >= 20
+    assert all(len(x) >= 60 for x in b_mmmu.values())
     for c in cells:
-        # MMMU: every demo question, token-identical (0.5.23's demo sends them one at a time:
-        # its CPU engine's batched decoding is not bit-deterministic, see the config)
-        mmmu = {
-            r["id"]: r["response"]
-            for r in read_jsonl(run_dir / c["dir"] / "mmmu" / "records.jsonl")
-        }
-        assert mmmu == b_mmmu, c["dir"]
+        # MMMU: every demo question at each concurrency, token-identical (0.5.23's demo sends
+        # them one at a time: its CPU engine's batched decoding is not bit-deterministic)
+        assert _mmmu_responses(run_dir / c["dir"]) == b_mmmu, c["dir"]
         pts = _serving_requests(run_dir / c["dir"])
         assert set(pts) == set(b_pts), c["dir"]
         for k, req in pts.items():
@@ -161,6 +156,39 @@ def test_greedy_outputs_identical_between_variants(which, request):
                 assert same >= 0.9 * len(b_req["generated_text"]), (c["dir"], k, same)
     ident = read_json(run_dir / "compare.json").get("output_identity", {})
     print(json.dumps(ident)[:1000])
+
+
+def _mmmu_responses(cell_dir: Path) -> dict[str, dict[str, str]]:
+    """{concurrency key: {question id: response}} of a cell's MMMU suite; key "" for one
+    concurrency."""
+    d = cell_dir / "mmmu"
+    dirs = {"": d} if (d / "records.jsonl").exists() else {p.name: p for p in d.glob("c*")}
+    return {
+        k: {r["id"]: r["response"] for r in read_jsonl(p / "records.jsonl")}
+        for k, p in sorted(dirs.items())
+    }
+
+
+def test_mmmu_at_two_concurrencies_0513(demo_0513):
+    """configs/demo-cpu.yaml's MMMU at concurrencies 1 and 8 in every timed cell: both
+    accuracies, the answers changed between them counted from the records, a row per
+    concurrency in compare.json and report.md's line per variant and concurrency."""
+    for c in _cells(demo_0513):
+        m = read_json(demo_0513 / c["dir"] / "mmmu" / "summary.json")["metrics"]
+        resp = _mmmu_responses(demo_0513 / c["dir"])
+        assert set(resp) == {"c1", "c8"} and m["mmmu_asked_count@c1"] == len(resp["c1"]) >= 60
+        assert 0 <= m["mmmu_overall_acc@c1"] <= 1 and 0 <= m["mmmu_overall_acc@c8"] <= 1
+        diff = sum(resp["c1"][i] != resp["c8"][i] for i in resp["c1"])
+        assert m["mmmu_batch_changed_count@c8"] == diff, c["dir"]
+        print(c["dir"], m["mmmu_overall_acc@c1"], m["mmmu_overall_acc@c8"], diff)
+    rows = read_json(demo_0513 / "compare.json")["rows"]
+    variants = list(read_json(demo_0513 / "manifest.json")["config"]["variants"])[1:]
+    for name in ("mmmu_overall_acc@c1", "mmmu_overall_acc@c8"):
+        assert {r["variant"] for r in rows if r["metric"] == name} == set(variants), name
+    report = (demo_0513 / "report.md").read_text()
+    for v in variants:
+        assert f"| {v} | 1 | 2 |" in report and f"| {v} | 8 | 2 |" in report, v
+    assert "Answers changed from concurrency 1 to 8 (same cell), per repeat: baseline " in report
 
 
 def _serving_requests(cell_dir: Path) -> dict[str, dict]:

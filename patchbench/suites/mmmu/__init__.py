@@ -18,9 +18,10 @@ from patchbench.suite import (
     suite_refusals,
 )
 from patchbench.suites import folded, new_figure, save_titled
+from patchbench.suites.mmmu import load
 from patchbench.suites.mmmu.bench import DEMO_DATASET, run
 from patchbench.suites.mmmu.data import DOMAINS, domain_metric
-from patchbench.suites.mmmu.pairing import pair_repeats
+from patchbench.suites.mmmu.pairing import pair_repeats as pair_repeats  # the one pairing
 from patchbench.suites.mmmu.params import Params
 from patchbench.suites.mmmu.scoring import format_block
 
@@ -55,8 +56,12 @@ METRICS: dict[str, MetricInfo] = {
 
 def report_block(summary_dir: str | Path) -> str:
     """The PR-style "Accuracy Tests" block of one cell from its ``val_sglang.json`` (and
-    ``summary.json``, when there, for time, protocol and parser); FileNotFoundError without it."""
+    ``summary.json``, when there, for time, protocol and parser), one per ``c<N>/`` pass of
+    several concurrencies; FileNotFoundError without it."""
     d = Path(summary_dir)
+    passes = sorted(p.parent for p in d.glob("c*/val_sglang.json"))
+    if not (d / "val_sglang.json").exists() and passes:
+        return "\n\n".join(f"[concurrency {p.name[1:]}]\n" + report_block(p) for p in passes)
     val = read_json(d / "val_sglang.json")
     meta: dict = {}
     if (d / "summary.json").exists():
@@ -91,6 +96,8 @@ def report_section(comparison: Any) -> list[str]:
     refusals = suite_refusals(comparison, "mmmu")
     if not pairs and not refusals:
         return []
+    if any("by_concurrency" in p for p in pairs.values()):
+        return load.report_lines(comparison, pairs, refusals)
     lines = [
         "## MMMU paired",
         "",
@@ -130,6 +137,11 @@ def report_section(comparison: Any) -> list[str]:
                 )
             lines += folded(f"{v}: subjects with flips ({len(subj)})", t)
         lines += [f"- {v}: {n}" for n in p.get("notes") or []]
+        if "flips_patch" in p:
+            lines.append(
+                f"- {v}: flips by cause (deterministic-mode control): {p['flips_patch']} the "
+                f"patch's, {p['flips_batching']} batching's"
+            )
     if pairs and not subject_plot_variants(comparison):
         lines += [""] if lines[-1] else []
         lines += ["No subject's accuracy changed and no answer flipped: no per-subject plot.", ""]
@@ -211,6 +223,12 @@ class MmmuSuite(Suite):
     report_section = staticmethod(report_section)
     report_block = staticmethod(report_block)
 
+    def declarations(self, params: Any) -> dict[str, MetricInfo]:
+        """:data:`METRICS`, each at each concurrency of a list (:func:`.load.declarations`)."""
+        return load.declarations(params, METRICS)
+
+    instrumentation = staticmethod(load.instrumentation)
+
     def hf_datasets(self, params: Params) -> list[tuple[str, str, str | None]]:
         """MMMU from the hub or ``dataset_path`` (the demo questions need nothing)."""
         if params.dataset == DEMO_DATASET:
@@ -220,7 +238,7 @@ class MmmuSuite(Suite):
     def pair(
         self, baseline_dirs: list[Path], variant_dirs: list[Path], params: Params
     ) -> dict | None:
-        return pair_repeats(list(baseline_dirs), list(variant_dirs))
+        return load.pair(list(baseline_dirs), list(variant_dirs), params)
 
     def plots(self, comparison: Any, out_dir: Path) -> list[Path]:
         p = plot_subjects(comparison, Path(out_dir) / "mmmu_subjects.png")

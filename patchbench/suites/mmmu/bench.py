@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import patchbench.suites.mmmu.client as client
+import patchbench.suites.mmmu.load as load
 import patchbench.suites.mmmu.scoring as scoring
 from patchbench.inputs import CACHE_DIR, REPO_ROOT
 from patchbench.records import read_jsonl, write_jsonl
@@ -145,14 +146,41 @@ def score_records(
 
 def run(ctx: SuiteContext, params: Params) -> SuiteResult:
     """One cell; SuiteError without a server or when the questions cannot be loaded. Status
-    "incomplete" when a request failed (counted wrong, listed in ``errors``)."""
+    "incomplete" when a request failed (counted wrong, listed in ``errors``). Several
+    concurrencies: one pass each into ``c<N>/``, merged by :func:`.load.merge_passes`; the
+    correctness cell of ``deterministic_control`` runs the highest one only."""
     if ctx.server is None:
         raise SuiteError("the mmmu suite needs a running server (ctx.server is None)")
     t0 = time.perf_counter()
     prepared = prepare(params, ctx.cache_dir)
     t_prep = time.perf_counter() - t0
-    base_url = ctx.server.base_url
-    model = asyncio.run(client.served_model(base_url)) or "default"
+    model = asyncio.run(client.served_model(ctx.server.base_url)) or "default"
+    meta = {"prepare_s": t_prep, "model": model, "domains": list(DOMAINS)}
+    control = load.is_control(ctx, params)
+    if control or not params.loads:
+        c = params.concurrencies[-1]
+        result = one_pass(ctx, params, prepared, model, c, ctx.out_dir, meta)
+        if control:
+            result.meta["deterministic_control"] = {"concurrency": c, "flag": load.FLAG}
+        return result
+    passes = {}
+    for key, c in zip(params.loads, params.concurrencies, strict=True):
+        if passes:  # the cache the last pass left would turn prefills into cache hits
+            ctx.server.flush_cache()
+        passes[key] = one_pass(ctx, params, prepared, model, c, ctx.out_dir / key, meta)
+    return load.merge_passes(passes, ctx.out_dir)
+
+
+def one_pass(
+    ctx: SuiteContext,
+    params: Params,
+    prepared: list[dict[str, Any]],
+    model: str,
+    concurrency: int,
+    out_dir: Path,
+    meta: dict[str, Any],
+) -> SuiteResult:
+    """Send every question at ``concurrency``, score, write the records into ``out_dir``."""
     bodies = [
         client.request_body(
             p["messages"],
@@ -165,7 +193,7 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
     ]
     ctx.log(
         f"mmmu: {len(prepared)} questions, protocol {params.protocol}, parser "
-        f"{params.parser}, concurrency {params.concurrency}"
+        f"{params.parser}, concurrency {concurrency}"
     )
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -188,9 +216,9 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
         with bar:
             outcomes = asyncio.run(
                 client.send_all(
-                    base_url,
+                    ctx.server.base_url,
                     bodies,
-                    concurrency=params.concurrency,
+                    concurrency=concurrency,
                     request_timeout_s=params.request_timeout_s,
                     retries=params.retries,
                     on_done=on_done,
@@ -201,13 +229,8 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
             meter.idle()
     duration = time.perf_counter() - t1
     records = score_records(prepared, outcomes, params)
-    result, sc = scoring.summarize(
-        records,
-        params,
-        duration_s=duration,
-        extra_meta={"prepare_s": t_prep, "model": model, "domains": list(DOMAINS)},
-    )
-    scoring.write_outputs(ctx.out_dir, records, sc)
+    result, sc = scoring.summarize(records, params, duration_s=duration, extra_meta=meta)
+    scoring.write_outputs(out_dir, records, sc)
     ctx.log(
         f"mmmu: overall {result.metrics['mmmu_overall_acc']:.3f} over "
         f"{int(result.metrics['mmmu_asked_count'])} asked "

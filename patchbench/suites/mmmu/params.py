@@ -21,7 +21,11 @@ class Params(BaseModel):
     questions, round-robin over subjects. protocol: ``patchbench`` or ``sglang-2025`` (the PR's
     script; its parser defaults to ``official``). seed: the official parser's random fallback;
     official_fallback ``unparsed`` counts a fallback wrong. retries: extra attempts when no byte
-    of an answer arrived. extra_body: merged into every request body.
+    of an answer arrived. extra_body: merged into every request body. concurrency: requests in
+    flight, or a list: each its own pass over the same questions in the same cell, metrics
+    named ``<metric>@c<N>`` (docs/mmmu.md, "Accuracy under load"). deterministic_control: each
+    arm's correctness cell runs the highest concurrency once more with the pin's deterministic
+    (batch-invariant) mode.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -37,7 +41,8 @@ class Params(BaseModel):
     official_fallback: Literal["random", "unparsed"] = "random"
     temperature: float = Field(0.0, ge=0)
     max_tokens: int = Field(30, ge=1)
-    concurrency: int = Field(16, ge=1, le=1024)
+    concurrency: int | list[int] = 16
+    deterministic_control: bool = False
     request_timeout_s: float = Field(300.0, gt=0)
     retries: int = Field(2, ge=0, le=10)
     mc_template: str = DEFAULT_MC_TEMPLATE
@@ -56,6 +61,28 @@ class Params(BaseModel):
         if len(set(v)) != len(v):
             raise ValueError("a subject is listed twice")
         return v
+
+    @field_validator("concurrency")
+    @classmethod
+    def _concurrency(cls, v: int | list[int]) -> int | list[int]:
+        vs = v if isinstance(v, list) else [v]
+        if not vs or any(not 1 <= c <= 1024 for c in vs) or len(set(vs)) != len(vs):
+            raise ValueError("concurrency: one or more distinct whole numbers from 1 to 1024")
+        return v
+
+    @property
+    def concurrencies(self) -> list[int]:
+        """The concurrencies, lowest first (one for a single value)."""
+        return sorted(
+            self.concurrency if isinstance(self.concurrency, list) else [self.concurrency]
+        )
+
+    @property
+    def loads(self) -> list[str]:
+        """The keys of the metric names, ``c<N>`` per concurrency, lowest first; [] for one
+        concurrency (today's names)."""
+        cs = self.concurrencies
+        return [f"c{c}" for c in cs] if len(cs) > 1 else []
 
     @field_validator("mc_template")
     @classmethod
