@@ -82,7 +82,7 @@ def _keys_declared(raw: dict) -> dict:
 
 def _optional_keys_added(raw: dict) -> dict:
     """Optional keys added (manifest 5: ``host.cpu_usable``, 6: ``machine``; cell 4:
-    ``load_avg_1m``): an older
+    ``load_avg_1m``, 5: ``server_metrics``, ``server_config``): an older
     file reads as it is, without them."""
     return raw
 
@@ -125,7 +125,10 @@ def _fit(tp: Any, value: Any) -> Any:
 
 #: {kind: (model, {version: step to version + 1})}; older versions then lose undeclared keys
 _MIGRATIONS: dict[str, tuple[type[BaseModel], dict[int, Any]]] = {
-    "cell": (CellRecord, {1: _cell_1_to_2, 2: _keys_declared, 3: _optional_keys_added}),
+    "cell": (
+        CellRecord,
+        {1: _cell_1_to_2, 2: _keys_declared, 3: _optional_keys_added, 4: _optional_keys_added},
+    ),
     "summary": (SuiteSummary, {1: _schema_key_renamed}),
     "manifest": (
         RunManifest,
