@@ -205,8 +205,7 @@ class H(BaseHTTPRequestHandler):
             ("num_running_reqs", "gauge", 0),
         ]
         text = "".join(
-            f"# TYPE sglang:{name} {kind}\n"
-            f'sglang:{name}{{model_name="fake"}} {value}\n'
+            f'# TYPE sglang:{name} {kind}\nsglang:{name}{{model_name="fake"}} {value}\n'
             for name, kind, value in rows
         )
         body = text.encode()
