@@ -98,7 +98,7 @@ def _config_differences(base: str, v: str, cb: dict[str, Any], cv: dict[str, Any
     if "error" in cb or "error" in cv:
         return []
     return [
-        f"{v}'s server ran with {k} = {cv.get(k)!r}, {base}'s with {cb.get(k)!r} (/server_info)"
+        f"{v}'s server ran with {k} = {cv.get(k)!r}, {base}'s with {cb.get(k)!r} (/server_info or the log)"
         for k in sorted(set(cb) | set(cv))
         if cb.get(k) != cv.get(k)
     ]

@@ -290,7 +290,9 @@ class CellRun:
         self.record.liveness = models.Liveness(watched=self.watch.describe())
         if self.fingerprinted():
             try:
-                self.record.server_config = server_metrics.server_config(self.server.base_url)
+                self.record.server_config = server_metrics.server_config(
+                    self.server.base_url, self.server.spec.log_path
+                )
             except (OSError, ValueError) as e:
                 self.record.server_config = {"error": f"GET /server_info: {e}"}
         if self.nvml is not None:

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -20,18 +22,28 @@ from patchbench.runfolder.models import ServerMetrics
 #: ``cache_source`` label: the sum over it)
 CACHED_TOKENS = "sglang:cached_tokens_total"
 PROMPT_TOKENS = "sglang:prompt_tokens_total"
-#: the ``/server_info`` keys (server arguments) that change what a cell measures
+#: the ``/server_info`` keys (server arguments; on 0.5.23 also the effective limits and the
+#: decode batch sizes CUDA graphs were captured for, some under ``internal_states``) that
+#: change what a cell measures
 CONFIG_KEYS = (
     "max_running_requests",
     "max_total_tokens",
+    "max_total_num_tokens",
+    "effective_max_running_requests_per_dp",
     "chunked_prefill_size",
     "schedule_policy",
     "disable_radix_cache",
     "disable_cuda_graph",
     "cuda_graph_max_bs",
     "cuda_graph_bs",
+    "decode_cuda_graph_bs",
     "disable_overlap_schedule",
     "enable_deterministic_inference",
+)
+#: the limits the scheduler settled on, as both pins log them once at start
+LOGGED_LIMITS = re.compile(
+    r"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), max_prefill_tokens=(\d+), "
+    r"max_running_requests=(\d+)"
 )
 
 
@@ -107,9 +119,11 @@ def fingerprint(before: Snapshot, after: Snapshot) -> ServerMetrics:
     )
 
 
-def server_config(base_url: str, timeout_s: float = 2.0) -> dict:
-    """The :data:`CONFIG_KEYS` that ``/server_info`` (``/get_server_info`` on older servers)
-    states; OSError or ValueError when neither answers with a JSON object."""
+def server_config(base_url: str, log_path: Path | None = None, timeout_s: float = 2.0) -> dict:
+    """The :data:`CONFIG_KEYS` that ``/server_info`` (``/get_server_info`` on older servers) or
+    its first ``internal_states`` entry states, plus ``logged_max_running_requests`` and
+    ``logged_max_total_num_tokens`` from the first :data:`LOGGED_LIMITS` line of the first MiB
+    of ``log_path``; OSError or ValueError when neither path answers with a JSON object."""
     err: Exception = OSError("no answer")
     for path in ("/server_info", "/get_server_info"):
         try:
@@ -117,6 +131,22 @@ def server_config(base_url: str, timeout_s: float = 2.0) -> dict:
         except (OSError, ValueError) as e:
             err = e
             continue
-        if isinstance(info, dict):
-            return {k: info[k] for k in CONFIG_KEYS if k in info}
+        if not isinstance(info, dict):
+            continue
+        states = info.get("internal_states") or [{}]
+        both = {**(states[0] if isinstance(states[0], dict) else {}), **info}
+        out = {k: both[k] for k in CONFIG_KEYS if k in both}
+        m = _logged(log_path)
+        if m:
+            out["logged_max_total_num_tokens"] = int(m[1])
+            out["logged_max_running_requests"] = int(m[4])
+        return out
     raise err
+
+
+def _logged(log_path: Path | None) -> re.Match | None:
+    try:
+        with open(log_path or "", "rb") as f:
+            return LOGGED_LIMITS.search(f.read(1 << 20).decode("utf-8", "replace"))
+    except OSError:
+        return None

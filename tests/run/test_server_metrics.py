@@ -1,6 +1,6 @@
 """The server's own /metrics (patchbench.run.server_metrics) on texts recorded from real CPU
 servers of both pins, and as each timed suite's fingerprint in a fake-server run (fake server
-port 31948): cell.json, compare.json and the report name what differs between the arms.
+port 31937): cell.json, compare.json and the report name what differs between the arms.
 
 The files under tests/data/server_metrics/ are ``GET /metrics`` of a CPU server of each pin
 (configs/demo-cpu.yaml's and configs/demo-cpu-0.5.23.yaml's server arguments plus
@@ -63,6 +63,20 @@ def test_counters_deltas_and_hit_share_of_sglang_0_5_23():
     assert after.gauges["sglang:max_total_num_tokens"] == 8192.0
 
 
+def test_the_limits_both_pins_log_at_start():
+    # the lines of the servers the files above were recorded from
+    lines = {
+        "0.5.1.post3": "[2026-12-07 15:24:51] max_total_num_tokens=8192, chunked_prefill_size=4096, "
+        "max_prefill_tokens=16384, max_running_requests=4096, context_len=4096, "
+        "available_gpu_mem=21.18 GB",
+        "0.5.23": "[2026-12-07 15:26:19] max_total_num_tokens=8192, chunked_prefill_size=4096, "
+        "max_prefill_tokens=16384, max_running_requests=2048, context_len=4096, "
+        "available_cpu_mem=20.27 GB",
+    }
+    got = {p: server_metrics.LOGGED_LIMITS.search(x).group(1, 4) for p, x in lines.items()}
+    assert got == {"0.5.1.post3": ("8192", "4096"), "0.5.23": ("8192", "2048")}
+
+
 def test_label_sets_buckets_and_foreign_lines():
     text = textwrap.dedent("""\
         # HELP sglang:prompt_tokens_total Number of prefill tokens processed.
@@ -96,7 +110,7 @@ CONFIG = """\
     name: metrics-test
     sglang: "{sglang}"
     model: {{path: "{model}"}}
-    server: {{port: 31948, ready_timeout_s: 30, stop_grace_s: 3, flush_retries: 2,
+    server: {{port: 31937, ready_timeout_s: 30, stop_grace_s: 3, flush_retries: 2,
              flush_pause_s: 0.1, metrics: {metrics}}}
     variants:
       baseline: []
@@ -129,7 +143,11 @@ def test_an_aa_run_records_the_fingerprint_and_finds_no_difference(fake_env, tmp
     assert fp["cache_hit_share"] == 0.0
     assert fp["gauges"] == {"sglang:num_running_reqs": [0.0, 0.0]}
     assert 0 < fp["scrape_s"] < cell["timings_s"]["suite:fake"] + 5
-    assert cell["server_config"] == {"max_running_requests": 64}
+    assert cell["server_config"] == {
+        "max_running_requests": 64,
+        "logged_max_total_num_tokens": 8192,
+        "logged_max_running_requests": 64,
+    }
     srv = read_json(run_dir / "compare.json")["server"]
     assert srv["hit_share"] == {"fake": {"baseline": 0.0, "control": 0.0}}
     assert srv["warnings"] == [] and srv["differences"] == []
@@ -154,16 +172,17 @@ def test_an_arm_whose_counters_and_configuration_differ_is_named(fake_env, tmp_p
         "server's cached / prompt token counters), more than 5 points apart: the speed rows "
         "compare different cache states (the change may alter caching; nothing is corrected)"
     )
-    config = (
-        "control's server ran with max_running_requests = 32, baseline's with 64 (/server_info)"
-    )
-    assert srv["warnings"] == [config, hit]
+    config = [
+        f"control's server ran with {k} = 32, baseline's with 64 (/server_info or the log)"
+        for k in ("logged_max_running_requests", "max_running_requests")
+    ]
+    assert srv["warnings"] == [*config, hit]
     assert srv["differences"] == [
         "fake: sglang:prompt_tokens_total rose by 20 per suite on baseline, 24 on control"
     ]
     report = (run_dir / "report.md").read_text()
     assert f"**Warning (server): {hit}.**" in report
-    assert f"**Warning (server): {config}.**" in report
+    assert f"**Warning (server): {config[0]}.**" in report
     details = (run_dir / "report-details.md").read_text()
     assert "| fake | 0.0% | 50.0% |" in details
     assert f"- {srv['differences'][0]}" in details

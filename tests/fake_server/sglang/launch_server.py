@@ -40,7 +40,8 @@ FAKE_FLOOD_STDOUT_MB  print this many MiB of numbered lines (100 bytes each) at 
 FAKE_PROMPT_TOKENS, FAKE_CACHED_TOKENS  with --enable-metrics, GET /metrics counts this many prompt
                      tokens (default 10) and cached tokens (default 0) per /generate
                      (sglang:prompt_tokens_total, sglang:cached_tokens_total); without it, 404
-FAKE_MAX_RUNNING_REQUESTS  /server_info's max_running_requests (default 64)
+FAKE_MAX_RUNNING_REQUESTS  /server_info's max_running_requests (default 64), also in the limits line
+                     the log prints at start as sglang's scheduler does
 GET /server_info answers 200 (the scheduler heartbeat of patchbench.run.liveness)
 """
 
@@ -103,6 +104,12 @@ def _export(output_dir):
 
 
 print(f"fake sglang server on {args.host}:{args.port}", flush=True)
+MAX_RUNNING = int(os.environ.get("FAKE_MAX_RUNNING_REQUESTS", "64"))
+print(
+    "max_total_num_tokens=8192, chunked_prefill_size=4096, max_prefill_tokens=16384, "
+    f"max_running_requests={MAX_RUNNING}, context_len=4096",
+    flush=True,
+)
 
 FLOOD_MB = float(os.environ.get("FAKE_FLOOD_STDOUT_MB", "0"))
 if FLOOD_MB:
@@ -184,8 +191,7 @@ class H(BaseHTTPRequestHandler):
         if self._not_http():
             return
         if self.path == "/server_info":
-            mrr = int(os.environ.get("FAKE_MAX_RUNNING_REQUESTS", "64"))
-            self._send(200, {"max_running_requests": mrr, "internal_states": [{}]})
+            self._send(200, {"max_running_requests": MAX_RUNNING, "internal_states": [{}]})
         elif self.path == "/metrics" and METRICS:
             self._metrics()
         elif self.path == "/health":
