@@ -17,9 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from patchbench.runfolder.models import ServerMetrics
 
-#: the counters of the hit share, named alike by sglang 0.5.1.post3 (srt/metrics/collector.py)
-#: and 0.5.23 (srt/observability/metrics_collector.py, where cached tokens carry a
-#: ``cache_source`` label: the sum over it)
+#: the counters of the hit share, named alike by sglang 0.5.1.post3 and 0.5.23 (where cached
+#: tokens carry a ``cache_source`` label: the sum over it; tests/data/server_metrics/)
 CACHED_TOKENS = "sglang:cached_tokens_total"
 PROMPT_TOKENS = "sglang:prompt_tokens_total"
 #: the ``/server_info`` keys (server arguments; on 0.5.23 also the effective limits and the
