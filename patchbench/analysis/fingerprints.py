@@ -20,9 +20,15 @@ COUNTER_TOLERANCE = 0.10
 
 
 def _judged(counter: str) -> bool:
-    """Counters compared between arms: not timings (the suites judge speed) and not the cached
-    tokens (the hit share judges them)."""
-    return "seconds" not in counter and counter != CACHED_TOKENS
+    """Counters compared between arms: not timings (the suites judge speed), not the cached
+    tokens (the hit share judges them), not HTTP requests and responses (0.5.23's
+    ``sglang:http_*``: they count the harness's own heartbeat and scrapes, which follow the
+    suite's duration)."""
+    return (
+        "seconds" not in counter
+        and counter != CACHED_TOKENS
+        and not counter.startswith("sglang:http_")
+    )
 
 
 def _mean(xs: list[float]) -> float | None:
