@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from patchbench.analysis import health, hostload, verdicts
+from patchbench.analysis import fingerprints, health, hostload, verdicts
 from patchbench.analysis.comparison import CompareSettings, Comparison, Row, write_comparison
 from patchbench.analysis.family import (
     Tested,
@@ -444,6 +444,7 @@ def build_comparison(
     cmp.run = health.run_info(data, cmp.run_id)
     cmp.run.host = hostload.host_load(data, cmp)
     cmp.run.host.gpu_warnings = health.gpu_warnings(data)
+    cmp.server = fingerprints.server_fingerprints(data, cmp)
     cmp.correctness_cells = health.correctness_cells(data)
     cmp.suite_rounds = {
         x: ("correctness" if x in data.correctness_only else data.rounds_of(x)) for x in data.suites

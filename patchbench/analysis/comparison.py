@@ -271,6 +271,19 @@ class HostLoad(_Model):
         ]
 
 
+class ServerFingerprints(_Model):
+    """The arms' server fingerprints (patchbench.analysis.fingerprints; docs/CONTRACTS.md,
+    ``server``): {suite: {variant: mean hit share 0-1}}, {suite: {variant: {counter: mean
+    increase per suite}}}, {variant: /server_info keys}; ``warnings`` for the answer,
+    ``differences`` for report-details.md."""
+
+    hit_share: dict[str, dict[str, float | None]] = Field(default_factory=dict)
+    counters: dict[str, dict[str, dict[str, float]]] = Field(default_factory=dict)
+    config: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    warnings: list[str] = Field(default_factory=list)
+    differences: list[str] = Field(default_factory=list)
+
+
 class RunInfo(_Model):
     """The run as the report's header shows it (from the manifest; ``host`` None in a
     compare.json from before it was recorded)."""
@@ -335,6 +348,15 @@ class Comparison(_Model):
     run: RunInfo = Field(default_factory=RunInfo)
     failed_cells: list[FailedCell] = Field(default_factory=list)
     affected: list[Affected] = Field(default_factory=list)
+    #: None (and absent from the file) when no cell recorded the server's /metrics
+    server: ServerFingerprints | None = None
+
+    @model_serializer(mode="wrap")
+    def _server_when_set(self, handler):
+        out = handler(self)
+        if out.get("server") is None:
+            out.pop("server", None)
+        return out
 
     def rows_for(
         self, variant: str | None = None, *, primary: bool | None = None, suite: str | None = None

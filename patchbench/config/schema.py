@@ -139,6 +139,9 @@ class ServerSpec(Strict):
     #: the most disk each cell's server.log may take, in MiB (patchbench/run/logcap.py); 0: no
     #: cap, else at least 1 so the kept tail holds the 64 KiB a failure's log tail shows
     log_max_mb: int = Field(64, ge=0)
+    #: launch with ``--enable-metrics`` and fingerprint each timed suite from ``/metrics``
+    #: (patchbench/run/server_metrics.py; docs/serving.md, "The server's own metrics")
+    metrics: bool = True
     #: removed key: refused with what replaces it
     mrope_probe: Any = Field(None, exclude=True)
 
@@ -747,8 +750,12 @@ class Config(Strict):
         return list(self.variants[variant].patches)
 
     def server_args_of(self, variant: str) -> list[str]:
-        """``server.args`` followed by the variant's ``server_args``."""
-        return list(self.server.args) + list(self.variants[variant].server_args)
+        """``--enable-metrics`` (with ``server.metrics``, unless named), ``server.args``, then
+        the variant's ``server_args``."""
+        args = list(self.server.args) + list(self.variants[variant].server_args)
+        return ["--enable-metrics"] * (
+            self.server.metrics and "--enable-metrics" not in args
+        ) + args
 
     def server_env_of(self, variant: str) -> dict[str, str]:
         """``server.env`` plus the variant's ``env``."""

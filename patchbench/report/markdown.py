@@ -16,6 +16,7 @@ from pathlib import Path
 
 from patchbench import records
 from patchbench.analysis.comparison import Comparison, Row
+from patchbench.analysis.fingerprints import COUNTER_TOLERANCE, HIT_SHARE_POINTS
 from patchbench.config import changes_text, uncommitted_text, uncompiled_text
 from patchbench.report.text import (
     DECIDE_CAP,
@@ -575,6 +576,44 @@ def _per_repeat(cmp: Comparison) -> list[str]:
     return lines
 
 
+def _server_metrics(cmp: Comparison) -> list[str]:
+    """The arms' server fingerprints: each suite's hit rate per arm, then what differs beyond
+    the tolerances (patchbench.analysis.fingerprints)."""
+    srv = cmp.server
+    if srv is None:
+        return []
+    arms = [cmp.baseline, *cmp.variants]
+    lines = [
+        "## Server metrics",
+        "",
+        "The server's own `/metrics`, scraped before and after each timed suite: the "
+        "prefix-cache hit rate (cached / prompt tokens of the counters' increases; mean over "
+        "the cells) per arm.",
+        "",
+        "| suite | " + " | ".join(esc(a) for a in arms) + " |",
+        "|---" * (len(arms) + 1) + "|",
+    ]
+    for suite, per in srv.hit_share.items():
+        vals = [per.get(a) for a in arms]
+        lines.append(
+            f"| {suite} | "
+            + " | ".join("n/a" if x is None else f"{100 * x:.1f}%" for x in vals)
+            + " |"
+        )
+    found = srv.warnings + srv.differences
+    lines += (
+        [""] + [f"- {esc(d)}" for d in found]
+        if found
+        else [
+            "",
+            f"No difference between the arms' fingerprints beyond the tolerances (hit rate "
+            f"{HIT_SHARE_POINTS:g} points, counters {100 * COUNTER_TOLERANCE:g}%) and no "
+            "difference in the servers' configuration.",
+        ]
+    )
+    return lines + [""]
+
+
 def render_details(
     cmp: Comparison, run_dir: Path, plots: list[Path] | None = None, notes: list[str] | None = None
 ) -> str:
@@ -589,6 +628,7 @@ def render_details(
         "",
     ]
     lines += _per_repeat(cmp) + _pr_blocks(cmp, run_dir, notes) + _secondary(cmp)
+    lines += _server_metrics(cmp)
     more = [p for p in plots or [] if p.stem != PR_FIGURE_STEM]
     if more:
         lines += ["## Plots", ""] + _plot_lines(more)

@@ -547,13 +547,15 @@ def host_text(cmp: Comparison, *, gpu: bool = True) -> str | None:
 
 def host_warnings(cmp: Comparison) -> list[str]:
     """ "Warning (host): ..." per warning of the comparison's host (patchbench.analysis.hostload),
-    then "Warning (GPU): ..." per difference of the timed cells' GPUs (``gpu_warnings``)."""
-    h = cmp.run.host
-    if h is None:
-        return []
-    return [f"Warning (host): {w}." for w in h.warnings] + [
-        f"Warning (GPU): {w}." for w in h.gpu_warnings
-    ]
+    then "Warning (GPU): ..." per difference of the timed cells' GPUs (``gpu_warnings``), then
+    "Warning (server): ..." per warning of the arms' server fingerprints
+    (patchbench.analysis.fingerprints)."""
+    h, srv = cmp.run.host, cmp.server
+    return (
+        [f"Warning (host): {w}." for w in (h.warnings if h is not None else [])]
+        + [f"Warning (GPU): {w}." for w in (h.gpu_warnings if h is not None else [])]
+        + [f"Warning (server): {w}." for w in (srv.warnings if srv is not None else [])]
+    )
 
 
 #: the console's width when stdout is not a terminal (rich would use 80)

@@ -24,7 +24,7 @@ from patchbench import runfolder
 from patchbench.config import Config
 from patchbench.envs import envinfo
 from patchbench.records import ResultsWriteError, make_dir
-from patchbench.run import logscan
+from patchbench.run import logscan, server_metrics
 from patchbench.run.liveness import ServerLost, ServerWatch
 from patchbench.run.lock import RunFolderGone, check_folder
 from patchbench.run.plan import Cell, cell_suites, instrumentation_args, suite_done
@@ -288,6 +288,13 @@ class CellRun:
         )
         self.watch.start()
         self.record.liveness = models.Liveness(watched=self.watch.describe())
+        if self.fingerprinted():
+            try:
+                self.record.server_config = server_metrics.server_config(
+                    self.server.base_url, self.server.spec.log_path
+                )
+            except (OSError, ValueError) as e:
+                self.record.server_config = {"error": f"GET /server_info: {e}"}
         if self.nvml is not None:
             from patchbench.run.gpu import GpuSampler
 
@@ -307,6 +314,25 @@ class CellRun:
             self.run_suite(name)
             if self.watch is not None and self.watch.dead.is_set():
                 raise ServerError(self.watch.lost.message(), self._log_tail())
+
+    def fingerprinted(self) -> bool:
+        """Whether this cell's server suites are fingerprinted from ``/metrics`` (timed cells,
+        ``server.metrics``)."""
+        return self.cell.kind == "timed" and self.cfg.server.metrics and self.server is not None
+
+    def _scrape(self) -> server_metrics.Snapshot | str:
+        """The server's ``/metrics`` now, or why not."""
+        try:
+            return server_metrics.scrape(self.server.base_url)
+        except (OSError, ValueError) as e:
+            return f"GET /metrics: {e}"
+
+    def _fingerprint(self, name: str, before: server_metrics.Snapshot | str) -> None:
+        """Suite ``name``'s fingerprint (from ``before`` to now) into ``server_metrics``."""
+        after = self._scrape()
+        bad = next((x for x in (before, after) if isinstance(x, str)), None)
+        fp = models.ServerMetrics(error=bad) if bad else server_metrics.fingerprint(before, after)
+        self.record.server_metrics = {**self.record.server_metrics, name: fp}
 
     def _scan_log(self, res: SuiteResult, start_offset: int | None) -> None:
         """Retractions and OOM lines of this suite into ``meta["server_log_scan"]``."""
@@ -331,6 +357,7 @@ class CellRun:
             self.progress.suite_started(name)
         if self.record.load_avg_1m is None:  # the host's load as the cell's first suite starts
             self.record.load_avg_1m = models.LoadAverage(start=envinfo.load_avg_1m())
+        before = self._scrape() if self.fingerprinted() else None
         t = time.monotonic()
         info = self.server_info() if self.server is not None else None
         log_off = logscan.log_size(self.server.spec.log_path) if self.server is not None else None
@@ -358,6 +385,8 @@ class CellRun:
             self._check_server_after(res)
             self._scan_log(res, log_off)
         dt = time.monotonic() - t
+        if before is not None:
+            self._fingerprint(name, before)
         res.meta.setdefault("duration_s", round(dt, 3))
         self.guard()
         runfolder.write_summary(self.cdir / name, res.to_json(name))

@@ -82,7 +82,8 @@ def _keys_declared(raw: dict) -> dict:
 
 def _optional_keys_added(raw: dict) -> dict:
     """Optional keys added (manifest 5: ``host.cpu_usable``, 6: ``machine``, 7:
-    ``machine.driver``; cell 4: ``load_avg_1m``, 5: ``gpu.driver``, ``gpu.devices``): an older
+    ``machine.driver``; cell 4: ``load_avg_1m``, 5: ``gpu.driver``, ``gpu.devices``,
+    ``server_metrics``, ``server_config``): an older
     file reads as it is, without them."""
     return raw
 

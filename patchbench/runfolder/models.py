@@ -38,7 +38,9 @@ from patchbench.run.gpu import GpuSummary
 #                  4: "load_avg_1m" (the host's load average at the start and end of the
 #                     cell's suites); a version-3 file reads without it.
 #                  5: "gpu" holds "driver" and "devices" (the GPUs the cell used: UUID, name,
-#                     clocks, power limit); a version-4 file reads with them None and [].
+#                     clocks, power limit); "server_metrics" (each timed suite's fingerprint
+#                     from the server's /metrics) and "server_config" (its /server_info); a
+#                     version-4 file reads without them (gpu devices [], the rest None).
 #   summary.json   1: no version key.  2: "schema_version" (every key declared, read strictly).
 MANIFEST_SCHEMA = 7
 CELL_SCHEMA = 5
@@ -151,6 +153,19 @@ class LoadAverage(_Record):
     end: float | None = None
 
 
+class ServerMetrics(_Record):
+    """One suite's fingerprint from the server's ``/metrics`` (patchbench.run.server_metrics):
+    ``counters`` {sglang's sample name: its increase over the suite}, ``gauges`` {name: [before,
+    after]}, ``cache_hit_share`` cached / prompt tokens of the deltas (0-1; None: no prompt
+    tokens), ``scrape_s`` the seconds both scrapes took; ``error``: why there is none."""
+
+    cache_hit_share: float | None = None
+    counters: dict[str, float] = Field(default_factory=dict)
+    gauges: dict[str, list[float | None]] = Field(default_factory=dict)
+    scrape_s: float | None = None
+    error: str | None = None
+
+
 class CellRecord(_Record):
     """``RUN/<variant>/rep<k>/cell.json``: one (variant, repeat) cell (its keys: docs/CONTRACTS.md)."""
 
@@ -162,6 +177,8 @@ class CellRecord(_Record):
         "migrated_from",
         "variant_identity",
         "load_avg_1m",
+        "server_metrics",
+        "server_config",
     )
 
     schema_version: int = CELL_SCHEMA
@@ -186,6 +203,10 @@ class CellRecord(_Record):
     migrated_from: int | None = None
     variant_identity: dict[str, str] | None = None
     load_avg_1m: LoadAverage | None = None
+    #: {suite: its fingerprint} of the timed cell's server suites
+    server_metrics: dict[str, ServerMetrics] = Field(default_factory=dict)
+    #: the server's configuration as /server_info states it (run.server_metrics.CONFIG_KEYS)
+    server_config: dict[str, Any] | None = None
 
 
 # -- summary.json ----------------------------------------------------------------------------

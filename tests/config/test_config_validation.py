@@ -55,6 +55,7 @@ aa: {patches: []}""",
     )
     assert cfg.patches_of("patched") == ["null-comment"]
     assert cfg.server_args_of("no-overlap") == [
+        "--enable-metrics",  # server.metrics (the default): the harness's, first
         "--device=cpu",
         "--mem-fraction-static=0.05",
         "--disable-overlap-schedule",
@@ -62,6 +63,8 @@ aa: {patches: []}""",
         "8",
     ]
     assert cfg.server_env_of("no-overlap") == {"SGLANG_USE_CPU_ENGINE": "1", "SGLANG_X": "1"}
+    assert cfg.server_args_of("baseline")[1:] == ["--device=cpu", "--mem-fraction-static=0.05"]
+    cfg.server.metrics = False
     assert cfg.server_args_of("baseline") == ["--device=cpu", "--mem-fraction-static=0.05"]
     assert [v for v in cfg.variants if cfg.is_aa(v)] == ["aa"] == cfg.aa_variants()
     assert not cfg.is_aa("baseline") and not cfg.is_aa("patched")

@@ -181,6 +181,7 @@ def test_a_manifest_the_run_wrote_reads_and_writes_back_key_for_key(case, tmp_pa
     assert cfg["server"].pop("stall_timeout_s") == 60.0
     assert cfg["server"].pop("secret_env") == []  # added later, like stall_timeout_s
     assert cfg["server"].pop("log_max_mb") == 64  # and log_max_mb
+    assert cfg["server"].pop("metrics") is True  # and metrics
     assert cfg["schedule"].pop("unbalanced_reason") is None
     assert cfg["compare"].pop("assumed_cv") == {}
     # a key removed since that nothing ever read: dropped on read, without a note (no result

@@ -124,7 +124,7 @@ def test_dry_run_shows_each_variants_patches_args_and_env(fake_cli_env, tmp_path
     assert "                           env: SGLANG_FAKE_FLAG=1\n" in out
     assert (
         "server     no-overlap: python -m sglang.launch_server --model-path "
-        f"{tmp_path / 'model'} --host 127.0.0.1 --port 31994 --log-level=info "
+        f"{tmp_path / 'model'} --host 127.0.0.1 --port 31994 --enable-metrics --log-level=info "
         "--disable-overlap-schedule\n"
     ) in out
     assert fake_cli_env.seen == {}

@@ -37,6 +37,11 @@ FAKE_HANG_PATHS      comma-separated paths accepted and never answered from the 
 FAKE_FLOOD_STDOUT_MB  print this many MiB of numbered lines (100 bytes each) at start, before
                      binding the port (a server flooding its log); its first line holds
                      "fake: flood head" and its last "fake: flood tail"
+FAKE_PROMPT_TOKENS, FAKE_CACHED_TOKENS  with --enable-metrics, GET /metrics counts this many prompt
+                     tokens (default 10) and cached tokens (default 0) per /generate
+                     (sglang:prompt_tokens_total, sglang:cached_tokens_total); without it, 404
+FAKE_MAX_RUNNING_REQUESTS  /server_info's max_running_requests (default 64), also in the limits line
+                     the log prints at start as sglang's scheduler does
 GET /server_info answers 200 (the scheduler heartbeat of patchbench.run.liveness)
 """
 
@@ -66,6 +71,7 @@ STREAM_CHUNK_S = float(os.environ.get("FAKE_STREAM_CHUNK_S", "0.1"))
 EXPORT_S = float(os.environ.get("FAKE_PROFILE_EXPORT_S", "0"))
 NOT_HTTP = set(filter(None, os.environ.get("FAKE_NOT_HTTP", "").split(",")))
 HANG_PATHS = set(filter(None, os.environ.get("FAKE_HANG_PATHS", "").split(",")))
+METRICS = "--enable-metrics" in sys.argv
 state = {"flush": 0, "generate": 0, "streams": 0}
 EXPORTING = threading.Event()  # set while the "scheduler" writes its trace
 
@@ -98,6 +104,12 @@ def _export(output_dir):
 
 
 print(f"fake sglang server on {args.host}:{args.port}", flush=True)
+MAX_RUNNING = int(os.environ.get("FAKE_MAX_RUNNING_REQUESTS", "64"))
+print(
+    "max_total_num_tokens=8192, chunked_prefill_size=4096, max_prefill_tokens=16384, "
+    f"max_running_requests={MAX_RUNNING}, context_len=4096",
+    flush=True,
+)
 
 FLOOD_MB = float(os.environ.get("FAKE_FLOOD_STDOUT_MB", "0"))
 if FLOOD_MB:
@@ -179,7 +191,9 @@ class H(BaseHTTPRequestHandler):
         if self._not_http():
             return
         if self.path == "/server_info":
-            self._send(200, {"internal_states": [{}]})
+            self._send(200, {"max_running_requests": MAX_RUNNING, "internal_states": [{}]})
+        elif self.path == "/metrics" and METRICS:
+            self._metrics()
         elif self.path == "/health":
             ok = time.monotonic() - T0 >= HEALTH_503 and not scheduler_dead()
             self._send(200 if ok else 503, {})
@@ -187,6 +201,25 @@ class H(BaseHTTPRequestHandler):
             self._send(200, {"data": [{"id": "fake"}]})
         else:
             self._send(404, {})
+
+    def _metrics(self):
+        n = state["generate"]
+        rows = [
+            ("prompt_tokens_total", "counter", n * int(os.environ.get("FAKE_PROMPT_TOKENS", "10"))),
+            ("cached_tokens_total", "counter", n * int(os.environ.get("FAKE_CACHED_TOKENS", "0"))),
+            ("num_requests_total", "counter", n),
+            ("num_running_reqs", "gauge", 0),
+        ]
+        text = "".join(
+            f'# TYPE sglang:{name} {kind}\nsglang:{name}{{model_name="fake"}} {value}\n'
+            for name, kind, value in rows
+        )
+        body = text.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def _stream(self):
         state["streams"] += 1
