@@ -25,7 +25,7 @@ from patchbench.suite import (
 )
 
 from .attainment import attainment
-from .capsearch import Capacity
+from .capsearch import Answer, Capacity
 from .params import Params
 from .parse import MARGIN_PCT
 from .point import run_point
@@ -164,7 +164,7 @@ class ArmRound(BaseModel):
 
     repeat: int
     seed: int
-    answer: str
+    answer: Answer
     lo: float | None = None
     hi: float | None = None
     probes: list[tuple[float, float]]
@@ -192,16 +192,8 @@ def pair_capacity(baseline_dirs: list[Path], variant_dirs: list[Path], cap: Any)
             if m:
                 k = int(Path(d).parent.name.removeprefix("rep"))
                 pts = [(p["load"], p["score"]) for p in m["probes"]]
-                out.append(
-                    ArmRound(
-                        repeat=k,
-                        seed=m["seed"],
-                        answer=m["answer"],
-                        lo=m["lo"],
-                        hi=m["hi"],
-                        probes=pts,
-                    )
-                )
+                ends = {f: m[f] for f in ("seed", "answer", "lo", "hi")}
+                out.append(ArmRound(repeat=k, probes=pts, **ends))
         return out
 
     return CapacityPair(

@@ -73,7 +73,7 @@ def draw_capacity(ax: Any, comparison: Any) -> bool:
             band = "" if lo is None else f" [{lo:.3g}, {hi:.3g}]"
             if lo is not None:
                 ax.axvspan(lo, hi, color=colour, alpha=0.12, lw=0)
-            label = f"{name}: capacity {gm:.3g}{band}, {len(rounds)} rounds"
+            label = f"{name}: capacity {gm:.3g}{band}, {len(caps)} rounds"
         ax.plot([], [], "o-", color=colour, label=label)
     ax.axhline(target, color="black", ls="--", lw=1, label=f"target {target * 100:g} %")
     ax.set_xscale("log", base=2)
@@ -93,12 +93,10 @@ def draw_capacity(ax: Any, comparison: Any) -> bool:
 
 def plot_capacity(comparison: Any, out: Path) -> Path | None:
     """``capacity.png``: :func:`draw_capacity` alone; None without capacity probes."""
-    fig, (ax,) = new_figure(4.8)
-    if not draw_capacity(ax, comparison):
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
+    if _arms(comparison) is None:
         return None
+    fig, (ax,) = new_figure(4.8)
+    draw_capacity(ax, comparison)
     return save_titled(fig, out, comparison, "Capacity at the SLO per arm, every probe")
 
 
