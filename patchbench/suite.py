@@ -200,6 +200,11 @@ class Suite:
         """PNG files written into ``out_dir`` from the typed comparison; returns their paths."""
         return []
 
+    def pr_panels(self, comparison: Any) -> list[Callable[[Any], Any]]:
+        """Panels this suite adds to the PR figure, first: each a callable drawing one matplotlib
+        axes from the typed comparison (title and legend included); none by default."""
+        return []
+
     def report_block(self, suite_dir: Path) -> str | None:
         """The PR-style text block of one cell (None: the suite has none)."""
         return None

@@ -198,8 +198,8 @@ def run_bench_cli(python: str, config: str, results: Path, *extra: str):
     )
 
 
-def _demo_run(python: str, config: str, results: Path) -> Path:
-    p = run_bench_cli(python, config, results)
+def _demo_run(python: str, config: str, results: Path, *extra: str) -> Path:
+    p = run_bench_cli(python, config, results, *extra)
     print(p.stdout[-4000:], p.stderr[-4000:])
     assert p.returncode == 0, p.stderr[-3000:]
     (run_dir,) = [d for d in results.iterdir() if (d / "manifest.json").exists()]
@@ -221,6 +221,18 @@ def demo_0523(tmp_path_factory) -> Path:
         pytest.fail(f"{VENV_0523} missing: run `make setup SGLANG=0.5.23` (make test does)")
     results = tmp_path_factory.mktemp("demo-0523")
     return _demo_run(str(VENV_0523), "configs/demo-cpu-0.5.23.yaml", results)
+
+
+@pytest.fixture(scope="session")
+def capacity_cpu(tmp_path_factory) -> Path:
+    """The run folder of configs/capacity-cpu.yaml on real 0.5.1.post3 servers (this
+    environment): a capacity search, 2 rounds of 2 arms, run once a session (4 server launches).
+    PATCHBENCH_E2E_PORT, when set, replaces the config's port (a machine whose other runs hold
+    it)."""
+    port = os.environ.get("PATCHBENCH_E2E_PORT")
+    results = tmp_path_factory.mktemp("capacity-cpu")
+    extra = ["--port", port] if port else []
+    return _demo_run(sys.executable, "configs/capacity-cpu.yaml", results, *extra)
 
 
 # ------------------------------------------------------------------ a lost server never stops the session

@@ -296,22 +296,42 @@ def _panels(cmp: Comparison) -> list[tuple[str, str, list[str] | None]]:
     return out
 
 
+def _suite_panels(cmp: Comparison) -> list:
+    """Every suite's own PR-figure panels (``Suite.pr_panels``: callables drawing one axes)."""
+    from patchbench.suite import get_suite
+
+    out = []
+    for suite in cmp.suites:
+        try:
+            out += get_suite(suite).pr_panels(cmp)
+        except Exception:  # noqa: BLE001 - an unknown suite, or one that fails to import: none
+            continue
+    return out
+
+
 def plot_pr_figure(cmp: Comparison) -> Figure | None:
     """One panel per primary metric with a value (:func:`_draw_changes`, or :func:`_draw_counts`
-    for a count), the variants on the y axis; a load sweep's per-point primaries of one metric
-    share a panel, change against load (:func:`_curve_panel`), first. None when no primary has a
+    for a count), the variants on the y axis; the suites' own panels (``Suite.pr_panels``, e.g.
+    the capacity's attainment against load) and a load sweep's per-point primaries of one metric
+    on one panel, change against load (:func:`_curve_panel`), first. None when no primary has a
     value to draw."""
-    panels = sorted(_panels(cmp), key=lambda p: p[2] is None)
+    own = _suite_panels(cmp)
+    panels = own + sorted(_panels(cmp), key=lambda p: p[2] is None)
     if not panels:
         return None
-    curves = panels[0][2] is not None
+    curves = any(not callable(p) and p[2] is not None for p in panels)
+    tall = curves or bool(own)
     names = list(cmp.variants)
-    ncols = min(len(panels), 2 if curves else 3)
+    ncols = min(len(panels), 2 if tall else 3)
     nrows = math.ceil(len(panels) / ncols)
-    height = 2.9 * nrows + 0.8 if curves else (0.4 * len(names) + 1.5) * nrows + 1.1
+    height = 2.9 * nrows + 0.8 if tall else (0.4 * len(names) + 1.5) * nrows + 1.1
     fig, axes = plt.subplots(nrows, ncols, figsize=(WIDTH_IN, height), dpi=DPI, squeeze=False)
     flat = [a for row in axes for a in row]
-    for i, (ax, (suite, metric, pts)) in enumerate(zip(flat, panels, strict=False)):
+    for i, (ax, panel) in enumerate(zip(flat, panels, strict=False)):
+        if callable(panel):
+            panel(ax)
+            continue
+        suite, metric, pts = panel
         if pts is not None:
             _curve_panel(ax, cmp, suite, metric, pts)
             continue
@@ -323,7 +343,7 @@ def plot_pr_figure(cmp: Comparison) -> Figure | None:
         r0 = rows[0][1]
         (_draw_counts if r0.kind == "deterministic" else _draw_changes)(ax, rows, r0)
         ax.set_ylim(len(names) - 0.5, -0.5)
-        shown = curves or i % ncols == 0
+        shown = tall or i % ncols == 0
         ax.set_yticks(range(len(names)), names if shown else [""] * len(names))
         ax.set_title(panel_title(r0), fontsize=9, pad=12)
         ax.tick_params(labelsize=8)
@@ -344,7 +364,7 @@ def plot_pr_figure(cmp: Comparison) -> Figure | None:
     fig.suptitle(
         figtext.figure_title(f"Primary metrics vs {cmp.baseline}: {words}", cmp), fontsize=10
     )
-    fig.tight_layout(rect=(0, 0.07, 1, 0.93) if curves else (0, 0.05, 1, 0.94))
+    fig.tight_layout(rect=(0, 0.07, 1, 0.93) if tall else (0, 0.05, 1, 0.94))
     return fig
 
 

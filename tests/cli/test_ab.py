@@ -119,7 +119,10 @@ def test_ab_config_for_a_branch_a_diff_and_server_arguments(checkout, tmp_path):
             "server_args": ["--disable-overlap-schedule"],
         },
     }
-    with pytest.raises(UsageError, match="unknown preset 'nope'; presets: cpu-demo, pr-h200"):
+    with pytest.raises(
+        UsageError,
+        match="unknown preset 'nope'; presets: capacity-h200, cpu-demo, pr-h200, sweep-h200",
+    ):
         ab.preset_path("nope")
 
 

@@ -86,7 +86,7 @@ def test_generic_presets_are_text_only_serving_without_case_suites(path, capsys)
     """configs/presets/: valid configs whose suites are the generic ones (text-only serving of
     random token ids, MMMU optional): the mrope sync probe and the profiler stay in their
     case's configs."""
-    assert {p.stem for p in PRESETS} >= {"cpu-demo", "pr-h200", "sweep-h200"}
+    assert {p.stem for p in PRESETS} >= {"cpu-demo", "pr-h200", "sweep-h200", "capacity-h200"}
     cfg = load_config(path)
     assert list(cfg.suites) == ["serving"]
     assert cfg.suite_params["serving"].dataset_name == "random-ids"
@@ -110,6 +110,19 @@ def test_sweep_preset_is_a_four_point_concurrency_curve_within_two_h200_hours():
     assert "serving.output_throughput_tok_s@c64" in text
     per_repeat = float(text.split("a cell, ~")[1].split(" a repeat")[0])
     assert per_repeat * cfg.schedule.max_repeats <= 120
+
+
+def test_capacity_preset_is_the_calibrated_pr_capacity_search_on_the_generic_model():
+    """configs/presets/capacity-h200.yaml: pr-h200's model and text-only serving, with the
+    capacity search, SLO and schedule of configs/pr9460-capacity-h200.yaml (the calibrated
+    ones, docs/calibration.md "Capacity"), the capacity the one primary."""
+    cfg = load_config(CONFIGS[0].parent / "presets" / "capacity-h200.yaml")
+    pr = load_config(CONFIGS[0].parent / "pr9460-capacity-h200.yaml")
+    generic = load_config(CONFIGS[0].parent / "presets" / "pr-h200.yaml")
+    assert cfg.model == generic.model and list(cfg.variants) == ["baseline", "my-change"]
+    cap = cfg.suite_params["serving"].capacity
+    assert cap == pr.suite_params["serving"].capacity and cap.primary
+    assert cfg.schedule == pr.schedule and cfg.schedule.max_repeats == 8
 
 
 def test_cpu_dry_run_quotes_no_gpu_time():

@@ -1,8 +1,9 @@
 """The capacity search (patchbench/suites/serving/capsearch.py) on synthetic attainment curves with
 brackets computed by hand, the per-request SLO attainment (attainment.py) on hand-made records,
 the paired capacity verdict through the comparison (capacity.py's metrics, the calibration's
-in-memory run data), the config's validation, and a 2-probe search through the real probe path
-with a fake bench_serving."""
+in-memory run data), the config's validation, a 2-probe search through the real probe path
+with a fake bench_serving, the probes in compare.json and the figures (capplot.py) on a
+synthetic run folder, and configs/capacity-cpu.yaml on real servers (e2e)."""
 
 from __future__ import annotations
 
@@ -199,3 +200,194 @@ def test_two_probe_search_with_a_fake_tool(tmp_path, pkg):  # noqa: F811 (fixtur
     for k in ("c2", "c4"):
         argv = json.loads((ctx.out_dir / "probes" / k / "argv.json").read_text())
         assert argv[argv.index("--seed") + 1] == str(meta["seed"])
+
+
+# --- compare.json's probes, the capacity figure and the PR figure's panel ------------------------
+
+SLO = {"ttft_ms": 1000, "tpot_ms": 30, "rule": "share", "target": 0.9}
+#: per (arm, round): the probes [(concurrency, share), ...] in the order run, and the bracket
+PROBES = {
+    ("baseline", 0): ([(8, 1.0), (16, 0.5), (12, 0.92), (14, 0.7)], 12, 14),
+    ("baseline", 1): ([(12, 0.95), (14, 0.6), (13, 0.8)], 12, 13),
+    ("patched", 0): ([(8, 1.0), (16, 0.4), (12, 0.8), (10, 0.95)], 10, 12),
+    ("patched", 1): ([(10, 0.91), (12, 0.85), (11, 0.88)], 10, 11),
+}
+#: each cell's capacity (the metric): interpolated within its bracket, as capsearch.search does
+CAPS = {("baseline", 0): 12.18, ("baseline", 1): 12.25, ("patched", 0): 11.0, ("patched", 1): 10.33}
+
+
+def _capacity_run(tmp_path, primary=True, rounds=2):
+    from tests.synthetic import make_run
+
+    meta = {
+        (v, k, "serving"): {
+            "capacity": {
+                "answer": "bracket",
+                "lo": lo,
+                "hi": hi,
+                "value": CAPS[v, k],
+                "seed": round_seed(1, k),
+                "probes": [{"load": c, "score": s, "meets": s >= 0.9} for c, s in probes],
+            }
+        }
+        for (v, k), (probes, lo, hi) in PROBES.items()
+        if k < rounds
+    }
+    caps = {v: [CAPS[v, k] for k in range(rounds)] for v in ("baseline", "patched")}
+    cap = {"slo": SLO, "start": 8, "max": 32, "precision": 0.1, "primary": primary}
+    return make_run(
+        tmp_path,
+        metrics={"serving": {CAPACITY: caps}},
+        meta=meta,
+        suites_params={"serving": {"seed": 1, "capacity": cap}},
+    )
+
+
+def test_compare_json_carries_each_arms_probes_per_round(tmp_path):
+    from patchbench.analysis.comparison import read_comparison
+    from patchbench.report import render_run
+
+    run = _capacity_run(tmp_path)
+    render_run(run, plots=False)
+    pair = read_comparison(run).pairs["serving"]["patched"]
+    assert pair["target"] == 0.9 and pair["slo_definition"].startswith(
+        "TTFT <= 1000 ms and TPOT <= 30 ms; at least 90 % of requests meet every bound"
+    )
+    for arm, v in (("baseline", "baseline"), ("variant", "patched")):
+        assert [r["repeat"] for r in pair[arm]] == [0, 1]
+        for r in pair[arm]:
+            probes, lo, hi = PROBES[v, r["repeat"]]
+            assert r["probes"] == [list(p) for p in probes] and (r["lo"], r["hi"]) == (lo, hi)
+            assert r["seed"] == round_seed(1, r["repeat"]) and r["answer"] == "bracket"
+    # the same seed in both arms of a round, a new one each round
+    assert [r["seed"] for r in pair["baseline"]] == [r["seed"] for r in pair["variant"]]
+    assert pair["baseline"][0]["seed"] != pair["baseline"][1]["seed"]
+
+
+def _drawn(ax):
+    """(probe markers per colour, the vertical lines' x, the dashed lines' y, the bands' x
+    extents)."""
+    from matplotlib.colors import to_hex
+
+    marks: dict[str, list] = {}
+    vlines, dashed = [], []
+    for line in ax.lines:
+        xs, ys = list(line.get_xdata()), list(line.get_ydata())
+        if line.get_marker() == "o" and len(xs) == 1:
+            marks.setdefault(to_hex(line.get_color()), []).append((xs[0], ys[0]))
+        elif line.get_linestyle() == "--":
+            dashed.append(ys[0])
+        elif len(xs) == 2 and xs[0] == xs[1] and line.get_linestyle() == "-":
+            vlines.append(xs[0])
+    bands = [(p.get_x(), p.get_x() + p.get_width()) for p in ax.patches]
+    return marks, vlines, dashed, bands
+
+
+def test_capacity_figure_draws_every_probe_the_target_and_each_arms_interval(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from patchbench.analysis.comparison import read_comparison
+    from patchbench.report import plots, render_run
+    from patchbench.suites.serving.capplot import draw_capacity
+
+    run = _capacity_run(tmp_path)
+    render_run(run)
+    assert (run / "plots" / "capacity.png").is_file()
+    cmp = read_comparison(run)
+    fig, ax = plt.subplots()
+    assert draw_capacity(ax, cmp)
+    marks, vlines, dashed, bands = _drawn(ax)
+    # every probe of both rounds, per arm (C0 the baseline, C1 the variant)
+    assert sorted(marks["#1f77b4"]) == sorted(p for k in (0, 1) for p in PROBES["baseline", k][0])
+    assert sorted(marks["#ff7f0e"]) == sorted(p for k in (0, 1) for p in PROBES["patched", k][0])
+    assert dashed == [0.9]
+    # each arm's geometric mean over its rounds: sqrt(12.18 x 12.25), sqrt(11.0 x 10.33)
+    assert vlines == [pytest.approx(12.2150, abs=1e-4), pytest.approx(10.6597, abs=1e-4)]
+    # the band: the t interval on the logs, n = 2 (t(0.975, 1) = 12.7062): for the variant
+    # half-width 12.7062 x |ln(11.0 / 10.33)| / 2 = 0.39928
+    assert bands[1] == (
+        pytest.approx(10.6597 * math.exp(-0.39928), rel=1e-4),
+        pytest.approx(10.6597 * math.exp(0.39928), rel=1e-4),
+    )
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels[1] == "patched: capacity 10.7 [7.15, 15.9], 2 rounds"
+    plt.close(fig)
+    # the PR figure: the attainment panel first, beside the capacity's change panel
+    pr = plots.plot_pr_figure(cmp)
+    titles = [a.get_title() for a in pr.axes if a.get_visible() and a.axison]
+    assert titles[0].startswith("Attainment against load") and len(titles) == 2
+    plt.close(pr)
+
+
+def test_one_round_shows_the_bracket_and_no_panel_when_the_capacity_is_not_a_primary(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from patchbench.analysis.build import compare_run
+    from patchbench.report import plots
+    from patchbench.suites.serving.capplot import draw_capacity
+
+    cmp = compare_run(_capacity_run(tmp_path, primary=False, rounds=1))
+    fig, ax = plt.subplots()
+    assert draw_capacity(ax, cmp)
+    assert _drawn(ax)[3] == [(12, 14), (10, 12)]  # one round: its bracket
+    plt.close(fig)
+    assert plots.plot_pr_figure(cmp) is None  # no primary: no PR figure, no panel
+
+
+# --- a real search on the CPU ---------------------------------------------------------------------
+
+
+@pytest.mark.e2e
+def test_real_capacity_search_on_the_cpu(capacity_cpu):
+    """configs/capacity-cpu.yaml on real servers (the capacity_cpu fixture, tests/conftest.py):
+    in every cell the probes ran with the round's seed (one per round, the same in both arms),
+    each at its own concurrency, the bracket is the probes' (lo met the target, hi did not, within
+    the precision), round 2 started from the arm's round-1 bracket, the first probe both arms
+    share sent the same prompts, and compare.json, the report and the figures carry it."""
+    from patchbench.analysis.comparison import read_comparison
+    from patchbench.config import load_config
+    from patchbench.records import read_json
+    from patchbench.suites.serving.capacity import round_dither
+
+    cap = load_config("configs/capacity-cpu.yaml").suite_params["serving"].capacity
+    arms = ("baseline", "mrope-sync-free")
+    metas = {}
+    for v in arms:
+        for k in (0, 1):
+            cell = capacity_cpu / v / f"rep{k}" / "serving"
+            summary = read_json(cell / "summary.json")
+            m = metas[v, k] = summary["meta"]["capacity"]
+            assert summary["status"] == "ok" and m["seed"] == round_seed(1, k)
+            assert summary["metrics"]["capacity_probes_count"] == len(m["probes"])
+            for p in m["probes"]:
+                argv = read_json(cell / "probes" / f"c{p['load']}" / "command.json")["argv"]
+                assert argv[argv.index("--seed") + 1] == str(m["seed"])
+                assert argv[argv.index("--max-concurrency") + 1] == str(p["load"])
+                assert p["meets"] == (p["score"] >= cap.slo.target) and p["judged"] >= 16
+            score = {p["load"]: p["score"] for p in m["probes"]}
+            assert m["answer"] in ("bracket", "cliff"), m  # the SLO is crossed within 1-32
+            lo, hi = m["lo"], m["hi"]
+            assert score[lo] >= 0.9 > score[hi] and hi - lo <= max(1, cap.precision * lo)
+            assert lo <= summary["metrics"][CAPACITY] <= hi
+            # the first probe: from the start, then from the arm's round-1 bracket (its lo),
+            # moved by the round's dither, within the range, floored
+            prior = None if k == 0 else [metas[v, 0]["lo"], metas[v, 0]["hi"]]
+            assert m["prior"] == prior and m["dither"] == round_dither(m["seed"])
+            moved = (cap.start if k == 0 else prior[0]) * (1 + m["dither"] * cap.precision)
+            assert m["probes"][0]["load"] == math.floor(min(max(moved, cap.min), cap.max))
+            assert len({p["load"] for p in m["probes"]}) == len(m["probes"])
+    # common random numbers: round 1's first probe is the same concurrency in both arms
+    c = metas[arms[0], 0]["probes"][0]["load"]
+    lens = [
+        read_json(capacity_cpu / v / "rep0" / "serving" / "probes" / f"c{c}" / "requests.json")[
+            "input_len"
+        ]
+        for v in arms
+    ]
+    assert lens[0] == lens[1] and len(lens[0]) == cap.num_prompts(c)
+    pair = read_comparison(capacity_cpu).pairs["serving"][arms[1]]
+    for arm, v in (("baseline", arms[0]), ("variant", arms[1])):
+        got = [[list(p) for p in r["probes"]] for r in pair[arm]]
+        assert got == [[[p["load"], p["score"]] for p in metas[v, k]["probes"]] for k in (0, 1)]
+    assert "## Capacity at the SLO (serving)" in (capacity_cpu / "report.md").read_text()
+    assert {"capacity.png", "pr_figure.png"} <= {p.name for p in (capacity_cpu / "plots").iterdir()}

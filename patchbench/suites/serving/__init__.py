@@ -11,7 +11,8 @@ from patchbench.suite import MetricInfo, Suite, SuiteContext, SuiteResult, regis
 
 from .block import report_block
 from .capacity import declarations as capacity_declarations
-from .capacity import run_capacity
+from .capacity import pair_capacity, run_capacity
+from .capplot import pr_panels
 from .pairing import pair_cells
 from .params import Params
 from .parse import METRICS, PRIMARY
@@ -53,6 +54,7 @@ class ServingSuite(Suite):
     report_block = staticmethod(report_block)
     report_section = staticmethod(report_section)
     plots = staticmethod(plots)
+    pr_panels = staticmethod(pr_panels)
 
     def hf_datasets(self, params: Params) -> list[tuple[str, str, str | None]]:
         """bench_serving's mmmu dataset reads MMMU/MMMU from the hub."""
@@ -64,10 +66,10 @@ class ServingSuite(Suite):
         self, baseline_dirs: list[Path], variant_dirs: list[Path], params: Params
     ) -> dict | None:
         """Requests paired by index after the prompt check (:func:`.pairing.pair_cells`; a sweep's
-        points: :func:`.points.pair_points`; a capacity search: its SLO in words, its probes differ per
-        arm); PairingRefused when no repeat's prompts pair."""
+        points: :func:`.points.pair_points`; a capacity search: its SLO and each arm's probes,
+        :func:`.capacity.pair_capacity`); PairingRefused when no repeat's prompts pair."""
         if isinstance(params, Params) and params.capacity is not None:
-            return {"slo_definition": params.capacity.slo.definition()}
+            return pair_capacity(list(baseline_dirs), list(variant_dirs), params.capacity)
         if isinstance(params, Params) and params.sweep is not None:
             return pair_points(list(baseline_dirs), list(variant_dirs), params, list(METRICS))
         return pair_cells(list(baseline_dirs), list(variant_dirs), list(METRICS))

@@ -12,11 +12,20 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from patchbench.records import write_json
-from patchbench.suite import MetricInfo, SuiteContext, SuiteError, SuiteResult, comparison_get
+from patchbench.suite import (
+    MetricInfo,
+    SuiteContext,
+    SuiteError,
+    SuiteResult,
+    comparison_get,
+    read_or,
+)
 
 from .attainment import attainment
-from .capsearch import Capacity
+from .capsearch import Answer, Capacity
 from .params import Params
 from .parse import MARGIN_PCT
 from .point import run_point
@@ -162,6 +171,53 @@ def run_capacity(ctx: SuiteContext, params: Params) -> SuiteResult:
     }
     out.status = "incomplete" if out.errors else "ok"
     return out
+
+
+class ArmRound(BaseModel):
+    """One arm's search in round ``repeat``: its bench_serving ``seed``, the answer ("bracket",
+    "cliff", "beyond", "never"), the bracket (lo meets, hi fails; None where the search found no
+    such end) and every probe as [concurrency, attainment share] in the order run."""
+
+    repeat: int
+    seed: int
+    answer: Answer
+    lo: float | None = None
+    hi: float | None = None
+    probes: list[tuple[float, float]]
+
+
+class CapacityPair(BaseModel):
+    """The capacity search's pair entry of one variant (``compare.json`` ``pairs.serving.<variant>``):
+    the SLO in words and its target share, and each arm's rounds (those where both arms' cells
+    are ok), what the capacity figure draws."""
+
+    slo_definition: str
+    target: float
+    baseline: list[ArmRound]
+    variant: list[ArmRound]
+
+
+def pair_capacity(baseline_dirs: list[Path], variant_dirs: list[Path], cap: Any) -> CapacityPair:
+    """:class:`CapacityPair` from each cell's ``summary.json`` ``meta.capacity`` (a cell folder
+    ``<variant>/rep<k>/<suite>``; a summary without one is left out)."""
+
+    def arm(dirs: list[Path]) -> list[ArmRound]:
+        out = []
+        for d in dirs:
+            m = ((read_or(Path(d) / "summary.json", {}) or {}).get("meta") or {}).get("capacity")
+            if m:
+                k = int(Path(d).parent.name.removeprefix("rep"))
+                pts = [(p["load"], p["score"]) for p in m["probes"]]
+                ends = {f: m[f] for f in ("seed", "answer", "lo", "hi")}
+                out.append(ArmRound(repeat=k, probes=pts, **ends))
+        return out
+
+    return CapacityPair(
+        slo_definition=cap.slo.definition(),
+        target=cap.slo.target,
+        baseline=arm(baseline_dirs),
+        variant=arm(variant_dirs),
+    )
 
 
 def arm_interval(

@@ -13,6 +13,7 @@ from patchbench.suite import comparison_get, suite_pairs, suite_refusals
 from patchbench.suites import new_figure, save_titled
 
 from .capacity import report_lines
+from .capplot import plot_capacity
 from .curve import frontier
 from .sweep import POINT_SEP, point_of
 
@@ -185,11 +186,13 @@ def plot_ecdf(comparison: Any, field: str, out: Path) -> Path | None:
 
 
 def plots(comparison: Any, out_dir: Path) -> list[Path]:
-    """A sweep's curve figures (``curve_latency.png``, ``curve_change.png``,
-    ``curve_frontier.png``), then ``ecdf_ttft.png`` and ``ecdf_itl.png`` (of the lowest load of a
-    sweep), those that have data, in ``out_dir``."""
+    """A capacity search's ``capacity.png`` (:func:`.capplot.plot_capacity`), a sweep's curve
+    figures (``curve_latency.png``, ``curve_change.png``, ``curve_frontier.png``), then
+    ``ecdf_ttft.png`` and ``ecdf_itl.png`` (of the lowest load of a sweep), those that have data,
+    in ``out_dir``."""
     out_dir = Path(out_dir)
     got = [
+        plot_capacity(comparison, out_dir / "capacity.png"),
         plot_latency(comparison, out_dir / "curve_latency.png"),
         plot_change(comparison, out_dir / "curve_change.png"),
         plot_frontier(comparison, out_dir / "curve_frontier.png"),
