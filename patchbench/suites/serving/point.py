@@ -38,6 +38,9 @@ from .validity import (
 
 #: seconds between checks of the bench_serving process and the server while it runs
 POLL_S = 0.5
+#: datasets whose output lengths are not drawn by the tool (mooncake: each record's own; the
+#: traffic suite's trace workloads)
+NOT_DRAWN = frozenset({"mmmu", "mooncake"})
 #: the client-side script of a multi-point run (standard library + the release's package only)
 SCRIPT = Path(__file__).with_name("multi_point.py")
 
@@ -338,7 +341,7 @@ def _measured(row: dict, scan: dict | None) -> tuple[dict[str, float], dict]:
 def _asked(params: Params, prep: Prepared, tool_stdout: str) -> list[int] | None:
     """Each request's asked output length where the release drew it at random
     (:func:`.validity.asked_output_lens`); None for a fixed length or when it cannot be known."""
-    if params.dataset_name == "mmmu" or params.random_range_ratio >= 1.0:
+    if params.dataset_name in NOT_DRAWN or params.random_range_ratio >= 1.0:
         return None
     return asked_output_lens(
         tool_stdout,
@@ -379,7 +382,7 @@ def _checks(
         ignore_eos=not params.disable_ignore_eos,
         asked=asked,
     )
-    drawn = params.dataset_name != "mmmu" and params.random_range_ratio < 1.0
+    drawn = params.dataset_name not in NOT_DRAWN and params.random_range_ratio < 1.0
     if drawn and asked is None and not params.disable_ignore_eos:
         warnings.append(
             "each request's asked output length could not be replayed from the release's draw "

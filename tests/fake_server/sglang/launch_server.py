@@ -34,6 +34,7 @@ FAKE_NOT_HTTP        comma-separated paths answered with bytes that are not HTTP
                      no client can read), then the connection closed
 FAKE_HANG_PATHS      comma-separated paths accepted and never answered from the start (other
                      paths answer as usual)
+FAKE_REQUEST_LOG     a file: each streamed /generate appends {"t0", "t1" (monotonic s), "text"}
 FAKE_FLOOD_STDOUT_MB  print this many MiB of numbered lines (100 bytes each) at start, before
                      binding the port (a server flooding its log); its first line holds
                      "fake: flood head" and its last "fake: flood tail"
@@ -66,6 +67,8 @@ STREAM_CHUNK_S = float(os.environ.get("FAKE_STREAM_CHUNK_S", "0.1"))
 EXPORT_S = float(os.environ.get("FAKE_PROFILE_EXPORT_S", "0"))
 NOT_HTTP = set(filter(None, os.environ.get("FAKE_NOT_HTTP", "").split(",")))
 HANG_PATHS = set(filter(None, os.environ.get("FAKE_HANG_PATHS", "").split(",")))
+REQUEST_LOG = os.environ.get("FAKE_REQUEST_LOG")
+LOCK = threading.Lock()
 state = {"flush": 0, "generate": 0, "streams": 0}
 EXPORTING = threading.Event()  # set while the "scheduler" writes its trace
 
@@ -220,7 +223,12 @@ class H(BaseHTTPRequestHandler):
         except ValueError:
             body = {}
         if self.path == "/generate" and isinstance(body, dict) and body.get("stream"):
+            t0 = time.monotonic()
             self._stream()
+            if REQUEST_LOG:  # one line a streamed request: when it came, when it ended, its text
+                line = {"t0": t0, "t1": time.monotonic(), "text": body.get("text")}
+                with LOCK, open(REQUEST_LOG, "a") as f:
+                    f.write(json.dumps(line) + "\n")
         elif self.path == "/start_profile":
             threading.Thread(
                 target=_export, args=(body.get("output_dir", "."),), daemon=True
