@@ -30,7 +30,7 @@ from patchbench.suites.serving import METRICS
 from patchbench.suites.serving import Params as ServingParams
 from patchbench.suites.serving.command import tool_info
 from patchbench.suites.serving.pairing import pair_cells
-from patchbench.suites.serving.point import client_idle_s, finish_point, prepare_point, run_tool
+from patchbench.suites.serving.point import finish_point, prepare_point, run_tool
 from patchbench.suites.serving.sweep import metric_at
 
 from .workloads import MultiTurn, SharedPrefix, Trace, Workload, check_tool, read_jsonl, tool_params
@@ -82,18 +82,12 @@ def client_env(ctx: SuiteContext) -> dict[str, str]:
 
 
 def idle_s(w: Any) -> float:
-    """Seconds the client may send nothing: a think time, a trace's longest gap (slowed), plus 10."""
-    if isinstance(w, MultiTurn):
-        return w.think_time_s + 10.0
+    """Seconds the client may send nothing: a think time or a trace's longest gap (slowed), + 10."""
+    gap = w.think_time_s if isinstance(w, MultiTurn) else 0.0
     if isinstance(w, Trace):
         ts = sorted(float(r["timestamp"]) for r in read_jsonl(w.path))
-        return (
-            max((b - a for a, b in zip(ts, ts[1:], strict=False)), default=0.0)
-            / 1000.0
-            * (w.slowdown)
-            + 10.0
-        )
-    return client_idle_s(float("inf"))
+        gap = max([b - a for a, b in zip(ts, ts[1:], strict=False)] + [0.0]) / 1000 * w.slowdown
+    return gap + 10.0
 
 
 def send(ctx: SuiteContext, w: Any, pp: ServingParams, out: Path, prime: bool = False):
@@ -231,8 +225,7 @@ class TrafficSuite(Suite):
 
     def check_release(self, params: Any, stock_sglang_dir: Path, release: str) -> None:
         """:func:`check_release`, before any server starts."""
-        if isinstance(params, Params):
-            check_release(params, stock_sglang_dir, release)
+        check_release(params, stock_sglang_dir, release)
 
     def pair(self, baseline_dirs: list[Path], variant_dirs: list[Path], params: Params) -> dict:
         """Each workload's requests paired by index (the serving suite's
