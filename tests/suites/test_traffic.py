@@ -20,7 +20,7 @@ from patchbench.run.plan import check_releases
 from patchbench.suite import ServerInfo, SuiteContext
 from patchbench.suites.serving.command import ToolMismatch
 from patchbench.suites.traffic import Params, run
-from patchbench.suites.traffic.workloads import read_jsonl
+from patchbench.suites.traffic.workloads import read_jsonl, tool_params
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = ROOT / "tests" / "fake_server" / "sglang" / "launch_server.py"
@@ -29,7 +29,6 @@ PINS = {
     "0.5.1.post3": (ROOT / ".venv", ROOT / ".cache/models/tiny-qwen25vl-tf4"),
     "0.5.23": (ROOT / ".venv-0.5.23", ROOT / ".cache/models/tiny-qwen25vl-tf5"),
 }
-pytestmark = pytest.mark.needs_sglang
 
 
 def site(pin: str) -> Path:
@@ -57,8 +56,8 @@ def fake(tmp_path):
 
 def make_ctx(tmp_path, fake, pin: str) -> SuiteContext:
     venv, model = PINS[pin]
-    if not venv.exists():
-        pytest.fail(f"{venv} missing: run `make setup` for sglang {pin}")
+    if not venv.exists() or not model.exists():
+        pytest.fail(f"{venv} or {model} missing: run `make setup` (SGLANG={pin})")
 
     def flush():
         fake.flushes.append(time.monotonic())
@@ -94,6 +93,7 @@ def make_ctx(tmp_path, fake, pin: str) -> SuiteContext:
     )
 
 
+@pytest.mark.needs_sglang
 def test_shared_prefix_and_multi_turn_on_0_5_1(tmp_path, fake):
     params = Params.model_validate(
         {
@@ -159,6 +159,7 @@ def test_shared_prefix_and_multi_turn_on_0_5_1(tmp_path, fake):
     assert all(lens[i + 3] > lens[i] for i in range(3))
 
 
+@pytest.mark.needs_sglang
 def test_trace_honours_timestamps_on_0_5_23_and_is_refused_on_0_5_1(tmp_path, fake):
     params = Params.model_validate({"workloads": {"tr": {"kind": "trace", "slowdown": 0.5}}})
     with pytest.raises(ToolMismatch, match="sglang 0.5.1.post3's bench_serving .* no 'mooncake'"):
@@ -175,14 +176,76 @@ def test_trace_honours_timestamps_on_0_5_23_and_is_refused_on_0_5_1(tmp_path, fa
     with pytest.raises(ToolMismatch, match="suites.traffic.workloads.tr: a trace workload"):
         check_releases(cfg)  # bench's preflight, before any server starts
 
-    res = run(make_ctx(tmp_path, fake, "0.5.23"), params)
+    both = {
+        "workloads": {
+            "tr": {"kind": "trace", "slowdown": 0.5},
+            "chat": {"kind": "multi_turn", "conversations": 2, "turns": 2, "output_len": 4},
+        }
+    }
+    res = run(make_ctx(tmp_path, fake, "0.5.23"), Params.model_validate(both))
     assert res.status == "ok", res.errors
+    # replay.py drives 0.5.23's bench_serving too: 2 conversations x 2 turns after 1 prime
+    assert res.metrics["completed_count@chat"] == 4
+    assert res.meta["workloads"]["chat"]["primed"]["completed"] == 1
+    lens = read_json(tmp_path / "traffic" / "chat" / "requests.json")["input_len"]
+    assert lens[2] > lens[0] and lens[3] > lens[1]
     trace = read_jsonl(ROOT / "patchbench/suites/traffic/data/trace.jsonl")
     assert res.metrics["completed_count@tr"] == len(trace) == 12
-    reqs = read_jsonl(fake.log)[1:]  # the tool's warm-up ended before the trace began
+    reqs = read_jsonl(fake.log)[1:13]  # the tool's warm-up ended before the trace began
     sent = sorted(r["t0"] for r in reqs)
     # each request went at its timestamp (ms) x 0.5 after the first (which met a new connection:
     # up to 0.15 s of slack), the last 2.3 s x 0.5 after the first
     want = [(r["timestamp"] - trace[0]["timestamp"]) / 1000 * 0.5 for r in trace]
     assert want[-1] == pytest.approx(1.15)
     assert all(abs((t - sent[0]) - w) < 0.15 for t, w in zip(sent, want, strict=True))
+
+
+def test_workload_parameters_are_checked_at_config_load(tmp_path):
+    bad = tmp_path / "chats.jsonl"
+    bad.write_text('{"system": "s", "turns": []}\n{"turns": []}\n')
+    with pytest.raises(ValueError, match=r"chats.jsonl: object 2 lacks system"):
+        Params.model_validate(
+            {"workloads": {"c": {"kind": "multi_turn", "output_len": 4, "path": str(bad)}}}
+        )
+    with pytest.raises(ValueError, match="letters, digits, - and _ only"):
+        Params.model_validate({"workloads": {"a b": {"kind": "trace"}}})
+    with pytest.raises(ValueError, match="no such file"):
+        Params.model_validate({"workloads": {"t": {"kind": "trace", "path": "nope.jsonl"}}})
+
+
+def test_prime_and_measured_calls_read_one_shared_prefix_dataset():
+    """The prime call passes the measured call's --gsp-* flags (bench_serving's cache key and
+    draw) and asks one 1-token request per group; the measured call asks every prompt."""
+    w = Params.model_validate(
+        {
+            "workloads": {
+                "s": {
+                    "kind": "shared_prefix",
+                    "groups": 3,
+                    "prompts_per_group": 5,
+                    "system_prompt_len": 100,
+                    "question_len": 10,
+                    "output_len": 7,
+                }
+            }
+        }
+    ).workloads["s"]
+    prime, measured = tool_params(w, 1, 2, prime=True), tool_params(w, 1, 0)
+    assert (
+        prime.extra_args
+        == measured.extra_args
+        == [
+            *("--gsp-num-groups", "3", "--gsp-prompts-per-group", "5"),
+            *(
+                "--gsp-system-prompt-len",
+                "100",
+                "--gsp-question-len",
+                "10",
+                "--gsp-output-len",
+                "7",
+            ),
+        ]
+    )
+    assert (prime.num_prompts, prime.output_len, prime.warmup_requests) == (3, 1, 2)
+    assert (measured.num_prompts, measured.output_len, measured.warmup_requests) == (15, 7, 0)
+    assert measured.dataset_name == "generated-shared-prefix" and measured.random_range_ratio == 1
