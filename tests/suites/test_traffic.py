@@ -37,9 +37,11 @@ def site(pin: str) -> Path:
 
 @pytest.fixture
 def fake(tmp_path):
-    """The fake server streaming 4 tokens per request, logging each one's text and times."""
+    """The fake server streaming the tokens each request asks (at most 16), logging each one's
+    text and times."""
     log = tmp_path / "requests.jsonl"
-    env = dict(os.environ, FAKE_STREAM_CHUNKS="4", FAKE_STREAM_CHUNK_S="0.01")
+    env = dict(os.environ, FAKE_STREAM_CHUNKS="16", FAKE_STREAM_CHUNK_S="0.01")
+    env["FAKE_STREAM_UPTO_MAX"] = "1"
     env["FAKE_REQUEST_LOG"] = str(log)
     proc = subprocess.Popen([sys.executable, str(FAKE), "--port", str(PORT)], env=env)
     url = f"http://127.0.0.1:{PORT}"

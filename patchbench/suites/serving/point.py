@@ -473,12 +473,16 @@ def _image_probe(ctx: SuiteContext, params: Params, prep: Prepared) -> dict[str,
 
 
 def run_points_together(
-    ctx: SuiteContext, plan: list[tuple[str, Path, Params]]
+    ctx: SuiteContext,
+    plan: list[tuple[str, Path, Params]],
+    between: Callable[[int], None] | None = None,
+    wrappers: dict[str, list[str]] | None = None,
 ) -> list[SuiteResult]:
     """Run the points ``plan`` ([(key, point folder, point params)], in run order) in one client
     process (``multi_point.py``, its control files in ``<suite>/multi_point/``); their results in
     that order, each summary.json written as it finishes. Between two points the point just run is
-    finished, the cache flushed and the next one let go.
+    finished, ``between(i)`` called (default: the cache flushed) and point i let go. ``wrappers``:
+    {key: multi_point.py's ``wrapper`` of that point}.
 
     Timeout: the sum of the points' ``timeout_s``; idle limit: the largest point's. SuiteError
     names the point that failed (the points before it keep their files)."""
@@ -495,7 +499,8 @@ def run_points_together(
         (pdir / "point.json").unlink(missing_ok=True)
         if prep.argv[1:3] != ["-m", "sglang.bench_serving"]:
             raise SuiteError(f"sweep point {k}: unexpected bench_serving command {prep.argv[:3]}")
-        points.append({"key": k, "dir": str(pdir), "argv": prep.argv[3:]})
+        wrap = (wrappers or {}).get(k)
+        points.append({"key": k, "dir": str(pdir), "argv": prep.argv[3:], "wrapper": wrap})
     write_json(control / "plan.json", {"control_dir": str(control), "points": points})
     offsets: list[int] = []
     results: list[SuiteResult] = []
@@ -522,7 +527,7 @@ def run_points_together(
             return
         finish(i - 1)
         try:
-            srv.flush_cache()
+            (between or (lambda _i: srv.flush_cache()))(i)
         except BaseException:
             (control / f"flush-{i}.fail").write_text("")
             raise

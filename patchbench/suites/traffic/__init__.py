@@ -16,7 +16,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from patchbench.records import write_json
-from patchbench.run.logscan import log_size
 from patchbench.suite import (
     MetricInfo,
     PairingRefused,
@@ -30,10 +29,10 @@ from patchbench.suites.serving import METRICS
 from patchbench.suites.serving import Params as ServingParams
 from patchbench.suites.serving.command import tool_info
 from patchbench.suites.serving.pairing import pair_cells
-from patchbench.suites.serving.point import finish_point, prepare_point, run_tool
+from patchbench.suites.serving.point import run_points_together
 from patchbench.suites.serving.sweep import metric_at
 
-from .workloads import MultiTurn, SharedPrefix, Trace, Workload, check_tool, read_jsonl, tool_params
+from .workloads import MultiTurn, Trace, Workload, check_tool, tool_params
 
 #: the client driver of multi_turn workloads (any release)
 REPLAY = Path(__file__).with_name("replay.py")
@@ -81,70 +80,25 @@ def client_env(ctx: SuiteContext) -> dict[str, str]:
     return env
 
 
-def idle_s(w: Any) -> float:
-    """Seconds the client may send nothing: a think time or a trace's longest gap (slowed), + 10."""
-    gap = w.think_time_s if isinstance(w, MultiTurn) else 0.0
-    if isinstance(w, Trace):
-        ts = sorted(float(r["timestamp"]) for r in read_jsonl(w.path))
-        gap = max([b - a for a, b in zip(ts, ts[1:], strict=False)] + [0.0]) / 1000 * w.slowdown
-    return gap + 10.0
-
-
-def send(ctx: SuiteContext, w: Any, pp: ServingParams, out: Path, prime: bool = False):
-    """One bench_serving call of workload ``w`` with point parameters ``pp`` into ``out``
-    (multi_turn and primes: through replay.py); the point's SuiteResult (SuiteError as a
-    serving point)."""
-    c = replace(ctx, out_dir=out, stock_env=client_env(ctx))
-    prep = prepare_point(c, pp)
-    if isinstance(w, MultiTurn) or prime:
-        if isinstance(w, SharedPrefix):
-            spec = {"mode": "prime_groups", "per_group": w.prompts_per_group}
-        else:
-            keys = {"path", "conversations", "turns", "think_time_s"}
-            mode = "prime_conversations" if prime else "conversations"
-            spec = dict(w.model_dump(mode="json", include=keys), mode=mode)
-        write_json(out / "replay.json", spec)
-        argv = [ctx.python, str(REPLAY), str(out / "replay.json"), *prep.argv[3:]]
-        prep = replace(prep, argv=argv)
-        write_json(out / "command.json", {"argv": argv})
-    srv = ctx.server
-    offset = log_size(srv.log_path) if srv.log_path is not None else 0
-    rc, wall_s = run_tool(
-        prep.argv,
-        env=c.stock_env,
-        out_dir=out,
-        timeout_s=pp.timeout_s,
-        server_alive=srv.alive,
-        server_log=srv.log_path,
-        progress=srv.progress,
-        idle_s=idle_s(w),
-    )
-    r = finish_point(c, pp, prep, rc, wall_s, offset)
-    write_json(out / "summary.json", r.to_json("traffic"))
-    return r
-
-
-def prime(ctx: SuiteContext, w: Any, params: Params, out: Path) -> dict[str, Any]:
-    """Warm up and prime workload ``w`` (one request per prefix group, not measured); what was
-    primed, for the workload's meta: requests, completed, warmup_requests, what."""
-    if isinstance(w, Trace):
-        return {
-            "requests": 0,
-            "what": "nothing: a trace's requests fill the cache as when it was recorded; the "
-            "tool's warm-up runs in the measured call",
-        }
-    r = send(ctx, w, tool_params(w, params.seed, params.warmup_requests, prime=True), out, True)
-    what = (
-        f"one request per group ({w.groups}): the common prefix of the measured prompts' group"
-        if isinstance(w, SharedPrefix)
-        else "one request per distinct system prompt of the conversations"
-    )
-    return {
-        "requests": int(r.metrics.get("requested_count", 0)),
-        "completed": int(r.metrics.get("completed_count", 0)),
-        "warmup_requests": params.warmup_requests,
-        "what": what,
-    }
+def calls(ctx: SuiteContext, params: Params) -> list[tuple[str, str, Path, ServingParams, Any]]:
+    """The client's calls in order, [(workload, "prime" | "measured", folder, point parameters,
+    replay.py spec or None)]: each workload's prime (none for a trace: its requests fill the cache
+    as when it was recorded, and the tool's warm-up runs in its measured call), then its measured
+    call (no warm-up of its own)."""
+    out = []
+    for name, w in params.workloads.items():
+        wdir = Path(ctx.out_dir) / name
+        keys = {"path", "conversations", "turns", "think_time_s"}
+        conv = w.model_dump(mode="json", include=keys) if isinstance(w, MultiTurn) else {}
+        if not isinstance(w, Trace):
+            spec = {"mode": "prime_groups", "per_group": getattr(w, "prompts_per_group", 1)}
+            spec = dict(conv, mode="prime_conversations") if conv else spec
+            pp = tool_params(w, params.seed, params.warmup_requests, prime=True)
+            out.append((name, "prime", wdir / "prime", pp, spec))
+        warm = params.warmup_requests if isinstance(w, Trace) else 0
+        spec = dict(conv, mode="conversations") if conv else None
+        out.append((name, "measured", wdir, tool_params(w, params.seed, warm), spec))
+    return out
 
 
 def check_release(params: Params, stock_sglang_dir: Path, release: str) -> None:
@@ -161,38 +115,62 @@ def check_release(params: Params, stock_sglang_dir: Path, release: str) -> None:
 
 
 def run(ctx: SuiteContext, params: Params) -> SuiteResult:
-    """Each workload in order: flush, warm up and prime (:func:`prime`), the measured call between
-    the two :func:`measured_window` calls; its files in ``<suite>/<name>/`` (the prime's in
-    ``prime/``). SuiteError naming the workload; a prime that did not complete makes it incomplete."""
+    """Every workload's calls (:func:`calls`) in one client process (the serving suite's
+    :func:`~patchbench.suites.serving.point.run_points_together`, replay.py as the wrapper where a
+    call has a spec): the cache flushed before each workload's first call, :func:`measured_window`
+    around its measured call; its files in ``<suite>/<name>/`` (the prime's in ``prime/``).
+    SuiteError naming the call; a prime that did not complete makes its workload incomplete."""
     if ctx.server is None:
         raise SuiteError("the traffic suite needs a running server")
     check_release(params, Path(ctx.stock_sglang_dir), ctx.sglang_version)
-    out = SuiteResult(meta={"workloads": {}})
-    for name, w in params.workloads.items():
-        wdir = Path(ctx.out_dir) / name
-        ctx.log(f"traffic: workload {name} ({w.kind}): flush, warm up, prime, measure")
-        try:
+    todo = calls(ctx, params)
+    windows: dict[str, dict] = {}
+    plan, wrappers = [], {}
+    for name, what, folder, pp, spec in todo:
+        key = name if what == "measured" else f"{name}/{what}"
+        folder.mkdir(parents=True, exist_ok=True)
+        plan.append((key, folder, pp))
+        if spec is not None:
+            write_json(folder / "replay.json", spec)
+            wrappers[key] = [str(REPLAY), str(folder / "replay.json")]
+
+    def between(i: int) -> None:
+        name, what = todo[i][:2]
+        if i and todo[i - 1][1] == "measured":
+            windows[todo[i - 1][0]]["after"] = measured_window(ctx, todo[i - 1][0], "after")
+        if not i or todo[i - 1][0] != name:
+            ctx.log(f"traffic: workload {name}: flush, warm up, prime, measure")
             ctx.server.flush_cache()
-            primed = prime(ctx, w, params, wdir / "prime")
-            window = {"before": measured_window(ctx, name, "before")}
-            warm = params.warmup_requests if isinstance(w, Trace) else 0
-            r = send(ctx, w, tool_params(w, params.seed, warm), wdir)
-            window["after"] = measured_window(ctx, name, "after")
-        except SuiteError as e:
-            raise SuiteError(f"workload {name}: {e}") from None
-        if primed.get("completed", 0) < primed["requests"]:
-            r.errors.append(
-                f"the prime completed {primed['completed']} of {primed['requests']} requests: "
-                "the cache state of the measured traffic is unknown"
-            )
+        if what == "measured":
+            windows[name] = {"before": measured_window(ctx, name, "before")}
+
+    between(0)
+    c = replace(ctx, stock_env=client_env(ctx))
+    results = run_points_together(c, plan, between=between, wrappers=wrappers)
+    windows[todo[-1][0]]["after"] = measured_window(ctx, todo[-1][0], "after")
+    out = SuiteResult(meta={"workloads": {}})
+    primed: dict[str, dict] = {}
+    for (name, what, _f, _pp, _spec), r in zip(todo, results, strict=True):
+        w = params.workloads[name]
+        if what == "prime":
+            n, done = (int(r.metrics.get(f"{k}_count", 0)) for k in ("requested", "completed"))
+            primed[name] = {"requests": n, "completed": done}
+            primed[name]["warmup_requests"] = params.warmup_requests
+            if done < n:
+                r.errors.append(
+                    f"the prime completed {done} of {n} requests: the cache state of the measured traffic is unknown"
+                )
+            out.errors += [f"workload {name}: prime: {e}" for e in r.errors]
+            continue
         out.errors += [f"workload {name}: {e}" for e in r.errors]
         out.warnings += [f"workload {name}: {x}" for x in r.warnings]
         out.metrics.update({metric_at(m, name): v for m, v in r.metrics.items()})
         nj = {metric_at(m, name): why for m, why in (r.meta.get("not_judged") or {}).items()}
         out.meta.setdefault("not_judged", {}).update(nj)
-        meta = {"kind": w.kind, "flushed": True, "primed": primed, "window": window}
+        meta = {"kind": w.kind, "flushed": True, "window": windows[name]}
+        meta["primed"] = primed.get(name, {"requests": 0, "what": "nothing (a trace)"})
         out.meta["workloads"][name] = dict(meta, status=r.status, meta=r.meta)
-    if not out.meta["not_judged"]:
+    if not out.meta.get("not_judged", True):
         del out.meta["not_judged"]
     out.status = "incomplete" if out.errors else "ok"
     return out

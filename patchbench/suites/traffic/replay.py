@@ -1,5 +1,6 @@
 """Multi-turn conversations and prefix primes through the release's own bench_serving:
-``python replay.py <spec.json> <bench_serving argv...>`` (docs/traffic.md, "Multi-turn").
+``python replay.py <spec.json> <bench_serving argv...>``, or as multi_point.py's ``wrapper``
+(docs/traffic.md, "Multi-turn").
 
 Neither pinned release's bench_serving waits between turns (0.5.1.post3 has no multi-turn mode;
 0.5.23's feeds each turn the reply it got, so the arms' prompts would differ), so this driver runs
@@ -140,6 +141,12 @@ def install(g: dict, args: argparse.Namespace, spec: dict, state: dict) -> None:
             changed[0].set()
         return out
 
+    saved = g["get_dataset"], g["get_request"], real
+
+    def restore() -> None:
+        g["get_dataset"], g["get_request"], funcs[args.backend] = saved
+
+    state["restore"] = restore
     g["get_dataset"], g["get_request"] = get_dataset, get_request
     funcs[args.backend] = request
 
@@ -174,11 +181,14 @@ def main(spec_path: str, argv: list[str]) -> int:
 
     argparse.ArgumentParser.parse_args = parse_args
     sys.argv = [TOOL_MODULE, *argv]
-    try:
+    try:  # one client process may run several calls (multi_point.py): leave the tool as it was
         runpy.run_module(TOOL_MODULE, run_name="__main__", alter_sys=True)
     except SystemExit as e:
         if e.code not in (None, 0):
             raise
+    finally:
+        argparse.ArgumentParser.parse_args = parse
+        state.get("restore", lambda: None)()
     if "order" in state and spec["mode"] == "conversations":
         reorder(Path(state["output_file"]), state["order"])
     return 0
