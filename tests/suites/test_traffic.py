@@ -195,11 +195,13 @@ def test_trace_honours_timestamps_on_0_5_23_and_is_refused_on_0_5_1(tmp_path, fa
     assert res.metrics["completed_count@tr"] == len(trace) == 12
     reqs = read_jsonl(fake.log)[1:13]  # the tool's warm-up ended before the trace began
     sent = sorted(r["t0"] for r in reqs)
-    # each request went at its timestamp (ms) x 0.5 after the first (which met a new connection:
-    # up to 0.15 s of slack), the last 2.3 s x 0.5 after the first
+    # each request went at its timestamp (ms) x 0.5 after the first (which met a new connection),
+    # the last 2.3 s x 0.5 after the first
     want = [(r["timestamp"] - trace[0]["timestamp"]) / 1000 * 0.5 for r in trace]
     assert want[-1] == pytest.approx(1.15)
-    assert all(abs((t - sent[0]) - w) < 0.15 for t, w in zip(sent, want, strict=True))
+    # never early (but for the first request's slack); late by at most 1 s on a loaded host
+    assert all(t - sent[0] > w - 0.15 for t, w in zip(sent, want, strict=True))
+    assert all(t - sent[0] < w + 1.0 for t, w in zip(sent, want, strict=True))
 
 
 def test_workload_parameters_are_checked_at_config_load(tmp_path):
