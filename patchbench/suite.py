@@ -209,6 +209,10 @@ class Suite:
         """The PR-style text block of one cell (None: the suite has none)."""
         return None
 
+    def check_release(self, params: BaseModel, stock_sglang_dir: Path, release: str) -> None:
+        """Before any server starts: raise :class:`SuiteError` when the clients' sglang ``release``
+        (its package folder ``stock_sglang_dir``) cannot run ``params``; nothing by default."""
+
     def hf_datasets(self, params: BaseModel) -> list[tuple[str, str, str | None]]:
         """The Hugging Face datasets these parameters read, as (what, repo id, local path or
         None) for ``patchbench doctor CONFIG`` to find (e.g. ("suite mmmu: dataset MMMU/MMMU",

@@ -38,6 +38,7 @@ from patchbench.run.plan import (
     cell_done,
     cell_suites,
     check_instrumentation,
+    check_releases,
     plan,
     too_few_repeats,
 )
@@ -266,6 +267,7 @@ class BenchRun:
         make = "yes" if self.make_env else "no"
         env = preflight.check_environment(cfg, resumed=old, make=make, log=self.say)
         check_instrumentation(cfg)  # a conflicting instrumentation argument: exit 2 first
+        check_releases(cfg)  # a suite the clients' release cannot run: before any launch
         preflight.launch_fits_or_raise(cfg, self.given_port or cfg.server.port)
         preflight.ensure_model(cfg, log=self.say)
         # absolute: suites run clients in the cell's folder (cwd) and hand them paths in the run

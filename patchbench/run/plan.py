@@ -222,6 +222,16 @@ def check_instrumentation(cfg: Config) -> dict[str, list[str]]:
     return out
 
 
+def check_releases(cfg: Config) -> None:
+    """Every suite's ``check_release`` with the clients' release (the baseline's build, resolved),
+    before any launch: the SuiteError of the first that refuses (exit 4)."""
+    base = cfg.builds.get(cfg.baseline)
+    site = base.env.site_dir if base is not None else envinfo.stock_site_dir()
+    stock = (site or Path(".")) / "sglang"
+    for name in cfg.suites:
+        get_suite(name).check_release(cfg.suite_params[name], stock, client_release(cfg))
+
+
 # ------------------------------------------------------------------------- the plan as text
 def describe_plan(cfg: Config, resume: Path | None = None) -> str:
     """The resolved plan as text (``--dry-run``); with ``resume`` (a run folder) the cells done

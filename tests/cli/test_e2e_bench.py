@@ -72,8 +72,10 @@ def test_results_folder_and_servers_stopped(which, request):
         assert cell["status"] == "ok"
         # timed: every timed suite; correctness: the instrumented (sync_probe's cross-check) and
         # untimed (profile) suites only; profile sends the traffic (patchbench/run/cell.py cell_suites)
+        # (a timed suite runs in the timed cells of its rounds: traffic in round 0 only)
+        rounds = man["suite_rounds"]  # timed suites: [round, ...]; untimed: "correctness"
         want = (
-            set(cfg["suites"]) - {"profile"}
+            {s for s, r in rounds.items() if isinstance(r, list) and c["repeat"] in r}
             if c["cell_kind"] == "timed"
             else {"sync_probe", "profile"}
         )
@@ -377,3 +379,29 @@ def test_harness_overhead_recorded(demo_0513):
     # median, so that one stop slowed by a loaded machine (1.16 s seen at load 10) is no failure
     stops = [read_json(c)["timings_s"]["server_stop"] for c in demo_0513.glob("*/*/cell.json")]
     assert len(stops) == 9 and statistics.median(stops) < 1.0, stops
+
+
+def test_traffic_workloads_were_flushed_primed_and_measured(demo_0513):
+    """configs/demo-cpu.yaml's traffic suite (round 0): each workload's prime sent one request per
+    prefix group before its measured requests, all of them answered, metrics named per workload."""
+    man = read_json(demo_0513 / "manifest.json")
+    cells = [c for c in man["cells"] if c["cell_kind"] == "timed" and c["repeat"] == 0]
+    assert len(cells) == len(man["config"]["variants"])
+    for c in cells:
+        s = read_json(demo_0513 / c["dir"] / "traffic" / "summary.json")
+        assert s["status"] == "ok", s["errors"]
+        m, wl = s["metrics"], s["meta"]["workloads"]
+        # shared-prefix: 2 groups x 4 prompts, primed with one request per group
+        assert m["completed_count@shared-prefix"] == 8 == m["requested_count@shared-prefix"]
+        assert wl["shared-prefix"]["primed"]["requests"] == 2
+        assert wl["shared-prefix"]["primed"]["completed"] == 2
+        # chat: 4 conversations x 2 turns; the first three share one system prompt, the fourth has
+        # another (patchbench/suites/traffic/data/conversations.jsonl): one prime each
+        assert m["completed_count@chat"] == 8 and wl["chat"]["primed"]["requests"] == 2
+        assert "ttft_median_ms@chat" in m and "output_throughput_tok_s@shared-prefix" in m
+        for w in wl.values():
+            assert w["flushed"] and w["window"]["before"]["unix_s"] < w["window"]["after"]["unix_s"]
+        recs = read_json(demo_0513 / c["dir"] / "traffic" / "chat" / "requests.json")
+        assert recs["status"] == ["ok"] * 8
+        # (turn, conversation) order: each conversation's second turn repeats its first
+        assert all(recs["input_len"][i + 4] > recs["input_len"][i] for i in range(4))

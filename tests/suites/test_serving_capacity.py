@@ -343,7 +343,8 @@ def test_real_capacity_search_on_the_cpu(capacity_cpu):
     in every cell the probes ran with the round's seed (one per round, the same in both arms),
     each at its own concurrency, the bracket is the probes' (lo met the target, hi did not, within
     the precision), round 2 started from the arm's round-1 bracket, the first probe both arms
-    share sent the same prompts, and compare.json, the report and the figures carry it."""
+    share sent the same prompts, every probe carries its client's state (not client-bound: the
+    search would have stopped there), and compare.json, the report and the figures carry it."""
     from patchbench.analysis.comparison import read_comparison
     from patchbench.config import load_config
     from patchbench.records import read_json
@@ -364,6 +365,11 @@ def test_real_capacity_search_on_the_cpu(capacity_cpu):
                 assert argv[argv.index("--seed") + 1] == str(m["seed"])
                 assert argv[argv.index("--max-concurrency") + 1] == str(p["load"])
                 assert p["meets"] == (p["score"] >= cap.slo.target) and p["judged"] >= 16
+                client = read_json(cell / "probes" / f"c{p['load']}" / "summary.json")["meta"][
+                    "client"
+                ]
+                assert client["bound"] is None and client["requests"] == p["judged"], client
+                assert 0 <= client["send_lag_median_ms"] < client["send_gap_mean_ms"]
             score = {p["load"]: p["score"] for p in m["probes"]}
             assert m["answer"] in ("bracket", "cliff"), m  # the SLO is crossed within 1-32
             lo, hi = m["lo"], m["hi"]

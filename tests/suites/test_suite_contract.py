@@ -134,7 +134,7 @@ def test_builtin_suites_are_their_folders():
     folders = {
         d.name for d in (REPO / "patchbench" / "suites").iterdir() if (d / "__init__.py").is_file()
     }
-    assert folders == {"mmmu", "profile", "serving", "sync_probe"}
+    assert folders == {"mmmu", "profile", "serving", "sync_probe", "traffic"}
     assert folders <= set(suite_mod.suite_names())
 
 

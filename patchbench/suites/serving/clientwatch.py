@@ -168,12 +168,18 @@ def watch(out: Path, part: tuple[int, int] = (0, 1), barrier: Path | None = None
             Path(out).write_text(json.dumps(w.record()))
 
 
-def run_module(module: str, argv: list[str]) -> tuple[int, str | None]:
-    """``python -m module argv`` in this process; (exit code, the exception's last line or None)."""
+def run_module(module: str, argv: list[str], wrapper: list[str] = ()) -> tuple[int, str | None]:
+    """``python -m module argv`` in this process, or with ``wrapper`` ``[script, args...]`` that
+    script as ``__main__`` with ``args`` before ``argv`` (it runs the tool itself, e.g. the traffic
+    suite's replay.py); (exit code, the exception's last line or None)."""
     old = sys.argv
     try:
-        sys.argv = [module, *argv]
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        if wrapper:
+            sys.argv = [*wrapper, *argv]
+            runpy.run_path(wrapper[0], run_name="__main__")
+        else:
+            sys.argv = [module, *argv]
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as e:
         rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         return rc, None if rc == 0 else f"SystemExit({e.code!r})"

@@ -3,7 +3,9 @@
 Run with the variant's client python (docs/serving.md, "How a cell runs a sweep"); each point's
 ``__main__`` is re-run by :func:`runpy.run_module` with ``sys.argv`` set.
 
-Plan: ``{"control_dir", "points": [{"key", "dir", "argv"}]}``. Per point, in ``dir``:
+Plan: ``{"control_dir", "points": [{"key", "dir", "argv", "wrapper"}]}`` (``wrapper``, optional:
+``[script, args...]`` run as ``__main__`` with ``args`` before ``argv``, the script running the
+tool itself, e.g. the traffic suite's replay.py). Per point, in ``dir``:
 ``stdout.txt``, ``stderr.txt`` (fds 1 and 2 redirected), the tool's ``--output-file``,
 ``client.json`` (clientwatch.py) and ``point.json`` ``{"rc", "wall_s", "error"}``. The first
 failing point ends the driver (exit 1).
@@ -41,10 +43,10 @@ def wait_flush(control: Path, index: int) -> bool:
         time.sleep(ANSWER_POLL_S)
 
 
-def run_one(argv: list[str], out_dir: Path) -> tuple[int, str | None]:
-    """Run the tool once with ``argv``, watched (``clientwatch.watch``: ``out_dir``/client.json),
-    fds 1 and 2 into ``out_dir``/stdout.txt, stderr.txt; (exit code, the exception's last line or
-    None)."""
+def run_one(argv: list[str], out_dir: Path, wrapper: list[str] = ()) -> tuple[int, str | None]:
+    """Run the tool once with ``argv`` (through ``wrapper``, see the plan), watched
+    (``clientwatch.watch``: ``out_dir``/client.json), fds 1 and 2 into ``out_dir``/stdout.txt,
+    stderr.txt; (exit code, the exception's last line or None)."""
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
@@ -54,7 +56,7 @@ def run_one(argv: list[str], out_dir: Path) -> tuple[int, str | None]:
     os.dup2(se.fileno(), 2)
     try:
         with clientwatch.watch(out_dir / "client.json"):
-            return clientwatch.run_module(TOOL_MODULE, argv)
+            return clientwatch.run_module(TOOL_MODULE, argv, wrapper)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -85,7 +87,7 @@ def main(plan_path: str) -> int:
         out.mkdir(parents=True, exist_ok=True)
         print(f"multi_point: point {pt['key']} ({i + 1}/{len(plan['points'])})", flush=True)
         t = time.monotonic()
-        rc, err = run_one(list(pt["argv"]), out)
+        rc, err = run_one(list(pt["argv"]), out, pt.get("wrapper") or [])
         wall = time.monotonic() - t
         (out / "point.json").write_text(json.dumps({"rc": rc, "wall_s": wall, "error": err}))
         print(f"multi_point: point {pt['key']} exit {rc} in {wall:.1f} s", flush=True)

@@ -40,6 +40,9 @@ from .validity import (
 
 #: seconds between checks of the bench_serving process and the server while it runs
 POLL_S = 0.5
+#: datasets whose output lengths are not drawn by the tool (mooncake: each record's own; the
+#: traffic suite's trace workloads)
+NOT_DRAWN = frozenset({"mmmu", "mooncake"})
 #: the client-side script of a multi-point run (standard library + the release's package only)
 SCRIPT = Path(__file__).with_name("multi_point.py")
 
@@ -365,7 +368,7 @@ def _measured(row: dict, scan: dict | None) -> tuple[dict[str, float], dict]:
 def _asked(params: Params, prep: Prepared, tool_stdout: str) -> list[int] | None:
     """Each request's asked output length where the release drew it at random
     (:func:`.validity.asked_output_lens`); None for a fixed length or when it cannot be known."""
-    if params.dataset_name == "mmmu" or params.random_range_ratio >= 1.0:
+    if params.dataset_name in NOT_DRAWN or params.random_range_ratio >= 1.0:
         return None
     return asked_output_lens(
         tool_stdout,
@@ -406,7 +409,7 @@ def _checks(
         ignore_eos=not params.disable_ignore_eos,
         asked=asked,
     )
-    drawn = params.dataset_name != "mmmu" and params.random_range_ratio < 1.0
+    drawn = params.dataset_name not in NOT_DRAWN and params.random_range_ratio < 1.0
     if drawn and asked is None and not params.disable_ignore_eos:
         warnings.append(
             "each request's asked output length could not be replayed from the release's draw "
@@ -497,12 +500,16 @@ def _image_probe(ctx: SuiteContext, params: Params, prep: Prepared) -> dict[str,
 
 
 def run_points_together(
-    ctx: SuiteContext, plan: list[tuple[str, Path, Params]]
+    ctx: SuiteContext,
+    plan: list[tuple[str, Path, Params]],
+    between: Callable[[int], None] | None = None,
+    wrappers: dict[str, list[str]] | None = None,
 ) -> list[SuiteResult]:
     """Run the points ``plan`` ([(key, point folder, point params)], in run order) in one client
     process (``multi_point.py``, its control files in ``<suite>/multi_point/``); their results in
     that order, each summary.json written as it finishes. Between two points the point just run is
-    finished, the cache flushed and the next one let go.
+    finished, ``between(i)`` called (default: the cache flushed) and point i let go. ``wrappers``:
+    {key: multi_point.py's ``wrapper`` of that point}.
 
     Timeout: the sum of the points' ``timeout_s``; idle limit: the largest point's. SuiteError
     names the point that failed (the points before it keep their files)."""
@@ -520,7 +527,8 @@ def run_points_together(
             (pdir / f).unlink(missing_ok=True)
         if prep.argv[1:3] != ["-m", "sglang.bench_serving"]:
             raise SuiteError(f"sweep point {k}: unexpected bench_serving command {prep.argv[:3]}")
-        points.append({"key": k, "dir": str(pdir), "argv": prep.argv[3:]})
+        wrap = (wrappers or {}).get(k)
+        points.append({"key": k, "dir": str(pdir), "argv": prep.argv[3:], "wrapper": wrap})
     write_json(control / "plan.json", {"control_dir": str(control), "points": points})
     offsets: list[int] = []
     results: list[SuiteResult] = []
@@ -547,7 +555,7 @@ def run_points_together(
             return
         finish(i - 1)
         try:
-            srv.flush_cache()
+            (between or (lambda _i: srv.flush_cache()))(i)
         except BaseException:
             (control / f"flush-{i}.fail").write_text("")
             raise

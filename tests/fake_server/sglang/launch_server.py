@@ -34,6 +34,8 @@ FAKE_NOT_HTTP        comma-separated paths answered with bytes that are not HTTP
                      no client can read), then the connection closed
 FAKE_HANG_PATHS      comma-separated paths accepted and never answered from the start (other
                      paths answer as usual)
+FAKE_STREAM_UPTO_MAX  set: a stream sends at most the request's max_new_tokens chunks
+FAKE_REQUEST_LOG     a file: each streamed /generate appends {"t0", "t1" (monotonic s), "text"}
 FAKE_FLOOD_STDOUT_MB  print this many MiB of numbered lines (100 bytes each) at start, before
                      binding the port (a server flooding its log); its first line holds
                      "fake: flood head" and its last "fake: flood tail"
@@ -72,6 +74,8 @@ EXPORT_S = float(os.environ.get("FAKE_PROFILE_EXPORT_S", "0"))
 NOT_HTTP = set(filter(None, os.environ.get("FAKE_NOT_HTTP", "").split(",")))
 HANG_PATHS = set(filter(None, os.environ.get("FAKE_HANG_PATHS", "").split(",")))
 METRICS = "--enable-metrics" in sys.argv
+REQUEST_LOG = os.environ.get("FAKE_REQUEST_LOG")
+LOCK = threading.Lock()
 state = {"flush": 0, "generate": 0, "streams": 0}
 EXPORTING = threading.Event()  # set while the "scheduler" writes its trace
 
@@ -221,13 +225,16 @@ class H(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def _stream(self):
+    def _stream(self, body):
         state["streams"] += 1
+        chunks = STREAM_CHUNKS
+        if os.environ.get("FAKE_STREAM_UPTO_MAX"):  # no more tokens than the request asked
+            chunks = min(chunks, (body.get("sampling_params") or {}).get("max_new_tokens", chunks))
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
         hang = STREAM_HANG_AFTER and state["streams"] > STREAM_HANG_AFTER
-        for i in range(STREAM_CHUNKS):
+        for i in range(chunks):
             if hang and i == 2:
                 print(
                     f"fake: stream stops answering at monotonic={time.monotonic():.3f}", flush=True
@@ -253,7 +260,12 @@ class H(BaseHTTPRequestHandler):
         except ValueError:
             body = {}
         if self.path == "/generate" and isinstance(body, dict) and body.get("stream"):
-            self._stream()
+            t0 = time.monotonic()
+            self._stream(body)
+            if REQUEST_LOG:  # one line a streamed request: when it came, when it ended, its text
+                line = {"t0": t0, "t1": time.monotonic(), "text": body.get("text")}
+                with LOCK, open(REQUEST_LOG, "a") as f:
+                    f.write(json.dumps(line) + "\n")
         elif self.path == "/start_profile":
             threading.Thread(
                 target=_export, args=(body.get("output_dir", "."),), daemon=True
