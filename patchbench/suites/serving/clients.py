@@ -89,10 +89,12 @@ def send_lags(
     requests: list[list[float | None]], gaps: list[float], concurrency: int | None, rate: float
 ) -> list[float]:
     """Seconds each sent request (in the order made) left after it was due: due = max(its time
-    in the arrival schedule (0 at rate inf, else the sum of the gaps drawn before it), the end of
-    the request whose slot it takes: the (i - concurrency)-th to end, 0-based)."""
+    in the arrival schedule, the end of the request whose slot it takes: the (i - concurrency)-th
+    to end, 0-based). The schedule: at a finite rate the sum of the gaps drawn before it; at rate
+    inf the time the tool made the request (0 for the release's own dataset; a wrapper that holds
+    a request back, the traffic suite's multi-turn replay, makes it when its turn is due)."""
     ends = sorted(r[2] for r in requests if r[2] is not None)
-    sched = [0.0] * len(requests) if math.isinf(rate) else list(np.cumsum([0.0, *gaps]))
+    sched = [r[0] for r in requests] if math.isinf(rate) else list(np.cumsum([0.0, *gaps]))
     out = []
     for i, (_made, sent, _end) in enumerate(requests):
         if sent is None:
