@@ -38,12 +38,14 @@ def site(pin: str) -> Path:
 @pytest.fixture
 def fake(tmp_path):
     """The fake server streaming the tokens each request asks (at most 16), logging each one's
-    text and times."""
+    text and times; its /metrics counts 10 prompt tokens and 4 cached ones a request."""
     log = tmp_path / "requests.jsonl"
     env = dict(os.environ, FAKE_STREAM_CHUNKS="16", FAKE_STREAM_CHUNK_S="0.01")
     env["FAKE_STREAM_UPTO_MAX"] = "1"
     env["FAKE_REQUEST_LOG"] = str(log)
-    proc = subprocess.Popen([sys.executable, str(FAKE), "--port", str(PORT)], env=env)
+    env |= {"FAKE_PROMPT_TOKENS": "10", "FAKE_CACHED_TOKENS": "4"}
+    cmd = [sys.executable, str(FAKE), "--port", str(PORT), "--enable-metrics"]
+    proc = subprocess.Popen(cmd, env=env)
     url = f"http://127.0.0.1:{PORT}"
     for _ in range(100):
         try:
@@ -128,6 +130,11 @@ def test_shared_prefix_and_multi_turn_on_0_5_1(tmp_path, fake):
     assert wl["chat"]["primed"]["requests"] == 1 == wl["chat"]["primed"]["completed"]
     w = wl["sp"]["window"]
     assert w["before"]["unix_s"] < w["after"]["unix_s"]
+    # the window's counters hold the measured call's 6 requests alone (not the warm-up or the
+    # primes before it): 60 prompt tokens, 24 cached, 40 %
+    assert w["after"]["prompt_tokens"] - w["before"]["prompt_tokens"] == 60
+    assert res.metrics["prefix_cache_hit_pct@sp"] == pytest.approx(40.0)
+    assert res.metrics["prefix_cache_hit_pct@chat"] == pytest.approx(40.0)
 
     reqs = read_jsonl(fake.log)
     # in arrival order: sp: 1 warm-up, 2 primes, 6 measured; chat: 1 warm-up, 1 prime, 6 measured

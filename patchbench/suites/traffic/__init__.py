@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from patchbench.records import write_json
+from patchbench.run import server_metrics
 from patchbench.suite import (
     MetricInfo,
     PairingRefused,
@@ -61,11 +62,42 @@ class Params(BaseModel):
         return v
 
 
+#: a workload's prefix-cache hit rate over its measured call, from the server's own counters
+HIT_PCT = "prefix_cache_hit_pct"
+
+
 def measured_window(ctx: SuiteContext, workload: str, edge: Literal["before", "after"]) -> dict:
-    """The one place a scrape of the server's counters belongs: called right before workload
-    ``workload``'s measured call starts (after its flush, warm-up and prime) and right after it
-    ended. Returns what the workload's ``meta["window"][edge]`` records: the wall clock (s)."""
-    return {"unix_s": time.time()}
+    """Called right before workload ``workload``'s measured call starts (after its flush, warm-up
+    and prime) and right after it ended; returns what its ``meta["window"][edge]`` records: the
+    wall clock ``unix_s`` and the server's own prompt and cached token counters
+    (``prompt_tokens``, ``cached_tokens``: :mod:`patchbench.run.server_metrics`), or ``error``
+    where ``/metrics`` did not answer (``server.metrics: false``)."""
+    out: dict[str, Any] = {"unix_s": time.time()}
+    try:
+        snap = server_metrics.scrape(ctx.server.base_url)
+    except (OSError, ValueError) as e:
+        return out | {"error": f"{type(e).__name__}: {e}"}
+    c = snap.counters
+    return out | {
+        "prompt_tokens": c.get(server_metrics.PROMPT_TOKENS),
+        "cached_tokens": c.get(server_metrics.CACHED_TOKENS),
+    }
+
+
+def window_hit_pct(window: dict) -> float | None:
+    """The prefix cache's hit rate over one measured call (%): cached over prompt tokens of the
+    counters' increases between its two :func:`measured_window` records; None without both."""
+    try:
+        deltas = {
+            server_metrics.PROMPT_TOKENS: window["after"]["prompt_tokens"]
+            - window["before"]["prompt_tokens"],
+            server_metrics.CACHED_TOKENS: window["after"]["cached_tokens"]
+            - window["before"]["cached_tokens"],
+        }
+    except (KeyError, TypeError):
+        return None
+    share = server_metrics.hit_share(deltas)
+    return None if share is None else 100.0 * share
 
 
 def client_env(ctx: SuiteContext) -> dict[str, str]:
@@ -165,6 +197,8 @@ def run(ctx: SuiteContext, params: Params) -> SuiteResult:
         out.errors += [f"workload {name}: {e}" for e in r.errors]
         out.warnings += [f"workload {name}: {x}" for x in r.warnings]
         out.metrics.update({metric_at(m, name): v for m, v in r.metrics.items()})
+        if (hit := window_hit_pct(windows[name])) is not None:
+            out.metrics[metric_at(HIT_PCT, name)] = hit
         nj = {metric_at(m, name): why for m, why in (r.meta.get("not_judged") or {}).items()}
         out.meta.setdefault("not_judged", {}).update(nj)
         meta = {"kind": w.kind, "flushed": True, "window": windows[name]}
@@ -185,6 +219,9 @@ def declarations(params: Any) -> dict[str, MetricInfo]:
             label = f"{(info.label or m).rstrip(':')} ({name}):"
             primary = info.primary and params.primary
             out[metric_at(m, name)] = dataclasses.replace(info, label=label, primary=primary)
+        out[metric_at(HIT_PCT, name)] = MetricInfo(
+            "none", "%", f"Prefix-cache hit rate ({name}):", kind="descriptive"
+        )
     return out
 
 

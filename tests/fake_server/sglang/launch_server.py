@@ -207,7 +207,7 @@ class H(BaseHTTPRequestHandler):
             self._send(404, {})
 
     def _metrics(self):
-        n = state["generate"]
+        n = state["generate"] + state["streams"]  # every /generate, streamed or not
         rows = [
             ("prompt_tokens_total", "counter", n * int(os.environ.get("FAKE_PROMPT_TOKENS", "10"))),
             ("cached_tokens_total", "counter", n * int(os.environ.get("FAKE_CACHED_TOKENS", "0"))),
