@@ -276,3 +276,19 @@ def test_doctor_finds_model_and_mmmu_in_a_filled_hf_cache_offline(tmp_path, monk
     )
     assert rows["suite mmmu: dataset MMMU/MMMU"][0] is True
     assert rows["suite serving: dataset mmmu"][0] is True
+
+
+def test_capacity_dry_run_estimates_h200_minutes():
+    """The PR capacity config's dry run quotes its H200 minutes: 4 probes at concurrency 32
+    (twice the start), each max(32, 4 x 32) = 128 prompts in 4 waves of 1024 decode steps at
+    79 / (200 / 16 x 1024) x (1 + 32 / 64) / (1 + 16 / 64) s a step, plus 10 s, and 60 s of
+    start-up: 4 x 40.34 + 60 = 221 s = 3.7 min a cell, 7.4 a round of 2; the CPU's quotes none."""
+    from patchbench.run.plan import describe_plan
+
+    step = 79 / (200 / 16 * 1024) * 1.5 / 1.25
+    probe = 4 * 1024 * step + 10
+    assert round(probe) == 40 and round((4 * probe + 60) / 60, 1) == 3.7
+    gpu = describe_plan(load_config(CONFIGS[0].parent / "pr9460-capacity-h200.yaml"))
+    assert "~3.7 a cell (4 probes of ~40 s at concurrency 32" in gpu and "~7.4 a repeat" in gpu
+    cpu = describe_plan(load_config(CONFIGS[0].parent / "capacity-cpu.yaml"))
+    assert "capacity search: concurrency 8 first" in cpu and "H200 GPU minutes" not in cpu

@@ -10,6 +10,7 @@ from typing import Any
 from patchbench.suite import MetricInfo, Suite, SuiteContext, SuiteResult, register
 
 from .block import report_block
+from .capacity import cost_lines as capacity_cost_lines
 from .capacity import declarations as capacity_declarations
 from .capacity import pair_capacity, run_capacity
 from .capplot import pr_panels
@@ -75,7 +76,10 @@ class ServingSuite(Suite):
         return pair_cells(list(baseline_dirs), list(variant_dirs), list(METRICS))
 
     def plan_lines(self, params: Any, cells_per_round: int = 1, cpu: bool = False) -> list[str]:
-        """A sweep's points, prompts and estimated minutes per cell (:func:`.sweep.cost_lines`)."""
+        """A sweep's points, prompts and estimated minutes per cell (:func:`.sweep.cost_lines`);
+        a capacity search's (:func:`.capacity.cost_lines`)."""
+        if isinstance(params, Params) and params.capacity is not None:
+            return capacity_cost_lines(params.capacity, params.output_len, cells_per_round, cpu)
         if not isinstance(params, Params) or params.sweep is None:
             return []
         sw = params.sweep

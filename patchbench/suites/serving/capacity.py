@@ -29,6 +29,7 @@ from .capsearch import Answer, Capacity
 from .params import Params
 from .parse import MARGIN_PCT
 from .point import run_point
+from .sweep import STARTUP_S, point_seconds
 
 #: the capacity: the highest concurrency meeting the SLO (interpolated in a smooth bracket)
 CAPACITY = "capacity_at_slo_count"
@@ -39,6 +40,37 @@ MET, FAILED, PROBES, CLIFF = (
     "capacity_probes_count",
     "capacity_cliff_count",
 )
+
+
+#: probes a cell costs in the dry run's estimate: the calibration's 3.9 (smooth) and 3.6 (cliff)
+#: at the PR config's shape (docs/calibration.md, "Capacity"), rounded up
+PROBES_PER_CELL = 4
+
+
+def cost_lines(
+    cap: Capacity, output_len: int, cells_per_round: int, cpu: bool = False
+) -> list[str]:
+    """The dry run's lines of a capacity search: its range and SLO, and (not on the CPU) the
+    estimated H200 minutes of a cell and of a round: start-up plus :data:`PROBES_PER_CELL` probes
+    costed at twice ``start`` (the capacity is unknown before the run) by the sweep's cost model
+    (:func:`.sweep.point_seconds`)."""
+    head = (
+        f"capacity search: concurrency {cap.start} first, within [{cap.min}, {cap.max}], "
+        f"bisected to {cap.precision:.0%}; ~{PROBES_PER_CELL} probes a cell"
+    )
+    if cpu:
+        return [head + " (no time estimate on the CPU engine)"]
+    c = min(cap.max, 2 * cap.start)
+    probe = point_seconds(c, cap.num_prompts(c), output_len)
+    cell = STARTUP_S + PROBES_PER_CELL * probe
+    rnd = cell * cells_per_round / 60
+    return [
+        head,
+        f"estimated H200 GPU minutes: ~{cell / 60:.1f} a cell ({PROBES_PER_CELL} probes of "
+        f"~{probe:.0f} s at concurrency {c:g}, server start-up {STARTUP_S:.0f} s), ~{rnd:.1f} a "
+        f"repeat of the {cells_per_round} variants; the sweep's cost model "
+        "(patchbench/suites/serving/sweep.py): an estimate, not a measurement",
+    ]
 
 
 def declarations(cap: Capacity) -> dict[str, MetricInfo]:
