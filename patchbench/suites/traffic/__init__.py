@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from patchbench.records import write_json
-from patchbench.run import server_metrics
+from patchbench.run.server_metrics import CACHED_TOKENS, PROMPT_TOKENS, hit_share, scrape
 from patchbench.suite import (
     MetricInfo,
     PairingRefused,
@@ -74,13 +74,13 @@ def measured_window(ctx: SuiteContext, workload: str, edge: Literal["before", "a
     where ``/metrics`` did not answer (``server.metrics: false``)."""
     out: dict[str, Any] = {"unix_s": time.time()}
     try:
-        snap = server_metrics.scrape(ctx.server.base_url)
+        snap = scrape(ctx.server.base_url)
     except (OSError, ValueError) as e:
         return out | {"error": f"{type(e).__name__}: {e}"}
     c = snap.counters
     return out | {
-        "prompt_tokens": c.get(server_metrics.PROMPT_TOKENS),
-        "cached_tokens": c.get(server_metrics.CACHED_TOKENS),
+        "prompt_tokens": c.get(PROMPT_TOKENS),
+        "cached_tokens": c.get(CACHED_TOKENS),
     }
 
 
@@ -89,14 +89,12 @@ def window_hit_pct(window: dict) -> float | None:
     counters' increases between its two :func:`measured_window` records; None without both."""
     try:
         deltas = {
-            server_metrics.PROMPT_TOKENS: window["after"]["prompt_tokens"]
-            - window["before"]["prompt_tokens"],
-            server_metrics.CACHED_TOKENS: window["after"]["cached_tokens"]
-            - window["before"]["cached_tokens"],
+            PROMPT_TOKENS: window["after"]["prompt_tokens"] - window["before"]["prompt_tokens"],
+            CACHED_TOKENS: window["after"]["cached_tokens"] - window["before"]["cached_tokens"],
         }
     except (KeyError, TypeError):
         return None
-    share = server_metrics.hit_share(deltas)
+    share = hit_share(deltas)
     return None if share is None else 100.0 * share
 
 
