@@ -32,6 +32,7 @@ from patchbench.report.text import (
     fmt_ci,
     host_warnings,
     identity_counts,
+    identity_text,
     local_paths,
     partial_lines,
     shown_value,
@@ -120,17 +121,14 @@ def caveats_line(cmp: Comparison) -> str:
 def identity_line(cmp: Comparison) -> str:
     """ "Outputs identical to `baseline`: `B` 48/48, `C` 47/48" (:func:`identity_counts`)."""
     got = {v: identity_counts(cmp, v) for v in cmp.variants}
-    shown = [
-        f"`{v}` " + ", ".join(f"{same}/{n}" for same, n in counts)
-        for v, counts in got.items()
-        if counts
-    ]
+    shown = [f"`{v}` " + identity_text(counts) for v, counts in got.items() if counts]
     if not shown:
         if any(c.get("status") != "ok" for c in cmp.cells):
             return "Output identity: not known (the cells that compare outputs did not end ok)."
         return "Output identity: not measured by this run's suites."
     missing = [f"`{v}` not measured" for v, counts in got.items() if not counts]
-    return f"Outputs identical to `{cmp.baseline}`: " + ", ".join(shown + missing) + "."
+    sep = "; " if any(len(c) > 1 for c in got.values()) else ", "
+    return f"Outputs identical to `{cmp.baseline}`: " + sep.join(shown + missing) + "."
 
 
 def _with_unit(r: Row, arm: str) -> str:

@@ -286,21 +286,39 @@ def _row_clause(r: Row, decide: str | None = None) -> str:
     return f"{change} {ci} {verdict_text(r)}" + (f" ({decide})" if decide else "")
 
 
-def identity_counts(cmp: Comparison, variant: str) -> list[tuple[int, int]]:
-    """(identical, n) of each output-identity count a suite's pair holds for ``variant``
-    (``pairs[suite][variant]["identity"]`` with ints ``n`` and ``identical``, the serving
-    suite's); [] without one."""
+def identity_counts(cmp: Comparison, variant: str) -> list[tuple[str, int, int]]:
+    """(suite, identical, n) of each suite whose pair holds an output-identity count for
+    ``variant``: summed over its points where it has them (``pairs[suite][variant]["points"]
+    [key]["identity"]``: a sweep's loads, the traffic suite's workloads), else its one
+    ``identity`` (ints ``n`` and ``identical``); [] without one."""
     out = []
-    for per in cmp.pairs.values():
-        ident = (per.get(variant) or {}).get("identity")
-        if isinstance(ident, dict) and ident.get("n"):
-            out.append((int(ident.get("identical", 0)), int(ident["n"])))
+    for suite, per in cmp.pairs.items():
+        pair = per.get(variant)
+        if not isinstance(pair, dict):
+            continue
+        points = pair.get("points")
+        found = [p.get("identity") for p in points.values()] if isinstance(points, dict) else []
+        found = [x for x in found or [pair.get("identity")] if isinstance(x, dict) and x.get("n")]
+        if found:
+            same = sum(int(x.get("identical", 0)) for x in found)
+            out.append((suite, same, sum(int(x["n"]) for x in found)))
     return out
 
 
+def identity_text(counts: list[tuple[str, int, int]]) -> str:
+    """ "48/48" for one suite's count, "serving 48/48, traffic 16/16" for several."""
+    if len(counts) == 1:
+        return f"{counts[0][1]}/{counts[0][2]}"
+    return ", ".join(f"{suite} {same}/{n}" for suite, same, n in counts)
+
+
 def identity_clauses(cmp: Comparison, variant: str) -> list[str]:
-    """ "outputs identical 48/48": each of :func:`identity_counts`; [] without one."""
-    return [f"outputs identical {same}/{n}" for same, n in identity_counts(cmp, variant)]
+    """ "outputs identical 48/48" (one suite) or "outputs identical: serving 48/48, traffic
+    16/16" (:func:`identity_counts`); [] without one."""
+    counts = identity_counts(cmp, variant)
+    if not counts:
+        return []
+    return [f"outputs identical{':' if len(counts) > 1 else ''} {identity_text(counts)}"]
 
 
 def run_minutes(cmp: Comparison, repeats: int) -> float | None:

@@ -105,6 +105,32 @@ def test_verdicts_keep_their_words_in_order_identity_decided_undecided(tmp_path)
     assert "not decidable here" not in sentence(cmp, "patched")
 
 
+def test_identity_counts_every_point_and_names_the_suites(tmp_path):
+    """A sweep's loads and the traffic suite's workloads each hold their own identity count: the
+    answer and the comment sum a suite's points (4 + 24 requests, 23 + 4 identical) and name the
+    suites when there are several; one suite keeps the bare count."""
+    from patchbench.report.comment import identity_line
+
+    run = make_run(tmp_path, metrics={"bench": {"thr": {"baseline": [1, 1], "patched": [1, 1]}}})
+    cmp = build_comparison(run)
+    one = {"identity": {"n": 4, "identical": 4}}  # the top level: the first point's
+    cmp.pairs = {
+        "serving": {
+            "patched": dict(one, points={"c1": one, "c8": {"identity": {"n": 24, "identical": 23}}})
+        },
+        "traffic": {"patched": {"points": {"sp": {"identity": {"n": 8, "identical": 8}}}}},
+    }
+    assert sentence(cmp, "patched").startswith(
+        "patched vs baseline: outputs identical: serving 27/28, traffic 8/8; "
+    )
+    assert (
+        identity_line(cmp)
+        == "Outputs identical to `baseline`: `patched` serving 27/28, traffic 8/8."
+    )
+    del cmp.pairs["traffic"]
+    assert sentence(cmp, "patched").startswith("patched vs baseline: outputs identical 27/28; ")
+
+
 def test_a_bound_never_gets_repeats_to_decide(tmp_path, monkeypatch, capsys):
     # the variant's value is a lower bound in every repeat (the sweep's highest load met the SLO)
     load = MetricInfo("higher", "req", label="Highest load meeting the SLO", primary=True)
