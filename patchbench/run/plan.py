@@ -24,7 +24,7 @@ from patchbench.run.variants import (
     stand_in_dirs,
 )
 from patchbench.shims import SITE_DIR
-from patchbench.suite import SuiteContext, get_suite
+from patchbench.suite import SuiteContext, SuiteError, get_suite
 
 CellKind = Literal["timed", "correctness"]
 
@@ -224,12 +224,17 @@ def check_instrumentation(cfg: Config) -> dict[str, list[str]]:
 
 def check_releases(cfg: Config) -> None:
     """Every suite's ``check_release`` with the clients' release (the baseline's build, resolved),
-    before any launch: the SuiteError of the first that refuses (exit 4)."""
+    before any launch (``bench`` and its dry run): ConfigError (exit 2) naming the suite and
+    the release when one refuses."""
     base = cfg.builds.get(cfg.baseline)
     site = base.env.site_dir if base is not None else envinfo.stock_site_dir()
     stock = (site or Path(".")) / "sglang"
+    release = client_release(cfg)
     for name in cfg.suites:
-        get_suite(name).check_release(cfg.suite_params[name], stock, client_release(cfg))
+        try:
+            get_suite(name).check_release(cfg.suite_params[name], stock, release)
+        except SuiteError as e:
+            raise ConfigError(f"suites.{name}: sglang {release} cannot run it: {e}") from None
 
 
 # ------------------------------------------------------------------------- the plan as text
@@ -238,6 +243,7 @@ def describe_plan(cfg: Config, resume: Path | None = None) -> str:
     there are marked ``(done)``. Raises ConfigError for an instrumentation conflict."""
     cells = plan(cfg)
     extra_args = check_instrumentation(cfg)
+    check_releases(cfg)
     done: set[Cell] = set()
     if resume is not None:
         from patchbench.run.preflight import resume_manifest

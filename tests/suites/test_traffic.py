@@ -14,9 +14,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 
+from patchbench.config.load import config_from_mapping
+from patchbench.errors import ConfigError
 from patchbench.records import read_json
-from patchbench.run.plan import check_releases
+from patchbench.run.plan import check_releases, describe_plan
 from patchbench.suite import ServerInfo, SuiteContext
 from patchbench.suites.serving.command import ToolMismatch
 from patchbench.suites.traffic import Params, run
@@ -182,8 +185,14 @@ def test_trace_honours_timestamps_on_0_5_23_and_is_refused_on_0_5_1(tmp_path, fa
     )
     cfg.builds["baseline"].env.site_dir = site("0.5.1.post3").parent
     cfg.builds["baseline"].release = "0.5.1.post3"
-    with pytest.raises(ToolMismatch, match="suites.traffic.workloads.tr: a trace workload"):
+    with pytest.raises(ConfigError, match="suites.traffic: sglang 0.5.1.post3 cannot run it: "):
         check_releases(cfg)  # bench's preflight, before any server starts
+    # the dry run refuses it too (exit 2), the workload named
+    raw = yaml.safe_load((ROOT / "configs" / "demo-cpu.yaml").read_text())
+    raw["suites"]["traffic"]["workloads"]["tr"] = {"kind": "trace"}
+    with pytest.raises(ConfigError, match="workloads.tr: a trace workload") as e:
+        describe_plan(config_from_mapping(raw, "configs/demo-cpu.yaml"))
+    assert e.value.exit_code == 2
 
     both = {
         "workloads": {
