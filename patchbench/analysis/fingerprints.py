@@ -10,7 +10,7 @@ from typing import Any
 
 from patchbench.analysis.comparison import Comparison, ServerFingerprints
 from patchbench.analysis.rundata import RunData
-from patchbench.run.server_metrics import CACHED_TOKENS
+from patchbench.run.server_metrics import CACHED_TOKENS, HIT_PCT_METRIC
 
 #: hit shares of two arms more than this many percentage points apart are flagged in the answer
 HIT_SHARE_POINTS = 5.0
@@ -81,6 +81,16 @@ def server_fingerprints(data: RunData, cmp: Comparison) -> ServerFingerprints | 
                     f"than {HIT_SHARE_POINTS:g} points apart: the speed rows compare "
                     "different cache states (the change may alter caching; nothing is corrected)"
                 )
+        for r in cmp.rows:  # a suite's parts (the traffic suite's workloads), each its own
+            part = r.metric.partition("@")
+            b, x = r.baseline_value, r.variant_value
+            if r.variant == v and part[0] == HIT_PCT_METRIC and None not in (b, x):
+                if abs(x - b) > HIT_SHARE_POINTS:
+                    out.warnings.append(
+                        f"{r.suite} {part[2]}: the prefix-cache hit rate was {b:.1f}% on {base} "
+                        f"and {x:.1f}% on {v} (the server's counters over its measured calls), "
+                        f"more than {HIT_SHARE_POINTS:g} points apart (nothing is corrected)"
+                    )
         for suite, per in out.counters.items():
             if base in per and v in per:
                 out.differences += _counter_differences(suite, base, v, per[base], per[v])

@@ -20,6 +20,9 @@ from patchbench.runfolder.models import ServerMetrics
 #: the counters of the hit share, named alike by sglang 0.5.1.post3 and 0.5.23 (where cached
 #: tokens carry a ``cache_source`` label: the sum over it; tests/data/server_metrics/)
 CACHED_TOKENS = "sglang:cached_tokens_total"
+#: a suite's metric of the hit rate over one of its parts, in %, ``<name>@<part>`` (the traffic
+#: suite's workloads), compared between arms like the suites' own fingerprints
+HIT_PCT_METRIC = "prefix_cache_hit_pct"
 PROMPT_TOKENS = "sglang:prompt_tokens_total"
 #: the ``/server_info`` keys (server arguments; on 0.5.23 also the effective limits and the
 #: decode batch sizes CUDA graphs were captured for, some under ``internal_states``) that

@@ -155,6 +155,24 @@ def test_an_aa_run_records_the_fingerprint_and_finds_no_difference(fake_env, tmp
     details = (run_dir / "report-details.md").read_text()
     assert "| fake | 0.0% | 0.0% |" in details
     assert "No difference between the arms' fingerprints beyond the tolerances" in details
+    # a suite's parts (the traffic suite's workloads) each compared: 40.0 % and 46.5 % are 6.5
+    # points apart (named), 40.0 % and 44.0 % are 4 (not)
+    from patchbench.analysis.build import build_comparison
+    from patchbench.analysis.comparison import Row
+    from patchbench.analysis.fingerprints import server_fingerprints
+    from patchbench.analysis.rundata import read_run
+
+    data = read_run(run_dir)
+    cmp = build_comparison(data)
+    for part, x in (("sp", 46.5), ("chat", 44.0)):
+        m = f"prefix_cache_hit_pct@{part}"
+        cmp.rows.append(Row(suite="traffic", metric=m, variant="control", kind="descriptive"))
+        cmp.rows[-1].baseline_value, cmp.rows[-1].variant_value = 40.0, x
+    assert server_fingerprints(data, cmp).warnings == [
+        "traffic sp: the prefix-cache hit rate was 40.0% on baseline and 46.5% on control (the "
+        "server's counters over its measured calls), more than 5 points apart (nothing is "
+        "corrected)"
+    ]
 
 
 def test_an_arm_whose_counters_and_configuration_differ_is_named(fake_env, tmp_path):

@@ -16,7 +16,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from patchbench.records import write_json
-from patchbench.run.server_metrics import CACHED_TOKENS, PROMPT_TOKENS, hit_share, scrape
+from patchbench.run.server_metrics import (
+    CACHED_TOKENS,
+    HIT_PCT_METRIC,
+    PROMPT_TOKENS,
+    hit_share,
+    scrape,
+)
 from patchbench.suite import (
     MetricInfo,
     PairingRefused,
@@ -63,7 +69,7 @@ class Params(BaseModel):
 
 
 #: a workload's prefix-cache hit rate over its measured call, from the server's own counters
-HIT_PCT = "prefix_cache_hit_pct"
+HIT_PCT = HIT_PCT_METRIC
 
 
 def measured_window(ctx: SuiteContext, workload: str, edge: Literal["before", "after"]) -> dict:
