@@ -137,10 +137,13 @@ def _dry_run(
     if not_ready is not None:
         print(f"note: a real run stops here (exit 3): {not_ready}")
     if not is_cpu(cfg) and envinfo.gpu_info() is None:
-        print(
-            "note: no NVIDIA GPU here, and the config does not run on --device cpu: "
-            f"`patchbench doctor {label or cfg.source or ''}` lists what a run still needs"
+        target = label or cfg.source
+        doctor = (
+            f"`patchbench doctor {target}` lists what a run still needs"
+            if target
+            else "`patchbench doctor` lists what this machine has"  # ab: a config in memory
         )
+        print(f"note: no NVIDIA GPU here, and the config does not run on --device cpu: {doctor}")
     problems = variants.check_patches(cfg)
     failed = any(not p.startswith(" ") and " not checked " not in p for p in problems)
     unchecked = sum(" not checked " in p for p in problems)

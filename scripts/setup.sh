@@ -88,7 +88,11 @@ if [ "$PROFILE" = cpu ] && [ ! -x "$VENV/bin/python" ]; then
     fi
   done
 fi
-echo "setup: creating $VENV for sglang $PIN ($PROFILE profile)"
+if [ -x "$VENV/bin/python" ]; then
+  echo "setup: updating $VENV for sglang $PIN ($PROFILE profile): the requirements or pins changed since its last set-up"
+else
+  echo "setup: creating $VENV for sglang $PIN ($PROFILE profile)"
+fi
 [ -x "$VENV/bin/python" ] || $PY -m venv "$VENV"
 # --no-compile, then compileall on every core: pip compiles the bytecode one file at a time (about
 # a third of a fresh venv's setup); the bytecode must exist: where PYTHONDONTWRITEBYTECODE is set (as
