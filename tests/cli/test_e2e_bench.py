@@ -403,11 +403,16 @@ def test_traffic_workloads_were_flushed_primed_and_measured(demo_0513):
             assert w["flushed"] and w["window"]["before"]["unix_s"] < w["window"]["after"]["unix_s"]
         # the hit rate from the server's own counters over each measured call: a primed 64-token
         # prefix of prompts of about 72 tokens is mostly cached (the server log's #cached-token
-        # read 89 % on such a run, docs/traffic.md); the counters rose by the measured prompts only
+        # read 89 % on such a run, docs/traffic.md). The counters rose by the 8 measured prompts
+        # only: at least the tool's own token count of them (the server's count adds each
+        # prompt's special tokens: 12 more a prompt here), less than with the prime's 2 requests
+        # (each a ~64-token prefix) or a warm-up request (a whole prompt) inside the window
         win = wl["shared-prefix"]["window"]
         grew = win["after"]["prompt_tokens"] - win["before"]["prompt_tokens"]
-        inputs = read_json(demo_0513 / c["dir"] / "traffic" / "shared-prefix" / "requests.json")
-        assert grew == pytest.approx(sum(inputs["input_len"]), rel=0.1), (grew, inputs["input_len"])
+        lens = read_json(demo_0513 / c["dir"] / "traffic" / "shared-prefix" / "requests.json")[
+            "input_len"
+        ]
+        assert sum(lens) <= grew < sum(lens) + 12 * len(lens) + min(lens), (grew, lens)
         assert 50 <= m["prefix_cache_hit_pct@shared-prefix"] <= 100
         assert 0 <= m["prefix_cache_hit_pct@chat"] <= 100
         recs = read_json(demo_0513 / c["dir"] / "traffic" / "chat" / "requests.json")

@@ -143,7 +143,7 @@ class Run:
             if self.run_dir is None and self.results.is_dir():
                 dirs = [d for d in self.results.iterdir() if (d / "manifest.json").exists()]
                 self.run_dir = dirs[0] if dirs else None
-            client = self.find("sglang.bench_serving")
+            client = self.find("clientwatch.py")  # bench_serving runs inside it
             sched = self.find("sglang::scheduler")
             if client is not None and sched is not None and self.run_dir is not None:
                 log = self.cell_dir / "server.log"
