@@ -21,14 +21,15 @@ import numpy as np
 import pytest
 
 from patchbench.records import read_json
-from patchbench.suite import ServerInfo, SuiteContext, SuiteResult
+from patchbench.suite import ServerInfo, SuiteResult
 from patchbench.suites.serving import Params, point, run
 from patchbench.suites.serving import clients as cl
 from patchbench.suites.serving.capacity import CAPACITY
 from patchbench.suites.serving.parse import METRICS
 from patchbench.suites.serving.points import merge_points
 from patchbench.suites.serving.sweep import Sweep
-from tests.suites.test_serving_multi_point import _ctx, pkg  # noqa: F401 (fixture)
+from tests.helpers import suite_context
+from tests.suites.test_serving_multi_point import pkg, recording_ctx  # noqa: F401 (fixture)
 
 # --- send lags and the rule, by hand ------------------------------------------------------------
 
@@ -189,7 +190,7 @@ def test_a_client_bound_sweep_point_is_withheld_like_an_undelivered_one():
 
 
 def test_a_client_bound_probe_stops_the_search(tmp_path, pkg, monkeypatch):  # noqa: F811
-    ctx = _ctx(tmp_path, pkg, "cap", [])
+    ctx = recording_ctx(tmp_path, pkg, "cap", [])
     fine = _rec(REQS)
     hot = _rec(REQS, cpu_s=2.6)  # a whole core
     monkeypatch.setattr(point, "records", lambda out, n: [hot if Path(out).name == "c4" else fine])
@@ -249,21 +250,17 @@ def _real(tmp_path, server, tiny_model_dir, name, **env):
     srv = dataclasses.replace(
         server, model_path=str(tiny_model_dir), tokenizer_path=str(tiny_model_dir)
     )
-    return SuiteContext(
-        server=srv,
-        out_dir=out,
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **env)
+    ctx = suite_context(
+        srv, out, tmp_path / "cache", sglang_version="0.5.1.post3", log=lambda s: None
+    )
+    return dataclasses.replace(
+        ctx,
         run_dir=tmp_path,
-        cache_dir=tmp_path / "cache",
-        variant="baseline",
-        repeat=0,
-        baseline="baseline",
-        sglang_version="0.5.1.post3",
         python=sys.executable,
-        stock_env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **env),
+        stock_env=env,
         variant_sglang_dir=sglang,
         stock_sglang_dir=sglang,
-        device="cpu",
-        log=lambda s: None,
     )
 
 

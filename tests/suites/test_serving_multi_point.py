@@ -51,7 +51,8 @@ def pkg(tmp_path):
     return p
 
 
-def _ctx(tmp_path, pkg, name, flushes, **env):
+def recording_ctx(tmp_path, pkg, name, flushes, **env):
+    """A context whose fake bench_serving replays the recording, flushes noted in ``flushes``."""
     base = tmp_path / name
     base.mkdir()
     ctx = make_ctx(base, pkg, f"copy:{REC}")
@@ -75,8 +76,8 @@ def _strip(res):
 def test_one_process_gives_the_per_process_results(tmp_path, pkg):
     flushes_a: list[float] = []
     flushes_b: list[float] = []
-    a = _ctx(tmp_path, pkg, "together", flushes_a)
-    b = _ctx(tmp_path, pkg, "apart", flushes_b)
+    a = recording_ctx(tmp_path, pkg, "together", flushes_a)
+    b = recording_ctx(tmp_path, pkg, "apart", flushes_b)
     together = run(a, _params())
     apart = run_sweep(b, _params(), together=False)  # one bench_serving process per point
     assert together.status == "ok" == apart.status
@@ -102,7 +103,7 @@ def test_one_process_gives_the_per_process_results(tmp_path, pkg):
 
 
 def test_a_single_point_keeps_the_one_process_command(tmp_path, pkg):
-    ctx = _ctx(tmp_path, pkg, "one", [])
+    ctx = recording_ctx(tmp_path, pkg, "one", [])
     res = run(ctx, Params(dataset_name="random-ids", num_prompts=20, sweep=Sweep(points=[4])))
     assert res.status == "ok"
     assert not (ctx.out_dir / "multi_point").exists()
@@ -111,7 +112,7 @@ def test_a_single_point_keeps_the_one_process_command(tmp_path, pkg):
 
 @pytest.mark.parametrize("how", ["exit", "raise"])
 def test_a_failing_point_is_named_and_the_earlier_points_kept(tmp_path, pkg, how):
-    ctx = _ctx(tmp_path, pkg, "fail", [], FAKE_FAIL_AT=f"1:{how}")
+    ctx = recording_ctx(tmp_path, pkg, "fail", [], FAKE_FAIL_AT=f"1:{how}")
     order = [SWEEP.key(p) for p in point_order(SWEEP, order_seed(ctx.variant, ctx.repeat))]
     with pytest.raises(SuiteError, match=r"sweep point c1: (.|\n)*point broke"):
         run(ctx, _params())
@@ -126,7 +127,7 @@ def test_a_failing_point_is_named_and_the_earlier_points_kept(tmp_path, pkg, how
 
 
 def test_a_failed_flush_stops_the_client(tmp_path, pkg):
-    ctx = _ctx(tmp_path, pkg, "flush", [])
+    ctx = recording_ctx(tmp_path, pkg, "flush", [])
 
     def refuse():
         raise RuntimeError("flush refused")
@@ -141,7 +142,7 @@ def test_a_failed_flush_stops_the_client(tmp_path, pkg):
 
 
 def test_the_timeout_covers_every_point(tmp_path, pkg):
-    ctx = _ctx(tmp_path, pkg, "hang", [])
+    ctx = recording_ctx(tmp_path, pkg, "hang", [])
     ctx = dataclasses.replace(ctx, stock_env=dict(ctx.stock_env, FAKE_BENCH="hang"))
     t0 = time.monotonic()
     with pytest.raises(SuiteError, match=r"sweep point c\d+: bench_serving ran past timeout_s=4"):

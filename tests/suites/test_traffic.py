@@ -4,6 +4,7 @@ think time, a trace's timestamps, and the refusal of a workload a pin's tool can
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -24,6 +25,7 @@ from patchbench.suite import ServerInfo, SuiteContext
 from patchbench.suites.serving.command import ToolMismatch
 from patchbench.suites.traffic import Params, run
 from patchbench.suites.traffic.workloads import read_jsonl, tool_params
+from tests.helpers import suite_context
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = ROOT / "tests" / "fake_server" / "sglang" / "launch_server.py"
@@ -85,21 +87,16 @@ def make_ctx(tmp_path, fake, pin: str) -> SuiteContext:
         alive=lambda: fake.proc.poll() is None,
     )
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    return SuiteContext(
-        server=srv,
-        out_dir=tmp_path / "traffic",
+    ctx = suite_context(
+        srv, tmp_path / "traffic", tmp_path / ".cache", sglang_version=pin, log=lambda s: None
+    )
+    return dataclasses.replace(
+        ctx,
         run_dir=tmp_path,
-        cache_dir=tmp_path / ".cache",
-        variant="baseline",
-        repeat=0,
-        baseline="baseline",
-        sglang_version=pin,
         python=str(venv / "bin" / "python"),
         stock_env=env,
         variant_sglang_dir=site(pin),
         stock_sglang_dir=site(pin),
-        device="cpu",
-        log=lambda s: None,
     )
 
 
