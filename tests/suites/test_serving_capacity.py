@@ -18,7 +18,7 @@ from patchbench.suites.serving import Params, run
 from patchbench.suites.serving.attainment import AttainmentSlo, attainment
 from patchbench.suites.serving.capacity import CAPACITY, arm_interval, report_lines, round_seed
 from patchbench.suites.serving.capsearch import search
-from tests.suites.test_serving_multi_point import REC, _ctx, pkg  # noqa: F401 (fixture)
+from tests.suites.test_serving_multi_point import REC, pkg, recording_ctx  # noqa: F401 (fixture)
 
 # --- the search on synthetic curves -------------------------------------------------------------
 
@@ -184,7 +184,7 @@ def test_config_validation_names_bad_keys():
 
 def test_two_probe_search_with_a_fake_tool(tmp_path, pkg):  # noqa: F811 (fixture)
     flushes: list[float] = []
-    ctx = _ctx(tmp_path, pkg, "cap", flushes)
+    ctx = recording_ctx(tmp_path, pkg, "cap", flushes)
     # the recording's 20 requests at every concurrency; an SLO every request meets
     slo = {"ttft_ms": 1e9, "tpot_ms": 1e9, "rule": "share", "target": 0.95}
     cap = {"slo": slo, "start": 2, "max": 4, "prompts_per_load": 1, "min_prompts": 20}
