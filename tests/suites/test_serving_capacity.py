@@ -17,6 +17,7 @@ from patchbench.errors import ConfigError
 from patchbench.suites.serving import Params, run
 from patchbench.suites.serving.attainment import AttainmentSlo, attainment
 from patchbench.suites.serving.capacity import CAPACITY, arm_interval, report_lines, round_seed
+from patchbench.suites.serving.capacity import CapacityPair as CapacityPairModel
 from patchbench.suites.serving.capsearch import search
 from tests.suites.test_serving_multi_point import REC, pkg, recording_ctx  # noqa: F401 (fixture)
 
@@ -194,8 +195,11 @@ def test_two_probe_search_with_a_fake_tool(tmp_path, pkg):  # noqa: F811 (fixtur
     assert meta["answer"] == "beyond" and CAPACITY not in res.metrics
     assert res.meta["not_judged"][CAPACITY].startswith(">= 4")
     assert all(p["score"] == 1.0 and p["judged"] == 20 for p in meta["probes"])
+    # both probes in one client process (one import of the tool), handed over one at a time
+    driver = (ctx.out_dir / "multi_point" / "stdout.txt").read_text()
+    assert driver.count("imported") == 1
+    assert [ln.split()[2] for ln in driver.splitlines() if " exit 0 " in ln] == ["c2", "c4"]
     # both probes with the round's seed (the same for every arm of the round)
-
     assert meta["seed"] == round_seed(None, ctx.repeat)
     for k in ("c2", "c4"):
         argv = json.loads((ctx.out_dir / "probes" / k / "argv.json").read_text())
@@ -334,6 +338,66 @@ def test_one_round_shows_the_bracket_and_no_panel_when_the_capacity_is_not_a_pri
     assert plots.plot_pr_figure(cmp) is None  # no primary: no PR figure, no panel
 
 
+def test_a_client_bound_round_pairs_and_draws(tmp_path):
+    """A round whose search stopped at a client-bound probe (score None, capacity withheld):
+    compare.json keeps its judged probes and names the load, the figure marks it with a cross on
+    the target line (a real CPU search under load produced one: the pair hook refused it)."""
+    import matplotlib.pyplot as plt
+
+    from patchbench.analysis.build import compare_run
+    from patchbench.suites.serving.capplot import draw_capacity
+    from tests.synthetic import make_run
+
+    judged = [(4, 1.0), (7, 0.94), (13, 0.92)]
+    meta = {
+        ("baseline", 0, "serving"): {
+            "capacity": {
+                "answer": "bracket",
+                "lo": 12,
+                "hi": 14,
+                "value": 12.18,
+                "seed": round_seed(1, 0),
+                "probes": [
+                    {"load": c, "score": x, "meets": x >= 0.9} for c, x in PROBES["baseline", 0][0]
+                ],
+            }
+        },
+        ("patched", 0, "serving"): {
+            "capacity": {
+                "answer": "client-bound",
+                "lo": 13,
+                "hi": None,
+                "value": None,
+                "seed": round_seed(1, 0),
+                "probes": [{"load": c, "score": x, "meets": True} for c, x in judged]
+                + [{"load": 25, "score": None, "meets": None, "client_bound": "median send lag"}],
+            }
+        },
+    }
+    cap = {"slo": SLO, "start": 8, "max": 32, "precision": 0.1, "primary": True}
+    run = make_run(
+        tmp_path,
+        metrics={"serving": {CAPACITY: {"baseline": [12.18], "patched": [None]}}},
+        meta=meta,
+        suites_params={"serving": {"seed": 1, "capacity": cap}},
+    )
+    cmp = compare_run(run)
+    pair = cmp.pairs["serving"]["patched"]
+    got = pair.variant[0] if hasattr(pair, "variant") else None
+    if got is None:  # compare.json's dict form
+        got = CapacityPairModel.model_validate(pair).variant[0]
+    assert got.answer == "client-bound" and got.client_bound == 25
+    assert got.probes == judged and got.lo == 13 and got.hi is None
+    fig, ax = plt.subplots()
+    assert draw_capacity(ax, cmp)
+    crosses = [
+        (list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax.lines if ln.get_marker() == "x"
+    ]
+    assert ([25], [0.9]) in crosses
+    assert "client-bound probe (not judged)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    plt.close(fig)
+
+
 # --- a real search on the CPU ---------------------------------------------------------------------
 
 
@@ -360,26 +424,36 @@ def test_real_capacity_search_on_the_cpu(capacity_cpu):
             m = metas[v, k] = summary["meta"]["capacity"]
             assert summary["status"] == "ok" and m["seed"] == round_seed(1, k)
             assert summary["metrics"]["capacity_probes_count"] == len(m["probes"])
-            for p in m["probes"]:
+            for j, p in enumerate(m["probes"]):
                 argv = read_json(cell / "probes" / f"c{p['load']}" / "command.json")["argv"]
                 assert argv[argv.index("--seed") + 1] == str(m["seed"])
                 assert argv[argv.index("--max-concurrency") + 1] == str(p["load"])
-                assert p["meets"] == (p["score"] >= cap.slo.target) and p["judged"] >= 16
                 client = read_json(cell / "probes" / f"c{p['load']}" / "summary.json")["meta"][
                     "client"
                 ]
-                assert client["bound"] is None and client["requests"] == p["judged"], client
+                if client["bound"]:  # a loaded host: the search stops there, nothing judged
+                    assert j == len(m["probes"]) - 1 and m["answer"] == "client-bound", m
+                    assert p["score"] is None and p["client_bound"] == client["bound"]
+                    continue
+                assert p["meets"] == (p["score"] >= cap.slo.target) and p["judged"] >= 16
+                assert client["requests"] == p["judged"], client
                 assert 0 <= client["send_lag_median_ms"] < client["send_gap_mean_ms"]
             score = {p["load"]: p["score"] for p in m["probes"]}
-            assert m["answer"] in ("bracket", "cliff"), m  # the SLO is crossed within 1-32
             lo, hi = m["lo"], m["hi"]
-            assert score[lo] >= 0.9 > score[hi] and hi - lo <= max(1, cap.precision * lo)
-            assert lo <= summary["metrics"][CAPACITY] <= hi
+            if m["answer"] == "client-bound":  # capacity withheld; lo: the highest load met
+                assert CAPACITY not in summary["metrics"] and hi is None
+                assert lo == max((p["load"] for p in m["probes"] if p["meets"]), default=None)
+            else:
+                assert m["answer"] in ("bracket", "cliff"), m  # the SLO is crossed within 1-32
+                assert score[lo] >= 0.9 > score[hi] and hi - lo <= max(1, cap.precision * lo)
+                assert lo <= summary["metrics"][CAPACITY] <= hi
             # the first probe: from the start, then from the arm's round-1 bracket (its lo),
             # moved by the round's dither, within the range, floored
             prior = None if k == 0 else [metas[v, 0]["lo"], metas[v, 0]["hi"]]
+            prior = None if prior == [None, None] else prior  # no end found in round 1
             assert m["prior"] == prior and m["dither"] == round_dither(m["seed"])
-            moved = (cap.start if k == 0 else prior[0]) * (1 + m["dither"] * cap.precision)
+            first = cap.start if k == 0 or prior[0] is None else prior[0]
+            moved = first * (1 + m["dither"] * cap.precision)
             assert m["probes"][0]["load"] == math.floor(min(max(moved, cap.min), cap.max))
             assert len({p["load"] for p in m["probes"]}) == len(m["probes"])
     # common random numbers: round 1's first probe is the same concurrency in both arms
@@ -394,6 +468,10 @@ def test_real_capacity_search_on_the_cpu(capacity_cpu):
     pair = read_comparison(capacity_cpu).pairs["serving"][arms[1]]
     for arm, v in (("baseline", arms[0]), ("variant", arms[1])):
         got = [[list(p) for p in r["probes"]] for r in pair[arm]]
-        assert got == [[[p["load"], p["score"]] for p in metas[v, k]["probes"]] for k in (0, 1)]
+        want = [
+            [[p["load"], p["score"]] for p in metas[v, k]["probes"] if p["score"] is not None]
+            for k in (0, 1)
+        ]
+        assert got == want
     assert "## Capacity at the SLO (serving)" in (capacity_cpu / "report.md").read_text()
     assert {"capacity.png", "pr_figure.png"} <= {p.name for p in (capacity_cpu / "plots").iterdir()}

@@ -1,5 +1,5 @@
-"""A sweep's points in one client process (patchbench/suites/serving/multi_point.py + driver.py) against the
-one-process-per-point path: the same argv per point, the same parsed results, the flush between
+"""A sweep's points in one client process (patchbench/suites/serving/multi_point.py driven by
+session.py) against the one-process-per-point path: the same argv per point, the same parsed results, the flush between
 points, a failing point named and the points before it kept; a fake bench_serving (a real module
 run by the driver with ``runpy``, as the release's is)."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -136,38 +137,72 @@ def test_a_failed_flush_stops_the_client(tmp_path, pkg):
     with pytest.raises(RuntimeError, match="flush refused"):
         run(ctx, _params())
     ctl = ctx.out_dir / "multi_point"
-    assert (ctl / "flush-1.fail").exists() and not (ctl / "flush-1.ok").exists()
+    # the second point was never handed over; the driver was told to end and did (exit 0)
+    assert (ctl / "done-0").exists() and not (ctl / "point-1.json").exists()
+    assert (ctl / "end").exists()
+    assert (ctl / "stdout.txt").read_text().count("multi_point: point") == 2
     first = point_order(SWEEP, order_seed(ctx.variant, ctx.repeat))[0]
     assert read_json(ctx.out_dir / "points" / SWEEP.key(first) / "summary.json")["status"] == "ok"
 
 
-def test_the_timeout_covers_every_point(tmp_path, pkg):
+def test_the_timeout_is_each_points_own(tmp_path, pkg):
     ctx = recording_ctx(tmp_path, pkg, "hang", [])
     ctx = dataclasses.replace(ctx, stock_env=dict(ctx.stock_env, FAKE_BENCH="hang"))
     t0 = time.monotonic()
-    with pytest.raises(SuiteError, match=r"sweep point c\d+: bench_serving ran past timeout_s=4"):
+    with pytest.raises(SuiteError, match=r"sweep point c\d+: bench_serving ran past timeout_s=2"):
         run(ctx, _params(timeout_s=2))
     assert time.monotonic() - t0 < 30
 
 
-def test_the_driver_runs_alone(tmp_path, pkg, monkeypatch):
-    """multi_point.py with a one-point plan, as the client python runs it."""
+def test_the_driver_runs_alone(tmp_path, pkg):
+    """multi_point.py with one point and the end handed over beforehand, as the client python
+    runs it: it runs the point, marks it done and exits 0."""
     import subprocess
 
     out = tmp_path / "p"
     out.mkdir()
-    plan = tmp_path / "plan.json"
     argv = ["--dataset-name", "random-ids", "--output-file", str(out / "r.jsonl")]
-    plan.write_text(
-        json.dumps(
-            {"control_dir": str(tmp_path), "points": [{"key": "c1", "dir": str(out), "argv": argv}]}
-        )
-    )
+    spec = {"key": "c1", "dir": str(out), "argv": argv}
+    (tmp_path / "point-0.json").write_text(json.dumps(spec))
+    (tmp_path / "end").write_text("")
     script = Path(__file__).parents[2] / "patchbench" / "suites" / "serving" / "multi_point.py"
     env = {"PYTHONPATH": str(pkg.parent), "FAKE_BENCH": f"copy:{REC}", "PATH": "/usr/bin:/bin"}
     cp = subprocess.run(
-        [sys.executable, str(script), str(plan)], env=env, capture_output=True, text=True
+        [sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True
     )
     assert cp.returncode == 0, cp.stderr
     assert read_json(out / "argv.json") == argv
     assert (out / "r.jsonl").read_text() == REC.read_text()
+    assert (tmp_path / "done-0").exists() and read_json(out / "point.json")["rc"] == 0
+
+
+def test_the_driver_ends_without_its_harness(tmp_path, pkg):
+    """A driver whose parent (the harness) is gone exits on its own (multi_point.ORPHANED_RC) instead
+    of waiting for a point forever: a python parent starts it, waits for its first line and exits."""
+    import subprocess
+
+    script = Path(__file__).parents[2] / "patchbench" / "suites" / "serving" / "multi_point.py"
+    env = {"PYTHONPATH": str(pkg.parent), "FAKE_BENCH": f"copy:{REC}", "PATH": "/usr/bin:/bin"}
+    log = tmp_path / "driver.txt"
+    parent = (
+        "import subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, {str(script)!r}, {str(tmp_path)!r}],"
+        f" stdout=open({str(log)!r}, 'w'), stderr=subprocess.STDOUT)\n"
+        f"while 'imported' not in open({str(log)!r}).read(): time.sleep(0.05)\n"
+        "print(p.pid)\n"
+    )
+    cp = subprocess.run(
+        [sys.executable, "-c", parent], env=env, capture_output=True, text=True, timeout=60
+    )
+    pid = int(cp.stdout)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:  # gone, or a zombie nobody reaps (a container's init may not)
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        except FileNotFoundError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, 9)
+        pytest.fail("the orphaned driver still waits for a point after 30 s")

@@ -1,16 +1,18 @@
 """The capacity search of one cell against its server (docs/serving.md, "Capacity at the SLO"):
-each probe is one bench_serving point (:func:`.point.run_point`) in ``<suite>/probes/c<N>/``,
-judged by :mod:`.attainment`, steered by :func:`.capsearch.search`; its metrics and the
-report's capacity lines."""
+each probe is one bench_serving call in ``<suite>/probes/c<N>/``, a cell's probes in one client
+process (:class:`.session.ClientSession`; a process each with ``clients`` > 1), judged by
+:mod:`.attainment`, steered by :func:`.capsearch.search`; its metrics and the report's capacity
+lines."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import math
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -29,6 +31,7 @@ from .capsearch import Answer, Capacity
 from .params import Params
 from .parse import MARGIN_PCT
 from .point import run_point
+from .session import ClientSession
 from .sweep import STARTUP_S, point_seconds
 
 #: the capacity: the highest concurrency meeting the SLO (interpolated in a smooth bracket)
@@ -141,6 +144,8 @@ def run_capacity(ctx: SuiteContext, params: Params) -> SuiteResult:
     out = SuiteResult()
     probes: list[dict[str, Any]] = []
 
+    session = ClientSession(ctx, Path(ctx.out_dir) / "multi_point", "capacity probe")
+
     def attain(c: float) -> float:
         k = f"c{int(c)}"
         pdir = Path(ctx.out_dir) / "probes" / k
@@ -150,11 +155,14 @@ def run_capacity(ctx: SuiteContext, params: Params) -> SuiteResult:
         ctx.log(f"serving: capacity probe {k} ({len(probes) + 1})")
         update = {"capacity": None, "max_concurrency": int(c), "seed": seed}
         pp = params.model_copy(update=update | {"num_prompts": cap.num_prompts(c)})
-        try:
-            r = run_point(replace(ctx, out_dir=pdir), pp)
-        except SuiteError as e:
-            raise SuiteError(f"capacity probe {k}: {e}") from None
-        write_json(pdir / "summary.json", r.to_json("serving"))
+        if params.clients == 1:
+            r = session.run(k, pdir, pp)
+        else:
+            try:
+                r = run_point(replace(ctx, out_dir=pdir), pp)
+            except SuiteError as e:
+                raise SuiteError(f"capacity probe {k}: {e}") from None
+            write_json(pdir / "summary.json", r.to_json("serving"))
         out.errors.extend(f"probe {k}: {e}" for e in r.errors)
         out.warnings.extend(f"probe {k}: {w}" for w in r.warnings)
         if bound := (r.meta.get("client") or {}).get("bound"):
@@ -169,7 +177,8 @@ def run_capacity(ctx: SuiteContext, params: Params) -> SuiteResult:
         return a.score
 
     try:
-        s = cap.search(attain, prior=prior, dither=round_dither(seed))
+        with session if params.clients == 1 else nullcontext():
+            s = cap.search(attain, prior=prior, dither=round_dither(seed))
         answer, lo, hi, value = s.answer, s.lo, s.hi, s.value
     except ClientBound as e:  # the search stops there; the loads met below it stay
         answer, hi, value = "client-bound", None, None
@@ -207,15 +216,17 @@ def run_capacity(ctx: SuiteContext, params: Params) -> SuiteResult:
 
 class ArmRound(BaseModel):
     """One arm's search in round ``repeat``: its bench_serving ``seed``, the answer ("bracket",
-    "cliff", "beyond", "never"), the bracket (lo meets, hi fails; None where the search found no
-    such end) and every probe as [concurrency, attainment share] in the order run."""
+    "cliff", "beyond", "never", or "client-bound": the search stopped at ``client_bound``, a probe
+    whose client set the pace), the bracket (lo meets, hi fails; None where the search found no
+    such end) and every judged probe as [concurrency, attainment share] in the order run."""
 
     repeat: int
     seed: int
-    answer: Answer
+    answer: Answer | Literal["client-bound"]
     lo: float | None = None
     hi: float | None = None
     probes: list[tuple[float, float]]
+    client_bound: float | None = None
 
 
 class CapacityPair(BaseModel):
@@ -239,9 +250,12 @@ def pair_capacity(baseline_dirs: list[Path], variant_dirs: list[Path], cap: Any)
             m = ((read_or(Path(d) / "summary.json", {}) or {}).get("meta") or {}).get("capacity")
             if m:
                 k = int(Path(d).parent.name.removeprefix("rep"))
-                pts = [(p["load"], p["score"]) for p in m["probes"]]
+                pts = [(p["load"], p["score"]) for p in m["probes"] if p["score"] is not None]
                 ends = {f: m[f] for f in ("seed", "answer", "lo", "hi")}
-                out.append(ArmRound(repeat=k, probes=pts, **ends))
+                bound = [p["load"] for p in m["probes"] if p.get("client_bound")]
+                out.append(
+                    ArmRound(repeat=k, probes=pts, client_bound=bound[0] if bound else None, **ends)
+                )
         return out
 
     return CapacityPair(

@@ -46,7 +46,8 @@ def _arms(comparison: Any) -> tuple[float, list[tuple[str, list, list[float]]]] 
 
 def draw_capacity(ax: Any, comparison: Any) -> bool:
     """Draw the capacity panel on ``ax``: per arm (colour) each round's probes joined in load
-    order (filled: met the target, hollow: failed), the target share dashed, each arm's capacity
+    order (filled: met the target, hollow: failed; a cross on the target line: a client-bound
+    probe, not judged), the target share dashed, each arm's capacity
     (geometric mean over its rounds) as a vertical line with its t interval on the logs as a
     band, or with one round its bracket; False (nothing drawn) without capacity probes."""
     from matplotlib.ticker import FuncFormatter
@@ -56,14 +57,19 @@ def draw_capacity(ax: Any, comparison: Any) -> bool:
         return False
     target, arms = got
     conf = float((comparison_get(comparison, "settings", {}) or {}).get("confidence", 0.95))
+    bound_seen = False
     for j, (name, rounds, caps) in enumerate(arms):
         colour = f"C{j}"
         for r in rounds:
             pts = sorted(r.probes)
-            ax.plot(*zip(*pts, strict=True), "-", color=colour, lw=0.8, alpha=0.5)
+            if pts:
+                ax.plot(*zip(*pts, strict=True), "-", color=colour, lw=0.8, alpha=0.5)
             for load, score in pts:
                 face = colour if score >= target else "white"
                 ax.plot([load], [score], "o", color=colour, mfc=face, ms=5)
+            if r.client_bound is not None:  # not judged: drawn on the target line
+                ax.plot([r.client_bound], [target], "x", color=colour, ms=8, mew=2)
+                bound_seen = True
         label = f"{name}: no capacity"
         if caps:
             gm, lo, hi = arm_interval(caps, conf)
@@ -76,9 +82,12 @@ def draw_capacity(ax: Any, comparison: Any) -> bool:
             label = f"{name}: capacity {gm:.3g}{band}, {len(caps)} rounds"
         ax.plot([], [], "o-", color=colour, label=label)
     ax.axhline(target, color="black", ls="--", lw=1, label=f"target {target * 100:g} %")
+    if bound_seen:
+        ax.plot([], [], "x", color="black", label="client-bound probe (not judged)")
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x:g}"))
     loads = [c for _n, rounds, _c in arms for r in rounds for c, _s in r.probes]
+    loads += [r.client_bound for _n, rounds, _c in arms for r in rounds if r.client_bound]
     if loads:  # the probes' range: a wide interval (2 rounds: t(0.975, 1) = 12.7) runs off it
         ax.set_xlim(min(loads) / 1.5, max(loads) * 1.5)
     ax.set_ylim(-0.03, 1.03)

@@ -1,6 +1,6 @@
 """One point of the serving suite: the STOCK package's ``python -m sglang.bench_serving`` against
-the cell's server, watched while it runs, and its result; a sweep's points in one client process:
-:func:`run_points_together`."""
+the cell's server, watched while it runs, and its result; many points in one client process:
+:mod:`.session`."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import json
 import signal
 import subprocess
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,15 +42,13 @@ POLL_S = 0.5
 #: datasets whose output lengths are not drawn by the tool (mooncake: each record's own; the
 #: traffic suite's trace workloads)
 NOT_DRAWN = frozenset({"mmmu", "mooncake"})
-#: the client-side script of a multi-point run (standard library + the release's package only)
-SCRIPT = Path(__file__).with_name("multi_point.py")
 
 
 def _tail(path: Path | None, n: int = 40) -> str:
     return tail(path, n) if path is not None else "(no log)"
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def stop_tool(proc: subprocess.Popen) -> None:
     """SIGTERM to the tool's process group, SIGKILL after 5 s."""
     kill_group(proc.pid, signal.SIGTERM)
     try:
@@ -72,7 +69,6 @@ def run_tool(
     progress=None,
     idle_s: float = 0.0,
     outputs: list[Path] = (),
-    on_poll: Callable[[], None] | None = None,
 ) -> tuple[int, float]:
     """Run bench_serving in its own process group, stdout/stderr into ``out_dir``; (exit code,
     wall seconds).
@@ -81,7 +77,7 @@ def run_tool(
     SuiteError with the server log's tail. ``progress``: the liveness watch's ProgressMeter, which
     watches the tool (and ``outputs``) so one doing nothing for ``server.stall_timeout_s`` ends the
     suite as a stall; ``idle_s``: the longest it may wait with nothing in flight
-    (:func:`client_idle_s`); ``on_poll``: called at every poll (an exception stops the tool)."""
+    (:func:`client_idle_s`)."""
     t0 = time.monotonic()
     with open(out_dir / "stdout.txt", "wb") as so, open(out_dir / "stderr.txt", "wb") as se:
         proc = subprocess.Popen(
@@ -103,8 +99,6 @@ def run_tool(
                     break
                 except subprocess.TimeoutExpired:
                     pass
-                if on_poll is not None:
-                    on_poll()
                 if not server_alive():
                     raise SuiteError(
                         "the sglang server died during bench_serving; server log "
@@ -113,11 +107,11 @@ def run_tool(
                 if time.monotonic() - t0 > timeout_s:
                     raise SuiteError(
                         f"bench_serving ran past timeout_s={timeout_s:.0f}"
-                        f"{_progress_at_timeout(progress)}; server log tail:\n{_tail(server_log)}"
+                        f"{progress_at_timeout(progress)}; server log tail:\n{_tail(server_log)}"
                     )
         except BaseException:
             if proc.poll() is None:
-                _stop(proc)
+                stop_tool(proc)
             raise
         finally:
             if progress is not None:
@@ -125,7 +119,7 @@ def run_tool(
     return rc, time.monotonic() - t0
 
 
-def _progress_at_timeout(progress) -> str:
+def progress_at_timeout(progress) -> str:
     """What the watched client did before its time ran out, for the timeout's message: still making
     progress (too slow a server: a drip is not a stall) or not; "" without a watch."""
     client = getattr(progress, "client", None)
@@ -162,7 +156,8 @@ def _server_events(log_path: Path | None, offset: int) -> tuple[dict | None, str
     return scan, taint_warning(scan)
 
 
-def _log_offset(ctx: SuiteContext) -> int:
+def log_offset(ctx: SuiteContext) -> int:
+    """The size of the cell's server log now (0 without one): where a point's scan starts."""
     return log_size(ctx.server.log_path) if ctx.server.log_path is not None else 0
 
 
@@ -186,7 +181,7 @@ def run_point(ctx: SuiteContext, params: Params) -> SuiteResult:
         cmd, outputs = client_plan(prep.argv, out, params.clients)
     except ValueError as e:
         raise SuiteError(str(e)) from None
-    log_offset = _log_offset(ctx)
+    offset = log_offset(ctx)
     rc, wall_s = run_tool(
         cmd,
         env=dict(ctx.stock_env),
@@ -203,7 +198,7 @@ def run_point(ctx: SuiteContext, params: Params) -> SuiteResult:
             merge_point(out, params.clients)
         except (ValueError, KeyError) as e:
             raise SuiteError(f"cannot merge the client processes' results: {e}") from None
-    return finish_point(ctx, params, prep, rc, wall_s, log_offset)
+    return finish_point(ctx, params, prep, rc, wall_s, offset)
 
 
 @dataclass(frozen=True)
@@ -469,12 +464,13 @@ def _image_probe(ctx: SuiteContext, params: Params, prep: Prepared) -> dict[str,
     """image_probe.py's JSON line against the cell's server, or {"error": ...} with its last
     stderr line; cached in ``cache_dir/serving/image-probe-<key>.json`` per (variant, settings)
     (``"cached": True`` when read back; an error is not cached): the probe costs one import of
-    bench_serving."""
+    bench_serving. The seed is not in the key: the probe is one request whose text and server
+    token counts are its own, so a capacity search's new seed each round needs no new probe."""
     chat = wants_chat_template(params, ctx.sglang_version)
     seed = effective_seed(params, prep.info)
     seed = 1 if seed is None else seed  # bench_serving's own default
     args = [params.dataset_name, params.random_input_len, params.image_count]
-    args += [params.image_resolution, chat, prep.tokenizer, seed]
+    args += [params.image_resolution, chat, prep.tokenizer]
     key = hashlib.sha256(json.dumps([ctx.variant, *args]).encode()).hexdigest()[:16]
     cache = Path(ctx.cache_dir) / "serving" / f"image-probe-{key}.json"
     if cache.is_file():
@@ -497,98 +493,3 @@ def _image_probe(ctx: SuiteContext, params: Params, prep: Prepared) -> dict[str,
     probe = json.loads(lines[-1])
     write_json(cache, probe)
     return probe
-
-
-def run_points_together(
-    ctx: SuiteContext,
-    plan: list[tuple[str, Path, Params]],
-    between: Callable[[int], None] | None = None,
-    wrappers: dict[str, list[str]] | None = None,
-) -> list[SuiteResult]:
-    """Run the points ``plan`` ([(key, point folder, point params)], in run order) in one client
-    process (``multi_point.py``, its control files in ``<suite>/multi_point/``); their results in
-    that order, each summary.json written as it finishes. Between two points the point just run is
-    finished, ``between(i)`` called (default: the cache flushed) and point i let go. ``wrappers``:
-    {key: multi_point.py's ``wrapper`` of that point}.
-
-    Timeout: the sum of the points' ``timeout_s``; idle limit: the largest point's. SuiteError
-    names the point that failed (the points before it keep their files)."""
-    srv = ctx.server
-    if srv is None:
-        raise SuiteError("the serving suite needs a running server")
-    preps = [prepare_point(replace(ctx, out_dir=pdir), pp) for _k, pdir, pp in plan]
-    control = Path(ctx.out_dir) / "multi_point"
-    control.mkdir(parents=True, exist_ok=True)
-    for f in control.glob("flush-*"):
-        f.unlink()
-    points = []
-    for (k, pdir, _pp), prep in zip(plan, preps, strict=True):
-        for f in ("point.json", "client.json"):
-            (pdir / f).unlink(missing_ok=True)
-        if prep.argv[1:3] != ["-m", "sglang.bench_serving"]:
-            raise SuiteError(f"sweep point {k}: unexpected bench_serving command {prep.argv[:3]}")
-        wrap = (wrappers or {}).get(k)
-        points.append({"key": k, "dir": str(pdir), "argv": prep.argv[3:], "wrapper": wrap})
-    write_json(control / "plan.json", {"control_dir": str(control), "points": points})
-    offsets: list[int] = []
-    results: list[SuiteResult] = []
-
-    def start(i: int) -> None:
-        offsets.append(_log_offset(ctx))
-        ctx.log(f"serving: sweep point {plan[i][0]} ({i + 1}/{len(plan)}, one client process)")
-
-    def finish(i: int) -> None:
-        k, pdir, pp = plan[i]
-        got = json.loads((pdir / "point.json").read_text())
-        try:
-            r = finish_point(
-                replace(ctx, out_dir=pdir), pp, preps[i], got["rc"], got["wall_s"], offsets[i]
-            )
-        except SuiteError as e:
-            raise SuiteError(f"sweep point {k}: {e}") from None
-        write_json(pdir / "summary.json", r.to_json("serving"))
-        results.append(r)
-
-    def on_poll() -> None:
-        i = len(offsets)  # the next point to start
-        if i >= len(plan) or not (control / f"flush-{i}.want").exists():
-            return
-        finish(i - 1)
-        try:
-            (between or (lambda _i: srv.flush_cache()))(i)
-        except BaseException:
-            (control / f"flush-{i}.fail").write_text("")
-            raise
-        start(i)
-        (control / f"flush-{i}.ok").write_text("")
-
-    cmd = [ctx.python, str(SCRIPT), str(control / "plan.json")]
-    write_json(control / "command.json", {"argv": cmd})
-    start(0)
-    try:
-        rc, _wall = run_tool(
-            cmd,
-            env=dict(ctx.stock_env),
-            out_dir=control,
-            timeout_s=sum(pp.timeout_s for _k, _d, pp in plan),
-            server_alive=srv.alive,
-            server_log=srv.log_path,
-            progress=srv.progress,
-            idle_s=max(client_idle_s(pp.request_rate) for _k, _d, pp in plan),
-            outputs=[Path(d) / n for _k, d, _pp in plan for n in ("stdout.txt", "stderr.txt")],
-            on_poll=on_poll,
-        )
-    except SuiteError as e:
-        k = plan[min(len(offsets), len(plan)) - 1][0]
-        raise SuiteError(f"sweep point {k}: {e}") from None
-    last = len(offsets) - 1
-    if len(results) == last and (plan[last][1] / "point.json").is_file():
-        finish(last)  # raises for a failed tool, naming the point
-    if len(results) < len(plan):
-        k = plan[len(results)][0]
-        tail_text = (control / "stderr.txt").read_text(errors="replace")[-2000:]
-        raise SuiteError(
-            f"sweep point {k}: the multi-point client exited with {rc} before the point "
-            f"finished; its stderr tail:\n{tail_text}"
-        )
-    return results

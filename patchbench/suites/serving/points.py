@@ -18,7 +18,8 @@ from .curve import frontier, goodput_req_s, max_load_at_slo, per_user_tok_s, slo
 from .pairing import pair_cells
 from .params import Params
 from .parse import MARGIN_PCT, METRICS, ResultError, read_result_line
-from .point import run_point, run_points_together
+from .point import run_point
+from .session import run_points_together
 from .sweep import Sweep, metric_at, order_seed, point_order
 
 #: the single-point metrics that are primary at every point (the rest are secondary per point)
@@ -203,7 +204,7 @@ def _curve(sw: Sweep, out: SuiteResult, loads, ratios, goodputs, front) -> None:
 def run_sweep(ctx: SuiteContext, params: Params, together: bool = True) -> SuiteResult:
     """Run every point of ``params.sweep`` in the cell's order, the cache flushed before each point
     after the first, each point's summary.json written; SuiteError naming the point. Two points or
-    more run in one client process (:func:`.point.run_points_together`) unless ``together`` is
+    more run in one client process (:func:`.session.run_points_together`) unless ``together`` is
     False or ``params.clients`` > 1 (bench_serving processes of their own a point)."""
     sw = params.sweep
     assert sw is not None

@@ -36,7 +36,7 @@ from patchbench.suites.serving import METRICS
 from patchbench.suites.serving import Params as ServingParams
 from patchbench.suites.serving.command import tool_info
 from patchbench.suites.serving.pairing import pair_cells
-from patchbench.suites.serving.point import run_points_together
+from patchbench.suites.serving.session import run_points_together
 from patchbench.suites.serving.sweep import metric_at
 
 from .workloads import MultiTurn, Trace, Workload, check_tool, tool_params
@@ -152,7 +152,7 @@ def check_release(params: Params, stock_sglang_dir: Path, release: str) -> None:
 
 def run(ctx: SuiteContext, params: Params) -> SuiteResult:
     """Every workload's calls (:func:`calls`) in one client process (the serving suite's
-    :func:`~patchbench.suites.serving.point.run_points_together`, replay.py as the wrapper where a
+    :func:`~patchbench.suites.serving.session.run_points_together`, replay.py as the wrapper where a
     call has a spec): the cache flushed before each workload's first call, :func:`measured_window`
     around its measured call; its files in ``<suite>/<name>/`` (the prime's in ``prime/``).
     SuiteError naming the call; a prime that did not complete makes its workload incomplete."""
