@@ -144,3 +144,53 @@ def test_tool_block_of_0523_keeps_its_own_lines():
     block = tool_block((DATA / "v0523_image.stdout.txt").read_text())
     assert block.startswith("============ Serving Benchmark Result ============")
     assert "P90 TTFT (ms):" in block and block.rstrip().endswith("=" * 50)
+
+
+CLIENT = {
+    "processes": 1,
+    "send_lag_median_ms": 0.85,
+    "send_gap_mean_ms": 41.7,
+    "loop_lag_median_ms": 0.63,
+    "cpu_share": 0.058,
+    "bound": None,
+}
+
+
+def _summary(d: Path, meta: dict, metrics: dict | None = None) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    write_json(d / "summary.json", {"metrics": metrics or {}, "meta": meta})
+
+
+def test_each_point_block_ends_with_its_clients_state(tmp_path):
+    meta = {"backend": "sglang", "request_rate": "inf", "max_concurrency": 16, "client": CLIENT}
+    _summary(tmp_path, meta, PR_BEFORE_METRICS)
+    assert report_block(tmp_path) == PR_BEFORE + (
+        "client (1 process): send lag median 0.85 ms against a mean gap of 41.7 ms between sends, "
+        "event-loop lag median 0.63 ms, CPU 6 % of a core: not client-bound\n"
+    )
+
+
+def test_a_capacity_search_shows_each_probe_in_order_with_its_answer(tmp_path):
+    """The capacity summary has no bench_serving numbers of its own (it printed a block of n/a
+    before): one block per probe, in the order run, headed by its attainment, a client-bound one
+    named."""
+    bound = dict(CLIENT, bound="median send lag 2.54 ms above 10% of the mean gap")
+    probes = [
+        {"load": 10, "score": 1.0, "meets": True},
+        {"load": 20, "score": 0.525, "meets": False},
+        {"load": 15, "score": None, "meets": None, "client_bound": bound["bound"]},
+    ]
+    _summary(tmp_path, {"capacity": {"probes": probes}}, {"capacity_probes_count": 3.0})
+    for p, client in zip(probes, (CLIENT, CLIENT, bound), strict=True):
+        meta = {"backend": "sglang", "max_concurrency": p["load"], "client": client}
+        _summary(tmp_path / "probes" / f"c{p['load']}", meta, PR_BEFORE_METRICS)
+    text = report_block(tmp_path)
+    heads = [ln for ln in text.splitlines() if ln.startswith("[probe")]
+    assert heads == [
+        "[probe c10, 1 of 3: 100 % of requests meet the SLO (meets)]",
+        "[probe c20, 2 of 3: 52 % of requests meet the SLO (fails)]",
+        "[probe c15, 3 of 3: client-bound, not judged (median send lag 2.54 ms above 10% of the "
+        "mean gap)]",
+    ]
+    assert text.count(TITLE) == 3 and "nan" not in text and "n/a" not in text
+    assert text.rstrip().endswith("client-bound: median send lag 2.54 ms above 10% of the mean gap")

@@ -60,9 +60,40 @@ def render_block(metrics: dict[str, float], meta: dict[str, Any]) -> str:
     return "\n".join([*lines, "=" * 50]) + "\n"
 
 
+def client_line(meta: dict[str, Any]) -> str | None:
+    """One line on the client of a point from its summary's ``meta.client`` (docs/serving.md, "Is
+    the client the bottleneck?"): median send lag against the mean gap between sends, median
+    event-loop lag, CPU share of a core and the rule's answer; None without a client state."""
+    c = meta.get("client")
+    if not isinstance(c, dict):
+        return None
+
+    def ms(key: str) -> str:
+        v = c.get(key)
+        return "n/a" if not isinstance(v, int | float) else f"{v:.3g} ms"
+
+    cpu = c.get("cpu_share")
+    cpu_text = "n/a" if not isinstance(cpu, int | float) else f"{100 * cpu:.0f} %"
+    procs = c.get("processes") or 1
+    answer = f"client-bound: {c['bound']}" if c.get("bound") else "not client-bound"
+    return (
+        f"client ({procs} process{'es' if procs > 1 else ''}): send lag median "
+        f"{ms('send_lag_median_ms')} against a mean gap of {ms('send_gap_mean_ms')} between sends, "
+        f"event-loop lag median {ms('loop_lag_median_ms')}, CPU {cpu_text} of a core: {answer}"
+    )
+
+
+def _with_client(block: str, meta: dict[str, Any]) -> str:
+    line = client_line(meta)
+    return block if line is None else block + line + "\n"
+
+
 def report_block(summary_dir: Path) -> str:
-    """The PR-style block of the cell whose serving summary.json lies in ``summary_dir``;
-    FileNotFoundError naming a missing file, ValueError naming the file and key of a bad one."""
+    """The PR-style block of the cell whose serving summary.json lies in ``summary_dir``, each
+    followed by its client's line (:func:`client_line`): one block per point of a load sweep
+    (lowest load first) and per probe of a capacity search (in the order run, headed by its
+    attainment); FileNotFoundError naming a missing file, ValueError naming the file and key of
+    a bad one."""
     path = Path(summary_dir) / "summary.json"
     summary = read_json(path)
     if not isinstance(summary, dict):
@@ -80,4 +111,20 @@ def report_block(summary_dir: Path) -> str:
         return "\n\n".join(
             f"[point {k}]\n" + report_block(Path(summary_dir) / "points" / k) for k in keys
         )
-    return render_block(metrics, meta)
+    cap = meta.get("capacity")
+    if isinstance(cap, dict) and cap.get("probes"):
+        heads = []
+        for j, p in enumerate(cap["probes"], 1):
+            k = f"c{int(p['load'])}"
+            got = (
+                f"client-bound, not judged ({p['client_bound']})"
+                if p.get("client_bound")
+                else f"{100 * p['score']:.0f} % of requests meet the SLO"
+                + (" (meets)" if p.get("meets") else " (fails)")
+            )
+            heads.append(
+                f"[probe {k}, {j} of {len(cap['probes'])}: {got}]\n"
+                + report_block(Path(summary_dir) / "probes" / k)
+            )
+        return "\n\n".join(heads)
+    return _with_client(render_block(metrics, meta), meta)
