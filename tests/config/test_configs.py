@@ -292,3 +292,4 @@ def test_capacity_dry_run_estimates_h200_minutes():
     assert "~3.7 a cell (4 probes of ~40 s at concurrency 32" in gpu and "~7.4 a repeat" in gpu
     cpu = describe_plan(load_config(CONFIGS[0].parent / "capacity-cpu.yaml"))
     assert "capacity search: concurrency 8 first" in cpu and "H200 GPU minutes" not in cpu
+    assert "~4 probes a cell (at most 5)" in cpu

@@ -77,6 +77,26 @@ def test_beyond_the_range_is_a_bound_and_never_met_has_no_value():
         search(linear, target=0.9, start=1, maximum=0)
 
 
+def test_max_probes_caps_the_search():
+    # the smooth curve needs 16, 8, 4, 6, 5 (above); three probes: 16, 8 fail, 4 meets -> the
+    # bracket so far [4, 8], interpolated between 0.96 at 4 and 0.92 at 8: 4 + 0.015/0.04 x 4
+    s = search(linear, target=0.945, start=16, maximum=256, precision=0.1, max_probes=3)
+    assert [p.load for p in s.probes] == [16, 8, 4]
+    assert (s.answer, s.lo, s.hi) == ("bracket", 4, 8) and s.value == pytest.approx(5.5)
+    # two probes, both failing: no bracket, "capped" with only the failing end
+    s = search(linear, target=0.945, start=16, maximum=256, max_probes=2)
+    assert [p.load for p in s.probes] == [16, 8]
+    assert (s.answer, s.lo, s.hi, s.value) == ("capped", None, 8, None)
+    # growing: 16, 32, 64 meet, the cap stops the doubling: met at 64, no failing end
+    s = search(lambda c: 1.0, target=0.95, start=16, maximum=1000, max_probes=3)
+    assert (s.answer, s.lo, s.hi, s.value) == ("capped", 64, None, None)
+    # a cap the search never reaches changes nothing
+    s = search(linear, target=0.945, start=16, maximum=256, precision=0.1, max_probes=5)
+    assert [p.load for p in s.probes] == [16, 8, 4, 6, 5] and s.answer == "bracket"
+    with pytest.raises(ValueError, match="max_probes"):
+        search(linear, target=0.9, start=1, maximum=10, max_probes=0)
+
+
 # --- per-request attainment ---------------------------------------------------------------------
 
 
@@ -440,12 +460,17 @@ def test_real_capacity_search_on_the_cpu(capacity_cpu):
                 assert 0 <= client["send_lag_median_ms"] < client["send_gap_mean_ms"]
             score = {p["load"]: p["score"] for p in m["probes"]}
             lo, hi = m["lo"], m["hi"]
-            if m["answer"] == "client-bound":  # capacity withheld; lo: the highest load met
-                assert CAPACITY not in summary["metrics"] and hi is None
+            assert 1 <= len(m["probes"]) <= cap.max_probes == 5  # the config's cap (CI time)
+            if m["answer"] in ("client-bound", "capped"):  # withheld; lo: the highest load met
+                assert (
+                    CAPACITY not in summary["metrics"] and CAPACITY in summary["meta"]["not_judged"]
+                )
                 assert lo == max((p["load"] for p in m["probes"] if p["meets"]), default=None)
             else:
                 assert m["answer"] in ("bracket", "cliff"), m  # the SLO is crossed within 1-32
-                assert score[lo] >= 0.9 > score[hi] and hi - lo <= max(1, cap.precision * lo)
+                assert score[lo] >= 0.9 > score[hi]
+                if len(m["probes"]) < cap.max_probes:  # not stopped by the cap: bisected
+                    assert hi - lo <= max(1, cap.precision * lo)
                 assert lo <= summary["metrics"][CAPACITY] <= hi
             # the first probe: from the start, then from the arm's round-1 bracket (its lo),
             # moved by the round's dither, within the range, floored

@@ -57,19 +57,21 @@ def cost_lines(
     estimated H200 minutes of a cell and of a round: start-up plus :data:`PROBES_PER_CELL` probes
     costed at twice ``start`` (the capacity is unknown before the run) by the sweep's cost model
     (:func:`.sweep.point_seconds`)."""
+    per_cell = min(PROBES_PER_CELL, cap.max_probes or PROBES_PER_CELL)
     head = (
         f"capacity search: concurrency {cap.start} first, within [{cap.min}, {cap.max}], "
-        f"bisected to {cap.precision:.0%}; ~{PROBES_PER_CELL} probes a cell"
+        f"bisected to {cap.precision:.0%}; ~{per_cell} probes a cell"
+        + (f" (at most {cap.max_probes})" if cap.max_probes else "")
     )
     if cpu:
         return [head + " (no time estimate on the CPU engine)"]
     c = min(cap.max, 2 * cap.start)
     probe = point_seconds(c, cap.num_prompts(c), output_len)
-    cell = STARTUP_S + PROBES_PER_CELL * probe
+    cell = STARTUP_S + per_cell * probe
     rnd = cell * cells_per_round / 60
     return [
         head,
-        f"estimated H200 GPU minutes: ~{cell / 60:.1f} a cell ({PROBES_PER_CELL} probes of "
+        f"estimated H200 GPU minutes: ~{cell / 60:.1f} a cell ({per_cell} probes of "
         f"~{probe:.0f} s at concurrency {c:g}, server start-up {STARTUP_S:.0f} s), ~{rnd:.1f} a "
         f"repeat of the {cells_per_round} variants; the sweep's cost model "
         "(patchbench/suites/serving/sweep.py): an estimate, not a measurement",
@@ -193,6 +195,9 @@ def run_capacity(ctx: SuiteContext, params: Params) -> SuiteResult:
         why = {
             "beyond": f">= {cap.max}: the SLO is met at the search's maximum (a bound, not a value)",
             "never": f"never met: the SLO fails at concurrency {cap.min}",
+            "capped": f"not bracketed within max_probes = {cap.max_probes}: the SLO "
+            + (f"is met at {lo:g}" if lo is not None else f"fails at {hi:g}")
+            + " (a bound, not a value)",
         }.get(answer) or (
             f"not searched past concurrency {bound_at}: its probe was client-bound (neither "
             "meets nor fails the SLO)" + (f"; the SLO is met at {lo:g}" if lo is not None else "")
@@ -216,7 +221,7 @@ def run_capacity(ctx: SuiteContext, params: Params) -> SuiteResult:
 
 class ArmRound(BaseModel):
     """One arm's search in round ``repeat``: its bench_serving ``seed``, the answer ("bracket",
-    "cliff", "beyond", "never", or "client-bound": the search stopped at ``client_bound``, a probe
+    "cliff", "beyond", "never", "capped", or "client-bound": the search stopped at ``client_bound``, a probe
     whose client set the pace), the bracket (lo meets, hi fails; None where the search found no
     such end) and every judged probe as [concurrency, attainment share] in the order run."""
 

@@ -17,7 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .attainment import AttainmentSlo
 
-Answer = Literal["bracket", "cliff", "beyond", "never"]
+Answer = Literal["bracket", "cliff", "beyond", "never", "capped"]
+
+
+class Capped(Exception):
+    """The search ran its ``max_probes`` (internal to :func:`search`)."""
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,9 @@ class Search:
     between them), "cliff" (the same bracket, but the score at hi is more than ``cliff_drop``
     below the target: no root is interpolated, value = lo), "beyond" (the maximum meets: the
     capacity is only known to be >= lo = the maximum; value None) or "never" (the minimum fails:
-    hi = the minimum; value None). probes: in the order run."""
+    hi = the minimum; value None) or "capped" (``max_probes`` ran before a bracket was found: lo
+    the highest load met, hi the lowest failing, either None; value None). probes: in the order
+    run."""
 
     answer: Answer
     lo: float | None
@@ -58,6 +64,7 @@ def search(
     cliff_drop: float = 0.25,
     integer: bool = True,
     dither: float = 0.0,
+    max_probes: int | None = None,
 ) -> Search:
     """Find the highest load in [minimum, maximum] whose score ``attain(load)`` is >= ``target``.
 
@@ -70,11 +77,15 @@ def search(
     ``dither`` in [-1, 1] moves the first probe by dither x precision (relative): a new one each
     round keeps the bracket's grid, and so the error of the answer within it, from repeating
     across rounds (the previous bracket would otherwise pin it).
-    ValueError for minimum <= 0, minimum > maximum or precision <= 0."""
+    ``max_probes``: the most probes run; reached before a bracket, the answer is "capped";
+    reached while bisecting, the bracket found so far is the answer (wider than ``precision``).
+    ValueError for minimum <= 0, minimum > maximum, precision <= 0 or max_probes < 1."""
     if minimum <= 0 or minimum > maximum or precision <= 0:
         raise ValueError(
             f"bad search range: minimum {minimum}, maximum {maximum}, precision {precision}"
         )
+    if max_probes is not None and max_probes < 1:
+        raise ValueError(f"max_probes must be >= 1, got {max_probes}")
     seen: dict[float, Probe] = {}
     order: list[Probe] = []
 
@@ -83,6 +94,8 @@ def search(
         return float(math.floor(x)) if integer else float(x)
 
     def probe(c: float) -> Probe:
+        if c not in seen and max_probes is not None and len(order) >= max_probes:
+            raise Capped
         if c not in seen:
             s = float(attain(c))
             seen[c] = Probe(c, s, s >= target)
@@ -98,32 +111,40 @@ def search(
     width = max(p_hi - p_lo, 1.0) if p_lo is not None and p_hi is not None else None
     lo: float | None = None
     hi: float | None = None
-    if probe(first).meets:
-        lo, w = first, width or first
-        while hi is None:
-            step = clamp(lo + w)
-            if step <= lo:  # lo is the maximum
-                return Search("beyond", lo, None, None, order)
-            if probe(step).meets:
-                lo, w = step, 2 * w
-            else:
-                hi = step
-    else:
-        hi, w = first, width or first / 2
-        while lo is None:
-            step = clamp(hi - w)
-            if step >= hi:  # hi is the minimum
-                return Search("never", None, hi, None, order)
-            if probe(step).meets:
-                lo = step
-            else:
-                hi, w = step, (2 * w if width else step / 2)
-    while hi - lo > precision * lo and not (integer and hi - lo <= 1):
-        mid = clamp((lo + hi) / 2)
-        if probe(mid).meets:
-            lo = mid
+    try:
+        if probe(first).meets:
+            lo, w = first, width or first
+            while hi is None:
+                step = clamp(lo + w)
+                if step <= lo:  # lo is the maximum
+                    return Search("beyond", lo, None, None, order)
+                if probe(step).meets:
+                    lo, w = step, 2 * w
+                else:
+                    hi = step
         else:
-            hi = mid
+            hi, w = first, width or first / 2
+            while lo is None:
+                step = clamp(hi - w)
+                if step >= hi:  # hi is the minimum
+                    return Search("never", None, hi, None, order)
+                if probe(step).meets:
+                    lo = step
+                else:
+                    hi, w = step, (2 * w if width else step / 2)
+        while hi - lo > precision * lo and not (integer and hi - lo <= 1):
+            mid = clamp((lo + hi) / 2)
+            if probe(mid).meets:
+                lo = mid
+            else:
+                hi = mid
+    except Capped:
+        met = [p.load for p in order if p.meets]
+        lo = max(met) if met else None
+        above = [p.load for p in order if not p.meets and (lo is None or p.load > lo)]
+        hi = min(above) if above else None
+        if lo is None or hi is None:
+            return Search("capped", lo, hi, None, order)
     s_lo, s_hi = seen[lo].score, seen[hi].score
     if s_hi < target - cliff_drop:
         return Search("cliff", lo, hi, lo, order)
@@ -135,7 +156,8 @@ class Capacity(BaseModel):
     (:func:`search` from ``start`` within [``min``, ``max``], bisected to ``precision``, relative).
     Prompts at a probe: max(min_prompts, ceil(prompts_per_load x concurrency)). ``primary``: the
     capacity joins the report's family. ``cliff_drop``: a score this far below the target one step
-    above a meeting load is a cliff."""
+    above a meeting load is a cliff. ``max_probes``: the most probes a cell runs (None: as many as
+    the precision needs)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -147,6 +169,7 @@ class Capacity(BaseModel):
     prompts_per_load: float = Field(4.0, gt=0)
     min_prompts: int = Field(32, ge=1)
     cliff_drop: float = Field(0.25, gt=0, le=1)
+    max_probes: int | None = Field(None, ge=1)
     primary: bool = True
 
     @model_validator(mode="after")
@@ -179,4 +202,5 @@ class Capacity(BaseModel):
             prior=prior,
             cliff_drop=self.cliff_drop,
             dither=dither,
+            max_probes=self.max_probes,
         )
