@@ -458,6 +458,7 @@ def answer(cmp: Comparison, variant: str) -> Answer:
     decide them (:func:`to_decide`) and each pairing refusal."""
     ident = identity_clauses(cmp, variant)
     first, decided, undecided, speed, open_ = list(ident), [], [], [], []
+    acc_open: list[str] = []  # undecided accuracy rows, in row order, ahead of the other undecided
     left = left_out_clause(cmp, variant)
     first += [left] if left else []
     min_n = cmp.settings.min_repeats
@@ -471,12 +472,13 @@ def answer(cmp: Comparison, variant: str) -> Answer:
             if r.verdict in DECIDED:
                 first.append(clause)
             else:
-                undecided.insert(0, clause)
+                acc_open.append(clause)
         elif r.verdict in DECIDED:
             decided.append(_row_clause(r))
         else:
             undecided.append(_row_clause(r))
             open_ += [r] if run else []
+    undecided[:0] = acc_open
     if speed:
         n = max(r.n_pairs for r in speed)
         undecided.append(

@@ -232,3 +232,38 @@ def test_an_accuracy_row_in_one_run_per_arm_says_what_would_decide_it():
         "one run per arm cannot separate a change from server-to-server variation of about "
         "±1.4 points; 4 rounds would"
     )
+
+
+def test_undecided_accuracy_rows_keep_their_order(tmp_path):
+    """MMMU at concurrency 1 and 8: both undecided, said in the rows' order (c1 first; the
+    answer once reversed them), ahead of the other undecided clauses."""
+    from patchbench.analysis.comparison import Row
+
+    run = make_run(
+        tmp_path, metrics={"bench": {"thr": {"baseline": [100, 100], "patched": [110, 121]}}}
+    )
+    cmp = build_comparison(run)
+
+    def acc(key: str, label: str) -> Row:
+        return Row(
+            suite="mmmu",
+            metric=f"mmmu_overall_acc@{key}",
+            label=label,
+            variant="patched",
+            primary=True,
+            kind="accuracy",
+            verdict="inconclusive",
+            change=0.0,
+            change_unit="pt",
+            confidence=0.95,
+            low=-11.9,
+            high=11.9,
+        )
+
+    cmp.rows = [
+        acc("c1", "Overall accuracy at concurrency 1"),
+        acc("c8", "Overall accuracy at concurrency 8"),
+    ] + [r for r in cmp.rows]
+    s = sentence(cmp, "patched")
+    i1, i8, speed = (s.index(t) for t in ("concurrency 1", "concurrency 8", "speed: not decidable"))
+    assert i1 < i8 < speed, s
