@@ -496,7 +496,9 @@ def _pr_blocks(cmp: Comparison, run_dir: Path, notes: list[str]) -> list[str]:
 
 
 def _secondary(cmp: Comparison) -> list[str]:
-    """Every non-primary row: values, change, raw interval, method; no coloured verdicts."""
+    """Every non-primary row: values, change, raw interval, method; no coloured verdicts; one
+    table per suite, in the run's suite order, so a suite's rows (the traffic workloads, say) are
+    found by their heading."""
     rows = cmp.rows_for(primary=False)
     if not rows:
         return []
@@ -506,8 +508,20 @@ def _secondary(cmp: Comparison) -> list[str]:
         f"Exploratory: raw {100 * cmp.settings.confidence:g}% intervals, no multiplicity "
         "correction, not verdicts.",
         "",
-        "| variant | suite | metric | baseline | variant | change | interval | method | notes |",
-        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    order = [s for s in cmp.suites if any(r.suite == s for r in rows)]
+    order += sorted({r.suite for r in rows} - set(order))
+    for suite in order:
+        mine = [r for r in rows if r.suite == suite]
+        lines += [f"### {suite} ({len(mine)} row{'s' if len(mine) != 1 else ''})", ""]
+        lines += _secondary_table(mine) + [""]
+    return lines
+
+
+def _secondary_table(rows: list[Row]) -> list[str]:
+    lines = [
+        "| variant | metric | baseline | variant | change | interval | method | notes |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         d = r.descriptive
@@ -517,12 +531,12 @@ def _secondary(cmp: Comparison) -> list[str]:
             else ""
         )
         lines.append(
-            f"| {r.variant} | {r.suite} | `{r.metric}` | {shown_value(r, 'baseline')} | "
+            f"| {r.variant} | `{r.metric}` | {shown_value(r, 'baseline')} | "
             f"{shown_value(r, 'variant')} | {fmt_change(r.change, r.change_unit)} | "
             f"{fmt_ci(r.low, r.high, r.change_unit)} | {esc(r.method or '')} | "
             f"{esc(desc + '; '.join(r.notes))} |"
         )
-    return lines + [""]
+    return lines
 
 
 def _repeat_cell(r: Row, i: int, k: int) -> str:
