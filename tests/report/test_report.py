@@ -79,7 +79,10 @@ def test_report_leads_with_sentences_then_primaries_and_links_the_secondaries(tm
     sec = details[details.index("## Secondary metrics") :]
     # one table per suite, headed by the suite and its row count
     n = sum(1 for r in read_comparison(run).rows if not r.primary)
-    assert f"### bench ({n} row{'s' if n != 1 else ''})" in sec and "| variant | metric | baseline |" in sec
+    assert (
+        f"### bench ({n} row{'s' if n != 1 else ''})" in sec
+        and "| variant | metric | baseline |" in sec
+    )
     assert "🟢" not in sec and "🔴" not in sec and "🔵" not in sec  # no coloured verdicts there
     assert "aa (A/A) vs baseline" in text and "## A/A noise" in text and "run-to-run CV" in text
 
