@@ -145,7 +145,8 @@ def unit_label(unit: str, kind: str = "run") -> str:
 
 def values_text(r: Any) -> str | None:
     """The absolute values beside a change, baseline -> variant with the unit: "237 -> 258
-    tok/s", accuracy in percent ("41.3% -> 44.0%"); None without both values."""
+    tok/s", accuracy in percent ("41.3% -> 44.0%"), the same bound in both arms once ("both ≥8
+    req: a bound"); None without both values."""
     b, v = _get(r, "baseline_value"), _get(r, "variant_value")
     if b is None or v is None:
         return None
@@ -156,6 +157,8 @@ def values_text(r: Any) -> str | None:
     bb = bounds.get(_get(r, "baseline_bound") or "", "")
     vb = bounds.get(_get(r, "variant_bound") or "", "")
     u = unit_label(unit, kind)
+    if bb and bb == vb and _num(b) == _num(v):
+        return f"both {bb}{_num(b)}{' ' + u if u else ''}: a bound"
     return f"{bb}{_num(b)} -> {vb}{_num(v)}{' ' + u if u else ''}"
 
 

@@ -99,6 +99,10 @@ def test_values_text_shows_baseline_to_variant_with_the_unit():
     assert figtext.values_text(acc) == "41.3% -> 44.0%"
     count = _row(kind="deterministic", unit="count", baseline_value=507.0, variant_value=6.0)
     assert figtext.values_text({**count, "variant_bound": "lower"}) == "507 -> ≥6"
+    # a sweep's highest load beyond its last point in both arms: said once, as a bound
+    both = _row(unit="req", baseline_value=8.0, variant_value=8.0)
+    both |= {"baseline_bound": "lower", "variant_bound": "lower"}
+    assert figtext.values_text(both) == "both ≥8 req: a bound"
     assert figtext.values_text(_row(unit="ms", baseline_value=1.0)) is None
     assert [figtext.unit_label(u, k) for u, k in [("tok/s", "run"), ("acc", "accuracy")]] == [
         "tok/s",
