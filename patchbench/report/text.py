@@ -65,8 +65,12 @@ def shown_value(r: Row, arm: str) -> str:
 
 
 def values_txt(r: Row) -> str:
-    """A deterministic row's two values: "507 -> 90", "507 -> ≥6"."""
-    return f"{shown_value(r, 'baseline')} -> {shown_value(r, 'variant')}"
+    """A deterministic or bounded row's two values: "507 -> 90", "507 -> ≥6", the same bound in
+    both arms once: "both ≥8"."""
+    b, v = shown_value(r, "baseline"), shown_value(r, "variant")
+    if b == v and r.baseline_bound and r.baseline_bound == r.variant_bound:
+        return f"both {b}"
+    return f"{b} -> {v}"
 
 
 def exactness(r: Row) -> str:

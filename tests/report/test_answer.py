@@ -267,3 +267,21 @@ def test_undecided_accuracy_rows_keep_their_order(tmp_path):
     s = sentence(cmp, "patched")
     i1, i8, speed = (s.index(t) for t in ("concurrency 1", "concurrency 8", "speed: not decidable"))
     assert i1 < i8 < speed, s
+
+
+def test_the_same_bound_in_both_arms_is_said_once(tmp_path, monkeypatch):
+    """Every load of a sweep met the SLO in both arms: the highest load is "≥8" in both, said
+    once ("both ≥8"), not "≥8 -> ≥8"."""
+    load = MetricInfo("higher", "req", label="Highest load meeting the SLO", primary=True)
+    declare_suite(monkeypatch, "bench", {"max_load": load})
+    run = make_run(
+        tmp_path,
+        metrics={"bench": {"max_load": {"baseline": [8, 8], "patched": [8, 8]}}},
+        bounds={
+            (v, k, "bench"): {"max_load": "lower"}
+            for v in ("baseline", "patched")
+            for k in range(2)
+        },
+    )
+    s = sentence(build_comparison(run), "patched")
+    assert "Highest load meeting the SLO both ≥8 inconclusive" in s and "-> ≥8" not in s
