@@ -99,10 +99,14 @@ fi
 # on this project's machines) every server start would compile torch in memory again
 # --quiet: pip's errors and warnings still print; the steps below say what is being installed
 PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --progress-bar off --no-cache-dir --no-compile)
+# a host whose pip config names local indexes without most packages gets one warning a package
+# ("Location 'file:///...' is ignored: it is neither a file nor a directory", 241 lines a set-up):
+# that line alone is dropped, every other warning and error still prints
+pip_install() { "${PIP[@]}" "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 step() { echo "setup: $* ($(( $(date +%s) - t0 )) s so far)"; }
 if [ "$PROFILE" = gpu ]; then
   step "installing sglang $PIN (gpu profile) and the harness"
-  "${PIP[@]}" "$(gpu_spec)" -r "$HERE/requirements/harness.txt"
+  pip_install "$(gpu_spec)" -r "$HERE/requirements/harness.txt"
 else
   TORCH=$(grep -E '^(torch|torchvision)==' "$REQ" | tr '\n' ' ')
   # torch first: the CPU profile's own pin decides it, not a later resolver pass. pip fetches
@@ -111,7 +115,7 @@ else
   # one per call (--no-deps, exact versions), then the same request again to check the set.
   step "resolving $TORCH"
   report=$(mktemp --suffix=.json)
-  "${PIP[@]}" --dry-run --ignore-installed --report "$report" $TORCH
+  pip_install --dry-run --ignore-installed --report "$report" $TORCH
   for spec in $("$VENV/bin/python" - "$report" <<'PYEOF'
 import json, re, sys
 for item in json.load(open(sys.argv[1]))["install"]:
@@ -121,16 +125,16 @@ for item in json.load(open(sys.argv[1]))["install"]:
 PYEOF
   ); do
     step "installing $spec"
-    "${PIP[@]}" --no-deps "$spec"
+    pip_install --no-deps "$spec"
   done
   rm -f "$report"
-  "${PIP[@]}" $TORCH
+  pip_install $TORCH
   step "installing sglang $PIN"
-  "${PIP[@]}" --no-deps "sglang==$PIN"
+  pip_install --no-deps "sglang==$PIN"
   step "installing sglang's requirements and the harness's"
-  "${PIP[@]}" -r "$REQ" -r "$HERE/requirements/harness.txt"
+  pip_install -r "$REQ" -r "$HERE/requirements/harness.txt"
 fi
-"${PIP[@]}" --no-deps -e "$HERE"
+pip_install --no-deps -e "$HERE"
 step "compiling bytecode"
 # a file that does not compile (a package's Python 2 test data) is skipped, as pip skips it
 "$VENV/bin/python" -m compileall -q -j 0 "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null 2>&1 || true
