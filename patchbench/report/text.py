@@ -396,6 +396,12 @@ def _noise_txt(rows: list[Row]) -> str:
     return f"run-to-run noise ±{mid:.2g}% on this host"
 
 
+#: a CPU run's GPU step: an ab run repeats its command with the H200 preset (it needs the
+#: command's own --git/--range or --patch); a config run runs the PR's H200 config
+GPU_AB = "on a GPU (your ab command again with `--preset pr-h200`)"
+GPU_CONFIG = "on a GPU (an H200 config: `make bench` runs configs/pr9460-h200.yaml)"
+
+
 def to_decide(cmp: Comparison, rows: list[Row]) -> str | None:
     """What would decide the undecided run-level primaries ``rows`` (no bound among them): a new
     run of the config with ``schedule.repeats: M`` (M: the most :func:`repeats_to_decide` any
@@ -427,7 +433,7 @@ def to_decide(cmp: Comparison, rows: list[Row]) -> str | None:
     elif beyond:
         parts.append(f"more than {DECIDE_CAP} repeats here")
     if cmp.run.gpu is None:
-        parts.append("on a GPU (`patchbench ab --preset pr-h200`)")
+        parts.append(GPU_AB if cmp.run.name.startswith(AB_NAME_PREFIX) else GPU_CONFIG)
     return "to decide: " + " or ".join(parts) if parts else None
 
 

@@ -18,7 +18,7 @@ from tests.synthetic import declare_suite, make_run, make_sweep_run
 
 THR = MetricInfo("higher", "tok/s", label="Output throughput", primary=True, margin=5.0)
 TTFT = MetricInfo("lower", "ms", label="Mean TTFT", primary=True, margin=5.0)
-GPU = " or on a GPU (`patchbench ab --preset pr-h200`)"
+GPU = " or on a GPU (an H200 config: `make bench` runs configs/pr9460-h200.yaml)"
 
 
 @pytest.fixture(autouse=True)
@@ -79,8 +79,12 @@ def test_to_decide_names_the_repeats_and_minutes_from_the_cell_times(tmp_path):
     )
     # an ab run (its config "ab-<preset>", built in memory): rerun ab with --repeats
     cmp.run.name = "ab-cpu-demo"
-    assert f"to decide: run the ab command again with --repeats {n} (about" in sentence(
-        cmp, "patched"
+    s = sentence(cmp, "patched")
+    assert f"to decide: run the ab command again with --repeats {n} (about" in s
+    # ... or the same ab command with the H200 preset: `ab --preset pr-h200` alone names no change
+    assert s.endswith(" or on a GPU (your ab command again with `--preset pr-h200`)")
+    assert "or on a GPU (an H200 config" in sentence(
+        cmp.model_copy(update={"run": cmp.run.model_copy(update={"name": "demo-cpu"})}), "patched"
     )
 
 

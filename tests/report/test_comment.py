@@ -235,21 +235,22 @@ def test_caveats_name_the_gpu_the_builds_and_each_arms_sglang():
 def test_a_comment_too_long_leaves_rows_then_answers_out_with_a_note():
     cmp = read_comparison(GOLDEN)
     full = render_comment(cmp)
-    # 1,873 characters: the table's last rows go first (ITL's, 65 characters with its newline,
-    # then TTFT's: the note takes a line), the answer stays whole
-    body = render_comment(cmp, limit=1850)
-    assert len(body) <= 1850 < len(full) and body.startswith(marker())
+    # the limits below are the full length less: the table's last rows go first (ITL's, 65
+    # characters with its newline, then TTFT's: the note takes a line), the answer stays whole
+    body = render_comment(cmp, limit=len(full) - 23)
+    assert len(body) <= len(full) - 23 and body.startswith(marker())
     n = len(re.findall(r"^\| Median", body, re.M))
     assert n == 2 and "| … 1 more row(s) left out |" in body
-    body = render_comment(cmp, limit=1800)
+    body = render_comment(cmp, limit=len(full) - 73)
     assert len(re.findall(r"^\| Median", body, re.M)) == 1 and "| … 2 more row(s)" in body
     assert "**mrope-sync-free vs baseline:**" in body
     # no table at all still too long: the answer's last block goes, with a note
-    body = render_comment(cmp, limit=1100)
-    assert len(body) <= 1100 and "… 1 more part(s) of the answer left out" in body
+    short = len(full) - 773
+    body = render_comment(cmp, limit=short)
+    assert len(body) <= short and "… 1 more part(s) of the answer left out" in body
     assert "… the speed table (4 rows) left out" in body and "| metric |" not in body
     # with a report to see: the note points to it
-    body = render_comment(cmp, Links(report_url="https://r"), limit=1100)
+    body = render_comment(cmp, Links(report_url="https://r"), limit=short)
     assert "left out: see the full report" in body
     # GitHub's limit itself: a run with many primaries still fits
     many = cmp.model_copy(update={"rows": cmp.rows_for(primary=True) * 400})
