@@ -311,3 +311,31 @@ def test_frontier_says_per_gpu_only_on_a_gpu(tmp_path, captured):
     assert cpu.axes[0].get_ylabel() == "output tokens/s per server"
     assert gpu.axes[0].get_ylabel() == "output tokens/s per GPU"
     assert "on NVIDIA H200" in gpu.get_suptitle()
+
+
+def test_curve_latency_points_are_the_geometric_means_the_tables_print(tmp_path, captured):
+    """Each point of curve_latency.png is (median ITL, output throughput) at the geometric mean
+    of the arm's repeats, the value report.md prints (a median of two repeats is their
+    arithmetic mean, which the figure once drew)."""
+    import math
+
+    from patchbench.suites.serving.render import plot_latency
+
+    cmp = _sweep(tmp_path, 2)
+    plot_latency(cmp, Path("curve_latency.png"))
+    (fig,) = captured
+
+    def gm(xs):
+        return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+    row = {r.metric: r for r in cmp.rows if r.variant == "patched"}
+    want = sorted(
+        (
+            gm(row[f"itl_median_ms@{k}"].baseline_repeats),
+            gm(row[f"output_throughput_tok_s@{k}"].baseline_repeats),
+        )
+        for k in ("c1", "c4", "c16", "c64")
+    )
+    solid = next(ln for ln in fig.axes[0].lines if ln.get_label() == "baseline (median ITL)")
+    got = sorted(zip(solid.get_xdata(), solid.get_ydata(), strict=True))
+    assert got == [pytest.approx(p, rel=1e-12) for p in want]

@@ -56,7 +56,7 @@ def declarations(params: Params, single: dict[str, MetricInfo] = METRICS) -> dic
     def judged(unit: str, label: str, primary: bool = False) -> MetricInfo:
         return MetricInfo("higher", unit, label, primary, "run", MARGIN_PCT)
 
-    load_unit = "req" if sw.axis == "max_concurrency" else "req/s"
+    load_unit = "count" if sw.axis == "max_concurrency" else "req/s"  # a concurrency: a count
     out: dict[str, MetricInfo] = {
         GOODPUT: judged("req/s", "Goodput at SLO, best point (req/s)", GOODPUT in prim),
         MAX_LOAD[sw.axis]: judged(load_unit, "Highest load meeting the SLO", True),

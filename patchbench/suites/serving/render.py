@@ -34,12 +34,16 @@ _MARKERS = ["o", "s", "^", "D"]
 
 def identity_flags(comparison: Any) -> dict[str, dict[str, Any]]:
     """Per variant: ``{"share", "reference_share", "reference", "flag", "reason"}``: flagged when its
-    identical share is below the reference (the smallest A/A share, else 100 %) by more than the
-    comparison's ``identity_share_tolerance``."""
+    identical share (over every point of a sweep: :func:`point_identities`) is below the
+    reference (the smallest A/A share, else 100 %) by more than the comparison's
+    ``identity_share_tolerance``."""
     pairs = suite_pairs(comparison, SUITE)
     aa = set(comparison_get(comparison, "aa_variants", []) or [])
     tol = float(comparison_get(comparison, "settings", {}).get("identity_share_tolerance", 0.02))
-    share = {v: (p.get("identity") or {}).get("share") for v, p in pairs.items()}
+    share = {}
+    for v, p in pairs.items():
+        points = point_identities(p)
+        share[v] = (_pooled(points) if points else p.get("identity") or {}).get("share")
     aa_shares = [share[v] for v in pairs if v in aa and share[v] is not None]
     out = {}
     for v in pairs:
@@ -88,14 +92,12 @@ def report_section(comparison: Any) -> list[str]:
     for v, p in pairs.items():
         ident = p.get("identity")
         f = flags.get(v) or {}
-        if ident:
-            lo, hi = ident["share_ci"]
-            fd = ident.get("first_diff_char_median")
-            lines.append(
-                f"| {v} | {ident['identical']}/{ident['n']} ({ident['share'] * 100:.1f}%) | "
-                f"[{lo * 100:.1f}%, {hi * 100:.1f}%] | {'n/a' if fd is None else f'{fd:g}'} | "
-                f"{f.get('reference', 'n/a')} | {'⚠ outputs changed' if f.get('flag') else 'ok'} |"
-            )
+        points = point_identities(p)
+        if points:  # a sweep: each load's own row, then every load's requests together
+            lines += [_identity_row(f"{v} @ {k}", x, f) for k, x in points.items()]
+            lines.append(_identity_row(f"{v}, all {len(points)} loads", _pooled(points), f))
+        elif ident:
+            lines.append(_identity_row(v, ident, f))
         else:
             lines.append(
                 f"| {v} | n/a | n/a | n/a | n/a | not paired: "
@@ -108,7 +110,8 @@ def report_section(comparison: Any) -> list[str]:
             if r.get("requests_compared")
         ]
         if used:
-            notes.append(f"{v}: compared " + ", ".join(used))
+            at = f" at {next(iter(p['points']))}" if p.get("points") else ""  # the lowest load's
+            notes.append(f"{v}: compared{at} " + ", ".join(used))
         notes += [f"{v}: {n}" for n in p.get("notes") or []]
     for v, reason in refusals.items():
         lines.append(f"| {v} | refused | | | | {reason} |")
@@ -116,6 +119,37 @@ def report_section(comparison: Any) -> list[str]:
     if notes:
         lines += [f"- {n}" for n in notes] + [""]
     return curve + lines
+
+
+def point_identities(pair: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """{point key: its identity} of a sweep's pair entry (``points``), those with requests; {}
+    for a single point."""
+    return {
+        k: x["identity"]
+        for k, x in (pair.get("points") or {}).items()
+        if isinstance(x, dict) and (x.get("identity") or {}).get("n")
+    }
+
+
+def _pooled(points: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The identity counts of every point together: identical and n summed, the share's 95 %
+    Wilson interval (Wilson 1927, :func:`patchbench.stats.wilson_interval`) over the sum."""
+    from patchbench import stats
+
+    n = sum(int(x["n"]) for x in points.values())
+    same = sum(int(x["identical"]) for x in points.values())
+    lo, hi = stats.wilson_interval(same, n, 0.95)
+    return {"n": n, "identical": same, "share": same / n, "share_ci": [float(lo), float(hi)]}
+
+
+def _identity_row(label: str, ident: dict[str, Any], f: dict[str, Any]) -> str:
+    lo, hi = ident["share_ci"]
+    fd = ident.get("first_diff_char_median")
+    return (
+        f"| {label} | {ident['identical']}/{ident['n']} ({ident['share'] * 100:.1f}%) | "
+        f"[{lo * 100:.1f}%, {hi * 100:.1f}%] | {'n/a' if fd is None else f'{fd:g}'} | "
+        f"{f.get('reference', 'n/a')} | {'⚠ outputs changed' if f.get('flag') else 'ok'} |"
+    )
 
 
 #: the headline metric whose paired change an ECDF field's one repeat is set against
@@ -349,10 +383,12 @@ def _arms(comparison: Any) -> list[tuple[str, str, str]]:
     return [(base, "baseline", variants[0])] + [(v, "variant", v) for v in variants]
 
 
-def _median(xs):
-    import numpy as np
+def _center(xs: list[float]) -> float:
+    """An arm's value at a point over its repeats: the geometric mean, as the report's tables
+    print it (a median of two repeats would be their arithmetic mean)."""
+    from scipy.stats import gmean
 
-    return float(np.median(xs))
+    return float(gmean(xs))
 
 
 def plot_latency(comparison: Any, out: Path) -> Path | None:
@@ -368,7 +404,7 @@ def plot_latency(comparison: Any, out: Path) -> Path | None:
         for stat, ls in (("itl_median_ms", "-"), ("itl_p99_ms", "--")):
             lat = _series(rows, stat, keys, arm, src)
             pts = sorted(
-                (_median(x), _median(y), min(y), max(y), k)
+                (_center(x), _center(y), min(y), max(y), k)
                 for x, y, k in zip(lat, thr, keys, strict=True)
                 if x and y
             )
@@ -512,7 +548,7 @@ def plot_frontier(comparison: Any, out: Path) -> Path | None:
         gpu = _series(rows, "output_per_gpu_tok_s", keys, arm, src)
         user = _series(rows, "output_per_user_tok_s", keys, arm, src)
         pts = [
-            (_median(g), _median(u), k) for g, u, k in zip(gpu, user, keys, strict=True) if g and u
+            (_center(g), _center(u), k) for g, u, k in zip(gpu, user, keys, strict=True) if g and u
         ]
         if pts:
             drawn.append((j, label, pts))
