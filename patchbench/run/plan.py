@@ -356,9 +356,10 @@ def too_few_repeats(cfg: Config) -> str | None:
         return None
     if len(cfg.variants) < 2 or "serving" not in cfg.suite_params:
         return None
+    shows = ["output identity"] + (["accuracy"] if "mmmu" in cfg.suite_params else [])
     return (
         f"{n} paired repeat(s) cannot decide a speed change (a verdict needs "
-        f"compare.min_repeats = {need}); this run shows output identity, accuracy and the "
+        f"compare.min_repeats = {need}); this run shows {', '.join(shows)} and the "
         f"pipeline; speed needs schedule.repeats: {need} or more (ab: --repeats {need}), the report says how many"
     )
 

@@ -293,3 +293,14 @@ def test_capacity_dry_run_estimates_h200_minutes():
     cpu = describe_plan(load_config(CONFIGS[0].parent / "capacity-cpu.yaml"))
     assert "capacity search: concurrency 8 first" in cpu and "H200 GPU minutes" not in cpu
     assert "~4 probes a cell (at most 5)" in cpu
+
+
+def test_too_few_repeats_says_what_the_run_can_show():
+    """Two repeats cannot decide speed; the dry run says what the run shows instead: accuracy
+    only where an mmmu suite runs (the capacity config has none)."""
+    from patchbench.run.plan import too_few_repeats
+
+    demo = too_few_repeats(load_config(CONFIGS[0].parent / "demo-cpu.yaml"))
+    cap = too_few_repeats(load_config(CONFIGS[0].parent / "capacity-cpu.yaml"))
+    assert demo is not None and "shows output identity, accuracy and the pipeline" in demo
+    assert cap is not None and "shows output identity and the pipeline" in cap
