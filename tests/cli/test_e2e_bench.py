@@ -387,6 +387,11 @@ def test_traffic_workloads_were_flushed_primed_and_measured(demo_0513):
     man = read_json(demo_0513 / "manifest.json")
     cells = [c for c in man["cells"] if c["cell_kind"] == "timed" and c["repeat"] == 0]
     assert len(cells) == len(man["config"]["variants"])
+    # report.md shows each workload per variant (patchbench/suites/traffic/render.py)
+    section = (demo_0513 / "report.md").read_text().split("## Traffic workloads (traffic)")[1]
+    for v in man["config"]["variants"]:
+        if v != man["config"]["baseline"]:
+            assert f"| {v} | shared-prefix | 8 |" in section and f"| {v} | chat | 8 |" in section
     for c in cells:
         s = read_json(demo_0513 / c["dir"] / "traffic" / "summary.json")
         assert s["status"] == "ok", s["errors"]

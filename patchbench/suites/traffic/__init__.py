@@ -39,6 +39,7 @@ from patchbench.suites.serving.pairing import pair_cells
 from patchbench.suites.serving.session import run_points_together
 from patchbench.suites.serving.sweep import metric_at
 
+from .render import report_section
 from .workloads import MultiTurn, Trace, Workload, check_tool, tool_params
 
 #: the client driver of multi_turn workloads (any release)
@@ -237,6 +238,7 @@ class TrafficSuite(Suite):
     Params = Params
     metrics: dict[str, MetricInfo] = {}
     run = staticmethod(run)
+    report_section = staticmethod(report_section)
 
     def declarations(self, params: Any) -> dict[str, MetricInfo]:
         """:func:`declarations`."""
