@@ -226,6 +226,62 @@ def test_two_probe_search_with_a_fake_tool(tmp_path, pkg):  # noqa: F811 (fixtur
         assert argv[argv.index("--seed") + 1] == str(meta["seed"])
 
 
+def test_withheld_reasons_name_what_was_found_whatever_is_missing():
+    from patchbench.suites.serving.capacity import withheld_reason
+    from patchbench.suites.serving.capsearch import Capacity
+
+    cap = Capacity(start=8, min=1, max=32, max_probes=5)
+    assert withheld_reason(cap, "beyond", 32, None, None).startswith(">= 32: the SLO is met")
+    assert (
+        withheld_reason(cap, "never", None, 1, None) == "never met: the SLO fails at concurrency 1"
+    )
+    assert withheld_reason(cap, "capped", 64, None, None) == (
+        "not bracketed within max_probes = 5: the SLO is met at 64 (a bound, not a value)"
+    )
+    assert withheld_reason(cap, "capped", None, 8, None).endswith(
+        "the SLO fails at 8 (a bound, not a value)"
+    )
+    # a client-bound first probe: nothing met below it, no bracket end (CI's real search once
+    # crashed here formatting a None)
+    assert withheld_reason(cap, "client-bound", None, None, 10) == (
+        "not searched past concurrency 10: its probe was client-bound (neither meets nor fails "
+        "the SLO); no load below it was met"
+    )
+    assert withheld_reason(cap, "client-bound", 7, None, 10).endswith("; the SLO is met at 7")
+
+
+def test_a_client_bound_first_probe_withholds_the_capacity(tmp_path, pkg, monkeypatch):  # noqa: F811
+    """The search's first probe client-bound: the cell ends ok with the capacity withheld and the
+    probe named, no bracket (the pair hook and the figure take it: tests above)."""
+    import patchbench.suites.serving.capacity as C
+    from patchbench.suite import SuiteResult
+
+    bound = "the client process used 95% of a core (> 90%)"
+
+    class Bound:
+        def __init__(self, *a, **k):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        def run(self, key, pdir, params, wrapper=None):
+            return SuiteResult(meta={"client": {"bound": bound}})
+
+    monkeypatch.setattr(C, "ClientSession", Bound)
+    ctx = recording_ctx(tmp_path, pkg, "bound", [])
+    cap = {"slo": {"ttft_ms": 1e9, "rule": "share", "target": 0.9}, "start": 10, "max": 32}
+    res = run(ctx, Params(dataset_name="random-ids", num_prompts=20, capacity=cap))
+    m = res.meta["capacity"]
+    assert m["answer"] == "client-bound" and (m["lo"], m["hi"], m["value"]) == (None, None, None)
+    assert m["probes"] == [{"load": 10, "score": None, "meets": None, "client_bound": bound}]
+    assert CAPACITY not in res.metrics and res.metrics[C.PROBES] == 1
+    assert res.meta["not_judged"][CAPACITY].startswith("not searched past concurrency 10")
+
+
 # --- compare.json's probes, the capacity figure and the PR figure's panel ------------------------
 
 SLO = {"ttft_ms": 1000, "tpot_ms": 30, "rule": "share", "target": 0.9}

@@ -129,6 +129,28 @@ def previous_bracket(out_dir: Path, repeat: int) -> tuple[float | None, float | 
     return None
 
 
+def withheld_reason(
+    cap: Capacity, answer: str, lo: float | None, hi: float | None, bound_at: float | None
+) -> str:
+    """Why a cell's capacity has no value (``meta.not_judged``): "beyond" (``>= max``), "never",
+    "capped" (``max_probes`` ran out before a bracket: the end found) or "client-bound" (the probe
+    at ``bound_at`` was; the load met below it, if any). Any of ``lo``, ``hi``, ``bound_at`` may
+    be None."""
+    if answer == "beyond":
+        return f">= {cap.max}: the SLO is met at the search's maximum (a bound, not a value)"
+    if answer == "never":
+        return f"never met: the SLO fails at concurrency {cap.min}"
+    met = f"the SLO is met at {lo:g}" if lo is not None else None
+    if answer == "capped":
+        end = met or (f"the SLO fails at {hi:g}" if hi is not None else "no probe ran")
+        return f"not bracketed within max_probes = {cap.max_probes}: {end} (a bound, not a value)"
+    at = f"concurrency {bound_at:g}" if bound_at is not None else "the first probe"
+    return (
+        f"not searched past {at}: its probe was client-bound (neither meets nor fails the SLO)"
+        + (f"; {met}" if met else "; no load below it was met")
+    )
+
+
 class ClientBound(Exception):
     """A probe was client-bound (:mod:`.clients`): the search stops at its load (``args[0]``)."""
 
@@ -178,6 +200,7 @@ def run_capacity(ctx: SuiteContext, params: Params) -> SuiteResult:
         )
         return a.score
 
+    bound_at = None
     try:
         with session if params.clients == 1 else nullcontext():
             s = cap.search(attain, prior=prior, dither=round_dither(seed))
@@ -192,16 +215,7 @@ def run_capacity(ctx: SuiteContext, params: Params) -> SuiteResult:
         out.metrics[CAPACITY] = float(value)
         out.metrics[CLIFF] = float(answer == "cliff")
     else:
-        why = {
-            "beyond": f">= {cap.max}: the SLO is met at the search's maximum (a bound, not a value)",
-            "never": f"never met: the SLO fails at concurrency {cap.min}",
-            "capped": f"not bracketed within max_probes = {cap.max_probes}: the SLO "
-            + (f"is met at {lo:g}" if lo is not None else f"fails at {hi:g}")
-            + " (a bound, not a value)",
-        }.get(answer) or (
-            f"not searched past concurrency {bound_at}: its probe was client-bound (neither "
-            "meets nor fails the SLO)" + (f"; the SLO is met at {lo:g}" if lo is not None else "")
-        )
+        why = withheld_reason(cap, answer, lo, hi, bound_at)
         out.meta["not_judged"] = {CAPACITY: why}
         out.warnings.append(f"capacity {why}")
     out.meta["capacity"] = {
