@@ -168,7 +168,12 @@ def run_capacity(ctx: SuiteContext, params: Params) -> SuiteResult:
     out = SuiteResult()
     probes: list[dict[str, Any]] = []
 
-    session = ClientSession(ctx, Path(ctx.out_dir) / "multi_point", "capacity probe")
+    # one client process for every probe (with clients > 1 a process group each: run_point)
+    session = (
+        ClientSession(ctx, Path(ctx.out_dir) / "multi_point", "capacity probe")
+        if params.clients == 1
+        else None
+    )
 
     def attain(c: float) -> float:
         k = f"c{int(c)}"
@@ -179,7 +184,7 @@ def run_capacity(ctx: SuiteContext, params: Params) -> SuiteResult:
         ctx.log(f"serving: capacity probe {k} ({len(probes) + 1})")
         update = {"capacity": None, "max_concurrency": int(c), "seed": seed}
         pp = params.model_copy(update=update | {"num_prompts": cap.num_prompts(c)})
-        if params.clients == 1:
+        if session is not None:
             r = session.run(k, pdir, pp)
         else:
             try:
@@ -202,7 +207,7 @@ def run_capacity(ctx: SuiteContext, params: Params) -> SuiteResult:
 
     bound_at = None
     try:
-        with session if params.clients == 1 else nullcontext():
+        with session or nullcontext():
             s = cap.search(attain, prior=prior, dither=round_dither(seed))
         answer, lo, hi, value = s.answer, s.lo, s.hi, s.value
     except ClientBound as e:  # the search stops there; the loads met below it stay

@@ -99,16 +99,7 @@ def run_tool(
                     break
                 except subprocess.TimeoutExpired:
                     pass
-                if not server_alive():
-                    raise SuiteError(
-                        "the sglang server died during bench_serving; server log "
-                        f"tail:\n{_tail(server_log)}"
-                    )
-                if time.monotonic() - t0 > timeout_s:
-                    raise SuiteError(
-                        f"bench_serving ran past timeout_s={timeout_s:.0f}"
-                        f"{progress_at_timeout(progress)}; server log tail:\n{_tail(server_log)}"
-                    )
+                check_running(t0, timeout_s, server_alive, server_log, progress)
         except BaseException:
             if proc.poll() is None:
                 stop_tool(proc)
@@ -117,6 +108,23 @@ def run_tool(
             if progress is not None:
                 progress.unwatch_client()
     return rc, time.monotonic() - t0
+
+
+def check_running(
+    t0: float, timeout_s: float, server_alive, server_log: Path | None, progress=None
+) -> None:
+    """SuiteError with the server log's tail when the server died, or when ``timeout_s`` passed
+    since ``t0`` (time.monotonic) while bench_serving runs (:func:`progress_at_timeout` says how
+    it went): one poll of :func:`run_tool` and of :class:`.session.ClientSession`."""
+    if not server_alive():
+        raise SuiteError(
+            f"the sglang server died during bench_serving; server log tail:\n{_tail(server_log)}"
+        )
+    if time.monotonic() - t0 > timeout_s:
+        raise SuiteError(
+            f"bench_serving ran past timeout_s={timeout_s:.0f}"
+            f"{progress_at_timeout(progress)}; server log tail:\n{_tail(server_log)}"
+        )
 
 
 def progress_at_timeout(progress) -> str:

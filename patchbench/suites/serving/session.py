@@ -12,17 +12,16 @@ from dataclasses import replace
 from pathlib import Path
 
 from patchbench.records import read_json, write_json
-from patchbench.run.server import tail
 from patchbench.suite import SuiteContext, SuiteError, SuiteResult
 
 from .params import Params
 from .point import (
     POLL_S,
+    check_running,
     client_idle_s,
     finish_point,
     log_offset,
     prepare_point,
-    progress_at_timeout,
     stop_tool,
 )
 
@@ -136,17 +135,7 @@ class ClientSession:
                         f"the multi-point client exited with {rc} before the point finished; "
                         f"its stderr tail:\n{stderr}"
                     )
-                if not srv.alive():
-                    raise SuiteError(
-                        "the sglang server died during bench_serving; server log "
-                        f"tail:\n{tail(srv.log_path, 40) if srv.log_path else '(no log)'}"
-                    )
-                if now - t0 > params.timeout_s:
-                    raise SuiteError(
-                        f"bench_serving ran past timeout_s={params.timeout_s:.0f}"
-                        f"{progress_at_timeout(srv.progress)}; server log tail:\n"
-                        f"{tail(srv.log_path, 40) if srv.log_path else '(no log)'}"
-                    )
+                check_running(t0, params.timeout_s, srv.alive, srv.log_path, srv.progress)
         except SuiteError as e:
             stop_tool(self.proc)
             raise SuiteError(f"{self.what} {key}: {e}") from None
