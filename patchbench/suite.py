@@ -251,6 +251,14 @@ def suite_pairs(comparison: Any, suite: str) -> dict[str, dict]:
     return {v: d for v, d in _suite_part(comparison, "pairs", suite).items() if isinstance(d, dict)}
 
 
+def suite_rows(comparison: Any, suite: str) -> list[dict[str, Any]]:
+    """The comparison's metric rows of ``suite``, each as a dict (a typed comparison's rows or its
+    JSON form's), in the comparison's order."""
+    rows = comparison_get(comparison, "rows", []) or []
+    out = [r.model_dump() if hasattr(r, "model_dump") else dict(r) for r in rows]
+    return [r for r in out if r.get("suite") == suite]
+
+
 def suite_refusals(comparison: Any, suite: str) -> dict[str, str]:
     """``{variant: reason}`` where ``suite`` refused to pair (``refusals[suite]``), {} if none."""
     return {v: str(r) for v, r in _suite_part(comparison, "refusals", suite).items() if r}

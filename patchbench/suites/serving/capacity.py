@@ -24,6 +24,7 @@ from patchbench.suite import (
     SuiteResult,
     comparison_get,
     read_or,
+    suite_rows,
 )
 
 from .attainment import attainment
@@ -316,11 +317,7 @@ def report_lines(comparison: Any, definitions: dict[str, str]) -> list[str]:
     from patchbench.report.text import fmt_ci
 
     conf = float((comparison_get(comparison, "settings", {}) or {}).get("confidence", 0.95))
-    rows = [
-        r.model_dump() if hasattr(r, "model_dump") else r
-        for r in comparison_get(comparison, "rows", [])
-    ]
-    mine = {(r["metric"], r["variant"]): r for r in rows if r["suite"] == "serving"}
+    mine = {(r["metric"], r["variant"]): r for r in suite_rows(comparison, "serving")}
     lines = ["## Capacity at the SLO (serving)", ""]
     for (m, v), r in mine.items():
         if m != CAPACITY:

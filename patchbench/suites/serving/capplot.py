@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from patchbench.suite import comparison_get, suite_pairs
+from patchbench.suite import comparison_get, suite_pairs, suite_rows
 from patchbench.suites import new_figure, save_titled
 
 from .capacity import CAPACITY, CapacityPair, arm_interval
@@ -17,9 +17,7 @@ from .capacity import CAPACITY, CapacityPair, arm_interval
 
 def _capacity_rows(comparison: Any) -> dict[str, dict[str, Any]]:
     """{variant: its capacity row as a dict}."""
-    rows = comparison_get(comparison, "rows", []) or []
-    dicts = (r.model_dump() if hasattr(r, "model_dump") else r for r in rows)
-    return {r["variant"]: r for r in dicts if (r["suite"], r["metric"]) == ("serving", CAPACITY)}
+    return {r["variant"]: r for r in suite_rows(comparison, "serving") if r["metric"] == CAPACITY}
 
 
 def _arms(comparison: Any) -> tuple[float, list[tuple[str, list, list[float]]]] | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import patchbench.report.figtext as figtext
-from patchbench.suite import comparison_get, suite_pairs, suite_refusals
+from patchbench.suite import comparison_get, suite_pairs, suite_refusals, suite_rows
 from patchbench.suites import new_figure, save_titled
 
 from .capacity import report_lines
@@ -241,9 +241,7 @@ def plots(comparison: Any, out_dir: Path) -> list[Path]:
 
 def _rows(comparison: Any) -> list[dict[str, Any]]:
     """The serving rows as dicts (a typed comparison or its JSON form)."""
-    rows = comparison_get(comparison, "rows", []) or []
-    out = [r.model_dump() if hasattr(r, "model_dump") else dict(r) for r in rows]
-    return [r for r in out if r.get("suite") == SUITE]
+    return suite_rows(comparison, SUITE)
 
 
 def _load(key: str) -> float:

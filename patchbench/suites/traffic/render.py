@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from patchbench.suite import comparison_get
+from patchbench.suite import comparison_get, suite_rows
 
 #: the changes shown per workload: (metric, column title)
 SHOWN = (
@@ -18,13 +18,7 @@ SUITE = "traffic"
 
 
 def _rows(comparison: Any) -> dict[tuple[str, str], dict[str, Any]]:
-    rows = comparison_get(comparison, "rows", []) or []
-    out = {}
-    for r in rows:
-        d = r.model_dump() if hasattr(r, "model_dump") else r
-        if d["suite"] == SUITE:
-            out[d["metric"], d["variant"]] = d
-    return out
+    return {(r["metric"], r["variant"]): r for r in suite_rows(comparison, SUITE)}
 
 
 def _change(r: dict[str, Any] | None) -> str:
